@@ -1,0 +1,400 @@
+//! Problems found in suite files, as miette diagnostics.
+//!
+//! Loading never stops at the first problem: every file is parsed, decoded and validated, and
+//! all problems come back together as one [`Diagnostics`] value whose `related()` list holds
+//! each [`Diagnostic`], so a single miette report (or [`Diagnostics::render_plain`]) shows all
+//! of them. Every diagnostic carries a stable [`Kind::code`] that tests and tools can match on.
+
+use std::fmt;
+use std::sync::Arc;
+
+use miette::{
+    GraphicalReportHandler, GraphicalTheme, LabeledSpan, NamedSource, Severity, SourceSpan,
+};
+
+use crate::model::{FileId, SourceFile, Span};
+
+/// What went wrong; each kind has a stable diagnostic code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// A file or directory could not be read.
+    Io,
+    /// The file is not valid KDL v2.
+    Syntax,
+    /// A node that is not allowed where it is written.
+    UnknownNode,
+    /// A property the node does not accept.
+    UnknownProperty,
+    /// An argument the node does not accept.
+    UnexpectedArgument,
+    /// A value of the wrong KDL type.
+    WrongType,
+    /// A required argument, property or child is missing.
+    Missing,
+    /// The same setting is written twice.
+    DuplicateSetting,
+    /// Two definitions with the same id.
+    DuplicateId,
+    /// A reference to an agent, persona, tool, provider, judge or scenario that does not exist.
+    UndefinedReference,
+    /// A value outside the allowed set (`difficulty "easy"`).
+    InvalidValue,
+    /// A number outside its allowed range.
+    OutOfRange,
+    InvalidRegex,
+    InvalidJsonPath,
+    InvalidDuration,
+    InvalidSize,
+    /// An agent endpoint that is missing, doubled, or not supported by its protocol.
+    InvalidEndpoint,
+    /// A minijinja syntax error.
+    TemplateSyntax,
+    /// A template variable that is not in scope.
+    UndefinedVariable,
+    /// Scenarios whose `needs` form a cycle.
+    NeedsCycle,
+    /// `include` of a file that does not exist.
+    MissingInclude,
+    /// Files that include each other.
+    IncludeCycle,
+    /// `expect` or `capture` before the conversation has had any turn.
+    NoTurnYet,
+    /// A scenario that does not say which agent it runs against, when that is ambiguous.
+    AmbiguousAgent,
+    /// A secondary note attached to another diagnostic (e.g. "first defined here").
+    Note,
+}
+
+impl Kind {
+    /// The stable diagnostic code, e.g. `trellis::duplicate_id`.
+    pub fn code(self) -> &'static str {
+        match self {
+            Kind::Io => "trellis::io",
+            Kind::Syntax => "trellis::kdl_syntax",
+            Kind::UnknownNode => "trellis::unknown_node",
+            Kind::UnknownProperty => "trellis::unknown_property",
+            Kind::UnexpectedArgument => "trellis::unexpected_argument",
+            Kind::WrongType => "trellis::wrong_type",
+            Kind::Missing => "trellis::missing",
+            Kind::DuplicateSetting => "trellis::duplicate_setting",
+            Kind::DuplicateId => "trellis::duplicate_id",
+            Kind::UndefinedReference => "trellis::undefined_reference",
+            Kind::InvalidValue => "trellis::invalid_value",
+            Kind::OutOfRange => "trellis::out_of_range",
+            Kind::InvalidRegex => "trellis::invalid_regex",
+            Kind::InvalidJsonPath => "trellis::invalid_json_path",
+            Kind::InvalidDuration => "trellis::invalid_duration",
+            Kind::InvalidSize => "trellis::invalid_size",
+            Kind::InvalidEndpoint => "trellis::invalid_endpoint",
+            Kind::TemplateSyntax => "trellis::template_syntax",
+            Kind::UndefinedVariable => "trellis::undefined_variable",
+            Kind::NeedsCycle => "trellis::needs_cycle",
+            Kind::MissingInclude => "trellis::missing_include",
+            Kind::IncludeCycle => "trellis::include_cycle",
+            Kind::NoTurnYet => "trellis::no_turn_yet",
+            Kind::AmbiguousAgent => "trellis::ambiguous_agent",
+            Kind::Note => "trellis::note",
+        }
+    }
+}
+
+/// One problem in the suite files, with its source, labels and help.
+#[derive(Clone, Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct Diagnostic {
+    pub kind: Kind,
+    pub message: String,
+    /// The file the labels point into, if any.
+    pub file: Option<FileId>,
+    src: Option<NamedSource<Arc<str>>>,
+    labels: Vec<LabeledSpan>,
+    help: Option<String>,
+    related: Vec<Diagnostic>,
+    severity: Severity,
+}
+
+impl Diagnostic {
+    /// A diagnostic without a source location (e.g. an unreadable path).
+    pub fn new(kind: Kind, message: impl Into<String>) -> Self {
+        Diagnostic {
+            kind,
+            message: message.into(),
+            file: None,
+            src: None,
+            labels: Vec::new(),
+            help: None,
+            related: Vec::new(),
+            severity: if kind == Kind::Note {
+                Severity::Advice
+            } else {
+                Severity::Error
+            },
+        }
+    }
+
+    /// A diagnostic pointing at `span` of `file` (index `file_id`) with a primary label.
+    pub fn at(
+        kind: Kind,
+        message: impl Into<String>,
+        file_id: FileId,
+        file: &SourceFile,
+        span: SourceSpan,
+        label: impl Into<String>,
+    ) -> Self {
+        let mut d = Diagnostic::new(kind, message);
+        d.file = Some(file_id);
+        d.src = Some(file.named_source());
+        d.labels
+            .push(LabeledSpan::new_primary_with_span(Some(label.into()), span));
+        d
+    }
+
+    /// Like [`Diagnostic::at`], resolving the file from a model [`Span`].
+    pub fn at_span(
+        kind: Kind,
+        message: impl Into<String>,
+        files: &[SourceFile],
+        span: Span,
+        label: impl Into<String>,
+    ) -> Self {
+        match files.get(span.file) {
+            Some(file) => Diagnostic::at(kind, message, span.file, file, span.span, label),
+            None => Diagnostic::new(kind, message),
+        }
+    }
+
+    /// Adds the help line.
+    pub fn with_help(mut self, help: impl Into<String>) -> Self {
+        self.help = Some(help.into());
+        self
+    }
+
+    /// Adds a secondary label in the same file.
+    pub fn with_label(mut self, span: SourceSpan, label: impl Into<String>) -> Self {
+        self.labels
+            .push(LabeledSpan::new_with_span(Some(label.into()), span));
+        self
+    }
+
+    /// Points at a second place: a label when it is in the same file, else a related note.
+    pub fn with_other(
+        mut self,
+        files: &[SourceFile],
+        other: Span,
+        label: impl Into<String>,
+    ) -> Self {
+        let label = label.into();
+        if self.file == Some(other.file) {
+            self.with_label(other.span, label)
+        } else {
+            let note = Diagnostic::at_span(Kind::Note, label.clone(), files, other, label);
+            self.related.push(note);
+            self
+        }
+    }
+
+    /// Attaches a related diagnostic, shown after this one.
+    pub fn with_related(mut self, related: Diagnostic) -> Self {
+        self.related.push(related);
+        self
+    }
+
+    pub fn help_text(&self) -> Option<&str> {
+        self.help.as_deref()
+    }
+
+    /// The byte offset of the primary label, for ordering.
+    pub fn offset(&self) -> usize {
+        self.labels.first().map_or(0, |l| l.offset())
+    }
+
+    /// The diagnostic code, e.g. `trellis::unknown_node`.
+    pub fn code_str(&self) -> &'static str {
+        self.kind.code()
+    }
+}
+
+impl miette::Diagnostic for Diagnostic {
+    fn code<'a>(&'a self) -> Option<Box<dyn fmt::Display + 'a>> {
+        Some(Box::new(self.kind.code()))
+    }
+
+    fn severity(&self) -> Option<Severity> {
+        Some(self.severity)
+    }
+
+    fn help<'a>(&'a self) -> Option<Box<dyn fmt::Display + 'a>> {
+        self.help
+            .as_ref()
+            .map(|h| Box::new(h) as Box<dyn fmt::Display + 'a>)
+    }
+
+    fn source_code(&self) -> Option<&dyn miette::SourceCode> {
+        self.src
+            .as_ref()
+            .map(|s| s as &dyn miette::SourceCode)
+    }
+
+    fn labels(&self) -> Option<Box<dyn Iterator<Item = LabeledSpan> + '_>> {
+        if self.labels.is_empty() || self.src.is_none() {
+            None
+        } else {
+            Some(Box::new(self.labels.iter().cloned()))
+        }
+    }
+
+    fn related<'a>(&'a self) -> Option<Box<dyn Iterator<Item = &'a dyn miette::Diagnostic> + 'a>> {
+        if self.related.is_empty() {
+            None
+        } else {
+            Some(Box::new(
+                self.related.iter().map(|d| d as &dyn miette::Diagnostic),
+            ))
+        }
+    }
+}
+
+/// Every problem found while loading suite files.
+#[derive(Clone, Debug, Default, thiserror::Error)]
+pub struct Diagnostics {
+    items: Vec<Diagnostic>,
+}
+
+impl fmt::Display for Diagnostics {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.items.len() {
+            1 => write!(f, "1 error in suite files"),
+            n => write!(f, "{n} errors in suite files"),
+        }
+    }
+}
+
+impl miette::Diagnostic for Diagnostics {
+    fn code<'a>(&'a self) -> Option<Box<dyn fmt::Display + 'a>> {
+        Some(Box::new("trellis::invalid_suite"))
+    }
+
+    fn related<'a>(&'a self) -> Option<Box<dyn Iterator<Item = &'a dyn miette::Diagnostic> + 'a>> {
+        Some(Box::new(
+            self.items.iter().map(|d| d as &dyn miette::Diagnostic),
+        ))
+    }
+}
+
+impl Diagnostics {
+    pub fn new(items: Vec<Diagnostic>) -> Self {
+        Diagnostics { items }
+    }
+
+    pub fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+
+    pub fn iter(&self) -> std::slice::Iter<'_, Diagnostic> {
+        self.items.iter()
+    }
+
+    pub fn push(&mut self, diagnostic: Diagnostic) {
+        self.items.push(diagnostic);
+    }
+
+    pub fn into_vec(self) -> Vec<Diagnostic> {
+        self.items
+    }
+
+    /// Every diagnostic rendered without colours, 100 columns wide, separated by blank lines.
+    pub fn render_plain(&self) -> String {
+        let handler = GraphicalReportHandler::new_themed(GraphicalTheme::unicode_nocolor())
+            .with_width(100);
+        let mut out = String::new();
+        for (i, d) in self.items.iter().enumerate() {
+            if i > 0 {
+                out.push('\n');
+            }
+            if handler.render_report(&mut out, d).is_err() {
+                // Rendering into a String only fails if a Display impl fails; keep the message.
+                out.push_str(&d.message);
+                out.push('\n');
+            }
+        }
+        out
+    }
+}
+
+impl<'a> IntoIterator for &'a Diagnostics {
+    type Item = &'a Diagnostic;
+    type IntoIter = std::slice::Iter<'a, Diagnostic>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.items.iter()
+    }
+}
+
+impl IntoIterator for Diagnostics {
+    type Item = Diagnostic;
+    type IntoIter = std::vec::IntoIter<Diagnostic>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.items.into_iter()
+    }
+}
+
+/// The closest candidate to `word`, if it is close enough to be a plausible typo.
+pub fn did_you_mean<'a, I>(word: &str, candidates: I) -> Option<&'a str>
+where
+    I: IntoIterator<Item = &'a str>,
+{
+    candidates
+        .into_iter()
+        .map(|c| (strsim::jaro_winkler(word, c), c))
+        .filter(|(score, _)| *score >= 0.8)
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, c)| c)
+}
+
+/// A help line suggesting the closest candidate, else listing the candidates.
+pub fn suggest<'a, I>(word: &str, candidates: I, what: &str) -> String
+where
+    I: IntoIterator<Item = &'a str>,
+{
+    let all: Vec<&str> = candidates.into_iter().collect();
+    if let Some(best) = did_you_mean(word, all.iter().copied()) {
+        return format!("did you mean `{best}`?");
+    }
+    if all.is_empty() {
+        return format!("no {what} is defined");
+    }
+    let list: Vec<String> = all.iter().map(|c| format!("`{c}`")).collect();
+    format!("expected one of {what}: {}", list.join(", "))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn suggests_close_names() {
+        assert_eq!(
+            did_you_mean("contians", ["contains", "matches", "equals"]),
+            Some("contains")
+        );
+        assert_eq!(did_you_mean("zzz", ["contains"]), None);
+        assert_eq!(
+            suggest("zzz", ["a-b", "c-d"], "properties"),
+            "expected one of properties: `a-b`, `c-d`"
+        );
+    }
+
+    #[test]
+    fn display_counts() {
+        let d = Diagnostics::new(vec![Diagnostic::new(Kind::Io, "x")]);
+        assert_eq!(d.to_string(), "1 error in suite files");
+        let d = Diagnostics::new(vec![
+            Diagnostic::new(Kind::Io, "x"),
+            Diagnostic::new(Kind::Io, "y"),
+        ]);
+        assert_eq!(d.to_string(), "2 errors in suite files");
+    }
+}

@@ -1,0 +1,17 @@
+//! The Trellis suite language: KDL suite files to a typed, validated [`model::Project`].
+//!
+//! [`load`] reads files (and directories of `*.kdl`), follows `include`s, decodes every node
+//! into the model keeping source spans, validates cross-references and templates, and
+//! returns either the project or every problem found, as one miette report.
+//! [`graph`] derives each scenario's trajectory DAG and the scenario `needs` DAG.
+
+pub mod diagnostics;
+pub mod graph;
+pub mod model;
+pub mod parse;
+pub mod template;
+pub mod validate;
+
+pub use diagnostics::{Diagnostic, Diagnostics};
+pub use model::*;
+pub use parse::load;

@@ -1,0 +1,452 @@
+//! The typed suite model: what a set of suite files means once parsed and validated.
+//!
+//! Everything here is plain data. The parser (`crate::parse`) builds it, validation
+//! (`crate::validate`) guarantees its invariants (references resolve, ids are unique,
+//! templates only use variables that exist), and the engine consumes it read-only.
+//! Every user-written item keeps a [`Span`] so later stages can point back at the source.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use miette::{NamedSource, SourceSpan};
+use serde_json::{Map, Value};
+
+/// Index of a file in [`Project::files`].
+pub type FileId = usize;
+
+/// A location in one of the project's source files.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Span {
+    pub file: FileId,
+    pub span: SourceSpan,
+}
+
+impl Span {
+    pub fn new(file: FileId, span: SourceSpan) -> Self {
+        Span { file, span }
+    }
+}
+
+/// A value together with where it was written.
+#[derive(Clone, Debug)]
+pub struct Spanned<T> {
+    pub value: T,
+    pub span: Span,
+}
+
+impl<T> Spanned<T> {
+    pub fn new(value: T, span: Span) -> Self {
+        Spanned { value, span }
+    }
+}
+
+impl<T> std::ops::Deref for Spanned<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.value
+    }
+}
+
+/// One loaded `*.kdl` file.
+#[derive(Clone, Debug)]
+pub struct SourceFile {
+    pub path: PathBuf,
+    /// The path as shown in diagnostics (relative to the working directory when possible).
+    pub name: String,
+    pub text: Arc<str>,
+}
+
+impl SourceFile {
+    pub fn named_source(&self) -> NamedSource<Arc<str>> {
+        NamedSource::new(self.name.clone(), self.text.clone())
+    }
+
+    /// 1-based line and column of a byte offset, for messages outside miette.
+    pub fn line_col(&self, offset: usize) -> (usize, usize) {
+        let before = &self.text[..offset.min(self.text.len())];
+        let line = before.matches('\n').count() + 1;
+        let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+        (line, col)
+    }
+}
+
+/// Everything loaded together: names (agents, personas, tools, providers, judges) are global
+/// across these files, scenario ids are unique per suite.
+#[derive(Clone, Debug, Default)]
+pub struct Project {
+    pub files: Vec<SourceFile>,
+    pub suites: Vec<Suite>,
+    pub agents: Vec<Agent>,
+    pub personas: Vec<Persona>,
+    pub tools: Vec<Tool>,
+    pub providers: Vec<Provider>,
+    pub judges: Vec<Judge>,
+    pub simulator: Option<Simulator>,
+}
+
+impl Project {
+    pub fn agent(&self, id: &str) -> Option<&Agent> {
+        self.agents.iter().find(|a| a.id.value == id)
+    }
+    pub fn persona(&self, id: &str) -> Option<&Persona> {
+        self.personas.iter().find(|p| p.id.value == id)
+    }
+    pub fn tool(&self, name: &str) -> Option<&Tool> {
+        self.tools.iter().find(|t| t.name.value == name)
+    }
+    pub fn provider(&self, id: &str) -> Option<&Provider> {
+        self.providers.iter().find(|p| p.id.value == id)
+    }
+    pub fn judge(&self, id: &str) -> Option<&Judge> {
+        self.judges.iter().find(|j| j.id.value == id)
+    }
+    pub fn file(&self, id: FileId) -> &SourceFile {
+        &self.files[id]
+    }
+    /// Every scenario with the suite it belongs to, in file order.
+    pub fn scenarios(&self) -> impl Iterator<Item = (&Suite, &Scenario)> {
+        self.suites
+            .iter()
+            .flat_map(|s| s.scenarios.iter().map(move |sc| (s, sc)))
+    }
+}
+
+/// One suite file (files that only hold shared definitions and no scenarios are not suites).
+#[derive(Clone, Debug)]
+pub struct Suite {
+    /// `suite "NAME"`, or the file stem.
+    pub name: String,
+    pub file: FileId,
+    pub description: Option<String>,
+    pub tags: Vec<String>,
+    pub scenarios: Vec<Scenario>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Protocol {
+    Connexity,
+    AgentScope,
+    MultiAgent,
+    Fixie,
+    OpenAi,
+}
+
+impl Protocol {
+    pub const ALL: [(&'static str, Protocol); 5] = [
+        ("connexity", Protocol::Connexity),
+        ("agentscope", Protocol::AgentScope),
+        ("multiagent", Protocol::MultiAgent),
+        ("fixie", Protocol::Fixie),
+        ("openai", Protocol::OpenAi),
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::Connexity => "connexity",
+            Protocol::AgentScope => "agentscope",
+            Protocol::MultiAgent => "multiagent",
+            Protocol::Fixie => "fixie",
+            Protocol::OpenAi => "openai",
+        }
+    }
+
+    /// Whether the protocol resends the whole history on every call, so a fork can copy the
+    /// history instead of replaying the shared prefix in a fresh session.
+    pub fn resends_history(self) -> bool {
+        !matches!(self, Protocol::AgentScope)
+    }
+}
+
+/// Where an agent lives.
+#[derive(Clone, Debug)]
+pub enum Endpoint {
+    /// `url="…"` (or `base-url` for `openai`).
+    Url(String),
+    /// `builtin="NAME"`: an embedded reference agent the engine serves on loopback.
+    Builtin(Spanned<String>),
+    /// `command="…"`: a process speaking newline-delimited JSON on stdin/stdout (multiagent).
+    Command(String),
+    /// `socket="tcp://host:port"` or `"unix:///path"` (multiagent).
+    Socket(String),
+}
+
+pub const DEFAULT_MAX_RESPONSE_SIZE: u64 = 8 * 1024 * 1024;
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(60);
+
+#[derive(Clone, Debug)]
+pub struct Agent {
+    pub id: Spanned<String>,
+    pub protocol: Protocol,
+    pub endpoint: Endpoint,
+    /// `header NAME TEMPLATE`, rendered once per run with `env` in scope.
+    pub headers: Vec<(String, Template)>,
+    /// Per agent call; [`DEFAULT_CALL_TIMEOUT`] when not written.
+    pub timeout: Option<Duration>,
+    /// Retries of connect errors, timeouts and 5xx (never 4xx).
+    pub retries: u32,
+    /// At most this many calls in flight to this agent.
+    pub concurrency: Option<usize>,
+    /// `max-response-size`: bytes read at most from one response.
+    pub max_response_size: u64,
+    /// `openai`: the model; others: informational.
+    pub model: Option<String>,
+    /// `openai`: the system prompt.
+    pub system_prompt: Option<Template>,
+    /// `openai`: names of `tool` definitions offered to the model.
+    pub tools: Vec<Spanned<String>>,
+    /// `agentscope`: `stream=#false` asks for one JSON response instead of SSE.
+    pub stream: bool,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug)]
+pub struct Persona {
+    pub id: Spanned<String>,
+    pub kind: String,
+    pub description: Option<String>,
+    pub instructions: Option<String>,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug)]
+pub enum PersonaRef {
+    Named(Spanned<String>),
+    Inline(Persona),
+}
+
+#[derive(Clone, Debug)]
+pub struct Tool {
+    pub name: Spanned<String>,
+    pub description: Option<String>,
+    pub params: Vec<ToolParam>,
+    pub mocks: Vec<ToolMock>,
+    pub policies: Vec<ToolPolicy>,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug)]
+pub struct ToolParam {
+    pub name: String,
+    /// JSON-schema type name: string, number, integer, boolean, object, array.
+    pub ty: String,
+    pub required: bool,
+    pub description: Option<String>,
+}
+
+/// `mock returns=JSON key=value…`: answer with `returns` when the call's arguments contain
+/// the given key/values (subset match; no keys = any call).
+#[derive(Clone, Debug)]
+pub struct ToolMock {
+    pub when: Map<String, Value>,
+    pub returns: Value,
+    pub span: Span,
+}
+
+/// `policy max-limit=N param="amount"`: a call whose numeric `param` exceeds the limit is a
+/// policy violation, answered with a governance error instead of the mock.
+#[derive(Clone, Debug)]
+pub struct ToolPolicy {
+    pub param: String,
+    pub max_limit: f64,
+    pub span: Span,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProviderKind {
+    OpenAi,
+    Anthropic,
+}
+
+#[derive(Clone, Debug)]
+pub struct Provider {
+    pub id: Spanned<String>,
+    pub kind: ProviderKind,
+    pub base_url: Option<String>,
+    pub model: Option<String>,
+    pub api_key_env: Option<String>,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug)]
+pub struct Simulator {
+    pub provider: Spanned<String>,
+    pub model: Option<String>,
+    pub temperature: Option<f64>,
+    pub instructions: Option<Template>,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug)]
+pub struct Judge {
+    pub id: Spanned<String>,
+    pub provider: Spanned<String>,
+    pub model: Option<String>,
+    pub temperature: Option<f64>,
+    pub rubric: Option<String>,
+    pub threshold: Option<f64>,
+    pub span: Span,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Difficulty {
+    #[default]
+    Normal,
+    Hard,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Status {
+    #[default]
+    Active,
+    Draft,
+    Archived,
+}
+
+/// An expected outcome for the judge: `outcome "statement"` or `outcome LABEL=VALUE`.
+#[derive(Clone, Debug)]
+pub enum Outcome {
+    Statement(String),
+    Labeled { label: String, value: Value },
+}
+
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    pub id: Spanned<String>,
+    pub name: Option<String>,
+    pub description: Option<String>,
+    pub difficulty: Difficulty,
+    pub tags: Vec<String>,
+    pub status: Status,
+    /// `agent ID` / `agents ID…`; empty means "the project's only agent" (validation
+    /// rejects an empty list when the project has several).
+    pub agents: Vec<Spanned<String>>,
+    pub persona: Option<PersonaRef>,
+    /// `user-context { … }` as a JSON object, keys exactly as written.
+    pub user_context: Map<String, Value>,
+    pub max_turns: Option<u32>,
+    /// Scenario-level expected outcomes (judged).
+    pub outcomes: Vec<Spanned<Outcome>>,
+    /// `expect-tool NAME key=value…`: checked deterministically on the whole trajectory.
+    pub expect_tools: Vec<Criterion>,
+    pub criteria_override: Option<String>,
+    pub repeat: u32,
+    /// Scenario ids (same suite, or `suite/scenario`) that must finish first.
+    pub needs: Vec<Spanned<String>>,
+    /// Whole-trajectory time limit.
+    pub timeout: Option<Duration>,
+    pub steps: Vec<Step>,
+    /// `criteria { … }`: checked on the whole trajectory after its last step.
+    pub criteria: Vec<Criterion>,
+    pub span: Span,
+}
+
+/// A template string (minijinja) with where it was written.
+#[derive(Clone, Debug)]
+pub struct Template {
+    pub source: String,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug)]
+pub struct Step {
+    pub kind: StepKind,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug)]
+pub enum StepKind {
+    /// `user "TEMPLATE"` (and `initial-message`): one scripted user message, one agent turn.
+    User(Template),
+    /// `simulate turns=N` / `simulate until-done`.
+    Simulate { turns: Option<u32> },
+    /// `call FUNC "TEMPLATE"` (Fixie).
+    Call { function: String, input: Template },
+    /// `expect CRITERION` / `expect { … }`: checks on the turn just taken.
+    Expect(Vec<Criterion>),
+    /// `capture NAME regex=… | json-path=…`.
+    Capture { name: String, source: CaptureSource },
+    /// `hitl approve|reject message=…`.
+    Hitl { approve: bool, message: Option<Template> },
+    /// Consecutive `branch` nodes: the conversation forks, one trajectory per branch.
+    Fork(Vec<Branch>),
+}
+
+#[derive(Clone, Debug)]
+pub struct Branch {
+    pub name: Spanned<String>,
+    pub steps: Vec<Step>,
+}
+
+#[derive(Clone, Debug)]
+pub enum CaptureSource {
+    /// First capture group if the regex has one, else the whole match.
+    Regex(regex::Regex),
+    /// Evaluated on the last reply parsed as JSON; the first node found.
+    JsonPath {
+        path: serde_json_path::JsonPath,
+        source: String,
+    },
+}
+
+/// One check, on a turn (`expect`) or on a whole trajectory (`criteria`).
+#[derive(Clone, Debug)]
+pub struct Criterion {
+    pub kind: CriterionKind,
+    /// The criterion as written in the suite (the KDL node, normalised to one line).
+    pub text: String,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug)]
+pub enum CriterionKind {
+    /// `reply contains=… not-contains=… matches=… equals=…`: all given checks must hold.
+    Reply(Vec<ReplyCheck>),
+    /// `tool NAME key=value… count=N` (also `expect-tool`).
+    Tool {
+        name: String,
+        params: Map<String, Value>,
+        count: Option<u32>,
+    },
+    NoTool { name: String },
+    ToolsInOrder(Vec<String>),
+    Latency { max: Duration },
+    Ttft { max: Duration },
+    Turns { max: u32 },
+    Tokens { max: u64 },
+    NoError,
+    Judge {
+        criterion: String,
+        threshold: Option<f64>,
+        judge: Option<Spanned<String>>,
+        rubric: Option<String>,
+    },
+    Outcome(Outcome),
+}
+
+impl CriterionKind {
+    /// Stable short name, used as the `kind` column of results.
+    pub fn name(&self) -> &'static str {
+        match self {
+            CriterionKind::Reply(_) => "reply",
+            CriterionKind::Tool { .. } => "tool",
+            CriterionKind::NoTool { .. } => "no-tool",
+            CriterionKind::ToolsInOrder(_) => "tools-in-order",
+            CriterionKind::Latency { .. } => "latency",
+            CriterionKind::Ttft { .. } => "ttft",
+            CriterionKind::Turns { .. } => "turns",
+            CriterionKind::Tokens { .. } => "tokens",
+            CriterionKind::NoError => "no-error",
+            CriterionKind::Judge { .. } => "judge",
+            CriterionKind::Outcome(_) => "outcome",
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub enum ReplyCheck {
+    Contains(String),
+    NotContains(String),
+    Matches(regex::Regex),
+    Equals(String),
+}

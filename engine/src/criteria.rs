@@ -1,0 +1,424 @@
+//! Deterministic criteria: checks on one turn (`expect`) or on a whole trajectory
+//! (`criteria { }`), producing [`CriterionRecord`]s that say what was observed.
+//!
+//! LLM-judged criteria (`judge`, `outcome`) are recorded as skipped until a judge is
+//! configured; they never count as passed.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use trellis_dsl::{Criterion, CriterionKind, ReplyCheck};
+
+use crate::record::{CriterionRecord, CriterionStatus, ToolCallRecord, TurnRecord};
+
+/// What a criterion looks at: the turn just taken, or every turn of the trajectory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    Turn,
+    Trajectory,
+}
+
+/// Checks `criterion` against `turns` (one turn for [`Scope::Turn`], the whole path for
+/// [`Scope::Trajectory`]). `turn_index` is recorded on turn-level results.
+pub fn check<T: AsRef<TurnRecord>>(
+    criterion: &Criterion,
+    scope: Scope,
+    turns: &[T],
+    turn_index: Option<u32>,
+) -> CriterionRecord {
+    let (status, detail) = evaluate(&criterion.kind, scope, turns);
+    CriterionRecord {
+        turn_index,
+        criterion: criterion.text.clone(),
+        kind: criterion.kind.name().to_string(),
+        status,
+        detail,
+    }
+}
+
+fn pass(detail: impl Into<String>) -> (CriterionStatus, Option<String>) {
+    (CriterionStatus::Passed, Some(detail.into()))
+}
+fn fail(detail: impl Into<String>) -> (CriterionStatus, Option<String>) {
+    (CriterionStatus::Failed, Some(detail.into()))
+}
+fn skip(detail: impl Into<String>) -> (CriterionStatus, Option<String>) {
+    (CriterionStatus::Skipped, Some(detail.into()))
+}
+
+fn evaluate<T: AsRef<TurnRecord>>(
+    kind: &CriterionKind,
+    scope: Scope,
+    turns: &[T],
+) -> (CriterionStatus, Option<String>) {
+    let turns: Vec<&TurnRecord> = turns.iter().map(AsRef::as_ref).collect();
+    match kind {
+        CriterionKind::Reply(checks) => {
+            for check in checks {
+                if let Some(failure) = reply_check(check, scope, &turns) {
+                    return fail(failure);
+                }
+            }
+            pass(match turns.last().and_then(|t| t.reply.as_deref()) {
+                Some(reply) => format!("reply: {}", excerpt(reply, 120)),
+                None => "no reply".to_string(),
+            })
+        }
+        CriterionKind::Tool {
+            name,
+            params,
+            count,
+        } => {
+            let calls: Vec<&ToolCallRecord> = turns.iter().flat_map(|t| &t.tool_calls).collect();
+            let named: Vec<&&ToolCallRecord> = calls.iter().filter(|c| &c.name == name).collect();
+            let matching = named
+                .iter()
+                .filter(|c| arguments_match(&c.arguments, params))
+                .count();
+            match count {
+                Some(n) if matching as u64 != u64::from(*n) => fail(format!(
+                    "expected {n} matching call(s) to `{name}`, found {matching}"
+                )),
+                Some(_) => pass(format!("{matching} matching call(s) to `{name}`")),
+                None if matching > 0 => pass(format!("`{name}` called ({matching}x)")),
+                None if named.is_empty() => fail(format!(
+                    "no call to `{name}`{}",
+                    describe_calls(&calls)
+                )),
+                None => fail(format!(
+                    "`{name}` was called, but not with {}; arguments seen: {}",
+                    describe_params(params),
+                    named
+                        .iter()
+                        .map(|c| c.arguments.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )),
+            }
+        }
+        CriterionKind::NoTool { name } => {
+            let n = turns
+                .iter()
+                .flat_map(|t| &t.tool_calls)
+                .filter(|c| &c.name == name)
+                .count();
+            if n == 0 {
+                pass(format!("`{name}` not called"))
+            } else {
+                fail(format!("`{name}` was called {n} time(s)"))
+            }
+        }
+        CriterionKind::ToolsInOrder(expected) => {
+            let calls: Vec<&str> = turns
+                .iter()
+                .flat_map(|t| &t.tool_calls)
+                .map(|c| c.name.as_str())
+                .collect();
+            let mut next = 0;
+            for name in &calls {
+                if next < expected.len() && *name == expected[next] {
+                    next += 1;
+                }
+            }
+            if next == expected.len() {
+                pass(format!("calls in order: {}", calls.join(", ")))
+            } else {
+                fail(format!(
+                    "expected `{}` after {}; calls were: {}",
+                    expected[next],
+                    if next == 0 {
+                        "the start".to_string()
+                    } else {
+                        format!("`{}`", expected[next - 1])
+                    },
+                    if calls.is_empty() {
+                        "none".to_string()
+                    } else {
+                        calls.join(", ")
+                    }
+                ))
+            }
+        }
+        CriterionKind::Latency { max } => {
+            let limit = ms(*max);
+            match turns
+                .iter()
+                .filter(|t| t.fault.is_none())
+                .find(|t| t.latency_ms > limit)
+            {
+                Some(t) => fail(format!(
+                    "turn {} took {} > {}",
+                    t.turn_index,
+                    fmt_ms(t.latency_ms),
+                    fmt_ms(limit)
+                )),
+                None => {
+                    let worst = turns.iter().map(|t| t.latency_ms).fold(0.0, f64::max);
+                    pass(format!("slowest turn {}", fmt_ms(worst)))
+                }
+            }
+        }
+        CriterionKind::Ttft { max } => {
+            let limit = ms(*max);
+            let measured: Vec<(u32, f64)> = turns
+                .iter()
+                .filter_map(|t| t.ttft_ms.map(|v| (t.turn_index, v)))
+                .collect();
+            if measured.is_empty() {
+                return skip("no first-token time: the protocol did not stream this turn");
+            }
+            match measured.iter().find(|(_, v)| *v > limit) {
+                Some((i, v)) => fail(format!(
+                    "turn {i}: first token after {} > {}",
+                    fmt_ms(*v),
+                    fmt_ms(limit)
+                )),
+                None => pass("first tokens within the limit"),
+            }
+        }
+        CriterionKind::Turns { max } => {
+            let n = turns.len();
+            if n as u64 <= u64::from(*max) {
+                pass(format!("{n} turn(s)"))
+            } else {
+                fail(format!("{n} turns > {max}"))
+            }
+        }
+        CriterionKind::Tokens { max } => {
+            let reported: Vec<u64> = turns.iter().filter_map(|t| turn_tokens(t)).collect();
+            if reported.is_empty() {
+                return skip("the agent reported no token usage");
+            }
+            let total: u64 = reported.iter().sum();
+            if total <= *max {
+                pass(format!("{total} tokens"))
+            } else {
+                fail(format!("{total} tokens > {max}"))
+            }
+        }
+        CriterionKind::NoError => match turns.iter().find_map(|t| t.fault.as_ref().map(|f| (t, f))) {
+            Some((t, f)) => fail(format!(
+                "turn {}: {} fault: {}",
+                t.turn_index,
+                f.category.as_str(),
+                f.message
+            )),
+            None => pass("no fault"),
+        },
+        CriterionKind::Judge { .. } | CriterionKind::Outcome(_) => skip("no judge configured"),
+    }
+}
+
+fn turn_tokens(t: &TurnRecord) -> Option<u64> {
+    t.total_tokens.or(match (t.prompt_tokens, t.completion_tokens) {
+        (None, None) => None,
+        (p, c) => Some(p.unwrap_or(0) + c.unwrap_or(0)),
+    })
+}
+
+/// Returns why the check failed, or `None` when it holds.
+fn reply_check(check: &ReplyCheck, scope: Scope, turns: &[&TurnRecord]) -> Option<String> {
+    let replies: Vec<&str> = turns.iter().map(|t| t.reply.as_deref().unwrap_or("")).collect();
+    let last = replies.last().copied().unwrap_or("");
+    let any = |f: &dyn Fn(&str) -> bool| match scope {
+        Scope::Turn => f(last),
+        Scope::Trajectory => replies.iter().any(|r| f(r)),
+    };
+    let seen = || match scope {
+        Scope::Turn if turns.last().is_some_and(|t| t.reply.is_none()) => "the turn has no reply".to_string(),
+        Scope::Turn => format!("reply was: {}", excerpt(last, 160)),
+        Scope::Trajectory => format!("no reply of {} turn(s) does", turns.len()),
+    };
+    match check {
+        ReplyCheck::Contains(needle) => {
+            (!any(&|r: &str| r.contains(needle.as_str()))).then(|| format!("expected the reply to contain {needle:?}; {}", seen()))
+        }
+        ReplyCheck::Matches(re) => {
+            (!any(&|r: &str| re.is_match(r))).then(|| format!("expected the reply to match /{}/; {}", re.as_str(), seen()))
+        }
+        ReplyCheck::Equals(expected) => {
+            (!any(&|r: &str| r == expected)).then(|| format!("expected the reply to equal {expected:?}; {}", seen()))
+        }
+        ReplyCheck::NotContains(needle) => replies
+            .iter()
+            .zip(turns)
+            .find(|(r, _)| r.contains(needle.as_str()))
+            .map(|(r, t)| {
+                format!(
+                    "turn {} reply contains {needle:?}: {}",
+                    t.turn_index,
+                    excerpt(r, 160)
+                )
+            }),
+    }
+}
+
+/// Subset match of expected params against a call's JSON arguments.
+fn arguments_match(arguments: &str, expected: &serde_json::Map<String, Value>) -> bool {
+    if expected.is_empty() {
+        return true;
+    }
+    let Ok(Value::Object(actual)) = serde_json::from_str::<Value>(arguments) else {
+        return false;
+    };
+    expected
+        .iter()
+        .all(|(k, v)| actual.get(k).is_some_and(|a| json_eq(a, v)))
+}
+
+/// JSON equality where numbers compare by value (`1` equals `1.0`).
+pub fn json_eq(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => x.as_f64() == y.as_f64(),
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(a, b)| json_eq(a, b))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| json_eq(v, w)))
+        }
+        _ => a == b,
+    }
+}
+
+fn describe_calls(calls: &[&ToolCallRecord]) -> String {
+    if calls.is_empty() {
+        "; no tools were called".to_string()
+    } else {
+        format!(
+            "; calls were: {}",
+            calls
+                .iter()
+                .map(|c| c.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    }
+}
+
+fn describe_params(params: &serde_json::Map<String, Value>) -> String {
+    params
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn fmt_ms(v: f64) -> String {
+    if v >= 1000.0 {
+        format!("{:.2}s", v / 1000.0)
+    } else {
+        format!("{v:.1}ms")
+    }
+}
+
+fn excerpt(s: &str, max: usize) -> String {
+    if s.chars().count() <= max {
+        format!("{s:?}")
+    } else {
+        let cut: String = s.chars().take(max).collect();
+        format!("{cut:?}…")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use trellis_dsl::{Span, model::Criterion};
+
+    fn crit(kind: CriterionKind) -> Criterion {
+        Criterion {
+            kind,
+            text: "test".into(),
+            span: Span::new(0, (0, 0).into()),
+        }
+    }
+
+    fn turn(i: u32, reply: &str, calls: &[(&str, &str)]) -> TurnRecord {
+        TurnRecord {
+            turn_index: i,
+            reply: Some(reply.into()),
+            latency_ms: 10.0 * f64::from(i + 1),
+            tool_calls: calls
+                .iter()
+                .enumerate()
+                .map(|(n, (name, args))| ToolCallRecord {
+                    call_id: format!("c{n}"),
+                    name: (*name).into(),
+                    arguments: (*args).into(),
+                    result: None,
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    impl AsRef<TurnRecord> for TurnRecord {
+        fn as_ref(&self) -> &TurnRecord {
+            self
+        }
+    }
+
+    #[test]
+    fn tool_params_are_a_subset_with_numeric_equality() {
+        let turns = [turn(0, "ok", &[("pay", r#"{"amount": 50.0, "currency": "CAD"}"#)])];
+        let mut params = serde_json::Map::new();
+        params.insert("amount".into(), serde_json::json!(50));
+        let c = crit(CriterionKind::Tool {
+            name: "pay".into(),
+            params: params.clone(),
+            count: None,
+        });
+        assert_eq!(check(&c, Scope::Turn, &turns, Some(0)).status, CriterionStatus::Passed);
+        params.insert("amount".into(), serde_json::json!(51));
+        let c = crit(CriterionKind::Tool {
+            name: "pay".into(),
+            params,
+            count: None,
+        });
+        let r = check(&c, Scope::Turn, &turns, Some(0));
+        assert_eq!(r.status, CriterionStatus::Failed);
+        assert!(r.detail.unwrap().contains("not with amount=51"));
+    }
+
+    #[test]
+    fn reply_scopes_differ_between_turn_and_trajectory() {
+        let turns = [turn(0, "hello postal code", &[]), turn(1, "bye", &[])];
+        let c = crit(CriterionKind::Reply(vec![ReplyCheck::Contains("postal".into())]));
+        assert_eq!(check(&c, Scope::Trajectory, &turns, None).status, CriterionStatus::Passed);
+        assert_eq!(check(&c, Scope::Turn, &turns[1..], Some(1)).status, CriterionStatus::Failed);
+        let c = crit(CriterionKind::Reply(vec![ReplyCheck::NotContains("postal".into())]));
+        assert_eq!(check(&c, Scope::Trajectory, &turns, None).status, CriterionStatus::Failed);
+    }
+
+    #[test]
+    fn tools_in_order_is_a_subsequence() {
+        let turns = [turn(0, "", &[("a", "{}"), ("x", "{}"), ("b", "{}")])];
+        let ok = crit(CriterionKind::ToolsInOrder(vec!["a".into(), "b".into()]));
+        let bad = crit(CriterionKind::ToolsInOrder(vec!["b".into(), "a".into()]));
+        assert_eq!(check(&ok, Scope::Trajectory, &turns, None).status, CriterionStatus::Passed);
+        assert_eq!(check(&bad, Scope::Trajectory, &turns, None).status, CriterionStatus::Failed);
+    }
+
+    #[test]
+    fn judges_are_skipped_never_passed() {
+        let c = crit(CriterionKind::Outcome(trellis_dsl::Outcome::Statement("x".into())));
+        let r = check(&c, Scope::Trajectory, &[turn(0, "", &[])], None);
+        assert_eq!(r.status, CriterionStatus::Skipped);
+        assert_eq!(r.detail.as_deref(), Some("no judge configured"));
+    }
+
+    #[test]
+    fn latency_and_turn_limits() {
+        let turns = [turn(0, "", &[]), turn(1, "", &[])];
+        let c = crit(CriterionKind::Latency {
+            max: Duration::from_millis(15),
+        });
+        assert_eq!(check(&c, Scope::Trajectory, &turns, None).status, CriterionStatus::Failed);
+        let c = crit(CriterionKind::Turns { max: 2 });
+        assert_eq!(check(&c, Scope::Trajectory, &turns, None).status, CriterionStatus::Passed);
+    }
+}

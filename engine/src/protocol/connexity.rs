@@ -1,0 +1,405 @@
+//! The Connexity agent contract: `POST /agent/respond`, OpenAI chat history in, the turn's
+//! messages out (specs/connexity-agent-contract.txt).
+//!
+//! The request is serialised straight from the borrowed history, since this runs once per
+//! turn. The response is parsed leniently where real agents differ from the spec (tool-call
+//! arguments as an object instead of a JSON string, missing usage fields) and strictly where
+//! a guess would hide a broken agent (no `messages`, a message without a role, content that
+//! is neither text nor null, no assistant message at all).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use reqwest::Url;
+use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
+use serde::Serialize;
+use serde_json::Value;
+
+use super::http::{CallLimits, HttpTransport, with_retries};
+use super::{AgentTurn, CallContext, CallOutcome, ChatMessage, ToolCall, ToolCallFunction, Usage};
+use crate::record::{Fault, FaultCategory, ToolCallRecord};
+
+/// A Connexity agent could not be configured.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnexityError {
+    #[error("invalid agent URL `{url}`: {source}")]
+    InvalidUrl {
+        url: String,
+        #[source]
+        source: url_error::ParseError,
+    },
+    #[error("agent URL `{0}` must be http or https")]
+    UnsupportedScheme(String),
+    #[error("invalid header name `{0}`")]
+    InvalidHeaderName(String),
+    // The value is left out on purpose: header values usually carry secrets.
+    #[error("header `{0}` has an invalid value (control characters or line breaks are not allowed)")]
+    InvalidHeaderValue(String),
+}
+
+/// `reqwest` re-exports the URL type but not its parse error under a stable path.
+mod url_error {
+    pub type ParseError = <reqwest::Url as std::str::FromStr>::Err;
+}
+
+/// A client for one Connexity agent.
+#[derive(Clone, Debug)]
+pub struct ConnexityClient {
+    url: Url,
+    headers: HeaderMap,
+    limits: CallLimits,
+    retries: u32,
+    transport: HttpTransport,
+}
+
+#[derive(Serialize)]
+struct Request<'a> {
+    messages: &'a [ChatMessage],
+    metadata: RequestMetadata<'a>,
+}
+
+#[derive(Serialize)]
+struct RequestMetadata<'a> {
+    test_case_id: &'a str,
+    turn_index: u32,
+}
+
+impl ConnexityClient {
+    /// `headers` are the agent's rendered `header` nodes; they override the JSON content
+    /// type and accept headers the client sends by default.
+    pub fn new(
+        url: &str,
+        headers: Vec<(String, String)>,
+        limits: CallLimits,
+        retries: u32,
+        transport: HttpTransport,
+    ) -> Result<Self, ConnexityError> {
+        let parsed: Url = url.parse().map_err(|source| ConnexityError::InvalidUrl {
+            url: url.to_owned(),
+            source,
+        })?;
+        if !matches!(parsed.scheme(), "http" | "https") {
+            return Err(ConnexityError::UnsupportedScheme(url.to_owned()));
+        }
+        let mut map = HeaderMap::with_capacity(headers.len() + 2);
+        map.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        map.insert(ACCEPT, HeaderValue::from_static("application/json"));
+        let mut given: Vec<HeaderName> = Vec::with_capacity(headers.len());
+        for (name, value) in headers {
+            let header = HeaderName::from_bytes(name.trim().as_bytes())
+                .map_err(|_| ConnexityError::InvalidHeaderName(name.clone()))?;
+            let mut value = HeaderValue::from_str(value.trim())
+                .map_err(|_| ConnexityError::InvalidHeaderValue(name.clone()))?;
+            value.set_sensitive(true);
+            // A repeated header name sends several values; the first occurrence replaces
+            // any default of ours.
+            if given.contains(&header) {
+                map.append(header, value);
+            } else {
+                map.insert(header.clone(), value);
+                given.push(header);
+            }
+        }
+        Ok(ConnexityClient {
+            url: parsed,
+            headers: map,
+            limits,
+            retries,
+            transport,
+        })
+    }
+
+    pub fn url(&self) -> &Url {
+        &self.url
+    }
+
+    /// Sends the history and returns the agent's turn, after retries.
+    pub async fn respond(&self, history: &[ChatMessage], ctx: &CallContext<'_>) -> CallOutcome {
+        let body = match encode_request(history, ctx) {
+            Ok(body) => body,
+            Err(fault) => {
+                return CallOutcome {
+                    result: Err(fault),
+                    attempts: 0,
+                    latency: Duration::ZERO,
+                };
+            }
+        };
+        let outcome = with_retries(
+            self.retries,
+            self.limits.timeout,
+            ctx.deadline,
+            |timeout| {
+                let body = body.clone();
+                async move {
+                    let response = self
+                        .transport
+                        .post_json(
+                            &self.url,
+                            &self.headers,
+                            body,
+                            self.limits.max_response_size,
+                            timeout,
+                        )
+                        .await?;
+                    parse_response(&response.body)
+                }
+            },
+        )
+        .await;
+        CallOutcome {
+            result: outcome.result,
+            attempts: outcome.attempts,
+            latency: outcome.latency,
+        }
+    }
+}
+
+/// The request body: `{"messages": [...], "metadata": {"test_case_id", "turn_index"}}`.
+pub fn encode_request(history: &[ChatMessage], ctx: &CallContext<'_>) -> Result<Bytes, Fault> {
+    let request = Request {
+        messages: history,
+        metadata: RequestMetadata {
+            test_case_id: ctx.test_case_id,
+            turn_index: ctx.turn_index,
+        },
+    };
+    serde_json::to_vec(&request).map(Bytes::from).map_err(|e| {
+        Fault::new(
+            FaultCategory::Protocol,
+            format!("could not encode the request: {e}"),
+        )
+    })
+}
+
+/// Parses an `AgentResponse` body into the turn it describes.
+pub fn parse_response(body: &[u8]) -> Result<AgentTurn, Fault> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(Fault::new(
+            FaultCategory::InvalidJson,
+            "empty response body (expected a JSON AgentResponse)",
+        ));
+    }
+    let value: Value = serde_json::from_slice(body).map_err(|e| {
+        Fault::new(
+            FaultCategory::InvalidJson,
+            format!("response is not JSON ({e}): {}", preview(body)),
+        )
+    })?;
+    let Value::Object(mut root) = value else {
+        return Err(protocol(format!(
+            "response is {}, expected an AgentResponse object",
+            kind_of(&value)
+        )));
+    };
+    let messages = match root.remove("messages") {
+        Some(Value::Array(messages)) => messages,
+        None | Some(Value::Null) => {
+            return Err(protocol("response has no `messages` array".to_owned()));
+        }
+        Some(other) => {
+            return Err(protocol(format!(
+                "response `messages` is {}, expected an array",
+                kind_of(&other)
+            )));
+        }
+    };
+
+    let mut turn = AgentTurn {
+        messages: Vec::with_capacity(messages.len()),
+        ..AgentTurn::default()
+    };
+    for (i, message) in messages.into_iter().enumerate() {
+        turn.messages.push(parse_message(i, message)?);
+    }
+    if !turn.messages.iter().any(|m| m.role == "assistant") {
+        return Err(protocol(
+            "response has no assistant message (`messages` must end with the assistant's reply)"
+                .to_owned(),
+        ));
+    }
+    turn.reply = turn
+        .messages
+        .iter()
+        .rev()
+        .filter(|m| m.role == "assistant")
+        .find_map(|m| m.content.as_deref().filter(|c| !c.trim().is_empty()))
+        .map(str::to_owned);
+    turn.tool_calls = pair_tool_calls(&turn.messages);
+    turn.usage = root.get("usage").and_then(parse_usage);
+    turn.model = optional_string(root.remove("model"));
+    turn.provider = optional_string(root.remove("provider"));
+    Ok(turn)
+}
+
+fn parse_message(i: usize, message: Value) -> Result<ChatMessage, Fault> {
+    let Value::Object(mut m) = message else {
+        return Err(protocol(format!(
+            "messages[{i}] is {}, expected an object",
+            kind_of(&message)
+        )));
+    };
+    let role = match m.remove("role") {
+        Some(Value::String(role)) => role,
+        None | Some(Value::Null) => {
+            return Err(protocol(format!("messages[{i}] has no `role`")));
+        }
+        Some(other) => {
+            return Err(protocol(format!(
+                "messages[{i}].role is {}, expected a string",
+                kind_of(&other)
+            )));
+        }
+    };
+    let content = match m.remove("content") {
+        Some(Value::String(content)) => Some(content),
+        None | Some(Value::Null) => None,
+        Some(other) => {
+            return Err(protocol(format!(
+                "messages[{i}].content is {}, expected a string or null",
+                kind_of(&other)
+            )));
+        }
+    };
+    let tool_calls = match m.remove("tool_calls") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(calls)) => calls
+            .into_iter()
+            .enumerate()
+            .map(|(j, call)| parse_tool_call(i, j, call))
+            .collect::<Result<_, _>>()?,
+        Some(other) => {
+            return Err(protocol(format!(
+                "messages[{i}].tool_calls is {}, expected an array",
+                kind_of(&other)
+            )));
+        }
+    };
+    Ok(ChatMessage {
+        role,
+        content,
+        tool_calls,
+        tool_call_id: optional_string(m.remove("tool_call_id")),
+        name: optional_string(m.remove("name")),
+    })
+}
+
+fn parse_tool_call(i: usize, j: usize, call: Value) -> Result<ToolCall, Fault> {
+    let at = || format!("messages[{i}].tool_calls[{j}]");
+    let Value::Object(mut call) = call else {
+        return Err(protocol(format!(
+            "{} is {}, expected an object",
+            at(),
+            kind_of(&call)
+        )));
+    };
+    let Some(Value::Object(mut function)) = call.remove("function") else {
+        return Err(protocol(format!("{} has no `function` object", at())));
+    };
+    let name = match function.remove("name") {
+        Some(Value::String(name)) => name,
+        _ => return Err(protocol(format!("{}.function.name is not a string", at()))),
+    };
+    // The spec says a JSON string; agents built on some frameworks send the object itself.
+    let arguments = match function.remove("arguments") {
+        Some(Value::String(arguments)) => arguments,
+        None | Some(Value::Null) => "{}".to_owned(),
+        Some(other) => other.to_string(),
+    };
+    Ok(ToolCall {
+        id: optional_string(call.remove("id")).unwrap_or_default(),
+        kind: optional_string(call.remove("type")).unwrap_or_else(|| "function".to_owned()),
+        function: ToolCallFunction { name, arguments },
+    })
+}
+
+/// Pairs each assistant tool call with the `tool` message answering it: by `tool_call_id`,
+/// else by function name in order, else simply in order.
+fn pair_tool_calls(messages: &[ChatMessage]) -> Vec<ToolCallRecord> {
+    let mut records: Vec<ToolCallRecord> = messages
+        .iter()
+        .filter(|m| m.role == "assistant")
+        .flat_map(|m| &m.tool_calls)
+        .map(|call| ToolCallRecord {
+            call_id: call.id.clone(),
+            name: call.function.name.clone(),
+            arguments: call.function.arguments.clone(),
+            result: None,
+        })
+        .collect();
+    if records.is_empty() {
+        return records;
+    }
+    let mut paired = vec![false; records.len()];
+    for message in messages.iter().filter(|m| m.role == "tool") {
+        let by_id = message
+            .tool_call_id
+            .as_deref()
+            .filter(|id| !id.is_empty())
+            .and_then(|id| {
+                records
+                    .iter()
+                    .zip(&paired)
+                    .position(|(r, done)| !done && r.call_id == id)
+            });
+        let slot = by_id
+            .or_else(|| {
+                let name = message.name.as_deref()?;
+                records
+                    .iter()
+                    .zip(&paired)
+                    .position(|(r, done)| !done && r.name == name)
+            })
+            .or_else(|| paired.iter().position(|done| !done));
+        if let (Some(slot), Some(record)) = (slot, slot.and_then(|s| records.get_mut(s))) {
+            record.result = message.content.clone();
+            if let Some(done) = paired.get_mut(slot) {
+                *done = true;
+            }
+        }
+    }
+    records
+}
+
+fn parse_usage(usage: &Value) -> Option<Usage> {
+    let usage = usage.as_object()?;
+    let field = |key: &str| usage.get(key).and_then(Value::as_u64);
+    let parsed = Usage {
+        prompt_tokens: field("prompt_tokens"),
+        completion_tokens: field("completion_tokens"),
+        total_tokens: field("total_tokens"),
+    };
+    (parsed != Usage::default()).then_some(parsed)
+}
+
+fn optional_string(value: Option<Value>) -> Option<String> {
+    match value {
+        Some(Value::String(s)) => Some(s),
+        _ => None,
+    }
+}
+
+fn protocol(message: String) -> Fault {
+    Fault::new(FaultCategory::Protocol, message)
+}
+
+fn kind_of(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// The start of a body, for messages about it.
+fn preview(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(body.get(..120).unwrap_or(body));
+    let mut out: String = text.trim().chars().take(100).collect();
+    if body.len() > 120 || text.chars().count() > 100 {
+        out.push('…');
+    }
+    out
+}

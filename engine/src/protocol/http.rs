@@ -1,0 +1,456 @@
+//! The HTTP transport shared by every HTTP protocol.
+//!
+//! One [`HttpTransport`] (one connection pool) serves a whole run. It owns the parts of a call
+//! that do not depend on the protocol: a bounded POST (the whole exchange under one deadline,
+//! the body read chunk by chunk and abandoned as soon as it is too large), the mapping of every
+//! way an exchange can go wrong to a categorised [`Fault`] whose message a human can act on,
+//! and the retry loop ([`with_retries`]) that retries transient faults with backoff without
+//! ever running past the trajectory's deadline.
+
+use std::error::Error as StdError;
+use std::fmt::Write as _;
+use std::future::Future;
+use std::io;
+use std::net::IpAddr;
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+use bytes::Bytes;
+use reqwest::header::HeaderMap;
+use reqwest::{StatusCode, Url};
+use tokio::time::Instant;
+
+use crate::record::{Fault, FaultCategory};
+
+/// How much of an error body goes into a fault message.
+const ERROR_BODY_PREVIEW_CHARS: usize = 200;
+/// Idle keep-alive connections are dropped after this long.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// A TCP connect that takes longer than this is hopeless whatever the per-call timeout.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// First retry delay; later delays double up to [`MAX_BACKOFF`], plus jitter.
+const MIN_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// Could not set the transport up.
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    #[error("could not build the HTTP client: {0}")]
+    Build(#[source] reqwest::Error),
+}
+
+/// Per-attempt limits of one agent's calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CallLimits {
+    /// The whole exchange of one attempt (connect, request, headers, body).
+    pub timeout: Duration,
+    /// Bodies larger than this are abandoned mid-read.
+    pub max_response_size: u64,
+}
+
+impl Default for CallLimits {
+    fn default() -> Self {
+        CallLimits {
+            timeout: Duration::from_secs(30),
+            max_response_size: 8 * 1024 * 1024,
+        }
+    }
+}
+
+/// A successful (2xx) HTTP response, body read in full.
+#[derive(Clone, Debug)]
+pub struct HttpResponse {
+    pub status: StatusCode,
+    pub body: Bytes,
+}
+
+/// The HTTP client of a run: one keep-alive pool shared by every agent and call.
+///
+/// Cheap to clone (the clients inside are reference counted).
+#[derive(Clone, Debug)]
+pub struct HttpTransport {
+    /// Honours the proxy environment variables, for remote agents.
+    proxied: reqwest::Client,
+    /// Never goes through a proxy: loopback agents (builtins, local dev servers) must not be
+    /// sent to a proxy configured for the outside world.
+    direct: reqwest::Client,
+}
+
+impl HttpTransport {
+    pub fn new() -> Result<Self, TransportError> {
+        Ok(HttpTransport {
+            proxied: Self::builder().build().map_err(TransportError::Build)?,
+            direct: Self::builder()
+                .no_proxy()
+                .build()
+                .map_err(TransportError::Build)?,
+        })
+    }
+
+    fn builder() -> reqwest::ClientBuilder {
+        reqwest::Client::builder()
+            .tcp_nodelay(true)
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .connect_timeout(CONNECT_TIMEOUT)
+            .user_agent(concat!("trellis/", env!("CARGO_PKG_VERSION")))
+    }
+
+    fn client_for(&self, url: &Url) -> &reqwest::Client {
+        let loopback = url.host_str().is_some_and(|host| {
+            host.eq_ignore_ascii_case("localhost")
+                || host
+                    .trim_start_matches('[')
+                    .trim_end_matches(']')
+                    .parse::<IpAddr>()
+                    .is_ok_and(|ip| ip.is_loopback())
+        });
+        if loopback {
+            &self.direct
+        } else {
+            &self.proxied
+        }
+    }
+
+    /// POSTs `body` (already serialised JSON) and reads the whole answer, all within
+    /// `timeout`. Returns the 2xx response or the fault that describes what went wrong.
+    ///
+    /// `headers` must carry the content type; they are sent as given.
+    pub async fn post_json(
+        &self,
+        url: &Url,
+        headers: &HeaderMap,
+        body: Bytes,
+        max_response_size: u64,
+        timeout: Duration,
+    ) -> Result<HttpResponse, Fault> {
+        let mut progress = Progress::default();
+        let exchange = self.exchange(url, headers, body, max_response_size, &mut progress);
+        match tokio::time::timeout(timeout, exchange).await {
+            Ok(result) => result,
+            Err(_elapsed) => Err(Fault::new(
+                FaultCategory::Timeout,
+                format!(
+                    "no complete response within {} (timeout); {}",
+                    humantime::format_duration(timeout),
+                    progress.describe()
+                ),
+            )),
+        }
+    }
+
+    async fn exchange(
+        &self,
+        url: &Url,
+        headers: &HeaderMap,
+        body: Bytes,
+        max_response_size: u64,
+        progress: &mut Progress,
+    ) -> Result<HttpResponse, Fault> {
+        let mut response = self
+            .client_for(url)
+            .post(url.clone())
+            .headers(headers.clone())
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| classify(&e, url, progress))?;
+        let status = response.status();
+        progress.status = Some(status);
+        progress.content_length = response.content_length();
+
+        if let Some(len) = progress.content_length
+            && len > max_response_size
+        {
+            return Err(too_large(
+                max_response_size,
+                &format!("Content-Length is {len}"),
+            ));
+        }
+
+        // Error bodies are read only far enough to quote them.
+        let limit = if status.is_success() {
+            max_response_size
+        } else {
+            max_response_size.min(4096)
+        };
+        let capacity = progress.content_length.unwrap_or(0).min(limit);
+        let mut buf = Vec::with_capacity(usize::try_from(capacity).unwrap_or(0));
+        let read = loop {
+            match response.chunk().await {
+                Ok(Some(chunk)) => {
+                    progress.body_bytes += chunk.len() as u64;
+                    if progress.body_bytes > limit {
+                        if status.is_success() {
+                            return Err(too_large(
+                                max_response_size,
+                                &format!("{} bytes read before giving up", progress.body_bytes),
+                            ));
+                        }
+                        let room = usize::try_from(limit)
+                            .unwrap_or(usize::MAX)
+                            .saturating_sub(buf.len());
+                        buf.extend_from_slice(chunk.get(..room.min(chunk.len())).unwrap_or(&[]));
+                        break Ok(());
+                    }
+                    buf.extend_from_slice(&chunk);
+                }
+                Ok(None) => break Ok(()),
+                Err(e) => break Err(classify(&e, url, progress)),
+            }
+        };
+
+        if status.is_success() {
+            read?;
+            return Ok(HttpResponse {
+                status,
+                body: Bytes::from(buf),
+            });
+        }
+        // The status is what matters for a failed exchange, even when its body broke off.
+        Err(status_fault(status, &buf))
+    }
+}
+
+/// What an exchange had achieved when it failed, for the fault message.
+#[derive(Debug, Default)]
+struct Progress {
+    status: Option<StatusCode>,
+    content_length: Option<u64>,
+    body_bytes: u64,
+}
+
+impl Progress {
+    fn describe(&self) -> String {
+        match self.status {
+            None => "no response headers received".to_owned(),
+            Some(status) => {
+                let mut s = format!("got HTTP {}, then {} bytes", status.as_u16(), self.body_bytes);
+                if let Some(len) = self.content_length {
+                    let _ = write!(s, " of {len}");
+                }
+                s.push_str(" of body");
+                s
+            }
+        }
+    }
+}
+
+fn too_large(max: u64, detail: &str) -> Fault {
+    Fault::new(
+        FaultCategory::TooLarge,
+        format!("response exceeded {max} bytes (max-response-size); {detail}"),
+    )
+}
+
+fn status_fault(status: StatusCode, body: &[u8]) -> Fault {
+    let category = if status.is_client_error() {
+        FaultCategory::Http4xx
+    } else if status.is_server_error() {
+        FaultCategory::Http5xx
+    } else {
+        FaultCategory::Protocol
+    };
+    let mut message = format!("HTTP {status}");
+    if !status.is_client_error() && !status.is_server_error() {
+        message.insert_str(0, "unexpected status ");
+    }
+    let text = String::from_utf8_lossy(body);
+    let text = text.trim();
+    if !text.is_empty() {
+        message.push_str(": ");
+        let mut chars = text.chars();
+        message.extend(chars.by_ref().take(ERROR_BODY_PREVIEW_CHARS));
+        if chars.next().is_some() {
+            message.push('…');
+        }
+    }
+    Fault::new(category, message)
+}
+
+/// Maps a reqwest error to a fault, looking through its source chain for the I/O error or
+/// the hyper condition that tells a refused connection from a reset or a truncated body.
+fn classify(err: &reqwest::Error, url: &Url, progress: &Progress) -> Fault {
+    let mut io_kind = None;
+    let mut incomplete = false;
+    let mut parse = None;
+    let mut innermost = err.to_string();
+    let mut source: Option<&(dyn StdError + 'static)> = err.source();
+    while let Some(e) = source {
+        if let Some(io) = e.downcast_ref::<io::Error>()
+            && io_kind.is_none()
+        {
+            io_kind = Some(io.kind());
+        }
+        // hyper's error kinds are only reachable through its Display without a direct
+        // dependency on hyper; these strings are its stable descriptions.
+        let text = e.to_string();
+        if text.contains("connection closed before message completed")
+            || text.contains("end of file before message length reached")
+        {
+            incomplete = true;
+        }
+        if text.starts_with("invalid HTTP") || text.contains("message head is too large") {
+            parse = Some(text.clone());
+        }
+        innermost = text;
+        source = e.source();
+    }
+    let target = url.host_str().map_or_else(
+        || url.to_string(),
+        |host| match url.port_or_known_default() {
+            Some(port) => format!("{host}:{port}"),
+            None => host.to_owned(),
+        },
+    );
+
+    if err.is_connect() || (progress.status.is_none() && io_kind == Some(io::ErrorKind::ConnectionRefused)) {
+        let why = match io_kind {
+            Some(io::ErrorKind::ConnectionRefused) => "connection refused".to_owned(),
+            Some(io::ErrorKind::TimedOut) => "connect timed out".to_owned(),
+            _ if err.is_dns() => format!("could not resolve host ({innermost})"),
+            _ => innermost,
+        };
+        return Fault::new(FaultCategory::Connect, format!("could not connect to {target}: {why}"));
+    }
+    if let Some(parse) = parse {
+        return Fault::new(
+            FaultCategory::Protocol,
+            format!("malformed HTTP response from {target}: {parse}"),
+        );
+    }
+    if err.is_timeout() && io_kind != Some(io::ErrorKind::ConnectionReset) {
+        return Fault::new(
+            FaultCategory::Timeout,
+            format!("timed out talking to {target}; {}", progress.describe()),
+        );
+    }
+    let what = match io_kind {
+        Some(io::ErrorKind::ConnectionReset) => "connection reset by peer".to_owned(),
+        Some(io::ErrorKind::ConnectionAborted) => "connection aborted".to_owned(),
+        Some(io::ErrorKind::BrokenPipe) => "connection closed while sending the request".to_owned(),
+        Some(io::ErrorKind::UnexpectedEof) => "connection closed early".to_owned(),
+        _ if incomplete => "connection closed early".to_owned(),
+        _ => innermost,
+    };
+    let when = match progress.status {
+        None => "before the response headers".to_owned(),
+        Some(_) => {
+            let mut s = format!("after {} bytes of body", progress.body_bytes);
+            if let Some(len) = progress.content_length {
+                let _ = write!(s, " (Content-Length {len}; truncated response)");
+            }
+            s
+        }
+    };
+    Fault::new(FaultCategory::Transport, format!("{what} {when} ({target})"))
+}
+
+/// What [`with_retries`] ended with.
+#[derive(Clone, Debug)]
+pub struct Attempted<T> {
+    pub result: Result<T, Fault>,
+    /// Attempts started; 0 only when the deadline had already passed.
+    pub attempts: u32,
+    /// Wall time of the last attempt.
+    pub latency: Duration,
+}
+
+/// Runs `attempt` up to `1 + retries` times, retrying only retryable faults, with exponential
+/// backoff and jitter between attempts, and never past `deadline`.
+///
+/// `attempt` receives the timeout it must respect: `timeout`, shrunk when the deadline is
+/// closer. A timeout fault of an attempt cut short by the deadline is reported as the
+/// trajectory timeout it really is.
+pub async fn with_retries<T, F, Fut>(
+    retries: u32,
+    timeout: Duration,
+    deadline: Option<Instant>,
+    mut attempt: F,
+) -> Attempted<T>
+where
+    F: FnMut(Duration) -> Fut,
+    Fut: Future<Output = Result<T, Fault>>,
+{
+    let mut backoff = ExponentialBuilder::new()
+        .with_min_delay(MIN_BACKOFF)
+        .with_max_delay(MAX_BACKOFF)
+        .with_factor(2.0)
+        .with_max_times(usize::try_from(retries).unwrap_or(usize::MAX))
+        .with_jitter()
+        .with_jitter_seed(jitter_seed())
+        .build();
+    let mut attempts = 0u32;
+    let mut latency = Duration::ZERO;
+    loop {
+        let started = Instant::now();
+        let (budget, cut_by_deadline) = match deadline {
+            Some(deadline) => {
+                let left = deadline.saturating_duration_since(started);
+                if left.is_zero() {
+                    return Attempted {
+                        result: Err(Fault::new(
+                            FaultCategory::Timeout,
+                            "trajectory timeout: no time left for the call",
+                        )),
+                        attempts,
+                        latency,
+                    };
+                }
+                if left < timeout {
+                    (left, true)
+                } else {
+                    (timeout, false)
+                }
+            }
+            None => (timeout, false),
+        };
+        attempts += 1;
+        let mut result = attempt(budget).await;
+        latency = started.elapsed();
+        let fault = match &mut result {
+            Ok(_) => break Attempted { result, attempts, latency },
+            Err(fault) => fault,
+        };
+        if cut_by_deadline && fault.category == FaultCategory::Timeout {
+            *fault = trajectory_timeout(attempts, &fault.message);
+            break Attempted { result, attempts, latency };
+        }
+        if !fault.category.is_retryable() {
+            break Attempted { result, attempts, latency };
+        }
+        let Some(delay) = backoff.next() else {
+            if attempts > 1 {
+                fault.message.push_str(&format!(" (after {attempts} attempts)"));
+            }
+            break Attempted { result, attempts, latency };
+        };
+        if let Some(deadline) = deadline
+            && Instant::now() + delay >= deadline
+        {
+            fault.message.push_str(&format!(
+                " (attempt {attempts}; not retried: the trajectory timeout would pass during backoff)"
+            ));
+            break Attempted { result, attempts, latency };
+        }
+        tokio::time::sleep(delay).await;
+    }
+}
+
+fn trajectory_timeout(attempts: u32, detail: &str) -> Fault {
+    Fault::new(
+        FaultCategory::Timeout,
+        format!("trajectory timeout reached during attempt {attempts}: {detail}"),
+    )
+}
+
+/// Seeds backoff jitter differently per call so that agents failing together do not retry in
+/// lockstep (backon's own seeding needs its `std` feature, which the workspace leaves off).
+fn jitter_seed() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos() as u64);
+    nanos ^ COUNTER.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
+}

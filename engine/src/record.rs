@@ -1,0 +1,240 @@
+//! Run records: what a run produced, one self-contained JSON line per finished unit.
+//!
+//! Records are the hand-off between the engine and everything that presents results.
+//! The engine appends them to the run journal (`journal.jsonl` in the output directory) as
+//! soon as each execution node or trajectory finishes, so memory stays bounded and a crash
+//! keeps every finished trajectory; `trellis-reports` reads the journal back into tables.
+
+use serde::{Deserialize, Serialize};
+
+use crate::protocol::ChatMessage;
+
+/// One line of the journal.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum JournalEntry {
+    RunStarted(RunInfo),
+    Node(NodeRecord),
+    Trajectory(TrajectoryRecord),
+    RunFinished(RunSummary),
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RunInfo {
+    pub run_id: String,
+    /// RFC 3339, UTC.
+    pub started_at: String,
+    pub trellis_version: String,
+    /// Suite names in load order.
+    pub suites: Vec<String>,
+    pub jobs: usize,
+    /// Trajectories the plan will run or record as skipped.
+    pub planned_trajectories: u64,
+}
+
+/// The turns one execution node took: a segment of the trajectory graph, executed once per
+/// repetition however many trajectories share it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct NodeRecord {
+    pub suite: String,
+    pub scenario: String,
+    pub agent: String,
+    pub repetition: u32,
+    /// Path of segment labels from the root: `start`, `accepts`, `accepts/then`.
+    pub node: String,
+    pub parent: Option<String>,
+    pub turns: Vec<TurnRecord>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct TurnRecord {
+    /// Zero-based agent call index within the trajectory.
+    pub turn_index: u32,
+    pub user_message: String,
+    /// The assistant's final text of the turn.
+    pub reply: Option<String>,
+    /// Every message the agent returned this turn (assistant, tool, final assistant).
+    pub messages: Vec<ChatMessage>,
+    pub tool_calls: Vec<ToolCallRecord>,
+    /// Milliseconds since the run started.
+    pub started_ms: f64,
+    pub latency_ms: f64,
+    /// Time to first streamed token; only for streaming protocols.
+    pub ttft_ms: Option<f64>,
+    pub prompt_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
+    pub total_tokens: Option<u64>,
+    pub model: Option<String>,
+    pub provider: Option<String>,
+    /// Attempts made (1 + retries used).
+    pub attempts: u32,
+    pub fault: Option<Fault>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ToolCallRecord {
+    pub call_id: String,
+    pub name: String,
+    /// JSON text, as the agent sent it.
+    pub arguments: String,
+    /// The tool message content answering this call, when the agent returned one.
+    pub result: Option<String>,
+}
+
+/// Why an agent call failed.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct Fault {
+    pub category: FaultCategory,
+    pub message: String,
+}
+
+impl Fault {
+    pub fn new(category: FaultCategory, message: impl Into<String>) -> Self {
+        Fault {
+            category,
+            message: message.into(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum FaultCategory {
+    /// The call (or the trajectory's time budget) ran out.
+    Timeout,
+    /// Could not connect (refused, DNS, unreachable).
+    Connect,
+    /// The connection broke after connecting: reset, closed early, truncated body.
+    Transport,
+    #[serde(rename = "http_4xx")]
+    Http4xx,
+    #[serde(rename = "http_5xx")]
+    Http5xx,
+    /// The body is not JSON.
+    InvalidJson,
+    /// Valid JSON of the wrong shape, or a protocol rule broken.
+    Protocol,
+    /// The response exceeded the agent's `max-response-size`.
+    TooLarge,
+    /// A template could not be rendered (for instance a capture that never matched).
+    Template,
+    /// The agent could not be started or configured (builtin, headers, env).
+    Setup,
+}
+
+impl FaultCategory {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FaultCategory::Timeout => "timeout",
+            FaultCategory::Connect => "connect",
+            FaultCategory::Transport => "transport",
+            FaultCategory::Http4xx => "http_4xx",
+            FaultCategory::Http5xx => "http_5xx",
+            FaultCategory::InvalidJson => "invalid_json",
+            FaultCategory::Protocol => "protocol",
+            FaultCategory::TooLarge => "too_large",
+            FaultCategory::Template => "template",
+            FaultCategory::Setup => "setup",
+        }
+    }
+
+    /// Transient faults worth another attempt. 4xx and malformed answers are not: the
+    /// agent would answer the same way again.
+    pub fn is_retryable(self) -> bool {
+        matches!(
+            self,
+            FaultCategory::Timeout
+                | FaultCategory::Connect
+                | FaultCategory::Transport
+                | FaultCategory::Http5xx
+        )
+    }
+}
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum TrajectoryStatus {
+    Passed,
+    Failed,
+    Error,
+    Skipped,
+}
+
+impl TrajectoryStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TrajectoryStatus::Passed => "passed",
+            TrajectoryStatus::Failed => "failed",
+            TrajectoryStatus::Error => "error",
+            TrajectoryStatus::Skipped => "skipped",
+        }
+    }
+}
+
+/// One path through a scenario's trajectory graph, for one agent and repetition.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TrajectoryRecord {
+    pub suite: String,
+    pub scenario: String,
+    /// Branch names along the path joined with `/`; `main` when the scenario never forks.
+    pub trajectory: String,
+    pub agent: String,
+    pub protocol: String,
+    pub repetition: u32,
+    /// Execution nodes along the path, root first (join with `NodeRecord::node`).
+    pub nodes: Vec<String>,
+    pub status: TrajectoryStatus,
+    /// Agent turns taken along the whole path.
+    pub turns: u32,
+    pub duration_ms: f64,
+    pub fault: Option<Fault>,
+    /// Why the trajectory did not run (status `skipped`).
+    pub skip_reason: Option<String>,
+    /// Every check on this trajectory: the `expect`s of its turns and its `criteria`.
+    pub criteria: Vec<CriterionRecord>,
+    pub tags: Vec<String>,
+}
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum CriterionStatus {
+    Passed,
+    Failed,
+    Skipped,
+}
+
+impl CriterionStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CriterionStatus::Passed => "passed",
+            CriterionStatus::Failed => "failed",
+            CriterionStatus::Skipped => "skipped",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct CriterionRecord {
+    /// The turn checked (`expect`); `None` for trajectory-level `criteria`.
+    pub turn_index: Option<u32>,
+    /// The criterion as written.
+    pub criterion: String,
+    pub kind: String,
+    pub status: CriterionStatus,
+    /// Why it failed or was skipped; what was observed when it passed.
+    pub detail: Option<String>,
+}
+
+/// Totals written at the end of the journal.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct RunSummary {
+    pub run_id: String,
+    pub finished_at: String,
+    pub duration_ms: f64,
+    pub trajectories: u64,
+    pub passed: u64,
+    pub failed: u64,
+    pub errors: u64,
+    pub skipped: u64,
+    pub turns: u64,
+}

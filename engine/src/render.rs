@@ -1,0 +1,159 @@
+//! Template rendering (minijinja) for user messages and header values.
+//!
+//! Templates are compiled once when the plan is built; plain strings without template
+//! syntax skip the template engine entirely, so scripted messages cost nothing per turn.
+//! Undefined variables are errors (strict mode): `trellis check` already rejects the ones it
+//! can see statically, and whatever remains at run time (an unset `env` variable) must
+//! not silently render as an empty string.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use minijinja::value::{Object, Serde, Value};
+use minijinja::{Environment, UndefinedBehavior};
+use trellis_dsl::{Persona, Scenario, Template};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RenderError {
+    #[error("template `{source_text}`: {error}")]
+    Compile {
+        source_text: String,
+        #[source]
+        error: minijinja::Error,
+    },
+    #[error("{error}")]
+    Render {
+        #[source]
+        error: minijinja::Error,
+    },
+}
+
+/// A compiled template, or a literal string when there is nothing to render.
+#[derive(Clone, Debug)]
+pub enum CompiledTemplate {
+    Literal(Arc<str>),
+    Compiled(String),
+}
+
+/// All templates of a plan, compiled once.
+pub struct Templates {
+    env: Environment<'static>,
+    next: usize,
+}
+
+impl Default for Templates {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for Templates {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Templates").field("count", &self.next).finish()
+    }
+}
+
+impl Templates {
+    pub fn new() -> Self {
+        let mut env = Environment::new();
+        env.set_undefined_behavior(UndefinedBehavior::Strict);
+        // Messages are plain text, not HTML.
+        env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
+        Templates { env, next: 0 }
+    }
+
+    pub fn compile(&mut self, template: &Template) -> Result<CompiledTemplate, RenderError> {
+        let source = &template.source;
+        if !source.contains("{{") && !source.contains("{%") && !source.contains("{#") {
+            return Ok(CompiledTemplate::Literal(Arc::from(source.as_str())));
+        }
+        let name = format!("t{}", self.next);
+        self.next += 1;
+        self.env
+            .add_template_owned(name.clone(), source.clone())
+            .map_err(|error| RenderError::Compile {
+                source_text: source.clone(),
+                error,
+            })?;
+        Ok(CompiledTemplate::Compiled(name))
+    }
+
+    pub fn render(&self, template: &CompiledTemplate, ctx: &Value) -> Result<String, RenderError> {
+        match template {
+            CompiledTemplate::Literal(s) => Ok(s.to_string()),
+            CompiledTemplate::Compiled(name) => self
+                .env
+                .get_template(name)
+                .and_then(|t| t.render(ctx.clone()))
+                .map_err(|error| RenderError::Render { error }),
+        }
+    }
+}
+
+/// The process environment as a template object, read lazily so only the variables a
+/// template names are looked up.
+#[derive(Debug)]
+struct EnvVars;
+
+impl Object for EnvVars {
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        std::env::var(key.as_str()?).ok().map(Value::from)
+    }
+}
+
+/// The variables every template of a scenario sees, except `vars`, which grow along the
+/// trajectory.
+#[derive(Clone, Debug)]
+pub struct ScenarioScope {
+    base: BTreeMap<String, Value>,
+}
+
+impl ScenarioScope {
+    pub fn new(scenario: &Scenario, persona: Option<&Persona>) -> Self {
+        let mut base = BTreeMap::new();
+        base.insert(
+            "user_context".into(),
+            Value::from(Serde(&scenario.user_context)),
+        );
+        let scenario_value = serde_json::json!({
+            "id": scenario.id.value,
+            "name": scenario.name,
+            "description": scenario.description,
+            "difficulty": match scenario.difficulty {
+                trellis_dsl::Difficulty::Normal => "normal",
+                trellis_dsl::Difficulty::Hard => "hard",
+            },
+            "status": match scenario.status {
+                trellis_dsl::Status::Active => "active",
+                trellis_dsl::Status::Draft => "draft",
+                trellis_dsl::Status::Archived => "archived",
+            },
+            "tags": scenario.tags,
+        });
+        base.insert("scenario".into(), Value::from(Serde(&scenario_value)));
+        if let Some(p) = persona {
+            let persona_value = serde_json::json!({
+                "id": p.id.value,
+                "type": p.kind,
+                "description": p.description,
+                "instructions": p.instructions,
+            });
+            base.insert("persona".into(), Value::from(Serde(&persona_value)));
+        }
+        base.insert("env".into(), Value::from_object(EnvVars));
+        ScenarioScope { base }
+    }
+
+    /// Scope for header values: only `env`.
+    pub fn env_only() -> Self {
+        let mut base = BTreeMap::new();
+        base.insert("env".into(), Value::from_object(EnvVars));
+        ScenarioScope { base }
+    }
+
+    pub fn with_vars(&self, vars: &BTreeMap<String, String>) -> Value {
+        let mut ctx = self.base.clone();
+        ctx.insert("vars".to_string(), Value::from(Serde(vars)));
+        Value::from(ctx)
+    }
+}

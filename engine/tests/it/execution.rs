@@ -1,0 +1,246 @@
+//! The executor end to end: suites loaded from files, a real Connexity agent over HTTP
+//! written here, events collected from the stream.
+
+use std::sync::{Arc, Mutex};
+
+use axum::{Json, Router, extract::State, http::StatusCode, routing::post};
+use serde_json::{Value, json};
+use trellis_engine::event::{self, Event};
+use trellis_engine::execute::{self, RunOptions};
+use trellis_engine::plan::{Plan, Selection};
+use trellis_engine::record::{
+    CriterionStatus, FaultCategory, NodeRecord, RunSummary, TrajectoryRecord, TrajectoryStatus,
+};
+
+/// Every request body the agent received.
+type Seen = Arc<Mutex<Vec<Value>>>;
+
+/// An agent that echoes the last user message, and answers 500 to "boom".
+async fn echo_agent() -> (String, Seen) {
+    async fn respond(State(seen): State<Seen>, Json(body): Json<Value>) -> (StatusCode, Json<Value>) {
+        seen.lock().unwrap().push(body.clone());
+        let last = body["messages"]
+            .as_array()
+            .and_then(|m| m.last())
+            .and_then(|m| m["content"].as_str())
+            .unwrap_or("")
+            .to_string();
+        if last == "boom" {
+            return (StatusCode::INTERNAL_SERVER_ERROR, Json(json!({"error": "boom"})));
+        }
+        let mut messages = vec![];
+        if last == "look up" {
+            messages.push(json!({"role": "assistant", "content": null, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{\"order\": 42}"}}
+            ]}));
+            messages.push(json!({"role": "tool", "tool_call_id": "c1", "name": "lookup", "content": "{\"status\": \"shipped\"}"}));
+        }
+        messages.push(json!({"role": "assistant", "content": format!("echo: {last} (order #A-17)")}));
+        (StatusCode::OK, Json(json!({"messages": messages, "usage": {"prompt_tokens": 10, "completion_tokens": 5}})))
+    }
+    let seen: Seen = Arc::default();
+    let app = Router::new()
+        .route("/agent/respond", post(respond))
+        .with_state(seen.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    (format!("http://{addr}/agent/respond"), seen)
+}
+
+struct Run {
+    nodes: Vec<NodeRecord>,
+    trajectories: Vec<TrajectoryRecord>,
+    summary: RunSummary,
+}
+
+async fn run_suite(text: &str, jobs: usize) -> Run {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("suite.kdl");
+    std::fs::write(&path, text).unwrap();
+    let project = match trellis_dsl::load(&[&path]) {
+        Ok(p) => p,
+        Err(d) => panic!("{}", d.render_plain()),
+    };
+    let plan = Plan::build(&project, &Selection::default()).unwrap();
+    let (tx, mut rx) = event::channel();
+    let options = RunOptions {
+        run_id: "test".into(),
+        jobs,
+    };
+    let engine = tokio::spawn(execute::run(plan, options, tx));
+    let mut run = Run {
+        nodes: vec![],
+        trajectories: vec![],
+        summary: RunSummary::default(),
+    };
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            Event::Node(n) => run.nodes.push(n),
+            Event::Trajectory(t) => run.trajectories.push(t),
+            Event::RunFinished(s) => run.summary = s,
+            Event::RunStarted(_) => {}
+        }
+    }
+    engine.await.unwrap();
+    run
+}
+
+const FORKS: &str = r#"
+agent "echo" protocol="connexity" url="URL"
+scenario "fork" {
+    repeat 2
+    user "a"
+    user "b"
+    branch "x" { user "x1" }
+    branch "y" {
+        user "y1"
+        branch "deep1" { user "d1" }
+        branch "deep2" { user "d2" }
+    }
+    user "tail"
+    criteria { no-error }
+}
+"#;
+
+#[tokio::test]
+async fn a_forks_shared_prefix_runs_once_per_repetition() {
+    let (url, seen) = echo_agent().await;
+    let run = run_suite(&FORKS.replace("URL", &url), 8).await;
+
+    // Per repetition: start (2 calls) + x, x/then (2) + y (1) + two deep branches with their
+    // tails (4) = 9 calls; replaying prefixes would take 4 + 5 + 5 = 14.
+    assert_eq!(seen.lock().unwrap().len(), 18);
+    assert_eq!(run.summary.turns, 18);
+    let mut names: Vec<_> = run.trajectories.iter().map(|t| t.trajectory.clone()).collect();
+    names.sort();
+    names.dedup();
+    assert_eq!(names, ["x", "y/deep1", "y/deep2"]);
+    assert_eq!(run.trajectories.len(), 6);
+    assert!(run.trajectories.iter().all(|t| t.status == TrajectoryStatus::Passed));
+
+    // Every branch continued from the same history: the tail after d1 saw a, b, y1, d1.
+    let requests = seen.lock().unwrap().clone();
+    let tail_after_d1 = requests
+        .iter()
+        .find(|r| {
+            let m = r["messages"].as_array().unwrap();
+            m.last().unwrap()["content"] == "tail" && m.iter().any(|x| x["content"] == "d1")
+        })
+        .expect("a tail request after d1");
+    let users: Vec<&str> = tail_after_d1["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|m| m["role"] == "user")
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(users, ["a", "b", "y1", "d1", "tail"]);
+    // Connexity metadata: the scenario id and the index of the new user message.
+    assert_eq!(tail_after_d1["metadata"]["test_case_id"], "fork");
+    assert_eq!(tail_after_d1["metadata"]["turn_index"], 8);
+
+    // Trajectories list their execution nodes; the nodes were each recorded once.
+    let deep1 = run.trajectories.iter().find(|t| t.trajectory == "y/deep1").unwrap();
+    assert_eq!(deep1.nodes, ["start", "y", "y/deep1", "y/deep1/then"]);
+    assert_eq!(deep1.turns, 5);
+    assert_eq!(run.nodes.len(), 16);
+    let starts = run.nodes.iter().filter(|n| n.node == "start").count();
+    assert_eq!(starts, 2);
+}
+
+#[tokio::test]
+async fn a_fault_ends_only_the_trajectories_below_it() {
+    let (url, _) = echo_agent().await;
+    let suite = r#"
+agent "echo" protocol="connexity" url="URL"
+scenario "faulty" {
+    user "hello"
+    branch "ok" { user "fine" }
+    branch "bad" { user "boom"; user "never sent" }
+}
+scenario "other" {
+    user "still runs"
+    expect reply contains="still runs"
+}
+"#;
+    let run = run_suite(&suite.replace("URL", &url), 4).await;
+    let by = |name: &str| run.trajectories.iter().find(|t| t.trajectory == name).unwrap();
+    assert_eq!(by("ok").status, TrajectoryStatus::Passed);
+    let bad = by("bad");
+    assert_eq!(bad.status, TrajectoryStatus::Error);
+    let fault = bad.fault.as_ref().unwrap();
+    assert_eq!(fault.category, FaultCategory::Http5xx);
+    assert_eq!(bad.turns, 2, "the faulted turn is recorded, the next one never sent");
+    let other = run.trajectories.iter().find(|t| t.scenario == "other").unwrap();
+    assert_eq!(other.status, TrajectoryStatus::Passed);
+    assert_eq!(run.summary.errors, 1);
+    assert_eq!(run.summary.passed, 2);
+}
+
+#[tokio::test]
+async fn criteria_captures_and_templates() {
+    let (url, seen) = echo_agent().await;
+    let suite = r#"
+agent "echo" protocol="connexity" url="URL"
+scenario "checks" {
+    user-context { order "42" }
+    user "look up"
+    expect {
+        tool "lookup" order=42
+        reply contains="echo"
+    }
+    capture "ref" regex=#"#([A-Z]-\d+)"#
+    user "order {{ user_context.order }} is {{ vars.ref }}"
+    expect reply equals="nope"
+    criteria {
+        tools-in-order "lookup"
+        no-tool "refund"
+        tokens max=20
+        outcome "The agent looks the order up"
+    }
+}
+"#;
+    let run = run_suite(&suite.replace("URL", &url), 4).await;
+    let t = &run.trajectories[0];
+    assert_eq!(t.status, TrajectoryStatus::Failed);
+    let status = |text: &str| {
+        t.criteria
+            .iter()
+            .find(|c| c.criterion.contains(text))
+            .unwrap_or_else(|| panic!("no criterion {text}: {:?}", t.criteria))
+            .status
+    };
+    assert_eq!(status("lookup\" order=42"), CriterionStatus::Passed);
+    assert_eq!(status("equals"), CriterionStatus::Failed);
+    assert_eq!(status("tools-in-order"), CriterionStatus::Passed);
+    assert_eq!(status("no-tool"), CriterionStatus::Passed);
+    // 2 turns × 15 tokens = 30 > 20.
+    assert_eq!(status("tokens"), CriterionStatus::Failed);
+    assert_eq!(status("outcome"), CriterionStatus::Skipped);
+    let last = seen.lock().unwrap().last().unwrap().clone();
+    let sent = last["messages"].as_array().unwrap().last().unwrap()["content"].clone();
+    assert_eq!(sent, "order 42 is A-17");
+}
+
+#[tokio::test]
+async fn needs_skip_dependents_of_a_failed_scenario() {
+    let (url, _) = echo_agent().await;
+    let suite = r#"
+agent "echo" protocol="connexity" url="URL"
+scenario "login" {
+    user "hi"
+    expect reply contains="welcome"
+}
+scenario "checkout" {
+    needs "login"
+    user "buy"
+}
+"#;
+    let run = run_suite(&suite.replace("URL", &url), 4).await;
+    let checkout = run.trajectories.iter().find(|t| t.scenario == "checkout").unwrap();
+    assert_eq!(checkout.status, TrajectoryStatus::Skipped);
+    assert!(checkout.skip_reason.as_deref().unwrap().contains("login"));
+}

@@ -1,0 +1,28 @@
+# Trellis tasks. `just` lists them.
+
+default:
+    @just --list
+
+# Run the example suites against the builtin agents; writes runs/<run-id>/
+run *ARGS:
+    cargo run --release -- run suites/ {{ARGS}}
+
+# The test suite (what CI runs, with fmt and clippy)
+test:
+    cargo test --workspace
+
+# Everything CI checks
+ci:
+    .ci/run
+
+# Validate the example suites
+check:
+    cargo run -- check suites/
+
+# Engine benchmark: 10,000 trajectories of 4 turns at --jobs 256
+bench:
+    cargo run --release -- bench --trajectories 10000 --jobs 256
+
+# Rewrite the golden diagnostics after an intended change
+bless:
+    TRELLIS_BLESS=1 cargo test -p trellis-dsl --test golden

@@ -1,0 +1,53 @@
+//! Everything that can stop a report from being written.
+
+use std::io;
+use std::path::PathBuf;
+
+use polars::prelude::PolarsError;
+
+/// Why [`crate::write_reports`] failed. Journal lines that do not parse are not errors:
+/// they are skipped and counted in [`crate::ReportFiles::skipped_lines`].
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum ReportError {
+    #[error("cannot {action} {}", path.display())]
+    #[diagnostic(code(trellis::reports::io))]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+
+    #[error("{} has no `run_started` entry on its first line", path.display())]
+    #[diagnostic(
+        code(trellis::reports::no_run_started),
+        help("point at a run directory written by `trellis run`; its journal starts with `run_started`")
+    )]
+    MissingRunStarted { path: PathBuf },
+
+    #[error("cannot write Parquet file {}", path.display())]
+    #[diagnostic(code(trellis::reports::parquet))]
+    Polars {
+        path: PathBuf,
+        #[source]
+        source: PolarsError,
+    },
+
+    #[error("cannot write JUnit report {}", path.display())]
+    #[diagnostic(code(trellis::reports::junit))]
+    Junit {
+        path: PathBuf,
+        #[source]
+        source: quick_junit::SerializeError,
+    },
+}
+
+impl ReportError {
+    pub(crate) fn io(action: &'static str, path: impl Into<PathBuf>, source: io::Error) -> Self {
+        ReportError::Io {
+            action,
+            path: path.into(),
+            source,
+        }
+    }
+}

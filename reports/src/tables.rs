@@ -1,0 +1,500 @@
+//! The Parquet tables: column buffers flushed in bounded batches through polars' batched
+//! Parquet writer.
+//!
+//! Rows are appended to plain `Vec` column buffers; once a table holds `batch_rows` rows (or
+//! roughly [`FLUSH_BYTES`] of text) the buffers become one `DataFrame` that is written as a
+//! row group and dropped. Memory therefore depends on the batch size, never on the size of
+//! the journal. Column names and types are documented in `docs/results.md`.
+
+use std::cell::RefCell;
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use polars::prelude::*;
+use trellis_engine::record::{
+    CriterionStatus, Fault, NodeRecord, RunInfo, RunSummary, TrajectoryRecord, TrajectoryStatus,
+};
+
+use crate::error::ReportError;
+
+/// Flush a table early when its buffered text reaches this size, so a run with very long
+/// replies does not hold `batch_rows` of them at once.
+const FLUSH_BYTES: usize = 64 * 1024 * 1024;
+
+pub(crate) const TRAJECTORIES_FILE: &str = "trajectories.parquet";
+pub(crate) const TURNS_FILE: &str = "turns.parquet";
+pub(crate) const TOOL_CALLS_FILE: &str = "tool_calls.parquet";
+pub(crate) const CRITERIA_FILE: &str = "criteria.parquet";
+pub(crate) const RUNS_FILE: &str = "runs.parquet";
+
+/// A growable buffer for one column that can be turned into a polars [`Column`].
+trait ColumnBuffer: Default {
+    fn take_column(&mut self, name: &str) -> Column;
+}
+
+macro_rules! plain_column_buffer {
+    ($($t:ty),* $(,)?) => {
+        $(impl ColumnBuffer for Vec<$t> {
+            fn take_column(&mut self, name: &str) -> Column {
+                Column::new(name.into(), std::mem::take(self))
+            }
+        })*
+    };
+}
+
+plain_column_buffer!(String, Option<String>, u32, Option<u32>, u64, Option<u64>, f64, Option<f64>, bool);
+
+impl ColumnBuffer for Vec<Vec<String>> {
+    fn take_column(&mut self, name: &str) -> Column {
+        let values: usize = self.iter().map(Vec::len).sum();
+        let mut builder = ListStringChunkedBuilder::new(name.into(), self.len(), values);
+        for list in self.drain(..) {
+            builder.append_values_iter(list.iter().map(String::as_str));
+        }
+        builder.finish().into_series().into_column()
+    }
+}
+
+/// Row buffers of one table.
+trait Rows: Default {
+    fn rows(&self) -> usize;
+    fn bytes(&self) -> usize;
+    /// Moves the buffered rows into a frame, leaving the buffers empty.
+    fn take_frame(&mut self) -> PolarsResult<DataFrame>;
+}
+
+/// Declares a table's row buffer: one `Vec` per column, in file column order.
+macro_rules! table {
+    ($(#[doc = $doc:literal])* $name:ident { $($col:ident: $ty:ty),* $(,)? }) => {
+        $(#[doc = $doc])*
+        #[derive(Default)]
+        struct $name {
+            rows: usize,
+            bytes: usize,
+            $($col: $ty,)*
+        }
+
+        impl Rows for $name {
+            fn rows(&self) -> usize {
+                self.rows
+            }
+
+            fn bytes(&self) -> usize {
+                self.bytes
+            }
+
+            fn take_frame(&mut self) -> PolarsResult<DataFrame> {
+                let height = std::mem::take(&mut self.rows);
+                self.bytes = 0;
+                DataFrame::new(
+                    height,
+                    vec![$(ColumnBuffer::take_column(&mut self.$col, stringify!($col)),)*],
+                )
+            }
+        }
+    };
+}
+
+table!(
+    /// `trajectories.parquet`: one row per trajectory record.
+    TrajectoryRows {
+        run_id: Vec<String>,
+        suite: Vec<String>,
+        scenario: Vec<String>,
+        trajectory: Vec<String>,
+        agent: Vec<String>,
+        protocol: Vec<String>,
+        repetition: Vec<u32>,
+        status: Vec<String>,
+        passed: Vec<bool>,
+        turns: Vec<u32>,
+        duration_ms: Vec<f64>,
+        fault_category: Vec<Option<String>>,
+        fault_message: Vec<Option<String>>,
+        skip_reason: Vec<Option<String>>,
+        nodes: Vec<Vec<String>>,
+        tags: Vec<Vec<String>>,
+        criteria_failed: Vec<u32>,
+    }
+);
+
+table!(
+    /// `turns.parquet`: one row per agent turn of an execution node.
+    TurnRows {
+        run_id: Vec<String>,
+        suite: Vec<String>,
+        scenario: Vec<String>,
+        node: Vec<String>,
+        agent: Vec<String>,
+        repetition: Vec<u32>,
+        turn_index: Vec<u32>,
+        user_message: Vec<String>,
+        reply: Vec<Option<String>>,
+        latency_ms: Vec<f64>,
+        ttft_ms: Vec<Option<f64>>,
+        prompt_tokens: Vec<Option<u64>>,
+        completion_tokens: Vec<Option<u64>>,
+        total_tokens: Vec<Option<u64>>,
+        model: Vec<Option<String>>,
+        provider: Vec<Option<String>>,
+        attempts: Vec<u32>,
+        tool_calls: Vec<u32>,
+        started_ms: Vec<f64>,
+        fault_category: Vec<Option<String>>,
+        fault_message: Vec<Option<String>>,
+        parent_node: Vec<Option<String>>,
+        messages: Vec<String>,
+    }
+);
+
+table!(
+    /// `tool_calls.parquet`: one row per tool call of a turn.
+    ToolCallRows {
+        run_id: Vec<String>,
+        suite: Vec<String>,
+        scenario: Vec<String>,
+        node: Vec<String>,
+        agent: Vec<String>,
+        repetition: Vec<u32>,
+        turn_index: Vec<u32>,
+        call_index: Vec<u32>,
+        call_id: Vec<String>,
+        name: Vec<String>,
+        arguments: Vec<String>,
+        result: Vec<Option<String>>,
+    }
+);
+
+table!(
+    /// `criteria.parquet`: one row per check of a trajectory.
+    CriterionRows {
+        run_id: Vec<String>,
+        suite: Vec<String>,
+        scenario: Vec<String>,
+        trajectory: Vec<String>,
+        agent: Vec<String>,
+        repetition: Vec<u32>,
+        turn_index: Vec<Option<u32>>,
+        criterion: Vec<String>,
+        kind: Vec<String>,
+        status: Vec<String>,
+        passed: Vec<bool>,
+        detail: Vec<Option<String>>,
+    }
+);
+
+table!(
+    /// `runs.parquet`: one row per run.
+    RunRows {
+        run_id: Vec<String>,
+        started_at: Vec<String>,
+        finished_at: Vec<Option<String>>,
+        trellis_version: Vec<String>,
+        duration_ms: Vec<Option<f64>>,
+        trajectories: Vec<u64>,
+        passed: Vec<u64>,
+        failed: Vec<u64>,
+        errors: Vec<u64>,
+        skipped: Vec<u64>,
+        turns: Vec<u64>,
+        suites: Vec<Vec<String>>,
+    }
+);
+
+
+/// A `Write` handle shared between polars' writer and us: polars' batched writer never
+/// hands its writer back, and the buffered bytes must be flushed with errors reported, not
+/// silently on drop.
+#[derive(Clone)]
+struct SharedFile(Rc<RefCell<BufWriter<File>>>);
+
+impl Write for SharedFile {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        self.0.try_borrow_mut().map_err(io::Error::other)?.write(buf)
+    }
+
+    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
+        self.0.try_borrow_mut().map_err(io::Error::other)?.write_all(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.0.try_borrow_mut().map_err(io::Error::other)?.flush()
+    }
+}
+
+/// One Parquet file being written batch by batch.
+struct TableFile<R: Rows> {
+    path: PathBuf,
+    buf: R,
+    file: SharedFile,
+    writer: polars::prelude::BatchedWriter<SharedFile>,
+    batch_rows: usize,
+}
+
+impl<R: Rows> TableFile<R> {
+    fn create(dir: &Path, name: &str, batch_rows: usize) -> Result<Self, ReportError> {
+        let path = dir.join(name);
+        let file = File::create(&path).map_err(|e| ReportError::io("create", &path, e))?;
+        let file = SharedFile(Rc::new(RefCell::new(BufWriter::new(file))));
+        let mut buf = R::default();
+        // The schema comes from the (empty) buffers themselves, so a table that never gets a
+        // row is still a valid file with the right columns.
+        let schema = buf
+            .take_frame()
+            .map(|df| df.schema().as_ref().clone())
+            .map_err(|source| ReportError::Polars {
+                path: path.clone(),
+                source,
+            })?;
+        let writer = ParquetWriter::new(file.clone())
+            .with_compression(ParquetCompression::Zstd(None))
+            .batched(&schema)
+            .map_err(|source| ReportError::Polars {
+                path: path.clone(),
+                source,
+            })?;
+        Ok(TableFile {
+            path,
+            buf,
+            file,
+            writer,
+            batch_rows: batch_rows.max(1),
+        })
+    }
+
+    /// Called after each appended row: writes a row group when the batch is full.
+    fn row_done(&mut self) -> Result<(), ReportError> {
+        if self.buf.rows() >= self.batch_rows || self.buf.bytes() >= FLUSH_BYTES {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), ReportError> {
+        if self.buf.rows() == 0 {
+            return Ok(());
+        }
+        let frame = self.buf.take_frame().map_err(|source| ReportError::Polars {
+            path: self.path.clone(),
+            source,
+        })?;
+        self.writer
+            .write_batch(&frame)
+            .map_err(|source| ReportError::Polars {
+                path: self.path.clone(),
+                source,
+            })
+    }
+
+    fn finish(mut self) -> Result<PathBuf, ReportError> {
+        self.flush()?;
+        self.writer
+            .finish()
+            .map_err(|source| ReportError::Polars {
+                path: self.path.clone(),
+                source,
+            })?;
+        drop(self.writer);
+        let mut file = self.file;
+        file.flush()
+            .map_err(|e| ReportError::io("write", &self.path, e))?;
+        Ok(self.path)
+    }
+}
+
+/// Totals of one run for `runs.parquet`.
+pub(crate) struct RunRow<'a> {
+    pub(crate) info: &'a RunInfo,
+    pub(crate) finished: Option<&'a RunSummary>,
+    pub(crate) trajectories: u64,
+    pub(crate) passed: u64,
+    pub(crate) failed: u64,
+    pub(crate) errors: u64,
+    pub(crate) skipped: u64,
+    pub(crate) turns: u64,
+}
+
+/// Paths of the tables once written.
+pub(crate) struct TablePaths {
+    pub(crate) trajectories: PathBuf,
+    pub(crate) turns: PathBuf,
+    pub(crate) tool_calls: PathBuf,
+    pub(crate) criteria: PathBuf,
+    pub(crate) runs: PathBuf,
+}
+
+/// All five tables of one run.
+pub(crate) struct Tables {
+    run_id: String,
+    trajectories: TableFile<TrajectoryRows>,
+    turns: TableFile<TurnRows>,
+    tool_calls: TableFile<ToolCallRows>,
+    criteria: TableFile<CriterionRows>,
+    runs: TableFile<RunRows>,
+}
+
+fn fault_parts(fault: Option<&Fault>) -> (Option<String>, Option<String>) {
+    match fault {
+        Some(f) => (Some(f.category.as_str().to_owned()), Some(f.message.clone())),
+        None => (None, None),
+    }
+}
+
+fn opt_len(s: Option<&String>) -> usize {
+    s.map_or(0, String::len)
+}
+
+impl Tables {
+    pub(crate) fn create(dir: &Path, run_id: &str, batch_rows: usize) -> Result<Self, ReportError> {
+        Ok(Tables {
+            run_id: run_id.to_owned(),
+            trajectories: TableFile::create(dir, TRAJECTORIES_FILE, batch_rows)?,
+            turns: TableFile::create(dir, TURNS_FILE, batch_rows)?,
+            tool_calls: TableFile::create(dir, TOOL_CALLS_FILE, batch_rows)?,
+            criteria: TableFile::create(dir, CRITERIA_FILE, batch_rows)?,
+            runs: TableFile::create(dir, RUNS_FILE, batch_rows)?,
+        })
+    }
+
+    pub(crate) fn push_node(&mut self, node: &NodeRecord) -> Result<(), ReportError> {
+        for turn in &node.turns {
+            let t = &mut self.turns.buf;
+            let (fault_category, fault_message) = fault_parts(turn.fault.as_ref());
+            // Serialising plain structs to a Vec cannot fail; an empty array is the
+            // harmless fallback if it ever did.
+            let messages =
+                serde_json::to_string(&turn.messages).unwrap_or_else(|_| "[]".to_owned());
+            t.bytes += turn.user_message.len()
+                + opt_len(turn.reply.as_ref())
+                + opt_len(fault_message.as_ref())
+                + messages.len();
+            t.run_id.push(self.run_id.clone());
+            t.suite.push(node.suite.clone());
+            t.scenario.push(node.scenario.clone());
+            t.node.push(node.node.clone());
+            t.agent.push(node.agent.clone());
+            t.repetition.push(node.repetition);
+            t.turn_index.push(turn.turn_index);
+            t.user_message.push(turn.user_message.clone());
+            t.reply.push(turn.reply.clone());
+            t.latency_ms.push(turn.latency_ms);
+            t.ttft_ms.push(turn.ttft_ms);
+            t.prompt_tokens.push(turn.prompt_tokens);
+            t.completion_tokens.push(turn.completion_tokens);
+            t.total_tokens.push(turn.total_tokens);
+            t.model.push(turn.model.clone());
+            t.provider.push(turn.provider.clone());
+            t.attempts.push(turn.attempts);
+            t.tool_calls
+                .push(u32::try_from(turn.tool_calls.len()).unwrap_or(u32::MAX));
+            t.started_ms.push(turn.started_ms);
+            t.fault_category.push(fault_category);
+            t.fault_message.push(fault_message);
+            t.parent_node.push(node.parent.clone());
+            t.messages.push(messages);
+            t.rows += 1;
+            self.turns.row_done()?;
+
+            for (call_index, call) in turn.tool_calls.iter().enumerate() {
+                let c = &mut self.tool_calls.buf;
+                c.bytes += call.arguments.len() + opt_len(call.result.as_ref());
+                c.run_id.push(self.run_id.clone());
+                c.suite.push(node.suite.clone());
+                c.scenario.push(node.scenario.clone());
+                c.node.push(node.node.clone());
+                c.agent.push(node.agent.clone());
+                c.repetition.push(node.repetition);
+                c.turn_index.push(turn.turn_index);
+                c.call_index
+                    .push(u32::try_from(call_index).unwrap_or(u32::MAX));
+                c.call_id.push(call.call_id.clone());
+                c.name.push(call.name.clone());
+                c.arguments.push(call.arguments.clone());
+                c.result.push(call.result.clone());
+                c.rows += 1;
+                self.tool_calls.row_done()?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn push_trajectory(&mut self, tr: &TrajectoryRecord) -> Result<(), ReportError> {
+        let (fault_category, fault_message) = fault_parts(tr.fault.as_ref());
+        let criteria_failed = tr
+            .criteria
+            .iter()
+            .filter(|c| c.status == CriterionStatus::Failed)
+            .count();
+        let t = &mut self.trajectories.buf;
+        t.bytes += opt_len(fault_message.as_ref()) + opt_len(tr.skip_reason.as_ref());
+        t.run_id.push(self.run_id.clone());
+        t.suite.push(tr.suite.clone());
+        t.scenario.push(tr.scenario.clone());
+        t.trajectory.push(tr.trajectory.clone());
+        t.agent.push(tr.agent.clone());
+        t.protocol.push(tr.protocol.clone());
+        t.repetition.push(tr.repetition);
+        t.status.push(tr.status.as_str().to_owned());
+        t.passed.push(tr.status == TrajectoryStatus::Passed);
+        t.turns.push(tr.turns);
+        t.duration_ms.push(tr.duration_ms);
+        t.fault_category.push(fault_category);
+        t.fault_message.push(fault_message);
+        t.skip_reason.push(tr.skip_reason.clone());
+        t.nodes.push(tr.nodes.clone());
+        t.tags.push(tr.tags.clone());
+        t.criteria_failed
+            .push(u32::try_from(criteria_failed).unwrap_or(u32::MAX));
+        t.rows += 1;
+        self.trajectories.row_done()?;
+
+        for criterion in &tr.criteria {
+            let c = &mut self.criteria.buf;
+            c.bytes += criterion.criterion.len() + opt_len(criterion.detail.as_ref());
+            c.run_id.push(self.run_id.clone());
+            c.suite.push(tr.suite.clone());
+            c.scenario.push(tr.scenario.clone());
+            c.trajectory.push(tr.trajectory.clone());
+            c.agent.push(tr.agent.clone());
+            c.repetition.push(tr.repetition);
+            c.turn_index.push(criterion.turn_index);
+            c.criterion.push(criterion.criterion.clone());
+            c.kind.push(criterion.kind.clone());
+            c.status.push(criterion.status.as_str().to_owned());
+            c.passed.push(criterion.status == CriterionStatus::Passed);
+            c.detail.push(criterion.detail.clone());
+            c.rows += 1;
+            self.criteria.row_done()?;
+        }
+        Ok(())
+    }
+
+    /// Writes the run row and closes every file.
+    pub(crate) fn finish(mut self, run: RunRow<'_>) -> Result<TablePaths, ReportError> {
+        let r = &mut self.runs.buf;
+        r.run_id.push(run.info.run_id.clone());
+        r.started_at.push(run.info.started_at.clone());
+        r.finished_at
+            .push(run.finished.map(|s| s.finished_at.clone()));
+        r.trellis_version.push(run.info.trellis_version.clone());
+        r.duration_ms.push(run.finished.map(|s| s.duration_ms));
+        r.trajectories.push(run.trajectories);
+        r.passed.push(run.passed);
+        r.failed.push(run.failed);
+        r.errors.push(run.errors);
+        r.skipped.push(run.skipped);
+        r.turns.push(run.turns);
+        r.suites.push(run.info.suites.clone());
+        r.rows += 1;
+
+        Ok(TablePaths {
+            trajectories: self.trajectories.finish()?,
+            turns: self.turns.finish()?,
+            tool_calls: self.tool_calls.finish()?,
+            criteria: self.criteria.finish()?,
+            runs: self.runs.finish()?,
+        })
+    }
+}

@@ -1,0 +1,131 @@
+//! Running totals and the choice of trajectories the HTML report renders in full.
+
+use std::collections::BTreeMap;
+
+use trellis_engine::record::{NodeRecord, TrajectoryRecord, TrajectoryStatus};
+
+use crate::ReportOptions;
+
+/// Trajectory counts by status.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Counts {
+    pub(crate) passed: u64,
+    pub(crate) failed: u64,
+    pub(crate) errors: u64,
+    pub(crate) skipped: u64,
+}
+
+impl Counts {
+    pub(crate) fn add(&mut self, status: TrajectoryStatus) {
+        let slot = match status {
+            TrajectoryStatus::Passed => &mut self.passed,
+            TrajectoryStatus::Failed => &mut self.failed,
+            TrajectoryStatus::Error => &mut self.errors,
+            TrajectoryStatus::Skipped => &mut self.skipped,
+        };
+        *slot = slot.saturating_add(1);
+    }
+
+    pub(crate) fn total(&self) -> u64 {
+        self.passed + self.failed + self.errors + self.skipped
+    }
+
+    /// Passed over the trajectories that ran (skipped ones are left out); `None` when none
+    /// ran.
+    pub(crate) fn pass_rate(&self) -> Option<f64> {
+        let ran = self.passed + self.failed + self.errors;
+        (ran > 0).then(|| self.passed as f64 / ran as f64)
+    }
+}
+
+/// Aggregates over the whole journal, bounded by the number of suites, scenarios and agents.
+#[derive(Debug, Default)]
+pub(crate) struct Tally {
+    pub(crate) total: Counts,
+    pub(crate) by_suite: BTreeMap<String, Counts>,
+    pub(crate) by_scenario: BTreeMap<(String, String), Counts>,
+    pub(crate) by_agent: BTreeMap<String, Counts>,
+    /// Agent turns actually taken (a shared prefix counts once per repetition).
+    pub(crate) turns: u64,
+}
+
+impl Tally {
+    pub(crate) fn add_node(&mut self, node: &NodeRecord) {
+        self.turns = self.turns.saturating_add(node.turns.len() as u64);
+    }
+
+    pub(crate) fn add_trajectory(&mut self, t: &TrajectoryRecord) {
+        self.total.add(t.status);
+        self.by_suite.entry(t.suite.clone()).or_default().add(t.status);
+        self.by_scenario
+            .entry((t.suite.clone(), t.scenario.clone()))
+            .or_default()
+            .add(t.status);
+        self.by_agent.entry(t.agent.clone()).or_default().add(t.status);
+    }
+}
+
+/// Order in the HTML report: what needs attention first.
+pub(crate) fn status_rank(status: TrajectoryStatus) -> u8 {
+    match status {
+        TrajectoryStatus::Error => 0,
+        TrajectoryStatus::Failed => 1,
+        TrajectoryStatus::Skipped => 2,
+        TrajectoryStatus::Passed => 3,
+    }
+}
+
+/// Picks, in journal order, the trajectories whose transcripts the HTML shows.
+pub(crate) struct Selection {
+    failing: Vec<TrajectoryRecord>,
+    passing: Vec<TrajectoryRecord>,
+    max_failing: usize,
+    max_passing: usize,
+    omitted_failing: u64,
+    omitted_passing: u64,
+}
+
+/// The rendered trajectories, failures first, and what was left out.
+pub(crate) struct Rendered {
+    pub(crate) trajectories: Vec<TrajectoryRecord>,
+    pub(crate) omitted_failing: u64,
+    pub(crate) omitted_passing: u64,
+}
+
+impl Selection {
+    pub(crate) fn new(options: &ReportOptions) -> Self {
+        Selection {
+            failing: Vec::new(),
+            passing: Vec::new(),
+            max_failing: options.max_failing_transcripts,
+            max_passing: options.max_passing_transcripts,
+            omitted_failing: 0,
+            omitted_passing: 0,
+        }
+    }
+
+    pub(crate) fn offer(&mut self, trajectory: TrajectoryRecord) {
+        let (kept, max, omitted) = if trajectory.status == TrajectoryStatus::Passed {
+            (&mut self.passing, self.max_passing, &mut self.omitted_passing)
+        } else {
+            (&mut self.failing, self.max_failing, &mut self.omitted_failing)
+        };
+        if kept.len() < max {
+            kept.push(trajectory);
+        } else {
+            *omitted = omitted.saturating_add(1);
+        }
+    }
+
+    pub(crate) fn into_ordered(self) -> Rendered {
+        let mut trajectories = self.failing;
+        // Stable: journal order within one status.
+        trajectories.sort_by_key(|t| status_rank(t.status));
+        trajectories.extend(self.passing);
+        Rendered {
+            trajectories,
+            omitted_failing: self.omitted_failing,
+            omitted_passing: self.omitted_passing,
+        }
+    }
+}

@@ -1,0 +1,259 @@
+//! Commands and their arguments. Exit codes: 0 all passed, 1 a criterion failed or a fault
+//! occurred, 2 invalid suite or usage.
+
+mod bench;
+mod console;
+mod run;
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use trellis_dsl::graph::{GraphFormat, TrajectoryGraph};
+use trellis_engine::plan::{Plan, Selection};
+
+pub const EXIT_OK: u8 = 0;
+pub const EXIT_FAILED: u8 = 1;
+pub const EXIT_INVALID: u8 = 2;
+
+/// Declarative evals for conversational AI agents.
+#[derive(Debug, Parser)]
+#[command(name = "trellis", version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run suites against their agents and write Parquet tables, report.html and junit.xml.
+    ///
+    /// Example: trellis run suites/ --jobs 32 --filter 'book-*'
+    ///
+    /// Results go to runs/<run-id>/ (or --out). Exit code 0 when every trajectory passed,
+    /// 1 when a criterion failed or an agent faulted, 2 when a suite is invalid.
+    Run(RunArgs),
+    /// Validate suites without running anything; prints every problem at once.
+    ///
+    /// Example: trellis check suites/
+    Check(PathArgs),
+    /// List the scenarios that would run and their trajectories.
+    ///
+    /// Example: trellis list suites/ --filter 'booking/*'
+    List(ListArgs),
+    /// Print the trajectory graph of each scenario, or the scenario `needs` graph.
+    ///
+    /// Example: trellis graph suites/booking.kdl --format mermaid
+    Graph(GraphArgs),
+    /// Measure the engine: N trajectories of 4 turns against the builtin agent, in-process.
+    ///
+    /// Example: cargo run --release -- bench --trajectories 10000 --jobs 256
+    Bench(bench::BenchArgs),
+}
+
+#[derive(Debug, Args)]
+struct PathArgs {
+    /// Suite files or directories (every *.kdl below). Default: ./suites
+    paths: Vec<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+struct SelectArgs {
+    /// Only scenarios whose id (or suite/id) matches this glob; repeatable.
+    #[arg(long = "filter", value_name = "GLOB")]
+    filters: Vec<String>,
+    /// Only scenarios carrying this tag (scenario or suite tags); repeatable.
+    #[arg(long = "tag", value_name = "TAG")]
+    tags: Vec<String>,
+    /// Also run draft and archived scenarios.
+    #[arg(long)]
+    include_inactive: bool,
+}
+
+impl SelectArgs {
+    fn selection(&self) -> Selection {
+        Selection {
+            filters: self.filters.clone(),
+            tags: self.tags.clone(),
+            include_inactive: self.include_inactive,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    paths: PathArgs,
+    #[command(flatten)]
+    select: SelectArgs,
+    /// Output directory. Default: runs/<run-id>
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Agent calls in flight at once across the run.
+    #[arg(long, short = 'j', default_value_t = 32)]
+    jobs: usize,
+    /// No progress output; only the summary.
+    #[arg(long, short = 'q')]
+    quiet: bool,
+}
+
+#[derive(Debug, Args)]
+struct ListArgs {
+    #[command(flatten)]
+    paths: PathArgs,
+    #[command(flatten)]
+    select: SelectArgs,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Format {
+    Dot,
+    Mermaid,
+}
+
+#[derive(Debug, Args)]
+struct GraphArgs {
+    #[command(flatten)]
+    paths: PathArgs,
+    #[command(flatten)]
+    select: SelectArgs,
+    #[arg(long, value_enum, default_value_t = Format::Dot)]
+    format: Format,
+    /// Print the scenario `needs` graph instead of trajectory graphs.
+    #[arg(long)]
+    needs: bool,
+}
+
+pub fn main(cli: Cli) -> ExitCode {
+    let code = match cli.command {
+        Command::Run(args) => run::run(args),
+        Command::Check(args) => check(&args),
+        Command::List(args) => list(&args),
+        Command::Graph(args) => graph(&args),
+        Command::Bench(args) => bench::bench(args),
+    };
+    ExitCode::from(code)
+}
+
+/// Loads suites, printing diagnostics; `None` means "exit 2".
+pub fn load(paths: &[PathBuf]) -> Option<trellis_dsl::Project> {
+    let default = [PathBuf::from("suites")];
+    let paths = if paths.is_empty() { &default[..] } else { paths };
+    match trellis_dsl::load(paths) {
+        Ok(project) => Some(project),
+        Err(diagnostics) => {
+            eprintln!("{:?}", miette::Report::new(diagnostics));
+            None
+        }
+    }
+}
+
+fn plan(project: &trellis_dsl::Project, select: &SelectArgs) -> Option<Plan> {
+    match Plan::build(project, &select.selection()) {
+        Ok(plan) => Some(plan),
+        Err(e) => {
+            eprintln!("{:?}", miette::Report::new(e));
+            None
+        }
+    }
+}
+
+fn check(args: &PathArgs) -> u8 {
+    let Some(project) = load(&args.paths) else {
+        return EXIT_INVALID;
+    };
+    let scenarios = project.scenarios().count();
+    let trajectories: usize = project
+        .scenarios()
+        .map(|(_, s)| TrajectoryGraph::build(s).trajectories.len())
+        .sum();
+    println!(
+        "ok: {} file(s), {} suite(s), {} scenario(s), {} trajectorie(s), {} agent(s)",
+        project.files.len(),
+        project.suites.len(),
+        scenarios,
+        trajectories,
+        project.agents.len()
+    );
+    EXIT_OK
+}
+
+fn list(args: &ListArgs) -> u8 {
+    let Some(project) = load(&args.paths.paths) else {
+        return EXIT_INVALID;
+    };
+    let Some(plan) = plan(&project, &args.select) else {
+        return EXIT_INVALID;
+    };
+    for s in &plan.scenarios {
+        let agents: Vec<&str> = s.agents.iter().map(|&a| &*plan.agents[a].id).collect();
+        println!(
+            "{}/{}  agents: {}  repeat: {}{}",
+            s.suite,
+            s.scenario.id.value,
+            agents.join(", "),
+            s.repeat,
+            if s.scenario.needs.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    "  needs: {}",
+                    s.scenario
+                        .needs
+                        .iter()
+                        .map(|n| n.value.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            }
+        );
+        for t in &s.trajectories {
+            println!(
+                "    {}  ({}){}",
+                t.name,
+                t.nodes.join(" > "),
+                t.unsupported
+                    .as_deref()
+                    .map(|r| format!("  skipped: {r}"))
+                    .unwrap_or_default()
+            );
+        }
+    }
+    println!(
+        "{} scenario(s), {} trajectory run(s) with repetitions",
+        plan.scenarios.len(),
+        plan.trajectory_count()
+    );
+    EXIT_OK
+}
+
+fn graph(args: &GraphArgs) -> u8 {
+    let Some(project) = load(&args.paths.paths) else {
+        return EXIT_INVALID;
+    };
+    let format = match args.format {
+        Format::Dot => GraphFormat::Dot,
+        Format::Mermaid => GraphFormat::Mermaid,
+    };
+    if args.needs {
+        print!("{}", trellis_dsl::graph::render_needs(&project, format));
+        return EXIT_OK;
+    }
+    let Some(plan) = plan(&project, &args.select) else {
+        return EXIT_INVALID;
+    };
+    let scenarios = plan
+        .scenarios
+        .iter()
+        .map(|s| (&*s.suite, s.scenario.as_ref()));
+    print!(
+        "{}",
+        trellis_dsl::graph::render_trajectories(scenarios, format)
+    );
+    EXIT_OK
+}
+
+/// `runs/<run-id>` relative to the working directory.
+pub fn default_out_dir(run_id: &str) -> PathBuf {
+    Path::new("runs").join(run_id)
+}
