@@ -967,13 +967,1663 @@ impl<'f> Decoder<'f> {
     }
 
     /// Exactly one argument, no properties, no block.
-    fn single(&mut self, v: &View, usage: &str) -> Option<&'f KdlEntry>
-    where
-        'f: 'f,
-    {
-        None.or_else(|| {
-            let _ = usage;
-            None
+    fn single<'a>(&mut self, v: &View<'a>, usage: &str) -> Option<&'a KdlEntry> {
+        self.check_props(v, &[], &[]);
+        self.check_args(v, 1, usage);
+        self.check_no_children(v);
+        match v.args.first() {
+            Some(e) => Some(*e),
+            None => {
+                self.missing(v, "a value", usage);
+                None
+            }
+        }
+    }
+}
+
+const AGENT_SETTINGS: &[(&str, Arity)] = &[
+    ("protocol", Arity::One),
+    ("url", Arity::One),
+    ("base-url", Arity::One),
+    ("builtin", Arity::One),
+    ("command", Arity::One),
+    ("socket", Arity::One),
+    ("header", Arity::Pair),
+    ("timeout", Arity::One),
+    ("retries", Arity::One),
+    ("concurrency", Arity::One),
+    ("max-response-size", Arity::One),
+    ("model", Arity::One),
+    ("system-prompt", Arity::One),
+    ("tools", Arity::Many),
+    ("stream", Arity::One),
+];
+const ENDPOINTS: &[&str] = &["url", "base-url", "builtin", "command", "socket"];
+const PERSONA_SETTINGS: &[(&str, Arity)] = &[
+    ("type", Arity::One),
+    ("description", Arity::One),
+    ("instructions", Arity::One),
+];
+const PROVIDER_SETTINGS: &[(&str, Arity)] = &[
+    ("kind", Arity::One),
+    ("base-url", Arity::One),
+    ("model", Arity::One),
+    ("api-key-env", Arity::One),
+];
+const SIMULATOR_SETTINGS: &[(&str, Arity)] = &[
+    ("provider", Arity::One),
+    ("model", Arity::One),
+    ("temperature", Arity::One),
+    ("instructions", Arity::One),
+];
+const JUDGE_SETTINGS: &[(&str, Arity)] = &[
+    ("provider", Arity::One),
+    ("model", Arity::One),
+    ("temperature", Arity::One),
+    ("rubric", Arity::One),
+    ("threshold", Arity::One),
+];
+const SUITE_SETTINGS: &[(&str, Arity)] = &[("description", Arity::One), ("tags", Arity::Many)];
+
+impl<'f> Decoder<'f> {
+    /// Settings written as properties (`timeout="30s"`) or child nodes (`timeout "30s"`).
+    /// Child nodes named in `other_children` are left to the caller.
+    fn settings<'a>(
+        &mut self,
+        v: &View<'a>,
+        spec: &[(&str, Arity)],
+        context: &str,
+        other_children: &[&str],
+    ) -> Settings<'a> {
+        let names: Vec<&str> = spec.iter().map(|(n, _)| *n).collect();
+        let mut items: Vec<Setting<'a>> = Vec::new();
+        for p in &v.props {
+            let name = p.name().map_or("", |n| n.value());
+            let name_span = p.name().map_or(p.span(), |n| n.span());
+            match spec.iter().find(|(n, _)| *n == name) {
+                None => {
+                    let d = self
+                        .diag(
+                            Kind::UnknownProperty,
+                            format!("unknown property `{name}` on {context}"),
+                            p.span(),
+                            "unknown property",
+                        )
+                        .with_help(suggest(name, names.iter().copied(), "the properties"));
+                    self.report(d);
+                }
+                Some((_, Arity::Pair)) => {
+                    let d = self
+                        .diag(
+                            Kind::UnknownProperty,
+                            format!("`{name}` cannot be a property"),
+                            p.span(),
+                            "write this as a child node",
+                        )
+                        .with_help(format!("write `{name} \"NAME\" \"VALUE\"` inside the block"));
+                    self.report(d);
+                }
+                Some(_) => items.push(Setting {
+                    name: p.name().map_or("", |n| n.value()),
+                    name_span,
+                    values: vec![*p],
+                }),
+            }
+        }
+        if let Some(children) = v.children {
+            let mut known = names.clone();
+            known.extend_from_slice(other_children);
+            for child in children.nodes() {
+                let cv = View::of(child, self.text());
+                if other_children.contains(&cv.name) {
+                    continue;
+                }
+                let Some((_, arity)) = spec.iter().find(|(n, _)| *n == cv.name) else {
+                    self.unknown_node(cv.name, cv.name_span, context, &known);
+                    continue;
+                };
+                self.check_props(&cv, &[], &[]);
+                self.check_no_children(&cv);
+                let usage = match arity {
+                    Arity::One => format!("{} VALUE", cv.name),
+                    Arity::Many => format!("{} VALUE…", cv.name),
+                    Arity::Pair => format!("{} \"NAME\" \"VALUE\"", cv.name),
+                };
+                let (min, max) = match arity {
+                    Arity::One => (1, 1),
+                    Arity::Many => (1, usize::MAX),
+                    Arity::Pair => (2, 2),
+                };
+                if cv.args.len() < min {
+                    self.missing(&cv, if min == 2 { "a name and a value" } else { "a value" }, &usage);
+                    continue;
+                }
+                if max != usize::MAX {
+                    self.check_args(&cv, max, &usage);
+                }
+                items.push(Setting {
+                    name: child.name().value(),
+                    name_span: cv.name_span,
+                    values: cv.args.clone(),
+                });
+            }
+        }
+        // A setting written twice (as properties, children, or both) is ambiguous.
+        let mut seen: HashMap<&str, SourceSpan> = HashMap::new();
+        for s in &items {
+            let repeatable = spec
+                .iter()
+                .any(|(n, a)| *n == s.name && *a == Arity::Pair);
+            if repeatable {
+                continue;
+            }
+            if let Some(first) = seen.get(s.name) {
+                let d = self
+                    .diag(
+                        Kind::DuplicateSetting,
+                        format!("`{}` is set twice", s.name),
+                        s.name_span,
+                        "set again here",
+                    )
+                    .with_label(*first, "first set here")
+                    .with_help("remove one of them");
+                self.report(d);
+            } else {
+                seen.insert(s.name, s.name_span);
+            }
+        }
+        Settings { items }
+    }
+
+    fn s_string(&mut self, s: &Settings, name: &str) -> Option<String> {
+        let e = s.value(name)?;
+        self.string(e)
+    }
+
+    fn s_template(&mut self, s: &Settings, name: &str) -> Option<Template> {
+        let e = s.value(name)?;
+        self.template(e)
+    }
+
+    fn s_spanned(&mut self, s: &Settings, name: &str) -> Option<Spanned<String>> {
+        let e = s.value(name)?;
+        self.spanned_string(e)
+    }
+
+    fn s_number(&mut self, s: &Settings, name: &str, range: (f64, f64)) -> Option<f64> {
+        let e = s.value(name)?;
+        self.number(e, Some(range))
+    }
+
+    fn s_strings(&mut self, s: &Settings, name: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        if let Some(set) = s.get(name) {
+            for e in set.values.clone() {
+                if let Some(v) = self.string(e) {
+                    out.push(v);
+                }
+            }
+        }
+        out
+    }
+
+    // ----- top level
+
+    fn file(&mut self, id: FileId, doc: &KdlDocument) -> FileItems {
+        self.file = id;
+        let mut items = FileItems {
+            file: id,
+            ..FileItems::default()
+        };
+        for node in doc.nodes() {
+            let v = View::of(node, self.text());
+            match v.name {
+                "include" => {}
+                "suite" => self.suite(&v, &mut items),
+                "agent" => {
+                    if let Some(a) = self.agent(&v) {
+                        items.agents.push(a);
+                    }
+                }
+                "persona" => {
+                    if let Some(p) = self.persona(&v) {
+                        items.personas.push(p);
+                    }
+                }
+                "tool" => {
+                    if let Some(t) = self.tool(&v) {
+                        items.tools.push(t);
+                    }
+                }
+                "provider" => {
+                    if let Some(p) = self.provider(&v) {
+                        items.providers.push(p);
+                    }
+                }
+                "simulator" => {
+                    if let Some(s) = self.simulator(&v) {
+                        items.simulators.push(s);
+                    }
+                }
+                "judge" => {
+                    if let Some(j) = self.judge(&v) {
+                        items.judges.push(j);
+                    }
+                }
+                "scenario" => {
+                    if let Some(s) = self.scenario(&v) {
+                        items.scenarios.push(s);
+                    }
+                }
+                other => self.unknown_node(other, v.name_span, "a suite file", TOP_LEVEL),
+            }
+        }
+        items
+    }
+
+    fn suite(&mut self, v: &View, items: &mut FileItems) {
+        let usage = "suite \"NAME\" { description \"…\"; tags \"…\" }";
+        let Some(name) = self.id_arg(v, "a name", usage) else {
+            return;
+        };
+        self.check_args(v, 1, usage);
+        let s = self.settings(v, SUITE_SETTINGS, "`suite`", &[]);
+        let description = self.s_string(&s, "description");
+        let tags = self.s_strings(&s, "tags");
+        if let Some((_, first, _, _)) = &items.suite {
+            let d = self
+                .diag(
+                    Kind::DuplicateSetting,
+                    "a file holds one `suite` node",
+                    v.name_span,
+                    "second `suite`",
+                )
+                .with_label(first.span, "first `suite`")
+                .with_help("one file is one suite; move the scenarios to another file");
+            self.report(d);
+            return;
+        }
+        items.suite = Some((name.value, name.span, description, tags));
+    }
+
+    fn agent(&mut self, v: &View) -> Option<Agent> {
+        let usage = "agent \"ID\" protocol=\"connexity\" url=\"https://…\"";
+        let id = self.id_arg(v, "an id", usage)?;
+        let agent = self.agent_body(v, &id, usage);
+        if agent.is_none() {
+            self.info.declare(RefKind::Agent, &id.value);
+        }
+        agent
+    }
+
+    fn agent_body(&mut self, v: &View, id: &Spanned<String>, usage: &str) -> Option<Agent> {
+        self.check_args(v, 1, usage);
+        let s = self.settings(v, AGENT_SETTINGS, "`agent`", &[]);
+        let protocol = match s.value("protocol") {
+            None => {
+                let d = self
+                    .diag(
+                        Kind::Missing,
+                        format!("agent `{}` needs a `protocol`", id.value),
+                        id.span.span,
+                        "no protocol",
+                    )
+                    .with_help(
+                        "add protocol=\"…\": one of connexity, agentscope, multiagent, fixie, openai",
+                    );
+                self.report(d);
+                None
+            }
+            Some(e) => self.choice(e, "protocol", &Protocol::ALL),
+        };
+        let mut headers = Vec::new();
+        for set in s.all("header") {
+            let (Some(n), Some(val)) = (set.values.first(), set.values.get(1)) else {
+                continue;
+            };
+            let (n, val) = (*n, *val);
+            if let (Some(n), Some(t)) = (self.string(n), self.template(val)) {
+                headers.push((n, t));
+            }
+        }
+        let timeout = s.value("timeout").and_then(|e| self.duration(e));
+        let retries = s.value("retries").and_then(|e| self.u32(e, 0)).unwrap_or(0);
+        let concurrency = s
+            .value("concurrency")
+            .and_then(|e| self.u32(e, 1))
+            .and_then(|c| usize::try_from(c).ok());
+        let max_response_size = s
+            .value("max-response-size")
+            .and_then(|e| self.size(e))
+            .unwrap_or(DEFAULT_MAX_RESPONSE_SIZE);
+        let model = self.s_string(&s, "model");
+        let system_prompt = self.s_template(&s, "system-prompt");
+        let mut tools = Vec::new();
+        if let Some(set) = s.get("tools") {
+            for e in set.values.clone() {
+                if let Some(t) = self.spanned_string(e) {
+                    tools.push(t);
+                }
+            }
+        }
+        let stream = s.value("stream").and_then(|e| self.boolean(e)).unwrap_or(true);
+
+        let protocol = protocol?;
+        let endpoint = self.endpoint(&s, id, protocol)?;
+        if protocol == Protocol::OpenAi && s.get("model").is_none() {
+            let d = self
+                .diag(
+                    Kind::Missing,
+                    format!("agent `{}` needs a `model`", id.value),
+                    id.span.span,
+                    "no model",
+                )
+                .with_help("`openai` agents name the model to call: model=\"gpt-4o-mini\"");
+            self.report(d);
+        }
+        Some(Agent {
+            id: id.clone(),
+            protocol,
+            endpoint,
+            headers,
+            timeout,
+            retries,
+            concurrency,
+            max_response_size,
+            model,
+            system_prompt,
+            tools,
+            stream,
+            span: self.span(v.span),
         })
+    }
+
+    fn endpoint(&mut self, s: &Settings, id: &Spanned<String>, protocol: Protocol) -> Option<Endpoint> {
+        let allowed: &[&str] = match protocol {
+            Protocol::Connexity | Protocol::AgentScope | Protocol::Fixie => &["url", "builtin"],
+            Protocol::MultiAgent => &["url", "builtin", "command", "socket"],
+            Protocol::OpenAi => &["base-url", "builtin"],
+        };
+        let allowed_list = allowed
+            .iter()
+            .map(|a| format!("{a}=…"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut ok = true;
+        let mut valid = Vec::new();
+        for name in ENDPOINTS {
+            let Some(set) = s.get(name) else { continue };
+            if allowed.contains(name) {
+                valid.push(set);
+                continue;
+            }
+            ok = false;
+            let help = match did_you_mean(name, allowed.iter().copied()) {
+                Some(best) => format!("did you mean `{best}`? `{}` agents use {allowed_list}", protocol.as_str()),
+                None => format!("`{}` agents use {allowed_list}", protocol.as_str()),
+            };
+            let d = self
+                .diag(
+                    Kind::InvalidEndpoint,
+                    format!("`{name}` is not supported by protocol `{}`", protocol.as_str()),
+                    set.name_span,
+                    "not supported by this protocol",
+                )
+                .with_help(help);
+            self.report(d);
+        }
+        let first = match valid.as_slice() {
+            [] => {
+                if ok {
+                    let d = self
+                        .diag(
+                            Kind::InvalidEndpoint,
+                            format!("agent `{}` has no endpoint", id.value),
+                            id.span.span,
+                            "no endpoint",
+                        )
+                        .with_help(format!("add one of {allowed_list}"));
+                    self.report(d);
+                }
+                return None;
+            }
+            [first] => *first,
+            [first, second, ..] => {
+                let d = self
+                    .diag(
+                        Kind::InvalidEndpoint,
+                        format!("agent `{}` has more than one endpoint", id.value),
+                        second.name_span,
+                        "second endpoint",
+                    )
+                    .with_label(first.name_span, "first endpoint")
+                    .with_help(format!("keep exactly one of {allowed_list}"));
+                self.report(d);
+                return None;
+            }
+        };
+        let e = first.values.first().copied()?;
+        match first.name {
+            "url" | "base-url" => self.string(e).map(Endpoint::Url),
+            "command" => self.string(e).map(Endpoint::Command),
+            "socket" => {
+                let s = self.string(e)?;
+                if s.starts_with("tcp://") || s.starts_with("unix://") {
+                    Some(Endpoint::Socket(s))
+                } else {
+                    let d = self
+                        .diag(
+                            Kind::InvalidValue,
+                            format!("invalid socket address `{s}`"),
+                            e.span(),
+                            "expected tcp://HOST:PORT or unix:///PATH",
+                        )
+                        .with_help("write socket=\"tcp://127.0.0.1:9000\" or socket=\"unix:///tmp/agent.sock\"");
+                    self.report(d);
+                    None
+                }
+            }
+            _ => {
+                let name = self.spanned_string(e)?;
+                let known: Vec<&str> = BUILTINS
+                    .iter()
+                    .filter(|(p, _)| *p == protocol)
+                    .map(|(_, n)| *n)
+                    .collect();
+                if known.contains(&name.value.as_str()) {
+                    return Some(Endpoint::Builtin(name));
+                }
+                let help = if known.is_empty() {
+                    format!("protocol `{}` has no builtin agents; use {allowed_list}", protocol.as_str())
+                } else {
+                    suggest(&name.value, known.iter().copied(), "the builtin agents")
+                };
+                let d = self
+                    .diag(
+                        Kind::InvalidValue,
+                        format!("unknown builtin agent `{}`", name.value),
+                        e.span(),
+                        format!("no such `{}` builtin", protocol.as_str()),
+                    )
+                    .with_help(help);
+                self.report(d);
+                None
+            }
+        }
+    }
+
+    fn persona(&mut self, v: &View) -> Option<Persona> {
+        let usage = "persona \"ID\" type=\"…\" { description \"…\"; instructions \"…\" }";
+        let id = self.id_arg(v, "an id", usage)?;
+        self.check_args(v, 1, usage);
+        Some(self.persona_body(v, id))
+    }
+
+    fn persona_body(&mut self, v: &View, id: Spanned<String>) -> Persona {
+        let s = self.settings(v, PERSONA_SETTINGS, "`persona`", &[]);
+        let kind = self.s_string(&s, "type").unwrap_or_else(|| id.value.clone());
+        Persona {
+            description: self.s_string(&s, "description"),
+            instructions: self.s_string(&s, "instructions"),
+            kind,
+            id,
+            span: self.span(v.span),
+        }
+    }
+
+    fn tool(&mut self, v: &View) -> Option<Tool> {
+        let usage = "tool \"NAME\" { description \"…\"; param …; mock …; policy … }";
+        let name = self.id_arg(v, "a name", usage)?;
+        self.check_args(v, 1, usage);
+        let s = self.settings(
+            v,
+            &[("description", Arity::One)],
+            "`tool`",
+            &["param", "mock", "policy"],
+        );
+        let description = self.s_string(&s, "description");
+        let mut params = Vec::new();
+        let mut mocks = Vec::new();
+        let mut policies = Vec::new();
+        for child in v.children.map(|c| c.nodes()).unwrap_or_default() {
+            let cv = View::of(child, self.text());
+            match cv.name {
+                "param" => {
+                    if let Some(p) = self.tool_param(&cv) {
+                        params.push(p);
+                    }
+                }
+                "mock" => {
+                    if let Some(m) = self.tool_mock(&cv) {
+                        mocks.push(m);
+                    }
+                }
+                "policy" => {
+                    if let Some(p) = self.tool_policy(&cv) {
+                        policies.push(p);
+                    }
+                }
+                _ => {}
+            }
+        }
+        Some(Tool {
+            name,
+            description,
+            params,
+            mocks,
+            policies,
+            span: self.span(v.span),
+        })
+    }
+
+    fn tool_param(&mut self, v: &View) -> Option<ToolParam> {
+        let usage = "param \"NAME\" type=\"string\" required=#true description=\"…\"";
+        let name = self.id_arg(v, "a name", usage)?;
+        self.check_args(v, 1, usage);
+        self.check_props(v, &["type", "required", "description"], &[]);
+        self.check_no_children(v);
+        let ty = match v.prop("type") {
+            Some(e) => {
+                let choices: Vec<(&str, &str)> = PARAM_TYPES.iter().map(|t| (*t, *t)).collect();
+                self.choice(e, "parameter type", &choices).unwrap_or("string")
+            }
+            None => "string",
+        };
+        let required = v.prop("required").and_then(|e| self.boolean(e)).unwrap_or(false);
+        let description = v.prop("description").and_then(|e| self.string(e));
+        Some(ToolParam {
+            name: name.value,
+            ty: ty.to_string(),
+            required,
+            description,
+        })
+    }
+
+    fn tool_mock(&mut self, v: &View) -> Option<ToolMock> {
+        let usage = "mock returns=#\"{\"ok\": true}\"# KEY=VALUE…";
+        self.check_args(v, 0, usage);
+        self.check_no_children(v);
+        let Some(returns) = v.prop("returns") else {
+            self.missing(v, "`returns=…`", usage);
+            return None;
+        };
+        let returns = match returns.value() {
+            // JSON text when it parses, else the string itself.
+            KdlValue::String(s) => serde_json::from_str(s).unwrap_or_else(|_| Value::String(s.clone())),
+            _ => self.json(returns)?,
+        };
+        let mut when = Map::new();
+        for p in &v.props {
+            let key = prop_name(p);
+            if key == "returns" {
+                continue;
+            }
+            if let Some(val) = self.json(p) {
+                when.insert(key.to_string(), val);
+            }
+        }
+        Some(ToolMock {
+            when,
+            returns,
+            span: self.span(v.span),
+        })
+    }
+
+    fn tool_policy(&mut self, v: &View) -> Option<ToolPolicy> {
+        let usage = "policy param=\"amount\" max-limit=50";
+        self.check_args(v, 0, usage);
+        self.check_props(v, &["param", "max-limit"], &[]);
+        self.check_no_children(v);
+        let param = match v.prop("param") {
+            Some(e) => self.string(e),
+            None => {
+                self.missing(v, "`param=…`", usage);
+                None
+            }
+        };
+        let max_limit = match v.prop("max-limit") {
+            Some(e) => self.number(e, None),
+            None => {
+                self.missing(v, "`max-limit=…`", usage);
+                None
+            }
+        };
+        Some(ToolPolicy {
+            param: param?,
+            max_limit: max_limit?,
+            span: self.span(v.span),
+        })
+    }
+
+    fn provider(&mut self, v: &View) -> Option<Provider> {
+        let usage = "provider \"ID\" kind=\"openai\" model=\"…\" api-key-env=\"OPENAI_API_KEY\"";
+        let id = self.id_arg(v, "an id", usage)?;
+        self.check_args(v, 1, usage);
+        let s = self.settings(v, PROVIDER_SETTINGS, "`provider`", &[]);
+        let kind = match s.value("kind") {
+            Some(e) => self.choice(
+                e,
+                "provider kind",
+                &[("openai", ProviderKind::OpenAi), ("anthropic", ProviderKind::Anthropic)],
+            ),
+            None => {
+                self.missing(v, "`kind=…`", usage);
+                None
+            }
+        };
+        let base_url = self.s_string(&s, "base-url");
+        let model = self.s_string(&s, "model");
+        let api_key_env = self.s_string(&s, "api-key-env");
+        let Some(kind) = kind else {
+            self.info.declare(RefKind::Provider, &id.value);
+            return None;
+        };
+        Some(Provider {
+            id,
+            kind,
+            base_url,
+            model,
+            api_key_env,
+            span: self.span(v.span),
+        })
+    }
+
+    fn simulator(&mut self, v: &View) -> Option<Simulator> {
+        let usage = "simulator provider=\"ID\" model=\"…\" temperature=0.7";
+        self.check_args(v, 0, usage);
+        let s = self.settings(v, SIMULATOR_SETTINGS, "`simulator`", &[]);
+        let provider = match s.get("provider") {
+            Some(_) => self.s_spanned(&s, "provider"),
+            None => {
+                self.missing(v, "`provider=…`", usage);
+                None
+            }
+        };
+        let model = self.s_string(&s, "model");
+        let temperature = self.s_number(&s, "temperature", (0.0, 2.0));
+        let instructions = self.s_template(&s, "instructions");
+        Some(Simulator {
+            provider: provider?,
+            model,
+            temperature,
+            instructions,
+            span: self.span(v.span),
+        })
+    }
+
+    fn judge(&mut self, v: &View) -> Option<Judge> {
+        let usage = "judge \"ID\" provider=\"ID\" model=\"…\" threshold=0.7";
+        let id = self.id_arg(v, "an id", usage)?;
+        self.check_args(v, 1, usage);
+        let s = self.settings(v, JUDGE_SETTINGS, "`judge`", &[]);
+        let provider = match s.get("provider") {
+            Some(_) => self.s_spanned(&s, "provider"),
+            None => {
+                self.missing(v, "`provider=…`", usage);
+                None
+            }
+        };
+        let model = self.s_string(&s, "model");
+        let temperature = self.s_number(&s, "temperature", (0.0, 2.0));
+        let rubric = self.s_string(&s, "rubric");
+        let threshold = self.s_number(&s, "threshold", (0.0, 1.0));
+        let Some(provider) = provider else {
+            self.info.declare(RefKind::Judge, &id.value);
+            return None;
+        };
+        Some(Judge {
+            id,
+            provider,
+            model,
+            temperature,
+            rubric,
+            threshold,
+            span: self.span(v.span),
+        })
+    }
+}
+
+/// Per-scenario decoding state.
+struct ScenarioState {
+    /// Singular nodes already seen, for duplicate reports.
+    seen: HashMap<&'static str, SourceSpan>,
+    /// Captures that failed to decode: templates using them must not be reported again.
+    failed_captures: HashSet<String>,
+}
+
+impl<'f> Decoder<'f> {
+    fn scenario(&mut self, v: &View) -> Option<Scenario> {
+        let usage = "scenario \"ID\" { … }";
+        let id = self.id_arg(v, "an id", usage)?;
+        self.check_args(v, 1, usage);
+        self.check_props(v, &[], &[]);
+        let mut sc = Scenario {
+            id: id.clone(),
+            name: None,
+            description: None,
+            difficulty: Difficulty::default(),
+            tags: Vec::new(),
+            status: Status::default(),
+            agents: Vec::new(),
+            persona: None,
+            user_context: Map::new(),
+            max_turns: None,
+            outcomes: Vec::new(),
+            expect_tools: Vec::new(),
+            criteria_override: None,
+            repeat: 1,
+            needs: Vec::new(),
+            timeout: None,
+            steps: Vec::new(),
+            criteria: Vec::new(),
+            span: self.span(v.span),
+        };
+        let mut st = ScenarioState {
+            seen: HashMap::new(),
+            failed_captures: HashSet::new(),
+        };
+        let mut initial: Option<Step> = None;
+        let mut has_initial = false;
+        let mut step_nodes: Vec<&KdlNode> = Vec::new();
+        let nodes = v.children.map(|c| c.nodes()).unwrap_or_default();
+        for node in nodes {
+            let cv = View::of(node, self.text());
+            let name = cv.name;
+            if STEP_NODES.contains(&name) {
+                step_nodes.push(node);
+                continue;
+            }
+            let Some(key) = SCENARIO_NODES.iter().find(|n| **n == name).copied() else {
+                let mut known: Vec<&str> = SCENARIO_NODES.to_vec();
+                known.extend_from_slice(STEP_NODES);
+                self.unknown_node(name, cv.name_span, "a `scenario`", &known);
+                continue;
+            };
+            let repeatable = matches!(key, "outcome" | "expect-tool" | "criteria");
+            if !repeatable {
+                if let Some(first) = st.seen.get(key) {
+                    let d = self
+                        .diag(
+                            Kind::DuplicateSetting,
+                            format!("`{key}` is set twice in scenario `{}`", id.value),
+                            cv.name_span,
+                            "set again here",
+                        )
+                        .with_label(*first, "first set here")
+                        .with_help("remove one of them");
+                    self.report(d);
+                    continue;
+                }
+                st.seen.insert(key, cv.name_span);
+            }
+            match key {
+                "name" => sc.name = self.single(&cv, "name \"…\"").and_then(|e| self.string(e)),
+                "description" => {
+                    sc.description = self
+                        .single(&cv, "description \"…\"")
+                        .and_then(|e| self.string(e))
+                }
+                "criteria-override" => {
+                    sc.criteria_override = self
+                        .single(&cv, "criteria-override \"…\"")
+                        .and_then(|e| self.string(e))
+                }
+                "difficulty" => {
+                    if let Some(d) = self
+                        .single(&cv, "difficulty \"normal\"")
+                        .and_then(|e| {
+                            self.choice(
+                                e,
+                                "difficulty",
+                                &[("normal", Difficulty::Normal), ("hard", Difficulty::Hard)],
+                            )
+                        })
+                    {
+                        sc.difficulty = d;
+                    }
+                }
+                "status" => {
+                    if let Some(s) = self.single(&cv, "status \"active\"").and_then(|e| {
+                        self.choice(
+                            e,
+                            "status",
+                            &[
+                                ("active", Status::Active),
+                                ("draft", Status::Draft),
+                                ("archived", Status::Archived),
+                            ],
+                        )
+                    }) {
+                        sc.status = s;
+                    }
+                }
+                "tags" => sc.tags = self.strings(&cv, "tags \"…\" \"…\""),
+                "persona" => sc.persona = self.persona_ref(&cv),
+                "initial-message" => {
+                    has_initial = true;
+                    if let Some(t) = self
+                        .single(&cv, "initial-message \"…\"")
+                        .and_then(|e| self.template(e))
+                    {
+                        initial = Some(Step {
+                            kind: StepKind::User(t),
+                            span: self.span(cv.span),
+                        });
+                    }
+                }
+                "user-context" => {
+                    self.check_props(&cv, &[], &[]);
+                    self.check_args(&cv, 0, "user-context { KEY VALUE; … }");
+                    if let Some(children) = cv.children {
+                        sc.user_context = self.json_object(children);
+                    }
+                }
+                "max-turns" => {
+                    sc.max_turns = self.single(&cv, "max-turns 8").and_then(|e| self.u32(e, 1))
+                }
+                "repeat" => {
+                    if let Some(n) = self.single(&cv, "repeat 3").and_then(|e| self.u32(e, 1)) {
+                        sc.repeat = n;
+                    }
+                }
+                "timeout" => {
+                    sc.timeout = self
+                        .single(&cv, "timeout \"2m\"")
+                        .and_then(|e| self.duration(e))
+                }
+                "outcome" => {
+                    self.check_no_children(&cv);
+                    if let Some(o) = self.outcome(&cv) {
+                        sc.outcomes.push(Spanned::new(o, self.span(cv.span)));
+                    }
+                }
+                "expect-tool" => {
+                    self.check_no_children(&cv);
+                    let text = self.criterion_text(&cv);
+                    if let Some(kind) = self.tool_criterion(&cv) {
+                        sc.expect_tools.push(Criterion {
+                            kind,
+                            text,
+                            span: self.span(cv.span),
+                        });
+                    }
+                }
+                "agent" => {
+                    if let Some(e) = self.single(&cv, "agent \"ID\"")
+                        && let Some(a) = self.spanned_string(e)
+                    {
+                        sc.agents.push(a);
+                    }
+                }
+                "agents" => sc.agents.extend(self.spanned_strings(&cv, "agents \"ID\" \"ID\"")),
+                "needs" => sc.needs = self.spanned_strings(&cv, "needs \"SCENARIO\"…"),
+                "criteria" => {
+                    self.check_props(&cv, &[], &[]);
+                    self.check_args(&cv, 0, "criteria { CRITERION… }");
+                    for child in cv.children.map(|c| c.nodes()).unwrap_or_default() {
+                        let ccv = View::of(child, self.text());
+                        if let Some(c) = self.criterion(&ccv, "`criteria`") {
+                            sc.criteria.push(c);
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        let (steps, _) = self.steps(&step_nodes, has_initial, &mut st);
+        sc.steps = initial.into_iter().chain(steps).collect();
+        if !st.failed_captures.is_empty() {
+            self.info
+                .failed_captures
+                .insert(id.span, st.failed_captures.clone());
+        }
+        Some(sc)
+    }
+
+    /// One or more string arguments, no properties, no block.
+    fn strings(&mut self, v: &View, usage: &str) -> Vec<String> {
+        self.spanned_strings(v, usage)
+            .into_iter()
+            .map(|s| s.value)
+            .collect()
+    }
+
+    fn spanned_strings(&mut self, v: &View, usage: &str) -> Vec<Spanned<String>> {
+        self.check_props(v, &[], &[]);
+        self.check_no_children(v);
+        if v.args.is_empty() {
+            self.missing(v, "at least one value", usage);
+        }
+        let mut out = Vec::new();
+        for e in v.args.clone() {
+            if let Some(s) = self.spanned_string(e) {
+                out.push(s);
+            }
+        }
+        out
+    }
+
+    fn persona_ref(&mut self, v: &View) -> Option<PersonaRef> {
+        if v.props.is_empty() && v.children.is_none() {
+            let e = self.single(v, "persona \"ID\"")?;
+            return self.spanned_string(e).map(PersonaRef::Named);
+        }
+        let usage = "persona type=\"…\" { description \"…\"; instructions \"…\" }";
+        self.check_args(v, 0, usage);
+        let s = self.settings(v, PERSONA_SETTINGS, "an inline `persona`", &[]);
+        let Some(kind) = self.s_spanned(&s, "type") else {
+            if s.get("type").is_none() {
+                self.missing(v, "`type=…`", usage);
+            }
+            return None;
+        };
+        Some(PersonaRef::Inline(Persona {
+            id: kind.clone(),
+            kind: kind.value,
+            description: self.s_string(&s, "description"),
+            instructions: self.s_string(&s, "instructions"),
+            span: self.span(v.span),
+        }))
+    }
+
+    /// `user-context { … }` children as a JSON object.
+    fn json_object(&mut self, doc: &KdlDocument) -> Map<String, Value> {
+        let mut map = Map::new();
+        let mut seen: HashMap<String, SourceSpan> = HashMap::new();
+        for node in doc.nodes() {
+            let v = View::of(node, self.text());
+            let key = v.name.to_string();
+            if let Some(first) = seen.get(&key) {
+                let d = self
+                    .diag(
+                        Kind::DuplicateId,
+                        format!("duplicate key `{key}`"),
+                        v.name_span,
+                        "written again here",
+                    )
+                    .with_label(*first, "first written here")
+                    .with_help("each key is written once; several values make an array: KEY \"a\" \"b\"");
+                self.report(d);
+                continue;
+            }
+            seen.insert(key.clone(), v.name_span);
+            let value = self.json_node(&v);
+            map.insert(key, value);
+        }
+        map
+    }
+
+    fn json_node(&mut self, v: &View) -> Value {
+        if !v.args.is_empty() && (!v.props.is_empty() || v.children.is_some()) {
+            let at = v
+                .props
+                .first()
+                .map(|p| p.span())
+                .or_else(|| v.children.map(|c| trim_span(self.text(), c.span())))
+                .unwrap_or(v.span);
+            let d = self
+                .diag(
+                    Kind::UnexpectedArgument,
+                    format!("`{}` mixes values with an object", v.name),
+                    at,
+                    "object part",
+                )
+                .with_help("write either values (KEY \"a\" \"b\") or an object (KEY { k \"v\" } or KEY k=\"v\")");
+            self.report(d);
+            return Value::Null;
+        }
+        match v.args.as_slice() {
+            [one] => return self.json(one).unwrap_or(Value::Null),
+            [] => {}
+            many => {
+                let many = many.to_vec();
+                return Value::Array(many.into_iter().filter_map(|e| self.json(e)).collect());
+            }
+        }
+        if v.props.is_empty() && v.children.is_none() {
+            return Value::Null;
+        }
+        let mut map = Map::new();
+        for p in v.props.clone() {
+            if let Some(val) = self.json(p) {
+                map.insert(prop_name(p).to_string(), val);
+            }
+        }
+        if let Some(children) = v.children {
+            map.extend(self.json_object(children));
+        }
+        Value::Object(map)
+    }
+
+    // ----- steps
+
+    /// Decodes a block of steps; returns them and whether a turn has been taken at its end.
+    fn steps(
+        &mut self,
+        nodes: &[&KdlNode],
+        mut has_turn: bool,
+        st: &mut ScenarioState,
+    ) -> (Vec<Step>, bool) {
+        let mut out = Vec::new();
+        let mut i = 0;
+        while let Some(node) = nodes.get(i) {
+            if node.name().value() != "branch" {
+                let v = View::of(node, self.text());
+                if let Some(step) = self.step(&v, &mut has_turn, st) {
+                    out.push(step);
+                }
+                i += 1;
+                continue;
+            }
+            let group: Vec<&KdlNode> = nodes[i..]
+                .iter()
+                .take_while(|n| n.name().value() == "branch")
+                .copied()
+                .collect();
+            i += group.len();
+            let mut branches = Vec::new();
+            let mut all_turn = true;
+            let mut start = usize::MAX;
+            let mut end = 0;
+            for b in group {
+                let v = View::of(b, self.text());
+                start = start.min(v.span.offset());
+                end = end.max(v.span.offset() + v.span.len());
+                let usage = "branch \"NAME\" { steps… }";
+                let name = self.id_arg(&v, "a name", usage);
+                self.check_args(&v, 1, usage);
+                self.check_props(&v, &[], &[]);
+                let mut inner = Vec::new();
+                for child in v.children.map(|c| c.nodes()).unwrap_or_default() {
+                    if STEP_NODES.contains(&child.name().value()) {
+                        inner.push(child);
+                    } else {
+                        let cv = View::of(child, self.text());
+                        self.unknown_node(cv.name, cv.name_span, "a `branch` (steps only)", STEP_NODES);
+                    }
+                }
+                let (steps, turn) = self.steps(&inner, has_turn, st);
+                all_turn &= turn;
+                if let Some(name) = name {
+                    branches.push(Branch { name, steps });
+                }
+            }
+            has_turn = all_turn;
+            if !branches.is_empty() {
+                out.push(Step {
+                    kind: StepKind::Fork(branches),
+                    span: self.span(SourceSpan::from(start..end.max(start))),
+                });
+            }
+        }
+        (out, has_turn)
+    }
+
+    fn step(&mut self, v: &View, has_turn: &mut bool, st: &mut ScenarioState) -> Option<Step> {
+        let span = self.span(v.span);
+        let kind = match v.name {
+            "user" => {
+                *has_turn = true;
+                let e = self.single(v, "user \"MESSAGE\"")?;
+                StepKind::User(self.template(e)?)
+            }
+            "simulate" => {
+                *has_turn = true;
+                self.simulate(v)?
+            }
+            "call" => {
+                *has_turn = true;
+                let usage = "call \"FUNCTION\" \"INPUT\"";
+                self.check_props(v, &[], &[]);
+                self.check_args(v, 2, usage);
+                self.check_no_children(v);
+                let (Some(f), Some(input)) = (v.args.first(), v.args.get(1)) else {
+                    self.missing(v, "a function and an input", usage);
+                    return None;
+                };
+                let (f, input) = (*f, *input);
+                StepKind::Call {
+                    function: self.string(f)?,
+                    input: self.template(input)?,
+                }
+            }
+            "hitl" => {
+                *has_turn = true;
+                let usage = "hitl \"approve\" message=\"…\"";
+                self.check_props(v, &["message"], &[]);
+                self.check_args(v, 1, usage);
+                self.check_no_children(v);
+                let Some(e) = v.args.first() else {
+                    self.missing(v, "`approve` or `reject`", usage);
+                    return None;
+                };
+                let approve = self.choice(e, "hitl answer", &[("approve", true), ("reject", false)]);
+                let message = v.prop("message").and_then(|e| self.template(e));
+                StepKind::Hitl {
+                    approve: approve?,
+                    message,
+                }
+            }
+            "expect" => {
+                self.no_turn_check(v, *has_turn);
+                StepKind::Expect(self.expect(v)?)
+            }
+            "capture" => {
+                self.no_turn_check(v, *has_turn);
+                self.capture(v, st)?
+            }
+            _ => return None,
+        };
+        Some(Step { kind, span })
+    }
+
+    fn no_turn_check(&mut self, v: &View, has_turn: bool) {
+        if !has_turn {
+            let d = self
+                .diag(
+                    Kind::NoTurnYet,
+                    format!("`{}` before any agent turn", v.name),
+                    v.name_span,
+                    "no turn has been taken yet",
+                )
+                .with_help(format!(
+                    "`{}` looks at the last reply; put a `user`, `simulate` or `call` step (or `initial-message`) before it",
+                    v.name
+                ));
+            self.report(d);
+        }
+    }
+
+    fn simulate(&mut self, v: &View) -> Option<StepKind> {
+        let usage = "simulate turns=3` or `simulate until-done";
+        self.check_props(v, &["turns"], &[]);
+        self.check_args(v, 1, usage);
+        self.check_no_children(v);
+        let turns = v.prop("turns");
+        match (v.args.first(), turns) {
+            (Some(a), Some(t)) => {
+                let d = self
+                    .diag(
+                        Kind::UnexpectedArgument,
+                        "`simulate` takes either `turns=N` or `until-done`",
+                        a.span(),
+                        "remove this",
+                    )
+                    .with_label(t.span(), "or this")
+                    .with_help(format!("write `{usage}`"));
+                self.report(d);
+                None
+            }
+            (Some(a), None) => {
+                if a.value().as_string() == Some("until-done") {
+                    Some(StepKind::Simulate { turns: None })
+                } else {
+                    let help = match a.value().as_string() {
+                        Some(s) if did_you_mean(s, ["until-done"]).is_some() => {
+                            "did you mean `until-done`?".to_string()
+                        }
+                        _ => format!("write `{usage}`"),
+                    };
+                    let d = self
+                        .diag(
+                            Kind::InvalidValue,
+                            "invalid `simulate` argument",
+                            a.span(),
+                            "expected `until-done`",
+                        )
+                        .with_help(help);
+                    self.report(d);
+                    None
+                }
+            }
+            (None, Some(t)) => self.u32(t, 1).map(|n| StepKind::Simulate { turns: Some(n) }),
+            (None, None) => Some(StepKind::Simulate { turns: None }),
+        }
+    }
+
+    fn capture(&mut self, v: &View, st: &mut ScenarioState) -> Option<StepKind> {
+        let usage = "capture \"NAME\" regex=#\"…\"#` or `capture \"NAME\" json-path=\"$.a\"";
+        let name = self.id_arg(v, "a name", usage)?;
+        self.check_args(v, 1, usage);
+        self.check_props(v, &["regex", "json-path"], &[]);
+        self.check_no_children(v);
+        let source = match (v.prop("regex"), v.prop("json-path")) {
+            (Some(r), None) => self.regex(r).map(CaptureSource::Regex),
+            (None, Some(p)) => self.json_path(p),
+            (Some(r), Some(p)) => {
+                let d = self
+                    .diag(
+                        Kind::UnexpectedArgument,
+                        "`capture` takes either `regex=` or `json-path=`",
+                        p.span(),
+                        "second source",
+                    )
+                    .with_label(r.span(), "first source")
+                    .with_help("keep one of them");
+                self.report(d);
+                None
+            }
+            (None, None) => {
+                self.missing(v, "`regex=…` or `json-path=…`", usage);
+                None
+            }
+        };
+        match source {
+            Some(source) => Some(StepKind::Capture {
+                name: name.value,
+                source,
+            }),
+            None => {
+                st.failed_captures.insert(name.value);
+                None
+            }
+        }
+    }
+
+    fn json_path(&mut self, e: &KdlEntry) -> Option<CaptureSource> {
+        let s = self.string(e)?;
+        match serde_json_path::JsonPath::parse(&s) {
+            Ok(path) => Some(CaptureSource::JsonPath { path, source: s }),
+            Err(err) => {
+                let d = self
+                    .diag(
+                        Kind::InvalidJsonPath,
+                        format!("invalid JSON path `{s}`"),
+                        e.span(),
+                        err.to_string(),
+                    )
+                    .with_help("JSON paths follow RFC 9535, e.g. \"$.booking.id\" or \"$.items[0].price\"");
+                self.report(d);
+                None
+            }
+        }
+    }
+
+    fn expect(&mut self, v: &View) -> Option<Vec<Criterion>> {
+        let usage = "expect reply contains=\"…\"` or `expect { … }";
+        match (v.args.is_empty(), v.children) {
+            (true, None) => {
+                self.missing(v, "a criterion", usage);
+                None
+            }
+            (false, Some(children)) => {
+                let d = self
+                    .diag(
+                        Kind::UnexpectedArgument,
+                        "`expect` takes either an inline criterion or a block",
+                        trim_span(self.text(), children.span()),
+                        "block after an inline criterion",
+                    )
+                    .with_help(format!("write `{usage}`"));
+                self.report(d);
+                None
+            }
+            (true, Some(children)) => {
+                self.check_props(v, &[], &[]);
+                let mut out = Vec::new();
+                for child in children.nodes() {
+                    let cv = View::of(child, self.text());
+                    if let Some(c) = self.criterion(&cv, "an `expect` block") {
+                        out.push(c);
+                    }
+                }
+                Some(out)
+            }
+            (false, None) => {
+                let Some((inner, first)) = v.shifted() else {
+                    if let Some(first) = v.args.first() {
+                        self.wrong_type(first, "a criterion name", "write e.g. `expect reply contains=\"…\"`");
+                    }
+                    return None;
+                };
+                let _ = first;
+                self.criterion(&inner, "`expect`").map(|c| vec![c])
+            }
+        }
+    }
+
+    // ----- criteria
+
+    /// The criterion as written, on one line.
+    fn criterion_text(&self, v: &View) -> String {
+        let mut text = v.name.to_string();
+        for e in v.args.iter().chain(v.props.iter()) {
+            let src = self.source_of(e.span());
+            text.push(' ');
+            if src.contains('\n') {
+                text.push_str(&src.lines().map(str::trim).collect::<Vec<_>>().join(" "));
+            } else {
+                text.push_str(src);
+            }
+        }
+        text
+    }
+
+    fn criterion(&mut self, v: &View, context: &str) -> Option<Criterion> {
+        if !CRITERIA.contains(&v.name) {
+            let help = match did_you_mean(v.name, CRITERIA.iter().copied()) {
+                Some(best) => format!("did you mean `{best}`?"),
+                None => format!("criteria are: {}", CRITERIA.join(", ")),
+            };
+            let d = self
+                .diag(
+                    Kind::UnknownNode,
+                    format!("unknown criterion `{}` in {context}", v.name),
+                    v.name_span,
+                    "unknown criterion",
+                )
+                .with_help(help);
+            self.report(d);
+            return None;
+        }
+        self.check_no_children(v);
+        let text = self.criterion_text(v);
+        let kind = match v.name {
+            "reply" => self.reply_criterion(v)?,
+            "tool" => self.tool_criterion(v)?,
+            "no-tool" => {
+                let usage = "no-tool \"NAME\"";
+                self.check_props(v, &[], &[]);
+                self.check_args(v, 1, usage);
+                let name = self.id_arg(v, "a tool name", usage)?;
+                CriterionKind::NoTool { name: name.value }
+            }
+            "tools-in-order" => {
+                let names = self.strings(v, "tools-in-order \"A\" \"B\"");
+                if names.is_empty() {
+                    return None;
+                }
+                CriterionKind::ToolsInOrder(names)
+            }
+            "latency" | "ttft" => {
+                let usage = format!("{} max=\"2s\"", v.name);
+                self.check_props(v, &["max"], &[]);
+                self.check_args(v, 0, &usage);
+                let Some(e) = v.prop("max") else {
+                    self.missing(v, "`max=…`", &usage);
+                    return None;
+                };
+                let max = self.duration(e)?;
+                if v.name == "latency" {
+                    CriterionKind::Latency { max }
+                } else {
+                    CriterionKind::Ttft { max }
+                }
+            }
+            "turns" | "tokens" => {
+                let usage = format!("{} max=8", v.name);
+                self.check_props(v, &["max"], &[]);
+                self.check_args(v, 0, &usage);
+                let Some(e) = v.prop("max") else {
+                    self.missing(v, "`max=…`", &usage);
+                    return None;
+                };
+                if v.name == "turns" {
+                    CriterionKind::Turns {
+                        max: self.u32(e, 0)?,
+                    }
+                } else {
+                    CriterionKind::Tokens {
+                        max: self.u64(e, 0)?,
+                    }
+                }
+            }
+            "no-error" => {
+                self.check_props(v, &[], &[]);
+                self.check_args(v, 0, "no-error");
+                CriterionKind::NoError
+            }
+            "judge" => {
+                let usage = "judge \"CRITERION\" threshold=0.7 judge=\"ID\" rubric=\"…\"";
+                self.check_props(v, &["threshold", "judge", "rubric"], &[]);
+                self.check_args(v, 1, usage);
+                let criterion = self.id_arg(v, "a criterion", usage)?;
+                let threshold = v.prop("threshold").and_then(|e| self.number(e, Some((0.0, 1.0))));
+                let judge = v.prop("judge").and_then(|e| self.spanned_string(e));
+                let rubric = v.prop("rubric").and_then(|e| self.string(e));
+                CriterionKind::Judge {
+                    criterion: criterion.value,
+                    threshold,
+                    judge,
+                    rubric,
+                }
+            }
+            _ => CriterionKind::Outcome(self.outcome(v)?),
+        };
+        Some(Criterion {
+            kind,
+            text,
+            span: self.span(v.span),
+        })
+    }
+
+    fn reply_criterion(&mut self, v: &View) -> Option<CriterionKind> {
+        let checks = ["contains", "not-contains", "matches", "equals"];
+        let usage = "reply contains=\"…\"";
+        self.check_props(v, &checks, &checks);
+        self.check_args(v, 0, usage);
+        let mut out = Vec::new();
+        let mut failed = false;
+        for p in v.props.clone() {
+            let check = match prop_name(p) {
+                "contains" => self.string(p).map(ReplyCheck::Contains),
+                "not-contains" => self.string(p).map(ReplyCheck::NotContains),
+                "equals" => self.string(p).map(ReplyCheck::Equals),
+                "matches" => self.regex(p).map(ReplyCheck::Matches),
+                _ => continue,
+            };
+            match check {
+                Some(c) => out.push(c),
+                None => failed = true,
+            }
+        }
+        if out.is_empty() {
+            if !failed && v.props.is_empty() {
+                self.missing(v, "a check", "reply contains=\"…\"` (or not-contains=, matches=, equals=)");
+            }
+            return None;
+        }
+        Some(CriterionKind::Reply(out))
+    }
+
+    fn tool_criterion(&mut self, v: &View) -> Option<CriterionKind> {
+        let usage = format!("{} \"NAME\" KEY=VALUE… count=N", v.name);
+        self.check_args(v, 1, &usage);
+        let name = self.id_arg(v, "a tool name", &usage)?;
+        let mut params = Map::new();
+        let mut count = None;
+        for p in v.props.clone() {
+            let key = prop_name(p);
+            if key == "count" {
+                count = self.u32(p, 0);
+            } else if let Some(val) = self.json(p) {
+                params.insert(key.to_string(), val);
+            }
+        }
+        Some(CriterionKind::Tool {
+            name: name.value,
+            params,
+            count,
+        })
+    }
+
+    fn outcome(&mut self, v: &View) -> Option<Outcome> {
+        let usage = "outcome \"STATEMENT\"` or `outcome LABEL=VALUE";
+        match (v.args.as_slice(), v.props.as_slice()) {
+            ([arg], []) => self.string(arg).map(Outcome::Statement),
+            ([], [prop]) => Some(Outcome::Labeled {
+                label: prop_name(prop).to_string(),
+                value: self.json(prop)?,
+            }),
+            ([], []) => {
+                self.missing(v, "a statement", usage);
+                None
+            }
+            _ => {
+                let extra = v
+                    .args
+                    .get(1)
+                    .or(v.props.get(1))
+                    .or(v.props.first())
+                    .map_or(v.span, |e| e.span());
+                let d = self
+                    .diag(
+                        Kind::UnexpectedArgument,
+                        "`outcome` takes one statement or one LABEL=VALUE",
+                        extra,
+                        "unexpected",
+                    )
+                    .with_help("write one `outcome` per expected outcome");
+                self.report(d);
+                None
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Assembling the project
+
+fn assemble(
+    files: Vec<SourceFile>,
+    decoded: Vec<FileItems>,
+    info: &mut LoadInfo,
+    diags: &mut Vec<Diagnostic>,
+) -> Project {
+    let mut project = Project {
+        files,
+        ..Project::default()
+    };
+    let mut simulators = Vec::new();
+    for items in decoded {
+        project.agents.extend(items.agents);
+        project.personas.extend(items.personas);
+        project.tools.extend(items.tools);
+        project.providers.extend(items.providers);
+        project.judges.extend(items.judges);
+        simulators.extend(items.simulators);
+        if items.suite.is_none() && items.scenarios.is_empty() {
+            continue;
+        }
+        let (name, span, description, tags) = match items.suite {
+            Some((name, span, description, tags)) => (name, Some(span), description, tags),
+            None => {
+                let stem = project
+                    .files
+                    .get(items.file)
+                    .and_then(|f| f.path.file_stem())
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_default();
+                (stem, None, None, Vec::new())
+            }
+        };
+        info.suite_spans.push(span);
+        project.suites.push(Suite {
+            name,
+            file: items.file,
+            description,
+            tags,
+            scenarios: items.scenarios,
+        });
+    }
+    let mut simulators = simulators.into_iter();
+    project.simulator = simulators.next();
+    if let Some(first) = &project.simulator {
+        for extra in simulators {
+            let d = Diagnostic::at_span(
+                Kind::DuplicateId,
+                "more than one `simulator`",
+                &project.files,
+                Span::new(extra.span.file, SourceSpan::from(extra.span.span.offset()..extra.span.span.offset() + "simulator".len())),
+                "second simulator",
+            )
+            .with_other(&project.files, first.span, "first defined here")
+            .with_help("the project has one default simulator; remove one of them");
+            diags.push(d);
+        }
+    }
+    project
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("8MiB"), Ok(8 * 1024 * 1024));
+        assert_eq!(parse_size("512KiB"), Ok(512 * 1024));
+        assert_eq!(parse_size("1MB"), Ok(1_000_000));
+        assert_eq!(parse_size("100"), Ok(100));
+        assert_eq!(parse_size("1.5KiB"), Ok(1536));
+        assert!(parse_size("8 parsecs").is_err());
+        assert!(parse_size("MiB").is_err());
+        assert!(parse_size("99999999999GiB").is_err());
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("2s"), Ok(Duration::from_secs(2)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("2 fortnights ago").is_err());
+        assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn common_dir_is_stripped() {
+        let names = vec![
+            "tests/golden/x/a.kdl".to_string(),
+            "tests/golden/x/sub/b.kdl".to_string(),
+            "tests/golden/x/a.kdl".to_string(),
+        ];
+        assert_eq!(strip_common_dir(&names), vec!["a.kdl", "sub/b.kdl", "a.kdl"]);
+    }
+
+    #[test]
+    fn paths_are_normalized() {
+        assert_eq!(normalize(Path::new("a/./b/../c.kdl")), PathBuf::from("a/c.kdl"));
+        assert_eq!(normalize(Path::new("../c.kdl")), PathBuf::from("../c.kdl"));
+    }
+
+    fn decode_context(src: &str) -> (Map<String, Value>, Vec<Diagnostic>) {
+        let files = vec![SourceFile {
+            path: PathBuf::from("t.kdl"),
+            name: "t.kdl".into(),
+            text: Arc::from(src),
+        }];
+        let doc = KdlDocument::parse_v2(src).unwrap();
+        let mut d = Decoder::new(&files);
+        let map = d.json_object(doc.nodes()[0].children().unwrap());
+        (map, d.diags)
+    }
+
+    #[test]
+    fn user_context_decoding() {
+        let (map, diags) = decode_context(
+            "user-context {\n  postal_code \"V4T 0A7\"\n  n 3\n  f 1.5\n  ok #true\n  none #null\n  days \"Mon\" \"Tue\"\n  address { city \"Surrey\"; zip 123 }\n  flat a=1 b=\"x\"\n  empty\n}\n",
+        );
+        assert!(diags.is_empty());
+        assert_eq!(
+            Value::Object(map),
+            serde_json::json!({
+                "postal_code": "V4T 0A7",
+                "n": 3,
+                "f": 1.5,
+                "ok": true,
+                "none": null,
+                "days": ["Mon", "Tue"],
+                "address": {"city": "Surrey", "zip": 123},
+                "flat": {"a": 1, "b": "x"},
+                "empty": null
+            })
+        );
+    }
+
+    #[test]
+    fn user_context_rejects_duplicates_and_mixes() {
+        let (_, diags) = decode_context("user-context {\n  a 1\n  a 2\n  b 1 { c 2 }\n}\n");
+        let kinds: Vec<Kind> = diags.iter().map(|d| d.kind).collect();
+        assert_eq!(kinds, vec![Kind::DuplicateId, Kind::UnexpectedArgument]);
     }
 }

@@ -1,1 +1,279 @@
-//! TODO
+//! Static checks of minijinja templates (user messages, header values, prompts).
+//!
+//! A template is compiled once to find syntax errors, then every variable it reads is checked
+//! against the [`Scope`] of the place it is written in, so that a typo such as
+//! `{{ user_context.postl_code }}` fails `trellis check` instead of rendering as an error at
+//! run time.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use miette::SourceSpan;
+use minijinja::Environment;
+
+use crate::diagnostics::{Diagnostic, Kind, did_you_mean};
+use crate::model::{Scenario, SourceFile, Span, Template};
+
+/// Which names under one root variable exist.
+#[derive(Clone, Debug)]
+pub enum Names {
+    /// Any attribute (e.g. `env.NAME`, resolved at run time).
+    Any,
+    /// Only these attributes.
+    Only(BTreeSet<String>),
+}
+
+/// The variables a template may use.
+#[derive(Clone, Debug, Default)]
+pub struct Scope {
+    roots: BTreeMap<String, Names>,
+    /// Extra help for specific undefined variables (`vars.x` captured too late).
+    hints: BTreeMap<String, String>,
+}
+
+impl Scope {
+    /// No variables at all.
+    pub fn empty() -> Self {
+        Scope::default()
+    }
+
+    /// Header values: only `env`.
+    pub fn env_only() -> Self {
+        Scope::empty().with("env", Names::Any)
+    }
+
+    /// Adds (or replaces) a root variable.
+    pub fn with(mut self, root: &str, names: Names) -> Self {
+        self.roots.insert(root.to_string(), names);
+        self
+    }
+
+    /// Adds a help line used when `var` (e.g. `vars.quote`) is reported undefined.
+    pub fn with_hint(mut self, var: &str, help: impl Into<String>) -> Self {
+        self.hints.insert(var.to_string(), help.into());
+        self
+    }
+
+    /// User messages of `scenario`, with `vars` holding the captures available at that step.
+    pub fn scenario(scenario: &Scenario, has_persona: bool, vars: &BTreeSet<String>) -> Self {
+        let keys = scenario.user_context.keys().cloned().collect();
+        let mut scope = Scope::env_only()
+            .with("user_context", Names::Only(keys))
+            .with(
+                "scenario",
+                names(&["id", "name", "description", "difficulty", "tags", "status"]),
+            )
+            .with("vars", Names::Only(vars.clone()));
+        if has_persona {
+            scope = scope.with(
+                "persona",
+                names(&["id", "type", "description", "instructions"]),
+            );
+        }
+        scope
+    }
+
+    /// Every `root.attr` name in scope (for suggestions).
+    fn candidates(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (root, names) in &self.roots {
+            match names {
+                Names::Any => out.push(root.clone()),
+                Names::Only(set) => {
+                    out.push(root.clone());
+                    out.extend(set.iter().map(|n| format!("{root}.{n}")));
+                }
+            }
+        }
+        out
+    }
+}
+
+fn names(list: &[&str]) -> Names {
+    Names::Only(list.iter().map(|s| s.to_string()).collect())
+}
+
+/// Whether the string goes through the template engine at all (the engine sends strings
+/// without template syntax verbatim).
+pub fn is_template(source: &str) -> bool {
+    source.contains("{{") || source.contains("{%") || source.contains("{#")
+}
+
+/// Checks one template: syntax, then every variable against `scope`.
+pub fn check(template: &Template, scope: &Scope, files: &[SourceFile]) -> Vec<Diagnostic> {
+    if !is_template(&template.source) {
+        return Vec::new();
+    }
+    let env = Environment::new();
+    let compiled = match env.template_from_str(&template.source) {
+        Ok(t) => t,
+        Err(err) => {
+            let detail = err
+                .detail()
+                .map(str::to_string)
+                .unwrap_or_else(|| err.kind().to_string());
+            let label = match err.line() {
+                Some(line) if template.source.contains('\n') => {
+                    format!("{detail} (template line {line})")
+                }
+                _ => detail.clone(),
+            };
+            return vec![
+                Diagnostic::at_span(
+                    Kind::TemplateSyntax,
+                    format!("invalid template: {detail}"),
+                    files,
+                    template.span,
+                    label,
+                )
+                .with_help("templates use minijinja syntax, e.g. {{ user_context.postal_code }}"),
+            ];
+        }
+    };
+    let globals: BTreeSet<String> = env.globals().map(|(k, _)| k.to_string()).collect();
+    let mut used: Vec<String> = compiled.undeclared_variables(true).into_iter().collect();
+    used.sort();
+    let mut out = Vec::new();
+    for var in used {
+        let mut parts = var.splitn(3, '.');
+        let root = parts.next().unwrap_or("");
+        let attr = parts.next();
+        let defined = match (scope.roots.get(root), attr) {
+            (Some(_), None) | (Some(Names::Any), _) => true,
+            (Some(Names::Only(set)), Some(attr)) => set.contains(attr),
+            (None, _) => globals.contains(root),
+        };
+        if defined {
+            continue;
+        }
+        let shown = match attr {
+            Some(a) => format!("{root}.{a}"),
+            None => root.to_string(),
+        };
+        let candidates = scope.candidates();
+        let help = if let Some(h) = scope.hints.get(&shown) {
+            h.clone()
+        } else if let Some(best) = did_you_mean(&shown, candidates.iter().map(String::as_str)) {
+            format!("did you mean `{best}`?")
+        } else {
+            let roots: Vec<String> = scope
+                .roots
+                .iter()
+                .map(|(r, n)| match n {
+                    Names::Only(set) if set.is_empty() => format!("`{r}` (empty)"),
+                    _ => format!("`{r}`"),
+                })
+                .collect();
+            if roots.is_empty() {
+                "no variables are available here".to_string()
+            } else {
+                format!("available here: {}", roots.join(", "))
+            }
+        };
+        let span = locate(template, &shown, files).unwrap_or(template.span);
+        out.push(
+            Diagnostic::at_span(
+                Kind::UndefinedVariable,
+                format!("undefined template variable `{shown}`"),
+                files,
+                span,
+                "not defined here",
+            )
+            .with_help(help),
+        );
+    }
+    out
+}
+
+/// The span of `needle` inside the template's string literal, when the literal is written
+/// without escapes (so offsets in the value equal offsets in the source).
+fn locate(template: &Template, needle: &str, files: &[SourceFile]) -> Option<Span> {
+    let file = files.get(template.span.file)?;
+    let start = template.span.span.offset();
+    let raw = file.text.get(start..start + template.span.span.len())?;
+    let hashes = raw.len() - raw.trim_start_matches('#').len();
+    let body = raw.get(hashes..raw.len().checked_sub(hashes)?)?;
+    let inner = body.strip_prefix('"')?.strip_suffix('"')?;
+    if inner != template.source {
+        return None;
+    }
+    let at = inner.find(needle)?;
+    let offset = start + hashes + 1 + at;
+    Some(Span::new(
+        template.span.file,
+        SourceSpan::from(offset..offset + needle.len()),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+    use std::sync::Arc;
+
+    fn setup(src: &str) -> (Vec<SourceFile>, Template) {
+        let text = format!("user \"{src}\"\n");
+        let files = vec![SourceFile {
+            path: PathBuf::from("t.kdl"),
+            name: "t.kdl".into(),
+            text: Arc::from(text.as_str()),
+        }];
+        let t = Template {
+            source: src.to_string(),
+            span: Span::new(0, SourceSpan::from(5..5 + src.len() + 2)),
+        };
+        (files, t)
+    }
+
+    fn scope() -> Scope {
+        Scope::env_only()
+            .with("user_context", names(&["postal_code"]))
+            .with("vars", names(&["quote"]))
+    }
+
+    #[test]
+    fn accepts_defined_variables() {
+        let (files, t) =
+            setup("{{ user_context.postal_code }} {{ vars.quote }} {{ env.X }} {{ range(3) }}");
+        assert!(check(&t, &scope(), &files).is_empty());
+    }
+
+    #[test]
+    fn reports_undefined_with_suggestion_and_exact_span() {
+        let (files, t) = setup("code {{ user_context.postl_code }}");
+        let diags = check(&t, &scope(), &files);
+        assert_eq!(diags.len(), 1);
+        assert_eq!(diags[0].kind, Kind::UndefinedVariable);
+        assert_eq!(
+            diags[0].message,
+            "undefined template variable `user_context.postl_code`"
+        );
+        assert_eq!(
+            diags[0].help_text(),
+            Some("did you mean `user_context.postal_code`?")
+        );
+        // `user "` is 6 bytes, `code {{ ` is 8.
+        assert_eq!(diags[0].offset(), 14);
+    }
+
+    #[test]
+    fn header_scope_is_env_only() {
+        let (files, t) = setup("Bearer {{ env.TOKEN }} {{ user_context.x }}");
+        let diags = check(&t, &Scope::env_only(), &files);
+        assert_eq!(diags.len(), 1);
+        assert_eq!(diags[0].message, "undefined template variable `user_context.x`");
+    }
+
+    #[test]
+    fn syntax_errors_are_reported() {
+        let (files, t) = setup("{{ user_context.postal_code ");
+        let diags = check(&t, &scope(), &files);
+        assert_eq!(diags.len(), 1);
+        assert_eq!(diags[0].kind, Kind::TemplateSyntax);
+    }
+
+    #[test]
+    fn plain_strings_are_not_templates() {
+        let (files, t) = setup("price is } or {");
+        assert!(check(&t, &Scope::empty(), &files).is_empty());
+    }
+}

@@ -1,1 +1,566 @@
-//! TODO
+//! Whole-project checks that need every file decoded: unique ids, references between
+//! definitions, the scenario `needs` graph, and template variables.
+//!
+//! When a file could not be parsed, references that its definitions might have satisfied are
+//! not reported (they would be noise next to the syntax error).
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+use miette::SourceSpan;
+use petgraph::graph::{DiGraph, NodeIndex};
+
+use crate::diagnostics::{Diagnostic, Kind, did_you_mean};
+use crate::model::*;
+use crate::template::{self, Names, Scope};
+
+/// The kinds of globally named definitions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum RefKind {
+    Agent,
+    Persona,
+    Tool,
+    Provider,
+    Judge,
+}
+
+impl RefKind {
+    fn noun(self) -> &'static str {
+        match self {
+            RefKind::Agent => "agent",
+            RefKind::Persona => "persona",
+            RefKind::Tool => "tool",
+            RefKind::Provider => "provider",
+            RefKind::Judge => "judge",
+        }
+    }
+}
+
+/// What the loader knows beyond the model, so validation does not report consequences of
+/// errors already reported.
+#[derive(Clone, Debug, Default)]
+pub struct LoadInfo {
+    /// Some file had a KDL syntax error: its definitions are unknown.
+    pub broken: bool,
+    /// Definitions that were written but failed to decode.
+    pub declared: HashSet<(RefKind, String)>,
+    /// Per scenario (by its id span): captures that failed to decode.
+    pub failed_captures: HashMap<Span, HashSet<String>>,
+    /// Per [`Project::suites`] index: where `suite "NAME"` was written, if it was.
+    pub suite_spans: Vec<Option<Span>>,
+}
+
+impl LoadInfo {
+    pub fn declare(&mut self, kind: RefKind, id: &str) {
+        self.declared.insert((kind, id.to_string()));
+    }
+}
+
+/// Validates a project built without loader information.
+pub fn validate(project: &Project) -> Vec<Diagnostic> {
+    validate_loaded(project, &LoadInfo::default())
+}
+
+/// Validates a freshly loaded project.
+pub fn validate_loaded(project: &Project, info: &LoadInfo) -> Vec<Diagnostic> {
+    let mut v = Validator {
+        project,
+        info,
+        diags: Vec::new(),
+    };
+    v.duplicates();
+    v.definitions();
+    for (i, suite) in project.suites.iter().enumerate() {
+        for scenario in &suite.scenarios {
+            v.scenario(i, scenario);
+        }
+    }
+    v.needs();
+    v.diags
+}
+
+struct Validator<'p> {
+    project: &'p Project,
+    info: &'p LoadInfo,
+    diags: Vec<Diagnostic>,
+}
+
+impl<'p> Validator<'p> {
+    fn files(&self) -> &'p [SourceFile] {
+        &self.project.files
+    }
+
+    fn duplicate_ids<'a>(
+        &mut self,
+        ids: impl Iterator<Item = &'a Spanned<String>>,
+        noun: &str,
+        help: &str,
+    ) {
+        let mut first: HashMap<&str, Span> = HashMap::new();
+        for id in ids {
+            if let Some(prev) = first.get(id.value.as_str()) {
+                let d = Diagnostic::at_span(
+                    Kind::DuplicateId,
+                    format!("duplicate {noun} `{}`", id.value),
+                    self.files(),
+                    id.span,
+                    "defined again here",
+                )
+                .with_other(self.files(), *prev, "first defined here")
+                .with_help(help.to_string());
+                self.diags.push(d);
+            } else {
+                first.insert(&id.value, id.span);
+            }
+        }
+    }
+
+    fn duplicates(&mut self) {
+        let p = self.project;
+        let global = "ids are global across all loaded files; rename one of them";
+        self.duplicate_ids(p.agents.iter().map(|a| &a.id), "agent", global);
+        self.duplicate_ids(p.personas.iter().map(|a| &a.id), "persona", global);
+        self.duplicate_ids(p.tools.iter().map(|a| &a.name), "tool", global);
+        self.duplicate_ids(p.providers.iter().map(|a| &a.id), "provider", global);
+        self.duplicate_ids(p.judges.iter().map(|a| &a.id), "judge", global);
+
+        let suites: Vec<Spanned<String>> = p
+            .suites
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                let span = self
+                    .info
+                    .suite_spans
+                    .get(i)
+                    .copied()
+                    .flatten()
+                    .unwrap_or(Span::new(s.file, SourceSpan::from(0..0)));
+                Spanned::new(s.name.clone(), span)
+            })
+            .collect();
+        self.duplicate_ids(
+            suites.iter(),
+            "suite",
+            "suite names (from `suite \"NAME\"` or the file name) must be unique; rename one",
+        );
+        for suite in &p.suites {
+            self.duplicate_ids(
+                suite.scenarios.iter().map(|s| &s.id),
+                "scenario",
+                "scenario ids are unique within a suite file; rename one of them",
+            );
+        }
+    }
+
+    fn defined(&self, kind: RefKind, name: &str) -> bool {
+        let p = self.project;
+        let found = match kind {
+            RefKind::Agent => p.agent(name).is_some(),
+            RefKind::Persona => p.persona(name).is_some(),
+            RefKind::Tool => p.tool(name).is_some(),
+            RefKind::Provider => p.provider(name).is_some(),
+            RefKind::Judge => p.judge(name).is_some(),
+        };
+        found || self.info.declared.contains(&(kind, name.to_string()))
+    }
+
+    fn names(&self, kind: RefKind) -> Vec<&'p str> {
+        let p = self.project;
+        match kind {
+            RefKind::Agent => p.agents.iter().map(|a| a.id.value.as_str()).collect(),
+            RefKind::Persona => p.personas.iter().map(|a| a.id.value.as_str()).collect(),
+            RefKind::Tool => p.tools.iter().map(|a| a.name.value.as_str()).collect(),
+            RefKind::Provider => p.providers.iter().map(|a| a.id.value.as_str()).collect(),
+            RefKind::Judge => p.judges.iter().map(|a| a.id.value.as_str()).collect(),
+        }
+    }
+
+    fn reference(&mut self, kind: RefKind, name: &Spanned<String>) {
+        if self.defined(kind, &name.value) || self.info.broken {
+            return;
+        }
+        let noun = kind.noun();
+        let help = reference_help(&name.value, &self.names(kind), noun);
+        let d = Diagnostic::at_span(
+            Kind::UndefinedReference,
+            format!("undefined {noun} `{}`", name.value),
+            self.files(),
+            name.span,
+            format!("no {noun} with this id"),
+        )
+        .with_help(help);
+        self.diags.push(d);
+    }
+
+    fn definitions(&mut self) {
+        let p = self.project;
+        for agent in &p.agents {
+            for tool in &agent.tools {
+                self.reference(RefKind::Tool, tool);
+            }
+            for (_, value) in &agent.headers {
+                let diags = template::check(value, &Scope::env_only(), self.files());
+                self.diags.extend(diags);
+            }
+            if let Some(prompt) = &agent.system_prompt {
+                let scope = Scope::env_only()
+                    .with("user_context", Names::Any)
+                    .with("persona", Names::Any)
+                    .with("scenario", Names::Any);
+                let diags = template::check(prompt, &scope, self.files());
+                self.diags.extend(diags);
+            }
+        }
+        if let Some(sim) = &p.simulator {
+            self.reference(RefKind::Provider, &sim.provider);
+            if let Some(instructions) = &sim.instructions {
+                let scope = Scope::env_only()
+                    .with("user_context", Names::Any)
+                    .with("persona", Names::Any)
+                    .with("scenario", Names::Any)
+                    .with("vars", Names::Any);
+                let diags = template::check(instructions, &scope, self.files());
+                self.diags.extend(diags);
+            }
+        }
+        for judge in &p.judges {
+            self.reference(RefKind::Provider, &judge.provider);
+        }
+    }
+
+    fn scenario(&mut self, suite: usize, sc: &Scenario) {
+        for agent in &sc.agents {
+            self.reference(RefKind::Agent, agent);
+        }
+        let declared_agents = self
+            .info
+            .declared
+            .iter()
+            .filter(|(k, _)| *k == RefKind::Agent)
+            .count();
+        let agent_count = self.project.agents.len() + declared_agents;
+        if sc.agents.is_empty() && agent_count != 1 && !self.info.broken {
+            let help = if agent_count == 0 {
+                "define an agent, e.g. agent \"demo\" protocol=\"connexity\" builtin=\"booking\""
+                    .to_string()
+            } else {
+                format!(
+                    "the project defines several agents ({}); add `agent \"ID\"` or `agents \"ID\"…`",
+                    quoted(&self.names(RefKind::Agent))
+                )
+            };
+            let d = Diagnostic::at_span(
+                Kind::AmbiguousAgent,
+                format!("scenario `{}` does not say which agent it runs against", sc.id.value),
+                self.files(),
+                sc.id.span,
+                "which agent?",
+            )
+            .with_help(help);
+            self.diags.push(d);
+        }
+        if let Some(PersonaRef::Named(name)) = &sc.persona {
+            self.reference(RefKind::Persona, name);
+        }
+        for c in &sc.criteria {
+            self.criterion(c);
+        }
+        let failed: BTreeSet<String> = self
+            .info
+            .failed_captures
+            .get(&sc.id.span)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default();
+        let mut all_captures = failed.clone();
+        collect_captures(&sc.steps, &mut all_captures);
+        let cx = StepCx {
+            scenario: sc,
+            all_captures: &all_captures,
+        };
+        self.steps(&cx, &sc.steps, failed);
+        let _ = suite;
+    }
+
+    fn criterion(&mut self, c: &Criterion) {
+        if let CriterionKind::Judge {
+            judge: Some(judge), ..
+        } = &c.kind
+        {
+            self.reference(RefKind::Judge, judge);
+        }
+    }
+
+    /// Checks a block of steps; `captured` holds the captures made on every path so far.
+    /// Returns the captures made on every path through the block.
+    fn steps(
+        &mut self,
+        cx: &StepCx,
+        steps: &[Step],
+        mut captured: BTreeSet<String>,
+    ) -> BTreeSet<String> {
+        for step in steps {
+            match &step.kind {
+                StepKind::User(t) | StepKind::Call { input: t, .. } => {
+                    self.template(cx, t, &captured)
+                }
+                StepKind::Hitl {
+                    message: Some(t), ..
+                } => self.template(cx, t, &captured),
+                StepKind::Hitl { message: None, .. } | StepKind::Simulate { .. } => {}
+                StepKind::Expect(criteria) => {
+                    for c in criteria {
+                        self.criterion(c);
+                    }
+                }
+                StepKind::Capture { name, .. } => {
+                    captured.insert(name.clone());
+                }
+                StepKind::Fork(branches) => {
+                    self.duplicate_ids(
+                        branches.iter().map(|b| &b.name),
+                        "branch",
+                        "branch names are unique within one group of consecutive `branch` nodes",
+                    );
+                    let mut after: Option<BTreeSet<String>> = None;
+                    for b in branches {
+                        let end = self.steps(cx, &b.steps, captured.clone());
+                        after = Some(match after {
+                            None => end,
+                            Some(prev) => prev.intersection(&end).cloned().collect(),
+                        });
+                    }
+                    if let Some(after) = after {
+                        captured = after;
+                    }
+                }
+            }
+        }
+        captured
+    }
+
+    fn template(&mut self, cx: &StepCx, t: &Template, captured: &BTreeSet<String>) {
+        let mut scope = Scope::scenario(cx.scenario, cx.scenario.persona.is_some(), captured);
+        for name in cx.all_captures.difference(captured) {
+            scope = scope.with_hint(
+                &format!("vars.{name}"),
+                format!(
+                    "`{name}` is captured in this scenario, but not before this step on every path to it"
+                ),
+            );
+        }
+        let diags = template::check(t, &scope, self.files());
+        self.diags.extend(diags);
+    }
+
+    fn needs(&mut self) {
+        let p = self.project;
+        let mut graph: DiGraph<(usize, usize), Span> = DiGraph::new();
+        let mut index: HashMap<(usize, usize), NodeIndex> = HashMap::new();
+        for (si, suite) in p.suites.iter().enumerate() {
+            for (ci, _) in suite.scenarios.iter().enumerate() {
+                index.insert((si, ci), graph.add_node((si, ci)));
+            }
+        }
+        for (si, suite) in p.suites.iter().enumerate() {
+            for (ci, sc) in suite.scenarios.iter().enumerate() {
+                for need in &sc.needs {
+                    let Some(target) = self.resolve_need(si, need) else {
+                        continue;
+                    };
+                    if let (Some(from), Some(to)) = (index.get(&(si, ci)), index.get(&target)) {
+                        graph.add_edge(*from, *to, need.span);
+                    }
+                }
+            }
+        }
+        for scc in petgraph::algo::tarjan_scc(&graph) {
+            let Some(&start) = scc.iter().min() else {
+                continue;
+            };
+            let cyclic = scc.len() > 1 || graph.find_edge(start, start).is_some();
+            if !cyclic {
+                continue;
+            }
+            let members: HashSet<NodeIndex> = scc.iter().copied().collect();
+            let Some(path) = cycle_from(&graph, start, &members) else {
+                continue;
+            };
+            let same_suite = path.iter().all(|n| graph[*n].0 == graph[start].0);
+            let names: Vec<String> = path
+                .iter()
+                .filter_map(|n| {
+                    let (si, ci) = graph[*n];
+                    let suite = p.suites.get(si)?;
+                    let sc = suite.scenarios.get(ci)?;
+                    Some(if same_suite {
+                        sc.id.value.clone()
+                    } else {
+                        format!("{}/{}", suite.name, sc.id.value)
+                    })
+                })
+                .collect();
+            let (Some(&a), Some(&b)) = (path.first(), path.get(1)) else {
+                continue;
+            };
+            let Some(edge) = graph.find_edge(a, b) else {
+                continue;
+            };
+            let d = Diagnostic::at_span(
+                Kind::NeedsCycle,
+                format!("`needs` cycle: {}", names.join(" -> ")),
+                self.files(),
+                graph[edge],
+                "this dependency is part of the cycle",
+            )
+            .with_help("a scenario cannot wait for itself; remove one of these `needs`");
+            self.diags.push(d);
+        }
+    }
+
+    /// Resolves `needs "ID"` (same suite) or `needs "SUITE/ID"`; reports unknown ones.
+    fn resolve_need(&mut self, suite: usize, need: &Spanned<String>) -> Option<(usize, usize)> {
+        let p = self.project;
+        let (target_suite, id, cross) = match need.value.split_once('/') {
+            Some((s, id)) => (p.suites.iter().position(|x| x.name == s), id, true),
+            None => (Some(suite), need.value.as_str(), false),
+        };
+        if let Some(si) = target_suite
+            && let Some(ci) = p
+                .suites
+                .get(si)
+                .and_then(|s| s.scenarios.iter().position(|sc| sc.id.value == id))
+        {
+            return Some((si, ci));
+        }
+        if cross && self.info.broken {
+            return None;
+        }
+        let candidates: Vec<String> = match (target_suite, cross) {
+            (Some(si), _) => p
+                .suites
+                .get(si)
+                .map(|s| {
+                    s.scenarios
+                        .iter()
+                        .map(|sc| {
+                            if cross {
+                                format!("{}/{}", s.name, sc.id.value)
+                            } else {
+                                sc.id.value.clone()
+                            }
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
+            (None, _) => p.suites.iter().map(|s| s.name.clone()).collect(),
+        };
+        let refs: Vec<&str> = candidates.iter().map(String::as_str).collect();
+        let help = match (target_suite, did_you_mean(&need.value, refs.iter().copied())) {
+            (_, Some(best)) => format!("did you mean `{best}`?"),
+            (None, None) => format!(
+                "no suite with that name; suites: {}; write `needs \"SUITE/SCENARIO\"`",
+                quoted(&refs)
+            ),
+            (Some(_), None) => reference_help(&need.value, &refs, "scenario"),
+        };
+        let d = Diagnostic::at_span(
+            Kind::UndefinedReference,
+            format!("undefined scenario `{}` in `needs`", need.value),
+            self.files(),
+            need.span,
+            "no scenario with this id",
+        )
+        .with_help(help);
+        self.diags.push(d);
+        None
+    }
+}
+
+struct StepCx<'a> {
+    scenario: &'a Scenario,
+    all_captures: &'a BTreeSet<String>,
+}
+
+fn collect_captures(steps: &[Step], out: &mut BTreeSet<String>) {
+    for step in steps {
+        match &step.kind {
+            StepKind::Capture { name, .. } => {
+                out.insert(name.clone());
+            }
+            StepKind::Fork(branches) => {
+                for b in branches {
+                    collect_captures(&b.steps, out);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// A shortest cycle through `start` inside one strongly connected component, as
+/// `[start, …, start]`.
+fn cycle_from(
+    graph: &DiGraph<(usize, usize), Span>,
+    start: NodeIndex,
+    members: &HashSet<NodeIndex>,
+) -> Option<Vec<NodeIndex>> {
+    let mut parent: HashMap<NodeIndex, NodeIndex> = HashMap::new();
+    let mut queue = std::collections::VecDeque::new();
+    // Breadth-first in edge insertion order keeps the reported cycle deterministic.
+    let succ = |n: NodeIndex| {
+        let mut v: Vec<NodeIndex> = graph.neighbors(n).collect();
+        v.reverse();
+        v
+    };
+    for next in succ(start) {
+        if next == start {
+            return Some(vec![start, start]);
+        }
+    }
+    queue.push_back(start);
+    while let Some(n) = queue.pop_front() {
+        for next in succ(n) {
+            if !members.contains(&next) {
+                continue;
+            }
+            if next == start {
+                // Walk back from `n` to `start`, then read the chain forwards.
+                let mut chain = Vec::new();
+                let mut cur = n;
+                while cur != start {
+                    chain.push(cur);
+                    cur = *parent.get(&cur)?;
+                }
+                chain.reverse();
+                let mut path = vec![start];
+                path.extend(chain);
+                path.push(start);
+                return Some(path);
+            }
+            if next != start && !parent.contains_key(&next) {
+                parent.insert(next, n);
+                queue.push_back(next);
+            }
+        }
+    }
+    None
+}
+
+fn quoted(names: &[&str]) -> String {
+    names
+        .iter()
+        .map(|n| format!("`{n}`"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn reference_help(name: &str, defined: &[&str], noun: &str) -> String {
+    if let Some(best) = did_you_mean(name, defined.iter().copied()) {
+        return format!("did you mean `{best}`?");
+    }
+    if defined.is_empty() {
+        format!("no {noun} is defined in the loaded files")
+    } else {
+        format!("defined {noun}s: {}", quoted(defined))
+    }
+}

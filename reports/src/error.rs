@@ -21,7 +21,9 @@ pub enum ReportError {
     #[error("{} has no `run_started` entry on its first line", path.display())]
     #[diagnostic(
         code(trellis::reports::no_run_started),
-        help("point at a run directory written by `trellis run`; its journal starts with `run_started`")
+        help(
+            "point at a run directory written by `trellis run`; its journal starts with `run_started`"
+        )
     )]
     MissingRunStarted { path: PathBuf },
 

@@ -44,7 +44,17 @@ macro_rules! plain_column_buffer {
     };
 }
 
-plain_column_buffer!(String, Option<String>, u32, Option<u32>, u64, Option<u64>, f64, Option<f64>, bool);
+plain_column_buffer!(
+    String,
+    Option<String>,
+    u32,
+    Option<u32>,
+    u64,
+    Option<u64>,
+    f64,
+    Option<f64>,
+    bool
+);
 
 impl ColumnBuffer for Vec<Vec<String>> {
     fn take_column(&mut self, name: &str) -> Column {
@@ -203,7 +213,6 @@ table!(
     }
 );
 
-
 /// A `Write` handle shared between polars' writer and us: polars' batched writer never
 /// hands its writer back, and the buffered bytes must be flushed with errors reported, not
 /// silently on drop.
@@ -212,11 +221,17 @@ struct SharedFile(Rc<RefCell<BufWriter<File>>>);
 
 impl Write for SharedFile {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.0.try_borrow_mut().map_err(io::Error::other)?.write(buf)
+        self.0
+            .try_borrow_mut()
+            .map_err(io::Error::other)?
+            .write(buf)
     }
 
     fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
-        self.0.try_borrow_mut().map_err(io::Error::other)?.write_all(buf)
+        self.0
+            .try_borrow_mut()
+            .map_err(io::Error::other)?
+            .write_all(buf)
     }
 
     fn flush(&mut self) -> io::Result<()> {
@@ -276,10 +291,13 @@ impl<R: Rows> TableFile<R> {
         if self.buf.rows() == 0 {
             return Ok(());
         }
-        let frame = self.buf.take_frame().map_err(|source| ReportError::Polars {
-            path: self.path.clone(),
-            source,
-        })?;
+        let frame = self
+            .buf
+            .take_frame()
+            .map_err(|source| ReportError::Polars {
+                path: self.path.clone(),
+                source,
+            })?;
         self.writer
             .write_batch(&frame)
             .map_err(|source| ReportError::Polars {
@@ -290,12 +308,10 @@ impl<R: Rows> TableFile<R> {
 
     fn finish(mut self) -> Result<PathBuf, ReportError> {
         self.flush()?;
-        self.writer
-            .finish()
-            .map_err(|source| ReportError::Polars {
-                path: self.path.clone(),
-                source,
-            })?;
+        self.writer.finish().map_err(|source| ReportError::Polars {
+            path: self.path.clone(),
+            source,
+        })?;
         drop(self.writer);
         let mut file = self.file;
         file.flush()
@@ -337,7 +353,10 @@ pub(crate) struct Tables {
 
 fn fault_parts(fault: Option<&Fault>) -> (Option<String>, Option<String>) {
     match fault {
-        Some(f) => (Some(f.category.as_str().to_owned()), Some(f.message.clone())),
+        Some(f) => (
+            Some(f.category.as_str().to_owned()),
+            Some(f.message.clone()),
+        ),
         None => (None, None),
     }
 }

@@ -56,12 +56,18 @@ impl Tally {
 
     pub(crate) fn add_trajectory(&mut self, t: &TrajectoryRecord) {
         self.total.add(t.status);
-        self.by_suite.entry(t.suite.clone()).or_default().add(t.status);
+        self.by_suite
+            .entry(t.suite.clone())
+            .or_default()
+            .add(t.status);
         self.by_scenario
             .entry((t.suite.clone(), t.scenario.clone()))
             .or_default()
             .add(t.status);
-        self.by_agent.entry(t.agent.clone()).or_default().add(t.status);
+        self.by_agent
+            .entry(t.agent.clone())
+            .or_default()
+            .add(t.status);
     }
 }
 
@@ -106,9 +112,17 @@ impl Selection {
 
     pub(crate) fn offer(&mut self, trajectory: TrajectoryRecord) {
         let (kept, max, omitted) = if trajectory.status == TrajectoryStatus::Passed {
-            (&mut self.passing, self.max_passing, &mut self.omitted_passing)
+            (
+                &mut self.passing,
+                self.max_passing,
+                &mut self.omitted_passing,
+            )
         } else {
-            (&mut self.failing, self.max_failing, &mut self.omitted_failing)
+            (
+                &mut self.failing,
+                self.max_failing,
+                &mut self.omitted_failing,
+            )
         };
         if kept.len() < max {
             kept.push(trajectory);

@@ -34,7 +34,7 @@ pub fn bench(args: BenchArgs) -> u8 {
     };
     let suite = dir.path().join("bench.kdl");
     let text = format!(
-        r#"agent "booking" protocol="connexity" builtin="booking"
+        r##"agent "booking" protocol="connexity" builtin="booking"
 scenario "bench" {{
     repeat {n}
     user "Hi, I'd like to book a duct cleaning."
@@ -50,7 +50,7 @@ scenario "bench" {{
         turns max=4
     }}
 }}
-"#,
+"##,
         n = args.trajectories
     );
     if let Err(e) = std::fs::write(&suite, text) {

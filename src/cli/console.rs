@@ -189,7 +189,14 @@ impl Console {
         }
         println!("results: {}", out.display());
         println!("  report   {}", files.html.display());
-        println!("  tables   {}", files.parquet_summary());
+        println!(
+            "  tables   {}",
+            [&files.trajectories, &files.turns, &files.tool_calls, &files.criteria, &files.runs]
+                .iter()
+                .filter_map(|p| p.file_name().and_then(|n| n.to_str()))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
         println!("  junit    {}", files.junit.display());
         println!("  journal  {}", journal.display());
     }

@@ -168,7 +168,7 @@ fn check(args: &PathArgs) -> u8 {
         .map(|(_, s)| TrajectoryGraph::build(s).trajectories.len())
         .sum();
     println!(
-        "ok: {} file(s), {} suite(s), {} scenario(s), {} trajectorie(s), {} agent(s)",
+        "ok: {} file(s), {} suite(s), {} scenario(s), {} trajectory(ies), {} agent(s)",
         project.files.len(),
         project.suites.len(),
         scenarios,

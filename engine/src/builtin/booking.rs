@@ -407,9 +407,9 @@ fn act(state: &mut State, intent: Intent, out: Option<&mut Turn>) {
                         booking.day, booking.id
                     );
                 }
-                (Some(zone), None) if zone.serviced() => turn
-                    .reply
-                    .push_str("Sure. Which day works best for you?"),
+                (Some(zone), None) if zone.serviced() => {
+                    turn.reply.push_str("Sure. Which day works best for you?")
+                }
                 (Some(zone), None) => {
                     let _ = write!(
                         turn.reply,
@@ -429,9 +429,7 @@ fn act(state: &mut State, intent: Intent, out: Option<&mut Turn>) {
                         booking.day
                     );
                 }
-                None => turn
-                    .reply
-                    .push_str("Thanks for contacting us. Goodbye!"),
+                None => turn.reply.push_str("Thanks for contacting us. Goodbye!"),
             }
         }
         Intent::Greeting => {
@@ -440,9 +438,8 @@ fn act(state: &mut State, intent: Intent, out: Option<&mut Turn>) {
                 turn.reply
                     .push_str("Hi! How else can I help with your duct cleaning?");
             } else {
-                turn.reply.push_str(
-                    "Hi! I can help you book a duct cleaning. What is your postal code?",
-                );
+                turn.reply
+                    .push_str("Hi! I can help you book a duct cleaning. What is your postal code?");
             }
         }
     }
@@ -561,8 +558,14 @@ mod tests {
 
     #[test]
     fn booking_ids_are_stable() {
-        assert_eq!(booking_id("V4T0A7", "Tuesday"), booking_id("V4T0A7", "Tuesday"));
-        assert_ne!(booking_id("V4T0A7", "Tuesday"), booking_id("V4T0A7", "Monday"));
+        assert_eq!(
+            booking_id("V4T0A7", "Tuesday"),
+            booking_id("V4T0A7", "Tuesday")
+        );
+        assert_ne!(
+            booking_id("V4T0A7", "Tuesday"),
+            booking_id("V4T0A7", "Monday")
+        );
         assert!(booking_id("V4T0A7", "Tuesday").starts_with("BK-"));
         assert_eq!(booking_id("V4T0A7", "Tuesday").len(), 11);
     }

@@ -33,7 +33,9 @@ pub enum ConnexityError {
     #[error("invalid header name `{0}`")]
     InvalidHeaderName(String),
     // The value is left out on purpose: header values usually carry secrets.
-    #[error("header `{0}` has an invalid value (control characters or line breaks are not allowed)")]
+    #[error(
+        "header `{0}` has an invalid value (control characters or line breaks are not allowed)"
+    )]
     InvalidHeaderValue(String),
 }
 
@@ -125,33 +127,24 @@ impl ConnexityClient {
                 };
             }
         };
-        let outcome = with_retries(
-            self.retries,
-            self.limits.timeout,
-            ctx.deadline,
-            |timeout| {
-                let body = body.clone();
-                async move {
-                    let response = self
-                        .transport
-                        .post_json(
-                            &self.url,
-                            &self.headers,
-                            body,
-                            self.limits.max_response_size,
-                            timeout,
-                        )
-                        .await?;
-                    parse_response(&response.body)
-                }
-            },
-        )
-        .await;
-        CallOutcome {
-            result: outcome.result,
-            attempts: outcome.attempts,
-            latency: outcome.latency,
-        }
+        with_retries(self.retries, self.limits.timeout, ctx.deadline, |timeout| {
+            let body = body.clone();
+            async move {
+                let response = self
+                    .transport
+                    .post_json(
+                        &self.url,
+                        &self.headers,
+                        body,
+                        self.limits.max_response_size,
+                        timeout,
+                    )
+                    .await?;
+                parse_response(&response.body)
+            }
+        })
+        .await
+        .into()
     }
 }
 

@@ -20,6 +20,7 @@ use reqwest::header::HeaderMap;
 use reqwest::{StatusCode, Url};
 use tokio::time::Instant;
 
+use super::{AgentTurn, CallOutcome};
 use crate::record::{Fault, FaultCategory};
 
 /// How much of an error body goes into a fault message.
@@ -78,6 +79,7 @@ pub struct HttpTransport {
 }
 
 impl HttpTransport {
+    /// Builds the run's clients. Call once per run and clone the result.
     pub fn new() -> Result<Self, TransportError> {
         Ok(HttpTransport {
             proxied: Self::builder().build().map_err(TransportError::Build)?,
@@ -132,7 +134,7 @@ impl HttpTransport {
                 FaultCategory::Timeout,
                 format!(
                     "no complete response within {} (timeout); {}",
-                    humantime::format_duration(timeout),
+                    DisplayDuration(timeout),
                     progress.describe()
                 ),
             )),
@@ -159,7 +161,8 @@ impl HttpTransport {
         progress.status = Some(status);
         progress.content_length = response.content_length();
 
-        if let Some(len) = progress.content_length
+        if status.is_success()
+            && let Some(len) = progress.content_length
             && len > max_response_size
         {
             return Err(too_large(
@@ -225,13 +228,33 @@ impl Progress {
         match self.status {
             None => "no response headers received".to_owned(),
             Some(status) => {
-                let mut s = format!("got HTTP {}, then {} bytes", status.as_u16(), self.body_bytes);
+                let mut s = format!(
+                    "HTTP {} received, then {}",
+                    status.as_u16(),
+                    self.body_bytes
+                );
                 if let Some(len) = self.content_length {
                     let _ = write!(s, " of {len}");
                 }
-                s.push_str(" of body");
+                s.push_str(" body bytes");
                 s
             }
+        }
+    }
+}
+
+/// A duration as a person reads it in a report: `700ms`, `30s`, `1.5s`.
+struct DisplayDuration(Duration);
+
+impl std::fmt::Display for DisplayDuration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let ms = self.0.as_millis();
+        if ms < 1000 {
+            write!(f, "{ms}ms")
+        } else if ms.is_multiple_of(1000) {
+            write!(f, "{}s", ms / 1000)
+        } else {
+            write!(f, "{:.1}s", self.0.as_secs_f64())
         }
     }
 }
@@ -304,14 +327,19 @@ fn classify(err: &reqwest::Error, url: &Url, progress: &Progress) -> Fault {
         },
     );
 
-    if err.is_connect() || (progress.status.is_none() && io_kind == Some(io::ErrorKind::ConnectionRefused)) {
+    if err.is_connect()
+        || (progress.status.is_none() && io_kind == Some(io::ErrorKind::ConnectionRefused))
+    {
         let why = match io_kind {
             Some(io::ErrorKind::ConnectionRefused) => "connection refused".to_owned(),
             Some(io::ErrorKind::TimedOut) => "connect timed out".to_owned(),
             _ if err.is_dns() => format!("could not resolve host ({innermost})"),
             _ => innermost,
         };
-        return Fault::new(FaultCategory::Connect, format!("could not connect to {target}: {why}"));
+        return Fault::new(
+            FaultCategory::Connect,
+            format!("could not connect to {target}: {why}"),
+        );
     }
     if let Some(parse) = parse {
         return Fault::new(
@@ -343,7 +371,10 @@ fn classify(err: &reqwest::Error, url: &Url, progress: &Progress) -> Fault {
             s
         }
     };
-    Fault::new(FaultCategory::Transport, format!("{what} {when} ({target})"))
+    Fault::new(
+        FaultCategory::Transport,
+        format!("{what} {when} ({target})"),
+    )
 }
 
 /// What [`with_retries`] ended with.
@@ -354,6 +385,16 @@ pub struct Attempted<T> {
     pub attempts: u32,
     /// Wall time of the last attempt.
     pub latency: Duration,
+}
+
+impl From<Attempted<AgentTurn>> for CallOutcome {
+    fn from(attempted: Attempted<AgentTurn>) -> Self {
+        CallOutcome {
+            result: attempted.result,
+            attempts: attempted.attempts,
+            latency: attempted.latency,
+        }
+    }
 }
 
 /// Runs `attempt` up to `1 + retries` times, retrying only retryable faults, with exponential
@@ -409,21 +450,41 @@ where
         let mut result = attempt(budget).await;
         latency = started.elapsed();
         let fault = match &mut result {
-            Ok(_) => break Attempted { result, attempts, latency },
+            Ok(_) => {
+                break Attempted {
+                    result,
+                    attempts,
+                    latency,
+                };
+            }
             Err(fault) => fault,
         };
         if cut_by_deadline && fault.category == FaultCategory::Timeout {
             *fault = trajectory_timeout(attempts, &fault.message);
-            break Attempted { result, attempts, latency };
+            break Attempted {
+                result,
+                attempts,
+                latency,
+            };
         }
         if !fault.category.is_retryable() {
-            break Attempted { result, attempts, latency };
+            break Attempted {
+                result,
+                attempts,
+                latency,
+            };
         }
         let Some(delay) = backoff.next() else {
             if attempts > 1 {
-                fault.message.push_str(&format!(" (after {attempts} attempts)"));
+                fault
+                    .message
+                    .push_str(&format!(" (after {attempts} attempts)"));
             }
-            break Attempted { result, attempts, latency };
+            break Attempted {
+                result,
+                attempts,
+                latency,
+            };
         };
         if let Some(deadline) = deadline
             && Instant::now() + delay >= deadline
@@ -431,7 +492,11 @@ where
             fault.message.push_str(&format!(
                 " (attempt {attempts}; not retried: the trajectory timeout would pass during backoff)"
             ));
-            break Attempted { result, attempts, latency };
+            break Attempted {
+                result,
+                attempts,
+                latency,
+            };
         }
         tokio::time::sleep(delay).await;
     }

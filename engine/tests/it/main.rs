@@ -1,0 +1,5 @@
+//! The engine's integration tests, in one binary so the crate links once.
+
+mod builtin_booking;
+mod protocol;
+mod support;

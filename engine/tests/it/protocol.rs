@@ -1,0 +1,429 @@
+//! The HTTP transport and the Connexity client against misbehaving servers on real sockets.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+use trellis_engine::protocol::connexity::{ConnexityClient, ConnexityError};
+use trellis_engine::protocol::http::{CallLimits, HttpTransport};
+use trellis_engine::protocol::{CallContext, CallOutcome, ChatMessage};
+use trellis_engine::record::FaultCategory;
+
+use crate::support::{Behavior, MisbehavingServer, OK_BODY, client, closed_port, ctx, limits};
+
+const SHORT: Duration = Duration::from_secs(5);
+
+fn history() -> Vec<ChatMessage> {
+    vec![ChatMessage::user("Hi, I'd like to book a duct cleaning.")]
+}
+
+async fn call(url: &str, retries: u32, limits: CallLimits) -> CallOutcome {
+    client(url, retries, limits)
+        .respond(&history(), &ctx(0))
+        .await
+}
+
+#[track_caller]
+fn fault_of(outcome: &CallOutcome, category: FaultCategory) -> String {
+    match &outcome.result {
+        Err(fault) => {
+            assert_eq!(fault.category, category, "unexpected fault: {fault:?}");
+            fault.message.clone()
+        }
+        Ok(turn) => panic!("expected a {category:?} fault, got {turn:?}"),
+    }
+}
+
+#[tokio::test]
+async fn success_parses_the_reply() {
+    let server = MisbehavingServer::respond(200, OK_BODY).await;
+    let outcome = call(&server.url(), 2, limits(SHORT)).await;
+    let turn = outcome.result.unwrap();
+    assert_eq!(turn.reply.as_deref(), Some("Hello there."));
+    assert_eq!(turn.model.as_deref(), Some("m"));
+    assert_eq!(turn.provider.as_deref(), Some("p"));
+    assert_eq!(outcome.attempts, 1);
+    assert_eq!(server.requests(), 1);
+}
+
+#[tokio::test]
+async fn request_has_the_connexity_shape() {
+    let server = MisbehavingServer::respond(200, OK_BODY).await;
+    let history = vec![
+        ChatMessage::user("Hi"),
+        ChatMessage::assistant("What is your postal code?"),
+        ChatMessage::user("V4T 0A7"),
+    ];
+    let client = ConnexityClient::new(
+        &server.url(),
+        vec![
+            ("Authorization".into(), "Bearer s3cret".into()),
+            ("X-Trace".into(), "a".into()),
+        ],
+        limits(SHORT),
+        0,
+        HttpTransport::new().unwrap(),
+    )
+    .unwrap();
+    let ctx = CallContext {
+        test_case_id: "book-duct-cleaning",
+        turn_index: 2,
+        deadline: None,
+    };
+    client.respond(&history, &ctx).await.result.unwrap();
+
+    let recorded = server.recorded();
+    assert_eq!(recorded.len(), 1);
+    let request = &recorded[0];
+    assert!(
+        request.head.starts_with("POST /agent/respond HTTP/1.1"),
+        "{}",
+        request.head
+    );
+    assert_eq!(
+        request.header("content-type").as_deref(),
+        Some("application/json")
+    );
+    assert_eq!(
+        request.header("authorization").as_deref(),
+        Some("Bearer s3cret")
+    );
+    assert_eq!(request.header("x-trace").as_deref(), Some("a"));
+    assert_eq!(
+        request.json(),
+        serde_json::json!({
+            "messages": [
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "What is your postal code?"},
+                {"role": "user", "content": "V4T 0A7"},
+            ],
+            "metadata": {"test_case_id": "book-duct-cleaning", "turn_index": 2},
+        })
+    );
+}
+
+#[test]
+fn invalid_headers_are_rejected_without_leaking_the_value() {
+    let transport = HttpTransport::new().unwrap();
+    let bad_name = ConnexityClient::new(
+        "http://127.0.0.1:1/agent/respond",
+        vec![("Bad Header".into(), "x".into())],
+        CallLimits::default(),
+        0,
+        transport.clone(),
+    );
+    assert!(matches!(
+        bad_name,
+        Err(ConnexityError::InvalidHeaderName(_))
+    ));
+
+    let bad_value = ConnexityClient::new(
+        "http://127.0.0.1:1/agent/respond",
+        vec![("Authorization".into(), "Bearer top\nsecret".into())],
+        CallLimits::default(),
+        0,
+        transport.clone(),
+    );
+    let err = bad_value.unwrap_err();
+    assert!(matches!(err, ConnexityError::InvalidHeaderValue(_)));
+    assert!(!err.to_string().contains("secret"), "{err}");
+
+    let bad_url = ConnexityClient::new("not a url", vec![], CallLimits::default(), 0, transport);
+    assert!(matches!(bad_url, Err(ConnexityError::InvalidUrl { .. })));
+}
+
+#[tokio::test]
+async fn http_4xx_is_not_retried() {
+    let server = MisbehavingServer::respond(404, r#"{"detail":"no such agent"}"#).await;
+    let outcome = call(&server.url(), 2, limits(SHORT)).await;
+    let message = fault_of(&outcome, FaultCategory::Http4xx);
+    assert!(message.contains("404"), "{message}");
+    assert!(message.contains("no such agent"), "{message}");
+    assert_eq!(outcome.attempts, 1);
+    assert_eq!(server.requests(), 1);
+}
+
+#[tokio::test]
+async fn http_5xx_is_retried() {
+    let long_body = format!("{{\"error\":\"{}\"}}", "x".repeat(1000));
+    let server = MisbehavingServer::respond(500, long_body).await;
+    let outcome = call(&server.url(), 2, limits(SHORT)).await;
+    let message = fault_of(&outcome, FaultCategory::Http5xx);
+    assert!(message.contains("500 Internal Server Error"), "{message}");
+    // The body is quoted, but only its start.
+    assert!(message.contains("xxxx"), "{message}");
+    assert!(message.len() < 400, "{message}");
+    assert_eq!(outcome.attempts, 3);
+    assert_eq!(server.requests(), 3);
+}
+
+#[tokio::test]
+async fn unavailable_then_ok_succeeds_on_the_third_attempt() {
+    let server = MisbehavingServer::start(Behavior::Sequence(vec![
+        (503, "busy".into()),
+        (503, "busy".into()),
+        (200, OK_BODY.into()),
+    ]))
+    .await;
+    let outcome = call(&server.url(), 2, limits(SHORT)).await;
+    let turn = outcome.result.unwrap();
+    assert_eq!(turn.reply.as_deref(), Some("Hello there."));
+    assert_eq!(outcome.attempts, 3);
+    assert_eq!(server.requests(), 3);
+}
+
+#[tokio::test]
+async fn retries_run_out() {
+    let server = MisbehavingServer::start(Behavior::Sequence(vec![
+        (503, "busy".into()),
+        (503, "busy".into()),
+        (200, OK_BODY.into()),
+    ]))
+    .await;
+    let outcome = call(&server.url(), 1, limits(SHORT)).await;
+    let message = fault_of(&outcome, FaultCategory::Http5xx);
+    assert!(message.contains("503"), "{message}");
+    assert_eq!(outcome.attempts, 2);
+    assert_eq!(server.requests(), 2);
+}
+
+#[tokio::test]
+async fn connection_refused_is_connect_and_retried() {
+    let addr = closed_port().await;
+    let outcome = call(&format!("http://{addr}/agent/respond"), 2, limits(SHORT)).await;
+    let message = fault_of(&outcome, FaultCategory::Connect);
+    assert!(message.contains("connection refused"), "{message}");
+    assert!(message.contains(&addr.port().to_string()), "{message}");
+    assert_eq!(outcome.attempts, 3);
+}
+
+#[tokio::test]
+async fn non_json_body_is_invalid_json() {
+    let server = MisbehavingServer::respond(200, "<html>oops</html>").await;
+    let outcome = call(&server.url(), 2, limits(SHORT)).await;
+    let message = fault_of(&outcome, FaultCategory::InvalidJson);
+    assert!(message.contains("<html>oops"), "{message}");
+    assert_eq!(outcome.attempts, 1, "a malformed answer is not retried");
+    assert_eq!(server.requests(), 1);
+}
+
+#[tokio::test]
+async fn wrong_shapes_are_protocol_faults() {
+    let cases = [
+        (r#"{"reply":"hi"}"#, "no `messages` array"),
+        (r#"[1,2]"#, "an array"),
+        (r#"{"messages":"hi"}"#, "`messages` is a string"),
+        (
+            r#"{"messages":[{"content":"hi"}]}"#,
+            "messages[0] has no `role`",
+        ),
+        (
+            r#"{"messages":[{"role":1,"content":"hi"}]}"#,
+            "messages[0].role is a number",
+        ),
+        (
+            r#"{"messages":[{"role":"assistant","content":{"text":"hi"}}]}"#,
+            "messages[0].content is an object",
+        ),
+        (r#"{"messages":[]}"#, "no assistant message"),
+        (
+            r#"{"messages":[{"role":"tool","content":"x"}]}"#,
+            "no assistant message",
+        ),
+        (
+            r#"{"messages":[{"role":"assistant","tool_calls":[{"id":"c","function":{"arguments":"{}"}}]}]}"#,
+            "messages[0].tool_calls[0].function.name",
+        ),
+    ];
+    for (body, expected) in cases {
+        let server = MisbehavingServer::respond(200, body).await;
+        let outcome = call(&server.url(), 2, limits(SHORT)).await;
+        let message = fault_of(&outcome, FaultCategory::Protocol);
+        assert!(message.contains(expected), "{body}: {message}");
+        assert_eq!(server.requests(), 1, "{body}: not retried");
+    }
+}
+
+#[tokio::test]
+async fn tool_calls_pair_with_their_results() {
+    let body = serde_json::json!({
+        "messages": [
+            {"role": "assistant", "content": "Let me check.", "tool_calls": [
+                {"id": "call_a", "type": "function",
+                 "function": {"name": "check_service_area", "arguments": "{\"zone\": \"V4T0A7\"}"}},
+                {"id": "call_b", "type": "function",
+                 "function": {"name": "quote_price", "arguments": {"zone": "V4T0A7", "service": "duct_cleaning"}}},
+            ]},
+            // Results out of order: pairing goes by id.
+            {"role": "tool", "tool_call_id": "call_b", "name": "quote_price", "content": "{\"price\":249}"},
+            {"role": "tool", "tool_call_id": "call_a", "name": "check_service_area", "content": "{\"serviced\":true}"},
+            {"role": "assistant", "content": null, "tool_calls": [
+                {"id": "", "function": {"name": "create_booking", "arguments": "{\"day\":\"Tuesday\"}"}},
+            ]},
+            // No id: paired by name.
+            {"role": "tool", "name": "create_booking", "content": "{\"booking_id\":\"BK-1\"}"},
+            {"role": "assistant", "content": "Booked for Tuesday."},
+            {"role": "assistant", "content": "  "},
+        ],
+        "model": "gpt-4o",
+        "provider": "openai",
+        "usage": {"prompt_tokens": 245, "completion_tokens": 82},
+        "metadata": {},
+    })
+    .to_string();
+    let server = MisbehavingServer::respond(200, body).await;
+    let turn = call(&server.url(), 0, limits(SHORT)).await.result.unwrap();
+
+    assert_eq!(turn.messages.len(), 7);
+    assert_eq!(turn.reply.as_deref(), Some("Booked for Tuesday."));
+    assert_eq!(turn.model.as_deref(), Some("gpt-4o"));
+    let usage = turn.usage.unwrap();
+    assert_eq!(usage.prompt_tokens, Some(245));
+    assert_eq!(usage.completion_tokens, Some(82));
+    assert_eq!(usage.total_tokens, None);
+
+    let calls: Vec<_> = turn
+        .tool_calls
+        .iter()
+        .map(|c| (c.call_id.as_str(), c.name.as_str(), c.result.as_deref()))
+        .collect();
+    assert_eq!(
+        calls,
+        [
+            ("call_a", "check_service_area", Some("{\"serviced\":true}")),
+            ("call_b", "quote_price", Some("{\"price\":249}")),
+            ("", "create_booking", Some("{\"booking_id\":\"BK-1\"}")),
+        ]
+    );
+    // String arguments are kept as sent; object arguments become their JSON text.
+    assert_eq!(turn.tool_calls[0].arguments, "{\"zone\": \"V4T0A7\"}");
+    let args: serde_json::Value = serde_json::from_str(&turn.tool_calls[1].arguments).unwrap();
+    assert_eq!(
+        args,
+        serde_json::json!({"zone": "V4T0A7", "service": "duct_cleaning"})
+    );
+    assert_eq!(
+        turn.messages[0].tool_calls[1].function.arguments,
+        turn.tool_calls[1].arguments
+    );
+}
+
+#[tokio::test]
+async fn slow_drip_times_out() {
+    let server = MisbehavingServer::start(Behavior::SlowDrip {
+        interval: Duration::from_millis(200),
+    })
+    .await;
+    let outcome = call(&server.url(), 0, limits(Duration::from_millis(700))).await;
+    let message = fault_of(&outcome, FaultCategory::Timeout);
+    assert!(message.contains("700ms"), "{message}");
+    assert!(message.contains("HTTP 200 received"), "{message}");
+    assert_eq!(outcome.attempts, 1);
+}
+
+#[tokio::test]
+async fn timeouts_are_retried() {
+    let server = MisbehavingServer::start(Behavior::SlowDrip {
+        interval: Duration::from_millis(200),
+    })
+    .await;
+    let outcome = call(&server.url(), 2, limits(Duration::from_millis(300))).await;
+    fault_of(&outcome, FaultCategory::Timeout);
+    assert_eq!(outcome.attempts, 3);
+    assert_eq!(server.requests(), 3);
+}
+
+#[tokio::test]
+async fn the_trajectory_deadline_caps_the_call() {
+    let server = MisbehavingServer::start(Behavior::SlowDrip {
+        interval: Duration::from_millis(200),
+    })
+    .await;
+    let client = client(&server.url(), 5, limits(Duration::from_secs(60)));
+    let ctx = CallContext {
+        test_case_id: "case",
+        turn_index: 0,
+        deadline: Some(Instant::now() + Duration::from_millis(500)),
+    };
+    let outcome = client.respond(&history(), &ctx).await;
+    let message = fault_of(&outcome, FaultCategory::Timeout);
+    assert!(message.contains("trajectory timeout"), "{message}");
+    assert_eq!(outcome.attempts, 1, "no retry past the deadline");
+
+    let past = CallContext {
+        deadline: Some(Instant::now()),
+        ..ctx
+    };
+    let outcome = client.respond(&history(), &past).await;
+    let message = fault_of(&outcome, FaultCategory::Timeout);
+    assert!(message.contains("trajectory timeout"), "{message}");
+    assert_eq!(outcome.attempts, 0);
+}
+
+#[tokio::test]
+async fn connection_reset_is_transport_and_retried() {
+    let server = MisbehavingServer::start(Behavior::Reset).await;
+    let outcome = call(&server.url(), 2, limits(SHORT)).await;
+    let message = fault_of(&outcome, FaultCategory::Transport);
+    assert!(message.contains("reset"), "{message}");
+    assert!(message.contains("before the response headers"), "{message}");
+    assert_eq!(outcome.attempts, 3);
+    assert_eq!(server.requests(), 3);
+}
+
+#[tokio::test]
+async fn truncated_body_is_transport() {
+    let server = MisbehavingServer::start(Behavior::Truncated).await;
+    let outcome = call(&server.url(), 0, limits(SHORT)).await;
+    let message = fault_of(&outcome, FaultCategory::Transport);
+    assert!(message.contains("closed"), "{message}");
+    assert!(message.contains("truncated"), "{message}");
+    assert!(message.contains("11 bytes"), "{message}");
+}
+
+#[tokio::test]
+async fn too_large_content_length_is_rejected_early() {
+    let server = MisbehavingServer::start(Behavior::Huge {
+        bytes: 20 * 1024 * 1024,
+        content_length: true,
+    })
+    .await;
+    let outcome = call(&server.url(), 2, limits(SHORT)).await;
+    let message = fault_of(&outcome, FaultCategory::TooLarge);
+    assert!(
+        message.contains("response exceeded 8388608 bytes (max-response-size)"),
+        "{message}"
+    );
+    assert!(message.contains("Content-Length is 20971520"), "{message}");
+    assert_eq!(outcome.attempts, 1, "too_large is not retried");
+}
+
+#[tokio::test]
+async fn too_large_body_stops_reading_early() {
+    let server = MisbehavingServer::start(Behavior::Huge {
+        bytes: 20 * 1024 * 1024,
+        content_length: false,
+    })
+    .await;
+    let limits = CallLimits {
+        timeout: Duration::from_secs(30),
+        max_response_size: 1024 * 1024,
+    };
+    let outcome = call(&server.url(), 0, limits).await;
+    let message = fault_of(&outcome, FaultCategory::TooLarge);
+    assert!(
+        message.contains("response exceeded 1048576 bytes (max-response-size)"),
+        "{message}"
+    );
+    // The server stops when the client hangs up; it must not have sent the whole body.
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        server.stats.connection_done.notified(),
+    )
+    .await
+    .expect("the server noticed the client closing");
+    let written = server
+        .stats
+        .body_bytes_written
+        .load(std::sync::atomic::Ordering::SeqCst);
+    assert!(written < 4 * 1024 * 1024, "server wrote {written} bytes");
+}

@@ -1,0 +1,9 @@
+//! Integration tests for `trellis-reports`: real journals in a temporary directory, every
+//! output file read back.
+
+mod it {
+    pub mod fixtures;
+    mod html_junit;
+    mod journal;
+    mod parquet;
+}

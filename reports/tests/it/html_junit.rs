@@ -1,0 +1,98 @@
+//! `report.html` and `junit.xml` content.
+
+use trellis_reports::{ReportOptions, write_reports};
+
+use super::fixtures::write_complete_journal;
+
+fn position(haystack: &str, needle: &str) -> usize {
+    haystack
+        .find(needle)
+        .unwrap_or_else(|| panic!("{needle:?} not in the report"))
+}
+
+#[test]
+fn html_is_escaped_self_contained_and_failures_first() {
+    let dir = tempfile::tempdir().unwrap();
+    write_complete_journal(dir.path());
+    let files = write_reports(dir.path(), &ReportOptions::default()).unwrap();
+    let html = std::fs::read_to_string(&files.html).unwrap();
+
+    assert!(
+        !html.contains("<script>alert"),
+        "agent text must be escaped"
+    );
+    assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
+    assert!(
+        !html.contains("http://") && !html.contains("https://"),
+        "no external reference"
+    );
+    assert!(
+        !html.contains(" src=") && !html.contains("<link"),
+        "nothing loaded from elsewhere"
+    );
+
+    // Error, then failed, then skipped, then passed.
+    let error = position(&html, "data-status=\"error\"");
+    let failed = position(&html, "data-status=\"failed\"");
+    let skipped = position(&html, "data-status=\"skipped\"");
+    let passed = position(&html, "data-status=\"passed\"");
+    assert!(error < failed && failed < skipped && skipped < passed);
+
+    // Header, aggregates, failure reasons and the transcript.
+    assert!(html.contains("run-1"));
+    assert!(html.contains("75.0%"), "3 passed of 4 that ran");
+    assert!(html.contains("By suite") && html.contains("By scenario") && html.contains("By agent"));
+    assert!(html.contains("reply has no price: &lt;script&gt;"));
+    assert!(html.contains("shared prefix · node start"));
+    assert!(html.contains("node asks-price/then"));
+    assert!(!html.contains("shared prefix · node asks-price/then"));
+    assert!(html.contains("Let me check the service area."));
+    assert!(
+        html.contains("check_service_area")
+            && html.contains("&quot;zone&quot;: &quot;V4T0A7&quot;")
+    );
+    assert!(html.contains("HTTP 503 from agent"));
+    assert!(html.contains("needs a judge model"));
+    assert!(html.contains("data-filter=\"failed\""));
+    assert!(!html.contains("Not shown in full"));
+}
+
+#[test]
+fn html_caps_transcripts_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    write_complete_journal(dir.path());
+    let options = ReportOptions {
+        max_failing_transcripts: 1,
+        max_passing_transcripts: 1,
+        ..ReportOptions::default()
+    };
+    let files = write_reports(dir.path(), &options).unwrap();
+    let html = std::fs::read_to_string(&files.html).unwrap();
+    assert_eq!(html.matches("<section class=\"traj").count(), 2);
+    assert!(html.contains("Not shown in full: 2 non-passing and 2 passing"));
+    // The aggregates still count everything.
+    assert!(html.contains("<b>6</b><span>trajectories</span>"));
+}
+
+#[test]
+fn junit_has_a_case_per_trajectory() {
+    let dir = tempfile::tempdir().unwrap();
+    write_complete_journal(dir.path());
+    let files = write_reports(dir.path(), &ReportOptions::default()).unwrap();
+    let xml = std::fs::read_to_string(&files.junit).unwrap();
+
+    assert_eq!(xml.matches("<testsuite ").count(), 2);
+    assert_eq!(xml.matches("<testcase ").count(), 6);
+    assert_eq!(xml.matches("<failure").count(), 1);
+    assert_eq!(xml.matches("<error").count(), 1);
+    assert_eq!(xml.matches("<skipped").count(), 1);
+    assert!(xml.contains("name=\"booking/asks-price [demo #1]\""));
+    assert!(xml.contains("reply has no price"));
+    assert!(xml.contains("http_5xx"));
+    assert!(xml.contains("needs a judge model"));
+    assert!(
+        xml.contains("tests=\"6\"")
+            && xml.contains("failures=\"1\"")
+            && xml.contains("errors=\"1\"")
+    );
+}

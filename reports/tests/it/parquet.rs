@@ -1,0 +1,339 @@
+//! Every Parquet table read back with polars: rows, columns, types, nulls and the one-join
+//! transcript.
+
+use std::fs::File;
+use std::path::Path;
+
+use polars::prelude::*;
+use trellis_reports::{ReportOptions, write_reports};
+
+use super::fixtures::{XSS, write_complete_journal};
+
+fn read(path: &Path) -> DataFrame {
+    ParquetReader::new(File::open(path).unwrap())
+        .finish()
+        .unwrap()
+}
+
+fn columns(df: &DataFrame) -> Vec<String> {
+    df.get_column_names()
+        .iter()
+        .map(|c| c.to_string())
+        .collect()
+}
+
+fn dtype(df: &DataFrame, name: &str) -> DataType {
+    df.column(name).unwrap().dtype().clone()
+}
+
+fn list_str() -> DataType {
+    DataType::List(Box::new(DataType::String))
+}
+
+/// Small batches force several row groups per file, exercising the batched writer.
+fn small_batches() -> ReportOptions {
+    ReportOptions {
+        batch_rows: 2,
+        ..ReportOptions::default()
+    }
+}
+
+#[test]
+fn tables_have_documented_shape() {
+    let dir = tempfile::tempdir().unwrap();
+    write_complete_journal(dir.path());
+    let files = write_reports(dir.path(), &small_batches()).unwrap();
+    assert!(files.complete);
+    assert_eq!(files.skipped_lines, 0);
+    for path in files.paths() {
+        assert!(path.starts_with(dir.path()), "{}", path.display());
+        assert!(
+            std::fs::metadata(path).unwrap().len() > 0,
+            "{}",
+            path.display()
+        );
+    }
+
+    let t = read(&files.trajectories);
+    assert_eq!(t.height(), 6);
+    assert_eq!(
+        columns(&t),
+        [
+            "run_id",
+            "suite",
+            "scenario",
+            "trajectory",
+            "agent",
+            "protocol",
+            "repetition",
+            "status",
+            "passed",
+            "turns",
+            "duration_ms",
+            "fault_category",
+            "fault_message",
+            "skip_reason",
+            "nodes",
+            "tags",
+            "criteria_failed",
+        ]
+    );
+    assert_eq!(dtype(&t, "repetition"), DataType::UInt32);
+    assert_eq!(dtype(&t, "passed"), DataType::Boolean);
+    assert_eq!(dtype(&t, "turns"), DataType::UInt32);
+    assert_eq!(dtype(&t, "duration_ms"), DataType::Float64);
+    assert_eq!(dtype(&t, "nodes"), list_str());
+    assert_eq!(dtype(&t, "tags"), list_str());
+    assert_eq!(dtype(&t, "criteria_failed"), DataType::UInt32);
+    assert_eq!(t.column("fault_category").unwrap().null_count(), 5);
+    assert_eq!(t.column("skip_reason").unwrap().null_count(), 5);
+    let statuses: Vec<_> = t
+        .column("status")
+        .unwrap()
+        .str()
+        .unwrap()
+        .iter()
+        .flatten()
+        .collect();
+    assert_eq!(
+        statuses,
+        ["passed", "passed", "passed", "failed", "error", "skipped"]
+    );
+    let failed: Vec<_> = t
+        .column("criteria_failed")
+        .unwrap()
+        .u32()
+        .unwrap()
+        .into_no_null_iter()
+        .collect();
+    assert_eq!(failed, [0, 0, 0, 1, 0, 0]);
+    let passed = t.column("passed").unwrap().bool().unwrap();
+    assert_eq!(passed.sum(), Some(3));
+
+    let u = read(&files.turns);
+    assert_eq!(u.height(), 13);
+    for name in [
+        "run_id",
+        "suite",
+        "scenario",
+        "node",
+        "agent",
+        "repetition",
+        "turn_index",
+        "user_message",
+        "reply",
+        "latency_ms",
+        "ttft_ms",
+        "prompt_tokens",
+        "completion_tokens",
+        "total_tokens",
+        "model",
+        "provider",
+        "attempts",
+        "tool_calls",
+        "started_ms",
+        "fault_category",
+        "fault_message",
+    ] {
+        assert!(
+            columns(&u).iter().any(|c| c == name),
+            "turns.{name} missing"
+        );
+    }
+    assert_eq!(dtype(&u, "turn_index"), DataType::UInt32);
+    assert_eq!(dtype(&u, "total_tokens"), DataType::UInt64);
+    assert_eq!(dtype(&u, "ttft_ms"), DataType::Float64);
+    assert_eq!(dtype(&u, "tool_calls"), DataType::UInt32);
+    assert_eq!(u.column("ttft_ms").unwrap().null_count(), 13);
+    assert_eq!(
+        u.column("reply").unwrap().null_count(),
+        1,
+        "the faulted turn has no reply"
+    );
+    assert_eq!(u.column("fault_category").unwrap().null_count(), 12);
+    let calls: u32 = u
+        .column("tool_calls")
+        .unwrap()
+        .u32()
+        .unwrap()
+        .sum()
+        .unwrap();
+    assert_eq!(calls, 4);
+
+    let c = read(&files.tool_calls);
+    assert_eq!(c.height(), 4);
+    assert_eq!(
+        columns(&c),
+        [
+            "run_id",
+            "suite",
+            "scenario",
+            "node",
+            "agent",
+            "repetition",
+            "turn_index",
+            "call_index",
+            "call_id",
+            "name",
+            "arguments",
+            "result",
+        ]
+    );
+    let index: Vec<_> = c
+        .column("call_index")
+        .unwrap()
+        .u32()
+        .unwrap()
+        .into_no_null_iter()
+        .collect();
+    assert_eq!(index, [0, 1, 0, 1]);
+    assert_eq!(c.column("result").unwrap().null_count(), 2);
+
+    let k = read(&files.criteria);
+    assert_eq!(k.height(), 9);
+    assert_eq!(
+        columns(&k),
+        [
+            "run_id",
+            "suite",
+            "scenario",
+            "trajectory",
+            "agent",
+            "repetition",
+            "turn_index",
+            "criterion",
+            "kind",
+            "status",
+            "passed",
+            "detail",
+        ]
+    );
+    assert_eq!(dtype(&k, "turn_index"), DataType::UInt32);
+    assert_eq!(
+        k.column("turn_index").unwrap().null_count(),
+        4,
+        "trajectory-level criteria have no turn"
+    );
+    let failed = k.column("passed").unwrap().bool().unwrap();
+    assert_eq!(failed.sum(), Some(8));
+
+    let r = read(&files.runs);
+    assert_eq!(r.height(), 1);
+    for name in [
+        "run_id",
+        "started_at",
+        "finished_at",
+        "trellis_version",
+        "duration_ms",
+        "trajectories",
+        "passed",
+        "failed",
+        "errors",
+        "skipped",
+        "turns",
+    ] {
+        assert!(columns(&r).iter().any(|c| c == name), "runs.{name} missing");
+    }
+    let count = |name: &str| r.column(name).unwrap().u64().unwrap().get(0).unwrap();
+    assert_eq!(
+        [
+            count("trajectories"),
+            count("passed"),
+            count("failed"),
+            count("errors"),
+            count("skipped"),
+            count("turns")
+        ],
+        [6, 3, 1, 1, 1, 13]
+    );
+    assert_eq!(r.column("finished_at").unwrap().null_count(), 0);
+}
+
+#[test]
+fn one_join_gives_each_trajectory_its_turns_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    write_complete_journal(dir.path());
+    let files = write_reports(dir.path(), &small_batches()).unwrap();
+    let trajectories = read(&files.trajectories);
+    let turns = read(&files.turns);
+
+    let mut exploded = trajectories
+        .select([
+            "run_id",
+            "suite",
+            "scenario",
+            "trajectory",
+            "agent",
+            "repetition",
+            "nodes",
+        ])
+        .unwrap()
+        .explode(
+            ["nodes"],
+            ExplodeOptions {
+                empty_as_null: true,
+                keep_nulls: true,
+            },
+        )
+        .unwrap();
+    exploded.rename("nodes", "node".into()).unwrap();
+    let keys = ["run_id", "suite", "scenario", "agent", "repetition", "node"];
+    let joined = exploded
+        .join(&turns, keys, keys, JoinArgs::new(JoinType::Inner), None)
+        .unwrap()
+        .sort(
+            ["scenario", "trajectory", "repetition", "turn_index"],
+            SortMultipleOptions::default(),
+        )
+        .unwrap();
+    // Four booking trajectories of four turns each, plus the faulted ping turn; the skipped
+    // trajectory has no node and no turn.
+    assert_eq!(joined.height(), 17);
+
+    let mask = joined
+        .column("trajectory")
+        .unwrap()
+        .str()
+        .unwrap()
+        .equal("asks-price")
+        & joined.column("repetition").unwrap().u32().unwrap().equal(1);
+    let one = joined.filter(&mask).unwrap();
+    let index: Vec<_> = one
+        .column("turn_index")
+        .unwrap()
+        .u32()
+        .unwrap()
+        .into_no_null_iter()
+        .collect();
+    assert_eq!(index, [0, 1, 2, 3]);
+    let nodes: Vec<_> = one
+        .column("node")
+        .unwrap()
+        .str()
+        .unwrap()
+        .iter()
+        .flatten()
+        .collect();
+    assert_eq!(nodes, ["start", "start", "asks-price", "asks-price/then"]);
+    let replies: Vec<_> = one.column("reply").unwrap().str().unwrap().iter().collect();
+    assert_eq!(replies[2], Some(XSS));
+}
+
+#[test]
+fn empty_tables_are_valid_files() {
+    let dir = tempfile::tempdir().unwrap();
+    super::fixtures::write_journal(
+        dir.path(),
+        &[trellis_engine::record::JournalEntry::RunStarted(
+            super::fixtures::run_info(),
+        )],
+        "",
+    );
+    let files = write_reports(dir.path(), &ReportOptions::default()).unwrap();
+    assert!(!files.complete);
+    let t = read(&files.trajectories);
+    assert_eq!(t.height(), 0);
+    assert_eq!(dtype(&t, "nodes"), list_str());
+    assert_eq!(read(&files.tool_calls).height(), 0);
+    assert_eq!(read(&files.runs).height(), 1);
+}
