@@ -230,9 +230,7 @@ impl miette::Diagnostic for Diagnostic {
     }
 
     fn source_code(&self) -> Option<&dyn miette::SourceCode> {
-        self.src
-            .as_ref()
-            .map(|s| s as &dyn miette::SourceCode)
+        self.src.as_ref().map(|s| s as &dyn miette::SourceCode)
     }
 
     fn labels(&self) -> Option<Box<dyn Iterator<Item = LabeledSpan> + '_>> {
@@ -308,8 +306,8 @@ impl Diagnostics {
 
     /// Every diagnostic rendered without colours, 100 columns wide, separated by blank lines.
     pub fn render_plain(&self) -> String {
-        let handler = GraphicalReportHandler::new_themed(GraphicalTheme::unicode_nocolor())
-            .with_width(100);
+        let handler =
+            GraphicalReportHandler::new_themed(GraphicalTheme::unicode_nocolor()).with_width(100);
         let mut out = String::new();
         for (i, d) in self.items.iter().enumerate() {
             if i > 0 {

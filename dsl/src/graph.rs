@@ -380,3 +380,130 @@ fn mermaid_quote(s: &str) -> String {
         .replace('\n', "<br/>");
     format!("\"{escaped}\"")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn project(text: &str) -> Project {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("suite.kdl");
+        std::fs::write(&path, text).unwrap();
+        match crate::load(&[&path]) {
+            Ok(p) => p,
+            Err(d) => panic!("{}", d.render_plain()),
+        }
+    }
+
+    const NESTED: &str = r#"
+agent "a" protocol="connexity" url="http://127.0.0.1:1/agent/respond"
+scenario "s" {
+    user "one"
+    branch "x" { user "x" }
+    branch "y" {
+        user "y"
+        branch "y1" { user "y1" }
+        branch "y2" { user "y2" }
+        user "after y"
+    }
+    user "tail"
+    branch "p" { user "p" }
+    branch "q" { user "q" }
+}
+"#;
+
+    #[test]
+    fn forks_merges_and_nested_branches() {
+        let p = project(NESTED);
+        let tg = TrajectoryGraph::build(&p.suites[0].scenarios[0]);
+        let names: Vec<&str> = tg.trajectories.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["x/p", "x/q", "y/y1/p", "y/y1/q", "y/y2/p", "y/y2/q"]
+        );
+        // start, x, y, y1, y2, then(after y), then(tail), p, q
+        assert_eq!(tg.graph.node_count(), 9);
+        assert!(!petgraph::algo::is_cyclic_directed(&tg.graph));
+        let merges = tg
+            .graph
+            .node_indices()
+            .filter(|&i| tg.graph[i].kind == SegmentKind::Merge)
+            .count();
+        assert_eq!(merges, 2);
+        // The tail segment is reached from x and from the merge after y's fork.
+        let tail = tg
+            .graph
+            .node_indices()
+            .find(|&i| {
+                tg.graph[i]
+                    .steps
+                    .iter()
+                    .any(|s| matches!(&s.kind, StepKind::User(t) if t.source == "tail"))
+            })
+            .unwrap();
+        assert_eq!(
+            tg.graph.edges_directed(tail, Direction::Incoming).count(),
+            2
+        );
+        let labels: Vec<&str> = tg.trajectories[2]
+            .segments
+            .iter()
+            .map(|&s| tg.graph[s].label.as_str())
+            .collect();
+        assert_eq!(labels, ["start", "y", "y1", "then", "then", "p"]);
+        assert_eq!(
+            node_ids(labels),
+            [
+                "start",
+                "y",
+                "y/y1",
+                "y/y1/then",
+                "y/y1/then/then",
+                "y/y1/then/then/p"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_scenario_without_branches_is_one_main_trajectory() {
+        let p = project(
+            r#"agent "a" protocol="connexity" url="http://127.0.0.1:1/agent/respond"
+scenario "s" { user "hi"; user "bye" }"#,
+        );
+        let tg = TrajectoryGraph::build(&p.suites[0].scenarios[0]);
+        assert_eq!(tg.trajectories.len(), 1);
+        assert_eq!(tg.trajectories[0].name, MAIN_TRAJECTORY);
+        assert_eq!(tg.graph[tg.root].steps.len(), 2);
+    }
+
+    #[test]
+    fn dot_and_mermaid_render_every_segment_and_edge() {
+        let p = project(NESTED);
+        let scenarios = p.scenarios().map(|(s, sc)| (s.name.as_str(), sc));
+        let dot = render_trajectories(scenarios, GraphFormat::Dot);
+        assert!(dot.starts_with("digraph trajectories {"));
+        assert_eq!(dot.matches(" -> ").count(), 10);
+        assert!(dot.contains("label=\"suite/s\""));
+        let scenarios = p.scenarios().map(|(s, sc)| (s.name.as_str(), sc));
+        let mermaid = render_trajectories(scenarios, GraphFormat::Mermaid);
+        assert!(mermaid.starts_with("flowchart TD"));
+        assert_eq!(mermaid.matches(" --> ").count(), 10);
+        assert!(mermaid.contains("user: after y"));
+    }
+
+    #[test]
+    fn needs_edges_point_from_dependency_to_dependent() {
+        let p = project(
+            r#"agent "a" protocol="connexity" url="http://127.0.0.1:1/agent/respond"
+scenario "login" { user "hi" }
+scenario "checkout" { needs "login"; user "buy" }"#,
+        );
+        let needs = NeedsGraph::build(&p);
+        assert_eq!(needs.graph.edge_count(), 1);
+        let e = needs.graph.edge_references().next().unwrap();
+        assert_eq!(needs.graph[e.source()], (0, 0));
+        assert_eq!(needs.graph[e.target()], (0, 1));
+        let mermaid = render_needs(&p, GraphFormat::Mermaid);
+        assert!(mermaid.contains("suite/login"));
+    }
+}

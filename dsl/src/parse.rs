@@ -145,18 +145,19 @@ impl Loader {
                 for d in err.diagnostics {
                     let message = d.message.unwrap_or_else(|| "invalid KDL".to_string());
                     let label = d.label.unwrap_or_else(|| "here".to_string());
-                    let help = d
-                        .help
-                        .unwrap_or_else(|| "suite files are KDL v2 documents (https://kdl.dev)".into());
-                    let diag = Diagnostic::at(
-                        Kind::Syntax,
-                        message,
-                        id,
-                        &self.files[id],
-                        d.span,
-                        label,
-                    )
-                    .with_help(help);
+                    let snippet = text
+                        .get(d.span.offset()..d.span.offset() + d.span.len())
+                        .unwrap_or("");
+                    let help = if snippet.starts_with('"') && snippet.contains('\\') {
+                        "a backslash starts an escape in a quoted KDL string (`\\d` is not one); write regexes as raw strings: #\"\\d+\"#".to_string()
+                    } else {
+                        d.help.unwrap_or_else(|| {
+                            "suite files are KDL v2 documents (https://kdl.dev)".into()
+                        })
+                    };
+                    let diag =
+                        Diagnostic::at(Kind::Syntax, message, id, &self.files[id], d.span, label)
+                            .with_help(help);
                     self.diags.push(diag);
                 }
                 return;
@@ -256,6 +257,8 @@ impl Loader {
                 "looked for `{target_name}`; include paths are relative to the including file"
             ));
             self.diags.push(diag);
+            // Its definitions are unknown, like those of an unparsable file.
+            self.broken = true;
             return;
         }
         let canonical = fs::canonicalize(&target).unwrap_or_else(|_| target.clone());
@@ -391,6 +394,18 @@ impl<'a> View<'a> {
             .rev()
             .find(|e| e.name().is_some_and(|n| n.value() == key))
             .copied()
+    }
+}
+
+/// The span of an entry's value, without `key=` (entry spans cover the whole property).
+fn value_span(e: &KdlEntry) -> SourceSpan {
+    let span = e.span();
+    match (e.name(), e.format()) {
+        (Some(_), Some(f)) if !f.value_repr.is_empty() && f.value_repr.len() <= span.len() => {
+            let end = span.offset() + span.len();
+            SourceSpan::from(end - f.value_repr.len()..end)
+        }
+        _ => span,
     }
 }
 
@@ -655,7 +670,12 @@ impl<'f> Decoder<'f> {
                 n => format!("`{}` takes {n} arguments", v.name),
             };
             let d = self
-                .diag(Kind::UnexpectedArgument, msg, extra.span(), "unexpected argument")
+                .diag(
+                    Kind::UnexpectedArgument,
+                    msg,
+                    extra.span(),
+                    "unexpected argument",
+                )
                 .with_help(format!("write `{usage}`"));
             self.report(d);
         }
@@ -715,7 +735,7 @@ impl<'f> Decoder<'f> {
             .diag(
                 Kind::WrongType,
                 format!("expected {expected}, found {}", value_kind(e.value())),
-                e.span(),
+                value_span(e),
                 format!("expected {expected}"),
             )
             .with_help(help.to_string());
@@ -736,14 +756,14 @@ impl<'f> Decoder<'f> {
 
     fn spanned_string(&mut self, e: &KdlEntry) -> Option<Spanned<String>> {
         let s = self.string(e)?;
-        Some(Spanned::new(s, self.span(e.span())))
+        Some(Spanned::new(s, self.span(value_span(e))))
     }
 
     fn template(&mut self, e: &KdlEntry) -> Option<Template> {
         let s = self.string(e)?;
         Some(Template {
             source: s,
-            span: self.span(e.span()),
+            span: self.span(value_span(e)),
         })
     }
 
@@ -756,14 +776,18 @@ impl<'f> Decoder<'f> {
                     format!("{i} is out of range: must be between {min} and {max}")
                 };
                 let d = self
-                    .diag(Kind::OutOfRange, msg, e.span(), "out of range")
+                    .diag(Kind::OutOfRange, msg, value_span(e), "out of range")
                     .with_help(format!("use a whole number from {min}"));
                 self.report(d);
                 None
             }
             KdlValue::Integer(i) => Some(*i),
             _ => {
-                self.wrong_type(e, "an integer", "write a whole number without quotes, e.g. 3");
+                self.wrong_type(
+                    e,
+                    "an integer",
+                    "write a whole number without quotes, e.g. 3",
+                );
                 None
             }
         }
@@ -795,7 +819,7 @@ impl<'f> Decoder<'f> {
                 .diag(
                     Kind::OutOfRange,
                     format!("{n} is out of range: must be between {lo} and {hi}"),
-                    e.span(),
+                    value_span(e),
                     "out of range",
                 )
                 .with_help(format!("use a number from {lo} to {hi}"));
@@ -819,7 +843,11 @@ impl<'f> Decoder<'f> {
         let s = match e.value() {
             KdlValue::String(s) => s,
             _ => {
-                self.wrong_type(e, "a duration string", "write a duration like \"500ms\", \"2s\" or \"2m\"");
+                self.wrong_type(
+                    e,
+                    "a duration string",
+                    "write a duration like \"500ms\", \"2s\" or \"2m\"",
+                );
                 return None;
             }
         };
@@ -830,7 +858,7 @@ impl<'f> Decoder<'f> {
                     .diag(
                         Kind::InvalidDuration,
                         format!("invalid duration `{s}`"),
-                        e.span(),
+                        value_span(e),
                         err,
                     )
                     .with_help("write a duration like \"500ms\", \"2s\", \"2m\" or \"1h 30m\"");
@@ -845,7 +873,11 @@ impl<'f> Decoder<'f> {
             KdlValue::Integer(_) => return self.u64(e, 1),
             KdlValue::String(s) => s,
             _ => {
-                self.wrong_type(e, "a size", "write a number of bytes or a string like \"8MiB\"");
+                self.wrong_type(
+                    e,
+                    "a size",
+                    "write a number of bytes or a string like \"8MiB\"",
+                );
                 return None;
             }
         };
@@ -853,7 +885,12 @@ impl<'f> Decoder<'f> {
             Ok(n) => Some(n),
             Err(err) => {
                 let d = self
-                    .diag(Kind::InvalidSize, format!("invalid size `{s}`"), e.span(), err)
+                    .diag(
+                        Kind::InvalidSize,
+                        format!("invalid size `{s}`"),
+                        value_span(e),
+                        err,
+                    )
                     .with_help("write a number of bytes or a string like \"512KiB\" or \"8MiB\"");
                 self.report(d);
                 None
@@ -868,17 +905,20 @@ impl<'f> Decoder<'f> {
             return Some(*t);
         }
         let names: Vec<&str> = choices.iter().map(|(n, _)| *n).collect();
-        let help = suggest(&s, names.iter().copied(), "the values");
         let list = names
             .iter()
             .map(|n| format!("`{n}`"))
             .collect::<Vec<_>>()
             .join(", ");
+        let help = match did_you_mean(&s, names.iter().copied()) {
+            Some(best) => format!("did you mean `{best}`?"),
+            None => format!("use one of {list}"),
+        };
         let d = self
             .diag(
                 Kind::InvalidValue,
                 format!("invalid {what} `{s}`"),
-                e.span(),
+                value_span(e),
                 format!("expected one of {list}"),
             )
             .with_help(help);
@@ -898,20 +938,48 @@ impl<'f> Decoder<'f> {
                     .find_map(|l| l.strip_prefix("error: "))
                     .map(str::to_string)
                     .unwrap_or_else(|| text.lines().next().unwrap_or("").to_string());
+                let span = self.regex_error_span(e, &s, &text).unwrap_or(value_span(e));
                 let d = self
-                    .diag(
-                        Kind::InvalidRegex,
-                        format!("invalid regex: {short}"),
-                        e.span(),
-                        short,
-                    )
-                    .with_help(format!(
-                        "{text}\nregexes use Rust `regex` syntax; write them as KDL raw strings: #\"\\d+\"#"
-                    ));
+                    .diag(Kind::InvalidRegex, format!("invalid regex: {short}"), span, short)
+                    .with_help(
+                        "regexes use Rust `regex` syntax (https://docs.rs/regex); write them as KDL raw strings: #\"\\d+\"#",
+                    );
                 self.report(d);
                 None
             }
         }
+    }
+
+    /// Where in the source the regex error points, read from the caret line of the error
+    /// (only when the pattern is one line and written without escapes, so offsets match).
+    fn regex_error_span(&self, e: &KdlEntry, pattern: &str, error: &str) -> Option<SourceSpan> {
+        if pattern.contains('\n') {
+            return None;
+        }
+        let lines: Vec<&str> = error.lines().collect();
+        let caret_line = lines.iter().position(|l| l.trim_start().starts_with('^'))?;
+        let carets = lines.get(caret_line)?;
+        let pattern_line = lines.get(caret_line.checked_sub(1)?)?;
+        let indent = pattern_line.len() - pattern_line.trim_start().len();
+        let col = carets.find('^')?.checked_sub(indent)?;
+        let width = carets.trim().chars().filter(|c| *c == '^').count().max(1);
+        let start = pattern.char_indices().nth(col).map(|(i, _)| i)?;
+        let end = pattern
+            .char_indices()
+            .nth(col + width)
+            .map_or(pattern.len(), |(i, _)| i);
+        let vspan = value_span(e);
+        let raw = self.source_of(vspan);
+        let hashes = raw.len() - raw.trim_start_matches('#').len();
+        let inner = raw
+            .get(hashes..raw.len().checked_sub(hashes)?)?
+            .strip_prefix('"')?
+            .strip_suffix('"')?;
+        if inner != pattern {
+            return None;
+        }
+        let base = vspan.offset() + hashes + 1;
+        Some(SourceSpan::from(base + start..base + end))
     }
 
     fn json(&mut self, e: &KdlEntry) -> Option<Value> {
@@ -929,7 +997,7 @@ impl<'f> Decoder<'f> {
                         .diag(
                             Kind::OutOfRange,
                             format!("{i} does not fit in a JSON number"),
-                            e.span(),
+                            value_span(e),
                             "too large",
                         )
                         .with_help("write it as a string");
@@ -944,7 +1012,7 @@ impl<'f> Decoder<'f> {
                         .diag(
                             Kind::OutOfRange,
                             "infinite and NaN numbers are not JSON".to_string(),
-                            e.span(),
+                            value_span(e),
                             "not a JSON number",
                         )
                         .with_help("write it as a string");
@@ -1060,7 +1128,9 @@ impl<'f> Decoder<'f> {
                             p.span(),
                             "write this as a child node",
                         )
-                        .with_help(format!("write `{name} \"NAME\" \"VALUE\"` inside the block"));
+                        .with_help(format!(
+                            "write `{name} \"NAME\" \"VALUE\"` inside the block"
+                        ));
                     self.report(d);
                 }
                 Some(_) => items.push(Setting {
@@ -1095,7 +1165,15 @@ impl<'f> Decoder<'f> {
                     Arity::Pair => (2, 2),
                 };
                 if cv.args.len() < min {
-                    self.missing(&cv, if min == 2 { "a name and a value" } else { "a value" }, &usage);
+                    self.missing(
+                        &cv,
+                        if min == 2 {
+                            "a name and a value"
+                        } else {
+                            "a value"
+                        },
+                        &usage,
+                    );
                     continue;
                 }
                 if max != usize::MAX {
@@ -1111,9 +1189,7 @@ impl<'f> Decoder<'f> {
         // A setting written twice (as properties, children, or both) is ambiguous.
         let mut seen: HashMap<&str, SourceSpan> = HashMap::new();
         for s in &items {
-            let repeatable = spec
-                .iter()
-                .any(|(n, a)| *n == s.name && *a == Arity::Pair);
+            let repeatable = spec.iter().any(|(n, a)| *n == s.name && *a == Arity::Pair);
             if repeatable {
                 continue;
             }
@@ -1306,7 +1382,10 @@ impl<'f> Decoder<'f> {
                 }
             }
         }
-        let stream = s.value("stream").and_then(|e| self.boolean(e)).unwrap_or(true);
+        let stream = s
+            .value("stream")
+            .and_then(|e| self.boolean(e))
+            .unwrap_or(true);
 
         let protocol = protocol?;
         let endpoint = self.endpoint(&s, id, protocol)?;
@@ -1338,7 +1417,12 @@ impl<'f> Decoder<'f> {
         })
     }
 
-    fn endpoint(&mut self, s: &Settings, id: &Spanned<String>, protocol: Protocol) -> Option<Endpoint> {
+    fn endpoint(
+        &mut self,
+        s: &Settings,
+        id: &Spanned<String>,
+        protocol: Protocol,
+    ) -> Option<Endpoint> {
         let allowed: &[&str] = match protocol {
             Protocol::Connexity | Protocol::AgentScope | Protocol::Fixie => &["url", "builtin"],
             Protocol::MultiAgent => &["url", "builtin", "command", "socket"],
@@ -1359,13 +1443,19 @@ impl<'f> Decoder<'f> {
             }
             ok = false;
             let help = match did_you_mean(name, allowed.iter().copied()) {
-                Some(best) => format!("did you mean `{best}`? `{}` agents use {allowed_list}", protocol.as_str()),
+                Some(best) => format!(
+                    "did you mean `{best}`? `{}` agents use {allowed_list}",
+                    protocol.as_str()
+                ),
                 None => format!("`{}` agents use {allowed_list}", protocol.as_str()),
             };
             let d = self
                 .diag(
                     Kind::InvalidEndpoint,
-                    format!("`{name}` is not supported by protocol `{}`", protocol.as_str()),
+                    format!(
+                        "`{name}` is not supported by protocol `{}`",
+                        protocol.as_str()
+                    ),
                     set.name_span,
                     "not supported by this protocol",
                 )
@@ -1415,7 +1505,7 @@ impl<'f> Decoder<'f> {
                         .diag(
                             Kind::InvalidValue,
                             format!("invalid socket address `{s}`"),
-                            e.span(),
+                            value_span(e),
                             "expected tcp://HOST:PORT or unix:///PATH",
                         )
                         .with_help("write socket=\"tcp://127.0.0.1:9000\" or socket=\"unix:///tmp/agent.sock\"");
@@ -1434,7 +1524,10 @@ impl<'f> Decoder<'f> {
                     return Some(Endpoint::Builtin(name));
                 }
                 let help = if known.is_empty() {
-                    format!("protocol `{}` has no builtin agents; use {allowed_list}", protocol.as_str())
+                    format!(
+                        "protocol `{}` has no builtin agents; use {allowed_list}",
+                        protocol.as_str()
+                    )
                 } else {
                     suggest(&name.value, known.iter().copied(), "the builtin agents")
                 };
@@ -1442,7 +1535,7 @@ impl<'f> Decoder<'f> {
                     .diag(
                         Kind::InvalidValue,
                         format!("unknown builtin agent `{}`", name.value),
-                        e.span(),
+                        value_span(e),
                         format!("no such `{}` builtin", protocol.as_str()),
                     )
                     .with_help(help);
@@ -1461,7 +1554,9 @@ impl<'f> Decoder<'f> {
 
     fn persona_body(&mut self, v: &View, id: Spanned<String>) -> Persona {
         let s = self.settings(v, PERSONA_SETTINGS, "`persona`", &[]);
-        let kind = self.s_string(&s, "type").unwrap_or_else(|| id.value.clone());
+        let kind = self
+            .s_string(&s, "type")
+            .unwrap_or_else(|| id.value.clone());
         Persona {
             description: self.s_string(&s, "description"),
             instructions: self.s_string(&s, "instructions"),
@@ -1525,11 +1620,15 @@ impl<'f> Decoder<'f> {
         let ty = match v.prop("type") {
             Some(e) => {
                 let choices: Vec<(&str, &str)> = PARAM_TYPES.iter().map(|t| (*t, *t)).collect();
-                self.choice(e, "parameter type", &choices).unwrap_or("string")
+                self.choice(e, "parameter type", &choices)
+                    .unwrap_or("string")
             }
             None => "string",
         };
-        let required = v.prop("required").and_then(|e| self.boolean(e)).unwrap_or(false);
+        let required = v
+            .prop("required")
+            .and_then(|e| self.boolean(e))
+            .unwrap_or(false);
         let description = v.prop("description").and_then(|e| self.string(e));
         Some(ToolParam {
             name: name.value,
@@ -1549,7 +1648,9 @@ impl<'f> Decoder<'f> {
         };
         let returns = match returns.value() {
             // JSON text when it parses, else the string itself.
-            KdlValue::String(s) => serde_json::from_str(s).unwrap_or_else(|_| Value::String(s.clone())),
+            KdlValue::String(s) => {
+                serde_json::from_str(s).unwrap_or_else(|_| Value::String(s.clone()))
+            }
             _ => self.json(returns)?,
         };
         let mut when = Map::new();
@@ -1604,7 +1705,10 @@ impl<'f> Decoder<'f> {
             Some(e) => self.choice(
                 e,
                 "provider kind",
-                &[("openai", ProviderKind::OpenAi), ("anthropic", ProviderKind::Anthropic)],
+                &[
+                    ("openai", ProviderKind::OpenAi),
+                    ("anthropic", ProviderKind::Anthropic),
+                ],
             ),
             None => {
                 self.missing(v, "`kind=…`", usage);
@@ -1769,16 +1873,13 @@ impl<'f> Decoder<'f> {
                         .and_then(|e| self.string(e))
                 }
                 "difficulty" => {
-                    if let Some(d) = self
-                        .single(&cv, "difficulty \"normal\"")
-                        .and_then(|e| {
-                            self.choice(
-                                e,
-                                "difficulty",
-                                &[("normal", Difficulty::Normal), ("hard", Difficulty::Hard)],
-                            )
-                        })
-                    {
+                    if let Some(d) = self.single(&cv, "difficulty \"normal\"").and_then(|e| {
+                        self.choice(
+                            e,
+                            "difficulty",
+                            &[("normal", Difficulty::Normal), ("hard", Difficulty::Hard)],
+                        )
+                    }) {
                         sc.difficulty = d;
                     }
                 }
@@ -1855,7 +1956,9 @@ impl<'f> Decoder<'f> {
                         sc.agents.push(a);
                     }
                 }
-                "agents" => sc.agents.extend(self.spanned_strings(&cv, "agents \"ID\" \"ID\"")),
+                "agents" => sc
+                    .agents
+                    .extend(self.spanned_strings(&cv, "agents \"ID\" \"ID\"")),
                 "needs" => sc.needs = self.spanned_strings(&cv, "needs \"SCENARIO\"…"),
                 "criteria" => {
                     self.check_props(&cv, &[], &[]);
@@ -1942,7 +2045,9 @@ impl<'f> Decoder<'f> {
                         "written again here",
                     )
                     .with_label(*first, "first written here")
-                    .with_help("each key is written once; several values make an array: KEY \"a\" \"b\"");
+                    .with_help(
+                        "each key is written once; several values make an array: KEY \"a\" \"b\"",
+                    );
                 self.report(d);
                 continue;
             }
@@ -2039,7 +2144,12 @@ impl<'f> Decoder<'f> {
                         inner.push(child);
                     } else {
                         let cv = View::of(child, self.text());
-                        self.unknown_node(cv.name, cv.name_span, "a `branch` (steps only)", STEP_NODES);
+                        self.unknown_node(
+                            cv.name,
+                            cv.name_span,
+                            "a `branch` (steps only)",
+                            STEP_NODES,
+                        );
                     }
                 }
                 let (steps, turn) = self.steps(&inner, has_turn, st);
@@ -2097,7 +2207,8 @@ impl<'f> Decoder<'f> {
                     self.missing(v, "`approve` or `reject`", usage);
                     return None;
                 };
-                let approve = self.choice(e, "hitl answer", &[("approve", true), ("reject", false)]);
+                let approve =
+                    self.choice(e, "hitl answer", &[("approve", true), ("reject", false)]);
                 let message = v.prop("message").and_then(|e| self.template(e));
                 StepKind::Hitl {
                     approve: approve?,
@@ -2176,7 +2287,9 @@ impl<'f> Decoder<'f> {
                     None
                 }
             }
-            (None, Some(t)) => self.u32(t, 1).map(|n| StepKind::Simulate { turns: Some(n) }),
+            (None, Some(t)) => self
+                .u32(t, 1)
+                .map(|n| StepKind::Simulate { turns: Some(n) }),
             (None, None) => Some(StepKind::Simulate { turns: None }),
         }
     }
@@ -2204,7 +2317,10 @@ impl<'f> Decoder<'f> {
                 None
             }
             (None, None) => {
-                self.missing(v, "`regex=…` or `json-path=…`", usage);
+                // A misspelt source is already reported as an unknown property.
+                if v.props.is_empty() {
+                    self.missing(v, "`regex=…` or `json-path=…`", usage);
+                }
                 None
             }
         };
@@ -2229,10 +2345,12 @@ impl<'f> Decoder<'f> {
                     .diag(
                         Kind::InvalidJsonPath,
                         format!("invalid JSON path `{s}`"),
-                        e.span(),
+                        value_span(e),
                         err.to_string(),
                     )
-                    .with_help("JSON paths follow RFC 9535, e.g. \"$.booking.id\" or \"$.items[0].price\"");
+                    .with_help(
+                        "JSON paths follow RFC 9535, e.g. \"$.booking.id\" or \"$.items[0].price\"",
+                    );
                 self.report(d);
                 None
             }
@@ -2272,7 +2390,11 @@ impl<'f> Decoder<'f> {
             (false, None) => {
                 let Some((inner, first)) = v.shifted() else {
                     if let Some(first) = v.args.first() {
-                        self.wrong_type(first, "a criterion name", "write e.g. `expect reply contains=\"…\"`");
+                        self.wrong_type(
+                            first,
+                            "a criterion name",
+                            "write e.g. `expect reply contains=\"…\"`",
+                        );
                     }
                     return None;
                 };
@@ -2378,7 +2500,9 @@ impl<'f> Decoder<'f> {
                 self.check_props(v, &["threshold", "judge", "rubric"], &[]);
                 self.check_args(v, 1, usage);
                 let criterion = self.id_arg(v, "a criterion", usage)?;
-                let threshold = v.prop("threshold").and_then(|e| self.number(e, Some((0.0, 1.0))));
+                let threshold = v
+                    .prop("threshold")
+                    .and_then(|e| self.number(e, Some((0.0, 1.0))));
                 let judge = v.prop("judge").and_then(|e| self.spanned_string(e));
                 let rubric = v.prop("rubric").and_then(|e| self.string(e));
                 CriterionKind::Judge {
@@ -2419,7 +2543,11 @@ impl<'f> Decoder<'f> {
         }
         if out.is_empty() {
             if !failed && v.props.is_empty() {
-                self.missing(v, "a check", "reply contains=\"…\"` (or not-contains=, matches=, equals=)");
+                self.missing(
+                    v,
+                    "a check",
+                    "reply contains=\"…\"` (or `not-contains=`, `matches=`, `equals=`",
+                );
             }
             return None;
         }
@@ -2534,7 +2662,12 @@ fn assemble(
                 Kind::DuplicateId,
                 "more than one `simulator`",
                 &project.files,
-                Span::new(extra.span.file, SourceSpan::from(extra.span.span.offset()..extra.span.span.offset() + "simulator".len())),
+                Span::new(
+                    extra.span.file,
+                    SourceSpan::from(
+                        extra.span.span.offset()..extra.span.span.offset() + "simulator".len(),
+                    ),
+                ),
                 "second simulator",
             )
             .with_other(&project.files, first.span, "first defined here")
@@ -2577,12 +2710,18 @@ mod tests {
             "tests/golden/x/sub/b.kdl".to_string(),
             "tests/golden/x/a.kdl".to_string(),
         ];
-        assert_eq!(strip_common_dir(&names), vec!["a.kdl", "sub/b.kdl", "a.kdl"]);
+        assert_eq!(
+            strip_common_dir(&names),
+            vec!["a.kdl", "sub/b.kdl", "a.kdl"]
+        );
     }
 
     #[test]
     fn paths_are_normalized() {
-        assert_eq!(normalize(Path::new("a/./b/../c.kdl")), PathBuf::from("a/c.kdl"));
+        assert_eq!(
+            normalize(Path::new("a/./b/../c.kdl")),
+            PathBuf::from("a/c.kdl")
+        );
         assert_eq!(normalize(Path::new("../c.kdl")), PathBuf::from("../c.kdl"));
     }
 

@@ -68,6 +68,11 @@ impl Scope {
                 "persona",
                 names(&["id", "type", "description", "instructions"]),
             );
+        } else {
+            scope = scope.with_hint(
+                "persona",
+                "this scenario has no persona; add `persona \"ID\"` to use `persona.*`",
+            );
         }
         scope
     }
@@ -76,12 +81,9 @@ impl Scope {
     fn candidates(&self) -> Vec<String> {
         let mut out = Vec::new();
         for (root, names) in &self.roots {
-            match names {
-                Names::Any => out.push(root.clone()),
-                Names::Only(set) => {
-                    out.push(root.clone());
-                    out.extend(set.iter().map(|n| format!("{root}.{n}")));
-                }
+            out.push(root.clone());
+            if let Names::Only(set) = names {
+                out.extend(set.iter().map(|n| format!("{root}.{n}")));
             }
         }
         out
@@ -149,20 +151,26 @@ pub fn check(template: &Template, scope: &Scope, files: &[SourceFile]) -> Vec<Di
             Some(a) => format!("{root}.{a}"),
             None => root.to_string(),
         };
-        let candidates = scope.candidates();
-        let help = if let Some(h) = scope.hints.get(&shown) {
+        let help = if let Some(h) = scope.hints.get(&shown).or(scope.hints.get(root)) {
             h.clone()
-        } else if let Some(best) = did_you_mean(&shown, candidates.iter().map(String::as_str)) {
+        } else if let (Some(Names::Only(set)), Some(attr)) = (scope.roots.get(root), attr) {
+            match did_you_mean(attr, set.iter().map(String::as_str)) {
+                Some(best) => format!("did you mean `{root}.{best}`?"),
+                None if set.is_empty() => format!("`{root}` is empty here"),
+                None => format!(
+                    "`{root}` has: {}",
+                    set.iter()
+                        .map(|k| format!("`{k}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            }
+        } else if let Some(best) =
+            did_you_mean(&shown, scope.candidates().iter().map(String::as_str))
+        {
             format!("did you mean `{best}`?")
         } else {
-            let roots: Vec<String> = scope
-                .roots
-                .iter()
-                .map(|(r, n)| match n {
-                    Names::Only(set) if set.is_empty() => format!("`{r}` (empty)"),
-                    _ => format!("`{r}`"),
-                })
-                .collect();
+            let roots: Vec<String> = scope.roots.keys().map(|r| format!("`{r}`")).collect();
             if roots.is_empty() {
                 "no variables are available here".to_string()
             } else {
@@ -260,7 +268,10 @@ mod tests {
         let (files, t) = setup("Bearer {{ env.TOKEN }} {{ user_context.x }}");
         let diags = check(&t, &Scope::env_only(), &files);
         assert_eq!(diags.len(), 1);
-        assert_eq!(diags[0].message, "undefined template variable `user_context.x`");
+        assert_eq!(
+            diags[0].message,
+            "undefined template variable `user_context.x`"
+        );
     }
 
     #[test]

@@ -198,8 +198,15 @@ impl<'p> Validator<'p> {
             for tool in &agent.tools {
                 self.reference(RefKind::Tool, tool);
             }
+            let mut header_scope = Scope::env_only();
+            for root in ["user_context", "persona", "scenario", "vars"] {
+                header_scope = header_scope.with_hint(
+                    root,
+                    "header values are rendered once per run: only `env` is available",
+                );
+            }
             for (_, value) in &agent.headers {
-                let diags = template::check(value, &Scope::env_only(), self.files());
+                let diags = template::check(value, &header_scope, self.files());
                 self.diags.extend(diags);
             }
             if let Some(prompt) = &agent.system_prompt {
@@ -251,7 +258,10 @@ impl<'p> Validator<'p> {
             };
             let d = Diagnostic::at_span(
                 Kind::AmbiguousAgent,
-                format!("scenario `{}` does not say which agent it runs against", sc.id.value),
+                format!(
+                    "scenario `{}` does not say which agent it runs against",
+                    sc.id.value
+                ),
                 self.files(),
                 sc.id.span,
                 "which agent?",
@@ -455,7 +465,21 @@ impl<'p> Validator<'p> {
             (None, _) => p.suites.iter().map(|s| s.name.clone()).collect(),
         };
         let refs: Vec<&str> = candidates.iter().map(String::as_str).collect();
-        let help = match (target_suite, did_you_mean(&need.value, refs.iter().copied())) {
+        let elsewhere = p
+            .suites
+            .iter()
+            .find(|s| !cross && s.scenarios.iter().any(|sc| sc.id.value == need.value));
+        let help = match (
+            target_suite,
+            did_you_mean(&need.value, refs.iter().copied()),
+        ) {
+            _ if elsewhere.is_some() => {
+                let suite_name = elsewhere.map_or("", |s| s.name.as_str());
+                format!(
+                    "`{}` is a scenario of suite `{suite_name}`; write `needs \"{suite_name}/{}\"`",
+                    need.value, need.value
+                )
+            }
             (_, Some(best)) => format!("did you mean `{best}`?"),
             (None, None) => format!(
                 "no suite with that name; suites: {}; write `needs \"SUITE/SCENARIO\"`",

@@ -54,7 +54,10 @@ fn files_and_suites() {
     let suites: Vec<&str> = p.suites.iter().map(|s| s.name.as_str()).collect();
     assert_eq!(suites, ["booking", "refunds"]);
     let booking = suite(&p, "booking");
-    assert_eq!(booking.description.as_deref(), Some("Duct-cleaning booking agent"));
+    assert_eq!(
+        booking.description.as_deref(),
+        Some("Duct-cleaning booking agent")
+    );
     assert_eq!(booking.tags, ["smoke"]);
     assert_eq!(booking.scenarios.len(), 1);
 }
@@ -63,7 +66,10 @@ fn files_and_suites() {
 fn agents_and_endpoints() {
     let p = load_ok();
     let ids: Vec<&str> = p.agents.iter().map(|a| a.id.value.as_str()).collect();
-    assert_eq!(ids, ["demo", "staging", "llm", "multi", "sock", "scope", "fx"]);
+    assert_eq!(
+        ids,
+        ["demo", "staging", "llm", "multi", "sock", "scope", "fx"]
+    );
 
     let demo = p.agent("demo").unwrap();
     assert_eq!(demo.protocol, Protocol::Connexity);
@@ -78,7 +84,10 @@ fn agents_and_endpoints() {
     );
     assert_eq!(staging.headers.len(), 1);
     assert_eq!(staging.headers[0].0, "Authorization");
-    assert_eq!(staging.headers[0].1.source, "Bearer {{ env.BOOKING_TOKEN }}");
+    assert_eq!(
+        staging.headers[0].1.source,
+        "Bearer {{ env.BOOKING_TOKEN }}"
+    );
     assert_eq!(staging.timeout, Some(Duration::from_secs(30)));
     assert_eq!(staging.retries, 2);
     assert_eq!(staging.concurrency, Some(16));
@@ -93,7 +102,13 @@ fn agents_and_endpoints() {
         llm.system_prompt.as_ref().map(|t| t.source.as_str()),
         Some("You are a support agent for {{ scenario.name }}.")
     );
-    assert_eq!(llm.tools.iter().map(|t| t.value.as_str()).collect::<Vec<_>>(), ["refund"]);
+    assert_eq!(
+        llm.tools
+            .iter()
+            .map(|t| t.value.as_str())
+            .collect::<Vec<_>>(),
+        ["refund"]
+    );
 
     let multi = p.agent("multi").unwrap();
     assert!(matches!(&multi.endpoint, Endpoint::Command(c) if c == "python3 agent.py"));
@@ -143,7 +158,10 @@ fn shared_definitions() {
     assert!(!tool.params[1].required);
     assert_eq!(tool.mocks.len(), 2);
     assert_eq!(tool.mocks[0].returns, json!({"status": "ok", "id": 7}));
-    assert_eq!(serde_json::Value::Object(tool.mocks[0].when.clone()), json!({"amount": 20}));
+    assert_eq!(
+        serde_json::Value::Object(tool.mocks[0].when.clone()),
+        json!({"amount": 20})
+    );
     assert_eq!(tool.mocks[1].returns, json!("declined"));
     assert!(tool.mocks[1].when.is_empty());
     assert_eq!(tool.policies.len(), 1);
@@ -155,11 +173,20 @@ fn shared_definitions() {
 fn booking_scenario() {
     let p = load_ok();
     let sc = scenario(&p, "booking", "book-duct-cleaning");
-    assert_eq!(sc.name.as_deref(), Some("Booking — happy path with follow-ups"));
+    assert_eq!(
+        sc.name.as_deref(),
+        Some("Booking — happy path with follow-ups")
+    );
     assert_eq!(sc.difficulty, Difficulty::Normal);
     assert_eq!(sc.status, Status::Active);
     assert_eq!(sc.tags, ["happy-path", "booking"]);
-    assert_eq!(sc.agents.iter().map(|a| a.value.as_str()).collect::<Vec<_>>(), ["demo"]);
+    assert_eq!(
+        sc.agents
+            .iter()
+            .map(|a| a.value.as_str())
+            .collect::<Vec<_>>(),
+        ["demo"]
+    );
     // Spans are byte offsets, also after the non-ASCII dash above.
     assert_eq!(text(&p, sc.agents[0].span), "\"demo\"");
     assert!(matches!(&sc.persona, Some(PersonaRef::Named(n)) if n.value == "polite-customer"));
@@ -173,7 +200,10 @@ fn booking_scenario() {
 
     let steps = &sc.steps;
     assert_eq!(steps.len(), 7);
-    assert_eq!(user_text(&steps[0]), "Hi, I'd like to book a duct cleaning.");
+    assert_eq!(
+        user_text(&steps[0]),
+        "Hi, I'd like to book a duct cleaning."
+    );
     match &steps[1].kind {
         StepKind::Expect(c) => {
             assert_eq!(c.len(), 1);
@@ -188,9 +218,16 @@ fn booking_scenario() {
         StepKind::Expect(c) => {
             assert_eq!(c[0].text, "tool \"check_service_area\" zone=\"V4T0A7\"");
             match &c[0].kind {
-                CriterionKind::Tool { name, params, count } => {
+                CriterionKind::Tool {
+                    name,
+                    params,
+                    count,
+                } => {
                     assert_eq!(name, "check_service_area");
-                    assert_eq!(serde_json::Value::Object(params.clone()), json!({"zone": "V4T0A7"}));
+                    assert_eq!(
+                        serde_json::Value::Object(params.clone()),
+                        json!({"zone": "V4T0A7"})
+                    );
                     assert_eq!(*count, None);
                 }
                 other => panic!("{other:?}"),
@@ -199,10 +236,16 @@ fn booking_scenario() {
         other => panic!("{other:?}"),
     }
     match &steps[4].kind {
-        StepKind::Capture { name, source: CaptureSource::Regex(re) } => {
+        StepKind::Capture {
+            name,
+            source: CaptureSource::Regex(re),
+        } => {
             assert_eq!(name, "quote");
             assert_eq!(re.as_str(), r"\$(\d+)");
-            assert_eq!(re.captures("It is $120.").unwrap().get(1).unwrap().as_str(), "120");
+            assert_eq!(
+                re.captures("It is $120.").unwrap().get(1).unwrap().as_str(),
+                "120"
+            );
         }
         other => panic!("{other:?}"),
     }
@@ -211,7 +254,10 @@ fn booking_scenario() {
             assert_eq!(branches.len(), 2);
             assert_eq!(branches[0].name.value, "accepts");
             assert_eq!(branches[1].name.value, "asks-price");
-            assert_eq!(user_text(&branches[0].steps[0]), "{{ user_context.preferred_day }} works.");
+            assert_eq!(
+                user_text(&branches[0].steps[0]),
+                "{{ user_context.preferred_day }} works."
+            );
             match &branches[0].steps[1].kind {
                 StepKind::Expect(c) => {
                     assert_eq!(c[0].text, "reply matches=#\"(?i)booked|confirmed\"#");
@@ -225,7 +271,9 @@ fn booking_scenario() {
                 StepKind::Expect(c) => {
                     let kinds: Vec<&str> = c.iter().map(|c| c.kind.name()).collect();
                     assert_eq!(kinds, ["reply", "latency"]);
-                    assert!(matches!(c[1].kind, CriterionKind::Latency { max } if max == Duration::from_secs(2)));
+                    assert!(
+                        matches!(c[1].kind, CriterionKind::Latency { max } if max == Duration::from_secs(2))
+                    );
                 }
                 other => panic!("{other:?}"),
             }
@@ -237,12 +285,23 @@ fn booking_scenario() {
     assert_eq!(text(&p, steps[6].span), "user \"Thanks, bye.\"");
 
     let kinds: Vec<&str> = sc.criteria.iter().map(|c| c.kind.name()).collect();
-    assert_eq!(kinds, ["tool", "no-tool", "no-error", "turns", "outcome", "judge"]);
-    assert!(matches!(&sc.criteria[3].kind, CriterionKind::Turns { max: 8 }));
+    assert_eq!(
+        kinds,
+        ["tool", "no-tool", "no-error", "turns", "outcome", "judge"]
+    );
+    assert!(matches!(
+        &sc.criteria[3].kind,
+        CriterionKind::Turns { max: 8 }
+    ));
     assert!(matches!(&sc.criteria[4].kind,
         CriterionKind::Outcome(Outcome::Statement(s)) if s.starts_with("Agent MUST confirm")));
     match &sc.criteria[5].kind {
-        CriterionKind::Judge { criterion, threshold, judge, rubric } => {
+        CriterionKind::Judge {
+            criterion,
+            threshold,
+            judge,
+            rubric,
+        } => {
             assert!(criterion.starts_with("The agent never asks"));
             assert_eq!(*threshold, Some(0.7));
             assert!(judge.is_none() && rubric.is_none());
@@ -255,7 +314,13 @@ fn booking_scenario() {
 fn refund_scenario() {
     let p = load_ok();
     let sc = scenario(&p, "refunds", "small-refund");
-    assert_eq!(sc.agents.iter().map(|a| a.value.as_str()).collect::<Vec<_>>(), ["llm", "multi"]);
+    assert_eq!(
+        sc.agents
+            .iter()
+            .map(|a| a.value.as_str())
+            .collect::<Vec<_>>(),
+        ["llm", "multi"]
+    );
     match &sc.persona {
         Some(PersonaRef::Inline(persona)) => {
             assert_eq!(persona.kind, "angry-customer");
@@ -268,13 +333,20 @@ fn refund_scenario() {
         json!({"order": {"id": "A-1", "total": 20.5}, "items": ["mug", "plate"], "vip": false})
     );
     assert_eq!(sc.outcomes.len(), 2);
-    assert!(matches!(&sc.outcomes[0].value, Outcome::Statement(s) if s == "Agent MUST initiate the refund"));
+    assert!(
+        matches!(&sc.outcomes[0].value, Outcome::Statement(s) if s == "Agent MUST initiate the refund")
+    );
     assert!(matches!(&sc.outcomes[1].value,
         Outcome::Labeled { label, value } if label == "refund_status" && value == "initiated"));
     assert_eq!(sc.expect_tools.len(), 1);
     assert_eq!(sc.expect_tools[0].text, "expect-tool \"refund\" amount=20");
-    assert!(matches!(&sc.expect_tools[0].kind, CriterionKind::Tool { name, .. } if name == "refund"));
-    assert_eq!(sc.criteria_override.as_deref(), Some("Only judge the refund handling."));
+    assert!(
+        matches!(&sc.expect_tools[0].kind, CriterionKind::Tool { name, .. } if name == "refund")
+    );
+    assert_eq!(
+        sc.criteria_override.as_deref(),
+        Some("Only judge the refund handling.")
+    );
     assert_eq!(sc.difficulty, Difficulty::Hard);
     assert_eq!(sc.status, Status::Draft);
     assert_eq!(sc.timeout, Some(Duration::from_secs(120)));
@@ -297,18 +369,34 @@ fn refund_scenario() {
     // `initial-message` is the first user step.
     assert_eq!(
         kinds,
-        ["user", "expect 3", "capture", "simulate Some(2)", "user", "hitl true", "simulate None"]
+        [
+            "user",
+            "expect 3",
+            "capture",
+            "simulate Some(2)",
+            "user",
+            "hitl true",
+            "simulate None"
+        ]
     );
     match &sc.steps[1].kind {
         StepKind::Expect(c) => {
-            assert!(matches!(&c[0].kind, CriterionKind::Tool { count: Some(1), .. }));
-            assert!(matches!(&c[1].kind, CriterionKind::Ttft { max } if *max == Duration::from_secs(1)));
+            assert!(matches!(
+                &c[0].kind,
+                CriterionKind::Tool { count: Some(1), .. }
+            ));
+            assert!(
+                matches!(&c[1].kind, CriterionKind::Ttft { max } if *max == Duration::from_secs(1))
+            );
             assert!(matches!(&c[2].kind, CriterionKind::Tokens { max: 2000 }));
         }
         other => panic!("{other:?}"),
     }
     match &sc.steps[2].kind {
-        StepKind::Capture { name, source: CaptureSource::JsonPath { source, path } } => {
+        StepKind::Capture {
+            name,
+            source: CaptureSource::JsonPath { source, path },
+        } => {
             assert_eq!(name, "refund_id");
             assert_eq!(source, "$.id");
             let doc = json!({"id": 9});
@@ -320,7 +408,12 @@ fn refund_scenario() {
     let kinds: Vec<&str> = sc.criteria.iter().map(|c| c.kind.name()).collect();
     assert_eq!(kinds, ["tools-in-order", "judge", "outcome", "reply"]);
     match &sc.criteria[1].kind {
-        CriterionKind::Judge { judge, rubric, threshold, .. } => {
+        CriterionKind::Judge {
+            judge,
+            rubric,
+            threshold,
+            ..
+        } => {
             assert_eq!(judge.as_ref().map(|j| j.value.as_str()), Some("strict"));
             assert_eq!(rubric.as_deref(), Some("politeness"));
             assert_eq!(*threshold, Some(0.5));

@@ -189,8 +189,10 @@ fn render(w: &mut impl Write, p: &Page<'_>) -> io::Result<()> {
         )?,
         None => write!(
             w,
-            " · <span class=\"warn\">did not finish: the journal has no run_finished entry, \
-             these results cover what completed</span>"
+            " · <span class=\"warn\">did not finish: the journal has no run_finished entry; \
+             {} of {} planned trajectories are recorded here</span>",
+            total.total(),
+            info.planned_trajectories
         )?,
     }
     write!(w, " · trellis {}", Esc(&info.trellis_version))?;
@@ -493,9 +495,17 @@ fn trajectory(
         write!(w, "</ul></details>")?;
     }
 
-    if !t.nodes.is_empty() {
-        write!(w, "<p><b>Transcript</b></p>")?;
+    let any_record = t.nodes.iter().any(|n| {
+        p.nodes
+            .get(&NodeKey::of(t, n))
+            .is_some_and(|s| s.record.is_some())
+    });
+    // A skipped trajectory usually never ran: listing its nodes as missing would suggest a
+    // crash that did not happen.
+    if t.nodes.is_empty() || (t.status == TrajectoryStatus::Skipped && !any_record) {
+        return writeln!(w, "</div></details></section>");
     }
+    write!(w, "<p><b>Transcript</b></p>")?;
     for node in &t.nodes {
         let slot = p.nodes.get(&NodeKey::of(t, node));
         let shared_by = slot.map_or(0, |s| s.trajectories);

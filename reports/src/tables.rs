@@ -209,6 +209,7 @@ table!(
         errors: Vec<u64>,
         skipped: Vec<u64>,
         turns: Vec<u64>,
+        planned_trajectories: Vec<u64>,
         suites: Vec<Vec<String>>,
     }
 );
@@ -505,6 +506,7 @@ impl Tables {
         r.errors.push(run.errors);
         r.skipped.push(run.skipped);
         r.turns.push(run.turns);
+        r.planned_trajectories.push(run.info.planned_trajectories);
         r.suites.push(run.info.suites.clone());
         r.rows += 1;
 

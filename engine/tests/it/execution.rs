@@ -183,7 +183,7 @@ scenario "other" {
 #[tokio::test]
 async fn criteria_captures_and_templates() {
     let (url, seen) = echo_agent().await;
-    let suite = r#"
+    let suite = r##"
 agent "echo" protocol="connexity" url="URL"
 scenario "checks" {
     user-context { order "42" }
@@ -202,7 +202,7 @@ scenario "checks" {
         outcome "The agent looks the order up"
     }
 }
-"#;
+"##;
     let run = run_suite(&suite.replace("URL", &url), 4).await;
     let t = &run.trajectories[0];
     assert_eq!(t.status, TrajectoryStatus::Failed);

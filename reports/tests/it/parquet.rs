@@ -231,6 +231,8 @@ fn tables_have_documented_shape() {
         "errors",
         "skipped",
         "turns",
+        "planned_trajectories",
+        "suites",
     ] {
         assert!(columns(&r).iter().any(|c| c == name), "runs.{name} missing");
     }
@@ -247,6 +249,7 @@ fn tables_have_documented_shape() {
         [6, 3, 1, 1, 1, 13]
     );
     assert_eq!(r.column("finished_at").unwrap().null_count(), 0);
+    assert_eq!(dtype(&r, "suites"), list_str());
 }
 
 #[test]

@@ -1,0 +1,48 @@
+//! The `trellis` binary end to end: real processes, real sockets, files read back.
+//! One test binary for the CLI (just-style).
+
+#[path = "../../engine/tests/it/support.rs"]
+mod support;
+
+mod diagnostics;
+mod faults;
+mod run;
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+
+use polars::prelude::*;
+
+pub fn trellis() -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_trellis"));
+    cmd.current_dir(env!("CARGO_MANIFEST_DIR"));
+    cmd.kill_on_drop(true);
+    cmd
+}
+
+pub fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+pub fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+pub fn read_parquet(path: &Path) -> DataFrame {
+    let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    ParquetReader::new(file).finish().unwrap()
+}
+
+pub fn strings(df: &DataFrame, column: &str) -> Vec<Option<String>> {
+    df.column(column)
+        .unwrap()
+        .str()
+        .unwrap()
+        .iter()
+        .map(|s| s.map(str::to_string))
+        .collect()
+}

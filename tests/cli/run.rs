@@ -1,0 +1,123 @@
+//! `trellis run` on the example suites, and the other read-only commands.
+
+use super::*;
+
+#[tokio::test]
+async fn the_example_suites_run_offline_and_write_every_table() {
+    let out = tempfile::tempdir().unwrap();
+    let o = trellis()
+        .args(["run", "suites/", "--out"])
+        .arg(out.path())
+        .output()
+        .await
+        .unwrap();
+    // One branch of the booking example fails on purpose.
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(text.contains("book-duct-cleaning"), "{text}");
+    assert!(text.contains("no call to `create_booking`"), "{text}");
+
+    let t = read_parquet(&out.path().join("trajectories.parquet"));
+    for column in [
+        "run_id", "suite", "scenario", "trajectory", "agent", "protocol", "repetition", "status",
+        "passed", "turns", "duration_ms", "fault_category",
+    ] {
+        assert!(t.column(column).is_ok(), "trajectories has no {column}");
+    }
+    // book-duct-cleaning: 2 trajectories × 3 repetitions; price-first 1; book-and-cancel 2;
+    // prompt-injection 1; out-of-area 2. The draft scenario does not run by default.
+    assert_eq!(t.height(), 12);
+    let failed: Vec<(String, String)> = strings(&t, "status")
+        .into_iter()
+        .zip(strings(&t, "trajectory"))
+        .zip(strings(&t, "scenario"))
+        .filter(|((s, _), _)| s.as_deref() == Some("failed"))
+        .map(|((_, tr), sc)| (sc.unwrap(), tr.unwrap()))
+        .collect();
+    assert_eq!(failed.len(), 3);
+    assert!(failed.iter().all(|(sc, tr)| sc == "book-duct-cleaning" && tr == "asks-price"));
+
+    // The shared prefix of book-duct-cleaning ran once per repetition: 2 turns × 3.
+    let turns = read_parquet(&out.path().join("turns.parquet"));
+    let start_turns = strings(&turns, "scenario")
+        .into_iter()
+        .zip(strings(&turns, "node"))
+        .filter(|(s, n)| {
+            s.as_deref() == Some("book-duct-cleaning") && n.as_deref() == Some("start")
+        })
+        .count();
+    assert_eq!(start_turns, 6);
+    assert_eq!(turns.height(), 30);
+
+    let calls = read_parquet(&out.path().join("tool_calls.parquet"));
+    assert!(strings(&calls, "name").contains(&Some("create_booking".to_string())));
+    let criteria = read_parquet(&out.path().join("criteria.parquet"));
+    let trajectory_level = criteria.column("turn_index").unwrap().null_count();
+    assert!(trajectory_level > 0 && trajectory_level < criteria.height());
+    let skipped: Vec<Option<String>> = strings(&criteria, "kind")
+        .into_iter()
+        .zip(strings(&criteria, "status"))
+        .filter(|(k, _)| k.as_deref() == Some("judge") || k.as_deref() == Some("outcome"))
+        .map(|(_, s)| s)
+        .collect();
+    assert!(!skipped.is_empty());
+    assert!(skipped.iter().all(|s| s.as_deref() == Some("skipped")));
+
+    let html = std::fs::read_to_string(out.path().join("report.html")).unwrap();
+    assert!(html.contains("asks-price"));
+    assert!(!html.contains("src=\"http"), "report.html must be self-contained");
+    let junit = std::fs::read_to_string(out.path().join("junit.xml")).unwrap();
+    assert!(junit.contains("<testsuites"));
+    assert!(out.path().join("journal.jsonl").exists());
+}
+
+#[tokio::test]
+async fn filter_and_tag_select_scenarios() {
+    let out = tempfile::tempdir().unwrap();
+    let o = trellis()
+        .args(["run", "suites/", "--filter", "guardrails/*", "--tag", "edge-case", "--out"])
+        .arg(out.path())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let t = read_parquet(&out.path().join("trajectories.parquet"));
+    let scenarios = strings(&t, "scenario");
+    assert_eq!(scenarios.len(), 2);
+    assert!(scenarios.iter().all(|s| s.as_deref() == Some("out-of-area")));
+}
+
+#[tokio::test]
+async fn list_and_graph_describe_the_trajectories() {
+    let o = trellis().args(["list", "suites/"]).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(text.contains("booking/book-duct-cleaning"));
+    assert!(text.contains("asks-price  (start > asks-price > asks-price/then)"), "{text}");
+
+    let o = trellis()
+        .args(["graph", "suites/booking.kdl", "--format", "mermaid"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).starts_with("flowchart TD"));
+
+    let o = trellis()
+        .args(["graph", "suites/", "--needs"])
+        .output()
+        .await
+        .unwrap();
+    let dot = stdout(&o);
+    assert!(dot.starts_with("digraph needs"), "{dot}");
+    assert_eq!(dot.matches(" -> ").count(), 1, "book-and-cancel needs price-first");
+}
+
+#[tokio::test]
+async fn every_command_explains_itself_with_an_example() {
+    for command in ["run", "check", "list", "graph", "bench"] {
+        let o = trellis().args([command, "--help"]).output().await.unwrap();
+        assert_eq!(o.status.code(), Some(0));
+        assert!(stdout(&o).contains("Example:"), "{command} --help has no example");
+    }
+}
