@@ -94,7 +94,11 @@ impl TrajectoryGraph {
 }
 
 /// Appends `steps` starting in segment `current`; returns the segments the block ends in.
-fn add_block(graph: &mut DiGraph<Segment, ()>, current: NodeIndex, steps: &[Step]) -> Vec<NodeIndex> {
+fn add_block(
+    graph: &mut DiGraph<Segment, ()>,
+    current: NodeIndex,
+    steps: &[Step],
+) -> Vec<NodeIndex> {
     let mut exits = vec![current];
     for step in steps {
         match &step.kind {
@@ -233,7 +237,11 @@ impl NeedsGraph {
 
 /// Resolves a `needs` reference from suite `from_suite`: a scenario id of the same suite, or
 /// `suite/scenario`.
-pub fn resolve_need(project: &Project, from_suite: usize, reference: &str) -> Option<(usize, usize)> {
+pub fn resolve_need(
+    project: &Project,
+    from_suite: usize,
+    reference: &str,
+) -> Option<(usize, usize)> {
     let find = |si: usize, id: &str| {
         project
             .suites
@@ -265,7 +273,9 @@ pub fn render_trajectories<'a>(
 ) -> String {
     let mut out = String::new();
     match format {
-        GraphFormat::Dot => out.push_str("digraph trajectories {\n  rankdir=TB;\n  node [shape=box, fontname=\"Helvetica\"];\n"),
+        GraphFormat::Dot => out.push_str(
+            "digraph trajectories {\n  rankdir=TB;\n  node [shape=box, fontname=\"Helvetica\"];\n",
+        ),
         GraphFormat::Mermaid => out.push_str("flowchart TD\n"),
     }
     for (n, (suite, scenario)) in scenarios.into_iter().enumerate() {
@@ -274,9 +284,18 @@ pub fn render_trajectories<'a>(
         let id = |i: NodeIndex| format!("s{n}_{}", i.index());
         match format {
             GraphFormat::Dot => {
-                let _ = writeln!(out, "  subgraph cluster_{n} {{\n    label={};", dot_quote(&title));
+                let _ = writeln!(
+                    out,
+                    "  subgraph cluster_{n} {{\n    label={};",
+                    dot_quote(&title)
+                );
                 for i in tg.graph.node_indices() {
-                    let _ = writeln!(out, "    {} [label={}];", id(i), dot_quote(&segment_caption(&tg.graph[i])));
+                    let _ = writeln!(
+                        out,
+                        "    {} [label={}];",
+                        id(i),
+                        dot_quote(&segment_caption(&tg.graph[i]))
+                    );
                 }
                 for e in tg.graph.edge_references() {
                     let _ = writeln!(out, "    {} -> {};", id(e.source()), id(e.target()));
@@ -284,9 +303,14 @@ pub fn render_trajectories<'a>(
                 out.push_str("  }\n");
             }
             GraphFormat::Mermaid => {
-                let _ = writeln!(out, "  subgraph {}[{}]", format!("sc{n}"), mermaid_quote(&title));
+                let _ = writeln!(out, "  subgraph sc{n}[{}]", mermaid_quote(&title));
                 for i in tg.graph.node_indices() {
-                    let _ = writeln!(out, "    {}[{}]", id(i), mermaid_quote(&segment_caption(&tg.graph[i])));
+                    let _ = writeln!(
+                        out,
+                        "    {}[{}]",
+                        id(i),
+                        mermaid_quote(&segment_caption(&tg.graph[i]))
+                    );
                 }
                 for e in tg.graph.edge_references() {
                     let _ = writeln!(out, "    {} --> {}", id(e.source()), id(e.target()));
@@ -305,14 +329,24 @@ pub fn render_trajectories<'a>(
 pub fn render_needs(project: &Project, format: GraphFormat) -> String {
     let needs = NeedsGraph::build(project);
     let name = |(si, ci): (usize, usize)| {
-        format!("{}/{}", project.suites[si].name, project.suites[si].scenarios[ci].id.value)
+        format!(
+            "{}/{}",
+            project.suites[si].name, project.suites[si].scenarios[ci].id.value
+        )
     };
     let mut out = String::new();
     match format {
         GraphFormat::Dot => {
-            out.push_str("digraph needs {\n  rankdir=LR;\n  node [shape=box, fontname=\"Helvetica\"];\n");
+            out.push_str(
+                "digraph needs {\n  rankdir=LR;\n  node [shape=box, fontname=\"Helvetica\"];\n",
+            );
             for i in needs.graph.node_indices() {
-                let _ = writeln!(out, "  n{} [label={}];", i.index(), dot_quote(&name(needs.graph[i])));
+                let _ = writeln!(
+                    out,
+                    "  n{} [label={}];",
+                    i.index(),
+                    dot_quote(&name(needs.graph[i]))
+                );
             }
             for e in needs.graph.edge_references() {
                 let _ = writeln!(out, "  n{} -> n{};", e.source().index(), e.target().index());
@@ -322,7 +356,12 @@ pub fn render_needs(project: &Project, format: GraphFormat) -> String {
         GraphFormat::Mermaid => {
             out.push_str("flowchart LR\n");
             for i in needs.graph.node_indices() {
-                let _ = writeln!(out, "  n{}[{}]", i.index(), mermaid_quote(&name(needs.graph[i])));
+                let _ = writeln!(
+                    out,
+                    "  n{}[{}]",
+                    i.index(),
+                    mermaid_quote(&name(needs.graph[i]))
+                );
             }
             for e in needs.graph.edge_references() {
                 let _ = writeln!(out, "  n{} --> n{}", e.source().index(), e.target().index());
@@ -342,7 +381,10 @@ fn segment_caption(segment: &Segment) -> String {
             StepKind::Call { function, .. } => format!("call {function}"),
             StepKind::Expect(c) => format!(
                 "expect {}",
-                c.iter().map(|c| c.text.as_str()).collect::<Vec<_>>().join("; ")
+                c.iter()
+                    .map(|c| c.text.as_str())
+                    .collect::<Vec<_>>()
+                    .join("; ")
             ),
             StepKind::Capture { name, .. } => format!("capture {name}"),
             StepKind::Hitl { approve, .. } => {
@@ -367,7 +409,10 @@ fn truncate(s: &str, max: usize) -> String {
 }
 
 fn dot_quote(s: &str) -> String {
-    let escaped = s.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n");
+    let escaped = s
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n");
     format!("\"{escaped}\"")
 }
 

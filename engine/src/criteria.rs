@@ -81,10 +81,9 @@ fn evaluate<T: AsRef<TurnRecord>>(
                 )),
                 Some(_) => pass(format!("{matching} matching call(s) to `{name}`")),
                 None if matching > 0 => pass(format!("`{name}` called ({matching}x)")),
-                None if named.is_empty() => fail(format!(
-                    "no call to `{name}`{}",
-                    describe_calls(&calls)
-                )),
+                None if named.is_empty() => {
+                    fail(format!("no call to `{name}`{}", describe_calls(&calls)))
+                }
                 None => fail(format!(
                     "`{name}` was called, but not with {}; arguments seen: {}",
                     describe_params(params),
@@ -196,7 +195,8 @@ fn evaluate<T: AsRef<TurnRecord>>(
                 fail(format!("{total} tokens > {max}"))
             }
         }
-        CriterionKind::NoError => match turns.iter().find_map(|t| t.fault.as_ref().map(|f| (t, f))) {
+        CriterionKind::NoError => match turns.iter().find_map(|t| t.fault.as_ref().map(|f| (t, f)))
+        {
             Some((t, f)) => fail(format!(
                 "turn {}: {} fault: {}",
                 t.turn_index,
@@ -210,35 +210,38 @@ fn evaluate<T: AsRef<TurnRecord>>(
 }
 
 fn turn_tokens(t: &TurnRecord) -> Option<u64> {
-    t.total_tokens.or(match (t.prompt_tokens, t.completion_tokens) {
-        (None, None) => None,
-        (p, c) => Some(p.unwrap_or(0) + c.unwrap_or(0)),
-    })
+    t.total_tokens
+        .or(match (t.prompt_tokens, t.completion_tokens) {
+            (None, None) => None,
+            (p, c) => Some(p.unwrap_or(0) + c.unwrap_or(0)),
+        })
 }
 
 /// Returns why the check failed, or `None` when it holds.
 fn reply_check(check: &ReplyCheck, scope: Scope, turns: &[&TurnRecord]) -> Option<String> {
-    let replies: Vec<&str> = turns.iter().map(|t| t.reply.as_deref().unwrap_or("")).collect();
+    let replies: Vec<&str> = turns
+        .iter()
+        .map(|t| t.reply.as_deref().unwrap_or(""))
+        .collect();
     let last = replies.last().copied().unwrap_or("");
     let any = |f: &dyn Fn(&str) -> bool| match scope {
         Scope::Turn => f(last),
         Scope::Trajectory => replies.iter().any(|r| f(r)),
     };
     let seen = || match scope {
-        Scope::Turn if turns.last().is_some_and(|t| t.reply.is_none()) => "the turn has no reply".to_string(),
+        Scope::Turn if turns.last().is_some_and(|t| t.reply.is_none()) => {
+            "the turn has no reply".to_string()
+        }
         Scope::Turn => format!("reply was: {}", excerpt(last, 160)),
         Scope::Trajectory => format!("no reply of {} turn(s) does", turns.len()),
     };
     match check {
-        ReplyCheck::Contains(needle) => {
-            (!any(&|r: &str| r.contains(needle.as_str()))).then(|| format!("expected the reply to contain {needle:?}; {}", seen()))
-        }
-        ReplyCheck::Matches(re) => {
-            (!any(&|r: &str| re.is_match(r))).then(|| format!("expected the reply to match /{}/; {}", re.as_str(), seen()))
-        }
-        ReplyCheck::Equals(expected) => {
-            (!any(&|r: &str| r == expected)).then(|| format!("expected the reply to equal {expected:?}; {}", seen()))
-        }
+        ReplyCheck::Contains(needle) => (!any(&|r: &str| r.contains(needle.as_str())))
+            .then(|| format!("expected the reply to contain {needle:?}; {}", seen())),
+        ReplyCheck::Matches(re) => (!any(&|r: &str| re.is_match(r)))
+            .then(|| format!("expected the reply to match /{}/; {}", re.as_str(), seen())),
+        ReplyCheck::Equals(expected) => (!any(&|r: &str| r == expected))
+            .then(|| format!("expected the reply to equal {expected:?}; {}", seen())),
         ReplyCheck::NotContains(needle) => replies
             .iter()
             .zip(turns)
@@ -274,7 +277,9 @@ pub fn json_eq(a: &Value, b: &Value) -> bool {
             x.len() == y.len() && x.iter().zip(y).all(|(a, b)| json_eq(a, b))
         }
         (Value::Object(x), Value::Object(y)) => {
-            x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| json_eq(v, w)))
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(k, v)| y.get(k).is_some_and(|w| json_eq(v, w)))
         }
         _ => a == b,
     }
@@ -364,7 +369,11 @@ mod tests {
 
     #[test]
     fn tool_params_are_a_subset_with_numeric_equality() {
-        let turns = [turn(0, "ok", &[("pay", r#"{"amount": 50.0, "currency": "CAD"}"#)])];
+        let turns = [turn(
+            0,
+            "ok",
+            &[("pay", r#"{"amount": 50.0, "currency": "CAD"}"#)],
+        )];
         let mut params = serde_json::Map::new();
         params.insert("amount".into(), serde_json::json!(50));
         let c = crit(CriterionKind::Tool {
@@ -372,7 +381,10 @@ mod tests {
             params: params.clone(),
             count: None,
         });
-        assert_eq!(check(&c, Scope::Turn, &turns, Some(0)).status, CriterionStatus::Passed);
+        assert_eq!(
+            check(&c, Scope::Turn, &turns, Some(0)).status,
+            CriterionStatus::Passed
+        );
         params.insert("amount".into(), serde_json::json!(51));
         let c = crit(CriterionKind::Tool {
             name: "pay".into(),
@@ -387,11 +399,24 @@ mod tests {
     #[test]
     fn reply_scopes_differ_between_turn_and_trajectory() {
         let turns = [turn(0, "hello postal code", &[]), turn(1, "bye", &[])];
-        let c = crit(CriterionKind::Reply(vec![ReplyCheck::Contains("postal".into())]));
-        assert_eq!(check(&c, Scope::Trajectory, &turns, None).status, CriterionStatus::Passed);
-        assert_eq!(check(&c, Scope::Turn, &turns[1..], Some(1)).status, CriterionStatus::Failed);
-        let c = crit(CriterionKind::Reply(vec![ReplyCheck::NotContains("postal".into())]));
-        assert_eq!(check(&c, Scope::Trajectory, &turns, None).status, CriterionStatus::Failed);
+        let c = crit(CriterionKind::Reply(vec![ReplyCheck::Contains(
+            "postal".into(),
+        )]));
+        assert_eq!(
+            check(&c, Scope::Trajectory, &turns, None).status,
+            CriterionStatus::Passed
+        );
+        assert_eq!(
+            check(&c, Scope::Turn, &turns[1..], Some(1)).status,
+            CriterionStatus::Failed
+        );
+        let c = crit(CriterionKind::Reply(vec![ReplyCheck::NotContains(
+            "postal".into(),
+        )]));
+        assert_eq!(
+            check(&c, Scope::Trajectory, &turns, None).status,
+            CriterionStatus::Failed
+        );
     }
 
     #[test]
@@ -399,13 +424,21 @@ mod tests {
         let turns = [turn(0, "", &[("a", "{}"), ("x", "{}"), ("b", "{}")])];
         let ok = crit(CriterionKind::ToolsInOrder(vec!["a".into(), "b".into()]));
         let bad = crit(CriterionKind::ToolsInOrder(vec!["b".into(), "a".into()]));
-        assert_eq!(check(&ok, Scope::Trajectory, &turns, None).status, CriterionStatus::Passed);
-        assert_eq!(check(&bad, Scope::Trajectory, &turns, None).status, CriterionStatus::Failed);
+        assert_eq!(
+            check(&ok, Scope::Trajectory, &turns, None).status,
+            CriterionStatus::Passed
+        );
+        assert_eq!(
+            check(&bad, Scope::Trajectory, &turns, None).status,
+            CriterionStatus::Failed
+        );
     }
 
     #[test]
     fn judges_are_skipped_never_passed() {
-        let c = crit(CriterionKind::Outcome(trellis_dsl::Outcome::Statement("x".into())));
+        let c = crit(CriterionKind::Outcome(trellis_dsl::Outcome::Statement(
+            "x".into(),
+        )));
         let r = check(&c, Scope::Trajectory, &[turn(0, "", &[])], None);
         assert_eq!(r.status, CriterionStatus::Skipped);
         assert_eq!(r.detail.as_deref(), Some("no judge configured"));
@@ -417,8 +450,14 @@ mod tests {
         let c = crit(CriterionKind::Latency {
             max: Duration::from_millis(15),
         });
-        assert_eq!(check(&c, Scope::Trajectory, &turns, None).status, CriterionStatus::Failed);
+        assert_eq!(
+            check(&c, Scope::Trajectory, &turns, None).status,
+            CriterionStatus::Failed
+        );
         let c = crit(CriterionKind::Turns { max: 2 });
-        assert_eq!(check(&c, Scope::Trajectory, &turns, None).status, CriterionStatus::Passed);
+        assert_eq!(
+            check(&c, Scope::Trajectory, &turns, None).status,
+            CriterionStatus::Passed
+        );
     }
 }

@@ -128,7 +128,7 @@ struct Totals {
 
 enum AgentRuntime {
     Ready {
-        client: ConnexityClient,
+        client: Box<ConnexityClient>,
         limit: Option<Arc<Semaphore>>,
     },
     /// The agent's trajectories are recorded as skipped with this reason.
@@ -144,7 +144,10 @@ async fn start_agents(plan: &Plan) -> (Vec<AgentRuntime>, Vec<BuiltinServer>) {
     let mut runtimes = Vec::new();
     let transport = match HttpTransport::new() {
         Ok(t) => Ok(t),
-        Err(e) => Err(Fault::new(FaultCategory::Setup, format!("HTTP client: {e}"))),
+        Err(e) => Err(Fault::new(
+            FaultCategory::Setup,
+            format!("HTTP client: {e}"),
+        )),
     };
     let header_scope = ScenarioScope::env_only().with_vars(&BTreeMap::new());
     for agent in &plan.agents {
@@ -207,8 +210,10 @@ async fn start_agents(plan: &Plan) -> (Vec<AgentRuntime>, Vec<BuiltinServer>) {
         };
         match ConnexityClient::new(&url, headers, limits, agent.retries, transport) {
             Ok(client) => runtimes.push(AgentRuntime::Ready {
-                client,
-                limit: agent.concurrency.map(|n| Arc::new(Semaphore::new(n.max(1)))),
+                client: Box::new(client),
+                limit: agent
+                    .concurrency
+                    .map(|n| Arc::new(Semaphore::new(n.max(1)))),
             }),
             Err(e) => runtimes.push(AgentRuntime::Broken(Fault::new(
                 FaultCategory::Setup,
@@ -306,7 +311,12 @@ struct Unit<'a> {
     deadline: Option<tokio::time::Instant>,
 }
 
-async fn run_unit(shared: &Arc<Shared>, scenario_index: usize, agent: usize, repetition: u32) -> bool {
+async fn run_unit(
+    shared: &Arc<Shared>,
+    scenario_index: usize,
+    agent: usize,
+    repetition: u32,
+) -> bool {
     let scenario = &shared.plan.scenarios[scenario_index];
     let skip_all = |reason: String| async move {
         for t in 0..scenario.trajectories.len() {
@@ -367,7 +377,11 @@ impl<'a> Unit<'a> {
 
     /// Runs one execution node and, concurrently, everything below it. Returns whether every
     /// trajectory through it passed.
-    fn run_node(&'a self, index: usize, mut state: PathState) -> Pin<Box<dyn Future<Output = bool> + Send + 'a>> {
+    fn run_node(
+        &'a self,
+        index: usize,
+        mut state: PathState,
+    ) -> Pin<Box<dyn Future<Output = bool> + Send + 'a>> {
         Box::pin(async move {
             let node: &ExecNode = &self.scenario.nodes[index];
             let runnable = node
@@ -420,7 +434,10 @@ impl<'a> Unit<'a> {
                 };
                 children.push(self.run_node(child, child_state));
             }
-            futures::future::join_all(children).await.into_iter().all(|ok| ok)
+            futures::future::join_all(children)
+                .await
+                .into_iter()
+                .all(|ok| ok)
         })
     }
 
@@ -536,9 +553,9 @@ impl<'a> Unit<'a> {
             Ok(turn) => {
                 // Connexity resends history: the agent's final reply is what the next
                 // request carries; tool steps stay on the agent's side.
-                state
-                    .history
-                    .push(ChatMessage::assistant(turn.reply.clone().unwrap_or_default()));
+                state.history.push(ChatMessage::assistant(
+                    turn.reply.clone().unwrap_or_default(),
+                ));
                 let usage = turn.usage.unwrap_or_default();
                 record.reply = turn.reply;
                 record.tool_calls = turn.tool_calls;
@@ -546,10 +563,13 @@ impl<'a> Unit<'a> {
                 record.ttft_ms = turn.ttft.map(ms);
                 record.prompt_tokens = usage.prompt_tokens;
                 record.completion_tokens = usage.completion_tokens;
-                record.total_tokens = usage.total_tokens.or(match (usage.prompt_tokens, usage.completion_tokens) {
-                    (Some(p), Some(c)) => Some(p + c),
-                    _ => None,
-                });
+                record.total_tokens =
+                    usage
+                        .total_tokens
+                        .or(match (usage.prompt_tokens, usage.completion_tokens) {
+                            (Some(p), Some(c)) => Some(p + c),
+                            _ => None,
+                        });
                 record.model = turn.model;
                 record.provider = turn.provider;
             }
@@ -595,7 +615,10 @@ impl<'a> Unit<'a> {
             scenario: sc.id.value.clone(),
             trajectory: self.scenario.trajectories[t].name.clone(),
             agent: self.agent_id().to_string(),
-            protocol: self.shared.plan.agents[self.agent].protocol.as_str().to_string(),
+            protocol: self.shared.plan.agents[self.agent]
+                .protocol
+                .as_str()
+                .to_string(),
             repetition: self.repetition,
             nodes: state.nodes.iter().map(|n| n.to_string()).collect(),
             status,

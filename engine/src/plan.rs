@@ -7,6 +7,7 @@
 //! continue from copies of its conversation. Units of work are scenario × agent ×
 //! repetition; they are enumerated lazily so a `repeat 100000` costs no memory up front.
 
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,7 +23,10 @@ use crate::render::{CompiledTemplate, RenderError, ScenarioScope, Templates};
 #[derive(Debug, thiserror::Error, miette::Diagnostic)]
 pub enum PlanError {
     #[error("invalid --filter pattern `{pattern}`")]
-    #[diagnostic(code(trellis::plan::filter), help("use a glob such as `book-*` or `booking/*`"))]
+    #[diagnostic(
+        code(trellis::plan::filter),
+        help("use a glob such as `book-*` or `booking/*`")
+    )]
     Filter {
         pattern: String,
         #[source]
@@ -59,7 +63,10 @@ pub struct Selection {
 pub enum PlannedStep {
     User(CompiledTemplate),
     Expect(Vec<Criterion>),
-    Capture { name: String, source: CaptureSource },
+    Capture {
+        name: String,
+        source: CaptureSource,
+    },
     /// `hitl` on a protocol that never pauses for a human: nothing to answer.
     Hitl,
 }
@@ -215,12 +222,10 @@ impl Plan {
                     indices.push(i);
                     continue;
                 }
-                let agent = project
-                    .agent(&id)
-                    .ok_or_else(|| PlanError::UnknownAgent {
-                        scenario: sc.id.value.clone(),
-                        agent: id.clone(),
-                    })?;
+                let agent = project.agent(&id).ok_or_else(|| PlanError::UnknownAgent {
+                    scenario: sc.id.value.clone(),
+                    agent: id.clone(),
+                })?;
                 let headers = agent
                     .headers
                     .iter()
@@ -328,9 +333,8 @@ fn execution_tree(
             .collect();
         let ids = graph::node_ids(labels);
         for (&segment, id) in trajectory.segments.iter().zip(&ids) {
-            if !compiled.contains_key(&segment) {
-                let steps = compile_steps(tg.segment(segment), templates)?;
-                compiled.insert(segment, steps);
+            if let Entry::Vacant(slot) = compiled.entry(segment) {
+                slot.insert(compile_steps(tg.segment(segment), templates)?);
             }
             if let Some((_, Some(reason))) = compiled.get(&segment) {
                 unsupported.get_or_insert_with(|| reason.clone());

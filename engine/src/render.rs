@@ -49,7 +49,9 @@ impl Default for Templates {
 
 impl std::fmt::Debug for Templates {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Templates").field("count", &self.next).finish()
+        f.debug_struct("Templates")
+            .field("count", &self.next)
+            .finish()
     }
 }
 

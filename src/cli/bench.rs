@@ -96,7 +96,11 @@ scenario "bench" {{
     println!("CPU time          {cpu:.2} s (whole process: engine, builtin agent, reports)");
     println!(
         "CPU per turn      {:.1} µs",
-        if turns == 0 { 0.0 } else { cpu * 1e6 / turns as f64 }
+        if turns == 0 {
+            0.0
+        } else {
+            cpu * 1e6 / turns as f64
+        }
     );
     println!("peak memory       {:.1} MiB (max RSS)", peak_rss_mib());
     if turns == expected && outcome.exit_code == EXIT_OK {

@@ -9,9 +9,7 @@ use std::path::Path;
 use comfy_table::{Cell, ContentArrangement, Table, presets::UTF8_FULL_CONDENSED};
 use indicatif::{ProgressBar, ProgressStyle};
 use trellis_engine::event::Event;
-use trellis_engine::record::{
-    CriterionStatus, RunSummary, TrajectoryRecord, TrajectoryStatus,
-};
+use trellis_engine::record::{CriterionStatus, RunSummary, TrajectoryRecord, TrajectoryStatus};
 
 /// Failures printed in full at the end; the rest are in the report.
 const FAILURES_SHOWN: usize = 10;
@@ -121,7 +119,14 @@ impl Console {
             .load_preset(UTF8_FULL_CONDENSED)
             .set_content_arrangement(ContentArrangement::Dynamic)
             .set_header(vec![
-                "suite", "scenario", "agent", "passed", "failed", "error", "skipped", "pass rate",
+                "suite",
+                "scenario",
+                "agent",
+                "passed",
+                "failed",
+                "error",
+                "skipped",
+                "pass rate",
             ]);
         for ((suite, scenario, agent), c) in &self.per_scenario {
             let ran = c.passed + c.failed + c.errors;
@@ -143,7 +148,17 @@ impl Console {
         }
         println!("{table}");
 
-        for t in &self.failures {
+        let mut failures: Vec<&TrajectoryRecord> = self.failures.iter().collect();
+        failures.sort_by(|a, b| {
+            (&a.suite, &a.scenario, &a.trajectory, &a.agent, a.repetition).cmp(&(
+                &b.suite,
+                &b.scenario,
+                &b.trajectory,
+                &b.agent,
+                b.repetition,
+            ))
+        });
+        for t in failures {
             println!(
                 "\n{} {}/{} {} [{} #{}]",
                 status_word(t.status),
@@ -156,7 +171,11 @@ impl Console {
             if let Some(f) = &t.fault {
                 println!("    {} fault: {}", f.category.as_str(), f.message);
             }
-            for c in t.criteria.iter().filter(|c| c.status == CriterionStatus::Failed) {
+            for c in t
+                .criteria
+                .iter()
+                .filter(|c| c.status == CriterionStatus::Failed)
+            {
                 let at = c
                     .turn_index
                     .map(|i| format!("turn {i}: "))
@@ -191,11 +210,17 @@ impl Console {
         println!("  report   {}", files.html.display());
         println!(
             "  tables   {}",
-            [&files.trajectories, &files.turns, &files.tool_calls, &files.criteria, &files.runs]
-                .iter()
-                .filter_map(|p| p.file_name().and_then(|n| n.to_str()))
-                .collect::<Vec<_>>()
-                .join(", ")
+            [
+                &files.trajectories,
+                &files.turns,
+                &files.tool_calls,
+                &files.criteria,
+                &files.runs
+            ]
+            .iter()
+            .filter_map(|p| p.file_name().and_then(|n| n.to_str()))
+            .collect::<Vec<_>>()
+            .join(", ")
         );
         println!("  junit    {}", files.junit.display());
         println!("  journal  {}", journal.display());

@@ -138,7 +138,11 @@ pub fn main(cli: Cli) -> ExitCode {
 /// Loads suites, printing diagnostics; `None` means "exit 2".
 pub fn load(paths: &[PathBuf]) -> Option<trellis_dsl::Project> {
     let default = [PathBuf::from("suites")];
-    let paths = if paths.is_empty() { &default[..] } else { paths };
+    let paths = if paths.is_empty() {
+        &default[..]
+    } else {
+        paths
+    };
     match trellis_dsl::load(paths) {
         Ok(project) => Some(project),
         Err(diagnostics) => {

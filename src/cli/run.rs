@@ -1,7 +1,7 @@
 //! `trellis run`: load, plan, execute with the journal and console as reporters on the
 //! event stream, then turn the journal into Parquet, HTML and JUnit.
 
-use std::path::PathBuf;
+use std::path::Path;
 use std::time::SystemTime;
 
 use trellis_engine::event::{self, Event};
@@ -50,7 +50,7 @@ pub struct Outcome {
 pub fn execute_plan(
     plan: Plan,
     run_id: &str,
-    out: &PathBuf,
+    out: &Path,
     jobs: usize,
     quiet: bool,
     silent: bool,

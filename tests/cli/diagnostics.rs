@@ -42,7 +42,12 @@ scenario "s" {
     assert!(err.contains("nobody"), "{err}");
     assert!(err.contains("missing"), "{err}");
 
-    let o = trellis().arg("check").arg(dir.path()).output().await.unwrap();
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path())
+        .output()
+        .await
+        .unwrap();
     assert_eq!(o.status.code(), Some(2));
 }
 
@@ -55,7 +60,11 @@ async fn a_valid_suite_checks_ok() {
 
 #[tokio::test]
 async fn usage_errors_exit_2() {
-    let o = trellis().args(["run", "--jobs", "many"]).output().await.unwrap();
+    let o = trellis()
+        .args(["run", "--jobs", "many"])
+        .output()
+        .await
+        .unwrap();
     assert_eq!(o.status.code(), Some(2));
     let o = trellis()
         .args(["run", "suites/", "--filter", "no-such-scenario"])

@@ -9,10 +9,22 @@ use super::*;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_fault_category_is_recorded_and_the_run_goes_on() {
     let servers = [
-        ("http-5xx", MisbehavingServer::respond(500, "upstream exploded").await),
-        ("http-4xx", MisbehavingServer::respond(404, "{\"detail\":\"no\"}").await),
-        ("invalid-json", MisbehavingServer::respond(200, "<html>oops</html>").await),
-        ("protocol", MisbehavingServer::respond(200, "{\"answer\":\"hi\"}").await),
+        (
+            "http-5xx",
+            MisbehavingServer::respond(500, "upstream exploded").await,
+        ),
+        (
+            "http-4xx",
+            MisbehavingServer::respond(404, "{\"detail\":\"no\"}").await,
+        ),
+        (
+            "invalid-json",
+            MisbehavingServer::respond(200, "<html>oops</html>").await,
+        ),
+        (
+            "protocol",
+            MisbehavingServer::respond(200, "{\"answer\":\"hi\"}").await,
+        ),
         (
             "slow-drip",
             MisbehavingServer::start(Behavior::SlowDrip {
@@ -21,7 +33,10 @@ async fn each_fault_category_is_recorded_and_the_run_goes_on() {
             .await,
         ),
         ("reset", MisbehavingServer::start(Behavior::Reset).await),
-        ("truncated", MisbehavingServer::start(Behavior::Truncated).await),
+        (
+            "truncated",
+            MisbehavingServer::start(Behavior::Truncated).await,
+        ),
         (
             "huge",
             MisbehavingServer::start(Behavior::Huge {
@@ -43,14 +58,14 @@ async fn each_fault_category_is_recorded_and_the_run_goes_on() {
         "agent \"connect\" protocol=\"connexity\" url=\"http://{}/agent/respond\"\n",
         closed_port().await
     ));
-    let agents: Vec<&str> = servers
-        .iter()
-        .map(|(n, _)| *n)
-        .chain(["connect"])
-        .collect();
+    let agents: Vec<&str> = servers.iter().map(|(n, _)| *n).chain(["connect"]).collect();
     suite.push_str(&format!(
         "scenario \"hello\" {{\n    agents {}\n    user \"hi\"\n    user \"again\"\n}}\n",
-        agents.iter().map(|a| format!("\"{a}\"")).collect::<Vec<_>>().join(" ")
+        agents
+            .iter()
+            .map(|a| format!("\"{a}\""))
+            .collect::<Vec<_>>()
+            .join(" ")
     ));
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("faults.kdl"), suite).unwrap();

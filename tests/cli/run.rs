@@ -19,8 +19,18 @@ async fn the_example_suites_run_offline_and_write_every_table() {
 
     let t = read_parquet(&out.path().join("trajectories.parquet"));
     for column in [
-        "run_id", "suite", "scenario", "trajectory", "agent", "protocol", "repetition", "status",
-        "passed", "turns", "duration_ms", "fault_category",
+        "run_id",
+        "suite",
+        "scenario",
+        "trajectory",
+        "agent",
+        "protocol",
+        "repetition",
+        "status",
+        "passed",
+        "turns",
+        "duration_ms",
+        "fault_category",
     ] {
         assert!(t.column(column).is_ok(), "trajectories has no {column}");
     }
@@ -35,7 +45,11 @@ async fn the_example_suites_run_offline_and_write_every_table() {
         .map(|((_, tr), sc)| (sc.unwrap(), tr.unwrap()))
         .collect();
     assert_eq!(failed.len(), 3);
-    assert!(failed.iter().all(|(sc, tr)| sc == "book-duct-cleaning" && tr == "asks-price"));
+    assert!(
+        failed
+            .iter()
+            .all(|(sc, tr)| sc == "book-duct-cleaning" && tr == "asks-price")
+    );
 
     // The shared prefix of book-duct-cleaning ran once per repetition: 2 turns × 3.
     let turns = read_parquet(&out.path().join("turns.parquet"));
@@ -65,7 +79,10 @@ async fn the_example_suites_run_offline_and_write_every_table() {
 
     let html = std::fs::read_to_string(out.path().join("report.html")).unwrap();
     assert!(html.contains("asks-price"));
-    assert!(!html.contains("src=\"http"), "report.html must be self-contained");
+    assert!(
+        !html.contains("src=\"http"),
+        "report.html must be self-contained"
+    );
     let junit = std::fs::read_to_string(out.path().join("junit.xml")).unwrap();
     assert!(junit.contains("<testsuites"));
     assert!(out.path().join("journal.jsonl").exists());
@@ -75,7 +92,15 @@ async fn the_example_suites_run_offline_and_write_every_table() {
 async fn filter_and_tag_select_scenarios() {
     let out = tempfile::tempdir().unwrap();
     let o = trellis()
-        .args(["run", "suites/", "--filter", "guardrails/*", "--tag", "edge-case", "--out"])
+        .args([
+            "run",
+            "suites/",
+            "--filter",
+            "guardrails/*",
+            "--tag",
+            "edge-case",
+            "--out",
+        ])
         .arg(out.path())
         .output()
         .await
@@ -84,7 +109,11 @@ async fn filter_and_tag_select_scenarios() {
     let t = read_parquet(&out.path().join("trajectories.parquet"));
     let scenarios = strings(&t, "scenario");
     assert_eq!(scenarios.len(), 2);
-    assert!(scenarios.iter().all(|s| s.as_deref() == Some("out-of-area")));
+    assert!(
+        scenarios
+            .iter()
+            .all(|s| s.as_deref() == Some("out-of-area"))
+    );
 }
 
 #[tokio::test]
@@ -93,7 +122,10 @@ async fn list_and_graph_describe_the_trajectories() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let text = stdout(&o);
     assert!(text.contains("booking/book-duct-cleaning"));
-    assert!(text.contains("asks-price  (start > asks-price > asks-price/then)"), "{text}");
+    assert!(
+        text.contains("asks-price  (start > asks-price > asks-price/then)"),
+        "{text}"
+    );
 
     let o = trellis()
         .args(["graph", "suites/booking.kdl", "--format", "mermaid"])
@@ -110,7 +142,11 @@ async fn list_and_graph_describe_the_trajectories() {
         .unwrap();
     let dot = stdout(&o);
     assert!(dot.starts_with("digraph needs"), "{dot}");
-    assert_eq!(dot.matches(" -> ").count(), 1, "book-and-cancel needs price-first");
+    assert_eq!(
+        dot.matches(" -> ").count(),
+        1,
+        "book-and-cancel needs price-first"
+    );
 }
 
 #[tokio::test]
@@ -118,6 +154,9 @@ async fn every_command_explains_itself_with_an_example() {
     for command in ["run", "check", "list", "graph", "bench"] {
         let o = trellis().args([command, "--help"]).output().await.unwrap();
         assert_eq!(o.status.code(), Some(0));
-        assert!(stdout(&o).contains("Example:"), "{command} --help has no example");
+        assert!(
+            stdout(&o).contains("Example:"),
+            "{command} --help has no example"
+        );
     }
 }

@@ -17,7 +17,10 @@ type Seen = Arc<Mutex<Vec<Value>>>;
 
 /// An agent that echoes the last user message, and answers 500 to "boom".
 async fn echo_agent() -> (String, Seen) {
-    async fn respond(State(seen): State<Seen>, Json(body): Json<Value>) -> (StatusCode, Json<Value>) {
+    async fn respond(
+        State(seen): State<Seen>,
+        Json(body): Json<Value>,
+    ) -> (StatusCode, Json<Value>) {
         seen.lock().unwrap().push(body.clone());
         let last = body["messages"]
             .as_array()
@@ -26,7 +29,10 @@ async fn echo_agent() -> (String, Seen) {
             .unwrap_or("")
             .to_string();
         if last == "boom" {
-            return (StatusCode::INTERNAL_SERVER_ERROR, Json(json!({"error": "boom"})));
+            return (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                Json(json!({"error": "boom"})),
+            );
         }
         let mut messages = vec![];
         if last == "look up" {
@@ -35,8 +41,14 @@ async fn echo_agent() -> (String, Seen) {
             ]}));
             messages.push(json!({"role": "tool", "tool_call_id": "c1", "name": "lookup", "content": "{\"status\": \"shipped\"}"}));
         }
-        messages.push(json!({"role": "assistant", "content": format!("echo: {last} (order #A-17)")}));
-        (StatusCode::OK, Json(json!({"messages": messages, "usage": {"prompt_tokens": 10, "completion_tokens": 5}})))
+        messages
+            .push(json!({"role": "assistant", "content": format!("echo: {last} (order #A-17)")}));
+        (
+            StatusCode::OK,
+            Json(
+                json!({"messages": messages, "usage": {"prompt_tokens": 10, "completion_tokens": 5}}),
+            ),
+        )
     }
     let seen: Seen = Arc::default();
     let app = Router::new()
@@ -114,12 +126,20 @@ async fn a_forks_shared_prefix_runs_once_per_repetition() {
     // tails (4) = 9 calls; replaying prefixes would take 4 + 5 + 5 = 14.
     assert_eq!(seen.lock().unwrap().len(), 18);
     assert_eq!(run.summary.turns, 18);
-    let mut names: Vec<_> = run.trajectories.iter().map(|t| t.trajectory.clone()).collect();
+    let mut names: Vec<_> = run
+        .trajectories
+        .iter()
+        .map(|t| t.trajectory.clone())
+        .collect();
     names.sort();
     names.dedup();
     assert_eq!(names, ["x", "y/deep1", "y/deep2"]);
     assert_eq!(run.trajectories.len(), 6);
-    assert!(run.trajectories.iter().all(|t| t.status == TrajectoryStatus::Passed));
+    assert!(
+        run.trajectories
+            .iter()
+            .all(|t| t.status == TrajectoryStatus::Passed)
+    );
 
     // Every branch continued from the same history: the tail after d1 saw a, b, y1, d1.
     let requests = seen.lock().unwrap().clone();
@@ -143,7 +163,11 @@ async fn a_forks_shared_prefix_runs_once_per_repetition() {
     assert_eq!(tail_after_d1["metadata"]["turn_index"], 8);
 
     // Trajectories list their execution nodes; the nodes were each recorded once.
-    let deep1 = run.trajectories.iter().find(|t| t.trajectory == "y/deep1").unwrap();
+    let deep1 = run
+        .trajectories
+        .iter()
+        .find(|t| t.trajectory == "y/deep1")
+        .unwrap();
     assert_eq!(deep1.nodes, ["start", "y", "y/deep1", "y/deep1/then"]);
     assert_eq!(deep1.turns, 5);
     assert_eq!(run.nodes.len(), 16);
@@ -167,14 +191,26 @@ scenario "other" {
 }
 "#;
     let run = run_suite(&suite.replace("URL", &url), 4).await;
-    let by = |name: &str| run.trajectories.iter().find(|t| t.trajectory == name).unwrap();
+    let by = |name: &str| {
+        run.trajectories
+            .iter()
+            .find(|t| t.trajectory == name)
+            .unwrap()
+    };
     assert_eq!(by("ok").status, TrajectoryStatus::Passed);
     let bad = by("bad");
     assert_eq!(bad.status, TrajectoryStatus::Error);
     let fault = bad.fault.as_ref().unwrap();
     assert_eq!(fault.category, FaultCategory::Http5xx);
-    assert_eq!(bad.turns, 2, "the faulted turn is recorded, the next one never sent");
-    let other = run.trajectories.iter().find(|t| t.scenario == "other").unwrap();
+    assert_eq!(
+        bad.turns, 2,
+        "the faulted turn is recorded, the next one never sent"
+    );
+    let other = run
+        .trajectories
+        .iter()
+        .find(|t| t.scenario == "other")
+        .unwrap();
     assert_eq!(other.status, TrajectoryStatus::Passed);
     assert_eq!(run.summary.errors, 1);
     assert_eq!(run.summary.passed, 2);
@@ -240,7 +276,99 @@ scenario "checkout" {
 }
 "#;
     let run = run_suite(&suite.replace("URL", &url), 4).await;
-    let checkout = run.trajectories.iter().find(|t| t.scenario == "checkout").unwrap();
+    let checkout = run
+        .trajectories
+        .iter()
+        .find(|t| t.scenario == "checkout")
+        .unwrap();
     assert_eq!(checkout.status, TrajectoryStatus::Skipped);
     assert!(checkout.skip_reason.as_deref().unwrap().contains("login"));
+}
+
+/// An agent that answers after `delay`, remembering the most calls it ever had in flight.
+async fn slow_agent(delay: std::time::Duration) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    #[derive(Clone)]
+    struct Gauge {
+        now: Arc<AtomicUsize>,
+        max: Arc<AtomicUsize>,
+        delay: std::time::Duration,
+    }
+    async fn respond(State(g): State<Gauge>, Json(_): Json<Value>) -> Json<Value> {
+        let n = g.now.fetch_add(1, Ordering::SeqCst) + 1;
+        g.max.fetch_max(n, Ordering::SeqCst);
+        tokio::time::sleep(g.delay).await;
+        g.now.fetch_sub(1, Ordering::SeqCst);
+        Json(json!({"messages": [{"role": "assistant", "content": "ok"}]}))
+    }
+    let gauge = Gauge {
+        now: Arc::default(),
+        max: Arc::default(),
+        delay,
+    };
+    let max = gauge.max.clone();
+    let app = Router::new()
+        .route("/agent/respond", post(respond))
+        .with_state(gauge);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    (format!("http://{addr}/agent/respond"), max)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_concurrency_and_jobs_bound_calls_in_flight() {
+    let delay = std::time::Duration::from_millis(30);
+    let (url, max) = slow_agent(delay).await;
+    let suite = r#"
+agent "slow" protocol="connexity" url="URL" { concurrency 3 }
+scenario "many" {
+    repeat 12
+    user "a"
+    branch "x" { user "x" }
+    branch "y" { user "y" }
+}
+"#;
+    let run = run_suite(&suite.replace("URL", &url), 64).await;
+    assert_eq!(run.summary.passed, 24);
+    let seen = max.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        seen <= 3,
+        "agent concurrency 3 exceeded: {seen} calls in flight"
+    );
+    assert!(seen >= 2, "calls should overlap: max {seen}");
+
+    // Without an agent limit, --jobs is the bound.
+    let (url, max) = slow_agent(delay).await;
+    let suite = suite.replace(" { concurrency 3 }", "");
+    let run = run_suite(&suite.replace("URL", &url), 2).await;
+    assert_eq!(run.summary.passed, 24);
+    let seen = max.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(seen <= 2, "--jobs 2 exceeded: {seen} calls in flight");
+}
+
+#[tokio::test]
+async fn a_trajectory_timeout_ends_it_as_a_timeout_fault() {
+    let (url, _) = slow_agent(std::time::Duration::from_millis(400)).await;
+    let suite = r#"
+agent "slow" protocol="connexity" url="URL" { timeout "10s"; retries 3 }
+scenario "budget" {
+    timeout "600ms"
+    user "one"
+    user "two"
+    user "three"
+}
+"#;
+    let run = run_suite(&suite.replace("URL", &url), 4).await;
+    let t = &run.trajectories[0];
+    assert_eq!(t.status, TrajectoryStatus::Error);
+    let fault = t.fault.as_ref().unwrap();
+    assert_eq!(fault.category, FaultCategory::Timeout);
+    assert!(fault.message.contains("trajectory"), "{}", fault.message);
+    assert_eq!(
+        t.turns, 2,
+        "the first turn finished, the second ran out of time"
+    );
 }

@@ -46,6 +46,21 @@ async fn success_parses_the_reply() {
 }
 
 #[tokio::test]
+async fn connections_are_kept_alive() {
+    let server = MisbehavingServer::respond(200, OK_BODY).await;
+    let client = client(&server.url(), 0, limits(SHORT));
+    for turn_index in 0..3 {
+        client
+            .respond(&history(), &ctx(turn_index))
+            .await
+            .result
+            .unwrap();
+    }
+    assert_eq!(server.requests(), 3);
+    assert_eq!(server.connections(), 1);
+}
+
+#[tokio::test]
 async fn request_has_the_connexity_shape() {
     let server = MisbehavingServer::respond(200, OK_BODY).await;
     let history = vec![
