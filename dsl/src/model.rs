@@ -367,7 +367,10 @@ pub enum StepKind {
     /// `capture NAME regex=… | json-path=…`.
     Capture { name: String, source: CaptureSource },
     /// `hitl approve|reject message=…`.
-    Hitl { approve: bool, message: Option<Template> },
+    Hitl {
+        approve: bool,
+        message: Option<Template>,
+    },
     /// Consecutive `branch` nodes: the conversation forks, one trajectory per branch.
     Fork(Vec<Branch>),
 }
@@ -408,12 +411,22 @@ pub enum CriterionKind {
         params: Map<String, Value>,
         count: Option<u32>,
     },
-    NoTool { name: String },
+    NoTool {
+        name: String,
+    },
     ToolsInOrder(Vec<String>),
-    Latency { max: Duration },
-    Ttft { max: Duration },
-    Turns { max: u32 },
-    Tokens { max: u64 },
+    Latency {
+        max: Duration,
+    },
+    Ttft {
+        max: Duration,
+    },
+    Turns {
+        max: u32,
+    },
+    Tokens {
+        max: u64,
+    },
     NoError,
     Judge {
         criterion: String,

@@ -91,3 +91,26 @@ fn every_code_is_covered() {
         assert!(all.contains(code), "no golden case shows {code}");
     }
 }
+
+/// One miette report of the whole `Diagnostics` value shows every diagnostic of every file.
+#[test]
+fn one_report_shows_all_errors() {
+    let diags = trellis_dsl::load(&["tests/golden/many_files"]).unwrap_err();
+    assert!(diags.len() >= 5);
+    let handler =
+        miette::GraphicalReportHandler::new_themed(miette::GraphicalTheme::unicode_nocolor())
+            .with_width(100);
+    let mut out = String::new();
+    handler.render_report(&mut out, &diags).unwrap();
+    assert!(out.contains(&format!("{} errors in suite files", diags.len())));
+    for d in &diags {
+        assert!(
+            out.contains(&d.message),
+            "missing {:?} in\n{out}",
+            d.message
+        );
+    }
+    for file in ["agents.kdl", "booking.kdl", "other.kdl"] {
+        assert!(out.contains(&format!("tests/golden/many_files/{file}")));
+    }
+}

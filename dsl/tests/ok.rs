@@ -428,20 +428,49 @@ fn refund_scenario() {
     assert_eq!(fixie.user_context.get("id"), Some(&json!(42)));
 }
 
+fn load_text(text: &str) -> Result<Project, Diagnostics> {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("one.kdl");
+    std::fs::write(&file, text).unwrap();
+    load(&[&file])
+}
+
 #[test]
 fn single_agent_projects_need_no_agent_node() {
-    let dir = std::env::temp_dir().join(format!("trellis-dsl-ok-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("one.kdl");
-    std::fs::write(
-        &file,
+    let p = load_text(
         "agent \"only\" protocol=\"connexity\" builtin=\"booking\"\nscenario \"s\" {\n    user \"hi\"\n}\n",
     )
     .unwrap();
-    let result = load(&[&file]);
-    std::fs::remove_dir_all(&dir).unwrap();
-    let p = result.unwrap();
     let (suite, sc) = p.scenarios().next().unwrap();
     assert_eq!(suite.name, "one");
     assert!(sc.agents.is_empty());
+}
+
+#[test]
+fn captures_made_in_every_branch_are_usable_after_the_fork() {
+    let ok = r##"
+agent "a" protocol="connexity" builtin="booking"
+scenario "s" {
+    user "hi"
+    branch "x" {
+        user "x"
+        capture "day" regex=#"(\w+day)"#
+    }
+    branch "y" {
+        user "y"
+        branch "y1" { capture "day" json-path="$.day"; }
+        branch "y2" { user "y2"; capture "day" regex="day"; }
+    }
+    user "See you {{ vars.day }}"
+}
+"##;
+    if let Err(d) = load_text(ok) {
+        panic!("{}", d.render_plain());
+    }
+    let missing_in_one_branch = ok.replace(r#"capture "day" json-path="$.day";"#, r#"user "no";"#);
+    let err = load_text(&missing_in_one_branch).unwrap_err();
+    assert_eq!(err.len(), 1);
+    let d = err.iter().next().unwrap();
+    assert_eq!(d.message, "undefined template variable `vars.day`");
+    assert_eq!(d.code_str(), "trellis::undefined_variable");
 }

@@ -182,7 +182,7 @@ async fn start_agents(plan: &Plan) -> (Vec<AgentRuntime>, Vec<BuiltinServer>) {
         let mut headers = Vec::new();
         let mut broken = None;
         for (name, template) in &agent.headers {
-            match plan.templates.render(template, &header_scope) {
+            match plan.templates.render(template, || header_scope.clone()) {
                 Ok(value) => headers.push((name.clone(), value)),
                 Err(e) => {
                     broken = Some(Fault::new(
@@ -459,8 +459,14 @@ impl<'a> Unit<'a> {
                             )),
                         }));
                     }
-                    let ctx = self.scenario.scope.with_vars(&state.vars);
-                    let message = match self.shared.plan.templates.render(template, &ctx) {
+                    let scope = &self.scenario.scope;
+                    let vars = &state.vars;
+                    let message = match self
+                        .shared
+                        .plan
+                        .templates
+                        .render(template, || scope.with_vars(vars))
+                    {
                         Ok(m) => m,
                         Err(e) => {
                             return Some(Stop::Fault(Fault::new(

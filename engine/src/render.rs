@@ -80,13 +80,18 @@ impl Templates {
         Ok(CompiledTemplate::Compiled(name))
     }
 
-    pub fn render(&self, template: &CompiledTemplate, ctx: &Value) -> Result<String, RenderError> {
+    /// Renders `template`; `ctx` is only built when the template has something to render.
+    pub fn render(
+        &self,
+        template: &CompiledTemplate,
+        ctx: impl FnOnce() -> Value,
+    ) -> Result<String, RenderError> {
         match template {
             CompiledTemplate::Literal(s) => Ok(s.to_string()),
             CompiledTemplate::Compiled(name) => self
                 .env
                 .get_template(name)
-                .and_then(|t| t.render(ctx.clone()))
+                .and_then(|t| t.render(ctx()))
                 .map_err(|error| RenderError::Render { error }),
         }
     }
