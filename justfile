@@ -25,4 +25,4 @@ bench:
 
 # Rewrite the golden diagnostics after an intended change
 bless:
-    TRELLIS_BLESS=1 cargo test -p trellis-dsl --test golden
+    TRELLIS_BLESS=1 cargo test -p trellis-dsl --test it
