@@ -1256,41 +1256,13 @@ impl<'f> Decoder<'f> {
             match v.name {
                 "include" => {}
                 "suite" => self.suite(&v, &mut items),
-                "agent" => {
-                    if let Some(a) = self.agent(&v) {
-                        items.agents.push(a);
-                    }
-                }
-                "persona" => {
-                    if let Some(p) = self.persona(&v) {
-                        items.personas.push(p);
-                    }
-                }
-                "tool" => {
-                    if let Some(t) = self.tool(&v) {
-                        items.tools.push(t);
-                    }
-                }
-                "provider" => {
-                    if let Some(p) = self.provider(&v) {
-                        items.providers.push(p);
-                    }
-                }
-                "simulator" => {
-                    if let Some(s) = self.simulator(&v) {
-                        items.simulators.push(s);
-                    }
-                }
-                "judge" => {
-                    if let Some(j) = self.judge(&v) {
-                        items.judges.push(j);
-                    }
-                }
-                "scenario" => {
-                    if let Some(s) = self.scenario(&v) {
-                        items.scenarios.push(s);
-                    }
-                }
+                "agent" => items.agents.extend(self.agent(&v)),
+                "persona" => items.personas.extend(self.persona(&v)),
+                "tool" => items.tools.extend(self.tool(&v)),
+                "provider" => items.providers.extend(self.provider(&v)),
+                "simulator" => items.simulators.extend(self.simulator(&v)),
+                "judge" => items.judges.extend(self.judge(&v)),
+                "scenario" => items.scenarios.extend(self.scenario(&v)),
                 other => self.unknown_node(other, v.name_span, "a suite file", TOP_LEVEL),
             }
         }

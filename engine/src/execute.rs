@@ -142,13 +142,7 @@ enum AgentRuntime {
 async fn start_agents(plan: &Plan) -> (Vec<AgentRuntime>, Vec<BuiltinServer>) {
     let mut servers = Vec::new();
     let mut runtimes = Vec::new();
-    let transport = match HttpTransport::new() {
-        Ok(t) => Ok(t),
-        Err(e) => Err(Fault::new(
-            FaultCategory::Setup,
-            format!("HTTP client: {e}"),
-        )),
-    };
+    let transport = HttpTransport::new();
     let header_scope = ScenarioScope::env_only().with_vars(&BTreeMap::new());
     for agent in &plan.agents {
         if let Some(reason) = &agent.unsupported {
@@ -201,14 +195,7 @@ async fn start_agents(plan: &Plan) -> (Vec<AgentRuntime>, Vec<BuiltinServer>) {
             timeout: agent.timeout,
             max_response_size: agent.max_response_size,
         };
-        let transport = match &transport {
-            Ok(t) => t.clone(),
-            Err(fault) => {
-                runtimes.push(AgentRuntime::Broken(fault.clone()));
-                continue;
-            }
-        };
-        match ConnexityClient::new(&url, headers, limits, agent.retries, transport) {
+        match ConnexityClient::new(&url, headers, limits, agent.retries, transport.clone()) {
             Ok(client) => runtimes.push(AgentRuntime::Ready {
                 client: Box::new(client),
                 limit: agent

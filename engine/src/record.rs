@@ -9,9 +9,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::protocol::ChatMessage;
 
-/// One line of the journal.
+/// One line of the journal: `{"run_started":{…}}`, `{"node":{…}}`, `{"trajectory":{…}}`,
+/// `{"run_finished":{…}}`. Externally tagged on purpose: an internally tagged enum makes
+/// serde buffer every entry before decoding it, which doubled the cost of reading a journal.
 #[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
 pub enum JournalEntry {
     RunStarted(RunInfo),
     Node(NodeRecord),

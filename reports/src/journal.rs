@@ -35,6 +35,19 @@ impl JournalReader {
     /// The next entry that parses, `None` at the end of the file.
     pub(crate) fn next_entry(&mut self) -> Result<Option<JournalEntry>, ReportError> {
         loop {
+            let Some(line) = self.next_line()? else {
+                return Ok(None);
+            };
+            match serde_json::from_slice::<JournalEntry>(line) {
+                Ok(entry) => return Ok(Some(entry)),
+                Err(_) => self.skipped += 1,
+            }
+        }
+    }
+
+    /// The next non-blank line, trimmed; `None` at the end of the file.
+    pub(crate) fn next_line(&mut self) -> Result<Option<&[u8]>, ReportError> {
+        loop {
             self.line.clear();
             // Bytes, not `read_line`: a line cut inside a multi-byte character must count as
             // one malformed line, not abort the read with an encoding error.
@@ -45,13 +58,8 @@ impl JournalReader {
             if read == 0 {
                 return Ok(None);
             }
-            let trimmed = self.line.trim_ascii();
-            if trimmed.is_empty() {
-                continue;
-            }
-            match serde_json::from_slice::<JournalEntry>(trimmed) {
-                Ok(entry) => return Ok(Some(entry)),
-                Err(_) => self.skipped += 1,
+            if !self.line.trim_ascii().is_empty() {
+                return Ok(Some(self.line.trim_ascii()));
             }
         }
     }

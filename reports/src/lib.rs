@@ -1,7 +1,8 @@
 //! Trellis results: turns a run journal into files people and tools read.
 //!
-//! [`write_reports`] streams `journal.jsonl` from a run directory and writes, next to it,
-//! five zstd-compressed Parquet tables (`trajectories`, `turns`, `tool_calls`, `criteria`,
+//! [`ReportWriter`] consumes journal entries as a run produces them; [`write_reports`]
+//! replays `journal.jsonl` from a run directory through the same writer. Either way the run
+//! directory gets five zstd-compressed Parquet tables (`trajectories`, `turns`, `tool_calls`, `criteria`,
 //! `runs`), a self-contained `report.html` and a `junit.xml`. The journal is read line by
 //! line and the tables are flushed in bounded batches, so memory does not grow with the run;
 //! a journal cut short by a crash (no `run_finished`, a truncated last line) still yields
@@ -14,10 +15,10 @@ mod junit;
 mod tables;
 mod tally;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
-use trellis_engine::record::{JournalEntry, NodeRecord, RunSummary, TrajectoryRecord};
+use trellis_engine::record::{JournalEntry, NodeRecord, RunInfo, RunSummary, TrajectoryRecord};
 
 pub use error::ReportError;
 
@@ -49,7 +50,7 @@ impl Default for ReportOptions {
         ReportOptions {
             max_failing_transcripts: 500,
             max_passing_transcripts: 200,
-            batch_rows: 64 * 1024,
+            batch_rows: 8 * 1024,
         }
     }
 }
@@ -95,79 +96,145 @@ pub fn write_reports(run_dir: &Path, options: &ReportOptions) -> Result<ReportFi
         Some(JournalEntry::RunStarted(info)) => info,
         _ => return Err(ReportError::MissingRunStarted { path: journal_path }),
     };
-
-    let mut tables = Tables::create(run_dir, &info.run_id, options.batch_rows)?;
-    let mut tally = Tally::default();
-    let mut selection = Selection::new(options);
-    let mut junit = junit::JunitBuilder::new(&info);
-    let mut finished: Option<RunSummary> = None;
-
+    let mut writer = ReportWriter::start(run_dir, &info, options)?;
     while let Some(entry) = journal.next_entry()? {
+        writer.push(&entry)?;
+    }
+    writer.skipped_lines = journal.skipped;
+    drop(journal);
+    writer.finish()
+}
+
+/// Builds every results file from journal entries as they arrive, so a run can report
+/// while it executes instead of re-reading its journal afterwards. Tables are flushed in
+/// bounded batches; only the HTML transcripts go back to the journal (for the few
+/// trajectories rendered in full), so the journal must be complete on disk at [`finish`].
+///
+/// [`finish`]: ReportWriter::finish
+pub struct ReportWriter {
+    run_dir: PathBuf,
+    info: RunInfo,
+    tables: Tables,
+    tally: Tally,
+    selection: Selection,
+    junit: junit::JunitBuilder,
+    finished: Option<RunSummary>,
+    skipped_lines: usize,
+    /// Trajectory names through each (suite, scenario, node): what makes a node a shared
+    /// prefix. Bounded by the size of the suites, not by repetitions.
+    paths: HashMap<(String, String, String), HashSet<String>>,
+}
+
+impl ReportWriter {
+    /// Creates the table files in `run_dir` for the run `info` describes.
+    pub fn start(
+        run_dir: &Path,
+        info: &RunInfo,
+        options: &ReportOptions,
+    ) -> Result<Self, ReportError> {
+        Ok(ReportWriter {
+            run_dir: run_dir.to_path_buf(),
+            info: info.clone(),
+            tables: Tables::create(run_dir, &info.run_id, options.batch_rows)?,
+            tally: Tally::default(),
+            selection: Selection::new(options),
+            junit: junit::JunitBuilder::new(info),
+            finished: None,
+            skipped_lines: 0,
+            paths: HashMap::new(),
+        })
+    }
+
+    pub fn push(&mut self, entry: &JournalEntry) -> Result<(), ReportError> {
         match entry {
             // A second `run_started` can only come from concatenated journals; the first
             // one names the run.
             JournalEntry::RunStarted(_) => {}
             JournalEntry::Node(node) => {
-                tally.add_node(&node);
-                tables.push_node(&node)?;
+                self.tally.add_node(node);
+                self.tables.push_node(node)?;
             }
             JournalEntry::Trajectory(trajectory) => {
-                tally.add_trajectory(&trajectory);
-                tables.push_trajectory(&trajectory)?;
-                junit.add(&trajectory);
-                selection.offer(trajectory);
+                self.tally.add_trajectory(trajectory);
+                self.tables.push_trajectory(trajectory)?;
+                self.junit.add(trajectory);
+                self.selection.offer(trajectory);
+                for node in &trajectory.nodes {
+                    let key = (
+                        trajectory.suite.clone(),
+                        trajectory.scenario.clone(),
+                        node.clone(),
+                    );
+                    let names = self.paths.entry(key).or_default();
+                    if !names.contains(&trajectory.trajectory) {
+                        names.insert(trajectory.trajectory.clone());
+                    }
+                }
             }
-            JournalEntry::RunFinished(summary) => finished = Some(summary),
+            JournalEntry::RunFinished(summary) => self.finished = Some(summary.clone()),
         }
+        Ok(())
     }
-    let skipped_lines = journal.skipped;
-    drop(journal);
 
-    let totals = tally.total;
-    let table_paths = tables.finish(RunRow {
-        info: &info,
-        finished: finished.as_ref(),
-        trajectories: totals.total(),
-        passed: totals.passed,
-        failed: totals.failed,
-        errors: totals.errors,
-        skipped: totals.skipped,
-        turns: tally.turns,
-    })?;
-
-    let junit_path = run_dir.join(JUNIT_FILE);
-    junit.write(&junit_path)?;
-
-    let rendered = selection.into_ordered();
-    let nodes = gather_nodes(&journal_path, &rendered.trajectories)?;
-    let html_path = run_dir.join(HTML_FILE);
-    html::write(
-        &html_path,
-        &html::Page {
+    /// Writes the last table batches, `junit.xml` and `report.html`.
+    pub fn finish(self) -> Result<ReportFiles, ReportError> {
+        let ReportWriter {
+            run_dir,
+            info,
+            tables,
+            tally,
+            selection,
+            junit,
+            finished,
+            skipped_lines,
+            paths,
+        } = self;
+        let totals = tally.total;
+        let table_paths = tables.finish(RunRow {
             info: &info,
             finished: finished.as_ref(),
-            tally: &tally,
-            rendered: &rendered,
-            nodes: &nodes,
-            skipped_lines,
-        },
-    )?;
+            trajectories: totals.total(),
+            passed: totals.passed,
+            failed: totals.failed,
+            errors: totals.errors,
+            skipped: totals.skipped,
+            turns: tally.turns,
+        })?;
 
-    Ok(ReportFiles {
-        trajectories: table_paths.trajectories,
-        turns: table_paths.turns,
-        tool_calls: table_paths.tool_calls,
-        criteria: table_paths.criteria,
-        runs: table_paths.runs,
-        html: html_path,
-        junit: junit_path,
-        skipped_lines,
-        complete: finished.is_some(),
-    })
+        let junit_path = run_dir.join(JUNIT_FILE);
+        junit.write(&junit_path)?;
+
+        let rendered = selection.into_ordered();
+        let nodes = gather_nodes(&run_dir.join(JOURNAL_FILE), &rendered.trajectories, &paths)?;
+        let html_path = run_dir.join(HTML_FILE);
+        html::write(
+            &html_path,
+            &html::Page {
+                info: &info,
+                finished: finished.as_ref(),
+                tally: &tally,
+                rendered: &rendered,
+                nodes: &nodes,
+                skipped_lines,
+            },
+        )?;
+
+        Ok(ReportFiles {
+            trajectories: table_paths.trajectories,
+            turns: table_paths.turns,
+            tool_calls: table_paths.tool_calls,
+            criteria: table_paths.criteria,
+            runs: table_paths.runs,
+            html: html_path,
+            junit: junit_path,
+            skipped_lines,
+            complete: finished.is_some(),
+        })
+    }
 }
 
 /// Identifies one execution node of one repetition.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Deserialize)]
 pub(crate) struct NodeKey {
     suite: String,
     scenario: String,
@@ -186,16 +253,13 @@ impl NodeKey {
             node: node.to_owned(),
         }
     }
+}
 
-    fn of_record(record: &NodeRecord) -> Self {
-        NodeKey {
-            suite: record.suite.clone(),
-            scenario: record.scenario.clone(),
-            agent: record.agent.clone(),
-            repetition: record.repetition,
-            node: record.node.clone(),
-        }
-    }
+/// A journal line with only what [`gather_nodes`] looks at.
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum KeysOnly {
+    Node(NodeKey),
 }
 
 /// A node needed by a rendered transcript.
@@ -208,35 +272,44 @@ pub(crate) struct NodeSlot {
 }
 
 /// Second pass over the journal: the node records of the trajectories the HTML renders,
-/// and only those, so memory stays bounded by the rendering caps.
+/// and only those, so memory stays bounded by the rendering caps. Only node lines are
+/// decoded, and only their keys unless a rendered transcript needs them.
 fn gather_nodes(
     journal_path: &Path,
     rendered: &[TrajectoryRecord],
+    paths: &HashMap<(String, String, String), HashSet<String>>,
 ) -> Result<HashMap<NodeKey, NodeSlot>, ReportError> {
     let mut nodes: HashMap<NodeKey, NodeSlot> = rendered
         .iter()
-        .flat_map(|t| t.nodes.iter().map(|n| NodeKey::of(t, n)))
-        .map(|key| (key, NodeSlot::default()))
+        .flat_map(|t| t.nodes.iter().map(move |n| (t, n)))
+        .map(|(t, n)| {
+            let sharing = paths
+                .get(&(t.suite.clone(), t.scenario.clone(), n.clone()))
+                .map_or(0, |names| u32::try_from(names.len()).unwrap_or(u32::MAX));
+            (
+                NodeKey::of(t, n),
+                NodeSlot {
+                    record: None,
+                    trajectories: sharing,
+                },
+            )
+        })
         .collect();
     if nodes.is_empty() {
         return Ok(nodes);
     }
     let mut journal = JournalReader::open(journal_path)?;
-    while let Some(entry) = journal.next_entry()? {
-        match entry {
-            JournalEntry::Node(record) => {
-                if let Some(slot) = nodes.get_mut(&NodeKey::of_record(&record)) {
-                    slot.record = Some(record);
-                }
-            }
-            JournalEntry::Trajectory(trajectory) => {
-                for node in &trajectory.nodes {
-                    if let Some(slot) = nodes.get_mut(&NodeKey::of(&trajectory, node)) {
-                        slot.trajectories = slot.trajectories.saturating_add(1);
-                    }
-                }
-            }
-            JournalEntry::RunStarted(_) | JournalEntry::RunFinished(_) => {}
+    while let Some(line) = journal.next_line()? {
+        if !line.starts_with(br#"{"node":"#) {
+            continue;
+        }
+        let Ok(KeysOnly::Node(key)) = serde_json::from_slice::<KeysOnly>(line) else {
+            continue;
+        };
+        if let Some(slot) = nodes.get_mut(&key)
+            && let Ok(JournalEntry::Node(record)) = serde_json::from_slice::<JournalEntry>(line)
+        {
+            slot.record = Some(record);
         }
     }
     Ok(nodes)

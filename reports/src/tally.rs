@@ -110,7 +110,7 @@ impl Selection {
         }
     }
 
-    pub(crate) fn offer(&mut self, trajectory: TrajectoryRecord) {
+    pub(crate) fn offer(&mut self, trajectory: &TrajectoryRecord) {
         let (kept, max, omitted) = if trajectory.status == TrajectoryStatus::Passed {
             (
                 &mut self.passing,
@@ -125,7 +125,7 @@ impl Selection {
             )
         };
         if kept.len() < max {
-            kept.push(trajectory);
+            kept.push(trajectory.clone());
         } else {
             *omitted = omitted.saturating_add(1);
         }

@@ -20,7 +20,11 @@ pub struct BenchArgs {
     /// Agent calls in flight at once.
     #[arg(long, short = 'j', default_value_t = 256)]
     jobs: usize,
-    /// Keep the run directory here instead of a temporary one.
+    /// Measure this many runs and print each with the median (CPU timings on shared
+    /// machines vary from run to run).
+    #[arg(long, default_value_t = 3)]
+    runs: u32,
+    /// Keep the run directories here (run-0, run-1, …) instead of a temporary directory.
     #[arg(long, value_name = "DIR")]
     out: Option<std::path::PathBuf>,
 }
@@ -57,61 +61,97 @@ scenario "bench" {{
         eprintln!("error: cannot write the bench suite: {e}");
         return EXIT_INVALID;
     }
-    let out = args.out.unwrap_or_else(|| dir.path().join("run"));
+    let expected = u64::from(args.trajectories) * TURNS;
+    println!(
+        "{} trajectories × {TURNS} turns against the builtin agent, --jobs {}, {} run(s)",
+        args.trajectories, args.jobs, args.runs
+    );
+    println!("CPU is whole-process (engine, builtin agent, journal, Parquet, HTML, JUnit).\n");
+    println!(
+        "{:>4} {:>10} {:>12} {:>14} {:>16}",
+        "run", "wall s", "turns/s", "CPU µs/turn", "reports µs/turn"
+    );
+    let mut figures = Vec::new();
+    for run in 0..args.runs.max(1) {
+        let out = match &args.out {
+            Some(out) => out.join(format!("run-{run}")),
+            None => dir.path().join(format!("run-{run}")),
+        };
+        let Some(f) = measure(&suite, &out, args.jobs) else {
+            return EXIT_INVALID;
+        };
+        if f.turns != expected || f.exit_code != EXIT_OK {
+            eprintln!(
+                "error: run {run} took {} turns (expected {expected}) and exited {}",
+                f.turns, f.exit_code
+            );
+            return EXIT_FAILED;
+        }
+        let per_turn = |secs: f64| secs * 1e6 / f.turns as f64;
+        println!(
+            "{:>4} {:>10.2} {:>12.0} {:>14.1} {:>16.1}",
+            run + 1,
+            f.wall,
+            f.turns as f64 / f.wall,
+            per_turn(f.cpu),
+            per_turn(f.report_cpu)
+        );
+        figures.push((f.turns as f64 / f.wall, per_turn(f.cpu)));
+    }
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!(
+        "\nmedian            {:.0} turns/s, {:.1} µs CPU per turn",
+        median(figures.iter().map(|f| f.0).collect()),
+        median(figures.iter().map(|f| f.1).collect())
+    );
+    println!(
+        "peak memory       {:.1} MiB (max RSS of the process)",
+        peak_rss_mib()
+    );
+    EXIT_OK
+}
 
+struct Figures {
+    turns: u64,
+    wall: f64,
+    cpu: f64,
+    report_cpu: f64,
+    exit_code: u8,
+}
+
+/// One full run: load, plan, execute, report.
+fn measure(suite: &std::path::Path, out: &std::path::Path, jobs: usize) -> Option<Figures> {
     let cpu_before = cpu_time();
     let wall = Instant::now();
-    let Some(project) = super::load(&[suite]) else {
-        return EXIT_INVALID;
-    };
+    let project = super::load(&[suite.to_path_buf()])?;
     let plan = match Plan::build(&project, &Selection::default()) {
         Ok(plan) => plan,
         Err(e) => {
             eprintln!("{:?}", miette::Report::new(e));
-            return EXIT_INVALID;
+            return None;
         }
     };
-    let outcome = match super::run::execute_plan(plan, "bench", &out, args.jobs, true, true) {
+    let outcome = match super::run::execute_plan(plan, "bench", out, jobs, true, true) {
         Ok(o) => o,
         Err(e) => {
             eprintln!("error: {e}");
-            return EXIT_FAILED;
+            return None;
         }
     };
-    let wall = wall.elapsed().as_secs_f64();
-    let cpu = cpu_time() - cpu_before;
-    let turns = outcome.summary.as_ref().map_or(0, |s| s.turns);
-    let expected = u64::from(args.trajectories) * TURNS;
-    println!("trajectories      {}", args.trajectories);
-    println!("turns             {turns} (expected {expected})");
-    if let Some(s) = &outcome.summary {
-        println!(
-            "outcome           {} passed, {} failed, {} error",
-            s.passed, s.failed, s.errors
-        );
-    }
-    println!("jobs              {}", args.jobs);
-    println!("wall time         {wall:.2} s");
-    println!("turns/second      {:.0}", turns as f64 / wall);
-    println!("CPU time          {cpu:.2} s (whole process: engine, builtin agent, reports)");
-    println!(
-        "CPU per turn      {:.1} µs",
-        if turns == 0 {
-            0.0
-        } else {
-            cpu * 1e6 / turns as f64
-        }
-    );
-    println!("peak memory       {:.1} MiB (max RSS)", peak_rss_mib());
-    if turns == expected && outcome.exit_code == EXIT_OK {
-        EXIT_OK
-    } else {
-        EXIT_FAILED
-    }
+    Some(Figures {
+        turns: outcome.summary.as_ref().map_or(0, |s| s.turns),
+        wall: wall.elapsed().as_secs_f64(),
+        cpu: cpu_time() - cpu_before,
+        report_cpu: outcome.report_cpu,
+        exit_code: outcome.exit_code,
+    })
 }
 
 /// User + system CPU seconds of this process so far.
-fn cpu_time() -> f64 {
+pub fn cpu_time() -> f64 {
     let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
     // SAFETY: getrusage writes a full rusage into the pointer it is given.
     let usage = unsafe {
@@ -124,7 +164,7 @@ fn cpu_time() -> f64 {
     secs(usage.ru_utime) + secs(usage.ru_stime)
 }
 
-fn peak_rss_mib() -> f64 {
+pub fn peak_rss_mib() -> f64 {
     let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
     // SAFETY: as above.
     let usage = unsafe {

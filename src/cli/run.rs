@@ -9,6 +9,7 @@ use trellis_engine::execute::{self, RunOptions};
 use trellis_engine::journal::JournalWriter;
 use trellis_engine::plan::Plan;
 use trellis_engine::record::RunSummary;
+use trellis_reports::ReportWriter;
 
 use super::console::Console;
 use super::{EXIT_FAILED, EXIT_INVALID, EXIT_OK, RunArgs};
@@ -44,6 +45,8 @@ pub fn run(args: RunArgs) -> u8 {
 pub struct Outcome {
     pub exit_code: u8,
     pub summary: Option<RunSummary>,
+    /// Process CPU seconds spent writing the reports (for `bench`).
+    pub report_cpu: f64,
 }
 
 /// Runs a plan into `out` and writes every report. Shared by `run` and `bench`.
@@ -56,7 +59,7 @@ pub fn execute_plan(
     silent: bool,
 ) -> Result<Outcome, String> {
     let mut journal = JournalWriter::create(out).map_err(|e| format!("{e}: {}", source(&e)))?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
@@ -65,6 +68,10 @@ pub fn execute_plan(
         run_id: run_id.to_string(),
         jobs,
     };
+    let report_options = trellis_reports::ReportOptions::default();
+    let mut report: Option<ReportWriter> = None;
+    let mut report_error: Option<trellis_reports::ReportError> = None;
+    let mut report_cpu = 0.0;
     let (summary, interrupted, journal_error) = runtime.block_on(async {
         let (tx, mut rx) = event::channel();
         let mut engine = tokio::spawn(execute::run(plan, options, tx));
@@ -82,6 +89,9 @@ pub fn execute_plan(
                         {
                             journal_error = Some(e);
                         }
+                        let cpu = super::bench::cpu_time();
+                        feed_report(&mut report, &mut report_error, out, &report_options, &ev);
+                        report_cpu += super::bench::cpu_time() - cpu;
                         if let Event::RunFinished(s) = &ev {
                             summary = Some(s.clone());
                         }
@@ -104,11 +114,19 @@ pub fn execute_plan(
     if let Some(e) = journal_error {
         return Err(format!("{e}: {}", source(&e)));
     }
+    // The HTML transcripts are read back from the journal: it must be complete on disk first.
     let journal_path = journal
         .finish()
         .map_err(|e| format!("{e}: {}", source(&e)))?;
 
-    let files = trellis_reports::write_reports(out, &trellis_reports::ReportOptions::default());
+    let cpu_before_finish = super::bench::cpu_time();
+    let files = match (report, report_error) {
+        (Some(writer), None) => writer.finish(),
+        (_, Some(e)) => Err(e),
+        // No event reached the writer: rebuild from whatever the journal holds.
+        (None, None) => trellis_reports::write_reports(out, &report_options),
+    };
+    report_cpu += super::bench::cpu_time() - cpu_before_finish;
     let files = match files {
         Ok(files) => files,
         Err(e) => {
@@ -116,6 +134,7 @@ pub fn execute_plan(
             return Ok(Outcome {
                 exit_code: EXIT_FAILED,
                 summary,
+                report_cpu,
             });
         }
     };
@@ -128,7 +147,36 @@ pub fn execute_plan(
             _ => EXIT_FAILED,
         }
     };
-    Ok(Outcome { exit_code, summary })
+    Ok(Outcome {
+        exit_code,
+        summary,
+        report_cpu,
+    })
+}
+
+/// Feeds one event to the report writer, creating it at `run_started`. The first report
+/// error stops reporting (it is shown at the end) but never the run: the journal still
+/// records everything.
+fn feed_report(
+    report: &mut Option<ReportWriter>,
+    error: &mut Option<trellis_reports::ReportError>,
+    out: &Path,
+    options: &trellis_reports::ReportOptions,
+    event: &Event,
+) {
+    if error.is_some() {
+        return;
+    }
+    let result = match (report.as_mut(), event) {
+        (None, Event::RunStarted(info)) => {
+            ReportWriter::start(out, info, options).map(|w| *report = Some(w))
+        }
+        (Some(writer), event) => writer.push(event),
+        (None, _) => Ok(()),
+    };
+    if let Err(e) = result {
+        *error = Some(e);
+    }
 }
 
 fn source(e: &dyn std::error::Error) -> String {

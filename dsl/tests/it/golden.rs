@@ -1,7 +1,7 @@
 //! Golden tests of the diagnostics: every `tests/golden/NAME.kdl` file or `NAME/` directory
 //! is loaded and its rendered errors must equal `tests/golden/NAME.expected`.
 //!
-//! `TRELLIS_BLESS=1 cargo test -p trellis-dsl --test golden` rewrites the expected files;
+//! `TRELLIS_BLESS=1 cargo test -p trellis-dsl --test it` rewrites the expected files;
 //! review the diff by eye, since these are the product's error messages.
 
 use std::fs;

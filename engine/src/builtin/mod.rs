@@ -1,8 +1,11 @@
 //! Embedded reference agents, served on 127.0.0.1 for the length of a run so example suites
 //! and tests exercise the real wire protocol offline.
 //!
-//! [`serve`] binds an ephemeral loopback port and runs the agent on a spawned task; the
-//! returned [`BuiltinServer`] stops it gracefully when dropped or shut down.
+//! [`serve`] binds an ephemeral loopback port and runs the agent on a thread of its own with
+//! its own single-threaded runtime, so the agent never competes with the engine's scheduler
+//! (its work does not distort the latencies the engine measures, and neither side pays for
+//! cross-thread task stealing). The returned [`BuiltinServer`] stops it gracefully when
+//! dropped or shut down.
 
 pub mod booking;
 
@@ -11,7 +14,6 @@ use std::net::{Ipv4Addr, SocketAddr};
 
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 
 /// Names accepted by `builtin="…"`.
 pub const BUILTINS: &[&str] = &["booking"];
@@ -43,7 +45,7 @@ pub struct BuiltinServer {
     addr: SocketAddr,
     path: &'static str,
     stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<io::Result<()>>>,
+    thread: Option<std::thread::JoinHandle<io::Result<()>>>,
 }
 
 impl BuiltinServer {
@@ -66,16 +68,16 @@ impl BuiltinServer {
             // The task may already be gone; there is nothing left to stop then.
             let _ = stop.send(());
         }
-        let Some(task) = self.task.take() else {
+        let Some(thread) = self.thread.take() else {
             return Ok(());
         };
-        match task.await {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(source)) => Err(BuiltinError::Serve {
+        match tokio::task::spawn_blocking(move || thread.join()).await {
+            Ok(Ok(Ok(()))) => Ok(()),
+            Ok(Ok(Err(source))) => Err(BuiltinError::Serve {
                 name: self.name.to_owned(),
                 source,
             }),
-            Err(_) => Err(BuiltinError::Crashed {
+            Ok(Err(_)) | Err(_) => Err(BuiltinError::Crashed {
                 name: self.name.to_owned(),
             }),
         }
@@ -104,24 +106,32 @@ pub async fn serve(name: &str) -> Result<BuiltinServer, BuiltinError> {
         name: name.to_owned(),
         source,
     };
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .await
-        .map_err(bind_error)?;
+    let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(bind_error)?;
+    listener.set_nonblocking(true).map_err(bind_error)?;
     let addr = listener.local_addr().map_err(bind_error)?;
     let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        axum::serve(listener, router)
-            .with_graceful_shutdown(async move {
-                // A dropped sender means the same as a sent stop.
-                let _ = stopped.await;
+    let thread = std::thread::Builder::new()
+        .name(format!("builtin-{name}"))
+        .spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(async move {
+                let listener = TcpListener::from_std(listener)?;
+                axum::serve(listener, router)
+                    .with_graceful_shutdown(async move {
+                        // A dropped sender means the same as a sent stop.
+                        let _ = stopped.await;
+                    })
+                    .await
             })
-            .await
-    });
+        })
+        .map_err(bind_error)?;
     Ok(BuiltinServer {
         name,
         addr,
         path,
         stop: Some(stop),
-        task: Some(task),
+        thread: Some(thread),
     })
 }

@@ -173,6 +173,19 @@ pub fn parse_response(body: &[u8]) -> Result<AgentTurn, Fault> {
             "empty response body (expected a JSON AgentResponse)",
         ));
     }
+    if let Ok(wire) = serde_json::from_slice::<WireResponse>(body) {
+        let messages = wire
+            .messages
+            .into_iter()
+            .map(WireMessage::into_message)
+            .collect();
+        return finish_turn(
+            messages,
+            wire.usage.as_ref(),
+            optional_string(wire.model),
+            optional_string(wire.provider),
+        );
+    }
     let value: Value = serde_json::from_slice(body).map_err(|e| {
         Fault::new(
             FaultCategory::InvalidJson,
@@ -198,31 +211,117 @@ pub fn parse_response(body: &[u8]) -> Result<AgentTurn, Fault> {
         }
     };
 
-    let mut turn = AgentTurn {
-        messages: Vec::with_capacity(messages.len()),
-        ..AgentTurn::default()
-    };
-    for (i, message) in messages.into_iter().enumerate() {
-        turn.messages.push(parse_message(i, message)?);
-    }
-    if !turn.messages.iter().any(|m| m.role == "assistant") {
+    let messages = messages
+        .into_iter()
+        .enumerate()
+        .map(|(i, message)| parse_message(i, message))
+        .collect::<Result<Vec<_>, _>>()?;
+    let usage = root.get("usage").cloned();
+    finish_turn(
+        messages,
+        usage.as_ref(),
+        optional_string(root.remove("model")),
+        optional_string(root.remove("provider")),
+    )
+}
+
+/// The checks and derived fields shared by both decoding paths.
+fn finish_turn(
+    messages: Vec<ChatMessage>,
+    usage: Option<&Value>,
+    model: Option<String>,
+    provider: Option<String>,
+) -> Result<AgentTurn, Fault> {
+    if !messages.iter().any(|m| m.role == "assistant") {
         return Err(protocol(
             "response has no assistant message (`messages` must end with the assistant's reply)"
                 .to_owned(),
         ));
     }
-    turn.reply = turn
-        .messages
+    let reply = messages
         .iter()
         .rev()
         .filter(|m| m.role == "assistant")
         .find_map(|m| m.content.as_deref().filter(|c| !c.trim().is_empty()))
         .map(str::to_owned);
-    turn.tool_calls = pair_tool_calls(&turn.messages);
-    turn.usage = root.get("usage").and_then(parse_usage);
-    turn.model = optional_string(root.remove("model"));
-    turn.provider = optional_string(root.remove("provider"));
-    Ok(turn)
+    let tool_calls = pair_tool_calls(&messages);
+    Ok(AgentTurn {
+        messages,
+        reply,
+        tool_calls,
+        usage: usage.and_then(parse_usage),
+        model,
+        provider,
+        ttft: None,
+    })
+}
+
+/// The response exactly as the contract writes it. Decoding straight into it avoids
+/// building a JSON tree every turn; a response that does not fit (wrong types, object
+/// arguments, …) goes through the tolerant tree walk, which also says what is wrong.
+#[derive(serde::Deserialize)]
+struct WireResponse {
+    messages: Vec<WireMessage>,
+    #[serde(default)]
+    usage: Option<Value>,
+    #[serde(default)]
+    model: Option<Value>,
+    #[serde(default)]
+    provider: Option<Value>,
+}
+
+#[derive(serde::Deserialize)]
+struct WireMessage {
+    role: String,
+    #[serde(default)]
+    content: Option<String>,
+    #[serde(default)]
+    tool_calls: Option<Vec<WireToolCall>>,
+    #[serde(default)]
+    tool_call_id: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
+}
+
+#[derive(serde::Deserialize)]
+struct WireToolCall {
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default, rename = "type")]
+    kind: Option<String>,
+    function: WireFunction,
+}
+
+#[derive(serde::Deserialize)]
+struct WireFunction {
+    name: String,
+    /// Only the string form takes the fast path.
+    #[serde(default)]
+    arguments: Option<String>,
+}
+
+impl WireMessage {
+    fn into_message(self) -> ChatMessage {
+        ChatMessage {
+            role: self.role,
+            content: self.content,
+            tool_calls: self
+                .tool_calls
+                .unwrap_or_default()
+                .into_iter()
+                .map(|c| ToolCall {
+                    id: c.id.unwrap_or_default(),
+                    kind: c.kind.unwrap_or_else(|| "function".to_owned()),
+                    function: ToolCallFunction {
+                        name: c.function.name,
+                        arguments: c.function.arguments.unwrap_or_else(|| "{}".to_owned()),
+                    },
+                })
+                .collect(),
+            tool_call_id: self.tool_call_id,
+            name: self.name,
+        }
+    }
 }
 
 fn parse_message(i: usize, message: Value) -> Result<ChatMessage, Fault> {

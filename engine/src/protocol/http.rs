@@ -12,6 +12,7 @@ use std::fmt::Write as _;
 use std::future::Future;
 use std::io;
 use std::net::IpAddr;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
@@ -33,13 +34,6 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 /// First retry delay; later delays double up to [`MAX_BACKOFF`], plus jitter.
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
-
-/// Could not set the transport up.
-#[derive(Debug, thiserror::Error)]
-pub enum TransportError {
-    #[error("could not build the HTTP client: {0}")]
-    Build(#[source] reqwest::Error),
-}
 
 /// Per-attempt limits of one agent's calls.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,26 +62,27 @@ pub struct HttpResponse {
 
 /// The HTTP client of a run: one keep-alive pool shared by every agent and call.
 ///
-/// Cheap to clone (the clients inside are reference counted).
-#[derive(Clone, Debug)]
+/// Cheap to clone (the clients inside are reference counted). Clients are built on first
+/// use: building one loads the system's CA bundle, which costs more CPU than thousands of
+/// loopback turns, and a run against local agents never needs the proxied client.
+#[derive(Clone, Debug, Default)]
 pub struct HttpTransport {
+    clients: Arc<Clients>,
+}
+
+#[derive(Debug, Default)]
+struct Clients {
     /// Honours the proxy environment variables, for remote agents.
-    proxied: reqwest::Client,
+    proxied: OnceLock<Result<reqwest::Client, String>>,
     /// Never goes through a proxy: loopback agents (builtins, local dev servers) must not be
     /// sent to a proxy configured for the outside world.
-    direct: reqwest::Client,
+    direct: OnceLock<Result<reqwest::Client, String>>,
 }
 
 impl HttpTransport {
-    /// Builds the run's clients. Call once per run and clone the result.
-    pub fn new() -> Result<Self, TransportError> {
-        Ok(HttpTransport {
-            proxied: Self::builder().build().map_err(TransportError::Build)?,
-            direct: Self::builder()
-                .no_proxy()
-                .build()
-                .map_err(TransportError::Build)?,
-        })
+    /// The run's transport. Call once per run and clone the result.
+    pub fn new() -> Self {
+        Self::default()
     }
 
     fn builder() -> reqwest::ClientBuilder {
@@ -98,7 +93,7 @@ impl HttpTransport {
             .user_agent(concat!("trellis/", env!("CARGO_PKG_VERSION")))
     }
 
-    fn client_for(&self, url: &Url) -> &reqwest::Client {
+    fn client_for(&self, url: &Url) -> Result<&reqwest::Client, Fault> {
         let loopback = url.host_str().is_some_and(|host| {
             host.eq_ignore_ascii_case("localhost")
                 || host
@@ -107,11 +102,24 @@ impl HttpTransport {
                     .parse::<IpAddr>()
                     .is_ok_and(|ip| ip.is_loopback())
         });
-        if loopback {
-            &self.direct
+        let client = if loopback {
+            self.clients.direct.get_or_init(|| {
+                Self::builder()
+                    .no_proxy()
+                    .build()
+                    .map_err(|e| e.to_string())
+            })
         } else {
-            &self.proxied
-        }
+            self.clients
+                .proxied
+                .get_or_init(|| Self::builder().build().map_err(|e| e.to_string()))
+        };
+        client.as_ref().map_err(|e| {
+            Fault::new(
+                FaultCategory::Setup,
+                format!("could not build the HTTP client: {e}"),
+            )
+        })
     }
 
     /// POSTs `body` (already serialised JSON) and reads the whole answer, all within
@@ -150,7 +158,7 @@ impl HttpTransport {
         progress: &mut Progress,
     ) -> Result<HttpResponse, Fault> {
         let mut response = self
-            .client_for(url)
+            .client_for(url)?
             .post(url.clone())
             .headers(headers.clone())
             .body(body)

@@ -20,7 +20,7 @@ impl Conversation {
             Vec::new(),
             CallLimits::default(),
             0,
-            HttpTransport::new().unwrap(),
+            HttpTransport::new(),
         )
         .unwrap();
         Conversation {

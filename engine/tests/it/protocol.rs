@@ -76,7 +76,7 @@ async fn request_has_the_connexity_shape() {
         ],
         limits(SHORT),
         0,
-        HttpTransport::new().unwrap(),
+        HttpTransport::new(),
     )
     .unwrap();
     let ctx = CallContext {
@@ -118,7 +118,7 @@ async fn request_has_the_connexity_shape() {
 
 #[test]
 fn invalid_headers_are_rejected_without_leaking_the_value() {
-    let transport = HttpTransport::new().unwrap();
+    let transport = HttpTransport::new();
     let bad_name = ConnexityClient::new(
         "http://127.0.0.1:1/agent/respond",
         vec![("Bad Header".into(), "x".into())],

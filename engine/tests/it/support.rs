@@ -137,14 +137,7 @@ pub async fn closed_port() -> SocketAddr {
 
 /// A Connexity client for `url` with its own transport.
 pub fn client(url: &str, retries: u32, limits: CallLimits) -> ConnexityClient {
-    ConnexityClient::new(
-        url,
-        Vec::new(),
-        limits,
-        retries,
-        HttpTransport::new().unwrap(),
-    )
-    .unwrap()
+    ConnexityClient::new(url, Vec::new(), limits, retries, HttpTransport::new()).unwrap()
 }
 
 pub fn limits(timeout: Duration) -> CallLimits {

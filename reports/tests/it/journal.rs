@@ -12,7 +12,7 @@ fn crashed_run_still_produces_tables() {
     let dir = tempfile::tempdir().unwrap();
     // No `run_finished`, and a last line cut mid-write inside a multi-byte character.
     let mut truncated =
-        br#"{"type":"trajectory","suite":"shop","scenario":"booking","trajectory":"caf"#.to_vec();
+        br#"{"trajectory":{"suite":"shop","scenario":"booking","trajectory":"caf"#.to_vec();
     truncated.push(0xC3);
     let tail = String::from_utf8_lossy(&truncated).into_owned();
     write_journal(dir.path(), &entries(), &tail);
