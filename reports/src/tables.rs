@@ -6,11 +6,10 @@
 //! row group and dropped. Memory therefore depends on the batch size, never on the size of
 //! the journal. Column names and types are documented in `docs/results.md`.
 
-use std::cell::RefCell;
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::rc::Rc;
+use std::sync::{Arc, Mutex};
 
 use polars::prelude::*;
 use trellis_engine::record::{
@@ -216,27 +215,31 @@ table!(
 
 /// A `Write` handle shared between polars' writer and us: polars' batched writer never
 /// hands its writer back, and the buffered bytes must be flushed with errors reported, not
-/// silently on drop.
+/// silently on drop. A mutex rather than a `RefCell` so a report can be built on the
+/// reporter thread; it is never contended.
 #[derive(Clone)]
-struct SharedFile(Rc<RefCell<BufWriter<File>>>);
+struct SharedFile(Arc<Mutex<BufWriter<File>>>);
 
 impl Write for SharedFile {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         self.0
-            .try_borrow_mut()
-            .map_err(io::Error::other)?
+            .lock()
+            .map_err(|_| io::Error::other("a table writer panicked"))?
             .write(buf)
     }
 
     fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
         self.0
-            .try_borrow_mut()
-            .map_err(io::Error::other)?
+            .lock()
+            .map_err(|_| io::Error::other("a table writer panicked"))?
             .write_all(buf)
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        self.0.try_borrow_mut().map_err(io::Error::other)?.flush()
+        self.0
+            .lock()
+            .map_err(|_| io::Error::other("a table writer panicked"))?
+            .flush()
     }
 }
 
@@ -253,7 +256,7 @@ impl<R: Rows> TableFile<R> {
     fn create(dir: &Path, name: &str, batch_rows: usize) -> Result<Self, ReportError> {
         let path = dir.join(name);
         let file = File::create(&path).map_err(|e| ReportError::io("create", &path, e))?;
-        let file = SharedFile(Rc::new(RefCell::new(BufWriter::new(file))));
+        let file = SharedFile(Arc::new(Mutex::new(BufWriter::new(file))));
         let mut buf = R::default();
         // The schema comes from the (empty) buffers themselves, so a table that never gets a
         // row is still a valid file with the right columns.

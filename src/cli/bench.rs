@@ -68,8 +68,8 @@ scenario "bench" {{
     );
     println!("CPU is whole-process (engine, builtin agent, journal, Parquet, HTML, JUnit).\n");
     println!(
-        "{:>4} {:>10} {:>12} {:>14} {:>16}",
-        "run", "wall s", "turns/s", "CPU µs/turn", "reports µs/turn"
+        "{:>4} {:>10} {:>12} {:>14} {:>18}",
+        "run", "wall s", "turns/s", "CPU µs/turn", "reporting µs/turn"
     );
     let mut figures = Vec::new();
     for run in 0..args.runs.max(1) {
@@ -89,7 +89,7 @@ scenario "bench" {{
         }
         let per_turn = |secs: f64| secs * 1e6 / f.turns as f64;
         println!(
-            "{:>4} {:>10.2} {:>12.0} {:>14.1} {:>16.1}",
+            "{:>4} {:>10.2} {:>12.0} {:>14.1} {:>18.1}",
             run + 1,
             f.wall,
             f.turns as f64 / f.wall,
@@ -152,10 +152,19 @@ fn measure(suite: &std::path::Path, out: &std::path::Path, jobs: usize) -> Optio
 
 /// User + system CPU seconds of this process so far.
 pub fn cpu_time() -> f64 {
+    rusage_cpu(libc::RUSAGE_SELF)
+}
+
+/// User + system CPU seconds of the calling thread so far.
+pub fn thread_cpu_time() -> f64 {
+    rusage_cpu(libc::RUSAGE_THREAD)
+}
+
+fn rusage_cpu(who: libc::c_int) -> f64 {
     let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
     // SAFETY: getrusage writes a full rusage into the pointer it is given.
     let usage = unsafe {
-        if libc::getrusage(libc::RUSAGE_SELF, usage.as_mut_ptr()) != 0 {
+        if libc::getrusage(who, usage.as_mut_ptr()) != 0 {
             return 0.0;
         }
         usage.assume_init()

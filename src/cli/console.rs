@@ -95,12 +95,6 @@ impl Console {
         }
     }
 
-    pub fn interrupted(&self) {
-        if !self.silent {
-            eprintln!("interrupted: stopping; finished trajectories are kept and reported");
-        }
-    }
-
     pub fn finish(
         &self,
         summary: Option<&RunSummary>,
@@ -194,6 +188,20 @@ impl Console {
             );
         }
 
+        if summary.is_none() {
+            let (mut passed, mut failed, mut errors, mut skipped) = (0, 0, 0, 0);
+            for c in self.per_scenario.values() {
+                passed += c.passed;
+                failed += c.failed;
+                errors += c.errors;
+                skipped += c.skipped;
+            }
+            println!(
+                "\nrun did not finish: {} trajectories recorded ({passed} passed, {failed} failed, \
+                 {errors} error, {skipped} skipped)",
+                passed + failed + errors + skipped
+            );
+        }
         if let Some(s) = summary {
             println!(
                 "\n{} trajectories: {} passed, {} failed, {} error, {} skipped · {} turns in {:.1}s",

@@ -6,7 +6,7 @@ use std::time::SystemTime;
 
 use trellis_engine::event::{self, Event};
 use trellis_engine::execute::{self, RunOptions};
-use trellis_engine::journal::JournalWriter;
+use trellis_engine::journal::{JournalError, JournalWriter};
 use trellis_engine::plan::Plan;
 use trellis_engine::record::RunSummary;
 use trellis_reports::ReportWriter;
@@ -45,11 +45,15 @@ pub fn run(args: RunArgs) -> u8 {
 pub struct Outcome {
     pub exit_code: u8,
     pub summary: Option<RunSummary>,
-    /// Process CPU seconds spent writing the reports (for `bench`).
+    /// CPU seconds of the reporter thread: journal, tables, HTML, JUnit (for `bench`).
     pub report_cpu: f64,
 }
 
 /// Runs a plan into `out` and writes every report. Shared by `run` and `bench`.
+///
+/// The engine runs on this thread's runtime; every reporter (journal, tables, console) runs
+/// on a thread of its own fed by the event stream, so writing results never delays an agent
+/// call and never inflates a measured latency.
 pub fn execute_plan(
     plan: Plan,
     run_id: &str,
@@ -58,59 +62,67 @@ pub fn execute_plan(
     quiet: bool,
     silent: bool,
 ) -> Result<Outcome, String> {
-    let mut journal = JournalWriter::create(out).map_err(|e| format!("{e}: {}", source(&e)))?;
+    let journal = JournalWriter::create(out).map_err(|e| format!("{e}: {}", source(&e)))?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
-    let mut console = Console::new(plan.trajectory_count(), quiet, silent);
+    let reporter = Reporter {
+        journal,
+        journal_error: None,
+        report: None,
+        report_error: None,
+        report_options: trellis_reports::ReportOptions::default(),
+        console: Console::new(plan.trajectory_count(), quiet, silent),
+        out: out.to_path_buf(),
+        summary: None,
+    };
     let options = RunOptions {
         run_id: run_id.to_string(),
         jobs,
     };
-    let report_options = trellis_reports::ReportOptions::default();
-    let mut report: Option<ReportWriter> = None;
-    let mut report_error: Option<trellis_reports::ReportError> = None;
-    let mut report_cpu = 0.0;
-    let (summary, interrupted, journal_error) = runtime.block_on(async {
-        let (tx, mut rx) = event::channel();
+    let (tx, mut rx) = event::channel();
+    let reporter = std::thread::Builder::new()
+        .name("trellis-reporter".into())
+        .spawn(move || {
+            let mut reporter = reporter;
+            while let Some(event) = rx.blocking_recv() {
+                reporter.on_event(&event);
+            }
+            (reporter, super::bench::thread_cpu_time())
+        })
+        .map_err(|e| format!("cannot start the reporter thread: {e}"))?;
+
+    let interrupted = runtime.block_on(async {
         let mut engine = tokio::spawn(execute::run(plan, options, tx));
-        let mut interrupted = false;
-        let mut journal_error = None;
-        let mut summary = None;
-        let ctrl_c = tokio::signal::ctrl_c();
-        tokio::pin!(ctrl_c);
-        loop {
-            tokio::select! {
-                ev = rx.recv() => match ev {
-                    Some(ev) => {
-                        if journal_error.is_none()
-                            && let Err(e) = journal.append(&ev)
-                        {
-                            journal_error = Some(e);
-                        }
-                        let cpu = super::bench::cpu_time();
-                        feed_report(&mut report, &mut report_error, out, &report_options, &ev);
-                        report_cpu += super::bench::cpu_time() - cpu;
-                        if let Event::RunFinished(s) = &ev {
-                            summary = Some(s.clone());
-                        }
-                        console.on_event(&ev);
-                    }
-                    None => break,
-                },
-                _ = &mut ctrl_c, if !interrupted => {
-                    interrupted = true;
-                    engine.abort();
-                    console.interrupted();
+        tokio::select! {
+            _ = &mut engine => false,
+            _ = tokio::signal::ctrl_c() => {
+                if !silent {
+                    eprintln!("interrupted: stopping; finished trajectories are kept and reported");
                 }
+                engine.abort();
+                let _ = engine.await;
+                true
             }
         }
-        let _ = (&mut engine).await;
-        (summary, interrupted, journal_error)
     });
-    // Agent tasks of an aborted run may still hold sockets; do not wait for them.
+    // Dropping the runtime drops every task still holding an event sender, which ends the
+    // reporter's stream; agent tasks of an aborted run are not waited for.
     runtime.shutdown_background();
+    let (reporter, mut report_cpu) = reporter
+        .join()
+        .map_err(|_| "the reporter thread panicked".to_string())?;
+    let Reporter {
+        journal,
+        journal_error,
+        report,
+        report_error,
+        report_options,
+        console,
+        summary,
+        ..
+    } = reporter;
     if let Some(e) = journal_error {
         return Err(format!("{e}: {}", source(&e)));
     }
@@ -119,14 +131,14 @@ pub fn execute_plan(
         .finish()
         .map_err(|e| format!("{e}: {}", source(&e)))?;
 
-    let cpu_before_finish = super::bench::cpu_time();
+    let cpu_before_finish = super::bench::thread_cpu_time();
     let files = match (report, report_error) {
         (Some(writer), None) => writer.finish(),
         (_, Some(e)) => Err(e),
         // No event reached the writer: rebuild from whatever the journal holds.
         (None, None) => trellis_reports::write_reports(out, &report_options),
     };
-    report_cpu += super::bench::cpu_time() - cpu_before_finish;
+    report_cpu += super::bench::thread_cpu_time() - cpu_before_finish;
     let files = match files {
         Ok(files) => files,
         Err(e) => {
@@ -154,28 +166,45 @@ pub fn execute_plan(
     })
 }
 
-/// Feeds one event to the report writer, creating it at `run_started`. The first report
-/// error stops reporting (it is shown at the end) but never the run: the journal still
-/// records everything.
-fn feed_report(
-    report: &mut Option<ReportWriter>,
-    error: &mut Option<trellis_reports::ReportError>,
-    out: &Path,
-    options: &trellis_reports::ReportOptions,
-    event: &Event,
-) {
-    if error.is_some() {
-        return;
-    }
-    let result = match (report.as_mut(), event) {
-        (None, Event::RunStarted(info)) => {
-            ReportWriter::start(out, info, options).map(|w| *report = Some(w))
+/// Everything that consumes the event stream: the journal first (it is what survives a
+/// crash), then the result tables, then the console.
+struct Reporter {
+    journal: JournalWriter,
+    journal_error: Option<JournalError>,
+    report: Option<ReportWriter>,
+    /// The first report error stops reporting (it is shown at the end) but never the run:
+    /// the journal still records everything and `write_reports` can rebuild from it.
+    report_error: Option<trellis_reports::ReportError>,
+    report_options: trellis_reports::ReportOptions,
+    console: Console,
+    out: std::path::PathBuf,
+    summary: Option<RunSummary>,
+}
+
+impl Reporter {
+    fn on_event(&mut self, event: &Event) {
+        if self.journal_error.is_none()
+            && let Err(e) = self.journal.append(event)
+        {
+            self.journal_error = Some(e);
         }
-        (Some(writer), event) => writer.push(event),
-        (None, _) => Ok(()),
-    };
-    if let Err(e) = result {
-        *error = Some(e);
+        if self.report_error.is_none() {
+            let result = match (self.report.as_mut(), event) {
+                (None, Event::RunStarted(info)) => {
+                    ReportWriter::start(&self.out, info, &self.report_options)
+                        .map(|w| self.report = Some(w))
+                }
+                (Some(writer), event) => writer.push(event),
+                (None, _) => Ok(()),
+            };
+            if let Err(e) = result {
+                self.report_error = Some(e);
+            }
+        }
+        if let Event::RunFinished(s) = event {
+            self.summary = Some(s.clone());
+        }
+        self.console.on_event(event);
     }
 }
 
