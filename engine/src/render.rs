@@ -26,6 +26,9 @@ pub enum RenderError {
         #[source]
         error: minijinja::Error,
     },
+    /// Names the unset variables, quoted and comma-separated.
+    #[error("environment variable not set: {0}")]
+    MissingEnv(String),
 }
 
 /// A compiled template, or a literal string when there is nothing to render.
@@ -88,11 +91,28 @@ impl Templates {
     ) -> Result<String, RenderError> {
         match template {
             CompiledTemplate::Literal(s) => Ok(s.to_string()),
-            CompiledTemplate::Compiled(name) => self
-                .env
-                .get_template(name)
-                .and_then(|t| t.render(ctx()))
-                .map_err(|error| RenderError::Render { error }),
+            CompiledTemplate::Compiled(name) => {
+                let template = self
+                    .env
+                    .get_template(name)
+                    .map_err(|error| RenderError::Render { error })?;
+                template.render(ctx()).map_err(|error| {
+                    // The only undefined values validation cannot rule out are unset
+                    // environment variables: name them instead of minijinja's position.
+                    let missing: Vec<String> = template
+                        .undeclared_variables(true)
+                        .into_iter()
+                        .filter_map(|v| v.strip_prefix("env.").map(str::to_string))
+                        .filter(|name| std::env::var_os(name).is_none())
+                        .map(|name| format!("`{name}`"))
+                        .collect();
+                    if missing.is_empty() {
+                        RenderError::Render { error }
+                    } else {
+                        RenderError::MissingEnv(missing.join(", "))
+                    }
+                })
+            }
         }
     }
 }

@@ -45,6 +45,11 @@ enum Command {
     ///
     /// Example: trellis graph suites/booking.kdl --format mermaid
     Graph(GraphArgs),
+    /// Rebuild a run's Parquet tables, report.html and junit.xml from its journal, for
+    /// instance after the run was killed.
+    ///
+    /// Example: trellis report runs/20261122T035000Z-1a2b
+    Report(ReportArgs),
     /// Measure the engine: N trajectories of 4 turns against the builtin agent, in-process.
     ///
     /// Example: cargo run --release -- bench --trajectories 10000 --jobs 256
@@ -98,6 +103,12 @@ pub struct RunArgs {
 }
 
 #[derive(Debug, Args)]
+struct ReportArgs {
+    /// A run directory holding journal.jsonl.
+    dir: PathBuf,
+}
+
+#[derive(Debug, Args)]
 struct ListArgs {
     #[command(flatten)]
     paths: PathArgs,
@@ -130,6 +141,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Check(args) => check(&args),
         Command::List(args) => list(&args),
         Command::Graph(args) => graph(&args),
+        Command::Report(args) => report(&args),
         Command::Bench(args) => bench::bench(args),
     };
     ExitCode::from(code)
@@ -255,6 +267,30 @@ fn graph(args: &GraphArgs) -> u8 {
         trellis_dsl::graph::render_trajectories(scenarios, format)
     );
     EXIT_OK
+}
+
+fn report(args: &ReportArgs) -> u8 {
+    match trellis_reports::write_reports(&args.dir, &trellis_reports::ReportOptions::default()) {
+        Ok(files) => {
+            for path in files.paths() {
+                println!("{}", path.display());
+            }
+            if !files.complete {
+                println!("note: the journal has no end: the run did not finish");
+            }
+            if files.skipped_lines > 0 {
+                println!(
+                    "note: {} journal line(s) could not be read and were skipped",
+                    files.skipped_lines
+                );
+            }
+            EXIT_OK
+        }
+        Err(e) => {
+            eprintln!("{:?}", miette::Report::new(e));
+            EXIT_INVALID
+        }
+    }
 }
 
 /// `runs/<run-id>` relative to the working directory.

@@ -151,7 +151,7 @@ async fn list_and_graph_describe_the_trajectories() {
 
 #[tokio::test]
 async fn every_command_explains_itself_with_an_example() {
-    for command in ["run", "check", "list", "graph", "bench"] {
+    for command in ["run", "check", "list", "graph", "report", "bench"] {
         let o = trellis().args([command, "--help"]).output().await.unwrap();
         assert_eq!(o.status.code(), Some(0));
         assert!(
@@ -159,4 +159,56 @@ async fn every_command_explains_itself_with_an_example() {
             "{command} --help has no example"
         );
     }
+}
+
+#[tokio::test]
+async fn report_rebuilds_the_results_of_a_killed_run_from_its_journal() {
+    let out = tempfile::tempdir().unwrap();
+    let o = trellis()
+        .args(["run", "suites/", "--filter", "price-first", "--out"])
+        .arg(out.path())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // Simulate a crash: drop the end of the journal and every derived file.
+    let journal = out.path().join("journal.jsonl");
+    let text = std::fs::read_to_string(&journal).unwrap();
+    let kept: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with("{\"run_finished\""))
+        .collect();
+    std::fs::write(
+        &journal,
+        format!("{}\n{{\"trajectory\":{{\"sui", kept.join("\n")),
+    )
+    .unwrap();
+    for file in [
+        "trajectories.parquet",
+        "turns.parquet",
+        "report.html",
+        "junit.xml",
+    ] {
+        std::fs::remove_file(out.path().join(file)).unwrap();
+    }
+    let o = trellis()
+        .arg("report")
+        .arg(out.path())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(text.contains("did not finish"), "{text}");
+    assert!(text.contains("1 journal line(s)"), "{text}");
+    let t = read_parquet(&out.path().join("trajectories.parquet"));
+    assert_eq!(t.height(), 1);
+    assert!(out.path().join("report.html").exists());
+
+    let o = trellis()
+        .args(["report", "/nonexistent/run"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
 }

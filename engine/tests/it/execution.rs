@@ -372,3 +372,50 @@ scenario "budget" {
         "the first turn finished, the second ran out of time"
     );
 }
+
+#[tokio::test]
+async fn header_templates_render_from_the_environment() {
+    use super::support::{MisbehavingServer, OK_BODY};
+    let server = MisbehavingServer::respond(200, OK_BODY).await;
+    // SAFETY: this variable name is used by this test only; nothing else reads it.
+    unsafe { std::env::set_var("TRELLIS_TEST_HEADER_TOKEN", "s3cret") };
+    let suite = r#"
+agent "env" protocol="connexity" url="URL" {
+    header "Authorization" "Bearer {{ env.TRELLIS_TEST_HEADER_TOKEN }}"
+}
+agent "unset" protocol="connexity" url="URL" {
+    header "Authorization" "Bearer {{ env.TRELLIS_TEST_HEADER_NEVER_SET }}"
+}
+scenario "hello" {
+    agents "env" "unset"
+    user "hi"
+}
+"#;
+    let run = run_suite(&suite.replace("URL", &server.url()), 4).await;
+    let recorded = server.recorded();
+    assert_eq!(
+        recorded.len(),
+        1,
+        "only the agent whose header rendered is called"
+    );
+    assert_eq!(
+        recorded[0].header("authorization").as_deref(),
+        Some("Bearer s3cret")
+    );
+    let unset = run
+        .trajectories
+        .iter()
+        .find(|t| t.agent == "unset")
+        .unwrap();
+    assert_eq!(unset.status, TrajectoryStatus::Error);
+    let fault = unset.fault.as_ref().unwrap();
+    assert_eq!(fault.category, FaultCategory::Setup);
+    assert!(fault.message.contains("Authorization"), "{}", fault.message);
+    assert!(
+        fault.message.contains("`TRELLIS_TEST_HEADER_NEVER_SET`"),
+        "{}",
+        fault.message
+    );
+    let env = run.trajectories.iter().find(|t| t.agent == "env").unwrap();
+    assert_eq!(env.status, TrajectoryStatus::Passed);
+}
