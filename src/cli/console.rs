@@ -31,6 +31,8 @@ pub struct Console {
     per_scenario: BTreeMap<(String, String, String), Counts>,
     failures: Vec<TrajectoryRecord>,
     failures_total: u64,
+    /// Distinct skip reasons with how many trajectories each skipped.
+    skip_reasons: BTreeMap<String, u64>,
 }
 
 impl Console {
@@ -52,6 +54,7 @@ impl Console {
             per_scenario: BTreeMap::new(),
             failures: Vec::new(),
             failures_total: 0,
+            skip_reasons: BTreeMap::new(),
         }
     }
 
@@ -67,7 +70,17 @@ impl Console {
             TrajectoryStatus::Passed => counts.passed += 1,
             TrajectoryStatus::Failed => counts.failed += 1,
             TrajectoryStatus::Error => counts.errors += 1,
-            TrajectoryStatus::Skipped => counts.skipped += 1,
+            TrajectoryStatus::Skipped => {
+                counts.skipped += 1;
+                // Reasons repeat per repetition and agent; a handful of distinct ones is all
+                // a console needs, so stop collecting new ones past a few.
+                let reason = t.skip_reason.as_deref().unwrap_or("no reason given");
+                if let Some(n) = self.skip_reasons.get_mut(reason) {
+                    *n += 1;
+                } else if self.skip_reasons.len() < 8 {
+                    self.skip_reasons.insert(reason.to_string(), 1);
+                }
+            }
         }
         if matches!(t.status, TrajectoryStatus::Failed | TrajectoryStatus::Error) {
             self.failures_total += 1;
@@ -188,6 +201,9 @@ impl Console {
             );
         }
 
+        for (reason, n) in &self.skip_reasons {
+            println!("\nSKIP {n} trajectory(ies): {reason}");
+        }
         if summary.is_none() {
             let (mut passed, mut failed, mut errors, mut skipped) = (0, 0, 0, 0);
             for c in self.per_scenario.values() {
