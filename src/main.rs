@@ -3,14 +3,27 @@
 
 mod cli;
 
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 use std::process::ExitCode;
 
 use clap::Parser;
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Stack of the thread that runs the command. Suite files are parsed and walked
+/// recursively; a generous stack (reserved, not committed) turns absurdly deep nesting into
+/// a long parse instead of a crash.
+const STACK_SIZE: usize = 512 * 1024 * 1024;
+
 fn main() -> ExitCode {
     let args = cli::Cli::parse();
-    cli::main(args)
+    match std::thread::Builder::new()
+        .name("trellis".into())
+        .stack_size(STACK_SIZE)
+        .spawn(move || cli::main(args))
+    {
+        Ok(command) => command.join().unwrap_or(ExitCode::from(cli::EXIT_FAILED)),
+        // No thread: run on this one, with the default stack.
+        Err(_) => cli::main(cli::Cli::parse()),
+    }
 }

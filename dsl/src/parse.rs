@@ -770,14 +770,21 @@ impl<'f> Decoder<'f> {
     fn integer(&mut self, e: &KdlEntry, min: i128, max: i128) -> Option<i128> {
         match e.value() {
             KdlValue::Integer(i) if *i < min || *i > max => {
-                let msg = if max == i128::from(u64::MAX) || max == i128::from(u32::MAX) {
+                let unbounded = max == i128::from(u64::MAX) || max == i128::from(u32::MAX);
+                let msg = if *i < min && unbounded {
                     format!("{i} is out of range: must be at least {min}")
+                } else if unbounded {
+                    format!("{i} is out of range: must be at most {max}")
                 } else {
                     format!("{i} is out of range: must be between {min} and {max}")
                 };
                 let d = self
                     .diag(Kind::OutOfRange, msg, value_span(e), "out of range")
-                    .with_help(format!("use a whole number from {min}"));
+                    .with_help(if *i < min {
+                        format!("use a whole number from {min}")
+                    } else {
+                        format!("use a whole number up to {max}")
+                    });
                 self.report(d);
                 None
             }
@@ -1330,8 +1337,25 @@ impl<'f> Decoder<'f> {
                 continue;
             };
             let (n, val) = (*n, *val);
-            if let (Some(n), Some(t)) = (self.string(n), self.template(val)) {
-                headers.push((n, t));
+            if let (Some(name), Some(t)) = (self.string(n), self.template(val)) {
+                // RFC 9110 token characters; line breaks in a value would split the request.
+                let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
+                let problem = if name.is_empty() || !name.chars().all(token) {
+                    Some((n, "not a valid header name"))
+                } else if t.source.contains(['\r', '\n']) {
+                    Some((val, "a header value cannot contain a line break"))
+                } else {
+                    None
+                };
+                match problem {
+                    None => headers.push((name, t)),
+                    Some((at, why)) => {
+                        let d = self
+                            .diag(Kind::InvalidValue, format!("invalid header: {why}"), value_span(at), why)
+                            .with_help("header \"NAME\" \"VALUE\", e.g. header \"Authorization\" \"Bearer {{ env.TOKEN }}\"");
+                        self.report(d);
+                    }
+                }
             }
         }
         let timeout = s.value("timeout").and_then(|e| self.duration(e));
@@ -1466,7 +1490,37 @@ impl<'f> Decoder<'f> {
         };
         let e = first.values.first().copied()?;
         match first.name {
-            "url" | "base-url" => self.string(e).map(Endpoint::Url),
+            "url" | "base-url" => {
+                let url = self.string(e)?;
+                let rest = url
+                    .strip_prefix("http://")
+                    .or_else(|| url.strip_prefix("https://"));
+                let problem = match rest {
+                    None => Some("it must start with http:// or https://"),
+                    Some(r) if r.is_empty() || r.starts_with('/') => Some("it has no host"),
+                    Some(_) if url.chars().any(char::is_whitespace) => {
+                        Some("it contains whitespace")
+                    }
+                    Some(_) => None,
+                };
+                match problem {
+                    None => Some(Endpoint::Url(url)),
+                    Some(why) => {
+                        let d = self
+                            .diag(
+                                Kind::InvalidValue,
+                                format!("invalid URL `{url}`: {why}"),
+                                value_span(e),
+                                "this URL",
+                            )
+                            .with_help(
+                                "write the full endpoint, e.g. \"https://host/agent/respond\"",
+                            );
+                        self.report(d);
+                        None
+                    }
+                }
+            }
             "command" => self.string(e).map(Endpoint::Command),
             "socket" => {
                 let s = self.string(e)?;
@@ -1925,12 +1979,14 @@ impl<'f> Decoder<'f> {
                     if let Some(e) = self.single(&cv, "agent \"ID\"")
                         && let Some(a) = self.spanned_string(e)
                     {
-                        sc.agents.push(a);
+                        self.push_scenario_agent(&mut sc.agents, a);
                     }
                 }
-                "agents" => sc
-                    .agents
-                    .extend(self.spanned_strings(&cv, "agents \"ID\" \"ID\"")),
+                "agents" => {
+                    for a in self.spanned_strings(&cv, "agents \"ID\" \"ID\"") {
+                        self.push_scenario_agent(&mut sc.agents, a);
+                    }
+                }
                 "needs" => sc.needs = self.spanned_strings(&cv, "needs \"SCENARIO\"…"),
                 "criteria" => {
                     self.check_props(&cv, &[], &[]);
@@ -1999,6 +2055,51 @@ impl<'f> Decoder<'f> {
             instructions: self.s_string(&s, "instructions"),
             span: self.span(v.span),
         }))
+    }
+
+    /// Branch names become trajectory names (joined with `/`) and execution node ids, where
+    /// `start` and `then` name the segments before and after a fork.
+    fn branch_name_ok(&mut self, name: &Spanned<String>) -> bool {
+        let problem = if name.value.contains('/') {
+            Some("`/` separates branch names in trajectory names")
+        } else if matches!(name.value.as_str(), "start" | "then") {
+            Some("`start` and `then` name the steps before and after a fork")
+        } else if name.value.trim().is_empty() {
+            Some("a branch needs a name to tell its trajectories apart")
+        } else {
+            None
+        };
+        let Some(why) = problem else {
+            return true;
+        };
+        let d = self
+            .diag(
+                Kind::InvalidValue,
+                format!("invalid branch name `{}`", name.value),
+                name.span.span,
+                "this name",
+            )
+            .with_help(format!("{why}; choose another name"));
+        self.report(d);
+        false
+    }
+
+    /// Adds an agent to a scenario's list; naming one twice would run it twice.
+    fn push_scenario_agent(&mut self, agents: &mut Vec<Spanned<String>>, agent: Spanned<String>) {
+        if let Some(first) = agents.iter().find(|a| a.value == agent.value) {
+            let d = self
+                .diag(
+                    Kind::DuplicateId,
+                    format!("agent `{}` is listed twice", agent.value),
+                    agent.span.span,
+                    "listed again here",
+                )
+                .with_label(first.span.span, "first listed here")
+                .with_help("list each agent once; `repeat N` runs a scenario several times");
+            self.report(d);
+            return;
+        }
+        agents.push(agent);
     }
 
     /// `user-context { … }` children as a JSON object.
@@ -2107,7 +2208,9 @@ impl<'f> Decoder<'f> {
                 start = start.min(v.span.offset());
                 end = end.max(v.span.offset() + v.span.len());
                 let usage = "branch \"NAME\" { steps… }";
-                let name = self.id_arg(&v, "a name", usage);
+                let name = self
+                    .id_arg(&v, "a name", usage)
+                    .filter(|name| self.branch_name_ok(name));
                 self.check_args(&v, 1, usage);
                 self.check_props(&v, &[], &[]);
                 let mut inner = Vec::new();
@@ -2170,7 +2273,8 @@ impl<'f> Decoder<'f> {
                 }
             }
             "hitl" => {
-                *has_turn = true;
+                // Answering a pause is not an agent turn: an `expect` after it would have
+                // nothing to look at.
                 let usage = "hitl \"approve\" message=\"…\"";
                 self.check_props(v, &["message"], &[]);
                 self.check_args(v, 1, usage);

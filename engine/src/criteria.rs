@@ -18,8 +18,10 @@ pub enum Scope {
     Trajectory,
 }
 
-/// Checks `criterion` against `turns` (one turn for [`Scope::Turn`], the whole path for
-/// [`Scope::Trajectory`]). `turn_index` is recorded on turn-level results.
+/// Checks `criterion` against the turns of a path so far. With [`Scope::Turn`] the check
+/// looks at the last turn, except `turns max=`, which counts every turn so far; with
+/// [`Scope::Trajectory`] it looks at all of them. `turn_index` is recorded on turn-level
+/// results.
 pub fn check<T: AsRef<TurnRecord>>(
     criterion: &Criterion,
     scope: Scope,
@@ -51,11 +53,15 @@ fn evaluate<T: AsRef<TurnRecord>>(
     scope: Scope,
     turns: &[T],
 ) -> (CriterionStatus, Option<String>) {
-    let turns: Vec<&TurnRecord> = turns.iter().map(AsRef::as_ref).collect();
+    let all: Vec<&TurnRecord> = turns.iter().map(AsRef::as_ref).collect();
+    let turns: &[&TurnRecord] = match scope {
+        Scope::Turn => all.last().map(std::slice::from_ref).unwrap_or_default(),
+        Scope::Trajectory => &all,
+    };
     match kind {
         CriterionKind::Reply(checks) => {
             for check in checks {
-                if let Some(failure) = reply_check(check, scope, &turns) {
+                if let Some(failure) = reply_check(check, scope, turns) {
                     return fail(failure);
                 }
             }
@@ -176,7 +182,7 @@ fn evaluate<T: AsRef<TurnRecord>>(
             }
         }
         CriterionKind::Turns { max } => {
-            let n = turns.len();
+            let n = all.len();
             if n as u64 <= u64::from(*max) {
                 pass(format!("{n} turn(s)"))
             } else {
@@ -188,7 +194,7 @@ fn evaluate<T: AsRef<TurnRecord>>(
             if reported.is_empty() {
                 return skip("the agent reported no token usage");
             }
-            let total: u64 = reported.iter().sum();
+            let total = reported.iter().fold(0u64, |sum, &t| sum.saturating_add(t));
             if total <= *max {
                 pass(format!("{total} tokens"))
             } else {
@@ -213,7 +219,7 @@ fn turn_tokens(t: &TurnRecord) -> Option<u64> {
     t.total_tokens
         .or(match (t.prompt_tokens, t.completion_tokens) {
             (None, None) => None,
-            (p, c) => Some(p.unwrap_or(0) + c.unwrap_or(0)),
+            (p, c) => Some(p.unwrap_or(0).saturating_add(c.unwrap_or(0))),
         })
 }
 
@@ -272,7 +278,15 @@ fn arguments_match(arguments: &str, expected: &serde_json::Map<String, Value>) -
 /// JSON equality where numbers compare by value (`1` equals `1.0`).
 pub fn json_eq(a: &Value, b: &Value) -> bool {
     match (a, b) {
-        (Value::Number(x), Value::Number(y)) => x.as_f64() == y.as_f64(),
+        // Integers compare exactly (f64 would make 2^53 + 1 equal 2^53); mixed integer and
+        // float values compare by value.
+        (Value::Number(x), Value::Number(y)) => {
+            match (x.as_i64(), y.as_i64(), x.as_u64(), y.as_u64()) {
+                (Some(a), Some(b), _, _) => a == b,
+                (_, _, Some(a), Some(b)) => a == b,
+                _ => x.as_f64() == y.as_f64(),
+            }
+        }
         (Value::Array(x), Value::Array(y)) => {
             x.len() == y.len() && x.iter().zip(y).all(|(a, b)| json_eq(a, b))
         }
@@ -442,6 +456,37 @@ mod tests {
         let r = check(&c, Scope::Trajectory, &[turn(0, "", &[])], None);
         assert_eq!(r.status, CriterionStatus::Skipped);
         assert_eq!(r.detail.as_deref(), Some("no judge configured"));
+    }
+
+    #[test]
+    fn turn_level_turns_counts_every_turn_so_far() {
+        let turns = [turn(0, "", &[]), turn(1, "", &[]), turn(2, "", &[])];
+        let c = crit(CriterionKind::Turns { max: 1 });
+        assert_eq!(
+            check(&c, Scope::Turn, &turns, Some(2)).status,
+            CriterionStatus::Failed
+        );
+    }
+
+    #[test]
+    fn token_sums_saturate_instead_of_wrapping() {
+        let mut t = turn(0, "", &[]);
+        t.prompt_tokens = Some(u64::MAX);
+        t.completion_tokens = Some(1);
+        let c = crit(CriterionKind::Tokens { max: 100 });
+        assert_eq!(
+            check(&c, Scope::Trajectory, &[t], None).status,
+            CriterionStatus::Failed
+        );
+    }
+
+    #[test]
+    fn large_integers_compare_exactly() {
+        assert!(!json_eq(
+            &serde_json::json!(9007199254740993u64),
+            &serde_json::json!(9007199254740992u64)
+        ));
+        assert!(json_eq(&serde_json::json!(2), &serde_json::json!(2.0)));
     }
 
     #[test]

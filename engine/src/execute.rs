@@ -10,11 +10,13 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
+use futures::FutureExt;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 use trellis_dsl::{CaptureSource, Criterion, Endpoint, Outcome};
@@ -31,6 +33,10 @@ use crate::record::{
     TrajectoryRecord, TrajectoryStatus, TurnRecord,
 };
 use crate::render::ScenarioScope;
+
+/// Upper bound of `--jobs`: far beyond what one process can keep in flight, and well inside
+/// what a tokio semaphore can count.
+pub const MAX_JOBS: usize = 1 << 20;
 
 #[derive(Clone, Debug)]
 pub struct RunOptions {
@@ -57,14 +63,16 @@ pub async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSum
         .await;
 
     let (agents, _servers) = start_agents(&plan).await;
-    let jobs = options.jobs.max(1);
+    let jobs = options.jobs.clamp(1, MAX_JOBS);
     let shared = Arc::new(Shared {
         plan: plan.clone(),
         agents,
         calls: Arc::new(Semaphore::new(jobs)),
         // Units hold little while waiting for a call permit; allowing a few per job keeps
         // the call pipeline full at forks without letting a huge `repeat` spawn everything.
-        units: Arc::new(Semaphore::new(jobs.saturating_mul(2))),
+        units: Arc::new(Semaphore::new(unit_capacity(jobs) as usize)),
+        units_capacity: unit_capacity(jobs),
+        paths: Semaphore::new(jobs.saturating_mul(2)),
         events: events.clone(),
         run_start: started,
         totals: Totals::default(),
@@ -106,11 +114,25 @@ pub async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSum
     summary
 }
 
+/// Permits of [`Shared::units`]: two trajectories in flight per job keep every call slot
+/// busy while the next turn is prepared.
+fn unit_capacity(jobs: usize) -> u32 {
+    u32::try_from(jobs.saturating_mul(2)).unwrap_or(u32::MAX)
+}
+
 struct Shared {
     plan: Arc<Plan>,
     agents: Vec<AgentRuntime>,
     calls: Arc<Semaphore>,
+    /// Trajectories in flight, counted per unit: a unit takes as many permits as it has
+    /// trajectories (up to all of them), so a scenario that forks into hundreds of branches
+    /// runs few units at once while a linear one runs many.
     units: Arc<Semaphore>,
+    units_capacity: u32,
+    /// Execution nodes running their steps at once. A node copies its parent's conversation
+    /// only once it holds a slot, so a wide fork waits as one shared copy instead of one
+    /// copy per branch.
+    paths: Semaphore,
     events: EventSender,
     run_start: Instant,
     totals: Totals,
@@ -240,7 +262,7 @@ async fn run_scenario(
         for &agent in &planned.agents {
             for repetition in 0..planned.repeat {
                 for t in 0..planned.trajectories.len() {
-                    skip_trajectory(shared, index, agent, repetition, t, &reason).await;
+                    skip_trajectory(shared, planned, agent, repetition, t, &reason).await;
                 }
             }
         }
@@ -248,11 +270,14 @@ async fn run_scenario(
         return false;
     }
 
+    let weight = u32::try_from(planned.trajectories.len())
+        .unwrap_or(u32::MAX)
+        .clamp(1, shared.units_capacity);
     let mut units = JoinSet::new();
     let mut all_ok = true;
     for &agent in &planned.agents {
         for repetition in 0..planned.repeat {
-            let Ok(permit) = shared.units.clone().acquire_owned().await else {
+            let Ok(permit) = shared.units.clone().acquire_many_owned(weight).await else {
                 break;
             };
             while let Some(done) = units.try_join_next() {
@@ -280,6 +305,9 @@ struct PathState {
     turns: Vec<Arc<TurnRecord>>,
     criteria: Vec<CriterionRecord>,
     nodes: Vec<Arc<str>>,
+    /// Time this path's own steps took (agent calls with their retries), excluding waits
+    /// for a `--jobs` or `concurrency` slot: what the scenario's `timeout` budgets.
+    active: Duration,
 }
 
 /// Why a path stopped before its last step.
@@ -294,10 +322,12 @@ struct Unit<'a> {
     scenario: &'a PlannedScenario,
     agent: usize,
     repetition: u32,
-    started: Instant,
-    deadline: Option<tokio::time::Instant>,
+    /// Which trajectories have been recorded, so a panic can record the rest.
+    recorded: std::sync::Mutex<Vec<bool>>,
 }
 
+/// Runs one unit; returns whether every one of its trajectories passed (a skipped
+/// trajectory did not pass: it cannot satisfy a `needs`).
 async fn run_unit(
     shared: &Arc<Shared>,
     scenario_index: usize,
@@ -305,17 +335,16 @@ async fn run_unit(
     repetition: u32,
 ) -> bool {
     let scenario = &shared.plan.scenarios[scenario_index];
-    let skip_all = |reason: String| async move {
-        for t in 0..scenario.trajectories.len() {
-            skip_trajectory(shared, scenario_index, agent, repetition, t, &reason).await;
-        }
-        true
-    };
+    let unit = Unit::new(shared, scenario_index, agent, repetition);
     match &shared.agents[agent] {
-        AgentRuntime::Unsupported(reason) => return skip_all(reason.clone()).await,
+        AgentRuntime::Unsupported(reason) => {
+            for t in 0..scenario.trajectories.len() {
+                unit.skip(t, reason).await;
+            }
+            return false;
+        }
         AgentRuntime::Broken(fault) => {
             for t in 0..scenario.trajectories.len() {
-                let unit = Unit::new(shared, scenario_index, agent, repetition);
                 let state = PathState::empty();
                 unit.finish_trajectory(t, &state, Some(Stop::Fault(fault.clone())))
                     .await;
@@ -324,13 +353,38 @@ async fn run_unit(
         }
         AgentRuntime::Ready { .. } => {}
     }
+    let mut all_supported = true;
     for (t, trajectory) in scenario.trajectories.iter().enumerate() {
         if let Some(reason) = &trajectory.unsupported {
-            skip_trajectory(shared, scenario_index, agent, repetition, t, reason).await;
+            unit.skip(t, reason).await;
+            all_supported = false;
         }
     }
-    let unit = Unit::new(shared, scenario_index, agent, repetition);
-    unit.run_node(scenario.root(), PathState::empty()).await
+    let walk = AssertUnwindSafe(unit.run_node(scenario.root(), Arc::new(PathState::empty())));
+    match walk.catch_unwind().await {
+        Ok(passed) => passed && all_supported,
+        Err(panic) => {
+            // A bug in trellis must not lose the unit silently: every trajectory it had not
+            // recorded yet is recorded as an error saying what happened.
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".to_string());
+            let fault = Fault::new(
+                FaultCategory::Internal,
+                format!("trellis failed while running this trajectory (a bug): {message}"),
+            );
+            for t in 0..scenario.trajectories.len() {
+                if !unit.is_recorded(t) {
+                    let state = PathState::empty();
+                    unit.finish_trajectory(t, &state, Some(Stop::Fault(fault.clone())))
+                        .await;
+                }
+            }
+            false
+        }
+    }
 }
 
 impl PathState {
@@ -341,6 +395,7 @@ impl PathState {
             turns: Vec::new(),
             criteria: Vec::new(),
             nodes: Vec::new(),
+            active: Duration::ZERO,
         }
     }
 }
@@ -348,18 +403,28 @@ impl PathState {
 impl<'a> Unit<'a> {
     fn new(shared: &'a Arc<Shared>, scenario_index: usize, agent: usize, repetition: u32) -> Self {
         let scenario = &shared.plan.scenarios[scenario_index];
-        let started = Instant::now();
         Unit {
             shared,
             scenario,
             agent,
             repetition,
-            started,
-            deadline: scenario
-                .scenario
-                .timeout
-                .map(|t| tokio::time::Instant::from_std(started) + t),
+            recorded: std::sync::Mutex::new(vec![false; scenario.trajectories.len()]),
         }
+    }
+
+    fn mark_recorded(&self, t: usize) {
+        if let Ok(mut recorded) = self.recorded.lock()
+            && let Some(slot) = recorded.get_mut(t)
+        {
+            *slot = true;
+        }
+    }
+
+    fn is_recorded(&self, t: usize) -> bool {
+        self.recorded
+            .lock()
+            .map(|r| r.get(t).copied().unwrap_or(true))
+            .unwrap_or(true)
     }
 
     /// Runs one execution node and, concurrently, everything below it. Returns whether every
@@ -367,7 +432,7 @@ impl<'a> Unit<'a> {
     fn run_node(
         &'a self,
         index: usize,
-        mut state: PathState,
+        parent: Arc<PathState>,
     ) -> Pin<Box<dyn Future<Output = bool> + Send + 'a>> {
         Box::pin(async move {
             let node: &ExecNode = &self.scenario.nodes[index];
@@ -376,56 +441,70 @@ impl<'a> Unit<'a> {
                 .iter()
                 .any(|&t| self.scenario.trajectories[t].unsupported.is_none());
             if !runnable {
-                return true;
-            }
-            state.nodes.push(node.id.clone());
-            let first_turn = state.turns.len();
-            let stop = self.run_steps(node, &mut state).await;
-            let _ = self
-                .shared
-                .events
-                .send(Event::Node(NodeRecord {
-                    suite: self.scenario.suite.to_string(),
-                    scenario: self.scenario.scenario.id.value.clone(),
-                    agent: self.agent_id().to_string(),
-                    repetition: self.repetition,
-                    node: node.id.to_string(),
-                    parent: node.parent.map(|p| self.scenario.nodes[p].id.to_string()),
-                    turns: state.turns[first_turn..]
-                        .iter()
-                        .map(|t| TurnRecord::clone(t))
-                        .collect(),
-                }))
-                .await;
-
-            if let Some(stop) = stop {
-                // Every trajectory below this node ends here.
-                for &t in &node.trajectories {
-                    if self.scenario.trajectories[t].unsupported.is_none() {
-                        self.finish_trajectory(t, &state, Some(stop.clone())).await;
-                    }
-                }
+                // Its trajectories were recorded as skipped: they did not pass.
                 return false;
             }
-            if let Some(t) = node.ends {
-                return self.finish_trajectory(t, &state, None).await;
-            }
-            let mut children = Vec::with_capacity(node.children.len());
-            let last = node.children.len().saturating_sub(1);
-            for (i, &child) in node.children.iter().enumerate() {
-                // The last child takes the state; the others get copies of the history.
-                let child_state = if i == last {
-                    std::mem::replace(&mut state, PathState::empty())
-                } else {
-                    state.clone()
-                };
-                children.push(self.run_node(child, child_state));
-            }
-            futures::future::join_all(children)
-                .await
-                .into_iter()
-                .all(|ok| ok)
+            let slot = self.shared.paths.acquire().await.ok();
+            // Boxed only now: a node's running state (request and response futures included)
+            // is large, and a wide fork has many children waiting for a slot.
+            Box::pin(self.execute_node(node, parent, slot)).await
         })
+    }
+
+    /// Runs a node's steps while holding a path slot, records them, then runs its children.
+    async fn execute_node(
+        &'a self,
+        node: &'a ExecNode,
+        parent: Arc<PathState>,
+        slot: Option<tokio::sync::SemaphorePermit<'a>>,
+    ) -> bool {
+        // The last branch to start takes the parent's conversation without copying it.
+        let mut state = Arc::unwrap_or_clone(parent);
+        state.nodes.push(node.id.clone());
+        let first_turn = state.turns.len();
+        let stop = self.run_steps(node, &mut state).await;
+        drop(slot);
+        let _ = self
+            .shared
+            .events
+            .send(Event::Node(NodeRecord {
+                suite: self.scenario.suite.to_string(),
+                scenario: self.scenario.scenario.id.value.clone(),
+                agent: self.agent_id().to_string(),
+                repetition: self.repetition,
+                node: node.id.to_string(),
+                parent: node.parent.map(|p| self.scenario.nodes[p].id.to_string()),
+                turns: state.turns[first_turn..]
+                    .iter()
+                    .map(|t| TurnRecord::clone(t))
+                    .collect(),
+            }))
+            .await;
+
+        if let Some(stop) = stop {
+            // Every trajectory below this node ends here.
+            for &t in &node.trajectories {
+                if self.scenario.trajectories[t].unsupported.is_none() {
+                    self.finish_trajectory(t, &state, Some(stop.clone())).await;
+                }
+            }
+            return false;
+        }
+        if let Some(t) = node.ends {
+            return self.finish_trajectory(t, &state, None).await;
+        }
+        let state = Arc::new(state);
+        let children: Vec<_> = node
+            .children
+            .iter()
+            .map(|&child| self.run_node(child, state.clone()))
+            .collect();
+        drop(state);
+        // Every child has finished once join_all returns; `all` only reads results.
+        futures::future::join_all(children)
+            .await
+            .into_iter()
+            .all(|ok| ok)
     }
 
     async fn run_steps(&self, node: &ExecNode, state: &mut PathState) -> Option<Stop> {
@@ -471,16 +550,21 @@ impl<'a> Unit<'a> {
                     }
                 }
                 PlannedStep::Expect(checks) => {
-                    let Some(last) = state.turns.last() else {
-                        continue;
-                    };
+                    let turn_index = state.turns.last().map(|t| t.turn_index);
                     for c in checks {
-                        state.criteria.push(criteria::check(
-                            c,
-                            Scope::Turn,
-                            std::slice::from_ref(last),
-                            Some(last.turn_index),
-                        ));
+                        let record = match turn_index {
+                            Some(_) => criteria::check(c, Scope::Turn, &state.turns, turn_index),
+                            // Validation rejects this; a plan built another way still must
+                            // not pass a check that looked at nothing.
+                            None => CriterionRecord {
+                                turn_index: None,
+                                criterion: c.text.clone(),
+                                kind: c.kind.name().to_string(),
+                                status: CriterionStatus::Failed,
+                                detail: Some("no agent turn before this `expect`".into()),
+                            },
+                        };
+                        state.criteria.push(record);
                     }
                 }
                 PlannedStep::Capture { name, source } => {
@@ -511,7 +595,7 @@ impl<'a> Unit<'a> {
     }
 
     async fn take_turn(&self, message: String, state: &mut PathState) -> TurnRecord {
-        let turn_index = state.turns.len() as u32;
+        let turn_index = u32::try_from(state.turns.len()).unwrap_or(u32::MAX);
         state.history.push(ChatMessage::user(message.clone()));
         let AgentRuntime::Ready { client, limit } = &self.shared.agents[self.agent] else {
             // run_unit only walks nodes for ready agents.
@@ -527,13 +611,21 @@ impl<'a> Unit<'a> {
             None => None,
         };
         let _call_permit = self.shared.calls.acquire().await.ok();
-        let started_ms = ms(self.shared.run_start.elapsed());
+        let started = Instant::now();
+        let started_ms = ms(started.duration_since(self.shared.run_start));
+        // The trajectory's budget counts only its own steps, so how long it waited behind
+        // sibling branches for a slot never decides whether it timed out.
+        let deadline =
+            self.scenario.scenario.timeout.and_then(|t| {
+                tokio::time::Instant::now().checked_add(t.saturating_sub(state.active))
+            });
         let ctx = CallContext {
             test_case_id: &self.scenario.scenario.id.value,
-            turn_index: (state.history.len() - 1) as u32,
-            deadline: self.deadline,
+            turn_index: u32::try_from(state.history.len() - 1).unwrap_or(u32::MAX),
+            deadline,
         };
         let outcome = client.respond(&state.history, &ctx).await;
+        state.active += started.elapsed();
         let mut record = TurnRecord {
             turn_index,
             user_message: message,
@@ -560,7 +652,7 @@ impl<'a> Unit<'a> {
                     usage
                         .total_tokens
                         .or(match (usage.prompt_tokens, usage.completion_tokens) {
-                            (Some(p), Some(c)) => Some(p + c),
+                            (Some(p), Some(c)) => Some(p.saturating_add(c)),
                             _ => None,
                         });
                 record.model = turn.model;
@@ -615,15 +707,29 @@ impl<'a> Unit<'a> {
             repetition: self.repetition,
             nodes: state.nodes.iter().map(|n| n.to_string()).collect(),
             status,
-            turns: state.turns.len() as u32,
-            duration_ms: ms(self.started.elapsed()),
+            turns: u32::try_from(state.turns.len()).unwrap_or(u32::MAX),
+            duration_ms: ms(state.active),
             fault,
             skip_reason: None,
             criteria,
             tags: self.scenario.tags.clone(),
         };
+        self.mark_recorded(t);
         self.shared.record(record).await;
         status == TrajectoryStatus::Passed
+    }
+
+    async fn skip(&self, t: usize, reason: &str) {
+        self.mark_recorded(t);
+        skip_trajectory(
+            self.shared,
+            self.scenario,
+            self.agent,
+            self.repetition,
+            t,
+            reason,
+        )
+        .await;
     }
 
     fn agent_id(&self) -> &str {
@@ -648,13 +754,12 @@ impl Shared {
 
 async fn skip_trajectory(
     shared: &Arc<Shared>,
-    scenario_index: usize,
+    scenario: &PlannedScenario,
     agent: usize,
     repetition: u32,
     t: usize,
     reason: &str,
 ) {
-    let scenario = &shared.plan.scenarios[scenario_index];
     let record = TrajectoryRecord {
         suite: scenario.suite.to_string(),
         scenario: scenario.scenario.id.value.clone(),

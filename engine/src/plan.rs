@@ -216,10 +216,13 @@ impl Plan {
             } else {
                 sc.agents.iter().map(|a| a.value.clone()).collect()
             };
-            let mut indices = Vec::new();
+            let mut indices: Vec<usize> = Vec::new();
             for id in agent_ids {
                 if let Some(&i) = agent_index.get(&id) {
-                    indices.push(i);
+                    // Naming an agent twice must not run (and record) its units twice.
+                    if !indices.contains(&i) {
+                        indices.push(i);
+                    }
                     continue;
                 }
                 let agent = project.agent(&id).ok_or_else(|| PlanError::UnknownAgent {

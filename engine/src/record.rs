@@ -122,6 +122,8 @@ pub enum FaultCategory {
     Template,
     /// The agent could not be started or configured (builtin, headers, env).
     Setup,
+    /// Trellis itself failed (a bug); the message says how.
+    Internal,
 }
 
 impl FaultCategory {
@@ -137,6 +139,7 @@ impl FaultCategory {
             FaultCategory::TooLarge => "too_large",
             FaultCategory::Template => "template",
             FaultCategory::Setup => "setup",
+            FaultCategory::Internal => "internal",
         }
     }
 
@@ -188,6 +191,8 @@ pub struct TrajectoryRecord {
     pub status: TrajectoryStatus,
     /// Agent turns taken along the whole path.
     pub turns: u32,
+    /// Time the trajectory's own steps took (its agent calls, retries included), not the
+    /// time it waited for a `--jobs` or `concurrency` slot.
     pub duration_ms: f64,
     pub fault: Option<Fault>,
     /// Why the trajectory did not run (status `skipped`).

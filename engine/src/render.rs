@@ -21,7 +21,7 @@ pub enum RenderError {
         #[source]
         error: minijinja::Error,
     },
-    #[error("{error}")]
+    #[error("{}", describe(.error))]
     Render {
         #[source]
         error: minijinja::Error,
@@ -30,6 +30,20 @@ pub enum RenderError {
     #[error("environment variable not set: {0}")]
     MissingEnv(String),
 }
+
+/// What went wrong, without minijinja's internal template names.
+fn describe(error: &minijinja::Error) -> String {
+    match (error.kind(), error.detail()) {
+        (minijinja::ErrorKind::OutOfFuel, _) => format!(
+            "the template ran too long (over {TEMPLATE_FUEL} steps); is there a runaway loop?"
+        ),
+        (kind, Some(detail)) => format!("{kind}: {detail}"),
+        (kind, None) => kind.to_string(),
+    }
+}
+
+/// Instructions one template render may execute.
+const TEMPLATE_FUEL: u64 = 1_000_000;
 
 /// A compiled template, or a literal string when there is nothing to render.
 #[derive(Clone, Debug)]
@@ -62,6 +76,9 @@ impl Templates {
     pub fn new() -> Self {
         let mut env = Environment::new();
         env.set_undefined_behavior(UndefinedBehavior::Strict);
+        // A template is a message, not a program: a runaway loop must end as a template
+        // fault instead of stalling the engine.
+        env.set_fuel(Some(TEMPLATE_FUEL));
         // Messages are plain text, not HTML.
         env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
         Templates { env, next: 0 }

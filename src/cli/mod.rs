@@ -95,7 +95,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
     /// Agent calls in flight at once across the run.
-    #[arg(long, short = 'j', default_value_t = 32)]
+    #[arg(long, short = 'j', default_value_t = 32, value_parser = jobs_in_range)]
     jobs: usize,
     /// No progress output; only the summary.
     #[arg(long, short = 'q')]
@@ -133,6 +133,21 @@ struct GraphArgs {
     /// Print the scenario `needs` graph instead of trajectory graphs.
     #[arg(long)]
     needs: bool,
+}
+
+/// `--jobs` between 1 and the engine's limit.
+pub fn jobs_in_range(text: &str) -> Result<usize, String> {
+    let jobs: usize = text
+        .parse()
+        .map_err(|_| format!("`{text}` is not a whole number"))?;
+    if (1..=trellis_engine::execute::MAX_JOBS).contains(&jobs) {
+        Ok(jobs)
+    } else {
+        Err(format!(
+            "must be between 1 and {}",
+            trellis_engine::execute::MAX_JOBS
+        ))
+    }
 }
 
 pub fn main(cli: Cli) -> ExitCode {

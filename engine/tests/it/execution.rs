@@ -419,3 +419,59 @@ scenario "hello" {
     let env = run.trajectories.iter().find(|t| t.agent == "env").unwrap();
     assert_eq!(env.status, TrajectoryStatus::Passed);
 }
+
+#[tokio::test]
+async fn a_trajectory_timeout_does_not_count_time_queued_behind_siblings() {
+    // Each trajectory takes two 150 ms turns, well inside its 500 ms budget; with one job
+    // the four branches queue behind each other for far longer than that.
+    let (url, _) = slow_agent(std::time::Duration::from_millis(150)).await;
+    let suite = r#"
+agent "slow" protocol="connexity" url="URL"
+scenario "queued" {
+    timeout "500ms"
+    user "root"
+    branch "a" { user "a" }
+    branch "b" { user "b" }
+    branch "c" { user "c" }
+    branch "d" { user "d" }
+}
+"#;
+    let run = run_suite(&suite.replace("URL", &url), 1).await;
+    assert_eq!(run.summary.passed, 4, "{:?}", run.trajectories);
+    for t in &run.trajectories {
+        // duration_ms is the trajectory's own time: two turns, not the queue.
+        assert!(t.duration_ms < 500.0, "{}: {}", t.trajectory, t.duration_ms);
+    }
+}
+
+#[tokio::test]
+async fn a_scenario_skipped_for_any_reason_does_not_satisfy_needs() {
+    let (url, _) = echo_agent().await;
+    let suite = r#"
+agent "echo" protocol="connexity" url="URL"
+agent "streaming" protocol="agentscope" url="http://127.0.0.1:9/process"
+scenario "unsupported" {
+    agent "streaming"
+    user "hi"
+}
+scenario "after" {
+    agent "echo"
+    needs "unsupported"
+    user "go"
+}
+"#;
+    let run = run_suite(&suite.replace("URL", &url), 4).await;
+    let after = run
+        .trajectories
+        .iter()
+        .find(|t| t.scenario == "after")
+        .unwrap();
+    assert_eq!(after.status, TrajectoryStatus::Skipped);
+    assert!(
+        after
+            .skip_reason
+            .as_deref()
+            .unwrap()
+            .contains("unsupported")
+    );
+}
