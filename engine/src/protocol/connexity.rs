@@ -429,10 +429,12 @@ fn pair_tool_calls(messages: &[ChatMessage]) -> Vec<ToolCallRecord> {
             .as_deref()
             .filter(|id| !id.is_empty())
             .and_then(|id| {
-                records
-                    .iter()
-                    .zip(&paired)
-                    .position(|(r, done)| !done && r.call_id == id)
+                // An agent that reuses a call id still names the function its result is
+                // for; a name that disagrees means the id is not to be trusted.
+                let name = message.name.as_deref();
+                records.iter().zip(&paired).position(|(r, done)| {
+                    !done && r.call_id == id && name.is_none_or(|n| n == r.name)
+                })
             });
         let slot = by_id
             .or_else(|| {

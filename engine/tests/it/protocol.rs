@@ -442,3 +442,25 @@ async fn too_large_body_stops_reading_early() {
         .load(std::sync::atomic::Ordering::SeqCst);
     assert!(written < 4 * 1024 * 1024, "server wrote {written} bytes");
 }
+
+#[test]
+fn a_reused_call_id_pairs_results_by_function_name() {
+    let body = br#"{"messages": [
+        {"role": "assistant", "content": null, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "a", "arguments": "{}"}},
+            {"id": "c1", "type": "function", "function": {"name": "b", "arguments": "{}"}}
+        ]},
+        {"role": "tool", "tool_call_id": "c1", "name": "b", "content": "from b"},
+        {"role": "tool", "tool_call_id": "c1", "name": "a", "content": "from a"},
+        {"role": "assistant", "content": "done"}
+    ]}"#;
+    let turn = trellis_engine::protocol::connexity::parse_response(body).unwrap();
+    let result = |name: &str| {
+        turn.tool_calls
+            .iter()
+            .find(|c| c.name == name)
+            .and_then(|c| c.result.clone())
+    };
+    assert_eq!(result("a").as_deref(), Some("from a"));
+    assert_eq!(result("b").as_deref(), Some("from b"));
+}
