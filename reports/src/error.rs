@@ -34,14 +34,6 @@ pub enum ReportError {
         #[source]
         source: PolarsError,
     },
-
-    #[error("cannot write JUnit report {}", path.display())]
-    #[diagnostic(code(trellis::reports::junit))]
-    Junit {
-        path: PathBuf,
-        #[source]
-        source: quick_junit::SerializeError,
-    },
 }
 
 impl ReportError {

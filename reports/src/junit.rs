@@ -1,25 +1,40 @@
 //! `junit.xml`: one test suite per Trellis suite, one test case per trajectory, for CI
 //! systems that display JUnit results.
+//!
+//! Written as trajectories stream by: each suite's test cases go to an anonymous temporary
+//! file, and [`JunitBuilder::write`] puts the header with the totals (which JUnit wants
+//! before the cases) in front of them. Memory stays flat however many trajectories a run
+//! has, which an in-memory report (such as `quick-junit`'s) cannot offer.
 
+use std::fmt::Write as _;
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::{self, BufWriter, Seek, Write};
 use std::path::Path;
-use std::time::Duration;
 
-use quick_junit::{NonSuccessKind, Report, TestCase, TestCaseStatus, TestSuite};
 use trellis_engine::record::{CriterionStatus, RunInfo, TrajectoryRecord, TrajectoryStatus};
 
 use crate::error::ReportError;
 
-/// Collects test cases as trajectories stream by; suites keep the run's load order.
 pub(crate) struct JunitBuilder {
     run_id: String,
-    suites: Vec<TestSuite>,
+    /// Suites in the run's load order; suites the run did not announce are appended.
+    suites: Vec<SuitePart>,
 }
 
-fn millis(ms: f64) -> Duration {
-    // The journal is data: a negative or non-finite duration must not panic.
-    Duration::try_from_secs_f64(ms / 1000.0).unwrap_or_default()
+#[derive(Default)]
+struct Counts {
+    tests: u64,
+    failures: u64,
+    errors: u64,
+    skipped: u64,
+    seconds: f64,
+}
+
+struct SuitePart {
+    name: String,
+    counts: Counts,
+    /// The `<testcase>` elements written so far; created on the first case.
+    cases: Option<BufWriter<File>>,
 }
 
 /// `scenario/trajectory [agent #rep]`.
@@ -34,20 +49,52 @@ impl JunitBuilder {
     pub(crate) fn new(info: &RunInfo) -> Self {
         JunitBuilder {
             run_id: info.run_id.clone(),
-            suites: info.suites.iter().map(TestSuite::new).collect(),
+            suites: info
+                .suites
+                .iter()
+                .map(|name| SuitePart {
+                    name: name.clone(),
+                    counts: Counts::default(),
+                    cases: None,
+                })
+                .collect(),
         }
     }
 
-    pub(crate) fn add(&mut self, t: &TrajectoryRecord) {
-        let status = match t.status {
-            TrajectoryStatus::Passed => TestCaseStatus::success(),
+    pub(crate) fn add(&mut self, t: &TrajectoryRecord) -> Result<(), ReportError> {
+        let index = match self.suites.iter().position(|s| s.name == t.suite) {
+            Some(i) => i,
+            None => {
+                self.suites.push(SuitePart {
+                    name: t.suite.clone(),
+                    counts: Counts::default(),
+                    cases: None,
+                });
+                self.suites.len() - 1
+            }
+        };
+        let suite = &mut self.suites[index];
+        let seconds = seconds(t.duration_ms);
+        suite.counts.tests += 1;
+        suite.counts.seconds += seconds;
+        let mut xml = String::with_capacity(256);
+        let _ = write!(
+            xml,
+            "    <testcase name=\"{}\" classname=\"{}.{}\" time=\"{seconds:.3}\" assertions=\"{}\"",
+            escape(&case_name(t)),
+            escape(&t.suite),
+            escape(&t.scenario),
+            t.criteria.len()
+        );
+        match t.status {
+            TrajectoryStatus::Passed => xml.push_str("/>\n"),
             TrajectoryStatus::Failed => {
+                suite.counts.failures += 1;
                 let failed: Vec<_> = t
                     .criteria
                     .iter()
                     .filter(|c| c.status == CriterionStatus::Failed)
                     .collect();
-                let mut status = TestCaseStatus::non_success(NonSuccessKind::Failure);
                 let message = match failed.as_slice() {
                     [] => "trajectory failed".to_owned(),
                     [one] => format!("criterion failed: {}", one.criterion),
@@ -59,76 +106,147 @@ impl JunitBuilder {
                         .turn_index
                         .map(|i| format!(" (turn {i})"))
                         .unwrap_or_default();
-                    description.push_str(&format!(
-                        "{} [{}]{}: {}\n",
+                    let _ = writeln!(
+                        description,
+                        "{} [{}]{}: {}",
                         c.criterion,
                         c.kind,
                         turn,
                         c.detail.as_deref().unwrap_or("failed")
-                    ));
+                    );
                 }
-                if let Some(fault) = &t.fault {
-                    description.push_str(&format!(
-                        "fault {}: {}\n",
-                        fault.category.as_str(),
-                        fault.message
-                    ));
-                }
-                status.set_message(message).set_type("criteria");
-                if !description.is_empty() {
-                    status.set_description(description);
-                }
-                status
+                let _ = write!(
+                    xml,
+                    ">\n      <failure message=\"{}\" type=\"criteria\">{}</failure>\n    </testcase>\n",
+                    escape(&message),
+                    escape(&description)
+                );
             }
             TrajectoryStatus::Error => {
-                let mut status = TestCaseStatus::non_success(NonSuccessKind::Error);
-                match &t.fault {
-                    Some(fault) => {
-                        status
-                            .set_message(fault.message.as_str())
-                            .set_type(fault.category.as_str());
-                    }
-                    None => {
-                        status.set_message("trajectory errored");
-                    }
-                }
-                status
+                suite.counts.errors += 1;
+                let (message, kind) = match &t.fault {
+                    Some(f) => (f.message.as_str(), f.category.as_str()),
+                    None => ("trajectory errored", "error"),
+                };
+                let _ = write!(
+                    xml,
+                    ">\n      <error message=\"{}\" type=\"{}\"/>\n    </testcase>\n",
+                    escape(message),
+                    escape(kind)
+                );
             }
             TrajectoryStatus::Skipped => {
-                let mut status = TestCaseStatus::skipped();
-                if let Some(reason) = &t.skip_reason {
-                    status.set_message(reason.as_str());
-                }
-                status
-            }
-        };
-        let mut case = TestCase::new(case_name(t), status);
-        case.set_classname(format!("{}.{}", t.suite, t.scenario))
-            .set_time(millis(t.duration_ms))
-            .set_assertions(t.criteria.len());
-        match self.suites.iter_mut().find(|s| s.name.as_str() == t.suite) {
-            Some(suite) => {
-                suite.add_test_case(case);
-            }
-            None => {
-                let mut suite = TestSuite::new(t.suite.as_str());
-                suite.add_test_case(case);
-                self.suites.push(suite);
+                suite.counts.skipped += 1;
+                let _ = write!(
+                    xml,
+                    ">\n      <skipped message=\"{}\"/>\n    </testcase>\n",
+                    escape(t.skip_reason.as_deref().unwrap_or("skipped"))
+                );
             }
         }
+        suite
+            .append(&xml)
+            .map_err(|e| ReportError::io("write", Path::new("junit.xml (spill file)"), e))
     }
 
     pub(crate) fn write(self, path: &Path) -> Result<(), ReportError> {
-        let mut report = Report::new(format!("trellis {}", self.run_id));
-        report.add_test_suites(self.suites);
+        let io_err = |e| ReportError::io("write", path, e);
         let file = File::create(path).map_err(|e| ReportError::io("create", path, e))?;
         let mut out = BufWriter::new(file);
-        report
-            .serialize(&mut out)
-            .map_err(|source| ReportError::Junit {
-                path: path.to_path_buf(),
-                source,
-            })?;
-        out.flush().map_err(|e| ReportError::io("write", path, e))
+        let total = self.suites.iter().fold(Counts::default(), |mut sum, s| {
+            sum.tests += s.counts.tests;
+            sum.failures += s.counts.failures;
+            sum.errors += s.counts.errors;
+            sum.skipped += s.counts.skipped;
+            sum.seconds += s.counts.seconds;
+            sum
+        });
+        writeln!(out, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>").map_err(io_err)?;
+        writeln!(
+            out,
+            "<testsuites name=\"{}\" {}>",
+            escape(&format!("trellis {}", self.run_id)),
+            attributes(&total)
+        )
+        .map_err(io_err)?;
+        for suite in self.suites {
+            write!(
+                out,
+                "  <testsuite name=\"{}\" {}",
+                escape(&suite.name),
+                attributes(&suite.counts)
+            )
+            .map_err(io_err)?;
+            match suite.cases {
+                None => writeln!(out, "/>").map_err(io_err)?,
+                Some(cases) => {
+                    writeln!(out, ">").map_err(io_err)?;
+                    let mut file = cases.into_inner().map_err(|e| io_err(e.into_error()))?;
+                    file.rewind().map_err(io_err)?;
+                    io::copy(&mut file, &mut out).map_err(io_err)?;
+                    writeln!(out, "  </testsuite>").map_err(io_err)?;
+                }
+            }
+        }
+        writeln!(out, "</testsuites>").map_err(io_err)?;
+        out.flush().map_err(io_err)
+    }
+}
+
+impl SuitePart {
+    fn append(&mut self, xml: &str) -> io::Result<()> {
+        let cases = match &mut self.cases {
+            Some(cases) => cases,
+            None => self.cases.insert(BufWriter::new(tempfile::tempfile()?)),
+        };
+        cases.write_all(xml.as_bytes())
+    }
+}
+
+fn attributes(c: &Counts) -> String {
+    format!(
+        "tests=\"{}\" failures=\"{}\" errors=\"{}\" skipped=\"{}\" time=\"{:.3}\"",
+        c.tests, c.failures, c.errors, c.skipped, c.seconds
+    )
+}
+
+fn seconds(ms: f64) -> f64 {
+    // The journal is data: a negative or non-finite duration must not poison the totals.
+    if ms.is_finite() && ms > 0.0 {
+        ms / 1000.0
+    } else {
+        0.0
+    }
+}
+
+/// Escapes text for an XML attribute or element. Characters XML 1.0 cannot carry at all
+/// (most control characters, which agents do send) become U+FFFD.
+fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&apos;"),
+            '\n' => out.push_str("&#10;"),
+            '\r' => out.push_str("&#13;"),
+            '\t' => out.push_str("&#9;"),
+            c if (c as u32) < 0x20 || c == '\u{FFFE}' || c == '\u{FFFF}' => out.push('\u{FFFD}'),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::escape;
+
+    #[test]
+    fn escapes_markup_and_replaces_characters_xml_cannot_hold() {
+        assert_eq!(escape("a<b>&\"c'"), "a&lt;b&gt;&amp;&quot;c&apos;");
+        assert_eq!(escape("x\u{1}y\nz"), "x\u{FFFD}y&#10;z");
     }
 }

@@ -157,7 +157,7 @@ impl ReportWriter {
             JournalEntry::Trajectory(trajectory) => {
                 self.tally.add_trajectory(trajectory);
                 self.tables.push_trajectory(trajectory)?;
-                self.junit.add(trajectory);
+                self.junit.add(trajectory)?;
                 self.selection.offer(trajectory);
                 for node in &trajectory.nodes {
                     let key = (

@@ -96,7 +96,16 @@ pub fn execute_plan(
     let interrupted = runtime.block_on(async {
         let mut engine = tokio::spawn(execute::run(plan, options, tx));
         tokio::select! {
-            _ = &mut engine => false,
+            finished = &mut engine => {
+                if let Err(e) = finished
+                    && e.is_panic()
+                {
+                    // Units catch their own panics; this is one outside them. The run has no
+                    // summary, so it exits 1 and reports what the journal holds.
+                    eprintln!("error: trellis failed while running (a bug): {e}");
+                }
+                false
+            }
             _ = tokio::signal::ctrl_c() => {
                 if !silent {
                     eprintln!("interrupted: stopping; finished trajectories are kept and reported");
@@ -110,6 +119,7 @@ pub fn execute_plan(
     // Dropping the runtime drops every task still holding an event sender, which ends the
     // reporter's stream; agent tasks of an aborted run are not waited for.
     runtime.shutdown_background();
+    restore_default_interrupt();
     let (reporter, mut report_cpu) = reporter
         .join()
         .map_err(|_| "the reporter thread panicked".to_string())?;
@@ -205,6 +215,16 @@ impl Reporter {
             self.summary = Some(s.clone());
         }
         self.console.on_event(event);
+    }
+}
+
+/// Tokio keeps SIGINT once it has watched for it. Writing the reports is not worth trapping
+/// the user for: from here on Ctrl-C stops the process (the journal is already on disk and
+/// `trellis report` rebuilds the rest).
+fn restore_default_interrupt() {
+    // SAFETY: resetting a signal to its default disposition has no preconditions.
+    unsafe {
+        libc::signal(libc::SIGINT, libc::SIG_DFL);
     }
 }
 

@@ -26,6 +26,8 @@ use crate::record::{Fault, FaultCategory};
 
 /// How much of an error body goes into a fault message.
 const ERROR_BODY_PREVIEW_CHARS: usize = 200;
+/// Bytes reserved for a response body before any arrive.
+const INITIAL_BODY_CAPACITY: u64 = 64 * 1024;
 /// Idle keep-alive connections are dropped after this long.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// A TCP connect that takes longer than this is hopeless whatever the per-call timeout.
@@ -185,7 +187,13 @@ impl HttpTransport {
         } else {
             max_response_size.min(4096)
         };
-        let capacity = progress.content_length.unwrap_or(0).min(limit);
+        // Content-Length is the agent's word: reserve no more than a typical answer up
+        // front, and let the buffer grow with what actually arrives.
+        let capacity = progress
+            .content_length
+            .unwrap_or(0)
+            .min(limit)
+            .min(INITIAL_BODY_CAPACITY);
         let mut buf = Vec::with_capacity(usize::try_from(capacity).unwrap_or(0));
         let read = loop {
             match response.chunk().await {
