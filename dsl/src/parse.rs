@@ -1233,6 +1233,21 @@ impl<'f> Decoder<'f> {
         self.spanned_string(e)
     }
 
+    /// A required string setting: reports it missing (with `usage`) when absent.
+    fn s_required_spanned(
+        &mut self,
+        v: &View,
+        s: &Settings,
+        name: &str,
+        usage: &str,
+    ) -> Option<Spanned<String>> {
+        if s.get(name).is_none() {
+            self.missing(v, &format!("`{name}=…`"), usage);
+            return None;
+        }
+        self.s_spanned(s, name)
+    }
+
     fn s_number(&mut self, s: &Settings, name: &str, range: (f64, f64)) -> Option<f64> {
         let e = s.value(name)?;
         self.number(e, Some(range))
@@ -1762,13 +1777,7 @@ impl<'f> Decoder<'f> {
         let usage = "simulator provider=\"ID\" model=\"…\" temperature=0.7";
         self.check_args(v, 0, usage);
         let s = self.settings(v, SIMULATOR_SETTINGS, "`simulator`", &[]);
-        let provider = match s.get("provider") {
-            Some(_) => self.s_spanned(&s, "provider"),
-            None => {
-                self.missing(v, "`provider=…`", usage);
-                None
-            }
-        };
+        let provider = self.s_required_spanned(v, &s, "provider", usage);
         let model = self.s_string(&s, "model");
         let temperature = self.s_number(&s, "temperature", (0.0, 2.0));
         let instructions = self.s_template(&s, "instructions");
@@ -1786,13 +1795,7 @@ impl<'f> Decoder<'f> {
         let id = self.id_arg(v, "an id", usage)?;
         self.check_args(v, 1, usage);
         let s = self.settings(v, JUDGE_SETTINGS, "`judge`", &[]);
-        let provider = match s.get("provider") {
-            Some(_) => self.s_spanned(&s, "provider"),
-            None => {
-                self.missing(v, "`provider=…`", usage);
-                None
-            }
-        };
+        let provider = self.s_required_spanned(v, &s, "provider", usage);
         let model = self.s_string(&s, "model");
         let temperature = self.s_number(&s, "temperature", (0.0, 2.0));
         let rubric = self.s_string(&s, "rubric");
