@@ -19,7 +19,7 @@ use std::time::{Duration, Instant, SystemTime};
 use futures::FutureExt;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
-use trellis_dsl::{CaptureSource, Criterion, Endpoint, Outcome};
+use trellis_dsl::{CaptureSource, Endpoint, Outcome};
 
 use crate::builtin::{self, BuiltinServer};
 use crate::criteria::{self, Scope};
@@ -667,25 +667,49 @@ impl<'a> Unit<'a> {
         let sc = &self.scenario.scenario;
         let mut criteria = state.criteria.clone();
         let mut fault = None;
-        match stop {
-            Some(Stop::Fault(f)) => fault = Some(f),
-            Some(Stop::Failed(c)) => criteria.push(c),
-            None => {
-                let trajectory_checks: Vec<&Criterion> =
-                    sc.criteria.iter().chain(&sc.expect_tools).collect();
-                for c in trajectory_checks {
-                    criteria.push(criteria::check(c, Scope::Trajectory, &state.turns, None));
-                }
-                for outcome in &sc.outcomes {
-                    criteria.push(CriterionRecord {
-                        turn_index: None,
-                        criterion: outcome_text(&outcome.value),
-                        kind: "outcome".into(),
-                        status: CriterionStatus::Skipped,
-                        detail: Some("no judge configured".into()),
-                    });
-                }
+        // Why the trajectory-level checks were not run, when it stopped early.
+        let not_checked = match stop {
+            Some(Stop::Fault(f)) => {
+                let why = format!(
+                    "not checked: the trajectory ended with a {} fault",
+                    f.category.as_str()
+                );
+                fault = Some(f);
+                Some(why)
             }
+            Some(Stop::Failed(c)) => {
+                let why = format!("not checked: the trajectory stopped at `{}`", c.criterion);
+                criteria.push(c);
+                Some(why)
+            }
+            None => None,
+        };
+        for c in sc.criteria.iter().chain(&sc.expect_tools) {
+            criteria.push(match &not_checked {
+                None => criteria::check(c, Scope::Trajectory, &state.turns, None),
+                // Recorded anyway, so every trajectory lists the same checks and a
+                // criterion's pass rate counts the trajectories that never got to it.
+                Some(why) => CriterionRecord {
+                    turn_index: None,
+                    criterion: c.text.clone(),
+                    kind: c.kind.name().to_string(),
+                    status: CriterionStatus::Skipped,
+                    detail: Some(why.clone()),
+                },
+            });
+        }
+        for outcome in &sc.outcomes {
+            criteria.push(CriterionRecord {
+                turn_index: None,
+                criterion: outcome_text(&outcome.value),
+                kind: "outcome".into(),
+                status: CriterionStatus::Skipped,
+                detail: Some(
+                    not_checked
+                        .clone()
+                        .unwrap_or_else(|| "no judge configured".into()),
+                ),
+            });
         }
         let failed = criteria.iter().any(|c| c.status == CriterionStatus::Failed);
         let status = if fault.is_some() {

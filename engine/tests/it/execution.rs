@@ -184,6 +184,7 @@ scenario "faulty" {
     user "hello"
     branch "ok" { user "fine" }
     branch "bad" { user "boom"; user "never sent" }
+    criteria { no-error }
 }
 scenario "other" {
     user "still runs"
@@ -206,6 +207,10 @@ scenario "other" {
         bad.turns, 2,
         "the faulted turn is recorded, the next one never sent"
     );
+    // The trajectory-level check is listed, not passed, and says why.
+    let no_error = bad.criteria.iter().find(|c| c.kind == "no-error").unwrap();
+    assert_eq!(no_error.status, CriterionStatus::Skipped);
+    assert!(no_error.detail.as_deref().unwrap().contains("http_5xx"));
     let other = run
         .trajectories
         .iter()
