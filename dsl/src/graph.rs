@@ -61,20 +61,32 @@ pub struct TrajectoryGraph {
 
 impl TrajectoryGraph {
     pub fn build(scenario: &Scenario) -> Self {
-        let mut graph = DiGraph::new();
-        let root = graph.add_node(Segment {
-            kind: SegmentKind::Root,
-            label: ROOT_LABEL.to_string(),
-            steps: Vec::new(),
-            span: scenario.span,
-        });
-        add_block(&mut graph, root, &scenario.steps);
+        let (graph, root) = segments(scenario);
         let trajectories = enumerate(&graph, root);
         TrajectoryGraph {
             graph,
             root,
             trajectories,
         }
+    }
+
+    /// How many trajectories `scenario` has, counted on the segment graph without listing
+    /// them: consecutive fork groups multiply, so the list can be far too large to build.
+    /// Saturates at `u64::MAX`.
+    pub fn count(scenario: &Scenario) -> u64 {
+        let (graph, root) = segments(scenario);
+        // Paths from each segment to a sink, in reverse topological order.
+        let mut paths = vec![0u64; graph.node_count()];
+        for i in graph.node_indices().rev() {
+            let mut n = 0u64;
+            let mut children = 0;
+            for e in graph.edges_directed(i, Direction::Outgoing) {
+                children += 1;
+                n = n.saturating_add(paths[e.target().index()]);
+            }
+            paths[i.index()] = if children == 0 { 1 } else { n };
+        }
+        paths[root.index()]
     }
 
     pub fn segment(&self, index: NodeIndex) -> &Segment {
@@ -91,6 +103,20 @@ impl TrajectoryGraph {
         out.reverse();
         out.into_iter()
     }
+}
+
+/// The segment graph of a scenario and its root. Segments are added in topological order:
+/// every edge points at a segment added after its source.
+fn segments(scenario: &Scenario) -> (DiGraph<Segment, ()>, NodeIndex) {
+    let mut graph = DiGraph::new();
+    let root = graph.add_node(Segment {
+        kind: SegmentKind::Root,
+        label: ROOT_LABEL.to_string(),
+        steps: Vec::new(),
+        span: scenario.span,
+    });
+    add_block(&mut graph, root, &scenario.steps);
+    (graph, root)
 }
 
 /// Appends `steps` starting in segment `current`; returns the segments the block ends in.
@@ -506,6 +532,32 @@ scenario "s" {
                 "y/y1/then/then",
                 "y/y1/then/then/p"
             ]
+        );
+    }
+
+    #[test]
+    fn counting_matches_enumeration_and_does_not_enumerate() {
+        let p = project(NESTED);
+        let sc = &p.suites[0].scenarios[0];
+        assert_eq!(TrajectoryGraph::count(sc), 6);
+        let mut text = String::from(
+            "agent \"a\" protocol=\"connexity\" url=\"http://127.0.0.1:1/agent/respond\"\nscenario \"s\" {\n",
+        );
+        for i in 0..70 {
+            text.push_str(&format!(
+                "user \"u{i}\"\nbranch \"x\" {{ user \"x\" }}\nbranch \"y\" {{ user \"y\" }}\n"
+            ));
+        }
+        text.push('}');
+        // 2^70 trajectories: counted (saturating), never listed. Validation rejects it.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("suite.kdl");
+        std::fs::write(&path, text).unwrap();
+        let err = crate::load(&[&path]).unwrap_err();
+        assert!(
+            err.render_plain().contains("trajectories"),
+            "{}",
+            err.render_plain()
         );
     }
 

@@ -56,6 +56,10 @@ impl LoadInfo {
 }
 
 /// Validates a project built without loader information.
+/// Trajectories one scenario may have. Planning lists every one, and each is at least one
+/// row of results per repetition; past this the suite is almost certainly a mistake.
+pub const MAX_TRAJECTORIES: u64 = 100_000;
+
 pub fn validate(project: &Project) -> Vec<Diagnostic> {
     validate_loaded(project, &LoadInfo::default())
 }
@@ -236,6 +240,29 @@ impl<'p> Validator<'p> {
     }
 
     fn scenario(&mut self, suite: usize, sc: &Scenario) {
+        let trajectories = crate::graph::TrajectoryGraph::count(sc);
+        if trajectories > MAX_TRAJECTORIES {
+            let count = if trajectories == u64::MAX {
+                "more than 18 quintillion".to_string()
+            } else {
+                trajectories.to_string()
+            };
+            let d = Diagnostic::at_span(
+                Kind::OutOfRange,
+                format!(
+                    "scenario `{}` forks into {count} trajectories (at most {MAX_TRAJECTORIES})",
+                    sc.id.value
+                ),
+                self.files(),
+                sc.id.span,
+                "too many trajectories",
+            )
+            .with_help(
+                "consecutive fork groups multiply: 2 branches in each of 20 groups make a million \
+                 trajectories; nest branches or split the scenario",
+            );
+            self.diags.push(d);
+        }
         for agent in &sc.agents {
             self.reference(RefKind::Agent, agent);
         }
