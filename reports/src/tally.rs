@@ -126,8 +126,18 @@ impl Selection {
         };
         if kept.len() < max {
             kept.push(trajectory.clone());
-        } else {
-            *omitted = omitted.saturating_add(1);
+            return;
+        }
+        *omitted = omitted.saturating_add(1);
+        // A full page of skipped trajectories must not hide a failure that comes later:
+        // a failed or errored one takes the place of the last skipped one.
+        if trajectory.status != TrajectoryStatus::Skipped
+            && let Some(skipped) = kept
+                .iter()
+                .rposition(|t| t.status == TrajectoryStatus::Skipped)
+        {
+            kept.remove(skipped);
+            kept.push(trajectory.clone());
         }
     }
 
@@ -141,5 +151,53 @@ impl Selection {
             omitted_failing: self.omitted_failing,
             omitted_passing: self.omitted_passing,
         }
+    }
+}
+
+#[cfg(test)]
+mod selection_tests {
+    use trellis_engine::record::{TrajectoryRecord, TrajectoryStatus};
+
+    use super::Selection;
+    use crate::ReportOptions;
+
+    fn record(status: TrajectoryStatus, name: &str) -> TrajectoryRecord {
+        TrajectoryRecord {
+            suite: "s".into(),
+            scenario: "c".into(),
+            trajectory: name.into(),
+            agent: "a".into(),
+            protocol: "connexity".into(),
+            repetition: 0,
+            nodes: vec![],
+            status,
+            turns: 0,
+            duration_ms: 0.0,
+            fault: None,
+            skip_reason: None,
+            criteria: vec![],
+            tags: vec![],
+        }
+    }
+
+    #[test]
+    fn failures_displace_skipped_trajectories_when_the_page_is_full() {
+        let options = ReportOptions {
+            max_failing_transcripts: 2,
+            ..ReportOptions::default()
+        };
+        let mut selection = Selection::new(&options);
+        selection.offer(&record(TrajectoryStatus::Skipped, "s1"));
+        selection.offer(&record(TrajectoryStatus::Skipped, "s2"));
+        selection.offer(&record(TrajectoryStatus::Failed, "f1"));
+        selection.offer(&record(TrajectoryStatus::Skipped, "s3"));
+        let rendered = selection.into_ordered();
+        let names: Vec<&str> = rendered
+            .trajectories
+            .iter()
+            .map(|t| t.trajectory.as_str())
+            .collect();
+        assert_eq!(names, ["f1", "s1"]);
+        assert_eq!(rendered.omitted_failing, 2);
     }
 }
