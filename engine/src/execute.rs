@@ -19,6 +19,7 @@ use std::time::{Duration, Instant, SystemTime};
 use futures::FutureExt;
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
 use trellis_dsl::{CaptureSource, Endpoint, Outcome};
 
 use crate::builtin::{self, BuiltinServer};
@@ -43,6 +44,10 @@ pub struct RunOptions {
     pub run_id: String,
     /// Agent calls in flight across the whole run.
     pub jobs: usize,
+    /// Cancelled to stop the run gracefully (Ctrl-C, SIGTERM): no new agent call starts,
+    /// calls in flight finish, and [`run`] returns once they have. Trajectories that had
+    /// not finished are not recorded.
+    pub stop: CancellationToken,
 }
 
 /// Runs the plan to completion, sending every event to `events`. Never fails because of an
@@ -76,6 +81,7 @@ pub async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSum
         events: events.clone(),
         run_start: started,
         totals: Totals::default(),
+        stop: options.stop.clone(),
     });
 
     let (senders, receivers): (Vec<_>, Vec<_>) = plan
@@ -136,6 +142,7 @@ struct Shared {
     events: EventSender,
     run_start: Instant,
     totals: Totals,
+    stop: CancellationToken,
 }
 
 #[derive(Default)]
@@ -277,7 +284,11 @@ async fn run_scenario(
     let mut all_ok = true;
     for &agent in &planned.agents {
         for repetition in 0..planned.repeat {
-            let Ok(permit) = shared.units.clone().acquire_many_owned(weight).await else {
+            let permit = tokio::select! {
+                permit = shared.units.clone().acquire_many_owned(weight) => permit,
+                () = shared.stop.cancelled() => break,
+            };
+            let Ok(permit) = permit else {
                 break;
             };
             while let Some(done) = units.try_join_next() {
@@ -315,6 +326,8 @@ struct PathState {
 enum Stop {
     Fault(Fault),
     Failed(CriterionRecord),
+    /// The run is stopping: nothing below this node is recorded.
+    Interrupted,
 }
 
 struct Unit<'a> {
@@ -481,6 +494,9 @@ impl<'a> Unit<'a> {
             }))
             .await;
 
+        if let Some(Stop::Interrupted) = stop {
+            return false;
+        }
         if let Some(stop) = stop {
             // Every trajectory below this node ends here.
             for &t in &node.trajectories {
@@ -541,7 +557,9 @@ impl<'a> Unit<'a> {
                             )));
                         }
                     };
-                    let turn = self.take_turn(message, state).await;
+                    let Some(turn) = self.take_turn(message, state).await else {
+                        return Some(Stop::Interrupted);
+                    };
                     let fault = turn.fault.clone();
                     state.turns.push(Arc::new(turn));
                     self.shared.totals.turns.fetch_add(1, Ordering::Relaxed);
@@ -594,23 +612,33 @@ impl<'a> Unit<'a> {
         None
     }
 
-    async fn take_turn(&self, message: String, state: &mut PathState) -> TurnRecord {
+    async fn take_turn(&self, message: String, state: &mut PathState) -> Option<TurnRecord> {
+        if self.shared.stop.is_cancelled() {
+            return None;
+        }
         let turn_index = u32::try_from(state.turns.len()).unwrap_or(u32::MAX);
         state.history.push(ChatMessage::user(message.clone()));
         let AgentRuntime::Ready { client, limit } = &self.shared.agents[self.agent] else {
             // run_unit only walks nodes for ready agents.
-            return TurnRecord {
+            return Some(TurnRecord {
                 turn_index,
                 user_message: message,
                 fault: Some(Fault::new(FaultCategory::Setup, "agent is not available")),
                 ..Default::default()
-            };
+            });
         };
+        let stop = &self.shared.stop;
         let _agent_permit = match limit {
-            Some(s) => s.acquire().await.ok(),
+            Some(s) => tokio::select! {
+                p = s.acquire() => p.ok(),
+                () = stop.cancelled() => return None,
+            },
             None => None,
         };
-        let _call_permit = self.shared.calls.acquire().await.ok();
+        let _call_permit = tokio::select! {
+            p = self.shared.calls.acquire() => p.ok(),
+            () = stop.cancelled() => return None,
+        };
         let started = Instant::now();
         let started_ms = ms(started.duration_since(self.shared.run_start));
         // The trajectory's budget counts only its own steps, so how long it waited behind
@@ -660,7 +688,7 @@ impl<'a> Unit<'a> {
             }
             Err(fault) => record.fault = Some(fault),
         }
-        record
+        Some(record)
     }
 
     async fn finish_trajectory(&self, t: usize, state: &PathState, stop: Option<Stop>) -> bool {
@@ -682,6 +710,7 @@ impl<'a> Unit<'a> {
                 criteria.push(c);
                 Some(why)
             }
+            Some(Stop::Interrupted) => Some("not checked: the run was stopped".to_string()),
             None => None,
         };
         for c in sc.criteria.iter().chain(&sc.expect_tools) {

@@ -80,6 +80,7 @@ pub fn execute_plan(
     let options = RunOptions {
         run_id: run_id.to_string(),
         jobs,
+        stop: Default::default(),
     };
     let (tx, mut rx) = event::channel();
     let reporter = std::thread::Builder::new()

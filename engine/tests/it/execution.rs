@@ -81,6 +81,7 @@ async fn run_suite(text: &str, jobs: usize) -> Run {
     let options = RunOptions {
         run_id: "test".into(),
         jobs,
+        stop: Default::default(),
     };
     let engine = tokio::spawn(execute::run(plan, options, tx));
     let mut run = Run {
