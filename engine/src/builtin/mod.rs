@@ -7,6 +7,7 @@
 //! cross-thread task stealing). The returned [`BuiltinServer`] stops it gracefully when
 //! dropped or shut down.
 
+pub mod agentscope;
 pub mod booking;
 
 use std::io;
@@ -16,7 +17,7 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
 /// Names accepted by `builtin="…"`.
-pub const BUILTINS: &[&str] = &["booking"];
+pub const BUILTINS: &[&str] = &["booking", "weather"];
 
 #[derive(Debug, thiserror::Error)]
 pub enum BuiltinError {
@@ -96,6 +97,7 @@ impl Drop for BuiltinServer {
 pub async fn serve(name: &str) -> Result<BuiltinServer, BuiltinError> {
     let (name, router, path) = match name {
         "booking" => ("booking", booking::router(), booking::PATH),
+        "weather" => ("weather", agentscope::router(), agentscope::PATH),
         _ => {
             return Err(BuiltinError::Unknown {
                 name: name.to_owned(),
