@@ -14,9 +14,10 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-use trellis_engine::protocol::CallContext;
-use trellis_engine::protocol::connexity::ConnexityClient;
-use trellis_engine::protocol::http::{CallLimits, HttpTransport};
+use trellis_engine::protocol::connexity::{ConnexityClient, HistoryMode, ParsedReply};
+use trellis_engine::protocol::http::{CallLimits, HttpTransport, RetryPolicy};
+use trellis_engine::protocol::{CallContext, ChatMessage};
+use trellis_engine::record::Fault;
 
 /// A minimal valid Connexity answer.
 pub const OK_BODY: &str =
@@ -135,9 +136,55 @@ pub async fn closed_port() -> SocketAddr {
     addr
 }
 
-/// A Connexity client for `url` with its own transport.
+/// A Connexity client for `url` with its own transport, retrying only what never reached
+/// the agent (the default rule).
 pub fn client(url: &str, retries: u32, limits: CallLimits) -> ConnexityClient {
-    ConnexityClient::new(url, Vec::new(), limits, retries, HttpTransport::new()).unwrap()
+    client_with(
+        url,
+        RetryPolicy {
+            retries,
+            after_send: false,
+        },
+        limits,
+    )
+}
+
+pub fn client_with(url: &str, retry: RetryPolicy, limits: CallLimits) -> ConnexityClient {
+    ConnexityClient::new(
+        url,
+        Vec::new(),
+        limits,
+        retry,
+        HistoryMode::Messages,
+        HttpTransport::new(),
+    )
+    .unwrap()
+}
+
+/// One request's result with every attempt's fault, as the tests look at it.
+#[derive(Debug)]
+pub struct CallOutcome {
+    pub result: Result<ParsedReply, Fault>,
+    pub attempts: u32,
+    /// The fault of each failed attempt, in order.
+    pub faults: Vec<Fault>,
+}
+
+pub async fn respond(
+    client: &ConnexityClient,
+    history: &[ChatMessage],
+    ctx: &CallContext<'_>,
+) -> CallOutcome {
+    let (exchange, result) = client.respond(history, ctx).await;
+    CallOutcome {
+        result,
+        attempts: exchange.attempts.len() as u32,
+        faults: exchange
+            .attempts
+            .iter()
+            .filter_map(|a| a.fault.clone())
+            .collect(),
+    }
 }
 
 pub fn limits(timeout: Duration) -> CallLimits {
