@@ -169,6 +169,11 @@ pub enum FaultCategory {
     Protocol,
     /// The response exceeded the agent's `max-response-size`.
     TooLarge,
+    /// A stream closed before the agent said it was done (no completed response).
+    Incomplete,
+    /// The agent reported that it failed: an error frame, a run that ended `failed`,
+    /// `rejected` or `canceled`.
+    AgentError,
     /// A template could not be rendered (for instance a capture that never matched).
     Template,
     /// The agent could not be started or configured (builtin, headers, env).
@@ -188,6 +193,8 @@ impl FaultCategory {
             FaultCategory::InvalidJson => "invalid_json",
             FaultCategory::Protocol => "protocol",
             FaultCategory::TooLarge => "too_large",
+            FaultCategory::Incomplete => "incomplete",
+            FaultCategory::AgentError => "agent_error",
             FaultCategory::Template => "template",
             FaultCategory::Setup => "setup",
             FaultCategory::Internal => "internal",

@@ -132,7 +132,10 @@ async fn process(State(sessions): State<Shared>, body: Bytes) -> Response {
                 .into_response();
         }
     };
-    let stream = request.get("stream").and_then(Value::as_bool).unwrap_or(true);
+    let stream = request
+        .get("stream")
+        .and_then(Value::as_bool)
+        .unwrap_or(true);
     let text = match user_text(&request) {
         Ok(text) => text,
         Err(error) => return error_frame(&error),
@@ -203,7 +206,10 @@ fn forget_oldest_idle(sessions: &mut Sessions) {
 
 fn sse_response(body: Body) -> Response {
     (
-        [(CONTENT_TYPE, "text/event-stream"), (CACHE_CONTROL, "no-cache")],
+        [
+            (CONTENT_TYPE, "text/event-stream"),
+            (CACHE_CONTROL, "no-cache"),
+        ],
         body,
     )
         .into_response()
@@ -211,7 +217,10 @@ fn sse_response(body: Body) -> Response {
 
 /// A request that fails validation: HTTP 200 with one error frame, as the real server does.
 fn error_frame(message: &str) -> Response {
-    sse_response(Body::from(format!("data: {}\n\n", json!({"error": message}))))
+    sse_response(Body::from(format!(
+        "data: {}\n\n",
+        json!({"error": message})
+    )))
 }
 
 /// The text of the last user message, or why the request is invalid.
@@ -239,7 +248,11 @@ fn user_text(request: &Value) -> Result<String, String> {
 #[derive(Clone, Debug, PartialEq)]
 enum Answer {
     /// Call `get_weather` for the city, then say what it returned.
-    Weather { city: String, celsius: i32, sky: String },
+    Weather {
+        city: String,
+        celsius: i32,
+        sky: String,
+    },
     /// Text only.
     Say(String),
     /// Start answering, then fail the run.
@@ -267,9 +280,17 @@ fn decide(text: &str, conversation: &mut Conversation) -> Answer {
             )
         });
     }
-    let about_weather = ["weather", "temperature", "forecast", "rain", "sunny", "hot", "cold"]
-        .iter()
-        .any(|w| lower.contains(w));
+    let about_weather = [
+        "weather",
+        "temperature",
+        "forecast",
+        "rain",
+        "sunny",
+        "hot",
+        "cold",
+    ]
+    .iter()
+    .any(|w| lower.contains(w));
     if about_weather {
         let Some(city) = CITY
             .captures(text)
@@ -286,9 +307,7 @@ fn decide(text: &str, conversation: &mut Conversation) -> Answer {
             sky: sky.to_owned(),
         };
     }
-    Answer::Say(
-        "Hello! I am the weather agent. Ask me about the weather in any city.".to_owned(),
-    )
+    Answer::Say("Hello! I am the weather agent. Ask me about the weather in any city.".to_owned())
 }
 
 fn title_case(city: &str) -> String {
@@ -296,7 +315,10 @@ fn title_case(city: &str) -> String {
         .map(|word| {
             let mut chars = word.chars();
             match chars.next() {
-                Some(first) => first.to_uppercase().chain(chars.flat_map(char::to_lowercase)).collect(),
+                Some(first) => first
+                    .to_uppercase()
+                    .chain(chars.flat_map(char::to_lowercase))
+                    .collect(),
                 None => String::new(),
             }
         })
@@ -386,8 +408,10 @@ impl Script {
                 "role": "assistant", "status": "in_progress", "content": []}));
         }
         for piece in text.split_inclusive(' ') {
-            self.push(json!({"object": "content", "type": "text", "index": 0, "delta": true,
-                "msg_id": id, "status": "in_progress", "text": piece}));
+            self.push(
+                json!({"object": "content", "type": "text", "index": 0, "delta": true,
+                "msg_id": id, "status": "in_progress", "text": piece}),
+            );
         }
         if !complete {
             return;
@@ -485,8 +509,12 @@ mod tests {
                 sky: "cloudy".into()
             }
         );
-        assert!(matches!(answer("weather in Paris"), Answer::Weather { city, .. } if city == "Paris"));
-        assert!(matches!(answer("Is it hot in Lima?"), Answer::Weather { city, .. } if city == "Lima"));
+        assert!(
+            matches!(answer("weather in Paris"), Answer::Weather { city, .. } if city == "Paris")
+        );
+        assert!(
+            matches!(answer("Is it hot in Lima?"), Answer::Weather { city, .. } if city == "Lima")
+        );
         assert!(matches!(answer("what's the weather?"), Answer::Say(_)));
     }
 
@@ -527,7 +555,10 @@ mod tests {
             .map(|m| m["type"].as_str().unwrap_or_default().to_owned())
             .collect();
         assert_eq!(kinds, ["plugin_call", "plugin_call_output", "message"]);
-        let sequence: Vec<_> = events.iter().map(|e| e["sequence_number"].as_u64()).collect();
+        let sequence: Vec<_> = events
+            .iter()
+            .map(|e| e["sequence_number"].as_u64())
+            .collect();
         assert!(sequence.windows(2).all(|w| w[0] < w[1]));
     }
 }

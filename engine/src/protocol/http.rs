@@ -95,7 +95,7 @@ impl HttpTransport {
             .user_agent(concat!("trellis/", env!("CARGO_PKG_VERSION")))
     }
 
-    fn client_for(&self, url: &Url) -> Result<&reqwest::Client, Fault> {
+    pub(super) fn client_for(&self, url: &Url) -> Result<&reqwest::Client, Fault> {
         let loopback = url.host_str().is_some_and(|host| {
             host.eq_ignore_ascii_case("localhost")
                 || host
@@ -260,7 +260,7 @@ impl Progress {
 }
 
 /// A duration as a person reads it in a report: `700ms`, `30s`, `1.5s`.
-struct DisplayDuration(Duration);
+pub(super) struct DisplayDuration(pub(super) Duration);
 
 impl std::fmt::Display for DisplayDuration {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -275,14 +275,14 @@ impl std::fmt::Display for DisplayDuration {
     }
 }
 
-fn too_large(max: u64, detail: &str) -> Fault {
+pub(super) fn too_large(max: u64, detail: &str) -> Fault {
     Fault::new(
         FaultCategory::TooLarge,
         format!("response exceeded {max} bytes (max-response-size); {detail}"),
     )
 }
 
-fn status_fault(status: StatusCode, body: &[u8]) -> Fault {
+pub(super) fn status_fault(status: StatusCode, body: &[u8]) -> Fault {
     let category = if status.is_client_error() {
         FaultCategory::Http4xx
     } else if status.is_server_error() {
@@ -305,6 +305,22 @@ fn status_fault(status: StatusCode, body: &[u8]) -> Fault {
         }
     }
     Fault::new(category, message)
+}
+
+/// The fault of a request or body read that failed, for the other transports on this
+/// client ([`super::sse`]): `status` and `body_bytes` say how far the exchange got.
+pub(super) fn request_fault(
+    err: &reqwest::Error,
+    url: &Url,
+    status: Option<StatusCode>,
+    body_bytes: u64,
+) -> Fault {
+    let progress = Progress {
+        status,
+        content_length: None,
+        body_bytes,
+    };
+    classify(err, url, &progress)
 }
 
 /// Maps a reqwest error to a fault, looking through its source chain for the I/O error or

@@ -18,9 +18,11 @@
 //! Transports are written once and shared: [`http`] (bounded request/response, fault
 //! mapping, the retry rule). Protocols never panic on what an agent sends.
 
+pub mod agentscope;
 pub mod connexity;
 pub mod http;
 pub mod pairing;
+pub mod sse;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -61,6 +63,16 @@ pub fn build(setup: AgentSetup<'_>) -> Result<Arc<dyn AgentProtocol>, Fault> {
             setup.limits,
             setup.retry,
             setup.agent.history,
+            setup.transport.clone(),
+        )
+        .map(|c| Arc::new(c) as Arc<dyn AgentProtocol>)
+        .map_err(|e| setup_fault(&e)),
+        Protocol::AgentScope => agentscope::AgentScopeClient::new(
+            setup.url,
+            setup.headers.clone(),
+            setup.limits,
+            setup.retry,
+            setup.agent.stream,
             setup.transport.clone(),
         )
         .map(|c| Arc::new(c) as Arc<dyn AgentProtocol>)

@@ -1,0 +1,907 @@
+//! The AgentScope runtime protocol: `POST {url}` with the turn's new input and a
+//! `session_id`, answered with server-sent events (specs/agentscope-agent-api-protocol.txt
+//! and the AgentScope part of FIELD-NOTES.md).
+//!
+//! The conversation lives on the server, keyed by `session_id`: each request carries only the
+//! new user message, every session gets an id of its own (`trellis-{run}-{n}`, so concurrent
+//! conversations and branches never collide), and a session cannot be forked (the executor
+//! replays the prefix in a fresh session per branch).
+//!
+//! The answer is assembled by [`Assembler`] from events of either shape real servers send
+//! (with or without message `in_progress` and content `completed`): text deltas are appended
+//! by `msg_id` and `index`, everything else (data, images, non-delta text) is a snapshot that
+//! replaces what the slot held, and the completed response's `output[]` is merged last as the
+//! authoritative snapshot. `plugin_call` / `function_call` / `mcp_call` / `component_call`
+//! messages and their `*_output` become tool calls paired with their results (arguments kept
+//! as the JSON string sent; results as the output string sent, a JSON list of blocks).
+//! Heartbeats and unknown events are ignored.
+//!
+//! Faults: an error frame (`data: {"error": …}`, including the session collision `Task … is
+//! already in RUNNING state.`) and a response that ends `failed` / `rejected` / `canceled`
+//! are `agent_error`; a stream that closes before the completed response is `incomplete`;
+//! an event that is not JSON is `invalid_json`; JSON of the wrong shape is `protocol`. The
+//! client calls the configured URL and nothing else (no `/health`, never `/shutdown`).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use indexmap::IndexMap;
+use reqwest::Url;
+use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use super::http::{CallLimits, HttpTransport, RetryPolicy, with_retries};
+use super::pairing::{ToolResult, pair};
+use super::sse::{self, Opened, StreamLimits};
+use super::{
+    AgentProtocol, CallContext, ChatMessage, Conversation, Exchange, Session, ToolCall,
+    ToolCallFunction, Turn, TurnInput, Usage,
+};
+use crate::record::{Fault, FaultCategory, ToolCallRecord};
+
+/// What a real server answers when a session already has a request in flight.
+const COLLISION: &str = "is already in RUNNING state";
+
+/// An AgentScope agent could not be configured.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentScopeError {
+    #[error("invalid agent URL `{0}`")]
+    InvalidUrl(String),
+    #[error("agent URL `{0}` must be http or https")]
+    UnsupportedScheme(String),
+    #[error("invalid header name `{0}`")]
+    InvalidHeaderName(String),
+    // The value is left out on purpose: header values usually carry secrets.
+    #[error(
+        "header `{0}` has an invalid value (control characters or line breaks are not allowed)"
+    )]
+    InvalidHeaderValue(String),
+}
+
+/// A client for one AgentScope agent: opens a server session per conversation.
+#[derive(Debug)]
+pub struct AgentScopeClient {
+    endpoint: Arc<Endpoint>,
+    /// Numbers the sessions this client opens.
+    sessions: AtomicU64,
+}
+
+/// Where and how to call the agent; shared by every session.
+#[derive(Debug)]
+struct Endpoint {
+    url: Url,
+    headers: HeaderMap,
+    limits: CallLimits,
+    retry: RetryPolicy,
+    /// `stream`: ask for server-sent events (else one JSON body).
+    stream: bool,
+    transport: HttpTransport,
+}
+
+impl AgentScopeClient {
+    /// `headers` are the agent's rendered `header` nodes; they override the content type and
+    /// accept headers the client sends by default.
+    pub fn new(
+        url: &str,
+        headers: Vec<(String, String)>,
+        limits: CallLimits,
+        retry: RetryPolicy,
+        stream: bool,
+        transport: HttpTransport,
+    ) -> Result<Self, AgentScopeError> {
+        let parsed: Url = url
+            .parse()
+            .map_err(|_| AgentScopeError::InvalidUrl(url.to_owned()))?;
+        if !matches!(parsed.scheme(), "http" | "https") {
+            return Err(AgentScopeError::UnsupportedScheme(url.to_owned()));
+        }
+        let mut map = HeaderMap::with_capacity(headers.len() + 2);
+        map.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        map.insert(
+            ACCEPT,
+            HeaderValue::from_static(if stream {
+                "text/event-stream"
+            } else {
+                "application/json"
+            }),
+        );
+        let mut given: Vec<HeaderName> = Vec::with_capacity(headers.len());
+        for (name, value) in headers {
+            let header = HeaderName::from_bytes(name.trim().as_bytes())
+                .map_err(|_| AgentScopeError::InvalidHeaderName(name.clone()))?;
+            let mut value = HeaderValue::from_str(value.trim())
+                .map_err(|_| AgentScopeError::InvalidHeaderValue(name.clone()))?;
+            value.set_sensitive(true);
+            if given.contains(&header) {
+                map.append(header, value);
+            } else {
+                map.insert(header.clone(), value);
+                given.push(header);
+            }
+        }
+        Ok(AgentScopeClient {
+            endpoint: Arc::new(Endpoint {
+                url: parsed,
+                headers: map,
+                limits,
+                retry,
+                stream,
+                transport,
+            }),
+            sessions: AtomicU64::new(0),
+        })
+    }
+
+    pub fn url(&self) -> &Url {
+        &self.endpoint.url
+    }
+}
+
+impl Endpoint {
+    /// Sends one user message on `session_id` and assembles the answer.
+    async fn process(&self, session_id: &str, text: &str, ctx: &CallContext<'_>) -> Turn {
+        let mut exchange = Exchange {
+            label: format!("POST {}", self.url.path()),
+            ..Default::default()
+        };
+        let request = Request {
+            input: [InputMessage {
+                role: "user",
+                kind: "message",
+                content: [TextContent { kind: "text", text }],
+            }],
+            stream: self.stream,
+            session_id,
+        };
+        let body = match serde_json::to_vec(&request) {
+            Ok(body) => Bytes::from(body),
+            Err(e) => {
+                return Turn::failed(Fault::new(
+                    FaultCategory::Internal,
+                    format!("could not encode the request: {e}"),
+                ));
+            }
+        };
+        let limits = StreamLimits::from(self.limits);
+        let attempted = with_retries(self.retry, self.limits.timeout, ctx.deadline, |budget| {
+            let body = body.clone();
+            async move {
+                sse::open(
+                    &self.transport,
+                    &self.url,
+                    &self.headers,
+                    body,
+                    limits,
+                    budget,
+                )
+                .await
+            }
+        })
+        .await;
+        exchange.attempts = attempted.attempts;
+        let mut assembler = Assembler::new(session_id);
+        let outcome = match attempted.result {
+            Err(fault) => Err(fault),
+            Ok(Opened::Json(body)) => match serde_json::from_slice::<Value>(&body) {
+                Ok(value) => assembler.apply(value).and_then(|()| {
+                    if assembler.is_done() {
+                        Ok(())
+                    } else {
+                        Err(Fault::new(
+                            FaultCategory::Protocol,
+                            format!(
+                                "the JSON answer is not a completed response (status {})",
+                                assembler.status.as_deref().unwrap_or("missing")
+                            ),
+                        ))
+                    }
+                }),
+                Err(e) => Err(Fault::new(
+                    FaultCategory::InvalidJson,
+                    format!("the response body is not JSON ({e}): {}", preview(&body)),
+                )),
+            },
+            Ok(Opened::Events(stream)) => {
+                let mut stream = stream.with_deadline(ctx.deadline);
+                let outcome = read_events(&mut stream, &mut assembler).await;
+                exchange.ttft = stream.ttft();
+                // The attempt lasted until the stream was over, and a fault in the stream is
+                // the attempt's own (it is never retried: the agent was already at work).
+                if let Some(last) = exchange.attempts.last_mut() {
+                    last.latency = stream.started().elapsed();
+                    last.fault = outcome.as_ref().err().cloned();
+                }
+                outcome
+            }
+        };
+        let assembled = assembler.finish();
+        exchange.usage = assembled.usage;
+        Turn {
+            exchanges: vec![exchange],
+            messages: assembled.messages,
+            reply: if outcome.is_ok() {
+                assembled.reply
+            } else {
+                None
+            },
+            tool_calls: assembled.tool_calls,
+            model: None,
+            provider: None,
+            fault: outcome.err(),
+        }
+    }
+}
+
+async fn read_events(
+    stream: &mut sse::EventStream,
+    assembler: &mut Assembler,
+) -> Result<(), Fault> {
+    while !assembler.is_done() {
+        let Some(event) = stream.next().await? else {
+            return Err(stream.ended_early("the response completed"));
+        };
+        let data = event.data.trim();
+        if data.is_empty() {
+            continue;
+        }
+        if data == "[DONE]" {
+            return Err(stream.ended_early("the response completed (`[DONE]` came first)"));
+        }
+        let value: Value = serde_json::from_str(data).map_err(|e| {
+            Fault::new(
+                FaultCategory::InvalidJson,
+                format!(
+                    "event {} is not JSON ({e}): {}",
+                    stream.count(),
+                    preview(data.as_bytes())
+                ),
+            )
+        })?;
+        assembler.apply(value)?;
+    }
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct Request<'a> {
+    input: [InputMessage<'a>; 1],
+    stream: bool,
+    session_id: &'a str,
+}
+
+#[derive(Serialize)]
+struct InputMessage<'a> {
+    role: &'static str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    content: [TextContent<'a>; 1],
+}
+
+#[derive(Serialize)]
+struct TextContent<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    text: &'a str,
+}
+
+impl AgentProtocol for AgentScopeClient {
+    fn open(&self, conversation: &Conversation<'_>) -> Box<dyn Session> {
+        let n = self.sessions.fetch_add(1, Ordering::Relaxed) + 1;
+        Box::new(AgentScopeSession {
+            endpoint: Arc::clone(&self.endpoint),
+            session_id: format!("trellis-{}-{n}", conversation.run_id),
+        })
+    }
+}
+
+/// One AgentScope conversation: a session on the server.
+struct AgentScopeSession {
+    endpoint: Arc<Endpoint>,
+    session_id: String,
+}
+
+impl Session for AgentScopeSession {
+    fn turn<'a>(
+        &'a mut self,
+        input: TurnInput<'a>,
+        ctx: &'a CallContext<'a>,
+    ) -> BoxFuture<'a, Turn> {
+        Box::pin(async move {
+            match input {
+                TurnInput::User(text) => self.endpoint.process(&self.session_id, text, ctx).await,
+                TurnInput::Opening | TurnInput::Call { .. } | TurnInput::Human { .. } => {
+                    Turn::failed(Fault::new(
+                        FaultCategory::Protocol,
+                        format!(
+                            "an AgentScope agent cannot take a `{}` turn (it answers user \
+                             messages)",
+                            input.kind()
+                        ),
+                    ))
+                }
+            }
+        })
+    }
+
+    /// The conversation is server state: it cannot be copied.
+    fn fork(&self) -> Option<Box<dyn Session>> {
+        None
+    }
+}
+
+/// What one answer amounted to.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Assembled {
+    /// The agent's messages, in the order they started.
+    pub messages: Vec<ChatMessage>,
+    /// The text of the last assistant `message` with text.
+    pub reply: Option<String>,
+    pub tool_calls: Vec<ToolCallRecord>,
+    pub usage: Option<Usage>,
+}
+
+/// Builds one answer from its events, in either shape real servers send.
+#[derive(Debug)]
+pub struct Assembler {
+    session_id: String,
+    /// By message id, in the order they started.
+    messages: IndexMap<String, PendingMessage>,
+    /// The response's last status.
+    status: Option<String>,
+    usage: Option<Usage>,
+    done: bool,
+}
+
+#[derive(Debug, Default)]
+struct PendingMessage {
+    kind: String,
+    role: Option<String>,
+    /// Content slots by `index`.
+    contents: BTreeMap<u64, Part>,
+}
+
+#[derive(Debug)]
+enum Part {
+    Text(String),
+    /// Data and image contents, and kinds this client does not know, kept as sent.
+    Other(Value),
+}
+
+impl Assembler {
+    pub fn new(session_id: &str) -> Self {
+        Assembler {
+            session_id: session_id.to_owned(),
+            messages: IndexMap::new(),
+            status: None,
+            usage: None,
+            done: false,
+        }
+    }
+
+    /// Whether the response reached its final status.
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// Applies one event. A fault means the answer is over: the agent reported an error,
+    /// or the event breaks the protocol.
+    pub fn apply(&mut self, event: Value) -> Result<(), Fault> {
+        let Value::Object(mut event) = event else {
+            return Err(Fault::new(
+                FaultCategory::Protocol,
+                format!("an event is {}, expected an object", kind_of(&event)),
+            ));
+        };
+        if !event.contains_key("object")
+            && let Some(error) = event.get("error").filter(|e| !e.is_null())
+        {
+            return Err(self.error_frame(error));
+        }
+        match event.get("object").and_then(Value::as_str) {
+            Some("response") => self.apply_response(&mut event),
+            Some("message") => {
+                self.apply_message(&mut event);
+                Ok(())
+            }
+            Some("content") => {
+                let id = str_field(&event, "msg_id").unwrap_or_default().to_owned();
+                let slot = self.message(&id);
+                slot.apply_content(&mut event, None);
+                Ok(())
+            }
+            // Heartbeats and whatever a newer server adds.
+            _ => Ok(()),
+        }
+    }
+
+    fn error_frame(&self, error: &Value) -> Fault {
+        let text = error_text(error);
+        let message = if text.contains(COLLISION) {
+            format!(
+                "session `{}` collided with a request still running on it: {text} (each \
+                 conversation needs its own session_id)",
+                self.session_id
+            )
+        } else {
+            format!("the agent answered with an error: {text}")
+        };
+        Fault::new(FaultCategory::AgentError, message)
+    }
+
+    fn apply_response(&mut self, event: &mut Map<String, Value>) -> Result<(), Fault> {
+        let status = str_field(event, "status").map(str::to_owned);
+        if let Some(usage) = event.get("usage").and_then(parse_usage) {
+            self.usage = Some(usage);
+        }
+        match status.as_deref() {
+            Some("completed") => {
+                if let Some(Value::Array(output)) = event.remove("output") {
+                    for message in output {
+                        if let Value::Object(mut message) = message {
+                            self.apply_message(&mut message);
+                        }
+                    }
+                }
+                self.done = true;
+            }
+            Some(end @ ("failed" | "rejected" | "canceled" | "cancelled")) => {
+                self.done = true;
+                let what = match end {
+                    "failed" => "the agent's run failed",
+                    "rejected" => "the agent rejected the run",
+                    _ => "the agent's run was canceled",
+                };
+                let detail = match event.get("error").filter(|e| !e.is_null()) {
+                    Some(error) => format!(": {}", error_text(error)),
+                    None => String::new(),
+                };
+                return Err(Fault::new(
+                    FaultCategory::AgentError,
+                    format!("{what}{detail}"),
+                ));
+            }
+            _ => {}
+        }
+        self.status = status;
+        Ok(())
+    }
+
+    fn apply_message(&mut self, event: &mut Map<String, Value>) {
+        let kind = str_field(event, "type").unwrap_or("message").to_owned();
+        if kind == "heartbeat" {
+            return;
+        }
+        let id = str_field(event, "id").unwrap_or_default().to_owned();
+        let role = str_field(event, "role").map(str::to_owned);
+        let error = ["code", "message"]
+            .iter()
+            .filter_map(|k| str_field(event, k))
+            .collect::<Vec<_>>()
+            .join(": ");
+        let message = self.message(&id);
+        message.kind = kind;
+        if role.is_some() {
+            message.role = role;
+        }
+        if let Some(Value::Array(content)) = event.remove("content") {
+            // A message carrying content is a snapshot of it.
+            for (position, content) in content.into_iter().enumerate() {
+                if let Value::Object(mut content) = content {
+                    message.apply_content(&mut content, Some(position as u64));
+                }
+            }
+        }
+        if !error.is_empty() && message.contents.is_empty() {
+            message.contents.insert(0, Part::Text(error));
+        }
+    }
+
+    /// The message with `id`, created on first sight (a text-only agent's first event of a
+    /// message can be a delta known only by its `msg_id`).
+    fn message(&mut self, id: &str) -> &mut PendingMessage {
+        self.messages
+            .entry(id.to_owned())
+            .or_insert_with(|| PendingMessage {
+                kind: "message".to_owned(),
+                ..Default::default()
+            })
+    }
+
+    /// The answer: messages, tool calls with their results, the reply and usage.
+    pub fn finish(self) -> Assembled {
+        let mut calls: Vec<ToolCallRecord> = Vec::new();
+        let mut inline_results: Vec<(usize, String)> = Vec::new();
+        let mut results: Vec<(Option<String>, Option<String>, Option<String>)> = Vec::new();
+        let mut messages = Vec::with_capacity(self.messages.len());
+        let mut reply = None;
+        for message in self.messages.into_values() {
+            let text = message.text();
+            let data: Vec<&Value> = message
+                .contents
+                .values()
+                .filter_map(|p| match p {
+                    Part::Other(v) if v.get("type").and_then(Value::as_str) == Some("data") => {
+                        v.get("data")
+                    }
+                    _ => None,
+                })
+                .collect();
+            let parts: Vec<Value> = message
+                .contents
+                .values()
+                .filter_map(|p| match p {
+                    Part::Other(v) => Some(v.clone()),
+                    Part::Text(_) => None,
+                })
+                .collect();
+            let kind = message.kind.as_str();
+            let chat = if is_call(kind) {
+                let mut tool_calls = Vec::new();
+                for d in &data {
+                    let call_id = d.get("call_id").and_then(Value::as_str).unwrap_or_default();
+                    let name = d.get("name").and_then(Value::as_str).unwrap_or_default();
+                    let arguments = arguments_text(d.get("arguments"));
+                    if let Some(output) = d.get("output").filter(|o| !o.is_null()) {
+                        inline_results.push((calls.len(), value_text(output)));
+                    }
+                    calls.push(ToolCallRecord {
+                        call_id: call_id.to_owned(),
+                        name: name.to_owned(),
+                        arguments: arguments.clone(),
+                        result: None,
+                    });
+                    tool_calls.push(ToolCall {
+                        id: call_id.to_owned(),
+                        kind: "function".to_owned(),
+                        function: ToolCallFunction {
+                            name: name.to_owned(),
+                            arguments,
+                        },
+                    });
+                }
+                ChatMessage {
+                    role: message.role.unwrap_or_else(|| "assistant".to_owned()),
+                    content: text,
+                    tool_calls,
+                    tool_call_id: None,
+                    name: Some(message.kind),
+                    parts,
+                }
+            } else if is_call_output(kind) {
+                let first = data.first();
+                let field = |k: &str| {
+                    first
+                        .and_then(|d| d.get(k))
+                        .filter(|v| !v.is_null())
+                        .map(value_text)
+                };
+                let call_id = field("call_id");
+                let name = field("name");
+                let output = field("output").or(text);
+                for d in &data {
+                    let field = |k: &str| d.get(k).filter(|v| !v.is_null()).map(value_text);
+                    results.push((field("call_id"), field("name"), field("output")));
+                }
+                ChatMessage {
+                    role: "tool".to_owned(),
+                    content: output,
+                    tool_calls: Vec::new(),
+                    tool_call_id: call_id,
+                    name,
+                    parts,
+                }
+            } else {
+                let role = message.role.unwrap_or_else(|| "assistant".to_owned());
+                if kind == "message"
+                    && role == "assistant"
+                    && let Some(text) = text.as_deref().filter(|t| !t.trim().is_empty())
+                {
+                    reply = Some(text.to_owned());
+                }
+                ChatMessage {
+                    role,
+                    content: text,
+                    tool_calls: Vec::new(),
+                    tool_call_id: None,
+                    name: (kind != "message").then(|| message.kind.clone()),
+                    parts,
+                }
+            };
+            messages.push(chat);
+        }
+        for (at, output) in inline_results {
+            if let Some(call) = calls.get_mut(at) {
+                call.result = Some(output);
+            }
+        }
+        pair(
+            &mut calls,
+            results.iter().map(|(call_id, name, output)| ToolResult {
+                call_id: call_id.as_deref(),
+                name: name.as_deref(),
+                content: output.as_deref(),
+            }),
+        );
+        Assembled {
+            messages,
+            reply,
+            tool_calls: calls,
+            usage: self.usage,
+        }
+    }
+}
+
+impl PendingMessage {
+    /// Applies a content event or a content of a message snapshot (`position`: its place in
+    /// the message's list, used when it has no `index`).
+    fn apply_content(&mut self, content: &mut Map<String, Value>, position: Option<u64>) {
+        let index = content
+            .get("index")
+            .and_then(Value::as_u64)
+            .or(position)
+            .unwrap_or(0);
+        let delta = content.get("delta").and_then(Value::as_bool) == Some(true);
+        match str_field(content, "type") {
+            Some("text") => {
+                let Some(text) = str_field(content, "text") else {
+                    return;
+                };
+                match self.contents.get_mut(&index) {
+                    Some(Part::Text(existing)) if delta => existing.push_str(text),
+                    _ => {
+                        self.contents.insert(index, Part::Text(text.to_owned()));
+                    }
+                }
+            }
+            Some("data") if content.get("data").is_none_or(Value::is_null) => {}
+            _ => {
+                for bookkeeping in [
+                    "object",
+                    "index",
+                    "delta",
+                    "msg_id",
+                    "status",
+                    "sequence_number",
+                ] {
+                    content.remove(bookkeeping);
+                }
+                self.contents
+                    .insert(index, Part::Other(Value::Object(std::mem::take(content))));
+            }
+        }
+    }
+
+    /// The text contents, in index order, joined by newlines.
+    fn text(&self) -> Option<String> {
+        let texts: Vec<&str> = self
+            .contents
+            .values()
+            .filter_map(|p| match p {
+                Part::Text(t) => Some(t.as_str()),
+                Part::Other(_) => None,
+            })
+            .collect();
+        (!texts.is_empty()).then(|| texts.join("\n"))
+    }
+}
+
+fn is_call(kind: &str) -> bool {
+    matches!(
+        kind,
+        "plugin_call" | "function_call" | "mcp_call" | "component_call"
+    )
+}
+
+fn is_call_output(kind: &str) -> bool {
+    matches!(
+        kind,
+        "plugin_call_output" | "function_call_output" | "mcp_call_output" | "component_call_output"
+    )
+}
+
+/// Arguments as the JSON string criteria parse: the string sent, or an object serialised;
+/// `{}` when there are none (the first snapshot of a call has `""`).
+fn arguments_text(arguments: Option<&Value>) -> String {
+    match arguments {
+        Some(Value::String(s)) if !s.trim().is_empty() => s.clone(),
+        None | Some(Value::Null) | Some(Value::String(_)) => "{}".to_owned(),
+        Some(other) => other.to_string(),
+    }
+}
+
+fn value_text(value: &Value) -> String {
+    match value {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// An `error` as a person reads it: `CODE: message`, or the string sent.
+fn error_text(error: &Value) -> String {
+    match error {
+        Value::String(s) => s.clone(),
+        Value::Object(map) => {
+            let code = map.get("code").and_then(Value::as_str);
+            let message = map.get("message").and_then(Value::as_str);
+            match (code, message) {
+                (Some(code), Some(message)) => format!("{code}: {message}"),
+                (Some(one), None) | (None, Some(one)) => one.to_owned(),
+                (None, None) => error.to_string(),
+            }
+        }
+        other => other.to_string(),
+    }
+}
+
+fn str_field<'a>(map: &'a Map<String, Value>, key: &str) -> Option<&'a str> {
+    map.get(key).and_then(Value::as_str)
+}
+
+/// Usage in either naming: `prompt_tokens`/`completion_tokens` or
+/// `input_tokens`/`output_tokens`.
+fn parse_usage(usage: &Value) -> Option<Usage> {
+    let usage = usage.as_object()?;
+    let field = |a: &str, b: &str| {
+        usage
+            .get(a)
+            .and_then(Value::as_u64)
+            .or_else(|| usage.get(b).and_then(Value::as_u64))
+    };
+    let parsed = Usage {
+        prompt_tokens: field("prompt_tokens", "input_tokens"),
+        completion_tokens: field("completion_tokens", "output_tokens"),
+        total_tokens: field("total_tokens", "total_tokens"),
+    };
+    (parsed != Usage::default()).then_some(parsed)
+}
+
+fn kind_of(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// The start of a body, for messages about it.
+fn preview(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(body.get(..240).unwrap_or(body));
+    let mut out: String = text.trim().chars().take(200).collect();
+    if body.len() > 240 || text.chars().count() > 200 {
+        out.push('…');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn assemble(events: &[Value]) -> (Assembled, Option<Fault>) {
+        let mut a = Assembler::new("s");
+        let mut fault = None;
+        for e in events {
+            if let Err(f) = a.apply(e.clone()) {
+                fault = Some(f);
+                break;
+            }
+        }
+        (a.finish(), fault)
+    }
+
+    #[test]
+    fn text_only_shape_assembles_deltas_by_msg_id_and_index() {
+        let (a, fault) = assemble(&[
+            json!({"object": "response", "status": "created", "id": "r"}),
+            json!({"object": "content", "type": "text", "delta": true, "msg_id": "m1", "index": 0, "text": "Hel"}),
+            json!({"object": "content", "type": "text", "delta": true, "msg_id": "m2", "index": 0, "text": "Other"}),
+            json!({"object": "content", "type": "text", "delta": true, "msg_id": "m1", "index": 0, "text": "lo"}),
+            json!({"object": "content", "type": "text", "delta": true, "msg_id": "m1", "index": 1, "text": "second"}),
+            json!({"object": "message", "id": "m1", "type": "message", "role": "assistant", "status": "completed"}),
+            json!({"object": "response", "status": "completed", "usage": {"input_tokens": 3, "output_tokens": 4}}),
+        ]);
+        assert_eq!(fault, None);
+        assert_eq!(a.messages.len(), 2);
+        assert_eq!(a.messages[0].content.as_deref(), Some("Hello\nsecond"));
+        assert_eq!(a.reply.as_deref(), Some("Other"));
+        assert_eq!(a.usage.and_then(|u| u.completion_tokens), Some(4));
+    }
+
+    #[test]
+    fn a_completed_text_content_replaces_the_deltas() {
+        let (a, _) = assemble(&[
+            json!({"object": "message", "id": "m", "type": "message", "role": "assistant", "status": "in_progress"}),
+            json!({"object": "content", "type": "text", "delta": true, "msg_id": "m", "index": 0, "text": "Hello"}),
+            json!({"object": "content", "type": "text", "delta": null, "msg_id": "m", "index": 0, "status": "completed", "text": "Hello, world!"}),
+            json!({"object": "response", "status": "completed"}),
+        ]);
+        assert_eq!(a.reply.as_deref(), Some("Hello, world!"));
+    }
+
+    #[test]
+    fn data_snapshots_replace_and_pair_calls_with_outputs() {
+        let call = |args: &str| {
+            json!({"object": "content", "type": "data", "delta": false, "msg_id": "c", "index": 0,
+                   "data": {"call_id": "k1", "name": "add", "arguments": args}})
+        };
+        let (a, fault) = assemble(&[
+            json!({"object": "message", "id": "c", "type": "plugin_call", "role": "assistant", "status": "in_progress"}),
+            call(""),
+            call("{\"a\": 4, \"b\": 5}"),
+            json!({"object": "message", "id": "o", "type": "plugin_call_output", "role": "tool",
+                   "content": [{"type": "data", "data": {"call_id": "k1", "name": "add", "output": "[{\"type\": \"text\", \"text\": \"9\"}]"}}]}),
+            json!({"object": "content", "type": "text", "delta": true, "msg_id": "m", "index": 0, "text": "9"}),
+            json!({"object": "response", "status": "completed"}),
+        ]);
+        assert_eq!(fault, None);
+        assert_eq!(a.tool_calls.len(), 1);
+        assert_eq!(a.tool_calls[0].name, "add");
+        assert_eq!(a.tool_calls[0].arguments, "{\"a\": 4, \"b\": 5}");
+        assert_eq!(
+            a.tool_calls[0].result.as_deref(),
+            Some("[{\"type\": \"text\", \"text\": \"9\"}]")
+        );
+        assert_eq!(a.messages[1].role, "tool");
+        assert_eq!(a.messages[1].tool_call_id.as_deref(), Some("k1"));
+        assert_eq!(a.reply.as_deref(), Some("9"));
+    }
+
+    #[test]
+    fn the_completed_output_is_merged_as_a_snapshot() {
+        let (a, _) = assemble(&[
+            json!({"object": "content", "type": "text", "delta": true, "msg_id": "m", "index": 0, "text": "partial"}),
+            json!({"object": "response", "status": "completed", "output": [
+                {"id": "m", "type": "message", "role": "assistant", "content": [{"type": "text", "text": "whole answer"}]},
+                {"id": "i", "type": "message", "role": "assistant", "content": [
+                    {"type": "image", "image_url": "http://x/y.png"},
+                    {"type": "data", "data": {"k": 1}}]}
+            ]}),
+        ]);
+        assert_eq!(a.messages[0].content.as_deref(), Some("whole answer"));
+        assert_eq!(a.messages[1].parts.len(), 2);
+        assert_eq!(a.messages[1].parts[0]["image_url"], "http://x/y.png");
+        assert_eq!(a.messages[1].parts[1]["data"]["k"], 1);
+    }
+
+    #[test]
+    fn errors_are_agent_errors_with_their_reason() {
+        let (_, fault) =
+            assemble(&[json!({"error": "Task trellis-1 is already in RUNNING state."})]);
+        let fault = fault.unwrap_or_else(|| Fault::new(FaultCategory::Internal, "none"));
+        assert_eq!(fault.category, FaultCategory::AgentError);
+        assert!(fault.message.contains("collided"), "{}", fault.message);
+
+        let (a, fault) = assemble(&[
+            json!({"object": "content", "type": "text", "delta": true, "msg_id": "m", "text": "Checking"}),
+            json!({"object": "response", "status": "failed", "error": {"code": "AGENT_UNKNOWN_ERROR", "message": "boom"}}),
+        ]);
+        let fault = fault.unwrap_or_else(|| Fault::new(FaultCategory::Internal, "none"));
+        assert_eq!(fault.category, FaultCategory::AgentError);
+        assert!(
+            fault.message.contains("AGENT_UNKNOWN_ERROR: boom"),
+            "{}",
+            fault.message
+        );
+        assert_eq!(a.messages[0].content.as_deref(), Some("Checking"));
+    }
+
+    #[test]
+    fn heartbeats_and_unknown_events_are_ignored() {
+        let (a, fault) = assemble(&[
+            json!({"object": "message", "type": "heartbeat"}),
+            json!({"object": "something_new", "x": 1}),
+            json!({"sequence_number": 3}),
+            json!({"object": "response", "status": "completed"}),
+        ]);
+        assert_eq!(fault, None);
+        assert!(a.messages.is_empty());
+    }
+}
