@@ -56,7 +56,7 @@ pub const FAIL_CODE: &str = "AGENT_UNKNOWN_ERROR";
 
 /// Pause between two streamed events, so that time to first event and latency differ the
 /// way they do with a real model.
-const EVENT_GAP: Duration = Duration::from_millis(2);
+const EVENT_GAP: Duration = Duration::from_millis(1);
 /// Sessions kept; the oldest idle ones are forgotten past this (a long run opens many).
 const MAX_SESSIONS: usize = 10_000;
 

@@ -111,7 +111,7 @@ pub async fn open(
             return Err(Fault::new(
                 FaultCategory::Timeout,
                 format!(
-                    "no response headers within {} (timeout)",
+                    "no response headers within {} (time to first event; timeout)",
                     DisplayDuration(timeout)
                 ),
             ));

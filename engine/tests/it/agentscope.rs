@@ -1,0 +1,720 @@
+//! The AgentScope client and the SSE transport against servers on real sockets: raw-TCP
+//! servers written here that misbehave in one precise way each, the builtin `weather` agent,
+//! and the executor replaying a fork's prefix in a fresh session per branch.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use trellis_engine::builtin;
+use trellis_engine::event::{self, Event};
+use trellis_engine::execute::{self, RunOptions};
+use trellis_engine::plan::{Plan, Selection};
+use trellis_engine::protocol::agentscope::AgentScopeClient;
+use trellis_engine::protocol::http::{CallLimits, HttpTransport, RetryPolicy};
+use trellis_engine::protocol::{AgentProtocol, CallContext, Conversation, Turn, TurnInput};
+use trellis_engine::record::{FaultCategory, NodeRecord, TrajectoryStatus};
+
+const SHORT: Duration = Duration::from_secs(5);
+
+/// One thing a scripted server does on a connection.
+#[derive(Clone, Debug)]
+enum Step {
+    Write(Vec<u8>),
+    Sleep(Duration),
+}
+
+/// A request as received: its head and its JSON body.
+#[derive(Clone, Debug)]
+struct Request {
+    head: String,
+    body: Value,
+}
+
+impl Request {
+    fn path(&self) -> &str {
+        self.head.split_whitespace().nth(1).unwrap_or("")
+    }
+
+    fn header(&self, name: &str) -> Option<String> {
+        self.head.lines().skip(1).find_map(|line| {
+            let (n, v) = line.split_once(':')?;
+            n.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| v.trim().to_owned())
+        })
+    }
+
+    fn session(&self) -> String {
+        self.body["session_id"].as_str().unwrap_or("").to_owned()
+    }
+
+    /// The text of the (only) input message.
+    fn text(&self) -> String {
+        self.body["input"][0]["content"][0]["text"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned()
+    }
+}
+
+type Script = Arc<dyn Fn(&Request) -> Vec<Step> + Send + Sync>;
+
+/// An HTTP/1.1 server on 127.0.0.1 that answers each request with the steps its script
+/// returns, then closes the connection.
+struct ScriptedServer {
+    url: String,
+    seen: Arc<Mutex<Vec<Request>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for ScriptedServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl ScriptedServer {
+    async fn start(script: impl Fn(&Request) -> Vec<Step> + Send + Sync + 'static) -> Self {
+        let script: Script = Arc::new(script);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/process", listener.local_addr().unwrap());
+        let seen: Arc<Mutex<Vec<Request>>> = Arc::default();
+        let recorded = Arc::clone(&seen);
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let script = Arc::clone(&script);
+                let seen = Arc::clone(&recorded);
+                tokio::spawn(async move {
+                    let _ = serve(stream, script, seen).await;
+                });
+            }
+        });
+        ScriptedServer { url, seen, task }
+    }
+
+    /// A server that sends `steps` to every request.
+    async fn steps(steps: Vec<Step>) -> Self {
+        Self::start(move |_| steps.clone()).await
+    }
+
+    fn requests(&self) -> Vec<Request> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+async fn serve(
+    mut stream: TcpStream,
+    script: Script,
+    seen: Arc<Mutex<Vec<Request>>>,
+) -> io::Result<()> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 8192];
+    let head_end = loop {
+        if let Some(at) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break at + 4;
+        }
+        let n = stream.read(&mut chunk).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+    let length: usize = head
+        .lines()
+        .find_map(|l| {
+            let (n, v) = l.split_once(':')?;
+            n.eq_ignore_ascii_case("content-length")
+                .then(|| v.trim().parse().ok())?
+        })
+        .unwrap_or(0);
+    while buf.len() < head_end + length {
+        let n = stream.read(&mut chunk).await?;
+        if n == 0 {
+            break;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    let body = serde_json::from_slice(&buf[head_end..]).unwrap_or(Value::Null);
+    let request = Request { head, body };
+    let steps = script(&request);
+    seen.lock().unwrap().push(request);
+    for step in steps {
+        match step {
+            Step::Write(bytes) => stream.write_all(&bytes).await?,
+            Step::Sleep(d) => tokio::time::sleep(d).await,
+        }
+    }
+    stream.shutdown().await
+}
+
+/// Response headers: a 200 (or `status`) with this content type, the body ending at close.
+fn head(status: u16, content_type: Option<&str>) -> Step {
+    let mut head = format!("HTTP/1.1 {status} X\r\nConnection: close\r\n");
+    if let Some(ct) = content_type {
+        head.push_str(&format!("Content-Type: {ct}\r\n"));
+    }
+    head.push_str("\r\n");
+    Step::Write(head.into_bytes())
+}
+
+fn sse_head() -> Step {
+    head(200, Some("text/event-stream"))
+}
+
+fn event(value: Value) -> Step {
+    Step::Write(format!("data: {value}\n\n").into_bytes())
+}
+
+fn raw(text: &str) -> Step {
+    Step::Write(text.as_bytes().to_vec())
+}
+
+/// The start of an answer: response created and in progress, then `text` as deltas of a
+/// message known only by its `msg_id` (the text-only shape).
+fn opening(text: &str) -> Vec<Step> {
+    let mut steps = vec![
+        sse_head(),
+        event(json!({"sequence_number": 0, "object": "response", "id": "r1", "status": "created"})),
+        event(
+            json!({"sequence_number": 1, "object": "response", "id": "r1", "status": "in_progress"}),
+        ),
+    ];
+    for piece in text.split_inclusive(' ') {
+        steps.push(event(
+            json!({"object": "content", "type": "text", "delta": true,
+            "msg_id": "m1", "index": 0, "status": "in_progress", "text": piece}),
+        ));
+    }
+    steps
+}
+
+fn completed(session: &str) -> Step {
+    event(
+        json!({"object": "response", "id": "r1", "status": "completed",
+        "session_id": session, "usage": {"input_tokens": 5, "output_tokens": 2}}),
+    )
+}
+
+fn client(url: &str, timeout: Duration, retry: RetryPolicy, stream: bool) -> AgentScopeClient {
+    AgentScopeClient::new(
+        url,
+        vec![("X-Api-Key".into(), "secret".into())],
+        CallLimits {
+            timeout,
+            max_response_size: 8 * 1024 * 1024,
+        },
+        retry,
+        stream,
+        HttpTransport::new(),
+    )
+    .unwrap()
+}
+
+fn conversation() -> Conversation<'static> {
+    Conversation {
+        run_id: "run1",
+        suite: "s",
+        scenario: "sc",
+        repetition: 0,
+        node: "start",
+    }
+}
+
+async fn say(client: &AgentScopeClient, text: &str) -> Turn {
+    let mut session = client.open(&conversation());
+    let ctx = CallContext {
+        test_case_id: "sc",
+        turn_index: 0,
+        deadline: None,
+    };
+    session.turn(TurnInput::User(text), &ctx).await
+}
+
+async fn say_to(url: &str, text: &str) -> Turn {
+    say(&client(url, SHORT, RetryPolicy::default(), true), text).await
+}
+
+#[track_caller]
+fn fault(turn: &Turn, category: FaultCategory) -> String {
+    match &turn.fault {
+        Some(f) => {
+            assert_eq!(f.category, category, "unexpected fault: {f:?}");
+            f.message.clone()
+        }
+        None => panic!("expected a {category:?} fault, got {turn:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_streamed_answer_is_assembled_and_the_request_has_the_runtime_shape() {
+    let server = ScriptedServer::start(|r| {
+        let mut steps = opening("Hello there.");
+        steps.push(completed(&r.session()));
+        steps
+    })
+    .await;
+    let client = client(&server.url, SHORT, RetryPolicy::default(), true);
+    let mut session = client.open(&conversation());
+    let mut other = client.open(&conversation());
+    let ctx = CallContext {
+        test_case_id: "sc",
+        turn_index: 0,
+        deadline: None,
+    };
+    let turn = session.turn(TurnInput::User("Hi"), &ctx).await;
+    assert_eq!(turn.fault, None);
+    assert_eq!(turn.reply.as_deref(), Some("Hello there."));
+    assert_eq!(turn.exchanges.len(), 1);
+    let exchange = &turn.exchanges[0];
+    assert_eq!(exchange.label, "POST /process");
+    assert_eq!(exchange.attempts.len(), 1);
+    let ttft = exchange.ttft.expect("time to first event");
+    assert!(
+        ttft <= exchange.latency(),
+        "{ttft:?} > {:?}",
+        exchange.latency()
+    );
+    assert_eq!(turn.usage().and_then(|u| u.completion_tokens), Some(2));
+
+    session.turn(TurnInput::User("Again"), &ctx).await;
+    other.turn(TurnInput::User("Other"), &ctx).await;
+    let requests = server.requests();
+    assert_eq!(requests.len(), 3);
+    let first = &requests[0];
+    assert_eq!(first.path(), "/process");
+    assert_eq!(first.header("accept").as_deref(), Some("text/event-stream"));
+    assert_eq!(first.header("x-api-key").as_deref(), Some("secret"));
+    assert_eq!(
+        first.body["input"],
+        json!([{"role": "user", "type": "message", "content": [{"type": "text", "text": "Hi"}]}])
+    );
+    assert_eq!(first.body["stream"], true);
+    // The server keeps the history: the second request carries only the new message, on the
+    // same session; another conversation gets a session of its own.
+    assert_eq!(requests[1].body["input"].as_array().map(Vec::len), Some(1));
+    assert_eq!(requests[1].text(), "Again");
+    assert_eq!(requests[1].session(), first.session());
+    assert_ne!(requests[2].session(), first.session());
+    assert!(
+        first.session().starts_with("trellis-run1-"),
+        "{}",
+        first.session()
+    );
+}
+
+#[tokio::test]
+async fn a_response_without_the_event_stream_content_type_is_a_protocol_fault() {
+    let mut steps = vec![head(200, None)];
+    steps.extend(opening("Hello").into_iter().skip(1));
+    let server = ScriptedServer::steps(steps).await;
+    let turn = say_to(&server.url, "Hi").await;
+    let message = fault(&turn, FaultCategory::Protocol);
+    assert!(message.contains("no Content-Type"), "{message}");
+
+    let server = ScriptedServer::steps(vec![
+        head(200, Some("text/html")),
+        raw("<html>Welcome to nginx</html>"),
+    ])
+    .await;
+    let turn = say_to(&server.url, "Hi").await;
+    let message = fault(&turn, FaultCategory::Protocol);
+    assert!(message.contains("Content-Type: text/html"), "{message}");
+    assert!(message.contains("Welcome to nginx"), "{message}");
+}
+
+#[tokio::test]
+async fn http_errors_quote_the_body_and_only_5xx_is_retried() {
+    let server = ScriptedServer::steps(vec![
+        head(422, Some("application/json")),
+        raw(r#"{"detail":"input: Input should be a valid list"}"#),
+    ])
+    .await;
+    let retry = RetryPolicy {
+        retries: 2,
+        after_send: false,
+    };
+    let turn = say(&client(&server.url, SHORT, retry, true), "Hi").await;
+    let message = fault(&turn, FaultCategory::Http4xx);
+    assert!(message.contains("valid list"), "{message}");
+    assert_eq!(server.requests().len(), 1);
+
+    let server =
+        ScriptedServer::steps(vec![head(503, Some("text/plain")), raw("overloaded")]).await;
+    let turn = say(&client(&server.url, SHORT, retry, true), "Hi").await;
+    let message = fault(&turn, FaultCategory::Http5xx);
+    assert!(message.contains("overloaded"), "{message}");
+    assert_eq!(server.requests().len(), 3);
+    assert_eq!(turn.exchanges[0].attempts.len(), 3);
+}
+
+#[tokio::test]
+async fn a_stall_mid_stream_is_an_idle_timeout_never_retried() {
+    let mut steps = opening("Thinking about it");
+    steps.push(Step::Sleep(Duration::from_secs(30)));
+    let server = ScriptedServer::steps(steps).await;
+    let retry = RetryPolicy {
+        retries: 2,
+        after_send: true,
+    };
+    let started = std::time::Instant::now();
+    let turn = say(
+        &client(&server.url, Duration::from_secs(1), retry, true),
+        "Hi",
+    )
+    .await;
+    let message = fault(&turn, FaultCategory::Timeout);
+    assert!(message.contains("stalled"), "{message}");
+    assert!(message.contains("5 events"), "{message}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    // The stream had started: the agent was at work, so nothing is sent again.
+    assert_eq!(server.requests().len(), 1);
+    let exchange = &turn.exchanges[0];
+    assert_eq!(exchange.attempts.len(), 1, "{:?}", exchange.attempts);
+    assert!(exchange.attempts[0].fault.is_some());
+    assert!(exchange.ttft.is_some());
+    assert!(exchange.latency() >= Duration::from_secs(1));
+    // What arrived before the stall is kept.
+    assert_eq!(
+        turn.messages[0].content.as_deref(),
+        Some("Thinking about it")
+    );
+    assert_eq!(turn.reply, None);
+}
+
+#[tokio::test]
+async fn no_first_event_in_time_is_a_timeout() {
+    let server =
+        ScriptedServer::steps(vec![sse_head(), Step::Sleep(Duration::from_secs(30))]).await;
+    let turn = say(
+        &client(
+            &server.url,
+            Duration::from_secs(1),
+            RetryPolicy::default(),
+            true,
+        ),
+        "Hi",
+    )
+    .await;
+    let message = fault(&turn, FaultCategory::Timeout);
+    assert!(message.contains("no event within 1s"), "{message}");
+    assert_eq!(turn.exchanges[0].ttft, None);
+}
+
+#[tokio::test]
+async fn a_stream_that_closes_before_the_completed_response_is_incomplete() {
+    let server = ScriptedServer::steps(opening("Half an ans")).await;
+    let turn = say_to(&server.url, "Hi").await;
+    let message = fault(&turn, FaultCategory::Incomplete);
+    assert!(
+        message.contains("ended before the response completed"),
+        "{message}"
+    );
+    assert!(message.contains("5 events"), "{message}");
+    assert_eq!(turn.messages[0].content.as_deref(), Some("Half an ans"));
+}
+
+#[tokio::test]
+async fn invalid_json_in_one_event_is_invalid_json() {
+    let mut steps = opening("Hello");
+    steps.push(raw(
+        "data: {\"object\": \"content\", \"text\": \"unterminated\n\n",
+    ));
+    steps.push(completed("s"));
+    let server = ScriptedServer::steps(steps).await;
+    let turn = say_to(&server.url, "Hi").await;
+    let message = fault(&turn, FaultCategory::InvalidJson);
+    assert!(message.contains("event 4 is not JSON"), "{message}");
+    assert!(message.contains("unterminated"), "{message}");
+}
+
+#[tokio::test]
+async fn one_enormous_event_is_too_large_before_it_is_whole() {
+    let mut steps = opening("Hello");
+    let mut huge = String::from("data: {\"object\": \"content\", \"text\": \"");
+    huge.push_str(&"x".repeat(6 * 1024 * 1024));
+    steps.push(raw(&huge));
+    steps.push(raw("\"}\n\n"));
+    steps.push(completed("s"));
+    let server = ScriptedServer::steps(steps).await;
+    let turn = say_to(&server.url, "Hi").await;
+    let message = fault(&turn, FaultCategory::TooLarge);
+    assert!(
+        message.contains("one event exceeded 4194304 bytes"),
+        "{message}"
+    );
+
+    // Many small events add up to the stream's bound, max-response-size.
+    let mut steps = opening("Hello");
+    for _ in 0..2000 {
+        steps.push(event(json!({"object": "message", "type": "heartbeat"})));
+    }
+    let server = ScriptedServer::steps(steps).await;
+    let small = AgentScopeClient::new(
+        &server.url,
+        Vec::new(),
+        CallLimits {
+            timeout: SHORT,
+            max_response_size: 16 * 1024,
+        },
+        RetryPolicy::default(),
+        true,
+        HttpTransport::new(),
+    )
+    .unwrap();
+    let turn = say(&small, "Hi").await;
+    let message = fault(&turn, FaultCategory::TooLarge);
+    assert!(message.contains("exceeded 16384 bytes"), "{message}");
+}
+
+#[tokio::test]
+async fn an_error_frame_is_an_agent_error() {
+    let server = ScriptedServer::steps(vec![
+        sse_head(),
+        event(json!({"error": "input.content: Input should be a valid list"})),
+    ])
+    .await;
+    let turn = say_to(&server.url, "Hi").await;
+    let message = fault(&turn, FaultCategory::AgentError);
+    assert!(
+        message.contains("Input should be a valid list"),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn a_session_collision_names_the_session() {
+    let server = ScriptedServer::start(|r| {
+        vec![
+            sse_head(),
+            event(json!({"error": format!("Task {} is already in RUNNING state.", r.session())})),
+        ]
+    })
+    .await;
+    let turn = say_to(&server.url, "Hi").await;
+    let message = fault(&turn, FaultCategory::AgentError);
+    assert!(message.contains("collided"), "{message}");
+    assert!(message.contains("trellis-run1-1"), "{message}");
+}
+
+#[tokio::test]
+async fn a_failed_response_is_an_agent_error_with_code_and_message() {
+    let mut steps = opening("Let me check");
+    steps.push(event(
+        json!({"object": "response", "id": "r1", "status": "failed",
+        "error": {"code": "AGENT_UNKNOWN_ERROR", "message": "model quota exceeded"}}),
+    ));
+    let server = ScriptedServer::steps(steps.clone()).await;
+    let turn = say_to(&server.url, "Hi").await;
+    let message = fault(&turn, FaultCategory::AgentError);
+    assert!(message.contains("run failed"), "{message}");
+    assert!(
+        message.contains("AGENT_UNKNOWN_ERROR: model quota exceeded"),
+        "{message}"
+    );
+
+    steps.pop();
+    steps.push(event(json!({"object": "response", "status": "rejected",
+        "error": {"code": "RATE_LIMITED", "message": "slow down"}})));
+    let server = ScriptedServer::steps(steps).await;
+    let turn = say_to(&server.url, "Hi").await;
+    let message = fault(&turn, FaultCategory::AgentError);
+    assert!(message.contains("rejected"), "{message}");
+}
+
+#[tokio::test]
+async fn a_json_answer_to_a_streaming_request_is_accepted() {
+    let server = ScriptedServer::steps(vec![
+        head(200, Some("application/json")),
+        raw(
+            &json!({"object": "response", "status": "completed", "output": [
+            {"id": "m", "type": "message", "role": "assistant",
+             "content": [{"type": "text", "text": "All in one."}]}]})
+            .to_string(),
+        ),
+    ])
+    .await;
+    let turn = say_to(&server.url, "Hi").await;
+    assert_eq!(turn.fault, None);
+    assert_eq!(turn.reply.as_deref(), Some("All in one."));
+    assert_eq!(turn.exchanges[0].ttft, None);
+}
+
+// The builtin weather agent.
+
+#[tokio::test]
+async fn the_builtin_calls_get_weather_and_streams_its_answer() {
+    let server = builtin::serve("weather").await.unwrap();
+    assert!(server.url().ends_with("/process"), "{}", server.url());
+    let client = client(&server.url(), SHORT, RetryPolicy::default(), true);
+    let turn = say(&client, "What's the weather in Paris?").await;
+    assert_eq!(turn.fault, None);
+    assert_eq!(
+        turn.reply.as_deref(),
+        Some("It is 18°C and sunny in Paris.")
+    );
+    assert_eq!(turn.tool_calls.len(), 1);
+    let call = &turn.tool_calls[0];
+    assert_eq!(call.name, "get_weather");
+    let arguments: Value = serde_json::from_str(&call.arguments).unwrap();
+    assert_eq!(arguments, json!({"city": "Paris"}));
+    let result: Value = serde_json::from_str(call.result.as_deref().unwrap()).unwrap();
+    assert_eq!(result[0]["text"], "Paris: 18°C, sunny");
+    let roles: Vec<_> = turn.messages.iter().map(|m| m.role.as_str()).collect();
+    assert_eq!(roles, ["assistant", "tool", "assistant"]);
+    let exchange = &turn.exchanges[0];
+    let ttft = exchange.ttft.unwrap();
+    assert!(
+        ttft < exchange.latency(),
+        "{ttft:?} vs {:?}",
+        exchange.latency()
+    );
+    assert!(turn.usage().and_then(|u| u.total_tokens).unwrap() > 0);
+}
+
+#[tokio::test]
+async fn the_builtin_keeps_each_session_apart() {
+    let server = builtin::serve("weather").await.unwrap();
+    let client = client(&server.url(), SHORT, RetryPolicy::default(), true);
+    let ctx = CallContext {
+        test_case_id: "sc",
+        turn_index: 0,
+        deadline: None,
+    };
+    let mut one = client.open(&conversation());
+    let mut two = client.open(&conversation());
+    one.turn(TurnInput::User("weather in Tokyo?"), &ctx).await;
+    two.turn(TurnInput::User("weather in Lima?"), &ctx).await;
+    let turn = one.turn(TurnInput::User("What did I ask?"), &ctx).await;
+    assert_eq!(
+        turn.reply.as_deref(),
+        Some("So far you asked me about Tokyo.")
+    );
+    assert!(
+        one.fork().is_none(),
+        "a server-side session cannot be copied"
+    );
+}
+
+#[tokio::test]
+async fn the_builtins_failing_run_is_recorded_as_an_agent_error() {
+    let server = builtin::serve("weather").await.unwrap();
+    let turn = say_to(&server.url(), "Any tornado near Kansas?").await;
+    let message = fault(&turn, FaultCategory::AgentError);
+    assert!(message.contains("AGENT_UNKNOWN_ERROR"), "{message}");
+    assert_eq!(turn.reply, None);
+    assert!(!turn.messages.is_empty(), "the partial answer is kept");
+}
+
+#[tokio::test]
+async fn the_builtin_answers_one_json_body_when_not_streaming() {
+    let server = builtin::serve("weather").await.unwrap();
+    let client = client(&server.url(), SHORT, RetryPolicy::default(), false);
+    let turn = say(&client, "Is it cold in Berlin?").await;
+    assert_eq!(turn.fault, None);
+    assert_eq!(
+        turn.reply.as_deref(),
+        Some("It is 9°C and overcast in Berlin.")
+    );
+    assert_eq!(turn.tool_calls.len(), 1);
+    assert_eq!(turn.exchanges[0].ttft, None);
+}
+
+// Branches: a fresh session per branch, the prefix replayed in it.
+
+const FORKS: &str = r#"
+agent "scope" protocol="agentscope" url="URL"
+scenario "fork" {
+    repeat 2
+    user "a"
+    user "b"
+    branch "x" { user "x1" }
+    branch "y" {
+        user "y1"
+        branch "deep1" { user "d1" }
+        branch "deep2" { user "d2" }
+    }
+    user "tail"
+    criteria { no-error }
+}
+"#;
+
+#[tokio::test]
+async fn each_branch_gets_a_fresh_session_with_the_prefix_replayed() {
+    let server = ScriptedServer::start(|r| {
+        let mut steps = opening(&format!("echo {}", r.text()));
+        steps.push(completed(&r.session()));
+        steps
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("suite.kdl");
+    std::fs::write(&path, FORKS.replace("URL", &server.url)).unwrap();
+    let project = match trellis_dsl::load(&[&path]) {
+        Ok(p) => p,
+        Err(d) => panic!("{}", d.render_plain()),
+    };
+    let plan = Plan::build(&project, &Selection::default()).unwrap();
+    let (tx, mut rx) = event::channel();
+    let options = RunOptions {
+        run_id: "test".into(),
+        jobs: 8,
+        stop: Default::default(),
+        strict: false,
+    };
+    let engine = tokio::spawn(execute::run(plan, options, tx));
+    let mut nodes: Vec<NodeRecord> = Vec::new();
+    let mut trajectories = Vec::new();
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            Event::Node(n) => nodes.push(n),
+            Event::Trajectory(t) => trajectories.push(t),
+            _ => {}
+        }
+    }
+    engine.await.unwrap();
+    assert_eq!(trajectories.len(), 6);
+    assert!(
+        trajectories
+            .iter()
+            .all(|t| t.status == TrajectoryStatus::Passed),
+        "{trajectories:?}"
+    );
+
+    // Every session holds exactly one trajectory's conversation, from its first message.
+    let mut sessions: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for request in server.requests() {
+        assert_eq!(request.body["input"].as_array().map(Vec::len), Some(1));
+        sessions
+            .entry(request.session())
+            .or_default()
+            .push(request.text());
+    }
+    let mut conversations: Vec<Vec<String>> = sessions.into_values().collect();
+    conversations.sort();
+    let expected = |m: &[&str]| m.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    let mut want = vec![
+        expected(&["a", "b", "x1", "tail"]),
+        expected(&["a", "b", "y1", "d1", "tail"]),
+        expected(&["a", "b", "y1", "d2", "tail"]),
+    ];
+    want.extend(want.clone());
+    want.sort();
+    assert_eq!(conversations, want);
+
+    // Records: each node's turns once, plus the replays that rebuilt the sessions.
+    let turns: Vec<_> = nodes.iter().flat_map(|n| &n.turns).collect();
+    let replays = turns.iter().filter(|t| t.replay).count();
+    assert_eq!(turns.len() - replays, 18, "the original turns");
+    assert_eq!(turns.len(), 28, "every request is recorded");
+    assert!(turns.iter().all(|t| t.fault.is_none()));
+    assert!(turns.iter().all(|t| t.ttft_ms.is_some()));
+}
