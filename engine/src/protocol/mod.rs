@@ -21,6 +21,7 @@
 pub mod agentscope;
 pub mod connexity;
 pub mod http;
+pub mod line;
 pub mod pairing;
 pub mod sse;
 

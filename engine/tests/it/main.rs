@@ -3,5 +3,6 @@
 mod agentscope;
 mod builtin_booking;
 mod execution;
+mod line;
 mod protocol;
 mod support;
