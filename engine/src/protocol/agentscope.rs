@@ -205,8 +205,8 @@ impl Endpoint {
                     format!("the response body is not JSON ({e}): {}", preview(&body)),
                 )),
             },
-            Ok(Opened::Events(stream)) => {
-                let mut stream = stream.with_deadline(ctx.deadline);
+            Ok(Opened::Events(mut stream)) => {
+                stream.set_deadline(ctx.deadline);
                 let outcome = read_events(&mut stream, &mut assembler).await;
                 exchange.ttft = stream.ttft();
                 // The attempt lasted until the stream was over, and a fault in the stream is

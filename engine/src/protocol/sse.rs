@@ -70,7 +70,7 @@ impl From<CallLimits> for StreamLimits {
 /// What a successful POST answered with.
 pub enum Opened {
     /// `200 text/event-stream`: read the events.
-    Events(EventStream),
+    Events(Box<EventStream>),
     /// A 2xx JSON body, read in full (a server that does not stream, or was asked not to).
     Json(Bytes),
 }
@@ -136,13 +136,13 @@ pub async fn open(
         return Err(status_fault(status, &preview));
     }
     if media_type == "text/event-stream" {
-        return Ok(Opened::Events(EventStream::new(
+        return Ok(Opened::Events(Box::new(EventStream::new(
             response,
             url.clone(),
             limits,
             started,
             first_event_by,
-        )));
+        ))));
     }
     if media_type == "application/json" || media_type.ends_with("+json") {
         let body = read_body(response, url, limits.max_total, first_event_by, true).await?;
@@ -363,9 +363,8 @@ impl EventStream {
     }
 
     /// Also stop at `deadline` (the trajectory's), whatever the other bounds allow.
-    pub fn with_deadline(mut self, deadline: Option<Instant>) -> Self {
+    pub fn set_deadline(&mut self, deadline: Option<Instant>) {
         self.deadline = deadline;
-        self
     }
 
     /// Time from sending the request to the first event; `None` before it arrived.
