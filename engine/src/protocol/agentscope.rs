@@ -46,6 +46,10 @@ use crate::record::{Fault, FaultCategory, ToolCallRecord};
 /// What a real server answers when a session already has a request in flight.
 const COLLISION: &str = "is already in RUNNING state";
 
+/// Numbers the sessions of the process: two agents of a run may point at one server, and
+/// their sessions must not meet there.
+static SESSIONS: AtomicU64 = AtomicU64::new(0);
+
 /// An AgentScope agent could not be configured.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentScopeError {
@@ -66,8 +70,6 @@ pub enum AgentScopeError {
 #[derive(Debug)]
 pub struct AgentScopeClient {
     endpoint: Arc<Endpoint>,
-    /// Numbers the sessions this client opens.
-    sessions: AtomicU64,
 }
 
 /// Where and how to call the agent; shared by every session.
@@ -132,7 +134,6 @@ impl AgentScopeClient {
                 stream,
                 transport,
             }),
-            sessions: AtomicU64::new(0),
         })
     }
 
@@ -290,7 +291,7 @@ struct TextContent<'a> {
 
 impl AgentProtocol for AgentScopeClient {
     fn open(&self, conversation: &Conversation<'_>) -> Box<dyn Session> {
-        let n = self.sessions.fetch_add(1, Ordering::Relaxed) + 1;
+        let n = SESSIONS.fetch_add(1, Ordering::Relaxed) + 1;
         Box::new(AgentScopeSession {
             endpoint: Arc::clone(&self.endpoint),
             session_id: format!("trellis-{}-{n}", conversation.run_id),

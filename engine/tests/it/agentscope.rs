@@ -240,7 +240,11 @@ async fn say(client: &AgentScopeClient, text: &str) -> Turn {
 }
 
 async fn say_to(url: &str, text: &str) -> Turn {
-    say(&client(url, SHORT, RetryPolicy::default(), true), text).await
+    say(&client_for(url), text).await
+}
+
+fn client_for(url: &str) -> AgentScopeClient {
+    client(url, SHORT, RetryPolicy::default(), true)
 }
 
 #[track_caller]
@@ -258,6 +262,11 @@ fn fault(turn: &Turn, category: FaultCategory) -> String {
 async fn a_streamed_answer_is_assembled_and_the_request_has_the_runtime_shape() {
     let server = ScriptedServer::start(|r| {
         let mut steps = opening("Hello there.");
+        // Heartbeats and comment lines carry nothing for the answer.
+        steps.push(event(
+            json!({"object": "message", "type": "heartbeat", "status": "in_progress"}),
+        ));
+        steps.push(raw(": keep-alive\n\n"));
         steps.push(completed(&r.session()));
         steps
     })
@@ -273,6 +282,7 @@ async fn a_streamed_answer_is_assembled_and_the_request_has_the_runtime_shape() 
     let turn = session.turn(TurnInput::User("Hi"), &ctx).await;
     assert_eq!(turn.fault, None);
     assert_eq!(turn.reply.as_deref(), Some("Hello there."));
+    assert_eq!(turn.messages.len(), 1);
     assert_eq!(turn.exchanges.len(), 1);
     let exchange = &turn.exchanges[0];
     assert_eq!(exchange.label, "POST /process");
@@ -287,9 +297,15 @@ async fn a_streamed_answer_is_assembled_and_the_request_has_the_runtime_shape() 
 
     session.turn(TurnInput::User("Again"), &ctx).await;
     other.turn(TurnInput::User("Other"), &ctx).await;
+    // Another agent of the run on the same server: its sessions are apart too.
+    let second_agent = client_for(&server.url);
+    say(&second_agent, "Third").await;
     let requests = server.requests();
-    assert_eq!(requests.len(), 3);
+    assert_eq!(requests.len(), 4);
     let first = &requests[0];
+    assert_ne!(requests[3].session(), first.session());
+    assert_ne!(requests[3].session(), requests[2].session());
+    assert!(requests.iter().all(|r| r.path() == "/process"));
     assert_eq!(first.path(), "/process");
     assert_eq!(first.header("accept").as_deref(), Some("text/event-stream"));
     assert_eq!(first.header("x-api-key").as_deref(), Some("secret"));
@@ -502,7 +518,11 @@ async fn a_session_collision_names_the_session() {
     let turn = say_to(&server.url, "Hi").await;
     let message = fault(&turn, FaultCategory::AgentError);
     assert!(message.contains("collided"), "{message}");
-    assert!(message.contains("trellis-run1-1"), "{message}");
+    let session = server.requests()[0].session();
+    assert!(
+        message.contains(&format!("session `{session}`")),
+        "{message}"
+    );
 }
 
 #[tokio::test]
