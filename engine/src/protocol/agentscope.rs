@@ -10,8 +10,10 @@
 //! The answer is assembled by [`Assembler`] from events of either shape real servers send
 //! (with or without message `in_progress` and content `completed`): text deltas are appended
 //! by `msg_id` and `index`, everything else (data, images, non-delta text) is a snapshot that
-//! replaces what the slot held, and the completed response's `output[]` is merged last as the
-//! authoritative snapshot. `plugin_call` / `function_call` / `mcp_call` / `component_call`
+//! replaces what the slot held (a data content marked `delta: true` extends it key by key, as
+//! the runtime's own message model does), and the completed response's `output[]` is merged
+//! last as the authoritative snapshot. Usage comes from the completed response, else from the
+//! messages that report it. `plugin_call` / `function_call` / `mcp_call` / `component_call`
 //! messages and their `*_output` become tool calls paired with their results (arguments kept
 //! as the JSON string sent; results as the output string sent, a JSON list of blocks).
 //! Heartbeats and unknown events are ignored.
@@ -363,6 +365,8 @@ struct PendingMessage {
     role: Option<String>,
     /// Content slots by `index`.
     contents: BTreeMap<u64, Part>,
+    /// Tokens the message reports, for responses that report none themselves.
+    usage: Option<Usage>,
 }
 
 #[derive(Debug)]
@@ -449,21 +453,22 @@ impl Assembler {
                 }
                 self.done = true;
             }
-            Some(end @ ("failed" | "rejected" | "canceled" | "cancelled")) => {
+            Some(end @ ("failed" | "rejected" | "canceled" | "cancelled" | "incomplete")) => {
                 self.done = true;
-                let what = match end {
-                    "failed" => "the agent's run failed",
-                    "rejected" => "the agent rejected the run",
-                    _ => "the agent's run was canceled",
+                let (category, what) = match end {
+                    "failed" => (FaultCategory::AgentError, "the agent's run failed"),
+                    "rejected" => (FaultCategory::AgentError, "the agent rejected the run"),
+                    "incomplete" => (
+                        FaultCategory::Incomplete,
+                        "the agent ended its run incomplete",
+                    ),
+                    _ => (FaultCategory::AgentError, "the agent's run was canceled"),
                 };
                 let detail = match event.get("error").filter(|e| !e.is_null()) {
                     Some(error) => format!(": {}", error_text(error)),
                     None => String::new(),
                 };
-                return Err(Fault::new(
-                    FaultCategory::AgentError,
-                    format!("{what}{detail}"),
-                ));
+                return Err(Fault::new(category, format!("{what}{detail}")));
             }
             _ => {}
         }
@@ -483,10 +488,14 @@ impl Assembler {
             .filter_map(|k| str_field(event, k))
             .collect::<Vec<_>>()
             .join(": ");
+        let usage = event.get("usage").and_then(parse_usage);
         let message = self.message(&id);
         message.kind = kind;
         if role.is_some() {
             message.role = role;
+        }
+        if usage.is_some() {
+            message.usage = usage;
         }
         if let Some(Value::Array(content)) = event.remove("content") {
             // A message carrying content is a snapshot of it.
@@ -514,6 +523,9 @@ impl Assembler {
 
     /// The answer: messages, tool calls with their results, the reply and usage.
     pub fn finish(self) -> Assembled {
+        let usage = self
+            .usage
+            .or_else(|| sum_usage(self.messages.values().filter_map(|m| m.usage)));
         let mut calls: Vec<ToolCallRecord> = Vec::new();
         let mut inline_results: Vec<(usize, String)> = Vec::new();
         let mut results: Vec<(Option<String>, Option<String>, Option<String>)> = Vec::new();
@@ -631,7 +643,7 @@ impl Assembler {
             messages,
             reply,
             tool_calls: calls,
-            usage: self.usage,
+            usage,
         }
     }
 }
@@ -659,21 +671,45 @@ impl PendingMessage {
                 }
             }
             Some("data") if content.get("data").is_none_or(Value::is_null) => {}
-            _ => {
-                for bookkeeping in [
-                    "object",
-                    "index",
-                    "delta",
-                    "msg_id",
-                    "status",
-                    "sequence_number",
-                ] {
-                    content.remove(bookkeeping);
+            // Data deltas extend what the slot holds key by key, as the runtime's own
+            // `add_delta_content` does (strings appended, lists extended); data without
+            // `delta: true` is a snapshot (the form real agents send) and replaces it.
+            Some("data") if delta => {
+                if let (Some(Part::Other(existing)), Some(Value::Object(update))) =
+                    (self.contents.get_mut(&index), content.get_mut("data"))
+                    && let Some(Value::Object(data)) = existing.get_mut("data")
+                {
+                    for (key, value) in std::mem::take(update) {
+                        match (data.get_mut(&key), value) {
+                            (Some(Value::String(old)), Value::String(more)) => old.push_str(&more),
+                            (Some(Value::Array(old)), Value::Array(more)) => old.extend(more),
+                            (_, value) => {
+                                data.insert(key, value);
+                            }
+                        }
+                    }
+                    return;
                 }
-                self.contents
-                    .insert(index, Part::Other(Value::Object(std::mem::take(content))));
+                self.insert_snapshot(index, content);
             }
+            _ => self.insert_snapshot(index, content),
         }
+    }
+
+    /// Puts a non-text content in its slot as sent, less the streaming bookkeeping.
+    fn insert_snapshot(&mut self, index: u64, content: &mut Map<String, Value>) {
+        for bookkeeping in [
+            "object",
+            "index",
+            "delta",
+            "msg_id",
+            "status",
+            "sequence_number",
+        ] {
+            content.remove(bookkeeping);
+        }
+        self.contents
+            .insert(index, Part::Other(Value::Object(std::mem::take(content))));
     }
 
     /// The text contents, in index order, joined by newlines.
@@ -758,6 +794,18 @@ fn parse_usage(usage: &Value) -> Option<Usage> {
         total_tokens: field("total_tokens", "total_tokens"),
     };
     (parsed != Usage::default()).then_some(parsed)
+}
+
+fn sum_usage(usages: impl Iterator<Item = Usage>) -> Option<Usage> {
+    let add = |a: Option<u64>, b: Option<u64>| match (a, b) {
+        (Some(a), Some(b)) => Some(a.saturating_add(b)),
+        (a, b) => a.or(b),
+    };
+    usages.reduce(|total, u| Usage {
+        prompt_tokens: add(total.prompt_tokens, u.prompt_tokens),
+        completion_tokens: add(total.completion_tokens, u.completion_tokens),
+        total_tokens: add(total.total_tokens, u.total_tokens),
+    })
 }
 
 fn kind_of(value: &Value) -> &'static str {
@@ -853,6 +901,30 @@ mod tests {
         assert_eq!(a.messages[1].role, "tool");
         assert_eq!(a.messages[1].tool_call_id.as_deref(), Some("k1"));
         assert_eq!(a.reply.as_deref(), Some("9"));
+    }
+
+    #[test]
+    fn data_deltas_extend_the_slot_and_message_usage_counts_without_response_usage() {
+        let delta = |data: Value| json!({"object": "content", "type": "data", "delta": true, "msg_id": "c", "index": 0, "data": data});
+        let (a, fault) = assemble(&[
+            json!({"object": "message", "id": "c", "type": "function_call", "role": "assistant"}),
+            delta(json!({"call_id": "k", "name": "add", "arguments": "{\"a\": "})),
+            delta(json!({"arguments": "4}"})),
+            json!({"object": "message", "id": "c", "type": "function_call", "status": "completed",
+                   "usage": {"prompt_tokens": 7, "completion_tokens": 3}}),
+            json!({"object": "message", "id": "m", "type": "message", "role": "assistant",
+                   "content": [{"type": "text", "text": "4"}], "usage": {"prompt_tokens": 1, "completion_tokens": 1}}),
+            json!({"object": "response", "status": "completed"}),
+        ]);
+        assert_eq!(fault, None);
+        assert_eq!(a.tool_calls[0].arguments, "{\"a\": 4}");
+        assert_eq!(a.usage.and_then(|u| u.prompt_tokens), Some(8));
+    }
+
+    #[test]
+    fn an_incomplete_run_is_incomplete() {
+        let (_, fault) = assemble(&[json!({"object": "response", "status": "incomplete"})]);
+        assert_eq!(fault.map(|f| f.category), Some(FaultCategory::Incomplete));
     }
 
     #[test]
