@@ -146,7 +146,7 @@ async fn process(State(sessions): State<Shared>, body: Bytes) -> Response {
         .unwrap_or("default")
         .to_owned();
 
-    let (answer, guard) = {
+    let (answer, number) = {
         let mut all = sessions.lock().unwrap_or_else(PoisonError::into_inner);
         all.clock += 1;
         let now = all.clock;
@@ -160,18 +160,12 @@ async fn process(State(sessions): State<Shared>, body: Bytes) -> Response {
         conversation.running = true;
         conversation.last_used = now;
         conversation.messages += 1;
-        let answer = decide(&text, conversation);
-        let number = conversation.messages;
-        drop(all);
-        (
-            (answer, number),
-            RunningGuard {
-                sessions: sessions.clone(),
-                session_id: session_id.clone(),
-            },
-        )
+        (decide(&text, conversation), conversation.messages)
     };
-    let (answer, number) = answer;
+    let guard = RunningGuard {
+        sessions: sessions.clone(),
+        session_id: session_id.clone(),
+    };
     let events = script(&session_id, number, &answer);
     if !stream {
         drop(guard);

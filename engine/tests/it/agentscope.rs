@@ -738,3 +738,32 @@ async fn each_branch_gets_a_fresh_session_with_the_prefix_replayed() {
     assert!(turns.iter().all(|t| t.fault.is_none()));
     assert!(turns.iter().all(|t| t.ttft_ms.is_some()));
 }
+
+#[tokio::test]
+async fn the_builtin_answers_a_second_request_on_a_busy_session_with_a_collision() {
+    let server = builtin::serve("weather").await.unwrap();
+    let http = reqwest::Client::new();
+    let body = json!({"input": [{"role": "user", "type": "message",
+        "content": [{"type": "text", "text": "weather in Paris?"}]}],
+        "stream": true, "session_id": "shared"})
+    .to_string();
+    let post = || {
+        http.post(server.url())
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+    };
+    // Headers in hand means the first answer is under way on the server.
+    let first = post().await.unwrap();
+    let second = post().await.unwrap();
+    let second = second.text().await.unwrap();
+    assert!(
+        second.contains("Task shared is already in RUNNING state."),
+        "{second}"
+    );
+    let first = first.text().await.unwrap();
+    assert!(first.contains("\"status\":\"completed\""), "{first}");
+    // Once the first answer is over, the session takes requests again.
+    let third = post().await.unwrap();
+    assert!(!third.text().await.unwrap().contains("RUNNING"));
+}
