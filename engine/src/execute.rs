@@ -172,10 +172,18 @@ async fn start_agents(plan: &Plan) -> (Vec<AgentRuntime>, Vec<BuiltinServer>) {
     let mut servers = Vec::new();
     let mut runtimes = Vec::new();
     let transport = HttpTransport::new();
-    let header_scope = ScenarioScope::env_only().with_vars(&BTreeMap::new());
+    let header_scope = ScenarioScope::env_only(plan.templates.env()).with_vars(&BTreeMap::new());
     for agent in &plan.agents {
         if let Some(reason) = &agent.unsupported {
             runtimes.push(AgentRuntime::Unsupported(reason.clone()));
+            continue;
+        }
+        // This executor speaks Connexity only; the protocol layer runs the others.
+        if agent.protocol != trellis_dsl::Protocol::Connexity {
+            runtimes.push(AgentRuntime::Unsupported(format!(
+                "the `{}` protocol is not run by this executor",
+                agent.protocol.as_str()
+            )));
             continue;
         }
         let url = match &agent.endpoint {
@@ -567,17 +575,32 @@ impl<'a> Unit<'a> {
                         return Some(Stop::Fault(fault));
                     }
                 }
+                PlannedStep::Call { function, .. } => {
+                    return Some(Stop::Fault(Fault::new(
+                        FaultCategory::Setup,
+                        format!("`call {function}`: this executor does not run `call` steps"),
+                    )));
+                }
                 PlannedStep::Expect(checks) => {
                     let turn_index = state.turns.last().map(|t| t.turn_index);
+                    let scope = &self.scenario.scope;
+                    let vars = &state.vars;
                     for c in checks {
                         let record = match turn_index {
-                            Some(_) => criteria::check(c, Scope::Turn, &state.turns, turn_index),
+                            Some(_) => criteria::check_planned(
+                                c,
+                                &self.shared.plan.templates,
+                                || scope.with_vars(vars),
+                                Scope::Turn,
+                                &state.turns,
+                                turn_index,
+                            ),
                             // Validation rejects this; a plan built another way still must
                             // not pass a check that looked at nothing.
                             None => CriterionRecord {
                                 turn_index: None,
-                                criterion: c.text.clone(),
-                                kind: c.kind.name().to_string(),
+                                criterion: c.criterion.text.clone(),
+                                kind: c.criterion.kind.name().to_string(),
                                 status: CriterionStatus::Failed,
                                 detail: Some("no agent turn before this `expect`".into()),
                             },
@@ -713,15 +736,22 @@ impl<'a> Unit<'a> {
             Some(Stop::Interrupted) => Some("not checked: the run was stopped".to_string()),
             None => None,
         };
-        for c in sc.criteria.iter().chain(&sc.expect_tools) {
+        for c in &self.scenario.criteria {
             criteria.push(match &not_checked {
-                None => criteria::check(c, Scope::Trajectory, &state.turns, None),
+                None => criteria::check_planned(
+                    c,
+                    &self.shared.plan.templates,
+                    || self.scenario.scope.with_vars(&state.vars),
+                    Scope::Trajectory,
+                    &state.turns,
+                    None,
+                ),
                 // Recorded anyway, so every trajectory lists the same checks and a
                 // criterion's pass rate counts the trajectories that never got to it.
                 Some(why) => CriterionRecord {
                     turn_index: None,
-                    criterion: c.text.clone(),
-                    kind: c.kind.name().to_string(),
+                    criterion: c.criterion.text.clone(),
+                    kind: c.criterion.kind.name().to_string(),
                     status: CriterionStatus::Skipped,
                     detail: Some(why.clone()),
                 },

@@ -44,6 +44,17 @@ mod url_error {
     pub type ParseError = <reqwest::Url as std::str::FromStr>::Err;
 }
 
+/// What a request's `messages` carry of the earlier turns.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HistoryMode {
+    /// User messages and the agent's final replies (the contract's form).
+    #[default]
+    Messages,
+    /// The whole transcript: the agent's earlier tool calls and tool messages too (what the
+    /// platform's own runner sends).
+    Full,
+}
+
 /// A client for one Connexity agent.
 #[derive(Clone, Debug)]
 pub struct ConnexityClient {
