@@ -2,4 +2,5 @@
 //! suites (`golden/`) and the decoded model of valid ones (`ok/`).
 
 mod golden;
+mod needs;
 mod ok;

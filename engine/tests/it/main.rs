@@ -1,6 +1,7 @@
 //! The engine's integration tests, in one binary so the crate links once.
 
 mod builtin_booking;
+mod criterion_templates;
 mod execution;
 mod protocol;
 mod support;
