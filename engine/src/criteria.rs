@@ -343,16 +343,16 @@ fn reply_check(
         ReplyCheck::NotContains(needle) => {
             let needle = value(needle);
             replies
-            .iter()
-            .zip(turns)
-            .find(|(r, _)| r.contains(needle.as_str()))
-            .map(|(r, t)| {
-                format!(
-                    "turn {} reply contains {needle:?}: {}",
-                    t.turn_index,
-                    excerpt(r, 160)
-                )
-            })
+                .iter()
+                .zip(turns)
+                .find(|(r, _)| r.contains(needle.as_str()))
+                .map(|(r, t)| {
+                    format!(
+                        "turn {} reply contains {needle:?}: {}",
+                        t.turn_index,
+                        excerpt(r, 160)
+                    )
+                })
         }
     }
 }

@@ -386,6 +386,43 @@ impl Plan {
         })
     }
 
+    /// What of this plan cannot run yet: trajectories (per agent, one repetition) recorded as
+    /// skipped, and checks of the other trajectories recorded as skipped.
+    pub fn not_runnable(&self) -> NotRunnableCounts {
+        let mut counts = NotRunnableCounts::default();
+        for s in &self.scenarios {
+            for &a in &s.agents {
+                let Some(agent) = self.agents.get(a) else {
+                    continue;
+                };
+                for (ti, t) in s.trajectories.iter().enumerate() {
+                    counts.trajectories += 1;
+                    if agent.unsupported.is_some() || t.unsupported_on(agent.protocol).is_some() {
+                        counts.skipped_trajectories += 1;
+                        continue;
+                    }
+                    let turn_checks = s
+                        .nodes
+                        .iter()
+                        .filter(|n| n.trajectories.contains(&ti))
+                        .flat_map(|n| &n.steps)
+                        .filter_map(|step| match step {
+                            PlannedStep::Expect(c) => Some(c),
+                            _ => None,
+                        })
+                        .flatten();
+                    let skipped = turn_checks
+                        .chain(&s.criteria)
+                        .filter(|c| not_runnable::criterion(&c.criterion.kind).is_some())
+                        .count()
+                        + s.scenario.outcomes.len();
+                    counts.skipped_checks += skipped as u64;
+                }
+            }
+        }
+        counts
+    }
+
     /// How many trajectories the plan runs (or records as skipped).
     pub fn trajectory_count(&self) -> u64 {
         self.scenarios
@@ -393,6 +430,17 @@ impl Plan {
             .map(|s| s.trajectories.len() as u64 * s.agents.len() as u64 * u64::from(s.repeat))
             .sum()
     }
+}
+
+/// See [`Plan::not_runnable`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NotRunnableCounts {
+    /// Trajectories × agents, one repetition each.
+    pub trajectories: u64,
+    /// Of those, the ones that cannot run yet.
+    pub skipped_trajectories: u64,
+    /// Checks of the runnable ones that will be recorded as skipped.
+    pub skipped_checks: u64,
 }
 
 fn execution_tree(
@@ -493,7 +541,10 @@ fn compile_steps(
         }
         for &protocol in protocols {
             if let Some(reason) = not_runnable::step(&step.kind, Some(protocol))
-                && !out.unsupported_by_protocol.iter().any(|(p, _)| *p == protocol)
+                && !out
+                    .unsupported_by_protocol
+                    .iter()
+                    .any(|(p, _)| *p == protocol)
             {
                 out.unsupported_by_protocol.push((protocol, reason));
             }
@@ -601,7 +652,10 @@ pub fn warnings(project: &Project) -> Vec<Diagnostic> {
                 _ => Vec::new(),
             }
         } else {
-            sc.agents.iter().filter_map(|a| project.agent(&a.value)).collect()
+            sc.agents
+                .iter()
+                .filter_map(|a| project.agent(&a.value))
+                .collect()
         };
         for agent in &agents {
             if let Some(why) = not_runnable::agent(agent)
@@ -609,7 +663,10 @@ pub fn warnings(project: &Project) -> Vec<Diagnostic> {
             {
                 out.push(warn(
                     agent.id.span,
-                    format!("agent `{}` cannot run yet: its trajectories will be skipped", agent.id.value),
+                    format!(
+                        "agent `{}` cannot run yet: its trajectories will be skipped",
+                        agent.id.value
+                    ),
                     "not runnable yet",
                     &why,
                 ));
@@ -647,14 +704,24 @@ pub fn warnings(project: &Project) -> Vec<Diagnostic> {
             if let StepKind::Expect(criteria) = &step.kind {
                 for c in criteria {
                     if let Some(why) = not_runnable::criterion(&c.kind) {
-                        out.push(warn(c.span, skipped_check(sc, c.kind.name()), "will be skipped", why));
+                        out.push(warn(
+                            c.span,
+                            skipped_check(sc, c.kind.name()),
+                            "will be skipped",
+                            why,
+                        ));
                     }
                 }
             }
         });
         for c in sc.criteria.iter().chain(&sc.expect_tools) {
             if let Some(why) = not_runnable::criterion(&c.kind) {
-                out.push(warn(c.span, skipped_check(sc, c.kind.name()), "will be skipped", why));
+                out.push(warn(
+                    c.span,
+                    skipped_check(sc, c.kind.name()),
+                    "will be skipped",
+                    why,
+                ));
             }
         }
         for outcome in &sc.outcomes {
@@ -670,7 +737,10 @@ pub fn warnings(project: &Project) -> Vec<Diagnostic> {
 }
 
 fn skipped_check(sc: &Scenario, kind: &str) -> String {
-    format!("scenario `{}`: this `{kind}` check will be skipped", sc.id.value)
+    format!(
+        "scenario `{}`: this `{kind}` check will be skipped",
+        sc.id.value
+    )
 }
 
 /// Calls `f` on every step, branches included, in source order.

@@ -37,10 +37,19 @@ fn a_scenario_id_with_a_slash_is_an_error_not_a_run_that_waits_on_itself() {
     let (_dir, result) = load_files(&[("x.kdl", X), ("z.kdl", z)]);
     let diags = result.expect_err("a `/` in a scenario id must be rejected");
     let messages: Vec<&str> = diags.iter().map(|d| d.message.as_str()).collect();
-    assert_eq!(messages, ["invalid scenario id `x/y`"], "{}", diags.render_plain());
+    assert_eq!(
+        messages,
+        ["invalid scenario id `x/y`"],
+        "{}",
+        diags.render_plain()
+    );
     let d = diags.iter().next().unwrap();
     assert_eq!(d.code_str(), "trellis::invalid_value");
-    assert!(d.help_text().unwrap().contains("x-y"), "{:?}", d.help_text());
+    assert!(
+        d.help_text().unwrap().contains("x-y"),
+        "{:?}",
+        d.help_text()
+    );
 }
 
 #[test]

@@ -8,10 +8,10 @@ use serde_json::{Value, json};
 use trellis_engine::event::{self, Event};
 use trellis_engine::execute::{self, RunOptions};
 use trellis_engine::plan::{Plan, Selection};
-use trellis_engine::render::EnvSnapshot;
 use trellis_engine::record::{
     CriterionStatus, FaultCategory, NodeRecord, RunSummary, TrajectoryRecord, TrajectoryStatus,
 };
+use trellis_engine::render::EnvSnapshot;
 
 /// Every request body the agent received.
 type Seen = Arc<Mutex<Vec<Value>>>;
@@ -389,7 +389,10 @@ scenario "budget" {
 async fn header_templates_render_from_the_environment() {
     use super::support::{MisbehavingServer, OK_BODY};
     let server = MisbehavingServer::respond(200, OK_BODY).await;
-    let env = EnvSnapshot::from([("TRELLIS_TEST_HEADER_TOKEN".to_string(), "s3cret".to_string())]);
+    let env = EnvSnapshot::from([(
+        "TRELLIS_TEST_HEADER_TOKEN".to_string(),
+        "s3cret".to_string(),
+    )]);
     let suite = r#"
 agent "env" protocol="connexity" url="URL" {
     header "Authorization" "Bearer {{ env.TRELLIS_TEST_HEADER_TOKEN }}"

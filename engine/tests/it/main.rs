@@ -3,5 +3,6 @@
 mod builtin_booking;
 mod criterion_templates;
 mod execution;
+mod planning;
 mod protocol;
 mod support;
