@@ -2056,7 +2056,9 @@ impl<'f> Decoder<'f> {
                 _ => {}
             }
         }
-        let (steps, _) = self.steps(&step_nodes, has_initial, &mut st);
+        // With `first-turn "agent"` the agent has spoken before the first step.
+        let has_turn = has_initial || sc.first_turn == FirstTurn::Agent;
+        let (steps, _) = self.steps(&step_nodes, has_turn, &mut st);
         sc.steps = initial.into_iter().chain(steps).collect();
         if !st.failed_captures.is_empty() {
             self.info

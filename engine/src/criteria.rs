@@ -598,6 +598,20 @@ mod tests {
     }
 
     #[test]
+    fn rendered_text_matches_strings_and_scalars_written_that_way() {
+        use serde_json::json;
+        assert!(text_matches(&json!("A-17"), "A-17"));
+        assert!(!text_matches(&json!("A-17"), "A-18"));
+        assert!(text_matches(&json!(42), "42"));
+        assert!(text_matches(&json!(42.0), "42"));
+        assert!(!text_matches(&json!(42), "42x"));
+        assert!(text_matches(&json!(true), "true"));
+        // Text that reads as a JSON string is still text, not the number inside it.
+        assert!(!text_matches(&json!(42), "\"42\""));
+        assert!(!text_matches(&json!({"a": 1}), r#"{"a": 1}"#));
+    }
+
+    #[test]
     fn large_integers_compare_exactly() {
         assert!(!json_eq(
             &serde_json::json!(9007199254740993u64),

@@ -3,4 +3,5 @@
 
 mod golden;
 mod needs;
+mod nodes;
 mod ok;
