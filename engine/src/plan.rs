@@ -693,7 +693,8 @@ pub fn warnings(project: &Project) -> Vec<Diagnostic> {
                     out.push(warn(
                         step.span,
                         format!(
-                            "scenario `{}` will be skipped on agent `{}`",
+                            "scenario `{}`: trajectories through this step will be skipped on \
+                             agent `{}`",
                             sc.id.value, agent.id.value
                         ),
                         "cannot run yet on this agent",

@@ -113,7 +113,7 @@ scenario "llm" {
         "s.kdl:4:",
         "agent `proc` cannot run yet",
         "s.kdl:7:",
-        "will be skipped on agent `calc`",
+        "agent `calc`",
         "s.kdl:8:",
         "this `judge` check will be skipped",
         "s.kdl:9:",
