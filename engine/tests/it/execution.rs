@@ -11,6 +11,7 @@ use trellis_engine::plan::{Plan, Selection};
 use trellis_engine::record::{
     CriterionStatus, FaultCategory, NodeRecord, RunSummary, TrajectoryRecord, TrajectoryStatus,
 };
+use trellis_engine::render::EnvSnapshot;
 
 /// Every request body the agent received.
 type Seen = Arc<Mutex<Vec<Value>>>;
@@ -69,6 +70,11 @@ struct Run {
 }
 
 async fn run_suite(text: &str, jobs: usize) -> Run {
+    run_suite_with_env(text, jobs, EnvSnapshot::new()).await
+}
+
+/// Runs `text` with `env` as the environment templates see (never the process's).
+async fn run_suite_with_env(text: &str, jobs: usize, env: EnvSnapshot) -> Run {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("suite.kdl");
     std::fs::write(&path, text).unwrap();
@@ -76,7 +82,7 @@ async fn run_suite(text: &str, jobs: usize) -> Run {
         Ok(p) => p,
         Err(d) => panic!("{}", d.render_plain()),
     };
-    let plan = Plan::build(&project, &Selection::default()).unwrap();
+    let plan = Plan::build_with_env(&project, &Selection::default(), Arc::new(env)).unwrap();
     let (tx, mut rx) = event::channel();
     let options = RunOptions {
         run_id: "test".into(),
@@ -384,8 +390,10 @@ scenario "budget" {
 async fn header_templates_render_from_the_environment() {
     use super::support::{MisbehavingServer, OK_BODY};
     let server = MisbehavingServer::respond(200, OK_BODY).await;
-    // SAFETY: this variable name is used by this test only; nothing else reads it.
-    unsafe { std::env::set_var("TRELLIS_TEST_HEADER_TOKEN", "s3cret") };
+    let env = EnvSnapshot::from([(
+        "TRELLIS_TEST_HEADER_TOKEN".to_string(),
+        "s3cret".to_string(),
+    )]);
     let suite = r#"
 agent "env" protocol="connexity" url="URL" {
     header "Authorization" "Bearer {{ env.TRELLIS_TEST_HEADER_TOKEN }}"
@@ -398,7 +406,7 @@ scenario "hello" {
     user "hi"
 }
 "#;
-    let run = run_suite(&suite.replace("URL", &server.url()), 4).await;
+    let run = run_suite_with_env(&suite.replace("URL", &server.url()), 4, env).await;
     let recorded = server.recorded();
     assert_eq!(
         recorded.len(),
