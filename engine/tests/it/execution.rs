@@ -490,3 +490,59 @@ scenario "after" {
             .contains("unsupported")
     );
 }
+
+#[tokio::test]
+async fn first_turn_agent_calls_the_agent_with_an_empty_history() {
+    let (url, seen) = echo_agent().await;
+    let suite = r#"
+agent "echo" protocol="connexity" url="URL"
+scenario "greets" {
+    first-turn "agent"
+    expect reply contains="echo"
+    user "hi"
+    expect reply contains="echo: hi"
+}
+"#;
+    let run = run_suite(&suite.replace("URL", &url), 4).await;
+    assert_eq!(run.summary.passed, 1, "{:?}", run.trajectories);
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[0]["messages"], json!([]), "the agent speaks first");
+    let second = seen[1]["messages"].as_array().unwrap();
+    assert_eq!(second.len(), 2);
+    assert_eq!(second[0]["role"], "assistant");
+    assert_eq!(second[1]["content"], "hi");
+    let turns = &run.nodes[0].turns;
+    assert_eq!(turns[0].kind, "opening");
+    assert_eq!(turns[0].user_message, "");
+    assert_eq!(turns[1].kind, "user");
+}
+
+#[tokio::test]
+async fn history_full_resends_the_agents_tool_calls_and_tool_messages() {
+    for (mode, expected) in [("messages", 3), ("full", 5)] {
+        let (url, seen) = echo_agent().await;
+        let suite = format!(
+            r#"
+agent "echo" protocol="connexity" url="{url}" history="{mode}"
+scenario "lookup" {{
+    user "look up"
+    expect tool "lookup" order=42
+    user "thanks"
+}}
+"#
+        );
+        let run = run_suite(&suite, 4).await;
+        assert_eq!(run.summary.passed, 1, "{mode}: {:?}", run.trajectories);
+        let seen = seen.lock().unwrap();
+        let second = seen[1]["messages"].as_array().unwrap();
+        assert_eq!(second.len(), expected, "{mode}: {second:?}");
+        if mode == "full" {
+            assert_eq!(second[1]["tool_calls"][0]["function"]["name"], "lookup");
+            assert_eq!(second[2]["role"], "tool");
+            assert_eq!(second[2]["tool_call_id"], "c1");
+        } else {
+            assert!(second.iter().all(|m| m["role"] != "tool"));
+        }
+    }
+}
