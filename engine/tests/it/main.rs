@@ -2,7 +2,9 @@
 
 mod agentscope;
 mod builtin_booking;
+mod criterion_templates;
 mod execution;
 mod line;
+mod planning;
 mod protocol;
 mod support;
