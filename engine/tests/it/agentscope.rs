@@ -767,3 +767,38 @@ async fn the_builtin_answers_a_second_request_on_a_busy_session_with_a_collision
     let third = post().await.unwrap();
     assert!(!third.text().await.unwrap().contains("RUNNING"));
 }
+
+#[tokio::test]
+async fn a_stream_recorded_from_agentscope_runtime_is_assembled() {
+    let recorded = include_str!("fixtures/agentscope-runtime-tool-call.sse");
+    let server = ScriptedServer::start(move |r| {
+        vec![sse_head(), raw(&recorded.replace("SESSION", &r.session()))]
+    })
+    .await;
+    let turn = say_to(&server.url, "weather in Paris?").await;
+    assert_eq!(turn.fault, None);
+    assert_eq!(turn.reply.as_deref(), Some("It is 18C and sunny."));
+    assert_eq!(turn.tool_calls.len(), 1);
+    let call = &turn.tool_calls[0];
+    assert_eq!(call.call_id, "call_1");
+    let arguments: Value = serde_json::from_str(&call.arguments).unwrap();
+    assert_eq!(arguments, json!({"city": "Paris"}));
+    assert_eq!(
+        call.result.as_deref(),
+        Some(r#"[{"type": "text", "text": "18C sunny"}]"#)
+    );
+    let shape: Vec<_> = turn
+        .messages
+        .iter()
+        .map(|m| (m.role.as_str(), m.content.as_deref()))
+        .collect();
+    assert_eq!(
+        shape,
+        [
+            ("assistant", Some("Let me check.")),
+            ("assistant", None),
+            ("tool", Some(r#"[{"type": "text", "text": "18C sunny"}]"#)),
+            ("assistant", Some("It is 18C and sunny.")),
+        ]
+    );
+}
