@@ -27,6 +27,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
@@ -210,8 +211,11 @@ impl Endpoint {
             },
             Ok(Opened::Events(mut stream)) => {
                 stream.set_deadline(ctx.deadline);
-                let outcome = read_events(&mut stream, &mut assembler).await;
-                exchange.ttft = stream.ttft();
+                let mut first_content = None;
+                let outcome = read_events(&mut stream, &mut assembler, &mut first_content).await;
+                // An answer without content (an error frame, a failed run) has only the
+                // time to its first event.
+                exchange.ttft = first_content.or(stream.ttft());
                 // The attempt lasted until the stream was over, and a fault in the stream is
                 // the attempt's own (it is never retried: the agent was already at work).
                 if let Some(last) = exchange.attempts.last_mut() {
@@ -239,9 +243,13 @@ impl Endpoint {
     }
 }
 
+/// Reads events until the response is final. `first_content` is set to the time from the
+/// request to the first content event (a text delta, a tool call's data): the agent's first
+/// token, where the first event (response `created`) only says the server took the request.
 async fn read_events(
     stream: &mut sse::EventStream,
     assembler: &mut Assembler,
+    first_content: &mut Option<Duration>,
 ) -> Result<(), Fault> {
     while !assembler.is_done() {
         let Some(event) = stream.next().await? else {
@@ -264,6 +272,10 @@ async fn read_events(
                 ),
             )
         })?;
+        if first_content.is_none() && value.get("object").and_then(Value::as_str) == Some("content")
+        {
+            *first_content = Some(stream.started().elapsed());
+        }
         assembler.apply(value)?;
     }
     Ok(())

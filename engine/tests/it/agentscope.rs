@@ -802,3 +802,20 @@ async fn a_stream_recorded_from_agentscope_runtime_is_assembled() {
         ]
     );
 }
+
+#[tokio::test]
+async fn ttft_is_the_time_to_the_first_content_not_to_the_first_event() {
+    let server = ScriptedServer::start(|r| {
+        let mut steps = opening("");
+        steps.truncate(3);
+        steps.push(Step::Sleep(Duration::from_millis(300)));
+        steps.extend(opening("Late answer").into_iter().skip(3));
+        steps.push(completed(&r.session()));
+        steps
+    })
+    .await;
+    let turn = say_to(&server.url, "Hi").await;
+    assert_eq!(turn.fault, None);
+    let ttft = turn.exchanges[0].ttft.unwrap();
+    assert!(ttft >= Duration::from_millis(300), "{ttft:?}");
+}
