@@ -48,6 +48,8 @@ pub struct RunOptions {
     /// calls in flight finish, and [`run`] returns once they have. Trajectories that had
     /// not finished are not recorded.
     pub stop: CancellationToken,
+    /// A skipped check or a skipped trajectory makes the trajectory failed (`--strict`).
+    pub strict: bool,
 }
 
 /// Runs the plan to completion, sending every event to `events`. Never fails because of an

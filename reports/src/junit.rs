@@ -14,6 +14,7 @@ use std::path::Path;
 use trellis_engine::record::{CriterionStatus, RunInfo, TrajectoryRecord, TrajectoryStatus};
 
 use crate::error::ReportError;
+use crate::staged::Staged;
 
 pub(crate) struct JunitBuilder {
     run_id: String,
@@ -149,9 +150,10 @@ impl JunitBuilder {
             .map_err(|e| ReportError::io("write", Path::new("junit.xml (spill file)"), e))
     }
 
+    /// Writes `path.partial` and moves it into place once complete.
     pub(crate) fn write(self, path: &Path) -> Result<(), ReportError> {
         let io_err = |e| ReportError::io("write", path, e);
-        let file = File::create(path).map_err(|e| ReportError::io("create", path, e))?;
+        let (staged, file) = Staged::create(path)?;
         let mut out = BufWriter::new(file);
         let total = self.suites.iter().fold(Counts::default(), |mut sum, s| {
             sum.tests += s.counts.tests;
@@ -189,7 +191,9 @@ impl JunitBuilder {
             }
         }
         writeln!(out, "</testsuites>").map_err(io_err)?;
-        out.flush().map_err(io_err)
+        out.flush().map_err(io_err)?;
+        drop(out);
+        staged.publish().map(drop)
     }
 }
 

@@ -82,6 +82,7 @@ async fn run_suite(text: &str, jobs: usize) -> Run {
         run_id: "test".into(),
         jobs,
         stop: Default::default(),
+        strict: false,
     };
     let engine = tokio::spawn(execute::run(plan, options, tx));
     let mut run = Run {
