@@ -6,6 +6,7 @@ mod support;
 
 mod diagnostics;
 mod faults;
+mod outputs;
 mod run;
 
 use std::path::{Path, PathBuf};
