@@ -426,7 +426,7 @@ async fn checks_that_did_not_run_are_shown_and_counted() {
 }
 
 #[tokio::test]
-#[ignore = "needs the engine's --strict status rule (RunOptions::strict, the lead's part)"]
+
 async fn strict_fails_a_trajectory_whose_checks_did_not_run() {
     let dir = tempfile::tempdir().unwrap();
     let run = |strict: bool, out: &str| {
