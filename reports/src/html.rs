@@ -519,7 +519,10 @@ fn trajectory(
         write!(w, "</ul>")?;
     }
     if !not_run.is_empty() {
-        write!(w, "<p><b>Checks that did not run</b></p><ul class=\"checks\">")?;
+        write!(
+            w,
+            "<p><b>Checks that did not run</b></p><ul class=\"checks\">"
+        )?;
         for c in &not_run {
             criterion_item(w, c)?;
         }

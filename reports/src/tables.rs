@@ -320,15 +320,14 @@ impl<R: Rows> TableFile<R> {
             return Err((path, e));
         }
         let written = self.flush().and_then(|()| {
-            self.writer
-                .finish()
-                .map_err(|source| ReportError::Polars {
-                    path: path.clone(),
-                    source,
-                })?;
+            self.writer.finish().map_err(|source| ReportError::Polars {
+                path: path.clone(),
+                source,
+            })?;
             drop(self.writer);
             let mut file = self.file;
-            file.flush().map_err(|e| ReportError::io("write", &path, e))?;
+            file.flush()
+                .map_err(|e| ReportError::io("write", &path, e))?;
             // Close before the rename: the last handle is ours.
             drop(file);
             self.staged.publish()
@@ -509,10 +508,7 @@ impl Tables {
 
     /// Writes the run row and closes every file; the files that could not be written are
     /// returned with why.
-    pub(crate) fn finish(
-        mut self,
-        run: RunRow<'_>,
-    ) -> (TablePaths, Vec<(PathBuf, ReportError)>) {
+    pub(crate) fn finish(mut self, run: RunRow<'_>) -> (TablePaths, Vec<(PathBuf, ReportError)>) {
         let r = &mut self.runs.buf;
         r.run_id.push(run.info.run_id.clone());
         r.started_at.push(run.info.started_at.clone());

@@ -326,7 +326,11 @@ pub fn execute_plan(
     match &files {
         Ok(files) => {
             for (path, e) in &files.not_written {
-                problems.push(format!("{} was not written: {e}: {}", path.display(), source(e)));
+                problems.push(format!(
+                    "{} was not written: {e}: {}",
+                    path.display(),
+                    source(e)
+                ));
             }
         }
         Err(e) => problems.push(format!(

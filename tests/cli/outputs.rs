@@ -33,10 +33,7 @@ impl SlowAgent {
     /// `None`: read the request and never answer.
     async fn start(delay: Option<Duration>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let url = format!(
-            "http://{}/agent/respond",
-            listener.local_addr().unwrap()
-        );
+        let url = format!("http://{}/agent/respond", listener.local_addr().unwrap());
         let requests = Arc::new(AtomicUsize::new(0));
         let request_seen = Arc::new(Notify::new());
         let (count, seen) = (requests.clone(), request_seen.clone());
@@ -146,7 +143,11 @@ async fn wait_for_trajectories(out: &Path, n: usize) {
     let started = Instant::now();
     loop {
         let lines = std::fs::read_to_string(out.join("journal.jsonl"))
-            .map(|j| j.lines().filter(|l| l.starts_with("{\"trajectory\"")).count())
+            .map(|j| {
+                j.lines()
+                    .filter(|l| l.starts_with("{\"trajectory\""))
+                    .count()
+            })
             .unwrap_or(0);
         if lines >= n {
             return;
@@ -178,7 +179,10 @@ fn assert_complete(out: &Path, trajectories: usize) {
     let html = std::fs::read_to_string(out.join("report.html")).unwrap();
     assert!(html.trim_end().ends_with("</html>"), "report.html is cut");
     let junit = std::fs::read_to_string(out.join("junit.xml")).unwrap();
-    assert!(junit.trim_end().ends_with("</testsuites>"), "junit.xml is cut");
+    assert!(
+        junit.trim_end().ends_with("</testsuites>"),
+        "junit.xml is cut"
+    );
     assert_no_partial_files(out);
 }
 
@@ -340,7 +344,11 @@ async fn a_journal_that_cannot_be_written_still_leaves_every_other_file() {
     assert_eq!(o.status.code(), Some(3), "{err}");
     assert!(err.contains("results are incomplete"), "{err}");
     assert!(err.contains("journal"), "{err}");
-    assert!(stdout(&o).contains("1 trajectories: 1 passed"), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("1 trajectories: 1 passed"),
+        "{}",
+        stdout(&o)
+    );
 
     let t = read_parquet(&out.join("trajectories.parquet"));
     assert_eq!(strings(&t, "status"), [Some("passed".to_string())]);

@@ -76,6 +76,9 @@ fn tables_have_documented_shape() {
             "nodes",
             "tags",
             "criteria_failed",
+            "checks_passed",
+            "checks_failed",
+            "checks_skipped",
         ]
     );
     assert_eq!(dtype(&t, "repetition"), DataType::UInt32);
@@ -85,6 +88,45 @@ fn tables_have_documented_shape() {
     assert_eq!(dtype(&t, "nodes"), list_str());
     assert_eq!(dtype(&t, "tags"), list_str());
     assert_eq!(dtype(&t, "criteria_failed"), DataType::UInt32);
+    for column in ["checks_passed", "checks_failed", "checks_skipped"] {
+        assert_eq!(dtype(&t, column), DataType::UInt32);
+    }
+    // Every check of a trajectory is counted once, by status, as in criteria.parquet.
+    let sum = |column: &str| -> u32 {
+        t.column(column)
+            .unwrap()
+            .u32()
+            .unwrap()
+            .iter()
+            .flatten()
+            .sum()
+    };
+    let k = read(&files.criteria);
+    let with_status = |status: &str| {
+        k.column("status")
+            .unwrap()
+            .str()
+            .unwrap()
+            .iter()
+            .filter(|s| *s == Some(status))
+            .count() as u32
+    };
+    assert_eq!(sum("checks_failed"), sum("criteria_failed"));
+    for status in ["passed", "failed", "skipped"] {
+        assert_eq!(
+            sum(&format!("checks_{status}")),
+            with_status(status),
+            "{status}"
+        );
+    }
+    assert!(
+        std::fs::read_dir(dir.path()).unwrap().all(|e| !e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .ends_with(".partial")),
+        "every file was moved into place"
+    );
     assert_eq!(t.column("fault_category").unwrap().null_count(), 5);
     assert_eq!(t.column("skip_reason").unwrap().null_count(), 5);
     let statuses: Vec<_> = t
