@@ -629,11 +629,24 @@ fn render_turn(
     if turn.attempts > 1 {
         write!(w, " · {} attempts", turn.attempts)?;
     }
+    if turn.replay {
+        write!(
+            w,
+            " · <b>replay</b> of the shared prefix in this branch's own session (its checks \
+             were judged on the original turn)"
+        )?;
+    }
     write!(w, "</div>")?;
 
+    // Who spoke first: the user, the agent (`opening`), a function call or a human answer.
+    let role = match (turn.kind.as_str(), &turn.function) {
+        (_, Some(function)) => format!("call {}", Esc(function)),
+        ("user", None) => "user".to_owned(),
+        (kind, None) => Esc(kind).to_string(),
+    };
     write!(
         w,
-        "<div class=\"msg user\"><span class=\"role\">user</span>"
+        "<div class=\"msg user\"><span class=\"role\">{role}</span>"
     )?;
     text_block(w, &turn.user_message)?;
     write!(w, "</div>")?;

@@ -162,6 +162,10 @@ table!(
         fault_message: Vec<Option<String>>,
         parent_node: Vec<Option<String>>,
         messages: Vec<String>,
+        kind: Vec<String>,
+        function: Vec<Option<String>>,
+        replay: Vec<bool>,
+        exchanges: Vec<String>,
     }
 );
 
@@ -401,10 +405,13 @@ impl Tables {
             // harmless fallback if it ever did.
             let messages =
                 serde_json::to_string(&turn.messages).unwrap_or_else(|_| "[]".to_owned());
+            let exchanges =
+                serde_json::to_string(&turn.exchanges).unwrap_or_else(|_| "[]".to_owned());
             t.bytes += turn.user_message.len()
                 + opt_len(turn.reply.as_ref())
                 + opt_len(fault_message.as_ref())
-                + messages.len();
+                + messages.len()
+                + exchanges.len();
             t.run_id.push(self.run_id.clone());
             t.suite.push(node.suite.clone());
             t.scenario.push(node.scenario.clone());
@@ -429,6 +436,10 @@ impl Tables {
             t.fault_message.push(fault_message);
             t.parent_node.push(node.parent.clone());
             t.messages.push(messages);
+            t.kind.push(turn.kind.clone());
+            t.function.push(turn.function.clone());
+            t.replay.push(turn.replay);
+            t.exchanges.push(exchanges);
             t.rows += 1;
             self.turns.row_done();
 

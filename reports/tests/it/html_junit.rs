@@ -138,3 +138,33 @@ fn a_lost_journal_leaves_a_report_without_transcripts() {
     assert!(!html.contains("<p><b>Transcript</b></p>"));
     assert!(html.contains("</html>"));
 }
+
+#[test]
+fn replayed_and_function_call_turns_are_marked_in_the_transcript() {
+    use trellis_engine::record::JournalEntry;
+    let dir = tempfile::tempdir().unwrap();
+    let mut entries = super::fixtures::entries();
+    let turn = entries
+        .iter_mut()
+        .find_map(|e| match e {
+            JournalEntry::Node(node) if !node.turns.is_empty() => node.turns.first_mut(),
+            _ => None,
+        })
+        .unwrap();
+    turn.replay = true;
+    turn.kind = "call".into();
+    turn.function = Some("lookup_order".into());
+    super::fixtures::write_journal(dir.path(), &entries, "");
+    let files = write_reports(dir.path(), &ReportOptions::default()).unwrap();
+    let html = std::fs::read_to_string(&files.html).unwrap();
+    assert!(html.contains("<b>replay</b> of the shared prefix"));
+    assert!(html.contains("<span class=\"role\">call lookup_order</span>"));
+    use polars::prelude::{ParquetReader, SerReader};
+    let turns = ParquetReader::new(std::fs::File::open(&files.turns).unwrap())
+        .finish()
+        .unwrap();
+    assert_eq!(
+        turns.column("replay").unwrap().bool().unwrap().sum(),
+        Some(1)
+    );
+}

@@ -176,11 +176,30 @@ fn tables_have_documented_shape() {
         "started_ms",
         "fault_category",
         "fault_message",
+        "kind",
+        "function",
+        "replay",
+        "exchanges",
     ] {
         assert!(
             columns(&u).iter().any(|c| c == name),
             "turns.{name} missing"
         );
+    }
+    assert_eq!(dtype(&u, "replay"), DataType::Boolean);
+    assert_eq!(u.column("replay").unwrap().bool().unwrap().sum(), Some(0));
+    assert_eq!(u.column("function").unwrap().null_count(), 13);
+    assert!(
+        u.column("kind")
+            .unwrap()
+            .str()
+            .unwrap()
+            .iter()
+            .all(|k| k == Some("user"))
+    );
+    for exchanges in u.column("exchanges").unwrap().str().unwrap().iter() {
+        let parsed: serde_json::Value = serde_json::from_str(exchanges.unwrap()).unwrap();
+        assert!(parsed.is_array());
     }
     assert_eq!(dtype(&u, "turn_index"), DataType::UInt32);
     assert_eq!(dtype(&u, "total_tokens"), DataType::UInt64);
