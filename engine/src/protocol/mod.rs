@@ -20,6 +20,7 @@
 
 pub mod connexity;
 pub mod http;
+pub mod line;
 pub mod pairing;
 
 use std::sync::Arc;

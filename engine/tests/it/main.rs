@@ -2,5 +2,6 @@
 
 mod builtin_booking;
 mod execution;
+mod line;
 mod protocol;
 mod support;
