@@ -92,6 +92,11 @@ fn ms(value: f64) -> String {
     }
 }
 
+/// `1 check`, `12 checks`.
+fn count(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 fn rate(counts: &Counts) -> String {
     counts
         .pass_rate()
@@ -224,10 +229,15 @@ fn render(w: &mut impl Write, p: &Page<'_>) -> io::Result<()> {
     if p.tally.checks_skipped > 0 {
         write!(
             w,
-            "<p class=\"warn\">{} check(s) did not run, on {} trajectory(ies): a trajectory \
+            "<p class=\"warn\">{} did not run, on {}: a trajectory \
              whose checks did not run is not evidence that the agent passes them (see \
              <code>--strict</code>).</p>",
-            p.tally.checks_skipped, p.tally.trajectories_with_skipped_checks
+            count(p.tally.checks_skipped, "check", "checks"),
+            count(
+                p.tally.trajectories_with_skipped_checks,
+                "trajectory",
+                "trajectories"
+            )
         )?;
     }
     write!(w, "<div class=\"cards\">")?;
@@ -491,8 +501,8 @@ fn trajectory(
     if !not_run.is_empty() {
         write!(
             w,
-            " <span class=\"badge skipped\">{} check(s) not run</span>",
-            not_run.len()
+            " <span class=\"badge skipped\">{} not run</span>",
+            count(not_run.len() as u64, "check", "checks")
         )?;
     }
     for tag in &t.tags {

@@ -179,7 +179,7 @@ impl Console {
         } else if self.lines {
             let not_run = match not_run {
                 0 => String::new(),
-                n => format!(" · {n} check(s) did not run"),
+                n => format!(" · {} did not run", count(n as u64, "check", "checks")),
             };
             errln!(
                 "{:>7} {}/{} {} [{} #{}] {} turn(s) {:.0}ms{not_run}",
@@ -376,9 +376,9 @@ impl Console {
         }
         if self.checks_skipped > 0 {
             outln!(
-                "{} check(s) did not run (on {} trajectory(ies)); --strict counts them as failures",
-                self.checks_skipped,
-                self.unchecked_total
+                "{} did not run (on {}); --strict counts them as failures",
+                count(self.checks_skipped, "check", "checks"),
+                count(self.unchecked_total, "trajectory", "trajectories")
             );
         }
         outln!("results: {}", out.display());
@@ -418,6 +418,11 @@ impl Console {
             None => outln!("  journal  (incomplete: could not be written)"),
         }
     }
+}
+
+/// `1 check`, `12 checks`.
+fn count(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
 }
 
 fn status_word(status: TrajectoryStatus) -> &'static str {

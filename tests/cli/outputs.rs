@@ -399,7 +399,7 @@ async fn checks_that_did_not_run_are_shown_and_counted() {
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let text = stdout(&o);
     // 2 trajectories × 3 repetitions, each with an `outcome` and a `judge` and no judge.
-    assert!(text.contains("12 check(s) did not run"), "{text}");
+    assert!(text.contains("12 checks did not run"), "{text}");
     assert!(
         text.contains("UNCHECKED booking/book-duct-cleaning accepts [demo #0 #1 #2]"),
         "{text}"
@@ -429,7 +429,7 @@ async fn checks_that_did_not_run_are_shown_and_counted() {
     assert_eq!(sum("checks_failed"), with_status("failed"));
 
     let html = std::fs::read_to_string(out.path().join("r/report.html")).unwrap();
-    assert!(html.contains("12 check(s) did not run"));
+    assert!(html.contains("12 checks did not run"));
     assert!(html.contains("Checks that did not run"));
 }
 
