@@ -96,13 +96,33 @@ impl JunitBuilder {
                     .iter()
                     .filter(|c| c.status == CriterionStatus::Failed)
                     .collect();
+                let not_run = t
+                    .criteria
+                    .iter()
+                    .filter(|c| c.status == CriterionStatus::Skipped)
+                    .count();
                 let message = match failed.as_slice() {
+                    // Failed with nothing failed: `--strict` counted what did not run.
+                    [] if t.skip_reason.is_some() || not_run > 0 => match &t.skip_reason {
+                        Some(reason) => format!("did not run (--strict): {reason}"),
+                        None => format!("{not_run} check(s) did not run (--strict)"),
+                    },
                     [] => "trajectory failed".to_owned(),
                     [one] => format!("criterion failed: {}", one.criterion),
                     many => format!("{} criteria failed", many.len()),
                 };
                 let mut description = String::new();
-                for c in &failed {
+                // The checks behind the failure: those that failed, or under `--strict`
+                // those that did not run.
+                let listed: Vec<_> = if failed.is_empty() {
+                    t.criteria
+                        .iter()
+                        .filter(|c| c.status == CriterionStatus::Skipped)
+                        .collect()
+                } else {
+                    failed.clone()
+                };
+                for c in &listed {
                     let turn = c
                         .turn_index
                         .map(|i| format!(" (turn {i})"))
@@ -113,7 +133,7 @@ impl JunitBuilder {
                         c.criterion,
                         c.kind,
                         turn,
-                        c.detail.as_deref().unwrap_or("failed")
+                        c.detail.as_deref().unwrap_or(c.status.as_str())
                     );
                 }
                 let _ = write!(

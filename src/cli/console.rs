@@ -319,6 +319,28 @@ impl Console {
                     c.detail.as_deref().unwrap_or("")
                 );
             }
+            // Failed with nothing failed: `--strict` turned what did not run into a failure.
+            let nothing_failed = t.fault.is_none()
+                && !t
+                    .criteria
+                    .iter()
+                    .any(|c| c.status == CriterionStatus::Failed);
+            if nothing_failed {
+                if let Some(reason) = &t.skip_reason {
+                    outln!("    ✗ did not run (--strict): {reason}");
+                }
+                let not_run = t
+                    .criteria
+                    .iter()
+                    .filter(|c| c.status == CriterionStatus::Skipped)
+                    .count();
+                if not_run > 0 {
+                    outln!(
+                        "    ✗ {} did not run (--strict): see UNCHECKED below",
+                        count(not_run as u64, "check", "checks")
+                    );
+                }
+            }
         }
         if self.failures_total > self.failures.len() as u64 {
             outln!(

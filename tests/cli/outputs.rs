@@ -451,6 +451,15 @@ async fn strict_fails_a_trajectory_whose_checks_did_not_run() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let o = run(true, "strict").output().await.unwrap();
     assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    // The failure says why, though no check failed.
+    assert!(
+        stdout(&o).contains("1 check did not run (--strict)"),
+        "{}",
+        stdout(&o)
+    );
     let t = read_parquet(&dir.path().join("strict/trajectories.parquet"));
     assert_eq!(strings(&t, "status"), [Some("failed".to_string())]);
+    let junit = std::fs::read_to_string(dir.path().join("strict/junit.xml")).unwrap();
+    assert!(junit.contains("check(s) did not run (--strict)"), "{junit}");
+    assert!(junit.contains("no judge configured"), "{junit}");
 }
