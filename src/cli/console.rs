@@ -47,6 +47,21 @@ pub fn out_line(args: fmt::Arguments<'_>) {
     write_line(&STDOUT_GONE, std::io::stdout().lock(), args);
 }
 
+/// Text as is to stdout, silenced like [`outln!`] by a closed stdout.
+pub fn out_text(text: &str) {
+    if STDOUT_GONE.load(Ordering::Relaxed) {
+        return;
+    }
+    let mut stdout = std::io::stdout().lock();
+    if stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+        .is_err()
+    {
+        STDOUT_GONE.store(true, Ordering::Relaxed);
+    }
+}
+
 /// One line to stderr; see [`errln!`].
 pub fn err_line(args: fmt::Arguments<'_>) {
     write_line(&STDERR_GONE, std::io::stderr().lock(), args);

@@ -232,7 +232,7 @@ fn list(args: &ListArgs) -> u8 {
     };
     for s in &plan.scenarios {
         let agents: Vec<&str> = s.agents.iter().map(|&a| &*plan.agents[a].id).collect();
-        println!(
+        console::outln!(
             "{}/{}  agents: {}  repeat: {}{}",
             s.suite,
             s.scenario.id.value,
@@ -253,7 +253,7 @@ fn list(args: &ListArgs) -> u8 {
             }
         );
         for t in &s.trajectories {
-            println!(
+            console::outln!(
                 "    {}  ({}){}",
                 t.name,
                 t.nodes.join(" > "),
@@ -264,7 +264,7 @@ fn list(args: &ListArgs) -> u8 {
             );
         }
     }
-    println!(
+    console::outln!(
         "{} scenario(s), {} trajectory run(s) with repetitions",
         plan.scenarios.len(),
         plan.trajectory_count()
@@ -281,7 +281,7 @@ fn graph(args: &GraphArgs) -> u8 {
         Format::Mermaid => GraphFormat::Mermaid,
     };
     if args.needs {
-        print!("{}", trellis_dsl::graph::render_needs(&project, format));
+        console::out_text(&trellis_dsl::graph::render_needs(&project, format));
         return EXIT_OK;
     }
     let Some(plan) = plan(&project, &args.select) else {
@@ -291,10 +291,7 @@ fn graph(args: &GraphArgs) -> u8 {
         .scenarios
         .iter()
         .map(|s| (&*s.suite, s.scenario.as_ref()));
-    print!(
-        "{}",
-        trellis_dsl::graph::render_trajectories(scenarios, format)
-    );
+    console::out_text(&trellis_dsl::graph::render_trajectories(scenarios, format));
     EXIT_OK
 }
 

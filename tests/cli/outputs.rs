@@ -463,3 +463,19 @@ async fn strict_fails_a_trajectory_whose_checks_did_not_run() {
     assert!(junit.contains("check(s) did not run (--strict)"), "{junit}");
     assert!(junit.contains("no judge configured"), "{junit}");
 }
+
+#[tokio::test]
+async fn list_and_graph_tolerate_a_closed_stdout() {
+    for command in [["list", "suites/"], ["graph", "suites/"]] {
+        let mut child = trellis()
+            .args(command)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Closed before the command gets to print (like `| head -0`).
+        drop(child.stdout.take());
+        let o = child.wait_with_output().await.unwrap();
+        assert_eq!(o.status.code(), Some(0), "{command:?}: {}", stderr(&o));
+    }
+}
