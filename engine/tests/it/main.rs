@@ -1,7 +1,9 @@
 //! The engine's integration tests, in one binary so the crate links once.
 
 mod builtin_booking;
+mod criterion_templates;
 mod execution;
 mod line;
+mod planning;
 mod protocol;
 mod support;
