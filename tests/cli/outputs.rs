@@ -479,3 +479,26 @@ async fn list_and_graph_tolerate_a_closed_stdout() {
         assert_eq!(o.status.code(), Some(0), "{command:?}: {}", stderr(&o));
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_finishes_in_the_grace_period_is_recorded() {
+    let slow = SlowAgent::start(Some(Duration::from_millis(1500))).await;
+    let dir = tempfile::tempdir().unwrap();
+    suite(&dir.path().join("suites"), &[("slow", &slow.url, 1)]);
+    let out = dir.path().join("out");
+    let child = spawn_run(&dir.path().join("suites"), &out, &[]);
+    slow.wait_for_request().await;
+
+    send(&child, libc::SIGTERM);
+    let signalled = Instant::now();
+    let o = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+        .await
+        .expect("trellis did not exit after SIGTERM")
+        .unwrap();
+    assert_eq!(o.status.code(), Some(143), "{}", stderr(&o));
+    assert!(
+        signalled.elapsed() < Duration::from_millis(4500),
+        "waited out the grace period although the call had finished"
+    );
+    assert_complete(&out, 1);
+}
