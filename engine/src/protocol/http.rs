@@ -95,6 +95,14 @@ impl HttpTransport {
             .user_agent(concat!("trellis/", env!("CARGO_PKG_VERSION")))
     }
 
+    /// Builds the client `url` will use now, so the cost of building it (loading the CA
+    /// bundle) is paid at setup and never counted in a measured latency or timeout.
+    pub fn warm(&self, url: &str) {
+        if let Ok(url) = url.parse::<Url>() {
+            let _ = self.client_for(&url);
+        }
+    }
+
     fn client_for(&self, url: &Url) -> Result<&reqwest::Client, Fault> {
         let loopback = url.host_str().is_some_and(|host| {
             host.eq_ignore_ascii_case("localhost")
