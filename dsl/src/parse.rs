@@ -524,7 +524,10 @@ const TOP_LEVEL: &[&str] = &[
 const PARAM_TYPES: &[&str] = &["string", "number", "integer", "boolean", "object", "array"];
 
 /// Builtin agents the engine embeds, per protocol.
-pub const BUILTINS: &[(Protocol, &str)] = &[(Protocol::Connexity, "booking")];
+pub const BUILTINS: &[(Protocol, &str)] = &[
+    (Protocol::Connexity, "booking"),
+    (Protocol::Fixie, "numbers"),
+];
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Arity {
