@@ -2,5 +2,6 @@
 
 mod builtin_booking;
 mod execution;
+mod fixie;
 mod protocol;
 mod support;
