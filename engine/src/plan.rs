@@ -61,7 +61,14 @@ pub struct Selection {
 /// A step as the executor runs it.
 #[derive(Clone, Debug)]
 pub enum PlannedStep {
+    /// `first-turn "agent"`: the agent speaks first, before any user step.
+    Opening,
     User(CompiledTemplate),
+    /// Fixie `call FUNC "TEMPLATE"`.
+    Call {
+        function: String,
+        input: CompiledTemplate,
+    },
     Expect(Vec<Criterion>),
     Capture {
         name: String,
@@ -124,6 +131,12 @@ pub struct PlannedAgent {
     pub retries: u32,
     pub concurrency: Option<usize>,
     pub max_response_size: u64,
+    /// `retry-after-send`: also retry timeouts and broken connections.
+    pub retry_after_send: bool,
+    /// Connexity `history`: what each request carries of the earlier turns.
+    pub history: crate::protocol::connexity::HistoryMode,
+    /// `stream`: AgentScope asks for server-sent events (default) or one JSON body.
+    pub stream: bool,
     /// Why this agent's scenarios cannot run yet (protocol not implemented).
     pub unsupported: Option<String>,
 }
@@ -239,7 +252,7 @@ impl Plan {
                         error,
                     })?;
                 let unsupported = match agent.protocol {
-                    Protocol::Connexity => None,
+                    Protocol::Connexity | Protocol::AgentScope | Protocol::Fixie => None,
                     other => Some(format!(
                         "the `{}` protocol is parsed and validated, but this version of trellis \
                          cannot run it yet",
@@ -257,6 +270,9 @@ impl Plan {
                     retries: agent.retries,
                     concurrency: agent.concurrency,
                     max_response_size: agent.max_response_size,
+                    retry_after_send: false,
+                    history: Default::default(),
+                    stream: agent.stream,
                     unsupported,
                 });
             }
@@ -402,13 +418,10 @@ fn compile_steps(
                         .to_string()
                 });
             }
-            StepKind::Call { .. } => {
-                unsupported.get_or_insert_with(|| {
-                    "`call` steps belong to the Fixie protocol, which this version of trellis \
-                     cannot run yet"
-                        .to_string()
-                });
-            }
+            StepKind::Call { function, input } => steps.push(PlannedStep::Call {
+                function: function.clone(),
+                input: templates.compile(input)?,
+            }),
             // Segments never hold forks: the graph turned them into edges.
             StepKind::Fork(_) => {}
         }

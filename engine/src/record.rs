@@ -16,6 +16,9 @@ use crate::protocol::ChatMessage;
 #[serde(rename_all = "snake_case")]
 pub enum JournalEntry {
     RunStarted(RunInfo),
+    /// What an agent's one-time setup learned (Fixie's handshake); at most one per agent,
+    /// before its first node.
+    Agent(AgentRecord),
     Node(NodeRecord),
     Trajectory(TrajectoryRecord),
     RunFinished(RunSummary),
@@ -32,6 +35,15 @@ pub struct RunInfo {
     pub jobs: usize,
     /// Trajectories the plan will run or record as skipped.
     pub planned_trajectories: u64,
+}
+
+/// What an agent's protocol learned when it was set up for the run.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct AgentRecord {
+    pub agent: String,
+    pub protocol: String,
+    /// Protocol-specific, as received (Fixie: `base_prompt`, `few_shots`).
+    pub info: serde_json::Value,
 }
 
 /// The turns one execution node took: a segment of the trajectory graph, executed once per
@@ -52,6 +64,18 @@ pub struct NodeRecord {
 pub struct TurnRecord {
     /// Zero-based agent call index within the trajectory.
     pub turn_index: u32,
+    /// What started the turn: `user`, `opening` (the agent spoke first), `call` (a Fixie
+    /// function), `human` (an answer to a pause).
+    #[serde(default = "user_kind")]
+    pub kind: String,
+    /// The function called, for `call` turns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub function: Option<String>,
+    /// A replay of a shared prefix in a fresh session (session-bound protocols at a fork):
+    /// the branch's own conversation, not a new test of the prefix. Its criteria were
+    /// judged once, on the original turn; keep its latency apart.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub replay: bool,
     pub user_message: String,
     /// The assistant's final text of the turn.
     pub reply: Option<String>,
@@ -68,8 +92,35 @@ pub struct TurnRecord {
     pub total_tokens: Option<u64>,
     pub model: Option<String>,
     pub provider: Option<String>,
-    /// Attempts made (1 + retries used).
+    /// Attempts made over every exchange (1 for one clean request).
     pub attempts: u32,
+    pub fault: Option<Fault>,
+    /// Every request of the turn with its attempts (several for action loops, retries).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exchanges: Vec<ExchangeRecord>,
+}
+
+fn user_kind() -> String {
+    "user".to_owned()
+}
+
+/// One request of a turn.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct ExchangeRecord {
+    /// `POST /agent/respond`, `POST /process`, …
+    pub label: String,
+    /// Wall time of the attempt that counted.
+    pub latency_ms: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttft_ms: Option<f64>,
+    /// Every attempt's latency and fault, in order; the last one is the one that counted.
+    pub attempts: Vec<AttemptRecord>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct AttemptRecord {
+    pub latency_ms: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fault: Option<Fault>,
 }
 

@@ -149,7 +149,7 @@ impl ReportWriter {
         match entry {
             // A second `run_started` can only come from concatenated journals; the first
             // one names the run.
-            JournalEntry::RunStarted(_) => {}
+            JournalEntry::RunStarted(_) | JournalEntry::Agent(_) => {}
             JournalEntry::Node(node) => {
                 self.tally.add_node(node);
                 self.tables.push_node(node)?;

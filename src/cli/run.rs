@@ -81,6 +81,7 @@ pub fn execute_plan(
         run_id: run_id.to_string(),
         jobs,
         stop: Default::default(),
+        strict: false,
     };
     let (tx, mut rx) = event::channel();
     let reporter = std::thread::Builder::new()

@@ -1,8 +1,10 @@
 //! The `trellis` binary end to end: real processes, real sockets, files read back.
 //! One test binary for the CLI (just-style).
 
-#[path = "../../engine/tests/it/support.rs"]
-mod support;
+/// The shared test support, under the name the tests use.
+mod support {
+    pub use trellis_testkit::*;
+}
 
 mod diagnostics;
 mod faults;

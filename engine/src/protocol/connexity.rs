@@ -7,16 +7,20 @@
 //! a guess would hide a broken agent (no `messages`, a message without a role, content that
 //! is neither text nor null, no assistant message at all).
 
-use std::time::Duration;
+use std::sync::Arc;
 
 use bytes::Bytes;
+use futures::future::BoxFuture;
 use reqwest::Url;
 use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::http::{CallLimits, HttpTransport, with_retries};
-use super::{AgentTurn, CallContext, CallOutcome, ChatMessage, ToolCall, ToolCallFunction, Usage};
+use super::http::{CallLimits, HttpTransport, RetryPolicy, with_retries};
+use super::{
+    AgentProtocol, CallContext, ChatMessage, Conversation, Exchange, Session, ToolCall,
+    ToolCallFunction, Turn, TurnInput, Usage,
+};
 use crate::record::{Fault, FaultCategory, ToolCallRecord};
 
 /// A Connexity agent could not be configured.
@@ -44,13 +48,25 @@ mod url_error {
     pub type ParseError = <reqwest::Url as std::str::FromStr>::Err;
 }
 
+/// What a request's `messages` carry of the earlier turns.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum HistoryMode {
+    /// User messages and the agent's final replies (the contract's form).
+    #[default]
+    Messages,
+    /// The whole transcript: the agent's earlier tool calls and tool messages too (what the
+    /// platform's own runner sends).
+    Full,
+}
+
 /// A client for one Connexity agent.
 #[derive(Clone, Debug)]
 pub struct ConnexityClient {
     url: Url,
     headers: HeaderMap,
     limits: CallLimits,
-    retries: u32,
+    retry: RetryPolicy,
+    history: HistoryMode,
     transport: HttpTransport,
 }
 
@@ -73,7 +89,8 @@ impl ConnexityClient {
         url: &str,
         headers: Vec<(String, String)>,
         limits: CallLimits,
-        retries: u32,
+        retry: RetryPolicy,
+        history: HistoryMode,
         transport: HttpTransport,
     ) -> Result<Self, ConnexityError> {
         let parsed: Url = url.parse().map_err(|source| ConnexityError::InvalidUrl {
@@ -106,7 +123,8 @@ impl ConnexityClient {
             url: parsed,
             headers: map,
             limits,
-            retries,
+            retry,
+            history,
             transport,
         })
     }
@@ -115,19 +133,23 @@ impl ConnexityClient {
         &self.url
     }
 
-    /// Sends the history and returns the agent's turn, after retries.
-    pub async fn respond(&self, history: &[ChatMessage], ctx: &CallContext<'_>) -> CallOutcome {
-        let body = match encode_request(history, ctx) {
-            Ok(body) => body,
-            Err(fault) => {
-                return CallOutcome {
-                    result: Err(fault),
-                    attempts: 0,
-                    latency: Duration::ZERO,
-                };
-            }
+    /// Sends `history` as one request (after retries) and returns the exchange with the
+    /// turn it describes.
+    pub async fn respond(
+        &self,
+        history: &[ChatMessage],
+        ctx: &CallContext<'_>,
+    ) -> (Exchange, Result<ParsedReply, Fault>) {
+        let mut exchange = Exchange {
+            label: format!("POST {}", self.url.path()),
+            ..Default::default()
         };
-        with_retries(self.retries, self.limits.timeout, ctx.deadline, |timeout| {
+        let turn_index = u32::try_from(history.len().saturating_sub(1)).unwrap_or(u32::MAX);
+        let body = match encode_request(history, ctx.test_case_id, turn_index) {
+            Ok(body) => body,
+            Err(fault) => return (exchange, Err(fault)),
+        };
+        let attempted = with_retries(self.retry, self.limits.timeout, ctx.deadline, |timeout| {
             let body = body.clone();
             async move {
                 let response = self
@@ -143,18 +165,112 @@ impl ConnexityClient {
                 parse_response(&response.body)
             }
         })
-        .await
-        .into()
+        .await;
+        exchange.attempts = attempted.attempts;
+        if let Ok(reply) = &attempted.result {
+            exchange.usage = reply.usage;
+        }
+        (exchange, attempted.result)
     }
 }
 
+impl AgentProtocol for ConnexityClient {
+    fn open(&self, _conversation: &Conversation<'_>) -> Box<dyn Session> {
+        Box::new(ConnexitySession {
+            client: Arc::new(self.clone()),
+            history: Vec::new(),
+        })
+    }
+}
+
+/// A Connexity conversation: the history the next request resends. Forks copy it.
+#[derive(Clone)]
+struct ConnexitySession {
+    client: Arc<ConnexityClient>,
+    history: Vec<ChatMessage>,
+}
+
+impl Session for ConnexitySession {
+    fn turn<'a>(
+        &'a mut self,
+        input: TurnInput<'a>,
+        ctx: &'a CallContext<'a>,
+    ) -> BoxFuture<'a, Turn> {
+        Box::pin(async move {
+            match input {
+                TurnInput::User(text) => self.history.push(ChatMessage::user(text)),
+                // The agent speaks first: it is called with the history as it is (empty).
+                TurnInput::Opening => {}
+                TurnInput::Call { .. } | TurnInput::Human { .. } => {
+                    return Turn::failed(Fault::new(
+                        FaultCategory::Protocol,
+                        format!(
+                            "a Connexity agent cannot take a `{}` step (it only answers user \
+                             messages)",
+                            input.kind()
+                        ),
+                    ));
+                }
+            }
+            let (exchange, result) = self.client.respond(&self.history, ctx).await;
+            let mut turn = Turn {
+                exchanges: vec![exchange],
+                ..Default::default()
+            };
+            match result {
+                Ok(reply) => {
+                    match self.client.history {
+                        HistoryMode::Messages => self.history.push(ChatMessage::assistant(
+                            reply.reply.clone().unwrap_or_default(),
+                        )),
+                        HistoryMode::Full => self.history.extend(
+                            reply
+                                .messages
+                                .iter()
+                                .filter(|m| m.role == "assistant" || m.role == "tool")
+                                .cloned(),
+                        ),
+                    }
+                    turn.messages = reply.messages;
+                    turn.reply = reply.reply;
+                    turn.tool_calls = reply.tool_calls;
+                    turn.model = reply.model;
+                    turn.provider = reply.provider;
+                }
+                Err(fault) => turn.fault = Some(fault),
+            }
+            turn
+        })
+    }
+
+    fn fork(&self) -> Option<Box<dyn Session>> {
+        Some(Box::new(self.clone()))
+    }
+}
+
+/// One decoded `AgentResponse`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ParsedReply {
+    pub messages: Vec<ChatMessage>,
+    /// The last assistant message with text.
+    pub reply: Option<String>,
+    pub tool_calls: Vec<ToolCallRecord>,
+    pub usage: Option<Usage>,
+    pub model: Option<String>,
+    pub provider: Option<String>,
+}
+
 /// The request body: `{"messages": [...], "metadata": {"test_case_id", "turn_index"}}`.
-pub fn encode_request(history: &[ChatMessage], ctx: &CallContext<'_>) -> Result<Bytes, Fault> {
+pub fn encode_request(
+    history: &[ChatMessage],
+    test_case_id: &str,
+    turn_index: u32,
+) -> Result<Bytes, Fault> {
     let request = Request {
         messages: history,
         metadata: RequestMetadata {
-            test_case_id: ctx.test_case_id,
-            turn_index: ctx.turn_index,
+            test_case_id,
+            turn_index,
         },
     };
     serde_json::to_vec(&request).map(Bytes::from).map_err(|e| {
@@ -166,7 +282,7 @@ pub fn encode_request(history: &[ChatMessage], ctx: &CallContext<'_>) -> Result<
 }
 
 /// Parses an `AgentResponse` body into the turn it describes.
-pub fn parse_response(body: &[u8]) -> Result<AgentTurn, Fault> {
+pub fn parse_response(body: &[u8]) -> Result<ParsedReply, Fault> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(Fault::new(
             FaultCategory::InvalidJson,
@@ -231,7 +347,7 @@ fn finish_turn(
     usage: Option<&Value>,
     model: Option<String>,
     provider: Option<String>,
-) -> Result<AgentTurn, Fault> {
+) -> Result<ParsedReply, Fault> {
     if !messages.iter().any(|m| m.role == "assistant") {
         return Err(protocol(
             "response has no assistant message (`messages` must end with the assistant's reply)"
@@ -245,14 +361,13 @@ fn finish_turn(
         .find_map(|m| m.content.as_deref().filter(|c| !c.trim().is_empty()))
         .map(str::to_owned);
     let tool_calls = pair_tool_calls(&messages);
-    Ok(AgentTurn {
+    Ok(ParsedReply {
         messages,
         reply,
         tool_calls,
         usage: usage.and_then(parse_usage),
         model,
         provider,
-        ttft: None,
     })
 }
 
@@ -320,6 +435,7 @@ impl WireMessage {
                 .collect(),
             tool_call_id: self.tool_call_id,
             name: self.name,
+            parts: Vec::new(),
         }
     }
 }
@@ -373,6 +489,7 @@ fn parse_message(i: usize, message: Value) -> Result<ChatMessage, Fault> {
         tool_calls,
         tool_call_id: optional_string(m.remove("tool_call_id")),
         name: optional_string(m.remove("name")),
+        parts: Vec::new(),
     })
 }
 
@@ -405,8 +522,8 @@ fn parse_tool_call(i: usize, j: usize, call: Value) -> Result<ToolCall, Fault> {
     })
 }
 
-/// Pairs each assistant tool call with the `tool` message answering it: by `tool_call_id`,
-/// else by function name in order, else simply in order.
+/// Pairs each assistant tool call with the `tool` message answering it
+/// ([`super::pairing`]).
 fn pair_tool_calls(messages: &[ChatMessage]) -> Vec<ToolCallRecord> {
     let mut records: Vec<ToolCallRecord> = messages
         .iter()
@@ -419,39 +536,17 @@ fn pair_tool_calls(messages: &[ChatMessage]) -> Vec<ToolCallRecord> {
             result: None,
         })
         .collect();
-    if records.is_empty() {
-        return records;
-    }
-    let mut paired = vec![false; records.len()];
-    for message in messages.iter().filter(|m| m.role == "tool") {
-        let by_id = message
-            .tool_call_id
-            .as_deref()
-            .filter(|id| !id.is_empty())
-            .and_then(|id| {
-                // An agent that reuses a call id still names the function its result is
-                // for; a name that disagrees means the id is not to be trusted.
-                let name = message.name.as_deref();
-                records.iter().zip(&paired).position(|(r, done)| {
-                    !done && r.call_id == id && name.is_none_or(|n| n == r.name)
-                })
-            });
-        let slot = by_id
-            .or_else(|| {
-                let name = message.name.as_deref()?;
-                records
-                    .iter()
-                    .zip(&paired)
-                    .position(|(r, done)| !done && r.name == name)
-            })
-            .or_else(|| paired.iter().position(|done| !done));
-        if let (Some(slot), Some(record)) = (slot, slot.and_then(|s| records.get_mut(s))) {
-            record.result = message.content.clone();
-            if let Some(done) = paired.get_mut(slot) {
-                *done = true;
-            }
-        }
-    }
+    super::pairing::pair(
+        &mut records,
+        messages
+            .iter()
+            .filter(|m| m.role == "tool")
+            .map(|m| super::pairing::ToolResult {
+                call_id: m.tool_call_id.as_deref(),
+                name: m.name.as_deref(),
+                content: m.content.as_deref(),
+            }),
+    );
     records
 }
 

@@ -21,7 +21,7 @@ use reqwest::header::HeaderMap;
 use reqwest::{StatusCode, Url};
 use tokio::time::Instant;
 
-use super::{AgentTurn, CallOutcome};
+use super::Attempt;
 use crate::record::{Fault, FaultCategory};
 
 /// How much of an error body goes into a fault message.
@@ -393,34 +393,49 @@ fn classify(err: &reqwest::Error, url: &Url, progress: &Progress) -> Fault {
     )
 }
 
-/// What [`with_retries`] ended with.
-#[derive(Clone, Debug)]
-pub struct Attempted<T> {
-    pub result: Result<T, Fault>,
-    /// Attempts started; 0 only when the deadline had already passed.
-    pub attempts: u32,
-    /// Wall time of the last attempt.
-    pub latency: Duration,
+/// When a failed attempt may be tried again.
+///
+/// The rule, the same for every protocol: a fault that provably never reached the agent
+/// (`connect`: nothing was sent) and an answer the agent gave as a server error (`http_5xx`)
+/// are retried up to `retries` times. A timeout or a broken connection may have happened
+/// after the agent received the request and acted on it (a booking made twice), so those
+/// are retried only when the suite says the agent tolerates it (`retry-after-send #true`).
+/// Everything else (4xx, malformed answers) would come back the same and is never retried.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Attempts after the first.
+    pub retries: u32,
+    /// Also retry timeouts and broken connections.
+    pub after_send: bool,
 }
 
-impl From<Attempted<AgentTurn>> for CallOutcome {
-    fn from(attempted: Attempted<AgentTurn>) -> Self {
-        CallOutcome {
-            result: attempted.result,
-            attempts: attempted.attempts,
-            latency: attempted.latency,
+impl RetryPolicy {
+    pub fn allows(&self, category: FaultCategory) -> bool {
+        match category {
+            FaultCategory::Connect | FaultCategory::Http5xx => true,
+            FaultCategory::Timeout | FaultCategory::Transport => self.after_send,
+            _ => false,
         }
     }
 }
 
-/// Runs `attempt` up to `1 + retries` times, retrying only retryable faults, with exponential
-/// backoff and jitter between attempts, and never past `deadline`.
+/// What [`with_retries`] ended with.
+#[derive(Clone, Debug)]
+pub struct Attempted<T> {
+    pub result: Result<T, Fault>,
+    /// Every attempt started, with its fault; empty only when the deadline had already
+    /// passed.
+    pub attempts: Vec<Attempt>,
+}
+
+/// Runs `attempt` up to `1 + policy.retries` times, retrying only what `policy` allows,
+/// with exponential backoff and jitter between attempts, and never past `deadline`.
 ///
 /// `attempt` receives the timeout it must respect: `timeout`, shrunk when the deadline is
 /// closer. A timeout fault of an attempt cut short by the deadline is reported as the
 /// trajectory timeout it really is.
 pub async fn with_retries<T, F, Fut>(
-    retries: u32,
+    policy: RetryPolicy,
     timeout: Duration,
     deadline: Option<Instant>,
     mut attempt: F,
@@ -433,12 +448,11 @@ where
         .with_min_delay(MIN_BACKOFF)
         .with_max_delay(MAX_BACKOFF)
         .with_factor(2.0)
-        .with_max_times(usize::try_from(retries).unwrap_or(usize::MAX))
+        .with_max_times(usize::try_from(policy.retries).unwrap_or(usize::MAX))
         .with_jitter()
         .with_jitter_seed(jitter_seed())
         .build();
-    let mut attempts = 0u32;
-    let mut latency = Duration::ZERO;
+    let mut attempts: Vec<Attempt> = Vec::new();
     loop {
         let started = Instant::now();
         let (budget, cut_by_deadline) = match deadline {
@@ -451,7 +465,6 @@ where
                             "trajectory timeout: no time left for the call",
                         )),
                         attempts,
-                        latency,
                     };
                 }
                 if left < timeout {
@@ -462,63 +475,57 @@ where
             }
             None => (timeout, false),
         };
-        attempts += 1;
         let mut result = attempt(budget).await;
-        latency = started.elapsed();
+        let latency = started.elapsed();
         let fault = match &mut result {
             Ok(_) => {
-                break Attempted {
-                    result,
-                    attempts,
+                attempts.push(Attempt {
                     latency,
-                };
+                    fault: None,
+                });
+                break Attempted { result, attempts };
             }
             Err(fault) => fault,
         };
+        let n = attempts.len() + 1;
         if cut_by_deadline && fault.category == FaultCategory::Timeout {
-            *fault = trajectory_timeout(attempts, &fault.message);
-            break Attempted {
-                result,
-                attempts,
-                latency,
-            };
+            *fault = trajectory_timeout(n, &fault.message);
         }
-        if !fault.category.is_retryable() {
-            break Attempted {
-                result,
-                attempts,
-                latency,
-            };
+        attempts.push(Attempt {
+            latency,
+            fault: Some(fault.clone()),
+        });
+        if cut_by_deadline && fault.category == FaultCategory::Timeout {
+            break Attempted { result, attempts };
+        }
+        if !policy.allows(fault.category) {
+            if policy.retries > 0 && fault.category.is_retryable() {
+                fault.message.push_str(
+                    " (not retried: the request may have reached the agent; \
+                     `retry-after-send #true` allows it)",
+                );
+            }
+            break Attempted { result, attempts };
         }
         let Some(delay) = backoff.next() else {
-            if attempts > 1 {
-                fault
-                    .message
-                    .push_str(&format!(" (after {attempts} attempts)"));
+            if n > 1 {
+                fault.message.push_str(&format!(" (after {n} attempts)"));
             }
-            break Attempted {
-                result,
-                attempts,
-                latency,
-            };
+            break Attempted { result, attempts };
         };
         if let Some(deadline) = deadline
             && Instant::now() + delay >= deadline
         {
             fault.message.push_str(&format!(
-                " (attempt {attempts}; not retried: the trajectory timeout would pass during backoff)"
+                " (attempt {n}; not retried: the trajectory timeout would pass during backoff)"
             ));
-            break Attempted {
-                result,
-                attempts,
-                latency,
-            };
+            break Attempted { result, attempts };
         }
         tokio::time::sleep(delay).await;
     }
 }
 
-fn trajectory_timeout(attempts: u32, detail: &str) -> Fault {
+fn trajectory_timeout(attempts: usize, detail: &str) -> Fault {
     Fault::new(
         FaultCategory::Timeout,
         format!("trajectory timeout reached during attempt {attempts}: {detail}"),

@@ -1,16 +1,80 @@
-//! Agent protocols: how one agent turn goes over the wire.
+//! Agent protocols: the one layer every kind of agent plugs into.
 //!
-//! Each protocol module turns "this conversation so far" into requests and the agent's
-//! answer into an [`AgentTurn`], or a categorised [`Fault`]. Transport concerns shared by
-//! the HTTP protocols (bounded body reads, retries with backoff, fault mapping) live in
-//! [`http`]. Protocols never panic on what an agent sends.
+//! A protocol is one module behind one trait. [`AgentProtocol`] is an agent as configured
+//! for a run (its endpoint, headers, limits, a shared transport); it opens [`Session`]s,
+//! one per conversation. A session takes [`TurnInput`]s (a user message, a direct function
+//! call, a human's answer, or nothing when the agent speaks first) and returns the [`Turn`]:
+//! every exchange on the wire it took (each with its own attempts, latency, time to first
+//! token and tokens), the messages, tool calls paired with their results, the final reply,
+//! and the fault that ended it, if any.
+//!
+//! Forking is the protocol's call: a session that resends the whole history on every call
+//! (Connexity, OpenAI, MultiAgentEval) copies itself at a fork ([`Session::fork`]), so a
+//! shared prefix is called once per repetition; a session bound to server state (AgentScope
+//! `session_id`) cannot be copied, and the executor replays the prefix in a fresh session
+//! for each branch. Adding a protocol touches neither the planner, the executor nor the
+//! reports.
+//!
+//! Transports are written once and shared: [`http`] (bounded request/response, fault
+//! mapping, the retry rule). Protocols never panic on what an agent sends.
 
 pub mod connexity;
 pub mod http;
+pub mod pairing;
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
+use trellis_dsl::Protocol;
 
-use crate::record::{Fault, ToolCallRecord};
+use crate::plan::PlannedAgent;
+use crate::record::{Fault, FaultCategory, ToolCallRecord};
+use http::{CallLimits, HttpTransport, RetryPolicy};
+
+/// Everything a protocol needs to build its client for one agent of a run.
+pub struct AgentSetup<'a> {
+    pub agent: &'a PlannedAgent,
+    /// The endpoint: `url`, `base-url`, or the URL a builtin agent is served at.
+    pub url: &'a str,
+    /// The agent's `header` nodes, rendered.
+    pub headers: Vec<(String, String)>,
+    pub limits: CallLimits,
+    pub retry: RetryPolicy,
+    /// The run's HTTP connection pool.
+    pub transport: HttpTransport,
+}
+
+/// Builds the client of one agent: the one place that maps a `protocol=` to its module.
+pub fn build(setup: AgentSetup<'_>) -> Result<Arc<dyn AgentProtocol>, Fault> {
+    let setup_fault = |e: &dyn std::fmt::Display| {
+        Fault::new(
+            FaultCategory::Setup,
+            format!("agent `{}`: {e}", setup.agent.id),
+        )
+    };
+    match setup.agent.protocol {
+        Protocol::Connexity => connexity::ConnexityClient::new(
+            setup.url,
+            setup.headers.clone(),
+            setup.limits,
+            setup.retry,
+            setup.agent.history,
+            setup.transport.clone(),
+        )
+        .map(|c| Arc::new(c) as Arc<dyn AgentProtocol>)
+        .map_err(|e| setup_fault(&e)),
+        other => Err(Fault::new(
+            FaultCategory::Setup,
+            format!(
+                "agent `{}`: this version of trellis cannot run the `{}` protocol yet",
+                setup.agent.id,
+                other.as_str()
+            ),
+        )),
+    }
+}
 
 /// An OpenAI-style chat message, the shape Connexity, MultiAgentEval and OpenAI share.
 #[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -24,6 +88,10 @@ pub struct ChatMessage {
     pub tool_call_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
+    /// Content that is not text (images, data), kept as the agent sent it. Never sent back
+    /// to an agent by protocols whose wire has no place for it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parts: Vec<serde_json::Value>,
 }
 
 impl ChatMessage {
@@ -69,40 +137,176 @@ pub struct Usage {
     pub total_tokens: Option<u64>,
 }
 
-/// What the agent produced in one turn.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct AgentTurn {
-    /// Every message of the turn, in order.
-    pub messages: Vec<ChatMessage>,
-    /// The final assistant text (the last assistant message with content).
-    pub reply: Option<String>,
-    /// Tool calls of the turn with their results paired by call id.
-    pub tool_calls: Vec<ToolCallRecord>,
-    pub usage: Option<Usage>,
-    pub model: Option<String>,
-    pub provider: Option<String>,
-    /// Time to first streamed token, for streaming protocols.
-    pub ttft: Option<std::time::Duration>,
+/// An agent as configured for a run: opens conversations with it.
+///
+/// Built once per agent per run by [`crate::execute`] from the plan; shared by every
+/// trajectory (so it holds only immutable configuration and cheap-to-clone handles).
+pub trait AgentProtocol: Send + Sync {
+    /// Work done once per run before the first conversation (Fixie's handshake). What it
+    /// returns is recorded with the run (`agent` journal entry); a fault here becomes a
+    /// `setup` fault on every trajectory of the agent.
+    fn prepare(&self) -> BoxFuture<'_, Result<Option<serde_json::Value>, Fault>> {
+        Box::pin(async { Ok(None) })
+    }
+
+    /// A new conversation. No I/O: session-bound protocols create the server-side session
+    /// on their first turn.
+    fn open(&self, conversation: &Conversation<'_>) -> Box<dyn Session>;
 }
 
-/// Context of one call, sent as protocol metadata where the protocol has a place for it.
+/// One conversation with an agent.
+pub trait Session: Send + Sync {
+    /// Takes one turn. Never fails: a problem is the [`Turn::fault`].
+    fn turn<'a>(
+        &'a mut self,
+        input: TurnInput<'a>,
+        ctx: &'a CallContext<'a>,
+    ) -> BoxFuture<'a, Turn>;
+
+    /// A copy that continues independently from the same point, for a fork; `None` when the
+    /// conversation lives on the agent's side and cannot be copied (the executor then
+    /// replays the prefix in a fresh session).
+    fn fork(&self) -> Option<Box<dyn Session>>;
+}
+
+/// Who a new conversation is for, so protocols can name sessions and fill metadata.
+#[derive(Clone, Copy, Debug)]
+pub struct Conversation<'a> {
+    pub run_id: &'a str,
+    pub suite: &'a str,
+    /// The scenario id (Connexity `metadata.test_case_id`).
+    pub scenario: &'a str,
+    pub repetition: u32,
+    /// The execution node the conversation starts at (`start`, `accepts`, …).
+    pub node: &'a str,
+}
+
+/// What the engine asks of the agent in one turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TurnInput<'a> {
+    /// A user message (scripted or simulated).
+    User(&'a str),
+    /// `first-turn "agent"`: the agent speaks first; no user message is sent.
+    Opening,
+    /// Fixie `call FUNC "TEXT"`: one agent function called directly.
+    Call { function: &'a str, input: &'a str },
+    /// A human's answer to an agent that paused for one (`hitl`).
+    Human {
+        approve: bool,
+        message: Option<&'a str>,
+    },
+}
+
+impl TurnInput<'_> {
+    /// The `kind` recorded on the turn.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            TurnInput::User(_) => "user",
+            TurnInput::Opening => "opening",
+            TurnInput::Call { .. } => "call",
+            TurnInput::Human { .. } => "human",
+        }
+    }
+
+    /// The text sent, as recorded in `user_message`.
+    pub fn text(&self) -> &str {
+        match self {
+            TurnInput::User(text) | TurnInput::Call { input: text, .. } => text,
+            TurnInput::Opening => "",
+            TurnInput::Human { message, .. } => message.unwrap_or(""),
+        }
+    }
+}
+
+/// Context of one turn, sent as protocol metadata where the protocol has a place for it.
 #[derive(Clone, Debug)]
 pub struct CallContext<'a> {
     /// The scenario id (Connexity `metadata.test_case_id`).
     pub test_case_id: &'a str,
-    /// Zero-based index of the new user message in the conversation
-    /// (Connexity `metadata.turn_index`).
+    /// Zero-based index of this turn in the trajectory.
     pub turn_index: u32,
-    /// The call must be over by then (the trajectory's `timeout`), whatever retries remain.
+    /// The turn must be over by then (the trajectory's `timeout`), whatever retries remain.
     pub deadline: Option<tokio::time::Instant>,
 }
 
-/// The result of one logical call, after retries.
+/// What one turn produced.
+#[derive(Clone, Debug, Default)]
+pub struct Turn {
+    /// Every exchange on the wire, in order (a single request for Connexity; one per loop
+    /// step for action-loop protocols).
+    pub exchanges: Vec<Exchange>,
+    /// Every message of the turn, in order.
+    pub messages: Vec<ChatMessage>,
+    /// The final assistant text.
+    pub reply: Option<String>,
+    /// Tool calls of the turn with their results.
+    pub tool_calls: Vec<ToolCallRecord>,
+    pub model: Option<String>,
+    pub provider: Option<String>,
+    /// The fault that ended the turn. Whatever was received before it is kept above.
+    pub fault: Option<Fault>,
+}
+
+impl Turn {
+    /// A turn that failed before anything was exchanged.
+    pub fn failed(fault: Fault) -> Self {
+        Turn {
+            fault: Some(fault),
+            ..Default::default()
+        }
+    }
+
+    /// Tokens summed over the exchanges that reported usage.
+    pub fn usage(&self) -> Option<Usage> {
+        let mut total: Option<Usage> = None;
+        for usage in self.exchanges.iter().filter_map(|e| e.usage) {
+            let t = total.get_or_insert_with(Usage::default);
+            t.prompt_tokens = add(t.prompt_tokens, usage.prompt_tokens);
+            t.completion_tokens = add(t.completion_tokens, usage.completion_tokens);
+            t.total_tokens = add(
+                t.total_tokens,
+                usage
+                    .total_tokens
+                    .or(match (usage.prompt_tokens, usage.completion_tokens) {
+                        (Some(p), Some(c)) => Some(p.saturating_add(c)),
+                        _ => None,
+                    }),
+            );
+        }
+        total
+    }
+}
+
+fn add(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.saturating_add(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// One logical request of a turn, after its retries.
+#[derive(Clone, Debug, Default)]
+pub struct Exchange {
+    /// What was called, for people reading the records: `POST /agent/respond`.
+    pub label: String,
+    /// Every attempt, in order; the last one is the one that counted.
+    pub attempts: Vec<Attempt>,
+    /// Time to the first streamed event of the last attempt (streaming protocols only).
+    pub ttft: Option<Duration>,
+    pub usage: Option<Usage>,
+}
+
+impl Exchange {
+    /// What the agent took to answer: the wall time of the last attempt.
+    pub fn latency(&self) -> Duration {
+        self.attempts.last().map_or(Duration::ZERO, |a| a.latency)
+    }
+}
+
+/// One attempt of an exchange.
 #[derive(Clone, Debug)]
-pub struct CallOutcome {
-    pub result: Result<AgentTurn, Fault>,
-    /// 1 + retries used.
-    pub attempts: u32,
-    /// Wall time of the last attempt (what the agent took to answer).
-    pub latency: std::time::Duration,
+pub struct Attempt {
+    pub latency: Duration,
+    /// Why this attempt failed; `None` for the attempt that succeeded.
+    pub fault: Option<Fault>,
 }

@@ -1,9 +1,9 @@
 //! The builtin booking agent, served for real and driven with the Connexity client.
 
 use trellis_engine::builtin::{self, BUILTINS, BuiltinError};
-use trellis_engine::protocol::connexity::ConnexityClient;
-use trellis_engine::protocol::http::{CallLimits, HttpTransport};
-use trellis_engine::protocol::{AgentTurn, CallContext, ChatMessage};
+use trellis_engine::protocol::connexity::{ConnexityClient, HistoryMode, ParsedReply as AgentTurn};
+use trellis_engine::protocol::http::{CallLimits, HttpTransport, RetryPolicy};
+use trellis_engine::protocol::{CallContext, ChatMessage};
 use trellis_engine::record::ToolCallRecord;
 
 /// Drives one conversation, keeping the history as the engine does.
@@ -19,7 +19,8 @@ impl Conversation {
             url,
             Vec::new(),
             CallLimits::default(),
-            0,
+            RetryPolicy::default(),
+            HistoryMode::Messages,
             HttpTransport::new(),
         )
         .unwrap();
@@ -37,9 +38,9 @@ impl Conversation {
             turn_index: self.turn_index,
             deadline: None,
         };
-        let outcome = self.client.respond(&self.history, &ctx).await;
-        assert_eq!(outcome.attempts, 1);
-        let turn = outcome.result.unwrap();
+        let (exchange, result) = self.client.respond(&self.history, &ctx).await;
+        assert_eq!(exchange.attempts.len(), 1);
+        let turn = result.unwrap();
         self.history
             .push(ChatMessage::assistant(turn.reply.clone().unwrap()));
         self.turn_index += 2;
@@ -214,8 +215,8 @@ async fn same_history_same_answer() {
         turn_index: 4,
         deadline: None,
     };
-    let first = client.respond(&history, &ctx).await.result.unwrap();
-    let second = client.respond(&history, &ctx).await.result.unwrap();
+    let first = client.respond(&history, &ctx).await.1.unwrap();
+    let second = client.respond(&history, &ctx).await.1.unwrap();
     assert_eq!(first, second);
 
     // A second server (a second run) answers identically too.
@@ -224,7 +225,7 @@ async fn same_history_same_answer() {
         .client
         .respond(&history, &ctx)
         .await
-        .result
+        .1
         .unwrap();
     assert_eq!(first, third);
 }

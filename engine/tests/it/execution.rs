@@ -82,6 +82,7 @@ async fn run_suite(text: &str, jobs: usize) -> Run {
         run_id: "test".into(),
         jobs,
         stop: Default::default(),
+        strict: false,
     };
     let engine = tokio::spawn(execute::run(plan, options, tx));
     let mut run = Run {
@@ -94,7 +95,7 @@ async fn run_suite(text: &str, jobs: usize) -> Run {
             Event::Node(n) => run.nodes.push(n),
             Event::Trajectory(t) => run.trajectories.push(t),
             Event::RunFinished(s) => run.summary = s,
-            Event::RunStarted(_) => {}
+            Event::RunStarted(_) | Event::Agent(_) => {}
         }
     }
     engine.await.unwrap();

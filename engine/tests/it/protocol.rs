@@ -3,12 +3,16 @@
 use std::time::Duration;
 
 use tokio::time::Instant;
-use trellis_engine::protocol::connexity::{ConnexityClient, ConnexityError};
+use trellis_engine::protocol::connexity::{ConnexityClient, ConnexityError, HistoryMode};
+use trellis_engine::protocol::http::RetryPolicy;
 use trellis_engine::protocol::http::{CallLimits, HttpTransport};
-use trellis_engine::protocol::{CallContext, CallOutcome, ChatMessage};
+use trellis_engine::protocol::{CallContext, ChatMessage};
 use trellis_engine::record::FaultCategory;
 
-use crate::support::{Behavior, MisbehavingServer, OK_BODY, client, closed_port, ctx, limits};
+use crate::support::{
+    Behavior, CallOutcome, MisbehavingServer, OK_BODY, client, client_with, closed_port, ctx,
+    limits, respond,
+};
 
 const SHORT: Duration = Duration::from_secs(5);
 
@@ -17,9 +21,7 @@ fn history() -> Vec<ChatMessage> {
 }
 
 async fn call(url: &str, retries: u32, limits: CallLimits) -> CallOutcome {
-    client(url, retries, limits)
-        .respond(&history(), &ctx(0))
-        .await
+    respond(&client(url, retries, limits), &history(), &ctx(0)).await
 }
 
 #[track_caller]
@@ -50,8 +52,7 @@ async fn connections_are_kept_alive() {
     let server = MisbehavingServer::respond(200, OK_BODY).await;
     let client = client(&server.url(), 0, limits(SHORT));
     for turn_index in 0..3 {
-        client
-            .respond(&history(), &ctx(turn_index))
+        respond(&client, &history(), &ctx(turn_index))
             .await
             .result
             .unwrap();
@@ -75,7 +76,8 @@ async fn request_has_the_connexity_shape() {
             ("X-Trace".into(), "a".into()),
         ],
         limits(SHORT),
-        0,
+        RetryPolicy::default(),
+        HistoryMode::Messages,
         HttpTransport::new(),
     )
     .unwrap();
@@ -84,7 +86,7 @@ async fn request_has_the_connexity_shape() {
         turn_index: 2,
         deadline: None,
     };
-    client.respond(&history, &ctx).await.result.unwrap();
+    respond(&client, &history, &ctx).await.result.unwrap();
 
     let recorded = server.recorded();
     assert_eq!(recorded.len(), 1);
@@ -123,7 +125,8 @@ fn invalid_headers_are_rejected_without_leaking_the_value() {
         "http://127.0.0.1:1/agent/respond",
         vec![("Bad Header".into(), "x".into())],
         CallLimits::default(),
-        0,
+        RetryPolicy::default(),
+        HistoryMode::Messages,
         transport.clone(),
     );
     assert!(matches!(
@@ -135,14 +138,22 @@ fn invalid_headers_are_rejected_without_leaking_the_value() {
         "http://127.0.0.1:1/agent/respond",
         vec![("Authorization".into(), "Bearer top\nsecret".into())],
         CallLimits::default(),
-        0,
+        RetryPolicy::default(),
+        HistoryMode::Messages,
         transport.clone(),
     );
     let err = bad_value.unwrap_err();
     assert!(matches!(err, ConnexityError::InvalidHeaderValue(_)));
     assert!(!err.to_string().contains("secret"), "{err}");
 
-    let bad_url = ConnexityClient::new("not a url", vec![], CallLimits::default(), 0, transport);
+    let bad_url = ConnexityClient::new(
+        "not a url",
+        vec![],
+        CallLimits::default(),
+        RetryPolicy::default(),
+        HistoryMode::Messages,
+        transport,
+    );
     assert!(matches!(bad_url, Err(ConnexityError::InvalidUrl { .. })));
 }
 
@@ -335,16 +346,36 @@ async fn slow_drip_times_out() {
     assert_eq!(outcome.attempts, 1);
 }
 
+/// A timed-out request may have reached the agent (and booked something): it is retried
+/// only when the suite says so, and every attempt is recorded either way.
 #[tokio::test]
-async fn timeouts_are_retried() {
+async fn timeouts_are_retried_only_when_the_suite_allows_it() {
     let server = MisbehavingServer::start(Behavior::SlowDrip {
         interval: Duration::from_millis(200),
     })
     .await;
     let outcome = call(&server.url(), 2, limits(Duration::from_millis(300))).await;
+    let message = fault_of(&outcome, FaultCategory::Timeout);
+    assert!(message.contains("retry-after-send"), "{message}");
+    assert_eq!(outcome.attempts, 1);
+    assert_eq!(server.requests(), 1);
+
+    let allowed = RetryPolicy {
+        retries: 2,
+        after_send: true,
+    };
+    let client = client_with(&server.url(), allowed, limits(Duration::from_millis(300)));
+    let outcome = respond(&client, &history(), &ctx(0)).await;
     fault_of(&outcome, FaultCategory::Timeout);
     assert_eq!(outcome.attempts, 3);
-    assert_eq!(server.requests(), 3);
+    assert_eq!(outcome.faults.len(), 3, "every attempt keeps its fault");
+    assert!(
+        outcome
+            .faults
+            .iter()
+            .all(|f| f.category == FaultCategory::Timeout)
+    );
+    assert_eq!(server.requests(), 4);
 }
 
 #[tokio::test]
@@ -359,7 +390,7 @@ async fn the_trajectory_deadline_caps_the_call() {
         turn_index: 0,
         deadline: Some(Instant::now() + Duration::from_millis(500)),
     };
-    let outcome = client.respond(&history(), &ctx).await;
+    let outcome = respond(&client, &history(), &ctx).await;
     let message = fault_of(&outcome, FaultCategory::Timeout);
     assert!(message.contains("trajectory timeout"), "{message}");
     assert_eq!(outcome.attempts, 1, "no retry past the deadline");
@@ -368,21 +399,38 @@ async fn the_trajectory_deadline_caps_the_call() {
         deadline: Some(Instant::now()),
         ..ctx
     };
-    let outcome = client.respond(&history(), &past).await;
+    let outcome = respond(&client, &history(), &past).await;
     let message = fault_of(&outcome, FaultCategory::Timeout);
     assert!(message.contains("trajectory timeout"), "{message}");
     assert_eq!(outcome.attempts, 0);
 }
 
 #[tokio::test]
-async fn connection_reset_is_transport_and_retried() {
+async fn connection_reset_is_transport_and_retried_only_when_allowed() {
     let server = MisbehavingServer::start(Behavior::Reset).await;
     let outcome = call(&server.url(), 2, limits(SHORT)).await;
     let message = fault_of(&outcome, FaultCategory::Transport);
     assert!(message.contains("reset"), "{message}");
     assert!(message.contains("before the response headers"), "{message}");
+    assert_eq!(
+        outcome.attempts, 1,
+        "the request was sent: not retried by default"
+    );
+    assert_eq!(server.requests(), 1);
+
+    let allowed = RetryPolicy {
+        retries: 2,
+        after_send: true,
+    };
+    let outcome = respond(
+        &client_with(&server.url(), allowed, limits(SHORT)),
+        &history(),
+        &ctx(0),
+    )
+    .await;
+    fault_of(&outcome, FaultCategory::Transport);
     assert_eq!(outcome.attempts, 3);
-    assert_eq!(server.requests(), 3);
+    assert_eq!(server.requests(), 4);
 }
 
 #[tokio::test]

@@ -1,0 +1,332 @@
+//! Execution: runs a [`Plan`] concurrently and streams [`Event`]s as work finishes.
+//!
+//! Split by job: this module schedules scenarios (in `needs` order) and their units
+//! (scenario × agent × repetition) within the run's limits; [`agents`] sets every agent up
+//! (builtin servers, headers, the protocol client); [`walk`] walks a unit's execution tree
+//! (steps in order, forks copied or replayed as the protocol decides); [`turn`] drives one
+//! turn of a session; [`verdict`] checks a finished trajectory and builds its record.
+//!
+//! Limits apply at two levels: `--jobs` bounds agent calls in flight across the run, and
+//! each agent's `concurrency` bounds calls to that agent. A fault ends the trajectories
+//! below the node where it happened and nothing else. Scenarios wait for the scenarios they
+//! `need` and are skipped, with the reason, when one of those failed.
+
+mod agents;
+mod turn;
+mod verdict;
+mod walk;
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+use futures::FutureExt;
+use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use crate::event::{Event, EventSender};
+use crate::plan::Plan;
+use crate::protocol::AgentProtocol;
+use crate::record::{
+    Fault, FaultCategory, RunInfo, RunSummary, TrajectoryRecord, TrajectoryStatus,
+};
+use agents::AgentRuntime;
+use verdict::{Stop, skip_trajectory};
+use walk::{PathState, Unit};
+
+/// Upper bound of `--jobs`: far beyond what one process can keep in flight, and well inside
+/// what a tokio semaphore can count.
+pub const MAX_JOBS: usize = 1 << 20;
+
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    pub run_id: String,
+    /// Agent calls in flight across the whole run.
+    pub jobs: usize,
+    /// Cancelled to stop the run gracefully (Ctrl-C, SIGTERM): no new agent call starts,
+    /// calls in flight finish, and [`run`] returns once they have. Trajectories that had
+    /// not finished are not recorded.
+    pub stop: CancellationToken,
+    /// `--strict`: a skipped check or a skipped trajectory is a failure.
+    pub strict: bool,
+}
+
+/// Runs the plan to completion, sending every event to `events`. Never fails because of an
+/// agent: agent problems become faults in the records.
+pub async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSummary {
+    let started = Instant::now();
+    let started_at = rfc3339(SystemTime::now());
+    let plan = Arc::new(plan);
+    let _ = events
+        .send(Event::RunStarted(RunInfo {
+            run_id: options.run_id.clone(),
+            started_at,
+            trellis_version: env!("CARGO_PKG_VERSION").to_string(),
+            suites: plan.suites.clone(),
+            jobs: options.jobs,
+            planned_trajectories: plan.trajectory_count(),
+        }))
+        .await;
+
+    let (agents, _servers) = agents::start(&plan, &events).await;
+    let jobs = options.jobs.clamp(1, MAX_JOBS);
+    let shared = Arc::new(Shared {
+        plan: plan.clone(),
+        agents,
+        calls: Arc::new(Semaphore::new(jobs)),
+        // Units hold little while waiting for a call permit; allowing a few per job keeps
+        // the call pipeline full at forks without letting a huge `repeat` spawn everything.
+        units: Arc::new(Semaphore::new(unit_capacity(jobs) as usize)),
+        units_capacity: unit_capacity(jobs),
+        paths: Semaphore::new(jobs.saturating_mul(2)),
+        events: events.clone(),
+        run_start: started,
+        totals: Totals::default(),
+        stop: options.stop.clone(),
+        strict: options.strict,
+        run_id: options.run_id.clone(),
+    });
+
+    let (senders, receivers): (Vec<_>, Vec<_>) = plan
+        .scenarios
+        .iter()
+        .map(|_| watch::channel(None::<bool>))
+        .unzip();
+    let mut scenario_tasks = JoinSet::new();
+    for (index, done) in senders.into_iter().enumerate() {
+        let needs: Vec<(usize, watch::Receiver<Option<bool>>)> = plan.scenarios[index]
+            .needs
+            .iter()
+            .map(|&n| (n, receivers[n].clone()))
+            .collect();
+        let shared = shared.clone();
+        scenario_tasks.spawn(async move {
+            let ok = run_scenario(&shared, index, needs).await;
+            let _ = done.send(Some(ok));
+        });
+    }
+    while scenario_tasks.join_next().await.is_some() {}
+
+    let t = &shared.totals;
+    let summary = RunSummary {
+        run_id: options.run_id,
+        finished_at: rfc3339(SystemTime::now()),
+        duration_ms: ms(started.elapsed()),
+        trajectories: t.trajectories.load(Ordering::Relaxed),
+        passed: t.passed.load(Ordering::Relaxed),
+        failed: t.failed.load(Ordering::Relaxed),
+        errors: t.errors.load(Ordering::Relaxed),
+        skipped: t.skipped.load(Ordering::Relaxed),
+        turns: t.turns.load(Ordering::Relaxed),
+    };
+    let _ = events.send(Event::RunFinished(summary.clone())).await;
+    summary
+}
+
+/// Permits of [`Shared::units`]: two trajectories in flight per job keep every call slot
+/// busy while the next turn is prepared.
+fn unit_capacity(jobs: usize) -> u32 {
+    u32::try_from(jobs.saturating_mul(2)).unwrap_or(u32::MAX)
+}
+
+struct Shared {
+    plan: Arc<Plan>,
+    agents: Vec<AgentRuntime>,
+    calls: Arc<Semaphore>,
+    /// Trajectories in flight, counted per unit: a unit takes as many permits as it has
+    /// trajectories (up to all of them), so a scenario that forks into hundreds of branches
+    /// runs few units at once while a linear one runs many.
+    units: Arc<Semaphore>,
+    units_capacity: u32,
+    /// Execution nodes running their steps at once. A node copies its parent's conversation
+    /// only once it holds a slot, so a wide fork waits as one shared copy instead of one
+    /// copy per branch.
+    paths: Semaphore,
+    events: EventSender,
+    run_start: Instant,
+    totals: Totals,
+    stop: CancellationToken,
+    strict: bool,
+    run_id: String,
+}
+
+#[derive(Default)]
+struct Totals {
+    trajectories: AtomicU64,
+    passed: AtomicU64,
+    failed: AtomicU64,
+    errors: AtomicU64,
+    skipped: AtomicU64,
+    turns: AtomicU64,
+}
+
+/// Runs every unit of one scenario; returns whether all its trajectories passed.
+async fn run_scenario(
+    shared: &Arc<Shared>,
+    index: usize,
+    needs: Vec<(usize, watch::Receiver<Option<bool>>)>,
+) -> bool {
+    let planned = &shared.plan.scenarios[index];
+    let mut failed_needs = Vec::new();
+    for (need, mut rx) in needs {
+        let ok = match rx.wait_for(Option::is_some).await {
+            Ok(v) => v.unwrap_or(false),
+            Err(_) => false,
+        };
+        if !ok {
+            failed_needs.push(shared.plan.scenarios[need].scenario.id.value.clone());
+        }
+    }
+    if !failed_needs.is_empty() {
+        let reason = format!(
+            "needs {}, which did not pass",
+            failed_needs
+                .iter()
+                .map(|n| format!("`{n}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        for &agent in &planned.agents {
+            for repetition in 0..planned.repeat {
+                for t in 0..planned.trajectories.len() {
+                    skip_trajectory(shared, planned, agent, repetition, t, &reason).await;
+                }
+            }
+        }
+        // A skipped scenario does not satisfy the scenarios that need it.
+        return false;
+    }
+
+    let weight = u32::try_from(planned.trajectories.len())
+        .unwrap_or(u32::MAX)
+        .clamp(1, shared.units_capacity);
+    let mut units = JoinSet::new();
+    let mut all_ok = true;
+    for &agent in &planned.agents {
+        for repetition in 0..planned.repeat {
+            let permit = tokio::select! {
+                permit = shared.units.clone().acquire_many_owned(weight) => permit,
+                () = shared.stop.cancelled() => break,
+            };
+            let Ok(permit) = permit else {
+                break;
+            };
+            while let Some(done) = units.try_join_next() {
+                all_ok &= done.unwrap_or(false);
+            }
+            let shared = shared.clone();
+            units.spawn(async move {
+                let ok = run_unit(&shared, index, agent, repetition).await;
+                drop(permit);
+                ok
+            });
+        }
+    }
+    while let Some(done) = units.join_next().await {
+        all_ok &= done.unwrap_or(false);
+    }
+    all_ok
+}
+
+/// Runs one unit; returns whether every one of its trajectories passed (a skipped
+/// trajectory did not pass: it cannot satisfy a `needs`).
+async fn run_unit(
+    shared: &Arc<Shared>,
+    scenario_index: usize,
+    agent: usize,
+    repetition: u32,
+) -> bool {
+    let scenario = &shared.plan.scenarios[scenario_index];
+    let unit = Unit::new(shared, scenario, agent, repetition);
+    match &shared.agents[agent] {
+        AgentRuntime::Unsupported(reason) => {
+            for t in 0..scenario.trajectories.len() {
+                unit.skip(t, reason).await;
+            }
+            return false;
+        }
+        AgentRuntime::Broken(fault) => {
+            for t in 0..scenario.trajectories.len() {
+                let state = PathState::empty();
+                unit.finish_trajectory(t, &state, Some(Stop::Fault(fault.clone())))
+                    .await;
+            }
+            return false;
+        }
+        AgentRuntime::Ready { .. } => {}
+    }
+    let mut all_supported = true;
+    for (t, trajectory) in scenario.trajectories.iter().enumerate() {
+        if let Some(reason) = &trajectory.unsupported {
+            unit.skip(t, reason).await;
+            all_supported = false;
+        }
+    }
+    let walk = AssertUnwindSafe(unit.run_root());
+    match walk.catch_unwind().await {
+        Ok(passed) => passed && all_supported,
+        Err(panic) => {
+            // A bug in trellis must not lose the unit silently: every trajectory it had not
+            // recorded yet is recorded as an error saying what happened.
+            let message = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".to_string());
+            let fault = Fault::new(
+                FaultCategory::Internal,
+                format!("trellis failed while running this trajectory (a bug): {message}"),
+            );
+            for t in 0..scenario.trajectories.len() {
+                if !unit.is_recorded(t) {
+                    let state = PathState::empty();
+                    unit.finish_trajectory(t, &state, Some(Stop::Fault(fault.clone())))
+                        .await;
+                }
+            }
+            false
+        }
+    }
+}
+
+impl Unit<'_> {
+    fn client(&self) -> Option<&dyn AgentProtocol> {
+        match &self.shared.agents[self.agent] {
+            AgentRuntime::Ready { client, .. } => Some(client.as_ref()),
+            _ => None,
+        }
+    }
+
+    fn agent_limit(&self) -> Option<&Semaphore> {
+        match &self.shared.agents[self.agent] {
+            AgentRuntime::Ready { limit, .. } => limit.as_deref(),
+            _ => None,
+        }
+    }
+}
+
+impl Shared {
+    async fn record(&self, record: TrajectoryRecord) {
+        let t = &self.totals;
+        t.trajectories.fetch_add(1, Ordering::Relaxed);
+        match record.status {
+            TrajectoryStatus::Passed => &t.passed,
+            TrajectoryStatus::Failed => &t.failed,
+            TrajectoryStatus::Error => &t.errors,
+            TrajectoryStatus::Skipped => &t.skipped,
+        }
+        .fetch_add(1, Ordering::Relaxed);
+        let _ = self.events.send(Event::Trajectory(record)).await;
+    }
+}
+
+pub(crate) fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// RFC 3339 in UTC, second precision.
+pub fn rfc3339(t: SystemTime) -> String {
+    humantime::format_rfc3339_seconds(t).to_string()
+}

@@ -1,0 +1,119 @@
+//! Driving one turn of a session: wait for a call slot, take the turn within the
+//! trajectory's time budget, and record what the protocol reported.
+
+use std::time::{Duration, Instant};
+
+use super::ms;
+use super::walk::{PathState, Unit};
+use crate::protocol::{CallContext, Session, Turn, TurnInput};
+use crate::record::{AttemptRecord, ExchangeRecord, TurnRecord};
+
+impl Unit<'_> {
+    /// Takes one turn on `session`; `None` when the run is stopping (nothing was sent).
+    pub(super) async fn take_turn(
+        &self,
+        session: &mut dyn Session,
+        input: TurnInput<'_>,
+        turn_index: u32,
+        replay: bool,
+        state: &mut PathState,
+    ) -> Option<TurnRecord> {
+        let stop = &self.shared.stop;
+        if stop.is_cancelled() {
+            return None;
+        }
+        let _agent_permit = match self.agent_limit() {
+            Some(limit) => tokio::select! {
+                permit = limit.acquire() => permit.ok(),
+                () = stop.cancelled() => return None,
+            },
+            None => None,
+        };
+        let _call_permit = tokio::select! {
+            permit = self.shared.calls.acquire() => permit.ok(),
+            () = stop.cancelled() => return None,
+        };
+        let started = Instant::now();
+        // The trajectory's budget counts only its own steps, so how long it waited behind
+        // sibling branches for a slot never decides whether it timed out.
+        let deadline =
+            self.scenario.scenario.timeout.and_then(|t| {
+                tokio::time::Instant::now().checked_add(t.saturating_sub(state.active))
+            });
+        let ctx = CallContext {
+            test_case_id: &self.scenario.scenario.id.value,
+            turn_index,
+            deadline,
+        };
+        let turn = session.turn(input, &ctx).await;
+        state.active += started.elapsed();
+        let started_ms = ms(started.duration_since(self.shared.run_start));
+        Some(record(turn, input, turn_index, started_ms, replay))
+    }
+}
+
+/// The record of a turn. The flat fields summarise the exchanges (latency and attempts
+/// summed, time to first token of the first exchange); `exchanges` lists them only when
+/// they say more than that (several requests, retries, a fault, a streamed answer).
+fn record(
+    turn: Turn,
+    input: TurnInput<'_>,
+    turn_index: u32,
+    started_ms: f64,
+    replay: bool,
+) -> TurnRecord {
+    let usage = turn.usage().unwrap_or_default();
+    let latency: Duration = turn.exchanges.iter().map(|e| e.latency()).sum();
+    let attempts: usize = turn.exchanges.iter().map(|e| e.attempts.len()).sum();
+    let ttft = turn.exchanges.first().and_then(|e| e.ttft);
+    let detailed = turn.exchanges.len() > 1
+        || attempts > turn.exchanges.len()
+        || turn
+            .exchanges
+            .iter()
+            .any(|e| e.attempts.iter().any(|a| a.fault.is_some()));
+    let exchanges = if detailed {
+        turn.exchanges
+            .iter()
+            .map(|e| ExchangeRecord {
+                label: e.label.clone(),
+                latency_ms: ms(e.latency()),
+                ttft_ms: e.ttft.map(ms),
+                attempts: e
+                    .attempts
+                    .iter()
+                    .map(|a| AttemptRecord {
+                        latency_ms: ms(a.latency),
+                        fault: a.fault.clone(),
+                    })
+                    .collect(),
+            })
+            .collect()
+    } else {
+        Vec::new()
+    };
+    TurnRecord {
+        turn_index,
+        kind: input.kind().to_owned(),
+        function: match input {
+            TurnInput::Call { function, .. } => Some(function.to_owned()),
+            _ => None,
+        },
+        replay,
+        user_message: input.text().to_owned(),
+        reply: turn.reply,
+        messages: turn.messages,
+        tool_calls: turn.tool_calls,
+        started_ms,
+        latency_ms: ms(latency),
+        ttft_ms: ttft.map(ms),
+        prompt_tokens: usage.prompt_tokens,
+        completion_tokens: usage.completion_tokens,
+        total_tokens: usage.total_tokens,
+        model: turn.model,
+        provider: turn.provider,
+        attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
+        fault: turn.fault,
+        exchanges,
+    }
+}

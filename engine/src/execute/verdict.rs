@@ -1,0 +1,229 @@
+//! Building trajectory records: the trajectory-level checks, and the status that follows
+//! from every check and fault on the path.
+//!
+//! The rule: a fault makes the trajectory `error`; a failed check makes it `failed`; it
+//! passes only when at least one check was evaluated (or none was declared) and none
+//! failed. A trajectory whose every declared check was skipped is `skipped`, never passed:
+//! nothing counts as passed that was not checked. With `--strict`, a skipped check or a
+//! skipped trajectory is a failure.
+
+use trellis_dsl::Outcome;
+
+use super::walk::{PathState, Unit};
+use super::{Shared, ms};
+use crate::criteria::{self, Scope};
+use crate::plan::PlannedScenario;
+use crate::record::{CriterionRecord, CriterionStatus, Fault, TrajectoryRecord, TrajectoryStatus};
+
+/// Why a path stopped before its last step.
+#[derive(Clone)]
+pub(super) enum Stop {
+    Fault(Fault),
+    Failed(CriterionRecord),
+    /// The run is stopping: nothing below this node is recorded.
+    Interrupted,
+}
+
+impl Unit<'_> {
+    /// Records trajectory `t` of this unit; returns whether it passed.
+    pub(super) async fn finish_trajectory(
+        &self,
+        t: usize,
+        state: &PathState,
+        stop: Option<Stop>,
+    ) -> bool {
+        let sc = &self.scenario.scenario;
+        let mut criteria = state.criteria.clone();
+        let mut fault = None;
+        // Why the trajectory-level checks were not run, when it stopped early.
+        let not_checked = match stop {
+            Some(Stop::Fault(f)) => {
+                let why = format!(
+                    "not checked: the trajectory ended with a {} fault",
+                    f.category.as_str()
+                );
+                fault = Some(f);
+                Some(why)
+            }
+            Some(Stop::Failed(c)) => {
+                let why = format!("not checked: the trajectory stopped at `{}`", c.criterion);
+                criteria.push(c);
+                Some(why)
+            }
+            Some(Stop::Interrupted) => Some("not checked: the run was stopped".to_string()),
+            None => None,
+        };
+        for c in sc.criteria.iter().chain(&sc.expect_tools) {
+            criteria.push(match &not_checked {
+                None => criteria::check(c, Scope::Trajectory, &state.turns, None),
+                // Recorded anyway, so every trajectory lists the same checks and a
+                // criterion's pass rate counts the trajectories that never got to it.
+                Some(why) => CriterionRecord {
+                    turn_index: None,
+                    criterion: c.text.clone(),
+                    kind: c.kind.name().to_string(),
+                    status: CriterionStatus::Skipped,
+                    detail: Some(why.clone()),
+                },
+            });
+        }
+        for outcome in &sc.outcomes {
+            criteria.push(CriterionRecord {
+                turn_index: None,
+                criterion: outcome_text(&outcome.value),
+                kind: "outcome".into(),
+                status: CriterionStatus::Skipped,
+                detail: Some(
+                    not_checked
+                        .clone()
+                        .unwrap_or_else(|| "no judge configured".into()),
+                ),
+            });
+        }
+        let strict = self.shared.strict;
+        let (status, skip_reason) = status_of(fault.is_some(), &criteria, strict);
+        let record = TrajectoryRecord {
+            suite: self.scenario.suite.to_string(),
+            scenario: sc.id.value.clone(),
+            trajectory: self.scenario.trajectories[t].name.clone(),
+            agent: self.agent_id().to_string(),
+            protocol: self.shared.plan.agents[self.agent]
+                .protocol
+                .as_str()
+                .to_string(),
+            repetition: self.repetition,
+            nodes: state.nodes.iter().map(|n| n.to_string()).collect(),
+            status,
+            turns: u32::try_from(state.turns.len()).unwrap_or(u32::MAX),
+            duration_ms: ms(state.active),
+            fault,
+            skip_reason,
+            criteria,
+            tags: self.scenario.tags.clone(),
+        };
+        self.mark_recorded(t);
+        self.shared.record(record).await;
+        status == TrajectoryStatus::Passed
+    }
+
+    pub(super) async fn skip(&self, t: usize, reason: &str) {
+        self.mark_recorded(t);
+        skip_trajectory(
+            self.shared,
+            self.scenario,
+            self.agent,
+            self.repetition,
+            t,
+            reason,
+        )
+        .await;
+    }
+}
+
+/// The status a trajectory gets from its fault and checks, and why it was skipped when it
+/// was.
+fn status_of(
+    faulted: bool,
+    criteria: &[CriterionRecord],
+    strict: bool,
+) -> (TrajectoryStatus, Option<String>) {
+    if faulted {
+        return (TrajectoryStatus::Error, None);
+    }
+    let failed = criteria.iter().any(|c| c.status == CriterionStatus::Failed);
+    if failed {
+        return (TrajectoryStatus::Failed, None);
+    }
+    let skipped = criteria
+        .iter()
+        .filter(|c| c.status == CriterionStatus::Skipped)
+        .count();
+    if skipped > 0 && strict {
+        return (TrajectoryStatus::Failed, None);
+    }
+    if skipped > 0 && skipped == criteria.len() {
+        let reason = format!(
+            "none of its {skipped} check{} could be evaluated",
+            if skipped == 1 { "" } else { "s" }
+        );
+        return (TrajectoryStatus::Skipped, Some(reason));
+    }
+    (TrajectoryStatus::Passed, None)
+}
+
+pub(super) async fn skip_trajectory(
+    shared: &Shared,
+    scenario: &PlannedScenario,
+    agent: usize,
+    repetition: u32,
+    t: usize,
+    reason: &str,
+) {
+    let record = TrajectoryRecord {
+        suite: scenario.suite.to_string(),
+        scenario: scenario.scenario.id.value.clone(),
+        trajectory: scenario.trajectories[t].name.clone(),
+        agent: shared.plan.agents[agent].id.to_string(),
+        protocol: shared.plan.agents[agent].protocol.as_str().to_string(),
+        repetition,
+        nodes: Vec::new(),
+        // `--strict`: a trajectory that could not run is a failure, with the reason kept.
+        status: if shared.strict {
+            TrajectoryStatus::Failed
+        } else {
+            TrajectoryStatus::Skipped
+        },
+        turns: 0,
+        duration_ms: 0.0,
+        fault: None,
+        skip_reason: Some(reason.to_string()),
+        criteria: Vec::new(),
+        tags: scenario.tags.clone(),
+    };
+    shared.record(record).await;
+}
+
+fn outcome_text(outcome: &Outcome) -> String {
+    match outcome {
+        Outcome::Statement(s) => format!("outcome {s:?}"),
+        Outcome::Labeled { label, value } => format!("outcome {label}={value}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(status: CriterionStatus) -> CriterionRecord {
+        CriterionRecord {
+            turn_index: None,
+            criterion: "c".into(),
+            kind: "reply".into(),
+            status,
+            detail: None,
+        }
+    }
+
+    #[test]
+    fn nothing_passes_that_was_not_checked() {
+        use CriterionStatus::*;
+        let only_skipped = [check(Skipped), check(Skipped)];
+        assert_eq!(
+            status_of(false, &only_skipped, false).0,
+            TrajectoryStatus::Skipped
+        );
+        assert_eq!(
+            status_of(false, &only_skipped, true).0,
+            TrajectoryStatus::Failed
+        );
+        let mixed = [check(Passed), check(Skipped)];
+        assert_eq!(status_of(false, &mixed, false).0, TrajectoryStatus::Passed);
+        assert_eq!(status_of(false, &mixed, true).0, TrajectoryStatus::Failed);
+        assert_eq!(status_of(false, &[], false).0, TrajectoryStatus::Passed);
+        assert_eq!(status_of(true, &mixed, false).0, TrajectoryStatus::Error);
+        assert_eq!(
+            status_of(false, &[check(Failed)], false).0,
+            TrajectoryStatus::Failed
+        );
+    }
+}

@@ -1,0 +1,493 @@
+//! Walking one unit's execution tree: a node's steps run in order on one conversation; at a
+//! fork every child continues from the same point, concurrently.
+//!
+//! How a child continues is the protocol's call ([`Session::fork`]): a session that resends
+//! its history copies itself, so the shared prefix was called once; a session bound to
+//! server state cannot be copied, so the first child continues it and every other child
+//! replays the prefix's inputs in a fresh session. Replayed turns are recorded on the
+//! child's node with `replay: true`; the prefix's `expect`s were judged once, on the
+//! original turns, and are not judged again.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use trellis_dsl::CaptureSource;
+
+use super::Shared;
+use super::verdict::Stop;
+use crate::criteria::{self, Scope};
+use crate::event::Event;
+use crate::plan::{ExecNode, PlannedScenario, PlannedStep};
+use crate::protocol::{Conversation, Session, TurnInput};
+use crate::record::{
+    CriterionRecord, CriterionStatus, Fault, FaultCategory, NodeRecord, TurnRecord,
+};
+
+/// One scenario × agent × repetition being executed.
+pub(super) struct Unit<'a> {
+    pub(super) shared: &'a Arc<Shared>,
+    pub(super) scenario: &'a PlannedScenario,
+    pub(super) agent: usize,
+    pub(super) repetition: u32,
+    /// Which trajectories have been recorded, so a panic can record the rest.
+    recorded: Mutex<Vec<bool>>,
+}
+
+/// What one path of the conversation has accumulated so far, except the session; copied
+/// at forks.
+#[derive(Clone)]
+pub(super) struct PathState {
+    pub(super) vars: BTreeMap<String, String>,
+    pub(super) turns: Vec<Arc<TurnRecord>>,
+    pub(super) criteria: Vec<CriterionRecord>,
+    pub(super) nodes: Vec<Arc<str>>,
+    /// Time this path's own steps took (agent calls with their retries), excluding waits
+    /// for a `--jobs` or `concurrency` slot: what the scenario's `timeout` budgets.
+    pub(super) active: Duration,
+}
+
+impl PathState {
+    pub(super) fn empty() -> Self {
+        PathState {
+            vars: BTreeMap::new(),
+            turns: Vec::new(),
+            criteria: Vec::new(),
+            nodes: Vec::new(),
+            active: Duration::ZERO,
+        }
+    }
+}
+
+/// A node's conversation as its children find it. Sessions are handed out lazily, when a
+/// child holds a path slot, so a wide fork waits as one conversation, not one copy per
+/// branch.
+struct ForkPoint {
+    session: Mutex<ForkSession>,
+}
+
+struct ForkSession {
+    /// The node's own session, until the child that continues it takes it.
+    original: Option<Box<dyn Session>>,
+    /// Children that have not taken their session yet.
+    remaining: usize,
+    /// Learned from the first `fork()`: whether the protocol copies sessions.
+    copies: Option<bool>,
+}
+
+impl ForkPoint {
+    fn new(session: Option<Box<dyn Session>>, children: usize) -> Self {
+        ForkPoint {
+            session: Mutex::new(ForkSession {
+                original: session,
+                remaining: children,
+                copies: None,
+            }),
+        }
+    }
+
+    /// The session child `index` continues in; `None` means a fresh session that must
+    /// replay the prefix (or, before any turn, simply a fresh session).
+    fn take(&self, index: usize) -> Option<Box<dyn Session>> {
+        let Ok(mut fork) = self.session.lock() else {
+            return None;
+        };
+        fork.remaining = fork.remaining.saturating_sub(1);
+        let original = fork.original.as_ref()?;
+        match fork.copies {
+            Some(true) if fork.remaining == 0 => fork.original.take(),
+            Some(true) => original.fork(),
+            // Session-bound: the first child continues the original, deterministically.
+            Some(false) => (index == 0).then(|| fork.original.take()).flatten(),
+            None => match original.fork() {
+                Some(copy) => {
+                    fork.copies = Some(true);
+                    if fork.remaining == 0 {
+                        fork.original.take()
+                    } else {
+                        Some(copy)
+                    }
+                }
+                None => {
+                    fork.copies = Some(false);
+                    (index == 0).then(|| fork.original.take()).flatten()
+                }
+            },
+        }
+    }
+}
+
+impl<'a> Unit<'a> {
+    pub(super) fn new(
+        shared: &'a Arc<Shared>,
+        scenario: &'a PlannedScenario,
+        agent: usize,
+        repetition: u32,
+    ) -> Self {
+        Unit {
+            shared,
+            scenario,
+            agent,
+            repetition,
+            recorded: Mutex::new(vec![false; scenario.trajectories.len()]),
+        }
+    }
+
+    pub(super) fn mark_recorded(&self, t: usize) {
+        if let Ok(mut recorded) = self.recorded.lock()
+            && let Some(slot) = recorded.get_mut(t)
+        {
+            *slot = true;
+        }
+    }
+
+    pub(super) fn is_recorded(&self, t: usize) -> bool {
+        self.recorded
+            .lock()
+            .map(|r| r.get(t).copied().unwrap_or(true))
+            .unwrap_or(true)
+    }
+
+    pub(super) fn agent_id(&self) -> &str {
+        &self.shared.plan.agents[self.agent].id
+    }
+
+    /// Walks the tree from its root; returns whether every trajectory passed.
+    pub(super) async fn run_root(&'a self) -> bool {
+        let root = ForkPoint::new(None, 1);
+        self.run_node(
+            self.scenario.root(),
+            Arc::new(PathState::empty()),
+            Arc::new(root),
+            0,
+        )
+        .await
+    }
+
+    /// Runs one execution node and, concurrently, everything below it. Returns whether every
+    /// trajectory through it passed.
+    fn run_node(
+        &'a self,
+        index: usize,
+        parent: Arc<PathState>,
+        fork: Arc<ForkPoint>,
+        child: usize,
+    ) -> Pin<Box<dyn Future<Output = bool> + Send + 'a>> {
+        Box::pin(async move {
+            let node: &ExecNode = &self.scenario.nodes[index];
+            let runnable = node
+                .trajectories
+                .iter()
+                .any(|&t| self.scenario.trajectories[t].unsupported.is_none());
+            if !runnable {
+                // Its trajectories were recorded as skipped: they did not pass.
+                return false;
+            }
+            let slot = self.shared.paths.acquire().await.ok();
+            // Boxed only now: a node's running state (request and response futures included)
+            // is large, and a wide fork has many children waiting for a slot.
+            Box::pin(self.execute_node(node, parent, fork, child, slot)).await
+        })
+    }
+
+    /// Runs a node's steps while holding a path slot, records them, then runs its children.
+    async fn execute_node(
+        &'a self,
+        node: &'a ExecNode,
+        parent: Arc<PathState>,
+        fork: Arc<ForkPoint>,
+        child: usize,
+        slot: Option<tokio::sync::SemaphorePermit<'a>>,
+    ) -> bool {
+        // The last branch to start takes the parent's path without copying it.
+        let mut state = Arc::unwrap_or_clone(parent);
+        let session = fork.take(child);
+        drop(fork);
+        state.nodes.push(node.id.clone());
+        let mut recorded: Vec<TurnRecord> = Vec::new();
+        let (session, stop) = match session {
+            Some(session) => (Some(session), None),
+            None => self.open_session(node, &mut state, &mut recorded).await,
+        };
+        let mut session = session;
+        let stop = match stop {
+            Some(stop) => Some(stop),
+            None => match session.as_mut() {
+                Some(session) => {
+                    self.run_steps(node, session.as_mut(), &mut state, &mut recorded)
+                        .await
+                }
+                None => None,
+            },
+        };
+        drop(slot);
+
+        if !recorded.is_empty() || !matches!(stop, Some(Stop::Interrupted)) {
+            let _ = self
+                .shared
+                .events
+                .send(Event::Node(NodeRecord {
+                    suite: self.scenario.suite.to_string(),
+                    scenario: self.scenario.scenario.id.value.clone(),
+                    agent: self.agent_id().to_string(),
+                    repetition: self.repetition,
+                    node: node.id.to_string(),
+                    parent: node.parent.map(|p| self.scenario.nodes[p].id.to_string()),
+                    turns: recorded,
+                }))
+                .await;
+        }
+
+        if let Some(Stop::Interrupted) = stop {
+            return false;
+        }
+        if let Some(stop) = stop {
+            // Every trajectory below this node ends here.
+            for &t in &node.trajectories {
+                if self.scenario.trajectories[t].unsupported.is_none() {
+                    self.finish_trajectory(t, &state, Some(stop.clone())).await;
+                }
+            }
+            return false;
+        }
+        if let Some(t) = node.ends {
+            return self.finish_trajectory(t, &state, None).await;
+        }
+        let point = Arc::new(ForkPoint::new(session, node.children.len()));
+        let state = Arc::new(state);
+        let children: Vec<_> = node
+            .children
+            .iter()
+            .enumerate()
+            .map(|(i, &c)| self.run_node(c, state.clone(), point.clone(), i))
+            .collect();
+        drop(state);
+        drop(point);
+        // Every child has finished once join_all returns; `all` only reads results.
+        futures::future::join_all(children)
+            .await
+            .into_iter()
+            .all(|ok| ok)
+    }
+
+    /// A fresh session for this node; when the path already has turns (a session-bound
+    /// protocol at a fork), they are replayed into it first and replace the path's turns.
+    async fn open_session(
+        &self,
+        node: &ExecNode,
+        state: &mut PathState,
+        recorded: &mut Vec<TurnRecord>,
+    ) -> (Option<Box<dyn Session>>, Option<Stop>) {
+        let Some(client) = self.client() else {
+            let fault = Fault::new(FaultCategory::Setup, "agent is not available");
+            return (None, Some(Stop::Fault(fault)));
+        };
+        let mut session = client.open(&Conversation {
+            run_id: &self.shared.run_id,
+            suite: &self.scenario.suite,
+            scenario: &self.scenario.scenario.id.value,
+            repetition: self.repetition,
+            node: &node.id,
+        });
+        for i in 0..state.turns.len() {
+            let original = state.turns[i].clone();
+            let input = match original.kind.as_str() {
+                "opening" => TurnInput::Opening,
+                "call" => TurnInput::Call {
+                    function: original.function.as_deref().unwrap_or_default(),
+                    input: &original.user_message,
+                },
+                _ => TurnInput::User(&original.user_message),
+            };
+            let Some(turn) = self
+                .take_turn(session.as_mut(), input, original.turn_index, true, state)
+                .await
+            else {
+                return (Some(session), Some(Stop::Interrupted));
+            };
+            self.shared.totals.turns.fetch_add(1, Ordering::Relaxed);
+            let fault = turn.fault.clone();
+            let turn = Arc::new(turn);
+            recorded.push(TurnRecord::clone(&turn));
+            state.turns[i] = turn;
+            if let Some(fault) = fault {
+                let message = format!("replaying the shared prefix: {}", fault.message);
+                return (
+                    Some(session),
+                    Some(Stop::Fault(Fault::new(fault.category, message))),
+                );
+            }
+        }
+        (Some(session), None)
+    }
+
+    async fn run_steps(
+        &self,
+        node: &ExecNode,
+        session: &mut dyn Session,
+        state: &mut PathState,
+        recorded: &mut Vec<TurnRecord>,
+    ) -> Option<Stop> {
+        let sc = &self.scenario.scenario;
+        for step in &node.steps {
+            match step {
+                PlannedStep::Opening => {
+                    if let Some(stop) = self.turn(session, None, state, recorded).await {
+                        return Some(stop);
+                    }
+                }
+                PlannedStep::User(template)
+                | PlannedStep::Call {
+                    input: template, ..
+                } => {
+                    if let Some(max) = sc.max_turns
+                        && state.turns.len() as u64 >= u64::from(max)
+                    {
+                        return Some(Stop::Failed(CriterionRecord {
+                            turn_index: None,
+                            criterion: format!("max-turns {max}"),
+                            kind: "max-turns".into(),
+                            status: CriterionStatus::Failed,
+                            detail: Some(format!(
+                                "the trajectory reached max-turns ({max}) with scripted steps left"
+                            )),
+                        }));
+                    }
+                    let scope = &self.scenario.scope;
+                    let vars = &state.vars;
+                    let text = match self
+                        .shared
+                        .plan
+                        .templates
+                        .render(template, || scope.with_vars(vars))
+                    {
+                        Ok(text) => text,
+                        Err(e) => {
+                            let what = match step {
+                                PlannedStep::Call { function, .. } => format!("call {function}"),
+                                _ => "user message".to_owned(),
+                            };
+                            return Some(Stop::Fault(Fault::new(
+                                FaultCategory::Template,
+                                format!("{what}: {e}"),
+                            )));
+                        }
+                    };
+                    let function = match step {
+                        PlannedStep::Call { function, .. } => Some(function.as_str()),
+                        _ => None,
+                    };
+                    let input = Some((function, text.as_str()));
+                    if let Some(stop) = self.turn(session, input, state, recorded).await {
+                        return Some(stop);
+                    }
+                }
+                PlannedStep::Expect(checks) => {
+                    let turn_index = state.turns.last().map(|t| t.turn_index);
+                    for c in checks {
+                        let record = match turn_index {
+                            Some(_) => criteria::check(c, Scope::Turn, &state.turns, turn_index),
+                            // Validation rejects this; a plan built another way still must
+                            // not pass a check that looked at nothing.
+                            None => CriterionRecord {
+                                turn_index: None,
+                                criterion: c.text.clone(),
+                                kind: c.kind.name().to_string(),
+                                status: CriterionStatus::Failed,
+                                detail: Some("no agent turn before this `expect`".into()),
+                            },
+                        };
+                        state.criteria.push(record);
+                    }
+                }
+                PlannedStep::Capture { name, source } => {
+                    let reply = state
+                        .turns
+                        .last()
+                        .and_then(|t| t.reply.as_deref())
+                        .unwrap_or("");
+                    match capture(source, reply) {
+                        Ok(value) => {
+                            state.vars.insert(name.clone(), value);
+                        }
+                        Err(why) => {
+                            return Some(Stop::Failed(CriterionRecord {
+                                turn_index: state.turns.last().map(|t| t.turn_index),
+                                criterion: format!("capture {name}"),
+                                kind: "capture".into(),
+                                status: CriterionStatus::Failed,
+                                detail: Some(why),
+                            }));
+                        }
+                    }
+                }
+                PlannedStep::Hitl => {}
+            }
+        }
+        None
+    }
+
+    /// One turn on the path: `None` input is the agent's opening turn; otherwise a user
+    /// message, or a function call when a function is named.
+    async fn turn(
+        &self,
+        session: &mut dyn Session,
+        input: Option<(Option<&str>, &str)>,
+        state: &mut PathState,
+        recorded: &mut Vec<TurnRecord>,
+    ) -> Option<Stop> {
+        let input = match input {
+            None => TurnInput::Opening,
+            Some((Some(function), text)) => TurnInput::Call {
+                function,
+                input: text,
+            },
+            Some((None, text)) => TurnInput::User(text),
+        };
+        let turn_index = u32::try_from(state.turns.len()).unwrap_or(u32::MAX);
+        let Some(turn) = self
+            .take_turn(session, input, turn_index, false, state)
+            .await
+        else {
+            return Some(Stop::Interrupted);
+        };
+        self.shared.totals.turns.fetch_add(1, Ordering::Relaxed);
+        let fault = turn.fault.clone();
+        let turn = Arc::new(turn);
+        recorded.push(TurnRecord::clone(&turn));
+        state.turns.push(turn);
+        fault.map(Stop::Fault)
+    }
+}
+
+/// Extracts a capture from the last reply.
+fn capture(source: &CaptureSource, reply: &str) -> Result<String, String> {
+    match source {
+        CaptureSource::Regex(re) => {
+            let caps = re.captures(reply).ok_or_else(|| {
+                format!(
+                    "/{}/ did not match the last reply: {:?}",
+                    re.as_str(),
+                    reply.chars().take(160).collect::<String>()
+                )
+            })?;
+            let m = caps.get(1).or_else(|| caps.get(0));
+            Ok(m.map(|m| m.as_str().to_string()).unwrap_or_default())
+        }
+        CaptureSource::JsonPath { path, source } => {
+            let value: serde_json::Value = serde_json::from_str(reply)
+                .map_err(|e| format!("json-path {source}: the last reply is not JSON ({e})"))?;
+            let found = path.query(&value);
+            let first = found
+                .first()
+                .ok_or_else(|| format!("json-path {source} found nothing in the last reply"))?;
+            Ok(match first {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            })
+        }
+    }
+}

@@ -1,0 +1,350 @@
+//! Test support shared by every Trellis crate's tests: small raw-TCP HTTP servers that
+//! misbehave in one precise way each, counting what they saw, so protocol and CLI tests run
+//! against real sockets; and helpers to drive a Connexity client against them.
+
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+
+use trellis_engine::protocol::connexity::{ConnexityClient, HistoryMode, ParsedReply};
+use trellis_engine::protocol::http::{CallLimits, HttpTransport, RetryPolicy};
+use trellis_engine::protocol::{CallContext, ChatMessage};
+use trellis_engine::record::Fault;
+
+/// A minimal valid Connexity answer.
+pub const OK_BODY: &str =
+    r#"{"messages":[{"role":"assistant","content":"Hello there."}],"model":"m","provider":"p"}"#;
+
+/// What a [`MisbehavingServer`] does with each request.
+#[derive(Clone, Debug)]
+pub enum Behavior {
+    /// Answer every request with this status and body.
+    Respond { status: u16, body: String },
+    /// Answer the n-th request with the n-th entry; the last entry repeats.
+    Sequence(Vec<(u16, String)>),
+    /// Send headers announcing a body, then one byte per `interval`, forever.
+    SlowDrip { interval: Duration },
+    /// Read the request, then close with SO_LINGER 0 so the client sees a reset.
+    Reset,
+    /// Announce a 100-byte body, send 10 bytes, then close.
+    Truncated,
+    /// Send a 200 with a body of `bytes` bytes, with or without a Content-Length header.
+    Huge { bytes: u64, content_length: bool },
+}
+
+/// One request as received.
+#[derive(Clone, Debug)]
+pub struct Recorded {
+    /// Request line and headers.
+    pub head: String,
+    pub body: Vec<u8>,
+}
+
+impl Recorded {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap()
+    }
+
+    /// The value of header `name` (case-insensitive), if sent.
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.head.lines().skip(1).find_map(|line| {
+            let (n, v) = line.split_once(':')?;
+            n.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| v.trim().to_owned())
+        })
+    }
+}
+
+/// What a server observed.
+#[derive(Debug, Default)]
+pub struct Stats {
+    pub connections: AtomicUsize,
+    pub requests: AtomicUsize,
+    /// Body bytes the server managed to write (for [`Behavior::Huge`]).
+    pub body_bytes_written: AtomicU64,
+    pub recorded: Mutex<Vec<Recorded>>,
+    /// Signalled each time a connection handler finishes.
+    pub connection_done: Notify,
+}
+
+/// A one-behaviour HTTP/1.1 server on 127.0.0.1, stopped when dropped.
+pub struct MisbehavingServer {
+    pub addr: SocketAddr,
+    pub stats: Arc<Stats>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for MisbehavingServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl MisbehavingServer {
+    pub async fn start(behavior: Behavior) -> Self {
+        let socket = TcpSocket::new_v4().unwrap();
+        // A small send buffer keeps what the kernel absorbs on behalf of a client that
+        // stopped reading small, so byte counts reflect what the client actually pulled.
+        socket.set_send_buffer_size(64 * 1024).unwrap();
+        socket.bind((Ipv4Addr::LOCALHOST, 0).into()).unwrap();
+        let listener = socket.listen(64).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stats = Arc::new(Stats::default());
+        let task = tokio::spawn(accept_loop(listener, behavior, stats.clone()));
+        MisbehavingServer { addr, stats, task }
+    }
+
+    pub async fn respond(status: u16, body: impl Into<String>) -> Self {
+        Self::start(Behavior::Respond {
+            status,
+            body: body.into(),
+        })
+        .await
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}/agent/respond", self.addr)
+    }
+
+    pub fn requests(&self) -> usize {
+        self.stats.requests.load(Ordering::SeqCst)
+    }
+
+    pub fn connections(&self) -> usize {
+        self.stats.connections.load(Ordering::SeqCst)
+    }
+
+    pub fn recorded(&self) -> Vec<Recorded> {
+        self.stats.recorded.lock().unwrap().clone()
+    }
+}
+
+/// An address with nothing listening (bound, then released).
+pub async fn closed_port() -> SocketAddr {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    addr
+}
+
+/// A Connexity client for `url` with its own transport, retrying only what never reached
+/// the agent (the default rule).
+pub fn client(url: &str, retries: u32, limits: CallLimits) -> ConnexityClient {
+    client_with(
+        url,
+        RetryPolicy {
+            retries,
+            after_send: false,
+        },
+        limits,
+    )
+}
+
+pub fn client_with(url: &str, retry: RetryPolicy, limits: CallLimits) -> ConnexityClient {
+    ConnexityClient::new(
+        url,
+        Vec::new(),
+        limits,
+        retry,
+        HistoryMode::Messages,
+        HttpTransport::new(),
+    )
+    .unwrap()
+}
+
+/// One request's result with every attempt's fault, as the tests look at it.
+#[derive(Debug)]
+pub struct CallOutcome {
+    pub result: Result<ParsedReply, Fault>,
+    pub attempts: u32,
+    /// The fault of each failed attempt, in order.
+    pub faults: Vec<Fault>,
+}
+
+pub async fn respond(
+    client: &ConnexityClient,
+    history: &[ChatMessage],
+    ctx: &CallContext<'_>,
+) -> CallOutcome {
+    let (exchange, result) = client.respond(history, ctx).await;
+    CallOutcome {
+        result,
+        attempts: exchange.attempts.len() as u32,
+        faults: exchange
+            .attempts
+            .iter()
+            .filter_map(|a| a.fault.clone())
+            .collect(),
+    }
+}
+
+pub fn limits(timeout: Duration) -> CallLimits {
+    CallLimits {
+        timeout,
+        max_response_size: 8 * 1024 * 1024,
+    }
+}
+
+pub fn ctx(turn_index: u32) -> CallContext<'static> {
+    CallContext {
+        test_case_id: "case-1",
+        turn_index,
+        deadline: None,
+    }
+}
+
+async fn accept_loop(listener: TcpListener, behavior: Behavior, stats: Arc<Stats>) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            return;
+        };
+        stats.connections.fetch_add(1, Ordering::SeqCst);
+        let behavior = behavior.clone();
+        let stats = stats.clone();
+        tokio::spawn(async move {
+            // Errors only mean the client went away, which is the point of most behaviours.
+            let _ = serve_connection(stream, &behavior, &stats).await;
+            stats.connection_done.notify_one();
+        });
+    }
+}
+
+async fn serve_connection(
+    mut stream: TcpStream,
+    behavior: &Behavior,
+    stats: &Stats,
+) -> io::Result<()> {
+    let mut buf = Vec::new();
+    loop {
+        let Some(request) = read_request(&mut stream, &mut buf).await? else {
+            return Ok(());
+        };
+        let n = stats.requests.fetch_add(1, Ordering::SeqCst);
+        stats.recorded.lock().unwrap().push(request);
+        match behavior {
+            Behavior::Respond { status, body } => {
+                write_response(&mut stream, *status, body).await?
+            }
+            Behavior::Sequence(answers) => {
+                let (status, body) = answers
+                    .get(n)
+                    .or(answers.last())
+                    .cloned()
+                    .unwrap_or((200, OK_BODY.to_owned()));
+                write_response(&mut stream, status, &body).await?;
+            }
+            Behavior::SlowDrip { interval } => {
+                stream
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100000\r\n\r\n",
+                    )
+                    .await?;
+                loop {
+                    stream.write_all(b" ").await?;
+                    tokio::time::sleep(*interval).await;
+                }
+            }
+            Behavior::Reset => {
+                stream.set_zero_linger()?;
+                return Ok(());
+            }
+            Behavior::Truncated => {
+                stream
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"messages\"",
+                    )
+                    .await?;
+                stream.shutdown().await?;
+                return Ok(());
+            }
+            Behavior::Huge {
+                bytes,
+                content_length,
+            } => {
+                let mut head =
+                    String::from("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n");
+                if *content_length {
+                    head.push_str(&format!("content-length: {bytes}\r\n"));
+                } else {
+                    head.push_str("connection: close\r\n");
+                }
+                head.push_str("\r\n");
+                stream.write_all(head.as_bytes()).await?;
+                let chunk = vec![b' '; 16 * 1024];
+                let mut left = *bytes;
+                while left > 0 {
+                    let n = left.min(chunk.len() as u64) as usize;
+                    stream.write_all(&chunk[..n]).await?;
+                    stats
+                        .body_bytes_written
+                        .fetch_add(n as u64, Ordering::SeqCst);
+                    left -= n as u64;
+                }
+                stream.shutdown().await?;
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// Reads one request (head and Content-Length body); `None` at a clean end of stream.
+async fn read_request(stream: &mut TcpStream, buf: &mut Vec<u8>) -> io::Result<Option<Recorded>> {
+    let head_end = loop {
+        if let Some(pos) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break pos;
+        }
+        let mut chunk = [0u8; 8192];
+        let n = stream.read(&mut chunk).await?;
+        if n == 0 {
+            return Ok(None);
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+    let length: usize = head
+        .lines()
+        .find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            name.trim()
+                .eq_ignore_ascii_case("content-length")
+                .then(|| value.trim().parse().ok())?
+        })
+        .unwrap_or(0);
+    let body_start = head_end + 4;
+    while buf.len() < body_start + length {
+        let mut chunk = [0u8; 8192];
+        let n = stream.read(&mut chunk).await?;
+        if n == 0 {
+            return Ok(None);
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    let body = buf[body_start..body_start + length].to_vec();
+    buf.drain(..body_start + length);
+    Ok(Some(Recorded { head, body }))
+}
+
+async fn write_response(stream: &mut TcpStream, status: u16, body: &str) -> io::Result<()> {
+    let reason = match status {
+        200 => "OK",
+        400 => "Bad Request",
+        404 => "Not Found",
+        500 => "Internal Server Error",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        _ => "Status",
+    };
+    let response = format!(
+        "HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(response.as_bytes()).await
+}
