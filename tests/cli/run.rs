@@ -35,8 +35,9 @@ async fn the_example_suites_run_offline_and_write_every_table() {
         assert!(t.column(column).is_ok(), "trajectories has no {column}");
     }
     // book-duct-cleaning: 2 trajectories × 3 repetitions; price-first 1; book-and-cancel 2;
-    // prompt-injection 1; out-of-area 2. The draft scenario does not run by default.
-    assert_eq!(t.height(), 12);
+    // prompt-injection 1; out-of-area 2; fixie: genrand-is-repeatable 1, add-chain 2. The
+    // draft scenarios do not run by default.
+    assert_eq!(t.height(), 15);
     let failed: Vec<(String, String)> = strings(&t, "status")
         .into_iter()
         .zip(strings(&t, "trajectory"))

@@ -8,8 +8,8 @@
 //! pydantic-style 422, a function that raises a plain-text 500, and `GET /FUNC` a 405.
 //!
 //! Functions: `genrand "LOW, HIGH"` (a number in the range, chosen by a hash of the input so
-//! the same input always gives the same number), `add "A, B, …"` (the sum of integers), and
-//! `fail` (always raises).
+//! the same input always gives the same number), `add "A, B, …"` (the sum of integers),
+//! `echo` (answers its input unchanged) and `fail` (always raises).
 
 use axum::Router;
 use axum::body::Bytes;
@@ -75,6 +75,7 @@ async fn call(Path(function): Path<String>, body: Bytes) -> Response {
     let result = match function.as_str() {
         "genrand" => genrand(&text),
         "add" => add(&text),
+        "echo" => Ok(text),
         "fail" => Err(()),
         _ => {
             return (
