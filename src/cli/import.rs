@@ -203,7 +203,11 @@ pub fn write_suite(handshake: &Handshake, options: &SuiteOptions<'_>) -> String 
             options.source
         ),
     );
-    if let Some(prompt) = handshake.base_prompt.as_deref().filter(|p| !p.trim().is_empty()) {
+    if let Some(prompt) = handshake
+        .base_prompt
+        .as_deref()
+        .filter(|p| !p.trim().is_empty())
+    {
         comment(&mut out, "", &format!("Base prompt: {prompt}"));
     }
     let _ = writeln!(
@@ -216,7 +220,10 @@ pub fn write_suite(handshake: &Handshake, options: &SuiteOptions<'_>) -> String 
         out,
         "suite {} {{\n    description {}\n    tags \"fixie\" \"imported\"\n}}",
         kdl_string(options.name),
-        kdl_string(&format!("Few-shots of the Fixie agent at {}", options.source))
+        kdl_string(&format!(
+            "Few-shots of the Fixie agent at {}",
+            options.source
+        ))
     );
     for (index, few_shot) in handshake.few_shots.iter().enumerate() {
         out.push('\n');
@@ -294,7 +301,11 @@ fn write_scenario(out: &mut String, number: usize, few_shot: &str, agent: &str) 
         comment(out, "", &text);
         return;
     }
-    let _ = writeln!(out, "scenario {} {{", kdl_string(&format!("few-shot-{number}")));
+    let _ = writeln!(
+        out,
+        "scenario {} {{",
+        kdl_string(&format!("few-shot-{number}"))
+    );
     let _ = writeln!(out, "    agent {}", kdl_string(agent));
     if let Some(query) = query {
         let first = query.lines().next().unwrap_or_default();

@@ -2,8 +2,8 @@
 //! against the agent they came from (the builtin `numbers`, served on loopback).
 
 use serde_json::json;
-use trellis_engine::builtin::{self, BuiltinServer};
 use trellis_engine::builtin::fixie::{BASE_PROMPT, FEW_SHOTS};
+use trellis_engine::builtin::{self, BuiltinServer};
 
 use super::*;
 
@@ -55,11 +55,23 @@ async fn imported_from_the_agents_url_the_suite_passes_against_it() {
 
     let text = std::fs::read_to_string(&suite).unwrap();
     assert!(text.contains(&format!("url=\"{}\"", agent.url())), "{text}");
-    assert!(text.contains("call \"genrand\" \"0, 19\"\n    expect reply equals=\"17\""), "{text}");
-    assert!(text.contains("call \"add\" \"5, 10\"\n    expect reply equals=\"15\""), "{text}");
+    assert!(
+        text.contains("call \"genrand\" \"0, 19\"\n    expect reply equals=\"17\""),
+        "{text}"
+    );
+    assert!(
+        text.contains("call \"add\" \"5, 10\"\n    expect reply equals=\"15\""),
+        "{text}"
+    );
     // What cannot be checked stays as comments.
-    assert!(text.contains("    // Q: Generate a random number between 0 and 19."), "{text}");
-    assert!(text.contains("    // Ask Agent[weather]: What is the weather in Paris?"), "{text}");
+    assert!(
+        text.contains("    // Q: Generate a random number between 0 and 19."),
+        "{text}"
+    );
+    assert!(
+        text.contains("    // Ask Agent[weather]: What is the weather in Paris?"),
+        "{text}"
+    );
     assert!(text.contains("    // A: You rolled a 5."), "{text}");
 
     let run = check_and_run(&suite, &dir.path().join("run")).await;
@@ -161,18 +173,17 @@ async fn unreadable_sources_and_existing_outputs_are_refused() {
     let addr = support::closed_port().await;
     let o = import(&[&format!("http://{addr}")]).await;
     assert_eq!(o.status.code(), Some(1));
-    assert!(stderr(&o).contains("Fixie handshake `GET /` failed"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("Fixie handshake `GET /` failed"),
+        "{}",
+        stderr(&o)
+    );
 
     let good = dir.path().join("handshake.json");
     std::fs::write(&good, r#"{"base_prompt":"p","few_shots":[]}"#).unwrap();
     let existing = dir.path().join("suite.kdl");
     std::fs::write(&existing, "// mine").unwrap();
-    let o = import(&[
-        good.to_str().unwrap(),
-        "--out",
-        existing.to_str().unwrap(),
-    ])
-    .await;
+    let o = import(&[good.to_str().unwrap(), "--out", existing.to_str().unwrap()]).await;
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("--force"), "{}", stderr(&o));
     assert_eq!(std::fs::read_to_string(&existing).unwrap(), "// mine");

@@ -187,17 +187,22 @@ impl FixieClient {
     /// `GET {url}/`, read as JSON or YAML (with the agent's retry policy).
     pub async fn handshake(&self) -> Result<Handshake, Fault> {
         let inner = &*self.inner;
-        let attempted = with_retries(inner.retry, inner.limits.timeout, None, |timeout| async move {
-            inner
-                .transport
-                .get(
-                    &inner.base,
-                    &inner.handshake_headers,
-                    inner.limits.max_response_size,
-                    timeout,
-                )
-                .await
-        })
+        let attempted = with_retries(
+            inner.retry,
+            inner.limits.timeout,
+            None,
+            |timeout| async move {
+                inner
+                    .transport
+                    .get(
+                        &inner.base,
+                        &inner.handshake_headers,
+                        inner.limits.max_response_size,
+                        timeout,
+                    )
+                    .await
+            },
+        )
         .await;
         let response = attempted.result.map_err(|mut fault| {
             fault.message = format!(
@@ -412,7 +417,8 @@ pub fn parse_reply(body: &[u8], function: &str) -> Result<FunctionReply, Fault> 
             ),
         )
     })?;
-    let protocol = |what: String| Fault::new(FaultCategory::Protocol, format!("Func[{function}] {what}"));
+    let protocol =
+        |what: String| Fault::new(FaultCategory::Protocol, format!("Func[{function}] {what}"));
     let Value::Object(mut root) = value else {
         return Err(protocol(format!(
             "answered with {}, expected an object with a `message`",
@@ -790,7 +796,9 @@ mod tests {
         );
         let url = client.function_url("zählen").map(|u| u.path().to_owned());
         assert_eq!(url.as_deref(), Ok("/agents/numbers/z%C3%A4hlen"));
-        for bad in ["", ".", "..", "../admin", "a/b", "a?b", "a#b", "a%2Fb", "a b", "a\\b"] {
+        for bad in [
+            "", ".", "..", "../admin", "a/b", "a?b", "a#b", "a%2Fb", "a b", "a\\b",
+        ] {
             assert!(client.function_url(bad).is_err(), "{bad:?} was accepted");
         }
     }

@@ -116,7 +116,12 @@ async fn builtin_numbers_end_to_end() {
     assert_eq!(info["handshake"], "GET /");
     let few_shots = info["few_shots"].as_array().unwrap();
     assert_eq!(few_shots.len(), 3);
-    assert!(few_shots[0].as_str().unwrap().contains("Ask Func[genrand]: 0, 19"));
+    assert!(
+        few_shots[0]
+            .as_str()
+            .unwrap()
+            .contains("Ask Func[genrand]: 0, 19")
+    );
     assert!(
         few_shots
             .iter()
@@ -141,7 +146,9 @@ async fn builtin_numbers_end_to_end() {
     let fault = turn.fault.unwrap();
     assert_eq!(fault.category, FaultCategory::Http4xx);
     assert!(
-        fault.message.starts_with("Func[nope] does not exist on the agent"),
+        fault
+            .message
+            .starts_with("Func[nope] does not exist on the agent"),
         "{fault:?}"
     );
     assert!(fault.message.contains("doesn't exist"), "{fault:?}");
@@ -149,7 +156,12 @@ async fn builtin_numbers_end_to_end() {
     let turn = call(&mut session, "fail", "x").await;
     let fault = turn.fault.unwrap();
     assert_eq!(fault.category, FaultCategory::Http5xx);
-    assert!(fault.message.starts_with("Func[fail] failed inside the agent"), "{fault:?}");
+    assert!(
+        fault
+            .message
+            .starts_with("Func[fail] failed inside the agent"),
+        "{fault:?}"
+    );
     assert!(fault.message.contains("Internal Server Error"), "{fault:?}");
 
     // A function that gets input it cannot use raises too.
@@ -224,8 +236,14 @@ async fn call_sends_the_spec_body_to_the_function_path_with_headers() {
 
     let seen = seen.lock().unwrap().clone();
     assert_eq!(seen.len(), 2);
-    assert_eq!((seen[0].method.as_str(), seen[0].path.as_str()), ("GET", "/agents/adder/"));
-    assert_eq!((seen[1].method.as_str(), seen[1].path.as_str()), ("POST", "/agents/adder/add"));
+    assert_eq!(
+        (seen[0].method.as_str(), seen[0].path.as_str()),
+        ("GET", "/agents/adder/")
+    );
+    assert_eq!(
+        (seen[1].method.as_str(), seen[1].path.as_str()),
+        ("POST", "/agents/adder/add")
+    );
     let body: Value = serde_json::from_slice(&seen[1].body).unwrap();
     assert_eq!(body, json!({"message": {"text": "1, \"1\"\n"}}));
     for request in &seen {
@@ -262,7 +280,9 @@ async fn rejected_body_is_a_fault_naming_the_function_with_the_detail() {
     let fault = turn.fault.unwrap();
     assert_eq!(fault.category, FaultCategory::Http4xx);
     assert!(
-        fault.message.starts_with("Func[lookup] rejected the request body"),
+        fault
+            .message
+            .starts_with("Func[lookup] rejected the request body"),
         "{fault:?}"
     );
     assert!(fault.message.contains("field required"), "{fault:?}");
@@ -333,9 +353,21 @@ async fn extra_fields_are_tolerated_and_embeds_kept() {
 #[tokio::test]
 async fn malformed_answers_are_faults_naming_the_function() {
     for (body, category, says) in [
-        ("not json", FaultCategory::InvalidJson, "Func[f] answered with a body that is not JSON"),
-        (r#"{"result":"x"}"#, FaultCategory::Protocol, "Func[f] answered without a `message` object"),
-        (r#"{"message":{"text":7}}"#, FaultCategory::Protocol, "`message.text` as a number"),
+        (
+            "not json",
+            FaultCategory::InvalidJson,
+            "Func[f] answered with a body that is not JSON",
+        ),
+        (
+            r#"{"result":"x"}"#,
+            FaultCategory::Protocol,
+            "Func[f] answered without a `message` object",
+        ),
+        (
+            r#"{"message":{"text":7}}"#,
+            FaultCategory::Protocol,
+            "`message.text` as a number",
+        ),
         (
             r#"{"message":{"text":"partial"},"error":{"code":"ERR_X","message":"boom","details":null}}"#,
             FaultCategory::Protocol,
@@ -360,10 +392,8 @@ async fn yaml_handshake_with_extra_fields_is_read_and_recorded() {
                 - 'Q: Sample query 1\n\n  Ask Func[simple1]: Simple argument\n\n  Func[simple1] says: Simple response\n\n  A: Simple final response'\n\
                 - \"Q: Sample query 2\\nAsk Func[simple2]: Simple argument\\nFunc[simple2] says: Simple response\\nA: Simple final response\"\n\
                 llm_settings:\n  temperature: 0.0\n";
-    let (url, _) = recording(move |_, _| {
-        ([("content-type", "application/yaml")], yaml).into_response()
-    })
-    .await;
+    let (url, _) =
+        recording(move |_, _| ([("content-type", "application/yaml")], yaml).into_response()).await;
     let info = client(&url).prepare().await.unwrap().unwrap();
     assert_eq!(info["format"], "yaml");
     assert_eq!(info["base_prompt"], "I am a simple dummy agent.");
@@ -381,15 +411,34 @@ async fn yaml_handshake_with_extra_fields_is_read_and_recorded() {
 #[tokio::test]
 async fn handshake_failures_are_setup_faults_saying_what_went_wrong() {
     let cases: [(StatusCode, &'static str, &str); 4] = [
-        (StatusCode::OK, "{ \"base_prompt\": [unclosed", "neither JSON"),
-        (StatusCode::OK, "<html><body>Welcome</body></html>", "expected a mapping"),
-        (StatusCode::OK, r#"{"base_prompt":"p"}"#, "has no `few_shots`"),
-        (StatusCode::NOT_FOUND, r#"{"detail":"Not Found"}"#, "HTTP 404"),
+        (
+            StatusCode::OK,
+            "{ \"base_prompt\": [unclosed",
+            "neither JSON",
+        ),
+        (
+            StatusCode::OK,
+            "<html><body>Welcome</body></html>",
+            "expected a mapping",
+        ),
+        (
+            StatusCode::OK,
+            r#"{"base_prompt":"p"}"#,
+            "has no `few_shots`",
+        ),
+        (
+            StatusCode::NOT_FOUND,
+            r#"{"detail":"Not Found"}"#,
+            "HTTP 404",
+        ),
     ];
     for (status, body, says) in cases {
         let (url, _) = recording(move |_, _| (status, body).into_response()).await;
         let fault = client(&url).prepare().await.unwrap_err();
-        assert!(fault.message.contains("Fixie handshake `GET /`"), "{fault:?}");
+        assert!(
+            fault.message.contains("Fixie handshake `GET /`"),
+            "{fault:?}"
+        );
         assert!(fault.message.contains(says), "{body}: {fault:?}");
     }
 }
