@@ -156,14 +156,15 @@ impl FixieClient {
             value.set_sensitive(true);
             // A repeated header name sends several values; the first occurrence replaces
             // any default of ours.
+            let repeated = given.contains(&header);
             for map in [&mut call_headers, &mut handshake_headers] {
-                if given.contains(&header) {
+                if repeated {
                     map.append(header.clone(), value.clone());
                 } else {
                     map.insert(header.clone(), value.clone());
                 }
             }
-            if !given.contains(&header) {
+            if !repeated {
                 given.push(header);
             }
         }
@@ -319,8 +320,8 @@ impl Session for FixieSession {
                     return Turn::failed(Fault::new(
                         FaultCategory::Protocol,
                         "a Fixie agent is called through its functions (`call FUNC \"TEXT\"`); \
-                         a `user` step needs an LLM playing Fixie's platform, which this \
-                         version of trellis does not have yet",
+                         a `user` step (or `first-turn \"agent\"`) needs an LLM playing \
+                         Fixie's platform, which this version of trellis does not have yet",
                     ));
                 }
                 TurnInput::Human { .. } => {
