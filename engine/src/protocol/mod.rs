@@ -21,6 +21,7 @@
 pub mod connexity;
 pub mod fixie;
 pub mod http;
+pub mod line;
 pub mod pairing;
 
 use std::sync::Arc;

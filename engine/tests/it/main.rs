@@ -3,5 +3,6 @@
 mod builtin_booking;
 mod execution;
 mod fixie;
+mod line;
 mod protocol;
 mod support;

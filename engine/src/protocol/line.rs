@@ -1,0 +1,648 @@
+//! The line transport: newline-delimited JSON with an agent process or over a socket, for
+//! every protocol that speaks it (MultiAgentEval's `command=` and `socket=` agents).
+//!
+//! Written once, like [`super::http`]: it owns what does not depend on the protocol. A
+//! request is one JSON document; the answer is one line, read with a bound on its length so
+//! a 20 MB line is a `too_large` fault, not 20 MB of memory. Three ways to reach an agent:
+//!
+//! - a long-lived process that reads one request line on stdin and answers one line on
+//!   stdout (what the spec describes);
+//! - a process per call that gets the request without a trailing newline, stdin closed, and
+//!   whose whole stdout is the answer (what the real harness does);
+//! - a TCP or Unix socket (`tcp://host:port`, `tcp:host:port`, `unix:///path`, `unix:/path`),
+//!   a connection per call or kept open.
+//!
+//! Processes run in their own process group: a timeout ends the whole tree, and every child
+//! is waited for, so a run leaves no zombies. What a process writes on stderr is kept (the
+//! most recent [`STDERR_KEPT`] bytes) and handed to the caller as the agent's log.
+
+use std::collections::VecDeque;
+use std::io;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::net::{TcpStream, UnixStream};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+
+use crate::record::{Fault, FaultCategory};
+
+/// Bytes of a process's stderr kept for the records.
+pub const STDERR_KEPT: usize = 64 * 1024;
+/// How long an ended process may take to exit before it is killed.
+const EXIT_GRACE: Duration = Duration::from_millis(500);
+
+/// Where a line-speaking agent lives.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum LineEndpoint {
+    Process(ProcessSpec),
+    Tcp(String),
+    Unix(PathBuf),
+}
+
+/// How to start an agent process.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProcessSpec {
+    /// Run by `sh -c`, so users write commands as in a terminal.
+    pub command: String,
+    pub env: Vec<(String, String)>,
+    pub cwd: Option<PathBuf>,
+    pub mode: ProcessMode,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ProcessMode {
+    /// One process for every call: a request line in, an answer line out.
+    #[default]
+    LongLived,
+    /// A process per call: the request on stdin (no newline, then closed), the whole of
+    /// stdout is the answer.
+    PerCall,
+}
+
+/// A socket address could not be understood.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error(
+    "invalid socket address `{0}`: expected tcp://HOST:PORT, tcp:HOST:PORT, unix:///PATH or unix:/PATH"
+)]
+pub struct SocketAddressError(pub String);
+
+impl LineEndpoint {
+    /// Parses both spellings real agents and harnesses use: `tcp://host:port` and
+    /// `tcp:host:port`, `unix:///path` and `unix:/path`.
+    pub fn socket(address: &str) -> Result<Self, SocketAddressError> {
+        let invalid = || SocketAddressError(address.to_owned());
+        if let Some(rest) = address.strip_prefix("tcp:") {
+            let host_port = rest.strip_prefix("//").unwrap_or(rest);
+            let (host, port) = host_port.rsplit_once(':').ok_or_else(invalid)?;
+            if host.is_empty() || port.parse::<u16>().is_err() {
+                return Err(invalid());
+            }
+            return Ok(LineEndpoint::Tcp(host_port.to_owned()));
+        }
+        if let Some(rest) = address.strip_prefix("unix:") {
+            // unix:///path → /path; unix:/path → /path; unix://path is not a path.
+            let path = match rest.strip_prefix("//") {
+                Some(p) => p,
+                None => rest,
+            };
+            if !path.starts_with('/') || path.len() < 2 {
+                return Err(invalid());
+            }
+            return Ok(LineEndpoint::Unix(PathBuf::from(path)));
+        }
+        Err(invalid())
+    }
+}
+
+/// Per-call limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LineLimits {
+    /// The whole call: connect or start, send, answer.
+    pub timeout: Duration,
+    /// The longest answer line accepted, in bytes.
+    pub max_line: u64,
+}
+
+/// The answer to one call.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LineReply {
+    /// The answer, without its line ending.
+    pub line: Vec<u8>,
+    /// What the process wrote on stderr since the previous call (processes only).
+    pub log: String,
+}
+
+/// A connection to one line-speaking agent. Calls are exclusive: a line protocol has no
+/// request ids, so two calls in flight on one pipe or socket would swap their answers.
+pub struct LineTransport {
+    endpoint: LineEndpoint,
+    limits: LineLimits,
+    /// Keep a socket connection open between calls (processes: long-lived mode keeps its
+    /// process regardless).
+    keep_open: bool,
+    open: tokio::sync::Mutex<Option<Connection>>,
+}
+
+enum Connection {
+    Process(Box<LiveProcess>),
+    /// Buffered once per connection, so nothing an agent sends ahead is lost between calls.
+    Socket(BufReader<Box<dyn Duplex>>),
+}
+
+trait Duplex: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Duplex for T {}
+
+struct LiveProcess {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    stderr: Arc<StderrLog>,
+    /// Ends whatever the agent started when the process is dropped without `close`.
+    _group: ProcessGroup,
+}
+
+/// A process group that is killed when dropped: `kill_on_drop` ends only the direct child,
+/// and an agent started by `sh -c` usually is a grandchild.
+struct ProcessGroup(Option<i32>);
+
+impl Drop for ProcessGroup {
+    fn drop(&mut self) {
+        if let Some(pgid) = self.0 {
+            // SAFETY: killpg has no memory-safety preconditions. The group outlives its
+            // leader while any member runs, which is exactly when this matters.
+            unsafe {
+                libc::killpg(pgid, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+impl LineTransport {
+    pub fn new(endpoint: LineEndpoint, limits: LineLimits, keep_open: bool) -> Self {
+        LineTransport {
+            endpoint,
+            limits,
+            keep_open,
+            open: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    pub fn endpoint(&self) -> &LineEndpoint {
+        &self.endpoint
+    }
+
+    /// Sends `request` (one JSON document, no line ending) and reads the answer line,
+    /// within `timeout` (at most the transport's own timeout).
+    pub async fn call(&self, request: &[u8], timeout: Duration) -> Result<LineReply, Fault> {
+        let timeout = timeout.min(self.limits.timeout);
+        let mut open = self.open.lock().await;
+        let result = self.exchange(&mut open, request, timeout).await;
+        if result.is_err() {
+            // After a failure the pipe or socket is in an unknown state: end it (the whole
+            // process tree, for a process) and start afresh on the next call.
+            if let Some(connection) = open.take() {
+                connection.kill().await;
+            }
+        }
+        result
+    }
+
+    fn timed_out(&self, timeout: Duration) -> Fault {
+        Fault::new(
+            FaultCategory::Timeout,
+            format!(
+                "no answer within {}ms from {}",
+                timeout.as_millis(),
+                self.describe()
+            ),
+        )
+    }
+
+    async fn exchange(
+        &self,
+        open: &mut Option<Connection>,
+        request: &[u8],
+        timeout: Duration,
+    ) -> Result<LineReply, Fault> {
+        match &self.endpoint {
+            LineEndpoint::Process(spec) if spec.mode == ProcessMode::PerCall => {
+                self.call_once(spec, request, timeout).await
+            }
+            LineEndpoint::Process(spec) => {
+                if open.is_none() {
+                    *open = Some(Connection::Process(Box::new(spawn(spec)?)));
+                }
+                let Some(Connection::Process(process)) = open.as_mut() else {
+                    return Err(internal("process connection missing"));
+                };
+                let result = tokio::time::timeout(
+                    timeout,
+                    exchange_line(
+                        &mut process.stdin,
+                        &mut process.stdout,
+                        request,
+                        self.limits.max_line,
+                        &self.describe(),
+                    ),
+                )
+                .await
+                .unwrap_or_else(|_| Err(self.timed_out(timeout)));
+                let log = process.stderr.take_new();
+                match result {
+                    Ok(line) => Ok(LineReply { line, log }),
+                    Err(mut fault) => {
+                        // A process that closed stdout has usually exited: say how.
+                        if fault.category != FaultCategory::Timeout
+                            && let Some(status) = exit_status(&mut process.child).await
+                        {
+                            fault
+                                .message
+                                .push_str(&format!("; the process exited ({status})"));
+                        }
+                        append_log(&mut fault, &log);
+                        Err(fault)
+                    }
+                }
+            }
+            LineEndpoint::Tcp(_) | LineEndpoint::Unix(_) => {
+                tokio::time::timeout(timeout, self.socket_exchange(open, request))
+                    .await
+                    .unwrap_or_else(|_| Err(self.timed_out(timeout)))
+            }
+        }
+    }
+
+    async fn socket_exchange(
+        &self,
+        open: &mut Option<Connection>,
+        request: &[u8],
+    ) -> Result<LineReply, Fault> {
+        if open.is_none() {
+            *open = Some(Connection::Socket(BufReader::new(self.connect().await?)));
+        }
+        let Some(Connection::Socket(stream)) = open.as_mut() else {
+            return Err(internal("socket connection missing"));
+        };
+        let describe = self.describe();
+        let mut framed = Vec::with_capacity(request.len() + 1);
+        framed.extend_from_slice(request);
+        framed.push(b'\n');
+        let sent = async {
+            stream.get_mut().write_all(&framed).await?;
+            stream.get_mut().flush().await
+        }
+        .await;
+        sent.map_err(|e| io_fault(&e, &describe))?;
+        let line = read_line(stream, self.limits.max_line, &describe).await;
+        if !self.keep_open {
+            *open = None;
+        }
+        line.map(|line| LineReply {
+            line,
+            log: String::new(),
+        })
+    }
+
+    /// The real harness's way: a process per call, stdin closed after the request, the
+    /// whole of stdout is the answer.
+    async fn call_once(
+        &self,
+        spec: &ProcessSpec,
+        request: &[u8],
+        timeout: Duration,
+    ) -> Result<LineReply, Fault> {
+        let LiveProcess {
+            mut child,
+            stdin,
+            mut stdout,
+            stderr,
+            _group,
+        } = spawn(spec)?;
+        let describe = self.describe();
+        let limit = self.limits.max_line;
+        let mut out = Vec::new();
+        let run = async {
+            // An agent that exits without reading its input closes the pipe: what it
+            // printed still decides, so a failed write is not the end. Dropping stdin
+            // closes it: the agent reads to the end of its input.
+            let mut stdin = stdin;
+            let _ = stdin.write_all(request).await;
+            drop(stdin);
+            let read = (&mut stdout)
+                .take(limit.saturating_add(1))
+                .read_to_end(&mut out)
+                .await;
+            if out.len() as u64 > limit {
+                return (read, None);
+            }
+            (read, Some(child.wait().await))
+        };
+        let Ok((read, status)) = tokio::time::timeout(timeout, run).await else {
+            let _ = kill_group(&mut child).await;
+            let mut fault = self.timed_out(timeout);
+            append_log(&mut fault, &stderr.take_new());
+            return Err(fault);
+        };
+        let log = stderr.take_new();
+        if let Err(e) = read {
+            let _ = kill_group(&mut child).await;
+            let mut fault = io_fault(&e, &describe);
+            append_log(&mut fault, &log);
+            return Err(fault);
+        }
+        let Some(status) = status else {
+            let _ = kill_group(&mut child).await;
+            return Err(Fault::new(
+                FaultCategory::TooLarge,
+                format!("{describe} wrote more than {limit} bytes on stdout (max-response-size)"),
+            ));
+        };
+        match status {
+            Ok(status) if !status.success() => {
+                let mut fault = Fault::new(
+                    FaultCategory::Transport,
+                    format!("{describe} exited with {status}"),
+                );
+                append_log(&mut fault, &log);
+                Err(fault)
+            }
+            Err(e) => Err(io_fault(&e, &describe)),
+            Ok(_) => {
+                let line = trim_line_end(out);
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    let mut fault = Fault::new(
+                        FaultCategory::Transport,
+                        format!("{describe} exited without printing an answer"),
+                    );
+                    append_log(&mut fault, &log);
+                    return Err(fault);
+                }
+                Ok(LineReply { line, log })
+            }
+        }
+    }
+
+    async fn connect(&self) -> Result<Box<dyn Duplex>, Fault> {
+        let connect_fault = |e: io::Error| {
+            Fault::new(
+                FaultCategory::Connect,
+                format!("could not connect to {}: {e}", self.describe()),
+            )
+        };
+        match &self.endpoint {
+            LineEndpoint::Tcp(address) => {
+                let stream = TcpStream::connect(address.as_str())
+                    .await
+                    .map_err(connect_fault)?;
+                let _ = stream.set_nodelay(true);
+                Ok(Box::new(stream))
+            }
+            LineEndpoint::Unix(path) => Ok(Box::new(
+                UnixStream::connect(path).await.map_err(connect_fault)?,
+            )),
+            LineEndpoint::Process(_) => Err(internal("a process is not a socket")),
+        }
+    }
+
+    fn describe(&self) -> String {
+        match &self.endpoint {
+            LineEndpoint::Process(spec) => format!("agent process `{}`", spec.command),
+            LineEndpoint::Tcp(address) => format!("tcp:{address}"),
+            LineEndpoint::Unix(path) => format!("unix:{}", path.display()),
+        }
+    }
+
+    /// Ends the connection (and a long-lived process with its whole tree). Call when the
+    /// run is over; dropping the transport also kills the process, without waiting.
+    pub async fn close(&self) {
+        if let Some(connection) = self.open.lock().await.take() {
+            connection.close().await;
+        }
+    }
+}
+
+impl Connection {
+    /// Ends the connection at once; a process is killed with everything it started.
+    async fn kill(self) {
+        match self {
+            Connection::Process(mut process) => {
+                let _ = kill_group(&mut process.child).await;
+            }
+            Connection::Socket(mut stream) => {
+                let _ = stream.get_mut().shutdown().await;
+            }
+        }
+    }
+
+    async fn close(self) {
+        match self {
+            Connection::Process(mut process) => {
+                drop(process.stdin);
+                // A well-behaved agent exits when its stdin closes; give it a moment.
+                if tokio::time::timeout(EXIT_GRACE, process.child.wait())
+                    .await
+                    .is_err()
+                {
+                    let _ = kill_group(&mut process.child).await;
+                }
+            }
+            Connection::Socket(mut stream) => {
+                let _ = stream.get_mut().shutdown().await;
+            }
+        }
+    }
+}
+
+/// Writes the request line and reads one answer line.
+async fn exchange_line<W, R>(
+    write: &mut W,
+    read: &mut R,
+    request: &[u8],
+    max_line: u64,
+    describe: &str,
+) -> Result<Vec<u8>, Fault>
+where
+    W: AsyncWrite + Unpin,
+    R: AsyncBufReadExt + Unpin,
+{
+    let mut framed = Vec::with_capacity(request.len() + 1);
+    framed.extend_from_slice(request);
+    framed.push(b'\n');
+    write
+        .write_all(&framed)
+        .await
+        .map_err(|e| io_fault(&e, describe))?;
+    write.flush().await.map_err(|e| io_fault(&e, describe))?;
+    read_line(read, max_line, describe).await
+}
+
+/// Reads one line of at most `max_line` bytes, without buffering more than that.
+pub async fn read_line<R: AsyncBufReadExt + Unpin>(
+    read: &mut R,
+    max_line: u64,
+    describe: &str,
+) -> Result<Vec<u8>, Fault> {
+    let mut line = Vec::new();
+    loop {
+        let available = read.fill_buf().await.map_err(|e| io_fault(&e, describe))?;
+        if available.is_empty() {
+            let what = if line.is_empty() {
+                "closed the connection without answering"
+            } else {
+                "closed the connection in the middle of its answer line"
+            };
+            return Err(Fault::new(
+                FaultCategory::Transport,
+                format!("{describe} {what}"),
+            ));
+        }
+        let (taken, done) = match available.iter().position(|&b| b == b'\n') {
+            Some(end) => (end + 1, true),
+            None => (available.len(), false),
+        };
+        line.extend_from_slice(available.get(..taken).unwrap_or(available));
+        read.consume(taken);
+        if line.len() as u64 > max_line.saturating_add(1) {
+            return Err(Fault::new(
+                FaultCategory::TooLarge,
+                format!(
+                    "{describe} sent an answer line longer than {max_line} bytes \
+                     (max-response-size); stopped reading after {} bytes",
+                    line.len()
+                ),
+            ));
+        }
+        if done {
+            return Ok(trim_line_end(line));
+        }
+    }
+}
+
+fn trim_line_end(mut line: Vec<u8>) -> Vec<u8> {
+    while matches!(line.last(), Some(b'\n' | b'\r')) {
+        line.pop();
+    }
+    line
+}
+
+fn spawn(spec: &ProcessSpec) -> Result<LiveProcess, Fault> {
+    let mut command = Command::new("sh");
+    command
+        .arg("-c")
+        .arg(&spec.command)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // Its own process group, so a timeout can end everything it started.
+        .process_group(0)
+        .kill_on_drop(true);
+    for (key, value) in &spec.env {
+        command.env(key, value);
+    }
+    if let Some(cwd) = &spec.cwd {
+        command.current_dir(cwd);
+    }
+    let mut child = command.spawn().map_err(|e| {
+        Fault::new(
+            FaultCategory::Setup,
+            format!("could not start agent process `{}`: {e}", spec.command),
+        )
+    })?;
+    let (Some(stdin), Some(stdout), Some(stderr)) =
+        (child.stdin.take(), child.stdout.take(), child.stderr.take())
+    else {
+        return Err(internal("the agent process has no pipes"));
+    };
+    let log = Arc::new(StderrLog::default());
+    tokio::spawn(collect_stderr(stderr, log.clone()));
+    let group = ProcessGroup(child.id().and_then(|pid| i32::try_from(pid).ok()));
+    Ok(LiveProcess {
+        child,
+        stdin,
+        stdout: BufReader::new(stdout),
+        stderr: log,
+        _group: group,
+    })
+}
+
+/// Ends a process and everything it started, and reaps it.
+async fn kill_group(child: &mut Child) -> io::Result<()> {
+    if let Some(pid) = child.id()
+        && let Ok(pid) = i32::try_from(pid)
+    {
+        // SAFETY: killpg has no memory-safety preconditions; the group id is the child's
+        // pid because it was started with process_group(0).
+        unsafe {
+            libc::killpg(pid, libc::SIGKILL);
+        }
+    }
+    let _ = child.start_kill();
+    child.wait().await.map(|_| ())
+}
+
+/// The exit status when the process has exited or exits within a moment.
+async fn exit_status(child: &mut Child) -> Option<std::process::ExitStatus> {
+    tokio::time::timeout(EXIT_GRACE, child.wait())
+        .await
+        .ok()
+        .and_then(Result::ok)
+}
+
+/// The most recent bytes of a process's stderr, and where the last call's log ended.
+#[derive(Default)]
+struct StderrLog {
+    inner: Mutex<StderrInner>,
+}
+
+#[derive(Default)]
+struct StderrInner {
+    kept: VecDeque<u8>,
+    /// Bytes of `kept` already handed out.
+    taken: usize,
+}
+
+impl StderrLog {
+    fn push(&self, bytes: &[u8]) {
+        if let Ok(mut inner) = self.inner.lock() {
+            inner.kept.extend(bytes);
+            let excess = inner.kept.len().saturating_sub(STDERR_KEPT);
+            if excess > 0 {
+                inner.kept.drain(..excess);
+                inner.taken = inner.taken.saturating_sub(excess);
+            }
+        }
+    }
+
+    fn take_new(&self) -> String {
+        let Ok(mut inner) = self.inner.lock() else {
+            return String::new();
+        };
+        let new: Vec<u8> = inner.kept.iter().skip(inner.taken).copied().collect();
+        inner.taken = inner.kept.len();
+        String::from_utf8_lossy(&new).into_owned()
+    }
+}
+
+async fn collect_stderr(mut stderr: tokio::process::ChildStderr, log: Arc<StderrLog>) {
+    let mut buf = [0u8; 8192];
+    while let Ok(n) = stderr.read(&mut buf).await {
+        if n == 0 {
+            break;
+        }
+        log.push(buf.get(..n).unwrap_or_default());
+    }
+}
+
+fn append_log(fault: &mut Fault, log: &str) {
+    let log = log.trim();
+    if log.is_empty() {
+        return;
+    }
+    let tail: String = {
+        let chars: Vec<char> = log.chars().collect();
+        chars
+            .get(chars.len().saturating_sub(300)..)
+            .unwrap_or_default()
+            .iter()
+            .collect()
+    };
+    fault.message.push_str("; stderr: ");
+    fault.message.push_str(&tail);
+}
+
+fn io_fault(e: &io::Error, describe: &str) -> Fault {
+    let what = match e.kind() {
+        io::ErrorKind::ConnectionReset => "reset the connection".to_owned(),
+        io::ErrorKind::BrokenPipe => "closed its input before reading the request".to_owned(),
+        io::ErrorKind::UnexpectedEof => "closed the connection early".to_owned(),
+        _ => format!("failed: {e}"),
+    };
+    Fault::new(FaultCategory::Transport, format!("{describe} {what}"))
+}
+
+fn internal(message: &str) -> Fault {
+    Fault::new(FaultCategory::Internal, message)
+}

@@ -1,0 +1,309 @@
+//! The line transport against real processes and sockets.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, UnixListener};
+use trellis_engine::protocol::line::{
+    LineEndpoint, LineLimits, LineReply, LineTransport, ProcessMode, ProcessSpec,
+};
+use trellis_engine::record::{Fault, FaultCategory};
+
+const LIMITS: LineLimits = LineLimits {
+    timeout: Duration::from_secs(10),
+    max_line: 1024 * 1024,
+};
+
+fn process(command: &str, mode: ProcessMode) -> LineTransport {
+    LineTransport::new(
+        LineEndpoint::Process(ProcessSpec {
+            command: command.to_owned(),
+            env: vec![("GREETING".into(), "hello".into())],
+            cwd: None,
+            mode,
+        }),
+        LIMITS,
+        true,
+    )
+}
+
+async fn call(transport: &LineTransport, request: &str) -> Result<LineReply, Fault> {
+    transport
+        .call(request.as_bytes(), Duration::from_secs(10))
+        .await
+}
+
+fn text(reply: &LineReply) -> &str {
+    std::str::from_utf8(&reply.line).unwrap()
+}
+
+#[track_caller]
+fn fault(result: Result<LineReply, Fault>, category: FaultCategory) -> String {
+    match result {
+        Err(fault) => {
+            assert_eq!(fault.category, category, "{fault:?}");
+            fault.message
+        }
+        Ok(reply) => panic!("expected a {category:?} fault, got {reply:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_long_lived_process_answers_line_by_line_and_its_stderr_is_kept() {
+    let agent = process(
+        r#"while read -r line; do echo "got $line" >&2; echo "{\"pid\":$$,\"greeting\":\"$GREETING\"}"; done"#,
+        ProcessMode::LongLived,
+    );
+    let first = call(&agent, r#"{"turn":1}"#).await.unwrap();
+    let second = call(&agent, r#"{"turn":2}"#).await.unwrap();
+    let a: serde_json::Value = serde_json::from_slice(&first.line).unwrap();
+    let b: serde_json::Value = serde_json::from_slice(&second.line).unwrap();
+    assert_eq!(a["pid"], b["pid"], "one process serves every call");
+    assert_eq!(a["greeting"], "hello", "the environment is passed");
+    // stderr is collected concurrently: it may arrive a moment after the answer.
+    let mut log = first.log + &second.log;
+    for _ in 0..50 {
+        if log.contains(r#"got {"turn":2}"#) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        log.push_str(&call(&agent, "{}").await.unwrap().log);
+    }
+    assert!(log.contains(r#"got {"turn":1}"#), "{log}");
+    agent.close().await;
+}
+
+#[tokio::test]
+async fn a_process_per_call_gets_the_payload_without_newline_and_stdin_closed() {
+    let agent = process(
+        r#"input=$(cat); printf '{"echo":%s,"pid":%s}' "$input" $$"#,
+        ProcessMode::PerCall,
+    );
+    let first = call(&agent, r#"{"task":"a"}"#).await.unwrap();
+    let second = call(&agent, r#"{"task":"b"}"#).await.unwrap();
+    let a: serde_json::Value = serde_json::from_slice(&first.line).unwrap();
+    let b: serde_json::Value = serde_json::from_slice(&second.line).unwrap();
+    assert_eq!(a["echo"]["task"], "a");
+    assert_eq!(b["echo"]["task"], "b");
+    assert_ne!(a["pid"], b["pid"], "a fresh process per call");
+}
+
+#[tokio::test]
+async fn a_crashing_process_is_a_fault_with_its_stderr() {
+    let per_call = process("echo 'Traceback: boom' >&2; exit 3", ProcessMode::PerCall);
+    let message = fault(call(&per_call, "{}").await, FaultCategory::Transport);
+    assert!(message.contains("exit status: 3"), "{message}");
+    assert!(message.contains("boom"), "{message}");
+
+    let long_lived = process(
+        "read -r line; echo 'dying' >&2; exit 4",
+        ProcessMode::LongLived,
+    );
+    let message = fault(call(&long_lived, "{}").await, FaultCategory::Transport);
+    assert!(message.contains("without answering"), "{message}");
+    assert!(message.contains("exit status: 4"), "{message}");
+    assert!(message.contains("dying"), "{message}");
+    // The next call starts the agent again.
+    let message = fault(call(&long_lived, "{}").await, FaultCategory::Transport);
+    assert!(message.contains("dying"), "{message}");
+}
+
+fn alive(pid: u32) -> bool {
+    PathBuf::from(format!("/proc/{pid}")).exists()
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| s.contains(") Z "))
+            .unwrap_or(true)
+}
+
+#[tokio::test]
+async fn a_silent_process_times_out_and_its_whole_tree_is_ended() {
+    for mode in [ProcessMode::LongLived, ProcessMode::PerCall] {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("grandchild.pid");
+        let agent = process(
+            &format!("sleep 30 & echo $! > {}; wait", pidfile.display()),
+            mode,
+        );
+        let started = std::time::Instant::now();
+        let result = agent.call(b"{}", Duration::from_millis(400)).await;
+        let message = fault(result, FaultCategory::Timeout);
+        assert!(message.contains("400ms"), "{message}");
+        assert!(started.elapsed() < Duration::from_secs(5));
+        let pid: u32 = std::fs::read_to_string(&pidfile)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap();
+        for _ in 0..50 {
+            if !alive(pid) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(
+            !alive(pid),
+            "{mode:?}: the agent's child process outlived the timeout"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_twenty_megabyte_line_is_too_large_without_reading_it_all() {
+    for mode in [ProcessMode::LongLived, ProcessMode::PerCall] {
+        let agent = process("head -c 20000000 /dev/zero | tr '\\0' a; echo", mode);
+        let message = fault(call(&agent, "{}").await, FaultCategory::TooLarge);
+        assert!(message.contains("1048576"), "{message}");
+    }
+}
+
+#[tokio::test]
+async fn a_process_that_cannot_start_is_a_setup_fault() {
+    let agent = LineTransport::new(
+        LineEndpoint::Process(ProcessSpec {
+            command: "true".into(),
+            env: vec![],
+            cwd: Some("/nonexistent/trellis/dir".into()),
+            mode: ProcessMode::LongLived,
+        }),
+        LIMITS,
+        true,
+    );
+    let message = fault(call(&agent, "{}").await, FaultCategory::Setup);
+    assert!(message.contains("could not start"), "{message}");
+}
+
+#[test]
+fn socket_addresses_in_both_spellings() {
+    assert_eq!(
+        LineEndpoint::socket("tcp://127.0.0.1:9000"),
+        Ok(LineEndpoint::Tcp("127.0.0.1:9000".into()))
+    );
+    assert_eq!(
+        LineEndpoint::socket("tcp:localhost:9000"),
+        Ok(LineEndpoint::Tcp("localhost:9000".into()))
+    );
+    assert_eq!(
+        LineEndpoint::socket("unix:///tmp/agent.sock"),
+        Ok(LineEndpoint::Unix("/tmp/agent.sock".into()))
+    );
+    assert_eq!(
+        LineEndpoint::socket("unix:/tmp/agent.sock"),
+        Ok(LineEndpoint::Unix("/tmp/agent.sock".into()))
+    );
+    for bad in [
+        "tcp://host",
+        "tcp:host:port",
+        "unix://relative",
+        "http://x:1",
+        "unix:",
+    ] {
+        assert!(LineEndpoint::socket(bad).is_err(), "{bad}");
+    }
+}
+
+/// A line server: answers each request line with `answer(line)`; `None` closes the
+/// connection instead. Counts connections.
+async fn line_server(answer: fn(&str) -> Option<String>) -> (String, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let connections = Arc::new(AtomicUsize::new(0));
+    let counted = connections.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            counted.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let (read, mut write) = stream.into_split();
+                let mut lines = BufReader::new(read).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    match answer(&line) {
+                        Some(reply) => {
+                            if write.write_all(reply.as_bytes()).await.is_err() {
+                                return;
+                            }
+                        }
+                        None => return,
+                    }
+                }
+            });
+        }
+    });
+    (address, connections)
+}
+
+#[tokio::test]
+async fn tcp_a_connection_per_call_or_kept_open() {
+    let (address, connections) = line_server(|line| Some(format!("{{\"echo\":{line}}}\n"))).await;
+    let endpoint = LineEndpoint::socket(&format!("tcp:{address}")).unwrap();
+    let per_call = LineTransport::new(endpoint.clone(), LIMITS, false);
+    for i in 0..3 {
+        let reply = call(&per_call, &format!("{{\"i\":{i}}}")).await.unwrap();
+        assert_eq!(text(&reply), format!("{{\"echo\":{{\"i\":{i}}}}}"));
+    }
+    assert_eq!(connections.load(Ordering::SeqCst), 3);
+    let kept = LineTransport::new(endpoint, LIMITS, true);
+    for _ in 0..3 {
+        call(&kept, "{}").await.unwrap();
+    }
+    assert_eq!(connections.load(Ordering::SeqCst), 4);
+}
+
+#[tokio::test]
+async fn tcp_an_empty_reply_or_a_refused_connection_is_a_fault() {
+    let (address, _) = line_server(|_| None).await;
+    let agent = LineTransport::new(LineEndpoint::Tcp(address), LIMITS, false);
+    let message = fault(call(&agent, "{}").await, FaultCategory::Transport);
+    assert!(message.contains("without answering"), "{message}");
+
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let closed = listener.local_addr().unwrap().to_string();
+    drop(listener);
+    let agent = LineTransport::new(LineEndpoint::Tcp(closed), LIMITS, false);
+    fault(call(&agent, "{}").await, FaultCategory::Connect);
+}
+
+#[tokio::test]
+async fn tcp_a_silent_server_times_out() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = listener.accept().await {
+            held.push(stream);
+        }
+    });
+    let agent = LineTransport::new(LineEndpoint::Tcp(address), LIMITS, true);
+    let result = agent.call(b"{}", Duration::from_millis(300)).await;
+    let message = fault(result, FaultCategory::Timeout);
+    assert!(message.contains("300ms"), "{message}");
+}
+
+#[tokio::test]
+async fn unix_sockets_work_in_both_spellings() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("agent.sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let (read, mut write) = stream.into_split();
+                let mut lines = BufReader::new(read).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    let _ = write
+                        .write_all(format!("{{\"unix\":{line}}}\n").as_bytes())
+                        .await;
+                }
+            });
+        }
+    });
+    for address in [
+        format!("unix://{}", path.display()),
+        format!("unix:{}", path.display()),
+    ] {
+        let agent = LineTransport::new(LineEndpoint::socket(&address).unwrap(), LIMITS, true);
+        let reply = call(&agent, "1").await.unwrap();
+        assert_eq!(text(&reply), r#"{"unix":1}"#);
+    }
+}
