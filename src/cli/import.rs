@@ -59,6 +59,25 @@ struct FixieImportArgs {
     /// The id of the suite and of its agent.
     #[arg(long, value_name = "ID", default_value = "fixie")]
     name: String,
+    /// A request header for the handshake, also written to the suite's agent (for agents
+    /// that want credentials); repeatable.
+    ///
+    /// Example: --header 'Authorization: Bearer TOKEN'
+    #[arg(long = "header", value_name = "NAME: VALUE", value_parser = parse_header)]
+    headers: Vec<(String, String)>,
+}
+
+/// `NAME: VALUE` (or `NAME=VALUE`).
+fn parse_header(text: &str) -> Result<(String, String), String> {
+    let (name, value) = text
+        .split_once(':')
+        .or_else(|| text.split_once('='))
+        .ok_or_else(|| format!("`{text}` is not `NAME: VALUE`"))?;
+    let name = name.trim();
+    if name.is_empty() {
+        return Err(format!("`{text}` has no header name"));
+    }
+    Ok((name.to_owned(), value.trim().to_owned()))
 }
 
 pub fn import(args: ImportArgs) -> u8 {
@@ -87,7 +106,7 @@ fn import_fixie(args: &FixieImportArgs) -> u8 {
     }
     let is_url = args.source.starts_with("http://") || args.source.starts_with("https://");
     let handshake = if is_url {
-        fetch(&args.source)
+        fetch(&args.source, &args.headers)
     } else {
         read_file(Path::new(&args.source))
     };
@@ -115,12 +134,19 @@ fn import_fixie(args: &FixieImportArgs) -> u8 {
             name: &args.name,
             source: &args.source,
             agent_url: &agent_url,
+            headers: &args.headers,
         },
     );
     // The suite is built from untrusted text: never hand out a file that is not KDL.
     if let Err(e) = suite.parse::<kdl::KdlDocument>() {
         eprintln!("error: internal: the generated suite is not valid KDL ({e}); please report");
         return EXIT_FAILED;
+    }
+    if !args.headers.is_empty() {
+        eprintln!(
+            "note: the suite holds the --header values as given; write secrets as \
+             \"{{{{ env.VAR }}}}\" templates instead"
+        );
     }
     let written = match &args.out {
         Some(path) => std::fs::write(path, &suite).map_err(|e| format!("{}: {e}", path.display())),
@@ -147,10 +173,10 @@ fn import_fixie(args: &FixieImportArgs) -> u8 {
     }
 }
 
-fn fetch(url: &str) -> Result<Handshake, String> {
+fn fetch(url: &str, headers: &[(String, String)]) -> Result<Handshake, String> {
     let client = FixieClient::new(
         url,
-        Vec::new(),
+        headers.to_vec(),
         CallLimits::default(),
         RetryPolicy {
             retries: 2,
@@ -187,6 +213,8 @@ pub struct SuiteOptions<'a> {
     /// Where the few-shots came from, for the header comment.
     pub source: &'a str,
     pub agent_url: &'a str,
+    /// `header` nodes of the agent, values written literally.
+    pub headers: &'a [(String, String)],
 }
 
 /// The suite for `handshake`, as KDL text.
@@ -210,12 +238,26 @@ pub fn write_suite(handshake: &Handshake, options: &SuiteOptions<'_>) -> String 
     {
         comment(&mut out, "", &format!("Base prompt: {prompt}"));
     }
-    let _ = writeln!(
+    let _ = write!(
         out,
-        "\nagent {} protocol=\"fixie\" url={}\n",
+        "\nagent {} protocol=\"fixie\" url={}",
         kdl_string(options.name),
         kdl_string(options.agent_url)
     );
+    if options.headers.is_empty() {
+        out.push_str("\n\n");
+    } else {
+        out.push_str(" {\n");
+        for (name, value) in options.headers {
+            let _ = writeln!(
+                out,
+                "    header {} {}",
+                kdl_string(name),
+                kdl_string(&literal_template(value))
+            );
+        }
+        out.push_str("}\n\n");
+    }
     let _ = writeln!(
         out,
         "suite {} {{\n    description {}\n    tags \"fixie\" \"imported\"\n}}",

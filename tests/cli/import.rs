@@ -188,3 +188,29 @@ async fn unreadable_sources_and_existing_outputs_are_refused() {
     assert!(stderr(&o).contains("--force"), "{}", stderr(&o));
     assert_eq!(std::fs::read_to_string(&existing).unwrap(), "// mine");
 }
+
+#[tokio::test]
+async fn headers_are_sent_with_the_handshake_and_written_to_the_agent() {
+    let agent = support::MisbehavingServer::respond(
+        200,
+        r#"{"base_prompt":"p","few_shots":["Q: q\nAsk Func[add]: 1, 2\nFunc[add] says: 3\nA: 3"]}"#,
+    )
+    .await;
+    let url = format!("http://{}", agent.addr);
+    let o = import(&[&url, "--header", "Authorization: Bearer s3cret {{ x }}"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let seen = agent.recorded();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(
+        seen[0].header("authorization").as_deref(),
+        Some("Bearer s3cret {{ x }}")
+    );
+    // Header values are templates: the braces are written so they render as given.
+    let suite = stdout(&o);
+    let expected = format!(
+        "agent \"fixie\" protocol=\"fixie\" url=\"{url}\" {{\n    header \"Authorization\" {}\n}}",
+        r#""Bearer s3cret {{ \"{\" }}{ x }}""#
+    );
+    assert!(suite.contains(&expected), "{suite}");
+    assert!(stderr(&o).contains("--header values"), "{}", stderr(&o));
+}

@@ -206,8 +206,13 @@ impl FixieClient {
         )
         .await;
         let response = attempted.result.map_err(|mut fault| {
+            let hint = if matches!(http_status(&fault), Some(401 | 403)) {
+                " (the agent wants credentials: give the agent a `header \"Authorization\" …`)"
+            } else {
+                ""
+            };
             fault.message = format!(
-                "Fixie handshake `GET {}` failed: {}",
+                "Fixie handshake `GET {}` failed: {}{hint}",
                 inner.base.path(),
                 fault.message
             );
@@ -480,13 +485,7 @@ fn describe_error(error: &Map<String, Value>) -> String {
 
 /// Says which function a transport fault is about, and what the usual statuses mean.
 fn name_function(mut fault: Fault, function: &str) -> Fault {
-    // `HttpTransport` writes status faults as `HTTP {code} {reason}: {body}`.
-    let status = fault
-        .message
-        .strip_prefix("HTTP ")
-        .and_then(|rest| rest.get(..3))
-        .and_then(|code| code.parse::<u16>().ok());
-    let meaning = match (fault.category, status) {
+    let meaning = match (fault.category, http_status(&fault)) {
         (FaultCategory::Http4xx, Some(404)) => "does not exist on the agent",
         (FaultCategory::Http4xx, Some(405)) => "does not accept POST",
         (FaultCategory::Http4xx, Some(422)) => "rejected the request body",
@@ -502,6 +501,22 @@ fn name_function(mut fault: Fault, function: &str) -> Fault {
         format!("Func[{function}] {meaning}: {}", fault.message)
     };
     fault
+}
+
+/// The status of a fault [`HttpTransport`] made from an error answer, which it writes as
+/// `HTTP {code} {reason}: {body}`.
+fn http_status(fault: &Fault) -> Option<u16> {
+    if !matches!(
+        fault.category,
+        FaultCategory::Http4xx | FaultCategory::Http5xx
+    ) {
+        return None;
+    }
+    fault
+        .message
+        .strip_prefix("HTTP ")
+        .and_then(|rest| rest.get(..3))
+        .and_then(|code| code.parse::<u16>().ok())
 }
 
 /// The agent's handshake: its prompt and few-shots, plus whatever else it sent.

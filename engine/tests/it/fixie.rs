@@ -410,7 +410,7 @@ async fn yaml_handshake_with_extra_fields_is_read_and_recorded() {
 
 #[tokio::test]
 async fn handshake_failures_are_setup_faults_saying_what_went_wrong() {
-    let cases: [(StatusCode, &'static str, &str); 4] = [
+    let cases: [(StatusCode, &'static str, &str); 5] = [
         (
             StatusCode::OK,
             "{ \"base_prompt\": [unclosed",
@@ -425,6 +425,11 @@ async fn handshake_failures_are_setup_faults_saying_what_went_wrong() {
             StatusCode::OK,
             r#"{"base_prompt":"p"}"#,
             "has no `few_shots`",
+        ),
+        (
+            StatusCode::FORBIDDEN,
+            r#"{"detail":"Not authenticated"}"#,
+            "the agent wants credentials",
         ),
         (
             StatusCode::NOT_FOUND,
