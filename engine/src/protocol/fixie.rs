@@ -851,6 +851,24 @@ mod tests {
     }
 
     #[test]
+    fn yaml_alias_bombs_are_refused_not_expanded() {
+        let mut bomb = String::from(
+            "a: &a [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n",
+        );
+        let mut previous = 'a';
+        for name in 'b'..='j' {
+            let refs = vec![format!("*{previous}"); 9].join(",");
+            bomb.push_str(&format!("{name}: &{name} [{refs}]\n"));
+            previous = name;
+        }
+        bomb.push_str("few_shots: *j\n");
+        assert!(matches!(
+            Handshake::parse(bomb.as_bytes()),
+            Err(HandshakeError::Unreadable { .. })
+        ));
+    }
+
+    #[test]
     fn handshake_json_yaml_and_neither() {
         let json = br#"{"base_prompt":"p","few_shots":["Q: a\nA: b"],"agent_id":"x"}"#;
         let parsed = Handshake::parse(json);
