@@ -149,7 +149,7 @@ fn import_fixie(args: &FixieImportArgs) -> u8 {
         );
     }
     let written = match &args.out {
-        Some(path) => std::fs::write(path, &suite).map_err(|e| format!("{}: {e}", path.display())),
+        Some(path) => write_file(path, &suite, args.force),
         None => std::io::stdout()
             .write_all(suite.as_bytes())
             .map_err(|e| format!("standard output: {e}")),
@@ -171,6 +171,22 @@ fn import_fixie(args: &FixieImportArgs) -> u8 {
             EXIT_FAILED
         }
     }
+}
+
+/// Writes `text` to `path`, which must not exist unless `replace` (checked when the file is
+/// created, so a file appearing meanwhile is not clobbered either).
+fn write_file(path: &Path, text: &str, replace: bool) -> Result<(), String> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true);
+    if replace {
+        options.create(true).truncate(true);
+    } else {
+        options.create_new(true);
+    }
+    options
+        .open(path)
+        .and_then(|mut file| file.write_all(text.as_bytes()))
+        .map_err(|e| format!("{}: {e}", path.display()))
 }
 
 fn fetch(url: &str, headers: &[(String, String)]) -> Result<Handshake, String> {

@@ -187,6 +187,19 @@ async fn unreadable_sources_and_existing_outputs_are_refused() {
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("--force"), "{}", stderr(&o));
     assert_eq!(std::fs::read_to_string(&existing).unwrap(), "// mine");
+    let o = import(&[
+        good.to_str().unwrap(),
+        "--out",
+        existing.to_str().unwrap(),
+        "--force",
+    ])
+    .await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        std::fs::read_to_string(&existing)
+            .unwrap()
+            .contains("protocol=\"fixie\"")
+    );
 }
 
 #[tokio::test]
