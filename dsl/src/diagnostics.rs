@@ -63,6 +63,9 @@ pub enum Kind {
     AmbiguousAgent,
     /// A secondary note attached to another diagnostic (e.g. "first defined here").
     Note,
+    /// A warning of `trellis check`: something valid that this version cannot run yet, so its
+    /// trajectories or checks will be recorded as skipped.
+    NotRunnable,
 }
 
 impl Kind {
@@ -94,6 +97,7 @@ impl Kind {
             Kind::NoTurnYet => "trellis::no_turn_yet",
             Kind::AmbiguousAgent => "trellis::ambiguous_agent",
             Kind::Note => "trellis::note",
+            Kind::NotRunnable => "trellis::not_runnable",
         }
     }
 }
@@ -124,10 +128,10 @@ impl Diagnostic {
             labels: Vec::new(),
             help: None,
             related: Vec::new(),
-            severity: if kind == Kind::Note {
-                Severity::Advice
-            } else {
-                Severity::Error
+            severity: match kind {
+                Kind::Note => Severity::Advice,
+                Kind::NotRunnable => Severity::Warning,
+                _ => Severity::Error,
             },
         }
     }
@@ -197,6 +201,11 @@ impl Diagnostic {
     pub fn with_related(mut self, related: Diagnostic) -> Self {
         self.related.push(related);
         self
+    }
+
+    /// Whether this is a warning (the suite is valid) rather than an error.
+    pub fn is_warning(&self) -> bool {
+        self.severity == Severity::Warning
     }
 
     pub fn help_text(&self) -> Option<&str> {

@@ -249,7 +249,7 @@ impl NeedsGraph {
         for (si, suite) in project.suites.iter().enumerate() {
             for (ci, scenario) in suite.scenarios.iter().enumerate() {
                 for need in &scenario.needs {
-                    if let Some(target) = resolve_need(project, si, &need.value)
+                    if let Ok(target) = resolve_need(project, si, &need.value)
                         && let (Some(&from), Some(&to)) = (index.get(&target), index.get(&(si, ci)))
                     {
                         graph.add_edge(from, to, ());
@@ -261,28 +261,47 @@ impl NeedsGraph {
     }
 }
 
-/// Resolves a `needs` reference from suite `from_suite`: a scenario id of the same suite, or
-/// `suite/scenario`.
+/// Why a `needs` reference names no scenario.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum NeedError {
+    /// `SUITE/ID` where no loaded suite is called `SUITE`.
+    UnknownSuite { suite: String },
+    /// The suite (index into [`Project::suites`]) has no scenario `id`.
+    UnknownScenario { suite: usize, id: String },
+}
+
+/// Resolves a `needs` reference written in suite `from_suite`: `ID` is a scenario of the same
+/// suite, `SUITE/ID` a scenario of suite `SUITE`. Validation, the needs graph and the planner
+/// all resolve through here, so a reference cannot mean one scenario when the suite is checked
+/// and another when it runs. Scenario ids never hold `/` (the parser rejects it), so the last
+/// `/` splits the suite from the id even when a suite name holds one.
 pub fn resolve_need(
     project: &Project,
     from_suite: usize,
     reference: &str,
-) -> Option<(usize, usize)> {
-    let find = |si: usize, id: &str| {
-        project
-            .suites
-            .get(si)?
-            .scenarios
-            .iter()
-            .position(|s| s.id.value == id)
-            .map(|ci| (si, ci))
+) -> Result<(usize, usize), NeedError> {
+    let (suite, id) = match reference.rsplit_once('/') {
+        Some((suite, id)) => {
+            let si = project
+                .suites
+                .iter()
+                .position(|s| s.name == suite)
+                .ok_or_else(|| NeedError::UnknownSuite {
+                    suite: suite.to_string(),
+                })?;
+            (si, id)
+        }
+        None => (from_suite, reference),
     };
-    if let Some(found) = find(from_suite, reference) {
-        return Some(found);
-    }
-    let (suite, id) = reference.split_once('/')?;
-    let si = project.suites.iter().position(|s| s.name == suite)?;
-    find(si, id)
+    project
+        .suites
+        .get(suite)
+        .and_then(|s| s.scenarios.iter().position(|sc| sc.id.value == id))
+        .map(|ci| (suite, ci))
+        .ok_or_else(|| NeedError::UnknownScenario {
+            suite,
+            id: id.to_string(),
+        })
 }
 
 /// Which output `trellis graph` writes.

@@ -171,6 +171,37 @@ pub enum Endpoint {
     Socket(String),
 }
 
+/// `history` of a Connexity agent: what each request's `messages` carry of earlier turns.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum History {
+    /// User messages and the agent's final replies (the contract's form).
+    #[default]
+    Messages,
+    /// The whole transcript, with the agent's earlier tool calls and tool messages (what the
+    /// Connexity platform's own runner sends).
+    Full,
+}
+
+impl History {
+    pub const ALL: [(&'static str, History); 2] =
+        [("messages", History::Messages), ("full", History::Full)];
+}
+
+/// `first-turn` of a scenario: who speaks first.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FirstTurn {
+    /// The first user step opens the conversation.
+    #[default]
+    User,
+    /// The agent is called before any user step (Connexity: with `messages: []`).
+    Agent,
+}
+
+impl FirstTurn {
+    pub const ALL: [(&'static str, FirstTurn); 2] =
+        [("user", FirstTurn::User), ("agent", FirstTurn::Agent)];
+}
+
 pub const DEFAULT_MAX_RESPONSE_SIZE: u64 = 8 * 1024 * 1024;
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -183,8 +214,15 @@ pub struct Agent {
     pub headers: Vec<(String, Template)>,
     /// Per agent call; [`DEFAULT_CALL_TIMEOUT`] when not written.
     pub timeout: Option<Duration>,
-    /// Retries of connect errors, timeouts and 5xx (never 4xx).
+    /// Retries of failures that provably never reached the agent (connect errors) and of
+    /// 5xx answers (never 4xx); timeouts and broken connections only with
+    /// [`Agent::retry_after_send`].
     pub retries: u32,
+    /// `retry-after-send`: also retry timeouts and connections broken after the request was
+    /// sent, accepting that the agent may run the turn (and its side effects) twice.
+    pub retry_after_send: bool,
+    /// `connexity`: what each request carries of the earlier turns.
+    pub history: History,
     /// At most this many calls in flight to this agent.
     pub concurrency: Option<usize>,
     /// `max-response-size`: bytes read at most from one response.
@@ -335,6 +373,8 @@ pub struct Scenario {
     pub needs: Vec<Spanned<String>>,
     /// Whole-trajectory time limit.
     pub timeout: Option<Duration>,
+    /// `first-turn`: whether the agent speaks before the first user step.
+    pub first_turn: FirstTurn,
     pub steps: Vec<Step>,
     /// `criteria { … }`: checked on the whole trajectory after its last step.
     pub criteria: Vec<Criterion>,
@@ -398,7 +438,26 @@ pub struct Criterion {
     pub kind: CriterionKind,
     /// The criterion as written in the suite (the KDL node, normalised to one line).
     pub text: String,
+    /// The string values of [`Criterion::kind`] written with template syntax, rendered at run
+    /// time with the scope of a user message at the same place. Empty for most criteria.
+    pub templates: Vec<CriterionTemplate>,
     pub span: Span,
+}
+
+/// A templated value of a criterion and where it sits in the [`CriterionKind`].
+#[derive(Clone, Debug)]
+pub struct CriterionTemplate {
+    pub slot: ValueSlot,
+    pub template: Template,
+}
+
+/// Which value of a criterion a template renders.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum ValueSlot {
+    /// The `n`th check of a `reply` criterion (`contains`, `not-contains`, `equals`).
+    ReplyCheck(usize),
+    /// A top-level string parameter of `tool` / `expect-tool`.
+    ToolParam(String),
 }
 
 #[derive(Clone, Debug)]

@@ -17,6 +17,7 @@ use serde_json::{Map, Number, Value};
 
 use crate::diagnostics::{Diagnostic, Diagnostics, Kind, did_you_mean, suggest};
 use crate::model::*;
+use crate::template;
 use crate::validate::{self, LoadInfo, RefKind};
 
 /// Loads every given `.kdl` file or directory (all `*.kdl` below it, sorted), follows
@@ -495,6 +496,7 @@ const SCENARIO_NODES: &[&str] = &[
     "repeat",
     "needs",
     "timeout",
+    "first-turn",
     "criteria",
 ];
 const CRITERIA: &[&str] = &[
@@ -526,6 +528,7 @@ const PARAM_TYPES: &[&str] = &["string", "number", "integer", "boolean", "object
 /// Builtin agents the engine embeds, per protocol.
 pub const BUILTINS: &[(Protocol, &str)] = &[
     (Protocol::Connexity, "booking"),
+    (Protocol::AgentScope, "weather"),
     (Protocol::Fixie, "numbers"),
 ];
 
@@ -1075,6 +1078,8 @@ const AGENT_SETTINGS: &[(&str, Arity)] = &[
     ("system-prompt", Arity::One),
     ("tools", Arity::Many),
     ("stream", Arity::One),
+    ("history", Arity::One),
+    ("retry-after-send", Arity::One),
 ];
 const ENDPOINTS: &[&str] = &["url", "base-url", "builtin", "command", "socket"];
 const PERSONA_SETTINGS: &[(&str, Arity)] = &[
@@ -1400,8 +1405,38 @@ impl<'f> Decoder<'f> {
             .value("stream")
             .and_then(|e| self.boolean(e))
             .unwrap_or(true);
+        let retry_after_send = s
+            .value("retry-after-send")
+            .and_then(|e| self.boolean(e))
+            .unwrap_or(false);
+        let history_entry = s.value("history");
+        let history = history_entry
+            .and_then(|e| self.choice(e, "history", &History::ALL))
+            .unwrap_or_default();
 
         let protocol = protocol?;
+        if let (Some(e), Some(set)) = (history_entry, s.get("history"))
+            && protocol != Protocol::Connexity
+        {
+            let d = self
+                .diag(
+                    Kind::InvalidValue,
+                    format!(
+                        "`history` is a `connexity` setting; agent `{}` is `{}`",
+                        id.value,
+                        protocol.as_str()
+                    ),
+                    set.name_span,
+                    "not a setting of this protocol",
+                )
+                .with_label(value_span(e), "this value")
+                .with_help(if protocol == Protocol::AgentScope {
+                    "AgentScope keeps the conversation on the server (`session_id`); remove `history`"
+                } else {
+                    "only `connexity` agents choose what each request carries; remove `history`"
+                });
+            self.report(d);
+        }
         let endpoint = self.endpoint(&s, id, protocol)?;
         if protocol == Protocol::OpenAi && s.get("model").is_none() {
             let d = self
@@ -1421,6 +1456,8 @@ impl<'f> Decoder<'f> {
             headers,
             timeout,
             retries,
+            retry_after_send,
+            history,
             concurrency,
             max_response_size,
             model,
@@ -1833,6 +1870,7 @@ impl<'f> Decoder<'f> {
         let id = self.id_arg(v, "an id", usage)?;
         self.check_args(v, 1, usage);
         self.check_props(v, &[], &[]);
+        self.scenario_id_ok(&id);
         let mut sc = Scenario {
             id: id.clone(),
             name: None,
@@ -1850,6 +1888,7 @@ impl<'f> Decoder<'f> {
             repeat: 1,
             needs: Vec::new(),
             timeout: None,
+            first_turn: FirstTurn::default(),
             steps: Vec::new(),
             criteria: Vec::new(),
             span: self.span(v.span),
@@ -1964,6 +2003,14 @@ impl<'f> Decoder<'f> {
                         .single(&cv, "timeout \"2m\"")
                         .and_then(|e| self.duration(e))
                 }
+                "first-turn" => {
+                    if let Some(t) = self
+                        .single(&cv, "first-turn \"agent\"")
+                        .and_then(|e| self.choice(e, "first-turn", &FirstTurn::ALL))
+                    {
+                        sc.first_turn = t;
+                    }
+                }
                 "outcome" => {
                     self.check_no_children(&cv);
                     if let Some(o) = self.outcome(&cv) {
@@ -1973,10 +2020,12 @@ impl<'f> Decoder<'f> {
                 "expect-tool" => {
                     self.check_no_children(&cv);
                     let text = self.criterion_text(&cv);
-                    if let Some(kind) = self.tool_criterion(&cv) {
+                    let mut templates = Vec::new();
+                    if let Some(kind) = self.tool_criterion(&cv, &mut templates) {
                         sc.expect_tools.push(Criterion {
                             kind,
                             text,
+                            templates,
                             span: self.span(cv.span),
                         });
                     }
@@ -2007,7 +2056,9 @@ impl<'f> Decoder<'f> {
                 _ => {}
             }
         }
-        let (steps, _) = self.steps(&step_nodes, has_initial, &mut st);
+        // With `first-turn "agent"` the agent has spoken before the first step.
+        let has_turn = has_initial || sc.first_turn == FirstTurn::Agent;
+        let (steps, _) = self.steps(&step_nodes, has_turn, &mut st);
         sc.steps = initial.into_iter().chain(steps).collect();
         if !st.failed_captures.is_empty() {
             self.info
@@ -2061,6 +2112,33 @@ impl<'f> Decoder<'f> {
             instructions: self.s_string(&s, "instructions"),
             span: self.span(v.span),
         }))
+    }
+
+    /// Scenario ids are written `SUITE/ID` from other suites (`needs`, `--filter`, reports), so
+    /// an id holding `/` would make such a reference mean two scenarios.
+    fn scenario_id_ok(&mut self, id: &Spanned<String>) {
+        let problem = if id.value.contains('/') {
+            "`/` separates the suite from the scenario in `SUITE/ID` references"
+        } else if id.value.trim().is_empty() {
+            "a scenario needs an id to be referred to and reported"
+        } else {
+            return;
+        };
+        let suggestion = id.value.replace('/', "-");
+        let help = if id.value.contains('/') {
+            format!("{problem}; choose another id, e.g. `{suggestion}`")
+        } else {
+            format!("{problem}; write `scenario \"ID\"`")
+        };
+        let d = self
+            .diag(
+                Kind::InvalidValue,
+                format!("invalid scenario id `{}`", id.value),
+                id.span.span,
+                "this id",
+            )
+            .with_help(help);
+        self.report(d);
     }
 
     /// Branch names become trajectory names (joined with `/`) and execution node ids, where
@@ -2522,9 +2600,10 @@ impl<'f> Decoder<'f> {
         }
         self.check_no_children(v);
         let text = self.criterion_text(v);
+        let mut templates = Vec::new();
         let kind = match v.name {
-            "reply" => self.reply_criterion(v)?,
-            "tool" => self.tool_criterion(v)?,
+            "reply" => self.reply_criterion(v, &mut templates)?,
+            "tool" => self.tool_criterion(v, &mut templates)?,
             "no-tool" => {
                 let usage = "no-tool \"NAME\"";
                 self.check_props(v, &[], &[]);
@@ -2599,11 +2678,17 @@ impl<'f> Decoder<'f> {
         Some(Criterion {
             kind,
             text,
+            templates,
             span: self.span(v.span),
         })
     }
 
-    fn reply_criterion(&mut self, v: &View) -> Option<CriterionKind> {
+    /// `reply …`; string checks written with template syntax are added to `templates`.
+    fn reply_criterion(
+        &mut self,
+        v: &View,
+        templates: &mut Vec<CriterionTemplate>,
+    ) -> Option<CriterionKind> {
         let checks = ["contains", "not-contains", "matches", "equals"];
         let usage = "reply contains=\"…\"";
         self.check_props(v, &checks, &checks);
@@ -2611,10 +2696,24 @@ impl<'f> Decoder<'f> {
         let mut out = Vec::new();
         let mut failed = false;
         for p in v.props.clone() {
-            let check = match prop_name(p) {
+            let name = prop_name(p);
+            if matches!(name, "contains" | "not-contains" | "equals")
+                && let Some(source) = p.value().as_string()
+                && template::is_template(source)
+            {
+                templates.push(CriterionTemplate {
+                    slot: ValueSlot::ReplyCheck(out.len()),
+                    template: Template {
+                        source: source.to_string(),
+                        span: self.span(value_span(p)),
+                    },
+                });
+            }
+            let check = match name {
                 "contains" => self.string(p).map(ReplyCheck::Contains),
                 "not-contains" => self.string(p).map(ReplyCheck::NotContains),
                 "equals" => self.string(p).map(ReplyCheck::Equals),
+                "matches" if self.templated_regex(p) => None,
                 "matches" => self.regex(p).map(ReplyCheck::Matches),
                 _ => continue,
             };
@@ -2636,7 +2735,40 @@ impl<'f> Decoder<'f> {
         Some(CriterionKind::Reply(out))
     }
 
-    fn tool_criterion(&mut self, v: &View) -> Option<CriterionKind> {
+    /// A regex is fixed when the suite is checked, so that a bad pattern fails `check`;
+    /// one written like a template is reported instead of silently matching `{{`.
+    fn templated_regex(&mut self, e: &KdlEntry) -> bool {
+        let Some(pattern) = e.value().as_string() else {
+            return false;
+        };
+        let Some(open) = pattern.find("{{") else {
+            return false;
+        };
+        if !pattern[open..].contains("}}") {
+            return false;
+        }
+        let d = self
+            .diag(
+                Kind::InvalidValue,
+                "`matches` is a regex, not a template",
+                value_span(e),
+                "template syntax in a regex",
+            )
+            .with_help(
+                "regexes are compiled when the suite is checked; to compare the reply with a \
+                 variable write `contains=\"{{ … }}\"` or `equals=\"{{ … }}\"`",
+            );
+        self.report(d);
+        true
+    }
+
+    /// `tool` / `expect-tool`; string parameters written with template syntax are added to
+    /// `templates`.
+    fn tool_criterion(
+        &mut self,
+        v: &View,
+        templates: &mut Vec<CriterionTemplate>,
+    ) -> Option<CriterionKind> {
         let usage = format!("{} \"NAME\" KEY=VALUE… count=N", v.name);
         self.check_args(v, 1, &usage);
         let name = self.id_arg(v, "a tool name", &usage)?;
@@ -2647,6 +2779,17 @@ impl<'f> Decoder<'f> {
             if key == "count" {
                 count = self.u32(p, 0);
             } else if let Some(val) = self.json(p) {
+                if let Value::String(source) = &val
+                    && template::is_template(source)
+                {
+                    templates.push(CriterionTemplate {
+                        slot: ValueSlot::ToolParam(key.to_string()),
+                        template: Template {
+                            source: source.clone(),
+                            span: self.span(value_span(p)),
+                        },
+                    });
+                }
                 params.insert(key.to_string(), val);
             }
         }

@@ -10,6 +10,7 @@ use miette::SourceSpan;
 use petgraph::graph::{DiGraph, NodeIndex};
 
 use crate::diagnostics::{Diagnostic, Kind, did_you_mean};
+use crate::graph::NeedError;
 use crate::model::*;
 use crate::template::{self, Names, Scope};
 
@@ -299,9 +300,7 @@ impl<'p> Validator<'p> {
         if let Some(PersonaRef::Named(name)) = &sc.persona {
             self.reference(RefKind::Persona, name);
         }
-        for c in &sc.criteria {
-            self.criterion(c);
-        }
+        self.calls_need_fixie(sc);
         let failed: BTreeSet<String> = self
             .info
             .failed_captures
@@ -314,16 +313,71 @@ impl<'p> Validator<'p> {
             scenario: sc,
             all_captures: &all_captures,
         };
-        self.steps(&cx, &sc.steps, failed);
+        let at_end = self.steps(&cx, &sc.steps, failed);
+        // Trajectory criteria are checked after the last step: they see the captures made on
+        // every path.
+        for c in sc.criteria.iter().chain(&sc.expect_tools) {
+            self.criterion(&cx, c, &at_end);
+        }
         let _ = suite;
     }
 
-    fn criterion(&mut self, c: &Criterion) {
+    /// `call` steps talk to a Fixie function; no other protocol has one to call.
+    fn calls_need_fixie(&mut self, sc: &Scenario) {
+        let Some(call) = first_call(&sc.steps) else {
+            return;
+        };
+        let p = self.project;
+        let agents: Vec<&Agent> = if sc.agents.is_empty() {
+            // The project's only agent, or none when that is ambiguous (reported elsewhere).
+            match p.agents.as_slice() {
+                [only] => vec![only],
+                _ => Vec::new(),
+            }
+        } else {
+            sc.agents.iter().filter_map(|a| p.agent(&a.value)).collect()
+        };
+        let others: Vec<&Agent> = agents
+            .into_iter()
+            .filter(|a| a.protocol != Protocol::Fixie)
+            .collect();
+        let Some(first) = others.first() else {
+            return;
+        };
+        let list = others
+            .iter()
+            .map(|a| format!("`{}` ({})", a.id.value, a.protocol.as_str()))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let d = Diagnostic::at_span(
+            Kind::InvalidValue,
+            format!(
+                "`call` steps need a `fixie` agent; scenario `{}` runs against {list}",
+                sc.id.value
+            ),
+            self.files(),
+            call,
+            "a Fixie function call",
+        )
+        .with_other(self.files(), first.id.span, "not a `fixie` agent")
+        .with_help(
+            "`call FUNC \"INPUT\"` posts to a Fixie agent's function; use `user \"…\"` for other \
+             protocols, or run this scenario only against `fixie` agents",
+        );
+        self.diags.push(d);
+    }
+
+    /// A criterion's references, and its templated values against the scope of a user
+    /// message written at the same place (`captured`: the captures made on every path so far).
+    fn criterion(&mut self, cx: &StepCx, c: &Criterion, captured: &BTreeSet<String>) {
         if let CriterionKind::Judge {
             judge: Some(judge), ..
         } = &c.kind
         {
             self.reference(RefKind::Judge, judge);
+        }
+        for t in &c.templates {
+            self.template(cx, &t.template, captured);
         }
     }
 
@@ -346,7 +400,7 @@ impl<'p> Validator<'p> {
                 StepKind::Hitl { message: None, .. } | StepKind::Simulate { .. } => {}
                 StepKind::Expect(criteria) => {
                     for c in criteria {
-                        self.criterion(c);
+                        self.criterion(cx, c, &captured);
                     }
                 }
                 StepKind::Capture { name, .. } => {
@@ -457,18 +511,12 @@ impl<'p> Validator<'p> {
     /// Resolves `needs "ID"` (same suite) or `needs "SUITE/ID"`; reports unknown ones.
     fn resolve_need(&mut self, suite: usize, need: &Spanned<String>) -> Option<(usize, usize)> {
         let p = self.project;
-        let (target_suite, id, cross) = match need.value.split_once('/') {
-            Some((s, id)) => (p.suites.iter().position(|x| x.name == s), id, true),
-            None => (Some(suite), need.value.as_str(), false),
+        let target_suite = match crate::graph::resolve_need(p, suite, &need.value) {
+            Ok(found) => return Some(found),
+            Err(NeedError::UnknownSuite { .. }) => None,
+            Err(NeedError::UnknownScenario { suite, .. }) => Some(suite),
         };
-        if let Some(si) = target_suite
-            && let Some(ci) = p
-                .suites
-                .get(si)
-                .and_then(|s| s.scenarios.iter().position(|sc| sc.id.value == id))
-        {
-            return Some((si, ci));
-        }
+        let cross = need.value.contains('/');
         if cross && self.info.broken {
             return None;
         }
@@ -530,6 +578,15 @@ impl<'p> Validator<'p> {
 struct StepCx<'a> {
     scenario: &'a Scenario,
     all_captures: &'a BTreeSet<String>,
+}
+
+/// Where the first `call` step of a block is written, branches included.
+fn first_call(steps: &[Step]) -> Option<Span> {
+    steps.iter().find_map(|step| match &step.kind {
+        StepKind::Call { .. } => Some(step.span),
+        StepKind::Fork(branches) => branches.iter().find_map(|b| first_call(&b.steps)),
+        _ => None,
+    })
 }
 
 fn collect_captures(steps: &[Step], out: &mut BTreeSet<String>) {

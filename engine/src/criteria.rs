@@ -3,13 +3,21 @@
 //!
 //! LLM-judged criteria (`judge`, `outcome`) are recorded as skipped until a judge is
 //! configured; they never count as passed.
+//!
+//! String values of `reply` and `tool` criteria may be templates. The planner compiles them
+//! ([`PlannedCriterion`]); [`check_planned`] renders them with the scope of a user message at
+//! the same place and checks against the rendered text. A rendered tool parameter is text: it
+//! matches an argument equal to that text, or a number or boolean argument written that way
+//! (`"{{ vars.order }}"` rendering `42` matches `"order": 42`), since captures are strings.
 
 use std::time::Duration;
 
 use serde_json::Value;
-use trellis_dsl::{Criterion, CriterionKind, ReplyCheck};
+use trellis_dsl::{Criterion, CriterionKind, ReplyCheck, ValueSlot};
 
+use crate::plan::PlannedCriterion;
 use crate::record::{CriterionRecord, CriterionStatus, ToolCallRecord, TurnRecord};
+use crate::render::Templates;
 
 /// What a criterion looks at: the turn just taken, or every turn of the trajectory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,13 +30,82 @@ pub enum Scope {
 /// looks at the last turn, except `turns max=`, which counts every turn so far; with
 /// [`Scope::Trajectory`] it looks at all of them. `turn_index` is recorded on turn-level
 /// results.
+///
+/// Templated values are compared as written (braces included): use [`check_planned`] for
+/// criteria of a plan.
 pub fn check<T: AsRef<TurnRecord>>(
     criterion: &Criterion,
     scope: Scope,
     turns: &[T],
     turn_index: Option<u32>,
 ) -> CriterionRecord {
-    let (status, detail) = evaluate(&criterion.kind, scope, turns);
+    check_rendered(criterion, &Rendered::default(), scope, turns, turn_index)
+}
+
+/// Renders the templated values of `planned` with `ctx` (the variables a user message at the
+/// same place sees, e.g. `scenario.scope.with_vars(&vars)`), then checks it like [`check`].
+/// A value that does not render fails the criterion, saying why; `ctx` is only called when
+/// the criterion has a templated value.
+pub fn check_planned<T: AsRef<TurnRecord>>(
+    planned: &PlannedCriterion,
+    templates: &Templates,
+    ctx: impl FnOnce() -> minijinja::Value,
+    scope: Scope,
+    turns: &[T],
+    turn_index: Option<u32>,
+) -> CriterionRecord {
+    let criterion = &planned.criterion;
+    let mut rendered = Rendered::default();
+    if !planned.templates.is_empty() {
+        let ctx = ctx();
+        for (slot, template) in &planned.templates {
+            match templates.render(template, || ctx.clone()) {
+                Ok(text) => rendered.values.push((slot.clone(), text)),
+                Err(e) => {
+                    return CriterionRecord {
+                        turn_index,
+                        criterion: criterion.text.clone(),
+                        kind: criterion.kind.name().to_string(),
+                        status: CriterionStatus::Failed,
+                        detail: Some(format!("criterion value: {e}")),
+                    };
+                }
+            }
+        }
+    }
+    check_rendered(criterion, &rendered, scope, turns, turn_index)
+}
+
+/// The rendered templated values of one criterion.
+#[derive(Debug, Default)]
+struct Rendered {
+    values: Vec<(ValueSlot, String)>,
+}
+
+impl Rendered {
+    fn get(&self, slot: &ValueSlot) -> Option<&str> {
+        self.values
+            .iter()
+            .find(|(s, _)| s == slot)
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn tool_param(&self, key: &str) -> Option<&str> {
+        self.values.iter().find_map(|(s, v)| match s {
+            ValueSlot::ToolParam(k) if k == key => Some(v.as_str()),
+            _ => None,
+        })
+    }
+}
+
+fn check_rendered<T: AsRef<TurnRecord>>(
+    criterion: &Criterion,
+    rendered: &Rendered,
+    scope: Scope,
+    turns: &[T],
+    turn_index: Option<u32>,
+) -> CriterionRecord {
+    let (status, detail) = evaluate(&criterion.kind, rendered, scope, turns);
     CriterionRecord {
         turn_index,
         criterion: criterion.text.clone(),
@@ -50,6 +127,7 @@ fn skip(detail: impl Into<String>) -> (CriterionStatus, Option<String>) {
 
 fn evaluate<T: AsRef<TurnRecord>>(
     kind: &CriterionKind,
+    rendered: &Rendered,
     scope: Scope,
     turns: &[T],
 ) -> (CriterionStatus, Option<String>) {
@@ -60,8 +138,9 @@ fn evaluate<T: AsRef<TurnRecord>>(
     };
     match kind {
         CriterionKind::Reply(checks) => {
-            for check in checks {
-                if let Some(failure) = reply_check(check, scope, turns) {
+            for (i, check) in checks.iter().enumerate() {
+                let value = rendered.get(&ValueSlot::ReplyCheck(i));
+                if let Some(failure) = reply_check(check, value, scope, turns) {
                     return fail(failure);
                 }
             }
@@ -79,7 +158,7 @@ fn evaluate<T: AsRef<TurnRecord>>(
             let named: Vec<&&ToolCallRecord> = calls.iter().filter(|c| &c.name == name).collect();
             let matching = named
                 .iter()
-                .filter(|c| arguments_match(&c.arguments, params))
+                .filter(|c| arguments_match(&c.arguments, params, rendered))
                 .count();
             match count {
                 Some(n) if matching as u64 != u64::from(*n) => fail(format!(
@@ -92,7 +171,7 @@ fn evaluate<T: AsRef<TurnRecord>>(
                 }
                 None => fail(format!(
                     "`{name}` was called, but not with {}; arguments seen: {}",
-                    describe_params(params),
+                    describe_params(params, rendered),
                     named
                         .iter()
                         .map(|c| c.arguments.as_str())
@@ -223,8 +302,14 @@ fn turn_tokens(t: &TurnRecord) -> Option<u64> {
         })
 }
 
-/// Returns why the check failed, or `None` when it holds.
-fn reply_check(check: &ReplyCheck, scope: Scope, turns: &[&TurnRecord]) -> Option<String> {
+/// Returns why the check failed, or `None` when it holds. `rendered` replaces the check's
+/// value when it was written as a template.
+fn reply_check(
+    check: &ReplyCheck,
+    rendered: Option<&str>,
+    scope: Scope,
+    turns: &[&TurnRecord],
+) -> Option<String> {
     let replies: Vec<&str> = turns
         .iter()
         .map(|t| t.reply.as_deref().unwrap_or(""))
@@ -241,38 +326,66 @@ fn reply_check(check: &ReplyCheck, scope: Scope, turns: &[&TurnRecord]) -> Optio
         Scope::Turn => format!("reply was: {}", excerpt(last, 160)),
         Scope::Trajectory => format!("no reply of {} turn(s) does", turns.len()),
     };
+    let value = |written: &'_ str| -> String { rendered.unwrap_or(written).to_string() };
     match check {
-        ReplyCheck::Contains(needle) => (!any(&|r: &str| r.contains(needle.as_str())))
-            .then(|| format!("expected the reply to contain {needle:?}; {}", seen())),
+        ReplyCheck::Contains(needle) => {
+            let needle = value(needle);
+            (!any(&|r: &str| r.contains(needle.as_str())))
+                .then(|| format!("expected the reply to contain {needle:?}; {}", seen()))
+        }
         ReplyCheck::Matches(re) => (!any(&|r: &str| re.is_match(r)))
             .then(|| format!("expected the reply to match /{}/; {}", re.as_str(), seen())),
-        ReplyCheck::Equals(expected) => (!any(&|r: &str| r == expected))
-            .then(|| format!("expected the reply to equal {expected:?}; {}", seen())),
-        ReplyCheck::NotContains(needle) => replies
-            .iter()
-            .zip(turns)
-            .find(|(r, _)| r.contains(needle.as_str()))
-            .map(|(r, t)| {
-                format!(
-                    "turn {} reply contains {needle:?}: {}",
-                    t.turn_index,
-                    excerpt(r, 160)
-                )
-            }),
+        ReplyCheck::Equals(expected) => {
+            let expected = value(expected);
+            (!any(&|r: &str| r == expected))
+                .then(|| format!("expected the reply to equal {expected:?}; {}", seen()))
+        }
+        ReplyCheck::NotContains(needle) => {
+            let needle = value(needle);
+            replies
+                .iter()
+                .zip(turns)
+                .find(|(r, _)| r.contains(needle.as_str()))
+                .map(|(r, t)| {
+                    format!(
+                        "turn {} reply contains {needle:?}: {}",
+                        t.turn_index,
+                        excerpt(r, 160)
+                    )
+                })
+        }
     }
 }
 
 /// Subset match of expected params against a call's JSON arguments.
-fn arguments_match(arguments: &str, expected: &serde_json::Map<String, Value>) -> bool {
+fn arguments_match(
+    arguments: &str,
+    expected: &serde_json::Map<String, Value>,
+    rendered: &Rendered,
+) -> bool {
     if expected.is_empty() {
         return true;
     }
     let Ok(Value::Object(actual)) = serde_json::from_str::<Value>(arguments) else {
         return false;
     };
-    expected
-        .iter()
-        .all(|(k, v)| actual.get(k).is_some_and(|a| json_eq(a, v)))
+    expected.iter().all(|(k, v)| {
+        actual.get(k).is_some_and(|a| match rendered.tool_param(k) {
+            Some(text) => text_matches(a, text),
+            None => json_eq(a, v),
+        })
+    })
+}
+
+/// Whether an argument equals a rendered template's text: the same string, or a number or
+/// boolean that reads as that text.
+fn text_matches(actual: &Value, text: &str) -> bool {
+    match actual {
+        Value::String(s) => s == text,
+        Value::Number(_) | Value::Bool(_) => serde_json::from_str::<Value>(text.trim())
+            .is_ok_and(|parsed| !parsed.is_string() && json_eq(actual, &parsed)),
+        _ => false,
+    }
 }
 
 /// JSON equality where numbers compare by value (`1` equals `1.0`).
@@ -314,10 +427,13 @@ fn describe_calls(calls: &[&ToolCallRecord]) -> String {
     }
 }
 
-fn describe_params(params: &serde_json::Map<String, Value>) -> String {
+fn describe_params(params: &serde_json::Map<String, Value>, rendered: &Rendered) -> String {
     params
         .iter()
-        .map(|(k, v)| format!("{k}={v}"))
+        .map(|(k, v)| match rendered.tool_param(k) {
+            Some(text) => format!("{k}={}", Value::String(text.to_string())),
+            None => format!("{k}={v}"),
+        })
         .collect::<Vec<_>>()
         .join(" ")
 }
@@ -352,6 +468,7 @@ mod tests {
         Criterion {
             kind,
             text: "test".into(),
+            templates: Vec::new(),
             span: Span::new(0, (0, 0).into()),
         }
     }
@@ -478,6 +595,20 @@ mod tests {
             check(&c, Scope::Trajectory, &[t], None).status,
             CriterionStatus::Failed
         );
+    }
+
+    #[test]
+    fn rendered_text_matches_strings_and_scalars_written_that_way() {
+        use serde_json::json;
+        assert!(text_matches(&json!("A-17"), "A-17"));
+        assert!(!text_matches(&json!("A-17"), "A-18"));
+        assert!(text_matches(&json!(42), "42"));
+        assert!(text_matches(&json!(42.0), "42"));
+        assert!(!text_matches(&json!(42), "42x"));
+        assert!(text_matches(&json!(true), "true"));
+        // Text that reads as a JSON string is still text, not the number inside it.
+        assert!(!text_matches(&json!(42), "\"42\""));
+        assert!(!text_matches(&json!({"a": 1}), r#"{"a": 1}"#));
     }
 
     #[test]

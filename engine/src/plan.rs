@@ -6,6 +6,10 @@
 //! segment reached along one path. Each tree node runs once per repetition; its children
 //! continue from copies of its conversation. Units of work are scenario × agent ×
 //! repetition; they are enumerated lazily so a `repeat 100000` costs no memory up front.
+//!
+//! What this version of trellis cannot run yet is decided here, in [`not_runnable`], for both
+//! the planner (which records those trajectories and checks as skipped) and `trellis check`
+//! (which warns about them through [`warnings`]).
 
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeSet, HashMap};
@@ -15,10 +19,13 @@ use std::time::Duration;
 use globset::{Glob, GlobMatcher};
 use trellis_dsl::graph::{self, NeedsGraph, SegmentKind, TrajectoryGraph};
 use trellis_dsl::{
-    CaptureSource, Criterion, Endpoint, Project, Protocol, Scenario, Status, StepKind,
+    Agent, CaptureSource, Criterion, CriterionKind, Diagnostic, Endpoint, Project, Protocol,
+    Scenario, Span, Status, Step, StepKind, ValueSlot,
 };
 
-use crate::render::{CompiledTemplate, RenderError, ScenarioScope, Templates};
+use crate::render::{
+    CompiledTemplate, EnvSnapshot, RenderError, ScenarioScope, Templates, snapshot_env,
+};
 
 #[derive(Debug, thiserror::Error, miette::Diagnostic)]
 pub enum PlanError {
@@ -58,18 +65,41 @@ pub struct Selection {
     pub include_inactive: bool,
 }
 
+/// A criterion with its templated values compiled; check it with
+/// [`crate::criteria::check_planned`], which renders them first.
+#[derive(Clone, Debug)]
+pub struct PlannedCriterion {
+    pub criterion: Criterion,
+    /// One per [`Criterion::templates`]: the value's slot and its compiled template.
+    pub templates: Vec<(ValueSlot, CompiledTemplate)>,
+}
+
+impl PlannedCriterion {
+    fn compile(criterion: &Criterion, templates: &mut Templates) -> Result<Self, RenderError> {
+        let compiled = criterion
+            .templates
+            .iter()
+            .map(|t| Ok((t.slot.clone(), templates.compile(&t.template)?)))
+            .collect::<Result<Vec<_>, RenderError>>()?;
+        Ok(PlannedCriterion {
+            criterion: criterion.clone(),
+            templates: compiled,
+        })
+    }
+}
+
 /// A step as the executor runs it.
 #[derive(Clone, Debug)]
 pub enum PlannedStep {
     /// `first-turn "agent"`: the agent speaks first, before any user step.
     Opening,
     User(CompiledTemplate),
-    /// Fixie `call FUNC "TEMPLATE"`.
+    /// `call FUNC "INPUT"` on a Fixie agent.
     Call {
         function: String,
         input: CompiledTemplate,
     },
-    Expect(Vec<Criterion>),
+    Expect(Vec<PlannedCriterion>),
     Capture {
         name: String,
         source: CaptureSource,
@@ -97,8 +127,23 @@ pub struct PlannedTrajectory {
     pub name: String,
     /// Execution node ids root first.
     pub nodes: Vec<Arc<str>>,
-    /// Why this trajectory cannot run yet (`simulate`, `call` steps).
+    /// Why this trajectory cannot run yet on any agent (`simulate` steps).
     pub unsupported: Option<String>,
+    /// Why it cannot run yet on agents of one protocol (`user` steps on `fixie`).
+    pub unsupported_by_protocol: Vec<(Protocol, String)>,
+}
+
+impl PlannedTrajectory {
+    /// Why this trajectory cannot run yet on an agent speaking `protocol`, if it cannot.
+    /// (The agent itself may be unsupported too: see [`PlannedAgent::unsupported`].)
+    pub fn unsupported_on(&self, protocol: Protocol) -> Option<&str> {
+        self.unsupported.as_deref().or_else(|| {
+            self.unsupported_by_protocol
+                .iter()
+                .find(|(p, _)| *p == protocol)
+                .map(|(_, why)| why.as_str())
+        })
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -111,6 +156,9 @@ pub struct PlannedScenario {
     pub trajectories: Vec<PlannedTrajectory>,
     /// Scenarios (indices into [`Plan::scenarios`]) that must finish first.
     pub needs: Vec<usize>,
+    /// Checked on the whole trajectory after its last step: `criteria { }`, then
+    /// `expect-tool`, in source order.
+    pub criteria: Vec<PlannedCriterion>,
     pub scope: ScenarioScope,
     pub repeat: u32,
 }
@@ -150,7 +198,18 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// Plans with a snapshot of the process environment taken now, as `env` for templates.
     pub fn build(project: &Project, selection: &Selection) -> Result<Plan, PlanError> {
+        Self::build_with_env(project, selection, snapshot_env())
+    }
+
+    /// Plans with `env` as what templates read as `env.NAME` (tests pass their own map
+    /// instead of changing the process environment).
+    pub fn build_with_env(
+        project: &Project,
+        selection: &Selection,
+        env: Arc<EnvSnapshot>,
+    ) -> Result<Plan, PlanError> {
         let matchers = selection
             .filters
             .iter()
@@ -207,7 +266,7 @@ impl Plan {
             }
         }
 
-        let mut templates = Templates::new();
+        let mut templates = Templates::new(env.clone());
         let mut agents: Vec<PlannedAgent> = Vec::new();
         let mut agent_index: HashMap<String, usize> = HashMap::new();
         let mut scenarios = Vec::new();
@@ -251,14 +310,7 @@ impl Plan {
                         scenario: sc.id.value.clone(),
                         error,
                     })?;
-                let unsupported = match agent.protocol {
-                    Protocol::Connexity | Protocol::AgentScope | Protocol::Fixie => None,
-                    other => Some(format!(
-                        "the `{}` protocol is parsed and validated, but this version of trellis \
-                         cannot run it yet",
-                        other.as_str()
-                    )),
-                };
+                let unsupported = not_runnable::agent(agent);
                 agent_index.insert(id.clone(), agents.len());
                 indices.push(agents.len());
                 agents.push(PlannedAgent {
@@ -270,8 +322,13 @@ impl Plan {
                     retries: agent.retries,
                     concurrency: agent.concurrency,
                     max_response_size: agent.max_response_size,
-                    retry_after_send: false,
-                    history: Default::default(),
+                    retry_after_send: agent.retry_after_send,
+                    history: match agent.history {
+                        trellis_dsl::History::Messages => {
+                            crate::protocol::connexity::HistoryMode::Messages
+                        }
+                        trellis_dsl::History::Full => crate::protocol::connexity::HistoryMode::Full,
+                    },
                     stream: agent.stream,
                     unsupported,
                 });
@@ -282,11 +339,26 @@ impl Plan {
                 Some(trellis_dsl::PersonaRef::Inline(p)) => Some(p),
                 None => None,
             };
-            let (nodes, trajectories) =
-                execution_tree(sc, &mut templates).map_err(|error| PlanError::Template {
-                    scenario: sc.id.value.clone(),
-                    error,
-                })?;
+            let protocols: Vec<Protocol> = indices.iter().map(|&i| agents[i].protocol).collect();
+            let template_error = |error| PlanError::Template {
+                scenario: sc.id.value.clone(),
+                error,
+            };
+            let (mut nodes, trajectories) =
+                execution_tree(sc, &protocols, &mut templates).map_err(template_error)?;
+            // `first-turn "agent"`: the agent speaks before the first scripted step.
+            if sc.first_turn == trellis_dsl::FirstTurn::Agent
+                && let Some(root) = nodes.first_mut()
+            {
+                root.steps.insert(0, PlannedStep::Opening);
+            }
+            let criteria = sc
+                .criteria
+                .iter()
+                .chain(&sc.expect_tools)
+                .map(|c| PlannedCriterion::compile(c, &mut templates))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(template_error)?;
             let mut tags = suite.tags.clone();
             tags.extend(sc.tags.iter().cloned());
             scenario_index.insert((si, ci), scenarios.len());
@@ -298,7 +370,8 @@ impl Plan {
                 nodes,
                 trajectories,
                 needs: Vec::new(),
-                scope: ScenarioScope::new(sc, persona),
+                criteria,
+                scope: ScenarioScope::new(sc, persona, &env),
                 repeat: sc.repeat.max(1),
             });
         }
@@ -308,7 +381,7 @@ impl Plan {
             scenarios[i].needs = sc
                 .needs
                 .iter()
-                .filter_map(|n| graph::resolve_need(project, si, &n.value))
+                .filter_map(|n| graph::resolve_need(project, si, &n.value).ok())
                 .filter_map(|key| scenario_index.get(&key).copied())
                 .collect();
         }
@@ -321,6 +394,43 @@ impl Plan {
         })
     }
 
+    /// What of this plan cannot run yet: trajectories (per agent, one repetition) recorded as
+    /// skipped, and checks of the other trajectories recorded as skipped.
+    pub fn not_runnable(&self) -> NotRunnableCounts {
+        let mut counts = NotRunnableCounts::default();
+        for s in &self.scenarios {
+            for &a in &s.agents {
+                let Some(agent) = self.agents.get(a) else {
+                    continue;
+                };
+                for (ti, t) in s.trajectories.iter().enumerate() {
+                    counts.trajectories += 1;
+                    if agent.unsupported.is_some() || t.unsupported_on(agent.protocol).is_some() {
+                        counts.skipped_trajectories += 1;
+                        continue;
+                    }
+                    let turn_checks = s
+                        .nodes
+                        .iter()
+                        .filter(|n| n.trajectories.contains(&ti))
+                        .flat_map(|n| &n.steps)
+                        .filter_map(|step| match step {
+                            PlannedStep::Expect(c) => Some(c),
+                            _ => None,
+                        })
+                        .flatten();
+                    let skipped = turn_checks
+                        .chain(&s.criteria)
+                        .filter(|c| not_runnable::criterion(&c.criterion.kind).is_some())
+                        .count()
+                        + s.scenario.outcomes.len();
+                    counts.skipped_checks += skipped as u64;
+                }
+            }
+        }
+        counts
+    }
+
     /// How many trajectories the plan runs (or records as skipped).
     pub fn trajectory_count(&self) -> u64 {
         self.scenarios
@@ -330,21 +440,33 @@ impl Plan {
     }
 }
 
+/// See [`Plan::not_runnable`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NotRunnableCounts {
+    /// Trajectories × agents, one repetition each.
+    pub trajectories: u64,
+    /// Of those, the ones that cannot run yet.
+    pub skipped_trajectories: u64,
+    /// Checks of the runnable ones that will be recorded as skipped.
+    pub skipped_checks: u64,
+}
+
 fn execution_tree(
     scenario: &Scenario,
+    protocols: &[Protocol],
     templates: &mut Templates,
 ) -> Result<(Vec<ExecNode>, Vec<PlannedTrajectory>), RenderError> {
     let tg = TrajectoryGraph::build(scenario);
     let mut nodes: Vec<ExecNode> = Vec::new();
     // (parent exec node, segment) -> exec node
     let mut index: HashMap<(Option<usize>, petgraph::graph::NodeIndex), usize> = HashMap::new();
-    let mut compiled: HashMap<petgraph::graph::NodeIndex, (Vec<PlannedStep>, Option<String>)> =
-        HashMap::new();
+    let mut compiled: HashMap<petgraph::graph::NodeIndex, CompiledSegment> = HashMap::new();
     let mut trajectories = Vec::new();
 
     for (ti, trajectory) in tg.trajectories.iter().enumerate() {
         let mut parent: Option<usize> = None;
         let mut unsupported = None;
+        let mut unsupported_by_protocol: Vec<(Protocol, String)> = Vec::new();
         let labels: Vec<&str> = trajectory
             .segments
             .iter()
@@ -353,10 +475,17 @@ fn execution_tree(
         let ids = graph::node_ids(labels);
         for (&segment, id) in trajectory.segments.iter().zip(&ids) {
             if let Entry::Vacant(slot) = compiled.entry(segment) {
-                slot.insert(compile_steps(tg.segment(segment), templates)?);
+                slot.insert(compile_steps(tg.segment(segment), protocols, templates)?);
             }
-            if let Some((_, Some(reason))) = compiled.get(&segment) {
-                unsupported.get_or_insert_with(|| reason.clone());
+            if let Some(segment) = compiled.get(&segment) {
+                if let Some(reason) = &segment.unsupported {
+                    unsupported.get_or_insert_with(|| reason.clone());
+                }
+                for (protocol, reason) in &segment.unsupported_by_protocol {
+                    if !unsupported_by_protocol.iter().any(|(p, _)| p == protocol) {
+                        unsupported_by_protocol.push((*protocol, reason.clone()));
+                    }
+                }
             }
             let node = match index.get(&(parent, segment)) {
                 Some(&n) => n,
@@ -368,7 +497,7 @@ fn execution_tree(
                         children: Vec::new(),
                         steps: compiled
                             .get(&segment)
-                            .map(|(s, _)| s.clone())
+                            .map(|s| s.steps.clone())
                             .unwrap_or_default(),
                         trajectories: Vec::new(),
                         ends: None,
@@ -390,41 +519,247 @@ fn execution_tree(
             name: trajectory.name.clone(),
             nodes: ids.into_iter().map(|s| Arc::from(s.as_str())).collect(),
             unsupported,
+            unsupported_by_protocol,
         });
     }
     debug_assert!(tg.segment(tg.root).kind == SegmentKind::Root);
     Ok((nodes, trajectories))
 }
 
+/// A segment's steps as the executor runs them, and what keeps them from running.
+struct CompiledSegment {
+    steps: Vec<PlannedStep>,
+    unsupported: Option<String>,
+    unsupported_by_protocol: Vec<(Protocol, String)>,
+}
+
 fn compile_steps(
     segment: &graph::Segment,
+    protocols: &[Protocol],
     templates: &mut Templates,
-) -> Result<(Vec<PlannedStep>, Option<String>), RenderError> {
-    let mut steps = Vec::new();
-    let mut unsupported = None;
+) -> Result<CompiledSegment, RenderError> {
+    let mut out = CompiledSegment {
+        steps: Vec::new(),
+        unsupported: None,
+        unsupported_by_protocol: Vec::new(),
+    };
     for step in &segment.steps {
-        match &step.kind {
-            StepKind::User(t) => steps.push(PlannedStep::User(templates.compile(t)?)),
-            StepKind::Expect(c) => steps.push(PlannedStep::Expect(c.clone())),
-            StepKind::Capture { name, source } => steps.push(PlannedStep::Capture {
-                name: name.clone(),
-                source: source.clone(),
-            }),
-            StepKind::Hitl { .. } => steps.push(PlannedStep::Hitl),
-            StepKind::Simulate { .. } => {
-                unsupported.get_or_insert_with(|| {
-                    "`simulate` needs the LLM user simulator, which this version of trellis \
-                     does not have yet"
-                        .to_string()
-                });
+        if let Some(reason) = not_runnable::step(&step.kind, None) {
+            out.unsupported.get_or_insert(reason);
+        }
+        for &protocol in protocols {
+            if let Some(reason) = not_runnable::step(&step.kind, Some(protocol))
+                && !out
+                    .unsupported_by_protocol
+                    .iter()
+                    .any(|(p, _)| *p == protocol)
+            {
+                out.unsupported_by_protocol.push((protocol, reason));
             }
-            StepKind::Call { function, input } => steps.push(PlannedStep::Call {
+        }
+        match &step.kind {
+            StepKind::User(t) => out.steps.push(PlannedStep::User(templates.compile(t)?)),
+            StepKind::Call { function, input } => out.steps.push(PlannedStep::Call {
                 function: function.clone(),
                 input: templates.compile(input)?,
             }),
+            StepKind::Expect(criteria) => out.steps.push(PlannedStep::Expect(
+                criteria
+                    .iter()
+                    .map(|c| PlannedCriterion::compile(c, templates))
+                    .collect::<Result<_, _>>()?,
+            )),
+            StepKind::Capture { name, source } => out.steps.push(PlannedStep::Capture {
+                name: name.clone(),
+                source: source.clone(),
+            }),
+            StepKind::Hitl { .. } => out.steps.push(PlannedStep::Hitl),
+            // Not run: the trajectory is recorded as skipped (`not_runnable::step`).
+            StepKind::Simulate { .. } => {}
             // Segments never hold forks: the graph turned them into edges.
             StepKind::Fork(_) => {}
         }
     }
-    Ok((steps, unsupported))
+    Ok(out)
+}
+
+/// What this version of trellis cannot run yet, and why. The planner skips it; `trellis check`
+/// warns about it.
+pub mod not_runnable {
+    use super::*;
+
+    /// Why an agent cannot run at all (its protocol or its kind of endpoint is not
+    /// implemented yet).
+    pub fn agent(agent: &Agent) -> Option<String> {
+        match agent.protocol {
+            Protocol::MultiAgent | Protocol::OpenAi => {
+                return Some(format!(
+                    "the `{}` protocol is parsed and validated, but this version of trellis \
+                     cannot run it yet",
+                    agent.protocol.as_str()
+                ));
+            }
+            Protocol::Connexity | Protocol::AgentScope | Protocol::Fixie => {}
+        }
+        match agent.endpoint {
+            Endpoint::Command(_) | Endpoint::Socket(_) => Some(
+                "`command` and `socket` endpoints are parsed and validated, but this version \
+                 of trellis cannot run them yet"
+                    .to_string(),
+            ),
+            Endpoint::Url(_) | Endpoint::Builtin(_) => None,
+        }
+    }
+
+    /// Why a step cannot run: on any agent (`protocol: None`), or on an agent speaking
+    /// `protocol` (then only reasons particular to that protocol).
+    pub fn step(step: &StepKind, protocol: Option<Protocol>) -> Option<String> {
+        match (step, protocol) {
+            (StepKind::Simulate { .. }, None) => Some(
+                "`simulate` needs the LLM user simulator, which this version of trellis does \
+                 not have yet"
+                    .to_string(),
+            ),
+            (StepKind::User(_), Some(Protocol::Fixie)) => Some(
+                "a `user` step on a `fixie` agent is answered through a provider playing \
+                 Fixie's LLM, which this version of trellis does not have yet; use `call` steps"
+                    .to_string(),
+            ),
+            _ => None,
+        }
+    }
+
+    /// Why a criterion is recorded as skipped instead of checked.
+    pub fn criterion(kind: &CriterionKind) -> Option<&'static str> {
+        match kind {
+            CriterionKind::Judge { .. } | CriterionKind::Outcome(_) => Some(OUTCOME),
+            _ => None,
+        }
+    }
+
+    /// Why `judge` criteria and scenario `outcome`s are skipped.
+    pub const OUTCOME: &str = "no judge configured: LLM-judged checks need the LLM judge, which \
+                               this version of trellis does not have yet";
+}
+
+/// Warnings for `trellis check`: every trajectory that cannot run and every check that will
+/// be skipped, at the place written in the suite, with the reason the planner records.
+pub fn warnings(project: &Project) -> Vec<Diagnostic> {
+    use trellis_dsl::diagnostics::Kind;
+    let files = &project.files;
+    let mut out = Vec::new();
+    let warn = |span: Span, message: String, label: &str, help: &str| {
+        Diagnostic::at_span(Kind::NotRunnable, message, files, span, label).with_help(help)
+    };
+    let mut agents_warned: BTreeSet<String> = BTreeSet::new();
+    for (_, sc) in project.scenarios() {
+        let agents: Vec<&Agent> = if sc.agents.is_empty() {
+            // The project's only agent; validation rejects the ambiguous case.
+            match project.agents.as_slice() {
+                [only] => vec![only],
+                _ => Vec::new(),
+            }
+        } else {
+            sc.agents
+                .iter()
+                .filter_map(|a| project.agent(&a.value))
+                .collect()
+        };
+        for agent in &agents {
+            if let Some(why) = not_runnable::agent(agent)
+                && agents_warned.insert(agent.id.value.clone())
+            {
+                out.push(warn(
+                    agent.id.span,
+                    format!(
+                        "agent `{}` cannot run yet: its trajectories will be skipped",
+                        agent.id.value
+                    ),
+                    "not runnable yet",
+                    &why,
+                ));
+            }
+        }
+        let mut user_warned = false;
+        walk_steps(&sc.steps, &mut |step: &Step| {
+            if let Some(why) = not_runnable::step(&step.kind, None) {
+                out.push(warn(
+                    step.span,
+                    format!(
+                        "scenario `{}`: trajectories through this step will be skipped",
+                        sc.id.value
+                    ),
+                    "cannot run yet",
+                    &why,
+                ));
+            }
+            for agent in &agents {
+                if let Some(why) = not_runnable::step(&step.kind, Some(agent.protocol))
+                    && !user_warned
+                {
+                    user_warned = true;
+                    out.push(warn(
+                        step.span,
+                        format!(
+                            "scenario `{}`: trajectories through this step will be skipped on \
+                             agent `{}`",
+                            sc.id.value, agent.id.value
+                        ),
+                        "cannot run yet on this agent",
+                        &why,
+                    ));
+                }
+            }
+            if let StepKind::Expect(criteria) = &step.kind {
+                for c in criteria {
+                    if let Some(why) = not_runnable::criterion(&c.kind) {
+                        out.push(warn(
+                            c.span,
+                            skipped_check(sc, c.kind.name()),
+                            "will be skipped",
+                            why,
+                        ));
+                    }
+                }
+            }
+        });
+        for c in sc.criteria.iter().chain(&sc.expect_tools) {
+            if let Some(why) = not_runnable::criterion(&c.kind) {
+                out.push(warn(
+                    c.span,
+                    skipped_check(sc, c.kind.name()),
+                    "will be skipped",
+                    why,
+                ));
+            }
+        }
+        for outcome in &sc.outcomes {
+            out.push(warn(
+                outcome.span,
+                skipped_check(sc, "outcome"),
+                "will be skipped",
+                not_runnable::OUTCOME,
+            ));
+        }
+    }
+    out
+}
+
+fn skipped_check(sc: &Scenario, kind: &str) -> String {
+    format!(
+        "scenario `{}`: this `{kind}` check will be skipped",
+        sc.id.value
+    )
+}
+
+/// Calls `f` on every step, branches included, in source order.
+fn walk_steps(steps: &[Step], f: &mut impl FnMut(&Step)) {
+    for step in steps {
+        f(step);
+        if let StepKind::Fork(branches) = &step.kind {
+            for b in branches {
+                walk_steps(&b.steps, f);
+            }
+        }
+    }
 }

@@ -1,10 +1,14 @@
-//! Template rendering (minijinja) for user messages and header values.
+//! Template rendering (minijinja) for user messages, criterion values and header values.
 //!
 //! Templates are compiled once when the plan is built; plain strings without template
 //! syntax skip the template engine entirely, so scripted messages cost nothing per turn.
 //! Undefined variables are errors (strict mode): `trellis check` already rejects the ones it
 //! can see statically, and whatever remains at run time (an unset `env` variable) must
 //! not silently render as an empty string.
+//!
+//! `env` is an [`EnvSnapshot`] taken once when the plan is built and passed in explicitly:
+//! rendering never reads the process environment, which other threads (and tests) may be
+//! changing, and a run sees one consistent environment from start to end.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -45,6 +49,19 @@ fn describe(error: &minijinja::Error) -> String {
 /// Instructions one template render may execute.
 const TEMPLATE_FUEL: u64 = 1_000_000;
 
+/// The environment variables templates see as `env`, taken once per plan.
+pub type EnvSnapshot = BTreeMap<String, String>;
+
+/// The process environment now (variables whose name or value is not UTF-8 are left out:
+/// a template could not name or print them).
+pub fn snapshot_env() -> Arc<EnvSnapshot> {
+    Arc::new(
+        std::env::vars_os()
+            .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)))
+            .collect(),
+    )
+}
+
 /// A compiled template, or a literal string when there is nothing to render.
 #[derive(Clone, Debug)]
 pub enum CompiledTemplate {
@@ -56,11 +73,13 @@ pub enum CompiledTemplate {
 pub struct Templates {
     env: Environment<'static>,
     next: usize,
+    /// What `env.NAME` reads, for naming unset variables in errors.
+    vars: Arc<EnvSnapshot>,
 }
 
 impl Default for Templates {
     fn default() -> Self {
-        Self::new()
+        Self::new(Arc::default())
     }
 }
 
@@ -73,7 +92,8 @@ impl std::fmt::Debug for Templates {
 }
 
 impl Templates {
-    pub fn new() -> Self {
+    /// Templates whose `env` is `vars`.
+    pub fn new(vars: Arc<EnvSnapshot>) -> Self {
         let mut env = Environment::new();
         env.set_undefined_behavior(UndefinedBehavior::Strict);
         // A template is a message, not a program: a runaway loop must end as a template
@@ -81,7 +101,12 @@ impl Templates {
         env.set_fuel(Some(TEMPLATE_FUEL));
         // Messages are plain text, not HTML.
         env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
-        Templates { env, next: 0 }
+        Templates { env, next: 0, vars }
+    }
+
+    /// The environment snapshot `env` renders from.
+    pub fn env(&self) -> &Arc<EnvSnapshot> {
+        &self.vars
     }
 
     pub fn compile(&mut self, template: &Template) -> Result<CompiledTemplate, RenderError> {
@@ -120,7 +145,7 @@ impl Templates {
                         .undeclared_variables(true)
                         .into_iter()
                         .filter_map(|v| v.strip_prefix("env.").map(str::to_string))
-                        .filter(|name| std::env::var_os(name).is_none())
+                        .filter(|name| !self.vars.contains_key(name))
                         .map(|name| format!("`{name}`"))
                         .collect();
                     if missing.is_empty() {
@@ -134,14 +159,14 @@ impl Templates {
     }
 }
 
-/// The process environment as a template object, read lazily so only the variables a
-/// template names are looked up.
+/// An environment snapshot as a template object: a lookup per name a template reads, without
+/// copying the whole environment into every scope.
 #[derive(Debug)]
-struct EnvVars;
+struct EnvVars(Arc<EnvSnapshot>);
 
 impl Object for EnvVars {
     fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
-        std::env::var(key.as_str()?).ok().map(Value::from)
+        self.0.get(key.as_str()?).map(|v| Value::from(v.as_str()))
     }
 }
 
@@ -153,7 +178,7 @@ pub struct ScenarioScope {
 }
 
 impl ScenarioScope {
-    pub fn new(scenario: &Scenario, persona: Option<&Persona>) -> Self {
+    pub fn new(scenario: &Scenario, persona: Option<&Persona>, env: &Arc<EnvSnapshot>) -> Self {
         let mut base = BTreeMap::new();
         base.insert(
             "user_context".into(),
@@ -184,14 +209,14 @@ impl ScenarioScope {
             });
             base.insert("persona".into(), Value::from(Serde(&persona_value)));
         }
-        base.insert("env".into(), Value::from_object(EnvVars));
+        base.insert("env".into(), Value::from_object(EnvVars(env.clone())));
         ScenarioScope { base }
     }
 
     /// Scope for header values: only `env`.
-    pub fn env_only() -> Self {
+    pub fn env_only(env: &Arc<EnvSnapshot>) -> Self {
         let mut base = BTreeMap::new();
-        base.insert("env".into(), Value::from_object(EnvVars));
+        base.insert("env".into(), Value::from_object(EnvVars(env.clone())));
         ScenarioScope { base }
     }
 

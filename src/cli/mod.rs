@@ -195,9 +195,27 @@ fn plan(project: &trellis_dsl::Project, select: &SelectArgs) -> Option<Plan> {
     }
 }
 
+/// Validates; warns (exit 0) about what is valid but cannot run yet, with the reasons the
+/// planner records when it skips them.
 fn check(args: &PathArgs) -> u8 {
     let Some(project) = load(&args.paths) else {
         return EXIT_INVALID;
+    };
+    let warnings = trellis_engine::plan::warnings(&project);
+    for warning in &warnings {
+        eprintln!("{:?}", miette::Report::new(warning.clone()));
+    }
+    // Counted on a plan of every scenario, so the numbers are the ones a run would record.
+    let everything = Selection {
+        include_inactive: true,
+        ..Selection::default()
+    };
+    let counts = match Plan::build_with_env(&project, &everything, Default::default()) {
+        Ok(plan) => plan.not_runnable(),
+        Err(e) => {
+            eprintln!("{:?}", miette::Report::new(e));
+            return EXIT_INVALID;
+        }
     };
     let scenarios = project.scenarios().count();
     let trajectories: usize = project
@@ -212,6 +230,16 @@ fn check(args: &PathArgs) -> u8 {
         trajectories,
         project.agents.len()
     );
+    if counts.skipped_trajectories > 0 || counts.skipped_checks > 0 {
+        println!(
+            "warning: {} of {} trajectory run(s) (per agent) cannot run yet and {} check(s) \
+             will be skipped; see the {} warning(s) above",
+            counts.skipped_trajectories,
+            counts.trajectories,
+            counts.skipped_checks,
+            warnings.len()
+        );
+    }
     EXIT_OK
 }
 

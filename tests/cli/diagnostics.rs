@@ -73,3 +73,63 @@ async fn usage_errors_exit_2() {
         .unwrap();
     assert_eq!(o.status.code(), Some(2));
 }
+
+#[tokio::test]
+async fn check_warns_about_what_cannot_run_yet_and_exits_0() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("s.kdl"),
+        r#"agent "chat" protocol="connexity" builtin="booking"
+agent "calc" protocol="fixie" url="http://127.0.0.1:9/"
+agent "tool-loop" protocol="openai" base-url="http://127.0.0.1:9/v1" model="m"
+agent "proc" protocol="multiagent" command="./agent"
+scenario "talk" {
+    agents "chat" "calc"
+    user "hi"
+    expect judge "The agent is polite"
+    branch "simulated" { simulate turns=2 }
+    branch "scripted" { user "bye" }
+    outcome "The customer is greeted"
+}
+scenario "llm" {
+    agents "tool-loop" "proc"
+    user "hi"
+}
+"#,
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path())
+        .output()
+        .await
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    for expected in [
+        "s.kdl:3:",
+        "agent `tool-loop` cannot run yet",
+        "`openai` protocol",
+        "s.kdl:4:",
+        "agent `proc` cannot run yet",
+        "s.kdl:7:",
+        "cannot run yet on this agent",
+        "`calc`",
+        "s.kdl:8:",
+        "this `judge` check will be skipped",
+        "s.kdl:9:",
+        "`simulate` needs the LLM user simulator",
+        "s.kdl:11:",
+        "this `outcome` check will be skipped",
+    ] {
+        assert!(err.contains(expected), "missing {expected:?} in:\n{err}");
+    }
+    // talk: 2 trajectories × 2 agents, of which `simulated` (both agents) and `scripted` on
+    // calc cannot run; llm: 1 trajectory × 2 unsupported agents. The one runnable trajectory
+    // (`scripted` on chat) skips the judge and the outcome.
+    let out = stdout(&o);
+    assert!(
+        out.contains("warning: 5 of 6 trajectory run(s) (per agent) cannot run yet and 2 check(s) will be skipped"),
+        "{out}"
+    );
+}

@@ -2,4 +2,6 @@
 //! suites (`golden/`) and the decoded model of valid ones (`ok/`).
 
 mod golden;
+mod needs;
+mod nodes;
 mod ok;

@@ -108,7 +108,7 @@ async fn start_one(
         }
     };
     // Headers see only `env`: they are rendered once per run, not per scenario.
-    let header_scope = ScenarioScope::env_only().with_vars(&BTreeMap::new());
+    let header_scope = ScenarioScope::env_only(plan.templates.env()).with_vars(&BTreeMap::new());
     let mut headers = Vec::with_capacity(agent.headers.len());
     for (name, template) in &agent.headers {
         match plan.templates.render(template, || header_scope.clone()) {

@@ -259,7 +259,7 @@ async fn run_unit(
     }
     let mut all_supported = true;
     for (t, trajectory) in scenario.trajectories.iter().enumerate() {
-        if let Some(reason) = &trajectory.unsupported {
+        if let Some(reason) = trajectory.unsupported_on(shared.plan.agents[agent].protocol) {
             unit.skip(t, reason).await;
             all_supported = false;
         }

@@ -53,15 +53,22 @@ impl Unit<'_> {
             Some(Stop::Interrupted) => Some("not checked: the run was stopped".to_string()),
             None => None,
         };
-        for c in sc.criteria.iter().chain(&sc.expect_tools) {
+        for c in &self.scenario.criteria {
             criteria.push(match &not_checked {
-                None => criteria::check(c, Scope::Trajectory, &state.turns, None),
+                None => criteria::check_planned(
+                    c,
+                    &self.shared.plan.templates,
+                    || self.scenario.scope.with_vars(&state.vars),
+                    Scope::Trajectory,
+                    &state.turns,
+                    None,
+                ),
                 // Recorded anyway, so every trajectory lists the same checks and a
                 // criterion's pass rate counts the trajectories that never got to it.
                 Some(why) => CriterionRecord {
                     turn_index: None,
-                    criterion: c.text.clone(),
-                    kind: c.kind.name().to_string(),
+                    criterion: c.criterion.text.clone(),
+                    kind: c.criterion.kind.name().to_string(),
                     status: CriterionStatus::Skipped,
                     detail: Some(why.clone()),
                 },

@@ -151,6 +151,15 @@ impl<'a> Unit<'a> {
             .unwrap_or(true)
     }
 
+    /// Whether trajectory `t` runs on this unit's agent (the others were recorded as
+    /// skipped).
+    fn runs(&self, t: usize) -> bool {
+        let protocol = self.shared.plan.agents[self.agent].protocol;
+        self.scenario.trajectories[t]
+            .unsupported_on(protocol)
+            .is_none()
+    }
+
     pub(super) fn agent_id(&self) -> &str {
         &self.shared.plan.agents[self.agent].id
     }
@@ -178,10 +187,7 @@ impl<'a> Unit<'a> {
     ) -> Pin<Box<dyn Future<Output = bool> + Send + 'a>> {
         Box::pin(async move {
             let node: &ExecNode = &self.scenario.nodes[index];
-            let runnable = node
-                .trajectories
-                .iter()
-                .any(|&t| self.scenario.trajectories[t].unsupported.is_none());
+            let runnable = node.trajectories.iter().any(|&t| self.runs(t));
             if !runnable {
                 // Its trajectories were recorded as skipped: they did not pass.
                 return false;
@@ -247,7 +253,7 @@ impl<'a> Unit<'a> {
         if let Some(stop) = stop {
             // Every trajectory below this node ends here.
             for &t in &node.trajectories {
-                if self.scenario.trajectories[t].unsupported.is_none() {
+                if self.runs(t) {
                     self.finish_trajectory(t, &state, Some(stop.clone())).await;
                 }
             }
@@ -387,15 +393,24 @@ impl<'a> Unit<'a> {
                 }
                 PlannedStep::Expect(checks) => {
                     let turn_index = state.turns.last().map(|t| t.turn_index);
+                    let scope = &self.scenario.scope;
+                    let vars = &state.vars;
                     for c in checks {
                         let record = match turn_index {
-                            Some(_) => criteria::check(c, Scope::Turn, &state.turns, turn_index),
+                            Some(_) => criteria::check_planned(
+                                c,
+                                &self.shared.plan.templates,
+                                || scope.with_vars(vars),
+                                Scope::Turn,
+                                &state.turns,
+                                turn_index,
+                            ),
                             // Validation rejects this; a plan built another way still must
                             // not pass a check that looked at nothing.
                             None => CriterionRecord {
                                 turn_index: None,
-                                criterion: c.text.clone(),
-                                kind: c.kind.name().to_string(),
+                                criterion: c.criterion.text.clone(),
+                                kind: c.criterion.kind.name().to_string(),
                                 status: CriterionStatus::Failed,
                                 detail: Some("no agent turn before this `expect`".into()),
                             },

@@ -11,6 +11,7 @@ use trellis_engine::plan::{Plan, Selection};
 use trellis_engine::record::{
     CriterionStatus, FaultCategory, NodeRecord, RunSummary, TrajectoryRecord, TrajectoryStatus,
 };
+use trellis_engine::render::EnvSnapshot;
 
 /// Every request body the agent received.
 type Seen = Arc<Mutex<Vec<Value>>>;
@@ -69,6 +70,11 @@ struct Run {
 }
 
 async fn run_suite(text: &str, jobs: usize) -> Run {
+    run_suite_with_env(text, jobs, EnvSnapshot::new()).await
+}
+
+/// Runs `text` with `env` as the environment templates see (never the process's).
+async fn run_suite_with_env(text: &str, jobs: usize, env: EnvSnapshot) -> Run {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("suite.kdl");
     std::fs::write(&path, text).unwrap();
@@ -76,7 +82,7 @@ async fn run_suite(text: &str, jobs: usize) -> Run {
         Ok(p) => p,
         Err(d) => panic!("{}", d.render_plain()),
     };
-    let plan = Plan::build(&project, &Selection::default()).unwrap();
+    let plan = Plan::build_with_env(&project, &Selection::default(), Arc::new(env)).unwrap();
     let (tx, mut rx) = event::channel();
     let options = RunOptions {
         run_id: "test".into(),
@@ -384,8 +390,10 @@ scenario "budget" {
 async fn header_templates_render_from_the_environment() {
     use super::support::{MisbehavingServer, OK_BODY};
     let server = MisbehavingServer::respond(200, OK_BODY).await;
-    // SAFETY: this variable name is used by this test only; nothing else reads it.
-    unsafe { std::env::set_var("TRELLIS_TEST_HEADER_TOKEN", "s3cret") };
+    let env = EnvSnapshot::from([(
+        "TRELLIS_TEST_HEADER_TOKEN".to_string(),
+        "s3cret".to_string(),
+    )]);
     let suite = r#"
 agent "env" protocol="connexity" url="URL" {
     header "Authorization" "Bearer {{ env.TRELLIS_TEST_HEADER_TOKEN }}"
@@ -398,7 +406,7 @@ scenario "hello" {
     user "hi"
 }
 "#;
-    let run = run_suite(&suite.replace("URL", &server.url()), 4).await;
+    let run = run_suite_with_env(&suite.replace("URL", &server.url()), 4, env).await;
     let recorded = server.recorded();
     assert_eq!(
         recorded.len(),
@@ -481,4 +489,60 @@ scenario "after" {
             .unwrap()
             .contains("unsupported")
     );
+}
+
+#[tokio::test]
+async fn first_turn_agent_calls_the_agent_with_an_empty_history() {
+    let (url, seen) = echo_agent().await;
+    let suite = r#"
+agent "echo" protocol="connexity" url="URL"
+scenario "greets" {
+    first-turn "agent"
+    expect reply contains="echo"
+    user "hi"
+    expect reply contains="echo: hi"
+}
+"#;
+    let run = run_suite(&suite.replace("URL", &url), 4).await;
+    assert_eq!(run.summary.passed, 1, "{:?}", run.trajectories);
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[0]["messages"], json!([]), "the agent speaks first");
+    let second = seen[1]["messages"].as_array().unwrap();
+    assert_eq!(second.len(), 2);
+    assert_eq!(second[0]["role"], "assistant");
+    assert_eq!(second[1]["content"], "hi");
+    let turns = &run.nodes[0].turns;
+    assert_eq!(turns[0].kind, "opening");
+    assert_eq!(turns[0].user_message, "");
+    assert_eq!(turns[1].kind, "user");
+}
+
+#[tokio::test]
+async fn history_full_resends_the_agents_tool_calls_and_tool_messages() {
+    for (mode, expected) in [("messages", 3), ("full", 5)] {
+        let (url, seen) = echo_agent().await;
+        let suite = format!(
+            r#"
+agent "echo" protocol="connexity" url="{url}" history="{mode}"
+scenario "lookup" {{
+    user "look up"
+    expect tool "lookup" order=42
+    user "thanks"
+}}
+"#
+        );
+        let run = run_suite(&suite, 4).await;
+        assert_eq!(run.summary.passed, 1, "{mode}: {:?}", run.trajectories);
+        let seen = seen.lock().unwrap();
+        let second = seen[1]["messages"].as_array().unwrap();
+        assert_eq!(second.len(), expected, "{mode}: {second:?}");
+        if mode == "full" {
+            assert_eq!(second[1]["tool_calls"][0]["function"]["name"], "lookup");
+            assert_eq!(second[2]["role"], "tool");
+            assert_eq!(second[2]["tool_call_id"], "c1");
+        } else {
+            assert!(second.iter().all(|m| m["role"] != "tool"));
+        }
+    }
 }

@@ -1,8 +1,10 @@
 //! The engine's integration tests, in one binary so the crate links once.
 
 mod builtin_booking;
+mod criterion_templates;
 mod execution;
 mod fixie;
 mod line;
+mod planning;
 mod protocol;
 mod support;

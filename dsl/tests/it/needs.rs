@@ -1,0 +1,111 @@
+//! `needs` references resolve one way everywhere: `ID` in the same suite, `SUITE/ID` in
+//! another, and scenario ids cannot hold the `/` that would make that ambiguous.
+
+use trellis_dsl::graph::{NeedError, NeedsGraph, resolve_need};
+use trellis_dsl::*;
+
+/// Writes `files` (name, text) into a temporary directory and loads it.
+fn load_files(files: &[(&str, &str)]) -> (tempfile::TempDir, Result<Project, Diagnostics>) {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, text) in files {
+        std::fs::write(dir.path().join(name), text).unwrap();
+    }
+    let result = load(&[dir.path()]);
+    (dir, result)
+}
+
+fn index(p: &Project, suite: &str, id: &str) -> (usize, usize) {
+    let si = p.suites.iter().position(|s| s.name == suite).unwrap();
+    let ci = p.suites[si]
+        .scenarios
+        .iter()
+        .position(|s| s.id.value == id)
+        .unwrap();
+    (si, ci)
+}
+
+const X: &str = r#"
+agent "demo" protocol="connexity" builtin="booking"
+scenario "y" { user "hi"; }
+"#;
+
+#[test]
+fn a_scenario_id_with_a_slash_is_an_error_not_a_run_that_waits_on_itself() {
+    // Used to validate, then hang: validation read `x/y` as suite `x`'s `y`, execution as
+    // the scenario itself.
+    let z = r#"scenario "x/y" { needs "x/y"; user "hi"; }"#;
+    let (_dir, result) = load_files(&[("x.kdl", X), ("z.kdl", z)]);
+    let diags = result.expect_err("a `/` in a scenario id must be rejected");
+    let messages: Vec<&str> = diags.iter().map(|d| d.message.as_str()).collect();
+    assert_eq!(
+        messages,
+        ["invalid scenario id `x/y`"],
+        "{}",
+        diags.render_plain()
+    );
+    let d = diags.iter().next().unwrap();
+    assert_eq!(d.code_str(), "trellis::invalid_value");
+    assert!(
+        d.help_text().unwrap().contains("x-y"),
+        "{:?}",
+        d.help_text()
+    );
+}
+
+#[test]
+fn cross_suite_and_same_suite_needs_resolve_the_same_way_everywhere() {
+    let z = r#"
+scenario "setup" { user "hi"; }
+scenario "y" { needs "x/y" "setup"; user "hi"; }
+"#;
+    let (_dir, result) = load_files(&[("x.kdl", X), ("z.kdl", z)]);
+    let p = result.unwrap_or_else(|d| panic!("{}", d.render_plain()));
+    let zi = index(&p, "z", "y").0;
+    assert_eq!(resolve_need(&p, zi, "x/y"), Ok(index(&p, "x", "y")));
+    // `y` alone is the same suite's `y`, even though suite `x` has one too.
+    assert_eq!(resolve_need(&p, zi, "y"), Ok(index(&p, "z", "y")));
+    assert_eq!(resolve_need(&p, zi, "setup"), Ok(index(&p, "z", "setup")));
+    assert_eq!(
+        resolve_need(&p, zi, "nope/y"),
+        Err(NeedError::UnknownSuite {
+            suite: "nope".into()
+        })
+    );
+    assert_eq!(
+        resolve_need(&p, index(&p, "x", "y").0, "setup"),
+        Err(NeedError::UnknownScenario {
+            suite: index(&p, "x", "y").0,
+            id: "setup".into()
+        })
+    );
+
+    // The needs graph holds exactly the two edges validation accepted.
+    let graph = NeedsGraph::build(&p);
+    let mut edges: Vec<((usize, usize), (usize, usize))> = graph
+        .graph
+        .edge_indices()
+        .filter_map(|e| graph.graph.edge_endpoints(e))
+        .map(|(a, b)| (graph.graph[a], graph.graph[b]))
+        .collect();
+    edges.sort();
+    let mut expected = vec![
+        (index(&p, "x", "y"), index(&p, "z", "y")),
+        (index(&p, "z", "setup"), index(&p, "z", "y")),
+    ];
+    expected.sort();
+    assert_eq!(edges, expected);
+}
+
+#[test]
+fn a_bare_id_never_reaches_into_another_suite() {
+    let z = r#"scenario "w" { needs "y"; user "hi"; }"#;
+    let (_dir, result) = load_files(&[("x.kdl", X), ("z.kdl", z)]);
+    let diags = result.expect_err("`y` is not a scenario of suite `z`");
+    let d = diags.iter().next().unwrap();
+    assert_eq!(d.message, "undefined scenario `y` in `needs`");
+    assert_eq!(
+        d.help_text(),
+        Some("`y` is a scenario of suite `x`; write `needs \"x/y\"`")
+    );
+    assert!(d.file.is_some(), "the diagnostic points into z.kdl");
+}

@@ -1,0 +1,139 @@
+//! Planning: `needs` across suites resolve to the scenario validation accepted and run in
+//! order against the builtin booking agent; what cannot run yet is planned as skipped per
+//! protocol.
+
+use std::sync::Arc;
+
+use trellis_dsl::Protocol;
+use trellis_engine::event::{self, Event};
+use trellis_engine::execute::{self, RunOptions};
+use trellis_engine::plan::{Plan, Selection};
+use trellis_engine::record::{TrajectoryRecord, TrajectoryStatus};
+use trellis_engine::render::EnvSnapshot;
+
+fn load_files(files: &[(&str, &str)]) -> (tempfile::TempDir, trellis_dsl::Project) {
+    let dir = tempfile::tempdir().unwrap();
+    for (name, text) in files {
+        std::fs::write(dir.path().join(name), text).unwrap();
+    }
+    match trellis_dsl::load(&[dir.path()]) {
+        Ok(p) => (dir, p),
+        Err(d) => panic!("{}", d.render_plain()),
+    }
+}
+
+const X: &str = r#"
+agent "demo" protocol="connexity" builtin="booking"
+scenario "y" { user "Hi, my postal code is V4T 0A7."; }
+"#;
+const Z: &str = r#"
+scenario "y" { needs "x/y"; user "Hello"; }
+"#;
+
+#[tokio::test]
+async fn a_cross_suite_need_runs_first_and_the_dependent_still_runs() {
+    let (_dir, project) = load_files(&[("x.kdl", X), ("z.kdl", Z)]);
+    let plan = Plan::build_with_env(
+        &project,
+        &Selection::default(),
+        Arc::new(EnvSnapshot::new()),
+    )
+    .unwrap();
+    let name = |i: usize| {
+        let s = &plan.scenarios[i];
+        format!("{}/{}", s.suite, s.scenario.id.value)
+    };
+    let dependent = (0..plan.scenarios.len())
+        .find(|&i| name(i) == "z/y")
+        .unwrap();
+    let needs: Vec<String> = plan.scenarios[dependent]
+        .needs
+        .iter()
+        .map(|&i| name(i))
+        .collect();
+    assert_eq!(
+        needs,
+        ["x/y"],
+        "`needs \"x/y\"` is suite x's y, never z/y itself"
+    );
+
+    let (tx, mut rx) = event::channel();
+    let options = RunOptions {
+        run_id: "test".into(),
+        jobs: 4,
+        stop: Default::default(),
+        strict: false,
+    };
+    let engine = tokio::spawn(execute::run(plan, options, tx));
+    let mut finished: Vec<TrajectoryRecord> = Vec::new();
+    while let Some(ev) = rx.recv().await {
+        if let Event::Trajectory(t) = ev {
+            finished.push(t);
+        }
+    }
+    engine.await.unwrap();
+    let order: Vec<String> = finished
+        .iter()
+        .map(|t| format!("{}/{}", t.suite, t.scenario))
+        .collect();
+    assert_eq!(order, ["x/y", "z/y"]);
+    assert!(
+        finished
+            .iter()
+            .all(|t| t.status == TrajectoryStatus::Passed),
+        "{finished:#?}"
+    );
+}
+
+#[test]
+fn user_steps_are_not_runnable_on_fixie_agents_only() {
+    let suite = r#"
+agent "chat" protocol="connexity" builtin="booking"
+agent "calc" protocol="fixie" url="http://127.0.0.1:9/"
+agent "llm" protocol="openai" base-url="http://127.0.0.1:9/v1" model="m"
+scenario "talk" {
+    agents "chat" "calc" "llm"
+    user "hi"
+    branch "simulated" { simulate turns=2 }
+    branch "scripted" { user "bye" }
+}
+"#;
+    let (_dir, project) = load_files(&[("s.kdl", suite)]);
+    let plan = Plan::build_with_env(
+        &project,
+        &Selection::default(),
+        Arc::new(EnvSnapshot::new()),
+    )
+    .unwrap();
+    let agent = |id: &str| plan.agents.iter().find(|a| &*a.id == id).unwrap();
+    assert!(agent("chat").unsupported.is_none());
+    assert!(
+        agent("calc").unsupported.is_none(),
+        "fixie is a protocol trellis runs"
+    );
+    assert!(
+        agent("llm")
+            .unsupported
+            .as_deref()
+            .unwrap()
+            .contains("`openai`")
+    );
+
+    let s = &plan.scenarios[0];
+    let t = |name: &str| s.trajectories.iter().find(|t| t.name == name).unwrap();
+    let simulated = t("simulated");
+    assert!(
+        simulated
+            .unsupported_on(Protocol::Connexity)
+            .unwrap()
+            .contains("simulate")
+    );
+    let scripted = t("scripted");
+    assert_eq!(scripted.unsupported_on(Protocol::Connexity), None);
+    assert!(
+        scripted
+            .unsupported_on(Protocol::Fixie)
+            .unwrap()
+            .contains("`fixie`")
+    );
+}
