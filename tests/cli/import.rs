@@ -162,6 +162,31 @@ async fn quotes_backslashes_and_line_breaks_reach_the_agent_and_the_check_exactl
 }
 
 #[tokio::test]
+async fn template_braces_are_sent_and_expected_literally() {
+    let agent = numbers().await;
+    let dir = tempfile::tempdir().unwrap();
+    let braces = "{{ 6 * 7 }} {% if x %} {# no #} {a}";
+    let handshake = json!({
+        "few_shots": [format!("Q: Braces.\nAsk Func[echo]: {braces}\nFunc[echo] says: {braces}\nA: ok")],
+    });
+    let file = dir.path().join("handshake.json");
+    std::fs::write(&file, handshake.to_string()).unwrap();
+    let suite = dir.path().join("braces.kdl");
+    let o = import(&[
+        file.to_str().unwrap(),
+        "--url",
+        &agent.url(),
+        "--out",
+        suite.to_str().unwrap(),
+    ])
+    .await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let run = check_and_run(&suite, &dir.path().join("run")).await;
+    assert!(run.contains("1 passed, 0 failed"), "{run}");
+    agent.shutdown().await.unwrap();
+}
+
+#[tokio::test]
 async fn unreadable_sources_and_existing_outputs_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let garbage = dir.path().join("handshake.txt");
