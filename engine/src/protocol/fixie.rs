@@ -247,7 +247,7 @@ impl FixieClient {
     ) -> (Exchange, Result<FunctionReply, Fault>) {
         let inner = &*self.inner;
         let mut exchange = Exchange {
-            label: format!("POST {}{function}", inner.base.path()),
+            label: "POST (not sent: invalid function name)".to_owned(),
             ..Default::default()
         };
         let url = match self.function_url(function) {
