@@ -4,6 +4,7 @@
 
 mod bench;
 mod console;
+mod import;
 mod run;
 
 use std::path::{Path, PathBuf};
@@ -59,6 +60,10 @@ enum Command {
     ///
     /// Example: cargo run --release -- bench --trajectories 10000 --jobs 256
     Bench(bench::BenchArgs),
+    /// Write a suite from what an agent already declares (a Fixie agent's few-shots).
+    ///
+    /// Example: trellis import fixie http://127.0.0.1:8181 --out suites/my-agent.kdl
+    Import(import::ImportArgs),
 }
 
 #[derive(Debug, Args)]
@@ -172,6 +177,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Graph(args) => graph(&args),
         Command::Report(args) => report(&args),
         Command::Bench(args) => bench::bench(args),
+        Command::Import(args) => import::import(args),
     };
     ExitCode::from(code)
 }

@@ -8,6 +8,7 @@
 //! dropped or shut down.
 
 pub mod booking;
+pub mod fixie;
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -16,7 +17,7 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
 /// Names accepted by `builtin="…"`.
-pub const BUILTINS: &[&str] = &["booking"];
+pub const BUILTINS: &[&str] = &["booking", "numbers"];
 
 #[derive(Debug, thiserror::Error)]
 pub enum BuiltinError {
@@ -96,6 +97,7 @@ impl Drop for BuiltinServer {
 pub async fn serve(name: &str) -> Result<BuiltinServer, BuiltinError> {
     let (name, router, path) = match name {
         "booking" => ("booking", booking::router(), booking::PATH),
+        "numbers" => ("numbers", fixie::router(), fixie::PATH),
         _ => {
             return Err(BuiltinError::Unknown {
                 name: name.to_owned(),

@@ -144,8 +144,48 @@ impl HttpTransport {
         max_response_size: u64,
         timeout: Duration,
     ) -> Result<HttpResponse, Fault> {
+        self.bounded(
+            reqwest::Method::POST,
+            url,
+            headers,
+            Some(body),
+            max_response_size,
+            timeout,
+        )
+        .await
+    }
+
+    /// GETs `url` and reads the whole answer within `timeout`, with the same size bound and
+    /// fault mapping as [`HttpTransport::post_json`] (Fixie's handshake).
+    pub async fn get(
+        &self,
+        url: &Url,
+        headers: &HeaderMap,
+        max_response_size: u64,
+        timeout: Duration,
+    ) -> Result<HttpResponse, Fault> {
+        self.bounded(
+            reqwest::Method::GET,
+            url,
+            headers,
+            None,
+            max_response_size,
+            timeout,
+        )
+        .await
+    }
+
+    async fn bounded(
+        &self,
+        method: reqwest::Method,
+        url: &Url,
+        headers: &HeaderMap,
+        body: Option<Bytes>,
+        max_response_size: u64,
+        timeout: Duration,
+    ) -> Result<HttpResponse, Fault> {
         let mut progress = Progress::default();
-        let exchange = self.exchange(url, headers, body, max_response_size, &mut progress);
+        let exchange = self.exchange(method, url, headers, body, max_response_size, &mut progress);
         match tokio::time::timeout(timeout, exchange).await {
             Ok(result) => result,
             Err(_elapsed) => Err(Fault::new(
@@ -161,17 +201,21 @@ impl HttpTransport {
 
     async fn exchange(
         &self,
+        method: reqwest::Method,
         url: &Url,
         headers: &HeaderMap,
-        body: Bytes,
+        body: Option<Bytes>,
         max_response_size: u64,
         progress: &mut Progress,
     ) -> Result<HttpResponse, Fault> {
-        let mut response = self
+        let mut request = self
             .client_for(url)?
-            .post(url.clone())
-            .headers(headers.clone())
-            .body(body)
+            .request(method, url.clone())
+            .headers(headers.clone());
+        if let Some(body) = body {
+            request = request.body(body);
+        }
+        let mut response = request
             .send()
             .await
             .map_err(|e| classify(&e, url, progress))?;

@@ -3,6 +3,7 @@
 mod builtin_booking;
 mod criterion_templates;
 mod execution;
+mod fixie;
 mod line;
 mod planning;
 mod protocol;
