@@ -18,11 +18,13 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use reqwest::Url;
-use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
+use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderValue};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use super::http::{CallLimits, HttpTransport, RetryPolicy, with_retries};
+use super::http::{
+    CallLimits, HeaderError, HttpTransport, RetryPolicy, with_agent_headers, with_retries,
+};
 use super::{
     AgentProtocol, CallContext, ChatMessage, Conversation, Exchange, Session, Turn, TurnInput,
 };
@@ -147,27 +149,13 @@ impl FixieClient {
             ACCEPT,
             HeaderValue::from_static("application/json, application/yaml;q=0.9, */*;q=0.5"),
         );
-        let mut given: Vec<HeaderName> = Vec::with_capacity(headers.len());
-        for (name, value) in headers {
-            let header = HeaderName::from_bytes(name.trim().as_bytes())
-                .map_err(|_| FixieError::InvalidHeaderName(name.clone()))?;
-            let mut value = HeaderValue::from_str(value.trim())
-                .map_err(|_| FixieError::InvalidHeaderValue(name.clone()))?;
-            value.set_sensitive(true);
-            // A repeated header name sends several values; the first occurrence replaces
-            // any default of ours.
-            let repeated = given.contains(&header);
-            for map in [&mut call_headers, &mut handshake_headers] {
-                if repeated {
-                    map.append(header.clone(), value.clone());
-                } else {
-                    map.insert(header.clone(), value.clone());
-                }
-            }
-            if !repeated {
-                given.push(header);
-            }
-        }
+        let header_error = |e: HeaderError| match e {
+            HeaderError::InvalidName(name) => FixieError::InvalidHeaderName(name),
+            HeaderError::InvalidValue(name) => FixieError::InvalidHeaderValue(name),
+        };
+        let call_headers = with_agent_headers(call_headers, &headers).map_err(header_error)?;
+        let handshake_headers =
+            with_agent_headers(handshake_headers, &headers).map_err(header_error)?;
         Ok(FixieClient {
             inner: Arc::new(Inner {
                 base,

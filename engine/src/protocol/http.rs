@@ -55,6 +55,42 @@ impl Default for CallLimits {
     }
 }
 
+/// An agent `header` that cannot be sent.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum HeaderError {
+    #[error("invalid header name `{0}`")]
+    InvalidName(String),
+    // The value is left out on purpose: header values usually carry secrets.
+    #[error(
+        "header `{0}` has an invalid value (control characters or line breaks are not allowed)"
+    )]
+    InvalidValue(String),
+}
+
+/// Lays the agent's rendered `header` nodes over a protocol's default headers. Values are
+/// marked sensitive (never printed); a repeated name sends several values, and its first
+/// occurrence replaces the default of that name.
+pub fn with_agent_headers(
+    mut defaults: HeaderMap,
+    headers: &[(String, String)],
+) -> Result<HeaderMap, HeaderError> {
+    let mut given: Vec<reqwest::header::HeaderName> = Vec::with_capacity(headers.len());
+    for (name, value) in headers {
+        let header = reqwest::header::HeaderName::from_bytes(name.trim().as_bytes())
+            .map_err(|_| HeaderError::InvalidName(name.clone()))?;
+        let mut value = reqwest::header::HeaderValue::from_str(value.trim())
+            .map_err(|_| HeaderError::InvalidValue(name.clone()))?;
+        value.set_sensitive(true);
+        if given.contains(&header) {
+            defaults.append(header, value);
+        } else {
+            defaults.insert(header.clone(), value);
+            given.push(header);
+        }
+    }
+    Ok(defaults)
+}
+
 /// A successful (2xx) HTTP response, body read in full.
 #[derive(Clone, Debug)]
 pub struct HttpResponse {
