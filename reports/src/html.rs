@@ -8,7 +8,6 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
-use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::path::Path;
 
@@ -18,6 +17,7 @@ use trellis_engine::record::{
 };
 
 use crate::error::ReportError;
+use crate::staged::Staged;
 use crate::tally::{Counts, Rendered, Tally};
 use crate::{NodeKey, NodeSlot};
 
@@ -32,14 +32,19 @@ pub(crate) struct Page<'a> {
     pub(crate) rendered: &'a Rendered,
     pub(crate) nodes: &'a HashMap<NodeKey, NodeSlot>,
     pub(crate) skipped_lines: usize,
+    /// Why no transcript could be rendered (the journal was lost), if so.
+    pub(crate) transcripts_missing: Option<&'a str>,
 }
 
+/// Writes the page as `path.partial` and moves it into place once complete.
 pub(crate) fn write(path: &Path, page: &Page<'_>) -> Result<(), ReportError> {
-    let file = File::create(path).map_err(|e| ReportError::io("create", path, e))?;
+    let (staged, file) = Staged::create(path)?;
     let mut out = BufWriter::new(file);
     render(&mut out, page)
         .and_then(|()| out.flush())
-        .map_err(|e| ReportError::io("write", path, e))
+        .map_err(|e| ReportError::io("write", path, e))?;
+    drop(out);
+    staged.publish().map(drop)
 }
 
 /// HTML-escapes text for element content and quoted attribute values.
@@ -85,6 +90,11 @@ fn ms(value: f64) -> String {
     } else {
         format!("{:.2} s", value / 1000.0)
     }
+}
+
+/// `1 check`, `12 checks`.
+fn count(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
 }
 
 fn rate(counts: &Counts) -> String {
@@ -208,6 +218,28 @@ fn render(w: &mut impl Write, p: &Page<'_>) -> io::Result<()> {
             p.skipped_lines
         )?;
     }
+    if let Some(why) = p.transcripts_missing {
+        write!(
+            w,
+            "<p class=\"warn\">Transcripts are not shown: {}. Counts, checks and tables are \
+             complete.</p>",
+            Esc(why)
+        )?;
+    }
+    if p.tally.checks_skipped > 0 {
+        write!(
+            w,
+            "<p class=\"warn\">{} did not run, on {}: a trajectory \
+             whose checks did not run is not evidence that the agent passes them (see \
+             <code>--strict</code>).</p>",
+            count(p.tally.checks_skipped, "check", "checks"),
+            count(
+                p.tally.trajectories_with_skipped_checks,
+                "trajectory",
+                "trajectories"
+            )
+        )?;
+    }
     write!(w, "<div class=\"cards\">")?;
     write!(
         w,
@@ -222,6 +254,7 @@ fn render(w: &mut impl Write, p: &Page<'_>) -> io::Result<()> {
         (total.failed, "failed"),
         (total.errors, "errors"),
         (total.skipped, "skipped"),
+        (p.tally.checks_skipped, "checks not run"),
         (p.tally.turns, "agent turns"),
     ] {
         write!(
@@ -460,6 +493,18 @@ fn trajectory(
         t.turns,
         ms(t.duration_ms)
     )?;
+    let not_run: Vec<&CriterionRecord> = t
+        .criteria
+        .iter()
+        .filter(|c| c.status == CriterionStatus::Skipped)
+        .collect();
+    if !not_run.is_empty() {
+        write!(
+            w,
+            " <span class=\"badge skipped\">{} not run</span>",
+            count(not_run.len() as u64, "check", "checks")
+        )?;
+    }
     for tag in &t.tags {
         write!(w, " <code>#{}</code>", Esc(tag))?;
     }
@@ -483,6 +528,16 @@ fn trajectory(
         }
         write!(w, "</ul>")?;
     }
+    if !not_run.is_empty() {
+        write!(
+            w,
+            "<p><b>Checks that did not run</b></p><ul class=\"checks\">"
+        )?;
+        for c in &not_run {
+            criterion_item(w, c)?;
+        }
+        write!(w, "</ul>")?;
+    }
     if !t.criteria.is_empty() {
         write!(
             w,
@@ -502,7 +557,10 @@ fn trajectory(
     });
     // A skipped trajectory usually never ran: listing its nodes as missing would suggest a
     // crash that did not happen.
-    if t.nodes.is_empty() || (t.status == TrajectoryStatus::Skipped && !any_record) {
+    if t.nodes.is_empty()
+        || (t.status == TrajectoryStatus::Skipped && !any_record)
+        || p.transcripts_missing.is_some()
+    {
         return writeln!(w, "</div></details></section>");
     }
     write!(w, "<p><b>Transcript</b></p>")?;
@@ -581,11 +639,24 @@ fn render_turn(
     if turn.attempts > 1 {
         write!(w, " · {} attempts", turn.attempts)?;
     }
+    if turn.replay {
+        write!(
+            w,
+            " · <b>replay</b> of the shared prefix in this branch's own session (its checks \
+             were judged on the original turn)"
+        )?;
+    }
     write!(w, "</div>")?;
 
+    // Who spoke first: the user, the agent (`opening`), a function call or a human answer.
+    let role = match (turn.kind.as_str(), &turn.function) {
+        (_, Some(function)) => format!("call {}", Esc(function)),
+        ("user", None) => "user".to_owned(),
+        (kind, None) => Esc(kind).to_string(),
+    };
     write!(
         w,
-        "<div class=\"msg user\"><span class=\"role\">user</span>"
+        "<div class=\"msg user\"><span class=\"role\">{role}</span>"
     )?;
     text_block(w, &turn.user_message)?;
     write!(w, "</div>")?;

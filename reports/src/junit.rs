@@ -14,6 +14,7 @@ use std::path::Path;
 use trellis_engine::record::{CriterionStatus, RunInfo, TrajectoryRecord, TrajectoryStatus};
 
 use crate::error::ReportError;
+use crate::staged::Staged;
 
 pub(crate) struct JunitBuilder {
     run_id: String,
@@ -95,13 +96,33 @@ impl JunitBuilder {
                     .iter()
                     .filter(|c| c.status == CriterionStatus::Failed)
                     .collect();
+                let not_run = t
+                    .criteria
+                    .iter()
+                    .filter(|c| c.status == CriterionStatus::Skipped)
+                    .count();
                 let message = match failed.as_slice() {
+                    // Failed with nothing failed: `--strict` counted what did not run.
+                    [] if t.skip_reason.is_some() || not_run > 0 => match &t.skip_reason {
+                        Some(reason) => format!("did not run (--strict): {reason}"),
+                        None => format!("{not_run} check(s) did not run (--strict)"),
+                    },
                     [] => "trajectory failed".to_owned(),
                     [one] => format!("criterion failed: {}", one.criterion),
                     many => format!("{} criteria failed", many.len()),
                 };
                 let mut description = String::new();
-                for c in &failed {
+                // The checks behind the failure: those that failed, or under `--strict`
+                // those that did not run.
+                let listed: Vec<_> = if failed.is_empty() {
+                    t.criteria
+                        .iter()
+                        .filter(|c| c.status == CriterionStatus::Skipped)
+                        .collect()
+                } else {
+                    failed.clone()
+                };
+                for c in &listed {
                     let turn = c
                         .turn_index
                         .map(|i| format!(" (turn {i})"))
@@ -112,7 +133,7 @@ impl JunitBuilder {
                         c.criterion,
                         c.kind,
                         turn,
-                        c.detail.as_deref().unwrap_or("failed")
+                        c.detail.as_deref().unwrap_or(c.status.as_str())
                     );
                 }
                 let _ = write!(
@@ -149,9 +170,10 @@ impl JunitBuilder {
             .map_err(|e| ReportError::io("write", Path::new("junit.xml (spill file)"), e))
     }
 
+    /// Writes `path.partial` and moves it into place once complete.
     pub(crate) fn write(self, path: &Path) -> Result<(), ReportError> {
         let io_err = |e| ReportError::io("write", path, e);
-        let file = File::create(path).map_err(|e| ReportError::io("create", path, e))?;
+        let (staged, file) = Staged::create(path)?;
         let mut out = BufWriter::new(file);
         let total = self.suites.iter().fold(Counts::default(), |mut sum, s| {
             sum.tests += s.counts.tests;
@@ -189,7 +211,9 @@ impl JunitBuilder {
             }
         }
         writeln!(out, "</testsuites>").map_err(io_err)?;
-        out.flush().map_err(io_err)
+        out.flush().map_err(io_err)?;
+        drop(out);
+        staged.publish().map(drop)
     }
 }
 

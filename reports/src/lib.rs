@@ -6,12 +6,15 @@
 //! `runs`), a self-contained `report.html` and a `junit.xml`. The journal is read line by
 //! line and the tables are flushed in bounded batches, so memory does not grow with the run;
 //! a journal cut short by a crash (no `run_finished`, a truncated last line) still yields
-//! every table. The layout of every file is documented in `docs/results.md`.
+//! every table. Every file is written under a temporary name and renamed into place when
+//! complete ([`PARTIAL_SUFFIX`]), and a file that cannot be written does not stop the others.
+//! The layout of every file is documented in `docs/results.md`.
 
 mod error;
 mod html;
 mod journal;
 mod junit;
+mod staged;
 mod tables;
 mod tally;
 
@@ -21,6 +24,7 @@ use std::path::{Path, PathBuf};
 use trellis_engine::record::{JournalEntry, NodeRecord, RunInfo, RunSummary, TrajectoryRecord};
 
 pub use error::ReportError;
+pub use staged::PARTIAL_SUFFIX;
 
 use crate::journal::JournalReader;
 use crate::tables::{RunRow, Tables};
@@ -32,6 +36,17 @@ pub const JOURNAL_FILE: &str = "journal.jsonl";
 pub const HTML_FILE: &str = "report.html";
 /// The JUnit report written into the run directory.
 pub const JUNIT_FILE: &str = "junit.xml";
+/// Every file a run writes into its directory, the journal first.
+pub const RESULT_FILES: [&str; 8] = [
+    JOURNAL_FILE,
+    tables::TRAJECTORIES_FILE,
+    tables::TURNS_FILE,
+    tables::TOOL_CALLS_FILE,
+    tables::CRITERIA_FILE,
+    tables::RUNS_FILE,
+    HTML_FILE,
+    JUNIT_FILE,
+];
 
 /// How much of the run `report.html` renders in full.
 #[derive(Clone, Debug)]
@@ -55,8 +70,8 @@ impl Default for ReportOptions {
     }
 }
 
-/// What [`write_reports`] wrote.
-#[derive(Clone, Debug)]
+/// What [`write_reports`] or [`ReportWriter::finish`] wrote, and what it could not.
+#[derive(Debug)]
 pub struct ReportFiles {
     pub trajectories: PathBuf,
     pub turns: PathBuf,
@@ -71,10 +86,15 @@ pub struct ReportFiles {
     /// Whether the journal ended with `run_finished`; `false` when the run crashed or was
     /// killed.
     pub complete: bool,
+    /// Files that could not be written, with why; every other file is complete.
+    pub not_written: Vec<(PathBuf, ReportError)>,
+    /// Why `report.html` has no transcripts, when it has none because the journal could not
+    /// be read back (see [`ReportWriter::journal_lost`]).
+    pub transcripts_missing: Option<String>,
 }
 
 impl ReportFiles {
-    /// Every file written, tables first.
+    /// Every results file, tables first, whether written or not.
     pub fn paths(&self) -> [&Path; 7] {
         [
             &self.trajectories,
@@ -86,9 +106,23 @@ impl ReportFiles {
             &self.junit,
         ]
     }
+
+    /// The files that were written, tables first.
+    pub fn written(&self) -> impl Iterator<Item = &Path> {
+        self.paths()
+            .into_iter()
+            .filter(|p| !self.not_written.iter().any(|(missing, _)| missing == p))
+    }
+
+    /// Whether `path` is one of the files that could not be written.
+    pub fn is_missing(&self, path: &Path) -> bool {
+        self.not_written.iter().any(|(missing, _)| missing == path)
+    }
 }
 
-/// Reads `run_dir/journal.jsonl` and writes every results file into `run_dir`.
+/// Reads `run_dir/journal.jsonl` and writes every results file into `run_dir`. Fails only
+/// when the journal cannot be opened or read; a file that cannot be written is listed in
+/// [`ReportFiles::not_written`].
 pub fn write_reports(run_dir: &Path, options: &ReportOptions) -> Result<ReportFiles, ReportError> {
     let journal_path = run_dir.join(JOURNAL_FILE);
     let mut journal = JournalReader::open(&journal_path)?;
@@ -98,19 +132,21 @@ pub fn write_reports(run_dir: &Path, options: &ReportOptions) -> Result<ReportFi
     };
     let mut writer = ReportWriter::start(run_dir, &info, options)?;
     while let Some(entry) = journal.next_entry()? {
-        writer.push(&entry)?;
+        writer.push(&entry);
     }
     writer.skipped_lines = journal.skipped;
     drop(journal);
-    writer.finish()
+    Ok(writer.finish())
 }
 
 /// Builds every results file from journal entries as they arrive, so a run can report
 /// while it executes instead of re-reading its journal afterwards. Tables are flushed in
 /// bounded batches; only the HTML transcripts go back to the journal (for the few
-/// trajectories rendered in full), so the journal must be complete on disk at [`finish`].
+/// trajectories rendered in full), so the journal must be complete on disk at [`finish`],
+/// or declared lost with [`journal_lost`].
 ///
 /// [`finish`]: ReportWriter::finish
+/// [`journal_lost`]: ReportWriter::journal_lost
 pub struct ReportWriter {
     run_dir: PathBuf,
     info: RunInfo,
@@ -123,6 +159,10 @@ pub struct ReportWriter {
     /// Trajectory names through each (suite, scenario, node): what makes a node a shared
     /// prefix. Bounded by the size of the suites, not by repetitions.
     paths: HashMap<(String, String, String), HashSet<String>>,
+    /// The first error writing `junit.xml`'s cases; the other files go on without it.
+    junit_failed: Option<ReportError>,
+    /// Why the journal on disk cannot be read back for transcripts.
+    journal_lost: Option<String>,
 }
 
 impl ReportWriter {
@@ -142,22 +182,35 @@ impl ReportWriter {
             finished: None,
             skipped_lines: 0,
             paths: HashMap::new(),
+            junit_failed: None,
+            journal_lost: None,
         })
     }
 
-    pub fn push(&mut self, entry: &JournalEntry) -> Result<(), ReportError> {
+    /// Says that the journal on disk is incomplete or unreadable (it could not be written):
+    /// [`finish`](ReportWriter::finish) then writes every file from what was pushed and
+    /// renders `report.html` without transcripts, saying why, instead of reading the journal.
+    pub fn journal_lost(&mut self, why: impl Into<String>) {
+        self.journal_lost = Some(why.into());
+    }
+
+    /// Takes one entry. A file that cannot be written stops taking entries (its error is
+    /// reported by [`finish`](ReportWriter::finish)); the other files go on.
+    pub fn push(&mut self, entry: &JournalEntry) {
         match entry {
             // A second `run_started` can only come from concatenated journals; the first
             // one names the run.
             JournalEntry::RunStarted(_) | JournalEntry::Agent(_) => {}
             JournalEntry::Node(node) => {
                 self.tally.add_node(node);
-                self.tables.push_node(node)?;
+                self.tables.push_node(node);
             }
             JournalEntry::Trajectory(trajectory) => {
                 self.tally.add_trajectory(trajectory);
-                self.tables.push_trajectory(trajectory)?;
-                self.junit.add(trajectory)?;
+                self.tables.push_trajectory(trajectory);
+                if self.junit_failed.is_none() {
+                    self.junit_failed = self.junit.add(trajectory).err();
+                }
                 self.selection.offer(trajectory);
                 for node in &trajectory.nodes {
                     let key = (
@@ -173,11 +226,11 @@ impl ReportWriter {
             }
             JournalEntry::RunFinished(summary) => self.finished = Some(summary.clone()),
         }
-        Ok(())
     }
 
-    /// Writes the last table batches, `junit.xml` and `report.html`.
-    pub fn finish(self) -> Result<ReportFiles, ReportError> {
+    /// Writes the last table batches, `junit.xml` and `report.html`: each file that can be
+    /// written is, and [`ReportFiles::not_written`] says which could not and why.
+    pub fn finish(self) -> ReportFiles {
         let ReportWriter {
             run_dir,
             info,
@@ -188,9 +241,11 @@ impl ReportWriter {
             finished,
             skipped_lines,
             paths,
+            junit_failed,
+            journal_lost,
         } = self;
         let totals = tally.total;
-        let table_paths = tables.finish(RunRow {
+        let (table_paths, mut not_written) = tables.finish(RunRow {
             info: &info,
             finished: finished.as_ref(),
             trajectories: totals.total(),
@@ -199,15 +254,28 @@ impl ReportWriter {
             errors: totals.errors,
             skipped: totals.skipped,
             turns: tally.turns,
-        })?;
+        });
 
         let junit_path = run_dir.join(JUNIT_FILE);
-        junit.write(&junit_path)?;
+        if let Err(e) = junit_failed.map_or_else(|| junit.write(&junit_path), Err) {
+            not_written.push((junit_path.clone(), e));
+        }
 
         let rendered = selection.into_ordered();
-        let nodes = gather_nodes(&run_dir.join(JOURNAL_FILE), &rendered.trajectories, &paths)?;
+        let (nodes, transcripts_missing) = match journal_lost {
+            Some(why) => (HashMap::new(), Some(why)),
+            None => match gather_nodes(&run_dir.join(JOURNAL_FILE), &rendered.trajectories, &paths)
+            {
+                Ok(nodes) => (nodes, None),
+                // The tables and counts are still right; only the transcripts are missing.
+                Err(e) => (
+                    HashMap::new(),
+                    Some(format!("the journal could not be read back: {e}")),
+                ),
+            },
+        };
         let html_path = run_dir.join(HTML_FILE);
-        html::write(
+        if let Err(e) = html::write(
             &html_path,
             &html::Page {
                 info: &info,
@@ -216,10 +284,13 @@ impl ReportWriter {
                 rendered: &rendered,
                 nodes: &nodes,
                 skipped_lines,
+                transcripts_missing: transcripts_missing.as_deref(),
             },
-        )?;
+        ) {
+            not_written.push((html_path.clone(), e));
+        }
 
-        Ok(ReportFiles {
+        ReportFiles {
             trajectories: table_paths.trajectories,
             turns: table_paths.turns,
             tool_calls: table_paths.tool_calls,
@@ -229,7 +300,9 @@ impl ReportWriter {
             junit: junit_path,
             skipped_lines,
             complete: finished.is_some(),
-        })
+            not_written,
+            transcripts_missing,
+        }
     }
 }
 

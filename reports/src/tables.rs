@@ -4,7 +4,10 @@
 //! Rows are appended to plain `Vec` column buffers; once a table holds `batch_rows` rows (or
 //! roughly [`FLUSH_BYTES`] of text) the buffers become one `DataFrame` that is written as a
 //! row group and dropped. Memory therefore depends on the batch size, never on the size of
-//! the journal. Column names and types are documented in `docs/results.md`.
+//! the journal. Each file is written as `NAME.parquet.partial` and renamed when complete
+//! (see [`crate::staged`]). A table that cannot be written (disk full) stops taking rows and
+//! reports why at the end; the other tables go on. Column names and types are documented in
+//! `docs/results.md`.
 
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
@@ -17,6 +20,7 @@ use trellis_engine::record::{
 };
 
 use crate::error::ReportError;
+use crate::staged::Staged;
 
 /// Flush a table early when its buffered text reaches this size, so a run with very long
 /// replies does not hold `batch_rows` of them at once.
@@ -126,6 +130,9 @@ table!(
         nodes: Vec<Vec<String>>,
         tags: Vec<Vec<String>>,
         criteria_failed: Vec<u32>,
+        checks_passed: Vec<u32>,
+        checks_failed: Vec<u32>,
+        checks_skipped: Vec<u32>,
     }
 );
 
@@ -155,6 +162,10 @@ table!(
         fault_message: Vec<Option<String>>,
         parent_node: Vec<Option<String>>,
         messages: Vec<String>,
+        kind: Vec<String>,
+        function: Vec<Option<String>>,
+        replay: Vec<bool>,
+        exchanges: Vec<String>,
     }
 );
 
@@ -245,82 +256,87 @@ impl Write for SharedFile {
 
 /// One Parquet file being written batch by batch.
 struct TableFile<R: Rows> {
-    path: PathBuf,
+    staged: Staged,
     buf: R,
     file: SharedFile,
     writer: polars::prelude::BatchedWriter<SharedFile>,
     batch_rows: usize,
+    /// The first write error; from then on rows are dropped and [`TableFile::finish`]
+    /// returns it.
+    failed: Option<ReportError>,
 }
 
 impl<R: Rows> TableFile<R> {
     fn create(dir: &Path, name: &str, batch_rows: usize) -> Result<Self, ReportError> {
-        let path = dir.join(name);
-        let file = File::create(&path).map_err(|e| ReportError::io("create", &path, e))?;
+        let (staged, file) = Staged::create(&dir.join(name))?;
         let file = SharedFile(Arc::new(Mutex::new(BufWriter::new(file))));
         let mut buf = R::default();
+        let polars_error = |source| ReportError::Polars {
+            path: staged.path.clone(),
+            source,
+        };
         // The schema comes from the (empty) buffers themselves, so a table that never gets a
         // row is still a valid file with the right columns.
         let schema = buf
             .take_frame()
             .map(|df| df.schema().as_ref().clone())
-            .map_err(|source| ReportError::Polars {
-                path: path.clone(),
-                source,
-            })?;
+            .map_err(polars_error)?;
         let writer = ParquetWriter::new(file.clone())
             .with_compression(ParquetCompression::Zstd(None))
             .batched(&schema)
-            .map_err(|source| ReportError::Polars {
-                path: path.clone(),
-                source,
-            })?;
+            .map_err(polars_error)?;
         Ok(TableFile {
-            path,
+            staged,
             buf,
             file,
             writer,
             batch_rows: batch_rows.max(1),
+            failed: None,
         })
     }
 
     /// Called after each appended row: writes a row group when the batch is full.
-    fn row_done(&mut self) -> Result<(), ReportError> {
-        if self.buf.rows() >= self.batch_rows || self.buf.bytes() >= FLUSH_BYTES {
-            self.flush()?;
+    fn row_done(&mut self) {
+        if self.failed.is_some() {
+            // Nothing more reaches this file; keep memory flat.
+            let _ = self.buf.take_frame();
+        } else if self.buf.rows() >= self.batch_rows || self.buf.bytes() >= FLUSH_BYTES {
+            self.failed = self.flush().err();
         }
-        Ok(())
     }
 
     fn flush(&mut self) -> Result<(), ReportError> {
         if self.buf.rows() == 0 {
             return Ok(());
         }
-        let frame = self
-            .buf
-            .take_frame()
-            .map_err(|source| ReportError::Polars {
-                path: self.path.clone(),
-                source,
-            })?;
-        self.writer
-            .write_batch(&frame)
-            .map_err(|source| ReportError::Polars {
-                path: self.path.clone(),
-                source,
-            })
+        let polars_error = |source| ReportError::Polars {
+            path: self.staged.path.clone(),
+            source,
+        };
+        let frame = self.buf.take_frame().map_err(polars_error)?;
+        self.writer.write_batch(&frame).map_err(polars_error)
     }
 
-    fn finish(mut self) -> Result<PathBuf, ReportError> {
-        self.flush()?;
-        self.writer.finish().map_err(|source| ReportError::Polars {
-            path: self.path.clone(),
-            source,
-        })?;
-        drop(self.writer);
-        let mut file = self.file;
-        file.flush()
-            .map_err(|e| ReportError::io("write", &self.path, e))?;
-        Ok(self.path)
+    /// The path of the finished file, or why it could not be written.
+    fn finish(mut self) -> Result<PathBuf, (PathBuf, ReportError)> {
+        let path = self.staged.path.clone();
+        if let Some(e) = self.failed.take() {
+            return Err((path, e));
+        }
+        let written = self.flush().and_then(|()| {
+            self.writer.finish().map_err(|source| ReportError::Polars {
+                path: path.clone(),
+                source,
+            })?;
+            drop(self.writer);
+            let mut file = self.file;
+            file.flush()
+                .map_err(|e| ReportError::io("write", &path, e))?;
+            // Close before the rename: the last handle is ours.
+            drop(file);
+            self.staged.publish()
+        });
+        written.map_err(|e| (path, e))
     }
 }
 
@@ -336,7 +352,7 @@ pub(crate) struct RunRow<'a> {
     pub(crate) turns: u64,
 }
 
-/// Paths of the tables once written.
+/// Paths of the tables, whether written or not.
 pub(crate) struct TablePaths {
     pub(crate) trajectories: PathBuf,
     pub(crate) turns: PathBuf,
@@ -381,7 +397,7 @@ impl Tables {
         })
     }
 
-    pub(crate) fn push_node(&mut self, node: &NodeRecord) -> Result<(), ReportError> {
+    pub(crate) fn push_node(&mut self, node: &NodeRecord) {
         for turn in &node.turns {
             let t = &mut self.turns.buf;
             let (fault_category, fault_message) = fault_parts(turn.fault.as_ref());
@@ -389,10 +405,13 @@ impl Tables {
             // harmless fallback if it ever did.
             let messages =
                 serde_json::to_string(&turn.messages).unwrap_or_else(|_| "[]".to_owned());
+            let exchanges =
+                serde_json::to_string(&turn.exchanges).unwrap_or_else(|_| "[]".to_owned());
             t.bytes += turn.user_message.len()
                 + opt_len(turn.reply.as_ref())
                 + opt_len(fault_message.as_ref())
-                + messages.len();
+                + messages.len()
+                + exchanges.len();
             t.run_id.push(self.run_id.clone());
             t.suite.push(node.suite.clone());
             t.scenario.push(node.scenario.clone());
@@ -417,8 +436,12 @@ impl Tables {
             t.fault_message.push(fault_message);
             t.parent_node.push(node.parent.clone());
             t.messages.push(messages);
+            t.kind.push(turn.kind.clone());
+            t.function.push(turn.function.clone());
+            t.replay.push(turn.replay);
+            t.exchanges.push(exchanges);
             t.rows += 1;
-            self.turns.row_done()?;
+            self.turns.row_done();
 
             for (call_index, call) in turn.tool_calls.iter().enumerate() {
                 let c = &mut self.tool_calls.buf;
@@ -437,19 +460,18 @@ impl Tables {
                 c.arguments.push(call.arguments.clone());
                 c.result.push(call.result.clone());
                 c.rows += 1;
-                self.tool_calls.row_done()?;
+                self.tool_calls.row_done();
             }
         }
-        Ok(())
     }
 
-    pub(crate) fn push_trajectory(&mut self, tr: &TrajectoryRecord) -> Result<(), ReportError> {
+    pub(crate) fn push_trajectory(&mut self, tr: &TrajectoryRecord) {
         let (fault_category, fault_message) = fault_parts(tr.fault.as_ref());
-        let criteria_failed = tr
-            .criteria
-            .iter()
-            .filter(|c| c.status == CriterionStatus::Failed)
-            .count();
+        let count = |status: CriterionStatus| {
+            let n = tr.criteria.iter().filter(|c| c.status == status).count();
+            u32::try_from(n).unwrap_or(u32::MAX)
+        };
+        let checks_failed = count(CriterionStatus::Failed);
         let t = &mut self.trajectories.buf;
         t.bytes += opt_len(fault_message.as_ref()) + opt_len(tr.skip_reason.as_ref());
         t.run_id.push(self.run_id.clone());
@@ -468,10 +490,12 @@ impl Tables {
         t.skip_reason.push(tr.skip_reason.clone());
         t.nodes.push(tr.nodes.clone());
         t.tags.push(tr.tags.clone());
-        t.criteria_failed
-            .push(u32::try_from(criteria_failed).unwrap_or(u32::MAX));
+        t.criteria_failed.push(checks_failed);
+        t.checks_passed.push(count(CriterionStatus::Passed));
+        t.checks_failed.push(checks_failed);
+        t.checks_skipped.push(count(CriterionStatus::Skipped));
         t.rows += 1;
-        self.trajectories.row_done()?;
+        self.trajectories.row_done();
 
         for criterion in &tr.criteria {
             let c = &mut self.criteria.buf;
@@ -489,13 +513,13 @@ impl Tables {
             c.passed.push(criterion.status == CriterionStatus::Passed);
             c.detail.push(criterion.detail.clone());
             c.rows += 1;
-            self.criteria.row_done()?;
+            self.criteria.row_done();
         }
-        Ok(())
     }
 
-    /// Writes the run row and closes every file.
-    pub(crate) fn finish(mut self, run: RunRow<'_>) -> Result<TablePaths, ReportError> {
+    /// Writes the run row and closes every file; the files that could not be written are
+    /// returned with why.
+    pub(crate) fn finish(mut self, run: RunRow<'_>) -> (TablePaths, Vec<(PathBuf, ReportError)>) {
         let r = &mut self.runs.buf;
         r.run_id.push(run.info.run_id.clone());
         r.started_at.push(run.info.started_at.clone());
@@ -513,12 +537,21 @@ impl Tables {
         r.suites.push(run.info.suites.clone());
         r.rows += 1;
 
-        Ok(TablePaths {
-            trajectories: self.trajectories.finish()?,
-            turns: self.turns.finish()?,
-            tool_calls: self.tool_calls.finish()?,
-            criteria: self.criteria.finish()?,
-            runs: self.runs.finish()?,
-        })
+        let mut failed = Vec::new();
+        let mut done = |result: Result<PathBuf, (PathBuf, ReportError)>| match result {
+            Ok(path) => path,
+            Err((path, e)) => {
+                failed.push((path.clone(), e));
+                path
+            }
+        };
+        let paths = TablePaths {
+            trajectories: done(self.trajectories.finish()),
+            turns: done(self.turns.finish()),
+            tool_calls: done(self.tool_calls.finish()),
+            criteria: done(self.criteria.finish()),
+            runs: done(self.runs.finish()),
+        };
+        (paths, failed)
     }
 }

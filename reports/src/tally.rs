@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use trellis_engine::record::{NodeRecord, TrajectoryRecord, TrajectoryStatus};
+use trellis_engine::record::{CriterionStatus, NodeRecord, TrajectoryRecord, TrajectoryStatus};
 
 use crate::ReportOptions;
 
@@ -47,6 +47,10 @@ pub(crate) struct Tally {
     pub(crate) by_agent: BTreeMap<String, Counts>,
     /// Agent turns actually taken (a shared prefix counts once per repetition).
     pub(crate) turns: u64,
+    /// Checks that did not run (status `skipped`), over every trajectory.
+    pub(crate) checks_skipped: u64,
+    /// Trajectories with at least one check that did not run.
+    pub(crate) trajectories_with_skipped_checks: u64,
 }
 
 impl Tally {
@@ -56,6 +60,15 @@ impl Tally {
 
     pub(crate) fn add_trajectory(&mut self, t: &TrajectoryRecord) {
         self.total.add(t.status);
+        let skipped = t
+            .criteria
+            .iter()
+            .filter(|c| c.status == CriterionStatus::Skipped)
+            .count() as u64;
+        if skipped > 0 {
+            self.checks_skipped = self.checks_skipped.saturating_add(skipped);
+            self.trajectories_with_skipped_checks += 1;
+        }
         self.by_suite
             .entry(t.suite.clone())
             .or_default()

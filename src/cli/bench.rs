@@ -134,7 +134,13 @@ fn measure(suite: &std::path::Path, out: &std::path::Path, jobs: usize) -> Optio
             return None;
         }
     };
-    let outcome = match super::run::execute_plan(plan, "bench", out, jobs, true, true) {
+    let settings = super::run::Settings {
+        jobs,
+        quiet: true,
+        silent: true,
+        strict: false,
+    };
+    let outcome = match super::run::execute_plan(plan, "bench", out, &settings) {
         Ok(o) => o,
         Err(e) => {
             eprintln!("error: {e}");

@@ -1,10 +1,18 @@
 //! The console reporter: a progress bar on a terminal, one line per finished trajectory
 //! otherwise, and a summary table at the end. It reads the same event stream the journal
 //! stores.
+//!
+//! Console output is the one thing a run may lose: `trellis run … | head -5` or quitting
+//! `less` closes stdout, and a closed terminal closes stderr. Everything printed by `run`
+//! goes through [`outln!`] and [`errln!`], which never panic (`println!` does on a closed
+//! pipe) and go silent on a stream after its first failed write, so the run finishes and
+//! writes every results file whatever happens to the console.
 
 use std::collections::BTreeMap;
-use std::io::IsTerminal;
+use std::fmt;
+use std::io::{IsTerminal, Write};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use comfy_table::{Cell, ContentArrangement, Table, presets::UTF8_FULL_CONDENSED};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -13,6 +21,74 @@ use trellis_engine::record::{CriterionStatus, RunSummary, TrajectoryRecord, Traj
 
 /// Failures printed in full at the end; the rest are in the report.
 const FAILURES_SHOWN: usize = 10;
+/// Trajectories whose checks did not run listed at the end; the rest are in the report.
+const UNCHECKED_SHOWN: usize = 10;
+
+/// Set once a write to stdout failed (closed pipe): stdout is not written again.
+static STDOUT_GONE: AtomicBool = AtomicBool::new(false);
+/// Set once a write to stderr failed.
+static STDERR_GONE: AtomicBool = AtomicBool::new(false);
+
+fn write_line(gone: &AtomicBool, mut stream: impl Write, args: fmt::Arguments<'_>) {
+    if gone.load(Ordering::Relaxed) {
+        return;
+    }
+    let written = stream
+        .write_fmt(args)
+        .and_then(|()| stream.write_all(b"\n"))
+        .and_then(|()| stream.flush());
+    if written.is_err() {
+        gone.store(true, Ordering::Relaxed);
+    }
+}
+
+/// One line to stdout; see [`outln!`].
+pub fn out_line(args: fmt::Arguments<'_>) {
+    write_line(&STDOUT_GONE, std::io::stdout().lock(), args);
+}
+
+/// Text as is to stdout, silenced like [`outln!`] by a closed stdout.
+pub fn out_text(text: &str) {
+    if STDOUT_GONE.load(Ordering::Relaxed) {
+        return;
+    }
+    let mut stdout = std::io::stdout().lock();
+    if stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+        .is_err()
+    {
+        STDOUT_GONE.store(true, Ordering::Relaxed);
+    }
+}
+
+/// One line to stderr; see [`errln!`].
+pub fn err_line(args: fmt::Arguments<'_>) {
+    write_line(&STDERR_GONE, std::io::stderr().lock(), args);
+}
+
+/// `println!` that never panics: a closed stdout silences it instead.
+macro_rules! outln {
+    ($($arg:tt)*) => {
+        $crate::cli::console::out_line(format_args!($($arg)*))
+    };
+}
+
+/// `eprintln!` that never panics: a closed stderr silences it instead.
+macro_rules! errln {
+    ($($arg:tt)*) => {
+        $crate::cli::console::err_line(format_args!($($arg)*))
+    };
+}
+
+pub(crate) use {errln, outln};
+
+/// The checks of one trajectory and agent that did not run.
+struct Unchecked {
+    repetitions: Vec<u32>,
+    /// `turn N: criterion` and why it did not run, from the first repetition seen.
+    checks: Vec<(String, String)>,
+}
 
 #[derive(Default)]
 struct Counts {
@@ -33,6 +109,14 @@ pub struct Console {
     failures_total: u64,
     /// Distinct skip reasons with how many trajectories each skipped.
     skip_reasons: BTreeMap<String, u64>,
+    /// Checks that did not run, over every trajectory.
+    checks_skipped: u64,
+    /// Trajectories with checks that did not run, the repetitions of one trajectory and
+    /// agent together: the first few, kept for the summary.
+    unchecked: BTreeMap<(String, String, String, String), Unchecked>,
+    unchecked_total: u64,
+    /// Trajectories with checks that did not run that are not in `unchecked`.
+    unchecked_not_shown: u64,
 }
 
 impl Console {
@@ -55,6 +139,10 @@ impl Console {
             failures: Vec::new(),
             failures_total: 0,
             skip_reasons: BTreeMap::new(),
+            checks_skipped: 0,
+            unchecked: BTreeMap::new(),
+            unchecked_total: 0,
+            unchecked_not_shown: 0,
         }
     }
 
@@ -82,6 +170,16 @@ impl Console {
                 }
             }
         }
+        let not_run = t
+            .criteria
+            .iter()
+            .filter(|c| c.status == CriterionStatus::Skipped)
+            .count();
+        if not_run > 0 {
+            self.checks_skipped += not_run as u64;
+            self.unchecked_total += 1;
+            self.add_unchecked(t);
+        }
         if matches!(t.status, TrajectoryStatus::Failed | TrajectoryStatus::Error) {
             self.failures_total += 1;
             if self.failures.len() < FAILURES_SHOWN {
@@ -94,8 +192,12 @@ impl Console {
                 bar.set_message(format!("({} not passing)", self.failures_total));
             }
         } else if self.lines {
-            eprintln!(
-                "{:>7} {}/{} {} [{} #{}] {} turn(s) {:.0}ms",
+            let not_run = match not_run {
+                0 => String::new(),
+                n => format!(" · {} did not run", count(n as u64, "check", "checks")),
+            };
+            errln!(
+                "{:>7} {}/{} {} [{} #{}] {} turn(s) {:.0}ms{not_run}",
                 status_word(t.status),
                 t.suite,
                 t.scenario,
@@ -108,11 +210,50 @@ impl Console {
         }
     }
 
+    fn add_unchecked(&mut self, t: &TrajectoryRecord) {
+        let key = (
+            t.suite.clone(),
+            t.scenario.clone(),
+            t.trajectory.clone(),
+            t.agent.clone(),
+        );
+        if let Some(entry) = self.unchecked.get_mut(&key) {
+            entry.repetitions.push(t.repetition);
+            return;
+        }
+        if self.unchecked.len() >= UNCHECKED_SHOWN {
+            self.unchecked_not_shown += 1;
+            return;
+        }
+        let checks = t
+            .criteria
+            .iter()
+            .filter(|c| c.status == CriterionStatus::Skipped)
+            .map(|c| {
+                let at = c
+                    .turn_index
+                    .map(|i| format!("turn {i}: "))
+                    .unwrap_or_default();
+                (
+                    format!("{at}{}", c.criterion),
+                    c.detail.clone().unwrap_or_else(|| "no reason given".into()),
+                )
+            })
+            .collect();
+        self.unchecked.insert(
+            key,
+            Unchecked {
+                repetitions: vec![t.repetition],
+                checks,
+            },
+        );
+    }
+
     pub fn finish(
         &self,
         summary: Option<&RunSummary>,
         out: &Path,
-        journal: &Path,
+        journal: Option<&Path>,
         files: &trellis_reports::ReportFiles,
     ) {
         if let Some(bar) = &self.bar {
@@ -153,7 +294,7 @@ impl Console {
                 Cell::new(rate),
             ]);
         }
-        println!("{table}");
+        outln!("{table}");
 
         let mut failures: Vec<&TrajectoryRecord> = self.failures.iter().collect();
         failures.sort_by(|a, b| {
@@ -166,7 +307,7 @@ impl Console {
             ))
         });
         for t in failures {
-            println!(
+            outln!(
                 "\n{} {}/{} {} [{} #{}]",
                 status_word(t.status),
                 t.suite,
@@ -176,7 +317,7 @@ impl Console {
                 t.repetition
             );
             if let Some(f) = &t.fault {
-                println!("    {} fault: {}", f.category.as_str(), f.message);
+                outln!("    {} fault: {}", f.category.as_str(), f.message);
             }
             for c in t
                 .criteria
@@ -187,22 +328,62 @@ impl Console {
                     .turn_index
                     .map(|i| format!("turn {i}: "))
                     .unwrap_or_default();
-                println!(
+                outln!(
                     "    ✗ {at}{}\n      {}",
                     c.criterion,
                     c.detail.as_deref().unwrap_or("")
                 );
             }
+            // Failed with nothing failed: `--strict` turned what did not run into a failure.
+            let nothing_failed = t.fault.is_none()
+                && !t
+                    .criteria
+                    .iter()
+                    .any(|c| c.status == CriterionStatus::Failed);
+            if nothing_failed {
+                if let Some(reason) = &t.skip_reason {
+                    outln!("    ✗ did not run (--strict): {reason}");
+                }
+                let not_run = t
+                    .criteria
+                    .iter()
+                    .filter(|c| c.status == CriterionStatus::Skipped)
+                    .count();
+                if not_run > 0 {
+                    outln!(
+                        "    ✗ {} did not run (--strict): see UNCHECKED below",
+                        count(not_run as u64, "check", "checks")
+                    );
+                }
+            }
         }
         if self.failures_total > self.failures.len() as u64 {
-            println!(
+            outln!(
                 "\n… and {} more not passing: see the report",
                 self.failures_total - self.failures.len() as u64
             );
         }
 
         for (reason, n) in &self.skip_reasons {
-            println!("\nSKIP {n} trajectory(ies): {reason}");
+            outln!("\nSKIP {n} trajectory(ies): {reason}");
+        }
+        for ((suite, scenario, trajectory, agent), u) in &self.unchecked {
+            let mut repetitions = u.repetitions.clone();
+            repetitions.sort_unstable();
+            let repetitions: Vec<String> = repetitions.iter().map(|r| format!("#{r}")).collect();
+            outln!(
+                "\nUNCHECKED {suite}/{scenario} {trajectory} [{agent} {}]: checks that did not run",
+                repetitions.join(" ")
+            );
+            for (check, why) in &u.checks {
+                outln!("    - {check}\n      {why}");
+            }
+        }
+        if self.unchecked_not_shown > 0 {
+            outln!(
+                "\n… and {} more trajectory(ies) with checks that did not run: see the report",
+                self.unchecked_not_shown
+            );
         }
         if summary.is_none() {
             let (mut passed, mut failed, mut errors, mut skipped) = (0, 0, 0, 0);
@@ -212,14 +393,14 @@ impl Console {
                 errors += c.errors;
                 skipped += c.skipped;
             }
-            println!(
+            outln!(
                 "\nrun did not finish: {} trajectories recorded ({passed} passed, {failed} failed, \
                  {errors} error, {skipped} skipped)",
                 passed + failed + errors + skipped
             );
         }
         if let Some(s) = summary {
-            println!(
+            outln!(
                 "\n{} trajectories: {} passed, {} failed, {} error, {} skipped · {} turns in {:.1}s",
                 s.trajectories,
                 s.passed,
@@ -230,9 +411,31 @@ impl Console {
                 s.duration_ms / 1000.0
             );
         }
-        println!("results: {}", out.display());
-        println!("  report   {}", files.html.display());
-        println!(
+        if self.checks_skipped > 0 {
+            outln!(
+                "{} did not run (on {}); --strict counts them as failures",
+                count(self.checks_skipped, "check", "checks"),
+                count(self.unchecked_total, "trajectory", "trajectories")
+            );
+        }
+        outln!("results: {}", out.display());
+        // Tables by name (they sit next to each other); the files people open by full path.
+        let shown = |path: &Path, full: bool| {
+            let name = if full {
+                path.display().to_string()
+            } else {
+                path.file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            };
+            if files.is_missing(path) {
+                format!("{name} (NOT WRITTEN)")
+            } else {
+                name
+            }
+        };
+        outln!("  report   {}", shown(&files.html, true));
+        outln!(
             "  tables   {}",
             [
                 &files.trajectories,
@@ -242,13 +445,21 @@ impl Console {
                 &files.runs
             ]
             .iter()
-            .filter_map(|p| p.file_name().and_then(|n| n.to_str()))
+            .map(|p| shown(p, false))
             .collect::<Vec<_>>()
             .join(", ")
         );
-        println!("  junit    {}", files.junit.display());
-        println!("  journal  {}", journal.display());
+        outln!("  junit    {}", shown(&files.junit, true));
+        match journal {
+            Some(journal) => outln!("  journal  {}", journal.display()),
+            None => outln!("  journal  (incomplete: could not be written)"),
+        }
     }
+}
+
+/// `1 check`, `12 checks`.
+fn count(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
 }
 
 fn status_word(status: TrajectoryStatus) -> &'static str {

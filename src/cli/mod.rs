@@ -1,8 +1,10 @@
 //! Commands and their arguments. Exit codes: 0 all passed, 1 a criterion failed or a fault
-//! occurred, 2 invalid suite or usage.
+//! occurred, 2 invalid suite or usage, 3 results incomplete (a results file could not be
+//! written), 130 stopped by Ctrl-C, 143 stopped by SIGTERM.
 
 mod bench;
 mod console;
+mod import;
 mod run;
 
 use std::path::{Path, PathBuf};
@@ -15,6 +17,8 @@ use trellis_engine::plan::{Plan, Selection};
 pub const EXIT_OK: u8 = 0;
 pub const EXIT_FAILED: u8 = 1;
 pub const EXIT_INVALID: u8 = 2;
+/// The run finished but a results file (journal, a table, HTML or JUnit) could not be written.
+pub const EXIT_INCOMPLETE: u8 = 3;
 
 /// Declarative evals for conversational AI agents.
 #[derive(Debug, Parser)]
@@ -31,7 +35,9 @@ enum Command {
     /// Example: trellis run suites/ --jobs 32 --filter 'book-*'
     ///
     /// Results go to runs/<run-id>/ (or --out). Exit code 0 when every trajectory passed,
-    /// 1 when a criterion failed or an agent faulted, 2 when a suite is invalid.
+    /// 1 when a criterion failed or an agent faulted, 2 when a suite or the command line is
+    /// invalid, 3 when a results file could not be written, 130 after Ctrl-C, 143 after
+    /// SIGTERM (finished trajectories are reported either way).
     Run(RunArgs),
     /// Validate suites without running anything; prints every problem at once.
     ///
@@ -54,6 +60,10 @@ enum Command {
     ///
     /// Example: cargo run --release -- bench --trajectories 10000 --jobs 256
     Bench(bench::BenchArgs),
+    /// Write a suite from what an agent already declares (a Fixie agent's few-shots).
+    ///
+    /// Example: trellis import fixie http://127.0.0.1:8181 --out suites/my-agent.kdl
+    Import(import::ImportArgs),
 }
 
 #[derive(Debug, Args)]
@@ -91,9 +101,18 @@ pub struct RunArgs {
     paths: PathArgs,
     #[command(flatten)]
     select: SelectArgs,
-    /// Output directory. Default: runs/<run-id>
+    /// Output directory. Default: runs/<run-id>. A directory that holds an earlier run is
+    /// refused unless --replace is given.
     #[arg(long, value_name = "DIR")]
     out: Option<PathBuf>,
+    /// Let --out replace the earlier run in that directory (its journal, tables and reports
+    /// are deleted first).
+    #[arg(long)]
+    replace: bool,
+    /// A check that did not run, or a trajectory that was skipped, fails its trajectory
+    /// (and so the run).
+    #[arg(long)]
+    strict: bool,
     /// Agent calls in flight at once across the run.
     #[arg(long, short = 'j', default_value_t = 32, value_parser = jobs_in_range)]
     jobs: usize,
@@ -158,6 +177,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Graph(args) => graph(&args),
         Command::Report(args) => report(&args),
         Command::Bench(args) => bench::bench(args),
+        Command::Import(args) => import::import(args),
     };
     ExitCode::from(code)
 }
@@ -173,7 +193,7 @@ pub fn load(paths: &[PathBuf]) -> Option<trellis_dsl::Project> {
     match trellis_dsl::load(paths) {
         Ok(project) => Some(project),
         Err(diagnostics) => {
-            eprintln!("{:?}", miette::Report::new(diagnostics));
+            console::errln!("{:?}", miette::Report::new(diagnostics));
             None
         }
     }
@@ -183,7 +203,7 @@ fn plan(project: &trellis_dsl::Project, select: &SelectArgs) -> Option<Plan> {
     match Plan::build(project, &select.selection()) {
         Ok(plan) => Some(plan),
         Err(e) => {
-            eprintln!("{:?}", miette::Report::new(e));
+            console::errln!("{:?}", miette::Report::new(e));
             None
         }
     }
@@ -246,7 +266,7 @@ fn list(args: &ListArgs) -> u8 {
     };
     for s in &plan.scenarios {
         let agents: Vec<&str> = s.agents.iter().map(|&a| &*plan.agents[a].id).collect();
-        println!(
+        console::outln!(
             "{}/{}  agents: {}  repeat: {}{}",
             s.suite,
             s.scenario.id.value,
@@ -267,7 +287,7 @@ fn list(args: &ListArgs) -> u8 {
             }
         );
         for t in &s.trajectories {
-            println!(
+            console::outln!(
                 "    {}  ({}){}",
                 t.name,
                 t.nodes.join(" > "),
@@ -278,7 +298,7 @@ fn list(args: &ListArgs) -> u8 {
             );
         }
     }
-    println!(
+    console::outln!(
         "{} scenario(s), {} trajectory run(s) with repetitions",
         plan.scenarios.len(),
         plan.trajectory_count()
@@ -295,7 +315,7 @@ fn graph(args: &GraphArgs) -> u8 {
         Format::Mermaid => GraphFormat::Mermaid,
     };
     if args.needs {
-        print!("{}", trellis_dsl::graph::render_needs(&project, format));
+        console::out_text(&trellis_dsl::graph::render_needs(&project, format));
         return EXIT_OK;
     }
     let Some(plan) = plan(&project, &args.select) else {
@@ -305,32 +325,39 @@ fn graph(args: &GraphArgs) -> u8 {
         .scenarios
         .iter()
         .map(|s| (&*s.suite, s.scenario.as_ref()));
-    print!(
-        "{}",
-        trellis_dsl::graph::render_trajectories(scenarios, format)
-    );
+    console::out_text(&trellis_dsl::graph::render_trajectories(scenarios, format));
     EXIT_OK
 }
 
 fn report(args: &ReportArgs) -> u8 {
     match trellis_reports::write_reports(&args.dir, &trellis_reports::ReportOptions::default()) {
         Ok(files) => {
-            for path in files.paths() {
-                println!("{}", path.display());
+            for path in files.written() {
+                console::outln!("{}", path.display());
             }
             if !files.complete {
-                println!("note: the journal has no end: the run did not finish");
+                console::outln!("note: the journal has no end: the run did not finish");
             }
             if files.skipped_lines > 0 {
-                println!(
+                console::outln!(
                     "note: {} journal line(s) could not be read and were skipped",
                     files.skipped_lines
                 );
             }
-            EXIT_OK
+            if files.not_written.is_empty() {
+                return EXIT_OK;
+            }
+            console::errln!("error: results are incomplete:");
+            for (path, e) in &files.not_written {
+                let why = std::error::Error::source(e)
+                    .map(|s| format!(": {s}"))
+                    .unwrap_or_default();
+                console::errln!("  - {} was not written: {e}{why}", path.display());
+            }
+            EXIT_INCOMPLETE
         }
         Err(e) => {
-            eprintln!("{:?}", miette::Report::new(e));
+            console::errln!("{:?}", miette::Report::new(e));
             EXIT_INVALID
         }
     }

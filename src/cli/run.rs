@@ -1,9 +1,17 @@
-//! `trellis run`: load, plan, execute with the journal and console as reporters on the
-//! event stream, then turn the journal into Parquet, HTML and JUnit.
+//! `trellis run`: load, plan, execute with the journal, the result tables and the console as
+//! reporters on the event stream, then write Parquet, HTML and JUnit.
+//!
+//! The results must survive what users do to a run: a closed console (see
+//! [`super::console`]), Ctrl-C and SIGTERM (stop starting calls, give calls in flight a grace
+//! period, write everything finished), a journal that cannot be written (the other files
+//! are still written from the event stream) and an `--out` that holds an earlier run
+//! (refused unless `--replace`).
 
-use std::path::Path;
-use std::time::SystemTime;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
 
+use tokio::signal::unix::{Signal, SignalKind, signal};
+use tokio::task::JoinHandle;
 use trellis_engine::event::{self, Event};
 use trellis_engine::execute::{self, RunOptions};
 use trellis_engine::journal::{JournalError, JournalWriter};
@@ -11,11 +19,15 @@ use trellis_engine::plan::Plan;
 use trellis_engine::record::RunSummary;
 use trellis_reports::ReportWriter;
 
-use super::console::Console;
-use super::{EXIT_FAILED, EXIT_INVALID, EXIT_OK, RunArgs};
+use super::console::{Console, errln};
+use super::{EXIT_FAILED, EXIT_INCOMPLETE, EXIT_INVALID, EXIT_OK, RunArgs};
 
-/// Exit code when the run was interrupted (Ctrl-C); finished trajectories are still reported.
-const EXIT_INTERRUPTED: u8 = 130;
+/// Exit code when Ctrl-C (SIGINT) stopped the run; finished trajectories are still reported.
+pub const EXIT_INTERRUPTED: u8 = 130;
+/// Exit code when SIGTERM (CI cancellation, `docker stop`) stopped the run.
+pub const EXIT_TERMINATED: u8 = 143;
+/// How long agent calls in flight may take to finish once a run is told to stop.
+const GRACE: Duration = Duration::from_secs(5);
 
 pub fn run(args: RunArgs) -> u8 {
     let Some(project) = super::load(&args.paths.paths) else {
@@ -25,7 +37,7 @@ pub fn run(args: RunArgs) -> u8 {
         return EXIT_INVALID;
     };
     if plan.scenarios.is_empty() {
-        eprintln!("error: no scenario matches the selection");
+        errln!("error: no scenario matches the selection");
         return EXIT_INVALID;
     }
     let run_id = new_run_id();
@@ -33,13 +45,76 @@ pub fn run(args: RunArgs) -> u8 {
         .out
         .clone()
         .unwrap_or_else(|| super::default_out_dir(&run_id));
-    match execute_plan(plan, &run_id, &out, args.jobs, args.quiet, false) {
+    if let Err(message) = claim_out_dir(&out, args.replace) {
+        errln!("error: {message}");
+        return EXIT_INVALID;
+    }
+    let settings = Settings {
+        jobs: args.jobs,
+        quiet: args.quiet,
+        silent: false,
+        strict: args.strict,
+    };
+    match execute_plan(plan, &run_id, &out, &settings) {
         Ok(outcome) => outcome.exit_code,
         Err(message) => {
-            eprintln!("error: {message}");
+            errln!("error: {message}");
             EXIT_INVALID
         }
     }
+}
+
+/// Makes sure `out` does not hold an earlier run, or clears it when `replace` says so: a
+/// new journal over an old one would silently lose the earlier results.
+fn claim_out_dir(out: &Path, replace: bool) -> Result<(), String> {
+    let journal = out.join(trellis_reports::JOURNAL_FILE);
+    // Only a regular file is an earlier run's journal; a device or a dangling name is not
+    // a result anyone can lose.
+    let earlier_run = std::fs::metadata(&journal).is_ok_and(|m| m.is_file());
+    if !earlier_run {
+        return Ok(());
+    }
+    if !replace {
+        return Err(format!(
+            "{} already holds a run ({} exists); pass --replace to overwrite that run's \
+             files, or choose another --out (without --out every run gets its own \
+             runs/<run-id>)",
+            out.display(),
+            journal.display()
+        ));
+    }
+    // The earlier run's files go before the new run starts, so a new run that is killed
+    // early never leaves its journal next to the old run's tables.
+    for name in trellis_reports::RESULT_FILES {
+        let path = out.join(name);
+        let mut partial = path.as_os_str().to_owned();
+        partial.push(trellis_reports::PARTIAL_SUFFIX);
+        for path in [path, PathBuf::from(partial)] {
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(format!(
+                        "cannot remove {} to replace the earlier run: {e}",
+                        path.display()
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// How [`execute_plan`] runs and reports.
+pub struct Settings {
+    /// Agent calls in flight at once.
+    pub jobs: usize,
+    /// No progress output, only the summary.
+    pub quiet: bool,
+    /// Nothing on the console at all (benchmarks).
+    pub silent: bool,
+    /// A check or trajectory that did not run fails its trajectory.
+    pub strict: bool,
 }
 
 pub struct Outcome {
@@ -49,7 +124,62 @@ pub struct Outcome {
     pub report_cpu: f64,
 }
 
-/// Runs a plan into `out` and writes every report. Shared by `run` and `bench`.
+/// What stopped a run before its end.
+#[derive(Clone, Copy, Debug)]
+enum StopSignal {
+    Interrupt,
+    Terminate,
+}
+
+impl StopSignal {
+    fn name(self) -> &'static str {
+        match self {
+            StopSignal::Interrupt => "interrupted (SIGINT)",
+            StopSignal::Terminate => "terminated (SIGTERM)",
+        }
+    }
+
+    fn exit_code(self) -> u8 {
+        match self {
+            StopSignal::Interrupt => EXIT_INTERRUPTED,
+            StopSignal::Terminate => EXIT_TERMINATED,
+        }
+    }
+}
+
+/// SIGINT and SIGTERM, watched from before the engine starts.
+struct Signals {
+    interrupt: Option<Signal>,
+    terminate: Option<Signal>,
+}
+
+impl Signals {
+    /// Must run inside the runtime. A signal that cannot be watched keeps its default
+    /// action (the process stops; the journal keeps what finished).
+    fn watch() -> Self {
+        Signals {
+            interrupt: signal(SignalKind::interrupt()).ok(),
+            terminate: signal(SignalKind::terminate()).ok(),
+        }
+    }
+
+    async fn next(&mut self) -> StopSignal {
+        async fn recv(signal: &mut Option<Signal>) -> Option<()> {
+            match signal {
+                Some(signal) => signal.recv().await,
+                None => std::future::pending().await,
+            }
+        }
+        tokio::select! {
+            Some(()) = recv(&mut self.interrupt) => StopSignal::Interrupt,
+            Some(()) = recv(&mut self.terminate) => StopSignal::Terminate,
+            else => std::future::pending().await,
+        }
+    }
+}
+
+/// Runs a plan into `out` and writes every report. Shared by `run` and `bench`. `Err` means
+/// nothing ran (the run directory or the runtime could not be set up).
 ///
 /// The engine runs on this thread's runtime; every reporter (journal, tables, console) runs
 /// on a thread of its own fed by the event stream, so writing results never delays an agent
@@ -58,31 +188,31 @@ pub fn execute_plan(
     plan: Plan,
     run_id: &str,
     out: &Path,
-    jobs: usize,
-    quiet: bool,
-    silent: bool,
+    settings: &Settings,
 ) -> Result<Outcome, String> {
     let journal = JournalWriter::create(out).map_err(|e| format!("{e}: {}", source(&e)))?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    let silent = settings.silent;
     let reporter = Reporter {
         journal,
         journal_error: None,
         report: None,
         report_error: None,
         report_options: trellis_reports::ReportOptions::default(),
-        console: Console::new(plan.trajectory_count(), quiet, silent),
+        console: Console::new(plan.trajectory_count(), settings.quiet, silent),
         out: out.to_path_buf(),
         summary: None,
     };
     let options = RunOptions {
         run_id: run_id.to_string(),
-        jobs,
+        jobs: settings.jobs,
         stop: Default::default(),
-        strict: false,
+        strict: settings.strict,
     };
+    let stop = options.stop.clone();
     let (tx, mut rx) = event::channel();
     let reporter = std::thread::Builder::new()
         .name("trellis-reporter".into())
@@ -95,36 +225,61 @@ pub fn execute_plan(
         })
         .map_err(|e| format!("cannot start the reporter thread: {e}"))?;
 
-    let interrupted = runtime.block_on(async {
+    let stopped_by = runtime.block_on(async {
+        let mut signals = Signals::watch();
         let mut engine = tokio::spawn(execute::run(plan, options, tx));
-        tokio::select! {
+        let first = tokio::select! {
             finished = &mut engine => {
-                if let Err(e) = finished
-                    && e.is_panic()
-                {
-                    // Units catch their own panics; this is one outside them. The run has no
-                    // summary, so it exits 1 and reports what the journal holds.
-                    eprintln!("error: trellis failed while running (a bug): {e}");
-                }
-                false
+                engine_ended(finished);
+                return None;
             }
-            _ = tokio::signal::ctrl_c() => {
+            signal = signals.next() => signal,
+        };
+        // Graceful first: no new agent call starts, calls in flight may finish and their
+        // trajectories are recorded. A second signal or the end of the grace period cuts
+        // the rest off.
+        stop.cancel();
+        if !silent {
+            errln!(
+                "{}: stopping: no new agent call starts, calls in flight get {}s to finish, \
+                 finished trajectories are kept and reported (signal again to stop at once)",
+                first.name(),
+                GRACE.as_secs()
+            );
+        }
+        tokio::select! {
+            finished = &mut engine => engine_ended(finished),
+            () = tokio::time::sleep(GRACE) => {
                 if !silent {
-                    eprintln!("interrupted: stopping; finished trajectories are kept and reported");
+                    errln!("calls still in flight after {}s are abandoned", GRACE.as_secs());
                 }
-                engine.abort();
-                let _ = engine.await;
-                true
+                abort(engine).await;
+            }
+            again = signals.next() => {
+                if !silent {
+                    errln!("{} again: stopping now", again.name());
+                }
+                abort(engine).await;
             }
         }
+        Some(first)
     });
     // Dropping the runtime drops every task still holding an event sender, which ends the
     // reporter's stream; agent tasks of an aborted run are not waited for.
     runtime.shutdown_background();
-    restore_default_interrupt();
-    let (reporter, mut report_cpu) = reporter
-        .join()
-        .map_err(|_| "the reporter thread panicked".to_string())?;
+    restore_default_signals();
+    let Ok((reporter, mut report_cpu)) = reporter.join() else {
+        errln!(
+            "error: trellis failed while reporting (a bug); results are incomplete: \
+             `trellis report {}` rebuilds them from the journal",
+            out.display()
+        );
+        return Ok(Outcome {
+            exit_code: stopped_by.map_or(EXIT_INCOMPLETE, StopSignal::exit_code),
+            summary: None,
+            report_cpu: 0.0,
+        });
+    };
     let Reporter {
         journal,
         journal_error,
@@ -135,41 +290,83 @@ pub fn execute_plan(
         summary,
         ..
     } = reporter;
-    if let Some(e) = journal_error {
-        return Err(format!("{e}: {}", source(&e)));
-    }
-    // The HTML transcripts are read back from the journal: it must be complete on disk first.
-    let journal_path = journal
-        .finish()
-        .map_err(|e| format!("{e}: {}", source(&e)))?;
+
+    // What could not be written, said once at the end.
+    let mut problems: Vec<String> = Vec::new();
+    let journal_error = match journal_error {
+        Some(e) => Some(e),
+        // The HTML transcripts are read back from the journal: it must be on disk first.
+        None => journal.finish().err(),
+    };
+    let journal_path = match &journal_error {
+        None => Some(out.join(trellis_reports::JOURNAL_FILE)),
+        Some(e) => {
+            problems.push(format!(
+                "{e}: {}; report.html has no transcripts and `trellis report` cannot \
+                 rebuild this run",
+                source(e)
+            ));
+            None
+        }
+    };
 
     let cpu_before_finish = super::bench::thread_cpu_time();
     let files = match (report, report_error) {
-        (Some(writer), None) => writer.finish(),
+        (Some(mut writer), None) => {
+            if let Some(e) = &journal_error {
+                writer.journal_lost(format!("the journal could not be written ({})", source(e)));
+            }
+            Ok(writer.finish())
+        }
         (_, Some(e)) => Err(e),
         // No event reached the writer: rebuild from whatever the journal holds.
         (None, None) => trellis_reports::write_reports(out, &report_options),
     };
     report_cpu += super::bench::thread_cpu_time() - cpu_before_finish;
-    let files = match files {
-        Ok(files) => files,
-        Err(e) => {
-            eprintln!("{:?}", miette::Report::new(e));
-            return Ok(Outcome {
-                exit_code: EXIT_FAILED,
-                summary,
-                report_cpu,
-            });
+    match &files {
+        Ok(files) => {
+            for (path, e) in &files.not_written {
+                problems.push(format!(
+                    "{} was not written: {e}: {}",
+                    path.display(),
+                    source(e)
+                ));
+            }
         }
-    };
-    console.finish(summary.as_ref(), out, &journal_path, &files);
-    let exit_code = if interrupted {
-        EXIT_INTERRUPTED
-    } else {
-        match &summary {
+        Err(e) => problems.push(format!(
+            "no results file was written: {e}: {}{}",
+            source(e),
+            if journal_path.is_some() {
+                format!("; `trellis report {}` rebuilds them", out.display())
+            } else {
+                String::new()
+            }
+        )),
+    }
+    if let Ok(files) = &files {
+        console.finish(summary.as_ref(), out, journal_path.as_deref(), files);
+    }
+    if let Some(signal) = stopped_by
+        && !silent
+    {
+        errln!(
+            "the run was {} before its end: only finished trajectories are reported",
+            signal.name()
+        );
+    }
+    if !problems.is_empty() {
+        errln!("error: results are incomplete:");
+        for problem in &problems {
+            errln!("  - {problem}");
+        }
+    }
+    let exit_code = match stopped_by {
+        Some(signal) => signal.exit_code(),
+        None if !problems.is_empty() => EXIT_INCOMPLETE,
+        None => match &summary {
             Some(s) if s.failed == 0 && s.errors == 0 => EXIT_OK,
             _ => EXIT_FAILED,
-        }
+        },
     };
     Ok(Outcome {
         exit_code,
@@ -178,18 +375,33 @@ pub fn execute_plan(
     })
 }
 
+fn engine_ended(finished: Result<RunSummary, tokio::task::JoinError>) {
+    if let Err(e) = finished
+        && e.is_panic()
+    {
+        // Units catch their own panics; this is one outside them. The run has no summary,
+        // so it exits 1 and reports what the journal holds.
+        errln!("error: trellis failed while running (a bug): {e}");
+    }
+}
+
+async fn abort(engine: JoinHandle<RunSummary>) {
+    engine.abort();
+    let _ = engine.await;
+}
+
 /// Everything that consumes the event stream: the journal first (it is what survives a
-/// crash), then the result tables, then the console.
+/// crash), then the result tables, then the console. None of them stops the others: a
+/// journal that cannot be written still leaves the tables, HTML and JUnit.
 struct Reporter {
     journal: JournalWriter,
     journal_error: Option<JournalError>,
     report: Option<ReportWriter>,
-    /// The first report error stops reporting (it is shown at the end) but never the run:
-    /// the journal still records everything and `write_reports` can rebuild from it.
+    /// The report writer could not start; the error is shown at the end.
     report_error: Option<trellis_reports::ReportError>,
     report_options: trellis_reports::ReportOptions,
     console: Console,
-    out: std::path::PathBuf,
+    out: PathBuf,
     summary: Option<RunSummary>,
 }
 
@@ -200,18 +412,15 @@ impl Reporter {
         {
             self.journal_error = Some(e);
         }
-        if self.report_error.is_none() {
-            let result = match (self.report.as_mut(), event) {
-                (None, Event::RunStarted(info)) => {
-                    ReportWriter::start(&self.out, info, &self.report_options)
-                        .map(|w| self.report = Some(w))
+        match (self.report.as_mut(), event) {
+            (Some(writer), event) => writer.push(event),
+            (None, Event::RunStarted(info)) if self.report_error.is_none() => {
+                match ReportWriter::start(&self.out, info, &self.report_options) {
+                    Ok(writer) => self.report = Some(writer),
+                    Err(e) => self.report_error = Some(e),
                 }
-                (Some(writer), event) => writer.push(event),
-                (None, _) => Ok(()),
-            };
-            if let Err(e) = result {
-                self.report_error = Some(e);
             }
+            (None, _) => {}
         }
         if let Event::RunFinished(s) = event {
             self.summary = Some(s.clone());
@@ -220,13 +429,15 @@ impl Reporter {
     }
 }
 
-/// Tokio keeps SIGINT once it has watched for it. Writing the reports is not worth trapping
-/// the user for: from here on Ctrl-C stops the process (the journal is already on disk and
-/// `trellis report` rebuilds the rest).
-fn restore_default_interrupt() {
+/// Tokio keeps SIGINT and SIGTERM once it has watched for them. Writing the reports is not
+/// worth trapping the user for: from here on either signal stops the process (the journal
+/// is on disk, files are renamed into place only when complete, and `trellis report`
+/// rebuilds the rest).
+fn restore_default_signals() {
     // SAFETY: resetting a signal to its default disposition has no preconditions.
     unsafe {
         libc::signal(libc::SIGINT, libc::SIG_DFL);
+        libc::signal(libc::SIGTERM, libc::SIG_DFL);
     }
 }
 

@@ -8,6 +8,8 @@ mod support {
 
 mod diagnostics;
 mod faults;
+mod import;
+mod outputs;
 mod run;
 
 use std::path::{Path, PathBuf};

@@ -9,6 +9,7 @@
 
 pub mod agentscope;
 pub mod booking;
+pub mod fixie;
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -17,7 +18,7 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 
 /// Names accepted by `builtin="…"`.
-pub const BUILTINS: &[&str] = &["booking", "weather"];
+pub const BUILTINS: &[&str] = &["booking", "numbers", "weather"];
 
 #[derive(Debug, thiserror::Error)]
 pub enum BuiltinError {
@@ -98,6 +99,7 @@ pub async fn serve(name: &str) -> Result<BuiltinServer, BuiltinError> {
     let (name, router, path) = match name {
         "booking" => ("booking", booking::router(), booking::PATH),
         "weather" => ("weather", agentscope::router(), agentscope::PATH),
+        "numbers" => ("numbers", fixie::router(), fixie::PATH),
         _ => {
             return Err(BuiltinError::Unknown {
                 name: name.to_owned(),

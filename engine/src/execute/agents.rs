@@ -121,6 +121,7 @@ async fn start_one(
             }
         }
     }
+    transport.warm(&url);
     protocol::build(AgentSetup {
         agent,
         url: &url,

@@ -33,11 +33,13 @@ use bytes::Bytes;
 use futures::future::BoxFuture;
 use indexmap::IndexMap;
 use reqwest::Url;
-use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
+use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderValue};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use super::http::{CallLimits, HttpTransport, RetryPolicy, with_retries};
+use super::http::{
+    CallLimits, HeaderError, HttpTransport, RetryPolicy, with_agent_headers, with_retries,
+};
 use super::pairing::{ToolResult, pair};
 use super::sse::{self, Opened, StreamLimits};
 use super::{
@@ -60,13 +62,8 @@ pub enum AgentScopeError {
     InvalidUrl(String),
     #[error("agent URL `{0}` must be http or https")]
     UnsupportedScheme(String),
-    #[error("invalid header name `{0}`")]
-    InvalidHeaderName(String),
-    // The value is left out on purpose: header values usually carry secrets.
-    #[error(
-        "header `{0}` has an invalid value (control characters or line breaks are not allowed)"
-    )]
-    InvalidHeaderValue(String),
+    #[error(transparent)]
+    Header(#[from] HeaderError),
 }
 
 /// A client for one AgentScope agent: opens a server session per conversation.
@@ -114,20 +111,7 @@ impl AgentScopeClient {
                 "application/json"
             }),
         );
-        let mut given: Vec<HeaderName> = Vec::with_capacity(headers.len());
-        for (name, value) in headers {
-            let header = HeaderName::from_bytes(name.trim().as_bytes())
-                .map_err(|_| AgentScopeError::InvalidHeaderName(name.clone()))?;
-            let mut value = HeaderValue::from_str(value.trim())
-                .map_err(|_| AgentScopeError::InvalidHeaderValue(name.clone()))?;
-            value.set_sensitive(true);
-            if given.contains(&header) {
-                map.append(header, value);
-            } else {
-                map.insert(header.clone(), value);
-                given.push(header);
-            }
-        }
+        let map = with_agent_headers(map, &headers)?;
         Ok(AgentScopeClient {
             endpoint: Arc::new(Endpoint {
                 url: parsed,

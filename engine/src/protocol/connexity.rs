@@ -12,11 +12,13 @@ use std::sync::Arc;
 use bytes::Bytes;
 use futures::future::BoxFuture;
 use reqwest::Url;
-use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
+use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderValue};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::http::{CallLimits, HttpTransport, RetryPolicy, with_retries};
+use super::http::{
+    CallLimits, HeaderError, HttpTransport, RetryPolicy, with_agent_headers, with_retries,
+};
 use super::{
     AgentProtocol, CallContext, ChatMessage, Conversation, Exchange, Session, ToolCall,
     ToolCallFunction, Turn, TurnInput, Usage,
@@ -100,25 +102,13 @@ impl ConnexityClient {
         if !matches!(parsed.scheme(), "http" | "https") {
             return Err(ConnexityError::UnsupportedScheme(url.to_owned()));
         }
-        let mut map = HeaderMap::with_capacity(headers.len() + 2);
-        map.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        map.insert(ACCEPT, HeaderValue::from_static("application/json"));
-        let mut given: Vec<HeaderName> = Vec::with_capacity(headers.len());
-        for (name, value) in headers {
-            let header = HeaderName::from_bytes(name.trim().as_bytes())
-                .map_err(|_| ConnexityError::InvalidHeaderName(name.clone()))?;
-            let mut value = HeaderValue::from_str(value.trim())
-                .map_err(|_| ConnexityError::InvalidHeaderValue(name.clone()))?;
-            value.set_sensitive(true);
-            // A repeated header name sends several values; the first occurrence replaces
-            // any default of ours.
-            if given.contains(&header) {
-                map.append(header, value);
-            } else {
-                map.insert(header.clone(), value);
-                given.push(header);
-            }
-        }
+        let mut defaults = HeaderMap::with_capacity(headers.len() + 2);
+        defaults.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        defaults.insert(ACCEPT, HeaderValue::from_static("application/json"));
+        let map = with_agent_headers(defaults, &headers).map_err(|e| match e {
+            HeaderError::InvalidName(name) => ConnexityError::InvalidHeaderName(name),
+            HeaderError::InvalidValue(name) => ConnexityError::InvalidHeaderValue(name),
+        })?;
         Ok(ConnexityClient {
             url: parsed,
             headers: map,

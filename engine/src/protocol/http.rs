@@ -55,6 +55,42 @@ impl Default for CallLimits {
     }
 }
 
+/// An agent `header` that cannot be sent.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum HeaderError {
+    #[error("invalid header name `{0}`")]
+    InvalidName(String),
+    // The value is left out on purpose: header values usually carry secrets.
+    #[error(
+        "header `{0}` has an invalid value (control characters or line breaks are not allowed)"
+    )]
+    InvalidValue(String),
+}
+
+/// Lays the agent's rendered `header` nodes over a protocol's default headers. Values are
+/// marked sensitive (never printed); a repeated name sends several values, and its first
+/// occurrence replaces the default of that name.
+pub fn with_agent_headers(
+    mut defaults: HeaderMap,
+    headers: &[(String, String)],
+) -> Result<HeaderMap, HeaderError> {
+    let mut given: Vec<reqwest::header::HeaderName> = Vec::with_capacity(headers.len());
+    for (name, value) in headers {
+        let header = reqwest::header::HeaderName::from_bytes(name.trim().as_bytes())
+            .map_err(|_| HeaderError::InvalidName(name.clone()))?;
+        let mut value = reqwest::header::HeaderValue::from_str(value.trim())
+            .map_err(|_| HeaderError::InvalidValue(name.clone()))?;
+        value.set_sensitive(true);
+        if given.contains(&header) {
+            defaults.append(header, value);
+        } else {
+            defaults.insert(header.clone(), value);
+            given.push(header);
+        }
+    }
+    Ok(defaults)
+}
+
 /// A successful (2xx) HTTP response, body read in full.
 #[derive(Clone, Debug)]
 pub struct HttpResponse {
@@ -93,6 +129,14 @@ impl HttpTransport {
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .connect_timeout(CONNECT_TIMEOUT)
             .user_agent(concat!("trellis/", env!("CARGO_PKG_VERSION")))
+    }
+
+    /// Builds the client `url` will use now, so the cost of building it (loading the CA
+    /// bundle) is paid at setup and never counted in a measured latency or timeout.
+    pub fn warm(&self, url: &str) {
+        if let Ok(url) = url.parse::<Url>() {
+            let _ = self.client_for(&url);
+        }
     }
 
     pub(super) fn client_for(&self, url: &Url) -> Result<&reqwest::Client, Fault> {
@@ -136,8 +180,48 @@ impl HttpTransport {
         max_response_size: u64,
         timeout: Duration,
     ) -> Result<HttpResponse, Fault> {
+        self.bounded(
+            reqwest::Method::POST,
+            url,
+            headers,
+            Some(body),
+            max_response_size,
+            timeout,
+        )
+        .await
+    }
+
+    /// GETs `url` and reads the whole answer within `timeout`, with the same size bound and
+    /// fault mapping as [`HttpTransport::post_json`] (Fixie's handshake).
+    pub async fn get(
+        &self,
+        url: &Url,
+        headers: &HeaderMap,
+        max_response_size: u64,
+        timeout: Duration,
+    ) -> Result<HttpResponse, Fault> {
+        self.bounded(
+            reqwest::Method::GET,
+            url,
+            headers,
+            None,
+            max_response_size,
+            timeout,
+        )
+        .await
+    }
+
+    async fn bounded(
+        &self,
+        method: reqwest::Method,
+        url: &Url,
+        headers: &HeaderMap,
+        body: Option<Bytes>,
+        max_response_size: u64,
+        timeout: Duration,
+    ) -> Result<HttpResponse, Fault> {
         let mut progress = Progress::default();
-        let exchange = self.exchange(url, headers, body, max_response_size, &mut progress);
+        let exchange = self.exchange(method, url, headers, body, max_response_size, &mut progress);
         match tokio::time::timeout(timeout, exchange).await {
             Ok(result) => result,
             Err(_elapsed) => Err(Fault::new(
@@ -153,17 +237,21 @@ impl HttpTransport {
 
     async fn exchange(
         &self,
+        method: reqwest::Method,
         url: &Url,
         headers: &HeaderMap,
-        body: Bytes,
+        body: Option<Bytes>,
         max_response_size: u64,
         progress: &mut Progress,
     ) -> Result<HttpResponse, Fault> {
-        let mut response = self
+        let mut request = self
             .client_for(url)?
-            .post(url.clone())
-            .headers(headers.clone())
-            .body(body)
+            .request(method, url.clone())
+            .headers(headers.clone());
+        if let Some(body) = body {
+            request = request.body(body);
+        }
+        let mut response = request
             .send()
             .await
             .map_err(|e| classify(&e, url, progress))?;

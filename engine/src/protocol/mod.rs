@@ -20,6 +20,7 @@
 
 pub mod agentscope;
 pub mod connexity;
+pub mod fixie;
 pub mod http;
 pub mod line;
 pub mod pairing;
@@ -74,6 +75,15 @@ pub fn build(setup: AgentSetup<'_>) -> Result<Arc<dyn AgentProtocol>, Fault> {
             setup.limits,
             setup.retry,
             setup.agent.stream,
+            setup.transport.clone(),
+        )
+        .map(|c| Arc::new(c) as Arc<dyn AgentProtocol>)
+        .map_err(|e| setup_fault(&e)),
+        Protocol::Fixie => fixie::FixieClient::new(
+            setup.url,
+            setup.headers.clone(),
+            setup.limits,
+            setup.retry,
             setup.transport.clone(),
         )
         .map(|c| Arc::new(c) as Arc<dyn AgentProtocol>)

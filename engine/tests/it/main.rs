@@ -4,6 +4,7 @@ mod agentscope;
 mod builtin_booking;
 mod criterion_templates;
 mod execution;
+mod fixie;
 mod line;
 mod planning;
 mod protocol;

@@ -29,6 +29,7 @@ fn turn(index: u32, user: &str, reply: Option<&str>) -> TurnRecord {
     }
     TurnRecord {
         turn_index: index,
+        kind: "user".into(),
         user_message: user.into(),
         reply: reply.map(str::to_owned),
         messages,

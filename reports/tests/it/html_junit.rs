@@ -1,6 +1,6 @@
 //! `report.html` and `junit.xml` content.
 
-use trellis_reports::{ReportOptions, write_reports};
+use trellis_reports::{ReportOptions, ReportWriter, write_reports};
 
 use super::fixtures::write_complete_journal;
 
@@ -94,5 +94,77 @@ fn junit_has_a_case_per_trajectory() {
         xml.contains("tests=\"6\"")
             && xml.contains("failures=\"1\"")
             && xml.contains("errors=\"1\"")
+    );
+}
+
+#[test]
+fn a_file_that_cannot_be_written_does_not_stop_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    write_complete_journal(dir.path());
+    // A directory where report.html goes: the finished page cannot be moved into place.
+    std::fs::create_dir(dir.path().join("report.html")).unwrap();
+    let files = write_reports(dir.path(), &ReportOptions::default()).unwrap();
+    let missing: Vec<&std::path::Path> =
+        files.not_written.iter().map(|(p, _)| p.as_path()).collect();
+    assert_eq!(missing, [files.html.as_path()]);
+    assert!(files.is_missing(&files.html));
+    assert_eq!(files.written().count(), 6);
+    let junit = std::fs::read_to_string(&files.junit).unwrap();
+    assert!(junit.trim_end().ends_with("</testsuites>"));
+    assert!(std::fs::metadata(&files.trajectories).unwrap().len() > 0);
+}
+
+#[test]
+fn a_lost_journal_leaves_a_report_without_transcripts() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut writer = ReportWriter::start(
+        dir.path(),
+        &super::fixtures::run_info(),
+        &ReportOptions::default(),
+    )
+    .unwrap();
+    for entry in super::fixtures::entries() {
+        writer.push(&entry);
+    }
+    // No journal on disk at all: it could not be written.
+    writer.journal_lost("the journal could not be written (disk full)");
+    let files = writer.finish();
+    assert!(files.not_written.is_empty(), "{:?}", files.not_written);
+    assert!(files.transcripts_missing.is_some());
+    let html = std::fs::read_to_string(&files.html).unwrap();
+    assert!(
+        html.contains("Transcripts are not shown: the journal could not be written (disk full)")
+    );
+    assert!(!html.contains("<p><b>Transcript</b></p>"));
+    assert!(html.contains("</html>"));
+}
+
+#[test]
+fn replayed_and_function_call_turns_are_marked_in_the_transcript() {
+    use trellis_engine::record::JournalEntry;
+    let dir = tempfile::tempdir().unwrap();
+    let mut entries = super::fixtures::entries();
+    let turn = entries
+        .iter_mut()
+        .find_map(|e| match e {
+            JournalEntry::Node(node) if !node.turns.is_empty() => node.turns.first_mut(),
+            _ => None,
+        })
+        .unwrap();
+    turn.replay = true;
+    turn.kind = "call".into();
+    turn.function = Some("lookup_order".into());
+    super::fixtures::write_journal(dir.path(), &entries, "");
+    let files = write_reports(dir.path(), &ReportOptions::default()).unwrap();
+    let html = std::fs::read_to_string(&files.html).unwrap();
+    assert!(html.contains("<b>replay</b> of the shared prefix"));
+    assert!(html.contains("<span class=\"role\">call lookup_order</span>"));
+    use polars::prelude::{ParquetReader, SerReader};
+    let turns = ParquetReader::new(std::fs::File::open(&files.turns).unwrap())
+        .finish()
+        .unwrap();
+    assert_eq!(
+        turns.column("replay").unwrap().bool().unwrap().sum(),
+        Some(1)
     );
 }

@@ -76,6 +76,9 @@ fn tables_have_documented_shape() {
             "nodes",
             "tags",
             "criteria_failed",
+            "checks_passed",
+            "checks_failed",
+            "checks_skipped",
         ]
     );
     assert_eq!(dtype(&t, "repetition"), DataType::UInt32);
@@ -85,6 +88,45 @@ fn tables_have_documented_shape() {
     assert_eq!(dtype(&t, "nodes"), list_str());
     assert_eq!(dtype(&t, "tags"), list_str());
     assert_eq!(dtype(&t, "criteria_failed"), DataType::UInt32);
+    for column in ["checks_passed", "checks_failed", "checks_skipped"] {
+        assert_eq!(dtype(&t, column), DataType::UInt32);
+    }
+    // Every check of a trajectory is counted once, by status, as in criteria.parquet.
+    let sum = |column: &str| -> u32 {
+        t.column(column)
+            .unwrap()
+            .u32()
+            .unwrap()
+            .iter()
+            .flatten()
+            .sum()
+    };
+    let k = read(&files.criteria);
+    let with_status = |status: &str| {
+        k.column("status")
+            .unwrap()
+            .str()
+            .unwrap()
+            .iter()
+            .filter(|s| *s == Some(status))
+            .count() as u32
+    };
+    assert_eq!(sum("checks_failed"), sum("criteria_failed"));
+    for status in ["passed", "failed", "skipped"] {
+        assert_eq!(
+            sum(&format!("checks_{status}")),
+            with_status(status),
+            "{status}"
+        );
+    }
+    assert!(
+        std::fs::read_dir(dir.path()).unwrap().all(|e| !e
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .ends_with(".partial")),
+        "every file was moved into place"
+    );
     assert_eq!(t.column("fault_category").unwrap().null_count(), 5);
     assert_eq!(t.column("skip_reason").unwrap().null_count(), 5);
     let statuses: Vec<_> = t
@@ -134,11 +176,30 @@ fn tables_have_documented_shape() {
         "started_ms",
         "fault_category",
         "fault_message",
+        "kind",
+        "function",
+        "replay",
+        "exchanges",
     ] {
         assert!(
             columns(&u).iter().any(|c| c == name),
             "turns.{name} missing"
         );
+    }
+    assert_eq!(dtype(&u, "replay"), DataType::Boolean);
+    assert_eq!(u.column("replay").unwrap().bool().unwrap().sum(), Some(0));
+    assert_eq!(u.column("function").unwrap().null_count(), 13);
+    assert!(
+        u.column("kind")
+            .unwrap()
+            .str()
+            .unwrap()
+            .iter()
+            .all(|k| k == Some("user"))
+    );
+    for exchanges in u.column("exchanges").unwrap().str().unwrap().iter() {
+        let parsed: serde_json::Value = serde_json::from_str(exchanges.unwrap()).unwrap();
+        assert!(parsed.is_array());
     }
     assert_eq!(dtype(&u, "turn_index"), DataType::UInt32);
     assert_eq!(dtype(&u, "total_tokens"), DataType::UInt64);

@@ -1,0 +1,884 @@
+//! The Fixie agent protocol (specs/fixie-agent-protocol.txt): a handshake `GET {url}/` that
+//! returns the agent's `base_prompt` and `few_shots`, and one `POST {url}/FUNC` per function
+//! call with `{"message":{"text":…}}` in and out.
+//!
+//! The handshake is made once per run ([`AgentProtocol::prepare`]) and recorded. Real agents
+//! answer it in JSON (the spec) or YAML (later SDKs, with extra fields); both are read.
+//! Function calls are stateless, so a session is only a handle on the client and forks copy
+//! it. A `user` step would need an LLM playing Fixie's platform, which the engine does not
+//! have yet: the session says so as a protocol fault instead of guessing.
+//!
+//! Faults always name the function: a missing one (404), a request the agent rejected
+//! (422, with its validation detail) and a function that raised (a plain-text 500).
+//! Function names become one URL path segment, so they are validated first and a call can
+//! never reach another path of the agent.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use reqwest::Url;
+use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderValue};
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use super::http::{
+    CallLimits, HeaderError, HttpTransport, RetryPolicy, with_agent_headers, with_retries,
+};
+use super::{
+    AgentProtocol, CallContext, ChatMessage, Conversation, Exchange, Session, Turn, TurnInput,
+};
+use crate::record::{Fault, FaultCategory};
+
+/// How much of an unreadable body goes into a fault message.
+const PREVIEW_CHARS: usize = 120;
+
+/// A Fixie agent could not be configured.
+#[derive(Debug, thiserror::Error)]
+pub enum FixieError {
+    #[error("invalid agent URL `{url}`: {source}")]
+    InvalidUrl {
+        url: String,
+        #[source]
+        source: url_error::ParseError,
+    },
+    #[error("agent URL `{0}` must be http or https")]
+    UnsupportedScheme(String),
+    #[error("invalid header name `{0}`")]
+    InvalidHeaderName(String),
+    // The value is left out on purpose: header values usually carry secrets.
+    #[error(
+        "header `{0}` has an invalid value (control characters or line breaks are not allowed)"
+    )]
+    InvalidHeaderValue(String),
+}
+
+/// `reqwest` re-exports the URL type but not its parse error under a stable path.
+mod url_error {
+    pub type ParseError = <reqwest::Url as std::str::FromStr>::Err;
+}
+
+/// A function name that cannot be called.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FunctionNameError {
+    #[error("the function name is empty")]
+    Empty,
+    #[error("`{0}` is not a function name (it would name a directory of the agent's URL)")]
+    Dots(String),
+    #[error(
+        "function name `{name}` contains {what}; a Fixie function name is one URL path segment \
+         made of letters, digits, `_`, `-` and `.`"
+    )]
+    Character { name: String, what: String },
+}
+
+/// Checks that `name` is one harmless path segment: letters and digits (any script), `_`,
+/// `-` and `.`, and not `.` or `..`. The Fixie SDK itself only accepts `\w+`; the rest is
+/// allowed for agents written in other languages.
+pub fn validate_function_name(name: &str) -> Result<(), FunctionNameError> {
+    if name.is_empty() {
+        return Err(FunctionNameError::Empty);
+    }
+    if name == "." || name == ".." {
+        return Err(FunctionNameError::Dots(name.to_owned()));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !(c.is_alphanumeric() || matches!(c, '_' | '-' | '.')))
+    {
+        let what = match c {
+            '/' | '\\' => format!("a path separator `{c}`"),
+            c if c.is_whitespace() => "whitespace".to_owned(),
+            c if c.is_control() => format!("a control character (U+{:04X})", u32::from(c)),
+            c => format!("`{c}`"),
+        };
+        return Err(FunctionNameError::Character {
+            name: name.to_owned(),
+            what,
+        });
+    }
+    Ok(())
+}
+
+/// A client for one Fixie agent: its base URL (with a trailing slash), headers and limits.
+#[derive(Clone, Debug)]
+pub struct FixieClient {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    base: Url,
+    /// Sent with function calls (JSON in and out).
+    call_headers: HeaderMap,
+    /// Sent with the handshake (JSON or YAML out).
+    handshake_headers: HeaderMap,
+    limits: CallLimits,
+    retry: RetryPolicy,
+    transport: HttpTransport,
+}
+
+impl FixieClient {
+    /// `url` is the agent's base URL (`GET {url}/` is the handshake); `headers` are the
+    /// agent's rendered `header` nodes and override the default content type and accept
+    /// headers.
+    pub fn new(
+        url: &str,
+        headers: Vec<(String, String)>,
+        limits: CallLimits,
+        retry: RetryPolicy,
+        transport: HttpTransport,
+    ) -> Result<Self, FixieError> {
+        let mut base: Url = url.parse().map_err(|source| FixieError::InvalidUrl {
+            url: url.to_owned(),
+            source,
+        })?;
+        if !matches!(base.scheme(), "http" | "https") {
+            return Err(FixieError::UnsupportedScheme(url.to_owned()));
+        }
+        base.set_fragment(None);
+        if !base.path().ends_with('/') {
+            let path = format!("{}/", base.path());
+            base.set_path(&path);
+        }
+        let mut call_headers = HeaderMap::with_capacity(headers.len() + 2);
+        call_headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        call_headers.insert(ACCEPT, HeaderValue::from_static("application/json"));
+        let mut handshake_headers = HeaderMap::with_capacity(headers.len() + 1);
+        handshake_headers.insert(
+            ACCEPT,
+            HeaderValue::from_static("application/json, application/yaml;q=0.9, */*;q=0.5"),
+        );
+        let header_error = |e: HeaderError| match e {
+            HeaderError::InvalidName(name) => FixieError::InvalidHeaderName(name),
+            HeaderError::InvalidValue(name) => FixieError::InvalidHeaderValue(name),
+        };
+        let call_headers = with_agent_headers(call_headers, &headers).map_err(header_error)?;
+        let handshake_headers =
+            with_agent_headers(handshake_headers, &headers).map_err(header_error)?;
+        Ok(FixieClient {
+            inner: Arc::new(Inner {
+                base,
+                call_headers,
+                handshake_headers,
+                limits,
+                retry,
+                transport,
+            }),
+        })
+    }
+
+    /// The base URL, ending in `/`: the handshake URL.
+    pub fn base_url(&self) -> &Url {
+        &self.inner.base
+    }
+
+    /// `GET {url}/`, read as JSON or YAML (with the agent's retry policy).
+    pub async fn handshake(&self) -> Result<Handshake, Fault> {
+        let inner = &*self.inner;
+        let attempted = with_retries(
+            inner.retry,
+            inner.limits.timeout,
+            None,
+            |timeout| async move {
+                inner
+                    .transport
+                    .get(
+                        &inner.base,
+                        &inner.handshake_headers,
+                        inner.limits.max_response_size,
+                        timeout,
+                    )
+                    .await
+            },
+        )
+        .await;
+        let response = attempted.result.map_err(|mut fault| {
+            let hint = if matches!(http_status(&fault), Some(401 | 403)) {
+                " (the agent wants credentials: give the agent a `header \"Authorization\" …`)"
+            } else {
+                ""
+            };
+            fault.message = format!(
+                "Fixie handshake `GET {}` failed: {}{hint}",
+                inner.base.path(),
+                fault.message
+            );
+            fault
+        })?;
+        Handshake::parse(&response.body).map_err(|e| {
+            Fault::new(
+                FaultCategory::Protocol,
+                format!("Fixie handshake `GET {}`: {e}", inner.base.path()),
+            )
+        })
+    }
+
+    /// The URL of function `name`, or why it cannot be called.
+    pub fn function_url(&self, name: &str) -> Result<Url, FunctionNameError> {
+        validate_function_name(name)?;
+        let mut url = self.inner.base.clone();
+        // http(s) URLs always have path segments; the error case is a `data:`-style URL,
+        // which `new` rejected.
+        if let Ok(mut segments) = url.path_segments_mut() {
+            segments.pop_if_empty().push(name);
+        }
+        Ok(url)
+    }
+
+    /// Calls function `function` with `text` (after retries): the exchange and the reply.
+    pub async fn call(
+        &self,
+        function: &str,
+        text: &str,
+        ctx: &CallContext<'_>,
+    ) -> (Exchange, Result<FunctionReply, Fault>) {
+        let inner = &*self.inner;
+        let mut exchange = Exchange {
+            label: "POST (not sent: invalid function name)".to_owned(),
+            ..Default::default()
+        };
+        let url = match self.function_url(function) {
+            Ok(url) => url,
+            Err(e) => {
+                return (
+                    exchange,
+                    Err(Fault::new(
+                        FaultCategory::Protocol,
+                        format!("cannot call Func[{function}]: {e}"),
+                    )),
+                );
+            }
+        };
+        exchange.label = format!("POST {}", url.path());
+        let body = match encode_call(text) {
+            Ok(body) => body,
+            Err(fault) => return (exchange, Err(fault)),
+        };
+        let attempted = with_retries(inner.retry, inner.limits.timeout, ctx.deadline, |timeout| {
+            let body = body.clone();
+            let url = &url;
+            async move {
+                inner
+                    .transport
+                    .post_json(
+                        url,
+                        &inner.call_headers,
+                        body,
+                        inner.limits.max_response_size,
+                        timeout,
+                    )
+                    .await
+                    .map_err(|fault| name_function(fault, function))
+                    .and_then(|response| parse_reply(&response.body, function))
+            }
+        })
+        .await;
+        exchange.attempts = attempted.attempts;
+        (exchange, attempted.result)
+    }
+}
+
+impl AgentProtocol for FixieClient {
+    fn prepare(&self) -> BoxFuture<'_, Result<Option<Value>, Fault>> {
+        Box::pin(async move {
+            let handshake = self.handshake().await?;
+            Ok(Some(handshake.to_record(self.inner.base.path())))
+        })
+    }
+
+    fn open(&self, _conversation: &Conversation<'_>) -> Box<dyn Session> {
+        Box::new(FixieSession {
+            client: self.clone(),
+        })
+    }
+}
+
+/// A conversation with a Fixie agent. Calls carry no state, so forks are plain copies.
+#[derive(Clone)]
+struct FixieSession {
+    client: FixieClient,
+}
+
+impl Session for FixieSession {
+    fn turn<'a>(
+        &'a mut self,
+        input: TurnInput<'a>,
+        ctx: &'a CallContext<'a>,
+    ) -> BoxFuture<'a, Turn> {
+        Box::pin(async move {
+            let (function, text) = match input {
+                TurnInput::Call { function, input } => (function, input),
+                TurnInput::User(_) | TurnInput::Opening => {
+                    return Turn::failed(Fault::new(
+                        FaultCategory::Protocol,
+                        "a Fixie agent is called through its functions (`call FUNC \"TEXT\"`); \
+                         a `user` step (or `first-turn \"agent\"`) needs an LLM playing \
+                         Fixie's platform, which this version of trellis does not have yet",
+                    ));
+                }
+                TurnInput::Human { .. } => {
+                    return Turn::failed(Fault::new(
+                        FaultCategory::Protocol,
+                        "a Fixie agent never pauses for a human, so a `hitl` answer has no \
+                         place to go",
+                    ));
+                }
+            };
+            let (exchange, result) = self.client.call(function, text, ctx).await;
+            let mut turn = Turn {
+                exchanges: vec![exchange],
+                ..Default::default()
+            };
+            match result {
+                Ok(reply) => {
+                    let mut message = ChatMessage::assistant(reply.text.clone());
+                    message.name = Some(function.to_owned());
+                    message.parts = reply.embed_parts();
+                    turn.messages = vec![message];
+                    turn.reply = Some(reply.text);
+                    turn.fault = reply.error.map(|error| {
+                        Fault::new(
+                            FaultCategory::Protocol,
+                            format!("Func[{function}] answered with an error: {error}"),
+                        )
+                    });
+                }
+                Err(fault) => turn.fault = Some(fault),
+            }
+            turn
+        })
+    }
+
+    fn fork(&self) -> Option<Box<dyn Session>> {
+        Some(Box::new(self.clone()))
+    }
+}
+
+/// What a function answered.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct FunctionReply {
+    /// `message.text`.
+    pub text: String,
+    /// `message.embeds`, by name, as sent.
+    pub embeds: Map<String, Value>,
+    /// A non-null top-level `error` (SDK 1.x `{code, message, details}`), as text.
+    pub error: Option<String>,
+}
+
+impl FunctionReply {
+    /// The embeds as message parts: `{"type":"embed","name":…,"embed":…}` each.
+    pub fn embed_parts(&self) -> Vec<Value> {
+        self.embeds
+            .iter()
+            .map(|(name, embed)| {
+                serde_json::json!({ "type": "embed", "name": name, "embed": embed })
+            })
+            .collect()
+    }
+}
+
+/// The request body `{"message":{"text":…}}`.
+pub fn encode_call(text: &str) -> Result<Bytes, Fault> {
+    #[derive(Serialize)]
+    struct Request<'a> {
+        message: Message<'a>,
+    }
+    #[derive(Serialize)]
+    struct Message<'a> {
+        text: &'a str,
+    }
+    serde_json::to_vec(&Request {
+        message: Message { text },
+    })
+    .map(Bytes::from)
+    .map_err(|e| {
+        Fault::new(
+            FaultCategory::Protocol,
+            format!("could not encode the request: {e}"),
+        )
+    })
+}
+
+/// Reads `{"message":{"text":…,"embeds":{…}}}`; other fields are tolerated.
+pub fn parse_reply(body: &[u8], function: &str) -> Result<FunctionReply, Fault> {
+    let value: Value = serde_json::from_slice(body).map_err(|e| {
+        Fault::new(
+            FaultCategory::InvalidJson,
+            format!(
+                "Func[{function}] answered with a body that is not JSON ({e}): {}",
+                preview(body)
+            ),
+        )
+    })?;
+    let protocol =
+        |what: String| Fault::new(FaultCategory::Protocol, format!("Func[{function}] {what}"));
+    let Value::Object(mut root) = value else {
+        return Err(protocol(format!(
+            "answered with {}, expected an object with a `message`",
+            kind_of(&value)
+        )));
+    };
+    let error = match root.remove("error") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(error)) => Some(describe_error(&error)),
+        Some(other) => Some(other.to_string()),
+    };
+    let mut message = match root.remove("message") {
+        Some(Value::Object(message)) => message,
+        None | Some(Value::Null) => {
+            return Err(protocol("answered without a `message` object".to_owned()));
+        }
+        Some(other) => {
+            return Err(protocol(format!(
+                "answered with `message` as {}, expected an object",
+                kind_of(&other)
+            )));
+        }
+    };
+    let text = match message.remove("text") {
+        Some(Value::String(text)) => text,
+        None | Some(Value::Null) => {
+            return Err(protocol("answered without `message.text`".to_owned()));
+        }
+        Some(other) => {
+            return Err(protocol(format!(
+                "answered with `message.text` as {}, expected a string",
+                kind_of(&other)
+            )));
+        }
+    };
+    let embeds = match message.remove("embeds") {
+        Some(Value::Object(embeds)) => embeds,
+        // Anything else carries nothing to keep apart; a broken embed is not worth failing
+        // a call whose text arrived.
+        _ => Map::new(),
+    };
+    Ok(FunctionReply {
+        text,
+        embeds,
+        error,
+    })
+}
+
+fn describe_error(error: &Map<String, Value>) -> String {
+    let field = |key: &str| error.get(key).and_then(Value::as_str);
+    match (field("code"), field("message")) {
+        (Some(code), Some(message)) => format!("{code}: {message}"),
+        (None, Some(message)) => message.to_owned(),
+        (Some(code), None) => code.to_owned(),
+        (None, None) => Value::Object(error.clone()).to_string(),
+    }
+}
+
+/// Says which function a transport fault is about, and what the usual statuses mean.
+fn name_function(mut fault: Fault, function: &str) -> Fault {
+    let meaning = match (fault.category, http_status(&fault)) {
+        (FaultCategory::Http4xx, Some(404)) => "does not exist on the agent",
+        (FaultCategory::Http4xx, Some(405)) => "does not accept POST",
+        (FaultCategory::Http4xx, Some(422)) => "rejected the request body",
+        (FaultCategory::Http4xx, Some(401 | 403)) => {
+            "was refused: the agent wants credentials (add a `header \"Authorization\" …`)"
+        }
+        (FaultCategory::Http5xx, Some(500)) => "failed inside the agent (it raised)",
+        _ => "",
+    };
+    fault.message = if meaning.is_empty() {
+        format!("Func[{function}]: {}", fault.message)
+    } else {
+        format!("Func[{function}] {meaning}: {}", fault.message)
+    };
+    fault
+}
+
+/// The status of a fault [`HttpTransport`] made from an error answer, which it writes as
+/// `HTTP {code} {reason}: {body}`.
+fn http_status(fault: &Fault) -> Option<u16> {
+    if !matches!(
+        fault.category,
+        FaultCategory::Http4xx | FaultCategory::Http5xx
+    ) {
+        return None;
+    }
+    fault
+        .message
+        .strip_prefix("HTTP ")
+        .and_then(|rest| rest.get(..3))
+        .and_then(|code| code.parse::<u16>().ok())
+}
+
+/// The agent's handshake: its prompt and few-shots, plus whatever else it sent.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Handshake {
+    pub base_prompt: Option<String>,
+    /// One string per few-shot, lines separated by `\n`.
+    pub few_shots: Vec<String>,
+    pub format: HandshakeFormat,
+    /// Every other top-level field, as JSON.
+    pub extra: Map<String, Value>,
+}
+
+/// The handshake's encoding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HandshakeFormat {
+    Json,
+    Yaml,
+}
+
+/// Why a handshake body could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HandshakeError {
+    #[error("the answer is empty; expected JSON or YAML with `base_prompt` and `few_shots`")]
+    Empty,
+    #[error("the answer is neither JSON ({json}) nor YAML ({yaml}): {preview}")]
+    Unreadable {
+        json: String,
+        yaml: String,
+        preview: String,
+    },
+    #[error("the answer is {found}, expected a mapping with `base_prompt` and `few_shots`")]
+    NotAMapping { found: &'static str },
+    #[error("the answer has no `few_shots` (fields: {fields})")]
+    MissingFewShots { fields: String },
+    #[error("`few_shots` is {found}, expected a list of strings")]
+    FewShotsType { found: &'static str },
+    #[error("`few_shots[{index}]` is {found}, expected a string")]
+    FewShotType { index: usize, found: &'static str },
+    #[error("`base_prompt` is {found}, expected a string")]
+    BasePromptType { found: &'static str },
+}
+
+impl Handshake {
+    /// Reads a handshake body: JSON (the spec) or YAML (later SDKs).
+    pub fn parse(body: &[u8]) -> Result<Handshake, HandshakeError> {
+        if body.iter().all(u8::is_ascii_whitespace) {
+            return Err(HandshakeError::Empty);
+        }
+        let (value, format) = match serde_json::from_slice::<Value>(body) {
+            Ok(value) => (value, HandshakeFormat::Json),
+            Err(json) => match serde_yaml_ng::from_slice::<Value>(body) {
+                Ok(value) => (value, HandshakeFormat::Yaml),
+                Err(yaml) => {
+                    return Err(HandshakeError::Unreadable {
+                        json: json.to_string(),
+                        yaml: yaml.to_string(),
+                        preview: preview(body),
+                    });
+                }
+            },
+        };
+        Self::from_value(value, format)
+    }
+
+    fn from_value(value: Value, format: HandshakeFormat) -> Result<Handshake, HandshakeError> {
+        let Value::Object(mut root) = value else {
+            return Err(HandshakeError::NotAMapping {
+                found: kind_of(&value),
+            });
+        };
+        let base_prompt = match root.remove("base_prompt") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(prompt)) => Some(prompt),
+            Some(other) => {
+                return Err(HandshakeError::BasePromptType {
+                    found: kind_of(&other),
+                });
+            }
+        };
+        let few_shots = match root.remove("few_shots") {
+            Some(Value::Array(shots)) => shots
+                .into_iter()
+                .enumerate()
+                .map(|(index, shot)| match shot {
+                    Value::String(shot) => Ok(shot),
+                    other => Err(HandshakeError::FewShotType {
+                        index,
+                        found: kind_of(&other),
+                    }),
+                })
+                .collect::<Result<Vec<_>, _>>()?,
+            // The SDK takes few-shots as one string with blank lines between them.
+            Some(Value::String(all)) => split_few_shots(&all),
+            Some(Value::Null) => Vec::new(),
+            Some(other) => {
+                return Err(HandshakeError::FewShotsType {
+                    found: kind_of(&other),
+                });
+            }
+            None => {
+                let fields: Vec<&str> = root.keys().map(String::as_str).collect();
+                return Err(HandshakeError::MissingFewShots {
+                    fields: if fields.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        fields.join(", ")
+                    },
+                });
+            }
+        };
+        Ok(Handshake {
+            base_prompt,
+            few_shots,
+            format,
+            extra: root,
+        })
+    }
+
+    /// What the run records about the agent (`agent` journal entry).
+    pub fn to_record(&self, path: &str) -> Value {
+        serde_json::json!({
+            "handshake": format!("GET {path}"),
+            "format": self.format,
+            "base_prompt": self.base_prompt,
+            "few_shots": self.few_shots,
+            "extra": self.extra,
+        })
+    }
+}
+
+/// Splits one few-shot string at blank lines, as the Fixie SDK does.
+pub fn split_few_shots(all: &str) -> Vec<String> {
+    let mut shots = Vec::new();
+    let mut current: Vec<&str> = Vec::new();
+    for line in all.lines() {
+        let line = line.trim();
+        if line.is_empty() {
+            if !current.is_empty() {
+                shots.push(current.join("\n"));
+                current.clear();
+            }
+        } else {
+            current.push(line);
+        }
+    }
+    if !current.is_empty() {
+        shots.push(current.join("\n"));
+    }
+    shots
+}
+
+/// One line of a few-shot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FewShotLine {
+    /// `Q: …`
+    Query(String),
+    /// `Ask Func[NAME]: ARGS`
+    AskFunc { function: String, input: String },
+    /// `Func[NAME] says: RESULT`
+    FuncSays { function: String, result: String },
+    /// `Ask Agent[ID]: …`
+    AskAgent { agent: String, input: String },
+    /// `Agent[ID] says: …`
+    AgentSays { agent: String, result: String },
+    /// `A: …`
+    Answer(String),
+    /// Anything else (before any recognised line).
+    Other(String),
+}
+
+/// Splits a few-shot into its lines. A line that starts with none of the known prefixes
+/// continues the line before it (multi-line answers and function results).
+pub fn parse_few_shot(text: &str) -> Vec<FewShotLine> {
+    let mut lines: Vec<FewShotLine> = Vec::new();
+    for raw in text.lines() {
+        let line = raw.trim();
+        if line.is_empty() {
+            continue;
+        }
+        if let Some(parsed) = parse_line(line) {
+            lines.push(parsed);
+            continue;
+        }
+        match lines.last_mut() {
+            Some(
+                FewShotLine::Query(text)
+                | FewShotLine::Answer(text)
+                | FewShotLine::Other(text)
+                | FewShotLine::AskFunc { input: text, .. }
+                | FewShotLine::AskAgent { input: text, .. }
+                | FewShotLine::FuncSays { result: text, .. }
+                | FewShotLine::AgentSays { result: text, .. },
+            ) => {
+                text.push('\n');
+                text.push_str(line);
+            }
+            None => lines.push(FewShotLine::Other(line.to_owned())),
+        }
+    }
+    lines
+}
+
+fn parse_line(line: &str) -> Option<FewShotLine> {
+    if let Some(rest) = line.strip_prefix("Q:") {
+        return Some(FewShotLine::Query(rest.trim().to_owned()));
+    }
+    if let Some(rest) = line.strip_prefix("A:") {
+        return Some(FewShotLine::Answer(rest.trim().to_owned()));
+    }
+    if let Some(rest) = line.strip_prefix("Ask ") {
+        let (kind, name, rest) = bracketed(rest)?;
+        let input = rest.strip_prefix(':')?.trim().to_owned();
+        return match kind {
+            "Func" => Some(FewShotLine::AskFunc {
+                function: name.to_owned(),
+                input,
+            }),
+            "Agent" => Some(FewShotLine::AskAgent {
+                agent: name.to_owned(),
+                input,
+            }),
+            _ => None,
+        };
+    }
+    let (kind, name, rest) = bracketed(line)?;
+    let result = rest.trim_start().strip_prefix("says:")?.trim().to_owned();
+    match kind {
+        "Func" => Some(FewShotLine::FuncSays {
+            function: name.to_owned(),
+            result,
+        }),
+        "Agent" => Some(FewShotLine::AgentSays {
+            agent: name.to_owned(),
+            result,
+        }),
+        _ => None,
+    }
+}
+
+/// `Func[name]rest` → (`Func`, `name`, `rest`).
+fn bracketed(text: &str) -> Option<(&str, &str, &str)> {
+    let (kind, rest) = text.split_once('[')?;
+    let (name, rest) = rest.split_once(']')?;
+    matches!(kind, "Func" | "Agent").then_some((kind, name.trim(), rest))
+}
+
+fn kind_of(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn preview(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(body);
+    let text = text.trim();
+    let mut chars = text.chars();
+    let mut out: String = chars.by_ref().take(PREVIEW_CHARS).collect();
+    if chars.next().is_some() {
+        out.push('…');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn function_names_stay_one_path_segment() {
+        let client = FixieClient::new(
+            "http://127.0.0.1:9/agents/numbers",
+            Vec::new(),
+            CallLimits::default(),
+            RetryPolicy::default(),
+            HttpTransport::new(),
+        )
+        .map_err(|e| e.to_string());
+        let Ok(client) = client else {
+            panic!("client: {client:?}");
+        };
+        assert_eq!(client.base_url().path(), "/agents/numbers/");
+        let url = client.function_url("genrand").map(|u| u.to_string());
+        assert_eq!(
+            url.as_deref(),
+            Ok("http://127.0.0.1:9/agents/numbers/genrand")
+        );
+        let url = client.function_url("zählen").map(|u| u.path().to_owned());
+        assert_eq!(url.as_deref(), Ok("/agents/numbers/z%C3%A4hlen"));
+        for bad in [
+            "", ".", "..", "../admin", "a/b", "a?b", "a#b", "a%2Fb", "a b", "a\\b",
+        ] {
+            assert!(client.function_url(bad).is_err(), "{bad:?} was accepted");
+        }
+    }
+
+    #[test]
+    fn few_shot_lines() {
+        let lines = parse_few_shot(
+            "Q: Roll a die.\nAsk Func[genrand]: 1, 6\nFunc[genrand] says: 4\n\
+             Ask Agent[weather]: Paris?\nAgent[weather] says: Sunny\nA: You rolled 4.\nIt is sunny.",
+        );
+        assert_eq!(
+            lines,
+            vec![
+                FewShotLine::Query("Roll a die.".into()),
+                FewShotLine::AskFunc {
+                    function: "genrand".into(),
+                    input: "1, 6".into()
+                },
+                FewShotLine::FuncSays {
+                    function: "genrand".into(),
+                    result: "4".into()
+                },
+                FewShotLine::AskAgent {
+                    agent: "weather".into(),
+                    input: "Paris?".into()
+                },
+                FewShotLine::AgentSays {
+                    agent: "weather".into(),
+                    result: "Sunny".into()
+                },
+                FewShotLine::Answer("You rolled 4.\nIt is sunny.".into()),
+            ]
+        );
+    }
+
+    #[test]
+    fn yaml_alias_bombs_are_refused_not_expanded() {
+        let mut bomb = String::from(
+            "a: &a [\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\",\"lol\"]\n",
+        );
+        let mut previous = 'a';
+        for name in 'b'..='j' {
+            let refs = vec![format!("*{previous}"); 9].join(",");
+            bomb.push_str(&format!("{name}: &{name} [{refs}]\n"));
+            previous = name;
+        }
+        bomb.push_str("few_shots: *j\n");
+        assert!(matches!(
+            Handshake::parse(bomb.as_bytes()),
+            Err(HandshakeError::Unreadable { .. })
+        ));
+    }
+
+    #[test]
+    fn handshake_json_yaml_and_neither() {
+        let json = br#"{"base_prompt":"p","few_shots":["Q: a\nA: b"],"agent_id":"x"}"#;
+        let parsed = Handshake::parse(json);
+        assert_eq!(parsed.as_ref().map(|h| h.format), Ok(HandshakeFormat::Json));
+        assert_eq!(
+            parsed.as_ref().map(|h| h.extra.get("agent_id").cloned()),
+            Ok(Some(Value::from("x")))
+        );
+        let yaml = b"base_prompt: p\nconversational: false\nfew_shots:\n- \"Q: a\\nA: b\"\n";
+        let parsed = Handshake::parse(yaml);
+        assert_eq!(
+            parsed.as_ref().map(|h| h.few_shots.clone()),
+            Ok(vec!["Q: a\nA: b".to_owned()])
+        );
+        assert_eq!(parsed.map(|h| h.format), Ok(HandshakeFormat::Yaml));
+        assert!(matches!(
+            Handshake::parse(b"{ not: [valid"),
+            Err(HandshakeError::Unreadable { .. })
+        ));
+        assert!(matches!(
+            Handshake::parse(b"<html>hello</html>"),
+            Err(HandshakeError::NotAMapping { found: "a string" })
+        ));
+    }
+}

@@ -1,0 +1,44 @@
+//! Results files are written under a temporary name (`NAME.partial`) and renamed into place
+//! once complete, so a run that is killed or fails mid-write never leaves a truncated
+//! `*.parquet`, `report.html` or `junit.xml` where a glob, a browser or a CI system finds it.
+//! The rename is atomic on one file system; no fsync is done (a power cut may still lose the
+//! newest file, never expose half of one).
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use crate::error::ReportError;
+
+/// Appended to a results file's name while it is written.
+pub const PARTIAL_SUFFIX: &str = ".partial";
+
+/// A results file being written under its temporary name.
+pub(crate) struct Staged {
+    /// Where the file goes once complete.
+    pub(crate) path: PathBuf,
+    partial: PathBuf,
+}
+
+impl Staged {
+    /// Creates (or truncates a stale) `path.partial`.
+    pub(crate) fn create(path: &Path) -> Result<(Self, File), ReportError> {
+        let mut partial = path.as_os_str().to_owned();
+        partial.push(PARTIAL_SUFFIX);
+        let partial = PathBuf::from(partial);
+        let file = File::create(&partial).map_err(|e| ReportError::io("create", &partial, e))?;
+        Ok((
+            Staged {
+                path: path.to_path_buf(),
+                partial,
+            },
+            file,
+        ))
+    }
+
+    /// Renames the finished file into place, replacing an earlier one.
+    pub(crate) fn publish(self) -> Result<PathBuf, ReportError> {
+        std::fs::rename(&self.partial, &self.path)
+            .map_err(|e| ReportError::io("move into place", &self.path, e))?;
+        Ok(self.path)
+    }
+}

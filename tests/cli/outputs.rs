@@ -1,0 +1,504 @@
+//! The results of a run survive what users do to it: a console closed early, SIGTERM, a
+//! kill -9, a journal that cannot be written, and an `--out` that holds an earlier run. Every
+//! test drives the real binary against agents served on 127.0.0.1 by the test.
+
+use std::path::Path;
+use std::process::{ExitStatus, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::process::Child;
+use tokio::sync::Notify;
+
+use super::*;
+
+/// A Connexity agent on 127.0.0.1 that answers every request after `delay`, or never.
+struct SlowAgent {
+    url: String,
+    requests: Arc<AtomicUsize>,
+    request_seen: Arc<Notify>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for SlowAgent {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl SlowAgent {
+    /// `None`: read the request and never answer.
+    async fn start(delay: Option<Duration>) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/agent/respond", listener.local_addr().unwrap());
+        let requests = Arc::new(AtomicUsize::new(0));
+        let request_seen = Arc::new(Notify::new());
+        let (count, seen) = (requests.clone(), request_seen.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let (count, seen) = (count.clone(), seen.clone());
+                tokio::spawn(async move {
+                    let _ = serve(stream, delay, &count, &seen).await;
+                });
+            }
+        });
+        SlowAgent {
+            url,
+            requests,
+            request_seen,
+            task,
+        }
+    }
+
+    async fn wait_for_request(&self) {
+        let seen = self.request_seen.notified();
+        if self.requests.load(Ordering::SeqCst) == 0 {
+            tokio::time::timeout(Duration::from_secs(30), seen)
+                .await
+                .expect("the agent got no request");
+        }
+    }
+}
+
+async fn serve(
+    stream: TcpStream,
+    delay: Option<Duration>,
+    count: &AtomicUsize,
+    seen: &Notify,
+) -> std::io::Result<()> {
+    let mut stream = BufReader::new(stream);
+    loop {
+        let mut content_length = 0usize;
+        loop {
+            let mut line = String::new();
+            if stream.read_line(&mut line).await? == 0 {
+                return Ok(());
+            }
+            if line.trim().is_empty() {
+                break;
+            }
+            if let Some((name, value)) = line.split_once(':')
+                && name.eq_ignore_ascii_case("content-length")
+            {
+                content_length = value.trim().parse().unwrap_or(0);
+            }
+        }
+        let mut body = vec![0; content_length];
+        stream.read_exact(&mut body).await?;
+        count.fetch_add(1, Ordering::SeqCst);
+        seen.notify_waiters();
+        match delay {
+            Some(delay) => tokio::time::sleep(delay).await,
+            None => std::future::pending::<()>().await,
+        }
+        let body = super::support::OK_BODY;
+        let answer = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        stream.get_mut().write_all(answer.as_bytes()).await?;
+    }
+}
+
+/// A suite directory with one scenario per `(scenario, agent url, repeat)`.
+fn suite(dir: &Path, scenarios: &[(&str, &str, u32)]) {
+    let mut text = String::new();
+    for (name, url, repeat) in scenarios {
+        text.push_str(&format!(
+            "agent \"{name}-agent\" protocol=\"connexity\" url=\"{url}\" {{ timeout \"60s\" }}\n\
+             scenario \"{name}\" {{\n    agent \"{name}-agent\"\n    repeat {repeat}\n    \
+             user \"hi\"\n    expect reply contains=\"Hello\"\n}}\n"
+        ));
+    }
+    std::fs::create_dir_all(dir).unwrap();
+    std::fs::write(dir.join("suite.kdl"), text).unwrap();
+}
+
+fn spawn_run(suites: &Path, out: &Path, extra: &[&str]) -> Child {
+    trellis()
+        .arg("run")
+        .arg(suites)
+        .arg("--out")
+        .arg(out)
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+async fn wait(child: &mut Child, limit: Duration) -> ExitStatus {
+    tokio::time::timeout(limit, child.wait())
+        .await
+        .expect("trellis did not exit in time")
+        .unwrap()
+}
+
+/// Waits until the journal holds `n` trajectory lines.
+async fn wait_for_trajectories(out: &Path, n: usize) {
+    let started = Instant::now();
+    loop {
+        let lines = std::fs::read_to_string(out.join("journal.jsonl"))
+            .map(|j| {
+                j.lines()
+                    .filter(|l| l.starts_with("{\"trajectory\""))
+                    .count()
+            })
+            .unwrap_or(0);
+        if lines >= n {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the journal never got {n} trajectories"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn send(child: &Child, signal: i32) {
+    let pid = i32::try_from(child.id().unwrap()).unwrap();
+    // SAFETY: kill(2) on a child process id this test spawned and has not reaped yet.
+    assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+}
+
+/// Every results file is complete: the tables parse, the reports are closed documents, and
+/// no temporary file is left behind.
+fn assert_complete(out: &Path, trajectories: usize) {
+    assert_eq!(
+        read_parquet(&out.join("trajectories.parquet")).height(),
+        trajectories
+    );
+    for table in ["turns", "tool_calls", "criteria", "runs"] {
+        read_parquet(&out.join(format!("{table}.parquet")));
+    }
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(html.trim_end().ends_with("</html>"), "report.html is cut");
+    let junit = std::fs::read_to_string(out.join("junit.xml")).unwrap();
+    assert!(
+        junit.trim_end().ends_with("</testsuites>"),
+        "junit.xml is cut"
+    );
+    assert_no_partial_files(out);
+}
+
+fn assert_no_partial_files(out: &Path) {
+    let partial: Vec<_> = std::fs::read_dir(out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".partial"))
+        .collect();
+    assert!(partial.is_empty(), "left behind: {partial:?}");
+}
+
+fn journal_has_end(out: &Path) -> bool {
+    std::fs::read_to_string(out.join("journal.jsonl"))
+        .unwrap()
+        .lines()
+        .any(|l| l.starts_with("{\"run_finished\""))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_console_closed_early_loses_no_result() {
+    let agent = SlowAgent::start(Some(Duration::from_millis(100))).await;
+    let dir = tempfile::tempdir().unwrap();
+    suite(&dir.path().join("suites"), &[("slow", &agent.url, 6)]);
+    let out = dir.path().join("out");
+    let mut child = spawn_run(&dir.path().join("suites"), &out, &["--jobs", "1"]);
+    // Like `trellis run … 2>&1 | head -1`: read one progress line, then close both pipes
+    // while the run still has five trajectories to go.
+    let stdout = child.stdout.take().unwrap();
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let mut first = String::new();
+    stderr.read_line(&mut first).await.unwrap();
+    assert!(first.contains("PASS"), "{first}");
+    drop(stderr);
+    drop(stdout);
+
+    let status = wait(&mut child, Duration::from_secs(60)).await;
+    assert_eq!(status.code(), Some(0), "the run's own exit code");
+    assert!(journal_has_end(&out));
+    assert_complete(&out, 6);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_the_run_and_reports_what_finished() {
+    let fast = SlowAgent::start(Some(Duration::ZERO)).await;
+    let stuck = SlowAgent::start(None).await;
+    let dir = tempfile::tempdir().unwrap();
+    suite(
+        &dir.path().join("suites"),
+        &[("quick", &fast.url, 1), ("stuck", &stuck.url, 1)],
+    );
+    let out = dir.path().join("out");
+    let child = spawn_run(&dir.path().join("suites"), &out, &[]);
+    stuck.wait_for_request().await;
+    wait_for_trajectories(&out, 1).await;
+
+    send(&child, libc::SIGTERM);
+    let signalled = Instant::now();
+    let o = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+        .await
+        .expect("trellis did not exit after SIGTERM")
+        .unwrap();
+    assert_eq!(o.status.code(), Some(143), "{}", stderr(&o));
+    // The call that never answers is given the grace period, then abandoned.
+    assert!(signalled.elapsed() >= Duration::from_secs(4));
+    assert!(stderr(&o).contains("SIGTERM"), "{}", stderr(&o));
+    // The finished trajectory is in every file; the abandoned one in none.
+    assert_complete(&out, 1);
+    let t = read_parquet(&out.join("trajectories.parquet"));
+    assert_eq!(strings(&t, "scenario"), [Some("quick".to_string())]);
+    assert_eq!(stuck.requests.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_stops_at_once() {
+    let stuck = SlowAgent::start(None).await;
+    let dir = tempfile::tempdir().unwrap();
+    suite(&dir.path().join("suites"), &[("stuck", &stuck.url, 1)]);
+    let out = dir.path().join("out");
+    let mut child = spawn_run(&dir.path().join("suites"), &out, &[]);
+    stuck.wait_for_request().await;
+
+    send(&child, libc::SIGINT);
+    let signalled = Instant::now();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    send(&child, libc::SIGINT);
+    let status = wait(&mut child, Duration::from_secs(30)).await;
+    assert_eq!(status.code(), Some(130));
+    assert!(
+        signalled.elapsed() < Duration::from_millis(4500),
+        "waited out the grace period: {:?}",
+        signalled.elapsed()
+    );
+    assert_complete(&out, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_run_leaves_no_unreadable_parquet_and_report_rebuilds_it() {
+    let fast = SlowAgent::start(Some(Duration::ZERO)).await;
+    let stuck = SlowAgent::start(None).await;
+    let dir = tempfile::tempdir().unwrap();
+    suite(
+        &dir.path().join("suites"),
+        &[("quick", &fast.url, 1), ("stuck", &stuck.url, 1)],
+    );
+    // Two runs side by side, as in runs/*/: one that finished, one killed mid-way.
+    let runs = dir.path().join("runs");
+    let finished = runs.join("finished");
+    let o = trellis()
+        .args(["run", "suites/", "--filter", "price-first", "--out"])
+        .arg(&finished)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let killed = runs.join("killed");
+    let mut child = spawn_run(&dir.path().join("suites"), &killed, &[]);
+    stuck.wait_for_request().await;
+    wait_for_trajectories(&killed, 1).await;
+    child.start_kill().unwrap();
+    wait(&mut child, Duration::from_secs(30)).await;
+
+    // What `runs/*/trajectories.parquet` (or any `*.parquet`) globs find must all parse.
+    let mut found = 0;
+    for run in [&finished, &killed] {
+        for entry in std::fs::read_dir(run).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "parquet") {
+                let file = std::fs::File::open(&path).unwrap();
+                if let Err(e) = ParquetReader::new(file).finish() {
+                    panic!("{} is not readable: {e}", path.display());
+                }
+                found += 1;
+            }
+        }
+    }
+    assert_eq!(found, 5, "only the finished run has tables");
+
+    let o = trellis().arg("report").arg(&killed).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).contains("did not finish"), "{}", stdout(&o));
+    assert_complete(&killed, 1);
+}
+
+#[tokio::test]
+async fn a_journal_that_cannot_be_written_still_leaves_every_other_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    // Every write to /dev/full fails with ENOSPC: a full disk, for the journal only.
+    std::os::unix::fs::symlink("/dev/full", out.join("journal.jsonl")).unwrap();
+    let o = trellis()
+        .args(["run", "suites/", "--filter", "price-first", "--out"])
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(err.contains("results are incomplete"), "{err}");
+    assert!(err.contains("journal"), "{err}");
+    assert!(
+        stdout(&o).contains("1 trajectories: 1 passed"),
+        "{}",
+        stdout(&o)
+    );
+
+    let t = read_parquet(&out.join("trajectories.parquet"));
+    assert_eq!(strings(&t, "status"), [Some("passed".to_string())]);
+    assert_eq!(read_parquet(&out.join("turns.parquet")).height(), 2);
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(html.contains("price-first"));
+    assert!(html.contains("Transcripts are not shown"));
+    let junit = std::fs::read_to_string(out.join("junit.xml")).unwrap();
+    assert!(junit.contains("price-first"));
+}
+
+#[tokio::test]
+async fn out_refuses_an_earlier_run_unless_told_to_replace_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let run = |extra: &'static [&'static str]| {
+        let mut cmd = trellis();
+        cmd.args(["run", "suites/", "--filter", "price-first", "--out"])
+            .arg(&out)
+            .args(extra);
+        cmd
+    };
+    let o = run(&[]).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let journal = std::fs::read(out.join("journal.jsonl")).unwrap();
+
+    let o = run(&[]).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("--replace"), "{}", stderr(&o));
+    assert_eq!(std::fs::read(out.join("journal.jsonl")).unwrap(), journal);
+
+    let o = run(&["--replace"]).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let replaced = std::fs::read(out.join("journal.jsonl")).unwrap();
+    assert_ne!(replaced, journal, "a new run, with a new run id");
+    assert_complete(&out, 1);
+}
+
+#[tokio::test]
+async fn checks_that_did_not_run_are_shown_and_counted() {
+    let out = tempfile::tempdir().unwrap();
+    let o = trellis()
+        .args(["run", "suites/", "--filter", "book-duct-cleaning", "--out"])
+        .arg(out.path().join("r"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let text = stdout(&o);
+    // 2 trajectories × 3 repetitions, each with an `outcome` and a `judge` and no judge.
+    assert!(text.contains("12 checks did not run"), "{text}");
+    assert!(
+        text.contains("UNCHECKED booking/book-duct-cleaning accepts [demo #0 #1 #2]"),
+        "{text}"
+    );
+    assert!(text.contains("no judge configured"), "{text}");
+
+    let t = read_parquet(&out.path().join("r/trajectories.parquet"));
+    let sum = |column: &str| -> u32 {
+        t.column(column)
+            .unwrap()
+            .u32()
+            .unwrap()
+            .iter()
+            .flatten()
+            .sum()
+    };
+    let criteria = read_parquet(&out.path().join("r/criteria.parquet"));
+    let with_status = |status: &str| {
+        strings(&criteria, "status")
+            .iter()
+            .filter(|s| s.as_deref() == Some(status))
+            .count() as u32
+    };
+    assert_eq!(sum("checks_skipped"), 12);
+    assert_eq!(sum("checks_skipped"), with_status("skipped"));
+    assert_eq!(sum("checks_passed"), with_status("passed"));
+    assert_eq!(sum("checks_failed"), with_status("failed"));
+
+    let html = std::fs::read_to_string(out.path().join("r/report.html")).unwrap();
+    assert!(html.contains("12 checks did not run"));
+    assert!(html.contains("Checks that did not run"));
+}
+
+#[tokio::test]
+
+async fn strict_fails_a_trajectory_whose_checks_did_not_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |strict: bool, out: &str| {
+        let mut cmd = trellis();
+        cmd.args(["run", "suites/", "--filter", "prompt-injection", "--out"])
+            .arg(dir.path().join(out));
+        if strict {
+            cmd.arg("--strict");
+        }
+        cmd
+    };
+    // Its `judge` cannot run without a judge; everything else passes.
+    let o = run(false, "lenient").output().await.unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = run(true, "strict").output().await.unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    // The failure says why, though no check failed.
+    assert!(
+        stdout(&o).contains("1 check did not run (--strict)"),
+        "{}",
+        stdout(&o)
+    );
+    let t = read_parquet(&dir.path().join("strict/trajectories.parquet"));
+    assert_eq!(strings(&t, "status"), [Some("failed".to_string())]);
+    let junit = std::fs::read_to_string(dir.path().join("strict/junit.xml")).unwrap();
+    assert!(junit.contains("check(s) did not run (--strict)"), "{junit}");
+    assert!(junit.contains("no judge configured"), "{junit}");
+}
+
+#[tokio::test]
+async fn list_and_graph_tolerate_a_closed_stdout() {
+    for command in [["list", "suites/"], ["graph", "suites/"]] {
+        let mut child = trellis()
+            .args(command)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Closed before the command gets to print (like `| head -0`).
+        drop(child.stdout.take());
+        let o = child.wait_with_output().await.unwrap();
+        assert_eq!(o.status.code(), Some(0), "{command:?}: {}", stderr(&o));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_finishes_in_the_grace_period_is_recorded() {
+    let slow = SlowAgent::start(Some(Duration::from_millis(1500))).await;
+    let dir = tempfile::tempdir().unwrap();
+    suite(&dir.path().join("suites"), &[("slow", &slow.url, 1)]);
+    let out = dir.path().join("out");
+    let child = spawn_run(&dir.path().join("suites"), &out, &[]);
+    slow.wait_for_request().await;
+
+    send(&child, libc::SIGTERM);
+    let signalled = Instant::now();
+    let o = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+        .await
+        .expect("trellis did not exit after SIGTERM")
+        .unwrap();
+    assert_eq!(o.status.code(), Some(143), "{}", stderr(&o));
+    assert!(
+        signalled.elapsed() < Duration::from_millis(4500),
+        "waited out the grace period although the call had finished"
+    );
+    assert_complete(&out, 1);
+}
