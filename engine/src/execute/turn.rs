@@ -76,7 +76,7 @@ fn record(
         turn.exchanges
             .iter()
             .map(|e| ExchangeRecord {
-                label: e.label.clone(),
+                label: e.label.to_string(),
                 latency_ms: ms(e.latency()),
                 ttft_ms: e.ttft.map(ms),
                 attempts: e

@@ -133,7 +133,7 @@ impl Endpoint {
     /// Sends one user message on `session_id` and assembles the answer.
     async fn process(&self, session_id: &str, text: &str, ctx: &CallContext<'_>) -> Turn {
         let mut exchange = Exchange {
-            label: format!("POST {}", self.url.path()),
+            label: format!("POST {}", self.url.path()).into(),
             ..Default::default()
         };
         let request = Request {

@@ -61,15 +61,22 @@ pub enum HistoryMode {
     Full,
 }
 
-/// A client for one Connexity agent.
+/// A client for one Connexity agent. Cheap to clone: every session holds one.
 #[derive(Clone, Debug)]
 pub struct ConnexityClient {
+    inner: Arc<ClientConfig>,
+}
+
+#[derive(Debug)]
+struct ClientConfig {
     url: Url,
     headers: HeaderMap,
     limits: CallLimits,
     retry: RetryPolicy,
     history: HistoryMode,
     transport: HttpTransport,
+    /// `POST /agent/respond`, the label of every exchange.
+    label: Arc<str>,
 }
 
 #[derive(Serialize)]
@@ -109,18 +116,22 @@ impl ConnexityClient {
             HeaderError::InvalidName(name) => ConnexityError::InvalidHeaderName(name),
             HeaderError::InvalidValue(name) => ConnexityError::InvalidHeaderValue(name),
         })?;
+        let label = Arc::from(format!("POST {}", parsed.path()));
         Ok(ConnexityClient {
-            url: parsed,
-            headers: map,
-            limits,
-            retry,
-            history,
-            transport,
+            inner: Arc::new(ClientConfig {
+                url: parsed,
+                headers: map,
+                limits,
+                retry,
+                history,
+                transport,
+                label,
+            }),
         })
     }
 
     pub fn url(&self) -> &Url {
-        &self.url
+        &self.inner.url
     }
 
     /// Sends `history` as one request (after retries) and returns the exchange with the
@@ -131,7 +142,7 @@ impl ConnexityClient {
         ctx: &CallContext<'_>,
     ) -> (Exchange, Result<ParsedReply, Fault>) {
         let mut exchange = Exchange {
-            label: format!("POST {}", self.url.path()),
+            label: self.inner.label.clone(),
             ..Default::default()
         };
         let turn_index = u32::try_from(history.len().saturating_sub(1)).unwrap_or(u32::MAX);
@@ -139,22 +150,29 @@ impl ConnexityClient {
             Ok(body) => body,
             Err(fault) => return (exchange, Err(fault)),
         };
-        let attempted = with_retries(self.retry, self.limits.timeout, ctx.deadline, |timeout| {
-            let body = body.clone();
-            async move {
-                let response = self
-                    .transport
-                    .post_json(
-                        &self.url,
-                        &self.headers,
-                        body,
-                        self.limits.max_response_size,
-                        timeout,
-                    )
-                    .await?;
-                parse_response(&response.body)
-            }
-        })
+        let config = &*self.inner;
+        let attempted = with_retries(
+            config.retry,
+            config.limits.timeout,
+            ctx.deadline,
+            |timeout| {
+                let body = body.clone();
+                async move {
+                    let response = self
+                        .inner
+                        .transport
+                        .post_json(
+                            &config.url,
+                            &config.headers,
+                            body,
+                            config.limits.max_response_size,
+                            timeout,
+                        )
+                        .await?;
+                    parse_response(&response.body)
+                }
+            },
+        )
         .await;
         exchange.attempts = attempted.attempts;
         if let Ok(reply) = &attempted.result {
@@ -167,7 +185,7 @@ impl ConnexityClient {
 impl AgentProtocol for ConnexityClient {
     fn open(&self, _conversation: &Conversation<'_>) -> Box<dyn Session> {
         Box::new(ConnexitySession {
-            client: Arc::new(self.clone()),
+            client: self.clone(),
             history: Vec::new(),
         })
     }
@@ -176,7 +194,7 @@ impl AgentProtocol for ConnexityClient {
 /// A Connexity conversation: the history the next request resends. Forks copy it.
 #[derive(Clone)]
 struct ConnexitySession {
-    client: Arc<ConnexityClient>,
+    client: ConnexityClient,
     history: Vec<ChatMessage>,
 }
 
@@ -209,7 +227,7 @@ impl Session for ConnexitySession {
             };
             match result {
                 Ok(reply) => {
-                    match self.client.history {
+                    match self.client.inner.history {
                         HistoryMode::Messages => self.history.push(ChatMessage::assistant(
                             reply.reply.clone().unwrap_or_default(),
                         )),

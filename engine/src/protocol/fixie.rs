@@ -235,7 +235,7 @@ impl FixieClient {
     ) -> (Exchange, Result<FunctionReply, Fault>) {
         let inner = &*self.inner;
         let mut exchange = Exchange {
-            label: "POST (not sent: invalid function name)".to_owned(),
+            label: "POST (not sent: invalid function name)".into(),
             ..Default::default()
         };
         let url = match self.function_url(function) {
@@ -250,7 +250,7 @@ impl FixieClient {
                 );
             }
         };
-        exchange.label = format!("POST {}", url.path());
+        exchange.label = format!("POST {}", url.path()).into();
         let body = match encode_call(text) {
             Ok(body) => body,
             Err(fault) => return (exchange, Err(fault)),

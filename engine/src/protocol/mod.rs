@@ -310,8 +310,9 @@ fn add(a: Option<u64>, b: Option<u64>) -> Option<u64> {
 /// One logical request of a turn, after its retries.
 #[derive(Clone, Debug, Default)]
 pub struct Exchange {
-    /// What was called, for people reading the records: `POST /agent/respond`.
-    pub label: String,
+    /// What was called, for people reading the records: `POST /agent/respond`. Shared:
+    /// built once per agent, not per turn.
+    pub label: Arc<str>,
     /// Every attempt, in order; the last one is the one that counted.
     pub attempts: Vec<Attempt>,
     /// Time to the first streamed event of the last attempt (streaming protocols only).

@@ -25,6 +25,18 @@ pub fn pair<'a>(calls: &mut [ToolCallRecord], results: impl IntoIterator<Item = 
     if calls.is_empty() {
         return;
     }
+    if calls.len() <= SMALL {
+        pair_small(calls, results)
+    } else {
+        pair_mapped(calls, results)
+    }
+}
+
+/// [`pair`] through queues keyed by id, id and name, and name: linear in the calls.
+fn pair_mapped<'a>(
+    calls: &mut [ToolCallRecord],
+    results: impl IntoIterator<Item = ToolResult<'a>>,
+) {
     let mut by_id: HashMap<&str, VecDeque<usize>> = HashMap::new();
     let mut by_id_name: HashMap<(&str, &str), VecDeque<usize>> = HashMap::new();
     let mut by_name: HashMap<&str, VecDeque<usize>> = HashMap::new();
@@ -65,6 +77,36 @@ pub fn pair<'a>(calls: &mut [ToolCallRecord], results: impl IntoIterator<Item = 
     for (slot, content) in slots {
         if let Some(call) = calls.get_mut(slot) {
             call.result = content;
+        }
+    }
+}
+
+/// Below this many calls a linear scan beats building three hash maps (most turns make
+/// one to three calls).
+const SMALL: usize = 16;
+
+/// [`pair`] by scanning: the same rule, quadratic, for a handful of calls.
+fn pair_small<'a>(calls: &mut [ToolCallRecord], results: impl IntoIterator<Item = ToolResult<'a>>) {
+    let mut paired = [false; SMALL];
+    for result in results {
+        let unpaired = |i: &usize| !paired.get(*i).copied().unwrap_or(true);
+        let id = result.call_id.filter(|id| !id.is_empty());
+        let slot = id
+            .and_then(|id| {
+                (0..calls.len()).filter(unpaired).find(|&i| {
+                    calls[i].call_id == id && result.name.is_none_or(|n| n == calls[i].name)
+                })
+            })
+            .or_else(|| {
+                let name = result.name?;
+                (0..calls.len())
+                    .filter(unpaired)
+                    .find(|&i| calls[i].name == name)
+            })
+            .or_else(|| (0..calls.len()).find(unpaired));
+        if let Some(slot) = slot {
+            paired[slot] = true;
+            calls[slot].result = result.content.map(str::to_owned);
         }
     }
 }
@@ -121,6 +163,42 @@ mod tests {
         );
         let got: Vec<_> = calls.iter().map(|c| c.result.as_deref()).collect();
         assert_eq!(got, [Some("A"), Some("B"), Some("C"), Some("D")]);
+    }
+
+    #[test]
+    fn the_small_and_the_large_path_pair_alike() {
+        let names = ["a", "b", "c", "a", "b"];
+        for copies in [1, 10] {
+            let mut calls: Vec<_> = (0..copies * names.len())
+                .map(|i| call(&format!("id{}", i % 3), names[i % names.len()]))
+                .collect();
+            let results: Vec<(Option<String>, Option<&str>)> = (0..calls.len())
+                .rev()
+                .map(|i| {
+                    let id = (i % 2 == 0).then(|| format!("id{}", i % 3));
+                    (id, (i % 3 != 0).then_some(names[i % names.len()]))
+                })
+                .collect();
+            let as_results = || {
+                results
+                    .iter()
+                    .enumerate()
+                    .map(|(j, (id, name))| ToolResult {
+                        call_id: id.as_deref(),
+                        name: *name,
+                        content: Some(if j % 2 == 0 { "even" } else { "odd" }),
+                    })
+            };
+            let mut scanned = calls.clone();
+            if scanned.len() <= SMALL {
+                pair_small(&mut scanned, as_results());
+            }
+            pair_mapped(&mut calls, as_results());
+            assert!(calls.iter().all(|c| c.result.is_some()), "{copies}");
+            if scanned.len() <= SMALL {
+                assert_eq!(scanned, calls);
+            }
+        }
     }
 
     #[test]

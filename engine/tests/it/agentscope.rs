@@ -285,7 +285,7 @@ async fn a_streamed_answer_is_assembled_and_the_request_has_the_runtime_shape() 
     assert_eq!(turn.messages.len(), 1);
     assert_eq!(turn.exchanges.len(), 1);
     let exchange = &turn.exchanges[0];
-    assert_eq!(exchange.label, "POST /process");
+    assert_eq!(&*exchange.label, "POST /process");
     assert_eq!(exchange.attempts.len(), 1);
     let ttft = exchange.ttft.expect("time to first event");
     assert!(

@@ -133,7 +133,7 @@ async fn builtin_numbers_end_to_end() {
     assert_eq!(turn.fault, None);
     assert_eq!(turn.reply.as_deref(), Some("17"));
     assert_eq!(turn.exchanges.len(), 1);
-    assert_eq!(turn.exchanges[0].label, "POST /genrand");
+    assert_eq!(&*turn.exchanges[0].label, "POST /genrand");
     assert_eq!(turn.messages.len(), 1);
     assert_eq!(turn.messages[0].name.as_deref(), Some("genrand"));
 
