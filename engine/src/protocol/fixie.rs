@@ -337,9 +337,11 @@ impl Session for FixieSession {
                     message.parts = reply.embed_parts();
                     turn.messages = vec![message];
                     turn.reply = Some(reply.text);
+                    // The function itself reported that it failed: the agent's error,
+                    // not a broken answer.
                     turn.fault = reply.error.map(|error| {
                         Fault::new(
-                            FaultCategory::Protocol,
+                            FaultCategory::AgentError,
                             format!("Func[{function}] answered with an error: {error}"),
                         )
                     });
