@@ -200,15 +200,21 @@ impl Endpoint {
                 // An answer without content (an error frame, a failed run) has only the
                 // time to its first event.
                 exchange.ttft = first_content.or(stream.ttft());
-                // The attempt lasted until the stream was over, and a fault in the stream is
-                // the attempt's own (it is never retried: the agent was already at work).
+                // The attempt lasted until the stream was over (it is never retried: the
+                // agent was already at work).
                 if let Some(last) = exchange.attempts.last_mut() {
                     last.latency = stream.started().elapsed();
-                    last.fault = outcome.as_ref().err().cloned();
                 }
                 outcome
             }
         };
+        // A fault in the answer the last attempt received (a stream that broke, JSON the
+        // client cannot use) is that attempt's own.
+        if let (Err(fault), Some(last)) = (&outcome, exchange.attempts.last_mut())
+            && last.fault.is_none()
+        {
+            last.fault = Some(fault.clone());
+        }
         let assembled = assembler.finish();
         exchange.usage = assembled.usage;
         Turn {

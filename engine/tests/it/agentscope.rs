@@ -568,6 +568,28 @@ async fn a_json_answer_to_a_streaming_request_is_accepted() {
     assert_eq!(turn.exchanges[0].ttft, None);
 }
 
+#[tokio::test]
+async fn a_json_answer_that_breaks_the_protocol_is_the_attempts_fault_too() {
+    // Every attempt is recorded with its fault: a JSON answer the client cannot use is the
+    // fault of the attempt that received it, as it is for a streamed one.
+    for body in [
+        "not json",
+        r#"{"object": "response", "status": "in_progress"}"#,
+    ] {
+        let server =
+            ScriptedServer::steps(vec![head(200, Some("application/json")), raw(body)]).await;
+        let turn = say_to(&server.url, "Hi").await;
+        let turn_fault = turn.fault.clone();
+        assert!(turn_fault.is_some(), "{body}: {turn:?}");
+        let attempt = turn.exchanges[0].attempts.last().cloned();
+        assert_eq!(
+            attempt.and_then(|a| a.fault),
+            turn_fault,
+            "{body}: the attempt lost its fault"
+        );
+    }
+}
+
 // The builtin weather agent.
 
 #[tokio::test]
