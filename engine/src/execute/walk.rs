@@ -298,6 +298,11 @@ impl<'a> Unit<'a> {
             repetition: self.repetition,
             node: &node.id,
         });
+        // The replay redoes the whole path so far in this branch's session: its time
+        // replaces the original prefix's in the branch's budget instead of adding to it.
+        if !state.turns.is_empty() {
+            state.active = Duration::ZERO;
+        }
         for i in 0..state.turns.len() {
             let original = state.turns[i].clone();
             let input = match original.kind.as_str() {

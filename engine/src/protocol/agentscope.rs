@@ -41,6 +41,7 @@ use super::http::{
     CallLimits, HeaderError, HttpTransport, RetryPolicy, with_agent_headers, with_retries,
 };
 use super::pairing::{ToolResult, pair};
+use super::quote::{error_text, kind_of, preview};
 use super::sse::{self, Opened, StreamLimits};
 use super::{
     AgentProtocol, CallContext, ChatMessage, Conversation, Exchange, Session, ToolCall,
@@ -200,15 +201,21 @@ impl Endpoint {
                 // An answer without content (an error frame, a failed run) has only the
                 // time to its first event.
                 exchange.ttft = first_content.or(stream.ttft());
-                // The attempt lasted until the stream was over, and a fault in the stream is
-                // the attempt's own (it is never retried: the agent was already at work).
+                // The attempt lasted until the stream was over (it is never retried: the
+                // agent was already at work).
                 if let Some(last) = exchange.attempts.last_mut() {
                     last.latency = stream.started().elapsed();
-                    last.fault = outcome.as_ref().err().cloned();
                 }
                 outcome
             }
         };
+        // A fault in the answer the last attempt received (a stream that broke, JSON the
+        // client cannot use) is that attempt's own.
+        if let (Err(fault), Some(last)) = (&outcome, exchange.attempts.last_mut())
+            && last.fault.is_none()
+        {
+            last.fault = Some(fault.clone());
+        }
         let assembled = assembler.finish();
         exchange.usage = assembled.usage;
         Turn {
@@ -753,23 +760,6 @@ fn value_text(value: &Value) -> String {
     }
 }
 
-/// An `error` as a person reads it: `CODE: message`, or the string sent.
-fn error_text(error: &Value) -> String {
-    match error {
-        Value::String(s) => s.clone(),
-        Value::Object(map) => {
-            let code = map.get("code").and_then(Value::as_str);
-            let message = map.get("message").and_then(Value::as_str);
-            match (code, message) {
-                (Some(code), Some(message)) => format!("{code}: {message}"),
-                (Some(one), None) | (None, Some(one)) => one.to_owned(),
-                (None, None) => error.to_string(),
-            }
-        }
-        other => other.to_string(),
-    }
-}
-
 fn str_field<'a>(map: &'a Map<String, Value>, key: &str) -> Option<&'a str> {
     map.get(key).and_then(Value::as_str)
 }
@@ -802,27 +792,6 @@ fn sum_usage(usages: impl Iterator<Item = Usage>) -> Option<Usage> {
         completion_tokens: add(total.completion_tokens, u.completion_tokens),
         total_tokens: add(total.total_tokens, u.total_tokens),
     })
-}
-
-fn kind_of(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
-/// The start of a body, for messages about it.
-fn preview(body: &[u8]) -> String {
-    let text = String::from_utf8_lossy(body.get(..240).unwrap_or(body));
-    let mut out: String = text.trim().chars().take(200).collect();
-    if body.len() > 240 || text.chars().count() > 200 {
-        out.push('…');
-    }
-    out
 }
 
 #[cfg(test)]

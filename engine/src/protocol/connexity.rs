@@ -19,6 +19,7 @@ use serde_json::Value;
 use super::http::{
     CallLimits, HeaderError, HttpTransport, RetryPolicy, with_agent_headers, with_retries,
 };
+use super::quote::{kind_of, preview};
 use super::{
     AgentProtocol, CallContext, ChatMessage, Conversation, Exchange, Session, ToolCall,
     ToolCallFunction, Turn, TurnInput, Usage,
@@ -578,25 +579,4 @@ fn optional_string(value: Option<Value>) -> Option<String> {
 
 fn protocol(message: String) -> Fault {
     Fault::new(FaultCategory::Protocol, message)
-}
-
-fn kind_of(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
-/// The start of a body, for messages about it.
-fn preview(body: &[u8]) -> String {
-    let text = String::from_utf8_lossy(body.get(..120).unwrap_or(body));
-    let mut out: String = text.trim().chars().take(100).collect();
-    if body.len() > 120 || text.chars().count() > 100 {
-        out.push('…');
-    }
-    out
 }

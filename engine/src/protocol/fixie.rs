@@ -25,13 +25,11 @@ use serde_json::{Map, Value};
 use super::http::{
     CallLimits, HeaderError, HttpTransport, RetryPolicy, with_agent_headers, with_retries,
 };
+use super::quote::{error_text, kind_of, preview};
 use super::{
     AgentProtocol, CallContext, ChatMessage, Conversation, Exchange, Session, Turn, TurnInput,
 };
 use crate::record::{Fault, FaultCategory};
-
-/// How much of an unreadable body goes into a fault message.
-const PREVIEW_CHARS: usize = 120;
 
 /// A Fixie agent could not be configured.
 #[derive(Debug, thiserror::Error)]
@@ -337,9 +335,11 @@ impl Session for FixieSession {
                     message.parts = reply.embed_parts();
                     turn.messages = vec![message];
                     turn.reply = Some(reply.text);
+                    // The function itself reported that it failed: the agent's error,
+                    // not a broken answer.
                     turn.fault = reply.error.map(|error| {
                         Fault::new(
-                            FaultCategory::Protocol,
+                            FaultCategory::AgentError,
                             format!("Func[{function}] answered with an error: {error}"),
                         )
                     });
@@ -421,7 +421,7 @@ pub fn parse_reply(body: &[u8], function: &str) -> Result<FunctionReply, Fault> 
     };
     let error = match root.remove("error") {
         None | Some(Value::Null) => None,
-        Some(Value::Object(error)) => Some(describe_error(&error)),
+        Some(error @ Value::Object(_)) => Some(error_text(&error)),
         Some(other) => Some(other.to_string()),
     };
     let mut message = match root.remove("message") {
@@ -459,16 +459,6 @@ pub fn parse_reply(body: &[u8], function: &str) -> Result<FunctionReply, Fault> 
         embeds,
         error,
     })
-}
-
-fn describe_error(error: &Map<String, Value>) -> String {
-    let field = |key: &str| error.get(key).and_then(Value::as_str);
-    match (field("code"), field("message")) {
-        (Some(code), Some(message)) => format!("{code}: {message}"),
-        (None, Some(message)) => message.to_owned(),
-        (Some(code), None) => code.to_owned(),
-        (None, None) => Value::Object(error.clone()).to_string(),
-    }
 }
 
 /// Says which function a transport fault is about, and what the usual statuses mean.
@@ -751,28 +741,6 @@ fn bracketed(text: &str) -> Option<(&str, &str, &str)> {
     let (kind, rest) = text.split_once('[')?;
     let (name, rest) = rest.split_once(']')?;
     matches!(kind, "Func" | "Agent").then_some((kind, name.trim(), rest))
-}
-
-fn kind_of(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "a list",
-        Value::Object(_) => "an object",
-    }
-}
-
-fn preview(body: &[u8]) -> String {
-    let text = String::from_utf8_lossy(body);
-    let text = text.trim();
-    let mut chars = text.chars();
-    let mut out: String = chars.by_ref().take(PREVIEW_CHARS).collect();
-    if chars.next().is_some() {
-        out.push('…');
-    }
-    out
 }
 
 #[cfg(test)]

@@ -24,6 +24,7 @@ pub mod fixie;
 pub mod http;
 pub mod line;
 pub mod pairing;
+pub mod quote;
 pub mod sse;
 
 use std::sync::Arc;

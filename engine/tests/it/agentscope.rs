@@ -568,6 +568,28 @@ async fn a_json_answer_to_a_streaming_request_is_accepted() {
     assert_eq!(turn.exchanges[0].ttft, None);
 }
 
+#[tokio::test]
+async fn a_json_answer_that_breaks_the_protocol_is_the_attempts_fault_too() {
+    // Every attempt is recorded with its fault: a JSON answer the client cannot use is the
+    // fault of the attempt that received it, as it is for a streamed one.
+    for body in [
+        "not json",
+        r#"{"object": "response", "status": "in_progress"}"#,
+    ] {
+        let server =
+            ScriptedServer::steps(vec![head(200, Some("application/json")), raw(body)]).await;
+        let turn = say_to(&server.url, "Hi").await;
+        let turn_fault = turn.fault.clone();
+        assert!(turn_fault.is_some(), "{body}: {turn:?}");
+        let attempt = turn.exchanges[0].attempts.last().cloned();
+        assert_eq!(
+            attempt.and_then(|a| a.fault),
+            turn_fault,
+            "{body}: the attempt lost its fault"
+        );
+    }
+}
+
 // The builtin weather agent.
 
 #[tokio::test]
@@ -818,4 +840,66 @@ async fn ttft_is_the_time_to_the_first_content_not_to_the_first_event() {
     assert_eq!(turn.fault, None);
     let ttft = turn.exchanges[0].ttft.unwrap();
     assert!(ttft >= Duration::from_millis(300), "{ttft:?}");
+}
+
+// A branch's time budget: the replayed prefix replaces the original prefix, it does not add
+// to it, so a replayed branch has the same `timeout` budget as the branch that continues.
+
+const SLOW_FORK: &str = r#"
+agent "scope" protocol="agentscope" url="URL"
+scenario "slow-fork" {
+    timeout "2200ms"
+    user "a"
+    user "b"
+    user "c"
+    branch "continues" { user "x1" }
+    branch "replays" { user "y1" }
+    criteria { no-error }
+}
+"#;
+
+#[tokio::test]
+async fn a_replayed_prefix_does_not_count_twice_against_the_trajectory_timeout() {
+    // Every answer takes 400ms: a branch's conversation is 4 turns, 1.6s, inside 2.2s. Counted
+    // twice, the replaying branch's prefix would be 2.4s and time out during the replay.
+    let server = ScriptedServer::start(|r| {
+        let mut steps = vec![Step::Sleep(Duration::from_millis(400))];
+        steps.extend(opening(&format!("echo {}", r.text())));
+        steps.push(completed(&r.session()));
+        steps
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("suite.kdl");
+    std::fs::write(&path, SLOW_FORK.replace("URL", &server.url)).unwrap();
+    let project = match trellis_dsl::load(&[&path]) {
+        Ok(p) => p,
+        Err(d) => panic!("{}", d.render_plain()),
+    };
+    let plan = Plan::build(&project, &Selection::default()).unwrap();
+    let (tx, mut rx) = event::channel();
+    let options = RunOptions {
+        run_id: "slow-fork".into(),
+        jobs: 8,
+        stop: Default::default(),
+        strict: false,
+    };
+    let engine = tokio::spawn(execute::run(plan, options, tx));
+    let mut trajectories = Vec::new();
+    while let Some(ev) = rx.recv().await {
+        if let Event::Trajectory(t) = ev {
+            trajectories.push(t);
+        }
+    }
+    engine.await.unwrap();
+    assert_eq!(trajectories.len(), 2);
+    for t in &trajectories {
+        assert_eq!(t.status, TrajectoryStatus::Passed, "{t:?}");
+        assert!(
+            t.duration_ms < 2200.0,
+            "{}: {} ms counted against the timeout",
+            t.trajectory,
+            t.duration_ms
+        );
+    }
 }

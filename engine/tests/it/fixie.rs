@@ -370,7 +370,7 @@ async fn malformed_answers_are_faults_naming_the_function() {
         ),
         (
             r#"{"message":{"text":"partial"},"error":{"code":"ERR_X","message":"boom","details":null}}"#,
-            FaultCategory::Protocol,
+            FaultCategory::AgentError,
             "Func[f] answered with an error: ERR_X: boom",
         ),
     ] {

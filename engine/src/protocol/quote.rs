@@ -1,0 +1,78 @@
+//! How protocols quote what an agent sent in a fault message: the JSON type that was found
+//! where another was expected, the start of a body, and an `error` the agent reported.
+//! Shared so every protocol words these the same way and none copies a whole (possibly
+//! megabytes long) body to show its first line.
+
+use serde_json::Value;
+
+/// Characters of a body quoted in a fault message.
+pub const PREVIEW_CHARS: usize = 200;
+
+/// The JSON type of `value`, as a sentence reads it: `an array`, `a string`, `null`.
+pub fn kind_of(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// The start of `body` (at most [`PREVIEW_CHARS`] characters, trimmed), with `…` when
+/// there is more. Decodes only the bytes it can show: a UTF-8 character is at most four
+/// bytes, and a character cut at that edge is past what is shown.
+pub fn preview(body: &[u8]) -> String {
+    let shown = body.get(..PREVIEW_CHARS * 4 + 4).unwrap_or(body);
+    let text = String::from_utf8_lossy(shown);
+    let text = text.trim();
+    let mut chars = text.chars();
+    let mut out: String = chars.by_ref().take(PREVIEW_CHARS).collect();
+    if chars.next().is_some() || shown.len() < body.len() {
+        out.push('…');
+    }
+    out
+}
+
+/// An `error` an agent reported, as a person reads it: `CODE: message`, either one alone,
+/// the string sent, or the JSON itself when it has neither.
+pub fn error_text(error: &Value) -> String {
+    match error {
+        Value::String(s) => s.clone(),
+        Value::Object(map) => {
+            let field = |key: &str| map.get(key).and_then(Value::as_str);
+            match (field("code"), field("message")) {
+                (Some(code), Some(message)) => format!("{code}: {message}"),
+                (Some(one), None) | (None, Some(one)) => one.to_owned(),
+                (None, None) => error.to_string(),
+            }
+        }
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_preview_is_short_whatever_the_body() {
+        assert_eq!(preview(b"  short  "), "short");
+        let long = "é".repeat(10_000);
+        let shown = preview(long.as_bytes());
+        assert_eq!(shown.chars().count(), PREVIEW_CHARS + 1);
+        assert!(shown.ends_with('…'));
+        // Invalid UTF-8 is shown, not refused.
+        assert_eq!(preview(b"\xff ok"), "\u{fffd} ok");
+    }
+
+    #[test]
+    fn errors_read_as_code_and_message() {
+        let e = serde_json::json!({"code": "E", "message": "boom"});
+        assert_eq!(error_text(&e), "E: boom");
+        assert_eq!(error_text(&serde_json::json!({"message": "m"})), "m");
+        assert_eq!(error_text(&serde_json::json!("plain")), "plain");
+        assert_eq!(error_text(&serde_json::json!({"x": 1})), r#"{"x":1}"#);
+    }
+}
