@@ -5,6 +5,8 @@
 //! soon as each execution node or trajectory finishes, so memory stays bounded and a crash
 //! keeps every finished trajectory; `trellis-reports` reads the journal back into tables.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use crate::protocol::ChatMessage;
@@ -57,7 +59,9 @@ pub struct NodeRecord {
     /// Path of segment labels from the root: `start`, `accepts`, `accepts/then`.
     pub node: String,
     pub parent: Option<String>,
-    pub turns: Vec<TurnRecord>,
+    /// Shared with the trajectory's path in the engine: recording a turn does not copy its
+    /// messages.
+    pub turns: Vec<Arc<TurnRecord>>,
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]

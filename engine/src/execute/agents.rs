@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
 use trellis_dsl::Endpoint;
 
 use crate::builtin::{self, BuiltinServer};
@@ -29,46 +30,76 @@ pub(super) enum AgentRuntime {
     Broken(Fault),
 }
 
-/// Sets up every agent of the plan. The builtin servers returned must live as long as the
-/// run.
+/// Sets up every agent of the plan, concurrently (one agent's slow handshake does not
+/// delay the others). The builtin servers returned must live as long as the run. When the
+/// run is stopped during setup, agents not ready yet are recorded as not set up.
 pub(super) async fn start(
     plan: &Plan,
     events: &EventSender,
+    stop: &CancellationToken,
 ) -> (Vec<AgentRuntime>, Vec<BuiltinServer>) {
-    let mut servers = Vec::new();
-    let mut runtimes = Vec::with_capacity(plan.agents.len());
     let transport = HttpTransport::new();
-    for agent in &plan.agents {
-        let runtime = match start_one(plan, agent, &transport, &mut servers).await {
-            Ok(client) => match client.prepare().await {
-                Ok(info) => {
-                    if let Some(info) = info {
-                        let _ = events
-                            .send(Event::Agent(AgentRecord {
-                                agent: agent.id.to_string(),
-                                protocol: agent.protocol.as_str().to_string(),
-                                info,
-                            }))
-                            .await;
-                    }
-                    AgentRuntime::Ready {
-                        client,
-                        limit: agent
-                            .concurrency
-                            .map(|n| Arc::new(Semaphore::new(n.max(1)))),
-                    }
-                }
-                Err(mut fault) => {
-                    fault.category = FaultCategory::Setup;
-                    AgentRuntime::Broken(fault)
-                }
-            },
-            Err(Setup::Unsupported(reason)) => AgentRuntime::Unsupported(reason),
-            Err(Setup::Broken(fault)) => AgentRuntime::Broken(fault),
-        };
+    let setups = plan
+        .agents
+        .iter()
+        .map(|agent| set_up(plan, agent, &transport, events));
+    let all = futures::future::join_all(setups);
+    let results = tokio::select! {
+        results = all => results,
+        () = stop.cancelled() => {
+            let fault = Fault::new(FaultCategory::Setup, "the run was stopped during agent setup");
+            let runtimes = plan
+                .agents
+                .iter()
+                .map(|_| AgentRuntime::Broken(fault.clone()))
+                .collect();
+            return (runtimes, Vec::new());
+        }
+    };
+    let mut servers = Vec::new();
+    let mut runtimes = Vec::with_capacity(results.len());
+    for (runtime, server) in results {
         runtimes.push(runtime);
+        servers.extend(server);
     }
     (runtimes, servers)
+}
+
+async fn set_up(
+    plan: &Plan,
+    agent: &PlannedAgent,
+    transport: &HttpTransport,
+    events: &EventSender,
+) -> (AgentRuntime, Option<BuiltinServer>) {
+    let mut server = None;
+    let runtime = match start_one(plan, agent, transport, &mut server).await {
+        Ok(client) => match client.prepare().await {
+            Ok(info) => {
+                if let Some(info) = info {
+                    let _ = events
+                        .send(Event::Agent(AgentRecord {
+                            agent: agent.id.to_string(),
+                            protocol: agent.protocol.as_str().to_string(),
+                            info,
+                        }))
+                        .await;
+                }
+                AgentRuntime::Ready {
+                    client,
+                    limit: agent
+                        .concurrency
+                        .map(|n| Arc::new(Semaphore::new(n.max(1)))),
+                }
+            }
+            Err(mut fault) => {
+                fault.category = FaultCategory::Setup;
+                AgentRuntime::Broken(fault)
+            }
+        },
+        Err(Setup::Unsupported(reason)) => AgentRuntime::Unsupported(reason),
+        Err(Setup::Broken(fault)) => AgentRuntime::Broken(fault),
+    };
+    (runtime, server)
 }
 
 enum Setup {
@@ -80,7 +111,7 @@ async fn start_one(
     plan: &Plan,
     agent: &PlannedAgent,
     transport: &HttpTransport,
-    servers: &mut Vec<BuiltinServer>,
+    server: &mut Option<BuiltinServer>,
 ) -> Result<Arc<dyn AgentProtocol>, Setup> {
     if let Some(reason) = &agent.unsupported {
         return Err(Setup::Unsupported(reason.clone()));
@@ -88,9 +119,9 @@ async fn start_one(
     let url = match &agent.endpoint {
         Endpoint::Url(url) => url.clone(),
         Endpoint::Builtin(name) => match builtin::serve(&name.value).await {
-            Ok(server) => {
-                let url = server.url();
-                servers.push(server);
+            Ok(started) => {
+                let url = started.url();
+                *server = Some(started);
                 url
             }
             Err(e) => {

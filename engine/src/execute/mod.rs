@@ -70,7 +70,7 @@ pub async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSum
         }))
         .await;
 
-    let (agents, _servers) = agents::start(&plan, &events).await;
+    let (agents, _servers) = agents::start(&plan, &events, &options.stop).await;
     let jobs = options.jobs.clamp(1, MAX_JOBS);
     let shared = Arc::new(Shared {
         plan: plan.clone(),

@@ -213,7 +213,7 @@ impl<'a> Unit<'a> {
         let session = fork.take(child);
         drop(fork);
         state.nodes.push(node.id.clone());
-        let mut recorded: Vec<TurnRecord> = Vec::new();
+        let mut recorded: Vec<Arc<TurnRecord>> = Vec::new();
         let (session, stop) = match session {
             Some(session) => (Some(session), None),
             None => self.open_session(node, &mut state, &mut recorded).await,
@@ -285,7 +285,7 @@ impl<'a> Unit<'a> {
         &self,
         node: &ExecNode,
         state: &mut PathState,
-        recorded: &mut Vec<TurnRecord>,
+        recorded: &mut Vec<Arc<TurnRecord>>,
     ) -> (Option<Box<dyn Session>>, Option<Stop>) {
         let Some(client) = self.client() else {
             let fault = Fault::new(FaultCategory::Setup, "agent is not available");
@@ -322,7 +322,7 @@ impl<'a> Unit<'a> {
             self.shared.totals.turns.fetch_add(1, Ordering::Relaxed);
             let fault = turn.fault.clone();
             let turn = Arc::new(turn);
-            recorded.push(TurnRecord::clone(&turn));
+            recorded.push(turn.clone());
             state.turns[i] = turn;
             if let Some(fault) = fault {
                 let message = format!("replaying the shared prefix: {}", fault.message);
@@ -340,7 +340,7 @@ impl<'a> Unit<'a> {
         node: &ExecNode,
         session: &mut dyn Session,
         state: &mut PathState,
-        recorded: &mut Vec<TurnRecord>,
+        recorded: &mut Vec<Arc<TurnRecord>>,
     ) -> Option<Stop> {
         let sc = &self.scenario.scenario;
         for step in &node.steps {
@@ -457,7 +457,7 @@ impl<'a> Unit<'a> {
         session: &mut dyn Session,
         input: Option<(Option<&str>, &str)>,
         state: &mut PathState,
-        recorded: &mut Vec<TurnRecord>,
+        recorded: &mut Vec<Arc<TurnRecord>>,
     ) -> Option<Stop> {
         let input = match input {
             None => TurnInput::Opening,
@@ -477,7 +477,7 @@ impl<'a> Unit<'a> {
         self.shared.totals.turns.fetch_add(1, Ordering::Relaxed);
         let fault = turn.fault.clone();
         let turn = Arc::new(turn);
-        recorded.push(TurnRecord::clone(&turn));
+        recorded.push(turn.clone());
         state.turns.push(turn);
         fault.map(Stop::Fault)
     }

@@ -263,6 +263,9 @@ async fn read_events(
                 ),
             )
         })?;
+        if value.get("type").and_then(Value::as_str) == Some("heartbeat") {
+            stream.keepalive();
+        }
         if first_content.is_none() && value.get("object").and_then(Value::as_str) == Some("content")
         {
             *first_content = Some(stream.started().elapsed());

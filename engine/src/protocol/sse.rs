@@ -288,6 +288,11 @@ pub struct EventStream {
     deadline: Option<Instant>,
     ttft: Option<Duration>,
     count: u64,
+    /// When the last event that was not a keep-alive arrived: the idle timeout runs from
+    /// here, so a server that sends only heartbeats still stalls out.
+    progress_at: Option<Instant>,
+    /// `progress_at` before the last event, to undo it when that event was a keep-alive.
+    progress_before: Option<Instant>,
 }
 
 impl EventStream {
@@ -357,6 +362,8 @@ impl EventStream {
             started,
             first_event_by,
             deadline: None,
+            progress_at: None,
+            progress_before: None,
             ttft: None,
             count: 0,
         }
@@ -390,9 +397,10 @@ impl EventStream {
     /// The next event; `Ok(None)` when the server closed the stream cleanly (whether that
     /// was the end is the protocol's call: see [`EventStream::ended_early`]).
     pub async fn next(&mut self) -> Result<Option<SseEvent>, Fault> {
-        let (wait_until, first) = match self.ttft {
-            None => (self.first_event_by, true),
-            Some(_) => (Instant::now() + self.limits.idle, false),
+        let (wait_until, first) = match (self.ttft, self.progress_at) {
+            (None, _) => (self.first_event_by, true),
+            (Some(_), Some(progress)) => (progress + self.limits.idle, false),
+            (Some(_), None) => (Instant::now() + self.limits.idle, false),
         };
         let trajectory_ends_first = self.deadline.is_some_and(|d| d < wait_until);
         let until = match self.deadline {
@@ -409,6 +417,8 @@ impl EventStream {
                 if self.ttft.is_none() {
                     self.ttft = Some(self.started.elapsed());
                 }
+                self.progress_before = self.progress_at;
+                self.progress_at = Some(Instant::now());
                 self.count += 1;
                 Ok(Some(SseEvent {
                     event: sse.event,
@@ -430,6 +440,14 @@ impl EventStream {
         }
     }
 
+    /// The event just read was a keep-alive (a heartbeat): it does not reset the idle
+    /// timeout.
+    pub fn keepalive(&mut self) {
+        if self.progress_before.is_some() {
+            self.progress_at = self.progress_before;
+        }
+    }
+
     fn timed_out(&self, first: bool, trajectory: bool) -> Fault {
         let received = format!("{} events, {} bytes received", self.count, self.bytes());
         let message = if trajectory {
@@ -441,8 +459,8 @@ impl EventStream {
             )
         } else {
             format!(
-                "the stream stalled: no event for {} ({received}; idle timeout = the agent's \
-                 timeout)",
+                "the stream stalled: no progress for {} (heartbeats do not count; {received}; idle timeout = \
+                 the agent's timeout)",
                 DisplayDuration(self.limits.idle)
             )
         };

@@ -372,6 +372,36 @@ async fn http_errors_quote_the_body_and_only_5xx_is_retried() {
     assert_eq!(turn.exchanges[0].attempts.len(), 3);
 }
 
+/// Heartbeats keep a connection open, not a run alive: a server that sends nothing else
+/// stalls out after the idle timeout instead of streaming until the size bound.
+#[tokio::test]
+async fn heartbeats_alone_do_not_keep_a_stream_alive() {
+    let mut steps = opening("Thinking");
+    for _ in 0..100 {
+        steps.push(Step::Sleep(Duration::from_millis(100)));
+        steps.push(event(json!({"object": "message", "type": "heartbeat"})));
+    }
+    let server = ScriptedServer::steps(steps).await;
+    let started = std::time::Instant::now();
+    let turn = say(
+        &client(
+            &server.url,
+            Duration::from_millis(800),
+            RetryPolicy::default(),
+            true,
+        ),
+        "Hi",
+    )
+    .await;
+    let message = fault(&turn, FaultCategory::Timeout);
+    assert!(message.contains("heartbeats do not count"), "{message}");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "the stall took {:?}",
+        started.elapsed()
+    );
+}
+
 #[tokio::test]
 async fn a_stall_mid_stream_is_an_idle_timeout_never_retried() {
     let mut steps = opening("Thinking about it");

@@ -129,7 +129,7 @@ fn node(
         repetition: rep,
         node: name.into(),
         parent: parent.map(str::to_owned),
-        turns,
+        turns: turns.into_iter().map(std::sync::Arc::new).collect(),
     }
 }
 

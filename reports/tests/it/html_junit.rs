@@ -150,6 +150,7 @@ fn replayed_and_function_call_turns_are_marked_in_the_transcript() {
             JournalEntry::Node(node) if !node.turns.is_empty() => node.turns.first_mut(),
             _ => None,
         })
+        .map(std::sync::Arc::make_mut)
         .unwrap();
     turn.replay = true;
     turn.kind = "call".into();
