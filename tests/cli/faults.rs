@@ -127,3 +127,54 @@ async fn each_fault_category_is_recorded_and_the_run_goes_on() {
         .load(std::sync::atomic::Ordering::SeqCst);
     assert!(written < 16 * 1024 * 1024, "wrote {written} bytes");
 }
+
+/// `no-error` on a trajectory stopped by a fault has its answer: it failed, with the fault.
+/// It is not one of the "checks that did not run" (a setup fault included: no turn at all).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_error_fails_on_the_fault_that_stopped_the_trajectory() {
+    let down = closed_port().await;
+    let suite = format!(
+        "agent \"down\" protocol=\"connexity\" url=\"http://{down}/agent/respond\"\n\
+         agent \"fixie-down\" protocol=\"fixie\" url=\"http://{down}\"\n\
+         scenario \"chat\" {{\n    agent \"down\"\n    user \"hi\"\n    user \"again\"\n    \
+         criteria {{ no-error; turns max=5 }}\n}}\n\
+         scenario \"calls\" {{\n    agent \"fixie-down\"\n    call \"add\" \"1, 2\"\n    \
+         criteria {{ no-error }}\n}}\n"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("down.kdl"), suite).unwrap();
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path())
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+
+    let c = read_parquet(&out.join("criteria.parquet"));
+    let rows: Vec<(String, String, String, String)> = strings(&c, "scenario")
+        .into_iter()
+        .zip(strings(&c, "criterion"))
+        .zip(strings(&c, "status"))
+        .zip(strings(&c, "detail"))
+        .map(|(((sc, cr), st), d)| (sc.unwrap(), cr.unwrap(), st.unwrap(), d.unwrap()))
+        .collect();
+    let find = |scenario: &str, criterion: &str| {
+        rows.iter()
+            .find(|r| r.0 == scenario && r.1 == criterion)
+            .unwrap_or_else(|| panic!("no {criterion} row for {scenario}: {rows:?}"))
+            .clone()
+    };
+    let chat = find("chat", "no-error");
+    assert_eq!(chat.2, "failed", "{chat:?}");
+    assert!(chat.3.contains("turn 0: connect fault"), "{chat:?}");
+    let calls = find("calls", "no-error");
+    assert_eq!(calls.2, "failed", "{calls:?}");
+    assert!(calls.3.starts_with("setup fault"), "{calls:?}");
+    // What the fault does not answer still did not run.
+    assert_eq!(find("chat", "turns max=5").2, "skipped");
+    assert!(stdout(&o).contains("1 check did not run"), "{}", stdout(&o));
+}
