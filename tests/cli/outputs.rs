@@ -543,3 +543,30 @@ async fn the_report_of_a_stopped_run_says_trajectories_are_missing() {
         "the report does not say the run is incomplete"
     );
 }
+
+/// `trellis check suites/ 2>&1 | head -3`: the example suites draw warnings (stderr) and a
+/// summary (stdout); a console closed before either is printed silences them, it does not
+/// make `check` panic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_tolerates_a_closed_stdout_and_stderr() {
+    for close_stderr in [false, true] {
+        let mut child = trellis()
+            .args(["check", "suites/"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        if close_stderr {
+            drop(child.stderr.take());
+        }
+        let o = child.wait_with_output().await.unwrap();
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "stderr closed: {close_stderr}: {}",
+            stderr(&o)
+        );
+        assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
+    }
+}
