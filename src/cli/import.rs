@@ -213,7 +213,25 @@ fn fetch(url: &str, headers: &[(String, String)]) -> Result<Handshake, String> {
 }
 
 fn read_file(path: &Path) -> Result<Handshake, String> {
-    let body = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let body = std::fs::read(path).map_err(|e| {
+        // `127.0.0.1:8181` or `localhost:8181/agent` was meant as the agent's address.
+        let looks_like_address = e.kind() == std::io::ErrorKind::NotFound
+            && path
+                .to_str()
+                .and_then(|p| p.split('/').next())
+                .and_then(|host| host.rsplit_once(':'))
+                .is_some_and(|(_, port)| port.parse::<u16>().is_ok());
+        if looks_like_address {
+            format!(
+                "{}: {e}; to fetch the handshake from a running agent, give its URL: \
+                 http://{}",
+                path.display(),
+                path.display()
+            )
+        } else {
+            format!("{}: {e}", path.display())
+        }
+    })?;
     Handshake::parse(&body).map_err(|e| format!("{}: {e}", path.display()))
 }
 
