@@ -178,3 +178,39 @@ async fn no_error_fails_on_the_fault_that_stopped_the_trajectory() {
     assert_eq!(find("chat", "turns max=5").2, "skipped");
     assert!(stdout(&o).contains("1 check did not run"), "{}", stdout(&o));
 }
+
+/// An AgentScope agent never speaks first: the fault says what the suite asked for, in the
+/// suite's words.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agentscope_agent_asked_to_speak_first_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("first.kdl"),
+        "agent \"weather\" protocol=\"agentscope\" builtin=\"weather\"\n\
+         scenario \"greets\" {\n    agent \"weather\"\n    first-turn \"agent\"\n    \
+         user \"Hi\"\n    criteria { turns max=3 }\n}\n",
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path())
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let t = read_parquet(&out.join("trajectories.parquet"));
+    let message = strings(&t, "fault_message").remove(0).unwrap();
+    assert!(
+        message.contains("cannot speak first (`first-turn \"agent\"`)"),
+        "{message}"
+    );
+    let c = read_parquet(&out.join("criteria.parquet"));
+    let detail = strings(&c, "detail").remove(0).unwrap();
+    assert_eq!(
+        detail,
+        "not checked: the trajectory ended with its fault (protocol)"
+    );
+}

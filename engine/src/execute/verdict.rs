@@ -39,7 +39,7 @@ impl Unit<'_> {
         let not_checked = match stop {
             Some(Stop::Fault(f)) => {
                 let why = format!(
-                    "not checked: the trajectory ended with a {} fault",
+                    "not checked: the trajectory ended with its fault ({})",
                     f.category.as_str()
                 );
                 fault = Some(f);
