@@ -214,3 +214,55 @@ async fn an_agentscope_agent_asked_to_speak_first_says_so() {
         "not checked: the trajectory ended with its fault (protocol)"
     );
 }
+
+/// A Fixie agent whose handshake never completes holds up its own trajectories only: the
+/// other agents' trajectories run (and are recorded) while it waits out its timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_handshake_does_not_hold_up_the_other_agents() {
+    let stuck = MisbehavingServer::start(Behavior::SlowDrip {
+        interval: Duration::from_millis(200),
+    })
+    .await;
+    let healthy = MisbehavingServer::respond(200, OK_BODY).await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("mixed.kdl"),
+        format!(
+            "agent \"stuck\" protocol=\"fixie\" url=\"{}\" timeout=\"3s\"\n\
+             agent \"healthy\" protocol=\"connexity\" url=\"{}\"\n\
+             scenario \"calls\" {{\n    agent \"stuck\"\n    call \"add\" \"1, 2\"\n}}\n\
+             scenario \"chat\" {{\n    agent \"healthy\"\n    user \"hi\"\n}}\n",
+            format!("http://{}", stuck.addr),
+            healthy.url()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path())
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let journal = std::fs::read_to_string(out.join("journal.jsonl")).unwrap();
+    let trajectories: Vec<serde_json::Value> = journal
+        .lines()
+        .filter(|l| l.starts_with("{\"trajectory\""))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let order: Vec<(&str, &str)> = trajectories
+        .iter()
+        .map(|t| {
+            (
+                t["trajectory"]["scenario"].as_str().unwrap(),
+                t["trajectory"]["status"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    // Before, every agent was set up before any trajectory started: `chat` waited for the
+    // handshake's 3s timeout and was recorded after `calls`.
+    assert_eq!(order, [("chat", "passed"), ("calls", "error")], "{journal}");
+}

@@ -1,11 +1,11 @@
 //! Setting agents up for a run: serve builtin agents, render headers, build each agent's
-//! protocol client and run its one-time `prepare` step. A problem becomes a fault on that
-//! agent's trajectories; the other agents still run.
+//! protocol client and run its one-time `prepare` step, when the agent is first needed. A
+//! problem becomes a fault on that agent's trajectories; the other agents still run.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
-use tokio::sync::Semaphore;
+use tokio::sync::{OnceCell, Semaphore};
 use trellis_dsl::Endpoint;
 
 use crate::builtin::{self, BuiltinServer};
@@ -29,17 +29,51 @@ pub(super) enum AgentRuntime {
     Broken(Fault),
 }
 
-/// Sets up every agent of the plan. The builtin servers returned must live as long as the
-/// run.
-pub(super) async fn start(
-    plan: &Plan,
-    events: &EventSender,
-) -> (Vec<AgentRuntime>, Vec<BuiltinServer>) {
-    let mut servers = Vec::new();
-    let mut runtimes = Vec::with_capacity(plan.agents.len());
-    let transport = HttpTransport::new();
-    for agent in &plan.agents {
-        let runtime = match start_one(plan, agent, &transport, &mut servers).await {
+/// Every agent of the plan, each set up when its first unit needs it: a slow or dead
+/// agent (a Fixie handshake waiting out its timeout) holds up its own trajectories only,
+/// never the other agents' (setting all of them up before the run made every trajectory
+/// wait for the slowest).
+pub(super) struct Agents {
+    slots: Vec<OnceCell<AgentRuntime>>,
+    transport: HttpTransport,
+    /// Builtin servers started so far; they live as long as the run.
+    servers: Mutex<Vec<BuiltinServer>>,
+}
+
+impl Agents {
+    pub(super) fn new(plan: &Plan) -> Self {
+        Agents {
+            slots: plan.agents.iter().map(|_| OnceCell::new()).collect(),
+            transport: HttpTransport::new(),
+            servers: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Agent `index` of the plan, set up on the first call (once, however many units ask
+    /// at the same time).
+    pub(super) async fn get(
+        &self,
+        plan: &Plan,
+        index: usize,
+        events: &EventSender,
+    ) -> &AgentRuntime {
+        self.slots[index]
+            .get_or_init(|| self.set_up(plan, &plan.agents[index], events))
+            .await
+    }
+
+    /// Agent `index` if it has been set up.
+    pub(super) fn ready(&self, index: usize) -> Option<&AgentRuntime> {
+        self.slots.get(index).and_then(OnceCell::get)
+    }
+
+    async fn set_up(
+        &self,
+        plan: &Plan,
+        agent: &PlannedAgent,
+        events: &EventSender,
+    ) -> AgentRuntime {
+        match start_one(plan, agent, &self.transport, &self.servers).await {
             Ok(client) => match client.prepare().await {
                 Ok(info) => {
                     if let Some(info) = info {
@@ -65,10 +99,8 @@ pub(super) async fn start(
             },
             Err(Setup::Unsupported(reason)) => AgentRuntime::Unsupported(reason),
             Err(Setup::Broken(fault)) => AgentRuntime::Broken(fault),
-        };
-        runtimes.push(runtime);
+        }
     }
-    (runtimes, servers)
 }
 
 enum Setup {
@@ -80,7 +112,7 @@ async fn start_one(
     plan: &Plan,
     agent: &PlannedAgent,
     transport: &HttpTransport,
-    servers: &mut Vec<BuiltinServer>,
+    servers: &Mutex<Vec<BuiltinServer>>,
 ) -> Result<Arc<dyn AgentProtocol>, Setup> {
     if let Some(reason) = &agent.unsupported {
         return Err(Setup::Unsupported(reason.clone()));
@@ -90,7 +122,10 @@ async fn start_one(
         Endpoint::Builtin(name) => match builtin::serve(&name.value).await {
             Ok(server) => {
                 let url = server.url();
-                servers.push(server);
+                servers
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(server);
                 url
             }
             Err(e) => {
