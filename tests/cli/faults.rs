@@ -228,11 +228,11 @@ async fn a_stuck_handshake_does_not_hold_up_the_other_agents() {
     std::fs::write(
         dir.path().join("mixed.kdl"),
         format!(
-            "agent \"stuck\" protocol=\"fixie\" url=\"{}\" timeout=\"3s\"\n\
+            "agent \"stuck\" protocol=\"fixie\" url=\"http://{}\" timeout=\"3s\"\n\
              agent \"healthy\" protocol=\"connexity\" url=\"{}\"\n\
              scenario \"calls\" {{\n    agent \"stuck\"\n    call \"add\" \"1, 2\"\n}}\n\
              scenario \"chat\" {{\n    agent \"healthy\"\n    user \"hi\"\n}}\n",
-            format!("http://{}", stuck.addr),
+            stuck.addr,
             healthy.url()
         ),
     )
