@@ -2,9 +2,10 @@
 //!
 //! Split by job: this module schedules scenarios (in `needs` order) and their units
 //! (scenario × agent × repetition) within the run's limits; [`agents`] sets each agent up
-//! when first needed (builtin servers, headers, the protocol client); [`walk`] walks a unit's execution tree
-//! (steps in order, forks copied or replayed as the protocol decides); [`turn`] drives one
-//! turn of a session; [`verdict`] checks a finished trajectory and builds its record.
+//! when first needed (builtin servers, headers, the protocol client); [`walk`] walks a
+//! unit's execution tree (steps in order, forks copied or replayed as the protocol decides);
+//! [`turn`] drives one turn of a session; [`verdict`] checks a finished trajectory and builds
+//! its record.
 //!
 //! Limits apply at two levels: `--jobs` bounds agent calls in flight across the run, and
 //! each agent's `concurrency` bounds calls to that agent. A fault ends the trajectories
