@@ -191,12 +191,26 @@ fn render(w: &mut impl Write, p: &Page<'_>) -> io::Result<()> {
     )?;
     write!(w, "<p class=\"meta\">started {}", Esc(&info.started_at))?;
     match p.finished {
-        Some(done) => write!(
-            w,
-            " · finished {} · took {}",
-            Esc(&done.finished_at),
-            ms(done.duration_ms)
-        )?,
+        Some(done) => {
+            write!(
+                w,
+                " · finished {} · took {}",
+                Esc(&done.finished_at),
+                ms(done.duration_ms)
+            )?;
+            // A run stopped by Ctrl-C or SIGTERM ends its journal properly, but the
+            // trajectories it never finished are missing: without this line its pass rate
+            // reads like a complete run's.
+            if total.total() < info.planned_trajectories {
+                write!(
+                    w,
+                    " · <span class=\"warn\">stopped before its end: {} of {} planned \
+                     trajectories are recorded here</span>",
+                    total.total(),
+                    info.planned_trajectories
+                )?;
+            }
+        }
         None => write!(
             w,
             " · <span class=\"warn\">did not finish: the journal has no run_finished entry; \

@@ -33,7 +33,7 @@ const TURNS: u64 = 4;
 
 pub fn bench(args: BenchArgs) -> u8 {
     let Ok(dir) = tempfile::tempdir() else {
-        eprintln!("error: cannot create a temporary directory");
+        super::console::errln!("error: cannot create a temporary directory");
         return EXIT_INVALID;
     };
     let suite = dir.path().join("bench.kdl");
@@ -58,18 +58,26 @@ scenario "bench" {{
         n = args.trajectories
     );
     if let Err(e) = std::fs::write(&suite, text) {
-        eprintln!("error: cannot write the bench suite: {e}");
+        super::console::errln!("error: cannot write the bench suite: {e}");
         return EXIT_INVALID;
     }
     let expected = u64::from(args.trajectories) * TURNS;
-    println!(
+    super::console::outln!(
         "{} trajectories × {TURNS} turns against the builtin agent, --jobs {}, {} run(s)",
-        args.trajectories, args.jobs, args.runs
+        args.trajectories,
+        args.jobs,
+        args.runs
     );
-    println!("CPU is whole-process (engine, builtin agent, journal, Parquet, HTML, JUnit).\n");
-    println!(
+    super::console::outln!(
+        "CPU is whole-process (engine, builtin agent, journal, Parquet, HTML, JUnit).\n"
+    );
+    super::console::outln!(
         "{:>4} {:>10} {:>12} {:>14} {:>18}",
-        "run", "wall s", "turns/s", "CPU µs/turn", "reporting µs/turn"
+        "run",
+        "wall s",
+        "turns/s",
+        "CPU µs/turn",
+        "reporting µs/turn"
     );
     let mut figures = Vec::new();
     for run in 0..args.runs.max(1) {
@@ -81,14 +89,15 @@ scenario "bench" {{
             return EXIT_INVALID;
         };
         if f.turns != expected || f.exit_code != EXIT_OK {
-            eprintln!(
+            super::console::errln!(
                 "error: run {run} took {} turns (expected {expected}) and exited {}",
-                f.turns, f.exit_code
+                f.turns,
+                f.exit_code
             );
             return EXIT_FAILED;
         }
         let per_turn = |secs: f64| secs * 1e6 / f.turns as f64;
-        println!(
+        super::console::outln!(
             "{:>4} {:>10.2} {:>12.0} {:>14.1} {:>18.1}",
             run + 1,
             f.wall,
@@ -102,12 +111,12 @@ scenario "bench" {{
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    println!(
+    super::console::outln!(
         "\nmedian            {:.0} turns/s, {:.1} µs CPU per turn",
         median(figures.iter().map(|f| f.0).collect()),
         median(figures.iter().map(|f| f.1).collect())
     );
-    println!(
+    super::console::outln!(
         "peak memory       {:.1} MiB (max RSS of the process)",
         peak_rss_mib()
     );
@@ -130,7 +139,7 @@ fn measure(suite: &std::path::Path, out: &std::path::Path, jobs: usize) -> Optio
     let plan = match Plan::build(&project, &Selection::default()) {
         Ok(plan) => plan,
         Err(e) => {
-            eprintln!("{:?}", miette::Report::new(e));
+            super::console::errln!("{:?}", miette::Report::new(e));
             return None;
         }
     };
@@ -143,7 +152,7 @@ fn measure(suite: &std::path::Path, out: &std::path::Path, jobs: usize) -> Optio
     let outcome = match super::run::execute_plan(plan, "bench", out, &settings) {
         Ok(o) => o,
         Err(e) => {
-            eprintln!("error: {e}");
+            super::console::errln!("error: {e}");
             return None;
         }
     };

@@ -91,14 +91,14 @@ fn import_fixie(args: &FixieImportArgs) -> u8 {
         && out.exists()
         && !args.force
     {
-        eprintln!(
+        super::console::errln!(
             "error: {} exists; pass --force to replace it",
             out.display()
         );
         return EXIT_INVALID;
     }
     if !is_simple_id(&args.name) {
-        eprintln!(
+        super::console::errln!(
             "error: --name `{}` must be letters, digits, `_` or `-`",
             args.name
         );
@@ -113,7 +113,7 @@ fn import_fixie(args: &FixieImportArgs) -> u8 {
     let handshake = match handshake {
         Ok(handshake) => handshake,
         Err(message) => {
-            eprintln!("error: {message}");
+            super::console::errln!("error: {message}");
             return EXIT_FAILED;
         }
     };
@@ -121,7 +121,7 @@ fn import_fixie(args: &FixieImportArgs) -> u8 {
         (Some(url), _) => url.clone(),
         (None, true) => args.source.clone(),
         (None, false) => {
-            eprintln!(
+            super::console::errln!(
                 "note: the suite's agent URL is a placeholder ({PLACEHOLDER_URL}); pass --url \
                  or edit it"
             );
@@ -139,11 +139,13 @@ fn import_fixie(args: &FixieImportArgs) -> u8 {
     );
     // The suite is built from untrusted text: never hand out a file that is not KDL.
     if let Err(e) = suite.parse::<kdl::KdlDocument>() {
-        eprintln!("error: internal: the generated suite is not valid KDL ({e}); please report");
+        super::console::errln!(
+            "error: internal: the generated suite is not valid KDL ({e}); please report"
+        );
         return EXIT_FAILED;
     }
     if !args.headers.is_empty() {
-        eprintln!(
+        super::console::errln!(
             "note: the suite holds the --header values as given; write secrets as \
              \"{{{{ env.VAR }}}}\" templates instead"
         );
@@ -157,7 +159,7 @@ fn import_fixie(args: &FixieImportArgs) -> u8 {
     match written {
         Ok(()) => {
             if let Some(path) = &args.out {
-                eprintln!(
+                super::console::errln!(
                     "wrote {} ({} few-shot(s)); check it with `trellis check {}`",
                     path.display(),
                     handshake.few_shots.len(),
@@ -167,7 +169,7 @@ fn import_fixie(args: &FixieImportArgs) -> u8 {
             EXIT_OK
         }
         Err(e) => {
-            eprintln!("error: could not write the suite: {e}");
+            super::console::errln!("error: could not write the suite: {e}");
             EXIT_FAILED
         }
     }
@@ -211,7 +213,25 @@ fn fetch(url: &str, headers: &[(String, String)]) -> Result<Handshake, String> {
 }
 
 fn read_file(path: &Path) -> Result<Handshake, String> {
-    let body = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let body = std::fs::read(path).map_err(|e| {
+        // `127.0.0.1:8181` or `localhost:8181/agent` was meant as the agent's address.
+        let looks_like_address = e.kind() == std::io::ErrorKind::NotFound
+            && path
+                .to_str()
+                .and_then(|p| p.split('/').next())
+                .and_then(|host| host.rsplit_once(':'))
+                .is_some_and(|(_, port)| port.parse::<u16>().is_ok());
+        if looks_like_address {
+            format!(
+                "{}: {e}; to fetch the handshake from a running agent, give its URL: \
+                 http://{}",
+                path.display(),
+                path.display()
+            )
+        } else {
+            format!("{}: {e}", path.display())
+        }
+    })?;
     Handshake::parse(&body).map_err(|e| format!("{}: {e}", path.display()))
 }
 

@@ -217,7 +217,7 @@ fn check(args: &PathArgs) -> u8 {
     };
     let warnings = trellis_engine::plan::warnings(&project);
     for warning in &warnings {
-        eprintln!("{:?}", miette::Report::new(warning.clone()));
+        console::errln!("{:?}", miette::Report::new(warning.clone()));
     }
     // Counted on a plan of every scenario, so the numbers are the ones a run would record.
     let everything = Selection {
@@ -227,7 +227,7 @@ fn check(args: &PathArgs) -> u8 {
     let counts = match Plan::build_with_env(&project, &everything, Default::default()) {
         Ok(plan) => plan.not_runnable(),
         Err(e) => {
-            eprintln!("{:?}", miette::Report::new(e));
+            console::errln!("{:?}", miette::Report::new(e));
             return EXIT_INVALID;
         }
     };
@@ -236,7 +236,7 @@ fn check(args: &PathArgs) -> u8 {
         .scenarios()
         .map(|(_, s)| TrajectoryGraph::build(s).trajectories.len())
         .sum();
-    println!(
+    console::outln!(
         "ok: {} file(s), {} suite(s), {} scenario(s), {} trajectory(ies), {} agent(s)",
         project.files.len(),
         project.suites.len(),
@@ -245,7 +245,7 @@ fn check(args: &PathArgs) -> u8 {
         project.agents.len()
     );
     if counts.skipped_trajectories > 0 || counts.skipped_checks > 0 {
-        println!(
+        console::outln!(
             "warning: {} of {} trajectory run(s) (per agent) cannot run yet and {} check(s) \
              will be skipped; see the {} warning(s) above",
             counts.skipped_trajectories,

@@ -127,3 +127,142 @@ async fn each_fault_category_is_recorded_and_the_run_goes_on() {
         .load(std::sync::atomic::Ordering::SeqCst);
     assert!(written < 16 * 1024 * 1024, "wrote {written} bytes");
 }
+
+/// `no-error` on a trajectory stopped by a fault has its answer: it failed, with the fault.
+/// It is not one of the "checks that did not run" (a setup fault included: no turn at all).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_error_fails_on_the_fault_that_stopped_the_trajectory() {
+    let down = closed_port().await;
+    let suite = format!(
+        "agent \"down\" protocol=\"connexity\" url=\"http://{down}/agent/respond\"\n\
+         agent \"fixie-down\" protocol=\"fixie\" url=\"http://{down}\"\n\
+         scenario \"chat\" {{\n    agent \"down\"\n    user \"hi\"\n    user \"again\"\n    \
+         criteria {{ no-error; turns max=5 }}\n}}\n\
+         scenario \"calls\" {{\n    agent \"fixie-down\"\n    call \"add\" \"1, 2\"\n    \
+         criteria {{ no-error }}\n}}\n"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("down.kdl"), suite).unwrap();
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path())
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+
+    let c = read_parquet(&out.join("criteria.parquet"));
+    let rows: Vec<(String, String, String, String)> = strings(&c, "scenario")
+        .into_iter()
+        .zip(strings(&c, "criterion"))
+        .zip(strings(&c, "status"))
+        .zip(strings(&c, "detail"))
+        .map(|(((sc, cr), st), d)| (sc.unwrap(), cr.unwrap(), st.unwrap(), d.unwrap()))
+        .collect();
+    let find = |scenario: &str, criterion: &str| {
+        rows.iter()
+            .find(|r| r.0 == scenario && r.1 == criterion)
+            .unwrap_or_else(|| panic!("no {criterion} row for {scenario}: {rows:?}"))
+            .clone()
+    };
+    let chat = find("chat", "no-error");
+    assert_eq!(chat.2, "failed", "{chat:?}");
+    assert!(chat.3.contains("turn 0: connect fault"), "{chat:?}");
+    let calls = find("calls", "no-error");
+    assert_eq!(calls.2, "failed", "{calls:?}");
+    assert!(calls.3.starts_with("setup fault"), "{calls:?}");
+    // What the fault does not answer still did not run.
+    assert_eq!(find("chat", "turns max=5").2, "skipped");
+    assert!(stdout(&o).contains("1 check did not run"), "{}", stdout(&o));
+}
+
+/// An AgentScope agent never speaks first: the fault says what the suite asked for, in the
+/// suite's words.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agentscope_agent_asked_to_speak_first_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("first.kdl"),
+        "agent \"weather\" protocol=\"agentscope\" builtin=\"weather\"\n\
+         scenario \"greets\" {\n    agent \"weather\"\n    first-turn \"agent\"\n    \
+         user \"Hi\"\n    criteria { turns max=3 }\n}\n",
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path())
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let t = read_parquet(&out.join("trajectories.parquet"));
+    let message = strings(&t, "fault_message").remove(0).unwrap();
+    assert!(
+        message.contains("cannot speak first (`first-turn \"agent\"`)"),
+        "{message}"
+    );
+    let c = read_parquet(&out.join("criteria.parquet"));
+    let detail = strings(&c, "detail").remove(0).unwrap();
+    assert_eq!(
+        detail,
+        "not checked: the trajectory ended with its fault (protocol)"
+    );
+}
+
+/// A Fixie agent whose handshake never completes holds up its own trajectories only: the
+/// other agents' trajectories run (and are recorded) while it waits out its timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stuck_handshake_does_not_hold_up_the_other_agents() {
+    let stuck = MisbehavingServer::start(Behavior::SlowDrip {
+        interval: Duration::from_millis(200),
+    })
+    .await;
+    let healthy = MisbehavingServer::respond(200, OK_BODY).await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("mixed.kdl"),
+        format!(
+            "agent \"stuck\" protocol=\"fixie\" url=\"http://{}\" timeout=\"3s\"\n\
+             agent \"healthy\" protocol=\"connexity\" url=\"{}\"\n\
+             scenario \"calls\" {{\n    agent \"stuck\"\n    call \"add\" \"1, 2\"\n}}\n\
+             scenario \"chat\" {{\n    agent \"healthy\"\n    user \"hi\"\n}}\n",
+            stuck.addr,
+            healthy.url()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path())
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let journal = std::fs::read_to_string(out.join("journal.jsonl")).unwrap();
+    let trajectories: Vec<serde_json::Value> = journal
+        .lines()
+        .filter(|l| l.starts_with("{\"trajectory\""))
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let order: Vec<(&str, &str)> = trajectories
+        .iter()
+        .map(|t| {
+            (
+                t["trajectory"]["scenario"].as_str().unwrap(),
+                t["trajectory"]["status"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    // Before, every agent was set up before any trajectory started: `chat` waited for the
+    // handshake's 3s timeout and was recorded after `calls`.
+    assert_eq!(order, [("chat", "passed"), ("calls", "error")], "{journal}");
+}

@@ -204,6 +204,25 @@ async fn unreadable_sources_and_existing_outputs_are_refused() {
         stderr(&o)
     );
 
+    // An answer without few-shots names the fields it has, `base_prompt` included.
+    let no_shots = dir.path().join("no-shots.json");
+    std::fs::write(&no_shots, r#"{"base_prompt":"p","name":"n"}"#).unwrap();
+    let o = import(&[no_shots.to_str().unwrap()]).await;
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("no `few_shots` (fields: base_prompt, name)"),
+        "{}",
+        stderr(&o)
+    );
+    // An address without its scheme is not a file: say how to fetch from it.
+    let o = import(&["127.0.0.1:8181"]).await;
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("http://127.0.0.1:8181"),
+        "{}",
+        stderr(&o)
+    );
+
     let good = dir.path().join("handshake.json");
     std::fs::write(&good, r#"{"base_prompt":"p","few_shots":[]}"#).unwrap();
     let existing = dir.path().join("suite.kdl");

@@ -502,3 +502,71 @@ async fn a_call_that_finishes_in_the_grace_period_is_recorded() {
     );
     assert_complete(&out, 1);
 }
+
+/// A run stopped by SIGTERM whose calls in flight all finished in the grace period ends its
+/// journal properly; its report must still say that trajectories are missing, or its pass
+/// rate reads like a complete run's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_report_of_a_stopped_run_says_trajectories_are_missing() {
+    let slow = SlowAgent::start(Some(Duration::from_millis(1000))).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suites = dir.path().join("suites");
+    std::fs::create_dir_all(&suites).unwrap();
+    std::fs::write(
+        suites.join("suite.kdl"),
+        format!(
+            "agent \"slow\" protocol=\"connexity\" url=\"{}\"\n\
+             scenario \"two-turns\" {{\n    agent \"slow\"\n    repeat 2\n    user \"hi\"\n    \
+             user \"again\"\n}}\n",
+            slow.url
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let child = spawn_run(&suites, &out, &[]);
+    slow.wait_for_request().await;
+
+    send(&child, libc::SIGTERM);
+    let o = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+        .await
+        .expect("trellis did not exit after SIGTERM")
+        .unwrap();
+    assert_eq!(o.status.code(), Some(143), "{}", stderr(&o));
+    assert!(
+        journal_has_end(&out),
+        "the calls finished in the grace period"
+    );
+    assert_complete(&out, 0);
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(
+        html.contains("stopped before its end: 0 of 2 planned trajectories"),
+        "the report does not say the run is incomplete"
+    );
+}
+
+/// `trellis check suites/ 2>&1 | head -3`: the example suites draw warnings (stderr) and a
+/// summary (stdout); a console closed before either is printed silences them, it does not
+/// make `check` panic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_tolerates_a_closed_stdout_and_stderr() {
+    for close_stderr in [false, true] {
+        let mut child = trellis()
+            .args(["check", "suites/"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        if close_stderr {
+            drop(child.stderr.take());
+        }
+        let o = child.wait_with_output().await.unwrap();
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "stderr closed: {close_stderr}: {}",
+            stderr(&o)
+        );
+        assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
+    }
+}

@@ -1,12 +1,11 @@
 //! Setting agents up for a run: serve builtin agents, render headers, build each agent's
-//! protocol client and run its one-time `prepare` step. A problem becomes a fault on that
-//! agent's trajectories; the other agents still run.
+//! protocol client and run its one-time `prepare` step, when the agent is first needed. A
+//! problem becomes a fault on that agent's trajectories; the other agents still run.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
-use tokio::sync::Semaphore;
-use tokio_util::sync::CancellationToken;
+use tokio::sync::{OnceCell, Semaphore};
 use trellis_dsl::Endpoint;
 
 use crate::builtin::{self, BuiltinServer};
@@ -30,76 +29,78 @@ pub(super) enum AgentRuntime {
     Broken(Fault),
 }
 
-/// Sets up every agent of the plan, concurrently (one agent's slow handshake does not
-/// delay the others). The builtin servers returned must live as long as the run. When the
-/// run is stopped during setup, agents not ready yet are recorded as not set up.
-pub(super) async fn start(
-    plan: &Plan,
-    events: &EventSender,
-    stop: &CancellationToken,
-) -> (Vec<AgentRuntime>, Vec<BuiltinServer>) {
-    let transport = HttpTransport::new();
-    let setups = plan
-        .agents
-        .iter()
-        .map(|agent| set_up(plan, agent, &transport, events));
-    let all = futures::future::join_all(setups);
-    let results = tokio::select! {
-        results = all => results,
-        () = stop.cancelled() => {
-            let fault = Fault::new(FaultCategory::Setup, "the run was stopped during agent setup");
-            let runtimes = plan
-                .agents
-                .iter()
-                .map(|_| AgentRuntime::Broken(fault.clone()))
-                .collect();
-            return (runtimes, Vec::new());
-        }
-    };
-    let mut servers = Vec::new();
-    let mut runtimes = Vec::with_capacity(results.len());
-    for (runtime, server) in results {
-        runtimes.push(runtime);
-        servers.extend(server);
-    }
-    (runtimes, servers)
+/// Every agent of the plan, each set up when its first unit needs it: a slow or dead
+/// agent (a Fixie handshake waiting out its timeout) holds up its own trajectories only,
+/// never the other agents' (setting all of them up before the run made every trajectory
+/// wait for the slowest).
+pub(super) struct Agents {
+    slots: Vec<OnceCell<AgentRuntime>>,
+    transport: HttpTransport,
+    /// Builtin servers started so far; they live as long as the run.
+    servers: Mutex<Vec<BuiltinServer>>,
 }
 
-async fn set_up(
-    plan: &Plan,
-    agent: &PlannedAgent,
-    transport: &HttpTransport,
-    events: &EventSender,
-) -> (AgentRuntime, Option<BuiltinServer>) {
-    let mut server = None;
-    let runtime = match start_one(plan, agent, transport, &mut server).await {
-        Ok(client) => match client.prepare().await {
-            Ok(info) => {
-                if let Some(info) = info {
-                    let _ = events
-                        .send(Event::Agent(AgentRecord {
-                            agent: agent.id.to_string(),
-                            protocol: agent.protocol.as_str().to_string(),
-                            info,
-                        }))
-                        .await;
+impl Agents {
+    pub(super) fn new(plan: &Plan) -> Self {
+        Agents {
+            slots: plan.agents.iter().map(|_| OnceCell::new()).collect(),
+            transport: HttpTransport::new(),
+            servers: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Agent `index` of the plan, set up on the first call (once, however many units ask
+    /// at the same time).
+    pub(super) async fn get(
+        &self,
+        plan: &Plan,
+        index: usize,
+        events: &EventSender,
+    ) -> &AgentRuntime {
+        self.slots[index]
+            .get_or_init(|| self.set_up(plan, &plan.agents[index], events))
+            .await
+    }
+
+    /// Agent `index` if it has been set up.
+    pub(super) fn ready(&self, index: usize) -> Option<&AgentRuntime> {
+        self.slots.get(index).and_then(OnceCell::get)
+    }
+
+    async fn set_up(
+        &self,
+        plan: &Plan,
+        agent: &PlannedAgent,
+        events: &EventSender,
+    ) -> AgentRuntime {
+        match start_one(plan, agent, &self.transport, &self.servers).await {
+            Ok(client) => match client.prepare().await {
+                Ok(info) => {
+                    if let Some(info) = info {
+                        let _ = events
+                            .send(Event::Agent(AgentRecord {
+                                agent: agent.id.to_string(),
+                                protocol: agent.protocol.as_str().to_string(),
+                                info,
+                            }))
+                            .await;
+                    }
+                    AgentRuntime::Ready {
+                        client,
+                        limit: agent
+                            .concurrency
+                            .map(|n| Arc::new(Semaphore::new(n.max(1)))),
+                    }
                 }
-                AgentRuntime::Ready {
-                    client,
-                    limit: agent
-                        .concurrency
-                        .map(|n| Arc::new(Semaphore::new(n.max(1)))),
+                Err(mut fault) => {
+                    fault.category = FaultCategory::Setup;
+                    AgentRuntime::Broken(fault)
                 }
-            }
-            Err(mut fault) => {
-                fault.category = FaultCategory::Setup;
-                AgentRuntime::Broken(fault)
-            }
-        },
-        Err(Setup::Unsupported(reason)) => AgentRuntime::Unsupported(reason),
-        Err(Setup::Broken(fault)) => AgentRuntime::Broken(fault),
-    };
-    (runtime, server)
+            },
+            Err(Setup::Unsupported(reason)) => AgentRuntime::Unsupported(reason),
+            Err(Setup::Broken(fault)) => AgentRuntime::Broken(fault),
+        }
+    }
 }
 
 enum Setup {
@@ -111,7 +112,7 @@ async fn start_one(
     plan: &Plan,
     agent: &PlannedAgent,
     transport: &HttpTransport,
-    server: &mut Option<BuiltinServer>,
+    servers: &Mutex<Vec<BuiltinServer>>,
 ) -> Result<Arc<dyn AgentProtocol>, Setup> {
     if let Some(reason) = &agent.unsupported {
         return Err(Setup::Unsupported(reason.clone()));
@@ -119,9 +120,12 @@ async fn start_one(
     let url = match &agent.endpoint {
         Endpoint::Url(url) => url.clone(),
         Endpoint::Builtin(name) => match builtin::serve(&name.value).await {
-            Ok(started) => {
-                let url = started.url();
-                *server = Some(started);
+            Ok(server) => {
+                let url = server.url();
+                servers
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push(server);
                 url
             }
             Err(e) => {

@@ -1,10 +1,11 @@
 //! Execution: runs a [`Plan`] concurrently and streams [`Event`]s as work finishes.
 //!
 //! Split by job: this module schedules scenarios (in `needs` order) and their units
-//! (scenario × agent × repetition) within the run's limits; [`agents`] sets every agent up
-//! (builtin servers, headers, the protocol client); [`walk`] walks a unit's execution tree
-//! (steps in order, forks copied or replayed as the protocol decides); [`turn`] drives one
-//! turn of a session; [`verdict`] checks a finished trajectory and builds its record.
+//! (scenario × agent × repetition) within the run's limits; [`agents`] sets each agent up
+//! when first needed (builtin servers, headers, the protocol client); [`walk`] walks a
+//! unit's execution tree (steps in order, forks copied or replayed as the protocol decides);
+//! [`turn`] drives one turn of a session; [`verdict`] checks a finished trajectory and builds
+//! its record.
 //!
 //! Limits apply at two levels: `--jobs` bounds agent calls in flight across the run, and
 //! each agent's `concurrency` bounds calls to that agent. A fault ends the trajectories
@@ -32,7 +33,7 @@ use crate::protocol::AgentProtocol;
 use crate::record::{
     Fault, FaultCategory, RunInfo, RunSummary, TrajectoryRecord, TrajectoryStatus,
 };
-use agents::AgentRuntime;
+use agents::{AgentRuntime, Agents};
 use verdict::{Stop, skip_trajectory};
 use walk::{PathState, Unit};
 
@@ -70,7 +71,7 @@ pub async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSum
         }))
         .await;
 
-    let (agents, _servers) = agents::start(&plan, &events, &options.stop).await;
+    let agents = Agents::new(&plan);
     let jobs = options.jobs.clamp(1, MAX_JOBS);
     let shared = Arc::new(Shared {
         plan: plan.clone(),
@@ -133,7 +134,7 @@ fn unit_capacity(jobs: usize) -> u32 {
 
 struct Shared {
     plan: Arc<Plan>,
-    agents: Vec<AgentRuntime>,
+    agents: Agents,
     calls: Arc<Semaphore>,
     /// Trajectories in flight, counted per unit: a unit takes as many permits as it has
     /// trajectories (up to all of them), so a scenario that forks into hundreds of branches
@@ -240,7 +241,7 @@ async fn run_unit(
 ) -> bool {
     let scenario = &shared.plan.scenarios[scenario_index];
     let unit = Unit::new(shared, scenario, agent, repetition);
-    match &shared.agents[agent] {
+    match shared.agents.get(&shared.plan, agent, &shared.events).await {
         AgentRuntime::Unsupported(reason) => {
             for t in 0..scenario.trajectories.len() {
                 unit.skip(t, reason).await;
@@ -293,15 +294,15 @@ async fn run_unit(
 
 impl Unit<'_> {
     fn client(&self) -> Option<&dyn AgentProtocol> {
-        match &self.shared.agents[self.agent] {
-            AgentRuntime::Ready { client, .. } => Some(client.as_ref()),
+        match self.shared.agents.ready(self.agent) {
+            Some(AgentRuntime::Ready { client, .. }) => Some(client.as_ref()),
             _ => None,
         }
     }
 
     fn agent_limit(&self) -> Option<&Semaphore> {
-        match &self.shared.agents[self.agent] {
-            AgentRuntime::Ready { limit, .. } => limit.as_deref(),
+        match self.shared.agents.ready(self.agent) {
+            Some(AgentRuntime::Ready { limit, .. }) => limit.as_deref(),
             _ => None,
         }
     }

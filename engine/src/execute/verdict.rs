@@ -7,7 +7,7 @@
 //! nothing counts as passed that was not checked. With `--strict`, a skipped check or a
 //! skipped trajectory is a failure.
 
-use trellis_dsl::Outcome;
+use trellis_dsl::{CriterionKind, Outcome};
 
 use super::walk::{PathState, Unit};
 use super::{Shared, ms};
@@ -39,7 +39,7 @@ impl Unit<'_> {
         let not_checked = match stop {
             Some(Stop::Fault(f)) => {
                 let why = format!(
-                    "not checked: the trajectory ended with a {} fault",
+                    "not checked: the trajectory ended with its fault ({})",
                     f.category.as_str()
                 );
                 fault = Some(f);
@@ -54,8 +54,27 @@ impl Unit<'_> {
             None => None,
         };
         for c in &self.scenario.criteria {
-            criteria.push(match &not_checked {
-                None => criteria::check_planned(
+            criteria.push(match (&not_checked, &fault) {
+                // The fault that stopped the trajectory is exactly what `no-error` looks
+                // for: its answer is known, so it fails rather than going unchecked.
+                (Some(_), Some(f)) if matches!(c.criterion.kind, CriterionKind::NoError) => {
+                    CriterionRecord {
+                        turn_index: None,
+                        criterion: c.criterion.text.clone(),
+                        kind: c.criterion.kind.name().to_string(),
+                        status: CriterionStatus::Failed,
+                        detail: Some(match state.turns.iter().find(|t| t.fault.is_some()) {
+                            Some(t) => format!(
+                                "turn {}: {} fault: {}",
+                                t.turn_index,
+                                f.category.as_str(),
+                                f.message
+                            ),
+                            None => format!("{} fault: {}", f.category.as_str(), f.message),
+                        }),
+                    }
+                }
+                (None, _) => criteria::check_planned(
                     c,
                     &self.shared.plan.templates,
                     || self.scenario.scope.with_vars(&state.vars),
@@ -65,7 +84,7 @@ impl Unit<'_> {
                 ),
                 // Recorded anyway, so every trajectory lists the same checks and a
                 // criterion's pass rate counts the trajectories that never got to it.
-                Some(why) => CriterionRecord {
+                (Some(why), _) => CriterionRecord {
                     turn_index: None,
                     criterion: c.criterion.text.clone(),
                     kind: c.criterion.kind.name().to_string(),

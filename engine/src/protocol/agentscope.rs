@@ -323,13 +323,14 @@ impl Session for AgentScopeSession {
             match input {
                 TurnInput::User(text) => self.endpoint.process(&self.session_id, text, ctx).await,
                 TurnInput::Opening | TurnInput::Call { .. } | TurnInput::Human { .. } => {
+                    let what = match input {
+                        TurnInput::Opening => "speak first (`first-turn \"agent\"`)",
+                        TurnInput::Call { .. } => "take a function `call`",
+                        _ => "take a human's answer",
+                    };
                     Turn::failed(Fault::new(
                         FaultCategory::Protocol,
-                        format!(
-                            "an AgentScope agent cannot take a `{}` turn (it answers user \
-                             messages)",
-                            input.kind()
-                        ),
+                        format!("an AgentScope agent answers user messages; it cannot {what}"),
                     ))
                 }
             }

@@ -597,7 +597,13 @@ impl Handshake {
                 });
             }
             None => {
-                let fields: Vec<&str> = root.keys().map(String::as_str).collect();
+                // `base_prompt` was taken out above; it is still one of the answer's fields.
+                let fields: Vec<&str> = base_prompt
+                    .as_ref()
+                    .map(|_| "base_prompt")
+                    .into_iter()
+                    .chain(root.keys().map(String::as_str))
+                    .collect();
                 return Err(HandshakeError::MissingFewShots {
                     fields: if fields.is_empty() {
                         "none".to_owned()
