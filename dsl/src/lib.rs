@@ -8,6 +8,7 @@
 pub mod diagnostics;
 pub mod graph;
 pub mod model;
+pub mod names;
 pub mod parse;
 pub mod template;
 pub mod validate;

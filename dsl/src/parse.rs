@@ -1437,6 +1437,27 @@ impl<'f> Decoder<'f> {
                 });
             self.report(d);
         }
+        if let (Some(e), Some(set)) = (s.value("stream"), s.get("stream"))
+            && matches!(protocol, Protocol::Connexity | Protocol::Fixie)
+        {
+            let d = self
+                .diag(
+                    Kind::InvalidValue,
+                    format!(
+                        "`stream` is a setting of streaming protocols; agent `{}` is `{}`, which \
+                         answers with one JSON body",
+                        id.value,
+                        protocol.as_str()
+                    ),
+                    set.name_span,
+                    "not a setting of this protocol",
+                )
+                .with_label(value_span(e), "this value")
+                .with_help(
+                    "remove `stream`; it chooses between SSE and one JSON body for `agentscope`",
+                );
+            self.report(d);
+        }
         let endpoint = self.endpoint(&s, id, protocol)?;
         if protocol == Protocol::OpenAi && s.get("model").is_none() {
             let d = self

@@ -301,6 +301,8 @@ impl<'p> Validator<'p> {
             self.reference(RefKind::Persona, name);
         }
         self.calls_need_fixie(sc);
+        self.call_names(&sc.steps);
+        self.first_turn_needs_a_speaking_agent(sc);
         let failed: BTreeSet<String> = self
             .info
             .failed_captures
@@ -320,6 +322,78 @@ impl<'p> Validator<'p> {
             self.criterion(&cx, c, &at_end);
         }
         let _ = suite;
+    }
+
+    /// Every `call` names a function the engine can send: one URL path segment.
+    fn call_names(&mut self, steps: &[Step]) {
+        for step in steps {
+            match &step.kind {
+                StepKind::Call { function, .. } => {
+                    if let Err(e) = crate::names::validate_function_name(function) {
+                        let d = Diagnostic::at_span(
+                            Kind::InvalidValue,
+                            format!("invalid function name: {e}"),
+                            self.files(),
+                            step.span,
+                            "this call",
+                        )
+                        .with_help(
+                            "write the function's name as the agent registers it, e.g. \
+                             `call \"genrand\" \"0, 19\"`",
+                        );
+                        self.diags.push(d);
+                    }
+                }
+                StepKind::Fork(branches) => {
+                    for b in branches {
+                        self.call_names(&b.steps);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// `first-turn "agent"` needs a protocol on which the agent can speak unprompted:
+    /// AgentScope answers only input messages and Fixie only function calls.
+    fn first_turn_needs_a_speaking_agent(&mut self, sc: &Scenario) {
+        if sc.first_turn != FirstTurn::Agent {
+            return;
+        }
+        let p = self.project;
+        let agents: Vec<&Agent> = if sc.agents.is_empty() {
+            match p.agents.as_slice() {
+                [only] => vec![only],
+                _ => Vec::new(),
+            }
+        } else {
+            sc.agents.iter().filter_map(|a| p.agent(&a.value)).collect()
+        };
+        let Some(silent) = agents
+            .into_iter()
+            .find(|a| matches!(a.protocol, Protocol::AgentScope | Protocol::Fixie))
+        else {
+            return;
+        };
+        let d = Diagnostic::at_span(
+            Kind::InvalidValue,
+            format!(
+                "scenario `{}` has `first-turn \"agent\"`, but agent `{}` ({}) cannot speak \
+                 first",
+                sc.id.value,
+                silent.id.value,
+                silent.protocol.as_str()
+            ),
+            self.files(),
+            sc.id.span,
+            "the agent is asked to speak first here",
+        )
+        .with_other(self.files(), silent.id.span, "answers only what it is sent")
+        .with_help(
+            "`first-turn \"agent\"` works with `connexity` agents (called with an empty \
+             history); start this scenario with a `user` step instead",
+        );
+        self.diags.push(d);
     }
 
     /// `call` steps talk to a Fixie function; no other protocol has one to call.

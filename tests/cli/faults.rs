@@ -179,10 +179,10 @@ async fn no_error_fails_on_the_fault_that_stopped_the_trajectory() {
     assert!(stdout(&o).contains("1 check did not run"), "{}", stdout(&o));
 }
 
-/// An AgentScope agent never speaks first: the fault says what the suite asked for, in the
-/// suite's words.
+/// An AgentScope agent never speaks first: `first-turn "agent"` against one is a suite
+/// error, reported before anything runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_agentscope_agent_asked_to_speak_first_says_so() {
+async fn an_agentscope_agent_asked_to_speak_first_is_a_suite_error() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("first.kdl"),
@@ -200,19 +200,11 @@ async fn an_agentscope_agent_asked_to_speak_first_says_so() {
         .output()
         .await
         .unwrap();
-    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
-    let t = read_parquet(&out.join("trajectories.parquet"));
-    let message = strings(&t, "fault_message").remove(0).unwrap();
-    assert!(
-        message.contains("cannot speak first (`first-turn \"agent\"`)"),
-        "{message}"
-    );
-    let c = read_parquet(&out.join("criteria.parquet"));
-    let detail = strings(&c, "detail").remove(0).unwrap();
-    assert_eq!(
-        detail,
-        "not checked: the trajectory ended with its fault (protocol)"
-    );
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("cannot speak"), "{err}");
+    assert!(err.contains("first.kdl:2:"), "{err}");
+    assert!(!out.exists(), "nothing runs");
 }
 
 /// A Fixie agent whose handshake never completes holds up its own trajectories only: the

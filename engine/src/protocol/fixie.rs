@@ -56,47 +56,7 @@ mod url_error {
     pub type ParseError = <reqwest::Url as std::str::FromStr>::Err;
 }
 
-/// A function name that cannot be called.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum FunctionNameError {
-    #[error("the function name is empty")]
-    Empty,
-    #[error("`{0}` is not a function name (it would name a directory of the agent's URL)")]
-    Dots(String),
-    #[error(
-        "function name `{name}` contains {what}; a Fixie function name is one URL path segment \
-         made of letters, digits, `_`, `-` and `.`"
-    )]
-    Character { name: String, what: String },
-}
-
-/// Checks that `name` is one harmless path segment: letters and digits (any script), `_`,
-/// `-` and `.`, and not `.` or `..`. The Fixie SDK itself only accepts `\w+`; the rest is
-/// allowed for agents written in other languages.
-pub fn validate_function_name(name: &str) -> Result<(), FunctionNameError> {
-    if name.is_empty() {
-        return Err(FunctionNameError::Empty);
-    }
-    if name == "." || name == ".." {
-        return Err(FunctionNameError::Dots(name.to_owned()));
-    }
-    if let Some(c) = name
-        .chars()
-        .find(|c| !(c.is_alphanumeric() || matches!(c, '_' | '-' | '.')))
-    {
-        let what = match c {
-            '/' | '\\' => format!("a path separator `{c}`"),
-            c if c.is_whitespace() => "whitespace".to_owned(),
-            c if c.is_control() => format!("a control character (U+{:04X})", u32::from(c)),
-            c => format!("`{c}`"),
-        };
-        return Err(FunctionNameError::Character {
-            name: name.to_owned(),
-            what,
-        });
-    }
-    Ok(())
-}
+pub use trellis_dsl::names::{FunctionNameError, validate_function_name};
 
 /// A client for one Fixie agent: its base URL (with a trailing slash), headers and limits.
 #[derive(Clone, Debug)]
