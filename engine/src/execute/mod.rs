@@ -251,8 +251,13 @@ async fn run_unit(
         AgentRuntime::Broken(fault) => {
             for t in 0..scenario.trajectories.len() {
                 let state = PathState::empty();
-                unit.finish_trajectory(t, &state, Some(Stop::Fault(fault.clone())))
-                    .await;
+                unit.finish_trajectory(
+                    t,
+                    &state,
+                    Some(Stop::Fault(fault.clone())),
+                    unit.expects_after(&scenario.nodes[scenario.root()], 0, t),
+                )
+                .await;
             }
             return false;
         }
@@ -283,8 +288,13 @@ async fn run_unit(
             for t in 0..scenario.trajectories.len() {
                 if !unit.is_recorded(t) {
                     let state = PathState::empty();
-                    unit.finish_trajectory(t, &state, Some(Stop::Fault(fault.clone())))
-                        .await;
+                    unit.finish_trajectory(
+                        t,
+                        &state,
+                        Some(Stop::Fault(fault.clone())),
+                        unit.expects_after(&scenario.nodes[scenario.root()], 0, t),
+                    )
+                    .await;
                 }
             }
             false

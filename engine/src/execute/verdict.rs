@@ -12,7 +12,7 @@ use trellis_dsl::{CriterionKind, Outcome};
 use super::walk::{PathState, Unit};
 use super::{Shared, ms};
 use crate::criteria::{self, Scope};
-use crate::plan::PlannedScenario;
+use crate::plan::{PlannedCriterion, PlannedScenario};
 use crate::record::{CriterionRecord, CriterionStatus, Fault, TrajectoryRecord, TrajectoryStatus};
 
 /// Why a path stopped before its last step.
@@ -31,6 +31,7 @@ impl Unit<'_> {
         t: usize,
         state: &PathState,
         stop: Option<Stop>,
+        unreached: Vec<&PlannedCriterion>,
     ) -> bool {
         let sc = &self.scenario.scenario;
         let mut criteria = state.criteria.clone();
@@ -53,6 +54,16 @@ impl Unit<'_> {
             Some(Stop::Interrupted) => Some("not checked: the run was stopped".to_string()),
             None => None,
         };
+        // The `expect`s of the steps the stop left unreached.
+        if let Some(why) = &not_checked {
+            criteria.extend(unreached.into_iter().map(|c| CriterionRecord {
+                turn_index: None,
+                criterion: c.criterion.text.clone(),
+                kind: c.criterion.kind.name().to_string(),
+                status: CriterionStatus::Skipped,
+                detail: Some(why.clone()),
+            }));
+        }
         for c in &self.scenario.criteria {
             criteria.push(match (&not_checked, &fault) {
                 // The fault that stopped the trajectory is exactly what `no-error` looks

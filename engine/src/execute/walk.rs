@@ -21,7 +21,7 @@ use super::Shared;
 use super::verdict::Stop;
 use crate::criteria::{self, Scope};
 use crate::event::Event;
-use crate::plan::{ExecNode, PlannedScenario, PlannedStep};
+use crate::plan::{ExecNode, PlannedCriterion, PlannedScenario, PlannedStep};
 use crate::protocol::{Conversation, Session, TurnInput};
 use crate::record::{
     CriterionRecord, CriterionStatus, Fault, FaultCategory, NodeRecord, TurnRecord,
@@ -214,6 +214,8 @@ impl<'a> Unit<'a> {
         drop(fork);
         state.nodes.push(node.id.clone());
         let mut recorded: Vec<Arc<TurnRecord>> = Vec::new();
+        // The first step of this node not run yet, for the checks a stop leaves unreached.
+        let mut next_step = 0;
         let (session, stop) = match session {
             Some(session) => (Some(session), None),
             None => self.open_session(node, &mut state, &mut recorded).await,
@@ -223,8 +225,14 @@ impl<'a> Unit<'a> {
             Some(stop) => Some(stop),
             None => match session.as_mut() {
                 Some(session) => {
-                    self.run_steps(node, session.as_mut(), &mut state, &mut recorded)
-                        .await
+                    self.run_steps(
+                        node,
+                        session.as_mut(),
+                        &mut state,
+                        &mut recorded,
+                        &mut next_step,
+                    )
+                    .await
                 }
                 None => None,
             },
@@ -254,13 +262,15 @@ impl<'a> Unit<'a> {
             // Every trajectory below this node ends here.
             for &t in &node.trajectories {
                 if self.runs(t) {
-                    self.finish_trajectory(t, &state, Some(stop.clone())).await;
+                    let unreached = self.expects_after(node, next_step, t);
+                    self.finish_trajectory(t, &state, Some(stop.clone()), unreached)
+                        .await;
                 }
             }
             return false;
         }
         if let Some(t) = node.ends {
-            return self.finish_trajectory(t, &state, None).await;
+            return self.finish_trajectory(t, &state, None, Vec::new()).await;
         }
         let point = Arc::new(ForkPoint::new(session, node.children.len()));
         let state = Arc::new(state);
@@ -277,6 +287,38 @@ impl<'a> Unit<'a> {
             .await
             .into_iter()
             .all(|ok| ok)
+    }
+
+    /// The `expect` checks trajectory `t` would have run from step `from` of `node` on: what
+    /// a stop there leaves unchecked, recorded as skipped so no check silently vanishes.
+    pub(super) fn expects_after(
+        &self,
+        node: &'a ExecNode,
+        from: usize,
+        t: usize,
+    ) -> Vec<&'a PlannedCriterion> {
+        let mut unreached = Vec::new();
+        let mut current = node;
+        let mut steps = current.steps.get(from..).unwrap_or_default();
+        loop {
+            for step in steps {
+                if let PlannedStep::Expect(checks) = step {
+                    unreached.extend(checks.iter());
+                }
+            }
+            let below = current
+                .children
+                .iter()
+                .filter_map(|&c| self.scenario.nodes.get(c))
+                .find(|n| n.trajectories.contains(&t));
+            match below {
+                Some(next) => {
+                    current = next;
+                    steps = &next.steps;
+                }
+                None => return unreached,
+            }
+        }
     }
 
     /// A fresh session for this node; when the path already has turns (a session-bound
@@ -341,9 +383,11 @@ impl<'a> Unit<'a> {
         session: &mut dyn Session,
         state: &mut PathState,
         recorded: &mut Vec<Arc<TurnRecord>>,
+        next_step: &mut usize,
     ) -> Option<Stop> {
         let sc = &self.scenario.scenario;
-        for step in &node.steps {
+        for (i, step) in node.steps.iter().enumerate() {
+            *next_step = i + 1;
             match step {
                 PlannedStep::Opening => {
                     if let Some(stop) = self.turn(session, None, state, recorded).await {

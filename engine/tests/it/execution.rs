@@ -546,3 +546,55 @@ scenario "lookup" {{
         }
     }
 }
+
+/// A fault does not make the checks after it vanish: every `expect` the trajectory never
+/// reached is recorded as skipped, with why.
+#[tokio::test]
+async fn checks_after_a_fault_are_recorded_as_not_run() {
+    let (url, _) = echo_agent().await;
+    let suite = r#"
+agent "echo" protocol="connexity" url="URL"
+scenario "broken" {
+    user "hello"
+    expect reply contains="echo"
+    user "boom"
+    expect reply contains="never"
+    branch "a" {
+        user "a"
+        expect reply contains="a"
+    }
+    branch "b" {
+        user "b"
+    }
+    criteria { no-tool "x" }
+}
+"#;
+    let run = run_suite(&suite.replace("URL", &url), 4).await;
+    assert_eq!(run.trajectories.len(), 2);
+    for t in &run.trajectories {
+        assert_eq!(t.status, TrajectoryStatus::Error);
+        let skipped: Vec<&str> = t
+            .criteria
+            .iter()
+            .filter(|c| c.status == CriterionStatus::Skipped)
+            .map(|c| c.criterion.as_str())
+            .collect();
+        let expected: &[&str] = if t.trajectory == "a" {
+            &[
+                "no-tool \"x\"",
+                "reply contains=\"never\"",
+                "reply contains=\"a\"",
+            ]
+        } else {
+            &["no-tool \"x\"", "reply contains=\"never\""]
+        };
+        let mut skipped_sorted = skipped.clone();
+        skipped_sorted.sort();
+        let mut expected_sorted = expected.to_vec();
+        expected_sorted.sort();
+        assert_eq!(skipped_sorted, expected_sorted, "{}", t.trajectory);
+        assert!(t.criteria.iter().any(
+            |c| c.criterion == "reply contains=\"echo\"" && c.status == CriterionStatus::Passed
+        ));
+    }
+}
