@@ -99,6 +99,8 @@ struct Counts {
 }
 
 pub struct Console {
+    /// Trajectories the plan has, to say how much of it a stopped run covers.
+    planned: u64,
     bar: Option<ProgressBar>,
     /// Print a line per trajectory (stderr is not a terminal).
     lines: bool,
@@ -133,6 +135,7 @@ impl Console {
         });
         Console {
             bar,
+            planned: total,
             lines: !terminal && !quiet && !silent,
             silent,
             per_scenario: BTreeMap::new(),
@@ -365,7 +368,10 @@ impl Console {
         }
 
         for (reason, n) in &self.skip_reasons {
-            outln!("\nSKIP {n} trajectory(ies): {reason}");
+            outln!(
+                "\nSKIP {}: {reason}",
+                count(*n as u64, "trajectory", "trajectories")
+            );
         }
         for ((suite, scenario, trajectory, agent), u) in &self.unchecked {
             let mut repetitions = u.repetitions.clone();
@@ -381,8 +387,12 @@ impl Console {
         }
         if self.unchecked_not_shown > 0 {
             outln!(
-                "\n… and {} more trajectory(ies) with checks that did not run: see the report",
-                self.unchecked_not_shown
+                "\n… and {} more with checks that did not run: see the report",
+                count(
+                    self.unchecked_not_shown as u64,
+                    "trajectory",
+                    "trajectories"
+                )
             );
         }
         if summary.is_none() {
@@ -394,20 +404,30 @@ impl Console {
                 skipped += c.skipped;
             }
             outln!(
-                "\nrun did not finish: {} trajectories recorded ({passed} passed, {failed} failed, \
-                 {errors} error, {skipped} skipped)",
-                passed + failed + errors + skipped
+                "\nrun did not finish: {} of {} planned recorded ({passed} passed, {failed} \
+                 failed, {errors} error, {skipped} skipped)",
+                count(
+                    passed + failed + errors + skipped,
+                    "trajectory",
+                    "trajectories"
+                ),
+                self.planned
             );
         }
         if let Some(s) = summary {
+            let of_planned = if s.trajectories < self.planned {
+                format!(" of {} planned (the run was stopped)", self.planned)
+            } else {
+                String::new()
+            };
             outln!(
-                "\n{} trajectories: {} passed, {} failed, {} error, {} skipped · {} turns in {:.1}s",
-                s.trajectories,
+                "\n{}{of_planned}: {} passed, {} failed, {} error, {} skipped · {} in {:.1}s",
+                count(s.trajectories, "trajectory", "trajectories"),
                 s.passed,
                 s.failed,
                 s.errors,
                 s.skipped,
-                s.turns,
+                count(s.turns, "turn", "turns"),
                 s.duration_ms / 1000.0
             );
         }

@@ -345,7 +345,7 @@ async fn a_journal_that_cannot_be_written_still_leaves_every_other_file() {
     assert!(err.contains("results are incomplete"), "{err}");
     assert!(err.contains("journal"), "{err}");
     assert!(
-        stdout(&o).contains("1 trajectories: 1 passed"),
+        stdout(&o).contains("1 trajectory: 1 passed"),
         "{}",
         stdout(&o)
     );
