@@ -370,7 +370,7 @@ impl Console {
         for (reason, n) in &self.skip_reasons {
             outln!(
                 "\nSKIP {}: {reason}",
-                count(*n as u64, "trajectory", "trajectories")
+                count(*n, "trajectory", "trajectories")
             );
         }
         for ((suite, scenario, trajectory, agent), u) in &self.unchecked {
