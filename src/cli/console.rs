@@ -388,11 +388,7 @@ impl Console {
         if self.unchecked_not_shown > 0 {
             outln!(
                 "\n… and {} more with checks that did not run: see the report",
-                count(
-                    self.unchecked_not_shown as u64,
-                    "trajectory",
-                    "trajectories"
-                )
+                count(self.unchecked_not_shown, "trajectory", "trajectories")
             );
         }
         if summary.is_none() {
