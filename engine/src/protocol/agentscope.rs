@@ -638,14 +638,26 @@ impl Assembler {
                 call.result = Some(output);
             }
         }
+        // Output messages answer the calls that have no inline output yet: a call answered
+        // in place must not take a later output meant for another call.
+        let open: Vec<usize> = (0..calls.len())
+            .filter(|&i| calls.get(i).is_some_and(|c| c.result.is_none()))
+            .collect();
+        let mut pending: Vec<ToolCallRecord> =
+            open.iter().filter_map(|&i| calls.get(i).cloned()).collect();
         pair(
-            &mut calls,
+            &mut pending,
             results.iter().map(|(call_id, name, output)| ToolResult {
                 call_id: call_id.as_deref(),
                 name: name.as_deref(),
                 content: output.as_deref(),
             }),
         );
+        for (i, call) in open.into_iter().zip(pending) {
+            if let Some(slot) = calls.get_mut(i) {
+                *slot = call;
+            }
+        }
         Assembled {
             messages,
             reply,
@@ -870,6 +882,23 @@ mod tests {
         assert_eq!(a.messages[1].role, "tool");
         assert_eq!(a.messages[1].tool_call_id.as_deref(), Some("k1"));
         assert_eq!(a.reply.as_deref(), Some("9"));
+    }
+
+    #[test]
+    fn a_call_answered_in_place_does_not_take_a_later_output() {
+        let (a, fault) = assemble(&[
+            json!({"object": "message", "id": "c1", "type": "mcp_call", "role": "assistant",
+                   "content": [{"type": "data", "data": {"call_id": "x", "name": "first", "arguments": "{}", "output": "inline"}}]}),
+            json!({"object": "message", "id": "c2", "type": "plugin_call", "role": "assistant",
+                   "content": [{"type": "data", "data": {"call_id": "y", "name": "second", "arguments": "{}"}}]}),
+            // No call id and no name: paired by order, with the first call still open.
+            json!({"object": "message", "id": "o", "type": "plugin_call_output", "role": "tool",
+                   "content": [{"type": "data", "data": {"output": "later"}}]}),
+            json!({"object": "response", "status": "completed"}),
+        ]);
+        assert_eq!(fault, None);
+        assert_eq!(a.tool_calls[0].result.as_deref(), Some("inline"));
+        assert_eq!(a.tool_calls[1].result.as_deref(), Some("later"));
     }
 
     #[test]
