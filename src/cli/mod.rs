@@ -287,14 +287,28 @@ fn list(args: &ListArgs) -> u8 {
             }
         );
         for t in &s.trajectories {
+            // Why it will be skipped, per agent when only some agents cannot run it.
+            let mut skips: Vec<String> = Vec::new();
+            for &a in &s.agents {
+                let agent = &plan.agents[a];
+                let reason = agent
+                    .unsupported
+                    .as_deref()
+                    .or_else(|| t.unsupported_on(agent.protocol));
+                if let Some(reason) = reason {
+                    let line = if s.agents.len() == 1 {
+                        format!("  skipped: {reason}")
+                    } else {
+                        format!("  skipped on `{}`: {reason}", agent.id)
+                    };
+                    skips.push(line);
+                }
+            }
             console::outln!(
                 "    {}  ({}){}",
                 t.name,
                 t.nodes.join(" > "),
-                t.unsupported
-                    .as_deref()
-                    .map(|r| format!("  skipped: {r}"))
-                    .unwrap_or_default()
+                skips.join("")
             );
         }
     }

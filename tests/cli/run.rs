@@ -217,3 +217,29 @@ async fn report_rebuilds_the_results_of_a_killed_run_from_its_journal() {
         .unwrap();
     assert_eq!(o.status.code(), Some(2));
 }
+
+/// `list` says which trajectories will be skipped and on which agent, whatever the reason.
+#[tokio::test]
+async fn list_names_the_agent_a_trajectory_is_skipped_on() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("mixed.kdl"),
+        "agent \"o\" protocol=\"openai\" base-url=\"http://127.0.0.1:1/v1\" model=\"m\"\n\
+         agent \"c\" protocol=\"connexity\" builtin=\"booking\"\n\
+         scenario \"s\" {\n    agents \"o\" \"c\"\n    user \"hi\"\n}\n",
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("list")
+        .arg(dir.path())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(
+        out.contains("skipped on `o`: the `openai` protocol"),
+        "{out}"
+    );
+    assert!(!out.contains("skipped on `c`"), "{out}");
+}
