@@ -23,6 +23,7 @@ pub mod connexity;
 pub mod fixie;
 pub mod http;
 pub mod line;
+pub mod multiagent;
 pub mod pairing;
 pub mod quote;
 pub mod sse;
