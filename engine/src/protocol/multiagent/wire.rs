@@ -385,7 +385,10 @@ pub fn decode_reply(body: &[u8]) -> Result<Reply, Fault> {
         Some(other) => {
             return Err(protocol(
                 body,
-                format!("the reply's `action` is {}, expected a string", kind_of(other)),
+                format!(
+                    "the reply's `action` is {}, expected a string",
+                    kind_of(other)
+                ),
             ));
         }
     };
@@ -464,45 +467,43 @@ fn not_json(body: &[u8], error: &serde_json::Error) -> Fault {
         .split(|&b| b == b'\n')
         .filter(|line| !line.iter().all(u8::is_ascii_whitespace))
         .collect();
+    // The first line that is not JSON, and whether it is a syntax error (output that is
+    // not the answer: logs) rather than the start of a document cut short.
     let offending = body
         .split(|&b| b == b'\n')
         .enumerate()
         .filter(|(_, line)| !line.iter().all(u8::is_ascii_whitespace))
-        .find(|(_, line)| serde_json::from_slice::<Value>(line).is_err());
+        .find_map(|(index, line)| {
+            serde_json::from_slice::<Value>(line)
+                .err()
+                .map(|e| (index, line, !e.is_eof()))
+        });
     let message = match offending {
-        Some((index, line)) if lines.len() > 1 => {
-            // A line that does not even start like JSON is output that is not the answer:
-            // logs. Say so, since that is what the agent's author has to fix.
-            let starts_like_json = line
-                .iter()
-                .find(|b| !b.is_ascii_whitespace())
-                .is_some_and(|b| matches!(b, b'{' | b'[' | b'"'));
-            format!(
-                "the agent's reply is not JSON: line {} is not JSON{}: {}",
-                index + 1,
-                if starts_like_json {
-                    ""
-                } else {
-                    " (an agent must print only its answer on stdout, logs go to stderr)"
-                },
-                preview(line)
-            )
-        }
+        Some((index, line, garbled)) if lines.len() > 1 => format!(
+            "the agent's reply is not JSON: line {} is not JSON{}: {}",
+            index + 1,
+            if garbled {
+                " (an agent must print only its answer on stdout, logs go to stderr)"
+            } else {
+                ""
+            },
+            preview(line)
+        ),
         Some(_) | None if lines.len() > 1 => format!(
             "the agent's reply is not one JSON document ({} lines, {error}): {}",
             lines.len(),
             preview(body)
         ),
-        _ => format!(
-            "the agent's reply is not JSON ({error}): {}",
-            preview(body)
-        ),
+        _ => format!("the agent's reply is not JSON ({error}): {}", preview(body)),
     };
     Fault::new(FaultCategory::InvalidJson, message)
 }
 
 fn protocol(body: &[u8], what: String) -> Fault {
-    Fault::new(FaultCategory::Protocol, format!("{what}: {}", preview(body)))
+    Fault::new(
+        FaultCategory::Protocol,
+        format!("{what}: {}", preview(body)),
+    )
 }
 
 /// The fields of one reply object, read with faults that name the action and the field.
@@ -615,12 +616,13 @@ impl Fields<'_> {
         match value {
             None | Some(Value::Null) => Ok(Map::new()),
             Some(Value::Object(params)) => Ok(params.clone()),
-            Some(Value::String(text)) => match serde_json::from_str::<Value>(text) {
-                Ok(Value::Object(params)) => Ok(params),
-                _ => Err(self.malformed(&format!(
-                    "has a `{shown}` string that is not a JSON object"
-                ))),
-            },
+            Some(Value::String(text)) => {
+                match serde_json::from_str::<Value>(text) {
+                    Ok(Value::Object(params)) => Ok(params),
+                    _ => Err(self
+                        .malformed(&format!("has a `{shown}` string that is not a JSON object"))),
+                }
+            }
             Some(other) => Err(self.malformed(&format!(
                 "has a `{shown}` that is {}, expected an object",
                 kind_of(other)
@@ -706,5 +708,755 @@ impl Fields<'_> {
                 })
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn decode(body: &str) -> Reply {
+        match decode_reply(body.as_bytes()) {
+            Ok(reply) => reply,
+            Err(fault) => panic!("{body} did not decode: {fault:?}"),
+        }
+    }
+
+    fn fault(body: &[u8]) -> Fault {
+        match decode_reply(body) {
+            Ok(reply) => panic!("{body:?} decoded to {reply:?}"),
+            Err(fault) => fault,
+        }
+    }
+
+    fn object(value: Value) -> Map<String, Value> {
+        match value {
+            Value::Object(map) => map,
+            other => panic!("not an object: {other}"),
+        }
+    }
+
+    fn request_text(dialogue: &Dialogue) -> String {
+        match dialogue.request() {
+            Ok(body) => String::from_utf8_lossy(&body).into_owned(),
+            Err(fault) => panic!("request: {fault:?}"),
+        }
+    }
+
+    fn call(name: &str, params: Value, claimed_output: Option<Value>) -> ToolCall {
+        ToolCall {
+            name: name.into(),
+            params: object(params),
+            claimed_output,
+        }
+    }
+
+    // ---- replies: the spec's examples (older generation) ----
+
+    #[test]
+    fn call_tool_keeps_the_claimed_output_apart() {
+        let reply = decode(
+            r#"{"action":"call_tool","tool_name":"get_customer_details","tool_params":{"customer_id":"cust_123"},"tool_output":{"name":"Jane"},"summary":"Identified customer Jane Doe on 100 Mbps plan."}"#,
+        );
+        assert_eq!(
+            reply.action,
+            Action::CallTool(call(
+                "get_customer_details",
+                json!({"customer_id": "cust_123"}),
+                Some(json!({"name": "Jane"}))
+            ))
+        );
+        assert_eq!(
+            reply.summary(),
+            Some("Identified customer Jane Doe on 100 Mbps plan.")
+        );
+        assert!(!reply.action.ends_loop());
+        assert_eq!(reply.action.final_text(), None);
+        assert_eq!(reply.raw.get("tool_output"), Some(&json!({"name": "Jane"})));
+    }
+
+    #[test]
+    fn call_tool_without_params_runs_with_none() {
+        for body in [
+            r#"{"action":"call_tool","tool_name":"ping"}"#,
+            r#"{"action":"call_tool","tool_name":"ping","tool_params":null,"tool_output":null}"#,
+        ] {
+            assert_eq!(
+                decode(body).action,
+                Action::CallTool(call("ping", json!({}), None)),
+                "{body}"
+            );
+        }
+        // OpenAI-style arguments: a string holding the object.
+        assert_eq!(
+            decode(r#"{"action":"call_tool","tool_name":"refund","tool_params":"{\"amount\":5}"}"#)
+                .action,
+            Action::CallTool(call("refund", json!({"amount": 5}), None))
+        );
+    }
+
+    #[test]
+    fn call_multiple_tools_with_names_and_outputs_runs_each_without_params() {
+        let reply = decode(
+            r#"{"action":"call_multiple_tools","tool_names":["run_line_test","run_remote_speed_test"],"tool_outputs":[{"ok":true},{"mbps":100}],"summary":"Remote diagnostics complete."}"#,
+        );
+        assert_eq!(
+            reply.action,
+            Action::CallMultipleTools(vec![
+                call("run_line_test", json!({}), Some(json!({"ok": true}))),
+                call(
+                    "run_remote_speed_test",
+                    json!({}),
+                    Some(json!({"mbps": 100}))
+                ),
+            ])
+        );
+        // Fewer outputs than names, and no outputs at all.
+        let reply = decode(
+            r#"{"tool_outputs":[{"ok":true}],"tool_names":["a","b"],"action":"call_multiple_tools"}"#,
+        );
+        assert_eq!(
+            reply.action,
+            Action::CallMultipleTools(vec![
+                call("a", json!({}), Some(json!({"ok": true}))),
+                call("b", json!({}), None),
+            ])
+        );
+        // Params aligned with the names, when an agent sends them.
+        let reply = decode(
+            r#"{"action":"call_multiple_tools","tool_names":["a","b"],"tool_params":[{"x":1},null]}"#,
+        );
+        assert_eq!(
+            reply.action,
+            Action::CallMultipleTools(vec![
+                call("a", json!({"x": 1}), None),
+                call("b", json!({}), None),
+            ])
+        );
+    }
+
+    #[test]
+    fn final_answer_ends_the_loop_with_its_summary() {
+        let reply = decode(
+            r#"{"action":"final_answer","summary":"The issue is resolved. Customer Wi-Fi was on a congested channel."}"#,
+        );
+        assert!(reply.action.ends_loop());
+        assert_eq!(
+            reply.action.final_text(),
+            Some("The issue is resolved. Customer Wi-Fi was on a congested channel.")
+        );
+        // No summary at all: the loop still ends, with no text.
+        let reply = decode(r#"{"action":"final_answer"}"#);
+        assert_eq!(reply.action, Action::FinalAnswer { summary: None });
+        assert!(reply.action.ends_loop());
+    }
+
+    #[test]
+    fn provide_instructions_gives_its_instructions_and_may_lack_a_summary() {
+        let reply = decode(
+            r#"{"action":"provide_instructions","instructions":"Please connect via Ethernet and run a speed test.","summary":"Guided customer to perform a local speed test."}"#,
+        );
+        assert_eq!(
+            reply.action.final_text(),
+            Some("Please connect via Ethernet and run a speed test.")
+        );
+        assert_eq!(
+            reply.summary(),
+            Some("Guided customer to perform a local speed test.")
+        );
+        let reply =
+            decode(r#"{"instructions":"Reboot the router.","action":"provide_instructions"}"#);
+        assert_eq!(
+            reply.action,
+            Action::ProvideInstructions {
+                instructions: Some("Reboot the router.".into()),
+                summary: None
+            }
+        );
+        // Only a summary: that is the text.
+        let reply = decode(r#"{"action":"provide_instructions","summary":"Told them."}"#);
+        assert_eq!(reply.action.final_text(), Some("Told them."));
+        assert!(reply.action.ends_loop());
+    }
+
+    #[test]
+    fn hitl_pause_reads_prompt_or_reason() {
+        let spec = decode(
+            r#"{"action":"hitl_pause","reason":"Requesting manual credit override beyond $500 limit."}"#,
+        );
+        assert_eq!(
+            spec.action,
+            Action::HitlPause {
+                prompt: Some("Requesting manual credit override beyond $500 limit.".into())
+            }
+        );
+        let harness = decode(
+            r#"{"action":"hitl_pause","message":"Waiting for human intervention.","prompt":"Approve the refund?"}"#,
+        );
+        assert_eq!(
+            harness.action,
+            Action::HitlPause {
+                prompt: Some("Approve the refund?".into())
+            }
+        );
+        let bare = decode(r#"{"action":"hitl_pause"}"#);
+        assert_eq!(bare.action, Action::HitlPause { prompt: None });
+        assert!(!bare.action.ends_loop());
+    }
+
+    #[test]
+    fn branch_reads_its_reason_from_metadata() {
+        let reply = decode(
+            r#"{"action":"branch","metadata":{"reason":"Testing alternative resolution path A","path":"A"}}"#,
+        );
+        assert_eq!(
+            reply.action,
+            Action::Branch {
+                reason: Some("Testing alternative resolution path A".into()),
+                metadata: object(
+                    json!({"reason": "Testing alternative resolution path A", "path": "A"})
+                ),
+            }
+        );
+        assert!(!reply.action.ends_loop());
+        // A top-level reason, and none at all.
+        assert_eq!(
+            decode(r#"{"action":"branch","reason":"try B"}"#).action,
+            Action::Branch {
+                reason: Some("try B".into()),
+                metadata: Map::new()
+            }
+        );
+        assert_eq!(
+            decode(r#"{"action":"branch","metadata":null}"#).action,
+            Action::Branch {
+                reason: None,
+                metadata: Map::new()
+            }
+        );
+    }
+
+    #[test]
+    fn error_ends_the_loop_with_its_message() {
+        // The sample agent's shape: the message is in `summary`.
+        let reply = decode(
+            r#"{"action":"error","summary":"Unsupported task: fly me to the moon","name":"Luna-Sample-Agent"}"#,
+        );
+        assert!(reply.action.ends_loop());
+        assert_eq!(
+            reply.action.final_text(),
+            Some("Unsupported task: fly me to the moon")
+        );
+        assert_eq!(
+            decode(r#"{"action":"error","message":"boom"}"#)
+                .action
+                .final_text(),
+            Some("boom")
+        );
+        assert_eq!(
+            decode(r#"{"action":"error","error":{"code":"E42","message":"no tools"}}"#)
+                .action
+                .final_text(),
+            Some("E42: no tools")
+        );
+        assert_eq!(
+            decode(r#"{"action":"error"}"#).action,
+            Action::Error { message: None }
+        );
+    }
+
+    // ---- replies: the newer generation ----
+
+    #[test]
+    fn call_multiple_tools_with_tool_calls_in_both_spellings() {
+        let reply = decode(
+            r#"{"action":"call_multiple_tools","tool_calls":[{"tool":"ledger_read","params":{"account_id":"ACCT-90017"}},{"tool_name":"customer_read","tool_params":{"customer_id":"CUST-10042"},"tool_output":{"ok":1}},{"tool":"ping"}]}"#,
+        );
+        assert_eq!(
+            reply.action,
+            Action::CallMultipleTools(vec![
+                call("ledger_read", json!({"account_id": "ACCT-90017"}), None),
+                call(
+                    "customer_read",
+                    json!({"customer_id": "CUST-10042"}),
+                    Some(json!({"ok": 1}))
+                ),
+                call("ping", json!({}), None),
+            ])
+        );
+        // `tool_calls` wins over `tool_names` when an agent sends both.
+        let both = decode(
+            r#"{"action":"call_multiple_tools","tool_names":["old"],"tool_calls":[{"tool":"new"}]}"#,
+        );
+        assert_eq!(
+            both.action,
+            Action::CallMultipleTools(vec![call("new", json!({}), None)])
+        );
+    }
+
+    #[test]
+    fn completed_and_processing() {
+        let done = decode(r#"{"action":"completed","summary":"RESERVED_5000"}"#);
+        assert!(done.action.ends_loop());
+        assert_eq!(done.action.final_text(), Some("RESERVED_5000"));
+        assert_eq!(
+            decode(r#"{"action":"completed","result":"ok"}"#)
+                .action
+                .final_text(),
+            Some("ok")
+        );
+        assert_eq!(
+            decode(r#"{"action":"completed"}"#).action,
+            Action::Completed { text: None }
+        );
+        let busy = decode(r#"{"action":"processing","status":"working"}"#);
+        assert_eq!(busy.action, Action::Processing);
+        assert!(!busy.action.ends_loop());
+        assert_eq!(busy.action.final_text(), None);
+    }
+
+    #[test]
+    fn every_action_name_round_trips() {
+        for name in ACTIONS {
+            let body = match name {
+                "call_tool" => json!({"action": name, "tool_name": "t"}),
+                "call_multiple_tools" => json!({"action": name, "tool_names": ["t"]}),
+                "provide_instructions" => json!({"action": name, "instructions": "i"}),
+                _ => json!({"action": name}),
+            };
+            assert_eq!(decode(&body.to_string()).action.name(), name);
+        }
+    }
+
+    #[test]
+    fn keys_in_any_order_and_whitespace_decode_the_same() {
+        let compact = decode(
+            r#"{"action":"call_tool","tool_name":"apply_refund","tool_params":{"amount":50},"summary":"s"}"#,
+        );
+        let shuffled = decode(
+            "{ \"summary\" : \"s\",\n  \"tool_params\": {\"amount\": 50},\r\n \"tool_name\": \"apply_refund\", \"action\": \"call_tool\" }\r\n",
+        );
+        assert_eq!(compact, shuffled);
+    }
+
+    // ---- replies: agent names ----
+
+    #[test]
+    fn agent_names_are_discovered_in_the_harness_order() {
+        let name = |body: &str| decode(body).agent_name;
+        assert_eq!(
+            name(r#"{"action":"processing","agent_name":"B","name":"A","metadata":{"name":"C"}}"#),
+            Some("A".into())
+        );
+        assert_eq!(
+            name(r#"{"action":"processing","agent_name":"B","metadata":{"name":"C"}}"#),
+            Some("B".into())
+        );
+        assert_eq!(
+            name(r#"{"action":"processing","metadata":{"agent_name":"D","name":"C","model":"m"}}"#),
+            Some("C".into())
+        );
+        assert_eq!(
+            name(r#"{"action":"processing","metadata":{"agent_name":"D","model":"m"}}"#),
+            Some("D".into())
+        );
+        assert_eq!(
+            name(r#"{"action":"processing","metadata":{"model":"gpt-4o"}}"#),
+            Some("gpt-4o".into())
+        );
+        // Blank, null and non-string names are skipped, not taken.
+        assert_eq!(
+            name(
+                r#"{"action":"processing","name":"  ","agent_name":null,"metadata":{"name":7,"model":"m"}}"#
+            ),
+            Some("m".into())
+        );
+        assert_eq!(name(r#"{"action":"processing","metadata":"x"}"#), None);
+        assert_eq!(name(r#"{"action":"processing"}"#), None);
+    }
+
+    // ---- replies: faults ----
+
+    #[test]
+    fn an_unknown_action_is_a_protocol_fault_quoting_the_reply() {
+        let f = fault(br#"{"action":"dance","tempo":120}"#);
+        assert_eq!(f.category, FaultCategory::Protocol);
+        assert!(
+            f.message.contains("unknown action `dance`"),
+            "{}",
+            f.message
+        );
+        assert!(f.message.contains("final_answer"), "{}", f.message);
+        assert!(
+            f.message.contains(r#"{"action":"dance","tempo":120}"#),
+            "{}",
+            f.message
+        );
+        // Names are case-sensitive on the wire, as in the harness.
+        assert_eq!(
+            fault(br#"{"action":"FINAL_ANSWER"}"#).category,
+            FaultCategory::Protocol
+        );
+    }
+
+    #[test]
+    fn replies_without_a_usable_action_are_protocol_faults() {
+        for (body, expected) in [
+            (&br#"{"summary":"done"}"#[..], "has no `action`"),
+            (br#"{"action":null}"#, "has no `action`"),
+            (br#"{"action":3}"#, "`action` is a number"),
+            (br#"{"action":["final_answer"]}"#, "`action` is an array"),
+            (br#"[{"action":"final_answer"}]"#, "answered with an array"),
+            (br#""final_answer""#, "answered with a string"),
+            (b"null", "answered with null"),
+            (b"", "empty reply"),
+            (b" \r\n", "empty reply"),
+        ] {
+            let f = fault(body);
+            assert_eq!(f.category, FaultCategory::Protocol, "{body:?}");
+            assert!(f.message.contains(expected), "{body:?}: {}", f.message);
+        }
+    }
+
+    #[test]
+    fn a_malformed_known_action_names_the_field() {
+        for (body, expected) in [
+            (
+                r#"{"action":"call_tool"}"#,
+                "action `call_tool` has no `tool_name`",
+            ),
+            (
+                r#"{"action":"call_tool","tool_name":null}"#,
+                "has no `tool_name`",
+            ),
+            (
+                r#"{"action":"call_tool","tool_name":"  "}"#,
+                "has an empty `tool_name`",
+            ),
+            (
+                r#"{"action":"call_tool","tool_name":5}"#,
+                "`tool_name` that is a number",
+            ),
+            (
+                r#"{"action":"call_tool","tool_name":"t","tool_params":[1]}"#,
+                "`tool_params` that is an array, expected an object",
+            ),
+            (
+                r#"{"action":"call_tool","tool_name":"t","tool_params":"amount=5"}"#,
+                "`tool_params` string that is not a JSON object",
+            ),
+            (
+                r#"{"action":"call_multiple_tools"}"#,
+                "has neither `tool_calls` nor `tool_names`",
+            ),
+            (
+                r#"{"action":"call_multiple_tools","tool_names":[]}"#,
+                "names no tool",
+            ),
+            (
+                r#"{"action":"call_multiple_tools","tool_calls":[]}"#,
+                "names no tool",
+            ),
+            (
+                r#"{"action":"call_multiple_tools","tool_names":"a,b"}"#,
+                "`tool_names` that is a string",
+            ),
+            (
+                r#"{"action":"call_multiple_tools","tool_names":["a",null]}"#,
+                "`tool_names[1]` that is null",
+            ),
+            (
+                r#"{"action":"call_multiple_tools","tool_names":["a"],"tool_outputs":{"a":1}}"#,
+                "`tool_outputs` that is an object, expected an array",
+            ),
+            (
+                r#"{"action":"call_multiple_tools","tool_calls":{"tool":"a"}}"#,
+                "`tool_calls` that is an object, expected an array",
+            ),
+            (
+                r#"{"action":"call_multiple_tools","tool_calls":[{"tool":"a"},"b"]}"#,
+                "`tool_calls[1]` that is a string",
+            ),
+            (
+                r#"{"action":"call_multiple_tools","tool_calls":[{"params":{}}]}"#,
+                "has no `tool_calls[0].tool_name`",
+            ),
+            (
+                r#"{"action":"call_multiple_tools","tool_calls":[{"tool":"a","params":7}]}"#,
+                "`tool_calls[0].params` that is a number",
+            ),
+            (
+                r#"{"action":"provide_instructions"}"#,
+                "has neither `instructions` nor `summary`",
+            ),
+            (
+                r#"{"action":"final_answer","summary":{"text":"x"}}"#,
+                "`summary` that is an object, expected a string",
+            ),
+            (
+                r#"{"action":"hitl_pause","prompt":["approve?"]}"#,
+                "`prompt` that is an array",
+            ),
+            (
+                r#"{"action":"branch","metadata":"A"}"#,
+                "`metadata` that is a string",
+            ),
+        ] {
+            let f = fault(body.as_bytes());
+            assert_eq!(f.category, FaultCategory::Protocol, "{body}");
+            assert!(f.message.contains(expected), "{body}: {}", f.message);
+            // The start of the reply is quoted.
+            assert!(f.message.contains(r#"{"action":"#), "{body}: {}", f.message);
+        }
+    }
+
+    #[test]
+    fn scalars_where_text_is_expected_read_as_text() {
+        assert_eq!(
+            decode(r#"{"action":"final_answer","summary":42}"#)
+                .action
+                .final_text(),
+            Some("42")
+        );
+        assert_eq!(
+            decode(r#"{"action":"completed","summary":true}"#)
+                .action
+                .final_text(),
+            Some("true")
+        );
+    }
+
+    #[test]
+    fn a_log_line_on_stdout_is_invalid_json_naming_the_line() {
+        // A long-lived process: the line read is a log line.
+        let f = fault(b"Loading model weights from /models/agent.bin");
+        assert_eq!(f.category, FaultCategory::InvalidJson);
+        assert!(f.message.contains("not JSON"), "{}", f.message);
+        assert!(
+            f.message
+                .contains("Loading model weights from /models/agent.bin"),
+            "{}",
+            f.message
+        );
+        // A process per call: stdout holds logs, then the answer. Line 2 is the culprit.
+        let f = fault(b"\n[agent] ready\n{\"action\":\"final_answer\",\"summary\":\"Done\"}\n");
+        assert_eq!(f.category, FaultCategory::InvalidJson);
+        assert!(f.message.contains("line 2 is not JSON"), "{}", f.message);
+        assert!(f.message.contains("[agent] ready"), "{}", f.message);
+        assert!(f.message.contains("logs go to stderr"), "{}", f.message);
+        assert!(!f.message.contains("final_answer"), "{}", f.message);
+        // Two answers on two lines.
+        let f = fault(b"{\"action\":\"processing\"}\n{\"action\":\"final_answer\"}");
+        assert_eq!(f.category, FaultCategory::InvalidJson);
+        assert!(
+            f.message.contains("not one JSON document (2 lines"),
+            "{}",
+            f.message
+        );
+        // A truncated answer is not blamed on logs.
+        let f = fault(b"{\"action\":\n\"final_answer\",");
+        assert_eq!(f.category, FaultCategory::InvalidJson);
+        assert!(!f.message.contains("logs"), "{}", f.message);
+        // Bytes that are not UTF-8 are quoted, not refused.
+        let f = fault(b"\xff\xfe garbage");
+        assert_eq!(f.category, FaultCategory::InvalidJson);
+        assert!(f.message.contains("garbage"), "{}", f.message);
+    }
+
+    #[test]
+    fn huge_and_odd_replies_never_panic() {
+        // A 5 MB summary is an answer like any other; the fault quote of a huge reply is
+        // short.
+        let summary = "é".repeat(5 * 1024 * 1024 / 2);
+        let body = json!({"action": "final_answer", "summary": summary}).to_string();
+        assert_eq!(decode(&body).action.final_text(), Some(summary.as_str()));
+        let unknown = json!({"action": "x".repeat(100_000)}).to_string();
+        let f = fault(unknown.as_bytes());
+        assert!(f.message.len() < 2_000, "{} bytes", f.message.len());
+        // Nesting deeper than the parser allows is a fault, not a stack overflow.
+        let deep = format!(
+            "{{\"action\":\"call_tool\",\"tool_name\":\"t\",\"tool_params\":{}1{}}}",
+            "{\"a\":".repeat(10_000),
+            "}".repeat(10_000)
+        );
+        assert_eq!(fault(deep.as_bytes()).category, FaultCategory::InvalidJson);
+        // Numbers beyond f64, control characters, duplicate keys (the last one wins, as in
+        // Python), emoji and escapes.
+        assert_eq!(
+            fault(br#"{"action":"call_tool","tool_name":"t","tool_params":{"amount":1e400}}"#)
+                .category,
+            FaultCategory::InvalidJson
+        );
+        let odd = decode(
+            r#"{"action":"processing","action":"final_answer","summary":"\u0000 tab\t \ud83d\ude00 \"q\""}"#,
+        );
+        assert_eq!(odd.action.final_text(), Some("\0 tab\t 😀 \"q\""));
+        let big = decode(
+            r#"{"action":"call_tool","tool_name":"apply_refund","tool_params":{"amount":18446744073709551616,"n":-0.0}}"#,
+        );
+        let Action::CallTool(call) = big.action else {
+            panic!("{:?}", big.action);
+        };
+        assert!(call.params.get("amount").is_some_and(Value::is_number));
+    }
+
+    // ---- requests ----
+
+    fn reply_object(body: &str) -> Reply {
+        decode(body)
+    }
+
+    #[test]
+    fn the_first_request_has_an_empty_history() {
+        let mut dialogue = Dialogue::new(RequestForm::Full);
+        dialogue.begin_user("Identify the customer and their speed tier.");
+        assert_eq!(
+            request_text(&dialogue),
+            r#"{"task_description":"Identify the customer and their speed tier.","turn":1,"conversation_history":[]}"#
+        );
+        let mut newer = Dialogue::new(RequestForm::TaskOnly);
+        newer.begin_user("Identify the customer and their speed tier.");
+        assert_eq!(
+            request_text(&newer),
+            r#"{"task_description":"Identify the customer and their speed tier."}"#
+        );
+    }
+
+    #[test]
+    fn a_tool_loop_sends_history_as_real_harnesses_do() {
+        let mut dialogue = Dialogue::new(RequestForm::Full);
+        dialogue.begin_user("Process a $100 refund.");
+        let first = reply_object(
+            r#"{"action":"call_tool","tool_name":"apply_refund","tool_params":{"amount":100}}"#,
+        );
+        dialogue.record_reply(&first);
+        dialogue.continue_with(
+            [json!({"status": "policy_violation", "violation": "Amount 100 exceeds limit of 50.0"})],
+            "GOVERNANCE ERROR: Amount 100 exceeds limit of 50.0. Please adjust your action.",
+        );
+        assert_eq!(
+            request_text(&dialogue),
+            concat!(
+                r#"{"task_description":"GOVERNANCE ERROR: Amount 100 exceeds limit of 50.0. Please adjust your action.","turn":2,"conversation_history":["#,
+                r#"{"role":"user","content":"Process a $100 refund."},"#,
+                r#"{"role":"agent","content":{"action":"call_tool","tool_name":"apply_refund","tool_params":{"amount":100}}},"#,
+                r#"{"role":"environment","content":{"status":"policy_violation","violation":"Amount 100 exceeds limit of 50.0"}}"#,
+                r#"]}"#
+            )
+        );
+        // Two tools at once: one environment entry each, in call order.
+        let second = reply_object(
+            r#"{"action":"call_multiple_tools","tool_names":["a","b"],"tool_outputs":[{"fake":1},{"fake":2}]}"#,
+        );
+        dialogue.record_reply(&second);
+        dialogue.continue_with(
+            [
+                json!({"status": "success", "message": "Executed a"}),
+                Value::Null,
+            ],
+            "Tools ['a', 'b'] returned: [...]. Continue with the task.",
+        );
+        assert_eq!(dialogue.turn(), 3);
+        let text = request_text(&dialogue);
+        assert!(
+            text.ends_with(concat!(
+                r#"{"role":"agent","content":{"action":"call_multiple_tools","tool_names":["a","b"],"tool_outputs":[{"fake":1},{"fake":2}]}},"#,
+                r#"{"role":"environment","content":{"message":"Executed a","status":"success"}},"#,
+                r#"{"role":"environment","content":""}]}"#
+            )),
+            "{text}"
+        );
+        // Never a null content anywhere.
+        assert!(!text.contains(r#""content":null"#), "{text}");
+        // The newer form sends only the feedback.
+        let mut newer = Dialogue::new(RequestForm::TaskOnly);
+        newer.begin_user("Process a $100 refund.");
+        newer.record_reply(&first);
+        newer.continue_with([json!({"status": "success"})], "Executed apply_refund");
+        assert_eq!(
+            request_text(&newer),
+            r#"{"task_description":"Executed apply_refund"}"#
+        );
+        assert_eq!(newer.history().len(), 3);
+    }
+
+    #[test]
+    fn user_and_human_steps_enter_the_history_once_answered() {
+        let mut dialogue = Dialogue::new(RequestForm::Full);
+        dialogue.begin_user("Refund $600.");
+        // `processing` resends the same request one turn later, and is not history.
+        dialogue.record_reply(&reply_object(r#"{"action":"processing"}"#));
+        dialogue.resend();
+        assert_eq!(
+            request_text(&dialogue),
+            r#"{"task_description":"Refund $600.","turn":2,"conversation_history":[]}"#
+        );
+        dialogue.record_reply(&reply_object(
+            r#"{"action":"hitl_pause","prompt":"Approve a $600 refund?"}"#,
+        ));
+        dialogue.begin_human("Approved: go ahead.");
+        dialogue.record_reply(&reply_object(
+            r#"{"action":"final_answer","summary":"Refunded."}"#,
+        ));
+        dialogue.begin_user("Thanks! Anything else?");
+        assert_eq!(
+            request_text(&dialogue),
+            concat!(
+                r#"{"task_description":"Thanks! Anything else?","turn":4,"conversation_history":["#,
+                r#"{"role":"user","content":"Refund $600."},"#,
+                r#"{"role":"agent","content":{"action":"hitl_pause","prompt":"Approve a $600 refund?"}},"#,
+                r#"{"role":"human","content":"Approved: go ahead."},"#,
+                r#"{"role":"agent","content":{"action":"final_answer","summary":"Refunded."}}"#,
+                r#"]}"#
+            )
+        );
+        let roles: Vec<&str> = dialogue.history().iter().map(HistoryEntry::role).collect();
+        assert_eq!(roles, ["user", "agent", "human", "agent"]);
+    }
+
+    #[test]
+    fn a_forked_dialogue_continues_independently() {
+        let mut dialogue = Dialogue::new(RequestForm::Full);
+        dialogue.begin_user("Resolve the ticket.");
+        dialogue.record_reply(&reply_object(
+            r#"{"action":"branch","metadata":{"reason":"path A"}}"#,
+        ));
+        let mut fork = dialogue.clone();
+        dialogue.begin_user("Take path A.");
+        fork.begin_user("Take path B.");
+        assert!(request_text(&dialogue).starts_with(r#"{"task_description":"Take path A.""#));
+        assert!(request_text(&fork).starts_with(r#"{"task_description":"Take path B.""#));
+        assert_eq!(dialogue.history(), fork.history());
+    }
+
+    #[test]
+    fn odd_texts_are_escaped_and_requests_stay_one_line() {
+        let mut dialogue = Dialogue::new(RequestForm::Full);
+        dialogue.begin_user("line one\nline \"two\"\t\u{1F600}\u{0}");
+        dialogue.record_reply(&reply_object(
+            r#"{"action":"final_answer","summary":"multi\nline"}"#,
+        ));
+        dialogue.begin_user("");
+        let text = request_text(&dialogue);
+        assert!(!text.contains('\n'), "{text}");
+        assert_eq!(
+            text,
+            concat!(
+                r#"{"task_description":"","turn":2,"conversation_history":["#,
+                r#"{"role":"user","content":"line one\nline \"two\"\t😀\u0000"},"#,
+                r#"{"role":"agent","content":{"action":"final_answer","summary":"multi\nline"}}]}"#
+            )
+        );
+        // What was sent decodes back to the same history.
+        let sent: Value = match serde_json::from_str(&text) {
+            Ok(value) => value,
+            Err(e) => panic!("{e}: {text}"),
+        };
+        assert_eq!(
+            sent.pointer("/conversation_history/0/content"),
+            Some(&json!("line one\nline \"two\"\t😀\u{0}"))
+        );
     }
 }
