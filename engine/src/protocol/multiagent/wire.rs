@@ -489,7 +489,7 @@ fn not_json(body: &[u8], error: &serde_json::Error) -> Fault {
             },
             preview(line)
         ),
-        Some(_) | None if lines.len() > 1 => format!(
+        None if lines.len() > 1 => format!(
             "the agent's reply is not one JSON document ({} lines, {error}): {}",
             lines.len(),
             preview(body)
@@ -713,9 +713,14 @@ impl Fields<'_> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use serde_json::json;
 
     use super::*;
+    use crate::protocol::line::{
+        LineEndpoint, LineLimits, LineTransport, ProcessMode, ProcessSpec,
+    };
 
     fn decode(body: &str) -> Reply {
         match decode_reply(body.as_bytes()) {
@@ -1304,10 +1309,6 @@ mod tests {
 
     // ---- requests ----
 
-    fn reply_object(body: &str) -> Reply {
-        decode(body)
-    }
-
     #[test]
     fn the_first_request_has_an_empty_history() {
         let mut dialogue = Dialogue::new(RequestForm::Full);
@@ -1328,7 +1329,7 @@ mod tests {
     fn a_tool_loop_sends_history_as_real_harnesses_do() {
         let mut dialogue = Dialogue::new(RequestForm::Full);
         dialogue.begin_user("Process a $100 refund.");
-        let first = reply_object(
+        let first = decode(
             r#"{"action":"call_tool","tool_name":"apply_refund","tool_params":{"amount":100}}"#,
         );
         dialogue.record_reply(&first);
@@ -1347,7 +1348,7 @@ mod tests {
             )
         );
         // Two tools at once: one environment entry each, in call order.
-        let second = reply_object(
+        let second = decode(
             r#"{"action":"call_multiple_tools","tool_names":["a","b"],"tool_outputs":[{"fake":1},{"fake":2}]}"#,
         );
         dialogue.record_reply(&second);
@@ -1387,17 +1388,17 @@ mod tests {
         let mut dialogue = Dialogue::new(RequestForm::Full);
         dialogue.begin_user("Refund $600.");
         // `processing` resends the same request one turn later, and is not history.
-        dialogue.record_reply(&reply_object(r#"{"action":"processing"}"#));
+        dialogue.record_reply(&decode(r#"{"action":"processing"}"#));
         dialogue.resend();
         assert_eq!(
             request_text(&dialogue),
             r#"{"task_description":"Refund $600.","turn":2,"conversation_history":[]}"#
         );
-        dialogue.record_reply(&reply_object(
+        dialogue.record_reply(&decode(
             r#"{"action":"hitl_pause","prompt":"Approve a $600 refund?"}"#,
         ));
         dialogue.begin_human("Approved: go ahead.");
-        dialogue.record_reply(&reply_object(
+        dialogue.record_reply(&decode(
             r#"{"action":"final_answer","summary":"Refunded."}"#,
         ));
         dialogue.begin_user("Thanks! Anything else?");
@@ -1420,7 +1421,7 @@ mod tests {
     fn a_forked_dialogue_continues_independently() {
         let mut dialogue = Dialogue::new(RequestForm::Full);
         dialogue.begin_user("Resolve the ticket.");
-        dialogue.record_reply(&reply_object(
+        dialogue.record_reply(&decode(
             r#"{"action":"branch","metadata":{"reason":"path A"}}"#,
         ));
         let mut fork = dialogue.clone();
@@ -1435,7 +1436,7 @@ mod tests {
     fn odd_texts_are_escaped_and_requests_stay_one_line() {
         let mut dialogue = Dialogue::new(RequestForm::Full);
         dialogue.begin_user("line one\nline \"two\"\t\u{1F600}\u{0}");
-        dialogue.record_reply(&reply_object(
+        dialogue.record_reply(&decode(
             r#"{"action":"final_answer","summary":"multi\nline"}"#,
         ));
         dialogue.begin_user("");
@@ -1458,5 +1459,96 @@ mod tests {
             sent.pointer("/conversation_history/0/content"),
             Some(&json!("line one\nline \"two\"\t😀\u{0}"))
         );
+    }
+
+    // ---- with real agent processes, through the line transport ----
+
+    fn process(command: &str, mode: ProcessMode) -> LineTransport {
+        LineTransport::new(
+            LineEndpoint::Process(ProcessSpec {
+                command: command.into(),
+                env: Vec::new(),
+                cwd: None,
+                mode,
+            }),
+            LineLimits {
+                timeout: Duration::from_secs(10),
+                max_line: 1024 * 1024,
+            },
+            false,
+        )
+    }
+
+    async fn exchange(agent: &LineTransport, dialogue: &Dialogue) -> Result<Reply, Fault> {
+        let request = dialogue.request()?;
+        let answer = agent.call(&request, Duration::from_secs(10)).await?;
+        decode_reply(&answer.line)
+    }
+
+    #[tokio::test]
+    async fn a_spec_agent_process_runs_a_tool_loop() {
+        // Written to the spec: one request line in, one answer line out. It calls the tool
+        // until the history shows the environment answered, as the sample agents do.
+        let agent = process(
+            r#"while IFS= read -r line; do
+                 case "$line" in
+                   *'{"role":"environment","content":{"customer":"Jane Doe"}}'*)
+                     printf '%s\n' '{"name":"sh-agent","summary":"Jane Doe, 100 Mbps","action":"final_answer"}' ;;
+                   *'"turn":1,'*)
+                     printf '%s\n' '{"action":"call_tool","tool_name":"get_customer_details","tool_params":{"customer_id":"cust_123"},"tool_output":{"customer":"made up"}}' ;;
+                   *) printf '%s\n' '{"action":"error","summary":"unexpected request"}' ;;
+                 esac
+               done"#,
+            ProcessMode::LongLived,
+        );
+        let mut dialogue = Dialogue::new(RequestForm::Full);
+        dialogue.begin_user("Identify the customer and their speed tier.");
+        let first = exchange(&agent, &dialogue).await;
+        let Ok(first) = first else {
+            panic!("{first:?}");
+        };
+        let Action::CallTool(call) = &first.action else {
+            panic!("{:?}", first.action);
+        };
+        assert_eq!(call.name, "get_customer_details");
+        assert_eq!(call.claimed_output, Some(json!({"customer": "made up"})));
+        dialogue.record_reply(&first);
+        // What the sandbox would answer, worded as the spec's harness words it.
+        let result = json!({"customer": "Jane Doe"});
+        dialogue.continue_with(
+            [result.clone()],
+            format!("Tool 'get_customer_details' returned: {result}. Continue with the task."),
+        );
+        let last = exchange(&agent, &dialogue).await;
+        let Ok(last) = last else {
+            panic!("{last:?}");
+        };
+        assert_eq!(last.action.final_text(), Some("Jane Doe, 100 Mbps"));
+        assert_eq!(last.agent_name.as_deref(), Some("sh-agent"));
+        agent.close().await;
+    }
+
+    #[tokio::test]
+    async fn a_process_that_logs_on_stdout_is_named_by_its_log_line() {
+        // A process per call (as the real harness runs them): the whole of stdout is the
+        // answer, and this agent prints a log line before it.
+        let agent = process(
+            r#"cat >/dev/null; echo '[agent] loading model'; echo '{"action":"final_answer","summary":"Done"}'"#,
+            ProcessMode::PerCall,
+        );
+        let mut dialogue = Dialogue::new(RequestForm::TaskOnly);
+        dialogue.begin_user("Say done.");
+        let outcome = exchange(&agent, &dialogue).await;
+        let Err(fault) = outcome else {
+            panic!("{outcome:?}");
+        };
+        assert_eq!(fault.category, FaultCategory::InvalidJson);
+        assert!(
+            fault.message.contains("line 1 is not JSON")
+                && fault.message.contains("[agent] loading model"),
+            "{}",
+            fault.message
+        );
+        agent.close().await;
     }
 }
