@@ -40,6 +40,15 @@
 //!   (default [`DEFAULT_MAX_CALLS`]); later calls are error outcomes counted in
 //!   [`Sandbox::refused_calls`] but not stored, so an agent that sends a million `tool_names`
 //!   cannot exhaust memory.
+//! - **Errors go back to the agent** as a result object `{"status": "error", "message": …}`
+//!   (the harness has no error results; this shape lets an agent read it and carry on), and
+//!   count in [`Sandbox::error_count`]; breaches count in [`Sandbox::violation_count`].
+//! - **Feedback text** is byte-exact to the harness (see [`feedback`]): Python's
+//!   `json.dumps` / `repr` forms, floats as Python prints them (`50.0`), `status` first in
+//!   result objects whatever serde_json's map order is.
+//! - **State checks** follow the harness's assertion modes: `contains` is case-sensitive,
+//!   the harness's `regex` is a case-insensitive search, `numerical_tolerance` is
+//!   [`HARNESS_TOLERANCE`].
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
