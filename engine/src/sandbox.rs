@@ -214,12 +214,11 @@ impl Policy {
                 if values.iter().any(|allowed| json_eq(allowed, value)) {
                     return None;
                 }
-                let allowed: Vec<Value> = values.clone();
                 Some(format!(
                     "{} {} is not one of the allowed values {}",
                     capitalized(param),
                     python_str(value),
-                    python_repr(&Value::Array(allowed))
+                    python_repr(&Value::Array(values.clone()))
                 ))
             }
         }
