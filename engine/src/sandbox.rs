@@ -1,0 +1,1652 @@
+//! The tool sandbox: the engine answers an agent's tool calls itself.
+//!
+//! MultiAgentEval agents do not run their tools: they answer `call_tool` /
+//! `call_multiple_tools`, and the harness runs the tools in its own sandbox, enforces
+//! governance policies and sends the result back as the next `task_description`
+//! (specs/multiagent-eval-agent-api.txt, FIELD-NOTES "MultiAgentEval"). This module is that
+//! sandbox, independent of any transport:
+//!
+//! - [`SandboxSpec`] is the immutable configuration of one scenario's tools (built from the
+//!   suite's `tool` nodes with [`SandboxSpec::from_tools`], or by the scenario-file importer
+//!   from `tools`, `policies` and `initial_state`).
+//! - [`Sandbox`] is the per-trajectory state: the state document, sequence cursors and the
+//!   record of every call. It is `Clone` (the spec is shared through an [`Arc`]) so a fork of
+//!   the conversation forks the sandbox with it.
+//! - [`feedback`] renders outcomes as the text the harness sends back to the agent, in the
+//!   spec's wording or the newer harness's ([`FeedbackWording`]).
+//! - [`StateExpectation`] checks a value of the final state document (the future
+//!   `state path=… equals=…` criterion, and the importer's `expected_outcome` state targets).
+//!
+//! Rules chosen where the harness and the spec say nothing (all tested below):
+//! - **Matching outputs** ([`ToolAnswer::Matched`]): the first output whose `when` keys are all
+//!   present in the call's parameters with equal values answers (subset match). Equality is
+//!   JSON equality with numbers compared by value (`1` equals `1.0`, see
+//!   [`crate::criteria::json_eq`]); strings are compared exactly (case matters: a mock keyed on
+//!   an account id must not answer a differently spelled one). No match is an error outcome.
+//! - **Outputs in order** ([`ToolAnswer::Sequence`]): each executed call consumes the next
+//!   output; past the end, [`Exhausted`] decides: the last output repeats (the default, as a
+//!   real tool keeps answering) or the call is an error.
+//! - **Policies** are checked before anything runs; a breach is not executed, consumes no
+//!   sequence output and changes no state. A `max_limit` breach is a number strictly greater
+//!   than the limit (the harness's `>`); a numeric string (`"100"`) is read as its number;
+//!   an absent or non-numeric parameter breaches no maximum (nothing to compare).
+//! - **State changes** (`[{path, value}]`) are applied after a call executes, tool-level ones
+//!   first, then the matched output's. A path is dotted (`account.balance`, as scenario files
+//!   write them) or a JSON pointer (`/account/balance`); missing objects on the way are
+//!   created, a decimal segment indexes an array. A change that cannot be applied (through a
+//!   string or number, or past an array's end) is skipped and noted on the call's record,
+//!   never a panic and never a silent overwrite.
+//! - **Bounded:** at most [`SandboxSpec::max_calls`] calls are recorded and run per trajectory
+//!   (default [`DEFAULT_MAX_CALLS`]); later calls are error outcomes counted in
+//!   [`Sandbox::refused_calls`] but not stored, so an agent that sends a million `tool_names`
+//!   cannot exhaust memory.
+//! - **Errors go back to the agent** as a result object `{"status": "error", "message": …}`
+//!   (the harness has no error results; this shape lets an agent read it and carry on), and
+//!   count in [`Sandbox::error_count`]; breaches count in [`Sandbox::violation_count`].
+//! - **Feedback text** is byte-exact to the harness (see [`feedback`]): Python's
+//!   `json.dumps` / `repr` forms, floats as Python prints them (`50.0`), `status` first in
+//!   result objects whatever serde_json's map order is.
+//! - **State checks** follow the harness's assertion modes: `contains` is case-sensitive,
+//!   the harness's `regex` is a case-insensitive search, `numerical_tolerance` is
+//!   [`HARNESS_TOLERANCE`].
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use regex::Regex;
+use serde_json::{Map, Value};
+
+use crate::criteria::json_eq;
+
+/// How many calls a trajectory's sandbox runs and records before refusing further calls.
+pub const DEFAULT_MAX_CALLS: usize = 1_000;
+
+/// The immutable sandbox configuration of one scenario, shared by all its trajectories.
+#[derive(Clone, Debug)]
+pub struct SandboxSpec {
+    /// Declared tools by name (names are compared exactly).
+    pub tools: HashMap<String, ToolSpec>,
+    /// The state document every trajectory starts from (`initial_state`).
+    pub initial_state: Value,
+    /// What a call to a tool that is not declared gets.
+    pub undeclared: UndeclaredTool,
+    /// Calls run and recorded per trajectory before further calls are refused.
+    pub max_calls: usize,
+}
+
+impl Default for SandboxSpec {
+    fn default() -> Self {
+        SandboxSpec {
+            tools: HashMap::new(),
+            initial_state: Value::Object(Map::new()),
+            undeclared: UndeclaredTool::HarnessDefault,
+            max_calls: DEFAULT_MAX_CALLS,
+        }
+    }
+}
+
+/// What a call to an undeclared tool gets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum UndeclaredTool {
+    /// The harness's answer: `{"status":"success","message":"Executed NAME"}`.
+    #[default]
+    HarnessDefault,
+    /// An error outcome ([`SandboxError::UndeclaredTool`]).
+    Error,
+}
+
+/// One declared tool.
+#[derive(Clone, Debug, Default)]
+pub struct ToolSpec {
+    pub answer: ToolAnswer,
+    /// Applied on every executed call, before the matched output's own changes.
+    pub state_changes: Vec<StateChange>,
+    /// Checked in order before the call runs; the first breach wins.
+    pub policies: Vec<Policy>,
+}
+
+impl ToolSpec {
+    /// A tool that always answers `output` (a scenario file's `tools{NAME:{output}}`).
+    pub fn fixed(output: Value) -> Self {
+        ToolSpec {
+            answer: ToolAnswer::Matched(vec![MatchedOutput::any(output)]),
+            ..ToolSpec::default()
+        }
+    }
+}
+
+/// How a declared tool chooses its output.
+#[derive(Clone, Debug)]
+pub enum ToolAnswer {
+    /// The first output whose `when` is a subset of the call's parameters.
+    Matched(Vec<MatchedOutput>),
+    /// Outputs consumed one per executed call.
+    Sequence {
+        outputs: Vec<Value>,
+        when_exhausted: Exhausted,
+    },
+}
+
+impl Default for ToolAnswer {
+    fn default() -> Self {
+        ToolAnswer::Matched(Vec::new())
+    }
+}
+
+/// An output answered when the call's parameters contain `when` (empty: any call).
+#[derive(Clone, Debug)]
+pub struct MatchedOutput {
+    pub when: Map<String, Value>,
+    pub output: Value,
+    pub state_changes: Vec<StateChange>,
+}
+
+impl MatchedOutput {
+    /// An output for any call.
+    pub fn any(output: Value) -> Self {
+        MatchedOutput {
+            when: Map::new(),
+            output,
+            state_changes: Vec::new(),
+        }
+    }
+}
+
+/// What a call past the end of a [`ToolAnswer::Sequence`] gets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Exhausted {
+    /// The last output again.
+    #[default]
+    RepeatLast,
+    /// An error outcome ([`SandboxError::Exhausted`]).
+    Error,
+}
+
+/// `{path, value}`: set `value` at `path` in the state document.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StateChange {
+    pub path: String,
+    pub value: Value,
+}
+
+/// A governance policy on one tool's parameters.
+#[derive(Clone, Debug)]
+pub enum Policy {
+    /// The parameter, when numeric, must not exceed `limit` (the harness's `max_limit`,
+    /// which checks `params.amount`).
+    Maximum { param: String, limit: f64 },
+    /// The parameter, when present, must equal one of `values` (JSON equality).
+    AllowedValues { param: String, values: Vec<Value> },
+}
+
+impl Policy {
+    /// The harness's `policies{TOOL:{max_limit}}`: a maximum on `amount`.
+    pub fn max_limit(limit: f64) -> Self {
+        Policy::Maximum {
+            param: "amount".to_string(),
+            limit,
+        }
+    }
+
+    /// The violation text when `params` breach this policy.
+    ///
+    /// The maximum's wording generalises the harness's
+    /// `f"Amount {amount} exceeds limit of {max_limit}"` (FIELD-NOTES: `Amount 100 exceeds
+    /// limit of 50.0`): the parameter's name with its first letter upper-cased, the value as
+    /// the agent sent it (Python `str`), the limit as a Python float.
+    fn breach(&self, params: &Value) -> Option<String> {
+        match self {
+            Policy::Maximum { param, limit } => {
+                let value = params.get(param)?;
+                let number = numeric_value(value)?;
+                (number > *limit).then(|| {
+                    format!(
+                        "{} {} exceeds limit of {}",
+                        capitalized(param),
+                        python_str(value),
+                        python_float(*limit)
+                    )
+                })
+            }
+            Policy::AllowedValues { param, values } => {
+                let value = params.get(param)?;
+                if values.iter().any(|allowed| json_eq(allowed, value)) {
+                    return None;
+                }
+                Some(format!(
+                    "{} {} is not one of the allowed values {}",
+                    capitalized(param),
+                    python_str(value),
+                    python_repr(&Value::Array(values.clone()))
+                ))
+            }
+        }
+    }
+}
+
+/// Why a call produced no output.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SandboxError {
+    #[error("tool '{name}' is not declared in this scenario")]
+    UndeclaredTool { name: String },
+    #[error("tool '{name}' has no output for these parameters")]
+    NoMatchingOutput { name: String },
+    #[error("tool '{name}' has answered all of its {outputs} outputs")]
+    Exhausted { name: String, outputs: usize },
+    #[error("the sandbox refuses calls after {limit} calls in one trajectory")]
+    TooManyCalls { limit: usize },
+}
+
+/// The result of one call.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ToolOutcome {
+    /// The tool ran: its output (state changes applied).
+    Executed(Value),
+    /// A policy forbade the call; it did not run. The text is the harness's violation text.
+    Violation(String),
+    /// The call could not be answered.
+    Error(SandboxError),
+}
+
+impl ToolOutcome {
+    /// The result object as the agent sees it: the output; for a breach the harness's
+    /// `{"status": "policy_violation", "violation": TEXT}`; for an error
+    /// `{"status": "error", "message": TEXT}` (the harness has no errors; this keeps the same
+    /// shape so an agent can read it and carry on).
+    pub fn result_object(&self) -> Value {
+        match self {
+            ToolOutcome::Executed(output) => output.clone(),
+            ToolOutcome::Violation(text) => violation_object(text),
+            ToolOutcome::Error(error) => {
+                let mut object = Map::new();
+                object.insert("status".into(), Value::String("error".into()));
+                object.insert("message".into(), Value::String(error.to_string()));
+                Value::Object(object)
+            }
+        }
+    }
+}
+
+fn violation_object(text: &str) -> Value {
+    // Built by hand so the key order is the harness's whatever serde_json's map order is.
+    let mut object = Map::new();
+    object.insert("status".into(), Value::String("policy_violation".into()));
+    object.insert("violation".into(), Value::String(text.to_string()));
+    Value::Object(object)
+}
+
+/// One call as the sandbox saw it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CallRecord {
+    pub tool: String,
+    pub params: Value,
+    pub outcome: ToolOutcome,
+    /// State changes that could not be applied (why), in order.
+    pub state_errors: Vec<String>,
+}
+
+/// A trajectory's sandbox: state document, sequence positions and call records.
+#[derive(Clone, Debug)]
+pub struct Sandbox {
+    spec: Arc<SandboxSpec>,
+    state: Value,
+    next_output: HashMap<String, usize>,
+    calls: Vec<CallRecord>,
+    refused_calls: usize,
+}
+
+impl Sandbox {
+    pub fn new(spec: Arc<SandboxSpec>) -> Self {
+        Sandbox {
+            state: spec.initial_state.clone(),
+            spec,
+            next_output: HashMap::new(),
+            calls: Vec::new(),
+            refused_calls: 0,
+        }
+    }
+
+    /// Run one call: policies first, then the tool's answer and its state changes.
+    /// Never panics, whatever shape `params` has (a non-object has no parameters).
+    pub fn call(&mut self, name: &str, params: &Value) -> ToolOutcome {
+        if self.calls.len() >= self.spec.max_calls {
+            self.refused_calls = self.refused_calls.saturating_add(1);
+            return ToolOutcome::Error(SandboxError::TooManyCalls {
+                limit: self.spec.max_calls,
+            });
+        }
+        let spec = Arc::clone(&self.spec);
+        let mut state_errors = Vec::new();
+        let outcome = match spec.tools.get(name) {
+            None => match spec.undeclared {
+                UndeclaredTool::HarnessDefault => ToolOutcome::Executed(harness_default(name)),
+                UndeclaredTool::Error => ToolOutcome::Error(SandboxError::UndeclaredTool {
+                    name: name.to_string(),
+                }),
+            },
+            Some(tool) => match tool.policies.iter().find_map(|p| p.breach(params)) {
+                Some(violation) => ToolOutcome::Violation(violation),
+                None => self.execute(name, tool, params, &mut state_errors),
+            },
+        };
+        self.calls.push(CallRecord {
+            tool: name.to_string(),
+            params: params.clone(),
+            outcome: outcome.clone(),
+            state_errors,
+        });
+        outcome
+    }
+
+    fn execute(
+        &mut self,
+        name: &str,
+        tool: &ToolSpec,
+        params: &Value,
+        state_errors: &mut Vec<String>,
+    ) -> ToolOutcome {
+        let (output, output_changes) = match &tool.answer {
+            ToolAnswer::Matched(outputs) => {
+                match outputs.iter().find(|o| params_contain(params, &o.when)) {
+                    Some(matched) => (matched.output.clone(), matched.state_changes.as_slice()),
+                    None => {
+                        return ToolOutcome::Error(SandboxError::NoMatchingOutput {
+                            name: name.to_string(),
+                        });
+                    }
+                }
+            }
+            ToolAnswer::Sequence {
+                outputs,
+                when_exhausted,
+            } => {
+                let position = self.next_output.entry(name.to_string()).or_insert(0);
+                let output = match (outputs.get(*position), when_exhausted) {
+                    (Some(output), _) => output,
+                    (None, Exhausted::RepeatLast) if !outputs.is_empty() => {
+                        outputs.last().unwrap_or(&Value::Null)
+                    }
+                    _ => {
+                        return ToolOutcome::Error(SandboxError::Exhausted {
+                            name: name.to_string(),
+                            outputs: outputs.len(),
+                        });
+                    }
+                };
+                *position = position.saturating_add(1).min(outputs.len());
+                (output.clone(), &[][..])
+            }
+        };
+        for change in tool.state_changes.iter().chain(output_changes) {
+            if let Err(why) = set_at_path(&mut self.state, &change.path, change.value.clone()) {
+                state_errors.push(format!("state change at '{}': {why}", change.path));
+            }
+        }
+        ToolOutcome::Executed(output)
+    }
+
+    /// The state document.
+    pub fn state(&self) -> &Value {
+        &self.state
+    }
+
+    /// The value at a dotted path or JSON pointer in the state document.
+    pub fn state_at(&self, path: &str) -> Option<&Value> {
+        value_at_path(&self.state, path)
+    }
+
+    /// Every call run, in order (refused calls past the limit are only counted).
+    pub fn calls(&self) -> &[CallRecord] {
+        &self.calls
+    }
+
+    /// The calls a policy refused, with their violation texts.
+    pub fn violations(&self) -> impl Iterator<Item = (&CallRecord, &str)> {
+        self.calls.iter().filter_map(|call| match &call.outcome {
+            ToolOutcome::Violation(text) => Some((call, text.as_str())),
+            _ => None,
+        })
+    }
+
+    pub fn violation_count(&self) -> usize {
+        self.violations().count()
+    }
+
+    /// Calls answered with an error outcome, including refused ones past the limit.
+    pub fn error_count(&self) -> usize {
+        let recorded = self
+            .calls
+            .iter()
+            .filter(|call| matches!(call.outcome, ToolOutcome::Error(_)))
+            .count();
+        recorded.saturating_add(self.refused_calls)
+    }
+
+    /// Calls refused because the trajectory reached [`SandboxSpec::max_calls`].
+    pub fn refused_calls(&self) -> usize {
+        self.refused_calls
+    }
+}
+
+/// The harness's answer to an undeclared tool: `{"status":"success","message":"Executed NAME"}`.
+pub fn harness_default(name: &str) -> Value {
+    let mut object = Map::new();
+    object.insert("status".into(), Value::String("success".into()));
+    object.insert("message".into(), Value::String(format!("Executed {name}")));
+    Value::Object(object)
+}
+
+fn params_contain(params: &Value, when: &Map<String, Value>) -> bool {
+    when.iter().all(|(key, expected)| {
+        params
+            .get(key)
+            .is_some_and(|actual| json_eq(actual, expected))
+    })
+}
+
+/// A JSON number, or a string that reads as a finite number.
+fn numeric_value(value: &Value) -> Option<f64> {
+    match value {
+        Value::Number(n) => n.as_f64(),
+        Value::String(s) => s.trim().parse::<f64>().ok().filter(|n| n.is_finite()),
+        _ => None,
+    }
+}
+
+fn capitalized(text: &str) -> String {
+    let mut chars = text.chars();
+    match chars.next() {
+        Some(first) => first.to_uppercase().chain(chars).collect(),
+        None => String::new(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// State paths
+
+/// A path's segments: a JSON pointer (`/a/b`, with `~1` and `~0` escapes) or dotted (`a.b`).
+fn segments(path: &str) -> Vec<String> {
+    if let Some(pointer) = path.strip_prefix('/') {
+        pointer
+            .split('/')
+            .map(|s| s.replace("~1", "/").replace("~0", "~"))
+            .collect()
+    } else if path.is_empty() {
+        Vec::new()
+    } else {
+        path.split('.').map(str::to_string).collect()
+    }
+}
+
+fn value_at_path<'a>(root: &'a Value, path: &str) -> Option<&'a Value> {
+    segments(path)
+        .iter()
+        .try_fold(root, |value, segment| match value {
+            Value::Object(map) => map.get(segment),
+            Value::Array(items) => segment.parse::<usize>().ok().and_then(|i| items.get(i)),
+            _ => None,
+        })
+}
+
+fn set_at_path(root: &mut Value, path: &str, new_value: Value) -> Result<(), String> {
+    let segments = segments(path);
+    let Some((last, parents)) = segments.split_last() else {
+        return Err("the path is empty".to_string());
+    };
+    let mut current = root;
+    for segment in parents {
+        current = match current {
+            Value::Object(map) => map
+                .entry(segment.clone())
+                .or_insert_with(|| Value::Object(Map::new())),
+            Value::Array(items) => {
+                let len = items.len();
+                segment
+                    .parse::<usize>()
+                    .ok()
+                    .and_then(|i| items.get_mut(i))
+                    .ok_or_else(|| format!("'{segment}' is not an index of a {len}-item array"))?
+            }
+            other => return Err(format!("'{segment}' is inside a {}", kind(other))),
+        };
+    }
+    match current {
+        Value::Object(map) => {
+            map.insert(last.clone(), new_value);
+            Ok(())
+        }
+        Value::Array(items) => {
+            let len = items.len();
+            let slot = last
+                .parse::<usize>()
+                .ok()
+                .and_then(|i| items.get_mut(i))
+                .ok_or_else(|| format!("'{last}' is not an index of a {len}-item array"))?;
+            *slot = new_value;
+            Ok(())
+        }
+        other => Err(format!("'{last}' is inside a {}", kind(other))),
+    }
+}
+
+fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// State expectations
+
+/// A check on one value of the state document (MultiAgentEval assertion modes: `exact`,
+/// `contains`, `regex`, `numerical_tolerance`).
+#[derive(Clone, Debug)]
+pub enum StateExpectation {
+    /// JSON equality, numbers by value.
+    Equals(Value),
+    /// A string contains the text; an array has an equal element; an object has the key.
+    /// An expected array means any of its elements (the harness's list form).
+    Contains(Value),
+    /// The regex finds a match in the value's text (a string as is, anything else as compact
+    /// JSON). Build with [`StateExpectation::regex`] for the harness's case-insensitive search.
+    Regex(Regex),
+    /// A number (or numeric string) within `tolerance` of `value`.
+    Near { value: f64, tolerance: f64 },
+    /// The path exists (any value, `null` included).
+    Exists,
+    /// The path does not exist.
+    Absent,
+}
+
+/// The harness's `numerical_tolerance`.
+pub const HARNESS_TOLERANCE: f64 = 1e-9;
+
+impl StateExpectation {
+    /// A regex expectation; `case_insensitive` as the harness's `re.search(…, re.I)`.
+    pub fn regex(pattern: &str, case_insensitive: bool) -> Result<Self, regex::Error> {
+        regex::RegexBuilder::new(pattern)
+            .case_insensitive(case_insensitive)
+            .size_limit(1 << 20)
+            .build()
+            .map(StateExpectation::Regex)
+    }
+
+    /// Whether the value found at a path (`None`: the path does not exist) satisfies this.
+    pub fn holds(&self, actual: Option<&Value>) -> bool {
+        match (self, actual) {
+            (StateExpectation::Exists, found) => found.is_some(),
+            (StateExpectation::Absent, found) => found.is_none(),
+            (_, None) => false,
+            (StateExpectation::Equals(expected), Some(actual)) => json_eq(actual, expected),
+            (StateExpectation::Contains(Value::Array(any)), Some(actual)) => {
+                any.iter().any(|expected| contains(actual, expected))
+            }
+            (StateExpectation::Contains(expected), Some(actual)) => contains(actual, expected),
+            (StateExpectation::Regex(regex), Some(actual)) => regex.is_match(&plain_text(actual)),
+            (StateExpectation::Near { value, tolerance }, Some(actual)) => numeric_value(actual)
+                .is_some_and(|number| (number - value).abs() <= tolerance.abs()),
+        }
+    }
+}
+
+fn contains(actual: &Value, expected: &Value) -> bool {
+    match actual {
+        Value::String(text) => text.contains(plain_text(expected).as_str()),
+        Value::Array(items) => items.iter().any(|item| json_eq(item, expected)),
+        Value::Object(map) => expected.as_str().is_some_and(|key| map.contains_key(key)),
+        _ => false,
+    }
+}
+
+fn plain_text(value: &Value) -> String {
+    match value {
+        Value::String(text) => text.clone(),
+        other => other.to_string(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Feedback to the agent
+
+/// Which harness's words the tool results go back in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FeedbackWording {
+    /// The spec and the older harness (the default).
+    #[default]
+    Spec,
+    /// The newer (AgentV) harness.
+    Harness,
+}
+
+/// The next `task_description` after the calls of one agent action, in order.
+///
+/// [`FeedbackWording::Spec`] (specs/multiagent-eval-agent-api.txt, FIELD-NOTES):
+/// - one call: `Tool 'NAME' returned: {json}. Continue with the task.`, the result as
+///   Python's `json.dumps` writes it (`{"status": "success", "message": "Executed X"}`:
+///   `, ` and `: ` separators, non-ASCII as `\uXXXX`);
+/// - several calls: `Tools ['A', 'B'] returned: [{json}, {json}]. Continue with the task.`
+///   (the names as a Python list, the results as one `json.dumps` list; a breached call's
+///   element is its `{"status": "policy_violation", "violation": TEXT}` object);
+/// - one breached call: `GOVERNANCE ERROR: TEXT. Please adjust your action.`
+///   (e.g. `GOVERNANCE ERROR: Amount 100 exceeds limit of 50.0. Please adjust your action.`).
+///
+/// [`FeedbackWording::Harness`] (FIELD-NOTES: newer harnesses send the result's `message`):
+/// - per call, the result's `message` when it is a string (`Executed NAME` for an undeclared
+///   tool); otherwise the Python `str` of the result, which for a breach is
+///   `{'status': 'policy_violation', 'violation': 'Amount 100 exceeds limit of 50.0'}`;
+/// - several calls: those texts joined by newlines (the newer harness sends one text per
+///   result; one line each keeps every result visible).
+pub fn feedback(wording: FeedbackWording, calls: &[(&str, &ToolOutcome)]) -> String {
+    match wording {
+        FeedbackWording::Spec => match calls {
+            [(_, ToolOutcome::Violation(text))] => {
+                format!("GOVERNANCE ERROR: {text}. Please adjust your action.")
+            }
+            [(name, outcome)] => format!(
+                "Tool '{name}' returned: {}. Continue with the task.",
+                python_json_dumps(&outcome.result_object())
+            ),
+            _ => {
+                let names = Value::Array(
+                    calls
+                        .iter()
+                        .map(|(name, _)| Value::String((*name).to_string()))
+                        .collect(),
+                );
+                let results = Value::Array(
+                    calls
+                        .iter()
+                        .map(|(_, outcome)| outcome.result_object())
+                        .collect(),
+                );
+                format!(
+                    "Tools {} returned: {}. Continue with the task.",
+                    python_repr(&names),
+                    python_json_dumps(&results)
+                )
+            }
+        },
+        FeedbackWording::Harness => calls
+            .iter()
+            .map(|(_, outcome)| {
+                let result = outcome.result_object();
+                match result.get("message") {
+                    Some(Value::String(message)) => message.clone(),
+                    _ => python_str(&result),
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Python text forms (what the Python harness's f-strings produce)
+
+/// Python's `str(x)` of the value as `json.loads` would give it: a string is itself,
+/// anything else its `repr`.
+pub fn python_str(value: &Value) -> String {
+    match value {
+        Value::String(text) => text.clone(),
+        other => python_repr(other),
+    }
+}
+
+/// Python's `repr` of the value as `json.loads` would give it: `{'a': [1, 2.0, True, None]}`.
+pub fn python_repr(value: &Value) -> String {
+    let mut out = String::new();
+    write_python_repr(&mut out, value);
+    out
+}
+
+fn write_python_repr(out: &mut String, value: &Value) {
+    match value {
+        Value::Null => out.push_str("None"),
+        Value::Bool(true) => out.push_str("True"),
+        Value::Bool(false) => out.push_str("False"),
+        Value::Number(number) => out.push_str(&python_number(number)),
+        Value::String(text) => write_python_string_repr(out, text),
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                write_python_repr(out, item);
+            }
+            out.push(']');
+        }
+        Value::Object(map) => {
+            out.push('{');
+            for (i, (key, item)) in status_first(map).enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                write_python_string_repr(out, key);
+                out.push_str(": ");
+                write_python_repr(out, item);
+            }
+            out.push('}');
+        }
+    }
+}
+
+/// An object's entries with `status` first, then the others in the map's order.
+///
+/// The harness's result dicts start with `status` (`{'status': 'policy_violation',
+/// 'violation': …}`, `{"status": "success", "message": "Executed NAME"}`); serde_json's map
+/// sorts keys unless a crate in the build enables `preserve_order`, so the order is fixed here
+/// to give the same text in every build.
+fn status_first(map: &Map<String, Value>) -> impl Iterator<Item = (&String, &Value)> {
+    let status = map.get_key_value("status");
+    status
+        .into_iter()
+        .chain(map.iter().filter(|(key, _)| key.as_str() != "status"))
+}
+
+/// Python's string repr: single quotes unless the text has a `'` and no `"`.
+fn write_python_string_repr(out: &mut String, text: &str) {
+    let quote = if text.contains('\'') && !text.contains('"') {
+        '"'
+    } else {
+        '\''
+    };
+    out.push(quote);
+    for c in text.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c == quote => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if c.is_control() => {
+                let code = u32::from(c);
+                let _ = if code < 0x100 {
+                    write!(out, "\\x{code:02x}")
+                } else {
+                    write!(out, "\\u{code:04x}")
+                };
+            }
+            c => out.push(c),
+        }
+    }
+    out.push(quote);
+}
+
+/// Python's `json.dumps(x)` with its defaults: `, ` and `: ` separators, `ensure_ascii`.
+pub fn python_json_dumps(value: &Value) -> String {
+    let mut out = String::new();
+    write_python_json(&mut out, value);
+    out
+}
+
+fn write_python_json(out: &mut String, value: &Value) {
+    match value {
+        Value::Null => out.push_str("null"),
+        Value::Bool(true) => out.push_str("true"),
+        Value::Bool(false) => out.push_str("false"),
+        Value::Number(number) => out.push_str(&python_number(number)),
+        Value::String(text) => write_ascii_json_string(out, text),
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                write_python_json(out, item);
+            }
+            out.push(']');
+        }
+        Value::Object(map) => {
+            out.push('{');
+            for (i, (key, item)) in status_first(map).enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                write_ascii_json_string(out, key);
+                out.push_str(": ");
+                write_python_json(out, item);
+            }
+            out.push('}');
+        }
+    }
+}
+
+fn write_ascii_json_string(out: &mut String, text: &str) {
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            c if c.is_ascii() && !c.is_ascii_control() => out.push(c),
+            c => {
+                let mut units = [0u16; 2];
+                for unit in c.encode_utf16(&mut units) {
+                    let _ = write!(out, "\\u{unit:04x}");
+                }
+            }
+        }
+    }
+    out.push('"');
+}
+
+/// A JSON number as Python prints it: integers as written, floats as `repr(float)`.
+fn python_number(number: &serde_json::Number) -> String {
+    if number.is_f64() {
+        number.as_f64().map(python_float).unwrap_or_default()
+    } else {
+        number.to_string()
+    }
+}
+
+/// Python's `repr(float)`: the shortest round-trip digits, `50.0` not `50`, scientific
+/// notation from `1e+16` up and below `0.0001` (`1e-05`).
+pub fn python_float(value: f64) -> String {
+    if value.is_nan() {
+        return "nan".to_string();
+    }
+    if value.is_infinite() {
+        return if value > 0.0 { "inf" } else { "-inf" }.to_string();
+    }
+    if value == 0.0 {
+        return if value.is_sign_negative() {
+            "-0.0"
+        } else {
+            "0.0"
+        }
+        .to_string();
+    }
+    // `{:e}` gives the shortest round-trip digits as `d.ddde-x`.
+    let scientific = format!("{:e}", value.abs());
+    let (mantissa, exponent) = scientific.split_once('e').unwrap_or((&scientific, "0"));
+    let exponent: i32 = exponent.parse().unwrap_or(0);
+    let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
+    let sign = if value < 0.0 { "-" } else { "" };
+    if (-4..16).contains(&exponent) {
+        let body = if exponent >= 0 {
+            let point = usize::try_from(exponent).unwrap_or(0).saturating_add(1);
+            if digits.len() > point {
+                format!("{}.{}", &digits[..point], &digits[point..])
+            } else {
+                format!("{digits}{}.0", "0".repeat(point - digits.len()))
+            }
+        } else {
+            let zeros = usize::try_from(-exponent - 1).unwrap_or(0);
+            format!("0.{}{digits}", "0".repeat(zeros))
+        };
+        format!("{sign}{body}")
+    } else {
+        let exponent_sign = if exponent < 0 { '-' } else { '+' };
+        format!(
+            "{sign}{mantissa}e{exponent_sign}{:02}",
+            exponent.unsigned_abs()
+        )
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// From the suite model
+
+impl SandboxSpec {
+    /// The sandbox of a suite's `tool` nodes: each `mock` is a [`MatchedOutput`] (first match
+    /// wins, in the order written), each `policy` a [`Policy::Maximum`]. A declared tool
+    /// without mocks answers the harness default, as an undeclared one does. The suite has
+    /// no `initial-state` yet: the state starts empty.
+    pub fn from_tools(tools: &[trellis_dsl::Tool]) -> Self {
+        let tools = tools
+            .iter()
+            .map(|tool| {
+                let name = tool.name.value.clone();
+                let outputs = if tool.mocks.is_empty() {
+                    vec![MatchedOutput::any(harness_default(&name))]
+                } else {
+                    tool.mocks
+                        .iter()
+                        .map(|mock| MatchedOutput {
+                            when: mock.when.clone(),
+                            output: mock.returns.clone(),
+                            state_changes: Vec::new(),
+                        })
+                        .collect()
+                };
+                let policies = tool
+                    .policies
+                    .iter()
+                    .map(|policy| Policy::Maximum {
+                        param: policy.param.clone(),
+                        limit: policy.max_limit,
+                    })
+                    .collect();
+                let spec = ToolSpec {
+                    answer: ToolAnswer::Matched(outputs),
+                    state_changes: Vec::new(),
+                    policies,
+                };
+                (name, spec)
+            })
+            .collect();
+        SandboxSpec {
+            tools,
+            ..SandboxSpec::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn sandbox(tools: Vec<(&str, ToolSpec)>) -> Sandbox {
+        Sandbox::new(Arc::new(SandboxSpec {
+            tools: tools
+                .into_iter()
+                .map(|(name, spec)| (name.to_string(), spec))
+                .collect(),
+            ..SandboxSpec::default()
+        }))
+    }
+
+    fn refund_tool(limit: f64) -> ToolSpec {
+        ToolSpec {
+            policies: vec![Policy::max_limit(limit)],
+            state_changes: vec![StateChange {
+                path: "account.refunded".into(),
+                value: json!(true),
+            }],
+            ..ToolSpec::fixed(json!({"status": "success", "message": "Refund applied"}))
+        }
+    }
+
+    #[test]
+    fn a_static_output_answers_any_call() {
+        let mut sandbox = sandbox(vec![(
+            "lookup",
+            ToolSpec::fixed(json!({"plan": "100 Mbps"})),
+        )]);
+        assert_eq!(
+            sandbox.call("lookup", &json!({"customer_id": "c1"})),
+            ToolOutcome::Executed(json!({"plan": "100 Mbps"}))
+        );
+        assert_eq!(
+            sandbox.call("lookup", &json!("not an object")),
+            ToolOutcome::Executed(json!({"plan": "100 Mbps"}))
+        );
+        assert_eq!(sandbox.calls().len(), 2);
+        assert_eq!(sandbox.calls()[0].params, json!({"customer_id": "c1"}));
+    }
+
+    #[test]
+    fn matched_outputs_are_a_subset_match_in_order_with_exact_strings() {
+        let tool = ToolSpec {
+            answer: ToolAnswer::Matched(vec![
+                MatchedOutput {
+                    when: json!({"id": "c1", "verbose": true})
+                        .as_object()
+                        .cloned()
+                        .unwrap_or_default(),
+                    output: json!("verbose c1"),
+                    state_changes: vec![],
+                },
+                MatchedOutput {
+                    when: json!({"id": "c1"}).as_object().cloned().unwrap_or_default(),
+                    output: json!("c1"),
+                    state_changes: vec![],
+                },
+                MatchedOutput {
+                    when: json!({"n": 2}).as_object().cloned().unwrap_or_default(),
+                    output: json!("two"),
+                    state_changes: vec![],
+                },
+            ]),
+            ..ToolSpec::default()
+        };
+        let mut sandbox = sandbox(vec![("get", tool)]);
+        let executed = |v: &str| ToolOutcome::Executed(json!(v));
+        assert_eq!(
+            sandbox.call("get", &json!({"id": "c1", "verbose": true, "x": 1})),
+            executed("verbose c1")
+        );
+        assert_eq!(sandbox.call("get", &json!({"id": "c1"})), executed("c1"));
+        // Numbers compare by value.
+        assert_eq!(sandbox.call("get", &json!({"n": 2.0})), executed("two"));
+        // Strings are exact: case matters.
+        let no_match = ToolOutcome::Error(SandboxError::NoMatchingOutput { name: "get".into() });
+        assert_eq!(sandbox.call("get", &json!({"id": "C1"})), no_match);
+        assert_eq!(sandbox.call("get", &json!([1, 2])), no_match);
+        assert_eq!(sandbox.call("get", &Value::Null), no_match);
+        assert_eq!(sandbox.error_count(), 3);
+    }
+
+    #[test]
+    fn sequences_repeat_the_last_output_or_fail_when_exhausted() {
+        let sequence = |when_exhausted| ToolSpec {
+            answer: ToolAnswer::Sequence {
+                outputs: vec![json!("pending"), json!("done")],
+                when_exhausted,
+            },
+            ..ToolSpec::default()
+        };
+        let mut sandbox = sandbox(vec![
+            ("poll", sequence(Exhausted::RepeatLast)),
+            ("once", sequence(Exhausted::Error)),
+            (
+                "empty",
+                ToolSpec {
+                    answer: ToolAnswer::Sequence {
+                        outputs: vec![],
+                        when_exhausted: Exhausted::RepeatLast,
+                    },
+                    ..ToolSpec::default()
+                },
+            ),
+        ]);
+        let outputs: Vec<ToolOutcome> = (0..4).map(|_| sandbox.call("poll", &json!({}))).collect();
+        assert_eq!(
+            outputs,
+            ["pending", "done", "done", "done"]
+                .map(|v| ToolOutcome::Executed(json!(v)))
+                .to_vec()
+        );
+        assert_eq!(
+            sandbox.call("once", &json!({})),
+            ToolOutcome::Executed(json!("pending"))
+        );
+        assert_eq!(
+            sandbox.call("once", &json!({})),
+            ToolOutcome::Executed(json!("done"))
+        );
+        let exhausted = ToolOutcome::Error(SandboxError::Exhausted {
+            name: "once".into(),
+            outputs: 2,
+        });
+        assert_eq!(sandbox.call("once", &json!({})), exhausted);
+        assert_eq!(sandbox.call("once", &json!({})), exhausted);
+        assert!(matches!(
+            sandbox.call("empty", &json!({})),
+            ToolOutcome::Error(SandboxError::Exhausted { outputs: 0, .. })
+        ));
+    }
+
+    #[test]
+    fn a_breach_consumes_no_sequence_output() {
+        let tool = ToolSpec {
+            answer: ToolAnswer::Sequence {
+                outputs: vec![json!(1), json!(2)],
+                when_exhausted: Exhausted::Error,
+            },
+            policies: vec![Policy::max_limit(10.0)],
+            ..ToolSpec::default()
+        };
+        let mut sandbox = sandbox(vec![("pay", tool)]);
+        assert!(matches!(
+            sandbox.call("pay", &json!({"amount": 11})),
+            ToolOutcome::Violation(_)
+        ));
+        assert_eq!(
+            sandbox.call("pay", &json!({"amount": 10})),
+            ToolOutcome::Executed(json!(1))
+        );
+    }
+
+    #[test]
+    fn undeclared_tools_get_the_harness_default_or_an_error() {
+        let mut default = sandbox(vec![]);
+        assert_eq!(
+            default.call("reboot_router", &json!({})),
+            ToolOutcome::Executed(
+                json!({"status": "success", "message": "Executed reboot_router"})
+            )
+        );
+        let mut strict = Sandbox::new(Arc::new(SandboxSpec {
+            undeclared: UndeclaredTool::Error,
+            ..SandboxSpec::default()
+        }));
+        assert_eq!(
+            strict.call("reboot_router", &json!({})),
+            ToolOutcome::Error(SandboxError::UndeclaredTool {
+                name: "reboot_router".into()
+            })
+        );
+        assert_eq!(strict.error_count(), 1);
+    }
+
+    #[test]
+    fn a_max_limit_breach_is_not_executed_and_is_recorded() {
+        let mut sandbox = sandbox(vec![("apply_refund", refund_tool(50.0))]);
+        let breach = sandbox.call("apply_refund", &json!({"amount": 100}));
+        assert_eq!(
+            breach,
+            ToolOutcome::Violation("Amount 100 exceeds limit of 50.0".into())
+        );
+        assert_eq!(sandbox.state_at("account.refunded"), None);
+        // The agent self-corrects: at the limit is allowed.
+        assert_eq!(
+            sandbox.call("apply_refund", &json!({"amount": 50})),
+            ToolOutcome::Executed(json!({"status": "success", "message": "Refund applied"}))
+        );
+        assert_eq!(sandbox.state_at("account.refunded"), Some(&json!(true)));
+        assert_eq!(sandbox.violation_count(), 1);
+        let (call, text) = sandbox
+            .violations()
+            .next()
+            .unwrap_or_else(|| unreachable!());
+        assert_eq!(call.params, json!({"amount": 100}));
+        assert_eq!(text, "Amount 100 exceeds limit of 50.0");
+        assert_eq!(sandbox.error_count(), 0);
+    }
+
+    #[test]
+    fn max_limit_reads_numeric_strings_and_ignores_what_it_cannot_compare() {
+        let mut sandbox = sandbox(vec![("apply_refund", refund_tool(50.0))]);
+        assert_eq!(
+            sandbox.call("apply_refund", &json!({"amount": "100.50"})),
+            ToolOutcome::Violation("Amount 100.50 exceeds limit of 50.0".into())
+        );
+        assert_eq!(
+            sandbox.call("apply_refund", &json!({"amount": 50.5})),
+            ToolOutcome::Violation("Amount 50.5 exceeds limit of 50.0".into())
+        );
+        assert_eq!(
+            sandbox.call("apply_refund", &json!({"amount": 1e300})),
+            ToolOutcome::Violation("Amount 1e+300 exceeds limit of 50.0".into())
+        );
+        for params in [
+            json!({}),
+            json!({"amount": "lots"}),
+            json!({"amount": "NaN"}),
+            json!({"amount": null}),
+            json!({"amount": [100]}),
+            json!([{"amount": 100}]),
+            json!("amount"),
+        ] {
+            assert!(
+                matches!(
+                    sandbox.call("apply_refund", &params),
+                    ToolOutcome::Executed(_)
+                ),
+                "{params}"
+            );
+        }
+    }
+
+    #[test]
+    fn general_policies_name_the_parameter() {
+        let tool = ToolSpec {
+            policies: vec![
+                Policy::Maximum {
+                    param: "quantity".into(),
+                    limit: 3.0,
+                },
+                Policy::AllowedValues {
+                    param: "currency".into(),
+                    values: vec![json!("EUR"), json!("USD")],
+                },
+            ],
+            ..ToolSpec::fixed(json!("ok"))
+        };
+        let mut sandbox = sandbox(vec![("order", tool)]);
+        assert_eq!(
+            sandbox.call("order", &json!({"quantity": 4})),
+            ToolOutcome::Violation("Quantity 4 exceeds limit of 3.0".into())
+        );
+        assert_eq!(
+            sandbox.call("order", &json!({"quantity": 2, "currency": "GBP"})),
+            ToolOutcome::Violation(
+                "Currency GBP is not one of the allowed values ['EUR', 'USD']".into()
+            )
+        );
+        assert_eq!(
+            sandbox.call("order", &json!({"quantity": 2, "currency": "EUR"})),
+            ToolOutcome::Executed(json!("ok"))
+        );
+        assert_eq!(sandbox.violation_count(), 2);
+    }
+
+    #[test]
+    fn state_changes_apply_to_a_state_seeded_from_the_initial_state() {
+        let tool = ToolSpec {
+            state_changes: vec![
+                StateChange {
+                    path: "account.balance".into(),
+                    value: json!(0),
+                },
+                StateChange {
+                    path: "/tickets/1/status".into(),
+                    value: json!("closed"),
+                },
+                StateChange {
+                    path: "a~1b".into(),
+                    value: json!("dotted keeps ~1"),
+                },
+                StateChange {
+                    path: "/a~1b".into(),
+                    value: json!("pointer unescapes"),
+                },
+                StateChange {
+                    path: "new.deep.key".into(),
+                    value: json!([1]),
+                },
+            ],
+            ..ToolSpec::fixed(json!("ok"))
+        };
+        let spec = SandboxSpec {
+            tools: [("close".to_string(), tool)].into_iter().collect(),
+            initial_state: json!({
+                "account": {"balance": 100, "owner": "Jane"},
+                "tickets": [{"status": "open"}, {"status": "open"}]
+            }),
+            ..SandboxSpec::default()
+        };
+        let mut sandbox = Sandbox::new(Arc::new(spec));
+        assert_eq!(sandbox.state_at("account.balance"), Some(&json!(100)));
+        sandbox.call("close", &json!({}));
+        assert_eq!(
+            sandbox.state(),
+            &json!({
+                "account": {"balance": 0, "owner": "Jane"},
+                "tickets": [{"status": "open"}, {"status": "closed"}],
+                "a~1b": "dotted keeps ~1",
+                "a/b": "pointer unescapes",
+                "new": {"deep": {"key": [1]}}
+            })
+        );
+        assert_eq!(sandbox.state_at("tickets.1.status"), Some(&json!("closed")));
+        assert_eq!(sandbox.state_at("/account/owner"), Some(&json!("Jane")));
+        assert!(sandbox.calls()[0].state_errors.is_empty());
+    }
+
+    #[test]
+    fn state_changes_that_cannot_apply_are_noted_not_forced() {
+        let change = |path: &str| StateChange {
+            path: path.into(),
+            value: json!(1),
+        };
+        let tool = ToolSpec {
+            state_changes: vec![
+                change("name.first"),
+                change("list.5"),
+                change("list.x.y"),
+                change(""),
+                change("ok"),
+            ],
+            ..ToolSpec::fixed(json!("ok"))
+        };
+        let spec = SandboxSpec {
+            tools: [("t".to_string(), tool)].into_iter().collect(),
+            initial_state: json!({"name": "Jane", "list": [0]}),
+            ..SandboxSpec::default()
+        };
+        let mut sandbox = Sandbox::new(Arc::new(spec));
+        assert_eq!(
+            sandbox.call("t", &json!({})),
+            ToolOutcome::Executed(json!("ok"))
+        );
+        assert_eq!(
+            sandbox.state(),
+            &json!({"name": "Jane", "list": [0], "ok": 1})
+        );
+        assert_eq!(
+            sandbox.calls()[0].state_errors,
+            vec![
+                "state change at 'name.first': 'first' is inside a string",
+                "state change at 'list.5': '5' is not an index of a 1-item array",
+                "state change at 'list.x.y': 'x' is not an index of a 1-item array",
+                "state change at '': the path is empty",
+            ]
+        );
+        // A state that is not an object at all.
+        let spec = SandboxSpec {
+            tools: [(
+                "t".to_string(),
+                ToolSpec {
+                    state_changes: vec![change("a")],
+                    ..ToolSpec::fixed(json!("ok"))
+                },
+            )]
+            .into_iter()
+            .collect(),
+            initial_state: json!(7),
+            ..SandboxSpec::default()
+        };
+        let mut sandbox = Sandbox::new(Arc::new(spec));
+        sandbox.call("t", &json!({}));
+        assert_eq!(sandbox.state(), &json!(7));
+        assert_eq!(sandbox.state_at("a"), None);
+        assert_eq!(sandbox.state_at(""), Some(&json!(7)));
+    }
+
+    #[test]
+    fn a_fork_copies_the_state_and_shares_the_spec() {
+        let mut trunk = sandbox(vec![("apply_refund", refund_tool(50.0))]);
+        trunk.call("lookup", &json!({}));
+        let mut fork = trunk.clone();
+        assert!(Arc::ptr_eq(&trunk.spec, &fork.spec));
+        fork.call("apply_refund", &json!({"amount": 10}));
+        assert_eq!(fork.state_at("account.refunded"), Some(&json!(true)));
+        assert_eq!(trunk.state_at("account.refunded"), None);
+        assert_eq!((trunk.calls().len(), fork.calls().len()), (1, 2));
+    }
+
+    #[test]
+    fn calls_past_the_limit_are_refused_and_counted_not_stored() {
+        let mut sandbox = Sandbox::new(Arc::new(SandboxSpec {
+            max_calls: 3,
+            ..SandboxSpec::default()
+        }));
+        for _ in 0..3 {
+            assert!(matches!(
+                sandbox.call("t", &json!({})),
+                ToolOutcome::Executed(_)
+            ));
+        }
+        for _ in 0..5 {
+            assert_eq!(
+                sandbox.call("t", &json!({})),
+                ToolOutcome::Error(SandboxError::TooManyCalls { limit: 3 })
+            );
+        }
+        assert_eq!(sandbox.calls().len(), 3);
+        assert_eq!(sandbox.refused_calls(), 5);
+        assert_eq!(sandbox.error_count(), 5);
+    }
+
+    #[test]
+    fn spec_wording_feedback() {
+        let executed = ToolOutcome::Executed(harness_default("x"));
+        assert_eq!(
+            feedback(FeedbackWording::Spec, &[("x", &executed)]),
+            r#"Tool 'x' returned: {"status": "success", "message": "Executed x"}. Continue with the task."#
+        );
+        let breach = ToolOutcome::Violation("Amount 100 exceeds limit of 50.0".into());
+        assert_eq!(
+            feedback(FeedbackWording::Spec, &[("apply_refund", &breach)]),
+            "GOVERNANCE ERROR: Amount 100 exceeds limit of 50.0. Please adjust your action."
+        );
+        let line = ToolOutcome::Executed(json!({"line": "ok"}));
+        let speed = ToolOutcome::Executed(json!({"mbps": 93.5, "note": "café"}));
+        assert_eq!(
+            feedback(
+                FeedbackWording::Spec,
+                &[("run_line_test", &line), ("run_remote_speed_test", &speed)]
+            ),
+            "Tools ['run_line_test', 'run_remote_speed_test'] returned: \
+             [{\"line\": \"ok\"}, {\"mbps\": 93.5, \"note\": \"caf\\u00e9\"}]. Continue with the task."
+        );
+        let error = ToolOutcome::Error(SandboxError::UndeclaredTool { name: "zap".into() });
+        let text = feedback(FeedbackWording::Spec, &[("zap", &error), ("a", &breach)]);
+        assert_eq!(
+            text,
+            "Tools ['zap', 'a'] returned: [\
+             {\"status\": \"error\", \"message\": \"tool 'zap' is not declared in this scenario\"}, \
+             {\"status\": \"policy_violation\", \"violation\": \"Amount 100 exceeds limit of 50.0\"}\
+             ]. Continue with the task."
+        );
+    }
+
+    #[test]
+    fn harness_wording_feedback() {
+        let mut sandbox = sandbox(vec![("apply_refund", refund_tool(50.0))]);
+        let undeclared = sandbox.call("reset_modem", &json!({}));
+        assert_eq!(
+            feedback(FeedbackWording::Harness, &[("reset_modem", &undeclared)]),
+            "Executed reset_modem"
+        );
+        let breach = sandbox.call("apply_refund", &json!({"amount": 100}));
+        assert_eq!(
+            feedback(FeedbackWording::Harness, &[("apply_refund", &breach)]),
+            "{'status': 'policy_violation', 'violation': 'Amount 100 exceeds limit of 50.0'}"
+        );
+        let no_message = ToolOutcome::Executed(json!({"balance": 12.0}));
+        assert_eq!(
+            feedback(
+                FeedbackWording::Harness,
+                &[("balance", &no_message), ("reset_modem", &undeclared)]
+            ),
+            "{'balance': 12.0}\nExecuted reset_modem"
+        );
+    }
+
+    #[test]
+    fn python_repr_of_nested_values() {
+        assert_eq!(
+            python_repr(&json!({"a": [1, 2.0, true, false, null, {"b": "it's"}], "c": "x\"y'z\n"})),
+            r#"{'a': [1, 2.0, True, False, None, {'b': "it's"}], 'c': 'x"y\'z\n'}"#
+        );
+        assert_eq!(
+            python_repr(&json!("back\\slash\u{1}é")),
+            r"'back\\slash\x01é'"
+        );
+        assert_eq!(python_str(&json!("plain")), "plain");
+        assert_eq!(python_str(&json!(-3)), "-3");
+        assert_eq!(
+            python_str(&json!(18446744073709551615u64)),
+            "18446744073709551615"
+        );
+    }
+
+    #[test]
+    fn python_float_repr() {
+        let cases = [
+            (50.0, "50.0"),
+            (0.5, "0.5"),
+            (-2.25, "-2.25"),
+            (0.1 + 0.2, "0.30000000000000004"),
+            (1e15, "1000000000000000.0"),
+            (1e16, "1e+16"),
+            (1.5e16, "1.5e+16"),
+            (123456789.125, "123456789.125"),
+            (0.0001, "0.0001"),
+            (0.00001, "1e-05"),
+            (1.5e-7, "1.5e-07"),
+            (1e100, "1e+100"),
+            (f64::MAX, "1.7976931348623157e+308"),
+            (5e-324, "5e-324"),
+            (0.0, "0.0"),
+            (-0.0, "-0.0"),
+            (f64::NAN, "nan"),
+            (f64::INFINITY, "inf"),
+            (f64::NEG_INFINITY, "-inf"),
+        ];
+        for (value, expected) in cases {
+            assert_eq!(python_float(value), expected, "{value:e}");
+        }
+    }
+
+    #[test]
+    fn python_json_dumps_matches_python_defaults() {
+        assert_eq!(
+            python_json_dumps(&json!([{"k": [1, 2.5, null, true]}, "\"q\"\t\u{7}😀"])),
+            r#"[{"k": [1, 2.5, null, true]}, "\"q\"\t\u0007\ud83d\ude00"]"#
+        );
+        assert_eq!(python_json_dumps(&json!(3.0)), "3.0");
+        assert_eq!(python_json_dumps(&json!({})), "{}");
+    }
+
+    #[test]
+    fn state_expectations() {
+        let spec = SandboxSpec {
+            initial_state: json!({
+                "balance": 49.9999,
+                "status": "Refund Approved",
+                "tags": ["vip", "eu"],
+                "profile": {"tier": "gold"},
+                "count": 2,
+                "nothing": null,
+                "text_number": "12.5"
+            }),
+            ..SandboxSpec::default()
+        };
+        let sandbox = Sandbox::new(Arc::new(spec));
+        let holds = |path: &str, e: StateExpectation| e.holds(sandbox.state_at(path));
+        assert!(holds("count", StateExpectation::Equals(json!(2.0))));
+        assert!(!holds("count", StateExpectation::Equals(json!("2"))));
+        assert!(holds(
+            "profile",
+            StateExpectation::Equals(json!({"tier": "gold"}))
+        ));
+        assert!(!holds("missing", StateExpectation::Equals(Value::Null)));
+        assert!(holds("nothing", StateExpectation::Equals(Value::Null)));
+        assert!(holds(
+            "status",
+            StateExpectation::Contains(json!("Approved"))
+        ));
+        assert!(!holds(
+            "status",
+            StateExpectation::Contains(json!("approved"))
+        ));
+        assert!(holds(
+            "status",
+            StateExpectation::Contains(json!(["x", "Refund"]))
+        ));
+        assert!(holds("tags", StateExpectation::Contains(json!("eu"))));
+        assert!(!holds("tags", StateExpectation::Contains(json!("us"))));
+        assert!(holds("profile", StateExpectation::Contains(json!("tier"))));
+        assert!(!holds("count", StateExpectation::Contains(json!(2))));
+        let regex = |p: &str, ci| StateExpectation::regex(p, ci).unwrap_or_else(|e| panic!("{e}"));
+        assert!(holds("status", regex("refund\\s+approved", true)));
+        assert!(!holds("status", regex("refund\\s+approved", false)));
+        assert!(holds("tags", regex(r#""vip""#, false)));
+        assert!(StateExpectation::regex("(unclosed", true).is_err());
+        let near = |value| StateExpectation::Near {
+            value,
+            tolerance: HARNESS_TOLERANCE,
+        };
+        assert!(!holds("balance", near(50.0)));
+        assert!(holds(
+            "balance",
+            StateExpectation::Near {
+                value: 50.0,
+                tolerance: 1e-3
+            }
+        ));
+        assert!(holds("count", near(2.0)));
+        assert!(holds("text_number", near(12.5)));
+        assert!(!holds("status", near(0.0)));
+        assert!(!holds("count", near(f64::NAN)));
+        assert!(holds("nothing", StateExpectation::Exists));
+        assert!(!holds("nothing", StateExpectation::Absent));
+        assert!(holds("profile.tier.deeper", StateExpectation::Absent));
+        assert!(holds("tags.9", StateExpectation::Absent));
+    }
+
+    #[test]
+    fn agent_input_of_any_shape_never_panics() {
+        let tool = ToolSpec {
+            answer: ToolAnswer::Matched(vec![MatchedOutput {
+                when: json!({"id": {"nested": [1]}})
+                    .as_object()
+                    .cloned()
+                    .unwrap_or_default(),
+                output: json!("nested"),
+                state_changes: vec![StateChange {
+                    path: "x.y".into(),
+                    value: json!(1),
+                }],
+            }]),
+            policies: vec![
+                Policy::max_limit(50.0),
+                Policy::Maximum {
+                    param: "".into(),
+                    limit: f64::NAN,
+                },
+                Policy::AllowedValues {
+                    param: "mode".into(),
+                    values: vec![],
+                },
+            ],
+            ..ToolSpec::default()
+        };
+        let mut sandbox = sandbox(vec![("t", tool)]);
+        let inputs = [
+            json!(null),
+            json!(true),
+            json!(-1),
+            json!(u64::MAX),
+            json!(1.7976931348623157e308),
+            json!("🙂"),
+            json!([[[]]]),
+            json!({"amount": u64::MAX}),
+            json!({"amount": i64::MIN}),
+            json!({"amount": -1.7976931348623157e308}),
+            json!({"amount": "1e999"}),
+            json!({"amount": "inf"}),
+            json!({"": 1e300}),
+            json!({"id": {"nested": [1.0]}}),
+            json!({"mode": {"deep": [null]}}),
+        ];
+        for params in &inputs {
+            let outcome = sandbox.call("t", params);
+            let _ = feedback(FeedbackWording::Spec, &[("t", &outcome)]);
+            let _ = feedback(
+                FeedbackWording::Harness,
+                &[("t", &outcome), ("u", &outcome)],
+            );
+            let _ = python_repr(params);
+            let _ = python_json_dumps(params);
+        }
+        assert_eq!(
+            sandbox.call("t", &json!({"amount": u64::MAX})),
+            ToolOutcome::Violation("Amount 18446744073709551615 exceeds limit of 50.0".into())
+        );
+        assert_eq!(
+            sandbox.call("t", &json!({"id": {"nested": [1.0]}})),
+            ToolOutcome::Executed(json!("nested"))
+        );
+        assert_eq!(
+            sandbox.call("t", &json!({"mode": "any"})),
+            ToolOutcome::Violation("Mode any is not one of the allowed values []".into())
+        );
+        assert_eq!(sandbox.calls().len(), inputs.len() + 3);
+    }
+
+    #[test]
+    fn from_the_suites_tool_nodes() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let file = dir.path().join("tools.kdl");
+        std::fs::write(
+            &file,
+            r##"
+tool "apply_refund" {
+    mock returns=#"{"status": "success", "message": "Refunded VIP"}"# tier="vip"
+    mock returns=#"{"status": "success", "message": "Refunded"}"#
+    policy param="amount" max-limit=50
+}
+tool "ping"
+"##,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let project = trellis_dsl::load(&[&file]).unwrap_or_else(|d| panic!("{d:?}"));
+        let mut sandbox = Sandbox::new(Arc::new(SandboxSpec::from_tools(&project.tools)));
+        assert_eq!(
+            sandbox.call("apply_refund", &json!({"amount": 20, "tier": "vip"})),
+            ToolOutcome::Executed(json!({"status": "success", "message": "Refunded VIP"}))
+        );
+        assert_eq!(
+            sandbox.call("apply_refund", &json!({"amount": 20})),
+            ToolOutcome::Executed(json!({"status": "success", "message": "Refunded"}))
+        );
+        assert_eq!(
+            sandbox.call("apply_refund", &json!({"amount": 100})),
+            ToolOutcome::Violation("Amount 100 exceeds limit of 50.0".into())
+        );
+        assert_eq!(
+            sandbox.call("ping", &json!({})),
+            ToolOutcome::Executed(harness_default("ping"))
+        );
+    }
+}
