@@ -497,7 +497,7 @@ fn trajectory(
         w,
         "<section class=\"traj {status}\" data-status=\"{status}\" id=\"t{index}\"><details{open}>\
          <summary><span class=\"badge {status}\">{status}</span> <b>{}</b> / <b>{}</b> / \
-         <b>{}</b> · agent <code>{}</code> #{} <span class=\"meta\">· {} · {} turns · {}</span>",
+         <b>{}</b> · agent <code>{}</code> #{} <span class=\"meta\">· {} · {} turn{} · {}</span>",
         Esc(&t.suite),
         Esc(&t.scenario),
         Esc(&t.trajectory),
@@ -505,6 +505,7 @@ fn trajectory(
         t.repetition,
         Esc(&t.protocol),
         t.turns,
+        if t.turns == 1 { "" } else { "s" },
         ms(t.duration_ms)
     )?;
     let not_run: Vec<&CriterionRecord> = t
