@@ -497,14 +497,14 @@ fn trajectory(
         w,
         "<section class=\"traj {status}\" data-status=\"{status}\" id=\"t{index}\"><details{open}>\
          <summary><span class=\"badge {status}\">{status}</span> <b>{}</b> / <b>{}</b> / \
-         <b>{}</b> · agent <code>{}</code> #{} <span class=\"meta\">· {} · {} turns · {}</span>",
+         <b>{}</b> · agent <code>{}</code> #{} <span class=\"meta\">· {} · {} · {}</span>",
         Esc(&t.suite),
         Esc(&t.scenario),
         Esc(&t.trajectory),
         Esc(&t.agent),
         t.repetition,
         Esc(&t.protocol),
-        t.turns,
+        count(u64::from(t.turns), "turn", "turns"),
         ms(t.duration_ms)
     )?;
     let not_run: Vec<&CriterionRecord> = t
@@ -555,8 +555,11 @@ fn trajectory(
     if !t.criteria.is_empty() {
         write!(
             w,
-            "<details><summary class=\"meta\">all {} checks</summary><ul class=\"checks\">",
-            t.criteria.len()
+            "<details><summary class=\"meta\">{}</summary><ul class=\"checks\">",
+            match t.criteria.len() {
+                1 => "the 1 check".to_owned(),
+                n => format!("all {n} checks"),
+            }
         )?;
         for c in &t.criteria {
             criterion_item(w, c)?;

@@ -184,6 +184,7 @@ table!(
         name: Vec<String>,
         arguments: Vec<String>,
         result: Vec<Option<String>>,
+        replay: Vec<bool>,
     }
 );
 
@@ -459,6 +460,7 @@ impl Tables {
                 c.name.push(call.name.clone());
                 c.arguments.push(call.arguments.clone());
                 c.result.push(call.result.clone());
+                c.replay.push(turn.replay);
                 c.rows += 1;
                 self.tool_calls.row_done();
             }

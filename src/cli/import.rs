@@ -56,9 +56,12 @@ struct FixieImportArgs {
     /// (http://127.0.0.1:8181) when the source is a file.
     #[arg(long, value_name = "URL")]
     url: Option<String>,
-    /// The id of the suite and of its agent.
-    #[arg(long, value_name = "ID", default_value = "fixie")]
-    name: String,
+    /// The id of the suite and of its agent. Default: the `--out` file's name without its
+    /// extension (so suites imported side by side, or next to the example `fixie` suite, do
+    /// not collide), or `fixie` when writing to standard output or when that name is not an
+    /// id.
+    #[arg(long, value_name = "ID")]
+    name: Option<String>,
     /// A request header for the handshake, also written to the suite's agent (for agents
     /// that want credentials); repeatable.
     ///
@@ -97,13 +100,14 @@ fn import_fixie(args: &FixieImportArgs) -> u8 {
         );
         return EXIT_INVALID;
     }
-    if !is_simple_id(&args.name) {
-        super::console::errln!(
-            "error: --name `{}` must be letters, digits, `_` or `-`",
-            args.name
-        );
-        return EXIT_INVALID;
-    }
+    let name = match &args.name {
+        Some(name) if !is_simple_id(name) => {
+            super::console::errln!("error: --name `{name}` must be letters, digits, `_` or `-`");
+            return EXIT_INVALID;
+        }
+        Some(name) => name.clone(),
+        None => default_name(args.out.as_deref()),
+    };
     let is_url = args.source.starts_with("http://") || args.source.starts_with("https://");
     let handshake = if is_url {
         fetch(&args.source, &args.headers)
@@ -131,7 +135,7 @@ fn import_fixie(args: &FixieImportArgs) -> u8 {
     let suite = write_suite(
         &handshake,
         &SuiteOptions {
-            name: &args.name,
+            name: &name,
             source: &args.source,
             agent_url: &agent_url,
             headers: &args.headers,
@@ -233,6 +237,15 @@ fn read_file(path: &Path) -> Result<Handshake, String> {
         }
     })?;
     Handshake::parse(&body).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// The suite's id when `--name` is not given: the output file's stem when it is an id.
+fn default_name(out: Option<&Path>) -> String {
+    out.and_then(Path::file_stem)
+        .and_then(|stem| stem.to_str())
+        .filter(|stem| is_simple_id(stem))
+        .unwrap_or("fixie")
+        .to_owned()
 }
 
 fn is_simple_id(id: &str) -> bool {

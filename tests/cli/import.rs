@@ -271,3 +271,30 @@ async fn headers_are_sent_with_the_handshake_and_written_to_the_agent() {
     assert!(suite.contains(&expected), "{suite}");
     assert!(stderr(&o).contains("--header values"), "{}", stderr(&o));
 }
+
+#[tokio::test]
+async fn imported_next_to_the_example_fixie_suite_the_directory_still_checks() {
+    // `trellis import fixie URL --out suites/my-agent.kdl` (the help's own example) must not
+    // write a second suite and agent named `fixie` next to suites/fixie.kdl.
+    let agent = numbers().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(repo("suites/fixie.kdl"), dir.path().join("fixie.kdl")).unwrap();
+    let suite = dir.path().join("my-agent.kdl");
+    let o = import(&[&agent.url(), "--out", suite.to_str().unwrap()]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&suite).unwrap();
+    assert!(text.contains("suite \"my-agent\""), "{text}");
+    assert!(
+        text.contains("agent \"my-agent\" protocol=\"fixie\""),
+        "{text}"
+    );
+
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    agent.shutdown().await.unwrap();
+}

@@ -570,3 +570,27 @@ async fn check_tolerates_a_closed_stdout_and_stderr() {
         assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
     }
 }
+
+#[tokio::test]
+async fn the_report_counts_one_turn_and_one_check_in_the_singular() {
+    let out = tempfile::tempdir().unwrap();
+    let o = trellis()
+        .args(["run", "suites/fixie.kdl", "--include-inactive", "--out"])
+        .arg(out.path())
+        .output()
+        .await
+        .unwrap();
+    // `function-that-raises` (1 call, 1 check) errors on purpose.
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let html = std::fs::read_to_string(out.path().join("report.html")).unwrap();
+    assert!(html.contains("· 1 turn ·"), "no `1 turn` in the report");
+    assert!(!html.contains("1 turns"), "`1 turns` in the report");
+    assert!(
+        html.contains(">the 1 check<"),
+        "no `the 1 check` in the report"
+    );
+    assert!(
+        !html.contains("all 1 checks"),
+        "`all 1 checks` in the report"
+    );
+}

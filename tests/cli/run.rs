@@ -218,6 +218,7 @@ async fn report_rebuilds_the_results_of_a_killed_run_from_its_journal() {
     assert_eq!(o.status.code(), Some(2));
 }
 
+<<<<<<< HEAD
 /// `list` says which trajectories will be skipped and on which agent, whatever the reason.
 #[tokio::test]
 async fn list_names_the_agent_a_trajectory_is_skipped_on() {
@@ -242,4 +243,46 @@ async fn list_names_the_agent_a_trajectory_is_skipped_on() {
         "{out}"
     );
     assert!(!out.contains("skipped on `c`"), "{out}");
+=======
+#[tokio::test]
+async fn tool_calls_made_in_a_replayed_prefix_are_marked_as_replays() {
+    let out = tempfile::tempdir().unwrap();
+    let o = trellis()
+        .args(["run", "suites/agentscope.kdl", "--out"])
+        .arg(out.path())
+        .output()
+        .await
+        .unwrap();
+    // `severe-weather` fails on purpose.
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let calls = read_parquet(&out.path().join("tool_calls.parquet"));
+    let replay: Vec<Option<bool>> = calls
+        .column("replay")
+        .unwrap()
+        .bool()
+        .unwrap()
+        .iter()
+        .collect();
+    let arguments = strings(&calls, "arguments");
+    // Paris in the shared prefix, Tokyo in `second-city`, Berlin without streaming: the
+    // calls the suite asked for, each once; `recall` replays Paris in its own session.
+    let asked: Vec<&Option<String>> = arguments
+        .iter()
+        .zip(&replay)
+        .filter(|(_, r)| **r == Some(false))
+        .map(|(a, _)| a)
+        .collect();
+    assert_eq!(asked.len(), 3, "{calls}");
+    let replayed: Vec<&Option<String>> = arguments
+        .iter()
+        .zip(&replay)
+        .filter(|(_, r)| **r == Some(true))
+        .map(|(a, _)| a)
+        .collect();
+    assert_eq!(
+        replayed,
+        [&Some("{\"city\":\"Paris\"}".to_owned())],
+        "{calls}"
+    );
+>>>>>>> wt-review2
 }

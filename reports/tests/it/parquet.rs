@@ -238,6 +238,7 @@ fn tables_have_documented_shape() {
             "name",
             "arguments",
             "result",
+            "replay",
         ]
     );
     let index: Vec<_> = c
