@@ -218,7 +218,6 @@ async fn report_rebuilds_the_results_of_a_killed_run_from_its_journal() {
     assert_eq!(o.status.code(), Some(2));
 }
 
-<<<<<<< HEAD
 /// `list` says which trajectories will be skipped and on which agent, whatever the reason.
 #[tokio::test]
 async fn list_names_the_agent_a_trajectory_is_skipped_on() {
@@ -243,7 +242,8 @@ async fn list_names_the_agent_a_trajectory_is_skipped_on() {
         "{out}"
     );
     assert!(!out.contains("skipped on `c`"), "{out}");
-=======
+}
+
 #[tokio::test]
 async fn tool_calls_made_in_a_replayed_prefix_are_marked_as_replays() {
     let out = tempfile::tempdir().unwrap();
@@ -284,5 +284,4 @@ async fn tool_calls_made_in_a_replayed_prefix_are_marked_as_replays() {
         [&Some("{\"city\":\"Paris\"}".to_owned())],
         "{calls}"
     );
->>>>>>> wt-review2
 }
