@@ -4,9 +4,10 @@
 //! How a child continues is the protocol's call ([`Session::fork`]): a session that resends
 //! its history copies itself, so the shared prefix was called once; a session bound to
 //! server state cannot be copied, so the first child continues it and every other child
-//! replays the prefix's inputs in a fresh session. Replayed turns are recorded on the
-//! child's node with `replay: true`; the prefix's `expect`s were judged once, on the
-//! original turns, and are not judged again.
+//! replays the prefix's steps in a fresh session (templates rendered with the values that
+//! session captures). Replayed turns are recorded on the child's node with `replay: true`;
+//! the prefix's `expect`s were judged once, on the original turns, and a replayed one is
+//! recorded only when it fails there.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -340,41 +341,142 @@ impl<'a> Unit<'a> {
             repetition: self.repetition,
             node: &node.id,
         });
+        if state.turns.is_empty() {
+            return (Some(session), None);
+        }
         // The replay redoes the whole path so far in this branch's session: its time
         // replaces the original prefix's in the branch's budget instead of adding to it.
-        if !state.turns.is_empty() {
-            state.active = Duration::ZERO;
+        state.active = Duration::ZERO;
+        let stop = self
+            .replay_prefix(node, session.as_mut(), state, recorded)
+            .await;
+        (Some(session), stop)
+    }
+
+    /// Replays the steps of the nodes above `node` in a fresh session: templates render
+    /// with the values this session captures (an agent that hands out a new id per session
+    /// gets its own id back, not the original session's), captures run on the replayed
+    /// replies, and the prefix's `expect`s are checked again. Those were judged on the
+    /// original turns already: a replayed check is recorded only when it fails, as the
+    /// branch's failure, since its conversation then differs from the one judged.
+    async fn replay_prefix(
+        &self,
+        node: &ExecNode,
+        session: &mut dyn Session,
+        state: &mut PathState,
+        recorded: &mut Vec<Arc<TurnRecord>>,
+    ) -> Option<Stop> {
+        let mut prefix: Vec<&ExecNode> = Vec::new();
+        let mut above = node.parent;
+        while let Some(index) = above {
+            let Some(n) = self.scenario.nodes.get(index) else {
+                break;
+            };
+            prefix.push(n);
+            above = n.parent;
         }
-        for i in 0..state.turns.len() {
-            let original = state.turns[i].clone();
-            let input = match original.kind.as_str() {
-                "opening" => TurnInput::Opening,
-                "call" => TurnInput::Call {
-                    function: original.function.as_deref().unwrap_or_default(),
-                    input: &original.user_message,
-                },
-                _ => TurnInput::User(&original.user_message),
-            };
-            let Some(turn) = self
-                .take_turn(session.as_mut(), input, original.turn_index, true, state)
-                .await
-            else {
-                return (Some(session), Some(Stop::Interrupted));
-            };
-            self.shared.totals.turns.fetch_add(1, Ordering::Relaxed);
-            let fault = turn.fault.clone();
-            let turn = Arc::new(turn);
-            recorded.push(turn.clone());
-            state.turns[i] = turn;
-            if let Some(fault) = fault {
-                let message = format!("replaying the shared prefix: {}", fault.message);
-                return (
-                    Some(session),
-                    Some(Stop::Fault(Fault::new(fault.category, message))),
-                );
+        prefix.reverse();
+        state.turns.clear();
+        state.vars.clear();
+        let scope = &self.scenario.scope;
+        let templates = &self.shared.plan.templates;
+        let replay_fault = |fault: Fault| {
+            Stop::Fault(Fault::new(
+                fault.category,
+                format!("replaying the shared prefix: {}", fault.message),
+            ))
+        };
+        for step in prefix.iter().flat_map(|n| &n.steps) {
+            match step {
+                PlannedStep::Opening | PlannedStep::User(_) | PlannedStep::Call { .. } => {
+                    let text = match step {
+                        PlannedStep::User(template)
+                        | PlannedStep::Call {
+                            input: template, ..
+                        } => {
+                            let vars = &state.vars;
+                            match templates.render(template, || scope.with_vars(vars)) {
+                                Ok(text) => Some(text),
+                                Err(e) => {
+                                    return Some(replay_fault(Fault::new(
+                                        FaultCategory::Template,
+                                        e.to_string(),
+                                    )));
+                                }
+                            }
+                        }
+                        _ => None,
+                    };
+                    let input = match (step, text.as_deref()) {
+                        (PlannedStep::Call { function, .. }, Some(text)) => TurnInput::Call {
+                            function,
+                            input: text,
+                        },
+                        (_, Some(text)) => TurnInput::User(text),
+                        (_, None) => TurnInput::Opening,
+                    };
+                    let turn_index = u32::try_from(state.turns.len()).unwrap_or(u32::MAX);
+                    let Some(turn) = self
+                        .take_turn(session, input, turn_index, true, state)
+                        .await
+                    else {
+                        return Some(Stop::Interrupted);
+                    };
+                    self.shared.totals.turns.fetch_add(1, Ordering::Relaxed);
+                    let fault = turn.fault.clone();
+                    let turn = Arc::new(turn);
+                    recorded.push(turn.clone());
+                    state.turns.push(turn);
+                    if let Some(fault) = fault {
+                        return Some(replay_fault(fault));
+                    }
+                }
+                PlannedStep::Capture { name, source } => {
+                    let reply = state
+                        .turns
+                        .last()
+                        .and_then(|t| t.reply.as_deref())
+                        .unwrap_or("");
+                    match capture(source, reply) {
+                        Ok(value) => {
+                            state.vars.insert(name.clone(), value);
+                        }
+                        Err(why) => {
+                            return Some(Stop::Failed(CriterionRecord {
+                                turn_index: state.turns.last().map(|t| t.turn_index),
+                                criterion: format!("capture {name}"),
+                                kind: "capture".into(),
+                                status: CriterionStatus::Failed,
+                                detail: Some(format!("replaying the shared prefix: {why}")),
+                            }));
+                        }
+                    }
+                }
+                PlannedStep::Expect(checks) => {
+                    let turn_index = state.turns.last().map(|t| t.turn_index);
+                    let vars = &state.vars;
+                    for c in checks {
+                        let mut record = criteria::check_planned(
+                            c,
+                            templates,
+                            || scope.with_vars(vars),
+                            Scope::Turn,
+                            &state.turns,
+                            turn_index,
+                        );
+                        if record.status == CriterionStatus::Failed {
+                            record.detail = Some(format!(
+                                "on the replay of the shared prefix in this branch's session: {}",
+                                record.detail.unwrap_or_default()
+                            ));
+                            state.criteria.push(record);
+                        }
+                    }
+                }
+                PlannedStep::Hitl => {}
             }
         }
-        (Some(session), None)
+        None
     }
 
     async fn run_steps(

@@ -933,3 +933,73 @@ async fn a_replayed_prefix_does_not_count_twice_against_the_trajectory_timeout()
         );
     }
 }
+
+/// A replayed prefix is replayed step by step in the branch's own session: a value the
+/// prefix captured is captured again from that session's answers, so an agent that hands
+/// out an id per session gets its own id back in every branch.
+#[tokio::test]
+async fn a_replayed_prefix_captures_its_own_values() {
+    let server = ScriptedServer::start(|r| {
+        let session = r.session();
+        let text = r.text();
+        let answer = match text.strip_prefix("check ") {
+            None => format!("token {session}"),
+            Some(token) if token == session => "MATCH".to_owned(),
+            Some(_) => "MISMATCH".to_owned(),
+        };
+        let mut steps = opening(&answer);
+        steps.push(completed(&session));
+        steps
+    })
+    .await;
+    let suite = r##"
+agent "scope" protocol="agentscope" url="URL"
+scenario "tokens" {
+    user "whoami"
+    capture "tok" regex=#"token (\S+)"#
+    user "check {{ vars.tok }}"
+    expect reply equals="MATCH"
+    branch "a" {
+        user "check {{ vars.tok }}"
+        expect reply equals="MATCH"
+    }
+    branch "b" {
+        user "check {{ vars.tok }}"
+        expect reply equals="MATCH"
+    }
+}
+"##;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("suite.kdl");
+    std::fs::write(&path, suite.replace("URL", &server.url)).unwrap();
+    let project = match trellis_dsl::load(&[&path]) {
+        Ok(p) => p,
+        Err(d) => panic!("{}", d.render_plain()),
+    };
+    let plan = Plan::build(&project, &Selection::default()).unwrap();
+    let (tx, mut rx) = event::channel();
+    let options = RunOptions {
+        run_id: "test".into(),
+        jobs: 8,
+        stop: Default::default(),
+        strict: false,
+    };
+    let engine = tokio::spawn(execute::run(plan, options, tx));
+    let mut trajectories = Vec::new();
+    while let Some(ev) = rx.recv().await {
+        if let Event::Trajectory(t) = ev {
+            trajectories.push(t);
+        }
+    }
+    engine.await.unwrap();
+    assert_eq!(trajectories.len(), 2);
+    for t in &trajectories {
+        assert_eq!(t.status, TrajectoryStatus::Passed, "{t:?}");
+    }
+    // Every `check` carried the token of the session it was sent in.
+    for request in server.requests() {
+        if let Some(token) = request.text().strip_prefix("check ") {
+            assert_eq!(token, request.session(), "a token from another session");
+        }
+    }
+}
