@@ -720,6 +720,9 @@ pub fn warnings(project: &Project) -> Vec<Diagnostic> {
                             why,
                         ));
                     }
+                    if let Some(d) = unmeasured_ttft(c, sc, &agents, &warn) {
+                        out.push(d);
+                    }
                 }
             }
         });
@@ -732,6 +735,9 @@ pub fn warnings(project: &Project) -> Vec<Diagnostic> {
                     why,
                 ));
             }
+            if let Some(d) = unmeasured_ttft(c, sc, &agents, &warn) {
+                out.push(d);
+            }
         }
         for outcome in &sc.outcomes {
             out.push(warn(
@@ -743,6 +749,47 @@ pub fn warnings(project: &Project) -> Vec<Diagnostic> {
         }
     }
     out
+}
+
+/// A `ttft` check against an agent that answers with one body: there is no first token to
+/// time, so the check will be recorded as skipped.
+fn unmeasured_ttft(
+    c: &Criterion,
+    sc: &Scenario,
+    agents: &[&Agent],
+    warn: &impl Fn(Span, String, &str, &str) -> Diagnostic,
+) -> Option<Diagnostic> {
+    if !matches!(c.kind, CriterionKind::Ttft { .. }) {
+        return None;
+    }
+    let agent = agents.iter().find(|a| match a.protocol {
+        Protocol::Connexity | Protocol::Fixie => true,
+        Protocol::AgentScope => !a.stream,
+        Protocol::MultiAgent | Protocol::OpenAi => false,
+    })?;
+    let why = if agent.protocol == Protocol::AgentScope {
+        format!(
+            "agent `{}` has `stream=#false`: it is asked for one JSON body, so no first token \
+             is timed (unless the server streams anyway)",
+            agent.id.value
+        )
+    } else {
+        format!(
+            "agent `{}` ({}) answers with one JSON body: there is no first token to time; \
+             `ttft` needs a streaming agent",
+            agent.id.value,
+            agent.protocol.as_str()
+        )
+    };
+    Some(warn(
+        c.span,
+        format!(
+            "scenario `{}`: this `ttft` check will be skipped on agent `{}`",
+            sc.id.value, agent.id.value
+        ),
+        "nothing to time",
+        &why,
+    ))
 }
 
 fn skipped_check(sc: &Scenario, kind: &str) -> String {

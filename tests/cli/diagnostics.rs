@@ -133,3 +133,29 @@ scenario "llm" {
         "{out}"
     );
 }
+
+/// A `ttft` check against an agent that never streams can only be skipped: `check` says so
+/// where it is written.
+#[tokio::test]
+async fn check_warns_about_ttft_on_an_agent_that_does_not_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("t.kdl"),
+        "agent \"c\" protocol=\"connexity\" builtin=\"booking\"\n\
+         scenario \"s\" {\n    user \"hi\"\n    expect ttft max=\"1s\"\n}\n",
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path())
+        .output()
+        .await
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("this `ttft` check will be skipped on agent `c`"),
+        "{err}"
+    );
+    assert!(err.contains("t.kdl:4:"), "{err}");
+}
