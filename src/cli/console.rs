@@ -401,13 +401,14 @@ impl Console {
             }
             outln!(
                 "\nrun did not finish: {} of {} planned recorded ({passed} passed, {failed} \
-                 failed, {errors} error, {skipped} skipped)",
+                 failed, {}, {skipped} skipped)",
                 count(
                     passed + failed + errors + skipped,
                     "trajectory",
                     "trajectories"
                 ),
-                self.planned
+                self.planned,
+                count(errors, "error", "errors")
             );
         }
         if let Some(s) = summary {
@@ -417,11 +418,11 @@ impl Console {
                 String::new()
             };
             outln!(
-                "\n{}{of_planned}: {} passed, {} failed, {} error, {} skipped · {} in {:.1}s",
+                "\n{}{of_planned}: {} passed, {} failed, {}, {} skipped · {} in {:.1}s",
                 count(s.trajectories, "trajectory", "trajectories"),
                 s.passed,
                 s.failed,
-                s.errors,
+                count(s.errors, "error", "errors"),
                 s.skipped,
                 count(s.turns, "turn", "turns"),
                 s.duration_ms / 1000.0
