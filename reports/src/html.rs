@@ -740,6 +740,18 @@ fn render_turn(
                 }
             }
         }
+        // Content that is not text (AgentScope data and images, Fixie embeds), as JSON text:
+        // an image URL is shown, never loaded.
+        for part in &message.parts {
+            write!(
+                w,
+                "<div class=\"tool\"><span class=\"role\">{} · content part</span>",
+                Esc(&message.role)
+            )?;
+            let json = serde_json::to_string_pretty(part).unwrap_or_default();
+            text_block(w, &json)?;
+            write!(w, "</div>")?;
+        }
     }
     // Tool calls the protocol reported without the messages that carried them.
     for record in &turn.tool_calls {

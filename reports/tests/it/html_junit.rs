@@ -169,3 +169,33 @@ fn replayed_and_function_call_turns_are_marked_in_the_transcript() {
         Some(1)
     );
 }
+
+/// Content that is not text (images, data, embeds) is shown as inert JSON text: an image URL
+/// is never loaded.
+#[test]
+fn content_parts_are_shown_as_text_never_loaded() {
+    use trellis_engine::protocol::ChatMessage;
+    use trellis_engine::record::JournalEntry;
+    let dir = tempfile::tempdir().unwrap();
+    let mut entries = super::fixtures::entries();
+    let turn = entries
+        .iter_mut()
+        .find_map(|e| match e {
+            JournalEntry::Node(node) if !node.turns.is_empty() => node.turns.first_mut(),
+            _ => None,
+        })
+        .map(std::sync::Arc::make_mut)
+        .unwrap();
+    let mut message = ChatMessage::assistant("Here is the chart.");
+    message.parts = vec![serde_json::json!({
+        "type": "image",
+        "image_url": "https://evil.example/x.png\"><img src=x onerror=alert(1)>"
+    })];
+    turn.messages.insert(0, message);
+    super::fixtures::write_journal(dir.path(), &entries, "");
+    let files = write_reports(dir.path(), &ReportOptions::default()).unwrap();
+    let html = std::fs::read_to_string(&files.html).unwrap();
+    assert!(html.contains("content part"), "parts are shown");
+    assert!(html.contains("evil.example/x.png"));
+    assert!(!html.contains("<img"), "nothing is loaded or injected");
+}
