@@ -117,14 +117,9 @@ fn multiagent_client(
         max_line: setup.limits.max_response_size,
     };
     let client = match &setup.agent.endpoint {
-        Endpoint::Command(command) => MultiAgentClient::process(
-            command,
-            Vec::new(),
-            None,
-            line_limits,
-            setup.retry,
-            options,
-        ),
+        Endpoint::Command(command) => {
+            MultiAgentClient::process(command, Vec::new(), None, line_limits, setup.retry, options)
+        }
         Endpoint::Socket(address) => {
             MultiAgentClient::socket(address, line_limits, setup.retry, options)?
         }
