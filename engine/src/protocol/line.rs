@@ -230,6 +230,11 @@ impl LineTransport {
                 )
                 .await
                 .unwrap_or_else(|_| Err(self.timed_out(timeout)));
+                // What the agent wrote on stderr before its answer is already in the pipe:
+                // let the collector read it before the log is taken.
+                for _ in 0..4 {
+                    tokio::task::yield_now().await;
+                }
                 let log = process.stderr.take_new();
                 match result {
                     Ok(line) => Ok(LineReply { line, log }),

@@ -90,6 +90,7 @@ pub fn build(setup: AgentSetup<'_>) -> Result<Arc<dyn AgentProtocol>, Fault> {
         )
         .map(|c| Arc::new(c) as Arc<dyn AgentProtocol>)
         .map_err(|e| setup_fault(&e)),
+        Protocol::MultiAgent => multiagent_client(&setup).map_err(|e| setup_fault(&e)),
         other => Err(Fault::new(
             FaultCategory::Setup,
             format!(
@@ -99,6 +100,39 @@ pub fn build(setup: AgentSetup<'_>) -> Result<Arc<dyn AgentProtocol>, Fault> {
             ),
         )),
     }
+}
+
+/// A MultiAgentEval client from the agent's endpoint, with the loop's default options
+/// (the full request, the spec's feedback wording, 5 actions per step, a long-lived
+/// process, a connection per socket call, no declared tools: every call gets the harness
+/// default). `plan.rs` still marks the protocol unsupported, so runs do not reach this yet.
+fn multiagent_client(
+    setup: &AgentSetup<'_>,
+) -> Result<Arc<dyn AgentProtocol>, multiagent::session::MultiAgentError> {
+    use multiagent::session::{MultiAgentClient, MultiAgentOptions};
+    use trellis_dsl::Endpoint;
+    let options = MultiAgentOptions::default();
+    let line_limits = line::LineLimits {
+        timeout: setup.limits.timeout,
+        max_line: setup.limits.max_response_size,
+    };
+    let client = match &setup.agent.endpoint {
+        Endpoint::Command(command) => {
+            MultiAgentClient::process(command, Vec::new(), None, line_limits, setup.retry, options)
+        }
+        Endpoint::Socket(address) => {
+            MultiAgentClient::socket(address, line_limits, setup.retry, options)?
+        }
+        Endpoint::Url(_) | Endpoint::Builtin(_) => MultiAgentClient::http(
+            setup.url,
+            setup.headers.clone(),
+            setup.limits,
+            setup.retry,
+            setup.transport.clone(),
+            options,
+        )?,
+    };
+    Ok(Arc::new(client))
 }
 
 /// An OpenAI-style chat message, the shape Connexity, MultiAgentEval and OpenAI share.
@@ -192,6 +226,12 @@ pub trait Session: Send + Sync {
     /// conversation lives on the agent's side and cannot be copied (the executor then
     /// replays the prefix in a fresh session).
     fn fork(&self) -> Option<Box<dyn Session>>;
+
+    /// The trajectory's tool sandbox, for protocols whose tools the engine answers
+    /// (MultiAgentEval): its final state and policy violations feed criteria.
+    fn sandbox(&self) -> Option<&crate::sandbox::Sandbox> {
+        None
+    }
 }
 
 /// Who a new conversation is for, so protocols can name sessions and fill metadata.

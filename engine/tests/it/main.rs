@@ -6,6 +6,7 @@ mod criterion_templates;
 mod execution;
 mod fixie;
 mod line;
+mod multiagent;
 mod planning;
 mod protocol;
 mod support;

@@ -1,11 +1,13 @@
 //! The MultiAgentEval protocol (`protocol="multiagent"`, specs/multiagent-eval-agent-api.txt):
 //! agents that answer every request with an action, in an action loop the harness drives.
 //!
-//! Only the wire codec exists so far ([`wire`]): requests in both generations, replies
-//! decoded into typed actions, agent name discovery and the final text for criteria. The
-//! session comes next: it runs the loop over HTTP (`POST /execute_task`), processes and
-//! sockets ([`super::line`]), feeds tool results back from the sandbox through
-//! [`wire::Dialogue::continue_with`], and answers HITL pauses and branches. Until then the
-//! protocol is not built by [`super::build`] and plans mark it unsupported.
+//! [`wire`] is the codec: requests in both generations, replies decoded into typed actions,
+//! agent name discovery and the final text for criteria. [`session`] runs the action loop
+//! over HTTP (`POST /execute_task`), processes and sockets ([`super::line`]), answers tool
+//! calls from the trajectory's [`crate::sandbox::Sandbox`] and feeds the results back, and
+//! handles HITL pauses. Branch actions are a fault until the executor explores them, and
+//! plans still mark the protocol unsupported until the suite language and the executor
+//! are wired to it.
 
+pub mod session;
 pub mod wire;

@@ -1,0 +1,643 @@
+//! The MultiAgentEval client and session: the action loop of one user step, over HTTP, an
+//! agent process or a socket.
+//!
+//! [`MultiAgentClient`] is an agent as configured for a run: where it lives (`POST {url}`,
+//! a process through [`LineTransport`] in either [`ProcessMode`], or a TCP/Unix socket) and
+//! the [`MultiAgentOptions`] of the loop. Each conversation is a [`MultiAgentSession`]: the
+//! [`Dialogue`] it resends on every request and a per-trajectory [`Sandbox`] that answers the
+//! agent's tool calls. Both are owned, so a fork is a clone ([`Session::fork`] is `Some`).
+//!
+//! **The loop.** A user step sends the task; every reply is an action:
+//! - `call_tool` / `call_multiple_tools`: each call runs in the sandbox (the agent's own
+//!   `tool_output` stays in the recorded reply but is never used), the results enter the
+//!   history and the sandbox's feedback becomes the next `task_description`
+//!   ([`Dialogue::continue_with`]);
+//! - `processing`: the same request again;
+//! - `final_answer`, `completed`, `provide_instructions`: the loop ends, their text is the
+//!   turn's reply; `error` ends it too, with an `agent_error` fault carrying its message;
+//! - `hitl_pause`: the turn ends with the prompt as its reply and the session waits for a
+//!   [`TurnInput::Human`] step, which answers it; anything else while paused is a fault;
+//! - `branch`: a `protocol` fault (branches are explored by the executor, not yet);
+//! - after [`MultiAgentOptions::max_actions`] replies (every reply counts, `processing`
+//!   too, so an agent that never finishes cannot loop forever) without an ending action:
+//!   a `protocol` fault "no final answer after N actions".
+//!
+//! **What the turn records.** Every reply is an `assistant` message whose content is the
+//! reply object exactly as received (compact JSON, `tool_output` included), with the calls
+//! it asked for as `tool_calls`; every sandbox result is a `tool` message (content: the
+//! result object as JSON, `name`: the tool) answering its call id. Tool calls are
+//! [`ToolCallRecord`]s whose `result` is the sandbox's result object as JSON; a policy
+//! breach is one whose result is `{"status":"policy_violation","violation":…}`
+//! ([`is_violation`]), and the session counts them ([`MultiAgentSession::violation_count`],
+//! [`Sandbox::violation_count`] through [`Session::sandbox`]). The agent's discovered name
+//! ([`super::wire::agent_name`]) is the turn's `model`, carried to later turns once known.
+//! What a process agent writes on stderr during the turn is one `log` message, its last
+//! [`LOG_KEPT`] bytes.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use reqwest::Url;
+use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderValue};
+use serde_json::Value;
+
+use super::wire::{Action, Dialogue, Reply, RequestForm, ToolCall, decode_reply};
+use crate::protocol::http::{
+    CallLimits, HeaderError, HttpTransport, RetryPolicy, with_agent_headers, with_retries,
+};
+use crate::protocol::line::{
+    LineEndpoint, LineLimits, LineTransport, ProcessMode, ProcessSpec, SocketAddressError,
+};
+use crate::protocol::{
+    AgentProtocol, CallContext, ChatMessage, Conversation, Exchange, Session, ToolCallFunction,
+    Turn, TurnInput,
+};
+use crate::record::{Fault, FaultCategory, ToolCallRecord};
+use crate::sandbox::{FeedbackWording, Sandbox, SandboxSpec, ToolOutcome, feedback};
+
+/// Replies per user step before the loop gives up: the spec's "max turn limit (default: 5)".
+pub const DEFAULT_MAX_ACTIONS: u32 = 5;
+/// Bytes of a process agent's stderr kept per turn (the most recent ones).
+pub const LOG_KEPT: usize = 16 * 1024;
+
+/// A MultiAgentEval agent could not be configured.
+#[derive(Debug, thiserror::Error)]
+pub enum MultiAgentError {
+    #[error("invalid agent URL `{url}`: {source}")]
+    InvalidUrl {
+        url: String,
+        #[source]
+        source: url_error::ParseError,
+    },
+    #[error("agent URL `{0}` must be http or https")]
+    UnsupportedScheme(String),
+    #[error("invalid header name `{0}`")]
+    InvalidHeaderName(String),
+    // The value is left out on purpose: header values usually carry secrets.
+    #[error(
+        "header `{0}` has an invalid value (control characters or line breaks are not allowed)"
+    )]
+    InvalidHeaderValue(String),
+    #[error(transparent)]
+    Socket(#[from] SocketAddressError),
+}
+
+/// `reqwest` re-exports the URL type but not its parse error under a stable path.
+mod url_error {
+    pub type ParseError = <reqwest::Url as std::str::FromStr>::Err;
+}
+
+/// How the loop talks to the agent and answers it.
+#[derive(Clone, Debug)]
+pub struct MultiAgentOptions {
+    /// The spec's full request, or `task_description` alone as newer harnesses send.
+    pub request_form: RequestForm,
+    /// The words tool results go back in.
+    pub feedback: FeedbackWording,
+    /// Replies per user step before the loop ends with a fault (at least 1).
+    pub max_actions: u32,
+    /// Process agents: long-lived (a line per request) or a process per call.
+    pub process_mode: ProcessMode,
+    /// Socket agents: keep the connection open between calls (the real harness opens one
+    /// per call).
+    pub keep_open: bool,
+    /// The tools that answer the agent's calls; every trajectory gets its own [`Sandbox`].
+    pub sandbox: Arc<SandboxSpec>,
+}
+
+impl Default for MultiAgentOptions {
+    fn default() -> Self {
+        MultiAgentOptions {
+            request_form: RequestForm::default(),
+            feedback: FeedbackWording::default(),
+            max_actions: DEFAULT_MAX_ACTIONS,
+            process_mode: ProcessMode::default(),
+            keep_open: false,
+            sandbox: Arc::new(SandboxSpec::default()),
+        }
+    }
+}
+
+/// A client for one MultiAgentEval agent. Cheap to clone: every session holds one.
+#[derive(Clone)]
+pub struct MultiAgentClient {
+    inner: Arc<ClientConfig>,
+}
+
+struct ClientConfig {
+    wire: Wire,
+    retry: RetryPolicy,
+    options: MultiAgentOptions,
+    /// `POST /execute_task`, `process …`, `tcp:…`: the label of every exchange.
+    label: Arc<str>,
+}
+
+enum Wire {
+    Http {
+        url: Url,
+        headers: HeaderMap,
+        limits: CallLimits,
+        transport: HttpTransport,
+    },
+    Line {
+        transport: LineTransport,
+        limits: LineLimits,
+    },
+}
+
+impl MultiAgentClient {
+    /// An agent served over HTTP: every request is `POST {url}` (the spec's agents serve
+    /// `/execute_task`; the URL is used as given). `headers` override the JSON content type
+    /// and accept headers sent by default.
+    pub fn http(
+        url: &str,
+        headers: Vec<(String, String)>,
+        limits: CallLimits,
+        retry: RetryPolicy,
+        transport: HttpTransport,
+        options: MultiAgentOptions,
+    ) -> Result<Self, MultiAgentError> {
+        let parsed: Url = url.parse().map_err(|source| MultiAgentError::InvalidUrl {
+            url: url.to_owned(),
+            source,
+        })?;
+        if !matches!(parsed.scheme(), "http" | "https") {
+            return Err(MultiAgentError::UnsupportedScheme(url.to_owned()));
+        }
+        let mut defaults = HeaderMap::with_capacity(headers.len() + 2);
+        defaults.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        defaults.insert(ACCEPT, HeaderValue::from_static("application/json"));
+        let headers = with_agent_headers(defaults, &headers).map_err(|e| match e {
+            HeaderError::InvalidName(name) => MultiAgentError::InvalidHeaderName(name),
+            HeaderError::InvalidValue(name) => MultiAgentError::InvalidHeaderValue(name),
+        })?;
+        let label = Arc::from(format!("POST {}", parsed.path()));
+        Ok(Self::with_wire(
+            Wire::Http {
+                url: parsed,
+                headers,
+                limits,
+                transport,
+            },
+            retry,
+            options,
+            label,
+        ))
+    }
+
+    /// An agent process, run by `sh -c command` in `options.process_mode`.
+    pub fn process(
+        command: &str,
+        env: Vec<(String, String)>,
+        cwd: Option<std::path::PathBuf>,
+        limits: LineLimits,
+        retry: RetryPolicy,
+        options: MultiAgentOptions,
+    ) -> Self {
+        let label = Arc::from(match options.process_mode {
+            ProcessMode::LongLived => format!("line `{command}`"),
+            ProcessMode::PerCall => format!("exec `{command}`"),
+        });
+        let endpoint = LineEndpoint::Process(ProcessSpec {
+            command: command.to_owned(),
+            env,
+            cwd,
+            mode: options.process_mode,
+        });
+        let transport = LineTransport::new(endpoint, limits, false);
+        Self::with_wire(Wire::Line { transport, limits }, retry, options, label)
+    }
+
+    /// An agent on a socket: `tcp://host:port`, `tcp:host:port`, `unix:///path` or
+    /// `unix:/path`; a connection per call unless `options.keep_open`.
+    pub fn socket(
+        address: &str,
+        limits: LineLimits,
+        retry: RetryPolicy,
+        options: MultiAgentOptions,
+    ) -> Result<Self, MultiAgentError> {
+        let endpoint = LineEndpoint::socket(address)?;
+        let label = Arc::from(match &endpoint {
+            LineEndpoint::Tcp(address) => format!("tcp:{address}"),
+            LineEndpoint::Unix(path) => format!("unix:{}", path.display()),
+            LineEndpoint::Process(spec) => spec.command.clone(),
+        });
+        let transport = LineTransport::new(endpoint, limits, options.keep_open);
+        Ok(Self::with_wire(
+            Wire::Line { transport, limits },
+            retry,
+            options,
+            label,
+        ))
+    }
+
+    fn with_wire(
+        wire: Wire,
+        retry: RetryPolicy,
+        mut options: MultiAgentOptions,
+        label: Arc<str>,
+    ) -> Self {
+        options.max_actions = options.max_actions.max(1);
+        MultiAgentClient {
+            inner: Arc::new(ClientConfig {
+                wire,
+                retry,
+                options,
+                label,
+            }),
+        }
+    }
+
+    pub fn options(&self) -> &MultiAgentOptions {
+        &self.inner.options
+    }
+
+    /// A new conversation, as its concrete type (the executor gets it boxed through
+    /// [`AgentProtocol::open`]).
+    pub fn session(&self) -> MultiAgentSession {
+        MultiAgentSession {
+            client: self.clone(),
+            dialogue: Dialogue::new(self.inner.options.request_form),
+            sandbox: Sandbox::new(self.inner.options.sandbox.clone()),
+            paused: None,
+            agent_name: None,
+            next_call: 1,
+        }
+    }
+
+    /// Ends a long-lived process (with its whole tree) or a kept-open socket. Dropping the
+    /// client also kills the process, without waiting for it.
+    pub async fn close(&self) {
+        if let Wire::Line { transport, .. } = &self.inner.wire {
+            transport.close().await;
+        }
+    }
+
+    /// Sends the dialogue's next request (after retries) and decodes the reply. The string
+    /// is what a process wrote on stderr meanwhile.
+    async fn exchange(
+        &self,
+        dialogue: &Dialogue,
+        ctx: &CallContext<'_>,
+    ) -> (Exchange, Result<(Reply, String), Fault>) {
+        let mut exchange = Exchange {
+            label: self.inner.label.clone(),
+            ..Default::default()
+        };
+        let body = match dialogue.request() {
+            Ok(body) => Bytes::from(body),
+            Err(fault) => return (exchange, Err(fault)),
+        };
+        let config = &*self.inner;
+        let timeout = match &config.wire {
+            Wire::Http { limits, .. } => limits.timeout,
+            Wire::Line { limits, .. } => limits.timeout,
+        };
+        let attempted = with_retries(config.retry, timeout, ctx.deadline, |timeout| {
+            let body = body.clone();
+            async move {
+                match &config.wire {
+                    Wire::Http {
+                        url,
+                        headers,
+                        limits,
+                        transport,
+                    } => {
+                        let response = transport
+                            .post_json(url, headers, body, limits.max_response_size, timeout)
+                            .await?;
+                        Ok((decode_reply(&response.body)?, String::new()))
+                    }
+                    Wire::Line { transport, .. } => {
+                        let answer = transport.call(&body, timeout).await?;
+                        Ok((decode_reply(&answer.line)?, answer.log))
+                    }
+                }
+            }
+        })
+        .await;
+        exchange.attempts = attempted.attempts;
+        (exchange, attempted.result)
+    }
+}
+
+impl AgentProtocol for MultiAgentClient {
+    fn open(&self, _conversation: &Conversation<'_>) -> Box<dyn Session> {
+        Box::new(self.session())
+    }
+}
+
+/// Whether a recorded tool call was refused by a policy (its result is the harness's
+/// `{"status":"policy_violation", …}` object).
+pub fn is_violation(record: &ToolCallRecord) -> bool {
+    record
+        .result
+        .as_deref()
+        .and_then(|result| serde_json::from_str::<Value>(result).ok())
+        .is_some_and(|result| {
+            result.get("status").and_then(Value::as_str) == Some("policy_violation")
+        })
+}
+
+/// One MultiAgentEval conversation: the dialogue it resends and the trajectory's sandbox.
+#[derive(Clone)]
+pub struct MultiAgentSession {
+    client: MultiAgentClient,
+    dialogue: Dialogue,
+    sandbox: Sandbox,
+    /// The prompt of a `hitl_pause` no human has answered yet.
+    paused: Option<String>,
+    /// The agent's name once a reply said it.
+    agent_name: Option<String>,
+    /// Numbers the trajectory's tool calls (`mae_1`, `mae_2`, …) so ids are unique in it.
+    next_call: u64,
+}
+
+impl MultiAgentSession {
+    pub fn dialogue(&self) -> &Dialogue {
+        &self.dialogue
+    }
+
+    pub fn sandbox(&self) -> &Sandbox {
+        &self.sandbox
+    }
+
+    /// Tool calls a policy refused in this trajectory so far.
+    pub fn violation_count(&self) -> usize {
+        self.sandbox.violation_count()
+    }
+
+    /// The prompt of the `hitl_pause` waiting for a human, if any.
+    pub fn paused(&self) -> Option<&str> {
+        self.paused.as_deref()
+    }
+
+    /// Takes one turn (what [`Session::turn`] does, without the box).
+    pub async fn take_turn(&mut self, input: TurnInput<'_>, ctx: &CallContext<'_>) -> Turn {
+        match (input, self.paused.is_some()) {
+            (TurnInput::User(text), false) => self.dialogue.begin_user(text),
+            (TurnInput::Human { approve, message }, true) => {
+                self.paused = None;
+                self.dialogue.begin_human(human_text(approve, message));
+            }
+            (TurnInput::User(_), true) => {
+                return Turn::failed(Fault::new(
+                    FaultCategory::Protocol,
+                    format!(
+                        "the agent paused for a human (`hitl_pause`: {}) and a user message \
+                         came instead; answer it with a `hitl approve|reject` step",
+                        self.paused.as_deref().unwrap_or_default()
+                    ),
+                ));
+            }
+            (TurnInput::Human { .. }, false) => {
+                return Turn::failed(Fault::new(
+                    FaultCategory::Protocol,
+                    "a `hitl` step came but the agent did not pause for a human (no \
+                     `hitl_pause` is waiting)",
+                ));
+            }
+            (TurnInput::Opening | TurnInput::Call { .. }, _) => {
+                return Turn::failed(Fault::new(
+                    FaultCategory::Protocol,
+                    format!(
+                        "a MultiAgentEval agent cannot take a `{}` step: it is given a task \
+                         (a user message) and answers it",
+                        input.kind()
+                    ),
+                ));
+            }
+        }
+        let mut turn = Turn {
+            model: self.agent_name.clone(),
+            ..Default::default()
+        };
+        let mut log = String::new();
+        self.run_loop(&mut turn, &mut log, ctx).await;
+        if !log.is_empty() {
+            turn.messages.push(ChatMessage {
+                role: "log".into(),
+                content: Some(log),
+                ..Default::default()
+            });
+        }
+        turn
+    }
+
+    async fn run_loop(&mut self, turn: &mut Turn, log: &mut String, ctx: &CallContext<'_>) {
+        let max_actions = self.client.inner.options.max_actions;
+        for _ in 0..max_actions {
+            let (exchange, result) = self.client.exchange(&self.dialogue, ctx).await;
+            turn.exchanges.push(exchange);
+            let reply = match result {
+                Ok((reply, stderr)) => {
+                    append_bounded(log, &stderr);
+                    reply
+                }
+                Err(fault) => {
+                    turn.fault = Some(fault);
+                    return;
+                }
+            };
+            if let Some(name) = &reply.agent_name {
+                self.agent_name = Some(name.clone());
+                turn.model = Some(name.clone());
+            }
+            self.dialogue.record_reply(&reply);
+            let raw = Value::Object(reply.raw.clone()).to_string();
+            let summary = reply.summary().map(str::to_owned);
+            match reply.action {
+                Action::CallTool(call) => self.run_calls(turn, raw, vec![call]),
+                Action::CallMultipleTools(calls) => self.run_calls(turn, raw, calls),
+                Action::Processing => {
+                    turn.messages.push(ChatMessage::assistant(raw));
+                    self.dialogue.resend();
+                }
+                Action::HitlPause { prompt } => {
+                    turn.messages.push(ChatMessage::assistant(raw));
+                    let prompt = prompt.unwrap_or_default();
+                    turn.reply = Some(prompt.clone());
+                    self.paused = Some(prompt);
+                    return;
+                }
+                Action::Branch { reason, .. } => {
+                    turn.messages.push(ChatMessage::assistant(raw));
+                    turn.fault = Some(Fault::new(
+                        FaultCategory::Protocol,
+                        match reason {
+                            Some(reason) => format!(
+                                "the agent asked to branch ({reason}); branch actions are not \
+                                 supported yet"
+                            ),
+                            None => "the agent asked to branch; branch actions are not \
+                                     supported yet"
+                                .to_owned(),
+                        },
+                    ));
+                    return;
+                }
+                Action::Error { message } => {
+                    turn.messages.push(ChatMessage::assistant(raw));
+                    let message = message.or(summary);
+                    turn.reply = message.clone();
+                    turn.fault = Some(Fault::new(
+                        FaultCategory::AgentError,
+                        match message {
+                            Some(message) => format!("the agent answered `error`: {message}"),
+                            None => "the agent answered `error` without a message".to_owned(),
+                        },
+                    ));
+                    return;
+                }
+                ending @ (Action::FinalAnswer { .. }
+                | Action::Completed { .. }
+                | Action::ProvideInstructions { .. }) => {
+                    turn.messages.push(ChatMessage::assistant(raw));
+                    turn.reply = ending
+                        .final_text()
+                        .map(str::to_owned)
+                        .or(summary)
+                        .or(Some(String::new()));
+                    return;
+                }
+            }
+        }
+        turn.fault = Some(Fault::new(
+            FaultCategory::Protocol,
+            format!(
+                "no final answer after {max_actions} action{} (the loop's limit): the agent \
+                 never answered `final_answer`, `completed`, `provide_instructions` or `error`",
+                if max_actions == 1 { "" } else { "s" }
+            ),
+        ));
+    }
+
+    /// Runs the calls of one reply in the sandbox, records them and feeds the results back.
+    fn run_calls(&mut self, turn: &mut Turn, raw: String, calls: Vec<ToolCall>) {
+        let mut message = ChatMessage::assistant(raw);
+        let mut outcomes: Vec<(String, ToolOutcome)> = Vec::with_capacity(calls.len());
+        let mut results = Vec::with_capacity(calls.len());
+        let mut answers = Vec::with_capacity(calls.len());
+        for call in calls {
+            let id = format!("mae_{}", self.next_call);
+            self.next_call = self.next_call.saturating_add(1);
+            let arguments = Value::Object(call.params.clone()).to_string();
+            let outcome = self.sandbox.call(&call.name, &Value::Object(call.params));
+            let result = outcome.result_object();
+            let result_text = result.to_string();
+            message.tool_calls.push(crate::protocol::ToolCall {
+                id: id.clone(),
+                kind: "function".into(),
+                function: ToolCallFunction {
+                    name: call.name.clone(),
+                    arguments: arguments.clone(),
+                },
+            });
+            turn.tool_calls.push(ToolCallRecord {
+                call_id: id.clone(),
+                name: call.name.clone(),
+                arguments,
+                result: Some(result_text.clone()),
+            });
+            answers.push(ChatMessage {
+                role: "tool".into(),
+                content: Some(result_text),
+                tool_call_id: Some(id),
+                name: Some(call.name.clone()),
+                ..Default::default()
+            });
+            results.push(result);
+            outcomes.push((call.name, outcome));
+        }
+        let named: Vec<(&str, &ToolOutcome)> = outcomes
+            .iter()
+            .map(|(name, outcome)| (name.as_str(), outcome))
+            .collect();
+        let text = feedback(self.client.inner.options.feedback, &named);
+        turn.messages.push(message);
+        turn.messages.extend(answers);
+        self.dialogue.continue_with(results, text);
+    }
+}
+
+impl Session for MultiAgentSession {
+    fn turn<'a>(
+        &'a mut self,
+        input: TurnInput<'a>,
+        ctx: &'a CallContext<'a>,
+    ) -> BoxFuture<'a, Turn> {
+        Box::pin(self.take_turn(input, ctx))
+    }
+
+    fn fork(&self) -> Option<Box<dyn Session>> {
+        Some(Box::new(self.clone()))
+    }
+
+    fn sandbox(&self) -> Option<&Sandbox> {
+        Some(&self.sandbox)
+    }
+}
+
+/// The `task_description` (and human history entry) of a human's answer to a pause:
+/// `Approved` or `Rejected`, then `: MESSAGE` when the step gave one.
+fn human_text(approve: bool, message: Option<&str>) -> String {
+    let verdict = if approve { "Approved" } else { "Rejected" };
+    match message.map(str::trim).filter(|m| !m.is_empty()) {
+        Some(message) => format!("{verdict}: {message}"),
+        None => verdict.to_owned(),
+    }
+}
+
+/// Appends `more` to `log`, keeping only the last [`LOG_KEPT`] bytes (cut at a character
+/// boundary, marked by a leading `…`).
+fn append_bounded(log: &mut String, more: &str) {
+    if more.is_empty() {
+        return;
+    }
+    log.push_str(more);
+    if log.len() > LOG_KEPT {
+        let mut cut = log.len() - LOG_KEPT;
+        while !log.is_char_boundary(cut) {
+            cut += 1;
+        }
+        let kept = log.split_off(cut);
+        *log = format!("…{kept}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn human_answers_are_worded_with_their_verdict() {
+        assert_eq!(human_text(true, Some(" go ahead ")), "Approved: go ahead");
+        assert_eq!(human_text(false, None), "Rejected");
+        assert_eq!(human_text(false, Some("")), "Rejected");
+    }
+
+    #[test]
+    fn the_log_keeps_its_tail() {
+        let mut log = String::new();
+        append_bounded(&mut log, &"é".repeat(LOG_KEPT));
+        append_bounded(&mut log, "the end\n");
+        assert!(log.len() <= LOG_KEPT + "…".len() + 1, "{}", log.len());
+        assert!(log.starts_with('…') && log.ends_with("the end\n"));
+    }
+
+    #[test]
+    fn violations_are_recognised_by_their_result() {
+        let record = |result: &str| ToolCallRecord {
+            call_id: "mae_1".into(),
+            name: "apply_refund".into(),
+            arguments: "{}".into(),
+            result: Some(result.into()),
+        };
+        assert!(is_violation(&record(
+            r#"{"status":"policy_violation","violation":"Amount 100 exceeds limit of 50.0"}"#
+        )));
+        assert!(!is_violation(&record(r#"{"status":"success"}"#)));
+        assert!(!is_violation(&record("not json")));
+    }
+}
