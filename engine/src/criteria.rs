@@ -294,6 +294,9 @@ fn evaluate<T: AsRef<TurnRecord>>(
             None => pass("no fault"),
         },
         CriterionKind::Judge { .. } | CriterionKind::Outcome(_) => skip("no judge configured"),
+        CriterionKind::State { .. } | CriterionKind::Violations { .. } => {
+            skip(crate::plan::not_runnable::SANDBOX)
+        }
     }
 }
 
