@@ -424,6 +424,17 @@ fn trim_span(text: &str, span: SourceSpan) -> SourceSpan {
     }
 }
 
+fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
 fn value_kind(v: &KdlValue) -> &'static str {
     match v {
         KdlValue::String(_) => "a string",
@@ -2463,10 +2474,8 @@ impl<'f> Decoder<'f> {
                     }
                 }
                 "initial-state" => {
-                    self.check_props(&cv, &[], &[]);
-                    self.check_args(&cv, 0, "initial-state { KEY VALUE; … }");
-                    if let Some(children) = cv.children {
-                        sc.initial_state = self.json_object(children);
+                    if let Some(state) = self.initial_state(&cv) {
+                        sc.initial_state = state;
                     }
                 }
                 "undeclared-tools" => {
@@ -2553,6 +2562,49 @@ impl<'f> Decoder<'f> {
                 .insert(id.span, st.failed_captures.clone());
         }
         Some(sc)
+    }
+
+    /// `initial-state { KEY VALUE; … }` (as `user-context`) or `initial-state json=#"{…}"#`
+    /// (JSON text, for documents with arrays of objects the block form cannot write).
+    fn initial_state(&mut self, v: &View) -> Option<Map<String, Value>> {
+        let usage = "initial-state { KEY VALUE; … } or initial-state json=#\"{…}\"#";
+        self.check_props(v, &["json"], &[]);
+        self.check_args(v, 0, usage);
+        match (v.prop("json"), v.children) {
+            (Some(e), Some(children)) => {
+                let d = self
+                    .diag(
+                        Kind::InvalidValue,
+                        "`initial-state` takes `json=` or a block, not both".to_string(),
+                        trim_span(self.text(), children.span()),
+                        "block",
+                    )
+                    .with_label(e.span(), "JSON text")
+                    .with_help("keep one of them");
+                self.report(d);
+                None
+            }
+            (Some(e), None) => match self.json_text(e)? {
+                Value::Object(map) => Some(map),
+                other => {
+                    let d = self
+                        .diag(
+                            Kind::InvalidValue,
+                            format!(
+                                "the initial state must be a JSON object, not {}",
+                                json_kind(&other)
+                            ),
+                            value_span(e),
+                            "not an object",
+                        )
+                        .with_help("write an object: json=#\"{\"orders\": []}\"#");
+                    self.report(d);
+                    None
+                }
+            },
+            (None, Some(children)) => Some(self.json_object(children)),
+            (None, None) => Some(Map::new()),
+        }
     }
 
     /// One or more string arguments, no properties, no block.
