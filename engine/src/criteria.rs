@@ -582,6 +582,27 @@ mod tests {
     }
 
     #[test]
+    fn sandbox_checks_are_skipped_with_the_reason_check_warns_about() {
+        let kinds = [
+            CriterionKind::State {
+                path: "orders.0.status".into(),
+                check: trellis_dsl::StateCheck::Exists,
+            },
+            CriterionKind::Violations { max: 0 },
+        ];
+        for kind in kinds {
+            let reason = crate::plan::not_runnable::criterion(&kind);
+            let c = crit(kind);
+            for scope in [Scope::Turn, Scope::Trajectory] {
+                let r = check(&c, scope, &[turn(0, "", &[])], Some(0));
+                assert_eq!(r.status, CriterionStatus::Skipped);
+                assert_eq!(r.detail.as_deref(), reason);
+                assert_eq!(reason, Some(crate::plan::not_runnable::SANDBOX));
+            }
+        }
+    }
+
+    #[test]
     fn turn_level_turns_counts_every_turn_so_far() {
         let turns = [turn(0, "", &[]), turn(1, "", &[]), turn(2, "", &[])];
         let c = crit(CriterionKind::Turns { max: 1 });

@@ -1688,4 +1688,71 @@ tool "ping"
             ToolOutcome::Executed(harness_default("ping"))
         );
     }
+
+    #[test]
+    fn a_scenario_sandbox_from_state_sequence_and_policy_nodes() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let file = dir.path().join("s.kdl");
+        std::fs::write(
+            &file,
+            r##"
+agent "a" protocol="multiagent" url="http://127.0.0.1:9/execute_task"
+tool "refund" {
+    state path="audit.refunds" value=1
+    mock returns=#"{"status": "success"}"# {
+        state path="orders.0.status" value="refunded"
+    }
+    policy "currency" allowed="EUR" "USD"
+}
+tool "poll" {
+    sequence when-exhausted="error" { output "pending"; output "done"; }
+}
+scenario "s" {
+    initial-state json=#"{"orders": [{"status": "open"}]}"#
+    undeclared-tools "error"
+    user "hi"
+}
+"##,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let project = trellis_dsl::load(&[&file]).unwrap_or_else(|d| panic!("{d:?}"));
+        let (_, scenario) = project
+            .scenarios()
+            .next()
+            .unwrap_or_else(|| panic!("one scenario"));
+        let mut sandbox = Sandbox::new(Arc::new(SandboxSpec::for_scenario(&project, scenario)));
+        assert_eq!(sandbox.state_at("orders.0.status"), Some(&json!("open")));
+        assert_eq!(
+            sandbox.call("refund", &json!({"currency": "GBP"})),
+            ToolOutcome::Violation(
+                "Currency GBP is not one of the allowed values ['EUR', 'USD']".into()
+            )
+        );
+        assert_eq!(sandbox.state_at("orders.0.status"), Some(&json!("open")));
+        assert_eq!(
+            sandbox.call("refund", &json!({"currency": "EUR"})),
+            ToolOutcome::Executed(json!({"status": "success"}))
+        );
+        assert_eq!(
+            sandbox.state_at("orders.0.status"),
+            Some(&json!("refunded"))
+        );
+        assert_eq!(sandbox.state_at("audit.refunds"), Some(&json!(1)));
+        assert_eq!(
+            sandbox.call("poll", &json!({})),
+            ToolOutcome::Executed(json!("pending"))
+        );
+        assert_eq!(
+            sandbox.call("poll", &json!({})),
+            ToolOutcome::Executed(json!("done"))
+        );
+        assert!(matches!(
+            sandbox.call("poll", &json!({})),
+            ToolOutcome::Error(_)
+        ));
+        assert!(matches!(
+            sandbox.call("nope", &json!({})),
+            ToolOutcome::Error(_)
+        ));
+    }
 }
