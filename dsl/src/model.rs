@@ -167,8 +167,101 @@ pub enum Endpoint {
     Builtin(Spanned<String>),
     /// `command="…"`: a process speaking newline-delimited JSON on stdin/stdout (multiagent).
     Command(String),
-    /// `socket="tcp://host:port"` or `"unix:///path"` (multiagent).
-    Socket(String),
+    /// `socket="tcp://host:port"`, `"tcp:host:port"`, `"unix:///path"` or `"unix:/path"`
+    /// (multiagent).
+    Socket(SocketAddress),
+}
+
+/// Where a `socket=` agent listens, both spellings decoded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SocketAddress {
+    Tcp { host: String, port: u16 },
+    Unix(PathBuf),
+}
+
+/// `request` of a multiagent agent: what each request carries.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum MultiAgentRequest {
+    /// `{task_description, turn, conversation_history}` (the spec and the older harness).
+    #[default]
+    Full,
+    /// `{task_description}` only, as newer harnesses send it.
+    TaskOnly,
+}
+
+impl MultiAgentRequest {
+    pub const ALL: [(&'static str, MultiAgentRequest); 2] = [
+        ("full", MultiAgentRequest::Full),
+        ("task-only", MultiAgentRequest::TaskOnly),
+    ];
+}
+
+/// `feedback` of a multiagent agent: whose wording tool results go back in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Feedback {
+    /// `Tool 'NAME' returned: {json}. Continue with the task.` (the spec).
+    #[default]
+    Spec,
+    /// The newer harness's wording (the result's `message`).
+    Harness,
+}
+
+impl Feedback {
+    pub const ALL: [(&'static str, Feedback); 2] =
+        [("spec", Feedback::Spec), ("harness", Feedback::Harness)];
+}
+
+/// `process` of a `command=` agent.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ProcessMode {
+    /// One process per call: the payload without a trailing newline, stdin closed, the whole
+    /// stdout is the answer (what the real harness does; agents that loop over stdin lines
+    /// work this way too).
+    #[default]
+    PerCall,
+    /// One process for the trajectory, one JSON line in and one out per call (the spec).
+    LongLived,
+}
+
+impl ProcessMode {
+    pub const ALL: [(&'static str, ProcessMode); 2] = [
+        ("per-call", ProcessMode::PerCall),
+        ("long-lived", ProcessMode::LongLived),
+    ];
+}
+
+/// The spec's cap on agent actions within one user step.
+pub const DEFAULT_MAX_ACTIONS: u32 = 5;
+
+/// Settings only `multiagent` agents take (validation rejects them on other protocols, and
+/// `process`/`env`/`cwd` on non-`command`, `keep-open` on non-`socket` endpoints).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MultiAgentSettings {
+    pub request: MultiAgentRequest,
+    pub feedback: Feedback,
+    /// Agent actions answered within one user step before the loop ends (`max-actions`).
+    pub max_actions: u32,
+    pub process: ProcessMode,
+    /// `socket=`: keep one connection open for the trajectory instead of one per call.
+    pub keep_open: bool,
+    /// `command=`: extra environment variables, in the order written.
+    pub env: Vec<(String, String)>,
+    /// `command=`: the working directory, resolved against the suite file's directory.
+    pub cwd: Option<PathBuf>,
+}
+
+impl Default for MultiAgentSettings {
+    fn default() -> Self {
+        MultiAgentSettings {
+            request: MultiAgentRequest::default(),
+            feedback: Feedback::default(),
+            max_actions: DEFAULT_MAX_ACTIONS,
+            process: ProcessMode::default(),
+            keep_open: false,
+            env: Vec::new(),
+            cwd: None,
+        }
+    }
 }
 
 /// `history` of a Connexity agent: what each request's `messages` carry of earlier turns.
@@ -235,6 +328,8 @@ pub struct Agent {
     pub tools: Vec<Spanned<String>>,
     /// `agentscope`: `stream=#false` asks for one JSON response instead of SSE.
     pub stream: bool,
+    /// `multiagent`: the action loop and transport settings (defaults elsewhere).
+    pub multiagent: MultiAgentSettings,
     pub span: Span,
 }
 
@@ -259,6 +354,11 @@ pub struct Tool {
     pub description: Option<String>,
     pub params: Vec<ToolParam>,
     pub mocks: Vec<ToolMock>,
+    /// `sequence { output …; … }`: outputs consumed one per call (then `mocks` is empty).
+    pub sequence: Option<ToolSequence>,
+    /// `state path=… value=…` directly in the `tool` block: applied on every executed call,
+    /// before the answering mock's own changes.
+    pub state_changes: Vec<StateChange>,
     pub policies: Vec<ToolPolicy>,
     pub span: Span,
 }
@@ -278,16 +378,80 @@ pub struct ToolParam {
 pub struct ToolMock {
     pub when: Map<String, Value>,
     pub returns: Value,
+    /// `mock … { state path=… value=… }`: applied when this mock answers.
+    pub state_changes: Vec<StateChange>,
     pub span: Span,
 }
 
-/// `policy max-limit=N param="amount"`: a call whose numeric `param` exceeds the limit is a
-/// policy violation, answered with a governance error instead of the mock.
+/// `state path="orders.0.status" value="refunded"`: set a value in the sandbox's state
+/// document. The path is dotted (a decimal segment indexes an array) or a JSON pointer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StateChange {
+    pub path: String,
+    pub value: Value,
+    pub span: Span,
+}
+
+/// `sequence when-exhausted=… { output …; … }`.
+#[derive(Clone, Debug)]
+pub struct ToolSequence {
+    pub outputs: Vec<Value>,
+    pub when_exhausted: WhenExhausted,
+    pub span: Span,
+}
+
+/// What a call past the end of a [`ToolSequence`] gets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WhenExhausted {
+    /// The last output again.
+    #[default]
+    RepeatLast,
+    /// An error result.
+    Error,
+}
+
+impl WhenExhausted {
+    pub const ALL: [(&'static str, WhenExhausted); 2] = [
+        ("repeat-last", WhenExhausted::RepeatLast),
+        ("error", WhenExhausted::Error),
+    ];
+}
+
+/// A governance policy on one parameter of a tool: a breaching call is not executed, the
+/// agent gets governance feedback and the violation is recorded.
+///
+/// Written `policy "PARAM" max=N`, `policy "PARAM" allowed="A" "B"…`, or the harness's
+/// `policy max-limit=N` (on `amount`; `param="…"` names another parameter).
 #[derive(Clone, Debug)]
 pub struct ToolPolicy {
     pub param: String,
-    pub max_limit: f64,
+    pub rule: PolicyRule,
     pub span: Span,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum PolicyRule {
+    /// The parameter, when numeric, must not exceed this.
+    Maximum(f64),
+    /// The parameter, when present, must equal one of these (JSON equality).
+    Allowed(Vec<Value>),
+}
+
+/// `undeclared-tools` of a scenario: what a call to a tool no `tool` node declares gets.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum UndeclaredTools {
+    /// The harness's `{"status":"success","message":"Executed NAME"}`.
+    #[default]
+    Default,
+    /// An error result, counted as an error of the trajectory.
+    Error,
+}
+
+impl UndeclaredTools {
+    pub const ALL: [(&'static str, UndeclaredTools); 2] = [
+        ("default", UndeclaredTools::Default),
+        ("error", UndeclaredTools::Error),
+    ];
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -362,6 +526,10 @@ pub struct Scenario {
     pub persona: Option<PersonaRef>,
     /// `user-context { … }` as a JSON object, keys exactly as written.
     pub user_context: Map<String, Value>,
+    /// `initial-state { … }`: the sandbox's state document at the start of every trajectory.
+    pub initial_state: Map<String, Value>,
+    /// `undeclared-tools`: the sandbox's answer to a tool no `tool` node declares.
+    pub undeclared_tools: UndeclaredTools,
     pub max_turns: Option<u32>,
     /// Scenario-level expected outcomes (judged).
     pub outcomes: Vec<Spanned<Outcome>>,
@@ -494,7 +662,38 @@ pub enum CriterionKind {
         rubric: Option<String>,
     },
     Outcome(Outcome),
+    /// `state path=… equals=…|contains=…|matches=…|near=… tolerance=…|exists=#true|absent=#true`:
+    /// a value of the sandbox's state document (after the turn, or at the trajectory's end).
+    State {
+        path: String,
+        check: StateCheck,
+    },
+    /// `violations max=N`: at most N policy violations (in the turn, or the trajectory).
+    Violations {
+        max: u32,
+    },
 }
+
+/// The check of a `state` criterion (MultiAgentEval's assertion modes).
+#[derive(Clone, Debug)]
+pub enum StateCheck {
+    /// JSON equality, numbers by value.
+    Equals(Value),
+    /// A string contains the text, an array has an equal element, an object has the key.
+    Contains(Value),
+    /// The regex finds a match in the value's text (a string as is, else compact JSON).
+    Matches(regex::Regex),
+    /// A number within `tolerance` of `value`.
+    Near {
+        value: f64,
+        tolerance: f64,
+    },
+    Exists,
+    Absent,
+}
+
+/// `tolerance` of `state near=…` when not written (the harness's `numerical_tolerance`).
+pub const DEFAULT_STATE_TOLERANCE: f64 = 1e-9;
 
 impl CriterionKind {
     /// Stable short name, used as the `kind` column of results.
@@ -511,6 +710,8 @@ impl CriterionKind {
             CriterionKind::NoError => "no-error",
             CriterionKind::Judge { .. } => "judge",
             CriterionKind::Outcome(_) => "outcome",
+            CriterionKind::State { .. } => "state",
+            CriterionKind::Violations { .. } => "violations",
         }
     }
 }

@@ -424,6 +424,17 @@ fn trim_span(text: &str, span: SourceSpan) -> SourceSpan {
     }
 }
 
+fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
 fn value_kind(v: &KdlValue) -> &'static str {
     match v {
         KdlValue::String(_) => "a string",
@@ -487,6 +498,8 @@ const SCENARIO_NODES: &[&str] = &[
     "persona",
     "initial-message",
     "user-context",
+    "initial-state",
+    "undeclared-tools",
     "max-turns",
     "outcome",
     "expect-tool",
@@ -511,6 +524,8 @@ const CRITERIA: &[&str] = &[
     "no-error",
     "judge",
     "outcome",
+    "state",
+    "violations",
 ];
 const TOP_LEVEL: &[&str] = &[
     "suite",
@@ -1080,6 +1095,22 @@ const AGENT_SETTINGS: &[(&str, Arity)] = &[
     ("stream", Arity::One),
     ("history", Arity::One),
     ("retry-after-send", Arity::One),
+    ("request", Arity::One),
+    ("feedback", Arity::One),
+    ("max-actions", Arity::One),
+    ("process", Arity::One),
+    ("keep-open", Arity::One),
+    ("cwd", Arity::One),
+];
+/// Agent settings only `multiagent` agents take, with the endpoint each needs (if any).
+const MULTIAGENT_SETTINGS: &[(&str, Option<&str>)] = &[
+    ("request", None),
+    ("feedback", None),
+    ("max-actions", None),
+    ("process", Some("command")),
+    ("env", Some("command")),
+    ("cwd", Some("command")),
+    ("keep-open", Some("socket")),
 ];
 const ENDPOINTS: &[&str] = &["url", "base-url", "builtin", "command", "socket"];
 const PERSONA_SETTINGS: &[(&str, Arity)] = &[
@@ -1336,7 +1367,7 @@ impl<'f> Decoder<'f> {
 
     fn agent_body(&mut self, v: &View, id: &Spanned<String>, usage: &str) -> Option<Agent> {
         self.check_args(v, 1, usage);
-        let s = self.settings(v, AGENT_SETTINGS, "`agent`", &[]);
+        let s = self.settings(v, AGENT_SETTINGS, "`agent`", &["env"]);
         let protocol = match s.value("protocol") {
             None => {
                 let d = self
@@ -1458,6 +1489,7 @@ impl<'f> Decoder<'f> {
                 );
             self.report(d);
         }
+        let multiagent = self.multiagent_settings(v, &s, id, protocol);
         let endpoint = self.endpoint(&s, id, protocol)?;
         if protocol == Protocol::OpenAi && s.get("model").is_none() {
             let d = self
@@ -1485,8 +1517,233 @@ impl<'f> Decoder<'f> {
             system_prompt,
             tools,
             stream,
+            multiagent,
             span: self.span(v.span),
         })
+    }
+
+    /// The `multiagent` settings; each one on another protocol, or on an endpoint it does not
+    /// apply to, is an error pointing at it.
+    fn multiagent_settings(
+        &mut self,
+        v: &View,
+        s: &Settings,
+        id: &Spanned<String>,
+        protocol: Protocol,
+    ) -> MultiAgentSettings {
+        let mut out = MultiAgentSettings::default();
+        let env_nodes: Vec<View> = v
+            .children
+            .map(|c| c.nodes())
+            .unwrap_or_default()
+            .iter()
+            .map(|n| View::of(n, self.text()))
+            .filter(|cv| cv.name == "env")
+            .collect();
+        let endpoint = ENDPOINTS.iter().find(|e| s.get(e).is_some()).copied();
+        for (name, needs) in MULTIAGENT_SETTINGS {
+            let at = match s.get(name) {
+                Some(set) => set.name_span,
+                None if *name == "env" => match env_nodes.first() {
+                    Some(cv) => cv.name_span,
+                    None => continue,
+                },
+                None => continue,
+            };
+            if protocol != Protocol::MultiAgent {
+                let d = self
+                    .diag(
+                        Kind::InvalidValue,
+                        format!(
+                            "`{name}` is a `multiagent` setting; agent `{}` is `{}`",
+                            id.value,
+                            protocol.as_str()
+                        ),
+                        at,
+                        "not a setting of this protocol",
+                    )
+                    .with_help(format!("remove `{name}`"));
+                self.report(d);
+            } else if let Some(needed) = needs
+                && endpoint.is_some_and(|e| e != *needed)
+            {
+                let d = self
+                    .diag(
+                        Kind::InvalidValue,
+                        format!(
+                            "`{name}` is a setting of `{needed}=` agents; agent `{}` uses `{}=`",
+                            id.value,
+                            endpoint.unwrap_or_default()
+                        ),
+                        at,
+                        format!("only for `{needed}=`"),
+                    )
+                    .with_help(format!("remove `{name}`"));
+                self.report(d);
+            }
+        }
+        if let Some(r) = s
+            .value("request")
+            .and_then(|e| self.choice(e, "request", &MultiAgentRequest::ALL))
+        {
+            out.request = r;
+        }
+        if let Some(f) = s
+            .value("feedback")
+            .and_then(|e| self.choice(e, "feedback", &Feedback::ALL))
+        {
+            out.feedback = f;
+        }
+        if let Some(n) = s.value("max-actions").and_then(|e| self.u32(e, 1)) {
+            out.max_actions = n;
+        }
+        if let Some(p) = s
+            .value("process")
+            .and_then(|e| self.choice(e, "process", &ProcessMode::ALL))
+        {
+            out.process = p;
+        }
+        if let Some(k) = s.value("keep-open").and_then(|e| self.boolean(e)) {
+            out.keep_open = k;
+        }
+        if let Some(cwd) = self.s_string(s, "cwd") {
+            let base = self
+                .files
+                .get(self.file)
+                .and_then(|f| f.path.parent())
+                .map(Path::to_path_buf)
+                .unwrap_or_default();
+            out.cwd = Some(base.join(cwd));
+        }
+        let mut first_env: Option<SourceSpan> = None;
+        for cv in &env_nodes {
+            if let Some(first) = first_env {
+                let d = self
+                    .diag(
+                        Kind::DuplicateSetting,
+                        "`env` is set twice".to_string(),
+                        cv.name_span,
+                        "set again here",
+                    )
+                    .with_label(first, "first set here")
+                    .with_help("put every variable in one `env { KEY \"VALUE\" }` block");
+                self.report(d);
+                continue;
+            }
+            first_env = Some(cv.name_span);
+            out.env = self.env_block(cv);
+        }
+        out
+    }
+
+    /// `env { KEY "VALUE"; … }`: names must be valid environment variable names.
+    fn env_block(&mut self, v: &View) -> Vec<(String, String)> {
+        let usage = "env { KEY \"VALUE\" }";
+        self.check_props(v, &[], &[]);
+        self.check_args(v, 0, usage);
+        let mut out: Vec<(String, String)> = Vec::new();
+        let mut seen: HashMap<String, SourceSpan> = HashMap::new();
+        for child in v.children.map(|c| c.nodes()).unwrap_or_default() {
+            let cv = View::of(child, self.text());
+            self.check_props(&cv, &[], &[]);
+            self.check_no_children(&cv);
+            self.check_args(&cv, 1, usage);
+            let Some(e) = cv.args.first() else {
+                self.missing(&cv, "a value", usage);
+                continue;
+            };
+            let Some(value) = self.string(e) else {
+                continue;
+            };
+            let name = cv.name;
+            let valid = !name.is_empty()
+                && !name.starts_with(|c: char| c.is_ascii_digit())
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !valid {
+                let d = self
+                    .diag(
+                        Kind::InvalidValue,
+                        format!("invalid environment variable name `{name}`"),
+                        cv.name_span,
+                        "not a variable name",
+                    )
+                    .with_help("use letters, digits and `_`, not starting with a digit");
+                self.report(d);
+                continue;
+            }
+            if let Some(first) = seen.get(name) {
+                let d = self
+                    .diag(
+                        Kind::DuplicateSetting,
+                        format!("`{name}` is set twice in `env`"),
+                        cv.name_span,
+                        "set again here",
+                    )
+                    .with_label(*first, "first set here")
+                    .with_help("remove one of them");
+                self.report(d);
+                continue;
+            }
+            seen.insert(name.to_string(), cv.name_span);
+            out.push((name.to_string(), value));
+        }
+        out
+    }
+
+    /// A `socket=` address: `tcp://HOST:PORT` or `tcp:HOST:PORT`, `unix:///PATH` or
+    /// `unix:/PATH` (the spec's and the harness's spellings).
+    fn socket_address(&mut self, e: &KdlEntry) -> Option<SocketAddress> {
+        let text = self.string(e)?;
+        let parsed = if let Some(rest) = text.strip_prefix("tcp:") {
+            let rest = rest.strip_prefix("//").unwrap_or(rest);
+            match rest.rsplit_once(':') {
+                None => Err("a TCP address needs a port: tcp://HOST:PORT"),
+                Some((host, port)) => {
+                    let host = host
+                        .strip_prefix('[')
+                        .and_then(|h| h.strip_suffix(']'))
+                        .unwrap_or(host);
+                    match port.parse::<u16>() {
+                        _ if host.is_empty() => Err("the TCP address has no host"),
+                        _ if host.contains(['/', ' ']) => Err("the host is not a host name"),
+                        Ok(0) | Err(_) => Err("the port must be a number from 1 to 65535"),
+                        Ok(port) => Ok(SocketAddress::Tcp {
+                            host: host.to_string(),
+                            port,
+                        }),
+                    }
+                }
+            }
+        } else if let Some(rest) = text.strip_prefix("unix:") {
+            // `unix:///p` and `unix:/p` both mean `/p`; `unix://p` would be a host, not a path.
+            let path = rest.strip_prefix("//").unwrap_or(rest);
+            if path.is_empty() {
+                Err("the Unix socket address has no path")
+            } else if rest.starts_with("//") && !path.starts_with('/') {
+                Err("`unix://` is followed by the path: write unix:///PATH")
+            } else {
+                Ok(SocketAddress::Unix(PathBuf::from(path)))
+            }
+        } else {
+            Err("expected tcp://HOST:PORT, tcp:HOST:PORT, unix:///PATH or unix:/PATH")
+        };
+        match parsed {
+            Ok(address) => Some(address),
+            Err(why) => {
+                let d = self
+                    .diag(
+                        Kind::InvalidValue,
+                        format!("invalid socket address `{text}`"),
+                        value_span(e),
+                        why,
+                    )
+                    .with_help(
+                        "write socket=\"tcp://127.0.0.1:9000\" or socket=\"unix:///tmp/agent.sock\"",
+                    );
+                self.report(d);
+                None
+            }
+        }
     }
 
     fn endpoint(
@@ -1598,23 +1855,7 @@ impl<'f> Decoder<'f> {
                 }
             }
             "command" => self.string(e).map(Endpoint::Command),
-            "socket" => {
-                let s = self.string(e)?;
-                if s.starts_with("tcp://") || s.starts_with("unix://") {
-                    Some(Endpoint::Socket(s))
-                } else {
-                    let d = self
-                        .diag(
-                            Kind::InvalidValue,
-                            format!("invalid socket address `{s}`"),
-                            value_span(e),
-                            "expected tcp://HOST:PORT or unix:///PATH",
-                        )
-                        .with_help("write socket=\"tcp://127.0.0.1:9000\" or socket=\"unix:///tmp/agent.sock\"");
-                    self.report(d);
-                    None
-                }
-            }
+            "socket" => self.socket_address(e).map(Endpoint::Socket),
             _ => {
                 let name = self.spanned_string(e)?;
                 let known: Vec<&str> = BUILTINS
@@ -1669,19 +1910,22 @@ impl<'f> Decoder<'f> {
     }
 
     fn tool(&mut self, v: &View) -> Option<Tool> {
-        let usage = "tool \"NAME\" { description \"…\"; param …; mock …; policy … }";
+        let usage = "tool \"NAME\" { description \"…\"; param …; mock …; sequence { … }; state …; policy … }";
         let name = self.id_arg(v, "a name", usage)?;
         self.check_args(v, 1, usage);
         let s = self.settings(
             v,
             &[("description", Arity::One)],
             "`tool`",
-            &["param", "mock", "policy"],
+            &["param", "mock", "sequence", "state", "policy"],
         );
         let description = self.s_string(&s, "description");
         let mut params = Vec::new();
         let mut mocks = Vec::new();
         let mut policies = Vec::new();
+        let mut sequence: Option<ToolSequence> = None;
+        let mut state_changes = Vec::new();
+        let mut first_mock: Option<SourceSpan> = None;
         for child in v.children.map(|c| c.nodes()).unwrap_or_default() {
             let cv = View::of(child, self.text());
             match cv.name {
@@ -1691,10 +1935,28 @@ impl<'f> Decoder<'f> {
                     }
                 }
                 "mock" => {
+                    first_mock.get_or_insert(cv.name_span);
                     if let Some(m) = self.tool_mock(&cv) {
                         mocks.push(m);
                     }
                 }
+                "sequence" => {
+                    if let Some(first) = &sequence {
+                        let d = self
+                            .diag(
+                                Kind::DuplicateSetting,
+                                format!("tool `{}` has two `sequence` blocks", name.value),
+                                cv.name_span,
+                                "second sequence",
+                            )
+                            .with_label(first.span.span, "first sequence")
+                            .with_help("put every output in one `sequence { output …; … }`");
+                        self.report(d);
+                    } else {
+                        sequence = self.tool_sequence(&cv);
+                    }
+                }
+                "state" => state_changes.extend(self.state_change(&cv)),
                 "policy" => {
                     if let Some(p) = self.tool_policy(&cv) {
                         policies.push(p);
@@ -1703,11 +1965,28 @@ impl<'f> Decoder<'f> {
                 _ => {}
             }
         }
+        if let (Some(seq), Some(mock)) = (&sequence, first_mock) {
+            let d = self
+                .diag(
+                    Kind::InvalidValue,
+                    format!(
+                        "tool `{}` has both `mock` and `sequence` outputs",
+                        name.value
+                    ),
+                    seq.span.span,
+                    "outputs in order",
+                )
+                .with_label(mock, "outputs matched on parameters")
+                .with_help("a tool answers either by matching parameters (`mock`) or in order (`sequence`); keep one");
+            self.report(d);
+        }
         Some(Tool {
             name,
             description,
             params,
             mocks,
+            sequence,
+            state_changes,
             policies,
             span: self.span(v.span),
         })
@@ -1741,9 +2020,17 @@ impl<'f> Decoder<'f> {
     }
 
     fn tool_mock(&mut self, v: &View) -> Option<ToolMock> {
-        let usage = "mock returns=#\"{\"ok\": true}\"# KEY=VALUE…";
+        let usage = "mock returns=#\"{\"ok\": true}\"# KEY=VALUE… { state path=\"…\" value=… }";
         self.check_args(v, 0, usage);
-        self.check_no_children(v);
+        let mut state_changes = Vec::new();
+        for child in v.children.map(|c| c.nodes()).unwrap_or_default() {
+            let cv = View::of(child, self.text());
+            if cv.name == "state" {
+                state_changes.extend(self.state_change(&cv));
+            } else {
+                self.unknown_node(cv.name, cv.name_span, "a `mock`", &["state"]);
+            }
+        }
         let Some(returns) = v.prop("returns") else {
             self.missing(v, "`returns=…`", usage);
             return None;
@@ -1768,32 +2055,205 @@ impl<'f> Decoder<'f> {
         Some(ToolMock {
             when,
             returns,
+            state_changes,
             span: self.span(v.span),
         })
     }
 
-    fn tool_policy(&mut self, v: &View) -> Option<ToolPolicy> {
-        let usage = "policy param=\"amount\" max-limit=50";
+    /// A JSON output written as one value: JSON text when a string parses as JSON, else the
+    /// string itself (as `mock returns=`).
+    fn output_value(&mut self, e: &KdlEntry) -> Option<Value> {
+        match e.value() {
+            KdlValue::String(s) => {
+                Some(serde_json::from_str(s).unwrap_or_else(|_| Value::String(s.clone())))
+            }
+            _ => self.json(e),
+        }
+    }
+
+    fn tool_sequence(&mut self, v: &View) -> Option<ToolSequence> {
+        let usage = "sequence when-exhausted=\"repeat-last\" { output #\"{\"ok\": true}\"#; … }";
         self.check_args(v, 0, usage);
-        self.check_props(v, &["param", "max-limit"], &[]);
+        self.check_props(v, &["when-exhausted"], &[]);
+        let when_exhausted = v
+            .prop("when-exhausted")
+            .and_then(|e| self.choice(e, "when-exhausted", &WhenExhausted::ALL))
+            .unwrap_or_default();
+        let mut outputs = Vec::new();
+        for child in v.children.map(|c| c.nodes()).unwrap_or_default() {
+            let cv = View::of(child, self.text());
+            if cv.name != "output" {
+                self.unknown_node(cv.name, cv.name_span, "a `sequence`", &["output"]);
+                continue;
+            }
+            if let Some(e) = self.single(&cv, "output #\"{\"ok\": true}\"#")
+                && let Some(value) = self.output_value(e)
+            {
+                outputs.push(value);
+            }
+        }
+        if outputs.is_empty() {
+            self.missing(v, "at least one `output`", usage);
+            return None;
+        }
+        Some(ToolSequence {
+            outputs,
+            when_exhausted,
+            span: self.span(v.span),
+        })
+    }
+
+    /// `state path="a.b" value=…` or `state path="a.b" json=#"{…}"#`.
+    fn state_change(&mut self, v: &View) -> Option<StateChange> {
+        let usage = "state path=\"orders.0.status\" value=\"refunded\"";
+        self.check_args(v, 0, usage);
+        self.check_props(v, &["path", "value", "json"], &[]);
         self.check_no_children(v);
-        let param = match v.prop("param") {
-            Some(e) => self.string(e),
-            None => {
-                self.missing(v, "`param=…`", usage);
+        let path = self.state_path(v, usage);
+        let value = match (v.prop("value"), v.prop("json")) {
+            (Some(e), None) => self.json(e),
+            (None, Some(e)) => self.json_text(e),
+            (None, None) => {
+                self.missing(v, "`value=…` or `json=…`", usage);
+                None
+            }
+            (Some(_), Some(e)) => {
+                let d = self
+                    .diag(
+                        Kind::InvalidValue,
+                        "`state` takes `value=` or `json=`, not both".to_string(),
+                        e.span(),
+                        "second value",
+                    )
+                    .with_help("`value=` for a string, number or boolean; `json=` for JSON text (objects, arrays)");
+                self.report(d);
                 None
             }
         };
-        let max_limit = match v.prop("max-limit") {
-            Some(e) => self.number(e, None),
-            None => {
-                self.missing(v, "`max-limit=…`", usage);
+        Some(StateChange {
+            path: path?,
+            value: value?,
+            span: self.span(v.span),
+        })
+    }
+
+    /// A required `path=` of the state document: a JSON pointer (`/a/b`) or dotted (`a.b.0`)
+    /// without empty segments.
+    fn state_path(&mut self, v: &View, usage: &str) -> Option<String> {
+        let Some(e) = v.prop("path") else {
+            self.missing(v, "`path=…`", usage);
+            return None;
+        };
+        let path = self.string(e)?;
+        let problem = if path.is_empty() {
+            Some("the path is empty")
+        } else if !path.starts_with('/') && path.split('.').any(str::is_empty) {
+            Some("a dotted path has an empty segment")
+        } else {
+            None
+        };
+        match problem {
+            None => Some(path),
+            Some(why) => {
+                let d = self
+                    .diag(
+                        Kind::InvalidValue,
+                        format!("invalid state path `{path}`: {why}"),
+                        value_span(e),
+                        why,
+                    )
+                    .with_help("write a dotted path like \"orders.0.status\" or a JSON pointer like \"/orders/0/status\"");
+                self.report(d);
+                None
+            }
+        }
+    }
+
+    /// A string property holding JSON text, parsed.
+    fn json_text(&mut self, e: &KdlEntry) -> Option<Value> {
+        let text = self.string(e)?;
+        match serde_json::from_str(&text) {
+            Ok(v) => Some(v),
+            Err(err) => {
+                let d = self
+                    .diag(
+                        Kind::InvalidValue,
+                        format!("invalid JSON: {err}"),
+                        value_span(e),
+                        "not JSON",
+                    )
+                    .with_help("write JSON text in a KDL raw string: #\"{\"a\": 1}\"#");
+                self.report(d);
+                None
+            }
+        }
+    }
+
+    /// `policy "PARAM" max=N`, `policy "PARAM" allowed="A" "B"…` (the arguments after the
+    /// parameter are further allowed values), or the harness's `policy max-limit=N` (on
+    /// `amount` unless `param="…"` names another parameter).
+    fn tool_policy(&mut self, v: &View) -> Option<ToolPolicy> {
+        let usage = "policy \"PARAM\" max=3, policy \"PARAM\" allowed=\"EUR\" \"USD\" or policy max-limit=50";
+        self.check_props(v, &["param", "max", "max-limit", "allowed"], &[]);
+        self.check_no_children(v);
+        let allowed = v.prop("allowed");
+        if allowed.is_none() {
+            self.check_args(v, 1, usage);
+        }
+        let param = match (v.args.first().copied(), v.prop("param")) {
+            (Some(_), Some(p)) => {
+                let d = self
+                    .diag(
+                        Kind::InvalidValue,
+                        "the parameter is named twice".to_string(),
+                        p.span(),
+                        "second name",
+                    )
+                    .with_help(
+                        "write the parameter as the first argument: policy \"amount\" max=50",
+                    );
+                self.report(d);
+                None
+            }
+            (Some(e), None) | (None, Some(e)) => self.string(e),
+            // The harness's `max_limit` always checks `amount`.
+            (None, None) if v.prop("max-limit").is_some() => Some("amount".to_string()),
+            (None, None) => {
+                self.missing(v, "a parameter", usage);
+                None
+            }
+        };
+        let maximum = [v.prop("max"), v.prop("max-limit")];
+        let rules: Vec<&KdlEntry> = maximum.iter().flatten().copied().chain(allowed).collect();
+        let rule = match rules.as_slice() {
+            [] => {
+                self.missing(v, "a rule (`max=…` or `allowed=…`)", usage);
+                None
+            }
+            [e] if allowed.is_some_and(|a| std::ptr::eq(a, *e)) => {
+                let mut values: Vec<Value> = self.json(e).into_iter().collect();
+                for extra in v.args.iter().skip(1) {
+                    values.extend(self.json(extra));
+                }
+                Some(PolicyRule::Allowed(values))
+            }
+            [e] => self.number(e, None).map(PolicyRule::Maximum),
+            [_, second, ..] => {
+                let d = self
+                    .diag(
+                        Kind::InvalidValue,
+                        "a `policy` has one rule".to_string(),
+                        second.span(),
+                        "second rule",
+                    )
+                    .with_help("write one `policy` node per rule");
+                self.report(d);
                 None
             }
         };
         Some(ToolPolicy {
             param: param?,
-            max_limit: max_limit?,
+            rule: rule?,
             span: self.span(v.span),
         })
     }
@@ -1902,6 +2362,8 @@ impl<'f> Decoder<'f> {
             agents: Vec::new(),
             persona: None,
             user_context: Map::new(),
+            initial_state: Map::new(),
+            undeclared_tools: UndeclaredTools::default(),
             max_turns: None,
             outcomes: Vec::new(),
             expect_tools: Vec::new(),
@@ -2011,6 +2473,19 @@ impl<'f> Decoder<'f> {
                         sc.user_context = self.json_object(children);
                     }
                 }
+                "initial-state" => {
+                    if let Some(state) = self.initial_state(&cv) {
+                        sc.initial_state = state;
+                    }
+                }
+                "undeclared-tools" => {
+                    if let Some(u) = self
+                        .single(&cv, "undeclared-tools \"error\"")
+                        .and_then(|e| self.choice(e, "undeclared-tools", &UndeclaredTools::ALL))
+                    {
+                        sc.undeclared_tools = u;
+                    }
+                }
                 "max-turns" => {
                     sc.max_turns = self.single(&cv, "max-turns 8").and_then(|e| self.u32(e, 1))
                 }
@@ -2087,6 +2562,49 @@ impl<'f> Decoder<'f> {
                 .insert(id.span, st.failed_captures.clone());
         }
         Some(sc)
+    }
+
+    /// `initial-state { KEY VALUE; … }` (as `user-context`) or `initial-state json=#"{…}"#`
+    /// (JSON text, for documents with arrays of objects the block form cannot write).
+    fn initial_state(&mut self, v: &View) -> Option<Map<String, Value>> {
+        let usage = "initial-state { KEY VALUE; … } or initial-state json=#\"{…}\"#";
+        self.check_props(v, &["json"], &[]);
+        self.check_args(v, 0, usage);
+        match (v.prop("json"), v.children) {
+            (Some(e), Some(children)) => {
+                let d = self
+                    .diag(
+                        Kind::InvalidValue,
+                        "`initial-state` takes `json=` or a block, not both".to_string(),
+                        trim_span(self.text(), children.span()),
+                        "block",
+                    )
+                    .with_label(e.span(), "JSON text")
+                    .with_help("keep one of them");
+                self.report(d);
+                None
+            }
+            (Some(e), None) => match self.json_text(e)? {
+                Value::Object(map) => Some(map),
+                other => {
+                    let d = self
+                        .diag(
+                            Kind::InvalidValue,
+                            format!(
+                                "the initial state must be a JSON object, not {}",
+                                json_kind(&other)
+                            ),
+                            value_span(e),
+                            "not an object",
+                        )
+                        .with_help("write an object: json=#\"{\"orders\": []}\"#");
+                    self.report(d);
+                    None
+                }
+            },
+            (None, Some(children)) => Some(self.json_object(children)),
+            (None, None) => Some(Map::new()),
+        }
     }
 
     /// One or more string arguments, no properties, no block.
@@ -2677,6 +3195,19 @@ impl<'f> Decoder<'f> {
                 self.check_args(v, 0, "no-error");
                 CriterionKind::NoError
             }
+            "state" => self.state_criterion(v)?,
+            "violations" => {
+                let usage = "violations max=0";
+                self.check_props(v, &["max"], &[]);
+                self.check_args(v, 0, usage);
+                let Some(e) = v.prop("max") else {
+                    self.missing(v, "`max=…`", usage);
+                    return None;
+                };
+                CriterionKind::Violations {
+                    max: self.u32(e, 0)?,
+                }
+            }
             "judge" => {
                 let usage = "judge \"CRITERION\" threshold=0.7 judge=\"ID\" rubric=\"…\"";
                 self.check_props(v, &["threshold", "judge", "rubric"], &[]);
@@ -2702,6 +3233,105 @@ impl<'f> Decoder<'f> {
             templates,
             span: self.span(v.span),
         })
+    }
+
+    /// `state path=… CHECK`: exactly one of `equals`, `contains`, `matches`, `near` (with an
+    /// optional `tolerance`), `exists`, `absent`.
+    fn state_criterion(&mut self, v: &View) -> Option<CriterionKind> {
+        let checks = ["equals", "contains", "matches", "near", "exists", "absent"];
+        let usage = "state path=\"orders.0.status\" equals=\"refunded\"";
+        self.check_args(v, 0, usage);
+        let mut allowed = vec!["path", "tolerance"];
+        allowed.extend(checks);
+        self.check_props(v, &allowed, &[]);
+        let path = self.state_path(v, usage);
+        let given: Vec<&KdlEntry> = v
+            .props
+            .iter()
+            .copied()
+            .filter(|p| checks.contains(&prop_name(p)))
+            .collect();
+        let e = match given.as_slice() {
+            [] => {
+                self.missing(
+                    v,
+                    "a check (`equals`, `contains`, `matches`, `near`, `exists` or `absent`)",
+                    usage,
+                );
+                return None;
+            }
+            [e] => *e,
+            [_, second, ..] => {
+                let d = self
+                    .diag(
+                        Kind::InvalidValue,
+                        "a `state` criterion has one check".to_string(),
+                        second.span(),
+                        "second check",
+                    )
+                    .with_help("write one `state` criterion per check");
+                self.report(d);
+                return None;
+            }
+        };
+        let tolerance = v.prop("tolerance");
+        if let Some(t) = tolerance
+            && prop_name(e) != "near"
+        {
+            let d = self
+                .diag(
+                    Kind::InvalidValue,
+                    "`tolerance` belongs to `near`".to_string(),
+                    t.span(),
+                    "without `near=`",
+                )
+                .with_help(
+                    "write state path=\"…\" near=9.99 tolerance=0.01, or remove `tolerance`",
+                );
+            self.report(d);
+            return None;
+        }
+        let check = match prop_name(e) {
+            "equals" => StateCheck::Equals(self.json(e)?),
+            "contains" => StateCheck::Contains(self.json(e)?),
+            "matches" => StateCheck::Matches(self.regex(e)?),
+            "near" => {
+                let value = self.number(e, None)?;
+                let tolerance = match tolerance {
+                    Some(t) => {
+                        let tolerance = self.number(t, None)?;
+                        if !(tolerance >= 0.0 && tolerance.is_finite()) {
+                            let d = self
+                                .diag(
+                                    Kind::OutOfRange,
+                                    format!(
+                                        "{tolerance} is out of range: a tolerance is at least 0"
+                                    ),
+                                    value_span(t),
+                                    "negative tolerance",
+                                )
+                                .with_help(
+                                    "write the largest allowed difference, e.g. tolerance=0.01",
+                                );
+                            self.report(d);
+                            return None;
+                        }
+                        tolerance
+                    }
+                    None => DEFAULT_STATE_TOLERANCE,
+                };
+                StateCheck::Near { value, tolerance }
+            }
+            name => {
+                let exists = self.boolean(e)?;
+                if exists == (name == "exists") {
+                    StateCheck::Exists
+                } else {
+                    StateCheck::Absent
+                }
+            }
+        };
+        Some(CriterionKind::State { path: path?, check })
     }
 
     /// `reply …`; string checks written with template syntax are added to `templates`.

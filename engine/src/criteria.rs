@@ -294,6 +294,9 @@ fn evaluate<T: AsRef<TurnRecord>>(
             None => pass("no fault"),
         },
         CriterionKind::Judge { .. } | CriterionKind::Outcome(_) => skip("no judge configured"),
+        CriterionKind::State { .. } | CriterionKind::Violations { .. } => {
+            skip(crate::plan::not_runnable::SANDBOX)
+        }
     }
 }
 
@@ -576,6 +579,27 @@ mod tests {
         let r = check(&c, Scope::Trajectory, &[turn(0, "", &[])], None);
         assert_eq!(r.status, CriterionStatus::Skipped);
         assert_eq!(r.detail.as_deref(), Some("no judge configured"));
+    }
+
+    #[test]
+    fn sandbox_checks_are_skipped_with_the_reason_check_warns_about() {
+        let kinds = [
+            CriterionKind::State {
+                path: "orders.0.status".into(),
+                check: trellis_dsl::StateCheck::Exists,
+            },
+            CriterionKind::Violations { max: 0 },
+        ];
+        for kind in kinds {
+            let reason = crate::plan::not_runnable::criterion(&kind);
+            let c = crit(kind);
+            for scope in [Scope::Turn, Scope::Trajectory] {
+                let r = check(&c, scope, &[turn(0, "", &[])], Some(0));
+                assert_eq!(r.status, CriterionStatus::Skipped);
+                assert_eq!(r.detail.as_deref(), reason);
+                assert_eq!(reason, Some(crate::plan::not_runnable::SANDBOX));
+            }
+        }
     }
 
     #[test]

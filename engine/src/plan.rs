@@ -633,9 +633,14 @@ pub mod not_runnable {
     pub fn criterion(kind: &CriterionKind) -> Option<&'static str> {
         match kind {
             CriterionKind::Judge { .. } | CriterionKind::Outcome(_) => Some(OUTCOME),
+            CriterionKind::State { .. } | CriterionKind::Violations { .. } => Some(SANDBOX),
             _ => None,
         }
     }
+
+    /// Why `state` and `violations` criteria are skipped.
+    pub const SANDBOX: &str =
+        "needs the MultiAgentEval sandbox, which this version of trellis does not run yet";
 
     /// Why `judge` criteria and scenario `outcome`s are skipped.
     pub const OUTCOME: &str = "no judge configured: LLM-judged checks need the LLM judge, which \

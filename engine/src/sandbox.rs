@@ -903,37 +903,63 @@ pub fn python_float(value: f64) -> String {
 
 impl SandboxSpec {
     /// The sandbox of a suite's `tool` nodes: each `mock` is a [`MatchedOutput`] (first match
-    /// wins, in the order written), each `policy` a [`Policy::Maximum`]. A declared tool
-    /// without mocks answers the harness default, as an undeclared one does. The suite has
-    /// no `initial-state` yet: the state starts empty.
+    /// wins, in the order written) with its own `state` changes, a `sequence` is a
+    /// [`ToolAnswer::Sequence`], a tool's own `state` changes apply on every call, each
+    /// `policy` is a [`Policy`]. A declared tool without outputs answers the harness default,
+    /// as an undeclared one does. The state starts empty; see [`SandboxSpec::for_scenario`].
     pub fn from_tools(tools: &[trellis_dsl::Tool]) -> Self {
+        let state_changes = |changes: &[trellis_dsl::StateChange]| -> Vec<StateChange> {
+            changes
+                .iter()
+                .map(|c| StateChange {
+                    path: c.path.clone(),
+                    value: c.value.clone(),
+                })
+                .collect()
+        };
         let tools = tools
             .iter()
             .map(|tool| {
                 let name = tool.name.value.clone();
-                let outputs = if tool.mocks.is_empty() {
-                    vec![MatchedOutput::any(harness_default(&name))]
-                } else {
-                    tool.mocks
-                        .iter()
-                        .map(|mock| MatchedOutput {
-                            when: mock.when.clone(),
-                            output: mock.returns.clone(),
-                            state_changes: Vec::new(),
-                        })
-                        .collect()
+                let answer = match &tool.sequence {
+                    Some(sequence) => ToolAnswer::Sequence {
+                        outputs: sequence.outputs.clone(),
+                        when_exhausted: match sequence.when_exhausted {
+                            trellis_dsl::WhenExhausted::RepeatLast => Exhausted::RepeatLast,
+                            trellis_dsl::WhenExhausted::Error => Exhausted::Error,
+                        },
+                    },
+                    None if tool.mocks.is_empty() => {
+                        ToolAnswer::Matched(vec![MatchedOutput::any(harness_default(&name))])
+                    }
+                    None => ToolAnswer::Matched(
+                        tool.mocks
+                            .iter()
+                            .map(|mock| MatchedOutput {
+                                when: mock.when.clone(),
+                                output: mock.returns.clone(),
+                                state_changes: state_changes(&mock.state_changes),
+                            })
+                            .collect(),
+                    ),
                 };
                 let policies = tool
                     .policies
                     .iter()
-                    .map(|policy| Policy::Maximum {
-                        param: policy.param.clone(),
-                        limit: policy.max_limit,
+                    .map(|policy| match &policy.rule {
+                        trellis_dsl::PolicyRule::Maximum(limit) => Policy::Maximum {
+                            param: policy.param.clone(),
+                            limit: *limit,
+                        },
+                        trellis_dsl::PolicyRule::Allowed(values) => Policy::AllowedValues {
+                            param: policy.param.clone(),
+                            values: values.clone(),
+                        },
                     })
                     .collect();
                 let spec = ToolSpec {
-                    answer: ToolAnswer::Matched(outputs),
-                    state_changes: Vec::new(),
+                    answer,
+                    state_changes: state_changes(&tool.state_changes),
                     policies,
                 };
                 (name, spec)
@@ -942,6 +968,19 @@ impl SandboxSpec {
         SandboxSpec {
             tools,
             ..SandboxSpec::default()
+        }
+    }
+
+    /// The sandbox of one scenario: the project's tools, the scenario's `initial-state` and
+    /// `undeclared-tools`.
+    pub fn for_scenario(project: &trellis_dsl::Project, scenario: &trellis_dsl::Scenario) -> Self {
+        SandboxSpec {
+            initial_state: Value::Object(scenario.initial_state.clone()),
+            undeclared: match scenario.undeclared_tools {
+                trellis_dsl::UndeclaredTools::Default => UndeclaredTool::HarnessDefault,
+                trellis_dsl::UndeclaredTools::Error => UndeclaredTool::Error,
+            },
+            ..SandboxSpec::from_tools(&project.tools)
         }
     }
 }
@@ -1648,5 +1687,72 @@ tool "ping"
             sandbox.call("ping", &json!({})),
             ToolOutcome::Executed(harness_default("ping"))
         );
+    }
+
+    #[test]
+    fn a_scenario_sandbox_from_state_sequence_and_policy_nodes() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let file = dir.path().join("s.kdl");
+        std::fs::write(
+            &file,
+            r##"
+agent "a" protocol="multiagent" url="http://127.0.0.1:9/execute_task"
+tool "refund" {
+    state path="audit.refunds" value=1
+    mock returns=#"{"status": "success"}"# {
+        state path="orders.0.status" value="refunded"
+    }
+    policy "currency" allowed="EUR" "USD"
+}
+tool "poll" {
+    sequence when-exhausted="error" { output "pending"; output "done"; }
+}
+scenario "s" {
+    initial-state json=#"{"orders": [{"status": "open"}]}"#
+    undeclared-tools "error"
+    user "hi"
+}
+"##,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let project = trellis_dsl::load(&[&file]).unwrap_or_else(|d| panic!("{d:?}"));
+        let (_, scenario) = project
+            .scenarios()
+            .next()
+            .unwrap_or_else(|| panic!("one scenario"));
+        let mut sandbox = Sandbox::new(Arc::new(SandboxSpec::for_scenario(&project, scenario)));
+        assert_eq!(sandbox.state_at("orders.0.status"), Some(&json!("open")));
+        assert_eq!(
+            sandbox.call("refund", &json!({"currency": "GBP"})),
+            ToolOutcome::Violation(
+                "Currency GBP is not one of the allowed values ['EUR', 'USD']".into()
+            )
+        );
+        assert_eq!(sandbox.state_at("orders.0.status"), Some(&json!("open")));
+        assert_eq!(
+            sandbox.call("refund", &json!({"currency": "EUR"})),
+            ToolOutcome::Executed(json!({"status": "success"}))
+        );
+        assert_eq!(
+            sandbox.state_at("orders.0.status"),
+            Some(&json!("refunded"))
+        );
+        assert_eq!(sandbox.state_at("audit.refunds"), Some(&json!(1)));
+        assert_eq!(
+            sandbox.call("poll", &json!({})),
+            ToolOutcome::Executed(json!("pending"))
+        );
+        assert_eq!(
+            sandbox.call("poll", &json!({})),
+            ToolOutcome::Executed(json!("done"))
+        );
+        assert!(matches!(
+            sandbox.call("poll", &json!({})),
+            ToolOutcome::Error(_)
+        ));
+        assert!(matches!(
+            sandbox.call("nope", &json!({})),
+            ToolOutcome::Error(_)
+        ));
     }
 }

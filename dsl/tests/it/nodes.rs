@@ -60,3 +60,184 @@ scenario "s" { first-turn "user"; expect no-error; user "hi"; }
         "trellis::no_turn_yet"
     );
 }
+
+#[test]
+fn multiagent_settings_and_both_socket_spellings() {
+    let p = load_text(
+        r#"
+agent "http" protocol="multiagent" url="http://127.0.0.1:9/execute_task" {
+    request "task-only"
+    feedback "harness"
+    max-actions 8
+}
+agent "proc" protocol="multiagent" command="python3 agent.py" process="long-lived" cwd="agents" {
+    env { AGENT_MODE "strict"; LEVEL "2" }
+}
+agent "t1" protocol="multiagent" socket="tcp://127.0.0.1:9000" keep-open=#true
+agent "t2" protocol="multiagent" socket="tcp:localhost:9001"
+agent "u1" protocol="multiagent" socket="unix:///tmp/a.sock"
+agent "u2" protocol="multiagent" socket="unix:/tmp/b.sock"
+scenario "s" { agent "http"; user "hi"; }
+"#,
+    )
+    .unwrap_or_else(|d| panic!("{}", d.render_plain()));
+    let http = &p.agent("http").unwrap().multiagent;
+    assert_eq!(http.request, MultiAgentRequest::TaskOnly);
+    assert_eq!(http.feedback, Feedback::Harness);
+    assert_eq!(http.max_actions, 8);
+    let proc = &p.agent("proc").unwrap().multiagent;
+    assert_eq!(proc.process, ProcessMode::LongLived);
+    assert_eq!(
+        proc.env,
+        vec![
+            ("AGENT_MODE".to_string(), "strict".to_string()),
+            ("LEVEL".to_string(), "2".to_string())
+        ]
+    );
+    assert!(proc.cwd.as_ref().unwrap().ends_with("agents"));
+    assert!(proc.cwd.as_ref().unwrap().is_absolute());
+    let t1 = p.agent("t1").unwrap();
+    assert!(t1.multiagent.keep_open);
+    assert_eq!(t1.multiagent.max_actions, DEFAULT_MAX_ACTIONS);
+    assert_eq!(t1.multiagent.process, ProcessMode::PerCall);
+    let socket = |id: &str| match &p.agent(id).unwrap().endpoint {
+        Endpoint::Socket(address) => address.clone(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        socket("t1"),
+        SocketAddress::Tcp {
+            host: "127.0.0.1".into(),
+            port: 9000
+        }
+    );
+    assert_eq!(
+        socket("t2"),
+        SocketAddress::Tcp {
+            host: "localhost".into(),
+            port: 9001
+        }
+    );
+    assert_eq!(socket("u1"), SocketAddress::Unix("/tmp/a.sock".into()));
+    assert_eq!(socket("u2"), SocketAddress::Unix("/tmp/b.sock".into()));
+    assert!(!p.agent("u2").unwrap().multiagent.keep_open);
+}
+
+#[test]
+fn sandbox_nodes_and_state_criteria() {
+    let p = load_text(
+        r##"
+agent "a" protocol="multiagent" url="http://127.0.0.1:9/execute_task"
+tool "refund" {
+    state path="audit.count" value=1
+    mock returns=#"{"status": "success"}"# order_id="A1" {
+        state path="orders.0.status" value="refunded"
+        state path="/orders/0/meta" json=#"{"by": "agent"}"#
+    }
+    policy "quantity" max=3
+    policy "currency" allowed="EUR" "USD"
+    policy max-limit=50
+    policy param="total" max-limit=500
+}
+tool "poll" {
+    sequence when-exhausted="error" {
+        output #"{"status": "pending"}"#
+        output "done"
+    }
+}
+scenario "s" {
+    initial-state {
+        account { tier "vip"; }
+        balance 100
+    }
+    undeclared-tools "error"
+    user "refund A1"
+    expect state path="orders.0.status" equals="refunded"
+    criteria {
+        state path="balance" near=99.5 tolerance=1
+        state path="orders.0.status" contains="fund"
+        state path="orders.0.status" matches=#"(?i)REFUND"#
+        state path="audit" exists=#true
+        state path="audit.gone" absent=#true
+        state path="audit.other" exists=#false
+        violations max=0
+    }
+}
+scenario "j" {
+    initial-state json=#"{"orders": [{"id": "A1", "status": "open"}]}"#
+    user "hi"
+}
+"##,
+    )
+    .unwrap_or_else(|d| panic!("{}", d.render_plain()));
+    let refund = p.tool("refund").unwrap();
+    assert_eq!(refund.state_changes.len(), 1);
+    assert_eq!(refund.state_changes[0].value, serde_json::json!(1));
+    let mock = &refund.mocks[0];
+    assert_eq!(mock.when["order_id"], "A1");
+    assert_eq!(mock.state_changes[0].path, "orders.0.status");
+    assert_eq!(
+        mock.state_changes[1].value,
+        serde_json::json!({"by": "agent"})
+    );
+    let rules: Vec<(&str, &PolicyRule)> = refund
+        .policies
+        .iter()
+        .map(|p| (p.param.as_str(), &p.rule))
+        .collect();
+    assert_eq!(
+        rules,
+        vec![
+            ("quantity", &PolicyRule::Maximum(3.0)),
+            (
+                "currency",
+                &PolicyRule::Allowed(vec!["EUR".into(), "USD".into()])
+            ),
+            ("amount", &PolicyRule::Maximum(50.0)),
+            ("total", &PolicyRule::Maximum(500.0)),
+        ]
+    );
+    let poll = p.tool("poll").unwrap().sequence.as_ref().unwrap();
+    assert_eq!(poll.when_exhausted, WhenExhausted::Error);
+    assert_eq!(
+        poll.outputs,
+        vec![serde_json::json!({"status": "pending"}), "done".into()]
+    );
+    let (_, sc) = p.scenarios().next().unwrap();
+    assert_eq!(
+        serde_json::Value::Object(sc.initial_state.clone()),
+        serde_json::json!({"account": {"tier": "vip"}, "balance": 100})
+    );
+    let (_, json_form) = p.scenarios().nth(1).unwrap();
+    assert_eq!(
+        serde_json::Value::Object(json_form.initial_state.clone()),
+        serde_json::json!({"orders": [{"id": "A1", "status": "open"}]})
+    );
+    assert_eq!(json_form.undeclared_tools, UndeclaredTools::Default);
+    assert_eq!(sc.undeclared_tools, UndeclaredTools::Error);
+    let kinds: Vec<&str> = sc.criteria.iter().map(|c| c.kind.name()).collect();
+    assert_eq!(
+        kinds,
+        ["state"; 6]
+            .iter()
+            .copied()
+            .chain(["violations"])
+            .collect::<Vec<_>>()
+    );
+    let checks: Vec<String> = sc
+        .criteria
+        .iter()
+        .filter_map(|c| match &c.kind {
+            CriterionKind::State { check, .. } => Some(format!("{check:?}")),
+            _ => None,
+        })
+        .collect();
+    assert!(checks[0].starts_with("Near { value: 99.5, tolerance: 1.0"));
+    assert_eq!(checks[3], "Exists");
+    assert_eq!(checks[4], "Absent");
+    assert_eq!(checks[5], "Absent");
+    assert!(matches!(
+        sc.criteria[6].kind,
+        CriterionKind::Violations { max: 0 }
+    ));
+}

@@ -114,7 +114,9 @@ fn agents_and_endpoints() {
     assert!(matches!(&multi.endpoint, Endpoint::Command(c) if c == "python3 agent.py"));
     assert_eq!(multi.concurrency, Some(4));
     let sock = p.agent("sock").unwrap();
-    assert!(matches!(&sock.endpoint, Endpoint::Socket(s) if s == "tcp://127.0.0.1:9000"));
+    assert!(
+        matches!(&sock.endpoint, Endpoint::Socket(SocketAddress::Tcp { host, port: 9000 }) if host == "127.0.0.1")
+    );
     let scope = p.agent("scope").unwrap();
     assert_eq!(scope.protocol, Protocol::AgentScope);
     assert!(!scope.stream);
@@ -166,7 +168,7 @@ fn shared_definitions() {
     assert!(tool.mocks[1].when.is_empty());
     assert_eq!(tool.policies.len(), 1);
     assert_eq!(tool.policies[0].param, "amount");
-    assert_eq!(tool.policies[0].max_limit, 50.0);
+    assert_eq!(tool.policies[0].rule, PolicyRule::Maximum(50.0));
 }
 
 #[test]

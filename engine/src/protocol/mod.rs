@@ -121,7 +121,15 @@ fn multiagent_client(
             MultiAgentClient::process(command, Vec::new(), None, line_limits, setup.retry, options)
         }
         Endpoint::Socket(address) => {
-            MultiAgentClient::socket(address, line_limits, setup.retry, options)?
+            let address = match address {
+                trellis_dsl::SocketAddress::Tcp { host, port } if host.contains(':') => {
+                    let host = host.trim_start_matches('[').trim_end_matches(']');
+                    format!("tcp:[{host}]:{port}")
+                }
+                trellis_dsl::SocketAddress::Tcp { host, port } => format!("tcp:{host}:{port}"),
+                trellis_dsl::SocketAddress::Unix(path) => format!("unix:{}", path.display()),
+            };
+            MultiAgentClient::socket(&address, line_limits, setup.retry, options)?
         }
         Endpoint::Url(_) | Endpoint::Builtin(_) => MultiAgentClient::http(
             setup.url,
