@@ -45,10 +45,14 @@ pub fn run(args: RunArgs) -> u8 {
         .out
         .clone()
         .unwrap_or_else(|| super::default_out_dir(&run_id));
-    if let Err(message) = claim_out_dir(&out, args.replace) {
-        errln!("error: {message}");
-        return EXIT_INVALID;
-    }
+    // Held until the run is over: a second run into the same directory is refused.
+    let _claim = match claim_out_dir(&out, args.replace) {
+        Ok(claim) => claim,
+        Err(message) => {
+            errln!("error: {message}");
+            return EXIT_INVALID;
+        }
+    };
     let settings = Settings {
         jobs: args.jobs,
         quiet: args.quiet,
@@ -64,15 +68,42 @@ pub fn run(args: RunArgs) -> u8 {
     }
 }
 
-/// Makes sure `out` does not hold an earlier run, or clears it when `replace` says so: a
-/// new journal over an old one would silently lose the earlier results.
-fn claim_out_dir(out: &Path, replace: bool) -> Result<(), String> {
+/// The lock a run holds on its output directory (`.trellis-run.lock`, an advisory file
+/// lock the operating system releases when the run ends, however it ends).
+const OUT_LOCK: &str = ".trellis-run.lock";
+
+/// Claims `out` for this run: refuses a directory another run is writing to, and one that
+/// holds an earlier run unless `replace` says to clear it (a new journal over an old one
+/// would silently lose the earlier results). The returned file holds the claim.
+fn claim_out_dir(out: &Path, replace: bool) -> Result<std::fs::File, String> {
+    std::fs::create_dir_all(out)
+        .map_err(|e| format!("cannot create the output directory {}: {e}", out.display()))?;
+    let lock_path = out.join(OUT_LOCK);
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| format!("cannot create {}: {e}", lock_path.display()))?;
+    match lock.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            return Err(format!(
+                "another trellis run is writing to {}; wait for it to finish or choose \
+                 another --out",
+                out.display()
+            ));
+        }
+        Err(std::fs::TryLockError::Error(e)) => {
+            return Err(format!("cannot lock {}: {e}", lock_path.display()));
+        }
+    }
     let journal = out.join(trellis_reports::JOURNAL_FILE);
     // Only a regular file is an earlier run's journal; a device or a dangling name is not
     // a result anyone can lose.
     let earlier_run = std::fs::metadata(&journal).is_ok_and(|m| m.is_file());
     if !earlier_run {
-        return Ok(());
+        return Ok(lock);
     }
     if !replace {
         return Err(format!(
@@ -102,7 +133,7 @@ fn claim_out_dir(out: &Path, replace: bool) -> Result<(), String> {
             }
         }
     }
-    Ok(())
+    Ok(lock)
 }
 
 /// How [`execute_plan`] runs and reports.

@@ -594,3 +594,44 @@ async fn the_report_counts_one_turn_and_one_check_in_the_singular() {
         "`all 1 checks` in the report"
     );
 }
+
+/// Two runs never write into one directory at once, `--replace` or not: the second is
+/// refused while the first holds it, and the first's results are whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_run_into_a_directory_in_use_is_refused() {
+    let stuck = SlowAgent::start(Some(Duration::from_secs(2))).await;
+    let dir = tempfile::tempdir().unwrap();
+    suite(&dir.path().join("suites"), &[("slow", &stuck.url, 1)]);
+    let out = dir.path().join("out");
+    let mut first = spawn_run(&dir.path().join("suites"), &out, &[]);
+    stuck.wait_for_request().await;
+    let second = trellis()
+        .arg("run")
+        .arg(dir.path().join("suites"))
+        .arg("--out")
+        .arg(&out)
+        .arg("--replace")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(second.status.code(), Some(2), "{}", stderr(&second));
+    assert!(
+        stderr(&second).contains("another trellis run is writing to"),
+        "{}",
+        stderr(&second)
+    );
+    let status = wait(&mut first, Duration::from_secs(30)).await;
+    assert_eq!(status.code(), Some(0));
+    assert_complete(&out, 1);
+    // Once the first run is over, the directory can be replaced.
+    let third = trellis()
+        .arg("run")
+        .arg(dir.path().join("suites"))
+        .arg("--out")
+        .arg(&out)
+        .arg("--replace")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(third.status.code(), Some(0), "{}", stderr(&third));
+}
