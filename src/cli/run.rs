@@ -94,9 +94,9 @@ fn claim_out_dir(out: &Path, replace: bool) -> Result<std::fs::File, String> {
                 out.display()
             ));
         }
-        Err(std::fs::TryLockError::Error(e)) => {
-            return Err(format!("cannot lock {}: {e}", lock_path.display()));
-        }
+        // A filesystem without file locks (some network mounts) cannot tell: the run goes
+        // on unguarded rather than not at all.
+        Err(std::fs::TryLockError::Error(_)) => {}
     }
     let journal = out.join(trellis_reports::JOURNAL_FILE);
     // Only a regular file is an earlier run's journal; a device or a dangling name is not
