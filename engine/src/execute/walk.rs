@@ -415,41 +415,18 @@ impl<'a> Unit<'a> {
                         (_, Some(text)) => TurnInput::User(text),
                         (_, None) => TurnInput::Opening,
                     };
-                    let turn_index = u32::try_from(state.turns.len()).unwrap_or(u32::MAX);
-                    let Some(turn) = self
-                        .take_turn(session, input, turn_index, true, state)
-                        .await
-                    else {
-                        return Some(Stop::Interrupted);
-                    };
-                    self.shared.totals.turns.fetch_add(1, Ordering::Relaxed);
-                    let fault = turn.fault.clone();
-                    let turn = Arc::new(turn);
-                    recorded.push(turn.clone());
-                    state.turns.push(turn);
-                    if let Some(fault) = fault {
-                        return Some(replay_fault(fault));
+                    match self.turn(session, input, true, state, recorded).await {
+                        Some(Stop::Fault(fault)) => return Some(replay_fault(fault)),
+                        Some(stop) => return Some(stop),
+                        None => {}
                     }
                 }
                 PlannedStep::Capture { name, source } => {
-                    let reply = state
-                        .turns
-                        .last()
-                        .and_then(|t| t.reply.as_deref())
-                        .unwrap_or("");
-                    match capture(source, reply) {
-                        Ok(value) => {
-                            state.vars.insert(name.clone(), value);
+                    if let Err(mut stop) = capture_into(state, name, source) {
+                        if let Some(detail) = &mut stop.detail {
+                            detail.insert_str(0, "replaying the shared prefix: ");
                         }
-                        Err(why) => {
-                            return Some(Stop::Failed(CriterionRecord {
-                                turn_index: state.turns.last().map(|t| t.turn_index),
-                                criterion: format!("capture {name}"),
-                                kind: "capture".into(),
-                                status: CriterionStatus::Failed,
-                                detail: Some(format!("replaying the shared prefix: {why}")),
-                            }));
-                        }
+                        return Some(Stop::Failed(stop));
                     }
                 }
                 PlannedStep::Expect(checks) => {
@@ -492,7 +469,8 @@ impl<'a> Unit<'a> {
             *next_step = i + 1;
             match step {
                 PlannedStep::Opening => {
-                    if let Some(stop) = self.turn(session, None, state, recorded).await {
+                    let opening = TurnInput::Opening;
+                    if let Some(stop) = self.turn(session, opening, false, state, recorded).await {
                         return Some(stop);
                     }
                 }
@@ -533,12 +511,14 @@ impl<'a> Unit<'a> {
                             )));
                         }
                     };
-                    let function = match step {
-                        PlannedStep::Call { function, .. } => Some(function.as_str()),
-                        _ => None,
+                    let input = match step {
+                        PlannedStep::Call { function, .. } => TurnInput::Call {
+                            function,
+                            input: &text,
+                        },
+                        _ => TurnInput::User(&text),
                     };
-                    let input = Some((function, text.as_str()));
-                    if let Some(stop) = self.turn(session, input, state, recorded).await {
+                    if let Some(stop) = self.turn(session, input, false, state, recorded).await {
                         return Some(stop);
                     }
                 }
@@ -570,24 +550,8 @@ impl<'a> Unit<'a> {
                     }
                 }
                 PlannedStep::Capture { name, source } => {
-                    let reply = state
-                        .turns
-                        .last()
-                        .and_then(|t| t.reply.as_deref())
-                        .unwrap_or("");
-                    match capture(source, reply) {
-                        Ok(value) => {
-                            state.vars.insert(name.clone(), value);
-                        }
-                        Err(why) => {
-                            return Some(Stop::Failed(CriterionRecord {
-                                turn_index: state.turns.last().map(|t| t.turn_index),
-                                criterion: format!("capture {name}"),
-                                kind: "capture".into(),
-                                status: CriterionStatus::Failed,
-                                detail: Some(why),
-                            }));
-                        }
+                    if let Err(failed) = capture_into(state, name, source) {
+                        return Some(Stop::Failed(failed));
                     }
                 }
                 PlannedStep::Hitl => {}
@@ -598,24 +562,18 @@ impl<'a> Unit<'a> {
 
     /// One turn on the path: `None` input is the agent's opening turn; otherwise a user
     /// message, or a function call when a function is named.
+    /// One turn on the path, recorded on this node (`replay`: a replay of the prefix).
     async fn turn(
         &self,
         session: &mut dyn Session,
-        input: Option<(Option<&str>, &str)>,
+        input: TurnInput<'_>,
+        replay: bool,
         state: &mut PathState,
         recorded: &mut Vec<Arc<TurnRecord>>,
     ) -> Option<Stop> {
-        let input = match input {
-            None => TurnInput::Opening,
-            Some((Some(function), text)) => TurnInput::Call {
-                function,
-                input: text,
-            },
-            Some((None, text)) => TurnInput::User(text),
-        };
         let turn_index = u32::try_from(state.turns.len()).unwrap_or(u32::MAX);
         let Some(turn) = self
-            .take_turn(session, input, turn_index, false, state)
+            .take_turn(session, input, turn_index, replay, state)
             .await
         else {
             return Some(Stop::Interrupted);
@@ -626,6 +584,33 @@ impl<'a> Unit<'a> {
         recorded.push(turn.clone());
         state.turns.push(turn);
         fault.map(Stop::Fault)
+    }
+}
+
+/// Runs a `capture` step on the path's last reply: the value goes into the path's vars, or
+/// the failed check is returned.
+fn capture_into(
+    state: &mut PathState,
+    name: &str,
+    source: &CaptureSource,
+) -> Result<(), CriterionRecord> {
+    let reply = state
+        .turns
+        .last()
+        .and_then(|t| t.reply.as_deref())
+        .unwrap_or("");
+    match capture(source, reply) {
+        Ok(value) => {
+            state.vars.insert(name.to_owned(), value);
+            Ok(())
+        }
+        Err(why) => Err(CriterionRecord {
+            turn_index: state.turns.last().map(|t| t.turn_index),
+            criterion: format!("capture {name}"),
+            kind: "capture".into(),
+            status: CriterionStatus::Failed,
+            detail: Some(why),
+        }),
     }
 }
 
