@@ -38,7 +38,8 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::http::{
-    CallLimits, HeaderError, HttpTransport, RetryPolicy, with_agent_headers, with_retries,
+    CallLimits, EndpointError, HttpTransport, RetryPolicy, agent_url, with_agent_headers,
+    with_retries,
 };
 use super::pairing::{ToolResult, pair};
 use super::quote::{error_text, kind_of, preview};
@@ -57,15 +58,7 @@ const COLLISION: &str = "is already in RUNNING state";
 static SESSIONS: AtomicU64 = AtomicU64::new(0);
 
 /// An AgentScope agent could not be configured.
-#[derive(Debug, thiserror::Error)]
-pub enum AgentScopeError {
-    #[error("invalid agent URL `{0}`")]
-    InvalidUrl(String),
-    #[error("agent URL `{0}` must be http or https")]
-    UnsupportedScheme(String),
-    #[error(transparent)]
-    Header(#[from] HeaderError),
-}
+pub type AgentScopeError = EndpointError;
 
 /// A client for one AgentScope agent: opens a server session per conversation.
 #[derive(Debug)]
@@ -96,12 +89,7 @@ impl AgentScopeClient {
         stream: bool,
         transport: HttpTransport,
     ) -> Result<Self, AgentScopeError> {
-        let parsed: Url = url
-            .parse()
-            .map_err(|_| AgentScopeError::InvalidUrl(url.to_owned()))?;
-        if !matches!(parsed.scheme(), "http" | "https") {
-            return Err(AgentScopeError::UnsupportedScheme(url.to_owned()));
-        }
+        let parsed = agent_url(url)?;
         let mut map = HeaderMap::with_capacity(headers.len() + 2);
         map.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         map.insert(

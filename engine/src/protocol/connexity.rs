@@ -17,7 +17,8 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::http::{
-    CallLimits, HeaderError, HttpTransport, RetryPolicy, with_agent_headers, with_retries,
+    CallLimits, EndpointError, HttpTransport, RetryPolicy, agent_url, with_agent_headers,
+    with_retries,
 };
 use super::quote::{kind_of, preview};
 use super::{
@@ -27,29 +28,7 @@ use super::{
 use crate::record::{Fault, FaultCategory, ToolCallRecord};
 
 /// A Connexity agent could not be configured.
-#[derive(Debug, thiserror::Error)]
-pub enum ConnexityError {
-    #[error("invalid agent URL `{url}`: {source}")]
-    InvalidUrl {
-        url: String,
-        #[source]
-        source: url_error::ParseError,
-    },
-    #[error("agent URL `{0}` must be http or https")]
-    UnsupportedScheme(String),
-    #[error("invalid header name `{0}`")]
-    InvalidHeaderName(String),
-    // The value is left out on purpose: header values usually carry secrets.
-    #[error(
-        "header `{0}` has an invalid value (control characters or line breaks are not allowed)"
-    )]
-    InvalidHeaderValue(String),
-}
-
-/// `reqwest` re-exports the URL type but not its parse error under a stable path.
-mod url_error {
-    pub type ParseError = <reqwest::Url as std::str::FromStr>::Err;
-}
+pub type ConnexityError = EndpointError;
 
 /// What a request's `messages` carry of the earlier turns.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -103,20 +82,11 @@ impl ConnexityClient {
         history: HistoryMode,
         transport: HttpTransport,
     ) -> Result<Self, ConnexityError> {
-        let parsed: Url = url.parse().map_err(|source| ConnexityError::InvalidUrl {
-            url: url.to_owned(),
-            source,
-        })?;
-        if !matches!(parsed.scheme(), "http" | "https") {
-            return Err(ConnexityError::UnsupportedScheme(url.to_owned()));
-        }
+        let parsed = agent_url(url)?;
         let mut defaults = HeaderMap::with_capacity(headers.len() + 2);
         defaults.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         defaults.insert(ACCEPT, HeaderValue::from_static("application/json"));
-        let map = with_agent_headers(defaults, &headers).map_err(|e| match e {
-            HeaderError::InvalidName(name) => ConnexityError::InvalidHeaderName(name),
-            HeaderError::InvalidValue(name) => ConnexityError::InvalidHeaderValue(name),
-        })?;
+        let map = with_agent_headers(defaults, &headers)?;
         let label = Arc::from(format!("POST {}", parsed.path()));
         Ok(ConnexityClient {
             inner: Arc::new(ClientConfig {

@@ -23,7 +23,8 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 use super::http::{
-    CallLimits, HeaderError, HttpTransport, RetryPolicy, with_agent_headers, with_retries,
+    CallLimits, EndpointError, HttpTransport, RetryPolicy, agent_url, with_agent_headers,
+    with_retries,
 };
 use super::quote::{error_text, kind_of, preview};
 use super::{
@@ -32,29 +33,7 @@ use super::{
 use crate::record::{Fault, FaultCategory};
 
 /// A Fixie agent could not be configured.
-#[derive(Debug, thiserror::Error)]
-pub enum FixieError {
-    #[error("invalid agent URL `{url}`: {source}")]
-    InvalidUrl {
-        url: String,
-        #[source]
-        source: url_error::ParseError,
-    },
-    #[error("agent URL `{0}` must be http or https")]
-    UnsupportedScheme(String),
-    #[error("invalid header name `{0}`")]
-    InvalidHeaderName(String),
-    // The value is left out on purpose: header values usually carry secrets.
-    #[error(
-        "header `{0}` has an invalid value (control characters or line breaks are not allowed)"
-    )]
-    InvalidHeaderValue(String),
-}
-
-/// `reqwest` re-exports the URL type but not its parse error under a stable path.
-mod url_error {
-    pub type ParseError = <reqwest::Url as std::str::FromStr>::Err;
-}
+pub type FixieError = EndpointError;
 
 pub use trellis_dsl::names::{FunctionNameError, validate_function_name};
 
@@ -87,13 +66,7 @@ impl FixieClient {
         retry: RetryPolicy,
         transport: HttpTransport,
     ) -> Result<Self, FixieError> {
-        let mut base: Url = url.parse().map_err(|source| FixieError::InvalidUrl {
-            url: url.to_owned(),
-            source,
-        })?;
-        if !matches!(base.scheme(), "http" | "https") {
-            return Err(FixieError::UnsupportedScheme(url.to_owned()));
-        }
+        let mut base = agent_url(url)?;
         base.set_fragment(None);
         if !base.path().ends_with('/') {
             let path = format!("{}/", base.path());
@@ -107,13 +80,8 @@ impl FixieClient {
             ACCEPT,
             HeaderValue::from_static("application/json, application/yaml;q=0.9, */*;q=0.5"),
         );
-        let header_error = |e: HeaderError| match e {
-            HeaderError::InvalidName(name) => FixieError::InvalidHeaderName(name),
-            HeaderError::InvalidValue(name) => FixieError::InvalidHeaderValue(name),
-        };
-        let call_headers = with_agent_headers(call_headers, &headers).map_err(header_error)?;
-        let handshake_headers =
-            with_agent_headers(handshake_headers, &headers).map_err(header_error)?;
+        let call_headers = with_agent_headers(call_headers, &headers)?;
+        let handshake_headers = with_agent_headers(handshake_headers, &headers)?;
         Ok(FixieClient {
             inner: Arc::new(Inner {
                 base,

@@ -67,6 +67,36 @@ pub enum HeaderError {
     InvalidValue(String),
 }
 
+/// An HTTP agent endpoint that cannot be used, whatever the protocol.
+#[derive(Debug, thiserror::Error)]
+pub enum EndpointError {
+    #[error("invalid agent URL `{url}`: {source}")]
+    InvalidUrl {
+        url: String,
+        #[source]
+        source: UrlParseError,
+    },
+    #[error("agent URL `{0}` must be http or https")]
+    UnsupportedScheme(String),
+    #[error(transparent)]
+    Header(#[from] HeaderError),
+}
+
+/// `reqwest` re-exports the URL type but not its parse error under a stable path.
+pub type UrlParseError = <reqwest::Url as std::str::FromStr>::Err;
+
+/// Parses an agent's URL: absolute, `http` or `https`.
+pub fn agent_url(url: &str) -> Result<Url, EndpointError> {
+    let parsed: Url = url.parse().map_err(|source| EndpointError::InvalidUrl {
+        url: url.to_owned(),
+        source,
+    })?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(EndpointError::UnsupportedScheme(url.to_owned()));
+    }
+    Ok(parsed)
+}
+
 /// Lays the agent's rendered `header` nodes over a protocol's default headers. Values are
 /// marked sensitive (never printed); a repeated name sends several values, and its first
 /// occurrence replaces the default of that name.

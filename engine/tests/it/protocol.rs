@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use trellis_engine::protocol::connexity::{ConnexityClient, ConnexityError, HistoryMode};
-use trellis_engine::protocol::http::RetryPolicy;
 use trellis_engine::protocol::http::{CallLimits, HttpTransport};
+use trellis_engine::protocol::http::{HeaderError, RetryPolicy};
 use trellis_engine::protocol::{CallContext, ChatMessage};
 use trellis_engine::record::FaultCategory;
 
@@ -131,7 +131,7 @@ fn invalid_headers_are_rejected_without_leaking_the_value() {
     );
     assert!(matches!(
         bad_name,
-        Err(ConnexityError::InvalidHeaderName(_))
+        Err(ConnexityError::Header(HeaderError::InvalidName(_)))
     ));
 
     let bad_value = ConnexityClient::new(
@@ -143,7 +143,10 @@ fn invalid_headers_are_rejected_without_leaking_the_value() {
         transport.clone(),
     );
     let err = bad_value.unwrap_err();
-    assert!(matches!(err, ConnexityError::InvalidHeaderValue(_)));
+    assert!(matches!(
+        err,
+        ConnexityError::Header(HeaderError::InvalidValue(_))
+    ));
     assert!(!err.to_string().contains("secret"), "{err}");
 
     let bad_url = ConnexityClient::new(

@@ -44,7 +44,8 @@ use serde_json::Value;
 
 use super::wire::{Action, Dialogue, Reply, RequestForm, ToolCall, decode_reply};
 use crate::protocol::http::{
-    CallLimits, HeaderError, HttpTransport, RetryPolicy, with_agent_headers, with_retries,
+    CallLimits, EndpointError, HttpTransport, RetryPolicy, agent_url, with_agent_headers,
+    with_retries,
 };
 use crate::protocol::line::{
     LineEndpoint, LineLimits, LineTransport, ProcessMode, ProcessSpec, SocketAddressError,
@@ -64,28 +65,10 @@ pub const LOG_KEPT: usize = 16 * 1024;
 /// A MultiAgentEval agent could not be configured.
 #[derive(Debug, thiserror::Error)]
 pub enum MultiAgentError {
-    #[error("invalid agent URL `{url}`: {source}")]
-    InvalidUrl {
-        url: String,
-        #[source]
-        source: url_error::ParseError,
-    },
-    #[error("agent URL `{0}` must be http or https")]
-    UnsupportedScheme(String),
-    #[error("invalid header name `{0}`")]
-    InvalidHeaderName(String),
-    // The value is left out on purpose: header values usually carry secrets.
-    #[error(
-        "header `{0}` has an invalid value (control characters or line breaks are not allowed)"
-    )]
-    InvalidHeaderValue(String),
+    #[error(transparent)]
+    Endpoint(#[from] EndpointError),
     #[error(transparent)]
     Socket(#[from] SocketAddressError),
-}
-
-/// `reqwest` re-exports the URL type but not its parse error under a stable path.
-mod url_error {
-    pub type ParseError = <reqwest::Url as std::str::FromStr>::Err;
 }
 
 /// How the loop talks to the agent and answers it.
@@ -158,20 +141,11 @@ impl MultiAgentClient {
         transport: HttpTransport,
         options: MultiAgentOptions,
     ) -> Result<Self, MultiAgentError> {
-        let parsed: Url = url.parse().map_err(|source| MultiAgentError::InvalidUrl {
-            url: url.to_owned(),
-            source,
-        })?;
-        if !matches!(parsed.scheme(), "http" | "https") {
-            return Err(MultiAgentError::UnsupportedScheme(url.to_owned()));
-        }
+        let parsed = agent_url(url)?;
         let mut defaults = HeaderMap::with_capacity(headers.len() + 2);
         defaults.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         defaults.insert(ACCEPT, HeaderValue::from_static("application/json"));
-        let headers = with_agent_headers(defaults, &headers).map_err(|e| match e {
-            HeaderError::InvalidName(name) => MultiAgentError::InvalidHeaderName(name),
-            HeaderError::InvalidValue(name) => MultiAgentError::InvalidHeaderValue(name),
-        })?;
+        let headers = with_agent_headers(defaults, &headers).map_err(EndpointError::from)?;
         let label = Arc::from(format!("POST {}", parsed.path()));
         Ok(Self::with_wire(
             Wire::Http {
