@@ -89,6 +89,23 @@ impl Project {
     pub fn agent(&self, id: &str) -> Option<&Agent> {
         self.agents.iter().find(|a| a.id.value == id)
     }
+    /// The agents `scenario` runs against: those it names (undefined ones left out), or
+    /// the project's only agent; none when it names none and that is ambiguous (validation
+    /// reports it).
+    pub fn scenario_agents(&self, scenario: &Scenario) -> Vec<&Agent> {
+        if scenario.agents.is_empty() {
+            match self.agents.as_slice() {
+                [only] => vec![only],
+                _ => Vec::new(),
+            }
+        } else {
+            scenario
+                .agents
+                .iter()
+                .filter_map(|a| self.agent(&a.value))
+                .collect()
+        }
+    }
     pub fn persona(&self, id: &str) -> Option<&Persona> {
         self.personas.iter().find(|p| p.id.value == id)
     }

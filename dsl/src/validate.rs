@@ -360,15 +360,7 @@ impl<'p> Validator<'p> {
         if sc.first_turn != FirstTurn::Agent {
             return;
         }
-        let p = self.project;
-        let agents: Vec<&Agent> = if sc.agents.is_empty() {
-            match p.agents.as_slice() {
-                [only] => vec![only],
-                _ => Vec::new(),
-            }
-        } else {
-            sc.agents.iter().filter_map(|a| p.agent(&a.value)).collect()
-        };
+        let agents = self.project.scenario_agents(sc);
         let Some(silent) = agents
             .into_iter()
             .find(|a| matches!(a.protocol, Protocol::AgentScope | Protocol::Fixie))
@@ -401,16 +393,7 @@ impl<'p> Validator<'p> {
         let Some(call) = first_call(&sc.steps) else {
             return;
         };
-        let p = self.project;
-        let agents: Vec<&Agent> = if sc.agents.is_empty() {
-            // The project's only agent, or none when that is ambiguous (reported elsewhere).
-            match p.agents.as_slice() {
-                [only] => vec![only],
-                _ => Vec::new(),
-            }
-        } else {
-            sc.agents.iter().filter_map(|a| p.agent(&a.value)).collect()
-        };
+        let agents = self.project.scenario_agents(sc);
         let others: Vec<&Agent> = agents
             .into_iter()
             .filter(|a| a.protocol != Protocol::Fixie)

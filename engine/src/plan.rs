@@ -658,18 +658,7 @@ pub fn warnings(project: &Project) -> Vec<Diagnostic> {
     };
     let mut agents_warned: BTreeSet<String> = BTreeSet::new();
     for (_, sc) in project.scenarios() {
-        let agents: Vec<&Agent> = if sc.agents.is_empty() {
-            // The project's only agent; validation rejects the ambiguous case.
-            match project.agents.as_slice() {
-                [only] => vec![only],
-                _ => Vec::new(),
-            }
-        } else {
-            sc.agents
-                .iter()
-                .filter_map(|a| project.agent(&a.value))
-                .collect()
-        };
+        let agents = project.scenario_agents(sc);
         for agent in &agents {
             if let Some(why) = not_runnable::agent(agent)
                 && agents_warned.insert(agent.id.value.clone())
@@ -686,7 +675,7 @@ pub fn warnings(project: &Project) -> Vec<Diagnostic> {
             }
         }
         let mut user_warned = false;
-        walk_steps(&sc.steps, &mut |step: &Step| {
+        walk_steps(&sc.steps, &mut |step| {
             if let Some(why) = not_runnable::step(&step.kind, None) {
                 out.push(warn(
                     step.span,
@@ -717,32 +706,12 @@ pub fn warnings(project: &Project) -> Vec<Diagnostic> {
             }
             if let StepKind::Expect(criteria) = &step.kind {
                 for c in criteria {
-                    if let Some(why) = not_runnable::criterion(&c.kind) {
-                        out.push(warn(
-                            c.span,
-                            skipped_check(sc, c.kind.name()),
-                            "will be skipped",
-                            why,
-                        ));
-                    }
-                    if let Some(d) = unmeasured_ttft(c, sc, &agents, &warn) {
-                        out.push(d);
-                    }
+                    out.extend(check_warnings(c, sc, &agents, &warn));
                 }
             }
         });
         for c in sc.criteria.iter().chain(&sc.expect_tools) {
-            if let Some(why) = not_runnable::criterion(&c.kind) {
-                out.push(warn(
-                    c.span,
-                    skipped_check(sc, c.kind.name()),
-                    "will be skipped",
-                    why,
-                ));
-            }
-            if let Some(d) = unmeasured_ttft(c, sc, &agents, &warn) {
-                out.push(d);
-            }
+            out.extend(check_warnings(c, sc, &agents, &warn));
         }
         for outcome in &sc.outcomes {
             out.push(warn(
@@ -754,6 +723,27 @@ pub fn warnings(project: &Project) -> Vec<Diagnostic> {
         }
     }
     out
+}
+
+/// What `check` says of one criterion: skipped until a feature lands, or nothing to time.
+fn check_warnings(
+    c: &Criterion,
+    sc: &Scenario,
+    agents: &[&Agent],
+    warn: &impl Fn(Span, String, &str, &str) -> Diagnostic,
+) -> Vec<Diagnostic> {
+    let skipped = not_runnable::criterion(&c.kind).map(|why| {
+        warn(
+            c.span,
+            skipped_check(sc, c.kind.name()),
+            "will be skipped",
+            why,
+        )
+    });
+    skipped
+        .into_iter()
+        .chain(unmeasured_ttft(c, sc, agents, warn))
+        .collect()
 }
 
 /// A `ttft` check against an agent that answers with one body: there is no first token to
@@ -805,7 +795,7 @@ fn skipped_check(sc: &Scenario, kind: &str) -> String {
 }
 
 /// Calls `f` on every step, branches included, in source order.
-fn walk_steps(steps: &[Step], f: &mut impl FnMut(&Step)) {
+fn walk_steps<'a>(steps: &'a [Step], f: &mut impl FnMut(&'a Step)) {
     for step in steps {
         f(step);
         if let StepKind::Fork(branches) = &step.kind {

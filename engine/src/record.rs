@@ -264,6 +264,13 @@ pub struct TrajectoryRecord {
     pub tags: Vec<String>,
 }
 
+impl TrajectoryRecord {
+    /// How many of its checks ended with `status`.
+    pub fn checks_with(&self, status: CriterionStatus) -> usize {
+        self.criteria.iter().filter(|c| c.status == status).count()
+    }
+}
+
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, Hash)]
 #[serde(rename_all = "snake_case")]
 pub enum CriterionStatus {

@@ -701,36 +701,52 @@ pub fn python_str(value: &Value) -> String {
 /// Python's `repr` of the value as `json.loads` would give it: `{'a': [1, 2.0, True, None]}`.
 pub fn python_repr(value: &Value) -> String {
     let mut out = String::new();
-    write_python_repr(&mut out, value);
+    write_python(&mut out, value, PythonStyle::Repr);
     out
 }
 
-fn write_python_repr(out: &mut String, value: &Value) {
-    match value {
-        Value::Null => out.push_str("None"),
-        Value::Bool(true) => out.push_str("True"),
-        Value::Bool(false) => out.push_str("False"),
-        Value::Number(number) => out.push_str(&python_number(number)),
-        Value::String(text) => write_python_string_repr(out, text),
-        Value::Array(items) => {
+/// The two Python renderings of a JSON value: `repr` of what `json.loads` returns, and
+/// `json.dumps` with its defaults. They differ only in the words for the literals and in
+/// how strings are quoted.
+#[derive(Clone, Copy)]
+enum PythonStyle {
+    Repr,
+    Json,
+}
+
+fn write_python(out: &mut String, value: &Value, style: PythonStyle) {
+    let string = |out: &mut String, text: &str| match style {
+        PythonStyle::Repr => write_python_string_repr(out, text),
+        PythonStyle::Json => write_ascii_json_string(out, text),
+    };
+    match (value, style) {
+        (Value::Null, PythonStyle::Repr) => out.push_str("None"),
+        (Value::Null, PythonStyle::Json) => out.push_str("null"),
+        (Value::Bool(true), PythonStyle::Repr) => out.push_str("True"),
+        (Value::Bool(true), PythonStyle::Json) => out.push_str("true"),
+        (Value::Bool(false), PythonStyle::Repr) => out.push_str("False"),
+        (Value::Bool(false), PythonStyle::Json) => out.push_str("false"),
+        (Value::Number(number), _) => out.push_str(&python_number(number)),
+        (Value::String(text), _) => string(out, text),
+        (Value::Array(items), _) => {
             out.push('[');
             for (i, item) in items.iter().enumerate() {
                 if i > 0 {
                     out.push_str(", ");
                 }
-                write_python_repr(out, item);
+                write_python(out, item, style);
             }
             out.push(']');
         }
-        Value::Object(map) => {
+        (Value::Object(map), _) => {
             out.push('{');
             for (i, (key, item)) in status_first(map).enumerate() {
                 if i > 0 {
                     out.push_str(", ");
                 }
-                write_python_string_repr(out, key);
+                string(out, key);
                 out.push_str(": ");
-                write_python_repr(out, item);
+                write_python(out, item, style);
             }
             out.push('}');
         }
@@ -785,40 +801,8 @@ fn write_python_string_repr(out: &mut String, text: &str) {
 /// Python's `json.dumps(x)` with its defaults: `, ` and `: ` separators, `ensure_ascii`.
 pub fn python_json_dumps(value: &Value) -> String {
     let mut out = String::new();
-    write_python_json(&mut out, value);
+    write_python(&mut out, value, PythonStyle::Json);
     out
-}
-
-fn write_python_json(out: &mut String, value: &Value) {
-    match value {
-        Value::Null => out.push_str("null"),
-        Value::Bool(true) => out.push_str("true"),
-        Value::Bool(false) => out.push_str("false"),
-        Value::Number(number) => out.push_str(&python_number(number)),
-        Value::String(text) => write_ascii_json_string(out, text),
-        Value::Array(items) => {
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(", ");
-                }
-                write_python_json(out, item);
-            }
-            out.push(']');
-        }
-        Value::Object(map) => {
-            out.push('{');
-            for (i, (key, item)) in status_first(map).enumerate() {
-                if i > 0 {
-                    out.push_str(", ");
-                }
-                write_ascii_json_string(out, key);
-                out.push_str(": ");
-                write_python_json(out, item);
-            }
-            out.push('}');
-        }
-    }
 }
 
 fn write_ascii_json_string(out: &mut String, text: &str) {

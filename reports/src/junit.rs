@@ -96,11 +96,7 @@ impl JunitBuilder {
                     .iter()
                     .filter(|c| c.status == CriterionStatus::Failed)
                     .collect();
-                let not_run = t
-                    .criteria
-                    .iter()
-                    .filter(|c| c.status == CriterionStatus::Skipped)
-                    .count();
+                let not_run = t.checks_with(CriterionStatus::Skipped);
                 let message = match failed.as_slice() {
                     // Failed with nothing failed: `--strict` counted what did not run.
                     [] if t.skip_reason.is_some() || not_run > 0 => match &t.skip_reason {

@@ -469,10 +469,8 @@ impl Tables {
 
     pub(crate) fn push_trajectory(&mut self, tr: &TrajectoryRecord) {
         let (fault_category, fault_message) = fault_parts(tr.fault.as_ref());
-        let count = |status: CriterionStatus| {
-            let n = tr.criteria.iter().filter(|c| c.status == status).count();
-            u32::try_from(n).unwrap_or(u32::MAX)
-        };
+        let count =
+            |status: CriterionStatus| u32::try_from(tr.checks_with(status)).unwrap_or(u32::MAX);
         let checks_failed = count(CriterionStatus::Failed);
         let t = &mut self.trajectories.buf;
         t.bytes += opt_len(fault_message.as_ref()) + opt_len(tr.skip_reason.as_ref());

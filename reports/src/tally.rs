@@ -60,11 +60,7 @@ impl Tally {
 
     pub(crate) fn add_trajectory(&mut self, t: &TrajectoryRecord) {
         self.total.add(t.status);
-        let skipped = t
-            .criteria
-            .iter()
-            .filter(|c| c.status == CriterionStatus::Skipped)
-            .count() as u64;
+        let skipped = t.checks_with(CriterionStatus::Skipped) as u64;
         if skipped > 0 {
             self.checks_skipped = self.checks_skipped.saturating_add(skipped);
             self.trajectories_with_skipped_checks += 1;

@@ -173,11 +173,7 @@ impl Console {
                 }
             }
         }
-        let not_run = t
-            .criteria
-            .iter()
-            .filter(|c| c.status == CriterionStatus::Skipped)
-            .count();
+        let not_run = t.checks_with(CriterionStatus::Skipped);
         if not_run > 0 {
             self.checks_skipped += not_run as u64;
             self.unchecked_total += 1;
@@ -347,11 +343,7 @@ impl Console {
                 if let Some(reason) = &t.skip_reason {
                     outln!("    ✗ did not run (--strict): {reason}");
                 }
-                let not_run = t
-                    .criteria
-                    .iter()
-                    .filter(|c| c.status == CriterionStatus::Skipped)
-                    .count();
+                let not_run = t.checks_with(CriterionStatus::Skipped);
                 if not_run > 0 {
                     outln!(
                         "    ✗ {} did not run (--strict): see UNCHECKED below",

@@ -13,10 +13,14 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
+use trellis_engine::event::{self, Event};
+use trellis_engine::execute::{self, RunOptions};
+use trellis_engine::plan::{Plan, Selection};
 use trellis_engine::protocol::connexity::{ConnexityClient, HistoryMode, ParsedReply};
 use trellis_engine::protocol::http::{CallLimits, HttpTransport, RetryPolicy};
 use trellis_engine::protocol::{CallContext, ChatMessage};
-use trellis_engine::record::Fault;
+use trellis_engine::record::{Fault, NodeRecord, RunSummary, TrajectoryRecord};
+use trellis_engine::render::EnvSnapshot;
 
 /// A minimal valid Connexity answer.
 pub const OK_BODY: &str =
@@ -347,4 +351,49 @@ async fn write_response(stream: &mut TcpStream, status: u16, body: &str) -> io::
         body.len()
     );
     stream.write_all(response.as_bytes()).await
+}
+
+/// What a run sent on its event stream, collected.
+#[derive(Debug, Default)]
+pub struct Run {
+    pub nodes: Vec<NodeRecord>,
+    pub trajectories: Vec<TrajectoryRecord>,
+    pub summary: RunSummary,
+}
+
+/// Runs `plan` with `jobs` calls in flight and collects every event.
+pub async fn run_plan(plan: Plan, jobs: usize) -> Run {
+    let (tx, mut rx) = event::channel();
+    let options = RunOptions {
+        run_id: "test".into(),
+        jobs,
+        stop: Default::default(),
+        strict: false,
+    };
+    let engine = tokio::spawn(execute::run(plan, options, tx));
+    let mut run = Run::default();
+    while let Some(ev) = rx.recv().await {
+        match ev {
+            Event::Node(n) => run.nodes.push(n),
+            Event::Trajectory(t) => run.trajectories.push(t),
+            Event::RunFinished(s) => run.summary = s,
+            Event::RunStarted(_) | Event::Agent(_) => {}
+        }
+    }
+    engine.await.unwrap();
+    run
+}
+
+/// Loads `text` as one suite file and runs all of it, with `env` as the environment
+/// templates see (never the process's).
+pub async fn run_suite(text: &str, jobs: usize, env: EnvSnapshot) -> Run {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("suite.kdl");
+    std::fs::write(&path, text).unwrap();
+    let project = match trellis_dsl::load(&[&path]) {
+        Ok(p) => p,
+        Err(d) => panic!("{}", d.render_plain()),
+    };
+    let plan = Plan::build_with_env(&project, &Selection::default(), Arc::new(env)).unwrap();
+    run_plan(plan, jobs).await
 }

@@ -34,8 +34,8 @@ use crate::record::{
     Fault, FaultCategory, RunInfo, RunSummary, TrajectoryRecord, TrajectoryStatus,
 };
 use agents::{AgentRuntime, Agents};
-use verdict::{Stop, skip_trajectory};
-use walk::{PathState, Unit};
+use verdict::skip_trajectory;
+use walk::Unit;
 
 /// Upper bound of `--jobs`: far beyond what one process can keep in flight, and well inside
 /// what a tokio semaphore can count.
@@ -249,16 +249,7 @@ async fn run_unit(
             return false;
         }
         AgentRuntime::Broken(fault) => {
-            for t in 0..scenario.trajectories.len() {
-                let state = PathState::empty();
-                unit.finish_trajectory(
-                    t,
-                    &state,
-                    Some(Stop::Fault(fault.clone())),
-                    unit.expects_after(&scenario.nodes[scenario.root()], 0, t),
-                )
-                .await;
-            }
+            unit.fault_unrecorded(fault).await;
             return false;
         }
         AgentRuntime::Ready { .. } => {}
@@ -285,18 +276,7 @@ async fn run_unit(
                 FaultCategory::Internal,
                 format!("trellis failed while running this trajectory (a bug): {message}"),
             );
-            for t in 0..scenario.trajectories.len() {
-                if !unit.is_recorded(t) {
-                    let state = PathState::empty();
-                    unit.finish_trajectory(
-                        t,
-                        &state,
-                        Some(Stop::Fault(fault.clone())),
-                        unit.expects_after(&scenario.nodes[scenario.root()], 0, t),
-                    )
-                    .await;
-                }
-            }
+            unit.fault_unrecorded(&fault).await;
             false
         }
     }

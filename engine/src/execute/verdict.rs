@@ -143,6 +143,20 @@ impl Unit<'_> {
         status == TrajectoryStatus::Passed
     }
 
+    /// Ends every trajectory of the unit not recorded yet with `fault`, before any turn
+    /// (an agent that could not be set up, a bug that stopped the walk).
+    pub(super) async fn fault_unrecorded(&self, fault: &Fault) {
+        let root = &self.scenario.nodes[self.scenario.root()];
+        for t in 0..self.scenario.trajectories.len() {
+            if !self.is_recorded(t) {
+                let unreached = self.expects_after(root, 0, t);
+                let stop = Some(Stop::Fault(fault.clone()));
+                self.finish_trajectory(t, &PathState::empty(), stop, unreached)
+                    .await;
+            }
+        }
+    }
+
     pub(super) async fn skip(&self, t: usize, reason: &str) {
         self.mark_recorded(t);
         skip_trajectory(

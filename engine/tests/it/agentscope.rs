@@ -11,13 +11,13 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use trellis_engine::builtin;
-use trellis_engine::event::{self, Event};
-use trellis_engine::execute::{self, RunOptions};
-use trellis_engine::plan::{Plan, Selection};
+use trellis_engine::render::EnvSnapshot;
+
+use crate::support::run_suite;
 use trellis_engine::protocol::agentscope::AgentScopeClient;
 use trellis_engine::protocol::http::{CallLimits, HttpTransport, RetryPolicy};
 use trellis_engine::protocol::{AgentProtocol, CallContext, Conversation, Turn, TurnInput};
-use trellis_engine::record::{FaultCategory, NodeRecord, TrajectoryStatus};
+use trellis_engine::record::{FaultCategory, TrajectoryStatus};
 
 const SHORT: Duration = Duration::from_secs(5);
 
@@ -727,32 +727,8 @@ async fn each_branch_gets_a_fresh_session_with_the_prefix_replayed() {
         steps
     })
     .await;
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("suite.kdl");
-    std::fs::write(&path, FORKS.replace("URL", &server.url)).unwrap();
-    let project = match trellis_dsl::load(&[&path]) {
-        Ok(p) => p,
-        Err(d) => panic!("{}", d.render_plain()),
-    };
-    let plan = Plan::build(&project, &Selection::default()).unwrap();
-    let (tx, mut rx) = event::channel();
-    let options = RunOptions {
-        run_id: "test".into(),
-        jobs: 8,
-        stop: Default::default(),
-        strict: false,
-    };
-    let engine = tokio::spawn(execute::run(plan, options, tx));
-    let mut nodes: Vec<NodeRecord> = Vec::new();
-    let mut trajectories = Vec::new();
-    while let Some(ev) = rx.recv().await {
-        match ev {
-            Event::Node(n) => nodes.push(n),
-            Event::Trajectory(t) => trajectories.push(t),
-            _ => {}
-        }
-    }
-    engine.await.unwrap();
+    let run = run_suite(&FORKS.replace("URL", &server.url), 8, EnvSnapshot::new()).await;
+    let (nodes, trajectories) = (run.nodes, run.trajectories);
     assert_eq!(trajectories.len(), 6);
     assert!(
         trajectories
@@ -899,29 +875,13 @@ async fn a_replayed_prefix_does_not_count_twice_against_the_trajectory_timeout()
         steps
     })
     .await;
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("suite.kdl");
-    std::fs::write(&path, SLOW_FORK.replace("URL", &server.url)).unwrap();
-    let project = match trellis_dsl::load(&[&path]) {
-        Ok(p) => p,
-        Err(d) => panic!("{}", d.render_plain()),
-    };
-    let plan = Plan::build(&project, &Selection::default()).unwrap();
-    let (tx, mut rx) = event::channel();
-    let options = RunOptions {
-        run_id: "slow-fork".into(),
-        jobs: 8,
-        stop: Default::default(),
-        strict: false,
-    };
-    let engine = tokio::spawn(execute::run(plan, options, tx));
-    let mut trajectories = Vec::new();
-    while let Some(ev) = rx.recv().await {
-        if let Event::Trajectory(t) = ev {
-            trajectories.push(t);
-        }
-    }
-    engine.await.unwrap();
+    let trajectories = run_suite(
+        &SLOW_FORK.replace("URL", &server.url),
+        8,
+        EnvSnapshot::new(),
+    )
+    .await
+    .trajectories;
     assert_eq!(trajectories.len(), 2);
     for t in &trajectories {
         assert_eq!(t.status, TrajectoryStatus::Passed, "{t:?}");
@@ -969,29 +929,9 @@ scenario "tokens" {
     }
 }
 "##;
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("suite.kdl");
-    std::fs::write(&path, suite.replace("URL", &server.url)).unwrap();
-    let project = match trellis_dsl::load(&[&path]) {
-        Ok(p) => p,
-        Err(d) => panic!("{}", d.render_plain()),
-    };
-    let plan = Plan::build(&project, &Selection::default()).unwrap();
-    let (tx, mut rx) = event::channel();
-    let options = RunOptions {
-        run_id: "test".into(),
-        jobs: 8,
-        stop: Default::default(),
-        strict: false,
-    };
-    let engine = tokio::spawn(execute::run(plan, options, tx));
-    let mut trajectories = Vec::new();
-    while let Some(ev) = rx.recv().await {
-        if let Event::Trajectory(t) = ev {
-            trajectories.push(t);
-        }
-    }
-    engine.await.unwrap();
+    let trajectories = run_suite(&suite.replace("URL", &server.url), 8, EnvSnapshot::new())
+        .await
+        .trajectories;
     assert_eq!(trajectories.len(), 2);
     for t in &trajectories {
         assert_eq!(t.status, TrajectoryStatus::Passed, "{t:?}");

@@ -2,41 +2,13 @@
 //! (user context, captures, env) and checked against the builtin booking agent, served for
 //! real on loopback.
 
-use std::sync::Arc;
-
-use trellis_engine::event::{self, Event};
-use trellis_engine::execute::{self, RunOptions};
-use trellis_engine::plan::{Plan, Selection};
 use trellis_engine::record::{CriterionRecord, CriterionStatus, TrajectoryRecord};
 use trellis_engine::render::EnvSnapshot;
 
 /// Loads `text` as a suite file, runs it with `env` as the template environment, and returns
 /// the finished trajectories.
 async fn run(text: &str, env: EnvSnapshot) -> Vec<TrajectoryRecord> {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("suite.kdl");
-    std::fs::write(&path, text).unwrap();
-    let project = match trellis_dsl::load(&[&path]) {
-        Ok(p) => p,
-        Err(d) => panic!("{}", d.render_plain()),
-    };
-    let plan = Plan::build_with_env(&project, &Selection::default(), Arc::new(env)).unwrap();
-    let (tx, mut rx) = event::channel();
-    let options = RunOptions {
-        run_id: "test".into(),
-        jobs: 4,
-        stop: Default::default(),
-        strict: false,
-    };
-    let engine = tokio::spawn(execute::run(plan, options, tx));
-    let mut trajectories = Vec::new();
-    while let Some(ev) = rx.recv().await {
-        if let Event::Trajectory(t) = ev {
-            trajectories.push(t);
-        }
-    }
-    engine.await.unwrap();
-    trajectories
+    crate::support::run_suite(text, 4, env).await.trajectories
 }
 
 fn criterion<'a>(t: &'a TrajectoryRecord, text: &str) -> &'a CriterionRecord {

@@ -5,13 +5,10 @@ use std::sync::{Arc, Mutex};
 
 use axum::{Json, Router, extract::State, http::StatusCode, routing::post};
 use serde_json::{Value, json};
-use trellis_engine::event::{self, Event};
-use trellis_engine::execute::{self, RunOptions};
-use trellis_engine::plan::{Plan, Selection};
-use trellis_engine::record::{
-    CriterionStatus, FaultCategory, NodeRecord, RunSummary, TrajectoryRecord, TrajectoryStatus,
-};
+use trellis_engine::record::{CriterionStatus, FaultCategory, TrajectoryStatus};
 use trellis_engine::render::EnvSnapshot;
+
+use crate::support::Run;
 
 /// Every request body the agent received.
 type Seen = Arc<Mutex<Vec<Value>>>;
@@ -63,49 +60,13 @@ async fn echo_agent() -> (String, Seen) {
     (format!("http://{addr}/agent/respond"), seen)
 }
 
-struct Run {
-    nodes: Vec<NodeRecord>,
-    trajectories: Vec<TrajectoryRecord>,
-    summary: RunSummary,
-}
-
 async fn run_suite(text: &str, jobs: usize) -> Run {
     run_suite_with_env(text, jobs, EnvSnapshot::new()).await
 }
 
 /// Runs `text` with `env` as the environment templates see (never the process's).
 async fn run_suite_with_env(text: &str, jobs: usize, env: EnvSnapshot) -> Run {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("suite.kdl");
-    std::fs::write(&path, text).unwrap();
-    let project = match trellis_dsl::load(&[&path]) {
-        Ok(p) => p,
-        Err(d) => panic!("{}", d.render_plain()),
-    };
-    let plan = Plan::build_with_env(&project, &Selection::default(), Arc::new(env)).unwrap();
-    let (tx, mut rx) = event::channel();
-    let options = RunOptions {
-        run_id: "test".into(),
-        jobs,
-        stop: Default::default(),
-        strict: false,
-    };
-    let engine = tokio::spawn(execute::run(plan, options, tx));
-    let mut run = Run {
-        nodes: vec![],
-        trajectories: vec![],
-        summary: RunSummary::default(),
-    };
-    while let Some(ev) = rx.recv().await {
-        match ev {
-            Event::Node(n) => run.nodes.push(n),
-            Event::Trajectory(t) => run.trajectories.push(t),
-            Event::RunFinished(s) => run.summary = s,
-            Event::RunStarted(_) | Event::Agent(_) => {}
-        }
-    }
-    engine.await.unwrap();
-    run
+    crate::support::run_suite(text, jobs, env).await
 }
 
 const FORKS: &str = r#"

@@ -5,10 +5,8 @@
 use std::sync::Arc;
 
 use trellis_dsl::Protocol;
-use trellis_engine::event::{self, Event};
-use trellis_engine::execute::{self, RunOptions};
 use trellis_engine::plan::{Plan, Selection};
-use trellis_engine::record::{TrajectoryRecord, TrajectoryStatus};
+use trellis_engine::record::TrajectoryStatus;
 use trellis_engine::render::EnvSnapshot;
 
 fn load_files(files: &[(&str, &str)]) -> (tempfile::TempDir, trellis_dsl::Project) {
@@ -57,21 +55,7 @@ async fn a_cross_suite_need_runs_first_and_the_dependent_still_runs() {
         "`needs \"x/y\"` is suite x's y, never z/y itself"
     );
 
-    let (tx, mut rx) = event::channel();
-    let options = RunOptions {
-        run_id: "test".into(),
-        jobs: 4,
-        stop: Default::default(),
-        strict: false,
-    };
-    let engine = tokio::spawn(execute::run(plan, options, tx));
-    let mut finished: Vec<TrajectoryRecord> = Vec::new();
-    while let Some(ev) = rx.recv().await {
-        if let Event::Trajectory(t) = ev {
-            finished.push(t);
-        }
-    }
-    engine.await.unwrap();
+    let finished = crate::support::run_plan(plan, 4).await.trajectories;
     let order: Vec<String> = finished
         .iter()
         .map(|t| format!("{}/{}", t.suite, t.scenario))
