@@ -11,9 +11,12 @@
 //! The layout of every file is documented in `docs/results.md`.
 
 mod error;
+pub mod history;
 mod html;
 mod journal;
 mod junit;
+pub mod stats;
+pub mod compare;
 mod staged;
 mod tables;
 mod tally;
@@ -150,6 +153,8 @@ pub fn write_reports(run_dir: &Path, options: &ReportOptions) -> Result<ReportFi
 pub struct ReportWriter {
     run_dir: PathBuf,
     info: RunInfo,
+    /// `run.json` as it was when the writer started.
+    meta: Option<history::RunMeta>,
     tables: Tables,
     tally: Tally,
     selection: Selection,
@@ -175,6 +180,8 @@ impl ReportWriter {
         Ok(ReportWriter {
             run_dir: run_dir.to_path_buf(),
             info: info.clone(),
+            // Metadata is an addition to the tables: a damaged `run.json` must not stop them.
+            meta: history::RunMeta::read(run_dir).ok().flatten(),
             tables: Tables::create(run_dir, &info.run_id, options.batch_rows)?,
             tally: Tally::default(),
             selection: Selection::new(options),
@@ -234,6 +241,7 @@ impl ReportWriter {
         let ReportWriter {
             run_dir,
             info,
+            meta,
             tables,
             tally,
             selection,
@@ -254,6 +262,7 @@ impl ReportWriter {
             errors: totals.errors,
             skipped: totals.skipped,
             turns: tally.turns,
+            meta: meta.as_ref(),
         });
 
         let junit_path = run_dir.join(JUNIT_FILE);

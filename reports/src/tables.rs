@@ -20,6 +20,7 @@ use trellis_engine::record::{
 };
 
 use crate::error::ReportError;
+use crate::history::{RunMeta, SCHEMA_VERSION};
 use crate::staged::Staged;
 
 /// Flush a table early when its buffered text reaches this size, so a run with very long
@@ -56,7 +57,8 @@ plain_column_buffer!(
     Option<u64>,
     f64,
     Option<f64>,
-    bool
+    bool,
+    Option<bool>
 );
 
 impl ColumnBuffer for Vec<Vec<String>> {
@@ -114,6 +116,7 @@ table!(
     /// `trajectories.parquet`: one row per trajectory record.
     TrajectoryRows {
         run_id: Vec<String>,
+        schema_version: Vec<u32>,
         suite: Vec<String>,
         scenario: Vec<String>,
         trajectory: Vec<String>,
@@ -140,6 +143,7 @@ table!(
     /// `turns.parquet`: one row per agent turn of an execution node.
     TurnRows {
         run_id: Vec<String>,
+        schema_version: Vec<u32>,
         suite: Vec<String>,
         scenario: Vec<String>,
         node: Vec<String>,
@@ -173,6 +177,7 @@ table!(
     /// `tool_calls.parquet`: one row per tool call of a turn.
     ToolCallRows {
         run_id: Vec<String>,
+        schema_version: Vec<u32>,
         suite: Vec<String>,
         scenario: Vec<String>,
         node: Vec<String>,
@@ -192,6 +197,7 @@ table!(
     /// `criteria.parquet`: one row per check of a trajectory.
     CriterionRows {
         run_id: Vec<String>,
+        schema_version: Vec<u32>,
         suite: Vec<String>,
         scenario: Vec<String>,
         trajectory: Vec<String>,
@@ -210,6 +216,7 @@ table!(
     /// `runs.parquet`: one row per run.
     RunRows {
         run_id: Vec<String>,
+        schema_version: Vec<u32>,
         started_at: Vec<String>,
         finished_at: Vec<Option<String>>,
         trellis_version: Vec<String>,
@@ -222,6 +229,12 @@ table!(
         turns: Vec<u64>,
         planned_trajectories: Vec<u64>,
         suites: Vec<Vec<String>>,
+        suite_fingerprint: Vec<Option<String>>,
+        git_commit: Vec<Option<String>>,
+        git_dirty: Vec<Option<bool>>,
+        endpoints: Vec<Vec<String>>,
+        tags: Vec<Vec<String>>,
+        labels: Vec<Vec<String>>,
     }
 );
 
@@ -351,6 +364,8 @@ pub(crate) struct RunRow<'a> {
     pub(crate) errors: u64,
     pub(crate) skipped: u64,
     pub(crate) turns: u64,
+    /// `run.json`, when the run has one.
+    pub(crate) meta: Option<&'a RunMeta>,
 }
 
 /// Paths of the tables, whether written or not.
@@ -413,6 +428,7 @@ impl Tables {
                 + opt_len(fault_message.as_ref())
                 + messages.len()
                 + exchanges.len();
+            t.schema_version.push(SCHEMA_VERSION);
             t.run_id.push(self.run_id.clone());
             t.suite.push(node.suite.clone());
             t.scenario.push(node.scenario.clone());
@@ -447,7 +463,8 @@ impl Tables {
             for (call_index, call) in turn.tool_calls.iter().enumerate() {
                 let c = &mut self.tool_calls.buf;
                 c.bytes += call.arguments.len() + opt_len(call.result.as_ref());
-                c.run_id.push(self.run_id.clone());
+                c.schema_version.push(SCHEMA_VERSION);
+            c.run_id.push(self.run_id.clone());
                 c.suite.push(node.suite.clone());
                 c.scenario.push(node.scenario.clone());
                 c.node.push(node.node.clone());
@@ -474,7 +491,8 @@ impl Tables {
         let checks_failed = count(CriterionStatus::Failed);
         let t = &mut self.trajectories.buf;
         t.bytes += opt_len(fault_message.as_ref()) + opt_len(tr.skip_reason.as_ref());
-        t.run_id.push(self.run_id.clone());
+        t.schema_version.push(SCHEMA_VERSION);
+            t.run_id.push(self.run_id.clone());
         t.suite.push(tr.suite.clone());
         t.scenario.push(tr.scenario.clone());
         t.trajectory.push(tr.trajectory.clone());
@@ -500,6 +518,7 @@ impl Tables {
         for criterion in &tr.criteria {
             let c = &mut self.criteria.buf;
             c.bytes += criterion.criterion.len() + opt_len(criterion.detail.as_ref());
+            c.schema_version.push(SCHEMA_VERSION);
             c.run_id.push(self.run_id.clone());
             c.suite.push(tr.suite.clone());
             c.scenario.push(tr.scenario.clone());
@@ -521,6 +540,7 @@ impl Tables {
     /// returned with why.
     pub(crate) fn finish(mut self, run: RunRow<'_>) -> (TablePaths, Vec<(PathBuf, ReportError)>) {
         let r = &mut self.runs.buf;
+        r.schema_version.push(SCHEMA_VERSION);
         r.run_id.push(run.info.run_id.clone());
         r.started_at.push(run.info.started_at.clone());
         r.finished_at
@@ -535,6 +555,24 @@ impl Tables {
         r.turns.push(run.turns);
         r.planned_trajectories.push(run.info.planned_trajectories);
         r.suites.push(run.info.suites.clone());
+        let meta = run.meta;
+        r.suite_fingerprint
+            .push(meta.map(|m| m.suite_fingerprint.clone()).filter(|f| !f.is_empty()));
+        let git = meta.and_then(|m| m.git.as_ref());
+        r.git_commit.push(git.map(|g| g.commit.clone()));
+        r.git_dirty.push(git.map(|g| g.dirty));
+        r.endpoints.push(
+            meta.map(|m| {
+                m.endpoints
+                    .iter()
+                    .map(|e| format!("{}={}", e.agent, e.endpoint))
+                    .collect()
+            })
+            .unwrap_or_default(),
+        );
+        r.tags.push(meta.map(|m| m.tags.clone()).unwrap_or_default());
+        r.labels
+            .push(meta.map(RunMeta::label_pairs).unwrap_or_default());
         r.rows += 1;
 
         let mut failed = Vec::new();

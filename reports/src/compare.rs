@@ -1,0 +1,595 @@
+//! Two runs compared: what changed per run metric, scenario, branch and criterion, and
+//! whether any change is a regression past the thresholds.
+//!
+//! A pass-rate drop counts when it exceeds its threshold and, when either side has more
+//! than one sample (repetitions, or many trajectories at run level), when a one-sided
+//! Fisher exact test finds it unlikely to be noise (p < `alpha`). With one sample on each
+//! side there is nothing to test: a pass that became a failure is a regression. Latency
+//! counts when the mean turn latency grows by more than its percentage *and* by more than
+//! `latency_noise_ms` (sub-millisecond local agents would otherwise flap). The mean judge
+//! score counts when it drops by more than its points. [`Comparison`] is plain data, for
+//! the console, `--json` and the HTML compare page; `docs/results.md` documents it.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use statrs::stats_tests::{Alternative, fishers_exact};
+
+use crate::stats::{RunStats, StatusCounts};
+
+/// When a change is a regression. Defaults are Connexity's.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Thresholds {
+    /// Largest pass-rate drop tolerated, in percentage points (default 0).
+    pub max_pass_rate_drop: f64,
+    /// Largest mean judge score drop tolerated, in points of 0–100 (default 5).
+    pub max_score_drop: f64,
+    /// Largest mean latency increase tolerated, in percent (default 20).
+    pub max_latency_increase_pct: f64,
+    /// Latency increases smaller than this many milliseconds never count (default 10).
+    pub latency_noise_ms: f64,
+    /// Significance level of the test on pass rates with repeats (default 0.05); 1 makes
+    /// every drop past the threshold count.
+    pub alpha: f64,
+}
+
+impl Default for Thresholds {
+    fn default() -> Self {
+        Thresholds {
+            max_pass_rate_drop: 0.0,
+            max_score_drop: 5.0,
+            max_latency_increase_pct: 20.0,
+            latency_noise_ms: 10.0,
+            alpha: 0.05,
+        }
+    }
+}
+
+/// What a change amounts to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// Worse past the threshold (and significant, where tested): fails the comparison.
+    Regressed,
+    /// Worse past the threshold, but the test says it may be noise (p ≥ alpha).
+    Noise,
+    Unchanged,
+    Improved,
+    /// Only in the head run.
+    Added,
+    /// Only in the base run.
+    Removed,
+    /// Nothing to compare (no sample ran on one side, or the metric is not measured).
+    NotComparable,
+}
+
+impl Verdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Regressed => "regressed",
+            Verdict::Noise => "noise",
+            Verdict::Unchanged => "unchanged",
+            Verdict::Improved => "improved",
+            Verdict::Added => "added",
+            Verdict::Removed => "removed",
+            Verdict::NotComparable => "not comparable",
+        }
+    }
+}
+
+/// Successes out of samples on one side.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Tally {
+    pub passed: u64,
+    pub samples: u64,
+}
+
+impl Tally {
+    pub fn rate(&self) -> Option<f64> {
+        (self.samples > 0).then(|| self.passed as f64 / self.samples as f64)
+    }
+}
+
+/// A pass rate in both runs.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RateChange {
+    pub base: Option<Tally>,
+    pub head: Option<Tally>,
+    /// Head minus base, in percentage points.
+    pub delta_points: Option<f64>,
+    /// One-sided Fisher exact test, when either side has more than one sample.
+    pub p_value: Option<f64>,
+    pub verdict: Verdict,
+}
+
+/// A run-level metric in both runs.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct MetricChange {
+    /// `pass_rate`, `latency_mean_ms`, `latency_p50_ms`, `latency_p95_ms`, `mean_score`,
+    /// `total_tokens`.
+    pub metric: &'static str,
+    pub base: Option<f64>,
+    pub head: Option<f64>,
+    pub delta: Option<f64>,
+    /// The threshold that applies, in the metric's terms; `None` for metrics shown only.
+    pub threshold: Option<f64>,
+    pub p_value: Option<f64>,
+    pub verdict: Verdict,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ScenarioChange {
+    pub suite: String,
+    pub scenario: String,
+    pub agent: String,
+    /// Repetitions of the whole scenario that passed (every branch passed).
+    pub rate: RateChange,
+    pub base_latency_mean_ms: Option<f64>,
+    pub head_latency_mean_ms: Option<f64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BranchChange {
+    pub suite: String,
+    pub scenario: String,
+    pub trajectory: String,
+    pub agent: String,
+    pub rate: RateChange,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CriterionChange {
+    pub suite: String,
+    pub scenario: String,
+    pub trajectory: String,
+    pub agent: String,
+    pub turn_index: Option<u32>,
+    pub criterion: String,
+    pub rate: RateChange,
+    /// Why it failed in the head run, when it did.
+    pub head_failure: Option<String>,
+}
+
+/// Which run a side of the comparison is.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct RunRef {
+    pub run_id: String,
+    pub name: Option<String>,
+    pub dir: String,
+    pub started_at: String,
+    pub finished: bool,
+}
+
+/// Everything that changed between two runs.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Comparison {
+    pub base: RunRef,
+    pub head: RunRef,
+    pub thresholds: Thresholds,
+    pub metrics: Vec<MetricChange>,
+    pub scenarios: Vec<ScenarioChange>,
+    pub branches: Vec<BranchChange>,
+    pub criteria: Vec<CriterionChange>,
+    /// One sentence per regression, in the order above.
+    pub regressions: Vec<String>,
+    /// Some change regressed: `trellis compare` exits 1.
+    pub regressed: bool,
+}
+
+/// Compares `head` against `base`.
+pub fn compare(
+    base: &RunStats,
+    base_ref: RunRef,
+    head: &RunStats,
+    head_ref: RunRef,
+    thresholds: Thresholds,
+) -> Comparison {
+    let mut regressions = Vec::new();
+    let metrics = run_metrics(base, head, &thresholds);
+    for m in &metrics {
+        if m.verdict == Verdict::Regressed {
+            regressions.push(format!(
+                "run {}: {} → {}",
+                m.metric,
+                show(m.base),
+                show(m.head)
+            ));
+        }
+    }
+
+    let scenarios: Vec<ScenarioChange> = pair(
+        base.scenarios
+            .iter()
+            .map(|s| ((s.suite.clone(), s.scenario.clone(), s.agent.clone()), s)),
+        head.scenarios
+            .iter()
+            .map(|s| ((s.suite.clone(), s.scenario.clone(), s.agent.clone()), s)),
+    )
+    .into_iter()
+    .map(|((suite, scenario, agent), (b, h))| ScenarioChange {
+        rate: judge_rate(
+            b.map(|s| tally(s.repeats.passed, s.repeats.samples)),
+            h.map(|s| tally(s.repeats.passed, s.repeats.samples)),
+            &thresholds,
+        ),
+        base_latency_mean_ms: b.and_then(|s| s.latency.mean_ms),
+        head_latency_mean_ms: h.and_then(|s| s.latency.mean_ms),
+        suite,
+        scenario,
+        agent,
+    })
+    .collect();
+    for s in &scenarios {
+        if s.rate.verdict == Verdict::Regressed {
+            regressions.push(format!(
+                "scenario {}/{} [{}]: {}",
+                s.suite,
+                s.scenario,
+                s.agent,
+                describe(&s.rate)
+            ));
+        }
+    }
+
+    let branches: Vec<BranchChange> = pair(
+        base.branches.iter().map(|b| {
+            (
+                (
+                    b.suite.clone(),
+                    b.scenario.clone(),
+                    b.trajectory.clone(),
+                    b.agent.clone(),
+                ),
+                b,
+            )
+        }),
+        head.branches.iter().map(|b| {
+            (
+                (
+                    b.suite.clone(),
+                    b.scenario.clone(),
+                    b.trajectory.clone(),
+                    b.agent.clone(),
+                ),
+                b,
+            )
+        }),
+    )
+    .into_iter()
+    .map(|((suite, scenario, trajectory, agent), (b, h))| BranchChange {
+        rate: judge_rate(
+            b.map(|b| tally(b.repeats.passed, b.repeats.samples)),
+            h.map(|b| tally(b.repeats.passed, b.repeats.samples)),
+            &thresholds,
+        ),
+        suite,
+        scenario,
+        trajectory,
+        agent,
+    })
+    .collect();
+    for b in &branches {
+        if b.rate.verdict == Verdict::Regressed {
+            regressions.push(format!(
+                "branch {}/{} {} [{}]: {}",
+                b.suite,
+                b.scenario,
+                b.trajectory,
+                b.agent,
+                describe(&b.rate)
+            ));
+        }
+    }
+
+    let criteria: Vec<CriterionChange> = pair(
+        base.criteria.iter().map(|c| (criterion_key(c), c)),
+        head.criteria.iter().map(|c| (criterion_key(c), c)),
+    )
+    .into_iter()
+    .map(
+        |((suite, scenario, trajectory, agent, turn_index, criterion), (b, h))| {
+            CriterionChange {
+                rate: judge_rate(
+                    b.map(|c| tally(c.passed, c.passed + c.failed)),
+                    h.map(|c| tally(c.passed, c.passed + c.failed)),
+                    &thresholds,
+                ),
+                head_failure: h.and_then(|c| c.first_failure.clone()),
+                suite,
+                scenario,
+                trajectory,
+                agent,
+                turn_index,
+                criterion,
+            }
+        },
+    )
+    .collect();
+    for c in &criteria {
+        if c.rate.verdict == Verdict::Regressed {
+            let at = c
+                .turn_index
+                .map(|i| format!(" (turn {i})"))
+                .unwrap_or_default();
+            regressions.push(format!(
+                "check {}/{} {} [{}]{at} `{}`: {}",
+                c.suite,
+                c.scenario,
+                c.trajectory,
+                c.agent,
+                c.criterion,
+                describe(&c.rate)
+            ));
+        }
+    }
+
+    Comparison {
+        base: base_ref,
+        head: head_ref,
+        thresholds,
+        metrics,
+        regressed: !regressions.is_empty(),
+        scenarios,
+        branches,
+        criteria,
+        regressions,
+    }
+}
+
+type CriterionKey = (String, String, String, String, Option<u32>, String);
+
+fn criterion_key(c: &crate::stats::CriterionStats) -> CriterionKey {
+    (
+        c.suite.clone(),
+        c.scenario.clone(),
+        c.trajectory.clone(),
+        c.agent.clone(),
+        c.turn_index,
+        c.criterion.clone(),
+    )
+}
+
+fn tally(passed: u64, samples: u64) -> Tally {
+    Tally { passed, samples }
+}
+
+/// Both sides by key, in key order, keeping what only one side has.
+fn pair<'a, K: Ord, V>(
+    base: impl Iterator<Item = (K, &'a V)>,
+    head: impl Iterator<Item = (K, &'a V)>,
+) -> Vec<(K, (Option<&'a V>, Option<&'a V>))>
+where
+    V: 'a,
+{
+    let mut both: BTreeMap<K, (Option<&'a V>, Option<&'a V>)> = BTreeMap::new();
+    for (key, value) in base {
+        both.entry(key).or_default().0 = Some(value);
+    }
+    for (key, value) in head {
+        both.entry(key).or_default().1 = Some(value);
+    }
+    both.into_iter().collect()
+}
+
+/// The verdict on a pass rate: see the module documentation.
+pub fn judge_rate(base: Option<Tally>, head: Option<Tally>, t: &Thresholds) -> RateChange {
+    let (b, h) = match (base, head) {
+        (Some(b), Some(h)) => (b, h),
+        (None, _) => {
+            return RateChange {
+                base,
+                head,
+                delta_points: None,
+                p_value: None,
+                verdict: Verdict::Added,
+            };
+        }
+        (_, None) => {
+            return RateChange {
+                base,
+                head,
+                delta_points: None,
+                p_value: None,
+                verdict: Verdict::Removed,
+            };
+        }
+    };
+    let (Some(base_rate), Some(head_rate)) = (b.rate(), h.rate()) else {
+        return RateChange {
+            base,
+            head,
+            delta_points: None,
+            p_value: None,
+            verdict: Verdict::NotComparable,
+        };
+    };
+    let delta = (head_rate - base_rate) * 100.0;
+    let repeated = b.samples > 1 || h.samples > 1;
+    let table = [
+        b.passed,
+        b.samples - b.passed.min(b.samples),
+        h.passed,
+        h.samples - h.passed.min(h.samples),
+    ];
+    // Odds ratio above 1 when the base passes more often: that is a drop.
+    let test = |alternative| {
+        repeated
+            .then(|| fishers_exact(&table, alternative).ok())
+            .flatten()
+    };
+    const EPSILON: f64 = 1e-9;
+    let (verdict, p_value) = if -delta > t.max_pass_rate_drop + EPSILON {
+        let p = test(Alternative::Greater);
+        match p {
+            Some(p) if p >= t.alpha => (Verdict::Noise, Some(p)),
+            _ => (Verdict::Regressed, p),
+        }
+    } else if delta > EPSILON {
+        (Verdict::Improved, test(Alternative::Less))
+    } else {
+        (Verdict::Unchanged, None)
+    };
+    RateChange {
+        base,
+        head,
+        delta_points: Some(delta),
+        p_value,
+        verdict,
+    }
+}
+
+fn run_metrics(base: &RunStats, head: &RunStats, t: &Thresholds) -> Vec<MetricChange> {
+    let ran = |c: &StatusCounts| tally(c.passed, c.ran());
+    let rate = judge_rate(
+        Some(ran(&base.aggregates.counts)),
+        Some(ran(&head.aggregates.counts)),
+        t,
+    );
+    let mut metrics = vec![MetricChange {
+        metric: "pass_rate",
+        base: base.aggregates.pass_rate,
+        head: head.aggregates.pass_rate,
+        delta: rate.delta_points.map(|d| d / 100.0),
+        threshold: Some(t.max_pass_rate_drop / 100.0),
+        p_value: rate.p_value,
+        verdict: rate.verdict,
+    }];
+
+    let (b, h) = (&base.aggregates.latency, &head.aggregates.latency);
+    let latency_verdict = match (b.mean_ms, h.mean_ms) {
+        (Some(b), Some(h)) => {
+            let increase = h - b;
+            let limit = b * t.max_latency_increase_pct / 100.0;
+            if increase > limit && increase > t.latency_noise_ms {
+                Verdict::Regressed
+            } else if -increase > limit && -increase > t.latency_noise_ms {
+                Verdict::Improved
+            } else {
+                Verdict::Unchanged
+            }
+        }
+        _ => Verdict::NotComparable,
+    };
+    metrics.push(metric(
+        "latency_mean_ms",
+        b.mean_ms,
+        h.mean_ms,
+        Some(t.max_latency_increase_pct),
+        latency_verdict,
+    ));
+    for (name, b, h) in [
+        ("latency_p50_ms", b.p50_ms, h.p50_ms),
+        ("latency_p95_ms", b.p95_ms, h.p95_ms),
+        ("latency_max_ms", b.max_ms, h.max_ms),
+    ] {
+        let verdict = if b.is_some() && h.is_some() {
+            Verdict::Unchanged
+        } else {
+            Verdict::NotComparable
+        };
+        metrics.push(metric(name, b, h, None, verdict));
+    }
+
+    let (b, h) = (base.aggregates.mean_score, head.aggregates.mean_score);
+    let score_verdict = match (b, h) {
+        (Some(b), Some(h)) if b - h > t.max_score_drop => Verdict::Regressed,
+        (Some(b), Some(h)) if h > b => Verdict::Improved,
+        (Some(_), Some(_)) => Verdict::Unchanged,
+        _ => Verdict::NotComparable,
+    };
+    metrics.push(metric(
+        "mean_score",
+        b,
+        h,
+        Some(t.max_score_drop),
+        score_verdict,
+    ));
+    let tokens = |s: &RunStats| s.aggregates.total_tokens.map(|n| n as f64);
+    let (b, h) = (tokens(base), tokens(head));
+    let verdict = if b.is_some() && h.is_some() {
+        Verdict::Unchanged
+    } else {
+        Verdict::NotComparable
+    };
+    metrics.push(metric("total_tokens", b, h, None, verdict));
+    metrics
+}
+
+fn metric(
+    name: &'static str,
+    base: Option<f64>,
+    head: Option<f64>,
+    threshold: Option<f64>,
+    verdict: Verdict,
+) -> MetricChange {
+    MetricChange {
+        metric: name,
+        base,
+        head,
+        delta: base.zip(head).map(|(b, h)| h - b),
+        threshold,
+        p_value: None,
+        verdict,
+    }
+}
+
+fn show(value: Option<f64>) -> String {
+    value.map_or_else(|| "-".to_owned(), |v| format!("{v:.3}"))
+}
+
+/// `2/3 → 0/3 passed (p = 0.20)`.
+pub fn describe(rate: &RateChange) -> String {
+    let side = |t: Option<Tally>| t.map_or_else(|| "-".to_owned(), |t| format!("{}/{}", t.passed, t.samples));
+    let p = rate
+        .p_value
+        .map(|p| format!(" (p = {p:.3})"))
+        .unwrap_or_default();
+    format!("{} → {} passed{p}", side(rate.base), side(rate.head))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(passed: u64, samples: u64) -> Option<Tally> {
+        Some(Tally { passed, samples })
+    }
+
+    #[test]
+    fn a_single_pass_turning_into_a_failure_regresses() {
+        let r = judge_rate(t(1, 1), t(0, 1), &Thresholds::default());
+        assert_eq!(r.verdict, Verdict::Regressed);
+        assert_eq!(r.p_value, None);
+        assert_eq!(r.delta_points, Some(-100.0));
+    }
+
+    #[test]
+    fn one_failure_in_five_repeats_is_noise_a_collapse_is_not() {
+        let r = judge_rate(t(5, 5), t(4, 5), &Thresholds::default());
+        assert_eq!(r.verdict, Verdict::Noise);
+        // Fisher exact, one-sided, [[5,0],[4,1]]: p = 0.5 (scipy.stats.fisher_exact).
+        assert!((r.p_value.unwrap() - 0.5).abs() < 1e-9);
+        let r = judge_rate(t(10, 10), t(2, 10), &Thresholds::default());
+        assert_eq!(r.verdict, Verdict::Regressed);
+        // [[10,0],[2,8]] greater: C(12,10)·C(8,0)/C(20,10) = 66/184756.
+        assert!((r.p_value.unwrap() - 66.0 / 184_756.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn thresholds_and_alpha_are_honoured() {
+        let lenient = Thresholds {
+            max_pass_rate_drop: 30.0,
+            ..Thresholds::default()
+        };
+        assert_eq!(judge_rate(t(10, 10), t(8, 10), &lenient).verdict, Verdict::Unchanged);
+        let untested = Thresholds {
+            alpha: 1.0,
+            ..Thresholds::default()
+        };
+        assert_eq!(judge_rate(t(5, 5), t(4, 5), &untested).verdict, Verdict::Regressed);
+        assert_eq!(judge_rate(t(0, 1), t(1, 1), &untested).verdict, Verdict::Improved);
+        assert_eq!(judge_rate(None, t(1, 1), &untested).verdict, Verdict::Added);
+        assert_eq!(judge_rate(t(1, 1), None, &untested).verdict, Verdict::Removed);
+        assert_eq!(judge_rate(t(0, 0), t(1, 1), &untested).verdict, Verdict::NotComparable);
+    }
+}

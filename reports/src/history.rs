@@ -1,0 +1,527 @@
+//! Runs as a history: the metadata each run keeps in `run.json`, and finding, listing,
+//! naming and pinning runs under a runs directory.
+//!
+//! `run.json` is written by `trellis run` before the engine starts, so a run that crashes
+//! still says what it ran (suite fingerprint, git commit, endpoints, labels). Its `name` and
+//! `baseline` fields are the only ones that change after the run (`trellis runs name`,
+//! `trellis runs pin`); every write goes through a temporary file and a rename. The
+//! immutable part is copied into `runs.parquet` when the tables are written, so a glob over
+//! `runs/*/runs.parquet` carries it. The layout is documented in `docs/results.md`.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use polars::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use crate::JOURNAL_FILE;
+use crate::error::ReportError;
+
+/// Version of the result tables' layout, in every table's `schema_version` column and in
+/// `run.json`. Raised whenever a column changes meaning, is renamed or removed.
+pub const SCHEMA_VERSION: u32 = 2;
+/// The run metadata file in a run directory.
+pub const RUN_META_FILE: &str = "run.json";
+
+/// Where the suites came from in git, when they are in a repository.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GitState {
+    /// `git rev-parse HEAD`.
+    pub commit: String,
+    /// Tracked files differ from the commit (`git status --porcelain --untracked-files=no`).
+    pub dirty: bool,
+}
+
+/// One agent as the run reached it, without secrets: header values are never recorded and
+/// URLs lose their user, password, query and fragment.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentEndpoint {
+    pub agent: String,
+    pub protocol: String,
+    /// `https://host/path`, `builtin:NAME`, `command:PROGRAM` (arguments left out: they may
+    /// carry tokens) or `socket:ADDRESS`.
+    pub endpoint: String,
+}
+
+/// `run.json`: what a run ran against, and how people refer to it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct RunMeta {
+    #[serde(default)]
+    pub schema_version: u32,
+    pub run_id: String,
+    #[serde(default)]
+    pub trellis_version: String,
+    /// A stable hash of the loaded suite files (names and text), so runs of the same suites
+    /// can be told apart from runs of edited ones.
+    #[serde(default)]
+    pub suite_fingerprint: String,
+    #[serde(default)]
+    pub git: Option<GitState>,
+    #[serde(default)]
+    pub endpoints: Vec<AgentEndpoint>,
+    /// The run's `--tag` selection.
+    #[serde(default)]
+    pub tags: Vec<String>,
+    /// `--label key=value`, sorted by key.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Set by `trellis runs name`; unique within a runs directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Set by `trellis runs pin`: the baseline `compare` and `run --baseline` use by default.
+    /// At most one run of a runs directory has it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub baseline: bool,
+}
+
+impl RunMeta {
+    /// Reads `dir/run.json`; `Ok(None)` when the run has none (runs from before it existed).
+    pub fn read(dir: &Path) -> Result<Option<RunMeta>, HistoryError> {
+        let path = dir.join(RUN_META_FILE);
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(source) => return Err(HistoryError::Io { path, source }),
+        };
+        serde_json::from_str(&text)
+            .map(Some)
+            .map_err(|source| HistoryError::BadMeta { path, source })
+    }
+
+    /// Writes `dir/run.json` through a temporary file, replacing an earlier one.
+    pub fn write(&self, dir: &Path) -> Result<(), HistoryError> {
+        let path = dir.join(RUN_META_FILE);
+        let partial = dir.join(format!("{RUN_META_FILE}{}", crate::PARTIAL_SUFFIX));
+        let text = serde_json::to_string_pretty(self).map_err(|source| HistoryError::BadMeta {
+            path: path.clone(),
+            source,
+        })?;
+        std::fs::write(&partial, text + "\n").map_err(|source| HistoryError::Io {
+            path: partial.clone(),
+            source,
+        })?;
+        std::fs::rename(&partial, &path).map_err(|source| HistoryError::Io { path, source })
+    }
+
+    /// `key=value` for each label, sorted by key (as in `runs.parquet`).
+    pub fn label_pairs(&self) -> Vec<String> {
+        self.labels.iter().map(|(k, v)| format!("{k}={v}")).collect()
+    }
+}
+
+/// Removes what may carry a secret from an agent URL: user, password, query and fragment.
+/// A URL that does not parse (a template) keeps only what comes before `?` or `#`, with
+/// anything up to an `@` in its authority dropped.
+pub fn redact_url(text: &str) -> String {
+    if let Some(url) = parsed_without_secrets(text) {
+        return url;
+    }
+    let base = text.split(['?', '#']).next().unwrap_or_default();
+    match base.split_once("://") {
+        Some((scheme, rest)) => {
+            let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+            let host = authority.rsplit_once('@').map_or(authority, |(_, host)| host);
+            format!("{scheme}://{host}{path}")
+        }
+        None => base.to_owned(),
+    }
+}
+
+/// `text` parsed as an absolute URL with a host, its secrets removed. A template does not
+/// parse (or parses with its braces percent-encoded, which would hide what was written).
+fn parsed_without_secrets(text: &str) -> Option<String> {
+    if text.contains("{{") {
+        return None;
+    }
+    let mut url = ::url::Url::parse(text).ok()?;
+    if !url.has_host() {
+        return None;
+    }
+    let _ = url.set_username("");
+    let _ = url.set_password(None);
+    url.set_query(None);
+    url.set_fragment(None);
+    Some(url.to_string())
+}
+
+/// Why a run could not be found, read or changed.
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum HistoryError {
+    #[error("cannot read or write {}", path.display())]
+    #[diagnostic(code(trellis::history::io))]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("{} is not valid run metadata", path.display())]
+    #[diagnostic(
+        code(trellis::history::bad_meta),
+        help("it is written by `trellis run`; delete it to drop the run's name and labels")
+    )]
+    BadMeta {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+
+    #[error("no run `{what}` in {}", dir.display())]
+    #[diagnostic(
+        code(trellis::history::no_such_run),
+        help("name a run directory, a run id or a name given with `trellis runs name`; `trellis runs` lists them")
+    )]
+    NoSuchRun { what: String, dir: PathBuf },
+
+    #[error("`{what}` matches several runs in {}: {}", dir.display(), matches.join(", "))]
+    #[diagnostic(
+        code(trellis::history::ambiguous),
+        help("use the full run id")
+    )]
+    Ambiguous {
+        what: String,
+        dir: PathBuf,
+        matches: Vec<String>,
+    },
+
+    #[error("{}", what)]
+    #[diagnostic(code(trellis::history::not_enough_runs))]
+    NotEnoughRuns { what: String },
+
+    #[error("the name `{name}` is already used by run {run_id}")]
+    #[diagnostic(
+        code(trellis::history::name_taken),
+        help("pick another name, or rename that run first")
+    )]
+    NameTaken { name: String, run_id: String },
+
+    #[error("`{name}` cannot be a run name: {why}")]
+    #[diagnostic(code(trellis::history::bad_name))]
+    BadName { name: String, why: &'static str },
+
+    #[error(transparent)]
+    #[diagnostic(transparent)]
+    Report(#[from] ReportError),
+}
+
+/// One run of a runs directory, as `trellis runs` lists it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RunEntry {
+    pub dir: PathBuf,
+    pub run_id: String,
+    pub name: Option<String>,
+    pub baseline: bool,
+    /// RFC 3339, UTC; `None` when the run wrote neither tables nor a journal start.
+    pub started_at: Option<String>,
+    pub duration_ms: Option<f64>,
+    /// Trajectories recorded (`None` when `runs.parquet` was not written).
+    pub trajectories: Option<u64>,
+    pub passed: Option<u64>,
+    pub failed: Option<u64>,
+    pub errors: Option<u64>,
+    pub skipped: Option<u64>,
+    /// `runs.finished_at` is set: the run reached its end.
+    pub finished: bool,
+    pub labels: BTreeMap<String, String>,
+    pub meta: Option<RunMeta>,
+}
+
+impl RunEntry {
+    /// Passed over the trajectories that ran (skipped ones left out).
+    pub fn pass_rate(&self) -> Option<f64> {
+        let passed = self.passed?;
+        let ran = passed + self.failed? + self.errors?;
+        (ran > 0).then(|| passed as f64 / ran as f64)
+    }
+
+    /// The name when it has one, else the id.
+    pub fn label(&self) -> &str {
+        self.name.as_deref().unwrap_or(&self.run_id)
+    }
+}
+
+/// Whether `dir` holds a run: its journal, its tables or its metadata.
+pub fn is_run_dir(dir: &Path) -> bool {
+    [JOURNAL_FILE, crate::tables::RUNS_FILE, RUN_META_FILE]
+        .iter()
+        .any(|name| dir.join(name).is_file())
+}
+
+/// Every run directly below `runs_dir`, oldest first (by start time, then id), so the
+/// listing and "the last two runs" do not depend on the file system's order.
+pub fn list_runs(runs_dir: &Path) -> Result<Vec<RunEntry>, HistoryError> {
+    let read = std::fs::read_dir(runs_dir).map_err(|source| HistoryError::Io {
+        path: runs_dir.to_path_buf(),
+        source,
+    })?;
+    let mut runs = Vec::new();
+    for entry in read.flatten() {
+        let dir = entry.path();
+        if dir.is_dir() && is_run_dir(&dir) {
+            runs.push(read_run(&dir)?);
+        }
+    }
+    runs.sort_by(|a, b| {
+        (a.started_at.as_deref(), &a.run_id).cmp(&(b.started_at.as_deref(), &b.run_id))
+    });
+    Ok(runs)
+}
+
+/// Reads what a run directory says about its run: `runs.parquet` when it was written,
+/// `run.json`, and the journal's first line for a run that never wrote its tables.
+pub fn read_run(dir: &Path) -> Result<RunEntry, HistoryError> {
+    let meta = RunMeta::read(dir)?;
+    let fallback_id = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mut entry = RunEntry {
+        dir: dir.to_path_buf(),
+        run_id: meta
+            .as_ref()
+            .map(|m| m.run_id.clone())
+            .filter(|id| !id.is_empty())
+            .unwrap_or(fallback_id),
+        name: meta.as_ref().and_then(|m| m.name.clone()),
+        baseline: meta.as_ref().is_some_and(|m| m.baseline),
+        started_at: None,
+        duration_ms: None,
+        trajectories: None,
+        passed: None,
+        failed: None,
+        errors: None,
+        skipped: None,
+        finished: false,
+        labels: meta.as_ref().map(|m| m.labels.clone()).unwrap_or_default(),
+        meta,
+    };
+    let runs_file = dir.join(crate::tables::RUNS_FILE);
+    if runs_file.is_file() {
+        // A table from another version (or damaged) leaves the counts unknown rather than
+        // hiding the run from the listing.
+        if let Ok(row) = read_runs_row(&runs_file) {
+            entry.run_id = row.run_id;
+            entry.started_at = Some(row.started_at);
+            entry.duration_ms = row.duration_ms;
+            entry.finished = row.finished;
+            entry.trajectories = Some(row.trajectories);
+            entry.passed = Some(row.passed);
+            entry.failed = Some(row.failed);
+            entry.errors = Some(row.errors);
+            entry.skipped = Some(row.skipped);
+        }
+    }
+    if entry.started_at.is_none() {
+        entry.started_at = journal_start(dir);
+    }
+    Ok(entry)
+}
+
+struct RunsRow {
+    run_id: String,
+    started_at: String,
+    duration_ms: Option<f64>,
+    finished: bool,
+    trajectories: u64,
+    passed: u64,
+    failed: u64,
+    errors: u64,
+    skipped: u64,
+}
+
+fn read_runs_row(path: &Path) -> PolarsResult<RunsRow> {
+    let file = File::open(path)?;
+    let df = ParquetReader::new(file)
+        .with_columns(Some(
+            [
+                "run_id",
+                "started_at",
+                "finished_at",
+                "duration_ms",
+                "trajectories",
+                "passed",
+                "failed",
+                "errors",
+                "skipped",
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+        ))
+        .finish()?;
+    let text = |name: &str| -> PolarsResult<Option<String>> {
+        Ok(df.column(name)?.str()?.get(0).map(str::to_owned))
+    };
+    let count = |name: &str| -> PolarsResult<u64> { Ok(df.column(name)?.u64()?.get(0).unwrap_or(0)) };
+    Ok(RunsRow {
+        run_id: text("run_id")?.unwrap_or_default(),
+        started_at: text("started_at")?.unwrap_or_default(),
+        duration_ms: df.column("duration_ms")?.f64()?.get(0),
+        finished: text("finished_at")?.is_some(),
+        trajectories: count("trajectories")?,
+        passed: count("passed")?,
+        failed: count("failed")?,
+        errors: count("errors")?,
+        skipped: count("skipped")?,
+    })
+}
+
+/// `started_at` from the journal's `run_started` line.
+fn journal_start(dir: &Path) -> Option<String> {
+    let mut journal = crate::journal::JournalReader::open(&dir.join(JOURNAL_FILE)).ok()?;
+    match journal.next_entry().ok()?? {
+        trellis_engine::record::JournalEntry::RunStarted(info) => Some(info.started_at),
+        _ => None,
+    }
+}
+
+/// Finds a run: a directory path that holds a run, else a run id, a unique run id prefix
+/// or a name under `runs_dir`. `pinned` (or `baseline`) is the pinned baseline.
+pub fn resolve_run(runs_dir: &Path, what: &str) -> Result<RunEntry, HistoryError> {
+    let as_path = Path::new(what);
+    if as_path.is_dir() && is_run_dir(as_path) {
+        return read_run(as_path);
+    }
+    let not_found = || HistoryError::NoSuchRun {
+        what: what.to_owned(),
+        dir: runs_dir.to_path_buf(),
+    };
+    if !runs_dir.is_dir() {
+        return Err(not_found());
+    }
+    let runs = list_runs(runs_dir)?;
+    if what == "pinned" || what == "baseline" {
+        return pinned(runs, runs_dir);
+    }
+    if let Some(run) = runs
+        .iter()
+        .find(|r| r.run_id == what || r.name.as_deref() == Some(what))
+    {
+        return Ok(run.clone());
+    }
+    let prefixed: Vec<&RunEntry> = runs.iter().filter(|r| r.run_id.starts_with(what)).collect();
+    match prefixed.as_slice() {
+        [one] => Ok((*one).clone()),
+        [] => Err(not_found()),
+        many => Err(HistoryError::Ambiguous {
+            what: what.to_owned(),
+            dir: runs_dir.to_path_buf(),
+            matches: many.iter().map(|r| r.run_id.clone()).collect(),
+        }),
+    }
+}
+
+fn pinned(runs: Vec<RunEntry>, runs_dir: &Path) -> Result<RunEntry, HistoryError> {
+    runs.into_iter()
+        .rev()
+        .find(|r| r.baseline)
+        .ok_or_else(|| HistoryError::NotEnoughRuns {
+            what: format!(
+                "no run in {} is pinned as the baseline (`trellis runs pin RUN`)",
+                runs_dir.display()
+            ),
+        })
+}
+
+/// The two most recent runs that finished, older first, for `trellis compare` without
+/// arguments.
+pub fn last_two(runs_dir: &Path) -> Result<(RunEntry, RunEntry), HistoryError> {
+    let mut finished: Vec<RunEntry> = list_runs(runs_dir)?
+        .into_iter()
+        .filter(|r| r.finished)
+        .collect();
+    let head = finished.pop();
+    let base = finished.pop();
+    match (base, head) {
+        (Some(base), Some(head)) => Ok((base, head)),
+        _ => Err(HistoryError::NotEnoughRuns {
+            what: format!(
+                "compare needs two finished runs in {}; name them: trellis compare BASE HEAD",
+                runs_dir.display()
+            ),
+        }),
+    }
+}
+
+/// Gives `run` a name, refusing one another run of `runs_dir` already has.
+pub fn name_run(runs_dir: &Path, run: &RunEntry, name: &str) -> Result<(), HistoryError> {
+    let bad = |why| HistoryError::BadName {
+        name: name.to_owned(),
+        why,
+    };
+    if name.is_empty() || name.len() > 100 {
+        return Err(bad("a name has 1 to 100 characters"));
+    }
+    if name.contains(['/', '\\']) || name.chars().any(char::is_control) {
+        return Err(bad("a name has no slashes or control characters"));
+    }
+    if name == "pinned" || name == "baseline" {
+        return Err(bad("`pinned` and `baseline` refer to the pinned run"));
+    }
+    if runs_dir.is_dir() {
+        for other in list_runs(runs_dir)? {
+            if other.run_id != run.run_id && other.name.as_deref() == Some(name) {
+                return Err(HistoryError::NameTaken {
+                    name: name.to_owned(),
+                    run_id: other.run_id,
+                });
+            }
+        }
+    }
+    let mut meta = meta_of(run);
+    meta.name = Some(name.to_owned());
+    meta.write(&run.dir)
+}
+
+/// Pins `run` as the baseline of `runs_dir`, unpinning the run that was.
+pub fn pin_run(runs_dir: &Path, run: &RunEntry) -> Result<(), HistoryError> {
+    if runs_dir.is_dir() {
+        for other in list_runs(runs_dir)? {
+            if other.baseline && other.dir != run.dir {
+                let mut meta = meta_of(&other);
+                meta.baseline = false;
+                meta.write(&other.dir)?;
+            }
+        }
+    }
+    let mut meta = meta_of(run);
+    meta.baseline = true;
+    meta.write(&run.dir)
+}
+
+/// Unpins `run`.
+pub fn unpin_run(run: &RunEntry) -> Result<(), HistoryError> {
+    let mut meta = meta_of(run);
+    meta.baseline = false;
+    meta.write(&run.dir)
+}
+
+fn meta_of(run: &RunEntry) -> RunMeta {
+    run.meta.clone().unwrap_or_else(|| RunMeta {
+        schema_version: SCHEMA_VERSION,
+        run_id: run.run_id.clone(),
+        ..RunMeta::default()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_url;
+
+    #[test]
+    fn urls_lose_credentials_query_and_fragment() {
+        assert_eq!(
+            redact_url("https://user:secret@agent.example:8443/v1/chat?token=abc#frag"),
+            "https://agent.example:8443/v1/chat"
+        );
+        assert_eq!(
+            redact_url("http://127.0.0.1:8080/agent"),
+            "http://127.0.0.1:8080/agent"
+        );
+        // A templated URL does not parse; it is cut by hand.
+        assert_eq!(
+            redact_url("https://bot:{{ env.KEY }}@h/{{ env.PATH }}?key={{ env.KEY }}"),
+            "https://h/{{ env.PATH }}"
+        );
+    }
+}

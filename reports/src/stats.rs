@@ -1,0 +1,924 @@
+//! Statistics of one run: rates with confidence intervals, pass@k and pass^k over
+//! repetitions, flaky branches, where in the trajectory tree failures happen, and run
+//! aggregates (pass rate, latency, tokens, cost, judge score).
+//!
+//! [`StatsBuilder`] takes journal entries as they come (the report writer feeds it during a
+//! run, [`RunStats::from_run_dir`] replays a journal), keeping counts per scenario, branch,
+//! node and criterion plus one latency per turn, never whole records. Everything it produces
+//! is a plain serialisable struct, in a stable order (suite load order, then scenario,
+//! branch, agent and repetition by name and number), for the console, `summary.json`,
+//! `trellis compare` and the HTML report alike. The formulas are documented in
+//! `docs/results.md`.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::Path;
+
+use serde::Serialize;
+use statrs::distribution::{ContinuousCDF, Normal};
+use trellis_engine::record::{
+    CriterionStatus, JournalEntry, NodeRecord, RunInfo, RunSummary, TrajectoryRecord,
+    TrajectoryStatus,
+};
+
+use crate::error::ReportError;
+use crate::journal::JournalReader;
+
+/// Confidence of every interval Trellis reports.
+pub const CONFIDENCE: f64 = 0.95;
+
+/// A two-sided confidence interval.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Interval {
+    pub low: f64,
+    pub high: f64,
+}
+
+/// The Wilson score interval for `successes` out of `samples` at `confidence` (0 < c < 1);
+/// `None` without samples. Unlike the normal approximation it stays within [0, 1] and is
+/// honest for small samples and rates near 0 or 1.
+pub fn wilson_interval(successes: u64, samples: u64, confidence: f64) -> Option<Interval> {
+    if samples == 0 || successes > samples || !(confidence > 0.0 && confidence < 1.0) {
+        return None;
+    }
+    let z = Normal::standard().inverse_cdf(1.0 - (1.0 - confidence) / 2.0);
+    let n = samples as f64;
+    let p = successes as f64 / n;
+    let z2 = z * z;
+    let denominator = 1.0 + z2 / n;
+    let centre = (p + z2 / (2.0 * n)) / denominator;
+    let half = z * (p * (1.0 - p) / n + z2 / (4.0 * n * n)).sqrt() / denominator;
+    Some(Interval {
+        low: (centre - half).max(0.0),
+        high: (centre + half).min(1.0),
+    })
+}
+
+/// The unbiased estimator of pass@k from `n` samples with `c` successes: the probability
+/// that at least one of `k` samples drawn without replacement passes,
+/// `1 - C(n-c, k) / C(n, k)`. `None` when `k` is 0 or larger than `n`.
+pub fn pass_at_k(n: u64, c: u64, k: u64) -> Option<f64> {
+    if k == 0 || k > n || c > n {
+        return None;
+    }
+    if n - c < k {
+        return Some(1.0);
+    }
+    // C(n-c, k) / C(n, k) as a product, which neither overflows nor loses precision.
+    let all_fail: f64 = ((n - c + 1)..=n).map(|i| 1.0 - k as f64 / i as f64).product();
+    Some(1.0 - all_fail)
+}
+
+/// The unbiased estimator of pass^k (every one of `k` samples passes) from `n` samples with
+/// `c` successes: `C(c, k) / C(n, k)`. `None` when `k` is 0 or larger than `n`.
+pub fn pass_hat_k(n: u64, c: u64, k: u64) -> Option<f64> {
+    if k == 0 || k > n || c > n {
+        return None;
+    }
+    if c < k {
+        return Some(0.0);
+    }
+    Some((0..k).map(|i| (c - i) as f64 / (n - i) as f64).product())
+}
+
+/// The `q` quantile (0 ≤ q ≤ 1) of `sorted` values by linear interpolation between the
+/// closest ranks (numpy's and polars' default); `None` when empty.
+pub fn quantile(sorted: &[f64], q: f64) -> Option<f64> {
+    let last = sorted.len().checked_sub(1)?;
+    let position = q.clamp(0.0, 1.0) * last as f64;
+    let below = position.floor() as usize;
+    let above = position.ceil() as usize;
+    let low = *sorted.get(below)?;
+    let high = *sorted.get(above)?;
+    Some(low + (high - low) * (position - below as f64))
+}
+
+/// pass@k and pass^k for one k.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct AtK {
+    pub k: u64,
+    pub pass_at_k: f64,
+    pub pass_hat_k: f64,
+}
+
+/// Outcomes of repeated samples of one thing (a branch, or a whole scenario per repetition).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Repeats {
+    /// Samples that ran (skipped ones left out): `n`.
+    pub samples: u64,
+    /// Samples that passed: `c`.
+    pub passed: u64,
+    /// Samples that were skipped.
+    pub skipped: u64,
+    /// `passed / samples`.
+    pub pass_rate: Option<f64>,
+    /// Wilson interval of the pass rate at [`CONFIDENCE`].
+    pub interval: Option<Interval>,
+    /// pass@k and pass^k for k = 1, 2, 3, 5, 10 and n, those not above n.
+    pub at_k: Vec<AtK>,
+    /// Both passed and failed across repetitions.
+    pub flaky: bool,
+}
+
+impl Repeats {
+    pub fn from_counts(samples: u64, passed: u64, skipped: u64) -> Self {
+        let mut ks: Vec<u64> = [1, 2, 3, 5, 10, samples]
+            .into_iter()
+            .filter(|&k| k >= 1 && k <= samples)
+            .collect();
+        ks.dedup();
+        Repeats {
+            samples,
+            passed,
+            skipped,
+            pass_rate: (samples > 0).then(|| passed as f64 / samples as f64),
+            interval: wilson_interval(passed, samples, CONFIDENCE),
+            at_k: ks
+                .into_iter()
+                .filter_map(|k| {
+                    Some(AtK {
+                        k,
+                        pass_at_k: pass_at_k(samples, passed, k)?,
+                        pass_hat_k: pass_hat_k(samples, passed, k)?,
+                    })
+                })
+                .collect(),
+            flaky: passed > 0 && passed < samples,
+        }
+    }
+}
+
+/// Latency of agent turns, in milliseconds. Replayed prefix turns are left out (they are
+/// the same step taken again, see `turns.replay`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Latency {
+    pub turns: u64,
+    pub p50_ms: Option<f64>,
+    pub p95_ms: Option<f64>,
+    pub max_ms: Option<f64>,
+    pub mean_ms: Option<f64>,
+}
+
+impl Latency {
+    fn of(mut values: Vec<f64>) -> Self {
+        values.retain(|v| v.is_finite());
+        values.sort_by(f64::total_cmp);
+        let turns = values.len() as u64;
+        Latency {
+            turns,
+            p50_ms: quantile(&values, 0.5),
+            p95_ms: quantile(&values, 0.95),
+            max_ms: values.last().copied(),
+            mean_ms: (turns > 0).then(|| values.iter().sum::<f64>() / turns as f64),
+        }
+    }
+}
+
+/// Trajectory counts by status.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct StatusCounts {
+    pub trajectories: u64,
+    pub passed: u64,
+    pub failed: u64,
+    pub errors: u64,
+    pub skipped: u64,
+}
+
+impl StatusCounts {
+    fn add(&mut self, status: TrajectoryStatus) {
+        self.trajectories += 1;
+        match status {
+            TrajectoryStatus::Passed => self.passed += 1,
+            TrajectoryStatus::Failed => self.failed += 1,
+            TrajectoryStatus::Error => self.errors += 1,
+            TrajectoryStatus::Skipped => self.skipped += 1,
+        }
+    }
+
+    /// Trajectories that ran: passed, failed or errored.
+    pub fn ran(&self) -> u64 {
+        self.passed + self.failed + self.errors
+    }
+
+    /// Passed over the trajectories that ran; `None` when none ran.
+    pub fn pass_rate(&self) -> Option<f64> {
+        let ran = self.ran();
+        (ran > 0).then(|| self.passed as f64 / ran as f64)
+    }
+}
+
+/// The whole run, Connexity's aggregates included.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct RunAggregates {
+    pub counts: StatusCounts,
+    /// Trajectories the plan meant to run; more than `counts.trajectories` when the run
+    /// was stopped.
+    pub planned: u64,
+    /// The run reached its end (`run_finished` in the journal).
+    pub finished: bool,
+    pub pass_rate: Option<f64>,
+    pub pass_rate_interval: Option<Interval>,
+    pub latency: Latency,
+    /// Sum of the tokens agents reported; `None` when none reported any.
+    pub total_tokens: Option<u64>,
+    /// Cost in US dollars; `None` until Trellis prices LLM calls.
+    pub cost_usd: Option<f64>,
+    /// Mean judge score (0–100); `None` until judges exist.
+    pub mean_score: Option<f64>,
+    /// Wall time of the run.
+    pub duration_ms: Option<f64>,
+}
+
+/// One branch (trajectory) of a scenario for one agent, over its repetitions.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct BranchStats {
+    pub suite: String,
+    pub scenario: String,
+    pub trajectory: String,
+    pub agent: String,
+    pub repeats: Repeats,
+    /// Status per repetition, by repetition number.
+    pub outcomes: Vec<(u32, TrajectoryStatus)>,
+    /// Mean of the repetitions' own durations (`trajectories.duration_ms`).
+    pub mean_duration_ms: Option<f64>,
+}
+
+/// One scenario for one agent. A repetition of a scenario passes when every branch of it
+/// that ran passed.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ScenarioStats {
+    pub suite: String,
+    pub scenario: String,
+    pub agent: String,
+    pub counts: StatusCounts,
+    pub repeats: Repeats,
+    pub latency: Latency,
+}
+
+/// One node of a scenario's trajectory tree for one agent. Each trajectory that reached the
+/// node is counted once: it either got through it (`passed`), failed at it (`failed_here`:
+/// its first failing check, fault or stop is on this node) or had already failed at a node
+/// above (`failed_above`), so a failure in a shared prefix shows at the prefix only.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct NodeStats {
+    pub suite: String,
+    pub scenario: String,
+    pub agent: String,
+    /// `start`, `accepts`, `accepts/then`.
+    pub node: String,
+    pub parent: Option<String>,
+    /// Trajectories (× repetitions) whose path reached this node.
+    pub reached: u64,
+    pub passed: u64,
+    pub failed_here: u64,
+    pub failed_above: u64,
+    /// Times the node was executed (once per repetition however many branches share it).
+    pub executions: u64,
+    /// Executions in which some trajectory failed here.
+    pub executions_failed_here: u64,
+}
+
+/// One check of one branch over its repetitions.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CriterionStats {
+    pub suite: String,
+    pub scenario: String,
+    pub trajectory: String,
+    pub agent: String,
+    pub turn_index: Option<u32>,
+    pub criterion: String,
+    pub kind: String,
+    pub passed: u64,
+    pub failed: u64,
+    pub skipped: u64,
+    /// The first failure's detail, to say why.
+    pub first_failure: Option<String>,
+}
+
+impl CriterionStats {
+    /// Passed over the evaluations that ran.
+    pub fn pass_rate(&self) -> Option<f64> {
+        let ran = self.passed + self.failed;
+        (ran > 0).then(|| self.passed as f64 / ran as f64)
+    }
+}
+
+/// Everything [`StatsBuilder`] computes for one run.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct RunStats {
+    pub run_id: String,
+    pub started_at: String,
+    pub suites: Vec<String>,
+    pub aggregates: RunAggregates,
+    pub scenarios: Vec<ScenarioStats>,
+    pub branches: Vec<BranchStats>,
+    pub nodes: Vec<NodeStats>,
+    pub criteria: Vec<CriterionStats>,
+}
+
+impl RunStats {
+    /// Replays `dir/journal.jsonl`.
+    pub fn from_run_dir(dir: &Path) -> Result<RunStats, ReportError> {
+        let mut journal = JournalReader::open(&dir.join(crate::JOURNAL_FILE))?;
+        let mut builder = StatsBuilder::default();
+        while let Some(entry) = journal.next_entry()? {
+            builder.push(&entry);
+        }
+        Ok(builder.finish())
+    }
+}
+
+type ScenarioKey = (String, String, String);
+type BranchKey = (String, String, String, String);
+type NodeKey = (String, String, String, String);
+type CriterionKey = (String, String, String, String, Option<u32>, String);
+
+#[derive(Default)]
+struct BranchAcc {
+    outcomes: Vec<(u32, TrajectoryStatus)>,
+    duration_ms: f64,
+}
+
+#[derive(Default)]
+struct ScenarioAcc {
+    counts: StatusCounts,
+    /// Per repetition: (a branch ran, every branch that ran passed).
+    repetitions: BTreeMap<u32, (bool, bool)>,
+    latencies: Vec<f64>,
+}
+
+#[derive(Default)]
+struct NodeAcc {
+    parent: Option<String>,
+    reached: u64,
+    passed: u64,
+    failed_here: u64,
+    failed_above: u64,
+    executions: BTreeSet<u32>,
+    executions_failed_here: BTreeSet<u32>,
+}
+
+struct CriterionAcc {
+    kind: String,
+    passed: u64,
+    failed: u64,
+    skipped: u64,
+    first_failure: Option<String>,
+}
+
+/// Accumulates [`RunStats`] from journal entries, in any order a run produces them (a
+/// trajectory's nodes come before it).
+#[derive(Default)]
+pub struct StatsBuilder {
+    info: Option<RunInfo>,
+    summary: Option<RunSummary>,
+    counts: StatusCounts,
+    latencies: Vec<f64>,
+    tokens: Option<u64>,
+    scenarios: BTreeMap<ScenarioKey, ScenarioAcc>,
+    branches: BTreeMap<BranchKey, BranchAcc>,
+    nodes: BTreeMap<NodeKey, NodeAcc>,
+    criteria: BTreeMap<CriterionKey, CriterionAcc>,
+    /// The first and last (non-replayed) turn index each executed node took, per
+    /// (suite, scenario, agent, repetition, node): which node a checked turn belongs to.
+    turn_ranges: HashMap<(String, String, String, u32, String), (u32, u32)>,
+}
+
+impl StatsBuilder {
+    pub fn push(&mut self, entry: &JournalEntry) {
+        match entry {
+            JournalEntry::RunStarted(info) => {
+                if self.info.is_none() {
+                    self.info = Some(info.clone());
+                }
+            }
+            JournalEntry::Agent(_) => {}
+            JournalEntry::Node(node) => self.add_node(node),
+            JournalEntry::Trajectory(trajectory) => self.add_trajectory(trajectory),
+            JournalEntry::RunFinished(summary) => self.summary = Some(summary.clone()),
+        }
+    }
+
+    pub fn add_node(&mut self, node: &NodeRecord) {
+        let scenario = self
+            .scenarios
+            .entry((node.suite.clone(), node.scenario.clone(), node.agent.clone()))
+            .or_default();
+        let mut range: Option<(u32, u32)> = None;
+        for turn in node.turns.iter().filter(|t| !t.replay) {
+            self.latencies.push(turn.latency_ms);
+            scenario.latencies.push(turn.latency_ms);
+            if let Some(tokens) = turn.total_tokens {
+                self.tokens = Some(self.tokens.unwrap_or(0).saturating_add(tokens));
+            }
+            range = Some(match range {
+                None => (turn.turn_index, turn.turn_index),
+                Some((low, high)) => (low.min(turn.turn_index), high.max(turn.turn_index)),
+            });
+        }
+        if let Some(range) = range {
+            self.turn_ranges.insert(
+                (
+                    node.suite.clone(),
+                    node.scenario.clone(),
+                    node.agent.clone(),
+                    node.repetition,
+                    node.node.clone(),
+                ),
+                range,
+            );
+        }
+        let acc = self
+            .nodes
+            .entry((
+                node.suite.clone(),
+                node.scenario.clone(),
+                node.agent.clone(),
+                node.node.clone(),
+            ))
+            .or_default();
+        acc.parent.clone_from(&node.parent);
+        acc.executions.insert(node.repetition);
+    }
+
+    pub fn add_trajectory(&mut self, t: &TrajectoryRecord) {
+        self.counts.add(t.status);
+        let scenario = self
+            .scenarios
+            .entry((t.suite.clone(), t.scenario.clone(), t.agent.clone()))
+            .or_default();
+        scenario.counts.add(t.status);
+        let repetition = scenario
+            .repetitions
+            .entry(t.repetition)
+            .or_insert((false, true));
+        if t.status != TrajectoryStatus::Skipped {
+            repetition.0 = true;
+            repetition.1 &= t.status == TrajectoryStatus::Passed;
+        }
+        let branch = self
+            .branches
+            .entry((
+                t.suite.clone(),
+                t.scenario.clone(),
+                t.trajectory.clone(),
+                t.agent.clone(),
+            ))
+            .or_default();
+        branch.outcomes.push((t.repetition, t.status));
+        if t.duration_ms.is_finite() {
+            branch.duration_ms += t.duration_ms;
+        }
+
+        for c in &t.criteria {
+            let acc = self
+                .criteria
+                .entry((
+                    t.suite.clone(),
+                    t.scenario.clone(),
+                    t.trajectory.clone(),
+                    t.agent.clone(),
+                    c.turn_index,
+                    c.criterion.clone(),
+                ))
+                .or_insert_with(|| CriterionAcc {
+                    kind: c.kind.clone(),
+                    passed: 0,
+                    failed: 0,
+                    skipped: 0,
+                    first_failure: None,
+                });
+            match c.status {
+                CriterionStatus::Passed => acc.passed += 1,
+                CriterionStatus::Skipped => acc.skipped += 1,
+                CriterionStatus::Failed => {
+                    acc.failed += 1;
+                    if acc.first_failure.is_none() {
+                        acc.first_failure.clone_from(&c.detail);
+                    }
+                }
+            }
+        }
+
+        let failed_at = self.failure_position(t);
+        for (position, node) in t.nodes.iter().enumerate() {
+            let acc = self
+                .nodes
+                .entry((
+                    t.suite.clone(),
+                    t.scenario.clone(),
+                    t.agent.clone(),
+                    node.clone(),
+                ))
+                .or_default();
+            acc.reached += 1;
+            match failed_at {
+                Some(at) if position == at => {
+                    acc.failed_here += 1;
+                    acc.executions_failed_here.insert(t.repetition);
+                }
+                Some(at) if position > at => acc.failed_above += 1,
+                _ => acc.passed += 1,
+            }
+        }
+    }
+
+    /// The position in `t.nodes` of the node where `t` first went wrong: the node of its
+    /// earliest failed check (a trajectory-level check belongs to the last node), or the
+    /// last node reached for a fault or a stop. `None` when it passed or never ran.
+    fn failure_position(&self, t: &TrajectoryRecord) -> Option<usize> {
+        if !matches!(t.status, TrajectoryStatus::Failed | TrajectoryStatus::Error) {
+            return None;
+        }
+        let last = t.nodes.len().checked_sub(1)?;
+        let node_of_turn = |turn: u32| {
+            t.nodes.iter().position(|node| {
+                self.turn_ranges
+                    .get(&(
+                        t.suite.clone(),
+                        t.scenario.clone(),
+                        t.agent.clone(),
+                        t.repetition,
+                        node.clone(),
+                    ))
+                    .is_some_and(|&(low, high)| (low..=high).contains(&turn))
+            })
+        };
+        let earliest_check = t
+            .criteria
+            .iter()
+            .filter(|c| c.status == CriterionStatus::Failed)
+            .map(|c| c.turn_index.and_then(node_of_turn).unwrap_or(last))
+            .min();
+        // A fault stops the walk on the node it happened in: the last one reached.
+        let fault = t.fault.is_some().then_some(last);
+        Some(
+            [earliest_check, fault]
+                .into_iter()
+                .flatten()
+                .min()
+                .unwrap_or(last),
+        )
+    }
+
+    pub fn finish(self) -> RunStats {
+        let suite_rank = |suite: &str| {
+            self.info
+                .as_ref()
+                .and_then(|info| info.suites.iter().position(|s| s == suite))
+                .unwrap_or(usize::MAX)
+        };
+        let aggregates = RunAggregates {
+            counts: self.counts,
+            planned: self.info.as_ref().map_or(0, |i| i.planned_trajectories),
+            finished: self.summary.is_some(),
+            pass_rate: self.counts.pass_rate(),
+            pass_rate_interval: wilson_interval(
+                self.counts.passed,
+                self.counts.ran(),
+                CONFIDENCE,
+            ),
+            latency: Latency::of(self.latencies),
+            total_tokens: self.tokens,
+            cost_usd: None,
+            mean_score: None,
+            duration_ms: self.summary.as_ref().map(|s| s.duration_ms),
+        };
+
+        let mut scenarios: Vec<ScenarioStats> = self
+            .scenarios
+            .into_iter()
+            .map(|((suite, scenario, agent), acc)| {
+                let ran = acc.repetitions.values().filter(|(ran, _)| *ran).count() as u64;
+                let passed = acc
+                    .repetitions
+                    .values()
+                    .filter(|(ran, ok)| *ran && *ok)
+                    .count() as u64;
+                let skipped = acc.repetitions.len() as u64 - ran;
+                ScenarioStats {
+                    suite,
+                    scenario,
+                    agent,
+                    counts: acc.counts,
+                    repeats: Repeats::from_counts(ran, passed, skipped),
+                    latency: Latency::of(acc.latencies),
+                }
+            })
+            .collect();
+        scenarios.sort_by(|a, b| {
+            (suite_rank(&a.suite), &a.suite, &a.scenario, &a.agent).cmp(&(
+                suite_rank(&b.suite),
+                &b.suite,
+                &b.scenario,
+                &b.agent,
+            ))
+        });
+
+        let mut branches: Vec<BranchStats> = self
+            .branches
+            .into_iter()
+            .map(|((suite, scenario, trajectory, agent), mut acc)| {
+                acc.outcomes.sort_by_key(|(repetition, _)| *repetition);
+                let ran = acc
+                    .outcomes
+                    .iter()
+                    .filter(|(_, s)| *s != TrajectoryStatus::Skipped)
+                    .count() as u64;
+                let passed = acc
+                    .outcomes
+                    .iter()
+                    .filter(|(_, s)| *s == TrajectoryStatus::Passed)
+                    .count() as u64;
+                let skipped = acc.outcomes.len() as u64 - ran;
+                BranchStats {
+                    suite,
+                    scenario,
+                    trajectory,
+                    agent,
+                    repeats: Repeats::from_counts(ran, passed, skipped),
+                    mean_duration_ms: (ran > 0).then(|| acc.duration_ms / ran as f64),
+                    outcomes: acc.outcomes,
+                }
+            })
+            .collect();
+        branches.sort_by(|a, b| {
+            (
+                suite_rank(&a.suite),
+                &a.suite,
+                &a.scenario,
+                &a.trajectory,
+                &a.agent,
+            )
+                .cmp(&(
+                    suite_rank(&b.suite),
+                    &b.suite,
+                    &b.scenario,
+                    &b.trajectory,
+                    &b.agent,
+                ))
+        });
+
+        let mut nodes: Vec<NodeStats> = self
+            .nodes
+            .into_iter()
+            .map(|((suite, scenario, agent, node), acc)| NodeStats {
+                suite,
+                scenario,
+                agent,
+                node,
+                parent: acc.parent,
+                reached: acc.reached,
+                passed: acc.passed,
+                failed_here: acc.failed_here,
+                failed_above: acc.failed_above,
+                executions: acc.executions.len() as u64,
+                executions_failed_here: acc.executions_failed_here.len() as u64,
+            })
+            .collect();
+        // Parents before children: node ids are paths from the root, so by name is
+        // depth-first.
+        nodes.sort_by(|a, b| {
+            (suite_rank(&a.suite), &a.suite, &a.scenario, &a.agent, &a.node).cmp(&(
+                suite_rank(&b.suite),
+                &b.suite,
+                &b.scenario,
+                &b.agent,
+                &b.node,
+            ))
+        });
+
+        let mut criteria: Vec<CriterionStats> = self
+            .criteria
+            .into_iter()
+            .map(
+                |((suite, scenario, trajectory, agent, turn_index, criterion), acc)| {
+                    CriterionStats {
+                        suite,
+                        scenario,
+                        trajectory,
+                        agent,
+                        turn_index,
+                        criterion,
+                        kind: acc.kind,
+                        passed: acc.passed,
+                        failed: acc.failed,
+                        skipped: acc.skipped,
+                        first_failure: acc.first_failure,
+                    }
+                },
+            )
+            .collect();
+        criteria.sort_by(|a, b| {
+            (
+                suite_rank(&a.suite),
+                &a.suite,
+                &a.scenario,
+                &a.trajectory,
+                &a.agent,
+                a.turn_index.map_or(u64::MAX, u64::from),
+                &a.criterion,
+            )
+                .cmp(&(
+                    suite_rank(&b.suite),
+                    &b.suite,
+                    &b.scenario,
+                    &b.trajectory,
+                    &b.agent,
+                    b.turn_index.map_or(u64::MAX, u64::from),
+                    &b.criterion,
+                ))
+        });
+
+        let info = self.info.unwrap_or_else(|| RunInfo {
+            run_id: String::new(),
+            started_at: String::new(),
+            trellis_version: String::new(),
+            suites: Vec::new(),
+            jobs: 0,
+            planned_trajectories: 0,
+        });
+        RunStats {
+            run_id: info.run_id,
+            started_at: info.started_at,
+            suites: info.suites,
+            aggregates,
+            scenarios,
+            branches,
+            nodes,
+            criteria,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-4
+    }
+
+    #[test]
+    fn wilson_matches_published_values() {
+        // Newcombe (1998), table I: 81/263 → 0.2553–0.3662; 15/148 → 0.0624–0.1605.
+        let i = wilson_interval(81, 263, 0.95).unwrap();
+        assert!(close(i.low, 0.2553) && close(i.high, 0.3662), "{i:?}");
+        let i = wilson_interval(15, 148, 0.95).unwrap();
+        assert!(close(i.low, 0.0624) && close(i.high, 0.1605), "{i:?}");
+        // 0/10 and 10/10 stay within [0, 1].
+        let i = wilson_interval(0, 10, 0.95).unwrap();
+        assert!(close(i.low, 0.0) && close(i.high, 0.2775), "{i:?}");
+        let i = wilson_interval(10, 10, 0.95).unwrap();
+        assert!(close(i.low, 0.7225) && close(i.high, 1.0), "{i:?}");
+        assert_eq!(wilson_interval(0, 0, 0.95), None);
+        assert_eq!(wilson_interval(3, 2, 0.95), None);
+    }
+
+    #[test]
+    fn pass_at_k_is_the_unbiased_estimator() {
+        // 1 - C(n-c,k)/C(n,k): n=5, c=2, k=2 → 1 - C(3,2)/C(5,2) = 1 - 3/10.
+        assert!(close(pass_at_k(5, 2, 2).unwrap(), 0.7));
+        // k=1 is the pass rate.
+        assert!(close(pass_at_k(10, 3, 1).unwrap(), 0.3));
+        // n=10, c=3, k=5 → 1 - C(7,5)/C(10,5) = 1 - 21/252.
+        assert!(close(pass_at_k(10, 3, 5).unwrap(), 1.0 - 21.0 / 252.0));
+        // Fewer failures than k: some sample of k always passes.
+        assert_eq!(pass_at_k(5, 4, 2), Some(1.0));
+        assert_eq!(pass_at_k(5, 0, 3), Some(0.0));
+        assert_eq!(pass_at_k(3, 1, 4), None);
+        assert_eq!(pass_at_k(3, 1, 0), None);
+    }
+
+    #[test]
+    fn pass_hat_k_is_the_unbiased_estimator() {
+        // C(c,k)/C(n,k): n=5, c=3, k=2 → 3/10.
+        assert!(close(pass_hat_k(5, 3, 2).unwrap(), 0.3));
+        // n=10, c=8, k=3 → C(8,3)/C(10,3) = 56/120.
+        assert!(close(pass_hat_k(10, 8, 3).unwrap(), 56.0 / 120.0));
+        assert_eq!(pass_hat_k(4, 4, 4), Some(1.0));
+        assert_eq!(pass_hat_k(4, 1, 2), Some(0.0));
+        assert_eq!(pass_hat_k(2, 1, 3), None);
+    }
+
+    #[test]
+    fn quantiles_interpolate_between_ranks() {
+        let values = [1.0, 2.0, 3.0, 4.0, 10.0];
+        assert_eq!(quantile(&values, 0.5), Some(3.0));
+        // numpy.percentile([1,2,3,4,10], 95) = 8.8
+        assert!(close(quantile(&values, 0.95).unwrap(), 8.8));
+        assert_eq!(quantile(&[], 0.5), None);
+        assert_eq!(quantile(&[7.0], 0.95), Some(7.0));
+    }
+
+    #[test]
+    fn repeats_flag_flaky_branches_and_list_k_up_to_n() {
+        let r = Repeats::from_counts(4, 2, 1);
+        assert!(r.flaky);
+        assert_eq!(r.at_k.iter().map(|a| a.k).collect::<Vec<_>>(), [1, 2, 3, 4]);
+        assert!(!Repeats::from_counts(3, 3, 0).flaky);
+        assert!(!Repeats::from_counts(3, 0, 0).flaky);
+        assert!(Repeats::from_counts(0, 0, 2).at_k.is_empty());
+    }
+
+    use std::sync::Arc;
+    use trellis_engine::record::{CriterionRecord, TurnRecord};
+
+    fn node(rep: u32, id: &str, parent: Option<&str>, turns: &[u32]) -> JournalEntry {
+        JournalEntry::Node(NodeRecord {
+            suite: "s".into(),
+            scenario: "c".into(),
+            agent: "a".into(),
+            repetition: rep,
+            node: id.into(),
+            parent: parent.map(str::to_owned),
+            turns: turns
+                .iter()
+                .map(|&i| {
+                    Arc::new(TurnRecord {
+                        turn_index: i,
+                        latency_ms: f64::from(i + 1) * 10.0,
+                        ..TurnRecord::default()
+                    })
+                })
+                .collect(),
+        })
+    }
+
+    fn trajectory(rep: u32, name: &str, nodes: &[&str], failed_turn: Option<u32>) -> JournalEntry {
+        JournalEntry::Trajectory(TrajectoryRecord {
+            suite: "s".into(),
+            scenario: "c".into(),
+            trajectory: name.into(),
+            agent: "a".into(),
+            protocol: "connexity".into(),
+            repetition: rep,
+            nodes: nodes.iter().map(|n| (*n).to_owned()).collect(),
+            status: if failed_turn.is_some() {
+                TrajectoryStatus::Failed
+            } else {
+                TrajectoryStatus::Passed
+            },
+            turns: 2,
+            duration_ms: 5.0,
+            fault: None,
+            skip_reason: None,
+            criteria: vec![CriterionRecord {
+                turn_index: failed_turn.or(Some(1)),
+                criterion: "reply contains=\"x\"".into(),
+                kind: "reply".into(),
+                status: if failed_turn.is_some() {
+                    CriterionStatus::Failed
+                } else {
+                    CriterionStatus::Passed
+                },
+                detail: None,
+            }],
+            tags: vec![],
+        })
+    }
+
+    #[test]
+    fn a_failure_in_a_shared_prefix_is_counted_at_the_prefix() {
+        let mut b = StatsBuilder::default();
+        // Repetition 0: turn 0 (in the shared `start`) fails for both branches.
+        b.push(&node(0, "start", None, &[0]));
+        b.push(&node(0, "yes", Some("start"), &[1]));
+        b.push(&node(0, "no", Some("start"), &[1]));
+        b.push(&trajectory(0, "yes", &["start", "yes"], Some(0)));
+        b.push(&trajectory(0, "no", &["start", "no"], Some(0)));
+        // Repetition 1: only `yes` fails, on its own turn.
+        b.push(&node(1, "start", None, &[0]));
+        b.push(&node(1, "yes", Some("start"), &[1]));
+        b.push(&node(1, "no", Some("start"), &[1]));
+        b.push(&trajectory(1, "yes", &["start", "yes"], Some(1)));
+        b.push(&trajectory(1, "no", &["start", "no"], None));
+        let stats = b.finish();
+        let node = |id: &str| stats.nodes.iter().find(|n| n.node == id).unwrap().clone();
+        let start = node("start");
+        assert_eq!(
+            (start.reached, start.passed, start.failed_here, start.failed_above),
+            (4, 2, 2, 0)
+        );
+        assert_eq!((start.executions, start.executions_failed_here), (2, 1));
+        let yes = node("yes");
+        assert_eq!(
+            (yes.reached, yes.passed, yes.failed_here, yes.failed_above),
+            (2, 0, 1, 1)
+        );
+        assert_eq!(yes.parent.as_deref(), Some("start"));
+        let no = node("no");
+        assert_eq!((no.reached, no.passed, no.failed_here, no.failed_above), (2, 1, 0, 1));
+
+        let branch = |name: &str| stats.branches.iter().find(|b| b.trajectory == name).unwrap();
+        assert!(branch("no").repeats.flaky);
+        assert_eq!(branch("yes").repeats.passed, 0);
+        assert_eq!(stats.scenarios[0].repeats.samples, 2);
+        assert_eq!(stats.scenarios[0].repeats.passed, 0);
+        // Two `start` turns of 10 ms, four branch turns of 20 ms.
+        assert_eq!(stats.aggregates.latency.turns, 6);
+        assert!(close(stats.aggregates.latency.mean_ms.unwrap(), 100.0 / 6.0));
+        assert_eq!(stats.aggregates.latency.p50_ms, Some(20.0));
+        assert_eq!(stats.aggregates.counts.passed, 1);
+        assert_eq!(stats.aggregates.cost_usd, None);
+    }
+}
