@@ -375,8 +375,8 @@ fn journal_start(dir: &Path) -> Option<String> {
     }
 }
 
-/// Finds a run: a directory path that holds a run, else a run id, a unique run id prefix
-/// or a name under `runs_dir`. `pinned` (or `baseline`) is the pinned baseline.
+/// Finds a run: a directory path that holds a run, else a directory of `runs_dir` by its
+/// name, a run id, a unique run id prefix or a name under `runs_dir`. `pinned` (or `baseline`) is the pinned baseline.
 pub fn resolve_run(runs_dir: &Path, what: &str) -> Result<RunEntry, HistoryError> {
     let as_path = Path::new(what);
     if as_path.is_dir() && is_run_dir(as_path) {
@@ -388,6 +388,10 @@ pub fn resolve_run(runs_dir: &Path, what: &str) -> Result<RunEntry, HistoryError
     };
     if !runs_dir.is_dir() {
         return Err(not_found());
+    }
+    let below = runs_dir.join(what);
+    if !what.contains(['/', '\\']) && below.is_dir() && is_run_dir(&below) {
+        return read_run(&below);
     }
     let runs = list_runs(runs_dir)?;
     if what == "pinned" || what == "baseline" {

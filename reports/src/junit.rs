@@ -1,5 +1,9 @@
-//! `junit.xml`: one test suite per Trellis suite, one test case per trajectory, for CI
-//! systems that display JUnit results.
+//! `junit.xml`: one test suite per Trellis suite, one test case per trajectory and
+//! repetition, for CI systems that display JUnit results.
+//!
+//! A case's `time` is its trajectory's own duration. A suite's `time` is its wall time, from
+//! its first agent call to the end of its last one: trajectories run concurrently and share
+//! prefixes, so the sum of their durations would overstate it many times over.
 //!
 //! Written as trajectories stream by: each suite's test cases go to an anonymous temporary
 //! file, and [`JunitBuilder::write`] puts the header with the totals (which JUnit wants
@@ -11,7 +15,9 @@ use std::fs::File;
 use std::io::{self, BufWriter, Seek, Write};
 use std::path::Path;
 
-use trellis_engine::record::{CriterionStatus, RunInfo, TrajectoryRecord, TrajectoryStatus};
+use trellis_engine::record::{
+    CriterionStatus, NodeRecord, RunInfo, TrajectoryRecord, TrajectoryStatus,
+};
 
 use crate::error::ReportError;
 use crate::staged::Staged;
@@ -34,6 +40,8 @@ struct Counts {
 struct SuitePart {
     name: String,
     counts: Counts,
+    /// First start and last end of an agent call, in ms since the run started.
+    span: Option<(f64, f64)>,
     /// The `<testcase>` elements written so far; created on the first case.
     cases: Option<BufWriter<File>>,
 }
@@ -53,28 +61,39 @@ impl JunitBuilder {
             suites: info
                 .suites
                 .iter()
-                .map(|name| SuitePart {
-                    name: name.clone(),
-                    counts: Counts::default(),
-                    cases: None,
-                })
+                .map(|name| SuitePart::new(name))
                 .collect(),
         }
     }
 
-    pub(crate) fn add(&mut self, t: &TrajectoryRecord) -> Result<(), ReportError> {
-        let index = match self.suites.iter().position(|s| s.name == t.suite) {
+    fn suite(&mut self, name: &str) -> &mut SuitePart {
+        let index = match self.suites.iter().position(|s| s.name == name) {
             Some(i) => i,
             None => {
-                self.suites.push(SuitePart {
-                    name: t.suite.clone(),
-                    counts: Counts::default(),
-                    cases: None,
-                });
+                self.suites.push(SuitePart::new(name));
                 self.suites.len() - 1
             }
         };
-        let suite = &mut self.suites[index];
+        &mut self.suites[index]
+    }
+
+    /// Widens the suite's wall-time span by the node's agent calls.
+    pub(crate) fn add_node(&mut self, node: &NodeRecord) {
+        let suite = self.suite(&node.suite);
+        for turn in &node.turns {
+            let (start, end) = (turn.started_ms, turn.started_ms + turn.latency_ms);
+            if !(start.is_finite() && end.is_finite()) {
+                continue;
+            }
+            suite.span = Some(match suite.span {
+                None => (start, end),
+                Some((low, high)) => (low.min(start), high.max(end)),
+            });
+        }
+    }
+
+    pub(crate) fn add(&mut self, t: &TrajectoryRecord) -> Result<(), ReportError> {
+        let suite = self.suite(&t.suite);
         let seconds = seconds(t.duration_ms);
         suite.counts.tests += 1;
         suite.counts.seconds += seconds;
@@ -104,7 +123,10 @@ impl JunitBuilder {
                         None => format!("{not_run} check(s) did not run (--strict)"),
                     },
                     [] => "trajectory failed".to_owned(),
-                    [one] => format!("criterion failed: {}", one.criterion),
+                    [one] => match &one.detail {
+                        Some(detail) => format!("criterion failed: {}: {detail}", one.criterion),
+                        None => format!("criterion failed: {}", one.criterion),
+                    },
                     many => format!("{} criteria failed", many.len()),
                 };
                 let mut description = String::new();
@@ -171,14 +193,28 @@ impl JunitBuilder {
         let io_err = |e| ReportError::io("write", path, e);
         let (staged, file) = Staged::create(path)?;
         let mut out = BufWriter::new(file);
-        let total = self.suites.iter().fold(Counts::default(), |mut sum, s| {
+        let mut suites = self.suites;
+        for suite in &mut suites {
+            if let Some((start, end)) = suite.span {
+                suite.counts.seconds = seconds(end - start);
+            }
+        }
+        let mut total = suites.iter().fold(Counts::default(), |mut sum, s| {
             sum.tests += s.counts.tests;
             sum.failures += s.counts.failures;
             sum.errors += s.counts.errors;
             sum.skipped += s.counts.skipped;
-            sum.seconds += s.counts.seconds;
             sum
         });
+        // Suites run at the same time too: the run's span, not the sum of theirs.
+        let spans: Vec<(f64, f64)> = suites.iter().filter_map(|s| s.span).collect();
+        total.seconds = match (
+            spans.iter().map(|s| s.0).reduce(f64::min),
+            spans.iter().map(|s| s.1).reduce(f64::max),
+        ) {
+            (Some(start), Some(end)) => seconds(end - start),
+            _ => suites.iter().map(|s| s.counts.seconds).sum(),
+        };
         writeln!(out, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>").map_err(io_err)?;
         writeln!(
             out,
@@ -187,7 +223,7 @@ impl JunitBuilder {
             attributes(&total)
         )
         .map_err(io_err)?;
-        for suite in self.suites {
+        for suite in suites {
             write!(
                 out,
                 "  <testsuite name=\"{}\" {}",
@@ -214,6 +250,15 @@ impl JunitBuilder {
 }
 
 impl SuitePart {
+    fn new(name: &str) -> Self {
+        SuitePart {
+            name: name.to_owned(),
+            counts: Counts::default(),
+            span: None,
+            cases: None,
+        }
+    }
+
     fn append(&mut self, xml: &str) -> io::Result<()> {
         let cases = match &mut self.cases {
             Some(cases) => cases,

@@ -39,8 +39,12 @@ pub const JOURNAL_FILE: &str = "journal.jsonl";
 pub const HTML_FILE: &str = "report.html";
 /// The JUnit report written into the run directory.
 pub const JUNIT_FILE: &str = "junit.xml";
+/// The run's statistics as JSON ([`Summary`]), written into the run directory.
+pub const SUMMARY_FILE: &str = "summary.json";
+/// `trellis run --baseline`'s comparison as JSON ([`compare::Comparison`]).
+pub const COMPARE_FILE: &str = "compare.json";
 /// Every file a run writes into its directory, the journal first.
-pub const RESULT_FILES: [&str; 8] = [
+pub const RESULT_FILES: [&str; 11] = [
     JOURNAL_FILE,
     tables::TRAJECTORIES_FILE,
     tables::TURNS_FILE,
@@ -49,7 +53,19 @@ pub const RESULT_FILES: [&str; 8] = [
     tables::RUNS_FILE,
     HTML_FILE,
     JUNIT_FILE,
+    SUMMARY_FILE,
+    history::RUN_META_FILE,
+    COMPARE_FILE,
 ];
+
+/// `summary.json`: the run's metadata and statistics, for CI scripts and dashboards.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Summary {
+    pub schema_version: u32,
+    /// `run.json` as it was when the run's reports were written.
+    pub meta: Option<history::RunMeta>,
+    pub stats: stats::RunStats,
+}
 
 /// How much of the run `report.html` renders in full.
 #[derive(Clone, Debug)]
@@ -83,6 +99,9 @@ pub struct ReportFiles {
     pub runs: PathBuf,
     pub html: PathBuf,
     pub junit: PathBuf,
+    pub summary: PathBuf,
+    /// The run's statistics (also in `summary.json`).
+    pub stats: stats::RunStats,
     /// Journal lines that were not valid entries and were skipped (a crash mid-write
     /// leaves one truncated last line).
     pub skipped_lines: usize,
@@ -98,7 +117,7 @@ pub struct ReportFiles {
 
 impl ReportFiles {
     /// Every results file, tables first, whether written or not.
-    pub fn paths(&self) -> [&Path; 7] {
+    pub fn paths(&self) -> [&Path; 8] {
         [
             &self.trajectories,
             &self.turns,
@@ -107,6 +126,7 @@ impl ReportFiles {
             &self.runs,
             &self.html,
             &self.junit,
+            &self.summary,
         ]
     }
 
@@ -157,6 +177,7 @@ pub struct ReportWriter {
     meta: Option<history::RunMeta>,
     tables: Tables,
     tally: Tally,
+    stats: stats::StatsBuilder,
     selection: Selection,
     junit: junit::JunitBuilder,
     finished: Option<RunSummary>,
@@ -184,6 +205,7 @@ impl ReportWriter {
             meta: history::RunMeta::read(run_dir).ok().flatten(),
             tables: Tables::create(run_dir, &info.run_id, options.batch_rows)?,
             tally: Tally::default(),
+            stats: stats::StatsBuilder::default(),
             selection: Selection::new(options),
             junit: junit::JunitBuilder::new(info),
             finished: None,
@@ -204,12 +226,14 @@ impl ReportWriter {
     /// Takes one entry. A file that cannot be written stops taking entries (its error is
     /// reported by [`finish`](ReportWriter::finish)); the other files go on.
     pub fn push(&mut self, entry: &JournalEntry) {
+        self.stats.push(entry);
         match entry {
             // A second `run_started` can only come from concatenated journals; the first
             // one names the run.
             JournalEntry::RunStarted(_) | JournalEntry::Agent(_) => {}
             JournalEntry::Node(node) => {
                 self.tally.add_node(node);
+                self.junit.add_node(node);
                 self.tables.push_node(node);
             }
             JournalEntry::Trajectory(trajectory) => {
@@ -244,6 +268,7 @@ impl ReportWriter {
             meta,
             tables,
             tally,
+            stats,
             selection,
             junit,
             finished,
@@ -264,6 +289,18 @@ impl ReportWriter {
             turns: tally.turns,
             meta: meta.as_ref(),
         });
+
+        let stats = stats.finish();
+        let summary_path = run_dir.join(SUMMARY_FILE);
+        let summary = Summary {
+            schema_version: history::SCHEMA_VERSION,
+            meta: meta.clone(),
+            stats,
+        };
+        if let Err(e) = write_json(&summary_path, &summary) {
+            not_written.push((summary_path.clone(), e));
+        }
+        let stats = summary.stats;
 
         let junit_path = run_dir.join(JUNIT_FILE);
         if let Err(e) = junit_failed.map_or_else(|| junit.write(&junit_path), Err) {
@@ -307,12 +344,29 @@ impl ReportWriter {
             runs: table_paths.runs,
             html: html_path,
             junit: junit_path,
+            summary: summary_path,
+            stats,
             skipped_lines,
             complete: finished.is_some(),
             not_written,
             transcripts_missing,
         }
     }
+}
+
+/// Writes `value` as pretty JSON to `path.partial` and moves it into place (`summary.json`,
+/// `compare.json`).
+pub fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<(), ReportError> {
+    use std::io::Write as _;
+    let (staged, file) = staged::Staged::create(path)?;
+    let mut out = std::io::BufWriter::new(file);
+    serde_json::to_writer_pretty(&mut out, value)
+        .map_err(std::io::Error::from)
+        .and_then(|()| out.write_all(b"\n"))
+        .and_then(|()| out.flush())
+        .map_err(|e| ReportError::io("write", path, e))?;
+    drop(out);
+    staged.publish().map(drop)
 }
 
 /// Identifies one execution node of one repetition.

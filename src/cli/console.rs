@@ -467,7 +467,7 @@ impl Console {
 }
 
 /// `1 check`, `12 checks`.
-fn count(n: u64, one: &str, many: &str) -> String {
+pub fn count(n: u64, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }
 
@@ -477,5 +477,62 @@ fn status_word(status: TrajectoryStatus) -> &'static str {
         TrajectoryStatus::Failed => "FAIL",
         TrajectoryStatus::Error => "ERROR",
         TrajectoryStatus::Skipped => "SKIP",
+    }
+}
+
+/// Whether stdout gets colour: a terminal, and neither `NO_COLOR` nor `TERM=dumb` says
+/// otherwise (`CLICOLOR_FORCE` forces it); decided by `anstream`.
+pub fn stdout_colour() -> bool {
+    anstream::AutoStream::choice(&std::io::stdout()) != anstream::ColorChoice::Never
+}
+
+/// Whether stderr gets colour, as [`stdout_colour`].
+pub fn stderr_colour() -> bool {
+    anstream::AutoStream::choice(&std::io::stderr()) != anstream::ColorChoice::Never
+}
+
+fn paint(text: &str, colour: anstyle::AnsiColor, enabled: bool) -> String {
+    if !enabled {
+        return text.to_owned();
+    }
+    let style = anstyle::Style::new()
+        .fg_color(Some(colour.into()))
+        .bold();
+    format!("{style}{text}{style:#}")
+}
+
+/// Red and bold on a colour terminal (stdout).
+pub fn paint_fail(text: &str) -> String {
+    paint(text, anstyle::AnsiColor::Red, stdout_colour())
+}
+
+/// Green and bold on a colour terminal (stdout).
+pub fn paint_pass(text: &str) -> String {
+    paint(text, anstyle::AnsiColor::Green, stdout_colour())
+}
+
+/// A table in the house style, as wide as the terminal allows (comfy-table wraps cells to
+/// the terminal width when stdout is one; a pipe gets full rows).
+pub fn table(header: &[&str]) -> Table {
+    let mut table = Table::new();
+    table
+        .load_preset(UTF8_FULL_CONDENSED)
+        .set_content_arrangement(ContentArrangement::Dynamic)
+        .set_header(header.to_vec());
+    table
+}
+
+/// A verdict or status cell: red when bad, green when good, plain without colour.
+pub fn verdict_cell(text: &str, bad: bool, good: bool) -> Cell {
+    let cell = Cell::new(text);
+    if !stdout_colour() {
+        return cell;
+    }
+    if bad {
+        cell.fg(comfy_table::Color::Red)
+    } else if good {
+        cell.fg(comfy_table::Color::Green)
+    } else {
+        cell
     }
 }

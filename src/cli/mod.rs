@@ -1,10 +1,13 @@
 //! Commands and their arguments. Exit codes: 0 all passed, 1 a criterion failed or a fault
-//! occurred, 2 invalid suite or usage, 3 results incomplete (a results file could not be
-//! written), 130 stopped by Ctrl-C, 143 stopped by SIGTERM.
+//! occurred (with `--baseline`, and for `compare`: a regression), 2 invalid suite, usage or
+//! unknown run, 3 results incomplete (a results file could not be written), 130 stopped by
+//! Ctrl-C, 143 stopped by SIGTERM.
 
 mod bench;
 mod console;
+mod history;
 mod import;
+mod meta;
 mod run;
 
 use std::path::{Path, PathBuf};
@@ -35,9 +38,10 @@ enum Command {
     /// Example: trellis run suites/ --jobs 32 --filter 'book-*'
     ///
     /// Results go to runs/<run-id>/ (or --out). Exit code 0 when every trajectory passed,
-    /// 1 when a criterion failed or an agent faulted, 2 when a suite or the command line is
-    /// invalid, 3 when a results file could not be written, 130 after Ctrl-C, 143 after
-    /// SIGTERM (finished trajectories are reported either way).
+    /// 1 when a criterion failed or an agent faulted (with --baseline: when something
+    /// regressed), 2 when a suite, the command line or the baseline is invalid, 3 when a
+    /// results file could not be written, 130 after Ctrl-C, 143 after SIGTERM (finished
+    /// trajectories are reported either way).
     Run(RunArgs),
     /// Validate suites without running anything; prints every problem at once.
     ///
@@ -60,6 +64,21 @@ enum Command {
     ///
     /// Example: cargo run --release -- bench --trajectories 10000 --jobs 256
     Bench(bench::BenchArgs),
+    /// List the runs in a runs directory; name a run, or pin one as the baseline.
+    ///
+    /// Example: trellis runs; trellis runs name 20261122T035000Z-1a2b v1; trellis runs pin v1
+    ///
+    /// Runs are listed oldest first. RUN is a run directory, a run id (or a unique prefix
+    /// of one), a name, or `pinned`.
+    Runs(history::RunsArgs),
+    /// Compare two runs: per run metric, scenario, branch and check; exit 1 on a regression.
+    ///
+    /// Example: trellis compare v1 v2 --max-latency-increase 50
+    ///
+    /// Without runs: the pinned baseline (else the second most recent finished run) against
+    /// the most recent finished run. Exit code 0 when nothing regressed past the
+    /// thresholds, 1 on a regression, 2 when a run cannot be found or read.
+    Compare(history::CompareArgs),
     /// Write a suite from what an agent already declares (a Fixie agent's few-shots).
     ///
     /// Example: trellis import fixie http://127.0.0.1:8181 --out suites/my-agent.kdl
@@ -119,6 +138,26 @@ pub struct RunArgs {
     /// No progress output; only the summary.
     #[arg(long, short = 'q')]
     quiet: bool,
+    /// A label recorded with the run (run.json, runs.parquet, `trellis runs`); repeatable.
+    #[arg(long = "label", value_name = "KEY=VALUE", value_parser = meta::parse_label)]
+    labels: Vec<(String, String)>,
+    /// Compare with this run when done (directory, id, name; without a value the pinned
+    /// baseline) and exit by the comparison: 1 on a regression past the thresholds, 0
+    /// otherwise, even when trajectories fail that failed in the baseline too.
+    #[arg(long, value_name = "RUN", num_args = 0..=1, default_missing_value = "pinned")]
+    baseline: Option<String>,
+    #[command(flatten)]
+    thresholds: history::ThresholdArgs,
+    /// `human` (default) or `json`: one JSON object per line on stdout (`run_started`,
+    /// `trajectory_finished`, `run_finished`) instead of the progress and the summary.
+    #[arg(long, value_enum, default_value_t = MessageFormat::Human)]
+    message_format: MessageFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum MessageFormat {
+    Human,
+    Json,
 }
 
 #[derive(Debug, Args)]
@@ -178,6 +217,8 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Report(args) => report(&args),
         Command::Bench(args) => bench::bench(args),
         Command::Import(args) => import::import(args),
+        Command::Runs(args) => history::runs(args),
+        Command::Compare(args) => history::compare_command(args),
     };
     ExitCode::from(code)
 }

@@ -19,8 +19,9 @@ use trellis_engine::plan::Plan;
 use trellis_engine::record::RunSummary;
 use trellis_reports::ReportWriter;
 
-use super::console::{Console, errln};
-use super::{EXIT_FAILED, EXIT_INCOMPLETE, EXIT_INVALID, EXIT_OK, RunArgs};
+use super::console::{Console, errln, outln};
+use super::history;
+use super::{EXIT_FAILED, EXIT_INCOMPLETE, EXIT_INVALID, EXIT_OK, MessageFormat, RunArgs};
 
 /// Exit code when Ctrl-C (SIGINT) stopped the run; finished trajectories are still reported.
 pub const EXIT_INTERRUPTED: u8 = 130;
@@ -45,6 +46,18 @@ pub fn run(args: RunArgs) -> u8 {
         .out
         .clone()
         .unwrap_or_else(|| super::default_out_dir(&run_id));
+    // Resolved before the run, among the runs next to this one, so a typo fails at once.
+    let runs_dir = out
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf);
+    let baseline = match &args.baseline {
+        Some(what) => match history::resolve_baseline(&runs_dir, what) {
+            Ok(entry) => Some(entry),
+            Err(code) => return code,
+        },
+        None => None,
+    };
     // Held until the run is over: a second run into the same directory is refused.
     let _claim = match claim_out_dir(&out, args.replace) {
         Ok(claim) => claim,
@@ -53,19 +66,99 @@ pub fn run(args: RunArgs) -> u8 {
             return EXIT_INVALID;
         }
     };
+    let meta = super::meta::build(&run_id, &project, &plan, &args.select.tags, &args.labels);
+    if let Err(e) = meta.write(&out) {
+        // The run is still worth having without its metadata.
+        errln!("warning: {e}: {}", source(&e));
+    }
+    let json = args.message_format == MessageFormat::Json;
     let settings = Settings {
         jobs: args.jobs,
-        quiet: args.quiet,
-        silent: false,
+        quiet: args.quiet || json,
+        silent: json,
         strict: args.strict,
+        json_events: json,
     };
-    match execute_plan(plan, &run_id, &out, &settings) {
-        Ok(outcome) => outcome.exit_code,
+    let outcome = match execute_plan(plan, &run_id, &out, &settings) {
+        Ok(outcome) => outcome,
         Err(message) => {
             errln!("error: {message}");
-            EXIT_INVALID
+            return EXIT_INVALID;
+        }
+    };
+    let mut exit_code = outcome.exit_code;
+    let mut comparison = None;
+    if let Some(base) = &baseline {
+        match compare_with(base, &out, outcome.stats.as_ref(), &args) {
+            Ok(c) => {
+                if !json {
+                    outln!("");
+                    history::print_comparison(&c);
+                }
+                // The comparison decides, unless the run itself did not finish its work.
+                if matches!(exit_code, EXIT_OK | EXIT_FAILED) {
+                    exit_code = if c.regressed { EXIT_FAILED } else { EXIT_OK };
+                }
+                comparison = Some(c);
+            }
+            Err(message) => {
+                errln!("error: cannot compare with the baseline: {message}");
+                if exit_code == EXIT_OK {
+                    exit_code = EXIT_INCOMPLETE;
+                }
+            }
         }
     }
+    if json {
+        let s = outcome.summary.as_ref();
+        let event = serde_json::json!({
+            "type": "run_finished",
+            "run_id": run_id,
+            "out": out.display().to_string(),
+            "finished": s.is_some(),
+            "trajectories": s.map(|s| s.trajectories),
+            "passed": s.map(|s| s.passed),
+            "failed": s.map(|s| s.failed),
+            "errors": s.map(|s| s.errors),
+            "skipped": s.map(|s| s.skipped),
+            "duration_ms": s.map(|s| s.duration_ms),
+            "baseline": baseline.as_ref().map(|b| b.run_id.clone()),
+            "regressed": comparison.as_ref().map(|c| c.regressed),
+            "regressions": comparison.as_ref().map(|c| c.regressions.clone()),
+            "exit_code": exit_code,
+        });
+        outln!("{event}");
+    }
+    exit_code
+}
+
+/// Compares the finished run in `out` with `base` and writes `compare.json` next to it.
+fn compare_with(
+    base: &trellis_reports::history::RunEntry,
+    out: &Path,
+    head_stats: Option<&trellis_reports::stats::RunStats>,
+    args: &RunArgs,
+) -> Result<trellis_reports::compare::Comparison, String> {
+    let head = trellis_reports::history::read_run(out).map_err(|e| e.to_string())?;
+    let base_stats = trellis_reports::stats::RunStats::from_run_dir(&base.dir)
+        .map_err(|e| format!("{e}: {}", source(&e)))?;
+    let head_stats = match head_stats {
+        Some(stats) => stats.clone(),
+        None => trellis_reports::stats::RunStats::from_run_dir(out)
+            .map_err(|e| format!("{e}: {}", source(&e)))?,
+    };
+    let comparison = trellis_reports::compare::compare(
+        &base_stats,
+        history::run_ref(base),
+        &head_stats,
+        history::run_ref(&head),
+        args.thresholds.thresholds(),
+    );
+    let path = out.join(trellis_reports::COMPARE_FILE);
+    if let Err(e) = trellis_reports::write_json(&path, &comparison) {
+        errln!("warning: {e}: {}", source(&e));
+    }
+    Ok(comparison)
 }
 
 /// The lock a run holds on its output directory (`.trellis-run.lock`, an advisory file
@@ -146,6 +239,8 @@ pub struct Settings {
     pub silent: bool,
     /// A check or trajectory that did not run fails its trajectory.
     pub strict: bool,
+    /// `--message-format json`: `run_started` and `trajectory_finished` lines on stdout.
+    pub json_events: bool,
 }
 
 pub struct Outcome {
@@ -153,6 +248,8 @@ pub struct Outcome {
     pub summary: Option<RunSummary>,
     /// CPU seconds of the reporter thread: journal, tables, HTML, JUnit (for `bench`).
     pub report_cpu: f64,
+    /// The run's statistics, when its reports were written.
+    pub stats: Option<trellis_reports::stats::RunStats>,
 }
 
 /// What stopped a run before its end.
@@ -236,6 +333,7 @@ pub fn execute_plan(
         console: Console::new(plan.trajectory_count(), settings.quiet, silent),
         out: out.to_path_buf(),
         summary: None,
+        json_events: settings.json_events,
     };
     let options = RunOptions {
         run_id: run_id.to_string(),
@@ -309,6 +407,7 @@ pub fn execute_plan(
             exit_code: stopped_by.map_or(EXIT_INCOMPLETE, StopSignal::exit_code),
             summary: None,
             report_cpu: 0.0,
+            stats: None,
         });
     };
     let Reporter {
@@ -403,6 +502,7 @@ pub fn execute_plan(
         exit_code,
         summary,
         report_cpu,
+        stats: files.ok().map(|f| f.stats),
     })
 }
 
@@ -434,6 +534,7 @@ struct Reporter {
     console: Console,
     out: PathBuf,
     summary: Option<RunSummary>,
+    json_events: bool,
 }
 
 impl Reporter {
@@ -456,8 +557,59 @@ impl Reporter {
         if let Event::RunFinished(s) = event {
             self.summary = Some(s.clone());
         }
+        if self.json_events {
+            json_event(event, &self.out);
+        }
         self.console.on_event(event);
     }
+}
+
+/// `--message-format json`: one line per run start and finished trajectory, as cargo's and
+/// nextest's machine-readable output. `run_finished` is printed by [`run`] once the reports
+/// (and the baseline comparison) are done.
+fn json_event(event: &Event, out: &Path) {
+    let line = match event {
+        Event::RunStarted(info) => serde_json::json!({
+            "type": "run_started",
+            "run_id": info.run_id,
+            "started_at": info.started_at,
+            "trellis_version": info.trellis_version,
+            "suites": info.suites,
+            "planned_trajectories": info.planned_trajectories,
+            "out": out.display().to_string(),
+        }),
+        Event::Trajectory(t) => {
+            let failed: Vec<_> = t
+                .criteria
+                .iter()
+                .filter(|c| c.status == trellis_engine::record::CriterionStatus::Failed)
+                .map(|c| {
+                    serde_json::json!({
+                        "criterion": c.criterion,
+                        "kind": c.kind,
+                        "turn_index": c.turn_index,
+                        "detail": c.detail,
+                    })
+                })
+                .collect();
+            serde_json::json!({
+                "type": "trajectory_finished",
+                "suite": t.suite,
+                "scenario": t.scenario,
+                "trajectory": t.trajectory,
+                "agent": t.agent,
+                "repetition": t.repetition,
+                "status": t.status.as_str(),
+                "turns": t.turns,
+                "duration_ms": t.duration_ms,
+                "failed_criteria": failed,
+                "fault": t.fault,
+                "skip_reason": t.skip_reason,
+            })
+        }
+        _ => return,
+    };
+    outln!("{line}");
 }
 
 /// Tokio keeps SIGINT and SIGTERM once it has watched for them. Writing the reports is not

@@ -1,0 +1,428 @@
+//! `trellis runs` (list, name, pin) and `trellis compare`, and the comparison `trellis run
+//! --baseline` prints: the console side of `trellis_reports::history` and
+//! `trellis_reports::compare`.
+
+use std::path::{Path, PathBuf};
+
+use clap::{Args, Subcommand};
+use comfy_table::Cell;
+use trellis_reports::compare::{self, Comparison, RunRef, Thresholds, Verdict};
+use trellis_reports::history::{self, HistoryError, RunEntry};
+use trellis_reports::stats::RunStats;
+
+use super::console::{self, errln, outln};
+use super::{EXIT_FAILED, EXIT_INVALID, EXIT_OK};
+
+/// Where runs are looked up by id or name.
+#[derive(Debug, Args)]
+pub struct RunsDir {
+    /// The directory holding run directories.
+    #[arg(long = "dir", value_name = "DIR", default_value = "runs", global = true)]
+    pub dir: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct RunsArgs {
+    #[command(subcommand)]
+    action: Option<RunsAction>,
+    #[command(flatten)]
+    runs: RunsDir,
+    /// Print the list as a JSON array instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+enum RunsAction {
+    /// Give a run a name that `compare`, `run --baseline` and `runs pin` accept.
+    ///
+    /// Example: trellis runs name 20261122T035000Z-1a2b before-prompt-change
+    Name {
+        /// Run directory, run id (or a unique prefix) or current name.
+        run: String,
+        name: String,
+    },
+    /// Pin a run as the baseline (`compare` and `run --baseline` without a run use it);
+    /// the previously pinned run is unpinned.
+    ///
+    /// Example: trellis runs pin before-prompt-change
+    Pin {
+        /// Run directory, run id (or a unique prefix) or name.
+        run: String,
+    },
+    /// Unpin a run.
+    Unpin {
+        /// Run directory, run id (or a unique prefix) or name.
+        run: String,
+    },
+}
+
+/// Regression thresholds, shared by `compare` and `run --baseline`.
+#[derive(Debug, Args)]
+pub struct ThresholdArgs {
+    /// Largest pass-rate drop tolerated, in percentage points.
+    #[arg(long, value_name = "POINTS", default_value_t = 0.0)]
+    max_pass_rate_drop: f64,
+    /// Largest drop of the mean judge score tolerated, in points (0–100).
+    #[arg(long, value_name = "POINTS", default_value_t = 5.0)]
+    max_score_drop: f64,
+    /// Largest increase of the mean turn latency tolerated, in percent.
+    #[arg(long, value_name = "PERCENT", default_value_t = 20.0)]
+    max_latency_increase: f64,
+    /// Latency increases below this many milliseconds never count as regressions.
+    #[arg(long, value_name = "MS", default_value_t = 10.0)]
+    latency_noise_ms: f64,
+    /// Significance level of the test that tells a pass-rate drop from noise when there are
+    /// repeats; 1 counts every drop past the threshold.
+    #[arg(long, value_name = "P", default_value_t = 0.05)]
+    alpha: f64,
+}
+
+impl ThresholdArgs {
+    pub fn thresholds(&self) -> Thresholds {
+        Thresholds {
+            max_pass_rate_drop: self.max_pass_rate_drop,
+            max_score_drop: self.max_score_drop,
+            max_latency_increase_pct: self.max_latency_increase,
+            latency_noise_ms: self.latency_noise_ms,
+            alpha: self.alpha,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct CompareArgs {
+    /// The earlier run: directory (a path, or a name under --dir), id (or a unique prefix),
+    /// name, or `pinned`. Default: the
+    /// pinned baseline, else the second most recent finished run.
+    base: Option<String>,
+    /// The later run. Default: the most recent finished run.
+    head: Option<String>,
+    #[command(flatten)]
+    runs: RunsDir,
+    #[command(flatten)]
+    thresholds: ThresholdArgs,
+    /// Print the comparison as JSON (the `Comparison` structure) instead of tables.
+    #[arg(long)]
+    json: bool,
+}
+
+fn report_error(e: HistoryError) -> u8 {
+    errln!("{:?}", miette::Report::new(e));
+    EXIT_INVALID
+}
+
+pub fn runs(args: RunsArgs) -> u8 {
+    let dir = &args.runs.dir;
+    let result = match &args.action {
+        None => return list(dir, args.json),
+        Some(RunsAction::Name { run, name }) => history::resolve_run(dir, run)
+            .and_then(|entry| history::name_run(dir, &entry, name).map(|()| entry))
+            .map(|entry| format!("run {} is now named `{name}`", entry.run_id)),
+        Some(RunsAction::Pin { run }) => history::resolve_run(dir, run)
+            .and_then(|entry| history::pin_run(dir, &entry).map(|()| entry))
+            .map(|entry| format!("run {} is now the pinned baseline", entry.label())),
+        Some(RunsAction::Unpin { run }) => history::resolve_run(dir, run)
+            .and_then(|entry| history::unpin_run(&entry).map(|()| entry))
+            .map(|entry| format!("run {} is no longer pinned", entry.label())),
+    };
+    match result {
+        Ok(message) => {
+            outln!("{message}");
+            EXIT_OK
+        }
+        Err(e) => report_error(e),
+    }
+}
+
+fn list(dir: &Path, json: bool) -> u8 {
+    let runs = match history::list_runs(dir) {
+        Ok(runs) => runs,
+        Err(e) => return report_error(e),
+    };
+    if json {
+        match serde_json::to_string_pretty(&runs) {
+            Ok(text) => outln!("{text}"),
+            Err(e) => {
+                errln!("error: cannot encode the run list: {e}");
+                return EXIT_INVALID;
+            }
+        }
+        return EXIT_OK;
+    }
+    if runs.is_empty() {
+        outln!("no runs in {}", dir.display());
+        return EXIT_OK;
+    }
+    let mut table = console::table(&[
+        "run", "name", "started", "traj.", "pass rate", "duration", "labels", "state",
+    ]);
+    for run in &runs {
+        table.add_row(vec![
+            Cell::new(&run.run_id),
+            Cell::new(run.name.as_deref().unwrap_or("")),
+            Cell::new(run.started_at.as_deref().unwrap_or("-")),
+            Cell::new(run.trajectories.map_or("-".into(), |n| n.to_string())),
+            Cell::new(percent(run.pass_rate())),
+            Cell::new(run.duration_ms.map_or("-".into(), |ms| format!("{:.1}s", ms / 1000.0))),
+            Cell::new(
+                run.labels
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            ),
+            Cell::new(match (run.baseline, run.finished) {
+                (true, true) => "pinned",
+                (true, false) => "pinned, unfinished",
+                (false, false) => "unfinished",
+                (false, true) => "",
+            }),
+        ]);
+    }
+    outln!("{table}");
+    outln!(
+        "{} in {}",
+        console::count(runs.len() as u64, "run", "runs"),
+        dir.display()
+    );
+    EXIT_OK
+}
+
+pub fn compare_command(args: CompareArgs) -> u8 {
+    let dir = &args.runs.dir;
+    let pair = match (&args.base, &args.head) {
+        (Some(base), Some(head)) => {
+            history::resolve_run(dir, base).and_then(|b| Ok((b, history::resolve_run(dir, head)?)))
+        }
+        (Some(base), None) => history::resolve_run(dir, base).and_then(|b| {
+            let head = latest_other_than(dir, &b.run_id)?;
+            Ok((b, head))
+        }),
+        (None, _) => default_pair(dir),
+    };
+    let (base, head) = match pair {
+        Ok(pair) => pair,
+        Err(e) => return report_error(e),
+    };
+    let comparison = match compare_runs(&base, &head, args.thresholds.thresholds()) {
+        Ok(c) => c,
+        Err(message) => {
+            errln!("error: {message}");
+            return EXIT_INVALID;
+        }
+    };
+    if args.json {
+        match serde_json::to_string_pretty(&comparison) {
+            Ok(text) => outln!("{text}"),
+            Err(e) => errln!("error: cannot encode the comparison: {e}"),
+        }
+    } else {
+        print_comparison(&comparison);
+    }
+    if comparison.regressed {
+        EXIT_FAILED
+    } else {
+        EXIT_OK
+    }
+}
+
+/// The pinned baseline against the latest other finished run, else the last two.
+fn default_pair(dir: &Path) -> Result<(RunEntry, RunEntry), HistoryError> {
+    match history::resolve_run(dir, "pinned") {
+        Ok(pinned) => {
+            let head = latest_other_than(dir, &pinned.run_id)?;
+            Ok((pinned, head))
+        }
+        Err(HistoryError::NotEnoughRuns { .. }) | Err(HistoryError::NoSuchRun { .. }) => {
+            history::last_two(dir)
+        }
+        Err(e) => Err(e),
+    }
+}
+
+fn latest_other_than(dir: &Path, run_id: &str) -> Result<RunEntry, HistoryError> {
+    history::list_runs(dir)?
+        .into_iter()
+        .rev()
+        .find(|r| r.finished && r.run_id != run_id)
+        .ok_or_else(|| HistoryError::NotEnoughRuns {
+            what: format!(
+                "no finished run in {} besides {run_id} to compare with",
+                dir.display()
+            ),
+        })
+}
+
+pub fn run_ref(entry: &RunEntry) -> RunRef {
+    RunRef {
+        run_id: entry.run_id.clone(),
+        name: entry.name.clone(),
+        dir: entry.dir.display().to_string(),
+        started_at: entry.started_at.clone().unwrap_or_default(),
+        finished: entry.finished,
+    }
+}
+
+/// Reads both runs' journals and compares them.
+pub fn compare_runs(
+    base: &RunEntry,
+    head: &RunEntry,
+    thresholds: Thresholds,
+) -> Result<Comparison, String> {
+    let stats = |entry: &RunEntry| {
+        RunStats::from_run_dir(&entry.dir).map_err(|e| {
+            let why = std::error::Error::source(&e)
+                .map(|s| format!(": {s}"))
+                .unwrap_or_default();
+            format!("cannot read run {}: {e}{why}", entry.label())
+        })
+    };
+    let base_stats = stats(base)?;
+    let head_stats = stats(head)?;
+    Ok(compare::compare(
+        &base_stats,
+        run_ref(base),
+        &head_stats,
+        run_ref(head),
+        thresholds,
+    ))
+}
+
+fn percent(rate: Option<f64>) -> String {
+    rate.map_or_else(|| "-".to_owned(), |r| format!("{:.0}%", r * 100.0))
+}
+
+fn rate_cell(t: Option<compare::Tally>) -> String {
+    match t {
+        Some(t) if t.samples > 0 => format!(
+            "{}/{} ({})",
+            t.passed,
+            t.samples,
+            percent(t.rate())
+        ),
+        Some(_) => "not run".to_owned(),
+        None => "-".to_owned(),
+    }
+}
+
+fn verdict_cell(verdict: Verdict) -> Cell {
+    console::verdict_cell(verdict.as_str(), verdict == Verdict::Regressed, verdict == Verdict::Improved)
+}
+
+fn p_cell(p: Option<f64>) -> String {
+    p.map_or_else(String::new, |p| format!("{p:.3}"))
+}
+
+/// The comparison as console tables: run metrics, then every scenario, branch and check
+/// that changed, then the verdict.
+pub fn print_comparison(c: &Comparison) {
+    let side = |r: &RunRef| match &r.name {
+        Some(name) => format!("{name} ({})", r.run_id),
+        None => r.run_id.clone(),
+    };
+    outln!("base {}\nhead {}", side(&c.base), side(&c.head));
+
+    let mut metrics = console::table(&["metric", "base", "head", "change", "verdict"]);
+    for m in &c.metrics {
+        let shown = |v: Option<f64>| match (m.metric, v) {
+            (_, None) => "-".to_owned(),
+            ("pass_rate", Some(v)) => format!("{:.1}%", v * 100.0),
+            ("total_tokens", Some(v)) => format!("{v:.0}"),
+            (_, Some(v)) => format!("{v:.1}"),
+        };
+        let change = match (m.metric, m.delta) {
+            (_, None) => String::new(),
+            ("pass_rate", Some(d)) => format!("{:+.1} pts", d * 100.0),
+            (_, Some(d)) => match m.base {
+                Some(b) if b.abs() > f64::EPSILON => format!("{d:+.1} ({:+.0}%)", d / b * 100.0),
+                _ => format!("{d:+.1}"),
+            },
+        };
+        metrics.add_row(vec![
+            Cell::new(m.metric),
+            Cell::new(shown(m.base)),
+            Cell::new(shown(m.head)),
+            Cell::new(change),
+            verdict_cell(m.verdict),
+        ]);
+    }
+    outln!("{metrics}");
+
+    let changed = |v: Verdict| !matches!(v, Verdict::Unchanged | Verdict::NotComparable);
+    let scenarios: Vec<_> = c.scenarios.iter().filter(|s| changed(s.rate.verdict)).collect();
+    if !scenarios.is_empty() {
+        let mut table = console::table(&["scenario", "agent", "base", "head", "p", "verdict"]);
+        for s in scenarios {
+            table.add_row(vec![
+                Cell::new(format!("{}/{}", s.suite, s.scenario)),
+                Cell::new(&s.agent),
+                Cell::new(rate_cell(s.rate.base)),
+                Cell::new(rate_cell(s.rate.head)),
+                Cell::new(p_cell(s.rate.p_value)),
+                verdict_cell(s.rate.verdict),
+            ]);
+        }
+        outln!("scenarios (repetitions where every branch passed)\n{table}");
+    }
+    let branches: Vec<_> = c.branches.iter().filter(|b| changed(b.rate.verdict)).collect();
+    if !branches.is_empty() {
+        let mut table = console::table(&[
+            "scenario", "branch", "agent", "base", "head", "p", "verdict",
+        ]);
+        for b in branches {
+            table.add_row(vec![
+                Cell::new(format!("{}/{}", b.suite, b.scenario)),
+                Cell::new(&b.trajectory),
+                Cell::new(&b.agent),
+                Cell::new(rate_cell(b.rate.base)),
+                Cell::new(rate_cell(b.rate.head)),
+                Cell::new(p_cell(b.rate.p_value)),
+                verdict_cell(b.rate.verdict),
+            ]);
+        }
+        outln!("branches\n{table}");
+    }
+    let criteria: Vec<_> = c.criteria.iter().filter(|k| changed(k.rate.verdict)).collect();
+    if !criteria.is_empty() {
+        let mut table = console::table(&["branch", "check", "base", "head", "verdict", "why"]);
+        for k in criteria {
+            let at = k
+                .turn_index
+                .map(|i| format!("turn {i}: "))
+                .unwrap_or_default();
+            table.add_row(vec![
+                Cell::new(format!("{}/{} {} [{}]", k.suite, k.scenario, k.trajectory, k.agent)),
+                Cell::new(format!("{at}{}", k.criterion)),
+                Cell::new(rate_cell(k.rate.base)),
+                Cell::new(rate_cell(k.rate.head)),
+                verdict_cell(k.rate.verdict),
+                Cell::new(k.head_failure.as_deref().unwrap_or("")),
+            ]);
+        }
+        outln!("checks\n{table}");
+    }
+    if c.regressed {
+        outln!(
+            "{}:",
+            console::paint_fail(&format!(
+                "REGRESSED ({})",
+                console::count(c.regressions.len() as u64, "regression", "regressions")
+            ))
+        );
+        for r in &c.regressions {
+            outln!("  - {r}");
+        }
+    } else {
+        outln!(
+            "{}: no regression past the thresholds",
+            console::paint_pass("OK")
+        );
+    }
+}
+
+/// `trellis run --baseline`: resolves the baseline before the run starts, so a typo fails
+/// at once rather than after the whole run.
+pub fn resolve_baseline(runs_dir: &Path, what: &str) -> Result<RunEntry, u8> {
+    history::resolve_run(runs_dir, what).map_err(report_error)
+}

@@ -1,0 +1,135 @@
+//! What `trellis run` records about itself in `run.json` before the engine starts: the
+//! suite fingerprint, the git commit the suites come from, the agents' endpoints (without
+//! secrets), the tag selection and the user's `--label`s.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use trellis_dsl::{Endpoint, Project, SocketAddress};
+use trellis_engine::plan::Plan;
+use trellis_reports::history::{AgentEndpoint, GitState, RunMeta, SCHEMA_VERSION, redact_url};
+
+/// `--label key=value`: a key of letters, digits, `_`, `-` and `.`, any value.
+pub fn parse_label(text: &str) -> Result<(String, String), String> {
+    let (key, value) = text
+        .split_once('=')
+        .ok_or_else(|| format!("`{text}` is not key=value"))?;
+    let valid = !key.is_empty()
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    if !valid {
+        return Err(format!(
+            "label key `{key}` must be letters, digits, `_`, `-` or `.`"
+        ));
+    }
+    Ok((key.to_owned(), value.to_owned()))
+}
+
+pub fn build(
+    run_id: &str,
+    project: &Project,
+    plan: &Plan,
+    tags: &[String],
+    labels: &[(String, String)],
+) -> RunMeta {
+    let labels: BTreeMap<String, String> = labels.iter().cloned().collect();
+    RunMeta {
+        schema_version: SCHEMA_VERSION,
+        run_id: run_id.to_owned(),
+        trellis_version: env!("CARGO_PKG_VERSION").to_owned(),
+        suite_fingerprint: fingerprint(project),
+        git: project
+            .files
+            .first()
+            .and_then(|f| f.path.parent())
+            .and_then(git_state),
+        endpoints: plan
+            .agents
+            .iter()
+            .map(|a| AgentEndpoint {
+                agent: a.id.to_string(),
+                protocol: a.protocol.as_str().to_owned(),
+                endpoint: endpoint(&a.endpoint),
+            })
+            .collect(),
+        tags: tags.to_vec(),
+        labels,
+        name: None,
+        baseline: false,
+    }
+}
+
+/// BLAKE3 of the loaded suite files' text, sorted so the order files were found in does
+/// not matter, each prefixed by its length so no two sets of files hash alike.
+pub fn fingerprint(project: &Project) -> String {
+    let mut texts: Vec<&str> = project.files.iter().map(|f| &*f.text).collect();
+    texts.sort_unstable();
+    let mut hasher = blake3::Hasher::new();
+    for text in texts {
+        hasher.update(&(text.len() as u64).to_le_bytes());
+        hasher.update(text.as_bytes());
+    }
+    hasher.finalize().to_hex().to_string()
+}
+
+/// The commit and dirty flag of the repository holding `dir`; `None` outside a repository
+/// or without `git`.
+fn git_state(dir: &Path) -> Option<GitState> {
+    let dir = if dir.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        dir
+    };
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .arg("-C")
+            .arg(dir)
+            .args(args)
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+    };
+    let commit = git(&["rev-parse", "HEAD"])?;
+    let status = git(&["status", "--porcelain", "--untracked-files=no"])?;
+    Some(GitState {
+        commit,
+        dirty: !status.is_empty(),
+    })
+}
+
+fn endpoint(endpoint: &Endpoint) -> String {
+    match endpoint {
+        Endpoint::Url(url) => redact_url(url),
+        Endpoint::Builtin(name) => format!("builtin:{}", name.value),
+        // Arguments may carry tokens; the program says what ran.
+        Endpoint::Command(command) => format!(
+            "command:{}",
+            command.split_whitespace().next().unwrap_or_default()
+        ),
+        Endpoint::Socket(SocketAddress::Tcp { host, port }) => format!("socket:tcp:{host}:{port}"),
+        Endpoint::Socket(SocketAddress::Unix(path)) => {
+            format!("socket:unix:{}", path.display())
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_label;
+
+    #[test]
+    fn labels_are_key_value_with_a_plain_key() {
+        assert_eq!(
+            parse_label("model=gpt-4o=mini").unwrap(),
+            ("model".into(), "gpt-4o=mini".into())
+        );
+        assert!(parse_label("novalue").is_err());
+        assert!(parse_label("=x").is_err());
+        assert!(parse_label("a b=x").is_err());
+    }
+}
