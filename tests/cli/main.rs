@@ -8,6 +8,7 @@ mod support {
 
 mod diagnostics;
 mod faults;
+mod history;
 mod import;
 mod outputs;
 mod run;

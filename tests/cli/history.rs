@@ -1,0 +1,455 @@
+//! Runs as a history: the tables of many runs read as one dataset, `trellis runs`, `trellis
+//! compare` and `run --baseline` exit codes on synthetic histories written through the real
+//! report writer, the JSON event stream and JUnit.
+
+use std::io::Write as _;
+use std::path::Path;
+use std::sync::Arc;
+
+use trellis_engine::record::{
+    CriterionRecord, CriterionStatus, JournalEntry, NodeRecord, RunInfo, RunSummary,
+    TrajectoryRecord, TrajectoryStatus, TurnRecord,
+};
+
+use super::*;
+
+/// One repetition of one branch of the synthetic scenario `s/c`.
+struct Sample {
+    branch: &'static str,
+    repetition: u32,
+    passed: bool,
+    latency_ms: f64,
+}
+
+fn sample(branch: &'static str, repetition: u32, passed: bool, latency_ms: f64) -> Sample {
+    Sample {
+        branch,
+        repetition,
+        passed,
+        latency_ms,
+    }
+}
+
+/// Writes `runs_dir/name` as `trellis run` would: a journal, then every results file through
+/// the real writer (`write_reports`, what `trellis report` runs).
+fn write_run(runs_dir: &Path, name: &str, started_at: &str, samples: &[Sample]) {
+    let dir = runs_dir.join(name);
+    std::fs::create_dir_all(&dir).unwrap();
+    let run_id = format!("{}-{name}", started_at.replace([':', '-'], ""));
+    let mut entries = vec![JournalEntry::RunStarted(RunInfo {
+        run_id: run_id.clone(),
+        started_at: started_at.into(),
+        trellis_version: "0.1.0".into(),
+        suites: vec!["s".into()],
+        jobs: 1,
+        planned_trajectories: samples.len() as u64,
+    })];
+    let (mut passed, mut failed) = (0, 0);
+    for s in samples {
+        entries.push(JournalEntry::Node(NodeRecord {
+            suite: "s".into(),
+            scenario: "c".into(),
+            agent: "a".into(),
+            repetition: s.repetition,
+            node: s.branch.into(),
+            parent: None,
+            turns: vec![Arc::new(TurnRecord {
+                turn_index: 0,
+                user_message: "hi".into(),
+                reply: Some("hello".into()),
+                // Every sample runs at once, as `--jobs` runs them.
+                started_ms: 0.0,
+                latency_ms: s.latency_ms,
+                attempts: 1,
+                ..TurnRecord::default()
+            })],
+        }));
+        let status = if s.passed {
+            passed += 1;
+            CriterionStatus::Passed
+        } else {
+            failed += 1;
+            CriterionStatus::Failed
+        };
+        entries.push(JournalEntry::Trajectory(TrajectoryRecord {
+            suite: "s".into(),
+            scenario: "c".into(),
+            trajectory: s.branch.into(),
+            agent: "a".into(),
+            protocol: "connexity".into(),
+            repetition: s.repetition,
+            nodes: vec![s.branch.into()],
+            status: if s.passed {
+                TrajectoryStatus::Passed
+            } else {
+                TrajectoryStatus::Failed
+            },
+            turns: 1,
+            duration_ms: s.latency_ms,
+            fault: None,
+            skip_reason: None,
+            criteria: vec![CriterionRecord {
+                turn_index: Some(0),
+                criterion: "reply contains=\"hello\"".into(),
+                kind: "reply".into(),
+                status,
+                detail: (!s.passed).then(|| "reply was \"bye\"".into()),
+            }],
+            tags: vec![],
+        }));
+    }
+    entries.push(JournalEntry::RunFinished(RunSummary {
+        run_id,
+        finished_at: started_at.into(),
+        duration_ms: 1000.0,
+        trajectories: samples.len() as u64,
+        passed,
+        failed,
+        errors: 0,
+        skipped: 0,
+        turns: samples.len() as u64,
+    }));
+    let mut journal = std::fs::File::create(dir.join("journal.jsonl")).unwrap();
+    for entry in &entries {
+        serde_json::to_writer(&mut journal, entry).unwrap();
+        journal.write_all(b"\n").unwrap();
+    }
+    drop(journal);
+    let files =
+        trellis_reports::write_reports(&dir, &trellis_reports::ReportOptions::default()).unwrap();
+    assert!(files.not_written.is_empty(), "{:?}", files.not_written);
+}
+
+async fn compare(runs: &Path, args: &[&str]) -> std::process::Output {
+    trellis()
+        .arg("compare")
+        .args(args)
+        .arg("--dir")
+        .arg(runs)
+        .output()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn compare_exits_1_when_a_branch_that_passed_fails() {
+    let runs = tempfile::tempdir().unwrap();
+    write_run(runs.path(), "base", "2026-01-01T00:00:00Z", &[sample("yes", 0, true, 100.0), sample("no", 0, true, 100.0)]);
+    write_run(runs.path(), "head", "2026-01-02T00:00:00Z", &[sample("yes", 0, true, 100.0), sample("no", 0, false, 100.0)]);
+
+    // Default: the last two finished runs.
+    let o = compare(runs.path(), &[]).await;
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    let text = stdout(&o);
+    assert!(text.contains("REGRESSED"), "{text}");
+    assert!(text.contains("branch s/c no [a]: 1/1 → 0/1 passed"), "{text}");
+    assert!(text.contains("reply was \"bye\""), "{text}");
+
+    // Reversed, it is an improvement.
+    let o = compare(runs.path(), &["head", "base"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+
+    // A tolerated drop does not fail.
+    let o = compare(runs.path(), &["base", "head", "--max-pass-rate-drop", "100"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+
+    // JSON carries the same verdict.
+    let o = compare(runs.path(), &["base", "head", "--json"]).await;
+    assert_eq!(o.status.code(), Some(1));
+    let json: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(json["regressed"], true);
+    let branch = json["branches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["trajectory"] == "no")
+        .unwrap();
+    assert_eq!(branch["rate"]["verdict"], "regressed");
+    assert_eq!(branch["rate"]["delta_points"], -100.0);
+
+    // An unknown run is a usage error.
+    let o = compare(runs.path(), &["base", "nope"]).await;
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("no run `nope`"), "{}", stderr(&o));
+}
+
+#[tokio::test]
+async fn with_repeats_one_failure_is_noise_and_a_collapse_is_a_regression() {
+    let runs = tempfile::tempdir().unwrap();
+    let all_pass: Vec<Sample> = (0..5).map(|r| sample("main", r, true, 100.0)).collect();
+    let one_fails: Vec<Sample> = (0..5).map(|r| sample("main", r, r != 2, 100.0)).collect();
+    let collapse: Vec<Sample> = (0..10).map(|r| sample("main", r, r < 2, 100.0)).collect();
+    let base10: Vec<Sample> = (0..10).map(|r| sample("main", r, true, 100.0)).collect();
+    write_run(runs.path(), "base", "2026-01-01T00:00:00Z", &all_pass);
+    write_run(runs.path(), "flaky", "2026-01-02T00:00:00Z", &one_fails);
+    write_run(runs.path(), "base10", "2026-01-03T00:00:00Z", &base10);
+    write_run(runs.path(), "broken", "2026-01-04T00:00:00Z", &collapse);
+
+    let o = compare(runs.path(), &["base", "flaky"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    assert!(stdout(&o).contains("noise"), "{}", stdout(&o));
+    // Without the test every drop counts.
+    let o = compare(runs.path(), &["base", "flaky", "--alpha", "1"]).await;
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+
+    let o = compare(runs.path(), &["base10", "broken"]).await;
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+}
+
+#[tokio::test]
+async fn compare_gates_on_mean_latency_past_its_threshold() {
+    let runs = tempfile::tempdir().unwrap();
+    write_run(runs.path(), "fast", "2026-01-01T00:00:00Z", &[sample("main", 0, true, 100.0)]);
+    write_run(runs.path(), "slow", "2026-01-02T00:00:00Z", &[sample("main", 0, true, 150.0)]);
+    write_run(runs.path(), "slower-by-a-hair", "2026-01-03T00:00:00Z", &[sample("main", 0, true, 104.0)]);
+    let o = compare(runs.path(), &["fast", "slow"]).await;
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(stdout(&o).contains("run latency_mean_ms"), "{}", stdout(&o));
+    let o = compare(runs.path(), &["fast", "slow", "--max-latency-increase", "60"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    // +4 %: within the threshold.
+    let o = compare(runs.path(), &["fast", "slower-by-a-hair"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+}
+
+#[tokio::test]
+async fn runs_are_listed_named_and_pinned() {
+    let runs = tempfile::tempdir().unwrap();
+    write_run(runs.path(), "one", "2026-01-02T00:00:00Z", &[sample("main", 0, true, 10.0)]);
+    write_run(runs.path(), "two", "2026-01-01T00:00:00Z", &[sample("main", 0, false, 10.0)]);
+    let runs_cmd = |args: &[&str]| {
+        let mut cmd = trellis();
+        cmd.arg("runs").args(args).arg("--dir").arg(runs.path());
+        cmd
+    };
+
+    let o = runs_cmd(&["name", "one", "v1"]).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = runs_cmd(&["name", "two", "v1"]).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(2), "a name is unique");
+    assert!(stderr(&o).contains("already used"), "{}", stderr(&o));
+    for pin in ["two", "v1"] {
+        let o = runs_cmd(&["pin", pin]).output().await.unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    }
+
+    let o = runs_cmd(&["--json"]).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let list: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let list = list.as_array().unwrap();
+    // Oldest first, whatever the directory names say.
+    let ids: Vec<&str> = list.iter().map(|r| r["run_id"].as_str().unwrap()).collect();
+    assert_eq!(ids, ["20260101T000000Z-two", "20260102T000000Z-one"]);
+    // Pinning is exclusive: the last pin wins.
+    assert_eq!(list[0]["baseline"], false);
+    assert_eq!(list[1]["baseline"], true);
+    assert_eq!(list[1]["name"], "v1");
+
+    let o = runs_cmd(&[]).output().await.unwrap();
+    let text = stdout(&o);
+    assert!(text.contains("pinned") && text.contains("v1") && text.contains("2 runs"), "{text}");
+
+    // `compare` without runs: the pinned baseline against the latest other run.
+    let o = trellis()
+        .args(["compare", "--json", "--dir"])
+        .arg(runs.path())
+        .output()
+        .await
+        .unwrap();
+    let json: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(json["base"]["name"], "v1");
+    assert_eq!(json["head"]["run_id"], "20260101T000000Z-two");
+    assert_eq!(o.status.code(), Some(1));
+}
+
+#[tokio::test]
+async fn every_run_reads_as_one_dataset_from_polars_and_duckdb() {
+    let root = tempfile::tempdir().unwrap();
+    let runs = root.path().join("runs");
+    for (name, label) in [("first", "model=a"), ("second", "model=b")] {
+        let o = trellis()
+            .args(["run", "suites/booking.kdl", "-q", "--label", label, "--out"])
+            .arg(runs.join(name))
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    }
+    let meta: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(runs.join("first/run.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(meta["labels"]["model"], "a");
+    assert_eq!(meta["endpoints"][0]["endpoint"], "builtin:booking");
+    assert_eq!(meta["suite_fingerprint"].as_str().unwrap().len(), 64);
+
+    let script = r#"
+import sys
+try:
+    import polars as pl
+    import duckdb
+except ImportError as e:
+    print("SKIP", e)
+    sys.exit(0)
+t = pl.scan_parquet("runs/**/trajectories.parquet").collect()
+assert t["run_id"].n_unique() == 2, t
+assert t["schema_version"].unique().to_list() == [2]
+for table in ["turns", "tool_calls", "criteria"]:
+    assert pl.scan_parquet(f"runs/**/{table}.parquet").collect()["run_id"].n_unique() == 2
+r = pl.read_parquet("runs/*/runs.parquet").sort("labels")
+assert r["labels"].to_list() == [["model=a"], ["model=b"]], r
+assert r["suite_fingerprint"].n_unique() == 1
+rows = duckdb.sql("SELECT run_id, count(*) FROM read_parquet('runs/*/trajectories.parquet') GROUP BY ALL").fetchall()
+assert len(rows) == 2 and all(n == rows[0][1] for _, n in rows), rows
+print("OK")
+"#;
+    let o = match tokio::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .current_dir(root.path())
+        .output()
+        .await
+    {
+        Ok(o) => o,
+        Err(e) => {
+            println!("note: python3 not available ({e}); the polars/DuckDB check was skipped");
+            return;
+        }
+    };
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    if stdout(&o).starts_with("SKIP") {
+        println!("note: {}; the polars/DuckDB check was skipped", stdout(&o).trim());
+        return;
+    }
+    assert_eq!(stdout(&o).trim(), "OK");
+}
+
+#[tokio::test]
+async fn run_with_a_baseline_exits_by_the_comparison_and_streams_json() {
+    let runs = tempfile::tempdir().unwrap();
+    let o = trellis()
+        .args(["run", "suites/booking.kdl", "-q", "--out"])
+        .arg(runs.path().join("base"))
+        .output()
+        .await
+        .unwrap();
+    // asks-price fails on purpose in every run.
+    assert_eq!(o.status.code(), Some(1));
+
+    let o = trellis()
+        .args([
+            "run",
+            "suites/booking.kdl",
+            "--message-format",
+            "json",
+            "--baseline",
+            "base",
+            // Local agents answer in milliseconds; their latency is not under test.
+            "--max-latency-increase",
+            "100000",
+            "--out",
+        ])
+        .arg(runs.path().join("head"))
+        .output()
+        .await
+        .unwrap();
+    // The same failures as the baseline: nothing regressed.
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let events: Vec<serde_json::Value> = stdout(&o)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect();
+    assert_eq!(events.first().unwrap()["type"], "run_started");
+    let last = events.last().unwrap();
+    assert_eq!(last["type"], "run_finished");
+    assert_eq!(last["regressed"], false);
+    assert_eq!(last["exit_code"], 0);
+    let finished: Vec<_> = events
+        .iter()
+        .filter(|e| e["type"] == "trajectory_finished")
+        .collect();
+    assert_eq!(finished.len() as u64, last["trajectories"].as_u64().unwrap());
+    let failing = finished.iter().find(|e| e["status"] == "failed").unwrap();
+    assert!(failing["failed_criteria"][0]["criterion"].is_string(), "{failing}");
+    assert!(runs.path().join("head/compare.json").is_file());
+    let summary: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(runs.path().join("head/summary.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(summary["schema_version"], 2);
+    let branches = summary["stats"]["branches"].as_array().unwrap();
+    let asks_price = branches
+        .iter()
+        .find(|b| b["trajectory"] == "asks-price")
+        .unwrap();
+    // Three repetitions, none passing: pass^3 and pass@3 are 0.
+    assert_eq!(asks_price["repeats"]["samples"], 3);
+    assert_eq!(asks_price["repeats"]["at_k"][2]["pass_at_k"], 0.0);
+
+    // An unknown baseline is refused before anything runs.
+    let o = trellis()
+        .args(["run", "suites/booking.kdl", "--baseline", "nope", "--out"])
+        .arg(runs.path().join("never"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(!runs.path().join("never").exists());
+}
+
+#[tokio::test]
+async fn junit_has_one_case_per_repetition_and_suites_take_wall_time() {
+    let out = tempfile::tempdir().unwrap();
+    let o = trellis()
+        .args(["run", "suites/booking.kdl", "-q", "--out"])
+        .arg(out.path())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    let xml = std::fs::read_to_string(out.path().join("junit.xml")).unwrap();
+    let t = read_parquet(&out.path().join("trajectories.parquet"));
+    assert_eq!(xml.matches("<testcase ").count(), t.height());
+    for repetition in 0..3 {
+        assert!(
+            xml.contains(&format!("book-duct-cleaning/asks-price [demo #{repetition}]")),
+            "{xml}"
+        );
+    }
+    assert!(xml.contains("<failure message=\"criterion failed: "), "{xml}");
+
+    // Two trajectories of 100 ms each at the same time: the suite took 0.1 s, not 0.2 s.
+    let runs = tempfile::tempdir().unwrap();
+    write_run(
+        runs.path(),
+        "overlap",
+        "2026-01-01T00:00:00Z",
+        &[sample("yes", 0, true, 100.0), sample("no", 0, false, 100.0)],
+    );
+    let overlap = std::fs::read_to_string(runs.path().join("overlap/junit.xml")).unwrap();
+    assert!(
+        overlap.contains("<testsuite name=\"s\" tests=\"2\" failures=\"1\" errors=\"0\" skipped=\"0\" time=\"0.100\""),
+        "{overlap}"
+    );
+    assert!(
+        overlap.contains("criterion failed: reply contains=&quot;hello&quot;: reply was &quot;bye&quot;"),
+        "{overlap}"
+    );
+    // The suite's time is its wall time: no more than the sum of its cases' times.
+    let time_of = |element: &str| -> f64 {
+        let start = xml.find(element).unwrap();
+        let rest = &xml[start..];
+        let t = rest.find("time=\"").unwrap() + 6;
+        rest[t..t + rest[t..].find('"').unwrap()].parse().unwrap()
+    };
+    let suite = time_of("<testsuite name=\"booking\"");
+    let cases: f64 = xml
+        .match_indices("<testcase ")
+        .map(|(i, _)| {
+            let rest = &xml[i..];
+            let t = rest.find("time=\"").unwrap() + 6;
+            rest[t..t + rest[t..].find('"').unwrap()].parse::<f64>().unwrap()
+        })
+        .sum();
+    assert!(suite <= cases + 0.002, "suite {suite}s, cases {cases}s");
+}
