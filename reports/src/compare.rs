@@ -256,17 +256,19 @@ pub fn compare(
         }),
     )
     .into_iter()
-    .map(|((suite, scenario, trajectory, agent), (b, h))| BranchChange {
-        rate: judge_rate(
-            b.map(|b| tally(b.repeats.passed, b.repeats.samples)),
-            h.map(|b| tally(b.repeats.passed, b.repeats.samples)),
-            &thresholds,
-        ),
-        suite,
-        scenario,
-        trajectory,
-        agent,
-    })
+    .map(
+        |((suite, scenario, trajectory, agent), (b, h))| BranchChange {
+            rate: judge_rate(
+                b.map(|b| tally(b.repeats.passed, b.repeats.samples)),
+                h.map(|b| tally(b.repeats.passed, b.repeats.samples)),
+                &thresholds,
+            ),
+            suite,
+            scenario,
+            trajectory,
+            agent,
+        },
+    )
     .collect();
     for b in &branches {
         if b.rate.verdict == Verdict::Regressed {
@@ -287,21 +289,19 @@ pub fn compare(
     )
     .into_iter()
     .map(
-        |((suite, scenario, trajectory, agent, turn_index, criterion), (b, h))| {
-            CriterionChange {
-                rate: judge_rate(
-                    b.map(|c| tally(c.passed, c.passed + c.failed)),
-                    h.map(|c| tally(c.passed, c.passed + c.failed)),
-                    &thresholds,
-                ),
-                head_failure: h.and_then(|c| c.first_failure.clone()),
-                suite,
-                scenario,
-                trajectory,
-                agent,
-                turn_index,
-                criterion,
-            }
+        |((suite, scenario, trajectory, agent, turn_index, criterion), (b, h))| CriterionChange {
+            rate: judge_rate(
+                b.map(|c| tally(c.passed, c.passed + c.failed)),
+                h.map(|c| tally(c.passed, c.passed + c.failed)),
+                &thresholds,
+            ),
+            head_failure: h.and_then(|c| c.first_failure.clone()),
+            suite,
+            scenario,
+            trajectory,
+            agent,
+            turn_index,
+            criterion,
         },
     )
     .collect();
@@ -539,7 +539,9 @@ fn show(value: Option<f64>) -> String {
 
 /// `2/3 → 0/3 passed (p = 0.20)`.
 pub fn describe(rate: &RateChange) -> String {
-    let side = |t: Option<Tally>| t.map_or_else(|| "-".to_owned(), |t| format!("{}/{}", t.passed, t.samples));
+    let side = |t: Option<Tally>| {
+        t.map_or_else(|| "-".to_owned(), |t| format!("{}/{}", t.passed, t.samples))
+    };
     let p = rate
         .p_value
         .map(|p| format!(" (p = {p:.3})"))
@@ -581,15 +583,30 @@ mod tests {
             max_pass_rate_drop: 30.0,
             ..Thresholds::default()
         };
-        assert_eq!(judge_rate(t(10, 10), t(8, 10), &lenient).verdict, Verdict::Unchanged);
+        assert_eq!(
+            judge_rate(t(10, 10), t(8, 10), &lenient).verdict,
+            Verdict::Unchanged
+        );
         let untested = Thresholds {
             alpha: 1.0,
             ..Thresholds::default()
         };
-        assert_eq!(judge_rate(t(5, 5), t(4, 5), &untested).verdict, Verdict::Regressed);
-        assert_eq!(judge_rate(t(0, 1), t(1, 1), &untested).verdict, Verdict::Improved);
+        assert_eq!(
+            judge_rate(t(5, 5), t(4, 5), &untested).verdict,
+            Verdict::Regressed
+        );
+        assert_eq!(
+            judge_rate(t(0, 1), t(1, 1), &untested).verdict,
+            Verdict::Improved
+        );
         assert_eq!(judge_rate(None, t(1, 1), &untested).verdict, Verdict::Added);
-        assert_eq!(judge_rate(t(1, 1), None, &untested).verdict, Verdict::Removed);
-        assert_eq!(judge_rate(t(0, 0), t(1, 1), &untested).verdict, Verdict::NotComparable);
+        assert_eq!(
+            judge_rate(t(1, 1), None, &untested).verdict,
+            Verdict::Removed
+        );
+        assert_eq!(
+            judge_rate(t(0, 0), t(1, 1), &untested).verdict,
+            Verdict::NotComparable
+        );
     }
 }

@@ -106,7 +106,10 @@ impl RunMeta {
 
     /// `key=value` for each label, sorted by key (as in `runs.parquet`).
     pub fn label_pairs(&self) -> Vec<String> {
-        self.labels.iter().map(|(k, v)| format!("{k}={v}")).collect()
+        self.labels
+            .iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect()
     }
 }
 
@@ -121,7 +124,9 @@ pub fn redact_url(text: &str) -> String {
     match base.split_once("://") {
         Some((scheme, rest)) => {
             let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
-            let host = authority.rsplit_once('@').map_or(authority, |(_, host)| host);
+            let host = authority
+                .rsplit_once('@')
+                .map_or(authority, |(_, host)| host);
             format!("{scheme}://{host}{path}")
         }
         None => base.to_owned(),
@@ -170,15 +175,14 @@ pub enum HistoryError {
     #[error("no run `{what}` in {}", dir.display())]
     #[diagnostic(
         code(trellis::history::no_such_run),
-        help("name a run directory, a run id or a name given with `trellis runs name`; `trellis runs` lists them")
+        help(
+            "name a run directory, a run id or a name given with `trellis runs name`; `trellis runs` lists them"
+        )
     )]
     NoSuchRun { what: String, dir: PathBuf },
 
     #[error("`{what}` matches several runs in {}: {}", dir.display(), matches.join(", "))]
-    #[diagnostic(
-        code(trellis::history::ambiguous),
-        help("use the full run id")
-    )]
+    #[diagnostic(code(trellis::history::ambiguous), help("use the full run id"))]
     Ambiguous {
         what: String,
         dir: PathBuf,
@@ -352,7 +356,8 @@ fn read_runs_row(path: &Path) -> PolarsResult<RunsRow> {
     let text = |name: &str| -> PolarsResult<Option<String>> {
         Ok(df.column(name)?.str()?.get(0).map(str::to_owned))
     };
-    let count = |name: &str| -> PolarsResult<u64> { Ok(df.column(name)?.u64()?.get(0).unwrap_or(0)) };
+    let count =
+        |name: &str| -> PolarsResult<u64> { Ok(df.column(name)?.u64()?.get(0).unwrap_or(0)) };
     Ok(RunsRow {
         run_id: text("run_id")?.unwrap_or_default(),
         started_at: text("started_at")?.unwrap_or_default(),

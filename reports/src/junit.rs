@@ -120,7 +120,8 @@ impl JunitBuilder {
                     // Failed with nothing failed: `--strict` counted what did not run.
                     [] if t.skip_reason.is_some() || not_run > 0 => match &t.skip_reason {
                         Some(reason) => format!("did not run (--strict): {reason}"),
-                        None => format!("{not_run} check(s) did not run (--strict)"),
+                        None if not_run == 1 => "1 check did not run (--strict)".to_owned(),
+                        None => format!("{not_run} checks did not run (--strict)"),
                     },
                     [] => "trajectory failed".to_owned(),
                     [one] => match &one.detail {

@@ -10,14 +10,14 @@
 //! complete ([`PARTIAL_SUFFIX`]), and a file that cannot be written does not stop the others.
 //! The layout of every file is documented in `docs/results.md`.
 
+pub mod compare;
 mod error;
 pub mod history;
 mod html;
 mod journal;
 mod junit;
-pub mod stats;
-pub mod compare;
 mod staged;
+pub mod stats;
 mod tables;
 mod tally;
 
@@ -147,13 +147,28 @@ impl ReportFiles {
 /// when the journal cannot be opened or read; a file that cannot be written is listed in
 /// [`ReportFiles::not_written`].
 pub fn write_reports(run_dir: &Path, options: &ReportOptions) -> Result<ReportFiles, ReportError> {
+    write_reports_to(run_dir, run_dir, options)
+}
+
+/// As [`write_reports`], but writes the results files into `out_dir` (created if missing),
+/// leaving the run directory as it is: `trellis report RUN --out DIR`.
+pub fn write_reports_to(
+    run_dir: &Path,
+    out_dir: &Path,
+    options: &ReportOptions,
+) -> Result<ReportFiles, ReportError> {
+    std::fs::create_dir_all(out_dir).map_err(|e| ReportError::io("create", out_dir, e))?;
     let journal_path = run_dir.join(JOURNAL_FILE);
     let mut journal = JournalReader::open(&journal_path)?;
     let info = match journal.next_entry()? {
         Some(JournalEntry::RunStarted(info)) => info,
         _ => return Err(ReportError::MissingRunStarted { path: journal_path }),
     };
-    let mut writer = ReportWriter::start(run_dir, &info, options)?;
+    let mut writer = ReportWriter::start(out_dir, &info, options)?;
+    if out_dir != run_dir {
+        writer.journal_path.clone_from(&journal_path);
+        writer.meta = history::RunMeta::read(run_dir).ok().flatten();
+    }
     while let Some(entry) = journal.next_entry()? {
         writer.push(&entry);
     }
@@ -172,6 +187,9 @@ pub fn write_reports(run_dir: &Path, options: &ReportOptions) -> Result<ReportFi
 /// [`journal_lost`]: ReportWriter::journal_lost
 pub struct ReportWriter {
     run_dir: PathBuf,
+    /// Where the transcripts are read back from: `run_dir/journal.jsonl` unless the
+    /// reports of a run are written elsewhere.
+    journal_path: PathBuf,
     info: RunInfo,
     /// `run.json` as it was when the writer started.
     meta: Option<history::RunMeta>,
@@ -200,6 +218,7 @@ impl ReportWriter {
     ) -> Result<Self, ReportError> {
         Ok(ReportWriter {
             run_dir: run_dir.to_path_buf(),
+            journal_path: run_dir.join(JOURNAL_FILE),
             info: info.clone(),
             // Metadata is an addition to the tables: a damaged `run.json` must not stop them.
             meta: history::RunMeta::read(run_dir).ok().flatten(),
@@ -264,6 +283,7 @@ impl ReportWriter {
     pub fn finish(self) -> ReportFiles {
         let ReportWriter {
             run_dir,
+            journal_path,
             info,
             meta,
             tables,
@@ -310,8 +330,7 @@ impl ReportWriter {
         let rendered = selection.into_ordered();
         let (nodes, transcripts_missing) = match journal_lost {
             Some(why) => (HashMap::new(), Some(why)),
-            None => match gather_nodes(&run_dir.join(JOURNAL_FILE), &rendered.trajectories, &paths)
-            {
+            None => match gather_nodes(&journal_path, &rendered.trajectories, &paths) {
                 Ok(nodes) => (nodes, None),
                 // The tables and counts are still right; only the transcripts are missing.
                 Err(e) => (

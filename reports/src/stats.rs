@@ -64,7 +64,9 @@ pub fn pass_at_k(n: u64, c: u64, k: u64) -> Option<f64> {
         return Some(1.0);
     }
     // C(n-c, k) / C(n, k) as a product, which neither overflows nor loses precision.
-    let all_fail: f64 = ((n - c + 1)..=n).map(|i| 1.0 - k as f64 / i as f64).product();
+    let all_fail: f64 = ((n - c + 1)..=n)
+        .map(|i| 1.0 - k as f64 / i as f64)
+        .product();
     Some(1.0 - all_fail)
 }
 
@@ -401,7 +403,11 @@ impl StatsBuilder {
     pub fn add_node(&mut self, node: &NodeRecord) {
         let scenario = self
             .scenarios
-            .entry((node.suite.clone(), node.scenario.clone(), node.agent.clone()))
+            .entry((
+                node.suite.clone(),
+                node.scenario.clone(),
+                node.agent.clone(),
+            ))
             .or_default();
         let mut range: Option<(u32, u32)> = None;
         for turn in node.turns.iter().filter(|t| !t.replay) {
@@ -572,11 +578,7 @@ impl StatsBuilder {
             planned: self.info.as_ref().map_or(0, |i| i.planned_trajectories),
             finished: self.summary.is_some(),
             pass_rate: self.counts.pass_rate(),
-            pass_rate_interval: wilson_interval(
-                self.counts.passed,
-                self.counts.ran(),
-                CONFIDENCE,
-            ),
+            pass_rate_interval: wilson_interval(self.counts.passed, self.counts.ran(), CONFIDENCE),
             latency: Latency::of(self.latencies),
             total_tokens: self.tokens,
             cost_usd: None,
@@ -678,13 +680,20 @@ impl StatsBuilder {
         // Parents before children: node ids are paths from the root, so by name is
         // depth-first.
         nodes.sort_by(|a, b| {
-            (suite_rank(&a.suite), &a.suite, &a.scenario, &a.agent, &a.node).cmp(&(
-                suite_rank(&b.suite),
-                &b.suite,
-                &b.scenario,
-                &b.agent,
-                &b.node,
-            ))
+            (
+                suite_rank(&a.suite),
+                &a.suite,
+                &a.scenario,
+                &a.agent,
+                &a.node,
+            )
+                .cmp(&(
+                    suite_rank(&b.suite),
+                    &b.suite,
+                    &b.scenario,
+                    &b.agent,
+                    &b.node,
+                ))
         });
 
         let mut criteria: Vec<CriterionStats> = self
@@ -896,7 +905,12 @@ mod tests {
         let node = |id: &str| stats.nodes.iter().find(|n| n.node == id).unwrap().clone();
         let start = node("start");
         assert_eq!(
-            (start.reached, start.passed, start.failed_here, start.failed_above),
+            (
+                start.reached,
+                start.passed,
+                start.failed_here,
+                start.failed_above
+            ),
             (4, 2, 2, 0)
         );
         assert_eq!((start.executions, start.executions_failed_here), (2, 1));
@@ -907,16 +921,28 @@ mod tests {
         );
         assert_eq!(yes.parent.as_deref(), Some("start"));
         let no = node("no");
-        assert_eq!((no.reached, no.passed, no.failed_here, no.failed_above), (2, 1, 0, 1));
+        assert_eq!(
+            (no.reached, no.passed, no.failed_here, no.failed_above),
+            (2, 1, 0, 1)
+        );
 
-        let branch = |name: &str| stats.branches.iter().find(|b| b.trajectory == name).unwrap();
+        let branch = |name: &str| {
+            stats
+                .branches
+                .iter()
+                .find(|b| b.trajectory == name)
+                .unwrap()
+        };
         assert!(branch("no").repeats.flaky);
         assert_eq!(branch("yes").repeats.passed, 0);
         assert_eq!(stats.scenarios[0].repeats.samples, 2);
         assert_eq!(stats.scenarios[0].repeats.passed, 0);
         // Two `start` turns of 10 ms, four branch turns of 20 ms.
         assert_eq!(stats.aggregates.latency.turns, 6);
-        assert!(close(stats.aggregates.latency.mean_ms.unwrap(), 100.0 / 6.0));
+        assert!(close(
+            stats.aggregates.latency.mean_ms.unwrap(),
+            100.0 / 6.0
+        ));
         assert_eq!(stats.aggregates.latency.p50_ms, Some(20.0));
         assert_eq!(stats.aggregates.counts.passed, 1);
         assert_eq!(stats.aggregates.cost_usd, None);

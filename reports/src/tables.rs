@@ -464,7 +464,7 @@ impl Tables {
                 let c = &mut self.tool_calls.buf;
                 c.bytes += call.arguments.len() + opt_len(call.result.as_ref());
                 c.schema_version.push(SCHEMA_VERSION);
-            c.run_id.push(self.run_id.clone());
+                c.run_id.push(self.run_id.clone());
                 c.suite.push(node.suite.clone());
                 c.scenario.push(node.scenario.clone());
                 c.node.push(node.node.clone());
@@ -492,7 +492,7 @@ impl Tables {
         let t = &mut self.trajectories.buf;
         t.bytes += opt_len(fault_message.as_ref()) + opt_len(tr.skip_reason.as_ref());
         t.schema_version.push(SCHEMA_VERSION);
-            t.run_id.push(self.run_id.clone());
+        t.run_id.push(self.run_id.clone());
         t.suite.push(tr.suite.clone());
         t.scenario.push(tr.scenario.clone());
         t.trajectory.push(tr.trajectory.clone());
@@ -556,8 +556,10 @@ impl Tables {
         r.planned_trajectories.push(run.info.planned_trajectories);
         r.suites.push(run.info.suites.clone());
         let meta = run.meta;
-        r.suite_fingerprint
-            .push(meta.map(|m| m.suite_fingerprint.clone()).filter(|f| !f.is_empty()));
+        r.suite_fingerprint.push(
+            meta.map(|m| m.suite_fingerprint.clone())
+                .filter(|f| !f.is_empty()),
+        );
         let git = meta.and_then(|m| m.git.as_ref());
         r.git_commit.push(git.map(|g| g.commit.clone()));
         r.git_dirty.push(git.map(|g| g.dirty));
@@ -570,7 +572,8 @@ impl Tables {
             })
             .unwrap_or_default(),
         );
-        r.tags.push(meta.map(|m| m.tags.clone()).unwrap_or_default());
+        r.tags
+            .push(meta.map(|m| m.tags.clone()).unwrap_or_default());
         r.labels
             .push(meta.map(RunMeta::label_pairs).unwrap_or_default());
         r.rows += 1;

@@ -63,10 +63,10 @@ scenario "bench" {{
     }
     let expected = u64::from(args.trajectories) * TURNS;
     super::console::outln!(
-        "{} trajectories × {TURNS} turns against the builtin agent, --jobs {}, {} run(s)",
+        "{} trajectories × {TURNS} turns against the builtin agent, --jobs {}, {}",
         args.trajectories,
         args.jobs,
-        args.runs
+        super::console::count(args.runs as u64, "run", "runs")
     );
     super::console::outln!(
         "CPU is whole-process (engine, builtin agent, journal, Parquet, HTML, JUnit).\n"

@@ -90,6 +90,9 @@ struct Unchecked {
     checks: Vec<(String, String)>,
 }
 
+/// (suite rank, suite, scenario, branch, agent, repetition).
+type FailureKey = (usize, String, String, String, String, u32);
+
 #[derive(Default)]
 struct Counts {
     passed: u64,
@@ -107,7 +110,11 @@ pub struct Console {
     /// Print nothing at all (benchmarks).
     silent: bool,
     per_scenario: BTreeMap<(String, String, String), Counts>,
-    failures: Vec<TrajectoryRecord>,
+    /// Suites in load order (from `run_started`): the order of every list printed.
+    suites: Vec<String>,
+    /// The first failures in stable order (suite, scenario, branch, agent, repetition), not
+    /// in the order they finished, so the same run always shows the same ones.
+    failures: BTreeMap<FailureKey, TrajectoryRecord>,
     failures_total: u64,
     /// Distinct skip reasons with how many trajectories each skipped.
     skip_reasons: BTreeMap<String, u64>,
@@ -139,7 +146,8 @@ impl Console {
             lines: !terminal && !quiet && !silent,
             silent,
             per_scenario: BTreeMap::new(),
-            failures: Vec::new(),
+            suites: Vec::new(),
+            failures: BTreeMap::new(),
             failures_total: 0,
             skip_reasons: BTreeMap::new(),
             checks_skipped: 0,
@@ -149,7 +157,18 @@ impl Console {
         }
     }
 
+    fn suite_rank(&self, suite: &str) -> usize {
+        self.suites
+            .iter()
+            .position(|s| s == suite)
+            .unwrap_or(usize::MAX)
+    }
+
     pub fn on_event(&mut self, event: &Event) {
+        if let Event::RunStarted(info) = event {
+            self.suites.clone_from(&info.suites);
+            return;
+        }
         let Event::Trajectory(t) = event else {
             return;
         };
@@ -181,8 +200,24 @@ impl Console {
         }
         if matches!(t.status, TrajectoryStatus::Failed | TrajectoryStatus::Error) {
             self.failures_total += 1;
-            if self.failures.len() < FAILURES_SHOWN {
-                self.failures.push(t.clone());
+            let key = (
+                self.suite_rank(&t.suite),
+                t.suite.clone(),
+                t.scenario.clone(),
+                t.trajectory.clone(),
+                t.agent.clone(),
+                t.repetition,
+            );
+            let keep = self.failures.len() < FAILURES_SHOWN
+                || self
+                    .failures
+                    .last_key_value()
+                    .is_some_and(|(last, _)| key < *last);
+            if keep {
+                self.failures.insert(key, t.clone());
+                if self.failures.len() > FAILURES_SHOWN {
+                    self.failures.pop_last();
+                }
             }
         }
         if let Some(bar) = &self.bar {
@@ -195,15 +230,16 @@ impl Console {
                 0 => String::new(),
                 n => format!(" · {} did not run", count(n as u64, "check", "checks")),
             };
+            let word = format!("{:>5}", status_word(t.status));
             errln!(
-                "{:>7} {}/{} {} [{} #{}] {} turn(s) {:.0}ms{not_run}",
-                status_word(t.status),
+                "{} {}/{} {} [{} #{}] {} {:.0}ms{not_run}",
+                paint_status(&word, t.status, stderr_colour()),
                 t.suite,
                 t.scenario,
                 t.trajectory,
                 t.agent,
                 t.repetition,
-                t.turns,
+                count(u64::from(t.turns), "turn", "turns"),
                 t.duration_ms
             );
         }
@@ -261,54 +297,80 @@ impl Console {
         if self.silent {
             return;
         }
-        let mut table = Table::new();
-        table
-            .load_preset(UTF8_FULL_CONDENSED)
-            .set_content_arrangement(ContentArrangement::Dynamic)
-            .set_header(vec![
-                "suite",
-                "scenario",
-                "agent",
-                "passed",
-                "failed",
-                "error",
-                "skipped",
-                "pass rate",
-            ]);
-        for ((suite, scenario, agent), c) in &self.per_scenario {
+        let mut table = table(&[
+            "suite",
+            "scenario",
+            "agent",
+            "passed",
+            "failed",
+            "error",
+            "skipped",
+            "pass rate",
+            "95% CI",
+        ]);
+        let mut rows: Vec<_> = self.per_scenario.iter().collect();
+        // Already by name; a stable sort puts the suites in load order.
+        rows.sort_by_key(|((suite, _, _), _)| self.suite_rank(suite));
+        for ((suite, scenario, agent), c) in rows {
             let ran = c.passed + c.failed + c.errors;
             let rate = if ran == 0 {
                 "-".to_string()
             } else {
                 format!("{:.0}%", 100.0 * c.passed as f64 / ran as f64)
             };
+            let interval = trellis_reports::stats::wilson_interval(
+                c.passed,
+                ran,
+                trellis_reports::stats::CONFIDENCE,
+            )
+            .map_or_else(String::new, |i| {
+                format!("{:.0}–{:.0}%", i.low * 100.0, i.high * 100.0)
+            });
             table.add_row(vec![
                 Cell::new(suite),
                 Cell::new(scenario),
                 Cell::new(agent),
                 Cell::new(c.passed),
-                Cell::new(c.failed),
-                Cell::new(c.errors),
+                verdict_cell(&c.failed.to_string(), c.failed > 0, false),
+                verdict_cell(&c.errors.to_string(), c.errors > 0, false),
                 Cell::new(c.skipped),
                 Cell::new(rate),
+                Cell::new(interval),
             ]);
         }
         outln!("{table}");
 
-        let mut failures: Vec<&TrajectoryRecord> = self.failures.iter().collect();
-        failures.sort_by(|a, b| {
-            (&a.suite, &a.scenario, &a.trajectory, &a.agent, a.repetition).cmp(&(
-                &b.suite,
-                &b.scenario,
-                &b.trajectory,
-                &b.agent,
-                b.repetition,
-            ))
-        });
-        for t in failures {
+        // Branches that both passed and failed across repetitions, in stable order.
+        for b in files.stats.branches.iter().filter(|b| b.repeats.flaky) {
+            let all = b
+                .repeats
+                .at_k
+                .last()
+                .map(|k| {
+                    format!(
+                        "; pass^{k} {:.2}, pass@{k} {:.2}",
+                        k.pass_hat_k,
+                        k.pass_at_k,
+                        k = k.k
+                    )
+                })
+                .unwrap_or_default();
+            outln!(
+                "{} {}/{} {} [{}]: {} of {} passed{all}",
+                paint("FLAKY", anstyle::AnsiColor::Yellow, stdout_colour()),
+                b.suite,
+                b.scenario,
+                b.trajectory,
+                b.agent,
+                b.repeats.passed,
+                count(b.repeats.samples, "repetition", "repetitions"),
+            );
+        }
+
+        for t in self.failures.values() {
             outln!(
                 "\n{} {}/{} {} [{} #{}]",
-                status_word(t.status),
+                paint_status(status_word(t.status), t.status, stdout_colour()),
                 t.suite,
                 t.scenario,
                 t.trajectory,
@@ -354,7 +416,7 @@ impl Console {
         }
         if self.failures_total > self.failures.len() as u64 {
             outln!(
-                "\n… and {} more not passing: see the report",
+                "\n… and {} more not passing (listed in order, the first {FAILURES_SHOWN} shown): see the report",
                 self.failures_total - self.failures.len() as u64
             );
         }
@@ -459,6 +521,7 @@ impl Console {
             .join(", ")
         );
         outln!("  junit    {}", shown(&files.junit, true));
+        outln!("  summary  {}", shown(&files.summary, true));
         match journal {
             Some(journal) => outln!("  journal  {}", journal.display()),
             None => outln!("  journal  (incomplete: could not be written)"),
@@ -469,6 +532,16 @@ impl Console {
 /// `1 check`, `12 checks`.
 pub fn count(n: u64, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// A status word in its colour: green passed, red failed and error, yellow skipped.
+fn paint_status(word: &str, status: TrajectoryStatus, enabled: bool) -> String {
+    let colour = match status {
+        TrajectoryStatus::Passed => anstyle::AnsiColor::Green,
+        TrajectoryStatus::Failed | TrajectoryStatus::Error => anstyle::AnsiColor::Red,
+        TrajectoryStatus::Skipped => anstyle::AnsiColor::Yellow,
+    };
+    paint(word, colour, enabled)
 }
 
 fn status_word(status: TrajectoryStatus) -> &'static str {
@@ -495,9 +568,7 @@ fn paint(text: &str, colour: anstyle::AnsiColor, enabled: bool) -> String {
     if !enabled {
         return text.to_owned();
     }
-    let style = anstyle::Style::new()
-        .fg_color(Some(colour.into()))
-        .bold();
+    let style = anstyle::Style::new().fg_color(Some(colour.into())).bold();
     format!("{style}{text}{style:#}")
 }
 

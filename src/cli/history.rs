@@ -17,7 +17,12 @@ use super::{EXIT_FAILED, EXIT_INVALID, EXIT_OK};
 #[derive(Debug, Args)]
 pub struct RunsDir {
     /// The directory holding run directories.
-    #[arg(long = "dir", value_name = "DIR", default_value = "runs", global = true)]
+    #[arg(
+        long = "dir",
+        value_name = "DIR",
+        default_value = "runs",
+        global = true
+    )]
     pub dir: PathBuf,
 }
 
@@ -155,7 +160,14 @@ fn list(dir: &Path, json: bool) -> u8 {
         return EXIT_OK;
     }
     let mut table = console::table(&[
-        "run", "name", "started", "traj.", "pass rate", "duration", "labels", "state",
+        "run",
+        "name",
+        "started",
+        "traj.",
+        "pass rate",
+        "duration",
+        "labels",
+        "state",
     ]);
     for run in &runs {
         table.add_row(vec![
@@ -164,7 +176,10 @@ fn list(dir: &Path, json: bool) -> u8 {
             Cell::new(run.started_at.as_deref().unwrap_or("-")),
             Cell::new(run.trajectories.map_or("-".into(), |n| n.to_string())),
             Cell::new(percent(run.pass_rate())),
-            Cell::new(run.duration_ms.map_or("-".into(), |ms| format!("{:.1}s", ms / 1000.0))),
+            Cell::new(
+                run.duration_ms
+                    .map_or("-".into(), |ms| format!("{:.1}s", ms / 1000.0)),
+            ),
             Cell::new(
                 run.labels
                     .iter()
@@ -295,19 +310,18 @@ fn percent(rate: Option<f64>) -> String {
 
 fn rate_cell(t: Option<compare::Tally>) -> String {
     match t {
-        Some(t) if t.samples > 0 => format!(
-            "{}/{} ({})",
-            t.passed,
-            t.samples,
-            percent(t.rate())
-        ),
+        Some(t) if t.samples > 0 => format!("{}/{} ({})", t.passed, t.samples, percent(t.rate())),
         Some(_) => "not run".to_owned(),
         None => "-".to_owned(),
     }
 }
 
 fn verdict_cell(verdict: Verdict) -> Cell {
-    console::verdict_cell(verdict.as_str(), verdict == Verdict::Regressed, verdict == Verdict::Improved)
+    console::verdict_cell(
+        verdict.as_str(),
+        verdict == Verdict::Regressed,
+        verdict == Verdict::Improved,
+    )
 }
 
 fn p_cell(p: Option<f64>) -> String {
@@ -350,7 +364,11 @@ pub fn print_comparison(c: &Comparison) {
     outln!("{metrics}");
 
     let changed = |v: Verdict| !matches!(v, Verdict::Unchanged | Verdict::NotComparable);
-    let scenarios: Vec<_> = c.scenarios.iter().filter(|s| changed(s.rate.verdict)).collect();
+    let scenarios: Vec<_> = c
+        .scenarios
+        .iter()
+        .filter(|s| changed(s.rate.verdict))
+        .collect();
     if !scenarios.is_empty() {
         let mut table = console::table(&["scenario", "agent", "base", "head", "p", "verdict"]);
         for s in scenarios {
@@ -365,7 +383,11 @@ pub fn print_comparison(c: &Comparison) {
         }
         outln!("scenarios (repetitions where every branch passed)\n{table}");
     }
-    let branches: Vec<_> = c.branches.iter().filter(|b| changed(b.rate.verdict)).collect();
+    let branches: Vec<_> = c
+        .branches
+        .iter()
+        .filter(|b| changed(b.rate.verdict))
+        .collect();
     if !branches.is_empty() {
         let mut table = console::table(&[
             "scenario", "branch", "agent", "base", "head", "p", "verdict",
@@ -383,7 +405,11 @@ pub fn print_comparison(c: &Comparison) {
         }
         outln!("branches\n{table}");
     }
-    let criteria: Vec<_> = c.criteria.iter().filter(|k| changed(k.rate.verdict)).collect();
+    let criteria: Vec<_> = c
+        .criteria
+        .iter()
+        .filter(|k| changed(k.rate.verdict))
+        .collect();
     if !criteria.is_empty() {
         let mut table = console::table(&["branch", "check", "base", "head", "verdict", "why"]);
         for k in criteria {
@@ -392,7 +418,10 @@ pub fn print_comparison(c: &Comparison) {
                 .map(|i| format!("turn {i}: "))
                 .unwrap_or_default();
             table.add_row(vec![
-                Cell::new(format!("{}/{} {} [{}]", k.suite, k.scenario, k.trajectory, k.agent)),
+                Cell::new(format!(
+                    "{}/{} {} [{}]",
+                    k.suite, k.scenario, k.trajectory, k.agent
+                )),
                 Cell::new(format!("{at}{}", k.criterion)),
                 Cell::new(rate_cell(k.rate.base)),
                 Cell::new(rate_cell(k.rate.head)),

@@ -164,9 +164,13 @@ fn import_fixie(args: &FixieImportArgs) -> u8 {
         Ok(()) => {
             if let Some(path) = &args.out {
                 super::console::errln!(
-                    "wrote {} ({} few-shot(s)); check it with `trellis check {}`",
+                    "wrote {} ({}); check it with `trellis check {}`",
                     path.display(),
-                    handshake.few_shots.len(),
+                    super::console::count(
+                        handshake.few_shots.len() as u64,
+                        "few-shot",
+                        "few-shots"
+                    ),
                     path.display()
                 );
             }

@@ -58,7 +58,7 @@ enum Command {
     /// Rebuild a run's Parquet tables, report.html and junit.xml from its journal, for
     /// instance after the run was killed.
     ///
-    /// Example: trellis report runs/20261122T035000Z-1a2b
+    /// Example: trellis report runs/20261122T035000Z-1a2b --out /tmp/rebuilt
     Report(ReportArgs),
     /// Measure the engine: N trajectories of 4 turns against the builtin agent, in-process.
     ///
@@ -164,6 +164,10 @@ pub enum MessageFormat {
 struct ReportArgs {
     /// A run directory holding journal.jsonl.
     dir: PathBuf,
+    /// Write the rebuilt files into this directory (created if missing) instead of the run
+    /// directory, which is left untouched.
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -278,21 +282,25 @@ fn check(args: &PathArgs) -> u8 {
         .map(|(_, s)| TrajectoryGraph::build(s).trajectories.len())
         .sum();
     console::outln!(
-        "ok: {} file(s), {} suite(s), {} scenario(s), {} trajectory(ies), {} agent(s)",
-        project.files.len(),
-        project.suites.len(),
-        scenarios,
-        trajectories,
-        project.agents.len()
+        "ok: {}, {}, {}, {}, {}",
+        console::count(project.files.len() as u64, "file", "files"),
+        console::count(project.suites.len() as u64, "suite", "suites"),
+        console::count(scenarios as u64, "scenario", "scenarios"),
+        console::count(trajectories as u64, "trajectory", "trajectories"),
+        console::count(project.agents.len() as u64, "agent", "agents")
     );
     if counts.skipped_trajectories > 0 || counts.skipped_checks > 0 {
         console::outln!(
-            "warning: {} of {} trajectory run(s) (per agent) cannot run yet and {} check(s) \
-             will be skipped; see the {} warning(s) above",
+            "warning: {} of {} (per agent) cannot run yet and {} will be skipped; see the {} \
+             above",
             counts.skipped_trajectories,
-            counts.trajectories,
-            counts.skipped_checks,
-            warnings.len()
+            console::count(
+                counts.trajectories as u64,
+                "trajectory run",
+                "trajectory runs"
+            ),
+            console::count(counts.skipped_checks as u64, "check", "checks"),
+            console::count(warnings.len() as u64, "warning", "warnings")
         );
     }
     EXIT_OK
@@ -354,9 +362,9 @@ fn list(args: &ListArgs) -> u8 {
         }
     }
     console::outln!(
-        "{} scenario(s), {} trajectory run(s) with repetitions",
-        plan.scenarios.len(),
-        plan.trajectory_count()
+        "{}, {} with repetitions",
+        console::count(plan.scenarios.len() as u64, "scenario", "scenarios"),
+        console::count(plan.trajectory_count(), "trajectory run", "trajectory runs")
     );
     EXIT_OK
 }
@@ -385,7 +393,9 @@ fn graph(args: &GraphArgs) -> u8 {
 }
 
 fn report(args: &ReportArgs) -> u8 {
-    match trellis_reports::write_reports(&args.dir, &trellis_reports::ReportOptions::default()) {
+    let out = args.out.as_deref().unwrap_or(&args.dir);
+    let options = trellis_reports::ReportOptions::default();
+    match trellis_reports::write_reports_to(&args.dir, out, &options) {
         Ok(files) => {
             for path in files.written() {
                 console::outln!("{}", path.display());
@@ -395,8 +405,13 @@ fn report(args: &ReportArgs) -> u8 {
             }
             if files.skipped_lines > 0 {
                 console::outln!(
-                    "note: {} journal line(s) could not be read and were skipped",
-                    files.skipped_lines
+                    "note: {} could not be read and {} skipped",
+                    console::count(files.skipped_lines as u64, "journal line", "journal lines"),
+                    if files.skipped_lines == 1 {
+                        "was"
+                    } else {
+                        "were"
+                    }
                 );
             }
             if files.not_written.is_empty() {

@@ -129,7 +129,7 @@ scenario "llm" {
     // (`scripted` on chat) skips the judge and the outcome.
     let out = stdout(&o);
     assert!(
-        out.contains("warning: 5 of 6 trajectory run(s) (per agent) cannot run yet and 2 check(s) will be skipped"),
+        out.contains("warning: 5 of 6 trajectory runs (per agent) cannot run yet and 2 checks will be skipped"),
         "{out}"
     );
 }

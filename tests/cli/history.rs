@@ -134,15 +134,28 @@ async fn compare(runs: &Path, args: &[&str]) -> std::process::Output {
 #[tokio::test]
 async fn compare_exits_1_when_a_branch_that_passed_fails() {
     let runs = tempfile::tempdir().unwrap();
-    write_run(runs.path(), "base", "2026-01-01T00:00:00Z", &[sample("yes", 0, true, 100.0), sample("no", 0, true, 100.0)]);
-    write_run(runs.path(), "head", "2026-01-02T00:00:00Z", &[sample("yes", 0, true, 100.0), sample("no", 0, false, 100.0)]);
+    write_run(
+        runs.path(),
+        "base",
+        "2026-01-01T00:00:00Z",
+        &[sample("yes", 0, true, 100.0), sample("no", 0, true, 100.0)],
+    );
+    write_run(
+        runs.path(),
+        "head",
+        "2026-01-02T00:00:00Z",
+        &[sample("yes", 0, true, 100.0), sample("no", 0, false, 100.0)],
+    );
 
     // Default: the last two finished runs.
     let o = compare(runs.path(), &[]).await;
     assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
     let text = stdout(&o);
     assert!(text.contains("REGRESSED"), "{text}");
-    assert!(text.contains("branch s/c no [a]: 1/1 → 0/1 passed"), "{text}");
+    assert!(
+        text.contains("branch s/c no [a]: 1/1 → 0/1 passed"),
+        "{text}"
+    );
     assert!(text.contains("reply was \"bye\""), "{text}");
 
     // Reversed, it is an improvement.
@@ -150,7 +163,11 @@ async fn compare_exits_1_when_a_branch_that_passed_fails() {
     assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
 
     // A tolerated drop does not fail.
-    let o = compare(runs.path(), &["base", "head", "--max-pass-rate-drop", "100"]).await;
+    let o = compare(
+        runs.path(),
+        &["base", "head", "--max-pass-rate-drop", "100"],
+    )
+    .await;
     assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
 
     // JSON carries the same verdict.
@@ -199,13 +216,32 @@ async fn with_repeats_one_failure_is_noise_and_a_collapse_is_a_regression() {
 #[tokio::test]
 async fn compare_gates_on_mean_latency_past_its_threshold() {
     let runs = tempfile::tempdir().unwrap();
-    write_run(runs.path(), "fast", "2026-01-01T00:00:00Z", &[sample("main", 0, true, 100.0)]);
-    write_run(runs.path(), "slow", "2026-01-02T00:00:00Z", &[sample("main", 0, true, 150.0)]);
-    write_run(runs.path(), "slower-by-a-hair", "2026-01-03T00:00:00Z", &[sample("main", 0, true, 104.0)]);
+    write_run(
+        runs.path(),
+        "fast",
+        "2026-01-01T00:00:00Z",
+        &[sample("main", 0, true, 100.0)],
+    );
+    write_run(
+        runs.path(),
+        "slow",
+        "2026-01-02T00:00:00Z",
+        &[sample("main", 0, true, 150.0)],
+    );
+    write_run(
+        runs.path(),
+        "slower-by-a-hair",
+        "2026-01-03T00:00:00Z",
+        &[sample("main", 0, true, 104.0)],
+    );
     let o = compare(runs.path(), &["fast", "slow"]).await;
     assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
     assert!(stdout(&o).contains("run latency_mean_ms"), "{}", stdout(&o));
-    let o = compare(runs.path(), &["fast", "slow", "--max-latency-increase", "60"]).await;
+    let o = compare(
+        runs.path(),
+        &["fast", "slow", "--max-latency-increase", "60"],
+    )
+    .await;
     assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
     // +4 %: within the threshold.
     let o = compare(runs.path(), &["fast", "slower-by-a-hair"]).await;
@@ -215,8 +251,18 @@ async fn compare_gates_on_mean_latency_past_its_threshold() {
 #[tokio::test]
 async fn runs_are_listed_named_and_pinned() {
     let runs = tempfile::tempdir().unwrap();
-    write_run(runs.path(), "one", "2026-01-02T00:00:00Z", &[sample("main", 0, true, 10.0)]);
-    write_run(runs.path(), "two", "2026-01-01T00:00:00Z", &[sample("main", 0, false, 10.0)]);
+    write_run(
+        runs.path(),
+        "one",
+        "2026-01-02T00:00:00Z",
+        &[sample("main", 0, true, 10.0)],
+    );
+    write_run(
+        runs.path(),
+        "two",
+        "2026-01-01T00:00:00Z",
+        &[sample("main", 0, false, 10.0)],
+    );
     let runs_cmd = |args: &[&str]| {
         let mut cmd = trellis();
         cmd.arg("runs").args(args).arg("--dir").arg(runs.path());
@@ -247,7 +293,10 @@ async fn runs_are_listed_named_and_pinned() {
 
     let o = runs_cmd(&[]).output().await.unwrap();
     let text = stdout(&o);
-    assert!(text.contains("pinned") && text.contains("v1") && text.contains("2 runs"), "{text}");
+    assert!(
+        text.contains("pinned") && text.contains("v1") && text.contains("2 runs"),
+        "{text}"
+    );
 
     // `compare` without runs: the pinned baseline against the latest other run.
     let o = trellis()
@@ -275,10 +324,9 @@ async fn every_run_reads_as_one_dataset_from_polars_and_duckdb() {
             .unwrap();
         assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     }
-    let meta: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(runs.join("first/run.json")).unwrap(),
-    )
-    .unwrap();
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(runs.join("first/run.json")).unwrap())
+            .unwrap();
     assert_eq!(meta["labels"]["model"], "a");
     assert_eq!(meta["endpoints"][0]["endpoint"], "builtin:booking");
     assert_eq!(meta["suite_fingerprint"].as_str().unwrap().len(), 64);
@@ -318,7 +366,10 @@ print("OK")
     };
     assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
     if stdout(&o).starts_with("SKIP") {
-        println!("note: {}; the polars/DuckDB check was skipped", stdout(&o).trim());
+        println!(
+            "note: {}; the polars/DuckDB check was skipped",
+            stdout(&o).trim()
+        );
         return;
     }
     assert_eq!(stdout(&o).trim(), "OK");
@@ -368,9 +419,15 @@ async fn run_with_a_baseline_exits_by_the_comparison_and_streams_json() {
         .iter()
         .filter(|e| e["type"] == "trajectory_finished")
         .collect();
-    assert_eq!(finished.len() as u64, last["trajectories"].as_u64().unwrap());
+    assert_eq!(
+        finished.len() as u64,
+        last["trajectories"].as_u64().unwrap()
+    );
     let failing = finished.iter().find(|e| e["status"] == "failed").unwrap();
-    assert!(failing["failed_criteria"][0]["criterion"].is_string(), "{failing}");
+    assert!(
+        failing["failed_criteria"][0]["criterion"].is_string(),
+        "{failing}"
+    );
     assert!(runs.path().join("head/compare.json").is_file());
     let summary: serde_json::Value = serde_json::from_str(
         &std::fs::read_to_string(runs.path().join("head/summary.json")).unwrap(),
@@ -412,11 +469,16 @@ async fn junit_has_one_case_per_repetition_and_suites_take_wall_time() {
     assert_eq!(xml.matches("<testcase ").count(), t.height());
     for repetition in 0..3 {
         assert!(
-            xml.contains(&format!("book-duct-cleaning/asks-price [demo #{repetition}]")),
+            xml.contains(&format!(
+                "book-duct-cleaning/asks-price [demo #{repetition}]"
+            )),
             "{xml}"
         );
     }
-    assert!(xml.contains("<failure message=\"criterion failed: "), "{xml}");
+    assert!(
+        xml.contains("<failure message=\"criterion failed: "),
+        "{xml}"
+    );
 
     // Two trajectories of 100 ms each at the same time: the suite took 0.1 s, not 0.2 s.
     let runs = tempfile::tempdir().unwrap();
@@ -432,7 +494,9 @@ async fn junit_has_one_case_per_repetition_and_suites_take_wall_time() {
         "{overlap}"
     );
     assert!(
-        overlap.contains("criterion failed: reply contains=&quot;hello&quot;: reply was &quot;bye&quot;"),
+        overlap.contains(
+            "criterion failed: reply contains=&quot;hello&quot;: reply was &quot;bye&quot;"
+        ),
         "{overlap}"
     );
     // The suite's time is its wall time: no more than the sum of its cases' times.
@@ -448,8 +512,53 @@ async fn junit_has_one_case_per_repetition_and_suites_take_wall_time() {
         .map(|(i, _)| {
             let rest = &xml[i..];
             let t = rest.find("time=\"").unwrap() + 6;
-            rest[t..t + rest[t..].find('"').unwrap()].parse::<f64>().unwrap()
+            rest[t..t + rest[t..].find('"').unwrap()]
+                .parse::<f64>()
+                .unwrap()
         })
         .sum();
     assert!(suite <= cases + 0.002, "suite {suite}s, cases {cases}s");
+}
+
+#[tokio::test]
+async fn report_out_rebuilds_into_another_directory_and_leaves_the_run_alone() {
+    let runs = tempfile::tempdir().unwrap();
+    write_run(
+        runs.path(),
+        "run",
+        "2026-01-01T00:00:00Z",
+        &[sample("main", 0, false, 10.0)],
+    );
+    let run = runs.path().join("run");
+    let before = std::fs::metadata(run.join("report.html"))
+        .unwrap()
+        .modified()
+        .unwrap();
+    let elsewhere = runs.path().join("elsewhere/nested");
+    let o = trellis()
+        .arg("report")
+        .arg(&run)
+        .arg("--out")
+        .arg(&elsewhere)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    for name in [
+        "trajectories.parquet",
+        "report.html",
+        "junit.xml",
+        "summary.json",
+    ] {
+        assert!(elsewhere.join(name).is_file(), "{name} missing");
+    }
+    // Transcripts are read back from the run's journal, not from the output directory.
+    let html = std::fs::read_to_string(elsewhere.join("report.html")).unwrap();
+    assert!(html.contains("hello"), "the transcript is missing");
+    let after = std::fs::metadata(run.join("report.html"))
+        .unwrap()
+        .modified()
+        .unwrap();
+    assert_eq!(before, after);
+    assert!(!elsewhere.join("journal.jsonl").exists());
 }

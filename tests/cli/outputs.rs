@@ -460,7 +460,7 @@ async fn strict_fails_a_trajectory_whose_checks_did_not_run() {
     let t = read_parquet(&dir.path().join("strict/trajectories.parquet"));
     assert_eq!(strings(&t, "status"), [Some("failed".to_string())]);
     let junit = std::fs::read_to_string(dir.path().join("strict/junit.xml")).unwrap();
-    assert!(junit.contains("check(s) did not run (--strict)"), "{junit}");
+    assert!(junit.contains("1 check did not run (--strict)"), "{junit}");
     assert!(junit.contains("no judge configured"), "{junit}");
 }
 

@@ -156,7 +156,9 @@ async fn list_and_graph_describe_the_trajectories() {
 
 #[tokio::test]
 async fn every_command_explains_itself_with_an_example() {
-    for command in ["run", "check", "list", "graph", "report", "bench"] {
+    for command in [
+        "run", "check", "list", "graph", "report", "bench", "runs", "compare",
+    ] {
         let o = trellis().args([command, "--help"]).output().await.unwrap();
         assert_eq!(o.status.code(), Some(0));
         assert!(
@@ -205,7 +207,10 @@ async fn report_rebuilds_the_results_of_a_killed_run_from_its_journal() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let text = stdout(&o);
     assert!(text.contains("did not finish"), "{text}");
-    assert!(text.contains("1 journal line(s)"), "{text}");
+    assert!(
+        text.contains("1 journal line could not be read and was skipped"),
+        "{text}"
+    );
     let t = read_parquet(&out.path().join("trajectories.parquet"));
     assert_eq!(t.height(), 1);
     assert!(out.path().join("report.html").exists());
