@@ -353,15 +353,18 @@ fn tally(passed: u64, samples: u64) -> Tally {
     Tally { passed, samples }
 }
 
+/// What the base and the head run have under one key.
+type Sides<'a, V> = (Option<&'a V>, Option<&'a V>);
+
 /// Both sides by key, in key order, keeping what only one side has.
 fn pair<'a, K: Ord, V>(
     base: impl Iterator<Item = (K, &'a V)>,
     head: impl Iterator<Item = (K, &'a V)>,
-) -> Vec<(K, (Option<&'a V>, Option<&'a V>))>
+) -> Vec<(K, Sides<'a, V>)>
 where
     V: 'a,
 {
-    let mut both: BTreeMap<K, (Option<&'a V>, Option<&'a V>)> = BTreeMap::new();
+    let mut both: BTreeMap<K, Sides<'a, V>> = BTreeMap::new();
     for (key, value) in base {
         both.entry(key).or_default().0 = Some(value);
     }

@@ -333,6 +333,8 @@ type ScenarioKey = (String, String, String);
 type BranchKey = (String, String, String, String);
 type NodeKey = (String, String, String, String);
 type CriterionKey = (String, String, String, String, Option<u32>, String);
+/// (suite, scenario, agent, repetition, node): one execution of a node.
+type ExecutionKey = (String, String, String, u32, String);
 
 #[derive(Default)]
 struct BranchAcc {
@@ -382,7 +384,7 @@ pub struct StatsBuilder {
     criteria: BTreeMap<CriterionKey, CriterionAcc>,
     /// The first and last (non-replayed) turn index each executed node took, per
     /// (suite, scenario, agent, repetition, node): which node a checked turn belongs to.
-    turn_ranges: HashMap<(String, String, String, u32, String), (u32, u32)>,
+    turn_ranges: HashMap<ExecutionKey, (u32, u32)>,
 }
 
 impl StatsBuilder {

@@ -294,12 +294,8 @@ fn check(args: &PathArgs) -> u8 {
             "warning: {} of {} (per agent) cannot run yet and {} will be skipped; see the {} \
              above",
             counts.skipped_trajectories,
-            console::count(
-                counts.trajectories as u64,
-                "trajectory run",
-                "trajectory runs"
-            ),
-            console::count(counts.skipped_checks as u64, "check", "checks"),
+            console::count(counts.trajectories, "trajectory run", "trajectory runs"),
+            console::count(counts.skipped_checks, "check", "checks"),
             console::count(warnings.len() as u64, "warning", "warnings")
         );
     }
