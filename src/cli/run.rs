@@ -103,7 +103,7 @@ pub fn run(args: RunArgs) -> u8 {
             }
             Err(message) => {
                 errln!("error: cannot compare with the baseline: {message}");
-                if exit_code == EXIT_OK {
+                if matches!(exit_code, EXIT_OK | EXIT_FAILED) {
                     exit_code = EXIT_INCOMPLETE;
                 }
             }
