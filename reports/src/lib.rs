@@ -59,7 +59,7 @@ pub const RESULT_FILES: [&str; 11] = [
 ];
 
 /// `summary.json`: the run's metadata and statistics, for CI scripts and dashboards.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Summary {
     pub schema_version: u32,
     /// `run.json` as it was when the run's reports were written.

@@ -13,7 +13,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use statrs::distribution::{ContinuousCDF, Normal};
 use trellis_engine::record::{
     CriterionStatus, JournalEntry, NodeRecord, RunInfo, RunSummary, TrajectoryRecord,
@@ -27,7 +27,7 @@ use crate::journal::JournalReader;
 pub const CONFIDENCE: f64 = 0.95;
 
 /// A two-sided confidence interval.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Interval {
     pub low: f64,
     pub high: f64,
@@ -95,7 +95,7 @@ pub fn quantile(sorted: &[f64], q: f64) -> Option<f64> {
 }
 
 /// pass@k and pass^k for one k.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct AtK {
     pub k: u64,
     pub pass_at_k: f64,
@@ -103,7 +103,7 @@ pub struct AtK {
 }
 
 /// Outcomes of repeated samples of one thing (a branch, or a whole scenario per repetition).
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Repeats {
     /// Samples that ran (skipped ones left out): `n`.
     pub samples: u64,
@@ -151,7 +151,7 @@ impl Repeats {
 
 /// Latency of agent turns, in milliseconds. Replayed prefix turns are left out (they are
 /// the same step taken again, see `turns.replay`).
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Latency {
     pub turns: u64,
     pub p50_ms: Option<f64>,
@@ -176,7 +176,7 @@ impl Latency {
 }
 
 /// Trajectory counts by status.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StatusCounts {
     pub trajectories: u64,
     pub passed: u64,
@@ -209,7 +209,7 @@ impl StatusCounts {
 }
 
 /// The whole run, Connexity's aggregates included.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RunAggregates {
     pub counts: StatusCounts,
     /// Trajectories the plan meant to run; more than `counts.trajectories` when the run
@@ -231,7 +231,7 @@ pub struct RunAggregates {
 }
 
 /// One branch (trajectory) of a scenario for one agent, over its repetitions.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct BranchStats {
     pub suite: String,
     pub scenario: String,
@@ -246,7 +246,7 @@ pub struct BranchStats {
 
 /// One scenario for one agent. A repetition of a scenario passes when every branch of it
 /// that ran passed.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ScenarioStats {
     pub suite: String,
     pub scenario: String,
@@ -260,7 +260,7 @@ pub struct ScenarioStats {
 /// node is counted once: it either got through it (`passed`), failed at it (`failed_here`:
 /// its first failing check, fault or stop is on this node) or had already failed at a node
 /// above (`failed_above`), so a failure in a shared prefix shows at the prefix only.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct NodeStats {
     pub suite: String,
     pub scenario: String,
@@ -280,7 +280,7 @@ pub struct NodeStats {
 }
 
 /// One check of one branch over its repetitions.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CriterionStats {
     pub suite: String,
     pub scenario: String,
@@ -305,7 +305,7 @@ impl CriterionStats {
 }
 
 /// Everything [`StatsBuilder`] computes for one run.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RunStats {
     pub run_id: String,
     pub started_at: String,

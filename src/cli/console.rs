@@ -590,6 +590,11 @@ pub fn table(header: &[&str]) -> Table {
         .load_preset(UTF8_FULL_CONDENSED)
         .set_content_arrangement(ContentArrangement::Dynamic)
         .set_header(header.to_vec());
+    // comfy-table colours only on a terminal of its own judging; the colour decision is
+    // ours (`NO_COLOR`, `CLICOLOR_FORCE`), and cells only get colours when it says yes.
+    if stdout_colour() {
+        table.enforce_styling();
+    }
     table
 }
 

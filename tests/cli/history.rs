@@ -562,3 +562,104 @@ async fn report_out_rebuilds_into_another_directory_and_leaves_the_run_alone() {
     assert_eq!(before, after);
     assert!(!elsewhere.join("journal.jsonl").exists());
 }
+
+#[test]
+fn scenario_trends_follow_the_last_runs_oldest_first() {
+    let runs = tempfile::tempdir().unwrap();
+    write_run(
+        runs.path(),
+        "a",
+        "2026-01-01T00:00:00Z",
+        &[sample("main", 0, true, 10.0)],
+    );
+    write_run(
+        runs.path(),
+        "b",
+        "2026-01-02T00:00:00Z",
+        &[sample("main", 0, false, 10.0)],
+    );
+    write_run(
+        runs.path(),
+        "c",
+        "2026-01-03T00:00:00Z",
+        &[sample("main", 0, true, 10.0)],
+    );
+    // `b` lost its summary: its journal is replayed instead.
+    std::fs::remove_file(runs.path().join("b/summary.json")).unwrap();
+    let trends = trellis_reports::history::scenario_trends(runs.path(), 2, None).unwrap();
+    assert_eq!(trends.len(), 1);
+    let rates: Vec<_> = trends[0].points.iter().map(|p| p.pass_rate).collect();
+    assert_eq!(rates, [Some(0.0), Some(1.0)]);
+    let until =
+        trellis_reports::history::scenario_trends(runs.path(), 10, Some("20260102T000000Z-b"))
+            .unwrap();
+    let ids: Vec<_> = until[0].points.iter().map(|p| p.run_id.as_str()).collect();
+    assert_eq!(ids, ["20260101T000000Z-a", "20260102T000000Z-b"]);
+}
+
+#[tokio::test]
+async fn colour_follows_clicolor_force_and_no_color() {
+    let runs = tempfile::tempdir().unwrap();
+    write_run(
+        runs.path(),
+        "base",
+        "2026-01-01T00:00:00Z",
+        &[sample("main", 0, true, 10.0)],
+    );
+    write_run(
+        runs.path(),
+        "head",
+        "2026-01-02T00:00:00Z",
+        &[sample("main", 0, false, 10.0)],
+    );
+    let run = |no_color: bool| {
+        let mut cmd = trellis();
+        cmd.args(["compare", "--dir"]).arg(runs.path());
+        cmd.env("CLICOLOR_FORCE", "1").env_remove("NO_COLOR");
+        if no_color {
+            cmd.env("NO_COLOR", "1");
+        }
+        cmd
+    };
+    let o = run(false).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stdout(&o).contains("\u{1b}["), "no colour: {}", stdout(&o));
+    let o = run(true).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        !stdout(&o).contains('\u{1b}'),
+        "colour despite NO_COLOR: {}",
+        stdout(&o)
+    );
+    // Piped without either: plain text.
+    let o = trellis()
+        .args(["compare", "--dir"])
+        .arg(runs.path())
+        .env_remove("CLICOLOR_FORCE")
+        .env_remove("NO_COLOR")
+        .output()
+        .await
+        .unwrap();
+    assert!(!stdout(&o).contains('\u{1b}'), "{}", stdout(&o));
+}
+
+#[tokio::test]
+async fn runs_in_a_missing_directory_is_an_empty_history() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = trellis()
+        .args(["runs", "--dir"])
+        .arg(dir.path().join("none"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).contains("no runs in"), "{}", stdout(&o));
+    let o = trellis()
+        .args(["compare", "--dir"])
+        .arg(dir.path().join("none"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("two finished runs"), "{}", stderr(&o));
+}
