@@ -60,6 +60,7 @@ fn tables_have_documented_shape() {
         columns(&t),
         [
             "run_id",
+            "schema_version",
             "suite",
             "scenario",
             "trajectory",
@@ -156,6 +157,7 @@ fn tables_have_documented_shape() {
     assert_eq!(u.height(), 13);
     for name in [
         "run_id",
+        "schema_version",
         "suite",
         "scenario",
         "node",
@@ -227,6 +229,7 @@ fn tables_have_documented_shape() {
         columns(&c),
         [
             "run_id",
+            "schema_version",
             "suite",
             "scenario",
             "node",
@@ -257,6 +260,7 @@ fn tables_have_documented_shape() {
         columns(&k),
         [
             "run_id",
+            "schema_version",
             "suite",
             "scenario",
             "trajectory",
@@ -283,6 +287,7 @@ fn tables_have_documented_shape() {
     assert_eq!(r.height(), 1);
     for name in [
         "run_id",
+        "schema_version",
         "started_at",
         "finished_at",
         "trellis_version",
@@ -295,9 +300,23 @@ fn tables_have_documented_shape() {
         "turns",
         "planned_trajectories",
         "suites",
+        "suite_fingerprint",
+        "git_commit",
+        "git_dirty",
+        "endpoints",
+        "tags",
+        "labels",
     ] {
         assert!(columns(&r).iter().any(|c| c == name), "runs.{name} missing");
     }
+    // Without run.json the metadata columns are null or empty, never missing.
+    assert_eq!(r.column("git_commit").unwrap().null_count(), 1);
+    let versions = t.column("schema_version").unwrap().u32().unwrap();
+    assert!(
+        versions
+            .into_no_null_iter()
+            .all(|v| v == trellis_reports::history::SCHEMA_VERSION)
+    );
     let count = |name: &str| r.column(name).unwrap().u64().unwrap().get(0).unwrap();
     assert_eq!(
         [
