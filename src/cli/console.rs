@@ -256,7 +256,14 @@ impl Console {
             entry.repetitions.push(t.repetition);
             return;
         }
-        if self.unchecked.len() >= UNCHECKED_SHOWN {
+        // The first few in stable order, not the first few to finish.
+        let full = self.unchecked.len() >= UNCHECKED_SHOWN;
+        if full
+            && self
+                .unchecked
+                .last_key_value()
+                .is_none_or(|(last, _)| key > *last)
+        {
             self.unchecked_not_shown += 1;
             return;
         }
@@ -282,6 +289,11 @@ impl Console {
                 checks,
             },
         );
+        if self.unchecked.len() > UNCHECKED_SHOWN
+            && let Some((_, dropped)) = self.unchecked.pop_last()
+        {
+            self.unchecked_not_shown += dropped.repetitions.len() as u64;
+        }
     }
 
     pub fn finish(
@@ -364,6 +376,26 @@ impl Console {
                 b.agent,
                 b.repeats.passed,
                 count(b.repeats.samples, "repetition", "repetitions"),
+            );
+        }
+
+        // A failure in a shared prefix, said once at the prefix rather than once per branch.
+        for n in files
+            .stats
+            .nodes
+            .iter()
+            .filter(|n| n.failed_here > 0 && n.reached > n.executions)
+        {
+            outln!(
+                "{} {}/{} [{}] at shared node `{}`: failed in {} of {}, which fails {} below it",
+                paint("PREFIX", anstyle::AnsiColor::Red, stdout_colour()),
+                n.suite,
+                n.scenario,
+                n.agent,
+                n.node,
+                n.executions_failed_here,
+                count(n.executions, "execution", "executions"),
+                count(n.failed_here, "trajectory", "trajectories"),
             );
         }
 

@@ -663,3 +663,53 @@ async fn runs_in_a_missing_directory_is_an_empty_history() {
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("two finished runs"), "{}", stderr(&o));
 }
+
+#[tokio::test]
+async fn a_failure_in_a_shared_prefix_is_reported_at_the_prefix() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("prefix.kdl"),
+        r#"agent "chat" protocol="connexity" builtin="booking"
+scenario "fails-early" {
+    agent "chat"
+    repeat 2
+    user "Hi, I'd like to book a duct cleaning."
+    expect reply contains="words the agent never says"
+    branch "accepts" { user "Tuesday works." }
+    branch "asks-price" { user "How much is that?" }
+}
+"#,
+    )
+    .unwrap();
+    let out = dir.path().join("run");
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path().join("prefix.kdl"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(
+        text.contains(
+            "PREFIX prefix/fails-early [chat] at shared node `start`: failed in 2 of 2 \
+             executions, which fails 4 trajectories below it"
+        ),
+        "{text}"
+    );
+
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let nodes = summary["stats"]["nodes"].as_array().unwrap();
+    let root = nodes.iter().find(|n| n["parent"].is_null()).unwrap();
+    assert_eq!(root["reached"], 4);
+    assert_eq!(root["failed_here"], 4);
+    assert_eq!(root["executions"], 2);
+    assert_eq!(root["executions_failed_here"], 2);
+    for branch in nodes.iter().filter(|n| !n["parent"].is_null()) {
+        assert_eq!(branch["failed_here"], 0, "{branch}");
+        assert_eq!(branch["failed_above"], 2, "{branch}");
+    }
+}
