@@ -10,8 +10,9 @@
 //! `trellis compare` and the HTML report alike. The formulas are documented in
 //! `docs/results.md`.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::Path;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use statrs::distribution::{ContinuousCDF, Normal};
@@ -329,12 +330,15 @@ impl RunStats {
     }
 }
 
-type ScenarioKey = (String, String, String);
-type BranchKey = (String, String, String, String);
-type NodeKey = (String, String, String, String);
-type CriterionKey = (String, String, String, String, Option<u32>, String);
+/// A suite, scenario, branch, agent, node or criterion name, interned: a run repeats the
+/// same few names for every record, and keys of shared names cost no allocation.
+type Name = Arc<str>;
+type ScenarioKey = (Name, Name, Name);
+type BranchKey = (Name, Name, Name, Name);
+type NodeKey = (Name, Name, Name, Name);
+type CriterionKey = (Name, Name, Name, Name, Option<u32>, Name);
 /// (suite, scenario, agent, repetition, node): one execution of a node.
-type ExecutionKey = (String, String, String, u32, String);
+type ExecutionKey = (Name, Name, Name, u32, Name);
 
 #[derive(Default)]
 struct BranchAcc {
@@ -385,6 +389,7 @@ pub struct StatsBuilder {
     /// The first and last (non-replayed) turn index each executed node took, per
     /// (suite, scenario, agent, repetition, node): which node a checked turn belongs to.
     turn_ranges: HashMap<ExecutionKey, (u32, u32)>,
+    names: HashSet<Name>,
 }
 
 impl StatsBuilder {
@@ -402,14 +407,23 @@ impl StatsBuilder {
         }
     }
 
+    fn name(&mut self, text: &str) -> Name {
+        if let Some(name) = self.names.get(text) {
+            return name.clone();
+        }
+        let name: Name = text.into();
+        self.names.insert(name.clone());
+        name
+    }
+
     pub fn add_node(&mut self, node: &NodeRecord) {
+        let suite = self.name(&node.suite);
+        let scenario_name = self.name(&node.scenario);
+        let agent = self.name(&node.agent);
+        let node_name = self.name(&node.node);
         let scenario = self
             .scenarios
-            .entry((
-                node.suite.clone(),
-                node.scenario.clone(),
-                node.agent.clone(),
-            ))
+            .entry((suite.clone(), scenario_name.clone(), agent.clone()))
             .or_default();
         let mut range: Option<(u32, u32)> = None;
         for turn in node.turns.iter().filter(|t| !t.replay) {
@@ -426,33 +440,32 @@ impl StatsBuilder {
         if let Some(range) = range {
             self.turn_ranges.insert(
                 (
-                    node.suite.clone(),
-                    node.scenario.clone(),
-                    node.agent.clone(),
+                    suite.clone(),
+                    scenario_name.clone(),
+                    agent.clone(),
                     node.repetition,
-                    node.node.clone(),
+                    node_name.clone(),
                 ),
                 range,
             );
         }
         let acc = self
             .nodes
-            .entry((
-                node.suite.clone(),
-                node.scenario.clone(),
-                node.agent.clone(),
-                node.node.clone(),
-            ))
+            .entry((suite, scenario_name, agent, node_name))
             .or_default();
         acc.parent.clone_from(&node.parent);
         acc.executions.insert(node.repetition);
     }
 
     pub fn add_trajectory(&mut self, t: &TrajectoryRecord) {
+        let suite = self.name(&t.suite);
+        let scenario_name = self.name(&t.scenario);
+        let trajectory = self.name(&t.trajectory);
+        let agent = self.name(&t.agent);
         self.counts.add(t.status);
         let scenario = self
             .scenarios
-            .entry((t.suite.clone(), t.scenario.clone(), t.agent.clone()))
+            .entry((suite.clone(), scenario_name.clone(), agent.clone()))
             .or_default();
         scenario.counts.add(t.status);
         let repetition = scenario
@@ -466,10 +479,10 @@ impl StatsBuilder {
         let branch = self
             .branches
             .entry((
-                t.suite.clone(),
-                t.scenario.clone(),
-                t.trajectory.clone(),
-                t.agent.clone(),
+                suite.clone(),
+                scenario_name.clone(),
+                trajectory.clone(),
+                agent.clone(),
             ))
             .or_default();
         branch.outcomes.push((t.repetition, t.status));
@@ -478,15 +491,16 @@ impl StatsBuilder {
         }
 
         for c in &t.criteria {
+            let criterion = self.name(&c.criterion);
             let acc = self
                 .criteria
                 .entry((
-                    t.suite.clone(),
-                    t.scenario.clone(),
-                    t.trajectory.clone(),
-                    t.agent.clone(),
+                    suite.clone(),
+                    scenario_name.clone(),
+                    trajectory.clone(),
+                    agent.clone(),
                     c.turn_index,
-                    c.criterion.clone(),
+                    criterion,
                 ))
                 .or_insert_with(|| CriterionAcc {
                     kind: c.kind.clone(),
@@ -507,16 +521,12 @@ impl StatsBuilder {
             }
         }
 
-        let failed_at = self.failure_position(t);
-        for (position, node) in t.nodes.iter().enumerate() {
+        let nodes: Vec<Name> = t.nodes.iter().map(|n| self.name(n)).collect();
+        let failed_at = self.failure_position(t, (&suite, &scenario_name, &agent), &nodes);
+        for (position, node) in nodes.into_iter().enumerate() {
             let acc = self
                 .nodes
-                .entry((
-                    t.suite.clone(),
-                    t.scenario.clone(),
-                    t.agent.clone(),
-                    node.clone(),
-                ))
+                .entry((suite.clone(), scenario_name.clone(), agent.clone(), node))
                 .or_default();
             acc.reached += 1;
             match failed_at {
@@ -533,18 +543,23 @@ impl StatsBuilder {
     /// The position in `t.nodes` of the node where `t` first went wrong: the node of its
     /// earliest failed check (a trajectory-level check belongs to the last node), or the
     /// last node reached for a fault or a stop. `None` when it passed or never ran.
-    fn failure_position(&self, t: &TrajectoryRecord) -> Option<usize> {
+    fn failure_position(
+        &self,
+        t: &TrajectoryRecord,
+        (suite, scenario, agent): (&Name, &Name, &Name),
+        nodes: &[Name],
+    ) -> Option<usize> {
         if !matches!(t.status, TrajectoryStatus::Failed | TrajectoryStatus::Error) {
             return None;
         }
-        let last = t.nodes.len().checked_sub(1)?;
+        let last = nodes.len().checked_sub(1)?;
         let node_of_turn = |turn: u32| {
-            t.nodes.iter().position(|node| {
+            nodes.iter().position(|node| {
                 self.turn_ranges
                     .get(&(
-                        t.suite.clone(),
-                        t.scenario.clone(),
-                        t.agent.clone(),
+                        suite.clone(),
+                        scenario.clone(),
+                        agent.clone(),
                         t.repetition,
                         node.clone(),
                     ))
@@ -592,6 +607,8 @@ impl StatsBuilder {
             .scenarios
             .into_iter()
             .map(|((suite, scenario, agent), acc)| {
+                let (suite, scenario, agent) =
+                    (suite.to_string(), scenario.to_string(), agent.to_string());
                 let ran = acc.repetitions.values().filter(|(ran, _)| *ran).count() as u64;
                 let passed = acc
                     .repetitions
@@ -622,6 +639,12 @@ impl StatsBuilder {
             .branches
             .into_iter()
             .map(|((suite, scenario, trajectory, agent), mut acc)| {
+                let (suite, scenario, trajectory, agent) = (
+                    suite.to_string(),
+                    scenario.to_string(),
+                    trajectory.to_string(),
+                    agent.to_string(),
+                );
                 acc.outcomes.sort_by_key(|(repetition, _)| *repetition);
                 let ran = acc
                     .outcomes
@@ -666,10 +689,10 @@ impl StatsBuilder {
             .nodes
             .into_iter()
             .map(|((suite, scenario, agent, node), acc)| NodeStats {
-                suite,
-                scenario,
-                agent,
-                node,
+                suite: suite.to_string(),
+                scenario: scenario.to_string(),
+                agent: agent.to_string(),
+                node: node.to_string(),
                 parent: acc.parent,
                 reached: acc.reached,
                 passed: acc.passed,
@@ -704,12 +727,12 @@ impl StatsBuilder {
             .map(
                 |((suite, scenario, trajectory, agent, turn_index, criterion), acc)| {
                     CriterionStats {
-                        suite,
-                        scenario,
-                        trajectory,
-                        agent,
+                        suite: suite.to_string(),
+                        scenario: scenario.to_string(),
+                        trajectory: trajectory.to_string(),
+                        agent: agent.to_string(),
                         turn_index,
-                        criterion,
+                        criterion: criterion.to_string(),
                         kind: acc.kind,
                         passed: acc.passed,
                         failed: acc.failed,
@@ -831,7 +854,6 @@ mod tests {
         assert!(Repeats::from_counts(0, 0, 2).at_k.is_empty());
     }
 
-    use std::sync::Arc;
     use trellis_engine::record::{CriterionRecord, TurnRecord};
 
     fn node(rep: u32, id: &str, parent: Option<&str>, turns: &[u32]) -> JournalEntry {
