@@ -12,13 +12,13 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use statrs::stats_tests::{Alternative, fishers_exact};
 
 use crate::stats::{RunStats, StatusCounts};
 
 /// When a change is a regression. Defaults are Connexity's.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Thresholds {
     /// Largest pass-rate drop tolerated, in percentage points (default 0).
     pub max_pass_rate_drop: f64,
@@ -46,7 +46,7 @@ impl Default for Thresholds {
 }
 
 /// What a change amounts to.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
     /// Worse past the threshold (and significant, where tested): fails the comparison.
@@ -78,7 +78,7 @@ impl Verdict {
 }
 
 /// Successes out of samples on one side.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Tally {
     pub passed: u64,
     pub samples: u64,
@@ -91,7 +91,7 @@ impl Tally {
 }
 
 /// A pass rate in both runs.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RateChange {
     pub base: Option<Tally>,
     pub head: Option<Tally>,
@@ -103,11 +103,11 @@ pub struct RateChange {
 }
 
 /// A run-level metric in both runs.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct MetricChange {
     /// `pass_rate`, `latency_mean_ms`, `latency_p50_ms`, `latency_p95_ms`, `mean_score`,
     /// `total_tokens`.
-    pub metric: &'static str,
+    pub metric: String,
     pub base: Option<f64>,
     pub head: Option<f64>,
     pub delta: Option<f64>,
@@ -117,7 +117,7 @@ pub struct MetricChange {
     pub verdict: Verdict,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ScenarioChange {
     pub suite: String,
     pub scenario: String,
@@ -128,7 +128,7 @@ pub struct ScenarioChange {
     pub head_latency_mean_ms: Option<f64>,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct BranchChange {
     pub suite: String,
     pub scenario: String,
@@ -137,7 +137,7 @@ pub struct BranchChange {
     pub rate: RateChange,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CriterionChange {
     pub suite: String,
     pub scenario: String,
@@ -151,7 +151,7 @@ pub struct CriterionChange {
 }
 
 /// Which run a side of the comparison is.
-#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct RunRef {
     pub run_id: String,
     pub name: Option<String>,
@@ -161,7 +161,7 @@ pub struct RunRef {
 }
 
 /// Everything that changed between two runs.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Comparison {
     pub base: RunRef,
     pub head: RunRef,
@@ -449,7 +449,7 @@ fn run_metrics(base: &RunStats, head: &RunStats, t: &Thresholds) -> Vec<MetricCh
         t,
     );
     let mut metrics = vec![MetricChange {
-        metric: "pass_rate",
+        metric: "pass_rate".to_owned(),
         base: base.aggregates.pass_rate,
         head: head.aggregates.pass_rate,
         delta: rate.delta_points.map(|d| d / 100.0),
@@ -526,7 +526,7 @@ fn metric(
     verdict: Verdict,
 ) -> MetricChange {
     MetricChange {
-        metric: name,
+        metric: name.to_owned(),
         base,
         head,
         delta: base.zip(head).map(|(b, h)| h - b),

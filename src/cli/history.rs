@@ -339,13 +339,13 @@ pub fn print_comparison(c: &Comparison) {
 
     let mut metrics = console::table(&["metric", "base", "head", "change", "verdict"]);
     for m in &c.metrics {
-        let shown = |v: Option<f64>| match (m.metric, v) {
+        let shown = |v: Option<f64>| match (m.metric.as_str(), v) {
             (_, None) => "-".to_owned(),
             ("pass_rate", Some(v)) => format!("{:.1}%", v * 100.0),
             ("total_tokens", Some(v)) => format!("{v:.0}"),
             (_, Some(v)) => format!("{v:.1}"),
         };
-        let change = match (m.metric, m.delta) {
+        let change = match (m.metric.as_str(), m.delta) {
             (_, None) => String::new(),
             ("pass_rate", Some(d)) => format!("{:+.1} pts", d * 100.0),
             (_, Some(d)) => match m.base {
@@ -354,7 +354,7 @@ pub fn print_comparison(c: &Comparison) {
             },
         };
         metrics.add_row(vec![
-            Cell::new(m.metric),
+            Cell::new(&m.metric),
             Cell::new(shown(m.base)),
             Cell::new(shown(m.head)),
             Cell::new(change),

@@ -428,11 +428,21 @@ async fn run_with_a_baseline_exits_by_the_comparison_and_streams_json() {
         failing["failed_criteria"][0]["criterion"].is_string(),
         "{failing}"
     );
-    assert!(runs.path().join("head/compare.json").is_file());
-    let summary: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(runs.path().join("head/summary.json")).unwrap(),
+    // compare.json reads back into the structure the HTML compare page renders.
+    let comparison: trellis_reports::compare::Comparison = serde_json::from_str(
+        &std::fs::read_to_string(runs.path().join("head/compare.json")).unwrap(),
     )
     .unwrap();
+    assert!(!comparison.regressed);
+    assert_eq!(
+        comparison.base.dir,
+        runs.path().join("base").display().to_string()
+    );
+    let text = std::fs::read_to_string(runs.path().join("head/summary.json")).unwrap();
+    let typed: trellis_reports::Summary = serde_json::from_str(&text).unwrap();
+    // book-duct-cleaning 2 × 3 repetitions, price-first 1, book-and-cancel 2.
+    assert_eq!(typed.stats.aggregates.counts.trajectories, 9);
+    let summary: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(summary["schema_version"], 2);
     let branches = summary["stats"]["branches"].as_array().unwrap();
     let asks_price = branches
