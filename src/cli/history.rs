@@ -66,21 +66,37 @@ enum RunsAction {
 #[derive(Debug, Args)]
 pub struct ThresholdArgs {
     /// Largest pass-rate drop tolerated, in percentage points.
-    #[arg(long, value_name = "POINTS", default_value_t = 0.0)]
+    #[arg(long, value_name = "POINTS", default_value_t = 0.0, value_parser = non_negative)]
     max_pass_rate_drop: f64,
     /// Largest drop of the mean judge score tolerated, in points (0–100).
-    #[arg(long, value_name = "POINTS", default_value_t = 5.0)]
+    #[arg(long, value_name = "POINTS", default_value_t = 5.0, value_parser = non_negative)]
     max_score_drop: f64,
     /// Largest increase of the mean turn latency tolerated, in percent.
-    #[arg(long, value_name = "PERCENT", default_value_t = 20.0)]
+    #[arg(long, value_name = "PERCENT", default_value_t = 20.0, value_parser = non_negative)]
     max_latency_increase: f64,
     /// Latency increases below this many milliseconds never count as regressions.
-    #[arg(long, value_name = "MS", default_value_t = 10.0)]
+    #[arg(long, value_name = "MS", default_value_t = 10.0, value_parser = non_negative)]
     latency_noise_ms: f64,
     /// Significance level of the test that tells a pass-rate drop from noise when there are
     /// repeats; 1 counts every drop past the threshold.
-    #[arg(long, value_name = "P", default_value_t = 0.05)]
+    #[arg(long, value_name = "P", default_value_t = 0.05, value_parser = probability)]
     alpha: f64,
+}
+
+/// A finite number of at least 0.
+fn non_negative(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
+        _ => Err(format!("`{text}` is not a number of at least 0")),
+    }
+}
+
+/// A significance level: above 0, at most 1.
+fn probability(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 1.0 => Ok(v),
+        _ => Err(format!("`{text}` is not a level above 0 and at most 1")),
+    }
 }
 
 impl ThresholdArgs {

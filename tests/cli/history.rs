@@ -184,6 +184,12 @@ async fn compare_exits_1_when_a_branch_that_passed_fails() {
     assert_eq!(branch["rate"]["verdict"], "regressed");
     assert_eq!(branch["rate"]["delta_points"], -100.0);
 
+    // Thresholds are checked.
+    for bad in [["--alpha", "0"], ["--max-latency-increase", "-5"]] {
+        let o = compare(runs.path(), &["base", "head", bad[0], bad[1]]).await;
+        assert_eq!(o.status.code(), Some(2), "{bad:?}");
+    }
+
     // An unknown run is a usage error.
     let o = compare(runs.path(), &["base", "nope"]).await;
     assert_eq!(o.status.code(), Some(2));
