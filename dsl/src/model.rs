@@ -228,7 +228,7 @@ impl Feedback {
         [("spec", Feedback::Spec), ("harness", Feedback::Harness)];
 }
 
-/// `process` of a `command=` agent.
+/// `process` of a `command=` agent (and of a `builtin=` agent with `transport="process"`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ProcessMode {
     /// One process per call: the payload without a trailing newline, stdin closed, the whole
@@ -247,6 +247,39 @@ impl ProcessMode {
     ];
 }
 
+/// `transport` of a `builtin=` multiagent agent: how the engine serves the embedded agent.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BuiltinTransport {
+    /// `POST /execute_task` on a loopback port.
+    #[default]
+    Http,
+    /// The trellis executable itself as the agent process (`trellis agent NAME --stdio`, or
+    /// `--per-call` with `process "per-call"`).
+    Process,
+    /// Newline-delimited JSON on a loopback TCP port.
+    Tcp,
+    /// Newline-delimited JSON on a Unix socket in a fresh temporary directory.
+    Unix,
+}
+
+impl BuiltinTransport {
+    pub const ALL: [(&'static str, BuiltinTransport); 4] = [
+        ("http", BuiltinTransport::Http),
+        ("process", BuiltinTransport::Process),
+        ("tcp", BuiltinTransport::Tcp),
+        ("unix", BuiltinTransport::Unix),
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BuiltinTransport::Http => "http",
+            BuiltinTransport::Process => "process",
+            BuiltinTransport::Tcp => "tcp",
+            BuiltinTransport::Unix => "unix",
+        }
+    }
+}
+
 /// The spec's cap on agent actions within one user step.
 pub const DEFAULT_MAX_ACTIONS: u32 = 5;
 
@@ -261,6 +294,8 @@ pub struct MultiAgentSettings {
     pub process: ProcessMode,
     /// `socket=`: keep one connection open for the trajectory instead of one per call.
     pub keep_open: bool,
+    /// `builtin=`: how the embedded agent is served (`transport`).
+    pub transport: BuiltinTransport,
     /// `command=`: extra environment variables, in the order written.
     pub env: Vec<(String, String)>,
     /// `command=`: the working directory, resolved against the suite file's directory.
@@ -275,6 +310,7 @@ impl Default for MultiAgentSettings {
             max_actions: DEFAULT_MAX_ACTIONS,
             process: ProcessMode::default(),
             keep_open: false,
+            transport: BuiltinTransport::default(),
             env: Vec::new(),
             cwd: None,
         }
