@@ -1,7 +1,9 @@
 //! Commands and their arguments. Exit codes: 0 all passed, 1 a criterion failed or a fault
 //! occurred, 2 invalid suite or usage, 3 results incomplete (a results file could not be
-//! written), 130 stopped by Ctrl-C, 143 stopped by SIGTERM.
+//! written), 130 stopped by Ctrl-C, 143 stopped by SIGTERM (`trellis agent`, a server,
+//! exits 0 when a signal stops it).
 
+mod agent;
 mod bench;
 mod console;
 mod import;
@@ -64,6 +66,15 @@ enum Command {
     ///
     /// Example: trellis import fixie http://127.0.0.1:8181 --out suites/my-agent.kdl
     Import(import::ImportArgs),
+    /// Serve a builtin reference agent: over HTTP (default), newline-delimited JSON on a
+    /// socket, or stdin/stdout as a process (the `support` MultiAgentEval agent).
+    ///
+    /// Example: trellis agent support --listen tcp:127.0.0.1:0
+    ///
+    /// --http and --listen print the address clients use on stdout; Ctrl-C or SIGTERM
+    /// stops the server cleanly (exit 0). --stdio answers one JSON line per request line
+    /// until stdin ends; --per-call answers the whole of stdin once.
+    Agent(agent::AgentArgs),
 }
 
 #[derive(Debug, Args)]
@@ -170,6 +181,10 @@ pub fn jobs_in_range(text: &str) -> Result<usize, String> {
 }
 
 pub fn main(cli: Cli) -> ExitCode {
+    // Builtins served as processes run this executable (`transport="process"`).
+    if let Ok(exe) = std::env::current_exe() {
+        trellis_engine::builtin::set_trellis_executable(exe);
+    }
     let code = match cli.command {
         Command::Run(args) => run::run(args),
         Command::Check(args) => check(&args),
@@ -178,6 +193,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Report(args) => report(&args),
         Command::Bench(args) => bench::bench(args),
         Command::Import(args) => import::import(args),
+        Command::Agent(args) => agent::agent(args),
     };
     ExitCode::from(code)
 }

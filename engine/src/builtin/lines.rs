@@ -95,7 +95,11 @@ pub async fn serve_connection<S: AsyncRead + AsyncWrite + Unpin>(
 
 /// The long-lived process: a request line on `input`, an answer line on `output`, until
 /// `input` ends. Blank lines get no answer.
-pub fn serve_stdio(agent: LineAgent, input: impl BufRead, mut output: impl Write) -> io::Result<()> {
+pub fn serve_stdio(
+    agent: impl Fn(&[u8]) -> Vec<u8>,
+    input: impl BufRead,
+    mut output: impl Write,
+) -> io::Result<()> {
     let mut input = input.take(u64::MAX);
     let mut line = Vec::new();
     loop {
@@ -122,7 +126,11 @@ pub fn serve_stdio(agent: LineAgent, input: impl BufRead, mut output: impl Write
 
 /// The process per call: the whole of `input` (no trailing newline needed) is the request,
 /// the answer is written once.
-pub fn answer_once(agent: LineAgent, input: impl Read, mut output: impl Write) -> io::Result<()> {
+pub fn answer_once(
+    agent: impl Fn(&[u8]) -> Vec<u8>,
+    input: impl Read,
+    mut output: impl Write,
+) -> io::Result<()> {
     let mut request = Vec::new();
     input.take(MAX_REQUEST as u64).read_to_end(&mut request)?;
     let mut reply = agent(trim(&request));

@@ -137,9 +137,9 @@ impl Drop for BuiltinServer {
     }
 }
 
-/// Starts the builtin agent `name` on `127.0.0.1:0`. Must be called within a tokio runtime.
-pub async fn serve(name: &str) -> Result<BuiltinServer, BuiltinError> {
-    let (name, router, path) = match name {
+/// The HTTP app of the builtin `name`: its canonical name, router and endpoint path.
+fn http_app(name: &str) -> Result<(&'static str, axum::Router, &'static str), BuiltinError> {
+    Ok(match name {
         "booking" => ("booking", booking::router(), booking::PATH),
         "weather" => ("weather", agentscope::router(), agentscope::PATH),
         "numbers" => ("numbers", fixie::router(), fixie::PATH),
@@ -149,7 +149,34 @@ pub async fn serve(name: &str) -> Result<BuiltinServer, BuiltinError> {
                 name: name.to_owned(),
             });
         }
-    };
+    })
+}
+
+/// The path a client calls on the builtin `name`'s HTTP server (`""`: the server's root).
+pub fn http_path(name: &str) -> Result<&'static str, BuiltinError> {
+    http_app(name).map(|(_, _, path)| path)
+}
+
+/// Serves the builtin `name` over HTTP on `listener` until `stop` completes, letting
+/// requests in flight finish (for `trellis agent NAME --http`).
+pub async fn serve_http_on(
+    name: &str,
+    listener: TcpListener,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), BuiltinError> {
+    let (name, router, _) = http_app(name)?;
+    axum::serve(listener, router)
+        .with_graceful_shutdown(stop)
+        .await
+        .map_err(|source| BuiltinError::Serve {
+            name: name.to_owned(),
+            source,
+        })
+}
+
+/// Starts the builtin agent `name` on `127.0.0.1:0`. Must be called within a tokio runtime.
+pub async fn serve(name: &str) -> Result<BuiltinServer, BuiltinError> {
+    let (name, router, path) = http_app(name)?;
     let bind_error = |source| BuiltinError::Bind {
         name: name.to_owned(),
         source,
