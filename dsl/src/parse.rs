@@ -545,6 +545,7 @@ pub const BUILTINS: &[(Protocol, &str)] = &[
     (Protocol::Connexity, "booking"),
     (Protocol::AgentScope, "weather"),
     (Protocol::Fixie, "numbers"),
+    (Protocol::MultiAgent, "support"),
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -1101,6 +1102,7 @@ const AGENT_SETTINGS: &[(&str, Arity)] = &[
     ("process", Arity::One),
     ("keep-open", Arity::One),
     ("cwd", Arity::One),
+    ("transport", Arity::One),
 ];
 /// Agent settings only `multiagent` agents take, with the endpoint each needs (if any).
 const MULTIAGENT_SETTINGS: &[(&str, Option<&str>)] = &[
@@ -1541,7 +1543,18 @@ impl<'f> Decoder<'f> {
             .filter(|cv| cv.name == "env")
             .collect();
         let endpoint = ENDPOINTS.iter().find(|e| s.get(e).is_some()).copied();
+        out.transport = self.builtin_transport(s, id, protocol, endpoint);
         for (name, needs) in MULTIAGENT_SETTINGS {
+            // A builtin served as a process takes `process` like a `command=` agent, one
+            // served on a socket `keep-open` like a `socket=` agent.
+            let served_as = match out.transport {
+                BuiltinTransport::Process => Some("process"),
+                BuiltinTransport::Tcp | BuiltinTransport::Unix => Some("keep-open"),
+                BuiltinTransport::Http => None,
+            };
+            if endpoint == Some("builtin") && served_as == Some(*name) {
+                continue;
+            }
             let at = match s.get(name) {
                 Some(set) => set.name_span,
                 None if *name == "env" => match env_nodes.first() {
@@ -1578,7 +1591,16 @@ impl<'f> Decoder<'f> {
                         at,
                         format!("only for `{needed}=`"),
                     )
-                    .with_help(format!("remove `{name}`"));
+                    .with_help(match (*name, endpoint) {
+                        ("process", Some("builtin")) => "add transport=\"process\" to run the \
+                             builtin as a process of the trellis executable, or remove `process`"
+                            .to_owned(),
+                        ("keep-open", Some("builtin")) => "add transport=\"tcp\" or \
+                             transport=\"unix\" to serve the builtin on a socket, or remove \
+                             `keep-open`"
+                            .to_owned(),
+                        _ => format!("remove `{name}`"),
+                    });
                 self.report(d);
             }
         }
@@ -1634,6 +1656,61 @@ impl<'f> Decoder<'f> {
             out.env = self.env_block(cv);
         }
         out
+    }
+
+    /// `transport` of a `builtin=` multiagent agent; anywhere else it is an error pointing at
+    /// it (and the default, HTTP, is used).
+    fn builtin_transport(
+        &mut self,
+        s: &Settings,
+        id: &Spanned<String>,
+        protocol: Protocol,
+        endpoint: Option<&str>,
+    ) -> BuiltinTransport {
+        let (Some(set), Some(e)) = (s.get("transport"), s.value("transport")) else {
+            return BuiltinTransport::default();
+        };
+        let Some(transport) = self.choice(e, "transport", &BuiltinTransport::ALL) else {
+            return BuiltinTransport::default();
+        };
+        let problem = if protocol != Protocol::MultiAgent {
+            Some((
+                format!(
+                    "`transport` is a setting of builtin `multiagent` agents; agent `{}` is `{}`",
+                    id.value,
+                    protocol.as_str()
+                ),
+                "not a setting of this protocol",
+                format!(
+                    "remove `transport`: builtin `{}` agents are always served over HTTP",
+                    protocol.as_str()
+                ),
+            ))
+        } else if let Some(other) = endpoint.filter(|e| *e != "builtin") {
+            Some((
+                format!(
+                    "`transport` chooses how a builtin agent is served; agent `{}` uses `{other}=`",
+                    id.value
+                ),
+                "only for `builtin=`",
+                "remove `transport`: `url=`, `command=` and `socket=` already say how to reach \
+                 the agent"
+                    .to_owned(),
+            ))
+        } else {
+            None
+        };
+        match problem {
+            Some((message, label, help)) => {
+                let d = self
+                    .diag(Kind::InvalidValue, message, set.name_span, label)
+                    .with_label(value_span(e), "this transport")
+                    .with_help(help);
+                self.report(d);
+                BuiltinTransport::default()
+            }
+            None => transport,
+        }
     }
 
     /// `env { KEY "VALUE"; … }`: names must be valid environment variable names.

@@ -124,6 +124,34 @@ scenario "s" { agent "http"; user "hi"; }
 }
 
 #[test]
+fn builtin_multiagent_agents_choose_their_transport() {
+    let p = load_text(
+        r#"
+agent "http" protocol="multiagent" builtin="support"
+agent "proc" protocol="multiagent" builtin="support" transport="process" process="long-lived"
+agent "per-call" protocol="multiagent" builtin="support" transport="process"
+agent "tcp" protocol="multiagent" builtin="support" { transport "tcp"; keep-open #true; }
+agent "unix" protocol="multiagent" builtin="support" transport="unix" request="task-only"
+scenario "s" { agent "http"; user "hi"; }
+"#,
+    )
+    .unwrap_or_else(|d| panic!("{}", d.render_plain()));
+    let settings = |id: &str| p.agent(id).unwrap().multiagent.clone();
+    assert_eq!(settings("http").transport, BuiltinTransport::Http);
+    assert_eq!(settings("proc").transport, BuiltinTransport::Process);
+    assert_eq!(settings("proc").process, ProcessMode::LongLived);
+    assert_eq!(settings("per-call").process, ProcessMode::PerCall);
+    assert_eq!(settings("tcp").transport, BuiltinTransport::Tcp);
+    assert!(settings("tcp").keep_open);
+    assert_eq!(settings("unix").transport, BuiltinTransport::Unix);
+    assert_eq!(settings("unix").request, MultiAgentRequest::TaskOnly);
+    assert!(matches!(
+        &p.agent("unix").unwrap().endpoint,
+        Endpoint::Builtin(name) if name.value == "support"
+    ));
+}
+
+#[test]
 fn sandbox_nodes_and_state_criteria() {
     let p = load_text(
         r##"
