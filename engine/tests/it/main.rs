@@ -2,6 +2,7 @@
 
 mod agentscope;
 mod builtin_booking;
+mod builtin_support;
 mod criterion_templates;
 mod execution;
 mod fixie;
