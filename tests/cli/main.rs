@@ -6,6 +6,7 @@ mod support {
     pub use trellis_testkit::*;
 }
 
+mod agent;
 mod diagnostics;
 mod faults;
 mod import;
