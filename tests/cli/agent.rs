@@ -37,7 +37,13 @@ async fn stdio_answers_a_line_per_request_until_stdin_ends() {
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let task = "Refund $120 for order A-1001";
     stdin
-        .write_all(format!("{}\n", json!({"task_description": task, "turn": 1, "conversation_history": []})).as_bytes())
+        .write_all(
+            format!(
+                "{}\n",
+                json!({"task_description": task, "turn": 1, "conversation_history": []})
+            )
+            .as_bytes(),
+        )
         .await
         .unwrap();
     let first = reply(&lines.next_line().await.unwrap().unwrap());
@@ -59,7 +65,10 @@ async fn stdio_answers_a_line_per_request_until_stdin_ends() {
         .await
         .unwrap();
     let second = reply(&lines.next_line().await.unwrap().unwrap());
-    assert_eq!(second["tool_params"], json!({"order_id": "A-1001", "amount": 50}));
+    assert_eq!(
+        second["tool_params"],
+        json!({"order_id": "A-1001", "amount": 50})
+    );
     drop(stdin);
     assert_eq!(lines.next_line().await.unwrap(), None);
     let output = tokio::time::timeout(Duration::from_secs(10), child.wait_with_output())
@@ -68,7 +77,11 @@ async fn stdio_answers_a_line_per_request_until_stdin_ends() {
         .unwrap();
     assert!(output.status.success(), "{:?}", output.status);
     let log = stderr(&output);
-    assert_eq!(log.matches("[support] answered call_tool").count(), 2, "{log}");
+    assert_eq!(
+        log.matches("[support] answered call_tool").count(),
+        2,
+        "{log}"
+    );
 }
 
 #[tokio::test]
@@ -142,15 +155,25 @@ async fn the_client_runs_the_loop_against_trellis_as_the_agent_process() {
             timeout: Duration::from_secs(10),
             max_line: 1024 * 1024,
         };
-        let client =
-            MultiAgentClient::process(&command, Vec::new(), None, limits, RetryPolicy::default(), options);
+        let client = MultiAgentClient::process(
+            &command,
+            Vec::new(),
+            None,
+            limits,
+            RetryPolicy::default(),
+            options,
+        );
         let mut session = client.session();
         let turn = session
             .take_turn(TurnInput::User("Refund $120 for order A-1001"), &ctx(0))
             .await;
         assert!(turn.fault.is_none(), "{mode:?}: {:?}", turn.fault);
         let calls: Vec<&str> = turn.tool_calls.iter().map(|c| c.name.as_str()).collect();
-        assert_eq!(calls, ["get_order", "apply_refund", "apply_refund"], "{mode:?}");
+        assert_eq!(
+            calls,
+            ["get_order", "apply_refund", "apply_refund"],
+            "{mode:?}"
+        );
         assert_eq!(session.violation_count(), 1);
         assert!(
             turn.reply
@@ -167,7 +190,10 @@ async fn the_client_runs_the_loop_against_trellis_as_the_agent_process() {
             .find(|m| m.role == "log")
             .and_then(|m| m.content.clone())
             .unwrap_or_default();
-        assert!(log.contains("[support] answered final_answer"), "{mode:?}: {log}");
+        assert!(
+            log.contains("[support] answered final_answer"),
+            "{mode:?}: {log}"
+        );
         client.close().await;
     }
 }
@@ -212,7 +238,9 @@ async fn stopped(mut child: Child, signal: i32) {
 #[tokio::test]
 async fn listen_prints_the_bound_address_and_stops_on_a_signal() {
     let (child, bound) = listening("tcp:127.0.0.1:0").await;
-    let host_port = bound.strip_prefix("tcp:127.0.0.1:").unwrap_or_else(|| panic!("{bound}"));
+    let host_port = bound
+        .strip_prefix("tcp:127.0.0.1:")
+        .unwrap_or_else(|| panic!("{bound}"));
     assert_ne!(host_port, "0");
     let stream = tokio::net::TcpStream::connect(bound.trim_start_matches("tcp:"))
         .await
@@ -239,7 +267,14 @@ async fn listen_prints_the_bound_address_and_stops_on_a_signal() {
         .write_all(b"{\"task_description\":\"Sing\"}\n")
         .await
         .unwrap();
-    let answer = reply(&BufReader::new(read).lines().next_line().await.unwrap().unwrap());
+    let answer = reply(
+        &BufReader::new(read)
+            .lines()
+            .next_line()
+            .await
+            .unwrap()
+            .unwrap(),
+    );
     assert_eq!(answer["summary"], "Unsupported task: Sing");
     stopped(child, libc::SIGINT).await;
     assert!(!path.exists(), "the socket file is left behind");
@@ -253,5 +288,9 @@ async fn line_modes_are_refused_for_http_only_builtins() {
         .await
         .unwrap();
     assert_eq!(output.status.code(), Some(2));
-    assert!(stderr(&output).contains("speaks only HTTP"), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("speaks only HTTP"),
+        "{}",
+        stderr(&output)
+    );
 }

@@ -491,7 +491,10 @@ mod tests {
 
     #[test]
     fn commands_quote_the_executable() {
-        assert_eq!(shell_quote("/opt/my trellis/it's"), r"'/opt/my trellis/it'\''s'");
+        assert_eq!(
+            shell_quote("/opt/my trellis/it's"),
+            r"'/opt/my trellis/it'\''s'"
+        );
         assert!(matches!(
             agent_command("booking", ProcessMode::LongLived),
             Err(BuiltinError::NotALineAgent { .. })

@@ -265,8 +265,9 @@ fn calls_of(reply: &Map<String, Value>) -> Vec<(String, Map<String, Value>)> {
                             .get("tool_name")
                             .or_else(|| call.get("tool"))
                             .and_then(Value::as_str)?;
-                        let params = params_of(call.get("tool_params").or_else(|| call.get("params")))
-                            .unwrap_or_default();
+                        let params =
+                            params_of(call.get("tool_params").or_else(|| call.get("params")))
+                                .unwrap_or_default();
                         Some((name.to_owned(), params))
                     })
                     .collect()
@@ -325,7 +326,9 @@ static SEVERAL_RESULTS: LazyLock<Regex> = LazyLock::new(|| {
 });
 static QUOTED: LazyLock<Regex> = LazyLock::new(|| regex(r#"'([^']*)'|"([^"]*)""#));
 static LIMIT: LazyLock<Regex> = LazyLock::new(|| {
-    regex(r"(?i)exceeds\s+(?:the\s+)?(?:maximum\s+)?(?:allowed\s+)?limit\s+of\s+[$€£]?\s*(-?\d[\d,]*(?:\.\d+)?)")
+    regex(
+        r"(?i)exceeds\s+(?:the\s+)?(?:maximum\s+)?(?:allowed\s+)?limit\s+of\s+[$€£]?\s*(-?\d[\d,]*(?:\.\d+)?)",
+    )
 });
 static TRIED: LazyLock<Regex> =
     LazyLock::new(|| regex(r"(?i)\b\w+\s+[$€£]?(-?\d[\d,]*(?:\.\d+)?)\s+exceeds"));
@@ -502,9 +505,14 @@ fn new_task(task: &str, context: &Context<'_>) -> Value {
     }
     if lower.contains("credit limit") {
         let (Some(customer), Some(limit)) = (customer_id(task), amount(task)) else {
-            return unsupported("a credit limit change needs a customer id (like C-7) and an amount");
+            return unsupported(
+                "a credit limit change needs a customer id (like C-7) and an amount",
+            );
         };
-        let change = params([("customer_id", json!(customer)), ("credit_limit", number(limit))]);
+        let change = params([
+            ("customer_id", json!(customer)),
+            ("credit_limit", number(limit)),
+        ]);
         return reply(
             "hitl_pause",
             json!({
@@ -643,20 +651,29 @@ fn human_answer(approved: bool, message: Option<&str>, context: &Context<'_>) ->
     });
     let note = message.map(|m| format!(" ({m})")).unwrap_or_default();
     if !approved {
+        let (customer, limit) = change_parts(&change);
         return final_answer(format!(
-            "Left the credit limit{} unchanged: the change was rejected{note}.",
-            describe_change(&change)
+            "Left the credit limit{customer} unchanged: the change{limit} was rejected{note}."
         ));
     }
     call_tool(
         &tool,
         change.clone(),
-        format!("Approved{note}: setting the credit limit{}.", describe_change(&change)),
+        format!(
+            "Approved{note}: setting the credit limit{}.",
+            describe_change(&change)
+        ),
     )
 }
 
 /// ` of customer C-7 to $900`, as far as the change says.
 fn describe_change(change: &Map<String, Value>) -> String {
+    let (customer, limit) = change_parts(change);
+    format!("{customer}{limit}")
+}
+
+/// (` of customer C-7`, ` to $900`), each empty when the change does not say.
+fn change_parts(change: &Map<String, Value>) -> (String, String) {
     let customer = change
         .get("customer_id")
         .and_then(Value::as_str)
@@ -667,7 +684,7 @@ fn describe_change(change: &Map<String, Value>) -> String {
         .and_then(amount_of)
         .map(|l| format!(" to {}", money(l)))
         .unwrap_or_default();
-    format!("{customer}{limit}")
+    (customer, limit)
 }
 
 fn self_correct(text: &str, results: &[(String, Value)], context: &Context<'_>) -> Value {
@@ -719,7 +736,9 @@ fn self_correct(text: &str, results: &[(String, Value)], context: &Context<'_>) 
             "The refund limit is {}: refunding {} instead{}.",
             money(limit),
             money(limit),
-            tried.map(|t| format!(" of {}", money(t))).unwrap_or_default()
+            tried
+                .map(|t| format!(" of {}", money(t)))
+                .unwrap_or_default()
         ),
     )
 }
@@ -851,7 +870,12 @@ fn refunded(result: &Value, context: &Context<'_>) -> Value {
     let refunded = field("amount")
         .or_else(|| result.get("refunded"))
         .and_then(amount_of)
-        .or_else(|| result.get("message").and_then(Value::as_str).and_then(amount));
+        .or_else(|| {
+            result
+                .get("message")
+                .and_then(Value::as_str)
+                .and_then(amount)
+        });
     let mut summary = match refunded {
         Some(refunded) => format!("Refunded {}{order}.", money(refunded)),
         None => format!("Refunded{order}."),
@@ -972,7 +996,10 @@ mod tests {
         assert_eq!(amount("Refund $120 for order A-1001"), Some(120.0));
         assert_eq!(amount("Refund order A-1001: 12.50"), Some(12.5));
         assert_eq!(amount("A-1001 costs 1,200 USD, pay 3"), Some(1200.0));
-        assert_eq!(amount("Raise the credit limit of customer C-7 to 900"), Some(900.0));
+        assert_eq!(
+            amount("Raise the credit limit of customer C-7 to 900"),
+            Some(900.0)
+        );
         assert_eq!(amount("€ 75.25 please"), Some(75.25));
         assert_eq!(amount("order A-1001"), None);
         assert_eq!(amount(&"9".repeat(400)), None);
@@ -1018,7 +1045,10 @@ mod tests {
             history.clone(),
         ));
         assert_eq!(second["tool_name"], "apply_refund");
-        assert_eq!(second["tool_params"], json!({ "order_id": "A-1001", "amount": 120 }));
+        assert_eq!(
+            second["tool_params"],
+            json!({ "order_id": "A-1001", "amount": 120 })
+        );
 
         let violation = json!({ "status": "policy_violation", "violation": "Amount 120 exceeds limit of 50.0" });
         if let Some(h) = history.as_array_mut() {
@@ -1027,14 +1057,23 @@ mod tests {
         }
         // The spec's wording and the newer harness's give the same retry.
         for feedback in [
-            "GOVERNANCE ERROR: Amount 120 exceeds limit of 50.0. Please adjust your action.".to_owned(),
-            "{'status': 'policy_violation', 'violation': 'Amount 120 exceeds limit of 50.0'}".to_owned(),
+            "GOVERNANCE ERROR: Amount 120 exceeds limit of 50.0. Please adjust your action."
+                .to_owned(),
+            "{'status': 'policy_violation', 'violation': 'Amount 120 exceeds limit of 50.0'}"
+                .to_owned(),
         ] {
             let third = decide(&full(&feedback, 3, history.clone()));
             assert_eq!(third["tool_name"], "apply_refund", "{feedback}");
-            assert_eq!(third["tool_params"], json!({ "order_id": "A-1001", "amount": 50 }));
+            assert_eq!(
+                third["tool_params"],
+                json!({ "order_id": "A-1001", "amount": 50 })
+            );
         }
-        let third = decide(&full("GOVERNANCE ERROR: Amount 120 exceeds limit of 50.0. Please adjust your action.", 3, history.clone()));
+        let third = decide(&full(
+            "GOVERNANCE ERROR: Amount 120 exceeds limit of 50.0. Please adjust your action.",
+            3,
+            history.clone(),
+        ));
         let done = json!({ "status": "success", "refund_id": "R-1" });
         if let Some(h) = history.as_array_mut() {
             h.push(json!({ "role": "agent", "content": third }));
@@ -1047,7 +1086,10 @@ mod tests {
         ));
         assert_eq!(action(&last), "final_answer");
         let summary = last["summary"].as_str().unwrap_or_default();
-        assert!(summary.starts_with("Refunded $50 for order A-1001."), "{summary}");
+        assert!(
+            summary.starts_with("Refunded $50 for order A-1001."),
+            "{summary}"
+        );
         assert!(summary.contains("remaining $70"), "{summary}");
     }
 
@@ -1059,7 +1101,10 @@ mod tests {
         let second = decide(&task_only(
             r#"Tool 'get_order' returned: {"order_id": "B-77", "amount": "80.00"}. Continue with the task."#,
         ));
-        assert_eq!(second["tool_params"], json!({ "order_id": "B-77", "amount": 80 }));
+        assert_eq!(
+            second["tool_params"],
+            json!({ "order_id": "B-77", "amount": 80 })
+        );
         let third = decide(&task_only(
             "GOVERNANCE ERROR: Amount 80 exceeds limit of 50.0. Please adjust your action.",
         ));
@@ -1086,9 +1131,15 @@ mod tests {
         let newer = decide(&task_only("Check order A-1001"));
         assert_eq!(action(&newer), "call_multiple_tools");
         assert_eq!(newer["tool_calls"][1]["tool_name"], "get_payment_status");
-        assert_eq!(newer["tool_calls"][0]["tool_params"], json!({ "order_id": "A-1001" }));
+        assert_eq!(
+            newer["tool_calls"][0]["tool_params"],
+            json!({ "order_id": "A-1001" })
+        );
         let spec = decide(&task_only("Run diagnostics"));
-        assert_eq!(spec["tool_names"], json!(["check_payment_gateway", "check_shipping_api"]));
+        assert_eq!(
+            spec["tool_names"],
+            json!(["check_payment_gateway", "check_shipping_api"])
+        );
         assert!(spec.get("tool_calls").is_none());
         let last = decide(&task_only(
             r#"Tools ['check_payment_gateway', 'check_shipping_api'] returned: [{"status": "ok"}, {"status": "degraded"}]. Continue with the task."#,
@@ -1116,24 +1167,39 @@ mod tests {
         let task = "Raise the credit limit of customer C-7 to 900";
         let pause = decide(&full(task, 1, json!([])));
         assert_eq!(action(&pause), "hitl_pause");
-        assert!(pause["reason"].as_str().unwrap_or_default().contains("C-7 to $900"));
-        let history = json!([{ "role": "user", "content": task }, { "role": "agent", "content": pause }]);
+        assert!(
+            pause["reason"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("C-7 to $900")
+        );
+        let history =
+            json!([{ "role": "user", "content": task }, { "role": "agent", "content": pause }]);
         let approved = decide(&full("Approved: go ahead", 2, history.clone()));
         assert_eq!(approved["tool_name"], "set_credit_limit");
-        assert_eq!(approved["tool_params"], json!({ "customer_id": "C-7", "credit_limit": 900 }));
+        assert_eq!(
+            approved["tool_params"],
+            json!({ "customer_id": "C-7", "credit_limit": 900 })
+        );
         let rejected = decide(&full("Rejected", 2, history));
         assert_eq!(action(&rejected), "final_answer");
         assert_eq!(
             rejected["summary"],
-            "Left the credit limit of customer C-7 to $900 unchanged: the change was rejected."
+            "Left the credit limit of customer C-7 unchanged: the change to $900 was rejected."
         );
         // Without a history the human's message is all there is.
         let approved = decide(&task_only("Approved: raise C-7 to 900"));
-        assert_eq!(approved["tool_params"], json!({ "customer_id": "C-7", "credit_limit": 900 }));
+        assert_eq!(
+            approved["tool_params"],
+            json!({ "customer_id": "C-7", "credit_limit": 900 })
+        );
         let done = decide(&task_only(
             r#"Tool 'set_credit_limit' returned: {"customer_id": "C-7", "credit_limit": 900}. Continue with the task."#,
         ));
-        assert_eq!(done["summary"], "Raised the credit limit of customer C-7 to $900 as approved.");
+        assert_eq!(
+            done["summary"],
+            "Raised the credit limit of customer C-7 to $900 as approved."
+        );
     }
 
     #[test]
@@ -1141,7 +1207,10 @@ mod tests {
         let task = "Resolve the complaint on order A-1001";
         let branch = decide(&full(task, 1, json!([])));
         assert_eq!(action(&branch), "branch");
-        assert_eq!(branch["metadata"]["options"], json!(["refund", "replacement"]));
+        assert_eq!(
+            branch["metadata"]["options"],
+            json!(["refund", "replacement"])
+        );
         let history = |option: &str, k: u64| {
             json!([
                 { "role": "user", "content": task },
@@ -1149,7 +1218,11 @@ mod tests {
                 { "role": "environment", "content": { "branch": { "index": k, "count": 2, "option": option } } },
             ])
         };
-        let refund = decide(&full("Continue on branch 1 of 2: refund.", 2, history("refund", 1)));
+        let refund = decide(&full(
+            "Continue on branch 1 of 2: refund.",
+            2,
+            history("refund", 1),
+        ));
         assert_eq!(refund["tool_name"], "get_order");
         let replace = decide(&full(
             "Continue on branch 2 of 2: replacement.",
@@ -1163,21 +1236,32 @@ mod tests {
         ));
         let summary = done["summary"].as_str().unwrap_or_default();
         assert!(summary.contains("replacement option"), "{summary}");
-        assert_eq!(action(&decide(&task_only("Continue on branch 1 of 1."))), "error");
+        assert_eq!(
+            action(&decide(&task_only("Continue on branch 1 of 1."))),
+            "error"
+        );
         // A complaint naming an amount refunds it straight away.
         let direct = decide(&full(
             "Continue on branch 1 of 2: refund.",
             2,
             json!([{ "role": "user", "content": "Resolve the complaint on order A-1001 ($30)" }]),
         ));
-        assert_eq!(direct["tool_params"], json!({ "order_id": "A-1001", "amount": 30 }));
+        assert_eq!(
+            direct["tool_params"],
+            json!({ "order_id": "A-1001", "amount": 30 })
+        );
     }
 
     #[test]
     fn instructions_processing_and_executed() {
         let how = decide(&task_only("How do I return an item?"));
         assert_eq!(action(&how), "provide_instructions");
-        assert!(how["instructions"].as_str().unwrap_or_default().contains("prepaid label"));
+        assert!(
+            how["instructions"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("prepaid label")
+        );
         let export = "Export the order history of customer C-7";
         assert_eq!(action(&decide(&full(export, 1, json!([])))), "processing");
         assert_eq!(action(&decide(&full(export, 2, json!([])))), "completed");

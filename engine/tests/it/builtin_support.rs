@@ -52,7 +52,10 @@ fn shop() -> SandboxSpec {
                 // Saying what was refunded lets an agent without history tell it.
                 answer: ToolAnswer::Matched(vec![
                     MatchedOutput {
-                        when: json!({"amount": 50}).as_object().cloned().unwrap_or_default(),
+                        when: json!({"amount": 50})
+                            .as_object()
+                            .cloned()
+                            .unwrap_or_default(),
                         ..MatchedOutput::any(json!({"status": "success", "refunded": 50}))
                     },
                     MatchedOutput::any(json!({"status": "success"})),
@@ -169,7 +172,10 @@ async fn a_refund_breaches_the_policy_and_self_corrects_over_every_transport() {
                 .tool_calls
                 .iter()
                 .skip(1)
-                .map(|c| serde_json::from_str::<Value>(&c.arguments).unwrap_or_default()["amount"].clone())
+                .map(|c| {
+                    serde_json::from_str::<Value>(&c.arguments).unwrap_or_default()["amount"]
+                        .clone()
+                })
                 .collect();
             assert_eq!(amounts, [json!(120), json!(50)], "{what}");
             assert_eq!(session.violation_count(), 1, "{what}");
@@ -208,11 +214,8 @@ async fn the_history_tells_the_agent_what_was_asked() {
 #[tokio::test]
 async fn a_human_approves_or_rejects_a_credit_limit_change() {
     for transport in TRANSPORTS {
-        let (_served, client) = support(
-            transport,
-            options(RequestForm::Full, FeedbackWording::Spec),
-        )
-        .await;
+        let (_served, client) =
+            support(transport, options(RequestForm::Full, FeedbackWording::Spec)).await;
         let mut session = client.session();
         let pause = user(
             &mut session,
@@ -254,7 +257,7 @@ async fn a_human_approves_or_rejects_a_credit_limit_change() {
         assert_eq!(
             turn.reply.as_deref(),
             Some(
-                "Left the credit limit of customer C-7 to $900 unchanged: the change was \
+                "Left the credit limit of customer C-7 unchanged: the change to $900 was \
                  rejected (too risky)."
             )
         );
@@ -275,7 +278,10 @@ async fn several_tools_instructions_processing_and_errors() {
     let mut session = client.session();
     // The newer shape, with parameters.
     let turn = user(&mut session, "Check order A-1001").await;
-    assert_eq!(tool_names(&turn), ["get_shipping_status", "get_payment_status"]);
+    assert_eq!(
+        tool_names(&turn),
+        ["get_shipping_status", "get_payment_status"]
+    );
     assert_eq!(turn.tool_calls[0].arguments, r#"{"order_id":"A-1001"}"#);
     assert_eq!(
         turn.reply.as_deref(),
@@ -283,7 +289,10 @@ async fn several_tools_instructions_processing_and_errors() {
     );
     // The spec's shape: undeclared tools get the harness default.
     let turn = user(&mut session, "Run diagnostics").await;
-    assert_eq!(tool_names(&turn), ["check_payment_gateway", "check_shipping_api"]);
+    assert_eq!(
+        tool_names(&turn),
+        ["check_payment_gateway", "check_shipping_api"]
+    );
     assert_eq!(turn.tool_calls[1].arguments, "{}");
     assert_eq!(
         turn.reply.as_deref(),
@@ -336,7 +345,11 @@ async fn one_socket_connection_answers_a_branch_and_its_continuation() {
     let Action::Branch { reason, metadata } = &branch.action else {
         panic!("{:?}", branch.action);
     };
-    assert!(reason.as_deref().is_some_and(|r| r.contains("refund or a replacement")));
+    assert!(
+        reason
+            .as_deref()
+            .is_some_and(|r| r.contains("refund or a replacement"))
+    );
     assert_eq!(metadata["options"], json!(["refund", "replacement"]));
     // The continuation, as the harness sends it, on the same connection.
     let continuation = json!({
