@@ -1686,19 +1686,20 @@ impl<'f> Decoder<'f> {
                     protocol.as_str()
                 ),
             ))
-        } else if let Some(other) = endpoint.filter(|e| *e != "builtin") {
-            Some((
-                format!(
-                    "`transport` chooses how a builtin agent is served; agent `{}` uses `{other}=`",
-                    id.value
-                ),
-                "only for `builtin=`",
-                "remove `transport`: `url=`, `command=` and `socket=` already say how to reach \
-                 the agent"
-                    .to_owned(),
-            ))
         } else {
-            None
+            endpoint.filter(|e| *e != "builtin").map(|other| {
+                (
+                    format!(
+                        "`transport` chooses how a builtin agent is served; agent `{}` uses \
+                         `{other}=`",
+                        id.value
+                    ),
+                    "only for `builtin=`",
+                    "remove `transport`: `url=`, `command=` and `socket=` already say how to \
+                     reach the agent"
+                        .to_owned(),
+                )
+            })
         };
         match problem {
             Some((message, label, help)) => {

@@ -60,7 +60,6 @@ fn shop() -> SandboxSpec {
                     },
                     MatchedOutput::any(json!({"status": "success"})),
                 ]),
-                ..ToolSpec::default()
             },
         ),
         (
