@@ -110,8 +110,6 @@ scenario "llm" {
         "s.kdl:3:",
         "agent `tool-loop` cannot run yet",
         "`openai` protocol",
-        "s.kdl:4:",
-        "agent `proc` cannot run yet",
         "s.kdl:7:",
         "cannot run yet on this agent",
         "`calc`",
@@ -125,11 +123,11 @@ scenario "llm" {
         assert!(err.contains(expected), "missing {expected:?} in:\n{err}");
     }
     // talk: 2 trajectories × 2 agents, of which `simulated` (both agents) and `scripted` on
-    // calc cannot run; llm: 1 trajectory × 2 unsupported agents. The one runnable trajectory
-    // (`scripted` on chat) skips the judge and the outcome.
+    // calc cannot run; llm: 1 trajectory × 2 agents, one unsupported (`proc` runs). The
+    // runnable `scripted` on chat skips the judge and the outcome.
     let out = stdout(&o);
     assert!(
-        out.contains("warning: 5 of 6 trajectory run(s) (per agent) cannot run yet and 2 check(s) will be skipped"),
+        out.contains("warning: 4 of 6 trajectory run(s) (per agent) cannot run yet and 2 check(s) will be skipped"),
         "{out}"
     );
 }

@@ -62,6 +62,16 @@ impl Agents {
             .await
     }
 
+    /// Ends what the agents' clients keep running (long-lived processes, kept-open
+    /// sockets) and waits for them.
+    pub(super) async fn close(&self) {
+        let clients = self.slots.iter().filter_map(|slot| match slot.get() {
+            Some(AgentRuntime::Ready { client, .. }) => Some(client.close()),
+            _ => None,
+        });
+        futures::future::join_all(clients).await;
+    }
+
     /// Agent `index` if it has been set up.
     pub(super) fn ready(&self, index: usize) -> Option<&AgentRuntime> {
         self.slots.get(index).and_then(OnceCell::get)
@@ -135,12 +145,8 @@ async fn start_one(
                 )));
             }
         },
-        Endpoint::Command(_) | Endpoint::Socket(_) => {
-            return Err(Setup::Unsupported(format!(
-                "agent `{}`: command and socket endpoints are not supported yet",
-                agent.id
-            )));
-        }
+        // Reached through the line transport: no URL.
+        Endpoint::Command(_) | Endpoint::Socket(_) => String::new(),
     };
     // Headers see only `env`: they are rendered once per run, not per scenario.
     let header_scope = ScenarioScope::env_only(plan.templates.env()).with_vars(&BTreeMap::new());
@@ -156,7 +162,9 @@ async fn start_one(
             }
         }
     }
-    transport.warm(&url);
+    if !url.is_empty() {
+        transport.warm(&url);
+    }
     protocol::build(AgentSetup {
         agent,
         url: &url,
@@ -170,6 +178,7 @@ async fn start_one(
             after_send: agent.retry_after_send,
         },
         transport: transport.clone(),
+        line: None,
     })
     .map_err(Setup::Broken)
 }
