@@ -40,7 +40,14 @@ pub fn check<T: AsRef<TurnRecord>>(
     turns: &[T],
     turn_index: Option<u32>,
 ) -> CriterionRecord {
-    check_rendered(criterion, &Rendered::default(), scope, turns, turn_index, None)
+    check_rendered(
+        criterion,
+        &Rendered::default(),
+        scope,
+        turns,
+        turn_index,
+        None,
+    )
 }
 
 /// Renders the templated values of `planned` with `ctx` (the variables a user message at the

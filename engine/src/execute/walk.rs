@@ -656,7 +656,10 @@ impl<'a> Unit<'a> {
                     }
                 }
                 PlannedStep::Hitl { approve, message } => {
-                    match self.answer_human(session, *approve, message.as_ref(), true, state, recorded).await {
+                    match self
+                        .answer_human(session, *approve, message.as_ref(), true, state, recorded)
+                        .await
+                    {
                         Some(Stop::Fault(fault)) => return Some(replay_fault(fault)),
                         Some(Stop::Branch(_)) => return Some(replay_fault(branch_on_replay())),
                         Some(stop) => return Some(stop),

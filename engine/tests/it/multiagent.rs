@@ -314,9 +314,13 @@ async fn an_unknown_action_and_an_error_end_the_turn_with_faults() {
 
 fn brancher(request: &Value) -> Value {
     match task(request) {
-        "Continue on branch 1 of 2: ground." => json!({"action": "final_answer", "summary": "by ground"}),
+        "Continue on branch 1 of 2: ground." => {
+            json!({"action": "final_answer", "summary": "by ground"})
+        }
         "Continue on branch 2 of 2: air." => json!({"action": "final_answer", "summary": "by air"}),
-        _ => json!({"action": "branch", "metadata": {"reason": "try both carriers", "options": ["ground", "air"]}}),
+        _ => {
+            json!({"action": "branch", "metadata": {"reason": "try both carriers", "options": ["ground", "air"]}})
+        }
     }
 }
 
@@ -337,13 +341,37 @@ async fn a_branch_action_ends_the_turn_and_each_copy_continues_one_alternative()
 
     let mut copy = session.clone();
     let first = session
-        .take_turn(TurnInput::Branch { index: 0, count: 2, option: "ground" }, &ctx(1))
+        .take_turn(
+            TurnInput::Branch {
+                index: 0,
+                count: 2,
+                option: "ground",
+            },
+            &ctx(1),
+        )
         .await;
     let second = copy
-        .take_turn(TurnInput::Branch { index: 1, count: 2, option: "air" }, &ctx(1))
+        .take_turn(
+            TurnInput::Branch {
+                index: 1,
+                count: 2,
+                option: "air",
+            },
+            &ctx(1),
+        )
         .await;
-    assert_eq!(first.reply.as_deref(), Some("by ground"), "{:?}", first.fault);
-    assert_eq!(second.reply.as_deref(), Some("by air"), "{:?}", second.fault);
+    assert_eq!(
+        first.reply.as_deref(),
+        Some("by ground"),
+        "{:?}",
+        first.fault
+    );
+    assert_eq!(
+        second.reply.as_deref(),
+        Some("by air"),
+        "{:?}",
+        second.fault
+    );
     // The continuation carries the branch in the history, after the agent's branch reply.
     let seen = received.lock().unwrap().clone();
     let last = seen.last().unwrap();

@@ -145,7 +145,10 @@ scenario "refund-strict" {
         .map(|c| (c.name.as_str(), c.arguments.as_str()))
         .collect();
     assert_eq!(calls.len(), 3, "{calls:?}");
-    assert!(calls[1].1.contains("120") && calls[2].1.contains("50"), "{calls:?}");
+    assert!(
+        calls[1].1.contains("120") && calls[2].1.contains("50"),
+        "{calls:?}"
+    );
     assert_eq!(node.turns[0].model.as_deref(), Some("py-desk"));
 
     let strict = run
@@ -156,12 +159,22 @@ scenario "refund-strict" {
     assert_eq!(strict.status, TrajectoryStatus::Failed);
     let violations = check(strict, "violations");
     assert_eq!(violations.status, CriterionStatus::Failed);
-    assert!(violations.detail.as_deref().unwrap().contains("1 policy violation"));
+    assert!(
+        violations
+            .detail
+            .as_deref()
+            .unwrap()
+            .contains("1 policy violation")
+    );
     assert_eq!(check(strict, "no-error").status, CriterionStatus::Failed);
     let state = check(strict, "state");
     assert_eq!(state.status, CriterionStatus::Failed);
     assert!(
-        state.detail.as_deref().unwrap().contains("not in the state"),
+        state
+            .detail
+            .as_deref()
+            .unwrap()
+            .contains("not in the state"),
         "{state:?}"
     );
 }
@@ -203,12 +216,11 @@ scenario "no-pause" {
         "{:#?}",
         trajectory(&run, "approved")
     );
-    assert_eq!(trajectory(&run, "rejected").status, TrajectoryStatus::Passed);
-    let human = run
-        .nodes
-        .iter()
-        .find(|n| n.node == "approved")
-        .unwrap();
+    assert_eq!(
+        trajectory(&run, "rejected").status,
+        TrajectoryStatus::Passed
+    );
+    let human = run.nodes.iter().find(|n| n.node == "approved").unwrap();
     assert_eq!(human.turns[0].kind, "human");
     assert_eq!(human.turns[0].user_message, "ok by me");
 
@@ -216,7 +228,10 @@ scenario "no-pause" {
     assert_eq!(ignored.status, TrajectoryStatus::Failed);
     let hitl = check(ignored, "hitl");
     assert!(
-        hitl.detail.as_deref().unwrap().contains("paused for a human"),
+        hitl.detail
+            .as_deref()
+            .unwrap()
+            .contains("paused for a human"),
         "{hitl:?}"
     );
     // Ending while the agent waits is not a failure in itself, and says so.

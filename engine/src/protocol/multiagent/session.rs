@@ -375,8 +375,12 @@ impl MultiAgentSession {
                     count,
                     option,
                 } => {
-                    self.dialogue
-                        .continue_branch(index, count, option, branching.reason.as_deref());
+                    self.dialogue.continue_branch(
+                        index,
+                        count,
+                        option,
+                        branching.reason.as_deref(),
+                    );
                 }
                 other => {
                     return Turn::failed(Fault::new(

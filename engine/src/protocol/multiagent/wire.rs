@@ -179,7 +179,8 @@ impl Dialogue {
         }
         let mut entry = Map::new();
         entry.insert("branch".into(), Value::Object(branch));
-        self.history.push(HistoryEntry::Environment(Value::Object(entry)));
+        self.history
+            .push(HistoryEntry::Environment(Value::Object(entry)));
         let task = if option.trim().is_empty() {
             format!("Continue on branch {number} of {count}.")
         } else {
