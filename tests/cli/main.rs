@@ -9,6 +9,7 @@ mod support {
 mod diagnostics;
 mod faults;
 mod import;
+mod multiagent;
 mod outputs;
 mod run;
 

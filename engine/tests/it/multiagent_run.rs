@@ -23,6 +23,9 @@ if task.startswith("Tool 'get_order' returned"):
     say({"action": "call_tool", "tool_name": "apply_refund", "tool_params": {"order_id": "A-1", "amount": amount}})
 if task.startswith("Tool 'apply_refund' returned"):
     say({"action": "final_answer", "summary": "Refund done"})
+if task.startswith("Crash"):
+    sys.stderr.write("segfault in the planner\n")
+    sys.exit(3)
 if task.startswith("Refund"):
     say({"action": "call_tool", "tool_name": "get_order", "tool_params": {"order_id": "A-1"}})
 if task.startswith("Raise"):
@@ -338,4 +341,42 @@ scenario "resolve" {
             .unwrap()
             .starts_with("breadth")
     );
+}
+
+#[tokio::test]
+async fn an_agent_process_that_dies_is_a_fault_on_its_turn_and_the_run_goes_on() {
+    let agent = agent();
+    let run = run(
+        &agent,
+        r#"
+scenario "crash" {
+    user "Crash now"
+    user "Refund order A-1"
+}
+scenario "fine" {
+    user "Refund order A-1"
+    expect reply contains="Refund done"
+}
+"#,
+    )
+    .await;
+    let crash = run
+        .trajectories
+        .iter()
+        .find(|t| t.scenario == "crash")
+        .unwrap();
+    assert_eq!(crash.status, TrajectoryStatus::Error);
+    let fault = crash.fault.as_ref().unwrap();
+    assert!(
+        fault.message.contains("exit status: 3")
+            && fault.message.contains("segfault in the planner"),
+        "{fault:?}"
+    );
+    assert_eq!(crash.turns, 1);
+    let fine = run
+        .trajectories
+        .iter()
+        .find(|t| t.scenario == "fine")
+        .unwrap();
+    assert_eq!(fine.status, TrajectoryStatus::Passed, "{fine:#?}");
 }
