@@ -72,9 +72,9 @@ impl PathState {
     }
 
     /// The name node `id` is recorded under on this path.
-    pub(super) fn node_name(&self, id: &str) -> Arc<str> {
+    pub(super) fn node_name(&self, id: &Arc<str>) -> Arc<str> {
         if self.suffix.is_empty() {
-            Arc::from(id)
+            id.clone()
         } else {
             Arc::from(format!("{id}{}", self.suffix))
         }
