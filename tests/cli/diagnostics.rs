@@ -157,3 +157,32 @@ async fn check_warns_about_ttft_on_an_agent_that_does_not_stream() {
     );
     assert!(err.contains("t.kdl:4:"), "{err}");
 }
+
+/// `state` and `violations` read the tool sandbox, which only MultiAgentEval agents have:
+/// `check` says where such a check will be skipped, and is quiet on a multiagent agent.
+#[tokio::test]
+async fn check_warns_about_sandbox_checks_on_agents_without_a_sandbox() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("t.kdl"),
+        "agent \"c\" protocol=\"connexity\" builtin=\"booking\"\n\
+         agent \"m\" protocol=\"multiagent\" url=\"http://127.0.0.1:9/execute_task\"\n\
+         scenario \"s\" {\n    agent \"c\"\n    user \"hi\"\n    expect violations max=0\n}\n\
+         scenario \"t\" {\n    agent \"m\"\n    user \"hi\"\n    criteria { state path=\"a\" exists=#true }\n}\n",
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path())
+        .output()
+        .await
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("this `violations` check will be skipped on agent `c`"),
+        "{err}"
+    );
+    assert!(err.contains("t.kdl:6:") && err.contains("no tool sandbox"), "{err}");
+    assert!(!err.contains("`state` check"), "{err}");
+}
