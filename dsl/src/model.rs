@@ -280,6 +280,24 @@ impl BuiltinTransport {
     }
 }
 
+/// Limits on exploring agent-initiated branches (a MultiAgentEval `branch` action): at most
+/// `breadth` alternatives per branch action, nested at most `depth` deep (deeper branch
+/// actions continue their first alternative only). The original harness's caps by default.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AgentBranches {
+    pub breadth: u32,
+    pub depth: u32,
+}
+
+impl Default for AgentBranches {
+    fn default() -> Self {
+        AgentBranches {
+            breadth: 5,
+            depth: 3,
+        }
+    }
+}
+
 /// The spec's cap on agent actions within one user step.
 pub const DEFAULT_MAX_ACTIONS: u32 = 5;
 
@@ -584,6 +602,9 @@ pub struct Scenario {
     /// `undeclared-tools`: the sandbox's answer to a tool no `tool` node declares.
     pub undeclared_tools: UndeclaredTools,
     pub max_turns: Option<u32>,
+    /// `agent-branches breadth=N depth=N`: how far the engine explores the forks an agent
+    /// asks for (MultiAgentEval `branch` actions).
+    pub agent_branches: AgentBranches,
     /// Scenario-level expected outcomes (judged).
     pub outcomes: Vec<Spanned<Outcome>>,
     /// `expect-tool NAME key=value…`: checked deterministically on the whole trajectory.

@@ -501,6 +501,7 @@ const SCENARIO_NODES: &[&str] = &[
     "initial-state",
     "undeclared-tools",
     "max-turns",
+    "agent-branches",
     "outcome",
     "expect-tool",
     "criteria-override",
@@ -2443,6 +2444,7 @@ impl<'f> Decoder<'f> {
             initial_state: Map::new(),
             undeclared_tools: UndeclaredTools::default(),
             max_turns: None,
+            agent_branches: AgentBranches::default(),
             outcomes: Vec::new(),
             expect_tools: Vec::new(),
             criteria_override: None,
@@ -2566,6 +2568,21 @@ impl<'f> Decoder<'f> {
                 }
                 "max-turns" => {
                     sc.max_turns = self.single(&cv, "max-turns 8").and_then(|e| self.u32(e, 1))
+                }
+                "agent-branches" => {
+                    let usage = "agent-branches breadth=5 depth=3";
+                    self.check_args(&cv, 0, usage);
+                    self.check_props(&cv, &["breadth", "depth"], &[]);
+                    self.check_no_children(&cv);
+                    if cv.props.is_empty() {
+                        self.missing(&cv, "`breadth=` or `depth=`", usage);
+                    }
+                    if let Some(n) = cv.prop("breadth").and_then(|e| self.u32(e, 1)) {
+                        sc.agent_branches.breadth = n;
+                    }
+                    if let Some(n) = cv.prop("depth").and_then(|e| self.u32(e, 1)) {
+                        sc.agent_branches.depth = n;
+                    }
                 }
                 "repeat" => {
                     if let Some(n) = self.single(&cv, "repeat 3").and_then(|e| self.u32(e, 1)) {

@@ -429,6 +429,16 @@ impl Sandbox {
     }
 }
 
+/// Whether a recorded tool result (JSON text) is a policy breach: the harness's
+/// `{"status":"policy_violation", …}` object. Cheap on other results: only text naming the
+/// status is parsed.
+pub fn is_violation_result(result: &str) -> bool {
+    result.contains("policy_violation")
+        && serde_json::from_str::<Value>(result).is_ok_and(|result| {
+            result.get("status").and_then(Value::as_str) == Some("policy_violation")
+        })
+}
+
 /// The harness's answer to an undeclared tool: `{"status":"success","message":"Executed NAME"}`.
 pub fn harness_default(name: &str) -> Value {
     let mut object = Map::new();

@@ -282,8 +282,21 @@ fn list(args: &ListArgs) -> u8 {
     };
     for s in &plan.scenarios {
         let agents: Vec<&str> = s.agents.iter().map(|&a| &*plan.agents[a].id).collect();
+        // The agent decides at run time whether to fork: say how far that is explored.
+        let forks = if s
+            .agents
+            .iter()
+            .any(|&a| plan.agents[a].protocol == trellis_dsl::Protocol::MultiAgent)
+        {
+            format!(
+                "  agent forks: up to {} alternatives, {} deep (each runs as TRAJECTORY~ALTERNATIVE)",
+                s.agent_branches.breadth, s.agent_branches.depth
+            )
+        } else {
+            String::new()
+        };
         console::outln!(
-            "{}/{}  agents: {}  repeat: {}{}",
+            "{}/{}  agents: {}  repeat: {}{forks}{}",
             s.suite,
             s.scenario.id.value,
             agents.join(", "),

@@ -10,6 +10,7 @@ mod agent;
 mod diagnostics;
 mod faults;
 mod import;
+mod multiagent;
 mod outputs;
 mod run;
 

@@ -8,6 +8,7 @@ mod execution;
 mod fixie;
 mod line;
 mod multiagent;
+mod multiagent_run;
 mod planning;
 mod protocol;
 mod support;
