@@ -294,3 +294,51 @@ async fn line_modes_are_refused_for_http_only_builtins() {
         stderr(&output)
     );
 }
+
+#[tokio::test]
+async fn the_example_suite_passes_over_every_transport() {
+    // `transport="process"` runs this very binary as the agent (one process per call).
+    let out = tempfile::tempdir().unwrap();
+    let output = trellis()
+        .args(["run", "suites/multiagent.kdl", "--out"])
+        .arg(out.path())
+        .output()
+        .await
+        .unwrap();
+    let console = stdout(&output);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "{console}{}",
+        stderr(&output)
+    );
+    assert!(
+        console.contains(", 0 failed, 0 errors, 0 skipped"),
+        "{console}"
+    );
+    let trajectories = crate::read_parquet(&out.path().join("trajectories.parquet"));
+    assert_eq!(trajectories.height(), 28);
+    // The agent's branch action forked `complaint` on every transport.
+    let rows: Vec<(Option<String>, Option<String>, Option<String>)> =
+        crate::strings(&trajectories, "scenario")
+            .into_iter()
+            .zip(crate::strings(&trajectories, "trajectory"))
+            .zip(crate::strings(&trajectories, "agent"))
+            .map(|((scenario, trajectory), agent)| (scenario, trajectory, agent))
+            .collect();
+    for agent in [
+        "support-http",
+        "support-process",
+        "support-tcp",
+        "support-unix",
+    ] {
+        for option in ["main~refund", "main~replacement"] {
+            let row = (
+                Some("complaint".to_owned()),
+                Some(option.to_owned()),
+                Some(agent.to_owned()),
+            );
+            assert!(rows.contains(&row), "{option} on {agent}: {rows:?}");
+        }
+    }
+}
