@@ -460,10 +460,15 @@ fn final_answer(summary: String) -> Value {
     reply("final_answer", json!({ "summary": summary }))
 }
 
+/// Characters of a task quoted back in an error.
+const QUOTED_TASK: usize = 200;
+
 fn unsupported(what: &str) -> Value {
+    let quoted: String = what.chars().take(QUOTED_TASK).collect();
+    let cut = if quoted.len() < what.len() { "…" } else { "" };
     reply(
         "error",
-        json!({ "summary": format!("Unsupported task: {what}") }),
+        json!({ "summary": format!("Unsupported task: {quoted}{cut}") }),
     )
 }
 
@@ -836,6 +841,12 @@ fn refund_order(order: &Value, context: &Context<'_>) -> Value {
             "Nothing was refunded: neither the request nor {shown} says how much to refund."
         ));
     };
+    if wanted <= 0.0 {
+        return final_answer(format!(
+            "Nothing was refunded: {} is not an amount to refund for {shown}.",
+            money(wanted)
+        ));
+    }
     let mut refund = Map::new();
     if let Some(order_id) = order_id {
         refund.insert("order_id".into(), json!(order_id));
@@ -1023,6 +1034,12 @@ mod tests {
         let reply = decide(&task_only("Sing me a song"));
         assert_eq!(action(&reply), "error");
         assert_eq!(reply["summary"], "Unsupported task: Sing me a song");
+        let long = "x".repeat(10_000);
+        let summary = decide(&task_only(&long))["summary"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        assert!(summary.len() < 300 && summary.ends_with('…'), "{summary}");
         let bytes = answer(b"not json");
         let reply: Value = serde_json::from_slice(&bytes).unwrap_or_default();
         assert_eq!(action(&reply), "error");
