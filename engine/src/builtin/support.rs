@@ -57,7 +57,10 @@
 //! **What a `task_description`-only conversation loses**: the earlier messages. Order and
 //! customer ids, amounts and the option being followed are then read from the tool results
 //! (`order_id`, `amount`, …) when they carry them, and a retry after a policy breach or an
-//! approved change goes out with the parameters it can still know.
+//! approved change goes out with the parameters it can still know. With neither a history
+//! nor the spec's wording (`task_description` alone and the newer harness's words), only
+//! `Executed NAME` and policy violations are recognisable as tool results; any other result
+//! text reads as a new task.
 
 use std::sync::LazyLock;
 
