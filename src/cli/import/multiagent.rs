@@ -7,6 +7,10 @@
 //! alone as well as with the whole directory). Files are read, mapped, written and checked in
 //! parallel; a file that cannot be imported is reported and the others are still written.
 //!
+//! Exit codes: 0 every file imported (unmapped parts are reported, not failures), 1 some
+//! file could not be imported (the others are written), 2 usage or existing outputs without
+//! `--replace` (nothing written).
+//!
 //! Every written suite is loaded back with the suite language's own loader (unless
 //! `--no-check`) before the import says it is done: an importer bug cannot hand out a suite
 //! that `trellis check` rejects.
@@ -230,6 +234,14 @@ pub fn import_multiagent(args: &MultiAgentImportArgs) -> u8 {
     let agent_nodes: Vec<&AgentNode> = default_agent.iter().chain(agents.values()).collect();
     let agents_text: String = agent_nodes.iter().map(|a| a.render()).collect();
 
+    // A bad --agent-url (or a file's endpoint) would make every suite fail its check: say so
+    // once, as a usage error, before writing anything.
+    if !agents_text.is_empty()
+        && let Err(e) = check_text(&agents_text)
+    {
+        errln!("error: the agent options do not make a valid agent:\n{e}");
+        return EXIT_INVALID;
+    }
     let suite_names = suite_names(&jobs);
     let outcome = if is_dir {
         let Some(out) = args.out.as_deref() else {
@@ -521,11 +533,15 @@ fn write_single(
     });
     let result = match &args.out {
         Some(out) => write_checked(out, &text, args.replace, !args.no_check),
-        None => check_text(&text).and_then(|()| {
-            std::io::stdout()
-                .write_all(text.as_bytes())
-                .map_err(|e| format!("standard output: {e}"))
-        }),
+        None => check_text(&text)
+            .map_err(|e| {
+                format!("internal: the suite written for it does not check; please report:\n{e}")
+            })
+            .and_then(|()| {
+                std::io::stdout()
+                    .write_all(text.as_bytes())
+                    .map_err(|e| format!("standard output: {e}"))
+            }),
     };
     Some(vec![result])
 }
@@ -549,8 +565,13 @@ fn write_checked(path: &Path, text: &str, replace: bool, check: bool) -> Result<
     Ok(())
 }
 
-/// Checks a suite that is not written to a file (standard output) through a temporary file.
+/// Checks KDL that is not written to a file (standard output, the agents alone) through a
+/// temporary file.
 fn check_text(text: &str) -> Result<(), String> {
     let dir = tempfile::tempdir().map_err(|e| format!("a temporary directory: {e}"))?;
-    write_checked(&dir.path().join("suite.kdl"), text, false, true)
+    let path = dir.path().join("suite.kdl");
+    write_file(&path, text, false)?;
+    trellis_dsl::load(&[&path])
+        .map(drop)
+        .map_err(|diagnostics| format!("{:?}", miette::Report::new(diagnostics)))
 }
