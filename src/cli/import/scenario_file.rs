@@ -522,7 +522,11 @@ impl Reader {
                     index,
                 });
             };
-            steps.push(self.node(node)?);
+            let mut step = self.node(node)?;
+            if let Some(hygiene) = node.get("state_hygiene").filter(|h| !h.is_null()) {
+                state_hygiene(hygiene, &mut step, steps.last_mut());
+            }
+            steps.push(step);
         }
         let mut criteria = Vec::new();
         if let Some(evaluation) = file.get("evaluation") {
@@ -797,14 +801,6 @@ impl Reader {
                  agent's `timeout` and the whole trajectory with the scenario's)",
                 brief(v)
             )),
-        }
-        if let Some(hygiene) = node.get("state_hygiene")
-            && !hygiene.is_null()
-        {
-            step.unmapped.push(format!(
-                "`state_hygiene` {} (pre-checks of the state before the node)",
-                brief(hygiene)
-            ));
         }
         for key in ["input_payload", "keywords"] {
             if node.get(key).is_some_and(|v| !v.is_null()) {
@@ -1203,6 +1199,61 @@ fn topological_order(
         return Err(ScenarioError::Cycle(stuck.join(", ")));
     }
     Ok(order)
+}
+
+/// `state_hygiene {rules: [{path, expected, op}]}`: checks of the state before `step` runs,
+/// which is the state after the step before it; so they become `expect state` criteria of
+/// `previous`. Before the first step nothing has run: those rules are not mapped.
+fn state_hygiene(hygiene: &Value, step: &mut StepOut, previous: Option<&mut StepOut>) {
+    let Some(previous) = previous else {
+        step.unmapped.push(format!(
+            "`state_hygiene` {} (pre-checks before the first node: there is no turn to check them after)",
+            brief(hygiene)
+        ));
+        return;
+    };
+    let Some(rules) = hygiene.get("rules").and_then(Value::as_array) else {
+        step.unmapped.push(format!(
+            "`state_hygiene` {} (no `rules` list)",
+            brief(hygiene)
+        ));
+        return;
+    };
+    let mut mapped = 0;
+    for rule in rules {
+        let path = rule
+            .get("path")
+            .and_then(Value::as_str)
+            .filter(|p| valid_state_path(p));
+        let op = rule.get("op").and_then(Value::as_str).unwrap_or("eq");
+        let expected = rule.get("expected").unwrap_or(&Value::Null);
+        let check = match (path, op) {
+            (None, _) => None,
+            (Some(_), "exists") => Some("exists=#true".to_owned()),
+            (Some(_), "not_exists") => Some("absent=#true".to_owned()),
+            (Some(_), "eq") => kdl_scalar(expected).map(|v| format!("equals={v}")),
+            (Some(_), "contains") => kdl_scalar(expected).map(|v| format!("contains={v}")),
+            (Some(_), _) => None,
+        };
+        match (path, check) {
+            (Some(path), Some(check)) => {
+                mapped += 1;
+                previous
+                    .expects
+                    .push(format!("state path={} {check}", kdl_string(path)));
+            }
+            _ => step.unmapped.push(format!(
+                "`state_hygiene` rule {} (needs a dotted `path`, an `op` of eq, exists, \
+                 not_exists or contains, and a scalar `expected`)",
+                brief(rule)
+            )),
+        }
+    }
+    if mapped > 0 {
+        step.notes.push(format!(
+            "{mapped} `state_hygiene` pre-check(s) of this node are checked after the step before it"
+        ));
+    }
 }
 
 /// A transitional `expected_outcome` object: a typed value the outcome should have, judged.
