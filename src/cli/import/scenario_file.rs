@@ -368,6 +368,7 @@ struct Reader {
 
 /// Top-level keys each generation defines, and whether trellis uses them.
 const WORKFLOW_KEYS: &[&str] = &[
+    "id",
     "aes_version",
     "metadata",
     "workflow",
@@ -491,6 +492,16 @@ impl Reader {
                     ("compliance_level", Value::String(s)) => {
                         self.tags.push(format!("compliance:{s}"))
                     }
+                    ("industry", Value::String(s)) => self.tags.push(s.clone()),
+                    ("standards_registry", Value::Array(list))
+                        if list.iter().all(Value::is_string) =>
+                    {
+                        self.tags.extend(
+                            list.iter()
+                                .filter_map(Value::as_str)
+                                .map(|s| format!("standard:{s}")),
+                        )
+                    }
                     ("tags", Value::Array(tags)) if tags.iter().all(Value::is_string) => self
                         .tags
                         .extend(tags.iter().filter_map(Value::as_str).map(str::to_owned)),
@@ -507,10 +518,14 @@ impl Reader {
         } else if let Some(value) = file.get("metadata") {
             self.unmapped(format!("`metadata` is {}, not an object", json_kind(value)));
         }
-        if id.is_none()
-            && let Some(Value::String(s)) = file.get("scenario_id")
-        {
-            id = scenario_id(s);
+        // `metadata.id` names the scenario; files written by the harness's tools repeat it
+        // (or give it only) at top level; `scenario_id` is the legacy spelling.
+        for key in ["id", "scenario_id"] {
+            if id.is_none()
+                && let Some(Value::String(s)) = file.get(key)
+            {
+                id = scenario_id(s);
+            }
         }
 
         let order = topological_order(nodes, workflow.get("edges"), &mut self)?;
@@ -1256,24 +1271,49 @@ fn state_hygiene(hygiene: &Value, step: &mut StepOut, previous: Option<&mut Step
     }
 }
 
-/// A transitional `expected_outcome` object: a typed value the outcome should have, judged.
+/// A transitional `expected_outcome` object `{type: "typed_value", data_type, value}`: the
+/// value the node's answer should have. A string value of data type `string` is a concrete
+/// answer (`"VALID"`), checked deterministically as contained in the reply; any other value
+/// (a boolean, a number, a description of an object) is judged.
 fn typed_outcome(typed: &Map<String, Value>, step: &mut StepOut) {
     let kind = typed.get("type").and_then(Value::as_str);
-    match (kind, typed.get("value")) {
-        (Some("typed_value"), Some(Value::String(value))) if !value.trim().is_empty() => {
-            let data_type = typed
-                .get("data_type")
-                .and_then(Value::as_str)
-                .unwrap_or("unspecified");
+    let data_type = typed
+        .get("data_type")
+        .and_then(Value::as_str)
+        .unwrap_or("unspecified");
+    let value = typed.get("value").unwrap_or(&Value::Null);
+    match (kind, data_type, value) {
+        (Some("typed_value"), "string", Value::String(text)) if !text.trim().is_empty() => {
+            step.notes.push(
+                "expected outcome: a typed value (string), checked as contained in the reply"
+                    .into(),
+            );
+            step.expects.push(format!(
+                "reply contains={}",
+                kdl_string(&literal_template(text))
+            ));
+        }
+        (Some("typed_value"), _, Value::String(text)) if !text.trim().is_empty() => {
             step.notes.push(format!(
                 "expected outcome: a typed value ({data_type}), judged as a statement"
             ));
-            step.expects.push(format!("outcome {}", kdl_string(value)));
+            step.expects.push(format!("outcome {}", kdl_string(text)));
+        }
+        (Some("typed_value"), _, Value::Null) => step.unmapped.push(format!(
+            "`expected_outcome` {} (a typed value without a `value`)",
+            brief(&Value::Object(typed.clone()))
+        )),
+        (Some("typed_value"), _, other) => {
+            step.notes.push(format!(
+                "expected outcome: a typed value ({data_type}), judged"
+            ));
+            let written = kdl_scalar(other).unwrap_or_else(|| kdl_string(&other.to_string()));
+            step.expects.push(format!("outcome value={written}"));
         }
         _ => step.unmapped.push(format!(
-            "`expected_outcome` {} (only `typed_value` objects with a text `value` are \
-             imported)",
-            brief(&Value::Object(typed.clone()))
+            "`expected_outcome` {} (of type `{}`: only `typed_value` objects are imported)",
+            brief(&Value::Object(typed.clone())),
+            kind.unwrap_or("none")
         )),
     }
 }
