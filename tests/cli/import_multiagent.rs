@@ -59,7 +59,7 @@ async fn every_generation_imports_as_the_golden_suites_and_they_check() {
         "awkward/cycle.json: the workflow's edges form a cycle through `a`, `b`",
         "awkward/empty-nodes.json: the scenario has no workflow nodes",
         "awkward/not-json.json: not JSON: EOF while parsing",
-        "imported 4 of 7 file(s)",
+        "imported 5 of 8 file(s)",
         "3 could not be imported",
         // Unmapped parts are reported per file, naming the field and why.
         "awkward/odd-values.json: 21 item(s) not mapped:",
@@ -99,7 +99,7 @@ async fn every_generation_imports_as_the_golden_suites_and_they_check() {
     let o = check(&out).await;
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
     assert!(
-        stdout(&o).contains("ok: 5 file(s), 4 suite(s), 4 scenario(s)"),
+        stdout(&o).contains("ok: 6 file(s), 5 suite(s), 5 scenario(s)"),
         "{}",
         stdout(&o)
     );
