@@ -19,10 +19,10 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use clap::Args;
+use rayon::prelude::*;
 
 use super::super::console::errln;
 use super::super::{EXIT_FAILED, EXIT_INVALID, EXIT_OK};
@@ -177,7 +177,7 @@ pub fn import_multiagent(args: &MultiAgentImportArgs) -> u8 {
         return EXIT_INVALID;
     }
 
-    parallel(&mut jobs, |job| {
+    jobs.par_iter_mut().for_each(|job| {
         let stem = job
             .input
             .file_stem()
@@ -350,37 +350,6 @@ fn collect_json(dir: &Path, files: &mut Vec<PathBuf>, ignored: &mut usize) -> Re
     Ok(())
 }
 
-/// Runs `work` on every job, on as many threads as there are cores.
-fn parallel<T: Send>(items: &mut [T], work: impl Fn(&mut T) + Sync) {
-    let threads = std::thread::available_parallelism()
-        .map_or(1, usize::from)
-        .min(items.len().max(1));
-    if threads <= 1 {
-        items.iter_mut().for_each(work);
-        return;
-    }
-    // Chunks handed out one at a time, so a few large files do not hold one thread back.
-    let chunk = (items.len() / (threads * 8)).max(1);
-    let chunks: Vec<std::sync::Mutex<&mut [T]>> =
-        items.chunks_mut(chunk).map(std::sync::Mutex::new).collect();
-    let next = AtomicUsize::new(0);
-    std::thread::scope(|scope| {
-        for _ in 0..threads {
-            scope.spawn(|| {
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(slot) = chunks.get(i) else { break };
-                    // Each chunk is taken by exactly one thread; a poisoned lock means another
-                    // thread panicked, which the scope reports anyway.
-                    if let Ok(mut chunk) = slot.lock() {
-                        chunk.iter_mut().for_each(&work);
-                    }
-                }
-            });
-        }
-    });
-}
-
 /// A unique suite name per job: its path without the extension, `/` written as `.` (suite
 /// names appear in `SUITE/ID` references), `-2`, `-3`… appended on a clash.
 fn suite_names(jobs: &[Job]) -> Vec<String> {
@@ -457,7 +426,7 @@ fn write_directory(
     }
     let mut results: Vec<(usize, Result<(), String>)> =
         (0..jobs.len()).map(|i| (i, Ok(()))).collect();
-    parallel(&mut results, |(i, result)| {
+    results.par_iter_mut().for_each(|(i, result)| {
         let (Some(job), Some(target)) = (jobs.get(*i), targets.get(*i)) else {
             return;
         };
