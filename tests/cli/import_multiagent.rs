@@ -99,7 +99,8 @@ async fn every_generation_imports_as_the_golden_suites_and_they_check() {
     let o = check(&out).await;
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
     assert!(
-        stdout(&o).contains("ok: 6 file(s), 5 suite(s), 5 scenario(s)"),
+        stdout(&o)
+            .contains("ok: 6 file(s), 5 suite(s), 5 scenario(s), 5 trajectory(ies), 3 agent(s)"),
         "{}",
         stdout(&o)
     );
@@ -157,6 +158,38 @@ async fn a_single_file_is_one_self_contained_suite() {
 
     let o = import(&[&source, "--out", file.to_str().unwrap()]).await;
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+
+    // Every kind of endpoint makes a suite that checks; a bad one is refused up front.
+    for (option, value, written) in [
+        (
+            "--agent-command",
+            "python3 agent.py",
+            "command=\"python3 agent.py\"",
+        ),
+        (
+            "--agent-socket",
+            "tcp:127.0.0.1:9100",
+            "socket=\"tcp:127.0.0.1:9100\"",
+        ),
+        (
+            "--agent-socket",
+            "unix:///tmp/agent.sock",
+            "socket=\"unix:///tmp/agent.sock\"",
+        ),
+        ("--agent-builtin", "support", "builtin=\"support\""),
+    ] {
+        let o = import(&[&source, option, value]).await;
+        assert_eq!(o.status.code(), Some(0), "{option} {value}: {}", stderr(&o));
+        assert!(stdout(&o).contains(written), "{}", stdout(&o));
+    }
+    let o = import(&[&source, "--agent-socket", "tcp:no-port"]).await;
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("the agent options do not make a valid agent"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(stdout(&o), "");
 
     // A file that cannot be imported: exit 1, the reason, nothing on standard output.
     let o = import(&[&format!("{SCENARIOS}/awkward/cycle.json")]).await;

@@ -78,22 +78,34 @@ pub struct MultiAgentImportArgs {
     quiet: bool,
 }
 
+/// Where an agent written by the import is reached.
+#[derive(Debug, Clone)]
+enum Endpoint {
+    /// A file's `metadata.agent`, or an --agent-url/--agent-command/--agent-socket option.
+    Reached(FileAgent),
+    /// `builtin="NAME"`.
+    Builtin(String),
+}
+
 /// An agent node to write: its endpoint and the action cap its scenarios need.
 #[derive(Debug)]
 struct AgentNode {
     id: String,
-    endpoint: FileAgent,
-    builtin: Option<String>,
+    endpoint: Endpoint,
     max_actions: Option<u64>,
 }
 
 impl AgentNode {
     fn render(&self) -> String {
-        let endpoint = match (&self.builtin, &self.endpoint) {
-            (Some(name), _) => format!("builtin={}", kdl_string(name)),
-            (None, FileAgent::Url(url)) => format!("url={}", kdl_string(url)),
-            (None, FileAgent::Command(command)) => format!("command={}", kdl_string(command)),
-            (None, FileAgent::Socket(socket)) => format!("socket={}", kdl_string(socket)),
+        let endpoint = match &self.endpoint {
+            Endpoint::Builtin(name) => format!("builtin={}", kdl_string(name)),
+            Endpoint::Reached(FileAgent::Url(url)) => format!("url={}", kdl_string(url)),
+            Endpoint::Reached(FileAgent::Command(command)) => {
+                format!("command={}", kdl_string(command))
+            }
+            Endpoint::Reached(FileAgent::Socket(socket)) => {
+                format!("socket={}", kdl_string(socket))
+            }
         };
         let mut out = format!(
             "agent {} protocol=\"multiagent\" {endpoint}",
@@ -205,24 +217,16 @@ pub fn import_multiagent(args: &MultiAgentImportArgs) -> u8 {
                 let next = agents.len() + 2;
                 agents.entry(endpoint.clone()).or_insert_with(|| AgentNode {
                     id: format!("{}-{next}", args.agent_id),
-                    endpoint: endpoint.clone(),
-                    builtin: None,
+                    endpoint: Endpoint::Reached(endpoint.clone()),
                     max_actions: None,
                 })
             }
-            _ => default_agent.get_or_insert_with(|| match &explicit {
-                Some((endpoint, builtin)) => AgentNode {
-                    id: args.agent_id.clone(),
-                    endpoint: endpoint.clone(),
-                    builtin: builtin.clone(),
-                    max_actions: None,
-                },
-                None => AgentNode {
-                    id: args.agent_id.clone(),
-                    endpoint: FileAgent::Url(String::new()),
-                    builtin: Some(DEFAULT_BUILTIN.to_owned()),
-                    max_actions: None,
-                },
+            _ => default_agent.get_or_insert_with(|| AgentNode {
+                id: args.agent_id.clone(),
+                endpoint: explicit
+                    .clone()
+                    .unwrap_or_else(|| Endpoint::Builtin(DEFAULT_BUILTIN.to_owned())),
+                max_actions: None,
             }),
         };
         // The agent's action cap is the largest any of its files asks for.
@@ -310,18 +314,16 @@ pub fn import_multiagent(args: &MultiAgentImportArgs) -> u8 {
     if failed > 0 { EXIT_FAILED } else { EXIT_OK }
 }
 
-/// The endpoint every suite uses when an --agent-* option is given: (endpoint, builtin).
-fn explicit_agent(args: &MultiAgentImportArgs) -> Option<(FileAgent, Option<String>)> {
+/// The endpoint every suite uses when an --agent-* option is given.
+fn explicit_agent(args: &MultiAgentImportArgs) -> Option<Endpoint> {
     if let Some(url) = &args.agent_url {
-        Some((FileAgent::Url(url.clone()), None))
+        Some(Endpoint::Reached(FileAgent::Url(url.clone())))
     } else if let Some(command) = &args.agent_command {
-        Some((FileAgent::Command(command.clone()), None))
+        Some(Endpoint::Reached(FileAgent::Command(command.clone())))
     } else if let Some(socket) = &args.agent_socket {
-        Some((FileAgent::Socket(socket.clone()), None))
+        Some(Endpoint::Reached(FileAgent::Socket(socket.clone())))
     } else {
-        args.agent_builtin
-            .as_ref()
-            .map(|name| (FileAgent::Url(String::new()), Some(name.clone())))
+        args.agent_builtin.clone().map(Endpoint::Builtin)
     }
 }
 
