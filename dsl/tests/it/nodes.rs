@@ -299,3 +299,21 @@ scenario "s" { tool "t"; tool "t"; user "hi"; }
         "{first}"
     );
 }
+
+#[test]
+fn a_scenario_tool_without_a_multiagent_agent_is_an_error_not_a_silent_no_op() {
+    let diags = load_text(
+        r#"
+agent "a" protocol="connexity" builtin="booking"
+scenario "s" {
+    user "book it"
+    tool "create_booking"
+}
+"#,
+    )
+    .expect_err("a forgotten `expect` before a tool check");
+    let first = diags.iter().next().unwrap();
+    assert_eq!(first.code_str(), "trellis::invalid_value");
+    let text = diags.render_plain();
+    assert!(text.contains("expect tool \"create_booking\""), "{text}");
+}
