@@ -601,6 +601,10 @@ pub struct Scenario {
     pub initial_state: Map<String, Value>,
     /// `undeclared-tools`: the sandbox's answer to a tool no `tool` node declares.
     pub undeclared_tools: UndeclaredTools,
+    /// `tool` nodes written inside the scenario: its own sandbox tools, which replace a
+    /// project `tool` of the same name for this scenario only (scenario files imported side
+    /// by side each declare their own `process_refund`).
+    pub tools: Vec<Tool>,
     pub max_turns: Option<u32>,
     /// `agent-branches breadth=N depth=N`: how far the engine explores the forks an agent
     /// asks for (MultiAgentEval `branch` actions).

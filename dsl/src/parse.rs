@@ -500,6 +500,7 @@ const SCENARIO_NODES: &[&str] = &[
     "user-context",
     "initial-state",
     "undeclared-tools",
+    "tool",
     "max-turns",
     "agent-branches",
     "outcome",
@@ -2443,6 +2444,7 @@ impl<'f> Decoder<'f> {
             user_context: Map::new(),
             initial_state: Map::new(),
             undeclared_tools: UndeclaredTools::default(),
+            tools: Vec::new(),
             max_turns: None,
             agent_branches: AgentBranches::default(),
             outcomes: Vec::new(),
@@ -2477,7 +2479,7 @@ impl<'f> Decoder<'f> {
                 self.unknown_node(name, cv.name_span, "a `scenario`", &known);
                 continue;
             };
-            let repeatable = matches!(key, "outcome" | "expect-tool" | "criteria");
+            let repeatable = matches!(key, "outcome" | "expect-tool" | "criteria" | "tool");
             if !repeatable {
                 if let Some(first) = st.seen.get(key) {
                     let d = self
@@ -2606,6 +2608,11 @@ impl<'f> Decoder<'f> {
                     self.check_no_children(&cv);
                     if let Some(o) = self.outcome(&cv) {
                         sc.outcomes.push(Spanned::new(o, self.span(cv.span)));
+                    }
+                }
+                "tool" => {
+                    if let Some(tool) = self.tool(&cv) {
+                        self.push_scenario_tool(&mut sc.tools, tool, &id.value);
                     }
                 }
                 "expect-tool" => {
@@ -2800,6 +2807,28 @@ impl<'f> Decoder<'f> {
             .with_help(format!("{why}; choose another name"));
         self.report(d);
         false
+    }
+
+    /// Adds a scenario's own `tool`; a name declared twice in one scenario is an error (the
+    /// global duplicate check does not see scenario tools).
+    fn push_scenario_tool(&mut self, tools: &mut Vec<Tool>, tool: Tool, scenario: &str) {
+        if let Some(first) = tools.iter().find(|t| t.name.value == tool.name.value) {
+            let d = self
+                .diag(
+                    Kind::DuplicateId,
+                    format!(
+                        "tool `{}` is declared twice in scenario `{scenario}`",
+                        tool.name.value
+                    ),
+                    tool.name.span.span,
+                    "declared again here",
+                )
+                .with_label(first.name.span.span, "first declared here")
+                .with_help("merge the two `tool` nodes into one");
+            self.report(d);
+            return;
+        }
+        tools.push(tool);
     }
 
     /// Adds an agent to a scenario's list; naming one twice would run it twice.

@@ -62,9 +62,13 @@ enum Command {
     ///
     /// Example: cargo run --release -- bench --trajectories 10000 --jobs 256
     Bench(bench::BenchArgs),
-    /// Write a suite from what an agent already declares (a Fixie agent's few-shots).
+    /// Write suites from what already exists: a Fixie agent's few-shots, MultiAgentEval
+    /// scenario files.
     ///
-    /// Example: trellis import fixie http://127.0.0.1:8181 --out suites/my-agent.kdl
+    /// Example: trellis import multiagent scenarios/ --out suites/imported
+    ///
+    /// Exit code 0 written, 1 a source (or, for a directory, one of its files) could not be
+    /// read or imported, 2 usage (such as an existing output without --force/--replace).
     Import(import::ImportArgs),
     /// Serve a builtin reference agent: over HTTP (default), newline-delimited JSON on a
     /// socket, or stdin/stdout as a process (the `support` MultiAgentEval agent).

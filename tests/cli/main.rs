@@ -10,6 +10,7 @@ mod agent;
 mod diagnostics;
 mod faults;
 mod import;
+mod import_multiagent;
 mod multiagent;
 mod outputs;
 mod run;
