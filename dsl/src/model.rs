@@ -228,7 +228,7 @@ impl Feedback {
         [("spec", Feedback::Spec), ("harness", Feedback::Harness)];
 }
 
-/// `process` of a `command=` agent.
+/// `process` of a `command=` agent (and of a `builtin=` agent with `transport="process"`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ProcessMode {
     /// One process per call: the payload without a trailing newline, stdin closed, the whole
@@ -247,6 +247,57 @@ impl ProcessMode {
     ];
 }
 
+/// `transport` of a `builtin=` multiagent agent: how the engine serves the embedded agent.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BuiltinTransport {
+    /// `POST /execute_task` on a loopback port.
+    #[default]
+    Http,
+    /// The trellis executable itself as the agent process (`trellis agent NAME --stdio`, or
+    /// `--per-call` with `process "per-call"`).
+    Process,
+    /// Newline-delimited JSON on a loopback TCP port.
+    Tcp,
+    /// Newline-delimited JSON on a Unix socket in a fresh temporary directory.
+    Unix,
+}
+
+impl BuiltinTransport {
+    pub const ALL: [(&'static str, BuiltinTransport); 4] = [
+        ("http", BuiltinTransport::Http),
+        ("process", BuiltinTransport::Process),
+        ("tcp", BuiltinTransport::Tcp),
+        ("unix", BuiltinTransport::Unix),
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BuiltinTransport::Http => "http",
+            BuiltinTransport::Process => "process",
+            BuiltinTransport::Tcp => "tcp",
+            BuiltinTransport::Unix => "unix",
+        }
+    }
+}
+
+/// Limits on exploring agent-initiated branches (a MultiAgentEval `branch` action): at most
+/// `breadth` alternatives per branch action, nested at most `depth` deep (deeper branch
+/// actions continue their first alternative only). The original harness's caps by default.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AgentBranches {
+    pub breadth: u32,
+    pub depth: u32,
+}
+
+impl Default for AgentBranches {
+    fn default() -> Self {
+        AgentBranches {
+            breadth: 5,
+            depth: 3,
+        }
+    }
+}
+
 /// The spec's cap on agent actions within one user step.
 pub const DEFAULT_MAX_ACTIONS: u32 = 5;
 
@@ -261,6 +312,8 @@ pub struct MultiAgentSettings {
     pub process: ProcessMode,
     /// `socket=`: keep one connection open for the trajectory instead of one per call.
     pub keep_open: bool,
+    /// `builtin=`: how the embedded agent is served (`transport`).
+    pub transport: BuiltinTransport,
     /// `command=`: extra environment variables, in the order written.
     pub env: Vec<(String, String)>,
     /// `command=`: the working directory, resolved against the suite file's directory.
@@ -275,6 +328,7 @@ impl Default for MultiAgentSettings {
             max_actions: DEFAULT_MAX_ACTIONS,
             process: ProcessMode::default(),
             keep_open: false,
+            transport: BuiltinTransport::default(),
             env: Vec::new(),
             cwd: None,
         }
@@ -547,7 +601,14 @@ pub struct Scenario {
     pub initial_state: Map<String, Value>,
     /// `undeclared-tools`: the sandbox's answer to a tool no `tool` node declares.
     pub undeclared_tools: UndeclaredTools,
+    /// `tool` nodes written inside the scenario: its own sandbox tools, which replace a
+    /// project `tool` of the same name for this scenario only (scenario files imported side
+    /// by side each declare their own `process_refund`).
+    pub tools: Vec<Tool>,
     pub max_turns: Option<u32>,
+    /// `agent-branches breadth=N depth=N`: how far the engine explores the forks an agent
+    /// asks for (MultiAgentEval `branch` actions).
+    pub agent_branches: AgentBranches,
     /// Scenario-level expected outcomes (judged).
     pub outcomes: Vec<Spanned<Outcome>>,
     /// `expect-tool NAME key=value…`: checked deterministically on the whole trajectory.

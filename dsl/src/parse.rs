@@ -500,7 +500,9 @@ const SCENARIO_NODES: &[&str] = &[
     "user-context",
     "initial-state",
     "undeclared-tools",
+    "tool",
     "max-turns",
+    "agent-branches",
     "outcome",
     "expect-tool",
     "criteria-override",
@@ -545,6 +547,7 @@ pub const BUILTINS: &[(Protocol, &str)] = &[
     (Protocol::Connexity, "booking"),
     (Protocol::AgentScope, "weather"),
     (Protocol::Fixie, "numbers"),
+    (Protocol::MultiAgent, "support"),
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -1101,6 +1104,7 @@ const AGENT_SETTINGS: &[(&str, Arity)] = &[
     ("process", Arity::One),
     ("keep-open", Arity::One),
     ("cwd", Arity::One),
+    ("transport", Arity::One),
 ];
 /// Agent settings only `multiagent` agents take, with the endpoint each needs (if any).
 const MULTIAGENT_SETTINGS: &[(&str, Option<&str>)] = &[
@@ -1541,7 +1545,18 @@ impl<'f> Decoder<'f> {
             .filter(|cv| cv.name == "env")
             .collect();
         let endpoint = ENDPOINTS.iter().find(|e| s.get(e).is_some()).copied();
+        out.transport = self.builtin_transport(s, id, protocol, endpoint);
         for (name, needs) in MULTIAGENT_SETTINGS {
+            // A builtin served as a process takes `process` like a `command=` agent, one
+            // served on a socket `keep-open` like a `socket=` agent.
+            let served_as = match out.transport {
+                BuiltinTransport::Process => Some("process"),
+                BuiltinTransport::Tcp | BuiltinTransport::Unix => Some("keep-open"),
+                BuiltinTransport::Http => None,
+            };
+            if endpoint == Some("builtin") && served_as == Some(*name) {
+                continue;
+            }
             let at = match s.get(name) {
                 Some(set) => set.name_span,
                 None if *name == "env" => match env_nodes.first() {
@@ -1578,7 +1593,16 @@ impl<'f> Decoder<'f> {
                         at,
                         format!("only for `{needed}=`"),
                     )
-                    .with_help(format!("remove `{name}`"));
+                    .with_help(match (*name, endpoint) {
+                        ("process", Some("builtin")) => "add transport=\"process\" to run the \
+                             builtin as a process of the trellis executable, or remove `process`"
+                            .to_owned(),
+                        ("keep-open", Some("builtin")) => "add transport=\"tcp\" or \
+                             transport=\"unix\" to serve the builtin on a socket, or remove \
+                             `keep-open`"
+                            .to_owned(),
+                        _ => format!("remove `{name}`"),
+                    });
                 self.report(d);
             }
         }
@@ -1634,6 +1658,62 @@ impl<'f> Decoder<'f> {
             out.env = self.env_block(cv);
         }
         out
+    }
+
+    /// `transport` of a `builtin=` multiagent agent; anywhere else it is an error pointing at
+    /// it (and the default, HTTP, is used).
+    fn builtin_transport(
+        &mut self,
+        s: &Settings,
+        id: &Spanned<String>,
+        protocol: Protocol,
+        endpoint: Option<&str>,
+    ) -> BuiltinTransport {
+        let (Some(set), Some(e)) = (s.get("transport"), s.value("transport")) else {
+            return BuiltinTransport::default();
+        };
+        let Some(transport) = self.choice(e, "transport", &BuiltinTransport::ALL) else {
+            return BuiltinTransport::default();
+        };
+        let problem = if protocol != Protocol::MultiAgent {
+            Some((
+                format!(
+                    "`transport` is a setting of builtin `multiagent` agents; agent `{}` is `{}`",
+                    id.value,
+                    protocol.as_str()
+                ),
+                "not a setting of this protocol",
+                format!(
+                    "remove `transport`: builtin `{}` agents are always served over HTTP",
+                    protocol.as_str()
+                ),
+            ))
+        } else {
+            endpoint.filter(|e| *e != "builtin").map(|other| {
+                (
+                    format!(
+                        "`transport` chooses how a builtin agent is served; agent `{}` uses \
+                         `{other}=`",
+                        id.value
+                    ),
+                    "only for `builtin=`",
+                    "remove `transport`: `url=`, `command=` and `socket=` already say how to \
+                     reach the agent"
+                        .to_owned(),
+                )
+            })
+        };
+        match problem {
+            Some((message, label, help)) => {
+                let d = self
+                    .diag(Kind::InvalidValue, message, set.name_span, label)
+                    .with_label(value_span(e), "this transport")
+                    .with_help(help);
+                self.report(d);
+                BuiltinTransport::default()
+            }
+            None => transport,
+        }
     }
 
     /// `env { KEY "VALUE"; … }`: names must be valid environment variable names.
@@ -2364,7 +2444,9 @@ impl<'f> Decoder<'f> {
             user_context: Map::new(),
             initial_state: Map::new(),
             undeclared_tools: UndeclaredTools::default(),
+            tools: Vec::new(),
             max_turns: None,
+            agent_branches: AgentBranches::default(),
             outcomes: Vec::new(),
             expect_tools: Vec::new(),
             criteria_override: None,
@@ -2397,7 +2479,7 @@ impl<'f> Decoder<'f> {
                 self.unknown_node(name, cv.name_span, "a `scenario`", &known);
                 continue;
             };
-            let repeatable = matches!(key, "outcome" | "expect-tool" | "criteria");
+            let repeatable = matches!(key, "outcome" | "expect-tool" | "criteria" | "tool");
             if !repeatable {
                 if let Some(first) = st.seen.get(key) {
                     let d = self
@@ -2489,6 +2571,21 @@ impl<'f> Decoder<'f> {
                 "max-turns" => {
                     sc.max_turns = self.single(&cv, "max-turns 8").and_then(|e| self.u32(e, 1))
                 }
+                "agent-branches" => {
+                    let usage = "agent-branches breadth=5 depth=3";
+                    self.check_args(&cv, 0, usage);
+                    self.check_props(&cv, &["breadth", "depth"], &[]);
+                    self.check_no_children(&cv);
+                    if cv.props.is_empty() {
+                        self.missing(&cv, "`breadth=` or `depth=`", usage);
+                    }
+                    if let Some(n) = cv.prop("breadth").and_then(|e| self.u32(e, 1)) {
+                        sc.agent_branches.breadth = n;
+                    }
+                    if let Some(n) = cv.prop("depth").and_then(|e| self.u32(e, 1)) {
+                        sc.agent_branches.depth = n;
+                    }
+                }
                 "repeat" => {
                     if let Some(n) = self.single(&cv, "repeat 3").and_then(|e| self.u32(e, 1)) {
                         sc.repeat = n;
@@ -2511,6 +2608,11 @@ impl<'f> Decoder<'f> {
                     self.check_no_children(&cv);
                     if let Some(o) = self.outcome(&cv) {
                         sc.outcomes.push(Spanned::new(o, self.span(cv.span)));
+                    }
+                }
+                "tool" => {
+                    if let Some(tool) = self.tool(&cv) {
+                        self.push_scenario_tool(&mut sc.tools, tool, &id.value);
                     }
                 }
                 "expect-tool" => {
@@ -2705,6 +2807,28 @@ impl<'f> Decoder<'f> {
             .with_help(format!("{why}; choose another name"));
         self.report(d);
         false
+    }
+
+    /// Adds a scenario's own `tool`; a name declared twice in one scenario is an error (the
+    /// global duplicate check does not see scenario tools).
+    fn push_scenario_tool(&mut self, tools: &mut Vec<Tool>, tool: Tool, scenario: &str) {
+        if let Some(first) = tools.iter().find(|t| t.name.value == tool.name.value) {
+            let d = self
+                .diag(
+                    Kind::DuplicateId,
+                    format!(
+                        "tool `{}` is declared twice in scenario `{scenario}`",
+                        tool.name.value
+                    ),
+                    tool.name.span.span,
+                    "declared again here",
+                )
+                .with_label(first.name.span.span, "first declared here")
+                .with_help("merge the two `tool` nodes into one");
+            self.report(d);
+            return;
+        }
+        tools.push(tool);
     }
 
     /// Adds an agent to a scenario's list; naming one twice would run it twice.

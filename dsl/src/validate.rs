@@ -301,6 +301,7 @@ impl<'p> Validator<'p> {
             self.reference(RefKind::Persona, name);
         }
         self.calls_need_fixie(sc);
+        self.scenario_tools_need_a_sandbox(sc);
         self.call_names(&sc.steps);
         self.first_turn_needs_a_speaking_agent(sc);
         let failed: BTreeSet<String> = self
@@ -385,6 +386,36 @@ impl<'p> Validator<'p> {
             "`first-turn \"agent\"` works with `connexity` agents (called with an empty \
              history); start this scenario with a `user` step instead",
         );
+        self.diags.push(d);
+    }
+
+    /// A `tool` written in a scenario is a sandbox tool of MultiAgentEval agents. On a
+    /// scenario that runs only other agents it would do nothing, and is most likely a tool
+    /// *check* written without its `expect`.
+    fn scenario_tools_need_a_sandbox(&mut self, sc: &Scenario) {
+        let Some(tool) = sc.tools.first() else {
+            return;
+        };
+        let agents = self.project.scenario_agents(sc);
+        if agents.is_empty() || agents.iter().any(|a| a.protocol == Protocol::MultiAgent) {
+            return;
+        }
+        let d = Diagnostic::at_span(
+            Kind::InvalidValue,
+            format!(
+                "scenario `{}` declares tool `{}`, but none of its agents speaks `multiagent`, \
+                 whose tools the sandbox answers",
+                sc.id.value, tool.name.value
+            ),
+            self.files(),
+            tool.name.span,
+            "a sandbox tool",
+        )
+        .with_help(format!(
+            "to check that the agent called it, write `expect tool \"{}\"` after a step or \
+             `tool \"{}\"` inside `criteria {{ … }}`",
+            tool.name.value, tool.name.value
+        ));
         self.diags.push(d);
     }
 

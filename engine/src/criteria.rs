@@ -18,6 +18,7 @@ use trellis_dsl::{Criterion, CriterionKind, ReplyCheck, ValueSlot};
 use crate::plan::PlannedCriterion;
 use crate::record::{CriterionRecord, CriterionStatus, ToolCallRecord, TurnRecord};
 use crate::render::Templates;
+use crate::sandbox::{Sandbox, StateExpectation, is_violation_result};
 
 /// What a criterion looks at: the turn just taken, or every turn of the trajectory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,13 +40,22 @@ pub fn check<T: AsRef<TurnRecord>>(
     turns: &[T],
     turn_index: Option<u32>,
 ) -> CriterionRecord {
-    check_rendered(criterion, &Rendered::default(), scope, turns, turn_index)
+    check_rendered(
+        criterion,
+        &Rendered::default(),
+        scope,
+        turns,
+        turn_index,
+        None,
+    )
 }
 
 /// Renders the templated values of `planned` with `ctx` (the variables a user message at the
 /// same place sees, e.g. `scenario.scope.with_vars(&vars)`), then checks it like [`check`].
 /// A value that does not render fails the criterion, saying why; `ctx` is only called when
-/// the criterion has a templated value.
+/// the criterion has a templated value. `sandbox` is the trajectory's tool sandbox as it is
+/// at this point, for agents whose tools the engine answers (`state`, `violations`);
+/// without one those checks are skipped, saying why.
 pub fn check_planned<T: AsRef<TurnRecord>>(
     planned: &PlannedCriterion,
     templates: &Templates,
@@ -53,6 +63,7 @@ pub fn check_planned<T: AsRef<TurnRecord>>(
     scope: Scope,
     turns: &[T],
     turn_index: Option<u32>,
+    sandbox: Option<&Sandbox>,
 ) -> CriterionRecord {
     let criterion = &planned.criterion;
     let mut rendered = Rendered::default();
@@ -73,7 +84,7 @@ pub fn check_planned<T: AsRef<TurnRecord>>(
             }
         }
     }
-    check_rendered(criterion, &rendered, scope, turns, turn_index)
+    check_rendered(criterion, &rendered, scope, turns, turn_index, sandbox)
 }
 
 /// The rendered templated values of one criterion.
@@ -104,8 +115,9 @@ fn check_rendered<T: AsRef<TurnRecord>>(
     scope: Scope,
     turns: &[T],
     turn_index: Option<u32>,
+    sandbox: Option<&Sandbox>,
 ) -> CriterionRecord {
-    let (status, detail) = evaluate(&criterion.kind, rendered, scope, turns);
+    let (status, detail) = evaluate(&criterion.kind, rendered, scope, turns, sandbox);
     CriterionRecord {
         turn_index,
         criterion: criterion.text.clone(),
@@ -130,6 +142,7 @@ fn evaluate<T: AsRef<TurnRecord>>(
     rendered: &Rendered,
     scope: Scope,
     turns: &[T],
+    sandbox: Option<&Sandbox>,
 ) -> (CriterionStatus, Option<String>) {
     let all: Vec<&TurnRecord> = turns.iter().map(AsRef::as_ref).collect();
     let turns: &[&TurnRecord] = match scope {
@@ -283,20 +296,116 @@ fn evaluate<T: AsRef<TurnRecord>>(
                 fail(format!("{total} tokens > {max}"))
             }
         }
-        CriterionKind::NoError => match turns.iter().find_map(|t| t.fault.as_ref().map(|f| (t, f)))
-        {
-            Some((t, f)) => fail(format!(
-                "turn {}: {} fault: {}",
-                t.turn_index,
-                f.category.as_str(),
-                f.message
-            )),
-            None => pass("no fault"),
-        },
-        CriterionKind::Judge { .. } | CriterionKind::Outcome(_) => skip("no judge configured"),
-        CriterionKind::State { .. } | CriterionKind::Violations { .. } => {
-            skip(crate::plan::not_runnable::SANDBOX)
+        CriterionKind::NoError => {
+            if let Some((t, f)) = turns.iter().find_map(|t| t.fault.as_ref().map(|f| (t, f))) {
+                return fail(format!(
+                    "turn {}: {} fault: {}",
+                    t.turn_index,
+                    f.category.as_str(),
+                    f.message
+                ));
+            }
+            match turns.iter().find_map(|t| {
+                t.tool_calls
+                    .iter()
+                    .find(|c| c.result.as_deref().is_some_and(is_violation_result))
+                    .map(|c| (t, c))
+            }) {
+                Some((t, c)) => fail(format!(
+                    "turn {}: `{}` breached a policy: {}",
+                    t.turn_index,
+                    c.name,
+                    c.result.as_deref().unwrap_or_default()
+                )),
+                None => pass("no fault"),
+            }
         }
+        CriterionKind::Judge { .. } | CriterionKind::Outcome(_) => skip("no judge configured"),
+        CriterionKind::State { path, check } => {
+            let Some(sandbox) = sandbox else {
+                return skip(NO_SANDBOX);
+            };
+            let actual = sandbox.state_at(path);
+            let expectation = state_expectation(check);
+            let seen = match actual {
+                Some(value) => {
+                    let text = value.to_string();
+                    match text.char_indices().nth(160) {
+                        Some((cut, _)) => format!("`{path}` is {}…", &text[..cut]),
+                        None => format!("`{path}` is {text}"),
+                    }
+                }
+                None => format!("`{path}` is not in the state"),
+            };
+            if expectation.holds(actual) {
+                pass(seen)
+            } else {
+                fail(format!("{seen}; expected {}", describe_state_check(check)))
+            }
+        }
+        CriterionKind::Violations { max } => {
+            if sandbox.is_none() {
+                return skip(NO_SANDBOX);
+            }
+            let breaches: Vec<&ToolCallRecord> = turns
+                .iter()
+                .flat_map(|t| &t.tool_calls)
+                .filter(|c| c.result.as_deref().is_some_and(is_violation_result))
+                .collect();
+            let n = breaches.len();
+            let listed = breaches
+                .iter()
+                .map(|c| format!("`{}` {}", c.name, c.arguments))
+                .collect::<Vec<_>>()
+                .join(", ");
+            if n as u64 <= u64::from(*max) {
+                pass(if n == 0 {
+                    "no policy violation".to_string()
+                } else {
+                    format!("{n} policy violation{}: {listed}", plural(n))
+                })
+            } else {
+                fail(format!(
+                    "{n} policy violation{} > {max}: {listed}",
+                    plural(n)
+                ))
+            }
+        }
+    }
+}
+
+/// Why `state` and `violations` are skipped on agents without a tool sandbox.
+pub const NO_SANDBOX: &str = "no tool sandbox: the engine answers tool calls (and keeps a state \
+                              document) only for MultiAgentEval agents";
+
+fn plural(n: usize) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}
+
+fn state_expectation(check: &trellis_dsl::StateCheck) -> StateExpectation {
+    use trellis_dsl::StateCheck;
+    match check {
+        StateCheck::Equals(v) => StateExpectation::Equals(v.clone()),
+        StateCheck::Contains(v) => StateExpectation::Contains(v.clone()),
+        StateCheck::Matches(re) => StateExpectation::Regex(re.clone()),
+        StateCheck::Near { value, tolerance } => StateExpectation::Near {
+            value: *value,
+            tolerance: *tolerance,
+        },
+        StateCheck::Exists => StateExpectation::Exists,
+        StateCheck::Absent => StateExpectation::Absent,
+    }
+}
+
+fn describe_state_check(check: &trellis_dsl::StateCheck) -> String {
+    use trellis_dsl::StateCheck;
+    match check {
+        StateCheck::Equals(v) => format!("equal to {v}"),
+        StateCheck::Contains(v) => format!("containing {v}"),
+        StateCheck::Matches(re) => format!("matching /{}/", re.as_str()),
+        StateCheck::Near { value, tolerance } => format!("{value} ± {tolerance}"),
+        StateCheck::Exists => "to exist".to_string(),
+        StateCheck::Absent => "to be absent".to_string(),
     }
 }
 
@@ -582,7 +691,7 @@ mod tests {
     }
 
     #[test]
-    fn sandbox_checks_are_skipped_with_the_reason_check_warns_about() {
+    fn sandbox_checks_without_a_sandbox_are_skipped_with_the_reason_check_warns_about() {
         let kinds = [
             CriterionKind::State {
                 path: "orders.0.status".into(),
@@ -591,13 +700,12 @@ mod tests {
             CriterionKind::Violations { max: 0 },
         ];
         for kind in kinds {
-            let reason = crate::plan::not_runnable::criterion(&kind);
+            assert_eq!(crate::plan::not_runnable::criterion(&kind), None);
             let c = crit(kind);
             for scope in [Scope::Turn, Scope::Trajectory] {
                 let r = check(&c, scope, &[turn(0, "", &[])], Some(0));
                 assert_eq!(r.status, CriterionStatus::Skipped);
-                assert_eq!(r.detail.as_deref(), reason);
-                assert_eq!(reason, Some(crate::plan::not_runnable::SANDBOX));
+                assert_eq!(r.detail.as_deref(), Some(NO_SANDBOX));
             }
         }
     }

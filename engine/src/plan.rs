@@ -104,8 +104,12 @@ pub enum PlannedStep {
         name: String,
         source: CaptureSource,
     },
-    /// `hitl` on a protocol that never pauses for a human: nothing to answer.
-    Hitl,
+    /// `hitl approve|reject message=…`: the answer to an agent waiting for a human. On a
+    /// protocol that never pauses (anything but MultiAgentEval) there is nothing to answer.
+    Hitl {
+        approve: bool,
+        message: Option<CompiledTemplate>,
+    },
 }
 
 /// A node of the execution tree.
@@ -161,6 +165,12 @@ pub struct PlannedScenario {
     pub criteria: Vec<PlannedCriterion>,
     pub scope: ScenarioScope,
     pub repeat: u32,
+    /// The tools the engine answers for agents that leave tool calls to the harness
+    /// (MultiAgentEval): the project's `tool`s, the scenario's `initial-state` and
+    /// `undeclared-tools`. Shared by every trajectory; each gets its own sandbox from it.
+    pub sandbox: Arc<crate::sandbox::SandboxSpec>,
+    /// How far agent-initiated branches are explored.
+    pub agent_branches: trellis_dsl::AgentBranches,
 }
 
 impl PlannedScenario {
@@ -185,6 +195,8 @@ pub struct PlannedAgent {
     pub history: crate::protocol::connexity::HistoryMode,
     /// `stream`: AgentScope asks for server-sent events (default) or one JSON body.
     pub stream: bool,
+    /// The action loop and transport settings of a `multiagent` agent.
+    pub multiagent: trellis_dsl::MultiAgentSettings,
     /// Why this agent's scenarios cannot run yet (protocol not implemented).
     pub unsupported: Option<String>,
 }
@@ -330,6 +342,7 @@ impl Plan {
                         trellis_dsl::History::Full => crate::protocol::connexity::HistoryMode::Full,
                     },
                     stream: agent.stream,
+                    multiagent: agent.multiagent.clone(),
                     unsupported,
                 });
             }
@@ -373,6 +386,8 @@ impl Plan {
                 criteria,
                 scope: ScenarioScope::new(sc, persona, &env),
                 repeat: sc.repeat.max(1),
+                sandbox: Arc::new(crate::sandbox::SandboxSpec::for_scenario(project, sc)),
+                agent_branches: sc.agent_branches,
             });
         }
 
@@ -573,7 +588,10 @@ fn compile_steps(
                 name: name.clone(),
                 source: source.clone(),
             }),
-            StepKind::Hitl { .. } => out.steps.push(PlannedStep::Hitl),
+            StepKind::Hitl { approve, message } => out.steps.push(PlannedStep::Hitl {
+                approve: *approve,
+                message: message.as_ref().map(|m| templates.compile(m)).transpose()?,
+            }),
             // Not run: the trajectory is recorded as skipped (`not_runnable::step`).
             StepKind::Simulate { .. } => {}
             // Segments never hold forks: the graph turned them into edges.
@@ -592,22 +610,14 @@ pub mod not_runnable {
     /// implemented yet).
     pub fn agent(agent: &Agent) -> Option<String> {
         match agent.protocol {
-            Protocol::MultiAgent | Protocol::OpenAi => {
-                return Some(format!(
-                    "the `{}` protocol is parsed and validated, but this version of trellis \
-                     cannot run it yet",
-                    agent.protocol.as_str()
-                ));
+            Protocol::OpenAi => Some(format!(
+                "the `{}` protocol is parsed and validated, but this version of trellis \
+                 cannot run it yet",
+                agent.protocol.as_str()
+            )),
+            Protocol::Connexity | Protocol::AgentScope | Protocol::Fixie | Protocol::MultiAgent => {
+                None
             }
-            Protocol::Connexity | Protocol::AgentScope | Protocol::Fixie => {}
-        }
-        match agent.endpoint {
-            Endpoint::Command(_) | Endpoint::Socket(_) => Some(
-                "`command` and `socket` endpoints are parsed and validated, but this version \
-                 of trellis cannot run them yet"
-                    .to_string(),
-            ),
-            Endpoint::Url(_) | Endpoint::Builtin(_) => None,
         }
     }
 
@@ -633,14 +643,9 @@ pub mod not_runnable {
     pub fn criterion(kind: &CriterionKind) -> Option<&'static str> {
         match kind {
             CriterionKind::Judge { .. } | CriterionKind::Outcome(_) => Some(OUTCOME),
-            CriterionKind::State { .. } | CriterionKind::Violations { .. } => Some(SANDBOX),
             _ => None,
         }
     }
-
-    /// Why `state` and `violations` criteria are skipped.
-    pub const SANDBOX: &str =
-        "needs the MultiAgentEval sandbox, which this version of trellis does not run yet";
 
     /// Why `judge` criteria and scenario `outcome`s are skipped.
     pub const OUTCOME: &str = "no judge configured: LLM-judged checks need the LLM judge, which \
@@ -743,7 +748,36 @@ fn check_warnings(
     skipped
         .into_iter()
         .chain(unmeasured_ttft(c, sc, agents, warn))
+        .chain(without_sandbox(c, sc, agents, warn))
         .collect()
+}
+
+/// A `state` or `violations` check on an agent whose tool calls the engine does not answer:
+/// there is no sandbox to look at, so the check will be recorded as skipped there.
+fn without_sandbox(
+    c: &Criterion,
+    sc: &Scenario,
+    agents: &[&Agent],
+    warn: &impl Fn(Span, String, &str, &str) -> Diagnostic,
+) -> Option<Diagnostic> {
+    if !matches!(
+        c.kind,
+        CriterionKind::State { .. } | CriterionKind::Violations { .. }
+    ) {
+        return None;
+    }
+    let agent = agents.iter().find(|a| a.protocol != Protocol::MultiAgent)?;
+    Some(warn(
+        c.span,
+        format!(
+            "scenario `{}`: this `{}` check will be skipped on agent `{}`",
+            sc.id.value,
+            c.kind.name(),
+            agent.id.value
+        ),
+        "no sandbox on this agent",
+        crate::criteria::NO_SANDBOX,
+    ))
 }
 
 /// A `ttft` check against an agent that answers with one body: there is no first token to

@@ -262,6 +262,39 @@ pub struct TrajectoryRecord {
     /// Every check on this trajectory: the `expect`s of its turns and its `criteria`.
     pub criteria: Vec<CriterionRecord>,
     pub tags: Vec<String>,
+    /// The forks the agent itself asked for along this path (MultiAgentEval `branch`
+    /// actions), outermost first; the trajectory's name ends with their labels.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub agent_branches: Vec<AgentBranchRecord>,
+    /// The agent's question when the trajectory ended with the agent waiting for a human
+    /// (a `hitl_pause` no `hitl` step answered).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub awaiting_human: Option<String>,
+    /// The tool sandbox's state document at the end (agents whose tools the engine
+    /// answers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_state: Option<serde_json::Value>,
+}
+
+/// One continuation of a fork the agent asked for.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct AgentBranchRecord {
+    /// `~LABEL` in trajectory and node names: a slug of the option.
+    pub label: String,
+    /// The alternative this continuation follows, as the agent wrote it.
+    pub option: String,
+    pub reason: Option<String>,
+    /// 1-based position among the alternatives the agent listed.
+    pub index: u32,
+    /// How many alternatives the agent listed.
+    pub count: u32,
+    /// 1 for a branch action on the scenario's own path, 2 inside a continuation, …
+    pub depth: u32,
+    /// Alternatives of the same branch action that were not explored, and why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unexplored: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limited_by: Option<String>,
 }
 
 impl TrajectoryRecord {

@@ -429,6 +429,16 @@ impl Sandbox {
     }
 }
 
+/// Whether a recorded tool result (JSON text) is a policy breach: the harness's
+/// `{"status":"policy_violation", …}` object. Cheap on other results: only text naming the
+/// status is parsed.
+pub fn is_violation_result(result: &str) -> bool {
+    result.contains("policy_violation")
+        && serde_json::from_str::<Value>(result).is_ok_and(|result| {
+            result.get("status").and_then(Value::as_str) == Some("policy_violation")
+        })
+}
+
 /// The harness's answer to an undeclared tool: `{"status":"success","message":"Executed NAME"}`.
 pub fn harness_default(name: &str) -> Value {
     let mut object = Map::new();
@@ -955,16 +965,20 @@ impl SandboxSpec {
         }
     }
 
-    /// The sandbox of one scenario: the project's tools, the scenario's `initial-state` and
+    /// The sandbox of one scenario: the project's tools (a `tool` written inside the scenario
+    /// replaces the project's tool of that name), the scenario's `initial-state` and
     /// `undeclared-tools`.
     pub fn for_scenario(project: &trellis_dsl::Project, scenario: &trellis_dsl::Scenario) -> Self {
+        let mut spec = SandboxSpec::from_tools(&project.tools);
+        spec.tools
+            .extend(SandboxSpec::from_tools(&scenario.tools).tools);
         SandboxSpec {
             initial_state: Value::Object(scenario.initial_state.clone()),
             undeclared: match scenario.undeclared_tools {
                 trellis_dsl::UndeclaredTools::Default => UndeclaredTool::HarnessDefault,
                 trellis_dsl::UndeclaredTools::Error => UndeclaredTool::Error,
             },
-            ..SandboxSpec::from_tools(&project.tools)
+            ..spec
         }
     }
 }
@@ -1738,5 +1752,53 @@ scenario "s" {
             sandbox.call("nope", &json!({})),
             ToolOutcome::Error(_)
         ));
+    }
+
+    #[test]
+    fn a_scenarios_own_tools_replace_the_projects_for_that_scenario_only() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let file = dir.path().join("s.kdl");
+        std::fs::write(
+            &file,
+            r##"
+agent "a" protocol="multiagent" url="http://127.0.0.1:9/execute_task"
+tool "lookup" { mock returns=#"{"from": "project"}"#; }
+scenario "own" {
+    tool "lookup" { mock returns=#"{"from": "scenario"}"#; }
+    tool "extra" { policy max-limit=5; }
+    user "hi"
+}
+scenario "shared" {
+    user "hi"
+}
+"##,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let project = trellis_dsl::load(&[&file]).unwrap_or_else(|d| panic!("{d:?}"));
+        let sandbox_of = |id: &str| {
+            let (_, scenario) = project
+                .scenarios()
+                .find(|(_, s)| s.id.value == id)
+                .unwrap_or_else(|| panic!("scenario {id}"));
+            Sandbox::new(Arc::new(SandboxSpec::for_scenario(&project, scenario)))
+        };
+        let mut own = sandbox_of("own");
+        assert_eq!(
+            own.call("lookup", &json!({})),
+            ToolOutcome::Executed(json!({"from": "scenario"}))
+        );
+        assert!(matches!(
+            own.call("extra", &json!({"amount": 9})),
+            ToolOutcome::Violation(_)
+        ));
+        let mut shared = sandbox_of("shared");
+        assert_eq!(
+            shared.call("lookup", &json!({})),
+            ToolOutcome::Executed(json!({"from": "project"}))
+        );
+        assert_eq!(
+            shared.call("extra", &json!({"amount": 9})),
+            ToolOutcome::Executed(harness_default("extra"))
+        );
     }
 }

@@ -907,6 +907,9 @@ mod tests {
                 detail: None,
             }],
             tags: vec![],
+            agent_branches: vec![],
+            awaiting_human: None,
+            sandbox_state: None,
         })
     }
 

@@ -136,6 +136,9 @@ table!(
         checks_passed: Vec<u32>,
         checks_failed: Vec<u32>,
         checks_skipped: Vec<u32>,
+        agent_branches: Vec<Option<String>>,
+        awaiting_human: Vec<Option<String>>,
+        sandbox_state: Vec<Option<String>>,
     }
 );
 
@@ -512,6 +515,16 @@ impl Tables {
         t.checks_passed.push(count(CriterionStatus::Passed));
         t.checks_failed.push(checks_failed);
         t.checks_skipped.push(count(CriterionStatus::Skipped));
+        let agent_branches = (!tr.agent_branches.is_empty())
+            .then(|| serde_json::to_string(&tr.agent_branches).ok())
+            .flatten();
+        let sandbox_state = tr.sandbox_state.as_ref().map(|state| state.to_string());
+        t.bytes += opt_len(agent_branches.as_ref())
+            + opt_len(sandbox_state.as_ref())
+            + opt_len(tr.awaiting_human.as_ref());
+        t.agent_branches.push(agent_branches);
+        t.awaiting_human.push(tr.awaiting_human.clone());
+        t.sandbox_state.push(sandbox_state);
         t.rows += 1;
         self.trajectories.row_done();
 

@@ -186,6 +186,9 @@ mod selection_tests {
             skip_reason: None,
             criteria: vec![],
             tags: vec![],
+            agent_branches: Vec::new(),
+            awaiting_human: None,
+            sandbox_state: None,
         }
     }
 

@@ -221,15 +221,22 @@ impl Console {
             }
         }
         if let Some(bar) = &self.bar {
+            // Forks an agent asks for add trajectories the plan could not count.
+            if bar.length().is_some_and(|len| bar.position() >= len) {
+                bar.inc_length(1);
+            }
             bar.inc(1);
             if self.failures_total > 0 {
                 bar.set_message(format!("({} not passing)", self.failures_total));
             }
         } else if self.lines {
-            let not_run = match not_run {
+            let mut not_run = match not_run {
                 0 => String::new(),
                 n => format!(" · {} did not run", count(n as u64, "check", "checks")),
             };
+            if t.awaiting_human.is_some() {
+                not_run.push_str(" · ended waiting for a human");
+            }
             let word = format!("{:>5}", status_word(t.status));
             errln!(
                 "{} {}/{} {} [{} #{}] {} {:.0}ms{not_run}",

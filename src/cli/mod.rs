@@ -1,8 +1,10 @@
 //! Commands and their arguments. Exit codes: 0 all passed, 1 a criterion failed or a fault
 //! occurred (with `--baseline`, and for `compare`: a regression), 2 invalid suite, usage or
 //! unknown run, 3 results incomplete (a results file could not be written), 130 stopped by
-//! Ctrl-C, 143 stopped by SIGTERM.
+//! Ctrl-C, 143 stopped by SIGTERM (`trellis agent`, a server, exits 0 when a signal stops
+//! it).
 
+mod agent;
 mod bench;
 mod console;
 mod history;
@@ -79,10 +81,23 @@ enum Command {
     /// the most recent finished run. Exit code 0 when nothing regressed past the
     /// thresholds, 1 on a regression, 2 when a run cannot be found or read.
     Compare(history::CompareArgs),
-    /// Write a suite from what an agent already declares (a Fixie agent's few-shots).
+    /// Write suites from what already exists: a Fixie agent's few-shots, MultiAgentEval
+    /// scenario files.
     ///
-    /// Example: trellis import fixie http://127.0.0.1:8181 --out suites/my-agent.kdl
+    /// Example: trellis import multiagent scenarios/ --out suites/imported
+    ///
+    /// Exit code 0 written, 1 a source (or, for a directory, one of its files) could not be
+    /// read or imported, 2 usage (such as an existing output without --force/--replace).
     Import(import::ImportArgs),
+    /// Serve a builtin reference agent: over HTTP (default), newline-delimited JSON on a
+    /// socket, or stdin/stdout as a process (the `support` MultiAgentEval agent).
+    ///
+    /// Example: trellis agent support --listen tcp:127.0.0.1:0
+    ///
+    /// --http and --listen print the address clients use on stdout; Ctrl-C or SIGTERM
+    /// stops the server cleanly (exit 0). --stdio answers one JSON line per request line
+    /// until stdin ends; --per-call answers the whole of stdin once.
+    Agent(agent::AgentArgs),
 }
 
 #[derive(Debug, Args)]
@@ -213,6 +228,10 @@ pub fn jobs_in_range(text: &str) -> Result<usize, String> {
 }
 
 pub fn main(cli: Cli) -> ExitCode {
+    // Builtins served as processes run this executable (`transport="process"`).
+    if let Ok(exe) = std::env::current_exe() {
+        trellis_engine::builtin::set_trellis_executable(exe);
+    }
     let code = match cli.command {
         Command::Run(args) => run::run(args),
         Command::Check(args) => check(&args),
@@ -223,6 +242,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Import(args) => import::import(args),
         Command::Runs(args) => history::runs(args),
         Command::Compare(args) => history::compare_command(args),
+        Command::Agent(args) => agent::agent(args),
     };
     ExitCode::from(code)
 }
@@ -311,8 +331,21 @@ fn list(args: &ListArgs) -> u8 {
     };
     for s in &plan.scenarios {
         let agents: Vec<&str> = s.agents.iter().map(|&a| &*plan.agents[a].id).collect();
+        // The agent decides at run time whether to fork: say how far that is explored.
+        let forks = if s
+            .agents
+            .iter()
+            .any(|&a| plan.agents[a].protocol == trellis_dsl::Protocol::MultiAgent)
+        {
+            format!(
+                "  agent forks: up to {} alternatives, {} deep (each runs as TRAJECTORY~ALTERNATIVE)",
+                s.agent_branches.breadth, s.agent_branches.depth
+            )
+        } else {
+            String::new()
+        };
         console::outln!(
-            "{}/{}  agents: {}  repeat: {}{}",
+            "{}/{}  agents: {}  repeat: {}{forks}{}",
             s.suite,
             s.scenario.id.value,
             agents.join(", "),

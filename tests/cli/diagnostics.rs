@@ -110,8 +110,6 @@ scenario "llm" {
         "s.kdl:3:",
         "agent `tool-loop` cannot run yet",
         "`openai` protocol",
-        "s.kdl:4:",
-        "agent `proc` cannot run yet",
         "s.kdl:7:",
         "cannot run yet on this agent",
         "`calc`",
@@ -125,11 +123,11 @@ scenario "llm" {
         assert!(err.contains(expected), "missing {expected:?} in:\n{err}");
     }
     // talk: 2 trajectories × 2 agents, of which `simulated` (both agents) and `scripted` on
-    // calc cannot run; llm: 1 trajectory × 2 unsupported agents. The one runnable trajectory
-    // (`scripted` on chat) skips the judge and the outcome.
+    // calc cannot run; llm: 1 trajectory × 2 agents, one unsupported (`proc` runs). The
+    // runnable `scripted` on chat skips the judge and the outcome.
     let out = stdout(&o);
     assert!(
-        out.contains("warning: 5 of 6 trajectory runs (per agent) cannot run yet and 2 checks will be skipped"),
+        out.contains("warning: 4 of 6 trajectory runs (per agent) cannot run yet and 2 checks will be skipped"),
         "{out}"
     );
 }
@@ -158,4 +156,36 @@ async fn check_warns_about_ttft_on_an_agent_that_does_not_stream() {
         "{err}"
     );
     assert!(err.contains("t.kdl:4:"), "{err}");
+}
+
+/// `state` and `violations` read the tool sandbox, which only MultiAgentEval agents have:
+/// `check` says where such a check will be skipped, and is quiet on a multiagent agent.
+#[tokio::test]
+async fn check_warns_about_sandbox_checks_on_agents_without_a_sandbox() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("t.kdl"),
+        "agent \"c\" protocol=\"connexity\" builtin=\"booking\"\n\
+         agent \"m\" protocol=\"multiagent\" url=\"http://127.0.0.1:9/execute_task\"\n\
+         scenario \"s\" {\n    agent \"c\"\n    user \"hi\"\n    expect violations max=0\n}\n\
+         scenario \"t\" {\n    agent \"m\"\n    user \"hi\"\n    criteria { state path=\"a\" exists=#true }\n}\n",
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path())
+        .output()
+        .await
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("this `violations` check will be skipped on agent `c`"),
+        "{err}"
+    );
+    assert!(
+        err.contains("t.kdl:6:") && err.contains("no tool sandbox"),
+        "{err}"
+    );
+    assert!(!err.contains("`state` check"), "{err}");
 }

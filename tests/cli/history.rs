@@ -96,6 +96,9 @@ fn write_run(runs_dir: &Path, name: &str, started_at: &str, samples: &[Sample]) 
                 detail: (!s.passed).then(|| "reply was \"bye\"".into()),
             }],
             tags: vec![],
+            agent_branches: vec![],
+            awaiting_human: None,
+            sandbox_state: None,
         }));
     }
     entries.push(JournalEntry::RunFinished(RunSummary {

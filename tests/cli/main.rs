@@ -6,10 +6,13 @@ mod support {
     pub use trellis_testkit::*;
 }
 
+mod agent;
 mod diagnostics;
 mod faults;
 mod history;
 mod import;
+mod import_multiagent;
+mod multiagent;
 mod outputs;
 mod run;
 

@@ -36,9 +36,11 @@ async fn the_example_suites_run_offline_and_write_every_table() {
     }
     // book-duct-cleaning: 2 trajectories × 3 repetitions; price-first 1; book-and-cancel 2;
     // prompt-injection 1; out-of-area 2; fixie: genrand-is-repeatable 1, add-chain 2;
-    // agentscope: weather-tool-call 2, weather-without-stream 1, severe-weather 1. The draft
-    // scenarios do not run by default.
-    assert_eq!(t.height(), 19);
+    // agentscope: weather-tool-call 2, weather-without-stream 1, severe-weather 1;
+    // multiagent: 7 per agent (complaint forks into 2 by the agent's branch action,
+    // credit-limit into 2) × 4 agents (the same agent over http, process, tcp, unix). The
+    // draft scenarios do not run by default.
+    assert_eq!(t.height(), 19 + 28);
     let failed: Vec<(String, String)> = strings(&t, "status")
         .into_iter()
         .zip(strings(&t, "trajectory"))
@@ -65,8 +67,10 @@ async fn the_example_suites_run_offline_and_write_every_table() {
     assert_eq!(start_turns, 6);
     // 30 booking and guardrails turns; fixie: 3 genrand calls, and add-chain's first call
     // once (forks copy a Fixie session) plus one per branch; agentscope: 4 + 3 (2 of them
-    // replayed in a fresh session) + 1 + 1.
-    assert_eq!(turns.height(), 45);
+    // replayed in a fresh session) + 1 + 1; multiagent: 12 per agent (1 + 1 + 4, then
+    // credit-limit's pause once and one answer per branch, complaint's branch action once
+    // and one continuation per option) × 4.
+    assert_eq!(turns.height(), 45 + 48);
 
     let calls = read_parquet(&out.path().join("tool_calls.parquet"));
     assert!(strings(&calls, "name").contains(&Some("create_booking".to_string())));

@@ -124,6 +124,34 @@ scenario "s" { agent "http"; user "hi"; }
 }
 
 #[test]
+fn builtin_multiagent_agents_choose_their_transport() {
+    let p = load_text(
+        r#"
+agent "http" protocol="multiagent" builtin="support"
+agent "proc" protocol="multiagent" builtin="support" transport="process" process="long-lived"
+agent "per-call" protocol="multiagent" builtin="support" transport="process"
+agent "tcp" protocol="multiagent" builtin="support" { transport "tcp"; keep-open #true; }
+agent "unix" protocol="multiagent" builtin="support" transport="unix" request="task-only"
+scenario "s" { agent "http"; user "hi"; }
+"#,
+    )
+    .unwrap_or_else(|d| panic!("{}", d.render_plain()));
+    let settings = |id: &str| p.agent(id).unwrap().multiagent.clone();
+    assert_eq!(settings("http").transport, BuiltinTransport::Http);
+    assert_eq!(settings("proc").transport, BuiltinTransport::Process);
+    assert_eq!(settings("proc").process, ProcessMode::LongLived);
+    assert_eq!(settings("per-call").process, ProcessMode::PerCall);
+    assert_eq!(settings("tcp").transport, BuiltinTransport::Tcp);
+    assert!(settings("tcp").keep_open);
+    assert_eq!(settings("unix").transport, BuiltinTransport::Unix);
+    assert_eq!(settings("unix").request, MultiAgentRequest::TaskOnly);
+    assert!(matches!(
+        &p.agent("unix").unwrap().endpoint,
+        Endpoint::Builtin(name) if name.value == "support"
+    ));
+}
+
+#[test]
 fn sandbox_nodes_and_state_criteria() {
     let p = load_text(
         r##"
@@ -240,4 +268,80 @@ scenario "j" {
         sc.criteria[6].kind,
         CriterionKind::Violations { max: 0 }
     ));
+}
+
+#[test]
+fn scenarios_declare_their_own_tools_and_may_reuse_a_name_across_scenarios() {
+    let dir = tempfile::tempdir().unwrap();
+    let one = dir.path().join("one.kdl");
+    let two = dir.path().join("two.kdl");
+    std::fs::write(
+        &one,
+        r#"
+agent "a" protocol="multiagent" builtin="support"
+scenario "one" {
+    tool "process_refund" { mock returns="1"; policy max-limit=50; }
+    user "refund"
+}
+"#,
+    )
+    .unwrap();
+    std::fs::write(
+        &two,
+        r#"
+scenario "two" {
+    agent "a"
+    tool "process_refund" { mock returns="2"; }
+    user "refund"
+}
+"#,
+    )
+    .unwrap();
+    let p = load(&[&one, &two]).unwrap_or_else(|d| panic!("{}", d.render_plain()));
+    assert!(p.tools.is_empty(), "scenario tools are not project tools");
+    let tools: Vec<(String, usize)> = p
+        .scenarios()
+        .map(|(_, s)| (s.tools[0].name.value.clone(), s.tools[0].policies.len()))
+        .collect();
+    assert_eq!(
+        tools,
+        [
+            ("process_refund".to_string(), 1),
+            ("process_refund".to_string(), 0)
+        ]
+    );
+
+    let diags = load_text(
+        r#"
+agent "a" protocol="multiagent" builtin="support"
+scenario "s" { tool "t"; tool "t"; user "hi"; }
+"#,
+    )
+    .expect_err("a tool declared twice in one scenario");
+    let first = diags.iter().next().unwrap();
+    assert_eq!(first.code_str(), "trellis::duplicate_id");
+    assert!(
+        first
+            .to_string()
+            .contains("tool `t` is declared twice in scenario `s`"),
+        "{first}"
+    );
+}
+
+#[test]
+fn a_scenario_tool_without_a_multiagent_agent_is_an_error_not_a_silent_no_op() {
+    let diags = load_text(
+        r#"
+agent "a" protocol="connexity" builtin="booking"
+scenario "s" {
+    user "book it"
+    tool "create_booking"
+}
+"#,
+    )
+    .expect_err("a forgotten `expect` before a tool check");
+    let first = diags.iter().next().unwrap();
+    assert_eq!(first.code_str(), "trellis::invalid_value");
+    let text = diags.render_plain();
+    assert!(text.contains("expect tool \"create_booking\""), "{text}");
 }

@@ -6,19 +6,49 @@
 //! (its work does not distort the latencies the engine measures, and neither side pays for
 //! cross-thread task stealing). The returned [`BuiltinServer`] stops it gracefully when
 //! dropped or shut down.
+//!
+//! The MultiAgentEval agent `support` is also served as newline-delimited JSON
+//! ([`serve_socket`]: a TCP port or a Unix socket, [`lines`]) and as a process of the trellis
+//! executable (`trellis agent support --stdio|--per-call`). [`endpoint_for`] starts it the
+//! way a suite's `transport` asks and says where it is.
 
 pub mod agentscope;
 pub mod booking;
 pub mod fixie;
+pub mod lines;
+pub mod support;
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::oneshot;
 
+pub use trellis_dsl::BuiltinTransport;
+
+use crate::protocol::line::ProcessMode;
+use lines::{LineAgent, LineListener};
+
 /// Names accepted by `builtin="…"`.
-pub const BUILTINS: &[&str] = &["booking", "numbers", "weather"];
+pub const BUILTINS: &[&str] = &["booking", "numbers", "support", "weather"];
+
+/// Builtins that also speak newline-delimited JSON (sockets, stdio), with their agent.
+const LINE_BUILTINS: &[(&str, LineAgent)] = &[("support", support::answer)];
+
+/// The line-speaking agent `name`, if it is one.
+pub fn line_agent(name: &str) -> Option<LineAgent> {
+    LINE_BUILTINS
+        .iter()
+        .find(|(known, _)| *known == name)
+        .map(|(_, agent)| *agent)
+}
+
+/// Names of the builtins served over sockets and stdio.
+pub fn line_builtins() -> impl Iterator<Item = &'static str> {
+    LINE_BUILTINS.iter().map(|(name, _)| *name)
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum BuiltinError {
@@ -38,6 +68,19 @@ pub enum BuiltinError {
     },
     #[error("builtin agent `{name}` crashed")]
     Crashed { name: String },
+    #[error(
+        "builtin agent `{name}` cannot be served over {transport} (only {} can)",
+        line_builtins().collect::<Vec<_>>().join(", ")
+    )]
+    NotALineAgent {
+        name: String,
+        transport: &'static str,
+    },
+    #[error(
+        "builtin agent `{name}` runs as a process of the trellis executable, and this program \
+         ({current}) is not trellis; serve it over http, tcp or unix instead"
+    )]
+    NoExecutable { name: String, current: String },
 }
 
 /// A running builtin agent. Dropping it stops the server (without waiting for it).
@@ -94,18 +137,46 @@ impl Drop for BuiltinServer {
     }
 }
 
-/// Starts the builtin agent `name` on `127.0.0.1:0`. Must be called within a tokio runtime.
-pub async fn serve(name: &str) -> Result<BuiltinServer, BuiltinError> {
-    let (name, router, path) = match name {
+/// The HTTP app of the builtin `name`: its canonical name, router and endpoint path.
+fn http_app(name: &str) -> Result<(&'static str, axum::Router, &'static str), BuiltinError> {
+    Ok(match name {
         "booking" => ("booking", booking::router(), booking::PATH),
         "weather" => ("weather", agentscope::router(), agentscope::PATH),
         "numbers" => ("numbers", fixie::router(), fixie::PATH),
+        "support" => ("support", support::router(), support::PATH),
         _ => {
             return Err(BuiltinError::Unknown {
                 name: name.to_owned(),
             });
         }
-    };
+    })
+}
+
+/// The path a client calls on the builtin `name`'s HTTP server (`""`: the server's root).
+pub fn http_path(name: &str) -> Result<&'static str, BuiltinError> {
+    http_app(name).map(|(_, _, path)| path)
+}
+
+/// Serves the builtin `name` over HTTP on `listener` until `stop` completes, letting
+/// requests in flight finish (for `trellis agent NAME --http`).
+pub async fn serve_http_on(
+    name: &str,
+    listener: TcpListener,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), BuiltinError> {
+    let (name, router, _) = http_app(name)?;
+    axum::serve(listener, router)
+        .with_graceful_shutdown(stop)
+        .await
+        .map_err(|source| BuiltinError::Serve {
+            name: name.to_owned(),
+            source,
+        })
+}
+
+/// Starts the builtin agent `name` on `127.0.0.1:0`. Must be called within a tokio runtime.
+pub async fn serve(name: &str) -> Result<BuiltinServer, BuiltinError> {
+    let (name, router, path) = http_app(name)?;
     let bind_error = |source| BuiltinError::Bind {
         name: name.to_owned(),
         source,
@@ -138,4 +209,299 @@ pub async fn serve(name: &str) -> Result<BuiltinServer, BuiltinError> {
         stop: Some(stop),
         thread: Some(thread),
     })
+}
+
+/// Which socket [`serve_socket`] listens on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SocketKind {
+    /// An ephemeral port on 127.0.0.1.
+    Tcp,
+    /// A socket in a fresh temporary directory, removed with the server.
+    Unix,
+}
+
+/// A builtin agent answering newline-delimited JSON on a socket. Dropping it stops the
+/// server (without waiting for it) and removes a Unix socket's directory.
+#[derive(Debug)]
+pub struct SocketServer {
+    name: &'static str,
+    address: String,
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<io::Result<()>>>,
+    /// The Unix socket's directory; declared last, so it is removed after the stop signal.
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl SocketServer {
+    pub fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// Where a client connects: `tcp:127.0.0.1:PORT` or `unix:/PATH`, as `socket=` and
+    /// [`crate::protocol::line::LineEndpoint::socket`] read it.
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// Stops accepting and waits for the server thread.
+    pub async fn shutdown(mut self) -> Result<(), BuiltinError> {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let Some(thread) = self.thread.take() else {
+            return Ok(());
+        };
+        join_server(self.name, thread).await
+    }
+}
+
+impl Drop for SocketServer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+async fn join_server(
+    name: &'static str,
+    thread: std::thread::JoinHandle<io::Result<()>>,
+) -> Result<(), BuiltinError> {
+    match tokio::task::spawn_blocking(move || thread.join()).await {
+        Ok(Ok(Ok(()))) => Ok(()),
+        Ok(Ok(Err(source))) => Err(BuiltinError::Serve {
+            name: name.to_owned(),
+            source,
+        }),
+        Ok(Err(_)) | Err(_) => Err(BuiltinError::Crashed {
+            name: name.to_owned(),
+        }),
+    }
+}
+
+/// Starts the line-speaking builtin `name` on a socket, on a thread of its own (as
+/// [`serve`]). Must be called within a tokio runtime.
+pub async fn serve_socket(name: &str, kind: SocketKind) -> Result<SocketServer, BuiltinError> {
+    let (name, agent) = LINE_BUILTINS
+        .iter()
+        .find(|(known, _)| *known == name)
+        .copied()
+        .ok_or_else(|| match BUILTINS.contains(&name) {
+            true => BuiltinError::NotALineAgent {
+                name: name.to_owned(),
+                transport: match kind {
+                    SocketKind::Tcp => "tcp",
+                    SocketKind::Unix => "unix",
+                },
+            },
+            false => BuiltinError::Unknown {
+                name: name.to_owned(),
+            },
+        })?;
+    let bind_error = |source| BuiltinError::Bind {
+        name: name.to_owned(),
+        source,
+    };
+    enum Bound {
+        Tcp(std::net::TcpListener),
+        Unix(std::os::unix::net::UnixListener),
+    }
+    let (bound, address, dir) = match kind {
+        SocketKind::Tcp => {
+            let listener =
+                std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(bind_error)?;
+            listener.set_nonblocking(true).map_err(bind_error)?;
+            let addr = listener.local_addr().map_err(bind_error)?;
+            (Bound::Tcp(listener), format!("tcp:{addr}"), None)
+        }
+        SocketKind::Unix => {
+            let dir = tempfile::Builder::new()
+                .prefix("trellis-")
+                .tempdir()
+                .map_err(bind_error)?;
+            let path = dir.path().join(format!("{name}.sock"));
+            let listener = std::os::unix::net::UnixListener::bind(&path).map_err(bind_error)?;
+            listener.set_nonblocking(true).map_err(bind_error)?;
+            (
+                Bound::Unix(listener),
+                format!("unix:{}", path.display()),
+                Some(dir),
+            )
+        }
+    };
+    let (stop, stopped) = oneshot::channel::<()>();
+    let thread = std::thread::Builder::new()
+        .name(format!("builtin-{name}"))
+        .spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            runtime.block_on(async move {
+                let listener = match bound {
+                    Bound::Tcp(l) => LineListener::Tcp(TcpListener::from_std(l)?),
+                    Bound::Unix(l) => LineListener::Unix(UnixListener::from_std(l)?),
+                };
+                lines::serve(listener, agent, async move {
+                    // A dropped sender means the same as a sent stop.
+                    let _ = stopped.await;
+                })
+                .await;
+                Ok(())
+            })
+        })
+        .map_err(bind_error)?;
+    Ok(SocketServer {
+        name,
+        address,
+        stop: Some(stop),
+        thread: Some(thread),
+        _dir: dir,
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Serving a builtin the way a suite's `transport` asks
+
+/// Where a served builtin is, in the form its agent's client takes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BuiltinEndpoint {
+    /// `http://127.0.0.1:PORT/PATH` (for `MultiAgentClient::http`).
+    Url(String),
+    /// `tcp:127.0.0.1:PORT` or `unix:/PATH` (for `MultiAgentClient::socket`).
+    Socket(String),
+    /// A shell command running the trellis executable as the agent (for
+    /// `MultiAgentClient::process`, in the mode it was chosen for).
+    Command(String),
+}
+
+/// What keeps a served builtin running; drop it at the end of the run.
+#[derive(Debug)]
+pub enum BuiltinGuard {
+    Http(BuiltinServer),
+    Socket(SocketServer),
+}
+
+/// A builtin served for a run: where it is, and what keeps it running (`None` for a process,
+/// which the agent's client starts itself).
+#[derive(Debug)]
+pub struct ServedBuiltin {
+    pub endpoint: BuiltinEndpoint,
+    pub guard: Option<BuiltinGuard>,
+}
+
+/// Serves the builtin `name` over `transport`: HTTP on a loopback port, a TCP port or a
+/// Unix socket ([`serve_socket`]), or a command running the trellis executable (`agent NAME
+/// --stdio` for a long-lived process, `--per-call` for one per call, as `process` says).
+/// Must be called within a tokio runtime.
+pub async fn endpoint_for(
+    name: &str,
+    transport: BuiltinTransport,
+    process: ProcessMode,
+) -> Result<ServedBuiltin, BuiltinError> {
+    Ok(match transport {
+        BuiltinTransport::Http => {
+            let server = serve(name).await?;
+            ServedBuiltin {
+                endpoint: BuiltinEndpoint::Url(server.url()),
+                guard: Some(BuiltinGuard::Http(server)),
+            }
+        }
+        BuiltinTransport::Tcp | BuiltinTransport::Unix => {
+            let kind = if transport == BuiltinTransport::Tcp {
+                SocketKind::Tcp
+            } else {
+                SocketKind::Unix
+            };
+            let server = serve_socket(name, kind).await?;
+            ServedBuiltin {
+                endpoint: BuiltinEndpoint::Socket(server.address().to_owned()),
+                guard: Some(BuiltinGuard::Socket(server)),
+            }
+        }
+        BuiltinTransport::Process => ServedBuiltin {
+            endpoint: BuiltinEndpoint::Command(agent_command(name, process)?),
+            guard: None,
+        },
+    })
+}
+
+/// The shell command that runs the builtin `name` as a process of the trellis executable.
+pub fn agent_command(name: &str, process: ProcessMode) -> Result<String, BuiltinError> {
+    if line_agent(name).is_none() {
+        return Err(if BUILTINS.contains(&name) {
+            BuiltinError::NotALineAgent {
+                name: name.to_owned(),
+                transport: "process",
+            }
+        } else {
+            BuiltinError::Unknown {
+                name: name.to_owned(),
+            }
+        });
+    }
+    let exe = trellis_executable().map_err(|current| BuiltinError::NoExecutable {
+        name: name.to_owned(),
+        current,
+    })?;
+    let mode = match process {
+        ProcessMode::LongLived => "--stdio",
+        ProcessMode::PerCall => "--per-call",
+    };
+    Ok(format!(
+        "{} agent {name} {mode}",
+        shell_quote(&exe.to_string_lossy())
+    ))
+}
+
+static TRELLIS_EXECUTABLE: OnceLock<PathBuf> = OnceLock::new();
+
+/// Tells the engine where the trellis executable is, for builtins served as processes.
+/// The CLI calls it once at start with its own path; later calls are ignored.
+pub fn set_trellis_executable(path: PathBuf) {
+    let _ = TRELLIS_EXECUTABLE.set(path);
+}
+
+/// The path given to [`set_trellis_executable`], else this program when it is `trellis`;
+/// otherwise a description of this program for the error.
+fn trellis_executable() -> Result<PathBuf, String> {
+    if let Some(path) = TRELLIS_EXECUTABLE.get() {
+        return Ok(path.clone());
+    }
+    match std::env::current_exe() {
+        Ok(path) if path.file_stem().and_then(|s| s.to_str()) == Some("trellis") => Ok(path),
+        Ok(path) => Err(path.display().to_string()),
+        Err(e) => Err(format!("unknown: {e}")),
+    }
+}
+
+/// `text` as one word for `sh`: single-quoted, with single quotes spelled `'\''`.
+fn shell_quote(text: &str) -> String {
+    format!("'{}'", text.replace('\'', r"'\''"))
+}
+
+/// Binds `path` for a Unix socket server (a stale socket left by a killed server is replaced).
+pub fn bind_unix(path: &Path) -> io::Result<std::os::unix::net::UnixListener> {
+    let path = lines::claim_unix_path(path)?;
+    std::os::unix::net::UnixListener::bind(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_quote_the_executable() {
+        assert_eq!(
+            shell_quote("/opt/my trellis/it's"),
+            r"'/opt/my trellis/it'\''s'"
+        );
+        assert!(matches!(
+            agent_command("booking", ProcessMode::LongLived),
+            Err(BuiltinError::NotALineAgent { .. })
+        ));
+        assert!(matches!(
+            agent_command("nope", ProcessMode::LongLived),
+            Err(BuiltinError::Unknown { .. })
+        ));
+    }
 }

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::{OnceCell, Semaphore};
 use trellis_dsl::Endpoint;
 
-use crate::builtin::{self, BuiltinServer};
+use crate::builtin::{self, BuiltinEndpoint, BuiltinGuard};
 use crate::event::{Event, EventSender};
 use crate::plan::{Plan, PlannedAgent};
 use crate::protocol::http::{CallLimits, HttpTransport, RetryPolicy};
@@ -36,8 +36,8 @@ pub(super) enum AgentRuntime {
 pub(super) struct Agents {
     slots: Vec<OnceCell<AgentRuntime>>,
     transport: HttpTransport,
-    /// Builtin servers started so far; they live as long as the run.
-    servers: Mutex<Vec<BuiltinServer>>,
+    /// Builtin servers started so far (HTTP or socket); they live as long as the run.
+    servers: Mutex<Vec<BuiltinGuard>>,
 }
 
 impl Agents {
@@ -60,6 +60,16 @@ impl Agents {
         self.slots[index]
             .get_or_init(|| self.set_up(plan, &plan.agents[index], events))
             .await
+    }
+
+    /// Ends what the agents' clients keep running (long-lived processes, kept-open
+    /// sockets) and waits for them.
+    pub(super) async fn close(&self) {
+        let clients = self.slots.iter().filter_map(|slot| match slot.get() {
+            Some(AgentRuntime::Ready { client, .. }) => Some(client.close()),
+            _ => None,
+        });
+        futures::future::join_all(clients).await;
     }
 
     /// Agent `index` if it has been set up.
@@ -112,35 +122,54 @@ async fn start_one(
     plan: &Plan,
     agent: &PlannedAgent,
     transport: &HttpTransport,
-    servers: &Mutex<Vec<BuiltinServer>>,
+    servers: &Mutex<Vec<BuiltinGuard>>,
 ) -> Result<Arc<dyn AgentProtocol>, Setup> {
     if let Some(reason) = &agent.unsupported {
         return Err(Setup::Unsupported(reason.clone()));
     }
+    let mut line = None;
     let url = match &agent.endpoint {
         Endpoint::Url(url) => url.clone(),
-        Endpoint::Builtin(name) => match builtin::serve(&name.value).await {
-            Ok(server) => {
-                let url = server.url();
-                servers
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .push(server);
-                url
+        Endpoint::Builtin(name) => {
+            // Served the way the agent's `transport` asks (HTTP unless a multiagent agent
+            // says otherwise); a process is started by the client itself.
+            let process_mode = match agent.multiagent.process {
+                trellis_dsl::ProcessMode::PerCall => crate::protocol::line::ProcessMode::PerCall,
+                trellis_dsl::ProcessMode::LongLived => {
+                    crate::protocol::line::ProcessMode::LongLived
+                }
+            };
+            match builtin::endpoint_for(&name.value, agent.multiagent.transport, process_mode).await
+            {
+                Ok(served) => {
+                    if let Some(guard) = served.guard {
+                        servers
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .push(guard);
+                    }
+                    match served.endpoint {
+                        BuiltinEndpoint::Url(url) => url,
+                        BuiltinEndpoint::Socket(address) => {
+                            line = Some(protocol::LineTarget::Socket(address));
+                            String::new()
+                        }
+                        BuiltinEndpoint::Command(command) => {
+                            line = Some(protocol::LineTarget::Command(command));
+                            String::new()
+                        }
+                    }
+                }
+                Err(e) => {
+                    return Err(Setup::Broken(Fault::new(
+                        FaultCategory::Setup,
+                        format!("builtin agent `{}` did not start: {e}", name.value),
+                    )));
+                }
             }
-            Err(e) => {
-                return Err(Setup::Broken(Fault::new(
-                    FaultCategory::Setup,
-                    format!("builtin agent `{}` did not start: {e}", name.value),
-                )));
-            }
-        },
-        Endpoint::Command(_) | Endpoint::Socket(_) => {
-            return Err(Setup::Unsupported(format!(
-                "agent `{}`: command and socket endpoints are not supported yet",
-                agent.id
-            )));
         }
+        // Reached through the line transport: no URL.
+        Endpoint::Command(_) | Endpoint::Socket(_) => String::new(),
     };
     // Headers see only `env`: they are rendered once per run, not per scenario.
     let header_scope = ScenarioScope::env_only(plan.templates.env()).with_vars(&BTreeMap::new());
@@ -156,7 +185,9 @@ async fn start_one(
             }
         }
     }
-    transport.warm(&url);
+    if !url.is_empty() {
+        transport.warm(&url);
+    }
     protocol::build(AgentSetup {
         agent,
         url: &url,
@@ -170,6 +201,7 @@ async fn start_one(
             after_send: agent.retry_after_send,
         },
         transport: transport.clone(),
+        line,
     })
     .map_err(Setup::Broken)
 }

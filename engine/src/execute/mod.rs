@@ -109,6 +109,8 @@ pub async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSum
         });
     }
     while scenario_tasks.join_next().await.is_some() {}
+    // Long-lived agent processes (and their process trees) end with the run, waited for.
+    shared.agents.close().await;
 
     let t = &shared.totals;
     let summary = RunSummary {

@@ -5,11 +5,12 @@ use std::time::{Duration, Instant};
 
 use super::ms;
 use super::walk::{PathState, Unit};
-use crate::protocol::{CallContext, Session, Turn, TurnInput};
+use crate::protocol::{BranchRequest, CallContext, Session, Turn, TurnInput};
 use crate::record::{AttemptRecord, ExchangeRecord, TurnRecord};
 
 impl Unit<'_> {
-    /// Takes one turn on `session`; `None` when the run is stopping (nothing was sent).
+    /// Takes one turn on `session`, with the fork the agent asked for in it, if any; `None`
+    /// when the run is stopping (nothing was sent).
     pub(super) async fn take_turn(
         &self,
         session: &mut dyn Session,
@@ -17,7 +18,7 @@ impl Unit<'_> {
         turn_index: u32,
         replay: bool,
         state: &mut PathState,
-    ) -> Option<TurnRecord> {
+    ) -> Option<(TurnRecord, Option<BranchRequest>)> {
         let stop = &self.shared.stop;
         if stop.is_cancelled() {
             return None;
@@ -45,10 +46,11 @@ impl Unit<'_> {
             turn_index,
             deadline,
         };
-        let turn = session.turn(input, &ctx).await;
+        let mut turn = session.turn(input, &ctx).await;
         state.active += started.elapsed();
         let started_ms = ms(started.duration_since(self.shared.run_start));
-        Some(record(turn, input, turn_index, started_ms, replay))
+        let branch = turn.branch.take();
+        Some((record(turn, input, turn_index, started_ms, replay), branch))
     }
 }
 

@@ -13,6 +13,7 @@ use super::walk::{PathState, Unit};
 use super::{Shared, ms};
 use crate::criteria::{self, Scope};
 use crate::plan::{PlannedCriterion, PlannedScenario};
+use crate::protocol::Session;
 use crate::record::{CriterionRecord, CriterionStatus, Fault, TrajectoryRecord, TrajectoryStatus};
 
 /// Why a path stopped before its last step.
@@ -22,6 +23,9 @@ pub(super) enum Stop {
     Failed(CriterionRecord),
     /// The run is stopping: nothing below this node is recorded.
     Interrupted,
+    /// The agent asked to fork the conversation here (not an end: each alternative
+    /// continues the path).
+    Branch(crate::protocol::BranchRequest),
 }
 
 impl Unit<'_> {
@@ -32,8 +36,10 @@ impl Unit<'_> {
         state: &PathState,
         stop: Option<Stop>,
         unreached: Vec<&PlannedCriterion>,
+        session: Option<&dyn Session>,
     ) -> bool {
         let sc = &self.scenario.scenario;
+        let sandbox = session.and_then(|s| s.sandbox());
         let mut criteria = state.criteria.clone();
         let mut fault = None;
         // Why the trajectory-level checks were not run, when it stopped early.
@@ -52,7 +58,8 @@ impl Unit<'_> {
                 Some(why)
             }
             Some(Stop::Interrupted) => Some("not checked: the run was stopped".to_string()),
-            None => None,
+            // Never an end (a fork continues the path); checked as if it were not there.
+            Some(Stop::Branch(_)) | None => None,
         };
         // The `expect`s of the steps the stop left unreached.
         if let Some(why) = &not_checked {
@@ -92,6 +99,7 @@ impl Unit<'_> {
                     Scope::Trajectory,
                     &state.turns,
                     None,
+                    sandbox,
                 ),
                 // Recorded anyway, so every trajectory lists the same checks and a
                 // criterion's pass rate counts the trajectories that never got to it.
@@ -122,7 +130,7 @@ impl Unit<'_> {
         let record = TrajectoryRecord {
             suite: self.scenario.suite.to_string(),
             scenario: sc.id.value.clone(),
-            trajectory: self.scenario.trajectories[t].name.clone(),
+            trajectory: format!("{}{}", self.scenario.trajectories[t].name, state.suffix),
             agent: self.agent_id().to_string(),
             protocol: self.shared.plan.agents[self.agent]
                 .protocol
@@ -137,6 +145,9 @@ impl Unit<'_> {
             skip_reason,
             criteria,
             tags: self.scenario.tags.clone(),
+            agent_branches: state.agent_branches.clone(),
+            awaiting_human: session.and_then(|s| s.paused()).map(str::to_owned),
+            sandbox_state: sandbox.map(|s| s.state().clone()),
         };
         self.mark_recorded(t);
         self.shared.record(record).await;
@@ -151,7 +162,7 @@ impl Unit<'_> {
             if !self.is_recorded(t) {
                 let unreached = self.expects_after(root, 0, t);
                 let stop = Some(Stop::Fault(fault.clone()));
-                self.finish_trajectory(t, &PathState::empty(), stop, unreached)
+                self.finish_trajectory(t, &PathState::empty(), stop, unreached, None)
                     .await;
             }
         }
@@ -230,6 +241,9 @@ pub(super) async fn skip_trajectory(
         skip_reason: Some(reason.to_string()),
         criteria: Vec::new(),
         tags: scenario.tags.clone(),
+        agent_branches: Vec::new(),
+        awaiting_human: None,
+        sandbox_state: None,
     };
     shared.record(record).await;
 }

@@ -23,10 +23,12 @@ use super::verdict::Stop;
 use crate::criteria::{self, Scope};
 use crate::event::Event;
 use crate::plan::{ExecNode, PlannedCriterion, PlannedScenario, PlannedStep};
-use crate::protocol::{Conversation, Session, TurnInput};
+use crate::protocol::{BranchRequest, Conversation, Session, TurnInput};
 use crate::record::{
-    CriterionRecord, CriterionStatus, Fault, FaultCategory, NodeRecord, TurnRecord,
+    AgentBranchRecord, CriterionRecord, CriterionStatus, Fault, FaultCategory, NodeRecord,
+    TurnRecord,
 };
+use trellis_dsl::Protocol;
 
 /// One scenario × agent × repetition being executed.
 pub(super) struct Unit<'a> {
@@ -49,6 +51,11 @@ pub(super) struct PathState {
     /// Time this path's own steps took (agent calls with their retries), excluding waits
     /// for a `--jobs` or `concurrency` slot: what the scenario's `timeout` budgets.
     pub(super) active: Duration,
+    /// `~LABEL…` of the continuations of agent-initiated forks this path is in: appended
+    /// to the names of its nodes and of its trajectory.
+    pub(super) suffix: Arc<str>,
+    /// Those continuations, outermost first.
+    pub(super) agent_branches: Vec<AgentBranchRecord>,
 }
 
 impl PathState {
@@ -59,8 +66,35 @@ impl PathState {
             criteria: Vec::new(),
             nodes: Vec::new(),
             active: Duration::ZERO,
+            suffix: Arc::from(""),
+            agent_branches: Vec::new(),
         }
     }
+
+    /// The name node `id` is recorded under on this path.
+    pub(super) fn node_name(&self, id: &Arc<str>) -> Arc<str> {
+        if self.suffix.is_empty() {
+            id.clone()
+        } else {
+            Arc::from(format!("{id}{}", self.suffix))
+        }
+    }
+}
+
+/// Where a path resumes in a node: from which step, and whether it first takes the turn
+/// that puts the agent on one of the alternatives it asked to fork into.
+struct Resume {
+    from_step: usize,
+    branch: Option<BranchEntry>,
+    /// The recorded name of the node above (a continuation's parent is the node where the
+    /// agent branched).
+    parent: Option<Arc<str>>,
+}
+
+struct BranchEntry {
+    index: usize,
+    count: usize,
+    option: String,
 }
 
 /// A node's conversation as its children find it. Sessions are handed out lazily, when a
@@ -213,30 +247,72 @@ impl<'a> Unit<'a> {
         let mut state = Arc::unwrap_or_clone(parent);
         let session = fork.take(child);
         drop(fork);
-        state.nodes.push(node.id.clone());
+        let parent_name = node
+            .parent
+            .and_then(|p| self.scenario.nodes.get(p))
+            .map(|p| state.node_name(&p.id));
         let mut recorded: Vec<Arc<TurnRecord>> = Vec::new();
-        // The first step of this node not run yet, for the checks a stop leaves unreached.
-        let mut next_step = 0;
         let (session, stop) = match session {
             Some(session) => (Some(session), None),
             None => self.open_session(node, &mut state, &mut recorded).await,
         };
-        let mut session = session;
-        let stop = match stop {
-            Some(stop) => Some(stop),
-            None => match session.as_mut() {
-                Some(session) => {
-                    self.run_steps(
-                        node,
-                        session.as_mut(),
-                        &mut state,
-                        &mut recorded,
-                        &mut next_step,
-                    )
-                    .await
+        let resume = Resume {
+            from_step: 0,
+            branch: None,
+            parent: parent_name,
+        };
+        self.run_path(node, state, session, stop, recorded, resume, slot)
+            .await
+    }
+
+    /// Runs a node's steps from `resume` on (unless `stop` already ended the path), records
+    /// the node, then runs its children, or explores the alternatives the agent asked to
+    /// fork into. Returns whether every trajectory through it passed.
+    #[allow(clippy::too_many_arguments)]
+    async fn run_path(
+        &'a self,
+        node: &'a ExecNode,
+        mut state: PathState,
+        mut session: Option<Box<dyn Session>>,
+        stop: Option<Stop>,
+        mut recorded: Vec<Arc<TurnRecord>>,
+        resume: Resume,
+        slot: Option<tokio::sync::SemaphorePermit<'a>>,
+    ) -> bool {
+        let name = state.node_name(&node.id);
+        state.nodes.push(name.clone());
+        // The first step of this node not run yet, for the checks a stop leaves unreached.
+        let mut next_step = resume.from_step;
+        let stop = match (stop, session.as_mut()) {
+            (Some(stop), _) => Some(stop),
+            (None, None) => None,
+            (None, Some(session)) => {
+                let entered = match &resume.branch {
+                    Some(entry) => {
+                        let input = TurnInput::Branch {
+                            index: entry.index,
+                            count: entry.count,
+                            option: &entry.option,
+                        };
+                        self.turn(session.as_mut(), input, false, &mut state, &mut recorded)
+                            .await
+                    }
+                    None => None,
+                };
+                match entered {
+                    Some(stop) => Some(stop),
+                    None => {
+                        self.run_steps(
+                            node,
+                            session.as_mut(),
+                            &mut state,
+                            &mut recorded,
+                            &mut next_step,
+                        )
+                        .await
+                    }
                 }
-                None => None,
-            },
+            }
         };
         drop(slot);
 
@@ -249,29 +325,43 @@ impl<'a> Unit<'a> {
                     scenario: self.scenario.scenario.id.value.clone(),
                     agent: self.agent_id().to_string(),
                     repetition: self.repetition,
-                    node: node.id.to_string(),
-                    parent: node.parent.map(|p| self.scenario.nodes[p].id.to_string()),
+                    node: name.to_string(),
+                    parent: resume.parent.map(|p| p.to_string()),
                     turns: recorded,
                 }))
                 .await;
         }
 
-        if let Some(Stop::Interrupted) = stop {
-            return false;
-        }
-        if let Some(stop) = stop {
-            // Every trajectory below this node ends here.
-            for &t in &node.trajectories {
-                if self.runs(t) {
-                    let unreached = self.expects_after(node, next_step, t);
-                    self.finish_trajectory(t, &state, Some(stop.clone()), unreached)
-                        .await;
-                }
+        match stop {
+            None => {}
+            Some(Stop::Interrupted) => return false,
+            Some(Stop::Branch(request)) => {
+                return self
+                    .explore(node, next_step, state, session, request, name)
+                    .await;
             }
-            return false;
+            Some(stop) => {
+                // Every trajectory below this node ends here.
+                for &t in &node.trajectories {
+                    if self.runs(t) {
+                        let unreached = self.expects_after(node, next_step, t);
+                        self.finish_trajectory(
+                            t,
+                            &state,
+                            Some(stop.clone()),
+                            unreached,
+                            session.as_deref(),
+                        )
+                        .await;
+                    }
+                }
+                return false;
+            }
         }
         if let Some(t) = node.ends {
-            return self.finish_trajectory(t, &state, None, Vec::new()).await;
+            return self
+                .finish_trajectory(t, &state, None, Vec::new(), session.as_deref())
+                .await;
         }
         let point = Arc::new(ForkPoint::new(session, node.children.len()));
         let state = Arc::new(state);
@@ -288,6 +378,118 @@ impl<'a> Unit<'a> {
             .await
             .into_iter()
             .all(|ok| ok)
+    }
+
+    /// The agent asked to fork at step `next_step` of `node`: every alternative (within
+    /// the scenario's `agent-branches` limits) continues in its own copy of the session,
+    /// concurrently, from the same point, as its own trajectory.
+    async fn explore(
+        &'a self,
+        node: &'a ExecNode,
+        next_step: usize,
+        state: PathState,
+        session: Option<Box<dyn Session>>,
+        request: BranchRequest,
+        at: Arc<str>,
+    ) -> bool {
+        let alternatives = request.alternatives();
+        let limits = self.scenario.agent_branches;
+        let depth = u32::try_from(state.agent_branches.len())
+            .unwrap_or(u32::MAX)
+            .saturating_add(1);
+        let breadth = usize::try_from(limits.breadth.max(1)).unwrap_or(usize::MAX);
+        let (explored, limited_by) = if depth > limits.depth {
+            (
+                1,
+                Some(format!(
+                    "depth: agent branches nest at most {} deep (`agent-branches depth=`); \
+                     only the first alternative was continued",
+                    limits.depth
+                )),
+            )
+        } else if alternatives.len() > breadth {
+            (
+                breadth,
+                Some(format!(
+                    "breadth: at most {breadth} alternatives are explored per branch action \
+                     (`agent-branches breadth=`)"
+                )),
+            )
+        } else {
+            (alternatives.len(), None)
+        };
+        let (chosen, rest) = alternatives.split_at(explored.min(alternatives.len()));
+        let labels = branch_labels(chosen);
+        let count = alternatives.len();
+        let mut original = session;
+        let mut continuations = Vec::with_capacity(chosen.len());
+        for (index, (option, label)) in chosen.iter().zip(labels).enumerate() {
+            let last = index + 1 == chosen.len();
+            let session = if last {
+                original.take()
+            } else {
+                original.as_ref().and_then(|s| s.fork())
+            };
+            let mut path = state.clone();
+            path.suffix = Arc::from(format!("{}~{label}", state.suffix));
+            path.agent_branches.push(AgentBranchRecord {
+                label,
+                option: option.clone(),
+                reason: request.reason.clone(),
+                index: u32::try_from(index + 1).unwrap_or(u32::MAX),
+                count: u32::try_from(count).unwrap_or(u32::MAX),
+                depth,
+                unexplored: rest.to_vec(),
+                limited_by: limited_by.clone(),
+            });
+            let entry = BranchEntry {
+                index,
+                count,
+                option: option.clone(),
+            };
+            continuations.push(self.continue_branch(
+                node,
+                next_step,
+                path,
+                session,
+                entry,
+                at.clone(),
+            ));
+        }
+        drop(state);
+        futures::future::join_all(continuations)
+            .await
+            .into_iter()
+            .all(|ok| ok)
+    }
+
+    /// One continuation of an agent-initiated fork, run when it gets a path slot.
+    fn continue_branch(
+        &'a self,
+        node: &'a ExecNode,
+        from_step: usize,
+        state: PathState,
+        session: Option<Box<dyn Session>>,
+        entry: BranchEntry,
+        at: Arc<str>,
+    ) -> Pin<Box<dyn Future<Output = bool> + Send + 'a>> {
+        Box::pin(async move {
+            let slot = self.shared.paths.acquire().await.ok();
+            let stop = session.is_none().then(|| {
+                Stop::Fault(Fault::new(
+                    FaultCategory::Protocol,
+                    "the agent asked to branch, but its conversation cannot be copied to \
+                     continue each alternative",
+                ))
+            });
+            let resume = Resume {
+                from_step,
+                branch: Some(entry),
+                parent: Some(at),
+            };
+            self.run_path(node, state, session, stop, Vec::new(), resume, slot)
+                .await
+        })
     }
 
     /// The `expect` checks trajectory `t` would have run from step `from` of `node` on: what
@@ -340,6 +542,7 @@ impl<'a> Unit<'a> {
             scenario: &self.scenario.scenario.id.value,
             repetition: self.repetition,
             node: &node.id,
+            sandbox: Some(&self.scenario.sandbox),
         });
         if state.turns.is_empty() {
             return (Some(session), None);
@@ -417,6 +620,7 @@ impl<'a> Unit<'a> {
                     };
                     match self.turn(session, input, true, state, recorded).await {
                         Some(Stop::Fault(fault)) => return Some(replay_fault(fault)),
+                        Some(Stop::Branch(_)) => return Some(replay_fault(branch_on_replay())),
                         Some(stop) => return Some(stop),
                         None => {}
                     }
@@ -440,6 +644,7 @@ impl<'a> Unit<'a> {
                             Scope::Turn,
                             &state.turns,
                             turn_index,
+                            session.sandbox(),
                         );
                         if record.status == CriterionStatus::Failed {
                             record.detail = Some(format!(
@@ -450,7 +655,17 @@ impl<'a> Unit<'a> {
                         }
                     }
                 }
-                PlannedStep::Hitl => {}
+                PlannedStep::Hitl { approve, message } => {
+                    match self
+                        .answer_human(session, *approve, message.as_ref(), true, state, recorded)
+                        .await
+                    {
+                        Some(Stop::Fault(fault)) => return Some(replay_fault(fault)),
+                        Some(Stop::Branch(_)) => return Some(replay_fault(branch_on_replay())),
+                        Some(stop) => return Some(stop),
+                        None => {}
+                    }
+                }
             }
         }
         None
@@ -465,8 +680,23 @@ impl<'a> Unit<'a> {
         next_step: &mut usize,
     ) -> Option<Stop> {
         let sc = &self.scenario.scenario;
-        for (i, step) in node.steps.iter().enumerate() {
+        for (i, step) in node.steps.iter().enumerate().skip(*next_step) {
             *next_step = i + 1;
+            if matches!(step, PlannedStep::User(_) | PlannedStep::Call { .. })
+                && let Some(prompt) = session.paused()
+            {
+                return Some(Stop::Failed(CriterionRecord {
+                    turn_index: state.turns.last().map(|t| t.turn_index),
+                    criterion: "hitl".into(),
+                    kind: "hitl".into(),
+                    status: CriterionStatus::Failed,
+                    detail: Some(format!(
+                        "the agent paused for a human (`hitl_pause`: {}) and the next step is \
+                         a user message, not a `hitl approve|reject` answer",
+                        excerpt(prompt)
+                    )),
+                }));
+            }
             match step {
                 PlannedStep::Opening => {
                     let opening = TurnInput::Opening;
@@ -535,6 +765,7 @@ impl<'a> Unit<'a> {
                                 Scope::Turn,
                                 &state.turns,
                                 turn_index,
+                                session.sandbox(),
                             ),
                             // Validation rejects this; a plan built another way still must
                             // not pass a check that looked at nothing.
@@ -554,10 +785,77 @@ impl<'a> Unit<'a> {
                         return Some(Stop::Failed(failed));
                     }
                 }
-                PlannedStep::Hitl => {}
+                PlannedStep::Hitl { approve, message } => {
+                    if let Some(stop) = self
+                        .answer_human(session, *approve, message.as_ref(), false, state, recorded)
+                        .await
+                    {
+                        return Some(stop);
+                    }
+                }
             }
         }
         None
+    }
+
+    /// A `hitl` step: the human's answer to an agent waiting for one. An agent that can
+    /// pause (MultiAgentEval) and did not is a failed step; on other protocols there is
+    /// nothing to answer.
+    async fn answer_human(
+        &self,
+        session: &mut dyn Session,
+        approve: bool,
+        message: Option<&crate::render::CompiledTemplate>,
+        replay: bool,
+        state: &mut PathState,
+        recorded: &mut Vec<Arc<TurnRecord>>,
+    ) -> Option<Stop> {
+        let verdict = if approve { "approve" } else { "reject" };
+        if session.paused().is_none() {
+            if self.shared.plan.agents[self.agent].protocol != Protocol::MultiAgent {
+                return None;
+            }
+            let last = state.turns.last();
+            return Some(Stop::Failed(CriterionRecord {
+                turn_index: last.map(|t| t.turn_index),
+                criterion: format!("hitl {verdict}"),
+                kind: "hitl".into(),
+                status: CriterionStatus::Failed,
+                detail: Some(match last.and_then(|t| t.reply.as_deref()) {
+                    Some(reply) => format!(
+                        "the agent did not pause for a human before this step; it answered: {}",
+                        excerpt(reply)
+                    ),
+                    None => "the agent did not pause for a human before this step".to_string(),
+                }),
+            }));
+        }
+        let text = match message {
+            Some(template) => {
+                let scope = &self.scenario.scope;
+                let vars = &state.vars;
+                match self
+                    .shared
+                    .plan
+                    .templates
+                    .render(template, || scope.with_vars(vars))
+                {
+                    Ok(text) => Some(text),
+                    Err(e) => {
+                        return Some(Stop::Fault(Fault::new(
+                            FaultCategory::Template,
+                            format!("hitl {verdict} message: {e}"),
+                        )));
+                    }
+                }
+            }
+            None => None,
+        };
+        let input = TurnInput::Human {
+            approve,
+            message: text.as_deref(),
+        };
+        self.turn(session, input, replay, state, recorded).await
     }
 
     /// One turn on the path: `None` input is the agent's opening turn; otherwise a user
@@ -572,7 +870,7 @@ impl<'a> Unit<'a> {
         recorded: &mut Vec<Arc<TurnRecord>>,
     ) -> Option<Stop> {
         let turn_index = u32::try_from(state.turns.len()).unwrap_or(u32::MAX);
-        let Some(turn) = self
+        let Some((turn, branch)) = self
             .take_turn(session, input, turn_index, replay, state)
             .await
         else {
@@ -583,8 +881,56 @@ impl<'a> Unit<'a> {
         let turn = Arc::new(turn);
         recorded.push(turn.clone());
         state.turns.push(turn);
-        fault.map(Stop::Fault)
+        match (fault, branch) {
+            (Some(fault), _) => Some(Stop::Fault(fault)),
+            (None, Some(branch)) => Some(Stop::Branch(branch)),
+            (None, None) => None,
+        }
     }
+}
+
+fn branch_on_replay() -> Fault {
+    Fault::new(
+        FaultCategory::Protocol,
+        "the agent asked to branch, but its conversation cannot be copied",
+    )
+}
+
+/// The first 160 characters of an agent's text, for failure details.
+fn excerpt(text: &str) -> String {
+    let mut out: String = text.chars().take(160).collect();
+    if out.len() < text.len() {
+        out.push('…');
+    }
+    out
+}
+
+/// The labels of the continuations of one branch action: a slug of each alternative
+/// (lowercase ASCII letters, digits and `-`, at most 32 characters), `bK` (its 1-based
+/// position) when that is empty or already taken.
+pub(super) fn branch_labels(options: &[String]) -> Vec<String> {
+    let mut labels: Vec<String> = Vec::with_capacity(options.len());
+    for (i, option) in options.iter().enumerate() {
+        let mut slug = String::new();
+        for c in option.chars() {
+            if c.is_ascii_alphanumeric() {
+                slug.push(c.to_ascii_lowercase());
+            } else if !slug.is_empty() && !slug.ends_with('-') {
+                slug.push('-');
+            }
+            if slug.len() >= 32 {
+                break;
+            }
+        }
+        let slug = slug.trim_end_matches('-').to_string();
+        let label = if slug.is_empty() || labels.contains(&slug) {
+            format!("b{}", i + 1)
+        } else {
+            slug
+        };
+        labels.push(label);
+    }
+    labels
 }
 
 /// Runs a `capture` step on the path's last reply: the value goes into the path's vars, or

@@ -218,6 +218,7 @@ impl Endpoint {
             model: None,
             provider: None,
             fault: outcome.err(),
+            branch: None,
         }
     }
 }
@@ -310,10 +311,14 @@ impl Session for AgentScopeSession {
         Box::pin(async move {
             match input {
                 TurnInput::User(text) => self.endpoint.process(&self.session_id, text, ctx).await,
-                TurnInput::Opening | TurnInput::Call { .. } | TurnInput::Human { .. } => {
+                TurnInput::Opening
+                | TurnInput::Call { .. }
+                | TurnInput::Human { .. }
+                | TurnInput::Branch { .. } => {
                     let what = match input {
                         TurnInput::Opening => "speak first (`first-turn \"agent\"`)",
                         TurnInput::Call { .. } => "take a function `call`",
+                        TurnInput::Branch { .. } => "continue a branch it asked for",
                         _ => "take a human's answer",
                     };
                     Turn::failed(Fault::new(

@@ -180,7 +180,7 @@ impl Session for ConnexitySession {
                 TurnInput::User(text) => self.history.push(ChatMessage::user(text)),
                 // The agent speaks first: it is called with the history as it is (empty).
                 TurnInput::Opening => {}
-                TurnInput::Call { .. } | TurnInput::Human { .. } => {
+                TurnInput::Call { .. } | TurnInput::Human { .. } | TurnInput::Branch { .. } => {
                     return Turn::failed(Fault::new(
                         FaultCategory::Protocol,
                         format!(

@@ -243,11 +243,11 @@ impl Session for FixieSession {
                          Fixie's platform, which this version of trellis does not have yet",
                     ));
                 }
-                TurnInput::Human { .. } => {
+                TurnInput::Human { .. } | TurnInput::Branch { .. } => {
                     return Turn::failed(Fault::new(
                         FaultCategory::Protocol,
-                        "a Fixie agent never pauses for a human, so a `hitl` answer has no \
-                         place to go",
+                        "a Fixie agent never pauses for a human nor asks to branch, so a `hitl` answer or a \
+                         branch continuation has no place to go",
                     ));
                 }
             };

@@ -140,6 +140,8 @@ struct LiveProcess {
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
     stderr: Arc<StderrLog>,
+    /// Completes when stderr is closed: a process per call has written all of its log then.
+    stderr_closed: tokio::task::JoinHandle<()>,
     /// Ends whatever the agent started when the process is dropped without `close`.
     _group: ProcessGroup,
 }
@@ -304,6 +306,7 @@ impl LineTransport {
             stdin,
             mut stdout,
             stderr,
+            stderr_closed,
             _group,
         } = spawn(spec)?;
         let describe = self.describe();
@@ -323,7 +326,11 @@ impl LineTransport {
             if out.len() as u64 > limit {
                 return (read, None);
             }
-            (read, Some(child.wait().await))
+            let status = child.wait().await;
+            // What it wrote on stderr just before exiting may not be collected yet; a
+            // child it left running may hold stderr open, so wait only briefly.
+            let _ = tokio::time::timeout(EXIT_GRACE, stderr_closed).await;
+            (read, Some(status))
         };
         let Ok((read, status)) = tokio::time::timeout(timeout, run).await else {
             let _ = kill_group(&mut child).await;
@@ -542,13 +549,14 @@ fn spawn(spec: &ProcessSpec) -> Result<LiveProcess, Fault> {
         return Err(internal("the agent process has no pipes"));
     };
     let log = Arc::new(StderrLog::default());
-    tokio::spawn(collect_stderr(stderr, log.clone()));
+    let stderr_closed = tokio::spawn(collect_stderr(stderr, log.clone()));
     let group = ProcessGroup(child.id().and_then(|pid| i32::try_from(pid).ok()));
     Ok(LiveProcess {
         child,
         stdin,
         stdout: BufReader::new(stdout),
         stderr: log,
+        stderr_closed,
         _group: group,
     })
 }

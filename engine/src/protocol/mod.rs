@@ -50,6 +50,8 @@ pub struct AgentSetup<'a> {
     pub retry: RetryPolicy,
     /// The run's HTTP connection pool.
     pub transport: HttpTransport,
+    /// A builtin agent served as a process or on a socket instead of over HTTP.
+    pub line: Option<LineTarget>,
 }
 
 /// Builds the client of one agent: the one place that maps a `protocol=` to its module.
@@ -102,25 +104,50 @@ pub fn build(setup: AgentSetup<'_>) -> Result<Arc<dyn AgentProtocol>, Fault> {
     }
 }
 
-/// A MultiAgentEval client from the agent's endpoint, with the loop's default options
-/// (the full request, the spec's feedback wording, 5 actions per step, a long-lived
-/// process, a connection per socket call, no declared tools: every call gets the harness
-/// default). `plan.rs` still marks the protocol unsupported, so runs do not reach this yet.
+/// A MultiAgentEval client from the agent's endpoint and its `multiagent` settings. The
+/// scenario's tools reach each conversation through [`Conversation::sandbox`].
 fn multiagent_client(
     setup: &AgentSetup<'_>,
 ) -> Result<Arc<dyn AgentProtocol>, multiagent::session::MultiAgentError> {
     use multiagent::session::{MultiAgentClient, MultiAgentOptions};
     use trellis_dsl::Endpoint;
-    let options = MultiAgentOptions::default();
+    let settings = &setup.agent.multiagent;
+    let options = MultiAgentOptions {
+        request_form: match settings.request {
+            trellis_dsl::MultiAgentRequest::Full => multiagent::wire::RequestForm::Full,
+            trellis_dsl::MultiAgentRequest::TaskOnly => multiagent::wire::RequestForm::TaskOnly,
+        },
+        feedback: match settings.feedback {
+            trellis_dsl::Feedback::Spec => crate::sandbox::FeedbackWording::Spec,
+            trellis_dsl::Feedback::Harness => crate::sandbox::FeedbackWording::Harness,
+        },
+        max_actions: settings.max_actions,
+        process_mode: match settings.process {
+            trellis_dsl::ProcessMode::PerCall => line::ProcessMode::PerCall,
+            trellis_dsl::ProcessMode::LongLived => line::ProcessMode::LongLived,
+        },
+        keep_open: settings.keep_open,
+        ..MultiAgentOptions::default()
+    };
     let line_limits = line::LineLimits {
         timeout: setup.limits.timeout,
         max_line: setup.limits.max_response_size,
     };
-    let client = match &setup.agent.endpoint {
-        Endpoint::Command(command) => {
-            MultiAgentClient::process(command, Vec::new(), None, line_limits, setup.retry, options)
+    let client = match (&setup.agent.endpoint, &setup.line) {
+        // A builtin agent served as a process or on a socket (`transport=`).
+        (Endpoint::Builtin(_), Some(LineTarget::Command(command)))
+        | (Endpoint::Command(command), _) => MultiAgentClient::process(
+            command,
+            settings.env.clone(),
+            settings.cwd.clone(),
+            line_limits,
+            setup.retry,
+            options,
+        ),
+        (Endpoint::Builtin(_), Some(LineTarget::Socket(address))) => {
+            MultiAgentClient::socket(address, line_limits, setup.retry, options)?
         }
-        Endpoint::Socket(address) => {
+        (Endpoint::Socket(address), _) => {
             let address = match address {
                 trellis_dsl::SocketAddress::Tcp { host, port } if host.contains(':') => {
                     let host = host.trim_start_matches('[').trim_end_matches(']');
@@ -131,7 +158,7 @@ fn multiagent_client(
             };
             MultiAgentClient::socket(&address, line_limits, setup.retry, options)?
         }
-        Endpoint::Url(_) | Endpoint::Builtin(_) => MultiAgentClient::http(
+        (Endpoint::Url(_) | Endpoint::Builtin(_), _) => MultiAgentClient::http(
             setup.url,
             setup.headers.clone(),
             setup.limits,
@@ -141,6 +168,15 @@ fn multiagent_client(
         )?,
     };
     Ok(Arc::new(client))
+}
+
+/// Where a builtin agent served over the line transport is reached.
+#[derive(Clone, Debug)]
+pub enum LineTarget {
+    /// `sh -c` this command (the trellis executable serving the agent on stdio).
+    Command(String),
+    /// `tcp:HOST:PORT` or `unix:/PATH`.
+    Socket(String),
 }
 
 /// An OpenAI-style chat message, the shape Connexity, MultiAgentEval and OpenAI share.
@@ -219,6 +255,13 @@ pub trait AgentProtocol: Send + Sync {
     /// A new conversation. No I/O: session-bound protocols create the server-side session
     /// on their first turn.
     fn open(&self, conversation: &Conversation<'_>) -> Box<dyn Session>;
+
+    /// Ends what the client keeps running between conversations (a long-lived agent
+    /// process with its whole process tree, a kept-open socket). Called once, at the end of
+    /// the run; dropping the client must also end them, without waiting.
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
 }
 
 /// One conversation with an agent.
@@ -240,6 +283,12 @@ pub trait Session: Send + Sync {
     fn sandbox(&self) -> Option<&crate::sandbox::Sandbox> {
         None
     }
+
+    /// What the agent asked a human (a MultiAgentEval `hitl_pause`) when it is waiting for
+    /// one: the next turn must be a [`TurnInput::Human`].
+    fn paused(&self) -> Option<&str> {
+        None
+    }
 }
 
 /// Who a new conversation is for, so protocols can name sessions and fill metadata.
@@ -252,6 +301,8 @@ pub struct Conversation<'a> {
     pub repetition: u32,
     /// The execution node the conversation starts at (`start`, `accepts`, …).
     pub node: &'a str,
+    /// The scenario's tools, for protocols whose tool calls the engine answers.
+    pub sandbox: Option<&'a Arc<crate::sandbox::SandboxSpec>>,
 }
 
 /// What the engine asks of the agent in one turn.
@@ -268,6 +319,13 @@ pub enum TurnInput<'a> {
         approve: bool,
         message: Option<&'a str>,
     },
+    /// Continuation `index` (0-based) of the `count` the agent asked for in a branch
+    /// action ([`Turn::branch`]); `option` is the alternative it follows.
+    Branch {
+        index: usize,
+        count: usize,
+        option: &'a str,
+    },
 }
 
 impl TurnInput<'_> {
@@ -278,6 +336,7 @@ impl TurnInput<'_> {
             TurnInput::Opening => "opening",
             TurnInput::Call { .. } => "call",
             TurnInput::Human { .. } => "human",
+            TurnInput::Branch { .. } => "branch",
         }
     }
 
@@ -287,6 +346,7 @@ impl TurnInput<'_> {
             TurnInput::User(text) | TurnInput::Call { input: text, .. } => text,
             TurnInput::Opening => "",
             TurnInput::Human { message, .. } => message.unwrap_or(""),
+            TurnInput::Branch { option, .. } => option,
         }
     }
 }
@@ -318,6 +378,30 @@ pub struct Turn {
     pub provider: Option<String>,
     /// The fault that ended the turn. Whatever was received before it is kept above.
     pub fault: Option<Fault>,
+    /// The agent asked for the conversation to fork here (a MultiAgentEval `branch`
+    /// action): the executor explores each alternative in a copy of the session, through a
+    /// [`TurnInput::Branch`] turn.
+    pub branch: Option<BranchRequest>,
+}
+
+/// An agent's request to fork the conversation, with the alternatives it listed (none: one
+/// continuation, described by the reason).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct BranchRequest {
+    pub reason: Option<String>,
+    pub options: Vec<String>,
+}
+
+impl BranchRequest {
+    /// The alternatives to explore, in order: the listed ones, or the one the reason
+    /// describes.
+    pub fn alternatives(&self) -> Vec<String> {
+        if self.options.is_empty() {
+            vec![self.reason.clone().unwrap_or_default()]
+        } else {
+            self.options.clone()
+        }
+    }
 }
 
 impl Turn {

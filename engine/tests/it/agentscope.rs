@@ -226,6 +226,7 @@ fn conversation() -> Conversation<'static> {
         scenario: "sc",
         repetition: 0,
         node: "start",
+        sandbox: None,
     }
 }
 

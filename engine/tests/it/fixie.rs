@@ -90,6 +90,7 @@ fn open(client: &FixieClient) -> Box<dyn Session> {
         scenario: "case-1",
         repetition: 0,
         node: "start",
+        sandbox: None,
     })
 }
 

@@ -92,6 +92,22 @@ async fn a_process_per_call_gets_the_payload_without_newline_and_stdin_closed() 
 }
 
 #[tokio::test]
+async fn a_process_per_call_has_all_of_its_stderr_in_the_log() {
+    // The log written just before exiting (60 KB: several reads of the pipe) is all there,
+    // every time: the call waits for the end of stderr, not only for the exit.
+    let agent = process(
+        r#"cat >/dev/null; echo '{"ok":true}'; head -c 60000 /dev/zero | tr '\0' x >&2; echo END >&2"#,
+        ProcessMode::PerCall,
+    );
+    for _ in 0..20 {
+        let reply = call(&agent, "{}").await.unwrap();
+        assert_eq!(text(&reply), r#"{"ok":true}"#);
+        assert_eq!(reply.log.len(), 60_004, "{}", reply.log.len());
+        assert!(reply.log.ends_with("END\n"));
+    }
+}
+
+#[tokio::test]
 async fn a_crashing_process_is_a_fault_with_its_stderr() {
     let per_call = process("echo 'Traceback: boom' >&2; exit 3", ProcessMode::PerCall);
     let message = fault(call(&per_call, "{}").await, FaultCategory::Transport);

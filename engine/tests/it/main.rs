@@ -2,11 +2,13 @@
 
 mod agentscope;
 mod builtin_booking;
+mod builtin_support;
 mod criterion_templates;
 mod execution;
 mod fixie;
 mod line;
 mod multiagent;
+mod multiagent_run;
 mod planning;
 mod protocol;
 mod support;

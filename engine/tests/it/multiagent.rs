@@ -100,6 +100,7 @@ fn conversation() -> Conversation<'static> {
         scenario: "sc",
         repetition: 0,
         node: "start",
+        sandbox: None,
     }
 }
 
@@ -311,23 +312,74 @@ async fn an_unknown_action_and_an_error_end_the_turn_with_faults() {
     assert_eq!(turn.reply.as_deref(), Some("I cannot handle refunds"));
 }
 
-#[tokio::test]
-async fn a_branch_action_is_not_supported_yet() {
-    fn brancher(_: &Value) -> Value {
-        json!({"action": "branch", "metadata": {"reason": "try both carriers"}})
+fn brancher(request: &Value) -> Value {
+    match task(request) {
+        "Continue on branch 1 of 2: ground." => {
+            json!({"action": "final_answer", "summary": "by ground"})
+        }
+        "Continue on branch 2 of 2: air." => json!({"action": "final_answer", "summary": "by air"}),
+        _ => {
+            json!({"action": "branch", "metadata": {"reason": "try both carriers", "options": ["ground", "air"]}})
+        }
     }
-    let (url, _) = http_agent(brancher).await;
-    let turn = user(
-        &mut http_client(&url, MultiAgentOptions::default()).session(),
-        "Ship it.",
-    )
-    .await;
-    let fault = turn.fault.unwrap();
-    assert_eq!(fault.category, FaultCategory::Protocol);
-    assert!(
-        fault.message.contains("not supported yet") && fault.message.contains("try both carriers"),
-        "{}",
-        fault.message
+}
+
+#[tokio::test]
+async fn a_branch_action_ends_the_turn_and_each_copy_continues_one_alternative() {
+    let (url, received) = http_agent(brancher).await;
+    let mut session = http_client(&url, MultiAgentOptions::default()).session();
+    let turn = user(&mut session, "Ship it.").await;
+    assert!(turn.fault.is_none(), "{:?}", turn.fault);
+    let branch = turn.branch.expect("a branch request");
+    assert_eq!(branch.reason.as_deref(), Some("try both carriers"));
+    assert_eq!(branch.options, vec!["ground", "air"]);
+    assert_eq!(turn.reply.as_deref(), Some("try both carriers"));
+    // Anything but a continuation is refused while the fork waits.
+    let mut wrong = session.clone();
+    let refused = user(&mut wrong, "Hello?").await;
+    assert_eq!(refused.fault.unwrap().category, FaultCategory::Protocol);
+
+    let mut copy = session.clone();
+    let first = session
+        .take_turn(
+            TurnInput::Branch {
+                index: 0,
+                count: 2,
+                option: "ground",
+            },
+            &ctx(1),
+        )
+        .await;
+    let second = copy
+        .take_turn(
+            TurnInput::Branch {
+                index: 1,
+                count: 2,
+                option: "air",
+            },
+            &ctx(1),
+        )
+        .await;
+    assert_eq!(
+        first.reply.as_deref(),
+        Some("by ground"),
+        "{:?}",
+        first.fault
+    );
+    assert_eq!(
+        second.reply.as_deref(),
+        Some("by air"),
+        "{:?}",
+        second.fault
+    );
+    // The continuation carries the branch in the history, after the agent's branch reply.
+    let seen = received.lock().unwrap().clone();
+    let last = seen.last().unwrap();
+    let history = last["conversation_history"].as_array().unwrap();
+    assert_eq!(history[1]["content"]["action"], "branch");
+    assert_eq!(
+        history[2],
+        json!({"role": "environment", "content": {"branch": {"index": 2, "count": 2, "option": "air", "reason": "try both carriers"}}})
     );
 }
 

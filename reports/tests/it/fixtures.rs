@@ -161,6 +161,9 @@ fn trajectory(
         skip_reason: None,
         criteria: Vec::new(),
         tags: vec!["booking".into()],
+        agent_branches: Vec::new(),
+        awaiting_human: None,
+        sandbox_state: None,
     }
 }
 

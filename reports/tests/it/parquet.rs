@@ -80,6 +80,9 @@ fn tables_have_documented_shape() {
             "checks_passed",
             "checks_failed",
             "checks_skipped",
+            "agent_branches",
+            "awaiting_human",
+            "sandbox_state",
         ]
     );
     assert_eq!(dtype(&t, "repetition"), DataType::UInt32);

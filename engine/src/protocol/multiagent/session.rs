@@ -17,7 +17,11 @@
 //!   turn's reply; `error` ends it too, with an `agent_error` fault carrying its message;
 //! - `hitl_pause`: the turn ends with the prompt as its reply and the session waits for a
 //!   [`TurnInput::Human`] step, which answers it; anything else while paused is a fault;
-//! - `branch`: a `protocol` fault (branches are explored by the executor, not yet);
+//! - `branch`: the turn ends with [`Turn::branch`] set (the alternatives the agent listed,
+//!   see [`super::wire::branch_options`]); the executor forks the session once per
+//!   alternative and continues each copy with a [`TurnInput::Branch`] turn, which tells the
+//!   agent which branch it is on ([`Dialogue::continue_branch`]) and resumes the loop with
+//!   the actions it has left;
 //! - after [`MultiAgentOptions::max_actions`] replies (every reply counts, `processing`
 //!   too, so an agent that never finishes cannot loop forever) without an ending action:
 //!   a `protocol` fault "no final answer after N actions".
@@ -51,8 +55,8 @@ use crate::protocol::line::{
     LineEndpoint, LineLimits, LineTransport, ProcessMode, ProcessSpec, SocketAddressError,
 };
 use crate::protocol::{
-    AgentProtocol, CallContext, ChatMessage, Conversation, Exchange, Session, ToolCallFunction,
-    Turn, TurnInput,
+    AgentProtocol, BranchRequest, CallContext, ChatMessage, Conversation, Exchange, Session,
+    ToolCallFunction, Turn, TurnInput,
 };
 use crate::record::{Fault, FaultCategory, ToolCallRecord};
 use crate::sandbox::{FeedbackWording, Sandbox, SandboxSpec, ToolOutcome, feedback};
@@ -230,11 +234,18 @@ impl MultiAgentClient {
     /// A new conversation, as its concrete type (the executor gets it boxed through
     /// [`AgentProtocol::open`]).
     pub fn session(&self) -> MultiAgentSession {
+        self.session_with(self.inner.options.sandbox.clone())
+    }
+
+    /// A new conversation whose tool calls `sandbox` answers (a scenario's tools).
+    pub fn session_with(&self, sandbox: Arc<SandboxSpec>) -> MultiAgentSession {
         MultiAgentSession {
             client: self.clone(),
             dialogue: Dialogue::new(self.inner.options.request_form),
-            sandbox: Sandbox::new(self.inner.options.sandbox.clone()),
+            sandbox: Sandbox::new(sandbox),
             paused: None,
+            branching: None,
+            actions_used: 0,
             agent_name: None,
             next_call: 1,
         }
@@ -297,8 +308,15 @@ impl MultiAgentClient {
 }
 
 impl AgentProtocol for MultiAgentClient {
-    fn open(&self, _conversation: &Conversation<'_>) -> Box<dyn Session> {
-        Box::new(self.session())
+    fn open(&self, conversation: &Conversation<'_>) -> Box<dyn Session> {
+        match conversation.sandbox {
+            Some(sandbox) => Box::new(self.session_with(sandbox.clone())),
+            None => Box::new(self.session()),
+        }
+    }
+
+    fn close(&self) -> BoxFuture<'_, ()> {
+        Box::pin(MultiAgentClient::close(self))
     }
 }
 
@@ -308,10 +326,7 @@ pub fn is_violation(record: &ToolCallRecord) -> bool {
     record
         .result
         .as_deref()
-        .and_then(|result| serde_json::from_str::<Value>(result).ok())
-        .is_some_and(|result| {
-            result.get("status").and_then(Value::as_str) == Some("policy_violation")
-        })
+        .is_some_and(crate::sandbox::is_violation_result)
 }
 
 /// One MultiAgentEval conversation: the dialogue it resends and the trajectory's sandbox.
@@ -322,6 +337,10 @@ pub struct MultiAgentSession {
     sandbox: Sandbox,
     /// The prompt of a `hitl_pause` no human has answered yet.
     paused: Option<String>,
+    /// The `branch` action waiting for its continuation.
+    branching: Option<BranchRequest>,
+    /// Replies received in the current user step (a branch continuation goes on counting).
+    actions_used: u32,
     /// The agent's name once a reply said it.
     agent_name: Option<String>,
     /// Numbers the trajectory's tool calls (`mae_1`, `mae_2`, …) so ids are unique in it.
@@ -349,39 +368,73 @@ impl MultiAgentSession {
 
     /// Takes one turn (what [`Session::turn`] does, without the box).
     pub async fn take_turn(&mut self, input: TurnInput<'_>, ctx: &CallContext<'_>) -> Turn {
-        match (input, self.paused.is_some()) {
-            (TurnInput::User(text), false) => self.dialogue.begin_user(text),
-            (TurnInput::Human { approve, message }, true) => {
-                self.paused = None;
-                self.dialogue.begin_human(human_text(approve, message));
+        if let Some(branching) = self.branching.take() {
+            match input {
+                TurnInput::Branch {
+                    index,
+                    count,
+                    option,
+                } => {
+                    self.dialogue.continue_branch(
+                        index,
+                        count,
+                        option,
+                        branching.reason.as_deref(),
+                    );
+                }
+                other => {
+                    return Turn::failed(Fault::new(
+                        FaultCategory::Protocol,
+                        format!(
+                            "the agent asked to branch and a `{}` step came instead of one of \
+                             its continuations",
+                            other.kind()
+                        ),
+                    ));
+                }
             }
-            (TurnInput::User(_), true) => {
-                return Turn::failed(Fault::new(
-                    FaultCategory::Protocol,
-                    format!(
-                        "the agent paused for a human (`hitl_pause`: {}) and a user message \
-                         came instead; answer it with a `hitl approve|reject` step",
-                        self.paused.as_deref().unwrap_or_default()
-                    ),
-                ));
+        } else {
+            match (input, self.paused.is_some()) {
+                (TurnInput::User(text), false) => self.dialogue.begin_user(text),
+                (TurnInput::Human { approve, message }, true) => {
+                    self.paused = None;
+                    self.dialogue.begin_human(human_text(approve, message));
+                }
+                (TurnInput::User(_), true) => {
+                    return Turn::failed(Fault::new(
+                        FaultCategory::Protocol,
+                        format!(
+                            "the agent paused for a human (`hitl_pause`: {}) and a user message \
+                             came instead; answer it with a `hitl approve|reject` step",
+                            self.paused.as_deref().unwrap_or_default()
+                        ),
+                    ));
+                }
+                (TurnInput::Human { .. }, false) => {
+                    return Turn::failed(Fault::new(
+                        FaultCategory::Protocol,
+                        "a `hitl` step came but the agent did not pause for a human (no \
+                         `hitl_pause` is waiting)",
+                    ));
+                }
+                (TurnInput::Branch { .. }, _) => {
+                    return Turn::failed(Fault::new(
+                        FaultCategory::Protocol,
+                        "a branch continuation came but the agent did not ask to branch",
+                    ));
+                }
+                (TurnInput::Opening | TurnInput::Call { .. }, _) => {
+                    return Turn::failed(Fault::new(
+                        FaultCategory::Protocol,
+                        format!(
+                            "a MultiAgentEval agent cannot take a `{}` step: it is given a task \
+                             (a user message) and answers it",
+                            input.kind()
+                        ),
+                    ));
+                }
             }
-            (TurnInput::Human { .. }, false) => {
-                return Turn::failed(Fault::new(
-                    FaultCategory::Protocol,
-                    "a `hitl` step came but the agent did not pause for a human (no \
-                     `hitl_pause` is waiting)",
-                ));
-            }
-            (TurnInput::Opening | TurnInput::Call { .. }, _) => {
-                return Turn::failed(Fault::new(
-                    FaultCategory::Protocol,
-                    format!(
-                        "a MultiAgentEval agent cannot take a `{}` step: it is given a task \
-                         (a user message) and answers it",
-                        input.kind()
-                    ),
-                ));
-            }
+            self.actions_used = 0;
         }
         let mut turn = Turn {
             model: self.agent_name.clone(),
@@ -401,7 +454,8 @@ impl MultiAgentSession {
 
     async fn run_loop(&mut self, turn: &mut Turn, log: &mut String, ctx: &CallContext<'_>) {
         let max_actions = self.client.inner.options.max_actions;
-        for _ in 0..max_actions {
+        while self.actions_used < max_actions {
+            self.actions_used += 1;
             let (exchange, result) = self.client.exchange(&self.dialogue, ctx).await;
             turn.exchanges.push(exchange);
             let reply = match result {
@@ -435,20 +489,14 @@ impl MultiAgentSession {
                     self.paused = Some(prompt);
                     return;
                 }
-                Action::Branch { reason, .. } => {
+                Action::Branch {
+                    reason, options, ..
+                } => {
                     turn.messages.push(ChatMessage::assistant(raw));
-                    turn.fault = Some(Fault::new(
-                        FaultCategory::Protocol,
-                        match reason {
-                            Some(reason) => format!(
-                                "the agent asked to branch ({reason}); branch actions are not \
-                                 supported yet"
-                            ),
-                            None => "the agent asked to branch; branch actions are not \
-                                     supported yet"
-                                .to_owned(),
-                        },
-                    ));
+                    turn.reply = reason.clone().or(summary);
+                    let request = BranchRequest { reason, options };
+                    turn.branch = Some(request.clone());
+                    self.branching = Some(request);
                     return;
                 }
                 Action::Error { message } => {
@@ -550,6 +598,10 @@ impl Session for MultiAgentSession {
 
     fn sandbox(&self) -> Option<&Sandbox> {
         Some(&self.sandbox)
+    }
+
+    fn paused(&self) -> Option<&str> {
+        self.paused.as_deref()
     }
 }
 

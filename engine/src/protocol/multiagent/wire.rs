@@ -159,6 +159,39 @@ impl Dialogue {
         self.next_task(feedback.into(), Pending::Nothing);
     }
 
+    /// Continuation `index` (0-based) of `count` after a `branch` action: an environment
+    /// entry `{"branch": {index, count, option, reason}}` (1-based index) enters the history
+    /// and `Continue on branch K of N: OPTION.` is the next `task_description`.
+    pub fn continue_branch(
+        &mut self,
+        index: usize,
+        count: usize,
+        option: &str,
+        reason: Option<&str>,
+    ) {
+        let number = index.saturating_add(1);
+        let mut branch = Map::new();
+        branch.insert("index".into(), Value::from(number));
+        branch.insert("count".into(), Value::from(count));
+        branch.insert("option".into(), Value::from(option));
+        if let Some(reason) = reason {
+            branch.insert("reason".into(), Value::from(reason));
+        }
+        let mut entry = Map::new();
+        entry.insert("branch".into(), Value::Object(branch));
+        self.history
+            .push(HistoryEntry::Environment(Value::Object(entry)));
+        let task = if option.trim().is_empty() {
+            format!("Continue on branch {number} of {count}.")
+        } else {
+            format!(
+                "Continue on branch {number} of {count}: {}.",
+                option.trim().trim_end_matches('.')
+            )
+        };
+        self.next_task(task, Pending::Nothing);
+    }
+
     /// `processing`: the same request again, one turn later.
     pub fn resend(&mut self) {
         self.turn = self.turn.saturating_add(1);
@@ -255,9 +288,12 @@ pub enum Action {
     HitlPause {
         prompt: Option<String>,
     },
-    /// The agent asks for the conversation to fork here (`metadata.reason` in the spec).
+    /// The agent asks for the conversation to fork here (`metadata.reason` in the spec),
+    /// listing the alternatives to explore (see [`branch_options`]; none: one continuation,
+    /// described by the reason).
     Branch {
         reason: Option<String>,
+        options: Vec<String>,
         metadata: Map<String, Value>,
     },
     /// The agent reports it cannot do the task (HTTP 200 with `action: "error"`).
@@ -436,7 +472,14 @@ pub fn decode_reply(body: &[u8]) -> Result<Reply, Fault> {
                 Some(Value::String(reason)) => Some(reason.clone()),
                 _ => fields.text("reason")?,
             };
-            Action::Branch { reason, metadata }
+            let options = branch_options(&metadata)
+                .or_else(|| branch_options(&raw))
+                .unwrap_or_default();
+            Action::Branch {
+                reason,
+                options,
+                metadata,
+            }
         }
         "error" => Action::Error {
             message: fields.error_message()?,
@@ -458,6 +501,34 @@ pub fn decode_reply(body: &[u8]) -> Result<Reply, Fault> {
         raw,
         agent_name,
     })
+}
+
+/// Keys a branch action may list its alternatives under, first found wins.
+pub const BRANCH_OPTION_KEYS: [&str; 4] = ["options", "branches", "alternatives", "paths"];
+
+/// The alternatives a branch action lists under the first of [`BRANCH_OPTION_KEYS`] that is
+/// an array in `object` (`metadata` first, then the reply itself): each a string, or an
+/// object named by its first string `name`, `label`, `option`, `title` or `description`
+/// (compact JSON otherwise). Blank items are dropped.
+pub fn branch_options(object: &Map<String, Value>) -> Option<Vec<String>> {
+    let items = BRANCH_OPTION_KEYS
+        .iter()
+        .find_map(|key| object.get(*key).and_then(Value::as_array))?;
+    let options: Vec<String> = items
+        .iter()
+        .map(|item| match item {
+            Value::String(text) => text.trim().to_owned(),
+            Value::Object(fields) => ["name", "label", "option", "title", "description"]
+                .iter()
+                .find_map(|key| fields.get(*key).and_then(Value::as_str))
+                .map(|text| text.trim().to_owned())
+                .unwrap_or_else(|| item.to_string()),
+            Value::Null => String::new(),
+            other => other.to_string(),
+        })
+        .filter(|option| !option.is_empty())
+        .collect();
+    Some(options)
 }
 
 /// A reply that is not JSON. An agent that logs on stdout sends lines that are not JSON
@@ -920,6 +991,7 @@ mod tests {
             reply.action,
             Action::Branch {
                 reason: Some("Testing alternative resolution path A".into()),
+                options: Vec::new(),
                 metadata: object(
                     json!({"reason": "Testing alternative resolution path A", "path": "A"})
                 ),
@@ -931,6 +1003,7 @@ mod tests {
             decode(r#"{"action":"branch","reason":"try B"}"#).action,
             Action::Branch {
                 reason: Some("try B".into()),
+                options: Vec::new(),
                 metadata: Map::new()
             }
         );
@@ -938,9 +1011,43 @@ mod tests {
             decode(r#"{"action":"branch","metadata":null}"#).action,
             Action::Branch {
                 reason: None,
+                options: Vec::new(),
                 metadata: Map::new()
             }
         );
+        // Alternatives: strings or named objects, in metadata or at top level.
+        let listed = decode(
+            r#"{"action":"branch","metadata":{"reason":"two ways","options":["refund",{"name":" replacement "},"  ",{"x":1}]}}"#,
+        );
+        match listed.action {
+            Action::Branch { options, .. } => {
+                assert_eq!(options, vec!["refund", "replacement", r#"{"x":1}"#])
+            }
+            other => panic!("{other:?}"),
+        }
+        let top = decode(r#"{"action":"branch","reason":"r","branches":[{"label":"a"},"b"]}"#);
+        match top.action {
+            Action::Branch { options, .. } => assert_eq!(options, vec!["a", "b"]),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_branch_continuation_is_announced_in_history_and_task() {
+        let mut dialogue = Dialogue::new(RequestForm::Full);
+        dialogue.begin_user("Resolve it");
+        dialogue.continue_branch(1, 2, "replacement", Some("two ways"));
+        assert_eq!(
+            dialogue.task_description(),
+            "Continue on branch 2 of 2: replacement."
+        );
+        let body: Value = serde_json::from_slice(&dialogue.request().unwrap()).unwrap();
+        assert_eq!(
+            body["conversation_history"][0],
+            json!({"role":"environment","content":{"branch":{"index":2,"count":2,"option":"replacement","reason":"two ways"}}})
+        );
+        dialogue.continue_branch(0, 1, "", None);
+        assert_eq!(dialogue.task_description(), "Continue on branch 1 of 1.");
     }
 
     #[test]

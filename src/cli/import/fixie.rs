@@ -12,13 +12,14 @@ use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
-use clap::{Args, Subcommand};
+use clap::Args;
 use trellis_engine::protocol::fixie::{
     FewShotLine, FixieClient, Handshake, parse_few_shot, validate_function_name,
 };
 use trellis_engine::protocol::http::{CallLimits, HttpTransport, RetryPolicy};
 
-use super::{EXIT_FAILED, EXIT_INVALID, EXIT_OK};
+use super::super::{EXIT_FAILED, EXIT_INVALID, EXIT_OK};
+use super::{comment, is_simple_id, kdl_string, literal_template, write_file};
 
 /// The agent URL written when the few-shots come from a file and no `--url` is given: the
 /// port the Fixie SDK's `agent.serve()` examples listen on.
@@ -27,22 +28,7 @@ const PLACEHOLDER_URL: &str = "http://127.0.0.1:8181";
 const NAME_CHARS: usize = 80;
 
 #[derive(Debug, Args)]
-pub struct ImportArgs {
-    #[command(subcommand)]
-    source: ImportSource,
-}
-
-#[derive(Debug, Subcommand)]
-enum ImportSource {
-    /// Write a suite from a Fixie agent's few-shots: one scenario per few-shot, each
-    /// `Ask Func[…]` / `Func[…] says` pair a `call` step that expects the result.
-    ///
-    /// Example: trellis import fixie http://127.0.0.1:8181 --out suites/my-agent.kdl
-    Fixie(FixieImportArgs),
-}
-
-#[derive(Debug, Args)]
-struct FixieImportArgs {
+pub struct FixieImportArgs {
     /// The agent's base URL (its handshake `GET URL/` is fetched), or a file holding a
     /// saved handshake (JSON or YAML).
     source: String,
@@ -83,18 +69,12 @@ fn parse_header(text: &str) -> Result<(String, String), String> {
     Ok((name.to_owned(), value.trim().to_owned()))
 }
 
-pub fn import(args: ImportArgs) -> u8 {
-    match args.source {
-        ImportSource::Fixie(args) => import_fixie(&args),
-    }
-}
-
-fn import_fixie(args: &FixieImportArgs) -> u8 {
+pub fn import_fixie(args: &FixieImportArgs) -> u8 {
     if let Some(out) = &args.out
         && out.exists()
         && !args.force
     {
-        super::console::errln!(
+        super::super::console::errln!(
             "error: {} exists; pass --force to replace it",
             out.display()
         );
@@ -102,7 +82,9 @@ fn import_fixie(args: &FixieImportArgs) -> u8 {
     }
     let name = match &args.name {
         Some(name) if !is_simple_id(name) => {
-            super::console::errln!("error: --name `{name}` must be letters, digits, `_` or `-`");
+            super::super::console::errln!(
+                "error: --name `{name}` must be letters, digits, `_` or `-`"
+            );
             return EXIT_INVALID;
         }
         Some(name) => name.clone(),
@@ -117,7 +99,7 @@ fn import_fixie(args: &FixieImportArgs) -> u8 {
     let handshake = match handshake {
         Ok(handshake) => handshake,
         Err(message) => {
-            super::console::errln!("error: {message}");
+            super::super::console::errln!("error: {message}");
             return EXIT_FAILED;
         }
     };
@@ -125,7 +107,7 @@ fn import_fixie(args: &FixieImportArgs) -> u8 {
         (Some(url), _) => url.clone(),
         (None, true) => args.source.clone(),
         (None, false) => {
-            super::console::errln!(
+            super::super::console::errln!(
                 "note: the suite's agent URL is a placeholder ({PLACEHOLDER_URL}); pass --url \
                  or edit it"
             );
@@ -143,13 +125,13 @@ fn import_fixie(args: &FixieImportArgs) -> u8 {
     );
     // The suite is built from untrusted text: never hand out a file that is not KDL.
     if let Err(e) = suite.parse::<kdl::KdlDocument>() {
-        super::console::errln!(
+        super::super::console::errln!(
             "error: internal: the generated suite is not valid KDL ({e}); please report"
         );
         return EXIT_FAILED;
     }
     if !args.headers.is_empty() {
-        super::console::errln!(
+        super::super::console::errln!(
             "note: the suite holds the --header values as given; write secrets as \
              \"{{{{ env.VAR }}}}\" templates instead"
         );
@@ -163,10 +145,10 @@ fn import_fixie(args: &FixieImportArgs) -> u8 {
     match written {
         Ok(()) => {
             if let Some(path) = &args.out {
-                super::console::errln!(
+                super::super::console::errln!(
                     "wrote {} ({}); check it with `trellis check {}`",
                     path.display(),
-                    super::console::count(
+                    super::super::console::count(
                         handshake.few_shots.len() as u64,
                         "few-shot",
                         "few-shots"
@@ -177,26 +159,10 @@ fn import_fixie(args: &FixieImportArgs) -> u8 {
             EXIT_OK
         }
         Err(e) => {
-            super::console::errln!("error: could not write the suite: {e}");
+            super::super::console::errln!("error: could not write the suite: {e}");
             EXIT_FAILED
         }
     }
-}
-
-/// Writes `text` to `path`, which must not exist unless `replace` (checked when the file is
-/// created, so a file appearing meanwhile is not clobbered either).
-fn write_file(path: &Path, text: &str, replace: bool) -> Result<(), String> {
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true);
-    if replace {
-        options.create(true).truncate(true);
-    } else {
-        options.create_new(true);
-    }
-    options
-        .open(path)
-        .and_then(|mut file| file.write_all(text.as_bytes()))
-        .map_err(|e| format!("{}: {e}", path.display()))
 }
 
 fn fetch(url: &str, headers: &[(String, String)]) -> Result<Handshake, String> {
@@ -250,13 +216,6 @@ fn default_name(out: Option<&Path>) -> String {
         .filter(|stem| is_simple_id(stem))
         .unwrap_or("fixie")
         .to_owned()
-}
-
-fn is_simple_id(id: &str) -> bool {
-    !id.is_empty()
-        && id
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }
 
 /// What the suite is called and where its agent is.
@@ -440,109 +399,5 @@ fn describe(line: &FewShotLine) -> String {
         FewShotLine::AskAgent { agent, input } => format!("Ask Agent[{agent}]: {input}"),
         FewShotLine::AgentSays { agent, result } => format!("Agent[{agent}] says: {result}"),
         FewShotLine::Other(text) => text.clone(),
-    }
-}
-
-/// Appends `text` as `//` comments, one per line, at `indent`.
-fn comment(out: &mut String, indent: &str, text: &str) {
-    for line in text.split('\n') {
-        let line = escape_disallowed(line);
-        let line = line.trim_end();
-        if line.is_empty() {
-            let _ = writeln!(out, "{indent}//");
-        } else {
-            let _ = writeln!(out, "{indent}// {line}");
-        }
-    }
-}
-
-/// `text` as a quoted KDL string. The `kdl` crate writes the value (quotes, backslashes,
-/// `\n`, `\t`, …); code points it would leave raw but KDL forbids or reads as a line break
-/// (other control characters, U+2028, bidi controls) become `\u{…}` escapes.
-pub fn kdl_string(text: &str) -> String {
-    let written = kdl::KdlValue::String(text.to_owned()).to_string();
-    // A plain identifier is written bare; suites quote every string.
-    let quoted = if written.starts_with('"') {
-        written
-    } else {
-        format!("\"{written}\"")
-    };
-    escape_disallowed(&quoted)
-}
-
-fn escape_disallowed(text: &str) -> String {
-    if !text.chars().any(needs_escape) {
-        return text.to_owned();
-    }
-    let mut out = String::with_capacity(text.len() + 8);
-    for c in text.chars() {
-        if needs_escape(c) {
-            let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-/// Code points KDL v2 does not allow raw in a document, or reads as a newline.
-fn needs_escape(c: char) -> bool {
-    c.is_control()
-        || matches!(
-            c,
-            '\u{2028}' | '\u{2029}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}'
-                | '\u{2066}'..='\u{2069}' | '\u{FEFF}'
-        )
-}
-
-/// `text` as a template that renders to exactly `text`: every `{` that would open a
-/// minijinja tag (`{{`, `{%`, `{#`) is written as `{{ "{" }}`.
-pub fn literal_template(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c == '{' && matches!(chars.peek(), Some('{' | '%' | '#')) {
-            out.push_str("{{ \"{\" }}");
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn strings_round_trip_through_kdl() {
-        for text in [
-            "plain",
-            "two words",
-            "quote \" and backslash \\ and slash /",
-            "line\nbreak\r\ttab",
-            "bell \u{7} del \u{7f} nel \u{85} ls \u{2028} bidi \u{202e} bom \u{feff}",
-            "#raw",
-            "true",
-            "",
-        ] {
-            let doc = format!("node {}", kdl_string(text));
-            let parsed: kdl::KdlDocument = doc.parse().unwrap_or_else(|e| panic!("{doc}: {e}"));
-            let value = parsed
-                .get_arg("node")
-                .and_then(|v| v.as_string())
-                .map(str::to_owned);
-            assert_eq!(value.as_deref(), Some(text), "{doc}");
-        }
-    }
-
-    #[test]
-    fn templates_are_escaped_only_where_needed() {
-        assert_eq!(literal_template("0, 19"), "0, 19");
-        assert_eq!(literal_template("{a}"), "{a}");
-        assert_eq!(
-            literal_template("{{x}} {%y%} {#z#}"),
-            "{{ \"{\" }}{x}} {{ \"{\" }}%y%} {{ \"{\" }}#z#}"
-        );
     }
 }

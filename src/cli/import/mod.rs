@@ -1,0 +1,168 @@
+//! `trellis import`: suites written from what agents and other harnesses already have (a
+//! Fixie agent's few-shots, MultiAgentEval scenario files), and the helpers both importers
+//! share to write KDL that loads back exactly as the source said.
+
+mod fixie;
+mod multiagent;
+mod scenario_file;
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::Path;
+
+use clap::{Args, Subcommand};
+
+#[derive(Debug, Args)]
+pub struct ImportArgs {
+    #[command(subcommand)]
+    source: ImportSource,
+}
+
+#[derive(Debug, Subcommand)]
+enum ImportSource {
+    /// Write a suite from a Fixie agent's few-shots: one scenario per few-shot, each
+    /// `Ask Func[…]` / `Func[…] says` pair a `call` step that expects the result.
+    ///
+    /// Example: trellis import fixie http://127.0.0.1:8181 --out suites/my-agent.kdl
+    Fixie(fixie::FixieImportArgs),
+    /// Write suites from MultiAgentEval scenario files (all three generations): one suite
+    /// per file, its workflow nodes or tasks as `user` steps, its tools, policies and
+    /// initial state as the scenario's sandbox, its assertions as criteria.
+    ///
+    /// Example: trellis import multiagent scenarios/ --out suites/imported
+    Multiagent(multiagent::MultiAgentImportArgs),
+}
+
+pub fn import(args: ImportArgs) -> u8 {
+    match args.source {
+        ImportSource::Fixie(args) => fixie::import_fixie(&args),
+        ImportSource::Multiagent(args) => multiagent::import_multiagent(&args),
+    }
+}
+
+/// Writes `text` to `path`, which must not exist unless `replace` (checked when the file is
+/// created, so a file appearing meanwhile is not clobbered either).
+pub fn write_file(path: &Path, text: &str, replace: bool) -> Result<(), String> {
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true);
+    if replace {
+        options.create(true).truncate(true);
+    } else {
+        options.create_new(true);
+    }
+    options
+        .open(path)
+        .and_then(|mut file| file.write_all(text.as_bytes()))
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+pub fn is_simple_id(id: &str) -> bool {
+    !id.is_empty()
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
+/// Appends `text` as `//` comments, one per line, at `indent`.
+pub fn comment(out: &mut String, indent: &str, text: &str) {
+    for line in text.split('\n') {
+        let line = escape_disallowed(line);
+        let line = line.trim_end();
+        if line.is_empty() {
+            let _ = writeln!(out, "{indent}//");
+        } else {
+            let _ = writeln!(out, "{indent}// {line}");
+        }
+    }
+}
+
+/// `text` as a quoted KDL string. The `kdl` crate writes the value (quotes, backslashes,
+/// `\n`, `\t`, …); code points it would leave raw but KDL forbids or reads as a line break
+/// (other control characters, U+2028, bidi controls) become `\u{…}` escapes.
+pub fn kdl_string(text: &str) -> String {
+    let written = kdl::KdlValue::String(text.to_owned()).to_string();
+    // A plain identifier is written bare; suites quote every string.
+    let quoted = if written.starts_with('"') {
+        written
+    } else {
+        format!("\"{written}\"")
+    };
+    escape_disallowed(&quoted)
+}
+
+fn escape_disallowed(text: &str) -> String {
+    if !text.chars().any(needs_escape) {
+        return text.to_owned();
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if needs_escape(c) {
+            let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Code points KDL v2 does not allow raw in a document, or reads as a newline.
+fn needs_escape(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{2028}' | '\u{2029}' | '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}'
+                | '\u{2066}'..='\u{2069}' | '\u{FEFF}'
+        )
+}
+
+/// `text` as a template that renders to exactly `text`: every `{` that would open a
+/// minijinja tag (`{{`, `{%`, `{#`) is written as `{{ "{" }}`.
+pub fn literal_template(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '{' && matches!(chars.peek(), Some('{' | '%' | '#')) {
+            out.push_str("{{ \"{\" }}");
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strings_round_trip_through_kdl() {
+        for text in [
+            "plain",
+            "two words",
+            "quote \" and backslash \\ and slash /",
+            "line\nbreak\r\ttab",
+            "bell \u{7} del \u{7f} nel \u{85} ls \u{2028} bidi \u{202e} bom \u{feff}",
+            "#raw",
+            "true",
+            "",
+        ] {
+            let doc = format!("node {}", kdl_string(text));
+            let parsed: kdl::KdlDocument = doc.parse().unwrap_or_else(|e| panic!("{doc}: {e}"));
+            let value = parsed
+                .get_arg("node")
+                .and_then(|v| v.as_string())
+                .map(str::to_owned);
+            assert_eq!(value.as_deref(), Some(text), "{doc}");
+        }
+    }
+
+    #[test]
+    fn templates_are_escaped_only_where_needed() {
+        assert_eq!(literal_template("0, 19"), "0, 19");
+        assert_eq!(literal_template("{a}"), "{a}");
+        assert_eq!(
+            literal_template("{{x}} {%y%} {#z#}"),
+            "{{ \"{\" }}{x}} {{ \"{\" }}%y%} {{ \"{\" }}#z#}"
+        );
+    }
+}

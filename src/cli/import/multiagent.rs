@@ -1,0 +1,552 @@
+//! `trellis import multiagent FILE|DIR`: MultiAgentEval scenario files to suites.
+//!
+//! A file becomes one suite holding one scenario ([`super::scenario_file`] does the mapping).
+//! A directory is imported file by file (every `*.json` below it), mirroring its tree under
+//! `--out`: `a/b.json` becomes `OUT/a/b.kdl`, and the agents every suite runs against are
+//! written once, to `OUT/agents.kdl`, which each suite `include`s (so a suite checks and runs
+//! alone as well as with the whole directory). Files are read, mapped, written and checked in
+//! parallel; a file that cannot be imported is reported and the others are still written.
+//!
+//! Exit codes: 0 every file imported (unmapped parts are reported, not failures), 1 some
+//! file could not be imported (the others are written), 2 usage or existing outputs without
+//! `--replace` (nothing written).
+//!
+//! Every written suite is loaded back with the suite language's own loader (unless
+//! `--no-check`) before the import says it is done: an importer bug cannot hand out a suite
+//! that `trellis check` rejects.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use clap::Args;
+use rayon::prelude::*;
+
+use super::super::console::{count, errln};
+use super::super::{EXIT_FAILED, EXIT_INVALID, EXIT_OK};
+use super::scenario_file::{FileAgent, RenderOptions, ScenarioFile};
+use super::{is_simple_id, kdl_string, write_file};
+
+/// The shared agents file of a directory import.
+const AGENTS_FILE: &str = "agents.kdl";
+/// The agent id used when none is given.
+const DEFAULT_AGENT_ID: &str = "multiagent";
+/// The builtin reference agent the suites run against by default.
+const DEFAULT_BUILTIN: &str = "support";
+
+#[derive(Debug, Args)]
+pub struct MultiAgentImportArgs {
+    /// A scenario file (JSON, any of the three generations), or a directory: every `*.json`
+    /// file below it is imported.
+    source: PathBuf,
+    /// Where to write: for a file, the suite file (default: standard output); for a
+    /// directory, the output directory (required), mirroring the source tree, plus
+    /// `agents.kdl`.
+    #[arg(long, value_name = "PATH")]
+    out: Option<PathBuf>,
+    /// Replace files that already exist where the suites are written.
+    #[arg(long)]
+    replace: bool,
+    /// The id of the agent every suite runs against (when the files name no agent of their
+    /// own, or one of the --agent-* options is given).
+    #[arg(long, value_name = "ID", default_value = DEFAULT_AGENT_ID)]
+    agent_id: String,
+    /// Run every suite against the agent served at this URL (`POST URL`, e.g.
+    /// http://127.0.0.1:8000/execute_task), instead of `metadata.agent` or the builtin.
+    #[arg(long, value_name = "URL", group = "endpoint")]
+    agent_url: Option<String>,
+    /// Run every suite against this command (a process speaking JSON on stdin/stdout).
+    #[arg(long, value_name = "COMMAND", group = "endpoint")]
+    agent_command: Option<String>,
+    /// Run every suite against the agent on this socket (tcp://HOST:PORT, unix:///PATH, …).
+    #[arg(long, value_name = "ADDRESS", group = "endpoint")]
+    agent_socket: Option<String>,
+    /// Run every suite against a builtin agent. Default, when neither another --agent-*
+    /// option nor a file's `metadata.agent` says otherwise: `support`.
+    #[arg(long, value_name = "NAME", group = "endpoint")]
+    agent_builtin: Option<String>,
+    /// Do not load each written suite back to check it. Checking is what an import of
+    /// thousands of files spends most of its time on; `trellis check OUT` does the same
+    /// afterwards.
+    #[arg(long)]
+    no_check: bool,
+    /// Only print the summary and the files that could not be imported, not what each file
+    /// left unmapped (that is still written into each suite as comments).
+    #[arg(long, short = 'q')]
+    quiet: bool,
+}
+
+/// Where an agent written by the import is reached.
+#[derive(Debug, Clone)]
+enum Endpoint {
+    /// A file's `metadata.agent`, or an --agent-url/--agent-command/--agent-socket option.
+    Reached(FileAgent),
+    /// `builtin="NAME"`.
+    Builtin(String),
+}
+
+/// An agent node to write: its endpoint and the action cap its scenarios need.
+#[derive(Debug)]
+struct AgentNode {
+    id: String,
+    endpoint: Endpoint,
+    max_actions: Option<u64>,
+}
+
+impl AgentNode {
+    fn render(&self) -> String {
+        let endpoint = match &self.endpoint {
+            Endpoint::Builtin(name) => format!("builtin={}", kdl_string(name)),
+            Endpoint::Reached(FileAgent::Url(url)) => format!("url={}", kdl_string(url)),
+            Endpoint::Reached(FileAgent::Command(command)) => {
+                format!("command={}", kdl_string(command))
+            }
+            Endpoint::Reached(FileAgent::Socket(socket)) => {
+                format!("socket={}", kdl_string(socket))
+            }
+        };
+        let mut out = format!(
+            "agent {} protocol=\"multiagent\" {endpoint}",
+            kdl_string(&self.id)
+        );
+        if let Some(max) = self.max_actions {
+            let _ = write!(out, " max-actions={max}");
+        }
+        out.push('\n');
+        out
+    }
+}
+
+/// One input file and what became of it.
+struct Job {
+    input: PathBuf,
+    /// Path relative to the source directory (the file name for a file source).
+    relative: PathBuf,
+    parsed: Option<Result<ScenarioFile, String>>,
+}
+
+pub fn import_multiagent(args: &MultiAgentImportArgs) -> u8 {
+    let started = Instant::now();
+    if !is_simple_id(&args.agent_id) {
+        errln!(
+            "error: --agent-id `{}` must be letters, digits, `_` or `-`",
+            args.agent_id
+        );
+        return EXIT_INVALID;
+    }
+    let metadata = match std::fs::metadata(&args.source) {
+        Ok(metadata) => metadata,
+        Err(e) => {
+            errln!("error: {}: {e}", args.source.display());
+            return EXIT_INVALID;
+        }
+    };
+    let is_dir = metadata.is_dir();
+    if is_dir && args.out.is_none() {
+        errln!(
+            "error: importing a directory needs --out DIR (one suite per file is written \
+             there, mirroring {})",
+            args.source.display()
+        );
+        return EXIT_INVALID;
+    }
+    let mut jobs = if is_dir {
+        let mut files = Vec::new();
+        let mut ignored = 0usize;
+        if let Err(e) = collect_json(&args.source, &mut files, &mut ignored) {
+            errln!("error: {e}");
+            return EXIT_INVALID;
+        }
+        files.sort();
+        if ignored > 0 && !args.quiet {
+            errln!(
+                "note: {} without the .json extension {} not read",
+                count(ignored as u64, "file", "files"),
+                if ignored == 1 { "was" } else { "were" }
+            );
+        }
+        files
+            .into_iter()
+            .map(|input| Job {
+                relative: input
+                    .strip_prefix(&args.source)
+                    .map(Path::to_path_buf)
+                    .unwrap_or_else(|_| input.clone()),
+                input,
+                parsed: None,
+            })
+            .collect::<Vec<_>>()
+    } else {
+        vec![Job {
+            relative: PathBuf::from(args.source.file_name().unwrap_or_default()),
+            input: args.source.clone(),
+            parsed: None,
+        }]
+    };
+    if jobs.is_empty() {
+        errln!(
+            "error: {} holds no .json scenario files",
+            args.source.display()
+        );
+        return EXIT_INVALID;
+    }
+
+    jobs.par_iter_mut().for_each(|job| {
+        let stem = job
+            .input
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or("scenario")
+            .to_owned();
+        job.parsed = Some(
+            std::fs::read(&job.input)
+                .map_err(|e| e.to_string())
+                .and_then(|text| ScenarioFile::parse(&text, &stem).map_err(|e| e.to_string())),
+        );
+    });
+
+    let explicit = explicit_agent(args);
+    let mut agents: BTreeMap<FileAgent, AgentNode> = BTreeMap::new();
+    let mut default_agent: Option<AgentNode> = None;
+    let mut agent_of: Vec<Option<String>> = Vec::with_capacity(jobs.len());
+    for job in &jobs {
+        let Some(Ok(scenario)) = &job.parsed else {
+            agent_of.push(None);
+            continue;
+        };
+        let node = match (&explicit, &scenario.agent) {
+            (None, Some(endpoint)) => {
+                let next = agents.len() + 2;
+                agents.entry(endpoint.clone()).or_insert_with(|| AgentNode {
+                    id: format!("{}-{next}", args.agent_id),
+                    endpoint: Endpoint::Reached(endpoint.clone()),
+                    max_actions: None,
+                })
+            }
+            _ => default_agent.get_or_insert_with(|| AgentNode {
+                id: args.agent_id.clone(),
+                endpoint: explicit
+                    .clone()
+                    .unwrap_or_else(|| Endpoint::Builtin(DEFAULT_BUILTIN.to_owned())),
+                max_actions: None,
+            }),
+        };
+        // The agent's action cap is the largest any of its files asks for.
+        if let Some(turns) = scenario.max_turns {
+            node.max_actions = Some(node.max_actions.map_or(turns, |m| m.max(turns)));
+        }
+        agent_of.push(Some(node.id.clone()));
+    }
+    let agent_nodes: Vec<&AgentNode> = default_agent.iter().chain(agents.values()).collect();
+    let agents_text: String = agent_nodes.iter().map(|a| a.render()).collect();
+
+    // A bad --agent-url (or a file's endpoint) would make every suite fail its check: say so
+    // once, as a usage error, before writing anything.
+    if !agents_text.is_empty()
+        && let Err(e) = check_text(&agents_text)
+    {
+        errln!("error: the agent options do not make a valid agent:\n{e}");
+        return EXIT_INVALID;
+    }
+    let suite_names = suite_names(&jobs);
+    let outcome = if is_dir {
+        let Some(out) = args.out.as_deref() else {
+            return EXIT_INVALID;
+        };
+        write_directory(args, out, &jobs, &agent_of, &suite_names, &agents_text)
+    } else {
+        write_single(args, &jobs, &agent_of, &suite_names, &agents_text)
+    };
+    let Some(written) = outcome else {
+        return EXIT_INVALID;
+    };
+
+    // Report per file: errors always, unmapped parts unless --quiet.
+    let mut failed = 0usize;
+    let mut unmapped_files = 0usize;
+    for (job, result) in jobs.iter().zip(&written) {
+        match (&job.parsed, result) {
+            (Some(Err(e)), _) => {
+                failed += 1;
+                errln!("error: {}: {e}", job.input.display());
+            }
+            (_, Err(e)) => {
+                failed += 1;
+                errln!("error: {}: {e}", job.input.display());
+            }
+            (Some(Ok(scenario)), Ok(())) => {
+                if !scenario.unmapped.is_empty() {
+                    unmapped_files += 1;
+                    if !args.quiet {
+                        errln!(
+                            "{}: {} not mapped:",
+                            job.input.display(),
+                            count(scenario.unmapped.len() as u64, "item", "items")
+                        );
+                        for item in &scenario.unmapped {
+                            errln!("  - {item}");
+                        }
+                    }
+                }
+            }
+            (None, Ok(())) => {}
+        }
+    }
+    let imported = jobs.len() - failed;
+    let target = args
+        .out
+        .as_deref()
+        .map_or_else(|| "standard output".to_owned(), |p| p.display().to_string());
+    errln!(
+        "imported {imported} of {} into {target} in {:.2}s; {unmapped_files} with \
+         unmapped parts (listed in each suite's header){}",
+        count(jobs.len() as u64, "file", "files"),
+        started.elapsed().as_secs_f64(),
+        if failed > 0 {
+            format!("; {failed} could not be imported")
+        } else {
+            String::new()
+        }
+    );
+    if let Some(out) = &args.out
+        && imported > 0
+    {
+        errln!("check them with `trellis check {}`", out.display());
+    }
+    if failed > 0 { EXIT_FAILED } else { EXIT_OK }
+}
+
+/// The endpoint every suite uses when an --agent-* option is given.
+fn explicit_agent(args: &MultiAgentImportArgs) -> Option<Endpoint> {
+    if let Some(url) = &args.agent_url {
+        Some(Endpoint::Reached(FileAgent::Url(url.clone())))
+    } else if let Some(command) = &args.agent_command {
+        Some(Endpoint::Reached(FileAgent::Command(command.clone())))
+    } else if let Some(socket) = &args.agent_socket {
+        Some(Endpoint::Reached(FileAgent::Socket(socket.clone())))
+    } else {
+        args.agent_builtin.clone().map(Endpoint::Builtin)
+    }
+}
+
+/// Every `*.json` below `dir`, not following symbolic links to directories (which could
+/// loop); other files are counted in `ignored`.
+fn collect_json(dir: &Path, files: &mut Vec<PathBuf>, ignored: &mut usize) -> Result<(), String> {
+    let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| format!("{}: {e}", dir.display()))?;
+        let path = entry.path();
+        let file_type = entry
+            .file_type()
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        if file_type.is_dir() {
+            collect_json(&path, files, ignored)?;
+        } else if path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("json"))
+            && (file_type.is_file() || path.is_file())
+        {
+            files.push(path);
+        } else {
+            *ignored += 1;
+        }
+    }
+    Ok(())
+}
+
+/// A unique suite name per job: its path without the extension, `/` written as `.` (suite
+/// names appear in `SUITE/ID` references), `-2`, `-3`… appended on a clash.
+fn suite_names(jobs: &[Job]) -> Vec<String> {
+    let mut seen: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    jobs.iter()
+        .map(|job| {
+            let base: Vec<String> = job
+                .relative
+                .with_extension("")
+                .components()
+                .map(|c| c.as_os_str().to_string_lossy().replace('/', "-"))
+                .collect();
+            let mut name = base.join(".");
+            if name.trim().is_empty() {
+                name = "scenario".into();
+            }
+            let count = seen.entry(name.clone()).or_insert(0);
+            *count += 1;
+            if *count > 1 {
+                name = format!("{name}-{count}");
+            }
+            name
+        })
+        .collect()
+}
+
+/// Renders and writes every suite of a directory import, and the agents file; `None` when
+/// nothing was written because outputs exist (exit 2).
+fn write_directory(
+    args: &MultiAgentImportArgs,
+    out: &Path,
+    jobs: &[Job],
+    agent_of: &[Option<String>],
+    suite_names: &[String],
+    agents_text: &str,
+) -> Option<Vec<Result<(), String>>> {
+    let agents_path = out.join(AGENTS_FILE);
+    let targets: Vec<PathBuf> = jobs
+        .iter()
+        .map(|job| out.join(job.relative.with_extension("kdl")))
+        .collect();
+    if !args.replace {
+        let existing = std::iter::once(&agents_path)
+            .chain(
+                targets
+                    .iter()
+                    .zip(jobs)
+                    .filter(|(_, j)| matches!(j.parsed, Some(Ok(_))))
+                    .map(|(t, _)| t),
+            )
+            .find(|p| p.exists());
+        if let Some(path) = existing {
+            errln!(
+                "error: {} exists; pass --replace to replace the files this import writes",
+                path.display()
+            );
+            return None;
+        }
+    }
+    if let Err(e) = std::fs::create_dir_all(out) {
+        errln!("error: {}: {e}", out.display());
+        return None;
+    }
+    let mut header = String::new();
+    super::comment(
+        &mut header,
+        "",
+        "The agents the suites imported by `trellis import multiagent` run against; edit the\n\
+         endpoints here (url=, command=, socket= or builtin=).",
+    );
+    if let Err(e) = write_file(&agents_path, &format!("{header}\n{agents_text}"), true) {
+        errln!("error: could not write the agents file: {e}");
+        return None;
+    }
+    let mut results: Vec<(usize, Result<(), String>)> =
+        (0..jobs.len()).map(|i| (i, Ok(()))).collect();
+    results.par_iter_mut().for_each(|(i, result)| {
+        let (Some(job), Some(target)) = (jobs.get(*i), targets.get(*i)) else {
+            return;
+        };
+        let Some(Ok(scenario)) = &job.parsed else {
+            return;
+        };
+        if *target == agents_path {
+            *result = Err(format!(
+                "its suite would be written over the agents file {}",
+                agents_path.display()
+            ));
+            return;
+        }
+        let depth = job.relative.components().count().saturating_sub(1);
+        let include = format!("{}{AGENTS_FILE}", "../".repeat(depth));
+        let preamble = format!("include {}\n\n", kdl_string(&include));
+        let text = scenario.render(&RenderOptions {
+            suite: suite_names.get(*i).map_or("scenario", String::as_str),
+            agent: agent_of
+                .get(*i)
+                .and_then(Option::as_deref)
+                .unwrap_or(DEFAULT_AGENT_ID),
+            source: &job.input.display().to_string(),
+            preamble: &preamble,
+        });
+        *result = write_checked(target, &text, args.replace, !args.no_check);
+    });
+    Some(results.into_iter().map(|(_, r)| r).collect())
+}
+
+/// A single file: to `--out` (agent node inline) or standard output.
+fn write_single(
+    args: &MultiAgentImportArgs,
+    jobs: &[Job],
+    agent_of: &[Option<String>],
+    suite_names: &[String],
+    agents_text: &str,
+) -> Option<Vec<Result<(), String>>> {
+    let Some(job) = jobs.first() else {
+        return Some(Vec::new());
+    };
+    let Some(Ok(scenario)) = &job.parsed else {
+        return Some(vec![Ok(())]);
+    };
+    if let Some(out) = &args.out
+        && out.exists()
+        && !args.replace
+    {
+        errln!(
+            "error: {} exists; pass --replace to replace it",
+            out.display()
+        );
+        return None;
+    }
+    let suite = match &args.out {
+        Some(out) => out
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .filter(|s| !s.trim().is_empty())
+            .map(str::to_owned),
+        None => None,
+    }
+    .or_else(|| suite_names.first().cloned())
+    .unwrap_or_else(|| "scenario".into());
+    let text = scenario.render(&RenderOptions {
+        suite: &suite,
+        agent: agent_of
+            .first()
+            .and_then(Option::as_deref)
+            .unwrap_or(DEFAULT_AGENT_ID),
+        source: &job.input.display().to_string(),
+        preamble: &format!("{agents_text}\n"),
+    });
+    let result = match &args.out {
+        Some(out) => write_checked(out, &text, args.replace, !args.no_check),
+        None => check_text(&text)
+            .map_err(|e| {
+                format!("internal: the suite written for it does not check; please report:\n{e}")
+            })
+            .and_then(|()| {
+                std::io::stdout()
+                    .write_all(text.as_bytes())
+                    .map_err(|e| format!("standard output: {e}"))
+            }),
+    };
+    Some(vec![result])
+}
+
+/// Writes a suite and (with `check`) loads it back with the suite language's loader; a
+/// suite that does not load is removed and reported as an internal error, so one importer
+/// bug cannot leave a directory that `trellis check` rejects as a whole.
+fn write_checked(path: &Path, text: &str, replace: bool, check: bool) -> Result<(), String> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+    }
+    write_file(path, text, replace)?;
+    if check && let Err(diagnostics) = trellis_dsl::load(&[path]) {
+        let _ = std::fs::remove_file(path);
+        return Err(format!(
+            "internal: the suite written for it does not check, so it was removed; please \
+             report:\n{:?}",
+            miette::Report::new(diagnostics)
+        ));
+    }
+    Ok(())
+}
+
+/// Checks KDL that is not written to a file (standard output, the agents alone) through a
+/// temporary file.
+fn check_text(text: &str) -> Result<(), String> {
+    let dir = tempfile::tempdir().map_err(|e| format!("a temporary directory: {e}"))?;
+    let path = dir.path().join("suite.kdl");
+    write_file(&path, text, false)?;
+    trellis_dsl::load(&[&path])
+        .map(drop)
+        .map_err(|diagnostics| format!("{:?}", miette::Report::new(diagnostics)))
+}

@@ -1,0 +1,311 @@
+//! `trellis import multiagent`: MultiAgentEval scenario files (tests/fixtures/multiagent/
+//! scenarios, one per generation and the awkward cases) imported and compared with the
+//! suites expected (tests/fixtures/multiagent/expected), then checked by `trellis check`.
+//!
+//! The expected suites are golden files: after a deliberate change to the importer's
+//! output, rewrite them with `TRELLIS_UPDATE_GOLDENS=1 cargo test --test cli import_multiagent`
+//! and review the diff.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use serde_json::json;
+
+use super::*;
+
+const SCENARIOS: &str = "tests/fixtures/multiagent/scenarios";
+const EXPECTED: &str = "tests/fixtures/multiagent/expected";
+
+async fn import(args: &[&str]) -> Output {
+    trellis()
+        .args(["import", "multiagent"])
+        .args(args)
+        .output()
+        .await
+        .unwrap()
+}
+
+async fn check(path: &Path) -> Output {
+    trellis().arg("check").arg(path).output().await.unwrap()
+}
+
+/// Every file below `dir`, by path relative to it.
+fn tree(dir: &Path) -> BTreeMap<PathBuf, String> {
+    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<PathBuf, String>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(root, &path, out);
+            } else {
+                let text = std::fs::read_to_string(&path).unwrap();
+                out.insert(path.strip_prefix(root).unwrap().to_path_buf(), text);
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(dir, dir, &mut out);
+    out
+}
+
+#[tokio::test]
+async fn every_generation_imports_as_the_golden_suites_and_they_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("imported");
+    let o = import(&[SCENARIOS, "--out", out.to_str().unwrap()]).await;
+    let err = stderr(&o);
+    // Three files cannot be imported (exit 1); the others are written anyway.
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    for expected in [
+        "awkward/cycle.json: the workflow's edges form a cycle through `a`, `b`",
+        "awkward/empty-nodes.json: the scenario has no workflow nodes",
+        "awkward/not-json.json: not JSON: EOF while parsing",
+        "imported 5 of 8 files",
+        "3 could not be imported",
+        // Unmapped parts are reported per file, naming the field and why.
+        "awkward/odd-values.json: 21 items not mapped:",
+        "(unknown assertion mode `fuzzy`)",
+        "`evaluation.consensus`",
+        "`ground_truth_history` (2 entries",
+    ] {
+        assert!(err.contains(expected), "missing {expected:?} in:\n{err}");
+    }
+
+    let written = tree(&out);
+    if std::env::var_os("TRELLIS_UPDATE_GOLDENS").is_some() {
+        let _ = std::fs::remove_dir_all(repo(EXPECTED));
+        for (path, text) in &written {
+            let target = repo(EXPECTED).join(path);
+            std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+            std::fs::write(target, text).unwrap();
+        }
+    }
+    let expected = tree(&repo(EXPECTED));
+    assert_eq!(
+        written.keys().collect::<Vec<_>>(),
+        expected.keys().collect::<Vec<_>>(),
+        "the files written differ from the goldens"
+    );
+    for (path, text) in &written {
+        assert_eq!(
+            text,
+            &expected[path],
+            "{} differs from its golden; if the change is intended, rerun with \
+             TRELLIS_UPDATE_GOLDENS=1",
+            path.display()
+        );
+    }
+
+    // The whole directory checks, and so does each suite alone (it includes the agents).
+    let o = check(&out).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(
+        stdout(&o).contains("ok: 6 files, 5 suites, 5 scenarios, 5 trajectories, 3 agents"),
+        "{}",
+        stdout(&o)
+    );
+    let o = check(&out.join("legacy/billing-dispute.kdl")).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+
+    // Existing outputs are refused, and replaced with --replace.
+    let o = import(&[SCENARIOS, "--out", out.to_str().unwrap()]).await;
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("--replace"), "{}", stderr(&o));
+    let o = import(&[SCENARIOS, "--out", out.to_str().unwrap(), "--replace", "-q"]).await;
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("not mapped:"), "{}", stderr(&o));
+    assert_eq!(tree(&out), written);
+}
+
+#[tokio::test]
+async fn a_single_file_is_one_self_contained_suite() {
+    let source = format!("{SCENARIOS}/legacy/billing-dispute.json");
+    let o = import(&[&source]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let suite = stdout(&o);
+    assert!(
+        suite.contains(
+            "agent \"multiagent\" protocol=\"multiagent\" builtin=\"support\"\n\nsuite \
+             \"billing-dispute\""
+        ),
+        "{suite}"
+    );
+    assert!(!suite.contains("include"), "{suite}");
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("billing.kdl");
+    let o = import(&[
+        &source,
+        "--out",
+        file.to_str().unwrap(),
+        "--agent-url",
+        "http://127.0.0.1:9/execute_task",
+        "--agent-id",
+        "billing-agent",
+    ])
+    .await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(
+        text.contains(
+            "agent \"billing-agent\" protocol=\"multiagent\" url=\"http://127.0.0.1:9/execute_task\""
+        ),
+        "{text}"
+    );
+    assert!(text.contains("suite \"billing\""), "{text}");
+    let o = check(&file).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+
+    let o = import(&[&source, "--out", file.to_str().unwrap()]).await;
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+
+    // Every kind of endpoint makes a suite that checks; a bad one is refused up front.
+    for (option, value, written) in [
+        (
+            "--agent-command",
+            "python3 agent.py",
+            "command=\"python3 agent.py\"",
+        ),
+        (
+            "--agent-socket",
+            "tcp:127.0.0.1:9100",
+            "socket=\"tcp:127.0.0.1:9100\"",
+        ),
+        (
+            "--agent-socket",
+            "unix:///tmp/agent.sock",
+            "socket=\"unix:///tmp/agent.sock\"",
+        ),
+        ("--agent-builtin", "support", "builtin=\"support\""),
+    ] {
+        let o = import(&[&source, option, value]).await;
+        assert_eq!(o.status.code(), Some(0), "{option} {value}: {}", stderr(&o));
+        assert!(stdout(&o).contains(written), "{}", stdout(&o));
+    }
+    let o = import(&[&source, "--agent-socket", "tcp:no-port"]).await;
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("the agent options do not make a valid agent"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(stdout(&o), "");
+
+    // A file that cannot be imported: exit 1, the reason, nothing on standard output.
+    let o = import(&[&format!("{SCENARIOS}/awkward/cycle.json")]).await;
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("cycle"), "{}", stderr(&o));
+    assert_eq!(stdout(&o), "");
+
+    // Usage errors: exit 2.
+    let o = import(&[SCENARIOS]).await;
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("needs --out DIR"), "{}", stderr(&o));
+    let empty = tempfile::tempdir().unwrap();
+    let o = import(&[empty.path().to_str().unwrap(), "--out", "unused"]).await;
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("no .json scenario files"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// A scenario file of generation `n % 3`, with tools, policies, state and assertions.
+fn generated(n: usize) -> serde_json::Value {
+    let tools = json!({
+        "lookup": {"output": {"status": "success", "n": n}},
+        "refund": {"output": "ok", "state_changes": [{"path": "orders.0.status", "value": "refunded"}]},
+    });
+    match n % 3 {
+        0 => json!({
+            "aes_version": 1.4,
+            "metadata": {"id": format!("s-{n}"), "name": format!("Scenario {n}"), "compliance_level": "Standard"},
+            "initial_state": {"orders": [{"status": "open"}]},
+            "tools": tools,
+            "policies": {"refund": {"max_limit": 50}},
+            "workflow": {
+                "nodes": (0..5).map(|i| json!({
+                    "id": format!("n{i}"),
+                    "task_description": format!("Step {i} of scenario {n}"),
+                    "expected_outcome": [
+                        {"target": "message", "expected": format!("regex:step {i}")},
+                        {"target": "state", "property": "orders.0.status", "expected": "refunded"},
+                    ],
+                    "required_tools": ["refund"],
+                    "success_criteria": [{"metric": "luna_judge_score", "threshold": 0.7}],
+                })).collect::<Vec<_>>(),
+                "edges": (0..4).rev().map(|i| json!({"from": format!("n{i}"), "to": format!("n{}", i + 1)})).collect::<Vec<_>>(),
+            },
+            "evaluation": {"metrics": [{"metric": "task_completion", "threshold": 0.8}]},
+        }),
+        1 => json!({
+            "aes_version": 1.4,
+            "metadata": {"id": format!("t-{n}")},
+            "tools": tools,
+            "workflow": {
+                "nodes": [
+                    {"id": "a", "task_description": "First", "expected_outcome": {"type": "typed_value", "data_type": "string", "value": "Done"}},
+                    {"id": "b", "task_description": "Second", "expected_outcome": null},
+                ],
+                "edges": [{"from": "a", "to": "b"}],
+            },
+        }),
+        _ => json!({
+            "scenario_id": format!("legacy_{n}"),
+            "title": "Legacy",
+            "industry": "retail",
+            "tasks": [
+                {"task_id": "t1", "description": "Refund me", "expected_outcome": "A refund", "required_tools": ["refund"],
+                 "success_criteria": [{"metric": "accuracy", "threshold": 0.9, "requires_llm_judge": true}]},
+                {"task_id": "t2", "description": "Thanks", "expected_outcome": "A goodbye"},
+            ],
+            "policies": {"refund": {"max_limit": 100}},
+        }),
+    }
+}
+
+#[tokio::test]
+async fn thousands_of_files_import_in_well_under_a_few_seconds() {
+    const FILES: usize = 2000;
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("corpus");
+    for n in 0..FILES {
+        // Spread over subdirectories, as the public corpus is.
+        let sub = source.join(format!("domain-{}", n % 20));
+        std::fs::create_dir_all(&sub).unwrap();
+        std::fs::write(
+            sub.join(format!("scenario-{n}.json")),
+            generated(n).to_string(),
+        )
+        .unwrap();
+    }
+    let out = dir.path().join("suites");
+    let started = Instant::now();
+    // --no-check: loading thousands of suites back is `trellis check`'s work, timed apart.
+    let o = import(&[
+        source.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "-q",
+        "--no-check",
+    ])
+    .await;
+    let elapsed = started.elapsed();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    println!("imported {FILES} scenario files in {elapsed:?} (debug build)");
+    assert!(
+        stderr(&o).contains(&format!("imported {FILES} of {FILES} files")),
+        "{}",
+        stderr(&o)
+    );
+    // A loose bound: the point is "no quadratic work", not a benchmark.
+    assert!(elapsed.as_secs() < 30, "{elapsed:?}");
+    assert_eq!(tree(&out).len(), FILES + 1);
+
+    // One suite of each generation checks (each includes the shared agents file).
+    for n in 0..3 {
+        let suite = out.join(format!("domain-{n}/scenario-{n}.kdl"));
+        let o = check(&suite).await;
+        assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    }
+}

@@ -1,0 +1,190 @@
+//! MultiAgentEval agents as processes, through the binary: whatever a run starts, it ends —
+//! after a clean run, on SIGTERM, and call by call (no zombies while the run goes on).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use super::*;
+
+/// A long-lived agent (one JSON line in, one out) that records its pid and the pid of a
+/// grandchild it leaves running, and hangs on a task that says `hang`.
+const LONG_LIVED: &str = r#"
+import json, os, subprocess, sys, time
+grandchild = subprocess.Popen(["sleep", "1000"])
+with open(os.environ["PIDS"], "a") as f:
+    f.write(f"{os.getpid()}\n{grandchild.pid}\n")
+for line in sys.stdin:
+    task = json.loads(line)["task_description"]
+    if "hang" in task:
+        time.sleep(1000)
+    print(json.dumps({"action": "final_answer", "summary": "done: " + task}), flush=True)
+"#;
+
+/// One process per call; records its pid; `slow` takes two seconds.
+const PER_CALL: &str = r#"
+import json, os, sys, time
+task = json.loads(sys.stdin.read())["task_description"]
+with open(os.environ["PIDS"], "a") as f:
+    f.write(f"{os.getpid()} {task}\n")
+if task == "slow":
+    time.sleep(2)
+print(json.dumps({"action": "final_answer", "summary": "done: " + task}))
+"#;
+
+fn write_agent(dir: &Path, script: &str, process: &str, scenarios: &str) -> std::path::PathBuf {
+    std::fs::write(dir.join("agent.py"), script).unwrap();
+    let suite = dir.join("suite.kdl");
+    std::fs::write(
+        &suite,
+        format!(
+            r#"agent "proc" protocol="multiagent" command="python3 -u agent.py" cwd="." process="{process}" {{
+    env {{ PIDS "{}" }}
+}}
+{scenarios}
+"#,
+            dir.join("pids").display()
+        ),
+    )
+    .unwrap();
+    suite
+}
+
+fn pids(dir: &Path) -> Vec<i32> {
+    std::fs::read_to_string(dir.join("pids"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_whitespace().next()?.parse().ok())
+        .collect()
+}
+
+/// `(state, parent pid)` of a live process, from /proc; `None` once it is gone.
+fn proc_stat(pid: i32) -> Option<(char, i32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is parenthesised and may contain spaces: split after it.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?.chars().next()?;
+    let ppid = fields.next()?.parse().ok()?;
+    Some((state, ppid))
+}
+
+/// Running or sleeping: not gone, not a zombie waiting for its parent.
+fn running(pid: i32) -> bool {
+    proc_stat(pid).is_some_and(|(state, _)| !matches!(state, 'Z' | 'X'))
+}
+
+async fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_long_lived_agent_and_its_children_end_with_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = write_agent(
+        dir.path(),
+        LONG_LIVED,
+        "long-lived",
+        r#"scenario "a" { user "one"; expect reply equals="done: one"; user "two" }
+scenario "b" { user "three" }"#,
+    );
+    let o = trellis()
+        .args(["run", "--out"])
+        .arg(dir.path().join("run"))
+        .arg(&suite)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let started = pids(dir.path());
+    assert_eq!(started.len(), 2, "one process for the run: {started:?}");
+    wait_until(
+        "the agent's process tree to end",
+        Duration::from_secs(5),
+        || !started.iter().any(|&p| running(p)),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn sigterm_ends_a_hanging_agent_process_tree() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = write_agent(
+        dir.path(),
+        LONG_LIVED,
+        "long-lived",
+        r#"scenario "stuck" { user "please hang" }"#,
+    );
+    let mut child = trellis()
+        .args(["run", "--out"])
+        .arg(dir.path().join("run"))
+        .arg(&suite)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pids_dir = dir.path().to_owned();
+    wait_until("the agent to start", Duration::from_secs(30), || {
+        pids(&pids_dir).len() == 2
+    })
+    .await;
+    let pid = i32::try_from(child.id().unwrap()).unwrap();
+    // SAFETY: kill(2) on the child this test spawned and has not reaped.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .expect("trellis did not exit after SIGTERM")
+        .unwrap();
+    assert_eq!(status.code(), Some(143));
+    let started = pids(dir.path());
+    wait_until(
+        "the agent's process tree to end",
+        Duration::from_secs(5),
+        || !started.iter().any(|&p| running(p)),
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn per_call_processes_are_reaped_as_the_run_goes() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = write_agent(
+        dir.path(),
+        PER_CALL,
+        "per-call",
+        r#"scenario "many" { user "1"; user "2"; user "3"; user "4"; user "slow" }"#,
+    );
+    let mut child = trellis()
+        .args(["run", "--out"])
+        .arg(dir.path().join("run"))
+        .arg(&suite)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let trellis_pid = i32::try_from(child.id().unwrap()).unwrap();
+    let pids_dir = dir.path().to_owned();
+    wait_until("the slow call", Duration::from_secs(30), || {
+        std::fs::read_to_string(pids_dir.join("pids")).is_ok_and(|p| p.contains(" slow"))
+    })
+    .await;
+    // While the fifth process runs, the four before it are gone, not zombies of trellis.
+    let zombies: Vec<i32> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&p| proc_stat(p).is_some_and(|(state, ppid)| state == 'Z' && ppid == trellis_pid))
+        .collect();
+    assert!(
+        zombies.is_empty(),
+        "zombie children of trellis: {zombies:?}"
+    );
+    let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    assert_eq!(pids(dir.path()).len(), 5);
+}
