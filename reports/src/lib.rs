@@ -152,6 +152,8 @@ pub struct ReportWriter {
     info: RunInfo,
     tables: Tables,
     tally: Tally,
+    /// Per scenario, the tree of nodes and every repetition's outcome, for the report.
+    outline: html::Outline,
     selection: Selection,
     junit: junit::JunitBuilder,
     finished: Option<RunSummary>,
@@ -177,6 +179,7 @@ impl ReportWriter {
             info: info.clone(),
             tables: Tables::create(run_dir, &info.run_id, options.batch_rows)?,
             tally: Tally::default(),
+            outline: html::Outline::default(),
             selection: Selection::new(options),
             junit: junit::JunitBuilder::new(info),
             finished: None,
@@ -203,10 +206,12 @@ impl ReportWriter {
             JournalEntry::RunStarted(_) | JournalEntry::Agent(_) => {}
             JournalEntry::Node(node) => {
                 self.tally.add_node(node);
+                self.outline.add_node(node);
                 self.tables.push_node(node);
             }
             JournalEntry::Trajectory(trajectory) => {
                 self.tally.add_trajectory(trajectory);
+                self.outline.add_trajectory(trajectory);
                 self.tables.push_trajectory(trajectory);
                 if self.junit_failed.is_none() {
                     self.junit_failed = self.junit.add(trajectory).err();
@@ -236,6 +241,7 @@ impl ReportWriter {
             info,
             tables,
             tally,
+            outline,
             selection,
             junit,
             finished,
@@ -281,6 +287,7 @@ impl ReportWriter {
                 info: &info,
                 finished: finished.as_ref(),
                 tally: &tally,
+                outline: &outline,
                 rendered: &rendered,
                 nodes: &nodes,
                 skipped_lines,

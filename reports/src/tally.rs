@@ -186,6 +186,7 @@ mod selection_tests {
             skip_reason: None,
             criteria: vec![],
             tags: vec![],
+            captures: Default::default(),
         }
     }
 

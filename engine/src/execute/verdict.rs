@@ -137,6 +137,7 @@ impl Unit<'_> {
             skip_reason,
             criteria,
             tags: self.scenario.tags.clone(),
+            captures: state.vars.clone(),
         };
         self.mark_recorded(t);
         self.shared.record(record).await;
@@ -230,6 +231,7 @@ pub(super) async fn skip_trajectory(
         skip_reason: Some(reason.to_string()),
         criteria: Vec::new(),
         tags: scenario.tags.clone(),
+        captures: Default::default(),
     };
     shared.record(record).await;
 }

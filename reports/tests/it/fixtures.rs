@@ -6,7 +6,7 @@ use std::path::Path;
 use trellis_engine::protocol::{ChatMessage, ToolCall, ToolCallFunction};
 use trellis_engine::record::{
     CriterionRecord, CriterionStatus, Fault, FaultCategory, JournalEntry, NodeRecord, RunInfo,
-    RunSummary, ToolCallRecord, TrajectoryRecord, TrajectoryStatus, TurnRecord,
+    RunSummary, ScenarioInfo, ToolCallRecord, TrajectoryRecord, TrajectoryStatus, TurnRecord,
 };
 
 pub const XSS: &str = "<script>alert(1)</script>";
@@ -19,6 +19,24 @@ pub fn run_info() -> RunInfo {
         suites: vec!["shop".into(), "smoke".into()],
         jobs: 4,
         planned_trajectories: 6,
+        scenarios: vec![ScenarioInfo {
+            suite: "shop".into(),
+            scenario: "booking".into(),
+            name: Some("Booking with a <b>price</b> question".into()),
+            description: Some("The customer books a duct cleaning.".into()),
+            persona: Some(serde_json::json!({
+                "id": "polite-customer",
+                "type": "customer",
+                "description": "Polite, gives details when asked",
+            })),
+            user_context: serde_json::json!({"postal_code": "V4T 0A7"})
+                .as_object()
+                .cloned()
+                .unwrap_or_default(),
+            agents: vec!["demo".into()],
+            trajectories: vec!["accepts".into(), "asks-price".into()],
+            repeat: 2,
+        }],
     }
 }
 
@@ -161,6 +179,7 @@ fn trajectory(
         skip_reason: None,
         criteria: Vec::new(),
         tags: vec!["booking".into()],
+        captures: Default::default(),
     }
 }
 
@@ -227,6 +246,7 @@ pub fn entries() -> Vec<JournalEntry> {
             TrajectoryStatus::Passed,
         );
         accepts.criteria = base.clone();
+        accepts.captures.insert("quote".into(), "120".into());
         out.push(JournalEntry::Trajectory(accepts));
         let status = if rep == 1 {
             TrajectoryStatus::Failed

@@ -11,7 +11,7 @@ fn position(haystack: &str, needle: &str) -> usize {
 }
 
 #[test]
-fn html_is_escaped_self_contained_and_failures_first() {
+fn html_is_escaped_self_contained_and_in_stable_order() {
     let dir = tempfile::tempdir().unwrap();
     write_complete_journal(dir.path());
     let files = write_reports(dir.path(), &ReportOptions::default()).unwrap();
@@ -21,7 +21,8 @@ fn html_is_escaped_self_contained_and_failures_first() {
         !html.contains("<script>alert"),
         "agent text must be escaped"
     );
-    assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
+    assert!(html.contains("&lt;script&gt;alert(1)&lt;&#x2f;script&gt;"));
+    assert!(html.contains("Booking with a &lt;b&gt;price&lt;&#x2f;b&gt; question"));
     assert!(
         !html.contains("http://") && !html.contains("https://"),
         "no external reference"
@@ -30,22 +31,52 @@ fn html_is_escaped_self_contained_and_failures_first() {
         !html.contains(" src=") && !html.contains("<link"),
         "nothing loaded from elsewhere"
     );
+    assert!(html.contains(
+        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; script-src 'sha256-"
+    ));
+    assert_eq!(html.matches("<script>").count(), 1);
 
-    // Error, then failed, then skipped, then passed.
-    let error = position(&html, "data-status=\"error\"");
-    let failed = position(&html, "data-status=\"failed\"");
-    let skipped = position(&html, "data-status=\"skipped\"");
-    let passed = position(&html, "data-status=\"passed\"");
-    assert!(error < failed && failed < skipped && skipped < passed);
+    // Plan order for scenarios, then branch, agent and repetition; not finishing order.
+    let booking = position(&html, "id=\"s0\" data-suite=\"shop\"");
+    let later = position(&html, "id=\"s1\" data-suite=\"smoke\"");
+    let ping = position(&html, "id=\"s2\" data-suite=\"smoke\"");
+    assert!(booking < later && later < ping);
+    let rows: Vec<usize> = ["s0-t0-a0-r0", "s0-t0-a0-r1", "s0-t1-a0-r0", "s0-t1-a0-r1"]
+        .iter()
+        .map(|id| position(&html, &format!("id=\"{id}\" data-status")))
+        .collect();
+    assert!(rows.windows(2).all(|w| w[0] < w[1]), "{rows:?}");
 
-    // Header, aggregates, failure reasons and the transcript.
+    // Header, aggregates, the scenario and who the user is.
     assert!(html.contains("run-1"));
     assert!(html.contains("75.0%"), "3 passed of 4 that ran");
     assert!(html.contains("By suite") && html.contains("By scenario") && html.contains("By agent"));
-    assert!(html.contains("reply has no price: &lt;script&gt;"));
-    assert!(html.contains("shared prefix · node start"));
-    assert!(html.contains("node asks-price/then"));
-    assert!(!html.contains("shared prefix · node asks-price/then"));
+    assert!(html.contains("The customer books a duct cleaning."));
+    assert!(html.contains("<code>polite-customer</code>"));
+    assert!(html.contains("Polite, gives details when asked"));
+    assert!(html.contains("postal_code</span> V4T 0A7"));
+
+    // The tree: pass counts per node, where the failure happened, repetitions grouped.
+    assert!(html.contains(">shared start</a>"));
+    assert!(html.contains("4/4 passed"), "the shared start");
+    assert!(html.contains(">branch «asks-price»</a>"));
+    assert!(html.contains("1 failed here"));
+    assert!(html.contains("title=\"repetitions that passed, of those that ran\">1/2</span>"));
+    assert!(html.contains("title=\"repetitions that passed, of those that ran\">2/2</span>"));
+
+    // The failing criterion and why on the collapsed row, with a human place.
+    let failed_row = &html[position(&html, "id=\"s0-t1-a0-r1\"")..];
+    let summary = &failed_row[..position(failed_row, "</summary>")];
+    assert!(
+        summary.contains("reply matches=&quot;\\$\\d+&quot; (turn 3, after the fork «asks-price»)"),
+        "{summary}"
+    );
+    assert!(summary.contains("reply has no price: &lt;script&gt;"));
+
+    // Transcript: labelled nodes, shared prefix, siblings linked, tool calls, faults.
+    assert!(html.contains("shared prefix · shared by 2 trajectories"));
+    assert!(html.contains("other branches: <a href=\"#s0-t0-a0-r1-n1\">branch «accepts»</a>"));
+    assert!(html.contains("<b>turn 3</b>, after the fork «asks-price»"));
     assert!(html.contains("Let me check the service area."));
     assert!(
         html.contains("check_service_area")
@@ -53,25 +84,10 @@ fn html_is_escaped_self_contained_and_failures_first() {
     );
     assert!(html.contains("HTTP 503 from agent"));
     assert!(html.contains("needs a judge model"));
-    assert!(html.contains("data-filter=\"failed\""));
-    assert!(!html.contains("Not shown in full"));
-}
-
-#[test]
-fn html_caps_transcripts_and_says_so() {
-    let dir = tempfile::tempdir().unwrap();
-    write_complete_journal(dir.path());
-    let options = ReportOptions {
-        max_failing_transcripts: 1,
-        max_passing_transcripts: 1,
-        ..ReportOptions::default()
-    };
-    let files = write_reports(dir.path(), &options).unwrap();
-    let html = std::fs::read_to_string(&files.html).unwrap();
-    assert_eq!(html.matches("<section class=\"traj").count(), 2);
-    assert!(html.contains("Not shown in full: 2 non-passing and 2 passing"));
-    // The aggregates still count everything.
-    assert!(html.contains("<b>6</b><span>trajectories</span>"));
+    // Captured values.
+    assert!(html.contains("<dt>quote</dt><dd><code>120</code></dd>"));
+    assert!(html.contains("data-status=\"failed\""));
+    assert!(!html.contains("Not listed here"));
 }
 
 #[test]
@@ -135,7 +151,7 @@ fn a_lost_journal_leaves_a_report_without_transcripts() {
     assert!(
         html.contains("Transcripts are not shown: the journal could not be written (disk full)")
     );
-    assert!(!html.contains("<p><b>Transcript</b></p>"));
+    assert!(!html.contains("<div class=\"node"));
     assert!(html.contains("</html>"));
 }
 
@@ -158,7 +174,8 @@ fn replayed_and_function_call_turns_are_marked_in_the_transcript() {
     super::fixtures::write_journal(dir.path(), &entries, "");
     let files = write_reports(dir.path(), &ReportOptions::default()).unwrap();
     let html = std::fs::read_to_string(&files.html).unwrap();
-    assert!(html.contains("<b>replay</b> of the shared prefix"));
+    assert!(html.contains("<div class=\"turn replay\">"));
+    assert!(html.contains(">replayed</span>"));
     assert!(html.contains("<span class=\"role\">call lookup_order</span>"));
     use polars::prelude::{ParquetReader, SerReader};
     let turns = ParquetReader::new(std::fs::File::open(&files.turns).unwrap())
@@ -196,6 +213,6 @@ fn content_parts_are_shown_as_text_never_loaded() {
     let files = write_reports(dir.path(), &ReportOptions::default()).unwrap();
     let html = std::fs::read_to_string(&files.html).unwrap();
     assert!(html.contains("content part"), "parts are shown");
-    assert!(html.contains("evil.example/x.png"));
+    assert!(html.contains("evil.example&#x2f;x.png"));
     assert!(!html.contains("<img"), "nothing is loaded or injected");
 }
