@@ -86,12 +86,20 @@ fn percent(part: u64, whole: u64) -> String {
     }
 }
 
-/// JSON text pretty-printed when it parses, as sent otherwise.
+/// Compact JSON up to this many characters stays on one line.
+const ONE_LINE_JSON: usize = 100;
+
+/// JSON text on one line when short, pretty-printed when long, as sent when it does not
+/// parse.
 fn pretty_json(text: &str) -> String {
-    serde_json::from_str::<serde_json::Value>(text)
-        .ok()
-        .and_then(|v| serde_json::to_string_pretty(&v).ok())
-        .unwrap_or_else(|| text.to_owned())
+    let Ok(value) = serde_json::from_str::<serde_json::Value>(text) else {
+        return text.to_owned();
+    };
+    let compact = value.to_string();
+    if compact.chars().count() <= ONE_LINE_JSON {
+        return compact;
+    }
+    serde_json::to_string_pretty(&value).unwrap_or(compact)
 }
 
 #[derive(Serialize)]
@@ -1276,7 +1284,6 @@ fn turn_view(turn: &TurnRecord, criteria: &[CriterionRecord], place: Option<Stri
             });
         }
     }
-    let place_for_checks = place.clone();
     TurnView {
         label: format!("turn {}", turn.turn_index + 1),
         place,
@@ -1294,7 +1301,11 @@ fn turn_view(turn: &TurnRecord, criteria: &[CriterionRecord], place: Option<Stri
             criteria
                 .iter()
                 .filter(|c| c.turn_index == Some(turn.turn_index))
-                .map(|c| check_view(c, &|_| place_for_checks.clone()))
+                .map(|c| CheckView {
+                    // Shown under its turn: the place would only repeat the turn's heading.
+                    place: None,
+                    ..check_view(c, &|_| None)
+                })
                 .collect()
         },
     }

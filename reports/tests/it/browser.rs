@@ -386,7 +386,7 @@ fn the_report_works_in_a_real_browser() {
                 .to_owned()
         })
         .collect();
-    assert_eq!(requests, [url.clone()], "the page loaded something");
+    assert_eq!(requests, [url], "the page loaded something");
     let exceptions = browser.events_named("Runtime.exceptionThrown");
     assert!(exceptions.is_empty(), "script errors: {exceptions:?}");
     let logged: Vec<&Value> = browser

@@ -80,7 +80,7 @@ fn html_is_escaped_self_contained_and_in_stable_order() {
     assert!(html.contains("Let me check the service area."));
     assert!(
         html.contains("check_service_area")
-            && html.contains("&quot;zone&quot;: &quot;V4T0A7&quot;")
+            && html.contains("{&quot;zone&quot;:&quot;V4T0A7&quot;}")
     );
     assert!(html.contains("HTTP 503 from agent"));
     assert!(html.contains("needs a judge model"));
