@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 use trellis_engine::record::{JournalEntry, NodeRecord, RunInfo, RunSummary, TrajectoryRecord};
 
 pub use error::ReportError;
+pub use html::{ScenarioTrend, TrendPoint, Trends};
 pub use staged::PARTIAL_SUFFIX;
 
 use crate::journal::JournalReader;
@@ -58,6 +59,9 @@ pub struct ReportOptions {
     pub max_passing_transcripts: usize,
     /// Rows buffered per Parquet table before they are written as a row group.
     pub batch_rows: usize,
+    /// Earlier runs drawn in each scenario's trend in `report.html`, read from the run
+    /// directories next to this one; 0 draws no trend.
+    pub trend_runs: usize,
 }
 
 impl Default for ReportOptions {
@@ -66,6 +70,7 @@ impl Default for ReportOptions {
             max_failing_transcripts: 500,
             max_passing_transcripts: 200,
             batch_rows: 8 * 1024,
+            trend_runs: 10,
         }
     }
 }
@@ -165,6 +170,10 @@ pub struct ReportWriter {
     junit_failed: Option<ReportError>,
     /// Why the journal on disk cannot be read back for transcripts.
     journal_lost: Option<String>,
+    /// Earlier runs per scenario for the report's trends; `None` reads the run
+    /// directories next to this one.
+    trends: Option<Trends>,
+    trend_runs: usize,
 }
 
 impl ReportWriter {
@@ -187,6 +196,8 @@ impl ReportWriter {
             paths: HashMap::new(),
             junit_failed: None,
             journal_lost: None,
+            trends: None,
+            trend_runs: options.trend_runs,
         })
     }
 
@@ -195,6 +206,13 @@ impl ReportWriter {
     /// renders `report.html` without transcripts, saying why, instead of reading the journal.
     pub fn journal_lost(&mut self, why: impl Into<String>) {
         self.journal_lost = Some(why.into());
+    }
+
+    /// Gives the report's per-scenario trends instead of reading them from the run
+    /// directories next to this one (a history that knows more about runs than their
+    /// directories).
+    pub fn set_trends(&mut self, trends: Trends) {
+        self.trends = Some(trends);
     }
 
     /// Takes one entry. A file that cannot be written stops taking entries (its error is
@@ -249,6 +267,8 @@ impl ReportWriter {
             paths,
             junit_failed,
             journal_lost,
+            trends,
+            trend_runs,
         } = self;
         let totals = tally.total;
         let (table_paths, mut not_written) = tables.finish(RunRow {
@@ -280,6 +300,13 @@ impl ReportWriter {
                 ),
             },
         };
+        let trends = match trends {
+            Some(trends) => trends,
+            None if trend_runs > 0 => {
+                html::trends_from_sibling_runs(&run_dir, &info.run_id, &info.started_at, trend_runs)
+            }
+            None => Trends::new(),
+        };
         let html_path = run_dir.join(HTML_FILE);
         if let Err(e) = html::write(
             &html_path,
@@ -288,6 +315,7 @@ impl ReportWriter {
                 finished: finished.as_ref(),
                 tally: &tally,
                 outline: &outline,
+                trends: &trends,
                 rendered: &rendered,
                 nodes: &nodes,
                 skipped_lines,

@@ -8,6 +8,7 @@
 //! only shows, hides and opens elements the page already has. Nothing is embedded as JSON.
 
 mod outline;
+mod trend;
 mod view;
 
 use std::collections::HashMap;
@@ -18,6 +19,8 @@ use minijinja::{AutoEscape, Environment, UndefinedBehavior, Value};
 use trellis_engine::record::{RunInfo, RunSummary};
 
 pub(crate) use outline::Outline;
+pub(crate) use trend::trends_from_sibling_runs;
+pub use trend::{ScenarioTrend, TrendPoint, Trends};
 
 use crate::error::ReportError;
 use crate::staged::Staged;
@@ -35,6 +38,8 @@ pub(crate) struct Page<'a> {
     pub(crate) finished: Option<&'a RunSummary>,
     pub(crate) tally: &'a Tally,
     pub(crate) outline: &'a Outline,
+    /// Earlier runs per scenario, oldest first.
+    pub(crate) trends: &'a Trends,
     pub(crate) rendered: &'a Rendered,
     pub(crate) nodes: &'a HashMap<NodeKey, NodeSlot>,
     pub(crate) skipped_lines: usize,

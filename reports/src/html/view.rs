@@ -18,6 +18,7 @@ use trellis_engine::record::{
 
 use super::Page;
 use super::outline::{NodeOutcome, ScenarioOutline, node_outcomes};
+use super::trend::TrendPoint;
 use crate::NodeKey;
 use crate::tally::Counts;
 
@@ -353,6 +354,79 @@ pub(crate) struct RunView {
 }
 
 #[derive(Serialize)]
+pub(crate) struct TrendBar {
+    x: u32,
+    y: String,
+    height: String,
+    grade: &'static str,
+    current: bool,
+    title: String,
+}
+
+/// A scenario's pass rate over earlier runs and this one, as bars.
+#[derive(Serialize)]
+pub(crate) struct TrendView {
+    width: u32,
+    bars: Vec<TrendBar>,
+    summary: String,
+}
+
+/// Height of the trend's drawing area, in pixels.
+const TREND_HEIGHT: f64 = 22.0;
+const TREND_STEP: u32 = 9;
+
+fn trend_view(earlier: &[TrendPoint], current: TrendPoint) -> Option<TrendView> {
+    if earlier.is_empty() {
+        return None;
+    }
+    let bars_drawn = earlier.len() + 1;
+    let bars = earlier
+        .iter()
+        .chain(std::iter::once(&current))
+        .enumerate()
+        .map(|(i, p)| {
+            let rate = (p.ran > 0).then(|| p.passed as f64 / p.ran as f64);
+            let height = rate.map_or(2.0, |r| (r * TREND_HEIGHT).max(2.0));
+            let grade = match (p.ran, p.passed) {
+                (0, _) => "na",
+                (_, 0) => "none",
+                (ran, passed) if ran == passed => "all",
+                _ => "some",
+            };
+            TrendBar {
+                x: u32::try_from(i)
+                    .unwrap_or(u32::MAX)
+                    .saturating_mul(TREND_STEP),
+                y: format!("{:.1}", TREND_HEIGHT - height),
+                height: format!("{height:.1}"),
+                grade,
+                current: i + 1 == bars_drawn,
+                title: format!(
+                    "{}{} · {}: {}/{} passed ({})",
+                    if i + 1 == bars_drawn {
+                        "this run · "
+                    } else {
+                        ""
+                    },
+                    p.run_id,
+                    p.started_at,
+                    p.passed,
+                    p.ran,
+                    percent(p.passed, p.ran)
+                ),
+            }
+        })
+        .collect();
+    Some(TrendView {
+        width: u32::try_from(bars_drawn)
+            .unwrap_or(u32::MAX)
+            .saturating_mul(TREND_STEP),
+        bars,
+        summary: count(earlier.len() as u64, "earlier run", "earlier runs"),
+    })
+}
+
+#[derive(Serialize)]
 pub(crate) struct ScenarioView {
     anchor: String,
     suite: String,
@@ -365,6 +439,7 @@ pub(crate) struct ScenarioView {
     tags: Vec<String>,
     repeat: u32,
     counts: CountsView,
+    trend: Option<TrendView>,
     coverage: Option<String>,
     tree: Vec<TreeNode>,
     unrun: Vec<Leaf>,
@@ -795,6 +870,20 @@ fn scenario_view(
         tags: rows.first().map(|t| t.tags.clone()).unwrap_or_default(),
         repeat: plan.map_or(1, |p| p.repeat),
         counts: CountsView::of(&counts),
+        trend: page
+            .trends
+            .get(&(suite.to_owned(), scenario.to_owned()))
+            .and_then(|trend| {
+                trend_view(
+                    &trend.points,
+                    TrendPoint {
+                        run_id: page.info.run_id.clone(),
+                        started_at: page.info.started_at.clone(),
+                        passed: counts.passed,
+                        ran: counts.passed + counts.failed + counts.errors,
+                    },
+                )
+            }),
         coverage,
         tree,
         unrun,

@@ -216,3 +216,46 @@ fn content_parts_are_shown_as_text_never_loaded() {
     assert!(html.contains("evil.example&#x2f;x.png"));
     assert!(!html.contains("<img"), "nothing is loaded or injected");
 }
+
+/// Each scenario's pass rate over the runs next to this one, oldest first, this run last.
+#[test]
+fn html_draws_each_scenarios_trend_from_the_runs_next_to_it() {
+    use trellis_engine::record::JournalEntry;
+    let dir = tempfile::tempdir().unwrap();
+    let (earlier, later) = (dir.path().join("a"), dir.path().join("b"));
+    std::fs::create_dir(&earlier).unwrap();
+    std::fs::create_dir(&later).unwrap();
+    write_complete_journal(&earlier);
+    write_reports(&earlier, &ReportOptions::default()).unwrap();
+    let first = std::fs::read_to_string(earlier.join("report.html")).unwrap();
+    assert!(!first.contains("<svg class=\"trend\""), "no earlier run");
+
+    let mut entries = super::fixtures::entries();
+    if let Some(JournalEntry::RunStarted(info)) = entries.first_mut() {
+        info.run_id = "run-2".into();
+        info.started_at = "2025-01-02T10:00:00Z".into();
+    }
+    entries.push(JournalEntry::RunFinished(super::fixtures::summary()));
+    super::fixtures::write_journal(&later, &entries, "");
+    let files = write_reports(&later, &ReportOptions::default()).unwrap();
+    let html = std::fs::read_to_string(&files.html).unwrap();
+    assert!(html.contains("<svg class=\"trend\""));
+    let earlier_bar = position(
+        &html,
+        "<title>run-1 · 2025-01-01T10:00:00Z: 3&#x2f;4 passed (75.0%)</title>",
+    );
+    let this_bar = position(
+        &html,
+        "<title>this run · run-2 · 2025-01-02T10:00:00Z: 3&#x2f;4 passed (75.0%)</title>",
+    );
+    assert!(earlier_bar < this_bar);
+
+    // Trends can be turned off.
+    let options = ReportOptions {
+        trend_runs: 0,
+        ..ReportOptions::default()
+    };
+    let files = write_reports(&later, &options).unwrap();
+    let html = std::fs::read_to_string(&files.html).unwrap();
+    assert!(!html.contains("<svg class=\"trend\""));
+}
