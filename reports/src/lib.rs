@@ -24,7 +24,10 @@ use std::path::{Path, PathBuf};
 use trellis_engine::record::{JournalEntry, NodeRecord, RunInfo, RunSummary, TrajectoryRecord};
 
 pub use error::ReportError;
-pub use html::{ScenarioTrend, TrendPoint, Trends};
+pub use html::{
+    CompareMetric, ComparePage, CompareRate, CompareRow, CompareRun, CompareTally, ScenarioTrend,
+    TrendPoint, Trends, write_compare,
+};
 pub use staged::PARTIAL_SUFFIX;
 
 use crate::journal::JournalReader;

@@ -7,6 +7,7 @@
 //! the templates only lay them out. The script does not build markup from text either: it
 //! only shows, hides and opens elements the page already has. Nothing is embedded as JSON.
 
+mod compare;
 mod outline;
 mod trend;
 mod view;
@@ -18,6 +19,9 @@ use std::path::Path;
 use minijinja::{AutoEscape, Environment, UndefinedBehavior, Value};
 use trellis_engine::record::{RunInfo, RunSummary};
 
+pub use compare::{
+    CompareMetric, ComparePage, CompareRate, CompareRow, CompareRun, CompareTally, write_compare,
+};
 pub(crate) use outline::Outline;
 pub(crate) use trend::trends_from_sibling_runs;
 pub use trend::{ScenarioTrend, TrendPoint, Trends};
@@ -29,8 +33,10 @@ use crate::{NodeKey, NodeSlot};
 
 const PAGE_TEMPLATE: &str = include_str!("templates/report.html");
 const MACROS_TEMPLATE: &str = include_str!("templates/macros.html");
+const COMPARE_TEMPLATE: &str = include_str!("templates/compare.html");
 const STYLE: &str = include_str!("templates/report.css");
 const SCRIPT: &str = include_str!("templates/report.js");
+const SCRIPT_COMPARE: &str = include_str!("templates/compare.js");
 
 /// Everything the page shows.
 pub(crate) struct Page<'a> {
@@ -69,6 +75,7 @@ fn environment() -> Result<Environment<'static>, minijinja::Error> {
     env.set_undefined_behavior(UndefinedBehavior::Strict);
     env.add_template("macros.html", MACROS_TEMPLATE)?;
     env.add_template("report.html", PAGE_TEMPLATE)?;
+    env.add_template("compare.html", COMPARE_TEMPLATE)?;
     Ok(env)
 }
 
@@ -93,6 +100,7 @@ mod tests {
     fn own_style_and_script_cannot_close_their_elements() {
         assert!(!STYLE.contains("</"));
         assert!(!SCRIPT.contains("</"));
+        assert!(!SCRIPT_COMPARE.contains("</"));
     }
 
     #[test]

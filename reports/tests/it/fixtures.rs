@@ -335,3 +335,88 @@ pub fn write_complete_journal(dir: &Path) {
     all.push(JournalEntry::RunFinished(summary()));
     write_journal(dir, &all, "");
 }
+
+/// Two runs compared: one scenario and its failing branch regressed, one criterion with
+/// `why` as its head failure, the rest unchanged.
+pub fn compare_page(why: &str) -> trellis_reports::ComparePage {
+    use trellis_reports::{
+        CompareMetric, ComparePage, CompareRate, CompareRow, CompareRun, CompareTally,
+    };
+    let rate = |base: (u64, u64), head: (u64, u64), verdict: &str| CompareRate {
+        base: Some(CompareTally {
+            passed: base.0,
+            samples: base.1,
+        }),
+        head: Some(CompareTally {
+            passed: head.0,
+            samples: head.1,
+        }),
+        delta_points: Some((head.0 as f64 / head.1 as f64 - base.0 as f64 / base.1 as f64) * 100.0),
+        p_value: (base.1 > 1).then_some(0.0123),
+        verdict: verdict.into(),
+    };
+    let row = |trajectory: &str, criterion: &str, rate: CompareRate| CompareRow {
+        suite: "shop".into(),
+        scenario: "booking".into(),
+        trajectory: trajectory.into(),
+        agent: "demo".into(),
+        turn_index: (!criterion.is_empty()).then_some(2),
+        criterion: criterion.into(),
+        rate,
+        head_failure: None,
+    };
+    let mut criterion = row(
+        "asks-price",
+        "reply matches=\"\\$\\d+\"",
+        rate((2, 2), (0, 2), "regressed"),
+    );
+    criterion.head_failure = Some(why.into());
+    ComparePage {
+        base: CompareRun {
+            run_id: "run-1".into(),
+            name: Some("nightly".into()),
+            started_at: "2025-01-01T10:00:00Z".into(),
+            finished: true,
+        },
+        head: CompareRun {
+            run_id: "run-2".into(),
+            name: None,
+            started_at: "2025-01-02T10:00:00Z".into(),
+            finished: true,
+        },
+        metrics: vec![
+            CompareMetric {
+                metric: "pass_rate".into(),
+                base: Some(1.0),
+                head: Some(0.75),
+                delta: Some(-0.25),
+                threshold: Some(0.0),
+                p_value: None,
+                verdict: "regressed".into(),
+            },
+            CompareMetric {
+                metric: "latency_mean_ms".into(),
+                base: Some(120.0),
+                head: Some(118.0),
+                delta: Some(-2.0),
+                threshold: Some(20.0),
+                p_value: None,
+                verdict: "unchanged".into(),
+            },
+        ],
+        scenarios: vec![CompareRow {
+            trajectory: String::new(),
+            ..row("", "", rate((4, 4), (3, 4), "regressed"))
+        }],
+        branches: vec![
+            row("accepts", "", rate((2, 2), (2, 2), "unchanged")),
+            row("asks-price", "", rate((2, 2), (1, 2), "regressed")),
+        ],
+        criteria: vec![
+            row("accepts", "turns max=8", rate((2, 2), (2, 2), "unchanged")),
+            criterion,
+        ],
+        regressions: vec![format!("booking asks-price: {why}")],
+        regressed: true,
+    }
+}

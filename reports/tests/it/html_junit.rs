@@ -259,3 +259,25 @@ fn html_draws_each_scenarios_trend_from_the_runs_next_to_it() {
     let html = std::fs::read_to_string(&files.html).unwrap();
     assert!(!html.contains("<svg class=\"trend\""));
 }
+
+#[test]
+fn the_compare_page_shows_regressions_first_and_escapes_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("compare.html");
+    trellis_reports::write_compare(&path, &super::fixtures::compare_page(super::fixtures::XSS))
+        .unwrap();
+    let html = std::fs::read_to_string(&path).unwrap();
+    assert!(!html.contains("<script>alert"));
+    assert!(html.contains("&lt;script&gt;alert(1)&lt;&#x2f;script&gt;"));
+    assert!(html.contains("default-src 'none'"));
+    assert!(!html.contains("http://") && !html.contains(" src="));
+    assert!(html.contains("<title>Trellis compare nightly → run-2</title>"));
+    assert!(position(&html, "<b>Regressed</b>") < position(&html, "<h2>Scenarios"));
+    assert!(html.contains("4&#x2f;4 · 100.0%") && html.contains("3&#x2f;4 · 75.0%"));
+    assert!(html.contains("−50.0 pts"), "the failing branch");
+    assert!(html.contains("p = 0.012"));
+    assert!(html.contains("−25.0 pts"), "pass rate metric as points");
+    assert!(html.contains("<span class=\"verdict regressed\">regressed</span>"));
+    assert!(html.contains("data-changed=\"no\""));
+    assert!(html.contains("shop &#x2f; booking &#x2f; asks-price · demo · turn 3"));
+}
