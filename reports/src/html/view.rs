@@ -206,11 +206,19 @@ pub(crate) struct Chip {
     title: String,
 }
 
+/// Repetitions drawn one by one per agent and trajectory; beyond this, only those that did
+/// not pass are drawn (as many again at most), and the rest are counted.
+const MAX_CHIPS: usize = 40;
+
 /// One agent's repetitions of one trajectory: pass^k at a glance.
 #[derive(Serialize)]
 pub(crate) struct AgentReps {
     agent: String,
     chips: Vec<Chip>,
+    /// Repetitions counted but not drawn.
+    more: usize,
+    /// Every repetition not drawn passed.
+    more_passed: bool,
     passed: u64,
     ran: u64,
     grade: &'static str,
@@ -674,20 +682,25 @@ pub(crate) fn build(page: &Page<'_>) -> PageView {
     .collect();
     let omitted =
         (page.rendered.omitted_failing > 0 || page.rendered.omitted_passing > 0).then(|| {
-            format!(
-                "Not listed here: {} and {} (the page keeps to a readable size); the trees \
-                 above count them, trajectories.parquet has every trajectory and \
-                 turns.parquet every turn.",
-                count(
+            let mut parts = Vec::new();
+            if page.rendered.omitted_failing > 0 {
+                parts.push(count(
                     page.rendered.omitted_failing,
                     "non-passing trajectory",
-                    "non-passing trajectories"
-                ),
-                count(
+                    "non-passing trajectories",
+                ));
+            }
+            if page.rendered.omitted_passing > 0 {
+                parts.push(count(
                     page.rendered.omitted_passing,
                     "passing trajectory",
-                    "passing trajectories"
-                ),
+                    "passing trajectories",
+                ));
+            }
+            format!(
+                "Not listed here: {} (the page keeps to a readable size); the trees count \
+                 them, trajectories.parquet has every trajectory and turns.parquet every turn.",
+                parts.join(" and ")
             )
         });
 
@@ -939,6 +952,8 @@ fn leaf_view(
             _ => agents.push(AgentReps {
                 agent: run.agent.clone(),
                 chips: vec![chip],
+                more: 0,
+                more_passed: false,
                 passed: 0,
                 ran: 0,
                 grade: "na",
@@ -954,6 +969,13 @@ fn leaf_view(
         }
     }
     for a in &mut agents {
+        if a.chips.len() > MAX_CHIPS {
+            let total = a.chips.len();
+            a.chips.retain(|c| c.status != "passed");
+            a.more_passed = a.chips.len() <= MAX_CHIPS;
+            a.chips.truncate(MAX_CHIPS);
+            a.more = total - a.chips.len();
+        }
         a.grade = match (a.ran, a.passed) {
             (0, _) => "na",
             (_, 0) => "none",

@@ -281,3 +281,33 @@ fn the_compare_page_shows_regressions_first_and_escapes_everything() {
     assert!(html.contains("data-changed=\"no\""));
     assert!(html.contains("shop &#x2f; booking &#x2f; asks-price · demo · turn 3"));
 }
+
+/// A run that stopped early says how much of the plan it covers, in the header and per
+/// scenario, instead of reading like a complete run.
+#[test]
+fn an_interrupted_run_says_how_much_of_the_plan_it_covers() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut info = super::fixtures::run_info();
+    info.planned_trajectories = 10;
+    if let Some(booking) = info.scenarios.first_mut() {
+        booking.trajectories.push("cancels".into());
+    }
+    let mut writer = ReportWriter::start(dir.path(), &info, &ReportOptions::default()).unwrap();
+    let mut entries = super::fixtures::entries();
+    entries[0] = trellis_engine::record::JournalEntry::RunStarted(info);
+    super::fixtures::write_journal(dir.path(), &entries, "");
+    for entry in &entries {
+        writer.push(entry);
+    }
+    let files = writer.finish();
+    let html = std::fs::read_to_string(&files.html).unwrap();
+    assert!(html.contains("Did not finish"));
+    assert!(html.contains("this report covers 6 of 10 planned trajectories (60.0%)"));
+    assert!(html.contains("<div class=\"card rate partial\">"));
+    assert!(html.contains("pass rate of 6 recorded, plan 10"));
+    assert!(html.contains("4 of 6 planned trajectories recorded"));
+    let unrun = &html[position(&html, "<div class=\"unrun\">")..];
+    assert!(unrun.starts_with(
+        "<div class=\"unrun\"><span class=\"meta\">did not run:</span><div class=\"leaf\"><span class=\"leaf-name\">«cancels»</span> <span class=\"note\">not recorded: the run stopped before it</span>"
+    ), "{}", &unrun[..300]);
+}
