@@ -300,6 +300,8 @@ pub(crate) enum Item {
     },
     Part {
         role: String,
+        /// The part's `type`, when it has one (`data`, `image`, …).
+        part_type: String,
         text: Text,
     },
 }
@@ -1374,6 +1376,11 @@ fn turn_view(turn: &TurnRecord, criteria: &[CriterionRecord], place: Option<Stri
         for part in &message.parts {
             items.push(Item::Part {
                 role: message.role.clone(),
+                part_type: part
+                    .get("type")
+                    .and_then(serde_json::Value::as_str)
+                    .unwrap_or("")
+                    .to_owned(),
                 text: Text::new(&serde_json::to_string_pretty(part).unwrap_or_default()),
             });
         }
