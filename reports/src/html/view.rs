@@ -5,7 +5,7 @@
 //! then repetitions. Names that are internal (node ids such as `accepts/then`) are turned
 //! into labels people read ("after «accepts»").
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 use base64::Engine as _;
 use serde::Serialize;
@@ -720,27 +720,10 @@ pub(crate) fn build(page: &Page<'_>) -> PageView {
         totals: CountsView::of(total),
         turns: page.tally.turns,
         checks_not_run: page.tally.checks_skipped,
-        by_suite: page
-            .tally
-            .by_suite
-            .iter()
-            .map(|(name, c)| RateRow {
-                name: name.clone(),
-                anchor: None,
-                counts: CountsView::of(c),
-            })
-            .collect(),
+        // Suites in load order and agents in plan order, like everything else on the page.
+        by_suite: rate_rows(&filter_suites, &page.tally.by_suite),
         by_scenario,
-        by_agent: page
-            .tally
-            .by_agent
-            .iter()
-            .map(|(name, c)| RateRow {
-                name: name.clone(),
-                anchor: None,
-                counts: CountsView::of(c),
-            })
-            .collect(),
+        by_agent: rate_rows(&filter_agents, &page.tally.by_agent),
         scenarios,
         filter_suites,
         filter_agents,
@@ -748,6 +731,20 @@ pub(crate) fn build(page: &Page<'_>) -> PageView {
         rows: rendered.len(),
         omitted,
     }
+}
+
+/// A pass-rate row for each name in `order` that has counts.
+fn rate_rows(order: &[String], counts: &BTreeMap<String, Counts>) -> Vec<RateRow> {
+    order
+        .iter()
+        .filter_map(|name| {
+            counts.get(name).map(|c| RateRow {
+                name: name.clone(),
+                anchor: None,
+                counts: CountsView::of(c),
+            })
+        })
+        .collect()
 }
 
 fn scenario_view(
