@@ -167,3 +167,112 @@ pub(crate) fn node_outcomes(outline: &ScenarioOutline) -> HashMap<String, NodeOu
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use trellis_engine::record::{
+        CriterionRecord, CriterionStatus, NodeRecord, TrajectoryRecord, TrajectoryStatus,
+        TurnRecord,
+    };
+
+    use super::*;
+
+    fn node(id: &str, turns: &[u32]) -> NodeRecord {
+        NodeRecord {
+            suite: "s".into(),
+            scenario: "c".into(),
+            agent: "a".into(),
+            repetition: 0,
+            node: id.into(),
+            parent: None,
+            turns: turns
+                .iter()
+                .map(|&i| {
+                    Arc::new(TurnRecord {
+                        turn_index: i,
+                        ..TurnRecord::default()
+                    })
+                })
+                .collect(),
+        }
+    }
+
+    fn trajectory(name: &str, nodes: &[&str], failed_turn: Option<u32>) -> TrajectoryRecord {
+        TrajectoryRecord {
+            suite: "s".into(),
+            scenario: "c".into(),
+            trajectory: name.into(),
+            agent: "a".into(),
+            protocol: "connexity".into(),
+            repetition: 0,
+            nodes: nodes.iter().map(|n| (*n).to_owned()).collect(),
+            status: if failed_turn.is_some() {
+                TrajectoryStatus::Failed
+            } else {
+                TrajectoryStatus::Passed
+            },
+            turns: 0,
+            duration_ms: 0.0,
+            fault: None,
+            skip_reason: None,
+            criteria: failed_turn
+                .map(|turn| CriterionRecord {
+                    turn_index: Some(turn),
+                    criterion: "reply contains=\"x\"".into(),
+                    kind: "reply".into(),
+                    status: CriterionStatus::Failed,
+                    detail: None,
+                })
+                .into_iter()
+                .collect(),
+            tags: vec![],
+            captures: Default::default(),
+        }
+    }
+
+    #[test]
+    fn a_failure_in_the_shared_prefix_is_counted_there_only() {
+        let mut outline = Outline::default();
+        outline.add_node(&node("start", &[0, 1]));
+        // The expect on turn 1 failed: neither branch was reached.
+        outline.add_trajectory(&trajectory("x", &["start"], Some(1)));
+        outline.add_trajectory(&trajectory("y", &["start"], Some(1)));
+        let scenario = &outline.scenarios[&("s".to_owned(), "c".to_owned())];
+        let counts = node_outcomes(scenario);
+        assert_eq!(
+            counts["start"],
+            NodeOutcome {
+                reached: 2,
+                failed_here: 2,
+                errors_here: 0
+            }
+        );
+        assert_eq!(
+            counts.len(),
+            1,
+            "no branch counts a failure it never reached"
+        );
+    }
+
+    #[test]
+    fn a_failure_in_a_branch_is_counted_at_the_branch() {
+        let mut outline = Outline::default();
+        outline.add_node(&node("start", &[0]));
+        outline.add_node(&node("x", &[1]));
+        outline.add_node(&node("y", &[1]));
+        outline.add_node(&node("x/then", &[2]));
+        outline.add_trajectory(&trajectory("x", &["start", "x", "x/then"], Some(1)));
+        outline.add_trajectory(&trajectory("y", &["start", "y"], None));
+        let scenario = &outline.scenarios[&("s".to_owned(), "c".to_owned())];
+        let counts = node_outcomes(scenario);
+        assert_eq!(counts["start"].passed(), 2);
+        assert_eq!(counts["x"].failed_here, 1);
+        assert_eq!(counts["y"].passed(), 1);
+        assert!(
+            !counts.contains_key("x/then"),
+            "after the failure: not reached"
+        );
+    }
+}
