@@ -125,6 +125,12 @@ pub(crate) struct CountsView {
 
 impl CountsView {
     fn of(c: &Counts) -> Self {
+        Self::drawn_over(c, c.total())
+    }
+
+    /// The bar drawn over `whole` trajectories: a run that recorded fewer than it planned
+    /// leaves the rest of the bar empty.
+    fn drawn_over(c: &Counts, whole: u64) -> Self {
         let ran = c.passed + c.failed + c.errors;
         let grade = match (ran, c.passed) {
             (0, _) => "na",
@@ -132,7 +138,7 @@ impl CountsView {
             (ran, passed) if ran == passed => "all",
             _ => "some",
         };
-        let total = c.total();
+        let drawn = whole.max(c.total());
         let mut segments = Vec::new();
         let mut x = 0.0;
         for (n, class) in [
@@ -141,10 +147,10 @@ impl CountsView {
             (c.errors, "e"),
             (c.skipped, "s"),
         ] {
-            if n == 0 || total == 0 {
+            if n == 0 || drawn == 0 {
                 continue;
             }
-            let width = n as f64 * 100.0 / total as f64;
+            let width = n as f64 * 100.0 / drawn as f64;
             segments.push(Segment {
                 class,
                 x: format!("{x:.3}"),
@@ -153,7 +159,7 @@ impl CountsView {
             x += width;
         }
         CountsView {
-            total,
+            total: c.total(),
             passed: c.passed,
             failed: c.failed,
             errors: c.errors,
@@ -717,7 +723,7 @@ pub(crate) fn build(page: &Page<'_>) -> PageView {
         skipped_lines: page.skipped_lines,
         transcripts_missing: page.transcripts_missing.map(str::to_owned),
         checks_skipped,
-        totals: CountsView::of(total),
+        totals: CountsView::drawn_over(total, info.planned_trajectories),
         turns: page.tally.turns,
         checks_not_run: page.tally.checks_skipped,
         // Suites in load order and agents in plan order, like everything else on the page.
