@@ -61,7 +61,9 @@ fn html_is_escaped_self_contained_and_in_stable_order() {
     assert!(html.contains("4/4 passed"), "the shared start");
     assert!(html.contains(">branch «asks-price»</a>"));
     assert!(html.contains("1 failed here"));
-    assert!(html.contains("title=\"repetitions that passed, of those that ran\">1/2</span>"));
+    assert!(html.contains(
+        "title=\"repetitions that passed, of those that ran\">1/2</span> <span class=\"flaky\""
+    ));
     assert!(html.contains("title=\"repetitions that passed, of those that ran\">2/2</span>"));
 
     // The failing criterion and why on the collapsed row, with a human place.

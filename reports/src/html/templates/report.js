@@ -74,11 +74,17 @@
     apply();
   }
 
+  // A node of a transcript, or the run itself when its transcript is not in the page
+  // (skipped, or transcripts not available).
+  function target(id) {
+    if (!id) { return null; }
+    return document.getElementById(id) || document.getElementById(id.replace(/-n[0-9]+$/, ''));
+  }
+
   // Opens every <details> around the target (a run, or a node of its transcript) and
   // brings it into view; a target hidden by the filters clears them first.
   function reveal(id) {
-    if (!id) { return; }
-    var el = document.getElementById(id);
+    var el = target(id);
     if (!el) { return; }
     if (el.closest('[hidden]')) { clearFilters(); }
     for (var p = el; p; p = p.parentElement) {
@@ -93,7 +99,7 @@
     var a = e.target.closest ? e.target.closest('a[href^="#"]') : null;
     if (!a) { return; }
     var id = a.getAttribute('href').slice(1);
-    if (!document.getElementById(id)) { return; }
+    if (!target(id)) { return; }
     e.preventDefault();
     history.replaceState(null, '', '#' + id);
     reveal(id);
