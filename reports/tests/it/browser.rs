@@ -25,6 +25,9 @@ const HOSTILE: &str = "</script><script>document.title='pwned';window.__pwned=1<
     <img src=x onerror=\"document.title='pwned';window.__pwned=1\">\
     <svg onload=\"window.__pwned=1\"></svg>'\"&amp;";
 
+/// An agent name that would break out of an attribute if it were not escaped.
+const HOSTILE_AGENT: &str = "flaky\"><img src=x onerror=\"window.__pwned=1\">";
+
 /// Longest wait for one answer from the browser: far above what a page this size needs,
 /// well below a hung CI job.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
@@ -245,6 +248,9 @@ fn hostile_run(dir: &Path) -> PathBuf {
                 }
             }
             JournalEntry::Trajectory(t) => {
+                if t.status == TrajectoryStatus::Skipped {
+                    t.agent = HOSTILE_AGENT.into();
+                }
                 t.captures.insert("quote".into(), HOSTILE.into());
                 for c in &mut t.criteria {
                     if c.detail.is_some() && t.status == TrajectoryStatus::Failed {
@@ -332,9 +338,12 @@ fn the_report_works_in_a_real_browser() {
         )
     };
     browser.eval(&select("f-agent", "flaky"));
+    assert_eq!(browser.eval(visible), json!(["error:flaky"]));
+    browser.eval(&select("f-agent", HOSTILE_AGENT));
     assert_eq!(
         browser.eval(visible),
-        json!(["skipped:flaky", "error:flaky"])
+        json!([format!("skipped:{HOSTILE_AGENT}")]),
+        "an agent name with quotes and markup round-trips through attributes"
     );
     browser.eval(&select("f-agent", ""));
     browser.eval(&select("f-suite", "shop"));
