@@ -587,6 +587,18 @@ fn scenario_order<'a>(page: &Page<'a>) -> Vec<(String, String, Option<&'a Scenar
     order
 }
 
+/// `items` without repeats, first occurrence kept (a suite and its scenario may both carry
+/// a tag).
+fn distinct(items: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::with_capacity(items.len());
+    for item in items {
+        if !out.contains(item) {
+            out.push(item.clone());
+        }
+    }
+    out
+}
+
 /// Position of `name` in `plan`, names the plan does not know after it.
 fn rank(plan: &[String], name: &str) -> usize {
     plan.iter().position(|n| n == name).unwrap_or(plan.len())
@@ -885,7 +897,7 @@ fn scenario_view(
             })
             .unwrap_or_default(),
         agents: anchors.agents.clone(),
-        tags: rows.first().map(|t| t.tags.clone()).unwrap_or_default(),
+        tags: rows.first().map(|t| distinct(&t.tags)).unwrap_or_default(),
         repeat: plan.map_or(1, |p| p.repeat),
         counts: CountsView::of(&counts),
         trend: page
@@ -1198,7 +1210,7 @@ fn run_view(
         protocol: t.protocol.clone(),
         turns: count(u64::from(t.turns), "turn", "turns"),
         duration: ms(t.duration_ms),
-        tags: t.tags.clone(),
+        tags: distinct(&t.tags),
         headline,
         checks_not_run: not_run,
         check_summary,
