@@ -37,6 +37,62 @@ pub struct RunInfo {
     pub jobs: usize,
     /// Trajectories the plan will run or record as skipped.
     pub planned_trajectories: u64,
+    /// Every planned scenario in plan order, with what a reader needs to know about it.
+    /// Absent from journals written before it existed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub scenarios: Vec<ScenarioInfo>,
+}
+
+/// A planned scenario as a report presents it: who the user is, which paths the plan
+/// walks, and how many times.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ScenarioInfo {
+    pub suite: String,
+    /// The scenario id, as in `TrajectoryRecord::scenario`.
+    pub scenario: String,
+    /// The human title (`name "…"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// The persona as templates see it: `{id, type, description, instructions}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persona: Option<serde_json::Value>,
+    /// `user-context { … }` as written.
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub user_context: serde_json::Map<String, serde_json::Value>,
+    /// Agent ids in plan order.
+    pub agents: Vec<String>,
+    /// Trajectory names in plan order (the order of the branches in the suite).
+    pub trajectories: Vec<String>,
+    pub repeat: u32,
+}
+
+impl ScenarioInfo {
+    /// What `planned` tells a report about its scenario.
+    pub fn of(planned: &crate::plan::PlannedScenario, plan: &crate::plan::Plan) -> Self {
+        let sc = &planned.scenario;
+        ScenarioInfo {
+            suite: planned.suite.to_string(),
+            scenario: sc.id.value.clone(),
+            name: sc.name.clone(),
+            description: sc.description.clone(),
+            persona: planned.scope.persona(),
+            user_context: sc.user_context.clone(),
+            agents: planned
+                .agents
+                .iter()
+                .filter_map(|&a| plan.agents.get(a))
+                .map(|a| a.id.to_string())
+                .collect(),
+            trajectories: planned
+                .trajectories
+                .iter()
+                .map(|t| t.name.clone())
+                .collect(),
+            repeat: planned.repeat,
+        }
+    }
 }
 
 /// What an agent's protocol learned when it was set up for the run.
@@ -274,6 +330,9 @@ pub struct TrajectoryRecord {
     /// answers).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox_state: Option<serde_json::Value>,
+    /// Values the trajectory's `capture` steps took, by name (its `vars`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub captures: std::collections::BTreeMap<String, String>,
 }
 
 /// One continuation of a fork the agent asked for.

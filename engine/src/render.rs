@@ -213,6 +213,13 @@ impl ScenarioScope {
         ScenarioScope { base }
     }
 
+    /// The persona as templates see it (`{id, type, description, instructions}`), if any.
+    pub fn persona(&self) -> Option<serde_json::Value> {
+        self.base
+            .get("persona")
+            .and_then(|p| serde_json::to_value(p).ok())
+    }
+
     /// Scope for header values: only `env`.
     pub fn env_only(env: &Arc<EnvSnapshot>) -> Self {
         let mut base = BTreeMap::new();

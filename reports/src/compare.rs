@@ -552,6 +552,91 @@ pub fn describe(rate: &RateChange) -> String {
     format!("{} → {} passed{p}", side(rate.base), side(rate.head))
 }
 
+fn page_tally(t: Option<Tally>) -> Option<crate::CompareTally> {
+    t.map(|t| crate::CompareTally {
+        passed: t.passed,
+        samples: t.samples,
+    })
+}
+
+fn page_rate(rate: &RateChange) -> crate::CompareRate {
+    crate::CompareRate {
+        base: page_tally(rate.base),
+        head: page_tally(rate.head),
+        delta_points: rate.delta_points,
+        p_value: rate.p_value,
+        verdict: rate.verdict.as_str().to_owned(),
+    }
+}
+
+fn page_run(run: &RunRef) -> crate::CompareRun {
+    crate::CompareRun {
+        run_id: run.run_id.clone(),
+        name: run.name.clone(),
+        started_at: run.started_at.clone(),
+        finished: run.finished,
+    }
+}
+
+impl From<&Comparison> for crate::ComparePage {
+    /// The compare page ([`crate::write_compare`]) of a comparison, rows in the same order.
+    fn from(c: &Comparison) -> Self {
+        let row = |suite: &str, scenario: &str, trajectory: &str, agent: &str| crate::CompareRow {
+            suite: suite.to_owned(),
+            scenario: scenario.to_owned(),
+            trajectory: trajectory.to_owned(),
+            agent: agent.to_owned(),
+            ..crate::CompareRow::default()
+        };
+        crate::ComparePage {
+            base: page_run(&c.base),
+            head: page_run(&c.head),
+            metrics: c
+                .metrics
+                .iter()
+                .map(|m| crate::CompareMetric {
+                    metric: m.metric.clone(),
+                    base: m.base,
+                    head: m.head,
+                    delta: m.delta,
+                    threshold: m.threshold,
+                    p_value: m.p_value,
+                    verdict: m.verdict.as_str().to_owned(),
+                })
+                .collect(),
+            scenarios: c
+                .scenarios
+                .iter()
+                .map(|s| crate::CompareRow {
+                    rate: page_rate(&s.rate),
+                    ..row(&s.suite, &s.scenario, "", &s.agent)
+                })
+                .collect(),
+            branches: c
+                .branches
+                .iter()
+                .map(|b| crate::CompareRow {
+                    rate: page_rate(&b.rate),
+                    ..row(&b.suite, &b.scenario, &b.trajectory, &b.agent)
+                })
+                .collect(),
+            criteria: c
+                .criteria
+                .iter()
+                .map(|k| crate::CompareRow {
+                    turn_index: k.turn_index,
+                    criterion: k.criterion.clone(),
+                    rate: page_rate(&k.rate),
+                    head_failure: k.head_failure.clone(),
+                    ..row(&k.suite, &k.scenario, &k.trajectory, &k.agent)
+                })
+                .collect(),
+            regressions: c.regressions.clone(),
+            regressed: c.regressed,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

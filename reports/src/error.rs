@@ -27,6 +27,17 @@ pub enum ReportError {
     )]
     MissingRunStarted { path: PathBuf },
 
+    #[error("cannot render {}", path.display())]
+    #[diagnostic(
+        code(trellis::reports::template),
+        help("this is a bug in trellis: please report it with the run's journal.jsonl")
+    )]
+    Template {
+        path: PathBuf,
+        #[source]
+        source: minijinja::Error,
+    },
+
     #[error("cannot write Parquet file {}", path.display())]
     #[diagnostic(code(trellis::reports::parquet))]
     Polars {

@@ -27,6 +27,10 @@ use std::path::{Path, PathBuf};
 use trellis_engine::record::{JournalEntry, NodeRecord, RunInfo, RunSummary, TrajectoryRecord};
 
 pub use error::ReportError;
+pub use html::{
+    CompareMetric, ComparePage, CompareRate, CompareRow, CompareRun, CompareTally, ScenarioTrend,
+    TrendPoint, Trends, write_compare,
+};
 pub use staged::PARTIAL_SUFFIX;
 
 use crate::journal::JournalReader;
@@ -43,8 +47,10 @@ pub const JUNIT_FILE: &str = "junit.xml";
 pub const SUMMARY_FILE: &str = "summary.json";
 /// `trellis run --baseline`'s comparison as JSON ([`compare::Comparison`]).
 pub const COMPARE_FILE: &str = "compare.json";
+/// `trellis run --baseline`'s comparison as a page ([`write_compare`]).
+pub const COMPARE_HTML_FILE: &str = "compare.html";
 /// Every file a run writes into its directory, the journal first.
-pub const RESULT_FILES: [&str; 11] = [
+pub const RESULT_FILES: [&str; 12] = [
     JOURNAL_FILE,
     tables::TRAJECTORIES_FILE,
     tables::TURNS_FILE,
@@ -56,6 +62,7 @@ pub const RESULT_FILES: [&str; 11] = [
     SUMMARY_FILE,
     history::RUN_META_FILE,
     COMPARE_FILE,
+    COMPARE_HTML_FILE,
 ];
 
 /// `summary.json`: the run's metadata and statistics, for CI scripts and dashboards.
@@ -77,6 +84,9 @@ pub struct ReportOptions {
     pub max_passing_transcripts: usize,
     /// Rows buffered per Parquet table before they are written as a row group.
     pub batch_rows: usize,
+    /// Earlier runs drawn in each scenario's trend in `report.html`, read from the run
+    /// directories next to this one; 0 draws no trend.
+    pub trend_runs: usize,
 }
 
 impl Default for ReportOptions {
@@ -85,6 +95,7 @@ impl Default for ReportOptions {
             max_failing_transcripts: 500,
             max_passing_transcripts: 200,
             batch_rows: 8 * 1024,
+            trend_runs: 10,
         }
     }
 }
@@ -196,6 +207,8 @@ pub struct ReportWriter {
     tables: Tables,
     tally: Tally,
     stats: stats::StatsBuilder,
+    /// Per scenario, the tree of nodes and every repetition's outcome, for the report.
+    outline: html::Outline,
     selection: Selection,
     junit: junit::JunitBuilder,
     finished: Option<RunSummary>,
@@ -207,6 +220,10 @@ pub struct ReportWriter {
     junit_failed: Option<ReportError>,
     /// Why the journal on disk cannot be read back for transcripts.
     journal_lost: Option<String>,
+    /// Earlier runs per scenario for the report's trends; `None` reads the run
+    /// directories next to this one.
+    trends: Option<Trends>,
+    trend_runs: usize,
 }
 
 impl ReportWriter {
@@ -225,6 +242,7 @@ impl ReportWriter {
             tables: Tables::create(run_dir, &info.run_id, options.batch_rows)?,
             tally: Tally::default(),
             stats: stats::StatsBuilder::default(),
+            outline: html::Outline::default(),
             selection: Selection::new(options),
             junit: junit::JunitBuilder::new(info),
             finished: None,
@@ -232,6 +250,8 @@ impl ReportWriter {
             paths: HashMap::new(),
             junit_failed: None,
             journal_lost: None,
+            trends: None,
+            trend_runs: options.trend_runs,
         })
     }
 
@@ -240,6 +260,13 @@ impl ReportWriter {
     /// renders `report.html` without transcripts, saying why, instead of reading the journal.
     pub fn journal_lost(&mut self, why: impl Into<String>) {
         self.journal_lost = Some(why.into());
+    }
+
+    /// Gives the report's per-scenario trends instead of reading them from the run
+    /// directories next to this one (a history that knows more about runs than their
+    /// directories).
+    pub fn set_trends(&mut self, trends: Trends) {
+        self.trends = Some(trends);
     }
 
     /// Takes one entry. A file that cannot be written stops taking entries (its error is
@@ -253,10 +280,12 @@ impl ReportWriter {
             JournalEntry::Node(node) => {
                 self.tally.add_node(node);
                 self.junit.add_node(node);
+                self.outline.add_node(node);
                 self.tables.push_node(node);
             }
             JournalEntry::Trajectory(trajectory) => {
                 self.tally.add_trajectory(trajectory);
+                self.outline.add_trajectory(trajectory);
                 self.tables.push_trajectory(trajectory);
                 if self.junit_failed.is_none() {
                     self.junit_failed = self.junit.add(trajectory).err();
@@ -289,6 +318,7 @@ impl ReportWriter {
             tables,
             tally,
             stats,
+            outline,
             selection,
             junit,
             finished,
@@ -296,6 +326,8 @@ impl ReportWriter {
             paths,
             junit_failed,
             journal_lost,
+            trends,
+            trend_runs,
         } = self;
         let totals = tally.total;
         let (table_paths, mut not_written) = tables.finish(RunRow {
@@ -339,6 +371,13 @@ impl ReportWriter {
                 ),
             },
         };
+        let trends = match trends {
+            Some(trends) => trends,
+            None if trend_runs > 0 => {
+                html::trends_from_sibling_runs(&run_dir, &info.run_id, &info.started_at, trend_runs)
+            }
+            None => Trends::new(),
+        };
         let html_path = run_dir.join(HTML_FILE);
         if let Err(e) = html::write(
             &html_path,
@@ -346,6 +385,8 @@ impl ReportWriter {
                 info: &info,
                 finished: finished.as_ref(),
                 tally: &tally,
+                outline: &outline,
+                trends: &trends,
                 rendered: &rendered,
                 nodes: &nodes,
                 skipped_lines,

@@ -770,6 +770,7 @@ impl StatsBuilder {
             suites: Vec::new(),
             jobs: 0,
             planned_trajectories: 0,
+            scenarios: Vec::new(),
         });
         RunStats {
             run_id: info.run_id,
@@ -910,6 +911,7 @@ mod tests {
             agent_branches: vec![],
             awaiting_human: None,
             sandbox_state: None,
+            captures: Default::default(),
         })
     }
 

@@ -2,6 +2,7 @@
 //! output file read back.
 
 mod it {
+    mod browser;
     pub mod fixtures;
     mod html_junit;
     mod journal;

@@ -11,7 +11,7 @@ use trellis_reports::history::{self, HistoryError, RunEntry};
 use trellis_reports::stats::RunStats;
 
 use super::console::{self, errln, outln};
-use super::{EXIT_FAILED, EXIT_INVALID, EXIT_OK};
+use super::{EXIT_FAILED, EXIT_INCOMPLETE, EXIT_INVALID, EXIT_OK};
 
 /// Where runs are looked up by id or name.
 #[derive(Debug, Args)]
@@ -126,6 +126,9 @@ pub struct CompareArgs {
     /// Print the comparison as JSON (the `Comparison` structure) instead of tables.
     #[arg(long)]
     json: bool,
+    /// Also write the comparison as a self-contained page to this file.
+    #[arg(long, value_name = "FILE")]
+    html: Option<PathBuf>,
 }
 
 fn report_error(e: HistoryError) -> u8 {
@@ -243,6 +246,13 @@ pub fn compare_command(args: CompareArgs) -> u8 {
             return EXIT_INVALID;
         }
     };
+    if let Some(path) = &args.html
+        && let Err(e) =
+            trellis_reports::write_compare(path, &trellis_reports::ComparePage::from(&comparison))
+    {
+        errln!("{:?}", miette::Report::new(e));
+        return EXIT_INCOMPLETE;
+    }
     if args.json {
         match serde_json::to_string_pretty(&comparison) {
             Ok(text) => outln!("{text}"),

@@ -43,6 +43,7 @@ fn write_run(runs_dir: &Path, name: &str, started_at: &str, samples: &[Sample]) 
         suites: vec!["s".into()],
         jobs: 1,
         planned_trajectories: samples.len() as u64,
+        scenarios: Vec::new(),
     })];
     let (mut passed, mut failed) = (0, 0);
     for s in samples {
@@ -99,6 +100,7 @@ fn write_run(runs_dir: &Path, name: &str, started_at: &str, samples: &[Sample]) 
             agent_branches: vec![],
             awaiting_human: None,
             sandbox_state: None,
+            captures: Default::default(),
         }));
     }
     entries.push(JournalEntry::RunFinished(RunSummary {
@@ -160,6 +162,21 @@ async fn compare_exits_1_when_a_branch_that_passed_fails() {
         "{text}"
     );
     assert!(text.contains("reply was \"bye\""), "{text}");
+
+    // The same comparison as a page.
+    let page = runs.path().join("compare.html");
+    let o = compare(
+        runs.path(),
+        &["base", "head", "--html", page.to_str().unwrap()],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(1));
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(html.contains("20260102T000000Z-head"), "{html}");
+    assert!(
+        html.contains("reply was"),
+        "the failing check's reason is missing"
+    );
 
     // Reversed, it is an improvement.
     let o = compare(runs.path(), &["head", "base"]).await;
@@ -443,6 +460,7 @@ async fn run_with_a_baseline_exits_by_the_comparison_and_streams_json() {
     )
     .unwrap();
     assert!(!comparison.regressed);
+    assert!(runs.path().join("head/compare.html").is_file());
     assert_eq!(
         comparison.base.dir,
         runs.path().join("base").display().to_string()

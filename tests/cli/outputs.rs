@@ -539,7 +539,8 @@ async fn the_report_of_a_stopped_run_says_trajectories_are_missing() {
     assert_complete(&out, 0);
     let html = std::fs::read_to_string(out.join("report.html")).unwrap();
     assert!(
-        html.contains("stopped before its end: 0 of 2 planned trajectories"),
+        html.contains("Stopped before its end")
+            && html.contains("covers 0 of 2 planned trajectories"),
         "the report does not say the run is incomplete"
     );
 }
@@ -583,7 +584,7 @@ async fn the_report_counts_one_turn_and_one_check_in_the_singular() {
     // `function-that-raises` (1 call, 1 check) errors on purpose.
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let html = std::fs::read_to_string(out.path().join("report.html")).unwrap();
-    assert!(html.contains("· 1 turn ·"), "no `1 turn` in the report");
+    assert!(html.contains(">1 turn ·"), "no `1 turn` in the report");
     assert!(!html.contains("1 turns"), "`1 turns` in the report");
     assert!(
         html.contains(">the 1 check<"),

@@ -88,6 +88,10 @@ async fn the_example_suites_run_offline_and_write_every_table() {
 
     let html = std::fs::read_to_string(out.path().join("report.html")).unwrap();
     assert!(html.contains("asks-price"));
+    // Who the user is and what the run captured come from the journal into the report.
+    assert!(html.contains("<code>polite-customer</code>"));
+    assert!(html.contains("preferred_day</span> Tuesday"));
+    assert!(html.contains("<dt>quote</dt><dd><code>249</code></dd>"));
     assert!(
         !html.contains("src=\"http"),
         "report.html must be self-contained"

@@ -31,7 +31,7 @@ use crate::event::{Event, EventSender};
 use crate::plan::Plan;
 use crate::protocol::AgentProtocol;
 use crate::record::{
-    Fault, FaultCategory, RunInfo, RunSummary, TrajectoryRecord, TrajectoryStatus,
+    Fault, FaultCategory, RunInfo, RunSummary, ScenarioInfo, TrajectoryRecord, TrajectoryStatus,
 };
 use agents::{AgentRuntime, Agents};
 use verdict::skip_trajectory;
@@ -68,6 +68,11 @@ pub async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSum
             suites: plan.suites.clone(),
             jobs: options.jobs,
             planned_trajectories: plan.trajectory_count(),
+            scenarios: plan
+                .scenarios
+                .iter()
+                .map(|s| ScenarioInfo::of(s, &plan))
+                .collect(),
         }))
         .await;
 

@@ -148,6 +148,7 @@ impl Unit<'_> {
             agent_branches: state.agent_branches.clone(),
             awaiting_human: session.and_then(|s| s.paused()).map(str::to_owned),
             sandbox_state: sandbox.map(|s| s.state().clone()),
+            captures: state.vars.clone(),
         };
         self.mark_recorded(t);
         self.shared.record(record).await;
@@ -244,6 +245,7 @@ pub(super) async fn skip_trajectory(
         agent_branches: Vec::new(),
         awaiting_human: None,
         sandbox_state: None,
+        captures: Default::default(),
     };
     shared.record(record).await;
 }

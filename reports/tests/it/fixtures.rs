@@ -6,7 +6,7 @@ use std::path::Path;
 use trellis_engine::protocol::{ChatMessage, ToolCall, ToolCallFunction};
 use trellis_engine::record::{
     CriterionRecord, CriterionStatus, Fault, FaultCategory, JournalEntry, NodeRecord, RunInfo,
-    RunSummary, ToolCallRecord, TrajectoryRecord, TrajectoryStatus, TurnRecord,
+    RunSummary, ScenarioInfo, ToolCallRecord, TrajectoryRecord, TrajectoryStatus, TurnRecord,
 };
 
 pub const XSS: &str = "<script>alert(1)</script>";
@@ -19,6 +19,24 @@ pub fn run_info() -> RunInfo {
         suites: vec!["shop".into(), "smoke".into()],
         jobs: 4,
         planned_trajectories: 6,
+        scenarios: vec![ScenarioInfo {
+            suite: "shop".into(),
+            scenario: "booking".into(),
+            name: Some("Booking with a <b>price</b> question".into()),
+            description: Some("The customer books a duct cleaning.".into()),
+            persona: Some(serde_json::json!({
+                "id": "polite-customer",
+                "type": "customer",
+                "description": "Polite, gives details when asked",
+            })),
+            user_context: serde_json::json!({"postal_code": "V4T 0A7"})
+                .as_object()
+                .cloned()
+                .unwrap_or_default(),
+            agents: vec!["demo".into()],
+            trajectories: vec!["accepts".into(), "asks-price".into()],
+            repeat: 2,
+        }],
     }
 }
 
@@ -164,6 +182,7 @@ fn trajectory(
         agent_branches: Vec::new(),
         awaiting_human: None,
         sandbox_state: None,
+        captures: Default::default(),
     }
 }
 
@@ -230,6 +249,7 @@ pub fn entries() -> Vec<JournalEntry> {
             TrajectoryStatus::Passed,
         );
         accepts.criteria = base.clone();
+        accepts.captures.insert("quote".into(), "120".into());
         out.push(JournalEntry::Trajectory(accepts));
         let status = if rep == 1 {
             TrajectoryStatus::Failed
@@ -317,4 +337,89 @@ pub fn write_complete_journal(dir: &Path) {
     let mut all = entries();
     all.push(JournalEntry::RunFinished(summary()));
     write_journal(dir, &all, "");
+}
+
+/// Two runs compared: one scenario and its failing branch regressed, one criterion with
+/// `why` as its head failure, the rest unchanged.
+pub fn compare_page(why: &str) -> trellis_reports::ComparePage {
+    use trellis_reports::{
+        CompareMetric, ComparePage, CompareRate, CompareRow, CompareRun, CompareTally,
+    };
+    let rate = |base: (u64, u64), head: (u64, u64), verdict: &str| CompareRate {
+        base: Some(CompareTally {
+            passed: base.0,
+            samples: base.1,
+        }),
+        head: Some(CompareTally {
+            passed: head.0,
+            samples: head.1,
+        }),
+        delta_points: Some((head.0 as f64 / head.1 as f64 - base.0 as f64 / base.1 as f64) * 100.0),
+        p_value: (base.1 > 1).then_some(0.0123),
+        verdict: verdict.into(),
+    };
+    let row = |trajectory: &str, criterion: &str, rate: CompareRate| CompareRow {
+        suite: "shop".into(),
+        scenario: "booking".into(),
+        trajectory: trajectory.into(),
+        agent: "demo".into(),
+        turn_index: (!criterion.is_empty()).then_some(2),
+        criterion: criterion.into(),
+        rate,
+        head_failure: None,
+    };
+    let mut criterion = row(
+        "asks-price",
+        "reply matches=\"\\$\\d+\"",
+        rate((2, 2), (0, 2), "regressed"),
+    );
+    criterion.head_failure = Some(why.into());
+    ComparePage {
+        base: CompareRun {
+            run_id: "run-1".into(),
+            name: Some("nightly".into()),
+            started_at: "2025-01-01T10:00:00Z".into(),
+            finished: true,
+        },
+        head: CompareRun {
+            run_id: "run-2".into(),
+            name: None,
+            started_at: "2025-01-02T10:00:00Z".into(),
+            finished: true,
+        },
+        metrics: vec![
+            CompareMetric {
+                metric: "pass_rate".into(),
+                base: Some(1.0),
+                head: Some(0.75),
+                delta: Some(-0.25),
+                threshold: Some(0.0),
+                p_value: None,
+                verdict: "regressed".into(),
+            },
+            CompareMetric {
+                metric: "latency_mean_ms".into(),
+                base: Some(120.0),
+                head: Some(118.0),
+                delta: Some(-2.0),
+                threshold: Some(20.0),
+                p_value: None,
+                verdict: "unchanged".into(),
+            },
+        ],
+        scenarios: vec![CompareRow {
+            trajectory: String::new(),
+            ..row("", "", rate((4, 4), (3, 4), "regressed"))
+        }],
+        branches: vec![
+            row("accepts", "", rate((2, 2), (2, 2), "unchanged")),
+            row("asks-price", "", rate((2, 2), (1, 2), "regressed")),
+        ],
+        criteria: vec![
+            row("accepts", "turns max=8", rate((2, 2), (2, 2), "unchanged")),
+            criterion,
+        ],
+        regressions: vec![format!("booking asks-price: {why}")],
+        regressed: true,
+    }
 }

@@ -11,7 +11,7 @@ fn position(haystack: &str, needle: &str) -> usize {
 }
 
 #[test]
-fn html_is_escaped_self_contained_and_failures_first() {
+fn html_is_escaped_self_contained_and_in_stable_order() {
     let dir = tempfile::tempdir().unwrap();
     write_complete_journal(dir.path());
     let files = write_reports(dir.path(), &ReportOptions::default()).unwrap();
@@ -21,7 +21,8 @@ fn html_is_escaped_self_contained_and_failures_first() {
         !html.contains("<script>alert"),
         "agent text must be escaped"
     );
-    assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"));
+    assert!(html.contains("&lt;script&gt;alert(1)&lt;&#x2f;script&gt;"));
+    assert!(html.contains("Booking with a &lt;b&gt;price&lt;&#x2f;b&gt; question"));
     assert!(
         !html.contains("http://") && !html.contains("https://"),
         "no external reference"
@@ -30,48 +31,65 @@ fn html_is_escaped_self_contained_and_failures_first() {
         !html.contains(" src=") && !html.contains("<link"),
         "nothing loaded from elsewhere"
     );
+    assert!(html.contains(
+        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; script-src 'sha256-"
+    ));
+    assert_eq!(html.matches("<script>").count(), 1);
 
-    // Error, then failed, then skipped, then passed.
-    let error = position(&html, "data-status=\"error\"");
-    let failed = position(&html, "data-status=\"failed\"");
-    let skipped = position(&html, "data-status=\"skipped\"");
-    let passed = position(&html, "data-status=\"passed\"");
-    assert!(error < failed && failed < skipped && skipped < passed);
+    // Plan order for scenarios, then branch, agent and repetition; not finishing order.
+    let booking = position(&html, "id=\"s0\" data-suite=\"shop\"");
+    let later = position(&html, "id=\"s1\" data-suite=\"smoke\"");
+    let ping = position(&html, "id=\"s2\" data-suite=\"smoke\"");
+    assert!(booking < later && later < ping);
+    let rows: Vec<usize> = ["s0-t0-a0-r0", "s0-t0-a0-r1", "s0-t1-a0-r0", "s0-t1-a0-r1"]
+        .iter()
+        .map(|id| position(&html, &format!("id=\"{id}\" data-status")))
+        .collect();
+    assert!(rows.windows(2).all(|w| w[0] < w[1]), "{rows:?}");
 
-    // Header, aggregates, failure reasons and the transcript.
+    // Header, aggregates, the scenario and who the user is.
     assert!(html.contains("run-1"));
     assert!(html.contains("75.0%"), "3 passed of 4 that ran");
     assert!(html.contains("By suite") && html.contains("By scenario") && html.contains("By agent"));
-    assert!(html.contains("reply has no price: &lt;script&gt;"));
-    assert!(html.contains("shared prefix · node start"));
-    assert!(html.contains("node asks-price/then"));
-    assert!(!html.contains("shared prefix · node asks-price/then"));
+    assert!(html.contains("The customer books a duct cleaning."));
+    assert!(html.contains("<code>polite-customer</code>"));
+    assert!(html.contains("Polite, gives details when asked"));
+    assert!(html.contains("postal_code</span> V4T 0A7"));
+
+    // The tree: pass counts per node, where the failure happened, repetitions grouped.
+    assert!(html.contains(">shared start</a>"));
+    assert!(html.contains("4/4 passed"), "the shared start");
+    assert!(html.contains(">branch «asks-price»</a>"));
+    assert!(html.contains("1 failed here"));
+    assert!(html.contains(
+        "title=\"repetitions that passed, of those that ran\">1/2</span> <span class=\"flaky\""
+    ));
+    assert!(html.contains("title=\"repetitions that passed, of those that ran\">2/2</span>"));
+
+    // The failing criterion and why on the collapsed row, with a human place.
+    let failed_row = &html[position(&html, "id=\"s0-t1-a0-r1\"")..];
+    let summary = &failed_row[..position(failed_row, "</summary>")];
+    assert!(
+        summary.contains("reply matches=&quot;\\$\\d+&quot; (turn 3, after the fork «asks-price»)"),
+        "{summary}"
+    );
+    assert!(summary.contains("reply has no price: &lt;script&gt;"));
+
+    // Transcript: labelled nodes, shared prefix, siblings linked, tool calls, faults.
+    assert!(html.contains("shared prefix · shared by 2 trajectories"));
+    assert!(html.contains("other branches: <a href=\"#s0-t0-a0-r1-n1\">branch «accepts»</a>"));
+    assert!(html.contains("<b>turn 3</b>, after the fork «asks-price»"));
     assert!(html.contains("Let me check the service area."));
     assert!(
         html.contains("check_service_area")
-            && html.contains("&quot;zone&quot;: &quot;V4T0A7&quot;")
+            && html.contains("{&quot;zone&quot;:&quot;V4T0A7&quot;}")
     );
     assert!(html.contains("HTTP 503 from agent"));
     assert!(html.contains("needs a judge model"));
-    assert!(html.contains("data-filter=\"failed\""));
-    assert!(!html.contains("Not shown in full"));
-}
-
-#[test]
-fn html_caps_transcripts_and_says_so() {
-    let dir = tempfile::tempdir().unwrap();
-    write_complete_journal(dir.path());
-    let options = ReportOptions {
-        max_failing_transcripts: 1,
-        max_passing_transcripts: 1,
-        ..ReportOptions::default()
-    };
-    let files = write_reports(dir.path(), &options).unwrap();
-    let html = std::fs::read_to_string(&files.html).unwrap();
-    assert_eq!(html.matches("<section class=\"traj").count(), 2);
-    assert!(html.contains("Not shown in full: 2 non-passing and 2 passing"));
-    // The aggregates still count everything.
-    assert!(html.contains("<b>6</b><span>trajectories</span>"));
+    // Captured values.
+    assert!(html.contains("<dt>quote</dt><dd><code>120</code></dd>"));
+    assert!(html.contains("data-status=\"failed\""));
+    assert!(!html.contains("Not listed here"));
 }
 
 #[test]
@@ -135,7 +153,7 @@ fn a_lost_journal_leaves_a_report_without_transcripts() {
     assert!(
         html.contains("Transcripts are not shown: the journal could not be written (disk full)")
     );
-    assert!(!html.contains("<p><b>Transcript</b></p>"));
+    assert!(!html.contains("<div class=\"node"));
     assert!(html.contains("</html>"));
 }
 
@@ -158,7 +176,8 @@ fn replayed_and_function_call_turns_are_marked_in_the_transcript() {
     super::fixtures::write_journal(dir.path(), &entries, "");
     let files = write_reports(dir.path(), &ReportOptions::default()).unwrap();
     let html = std::fs::read_to_string(&files.html).unwrap();
-    assert!(html.contains("<b>replay</b> of the shared prefix"));
+    assert!(html.contains("<div class=\"turn replay\">"));
+    assert!(html.contains(">replayed</span>"));
     assert!(html.contains("<span class=\"role\">call lookup_order</span>"));
     use polars::prelude::{ParquetReader, SerReader};
     let turns = ParquetReader::new(std::fs::File::open(&files.turns).unwrap())
@@ -196,6 +215,101 @@ fn content_parts_are_shown_as_text_never_loaded() {
     let files = write_reports(dir.path(), &ReportOptions::default()).unwrap();
     let html = std::fs::read_to_string(&files.html).unwrap();
     assert!(html.contains("content part"), "parts are shown");
-    assert!(html.contains("evil.example/x.png"));
+    assert!(html.contains("evil.example&#x2f;x.png"));
     assert!(!html.contains("<img"), "nothing is loaded or injected");
+}
+
+/// Each scenario's pass rate over the runs next to this one, oldest first, this run last.
+#[test]
+fn html_draws_each_scenarios_trend_from_the_runs_next_to_it() {
+    use trellis_engine::record::JournalEntry;
+    let dir = tempfile::tempdir().unwrap();
+    let (earlier, later) = (dir.path().join("a"), dir.path().join("b"));
+    std::fs::create_dir(&earlier).unwrap();
+    std::fs::create_dir(&later).unwrap();
+    write_complete_journal(&earlier);
+    write_reports(&earlier, &ReportOptions::default()).unwrap();
+    let first = std::fs::read_to_string(earlier.join("report.html")).unwrap();
+    assert!(!first.contains("<svg class=\"trend\""), "no earlier run");
+
+    let mut entries = super::fixtures::entries();
+    if let Some(JournalEntry::RunStarted(info)) = entries.first_mut() {
+        info.run_id = "run-2".into();
+        info.started_at = "2025-01-02T10:00:00Z".into();
+    }
+    entries.push(JournalEntry::RunFinished(super::fixtures::summary()));
+    super::fixtures::write_journal(&later, &entries, "");
+    let files = write_reports(&later, &ReportOptions::default()).unwrap();
+    let html = std::fs::read_to_string(&files.html).unwrap();
+    assert!(html.contains("<svg class=\"trend\""));
+    let earlier_bar = position(
+        &html,
+        "<title>run-1 · 2025-01-01T10:00:00Z: 3&#x2f;4 passed (75.0%)</title>",
+    );
+    let this_bar = position(
+        &html,
+        "<title>this run · run-2 · 2025-01-02T10:00:00Z: 3&#x2f;4 passed (75.0%)</title>",
+    );
+    assert!(earlier_bar < this_bar);
+
+    // Trends can be turned off.
+    let options = ReportOptions {
+        trend_runs: 0,
+        ..ReportOptions::default()
+    };
+    let files = write_reports(&later, &options).unwrap();
+    let html = std::fs::read_to_string(&files.html).unwrap();
+    assert!(!html.contains("<svg class=\"trend\""));
+}
+
+#[test]
+fn the_compare_page_shows_regressions_first_and_escapes_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("compare.html");
+    trellis_reports::write_compare(&path, &super::fixtures::compare_page(super::fixtures::XSS))
+        .unwrap();
+    let html = std::fs::read_to_string(&path).unwrap();
+    assert!(!html.contains("<script>alert"));
+    assert!(html.contains("&lt;script&gt;alert(1)&lt;&#x2f;script&gt;"));
+    assert!(html.contains("default-src 'none'"));
+    assert!(!html.contains("http://") && !html.contains(" src="));
+    assert!(html.contains("<title>Trellis compare nightly → run-2</title>"));
+    assert!(position(&html, "<b>Regressed</b>") < position(&html, "<h2>Scenarios"));
+    assert!(html.contains("4&#x2f;4 · 100.0%") && html.contains("3&#x2f;4 · 75.0%"));
+    assert!(html.contains("−50.0 pts"), "the failing branch");
+    assert!(html.contains("p = 0.012"));
+    assert!(html.contains("−25.0 pts"), "pass rate metric as points");
+    assert!(html.contains("<span class=\"verdict regressed\">regressed</span>"));
+    assert!(html.contains("data-changed=\"no\""));
+    assert!(html.contains("shop &#x2f; booking &#x2f; asks-price · demo · turn 3"));
+}
+
+/// A run that stopped early says how much of the plan it covers, in the header and per
+/// scenario, instead of reading like a complete run.
+#[test]
+fn an_interrupted_run_says_how_much_of_the_plan_it_covers() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut info = super::fixtures::run_info();
+    info.planned_trajectories = 10;
+    if let Some(booking) = info.scenarios.first_mut() {
+        booking.trajectories.push("cancels".into());
+    }
+    let mut writer = ReportWriter::start(dir.path(), &info, &ReportOptions::default()).unwrap();
+    let mut entries = super::fixtures::entries();
+    entries[0] = trellis_engine::record::JournalEntry::RunStarted(info);
+    super::fixtures::write_journal(dir.path(), &entries, "");
+    for entry in &entries {
+        writer.push(entry);
+    }
+    let files = writer.finish();
+    let html = std::fs::read_to_string(&files.html).unwrap();
+    assert!(html.contains("Did not finish"));
+    assert!(html.contains("this report covers 6 of 10 planned trajectories (60.0%)"));
+    assert!(html.contains("<div class=\"card rate partial\">"));
+    assert!(html.contains("pass rate of 6 recorded, plan 10"));
+    assert!(html.contains("4 of 6 planned trajectories recorded"));
+    let unrun = &html[position(&html, "<div class=\"unrun\">")..];
+    assert!(unrun.starts_with(
+        "<div class=\"unrun\"><span class=\"meta\">did not run:</span><div class=\"leaf\"><span class=\"leaf-name\">«cancels»</span> <span class=\"note\">not recorded: the run stopped before it</span>"
+    ), "{}", &unrun[..300]);
 }

@@ -39,8 +39,8 @@ fn crashed_run_still_produces_tables() {
     );
 
     let html = std::fs::read_to_string(&files.html).unwrap();
-    assert!(html.contains("did not finish"));
-    assert!(html.contains("6 of 6 planned trajectories"));
+    assert!(html.contains("Did not finish"));
+    assert!(html.contains("covers 6 of 6 planned trajectories"));
     assert!(html.contains("1 journal line(s) could not be read"));
 }
 

@@ -1,0 +1,347 @@
+//! The compare page: two runs side by side, one self-contained file like `report.html`.
+//!
+//! [`ComparePage`] is plain data (whatever computes the comparison fills it: verdicts,
+//! p-values and thresholds are its business); [`write_compare`] lays it out. Rows keep the
+//! order they are given in; the page lists the regressions first, linked to their rows, and
+//! can hide what did not change.
+
+use std::io::{BufWriter, Write};
+use std::path::Path;
+
+use minijinja::Value;
+use serde::Serialize;
+
+use super::{SCRIPT_COMPARE, STYLE, environment, view};
+use crate::error::ReportError;
+use crate::staged::Staged;
+
+/// Successes out of samples on one side.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CompareTally {
+    pub passed: u64,
+    pub samples: u64,
+}
+
+/// A pass rate in both runs and what the comparison made of it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CompareRate {
+    pub base: Option<CompareTally>,
+    pub head: Option<CompareTally>,
+    /// Head minus base, in percentage points.
+    pub delta_points: Option<f64>,
+    pub p_value: Option<f64>,
+    /// `regressed`, `noise`, `unchanged`, `improved`, `added`, `removed`, `not comparable`.
+    pub verdict: String,
+}
+
+/// One side of the comparison.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CompareRun {
+    pub run_id: String,
+    pub name: Option<String>,
+    pub started_at: String,
+    pub finished: bool,
+}
+
+/// A run-level metric in both runs. Metrics named `*_ms` are shown as durations and
+/// `pass_rate` (a fraction, 0–1) as a percentage; others as numbers.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CompareMetric {
+    pub metric: String,
+    pub base: Option<f64>,
+    pub head: Option<f64>,
+    pub delta: Option<f64>,
+    pub threshold: Option<f64>,
+    pub p_value: Option<f64>,
+    pub verdict: String,
+}
+
+/// A pass rate of one scenario, branch or criterion in both runs. `trajectory` is empty for
+/// a scenario row; `criterion` is empty unless the row is a criterion.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CompareRow {
+    pub suite: String,
+    pub scenario: String,
+    pub trajectory: String,
+    pub agent: String,
+    /// The turn a criterion checked (zero-based, as in `criteria.parquet`).
+    pub turn_index: Option<u32>,
+    pub criterion: String,
+    pub rate: CompareRate,
+    /// Why it failed in the head run, when it did.
+    pub head_failure: Option<String>,
+}
+
+/// Everything the compare page shows.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ComparePage {
+    pub base: CompareRun,
+    pub head: CompareRun,
+    pub metrics: Vec<CompareMetric>,
+    pub scenarios: Vec<CompareRow>,
+    pub branches: Vec<CompareRow>,
+    pub criteria: Vec<CompareRow>,
+    /// One sentence per regression.
+    pub regressions: Vec<String>,
+    pub regressed: bool,
+}
+
+/// Writes the compare page as `path.partial` and moves it into place once complete.
+pub fn write_compare(path: &Path, page: &ComparePage) -> Result<(), ReportError> {
+    let view = CompareView::of(page);
+    let (staged, file) = Staged::create(path)?;
+    let mut out = BufWriter::new(file);
+    render(&view, &mut out).map_err(|e| ReportError::Template {
+        path: path.to_path_buf(),
+        source: e,
+    })?;
+    out.flush().map_err(|e| ReportError::io("write", path, e))?;
+    drop(out);
+    staged.publish().map(drop)
+}
+
+fn render(view: &CompareView, out: impl Write) -> Result<(), minijinja::Error> {
+    let env = environment()?;
+    let template = env.get_template("compare.html")?;
+    let context = minijinja::context! {
+        page => Value::from(minijinja::value::Serde(view)),
+        style => Value::from_safe_string(STYLE.to_owned()),
+        script => Value::from_safe_string(SCRIPT_COMPARE.to_owned()),
+        script_hash => view::script_hash(SCRIPT_COMPARE),
+    };
+    template.render_captured_to(context, out).map(drop)
+}
+
+#[derive(Serialize)]
+struct RunView {
+    label: String,
+    run_id: String,
+    started_at: String,
+    finished: bool,
+}
+
+#[derive(Serialize)]
+struct CellView {
+    base: String,
+    head: String,
+    delta: String,
+    /// `up`, `down` or `flat`, for colour.
+    direction: &'static str,
+    p_value: String,
+    verdict: String,
+    /// The verdict as a CSS class.
+    verdict_class: String,
+    changed: bool,
+}
+
+#[derive(Serialize)]
+struct RowView {
+    anchor: String,
+    what: String,
+    context: String,
+    cell: CellView,
+    head_failure: Option<String>,
+}
+
+#[derive(Serialize)]
+struct RegressionView {
+    text: String,
+}
+
+#[derive(Serialize)]
+struct SectionView {
+    title: &'static str,
+    rows: Vec<RowView>,
+    changed: usize,
+}
+
+#[derive(Serialize)]
+struct CompareView {
+    base: RunView,
+    head: RunView,
+    regressed: bool,
+    regressions: Vec<RegressionView>,
+    metrics: Vec<RowView>,
+    sections: Vec<SectionView>,
+}
+
+fn run_view(run: &CompareRun) -> RunView {
+    RunView {
+        label: run.name.clone().unwrap_or_else(|| run.run_id.clone()),
+        run_id: run.run_id.clone(),
+        started_at: run.started_at.clone(),
+        finished: run.finished,
+    }
+}
+
+fn verdict_class(verdict: &str) -> String {
+    verdict.replace(' ', "-")
+}
+
+fn is_change(verdict: &str) -> bool {
+    !matches!(verdict, "unchanged" | "not comparable")
+}
+
+fn tally(t: Option<CompareTally>) -> String {
+    match t {
+        Some(t) if t.samples > 0 => format!(
+            "{}/{} · {:.1}%",
+            t.passed,
+            t.samples,
+            t.passed as f64 * 100.0 / t.samples as f64
+        ),
+        Some(t) => format!("{}/{}", t.passed, t.samples),
+        None => "–".to_owned(),
+    }
+}
+
+fn p_value(p: Option<f64>) -> String {
+    match p {
+        Some(p) if p < 0.001 => "p < 0.001".to_owned(),
+        Some(p) => format!("p = {p:.3}"),
+        None => String::new(),
+    }
+}
+
+fn direction(delta: Option<f64>, higher_is_better: bool) -> &'static str {
+    match delta {
+        Some(d) if d.abs() < 1e-9 => "flat",
+        Some(d) if (d > 0.0) == higher_is_better => "up",
+        Some(_) => "down",
+        None => "flat",
+    }
+}
+
+fn rate_cell(rate: &CompareRate) -> CellView {
+    CellView {
+        base: tally(rate.base),
+        head: tally(rate.head),
+        delta: rate
+            .delta_points
+            .map_or_else(String::new, |d| format!("{d:+.1} pts").replace('-', "−")),
+        direction: direction(rate.delta_points, true),
+        p_value: p_value(rate.p_value),
+        verdict: rate.verdict.clone(),
+        verdict_class: verdict_class(&rate.verdict),
+        changed: is_change(&rate.verdict),
+    }
+}
+
+fn metric_value(metric: &str, value: Option<f64>) -> String {
+    match value {
+        None => "–".to_owned(),
+        Some(v) if !v.is_finite() => "–".to_owned(),
+        Some(v) if metric.ends_with("_ms") => {
+            if v.abs() < 1000.0 {
+                format!("{v:.0} ms")
+            } else {
+                format!("{:.2} s", v / 1000.0)
+            }
+        }
+        Some(v) if metric == "pass_rate" => format!("{:.1}%", v * 100.0),
+        Some(v) if v.fract() == 0.0 => format!("{v:.0}"),
+        Some(v) => format!("{v:.2}"),
+    }
+}
+
+fn metric_row(index: usize, m: &CompareMetric) -> RowView {
+    // Latency and tokens are better lower; rates and scores higher.
+    let higher_is_better = !(m.metric.ends_with("_ms") || m.metric.contains("token"));
+    let delta = m.delta.map_or_else(String::new, |d| {
+        let magnitude = metric_value(&m.metric, Some(d.abs()));
+        let sign = if d < 0.0 { "−" } else { "+" };
+        if m.metric == "pass_rate" {
+            format!("{sign}{:.1} pts", d.abs() * 100.0)
+        } else {
+            format!("{sign}{magnitude}")
+        }
+    });
+    RowView {
+        anchor: format!("m{index}"),
+        what: m.metric.trim_end_matches("_ms").replace('_', " "),
+        context: m
+            .threshold
+            .map(|t| format!("threshold {}", metric_value(&m.metric, Some(t))))
+            .unwrap_or_default(),
+        cell: CellView {
+            base: metric_value(&m.metric, m.base),
+            head: metric_value(&m.metric, m.head),
+            delta,
+            direction: direction(m.delta, higher_is_better),
+            p_value: p_value(m.p_value),
+            verdict: m.verdict.clone(),
+            verdict_class: verdict_class(&m.verdict),
+            changed: is_change(&m.verdict),
+        },
+        head_failure: None,
+    }
+}
+
+fn row(prefix: &str, index: usize, r: &CompareRow) -> RowView {
+    let what = if !r.criterion.is_empty() {
+        r.criterion.clone()
+    } else if !r.trajectory.is_empty() {
+        r.trajectory.clone()
+    } else {
+        r.scenario.clone()
+    };
+    let mut context = vec![r.suite.clone()];
+    if !r.criterion.is_empty() || !r.trajectory.is_empty() {
+        context.push(r.scenario.clone());
+    }
+    if !r.criterion.is_empty() && !r.trajectory.is_empty() {
+        context.push(r.trajectory.clone());
+    }
+    let mut context = context.join(" / ");
+    if !r.agent.is_empty() {
+        context.push_str(&format!(" · {}", r.agent));
+    }
+    if let Some(turn) = r.turn_index {
+        context.push_str(&format!(" · turn {}", turn + 1));
+    }
+    RowView {
+        anchor: format!("{prefix}{index}"),
+        what,
+        context,
+        cell: rate_cell(&r.rate),
+        head_failure: r.head_failure.clone(),
+    }
+}
+
+impl CompareView {
+    fn of(page: &ComparePage) -> Self {
+        let section = |title, prefix: &str, rows: &[CompareRow]| {
+            let rows: Vec<RowView> = rows
+                .iter()
+                .enumerate()
+                .map(|(i, r)| row(prefix, i, r))
+                .collect();
+            SectionView {
+                title,
+                changed: rows.iter().filter(|r| r.cell.changed).count(),
+                rows,
+            }
+        };
+        CompareView {
+            base: run_view(&page.base),
+            head: run_view(&page.head),
+            regressed: page.regressed,
+            regressions: page
+                .regressions
+                .iter()
+                .map(|text| RegressionView { text: text.clone() })
+                .collect(),
+            metrics: page
+                .metrics
+                .iter()
+                .enumerate()
+                .map(|(i, m)| metric_row(i, m))
+                .collect(),
+            sections: vec![
+                section("Scenarios", "s", &page.scenarios),
+                section("Branches", "b", &page.branches),
+                section("Criteria", "c", &page.criteria),
+            ],
+        }
+    }
+}

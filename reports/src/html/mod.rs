@@ -1,0 +1,110 @@
+//! `report.html`: one self-contained page (inline CSS, JS and SVG; no external URL, a strict
+//! Content-Security-Policy) for people reading a run.
+//!
+//! The page is rendered from minijinja templates (`templates/`, embedded at build time) with
+//! HTML auto-escaping on for every value: suite, user and agent text can never become markup.
+//! [`view`] turns the run into plain serializable structs (labels, counts, clipped texts);
+//! the templates only lay them out. The script does not build markup from text either: it
+//! only shows, hides and opens elements the page already has. Nothing is embedded as JSON.
+
+mod compare;
+mod outline;
+mod trend;
+mod view;
+
+use std::collections::HashMap;
+use std::io::{BufWriter, Write};
+use std::path::Path;
+
+use minijinja::{AutoEscape, Environment, UndefinedBehavior, Value};
+use trellis_engine::record::{RunInfo, RunSummary};
+
+pub use compare::{
+    CompareMetric, ComparePage, CompareRate, CompareRow, CompareRun, CompareTally, write_compare,
+};
+pub(crate) use outline::Outline;
+pub(crate) use trend::trends_from_sibling_runs;
+pub use trend::{ScenarioTrend, TrendPoint, Trends};
+
+use crate::error::ReportError;
+use crate::staged::Staged;
+use crate::tally::{Rendered, Tally};
+use crate::{NodeKey, NodeSlot};
+
+const PAGE_TEMPLATE: &str = include_str!("templates/report.html");
+const MACROS_TEMPLATE: &str = include_str!("templates/macros.html");
+const COMPARE_TEMPLATE: &str = include_str!("templates/compare.html");
+const STYLE: &str = include_str!("templates/report.css");
+const SCRIPT: &str = include_str!("templates/report.js");
+const SCRIPT_COMPARE: &str = include_str!("templates/compare.js");
+
+/// Everything the page shows.
+pub(crate) struct Page<'a> {
+    pub(crate) info: &'a RunInfo,
+    pub(crate) finished: Option<&'a RunSummary>,
+    pub(crate) tally: &'a Tally,
+    pub(crate) outline: &'a Outline,
+    /// Earlier runs per scenario, oldest first.
+    pub(crate) trends: &'a Trends,
+    pub(crate) rendered: &'a Rendered,
+    pub(crate) nodes: &'a HashMap<NodeKey, NodeSlot>,
+    pub(crate) skipped_lines: usize,
+    /// Why no transcript could be rendered (the journal was lost), if so.
+    pub(crate) transcripts_missing: Option<&'a str>,
+}
+
+/// Writes the page as `path.partial` and moves it into place once complete.
+pub(crate) fn write(path: &Path, page: &Page<'_>) -> Result<(), ReportError> {
+    let view = view::build(page);
+    let (staged, file) = Staged::create(path)?;
+    let mut out = BufWriter::new(file);
+    render_to(&view, &mut out).map_err(|e| ReportError::Template {
+        path: path.to_path_buf(),
+        source: e,
+    })?;
+    out.flush().map_err(|e| ReportError::io("write", path, e))?;
+    drop(out);
+    staged.publish().map(drop)
+}
+
+/// The environment with the page's templates: HTML escaping for every template, and an
+/// undefined value is an error rather than silently empty text.
+fn environment() -> Result<Environment<'static>, minijinja::Error> {
+    let mut env = Environment::new();
+    env.set_auto_escape_callback(|_| AutoEscape::Html);
+    env.set_undefined_behavior(UndefinedBehavior::Strict);
+    env.add_template("macros.html", MACROS_TEMPLATE)?;
+    env.add_template("report.html", PAGE_TEMPLATE)?;
+    env.add_template("compare.html", COMPARE_TEMPLATE)?;
+    Ok(env)
+}
+
+fn render_to(view: &view::PageView, out: impl Write) -> Result<(), minijinja::Error> {
+    let env = environment()?;
+    let template = env.get_template("report.html")?;
+    let context = minijinja::context! {
+        page => Value::from(minijinja::value::Serde(view)),
+        // Ours, constant, and free of `</`: safe to put inside <style> and <script> as is.
+        style => Value::from_safe_string(STYLE.to_owned()),
+        script => Value::from_safe_string(SCRIPT.to_owned()),
+        script_hash => view::script_hash(SCRIPT),
+    };
+    template.render_captured_to(context, out).map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_style_and_script_cannot_close_their_elements() {
+        assert!(!STYLE.contains("</"));
+        assert!(!SCRIPT.contains("</"));
+        assert!(!SCRIPT_COMPARE.contains("</"));
+    }
+
+    #[test]
+    fn templates_parse() {
+        environment().unwrap();
+    }
+}

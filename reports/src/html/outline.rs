@@ -1,0 +1,278 @@
+//! What the report's trajectory trees need from the whole journal, gathered as it streams:
+//! per scenario, the execution nodes each trajectory went through, every repetition's
+//! outcome, and where each failure happened.
+//!
+//! Memory is bounded by the plan (scenarios × trajectories × agents × repetitions), never by
+//! the turns. [`node_outcomes`] is the one place that turns this into per-node counts; a
+//! fuller statistics module can replace it without touching the templates.
+
+use std::collections::{BTreeMap, HashMap};
+
+use trellis_engine::record::{CriterionStatus, NodeRecord, TrajectoryRecord, TrajectoryStatus};
+
+/// The outcome of one trajectory run (one agent, one repetition).
+#[derive(Clone, Debug)]
+pub(crate) struct RunOutcome {
+    pub(crate) agent: String,
+    pub(crate) repetition: u32,
+    pub(crate) status: TrajectoryStatus,
+    /// The node where it stopped failing or faulting; `None` when it passed or never ran.
+    pub(crate) failed_at: Option<String>,
+}
+
+/// One scenario's trajectories as the journal recorded them.
+#[derive(Debug, Default)]
+pub(crate) struct ScenarioOutline {
+    /// Each trajectory's nodes, root first, in the order trajectories were first seen.
+    pub(crate) paths: Vec<(String, Vec<String>)>,
+    /// Every run of each trajectory, by trajectory name.
+    pub(crate) runs: HashMap<String, Vec<RunOutcome>>,
+    /// Turn indices each (agent, node) took, from the first repetition recorded, so a
+    /// failed `expect` can be placed at the node that took its turn.
+    turns: HashMap<(String, String), (u32, u32)>,
+}
+
+/// Every scenario's outline, by (suite, scenario).
+#[derive(Debug, Default)]
+pub(crate) struct Outline {
+    pub(crate) scenarios: BTreeMap<(String, String), ScenarioOutline>,
+}
+
+impl Outline {
+    pub(crate) fn add_node(&mut self, node: &NodeRecord) {
+        let outline = self
+            .scenarios
+            .entry((node.suite.clone(), node.scenario.clone()))
+            .or_default();
+        let key = (node.agent.clone(), node.node.clone());
+        if outline.turns.contains_key(&key) {
+            return;
+        }
+        // A replayed turn repeats a prefix turn's index: it belongs to the prefix.
+        let own = node
+            .turns
+            .iter()
+            .filter(|t| !t.replay)
+            .map(|t| t.turn_index);
+        if let (Some(first), Some(last)) = (own.clone().min(), own.max()) {
+            outline.turns.insert(key, (first, last));
+        }
+    }
+
+    pub(crate) fn add_trajectory(&mut self, t: &TrajectoryRecord) {
+        let outline = self
+            .scenarios
+            .entry((t.suite.clone(), t.scenario.clone()))
+            .or_default();
+        match outline
+            .paths
+            .iter_mut()
+            .find(|(name, _)| name == &t.trajectory)
+        {
+            // A run that stopped early lists fewer nodes: keep the longest path seen.
+            Some((_, nodes)) if nodes.len() < t.nodes.len() => nodes.clone_from(&t.nodes),
+            Some(_) => {}
+            None => outline.paths.push((t.trajectory.clone(), t.nodes.clone())),
+        }
+        let failed_at = failure_node(outline, t);
+        outline
+            .runs
+            .entry(t.trajectory.clone())
+            .or_default()
+            .push(RunOutcome {
+                agent: t.agent.clone(),
+                repetition: t.repetition,
+                status: t.status,
+                failed_at,
+            });
+    }
+}
+
+/// Where a failed or errored trajectory went wrong: the node of its first failed `expect`,
+/// or the last node it reached (a fault, a trajectory-level criterion).
+fn failure_node(outline: &ScenarioOutline, t: &TrajectoryRecord) -> Option<String> {
+    if !matches!(t.status, TrajectoryStatus::Failed | TrajectoryStatus::Error) {
+        return None;
+    }
+    let last = t.nodes.last().cloned();
+    if t.fault.is_some() {
+        return last;
+    }
+    let first_failed_turn = t
+        .criteria
+        .iter()
+        .filter(|c| c.status == CriterionStatus::Failed)
+        .find_map(|c| c.turn_index);
+    let Some(turn) = first_failed_turn else {
+        return last;
+    };
+    t.nodes
+        .iter()
+        .find(|node| {
+            outline
+                .turns
+                .get(&(t.agent.clone(), (*node).clone()))
+                .is_some_and(|&(first, last)| first <= turn && turn <= last)
+        })
+        .cloned()
+        .or(last)
+}
+
+/// Per node of a scenario's tree: how many runs reached it, and how many of them failed
+/// or faulted there.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct NodeOutcome {
+    pub(crate) reached: u64,
+    pub(crate) failed_here: u64,
+    pub(crate) errors_here: u64,
+}
+
+impl NodeOutcome {
+    /// Runs that went through the node without going wrong in it.
+    pub(crate) fn passed(&self) -> u64 {
+        self.reached
+            .saturating_sub(self.failed_here)
+            .saturating_sub(self.errors_here)
+    }
+}
+
+/// Counts per node, from the runs' paths: a failure in a shared prefix is counted at that
+/// prefix only, not in the branches below it (which those runs never reached).
+pub(crate) fn node_outcomes(outline: &ScenarioOutline) -> HashMap<String, NodeOutcome> {
+    let mut out: HashMap<String, NodeOutcome> = HashMap::new();
+    for (name, path) in &outline.paths {
+        for run in outline.runs.get(name).into_iter().flatten() {
+            if run.status == TrajectoryStatus::Skipped {
+                continue;
+            }
+            let reached = match &run.failed_at {
+                Some(at) => path
+                    .iter()
+                    .position(|n| n == at)
+                    .map_or(path.len(), |i| i + 1),
+                None => path.len(),
+            };
+            for node in path.iter().take(reached) {
+                out.entry(node.clone()).or_default().reached += 1;
+            }
+            if let Some(at) = &run.failed_at {
+                let slot = out.entry(at.clone()).or_default();
+                if run.status == TrajectoryStatus::Error {
+                    slot.errors_here += 1;
+                } else {
+                    slot.failed_here += 1;
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use trellis_engine::record::{
+        CriterionRecord, CriterionStatus, NodeRecord, TrajectoryRecord, TrajectoryStatus,
+        TurnRecord,
+    };
+
+    use super::*;
+
+    fn node(id: &str, turns: &[u32]) -> NodeRecord {
+        NodeRecord {
+            suite: "s".into(),
+            scenario: "c".into(),
+            agent: "a".into(),
+            repetition: 0,
+            node: id.into(),
+            parent: None,
+            turns: turns
+                .iter()
+                .map(|&i| {
+                    Arc::new(TurnRecord {
+                        turn_index: i,
+                        ..TurnRecord::default()
+                    })
+                })
+                .collect(),
+        }
+    }
+
+    fn trajectory(name: &str, nodes: &[&str], failed_turn: Option<u32>) -> TrajectoryRecord {
+        TrajectoryRecord {
+            suite: "s".into(),
+            scenario: "c".into(),
+            trajectory: name.into(),
+            agent: "a".into(),
+            protocol: "connexity".into(),
+            repetition: 0,
+            nodes: nodes.iter().map(|n| (*n).to_owned()).collect(),
+            status: if failed_turn.is_some() {
+                TrajectoryStatus::Failed
+            } else {
+                TrajectoryStatus::Passed
+            },
+            turns: 0,
+            duration_ms: 0.0,
+            fault: None,
+            skip_reason: None,
+            criteria: failed_turn
+                .map(|turn| CriterionRecord {
+                    turn_index: Some(turn),
+                    criterion: "reply contains=\"x\"".into(),
+                    kind: "reply".into(),
+                    status: CriterionStatus::Failed,
+                    detail: None,
+                })
+                .into_iter()
+                .collect(),
+            tags: vec![],
+            captures: Default::default(),
+        }
+    }
+
+    #[test]
+    fn a_failure_in_the_shared_prefix_is_counted_there_only() {
+        let mut outline = Outline::default();
+        outline.add_node(&node("start", &[0, 1]));
+        // The expect on turn 1 failed: neither branch was reached.
+        outline.add_trajectory(&trajectory("x", &["start"], Some(1)));
+        outline.add_trajectory(&trajectory("y", &["start"], Some(1)));
+        let scenario = &outline.scenarios[&("s".to_owned(), "c".to_owned())];
+        let counts = node_outcomes(scenario);
+        assert_eq!(
+            counts["start"],
+            NodeOutcome {
+                reached: 2,
+                failed_here: 2,
+                errors_here: 0
+            }
+        );
+        assert_eq!(
+            counts.len(),
+            1,
+            "no branch counts a failure it never reached"
+        );
+    }
+
+    #[test]
+    fn a_failure_in_a_branch_is_counted_at_the_branch() {
+        let mut outline = Outline::default();
+        outline.add_node(&node("start", &[0]));
+        outline.add_node(&node("x", &[1]));
+        outline.add_node(&node("y", &[1]));
+        outline.add_node(&node("x/then", &[2]));
+        outline.add_trajectory(&trajectory("x", &["start", "x", "x/then"], Some(1)));
+        outline.add_trajectory(&trajectory("y", &["start", "y"], None));
+        let scenario = &outline.scenarios[&("s".to_owned(), "c".to_owned())];
+        let counts = node_outcomes(scenario);
+        assert_eq!(counts["start"].passed(), 2);
+        assert_eq!(counts["x"].failed_here, 1);
+        assert_eq!(counts["y"].passed(), 1);
+        assert!(
+            !counts.contains_key("x/then"),
+            "after the failure: not reached"
+        );
+    }
+}

@@ -1,0 +1,1476 @@
+//! The page as plain data: every label, count and clipped text the templates lay out.
+//!
+//! Order is stable everywhere: scenarios in plan order (the order of the suites and of the
+//! scenarios in them), trajectories in the order of their branches, agents in plan order,
+//! then repetitions. Names that are internal (node ids such as `accepts/then`) are turned
+//! into labels people read ("after «accepts»").
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+
+use base64::Engine as _;
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use trellis_dsl::graph::{MERGE_LABEL, ROOT_LABEL};
+use trellis_engine::record::{
+    CriterionRecord, CriterionStatus, Fault, ScenarioInfo, TrajectoryRecord, TrajectoryStatus,
+    TurnRecord,
+};
+
+use super::Page;
+use super::outline::{NodeOutcome, ScenarioOutline, node_outcomes};
+use super::trend::TrendPoint;
+use crate::NodeKey;
+use crate::tally::Counts;
+
+/// Longest text block rendered, in characters; the rest is in the Parquet tables.
+const MAX_TEXT_CHARS: usize = 20_000;
+
+/// The value of the page's `script-src`: the hash of its one script, so no other script,
+/// inline handler or injected element can run even if text ever escaped its escaping.
+pub(super) fn script_hash(script: &str) -> String {
+    let digest = Sha256::digest(script.as_bytes());
+    format!(
+        "sha256-{}",
+        base64::engine::general_purpose::STANDARD.encode(digest)
+    )
+}
+
+/// A text block, clipped to [`MAX_TEXT_CHARS`].
+#[derive(Serialize)]
+pub(crate) struct Text {
+    text: String,
+    /// Characters left out.
+    cut: usize,
+}
+
+impl Text {
+    fn new(text: &str) -> Self {
+        let (shown, cut) = clip(text, MAX_TEXT_CHARS);
+        Text {
+            text: shown.to_owned(),
+            cut,
+        }
+    }
+}
+
+/// The first `max` characters of `text` and how many characters were cut.
+fn clip(text: &str, max: usize) -> (&str, usize) {
+    match text.char_indices().nth(max) {
+        Some((at, _)) => (
+            text.get(..at).unwrap_or(text),
+            text.get(at..).map_or(0, |t| t.chars().count()),
+        ),
+        None => (text, 0),
+    }
+}
+
+fn ms(value: f64) -> String {
+    if !value.is_finite() {
+        "–".to_owned()
+    } else if value < 1000.0 {
+        format!("{value:.0} ms")
+    } else {
+        format!("{:.2} s", value / 1000.0)
+    }
+}
+
+/// `1 check`, `12 checks`.
+fn count(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+fn percent(part: u64, whole: u64) -> String {
+    if whole == 0 {
+        "–".to_owned()
+    } else {
+        format!("{:.1}%", part as f64 * 100.0 / whole as f64)
+    }
+}
+
+/// Compact JSON up to this many characters stays on one line.
+const ONE_LINE_JSON: usize = 100;
+
+/// JSON text on one line when short, pretty-printed when long, as sent when it does not
+/// parse.
+fn pretty_json(text: &str) -> String {
+    let Ok(value) = serde_json::from_str::<serde_json::Value>(text) else {
+        return text.to_owned();
+    };
+    let compact = value.to_string();
+    if compact.chars().count() <= ONE_LINE_JSON {
+        return compact;
+    }
+    serde_json::to_string_pretty(&value).unwrap_or(compact)
+}
+
+#[derive(Serialize)]
+pub(crate) struct Segment {
+    class: &'static str,
+    x: String,
+    width: String,
+}
+
+#[derive(Serialize)]
+pub(crate) struct CountsView {
+    total: u64,
+    passed: u64,
+    failed: u64,
+    errors: u64,
+    skipped: u64,
+    rate: String,
+    /// `all` (everything that ran passed), `some`, `none`, or `na` (nothing ran).
+    grade: &'static str,
+    segments: Vec<Segment>,
+}
+
+impl CountsView {
+    fn of(c: &Counts) -> Self {
+        Self::drawn_over(c, c.total())
+    }
+
+    /// The bar drawn over `whole` trajectories: a run that recorded fewer than it planned
+    /// leaves the rest of the bar empty.
+    fn drawn_over(c: &Counts, whole: u64) -> Self {
+        let ran = c.passed + c.failed + c.errors;
+        let grade = match (ran, c.passed) {
+            (0, _) => "na",
+            (_, 0) => "none",
+            (ran, passed) if ran == passed => "all",
+            _ => "some",
+        };
+        let drawn = whole.max(c.total());
+        let mut segments = Vec::new();
+        let mut x = 0.0;
+        for (n, class) in [
+            (c.passed, "p"),
+            (c.failed, "f"),
+            (c.errors, "e"),
+            (c.skipped, "s"),
+        ] {
+            if n == 0 || drawn == 0 {
+                continue;
+            }
+            let width = n as f64 * 100.0 / drawn as f64;
+            segments.push(Segment {
+                class,
+                x: format!("{x:.3}"),
+                width: format!("{width:.3}"),
+            });
+            x += width;
+        }
+        CountsView {
+            total: c.total(),
+            passed: c.passed,
+            failed: c.failed,
+            errors: c.errors,
+            skipped: c.skipped,
+            rate: c
+                .pass_rate()
+                .map_or_else(|| "–".to_owned(), |r| format!("{:.1}%", r * 100.0)),
+            grade,
+            segments,
+        }
+    }
+}
+
+#[derive(Serialize)]
+pub(crate) struct RateRow {
+    name: String,
+    anchor: Option<String>,
+    counts: CountsView,
+}
+
+/// How much of the plan the run recorded, when it is not all of it.
+#[derive(Serialize)]
+pub(crate) struct Coverage {
+    recorded: u64,
+    planned: u64,
+    percent: String,
+    /// The journal ended properly (Ctrl-C, SIGTERM) rather than being cut off.
+    finished: bool,
+}
+
+#[derive(Serialize)]
+pub(crate) struct KeyValue {
+    key: String,
+    value: String,
+}
+
+#[derive(Serialize)]
+pub(crate) struct PersonaView {
+    id: String,
+    kind: String,
+    description: String,
+    instructions: String,
+}
+
+#[derive(Serialize)]
+pub(crate) struct Chip {
+    label: String,
+    status: &'static str,
+    anchor: Option<String>,
+    title: String,
+}
+
+/// Repetitions drawn one by one per agent and trajectory; beyond this, only those that did
+/// not pass are drawn (as many again at most), and the rest are counted.
+const MAX_CHIPS: usize = 40;
+
+/// One agent's repetitions of one trajectory: pass^k at a glance.
+#[derive(Serialize)]
+pub(crate) struct AgentReps {
+    agent: String,
+    chips: Vec<Chip>,
+    /// Repetitions counted but not drawn.
+    more: usize,
+    /// Every repetition not drawn passed.
+    more_passed: bool,
+    passed: u64,
+    ran: u64,
+    grade: &'static str,
+}
+
+#[derive(Serialize)]
+pub(crate) struct Leaf {
+    trajectory: String,
+    agents: Vec<AgentReps>,
+    show_agents: bool,
+    note: Option<String>,
+}
+
+#[derive(Serialize)]
+pub(crate) struct TreeNode {
+    id: String,
+    label: String,
+    anchor: Option<String>,
+    reached: u64,
+    passed: u64,
+    failed_here: u64,
+    errors_here: u64,
+    rate: String,
+    grade: &'static str,
+    ends: Vec<Leaf>,
+    children: Vec<TreeNode>,
+}
+
+#[derive(Serialize)]
+pub(crate) struct CheckView {
+    status: &'static str,
+    criterion: String,
+    kind: String,
+    place: Option<String>,
+    detail: Option<Text>,
+}
+
+#[derive(Serialize)]
+pub(crate) struct FaultView {
+    category: &'static str,
+    message: Text,
+}
+
+impl FaultView {
+    fn of(fault: &Fault) -> Self {
+        FaultView {
+            category: fault.category.as_str(),
+            message: Text::new(&fault.message),
+        }
+    }
+}
+
+/// What a collapsed row says went wrong first.
+#[derive(Serialize)]
+pub(crate) struct Headline {
+    what: String,
+    why: Option<Text>,
+}
+
+#[derive(Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub(crate) enum Item {
+    Intermediate {
+        text: Text,
+    },
+    ToolCall {
+        name: String,
+        id: String,
+        arguments: Text,
+        result: Option<Text>,
+    },
+    ToolResult {
+        id: String,
+        text: Text,
+    },
+    Message {
+        role: String,
+        text: Text,
+    },
+    Part {
+        role: String,
+        /// The part's `type`, when it has one (`data`, `image`, …).
+        part_type: String,
+        text: Text,
+    },
+}
+
+#[derive(Serialize)]
+pub(crate) struct TurnView {
+    label: String,
+    place: Option<String>,
+    meta: Vec<String>,
+    replay: bool,
+    opener: String,
+    user: Text,
+    items: Vec<Item>,
+    reply: Option<Text>,
+    fault: Option<FaultView>,
+    checks: Vec<CheckView>,
+}
+
+#[derive(Serialize)]
+pub(crate) struct Link {
+    label: String,
+    anchor: Option<String>,
+}
+
+#[derive(Serialize)]
+pub(crate) struct NodeBlock {
+    anchor: String,
+    id: String,
+    label: String,
+    shared_by: u32,
+    siblings: Vec<Link>,
+    turns: Vec<TurnView>,
+    missing: bool,
+}
+
+#[derive(Serialize)]
+pub(crate) struct RunView {
+    anchor: String,
+    status: &'static str,
+    suite: String,
+    trajectory: String,
+    agent: String,
+    repetition: u32,
+    protocol: String,
+    turns: String,
+    duration: String,
+    tags: Vec<String>,
+    headline: Option<Headline>,
+    checks_not_run: u64,
+    check_summary: String,
+    fault: Option<FaultView>,
+    skip_reason: Option<String>,
+    captures: Vec<KeyValue>,
+    failed_checks: Vec<CheckView>,
+    skipped_checks: Vec<CheckView>,
+    all_checks: Vec<CheckView>,
+    transcript: Vec<NodeBlock>,
+    transcript_note: Option<String>,
+    open: bool,
+}
+
+#[derive(Serialize)]
+pub(crate) struct TrendBar {
+    x: u32,
+    y: String,
+    height: String,
+    grade: &'static str,
+    current: bool,
+    title: String,
+}
+
+/// A scenario's pass rate over earlier runs and this one, as bars.
+#[derive(Serialize)]
+pub(crate) struct TrendView {
+    width: u32,
+    bars: Vec<TrendBar>,
+    summary: String,
+}
+
+/// Height of the trend's drawing area, in pixels.
+const TREND_HEIGHT: f64 = 22.0;
+const TREND_STEP: u32 = 9;
+
+fn trend_view(earlier: &[TrendPoint], current: TrendPoint) -> Option<TrendView> {
+    if earlier.is_empty() {
+        return None;
+    }
+    let bars_drawn = earlier.len() + 1;
+    let bars = earlier
+        .iter()
+        .chain(std::iter::once(&current))
+        .enumerate()
+        .map(|(i, p)| {
+            let rate = (p.ran > 0).then(|| p.passed as f64 / p.ran as f64);
+            let height = rate.map_or(2.0, |r| (r * TREND_HEIGHT).max(2.0));
+            let grade = match (p.ran, p.passed) {
+                (0, _) => "na",
+                (_, 0) => "none",
+                (ran, passed) if ran == passed => "all",
+                _ => "some",
+            };
+            TrendBar {
+                x: u32::try_from(i)
+                    .unwrap_or(u32::MAX)
+                    .saturating_mul(TREND_STEP),
+                y: format!("{:.1}", TREND_HEIGHT - height),
+                height: format!("{height:.1}"),
+                grade,
+                current: i + 1 == bars_drawn,
+                title: format!(
+                    "{}{} · {}: {}/{} passed ({})",
+                    if i + 1 == bars_drawn {
+                        "this run · "
+                    } else {
+                        ""
+                    },
+                    p.run_id,
+                    p.started_at,
+                    p.passed,
+                    p.ran,
+                    percent(p.passed, p.ran)
+                ),
+            }
+        })
+        .collect();
+    Some(TrendView {
+        width: u32::try_from(bars_drawn)
+            .unwrap_or(u32::MAX)
+            .saturating_mul(TREND_STEP),
+        bars,
+        summary: count(earlier.len() as u64, "earlier run", "earlier runs"),
+    })
+}
+
+#[derive(Serialize)]
+pub(crate) struct ScenarioView {
+    anchor: String,
+    suite: String,
+    id: String,
+    name: Option<String>,
+    description: Option<String>,
+    persona: Option<PersonaView>,
+    user_context: Vec<KeyValue>,
+    agents: Vec<String>,
+    tags: Vec<String>,
+    repeat: u32,
+    counts: CountsView,
+    trend: Option<TrendView>,
+    coverage: Option<String>,
+    tree: Vec<TreeNode>,
+    unrun: Vec<Leaf>,
+    runs: Vec<RunView>,
+    omitted_runs: u64,
+}
+
+#[derive(Serialize)]
+pub(crate) struct StatusCount {
+    status: &'static str,
+    count: usize,
+}
+
+#[derive(Serialize)]
+pub(crate) struct PageView {
+    run_id: String,
+    started_at: String,
+    finished_at: Option<String>,
+    duration: Option<String>,
+    version: String,
+    suites: Vec<String>,
+    coverage: Option<Coverage>,
+    skipped_lines: usize,
+    transcripts_missing: Option<String>,
+    checks_skipped: Option<String>,
+    totals: CountsView,
+    turns: u64,
+    checks_not_run: u64,
+    by_suite: Vec<RateRow>,
+    by_scenario: Vec<RateRow>,
+    by_agent: Vec<RateRow>,
+    scenarios: Vec<ScenarioView>,
+    filter_suites: Vec<String>,
+    filter_agents: Vec<String>,
+    status_counts: Vec<StatusCount>,
+    rows: usize,
+    omitted: Option<String>,
+}
+
+/// Where a node sits in the conversation, for people: `None` for the root of a scenario
+/// that never forks.
+fn node_place(id: &str, forks: bool) -> Option<String> {
+    let segments: Vec<&str> = id.split('/').collect();
+    match segments.as_slice() {
+        [root] if *root == ROOT_LABEL => forks.then(|| "before the fork".to_owned()),
+        [.., last] if *last == MERGE_LABEL => {
+            let branch = segments
+                .iter()
+                .rev()
+                .find(|s| **s != MERGE_LABEL)
+                .copied()
+                .unwrap_or(ROOT_LABEL);
+            Some(format!("after «{branch}», where the branches rejoin"))
+        }
+        [.., last] => Some(format!("after the fork «{last}»")),
+        [] => None,
+    }
+}
+
+/// A node's title in the tree and above its turns.
+fn node_label(id: &str, forks: bool) -> String {
+    let segments: Vec<&str> = id.split('/').collect();
+    match segments.as_slice() {
+        [root] if *root == ROOT_LABEL => {
+            if forks {
+                "shared start".to_owned()
+            } else {
+                "conversation".to_owned()
+            }
+        }
+        [.., last] if *last == MERGE_LABEL => {
+            let branch = segments
+                .iter()
+                .rev()
+                .find(|s| **s != MERGE_LABEL)
+                .copied()
+                .unwrap_or(ROOT_LABEL);
+            format!("after «{branch}»")
+        }
+        [.., last] => format!("branch «{last}»"),
+        [] => id.to_owned(),
+    }
+}
+
+fn trajectory_label(name: &str) -> String {
+    if name == "main" {
+        "main".to_owned()
+    } else {
+        name.split('/')
+            .map(|b| format!("«{b}»"))
+            .collect::<Vec<_>>()
+            .join(" → ")
+    }
+}
+
+fn check_view(c: &CriterionRecord, forks_at: &dyn Fn(u32) -> Option<String>) -> CheckView {
+    CheckView {
+        status: c.status.as_str(),
+        criterion: c.criterion.clone(),
+        kind: c.kind.clone(),
+        place: c.turn_index.map(|i| match forks_at(i) {
+            Some(place) => format!("turn {}, {place}", i + 1),
+            None => format!("turn {}", i + 1),
+        }),
+        detail: c.detail.as_deref().map(Text::new),
+    }
+}
+
+/// The scenarios in the order the page shows them: plan order, then any the journal has
+/// that the plan did not list (an older journal), by name.
+fn scenario_order<'a>(page: &Page<'a>) -> Vec<(String, String, Option<&'a ScenarioInfo>)> {
+    let mut seen = HashSet::new();
+    let mut order = Vec::new();
+    for info in &page.info.scenarios {
+        if seen.insert((info.suite.clone(), info.scenario.clone())) {
+            order.push((info.suite.clone(), info.scenario.clone(), Some(info)));
+        }
+    }
+    let recorded = page
+        .tally
+        .by_scenario
+        .keys()
+        .chain(page.outline.scenarios.keys());
+    for (suite, scenario) in recorded.collect::<BTreeSet<_>>() {
+        if seen.insert((suite.clone(), scenario.clone())) {
+            order.push((suite.clone(), scenario.clone(), None));
+        }
+    }
+    order
+}
+
+/// `items` without repeats, first occurrence kept (a suite and its scenario may both carry
+/// a tag).
+fn distinct(items: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::with_capacity(items.len());
+    for item in items {
+        if !out.contains(item) {
+            out.push(item.clone());
+        }
+    }
+    out
+}
+
+/// Position of `name` in `plan`, names the plan does not know after it.
+fn rank(plan: &[String], name: &str) -> usize {
+    plan.iter().position(|n| n == name).unwrap_or(plan.len())
+}
+
+/// Per-scenario index of names for anchors: anchors are built from positions, never from
+/// names, so no suite text ever reaches an `id` or `href`.
+struct Anchors {
+    scenario: String,
+    trajectories: Vec<String>,
+    agents: Vec<String>,
+    nodes: Vec<String>,
+}
+
+impl Anchors {
+    fn run(&self, trajectory: &str, agent: &str, repetition: u32) -> String {
+        format!(
+            "{}-t{}-a{}-r{repetition}",
+            self.scenario,
+            rank(&self.trajectories, trajectory),
+            rank(&self.agents, agent)
+        )
+    }
+
+    fn node(&self, run: &str, node: &str) -> String {
+        format!("{run}-n{}", rank(&self.nodes, node))
+    }
+}
+
+pub(crate) fn build(page: &Page<'_>) -> PageView {
+    let info = page.info;
+    let total = &page.tally.total;
+    let coverage =
+        (total.total() < info.planned_trajectories || page.finished.is_none()).then(|| Coverage {
+            recorded: total.total(),
+            planned: info.planned_trajectories,
+            percent: percent(total.total(), info.planned_trajectories),
+            finished: page.finished.is_some(),
+        });
+    let checks_skipped = (page.tally.checks_skipped > 0).then(|| {
+        format!(
+            "{} did not run, on {}: a trajectory whose checks did not run is not evidence \
+             that the agent passes them (see --strict).",
+            count(page.tally.checks_skipped, "check", "checks"),
+            count(
+                page.tally.trajectories_with_skipped_checks,
+                "trajectory",
+                "trajectories"
+            )
+        )
+    });
+
+    let mut scenarios = Vec::new();
+    let mut by_scenario = Vec::new();
+    for (index, (suite, scenario, plan)) in scenario_order(page).into_iter().enumerate() {
+        let view = scenario_view(page, index, &suite, &scenario, plan);
+        by_scenario.push(RateRow {
+            name: format!("{suite} / {scenario}"),
+            anchor: Some(view.anchor.clone()),
+            counts: CountsView::of(
+                page.tally
+                    .by_scenario
+                    .get(&(suite.clone(), scenario.clone()))
+                    .unwrap_or(&Counts::default()),
+            ),
+        });
+        scenarios.push(view);
+    }
+
+    let mut filter_agents: Vec<String> = Vec::new();
+    for info in &info.scenarios {
+        for agent in &info.agents {
+            if !filter_agents.contains(agent) {
+                filter_agents.push(agent.clone());
+            }
+        }
+    }
+    for agent in page.tally.by_agent.keys() {
+        if !filter_agents.contains(agent) {
+            filter_agents.push(agent.clone());
+        }
+    }
+    let mut filter_suites: Vec<String> = info.suites.clone();
+    for suite in page.tally.by_suite.keys() {
+        if !filter_suites.contains(suite) {
+            filter_suites.push(suite.clone());
+        }
+    }
+    let rendered = &page.rendered.trajectories;
+    let status_counts = [
+        TrajectoryStatus::Failed,
+        TrajectoryStatus::Error,
+        TrajectoryStatus::Skipped,
+        TrajectoryStatus::Passed,
+    ]
+    .into_iter()
+    .map(|status| StatusCount {
+        status: status.as_str(),
+        count: rendered.iter().filter(|t| t.status == status).count(),
+    })
+    .collect();
+    let omitted =
+        (page.rendered.omitted_failing > 0 || page.rendered.omitted_passing > 0).then(|| {
+            let mut parts = Vec::new();
+            if page.rendered.omitted_failing > 0 {
+                parts.push(count(
+                    page.rendered.omitted_failing,
+                    "non-passing trajectory",
+                    "non-passing trajectories",
+                ));
+            }
+            if page.rendered.omitted_passing > 0 {
+                parts.push(count(
+                    page.rendered.omitted_passing,
+                    "passing trajectory",
+                    "passing trajectories",
+                ));
+            }
+            format!(
+                "Not listed here: {} (the page keeps to a readable size); the trees count \
+                 them, trajectories.parquet has every trajectory and turns.parquet every turn.",
+                parts.join(" and ")
+            )
+        });
+
+    PageView {
+        run_id: info.run_id.clone(),
+        started_at: info.started_at.clone(),
+        finished_at: page.finished.map(|f| f.finished_at.clone()),
+        duration: page.finished.map(|f| ms(f.duration_ms)),
+        version: info.trellis_version.clone(),
+        suites: info.suites.clone(),
+        coverage,
+        skipped_lines: page.skipped_lines,
+        transcripts_missing: page.transcripts_missing.map(str::to_owned),
+        checks_skipped,
+        totals: CountsView::drawn_over(total, info.planned_trajectories),
+        turns: page.tally.turns,
+        checks_not_run: page.tally.checks_skipped,
+        // Suites in load order and agents in plan order, like everything else on the page.
+        by_suite: rate_rows(&filter_suites, &page.tally.by_suite),
+        by_scenario,
+        by_agent: rate_rows(&filter_agents, &page.tally.by_agent),
+        scenarios,
+        filter_suites,
+        filter_agents,
+        status_counts,
+        rows: rendered.len(),
+        omitted,
+    }
+}
+
+/// A pass-rate row for each name in `order` that has counts.
+fn rate_rows(order: &[String], counts: &BTreeMap<String, Counts>) -> Vec<RateRow> {
+    order
+        .iter()
+        .filter_map(|name| {
+            counts.get(name).map(|c| RateRow {
+                name: name.clone(),
+                anchor: None,
+                counts: CountsView::of(c),
+            })
+        })
+        .collect()
+}
+
+fn scenario_view(
+    page: &Page<'_>,
+    index: usize,
+    suite: &str,
+    scenario: &str,
+    plan: Option<&ScenarioInfo>,
+) -> ScenarioView {
+    let empty = ScenarioOutline::default();
+    let outline = page
+        .outline
+        .scenarios
+        .get(&(suite.to_owned(), scenario.to_owned()))
+        .unwrap_or(&empty);
+
+    // Trajectories and agents in plan order, then any the plan did not list.
+    let mut trajectories: Vec<String> = plan.map(|p| p.trajectories.clone()).unwrap_or_default();
+    for (name, _) in &outline.paths {
+        if !trajectories.contains(name) {
+            trajectories.push(name.clone());
+        }
+    }
+    let mut agents: Vec<String> = plan.map(|p| p.agents.clone()).unwrap_or_default();
+    for runs in outline.runs.values() {
+        for run in runs {
+            if !agents.contains(&run.agent) {
+                agents.push(run.agent.clone());
+            }
+        }
+    }
+    let paths: Vec<(&String, &Vec<String>)> = {
+        let mut paths: Vec<(&String, &Vec<String>)> = outline
+            .paths
+            .iter()
+            .filter(|(_, nodes)| !nodes.is_empty())
+            .map(|(name, nodes)| (name, nodes))
+            .collect();
+        paths.sort_by_key(|(name, _)| rank(&trajectories, name));
+        paths
+    };
+    let mut nodes: Vec<String> = Vec::new();
+    for (_, path) in &paths {
+        for node in path.iter() {
+            if !nodes.contains(node) {
+                nodes.push(node.clone());
+            }
+        }
+    }
+    let forks = paths.len() > 1 || trajectories.len() > 1;
+    let anchors = Anchors {
+        scenario: format!("s{index}"),
+        trajectories,
+        agents,
+        nodes,
+    };
+
+    // The rows: rendered trajectories of this scenario, in stable order.
+    let mut rows: Vec<&TrajectoryRecord> = page
+        .rendered
+        .trajectories
+        .iter()
+        .filter(|t| t.suite == suite && t.scenario == scenario)
+        .collect();
+    rows.sort_by_key(|t| {
+        (
+            rank(&anchors.trajectories, &t.trajectory),
+            rank(&anchors.agents, &t.agent),
+            t.repetition,
+        )
+    });
+    let rendered: HashSet<(&str, &str, u32)> = rows
+        .iter()
+        .map(|t| (t.trajectory.as_str(), t.agent.as_str(), t.repetition))
+        .collect();
+
+    let tree = tree_view(outline, &paths, &anchors, &rendered, forks);
+    let unrun: Vec<Leaf> = anchors
+        .trajectories
+        .iter()
+        .filter(|name| !paths.iter().any(|(p, _)| p == name))
+        .map(|name| {
+            let mut leaf = leaf_view(outline, name, &anchors, &rendered);
+            if leaf.agents.is_empty() {
+                leaf.note = Some("not recorded: the run stopped before it".to_owned());
+            }
+            leaf
+        })
+        .collect();
+
+    let counts = page
+        .tally
+        .by_scenario
+        .get(&(suite.to_owned(), scenario.to_owned()))
+        .copied()
+        .unwrap_or_default();
+    let coverage = plan.and_then(|p| {
+        let planned = p.trajectories.len() as u64 * p.agents.len() as u64 * u64::from(p.repeat);
+        (counts.total() < planned).then(|| {
+            format!(
+                "{} of {} planned trajectories recorded",
+                counts.total(),
+                planned
+            )
+        })
+    });
+    let runs: Vec<RunView> = rows
+        .iter()
+        .map(|t| run_view(page, t, &anchors, &paths, &rendered, forks))
+        .collect();
+    let omitted_runs = counts.total().saturating_sub(runs.len() as u64);
+
+    ScenarioView {
+        anchor: anchors.scenario.clone(),
+        suite: suite.to_owned(),
+        id: scenario.to_owned(),
+        name: plan.and_then(|p| p.name.clone()),
+        description: plan.and_then(|p| p.description.clone()),
+        persona: plan.and_then(|p| p.persona.as_ref()).map(persona_view),
+        user_context: plan
+            .map(|p| {
+                p.user_context
+                    .iter()
+                    .map(|(k, v)| KeyValue {
+                        key: k.clone(),
+                        value: match v {
+                            serde_json::Value::String(s) => s.clone(),
+                            other => other.to_string(),
+                        },
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+        agents: anchors.agents.clone(),
+        tags: rows.first().map(|t| distinct(&t.tags)).unwrap_or_default(),
+        repeat: plan.map_or(1, |p| p.repeat),
+        counts: CountsView::of(&counts),
+        trend: page
+            .trends
+            .get(&(suite.to_owned(), scenario.to_owned()))
+            .and_then(|trend| {
+                trend_view(
+                    &trend.points,
+                    TrendPoint {
+                        run_id: page.info.run_id.clone(),
+                        started_at: page.info.started_at.clone(),
+                        passed: counts.passed,
+                        ran: counts.passed + counts.failed + counts.errors,
+                    },
+                )
+            }),
+        coverage,
+        tree,
+        unrun,
+        runs,
+        omitted_runs,
+    }
+}
+
+fn persona_view(persona: &serde_json::Value) -> PersonaView {
+    let field = |name: &str| {
+        persona
+            .get(name)
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or("")
+            .to_owned()
+    };
+    PersonaView {
+        id: field("id"),
+        kind: field("type"),
+        description: field("description"),
+        instructions: field("instructions"),
+    }
+}
+
+/// The repetitions of one trajectory, grouped by agent.
+fn leaf_view(
+    outline: &ScenarioOutline,
+    trajectory: &str,
+    anchors: &Anchors,
+    rendered: &HashSet<(&str, &str, u32)>,
+) -> Leaf {
+    let mut runs: Vec<_> = outline.runs.get(trajectory).into_iter().flatten().collect();
+    runs.sort_by_key(|r| (rank(&anchors.agents, &r.agent), r.repetition));
+    let mut agents: Vec<AgentReps> = Vec::new();
+    for run in runs {
+        let status = run.status.as_str();
+        let anchor = rendered
+            .contains(&(trajectory, run.agent.as_str(), run.repetition))
+            .then(|| anchors.run(trajectory, &run.agent, run.repetition));
+        let chip = Chip {
+            label: format!("#{}", run.repetition),
+            status,
+            anchor,
+            title: format!(
+                "{} · {} · repetition {}: {status}",
+                trajectory_label(trajectory),
+                run.agent,
+                run.repetition
+            ),
+        };
+        match agents.last_mut() {
+            Some(last) if last.agent == run.agent => last.chips.push(chip),
+            _ => agents.push(AgentReps {
+                agent: run.agent.clone(),
+                chips: vec![chip],
+                more: 0,
+                more_passed: false,
+                passed: 0,
+                ran: 0,
+                grade: "na",
+            }),
+        }
+        if let Some(last) = agents.last_mut() {
+            if run.status == TrajectoryStatus::Passed {
+                last.passed += 1;
+            }
+            if run.status != TrajectoryStatus::Skipped {
+                last.ran += 1;
+            }
+        }
+    }
+    for a in &mut agents {
+        if a.chips.len() > MAX_CHIPS {
+            let total = a.chips.len();
+            a.chips.retain(|c| c.status != "passed");
+            a.more_passed = a.chips.len() <= MAX_CHIPS;
+            a.chips.truncate(MAX_CHIPS);
+            a.more = total - a.chips.len();
+        }
+        a.grade = match (a.ran, a.passed) {
+            (0, _) => "na",
+            (_, 0) => "none",
+            (ran, passed) if ran == passed => "all",
+            _ => "some",
+        };
+    }
+    Leaf {
+        trajectory: trajectory_label(trajectory),
+        show_agents: anchors.agents.len() > 1,
+        agents,
+        note: None,
+    }
+}
+
+fn tree_view(
+    outline: &ScenarioOutline,
+    paths: &[(&String, &Vec<String>)],
+    anchors: &Anchors,
+    rendered: &HashSet<(&str, &str, u32)>,
+    forks: bool,
+) -> Vec<TreeNode> {
+    let outcomes = node_outcomes(outline);
+    // Parent of each node, and children in order of first appearance.
+    let mut children: HashMap<Option<&str>, Vec<&str>> = HashMap::new();
+    for (_, path) in paths {
+        let mut parent: Option<&str> = None;
+        for node in path.iter() {
+            let list = children.entry(parent).or_default();
+            if !list.contains(&node.as_str()) {
+                list.push(node.as_str());
+            }
+            parent = Some(node.as_str());
+        }
+    }
+    // The transcript a node links to: a run that went wrong there, else any run through it.
+    let link_for = |node: &str| -> Option<String> {
+        let mut fallback = None;
+        for (name, path) in paths {
+            if !path.iter().any(|n| n == node) {
+                continue;
+            }
+            let mut runs: Vec<_> = outline.runs.get(*name).into_iter().flatten().collect();
+            runs.sort_by_key(|r| (rank(&anchors.agents, &r.agent), r.repetition));
+            for run in runs {
+                if !rendered.contains(&(name.as_str(), run.agent.as_str(), run.repetition)) {
+                    continue;
+                }
+                let anchor = anchors.node(&anchors.run(name, &run.agent, run.repetition), node);
+                if run.failed_at.as_deref() == Some(node) {
+                    return Some(anchor);
+                }
+                fallback.get_or_insert(anchor);
+            }
+        }
+        fallback
+    };
+    fn build(
+        parent: Option<&str>,
+        children: &HashMap<Option<&str>, Vec<&str>>,
+        outcomes: &HashMap<String, NodeOutcome>,
+        paths: &[(&String, &Vec<String>)],
+        leaf: &dyn Fn(&str) -> Leaf,
+        link_for: &dyn Fn(&str) -> Option<String>,
+        forks: bool,
+    ) -> Vec<TreeNode> {
+        children
+            .get(&parent)
+            .into_iter()
+            .flatten()
+            .map(|&node| {
+                let outcome = outcomes.get(node).copied().unwrap_or_default();
+                let passed = outcome.passed();
+                let grade = match (outcome.reached, passed) {
+                    (0, _) => "na",
+                    (_, 0) => "none",
+                    (reached, passed) if reached == passed => "all",
+                    _ => "some",
+                };
+                TreeNode {
+                    id: node.to_owned(),
+                    label: node_label(node, forks),
+                    anchor: link_for(node),
+                    reached: outcome.reached,
+                    passed,
+                    failed_here: outcome.failed_here,
+                    errors_here: outcome.errors_here,
+                    rate: percent(passed, outcome.reached),
+                    grade,
+                    ends: paths
+                        .iter()
+                        .filter(|(_, path)| path.last().is_some_and(|n| n == node))
+                        .map(|(name, _)| leaf(name))
+                        .collect(),
+                    children: build(Some(node), children, outcomes, paths, leaf, link_for, forks),
+                }
+            })
+            .collect()
+    }
+    let leaf = |name: &str| leaf_view(outline, name, anchors, rendered);
+    build(None, &children, &outcomes, paths, &leaf, &link_for, forks)
+}
+
+fn run_view(
+    page: &Page<'_>,
+    t: &TrajectoryRecord,
+    anchors: &Anchors,
+    paths: &[(&String, &Vec<String>)],
+    rendered: &HashSet<(&str, &str, u32)>,
+    forks: bool,
+) -> RunView {
+    let anchor = anchors.run(&t.trajectory, &t.agent, t.repetition);
+    // Which node of this run took each turn, for "turn 3, after the fork «x»".
+    let mut turn_nodes: HashMap<u32, String> = HashMap::new();
+    for node in &t.nodes {
+        if let Some(record) = page
+            .nodes
+            .get(&NodeKey::of(t, node))
+            .and_then(|s| s.record.as_ref())
+        {
+            for turn in record.turns.iter().filter(|turn| !turn.replay) {
+                turn_nodes.insert(turn.turn_index, node.clone());
+            }
+        }
+    }
+    let place = |turn: u32| {
+        turn_nodes
+            .get(&turn)
+            .and_then(|node| node_place(node, forks))
+    };
+    let checks = |status: Option<CriterionStatus>| -> Vec<CheckView> {
+        t.criteria
+            .iter()
+            .filter(|c| status.is_none_or(|s| c.status == s))
+            .map(|c| check_view(c, &place))
+            .collect()
+    };
+    let failed_checks = checks(Some(CriterionStatus::Failed));
+    let skipped_checks = checks(Some(CriterionStatus::Skipped));
+    let headline = if let Some(fault) = &t.fault {
+        Some(Headline {
+            what: format!("fault · {}", fault.category.as_str()),
+            why: Some(Text::new(&fault.message)),
+        })
+    } else if let Some(first) = t
+        .criteria
+        .iter()
+        .find(|c| c.status == CriterionStatus::Failed)
+    {
+        let where_ = first
+            .turn_index
+            .map(|i| match place(i) {
+                Some(p) => format!(" (turn {}, {p})", i + 1),
+                None => format!(" (turn {})", i + 1),
+            })
+            .unwrap_or_default();
+        Some(Headline {
+            what: format!("{}{where_}", first.criterion),
+            why: first.detail.as_deref().map(Text::new),
+        })
+    } else {
+        t.skip_reason.as_deref().map(|reason| Headline {
+            what: "skipped".to_owned(),
+            why: Some(Text::new(reason)),
+        })
+    };
+    let passed = t.checks_with(CriterionStatus::Passed) as u64;
+    let failed = t.checks_with(CriterionStatus::Failed) as u64;
+    let not_run = t.checks_with(CriterionStatus::Skipped) as u64;
+    let check_summary = if t.criteria.is_empty() {
+        "no checks".to_owned()
+    } else {
+        let mut parts = vec![format!("{passed} passed")];
+        if failed > 0 {
+            parts.push(format!("{failed} failed"));
+        }
+        if not_run > 0 {
+            parts.push(format!("{not_run} not run"));
+        }
+        format!(
+            "{}: {}",
+            count(t.criteria.len() as u64, "check", "checks"),
+            parts.join(", ")
+        )
+    };
+
+    let any_record = t.nodes.iter().any(|n| {
+        page.nodes
+            .get(&NodeKey::of(t, n))
+            .is_some_and(|s| s.record.is_some())
+    });
+    let (transcript, transcript_note) = if let Some(why) = page.transcripts_missing {
+        (
+            Vec::new(),
+            Some(format!("Transcript not available: {why}.")),
+        )
+    } else if t.nodes.is_empty() || (t.status == TrajectoryStatus::Skipped && !any_record) {
+        // A skipped trajectory usually never ran: listing its nodes as missing would
+        // suggest a crash that did not happen.
+        (Vec::new(), None)
+    } else {
+        (
+            transcript(page, t, &anchor, anchors, paths, rendered, forks),
+            None,
+        )
+    };
+
+    RunView {
+        anchor,
+        status: t.status.as_str(),
+        suite: t.suite.clone(),
+        trajectory: trajectory_label(&t.trajectory),
+        agent: t.agent.clone(),
+        repetition: t.repetition,
+        protocol: t.protocol.clone(),
+        turns: count(u64::from(t.turns), "turn", "turns"),
+        duration: ms(t.duration_ms),
+        tags: distinct(&t.tags),
+        headline,
+        checks_not_run: not_run,
+        check_summary,
+        fault: t.fault.as_ref().map(FaultView::of),
+        skip_reason: t.skip_reason.clone(),
+        captures: t
+            .captures
+            .iter()
+            .map(|(k, v)| KeyValue {
+                key: k.clone(),
+                value: v.clone(),
+            })
+            .collect(),
+        failed_checks,
+        skipped_checks,
+        all_checks: checks(None),
+        transcript,
+        transcript_note,
+        open: false,
+    }
+}
+
+fn transcript(
+    page: &Page<'_>,
+    t: &TrajectoryRecord,
+    run_anchor: &str,
+    anchors: &Anchors,
+    paths: &[(&String, &Vec<String>)],
+    rendered: &HashSet<(&str, &str, u32)>,
+    forks: bool,
+) -> Vec<NodeBlock> {
+    let mut blocks = Vec::new();
+    let mut parent: Option<&str> = None;
+    for node in &t.nodes {
+        let slot = page.nodes.get(&NodeKey::of(t, node));
+        // Other branches from the same fork, in this agent's same repetition.
+        let mut siblings = Vec::new();
+        if let Some(parent) = parent {
+            let mut seen: Vec<&str> = Vec::new();
+            for (name, path) in paths {
+                let Some(other) = path
+                    .iter()
+                    .position(|n| n == parent)
+                    .and_then(|i| path.get(i + 1))
+                else {
+                    continue;
+                };
+                if other == node || seen.contains(&other.as_str()) {
+                    continue;
+                }
+                seen.push(other.as_str());
+                let target = rendered
+                    .contains(&(name.as_str(), t.agent.as_str(), t.repetition))
+                    .then(|| anchors.node(&anchors.run(name, &t.agent, t.repetition), other));
+                siblings.push(Link {
+                    label: node_label(other, forks),
+                    anchor: target,
+                });
+            }
+        }
+        let turns = slot
+            .and_then(|s| s.record.as_ref())
+            .map(|record| {
+                record
+                    .turns
+                    .iter()
+                    .map(|turn| turn_view(turn, &t.criteria, node_place(node, forks)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        blocks.push(NodeBlock {
+            anchor: anchors.node(run_anchor, node),
+            id: node.clone(),
+            label: node_label(node, forks),
+            shared_by: slot.map_or(0, |s| s.trajectories),
+            siblings,
+            turns,
+            missing: slot.and_then(|s| s.record.as_ref()).is_none(),
+        });
+        parent = Some(node.as_str());
+    }
+    blocks
+}
+
+fn turn_view(turn: &TurnRecord, criteria: &[CriterionRecord], place: Option<String>) -> TurnView {
+    let mut meta = vec![
+        format!("+{}", ms(turn.started_ms)),
+        format!("latency {}", ms(turn.latency_ms)),
+    ];
+    if let Some(ttft) = turn.ttft_ms {
+        meta.push(format!("ttft {}", ms(ttft)));
+    }
+    if turn.prompt_tokens.is_some() || turn.completion_tokens.is_some() {
+        let n = |v: Option<u64>| v.map_or_else(|| "?".to_owned(), |v| v.to_string());
+        let mut tokens = format!(
+            "tokens {} in / {} out",
+            n(turn.prompt_tokens),
+            n(turn.completion_tokens)
+        );
+        if let Some(total) = turn.total_tokens {
+            tokens.push_str(&format!(" ({total} total)"));
+        }
+        meta.push(tokens);
+    } else if let Some(total) = turn.total_tokens {
+        meta.push(format!("{total} tokens"));
+    }
+    if let Some(model) = &turn.model {
+        meta.push(model.clone());
+    }
+    if let Some(provider) = &turn.provider {
+        meta.push(provider.clone());
+    }
+    if turn.attempts > 1 {
+        meta.push(format!("{} attempts", turn.attempts));
+    }
+    // Who spoke first: the user, the agent (`opening`), a function call or a human answer.
+    let opener = match (turn.kind.as_str(), &turn.function) {
+        (_, Some(function)) => format!("call {function}"),
+        (kind, None) => kind.to_owned(),
+    };
+
+    // The agent's messages in order, so intermediate text and tool calls interleave as they
+    // happened; the final reply is shown last, on its own.
+    let mut items = Vec::new();
+    let final_index = turn
+        .messages
+        .iter()
+        .rposition(|m| m.role == "assistant" && m.content.is_some() && m.content == turn.reply);
+    let mut shown_calls: HashSet<&str> = HashSet::new();
+    for (i, message) in turn.messages.iter().enumerate() {
+        match message.role.as_str() {
+            "assistant" => {
+                if Some(i) != final_index
+                    && let Some(text) = message.content.as_deref().filter(|t| !t.is_empty())
+                {
+                    items.push(Item::Intermediate {
+                        text: Text::new(text),
+                    });
+                }
+                for call in &message.tool_calls {
+                    let record = turn.tool_calls.iter().find(|r| r.call_id == call.id);
+                    if record.is_some() {
+                        shown_calls.insert(call.id.as_str());
+                    }
+                    items.push(Item::ToolCall {
+                        name: call.function.name.clone(),
+                        id: call.id.clone(),
+                        arguments: Text::new(&pretty_json(&call.function.arguments)),
+                        result: record
+                            .and_then(|r| r.result.as_deref())
+                            .map(|r| Text::new(&pretty_json(r))),
+                    });
+                }
+            }
+            "tool" => {
+                let answered = message
+                    .tool_call_id
+                    .as_deref()
+                    .is_some_and(|id| shown_calls.contains(id));
+                if !answered && let Some(content) = &message.content {
+                    items.push(Item::ToolResult {
+                        id: message.tool_call_id.clone().unwrap_or_default(),
+                        text: Text::new(&pretty_json(content)),
+                    });
+                }
+            }
+            other => {
+                if let Some(text) = message.content.as_deref().filter(|t| !t.is_empty()) {
+                    items.push(Item::Message {
+                        role: other.to_owned(),
+                        text: Text::new(text),
+                    });
+                }
+            }
+        }
+        // Content that is not text (AgentScope data and images, Fixie embeds), as JSON
+        // text: an image URL is shown, never loaded.
+        for part in &message.parts {
+            items.push(Item::Part {
+                role: message.role.clone(),
+                part_type: part
+                    .get("type")
+                    .and_then(serde_json::Value::as_str)
+                    .unwrap_or("")
+                    .to_owned(),
+                text: Text::new(&serde_json::to_string_pretty(part).unwrap_or_default()),
+            });
+        }
+    }
+    // Tool calls the protocol reported without the messages that carried them.
+    for record in &turn.tool_calls {
+        if !shown_calls.contains(record.call_id.as_str())
+            && !turn
+                .messages
+                .iter()
+                .flat_map(|m| &m.tool_calls)
+                .any(|c| c.id == record.call_id)
+        {
+            items.push(Item::ToolCall {
+                name: record.name.clone(),
+                id: record.call_id.clone(),
+                arguments: Text::new(&pretty_json(&record.arguments)),
+                result: record.result.as_deref().map(|r| Text::new(&pretty_json(r))),
+            });
+        }
+    }
+    TurnView {
+        label: format!("turn {}", turn.turn_index + 1),
+        place,
+        meta,
+        replay: turn.replay,
+        opener,
+        user: Text::new(&turn.user_message),
+        items,
+        reply: turn.reply.as_deref().map(Text::new),
+        fault: turn.fault.as_ref().map(FaultView::of),
+        // A replay's checks were judged on the original turn.
+        checks: if turn.replay {
+            Vec::new()
+        } else {
+            criteria
+                .iter()
+                .filter(|c| c.turn_index == Some(turn.turn_index))
+                .map(|c| CheckView {
+                    // Shown under its turn: the place would only repeat the turn's heading.
+                    place: None,
+                    ..check_view(c, &|_| None)
+                })
+                .collect()
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn clips_on_character_boundaries() {
+        assert_eq!(clip("héllo", 2), ("hé", 3));
+        assert_eq!(clip("abc", 5), ("abc", 0));
+    }
+
+    #[test]
+    fn node_ids_read_as_places_in_the_conversation() {
+        assert_eq!(node_place("start", false), None);
+        assert_eq!(
+            node_place("start", true).as_deref(),
+            Some("before the fork")
+        );
+        assert_eq!(
+            node_place("asks-price", true).as_deref(),
+            Some("after the fork «asks-price»")
+        );
+        assert_eq!(
+            node_place("y/y1/then/then", true).as_deref(),
+            Some("after «y1», where the branches rejoin")
+        );
+        assert_eq!(node_label("accepts/then", true), "after «accepts»");
+        assert_eq!(node_label("start", false), "conversation");
+        assert_eq!(trajectory_label("y/y1"), "«y» → «y1»");
+    }
+}
