@@ -182,7 +182,7 @@ impl Console {
         if matches!(t.status, TrajectoryStatus::Failed | TrajectoryStatus::Error) {
             self.failures_total += 1;
             if self.failures.len() < FAILURES_SHOWN {
-                self.failures.push(t.clone());
+                self.failures.push(t.as_ref().clone());
             }
         }
         if let Some(bar) = &self.bar {
