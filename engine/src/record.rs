@@ -22,7 +22,8 @@ pub enum JournalEntry {
     /// before its first node.
     Agent(AgentRecord),
     Node(NodeRecord),
-    Trajectory(TrajectoryRecord),
+    /// Boxed: a trajectory record is much larger than the other entries.
+    Trajectory(Box<TrajectoryRecord>),
     RunFinished(RunSummary),
 }
 

@@ -879,7 +879,7 @@ mod tests {
     }
 
     fn trajectory(rep: u32, name: &str, nodes: &[&str], failed_turn: Option<u32>) -> JournalEntry {
-        JournalEntry::Trajectory(TrajectoryRecord {
+        JournalEntry::Trajectory(Box::new(TrajectoryRecord {
             suite: "s".into(),
             scenario: "c".into(),
             trajectory: name.into(),
@@ -912,7 +912,7 @@ mod tests {
             awaiting_human: None,
             sandbox_state: None,
             captures: Default::default(),
-        })
+        }))
     }
 
     #[test]

@@ -214,7 +214,7 @@ impl Console {
                     .last_key_value()
                     .is_some_and(|(last, _)| key < *last);
             if keep {
-                self.failures.insert(key, t.clone());
+                self.failures.insert(key, t.as_ref().clone());
                 if self.failures.len() > FAILURES_SHOWN {
                     self.failures.pop_last();
                 }

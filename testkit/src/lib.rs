@@ -375,7 +375,7 @@ pub async fn run_plan(plan: Plan, jobs: usize) -> Run {
     while let Some(ev) = rx.recv().await {
         match ev {
             Event::Node(n) => run.nodes.push(n),
-            Event::Trajectory(t) => run.trajectories.push(t),
+            Event::Trajectory(t) => run.trajectories.push(*t),
             Event::RunFinished(s) => run.summary = s,
             Event::RunStarted(_) | Event::Agent(_) => {}
         }

@@ -72,7 +72,7 @@ fn write_run(runs_dir: &Path, name: &str, started_at: &str, samples: &[Sample]) 
             failed += 1;
             CriterionStatus::Failed
         };
-        entries.push(JournalEntry::Trajectory(TrajectoryRecord {
+        entries.push(JournalEntry::Trajectory(Box::new(TrajectoryRecord {
             suite: "s".into(),
             scenario: "c".into(),
             trajectory: s.branch.into(),
@@ -101,7 +101,7 @@ fn write_run(runs_dir: &Path, name: &str, started_at: &str, samples: &[Sample]) 
             awaiting_human: None,
             sandbox_state: None,
             captures: Default::default(),
-        }));
+        })));
     }
     entries.push(JournalEntry::RunFinished(RunSummary {
         run_id,

@@ -316,7 +316,7 @@ impl Shared {
             TrajectoryStatus::Skipped => &t.skipped,
         }
         .fetch_add(1, Ordering::Relaxed);
-        let _ = self.events.send(Event::Trajectory(record)).await;
+        let _ = self.events.send(Event::Trajectory(Box::new(record))).await;
     }
 }
 

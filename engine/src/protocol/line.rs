@@ -248,6 +248,9 @@ impl LineTransport {
                             fault
                                 .message
                                 .push_str(&format!("; the process exited ({status})"));
+                            if could_not_start(status) {
+                                fault.category = FaultCategory::Setup;
+                            }
                         }
                         append_log(&mut fault, &log);
                         Err(fault)
@@ -354,10 +357,17 @@ impl LineTransport {
         };
         match status {
             Ok(status) if !status.success() => {
-                let mut fault = Fault::new(
-                    FaultCategory::Transport,
-                    format!("{describe} exited with {status}"),
-                );
+                let mut fault = if could_not_start(status) {
+                    Fault::new(
+                        FaultCategory::Setup,
+                        format!("{describe} could not be started by the shell ({status})"),
+                    )
+                } else {
+                    Fault::new(
+                        FaultCategory::Transport,
+                        format!("{describe} exited with {status}"),
+                    )
+                };
                 append_log(&mut fault, &log);
                 Err(fault)
             }
@@ -644,6 +654,12 @@ fn append_log(fault: &mut Fault, log: &str) {
     };
     fault.message.push_str("; stderr: ");
     fault.message.push_str(&tail);
+}
+
+/// Whether `sh -c` could not run the command at all: POSIX shells exit 127 for a command
+/// not found and 126 for one that cannot be executed (a setup problem, not the agent's).
+fn could_not_start(status: std::process::ExitStatus) -> bool {
+    matches!(status.code(), Some(126 | 127))
 }
 
 fn io_fault(e: &io::Error, describe: &str) -> Fault {

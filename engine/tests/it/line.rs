@@ -191,6 +191,23 @@ async fn a_process_that_cannot_start_is_a_setup_fault() {
     assert!(message.contains("could not start"), "{message}");
 }
 
+/// The shell starts, but the command it is asked to run does not exist or cannot be run.
+#[tokio::test]
+async fn a_command_the_shell_cannot_run_is_a_setup_fault_in_both_modes() {
+    for mode in [ProcessMode::LongLived, ProcessMode::PerCall] {
+        for command in ["/nonexistent/trellis-agent --serve", "/dev/null"] {
+            let message = fault(
+                call(&process(command, mode), "{}").await,
+                FaultCategory::Setup,
+            );
+            assert!(
+                message.contains("126") || message.contains("127"),
+                "{mode:?} {command}: {message}"
+            );
+        }
+    }
+}
+
 #[test]
 fn socket_addresses_in_both_spellings() {
     assert_eq!(

@@ -27,6 +27,10 @@ pub(crate) struct ScenarioOutline {
     pub(crate) paths: Vec<(String, Vec<String>)>,
     /// Every run of each trajectory, by trajectory name.
     pub(crate) runs: HashMap<String, Vec<RunOutcome>>,
+    /// For trajectories that continue forks the agent asked for (`NAME~LABEL…`): the
+    /// position of each alternative among those the agent listed, outermost first, so they
+    /// are shown in the agent's order rather than finishing order.
+    pub(crate) fork_positions: HashMap<String, Vec<u32>>,
     /// Turn indices each (agent, node) took, from the first repetition recorded, so a
     /// failed `expect` can be placed at the node that took its turn.
     turns: HashMap<(String, String), (u32, u32)>,
@@ -73,6 +77,12 @@ impl Outline {
             Some((_, nodes)) if nodes.len() < t.nodes.len() => nodes.clone_from(&t.nodes),
             Some(_) => {}
             None => outline.paths.push((t.trajectory.clone(), t.nodes.clone())),
+        }
+        if !t.agent_branches.is_empty() {
+            outline
+                .fork_positions
+                .entry(t.trajectory.clone())
+                .or_insert_with(|| t.agent_branches.iter().map(|b| b.index).collect());
         }
         let failed_at = failure_node(outline, t);
         outline
@@ -229,6 +239,9 @@ mod tests {
                 .collect(),
             tags: vec![],
             captures: Default::default(),
+            agent_branches: Vec::new(),
+            awaiting_human: None,
+            sandbox_state: None,
         }
     }
 

@@ -361,6 +361,12 @@ pub(crate) struct RunView {
     fault: Option<FaultView>,
     skip_reason: Option<String>,
     captures: Vec<KeyValue>,
+    /// The forks the agent asked for on this path: what it chose, why, what was left.
+    agent_forks: Vec<String>,
+    /// The agent's question when the trajectory ended with it waiting for a human.
+    awaiting_human: Option<String>,
+    /// The tool sandbox's final state, pretty-printed.
+    sandbox_state: Option<String>,
     failed_checks: Vec<CheckView>,
     skipped_checks: Vec<CheckView>,
     all_checks: Vec<CheckView>,
@@ -495,9 +501,37 @@ pub(crate) struct PageView {
     omitted: Option<String>,
 }
 
+/// Splits a recorded node name into the planned node and the alternatives of the forks the
+/// agent asked for on the way (`accepts~voucher~large` → `accepts`, [`voucher`, `large`]).
+fn agent_forks(id: &str) -> (&str, Vec<&str>) {
+    let mut parts = id.split('~');
+    let planned = parts.next().unwrap_or(id);
+    (planned, parts.collect())
+}
+
+fn agent_fork_text(labels: &[&str]) -> String {
+    labels
+        .iter()
+        .map(|l| format!("«{l}»"))
+        .collect::<Vec<_>>()
+        .join(" › ")
+}
+
 /// Where a node sits in the conversation, for people: `None` for the root of a scenario
 /// that never forks.
 fn node_place(id: &str, forks: bool) -> Option<String> {
+    let (planned, labels) = agent_forks(id);
+    if !labels.is_empty() {
+        let fork = format!("after the agent's fork {}", agent_fork_text(&labels));
+        return Some(match planned_place(planned, true) {
+            Some(place) if planned != ROOT_LABEL => format!("{place}, {fork}"),
+            _ => fork,
+        });
+    }
+    planned_place(id, forks)
+}
+
+fn planned_place(id: &str, forks: bool) -> Option<String> {
     let segments: Vec<&str> = id.split('/').collect();
     match segments.as_slice() {
         [root] if *root == ROOT_LABEL => forks.then(|| "before the fork".to_owned()),
@@ -517,6 +551,19 @@ fn node_place(id: &str, forks: bool) -> Option<String> {
 
 /// A node's title in the tree and above its turns.
 fn node_label(id: &str, forks: bool) -> String {
+    let (planned, labels) = agent_forks(id);
+    if !labels.is_empty() {
+        let fork = format!("agent's branch {}", agent_fork_text(&labels));
+        return if planned == ROOT_LABEL {
+            fork
+        } else {
+            format!("{} · {fork}", planned_label(planned, true))
+        };
+    }
+    planned_label(id, forks)
+}
+
+fn planned_label(id: &str, forks: bool) -> String {
     let segments: Vec<&str> = id.split('/').collect();
     match segments.as_slice() {
         [root] if *root == ROOT_LABEL => {
@@ -541,6 +588,14 @@ fn node_label(id: &str, forks: bool) -> String {
 }
 
 fn trajectory_label(name: &str) -> String {
+    let (planned, labels) = agent_forks(name);
+    if !labels.is_empty() {
+        return format!(
+            "{} → agent's branch {}",
+            trajectory_label(planned),
+            agent_fork_text(&labels)
+        );
+    }
     if name == "main" {
         "main".to_owned()
     } else {
@@ -781,10 +836,35 @@ fn scenario_view(
 
     // Trajectories and agents in plan order, then any the plan did not list.
     let mut trajectories: Vec<String> = plan.map(|p| p.trajectories.clone()).unwrap_or_default();
+    let planned_count = trajectories.len();
+    // Continuations of forks the agent asked for follow the planned trajectory they
+    // continue, in the order the agent listed the alternatives.
+    let mut continuations: Vec<(usize, Vec<u32>, String)> = Vec::new();
     for (name, _) in &outline.paths {
-        if !trajectories.contains(name) {
-            trajectories.push(name.clone());
+        if trajectories.contains(name) {
+            continue;
         }
+        let (planned, labels) = agent_forks(name);
+        if labels.is_empty() {
+            trajectories.push(name.clone());
+        } else {
+            let position = outline
+                .fork_positions
+                .get(name)
+                .cloned()
+                .unwrap_or_default();
+            continuations.push((rank(&trajectories, planned), position, name.clone()));
+        }
+    }
+    continuations.sort();
+    for (base, _, name) in continuations.into_iter().rev() {
+        // Right after the planned trajectory: inserting in reverse leaves them in order.
+        let at = if base < planned_count {
+            base + 1
+        } else {
+            trajectories.len()
+        };
+        trajectories.insert(at, name);
     }
     let mut agents: Vec<String> = plan.map(|p| p.agents.clone()).unwrap_or_default();
     for runs in outline.runs.values() {
@@ -840,10 +920,15 @@ fn scenario_view(
         .collect();
 
     let tree = tree_view(outline, &paths, &anchors, &rendered, forks);
+    // A planned trajectory the agent forked ran as its continuations (`NAME~LABEL`).
     let unrun: Vec<Leaf> = anchors
         .trajectories
         .iter()
-        .filter(|name| !paths.iter().any(|(p, _)| p == name))
+        .filter(|name| {
+            !paths.iter().any(|(p, _)| {
+                p == name || (p.starts_with(name.as_str()) && p[name.len()..].starts_with('~'))
+            })
+        })
         .map(|name| {
             let mut leaf = leaf_view(outline, name, &anchors, &rendered);
             if leaf.agents.is_empty() {
@@ -1224,6 +1309,41 @@ fn run_view(
                 value: v.clone(),
             })
             .collect(),
+        agent_forks: t
+            .agent_branches
+            .iter()
+            .map(|b| {
+                let mut text = format!(
+                    "«{}»: alternative {} of {}{}",
+                    b.option,
+                    b.index,
+                    b.count,
+                    b.reason
+                        .as_deref()
+                        .map(|r| format!(" — the agent's reason: {r}"))
+                        .unwrap_or_default()
+                );
+                if !b.unexplored.is_empty() {
+                    text.push_str(&format!(
+                        "; not explored: {}",
+                        b.unexplored
+                            .iter()
+                            .map(|u| format!("«{u}»"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ));
+                }
+                if let Some(limit) = &b.limited_by {
+                    text.push_str(&format!(" ({limit})"));
+                }
+                text
+            })
+            .collect(),
+        awaiting_human: t.awaiting_human.clone(),
+        sandbox_state: t
+            .sandbox_state
+            .as_ref()
+            .and_then(|state| serde_json::to_string_pretty(state).ok()),
         failed_checks,
         skipped_checks,
         all_checks: checks(None),
@@ -1471,6 +1591,19 @@ mod tests {
         );
         assert_eq!(node_label("accepts/then", true), "after «accepts»");
         assert_eq!(node_label("start", false), "conversation");
+        assert_eq!(node_label("start~refund", true), "agent's branch «refund»");
+        assert_eq!(
+            node_label("accepts~voucher~large", true),
+            "branch «accepts» · agent's branch «voucher» › «large»"
+        );
+        assert_eq!(
+            node_place("start~refund", true).as_deref(),
+            Some("after the agent's fork «refund»")
+        );
+        assert_eq!(
+            trajectory_label("main~refund"),
+            "main → agent's branch «refund»"
+        );
         assert_eq!(trajectory_label("y/y1"), "«y» → «y1»");
     }
 }

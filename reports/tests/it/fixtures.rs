@@ -250,7 +250,7 @@ pub fn entries() -> Vec<JournalEntry> {
         );
         accepts.criteria = base.clone();
         accepts.captures.insert("quote".into(), "120".into());
-        out.push(JournalEntry::Trajectory(accepts));
+        out.push(JournalEntry::Trajectory(Box::new(accepts)));
         let status = if rep == 1 {
             TrajectoryStatus::Failed
         } else {
@@ -276,7 +276,7 @@ pub fn entries() -> Vec<JournalEntry> {
                 ),
             );
         }
-        out.push(JournalEntry::Trajectory(price));
+        out.push(JournalEntry::Trajectory(Box::new(price)));
     }
 
     let mut faulted = turn(0, "ping", None);
@@ -300,12 +300,12 @@ pub fn entries() -> Vec<JournalEntry> {
     );
     error.fault = Some(Fault::new(FaultCategory::Http5xx, "HTTP 503 from agent"));
     error.tags = Vec::new();
-    out.push(JournalEntry::Trajectory(error));
+    out.push(JournalEntry::Trajectory(Box::new(error)));
 
     let mut skipped = trajectory("later", "main", "flaky", 0, &[], TrajectoryStatus::Skipped);
     skipped.skip_reason = Some("needs a judge model; none configured".into());
     skipped.turns = 0;
-    out.push(JournalEntry::Trajectory(skipped));
+    out.push(JournalEntry::Trajectory(Box::new(skipped)));
     out
 }
 
