@@ -431,11 +431,19 @@ pub fn print_comparison(c: &Comparison) {
         }
         outln!("branches\n{table}");
     }
+    // A check only in one run belongs to a branch or scenario only in one run (listed
+    // above) or was added to or removed from the suite: counted, not listed.
+    let one_sided = |v: Verdict| matches!(v, Verdict::Added | Verdict::Removed);
     let criteria: Vec<_> = c
         .criteria
         .iter()
-        .filter(|k| changed(k.rate.verdict))
+        .filter(|k| changed(k.rate.verdict) && !one_sided(k.rate.verdict))
         .collect();
+    let only_one_side = c
+        .criteria
+        .iter()
+        .filter(|k| one_sided(k.rate.verdict))
+        .count();
     if !criteria.is_empty() {
         let mut table = console::table(&["branch", "check", "base", "head", "verdict", "why"]);
         for k in criteria {
@@ -456,6 +464,12 @@ pub fn print_comparison(c: &Comparison) {
             ]);
         }
         outln!("checks\n{table}");
+    }
+    if only_one_side > 0 {
+        outln!(
+            "{} in only one of the runs (listed with --json)",
+            console::count(only_one_side as u64, "check is", "checks are")
+        );
     }
     if c.regressed {
         outln!(
