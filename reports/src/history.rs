@@ -520,29 +520,6 @@ fn meta_of(run: &RunEntry) -> RunMeta {
     })
 }
 
-/// One run's result for one scenario, a point of its trend.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct TrendPoint {
-    pub run_id: String,
-    pub name: Option<String>,
-    pub started_at: Option<String>,
-    /// Trajectories of the scenario that passed, and that ran.
-    pub passed: u64,
-    pub ran: u64,
-    pub pass_rate: Option<f64>,
-    pub latency_mean_ms: Option<f64>,
-}
-
-/// One scenario (and agent) across recent runs, oldest first.
-#[derive(Clone, Debug, PartialEq, Serialize)]
-pub struct ScenarioTrend {
-    pub suite: String,
-    pub scenario: String,
-    pub agent: String,
-    /// One point per run that ran the scenario.
-    pub points: Vec<TrendPoint>,
-}
-
 /// The statistics of a run: its `summary.json`, else its journal replayed.
 pub fn run_stats(dir: &Path) -> Result<crate::stats::RunStats, HistoryError> {
     let path = dir.join(crate::SUMMARY_FILE);
@@ -552,52 +529,6 @@ pub fn run_stats(dir: &Path) -> Result<crate::stats::RunStats, HistoryError> {
         return Ok(summary.stats);
     }
     Ok(crate::stats::RunStats::from_run_dir(dir)?)
-}
-
-/// Per scenario, how the last `last` runs of `runs_dir` (up to and including `until`, when
-/// given) went: for the report's trend view and dashboards. Runs that cannot be read are
-/// left out.
-pub fn scenario_trends(
-    runs_dir: &Path,
-    last: usize,
-    until: Option<&str>,
-) -> Result<Vec<ScenarioTrend>, HistoryError> {
-    let mut runs = list_runs(runs_dir)?;
-    if let Some(until) = until
-        && let Some(end) = runs.iter().position(|r| r.run_id == until)
-    {
-        runs.truncate(end + 1);
-    }
-    let skip = runs.len().saturating_sub(last);
-    let mut trends: BTreeMap<(String, String, String), Vec<TrendPoint>> = BTreeMap::new();
-    for run in runs.into_iter().skip(skip) {
-        let Ok(stats) = run_stats(&run.dir) else {
-            continue;
-        };
-        for s in stats.scenarios {
-            trends
-                .entry((s.suite, s.scenario, s.agent))
-                .or_default()
-                .push(TrendPoint {
-                    run_id: run.run_id.clone(),
-                    name: run.name.clone(),
-                    started_at: run.started_at.clone(),
-                    passed: s.counts.passed,
-                    ran: s.counts.ran(),
-                    pass_rate: s.counts.pass_rate(),
-                    latency_mean_ms: s.latency.mean_ms,
-                });
-        }
-    }
-    Ok(trends
-        .into_iter()
-        .map(|((suite, scenario, agent), points)| ScenarioTrend {
-            suite,
-            scenario,
-            agent,
-            points,
-        })
-        .collect())
 }
 
 #[cfg(test)]

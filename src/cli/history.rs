@@ -8,7 +8,6 @@ use clap::{Args, Subcommand};
 use comfy_table::Cell;
 use trellis_reports::compare::{self, Comparison, RunRef, Thresholds, Verdict};
 use trellis_reports::history::{self, HistoryError, RunEntry};
-use trellis_reports::stats::RunStats;
 
 use super::console::{self, errln, outln};
 use super::{EXIT_FAILED, EXIT_INCOMPLETE, EXIT_INVALID, EXIT_OK};
@@ -305,14 +304,14 @@ pub fn run_ref(entry: &RunEntry) -> RunRef {
     }
 }
 
-/// Reads both runs' journals and compares them.
+/// Reads both runs' statistics (`summary.json`, else the journal) and compares them.
 pub fn compare_runs(
     base: &RunEntry,
     head: &RunEntry,
     thresholds: Thresholds,
 ) -> Result<Comparison, String> {
     let stats = |entry: &RunEntry| {
-        RunStats::from_run_dir(&entry.dir).map_err(|e| {
+        history::run_stats(&entry.dir).map_err(|e| {
             let why = std::error::Error::source(&e)
                 .map(|s| format!(": {s}"))
                 .unwrap_or_default();

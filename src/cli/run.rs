@@ -140,7 +140,7 @@ fn compare_with(
     args: &RunArgs,
 ) -> Result<trellis_reports::compare::Comparison, String> {
     let head = trellis_reports::history::read_run(out).map_err(|e| e.to_string())?;
-    let base_stats = trellis_reports::stats::RunStats::from_run_dir(&base.dir)
+    let base_stats = trellis_reports::history::run_stats(&base.dir)
         .map_err(|e| format!("{e}: {}", source(&e)))?;
     let head_stats = match head_stats {
         Some(stats) => stats.clone(),
