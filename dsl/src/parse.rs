@@ -3362,7 +3362,16 @@ impl<'f> Decoder<'f> {
     /// `state path=… CHECK`: exactly one of `equals`, `contains`, `matches`, `near` (with an
     /// optional `tolerance`), `exists`, `absent`.
     fn state_criterion(&mut self, v: &View) -> Option<CriterionKind> {
-        let checks = ["equals", "contains", "matches", "near", "exists", "absent"];
+        let checks = [
+            "equals",
+            "equals-json",
+            "contains",
+            "contains-json",
+            "matches",
+            "near",
+            "exists",
+            "absent",
+        ];
         let usage = "state path=\"orders.0.status\" equals=\"refunded\"";
         self.check_args(v, 0, usage);
         let mut allowed = vec!["path", "tolerance"];
@@ -3379,7 +3388,8 @@ impl<'f> Decoder<'f> {
             [] => {
                 self.missing(
                     v,
-                    "a check (`equals`, `contains`, `matches`, `near`, `exists` or `absent`)",
+                    "a check (`equals`, `equals-json`, `contains`, `contains-json`, `matches`, \
+                     `near`, `exists` or `absent`)",
                     usage,
                 );
                 return None;
@@ -3417,7 +3427,10 @@ impl<'f> Decoder<'f> {
         }
         let check = match prop_name(e) {
             "equals" => StateCheck::Equals(self.json(e)?),
+            // JSON text, for objects and arrays a KDL value cannot write.
+            "equals-json" => StateCheck::Equals(self.json_text(e)?),
             "contains" => StateCheck::Contains(self.json(e)?),
+            "contains-json" => StateCheck::Contains(self.json_text(e)?),
             "matches" => StateCheck::Matches(self.regex(e)?),
             "near" => {
                 let value = self.number(e, None)?;

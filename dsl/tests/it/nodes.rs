@@ -189,6 +189,8 @@ scenario "s" {
         state path="audit.gone" absent=#true
         state path="audit.other" exists=#false
         violations max=0
+        state path="orders.0" equals-json=#"{"id": "A1"}"#
+        state path="tags" contains-json=#"["a", "b"]"#
     }
 }
 scenario "j" {
@@ -249,7 +251,7 @@ scenario "j" {
         ["state"; 6]
             .iter()
             .copied()
-            .chain(["violations"])
+            .chain(["violations", "state", "state"])
             .collect::<Vec<_>>()
     );
     let checks: Vec<String> = sc
@@ -268,6 +270,33 @@ scenario "j" {
         sc.criteria[6].kind,
         CriterionKind::Violations { max: 0 }
     ));
+    // JSON text for what a KDL value cannot write.
+    match &sc.criteria[7].kind {
+        CriterionKind::State {
+            check: trellis_dsl::StateCheck::Equals(v),
+            ..
+        } => assert_eq!(v, &serde_json::json!({"id": "A1"})),
+        other => panic!("{other:?}"),
+    }
+    match &sc.criteria[8].kind {
+        CriterionKind::State {
+            check: trellis_dsl::StateCheck::Contains(v),
+            ..
+        } => assert_eq!(v, &serde_json::json!(["a", "b"])),
+        other => panic!("{other:?}"),
+    }
+    let broken = load_text(
+        r#"
+agent "a" protocol="multiagent" builtin="support"
+scenario "s" {
+    user "hi"
+    expect state path="x" equals-json="{not json"
+}
+"#,
+    )
+    .unwrap_err()
+    .render_plain();
+    assert!(broken.contains("invalid JSON"), "{broken}");
 }
 
 #[test]

@@ -104,13 +104,15 @@ async fn a_policy_breach_is_corrected_and_the_final_state_is_checked() {
     let agent = agent();
     let run = run(
         &agent,
-        r#"
+        r##"
 scenario "refund" {
     initial-state { orders { A-1 { status "open" } } }
     user "Refund order A-1"
     expect reply contains="Refund done"
     criteria {
         state path="orders.A-1.status" equals="refunded"
+        state path="orders.A-1" equals-json=#"{"status": "refunded"}"#
+        state path="orders.A-1.status" contains-json=#"["cancelled", "refunded"]"#
         violations max=1
         tool "apply_refund" amount=50
     }
@@ -123,7 +125,7 @@ scenario "refund-strict" {
         state path="orders.B-2.status" equals="open"
     }
 }
-"#,
+"##,
     )
     .await;
     let refund = trajectory(&run, "main");

@@ -926,14 +926,11 @@ impl Reader {
                 for change in changes {
                     let path = change.get("path").and_then(Value::as_str);
                     let value = change.get("value");
-                    match (path.filter(|p| valid_state_path(p)), value.map(kdl_scalar)) {
-                        (Some(path), Some(Some(value))) => step
-                            .expects
-                            .push(format!("state path={} equals={value}", kdl_string(path))),
-                        (Some(_), Some(None)) => step.unmapped.push(format!(
-                            "`expected_state_changes` entry {} (a `state` criterion compares \
-                             strings, numbers, booleans and null, not objects or arrays)",
-                            brief(change)
+                    match (path.filter(|p| valid_state_path(p)), value) {
+                        (Some(path), Some(value)) => step.expects.push(format!(
+                            "state path={} {}",
+                            kdl_string(path),
+                            state_value_check("equals", value)
                         )),
                         _ => step.unmapped.push(format!(
                             "`expected_state_changes` entry {} (needs a dotted `path` and a \
@@ -1248,8 +1245,8 @@ fn state_hygiene(hygiene: &Value, step: &mut StepOut, previous: Option<&mut Step
             (None, _) => None,
             (Some(_), "exists") => Some("exists=#true".to_owned()),
             (Some(_), "not_exists") => Some("absent=#true".to_owned()),
-            (Some(_), "eq") => kdl_scalar(expected).map(|v| format!("equals={v}")),
-            (Some(_), "contains") => kdl_scalar(expected).map(|v| format!("contains={v}")),
+            (Some(_), "eq") => Some(state_value_check("equals", expected)),
+            (Some(_), "contains") => Some(state_value_check("contains", expected)),
             (Some(_), _) => None,
         };
         match (path, check) {
@@ -1414,6 +1411,15 @@ fn message_criterion(mode: &str, expected: &Value, property: &str) -> Result<Str
     }
 }
 
+/// `equals=VALUE` / `contains=VALUE` for a scalar, `equals-json=…` / `contains-json=…` (JSON
+/// text) for an object or array.
+fn state_value_check(check: &str, expected: &Value) -> String {
+    match kdl_scalar(expected) {
+        Some(value) => format!("{check}={value}"),
+        None => format!("{check}-json={}", kdl_string(&expected.to_string())),
+    }
+}
+
 fn state_criterion(
     mode: &str,
     expected: &Value,
@@ -1427,37 +1433,19 @@ fn state_criterion(
     }
     let path = kdl_string(property);
     match mode {
-        "exact" => {
-            let value = kdl_scalar(expected).ok_or_else(|| {
-                format!(
-                    "an exact value that is {}: a `state` criterion compares strings, numbers, \
-                     booleans and null",
-                    json_kind(expected)
-                )
-            })?;
-            Ok(format!("state path={path} equals={value}"))
-        }
+        "exact" => Ok(format!(
+            "state path={path} {}",
+            state_value_check("equals", expected)
+        )),
         "regex" => Ok(format!(
             "state path={path} matches={}",
             kdl_string(&search_regex(expected)?)
         )),
-        "contains" => {
-            let one = match expected {
-                Value::Array(items) if items.len() == 1 => items.first(),
-                Value::Array(_) => {
-                    return Err(
-                        "`contains` with several alternatives on the state: a `state` criterion \
-                         checks one value"
-                            .into(),
-                    );
-                }
-                other => Some(other),
-            };
-            let value = one
-                .and_then(kdl_scalar)
-                .ok_or_else(|| format!("`contains` {}", brief(expected)))?;
-            Ok(format!("state path={path} contains={value}"))
-        }
+        // A list means any of its elements, as `contains-json` with an array does.
+        "contains" => Ok(format!(
+            "state path={path} {}",
+            state_value_check("contains", expected)
+        )),
         "numerical_tolerance" => {
             let number = expected
                 .as_f64()
