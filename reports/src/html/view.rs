@@ -228,6 +228,50 @@ pub(crate) struct AgentReps {
     passed: u64,
     ran: u64,
     grade: &'static str,
+    /// With repetitions: pass@1 with its 95% Wilson interval, and pass^k for each k.
+    estimate: Option<Estimate>,
+}
+
+/// What repetitions of one trajectory on one agent say about the agent.
+#[derive(Serialize)]
+pub(crate) struct Estimate {
+    /// `pass@1 67% (95% CI 21–94%)`.
+    text: String,
+    /// `pass^1 67% · pass^2 33% · pass^3 0%` and pass@k: the detail on hover.
+    detail: String,
+}
+
+impl Estimate {
+    fn of(passed: u64, ran: u64) -> Option<Estimate> {
+        use crate::stats::{pass_at_k, pass_hat_k, wilson_interval};
+        if ran < 2 {
+            return None;
+        }
+        let rate = passed as f64 / ran as f64;
+        let interval = wilson_interval(passed, ran, 0.95)?;
+        let pct = |x: f64| format!("{:.0}%", x * 100.0);
+        let text = format!(
+            "pass@1 {} (95% CI {}–{})",
+            pct(rate),
+            pct(interval.low),
+            pct(interval.high)
+        );
+        let hats: Vec<String> = (1..=ran.min(10))
+            .filter_map(|k| pass_hat_k(ran, passed, k).map(|v| format!("pass^{k} {}", pct(v))))
+            .collect();
+        let ats: Vec<String> = (1..=ran.min(10))
+            .filter_map(|k| pass_at_k(ran, passed, k).map(|v| format!("pass@{k} {}", pct(v))))
+            .collect();
+        Some(Estimate {
+            text,
+            detail: format!(
+                "from {ran} repetitions: {} (every one of k tries passes) · {} (at least one of k \
+                 passes)",
+                hats.join(" · "),
+                ats.join(" · ")
+            ),
+        })
+    }
 }
 
 #[derive(Serialize)]
@@ -1059,6 +1103,7 @@ fn leaf_view(
                 passed: 0,
                 ran: 0,
                 grade: "na",
+                estimate: None,
             }),
         }
         if let Some(last) = agents.last_mut() {
@@ -1078,6 +1123,7 @@ fn leaf_view(
             a.chips.truncate(MAX_CHIPS);
             a.more = total - a.chips.len();
         }
+        a.estimate = Estimate::of(a.passed, a.ran);
         a.grade = match (a.ran, a.passed) {
             (0, _) => "na",
             (_, 0) => "none",
