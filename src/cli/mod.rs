@@ -133,6 +133,10 @@ struct ListArgs {
     paths: PathArgs,
     #[command(flatten)]
     select: SelectArgs,
+    /// Also print each scenario's and execution node's fingerprint (conversation and checks
+    /// halves): what `trellis watch` compares to decide what reruns.
+    #[arg(long, short = 'v')]
+    verbose: bool,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -286,6 +290,13 @@ fn list(args: &ListArgs) -> u8 {
                 )
             }
         );
+        if args.verbose {
+            let prints = trellis_engine::fingerprint::scenario(&project, &s.scenario);
+            console::outln!("  fingerprint: {}  setup {}", prints.scenario, prints.setup);
+            for (node, print) in &prints.nodes {
+                console::outln!("  node {node}: {print}");
+            }
+        }
         for t in &s.trajectories {
             // Why it will be skipped, per agent when only some agents cannot run it.
             let mut skips: Vec<String> = Vec::new();

@@ -242,6 +242,7 @@ pub fn execute_plan(
         jobs: settings.jobs,
         stop: Default::default(),
         strict: settings.strict,
+        reuse: None,
     };
     let stop = options.stop.clone();
     let (tx, mut rx) = event::channel();

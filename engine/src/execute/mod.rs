@@ -13,6 +13,7 @@
 //! `need` and are skipped, with the reason, when one of those failed.
 
 mod agents;
+mod reuse;
 mod turn;
 mod verdict;
 mod walk;
@@ -37,6 +38,8 @@ use agents::{AgentRuntime, Agents};
 use verdict::skip_trajectory;
 use walk::Unit;
 
+pub use reuse::{ReuseCounts, TurnMemo};
+
 /// Upper bound of `--jobs`: far beyond what one process can keep in flight, and well inside
 /// what a tokio semaphore can count.
 pub const MAX_JOBS: usize = 1 << 20;
@@ -52,6 +55,9 @@ pub struct RunOptions {
     pub stop: CancellationToken,
     /// `--strict`: a skipped check or a skipped trajectory is a failure.
     pub strict: bool,
+    /// Turns recorded by earlier runs to answer from where a conversation repeats one
+    /// (`trellis watch`); `None` calls the agent for every turn.
+    pub reuse: Option<Arc<TurnMemo>>,
 }
 
 /// Runs the plan to completion, sending every event to `events`. Never fails because of an
@@ -88,6 +94,7 @@ pub async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSum
         stop: options.stop.clone(),
         strict: options.strict,
         run_id: options.run_id.clone(),
+        reuse: options.reuse.clone(),
     });
 
     let (senders, receivers): (Vec<_>, Vec<_>) = plan
@@ -153,6 +160,7 @@ struct Shared {
     stop: CancellationToken,
     strict: bool,
     run_id: String,
+    reuse: Option<Arc<TurnMemo>>,
 }
 
 #[derive(Default)]

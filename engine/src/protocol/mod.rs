@@ -289,6 +289,15 @@ pub trait Session: Send + Sync {
     fn paused(&self) -> Option<&str> {
         None
     }
+
+    /// Rebuilds this fresh session from turns taken earlier (each input with the agent's
+    /// answer), so the conversation continues as if they had been taken here, without
+    /// calling the agent (`trellis watch` reusing a recorded prefix). `false` when the
+    /// protocol cannot (the conversation lives on the agent's side); nothing changed then.
+    fn restore(&mut self, history: &[(TurnInput<'_>, &Turn)]) -> bool {
+        let _ = history;
+        false
+    }
 }
 
 /// Who a new conversation is for, so protocols can name sessions and fill metadata.
