@@ -6,6 +6,7 @@ mod bench;
 mod console;
 mod import;
 mod run;
+mod watch;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -60,6 +61,15 @@ enum Command {
     ///
     /// Example: cargo run --release -- bench --trajectories 10000 --jobs 256
     Bench(bench::BenchArgs),
+    /// Rerun suites as they are edited, only what each save changed, with a live view;
+    /// --serve keeps the latest report open in a browser tab.
+    ///
+    /// Example: trellis watch suites/ --serve
+    ///
+    /// Watches every file the suites load. A broken edit prints its diagnostics and keeps
+    /// the last results; each rerun is recorded in its own run directory under --out
+    /// (default runs/). Runs until Ctrl-C (exit 130).
+    Watch(watch::WatchArgs),
     /// Write a suite from what an agent already declares (a Fixie agent's few-shots).
     ///
     /// Example: trellis import fixie http://127.0.0.1:8181 --out suites/my-agent.kdl
@@ -181,6 +191,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Graph(args) => graph(&args),
         Command::Report(args) => report(&args),
         Command::Bench(args) => bench::bench(args),
+        Command::Watch(args) => watch::watch(args),
         Command::Import(args) => import::import(args),
     };
     ExitCode::from(code)

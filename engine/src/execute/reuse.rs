@@ -324,10 +324,9 @@ impl Session for ReusingSession {
             let turn = self.inner.turn(input, ctx).await;
             self.memo.called(&self.name);
             self.prefix = prefix;
-            // A fault is not an answer worth keeping: the next run asks again.
-            if turn.fault.is_none() {
-                self.memo.store(self.unit, prefix, turn.clone());
-            }
+            // A fault is kept too: the same conversation is answered the same way until
+            // its steps change (an edit to checks alone never calls the agent).
+            self.memo.store(self.unit, prefix, turn.clone());
             turn
         })
     }
