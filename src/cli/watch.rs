@@ -132,6 +132,8 @@ struct Session {
     /// Files the last good load read (canonical paths).
     known: BTreeSet<PathBuf>,
     memo: Arc<TurnMemo>,
+    /// `suite/scenario` of every scenario the last run planned.
+    planned: BTreeSet<String>,
     /// Fingerprints of the last run's scenarios.
     last: Option<BTreeMap<String, ScenarioFingerprints>>,
     /// Last results, `suite/scenario` → trajectory records, shown when nothing reran.
@@ -199,6 +201,7 @@ impl Session {
             watched: BTreeSet::new(),
             known: BTreeSet::new(),
             memo: Arc::new(TurnMemo::new()),
+            planned: BTreeSet::new(),
             last: None,
             results: HashMap::new(),
             generations: HashMap::new(),
@@ -306,7 +309,7 @@ impl Session {
             Err(diagnostics) => {
                 self.broken = true;
                 errln!("{:?}", miette::Report::new(diagnostics));
-                outln!(
+                errln!(
                     "watch: {what}: the suite is invalid (see above); the last results stay; \
                      fix it and save"
                 );
@@ -326,18 +329,20 @@ impl Session {
             Err(e) => {
                 self.broken = true;
                 errln!("{:?}", miette::Report::new(e));
-                outln!("watch: {what}: the suite cannot be planned; the last results stay");
+                errln!("watch: {what}: the suite cannot be planned; the last results stay");
                 return Rerun::Done;
             }
         };
         if plan.scenarios.is_empty() {
             self.broken = true;
-            outln!("watch: {what}: no scenario matches the selection");
+            errln!("watch: {what}: no scenario matches the selection");
             return Rerun::Done;
         }
         let prints = fingerprint::project(&project);
         let whys = self.reasons(&plan, &prints);
-        let changed_any = whys.values().any(|w| *w != Why::Unchanged);
+        // A scenario gone from the suite (or the selection) changes the results too.
+        let removed = self.planned.iter().any(|key| !whys.contains_key(key));
+        let changed_any = removed || whys.values().any(|w| *w != Why::Unchanged);
         let was_broken = std::mem::replace(&mut self.broken, false);
         if !changed_any && self.complete {
             if was_broken {
@@ -360,6 +365,7 @@ impl Session {
             })
             .collect();
         let trajectory_whys = self.trajectory_reasons(&plan, &prints, &whys);
+        let planned: BTreeSet<String> = whys.keys().cloned().collect();
         self.reruns += 1;
         let header = RunHeader {
             number: self.reruns,
@@ -372,12 +378,14 @@ impl Session {
             .await;
         match outcome {
             Executed::Finished => {
+                self.planned = planned;
                 self.last = Some(prints);
                 self.complete = true;
                 Rerun::Done
             }
             Executed::Superseded(changed) => {
                 // What did run is in the memo; the next run redoes the rest.
+                self.planned = planned;
                 self.last = Some(prints);
                 self.complete = false;
                 Rerun::Superseded(changed)

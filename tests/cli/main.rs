@@ -11,6 +11,7 @@ mod faults;
 mod import;
 mod outputs;
 mod run;
+mod watch;
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
