@@ -243,6 +243,7 @@ pub fn execute_plan(
         stop: Default::default(),
         strict: settings.strict,
         reuse: None,
+        transport: None,
     };
     let stop = options.stop.clone();
     let (tx, mut rx) = event::channel();

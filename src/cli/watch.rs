@@ -31,6 +31,7 @@ use trellis_engine::execute::{self, RunOptions, TurnMemo};
 use trellis_engine::fingerprint::{self, Change, ScenarioFingerprints};
 use trellis_engine::journal::JournalWriter;
 use trellis_engine::plan::Plan;
+use trellis_engine::protocol::http::HttpTransport;
 use trellis_engine::record::{CriterionStatus, RunSummary, TrajectoryRecord, TrajectoryStatus};
 use trellis_reports::ReportWriter;
 
@@ -38,11 +39,12 @@ use super::console::{errln, outln};
 use super::run::new_run_id;
 use super::{EXIT_INVALID, PathArgs, SelectArgs};
 
+pub mod bench;
 mod serve;
 
 /// How long the files must stay quiet after a change before reloading: an editor's save
 /// (write, rename, chmod) arrives as one burst.
-const DEBOUNCE: Duration = Duration::from_millis(40);
+const DEBOUNCE: Duration = Duration::from_millis(25);
 /// How long calls in flight may finish once a newer save stops a rerun.
 const CANCEL_GRACE: Duration = Duration::from_secs(2);
 
@@ -132,6 +134,8 @@ struct Session {
     /// Files the last good load read (canonical paths).
     known: BTreeSet<PathBuf>,
     memo: Arc<TurnMemo>,
+    /// One HTTP connection pool for every rerun.
+    transport: HttpTransport,
     /// `suite/scenario` of every scenario the last run planned.
     planned: BTreeSet<String>,
     /// Fingerprints of the last run's scenarios.
@@ -178,6 +182,8 @@ impl Session {
                 return EXIT_INVALID;
             }
         };
+        // Builtin agents stay up across reruns instead of restarting with each.
+        trellis_engine::builtin::keep_servers_running();
         let server = match args.serve {
             Some(port) => match serve::Server::start(port).await {
                 Ok(server) => {
@@ -201,6 +207,7 @@ impl Session {
             watched: BTreeSet::new(),
             known: BTreeSet::new(),
             memo: Arc::new(TurnMemo::new()),
+            transport: HttpTransport::new(),
             planned: BTreeSet::new(),
             last: None,
             results: HashMap::new(),
@@ -523,6 +530,7 @@ impl Session {
             stop: Default::default(),
             strict: self.args.strict,
             reuse: Some(self.memo.clone()),
+            transport: Some(self.transport.clone()),
         };
         let cancel = options.stop.clone();
         let (tx, rx) = event::channel();

@@ -441,3 +441,58 @@ async fn http_get(host: &str, path: &str) -> String {
         .map(|(_, body)| body.to_owned())
         .unwrap_or(response)
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scenarios_that_need_a_changed_one_talk_to_the_agent_again() {
+    let agent = MisbehavingServer::respond(200, OK_BODY).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    let text = |first: &str, max: u32| {
+        format!(
+            r#"agent "bot" protocol="connexity" url="{}"
+scenario "setup" {{
+    user "{first}"
+    criteria {{
+        turns max={max}
+    }}
+}}
+scenario "after" {{
+    needs "setup"
+    user "then this"
+}}
+scenario "alone" {{
+    user "unrelated"
+}}
+"#,
+            agent.url()
+        )
+    };
+    write(&suite, &text("create it", 5));
+    let mut watch = Watch::start(dir.path(), &[]);
+    watch.wait_for("watch: rerun 1 done").await;
+    assert_eq!(agent.requests(), 3);
+
+    // The needed scenario's conversation changed: it and its dependant call the agent.
+    write(&suite, &text("create it now", 5));
+    let lines = watch.wait_for("watch: rerun 2 done").await.join("\n");
+    assert!(
+        lines.contains("rerun suite/after (dependency changed)"),
+        "{lines}"
+    );
+    assert!(
+        lines.contains("rerun suite/setup (steps changed)"),
+        "{lines}"
+    );
+    assert_eq!(
+        last_user_messages(&agent)[3..],
+        ["create it now", "then this"],
+        "{}",
+        watch.all()
+    );
+
+    // Only its checks: re-checked, and the dependant keeps its recorded turns.
+    write(&suite, &text("create it now", 4));
+    let lines = watch.wait_for("watch: rerun 3 done").await.join("\n");
+    assert!(lines.contains("0 agent call(s)"), "{lines}");
+    assert_eq!(agent.requests(), 5);
+}

@@ -58,6 +58,9 @@ pub struct RunOptions {
     /// Turns recorded by earlier runs to answer from where a conversation repeats one
     /// (`trellis watch`); `None` calls the agent for every turn.
     pub reuse: Option<Arc<TurnMemo>>,
+    /// The HTTP connection pool to use; `None` builds one for this run. A watch session
+    /// keeps one across reruns (building a client loads the CA bundle).
+    pub transport: Option<crate::protocol::http::HttpTransport>,
 }
 
 /// Runs the plan to completion, sending every event to `events`. Never fails because of an
@@ -77,7 +80,7 @@ pub async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSum
         }))
         .await;
 
-    let agents = Agents::new(&plan);
+    let agents = Agents::new(&plan, options.transport.clone().unwrap_or_default());
     let jobs = options.jobs.clamp(1, MAX_JOBS);
     let shared = Arc::new(Shared {
         plan: plan.clone(),
