@@ -304,8 +304,11 @@ fn list(args: &ListArgs) -> u8 {
         if args.verbose {
             let prints = trellis_engine::fingerprint::scenario(&project, &s.scenario);
             console::outln!("  fingerprint: {}  setup {}", prints.scenario, prints.setup);
-            for (node, print) in &prints.nodes {
-                console::outln!("  node {node}: {print}");
+            // In tree order, root first.
+            for node in &s.nodes {
+                if let Some(print) = prints.nodes.get(&node.id) {
+                    console::outln!("  node {}: {print}", node.id);
+                }
             }
         }
         for t in &s.trajectories {

@@ -391,9 +391,8 @@ impl Session {
                 Rerun::Done
             }
             Executed::Superseded(changed) => {
-                // What did run is in the memo; the next run redoes the rest.
-                self.planned = planned;
-                self.last = Some(prints);
+                // What did run is in the memo; the next run redoes the rest, and says why
+                // against the last run that finished.
                 self.complete = false;
                 Rerun::Superseded(changed)
             }

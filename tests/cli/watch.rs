@@ -496,3 +496,90 @@ scenario "alone" {{
     assert!(lines.contains("0 agent call(s)"), "{lines}");
     assert_eq!(agent.requests(), 5);
 }
+
+/// AgentScope keeps the conversation on the server: a changed branch cannot be rebuilt
+/// from records, so the unchanged prefix is sent again in the branch's fresh session
+/// before the changed step; the untouched branch calls nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_bound_agent_hears_the_prefix_again_before_a_changed_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    let text = |question: &str| {
+        format!(
+            r#"agent "weather" protocol="agentscope" builtin="weather"
+scenario "remembers" {{
+    user "Hi there!"
+    user "What's the weather in Paris today?"
+    expect tool "get_weather" city="Paris"
+    branch "second-city" {{
+        user "And the forecast for Tokyo?"
+        expect tool "get_weather" city="Tokyo"
+    }}
+    branch "recall" {{
+        user "{question}"
+        expect reply contains="Paris"
+    }}
+}}
+"#
+        )
+    };
+    write(&suite, &text("What did I ask?"));
+    let mut watch = Watch::start(dir.path(), &[]);
+    let lines = watch.wait_for("watch: rerun 1 done").await.join("\n");
+    assert!(lines.contains("2 passed"), "{lines}");
+
+    write(&suite, &text("What did I ask before?"));
+    let lines = watch.wait_for("watch: rerun 2 done").await.join("\n");
+    // The two prefix turns again, then the changed one; the agent still knows Paris.
+    assert!(lines.contains("3 agent call(s)"), "{lines}");
+    assert!(
+        lines.contains("passed  suite/remembers · recall"),
+        "{lines}"
+    );
+    assert!(!lines.contains("second-city [weather]"), "{lines}");
+    assert!(lines.contains("2 passed"), "{lines}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_verbose_shows_the_fingerprints_watch_compares() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    let list = || async {
+        let out = trellis()
+            .current_dir(dir.path())
+            .args(["list", "suite.kdl", "--verbose"])
+            .output()
+            .await
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        stdout(&out)
+    };
+    let url = "http://127.0.0.1:9/agent/respond";
+    write(&suite, &branching_suite(url, "go right", 5));
+    let before = list().await;
+    assert!(before.contains("  fingerprint: conv "), "{before}");
+    assert!(before.contains("  node right: conv "), "{before}");
+
+    write(
+        &suite,
+        &format!(
+            "// notes\n{}",
+            branching_suite(url, "go right", 5).replace("    user", "  user")
+        ),
+    );
+    assert_eq!(
+        list().await,
+        before,
+        "comments and indentation change nothing"
+    );
+
+    write(&suite, &branching_suite(url, "go RIGHT", 5));
+    let after = list().await;
+    let changed: Vec<&str> = before
+        .lines()
+        .zip(after.lines())
+        .filter(|(a, b)| a != b)
+        .map(|(a, _)| a.trim().split(':').next().unwrap_or(""))
+        .collect();
+    assert_eq!(changed, ["fingerprint", "node right"], "{after}");
+}
