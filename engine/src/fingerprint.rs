@@ -5,7 +5,7 @@
 //! what shapes its answers: the steps that call the agent (`user`, `call`, `hitl`,
 //! `simulate`), `capture`s (their values feed later messages), and the scenario's setup: its
 //! agents, persona, the project's tools and providers, the simulator, `user-context`,
-//! `initial-state`, `first-turn`, `max-turns`, `timeout`, `repeat`. The *checks* half covers
+//! `initial-state`, `first-turn`, `max-turns`, `timeout` (the *setup*), and `repeat`. The *checks* half covers
 //! what only judges the answers: `expect`s (with the position of the turn they check),
 //! `criteria`, `expect-tool`, `outcome`s and the judges they use. A change to the checks
 //! half alone can be re-checked against recorded transcripts without calling the agent.
@@ -77,7 +77,7 @@ pub enum Change {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ScenarioFingerprints {
     /// The setup alone (agents, persona, tools, providers, simulator, scenario settings):
-    /// the part of the conversation half that is not a step.
+    /// the part of the conversation half that is neither a step nor `repeat`.
     pub setup: Digest,
     /// The whole scenario: setup and every step (conversation), every check (checks).
     pub scenario: Fingerprint,
@@ -135,7 +135,9 @@ pub fn scenario(project: &Project, sc: &Scenario) -> ScenarioFingerprints {
         }
     }
     // The scenario as a whole: every node, in id order (the tree's shape is in the ids).
-    let mut conversation = String::new();
+    // `repeat` counts here, not in the setup: more repetitions add runs and leave the
+    // recorded ones valid.
+    let mut conversation = format!("repeat {};", sc.repeat);
     let mut checks = String::new();
     for (id, fingerprint) in &nodes {
         conversation.push_str(&format!("{id}={};", fingerprint.conversation.0));
@@ -185,7 +187,6 @@ fn setup_text(project: &Project, sc: &Scenario) -> String {
         &sc.agent_branches,
         &sc.timeout,
         &sc.first_turn,
-        &sc.repeat,
     )));
     text
 }

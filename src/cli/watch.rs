@@ -160,6 +160,11 @@ impl Session {
         } else {
             args.paths.paths.clone()
         };
+        // Nothing to watch would wait for ever: a mistyped path is a usage error.
+        if let Some(missing) = roots.iter().find(|r| !r.exists()) {
+            errln!("error: {} does not exist", missing.display());
+            return EXIT_INVALID;
+        }
         let out_root = args.out.clone().unwrap_or_else(|| PathBuf::from("runs"));
         let (tx, changes) = mpsc::unbounded_channel();
         let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
@@ -348,8 +353,13 @@ impl Session {
         let prints = fingerprint::project(&project);
         let whys = self.reasons(&plan, &prints);
         // A scenario gone from the suite (or the selection) changes the results too.
-        let removed = self.planned.iter().any(|key| !whys.contains_key(key));
-        let changed_any = removed || whys.values().any(|w| *w != Why::Unchanged);
+        let removed: Vec<String> = self
+            .planned
+            .iter()
+            .filter(|key| !whys.contains_key(*key))
+            .cloned()
+            .collect();
+        let changed_any = !removed.is_empty() || whys.values().any(|w| *w != Why::Unchanged);
         let was_broken = std::mem::replace(&mut self.broken, false);
         if !changed_any && self.complete {
             if was_broken {
@@ -379,6 +389,7 @@ impl Session {
             what,
             changed_at: changed.at,
             whys: whys.clone(),
+            removed,
         };
         let outcome = self
             .execute(plan, salts, header, trajectory_whys, stop)
@@ -626,6 +637,8 @@ struct RunHeader {
     what: String,
     changed_at: Instant,
     whys: BTreeMap<String, Why>,
+    /// Scenarios the last run had and this one does not.
+    removed: Vec<String>,
 }
 
 impl RunHeader {
@@ -664,6 +677,9 @@ impl RunHeader {
         );
         for line in rerun {
             outln!("  rerun {line}");
+        }
+        for key in &self.removed {
+            outln!("  removed {key}");
         }
     }
 
@@ -740,7 +756,9 @@ impl View {
             self.first_result = Some(self.header.changed_at.elapsed());
         }
         let why = match (why, before) {
-            (Why::Unchanged, _) => "result changed",
+            // A new repetition, or one the last run did not finish.
+            (Why::Unchanged, None) => "new",
+            (Why::Unchanged, Some(_)) => "result changed",
             (why, _) => why.label(),
         };
         let repetition = if t.repetition > 0 {

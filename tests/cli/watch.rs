@@ -583,3 +583,26 @@ async fn list_verbose_shows_the_fingerprints_watch_compares() {
         .collect();
     assert_eq!(changed, ["fingerprint", "node right"], "{after}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_repetitions_run_only_the_new_ones() {
+    let agent = MisbehavingServer::respond(200, OK_BODY).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    let text = |repeat: u32| {
+        format!(
+            "agent \"bot\" protocol=\"connexity\" url=\"{}\"\nscenario \"again\" {{\n    \
+             repeat {repeat}\n    user \"one\"\n    user \"two\"\n}}\n",
+            agent.url()
+        )
+    };
+    write(&suite, &text(2));
+    let mut watch = Watch::start(dir.path(), &[]);
+    watch.wait_for("watch: rerun 1 done").await;
+    assert_eq!(agent.requests(), 4);
+    write(&suite, &text(3));
+    let lines = watch.wait_for("watch: rerun 2 done").await.join("\n");
+    assert_eq!(agent.requests(), 6, "{}", watch.all());
+    assert!(lines.contains("· main [bot] #3"), "{lines}");
+    assert!(!lines.contains("· main [bot] #2"), "{lines}");
+}
