@@ -16,7 +16,7 @@
 //! are all seen. Change events are debounced on the event loop itself: idle, the process
 //! waits on the kernel's notifications and uses no CPU.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -140,8 +140,8 @@ struct Session {
     planned: BTreeSet<String>,
     /// Fingerprints of the last run's scenarios.
     last: Option<BTreeMap<String, ScenarioFingerprints>>,
-    /// Last results, `suite/scenario` → trajectory records, shown when nothing reran.
-    results: HashMap<(String, String, String, String, u32), TrajectoryStatus>,
+    /// Every trajectory's last result: a line is shown when it changes.
+    results: HashMap<ResultKey, Standing>,
     /// Bumped when a scenario must talk to its agent afresh (a dependency changed).
     generations: HashMap<String, u64>,
     /// The last run finished (a stopped one leaves work to redo).
@@ -532,6 +532,7 @@ impl Session {
             whys: trajectory_whys,
             previous: std::mem::take(&mut self.results),
             results: HashMap::new(),
+            shown: HashSet::new(),
             first_result: None,
         };
         let options = RunOptions {
@@ -595,19 +596,35 @@ impl Session {
             summary,
             report_html,
         } = recorded;
-        self.results = view.previous;
-        self.results.extend(view.results);
+        let View {
+            header,
+            mut previous,
+            results,
+            shown,
+            first_result,
+            ..
+        } = view;
+        if matches!(ended, Executed::Finished) {
+            // A finished rerun has every selected trajectory: anything else is gone.
+            self.results = results;
+        } else {
+            previous.extend(results);
+            self.results = previous;
+        }
         match &ended {
             Executed::Finished => {
-                view.header
-                    .finish(summary.as_ref(), called, reused, &out, view.first_result);
+                header.finish(summary.as_ref(), called, reused, &out, first_result);
+                if self.tty {
+                    // The screen was redrawn: failures that did not rerun stay in sight.
+                    print_standing_failures(&self.results, &shown);
+                }
                 if let (Some(server), Some(html)) = (&self.server, report_html) {
                     server.publish(html);
                 }
             }
             Executed::Superseded(_) => outln!(
                 "watch: rerun {} stopped by a newer save ({} agent call(s) made); starting over",
-                view.header.number,
+                header.number,
                 called
             ),
             Executed::Stopped => {}
@@ -717,15 +734,73 @@ impl RunHeader {
     }
 }
 
+/// Suite, scenario, trajectory, agent, repetition.
 type ResultKey = (String, String, String, String, u32);
+
+/// A trajectory's last result, as the view remembers it.
+#[derive(Clone, Debug)]
+struct Standing {
+    status: TrajectoryStatus,
+    /// The first failed check or the fault, for failures.
+    why: Option<String>,
+}
+
+impl Standing {
+    fn of(t: &TrajectoryRecord) -> Self {
+        let why = t
+            .fault
+            .as_ref()
+            .map(|f| format!("fault ({}): {}", f.category.as_str(), f.message))
+            .or_else(|| {
+                t.criteria
+                    .iter()
+                    .find(|c| c.status == CriterionStatus::Failed)
+                    .map(|c| format!("{}: {}", c.criterion, c.detail.as_deref().unwrap_or("")))
+            });
+        Standing {
+            status: t.status,
+            why,
+        }
+    }
+}
+
+/// Failed trajectories this rerun did not show (they did not rerun): one line each.
+fn print_standing_failures(results: &HashMap<ResultKey, Standing>, shown: &HashSet<ResultKey>) {
+    let mut standing: Vec<(&ResultKey, &Standing)> = results
+        .iter()
+        .filter(|(key, s)| {
+            matches!(s.status, TrajectoryStatus::Failed | TrajectoryStatus::Error)
+                && !shown.contains(*key)
+        })
+        .collect();
+    if standing.is_empty() {
+        return;
+    }
+    standing.sort_by(|a, b| a.0.cmp(b.0));
+    outln!("still failing (unchanged):");
+    for ((suite, scenario, trajectory, agent, repetition), s) in standing {
+        let repetition = if *repetition > 0 {
+            format!(" #{}", repetition + 1)
+        } else {
+            String::new()
+        };
+        outln!(
+            "  {:<7} {suite}/{scenario} · {trajectory} [{agent}]{repetition}  {}",
+            s.status.as_str(),
+            s.why.as_deref().unwrap_or("")
+        );
+    }
+}
 
 /// The live view of one rerun: a line per trajectory that reran or whose result changed,
 /// with the failed checks under it.
 struct View {
     header: RunHeader,
     whys: HashMap<(String, String), Why>,
-    previous: HashMap<ResultKey, TrajectoryStatus>,
-    results: HashMap<ResultKey, TrajectoryStatus>,
+    previous: HashMap<ResultKey, Standing>,
+    results: HashMap<ResultKey, Standing>,
+    /// Trajectories this rerun printed a line for.
+    shown: HashSet<ResultKey>,
     /// From the change to the first trajectory that reran.
     first_result: Option<Duration>,
 }
@@ -747,11 +822,12 @@ impl View {
             t.agent.clone(),
             t.repetition,
         );
-        let before = self.previous.get(&key).copied();
-        self.results.insert(key, t.status);
+        let before = self.previous.get(&key).map(|s| s.status);
+        self.results.insert(key.clone(), Standing::of(t));
         if why == Why::Unchanged && before == Some(t.status) {
             return;
         }
+        self.shown.insert(key);
         if why != Why::Unchanged && self.first_result.is_none() {
             self.first_result = Some(self.header.changed_at.elapsed());
         }
