@@ -69,6 +69,9 @@ pub struct WatchArgs {
     serve: Option<u16>,
 }
 
+/// The directory under `--out` that holds the whole state after the last rerun.
+pub const LATEST: &str = "latest";
+
 /// Exit code after Ctrl-C or SIGTERM: watch only ends when told to.
 const EXIT_STOPPED: u8 = super::run::EXIT_INTERRUPTED;
 
@@ -509,18 +512,30 @@ impl Session {
         trajectory_whys: HashMap<(String, String), Why>,
         stop: &mut std::pin::Pin<Box<impl std::future::Future<Output = ()>>>,
     ) -> Executed {
-        let run_id = new_run_id();
+        // `STAMP-rNNNN-SALT`: the session's reruns sort in order even within one second.
+        let run_id = match new_run_id().split_once('-') {
+            Some((stamp, salt)) => format!("{stamp}-r{:04}-{salt}", header.number),
+            None => format!("{}-r{:04}", new_run_id(), header.number),
+        };
         let out = self.out_root.join(&run_id);
-        let journal = match std::fs::create_dir_all(&out)
-            .map_err(|e| e.to_string())
-            .and_then(|()| JournalWriter::create(&out).map_err(|e| e.to_string()))
-        {
-            Ok(journal) => journal,
+        let rerun = match Record::create(&out) {
+            Ok(record) => record,
             Err(e) => {
                 errln!("error: cannot record the rerun in {}: {e}", out.display());
                 return Executed::Finished;
             }
         };
+        let latest = match self.start_latest() {
+            Ok(record) => Some(record),
+            Err(e) => {
+                errln!(
+                    "warning: cannot record {}: {e}",
+                    self.latest_dir().display()
+                );
+                None
+            }
+        };
+        let expected = expected_trajectories(&plan, &trajectory_whys);
         self.memo.begin_run(salts);
         if self.tty {
             // The view is redrawn in place: each rerun replaces the last one's screen.
@@ -546,11 +561,12 @@ impl Session {
         let cancel = options.stop.clone();
         let (tx, rx) = event::channel();
         let recorder = Recorder {
-            journal: Some(journal),
-            report: None,
-            out: out.clone(),
+            rerun,
+            latest,
             view,
+            expected,
             summary: None,
+            recorded: RunSummary::default(),
         };
         let reporter = std::thread::Builder::new()
             .name("trellis-watch-reporter".into())
@@ -634,6 +650,50 @@ impl Session {
         }
         ended
     }
+}
+
+impl Session {
+    /// `--out/latest`: the whole state after the last rerun.
+    fn latest_dir(&self) -> PathBuf {
+        self.out_root.join(LATEST)
+    }
+
+    /// Clears `latest/` of the last rerun's files and starts recording into it.
+    fn start_latest(&self) -> Result<Record, String> {
+        let dir = self.latest_dir();
+        for name in trellis_reports::RESULT_FILES {
+            let path = dir.join(name);
+            let mut partial = path.as_os_str().to_owned();
+            partial.push(trellis_reports::PARTIAL_SUFFIX);
+            for path in [path, PathBuf::from(partial)] {
+                match std::fs::remove_file(&path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(format!("cannot remove {}: {e}", path.display())),
+                }
+            }
+        }
+        Record::create(&dir)
+    }
+}
+
+/// Trajectory runs (× agents × repetitions) of the plan that rerun.
+fn expected_trajectories(plan: &Plan, whys: &HashMap<(String, String), Why>) -> u64 {
+    plan.scenarios
+        .iter()
+        .map(|s| {
+            let key = format!("{}/{}", s.suite, s.scenario.id.value);
+            let rerun = s
+                .trajectories
+                .iter()
+                .filter(|t| {
+                    whys.get(&(key.clone(), t.name.clone()))
+                        .is_none_or(|w| *w != Why::Unchanged)
+                })
+                .count() as u64;
+            rerun * s.agents.len() as u64 * u64::from(s.repeat)
+        })
+        .sum()
 }
 
 enum Rerun {
@@ -806,7 +866,8 @@ struct View {
 }
 
 impl View {
-    fn on_trajectory(&mut self, t: &TrajectoryRecord) {
+    /// Shows `t` if it reran or its result changed; returns whether it did.
+    fn on_trajectory(&mut self, t: &TrajectoryRecord) -> bool {
         let scenario = format!("{}/{}", t.suite, t.scenario);
         // Continuations of agent-initiated forks carry `~label` suffixes.
         let base = t.trajectory.split('~').next().unwrap_or(&t.trajectory);
@@ -825,7 +886,7 @@ impl View {
         let before = self.previous.get(&key).map(|s| s.status);
         self.results.insert(key.clone(), Standing::of(t));
         if why == Why::Unchanged && before == Some(t.status) {
-            return;
+            return false;
         }
         self.shown.insert(key);
         if why != Why::Unchanged && self.first_result.is_none() {
@@ -874,85 +935,169 @@ impl View {
         if let Some(reason) = &t.skip_reason {
             outln!("      skipped: {reason}");
         }
+        true
     }
 }
 
-/// Consumes one rerun's events: journal, result tables and report, and the view.
-struct Recorder {
+/// One recording of a rerun: a journal and the reports built from the same events.
+struct Record {
+    out: PathBuf,
     journal: Option<JournalWriter>,
     report: Option<ReportWriter>,
-    out: PathBuf,
-    view: View,
-    summary: Option<RunSummary>,
+    problems: Vec<String>,
 }
 
-struct Recorded {
-    view: View,
-    summary: Option<RunSummary>,
-    /// The rerun's `report.html`, when it was written.
-    report_html: Option<PathBuf>,
-}
+impl Record {
+    fn create(out: &Path) -> Result<Record, String> {
+        let journal = JournalWriter::create(out).map_err(|e| format!("{e}: {}", source(&e)))?;
+        Ok(Record {
+            out: out.to_path_buf(),
+            journal: Some(journal),
+            report: None,
+            problems: Vec::new(),
+        })
+    }
 
-impl Recorder {
-    fn consume(mut self, mut rx: event::EventReceiver) -> Recorded {
-        let options = trellis_reports::ReportOptions::default();
-        let mut problems: Vec<String> = Vec::new();
-        while let Some(event) = rx.blocking_recv() {
-            if let Some(journal) = &mut self.journal
-                && let Err(e) = journal.append(&event)
-            {
-                problems.push(format!("the journal: {e}"));
-                self.journal = None;
-            }
-            match (&mut self.report, &event) {
-                (Some(writer), event) => writer.push(event),
-                (None, Event::RunStarted(info)) => {
-                    match ReportWriter::start(&self.out, info, &options) {
-                        Ok(writer) => self.report = Some(writer),
-                        Err(e) => problems.push(format!("the result tables: {e}")),
-                    }
-                }
-                (None, _) => {}
-            }
-            match &event {
-                Event::Trajectory(t) => self.view.on_trajectory(t),
-                Event::RunFinished(s) => self.summary = Some(s.clone()),
-                _ => {}
-            }
+    fn push(&mut self, event: &Event) {
+        if let Some(journal) = &mut self.journal
+            && let Err(e) = journal.append(event)
+        {
+            self.problems
+                .push(format!("the journal: {e}: {}", source(&e)));
+            self.journal = None;
         }
+        match (&mut self.report, event) {
+            (Some(writer), event) => writer.push(event),
+            (None, Event::RunStarted(info)) => {
+                let options = trellis_reports::ReportOptions::default();
+                match ReportWriter::start(&self.out, info, &options) {
+                    Ok(writer) => self.report = Some(writer),
+                    Err(e) => self.problems.push(format!("the result tables: {e}")),
+                }
+            }
+            (None, _) => {}
+        }
+    }
+
+    /// Writes the reports; the path of `report.html` when it was written.
+    fn finish(mut self) -> Option<PathBuf> {
         let journal_ok = match self.journal.take() {
             Some(journal) => match journal.finish() {
                 Ok(_) => true,
                 Err(e) => {
-                    problems.push(format!("the journal: {e}"));
+                    self.problems
+                        .push(format!("the journal: {e}: {}", source(&e)));
                     false
                 }
             },
             None => false,
         };
-        let mut report_html = None;
+        let mut html = None;
         if let Some(mut writer) = self.report.take() {
             if !journal_ok {
                 writer.journal_lost("the journal could not be written");
             }
             let files = writer.finish();
             for (path, e) in &files.not_written {
-                problems.push(format!("{}: {e}", path.display()));
+                self.problems.push(format!("{}: {e}", path.display()));
             }
-            let html = self.out.join(trellis_reports::HTML_FILE);
-            if !files.is_missing(&html) {
-                report_html = Some(html);
+            let path = self.out.join(trellis_reports::HTML_FILE);
+            if !files.is_missing(&path) {
+                html = Some(path);
             }
         }
-        for problem in problems {
-            errln!("warning: this rerun's results are incomplete: {problem}");
+        for problem in &self.problems {
+            errln!(
+                "warning: the results in {} are incomplete: {problem}",
+                self.out.display()
+            );
         }
+        html
+    }
+}
+
+/// Consumes one rerun's events into two recordings and the view. The rerun's own directory
+/// records what reran: the trajectories the view shows, and only the turns that called the
+/// agent (a checks-only rerun has trajectories and no turns). `latest/` records the whole
+/// state of the suites after the rerun, reused turns included (`reused: true`): what
+/// `--serve` shows.
+struct Recorder {
+    rerun: Record,
+    latest: Option<Record>,
+    view: View,
+    /// Trajectories the rerun is expected to record (those that rerun).
+    expected: u64,
+    summary: Option<RunSummary>,
+    /// Tallies of what the rerun's directory records.
+    recorded: RunSummary,
+}
+
+struct Recorded {
+    view: View,
+    summary: Option<RunSummary>,
+    /// `latest/report.html`, when it was written.
+    report_html: Option<PathBuf>,
+}
+
+impl Recorder {
+    fn consume(mut self, mut rx: event::EventReceiver) -> Recorded {
+        while let Some(event) = rx.blocking_recv() {
+            if let Some(latest) = &mut self.latest {
+                latest.push(&event);
+            }
+            match &event {
+                Event::RunStarted(info) => {
+                    let mut info = info.clone();
+                    info.planned_trajectories = self.expected;
+                    self.rerun.push(&Event::RunStarted(info));
+                }
+                Event::Agent(_) => self.rerun.push(&event),
+                Event::Node(node) => {
+                    let called: Vec<_> = node.turns.iter().filter(|t| !t.reused).cloned().collect();
+                    if !called.is_empty() {
+                        self.recorded.turns += called.len() as u64;
+                        let mut node = node.clone();
+                        node.turns = called;
+                        self.rerun.push(&Event::Node(node));
+                    }
+                }
+                Event::Trajectory(t) => {
+                    if self.view.on_trajectory(t) {
+                        let r = &mut self.recorded;
+                        r.trajectories += 1;
+                        match t.status {
+                            TrajectoryStatus::Passed => r.passed += 1,
+                            TrajectoryStatus::Failed => r.failed += 1,
+                            TrajectoryStatus::Error => r.errors += 1,
+                            TrajectoryStatus::Skipped => r.skipped += 1,
+                        }
+                        self.rerun.push(&event);
+                    }
+                }
+                Event::RunFinished(s) => {
+                    self.summary = Some(s.clone());
+                    let recorded = RunSummary {
+                        run_id: s.run_id.clone(),
+                        finished_at: s.finished_at.clone(),
+                        duration_ms: s.duration_ms,
+                        ..self.recorded.clone()
+                    };
+                    self.rerun.push(&Event::RunFinished(recorded));
+                }
+            }
+        }
+        self.rerun.finish();
+        let report_html = self.latest.and_then(Record::finish);
         Recorded {
             view: self.view,
             summary: self.summary,
             report_html,
         }
     }
+}
+
+fn source(e: &dyn std::error::Error) -> String {
+    e.source().map(|s| s.to_string()).unwrap_or_default()
 }
 
 /// `suites/booking.kdl changed`, `3 files changed`, or the first run.

@@ -196,13 +196,11 @@ async fn reruns_only_the_edited_branch_and_rechecks_without_calls() {
     );
     assert_eq!(agent.requests(), before, "{}", watch.all());
 
-    // Each rerun is recorded like a run: its own directory with a journal and tables.
-    let runs: Vec<PathBuf> = std::fs::read_dir(dir.path().join("runs"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
+    // Each rerun is recorded like a run: its own directory with a journal and tables,
+    // holding what reran and the turns that called the agent; `latest/` holds everything.
+    let runs = run_dirs(dir.path());
     assert_eq!(runs.len(), 4, "{runs:?}");
-    for run in &runs {
+    for run in runs.iter().chain([&dir.path().join("runs/latest")]) {
         assert!(run.join("journal.jsonl").is_file(), "{}", run.display());
         assert!(
             run.join("trajectories.parquet").is_file(),
@@ -210,6 +208,68 @@ async fn reruns_only_the_edited_branch_and_rechecks_without_calls() {
             run.display()
         );
     }
+    let (trajectories, turns) = journal(&runs[0]);
+    assert_eq!(trajectories.len(), 3, "the first run records everything");
+    assert_eq!(turns.len(), 5);
+    let (trajectories, turns) = journal(&runs[1]);
+    assert_eq!(trajectories, ["suite/forks/right"], "the branch edit");
+    assert_eq!(turns, ["go RIGHT", "and on"]);
+    let (trajectories, turns) = journal(&runs[2]);
+    assert_eq!(
+        trajectories,
+        ["suite/forks/left", "suite/forks/right"],
+        "re-checked"
+    );
+    assert!(turns.is_empty(), "no agent call: {turns:?}");
+    let (trajectories, turns) = journal(&dir.path().join("runs/latest"));
+    assert_eq!(trajectories.len(), 3, "latest/ has the whole state");
+    assert_eq!(
+        turns.len(),
+        5,
+        "every turn, reused ones included: {turns:?}"
+    );
+    let latest = std::fs::read_to_string(dir.path().join("runs/latest/journal.jsonl")).unwrap();
+    assert!(
+        latest.contains("\"reused\":true"),
+        "reused turns are marked"
+    );
+}
+
+/// The rerun directories under `runs/`, oldest first (their names sort by time and rerun).
+fn run_dirs(dir: &Path) -> Vec<PathBuf> {
+    let mut runs: Vec<PathBuf> = std::fs::read_dir(dir.join("runs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| !p.ends_with("latest"))
+        .collect();
+    runs.sort();
+    runs
+}
+
+/// A run directory's journal: `suite/scenario/trajectory` of each trajectory record
+/// (sorted), and the user message of every turn in its node records.
+fn journal(run: &Path) -> (Vec<String>, Vec<String>) {
+    let text = std::fs::read_to_string(run.join("journal.jsonl")).unwrap();
+    let mut trajectories = Vec::new();
+    let mut turns = Vec::new();
+    for line in text.lines() {
+        let entry: serde_json::Value = serde_json::from_str(line).unwrap();
+        if let Some(t) = entry.get("trajectory") {
+            trajectories.push(format!(
+                "{}/{}/{}",
+                t["suite"].as_str().unwrap(),
+                t["scenario"].as_str().unwrap(),
+                t["trajectory"].as_str().unwrap()
+            ));
+        }
+        if let Some(node) = entry.get("node") {
+            for turn in node["turns"].as_array().unwrap() {
+                turns.push(turn["user_message"].as_str().unwrap().to_owned());
+            }
+        }
+    }
+    trajectories.sort();
+    (trajectories, turns)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

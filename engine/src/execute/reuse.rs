@@ -312,7 +312,8 @@ impl Session for ReusingSession {
                 && let Some(turn) = self.memo.reused(self.unit, prefix, &self.name)
             {
                 self.prefix = prefix;
-                let answer = (*turn).clone();
+                let mut answer = (*turn).clone();
+                answer.reused = true;
                 self.pending.push((OwnedInput::of(input), turn));
                 return answer;
             }

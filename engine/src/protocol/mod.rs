@@ -391,6 +391,8 @@ pub struct Turn {
     /// action): the executor explores each alternative in a copy of the session, through a
     /// [`TurnInput::Branch`] turn.
     pub branch: Option<BranchRequest>,
+    /// Answered from an earlier run's records (`trellis watch`): the agent was not called.
+    pub reused: bool,
 }
 
 /// An agent's request to fork the conversation, with the alternatives it listed (none: one
