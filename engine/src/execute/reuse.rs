@@ -46,7 +46,12 @@ pub struct TurnMemo {
 struct MemoState {
     /// Per `suite/scenario`; a scenario without one reuses nothing.
     salts: HashMap<String, u64>,
-    turns: HashMap<(u64, u64), Arc<Turn>>,
+    /// Each turn with the run that recorded it.
+    turns: HashMap<(u64, u64), (u64, Arc<Turn>)>,
+    /// Counts [`TurnMemo::begin_run`]s: only turns of earlier runs are reused, so within a
+    /// run every conversation goes to the agent as in `trellis run` (a session-bound
+    /// protocol's replayed prefix included).
+    run: u64,
     /// Entries used or stored by the current run: what the next run may still need.
     touched: HashSet<(u64, u64)>,
     counts: HashMap<String, ReuseCounts>,
@@ -76,6 +81,7 @@ impl TurnMemo {
     pub fn begin_run(&self, salts: HashMap<String, u64>) {
         let mut state = self.lock();
         state.salts = salts;
+        state.run += 1;
         state.touched.clear();
         state.counts.clear();
     }
@@ -141,7 +147,10 @@ impl TurnMemo {
 
     fn reused(&self, unit: u64, prefix: u64, name: &str) -> Option<Arc<Turn>> {
         let mut state = self.lock();
-        let turn = state.turns.get(&(unit, prefix)).cloned()?;
+        let turn = match state.turns.get(&(unit, prefix)) {
+            Some((recorded_in, turn)) if *recorded_in < state.run => turn.clone(),
+            _ => return None,
+        };
         state.touched.insert((unit, prefix));
         state.counts.entry(name.to_owned()).or_default().reused += 1;
         Some(turn)
@@ -158,7 +167,8 @@ impl TurnMemo {
     fn store(&self, unit: u64, prefix: u64, turn: Turn) {
         let mut state = self.lock();
         state.touched.insert((unit, prefix));
-        state.turns.insert((unit, prefix), Arc::new(turn));
+        let run = state.run;
+        state.turns.insert((unit, prefix), (run, Arc::new(turn)));
     }
 }
 
