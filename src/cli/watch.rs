@@ -130,6 +130,9 @@ struct Session {
     out_root: PathBuf,
     watcher: RecommendedWatcher,
     changes: mpsc::UnboundedReceiver<Vec<PathBuf>>,
+    /// Changed paths taken in and not acted on yet, and since when.
+    pending: Vec<PathBuf>,
+    pending_since: Option<Instant>,
     /// Directories watched with everything below them.
     recursive: BTreeSet<PathBuf>,
     /// Directories watched for their own files.
@@ -211,6 +214,8 @@ impl Session {
             out_root,
             watcher,
             changes,
+            pending: Vec::new(),
+            pending_since: None,
             recursive: BTreeSet::new(),
             watched: BTreeSet::new(),
             known: BTreeSet::new(),
@@ -287,18 +292,24 @@ impl Session {
     }
 
     /// The next relevant change, once the files have been quiet for [`DEBOUNCE`].
+    /// Cancel-safe: a change taken in before the caller stopped waiting (a rerun that
+    /// ended meanwhile) stays in `self.pending` for the next call.
     async fn next_change(&mut self) -> Option<Changed> {
         loop {
-            let first = self.changes.recv().await?;
-            let at = Instant::now();
-            let mut paths = first;
+            if self.pending.is_empty() {
+                let first = self.changes.recv().await?;
+                self.pending_since = Some(Instant::now());
+                self.pending.extend(first);
+            }
             loop {
                 match tokio::time::timeout(DEBOUNCE, self.changes.recv()).await {
-                    Ok(Some(more)) => paths.extend(more),
+                    Ok(Some(more)) => self.pending.extend(more),
                     Ok(None) => return None,
                     Err(_) => break,
                 }
             }
+            let mut paths = std::mem::take(&mut self.pending);
+            let at = self.pending_since.take().unwrap_or_else(Instant::now);
             paths.retain(|p| self.relevant(p));
             if !paths.is_empty() {
                 paths.sort();
