@@ -10,4 +10,5 @@ mod multiagent;
 mod multiagent_run;
 mod planning;
 mod protocol;
+mod reuse;
 mod support;
