@@ -666,3 +666,25 @@ async fn more_repetitions_run_only_the_new_ones() {
     assert!(lines.contains("· main [bot] #3"), "{lines}");
     assert!(!lines.contains("· main [bot] #2"), "{lines}");
 }
+
+/// Vim without `backupcopy`: the original is renamed to a backup, the new text written to
+/// a new file of the original name, the backup deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_save_through_a_backup_rename_is_seen() {
+    let agent = MisbehavingServer::respond(200, OK_BODY).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    write(&suite, &branching_suite(&agent.url(), "go right", 5));
+    let mut watch = Watch::start(dir.path(), &[]);
+    watch.wait_for("watch: rerun 1 done").await;
+    let backup = dir.path().join("suite.kdl~");
+    std::fs::rename(&suite, &backup).unwrap();
+    write(
+        &suite,
+        &branching_suite(&agent.url(), "go right", 5).replace("go left", "go west"),
+    );
+    std::fs::remove_file(&backup).unwrap();
+    let lines = watch.wait_for("watch: rerun 2 done").await.join("\n");
+    assert!(lines.contains("1 agent call(s)"), "{}", watch.all());
+    assert_eq!(last_user_messages(&agent).last().unwrap(), "go west");
+}
