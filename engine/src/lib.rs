@@ -9,6 +9,7 @@ pub mod builtin;
 pub mod criteria;
 pub mod event;
 pub mod execute;
+pub mod fingerprint;
 pub mod journal;
 pub mod plan;
 pub mod protocol;

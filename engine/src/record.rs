@@ -137,6 +137,10 @@ pub struct TurnRecord {
     /// judged once, on the original turn; keep its latency apart.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub replay: bool,
+    /// Answered from an earlier run's records by `trellis watch` (the conversation up to
+    /// here was unchanged): the agent was not called for it. Never in a `trellis run`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reused: bool,
     pub user_message: String,
     /// The assistant's final text of the turn.
     pub reply: Option<String>,

@@ -27,11 +27,24 @@ pub struct BenchArgs {
     /// Keep the run directories here (run-0, run-1, …) instead of a temporary directory.
     #[arg(long, value_name = "DIR")]
     out: Option<std::path::PathBuf>,
+    /// Measure `trellis watch` instead: save an edit to one branch of a copy of the example
+    /// suites --edits times and print the time from each save to the first updated result.
+    #[arg(long)]
+    watch: bool,
+    /// With --watch: how many saves to time.
+    #[arg(long, default_value_t = 10)]
+    edits: u32,
+    /// With --watch: the example suites to copy (they must hold booking.kdl).
+    #[arg(long, value_name = "DIR", default_value = "suites")]
+    suites: std::path::PathBuf,
 }
 
 const TURNS: u64 = 4;
 
 pub fn bench(args: BenchArgs) -> u8 {
+    if args.watch {
+        return super::watch::bench::bench(&args.suites, args.edits.max(1));
+    }
     let Ok(dir) = tempfile::tempdir() else {
         super::console::errln!("error: cannot create a temporary directory");
         return EXIT_INVALID;

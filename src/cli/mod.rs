@@ -11,6 +11,7 @@ mod history;
 mod import;
 mod meta;
 mod run;
+mod watch;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -66,6 +67,15 @@ enum Command {
     ///
     /// Example: cargo run --release -- bench --trajectories 10000 --jobs 256
     Bench(bench::BenchArgs),
+    /// Rerun suites as they are edited, only what each save changed, with a live view;
+    /// --serve keeps the latest report open in a browser tab.
+    ///
+    /// Example: trellis watch suites/ --serve
+    ///
+    /// Watches every file the suites load. A broken edit prints its diagnostics and keeps
+    /// the last results; each rerun is recorded in its own run directory under --out
+    /// (default runs/). Runs until Ctrl-C (exit 130).
+    Watch(watch::WatchArgs),
     /// List the runs in a runs directory; name a run, or pin one as the baseline.
     ///
     /// Example: trellis runs; trellis runs name 20261122T035000Z-1a2b v1; trellis runs pin v1
@@ -191,6 +201,10 @@ struct ListArgs {
     paths: PathArgs,
     #[command(flatten)]
     select: SelectArgs,
+    /// Also print each scenario's and execution node's fingerprint (conversation and checks
+    /// halves): what `trellis watch` compares to decide what reruns.
+    #[arg(long, short = 'v')]
+    verbose: bool,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -239,6 +253,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Graph(args) => graph(&args),
         Command::Report(args) => report(&args),
         Command::Bench(args) => bench::bench(args),
+        Command::Watch(args) => watch::watch(args),
         Command::Import(args) => import::import(args),
         Command::Runs(args) => history::runs(args),
         Command::Compare(args) => history::compare_command(args),
@@ -364,6 +379,16 @@ fn list(args: &ListArgs) -> u8 {
                 )
             }
         );
+        if args.verbose {
+            let prints = trellis_engine::fingerprint::scenario(&project, &s.scenario);
+            console::outln!("  fingerprint: {}  setup {}", prints.scenario, prints.setup);
+            // In tree order, root first.
+            for node in &s.nodes {
+                if let Some(print) = prints.nodes.get(&node.id) {
+                    console::outln!("  node {}: {print}", node.id);
+                }
+            }
+        }
         for t in &s.trajectories {
             // Why it will be skipped, per agent when only some agents cannot run it.
             let mut skips: Vec<String> = Vec::new();

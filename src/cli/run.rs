@@ -345,6 +345,8 @@ pub fn execute_plan(
         jobs: settings.jobs,
         stop: Default::default(),
         strict: settings.strict,
+        reuse: None,
+        transport: None,
     };
     let stop = options.stop.clone();
     let (tx, mut rx) = event::channel();

@@ -369,6 +369,8 @@ pub async fn run_plan(plan: Plan, jobs: usize) -> Run {
         jobs,
         stop: Default::default(),
         strict: false,
+        reuse: None,
+        transport: None,
     };
     let engine = tokio::spawn(execute::run(plan, options, tx));
     let mut run = Run::default();

@@ -15,6 +15,7 @@ mod import_multiagent;
 mod multiagent;
 mod outputs;
 mod run;
+mod watch;
 
 use std::path::{Path, PathBuf};
 use std::process::Output;

@@ -21,7 +21,8 @@ pub mod support;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, OnceLock, PoisonError};
 
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::oneshot;
@@ -137,6 +138,48 @@ impl Drop for BuiltinServer {
     }
 }
 
+/// Set by [`keep_servers_running`].
+static KEEP_RUNNING: AtomicBool = AtomicBool::new(false);
+/// The servers kept running, one per builtin agent.
+static KEPT: Mutex<Vec<BuiltinServer>> = Mutex::new(Vec::new());
+
+/// From now on, [`serve`] starts each builtin agent once and hands out that server again
+/// for the rest of the process (`trellis watch`: reruns do not restart them). Dropping a
+/// handed-out server does not stop it.
+pub fn keep_servers_running() {
+    KEEP_RUNNING.store(true, Ordering::Relaxed);
+}
+
+/// Starts the builtin agent `name` on `127.0.0.1:0` (or hands out the one kept running, see
+/// [`keep_servers_running`]). Must be called within a tokio runtime: the server has a
+/// thread and a runtime of its own, so it outlives the caller's runtime.
+pub async fn serve(name: &str) -> Result<BuiltinServer, BuiltinError> {
+    if !KEEP_RUNNING.load(Ordering::Relaxed) {
+        return start(name);
+    }
+    let mut kept = KEPT.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(server) = kept.iter().find(|s| s.name == name) {
+        return Ok(server.handle());
+    }
+    let server = start(name)?;
+    let handle = server.handle();
+    kept.push(server);
+    Ok(handle)
+}
+
+impl BuiltinServer {
+    /// Another reference to this server that does not stop it when dropped.
+    fn handle(&self) -> BuiltinServer {
+        BuiltinServer {
+            name: self.name,
+            addr: self.addr,
+            path: self.path,
+            stop: None,
+            thread: None,
+        }
+    }
+}
+
 /// The HTTP app of the builtin `name`: its canonical name, router and endpoint path.
 fn http_app(name: &str) -> Result<(&'static str, axum::Router, &'static str), BuiltinError> {
     Ok(match name {
@@ -174,8 +217,8 @@ pub async fn serve_http_on(
         })
 }
 
-/// Starts the builtin agent `name` on `127.0.0.1:0`. Must be called within a tokio runtime.
-pub async fn serve(name: &str) -> Result<BuiltinServer, BuiltinError> {
+/// Starts the builtin agent `name` on `127.0.0.1:0`, on a thread with a runtime of its own.
+fn start(name: &str) -> Result<BuiltinServer, BuiltinError> {
     let (name, router, path) = http_app(name)?;
     let bind_error = |source| BuiltinError::Bind {
         name: name.to_owned(),

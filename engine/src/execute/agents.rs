@@ -41,10 +41,10 @@ pub(super) struct Agents {
 }
 
 impl Agents {
-    pub(super) fn new(plan: &Plan) -> Self {
+    pub(super) fn new(plan: &Plan, transport: HttpTransport) -> Self {
         Agents {
             slots: plan.agents.iter().map(|_| OnceCell::new()).collect(),
-            transport: HttpTransport::new(),
+            transport,
             servers: Mutex::new(Vec::new()),
         }
     }

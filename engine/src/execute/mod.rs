@@ -13,6 +13,7 @@
 //! `need` and are skipped, with the reason, when one of those failed.
 
 mod agents;
+mod reuse;
 mod turn;
 mod verdict;
 mod walk;
@@ -37,6 +38,8 @@ use agents::{AgentRuntime, Agents};
 use verdict::skip_trajectory;
 use walk::Unit;
 
+pub use reuse::{ReuseCounts, TurnMemo};
+
 /// Upper bound of `--jobs`: far beyond what one process can keep in flight, and well inside
 /// what a tokio semaphore can count.
 pub const MAX_JOBS: usize = 1 << 20;
@@ -52,6 +55,12 @@ pub struct RunOptions {
     pub stop: CancellationToken,
     /// `--strict`: a skipped check or a skipped trajectory is a failure.
     pub strict: bool,
+    /// Turns recorded by earlier runs to answer from where a conversation repeats one
+    /// (`trellis watch`); `None` calls the agent for every turn.
+    pub reuse: Option<Arc<TurnMemo>>,
+    /// The HTTP connection pool to use; `None` builds one for this run. A watch session
+    /// keeps one across reruns (building a client loads the CA bundle).
+    pub transport: Option<crate::protocol::http::HttpTransport>,
 }
 
 /// Runs the plan to completion, sending every event to `events`. Never fails because of an
@@ -76,7 +85,7 @@ pub async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSum
         }))
         .await;
 
-    let agents = Agents::new(&plan);
+    let agents = Agents::new(&plan, options.transport.clone().unwrap_or_default());
     let jobs = options.jobs.clamp(1, MAX_JOBS);
     let shared = Arc::new(Shared {
         plan: plan.clone(),
@@ -93,6 +102,7 @@ pub async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSum
         stop: options.stop.clone(),
         strict: options.strict,
         run_id: options.run_id.clone(),
+        reuse: options.reuse.clone(),
     });
 
     let (senders, receivers): (Vec<_>, Vec<_>) = plan
@@ -158,6 +168,7 @@ struct Shared {
     stop: CancellationToken,
     strict: bool,
     run_id: String,
+    reuse: Option<Arc<TurnMemo>>,
 }
 
 #[derive(Default)]

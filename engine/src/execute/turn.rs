@@ -102,6 +102,7 @@ fn record(
             _ => None,
         },
         replay,
+        reused: turn.reused,
         user_message: input.text().to_owned(),
         reply: turn.reply,
         messages: turn.messages,

@@ -544,6 +544,15 @@ impl<'a> Unit<'a> {
             node: &node.id,
             sandbox: Some(&self.scenario.sandbox),
         });
+        if let Some(reuse) = &self.shared.reuse {
+            session = reuse.wrap(
+                session,
+                &self.scenario.suite,
+                &self.scenario.scenario.id.value,
+                self.agent_id(),
+                self.repetition,
+            );
+        }
         if state.turns.is_empty() {
             return (Some(session), None);
         }

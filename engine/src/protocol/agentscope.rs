@@ -219,6 +219,7 @@ impl Endpoint {
             provider: None,
             fault: outcome.err(),
             branch: None,
+            reused: false,
         }
     }
 }

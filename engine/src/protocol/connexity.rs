@@ -198,18 +198,7 @@ impl Session for ConnexitySession {
             };
             match result {
                 Ok(reply) => {
-                    match self.client.inner.history {
-                        HistoryMode::Messages => self.history.push(ChatMessage::assistant(
-                            reply.reply.clone().unwrap_or_default(),
-                        )),
-                        HistoryMode::Full => self.history.extend(
-                            reply
-                                .messages
-                                .iter()
-                                .filter(|m| m.role == "assistant" || m.role == "tool")
-                                .cloned(),
-                        ),
-                    }
+                    self.remember(reply.reply.as_deref(), &reply.messages);
                     turn.messages = reply.messages;
                     turn.reply = reply.reply;
                     turn.tool_calls = reply.tool_calls;
@@ -224,6 +213,40 @@ impl Session for ConnexitySession {
 
     fn fork(&self) -> Option<Box<dyn Session>> {
         Some(Box::new(self.clone()))
+    }
+
+    /// The history is all the state there is: rebuilt from the inputs and answers.
+    fn restore(&mut self, history: &[(TurnInput<'_>, &Turn)]) -> bool {
+        let supported = history
+            .iter()
+            .all(|(input, _)| matches!(input, TurnInput::User(_) | TurnInput::Opening));
+        if !supported {
+            return false;
+        }
+        for (input, turn) in history {
+            if let TurnInput::User(text) = input {
+                self.history.push(ChatMessage::user(*text));
+            }
+            self.remember(turn.reply.as_deref(), &turn.messages);
+        }
+        true
+    }
+}
+
+impl ConnexitySession {
+    /// Adds the agent's answer to the history the next request resends.
+    fn remember(&mut self, reply: Option<&str>, messages: &[ChatMessage]) {
+        match self.client.inner.history {
+            HistoryMode::Messages => self
+                .history
+                .push(ChatMessage::assistant(reply.unwrap_or_default())),
+            HistoryMode::Full => self.history.extend(
+                messages
+                    .iter()
+                    .filter(|m| m.role == "assistant" || m.role == "tool")
+                    .cloned(),
+            ),
+        }
     }
 }
 

@@ -289,6 +289,15 @@ pub trait Session: Send + Sync {
     fn paused(&self) -> Option<&str> {
         None
     }
+
+    /// Rebuilds this fresh session from turns taken earlier (each input with the agent's
+    /// answer), so the conversation continues as if they had been taken here, without
+    /// calling the agent (`trellis watch` reusing a recorded prefix). `false` when the
+    /// protocol cannot (the conversation lives on the agent's side); nothing changed then.
+    fn restore(&mut self, history: &[(TurnInput<'_>, &Turn)]) -> bool {
+        let _ = history;
+        false
+    }
 }
 
 /// Who a new conversation is for, so protocols can name sessions and fill metadata.
@@ -382,6 +391,8 @@ pub struct Turn {
     /// action): the executor explores each alternative in a copy of the session, through a
     /// [`TurnInput::Branch`] turn.
     pub branch: Option<BranchRequest>,
+    /// Answered from an earlier run's records (`trellis watch`): the agent was not called.
+    pub reused: bool,
 }
 
 /// An agent's request to fork the conversation, with the alternatives it listed (none: one

@@ -11,4 +11,5 @@ mod multiagent;
 mod multiagent_run;
 mod planning;
 mod protocol;
+mod reuse;
 mod support;

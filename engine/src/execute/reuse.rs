@@ -1,0 +1,369 @@
+//! Reusing turns recorded by an earlier run (`trellis watch`): a conversation whose inputs
+//! so far are exactly those of a recorded one gets the recorded answers instead of calling
+//! the agent, and the agent is called only from the first input that differs.
+//!
+//! Turns are keyed by the unit (scenario × agent × repetition, salted by the caller: a new
+//! salt, for instance after the agent's definition changed, reuses nothing) and by a hash
+//! of every input of the conversation up to and including the turn. Every input that
+//! reaches the agent is a [`TurnInput`]: a `capture` only matters through the messages it
+//! renders and an `expect` never reaches the agent, so an edit to checks alone reuses every
+//! turn and only re-checks.
+//!
+//! When the conversation first differs, the real session must be brought to where the
+//! reused turns left it: a protocol that resends its history rebuilds it from the recorded
+//! turns ([`Session::restore`]: Connexity); a session bound to the agent's state
+//! (AgentScope, Fixie) has the reused prefix sent to the agent again first. Sessions with a
+//! tool sandbox (MultiAgentEval) are never served from records: the sandbox's state is
+//! built by the calls themselves.
+
+use std::collections::{HashMap, HashSet};
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use futures::future::BoxFuture;
+
+use crate::protocol::{CallContext, Session, Turn, TurnInput};
+use crate::record::Fault;
+
+/// Agent calls made and turns reused for one scenario (`suite/scenario`) in one run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReuseCounts {
+    /// Turns that called the agent (including a reused prefix sent again to a
+    /// session-bound agent).
+    pub called: u64,
+    /// Turns answered from the records of an earlier run.
+    pub reused: u64,
+}
+
+/// The recorded turns of earlier runs, shared by the runs of one `trellis watch` session.
+/// Give it to a run through [`super::RunOptions::reuse`].
+#[derive(Default)]
+pub struct TurnMemo {
+    state: Mutex<MemoState>,
+}
+
+#[derive(Default)]
+struct MemoState {
+    /// Per `suite/scenario`; a scenario without one reuses nothing.
+    salts: HashMap<String, u64>,
+    /// Each turn with the run that recorded it.
+    turns: HashMap<(u64, u64), (u64, Arc<Turn>)>,
+    /// Counts [`TurnMemo::begin_run`]s: only turns of earlier runs are reused, so within a
+    /// run every conversation goes to the agent as in `trellis run` (a session-bound
+    /// protocol's replayed prefix included).
+    run: u64,
+    /// Entries used or stored by the current run: what the next run may still need.
+    touched: HashSet<(u64, u64)>,
+    counts: HashMap<String, ReuseCounts>,
+}
+
+impl std::fmt::Debug for TurnMemo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = self.lock();
+        f.debug_struct("TurnMemo")
+            .field("turns", &state.turns.len())
+            .field("scenarios", &state.salts.len())
+            .finish()
+    }
+}
+
+impl TurnMemo {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, MemoState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Starts a run: `salts` maps each `suite/scenario` to the salt of its recorded turns
+    /// (the same salt as before reuses them; a new one starts afresh).
+    pub fn begin_run(&self, salts: HashMap<String, u64>) {
+        let mut state = self.lock();
+        state.salts = salts;
+        state.run += 1;
+        state.touched.clear();
+        state.counts.clear();
+    }
+
+    /// Ends a run. A run that finished keeps only what it used or recorded (the rest
+    /// belongs to versions of the suite that no longer exist); a cancelled run keeps
+    /// everything, since the next run may still need what it did not reach.
+    pub fn finish_run(&self, finished: bool) {
+        let mut state = self.lock();
+        if finished {
+            let touched = std::mem::take(&mut state.touched);
+            state.turns.retain(|key, _| touched.contains(key));
+        }
+    }
+
+    /// Calls and reuses per `suite/scenario` since [`TurnMemo::begin_run`].
+    pub fn counts(&self) -> HashMap<String, ReuseCounts> {
+        self.lock().counts.clone()
+    }
+
+    /// Total agent calls since [`TurnMemo::begin_run`].
+    pub fn calls(&self) -> u64 {
+        self.lock().counts.values().map(|c| c.called).sum()
+    }
+
+    /// How many turns are kept.
+    pub fn len(&self) -> usize {
+        self.lock().turns.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// `session`, served from the records of this unit while its inputs match them.
+    pub(super) fn wrap(
+        self: &Arc<Self>,
+        session: Box<dyn Session>,
+        suite: &str,
+        scenario: &str,
+        agent: &str,
+        repetition: u32,
+    ) -> Box<dyn Session> {
+        let name: Arc<str> = Arc::from(format!("{suite}/{scenario}"));
+        let salt = self.lock().salts.get(&*name).copied();
+        let unit = {
+            let mut h = DefaultHasher::new();
+            (salt, suite, scenario, agent, repetition).hash(&mut h);
+            h.finish()
+        };
+        // The sandbox's state comes from the calls themselves: nothing to restore it from.
+        let reusable = salt.is_some() && session.sandbox().is_none();
+        Box::new(ReusingSession {
+            memo: self.clone(),
+            name,
+            unit,
+            inner: session,
+            pending: Vec::new(),
+            prefix: 0,
+            attached: !reusable,
+        })
+    }
+
+    fn reused(&self, unit: u64, prefix: u64, name: &str) -> Option<Arc<Turn>> {
+        let mut state = self.lock();
+        let turn = match state.turns.get(&(unit, prefix)) {
+            Some((recorded_in, turn)) if *recorded_in < state.run => turn.clone(),
+            _ => return None,
+        };
+        state.touched.insert((unit, prefix));
+        state.counts.entry(name.to_owned()).or_default().reused += 1;
+        Some(turn)
+    }
+
+    fn called(&self, name: &str) {
+        self.lock()
+            .counts
+            .entry(name.to_owned())
+            .or_default()
+            .called += 1;
+    }
+
+    fn store(&self, unit: u64, prefix: u64, turn: Turn) {
+        let mut state = self.lock();
+        state.touched.insert((unit, prefix));
+        let run = state.run;
+        state.turns.insert((unit, prefix), (run, Arc::new(turn)));
+    }
+}
+
+/// A [`TurnInput`] kept past the turn.
+#[derive(Clone, Debug)]
+enum OwnedInput {
+    User(String),
+    Opening,
+    Call {
+        function: String,
+        input: String,
+    },
+    Human {
+        approve: bool,
+        message: Option<String>,
+    },
+    Branch {
+        index: usize,
+        count: usize,
+        option: String,
+    },
+}
+
+impl OwnedInput {
+    fn of(input: TurnInput<'_>) -> Self {
+        match input {
+            TurnInput::User(text) => OwnedInput::User(text.to_owned()),
+            TurnInput::Opening => OwnedInput::Opening,
+            TurnInput::Call { function, input } => OwnedInput::Call {
+                function: function.to_owned(),
+                input: input.to_owned(),
+            },
+            TurnInput::Human { approve, message } => OwnedInput::Human {
+                approve,
+                message: message.map(str::to_owned),
+            },
+            TurnInput::Branch {
+                index,
+                count,
+                option,
+            } => OwnedInput::Branch {
+                index,
+                count,
+                option: option.to_owned(),
+            },
+        }
+    }
+
+    fn as_input(&self) -> TurnInput<'_> {
+        match self {
+            OwnedInput::User(text) => TurnInput::User(text),
+            OwnedInput::Opening => TurnInput::Opening,
+            OwnedInput::Call { function, input } => TurnInput::Call { function, input },
+            OwnedInput::Human { approve, message } => TurnInput::Human {
+                approve: *approve,
+                message: message.as_deref(),
+            },
+            OwnedInput::Branch {
+                index,
+                count,
+                option,
+            } => TurnInput::Branch {
+                index: *index,
+                count: *count,
+                option,
+            },
+        }
+    }
+}
+
+/// The hash of a conversation's inputs after `input`.
+fn extend(prefix: u64, input: TurnInput<'_>) -> u64 {
+    let mut h = DefaultHasher::new();
+    prefix.hash(&mut h);
+    match input {
+        TurnInput::User(text) => (0u8, text).hash(&mut h),
+        TurnInput::Opening => 1u8.hash(&mut h),
+        TurnInput::Call { function, input } => (2u8, function, input).hash(&mut h),
+        TurnInput::Human { approve, message } => (3u8, approve, message).hash(&mut h),
+        TurnInput::Branch {
+            index,
+            count,
+            option,
+        } => (4u8, index, count, option).hash(&mut h),
+    }
+    h.finish()
+}
+
+struct ReusingSession {
+    memo: Arc<TurnMemo>,
+    /// `suite/scenario`, for the counts.
+    name: Arc<str>,
+    unit: u64,
+    inner: Box<dyn Session>,
+    /// Turns answered from records that `inner` has not taken.
+    pending: Vec<(OwnedInput, Arc<Turn>)>,
+    /// Hash of every input so far.
+    prefix: u64,
+    /// `inner` carries the conversation: every turn from now on calls the agent.
+    attached: bool,
+}
+
+impl ReusingSession {
+    /// Brings `inner` to where the reused turns left the conversation; a fault when the
+    /// agent, asked again for the prefix, failed.
+    async fn attach(&mut self, ctx: &CallContext<'_>) -> Option<Fault> {
+        self.attached = true;
+        let pending = std::mem::take(&mut self.pending);
+        if pending.is_empty() {
+            return None;
+        }
+        let history: Vec<(TurnInput<'_>, &Turn)> = pending
+            .iter()
+            .map(|(input, turn)| (input.as_input(), turn.as_ref()))
+            .collect();
+        if self.inner.restore(&history) {
+            return None;
+        }
+        // Session-bound: the agent must hear the prefix again to hold the same state.
+        for (index, (input, _)) in pending.iter().enumerate() {
+            let ctx = CallContext {
+                test_case_id: ctx.test_case_id,
+                turn_index: u32::try_from(index).unwrap_or(u32::MAX),
+                deadline: ctx.deadline,
+            };
+            let turn = self.inner.turn(input.as_input(), &ctx).await;
+            self.memo.called(&self.name);
+            if let Some(fault) = turn.fault {
+                return Some(Fault::new(
+                    fault.category,
+                    format!(
+                        "sending the unchanged prefix again to this session-bound agent: {}",
+                        fault.message
+                    ),
+                ));
+            }
+        }
+        None
+    }
+}
+
+impl Session for ReusingSession {
+    fn turn<'a>(
+        &'a mut self,
+        input: TurnInput<'a>,
+        ctx: &'a CallContext<'a>,
+    ) -> BoxFuture<'a, Turn> {
+        Box::pin(async move {
+            let prefix = extend(self.prefix, input);
+            if !self.attached
+                && let Some(turn) = self.memo.reused(self.unit, prefix, &self.name)
+            {
+                self.prefix = prefix;
+                let mut answer = (*turn).clone();
+                answer.reused = true;
+                self.pending.push((OwnedInput::of(input), turn));
+                return answer;
+            }
+            if !self.attached
+                && let Some(fault) = self.attach(ctx).await
+            {
+                return Turn::failed(fault);
+            }
+            let turn = self.inner.turn(input, ctx).await;
+            self.memo.called(&self.name);
+            self.prefix = prefix;
+            // A fault is kept too: the same conversation is answered the same way until
+            // its steps change (an edit to checks alone never calls the agent).
+            self.memo.store(self.unit, prefix, turn.clone());
+            turn
+        })
+    }
+
+    fn fork(&self) -> Option<Box<dyn Session>> {
+        let inner = self.inner.fork()?;
+        Some(Box::new(ReusingSession {
+            memo: self.memo.clone(),
+            name: self.name.clone(),
+            unit: self.unit,
+            inner,
+            pending: self.pending.clone(),
+            prefix: self.prefix,
+            attached: self.attached,
+        }))
+    }
+
+    fn sandbox(&self) -> Option<&crate::sandbox::Sandbox> {
+        self.inner.sandbox()
+    }
+
+    fn paused(&self) -> Option<&str> {
+        self.inner.paused()
+    }
+
+    fn restore(&mut self, history: &[(TurnInput<'_>, &Turn)]) -> bool {
+        self.inner.restore(history)
+    }
+}

@@ -1,0 +1,436 @@
+//! Fingerprints: stable hashes of what a scenario means, so `trellis watch` can tell what an
+//! edit changed and rerun only that, and `trellis list --verbose` can show why.
+//!
+//! Each fingerprint has two halves. The *conversation* half covers what the agent sees or
+//! what shapes its answers: the steps that call the agent (`user`, `call`, `hitl`,
+//! `simulate`), `capture`s (their values feed later messages), and the scenario's setup: its
+//! agents, persona, the project's tools and providers, the simulator, `user-context`,
+//! `initial-state`, `first-turn`, `max-turns`, `timeout` (the *setup*), and `repeat`. The *checks* half covers
+//! what only judges the answers: `expect`s (with the position of the turn they check),
+//! `criteria`, `expect-tool`, `outcome`s and the judges they use. A change to the checks
+//! half alone can be re-checked against recorded transcripts without calling the agent.
+//!
+//! Hashes are taken over the resolved model, never the source text: spans, comments,
+//! formatting and where a definition lives (which included file) do not count. An
+//! execution node's fingerprint chains its parent's, so editing one branch changes the
+//! fingerprints of that branch's nodes and of the nodes below it, and nothing else.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, LazyLock};
+
+use regex::Regex;
+use trellis_dsl::graph::{self, TrajectoryGraph};
+use trellis_dsl::{
+    CaptureSource, Criterion, CriterionKind, PersonaRef, Project, Scenario, StepKind,
+};
+
+/// A 64-bit digest (the first bytes of a BLAKE3 hash), shown as 12 hex digits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct Digest(pub u64);
+
+impl fmt::Display for Digest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // 48 bits are plenty to tell versions of one scenario apart on screen.
+        write!(f, "{:012x}", self.0 >> 16)
+    }
+}
+
+/// The two halves of a fingerprint; see the module docs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Fingerprint {
+    pub conversation: Digest,
+    pub checks: Digest,
+}
+
+impl Fingerprint {
+    /// What differs between two fingerprints of the same thing.
+    pub fn change_from(&self, before: &Fingerprint) -> Change {
+        match (
+            self.conversation != before.conversation,
+            self.checks != before.checks,
+        ) {
+            (true, _) => Change::Conversation,
+            (false, true) => Change::Checks,
+            (false, false) => Change::None,
+        }
+    }
+}
+
+impl fmt::Display for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "conv {} checks {}", self.conversation, self.checks)
+    }
+}
+
+/// How a fingerprint changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Change {
+    None,
+    /// Only the checks: re-check recorded transcripts.
+    Checks,
+    /// What the agent sees: call it again from the first changed step.
+    Conversation,
+}
+
+/// The fingerprints of one scenario.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScenarioFingerprints {
+    /// The setup alone (agents, persona, tools, providers, simulator, scenario settings):
+    /// the part of the conversation half that is neither a step nor `repeat`.
+    pub setup: Digest,
+    /// The whole scenario: setup and every step (conversation), every check (checks).
+    pub scenario: Fingerprint,
+    /// Each execution node by id (`start`, `accepts`, `accepts/then`): its own steps
+    /// chained to its parent's fingerprint.
+    pub nodes: BTreeMap<Arc<str>, Fingerprint>,
+}
+
+/// `suite/scenario` → its fingerprints, for every scenario of the project.
+pub fn project(project: &Project) -> BTreeMap<String, ScenarioFingerprints> {
+    project
+        .scenarios()
+        .map(|(suite, sc)| {
+            (
+                format!("{}/{}", suite.name, sc.id.value),
+                scenario(project, sc),
+            )
+        })
+        .collect()
+}
+
+/// The fingerprints of `sc`, resolved against `project` (its agents, persona, …).
+pub fn scenario(project: &Project, sc: &Scenario) -> ScenarioFingerprints {
+    let setup = digest(&setup_text(project, sc));
+    let checks_setup = digest(&checks_setup_text(project, sc));
+
+    let tg = TrajectoryGraph::build(sc);
+    let mut nodes: BTreeMap<Arc<str>, Fingerprint> = BTreeMap::new();
+    for trajectory in &tg.trajectories {
+        let labels: Vec<&str> = trajectory
+            .segments
+            .iter()
+            .map(|&s| tg.segment(s).label.as_str())
+            .collect();
+        let ids = graph::node_ids(labels);
+        let mut parent = Fingerprint {
+            conversation: setup,
+            checks: checks_setup,
+        };
+        for (&segment, id) in trajectory.segments.iter().zip(&ids) {
+            let id: Arc<str> = Arc::from(id.as_str());
+            let fingerprint = match nodes.get(&id) {
+                Some(&known) => known,
+                None => {
+                    let (conversation, checks) = steps_text(&tg.segment(segment).steps);
+                    let fingerprint = Fingerprint {
+                        conversation: chain(parent.conversation, &conversation),
+                        checks: chain(parent.checks, &checks),
+                    };
+                    nodes.insert(id, fingerprint);
+                    fingerprint
+                }
+            };
+            parent = fingerprint;
+        }
+    }
+    // The scenario as a whole: every node, in id order (the tree's shape is in the ids).
+    // `repeat` counts here, not in the setup: more repetitions add runs and leave the
+    // recorded ones valid.
+    let mut conversation = format!("repeat {};", sc.repeat);
+    let mut checks = String::new();
+    for (id, fingerprint) in &nodes {
+        conversation.push_str(&format!("{id}={};", fingerprint.conversation.0));
+        checks.push_str(&format!("{id}={};", fingerprint.checks.0));
+    }
+    ScenarioFingerprints {
+        setup,
+        scenario: Fingerprint {
+            conversation: chain(setup, &conversation),
+            checks: chain(checks_setup, &checks),
+        },
+        nodes,
+    }
+}
+
+/// What shapes the agent's answers besides the steps.
+fn setup_text(project: &Project, sc: &Scenario) -> String {
+    let mut text = String::new();
+    let agents = project.scenario_agents(sc);
+    for agent in agents {
+        text.push_str(&canonical(agent));
+    }
+    match &sc.persona {
+        Some(PersonaRef::Named(id)) => {
+            if let Some(persona) = project.persona(&id.value) {
+                text.push_str(&canonical(persona));
+            }
+        }
+        Some(PersonaRef::Inline(persona)) => text.push_str(&canonical(persona)),
+        None => {}
+    }
+    // Every scenario's sandbox holds the project's tools; providers serve the simulator.
+    for tool in &project.tools {
+        text.push_str(&canonical(tool));
+    }
+    for provider in &project.providers {
+        text.push_str(&canonical(provider));
+    }
+    if let Some(simulator) = &project.simulator {
+        text.push_str(&canonical(simulator));
+    }
+    text.push_str(&canonical(&(
+        &sc.user_context,
+        &sc.initial_state,
+        &sc.undeclared_tools,
+        &sc.max_turns,
+        &sc.agent_branches,
+        &sc.timeout,
+        &sc.first_turn,
+    )));
+    text
+}
+
+/// What judges the answers besides the steps' `expect`s.
+fn checks_setup_text(project: &Project, sc: &Scenario) -> String {
+    let mut text = String::new();
+    for c in sc.criteria.iter().chain(&sc.expect_tools) {
+        text.push_str(&criterion_text(c));
+        text.push(';');
+    }
+    for outcome in &sc.outcomes {
+        text.push_str(&canonical(&outcome.value));
+    }
+    text.push_str(&canonical(&sc.criteria_override));
+    // Judges decide `judge` criteria and outcomes; their providers serve them.
+    for judge in &project.judges {
+        text.push_str(&canonical(judge));
+    }
+    for provider in &project.providers {
+        text.push_str(&canonical(provider));
+    }
+    text
+}
+
+/// The conversation and checks text of a segment's steps. An `expect` is tied to the
+/// number of agent-calling steps before it in the segment: moving it to another turn is a
+/// change of what it checks.
+fn steps_text(steps: &[trellis_dsl::Step]) -> (String, String) {
+    let mut conversation = String::new();
+    let mut checks = String::new();
+    let mut calls = 0usize;
+    for step in steps {
+        match &step.kind {
+            StepKind::User(t) => {
+                calls += 1;
+                conversation.push_str(&format!("user {:?};", t.source));
+            }
+            StepKind::Call { function, input } => {
+                calls += 1;
+                conversation.push_str(&format!("call {function:?} {:?};", input.source));
+            }
+            StepKind::Simulate { turns } => {
+                calls += 1;
+                conversation.push_str(&format!("simulate {turns:?};"));
+            }
+            StepKind::Hitl { approve, message } => {
+                calls += 1;
+                let message = message.as_ref().map(|m| &m.source);
+                conversation.push_str(&format!("hitl {approve} {message:?};"));
+            }
+            StepKind::Capture { name, source } => {
+                let source = match source {
+                    CaptureSource::Regex(re) => format!("regex {:?}", re.as_str()),
+                    CaptureSource::JsonPath { source, .. } => format!("json-path {source:?}"),
+                };
+                conversation.push_str(&format!("capture {name:?} {source};"));
+            }
+            StepKind::Expect(criteria) => {
+                checks.push_str(&format!("@{calls}:"));
+                for c in criteria {
+                    checks.push_str(&criterion_text(c));
+                    checks.push(';');
+                }
+            }
+            // The graph turned forks into edges; a segment holds none.
+            StepKind::Fork(_) => {}
+        }
+    }
+    (conversation, checks)
+}
+
+/// A criterion by meaning: its kind and values, not its text as written.
+fn criterion_text(c: &Criterion) -> String {
+    match &c.kind {
+        // The judge is referred to by id; the judge's definition is in the checks setup.
+        CriterionKind::Judge {
+            criterion,
+            threshold,
+            judge,
+            rubric,
+        } => format!(
+            "judge {criterion:?} {threshold:?} {:?} {rubric:?}",
+            judge.as_ref().map(|j| &j.value)
+        ),
+        kind => canonical(kind),
+    }
+}
+
+/// The `Debug` form of a model value with every source span erased: the model's `Debug`
+/// covers every field, so nothing that changes behaviour is left out, and spans (which
+/// move with formatting and comments) are the only part that is not meaning.
+fn canonical<T: fmt::Debug>(value: &T) -> String {
+    static SPAN: LazyLock<Option<Regex>> = LazyLock::new(|| {
+        Regex::new(
+            r"Span \{ file: \d+, span: SourceSpan \{ offset: SourceOffset\(\d+\), length: \d+ \} \}",
+        )
+        .ok()
+    });
+    let text = format!("{value:?}");
+    match SPAN.as_ref() {
+        Some(re) => re.replace_all(&text, "_").into_owned(),
+        None => text,
+    }
+}
+
+fn digest(text: &str) -> Digest {
+    let hash = blake3::hash(text.as_bytes());
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&hash.as_bytes()[..8]);
+    Digest(u64::from_le_bytes(first))
+}
+
+fn chain(parent: Digest, text: &str) -> Digest {
+    digest(&format!("{}|{text}", parent.0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn load(dir: &Path, files: &[(&str, &str)]) -> Project {
+        for (name, text) in files {
+            std::fs::write(dir.join(name), text).unwrap();
+        }
+        trellis_dsl::load(&[dir.join(files[0].0)]).unwrap()
+    }
+
+    fn prints(files: &[(&str, &str)]) -> ScenarioFingerprints {
+        let dir = tempfile::tempdir().unwrap();
+        let project = load(dir.path(), files);
+        let (_, sc) = project.scenarios().next().unwrap();
+        scenario(&project, sc)
+    }
+
+    const AGENT: &str = r#"agent "bot" protocol="connexity" builtin="booking""#;
+
+    fn suite(first: &str, left: &str, criterion: &str) -> String {
+        format!(
+            r#"{AGENT}
+scenario "s" {{
+    user "{first}"
+    expect reply contains="a"
+    branch "left" {{
+        user "{left}"
+    }}
+    branch "right" {{
+        user "going right"
+        branch "deep" {{
+            user "deeper"
+        }}
+        branch "shallow" {{
+            user "shallower"
+        }}
+    }}
+    criteria {{
+        {criterion}
+    }}
+}}
+"#
+        )
+    }
+
+    #[test]
+    fn formatting_and_comments_do_not_count() {
+        let plain = prints(&[("a.kdl", &suite("hi", "go left", "turns max=5"))]);
+        let messy = suite("hi", "go left", "turns max=5")
+            .replace(
+                "    user \"hi\"",
+                "// a comment\n\n        user   \"hi\"   /* inline */",
+            )
+            .replace("turns max=5", "turns    max=5 // why");
+        let reformatted = prints(&[("a.kdl", &format!("\n\n// header\n{messy}"))]);
+        assert_eq!(plain, reformatted);
+    }
+
+    #[test]
+    fn a_branch_edit_changes_that_branch_and_below_only() {
+        let before = prints(&[("a.kdl", &suite("hi", "go left", "turns max=5"))]);
+        let after = prints(&[("a.kdl", &suite("hi", "go LEFT", "turns max=5"))]);
+        let changed: Vec<&str> = before
+            .nodes
+            .iter()
+            .filter(|(id, fp)| after.nodes.get(*id) != Some(fp))
+            .map(|(id, _)| &**id)
+            .collect();
+        assert_eq!(changed, ["left"]);
+        assert_ne!(before.scenario.conversation, after.scenario.conversation);
+        assert_eq!(before.scenario.checks, after.scenario.checks);
+
+        let before = prints(&[("a.kdl", &suite("hi", "go left", "turns max=5"))]);
+        let right = suite("hi", "go left", "turns max=5").replace("going right", "going on");
+        let after = prints(&[("a.kdl", &right)]);
+        let changed: Vec<&str> = before
+            .nodes
+            .iter()
+            .filter(|(id, fp)| after.nodes.get(*id) != Some(fp))
+            .map(|(id, _)| &**id)
+            .collect();
+        assert_eq!(changed, ["right", "right/deep", "right/shallow"]);
+    }
+
+    #[test]
+    fn a_criterion_edit_changes_only_the_checks() {
+        let before = prints(&[("a.kdl", &suite("hi", "go left", "turns max=5"))]);
+        let after = prints(&[("a.kdl", &suite("hi", "go left", "turns max=6"))]);
+        assert_eq!(before.scenario.conversation, after.scenario.conversation);
+        assert_ne!(before.scenario.checks, after.scenario.checks);
+        assert_eq!(after.scenario.change_from(&before.scenario), Change::Checks);
+        for (id, fp) in &before.nodes {
+            assert_eq!(fp.conversation, after.nodes[id].conversation, "{id}");
+        }
+        // An `expect` on a turn is a check too.
+        let expect =
+            suite("hi", "go left", "turns max=5").replace("contains=\"a\"", "contains=\"b\"");
+        let after = prints(&[("a.kdl", &expect)]);
+        assert_eq!(after.scenario.change_from(&before.scenario), Change::Checks);
+        assert!(
+            after
+                .nodes
+                .iter()
+                .all(|(id, fp)| fp.conversation == before.nodes[id].conversation)
+        );
+    }
+
+    #[test]
+    fn included_definitions_count_where_they_are_used() {
+        let main = format!(
+            "include \"agents.kdl\"\n{}",
+            suite("hi", "go left", "turns max=5").replace(AGENT, "")
+        );
+        let before = prints(&[("a.kdl", &main), ("agents.kdl", AGENT)]);
+        let moved = prints(&[
+            ("a.kdl", &main),
+            ("agents.kdl", &format!("// moved down\n\n{AGENT}")),
+        ]);
+        assert_eq!(before, moved);
+        let other = AGENT.replace("builtin=\"booking\"", "url=\"http://127.0.0.1:9/\"");
+        let after = prints(&[("a.kdl", &main), ("agents.kdl", &other)]);
+        assert_eq!(
+            after.scenario.change_from(&before.scenario),
+            Change::Conversation
+        );
+        assert_ne!(before.setup, after.setup);
+    }
+}

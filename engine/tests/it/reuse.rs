@@ -1,0 +1,153 @@
+//! Reusing recorded turns across runs (`RunOptions::reuse`, what `trellis watch` runs with):
+//! a conversation that repeats a recorded one is answered from the records, and the agent
+//! is called from the first input that differs. Against a counting agent on a real socket.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use trellis_engine::event::{self, Event};
+use trellis_engine::execute::{self, RunOptions, TurnMemo};
+use trellis_engine::plan::{Plan, Selection};
+use trellis_engine::record::{NodeRecord, TrajectoryRecord};
+use trellis_testkit::{MisbehavingServer, OK_BODY};
+
+fn plan(text: &str) -> Plan {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("suite.kdl");
+    std::fs::write(&path, text).unwrap();
+    let project = trellis_dsl::load(&[&path]).unwrap();
+    Plan::build_with_env(
+        &project,
+        &Selection::default(),
+        Arc::new(Default::default()),
+    )
+    .unwrap()
+}
+
+/// One run with `memo`; its nodes and trajectories.
+async fn run(
+    plan: Plan,
+    memo: &Arc<TurnMemo>,
+    salt: u64,
+) -> (Vec<NodeRecord>, Vec<TrajectoryRecord>) {
+    let salts: HashMap<String, u64> = plan
+        .scenarios
+        .iter()
+        .map(|s| (format!("{}/{}", s.suite, s.scenario.id.value), salt))
+        .collect();
+    memo.begin_run(salts);
+    let options = RunOptions {
+        run_id: "reuse".into(),
+        jobs: 4,
+        stop: Default::default(),
+        strict: false,
+        reuse: Some(memo.clone()),
+        transport: None,
+    };
+    let (tx, mut rx) = event::channel();
+    let engine = tokio::spawn(execute::run(plan, options, tx));
+    let mut nodes = Vec::new();
+    let mut trajectories = Vec::new();
+    while let Some(event) = rx.recv().await {
+        match event {
+            Event::Node(n) => nodes.push(n),
+            Event::Trajectory(t) => trajectories.push(*t),
+            _ => {}
+        }
+    }
+    engine.await.unwrap();
+    memo.finish_run(true);
+    (nodes, trajectories)
+}
+
+fn suite(url: &str, right: &str, max: u32) -> String {
+    format!(
+        r#"agent "bot" protocol="connexity" url="{url}"
+scenario "s" {{
+    user "hello"
+    branch "left" {{
+        user "go left"
+    }}
+    branch "right" {{
+        user "{right}"
+        user "and on"
+    }}
+    criteria {{
+        turns max={max}
+    }}
+}}
+"#
+    )
+}
+
+#[tokio::test]
+async fn a_changed_branch_calls_the_agent_from_its_first_changed_step_only() {
+    let agent = MisbehavingServer::respond(200, OK_BODY).await;
+    let memo = Arc::new(TurnMemo::new());
+    let (_, first) = run(plan(&suite(&agent.url(), "go right", 5)), &memo, 1).await;
+    assert_eq!(agent.requests(), 4);
+    assert_eq!(first.len(), 2);
+
+    // Nothing changed: nothing is called, every turn is marked reused.
+    let (nodes, again) = run(plan(&suite(&agent.url(), "go right", 5)), &memo, 1).await;
+    assert_eq!(agent.requests(), 4);
+    assert!(nodes.iter().flat_map(|n| &n.turns).all(|t| t.reused));
+    assert_eq!(memo.calls(), 0);
+    for t in &again {
+        assert_eq!(
+            t.turns,
+            first
+                .iter()
+                .find(|f| f.trajectory == t.trajectory)
+                .unwrap()
+                .turns
+        );
+    }
+
+    // One branch: its two steps only, on top of the rebuilt history.
+    run(plan(&suite(&agent.url(), "go RIGHT", 5)), &memo, 1).await;
+    assert_eq!(agent.requests(), 6);
+    let sent = agent.recorded();
+    let history = sent[4].json();
+    let messages: Vec<&str> = history["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["content"].as_str().unwrap_or(""))
+        .collect();
+    assert_eq!(
+        messages,
+        ["hello", "Hello there.", "go RIGHT"],
+        "the reused turn is in the history"
+    );
+
+    // Checks only: re-checked, not called, and the new limit decides.
+    let (_, checked) = run(plan(&suite(&agent.url(), "go RIGHT", 1)), &memo, 1).await;
+    assert_eq!(agent.requests(), 6);
+    assert!(
+        checked
+            .iter()
+            .all(|t| t.status == trellis_engine::record::TrajectoryStatus::Failed)
+    );
+
+    // Another salt (the agent's definition changed): everything is called again.
+    run(plan(&suite(&agent.url(), "go RIGHT", 5)), &memo, 2).await;
+    assert_eq!(agent.requests(), 10);
+}
+
+#[tokio::test]
+async fn a_recorded_fault_is_reused_until_the_steps_change() {
+    let agent = MisbehavingServer::respond(500, "down").await;
+    let memo = Arc::new(TurnMemo::new());
+    let text = suite(&agent.url(), "go right", 5);
+    let (_, first) = run(plan(&text), &memo, 1).await;
+    let calls = agent.requests();
+    assert!(first.iter().all(|t| t.fault.is_some()));
+    let (_, again) = run(plan(&text), &memo, 1).await;
+    assert_eq!(
+        agent.requests(),
+        calls,
+        "the same conversation, the same answer"
+    );
+    assert!(again.iter().all(|t| t.fault.is_some()));
+}

@@ -1,0 +1,1152 @@
+//! `trellis watch`: rerun suites as they are edited, and only what an edit changed.
+//!
+//! The loop: wait for a change to a file the project loads (or any `*.kdl` in a watched
+//! directory), reload and revalidate, compare every scenario's fingerprints with the last
+//! run's ([`trellis_engine::fingerprint`]), and run the plan again with the last runs'
+//! turns on hand ([`TurnMemo`]): a conversation that repeats a recorded one is answered
+//! from the records, so the agent is called only from the first changed step of a changed
+//! branch; an edit to checks alone re-checks the recorded transcripts with no agent call;
+//! a scenario that `needs` a scenario whose conversation changed talks to the agent afresh.
+//! Each rerun is recorded like a run, in its own directory under `--out`.
+//!
+//! A broken edit prints its diagnostics and keeps the last results; watch never exits
+//! because of a suite. A save during a rerun stops it (no new agent call starts) and starts
+//! the next. Files are watched through their directories, so editors that save by writing
+//! a temporary file and renaming it over the original, and files added, removed or renamed,
+//! are all seen. Change events are debounced on the event loop itself: idle, the process
+//! waits on the kernel's notifications and uses no CPU.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use notify::{EventKind, RecommendedWatcher, RecursiveMode, Watcher};
+use tokio::sync::mpsc;
+use trellis_engine::event::{self, Event};
+use trellis_engine::execute::{self, RunOptions, TurnMemo};
+use trellis_engine::fingerprint::{self, Change, ScenarioFingerprints};
+use trellis_engine::journal::JournalWriter;
+use trellis_engine::plan::Plan;
+use trellis_engine::protocol::http::HttpTransport;
+use trellis_engine::record::{CriterionStatus, RunSummary, TrajectoryRecord, TrajectoryStatus};
+use trellis_reports::ReportWriter;
+
+use super::console::{errln, outln};
+use super::run::new_run_id;
+use super::{EXIT_INVALID, PathArgs, SelectArgs};
+
+pub mod bench;
+mod serve;
+
+/// How long the files must stay quiet after a change before reloading: an editor's save
+/// (write, rename, chmod) arrives as one burst.
+const DEBOUNCE: Duration = Duration::from_millis(25);
+/// How long calls in flight may finish once a newer save stops a rerun.
+const CANCEL_GRACE: Duration = Duration::from_secs(2);
+
+#[derive(Debug, Args)]
+pub struct WatchArgs {
+    #[command(flatten)]
+    paths: PathArgs,
+    #[command(flatten)]
+    select: SelectArgs,
+    /// Where reruns are recorded, one run directory each (DIR/<run-id>). Default: runs/
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// A check that did not run, or a trajectory that was skipped, fails its trajectory.
+    #[arg(long)]
+    strict: bool,
+    /// Agent calls in flight at once.
+    #[arg(long, short = 'j', default_value_t = 32, value_parser = super::jobs_in_range)]
+    jobs: usize,
+    /// Serve the latest report on http://127.0.0.1:PORT/ and reload the open tab after each
+    /// rerun. PORT defaults to 7357; 0 picks a free port (printed).
+    #[arg(long, value_name = "PORT", num_args = 0..=1, default_missing_value = "7357")]
+    serve: Option<u16>,
+}
+
+/// The directory under `--out` that holds the whole state after the last rerun.
+pub const LATEST: &str = "latest";
+
+/// Exit code after Ctrl-C or SIGTERM: watch only ends when told to.
+const EXIT_STOPPED: u8 = super::run::EXIT_INTERRUPTED;
+
+pub fn watch(args: WatchArgs) -> u8 {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            errln!("error: cannot start the async runtime: {e}");
+            return EXIT_INVALID;
+        }
+    };
+    let code = runtime.block_on(Session::start(args));
+    runtime.shutdown_background();
+    code
+}
+
+/// Why a scenario or a trajectory reran.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Why {
+    Unchanged,
+    /// Only its checks changed: re-checked against the recorded turns.
+    Checks,
+    /// A scenario it `needs` changed what it says to the agent.
+    Dependency,
+    /// Its steps (or its agent, persona, tools…) changed.
+    Steps,
+    /// First run of it.
+    New,
+}
+
+impl Why {
+    fn label(self) -> &'static str {
+        match self {
+            Why::Unchanged => "unchanged",
+            Why::Checks => "checks changed",
+            Why::Dependency => "dependency changed",
+            Why::Steps => "steps changed",
+            Why::New => "new",
+        }
+    }
+}
+
+/// A change notification, with when it arrived.
+struct Changed {
+    paths: Vec<PathBuf>,
+    at: Instant,
+}
+
+struct Session {
+    args: WatchArgs,
+    roots: Vec<PathBuf>,
+    out_root: PathBuf,
+    watcher: RecommendedWatcher,
+    changes: mpsc::UnboundedReceiver<Vec<PathBuf>>,
+    /// Changed paths taken in and not acted on yet, and since when.
+    pending: Vec<PathBuf>,
+    pending_since: Option<Instant>,
+    /// Directories watched with everything below them.
+    recursive: BTreeSet<PathBuf>,
+    /// Directories watched for their own files.
+    watched: BTreeSet<PathBuf>,
+    /// Files the last good load read (canonical paths).
+    known: BTreeSet<PathBuf>,
+    memo: Arc<TurnMemo>,
+    /// One HTTP connection pool for every rerun.
+    transport: HttpTransport,
+    /// `suite/scenario` of every scenario the last run planned.
+    planned: BTreeSet<String>,
+    /// Fingerprints of the last run's scenarios.
+    last: Option<BTreeMap<String, ScenarioFingerprints>>,
+    /// Every trajectory's last result: a line is shown when it changes.
+    results: HashMap<ResultKey, Standing>,
+    /// Bumped when a scenario must talk to its agent afresh (a dependency changed).
+    generations: HashMap<String, u64>,
+    /// The last run finished (a stopped one leaves work to redo).
+    complete: bool,
+    /// The last load failed: the next good one says so.
+    broken: bool,
+    reruns: u64,
+    tty: bool,
+    server: Option<serve::Server>,
+}
+
+impl Session {
+    async fn start(args: WatchArgs) -> u8 {
+        let roots: Vec<PathBuf> = if args.paths.paths.is_empty() {
+            vec![PathBuf::from("suites")]
+        } else {
+            args.paths.paths.clone()
+        };
+        // Nothing to watch would wait for ever: a mistyped path is a usage error.
+        if let Some(missing) = roots.iter().find(|r| !r.exists()) {
+            errln!("error: {} does not exist", missing.display());
+            return EXIT_INVALID;
+        }
+        let out_root = args.out.clone().unwrap_or_else(|| PathBuf::from("runs"));
+        let (tx, changes) = mpsc::unbounded_channel();
+        let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+            // Reading a file (our own reloads) and attribute changes are not edits.
+            if let Ok(event) = event
+                && !matches!(
+                    event.kind,
+                    EventKind::Access(_)
+                        | EventKind::Modify(notify::event::ModifyKind::Metadata(_))
+                )
+                && !event.paths.is_empty()
+            {
+                let _ = tx.send(event.paths);
+            }
+        });
+        let watcher = match watcher {
+            Ok(w) => w,
+            Err(e) => {
+                errln!("error: cannot watch files: {e}");
+                return EXIT_INVALID;
+            }
+        };
+        // Builtin agents stay up across reruns instead of restarting with each.
+        trellis_engine::builtin::keep_servers_running();
+        let server = match args.serve {
+            Some(port) => match serve::Server::start(port).await {
+                Ok(server) => {
+                    outln!("serving the latest report on {}", server.url());
+                    Some(server)
+                }
+                Err(e) => {
+                    errln!("error: cannot serve on 127.0.0.1:{port}: {e}");
+                    return EXIT_INVALID;
+                }
+            },
+            None => None,
+        };
+        let mut session = Session {
+            args,
+            roots,
+            out_root,
+            watcher,
+            changes,
+            pending: Vec::new(),
+            pending_since: None,
+            recursive: BTreeSet::new(),
+            watched: BTreeSet::new(),
+            known: BTreeSet::new(),
+            memo: Arc::new(TurnMemo::new()),
+            transport: HttpTransport::new(),
+            planned: BTreeSet::new(),
+            last: None,
+            results: HashMap::new(),
+            generations: HashMap::new(),
+            complete: false,
+            broken: false,
+            reruns: 0,
+            tty: std::io::stdout().is_terminal(),
+            server,
+        };
+        for root in session.roots.clone() {
+            session.watch_root(&root);
+        }
+        session.run_forever().await
+    }
+
+    /// Watches `root`: a directory with everything below it, a file through its directory
+    /// (so a save by rename is seen).
+    fn watch_root(&mut self, root: &Path) {
+        let path = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
+        if path.is_dir() {
+            self.watch_dir(&path, RecursiveMode::Recursive);
+        } else if let Some(parent) = path.parent() {
+            self.watch_dir(parent, RecursiveMode::NonRecursive);
+        }
+    }
+
+    fn watch_dir(&mut self, dir: &Path, mode: RecursiveMode) {
+        if self.recursive.iter().any(|r| dir.starts_with(r))
+            || (mode == RecursiveMode::NonRecursive && self.watched.contains(dir))
+        {
+            return;
+        }
+        match self.watcher.watch(dir, mode) {
+            Ok(()) => {
+                if mode == RecursiveMode::Recursive {
+                    self.recursive.insert(dir.to_path_buf());
+                } else {
+                    self.watched.insert(dir.to_path_buf());
+                }
+            }
+            Err(e) => errln!("warning: cannot watch {}: {e}", dir.display()),
+        }
+    }
+
+    async fn run_forever(&mut self) -> u8 {
+        let mut stop = Box::pin(stop_signal());
+        let mut next = Some(Changed {
+            paths: Vec::new(),
+            at: Instant::now(),
+        });
+        loop {
+            let changed = match next.take() {
+                Some(changed) => changed,
+                None => tokio::select! {
+                    changed = self.next_change() => match changed {
+                        Some(changed) => changed,
+                        None => return EXIT_STOPPED,
+                    },
+                    () = &mut stop => return EXIT_STOPPED,
+                },
+            };
+            match self.rerun(changed, &mut stop).await {
+                Rerun::Done => {}
+                Rerun::Superseded(changed) => next = Some(changed),
+                Rerun::Stopped => return EXIT_STOPPED,
+            }
+        }
+    }
+
+    /// The next relevant change, once the files have been quiet for [`DEBOUNCE`].
+    /// Cancel-safe: a change taken in before the caller stopped waiting (a rerun that
+    /// ended meanwhile) stays in `self.pending` for the next call.
+    async fn next_change(&mut self) -> Option<Changed> {
+        loop {
+            if self.pending.is_empty() {
+                let first = self.changes.recv().await?;
+                self.pending_since = Some(Instant::now());
+                self.pending.extend(first);
+            }
+            loop {
+                match tokio::time::timeout(DEBOUNCE, self.changes.recv()).await {
+                    Ok(Some(more)) => self.pending.extend(more),
+                    Ok(None) => return None,
+                    Err(_) => break,
+                }
+            }
+            let mut paths = std::mem::take(&mut self.pending);
+            let at = self.pending_since.take().unwrap_or_else(Instant::now);
+            paths.retain(|p| self.relevant(p));
+            if !paths.is_empty() {
+                paths.sort();
+                paths.dedup();
+                return Some(Changed { paths, at });
+            }
+        }
+    }
+
+    /// A file the project loaded, or any suite file (a new include, a new suite).
+    fn relevant(&self, path: &Path) -> bool {
+        path.extension().is_some_and(|e| e == "kdl") || self.known.contains(path)
+    }
+
+    async fn rerun(
+        &mut self,
+        changed: Changed,
+        stop: &mut std::pin::Pin<Box<impl std::future::Future<Output = ()>>>,
+    ) -> Rerun {
+        let what = describe(&changed.paths);
+        let project = match trellis_dsl::load(&self.roots) {
+            Ok(project) => project,
+            Err(diagnostics) => {
+                self.broken = true;
+                errln!("{:?}", miette::Report::new(diagnostics));
+                errln!(
+                    "watch: {what}: the suite is invalid (see above); the last results stay; \
+                     fix it and save"
+                );
+                return Rerun::Done;
+            }
+        };
+        for file in &project.files {
+            let path = std::fs::canonicalize(&file.path).unwrap_or_else(|_| file.path.clone());
+            if let Some(dir) = path.parent() {
+                let dir = dir.to_path_buf();
+                self.watch_dir(&dir, RecursiveMode::NonRecursive);
+            }
+            self.known.insert(path);
+        }
+        let plan = match Plan::build(&project, &self.args.select.selection()) {
+            Ok(plan) => plan,
+            Err(e) => {
+                self.broken = true;
+                errln!("{:?}", miette::Report::new(e));
+                errln!("watch: {what}: the suite cannot be planned; the last results stay");
+                return Rerun::Done;
+            }
+        };
+        if plan.scenarios.is_empty() {
+            self.broken = true;
+            errln!("watch: {what}: no scenario matches the selection");
+            return Rerun::Done;
+        }
+        let prints = fingerprint::project(&project);
+        let whys = self.reasons(&plan, &prints);
+        // A scenario gone from the suite (or the selection) changes the results too.
+        let removed: Vec<String> = self
+            .planned
+            .iter()
+            .filter(|key| !whys.contains_key(*key))
+            .cloned()
+            .collect();
+        let changed_any = !removed.is_empty() || whys.values().any(|w| *w != Why::Unchanged);
+        let was_broken = std::mem::replace(&mut self.broken, false);
+        if !changed_any && self.complete {
+            if was_broken {
+                outln!("watch: {what}: valid again; nothing changed since the last run");
+            }
+            return Rerun::Done;
+        }
+        for (key, why) in &whys {
+            if *why == Why::Dependency {
+                *self.generations.entry(key.clone()).or_default() += 1;
+            }
+        }
+        let salts = whys
+            .keys()
+            .filter_map(|key| {
+                let setup = prints.get(key)?.setup;
+                let mut h = DefaultHasher::new();
+                (setup, self.generations.get(key).copied().unwrap_or(0)).hash(&mut h);
+                Some((key.clone(), h.finish()))
+            })
+            .collect();
+        let trajectory_whys = self.trajectory_reasons(&plan, &prints, &whys);
+        let planned: BTreeSet<String> = whys.keys().cloned().collect();
+        self.reruns += 1;
+        let header = RunHeader {
+            number: self.reruns,
+            what,
+            changed_at: changed.at,
+            whys: whys.clone(),
+            removed,
+        };
+        let outcome = self
+            .execute(plan, salts, header, trajectory_whys, stop)
+            .await;
+        match outcome {
+            Executed::Finished => {
+                self.planned = planned;
+                self.last = Some(prints);
+                self.complete = true;
+                Rerun::Done
+            }
+            Executed::Superseded(changed) => {
+                // What did run is in the memo; the next run redoes the rest, and says why
+                // against the last run that finished.
+                self.complete = false;
+                Rerun::Superseded(changed)
+            }
+            Executed::Stopped => Rerun::Stopped,
+        }
+    }
+
+    /// Why each planned scenario reruns, compared with the last run.
+    fn reasons(
+        &self,
+        plan: &Plan,
+        prints: &BTreeMap<String, ScenarioFingerprints>,
+    ) -> BTreeMap<String, Why> {
+        let keys: Vec<String> = plan
+            .scenarios
+            .iter()
+            .map(|s| format!("{}/{}", s.suite, s.scenario.id.value))
+            .collect();
+        let mut whys: Vec<Why> = keys
+            .iter()
+            .map(|key| {
+                let (Some(last), Some(now)) =
+                    (self.last.as_ref().and_then(|l| l.get(key)), prints.get(key))
+                else {
+                    return Why::New;
+                };
+                match now.scenario.change_from(&last.scenario) {
+                    Change::Conversation => Why::Steps,
+                    Change::Checks => Why::Checks,
+                    Change::None => Why::Unchanged,
+                }
+            })
+            .collect();
+        // A scenario whose dependency talked to the agent again talks to it afresh too,
+        // and so on down the `needs` chain.
+        loop {
+            let mut grew = false;
+            for (i, s) in plan.scenarios.iter().enumerate() {
+                if whys[i] >= Why::Dependency {
+                    continue;
+                }
+                let upstream = s
+                    .needs
+                    .iter()
+                    .any(|&n| whys.get(n).is_some_and(|w| *w >= Why::Dependency));
+                if upstream {
+                    whys[i] = Why::Dependency;
+                    grew = true;
+                }
+            }
+            if !grew {
+                break;
+            }
+        }
+        keys.into_iter().zip(whys).collect()
+    }
+
+    /// Why each trajectory reruns: within a scenario whose steps changed, only those
+    /// through a changed node.
+    fn trajectory_reasons(
+        &self,
+        plan: &Plan,
+        prints: &BTreeMap<String, ScenarioFingerprints>,
+        whys: &BTreeMap<String, Why>,
+    ) -> HashMap<(String, String), Why> {
+        let mut out = HashMap::new();
+        for s in &plan.scenarios {
+            let key = format!("{}/{}", s.suite, s.scenario.id.value);
+            let why = whys.get(&key).copied().unwrap_or(Why::New);
+            let last = self.last.as_ref().and_then(|l| l.get(&key));
+            let now = prints.get(&key);
+            for t in &s.trajectories {
+                let leaf = t.nodes.last();
+                let node_why = match (why, last, now, leaf) {
+                    (Why::Steps | Why::Checks, Some(last), Some(now), Some(leaf)) => {
+                        match (last.nodes.get(leaf), now.nodes.get(leaf)) {
+                            (Some(before), Some(after)) => {
+                                // A node's fingerprint chains its parents': the leaf's says
+                                // whether anything on the path changed. The scenario's own
+                                // criteria are in every node's checks.
+                                match after.change_from(before) {
+                                    Change::Conversation => Why::Steps,
+                                    Change::Checks => Why::Checks,
+                                    Change::None => Why::Unchanged,
+                                }
+                            }
+                            _ => Why::Steps,
+                        }
+                    }
+                    (why, ..) => why,
+                };
+                out.insert((key.clone(), t.name.clone()), node_why);
+            }
+        }
+        out
+    }
+
+    async fn execute(
+        &mut self,
+        plan: Plan,
+        salts: HashMap<String, u64>,
+        header: RunHeader,
+        trajectory_whys: HashMap<(String, String), Why>,
+        stop: &mut std::pin::Pin<Box<impl std::future::Future<Output = ()>>>,
+    ) -> Executed {
+        // `STAMP-rNNNN-SALT`: the session's reruns sort in order even within one second.
+        let run_id = match new_run_id().split_once('-') {
+            Some((stamp, salt)) => format!("{stamp}-r{:04}-{salt}", header.number),
+            None => format!("{}-r{:04}", new_run_id(), header.number),
+        };
+        let out = self.out_root.join(&run_id);
+        let rerun = match Record::create(&out) {
+            Ok(record) => record,
+            Err(e) => {
+                errln!("error: cannot record the rerun in {}: {e}", out.display());
+                return Executed::Finished;
+            }
+        };
+        let latest = match self.start_latest() {
+            Ok(record) => Some(record),
+            Err(e) => {
+                errln!(
+                    "warning: cannot record {}: {e}",
+                    self.latest_dir().display()
+                );
+                None
+            }
+        };
+        let expected = expected_trajectories(&plan, &trajectory_whys);
+        self.memo.begin_run(salts);
+        if self.tty {
+            // The view is redrawn in place: each rerun replaces the last one's screen.
+            super::console::out_text("\x1b[2J\x1b[H");
+        }
+        header.print(&trajectory_whys);
+        let view = View {
+            header,
+            whys: trajectory_whys,
+            previous: std::mem::take(&mut self.results),
+            results: HashMap::new(),
+            shown: HashSet::new(),
+            first_result: None,
+        };
+        let options = RunOptions {
+            run_id: run_id.clone(),
+            jobs: self.args.jobs,
+            stop: Default::default(),
+            strict: self.args.strict,
+            reuse: Some(self.memo.clone()),
+            transport: Some(self.transport.clone()),
+        };
+        let cancel = options.stop.clone();
+        let (tx, rx) = event::channel();
+        let recorder = Recorder {
+            rerun,
+            latest,
+            view,
+            expected,
+            summary: None,
+            recorded: RunSummary::default(),
+        };
+        let reporter = std::thread::Builder::new()
+            .name("trellis-watch-reporter".into())
+            .spawn(move || recorder.consume(rx));
+        let reporter = match reporter {
+            Ok(handle) => handle,
+            Err(e) => {
+                errln!("error: cannot start the reporter thread: {e}");
+                return Executed::Finished;
+            }
+        };
+        let mut engine = tokio::spawn(execute::run(plan, options, tx));
+        let mut ended = tokio::select! {
+            _ = &mut engine => Executed::Finished,
+            changed = self.next_change() => match changed {
+                Some(changed) => Executed::Superseded(changed),
+                None => Executed::Stopped,
+            },
+            () = stop.as_mut() => Executed::Stopped,
+        };
+        if !matches!(ended, Executed::Finished) {
+            cancel.cancel();
+            if tokio::time::timeout(CANCEL_GRACE, &mut engine)
+                .await
+                .is_err()
+            {
+                engine.abort();
+                let _ = engine.await;
+            }
+        }
+        let finished = tokio::task::spawn_blocking(move || reporter.join()).await;
+        let Ok(Ok(recorded)) = finished else {
+            errln!("error: trellis failed while recording the rerun (a bug)");
+            self.memo.finish_run(false);
+            return ended;
+        };
+        self.memo.finish_run(matches!(ended, Executed::Finished));
+        let counts = self.memo.counts();
+        let called: u64 = counts.values().map(|c| c.called).sum();
+        let reused: u64 = counts.values().map(|c| c.reused).sum();
+        let Recorded {
+            view,
+            summary,
+            report_html,
+        } = recorded;
+        let View {
+            header,
+            mut previous,
+            results,
+            shown,
+            first_result,
+            ..
+        } = view;
+        if matches!(ended, Executed::Finished) {
+            // A finished rerun has every selected trajectory: anything else is gone.
+            self.results = results;
+        } else {
+            previous.extend(results);
+            self.results = previous;
+        }
+        match &ended {
+            Executed::Finished => {
+                header.finish(summary.as_ref(), called, reused, &out, first_result);
+                if self.tty {
+                    // The screen was redrawn: failures that did not rerun stay in sight.
+                    print_standing_failures(&self.results, &shown);
+                }
+                if let (Some(server), Some(html)) = (&self.server, report_html) {
+                    server.publish(html);
+                }
+            }
+            Executed::Superseded(_) => outln!(
+                "watch: rerun {} stopped by a newer save ({} agent call(s) made); starting over",
+                header.number,
+                called
+            ),
+            Executed::Stopped => {}
+        }
+        if let Executed::Superseded(changed) = &mut ended {
+            changed.paths.sort();
+        }
+        ended
+    }
+}
+
+impl Session {
+    /// `--out/latest`: the whole state after the last rerun.
+    fn latest_dir(&self) -> PathBuf {
+        self.out_root.join(LATEST)
+    }
+
+    /// Clears `latest/` of the last rerun's files and starts recording into it.
+    fn start_latest(&self) -> Result<Record, String> {
+        let dir = self.latest_dir();
+        for name in trellis_reports::RESULT_FILES {
+            let path = dir.join(name);
+            let mut partial = path.as_os_str().to_owned();
+            partial.push(trellis_reports::PARTIAL_SUFFIX);
+            for path in [path, PathBuf::from(partial)] {
+                match std::fs::remove_file(&path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(format!("cannot remove {}: {e}", path.display())),
+                }
+            }
+        }
+        Record::create(&dir)
+    }
+}
+
+/// Trajectory runs (× agents × repetitions) of the plan that rerun.
+fn expected_trajectories(plan: &Plan, whys: &HashMap<(String, String), Why>) -> u64 {
+    plan.scenarios
+        .iter()
+        .map(|s| {
+            let key = format!("{}/{}", s.suite, s.scenario.id.value);
+            let rerun = s
+                .trajectories
+                .iter()
+                .filter(|t| {
+                    whys.get(&(key.clone(), t.name.clone()))
+                        .is_none_or(|w| *w != Why::Unchanged)
+                })
+                .count() as u64;
+            rerun * s.agents.len() as u64 * u64::from(s.repeat)
+        })
+        .sum()
+}
+
+enum Rerun {
+    Done,
+    Superseded(Changed),
+    Stopped,
+}
+
+enum Executed {
+    Finished,
+    Superseded(Changed),
+    Stopped,
+}
+
+/// What a rerun is about, printed before its results.
+struct RunHeader {
+    number: u64,
+    what: String,
+    changed_at: Instant,
+    whys: BTreeMap<String, Why>,
+    /// Scenarios the last run had and this one does not.
+    removed: Vec<String>,
+}
+
+impl RunHeader {
+    fn print(&self, trajectories: &HashMap<(String, String), Why>) {
+        let rerun: Vec<String> = self
+            .whys
+            .iter()
+            .filter(|(_, why)| **why != Why::Unchanged)
+            .map(|(key, why)| {
+                let branches: Vec<&str> = trajectories
+                    .iter()
+                    .filter(|((k, _), w)| k == key && **w != Why::Unchanged)
+                    .map(|((_, t), _)| t.as_str())
+                    .collect();
+                let total = trajectories.keys().filter(|(k, _)| k == key).count();
+                if branches.len() < total && !branches.is_empty() {
+                    let mut branches = branches;
+                    branches.sort_unstable();
+                    format!("{key} ({}: {})", why.label(), branches.join(", "))
+                } else {
+                    format!("{key} ({})", why.label())
+                }
+            })
+            .collect();
+        let unchanged = self.whys.len() - rerun.len();
+        outln!(
+            "watch: rerun {}: {}: {} scenario(s) to rerun{}",
+            self.number,
+            self.what,
+            rerun.len(),
+            if unchanged > 0 {
+                format!(", {unchanged} unchanged")
+            } else {
+                String::new()
+            }
+        );
+        for line in rerun {
+            outln!("  rerun {line}");
+        }
+        for key in &self.removed {
+            outln!("  removed {key}");
+        }
+    }
+
+    fn finish(
+        &self,
+        summary: Option<&RunSummary>,
+        called: u64,
+        reused: u64,
+        out: &Path,
+        first_result: Option<Duration>,
+    ) {
+        let took = self.changed_at.elapsed();
+        let first = first_result
+            .map(|d| format!(", first result after {} ms", d.as_millis()))
+            .unwrap_or_default();
+        match summary {
+            Some(s) => outln!(
+                "watch: rerun {} done in {} ms{first}: {} trajectories: {} passed, {} failed, \
+                 {} error(s), {} skipped; {called} agent call(s), {reused} turn(s) reused; {}",
+                self.number,
+                took.as_millis(),
+                s.trajectories,
+                s.passed,
+                s.failed,
+                s.errors,
+                s.skipped,
+                out.display()
+            ),
+            None => outln!(
+                "watch: rerun {} ended without a summary; {called} agent call(s); {}",
+                self.number,
+                out.display()
+            ),
+        }
+    }
+}
+
+/// Suite, scenario, trajectory, agent, repetition.
+type ResultKey = (String, String, String, String, u32);
+
+/// A trajectory's last result, as the view remembers it.
+#[derive(Clone, Debug)]
+struct Standing {
+    status: TrajectoryStatus,
+    /// The first failed check or the fault, for failures.
+    why: Option<String>,
+}
+
+impl Standing {
+    fn of(t: &TrajectoryRecord) -> Self {
+        let why = t
+            .fault
+            .as_ref()
+            .map(|f| format!("fault ({}): {}", f.category.as_str(), f.message))
+            .or_else(|| {
+                t.criteria
+                    .iter()
+                    .find(|c| c.status == CriterionStatus::Failed)
+                    .map(|c| format!("{}: {}", c.criterion, c.detail.as_deref().unwrap_or("")))
+            });
+        Standing {
+            status: t.status,
+            why,
+        }
+    }
+}
+
+/// Failed trajectories this rerun did not show (they did not rerun): one line each.
+fn print_standing_failures(results: &HashMap<ResultKey, Standing>, shown: &HashSet<ResultKey>) {
+    let mut standing: Vec<(&ResultKey, &Standing)> = results
+        .iter()
+        .filter(|(key, s)| {
+            matches!(s.status, TrajectoryStatus::Failed | TrajectoryStatus::Error)
+                && !shown.contains(*key)
+        })
+        .collect();
+    if standing.is_empty() {
+        return;
+    }
+    standing.sort_by(|a, b| a.0.cmp(b.0));
+    outln!("still failing (unchanged):");
+    for ((suite, scenario, trajectory, agent, repetition), s) in standing {
+        let repetition = if *repetition > 0 {
+            format!(" #{}", repetition + 1)
+        } else {
+            String::new()
+        };
+        outln!(
+            "  {:<7} {suite}/{scenario} · {trajectory} [{agent}]{repetition}  {}",
+            s.status.as_str(),
+            s.why.as_deref().unwrap_or("")
+        );
+    }
+}
+
+/// The live view of one rerun: a line per trajectory that reran or whose result changed,
+/// with the failed checks under it.
+struct View {
+    header: RunHeader,
+    whys: HashMap<(String, String), Why>,
+    previous: HashMap<ResultKey, Standing>,
+    results: HashMap<ResultKey, Standing>,
+    /// Trajectories this rerun printed a line for.
+    shown: HashSet<ResultKey>,
+    /// From the change to the first trajectory that reran.
+    first_result: Option<Duration>,
+}
+
+impl View {
+    /// Shows `t` if it reran or its result changed; returns whether it did.
+    fn on_trajectory(&mut self, t: &TrajectoryRecord) -> bool {
+        let scenario = format!("{}/{}", t.suite, t.scenario);
+        // Continuations of agent-initiated forks carry `~label` suffixes.
+        let base = t.trajectory.split('~').next().unwrap_or(&t.trajectory);
+        let why = self
+            .whys
+            .get(&(scenario.clone(), base.to_owned()))
+            .copied()
+            .unwrap_or(Why::New);
+        let key = (
+            t.suite.clone(),
+            t.scenario.clone(),
+            t.trajectory.clone(),
+            t.agent.clone(),
+            t.repetition,
+        );
+        let before = self.previous.get(&key).map(|s| s.status);
+        self.results.insert(key.clone(), Standing::of(t));
+        if why == Why::Unchanged && before == Some(t.status) {
+            return false;
+        }
+        self.shown.insert(key);
+        if why != Why::Unchanged && self.first_result.is_none() {
+            self.first_result = Some(self.header.changed_at.elapsed());
+        }
+        let why = match (why, before) {
+            // A new repetition, or one the last run did not finish.
+            (Why::Unchanged, None) => "new",
+            (Why::Unchanged, Some(_)) => "result changed",
+            (why, _) => why.label(),
+        };
+        let repetition = if t.repetition > 0 {
+            format!(" #{}", t.repetition + 1)
+        } else {
+            String::new()
+        };
+        outln!(
+            "  {:<7} {scenario} · {} [{}]{repetition}  {:.0} ms  ({why})",
+            t.status.as_str(),
+            t.trajectory,
+            t.agent,
+            t.duration_ms
+        );
+        if let Some(fault) = &t.fault {
+            outln!(
+                "      fault ({}): {}",
+                fault.category.as_str(),
+                fault.message
+            );
+        }
+        for c in t
+            .criteria
+            .iter()
+            .filter(|c| c.status == CriterionStatus::Failed)
+        {
+            let turn = c
+                .turn_index
+                .map(|i| format!("turn {i}: "))
+                .unwrap_or_default();
+            outln!(
+                "      failed {turn}{}: {}",
+                c.criterion,
+                c.detail.as_deref().unwrap_or("")
+            );
+        }
+        if let Some(reason) = &t.skip_reason {
+            outln!("      skipped: {reason}");
+        }
+        true
+    }
+}
+
+/// One recording of a rerun: a journal and the reports built from the same events.
+struct Record {
+    out: PathBuf,
+    journal: Option<JournalWriter>,
+    report: Option<ReportWriter>,
+    problems: Vec<String>,
+}
+
+impl Record {
+    fn create(out: &Path) -> Result<Record, String> {
+        let journal = JournalWriter::create(out).map_err(|e| format!("{e}: {}", source(&e)))?;
+        Ok(Record {
+            out: out.to_path_buf(),
+            journal: Some(journal),
+            report: None,
+            problems: Vec::new(),
+        })
+    }
+
+    fn push(&mut self, event: &Event) {
+        if let Some(journal) = &mut self.journal
+            && let Err(e) = journal.append(event)
+        {
+            self.problems
+                .push(format!("the journal: {e}: {}", source(&e)));
+            self.journal = None;
+        }
+        match (&mut self.report, event) {
+            (Some(writer), event) => writer.push(event),
+            (None, Event::RunStarted(info)) => {
+                let options = trellis_reports::ReportOptions::default();
+                match ReportWriter::start(&self.out, info, &options) {
+                    Ok(writer) => self.report = Some(writer),
+                    Err(e) => self.problems.push(format!("the result tables: {e}")),
+                }
+            }
+            (None, _) => {}
+        }
+    }
+
+    /// Writes the reports; the path of `report.html` when it was written.
+    fn finish(mut self) -> Option<PathBuf> {
+        let journal_ok = match self.journal.take() {
+            Some(journal) => match journal.finish() {
+                Ok(_) => true,
+                Err(e) => {
+                    self.problems
+                        .push(format!("the journal: {e}: {}", source(&e)));
+                    false
+                }
+            },
+            None => false,
+        };
+        let mut html = None;
+        if let Some(mut writer) = self.report.take() {
+            if !journal_ok {
+                writer.journal_lost("the journal could not be written");
+            }
+            let files = writer.finish();
+            for (path, e) in &files.not_written {
+                self.problems.push(format!("{}: {e}", path.display()));
+            }
+            let path = self.out.join(trellis_reports::HTML_FILE);
+            if !files.is_missing(&path) {
+                html = Some(path);
+            }
+        }
+        for problem in &self.problems {
+            errln!(
+                "warning: the results in {} are incomplete: {problem}",
+                self.out.display()
+            );
+        }
+        html
+    }
+}
+
+/// Consumes one rerun's events into two recordings and the view. The rerun's own directory
+/// records what reran: the trajectories the view shows, and only the turns that called the
+/// agent (a checks-only rerun has trajectories and no turns). `latest/` records the whole
+/// state of the suites after the rerun, reused turns included (`reused: true`): what
+/// `--serve` shows.
+struct Recorder {
+    rerun: Record,
+    latest: Option<Record>,
+    view: View,
+    /// Trajectories the rerun is expected to record (those that rerun).
+    expected: u64,
+    summary: Option<RunSummary>,
+    /// Tallies of what the rerun's directory records.
+    recorded: RunSummary,
+}
+
+struct Recorded {
+    view: View,
+    summary: Option<RunSummary>,
+    /// `latest/report.html`, when it was written.
+    report_html: Option<PathBuf>,
+}
+
+impl Recorder {
+    fn consume(mut self, mut rx: event::EventReceiver) -> Recorded {
+        while let Some(event) = rx.blocking_recv() {
+            if let Some(latest) = &mut self.latest {
+                latest.push(&event);
+            }
+            match &event {
+                Event::RunStarted(info) => {
+                    let mut info = info.clone();
+                    info.planned_trajectories = self.expected;
+                    self.rerun.push(&Event::RunStarted(info));
+                }
+                Event::Agent(_) => self.rerun.push(&event),
+                Event::Node(node) => {
+                    let called: Vec<_> = node.turns.iter().filter(|t| !t.reused).cloned().collect();
+                    if !called.is_empty() {
+                        self.recorded.turns += called.len() as u64;
+                        let mut node = node.clone();
+                        node.turns = called;
+                        self.rerun.push(&Event::Node(node));
+                    }
+                }
+                Event::Trajectory(t) => {
+                    if self.view.on_trajectory(t) {
+                        let r = &mut self.recorded;
+                        r.trajectories += 1;
+                        match t.status {
+                            TrajectoryStatus::Passed => r.passed += 1,
+                            TrajectoryStatus::Failed => r.failed += 1,
+                            TrajectoryStatus::Error => r.errors += 1,
+                            TrajectoryStatus::Skipped => r.skipped += 1,
+                        }
+                        self.rerun.push(&event);
+                    }
+                }
+                Event::RunFinished(s) => {
+                    self.summary = Some(s.clone());
+                    let recorded = RunSummary {
+                        run_id: s.run_id.clone(),
+                        finished_at: s.finished_at.clone(),
+                        duration_ms: s.duration_ms,
+                        ..self.recorded.clone()
+                    };
+                    self.rerun.push(&Event::RunFinished(recorded));
+                }
+            }
+        }
+        self.rerun.finish();
+        let report_html = self.latest.and_then(Record::finish);
+        Recorded {
+            view: self.view,
+            summary: self.summary,
+            report_html,
+        }
+    }
+}
+
+fn source(e: &dyn std::error::Error) -> String {
+    e.source().map(|s| s.to_string()).unwrap_or_default()
+}
+
+/// `suites/booking.kdl changed`, `3 files changed`, or the first run.
+fn describe(paths: &[PathBuf]) -> String {
+    let cwd = std::env::current_dir().ok();
+    let show = |p: &PathBuf| {
+        cwd.as_ref()
+            .and_then(|cwd| p.strip_prefix(cwd).ok())
+            .unwrap_or(p)
+            .display()
+            .to_string()
+    };
+    match paths {
+        [] => "first run".to_string(),
+        [one] => format!("{} changed", show(one)),
+        [one, two] => format!("{} and {} changed", show(one), show(two)),
+        many => format!("{} files changed", many.len()),
+    }
+}
+
+/// Ctrl-C or SIGTERM.
+async fn stop_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let interrupt = signal(SignalKind::interrupt());
+    let terminate = signal(SignalKind::terminate());
+    match (interrupt, terminate) {
+        (Ok(mut i), Ok(mut t)) => {
+            tokio::select! {
+                _ = i.recv() => {}
+                _ = t.recv() => {}
+            }
+        }
+        (Ok(mut i), Err(_)) => {
+            i.recv().await;
+        }
+        (Err(_), Ok(mut t)) => {
+            t.recv().await;
+        }
+        (Err(_), Err(_)) => std::future::pending().await,
+    }
+}

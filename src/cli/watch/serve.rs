@@ -1,0 +1,141 @@
+//! `trellis watch --serve`: the latest rerun's `report.html` on 127.0.0.1, and a
+//! server-sent event stream that tells the open tab to reload after each rerun.
+//!
+//! The reload script is added to the page as it is served; the report file on disk stays
+//! exactly what `trellis run` writes.
+
+use std::convert::Infallible;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use axum::Router;
+use axum::extract::State;
+use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::response::{Html, IntoResponse};
+use axum::routing::get;
+use tokio::sync::broadcast;
+
+/// Reloads the page when the server says a new report is out, and reconnects on its own
+/// (EventSource does) if watch restarts.
+const RELOAD_SCRIPT: &str = r#"<script>(function(){var s=new EventSource("/events");s.addEventListener("reload",function(){location.reload();});})();</script>"#;
+
+const WAITING: &str = "<!doctype html><html><head><meta charset=\"utf-8\"><title>trellis \
+                       watch</title></head><body><p>Waiting for the first run to finish…</p>\
+                       </body></html>";
+
+#[derive(Clone)]
+struct Shared {
+    latest: Arc<Mutex<Option<PathBuf>>>,
+    reloads: broadcast::Sender<u64>,
+}
+
+pub struct Server {
+    shared: Shared,
+    url: String,
+    published: Mutex<u64>,
+}
+
+impl Server {
+    /// Binds 127.0.0.1:`port` (0: any free port) and serves in the background.
+    pub async fn start(port: u16) -> std::io::Result<Server> {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
+        let address = listener.local_addr()?;
+        let (reloads, _) = broadcast::channel(16);
+        let shared = Shared {
+            latest: Arc::new(Mutex::new(None)),
+            reloads,
+        };
+        let app = Router::new()
+            .route("/", get(report))
+            .route("/report.html", get(report))
+            .route("/events", get(events))
+            .with_state(shared.clone());
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Ok(Server {
+            shared,
+            url: format!("http://{address}/"),
+            published: Mutex::new(0),
+        })
+    }
+
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// Serves `report` from now on and tells open tabs to reload.
+    pub fn publish(&self, report: PathBuf) {
+        *self
+            .shared
+            .latest
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(report);
+        let mut published = self
+            .published
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        *published += 1;
+        // No open tab is not an error.
+        let _ = self.shared.reloads.send(*published);
+    }
+}
+
+async fn report(State(shared): State<Shared>) -> impl IntoResponse {
+    let latest = shared
+        .latest
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    let page = match latest {
+        Some(path) => match tokio::fs::read_to_string(&path).await {
+            Ok(page) => page,
+            Err(e) => format!(
+                "<!doctype html><html><body><p>Cannot read {}: {e}</p></body></html>",
+                path.display()
+            ),
+        },
+        None => WAITING.to_string(),
+    };
+    Html(with_reload(page))
+}
+
+/// The page with the reload script before `</body>` (or at the end).
+fn with_reload(mut page: String) -> String {
+    match page.rfind("</body>") {
+        Some(at) => page.insert_str(at, RELOAD_SCRIPT),
+        None => page.push_str(RELOAD_SCRIPT),
+    }
+    page
+}
+
+async fn events(
+    State(shared): State<Shared>,
+) -> Sse<impl futures::Stream<Item = Result<Event, Infallible>>> {
+    let rx = shared.reloads.subscribe();
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        loop {
+            match rx.recv().await {
+                Ok(n) => {
+                    let event = Event::default().event("reload").data(n.to_string());
+                    return Some((Ok(event), rx));
+                }
+                Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                Err(broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    });
+    Sse::new(stream).keep_alive(KeepAlive::default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_script_goes_before_the_end_of_the_body() {
+        let page = with_reload("<html><body><p>x</p></body></html>".into());
+        assert!(page.ends_with(&format!("{RELOAD_SCRIPT}</body></html>")));
+        assert!(with_reload("bare".into()).ends_with(RELOAD_SCRIPT));
+    }
+}

@@ -1,0 +1,690 @@
+//! `trellis watch` as a process: real files edited the way editors do, a counting agent on
+//! a real socket, and the output read line by line. Every wait polls for a line with a
+//! generous deadline, so a loaded machine makes the tests slower, never flaky.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::process::Child;
+
+use super::support::{Behavior, MisbehavingServer, OK_BODY};
+use super::*;
+
+/// Long enough for a debug build on a busy 2-core machine.
+const DEADLINE: Duration = Duration::from_secs(90);
+
+/// A running `trellis watch` with everything it printed so far.
+struct Watch {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+    /// Lines already matched by [`Watch::wait_for`]: each wait looks past them.
+    seen: usize,
+}
+
+impl Watch {
+    fn start(dir: &Path, extra: &[&str]) -> Watch {
+        let mut cmd = trellis();
+        cmd.current_dir(dir)
+            .args(["watch", "suite.kdl", "--out", "runs"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let stdout = child.stdout.take().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        for stream in [
+            Box::new(stdout) as Box<dyn tokio::io::AsyncRead + Unpin + Send>,
+            Box::new(stderr),
+        ] {
+            let lines = lines.clone();
+            tokio::spawn(async move {
+                let mut reader = BufReader::new(stream).lines();
+                while let Ok(Some(line)) = reader.next_line().await {
+                    lines.lock().unwrap().push(line);
+                }
+            });
+        }
+        Watch {
+            child,
+            lines,
+            seen: 0,
+        }
+    }
+
+    /// Waits for a line (after the last one matched) containing `needle`; returns every
+    /// line up to it.
+    async fn wait_for(&mut self, needle: &str) -> Vec<String> {
+        let start = tokio::time::Instant::now();
+        loop {
+            {
+                let lines = self.lines.lock().unwrap();
+                if let Some(i) = lines[self.seen..].iter().position(|l| l.contains(needle)) {
+                    let upto = self.seen + i + 1;
+                    let out = lines[self.seen..upto].to_vec();
+                    self.seen = upto;
+                    return out;
+                }
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "watch exited ({status}) before printing {needle:?}:\n{}",
+                    self.lines.lock().unwrap().join("\n")
+                );
+            }
+            assert!(
+                start.elapsed() < DEADLINE,
+                "no line with {needle:?} after {DEADLINE:?}:\n{}",
+                self.lines.lock().unwrap().join("\n")
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    fn all(&self) -> String {
+        self.lines.lock().unwrap().join("\n")
+    }
+}
+
+/// The user messages an agent was sent last in each request, in order.
+fn last_user_messages(server: &MisbehavingServer) -> Vec<String> {
+    server
+        .recorded()
+        .iter()
+        .map(|r| {
+            let body = r.json();
+            body["messages"]
+                .as_array()
+                .and_then(|m| m.iter().rev().find(|m| m["role"] == "user"))
+                .and_then(|m| m["content"].as_str())
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect()
+}
+
+fn branching_suite(url: &str, right: &str, max_turns: u32) -> String {
+    format!(
+        r#"agent "bot" protocol="connexity" url="{url}"
+scenario "forks" {{
+    user "hello"
+    expect reply contains="Hello"
+    branch "left" {{
+        user "go left"
+    }}
+    branch "right" {{
+        user "{right}"
+        user "and on"
+    }}
+    criteria {{
+        turns max={max_turns}
+    }}
+}}
+scenario "other" {{
+    user "something else"
+}}
+"#
+    )
+}
+
+fn write(path: &Path, text: &str) {
+    std::fs::write(path, text).unwrap();
+}
+
+/// Saves the way many editors do: a temporary file renamed over the original.
+fn atomic_write(path: &Path, text: &str) {
+    let tmp = path.with_extension("kdl.tmp~");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reruns_only_the_edited_branch_and_rechecks_without_calls() {
+    let agent = MisbehavingServer::respond(200, OK_BODY).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    write(&suite, &branching_suite(&agent.url(), "go right", 5));
+    let mut watch = Watch::start(dir.path(), &[]);
+    watch.wait_for("watch: rerun 1 done").await;
+    // hello (shared by both branches), go left, go right, and on, something else.
+    assert_eq!(agent.requests(), 5, "{}", watch.all());
+
+    // One branch: only the turns from the edited step on call the agent.
+    write(&suite, &branching_suite(&agent.url(), "go RIGHT", 5));
+    let lines = watch.wait_for("watch: rerun 2 done").await;
+    let sent = last_user_messages(&agent);
+    assert_eq!(sent[5..], ["go RIGHT", "and on"], "{}", watch.all());
+    let text = lines.join("\n");
+    assert!(
+        text.contains("rerun suite/forks (steps changed: right)"),
+        "{text}"
+    );
+    assert!(text.contains("· right [bot]"), "{text}");
+    assert!(
+        !text.contains("· left [bot]"),
+        "the untouched branch is not shown: {text}"
+    );
+    assert!(text.contains("2 agent call(s)"), "{text}");
+
+    // A criterion only: re-checked on the recorded transcripts, no agent call.
+    let before = agent.requests();
+    write(&suite, &branching_suite(&agent.url(), "go RIGHT", 1));
+    let lines = watch.wait_for("watch: rerun 3 done").await;
+    assert_eq!(agent.requests(), before, "{}", watch.all());
+    let text = lines.join("\n");
+    assert!(text.contains("checks changed"), "{text}");
+    assert!(text.contains("failed turns max=1"), "{text}");
+    assert!(text.contains("0 agent call(s)"), "{text}");
+
+    // Comments and formatting change nothing: no rerun. The next real edit is rerun 4.
+    let commented = format!(
+        "// a comment\n\n{}",
+        branching_suite(&agent.url(), "go RIGHT", 1)
+            .replace("user \"hello\"", "user   \"hello\" // hi")
+    );
+    write(&suite, &commented);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    atomic_write(&suite, &branching_suite(&agent.url(), "go RIGHT", 3));
+    let lines = watch.wait_for("done").await;
+    assert!(
+        lines.iter().any(|l| l.contains("watch: rerun 4 done")),
+        "{}",
+        watch.all()
+    );
+    assert_eq!(agent.requests(), before, "{}", watch.all());
+
+    // Each rerun is recorded like a run: its own directory with a journal and tables,
+    // holding what reran and the turns that called the agent; `latest/` holds everything.
+    let runs = run_dirs(dir.path());
+    assert_eq!(runs.len(), 4, "{runs:?}");
+    for run in runs.iter().chain([&dir.path().join("runs/latest")]) {
+        assert!(run.join("journal.jsonl").is_file(), "{}", run.display());
+        assert!(
+            run.join("trajectories.parquet").is_file(),
+            "{}",
+            run.display()
+        );
+    }
+    let (trajectories, turns) = journal(&runs[0]);
+    assert_eq!(trajectories.len(), 3, "the first run records everything");
+    assert_eq!(turns.len(), 5);
+    let (trajectories, turns) = journal(&runs[1]);
+    assert_eq!(trajectories, ["suite/forks/right"], "the branch edit");
+    assert_eq!(turns, ["go RIGHT", "and on"]);
+    let (trajectories, turns) = journal(&runs[2]);
+    assert_eq!(
+        trajectories,
+        ["suite/forks/left", "suite/forks/right"],
+        "re-checked"
+    );
+    assert!(turns.is_empty(), "no agent call: {turns:?}");
+    let (trajectories, turns) = journal(&dir.path().join("runs/latest"));
+    assert_eq!(trajectories.len(), 3, "latest/ has the whole state");
+    assert_eq!(
+        turns.len(),
+        5,
+        "every turn, reused ones included: {turns:?}"
+    );
+    let latest = std::fs::read_to_string(dir.path().join("runs/latest/journal.jsonl")).unwrap();
+    assert!(
+        latest.contains("\"reused\":true"),
+        "reused turns are marked"
+    );
+}
+
+/// The rerun directories under `runs/`, oldest first (their names sort by time and rerun).
+fn run_dirs(dir: &Path) -> Vec<PathBuf> {
+    let mut runs: Vec<PathBuf> = std::fs::read_dir(dir.join("runs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| !p.ends_with("latest"))
+        .collect();
+    runs.sort();
+    runs
+}
+
+/// A run directory's journal: `suite/scenario/trajectory` of each trajectory record
+/// (sorted), and the user message of every turn in its node records.
+fn journal(run: &Path) -> (Vec<String>, Vec<String>) {
+    let text = std::fs::read_to_string(run.join("journal.jsonl")).unwrap();
+    let mut trajectories = Vec::new();
+    let mut turns = Vec::new();
+    for line in text.lines() {
+        let entry: serde_json::Value = serde_json::from_str(line).unwrap();
+        if let Some(t) = entry.get("trajectory") {
+            trajectories.push(format!(
+                "{}/{}/{}",
+                t["suite"].as_str().unwrap(),
+                t["scenario"].as_str().unwrap(),
+                t["trajectory"].as_str().unwrap()
+            ));
+        }
+        if let Some(node) = entry.get("node") {
+            for turn in node["turns"].as_array().unwrap() {
+                turns.push(turn["user_message"].as_str().unwrap().to_owned());
+            }
+        }
+    }
+    trajectories.sort();
+    (trajectories, turns)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_edit_keeps_watching_and_the_next_good_save_recovers() {
+    let agent = MisbehavingServer::respond(200, OK_BODY).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    let good = branching_suite(&agent.url(), "go right", 5);
+    write(&suite, &good);
+    let mut watch = Watch::start(dir.path(), &[]);
+    watch.wait_for("watch: rerun 1 done").await;
+    let calls = agent.requests();
+
+    write(&suite, &good.replace("user \"go left\"", "usr \"go left\""));
+    let lines = watch.wait_for("the suite is invalid").await;
+    let text = lines.join("\n");
+    assert!(text.contains("unknown"), "the diagnostic is shown: {text}");
+    assert!(text.contains("suite.kdl"), "{text}");
+
+    // Broken KDL too.
+    write(&suite, &format!("{good}\nscenario \"x\" {{"));
+    watch.wait_for("the suite is invalid").await;
+
+    // Back to what last ran: nothing to rerun.
+    write(&suite, &good);
+    watch.wait_for("valid again; nothing changed").await;
+    assert_eq!(agent.requests(), calls);
+
+    // A real change after that runs.
+    write(&suite, &good.replace("something else", "something new"));
+    watch.wait_for("watch: rerun 2 done").await;
+    assert_eq!(agent.requests(), calls + 1, "{}", watch.all());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn included_files_are_followed_when_added_renamed_and_deleted() {
+    let agent = MisbehavingServer::respond(200, OK_BODY).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    let shared = dir.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    write(
+        &shared.join("agents.kdl"),
+        &format!(
+            "agent \"bot\" protocol=\"connexity\" url=\"{}\"\n",
+            agent.url()
+        ),
+    );
+    let main = "include \"shared/agents.kdl\"\nscenario \"base\" {\n    user \"base\"\n}\n";
+    write(&suite, main);
+    let mut watch = Watch::start(dir.path(), &[]);
+    watch.wait_for("watch: rerun 1 done").await;
+    assert_eq!(agent.requests(), 1);
+
+    // An edit to the included file reruns what uses it.
+    write(
+        &shared.join("agents.kdl"),
+        &format!(
+            "agent \"bot\" protocol=\"connexity\" url=\"{}\" timeout=\"20s\"\n",
+            agent.url()
+        ),
+    );
+    let lines = watch.wait_for("watch: rerun 2 done").await;
+    assert!(
+        lines.join("\n").contains("(steps changed)"),
+        "{}",
+        watch.all()
+    );
+    assert_eq!(agent.requests(), 2);
+
+    // A new included file with a scenario of its own.
+    let extra = "scenario \"extra\" {\n    user \"extra\"\n}\n";
+    write(&shared.join("extra.kdl"), extra);
+    write(&suite, &format!("include \"shared/extra.kdl\"\n{main}"));
+    let lines = watch.wait_for("watch: rerun 3 done").await;
+    assert!(lines.join("\n").contains("extra (new)"), "{}", watch.all());
+    assert_eq!(agent.requests(), 3);
+
+    // Its content edited.
+    write(
+        &shared.join("extra.kdl"),
+        &extra.replace("\"extra\"\n}", "\"extra!\"\n}"),
+    );
+    watch.wait_for("watch: rerun 4 done").await;
+    assert_eq!(last_user_messages(&agent).last().unwrap(), "extra!");
+
+    // Renamed away: the include breaks, watch says so and stays.
+    std::fs::rename(shared.join("extra.kdl"), shared.join("more.kdl")).unwrap();
+    let lines = watch.wait_for("the suite is invalid").await;
+    assert!(lines.join("\n").contains("not found"), "{}", watch.all());
+    // The include follows the rename. A file's suite is named after it: the scenario is
+    // now `more/extra`, a new one.
+    write(&suite, &format!("include \"shared/more.kdl\"\n{main}"));
+    let lines = watch.wait_for("watch: rerun 5 done").await;
+    assert!(
+        lines.join("\n").contains("more/extra (new)"),
+        "{}",
+        watch.all()
+    );
+    // Edits to the renamed file are seen.
+    write(
+        &shared.join("more.kdl"),
+        &extra.replace("\"extra\"\n}", "\"more\"\n}"),
+    );
+    watch.wait_for("watch: rerun 6 done").await;
+    assert_eq!(last_user_messages(&agent).last().unwrap(), "more");
+
+    // Deleted with its include: the scenario is gone from the results, nothing is called.
+    let calls = agent.requests();
+    write(&suite, main);
+    std::fs::remove_file(shared.join("more.kdl")).unwrap();
+    let lines = watch.wait_for("watch: rerun 7 done").await;
+    assert!(
+        lines.join("\n").contains("0 agent call(s)"),
+        "{}",
+        watch.all()
+    );
+    write(&suite, &main.replace("\"base\"\n}", "\"base!\"\n}"));
+    watch.wait_for("watch: rerun 8 done").await;
+    assert_eq!(agent.requests(), calls + 1, "{}", watch.all());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_save_during_a_rerun_stops_it_and_starts_the_next() {
+    let fast = MisbehavingServer::respond(200, OK_BODY).await;
+    // Answers one byte at a time, for ever: a rerun that would never end by itself.
+    let slow = MisbehavingServer::start(Behavior::SlowDrip {
+        interval: Duration::from_millis(200),
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    let fast_part = format!(
+        "agent \"fast\" protocol=\"connexity\" url=\"{}\"\nscenario \"quick\" {{\n    agent \"fast\"\n    user \"hi\"\n}}\n",
+        fast.url()
+    );
+    let slow_part = format!(
+        "agent \"slow\" protocol=\"connexity\" url=\"{}\" timeout=\"120s\"\nscenario \"stuck\" {{\n    agent \"slow\"\n    user \"hi\"\n}}\n",
+        slow.url()
+    );
+    write(&suite, &format!("{fast_part}{slow_part}"));
+    let mut watch = Watch::start(dir.path(), &[]);
+    watch.wait_for("passed  suite/quick").await;
+    // The first rerun is stuck on the slow agent; a save stops it.
+    while slow.requests() == 0 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    write(&suite, &fast_part.replace("\"hi\"", "\"hello\""));
+    watch
+        .wait_for("watch: rerun 1 stopped by a newer save")
+        .await;
+    let lines = watch.wait_for("watch: rerun 2 done").await;
+    let text = lines.join("\n");
+    assert!(text.contains("1 agent call(s)"), "{}", watch.all());
+    assert_eq!(last_user_messages(&fast), ["hi", "hello"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_reloads_the_open_tab_after_each_rerun() {
+    let agent = MisbehavingServer::respond(200, OK_BODY).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    write(&suite, &branching_suite(&agent.url(), "go right", 5));
+    let mut watch = Watch::start(dir.path(), &["--serve", "0"]);
+    let lines = watch.wait_for("serving the latest report on http://").await;
+    let url = lines
+        .last()
+        .and_then(|l| l.split("http://").nth(1))
+        .unwrap()
+        .trim_end_matches('/')
+        .to_owned();
+    watch.wait_for("watch: rerun 1 done").await;
+
+    let page = http_get(&url, "/").await;
+    assert!(page.contains("<html"), "{page}");
+    assert!(page.contains("new EventSource(\"/events\")"), "{page}");
+    // Only the served page has the script, not the report on disk.
+    let run = std::fs::read_dir(dir.path().join("runs"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let on_disk = std::fs::read_to_string(run.join("report.html")).unwrap();
+    assert!(!on_disk.contains("EventSource"));
+
+    // An open event stream hears `reload` once the next rerun is written.
+    let mut events = tokio::net::TcpStream::connect(&url).await.unwrap();
+    events
+        .write_all(format!("GET /events HTTP/1.1\r\nHost: {url}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut head = vec![0u8; 512];
+    let n = tokio::time::timeout(DEADLINE, events.read(&mut head))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&head[..n]).contains("text/event-stream"));
+    write(&suite, &branching_suite(&agent.url(), "go RIGHT", 5));
+    let mut seen = String::new();
+    let mut buf = vec![0u8; 1024];
+    while !seen.contains("event: reload") {
+        let n = tokio::time::timeout(DEADLINE, events.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(n > 0, "the event stream closed: {seen}");
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    watch.wait_for("watch: rerun 2 done").await;
+}
+
+/// A plain HTTP/1.1 GET on a fresh connection; the body.
+async fn http_get(host: &str, path: &str) -> String {
+    let mut stream = tokio::net::TcpStream::connect(host).await.unwrap();
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut response = String::new();
+    tokio::time::timeout(DEADLINE, stream.read_to_string(&mut response))
+        .await
+        .unwrap()
+        .unwrap();
+    response
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or(response)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scenarios_that_need_a_changed_one_talk_to_the_agent_again() {
+    let agent = MisbehavingServer::respond(200, OK_BODY).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    let text = |first: &str, max: u32| {
+        format!(
+            r#"agent "bot" protocol="connexity" url="{}"
+scenario "setup" {{
+    user "{first}"
+    criteria {{
+        turns max={max}
+    }}
+}}
+scenario "after" {{
+    needs "setup"
+    user "then this"
+}}
+scenario "alone" {{
+    user "unrelated"
+}}
+"#,
+            agent.url()
+        )
+    };
+    write(&suite, &text("create it", 5));
+    let mut watch = Watch::start(dir.path(), &[]);
+    watch.wait_for("watch: rerun 1 done").await;
+    assert_eq!(agent.requests(), 3);
+
+    // The needed scenario's conversation changed: it and its dependant call the agent.
+    write(&suite, &text("create it now", 5));
+    let lines = watch.wait_for("watch: rerun 2 done").await.join("\n");
+    assert!(
+        lines.contains("rerun suite/after (dependency changed)"),
+        "{lines}"
+    );
+    assert!(
+        lines.contains("rerun suite/setup (steps changed)"),
+        "{lines}"
+    );
+    assert_eq!(
+        last_user_messages(&agent)[3..],
+        ["create it now", "then this"],
+        "{}",
+        watch.all()
+    );
+
+    // Only its checks: re-checked, and the dependant keeps its recorded turns.
+    write(&suite, &text("create it now", 4));
+    let lines = watch.wait_for("watch: rerun 3 done").await.join("\n");
+    assert!(lines.contains("0 agent call(s)"), "{lines}");
+    assert_eq!(agent.requests(), 5);
+}
+
+/// AgentScope keeps the conversation on the server: a changed branch cannot be rebuilt
+/// from records, so the unchanged prefix is sent again in the branch's fresh session
+/// before the changed step; the untouched branch calls nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_bound_agent_hears_the_prefix_again_before_a_changed_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    let text = |question: &str| {
+        format!(
+            r#"agent "weather" protocol="agentscope" builtin="weather"
+scenario "remembers" {{
+    user "Hi there!"
+    user "What's the weather in Paris today?"
+    expect tool "get_weather" city="Paris"
+    branch "second-city" {{
+        user "And the forecast for Tokyo?"
+        expect tool "get_weather" city="Tokyo"
+    }}
+    branch "recall" {{
+        user "{question}"
+        expect reply contains="Paris"
+    }}
+}}
+"#
+        )
+    };
+    write(&suite, &text("What did I ask?"));
+    let mut watch = Watch::start(dir.path(), &[]);
+    let lines = watch.wait_for("watch: rerun 1 done").await.join("\n");
+    assert!(lines.contains("2 passed"), "{lines}");
+
+    write(&suite, &text("What did I ask before?"));
+    let lines = watch.wait_for("watch: rerun 2 done").await.join("\n");
+    // The two prefix turns again, then the changed one; the agent still knows Paris.
+    assert!(lines.contains("3 agent call(s)"), "{lines}");
+    assert!(
+        lines.contains("passed  suite/remembers · recall"),
+        "{lines}"
+    );
+    assert!(!lines.contains("second-city [weather]"), "{lines}");
+    assert!(lines.contains("2 passed"), "{lines}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_verbose_shows_the_fingerprints_watch_compares() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    let list = || async {
+        let out = trellis()
+            .current_dir(dir.path())
+            .args(["list", "suite.kdl", "--verbose"])
+            .output()
+            .await
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        stdout(&out)
+    };
+    let url = "http://127.0.0.1:9/agent/respond";
+    write(&suite, &branching_suite(url, "go right", 5));
+    let before = list().await;
+    assert!(before.contains("  fingerprint: conv "), "{before}");
+    assert!(before.contains("  node right: conv "), "{before}");
+
+    write(
+        &suite,
+        &format!(
+            "// notes\n{}",
+            branching_suite(url, "go right", 5).replace("    user", "  user")
+        ),
+    );
+    assert_eq!(
+        list().await,
+        before,
+        "comments and indentation change nothing"
+    );
+
+    write(&suite, &branching_suite(url, "go RIGHT", 5));
+    let after = list().await;
+    let changed: Vec<&str> = before
+        .lines()
+        .zip(after.lines())
+        .filter(|(a, b)| a != b)
+        .map(|(a, _)| a.trim().split(':').next().unwrap_or(""))
+        .collect();
+    assert_eq!(changed, ["fingerprint", "node right"], "{after}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_repetitions_run_only_the_new_ones() {
+    let agent = MisbehavingServer::respond(200, OK_BODY).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    let text = |repeat: u32| {
+        format!(
+            "agent \"bot\" protocol=\"connexity\" url=\"{}\"\nscenario \"again\" {{\n    \
+             repeat {repeat}\n    user \"one\"\n    user \"two\"\n}}\n",
+            agent.url()
+        )
+    };
+    write(&suite, &text(2));
+    let mut watch = Watch::start(dir.path(), &[]);
+    watch.wait_for("watch: rerun 1 done").await;
+    assert_eq!(agent.requests(), 4);
+    write(&suite, &text(3));
+    let lines = watch.wait_for("watch: rerun 2 done").await.join("\n");
+    assert_eq!(agent.requests(), 6, "{}", watch.all());
+    assert!(lines.contains("· main [bot] #3"), "{lines}");
+    assert!(!lines.contains("· main [bot] #2"), "{lines}");
+}
+
+/// Vim without `backupcopy`: the original is renamed to a backup, the new text written to
+/// a new file of the original name, the backup deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_save_through_a_backup_rename_is_seen() {
+    let agent = MisbehavingServer::respond(200, OK_BODY).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    write(&suite, &branching_suite(&agent.url(), "go right", 5));
+    let mut watch = Watch::start(dir.path(), &[]);
+    watch.wait_for("watch: rerun 1 done").await;
+    let backup = dir.path().join("suite.kdl~");
+    std::fs::rename(&suite, &backup).unwrap();
+    write(
+        &suite,
+        &branching_suite(&agent.url(), "go right", 5).replace("go left", "go west"),
+    );
+    std::fs::remove_file(&backup).unwrap();
+    let lines = watch.wait_for("watch: rerun 2 done").await.join("\n");
+    assert!(lines.contains("1 agent call(s)"), "{}", watch.all());
+    assert_eq!(last_user_messages(&agent).last().unwrap(), "go west");
+}
