@@ -12,9 +12,11 @@
 //! When the conversation first differs, the real session must be brought to where the
 //! reused turns left it: a protocol that resends its history rebuilds it from the recorded
 //! turns ([`Session::restore`]: Connexity); a session bound to the agent's state
-//! (AgentScope, Fixie) has the reused prefix sent to the agent again first. Sessions with a
-//! tool sandbox (MultiAgentEval) are never served from records: the sandbox's state is
-//! built by the calls themselves.
+//! (AgentScope, Fixie) has the reused prefix sent to the agent again first. A session that
+//! can be rebuilt is rebuilt turn by turn as turns are reused, not only when the
+//! conversation first differs: what it holds besides the conversation (a MultiAgentEval
+//! session's tool sandbox and a pending pause or fork, rebuilt by acting on the recorded
+//! replies again) is what criteria and the executor read after each turn.
 
 use std::collections::{HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -132,8 +134,7 @@ impl TurnMemo {
             (salt, suite, scenario, agent, repetition).hash(&mut h);
             h.finish()
         };
-        // The sandbox's state comes from the calls themselves: nothing to restore it from.
-        let reusable = salt.is_some() && session.sandbox().is_none();
+        let reusable = salt.is_some();
         Box::new(ReusingSession {
             memo: self.clone(),
             name,
@@ -142,6 +143,7 @@ impl TurnMemo {
             pending: Vec::new(),
             prefix: 0,
             attached: !reusable,
+            rebuilds: true,
         })
     }
 
@@ -269,6 +271,9 @@ struct ReusingSession {
     prefix: u64,
     /// `inner` carries the conversation: every turn from now on calls the agent.
     attached: bool,
+    /// `inner` has been rebuilt with every reused turn so far (it can be, and nothing is
+    /// pending): later reused turns are rebuilt into it too.
+    rebuilds: bool,
 }
 
 impl ReusingSession {
@@ -324,7 +329,10 @@ impl Session for ReusingSession {
                 self.prefix = prefix;
                 let mut answer = (*turn).clone();
                 answer.reused = true;
-                self.pending.push((OwnedInput::of(input), turn));
+                self.rebuilds = self.rebuilds && self.inner.restore(&[(input, turn.as_ref())]);
+                if !self.rebuilds {
+                    self.pending.push((OwnedInput::of(input), turn));
+                }
                 return answer;
             }
             if !self.attached
@@ -352,6 +360,7 @@ impl Session for ReusingSession {
             pending: self.pending.clone(),
             prefix: self.prefix,
             attached: self.attached,
+            rebuilds: self.rebuilds,
         }))
     }
 

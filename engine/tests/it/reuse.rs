@@ -151,3 +151,81 @@ async fn a_recorded_fault_is_reused_until_the_steps_change() {
     );
     assert!(again.iter().all(|t| t.fault.is_some()));
 }
+
+fn support_suite(approval: &str) -> String {
+    format!(
+        r##"agent "desk" protocol="multiagent" builtin="support"
+tool "apply_refund" {{
+    policy "amount" max=50
+    mock returns=#"{{"status": "success"}}"# {{
+        state path="orders.A-1001.refund" value="partial"
+    }}
+}}
+tool "set_credit_limit" {{
+    mock returns=#"{{"status": "success"}}"# {{
+        state path="limit" value=900
+    }}
+}}
+scenario "refund" {{
+    user "Refund $120 for order A-1001"
+    expect violations max=1
+    criteria {{
+        state path="orders.A-1001.refund" equals="partial"
+    }}
+}}
+scenario "credit" {{
+    user "Raise the credit limit of customer C-7 to 900"
+    branch "approved" {{
+        hitl approve message="{approval}"
+        expect state path="limit" equals=900
+    }}
+    branch "rejected" {{
+        hitl reject
+        expect state path="limit" absent=#true
+    }}
+}}
+scenario "complaint" {{
+    user "Resolve the complaint on order A-1001"
+}}
+"##
+    )
+}
+
+/// MultiAgentEval sessions are rebuilt from the recorded replies as turns are reused: the
+/// tool sandbox, a pending pause and a fork the agent asked for come back without calling
+/// the agent, so checks on them still hold, and a changed step calls only from there.
+#[tokio::test]
+async fn multiagent_sessions_are_rebuilt_from_the_records() {
+    let memo = Arc::new(TurnMemo::new());
+    let (_, first) = run(plan(&support_suite("Go ahead")), &memo, 1).await;
+    let called = memo.calls();
+    assert!(called > 0);
+    let statuses = |ts: &[TrajectoryRecord]| {
+        let mut s: Vec<(String, String)> = ts
+            .iter()
+            .map(|t| (t.trajectory.clone(), t.status.as_str().to_owned()))
+            .collect();
+        s.sort();
+        s
+    };
+    assert!(
+        first.iter().all(|t| t.status.as_str() == "passed"),
+        "{first:#?}"
+    );
+
+    let (nodes, again) = run(plan(&support_suite("Go ahead")), &memo, 1).await;
+    assert_eq!(memo.calls(), 0, "nothing changed: no agent call");
+    assert!(nodes.iter().flat_map(|n| &n.turns).all(|t| t.reused));
+    assert_eq!(statuses(&again), statuses(&first));
+    assert!(again.iter().any(|t| t.trajectory == "main~replacement"));
+    let refund = again.iter().find(|t| t.scenario == "refund").unwrap();
+    assert_eq!(
+        refund.sandbox_state.as_ref().unwrap()["orders"]["A-1001"]["refund"],
+        "partial"
+    );
+
+    // A changed human answer calls the agent for that branch's turn only.
+    let (_, changed) = run(plan(&support_suite("Fine by me")), &memo, 1).await;
+    assert_eq!(memo.calls(), 1, "only the approved branch's answer");
+    assert_eq!(statuses(&changed), statuses(&first));
+}

@@ -367,7 +367,9 @@ impl MultiAgentSession {
     }
 
     /// Takes one turn (what [`Session::turn`] does, without the box).
-    pub async fn take_turn(&mut self, input: TurnInput<'_>, ctx: &CallContext<'_>) -> Turn {
+    /// Puts the turn's input in the dialogue: a task, a human's answer, a branch
+    /// continuation; a fault when the input does not fit where the conversation is.
+    fn begin(&mut self, input: TurnInput<'_>) -> Result<(), Fault> {
         if let Some(branching) = self.branching.take() {
             match input {
                 TurnInput::Branch {
@@ -383,7 +385,7 @@ impl MultiAgentSession {
                     );
                 }
                 other => {
-                    return Turn::failed(Fault::new(
+                    return Err(Fault::new(
                         FaultCategory::Protocol,
                         format!(
                             "the agent asked to branch and a `{}` step came instead of one of \
@@ -401,7 +403,7 @@ impl MultiAgentSession {
                     self.dialogue.begin_human(human_text(approve, message));
                 }
                 (TurnInput::User(_), true) => {
-                    return Turn::failed(Fault::new(
+                    return Err(Fault::new(
                         FaultCategory::Protocol,
                         format!(
                             "the agent paused for a human (`hitl_pause`: {}) and a user message \
@@ -411,20 +413,20 @@ impl MultiAgentSession {
                     ));
                 }
                 (TurnInput::Human { .. }, false) => {
-                    return Turn::failed(Fault::new(
+                    return Err(Fault::new(
                         FaultCategory::Protocol,
                         "a `hitl` step came but the agent did not pause for a human (no \
                          `hitl_pause` is waiting)",
                     ));
                 }
                 (TurnInput::Branch { .. }, _) => {
-                    return Turn::failed(Fault::new(
+                    return Err(Fault::new(
                         FaultCategory::Protocol,
                         "a branch continuation came but the agent did not ask to branch",
                     ));
                 }
                 (TurnInput::Opening | TurnInput::Call { .. }, _) => {
-                    return Turn::failed(Fault::new(
+                    return Err(Fault::new(
                         FaultCategory::Protocol,
                         format!(
                             "a MultiAgentEval agent cannot take a `{}` step: it is given a task \
@@ -435,6 +437,13 @@ impl MultiAgentSession {
                 }
             }
             self.actions_used = 0;
+        }
+        Ok(())
+    }
+
+    pub async fn take_turn(&mut self, input: TurnInput<'_>, ctx: &CallContext<'_>) -> Turn {
+        if let Err(fault) = self.begin(input) {
+            return Turn::failed(fault);
         }
         let mut turn = Turn {
             model: self.agent_name.clone(),
@@ -468,61 +477,8 @@ impl MultiAgentSession {
                     return;
                 }
             };
-            if let Some(name) = &reply.agent_name {
-                self.agent_name = Some(name.clone());
-                turn.model = Some(name.clone());
-            }
-            self.dialogue.record_reply(&reply);
-            let raw = Value::Object(reply.raw.clone()).to_string();
-            let summary = reply.summary().map(str::to_owned);
-            match reply.action {
-                Action::CallTool(call) => self.run_calls(turn, raw, vec![call]),
-                Action::CallMultipleTools(calls) => self.run_calls(turn, raw, calls),
-                Action::Processing => {
-                    turn.messages.push(ChatMessage::assistant(raw));
-                    self.dialogue.resend();
-                }
-                Action::HitlPause { prompt } => {
-                    turn.messages.push(ChatMessage::assistant(raw));
-                    let prompt = prompt.unwrap_or_default();
-                    turn.reply = Some(prompt.clone());
-                    self.paused = Some(prompt);
-                    return;
-                }
-                Action::Branch {
-                    reason, options, ..
-                } => {
-                    turn.messages.push(ChatMessage::assistant(raw));
-                    turn.reply = reason.clone().or(summary);
-                    let request = BranchRequest { reason, options };
-                    turn.branch = Some(request.clone());
-                    self.branching = Some(request);
-                    return;
-                }
-                Action::Error { message } => {
-                    turn.messages.push(ChatMessage::assistant(raw));
-                    let message = message.or(summary);
-                    turn.reply = message.clone();
-                    turn.fault = Some(Fault::new(
-                        FaultCategory::AgentError,
-                        match message {
-                            Some(message) => format!("the agent answered `error`: {message}"),
-                            None => "the agent answered `error` without a message".to_owned(),
-                        },
-                    ));
-                    return;
-                }
-                ending @ (Action::FinalAnswer { .. }
-                | Action::Completed { .. }
-                | Action::ProvideInstructions { .. }) => {
-                    turn.messages.push(ChatMessage::assistant(raw));
-                    turn.reply = ending
-                        .final_text()
-                        .map(str::to_owned)
-                        .or(summary)
-                        .or(Some(String::new()));
-                    return;
-                }
+            if self.handle_reply(reply, turn) {
+                return;
             }
         }
         turn.fault = Some(Fault::new(
@@ -533,6 +489,97 @@ impl MultiAgentSession {
                 if max_actions == 1 { "" } else { "s" }
             ),
         ));
+    }
+
+    /// Acts on one reply of the agent: runs its tool calls, or ends the step. Returns
+    /// whether the step is over. Shared by the loop and by [`Session::restore`], which
+    /// feeds it recorded replies: the sandbox runs the same calls again, so its state,
+    /// sequence positions and records come out as they were.
+    fn handle_reply(&mut self, reply: Reply, turn: &mut Turn) -> bool {
+        if let Some(name) = &reply.agent_name {
+            self.agent_name = Some(name.clone());
+            turn.model = Some(name.clone());
+        }
+        self.dialogue.record_reply(&reply);
+        let raw = Value::Object(reply.raw.clone()).to_string();
+        let summary = reply.summary().map(str::to_owned);
+        match reply.action {
+            Action::CallTool(call) => self.run_calls(turn, raw, vec![call]),
+            Action::CallMultipleTools(calls) => self.run_calls(turn, raw, calls),
+            Action::Processing => {
+                turn.messages.push(ChatMessage::assistant(raw));
+                self.dialogue.resend();
+            }
+            Action::HitlPause { prompt } => {
+                turn.messages.push(ChatMessage::assistant(raw));
+                let prompt = prompt.unwrap_or_default();
+                turn.reply = Some(prompt.clone());
+                self.paused = Some(prompt);
+                return true;
+            }
+            Action::Branch {
+                reason, options, ..
+            } => {
+                turn.messages.push(ChatMessage::assistant(raw));
+                turn.reply = reason.clone().or(summary);
+                let request = BranchRequest { reason, options };
+                turn.branch = Some(request.clone());
+                self.branching = Some(request);
+                return true;
+            }
+            Action::Error { message } => {
+                turn.messages.push(ChatMessage::assistant(raw));
+                let message = message.or(summary);
+                turn.reply = message.clone();
+                turn.fault = Some(Fault::new(
+                    FaultCategory::AgentError,
+                    match message {
+                        Some(message) => format!("the agent answered `error`: {message}"),
+                        None => "the agent answered `error` without a message".to_owned(),
+                    },
+                ));
+                return true;
+            }
+            ending @ (Action::FinalAnswer { .. }
+            | Action::Completed { .. }
+            | Action::ProvideInstructions { .. }) => {
+                turn.messages.push(ChatMessage::assistant(raw));
+                turn.reply = ending
+                    .final_text()
+                    .map(str::to_owned)
+                    .or(summary)
+                    .or(Some(String::new()));
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Replays recorded turns into this session without calling the agent: each input
+    /// goes into the dialogue and each recorded reply (the `assistant` messages, the reply
+    /// objects as received) is acted on again. `false`, with nothing changed, when a
+    /// recorded turn does not fit (an input the conversation could not take, a reply that
+    /// no longer decodes).
+    fn replay(&mut self, history: &[(TurnInput<'_>, &Turn)]) -> bool {
+        let mut copy = self.clone();
+        for (input, recorded) in history {
+            if copy.begin(*input).is_err() {
+                return false;
+            }
+            let mut scratch = Turn::default();
+            for message in recorded.messages.iter().filter(|m| m.role == "assistant") {
+                let Ok(reply) = decode_reply(message.content.as_deref().unwrap_or("").as_bytes())
+                else {
+                    return false;
+                };
+                copy.actions_used = copy.actions_used.saturating_add(1);
+                if copy.handle_reply(reply, &mut scratch) {
+                    break;
+                }
+            }
+        }
+        *self = copy;
+        true
     }
 
     /// Runs the calls of one reply in the sandbox, records them and feeds the results back.
@@ -602,6 +649,10 @@ impl Session for MultiAgentSession {
 
     fn paused(&self) -> Option<&str> {
         self.paused.as_deref()
+    }
+
+    fn restore(&mut self, history: &[(TurnInput<'_>, &Turn)]) -> bool {
+        self.replay(history)
     }
 }
 
