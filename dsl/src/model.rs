@@ -495,15 +495,51 @@ pub enum ProviderKind {
     Anthropic,
 }
 
+impl ProviderKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderKind::OpenAi => "openai",
+            ProviderKind::Anthropic => "anthropic",
+        }
+    }
+}
+
+/// `provider "ID" kind=…`: an LLM endpoint for the simulator and judges.
 #[derive(Clone, Debug)]
 pub struct Provider {
     pub id: Spanned<String>,
     pub kind: ProviderKind,
     pub base_url: Option<String>,
     pub model: Option<String>,
+    /// The environment variable holding the API key (the key itself is never in a suite).
     pub api_key_env: Option<String>,
+    /// Default sampling temperature of calls through this provider (0–2).
+    pub temperature: Option<f64>,
+    /// Default cap on generated tokens per call.
+    pub max_tokens: Option<u32>,
+    /// `header "NAME" "VALUE"`: extra headers sent with every call.
+    pub headers: Vec<(String, String)>,
+    /// Per call attempt; [`DEFAULT_PROVIDER_TIMEOUT`] when not written.
+    pub timeout: Option<Duration>,
+    /// Retries of connect errors, timeouts, broken connections and 5xx answers
+    /// ([`DEFAULT_PROVIDER_RETRIES`] when not written). HTTP 429 is waited out, not retried.
+    pub retries: Option<u32>,
+    /// At most this many calls in flight through this provider.
+    pub concurrency: Option<usize>,
+    /// Requests started per minute, spaced evenly.
+    pub requests_per_minute: Option<u32>,
+    /// Tokens (prompt estimate plus `max-tokens`) reserved per minute.
+    pub tokens_per_minute: Option<u32>,
+    /// Price per million prompt (input) tokens.
+    pub input_price: Option<f64>,
+    /// Price per million completion (output) tokens.
+    pub output_price: Option<f64>,
     pub span: Span,
 }
+
+/// LLM calls take seconds to minutes on small local servers: a generous per-attempt limit.
+pub const DEFAULT_PROVIDER_TIMEOUT: Duration = Duration::from_secs(120);
+pub const DEFAULT_PROVIDER_RETRIES: u32 = 2;
 
 #[derive(Clone, Debug)]
 pub struct Simulator {

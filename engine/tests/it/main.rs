@@ -6,6 +6,7 @@ mod criterion_templates;
 mod execution;
 mod fixie;
 mod line;
+mod llm;
 mod multiagent;
 mod multiagent_run;
 mod planning;
