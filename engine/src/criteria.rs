@@ -79,6 +79,7 @@ pub fn check_planned<T: AsRef<TurnRecord>>(
                         kind: criterion.kind.name().to_string(),
                         status: CriterionStatus::Failed,
                         detail: Some(format!("criterion value: {e}")),
+                        judge: None,
                     };
                 }
             }
@@ -124,6 +125,7 @@ fn check_rendered<T: AsRef<TurnRecord>>(
         kind: criterion.kind.name().to_string(),
         status,
         detail,
+        judge: None,
     }
 }
 

@@ -207,6 +207,8 @@ pub struct Plan {
     pub agents: Vec<PlannedAgent>,
     pub templates: Templates,
     pub suites: Vec<String>,
+    /// The project's providers, judges, simulator and personas, for the run's LLM calls.
+    pub llm: crate::llm::LlmSetup,
 }
 
 impl Plan {
@@ -406,6 +408,7 @@ impl Plan {
             agents,
             templates,
             suites: project.suites.iter().map(|s| s.name.clone()).collect(),
+            llm: crate::llm::LlmSetup::from_project(project),
         })
     }
 
@@ -434,11 +437,15 @@ impl Plan {
                             _ => None,
                         })
                         .flatten();
+                    let judged = self.llm.has_judge();
                     let skipped = turn_checks
                         .chain(&s.criteria)
-                        .filter(|c| not_runnable::criterion(&c.criterion.kind).is_some())
+                        .filter(|c| {
+                            not_runnable::criterion(&c.criterion.kind).is_some()
+                                && !(judged && crate::llm::LlmRuntime::is_judged(&c.criterion.kind))
+                        })
                         .count()
-                        + s.scenario.outcomes.len();
+                        + if judged { 0 } else { s.scenario.outcomes.len() };
                     counts.skipped_checks += skipped as u64;
                 }
             }
@@ -647,9 +654,9 @@ pub mod not_runnable {
         }
     }
 
-    /// Why `judge` criteria and scenario `outcome`s are skipped.
-    pub const OUTCOME: &str = "no judge configured: LLM-judged checks need the LLM judge, which \
-                               this version of trellis does not have yet";
+    /// Why `judge` criteria and scenario `outcome`s are skipped when the project configures
+    /// no judge (with one, they are judged: see [`crate::llm::runtime`]).
+    pub const OUTCOME: &str = crate::llm::runtime::NO_JUDGE;
 }
 
 /// Warnings for `trellis check`: every trajectory that cannot run and every check that will
@@ -657,6 +664,7 @@ pub mod not_runnable {
 pub fn warnings(project: &Project) -> Vec<Diagnostic> {
     use trellis_dsl::diagnostics::Kind;
     let files = &project.files;
+    let judged = crate::llm::LlmSetup::from_project(project).has_judge();
     let mut out = Vec::new();
     let warn = |span: Span, message: String, label: &str, help: &str| {
         Diagnostic::at_span(Kind::NotRunnable, message, files, span, label).with_help(help)
@@ -711,14 +719,14 @@ pub fn warnings(project: &Project) -> Vec<Diagnostic> {
             }
             if let StepKind::Expect(criteria) = &step.kind {
                 for c in criteria {
-                    out.extend(check_warnings(c, sc, &agents, &warn));
+                    out.extend(check_warnings(c, sc, &agents, judged, &warn));
                 }
             }
         });
         for c in sc.criteria.iter().chain(&sc.expect_tools) {
-            out.extend(check_warnings(c, sc, &agents, &warn));
+            out.extend(check_warnings(c, sc, &agents, judged, &warn));
         }
-        for outcome in &sc.outcomes {
+        for outcome in sc.outcomes.iter().filter(|_| !judged) {
             out.push(warn(
                 outcome.span,
                 skipped_check(sc, "outcome"),
@@ -735,16 +743,20 @@ fn check_warnings(
     c: &Criterion,
     sc: &Scenario,
     agents: &[&Agent],
+    judged: bool,
     warn: &impl Fn(Span, String, &str, &str) -> Diagnostic,
 ) -> Vec<Diagnostic> {
-    let skipped = not_runnable::criterion(&c.kind).map(|why| {
-        warn(
-            c.span,
-            skipped_check(sc, c.kind.name()),
-            "will be skipped",
-            why,
-        )
-    });
+    let judged = judged && crate::llm::LlmRuntime::is_judged(&c.kind);
+    let skipped = not_runnable::criterion(&c.kind)
+        .filter(|_| !judged)
+        .map(|why| {
+            warn(
+                c.span,
+                skipped_check(sc, c.kind.name()),
+                "will be skipped",
+                why,
+            )
+        });
     skipped
         .into_iter()
         .chain(unmeasured_ttft(c, sc, agents, warn))

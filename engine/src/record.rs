@@ -310,6 +310,9 @@ pub enum CriterionStatus {
     Passed,
     Failed,
     Skipped,
+    /// The check could not be evaluated because its evaluator failed (an LLM judge whose
+    /// call failed or whose answer was garbage). Never passed; the trajectory is `error`.
+    Error,
 }
 
 impl CriterionStatus {
@@ -318,6 +321,7 @@ impl CriterionStatus {
             CriterionStatus::Passed => "passed",
             CriterionStatus::Failed => "failed",
             CriterionStatus::Skipped => "skipped",
+            CriterionStatus::Error => "error",
         }
     }
 }
@@ -332,6 +336,10 @@ pub struct CriterionRecord {
     pub status: CriterionStatus,
     /// Why it failed or was skipped; what was observed when it passed.
     pub detail: Option<String>,
+    /// LLM-judged criteria (`judge`, `outcome`): the judge, score, threshold, justification,
+    /// per-metric scores and the call's usage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub judge: Option<Box<crate::llm::judge::JudgeVerdict>>,
 }
 
 /// Totals written at the end of the journal.

@@ -56,7 +56,8 @@ plain_column_buffer!(
     Option<u64>,
     f64,
     Option<f64>,
-    bool
+    bool,
+    Option<bool>
 );
 
 impl ColumnBuffer for Vec<Vec<String>> {
@@ -206,6 +207,18 @@ table!(
         status: Vec<String>,
         passed: Vec<bool>,
         detail: Vec<Option<String>>,
+        judge: Vec<Option<String>>,
+        judge_provider: Vec<Option<String>>,
+        judge_model: Vec<Option<String>>,
+        rubric: Vec<Option<String>>,
+        score: Vec<Option<f64>>,
+        threshold: Vec<Option<f64>>,
+        label: Vec<Option<String>>,
+        justification: Vec<Option<String>>,
+        judge_input_tokens: Vec<Option<u64>>,
+        judge_output_tokens: Vec<Option<u64>>,
+        judge_cost: Vec<Option<f64>>,
+        judge_cache_hit: Vec<Option<bool>>,
     }
 );
 
@@ -525,6 +538,27 @@ impl Tables {
             c.status.push(criterion.status.as_str().to_owned());
             c.passed.push(criterion.status == CriterionStatus::Passed);
             c.detail.push(criterion.detail.clone());
+            let judged = criterion.judge.as_deref();
+            c.bytes += judged.map_or(0, |j| {
+                j.judge.len() + opt_len(j.justification.as_ref()) + opt_len(j.label.as_ref())
+            });
+            c.judge.push(judged.map(|j| j.judge.clone()));
+            c.judge_provider
+                .push(judged.map(|j| j.call.provider.clone()));
+            c.judge_model.push(judged.map(|j| j.call.model.clone()));
+            c.rubric.push(judged.map(|j| j.rubric.clone()));
+            c.score.push(judged.and_then(|j| j.score));
+            c.threshold.push(judged.map(|j| j.threshold));
+            c.label.push(judged.and_then(|j| j.label.clone()));
+            c.justification
+                .push(judged.and_then(|j| j.justification.clone()));
+            c.judge_input_tokens
+                .push(judged.and_then(|j| j.call.input_tokens));
+            c.judge_output_tokens
+                .push(judged.and_then(|j| j.call.output_tokens));
+            c.judge_cost.push(judged.and_then(|j| j.call.cost));
+            c.judge_cache_hit
+                .push(judged.map(|j| j.call.cache == trellis_engine::llm::CacheUse::Hit));
             c.rows += 1;
             self.criteria.row_done();
         }

@@ -148,6 +148,7 @@ fn measure(suite: &std::path::Path, out: &std::path::Path, jobs: usize) -> Optio
         quiet: true,
         silent: true,
         strict: false,
+        llm_cache: trellis_engine::llm::LlmCache::disabled(),
     };
     let outcome = match super::run::execute_plan(plan, "bench", out, &settings) {
         Ok(o) => o,

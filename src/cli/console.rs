@@ -328,14 +328,20 @@ impl Console {
             for c in t
                 .criteria
                 .iter()
-                .filter(|c| c.status == CriterionStatus::Failed)
+                .filter(|c| matches!(c.status, CriterionStatus::Failed | CriterionStatus::Error))
             {
                 let at = c
                     .turn_index
                     .map(|i| format!("turn {i}: "))
                     .unwrap_or_default();
+                // An errored check could not be decided (its judge failed): say so.
+                let mark = if c.status == CriterionStatus::Error {
+                    "! error: "
+                } else {
+                    "✗ "
+                };
                 outln!(
-                    "    ✗ {at}{}\n      {}",
+                    "    {mark}{at}{}\n      {}",
                     c.criterion,
                     c.detail.as_deref().unwrap_or("")
                 );
@@ -345,7 +351,7 @@ impl Console {
                 && !t
                     .criteria
                     .iter()
-                    .any(|c| c.status == CriterionStatus::Failed);
+                    .any(|c| matches!(c.status, CriterionStatus::Failed | CriterionStatus::Error));
             if nothing_failed {
                 if let Some(reason) = &t.skip_reason {
                     outln!("    ✗ did not run (--strict): {reason}");

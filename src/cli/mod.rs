@@ -119,6 +119,22 @@ pub struct RunArgs {
     /// No progress output; only the summary.
     #[arg(long, short = 'q')]
     quiet: bool,
+    /// Cache LLM answers (judges) in this directory, keyed by the request and the
+    /// repetition: a rerun reuses them. Several runs may share one directory.
+    #[arg(long, value_name = "DIR")]
+    llm_cache: Option<PathBuf>,
+    /// read-write: serve hits, call and store misses. off: ignore the cache. replay-only: a
+    /// miss is an error naming the call (CI: prove a run needs no LLM call).
+    #[arg(long, value_enum, default_value_t = LlmCacheMode::ReadWrite, requires = "llm_cache")]
+    llm_cache_mode: LlmCacheMode,
+}
+
+/// `--llm-cache-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LlmCacheMode {
+    ReadWrite,
+    Off,
+    ReplayOnly,
 }
 
 #[derive(Debug, Args)]

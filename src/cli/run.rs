@@ -58,6 +58,17 @@ pub fn run(args: RunArgs) -> u8 {
         quiet: args.quiet,
         silent: false,
         strict: args.strict,
+        llm_cache: match &args.llm_cache {
+            None => trellis_engine::llm::LlmCache::disabled(),
+            Some(dir) => trellis_engine::llm::LlmCache::new(
+                dir,
+                match args.llm_cache_mode {
+                    super::LlmCacheMode::ReadWrite => trellis_engine::llm::CacheMode::ReadWrite,
+                    super::LlmCacheMode::Off => trellis_engine::llm::CacheMode::Off,
+                    super::LlmCacheMode::ReplayOnly => trellis_engine::llm::CacheMode::ReplayOnly,
+                },
+            ),
+        },
     };
     match execute_plan(plan, &run_id, &out, &settings) {
         Ok(outcome) => outcome.exit_code,
@@ -146,6 +157,8 @@ pub struct Settings {
     pub silent: bool,
     /// A check or trajectory that did not run fails its trajectory.
     pub strict: bool,
+    /// The LLM response cache (`--llm-cache`, `--llm-cache-mode`).
+    pub llm_cache: trellis_engine::llm::LlmCache,
 }
 
 pub struct Outcome {
@@ -242,6 +255,7 @@ pub fn execute_plan(
         jobs: settings.jobs,
         stop: Default::default(),
         strict: settings.strict,
+        llm_cache: settings.llm_cache.clone(),
     };
     let stop = options.stop.clone();
     let (tx, mut rx) = event::channel();

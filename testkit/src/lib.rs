@@ -366,12 +366,22 @@ pub struct Run {
 
 /// Runs `plan` with `jobs` calls in flight and collects every event.
 pub async fn run_plan(plan: Plan, jobs: usize) -> Run {
+    run_plan_with_cache(plan, jobs, trellis_engine::llm::LlmCache::disabled()).await
+}
+
+/// Runs `plan` like [`run_plan`], with `llm_cache` as the LLM response cache.
+pub async fn run_plan_with_cache(
+    plan: Plan,
+    jobs: usize,
+    llm_cache: trellis_engine::llm::LlmCache,
+) -> Run {
     let (tx, mut rx) = event::channel();
     let options = RunOptions {
         run_id: "test".into(),
         jobs,
         stop: Default::default(),
         strict: false,
+        llm_cache,
     };
     let engine = tokio::spawn(execute::run(plan, options, tx));
     let mut run = Run::default();
@@ -390,6 +400,16 @@ pub async fn run_plan(plan: Plan, jobs: usize) -> Run {
 /// Loads `text` as one suite file and runs all of it, with `env` as the environment
 /// templates see (never the process's).
 pub async fn run_suite(text: &str, jobs: usize, env: EnvSnapshot) -> Run {
+    run_suite_with_cache(text, jobs, env, trellis_engine::llm::LlmCache::disabled()).await
+}
+
+/// [`run_suite`] with `llm_cache` as the LLM response cache.
+pub async fn run_suite_with_cache(
+    text: &str,
+    jobs: usize,
+    env: EnvSnapshot,
+    llm_cache: trellis_engine::llm::LlmCache,
+) -> Run {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("suite.kdl");
     std::fs::write(&path, text).unwrap();
@@ -398,5 +418,5 @@ pub async fn run_suite(text: &str, jobs: usize, env: EnvSnapshot) -> Run {
         Err(d) => panic!("{}", d.render_plain()),
     };
     let plan = Plan::build_with_env(&project, &Selection::default(), Arc::new(env)).unwrap();
-    run_plan(plan, jobs).await
+    run_plan_with_cache(plan, jobs, llm_cache).await
 }

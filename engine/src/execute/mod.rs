@@ -52,6 +52,9 @@ pub struct RunOptions {
     pub stop: CancellationToken,
     /// `--strict`: a skipped check or a skipped trajectory is a failure.
     pub strict: bool,
+    /// `--llm-cache DIR` / `--llm-cache-mode`: the response cache of judge (and simulator)
+    /// calls; [`crate::llm::LlmCache::disabled`] for none.
+    pub llm_cache: crate::llm::LlmCache,
 }
 
 /// Runs the plan to completion, sending every event to `events`. Never fails because of an
@@ -72,10 +75,17 @@ pub async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSum
         .await;
 
     let agents = Agents::new(&plan);
+    let llm = crate::llm::LlmRuntime::new(
+        plan.llm.clone(),
+        plan.templates.env(),
+        agents.transport(),
+        options.llm_cache.clone(),
+    );
     let jobs = options.jobs.clamp(1, MAX_JOBS);
     let shared = Arc::new(Shared {
         plan: plan.clone(),
         agents,
+        llm,
         calls: Arc::new(Semaphore::new(jobs)),
         // Units hold little while waiting for a call permit; allowing a few per job keeps
         // the call pipeline full at forks without letting a huge `repeat` spawn everything.
@@ -137,6 +147,8 @@ fn unit_capacity(jobs: usize) -> u32 {
 struct Shared {
     plan: Arc<Plan>,
     agents: Agents,
+    /// Providers, judges and the response cache.
+    llm: Arc<crate::llm::LlmRuntime>,
     calls: Arc<Semaphore>,
     /// Trajectories in flight, counted per unit: a unit takes as many permits as it has
     /// trajectories (up to all of them), so a scenario that forks into hundreds of branches

@@ -695,6 +695,7 @@ impl<'a> Unit<'a> {
                          a user message, not a `hitl approve|reject` answer",
                         excerpt(prompt)
                     )),
+                    judge: None,
                 }));
             }
             match step {
@@ -719,6 +720,7 @@ impl<'a> Unit<'a> {
                             detail: Some(format!(
                                 "the trajectory reached max-turns ({max}) with scripted steps left"
                             )),
+                            judge: None,
                         }));
                     }
                     let scope = &self.scenario.scope;
@@ -758,6 +760,30 @@ impl<'a> Unit<'a> {
                     let vars = &state.vars;
                     for c in checks {
                         let record = match turn_index {
+                            Some(i) if crate::llm::LlmRuntime::is_judged(&c.criterion.kind) => {
+                                self.shared
+                                    .llm
+                                    .judge(crate::llm::runtime::JudgeTask {
+                                        criterion_text: &c.criterion.text,
+                                        kind: &c.criterion.kind,
+                                        scenario: sc,
+                                        turns: &state.turns,
+                                        turn_index: Some(i),
+                                        repetition: self.repetition,
+                                        call_name: format!(
+                                            "judge of `{}` on {}/{} node `{}{}` turn {i} \
+                                             repetition {} (agent `{}`)",
+                                            c.criterion.text,
+                                            self.scenario.suite,
+                                            sc.id.value,
+                                            node.id,
+                                            state.suffix,
+                                            self.repetition,
+                                            self.agent_id()
+                                        ),
+                                    })
+                                    .await
+                            }
                             Some(_) => criteria::check_planned(
                                 c,
                                 &self.shared.plan.templates,
@@ -775,6 +801,7 @@ impl<'a> Unit<'a> {
                                 kind: c.criterion.kind.name().to_string(),
                                 status: CriterionStatus::Failed,
                                 detail: Some("no agent turn before this `expect`".into()),
+                                judge: None,
                             },
                         };
                         state.criteria.push(record);
@@ -828,6 +855,7 @@ impl<'a> Unit<'a> {
                     ),
                     None => "the agent did not pause for a human before this step".to_string(),
                 }),
+                judge: None,
             }));
         }
         let text = match message {
@@ -956,6 +984,7 @@ fn capture_into(
             kind: "capture".into(),
             status: CriterionStatus::Failed,
             detail: Some(why),
+            judge: None,
         }),
     }
 }

@@ -11,16 +11,21 @@
 //! The API key comes from an environment variable and never leaves the request headers: it is
 //! sent as a sensitive header value and cut out of every error message ([`provider`]).
 //!
-//! The wire formats are pure functions in [`wire`]; the on-disk response cache is [`cache`].
+//! The wire formats are pure functions in [`wire`]; the on-disk response cache is [`cache`];
+//! prompts, rubrics and answer parsing of LLM judges are [`judge`]; [`runtime`] holds a run's
+//! providers, judges and cache and judges one criterion into its record.
 
 pub mod cache;
+pub mod judge;
 pub mod provider;
+pub mod runtime;
 pub mod wire;
 
 use serde::{Deserialize, Serialize};
 
 pub use cache::{CacheMode, LlmCache};
 pub use provider::{ProviderClient, ProviderSetupError};
+pub use runtime::{LlmRuntime, LlmSetup};
 
 use crate::record::FaultCategory;
 

@@ -5,6 +5,7 @@ mod builtin_booking;
 mod criterion_templates;
 mod execution;
 mod fixie;
+mod judging;
 mod line;
 mod llm;
 mod multiagent;

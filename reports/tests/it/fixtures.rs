@@ -106,6 +106,7 @@ fn criterion(turn: Option<u32>, text: &str, passed: bool, detail: Option<&str>) 
             CriterionStatus::Failed
         },
         detail: detail.map(str::to_owned),
+        judge: None,
     }
 }
 

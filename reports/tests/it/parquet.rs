@@ -271,6 +271,18 @@ fn tables_have_documented_shape() {
             "status",
             "passed",
             "detail",
+            "judge",
+            "judge_provider",
+            "judge_model",
+            "rubric",
+            "score",
+            "threshold",
+            "label",
+            "justification",
+            "judge_input_tokens",
+            "judge_output_tokens",
+            "judge_cost",
+            "judge_cache_hit",
         ]
     );
     assert_eq!(dtype(&k, "turn_index"), DataType::UInt32);
