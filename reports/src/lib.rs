@@ -77,6 +77,8 @@ pub struct ReportFiles {
     pub turns: PathBuf,
     pub tool_calls: PathBuf,
     pub criteria: PathBuf,
+    /// Per-metric scores of judged checks (Connexity's rubric).
+    pub rubric_scores: PathBuf,
     pub runs: PathBuf,
     pub html: PathBuf,
     pub junit: PathBuf,
@@ -95,12 +97,13 @@ pub struct ReportFiles {
 
 impl ReportFiles {
     /// Every results file, tables first, whether written or not.
-    pub fn paths(&self) -> [&Path; 7] {
+    pub fn paths(&self) -> [&Path; 8] {
         [
             &self.trajectories,
             &self.turns,
             &self.tool_calls,
             &self.criteria,
+            &self.rubric_scores,
             &self.runs,
             &self.html,
             &self.junit,
@@ -295,6 +298,7 @@ impl ReportWriter {
             turns: table_paths.turns,
             tool_calls: table_paths.tool_calls,
             criteria: table_paths.criteria,
+            rubric_scores: table_paths.rubric_scores,
             runs: table_paths.runs,
             html: html_path,
             junit: junit_path,

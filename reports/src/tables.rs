@@ -30,6 +30,7 @@ pub(crate) const TRAJECTORIES_FILE: &str = "trajectories.parquet";
 pub(crate) const TURNS_FILE: &str = "turns.parquet";
 pub(crate) const TOOL_CALLS_FILE: &str = "tool_calls.parquet";
 pub(crate) const CRITERIA_FILE: &str = "criteria.parquet";
+pub(crate) const RUBRIC_SCORES_FILE: &str = "rubric_scores.parquet";
 pub(crate) const RUNS_FILE: &str = "runs.parquet";
 
 /// A growable buffer for one column that can be turned into a polars [`Column`].
@@ -223,6 +224,29 @@ table!(
 );
 
 table!(
+    /// `rubric_scores.parquet`: one row per metric of a judged check scored on a
+    /// multi-metric rubric (Connexity's eight metrics).
+    RubricScoreRows {
+        run_id: Vec<String>,
+        suite: Vec<String>,
+        scenario: Vec<String>,
+        trajectory: Vec<String>,
+        agent: Vec<String>,
+        repetition: Vec<u32>,
+        turn_index: Vec<Option<u32>>,
+        criterion: Vec<String>,
+        judge: Vec<String>,
+        rubric: Vec<String>,
+        metric: Vec<String>,
+        weight: Vec<f64>,
+        score: Vec<f64>,
+        label: Vec<Option<String>>,
+        justification: Vec<Option<String>>,
+        failure_code: Vec<Option<String>>,
+    }
+);
+
+table!(
     /// `runs.parquet`: one row per run.
     RunRows {
         run_id: Vec<String>,
@@ -375,6 +399,7 @@ pub(crate) struct TablePaths {
     pub(crate) turns: PathBuf,
     pub(crate) tool_calls: PathBuf,
     pub(crate) criteria: PathBuf,
+    pub(crate) rubric_scores: PathBuf,
     pub(crate) runs: PathBuf,
 }
 
@@ -385,6 +410,7 @@ pub(crate) struct Tables {
     turns: TableFile<TurnRows>,
     tool_calls: TableFile<ToolCallRows>,
     criteria: TableFile<CriterionRows>,
+    rubric_scores: TableFile<RubricScoreRows>,
     runs: TableFile<RunRows>,
 }
 
@@ -410,6 +436,7 @@ impl Tables {
             turns: TableFile::create(dir, TURNS_FILE, batch_rows)?,
             tool_calls: TableFile::create(dir, TOOL_CALLS_FILE, batch_rows)?,
             criteria: TableFile::create(dir, CRITERIA_FILE, batch_rows)?,
+            rubric_scores: TableFile::create(dir, RUBRIC_SCORES_FILE, batch_rows)?,
             runs: TableFile::create(dir, RUNS_FILE, batch_rows)?,
         })
     }
@@ -561,6 +588,32 @@ impl Tables {
                 .push(judged.map(|j| j.call.cache == trellis_engine::llm::CacheUse::Hit));
             c.rows += 1;
             self.criteria.row_done();
+
+            for m in judged.map(|j| j.metrics.as_slice()).unwrap_or_default() {
+                let r = &mut self.rubric_scores.buf;
+                r.bytes +=
+                    m.metric.len() + opt_len(m.justification.as_ref()) + opt_len(m.label.as_ref());
+                r.run_id.push(self.run_id.clone());
+                r.suite.push(tr.suite.clone());
+                r.scenario.push(tr.scenario.clone());
+                r.trajectory.push(tr.trajectory.clone());
+                r.agent.push(tr.agent.clone());
+                r.repetition.push(tr.repetition);
+                r.turn_index.push(criterion.turn_index);
+                r.criterion.push(criterion.criterion.clone());
+                r.judge
+                    .push(judged.map(|j| j.judge.clone()).unwrap_or_default());
+                r.rubric
+                    .push(judged.map(|j| j.rubric.clone()).unwrap_or_default());
+                r.metric.push(m.metric.clone());
+                r.weight.push(m.weight);
+                r.score.push(m.score);
+                r.label.push(m.label.clone());
+                r.justification.push(m.justification.clone());
+                r.failure_code.push(m.failure_code.clone());
+                r.rows += 1;
+                self.rubric_scores.row_done();
+            }
         }
     }
 
@@ -597,6 +650,7 @@ impl Tables {
             turns: done(self.turns.finish()),
             tool_calls: done(self.tool_calls.finish()),
             criteria: done(self.criteria.finish()),
+            rubric_scores: done(self.rubric_scores.finish()),
             runs: done(self.runs.finish()),
         };
         (paths, failed)

@@ -464,6 +464,7 @@ impl Console {
                 &files.turns,
                 &files.tool_calls,
                 &files.criteria,
+                &files.rubric_scores,
                 &files.runs
             ]
             .iter()

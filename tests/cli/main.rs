@@ -9,6 +9,7 @@ mod support {
 mod diagnostics;
 mod faults;
 mod import;
+mod judges;
 mod multiagent;
 mod outputs;
 mod run;
