@@ -102,6 +102,9 @@ pub struct TurnRecord {
     /// Every request of the turn with its attempts (several for action loops, retries).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub exchanges: Vec<ExchangeRecord>,
+    /// A `simulate` turn: the LLM calls that wrote its user message (retries included).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub simulator: Vec<crate::llm::LlmCall>,
 }
 
 fn user_kind() -> String {
@@ -184,6 +187,9 @@ pub enum FaultCategory {
     Setup,
     /// Trellis itself failed (a bug); the message says how.
     Internal,
+    /// The LLM user simulator could not write the next user message (its call failed, or
+    /// it answered nothing usable after retries).
+    Simulator,
 }
 
 impl FaultCategory {
@@ -202,6 +208,7 @@ impl FaultCategory {
             FaultCategory::Template => "template",
             FaultCategory::Setup => "setup",
             FaultCategory::Internal => "internal",
+            FaultCategory::Simulator => "simulator",
         }
     }
 

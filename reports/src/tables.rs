@@ -171,6 +171,11 @@ table!(
         function: Vec<Option<String>>,
         replay: Vec<bool>,
         exchanges: Vec<String>,
+        simulator_calls: Vec<u32>,
+        simulator_input_tokens: Vec<Option<u64>>,
+        simulator_output_tokens: Vec<Option<u64>>,
+        simulator_cost: Vec<Option<f64>>,
+        simulator_cache_hit: Vec<Option<bool>>,
     }
 );
 
@@ -403,7 +408,7 @@ pub(crate) struct TablePaths {
     pub(crate) runs: PathBuf,
 }
 
-/// All five tables of one run.
+/// All six tables of one run.
 pub(crate) struct Tables {
     run_id: String,
     trajectories: TableFile<TrajectoryRows>,
@@ -484,6 +489,21 @@ impl Tables {
             t.function.push(turn.function.clone());
             t.replay.push(turn.replay);
             t.exchanges.push(exchanges);
+            let calls = &turn.simulator;
+            let sum = |f: fn(&trellis_engine::llm::LlmCall) -> Option<u64>| {
+                calls.iter().filter_map(f).reduce(u64::saturating_add)
+            };
+            t.simulator_calls
+                .push(u32::try_from(calls.len()).unwrap_or(u32::MAX));
+            t.simulator_input_tokens.push(sum(|c| c.input_tokens));
+            t.simulator_output_tokens.push(sum(|c| c.output_tokens));
+            t.simulator_cost
+                .push(calls.iter().filter_map(|c| c.cost).reduce(|a, b| a + b));
+            t.simulator_cache_hit.push((!calls.is_empty()).then(|| {
+                calls
+                    .iter()
+                    .all(|c| c.cache == trellis_engine::llm::CacheUse::Hit)
+            }));
             t.rows += 1;
             self.turns.row_done();
 

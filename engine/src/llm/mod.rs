@@ -13,12 +13,14 @@
 //!
 //! The wire formats are pure functions in [`wire`]; the on-disk response cache is [`cache`];
 //! prompts, rubrics and answer parsing of LLM judges are [`judge`]; [`runtime`] holds a run's
-//! providers, judges and cache and judges one criterion into its record.
+//! providers, judges and cache, judges one criterion into its record and writes the simulated
+//! user's turns ([`simulator`]).
 
 pub mod cache;
 pub mod judge;
 pub mod provider;
 pub mod runtime;
+pub mod simulator;
 pub mod wire;
 
 use serde::{Deserialize, Serialize};

@@ -18,9 +18,10 @@ use trellis_dsl::{
 };
 
 use super::judge::{self, JudgeContext, JudgeVerdict, PersonaInfo, Question, Rubric};
-use super::{LlmCache, ProviderClient};
+use super::simulator::{self, Character, SIMULATOR_RETRIES, Said};
+use super::{LlmCache, LlmCall, ProviderClient};
 use crate::protocol::http::HttpTransport;
-use crate::record::{CriterionRecord, CriterionStatus, TurnRecord};
+use crate::record::{CriterionRecord, CriterionStatus, Fault, FaultCategory, TurnRecord};
 use crate::render::EnvSnapshot;
 
 /// The project's LLM configuration, carried by the plan.
@@ -30,6 +31,8 @@ pub struct LlmSetup {
     pub judges: Vec<Judge>,
     pub simulator: Option<Simulator>,
     pub personas: Vec<Persona>,
+    /// The simulator's `instructions`, compiled by the planner (rendered per trajectory).
+    pub simulator_instructions: Option<crate::render::CompiledTemplate>,
 }
 
 impl LlmSetup {
@@ -39,7 +42,13 @@ impl LlmSetup {
             judges: project.judges.clone(),
             simulator: project.simulator.clone(),
             personas: project.personas.clone(),
+            simulator_instructions: None,
         }
+    }
+
+    /// Whether `simulate` steps can run: a `simulator` node, or a lone provider.
+    pub fn has_simulator(&self) -> bool {
+        self.simulator.is_some() || self.providers.len() == 1
     }
 
     /// Whether any judge can be resolved at all (a `judge` node or a lone provider).
@@ -321,6 +330,105 @@ impl LlmRuntime {
                 .map(|o| outcome_statement(&o.value))
                 .collect(),
         }
+    }
+}
+
+/// One `simulate` turn to write.
+pub struct SimulateTask<'a, T> {
+    pub scenario: &'a Scenario,
+    pub turns: &'a [T],
+    pub repetition: u32,
+    /// The simulator's `instructions`, rendered for this path.
+    pub instructions: Option<String>,
+    /// Names the call in a replay-only cache miss.
+    pub call_name: String,
+}
+
+/// What the simulated user said, and the LLM calls it took (retries included).
+#[derive(Clone, Debug)]
+pub struct Simulated {
+    pub said: Said,
+    pub calls: Vec<LlmCall>,
+}
+
+impl LlmRuntime {
+    /// Writes the simulated user's next message. `Err` is the `simulator` fault that ends the
+    /// trajectory (no simulator, a failed call, unusable answers after the retries), with the
+    /// calls made.
+    pub async fn simulate<T: AsRef<TurnRecord>>(
+        &self,
+        task: SimulateTask<'_, T>,
+    ) -> Result<Simulated, (Fault, Vec<LlmCall>)> {
+        let fault = |message: String| Fault::new(FaultCategory::Simulator, message);
+        let (provider_id, model, temperature) =
+            match (&self.setup.simulator, self.setup.providers.as_slice()) {
+                (Some(s), _) => (s.provider.value.as_str(), s.model.as_deref(), s.temperature),
+                (None, [only]) => (only.id.value.as_str(), None, None),
+                (None, _) => {
+                    return Err((
+                        fault("no simulator configured: add `simulator provider=\"ID\"`".into()),
+                        Vec::new(),
+                    ));
+                }
+            };
+        let client = match self.clients.get(provider_id) {
+            Some(Ok(client)) => client,
+            Some(Err(e)) => return Err((fault(format!("simulator unavailable: {e}")), Vec::new())),
+            None => {
+                return Err((
+                    fault(format!("simulator provider `{provider_id}` is not defined")),
+                    Vec::new(),
+                ));
+            }
+        };
+        let ctx = self.context(task.scenario);
+        let character = Character {
+            persona: ctx.persona,
+            user_context: ctx.user_context,
+            description: ctx.description,
+            instructions: task.instructions,
+        };
+        let mut calls = Vec::new();
+        let mut last_answer = String::new();
+        for retry in 0..=SIMULATOR_RETRIES {
+            let mut request = simulator::request(&character, task.turns, retry);
+            request.model = model.map(str::to_owned);
+            request.temperature = temperature;
+            let outcome = self
+                .cache
+                .complete(
+                    client,
+                    &request,
+                    task.repetition,
+                    &task.call_name,
+                    None::<Instant>,
+                )
+                .await;
+            calls.push(outcome.call);
+            let text = match outcome.result {
+                Ok(c) => c.text,
+                // An empty completion is an unusable answer, asked again like one.
+                Err(super::LlmError::Malformed { detail, .. }) if detail.contains("no text") => {
+                    String::new()
+                }
+                Err(e) => return Err((fault(format!("the simulator call failed: {e}")), calls)),
+            };
+            match simulator::interpret(&text) {
+                Said::Unusable => last_answer = text,
+                said => return Ok(Simulated { said, calls }),
+            }
+        }
+        let mut shown: String = last_answer.trim().chars().take(160).collect();
+        if shown.is_empty() {
+            shown = "(empty)".into();
+        }
+        Err((
+            fault(format!(
+                "the simulator gave no usable message in {} attempts; last answer: {shown:?}",
+                SIMULATOR_RETRIES + 1
+            )),
+            calls,
+        ))
     }
 }
 

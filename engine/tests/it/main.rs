@@ -12,4 +12,5 @@ mod multiagent;
 mod multiagent_run;
 mod planning;
 mod protocol;
+mod simulating;
 mod support;

@@ -183,6 +183,11 @@ fn tables_have_documented_shape() {
         "function",
         "replay",
         "exchanges",
+        "simulator_calls",
+        "simulator_input_tokens",
+        "simulator_output_tokens",
+        "simulator_cost",
+        "simulator_cache_hit",
     ] {
         assert!(
             columns(&u).iter().any(|c| c == name),
