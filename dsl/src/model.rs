@@ -82,6 +82,8 @@ pub struct Project {
     pub tools: Vec<Tool>,
     pub providers: Vec<Provider>,
     pub judges: Vec<Judge>,
+    /// `panel` nodes: several judges deciding one criterion together.
+    pub panels: Vec<Panel>,
     pub simulator: Option<Simulator>,
 }
 
@@ -117,6 +119,9 @@ impl Project {
     }
     pub fn judge(&self, id: &str) -> Option<&Judge> {
         self.judges.iter().find(|j| j.id.value == id)
+    }
+    pub fn panel(&self, id: &str) -> Option<&Panel> {
+        self.panels.iter().find(|p| p.id.value == id)
     }
     pub fn file(&self, id: FileId) -> &SourceFile {
         &self.files[id]
@@ -559,6 +564,48 @@ pub struct Judge {
     pub rubric: Option<String>,
     pub threshold: Option<f64>,
     pub span: Span,
+}
+
+/// `panel "ID" consensus=… { judges "A" "B"… }`: judges scoring one criterion together;
+/// a criterion names it like a judge (`judge="ID"`).
+#[derive(Clone, Debug)]
+pub struct Panel {
+    pub id: Spanned<String>,
+    pub judges: Vec<Spanned<String>>,
+    pub consensus: Consensus,
+    pub span: Span,
+}
+
+/// How a panel's judges decide together.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Consensus {
+    /// The mean score against the threshold.
+    #[default]
+    Mean,
+    /// More than half of the judges pass it.
+    Majority,
+    /// The lowest score against the threshold.
+    Minimum,
+    /// Every judge passes it.
+    Unanimous,
+}
+
+impl Consensus {
+    pub const ALL: [(&'static str, Consensus); 4] = [
+        ("mean", Consensus::Mean),
+        ("majority", Consensus::Majority),
+        ("minimum", Consensus::Minimum),
+        ("unanimous", Consensus::Unanimous),
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Consensus::Mean => "mean",
+            Consensus::Majority => "majority",
+            Consensus::Minimum => "minimum",
+            Consensus::Unanimous => "unanimous",
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

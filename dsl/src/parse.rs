@@ -537,6 +537,7 @@ const TOP_LEVEL: &[&str] = &[
     "provider",
     "simulator",
     "judge",
+    "panel",
     "scenario",
 ];
 const PARAM_TYPES: &[&str] = &["string", "number", "integer", "boolean", "object", "array"];
@@ -594,6 +595,7 @@ struct FileItems {
     providers: Vec<Provider>,
     simulators: Vec<Simulator>,
     judges: Vec<Judge>,
+    panels: Vec<Panel>,
     scenarios: Vec<Scenario>,
 }
 
@@ -1148,6 +1150,7 @@ const JUDGE_SETTINGS: &[(&str, Arity)] = &[
     ("rubric", Arity::One),
     ("threshold", Arity::One),
 ];
+const PANEL_SETTINGS: &[(&str, Arity)] = &[("consensus", Arity::One), ("judges", Arity::Many)];
 const SUITE_SETTINGS: &[(&str, Arity)] = &[("description", Arity::One), ("tags", Arity::Many)];
 
 impl<'f> Decoder<'f> {
@@ -1334,6 +1337,7 @@ impl<'f> Decoder<'f> {
                 "provider" => items.providers.extend(self.provider(&v)),
                 "simulator" => items.simulators.extend(self.simulator(&v)),
                 "judge" => items.judges.extend(self.judge(&v)),
+                "panel" => items.panels.extend(self.panel(&v)),
                 "scenario" => items.scenarios.extend(self.scenario(&v)),
                 other => self.unknown_node(other, v.name_span, "a suite file", TOP_LEVEL),
             }
@@ -2402,6 +2406,37 @@ impl<'f> Decoder<'f> {
             model,
             temperature,
             instructions,
+            span: self.span(v.span),
+        })
+    }
+
+    fn panel(&mut self, v: &View) -> Option<Panel> {
+        let usage = "panel \"ID\" consensus=\"majority\" { judges \"A\" \"B\" \"C\" }";
+        let id = self.id_arg(v, "an id", usage)?;
+        self.check_args(v, 1, usage);
+        let s = self.settings(v, PANEL_SETTINGS, "`panel`", &[]);
+        let consensus = match s.value("consensus") {
+            Some(e) => self.choice(e, "consensus", &Consensus::ALL),
+            None => Some(Consensus::default()),
+        };
+        let mut judges = Vec::new();
+        if let Some(set) = s.get("judges") {
+            for e in set.values.clone() {
+                if let Some(j) = self.spanned_string(e) {
+                    judges.push(j);
+                }
+            }
+        }
+        if judges.is_empty() {
+            self.missing(v, "`judges \"A\" \"B\"…`", usage);
+        }
+        // Declared even when broken, so criteria naming it are not reported again.
+        self.info.declare(RefKind::Judge, &id.value);
+        let consensus = consensus?;
+        (!judges.is_empty()).then(|| Panel {
+            id,
+            judges,
+            consensus,
             span: self.span(v.span),
         })
     }
@@ -3626,6 +3661,7 @@ fn assemble(
         project.tools.extend(items.tools);
         project.providers.extend(items.providers);
         project.judges.extend(items.judges);
+        project.panels.extend(items.panels);
         simulators.extend(items.simulators);
         if items.suite.is_none() && items.scenarios.is_empty() {
             continue;

@@ -225,6 +225,8 @@ table!(
         judge_output_tokens: Vec<Option<u64>>,
         judge_cost: Vec<Option<f64>>,
         judge_cache_hit: Vec<Option<bool>>,
+        consensus: Vec<Option<String>>,
+        agreement: Vec<Option<f64>>,
     }
 );
 
@@ -606,6 +608,8 @@ impl Tables {
             c.judge_cost.push(judged.and_then(|j| j.call.cost));
             c.judge_cache_hit
                 .push(judged.map(|j| j.call.cache == trellis_engine::llm::CacheUse::Hit));
+            c.consensus.push(judged.and_then(|j| j.consensus.clone()));
+            c.agreement.push(judged.and_then(|j| j.agreement));
             c.rows += 1;
             self.criteria.row_done();
 

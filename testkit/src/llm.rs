@@ -56,10 +56,12 @@ impl Reply {
     }
 }
 
-/// Replies for requests whose last message contains `contains` (any request when `None`).
+/// Replies for requests whose last message contains `contains` (any request when `None`)
+/// and, when `model` is set, that ask for that model.
 #[derive(Clone, Debug)]
 pub struct Rule {
     pub contains: Option<String>,
+    pub model: Option<String>,
     pub replies: Vec<Reply>,
 }
 
@@ -67,12 +69,22 @@ impl Rule {
     pub fn when(contains: impl Into<String>, replies: impl IntoIterator<Item = Reply>) -> Self {
         Rule {
             contains: Some(contains.into()),
+            model: None,
             replies: replies.into_iter().collect(),
         }
     }
     pub fn otherwise(replies: impl IntoIterator<Item = Reply>) -> Self {
         Rule {
             contains: None,
+            model: None,
+            replies: replies.into_iter().collect(),
+        }
+    }
+    /// Replies for every request asking for `model`.
+    pub fn for_model(model: impl Into<String>, replies: impl IntoIterator<Item = Reply>) -> Self {
+        Rule {
+            contains: None,
+            model: Some(model.into()),
             replies: replies.into_iter().collect(),
         }
     }
@@ -173,13 +185,17 @@ async fn answer(shared: &Shared, api: &'static str, headers: HeaderMap, body: &[
     shared.calls.fetch_add(1, Ordering::SeqCst);
     let body: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
     let last = last_message(&body);
+    let model = body["model"].as_str().unwrap_or("");
     let reply = {
         let mut script = shared.script.lock().unwrap();
         let Script { rules, used } = &mut *script;
         rules
             .iter()
             .zip(used.iter_mut())
-            .find(|(rule, _)| rule.contains.as_deref().is_none_or(|c| last.contains(c)))
+            .find(|(rule, _)| {
+                rule.contains.as_deref().is_none_or(|c| last.contains(c))
+                    && rule.model.as_deref().is_none_or(|m| m == model)
+            })
             .and_then(|(rule, used)| {
                 let reply = rule
                     .replies

@@ -610,8 +610,18 @@ pub struct JudgeVerdict {
     /// Connexity's per-metric scores.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub metrics: Vec<MetricScore>,
-    /// The LLM call (provider, model, tokens, cost, cache).
+    /// The LLM call (provider, model, tokens, cost, cache); for a panel, its members' calls
+    /// summed (a cache hit only when every member's was).
     pub call: LlmCall,
+    /// A panel's consensus rule (`mean`, `majority`, `minimum`, `unanimous`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub consensus: Option<String>,
+    /// A panel's agreement: the share of its judges whose own verdict matches the panel's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agreement: Option<f64>,
+    /// A panel's members' verdicts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub members: Vec<JudgeVerdict>,
 }
 
 #[cfg(test)]

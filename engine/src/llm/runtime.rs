@@ -14,7 +14,8 @@ use std::sync::Arc;
 
 use tokio::time::Instant;
 use trellis_dsl::{
-    CriterionKind, Judge, Outcome, Persona, PersonaRef, Project, Provider, Scenario, Simulator,
+    Consensus, CriterionKind, Judge, Outcome, Panel, Persona, PersonaRef, Project, Provider,
+    Scenario, Simulator,
 };
 
 use super::judge::{self, JudgeContext, JudgeVerdict, PersonaInfo, Question, Rubric};
@@ -29,6 +30,7 @@ use crate::render::EnvSnapshot;
 pub struct LlmSetup {
     pub providers: Vec<Provider>,
     pub judges: Vec<Judge>,
+    pub panels: Vec<Panel>,
     pub simulator: Option<Simulator>,
     pub personas: Vec<Persona>,
     /// The simulator's `instructions`, compiled by the planner (rendered per trajectory).
@@ -40,6 +42,7 @@ impl LlmSetup {
         LlmSetup {
             providers: project.providers.clone(),
             judges: project.judges.clone(),
+            panels: project.panels.clone(),
             simulator: project.simulator.clone(),
             personas: project.personas.clone(),
             simulator_instructions: None,
@@ -177,7 +180,8 @@ impl LlmRuntime {
 
     /// Judges one `judge`/`outcome` criterion (or a scenario-level outcome) into its record:
     /// passed or failed on the judge's score, `skipped` without a judge, `error` when the
-    /// judge failed or answered garbage.
+    /// judge failed or answered garbage. A criterion naming a panel is judged by each of its
+    /// judges at once and decided by the panel's consensus rule.
     pub async fn judge<T: AsRef<TurnRecord>>(&self, task: JudgeTask<'_, T>) -> CriterionRecord {
         let mut record = CriterionRecord {
             turn_index: task.turn_index,
@@ -205,36 +209,77 @@ impl LlmRuntime {
                 return record;
             }
         };
+        let question = QuestionSpec {
+            text: &question_text,
+            rubric: criterion_rubric,
+            threshold: criterion_threshold,
+        };
+        if let Some(panel) =
+            named.and_then(|id| self.setup.panels.iter().find(|p| p.id.value == id))
+        {
+            let members = futures::future::join_all(
+                panel
+                    .judges
+                    .iter()
+                    .map(|member| self.judge_one(Some(&member.value), &question, &task)),
+            )
+            .await;
+            let (status, detail, verdict) = decide(panel, members);
+            record.status = status;
+            record.detail = Some(detail);
+            record.judge = Some(Box::new(verdict));
+            return record;
+        }
+        let (status, detail, verdict) = self.judge_one(named, &question, &task).await;
+        record.status = status;
+        record.detail = Some(detail);
+        record.judge = verdict.map(Box::new);
+        record
+    }
+
+    /// One judge's verdict on `question`: the status, the detail, and the verdict record
+    /// (none when no judge is configured at all).
+    async fn judge_one<T: AsRef<TurnRecord>>(
+        &self,
+        named: Option<&str>,
+        question: &QuestionSpec<'_>,
+        task: &JudgeTask<'_, T>,
+    ) -> (CriterionStatus, String, Option<JudgeVerdict>) {
         let resolved = match self.resolve(named) {
-            None => {
-                record.detail = Some(NO_JUDGE.to_owned());
-                return record;
-            }
+            None => return (CriterionStatus::Skipped, NO_JUDGE.to_owned(), None),
             Some(Err(e)) => {
-                record.status = CriterionStatus::Error;
-                record.detail = Some(format!("judge unavailable: {e}"));
-                return record;
+                let verdict = JudgeVerdict {
+                    judge: named.unwrap_or_default().to_owned(),
+                    ..JudgeVerdict::default()
+                };
+                return (
+                    CriterionStatus::Error,
+                    format!("judge unavailable: {e}"),
+                    Some(verdict),
+                );
             }
             Some(Ok(r)) => r,
         };
         let rubric = match task.kind {
             CriterionKind::Outcome(_) => Rubric::Outcome,
             _ => Rubric::from_setting(
-                criterion_rubric
+                question
+                    .rubric
                     .or(task.scenario.criteria_override.as_deref())
                     .or(resolved.rubric),
             ),
         };
-        let threshold = criterion_threshold
+        let threshold = question
+            .threshold
             .or(resolved.threshold)
             .unwrap_or_else(|| rubric.default_threshold());
         let ctx = self.context(task.scenario);
-        let question = Question {
-            criterion: &question_text,
+        let asked = Question {
+            criterion: question.text,
             rubric: &rubric,
             turn: task.turn_index,
         };
-        let mut request = judge::request(&ctx, &question, task.turns);
+        let mut request = judge::request(&ctx, &asked, task.turns);
         request.model = resolved.model.map(str::to_owned);
         request.temperature = resolved.temperature;
         if resolved.client.kind() == trellis_dsl::ProviderKind::Anthropic {
@@ -258,43 +303,43 @@ impl LlmRuntime {
             call: outcome.call,
             ..JudgeVerdict::default()
         };
-        match outcome.result {
+        let completion = match outcome.result {
             Err(e) => {
-                record.status = CriterionStatus::Error;
-                record.detail = Some(format!("the judge call failed: {e}"));
+                return (
+                    CriterionStatus::Error,
+                    format!("the judge call failed: {e}"),
+                    Some(verdict),
+                );
             }
-            Ok(completion) => match judge::parse_answer(&rubric, &completion.text) {
-                Err(garbage) => {
-                    record.status = CriterionStatus::Error;
-                    record.detail = Some(garbage.to_string());
-                }
-                Ok(answer) => {
-                    let passed = answer.score >= threshold;
-                    record.status = if passed {
-                        CriterionStatus::Passed
-                    } else {
-                        CriterionStatus::Failed
-                    };
-                    record.detail = Some(format!(
-                        "score {:.2} {} {:.2}{}",
-                        answer.score,
-                        if passed { ">=" } else { "<" },
-                        threshold,
-                        answer
-                            .justification
-                            .as_deref()
-                            .map(|j| format!(": {j}"))
-                            .unwrap_or_default()
-                    ));
-                    verdict.score = Some(answer.score);
-                    verdict.label = answer.label;
-                    verdict.justification = answer.justification;
-                    verdict.metrics = answer.metrics;
-                }
-            },
+            Ok(completion) => completion,
+        };
+        match judge::parse_answer(&rubric, &completion.text) {
+            Err(garbage) => (CriterionStatus::Error, garbage.to_string(), Some(verdict)),
+            Ok(answer) => {
+                let passed = answer.score >= threshold;
+                let detail = format!(
+                    "score {:.2} {} {:.2}{}",
+                    answer.score,
+                    if passed { ">=" } else { "<" },
+                    threshold,
+                    answer
+                        .justification
+                        .as_deref()
+                        .map(|j| format!(": {j}"))
+                        .unwrap_or_default()
+                );
+                verdict.score = Some(answer.score);
+                verdict.label = answer.label;
+                verdict.justification = answer.justification;
+                verdict.metrics = answer.metrics;
+                let status = if passed {
+                    CriterionStatus::Passed
+                } else {
+                    CriterionStatus::Failed
+                };
+                (status, detail, Some(verdict))
+            }
         }
-        record.judge = Some(Box::new(verdict));
-        record
     }
 
     fn context<'a>(&'a self, scenario: &'a Scenario) -> JudgeContext<'a> {
@@ -429,6 +474,117 @@ impl LlmRuntime {
             )),
             calls,
         ))
+    }
+}
+
+/// What a criterion asks, before a judge is chosen.
+struct QuestionSpec<'a> {
+    text: &'a str,
+    rubric: Option<&'a str>,
+    threshold: Option<f64>,
+}
+
+/// A panel's decision from its members' verdicts: any member that errored or was not
+/// configured makes the criterion `error` (never a pass on part of the panel); otherwise the
+/// consensus rule decides, and the agreement is the share of members whose own verdict
+/// matches the panel's.
+fn decide(
+    panel: &Panel,
+    members: Vec<(CriterionStatus, String, Option<JudgeVerdict>)>,
+) -> (CriterionStatus, String, JudgeVerdict) {
+    let mut verdict = JudgeVerdict {
+        judge: format!("panel:{}", panel.id.value),
+        consensus: Some(panel.consensus.as_str().to_owned()),
+        ..JudgeVerdict::default()
+    };
+    let mut call = LlmCall {
+        cache: super::CacheUse::Hit,
+        ..LlmCall::default()
+    };
+    for (_, _, member) in &members {
+        if let Some(m) = member {
+            let c = &m.call;
+            call.input_tokens = sum(call.input_tokens, c.input_tokens);
+            call.output_tokens = sum(call.output_tokens, c.output_tokens);
+            call.cost = match (call.cost, c.cost) {
+                (Some(a), Some(b)) => Some(a + b),
+                (a, b) => a.or(b),
+            };
+            call.latency_ms = call.latency_ms.max(c.latency_ms);
+            call.attempts = call.attempts.saturating_add(c.attempts);
+            call.rate_limited = call.rate_limited.saturating_add(c.rate_limited);
+            call.waited_ms += c.waited_ms;
+            if c.cache != super::CacheUse::Hit {
+                call.cache = c.cache;
+            }
+            if call.model.is_empty() {
+                call.provider.clone_from(&c.provider);
+                call.model.clone_from(&c.model);
+            }
+        }
+    }
+    verdict.call = call;
+    let unusable: Vec<String> = members
+        .iter()
+        .zip(&panel.judges)
+        .filter(|((status, _, _), _)| {
+            matches!(status, CriterionStatus::Error | CriterionStatus::Skipped)
+        })
+        .map(|((_, detail, _), judge)| format!("`{}`: {detail}", judge.value))
+        .collect();
+    let scored: Vec<(bool, f64, f64)> = members
+        .iter()
+        .filter_map(|(status, _, v)| {
+            let v = v.as_ref()?;
+            Some((*status == CriterionStatus::Passed, v.score?, v.threshold))
+        })
+        .collect();
+    verdict.members = members.into_iter().filter_map(|(_, _, v)| v).collect();
+    if !unusable.is_empty() || scored.is_empty() {
+        return (
+            CriterionStatus::Error,
+            format!("panel `{}`: {}", panel.id.value, unusable.join("; ")),
+            verdict,
+        );
+    }
+    let n = scored.len() as f64;
+    let passes = scored.iter().filter(|(p, _, _)| *p).count();
+    let mean = scored.iter().map(|(_, s, _)| s).sum::<f64>() / n;
+    let min = scored
+        .iter()
+        .map(|(_, s, _)| *s)
+        .fold(f64::INFINITY, f64::min);
+    let threshold = scored.iter().map(|(_, _, t)| *t).fold(0.0, f64::max);
+    let (passed, score) = match panel.consensus {
+        Consensus::Mean => (mean >= threshold, mean),
+        Consensus::Minimum => (min >= threshold, min),
+        Consensus::Majority => (passes as f64 > n / 2.0, passes as f64 / n),
+        Consensus::Unanimous => (passes == scored.len(), passes as f64 / n),
+    };
+    let agreeing = scored.iter().filter(|(p, _, _)| *p == passed).count();
+    verdict.score = Some(score);
+    verdict.threshold = threshold;
+    verdict.agreement = Some(agreeing as f64 / n);
+    verdict.label = Some(if passed { "pass" } else { "fail" }.to_owned());
+    let detail = format!(
+        "panel `{}` ({}): {passes} of {} judges passed it, score {score:.2}, agreement {:.0}%",
+        panel.id.value,
+        panel.consensus.as_str(),
+        scored.len(),
+        agreeing as f64 / n * 100.0
+    );
+    let status = if passed {
+        CriterionStatus::Passed
+    } else {
+        CriterionStatus::Failed
+    };
+    (status, detail, verdict)
+}
+
+fn sum(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.saturating_add(b)),
+        (a, b) => a.or(b),
     }
 }
 

@@ -246,3 +246,83 @@ async fn a_replay_only_rerun_gives_the_same_records_with_zero_llm_calls() {
         "{detail}"
     );
 }
+
+fn panel_suite(base_url: &str, consensus: &str) -> String {
+    format!(
+        r#"
+agent "demo" protocol="connexity" builtin="booking"
+provider "fake" kind="openai" base-url="{base_url}" model="m"
+judge "a" provider="fake" model="judge-a" threshold=0.5
+judge "b" provider="fake" model="judge-b" threshold=0.5
+judge "c" provider="fake" model="judge-c" threshold=0.5
+panel "trio" consensus="{consensus}" {{ judges "a" "b" "c"; }}
+scenario "book" {{
+    user "Hi, I'd like to book a duct cleaning."
+    criteria {{ judge "PANEL-CHECK helpful" judge="trio"; }}
+}}
+"#
+    )
+}
+
+#[tokio::test]
+async fn a_panel_decides_by_its_consensus_rule_and_records_its_agreement() {
+    // Two judges pass it (0.9, 0.6), one fails it (0.1).
+    let rules = || {
+        vec![
+            Rule::for_model("judge-a", [score(0.9)]),
+            Rule::for_model("judge-b", [score(0.6)]),
+            Rule::for_model("judge-c", [score(0.1)]),
+        ]
+    };
+    for (consensus, status, panel_score) in [
+        ("majority", CriterionStatus::Passed, 2.0 / 3.0),
+        ("mean", CriterionStatus::Passed, 1.6 / 3.0),
+        ("minimum", CriterionStatus::Failed, 0.1),
+        ("unanimous", CriterionStatus::Failed, 2.0 / 3.0),
+    ] {
+        let fake = FakeLlm::start(rules()).await;
+        let run = run_suite(
+            &panel_suite(&fake.base_url(), consensus),
+            4,
+            EnvSnapshot::new(),
+        )
+        .await;
+        let c = criterion(&run, "PANEL-CHECK");
+        assert_eq!(c.status, status, "{consensus}: {c:?}");
+        let verdict = c.judge.as_deref().unwrap();
+        assert_eq!(verdict.judge, "panel:trio");
+        assert_eq!(verdict.consensus.as_deref(), Some(consensus));
+        assert!(
+            (verdict.score.unwrap() - panel_score).abs() < 1e-9,
+            "{consensus}"
+        );
+        let agreement = if status == CriterionStatus::Passed {
+            2.0
+        } else {
+            1.0
+        } / 3.0;
+        assert!(
+            (verdict.agreement.unwrap() - agreement).abs() < 1e-9,
+            "{consensus}"
+        );
+        assert_eq!(verdict.members.len(), 3);
+        assert_eq!(fake.calls(), 3, "the judges are called once each");
+    }
+
+    // A member that cannot answer makes the panel's check an error, never a pass.
+    let fake = FakeLlm::start(vec![
+        Rule::for_model("judge-a", [score(0.9)]),
+        Rule::for_model("judge-b", [score(0.9)]),
+        Rule::for_model("judge-c", [Reply::text("no idea")]),
+    ])
+    .await;
+    let run = run_suite(
+        &panel_suite(&fake.base_url(), "majority"),
+        4,
+        EnvSnapshot::new(),
+    )
+    .await;
+    let c = criterion(&run, "PANEL-CHECK");
+    assert_eq!(c.status, CriterionStatus::Error);
+    assert!(c.detail.as_deref().unwrap().contains("`c`"), "{c:?}");
+}

@@ -288,6 +288,8 @@ fn tables_have_documented_shape() {
             "judge_output_tokens",
             "judge_cost",
             "judge_cache_hit",
+            "consensus",
+            "agreement",
         ]
     );
     assert_eq!(dtype(&k, "turn_index"), DataType::UInt32);
