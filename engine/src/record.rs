@@ -37,6 +37,9 @@ pub struct RunInfo {
     pub jobs: usize,
     /// Trajectories the plan will run or record as skipped.
     pub planned_trajectories: u64,
+    /// `trellis rejudge`: the run whose transcripts this run re-scored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rejudged_from: Option<String>,
 }
 
 /// What an agent's protocol learned when it was set up for the run.

@@ -269,6 +269,7 @@ table!(
         turns: Vec<u64>,
         planned_trajectories: Vec<u64>,
         suites: Vec<Vec<String>>,
+        rejudged_from: Vec<Option<String>>,
     }
 );
 
@@ -659,6 +660,7 @@ impl Tables {
         r.turns.push(run.turns);
         r.planned_trajectories.push(run.info.planned_trajectories);
         r.suites.push(run.info.suites.clone());
+        r.rejudged_from.push(run.info.rejudged_from.clone());
         r.rows += 1;
 
         let mut failed = Vec::new();

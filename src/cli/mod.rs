@@ -5,6 +5,7 @@
 mod bench;
 mod console;
 mod import;
+mod rejudge;
 mod run;
 
 use std::path::{Path, PathBuf};
@@ -60,6 +61,11 @@ enum Command {
     ///
     /// Example: cargo run --release -- bench --trajectories 10000 --jobs 256
     Bench(bench::BenchArgs),
+    /// Re-score a recorded run's `judge`/`outcome` checks with the suites' current judges,
+    /// without calling any agent, into a new run directory linked to the original.
+    ///
+    /// Example: trellis rejudge runs/20261122T035000Z-1a2b suites/ --llm-cache .llm-cache
+    Rejudge(rejudge::RejudgeArgs),
     /// Write a suite from what an agent already declares (a Fixie agent's few-shots).
     ///
     /// Example: trellis import fixie http://127.0.0.1:8181 --out suites/my-agent.kdl
@@ -194,6 +200,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Report(args) => report(&args),
         Command::Bench(args) => bench::bench(args),
         Command::Import(args) => import::import(args),
+        Command::Rejudge(args) => rejudge::rejudge(args),
     };
     ExitCode::from(code)
 }

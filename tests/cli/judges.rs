@@ -179,3 +179,58 @@ async fn judged_checks_fill_the_tables_and_a_replay_only_rerun_sends_nothing() {
         .unwrap();
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
 }
+
+#[tokio::test]
+async fn rejudge_rescores_a_recorded_run_with_the_current_judges_without_any_agent() {
+    let fake = FakeLlm::start(vec![
+        Rule::when("CONNEXITY-CHECK", [connexity_answer()]),
+        Rule::when(
+            "ECHO-CHECK",
+            [Reply::text(r#"{"score": 1, "label": "ok"}"#)],
+        ),
+        Rule::when(
+            "Does this expected outcome hold",
+            [Reply::text(
+                r#"{"passed": true, "justification": "quoted"}"#,
+            )],
+        ),
+    ])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = suite(dir.path(), &fake.base_url());
+    let first = dir.path().join("first");
+    let o = run(&suite, &first, &[]).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert_eq!(fake.calls(), 3);
+
+    // The suite now asks more of the Connexity score (0.94 < 0.95).
+    let text = std::fs::read_to_string(&suite).unwrap().replace(
+        r#"rubric="connexity""#,
+        r#"rubric="connexity" threshold=0.95"#,
+    );
+    std::fs::write(&suite, text).unwrap();
+    let again = dir.path().join("rejudged");
+    let o = trellis()
+        .arg("rejudge")
+        .arg(&first)
+        .arg(&suite)
+        .arg("--out")
+        .arg(&again)
+        .env("FAKE_KEY", KEY)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("rejudged 3 check(s)"), "{}", stdout(&o));
+    assert!(stdout(&o).contains("1 changed status"), "{}", stdout(&o));
+    assert_eq!(fake.calls(), 6, "the judges were asked again");
+
+    let runs = read_parquet(&again.join("runs.parquet"));
+    let original = strings(&read_parquet(&first.join("runs.parquet")), "run_id")[0].clone();
+    assert_eq!(strings(&runs, "rejudged_from")[0], original);
+    let t = read_parquet(&again.join("trajectories.parquet"));
+    assert_eq!(strings(&t, "status")[0].as_deref(), Some("failed"));
+    // The transcript is the recorded one: no agent was called.
+    let turns = |d: &std::path::Path| strings(&read_parquet(&d.join("turns.parquet")), "reply");
+    assert_eq!(turns(&first), turns(&again));
+}

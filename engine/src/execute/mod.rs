@@ -35,6 +35,16 @@ use crate::record::{
 };
 use agents::{AgentRuntime, Agents};
 use verdict::skip_trajectory;
+
+/// The status a trajectory gets from its fault and checks (`strict`: a skipped check or
+/// trajectory fails), for tools that re-check recorded trajectories (`trellis rejudge`).
+pub fn trajectory_status(
+    faulted: bool,
+    criteria: &[crate::record::CriterionRecord],
+    strict: bool,
+) -> (TrajectoryStatus, Option<String>) {
+    verdict::status_of(faulted, criteria, strict)
+}
 use walk::Unit;
 
 /// Upper bound of `--jobs`: far beyond what one process can keep in flight, and well inside
@@ -71,6 +81,7 @@ pub async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSum
             suites: plan.suites.clone(),
             jobs: options.jobs,
             planned_trajectories: plan.trajectory_count(),
+            rejudged_from: None,
         }))
         .await;
 

@@ -231,7 +231,7 @@ impl Unit<'_> {
 
 /// The status a trajectory gets from its fault and checks, and why it was skipped when it
 /// was.
-fn status_of(
+pub(super) fn status_of(
     faulted: bool,
     criteria: &[CriterionRecord],
     strict: bool,

@@ -19,6 +19,7 @@
 pub mod cache;
 pub mod judge;
 pub mod provider;
+pub mod rejudge;
 pub mod runtime;
 pub mod simulator;
 pub mod wire;

@@ -19,6 +19,7 @@ pub fn run_info() -> RunInfo {
         suites: vec!["shop".into(), "smoke".into()],
         jobs: 4,
         planned_trajectories: 6,
+        rejudged_from: None,
     }
 }
 

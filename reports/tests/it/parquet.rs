@@ -317,6 +317,7 @@ fn tables_have_documented_shape() {
         "turns",
         "planned_trajectories",
         "suites",
+        "rejudged_from",
     ] {
         assert!(columns(&r).iter().any(|c| c == name), "runs.{name} missing");
     }
