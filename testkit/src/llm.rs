@@ -40,6 +40,9 @@ pub enum Reply {
     EchoHeaders(u16),
     /// The reply after a delay.
     Slow(Duration, Box<Reply>),
+    /// HTTP 400 to a request asking for structured output (`response_format`), as servers
+    /// without it answer; the reply to a request without it.
+    NoStructuredOutput(Box<Reply>),
 }
 
 impl Reply {
@@ -216,9 +219,19 @@ async fn answer(shared: &Shared, api: &'static str, headers: HeaderMap, body: &[
 }
 
 async fn render(mut reply: Reply, api: &str, headers: &HeaderMap, request: &Value) -> Response {
-    while let Reply::Slow(delay, then) = reply {
-        tokio::time::sleep(delay).await;
-        reply = *then;
+    loop {
+        match reply {
+            Reply::Slow(delay, then) => {
+                tokio::time::sleep(delay).await;
+                reply = *then;
+            }
+            Reply::NoStructuredOutput(_) if request.get("response_format").is_some() => {
+                return (StatusCode::BAD_REQUEST, "response_format is not supported")
+                    .into_response();
+            }
+            Reply::NoStructuredOutput(then) => reply = *then,
+            _ => break,
+        }
     }
     match reply {
         Reply::Text(text) => json_response(200, shaped(api, request, &text)),
@@ -245,7 +258,7 @@ async fn render(mut reply: Reply, api: &str, headers: &HeaderMap, request: &Valu
                 .collect();
             (status_code(status), echoed.join("\n")).into_response()
         }
-        Reply::Slow(..) => unreachable!("unwrapped above"),
+        Reply::Slow(..) | Reply::NoStructuredOutput(_) => unreachable!("unwrapped above"),
     }
 }
 

@@ -286,7 +286,7 @@ impl LlmRuntime {
             // No structured output there: the prompt asks for JSON and parsing is strict.
             request.json_schema = None;
         }
-        let outcome = self
+        let mut outcome = self
             .cache
             .complete(
                 resolved.client,
@@ -296,6 +296,33 @@ impl LlmRuntime {
                 None::<Instant>,
             )
             .await;
+        // A server without structured output refuses the request (4xx): ask again without
+        // it; the prompt already asks for JSON and parsing is strict.
+        if request.json_schema.is_some()
+            && matches!(
+                &outcome.result,
+                Err(super::LlmError::Http {
+                    category: FaultCategory::Http4xx,
+                    ..
+                })
+            )
+        {
+            request.json_schema = None;
+            let first = outcome.call;
+            outcome = self
+                .cache
+                .complete(
+                    resolved.client,
+                    &request,
+                    task.repetition,
+                    &task.call_name,
+                    None::<Instant>,
+                )
+                .await;
+            outcome.call.attempts = outcome.call.attempts.saturating_add(first.attempts);
+            outcome.call.latency_ms += first.latency_ms;
+            outcome.call.waited_ms += first.waited_ms;
+        }
         let mut verdict = JudgeVerdict {
             judge: resolved.name,
             rubric: rubric.name().to_owned(),

@@ -326,3 +326,20 @@ async fn a_panel_decides_by_its_consensus_rule_and_records_its_agreement() {
     assert_eq!(c.status, CriterionStatus::Error);
     assert!(c.detail.as_deref().unwrap().contains("`c`"), "{c:?}");
 }
+
+#[tokio::test]
+async fn a_server_without_structured_output_is_asked_again_without_it() {
+    let fake = FakeLlm::start(vec![Rule::otherwise([Reply::NoStructuredOutput(
+        Box::new(score(0.9)),
+    )])])
+    .await;
+    let checks = r#"criteria { judge "PLAIN-CHECK helpful"; }"#;
+    let run = run_suite(&suite(&fake.base_url(), checks), 4, EnvSnapshot::new()).await;
+    let c = criterion(&run, "PLAIN-CHECK");
+    assert_eq!(c.status, CriterionStatus::Passed, "{c:?}");
+    assert_eq!(c.judge.as_deref().unwrap().call.attempts, 2);
+    let seen = fake.seen();
+    assert_eq!(seen.len(), 2);
+    assert!(seen[0].body.get("response_format").is_some());
+    assert!(seen[1].body.get("response_format").is_none());
+}
