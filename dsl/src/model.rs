@@ -758,6 +758,10 @@ pub enum CriterionKind {
         name: String,
         params: Map<String, Value>,
         count: Option<u32>,
+        /// `expect-tool` (Connexity's expected tool calls): strings compare
+        /// case-insensitively and an expected `null` matches any value, as the reference
+        /// implementation matches `expected_params`.
+        loose: bool,
     },
     NoTool {
         name: String,

@@ -3604,6 +3604,7 @@ impl<'f> Decoder<'f> {
             name: name.value,
             params,
             count,
+            loose: v.name == "expect-tool",
         })
     }
 

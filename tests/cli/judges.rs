@@ -92,7 +92,8 @@ async fn judged_checks_fill_the_tables_and_a_replay_only_rerun_sends_nothing() {
     let o = run(&suite, &out, &["--llm-cache", cache_arg]).await;
     // The echoing judge is an error check: the trajectory is an error, exit 1.
     assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
-    assert_eq!(fake.calls(), 3);
+    // The echoing judge is asked twice: a 4xx is retried once without structured output.
+    assert_eq!(fake.calls(), 4);
 
     let criteria = read_parquet(&out.join("criteria.parquet"));
     let status = strings(&criteria, "status");
@@ -157,7 +158,7 @@ async fn judged_checks_fill_the_tables_and_a_replay_only_rerun_sends_nothing() {
     )
     .await;
     assert_eq!(o.status.code(), Some(1));
-    assert_eq!(fake.calls(), 3, "replay-only sends nothing");
+    assert_eq!(fake.calls(), 4, "replay-only sends nothing");
     let replayed = read_parquet(&again.join("criteria.parquet"));
     assert_eq!(
         strings(&replayed, "status")[connexity].as_deref(),
