@@ -14,6 +14,9 @@ use crate::protocol::ChatMessage;
 /// One line of the journal: `{"run_started":{…}}`, `{"node":{…}}`, `{"trajectory":{…}}`,
 /// `{"run_finished":{…}}`. Externally tagged on purpose: an internally tagged enum makes
 /// serde buffer every entry before decoding it, which doubled the cost of reading a journal.
+// Trajectory entries are most of a journal; boxing them would add an allocation to each for
+// no gain, since entries are streamed one at a time, never stored in bulk.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum JournalEntry {
@@ -284,6 +287,10 @@ pub struct TrajectoryRecord {
     /// answers).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox_state: Option<serde_json::Value>,
+    /// The engine's own LLM calls for this trajectory (simulated user turns on its path,
+    /// its judged checks), summed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub llm: Option<Box<crate::llm::LlmUsage>>,
 }
 
 /// One continuation of a fork the agent asked for.

@@ -138,6 +138,11 @@ table!(
         agent_branches: Vec<Option<String>>,
         awaiting_human: Vec<Option<String>>,
         sandbox_state: Vec<Option<String>>,
+        llm_calls: Vec<u64>,
+        llm_input_tokens: Vec<Option<u64>>,
+        llm_output_tokens: Vec<Option<u64>>,
+        llm_cost: Vec<Option<f64>>,
+        llm_cache_hits: Vec<u64>,
     }
 );
 
@@ -570,6 +575,14 @@ impl Tables {
         t.agent_branches.push(agent_branches);
         t.awaiting_human.push(tr.awaiting_human.clone());
         t.sandbox_state.push(sandbox_state);
+        let llm = tr.llm.as_deref().copied().unwrap_or_default();
+        t.llm_calls.push(llm.calls);
+        t.llm_input_tokens
+            .push(tr.llm.as_deref().map(|u| u.input_tokens));
+        t.llm_output_tokens
+            .push(tr.llm.as_deref().map(|u| u.output_tokens));
+        t.llm_cost.push(llm.cost);
+        t.llm_cache_hits.push(llm.cache_hits);
         t.rows += 1;
         self.trajectories.row_done();
 

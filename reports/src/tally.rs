@@ -189,6 +189,7 @@ mod selection_tests {
             agent_branches: Vec::new(),
             awaiting_human: None,
             sandbox_state: None,
+            llm: None,
         }
     }
 

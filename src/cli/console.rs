@@ -119,6 +119,8 @@ pub struct Console {
     unchecked_total: u64,
     /// Trajectories with checks that did not run that are not in `unchecked`.
     unchecked_not_shown: u64,
+    /// The engine's own LLM calls (judges, simulated users), summed over trajectories.
+    llm: trellis_engine::llm::LlmUsage,
 }
 
 impl Console {
@@ -146,6 +148,7 @@ impl Console {
             unchecked: BTreeMap::new(),
             unchecked_total: 0,
             unchecked_not_shown: 0,
+            llm: trellis_engine::llm::LlmUsage::default(),
         }
     }
 
@@ -172,6 +175,9 @@ impl Console {
                     self.skip_reasons.insert(reason.to_string(), 1);
                 }
             }
+        }
+        if let Some(llm) = t.llm.as_deref() {
+            self.llm.merge(llm);
         }
         let not_run = t.checks_with(CriterionStatus::Skipped);
         if not_run > 0 {
@@ -431,6 +437,23 @@ impl Console {
                 s.skipped,
                 count(s.turns, "turn", "turns"),
                 s.duration_ms / 1000.0
+            );
+        }
+        if self.llm.calls > 0 {
+            let llm = &self.llm;
+            outln!(
+                "LLM (judges, simulated users): {}, {} tokens in, {} out{}{}",
+                count(llm.calls, "call", "calls"),
+                llm.input_tokens,
+                llm.output_tokens,
+                llm.cost
+                    .map(|c| format!(", cost {c:.4}"))
+                    .unwrap_or_default(),
+                if llm.cache_hits > 0 {
+                    format!(", {} from the cache", llm.cache_hits)
+                } else {
+                    String::new()
+                }
             );
         }
         if self.checks_skipped > 0 {

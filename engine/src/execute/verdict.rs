@@ -161,6 +161,9 @@ impl Unit<'_> {
         }
         let strict = self.shared.strict;
         let (status, skip_reason) = status_of(fault.is_some(), &criteria, strict);
+        let llm =
+            crate::llm::LlmUsage::of(state.turns.iter().flat_map(|t| &t.simulator), &criteria)
+                .map(Box::new);
         let record = TrajectoryRecord {
             suite: self.scenario.suite.to_string(),
             scenario: sc.id.value.clone(),
@@ -182,6 +185,7 @@ impl Unit<'_> {
             agent_branches: state.agent_branches.clone(),
             awaiting_human: session.and_then(|s| s.paused()).map(str::to_owned),
             sandbox_state: sandbox.map(|s| s.state().clone()),
+            llm,
         };
         self.mark_recorded(t);
         self.shared.record(record).await;
@@ -293,6 +297,7 @@ pub(super) async fn skip_trajectory(
         agent_branches: Vec::new(),
         awaiting_human: None,
         sandbox_state: None,
+        llm: None,
     };
     shared.record(record).await;
 }

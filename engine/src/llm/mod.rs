@@ -134,6 +134,73 @@ pub struct LlmCall {
     pub error: Option<String>,
 }
 
+/// LLM calls summed: per trajectory (`trajectories.llm_*`) and per run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LlmUsage {
+    pub calls: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    /// Summed over the calls that have a cost (a provider with prices).
+    pub cost: Option<f64>,
+    /// Calls answered from the cache.
+    pub cache_hits: u64,
+}
+
+impl LlmUsage {
+    /// Adds one call.
+    pub fn add(&mut self, call: &LlmCall) {
+        // A cache hit is a call not sent; a failed call before sending is still counted.
+        self.calls += 1;
+        self.input_tokens = self
+            .input_tokens
+            .saturating_add(call.input_tokens.unwrap_or(0));
+        self.output_tokens = self
+            .output_tokens
+            .saturating_add(call.output_tokens.unwrap_or(0));
+        if let Some(c) = call.cost {
+            self.cost = Some(self.cost.unwrap_or(0.0) + c);
+        }
+        if call.cache == CacheUse::Hit {
+            self.cache_hits += 1;
+        }
+    }
+
+    /// Adds another total.
+    pub fn merge(&mut self, other: &LlmUsage) {
+        self.calls += other.calls;
+        self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
+        self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
+        if let Some(c) = other.cost {
+            self.cost = Some(self.cost.unwrap_or(0.0) + c);
+        }
+        self.cache_hits += other.cache_hits;
+    }
+
+    /// The simulator calls of a trajectory's turns and the judge calls of its checks (a
+    /// panel's members each count); `None` when there were none.
+    pub fn of<'a>(
+        simulator: impl IntoIterator<Item = &'a LlmCall>,
+        criteria: &[crate::record::CriterionRecord],
+    ) -> Option<LlmUsage> {
+        let mut usage = LlmUsage::default();
+        for call in simulator {
+            usage.add(call);
+        }
+        for verdict in criteria.iter().filter_map(|c| c.judge.as_deref()) {
+            if verdict.members.is_empty() {
+                if !verdict.call.provider.is_empty() {
+                    usage.add(&verdict.call);
+                }
+            } else {
+                for m in &verdict.members {
+                    usage.add(&m.call);
+                }
+            }
+        }
+        (usage.calls > 0).then_some(usage)
+    }
+}
+
 /// Why an LLM call produced no usable answer. Messages never contain the API key.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 pub enum LlmError {

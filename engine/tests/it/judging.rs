@@ -117,6 +117,11 @@ async fn judges_score_turn_trajectory_and_scenario_checks_from_the_whole_transcr
     );
     assert_eq!(outcome.judge.as_deref().unwrap().rubric, "outcome");
 
+    // The trajectory sums its judge calls.
+    let llm = t.llm.as_deref().unwrap();
+    assert_eq!((llm.calls, llm.cache_hits), (4, 0));
+    assert!(llm.input_tokens > 0 && llm.cost.unwrap() > 0.0);
+
     // The judge saw the persona, the user context, the expectations and the tool calls
     // with their results.
     assert_eq!(fake.calls(), 4);

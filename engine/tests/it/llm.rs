@@ -447,3 +447,29 @@ async fn runs_sharing_a_cache_directory_never_see_a_partial_entry() {
         assert_eq!(hit.call.cache, CacheUse::Hit);
     }
 }
+
+#[tokio::test]
+async fn the_token_rate_limit_holds_a_request_until_its_estimate_fits() {
+    let fake = FakeLlm::always("ok").await;
+    // 600 tokens a minute (10 a second); each request reserves about 300 (max-tokens plus
+    // a few prompt tokens), so the second waits for the bucket to refill by the difference.
+    let client = client(&format!(
+        r#"provider "p" kind="openai" base-url="{}" model="m" tokens-per-minute=600 max-tokens=300"#,
+        fake.base_url()
+    ));
+    let started = Instant::now();
+    let first = client.complete(&ask("x"), None).await;
+    assert!(first.result.is_ok());
+    assert!(
+        started.elapsed() < Duration::from_millis(300),
+        "the first fits at once"
+    );
+    let second = client.complete(&ask("x"), None).await;
+    assert!(second.result.is_ok());
+    assert!(
+        started.elapsed() >= Duration::from_millis(400),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(second.call.waited_ms >= 400.0, "{:?}", second.call);
+}

@@ -73,6 +73,7 @@ async fn the_simulated_user_plays_the_persona_until_it_ends_the_conversation() {
         assert!(call.output_tokens.is_some());
     }
     assert_eq!(fake.calls(), 3);
+    assert_eq!(t.llm.as_deref().map(|u| u.calls), Some(3));
 
     // The simulator was told who it is, what it knows, and saw the conversation with the
     // roles turned around.

@@ -166,6 +166,7 @@ fn trajectory(
         agent_branches: Vec::new(),
         awaiting_human: None,
         sandbox_state: None,
+        llm: None,
     }
 }
 

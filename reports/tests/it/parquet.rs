@@ -82,6 +82,11 @@ fn tables_have_documented_shape() {
             "agent_branches",
             "awaiting_human",
             "sandbox_state",
+            "llm_calls",
+            "llm_input_tokens",
+            "llm_output_tokens",
+            "llm_cost",
+            "llm_cache_hits",
         ]
     );
     assert_eq!(dtype(&t, "repetition"), DataType::UInt32);
