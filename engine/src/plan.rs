@@ -664,9 +664,10 @@ pub mod not_runnable {
                  provider=\"ID\"` (a lone `provider` is used as the simulator)"
                     .to_string(),
             ),
-            (StepKind::User(_), Some(Protocol::Fixie)) => Some(
-                "a `user` step on a `fixie` agent is answered through a provider playing \
-                 Fixie's LLM, which this version of trellis does not have yet; use `call` steps"
+            (StepKind::User(_) | StepKind::Simulate { .. }, Some(Protocol::Fixie)) => Some(
+                "a `user` (or `simulate`) step on a `fixie` agent is answered through a \
+                 provider playing Fixie's LLM, which this version of trellis does not have \
+                 yet; use `call` steps"
                     .to_string(),
             ),
             _ => None,
