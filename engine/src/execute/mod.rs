@@ -35,6 +35,7 @@ use crate::record::{
 };
 use agents::{AgentRuntime, Agents};
 use verdict::skip_trajectory;
+use walk::Unit;
 
 /// The status a trajectory gets from its fault and checks (`strict`: a skipped check or
 /// trajectory fails), for tools that re-check recorded trajectories (`trellis rejudge`).
@@ -45,7 +46,6 @@ pub fn trajectory_status(
 ) -> (TrajectoryStatus, Option<String>) {
     verdict::status_of(faulted, criteria, strict)
 }
-use walk::Unit;
 
 /// Upper bound of `--jobs`: far beyond what one process can keep in flight, and well inside
 /// what a tokio semaphore can count.

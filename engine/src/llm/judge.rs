@@ -442,8 +442,16 @@ pub fn parse_answer(rubric: &Rubric, text: &str) -> Result<Answer, Garbage> {
                 Some(o) => (
                     match o.get("passed") {
                         Some(Value::Bool(b)) => *b,
-                        Some(Value::String(s)) if s.eq_ignore_ascii_case("true") => true,
-                        Some(Value::String(s)) if s.eq_ignore_ascii_case("false") => false,
+                        Some(Value::String(s))
+                            if s.eq_ignore_ascii_case("true") || s.eq_ignore_ascii_case("yes") =>
+                        {
+                            true
+                        }
+                        Some(Value::String(s))
+                            if s.eq_ignore_ascii_case("false") || s.eq_ignore_ascii_case("no") =>
+                        {
+                            false
+                        }
                         _ => return Err(garbage("no boolean `passed`", text)),
                     },
                     string(o, "justification"),
@@ -659,6 +667,12 @@ mod tests {
             0.0
         );
         assert!(parse_answer(&outcome, r#"{"passed": "maybe"}"#).is_err());
+        assert_eq!(
+            parse_answer(&outcome, r#"{"passed": "Yes"}"#)
+                .unwrap()
+                .score,
+            1.0
+        );
     }
 
     #[test]
