@@ -235,3 +235,15 @@ async fn rejudge_rescores_a_recorded_run_with_the_current_judges_without_any_age
     let turns = |d: &std::path::Path| strings(&read_parquet(&d.join("turns.parquet")), "reply");
     assert_eq!(turns(&first), turns(&again));
 }
+
+#[tokio::test]
+async fn the_llm_example_is_valid_and_fully_runnable() {
+    let o = trellis()
+        .args(["check", "examples/llm/"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // Judges and a simulator are configured: nothing is reported as unable to run.
+    assert!(!stderr(&o).contains("not_runnable"), "{}", stderr(&o));
+}
