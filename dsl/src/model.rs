@@ -82,6 +82,8 @@ pub struct Project {
     pub tools: Vec<Tool>,
     pub providers: Vec<Provider>,
     pub judges: Vec<Judge>,
+    /// `panel` nodes: several judges deciding one criterion together.
+    pub panels: Vec<Panel>,
     pub simulator: Option<Simulator>,
 }
 
@@ -117,6 +119,9 @@ impl Project {
     }
     pub fn judge(&self, id: &str) -> Option<&Judge> {
         self.judges.iter().find(|j| j.id.value == id)
+    }
+    pub fn panel(&self, id: &str) -> Option<&Panel> {
+        self.panels.iter().find(|p| p.id.value == id)
     }
     pub fn file(&self, id: FileId) -> &SourceFile {
         &self.files[id]
@@ -531,15 +536,51 @@ pub enum ProviderKind {
     Anthropic,
 }
 
+impl ProviderKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderKind::OpenAi => "openai",
+            ProviderKind::Anthropic => "anthropic",
+        }
+    }
+}
+
+/// `provider "ID" kind=…`: an LLM endpoint for the simulator and judges.
 #[derive(Clone, Debug)]
 pub struct Provider {
     pub id: Spanned<String>,
     pub kind: ProviderKind,
     pub base_url: Option<String>,
     pub model: Option<String>,
+    /// The environment variable holding the API key (the key itself is never in a suite).
     pub api_key_env: Option<String>,
+    /// Default sampling temperature of calls through this provider (0–2).
+    pub temperature: Option<f64>,
+    /// Default cap on generated tokens per call.
+    pub max_tokens: Option<u32>,
+    /// `header "NAME" "VALUE"`: extra headers sent with every call.
+    pub headers: Vec<(String, String)>,
+    /// Per call attempt; [`DEFAULT_PROVIDER_TIMEOUT`] when not written.
+    pub timeout: Option<Duration>,
+    /// Retries of connect errors, timeouts, broken connections and 5xx answers
+    /// ([`DEFAULT_PROVIDER_RETRIES`] when not written). HTTP 429 is waited out, not retried.
+    pub retries: Option<u32>,
+    /// At most this many calls in flight through this provider.
+    pub concurrency: Option<usize>,
+    /// Requests started per minute, spaced evenly.
+    pub requests_per_minute: Option<u32>,
+    /// Tokens (prompt estimate plus `max-tokens`) reserved per minute.
+    pub tokens_per_minute: Option<u32>,
+    /// Price per million prompt (input) tokens.
+    pub input_price: Option<f64>,
+    /// Price per million completion (output) tokens.
+    pub output_price: Option<f64>,
     pub span: Span,
 }
+
+/// LLM calls take seconds to minutes on small local servers: a generous per-attempt limit.
+pub const DEFAULT_PROVIDER_TIMEOUT: Duration = Duration::from_secs(120);
+pub const DEFAULT_PROVIDER_RETRIES: u32 = 2;
 
 #[derive(Clone, Debug)]
 pub struct Simulator {
@@ -559,6 +600,48 @@ pub struct Judge {
     pub rubric: Option<String>,
     pub threshold: Option<f64>,
     pub span: Span,
+}
+
+/// `panel "ID" consensus=… { judges "A" "B"… }`: judges scoring one criterion together;
+/// a criterion names it like a judge (`judge="ID"`).
+#[derive(Clone, Debug)]
+pub struct Panel {
+    pub id: Spanned<String>,
+    pub judges: Vec<Spanned<String>>,
+    pub consensus: Consensus,
+    pub span: Span,
+}
+
+/// How a panel's judges decide together.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Consensus {
+    /// The mean score against the threshold.
+    #[default]
+    Mean,
+    /// More than half of the judges pass it.
+    Majority,
+    /// The lowest score against the threshold.
+    Minimum,
+    /// Every judge passes it.
+    Unanimous,
+}
+
+impl Consensus {
+    pub const ALL: [(&'static str, Consensus); 4] = [
+        ("mean", Consensus::Mean),
+        ("majority", Consensus::Majority),
+        ("minimum", Consensus::Minimum),
+        ("unanimous", Consensus::Unanimous),
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Consensus::Mean => "mean",
+            Consensus::Majority => "majority",
+            Consensus::Minimum => "minimum",
+            Consensus::Unanimous => "unanimous",
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -715,6 +798,10 @@ pub enum CriterionKind {
         name: String,
         params: Map<String, Value>,
         count: Option<u32>,
+        /// `expect-tool` (Connexity's expected tool calls): strings compare
+        /// case-insensitively and an expected `null` matches any value, as the reference
+        /// implementation matches `expected_params`.
+        loose: bool,
     },
     NoTool {
         name: String,

@@ -538,6 +538,7 @@ const TOP_LEVEL: &[&str] = &[
     "provider",
     "simulator",
     "judge",
+    "panel",
     "scenario",
 ];
 const PARAM_TYPES: &[&str] = &["string", "number", "integer", "boolean", "object", "array"];
@@ -596,6 +597,7 @@ struct FileItems {
     providers: Vec<Provider>,
     simulators: Vec<Simulator>,
     judges: Vec<Judge>,
+    panels: Vec<Panel>,
     scenarios: Vec<Scenario>,
 }
 
@@ -1127,6 +1129,16 @@ const PROVIDER_SETTINGS: &[(&str, Arity)] = &[
     ("base-url", Arity::One),
     ("model", Arity::One),
     ("api-key-env", Arity::One),
+    ("temperature", Arity::One),
+    ("max-tokens", Arity::One),
+    ("header", Arity::Pair),
+    ("timeout", Arity::One),
+    ("retries", Arity::One),
+    ("concurrency", Arity::One),
+    ("requests-per-minute", Arity::One),
+    ("tokens-per-minute", Arity::One),
+    ("input-price", Arity::One),
+    ("output-price", Arity::One),
 ];
 const SIMULATOR_SETTINGS: &[(&str, Arity)] = &[
     ("provider", Arity::One),
@@ -1141,6 +1153,7 @@ const JUDGE_SETTINGS: &[(&str, Arity)] = &[
     ("rubric", Arity::One),
     ("threshold", Arity::One),
 ];
+const PANEL_SETTINGS: &[(&str, Arity)] = &[("consensus", Arity::One), ("judges", Arity::Many)];
 const SUITE_SETTINGS: &[(&str, Arity)] = &[("description", Arity::One), ("tags", Arity::Many)];
 
 impl<'f> Decoder<'f> {
@@ -1327,6 +1340,7 @@ impl<'f> Decoder<'f> {
                 "provider" => items.providers.extend(self.provider(&v)),
                 "simulator" => items.simulators.extend(self.simulator(&v)),
                 "judge" => items.judges.extend(self.judge(&v)),
+                "panel" => items.panels.extend(self.panel(&v)),
                 "scenario" => items.scenarios.extend(self.scenario(&v)),
                 other => self.unknown_node(other, v.name_span, "a suite file", TOP_LEVEL),
             }
@@ -2360,6 +2374,80 @@ impl<'f> Decoder<'f> {
         let base_url = self.s_string(&s, "base-url");
         let model = self.s_string(&s, "model");
         let api_key_env = self.s_string(&s, "api-key-env");
+        if let (Some(e), Some(url)) = (s.value("base-url"), &base_url)
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            let d = self
+                .diag(
+                    Kind::InvalidValue,
+                    format!("provider base URL `{url}` must be http or https"),
+                    value_span(e),
+                    "not an http(s) URL",
+                )
+                .with_help("e.g. base-url=\"http://127.0.0.1:8080/v1\"");
+            self.report(d);
+        }
+        if let (Some(e), Some(var)) = (s.value("api-key-env"), &api_key_env)
+            && !is_env_var_name(var)
+        {
+            let d = self
+                .diag(
+                    Kind::InvalidValue,
+                    "`api-key-env` takes the name of an environment variable, not a key"
+                        .to_string(),
+                    value_span(e),
+                    "not a variable name",
+                )
+                .with_help(
+                    "write the variable's name, never the key: api-key-env=\"OPENAI_API_KEY\"",
+                );
+            self.report(d);
+        }
+        let temperature = self.s_number(&s, "temperature", (0.0, 2.0));
+        let max_tokens = s.value("max-tokens").and_then(|e| self.u32(e, 1));
+        let mut headers = Vec::new();
+        for set in s.all("header") {
+            let (Some(n), Some(val)) = (set.values.first(), set.values.get(1)) else {
+                continue;
+            };
+            let (n, val) = (*n, *val);
+            if let (Some(name), Some(value)) = (self.string(n), self.string(val)) {
+                let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
+                let problem = if name.is_empty() || !name.chars().all(token) {
+                    Some((n, "not a valid header name"))
+                } else if value.contains(['\r', '\n']) {
+                    Some((val, "a header value cannot contain a line break"))
+                } else {
+                    None
+                };
+                match problem {
+                    None => headers.push((name, value)),
+                    Some((at, why)) => {
+                        let d = self
+                            .diag(
+                                Kind::InvalidValue,
+                                format!("invalid header: {why}"),
+                                value_span(at),
+                                why,
+                            )
+                            .with_help(
+                                "header \"NAME\" \"VALUE\"; secrets belong in `api-key-env`",
+                            );
+                        self.report(d);
+                    }
+                }
+            }
+        }
+        let timeout = s.value("timeout").and_then(|e| self.duration(e));
+        let retries = s.value("retries").and_then(|e| self.u32(e, 0));
+        let concurrency = s
+            .value("concurrency")
+            .and_then(|e| self.u32(e, 1))
+            .and_then(|c| usize::try_from(c).ok());
+        let requests_per_minute = s.value("requests-per-minute").and_then(|e| self.u32(e, 1));
+        let tokens_per_minute = s.value("tokens-per-minute").and_then(|e| self.u32(e, 1));
+        let input_price = self.s_number(&s, "input-price", (0.0, 1_000_000.0));
+        let output_price = self.s_number(&s, "output-price", (0.0, 1_000_000.0));
         let Some(kind) = kind else {
             self.info.declare(RefKind::Provider, &id.value);
             return None;
@@ -2370,6 +2458,16 @@ impl<'f> Decoder<'f> {
             base_url,
             model,
             api_key_env,
+            temperature,
+            max_tokens,
+            headers,
+            timeout,
+            retries,
+            concurrency,
+            requests_per_minute,
+            tokens_per_minute,
+            input_price,
+            output_price,
             span: self.span(v.span),
         })
     }
@@ -2387,6 +2485,37 @@ impl<'f> Decoder<'f> {
             model,
             temperature,
             instructions,
+            span: self.span(v.span),
+        })
+    }
+
+    fn panel(&mut self, v: &View) -> Option<Panel> {
+        let usage = "panel \"ID\" consensus=\"majority\" { judges \"A\" \"B\" \"C\" }";
+        let id = self.id_arg(v, "an id", usage)?;
+        self.check_args(v, 1, usage);
+        let s = self.settings(v, PANEL_SETTINGS, "`panel`", &[]);
+        let consensus = match s.value("consensus") {
+            Some(e) => self.choice(e, "consensus", &Consensus::ALL),
+            None => Some(Consensus::default()),
+        };
+        let mut judges = Vec::new();
+        if let Some(set) = s.get("judges") {
+            for e in set.values.clone() {
+                if let Some(j) = self.spanned_string(e) {
+                    judges.push(j);
+                }
+            }
+        }
+        if judges.is_empty() {
+            self.missing(v, "`judges \"A\" \"B\"…`", usage);
+        }
+        // Declared even when broken, so criteria naming it are not reported again.
+        self.info.declare(RefKind::Judge, &id.value);
+        let consensus = consensus?;
+        (!judges.is_empty()).then(|| Panel {
+            id,
+            judges,
+            consensus,
             span: self.span(v.span),
         })
     }
@@ -2415,6 +2544,16 @@ impl<'f> Decoder<'f> {
             span: self.span(v.span),
         })
     }
+}
+
+/// A portable environment variable name: `[A-Za-z_][A-Za-z0-9_]*`. Anything else written as
+/// `api-key-env` is most likely the key itself.
+fn is_env_var_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 /// Per-scenario decoding state.
@@ -3585,6 +3724,7 @@ impl<'f> Decoder<'f> {
             name: name.value,
             params,
             count,
+            loose: v.name == "expect-tool",
         })
     }
 
@@ -3642,6 +3782,7 @@ fn assemble(
         project.tools.extend(items.tools);
         project.providers.extend(items.providers);
         project.judges.extend(items.judges);
+        project.panels.extend(items.panels);
         simulators.extend(items.simulators);
         if items.suite.is_none() && items.scenarios.is_empty() {
             continue;

@@ -126,7 +126,14 @@ impl<'p> Validator<'p> {
         self.duplicate_ids(p.personas.iter().map(|a| &a.id), "persona", global);
         self.duplicate_ids(p.tools.iter().map(|a| &a.name), "tool", global);
         self.duplicate_ids(p.providers.iter().map(|a| &a.id), "provider", global);
-        self.duplicate_ids(p.judges.iter().map(|a| &a.id), "judge", global);
+        self.duplicate_ids(
+            p.judges
+                .iter()
+                .map(|a| &a.id)
+                .chain(p.panels.iter().map(|a| &a.id)),
+            "judge",
+            global,
+        );
 
         let suites: Vec<Spanned<String>> = p
             .suites
@@ -164,7 +171,7 @@ impl<'p> Validator<'p> {
             RefKind::Persona => p.persona(name).is_some(),
             RefKind::Tool => p.tool(name).is_some(),
             RefKind::Provider => p.provider(name).is_some(),
-            RefKind::Judge => p.judge(name).is_some(),
+            RefKind::Judge => p.judge(name).is_some() || p.panel(name).is_some(),
         };
         found || self.info.declared.contains(&(kind, name.to_string()))
     }
@@ -176,7 +183,12 @@ impl<'p> Validator<'p> {
             RefKind::Persona => p.personas.iter().map(|a| a.id.value.as_str()).collect(),
             RefKind::Tool => p.tools.iter().map(|a| a.name.value.as_str()).collect(),
             RefKind::Provider => p.providers.iter().map(|a| a.id.value.as_str()).collect(),
-            RefKind::Judge => p.judges.iter().map(|a| a.id.value.as_str()).collect(),
+            RefKind::Judge => p
+                .judges
+                .iter()
+                .map(|a| a.id.value.as_str())
+                .chain(p.panels.iter().map(|a| a.id.value.as_str()))
+                .collect(),
         }
     }
 
@@ -237,6 +249,11 @@ impl<'p> Validator<'p> {
         }
         for judge in &p.judges {
             self.reference(RefKind::Provider, &judge.provider);
+        }
+        for panel in &p.panels {
+            for member in &panel.judges {
+                self.reference(RefKind::Judge, member);
+            }
         }
     }
 

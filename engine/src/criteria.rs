@@ -79,6 +79,7 @@ pub fn check_planned<T: AsRef<TurnRecord>>(
                         kind: criterion.kind.name().to_string(),
                         status: CriterionStatus::Failed,
                         detail: Some(format!("criterion value: {e}")),
+                        judge: None,
                     };
                 }
             }
@@ -124,6 +125,7 @@ fn check_rendered<T: AsRef<TurnRecord>>(
         kind: criterion.kind.name().to_string(),
         status,
         detail,
+        judge: None,
     }
 }
 
@@ -166,12 +168,13 @@ fn evaluate<T: AsRef<TurnRecord>>(
             name,
             params,
             count,
+            loose,
         } => {
             let calls: Vec<&ToolCallRecord> = turns.iter().flat_map(|t| &t.tool_calls).collect();
             let named: Vec<&&ToolCallRecord> = calls.iter().filter(|c| &c.name == name).collect();
             let matching = named
                 .iter()
-                .filter(|c| arguments_match(&c.arguments, params, rendered))
+                .filter(|c| arguments_match(&c.arguments, params, rendered, *loose))
                 .count();
             match count {
                 Some(n) if matching as u64 != u64::from(*n) => fail(format!(
@@ -472,11 +475,14 @@ fn reply_check(
     }
 }
 
-/// Subset match of expected params against a call's JSON arguments.
+/// Subset match of expected params against a call's JSON arguments. `loose` (expect-tool):
+/// strings compare case-insensitively and an expected `null` matches anything, absent
+/// included.
 fn arguments_match(
     arguments: &str,
     expected: &serde_json::Map<String, Value>,
     rendered: &Rendered,
+    loose: bool,
 ) -> bool {
     if expected.is_empty() {
         return true;
@@ -485,11 +491,37 @@ fn arguments_match(
         return false;
     };
     expected.iter().all(|(k, v)| {
-        actual.get(k).is_some_and(|a| match rendered.tool_param(k) {
-            Some(text) => text_matches(a, text),
-            None => json_eq(a, v),
-        })
+        if loose && v.is_null() {
+            return true;
+        }
+        actual
+            .get(k)
+            .is_some_and(|a| match (rendered.tool_param(k), loose) {
+                (Some(text), true) => match a {
+                    Value::String(s) => s.to_lowercase() == text.to_lowercase(),
+                    _ => text_matches(a, text),
+                },
+                (Some(text), false) => text_matches(a, text),
+                (None, true) => loose_eq(a, v),
+                (None, false) => json_eq(a, v),
+            })
     })
+}
+
+/// [`json_eq`] with strings compared case-insensitively, at any depth.
+fn loose_eq(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::String(x), Value::String(y)) => x.to_lowercase() == y.to_lowercase(),
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(a, b)| loose_eq(a, b))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(k, v)| y.get(k).is_some_and(|w| loose_eq(v, w)))
+        }
+        _ => json_eq(a, b),
+    }
 }
 
 /// Whether an argument equals a rendered template's text: the same string, or a number or
@@ -626,6 +658,7 @@ mod tests {
             name: "pay".into(),
             params: params.clone(),
             count: None,
+            loose: false,
         });
         assert_eq!(
             check(&c, Scope::Turn, &turns, Some(0)).status,
@@ -636,10 +669,38 @@ mod tests {
             name: "pay".into(),
             params,
             count: None,
+            loose: false,
         });
         let r = check(&c, Scope::Turn, &turns, Some(0));
         assert_eq!(r.status, CriterionStatus::Failed);
         assert!(r.detail.unwrap().contains("not with amount=51"));
+    }
+
+    #[test]
+    fn expect_tool_matches_strings_case_insensitively_and_null_as_anything() {
+        let turns = [turn(
+            0,
+            "ok",
+            &[("book", r#"{"day": "Tuesday", "zone": "v4t0a7", "n": 2}"#)],
+        )];
+        let params: serde_json::Map<String, Value> =
+            serde_json::from_str(r#"{"day": "TUESDAY", "zone": "V4T0A7", "note": null}"#).unwrap();
+        let check = |loose| {
+            check(
+                &crit(CriterionKind::Tool {
+                    name: "book".into(),
+                    params: params.clone(),
+                    count: None,
+                    loose,
+                }),
+                Scope::Trajectory,
+                &turns,
+                None,
+            )
+            .status
+        };
+        assert_eq!(check(true), CriterionStatus::Passed);
+        assert_eq!(check(false), CriterionStatus::Failed, "`tool` stays exact");
     }
 
     #[test]

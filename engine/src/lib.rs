@@ -3,7 +3,8 @@
 //! Data flows one way: [`plan`] expands the suite model into units (scenario × agent ×
 //! repetition) and their execution trees; [`execute`] runs them concurrently against the
 //! agents over their [`protocol`]s, checks [`criteria`], and emits [`event::Event`]s;
-//! [`journal`] appends the resulting [`record`]s to disk as they finish.
+//! [`journal`] appends the resulting [`record`]s to disk as they finish. [`llm`] is the
+//! engine's own client for language models (simulated users, judges).
 
 pub mod builtin;
 pub mod criteria;
@@ -11,6 +12,7 @@ pub mod event;
 pub mod execute;
 pub mod fingerprint;
 pub mod journal;
+pub mod llm;
 pub mod plan;
 pub mod protocol;
 pub mod record;

@@ -104,6 +104,11 @@ pub enum PlannedStep {
         name: String,
         source: CaptureSource,
     },
+    /// `simulate turns=N` / `simulate until-done` (`turns: None`): the LLM simulator writes
+    /// the user side (planned only when the project has a simulator).
+    Simulate {
+        turns: Option<u32>,
+    },
     /// `hitl approve|reject message=…`: the answer to an agent waiting for a human. On a
     /// protocol that never pauses (anything but MultiAgentEval) there is nothing to answer.
     Hitl {
@@ -207,6 +212,8 @@ pub struct Plan {
     pub agents: Vec<PlannedAgent>,
     pub templates: Templates,
     pub suites: Vec<String>,
+    /// The project's providers, judges, simulator and personas, for the run's LLM calls.
+    pub llm: crate::llm::LlmSetup,
 }
 
 impl Plan {
@@ -279,6 +286,18 @@ impl Plan {
         }
 
         let mut templates = Templates::new(env.clone());
+        let mut llm = crate::llm::LlmSetup::from_project(project);
+        llm.simulator_instructions = project
+            .simulator
+            .as_ref()
+            .and_then(|s| s.instructions.as_ref())
+            .map(|t| templates.compile(t))
+            .transpose()
+            .map_err(|error| PlanError::Template {
+                scenario: "(simulator instructions)".into(),
+                error,
+            })?;
+        let simulator = llm.has_simulator();
         let mut agents: Vec<PlannedAgent> = Vec::new();
         let mut agent_index: HashMap<String, usize> = HashMap::new();
         let mut scenarios = Vec::new();
@@ -358,7 +377,8 @@ impl Plan {
                 error,
             };
             let (mut nodes, trajectories) =
-                execution_tree(sc, &protocols, &mut templates).map_err(template_error)?;
+                execution_tree(sc, &protocols, simulator, &mut templates)
+                    .map_err(template_error)?;
             // `first-turn "agent"`: the agent speaks before the first scripted step.
             if sc.first_turn == trellis_dsl::FirstTurn::Agent
                 && let Some(root) = nodes.first_mut()
@@ -406,6 +426,7 @@ impl Plan {
             agents,
             templates,
             suites: project.suites.iter().map(|s| s.name.clone()).collect(),
+            llm,
         })
     }
 
@@ -434,11 +455,15 @@ impl Plan {
                             _ => None,
                         })
                         .flatten();
+                    let judged = self.llm.has_judge();
                     let skipped = turn_checks
                         .chain(&s.criteria)
-                        .filter(|c| not_runnable::criterion(&c.criterion.kind).is_some())
+                        .filter(|c| {
+                            not_runnable::criterion(&c.criterion.kind).is_some()
+                                && !(judged && crate::llm::LlmRuntime::is_judged(&c.criterion.kind))
+                        })
                         .count()
-                        + s.scenario.outcomes.len();
+                        + if judged { 0 } else { s.scenario.outcomes.len() };
                     counts.skipped_checks += skipped as u64;
                 }
             }
@@ -469,6 +494,7 @@ pub struct NotRunnableCounts {
 fn execution_tree(
     scenario: &Scenario,
     protocols: &[Protocol],
+    simulator: bool,
     templates: &mut Templates,
 ) -> Result<(Vec<ExecNode>, Vec<PlannedTrajectory>), RenderError> {
     let tg = TrajectoryGraph::build(scenario);
@@ -490,7 +516,12 @@ fn execution_tree(
         let ids = graph::node_ids(labels);
         for (&segment, id) in trajectory.segments.iter().zip(&ids) {
             if let Entry::Vacant(slot) = compiled.entry(segment) {
-                slot.insert(compile_steps(tg.segment(segment), protocols, templates)?);
+                slot.insert(compile_steps(
+                    tg.segment(segment),
+                    protocols,
+                    simulator,
+                    templates,
+                )?);
             }
             if let Some(segment) = compiled.get(&segment) {
                 if let Some(reason) = &segment.unsupported {
@@ -551,6 +582,7 @@ struct CompiledSegment {
 fn compile_steps(
     segment: &graph::Segment,
     protocols: &[Protocol],
+    simulator: bool,
     templates: &mut Templates,
 ) -> Result<CompiledSegment, RenderError> {
     let mut out = CompiledSegment {
@@ -559,7 +591,9 @@ fn compile_steps(
         unsupported_by_protocol: Vec::new(),
     };
     for step in &segment.steps {
-        if let Some(reason) = not_runnable::step(&step.kind, None) {
+        if let Some(reason) = not_runnable::step(&step.kind, None)
+            && !(simulator && matches!(step.kind, StepKind::Simulate { .. }))
+        {
             out.unsupported.get_or_insert(reason);
         }
         for &protocol in protocols {
@@ -592,8 +626,8 @@ fn compile_steps(
                 approve: *approve,
                 message: message.as_ref().map(|m| templates.compile(m)).transpose()?,
             }),
-            // Not run: the trajectory is recorded as skipped (`not_runnable::step`).
-            StepKind::Simulate { .. } => {}
+            // Without a simulator the trajectory is recorded as skipped (`not_runnable::step`).
+            StepKind::Simulate { turns } => out.steps.push(PlannedStep::Simulate { turns: *turns }),
             // Segments never hold forks: the graph turned them into edges.
             StepKind::Fork(_) => {}
         }
@@ -626,13 +660,14 @@ pub mod not_runnable {
     pub fn step(step: &StepKind, protocol: Option<Protocol>) -> Option<String> {
         match (step, protocol) {
             (StepKind::Simulate { .. }, None) => Some(
-                "`simulate` needs the LLM user simulator, which this version of trellis does \
-                 not have yet"
+                "`simulate` needs the LLM user simulator: add a `provider` and `simulator \
+                 provider=\"ID\"` (a lone `provider` is used as the simulator)"
                     .to_string(),
             ),
-            (StepKind::User(_), Some(Protocol::Fixie)) => Some(
-                "a `user` step on a `fixie` agent is answered through a provider playing \
-                 Fixie's LLM, which this version of trellis does not have yet; use `call` steps"
+            (StepKind::User(_) | StepKind::Simulate { .. }, Some(Protocol::Fixie)) => Some(
+                "a `user` (or `simulate`) step on a `fixie` agent is answered through a \
+                 provider playing Fixie's LLM, which this version of trellis does not have \
+                 yet; use `call` steps"
                     .to_string(),
             ),
             _ => None,
@@ -647,9 +682,9 @@ pub mod not_runnable {
         }
     }
 
-    /// Why `judge` criteria and scenario `outcome`s are skipped.
-    pub const OUTCOME: &str = "no judge configured: LLM-judged checks need the LLM judge, which \
-                               this version of trellis does not have yet";
+    /// Why `judge` criteria and scenario `outcome`s are skipped when the project configures
+    /// no judge (with one, they are judged: see [`crate::llm::runtime`]).
+    pub const OUTCOME: &str = crate::llm::runtime::NO_JUDGE;
 }
 
 /// Warnings for `trellis check`: every trajectory that cannot run and every check that will
@@ -657,6 +692,9 @@ pub mod not_runnable {
 pub fn warnings(project: &Project) -> Vec<Diagnostic> {
     use trellis_dsl::diagnostics::Kind;
     let files = &project.files;
+    let setup = crate::llm::LlmSetup::from_project(project);
+    let judged = setup.has_judge();
+    let simulated = setup.has_simulator();
     let mut out = Vec::new();
     let warn = |span: Span, message: String, label: &str, help: &str| {
         Diagnostic::at_span(Kind::NotRunnable, message, files, span, label).with_help(help)
@@ -681,7 +719,9 @@ pub fn warnings(project: &Project) -> Vec<Diagnostic> {
         }
         let mut user_warned = false;
         walk_steps(&sc.steps, &mut |step| {
-            if let Some(why) = not_runnable::step(&step.kind, None) {
+            if let Some(why) = not_runnable::step(&step.kind, None)
+                && !(simulated && matches!(step.kind, StepKind::Simulate { .. }))
+            {
                 out.push(warn(
                     step.span,
                     format!(
@@ -711,14 +751,14 @@ pub fn warnings(project: &Project) -> Vec<Diagnostic> {
             }
             if let StepKind::Expect(criteria) = &step.kind {
                 for c in criteria {
-                    out.extend(check_warnings(c, sc, &agents, &warn));
+                    out.extend(check_warnings(c, sc, &agents, judged, &warn));
                 }
             }
         });
         for c in sc.criteria.iter().chain(&sc.expect_tools) {
-            out.extend(check_warnings(c, sc, &agents, &warn));
+            out.extend(check_warnings(c, sc, &agents, judged, &warn));
         }
-        for outcome in &sc.outcomes {
+        for outcome in sc.outcomes.iter().filter(|_| !judged) {
             out.push(warn(
                 outcome.span,
                 skipped_check(sc, "outcome"),
@@ -735,16 +775,20 @@ fn check_warnings(
     c: &Criterion,
     sc: &Scenario,
     agents: &[&Agent],
+    judged: bool,
     warn: &impl Fn(Span, String, &str, &str) -> Diagnostic,
 ) -> Vec<Diagnostic> {
-    let skipped = not_runnable::criterion(&c.kind).map(|why| {
-        warn(
-            c.span,
-            skipped_check(sc, c.kind.name()),
-            "will be skipped",
-            why,
-        )
-    });
+    let judged = judged && crate::llm::LlmRuntime::is_judged(&c.kind);
+    let skipped = not_runnable::criterion(&c.kind)
+        .filter(|_| !judged)
+        .map(|why| {
+            warn(
+                c.span,
+                skipped_check(sc, c.kind.name()),
+                "will be skipped",
+                why,
+            )
+        });
     skipped
         .into_iter()
         .chain(unmeasured_ttft(c, sc, agents, warn))

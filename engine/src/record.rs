@@ -42,6 +42,9 @@ pub struct RunInfo {
     /// Absent from journals written before it existed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub scenarios: Vec<ScenarioInfo>,
+    /// `trellis rejudge`: the run whose transcripts this run re-scored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rejudged_from: Option<String>,
 }
 
 /// A planned scenario as a report presents it: who the user is, which paths the plan
@@ -163,6 +166,9 @@ pub struct TurnRecord {
     /// Every request of the turn with its attempts (several for action loops, retries).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub exchanges: Vec<ExchangeRecord>,
+    /// A `simulate` turn: the LLM calls that wrote its user message (retries included).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub simulator: Vec<crate::llm::LlmCall>,
 }
 
 fn user_kind() -> String {
@@ -245,6 +251,9 @@ pub enum FaultCategory {
     Setup,
     /// Trellis itself failed (a bug); the message says how.
     Internal,
+    /// The LLM user simulator could not write the next user message (its call failed, or
+    /// it answered nothing usable after retries).
+    Simulator,
 }
 
 impl FaultCategory {
@@ -263,6 +272,7 @@ impl FaultCategory {
             FaultCategory::Template => "template",
             FaultCategory::Setup => "setup",
             FaultCategory::Internal => "internal",
+            FaultCategory::Simulator => "simulator",
         }
     }
 
@@ -338,6 +348,10 @@ pub struct TrajectoryRecord {
     /// Values the trajectory's `capture` steps took, by name (its `vars`).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub captures: std::collections::BTreeMap<String, String>,
+    /// The engine's own LLM calls for this trajectory (simulated user turns on its path,
+    /// its judged checks), summed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub llm: Option<Box<crate::llm::LlmUsage>>,
 }
 
 /// One continuation of a fork the agent asked for.
@@ -374,6 +388,9 @@ pub enum CriterionStatus {
     Passed,
     Failed,
     Skipped,
+    /// The check could not be evaluated because its evaluator failed (an LLM judge whose
+    /// call failed or whose answer was garbage). Never passed; the trajectory is `error`.
+    Error,
 }
 
 impl CriterionStatus {
@@ -382,6 +399,7 @@ impl CriterionStatus {
             CriterionStatus::Passed => "passed",
             CriterionStatus::Failed => "failed",
             CriterionStatus::Skipped => "skipped",
+            CriterionStatus::Error => "error",
         }
     }
 }
@@ -396,6 +414,10 @@ pub struct CriterionRecord {
     pub status: CriterionStatus,
     /// Why it failed or was skipped; what was observed when it passed.
     pub detail: Option<String>,
+    /// LLM-judged criteria (`judge`, `outcome`): the judge, score, threshold, justification,
+    /// per-metric scores and the call's usage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub judge: Option<Box<crate::llm::judge::JudgeVerdict>>,
 }
 
 /// Totals written at the end of the journal.

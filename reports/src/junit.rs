@@ -164,9 +164,15 @@ impl JunitBuilder {
             }
             TrajectoryStatus::Error => {
                 suite.counts.errors += 1;
-                let (message, kind) = match &t.fault {
-                    Some(f) => (f.message.as_str(), f.category.as_str()),
-                    None => ("trajectory errored", "error"),
+                // Without a fault, a check whose evaluator failed (a judge) is the error.
+                let errored = t
+                    .criteria
+                    .iter()
+                    .find(|c| c.status == trellis_engine::record::CriterionStatus::Error);
+                let (message, kind) = match (&t.fault, errored) {
+                    (Some(f), _) => (f.message.as_str(), f.category.as_str()),
+                    (None, Some(c)) => (c.detail.as_deref().unwrap_or("check errored"), "check"),
+                    (None, None) => ("trajectory errored", "error"),
                 };
                 let _ = write!(
                     xml,

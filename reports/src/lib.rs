@@ -50,12 +50,13 @@ pub const COMPARE_FILE: &str = "compare.json";
 /// `trellis run --baseline`'s comparison as a page ([`write_compare`]).
 pub const COMPARE_HTML_FILE: &str = "compare.html";
 /// Every file a run writes into its directory, the journal first.
-pub const RESULT_FILES: [&str; 12] = [
+pub const RESULT_FILES: [&str; 13] = [
     JOURNAL_FILE,
     tables::TRAJECTORIES_FILE,
     tables::TURNS_FILE,
     tables::TOOL_CALLS_FILE,
     tables::CRITERIA_FILE,
+    tables::RUBRIC_SCORES_FILE,
     tables::RUNS_FILE,
     HTML_FILE,
     JUNIT_FILE,
@@ -107,6 +108,8 @@ pub struct ReportFiles {
     pub turns: PathBuf,
     pub tool_calls: PathBuf,
     pub criteria: PathBuf,
+    /// Per-metric scores of judged checks (Connexity's rubric).
+    pub rubric_scores: PathBuf,
     pub runs: PathBuf,
     pub html: PathBuf,
     pub junit: PathBuf,
@@ -128,12 +131,13 @@ pub struct ReportFiles {
 
 impl ReportFiles {
     /// Every results file, tables first, whether written or not.
-    pub fn paths(&self) -> [&Path; 8] {
+    pub fn paths(&self) -> [&Path; 9] {
         [
             &self.trajectories,
             &self.turns,
             &self.tool_calls,
             &self.criteria,
+            &self.rubric_scores,
             &self.runs,
             &self.html,
             &self.junit,
@@ -401,6 +405,7 @@ impl ReportWriter {
             turns: table_paths.turns,
             tool_calls: table_paths.tool_calls,
             criteria: table_paths.criteria,
+            rubric_scores: table_paths.rubric_scores,
             runs: table_paths.runs,
             html: html_path,
             junit: junit_path,

@@ -512,7 +512,9 @@ impl StatsBuilder {
             match c.status {
                 CriterionStatus::Passed => acc.passed += 1,
                 CriterionStatus::Skipped => acc.skipped += 1,
-                CriterionStatus::Failed => {
+                // An evaluator that failed (a judge's garbage) never passes: counted with
+                // the failures, its detail says why.
+                CriterionStatus::Failed | CriterionStatus::Error => {
                     acc.failed += 1;
                     if acc.first_failure.is_none() {
                         acc.first_failure.clone_from(&c.detail);
@@ -771,6 +773,7 @@ impl StatsBuilder {
             jobs: 0,
             planned_trajectories: 0,
             scenarios: Vec::new(),
+            rejudged_from: None,
         });
         RunStats {
             run_id: info.run_id,
@@ -880,6 +883,7 @@ mod tests {
 
     fn trajectory(rep: u32, name: &str, nodes: &[&str], failed_turn: Option<u32>) -> JournalEntry {
         JournalEntry::Trajectory(Box::new(TrajectoryRecord {
+            llm: None,
             suite: "s".into(),
             scenario: "c".into(),
             trajectory: name.into(),
@@ -897,6 +901,7 @@ mod tests {
             fault: None,
             skip_reason: None,
             criteria: vec![CriterionRecord {
+                judge: None,
                 turn_index: failed_turn.or(Some(1)),
                 criterion: "reply contains=\"x\"".into(),
                 kind: "reply".into(),

@@ -31,6 +31,7 @@ pub(crate) const TRAJECTORIES_FILE: &str = "trajectories.parquet";
 pub(crate) const TURNS_FILE: &str = "turns.parquet";
 pub(crate) const TOOL_CALLS_FILE: &str = "tool_calls.parquet";
 pub(crate) const CRITERIA_FILE: &str = "criteria.parquet";
+pub(crate) const RUBRIC_SCORES_FILE: &str = "rubric_scores.parquet";
 pub(crate) const RUNS_FILE: &str = "runs.parquet";
 
 /// A growable buffer for one column that can be turned into a polars [`Column`].
@@ -139,6 +140,11 @@ table!(
         agent_branches: Vec<Option<String>>,
         awaiting_human: Vec<Option<String>>,
         sandbox_state: Vec<Option<String>>,
+        llm_calls: Vec<u64>,
+        llm_input_tokens: Vec<Option<u64>>,
+        llm_output_tokens: Vec<Option<u64>>,
+        llm_cost: Vec<Option<f64>>,
+        llm_cache_hits: Vec<u64>,
     }
 );
 
@@ -173,6 +179,11 @@ table!(
         function: Vec<Option<String>>,
         replay: Vec<bool>,
         exchanges: Vec<String>,
+        simulator_calls: Vec<u32>,
+        simulator_input_tokens: Vec<Option<u64>>,
+        simulator_output_tokens: Vec<Option<u64>>,
+        simulator_cost: Vec<Option<f64>>,
+        simulator_cache_hit: Vec<Option<bool>>,
     }
 );
 
@@ -212,6 +223,43 @@ table!(
         status: Vec<String>,
         passed: Vec<bool>,
         detail: Vec<Option<String>>,
+        judge: Vec<Option<String>>,
+        judge_provider: Vec<Option<String>>,
+        judge_model: Vec<Option<String>>,
+        rubric: Vec<Option<String>>,
+        score: Vec<Option<f64>>,
+        threshold: Vec<Option<f64>>,
+        label: Vec<Option<String>>,
+        justification: Vec<Option<String>>,
+        judge_input_tokens: Vec<Option<u64>>,
+        judge_output_tokens: Vec<Option<u64>>,
+        judge_cost: Vec<Option<f64>>,
+        judge_cache_hit: Vec<Option<bool>>,
+        consensus: Vec<Option<String>>,
+        agreement: Vec<Option<f64>>,
+    }
+);
+
+table!(
+    /// `rubric_scores.parquet`: one row per metric of a judged check scored on a
+    /// multi-metric rubric (Connexity's eight metrics).
+    RubricScoreRows {
+        run_id: Vec<String>,
+        suite: Vec<String>,
+        scenario: Vec<String>,
+        trajectory: Vec<String>,
+        agent: Vec<String>,
+        repetition: Vec<u32>,
+        turn_index: Vec<Option<u32>>,
+        criterion: Vec<String>,
+        judge: Vec<String>,
+        rubric: Vec<String>,
+        metric: Vec<String>,
+        weight: Vec<f64>,
+        score: Vec<f64>,
+        label: Vec<Option<String>>,
+        justification: Vec<Option<String>>,
+        failure_code: Vec<Option<String>>,
     }
 );
 
@@ -238,6 +286,7 @@ table!(
         endpoints: Vec<Vec<String>>,
         tags: Vec<Vec<String>>,
         labels: Vec<Vec<String>>,
+        rejudged_from: Vec<Option<String>>,
     }
 );
 
@@ -377,16 +426,18 @@ pub(crate) struct TablePaths {
     pub(crate) turns: PathBuf,
     pub(crate) tool_calls: PathBuf,
     pub(crate) criteria: PathBuf,
+    pub(crate) rubric_scores: PathBuf,
     pub(crate) runs: PathBuf,
 }
 
-/// All five tables of one run.
+/// All six tables of one run.
 pub(crate) struct Tables {
     run_id: String,
     trajectories: TableFile<TrajectoryRows>,
     turns: TableFile<TurnRows>,
     tool_calls: TableFile<ToolCallRows>,
     criteria: TableFile<CriterionRows>,
+    rubric_scores: TableFile<RubricScoreRows>,
     runs: TableFile<RunRows>,
 }
 
@@ -412,6 +463,7 @@ impl Tables {
             turns: TableFile::create(dir, TURNS_FILE, batch_rows)?,
             tool_calls: TableFile::create(dir, TOOL_CALLS_FILE, batch_rows)?,
             criteria: TableFile::create(dir, CRITERIA_FILE, batch_rows)?,
+            rubric_scores: TableFile::create(dir, RUBRIC_SCORES_FILE, batch_rows)?,
             runs: TableFile::create(dir, RUNS_FILE, batch_rows)?,
         })
     }
@@ -460,6 +512,21 @@ impl Tables {
             t.function.push(turn.function.clone());
             t.replay.push(turn.replay);
             t.exchanges.push(exchanges);
+            let calls = &turn.simulator;
+            let sum = |f: fn(&trellis_engine::llm::LlmCall) -> Option<u64>| {
+                calls.iter().filter_map(f).reduce(u64::saturating_add)
+            };
+            t.simulator_calls
+                .push(u32::try_from(calls.len()).unwrap_or(u32::MAX));
+            t.simulator_input_tokens.push(sum(|c| c.input_tokens));
+            t.simulator_output_tokens.push(sum(|c| c.output_tokens));
+            t.simulator_cost
+                .push(calls.iter().filter_map(|c| c.cost).reduce(|a, b| a + b));
+            t.simulator_cache_hit.push((!calls.is_empty()).then(|| {
+                calls
+                    .iter()
+                    .all(|c| c.cache == trellis_engine::llm::CacheUse::Hit)
+            }));
             t.rows += 1;
             self.turns.row_done();
 
@@ -525,6 +592,14 @@ impl Tables {
         t.agent_branches.push(agent_branches);
         t.awaiting_human.push(tr.awaiting_human.clone());
         t.sandbox_state.push(sandbox_state);
+        let llm = tr.llm.as_deref().copied().unwrap_or_default();
+        t.llm_calls.push(llm.calls);
+        t.llm_input_tokens
+            .push(tr.llm.as_deref().map(|u| u.input_tokens));
+        t.llm_output_tokens
+            .push(tr.llm.as_deref().map(|u| u.output_tokens));
+        t.llm_cost.push(llm.cost);
+        t.llm_cache_hits.push(llm.cache_hits);
         t.rows += 1;
         self.trajectories.row_done();
 
@@ -544,8 +619,57 @@ impl Tables {
             c.status.push(criterion.status.as_str().to_owned());
             c.passed.push(criterion.status == CriterionStatus::Passed);
             c.detail.push(criterion.detail.clone());
+            let judged = criterion.judge.as_deref();
+            c.bytes += judged.map_or(0, |j| {
+                j.judge.len() + opt_len(j.justification.as_ref()) + opt_len(j.label.as_ref())
+            });
+            c.judge.push(judged.map(|j| j.judge.clone()));
+            c.judge_provider
+                .push(judged.map(|j| j.call.provider.clone()));
+            c.judge_model.push(judged.map(|j| j.call.model.clone()));
+            c.rubric.push(judged.map(|j| j.rubric.clone()));
+            c.score.push(judged.and_then(|j| j.score));
+            c.threshold.push(judged.map(|j| j.threshold));
+            c.label.push(judged.and_then(|j| j.label.clone()));
+            c.justification
+                .push(judged.and_then(|j| j.justification.clone()));
+            c.judge_input_tokens
+                .push(judged.and_then(|j| j.call.input_tokens));
+            c.judge_output_tokens
+                .push(judged.and_then(|j| j.call.output_tokens));
+            c.judge_cost.push(judged.and_then(|j| j.call.cost));
+            c.judge_cache_hit
+                .push(judged.map(|j| j.call.cache == trellis_engine::llm::CacheUse::Hit));
+            c.consensus.push(judged.and_then(|j| j.consensus.clone()));
+            c.agreement.push(judged.and_then(|j| j.agreement));
             c.rows += 1;
             self.criteria.row_done();
+
+            for m in judged.map(|j| j.metrics.as_slice()).unwrap_or_default() {
+                let r = &mut self.rubric_scores.buf;
+                r.bytes +=
+                    m.metric.len() + opt_len(m.justification.as_ref()) + opt_len(m.label.as_ref());
+                r.run_id.push(self.run_id.clone());
+                r.suite.push(tr.suite.clone());
+                r.scenario.push(tr.scenario.clone());
+                r.trajectory.push(tr.trajectory.clone());
+                r.agent.push(tr.agent.clone());
+                r.repetition.push(tr.repetition);
+                r.turn_index.push(criterion.turn_index);
+                r.criterion.push(criterion.criterion.clone());
+                r.judge
+                    .push(judged.map(|j| j.judge.clone()).unwrap_or_default());
+                r.rubric
+                    .push(judged.map(|j| j.rubric.clone()).unwrap_or_default());
+                r.metric.push(m.metric.clone());
+                r.weight.push(m.weight);
+                r.score.push(m.score);
+                r.label.push(m.label.clone());
+                r.justification.push(m.justification.clone());
+                r.failure_code.push(m.failure_code.clone());
+                r.rows += 1;
+                self.rubric_scores.row_done();
+            }
         }
     }
 
@@ -589,6 +713,7 @@ impl Tables {
             .push(meta.map(|m| m.tags.clone()).unwrap_or_default());
         r.labels
             .push(meta.map(RunMeta::label_pairs).unwrap_or_default());
+        r.rejudged_from.push(run.info.rejudged_from.clone());
         r.rows += 1;
 
         let mut failed = Vec::new();
@@ -604,6 +729,7 @@ impl Tables {
             turns: done(self.turns.finish()),
             tool_calls: done(self.tool_calls.finish()),
             criteria: done(self.criteria.finish()),
+            rubric_scores: done(self.rubric_scores.finish()),
             runs: done(self.runs.finish()),
         };
         (paths, failed)

@@ -190,6 +190,7 @@ mod selection_tests {
             awaiting_human: None,
             sandbox_state: None,
             captures: Default::default(),
+            llm: None,
         }
     }
 

@@ -162,6 +162,7 @@ fn measure(suite: &std::path::Path, out: &std::path::Path, jobs: usize) -> Optio
         silent: true,
         strict: false,
         json_events: false,
+        llm_cache: trellis_engine::llm::LlmCache::disabled(),
     };
     let outcome = match super::run::execute_plan(plan, "bench", out, &settings) {
         Ok(o) => o,

@@ -126,6 +126,8 @@ pub struct Console {
     unchecked_total: u64,
     /// Trajectories with checks that did not run that are not in `unchecked`.
     unchecked_not_shown: u64,
+    /// The engine's own LLM calls (judges, simulated users), summed over trajectories.
+    llm: trellis_engine::llm::LlmUsage,
 }
 
 impl Console {
@@ -154,6 +156,7 @@ impl Console {
             unchecked: BTreeMap::new(),
             unchecked_total: 0,
             unchecked_not_shown: 0,
+            llm: trellis_engine::llm::LlmUsage::default(),
         }
     }
 
@@ -191,6 +194,9 @@ impl Console {
                     self.skip_reasons.insert(reason.to_string(), 1);
                 }
             }
+        }
+        if let Some(llm) = t.llm.as_deref() {
+            self.llm.merge(llm);
         }
         let not_run = t.checks_with(CriterionStatus::Skipped);
         if not_run > 0 {
@@ -422,14 +428,20 @@ impl Console {
             for c in t
                 .criteria
                 .iter()
-                .filter(|c| c.status == CriterionStatus::Failed)
+                .filter(|c| matches!(c.status, CriterionStatus::Failed | CriterionStatus::Error))
             {
                 let at = c
                     .turn_index
                     .map(|i| format!("turn {i}: "))
                     .unwrap_or_default();
+                // An errored check could not be decided (its judge failed): say so.
+                let mark = if c.status == CriterionStatus::Error {
+                    "! error: "
+                } else {
+                    "✗ "
+                };
                 outln!(
-                    "    ✗ {at}{}\n      {}",
+                    "    {mark}{at}{}\n      {}",
                     c.criterion,
                     c.detail.as_deref().unwrap_or("")
                 );
@@ -439,7 +451,7 @@ impl Console {
                 && !t
                     .criteria
                     .iter()
-                    .any(|c| c.status == CriterionStatus::Failed);
+                    .any(|c| matches!(c.status, CriterionStatus::Failed | CriterionStatus::Error));
             if nothing_failed {
                 if let Some(reason) = &t.skip_reason {
                     outln!("    ✗ did not run (--strict): {reason}");
@@ -521,6 +533,23 @@ impl Console {
                 s.duration_ms / 1000.0
             );
         }
+        if self.llm.calls > 0 {
+            let llm = &self.llm;
+            outln!(
+                "LLM (judges, simulated users): {}, {} tokens in, {} out{}{}",
+                count(llm.calls, "call", "calls"),
+                llm.input_tokens,
+                llm.output_tokens,
+                llm.cost
+                    .map(|c| format!(", cost {c:.4}"))
+                    .unwrap_or_default(),
+                if llm.cache_hits > 0 {
+                    format!(", {} from the cache", llm.cache_hits)
+                } else {
+                    String::new()
+                }
+            );
+        }
         if self.checks_skipped > 0 {
             outln!(
                 "{} did not run (on {}); --strict counts them as failures",
@@ -552,6 +581,7 @@ impl Console {
                 &files.turns,
                 &files.tool_calls,
                 &files.criteria,
+                &files.rubric_scores,
                 &files.runs
             ]
             .iter()

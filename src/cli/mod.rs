@@ -10,6 +10,7 @@ mod console;
 mod history;
 mod import;
 mod meta;
+mod rejudge;
 mod run;
 mod watch;
 
@@ -67,6 +68,11 @@ enum Command {
     ///
     /// Example: cargo run --release -- bench --trajectories 10000 --jobs 256
     Bench(bench::BenchArgs),
+    /// Re-score a recorded run's `judge`/`outcome` checks with the suites' current judges,
+    /// without calling any agent, into a new run directory linked to the original.
+    ///
+    /// Example: trellis rejudge runs/20261122T035000Z-1a2b suites/ --llm-cache .llm-cache
+    Rejudge(rejudge::RejudgeArgs),
     /// Rerun suites as they are edited, only what each save changed, with a live view;
     /// --serve keeps the latest report open in a browser tab.
     ///
@@ -177,12 +183,28 @@ pub struct RunArgs {
     /// `trajectory_finished`, `run_finished`) instead of the progress and the summary.
     #[arg(long, value_enum, default_value_t = MessageFormat::Human)]
     message_format: MessageFormat,
+    /// Cache LLM answers (judges) in this directory, keyed by the request and the
+    /// repetition: a rerun reuses them. Several runs may share one directory.
+    #[arg(long, value_name = "DIR")]
+    llm_cache: Option<PathBuf>,
+    /// read-write: serve hits, call and store misses. off: ignore the cache. replay-only: a
+    /// miss is an error naming the call (CI: prove a run needs no LLM call).
+    #[arg(long, value_enum, default_value_t = LlmCacheMode::ReadWrite, requires = "llm_cache")]
+    llm_cache_mode: LlmCacheMode,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum MessageFormat {
     Human,
     Json,
+}
+
+/// `--llm-cache-mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LlmCacheMode {
+    ReadWrite,
+    Off,
+    ReplayOnly,
 }
 
 #[derive(Debug, Args)]
@@ -258,6 +280,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Runs(args) => history::runs(args),
         Command::Compare(args) => history::compare_command(args),
         Command::Agent(args) => agent::agent(args),
+        Command::Rejudge(args) => rejudge::rejudge(args),
     };
     ExitCode::from(code)
 }

@@ -78,6 +78,10 @@ pub fn run(args: RunArgs) -> u8 {
         silent: json,
         strict: args.strict,
         json_events: json,
+        llm_cache: match &args.llm_cache {
+            None => trellis_engine::llm::LlmCache::disabled(),
+            Some(dir) => trellis_engine::llm::LlmCache::new(dir, cache_mode(args.llm_cache_mode)),
+        },
     };
     let outcome = match execute_plan(plan, &run_id, &out, &settings) {
         Ok(outcome) => outcome,
@@ -173,7 +177,16 @@ const OUT_LOCK: &str = ".trellis-run.lock";
 /// Claims `out` for this run: refuses a directory another run is writing to, and one that
 /// holds an earlier run unless `replace` says to clear it (a new journal over an old one
 /// would silently lose the earlier results). The returned file holds the claim.
-fn claim_out_dir(out: &Path, replace: bool) -> Result<std::fs::File, String> {
+/// `--llm-cache-mode` as the engine's cache mode.
+pub(super) fn cache_mode(mode: super::LlmCacheMode) -> trellis_engine::llm::CacheMode {
+    match mode {
+        super::LlmCacheMode::ReadWrite => trellis_engine::llm::CacheMode::ReadWrite,
+        super::LlmCacheMode::Off => trellis_engine::llm::CacheMode::Off,
+        super::LlmCacheMode::ReplayOnly => trellis_engine::llm::CacheMode::ReplayOnly,
+    }
+}
+
+pub(super) fn claim_out_dir(out: &Path, replace: bool) -> Result<std::fs::File, String> {
     std::fs::create_dir_all(out)
         .map_err(|e| format!("cannot create the output directory {}: {e}", out.display()))?;
     let lock_path = out.join(OUT_LOCK);
@@ -246,6 +259,8 @@ pub struct Settings {
     pub strict: bool,
     /// `--message-format json`: `run_started` and `trajectory_finished` lines on stdout.
     pub json_events: bool,
+    /// The LLM response cache (`--llm-cache`, `--llm-cache-mode`).
+    pub llm_cache: trellis_engine::llm::LlmCache,
 }
 
 pub struct Outcome {
@@ -347,6 +362,7 @@ pub fn execute_plan(
         strict: settings.strict,
         reuse: None,
         transport: None,
+        llm_cache: settings.llm_cache.clone(),
     };
     let stop = options.stop.clone();
     let (tx, mut rx) = event::channel();

@@ -67,6 +67,14 @@ pub struct WatchArgs {
     /// rerun. PORT defaults to 7357; 0 picks a free port (printed).
     #[arg(long, value_name = "PORT", num_args = 0..=1, default_missing_value = "7357")]
     serve: Option<u16>,
+    /// Cache LLM answers (judges, the simulated user) in this directory, so a rerun asks
+    /// again only what changed (an edited judge re-scores through the cache). Default:
+    /// OUT/.llm-cache.
+    #[arg(long, value_name = "DIR")]
+    llm_cache: Option<PathBuf>,
+    /// read-write (default), off, or replay-only (a miss is an error naming the call).
+    #[arg(long, value_enum, default_value_t = super::LlmCacheMode::ReadWrite)]
+    llm_cache_mode: super::LlmCacheMode,
 }
 
 /// The directory under `--out` that holds the whole state after the last rerun.
@@ -142,6 +150,8 @@ struct Session {
     memo: Arc<TurnMemo>,
     /// One HTTP connection pool for every rerun.
     transport: HttpTransport,
+    /// One LLM response cache for every rerun.
+    llm_cache: trellis_engine::llm::LlmCache,
     /// `suite/scenario` of every scenario the last run planned.
     planned: BTreeSet<String>,
     /// Fingerprints of the last run's scenarios.
@@ -208,6 +218,12 @@ impl Session {
             },
             None => None,
         };
+        let llm_cache = trellis_engine::llm::LlmCache::new(
+            args.llm_cache
+                .clone()
+                .unwrap_or_else(|| out_root.join(".llm-cache")),
+            super::run::cache_mode(args.llm_cache_mode),
+        );
         let mut session = Session {
             args,
             roots,
@@ -221,6 +237,7 @@ impl Session {
             known: BTreeSet::new(),
             memo: Arc::new(TurnMemo::new()),
             transport: HttpTransport::new(),
+            llm_cache,
             planned: BTreeSet::new(),
             last: None,
             results: HashMap::new(),
@@ -568,6 +585,7 @@ impl Session {
             strict: self.args.strict,
             reuse: Some(self.memo.clone()),
             transport: Some(self.transport.clone()),
+            llm_cache: self.llm_cache.clone(),
         };
         let cancel = options.stop.clone();
         let (tx, rx) = event::channel();

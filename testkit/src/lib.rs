@@ -1,6 +1,9 @@
 //! Test support shared by every Trellis crate's tests: small raw-TCP HTTP servers that
 //! misbehave in one precise way each, counting what they saw, so protocol and CLI tests run
-//! against real sockets; and helpers to drive a Connexity client against them.
+//! against real sockets; and helpers to drive a Connexity client against them. [`llm`] is a
+//! scripted fake LLM endpoint (OpenAI and Anthropic shapes).
+
+pub mod llm;
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -363,6 +366,15 @@ pub struct Run {
 
 /// Runs `plan` with `jobs` calls in flight and collects every event.
 pub async fn run_plan(plan: Plan, jobs: usize) -> Run {
+    run_plan_with_cache(plan, jobs, trellis_engine::llm::LlmCache::disabled()).await
+}
+
+/// Runs `plan` like [`run_plan`], with `llm_cache` as the LLM response cache.
+pub async fn run_plan_with_cache(
+    plan: Plan,
+    jobs: usize,
+    llm_cache: trellis_engine::llm::LlmCache,
+) -> Run {
     let (tx, mut rx) = event::channel();
     let options = RunOptions {
         run_id: "test".into(),
@@ -371,6 +383,7 @@ pub async fn run_plan(plan: Plan, jobs: usize) -> Run {
         strict: false,
         reuse: None,
         transport: None,
+        llm_cache,
     };
     let engine = tokio::spawn(execute::run(plan, options, tx));
     let mut run = Run::default();
@@ -389,6 +402,16 @@ pub async fn run_plan(plan: Plan, jobs: usize) -> Run {
 /// Loads `text` as one suite file and runs all of it, with `env` as the environment
 /// templates see (never the process's).
 pub async fn run_suite(text: &str, jobs: usize, env: EnvSnapshot) -> Run {
+    run_suite_with_cache(text, jobs, env, trellis_engine::llm::LlmCache::disabled()).await
+}
+
+/// [`run_suite`] with `llm_cache` as the LLM response cache.
+pub async fn run_suite_with_cache(
+    text: &str,
+    jobs: usize,
+    env: EnvSnapshot,
+    llm_cache: trellis_engine::llm::LlmCache,
+) -> Run {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("suite.kdl");
     std::fs::write(&path, text).unwrap();
@@ -397,5 +420,5 @@ pub async fn run_suite(text: &str, jobs: usize, env: EnvSnapshot) -> Run {
         Err(d) => panic!("{}", d.render_plain()),
     };
     let plan = Plan::build_with_env(&project, &Selection::default(), Arc::new(env)).unwrap();
-    run_plan(plan, jobs).await
+    run_plan_with_cache(plan, jobs, llm_cache).await
 }

@@ -44,6 +44,7 @@ fn write_run(runs_dir: &Path, name: &str, started_at: &str, samples: &[Sample]) 
         jobs: 1,
         planned_trajectories: samples.len() as u64,
         scenarios: Vec::new(),
+        rejudged_from: None,
     })];
     let (mut passed, mut failed) = (0, 0);
     for s in samples {
@@ -95,12 +96,14 @@ fn write_run(runs_dir: &Path, name: &str, started_at: &str, samples: &[Sample]) 
                 kind: "reply".into(),
                 status,
                 detail: (!s.passed).then(|| "reply was \"bye\"".into()),
+                judge: None,
             }],
             tags: vec![],
             agent_branches: vec![],
             awaiting_human: None,
             sandbox_state: None,
             captures: Default::default(),
+            llm: None,
         })));
     }
     entries.push(JournalEntry::RunFinished(RunSummary {

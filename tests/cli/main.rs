@@ -12,6 +12,7 @@ mod faults;
 mod history;
 mod import;
 mod import_multiagent;
+mod judges;
 mod multiagent;
 mod outputs;
 mod run;

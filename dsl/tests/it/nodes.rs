@@ -374,3 +374,46 @@ scenario "s" {
     let text = diags.render_plain();
     assert!(text.contains("expect tool \"create_booking\""), "{text}");
 }
+
+#[test]
+fn provider_limits_prices_and_headers() {
+    let p = load_text(
+        r#"
+provider "local" kind="openai" base-url="http://127.0.0.1:8080/v1" model="m" \
+    api-key-env="LOCAL_KEY" temperature=0.3 max-tokens=256 timeout="90s" retries=3 \
+    concurrency=1 requests-per-minute=60 tokens-per-minute=20000 \
+    input-price=0.15 output-price=0.6 {
+    header "X-Team" "evals"
+    header "X-Other" "1"
+}
+provider "bare" kind="anthropic"
+"#,
+    )
+    .unwrap();
+    let local = p.provider("local").unwrap();
+    assert_eq!(local.temperature, Some(0.3));
+    assert_eq!(local.max_tokens, Some(256));
+    assert_eq!(local.timeout, Some(std::time::Duration::from_secs(90)));
+    assert_eq!(local.retries, Some(3));
+    assert_eq!(local.concurrency, Some(1));
+    assert_eq!(local.requests_per_minute, Some(60));
+    assert_eq!(local.tokens_per_minute, Some(20000));
+    assert_eq!(
+        (local.input_price, local.output_price),
+        (Some(0.15), Some(0.6))
+    );
+    assert_eq!(
+        local.headers,
+        [
+            ("X-Team".to_string(), "evals".to_string()),
+            ("X-Other".to_string(), "1".to_string())
+        ]
+    );
+    let bare = p.provider("bare").unwrap();
+    assert_eq!(bare.kind, ProviderKind::Anthropic);
+    assert_eq!(
+        (bare.timeout, bare.retries, bare.concurrency),
+        (None, None, None)
+    );
+    assert!(bare.headers.is_empty());
+}

@@ -224,6 +224,7 @@ fn booking_scenario() {
                     name,
                     params,
                     count,
+                    loose: false,
                 } => {
                     assert_eq!(name, "check_service_area");
                     assert_eq!(

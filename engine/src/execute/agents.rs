@@ -49,6 +49,11 @@ impl Agents {
         }
     }
 
+    /// The run's HTTP connection pool, shared with the LLM providers.
+    pub(super) fn transport(&self) -> &crate::protocol::http::HttpTransport {
+        &self.transport
+    }
+
     /// Agent `index` of the plan, set up on the first call (once, however many units ask
     /// at the same time).
     pub(super) async fn get(

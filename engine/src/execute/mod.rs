@@ -39,6 +39,15 @@ use verdict::skip_trajectory;
 use walk::Unit;
 
 pub use reuse::{ReuseCounts, TurnMemo};
+/// The status a trajectory gets from its fault and checks (`strict`: a skipped check or
+/// trajectory fails), for tools that re-check recorded trajectories (`trellis rejudge`).
+pub fn trajectory_status(
+    faulted: bool,
+    criteria: &[crate::record::CriterionRecord],
+    strict: bool,
+) -> (TrajectoryStatus, Option<String>) {
+    verdict::status_of(faulted, criteria, strict)
+}
 
 /// Upper bound of `--jobs`: far beyond what one process can keep in flight, and well inside
 /// what a tokio semaphore can count.
@@ -61,6 +70,9 @@ pub struct RunOptions {
     /// The HTTP connection pool to use; `None` builds one for this run. A watch session
     /// keeps one across reruns (building a client loads the CA bundle).
     pub transport: Option<crate::protocol::http::HttpTransport>,
+    /// `--llm-cache DIR` / `--llm-cache-mode`: the response cache of judge (and simulator)
+    /// calls; [`crate::llm::LlmCache::disabled`] for none.
+    pub llm_cache: crate::llm::LlmCache,
 }
 
 /// Runs the plan to completion, sending every event to `events`. Never fails because of an
@@ -82,14 +94,22 @@ pub async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSum
                 .iter()
                 .map(|s| ScenarioInfo::of(s, &plan))
                 .collect(),
+            rejudged_from: None,
         }))
         .await;
 
     let agents = Agents::new(&plan, options.transport.clone().unwrap_or_default());
+    let llm = crate::llm::LlmRuntime::new(
+        plan.llm.clone(),
+        plan.templates.env(),
+        agents.transport(),
+        options.llm_cache.clone(),
+    );
     let jobs = options.jobs.clamp(1, MAX_JOBS);
     let shared = Arc::new(Shared {
         plan: plan.clone(),
         agents,
+        llm,
         calls: Arc::new(Semaphore::new(jobs)),
         // Units hold little while waiting for a call permit; allowing a few per job keeps
         // the call pipeline full at forks without letting a huge `repeat` spawn everything.
@@ -152,6 +172,8 @@ fn unit_capacity(jobs: usize) -> u32 {
 struct Shared {
     plan: Arc<Plan>,
     agents: Agents,
+    /// Providers, judges and the response cache.
+    llm: Arc<crate::llm::LlmRuntime>,
     calls: Arc<Semaphore>,
     /// Trajectories in flight, counted per unit: a unit takes as many permits as it has
     /// trajectories (up to all of them), so a scenario that forks into hundreds of branches

@@ -118,5 +118,6 @@ fn record(
         attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
         fault: turn.fault,
         exchanges,
+        simulator: Vec::new(),
     }
 }

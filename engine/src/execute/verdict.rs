@@ -12,6 +12,8 @@ use trellis_dsl::{CriterionKind, Outcome};
 use super::walk::{PathState, Unit};
 use super::{Shared, ms};
 use crate::criteria::{self, Scope};
+use crate::llm::LlmRuntime;
+use crate::llm::runtime::JudgeTask;
 use crate::plan::{PlannedCriterion, PlannedScenario};
 use crate::protocol::Session;
 use crate::record::{CriterionRecord, CriterionStatus, Fault, TrajectoryRecord, TrajectoryStatus};
@@ -69,6 +71,7 @@ impl Unit<'_> {
                 kind: c.criterion.kind.name().to_string(),
                 status: CriterionStatus::Skipped,
                 detail: Some(why.clone()),
+                judge: None,
             }));
         }
         for c in &self.scenario.criteria {
@@ -90,7 +93,22 @@ impl Unit<'_> {
                             ),
                             None => format!("{} fault: {}", f.category.as_str(), f.message),
                         }),
+                        judge: None,
                     }
+                }
+                (None, _) if LlmRuntime::is_judged(&c.criterion.kind) => {
+                    self.shared
+                        .llm
+                        .judge(JudgeTask {
+                            criterion_text: &c.criterion.text,
+                            kind: &c.criterion.kind,
+                            scenario: sc,
+                            turns: &state.turns,
+                            turn_index: None,
+                            repetition: self.repetition,
+                            call_name: self.judge_call_name(t, state, &c.criterion.text),
+                        })
+                        .await
                 }
                 (None, _) => criteria::check_planned(
                     c,
@@ -109,24 +127,43 @@ impl Unit<'_> {
                     kind: c.criterion.kind.name().to_string(),
                     status: CriterionStatus::Skipped,
                     detail: Some(why.clone()),
+                    judge: None,
                 },
             });
         }
         for outcome in &sc.outcomes {
-            criteria.push(CriterionRecord {
-                turn_index: None,
-                criterion: outcome_text(&outcome.value),
-                kind: "outcome".into(),
-                status: CriterionStatus::Skipped,
-                detail: Some(
-                    not_checked
-                        .clone()
-                        .unwrap_or_else(|| "no judge configured".into()),
-                ),
+            let text = outcome_text(&outcome.value);
+            criteria.push(match &not_checked {
+                None => {
+                    let kind = CriterionKind::Outcome(outcome.value.clone());
+                    self.shared
+                        .llm
+                        .judge(JudgeTask {
+                            criterion_text: &text,
+                            kind: &kind,
+                            scenario: sc,
+                            turns: &state.turns,
+                            turn_index: None,
+                            repetition: self.repetition,
+                            call_name: self.judge_call_name(t, state, &text),
+                        })
+                        .await
+                }
+                Some(why) => CriterionRecord {
+                    turn_index: None,
+                    criterion: text,
+                    kind: "outcome".into(),
+                    status: CriterionStatus::Skipped,
+                    detail: Some(why.clone()),
+                    judge: None,
+                },
             });
         }
         let strict = self.shared.strict;
         let (status, skip_reason) = status_of(fault.is_some(), &criteria, strict);
+        let llm =
+            crate::llm::LlmUsage::of(state.turns.iter().flat_map(|t| &t.simulator), &criteria)
+                .map(Box::new);
         let record = TrajectoryRecord {
             suite: self.scenario.suite.to_string(),
             scenario: sc.id.value.clone(),
@@ -149,10 +186,24 @@ impl Unit<'_> {
             awaiting_human: session.and_then(|s| s.paused()).map(str::to_owned),
             sandbox_state: sandbox.map(|s| s.state().clone()),
             captures: state.vars.clone(),
+            llm,
         };
         self.mark_recorded(t);
         self.shared.record(record).await;
         status == TrajectoryStatus::Passed
+    }
+
+    /// How a judge call of trajectory `t` is named in a replay-only cache miss.
+    fn judge_call_name(&self, t: usize, state: &PathState, criterion: &str) -> String {
+        format!(
+            "judge of `{criterion}` on {}/{} trajectory `{}{}` repetition {} (agent `{}`)",
+            self.scenario.suite,
+            self.scenario.scenario.id.value,
+            self.scenario.trajectories[t].name,
+            state.suffix,
+            self.repetition,
+            self.agent_id()
+        )
     }
 
     /// Ends every trajectory of the unit not recorded yet with `fault`, before any turn
@@ -185,12 +236,14 @@ impl Unit<'_> {
 
 /// The status a trajectory gets from its fault and checks, and why it was skipped when it
 /// was.
-fn status_of(
+pub(super) fn status_of(
     faulted: bool,
     criteria: &[CriterionRecord],
     strict: bool,
 ) -> (TrajectoryStatus, Option<String>) {
-    if faulted {
+    // A check whose evaluator failed (a judge) leaves the trajectory undecided: an error,
+    // never a pass.
+    if faulted || criteria.iter().any(|c| c.status == CriterionStatus::Error) {
         return (TrajectoryStatus::Error, None);
     }
     let failed = criteria.iter().any(|c| c.status == CriterionStatus::Failed);
@@ -246,6 +299,7 @@ pub(super) async fn skip_trajectory(
         awaiting_human: None,
         sandbox_state: None,
         captures: Default::default(),
+        llm: None,
     };
     shared.record(record).await;
 }
@@ -268,6 +322,7 @@ mod tests {
             kind: "reply".into(),
             status,
             detail: None,
+            judge: None,
         }
     }
 

@@ -56,6 +56,8 @@ pub(super) struct PathState {
     pub(super) suffix: Arc<str>,
     /// Those continuations, outermost first.
     pub(super) agent_branches: Vec<AgentBranchRecord>,
+    /// The simulator calls that wrote the next turn's user message, recorded on that turn.
+    pub(super) pending_simulator: Vec<crate::llm::LlmCall>,
 }
 
 impl PathState {
@@ -68,6 +70,7 @@ impl PathState {
             active: Duration::ZERO,
             suffix: Arc::from(""),
             agent_branches: Vec::new(),
+            pending_simulator: Vec::new(),
         }
     }
 
@@ -634,6 +637,14 @@ impl<'a> Unit<'a> {
                         None => {}
                     }
                 }
+                PlannedStep::Simulate { turns } => {
+                    match self.simulate(session, *turns, true, state, recorded).await {
+                        Some(Stop::Fault(fault)) => return Some(replay_fault(fault)),
+                        Some(Stop::Branch(_)) => return Some(replay_fault(branch_on_replay())),
+                        Some(stop) => return Some(stop),
+                        None => {}
+                    }
+                }
                 PlannedStep::Capture { name, source } => {
                     if let Err(mut stop) = capture_into(state, name, source) {
                         if let Some(detail) = &mut stop.detail {
@@ -691,8 +702,10 @@ impl<'a> Unit<'a> {
         let sc = &self.scenario.scenario;
         for (i, step) in node.steps.iter().enumerate().skip(*next_step) {
             *next_step = i + 1;
-            if matches!(step, PlannedStep::User(_) | PlannedStep::Call { .. })
-                && let Some(prompt) = session.paused()
+            if matches!(
+                step,
+                PlannedStep::User(_) | PlannedStep::Call { .. } | PlannedStep::Simulate { .. }
+            ) && let Some(prompt) = session.paused()
             {
                 return Some(Stop::Failed(CriterionRecord {
                     turn_index: state.turns.last().map(|t| t.turn_index),
@@ -704,6 +717,7 @@ impl<'a> Unit<'a> {
                          a user message, not a `hitl approve|reject` answer",
                         excerpt(prompt)
                     )),
+                    judge: None,
                 }));
             }
             match step {
@@ -728,6 +742,7 @@ impl<'a> Unit<'a> {
                             detail: Some(format!(
                                 "the trajectory reached max-turns ({max}) with scripted steps left"
                             )),
+                            judge: None,
                         }));
                     }
                     let scope = &self.scenario.scope;
@@ -767,6 +782,30 @@ impl<'a> Unit<'a> {
                     let vars = &state.vars;
                     for c in checks {
                         let record = match turn_index {
+                            Some(i) if crate::llm::LlmRuntime::is_judged(&c.criterion.kind) => {
+                                self.shared
+                                    .llm
+                                    .judge(crate::llm::runtime::JudgeTask {
+                                        criterion_text: &c.criterion.text,
+                                        kind: &c.criterion.kind,
+                                        scenario: sc,
+                                        turns: &state.turns,
+                                        turn_index: Some(i),
+                                        repetition: self.repetition,
+                                        call_name: format!(
+                                            "judge of `{}` on {}/{} node `{}{}` turn {i} \
+                                             repetition {} (agent `{}`)",
+                                            c.criterion.text,
+                                            self.scenario.suite,
+                                            sc.id.value,
+                                            node.id,
+                                            state.suffix,
+                                            self.repetition,
+                                            self.agent_id()
+                                        ),
+                                    })
+                                    .await
+                            }
                             Some(_) => criteria::check_planned(
                                 c,
                                 &self.shared.plan.templates,
@@ -784,6 +823,7 @@ impl<'a> Unit<'a> {
                                 kind: c.criterion.kind.name().to_string(),
                                 status: CriterionStatus::Failed,
                                 detail: Some("no agent turn before this `expect`".into()),
+                                judge: None,
                             },
                         };
                         state.criteria.push(record);
@@ -792,6 +832,12 @@ impl<'a> Unit<'a> {
                 PlannedStep::Capture { name, source } => {
                     if let Err(failed) = capture_into(state, name, source) {
                         return Some(Stop::Failed(failed));
+                    }
+                }
+                PlannedStep::Simulate { turns } => {
+                    if let Some(stop) = self.simulate(session, *turns, false, state, recorded).await
+                    {
+                        return Some(stop);
                     }
                 }
                 PlannedStep::Hitl { approve, message } => {
@@ -837,6 +883,7 @@ impl<'a> Unit<'a> {
                     ),
                     None => "the agent did not pause for a human before this step".to_string(),
                 }),
+                judge: None,
             }));
         }
         let text = match message {
@@ -867,6 +914,90 @@ impl<'a> Unit<'a> {
         self.turn(session, input, replay, state, recorded).await
     }
 
+    /// A `simulate` step: up to `turns` simulated user turns (`None`: until the simulator
+    /// ends the conversation), never past the scenario's `max-turns` (or
+    /// [`UNTIL_DONE_CAP`](crate::llm::simulator::UNTIL_DONE_CAP) turns without one).
+    async fn simulate(
+        &self,
+        session: &mut dyn Session,
+        turns: Option<u32>,
+        replay: bool,
+        state: &mut PathState,
+        recorded: &mut Vec<Arc<TurnRecord>>,
+    ) -> Option<Stop> {
+        use crate::llm::runtime::{SimulateTask, Simulated};
+        use crate::llm::simulator::{Said, UNTIL_DONE_CAP};
+        let sc = &self.scenario.scenario;
+        let instructions = match &self.shared.plan.llm.simulator_instructions {
+            None => None,
+            Some(template) => {
+                let scope = &self.scenario.scope;
+                let vars = &state.vars;
+                match self
+                    .shared
+                    .plan
+                    .templates
+                    .render(template, || scope.with_vars(vars))
+                {
+                    Ok(text) => Some(text),
+                    Err(e) => {
+                        return Some(Stop::Fault(Fault::new(
+                            FaultCategory::Template,
+                            format!("simulator instructions: {e}"),
+                        )));
+                    }
+                }
+            }
+        };
+        let limit = turns.unwrap_or_else(|| sc.max_turns.unwrap_or(UNTIL_DONE_CAP));
+        for _ in 0..limit {
+            if let Some(max) = sc.max_turns
+                && state.turns.len() as u64 >= u64::from(max)
+            {
+                break;
+            }
+            let task = SimulateTask {
+                scenario: sc,
+                turns: &state.turns,
+                repetition: self.repetition,
+                instructions: instructions.clone(),
+                call_name: format!(
+                    "simulated user turn {} on {}/{} (agent `{}`, repetition {})",
+                    state.turns.len(),
+                    self.scenario.suite,
+                    sc.id.value,
+                    self.agent_id(),
+                    self.repetition
+                ),
+            };
+            let (text, last) = match self.shared.llm.simulate(task).await {
+                Ok(Simulated { said, calls }) => match said {
+                    Said::Message(text) => {
+                        state.pending_simulator.extend(calls);
+                        (text, false)
+                    }
+                    Said::Last(text) => {
+                        state.pending_simulator.extend(calls);
+                        (text, true)
+                    }
+                    // The simulator ended the conversation: no turn to record the call on.
+                    Said::End | Said::Unusable => break,
+                },
+                Err((fault, _calls)) => return Some(Stop::Fault(fault)),
+            };
+            if let Some(stop) = self
+                .turn(session, TurnInput::User(&text), replay, state, recorded)
+                .await
+            {
+                return Some(stop);
+            }
+            if last {
+                break;
+            }
+        }
+        None
+    }
+
     /// One turn on the path: `None` input is the agent's opening turn; otherwise a user
     /// message, or a function call when a function is named.
     /// One turn on the path, recorded on this node (`replay`: a replay of the prefix).
@@ -887,6 +1018,8 @@ impl<'a> Unit<'a> {
         };
         self.shared.totals.turns.fetch_add(1, Ordering::Relaxed);
         let fault = turn.fault.clone();
+        let mut turn = turn;
+        turn.simulator = std::mem::take(&mut state.pending_simulator);
         let turn = Arc::new(turn);
         recorded.push(turn.clone());
         state.turns.push(turn);
@@ -965,6 +1098,7 @@ fn capture_into(
             kind: "capture".into(),
             status: CriterionStatus::Failed,
             detail: Some(why),
+            judge: None,
         }),
     }
 }

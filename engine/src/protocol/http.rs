@@ -128,6 +128,30 @@ pub struct HttpResponse {
     pub body: Bytes,
 }
 
+/// A complete HTTP response of any status, for callers that act on error statuses themselves
+/// (an LLM provider's 429 and its `Retry-After`). Error bodies are read only far enough to
+/// quote them.
+#[derive(Clone, Debug)]
+pub struct RawResponse {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl RawResponse {
+    /// The 2xx response, or the fault an error status maps to.
+    pub fn success(self) -> Result<HttpResponse, Fault> {
+        if self.status.is_success() {
+            Ok(HttpResponse {
+                status: self.status,
+                body: self.body,
+            })
+        } else {
+            Err(status_fault(self.status, &self.body))
+        }
+    }
+}
+
 /// The HTTP client of a run: one keep-alive pool shared by every agent and call.
 ///
 /// Cheap to clone (the clients inside are reference counted). Clients are built on first
@@ -218,6 +242,29 @@ impl HttpTransport {
             max_response_size,
             timeout,
         )
+        .await?
+        .success()
+    }
+
+    /// Like [`HttpTransport::post_json`], but an error status is returned with its headers
+    /// instead of becoming a fault; only transport failures, timeouts and oversized bodies
+    /// are faults.
+    pub async fn post_json_raw(
+        &self,
+        url: &Url,
+        headers: &HeaderMap,
+        body: Bytes,
+        max_response_size: u64,
+        timeout: Duration,
+    ) -> Result<RawResponse, Fault> {
+        self.bounded(
+            reqwest::Method::POST,
+            url,
+            headers,
+            Some(body),
+            max_response_size,
+            timeout,
+        )
         .await
     }
 
@@ -238,7 +285,8 @@ impl HttpTransport {
             max_response_size,
             timeout,
         )
-        .await
+        .await?
+        .success()
     }
 
     async fn bounded(
@@ -249,7 +297,7 @@ impl HttpTransport {
         body: Option<Bytes>,
         max_response_size: u64,
         timeout: Duration,
-    ) -> Result<HttpResponse, Fault> {
+    ) -> Result<RawResponse, Fault> {
         let mut progress = Progress::default();
         let exchange = self.exchange(method, url, headers, body, max_response_size, &mut progress);
         match tokio::time::timeout(timeout, exchange).await {
@@ -273,7 +321,7 @@ impl HttpTransport {
         body: Option<Bytes>,
         max_response_size: u64,
         progress: &mut Progress,
-    ) -> Result<HttpResponse, Fault> {
+    ) -> Result<RawResponse, Fault> {
         let mut request = self
             .client_for(url)?
             .request(method, url.clone())
@@ -339,13 +387,13 @@ impl HttpTransport {
 
         if status.is_success() {
             read?;
-            return Ok(HttpResponse {
-                status,
-                body: Bytes::from(buf),
-            });
         }
         // The status is what matters for a failed exchange, even when its body broke off.
-        Err(status_fault(status, &buf))
+        Ok(RawResponse {
+            status,
+            headers: std::mem::take(response.headers_mut()),
+            body: Bytes::from(buf),
+        })
     }
 }
 
@@ -400,7 +448,7 @@ pub(super) fn too_large(max: u64, detail: &str) -> Fault {
     )
 }
 
-pub(super) fn status_fault(status: StatusCode, body: &[u8]) -> Fault {
+pub(crate) fn status_fault(status: StatusCode, body: &[u8]) -> Fault {
     let category = if status.is_client_error() {
         FaultCategory::Http4xx
     } else if status.is_server_error() {

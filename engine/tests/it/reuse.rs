@@ -43,6 +43,7 @@ async fn run(
         strict: false,
         reuse: Some(memo.clone()),
         transport: None,
+        llm_cache: trellis_engine::llm::LlmCache::disabled(),
     };
     let (tx, mut rx) = event::channel();
     let engine = tokio::spawn(execute::run(plan, options, tx));

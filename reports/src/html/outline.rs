@@ -211,6 +211,7 @@ mod tests {
 
     fn trajectory(name: &str, nodes: &[&str], failed_turn: Option<u32>) -> TrajectoryRecord {
         TrajectoryRecord {
+            llm: None,
             suite: "s".into(),
             scenario: "c".into(),
             trajectory: name.into(),
@@ -229,6 +230,7 @@ mod tests {
             skip_reason: None,
             criteria: failed_turn
                 .map(|turn| CriterionRecord {
+                    judge: None,
                     turn_index: Some(turn),
                     criterion: "reply contains=\"x\"".into(),
                     kind: "reply".into(),

@@ -37,6 +37,7 @@ pub fn run_info() -> RunInfo {
             trajectories: vec!["accepts".into(), "asks-price".into()],
             repeat: 2,
         }],
+        rejudged_from: None,
     }
 }
 
@@ -124,6 +125,7 @@ fn criterion(turn: Option<u32>, text: &str, passed: bool, detail: Option<&str>) 
             CriterionStatus::Failed
         },
         detail: detail.map(str::to_owned),
+        judge: None,
     }
 }
 
@@ -183,6 +185,7 @@ fn trajectory(
         awaiting_human: None,
         sandbox_state: None,
         captures: Default::default(),
+        llm: None,
     }
 }
 

@@ -83,6 +83,11 @@ fn tables_have_documented_shape() {
             "agent_branches",
             "awaiting_human",
             "sandbox_state",
+            "llm_calls",
+            "llm_input_tokens",
+            "llm_output_tokens",
+            "llm_cost",
+            "llm_cache_hits",
         ]
     );
     assert_eq!(dtype(&t, "repetition"), DataType::UInt32);
@@ -185,6 +190,11 @@ fn tables_have_documented_shape() {
         "function",
         "replay",
         "exchanges",
+        "simulator_calls",
+        "simulator_input_tokens",
+        "simulator_output_tokens",
+        "simulator_cost",
+        "simulator_cache_hit",
     ] {
         assert!(
             columns(&u).iter().any(|c| c == name),
@@ -275,6 +285,20 @@ fn tables_have_documented_shape() {
             "status",
             "passed",
             "detail",
+            "judge",
+            "judge_provider",
+            "judge_model",
+            "rubric",
+            "score",
+            "threshold",
+            "label",
+            "justification",
+            "judge_input_tokens",
+            "judge_output_tokens",
+            "judge_cost",
+            "judge_cache_hit",
+            "consensus",
+            "agreement",
         ]
     );
     assert_eq!(dtype(&k, "turn_index"), DataType::UInt32);
@@ -309,6 +333,7 @@ fn tables_have_documented_shape() {
         "endpoints",
         "tags",
         "labels",
+        "rejudged_from",
     ] {
         assert!(columns(&r).iter().any(|c| c == name), "runs.{name} missing");
     }

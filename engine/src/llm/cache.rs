@@ -1,0 +1,260 @@
+//! The on-disk LLM response cache (`--llm-cache DIR`, `--llm-cache-mode`).
+//!
+//! Content addressed: the key is the SHA-256 of the canonical request (provider id and kind,
+//! model, messages, temperature, max tokens, structured-output schema) plus the repetition
+//! index, so `repeat 5` still draws five samples and a rerun reuses the same five. Only
+//! successful answers are stored. An entry is a small JSON file, `DIR/ab/abcd….json`, holding
+//! the request it answers (to read by hand) and the completion.
+//!
+//! Concurrent runs may share a directory: an entry is written to a temporary file in the same
+//! directory and renamed into place, so a reader sees a whole entry or none, and two writers
+//! of one key both write the same answer's shape (the last rename wins).
+
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+use sha2::{Digest, Sha256};
+use tokio::time::Instant;
+
+use super::provider::ProviderClient;
+use super::{CacheUse, Completion, LlmCall, LlmError, LlmOutcome, LlmRequest};
+
+/// `--llm-cache-mode`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum CacheMode {
+    /// Serve hits, call the provider on a miss and store the answer.
+    #[default]
+    ReadWrite,
+    /// Never read or write the cache.
+    Off,
+    /// Serve hits; a miss is an error naming the call (CI: prove a run needs no LLM).
+    ReplayOnly,
+}
+
+impl CacheMode {
+    pub const ALL: [(&'static str, CacheMode); 3] = [
+        ("read-write", CacheMode::ReadWrite),
+        ("off", CacheMode::Off),
+        ("replay-only", CacheMode::ReplayOnly),
+    ];
+}
+
+impl FromStr for CacheMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .iter()
+            .find(|(name, _)| *name == s)
+            .map(|(_, mode)| *mode)
+            .ok_or_else(|| format!("`{s}` is not a cache mode: read-write, off or replay-only"))
+    }
+}
+
+/// One stored answer.
+#[derive(Debug, Serialize, Deserialize)]
+struct Entry {
+    request: Value,
+    completion: Completion,
+}
+
+/// The response cache of a run: a directory and a mode, or nothing.
+#[derive(Clone, Debug, Default)]
+pub struct LlmCache {
+    dir: Option<PathBuf>,
+    mode: CacheMode,
+}
+
+impl LlmCache {
+    /// A cache in `dir` (created on first write).
+    pub fn new(dir: impl Into<PathBuf>, mode: CacheMode) -> Self {
+        LlmCache {
+            dir: Some(dir.into()),
+            mode,
+        }
+    }
+
+    /// No cache: every call goes to the provider.
+    pub fn disabled() -> Self {
+        LlmCache::default()
+    }
+
+    pub fn mode(&self) -> CacheMode {
+        self.mode
+    }
+
+    /// The canonical request of a call (`None` when no model is known) and its key.
+    pub fn key(
+        client: &ProviderClient,
+        request: &LlmRequest,
+        repetition: u32,
+    ) -> Option<(Value, String)> {
+        let wire = client.resolved(request)?;
+        let canonical = canonical(&json!({
+            "version": 1,
+            "provider": client.id(),
+            "kind": client.kind().as_str(),
+            "model": wire.model,
+            "messages": wire.messages,
+            "temperature": wire.temperature,
+            "max_tokens": wire.max_tokens,
+            "json_schema": wire.json_schema,
+            "repetition": repetition,
+        }));
+        let digest = Sha256::digest(canonical.to_string().as_bytes());
+        Some((canonical, hex::encode(digest)))
+    }
+
+    /// Answers `request` from the cache or through `client`, per the mode. `call` names the
+    /// call in a replay-only miss (`judge "…" on booking/book#0`).
+    pub async fn complete(
+        &self,
+        client: &ProviderClient,
+        request: &LlmRequest,
+        repetition: u32,
+        call: &str,
+        deadline: Option<Instant>,
+    ) -> LlmOutcome {
+        let (Some(dir), Some((canonical, key))) = (
+            self.dir.as_deref().filter(|_| self.mode != CacheMode::Off),
+            Self::key(client, request, repetition),
+        ) else {
+            return client.complete(request, deadline).await;
+        };
+        let path = entry_path(dir, &key);
+        let started = Instant::now();
+        match read_entry(&path).await {
+            Ok(Some(entry)) => {
+                let completion = entry.completion;
+                let record = LlmCall {
+                    provider: client.id().to_owned(),
+                    model: client.model_for(request).unwrap_or_default().to_owned(),
+                    input_tokens: completion.input_tokens,
+                    output_tokens: completion.output_tokens,
+                    cost: client
+                        .cost(completion.input_tokens, completion.output_tokens)
+                        .map(|_| 0.0),
+                    latency_ms: started.elapsed().as_secs_f64() * 1000.0,
+                    cache: CacheUse::Hit,
+                    ..LlmCall::default()
+                };
+                return LlmOutcome {
+                    result: Ok(completion),
+                    call: record,
+                };
+            }
+            Ok(None) => {}
+            // A damaged entry is replaced in read-write mode; replay-only cannot replace it.
+            Err(e) if self.mode == CacheMode::ReplayOnly => {
+                return failed(client, request, LlmError::Cache(e));
+            }
+            Err(_) => {}
+        }
+        if self.mode == CacheMode::ReplayOnly {
+            return failed(
+                client,
+                request,
+                LlmError::CacheMiss {
+                    call: call.to_owned(),
+                    key,
+                },
+            );
+        }
+        let mut outcome = client.complete(request, deadline).await;
+        outcome.call.cache = CacheUse::Miss;
+        if let Ok(completion) = &outcome.result {
+            let entry = Entry {
+                request: canonical,
+                completion: completion.clone(),
+            };
+            if let Err(e) = write_entry(path, entry).await {
+                // The answer is good; a cache that cannot be written costs a rerun, no more.
+                outcome.call.error = Some(format!("LLM cache not written: {e}"));
+            }
+        }
+        outcome
+    }
+}
+
+fn failed(client: &ProviderClient, request: &LlmRequest, error: LlmError) -> LlmOutcome {
+    LlmOutcome {
+        call: LlmCall {
+            provider: client.id().to_owned(),
+            model: client.model_for(request).unwrap_or_default().to_owned(),
+            cache: CacheUse::Miss,
+            error: Some(error.to_string()),
+            ..LlmCall::default()
+        },
+        result: Err(error),
+    }
+}
+
+fn entry_path(dir: &Path, key: &str) -> PathBuf {
+    let shard = key.get(..2).unwrap_or("00");
+    dir.join(shard).join(format!("{key}.json"))
+}
+
+async fn read_entry(path: &Path) -> Result<Option<Entry>, String> {
+    match tokio::fs::read(path).await {
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| format!("damaged entry {}: {e}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("cannot read {}: {e}", path.display())),
+    }
+}
+
+async fn write_entry(path: PathBuf, entry: Entry) -> Result<(), String> {
+    tokio::task::spawn_blocking(move || {
+        let dir = path.parent().ok_or("entry path has no directory")?;
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let mut file =
+            tempfile::NamedTempFile::new_in(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        serde_json::to_writer(&mut file, &entry).map_err(|e| e.to_string())?;
+        file.as_file().sync_all().map_err(|e| e.to_string())?;
+        file.persist(&path)
+            .map_err(|e| format!("{}: {}", path.display(), e.error))?;
+        Ok(())
+    })
+    .await
+    .map_err(|e| format!("cache writer failed: {e}"))?
+}
+
+/// `value` with every object's keys in sorted order, whatever order `serde_json` keeps them
+/// in, so equal requests serialise to equal bytes.
+fn canonical(value: &Value) -> Value {
+    match value {
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort();
+            let mut out = Map::new();
+            for k in keys {
+                if let Some(v) = map.get(k) {
+                    out.insert(k.clone(), canonical(v));
+                }
+            }
+            Value::Object(out)
+        }
+        Value::Array(items) => Value::Array(items.iter().map(canonical).collect()),
+        other => other.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_parse_by_name() {
+        assert_eq!("replay-only".parse(), Ok(CacheMode::ReplayOnly));
+        assert!("replay".parse::<CacheMode>().is_err());
+    }
+
+    #[test]
+    fn canonical_form_ignores_key_order() {
+        let a: Value = serde_json::from_str(r#"{"b":1,"a":{"y":2,"x":[{"d":1,"c":2}]}}"#).unwrap();
+        let b: Value = serde_json::from_str(r#"{"a":{"x":[{"c":2,"d":1}],"y":2},"b":1}"#).unwrap();
+        assert_eq!(canonical(&a).to_string(), canonical(&b).to_string());
+    }
+}

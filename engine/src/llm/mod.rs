@@ -1,0 +1,246 @@
+//! LLM providers: the calls the engine itself makes to a language model (the simulated user,
+//! judges), as opposed to the agents under test.
+//!
+//! A [`ProviderClient`] is one `provider` node as configured for a run: OpenAI-compatible chat
+//! completions (the hosted API, llama.cpp, vLLM, Ollama) or Anthropic Messages, over the run's
+//! shared [`HttpTransport`](crate::protocol::http::HttpTransport). It owns what makes LLM calls
+//! different from agent calls: they are rate limited (per-provider concurrency, requests and
+//! tokens per minute), a 429 is waited out (its `Retry-After` honoured) and never counts as a
+//! failure, and every call is recorded with its token usage and cost ([`LlmCall`]).
+//!
+//! The API key comes from an environment variable and never leaves the request headers: it is
+//! sent as a sensitive header value and cut out of every error message ([`provider`]).
+//!
+//! The wire formats are pure functions in [`wire`]; the on-disk response cache is [`cache`];
+//! prompts, rubrics and answer parsing of LLM judges are [`judge`]; [`runtime`] holds a run's
+//! providers, judges and cache, judges one criterion into its record and writes the simulated
+//! user's turns ([`simulator`]).
+
+pub mod cache;
+pub mod judge;
+pub mod provider;
+pub mod rejudge;
+pub mod runtime;
+pub mod simulator;
+pub mod wire;
+
+use serde::{Deserialize, Serialize};
+
+pub use cache::{CacheMode, LlmCache};
+pub use provider::{ProviderClient, ProviderSetupError};
+pub use runtime::{LlmRuntime, LlmSetup};
+
+use crate::record::FaultCategory;
+
+/// Who said a message of an LLM conversation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    System,
+    User,
+    Assistant,
+}
+
+/// One message sent to the model.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct LlmMessage {
+    pub role: Role,
+    pub content: String,
+}
+
+impl LlmMessage {
+    pub fn system(content: impl Into<String>) -> Self {
+        LlmMessage {
+            role: Role::System,
+            content: content.into(),
+        }
+    }
+    pub fn user(content: impl Into<String>) -> Self {
+        LlmMessage {
+            role: Role::User,
+            content: content.into(),
+        }
+    }
+    pub fn assistant(content: impl Into<String>) -> Self {
+        LlmMessage {
+            role: Role::Assistant,
+            content: content.into(),
+        }
+    }
+}
+
+/// What to ask the model. Unset parameters fall back to the provider's (`model`,
+/// `temperature`, `max-tokens`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LlmRequest {
+    pub messages: Vec<LlmMessage>,
+    pub model: Option<String>,
+    pub temperature: Option<f64>,
+    pub max_tokens: Option<u32>,
+    /// Ask for a JSON object matching this schema where the provider supports structured
+    /// output (OpenAI-compatible `response_format`); the caller still parses strictly.
+    pub json_schema: Option<serde_json::Value>,
+}
+
+/// What the model answered.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Completion {
+    pub text: String,
+    /// The model as the server reported it.
+    pub model: Option<String>,
+    pub input_tokens: Option<u64>,
+    pub output_tokens: Option<u64>,
+    /// `stop`, `length`, `end_turn`, `max_tokens`, …
+    pub finish_reason: Option<String>,
+}
+
+/// How the response cache served a call.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CacheUse {
+    /// No cache, or `--llm-cache-mode off`.
+    #[default]
+    Off,
+    /// Answered from the cache: no request was sent.
+    Hit,
+    /// Not in the cache: the provider was called (and the answer stored).
+    Miss,
+}
+
+/// The record of one logical LLM call (after its retries and rate-limit waits), kept with
+/// whatever the call was for (a judged criterion, a simulated turn).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LlmCall {
+    /// The `provider` id.
+    pub provider: String,
+    /// The model asked for.
+    pub model: String,
+    pub input_tokens: Option<u64>,
+    pub output_tokens: Option<u64>,
+    /// From the provider's `input-price`/`output-price` (per million tokens); `None` when no
+    /// price is configured or no usage was reported. A cache hit costs nothing.
+    pub cost: Option<f64>,
+    /// Wall time of the whole call: queueing for the limits, attempts, waits.
+    pub latency_ms: f64,
+    /// HTTP attempts sent (0 for a cache hit).
+    pub attempts: u32,
+    /// HTTP 429 answers waited out.
+    pub rate_limited: u32,
+    /// Time spent waiting: for a concurrency slot, the request and token rate limits, and
+    /// the `Retry-After` of 429 answers.
+    pub waited_ms: f64,
+    pub cache: CacheUse,
+    /// Why the call failed, if it did.
+    pub error: Option<String>,
+}
+
+/// LLM calls summed: per trajectory (`trajectories.llm_*`) and per run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LlmUsage {
+    pub calls: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    /// Summed over the calls that have a cost (a provider with prices).
+    pub cost: Option<f64>,
+    /// Calls answered from the cache.
+    pub cache_hits: u64,
+}
+
+impl LlmUsage {
+    /// Adds one call.
+    pub fn add(&mut self, call: &LlmCall) {
+        // A cache hit is a call not sent; a failed call before sending is still counted.
+        self.calls += 1;
+        self.input_tokens = self
+            .input_tokens
+            .saturating_add(call.input_tokens.unwrap_or(0));
+        self.output_tokens = self
+            .output_tokens
+            .saturating_add(call.output_tokens.unwrap_or(0));
+        if let Some(c) = call.cost {
+            self.cost = Some(self.cost.unwrap_or(0.0) + c);
+        }
+        if call.cache == CacheUse::Hit {
+            self.cache_hits += 1;
+        }
+    }
+
+    /// Adds another total.
+    pub fn merge(&mut self, other: &LlmUsage) {
+        self.calls += other.calls;
+        self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
+        self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
+        if let Some(c) = other.cost {
+            self.cost = Some(self.cost.unwrap_or(0.0) + c);
+        }
+        self.cache_hits += other.cache_hits;
+    }
+
+    /// The simulator calls of a trajectory's turns and the judge calls of its checks (a
+    /// panel's members each count); `None` when there were none.
+    pub fn of<'a>(
+        simulator: impl IntoIterator<Item = &'a LlmCall>,
+        criteria: &[crate::record::CriterionRecord],
+    ) -> Option<LlmUsage> {
+        let mut usage = LlmUsage::default();
+        for call in simulator {
+            usage.add(call);
+        }
+        for verdict in criteria.iter().filter_map(|c| c.judge.as_deref()) {
+            if verdict.members.is_empty() {
+                if !verdict.call.provider.is_empty() {
+                    usage.add(&verdict.call);
+                }
+            } else {
+                for m in &verdict.members {
+                    usage.add(&m.call);
+                }
+            }
+        }
+        (usage.calls > 0).then_some(usage)
+    }
+}
+
+/// Why an LLM call produced no usable answer. Messages never contain the API key.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum LlmError {
+    /// Transport failure, timeout or HTTP error status, after the retries.
+    #[error("provider `{provider}`: {category}: {message}", category = category.as_str())]
+    Http {
+        provider: String,
+        category: FaultCategory,
+        message: String,
+    },
+    /// 429 answers kept coming past the time the call may wait.
+    #[error(
+        "provider `{provider}`: still rate limited (HTTP 429) after waiting {waited_s:.1}s; \
+         lower `concurrency`/`requests-per-minute` on the provider or retry later"
+    )]
+    RateLimited { provider: String, waited_s: f64 },
+    /// The body is not the provider's response shape.
+    #[error("provider `{provider}`: malformed response: {detail}")]
+    Malformed { provider: String, detail: String },
+    /// The provider answered with an error object in a 2xx body.
+    #[error("provider `{provider}` reported an error: {detail}")]
+    Provider { provider: String, detail: String },
+    /// Neither the request nor the provider names a model.
+    #[error("provider `{provider}` has no model: set `model=…` on the provider (or the judge)")]
+    NoModel { provider: String },
+    /// `--llm-cache-mode replay-only` and the call is not in the cache.
+    #[error(
+        "LLM cache miss in replay-only mode: {call} (key {key}); run once with \
+         `--llm-cache-mode read-write` to record it"
+    )]
+    CacheMiss { call: String, key: String },
+    /// The cache directory could not be read or written.
+    #[error("LLM cache: {0}")]
+    Cache(String),
+}
+
+/// What [`ProviderClient::complete`] ended with: the answer or the error, and the call's
+/// record either way.
+#[derive(Clone, Debug)]
+pub struct LlmOutcome {
+    pub result: Result<Completion, LlmError>,
+    pub call: LlmCall,
+}

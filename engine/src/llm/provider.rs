@@ -1,0 +1,506 @@
+//! One `provider` node as a client: endpoint, key, defaults, limits, and the call loop.
+//!
+//! The call loop layers three things over the shared HTTP transport:
+//! - **Limits** ([`Gate`]): a concurrency semaphore, requests per minute spaced evenly, and a
+//!   token bucket charged with each request's estimate (prompt characters / 4 + `max_tokens`)
+//!   before it is sent. Every HTTP attempt passes the gate, retries included.
+//! - **Retries**: [`with_retries`] with `retry-after-send` semantics, since asking a model
+//!   again has no side effect beyond its cost: connect errors, timeouts, broken connections
+//!   and 5xx are retried with backoff.
+//! - **429**: an answer, not a failure. The call sleeps for its `Retry-After` (seconds or an
+//!   HTTP date; exponential when absent) and tries again, for up to [`MAX_RATE_LIMIT_WAIT`] or
+//!   the caller's deadline.
+//!
+//! The key is read from the environment snapshot once, when the client is built, sent only
+//! as a sensitive header value, and removed from every error message ([`Secret::redact`]),
+//! because servers sometimes echo request headers back in error bodies.
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
+use reqwest::Url;
+use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+use trellis_dsl::{DEFAULT_PROVIDER_RETRIES, DEFAULT_PROVIDER_TIMEOUT, Provider, ProviderKind};
+
+use super::wire::{self, ANTHROPIC_VERSION, DecodeError, WireRequest};
+use super::{CacheUse, LlmCall, LlmError, LlmOutcome, LlmRequest};
+use crate::protocol::http::{
+    CallLimits, HttpTransport, RawResponse, RetryPolicy, status_fault, with_retries,
+};
+use crate::record::{Fault, FaultCategory};
+use crate::render::EnvSnapshot;
+
+/// The longest a call waits out 429 answers in total before it gives up.
+pub const MAX_RATE_LIMIT_WAIT: Duration = Duration::from_secs(300);
+/// One `Retry-After` is honoured up to this long.
+const MAX_SINGLE_WAIT: Duration = Duration::from_secs(60);
+/// Wait after a 429 without `Retry-After`; doubles each time.
+const FIRST_RATE_LIMIT_WAIT: Duration = Duration::from_secs(1);
+/// LLM answers are small; this bounds a misbehaving server.
+const MAX_RESPONSE_SIZE: u64 = 4 * 1024 * 1024;
+/// Output tokens assumed for the token rate limit when neither call nor provider caps them.
+const ASSUMED_OUTPUT_TOKENS: u32 = 512;
+
+/// A provider that cannot be used, found when the run is set up.
+#[derive(Debug, thiserror::Error)]
+pub enum ProviderSetupError {
+    #[error("provider `{provider}`: invalid base URL `{url}`")]
+    InvalidUrl { provider: String, url: String },
+    #[error(
+        "provider `{provider}`: the environment variable `{var}` (api-key-env) is not set; \
+         export it, or remove `api-key-env` for a local server that needs no key"
+    )]
+    MissingKey { provider: String, var: String },
+    #[error("provider `{provider}`: the API key in `{var}` cannot be sent as a header value")]
+    InvalidKey { provider: String, var: String },
+    #[error("provider `{provider}`: invalid header `{name}`")]
+    InvalidHeader { provider: String, name: String },
+}
+
+/// An API key. Its `Debug` never shows it.
+#[derive(Clone)]
+struct Secret(Arc<str>);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Secret(…)")
+    }
+}
+
+impl Secret {
+    /// `text` with every occurrence of the key replaced.
+    fn redact(&self, text: &str) -> String {
+        if self.0.is_empty() {
+            text.to_owned()
+        } else {
+            text.replace(&*self.0, "[redacted]")
+        }
+    }
+}
+
+/// The rate and concurrency limits of one provider, shared by all its calls in a run.
+#[derive(Debug, Default)]
+struct Gate {
+    slots: Option<Semaphore>,
+    requests: Option<DefaultDirectRateLimiter>,
+    tokens: Option<(DefaultDirectRateLimiter, NonZeroU32)>,
+}
+
+impl Gate {
+    fn new(provider: &Provider) -> Self {
+        let requests = provider
+            .requests_per_minute
+            .and_then(NonZeroU32::new)
+            .and_then(|n| Quota::with_period(Duration::from_secs(60) / n.get()))
+            .map(RateLimiter::direct);
+        let tokens = provider
+            .tokens_per_minute
+            .and_then(NonZeroU32::new)
+            .map(|n| (RateLimiter::direct(Quota::per_minute(n)), n));
+        Gate {
+            slots: provider.concurrency.map(Semaphore::new),
+            requests,
+            tokens,
+        }
+    }
+
+    /// Waits for a request of about `tokens` tokens to be allowed; the returned permit
+    /// holds the concurrency slot.
+    async fn pass(&self, tokens: u32) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        let permit = match &self.slots {
+            Some(slots) => slots.acquire().await.ok(),
+            None => None,
+        };
+        if let Some(limiter) = &self.requests {
+            limiter.until_ready().await;
+        }
+        if let Some((limiter, capacity)) = &self.tokens {
+            // A request larger than a whole minute's budget waits for a full bucket.
+            let n = NonZeroU32::new(tokens.clamp(1, capacity.get())).unwrap_or(*capacity);
+            let _ = limiter.until_n_ready(n).await;
+        }
+        permit
+    }
+}
+
+/// A `provider` as configured for a run. Cheap to share (`Arc`); every call of the run goes
+/// through the same limits.
+#[derive(Debug)]
+pub struct ProviderClient {
+    id: String,
+    kind: ProviderKind,
+    url: Url,
+    headers: HeaderMap,
+    key: Option<Secret>,
+    model: Option<String>,
+    temperature: Option<f64>,
+    max_tokens: Option<u32>,
+    limits: CallLimits,
+    retry: RetryPolicy,
+    input_price: Option<f64>,
+    output_price: Option<f64>,
+    gate: Gate,
+    transport: HttpTransport,
+}
+
+impl ProviderClient {
+    /// The client of `provider`, its key read from `env` (the run's environment snapshot).
+    pub fn new(
+        provider: &Provider,
+        env: &EnvSnapshot,
+        transport: HttpTransport,
+    ) -> Result<Self, ProviderSetupError> {
+        let id = provider.id.value.clone();
+        let url = endpoint(provider.kind, provider.base_url.as_deref()).ok_or_else(|| {
+            ProviderSetupError::InvalidUrl {
+                provider: id.clone(),
+                url: provider.base_url.clone().unwrap_or_default(),
+            }
+        })?;
+        let key = match &provider.api_key_env {
+            None => None,
+            Some(var) => match env.get(var) {
+                Some(value) if !value.is_empty() => Some(Secret(Arc::from(value.as_str()))),
+                _ => {
+                    return Err(ProviderSetupError::MissingKey {
+                        provider: id,
+                        var: var.clone(),
+                    });
+                }
+            },
+        };
+        let mut headers = HeaderMap::new();
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if provider.kind == ProviderKind::Anthropic {
+            headers.insert(
+                HeaderName::from_static("anthropic-version"),
+                HeaderValue::from_static(ANTHROPIC_VERSION),
+            );
+        }
+        for (name, value) in &provider.headers {
+            let invalid = || ProviderSetupError::InvalidHeader {
+                provider: id.clone(),
+                name: name.clone(),
+            };
+            let name = HeaderName::from_bytes(name.as_bytes()).map_err(|_| invalid())?;
+            let mut value = HeaderValue::from_str(value).map_err(|_| invalid())?;
+            value.set_sensitive(true);
+            headers.append(name, value);
+        }
+        if let Some(key) = &key {
+            let (name, text) = match provider.kind {
+                ProviderKind::OpenAi => {
+                    (reqwest::header::AUTHORIZATION, format!("Bearer {}", key.0))
+                }
+                ProviderKind::Anthropic => {
+                    (HeaderName::from_static("x-api-key"), key.0.to_string())
+                }
+            };
+            let mut value =
+                HeaderValue::from_str(&text).map_err(|_| ProviderSetupError::InvalidKey {
+                    provider: id.clone(),
+                    var: provider.api_key_env.clone().unwrap_or_default(),
+                })?;
+            value.set_sensitive(true);
+            headers.insert(name, value);
+        }
+        Ok(ProviderClient {
+            kind: provider.kind,
+            url,
+            headers,
+            key,
+            model: provider.model.clone(),
+            temperature: provider.temperature,
+            max_tokens: provider.max_tokens,
+            limits: CallLimits {
+                timeout: provider.timeout.unwrap_or(DEFAULT_PROVIDER_TIMEOUT),
+                max_response_size: MAX_RESPONSE_SIZE,
+            },
+            retry: RetryPolicy {
+                retries: provider.retries.unwrap_or(DEFAULT_PROVIDER_RETRIES),
+                after_send: true,
+            },
+            input_price: provider.input_price,
+            output_price: provider.output_price,
+            gate: Gate::new(provider),
+            transport,
+            id,
+        })
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    pub fn kind(&self) -> ProviderKind {
+        self.kind
+    }
+
+    /// The endpoint called: `{base-url}/chat/completions` or `{base-url}/messages`.
+    pub fn url(&self) -> &Url {
+        &self.url
+    }
+
+    /// The model a request is sent with: its own, else the provider's.
+    pub fn model_for<'a>(&'a self, request: &'a LlmRequest) -> Option<&'a str> {
+        request.model.as_deref().or(self.model.as_deref())
+    }
+
+    /// The parameters actually sent for `request` (its own, else the provider's): what the
+    /// response cache keys on.
+    pub fn resolved<'a>(&'a self, request: &'a LlmRequest) -> Option<WireRequest<'a>> {
+        Some(WireRequest {
+            model: self.model_for(request)?,
+            messages: &request.messages,
+            temperature: request.temperature.or(self.temperature),
+            max_tokens: request.max_tokens.or(self.max_tokens),
+            json_schema: request.json_schema.as_ref(),
+        })
+    }
+
+    /// The cost of `input` and `output` tokens at the provider's prices, when it has any.
+    pub fn cost(&self, input: Option<u64>, output: Option<u64>) -> Option<f64> {
+        if self.input_price.is_none() && self.output_price.is_none() {
+            return None;
+        }
+        if input.is_none() && output.is_none() {
+            return None;
+        }
+        let part = |tokens: Option<u64>, price: Option<f64>| {
+            tokens.unwrap_or(0) as f64 * price.unwrap_or(0.0) / 1_000_000.0
+        };
+        Some(part(input, self.input_price) + part(output, self.output_price))
+    }
+
+    /// Sends `request` and reads the answer, within the provider's limits, retrying what is
+    /// transient and waiting out 429s, never past `deadline`. Never panics on what the
+    /// server sends; the record is filled either way.
+    pub async fn complete(&self, request: &LlmRequest, deadline: Option<Instant>) -> LlmOutcome {
+        let started = Instant::now();
+        let mut call = LlmCall {
+            provider: self.id.clone(),
+            model: self.model_for(request).unwrap_or_default().to_owned(),
+            cache: CacheUse::Off,
+            ..LlmCall::default()
+        };
+        let result = self.call(request, deadline, &mut call).await;
+        call.latency_ms = started.elapsed().as_secs_f64() * 1000.0;
+        if let Ok(completion) = &result {
+            call.input_tokens = completion.input_tokens;
+            call.output_tokens = completion.output_tokens;
+            call.cost = self.cost(completion.input_tokens, completion.output_tokens);
+        }
+        if let Err(e) = &result {
+            call.error = Some(e.to_string());
+        }
+        LlmOutcome { result, call }
+    }
+
+    async fn call(
+        &self,
+        request: &LlmRequest,
+        deadline: Option<Instant>,
+        call: &mut LlmCall,
+    ) -> Result<super::Completion, LlmError> {
+        let wire_request = self.resolved(request).ok_or_else(|| LlmError::NoModel {
+            provider: self.id.clone(),
+        })?;
+        let body = Bytes::from(wire::encode(self.kind, &wire_request).to_string());
+        let estimate = estimate_tokens(&wire_request);
+        let mut rate_limit_wait = Duration::ZERO;
+        let mut next_wait = FIRST_RATE_LIMIT_WAIT;
+        loop {
+            let waited = std::sync::Mutex::new(Duration::ZERO);
+            let attempted = with_retries(self.retry, self.limits.timeout, deadline, |budget| {
+                let body = body.clone();
+                let waited = &waited;
+                async move {
+                    let queued = Instant::now();
+                    let _slot = self.gate.pass(estimate).await;
+                    if let Ok(mut w) = waited.lock() {
+                        *w += queued.elapsed();
+                    }
+                    self.transport
+                        .post_json_raw(
+                            &self.url,
+                            &self.headers,
+                            body,
+                            self.limits.max_response_size,
+                            budget,
+                        )
+                        .await
+                        .and_then(answer_or_fault)
+                }
+            })
+            .await;
+            call.attempts = call
+                .attempts
+                .saturating_add(u32::try_from(attempted.attempts.len()).unwrap_or(u32::MAX));
+            call.waited_ms += waited.into_inner().unwrap_or_default().as_secs_f64() * 1000.0;
+            let response = attempted.result.map_err(|fault| self.http_error(fault))?;
+            if response.status == reqwest::StatusCode::TOO_MANY_REQUESTS {
+                call.rate_limited += 1;
+                let wait = retry_after(&response.headers, SystemTime::now())
+                    .unwrap_or(next_wait)
+                    .min(MAX_SINGLE_WAIT);
+                next_wait = (next_wait * 2).min(MAX_SINGLE_WAIT);
+                let past_deadline = deadline.is_some_and(|d| Instant::now() + wait >= d);
+                if rate_limit_wait + wait > MAX_RATE_LIMIT_WAIT || past_deadline {
+                    return Err(LlmError::RateLimited {
+                        provider: self.id.clone(),
+                        waited_s: rate_limit_wait.as_secs_f64(),
+                    });
+                }
+                tokio::time::sleep(wait).await;
+                rate_limit_wait += wait;
+                call.waited_ms += wait.as_secs_f64() * 1000.0;
+                continue;
+            }
+            return wire::decode(self.kind, &response.body).map_err(|e| match e {
+                DecodeError::Malformed(detail) => LlmError::Malformed {
+                    provider: self.id.clone(),
+                    detail: self.redact(&detail),
+                },
+                DecodeError::Provider(detail) => LlmError::Provider {
+                    provider: self.id.clone(),
+                    detail: self.redact(&detail),
+                },
+            });
+        }
+    }
+
+    fn http_error(&self, fault: Fault) -> LlmError {
+        LlmError::Http {
+            provider: self.id.clone(),
+            category: fault.category,
+            message: self.redact(&fault.message),
+        }
+    }
+
+    fn redact(&self, text: &str) -> String {
+        match &self.key {
+            Some(key) => key.redact(text),
+            None => text.to_owned(),
+        }
+    }
+}
+
+/// A 2xx or 429 response goes back to the call loop; any other status is the fault it maps
+/// to (5xx retried, 4xx not).
+fn answer_or_fault(response: RawResponse) -> Result<RawResponse, Fault> {
+    if response.status.is_success() || response.status == reqwest::StatusCode::TOO_MANY_REQUESTS {
+        Ok(response)
+    } else {
+        Err(status_fault(response.status, &response.body))
+    }
+}
+
+/// `{base}/chat/completions` or `{base}/messages`, unless the base already ends with it.
+fn endpoint(kind: ProviderKind, base: Option<&str>) -> Option<Url> {
+    let (default_base, path) = match kind {
+        ProviderKind::OpenAi => ("https://api.openai.com/v1", "chat/completions"),
+        ProviderKind::Anthropic => ("https://api.anthropic.com/v1", "messages"),
+    };
+    let base = base.unwrap_or(default_base).trim_end_matches('/');
+    let full = if base.ends_with(path) {
+        base.to_owned()
+    } else {
+        format!("{base}/{path}")
+    };
+    let url: Url = full.parse().ok()?;
+    matches!(url.scheme(), "http" | "https").then_some(url)
+}
+
+/// Tokens a request may use: its prompt (about four characters a token) plus what it may
+/// generate. Charged against `tokens-per-minute` before the request is sent.
+fn estimate_tokens(request: &WireRequest<'_>) -> u32 {
+    let chars: usize = request.messages.iter().map(|m| m.content.len()).sum();
+    let prompt = u32::try_from(chars / 4).unwrap_or(u32::MAX);
+    prompt.saturating_add(request.max_tokens.unwrap_or(ASSUMED_OUTPUT_TOKENS))
+}
+
+/// The wait a `Retry-After` header asks for: delay-seconds or an HTTP date (relative to
+/// `now`); `None` when absent or unreadable.
+fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    let value = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    if let Ok(seconds) = value.parse::<f64>()
+        && seconds.is_finite()
+        && seconds >= 0.0
+    {
+        return Some(Duration::from_secs_f64(seconds.min(86_400.0)));
+    }
+    let when = httpdate::parse_http_date(value).ok()?;
+    Some(when.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+impl From<&LlmError> for Fault {
+    fn from(e: &LlmError) -> Self {
+        let category = match e {
+            LlmError::Http { category, .. } => *category,
+            LlmError::RateLimited { .. } => FaultCategory::Timeout,
+            LlmError::Malformed { .. } => FaultCategory::Protocol,
+            LlmError::Provider { .. } => FaultCategory::AgentError,
+            LlmError::NoModel { .. } | LlmError::CacheMiss { .. } | LlmError::Cache(_) => {
+                FaultCategory::Setup
+            }
+        };
+        Fault::new(category, e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_reads_seconds_and_dates() {
+        let mut headers = HeaderMap::new();
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        assert_eq!(retry_after(&headers, now), None);
+        headers.insert(RETRY_AFTER, HeaderValue::from_static("3"));
+        assert_eq!(retry_after(&headers, now), Some(Duration::from_secs(3)));
+        headers.insert(RETRY_AFTER, HeaderValue::from_static("0.5"));
+        assert_eq!(retry_after(&headers, now), Some(Duration::from_millis(500)));
+        let later = httpdate::fmt_http_date(now + Duration::from_secs(7));
+        headers.insert(RETRY_AFTER, HeaderValue::from_str(&later).unwrap());
+        assert_eq!(retry_after(&headers, now), Some(Duration::from_secs(7)));
+        headers.insert(RETRY_AFTER, HeaderValue::from_static("soon"));
+        assert_eq!(retry_after(&headers, now), None);
+    }
+
+    #[test]
+    fn endpoints_accept_a_base_with_or_without_the_path() {
+        let url = |kind, base| endpoint(kind, base).map(|u| u.to_string());
+        assert_eq!(
+            url(ProviderKind::OpenAi, Some("http://127.0.0.1:8080/v1/")).as_deref(),
+            Some("http://127.0.0.1:8080/v1/chat/completions")
+        );
+        assert_eq!(
+            url(ProviderKind::OpenAi, Some("http://h/v1/chat/completions")).as_deref(),
+            Some("http://h/v1/chat/completions")
+        );
+        assert_eq!(
+            url(ProviderKind::Anthropic, None).as_deref(),
+            Some("https://api.anthropic.com/v1/messages")
+        );
+        assert_eq!(url(ProviderKind::OpenAi, Some("ftp://h")), None);
+    }
+
+    #[test]
+    fn secrets_are_cut_out_and_never_debug_printed() {
+        let key = Secret(Arc::from("sk-123"));
+        assert_eq!(
+            key.redact("echo: Bearer sk-123!"),
+            "echo: Bearer [redacted]!"
+        );
+        assert!(!format!("{key:?}").contains("sk-123"));
+    }
+}

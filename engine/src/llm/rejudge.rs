@@ -1,0 +1,288 @@
+//! `trellis rejudge`: re-scores a recorded run's LLM-judged checks with the current judges,
+//! without calling any agent.
+//!
+//! Each trajectory's transcript is rebuilt from the journal (its nodes' turns in path order;
+//! a node holding replayed turns replaces the prefix before it, as in the run). Every
+//! `judge`/`outcome` check that the run reached is judged again against the scenario as the
+//! suite now defines it (found by its text; a check the suite no longer has is kept as it
+//! was), and the trajectory's status follows from its checks by the run's own rule. The
+//! result is a new journal: the original's agent and node entries, the updated
+//! trajectories, and a `run_started` naming the original run (`rejudged_from`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use futures::StreamExt;
+use trellis_dsl::{Criterion, CriterionKind, Outcome, Project, Scenario, Step, StepKind};
+
+use super::runtime::{JudgeTask, LlmRuntime};
+use crate::record::{
+    JournalEntry, NodeRecord, RunInfo, RunSummary, TrajectoryRecord, TrajectoryStatus, TurnRecord,
+};
+
+/// Trajectories re-judged at once.
+const CONCURRENT_TRAJECTORIES: usize = 16;
+
+/// What a rejudge changed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RejudgeCounts {
+    /// Checks judged again.
+    pub rejudged: u64,
+    /// Of those, the ones whose status changed.
+    pub changed: u64,
+    /// Checks of the recording the current suite no longer has (kept as recorded).
+    pub not_in_suite: u64,
+}
+
+/// Why a journal cannot be rejudged.
+#[derive(Debug, thiserror::Error)]
+pub enum RejudgeError {
+    #[error("the journal has no `run_started` entry: it is not a run journal")]
+    NotARun,
+}
+
+/// Re-judges `entries` (a run's journal, in order) with `runtime`'s judges and the
+/// scenarios of `project`; returns the new journal and what changed. `status_of` is the
+/// run's rule from checks (and a fault) to a trajectory's status.
+pub async fn rejudge(
+    project: &Project,
+    entries: Vec<JournalEntry>,
+    runtime: &LlmRuntime,
+    new_run_id: &str,
+    started_at: String,
+    status_of: impl Fn(bool, &[crate::record::CriterionRecord]) -> TrajectoryStatus,
+) -> Result<(Vec<JournalEntry>, RejudgeCounts), RejudgeError> {
+    let mut info: Option<RunInfo> = None;
+    let mut nodes: HashMap<(String, String, String, u32, String), Arc<NodeRecord>> = HashMap::new();
+    let mut out: Vec<JournalEntry> = Vec::new();
+    let mut trajectories: Vec<TrajectoryRecord> = Vec::new();
+    for entry in entries {
+        match entry {
+            JournalEntry::RunStarted(i) => info = Some(i),
+            JournalEntry::Agent(a) => out.push(JournalEntry::Agent(a)),
+            JournalEntry::Node(n) => {
+                let key = (
+                    n.suite.clone(),
+                    n.scenario.clone(),
+                    n.agent.clone(),
+                    n.repetition,
+                    n.node.clone(),
+                );
+                nodes.insert(key, Arc::new(n));
+            }
+            JournalEntry::Trajectory(t) => trajectories.push(*t),
+            JournalEntry::RunFinished(_) => {}
+        }
+    }
+    let original = info.ok_or(RejudgeError::NotARun)?;
+    let new_info = RunInfo {
+        run_id: new_run_id.to_owned(),
+        started_at,
+        trellis_version: env!("CARGO_PKG_VERSION").to_string(),
+        rejudged_from: Some(original.run_id.clone()),
+        ..original
+    };
+
+    let results: Vec<(TrajectoryRecord, RejudgeCounts)> =
+        futures::stream::iter(trajectories.into_iter().map(|t| {
+            let nodes = &nodes;
+            let status_of = &status_of;
+            async move { rejudge_one(project, runtime, nodes, t, status_of).await }
+        }))
+        .buffered(CONCURRENT_TRAJECTORIES)
+        .collect()
+        .await;
+
+    let mut entries = vec![JournalEntry::RunStarted(new_info.clone())];
+    entries.append(&mut out);
+    // Nodes before trajectories, in a stable order, as a run writes them.
+    let mut node_list: Vec<Arc<NodeRecord>> = nodes.into_values().collect();
+    node_list.sort_by(|a, b| {
+        (&a.suite, &a.scenario, &a.agent, a.repetition, &a.node).cmp(&(
+            &b.suite,
+            &b.scenario,
+            &b.agent,
+            b.repetition,
+            &b.node,
+        ))
+    });
+    entries.extend(
+        node_list
+            .into_iter()
+            .map(|n| JournalEntry::Node(Arc::unwrap_or_clone(n))),
+    );
+    let mut counts = RejudgeCounts::default();
+    let mut summary = RunSummary {
+        run_id: new_info.run_id.clone(),
+        ..RunSummary::default()
+    };
+    for (t, c) in results {
+        counts.rejudged += c.rejudged;
+        counts.changed += c.changed;
+        counts.not_in_suite += c.not_in_suite;
+        summary.trajectories += 1;
+        summary.turns += u64::from(t.turns);
+        match t.status {
+            TrajectoryStatus::Passed => summary.passed += 1,
+            TrajectoryStatus::Failed => summary.failed += 1,
+            TrajectoryStatus::Error => summary.errors += 1,
+            TrajectoryStatus::Skipped => summary.skipped += 1,
+        }
+        entries.push(JournalEntry::Trajectory(Box::new(t)));
+    }
+    entries.push(JournalEntry::RunFinished(summary));
+    Ok((entries, counts))
+}
+
+async fn rejudge_one(
+    project: &Project,
+    runtime: &LlmRuntime,
+    nodes: &HashMap<(String, String, String, u32, String), Arc<NodeRecord>>,
+    mut t: TrajectoryRecord,
+    status_of: &impl Fn(bool, &[crate::record::CriterionRecord]) -> TrajectoryStatus,
+) -> (TrajectoryRecord, RejudgeCounts) {
+    let mut counts = RejudgeCounts::default();
+    let Some(scenario) = project
+        .scenarios()
+        .find(|(suite, sc)| suite.name == t.suite && sc.id.value == t.scenario)
+        .map(|(_, sc)| sc)
+    else {
+        counts.not_in_suite += t
+            .criteria
+            .iter()
+            .filter(|c| LlmRuntime::is_judged_kind_name(&c.kind))
+            .count() as u64;
+        return (t, counts);
+    };
+    let mut turns: Vec<Arc<TurnRecord>> = Vec::new();
+    for node in &t.nodes {
+        let key = (
+            t.suite.clone(),
+            t.scenario.clone(),
+            t.agent.clone(),
+            t.repetition,
+            node.clone(),
+        );
+        if let Some(n) = nodes.get(&key) {
+            if n.turns.iter().any(|turn| turn.replay) {
+                turns.clear();
+            }
+            turns.extend(n.turns.iter().cloned());
+        }
+    }
+    let judged = judged_criteria(scenario);
+    let mut criteria = std::mem::take(&mut t.criteria);
+    for record in &mut criteria {
+        if !LlmRuntime::is_judged_kind_name(&record.kind)
+            || record
+                .detail
+                .as_deref()
+                .is_some_and(|d| d.starts_with("not checked"))
+        {
+            continue;
+        }
+        let Some((text, kind)) = find(&judged, &record.criterion) else {
+            counts.not_in_suite += 1;
+            continue;
+        };
+        let upto = match record.turn_index {
+            Some(i) => turns
+                .iter()
+                .position(|turn| turn.turn_index == i)
+                .map_or(turns.len(), |p| p + 1),
+            None => turns.len(),
+        };
+        let fresh = runtime
+            .judge(JudgeTask {
+                criterion_text: text,
+                kind,
+                scenario,
+                turns: turns.get(..upto).unwrap_or(&turns),
+                turn_index: record.turn_index,
+                repetition: t.repetition,
+                call_name: format!(
+                    "rejudge of `{}` on {}/{} trajectory `{}` repetition {} (agent `{}`)",
+                    record.criterion, t.suite, t.scenario, t.trajectory, t.repetition, t.agent
+                ),
+            })
+            .await;
+        counts.rejudged += 1;
+        if fresh.status != record.status {
+            counts.changed += 1;
+        }
+        *record = fresh;
+    }
+    t.status = if t.status == TrajectoryStatus::Skipped && t.skip_reason.is_some() && t.turns == 0 {
+        TrajectoryStatus::Skipped
+    } else {
+        status_of(t.fault.is_some(), &criteria)
+    };
+    if t.status != TrajectoryStatus::Skipped {
+        t.skip_reason = None;
+    }
+    t.criteria = criteria;
+    (t, counts)
+}
+
+/// The current check a recorded one is: the same text, else the `judge` check with the same
+/// statement (its threshold, judge or rubric may have changed since).
+fn find<'a>(
+    judged: &'a [(String, CriterionKind)],
+    recorded: &str,
+) -> Option<(&'a str, &'a CriterionKind)> {
+    judged
+        .iter()
+        .find(|(text, _)| text == recorded)
+        .or_else(|| {
+            judged.iter().find(|(_, kind)| match kind {
+                CriterionKind::Judge { criterion, .. } => {
+                    let head = format!("judge {criterion:?}");
+                    recorded == head || recorded.starts_with(&format!("{head} "))
+                }
+                _ => false,
+            })
+        })
+        .map(|(text, kind)| (text.as_str(), kind))
+}
+
+/// The scenario's LLM-judged checks with the text a run records for them.
+fn judged_criteria(scenario: &Scenario) -> Vec<(String, CriterionKind)> {
+    let mut out = Vec::new();
+    let mut add = |c: &Criterion| {
+        if LlmRuntime::is_judged(&c.kind) {
+            out.push((c.text.clone(), c.kind.clone()));
+        }
+    };
+    for c in &scenario.criteria {
+        add(c);
+    }
+    fn walk(steps: &[Step], add: &mut impl FnMut(&Criterion)) {
+        for step in steps {
+            match &step.kind {
+                StepKind::Expect(cs) => cs.iter().for_each(&mut *add),
+                StepKind::Fork(branches) => {
+                    for b in branches {
+                        walk(&b.steps, add);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    walk(&scenario.steps, &mut add);
+    for o in &scenario.outcomes {
+        let text = match &o.value {
+            Outcome::Statement(s) => format!("outcome {s:?}"),
+            Outcome::Labeled { label, value } => format!("outcome {label}={value}"),
+        };
+        out.push((text, CriterionKind::Outcome(o.value.clone())));
+    }
+    out
+}
+
+impl LlmRuntime {
+    /// Whether a recorded check's `kind` is LLM-judged.
+    pub fn is_judged_kind_name(kind: &str) -> bool {
+        matches!(kind, "judge" | "outcome")
+    }
+}

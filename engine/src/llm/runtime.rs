@@ -1,0 +1,630 @@
+//! The LLM side of a run: the suite's providers as clients, its judges resolved, the response
+//! cache, and judging one criterion into its record.
+//!
+//! Which judge scores a criterion: the one it names (`judge="ID"`), else the first `judge`
+//! node of the project, else an implicit judge on the project's only `provider` (its model).
+//! Without any, `judge`/`outcome` criteria are skipped with a reason that says how to
+//! configure one. The rubric: the criterion's `rubric=`, else the scenario's
+//! `criteria-override`, else the judge's `rubric`, else `generic`; outcomes are always judged
+//! as holds / does not hold. The pass mark: the criterion's `threshold`, else the judge's,
+//! else the rubric's default (Connexity 0.75, outcomes 1, others 0.5).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tokio::time::Instant;
+use trellis_dsl::{
+    Consensus, CriterionKind, Judge, Outcome, Panel, Persona, PersonaRef, Project, Provider,
+    Scenario, Simulator,
+};
+
+use super::judge::{self, JudgeContext, JudgeVerdict, PersonaInfo, Question, Rubric};
+use super::simulator::{self, Character, SIMULATOR_RETRIES, Said};
+use super::{LlmCache, LlmCall, ProviderClient};
+use crate::protocol::http::HttpTransport;
+use crate::record::{CriterionRecord, CriterionStatus, Fault, FaultCategory, TurnRecord};
+use crate::render::EnvSnapshot;
+
+/// The project's LLM configuration, carried by the plan.
+#[derive(Clone, Debug, Default)]
+pub struct LlmSetup {
+    pub providers: Vec<Provider>,
+    pub judges: Vec<Judge>,
+    pub panels: Vec<Panel>,
+    pub simulator: Option<Simulator>,
+    pub personas: Vec<Persona>,
+    /// The simulator's `instructions`, compiled by the planner (rendered per trajectory).
+    pub simulator_instructions: Option<crate::render::CompiledTemplate>,
+}
+
+impl LlmSetup {
+    pub fn from_project(project: &Project) -> Self {
+        LlmSetup {
+            providers: project.providers.clone(),
+            judges: project.judges.clone(),
+            panels: project.panels.clone(),
+            simulator: project.simulator.clone(),
+            personas: project.personas.clone(),
+            simulator_instructions: None,
+        }
+    }
+
+    /// Whether `simulate` steps can run: a `simulator` node, or a lone provider.
+    pub fn has_simulator(&self) -> bool {
+        self.simulator.is_some() || self.providers.len() == 1
+    }
+
+    /// Whether any judge can be resolved at all (a `judge` node or a lone provider).
+    pub fn has_judge(&self) -> bool {
+        !self.judges.is_empty() || self.providers.len() == 1
+    }
+}
+
+/// Why `judge`/`outcome` criteria are skipped when the suite configures no judge.
+pub const NO_JUDGE: &str = "no judge configured: add a `provider` and a `judge \"ID\" \
+                            provider=\"…\"` node (a lone `provider` is used as the judge)";
+
+/// A judge ready to call.
+struct Resolved<'a> {
+    name: String,
+    client: &'a ProviderClient,
+    model: Option<&'a str>,
+    temperature: Option<f64>,
+    rubric: Option<&'a str>,
+    threshold: Option<f64>,
+}
+
+/// One criterion to judge, with where it sits.
+pub struct JudgeTask<'a, T> {
+    pub criterion_text: &'a str,
+    pub kind: &'a CriterionKind,
+    pub scenario: &'a Scenario,
+    pub turns: &'a [T],
+    /// Set for turn-level (`expect`) criteria.
+    pub turn_index: Option<u32>,
+    pub repetition: u32,
+    /// Names the call in a replay-only cache miss.
+    pub call_name: String,
+}
+
+/// The providers, judges and cache of a run.
+pub struct LlmRuntime {
+    setup: LlmSetup,
+    clients: HashMap<String, Result<ProviderClient, String>>,
+    cache: LlmCache,
+}
+
+impl LlmRuntime {
+    /// Builds a client per provider (a provider that cannot be used, such as one whose key
+    /// is not set, fails only the criteria that use it).
+    pub fn new(
+        setup: LlmSetup,
+        env: &EnvSnapshot,
+        transport: &HttpTransport,
+        cache: LlmCache,
+    ) -> Arc<Self> {
+        let clients = setup
+            .providers
+            .iter()
+            .map(|p| {
+                (
+                    p.id.value.clone(),
+                    ProviderClient::new(p, env, transport.clone()).map_err(|e| e.to_string()),
+                )
+            })
+            .collect();
+        Arc::new(LlmRuntime {
+            setup,
+            clients,
+            cache,
+        })
+    }
+
+    pub fn setup(&self) -> &LlmSetup {
+        &self.setup
+    }
+
+    /// Whether `kind` is judged by an LLM.
+    pub fn is_judged(kind: &CriterionKind) -> bool {
+        matches!(
+            kind,
+            CriterionKind::Judge { .. } | CriterionKind::Outcome(_)
+        )
+    }
+
+    fn resolve(&self, named: Option<&str>) -> Option<Result<Resolved<'_>, String>> {
+        let judge = match named {
+            Some(id) => self.setup.judges.iter().find(|j| j.id.value == id),
+            None => self.setup.judges.first(),
+        };
+        let (name, provider_id, model, temperature, rubric, threshold) = match judge {
+            Some(j) => (
+                j.id.value.clone(),
+                j.provider.value.as_str(),
+                j.model.as_deref(),
+                j.temperature,
+                j.rubric.as_deref(),
+                j.threshold,
+            ),
+            None if named.is_some() => {
+                return Some(Err(format!(
+                    "judge `{}` is not defined",
+                    named.unwrap_or("")
+                )));
+            }
+            None => match self.setup.providers.as_slice() {
+                [only] => (
+                    format!("provider:{}", only.id.value),
+                    only.id.value.as_str(),
+                    None,
+                    Some(0.0),
+                    None,
+                    None,
+                ),
+                _ => return None,
+            },
+        };
+        Some(match self.clients.get(provider_id) {
+            Some(Ok(client)) => Ok(Resolved {
+                name,
+                client,
+                model,
+                temperature,
+                rubric,
+                threshold,
+            }),
+            Some(Err(e)) => Err(e.clone()),
+            None => Err(format!("provider `{provider_id}` is not defined")),
+        })
+    }
+
+    /// Judges one `judge`/`outcome` criterion (or a scenario-level outcome) into its record:
+    /// passed or failed on the judge's score, `skipped` without a judge, `error` when the
+    /// judge failed or answered garbage. A criterion naming a panel is judged by each of its
+    /// judges at once and decided by the panel's consensus rule.
+    pub async fn judge<T: AsRef<TurnRecord>>(&self, task: JudgeTask<'_, T>) -> CriterionRecord {
+        let mut record = CriterionRecord {
+            turn_index: task.turn_index,
+            criterion: task.criterion_text.to_owned(),
+            kind: task.kind.name().to_owned(),
+            status: CriterionStatus::Skipped,
+            detail: None,
+            judge: None,
+        };
+        let (question_text, named, criterion_rubric, criterion_threshold) = match task.kind {
+            CriterionKind::Judge {
+                criterion,
+                threshold,
+                judge,
+                rubric,
+            } => (
+                criterion.clone(),
+                judge.as_ref().map(|j| j.value.as_str()),
+                rubric.as_deref(),
+                *threshold,
+            ),
+            CriterionKind::Outcome(outcome) => (outcome_statement(outcome), None, None, None),
+            _ => {
+                record.detail = Some("not an LLM-judged criterion".into());
+                return record;
+            }
+        };
+        let question = QuestionSpec {
+            text: &question_text,
+            rubric: criterion_rubric,
+            threshold: criterion_threshold,
+        };
+        if let Some(panel) =
+            named.and_then(|id| self.setup.panels.iter().find(|p| p.id.value == id))
+        {
+            let members = futures::future::join_all(
+                panel
+                    .judges
+                    .iter()
+                    .map(|member| self.judge_one(Some(&member.value), &question, &task)),
+            )
+            .await;
+            let (status, detail, verdict) = decide(panel, members);
+            record.status = status;
+            record.detail = Some(detail);
+            record.judge = Some(Box::new(verdict));
+            return record;
+        }
+        let (status, detail, verdict) = self.judge_one(named, &question, &task).await;
+        record.status = status;
+        record.detail = Some(detail);
+        record.judge = verdict.map(Box::new);
+        record
+    }
+
+    /// One judge's verdict on `question`: the status, the detail, and the verdict record
+    /// (none when no judge is configured at all).
+    async fn judge_one<T: AsRef<TurnRecord>>(
+        &self,
+        named: Option<&str>,
+        question: &QuestionSpec<'_>,
+        task: &JudgeTask<'_, T>,
+    ) -> (CriterionStatus, String, Option<JudgeVerdict>) {
+        let resolved = match self.resolve(named) {
+            None => return (CriterionStatus::Skipped, NO_JUDGE.to_owned(), None),
+            Some(Err(e)) => {
+                let verdict = JudgeVerdict {
+                    judge: named.unwrap_or_default().to_owned(),
+                    ..JudgeVerdict::default()
+                };
+                return (
+                    CriterionStatus::Error,
+                    format!("judge unavailable: {e}"),
+                    Some(verdict),
+                );
+            }
+            Some(Ok(r)) => r,
+        };
+        let rubric = match task.kind {
+            CriterionKind::Outcome(_) => Rubric::Outcome,
+            _ => Rubric::from_setting(
+                question
+                    .rubric
+                    .or(task.scenario.criteria_override.as_deref())
+                    .or(resolved.rubric),
+            ),
+        };
+        let threshold = question
+            .threshold
+            .or(resolved.threshold)
+            .unwrap_or_else(|| rubric.default_threshold());
+        let ctx = self.context(task.scenario);
+        let asked = Question {
+            criterion: question.text,
+            rubric: &rubric,
+            turn: task.turn_index,
+        };
+        let mut request = judge::request(&ctx, &asked, task.turns);
+        request.model = resolved.model.map(str::to_owned);
+        request.temperature = resolved.temperature;
+        if resolved.client.kind() == trellis_dsl::ProviderKind::Anthropic {
+            // No structured output there: the prompt asks for JSON and parsing is strict.
+            request.json_schema = None;
+        }
+        let mut outcome = self
+            .cache
+            .complete(
+                resolved.client,
+                &request,
+                task.repetition,
+                &task.call_name,
+                None::<Instant>,
+            )
+            .await;
+        // A server without structured output refuses the request (4xx): ask again without
+        // it; the prompt already asks for JSON and parsing is strict.
+        if request.json_schema.is_some()
+            && matches!(
+                &outcome.result,
+                Err(super::LlmError::Http {
+                    category: FaultCategory::Http4xx,
+                    ..
+                })
+            )
+        {
+            request.json_schema = None;
+            let first = outcome.call;
+            outcome = self
+                .cache
+                .complete(
+                    resolved.client,
+                    &request,
+                    task.repetition,
+                    &task.call_name,
+                    None::<Instant>,
+                )
+                .await;
+            outcome.call.attempts = outcome.call.attempts.saturating_add(first.attempts);
+            outcome.call.latency_ms += first.latency_ms;
+            outcome.call.waited_ms += first.waited_ms;
+        }
+        let mut verdict = JudgeVerdict {
+            judge: resolved.name,
+            rubric: rubric.name().to_owned(),
+            threshold,
+            call: outcome.call,
+            ..JudgeVerdict::default()
+        };
+        let completion = match outcome.result {
+            Err(e) => {
+                return (
+                    CriterionStatus::Error,
+                    format!("the judge call failed: {e}"),
+                    Some(verdict),
+                );
+            }
+            Ok(completion) => completion,
+        };
+        match judge::parse_answer(&rubric, &completion.text) {
+            Err(garbage) => (CriterionStatus::Error, garbage.to_string(), Some(verdict)),
+            Ok(answer) => {
+                let passed = answer.score >= threshold;
+                let detail = format!(
+                    "score {:.2} {} {:.2}{}",
+                    answer.score,
+                    if passed { ">=" } else { "<" },
+                    threshold,
+                    answer
+                        .justification
+                        .as_deref()
+                        .map(|j| format!(": {j}"))
+                        .unwrap_or_default()
+                );
+                verdict.score = Some(answer.score);
+                verdict.label = answer.label;
+                verdict.justification = answer.justification;
+                verdict.metrics = answer.metrics;
+                let status = if passed {
+                    CriterionStatus::Passed
+                } else {
+                    CriterionStatus::Failed
+                };
+                (status, detail, Some(verdict))
+            }
+        }
+    }
+
+    fn context<'a>(&'a self, scenario: &'a Scenario) -> JudgeContext<'a> {
+        let persona = match &scenario.persona {
+            Some(PersonaRef::Named(id)) => {
+                self.setup.personas.iter().find(|p| p.id.value == id.value)
+            }
+            Some(PersonaRef::Inline(p)) => Some(p),
+            None => None,
+        };
+        JudgeContext {
+            scenario: &scenario.id.value,
+            description: scenario.description.as_deref(),
+            persona: persona.map(|p| PersonaInfo {
+                kind: p.kind.clone(),
+                description: p.description.clone(),
+                instructions: p.instructions.clone(),
+            }),
+            user_context: Some(&scenario.user_context),
+            expected_tools: scenario
+                .expect_tools
+                .iter()
+                .filter_map(|c| match &c.kind {
+                    CriterionKind::Tool { name, params, .. } => {
+                        Some((name.clone(), params.clone()))
+                    }
+                    _ => None,
+                })
+                .collect(),
+            outcomes: scenario
+                .outcomes
+                .iter()
+                .map(|o| outcome_statement(&o.value))
+                .collect(),
+        }
+    }
+}
+
+/// One `simulate` turn to write.
+pub struct SimulateTask<'a, T> {
+    pub scenario: &'a Scenario,
+    pub turns: &'a [T],
+    pub repetition: u32,
+    /// The simulator's `instructions`, rendered for this path.
+    pub instructions: Option<String>,
+    /// Names the call in a replay-only cache miss.
+    pub call_name: String,
+}
+
+/// What the simulated user said, and the LLM calls it took (retries included).
+#[derive(Clone, Debug)]
+pub struct Simulated {
+    pub said: Said,
+    pub calls: Vec<LlmCall>,
+}
+
+impl LlmRuntime {
+    /// Writes the simulated user's next message. `Err` is the `simulator` fault that ends the
+    /// trajectory (no simulator, a failed call, unusable answers after the retries), with the
+    /// calls made.
+    pub async fn simulate<T: AsRef<TurnRecord>>(
+        &self,
+        task: SimulateTask<'_, T>,
+    ) -> Result<Simulated, (Fault, Vec<LlmCall>)> {
+        let fault = |message: String| Fault::new(FaultCategory::Simulator, message);
+        let (provider_id, model, temperature) =
+            match (&self.setup.simulator, self.setup.providers.as_slice()) {
+                (Some(s), _) => (s.provider.value.as_str(), s.model.as_deref(), s.temperature),
+                (None, [only]) => (only.id.value.as_str(), None, None),
+                (None, _) => {
+                    return Err((
+                        fault("no simulator configured: add `simulator provider=\"ID\"`".into()),
+                        Vec::new(),
+                    ));
+                }
+            };
+        let client = match self.clients.get(provider_id) {
+            Some(Ok(client)) => client,
+            Some(Err(e)) => return Err((fault(format!("simulator unavailable: {e}")), Vec::new())),
+            None => {
+                return Err((
+                    fault(format!("simulator provider `{provider_id}` is not defined")),
+                    Vec::new(),
+                ));
+            }
+        };
+        let ctx = self.context(task.scenario);
+        let character = Character {
+            persona: ctx.persona,
+            user_context: ctx.user_context,
+            description: ctx.description,
+            instructions: task.instructions,
+        };
+        let mut calls = Vec::new();
+        let mut last_answer = String::new();
+        for retry in 0..=SIMULATOR_RETRIES {
+            let mut request = simulator::request(&character, task.turns, retry);
+            request.model = model.map(str::to_owned);
+            request.temperature = temperature;
+            let outcome = self
+                .cache
+                .complete(
+                    client,
+                    &request,
+                    task.repetition,
+                    &task.call_name,
+                    None::<Instant>,
+                )
+                .await;
+            calls.push(outcome.call);
+            let text = match outcome.result {
+                Ok(c) => c.text,
+                // An empty completion is an unusable answer, asked again like one.
+                Err(super::LlmError::Malformed { detail, .. }) if detail.contains("no text") => {
+                    String::new()
+                }
+                Err(e) => return Err((fault(format!("the simulator call failed: {e}")), calls)),
+            };
+            match simulator::interpret(&text) {
+                Said::Unusable => last_answer = text,
+                said => return Ok(Simulated { said, calls }),
+            }
+        }
+        let mut shown: String = last_answer.trim().chars().take(160).collect();
+        if shown.is_empty() {
+            shown = "(empty)".into();
+        }
+        Err((
+            fault(format!(
+                "the simulator gave no usable message in {} attempts; last answer: {shown:?}",
+                SIMULATOR_RETRIES + 1
+            )),
+            calls,
+        ))
+    }
+}
+
+/// What a criterion asks, before a judge is chosen.
+struct QuestionSpec<'a> {
+    text: &'a str,
+    rubric: Option<&'a str>,
+    threshold: Option<f64>,
+}
+
+/// A panel's decision from its members' verdicts: any member that errored or was not
+/// configured makes the criterion `error` (never a pass on part of the panel); otherwise the
+/// consensus rule decides, and the agreement is the share of members whose own verdict
+/// matches the panel's.
+fn decide(
+    panel: &Panel,
+    members: Vec<(CriterionStatus, String, Option<JudgeVerdict>)>,
+) -> (CriterionStatus, String, JudgeVerdict) {
+    let mut verdict = JudgeVerdict {
+        judge: format!("panel:{}", panel.id.value),
+        consensus: Some(panel.consensus.as_str().to_owned()),
+        ..JudgeVerdict::default()
+    };
+    let mut call = LlmCall {
+        cache: super::CacheUse::Hit,
+        ..LlmCall::default()
+    };
+    for (_, _, member) in &members {
+        if let Some(m) = member {
+            let c = &m.call;
+            call.input_tokens = sum(call.input_tokens, c.input_tokens);
+            call.output_tokens = sum(call.output_tokens, c.output_tokens);
+            call.cost = match (call.cost, c.cost) {
+                (Some(a), Some(b)) => Some(a + b),
+                (a, b) => a.or(b),
+            };
+            call.latency_ms = call.latency_ms.max(c.latency_ms);
+            call.attempts = call.attempts.saturating_add(c.attempts);
+            call.rate_limited = call.rate_limited.saturating_add(c.rate_limited);
+            call.waited_ms += c.waited_ms;
+            if c.cache != super::CacheUse::Hit {
+                call.cache = c.cache;
+            }
+            if call.model.is_empty() {
+                call.provider.clone_from(&c.provider);
+                call.model.clone_from(&c.model);
+            }
+        }
+    }
+    verdict.call = call;
+    let unusable: Vec<String> = members
+        .iter()
+        .zip(&panel.judges)
+        .filter(|((status, _, _), _)| {
+            matches!(status, CriterionStatus::Error | CriterionStatus::Skipped)
+        })
+        .map(|((_, detail, _), judge)| format!("`{}`: {detail}", judge.value))
+        .collect();
+    let scored: Vec<(bool, f64, f64)> = members
+        .iter()
+        .filter_map(|(status, _, v)| {
+            let v = v.as_ref()?;
+            Some((*status == CriterionStatus::Passed, v.score?, v.threshold))
+        })
+        .collect();
+    verdict.members = members.into_iter().filter_map(|(_, _, v)| v).collect();
+    if !unusable.is_empty() || scored.is_empty() {
+        return (
+            CriterionStatus::Error,
+            format!("panel `{}`: {}", panel.id.value, unusable.join("; ")),
+            verdict,
+        );
+    }
+    let n = scored.len() as f64;
+    let passes = scored.iter().filter(|(p, _, _)| *p).count();
+    let mean = scored.iter().map(|(_, s, _)| s).sum::<f64>() / n;
+    let min = scored
+        .iter()
+        .map(|(_, s, _)| *s)
+        .fold(f64::INFINITY, f64::min);
+    let threshold = scored.iter().map(|(_, _, t)| *t).fold(0.0, f64::max);
+    let (passed, score) = match panel.consensus {
+        Consensus::Mean => (mean >= threshold, mean),
+        Consensus::Minimum => (min >= threshold, min),
+        Consensus::Majority => (passes as f64 > n / 2.0, passes as f64 / n),
+        Consensus::Unanimous => (passes == scored.len(), passes as f64 / n),
+    };
+    let agreeing = scored.iter().filter(|(p, _, _)| *p == passed).count();
+    verdict.score = Some(score);
+    verdict.threshold = threshold;
+    verdict.agreement = Some(agreeing as f64 / n);
+    verdict.label = Some(if passed { "pass" } else { "fail" }.to_owned());
+    let detail = format!(
+        "panel `{}` ({}): {passes} of {} judges passed it, score {score:.2}, agreement {:.0}%",
+        panel.id.value,
+        panel.consensus.as_str(),
+        scored.len(),
+        agreeing as f64 / n * 100.0
+    );
+    let status = if passed {
+        CriterionStatus::Passed
+    } else {
+        CriterionStatus::Failed
+    };
+    (status, detail, verdict)
+}
+
+fn sum(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.saturating_add(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// An outcome as the statement the judge decides.
+pub fn outcome_statement(outcome: &Outcome) -> String {
+    match outcome {
+        Outcome::Statement(s) => s.clone(),
+        Outcome::Labeled { label, value } => {
+            let value = match value {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            format!("`{label}` is {value}")
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! `simulate` steps: the LLM simulator (the fake LLM endpoint over real sockets) plays the
+//! persona against the builtin booking agent.
+
+use trellis_engine::record::{FaultCategory, TrajectoryStatus};
+use trellis_engine::render::EnvSnapshot;
+
+use crate::support::llm::{FakeLlm, Reply, Rule};
+use crate::support::run_suite;
+
+fn suite(base_url: &str, steps: &str) -> String {
+    format!(
+        r#"
+agent "demo" protocol="connexity" builtin="booking"
+provider "fake" kind="openai" base-url="{base_url}" model="sim-model"
+simulator provider="fake" temperature=0.9 instructions="Your name is {{{{ user_context.name }}}}."
+persona "p" type="busy-parent" {{
+    description "Homeowner in Metro Vancouver"
+    instructions "Give your postal code when asked"
+}}
+scenario "book" {{
+    persona "p"
+    user-context {{
+        name "Ada"
+        postal_code "V4T 0A7"
+    }}
+    max-turns 6
+    {steps}
+}}
+"#
+    )
+}
+
+/// A user who asks, gives the postal code when asked, then picks a day and ends.
+fn customer() -> Vec<Rule> {
+    vec![
+        Rule::when(
+            "conversation starts",
+            [Reply::text("Hi, I'd like to book a duct cleaning.")],
+        ),
+        Rule::when("postal code", [Reply::text("User: It's V4T 0A7.")]),
+        Rule::otherwise([Reply::text("Tuesday works, thanks! [END]")]),
+    ]
+}
+
+#[tokio::test]
+async fn the_simulated_user_plays_the_persona_until_it_ends_the_conversation() {
+    let fake = FakeLlm::start(customer()).await;
+    let text = suite(
+        &fake.base_url(),
+        r#"simulate until-done
+    criteria { tool "create_booking"; }"#,
+    );
+    let run = run_suite(&text, 4, EnvSnapshot::new()).await;
+    let t = &run.trajectories[0];
+    assert_eq!(t.status, TrajectoryStatus::Passed, "{t:#?}");
+    let turns: Vec<_> = run.nodes.iter().flat_map(|n| &n.turns).collect();
+    let said: Vec<&str> = turns.iter().map(|t| t.user_message.as_str()).collect();
+    assert_eq!(
+        said,
+        [
+            "Hi, I'd like to book a duct cleaning.",
+            "It's V4T 0A7.",
+            "Tuesday works, thanks!"
+        ]
+    );
+    // Every simulated turn records the call that wrote it.
+    for turn in &turns {
+        let call = &turn.simulator[0];
+        assert_eq!(
+            (call.provider.as_str(), call.model.as_str()),
+            ("fake", "sim-model")
+        );
+        assert!(call.output_tokens.is_some());
+    }
+    assert_eq!(fake.calls(), 3);
+    assert_eq!(t.llm.as_deref().map(|u| u.calls), Some(3));
+
+    // The simulator was told who it is, what it knows, and saw the conversation with the
+    // roles turned around.
+    let third = &fake.seen()[2].body;
+    let system = third["messages"][0]["content"].as_str().unwrap();
+    for needle in [
+        "busy-parent",
+        "Give your postal code when asked",
+        "\"postal_code\": \"V4T 0A7\"",
+        "Your name is Ada.",
+        "[END]",
+    ] {
+        assert!(system.contains(needle), "{needle} missing from:\n{system}");
+    }
+    assert_eq!(third["temperature"], 0.9);
+    let roles: Vec<&str> = third["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["role"].as_str().unwrap())
+        .collect();
+    assert_eq!(roles, ["system", "assistant", "user", "assistant", "user"]);
+}
+
+#[tokio::test]
+async fn simulated_turns_mix_with_scripted_steps_and_stop_at_max_turns() {
+    let fake = FakeLlm::start(customer()).await;
+    // Two simulated turns, a scripted one, then until-done capped by max-turns 4.
+    let text = suite(
+        &fake.base_url(),
+        r#"simulate turns=2
+    user "Is Tuesday free?"
+    expect reply contains="booked"
+    simulate until-done
+    "#,
+    )
+    .replace("max-turns 6", "max-turns 4");
+    let run = run_suite(&text, 4, EnvSnapshot::new()).await;
+    let turns: Vec<_> = run.nodes.iter().flat_map(|n| &n.turns).collect();
+    assert_eq!(turns.len(), 4, "{turns:#?}");
+    assert_eq!(turns[2].user_message, "Is Tuesday free?");
+    assert!(
+        turns[2].simulator.is_empty(),
+        "a scripted turn has no simulator call"
+    );
+    assert_eq!(turns[3].user_message, "Tuesday works, thanks!");
+}
+
+#[tokio::test]
+async fn an_unusable_simulator_is_retried_then_a_simulator_fault() {
+    let fake = FakeLlm::start(vec![Rule::otherwise([
+        Reply::Empty,
+        Reply::text("User:"),
+        Reply::text("\"\""),
+    ])])
+    .await;
+    let text = suite(&fake.base_url(), "simulate turns=3");
+    let run = run_suite(&text, 4, EnvSnapshot::new()).await;
+    let t = &run.trajectories[0];
+    assert_eq!(t.status, TrajectoryStatus::Error);
+    let fault = t.fault.as_ref().unwrap();
+    assert_eq!(fault.category, FaultCategory::Simulator);
+    assert!(fault.message.contains("3 attempts"), "{}", fault.message);
+    assert_eq!(fake.calls(), 3);
+}
+
+#[tokio::test]
+async fn without_a_simulator_simulate_is_skipped_with_how_to_configure_one() {
+    let text = r#"
+agent "demo" protocol="connexity" builtin="booking"
+scenario "book" { simulate turns=2; }
+"#;
+    let run = run_suite(text, 4, EnvSnapshot::new()).await;
+    let t = &run.trajectories[0];
+    assert_eq!(t.status, TrajectoryStatus::Skipped);
+    assert!(
+        t.skip_reason
+            .as_deref()
+            .unwrap()
+            .contains("simulator provider="),
+        "{:?}",
+        t.skip_reason
+    );
+}

@@ -1,0 +1,168 @@
+//! `trellis rejudge RUN_DIR PATHS…`: re-scores a recorded run's `judge`/`outcome` checks with
+//! the judges the suites define now, without calling any agent, into a new run directory
+//! whose journal names the original (`rejudged_from`).
+
+use std::path::PathBuf;
+
+use clap::Args;
+use trellis_engine::journal::{self, JOURNAL_FILE, JournalWriter};
+use trellis_engine::llm::rejudge::rejudge as rejudge_journal;
+use trellis_engine::llm::{LlmCache, LlmRuntime, LlmSetup};
+use trellis_engine::protocol::http::HttpTransport;
+use trellis_engine::record::TrajectoryStatus;
+
+use super::console::{errln, outln};
+use super::{EXIT_FAILED, EXIT_INCOMPLETE, EXIT_INVALID, EXIT_OK, LlmCacheMode};
+
+#[derive(Debug, Args)]
+pub struct RejudgeArgs {
+    /// The recorded run: a directory holding journal.jsonl.
+    run_dir: PathBuf,
+    /// The suites whose judges, panels and providers score the checks now (the scenarios'
+    /// checks are found by their text).
+    #[arg(required = true)]
+    paths: Vec<PathBuf>,
+    /// Output directory. Default: runs/<new-run-id>.
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Let --out replace an earlier run in that directory.
+    #[arg(long)]
+    replace: bool,
+    /// As for `trellis run`.
+    #[arg(long, value_name = "DIR")]
+    llm_cache: Option<PathBuf>,
+    /// As for `trellis run`.
+    #[arg(long, value_enum, default_value_t = LlmCacheMode::ReadWrite, requires = "llm_cache")]
+    llm_cache_mode: LlmCacheMode,
+}
+
+pub fn rejudge(args: RejudgeArgs) -> u8 {
+    let Some(project) = super::load(&args.paths) else {
+        return EXIT_INVALID;
+    };
+    let entries: Vec<_> = match journal::read(&args.run_dir.join(JOURNAL_FILE)) {
+        Ok(entries) => entries.collect(),
+        Err(e) => {
+            errln!("error: {e}: {}", args.run_dir.join(JOURNAL_FILE).display());
+            return EXIT_INVALID;
+        }
+    };
+    let setup = LlmSetup::from_project(&project);
+    if !setup.has_judge() {
+        errln!(
+            "error: the suites configure no judge: add a `provider` and a `judge \"ID\" \
+             provider=\"…\"` node"
+        );
+        return EXIT_INVALID;
+    }
+    let run_id = super::run::new_run_id();
+    let out = args
+        .out
+        .clone()
+        .unwrap_or_else(|| super::default_out_dir(&run_id));
+    let _claim = match super::run::claim_out_dir(&out, args.replace) {
+        Ok(claim) => claim,
+        Err(message) => {
+            errln!("error: {message}");
+            return EXIT_INVALID;
+        }
+    };
+    let cache = match &args.llm_cache {
+        None => LlmCache::disabled(),
+        Some(dir) => LlmCache::new(dir, super::run::cache_mode(args.llm_cache_mode)),
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            errln!("error: cannot start the async runtime: {e}");
+            return EXIT_INVALID;
+        }
+    };
+    let env = trellis_engine::render::snapshot_env();
+    let llm = LlmRuntime::new(setup, &env, &HttpTransport::new(), cache);
+    let started_at = trellis_engine::execute::rfc3339(std::time::SystemTime::now());
+    let result = runtime.block_on(rejudge_journal(
+        &project,
+        entries,
+        &llm,
+        &run_id,
+        started_at,
+        |faulted, criteria| trellis_engine::execute::trajectory_status(faulted, criteria, false).0,
+    ));
+    let (entries, counts) = match result {
+        Ok(r) => r,
+        Err(e) => {
+            errln!("error: {}: {e}", args.run_dir.display());
+            return EXIT_INVALID;
+        }
+    };
+    let mut writer = match JournalWriter::create(&out) {
+        Ok(w) => w,
+        Err(e) => {
+            errln!("error: {e}");
+            return EXIT_INVALID;
+        }
+    };
+    let mut failed = false;
+    let mut summary = None;
+    for entry in &entries {
+        if let trellis_engine::record::JournalEntry::Trajectory(t) = entry {
+            failed |= matches!(t.status, TrajectoryStatus::Failed | TrajectoryStatus::Error);
+        }
+        if let trellis_engine::record::JournalEntry::RunFinished(s) = entry {
+            summary = Some(s.clone());
+        }
+        if let Err(e) = writer.append(entry) {
+            errln!("error: {e}");
+            return EXIT_INCOMPLETE;
+        }
+    }
+    if let Err(e) = writer.finish() {
+        errln!("error: {e}");
+        return EXIT_INCOMPLETE;
+    }
+    let files =
+        match trellis_reports::write_reports(&out, &trellis_reports::ReportOptions::default()) {
+            Ok(files) => files,
+            Err(e) => {
+                errln!("{:?}", miette::Report::new(e));
+                return EXIT_INCOMPLETE;
+            }
+        };
+    if let Some(s) = summary {
+        outln!(
+            "rejudged {} check(s) of {} trajectories ({} changed status{}): {} passed, {} failed, \
+             {} error, {} skipped",
+            counts.rejudged,
+            s.trajectories,
+            counts.changed,
+            if counts.not_in_suite > 0 {
+                format!(
+                    "; {} no longer in the suites, kept as recorded",
+                    counts.not_in_suite
+                )
+            } else {
+                String::new()
+            },
+            s.passed,
+            s.failed,
+            s.errors,
+            s.skipped
+        );
+    }
+    outln!(
+        "results: {} (rejudged from {})",
+        out.display(),
+        args.run_dir.display()
+    );
+    if !files.not_written.is_empty() {
+        for (path, e) in &files.not_written {
+            errln!("  - {} was not written: {e}", path.display());
+        }
+        return EXIT_INCOMPLETE;
+    }
+    if failed { EXIT_FAILED } else { EXIT_OK }
+}

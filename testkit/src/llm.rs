@@ -1,0 +1,321 @@
+//! A fake LLM endpoint over real HTTP on 127.0.0.1: OpenAI chat completions
+//! (`POST /v1/chat/completions`) and Anthropic Messages (`POST /v1/messages`), answering in
+//! each API's own shape, scripted per test.
+//!
+//! A script is a list of [`Rule`]s: the first rule whose `contains` text appears in the last
+//! message of the request answers it, with its replies consumed in order (the last one
+//! repeats). A reply can be text, a 429 with or without `Retry-After`, an error status, a raw
+//! (garbage) body, an empty answer, an echo of the request headers, or any of these after a
+//! delay. Every request is recorded and counted, so tests can assert "zero calls".
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+/// One scripted answer.
+#[derive(Clone, Debug)]
+pub enum Reply {
+    /// HTTP 200 with this text as the model's answer, in the API's shape, with usage.
+    Text(String),
+    /// HTTP 429, with this `Retry-After` value if given.
+    RateLimited { retry_after: Option<String> },
+    /// This status and body.
+    Status(u16, String),
+    /// HTTP 200 with this body as is (garbage, truncated JSON, an error object).
+    Raw(String),
+    /// HTTP 200 in the API's shape with empty content.
+    Empty,
+    /// This status with every request header echoed in the body (a server that leaks them).
+    EchoHeaders(u16),
+    /// The reply after a delay.
+    Slow(Duration, Box<Reply>),
+    /// HTTP 400 to a request asking for structured output (`response_format`), as servers
+    /// without it answer; the reply to a request without it.
+    NoStructuredOutput(Box<Reply>),
+}
+
+impl Reply {
+    pub fn text(text: impl Into<String>) -> Self {
+        Reply::Text(text.into())
+    }
+    pub fn slow(delay: Duration, then: Reply) -> Self {
+        Reply::Slow(delay, Box::new(then))
+    }
+    pub fn rate_limited(retry_after: &str) -> Self {
+        Reply::RateLimited {
+            retry_after: Some(retry_after.to_owned()),
+        }
+    }
+}
+
+/// Replies for requests whose last message contains `contains` (any request when `None`)
+/// and, when `model` is set, that ask for that model.
+#[derive(Clone, Debug)]
+pub struct Rule {
+    pub contains: Option<String>,
+    pub model: Option<String>,
+    pub replies: Vec<Reply>,
+}
+
+impl Rule {
+    pub fn when(contains: impl Into<String>, replies: impl IntoIterator<Item = Reply>) -> Self {
+        Rule {
+            contains: Some(contains.into()),
+            model: None,
+            replies: replies.into_iter().collect(),
+        }
+    }
+    pub fn otherwise(replies: impl IntoIterator<Item = Reply>) -> Self {
+        Rule {
+            contains: None,
+            model: None,
+            replies: replies.into_iter().collect(),
+        }
+    }
+    /// Replies for every request asking for `model`.
+    pub fn for_model(model: impl Into<String>, replies: impl IntoIterator<Item = Reply>) -> Self {
+        Rule {
+            contains: None,
+            model: Some(model.into()),
+            replies: replies.into_iter().collect(),
+        }
+    }
+}
+
+/// A request as the fake saw it.
+#[derive(Clone, Debug)]
+pub struct LlmRequestSeen {
+    /// `openai` or `anthropic`, by the path called.
+    pub api: &'static str,
+    pub headers: HeaderMap,
+    pub body: Value,
+}
+
+impl LlmRequestSeen {
+    /// The text of the last message sent.
+    pub fn last_message(&self) -> String {
+        last_message(&self.body)
+    }
+}
+
+struct Script {
+    rules: Vec<Rule>,
+    /// Replies used so far, per rule.
+    used: Vec<usize>,
+}
+
+struct Shared {
+    script: Mutex<Script>,
+    calls: AtomicUsize,
+    seen: Mutex<Vec<LlmRequestSeen>>,
+}
+
+/// The fake endpoint, stopped when dropped.
+pub struct FakeLlm {
+    pub addr: SocketAddr,
+    shared: Arc<Shared>,
+    task: JoinHandle<()>,
+}
+
+impl Drop for FakeLlm {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl FakeLlm {
+    pub async fn start(rules: Vec<Rule>) -> Self {
+        let shared = Arc::new(Shared {
+            script: Mutex::new(Script {
+                used: vec![0; rules.len()],
+                rules,
+            }),
+            calls: AtomicUsize::new(0),
+            seen: Mutex::new(Vec::new()),
+        });
+        let router = Router::new()
+            .route("/v1/chat/completions", post(openai))
+            .route("/v1/messages", post(anthropic))
+            .with_state(shared.clone());
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, router).await;
+        });
+        FakeLlm { addr, shared, task }
+    }
+
+    /// Answers every request with `text`.
+    pub async fn always(text: &str) -> Self {
+        Self::start(vec![Rule::otherwise([Reply::text(text)])]).await
+    }
+
+    /// `base-url` of the endpoint: `http://127.0.0.1:PORT/v1`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.addr)
+    }
+
+    /// Requests received so far.
+    pub fn calls(&self) -> usize {
+        self.shared.calls.load(Ordering::SeqCst)
+    }
+
+    pub fn seen(&self) -> Vec<LlmRequestSeen> {
+        self.shared.seen.lock().unwrap().clone()
+    }
+}
+
+async fn openai(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
+    answer(&shared, "openai", headers, &body).await
+}
+
+async fn anthropic(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
+    answer(&shared, "anthropic", headers, &body).await
+}
+
+async fn answer(shared: &Shared, api: &'static str, headers: HeaderMap, body: &[u8]) -> Response {
+    shared.calls.fetch_add(1, Ordering::SeqCst);
+    let body: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let last = last_message(&body);
+    let model = body["model"].as_str().unwrap_or("");
+    let reply = {
+        let mut script = shared.script.lock().unwrap();
+        let Script { rules, used } = &mut *script;
+        rules
+            .iter()
+            .zip(used.iter_mut())
+            .find(|(rule, _)| {
+                rule.contains.as_deref().is_none_or(|c| last.contains(c))
+                    && rule.model.as_deref().is_none_or(|m| m == model)
+            })
+            .and_then(|(rule, used)| {
+                let reply = rule
+                    .replies
+                    .get(*used)
+                    .or_else(|| rule.replies.last())
+                    .cloned();
+                *used += 1;
+                reply
+            })
+    };
+    shared.seen.lock().unwrap().push(LlmRequestSeen {
+        api,
+        headers: headers.clone(),
+        body: body.clone(),
+    });
+    let reply = reply.unwrap_or_else(|| Reply::Status(500, "no scripted reply".into()));
+    render(reply, api, &headers, &body).await
+}
+
+async fn render(mut reply: Reply, api: &str, headers: &HeaderMap, request: &Value) -> Response {
+    loop {
+        match reply {
+            Reply::Slow(delay, then) => {
+                tokio::time::sleep(delay).await;
+                reply = *then;
+            }
+            Reply::NoStructuredOutput(_) if request.get("response_format").is_some() => {
+                return (StatusCode::BAD_REQUEST, "response_format is not supported")
+                    .into_response();
+            }
+            Reply::NoStructuredOutput(then) => reply = *then,
+            _ => break,
+        }
+    }
+    match reply {
+        Reply::Text(text) => json_response(200, shaped(api, request, &text)),
+        Reply::Empty => json_response(200, shaped(api, request, "")),
+        Reply::RateLimited { retry_after } => {
+            let mut response = (
+                StatusCode::TOO_MANY_REQUESTS,
+                r#"{"error":{"message":"rate limited"}}"#,
+            )
+                .into_response();
+            if let Some(value) = retry_after {
+                response
+                    .headers_mut()
+                    .insert("retry-after", value.parse().unwrap());
+            }
+            response
+        }
+        Reply::Status(status, body) => (status_code(status), body).into_response(),
+        Reply::Raw(body) => (StatusCode::OK, body).into_response(),
+        Reply::EchoHeaders(status) => {
+            let echoed: Vec<String> = headers
+                .iter()
+                .map(|(k, v)| format!("{k}: {}", String::from_utf8_lossy(v.as_bytes())))
+                .collect();
+            (status_code(status), echoed.join("\n")).into_response()
+        }
+        Reply::Slow(..) | Reply::NoStructuredOutput(_) => unreachable!("unwrapped above"),
+    }
+}
+
+fn status_code(status: u16) -> StatusCode {
+    StatusCode::from_u16(status).unwrap()
+}
+
+fn json_response(status: u16, body: Value) -> Response {
+    (
+        status_code(status),
+        [("content-type", "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
+/// The answer in the API's shape, with deterministic usage: a token per four characters of
+/// the request's messages, a token per word of the answer.
+fn shaped(api: &str, request: &Value, text: &str) -> Value {
+    let prompt_chars: usize = request["messages"]
+        .as_array()
+        .map(|m| {
+            m.iter()
+                .filter_map(|m| m["content"].as_str())
+                .map(str::len)
+                .sum()
+        })
+        .unwrap_or(0)
+        + request["system"].as_str().map_or(0, str::len);
+    let input = prompt_chars / 4;
+    let output = text.split_whitespace().count();
+    let model = request["model"].as_str().unwrap_or("fake");
+    if api == "anthropic" {
+        json!({
+            "id": "msg_fake", "type": "message", "role": "assistant", "model": model,
+            "content": [{"type": "text", "text": text}],
+            "stop_reason": "end_turn",
+            "usage": {"input_tokens": input, "output_tokens": output}
+        })
+    } else {
+        json!({
+            "id": "chatcmpl-fake", "object": "chat.completion", "model": model,
+            "system_fingerprint": "b0-unknown",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": input, "completion_tokens": output,
+                      "total_tokens": input + output},
+            "timings": {"predicted_per_second": 20.0}
+        })
+    }
+}
+
+fn last_message(body: &Value) -> String {
+    body["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or("")
+        .to_owned()
+}

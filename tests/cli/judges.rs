@@ -1,0 +1,249 @@
+//! `trellis run` with LLM judges on the fake LLM endpoint: judged checks in the tables,
+//! Connexity's per-metric scores, the response cache, and the key kept out of every file.
+
+use serde_json::{Value, json};
+
+use super::support::llm::{FakeLlm, Reply, Rule};
+use super::*;
+
+const KEY: &str = "sk-cli-test-key-7f3a";
+
+fn connexity_answer() -> Reply {
+    let metrics: serde_json::Map<String, Value> = [
+        "tool_routing",
+        "parameter_extraction",
+        "result_interpretation",
+        "grounding_fidelity",
+        "instruction_compliance",
+        "information_gathering",
+        "conversation_management",
+        "response_delivery",
+    ]
+    .iter()
+    .map(|m| {
+        let low = *m == "information_gathering";
+        (
+            (*m).to_string(),
+            json!({"score": if low { 2 } else { 5 }, "label": "ok", "justification": "seen",
+                   "failure_code": if low { json!("asked_twice") } else { json!(null) }}),
+        )
+    })
+    .collect();
+    Reply::text(json!({"metrics": metrics, "justification": "good overall"}).to_string())
+}
+
+fn suite(dir: &std::path::Path, base_url: &str) -> std::path::PathBuf {
+    let path = dir.join("judged.kdl");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+agent "demo" protocol="connexity" builtin="booking"
+provider "fake" kind="openai" base-url="{base_url}" model="judge-m" api-key-env="FAKE_KEY" \
+    input-price=1.0 output-price=1.0
+judge "main" provider="fake"
+scenario "book" {{
+    outcome "The agent quotes a price"
+    user "Hi, I'd like to book a duct cleaning."
+    user "It's V4T 0A7."
+    criteria {{
+        judge "CONNEXITY-CHECK overall" rubric="connexity"
+        judge "ECHO-CHECK anything"
+    }}
+}}
+"#
+        ),
+    )
+    .unwrap();
+    path
+}
+
+async fn run(suite: &std::path::Path, out: &std::path::Path, extra: &[&str]) -> Output {
+    trellis()
+        .args(["run", "--quiet", "--replace", "--out"])
+        .arg(out)
+        .arg(suite)
+        .args(extra)
+        .env("FAKE_KEY", KEY)
+        .output()
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn judged_checks_fill_the_tables_and_a_replay_only_rerun_sends_nothing() {
+    let fake = FakeLlm::start(vec![
+        Rule::when("CONNEXITY-CHECK", [connexity_answer()]),
+        // A server that leaks the request headers, key included, in its error body.
+        Rule::when("ECHO-CHECK", [Reply::EchoHeaders(400)]),
+        Rule::when(
+            "Does this expected outcome hold",
+            [Reply::text(
+                r#"{"passed": true, "justification": "quoted $120"}"#,
+            )],
+        ),
+    ])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = suite(dir.path(), &fake.base_url());
+    let cache = dir.path().join("cache");
+    let cache_arg = cache.to_str().unwrap();
+    let out = dir.path().join("first");
+    let o = run(&suite, &out, &["--llm-cache", cache_arg]).await;
+    // The echoing judge is an error check: the trajectory is an error, exit 1.
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    // The echoing judge is asked twice: a 4xx is retried once without structured output.
+    assert_eq!(fake.calls(), 4);
+
+    let criteria = read_parquet(&out.join("criteria.parquet"));
+    let status = strings(&criteria, "status");
+    let text = strings(&criteria, "criterion");
+    let row = |needle: &str| {
+        text.iter()
+            .position(|t| t.as_deref().is_some_and(|t| t.contains(needle)))
+            .unwrap()
+    };
+    let connexity = row("CONNEXITY-CHECK");
+    assert_eq!(status[connexity].as_deref(), Some("passed"));
+    let score = criteria
+        .column("score")
+        .unwrap()
+        .f64()
+        .unwrap()
+        .get(connexity);
+    // All fives but information_gathering (.10) at 2: 100 - 0.10 * 60 = 94.
+    assert!((score.unwrap() - 0.94).abs() < 1e-9, "{score:?}");
+    assert_eq!(
+        strings(&criteria, "rubric")[connexity].as_deref(),
+        Some("connexity")
+    );
+    assert_eq!(
+        strings(&criteria, "judge_model")[connexity].as_deref(),
+        Some("judge-m")
+    );
+    assert_eq!(status[row("ECHO-CHECK")].as_deref(), Some("error"));
+    let echoed = strings(&criteria, "detail")[row("ECHO-CHECK")]
+        .clone()
+        .unwrap();
+    assert!(
+        echoed.contains("Bearer [redacted]"),
+        "the echo was quoted: {echoed}"
+    );
+    assert_eq!(status[row("quotes a price")].as_deref(), Some("passed"));
+
+    let metrics = read_parquet(&out.join("rubric_scores.parquet"));
+    assert_eq!(metrics.height(), 8);
+    let codes: Vec<Option<String>> = strings(&metrics, "failure_code");
+    assert_eq!(
+        codes.iter().flatten().collect::<Vec<_>>(),
+        [&"asked_twice".to_string()]
+    );
+
+    // The key is in no file of the run, though the server echoed it back.
+    for entry in std::fs::read_dir(&out).unwrap() {
+        let path = entry.unwrap().path();
+        let bytes = std::fs::read(&path).unwrap();
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(!text.contains(KEY), "{} holds the key", path.display());
+    }
+    assert!(!stdout(&o).contains(KEY) && !stderr(&o).contains(KEY));
+
+    // Replay: the cached answers, no request (the failed call was not cached: it is an
+    // error again, as a miss).
+    let again = dir.path().join("again");
+    let o = run(
+        &suite,
+        &again,
+        &["--llm-cache", cache_arg, "--llm-cache-mode", "replay-only"],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(1));
+    assert_eq!(fake.calls(), 4, "replay-only sends nothing");
+    let replayed = read_parquet(&again.join("criteria.parquet"));
+    assert_eq!(
+        strings(&replayed, "status")[connexity].as_deref(),
+        Some("passed")
+    );
+    let hits = replayed.column("judge_cache_hit").unwrap().bool().unwrap();
+    assert_eq!(hits.get(connexity), Some(true));
+    let echo = strings(&replayed, "detail")[row("ECHO-CHECK")]
+        .clone()
+        .unwrap();
+    assert!(echo.contains("cache miss"), "{echo}");
+
+    // The mode needs a directory.
+    let o = trellis()
+        .args(["run", "--llm-cache-mode", "replay-only"])
+        .arg(&suite)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+}
+
+#[tokio::test]
+async fn rejudge_rescores_a_recorded_run_with_the_current_judges_without_any_agent() {
+    let fake = FakeLlm::start(vec![
+        Rule::when("CONNEXITY-CHECK", [connexity_answer()]),
+        Rule::when(
+            "ECHO-CHECK",
+            [Reply::text(r#"{"score": 1, "label": "ok"}"#)],
+        ),
+        Rule::when(
+            "Does this expected outcome hold",
+            [Reply::text(
+                r#"{"passed": true, "justification": "quoted"}"#,
+            )],
+        ),
+    ])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = suite(dir.path(), &fake.base_url());
+    let first = dir.path().join("first");
+    let o = run(&suite, &first, &[]).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert_eq!(fake.calls(), 3);
+
+    // The suite now asks more of the Connexity score (0.94 < 0.95).
+    let text = std::fs::read_to_string(&suite).unwrap().replace(
+        r#"rubric="connexity""#,
+        r#"rubric="connexity" threshold=0.95"#,
+    );
+    std::fs::write(&suite, text).unwrap();
+    let again = dir.path().join("rejudged");
+    let o = trellis()
+        .arg("rejudge")
+        .arg(&first)
+        .arg(&suite)
+        .arg("--out")
+        .arg(&again)
+        .env("FAKE_KEY", KEY)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("rejudged 3 check(s)"), "{}", stdout(&o));
+    assert!(stdout(&o).contains("1 changed status"), "{}", stdout(&o));
+    assert_eq!(fake.calls(), 6, "the judges were asked again");
+
+    let runs = read_parquet(&again.join("runs.parquet"));
+    let original = strings(&read_parquet(&first.join("runs.parquet")), "run_id")[0].clone();
+    assert_eq!(strings(&runs, "rejudged_from")[0], original);
+    let t = read_parquet(&again.join("trajectories.parquet"));
+    assert_eq!(strings(&t, "status")[0].as_deref(), Some("failed"));
+    // The transcript is the recorded one: no agent was called.
+    let turns = |d: &std::path::Path| strings(&read_parquet(&d.join("turns.parquet")), "reply");
+    assert_eq!(turns(&first), turns(&again));
+}
+
+#[tokio::test]
+async fn the_llm_example_is_valid_and_fully_runnable() {
+    let o = trellis()
+        .args(["check", "examples/llm/"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // Judges and a simulator are configured: nothing is reported as unable to run.
+    assert!(!stderr(&o).contains("not_runnable"), "{}", stderr(&o));
+}
