@@ -154,7 +154,11 @@ pub fn cohen_kappa<S: AsRef<str>>(pairs: &[(S, S)]) -> Figure {
         value: Some(kappa),
         standard_error: Some(se),
         ci95: Some([(kappa - half).max(-1.0), (kappa + half).min(1.0)]),
-        note: None,
+        note: (se < 1e-12).then(|| {
+            "the large-sample standard error is 0 when every item agrees; with few labels it \
+             understates the uncertainty"
+                .to_owned()
+        }),
     }
     .checked()
 }
@@ -324,6 +328,7 @@ mod tests {
         assert_eq!(k.value, Some(1.0));
         assert!(close(k.standard_error.unwrap(), 0.0));
         assert_eq!(k.ci95, Some([1.0, 1.0]));
+        assert!(k.note.unwrap().contains("understates"));
         // The judge says pass to everything the human calls fail and vice versa.
         let p = pairs(&[("pass", "fail", 2), ("fail", "pass", 2)]);
         assert!(close(cohen_kappa(&p).value.unwrap(), -1.0));
