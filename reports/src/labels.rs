@@ -499,8 +499,8 @@ fn parse_kdl(path: &Path, text_in: &str) -> Result<Vec<HumanLabel>, LabelsError>
                     .as_float()
                     .or_else(|| value.as_integer().map(|i| i as f64))
                 {
-                    Some(s) => raw.score = Some(s),
-                    None => node_problems.push(problem("a number")),
+                    Some(s) if (0.0..=1.0).contains(&s) => raw.score = Some(s),
+                    _ => node_problems.push(problem("a number from 0 to 1")),
                 },
                 other => node_problems.push(BadNode {
                     message: format!("unknown property `{other}`"),
@@ -645,18 +645,23 @@ mod tests {
         assert_eq!(
             messages,
             [
-                "score 2 is not between 0 and 1",
+                "`score` must be a number from 0 to 1",
                 "unknown node `lable`",
                 "unknown property `colour`"
             ]
         );
         let (_dir, path) = write(
             "labels.kdl",
-            "label scenario=s trajectory=t criterion=\"judge polite\" score=1 repetition=2\n",
+            "label scenario=s trajectory=t criterion=\"judge polite\" score=1 repetition=2\n\
+             label scenario=\"booking\" trajectory=\"accepts\" criterion=#\"judge \"is polite\"\"# \
+             score=0.8 label=\"pass\"\n",
         );
         let labels = read_labels(&path).unwrap();
         assert_eq!(labels[0].score, Some(1.0));
         assert_eq!(labels[0].repetition, Some(2));
+        // The example of docs/results.md.
+        assert_eq!(labels[1].criterion, "judge \"is polite\"");
+        assert_eq!(labels[1].line, 2);
         let (_dir, path) = write("labels.kdl", "label scenario=\"unclosed\n");
         assert!(matches!(
             read_labels(&path),
