@@ -303,3 +303,61 @@ async fn calibrate_marks_a_judge_below_the_floor_and_compare_will_not_gate_on_it
     let o = calibrate(runs.path(), &["nope", labels]).await;
     assert_eq!(o.status.code(), Some(2));
 }
+
+#[tokio::test]
+async fn run_with_a_calibrated_baseline_will_not_gate_on_its_untrusted_judge() {
+    let runs = tempfile::tempdir().unwrap();
+    let base = runs.path().join("base");
+    let o = trellis()
+        .args(["run", "suites/booking.kdl", "-q", "--out"])
+        .arg(&base)
+        .output()
+        .await
+        .unwrap();
+    // asks-price fails on purpose in every run.
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(base.join("run.json")).unwrap()).unwrap();
+    write_judged_criteria(&base, meta["run_id"].as_str().unwrap());
+    let labels = runs.path().join("labels.csv");
+    std::fs::write(&labels, LABELS_CSV).unwrap();
+    let o = calibrate(runs.path(), &["base", labels.to_str().unwrap()]).await;
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+
+    let head = runs.path().join("head");
+    // A calibration left in the output directory belongs to the run --replace replaces.
+    std::fs::create_dir_all(&head).unwrap();
+    let o = trellis()
+        .args(["run", "suites/booking.kdl", "-q", "--out"])
+        .arg(&head)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    std::fs::copy(base.join("calibration.json"), head.join("calibration.json")).unwrap();
+    let o = trellis()
+        .args([
+            "run",
+            "suites/booking.kdl",
+            "--baseline",
+            "base",
+            "--max-latency-increase",
+            "100000",
+            "--replace",
+            "--out",
+        ])
+        .arg(&head)
+        .env("NO_COLOR", "1")
+        .output()
+        .await
+        .unwrap();
+    let out = stdout(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}{}", stderr(&o));
+    assert!(out.contains("the mean judge score does not gate"), "{out}");
+    assert!(!head.join("calibration.json").exists());
+    let comparison: trellis_reports::compare::Comparison =
+        serde_json::from_str(&std::fs::read_to_string(head.join("compare.json")).unwrap()).unwrap();
+    assert_eq!(comparison.untrusted_judges.len(), 1);
+    assert_eq!(comparison.untrusted_judges[0].judge, "sloppy");
+    assert!(comparison.score_gate_refused.is_some());
+}
