@@ -1,6 +1,6 @@
 //! Commands and their arguments. Exit codes: 0 all passed, 1 a criterion failed or a fault
-//! occurred (with `--baseline`, and for `compare`: a regression), 2 invalid suite, usage or
-//! unknown run, 3 results incomplete (a results file could not be written), 130 stopped by
+//! occurred (with `--baseline`, and for `compare`: a regression; for `calibrate`: a judge
+//! below the agreement floor), 2 invalid suite, usage, unknown run or bad labels file, 3 results incomplete (a results file could not be written), 130 stopped by
 //! Ctrl-C, 143 stopped by SIGTERM (`trellis agent`, a server, exits 0 when a signal stops
 //! it).
 
