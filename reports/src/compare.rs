@@ -7,14 +7,18 @@
 //! side there is nothing to test: a pass that became a failure is a regression. Latency
 //! counts when the mean turn latency grows by more than its percentage *and* by more than
 //! `latency_noise_ms` (sub-millisecond local agents would otherwise flap). The mean judge
-//! score counts when it drops by more than its points. [`Comparison`] is plain data, for
-//! the console, `--json` and the HTML compare page; `docs/results.md` documents it.
+//! score counts when it drops by more than its points, unless either run's
+//! `calibration.json` marks a judge below the agreement floor (`trellis calibrate`): then
+//! the score is shown with verdict `ungated` and does not fail the comparison, unless
+//! [`Thresholds::gate_untrusted_judges`] says to gate anyway. [`Comparison`] is plain data,
+//! for the console, `--json` and the HTML compare page; `docs/results.md` documents it.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use statrs::stats_tests::{Alternative, fishers_exact};
 
+use crate::calibration::UntrustedJudge;
 use crate::stats::{RunStats, StatusCounts};
 
 /// When a change is a regression. Defaults are Connexity's.
@@ -31,6 +35,10 @@ pub struct Thresholds {
     /// Significance level of the test on pass rates with repeats (default 0.05); 1 makes
     /// every drop past the threshold count.
     pub alpha: f64,
+    /// Gate on the mean judge score even when a run's calibration marks a judge below the
+    /// agreement floor (default false: such a score is shown, not gated).
+    #[serde(default)]
+    pub gate_untrusted_judges: bool,
 }
 
 impl Default for Thresholds {
@@ -41,6 +49,7 @@ impl Default for Thresholds {
             max_latency_increase_pct: 20.0,
             latency_noise_ms: 10.0,
             alpha: 0.05,
+            gate_untrusted_judges: false,
         }
     }
 }
@@ -61,6 +70,9 @@ pub enum Verdict {
     Removed,
     /// Nothing to compare (no sample ran on one side, or the metric is not measured).
     NotComparable,
+    /// The mean judge score of a run whose calibration marks a judge below the agreement
+    /// floor: shown, never a regression.
+    Ungated,
 }
 
 impl Verdict {
@@ -73,6 +85,7 @@ impl Verdict {
             Verdict::Added => "added",
             Verdict::Removed => "removed",
             Verdict::NotComparable => "not comparable",
+            Verdict::Ungated => "not gated",
         }
     }
 }
@@ -174,6 +187,12 @@ pub struct Comparison {
     pub regressions: Vec<String>,
     /// Some change regressed: `trellis compare` exits 1.
     pub regressed: bool,
+    /// Judges either run's `calibration.json` marks below the agreement floor.
+    #[serde(default)]
+    pub untrusted_judges: Vec<UntrustedJudge>,
+    /// Why the mean judge score does not gate, when it does not because of them.
+    #[serde(default)]
+    pub score_gate_refused: Option<String>,
 }
 
 /// Compares `head` against `base`.
@@ -183,9 +202,22 @@ pub fn compare(
     head: &RunStats,
     head_ref: RunRef,
     thresholds: Thresholds,
+    untrusted_judges: Vec<UntrustedJudge>,
 ) -> Comparison {
     let mut regressions = Vec::new();
-    let metrics = run_metrics(base, head, &thresholds);
+    let score_gate_refused = (!untrusted_judges.is_empty() && !thresholds.gate_untrusted_judges)
+        .then(|| {
+            let judges: Vec<String> = untrusted_judges
+                .iter()
+                .map(|u| format!("`{}` in run {}", u.judge, u.run_id))
+                .collect();
+            format!(
+                "the mean judge score does not gate: calibration marks {} below the agreement \
+                 floor (--gate-untrusted-judges gates anyway)",
+                judges.join(", ")
+            )
+        });
+    let metrics = run_metrics(base, head, &thresholds, score_gate_refused.is_some());
     for m in &metrics {
         if m.verdict == Verdict::Regressed {
             regressions.push(format!(
@@ -333,6 +365,8 @@ pub fn compare(
         branches,
         criteria,
         regressions,
+        untrusted_judges,
+        score_gate_refused,
     }
 }
 
@@ -441,7 +475,12 @@ pub fn judge_rate(base: Option<Tally>, head: Option<Tally>, t: &Thresholds) -> R
     }
 }
 
-fn run_metrics(base: &RunStats, head: &RunStats, t: &Thresholds) -> Vec<MetricChange> {
+fn run_metrics(
+    base: &RunStats,
+    head: &RunStats,
+    t: &Thresholds,
+    score_ungated: bool,
+) -> Vec<MetricChange> {
     let ran = |c: &StatusCounts| tally(c.passed, c.ran());
     let rate = judge_rate(
         Some(ran(&base.aggregates.counts)),
@@ -495,6 +534,7 @@ fn run_metrics(base: &RunStats, head: &RunStats, t: &Thresholds) -> Vec<MetricCh
 
     let (b, h) = (base.aggregates.mean_score, head.aggregates.mean_score);
     let score_verdict = match (b, h) {
+        (Some(_), Some(_)) if score_ungated => Verdict::Ungated,
         (Some(b), Some(h)) if b - h > t.max_score_drop => Verdict::Regressed,
         (Some(b), Some(h)) if h > b => Verdict::Improved,
         (Some(_), Some(_)) => Verdict::Unchanged,

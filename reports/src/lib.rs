@@ -10,12 +10,15 @@
 //! complete ([`PARTIAL_SUFFIX`]), and a file that cannot be written does not stop the others.
 //! The layout of every file is documented in `docs/results.md`.
 
+pub mod calibrate;
+pub mod calibration;
 pub mod compare;
 mod error;
 pub mod history;
 mod html;
 mod journal;
 mod junit;
+pub mod labels;
 mod staged;
 pub mod stats;
 mod tables;
@@ -64,6 +67,7 @@ pub const RESULT_FILES: [&str; 13] = [
     history::RUN_META_FILE,
     COMPARE_FILE,
     COMPARE_HTML_FILE,
+    calibration::CALIBRATION_FILE,
 ];
 
 /// `summary.json`: the run's metadata and statistics, for CI scripts and dashboards.

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand};
 use comfy_table::Cell;
+use trellis_reports::calibration::UntrustedJudge;
 use trellis_reports::compare::{self, Comparison, RunRef, Thresholds, Verdict};
 use trellis_reports::history::{self, HistoryError, RunEntry};
 
@@ -80,6 +81,10 @@ pub struct ThresholdArgs {
     /// repeats; 1 counts every drop past the threshold.
     #[arg(long, value_name = "P", default_value_t = 0.05, value_parser = probability)]
     alpha: f64,
+    /// Gate on the mean judge score even when a run's calibration.json (`trellis
+    /// calibrate`) marks a judge below the agreement floor.
+    #[arg(long)]
+    gate_untrusted_judges: bool,
 }
 
 /// A finite number of at least 0.
@@ -106,6 +111,7 @@ impl ThresholdArgs {
             max_latency_increase_pct: self.max_latency_increase,
             latency_noise_ms: self.latency_noise_ms,
             alpha: self.alpha,
+            gate_untrusted_judges: self.gate_untrusted_judges,
         }
     }
 }
@@ -326,7 +332,23 @@ pub fn compare_runs(
         &head_stats,
         run_ref(head),
         thresholds,
+        untrusted_judges(&[&base.dir, &head.dir])?,
     ))
+}
+
+/// The judges the runs' `calibration.json` files mark below the agreement floor.
+pub fn untrusted_judges(dirs: &[&Path]) -> Result<Vec<UntrustedJudge>, String> {
+    let mut all = Vec::new();
+    for dir in dirs {
+        let judges = trellis_reports::calibration::untrusted_judges(dir).map_err(|e| {
+            let why = std::error::Error::source(&e)
+                .map(|s| format!(": {s}"))
+                .unwrap_or_default();
+            format!("{e}{why}")
+        })?;
+        all.extend(judges);
+    }
+    Ok(all)
 }
 
 fn percent(rate: Option<f64>) -> String {
@@ -468,6 +490,15 @@ pub fn print_comparison(c: &Comparison) {
         outln!(
             "{} in only one of the runs (listed with --json)",
             console::count(only_one_side as u64, "check is", "checks are")
+        );
+    }
+    if let Some(why) = &c.score_gate_refused {
+        outln!("note: {why}");
+    } else if !c.untrusted_judges.is_empty() {
+        outln!(
+            "note: calibration marks {} below the agreement floor; the mean judge score gates \
+             anyway (--gate-untrusted-judges)",
+            console::count(c.untrusted_judges.len() as u64, "judge", "judges")
         );
     }
     if c.regressed {

@@ -1,11 +1,12 @@
 //! Commands and their arguments. Exit codes: 0 all passed, 1 a criterion failed or a fault
-//! occurred (with `--baseline`, and for `compare`: a regression), 2 invalid suite, usage or
-//! unknown run, 3 results incomplete (a results file could not be written), 130 stopped by
+//! occurred (with `--baseline`, and for `compare`: a regression; for `calibrate`: a judge
+//! below the agreement floor), 2 invalid suite, usage, unknown run or bad labels file, 3 results incomplete (a results file could not be written), 130 stopped by
 //! Ctrl-C, 143 stopped by SIGTERM (`trellis agent`, a server, exits 0 when a signal stops
 //! it).
 
 mod agent;
 mod bench;
+mod calibrate;
 mod console;
 mod history;
 mod import;
@@ -97,6 +98,17 @@ enum Command {
     /// the most recent finished run. Exit code 0 when nothing regressed past the
     /// thresholds, 1 on a regression, 2 when a run cannot be found or read.
     Compare(history::CompareArgs),
+    /// Measure how well each LLM judge of a run agrees with human labels: Cohen's kappa,
+    /// Pearson and Spearman correlation, mean absolute error, with 95% intervals; writes
+    /// calibration.json into the run directory.
+    ///
+    /// Example: trellis calibrate runs/20261122T035000Z-1a2b labels.csv --min-kappa 0.6
+    ///
+    /// A judge below the floor is marked; `compare` and `run --baseline` then do not gate
+    /// on the run's mean judge score. Exit code 0 no judge below the floor, 1 a judge is
+    /// below it, 2 usage, an unknown run, a run without judged checks or a bad labels file,
+    /// 3 calibration.json could not be written.
+    Calibrate(calibrate::CalibrateArgs),
     /// Write suites from what already exists: a Fixie agent's few-shots, MultiAgentEval
     /// scenario files.
     ///
@@ -279,6 +291,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Import(args) => import::import(args),
         Command::Runs(args) => history::runs(args),
         Command::Compare(args) => history::compare_command(args),
+        Command::Calibrate(args) => calibrate::calibrate(args),
         Command::Agent(args) => agent::agent(args),
         Command::Rejudge(args) => rejudge::rejudge(args),
     };

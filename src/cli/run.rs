@@ -157,6 +157,7 @@ fn compare_with(
         &head_stats,
         history::run_ref(&head),
         args.thresholds.thresholds(),
+        history::untrusted_judges(&[&base.dir, out])?,
     );
     let path = out.join(trellis_reports::COMPARE_FILE);
     if let Err(e) = trellis_reports::write_json(&path, &comparison) {

@@ -14,14 +14,19 @@ use trellis_engine::record::{
 use super::*;
 
 /// One repetition of one branch of the synthetic scenario `s/c`.
-struct Sample {
+pub(super) struct Sample {
     branch: &'static str,
     repetition: u32,
     passed: bool,
     latency_ms: f64,
 }
 
-fn sample(branch: &'static str, repetition: u32, passed: bool, latency_ms: f64) -> Sample {
+pub(super) fn sample(
+    branch: &'static str,
+    repetition: u32,
+    passed: bool,
+    latency_ms: f64,
+) -> Sample {
     Sample {
         branch,
         repetition,
@@ -32,7 +37,7 @@ fn sample(branch: &'static str, repetition: u32, passed: bool, latency_ms: f64) 
 
 /// Writes `runs_dir/name` as `trellis run` would: a journal, then every results file through
 /// the real writer (`write_reports`, what `trellis report` runs).
-fn write_run(runs_dir: &Path, name: &str, started_at: &str, samples: &[Sample]) {
+pub(super) fn write_run(runs_dir: &Path, name: &str, started_at: &str, samples: &[Sample]) {
     let dir = runs_dir.join(name);
     std::fs::create_dir_all(&dir).unwrap();
     let run_id = format!("{}-{name}", started_at.replace([':', '-'], ""));
@@ -128,7 +133,7 @@ fn write_run(runs_dir: &Path, name: &str, started_at: &str, samples: &[Sample]) 
     assert!(files.not_written.is_empty(), "{:?}", files.not_written);
 }
 
-async fn compare(runs: &Path, args: &[&str]) -> std::process::Output {
+pub(super) async fn compare(runs: &Path, args: &[&str]) -> std::process::Output {
     trellis()
         .arg("compare")
         .args(args)

@@ -7,6 +7,7 @@ mod support {
 }
 
 mod agent;
+mod calibrate;
 mod diagnostics;
 mod faults;
 mod history;

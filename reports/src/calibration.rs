@@ -1,0 +1,732 @@
+//! `trellis calibrate`: human labels joined with a run's LLM-judged checks, agreement per
+//! judge and rubric ([`crate::calibrate`]), and the judges below the agreement floor.
+//!
+//! The judged checks come from the run's `criteria.parquet`: rows whose `judge` column is
+//! set. A label matches a check on scenario, trajectory and criterion text, and on suite,
+//! agent, repetition and turn when the label gives them; a label that matches no check, or
+//! more than one, or a check that already has a label, is listed, as are judged checks
+//! without a label. The result is [`Calibration`], written as `calibration.json` into the
+//! run directory; [`untrusted_judges`] reads it back for `trellis compare`, which does not
+//! gate on the mean judge score of a run whose judge is below the floor. The layout is
+//! documented in `docs/results.md`.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use polars::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use crate::calibrate::{self, Figure};
+use crate::labels::HumanLabel;
+
+/// The calibration written into the run directory.
+pub const CALIBRATION_FILE: &str = "calibration.json";
+/// Version of `calibration.json`'s layout.
+pub const CALIBRATION_SCHEMA_VERSION: u32 = 1;
+
+/// The agreement a judge must reach.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Floors {
+    /// Cohen's kappa below this marks the judge (default 0.6, "substantial").
+    pub min_kappa: f64,
+    /// Pearson's r below this marks the judge; `None` does not check it.
+    pub min_correlation: Option<f64>,
+}
+
+impl Default for Floors {
+    fn default() -> Self {
+        Floors {
+            min_kappa: 0.6,
+            min_correlation: None,
+        }
+    }
+}
+
+/// Whether a judge can be trusted on a rubric.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Trust {
+    /// Every floor that could be checked is met.
+    Trusted,
+    /// A figure is below its floor: gating on this judge's scores is refused.
+    BelowFloor,
+    /// No floor could be checked (too few labels, one category only, …).
+    NotEstablished,
+}
+
+/// Agreement of one judge on one rubric with the human labels.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JudgeAgreement {
+    pub judge: String,
+    pub provider: Option<String>,
+    pub model: Option<String>,
+    pub rubric: String,
+    /// Labelled checks the judge answered.
+    pub n: usize,
+    /// Of those, the ones where both sides have a score (for the correlations and MAE).
+    pub scored: usize,
+    /// Share of labelled checks where the categories agree.
+    pub agreement: Figure,
+    pub kappa: Figure,
+    pub pearson: Figure,
+    pub spearman: Figure,
+    pub mae: Figure,
+    pub trust: Trust,
+    /// Why the judge is below the floor, or why trust is not established.
+    pub reasons: Vec<String>,
+}
+
+/// A judged check of the run, as a label refers to it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CheckRef {
+    pub suite: String,
+    pub scenario: String,
+    pub trajectory: String,
+    pub agent: String,
+    pub repetition: u32,
+    pub turn_index: Option<u32>,
+    pub criterion: String,
+    pub judge: String,
+    /// For judged checks whose judge failed: the `detail`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// A label that was not used, and why.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct UnusedLabel {
+    /// Line in the labels file.
+    pub line: usize,
+    pub scenario: String,
+    pub trajectory: String,
+    pub criterion: String,
+    pub why: String,
+}
+
+/// `calibration.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Calibration {
+    pub schema_version: u32,
+    pub run_id: String,
+    pub labels_file: String,
+    pub floors: Floors,
+    /// Judged checks in the run (rows of `criteria.parquet` with a `judge`).
+    pub judged_checks: usize,
+    /// Rows in the labels file.
+    pub labels: usize,
+    /// Labels matched to exactly one judged check.
+    pub matched: usize,
+    /// Per judge and rubric, by judge then rubric.
+    pub judges: Vec<JudgeAgreement>,
+    /// Judges with a rubric below the floor.
+    pub below_floor: Vec<String>,
+    /// Labels that match no judged check, several, or a check labelled already.
+    pub unmatched_labels: Vec<UnusedLabel>,
+    /// Judged checks no label matched.
+    pub unlabeled_checks: Vec<CheckRef>,
+    /// Labelled checks whose judge gave no usable answer (`status = 'error'`): left out.
+    pub judge_errors: Vec<CheckRef>,
+}
+
+/// Why a run could not be calibrated.
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum CalibrationError {
+    #[error("cannot read {}", path.display())]
+    #[diagnostic(
+        code(trellis::calibrate::criteria),
+        help(
+            "point at a run directory; `trellis report DIR` rebuilds its tables from the journal"
+        )
+    )]
+    Criteria {
+        path: PathBuf,
+        #[source]
+        source: PolarsError,
+    },
+
+    #[error("this run has no judged checks ({} has no row with a judge)", path.display())]
+    #[diagnostic(
+        code(trellis::calibrate::no_judged_checks),
+        help(
+            "calibrate a run of suites with `judge` or `outcome` criteria scored by an LLM judge"
+        )
+    )]
+    NoJudgedChecks { path: PathBuf },
+
+    #[error("cannot read {}", path.display())]
+    #[diagnostic(code(trellis::calibrate::calibration_json))]
+    BadCalibration {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// One row of `criteria.parquet`.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CheckRow {
+    pub run_id: String,
+    pub suite: String,
+    pub scenario: String,
+    pub trajectory: String,
+    pub agent: String,
+    pub repetition: u32,
+    pub turn_index: Option<u32>,
+    pub criterion: String,
+    pub kind: String,
+    pub status: String,
+    pub detail: Option<String>,
+    pub judge: Option<String>,
+    pub judge_provider: Option<String>,
+    pub judge_model: Option<String>,
+    pub rubric: Option<String>,
+    pub score: Option<f64>,
+    pub threshold: Option<f64>,
+    pub label: Option<String>,
+}
+
+/// Reads every check of a run from `dir/criteria.parquet`; the judge columns are read when
+/// the table has them (runs of versions without judges have none).
+pub fn read_checks(dir: &Path) -> Result<Vec<CheckRow>, CalibrationError> {
+    let path = dir.join(crate::tables::CRITERIA_FILE);
+    read_checks_file(&path).map_err(|source| CalibrationError::Criteria { path, source })
+}
+
+fn read_checks_file(path: &Path) -> PolarsResult<Vec<CheckRow>> {
+    let df = ParquetReader::new(File::open(path)?).finish()?;
+    let height = df.height();
+    let text = |name: &str| -> PolarsResult<Vec<Option<String>>> {
+        match df.column(name) {
+            Ok(c) => Ok(c.str()?.iter().map(|s| s.map(str::to_owned)).collect()),
+            Err(_) => Ok(vec![None; height]),
+        }
+    };
+    let required = |name: &str| -> PolarsResult<Vec<Option<String>>> {
+        df.column(name)?;
+        text(name)
+    };
+    let number = |name: &str| -> PolarsResult<Vec<Option<f64>>> {
+        match df.column(name) {
+            Ok(c) => Ok(c.cast(&DataType::Float64)?.f64()?.iter().collect()),
+            Err(_) => Ok(vec![None; height]),
+        }
+    };
+    let count = |name: &str| -> PolarsResult<Vec<Option<u32>>> {
+        Ok(df
+            .column(name)?
+            .cast(&DataType::UInt32)?
+            .u32()?
+            .iter()
+            .collect())
+    };
+    let (run_id, suite, scenario, trajectory, agent) = (
+        required("run_id")?,
+        required("suite")?,
+        required("scenario")?,
+        required("trajectory")?,
+        required("agent")?,
+    );
+    let (repetition, turn_index) = (count("repetition")?, count("turn_index")?);
+    let (criterion, kind, status, detail) = (
+        required("criterion")?,
+        required("kind")?,
+        required("status")?,
+        text("detail")?,
+    );
+    let (judge, judge_provider, judge_model, rubric, label) = (
+        text("judge")?,
+        text("judge_provider")?,
+        text("judge_model")?,
+        text("rubric")?,
+        text("label")?,
+    );
+    let (score, threshold) = (number("score")?, number("threshold")?);
+    let at = |v: &Vec<Option<String>>, i: usize| v.get(i).cloned().flatten();
+    Ok((0..height)
+        .map(|i| CheckRow {
+            run_id: at(&run_id, i).unwrap_or_default(),
+            suite: at(&suite, i).unwrap_or_default(),
+            scenario: at(&scenario, i).unwrap_or_default(),
+            trajectory: at(&trajectory, i).unwrap_or_default(),
+            agent: at(&agent, i).unwrap_or_default(),
+            repetition: repetition.get(i).copied().flatten().unwrap_or_default(),
+            turn_index: turn_index.get(i).copied().flatten(),
+            criterion: at(&criterion, i).unwrap_or_default(),
+            kind: at(&kind, i).unwrap_or_default(),
+            status: at(&status, i).unwrap_or_default(),
+            detail: at(&detail, i),
+            judge: at(&judge, i),
+            judge_provider: at(&judge_provider, i),
+            judge_model: at(&judge_model, i),
+            rubric: at(&rubric, i),
+            score: score.get(i).copied().flatten().filter(|s| s.is_finite()),
+            threshold: threshold
+                .get(i)
+                .copied()
+                .flatten()
+                .filter(|s| s.is_finite()),
+            label: at(&label, i),
+        })
+        .collect())
+}
+
+fn matches(label: &HumanLabel, row: &CheckRow) -> bool {
+    label.scenario == row.scenario
+        && label.trajectory == row.trajectory
+        && label.criterion == row.criterion.trim()
+        && label.suite.as_ref().is_none_or(|s| *s == row.suite)
+        && label.agent.as_ref().is_none_or(|a| *a == row.agent)
+        && label.repetition.is_none_or(|r| r == row.repetition)
+        && label.turn_index.is_none_or(|t| row.turn_index == Some(t))
+}
+
+fn check_ref(row: &CheckRow, detail: Option<String>) -> CheckRef {
+    CheckRef {
+        suite: row.suite.clone(),
+        scenario: row.scenario.clone(),
+        trajectory: row.trajectory.clone(),
+        agent: row.agent.clone(),
+        repetition: row.repetition,
+        turn_index: row.turn_index,
+        criterion: row.criterion.clone(),
+        judge: row.judge.clone().unwrap_or_default(),
+        detail,
+    }
+}
+
+/// The judge's verdict on a check as a category: `pass` or `fail`.
+fn verdict(row: &CheckRow) -> &'static str {
+    if row.status == "passed" {
+        "pass"
+    } else {
+        "fail"
+    }
+}
+
+/// Joins `labels` with the judged checks among `checks` and measures each judge's
+/// agreement per rubric. Categories: a human `label` is compared with the judge's `label`
+/// (or, when the judge gave none, its verdict `pass`/`fail`), case-insensitively; a human
+/// who gave only a score is turned into `pass`/`fail` by the check's threshold and compared
+/// with the judge's verdict.
+pub fn calibrate(
+    run_id: &str,
+    labels_file: &str,
+    checks: &[CheckRow],
+    labels: &[HumanLabel],
+    floors: Floors,
+) -> Calibration {
+    let judged: Vec<&CheckRow> = checks.iter().filter(|c| c.judge.is_some()).collect();
+    let mut labelled: BTreeMap<usize, usize> = BTreeMap::new();
+    let mut unmatched_labels = Vec::new();
+    let unused = |l: &HumanLabel, why: String| UnusedLabel {
+        line: l.line,
+        scenario: l.scenario.clone(),
+        trajectory: l.trajectory.clone(),
+        criterion: l.criterion.clone(),
+        why,
+    };
+    for (index, label) in labels.iter().enumerate() {
+        let hits: Vec<usize> = judged
+            .iter()
+            .enumerate()
+            .filter(|(_, row)| matches(label, row))
+            .map(|(i, _)| i)
+            .collect();
+        match hits.as_slice() {
+            [] => {
+                let why = match checks.iter().find(|row| matches(label, row)) {
+                    Some(row) => format!(
+                        "the check is not LLM-judged in this run (kind `{}`, status `{}`)",
+                        row.kind, row.status
+                    ),
+                    None => "no check of the run matches it".to_owned(),
+                };
+                unmatched_labels.push(unused(label, why));
+            }
+            [hit] => match labelled.get(hit) {
+                Some(&first) => {
+                    let line = labels.get(first).map_or(0, |l| l.line);
+                    unmatched_labels.push(unused(
+                        label,
+                        format!("the check already has the label on line {line}"),
+                    ));
+                }
+                None => {
+                    labelled.insert(*hit, index);
+                }
+            },
+            many => unmatched_labels.push(unused(
+                label,
+                format!(
+                    "matches {} judged checks: give suite, agent, repetition or turn_index",
+                    many.len()
+                ),
+            )),
+        }
+    }
+
+    struct Group<'a> {
+        provider: Option<String>,
+        model: Option<String>,
+        categories: Vec<(String, String)>,
+        scores: Vec<(f64, f64)>,
+        rows: Vec<&'a CheckRow>,
+    }
+    let mut groups: BTreeMap<(String, String), Group> = BTreeMap::new();
+    let mut judge_errors = Vec::new();
+    let mut unlabeled_checks = Vec::new();
+    for (i, row) in judged.iter().enumerate() {
+        let Some(label) = labelled.get(&i).and_then(|&l| labels.get(l)) else {
+            unlabeled_checks.push(check_ref(row, None));
+            continue;
+        };
+        if row.status == "error" || row.status == "skipped" {
+            judge_errors.push(check_ref(row, row.detail.clone()));
+            continue;
+        }
+        let key = (
+            row.judge.clone().unwrap_or_default(),
+            row.rubric.clone().unwrap_or_default(),
+        );
+        let group = groups.entry(key).or_insert_with(|| Group {
+            provider: row.judge_provider.clone(),
+            model: row.judge_model.clone(),
+            categories: Vec::new(),
+            scores: Vec::new(),
+            rows: Vec::new(),
+        });
+        group.rows.push(row);
+        let category = match &label.label {
+            Some(human) => (
+                human.to_lowercase(),
+                row.label
+                    .as_deref()
+                    .map_or_else(|| verdict(row).to_owned(), |l| l.trim().to_lowercase()),
+            ),
+            None => {
+                let threshold = row.threshold.unwrap_or(0.5);
+                let human = if label.score.unwrap_or(0.0) >= threshold {
+                    "pass"
+                } else {
+                    "fail"
+                };
+                (human.to_owned(), verdict(row).to_owned())
+            }
+        };
+        group.categories.push(category);
+        if let (Some(h), Some(j)) = (label.score, row.score) {
+            group.scores.push((h, j));
+        }
+    }
+
+    let judges: Vec<JudgeAgreement> = groups
+        .into_iter()
+        .map(|((judge, rubric), g)| {
+            let kappa = calibrate::cohen_kappa(&g.categories);
+            let pearson = calibrate::pearson(&g.scores);
+            let (trust, reasons) = trust(&kappa, &pearson, &floors);
+            JudgeAgreement {
+                judge,
+                provider: g.provider,
+                model: g.model,
+                rubric,
+                n: g.rows.len(),
+                scored: g.scores.len(),
+                agreement: calibrate::raw_agreement(&g.categories),
+                spearman: calibrate::spearman(&g.scores),
+                mae: calibrate::mean_absolute_error(&g.scores),
+                kappa,
+                pearson,
+                trust,
+                reasons,
+            }
+        })
+        .collect();
+    let mut below_floor: Vec<String> = judges
+        .iter()
+        .filter(|j| j.trust == Trust::BelowFloor)
+        .map(|j| j.judge.clone())
+        .collect();
+    below_floor.dedup();
+    Calibration {
+        schema_version: CALIBRATION_SCHEMA_VERSION,
+        run_id: run_id.to_owned(),
+        labels_file: labels_file.to_owned(),
+        floors,
+        judged_checks: judged.len(),
+        labels: labels.len(),
+        matched: labelled.len(),
+        judges,
+        below_floor,
+        unmatched_labels,
+        unlabeled_checks,
+        judge_errors,
+    }
+}
+
+fn trust(kappa: &Figure, pearson: &Figure, floors: &Floors) -> (Trust, Vec<String>) {
+    let mut below = Vec::new();
+    let mut unchecked = Vec::new();
+    let mut checked = 0;
+    match kappa.value {
+        Some(k) => {
+            checked += 1;
+            if k < floors.min_kappa {
+                below.push(format!("kappa {k:.3} is below {}", floors.min_kappa));
+            }
+        }
+        None => unchecked.push(format!(
+            "kappa not computed: {}",
+            kappa.note.as_deref().unwrap_or("no pairs")
+        )),
+    }
+    if let Some(min) = floors.min_correlation {
+        match pearson.value {
+            Some(r) => {
+                checked += 1;
+                if r < min {
+                    below.push(format!("Pearson r {r:.3} is below {min}"));
+                }
+            }
+            None => unchecked.push(format!(
+                "Pearson r not computed: {}",
+                pearson.note.as_deref().unwrap_or("no pairs")
+            )),
+        }
+    }
+    if !below.is_empty() {
+        below.extend(unchecked);
+        (Trust::BelowFloor, below)
+    } else if checked == 0 {
+        (Trust::NotEstablished, unchecked)
+    } else {
+        (Trust::Trusted, unchecked)
+    }
+}
+
+/// Calibrates the run in `dir` against `labels` and writes `dir/calibration.json`.
+pub fn calibrate_run(
+    dir: &Path,
+    labels_file: &Path,
+    labels: &[HumanLabel],
+    floors: Floors,
+) -> Result<Calibration, CalibrationError> {
+    let checks = read_checks(dir)?;
+    if !checks.iter().any(|c| c.judge.is_some()) {
+        return Err(CalibrationError::NoJudgedChecks {
+            path: dir.join(crate::tables::CRITERIA_FILE),
+        });
+    }
+    let run_id = checks.first().map(|c| c.run_id.clone()).unwrap_or_default();
+    Ok(calibrate(
+        &run_id,
+        &labels_file.display().to_string(),
+        &checks,
+        labels,
+        floors,
+    ))
+}
+
+/// A judge a run's `calibration.json` marks below the agreement floor.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UntrustedJudge {
+    pub run_id: String,
+    pub judge: String,
+    /// `calibration.json` it was read from.
+    pub file: String,
+}
+
+/// Reads `dir/calibration.json`; `Ok(None)` when the run was never calibrated.
+pub fn read_calibration(dir: &Path) -> Result<Option<Calibration>, CalibrationError> {
+    let path = dir.join(CALIBRATION_FILE);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(CalibrationError::BadCalibration { path, source }),
+    };
+    serde_json::from_str(&text)
+        .map(Some)
+        .map_err(|e| CalibrationError::BadCalibration {
+            path,
+            source: e.into(),
+        })
+}
+
+/// The judges `dir/calibration.json` marks below the floor (none when there is no file).
+pub fn untrusted_judges(dir: &Path) -> Result<Vec<UntrustedJudge>, CalibrationError> {
+    let file = dir.join(CALIBRATION_FILE).display().to_string();
+    Ok(read_calibration(dir)?
+        .map(|c| {
+            c.below_floor
+                .iter()
+                .map(|judge| UntrustedJudge {
+                    run_id: c.run_id.clone(),
+                    judge: judge.clone(),
+                    file: file.clone(),
+                })
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(trajectory: &str, judge: &str, status: &str, score: f64, label: &str) -> CheckRow {
+        CheckRow {
+            run_id: "r".into(),
+            suite: "s".into(),
+            scenario: "c".into(),
+            trajectory: trajectory.into(),
+            agent: "a".into(),
+            turn_index: Some(1),
+            criterion: "judge polite".into(),
+            kind: "judge".into(),
+            status: status.into(),
+            judge: Some(judge.into()),
+            rubric: Some("generic".into()),
+            score: Some(score),
+            threshold: Some(0.5),
+            label: Some(label.into()),
+            ..CheckRow::default()
+        }
+    }
+
+    fn human(line: usize, trajectory: &str, score: f64, label: Option<&str>) -> HumanLabel {
+        HumanLabel {
+            line,
+            scenario: "c".into(),
+            trajectory: trajectory.into(),
+            criterion: "judge polite".into(),
+            score: Some(score),
+            label: label.map(str::to_owned),
+            ..HumanLabel::default()
+        }
+    }
+
+    #[test]
+    fn agreement_per_judge_with_every_label_accounted_for() {
+        let checks = vec![
+            check("t1", "good", "passed", 0.9, "pass"),
+            check("t2", "good", "failed", 0.1, "fail"),
+            check("t3", "good", "passed", 0.8, "pass"),
+            check("t4", "good", "failed", 0.2, "fail"),
+            check("t5", "good", "error", 0.0, "fail"),
+            check("t6", "good", "passed", 0.7, "pass"),
+            CheckRow {
+                kind: "reply".into(),
+                judge: None,
+                trajectory: "t9".into(),
+                criterion: "judge polite".into(),
+                scenario: "c".into(),
+                ..CheckRow::default()
+            },
+        ];
+        let labels = vec![
+            human(2, "t1", 1.0, Some("PASS")),
+            human(3, "t2", 0.0, None),
+            human(4, "t3", 0.9, None),
+            human(5, "t4", 0.3, Some("fail")),
+            human(6, "t5", 0.3, None),
+            human(7, "t1", 0.5, None),
+            human(8, "nowhere", 0.5, None),
+            human(9, "t9", 0.5, None),
+        ];
+        let c = calibrate("r", "l.csv", &checks, &labels, Floors::default());
+        assert_eq!((c.judged_checks, c.labels, c.matched), (6, 8, 5));
+        let j = &c.judges[0];
+        assert_eq!((j.n, j.scored), (4, 4));
+        assert_eq!(j.kappa.value, Some(1.0));
+        assert_eq!(j.trust, Trust::Trusted);
+        assert_eq!(c.judge_errors.len(), 1);
+        assert_eq!(c.unlabeled_checks.len(), 1);
+        assert_eq!(c.unlabeled_checks[0].trajectory, "t6");
+        let why: Vec<(usize, &str)> = c
+            .unmatched_labels
+            .iter()
+            .map(|u| (u.line, u.why.as_str()))
+            .collect();
+        assert_eq!(why[0], (7, "the check already has the label on line 2"));
+        assert_eq!(why[1], (8, "no check of the run matches it"));
+        assert!(why[2].1.contains("not LLM-judged"), "{why:?}");
+    }
+
+    #[test]
+    fn a_judge_that_disagrees_is_below_the_floor_and_ambiguity_is_listed() {
+        let mut checks: Vec<CheckRow> = (0..6)
+            .map(|i| {
+                check(
+                    &format!("t{i}"),
+                    "bad",
+                    if i % 2 == 0 { "passed" } else { "failed" },
+                    0.5,
+                    "x",
+                )
+            })
+            .collect();
+        checks.iter_mut().for_each(|c| c.label = None);
+        // The human disagrees on 4 of 6: kappa is negative.
+        let labels: Vec<HumanLabel> = (0..6)
+            .map(|i| {
+                human(
+                    i + 1,
+                    &format!("t{i}"),
+                    if i < 4 {
+                        if i % 2 == 0 { 0.0 } else { 1.0 }
+                    } else if i % 2 == 0 {
+                        1.0
+                    } else {
+                        0.0
+                    },
+                    None,
+                )
+            })
+            .collect();
+        let c = calibrate("r", "l", &checks, &labels, Floors::default());
+        assert_eq!(c.below_floor, ["bad"]);
+        assert_eq!(c.judges[0].trust, Trust::BelowFloor);
+        assert!(c.judges[0].reasons[0].contains("below 0.6"));
+        // The judge gave every check 0.5: no correlation, said so.
+        assert!(
+            c.judges[0]
+                .pearson
+                .note
+                .as_deref()
+                .unwrap()
+                .contains("judge gave every item")
+        );
+
+        let mut twice = checks.clone();
+        twice.push(CheckRow {
+            agent: "b".into(),
+            ..checks[0].clone()
+        });
+        let c = calibrate("r", "l", &twice, &labels[..1], Floors::default());
+        assert!(
+            c.unmatched_labels[0]
+                .why
+                .contains("matches 2 judged checks")
+        );
+        assert_eq!(c.judges.len(), 0);
+    }
+
+    #[test]
+    fn too_few_labels_do_not_establish_trust() {
+        let checks = vec![check("t1", "j", "passed", 0.9, "pass")];
+        let c = calibrate(
+            "r",
+            "l",
+            &checks,
+            &[human(1, "t1", 1.0, None)],
+            Floors {
+                min_kappa: 0.6,
+                min_correlation: Some(0.5),
+            },
+        );
+        assert_eq!(c.judges[0].trust, Trust::NotEstablished);
+        assert!(c.below_floor.is_empty());
+        assert_eq!(c.judges[0].reasons.len(), 2);
+    }
+}
