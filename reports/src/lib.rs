@@ -53,7 +53,7 @@ pub const COMPARE_FILE: &str = "compare.json";
 /// `trellis run --baseline`'s comparison as a page ([`write_compare`]).
 pub const COMPARE_HTML_FILE: &str = "compare.html";
 /// Every file a run writes into its directory, the journal first.
-pub const RESULT_FILES: [&str; 13] = [
+pub const RESULT_FILES: [&str; 14] = [
     JOURNAL_FILE,
     tables::TRAJECTORIES_FILE,
     tables::TURNS_FILE,

@@ -223,9 +223,10 @@ pub struct RunAggregates {
     pub latency: Latency,
     /// Sum of the tokens agents reported; `None` when none reported any.
     pub total_tokens: Option<u64>,
-    /// Cost in US dollars; `None` until Trellis prices LLM calls.
+    /// Cost of the engine's own LLM calls (judges, simulated users) from the providers'
+    /// prices; `None` when none was priced.
     pub cost_usd: Option<f64>,
-    /// Mean judge score (0–100); `None` until judges exist.
+    /// Mean score of the LLM-judged checks, 0–100; `None` when nothing was judged.
     pub mean_score: Option<f64>,
     /// Wall time of the run.
     pub duration_ms: Option<f64>,
@@ -390,6 +391,10 @@ pub struct StatsBuilder {
     /// (suite, scenario, agent, repetition, node): which node a checked turn belongs to.
     turn_ranges: HashMap<ExecutionKey, (u32, u32)>,
     names: HashSet<Name>,
+    /// Sum and count of the scores LLM judges gave (0–1).
+    judge_scores: (f64, u64),
+    /// The engine's own LLM cost (judges, simulated users), when a provider has prices.
+    llm_cost: Option<f64>,
 }
 
 impl StatsBuilder {
@@ -458,6 +463,18 @@ impl StatsBuilder {
     }
 
     pub fn add_trajectory(&mut self, t: &TrajectoryRecord) {
+        for score in t
+            .criteria
+            .iter()
+            .filter_map(|c| c.judge.as_ref().and_then(|j| j.score))
+            .filter(|s| s.is_finite())
+        {
+            self.judge_scores.0 += score;
+            self.judge_scores.1 += 1;
+        }
+        if let Some(cost) = t.llm.as_ref().and_then(|u| u.cost) {
+            *self.llm_cost.get_or_insert(0.0) += cost;
+        }
         let suite = self.name(&t.suite);
         let scenario_name = self.name(&t.scenario);
         let trajectory = self.name(&t.trajectory);
@@ -600,8 +617,9 @@ impl StatsBuilder {
             pass_rate_interval: wilson_interval(self.counts.passed, self.counts.ran(), CONFIDENCE),
             latency: Latency::of(self.latencies),
             total_tokens: self.tokens,
-            cost_usd: None,
-            mean_score: None,
+            cost_usd: self.llm_cost,
+            mean_score: (self.judge_scores.1 > 0)
+                .then(|| self.judge_scores.0 / self.judge_scores.1 as f64 * 100.0),
             duration_ms: self.summary.as_ref().map(|s| s.duration_ms),
         };
 

@@ -121,6 +121,22 @@ async fn judged_checks_fill_the_tables_and_a_replay_only_rerun_sends_nothing() {
         strings(&criteria, "judge_model")[connexity].as_deref(),
         Some("judge-m")
     );
+    // The run's mean judge score (what `compare` gates on) averages the scores given.
+    let scores: Vec<f64> = criteria
+        .column("score")
+        .unwrap()
+        .f64()
+        .unwrap()
+        .iter()
+        .flatten()
+        .collect();
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let mean = summary["stats"]["aggregates"]["mean_score"]
+        .as_f64()
+        .unwrap();
+    let expected = scores.iter().sum::<f64>() / scores.len() as f64 * 100.0;
+    assert!((mean - expected).abs() < 1e-9, "{mean} vs {expected}");
     assert_eq!(status[row("ECHO-CHECK")].as_deref(), Some("error"));
     let echoed = strings(&criteria, "detail")[row("ECHO-CHECK")]
         .clone()
