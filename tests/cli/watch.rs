@@ -688,3 +688,44 @@ async fn a_save_through_a_backup_rename_is_seen() {
     assert!(lines.contains("1 agent call(s)"), "{}", watch.all());
     assert_eq!(last_user_messages(&agent).last().unwrap(), "go west");
 }
+
+/// LLM judges in a watch session go through the response cache: an edit to another check
+/// re-judges from the cache (no LLM call, no agent call), an edited judged check asks the
+/// judge again for that check only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn judges_rerun_through_the_cache_and_only_an_edited_one_asks_again() {
+    use super::support::llm::{FakeLlm, Reply, Rule};
+    let verdict =
+        Reply::text(r#"{"score": 0.9, "label": "pass", "justification": "polite enough"}"#);
+    let judge = FakeLlm::start(vec![Rule::otherwise(vec![verdict; 10])]).await;
+    let agent = MisbehavingServer::respond(200, OK_BODY).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    let text = |greeting_check: &str, reply_check: &str| {
+        format!(
+            "provider \"fake\" kind=\"openai\" base-url=\"{}\" model=\"judge-m\"\n\
+             judge \"polite\" provider=\"fake\"\n\
+             agent \"bot\" protocol=\"connexity\" url=\"{}\"\n\
+             scenario \"a\" {{\n    user \"hello\"\n    expect judge \"{greeting_check}\" judge=\"polite\"\n    \
+             expect reply contains=\"{reply_check}\"\n}}\n\
+             scenario \"b\" {{\n    user \"bye\"\n    expect judge \"The agent says goodbye\" judge=\"polite\"\n}}\n",
+            judge.base_url(),
+            agent.url()
+        )
+    };
+    write(&suite, &text("The agent greets back", "Hello"));
+    let mut watch = Watch::start(dir.path(), &[]);
+    watch.wait_for("watch: rerun 1 done").await;
+    assert_eq!((agent.requests(), judge.calls()), (2, 2), "{}", watch.all());
+
+    // Another check of scenario a: both judges answered from the cache.
+    write(&suite, &text("The agent greets back", "Hell"));
+    watch.wait_for("watch: rerun 2 done").await;
+    assert_eq!((agent.requests(), judge.calls()), (2, 2), "{}", watch.all());
+
+    // The judged check itself: one new question to the judge, still no agent call.
+    write(&suite, &text("The agent greets the user back", "Hell"));
+    let lines = watch.wait_for("watch: rerun 3 done").await.join("\n");
+    assert_eq!((agent.requests(), judge.calls()), (2, 3), "{}", watch.all());
+    assert!(lines.contains("0 agent call"), "{lines}");
+}
