@@ -252,8 +252,12 @@ pub fn is_run_dir(dir: &Path) -> bool {
         .any(|name| dir.join(name).is_file())
 }
 
+/// The directory `trellis watch` keeps its whole current state in, next to its reruns.
+pub const WATCH_LATEST: &str = "latest";
+
 /// Every run directly below `runs_dir`, oldest first (by start time, then id), so the
-/// listing and "the last two runs" do not depend on the file system's order.
+/// listing and "the last two runs" do not depend on the file system's order. Watch's
+/// [`WATCH_LATEST`] mirror is not a run of its own and is left out.
 pub fn list_runs(runs_dir: &Path) -> Result<Vec<RunEntry>, HistoryError> {
     let read = match std::fs::read_dir(runs_dir) {
         Ok(read) => read,
@@ -269,6 +273,10 @@ pub fn list_runs(runs_dir: &Path) -> Result<Vec<RunEntry>, HistoryError> {
     let mut runs = Vec::new();
     for entry in read.flatten() {
         let dir = entry.path();
+        // `trellis watch` mirrors its current state there: not a run of its own.
+        if entry.file_name() == WATCH_LATEST {
+            continue;
+        }
         if dir.is_dir() && is_run_dir(&dir) {
             runs.push(read_run(&dir)?);
         }

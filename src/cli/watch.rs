@@ -78,7 +78,7 @@ pub struct WatchArgs {
 }
 
 /// The directory under `--out` that holds the whole state after the last rerun.
-pub const LATEST: &str = "latest";
+pub const LATEST: &str = trellis_reports::history::WATCH_LATEST;
 
 /// Exit code after Ctrl-C or SIGTERM: watch only ends when told to.
 const EXIT_STOPPED: u8 = super::run::EXIT_INTERRUPTED;
