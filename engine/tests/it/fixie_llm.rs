@@ -225,3 +225,33 @@ scenario "sums" { user "What is 2 plus 3?"; }
     let why = t.skip_reason.as_deref().unwrap_or_default();
     assert!(why.contains("add a `provider`"), "{why}");
 }
+
+#[tokio::test]
+async fn a_simulated_user_talks_to_a_fixie_agent_through_the_same_provider() {
+    let mut rules = vec![Rule::when(
+        "conversation starts",
+        [Reply::text("What is 2 plus 3, plus 10?")],
+    )];
+    rules.extend(adder());
+    let fake = FakeLlm::start(rules).await;
+    let text = suite(
+        &fake.base_url(),
+        r#"
+simulator provider="fake"
+persona "p" type="curious" { description "Asks sums"; }
+scenario "simulated" {
+    persona "p"
+    simulate turns=1
+    expect reply contains="15"
+}
+"#,
+    );
+    let run = run_suite(&text, 4, EnvSnapshot::new()).await;
+    let t = &run.trajectories[0];
+    assert_eq!(t.status, TrajectoryStatus::Passed, "{t:#?}");
+    let turns = turns(&run);
+    assert_eq!(turns[0].user_message, "What is 2 plus 3, plus 10?");
+    assert_eq!(turns[0].simulator.len(), 1);
+    assert_eq!(turns[0].llm.len(), 3);
+    assert_eq!(t.llm.as_deref().map(|u| u.calls), Some(4));
+}
