@@ -311,6 +311,43 @@ impl Session for FixieSession {
     fn fork(&self) -> Option<Box<dyn Session>> {
         Some(Box::new(self.clone()))
     }
+
+    /// The transcript is all the state there is: rebuilt from the recorded queries, their
+    /// function calls (arguments `{"text":…}`) and answers, as the loop wrote it.
+    fn restore(&mut self, history: &[(TurnInput<'_>, &Turn)]) -> bool {
+        let supported = history
+            .iter()
+            .all(|(input, _)| matches!(input, TurnInput::User(_) | TurnInput::Call { .. }));
+        if !supported {
+            return false;
+        }
+        for (input, turn) in history {
+            let (TurnInput::User(query), None, Some(reply)) = (input, &turn.fault, &turn.reply)
+            else {
+                // Direct calls and unanswered queries never reach the transcript.
+                continue;
+            };
+            self.history.push(LlmMessage::user(format!("Q: {query}")));
+            for call in &turn.tool_calls {
+                let input = serde_json::from_str::<Value>(&call.arguments)
+                    .ok()
+                    .and_then(|v| v.get("text").and_then(Value::as_str).map(str::to_owned))
+                    .unwrap_or_default();
+                self.history.push(LlmMessage::assistant(format!(
+                    "Ask Func[{}]: {input}",
+                    call.name
+                )));
+                self.history.push(LlmMessage::user(format!(
+                    "Func[{}] says: {}",
+                    call.name,
+                    call.result.as_deref().unwrap_or_default()
+                )));
+            }
+            self.history
+                .push(LlmMessage::assistant(format!("A: {reply}")));
+        }
+        true
+    }
 }
 
 impl FixieSession {

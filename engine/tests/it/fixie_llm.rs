@@ -255,3 +255,54 @@ scenario "simulated" {
     assert_eq!(turns[0].llm.len(), 3);
     assert_eq!(t.llm.as_deref().map(|u| u.calls), Some(4));
 }
+
+#[tokio::test]
+async fn a_reused_prefix_is_restored_into_the_transcript_without_asking_the_model_again() {
+    use std::sync::Arc;
+    use trellis_engine::execute::TurnMemo;
+    let mut rules = adder();
+    rules.push(Rule::when(
+        "Q: And roll two dice.",
+        [Reply::text("A: Roll them yourself.")],
+    ));
+    let fake = FakeLlm::start(rules).await;
+    let memo = Arc::new(TurnMemo::new());
+    let text = suite(&fake.base_url(), SUMS);
+    crate::reuse::run(crate::reuse::plan(&text), &memo, 1).await;
+    assert_eq!(fake.calls(), 5);
+
+    // Only the second query changed: the first turn is reused, the model is asked once.
+    let changed = text.replace(
+        "user \"Roll a die.\"\n    expect reply contains=\"rolled\"",
+        "user \"And roll two dice.\"",
+    );
+    let (nodes, trajectories) = crate::reuse::run(crate::reuse::plan(&changed), &memo, 1).await;
+    assert_eq!(
+        trajectories[0].status,
+        TrajectoryStatus::Passed,
+        "{trajectories:#?}"
+    );
+    let turns: Vec<_> = nodes.iter().flat_map(|n| &n.turns).collect();
+    assert!(turns[0].reused);
+    assert_eq!(turns[1].reply.as_deref(), Some("Roll them yourself."));
+    assert_eq!(fake.calls(), 6);
+    let last = fake.seen().pop().unwrap();
+    let contents: Vec<&str> = last.body["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        &contents[1..],
+        [
+            "Q: What is 2 plus 3, plus 10?",
+            "Ask Func[add]: 2, 3",
+            "Func[add] says: 5",
+            "Ask Func[add]: 5, 10",
+            "Func[add] says: 15",
+            "A: 2 plus 3 is 5, and 5 plus 10 is 15.",
+            "Q: And roll two dice.",
+        ]
+    );
+}
