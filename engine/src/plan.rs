@@ -597,7 +597,9 @@ fn compile_steps(
             out.unsupported.get_or_insert(reason);
         }
         for &protocol in protocols {
+            // Fixie's LLM is played by the simulator's provider (`protocol::fixie`).
             if let Some(reason) = not_runnable::step(&step.kind, Some(protocol))
+                && !(simulator && protocol == Protocol::Fixie)
                 && !out
                     .unsupported_by_protocol
                     .iter()
@@ -665,9 +667,9 @@ pub mod not_runnable {
                     .to_string(),
             ),
             (StepKind::User(_) | StepKind::Simulate { .. }, Some(Protocol::Fixie)) => Some(
-                "a `user` (or `simulate`) step on a `fixie` agent is answered through a \
-                 provider playing Fixie's LLM, which this version of trellis does not have \
-                 yet; use `call` steps"
+                "a `user` (or `simulate`) step on a `fixie` agent is answered by a provider \
+                 playing Fixie's LLM, and none is configured: add a `provider` (a lone one is \
+                 used) or `simulator provider=\"ID\"`, or use `call` steps"
                     .to_string(),
             ),
             _ => None,
@@ -734,6 +736,7 @@ pub fn warnings(project: &Project) -> Vec<Diagnostic> {
             }
             for agent in &agents {
                 if let Some(why) = not_runnable::step(&step.kind, Some(agent.protocol))
+                    && !(simulated && agent.protocol == Protocol::Fixie)
                     && !user_warned
                 {
                     user_warned = true;

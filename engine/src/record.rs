@@ -169,6 +169,10 @@ pub struct TurnRecord {
     /// A `simulate` turn: the LLM calls that wrote its user message (retries included).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub simulator: Vec<crate::llm::LlmCall>,
+    /// LLM calls made on the agent's behalf to answer the turn (a Fixie agent's few-shot
+    /// loop: one per round), summed into the trajectory's `llm_*` usage.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub llm: Vec<crate::llm::LlmCall>,
 }
 
 fn user_kind() -> String {

@@ -126,7 +126,7 @@ pub struct Console {
     unchecked_total: u64,
     /// Trajectories with checks that did not run that are not in `unchecked`.
     unchecked_not_shown: u64,
-    /// The engine's own LLM calls (judges, simulated users), summed over trajectories.
+    /// The engine's own LLM calls (judges, simulated users, Fixie's LLM), summed over trajectories.
     llm: trellis_engine::llm::LlmUsage,
 }
 
@@ -536,7 +536,7 @@ impl Console {
         if self.llm.calls > 0 {
             let llm = &self.llm;
             outln!(
-                "LLM (judges, simulated users): {}, {} tokens in, {} out{}{}",
+                "LLM (judges, simulated users, agents' LLMs): {}, {} tokens in, {} out{}{}",
                 count(llm.calls, "call", "calls"),
                 llm.input_tokens,
                 llm.output_tokens,

@@ -11,8 +11,8 @@
 //!
 //! When the conversation first differs, the real session must be brought to where the
 //! reused turns left it: a protocol that resends its history rebuilds it from the recorded
-//! turns ([`Session::restore`]: Connexity); a session bound to the agent's state
-//! (AgentScope, Fixie) has the reused prefix sent to the agent again first. A session that
+//! turns ([`Session::restore`]: Connexity, Fixie); a session bound to the agent's state
+//! (AgentScope) has the reused prefix sent to the agent again first. A session that
 //! can be rebuilt is rebuilt turn by turn as turns are reused, not only when the
 //! conversation first differs: what it holds besides the conversation (a MultiAgentEval
 //! session's tool sandbox and a pending pause or fork, rebuilt by acting on the recorded

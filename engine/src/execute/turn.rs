@@ -119,5 +119,6 @@ fn record(
         fault: turn.fault,
         exchanges,
         simulator: Vec::new(),
+        llm: turn.llm,
     }
 }

@@ -161,9 +161,14 @@ impl Unit<'_> {
         }
         let strict = self.shared.strict;
         let (status, skip_reason) = status_of(fault.is_some(), &criteria, strict);
-        let llm =
-            crate::llm::LlmUsage::of(state.turns.iter().flat_map(|t| &t.simulator), &criteria)
-                .map(Box::new);
+        let llm = crate::llm::LlmUsage::of(
+            state
+                .turns
+                .iter()
+                .flat_map(|t| t.simulator.iter().chain(&t.llm)),
+            &criteria,
+        )
+        .map(Box::new);
         let record = TrajectoryRecord {
             suite: self.scenario.suite.to_string(),
             scenario: sc.id.value.clone(),

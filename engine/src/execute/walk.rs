@@ -546,6 +546,7 @@ impl<'a> Unit<'a> {
             repetition: self.repetition,
             node: &node.id,
             sandbox: Some(&self.scenario.sandbox),
+            llm: Some(&self.shared.llm),
         });
         if let Some(reuse) = &self.shared.reuse {
             session = reuse.wrap(

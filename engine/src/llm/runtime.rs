@@ -94,6 +94,14 @@ pub struct LlmRuntime {
     cache: LlmCache,
 }
 
+impl std::fmt::Debug for LlmRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LlmRuntime")
+            .field("providers", &self.clients.keys().collect::<Vec<_>>())
+            .finish_non_exhaustive()
+    }
+}
+
 impl LlmRuntime {
     /// Builds a client per provider (a provider that cannot be used, such as one whose key
     /// is not set, fails only the criteria that use it).
@@ -626,5 +634,63 @@ pub fn outcome_statement(outcome: &Outcome) -> String {
             };
             format!("`{label}` is {value}")
         }
+    }
+}
+
+/// One completion for the model playing a Fixie agent's LLM, and its record.
+pub struct AgentCompletion {
+    /// The model's text, or why there is none.
+    pub result: Result<String, super::LlmError>,
+    pub call: LlmCall,
+}
+
+impl LlmRuntime {
+    /// The provider, model and temperature that play an agent's LLM (Fixie's few-shot loop):
+    /// the simulator's, else the project's only provider; `Err` says what to configure.
+    fn agent_model(&self) -> Result<(&ProviderClient, Option<&str>, Option<f64>), String> {
+        let (provider_id, model, temperature) =
+            match (&self.setup.simulator, self.setup.providers.as_slice()) {
+                (Some(s), _) => (s.provider.value.as_str(), s.model.as_deref(), s.temperature),
+                (None, [only]) => (only.id.value.as_str(), None, None),
+                (None, _) => {
+                    return Err(
+                        "no provider plays the agent's LLM: add a `provider` (a lone \
+                                one is used) or `simulator provider=\"ID\"`"
+                            .to_owned(),
+                    );
+                }
+            };
+        match self.clients.get(provider_id) {
+            Some(Ok(client)) => Ok((client, model, temperature)),
+            Some(Err(e)) => Err(format!("provider `{provider_id}` is unavailable: {e}")),
+            None => Err(format!("provider `{provider_id}` is not defined")),
+        }
+    }
+
+    /// Asks the model playing an agent's LLM, through the response cache (`repetition` is
+    /// part of the key, so repeated trajectories draw their own samples). `Err` when no
+    /// provider is configured for it.
+    pub async fn complete_for_agent(
+        &self,
+        messages: Vec<super::LlmMessage>,
+        repetition: u32,
+        call_name: &str,
+        deadline: Option<Instant>,
+    ) -> Result<AgentCompletion, String> {
+        let (client, model, temperature) = self.agent_model()?;
+        let request = super::LlmRequest {
+            messages,
+            model: model.map(str::to_owned),
+            temperature,
+            ..super::LlmRequest::default()
+        };
+        let outcome = self
+            .cache
+            .complete(client, &request, repetition, call_name, deadline)
+            .await;
+        Ok(AgentCompletion {
+            result: outcome.result.map(|c| c.text),
+            call: outcome.call,
+        })
     }
 }

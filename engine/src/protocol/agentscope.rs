@@ -220,6 +220,7 @@ impl Endpoint {
             fault: outcome.err(),
             branch: None,
             reused: false,
+            llm: Vec::new(),
         }
     }
 }

@@ -4,9 +4,17 @@
 //!
 //! The handshake is made once per run ([`AgentProtocol::prepare`]) and recorded. Real agents
 //! answer it in JSON (the spec) or YAML (later SDKs, with extra fields); both are read.
-//! Function calls are stateless, so a session is only a handle on the client and forks copy
-//! it. A `user` step would need an LLM playing Fixie's platform, which the engine does not
-//! have yet: the session says so as a protocol fault instead of guessing.
+//! Function calls are stateless; a session holds the client and the conversation so far, and
+//! forks copy both.
+//!
+//! A `user` step is answered as Fixie's platform did, by an LLM in a few-shot loop
+//! ([`few_shot_loop`](FixieSession::few_shot_loop)): the model playing Fixie's LLM (the
+//! simulator's provider, else the project's only provider: [`LlmRuntime`]) gets the
+//! handshake's `base_prompt` and `few_shots` and the conversation so far, and answers with
+//! one line. `Ask Func[NAME]: ARGS` becomes a real `POST {url}/NAME` (an exchange and a tool
+//! call of the same turn) whose result goes back as `Func[NAME] says: RESULT`; `A: ANSWER`
+//! is the turn's reply. Anything else, a function the few-shots never use, or more than
+//! [`MAX_ROUNDS`] function calls ends the turn with a `protocol` fault naming the line.
 //!
 //! Faults always name the function: a missing one (404), a request the agent rejected
 //! (422, with its validation detail) and a function that raised (a plain-text 500).
@@ -28,9 +36,11 @@ use super::http::{
 };
 use super::quote::{error_text, kind_of, preview};
 use super::{
-    AgentProtocol, CallContext, ChatMessage, Conversation, Exchange, Session, Turn, TurnInput,
+    AgentProtocol, CallContext, ChatMessage, Conversation, Exchange, Session, ToolCall,
+    ToolCallFunction, Turn, TurnInput,
 };
-use crate::record::{Fault, FaultCategory};
+use crate::llm::{LlmCall, LlmError, LlmMessage, LlmRuntime};
+use crate::record::{Fault, FaultCategory, ToolCallRecord};
 
 /// A Fixie agent could not be configured.
 pub type FixieError = EndpointError;
@@ -53,6 +63,8 @@ struct Inner {
     limits: CallLimits,
     retry: RetryPolicy,
     transport: HttpTransport,
+    /// The handshake, once [`AgentProtocol::prepare`] made it: the few-shot loop's prompt.
+    handshake: std::sync::OnceLock<Arc<Handshake>>,
 }
 
 impl FixieClient {
@@ -90,6 +102,7 @@ impl FixieClient {
                 limits,
                 retry,
                 transport,
+                handshake: std::sync::OnceLock::new(),
             }),
         })
     }
@@ -209,21 +222,38 @@ impl AgentProtocol for FixieClient {
     fn prepare(&self) -> BoxFuture<'_, Result<Option<Value>, Fault>> {
         Box::pin(async move {
             let handshake = self.handshake().await?;
-            Ok(Some(handshake.to_record(self.inner.base.path())))
+            let record = handshake.to_record(self.inner.base.path());
+            // A second `prepare` would fetch the same handshake; the first one stays.
+            let _ = self.inner.handshake.set(Arc::new(handshake));
+            Ok(Some(record))
         })
     }
 
-    fn open(&self, _conversation: &Conversation<'_>) -> Box<dyn Session> {
+    fn open(&self, conversation: &Conversation<'_>) -> Box<dyn Session> {
         Box::new(FixieSession {
             client: self.clone(),
+            llm: conversation.llm.cloned(),
+            scenario: conversation.scenario.to_owned(),
+            repetition: conversation.repetition,
+            history: Vec::new(),
         })
     }
 }
 
-/// A conversation with a Fixie agent. Calls carry no state, so forks are plain copies.
+/// The most function calls one `user` turn may make before the model must answer.
+pub const MAX_ROUNDS: usize = 8;
+
+/// A conversation with a Fixie agent: function calls carry no state; `user` turns keep the
+/// few-shot transcript the model sees. Forks are plain copies.
 #[derive(Clone)]
 struct FixieSession {
     client: FixieClient,
+    llm: Option<Arc<LlmRuntime>>,
+    scenario: String,
+    repetition: u32,
+    /// Earlier `user` turns as the model saw and wrote them (`Q:` as a user message, its
+    /// lines as assistant messages, function results as user messages).
+    history: Vec<LlmMessage>,
 }
 
 impl Session for FixieSession {
@@ -235,12 +265,12 @@ impl Session for FixieSession {
         Box::pin(async move {
             let (function, text) = match input {
                 TurnInput::Call { function, input } => (function, input),
-                TurnInput::User(_) | TurnInput::Opening => {
+                TurnInput::User(text) => return self.few_shot_loop(text, ctx).await,
+                TurnInput::Opening => {
                     return Turn::failed(Fault::new(
                         FaultCategory::Protocol,
-                        "a Fixie agent is called through its functions (`call FUNC \"TEXT\"`); \
-                         a `user` step (or `first-turn \"agent\"`) needs an LLM playing \
-                         Fixie's platform, which this version of trellis does not have yet",
+                        "a Fixie agent answers queries and never speaks first, so \
+                         `first-turn \"agent\"` has nothing to ask it",
                     ));
                 }
                 TurnInput::Human { .. } | TurnInput::Branch { .. } => {
@@ -281,6 +311,301 @@ impl Session for FixieSession {
     fn fork(&self) -> Option<Box<dyn Session>> {
         Some(Box::new(self.clone()))
     }
+
+    /// The transcript is all the state there is: rebuilt from the recorded queries, their
+    /// function calls (arguments `{"text":…}`) and answers, as the loop wrote it.
+    fn restore(&mut self, history: &[(TurnInput<'_>, &Turn)]) -> bool {
+        let supported = history
+            .iter()
+            .all(|(input, _)| matches!(input, TurnInput::User(_) | TurnInput::Call { .. }));
+        if !supported {
+            return false;
+        }
+        for (input, turn) in history {
+            let (TurnInput::User(query), None, Some(reply)) = (input, &turn.fault, &turn.reply)
+            else {
+                // Direct calls and unanswered queries never reach the transcript.
+                continue;
+            };
+            self.history.push(LlmMessage::user(format!("Q: {query}")));
+            for call in &turn.tool_calls {
+                let input = serde_json::from_str::<Value>(&call.arguments)
+                    .ok()
+                    .and_then(|v| v.get("text").and_then(Value::as_str).map(str::to_owned))
+                    .unwrap_or_default();
+                self.history.push(LlmMessage::assistant(format!(
+                    "Ask Func[{}]: {input}",
+                    call.name
+                )));
+                self.history.push(LlmMessage::user(format!(
+                    "Func[{}] says: {}",
+                    call.name,
+                    call.result.as_deref().unwrap_or_default()
+                )));
+            }
+            self.history
+                .push(LlmMessage::assistant(format!("A: {reply}")));
+        }
+        true
+    }
+}
+
+impl FixieSession {
+    /// Answers a user query as Fixie's platform did: the model writes one line per round,
+    /// `Ask Func[…]` lines are called for real, until an `A:` line.
+    async fn few_shot_loop(&mut self, query: &str, ctx: &CallContext<'_>) -> Turn {
+        let mut turn = Turn::default();
+        let Some(llm) = self.llm.clone() else {
+            turn.fault = Some(Fault::new(
+                FaultCategory::Setup,
+                "a `user` step on a Fixie agent needs a provider playing Fixie's LLM, and \
+                 this run has none",
+            ));
+            return turn;
+        };
+        let Some(handshake) = self.client.inner.handshake.get().cloned() else {
+            turn.fault = Some(Fault::new(
+                FaultCategory::Internal,
+                "the Fixie handshake was not made before the first turn",
+            ));
+            return turn;
+        };
+        let prompt = system_prompt(&handshake);
+        let known = handshake.functions();
+        let mut lines = vec![LlmMessage::user(format!("Q: {query}"))];
+        for round in 0..=MAX_ROUNDS {
+            let mut messages = Vec::with_capacity(1 + self.history.len() + lines.len());
+            messages.push(LlmMessage::system(prompt.clone()));
+            messages.extend(self.history.iter().cloned());
+            messages.extend(lines.iter().cloned());
+            let call_name = format!(
+                "Fixie LLM, scenario `{}` turn {} round {round}",
+                self.scenario, ctx.turn_index
+            );
+            let asked = llm
+                .complete_for_agent(messages, self.repetition, &call_name, ctx.deadline)
+                .await;
+            let completion = match asked {
+                Ok(completion) => completion,
+                Err(why) => {
+                    turn.fault = Some(Fault::new(FaultCategory::Setup, why));
+                    return turn;
+                }
+            };
+            record_model(&mut turn, &completion.call);
+            let text = match completion.result {
+                Ok(text) => text,
+                Err(e) => {
+                    turn.fault = Some(llm_fault(&e));
+                    return turn;
+                }
+            };
+            match next_step(&text, &known) {
+                Err(message) => {
+                    turn.fault = Some(Fault::new(FaultCategory::Protocol, message));
+                    return turn;
+                }
+                Ok(Step::Answer(answer)) => {
+                    lines.push(LlmMessage::assistant(format!("A: {answer}")));
+                    turn.messages.push(ChatMessage::assistant(answer.clone()));
+                    turn.reply = Some(answer);
+                    self.history.append(&mut lines);
+                    return turn;
+                }
+                Ok(Step::Ask { function, input }) => {
+                    if round == MAX_ROUNDS {
+                        turn.fault = Some(Fault::new(
+                            FaultCategory::Protocol,
+                            format!(
+                                "Fixie's LLM called functions {MAX_ROUNDS} times without \
+                                 answering (`A:`); its next line was `Ask Func[{function}]: \
+                                 {input}`"
+                            ),
+                        ));
+                        return turn;
+                    }
+                    lines.push(LlmMessage::assistant(format!(
+                        "Ask Func[{function}]: {input}"
+                    )));
+                    let result = self.call_function(&mut turn, round, &function, &input, ctx);
+                    match result.await {
+                        Ok(result) => {
+                            lines
+                                .push(LlmMessage::user(format!("Func[{function}] says: {result}")));
+                        }
+                        Err(fault) => {
+                            turn.fault = Some(fault);
+                            return turn;
+                        }
+                    }
+                }
+            }
+        }
+        // The last round either answered or faulted above.
+        turn.fault = Some(Fault::new(
+            FaultCategory::Internal,
+            "the Fixie few-shot loop ended without an answer",
+        ));
+        turn
+    }
+
+    /// One `Ask Func[…]` line called for real: recorded as an exchange, a tool call with its
+    /// result, and the assistant/tool messages; the result text, or the fault ending the turn.
+    async fn call_function(
+        &self,
+        turn: &mut Turn,
+        round: usize,
+        function: &str,
+        input: &str,
+        ctx: &CallContext<'_>,
+    ) -> Result<String, Fault> {
+        let call_id = format!("fixie-{}-{round}", ctx.turn_index);
+        // The arguments as the wire's `message` object, so `tool` criteria can match `text`.
+        let arguments = serde_json::json!({ "text": input }).to_string();
+        let mut asking = ChatMessage::assistant(String::new());
+        asking.content = None;
+        asking.tool_calls = vec![ToolCall {
+            id: call_id.clone(),
+            kind: "function".into(),
+            function: ToolCallFunction {
+                name: function.to_owned(),
+                arguments: arguments.clone(),
+            },
+        }];
+        turn.messages.push(asking);
+        let (exchange, result) = self.client.call(function, input, ctx).await;
+        turn.exchanges.push(exchange);
+        let mut record = ToolCallRecord {
+            call_id: call_id.clone(),
+            name: function.to_owned(),
+            arguments,
+            result: None,
+        };
+        let outcome = match result {
+            Ok(reply) => {
+                record.result = Some(reply.text.clone());
+                let mut answer = ChatMessage {
+                    role: "tool".into(),
+                    content: Some(reply.text.clone()),
+                    tool_call_id: Some(call_id),
+                    name: Some(function.to_owned()),
+                    ..ChatMessage::default()
+                };
+                answer.parts = reply.embed_parts();
+                turn.messages.push(answer);
+                match reply.error {
+                    None => Ok(reply.text),
+                    Some(error) => Err(Fault::new(
+                        FaultCategory::AgentError,
+                        format!("Func[{function}] answered with an error: {error}"),
+                    )),
+                }
+            }
+            Err(fault) => Err(fault),
+        };
+        turn.tool_calls.push(record);
+        outcome
+    }
+}
+
+/// What the model playing Fixie's LLM is told: the agent's base prompt, the rules of the
+/// few-shot format, and the few-shots.
+fn system_prompt(handshake: &Handshake) -> String {
+    let mut prompt = String::new();
+    if let Some(base) = handshake
+        .base_prompt
+        .as_deref()
+        .filter(|b| !b.trim().is_empty())
+    {
+        prompt.push_str(base.trim());
+        prompt.push_str("\n\n");
+    }
+    prompt.push_str(
+        "Answer the user's query (`Q:`) the way the examples below do, writing exactly one \
+         line each time. To call a function write `Ask Func[NAME]: INPUT` and stop: its result \
+         comes back as `Func[NAME] says: RESULT`. When you can answer, write `A: ANSWER`.",
+    );
+    for shot in &handshake.few_shots {
+        prompt.push_str("\n\n");
+        prompt.push_str(shot.trim());
+    }
+    prompt
+}
+
+/// What the model's line asks for.
+#[derive(Debug, PartialEq)]
+enum Step {
+    Ask { function: String, input: String },
+    Answer(String),
+}
+
+/// Reads the model's answer: its first line that is not an echo of the query. Lines after an
+/// `Ask Func[…]` line are the model guessing the result and are ignored. `Err` names the
+/// line that breaks the format.
+fn next_step(text: &str, known: &[String]) -> Result<Step, String> {
+    let mut lines = parse_few_shot(text).into_iter();
+    let first = lines.find(|line| !matches!(line, FewShotLine::Query(_)));
+    let shown = |line: &str| -> String { line.chars().take(200).collect() };
+    match first {
+        None => Err(format!(
+            "Fixie's LLM wrote no `Ask Func[…]` or `A:` line: {:?}",
+            shown(text.trim())
+        )),
+        Some(FewShotLine::Answer(answer)) => Ok(Step::Answer(answer)),
+        Some(FewShotLine::AskFunc { function, input }) => {
+            if known.is_empty() || known.contains(&function) {
+                Ok(Step::Ask { function, input })
+            } else {
+                Err(format!(
+                    "Fixie's LLM asked for a function the agent's few-shots never use: \
+                     `Ask Func[{function}]: {}` (known: {})",
+                    shown(&input),
+                    known.join(", ")
+                ))
+            }
+        }
+        Some(FewShotLine::AskAgent { agent, input }) => Err(format!(
+            "Fixie's LLM asked another agent (`Ask Agent[{agent}]: {}`), which trellis does \
+             not route",
+            shown(&input)
+        )),
+        Some(FewShotLine::FuncSays { function, result }) => Err(format!(
+            "Fixie's LLM wrote a function result itself instead of asking for it: \
+             `Func[{function}] says: {}`",
+            shown(&result)
+        )),
+        Some(FewShotLine::AgentSays { agent, result }) => Err(format!(
+            "Fixie's LLM wrote an agent's answer itself: `Agent[{agent}] says: {}`",
+            shown(&result)
+        )),
+        Some(FewShotLine::Other(line) | FewShotLine::Query(line)) => Err(format!(
+            "Fixie's LLM wrote a line that is neither `Ask Func[NAME]: INPUT` nor `A: ANSWER`: \
+             {:?}",
+            shown(&line)
+        )),
+    }
+}
+
+/// Keeps the model and provider that answered on the turn, and the call with its usage.
+fn record_model(turn: &mut Turn, call: &LlmCall) {
+    if !call.model.is_empty() {
+        turn.model = Some(call.model.clone());
+    }
+    turn.provider = Some(call.provider.clone());
+    turn.llm.push(call.clone());
+}
+
+/// The fault of a failed call to the model playing Fixie's LLM.
+fn llm_fault(error: &LlmError) -> Fault {
+    let category = match error {
+        LlmError::Http { category, .. } => *category,
+        LlmError::RateLimited { .. } => FaultCategory::Timeout,
+        LlmError::Malformed { .. } | LlmError::Provider { .. } => FaultCategory::Protocol,
+        LlmError::NoModel { .. } | LlmError::CacheMiss { .. } | LlmError::Cache(_) => {
+            FaultCategory::Setup
+        }
+    };
+    Fault::new(category, format!("Fixie's LLM: {error}"))
 }
 
 /// What a function answered.
@@ -547,6 +872,21 @@ impl Handshake {
             format,
             extra: root,
         })
+    }
+
+    /// The functions the few-shots call (`Ask Func[NAME]`), in order of first use.
+    pub fn functions(&self) -> Vec<String> {
+        let mut names: Vec<String> = Vec::new();
+        for shot in &self.few_shots {
+            for line in parse_few_shot(shot) {
+                if let FewShotLine::AskFunc { function, .. } = line
+                    && !names.contains(&function)
+                {
+                    names.push(function);
+                }
+            }
+        }
+        names
     }
 
     /// What the run records about the agent (`agent` journal entry).

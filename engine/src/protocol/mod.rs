@@ -312,6 +312,9 @@ pub struct Conversation<'a> {
     pub node: &'a str,
     /// The scenario's tools, for protocols whose tool calls the engine answers.
     pub sandbox: Option<&'a Arc<crate::sandbox::SandboxSpec>>,
+    /// The run's LLM providers, for protocols whose platform side is an LLM the engine
+    /// plays (Fixie's few-shot loop answering `user` steps).
+    pub llm: Option<&'a Arc<crate::llm::LlmRuntime>>,
 }
 
 /// What the engine asks of the agent in one turn.
@@ -393,6 +396,9 @@ pub struct Turn {
     pub branch: Option<BranchRequest>,
     /// Answered from an earlier run's records (`trellis watch`): the agent was not called.
     pub reused: bool,
+    /// LLM calls the engine made to produce this turn on the agent's behalf (the model
+    /// playing Fixie's LLM), with their usage and cache use.
+    pub llm: Vec<crate::llm::LlmCall>,
 }
 
 /// An agent's request to fork the conversation, with the alternatives it listed (none: one

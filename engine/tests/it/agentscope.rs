@@ -227,6 +227,7 @@ fn conversation() -> Conversation<'static> {
         repetition: 0,
         node: "start",
         sandbox: None,
+        llm: None,
     }
 }
 

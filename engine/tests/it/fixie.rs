@@ -91,6 +91,7 @@ fn open(client: &FixieClient) -> Box<dyn Session> {
         repetition: 0,
         node: "start",
         sandbox: None,
+        llm: None,
     })
 }
 
@@ -450,13 +451,17 @@ async fn handshake_failures_are_setup_faults_saying_what_went_wrong() {
 }
 
 #[tokio::test]
-async fn user_steps_are_a_clear_protocol_fault() {
+async fn user_steps_without_a_provider_and_agent_openings_are_clear_faults() {
     let (url, seen) = recording(|_, _| StatusCode::OK.into_response()).await;
     let mut session = open(&client(&url));
     let ctx = ctx(0);
     let turn = session.turn(TurnInput::User("hello"), &ctx).await;
     let fault = turn.fault.unwrap();
+    assert_eq!(fault.category, FaultCategory::Setup);
+    assert!(fault.message.contains("playing Fixie's LLM"), "{fault:?}");
+    let turn = session.turn(TurnInput::Opening, &ctx).await;
+    let fault = turn.fault.unwrap();
     assert_eq!(fault.category, FaultCategory::Protocol);
-    assert!(fault.message.contains("`call FUNC"), "{fault:?}");
+    assert!(fault.message.contains("never speaks first"), "{fault:?}");
     assert!(seen.lock().unwrap().is_empty());
 }

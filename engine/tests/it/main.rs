@@ -6,6 +6,7 @@ mod builtin_support;
 mod criterion_templates;
 mod execution;
 mod fixie;
+mod fixie_llm;
 mod judging;
 mod line;
 mod llm;

@@ -11,7 +11,7 @@ use trellis_engine::plan::{Plan, Selection};
 use trellis_engine::record::{NodeRecord, TrajectoryRecord};
 use trellis_testkit::{MisbehavingServer, OK_BODY};
 
-fn plan(text: &str) -> Plan {
+pub(crate) fn plan(text: &str) -> Plan {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("suite.kdl");
     std::fs::write(&path, text).unwrap();
@@ -25,7 +25,7 @@ fn plan(text: &str) -> Plan {
 }
 
 /// One run with `memo`; its nodes and trajectories.
-async fn run(
+pub(crate) async fn run(
     plan: Plan,
     memo: &Arc<TurnMemo>,
     salt: u64,
