@@ -373,6 +373,8 @@ impl FirstTurn {
 
 pub const DEFAULT_MAX_RESPONSE_SIZE: u64 = 8 * 1024 * 1024;
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(60);
+/// Tool rounds an `openai` agent may take in one turn when `max-tool-rounds` is not written.
+pub const DEFAULT_MAX_TOOL_ROUNDS: u32 = 8;
 
 #[derive(Clone, Debug)]
 pub struct Agent {
@@ -402,7 +404,11 @@ pub struct Agent {
     pub system_prompt: Option<Template>,
     /// `openai`: names of `tool` definitions offered to the model.
     pub tools: Vec<Spanned<String>>,
-    /// `agentscope`: `stream=#false` asks for one JSON response instead of SSE.
+    /// `openai`: model answers carrying tool calls per turn before the turn is a `protocol`
+    /// fault ([`DEFAULT_MAX_TOOL_ROUNDS`] when not written).
+    pub max_tool_rounds: u32,
+    /// `agentscope`: `stream=#false` asks for one JSON response instead of SSE (default on);
+    /// `openai`: `stream #true` asks the model for SSE chunks (default off).
     pub stream: bool,
     /// `multiagent`: the action loop and transport settings (defaults elsewhere).
     pub multiagent: MultiAgentSettings,

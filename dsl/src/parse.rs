@@ -1097,6 +1097,7 @@ const AGENT_SETTINGS: &[(&str, Arity)] = &[
     ("model", Arity::One),
     ("system-prompt", Arity::One),
     ("tools", Arity::Many),
+    ("max-tool-rounds", Arity::One),
     ("stream", Arity::One),
     ("history", Arity::One),
     ("retry-after-send", Arity::One),
@@ -1450,10 +1451,8 @@ impl<'f> Decoder<'f> {
                 }
             }
         }
-        let stream = s
-            .value("stream")
-            .and_then(|e| self.boolean(e))
-            .unwrap_or(true);
+        let stream_written = s.value("stream").and_then(|e| self.boolean(e));
+        let max_tool_rounds_written = s.value("max-tool-rounds").and_then(|e| self.u32(e, 1));
         let retry_after_send = s
             .value("retry-after-send")
             .and_then(|e| self.boolean(e))
@@ -1464,6 +1463,31 @@ impl<'f> Decoder<'f> {
             .unwrap_or_default();
 
         let protocol = protocol?;
+        // AgentScope streams unless told not to; an OpenAI-compatible model is asked for one
+        // JSON body unless `stream #true`.
+        let stream = stream_written.unwrap_or(protocol != Protocol::OpenAi);
+        if let (Some(set), Some(e)) = (s.get("max-tool-rounds"), s.value("max-tool-rounds"))
+            && protocol != Protocol::OpenAi
+        {
+            let d = self
+                .diag(
+                    Kind::InvalidValue,
+                    format!(
+                        "`max-tool-rounds` is a setting of `openai` agents; agent `{}` is `{}`",
+                        id.value,
+                        protocol.as_str()
+                    ),
+                    set.name_span,
+                    "not a setting of this protocol",
+                )
+                .with_label(value_span(e), "this value")
+                .with_help(
+                    "remove `max-tool-rounds`; it caps the tool loop the engine runs for an \
+                     `openai` agent",
+                );
+            self.report(d);
+        }
+        let max_tool_rounds = max_tool_rounds_written.unwrap_or(DEFAULT_MAX_TOOL_ROUNDS);
         if let (Some(e), Some(set)) = (history_entry, s.get("history"))
             && protocol != Protocol::Connexity
         {
@@ -1534,6 +1558,7 @@ impl<'f> Decoder<'f> {
             model,
             system_prompt,
             tools,
+            max_tool_rounds,
             stream,
             multiagent,
             span: self.span(v.span),
