@@ -152,15 +152,18 @@ pub enum Protocol {
     MultiAgent,
     Fixie,
     OpenAi,
+    /// A model behind Anthropic Messages, with the same tool loop as [`Protocol::OpenAi`].
+    Anthropic,
 }
 
 impl Protocol {
-    pub const ALL: [(&'static str, Protocol); 5] = [
+    pub const ALL: [(&'static str, Protocol); 6] = [
         ("connexity", Protocol::Connexity),
         ("agentscope", Protocol::AgentScope),
         ("multiagent", Protocol::MultiAgent),
         ("fixie", Protocol::Fixie),
         ("openai", Protocol::OpenAi),
+        ("anthropic", Protocol::Anthropic),
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -170,7 +173,13 @@ impl Protocol {
             Protocol::MultiAgent => "multiagent",
             Protocol::Fixie => "fixie",
             Protocol::OpenAi => "openai",
+            Protocol::Anthropic => "anthropic",
         }
+    }
+
+    /// A model under test whose tool loop the engine runs (`openai`, `anthropic`).
+    pub fn is_model(self) -> bool {
+        matches!(self, Protocol::OpenAi | Protocol::Anthropic)
     }
 
     /// Whether the protocol resends the whole history on every call, so a fork can copy the

@@ -418,7 +418,7 @@ impl<'p> Validator<'p> {
         if agents.is_empty()
             || agents
                 .iter()
-                .any(|a| matches!(a.protocol, Protocol::MultiAgent | Protocol::OpenAi))
+                .any(|a| a.protocol == Protocol::MultiAgent || a.protocol.is_model())
         {
             return;
         }

@@ -657,6 +657,7 @@ pub mod not_runnable {
     pub fn agent(agent: &Agent) -> Option<String> {
         match agent.protocol {
             Protocol::OpenAi
+            | Protocol::Anthropic
             | Protocol::Connexity
             | Protocol::AgentScope
             | Protocol::Fixie
@@ -821,7 +822,7 @@ fn without_sandbox(
     }
     let agent = agents
         .iter()
-        .find(|a| !matches!(a.protocol, Protocol::MultiAgent | Protocol::OpenAi))?;
+        .find(|a| a.protocol != Protocol::MultiAgent && !a.protocol.is_model())?;
     Some(warn(
         c.span,
         format!(
@@ -848,7 +849,7 @@ fn unmeasured_ttft(
     }
     let agent = agents.iter().find(|a| match a.protocol {
         Protocol::Connexity | Protocol::Fixie => true,
-        Protocol::AgentScope | Protocol::OpenAi => !a.stream,
+        Protocol::AgentScope | Protocol::OpenAi | Protocol::Anthropic => !a.stream,
         Protocol::MultiAgent => false,
     })?;
     let why = if agent.protocol == Protocol::AgentScope {
@@ -857,7 +858,7 @@ fn unmeasured_ttft(
              is timed (unless the server streams anyway)",
             agent.id.value
         )
-    } else if agent.protocol == Protocol::OpenAi {
+    } else if agent.protocol.is_model() {
         format!(
             "agent `{}` does not have `stream #true`: the model is asked for one JSON body, so \
              no first token is timed",

@@ -48,7 +48,8 @@ pub enum Reply {
     /// HTTP 400 to a request asking for structured output (`response_format`), as servers
     /// without it answer; the reply to a request without it.
     NoStructuredOutput(Box<Reply>),
-    /// OpenAI only: the model calls these tools (name, arguments object), in order.
+    /// The model calls these tools (name, arguments object), in order: OpenAI `tool_calls`,
+    /// Anthropic `tool_use` blocks.
     ToolCalls(Vec<(String, Value)>),
     /// OpenAI streaming: these text pieces as chunks, each after `gap`; with `complete`
     /// false the stream closes after the last piece without a finish reason or `[DONE]`.
@@ -270,6 +271,19 @@ async fn render(mut reply: Reply, api: &str, headers: &HeaderMap, request: &Valu
             }
             chunks.push(finish_chunk(request, ""));
             sse_response(chunks, Duration::ZERO, true)
+        }
+        Reply::ToolCalls(calls) if api == "anthropic" => {
+            let mut body = shaped(api, request, "");
+            body["content"] = calls
+                .iter()
+                .enumerate()
+                .map(|(i, (name, input))| {
+                    json!({"type": "tool_use", "id": format!("toolu_{i}"), "name": name,
+                           "input": input})
+                })
+                .collect();
+            body["stop_reason"] = json!("tool_use");
+            json_response(200, body)
         }
         Reply::ToolCalls(calls) => {
             let mut body = shaped(api, request, "");

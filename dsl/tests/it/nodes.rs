@@ -447,7 +447,7 @@ fn max_tool_rounds_is_an_error_on_other_protocols_and_below_one() {
     for (agent, needle) in [
         (
             r#"agent "a" protocol="connexity" builtin="booking" max-tool-rounds=3"#,
-            "`max-tool-rounds` is a setting of `openai` agents",
+            "`max-tool-rounds` is a setting of",
         ),
         (
             r#"agent "a" protocol="openai" base-url="http://127.0.0.1:9/v1" model="m" max-tool-rounds=0"#,
@@ -459,4 +459,31 @@ fn max_tool_rounds_is_an_error_on_other_protocols_and_below_one() {
         let text = diags.render_plain();
         assert!(text.contains(needle), "{text}");
     }
+}
+
+#[test]
+fn anthropic_agents_are_models_without_streaming_yet() {
+    let p = load_text(
+        r#"
+agent "claude" protocol="anthropic" base-url="https://api.anthropic.com/v1" model="m" max-tool-rounds=3
+scenario "s" { user "hi"; }
+"#,
+    )
+    .unwrap_or_else(|d| panic!("{}", d.render_plain()));
+    let claude = p.agent("claude").unwrap();
+    assert_eq!(claude.protocol, Protocol::Anthropic);
+    assert_eq!((claude.max_tool_rounds, claude.stream), (3, false));
+
+    let diags = load_text(
+        r#"
+agent "claude" protocol="anthropic" base-url="https://api.anthropic.com/v1" model="m" stream=#true
+scenario "s" { user "hi"; }
+"#,
+    )
+    .expect_err("no streaming for anthropic yet");
+    let text = diags.render_plain();
+    assert!(
+        text.contains("asks `anthropic` models for one JSON"),
+        "{text}"
+    );
 }

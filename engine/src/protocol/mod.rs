@@ -96,7 +96,7 @@ pub fn build(setup: AgentSetup<'_>) -> Result<Arc<dyn AgentProtocol>, Fault> {
         .map(|c| Arc::new(c) as Arc<dyn AgentProtocol>)
         .map_err(|e| setup_fault(&e)),
         Protocol::MultiAgent => multiagent_client(&setup).map_err(|e| setup_fault(&e)),
-        Protocol::OpenAi => {
+        Protocol::OpenAi | Protocol::Anthropic => {
             let settings = &setup.agent.openai;
             openai::OpenAiClient::new(
                 setup.url,
@@ -110,6 +110,11 @@ pub fn build(setup: AgentSetup<'_>) -> Result<Arc<dyn AgentProtocol>, Fault> {
                     tools: settings.tools.clone(),
                     max_tool_rounds: settings.max_tool_rounds,
                     stream: setup.agent.stream,
+                    api: if setup.agent.protocol == Protocol::Anthropic {
+                        openai::Api::Anthropic
+                    } else {
+                        openai::Api::OpenAi
+                    },
                 },
             )
             .map(|c| Arc::new(c) as Arc<dyn AgentProtocol>)

@@ -1,6 +1,8 @@
-//! `protocol="openai"`: the agent under test is a model behind an OpenAI-compatible chat
-//! completions API (the hosted API, llama.cpp, vLLM, Ollama), given a system prompt and tools,
-//! and the engine runs its tool loop.
+//! `protocol="openai"` and `protocol="anthropic"`: the agent under test is a model behind an
+//! OpenAI-compatible chat completions API (the hosted API, llama.cpp, vLLM, Ollama) or
+//! Anthropic Messages, given a system prompt and tools, and the engine runs its tool loop.
+//! Both APIs share the loop; only the request and answer codecs differ (Anthropic: the
+//! system prompt apart, `tool_use` and `tool_result` blocks, no streaming yet).
 //!
 //! Each turn sends the whole conversation (system prompt, then every earlier message,
 //! including tool calls and tool results) with the offered tools as JSON-schema function
@@ -60,7 +62,7 @@ impl OpenAiSettings {
         agent: &Agent,
         templates: &mut Templates,
     ) -> Result<Self, RenderError> {
-        if agent.protocol != trellis_dsl::Protocol::OpenAi {
+        if !agent.protocol.is_model() {
             return Ok(OpenAiSettings::default());
         }
         let system_prompt = agent
@@ -113,13 +115,32 @@ fn function_definition(name: &str, tool: Option<&trellis_dsl::Tool>) -> Value {
     json!({"type": "function", "function": function})
 }
 
-/// `{base}/chat/completions`, unless the base already ends with it.
-fn completions_url(base: &str) -> Result<Url, EndpointError> {
+/// Which API the model is behind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Api {
+    /// OpenAI-compatible chat completions (`protocol="openai"`).
+    #[default]
+    OpenAi,
+    /// Anthropic Messages (`protocol="anthropic"`), without streaming.
+    Anthropic,
+}
+
+/// The `anthropic-version` sent unless the agent's headers set one.
+const ANTHROPIC_VERSION: &str = "2023-06-01";
+/// Anthropic requires `max_tokens`.
+const ANTHROPIC_MAX_TOKENS: u64 = 1024;
+
+/// `{base}/chat/completions` (or `/messages`), unless the base already ends with it.
+fn completions_url(base: &str, api: Api) -> Result<Url, EndpointError> {
+    let path = match api {
+        Api::OpenAi => "/chat/completions",
+        Api::Anthropic => "/messages",
+    };
     let base = base.trim_end_matches('/');
-    if base.ends_with("/chat/completions") {
+    if base.ends_with(path) {
         agent_url(base)
     } else {
-        agent_url(&format!("{base}/chat/completions"))
+        agent_url(&format!("{base}{path}"))
     }
 }
 
@@ -142,6 +163,7 @@ struct ClientConfig {
     tools: Vec<Value>,
     max_tool_rounds: u32,
     stream: bool,
+    api: Api,
 }
 
 /// Everything an `openai` client is built from.
@@ -150,7 +172,9 @@ pub struct OpenAiOptions {
     pub system_prompt: Option<String>,
     pub tools: Vec<Value>,
     pub max_tool_rounds: u32,
+    /// Ignored for [`Api::Anthropic`].
     pub stream: bool,
+    pub api: Api,
 }
 
 impl OpenAiClient {
@@ -165,17 +189,24 @@ impl OpenAiClient {
         transport: HttpTransport,
         options: OpenAiOptions,
     ) -> Result<Self, EndpointError> {
-        let url = completions_url(base_url)?;
+        let url = completions_url(base_url, options.api)?;
+        let stream = options.stream && options.api == Api::OpenAi;
         let mut defaults = HeaderMap::with_capacity(headers.len() + 2);
         defaults.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         defaults.insert(
             ACCEPT,
-            HeaderValue::from_static(if options.stream {
+            HeaderValue::from_static(if stream {
                 "text/event-stream, application/json"
             } else {
                 "application/json"
             }),
         );
+        if options.api == Api::Anthropic {
+            defaults.insert(
+                "anthropic-version",
+                HeaderValue::from_static(ANTHROPIC_VERSION),
+            );
+        }
         let headers = with_agent_headers(defaults, &headers)?;
         let label = Arc::from(format!("POST {}", url.path()));
         Ok(OpenAiClient {
@@ -190,7 +221,8 @@ impl OpenAiClient {
                 system_prompt: options.system_prompt,
                 tools: options.tools,
                 max_tool_rounds: options.max_tool_rounds,
-                stream: options.stream,
+                stream,
+                api: options.api,
             }),
         })
     }
@@ -198,6 +230,9 @@ impl OpenAiClient {
     /// The request body for `history`.
     fn request_body(&self, history: &[ChatMessage]) -> Result<Bytes, serde_json::Error> {
         let config = &self.inner;
+        if config.api == Api::Anthropic {
+            return serde_json::to_vec(&anthropic_request(config, history)).map(Bytes::from);
+        }
         let mut messages = Vec::with_capacity(history.len() + 1);
         if let Some(prompt) = &config.system_prompt {
             messages.push(json!({"role": "system", "content": prompt}));
@@ -289,9 +324,10 @@ impl OpenAiClient {
             })
             .await;
             exchange.attempts = attempted.attempts;
-            attempted
-                .result
-                .and_then(|response| decode_body(&response.body))
+            attempted.result.and_then(|response| match config.api {
+                Api::OpenAi => decode_body(&response.body),
+                Api::Anthropic => decode_anthropic(&response.body),
+            })
         };
         // A fault in the answer the last attempt received is that attempt's own.
         if let (Err(fault), Some(last)) = (&outcome, exchange.attempts.last_mut())
@@ -476,6 +512,172 @@ fn wire_message(message: &ChatMessage) -> Result<Value, serde_json::Error> {
         }
     }
     Ok(value)
+}
+
+/// An Anthropic Messages request: the system prompt apart, tool calls as `tool_use` blocks,
+/// the results of one round as `tool_result` blocks of one user message.
+fn anthropic_request(config: &ClientConfig, history: &[ChatMessage]) -> Value {
+    let mut messages: Vec<Value> = Vec::with_capacity(history.len());
+    for message in history {
+        match message.role.as_str() {
+            "assistant" => {
+                let mut blocks = Vec::new();
+                if let Some(text) = message.content.as_deref().filter(|t| !t.is_empty()) {
+                    blocks.push(json!({"type": "text", "text": text}));
+                }
+                for call in &message.tool_calls {
+                    blocks.push(json!({
+                        "type": "tool_use",
+                        "id": call.id,
+                        "name": call.function.name,
+                        "input": arguments_value(&call.function.arguments),
+                    }));
+                }
+                messages.push(json!({"role": "assistant", "content": blocks}));
+            }
+            "tool" => {
+                let block = json!({
+                    "type": "tool_result",
+                    "tool_use_id": message.tool_call_id.clone().unwrap_or_default(),
+                    "content": message.content.clone().unwrap_or_default(),
+                });
+                // Consecutive results answer one round: one user message.
+                let round = messages.last_mut().and_then(|last| {
+                    let is_results = last["role"] == "user"
+                        && last["content"]
+                            .as_array()
+                            .and_then(|blocks| blocks.first())
+                            .is_some_and(|b| b["type"] == "tool_result");
+                    if is_results {
+                        last["content"].as_array_mut()
+                    } else {
+                        None
+                    }
+                });
+                match round {
+                    Some(blocks) => blocks.push(block),
+                    None => messages.push(json!({"role": "user", "content": [block]})),
+                }
+            }
+            _ => messages.push(json!({
+                "role": "user",
+                "content": message.content.clone().unwrap_or_default(),
+            })),
+        }
+    }
+    let mut body = Map::new();
+    body.insert("model".into(), Value::String(config.model.clone()));
+    body.insert("max_tokens".into(), json!(ANTHROPIC_MAX_TOKENS));
+    if let Some(prompt) = &config.system_prompt {
+        body.insert("system".into(), Value::String(prompt.clone()));
+    }
+    body.insert("messages".into(), Value::Array(messages));
+    if !config.tools.is_empty() {
+        let tools = config
+            .tools
+            .iter()
+            .map(|tool| {
+                let function = &tool["function"];
+                let mut out = Map::new();
+                out.insert("name".into(), function["name"].clone());
+                if let Some(description) = function.get("description") {
+                    out.insert("description".into(), description.clone());
+                }
+                out.insert("input_schema".into(), function["parameters"].clone());
+                Value::Object(out)
+            })
+            .collect();
+        body.insert("tools".into(), Value::Array(tools));
+    }
+    Value::Object(body)
+}
+
+/// An Anthropic Messages answer: its text blocks joined, its `tool_use` blocks as tool calls.
+fn decode_anthropic(body: &[u8]) -> Result<(ChatMessage, Option<Usage>), Fault> {
+    let value: Value = serde_json::from_slice(body).map_err(|e| {
+        Fault::new(
+            FaultCategory::InvalidJson,
+            format!("the response body is not JSON ({e}): {}", preview(body)),
+        )
+    })?;
+    if let Some(error) = value.get("error").filter(|e| !e.is_null()) {
+        return Err(Fault::new(
+            FaultCategory::Protocol,
+            format!("the model answered with an error: {}", error_text(error)),
+        ));
+    }
+    let blocks = value
+        .get("content")
+        .and_then(Value::as_array)
+        .ok_or_else(|| {
+            Fault::new(
+                FaultCategory::Protocol,
+                format!("the answer has no `content` array: {}", preview(body)),
+            )
+        })?;
+    let mut text: Option<String> = None;
+    let mut tool_calls = Vec::new();
+    for (index, block) in blocks.iter().enumerate() {
+        match block.get("type").and_then(Value::as_str) {
+            Some("text") => {
+                if let Some(piece) = block.get("text").and_then(Value::as_str) {
+                    text.get_or_insert_with(String::new).push_str(piece);
+                }
+            }
+            Some("tool_use") => {
+                let name = block
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .filter(|n| !n.is_empty())
+                    .ok_or_else(|| {
+                        Fault::new(
+                            FaultCategory::Protocol,
+                            format!("`tool_use` block {index} has no `name`"),
+                        )
+                    })?;
+                let id = block
+                    .get("id")
+                    .and_then(Value::as_str)
+                    .filter(|id| !id.is_empty())
+                    .map_or_else(|| format!("toolu_{index}"), str::to_owned);
+                let input = block.get("input").cloned().unwrap_or(json!({}));
+                tool_calls.push(ToolCall {
+                    id,
+                    kind: "function".into(),
+                    function: ToolCallFunction {
+                        name: name.to_owned(),
+                        arguments: input.to_string(),
+                    },
+                });
+            }
+            // Thinking and other blocks are not part of the answer.
+            _ => {}
+        }
+    }
+    if text.is_none() && tool_calls.is_empty() {
+        return Err(Fault::new(
+            FaultCategory::Protocol,
+            "the model answered with neither text nor tool calls",
+        ));
+    }
+    let usage = value.get("usage").filter(|u| u.is_object()).map(|u| {
+        let input = u.get("input_tokens").and_then(Value::as_u64);
+        let output = u.get("output_tokens").and_then(Value::as_u64);
+        Usage {
+            prompt_tokens: input,
+            completion_tokens: output,
+            total_tokens: input.zip(output).map(|(i, o)| i.saturating_add(o)),
+        }
+    });
+    Ok((
+        ChatMessage {
+            role: "assistant".into(),
+            content: text,
+            tool_calls,
+            ..Default::default()
+        },
+        usage,
+    ))
 }
 
 /// A whole (non-streamed) chat completion: the first choice's message and the usage.
@@ -754,13 +956,13 @@ mod tests {
     #[test]
     fn completions_url_is_appended_once() {
         assert_eq!(
-            completions_url("http://127.0.0.1:8080/v1/")
+            completions_url("http://127.0.0.1:8080/v1/", Api::OpenAi)
                 .map(|u| u.to_string())
                 .ok(),
             Some("http://127.0.0.1:8080/v1/chat/completions".to_owned())
         );
         assert_eq!(
-            completions_url("http://h/v1/chat/completions")
+            completions_url("http://h/v1/chat/completions", Api::OpenAi)
                 .map(|u| u.to_string())
                 .ok(),
             Some("http://h/v1/chat/completions".to_owned())

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use trellis_engine::protocol::http::{CallLimits, HttpTransport, RetryPolicy};
-use trellis_engine::protocol::openai::{OpenAiClient, OpenAiOptions};
+use trellis_engine::protocol::openai::{Api, OpenAiClient, OpenAiOptions};
 use trellis_engine::protocol::{AgentProtocol, CallContext, Conversation, TurnInput};
 use trellis_engine::record::{CriterionStatus, FaultCategory, TrajectoryStatus, TurnRecord};
 use trellis_engine::render::EnvSnapshot;
@@ -230,6 +230,7 @@ fn client(base_url: &str, stream: bool) -> OpenAiClient {
             tools: Vec::new(),
             max_tool_rounds: 4,
             stream,
+            api: Api::OpenAi,
         },
     )
     .unwrap()
@@ -330,4 +331,53 @@ async fn a_fork_continues_from_a_copy_of_the_history_and_sandbox() {
     };
     assert_eq!(contents(1), ["be brief", "first", "ok", "in the fork"]);
     assert_eq!(contents(2), ["be brief", "first", "ok", "in the original"]);
+}
+
+#[tokio::test]
+async fn anthropic_models_run_the_same_tool_loop_over_messages() {
+    let fake = FakeLlm::start(vec![
+        Rule::when(
+            "postal code is V4T",
+            [Reply::tool_call(
+                "check_area",
+                json!({"postal_code": "V4T 0A7"}),
+            )],
+        ),
+        // The tool result travels in a content block, which the fake does not read as text.
+        Rule::otherwise([Reply::text("We serve V4T 0A7.")]),
+    ])
+    .await;
+    let text = suite(&fake.base_url(), "", r#"user "My postal code is V4T 0A7""#)
+        .replace(r#"protocol="openai""#, r#"protocol="anthropic""#);
+    let run = run_suite(&text, 1, env()).await;
+    let t = &run.trajectories[0];
+    assert_eq!(t.status, TrajectoryStatus::Passed, "{t:#?}");
+    let turn = turns(&run)[0];
+    assert_eq!(turn.reply.as_deref(), Some("We serve V4T 0A7."));
+    assert_eq!(
+        turn.tool_calls[0].result.as_deref(),
+        Some(r#"{"served":true}"#)
+    );
+    assert!(turn.prompt_tokens.is_some());
+
+    let seen = fake.seen();
+    assert_eq!(seen.len(), 2);
+    assert!(seen.iter().all(|s| s.api == "anthropic"));
+    assert_eq!(seen[0].headers["anthropic-version"], "2023-06-01");
+    let first = &seen[0].body;
+    assert_eq!(first["system"], "You book cleanings for Acme Ducts.");
+    assert_eq!(first["max_tokens"], 1024);
+    assert_eq!(first["tools"][0]["name"], "check_area");
+    assert_eq!(
+        first["tools"][0]["input_schema"]["required"],
+        json!(["postal_code"])
+    );
+    let messages = seen[1].body["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 3, "{messages:#?}");
+    assert_eq!(messages[1]["content"][0]["type"], "tool_use");
+    assert_eq!(messages[1]["content"][0]["input"]["postal_code"], "V4T 0A7");
+    let result = &messages[2]["content"][0];
+    assert_eq!(result["type"], "tool_result");
+    assert_eq!(result["tool_use_id"], "toolu_0");
+    assert_eq!(result["content"], r#"{"served":true}"#);
 }
