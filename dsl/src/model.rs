@@ -152,15 +152,18 @@ pub enum Protocol {
     MultiAgent,
     Fixie,
     OpenAi,
+    /// A model behind Anthropic Messages, with the same tool loop as [`Protocol::OpenAi`].
+    Anthropic,
 }
 
 impl Protocol {
-    pub const ALL: [(&'static str, Protocol); 5] = [
+    pub const ALL: [(&'static str, Protocol); 6] = [
         ("connexity", Protocol::Connexity),
         ("agentscope", Protocol::AgentScope),
         ("multiagent", Protocol::MultiAgent),
         ("fixie", Protocol::Fixie),
         ("openai", Protocol::OpenAi),
+        ("anthropic", Protocol::Anthropic),
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -170,7 +173,13 @@ impl Protocol {
             Protocol::MultiAgent => "multiagent",
             Protocol::Fixie => "fixie",
             Protocol::OpenAi => "openai",
+            Protocol::Anthropic => "anthropic",
         }
+    }
+
+    /// A model under test whose tool loop the engine runs (`openai`, `anthropic`).
+    pub fn is_model(self) -> bool {
+        matches!(self, Protocol::OpenAi | Protocol::Anthropic)
     }
 
     /// Whether the protocol resends the whole history on every call, so a fork can copy the
@@ -373,6 +382,8 @@ impl FirstTurn {
 
 pub const DEFAULT_MAX_RESPONSE_SIZE: u64 = 8 * 1024 * 1024;
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(60);
+/// Tool rounds an `openai` agent may take in one turn when `max-tool-rounds` is not written.
+pub const DEFAULT_MAX_TOOL_ROUNDS: u32 = 8;
 
 #[derive(Clone, Debug)]
 pub struct Agent {
@@ -402,7 +413,11 @@ pub struct Agent {
     pub system_prompt: Option<Template>,
     /// `openai`: names of `tool` definitions offered to the model.
     pub tools: Vec<Spanned<String>>,
-    /// `agentscope`: `stream=#false` asks for one JSON response instead of SSE.
+    /// `openai`: model answers carrying tool calls per turn before the turn is a `protocol`
+    /// fault ([`DEFAULT_MAX_TOOL_ROUNDS`] when not written).
+    pub max_tool_rounds: u32,
+    /// `agentscope`: `stream=#false` asks for one JSON response instead of SSE (default on);
+    /// `openai`: `stream #true` asks the model for SSE chunks (default off).
     pub stream: bool,
     /// `multiagent`: the action loop and transport settings (defaults elsewhere).
     pub multiagent: MultiAgentSettings,

@@ -1097,6 +1097,7 @@ const AGENT_SETTINGS: &[(&str, Arity)] = &[
     ("model", Arity::One),
     ("system-prompt", Arity::One),
     ("tools", Arity::Many),
+    ("max-tool-rounds", Arity::One),
     ("stream", Arity::One),
     ("history", Arity::One),
     ("retry-after-send", Arity::One),
@@ -1396,7 +1397,7 @@ impl<'f> Decoder<'f> {
                         "no protocol",
                     )
                     .with_help(
-                        "add protocol=\"…\": one of connexity, agentscope, multiagent, fixie, openai",
+                        "add protocol=\"…\": one of connexity, agentscope, multiagent, fixie, openai, anthropic",
                     );
                 self.report(d);
                 None
@@ -1450,10 +1451,8 @@ impl<'f> Decoder<'f> {
                 }
             }
         }
-        let stream = s
-            .value("stream")
-            .and_then(|e| self.boolean(e))
-            .unwrap_or(true);
+        let stream_written = s.value("stream").and_then(|e| self.boolean(e));
+        let max_tool_rounds_written = s.value("max-tool-rounds").and_then(|e| self.u32(e, 1));
         let retry_after_send = s
             .value("retry-after-send")
             .and_then(|e| self.boolean(e))
@@ -1464,6 +1463,51 @@ impl<'f> Decoder<'f> {
             .unwrap_or_default();
 
         let protocol = protocol?;
+        // AgentScope streams unless told not to; an OpenAI-compatible model is asked for one
+        // JSON body unless `stream #true`.
+        let stream = stream_written.unwrap_or(!protocol.is_model());
+        if let (Some(set), Some(e)) = (s.get("max-tool-rounds"), s.value("max-tool-rounds"))
+            && !protocol.is_model()
+        {
+            let d = self
+                .diag(
+                    Kind::InvalidValue,
+                    format!(
+                        "`max-tool-rounds` is a setting of `openai` and `anthropic` agents; agent `{}` \
+                         is `{}`",
+                        id.value,
+                        protocol.as_str()
+                    ),
+                    set.name_span,
+                    "not a setting of this protocol",
+                )
+                .with_label(value_span(e), "this value")
+                .with_help(
+                    "remove `max-tool-rounds`; it caps the tool loop the engine runs for an \
+                     `openai` agent",
+                );
+            self.report(d);
+        }
+        if let (Some(set), Some(e), Some(true)) =
+            (s.get("stream"), s.value("stream"), stream_written)
+            && protocol == Protocol::Anthropic
+        {
+            let d = self
+                .diag(
+                    Kind::InvalidValue,
+                    format!(
+                        "agent `{}`: this version of trellis asks `anthropic` models for one JSON \
+                         body; streaming is only implemented for `openai`",
+                        id.value
+                    ),
+                    set.name_span,
+                    "not supported yet",
+                )
+                .with_label(value_span(e), "this value")
+                .with_help("remove `stream`, or use an OpenAI-compatible endpoint");
+            self.report(d);
+        }
+        let max_tool_rounds = max_tool_rounds_written.unwrap_or(DEFAULT_MAX_TOOL_ROUNDS);
         if let (Some(e), Some(set)) = (history_entry, s.get("history"))
             && protocol != Protocol::Connexity
         {
@@ -1509,7 +1553,7 @@ impl<'f> Decoder<'f> {
         }
         let multiagent = self.multiagent_settings(v, &s, id, protocol);
         let endpoint = self.endpoint(&s, id, protocol)?;
-        if protocol == Protocol::OpenAi && s.get("model").is_none() {
+        if protocol.is_model() && s.get("model").is_none() {
             let d = self
                 .diag(
                     Kind::Missing,
@@ -1517,7 +1561,10 @@ impl<'f> Decoder<'f> {
                     id.span.span,
                     "no model",
                 )
-                .with_help("`openai` agents name the model to call: model=\"gpt-4o-mini\"");
+                .with_help(format!(
+                    "`{}` agents name the model to call: model=\"gpt-4o-mini\"",
+                    protocol.as_str()
+                ));
             self.report(d);
         }
         Some(Agent {
@@ -1534,6 +1581,7 @@ impl<'f> Decoder<'f> {
             model,
             system_prompt,
             tools,
+            max_tool_rounds,
             stream,
             multiagent,
             span: self.span(v.span),
@@ -1849,7 +1897,7 @@ impl<'f> Decoder<'f> {
         let allowed: &[&str] = match protocol {
             Protocol::Connexity | Protocol::AgentScope | Protocol::Fixie => &["url", "builtin"],
             Protocol::MultiAgent => &["url", "builtin", "command", "socket"],
-            Protocol::OpenAi => &["base-url", "builtin"],
+            Protocol::OpenAi | Protocol::Anthropic => &["base-url", "builtin"],
         };
         let allowed_list = allowed
             .iter()

@@ -406,7 +406,8 @@ impl<'p> Validator<'p> {
         self.diags.push(d);
     }
 
-    /// A `tool` written in a scenario is a sandbox tool of MultiAgentEval agents. On a
+    /// A `tool` written in a scenario is a sandbox tool of MultiAgentEval and `openai` agents
+    /// (the engine answers their tool calls). On a
     /// scenario that runs only other agents it would do nothing, and is most likely a tool
     /// *check* written without its `expect`.
     fn scenario_tools_need_a_sandbox(&mut self, sc: &Scenario) {
@@ -414,14 +415,18 @@ impl<'p> Validator<'p> {
             return;
         };
         let agents = self.project.scenario_agents(sc);
-        if agents.is_empty() || agents.iter().any(|a| a.protocol == Protocol::MultiAgent) {
+        if agents.is_empty()
+            || agents
+                .iter()
+                .any(|a| a.protocol == Protocol::MultiAgent || a.protocol.is_model())
+        {
             return;
         }
         let d = Diagnostic::at_span(
             Kind::InvalidValue,
             format!(
-                "scenario `{}` declares tool `{}`, but none of its agents speaks `multiagent`, \
-                 whose tools the sandbox answers",
+                "scenario `{}` declares tool `{}`, but none of its agents speaks `multiagent` \
+                 or `openai`, whose tools the sandbox answers",
                 sc.id.value, tool.name.value
             ),
             self.files(),

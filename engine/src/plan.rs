@@ -202,6 +202,9 @@ pub struct PlannedAgent {
     pub stream: bool,
     /// The action loop and transport settings of a `multiagent` agent.
     pub multiagent: trellis_dsl::MultiAgentSettings,
+    /// The model, system prompt (rendered with `env` only), offered tools and tool-round cap
+    /// of an `openai` agent.
+    pub openai: crate::protocol::openai::OpenAiSettings,
     /// Why this agent's scenarios cannot run yet (protocol not implemented).
     pub unsupported: Option<String>,
 }
@@ -362,6 +365,15 @@ impl Plan {
                     },
                     stream: agent.stream,
                     multiagent: agent.multiagent.clone(),
+                    openai: crate::protocol::openai::OpenAiSettings::plan(
+                        project,
+                        agent,
+                        &mut templates,
+                    )
+                    .map_err(|error| PlanError::Template {
+                        scenario: sc.id.value.clone(),
+                        error,
+                    })?,
                     unsupported,
                 });
             }
@@ -646,14 +658,12 @@ pub mod not_runnable {
     /// implemented yet).
     pub fn agent(agent: &Agent) -> Option<String> {
         match agent.protocol {
-            Protocol::OpenAi => Some(format!(
-                "the `{}` protocol is parsed and validated, but this version of trellis \
-                 cannot run it yet",
-                agent.protocol.as_str()
-            )),
-            Protocol::Connexity | Protocol::AgentScope | Protocol::Fixie | Protocol::MultiAgent => {
-                None
-            }
+            Protocol::OpenAi
+            | Protocol::Anthropic
+            | Protocol::Connexity
+            | Protocol::AgentScope
+            | Protocol::Fixie
+            | Protocol::MultiAgent => None,
         }
     }
 
@@ -813,7 +823,9 @@ fn without_sandbox(
     ) {
         return None;
     }
-    let agent = agents.iter().find(|a| a.protocol != Protocol::MultiAgent)?;
+    let agent = agents
+        .iter()
+        .find(|a| a.protocol != Protocol::MultiAgent && !a.protocol.is_model())?;
     Some(warn(
         c.span,
         format!(
@@ -840,13 +852,19 @@ fn unmeasured_ttft(
     }
     let agent = agents.iter().find(|a| match a.protocol {
         Protocol::Connexity | Protocol::Fixie => true,
-        Protocol::AgentScope => !a.stream,
-        Protocol::MultiAgent | Protocol::OpenAi => false,
+        Protocol::AgentScope | Protocol::OpenAi | Protocol::Anthropic => !a.stream,
+        Protocol::MultiAgent => false,
     })?;
     let why = if agent.protocol == Protocol::AgentScope {
         format!(
             "agent `{}` has `stream=#false`: it is asked for one JSON body, so no first token \
              is timed (unless the server streams anyway)",
+            agent.id.value
+        )
+    } else if agent.protocol.is_model() {
+        format!(
+            "agent `{}` does not have `stream #true`: the model is asked for one JSON body, so \
+             no first token is timed",
             agent.id.value
         )
     } else {

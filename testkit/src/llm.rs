@@ -7,6 +7,11 @@
 //! repeats). A reply can be text, a 429 with or without `Retry-After`, an error status, a raw
 //! (garbage) body, an empty answer, an echo of the request headers, or any of these after a
 //! delay. Every request is recorded and counted, so tests can assert "zero calls".
+//!
+//! OpenAI requests may also be answered with tool calls ([`Reply::ToolCalls`]); a request with
+//! `"stream": true` gets text and tool calls as server-sent chat-completion chunks ending in
+//! `[DONE]`, and [`Reply::Chunks`] streams text piece by piece with a pause before each piece
+//! (time to first token), optionally cut before the end.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -43,6 +48,16 @@ pub enum Reply {
     /// HTTP 400 to a request asking for structured output (`response_format`), as servers
     /// without it answer; the reply to a request without it.
     NoStructuredOutput(Box<Reply>),
+    /// The model calls these tools (name, arguments object), in order: OpenAI `tool_calls`,
+    /// Anthropic `tool_use` blocks.
+    ToolCalls(Vec<(String, Value)>),
+    /// OpenAI streaming: these text pieces as chunks, each after `gap`; with `complete`
+    /// false the stream closes after the last piece without a finish reason or `[DONE]`.
+    Chunks {
+        pieces: Vec<String>,
+        gap: Duration,
+        complete: bool,
+    },
 }
 
 impl Reply {
@@ -51,6 +66,10 @@ impl Reply {
     }
     pub fn slow(delay: Duration, then: Reply) -> Self {
         Reply::Slow(delay, Box::new(then))
+    }
+    /// One tool call (OpenAI).
+    pub fn tool_call(name: &str, arguments: Value) -> Self {
+        Reply::ToolCalls(vec![(name.to_owned(), arguments)])
     }
     pub fn rate_limited(retry_after: &str) -> Self {
         Reply::RateLimited {
@@ -233,8 +252,65 @@ async fn render(mut reply: Reply, api: &str, headers: &HeaderMap, request: &Valu
             _ => break,
         }
     }
+    let streamed = api == "openai" && request["stream"].as_bool() == Some(true);
     match reply {
+        Reply::Text(text) if streamed => sse_response(
+            vec![text_chunk(&text), finish_chunk(request, &text)],
+            Duration::ZERO,
+            true,
+        ),
         Reply::Text(text) => json_response(200, shaped(api, request, &text)),
+        Reply::ToolCalls(calls) if streamed => {
+            let mut chunks: Vec<Value> = Vec::new();
+            for (index, (name, arguments)) in calls.iter().enumerate() {
+                // The name and id first, then the arguments in two pieces, as servers do.
+                let text = arguments.to_string();
+                let (a, b) = text.split_at(text.len() / 2);
+                chunks.push(tool_chunk(index, Some(name), a));
+                chunks.push(tool_chunk(index, None, b));
+            }
+            chunks.push(finish_chunk(request, ""));
+            sse_response(chunks, Duration::ZERO, true)
+        }
+        Reply::ToolCalls(calls) if api == "anthropic" => {
+            let mut body = shaped(api, request, "");
+            body["content"] = calls
+                .iter()
+                .enumerate()
+                .map(|(i, (name, input))| {
+                    json!({"type": "tool_use", "id": format!("toolu_{i}"), "name": name,
+                           "input": input})
+                })
+                .collect();
+            body["stop_reason"] = json!("tool_use");
+            json_response(200, body)
+        }
+        Reply::ToolCalls(calls) => {
+            let mut body = shaped(api, request, "");
+            body["choices"][0]["message"]["content"] = Value::Null;
+            body["choices"][0]["message"]["tool_calls"] = calls
+                .iter()
+                .enumerate()
+                .map(|(i, (name, arguments))| {
+                    json!({"id": format!("call_{i}"), "type": "function",
+                           "function": {"name": name, "arguments": arguments.to_string()}})
+                })
+                .collect();
+            body["choices"][0]["finish_reason"] = json!("tool_calls");
+            json_response(200, body)
+        }
+        Reply::Chunks {
+            pieces,
+            gap,
+            complete,
+        } => {
+            let whole = pieces.concat();
+            let mut chunks: Vec<Value> = pieces.iter().map(|p| text_chunk(p)).collect();
+            if complete {
+                chunks.push(finish_chunk(request, &whole));
+            }
+            sse_response(chunks, gap, complete)
+        }
         Reply::Empty => json_response(200, shaped(api, request, "")),
         Reply::RateLimited { retry_after } => {
             let mut response = (
@@ -260,6 +336,49 @@ async fn render(mut reply: Reply, api: &str, headers: &HeaderMap, request: &Valu
         }
         Reply::Slow(..) | Reply::NoStructuredOutput(_) => unreachable!("unwrapped above"),
     }
+}
+
+fn text_chunk(text: &str) -> Value {
+    json!({"object": "chat.completion.chunk",
+           "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": null}]})
+}
+
+fn tool_chunk(index: usize, name: Option<&str>, arguments: &str) -> Value {
+    let mut call = json!({"index": index, "function": {"arguments": arguments}});
+    if let Some(name) = name {
+        call["id"] = json!(format!("call_{index}"));
+        call["type"] = json!("function");
+        call["function"]["name"] = json!(name);
+    }
+    json!({"object": "chat.completion.chunk",
+           "choices": [{"index": 0, "delta": {"tool_calls": [call]}, "finish_reason": null}]})
+}
+
+/// The last chunk: a finish reason and the usage of a whole answer `text`.
+fn finish_chunk(request: &Value, text: &str) -> Value {
+    let whole = shaped("openai", request, text);
+    json!({"object": "chat.completion.chunk",
+           "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+           "usage": whole["usage"]})
+}
+
+/// `chunks` as server-sent events, each after `gap`, then `[DONE]` when `done`.
+fn sse_response(chunks: Vec<Value>, gap: Duration, done: bool) -> Response {
+    let mut events: Vec<String> = chunks.iter().map(|c| format!("data: {c}\n\n")).collect();
+    if done {
+        events.push("data: [DONE]\n\n".to_owned());
+    }
+    let stream = futures::stream::unfold(events.into_iter(), move |mut events| async move {
+        let event = events.next()?;
+        tokio::time::sleep(gap).await;
+        Some((Ok::<_, std::convert::Infallible>(event), events))
+    });
+    (
+        StatusCode::OK,
+        [("content-type", "text/event-stream")],
+        axum::body::Body::from_stream(stream),
+    )
+        .into_response()
 }
 
 fn status_code(status: u16) -> StatusCode {

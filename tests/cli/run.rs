@@ -237,7 +237,7 @@ async fn list_names_the_agent_a_trajectory_is_skipped_on() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("mixed.kdl"),
-        "agent \"o\" protocol=\"openai\" base-url=\"http://127.0.0.1:1/v1\" model=\"m\"\n\
+        "agent \"o\" protocol=\"fixie\" url=\"http://127.0.0.1:1/\"\n\
          agent \"c\" protocol=\"connexity\" builtin=\"booking\"\n\
          scenario \"s\" {\n    agents \"o\" \"c\"\n    user \"hi\"\n}\n",
     )
@@ -251,7 +251,7 @@ async fn list_names_the_agent_a_trajectory_is_skipped_on() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let out = stdout(&o);
     assert!(
-        out.contains("skipped on `o`: the `openai` protocol"),
+        out.contains("skipped on `o`: ") && out.contains("`fixie`"),
         "{out}"
     );
     assert!(!out.contains("skipped on `c`"), "{out}");

@@ -417,3 +417,73 @@ provider "bare" kind="anthropic"
     );
     assert!(bare.headers.is_empty());
 }
+
+#[test]
+fn openai_agents_take_max_tool_rounds_and_stream_only_when_asked() {
+    let p = load_text(
+        r#"
+agent "plain" protocol="openai" base-url="http://127.0.0.1:9/v1" model="m"
+agent "capped" protocol="openai" base-url="http://127.0.0.1:9/v1" model="m" max-tool-rounds=2 stream=#true
+agent "weather" protocol="agentscope" builtin="weather"
+scenario "s" { agent "plain"; user "hi"; }
+"#,
+    )
+    .unwrap_or_else(|d| panic!("{}", d.render_plain()));
+    let plain = p.agent("plain").unwrap();
+    assert_eq!(
+        (plain.max_tool_rounds, plain.stream),
+        (DEFAULT_MAX_TOOL_ROUNDS, false)
+    );
+    let capped = p.agent("capped").unwrap();
+    assert_eq!((capped.max_tool_rounds, capped.stream), (2, true));
+    assert!(
+        p.agent("weather").unwrap().stream,
+        "agentscope streams by default"
+    );
+}
+
+#[test]
+fn max_tool_rounds_is_an_error_on_other_protocols_and_below_one() {
+    for (agent, needle) in [
+        (
+            r#"agent "a" protocol="connexity" builtin="booking" max-tool-rounds=3"#,
+            "`max-tool-rounds` is a setting of",
+        ),
+        (
+            r#"agent "a" protocol="openai" base-url="http://127.0.0.1:9/v1" model="m" max-tool-rounds=0"#,
+            "max-tool-rounds",
+        ),
+    ] {
+        let diags = load_text(&format!("{agent}\nscenario \"s\" {{ user \"hi\"; }}\n"))
+            .expect_err("an invalid max-tool-rounds");
+        let text = diags.render_plain();
+        assert!(text.contains(needle), "{text}");
+    }
+}
+
+#[test]
+fn anthropic_agents_are_models_without_streaming_yet() {
+    let p = load_text(
+        r#"
+agent "claude" protocol="anthropic" base-url="https://api.anthropic.com/v1" model="m" max-tool-rounds=3
+scenario "s" { user "hi"; }
+"#,
+    )
+    .unwrap_or_else(|d| panic!("{}", d.render_plain()));
+    let claude = p.agent("claude").unwrap();
+    assert_eq!(claude.protocol, Protocol::Anthropic);
+    assert_eq!((claude.max_tool_rounds, claude.stream), (3, false));
+
+    let diags = load_text(
+        r#"
+agent "claude" protocol="anthropic" base-url="https://api.anthropic.com/v1" model="m" stream=#true
+scenario "s" { user "hi"; }
+"#,
+    )
+    .expect_err("no streaming for anthropic yet");
+    let text = diags.render_plain();
+    assert!(
+        text.contains("asks `anthropic` models for one JSON"),
+        "{text}"
+    );
+}

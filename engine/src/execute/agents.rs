@@ -190,6 +190,18 @@ async fn start_one(
             }
         }
     }
+    let system_prompt = match &agent.openai.system_prompt {
+        Some(template) => match plan.templates.render(template, || header_scope.clone()) {
+            Ok(prompt) => Some(prompt),
+            Err(e) => {
+                return Err(Setup::Broken(Fault::new(
+                    FaultCategory::Setup,
+                    format!("agent `{}` system-prompt: {e}", agent.id),
+                )));
+            }
+        },
+        None => None,
+    };
     if !url.is_empty() {
         transport.warm(&url);
     }
@@ -207,6 +219,7 @@ async fn start_one(
         },
         transport: transport.clone(),
         line,
+        system_prompt,
     })
     .map_err(Setup::Broken)
 }

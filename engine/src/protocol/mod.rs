@@ -24,6 +24,7 @@ pub mod fixie;
 pub mod http;
 pub mod line;
 pub mod multiagent;
+pub mod openai;
 pub mod pairing;
 pub mod quote;
 pub mod sse;
@@ -52,6 +53,8 @@ pub struct AgentSetup<'a> {
     pub transport: HttpTransport,
     /// A builtin agent served as a process or on a socket instead of over HTTP.
     pub line: Option<LineTarget>,
+    /// An `openai` agent's `system-prompt`, rendered.
+    pub system_prompt: Option<String>,
 }
 
 /// Builds the client of one agent: the one place that maps a `protocol=` to its module.
@@ -93,14 +96,30 @@ pub fn build(setup: AgentSetup<'_>) -> Result<Arc<dyn AgentProtocol>, Fault> {
         .map(|c| Arc::new(c) as Arc<dyn AgentProtocol>)
         .map_err(|e| setup_fault(&e)),
         Protocol::MultiAgent => multiagent_client(&setup).map_err(|e| setup_fault(&e)),
-        other => Err(Fault::new(
-            FaultCategory::Setup,
-            format!(
-                "agent `{}`: this version of trellis cannot run the `{}` protocol yet",
-                setup.agent.id,
-                other.as_str()
-            ),
-        )),
+        Protocol::OpenAi | Protocol::Anthropic => {
+            let settings = &setup.agent.openai;
+            openai::OpenAiClient::new(
+                setup.url,
+                setup.headers.clone(),
+                setup.limits,
+                setup.retry,
+                setup.transport.clone(),
+                openai::OpenAiOptions {
+                    model: settings.model.clone().unwrap_or_default(),
+                    system_prompt: setup.system_prompt.clone(),
+                    tools: settings.tools.clone(),
+                    max_tool_rounds: settings.max_tool_rounds,
+                    stream: setup.agent.stream,
+                    api: if setup.agent.protocol == Protocol::Anthropic {
+                        openai::Api::Anthropic
+                    } else {
+                        openai::Api::OpenAi
+                    },
+                },
+            )
+            .map(|c| Arc::new(c) as Arc<dyn AgentProtocol>)
+            .map_err(|e| setup_fault(&e))
+        }
     }
 }
 

@@ -12,6 +12,7 @@ mod line;
 mod llm;
 mod multiagent;
 mod multiagent_run;
+mod openai;
 mod planning;
 mod protocol;
 mod reuse;

@@ -1,0 +1,384 @@
+//! `protocol="openai"` agents under test: a model on the fake LLM endpoint (real HTTP on
+//! 127.0.0.1) with a system prompt and tools, the engine running the tool loop from the
+//! scenario's sandbox; directly through sessions and through the executor.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use trellis_engine::protocol::http::{CallLimits, HttpTransport, RetryPolicy};
+use trellis_engine::protocol::openai::{Api, OpenAiClient, OpenAiOptions};
+use trellis_engine::protocol::{AgentProtocol, CallContext, Conversation, TurnInput};
+use trellis_engine::record::{CriterionStatus, FaultCategory, TrajectoryStatus, TurnRecord};
+use trellis_engine::render::EnvSnapshot;
+use trellis_engine::sandbox::{SandboxSpec, ToolSpec};
+
+use crate::support::llm::{FakeLlm, Reply, Rule};
+use crate::support::{Run, run_suite};
+
+fn suite(base_url: &str, agent_extra: &str, steps: &str) -> String {
+    format!(
+        r##"
+agent "bot" protocol="openai" base-url="{base_url}" model="agent-model" \
+    system-prompt="You book cleanings for {{{{ env.COMPANY }}}}." tools="check_area" {agent_extra}
+tool "check_area" {{
+    description "Whether a postal code is served"
+    param "postal_code" type="string" required=#true description="Canadian postal code"
+    mock returns=#"{{"served": true}}"# postal_code="V4T 0A7"
+    mock returns=#"{{"served": false}}"#
+}}
+scenario "book" {{
+    {steps}
+}}
+"##
+    )
+}
+
+fn env() -> EnvSnapshot {
+    let mut env = EnvSnapshot::new();
+    env.insert("COMPANY".into(), "Acme Ducts".into());
+    env
+}
+
+fn turns(run: &Run) -> Vec<&TurnRecord> {
+    run.nodes
+        .iter()
+        .flat_map(|n| n.turns.iter().map(|t| t.as_ref()))
+        .collect()
+}
+
+#[tokio::test]
+async fn the_engine_answers_the_models_tool_calls_from_the_mocks_until_it_answers() {
+    let fake = FakeLlm::start(vec![
+        Rule::when(
+            "postal code is V4T",
+            [Reply::tool_call(
+                "check_area",
+                json!({"postal_code": "V4T 0A7"}),
+            )],
+        ),
+        Rule::when(
+            "\"served\":true",
+            [Reply::text("Good news, we serve V4T 0A7.")],
+        ),
+    ])
+    .await;
+    let run = run_suite(
+        &suite(
+            &fake.base_url(),
+            "",
+            r#"user "My postal code is V4T 0A7"
+    expect {
+        reply contains="we serve"
+        tool "check_area" postal_code="V4T 0A7"
+    }"#,
+        ),
+        2,
+        env(),
+    )
+    .await;
+    let t = &run.trajectories[0];
+    assert_eq!(t.status, TrajectoryStatus::Passed, "{t:#?}");
+    assert_eq!(t.protocol, "openai");
+    let turn = turns(&run)[0];
+    assert_eq!(turn.reply.as_deref(), Some("Good news, we serve V4T 0A7."));
+    assert_eq!(turn.tool_calls.len(), 1);
+    assert_eq!(turn.tool_calls[0].name, "check_area");
+    assert_eq!(
+        turn.tool_calls[0].result.as_deref(),
+        Some(r#"{"served":true}"#)
+    );
+    assert_eq!(turn.exchanges.len(), 2, "one request per round");
+    assert_eq!(turn.model.as_deref(), Some("agent-model"));
+    assert!(turn.prompt_tokens.is_some_and(|p| p > 0), "{turn:#?}");
+
+    let seen = fake.seen();
+    assert_eq!(seen.len(), 2);
+    let first = &seen[0].body;
+    assert_eq!(first["model"], "agent-model");
+    assert_eq!(
+        first["messages"][0],
+        json!({"role": "system", "content": "You book cleanings for Acme Ducts."})
+    );
+    let tool = &first["tools"][0]["function"];
+    assert_eq!(tool["name"], "check_area");
+    assert_eq!(tool["description"], "Whether a postal code is served");
+    assert_eq!(tool["parameters"]["required"], json!(["postal_code"]));
+    assert_eq!(
+        tool["parameters"]["properties"]["postal_code"]["type"],
+        "string"
+    );
+    assert!(first.get("stream").is_none(), "not streamed unless asked");
+    // The second request carries the call and its result.
+    let messages = seen[1].body["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 4, "{messages:#?}");
+    assert_eq!(
+        messages[2]["tool_calls"][0]["function"]["name"],
+        "check_area"
+    );
+    assert_eq!(messages[3]["role"], "tool");
+    assert_eq!(messages[3]["tool_call_id"], "call_0");
+}
+
+#[tokio::test]
+async fn a_model_that_keeps_calling_tools_past_the_cap_is_a_protocol_fault() {
+    let fake = FakeLlm::start(vec![Rule::otherwise([Reply::tool_call(
+        "check_area",
+        json!({"postal_code": "X"}),
+    )])])
+    .await;
+    let run = run_suite(
+        &suite(&fake.base_url(), "max-tool-rounds=2", r#"user "hi""#),
+        1,
+        env(),
+    )
+    .await;
+    let t = &run.trajectories[0];
+    let fault = t.fault.as_ref().expect("a fault");
+    assert_eq!(fault.category, FaultCategory::Protocol, "{fault:?}");
+    assert!(
+        fault.message.contains("after 2 tool round"),
+        "{}",
+        fault.message
+    );
+    assert_eq!(fake.calls(), 3, "the first answer and two rounds");
+    assert_eq!(turns(&run)[0].tool_calls.len(), 2);
+}
+
+#[tokio::test]
+async fn garbage_server_errors_and_timeouts_are_faults_of_the_turn() {
+    for (reply, category) in [
+        (Reply::Raw("<html>oops".into()), FaultCategory::InvalidJson),
+        (
+            Reply::Raw(r#"{"choices":[]}"#.into()),
+            FaultCategory::Protocol,
+        ),
+        (
+            Reply::Raw(r#"{"error":{"message":"model not loaded"}}"#.into()),
+            FaultCategory::Protocol,
+        ),
+        (Reply::Status(500, "boom".into()), FaultCategory::Http5xx),
+        (
+            Reply::slow(Duration::from_secs(5), Reply::text("late")),
+            FaultCategory::Timeout,
+        ),
+    ] {
+        let fake = FakeLlm::start(vec![Rule::otherwise([reply])]).await;
+        let run = run_suite(
+            &suite(&fake.base_url(), "timeout=\"300ms\"", r#"user "hi""#),
+            1,
+            env(),
+        )
+        .await;
+        let t = &run.trajectories[0];
+        assert_eq!(t.status, TrajectoryStatus::Error, "{t:#?}");
+        let fault = turns(&run)[0].fault.clone().expect("a fault on the turn");
+        assert_eq!(fault.category, category, "{fault:?}");
+    }
+}
+
+#[tokio::test]
+async fn sandbox_state_and_sequences_follow_the_tool_calls() {
+    let fake = FakeLlm::start(vec![
+        Rule::when("next ticket", [Reply::tool_call("ticket", json!({}))]),
+        Rule::when("T-", [Reply::text("done")]),
+    ])
+    .await;
+    let text = format!(
+        r#"
+agent "bot" protocol="openai" base-url="{}" model="m" tools="ticket"
+tool "ticket" {{
+    state path="tickets.opened" value=#true
+    sequence {{ output "T-1"; output "T-2"; }}
+}}
+scenario "s" {{
+    user "next ticket please"
+    user "and the next ticket"
+    criteria {{ state path="tickets.opened" equals=#true; }}
+}}
+"#,
+        fake.base_url()
+    );
+    let run = run_suite(&text, 1, EnvSnapshot::new()).await;
+    let t = &run.trajectories[0];
+    assert_eq!(t.status, TrajectoryStatus::Passed, "{t:#?}");
+    assert!(
+        t.criteria
+            .iter()
+            .all(|c| c.status == CriterionStatus::Passed)
+    );
+    let results: Vec<_> = turns(&run)
+        .iter()
+        .flat_map(|t| t.tool_calls.iter().filter_map(|c| c.result.clone()))
+        .collect();
+    assert_eq!(results, [r#""T-1""#, r#""T-2""#]);
+}
+
+fn client(base_url: &str, stream: bool) -> OpenAiClient {
+    OpenAiClient::new(
+        base_url,
+        Vec::new(),
+        CallLimits {
+            timeout: Duration::from_secs(5),
+            max_response_size: 1 << 20,
+        },
+        RetryPolicy::default(),
+        HttpTransport::new(),
+        OpenAiOptions {
+            model: "m".into(),
+            system_prompt: Some("be brief".into()),
+            tools: Vec::new(),
+            max_tool_rounds: 4,
+            stream,
+            api: Api::OpenAi,
+        },
+    )
+    .unwrap()
+}
+
+fn spec() -> Arc<SandboxSpec> {
+    let mut spec = SandboxSpec::default();
+    spec.tools
+        .insert("lookup".into(), ToolSpec::fixed(json!({"found": 1})));
+    Arc::new(spec)
+}
+
+const CTX: CallContext<'static> = CallContext {
+    test_case_id: "t",
+    turn_index: 0,
+    deadline: None,
+};
+
+fn conversation(spec: &Arc<SandboxSpec>) -> Conversation<'_> {
+    Conversation {
+        llm: None,
+        run_id: "r",
+        suite: "s",
+        scenario: "t",
+        repetition: 0,
+        node: "start",
+        sandbox: Some(spec),
+    }
+}
+
+#[tokio::test]
+async fn streamed_answers_are_assembled_with_their_time_to_first_token() {
+    let fake = FakeLlm::start(vec![
+        Rule::when(
+            "look it up",
+            [Reply::tool_call("lookup", json!({"q": "x"}))],
+        ),
+        Rule::when(
+            "found",
+            [Reply::Chunks {
+                pieces: vec!["Found ".into(), "one.".into()],
+                gap: Duration::from_millis(150),
+                complete: true,
+            }],
+        ),
+        Rule::when(
+            "cut",
+            [Reply::Chunks {
+                pieces: vec!["half".into()],
+                gap: Duration::ZERO,
+                complete: false,
+            }],
+        ),
+    ])
+    .await;
+    let client = client(&fake.base_url(), true);
+    let spec = spec();
+    let mut session = client.open(&conversation(&spec));
+    let turn = session.turn(TurnInput::User("look it up"), &CTX).await;
+    assert!(turn.fault.is_none(), "{:?}", turn.fault);
+    assert_eq!(turn.reply.as_deref(), Some("Found one."));
+    assert_eq!(turn.tool_calls.len(), 1);
+    assert_eq!(turn.tool_calls[0].arguments, r#"{"q":"x"}"#);
+    let answer = &turn.exchanges[1];
+    let ttft = answer.ttft.expect("ttft");
+    assert!(ttft >= Duration::from_millis(140), "{ttft:?}");
+    assert!(
+        answer.latency() >= ttft + Duration::from_millis(140),
+        "{answer:?}"
+    );
+    assert!(turn.usage().and_then(|u| u.completion_tokens).is_some());
+    let seen = fake.seen();
+    assert_eq!(seen[0].body["stream"], true);
+    assert_eq!(seen[0].body["stream_options"]["include_usage"], true);
+
+    let cut = session.turn(TurnInput::User("cut"), &CTX).await;
+    let fault = cut.fault.expect("a cut stream is a fault");
+    assert_eq!(fault.category, FaultCategory::Incomplete, "{fault:?}");
+}
+
+#[tokio::test]
+async fn a_fork_continues_from_a_copy_of_the_history_and_sandbox() {
+    let fake = FakeLlm::always("ok").await;
+    let client = client(&fake.base_url(), false);
+    let spec = spec();
+    let mut session = client.open(&conversation(&spec));
+    session.turn(TurnInput::User("first"), &CTX).await;
+    let mut fork = session.fork().expect("openai sessions fork");
+    fork.turn(TurnInput::User("in the fork"), &CTX).await;
+    session.turn(TurnInput::User("in the original"), &CTX).await;
+    let seen = fake.seen();
+    let contents = |i: usize| -> Vec<String> {
+        seen[i].body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["content"].as_str().unwrap_or("").to_owned())
+            .collect()
+    };
+    assert_eq!(contents(1), ["be brief", "first", "ok", "in the fork"]);
+    assert_eq!(contents(2), ["be brief", "first", "ok", "in the original"]);
+}
+
+#[tokio::test]
+async fn anthropic_models_run_the_same_tool_loop_over_messages() {
+    let fake = FakeLlm::start(vec![
+        Rule::when(
+            "postal code is V4T",
+            [Reply::tool_call(
+                "check_area",
+                json!({"postal_code": "V4T 0A7"}),
+            )],
+        ),
+        // The tool result travels in a content block, which the fake does not read as text.
+        Rule::otherwise([Reply::text("We serve V4T 0A7.")]),
+    ])
+    .await;
+    let text = suite(&fake.base_url(), "", r#"user "My postal code is V4T 0A7""#)
+        .replace(r#"protocol="openai""#, r#"protocol="anthropic""#);
+    let run = run_suite(&text, 1, env()).await;
+    let t = &run.trajectories[0];
+    assert_eq!(t.status, TrajectoryStatus::Passed, "{t:#?}");
+    let turn = turns(&run)[0];
+    assert_eq!(turn.reply.as_deref(), Some("We serve V4T 0A7."));
+    assert_eq!(
+        turn.tool_calls[0].result.as_deref(),
+        Some(r#"{"served":true}"#)
+    );
+    assert!(turn.prompt_tokens.is_some());
+
+    let seen = fake.seen();
+    assert_eq!(seen.len(), 2);
+    assert!(seen.iter().all(|s| s.api == "anthropic"));
+    assert_eq!(seen[0].headers["anthropic-version"], "2023-06-01");
+    let first = &seen[0].body;
+    assert_eq!(first["system"], "You book cleanings for Acme Ducts.");
+    assert_eq!(first["max_tokens"], 1024);
+    assert_eq!(first["tools"][0]["name"], "check_area");
+    assert_eq!(
+        first["tools"][0]["input_schema"]["required"],
+        json!(["postal_code"])
+    );
+    let messages = seen[1].body["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 3, "{messages:#?}");
+    assert_eq!(messages[1]["content"][0]["type"], "tool_use");
+    assert_eq!(messages[1]["content"][0]["input"]["postal_code"], "V4T 0A7");
+    let result = &messages[2]["content"][0];
+    assert_eq!(result["type"], "tool_result");
+    assert_eq!(result["tool_use_id"], "toolu_0");
+    assert_eq!(result["content"], r#"{"served":true}"#);
+}
