@@ -803,8 +803,10 @@ pub enum CriterionKind {
         /// implementation matches `expected_params`.
         loose: bool,
     },
+    /// `no-tool "NAME"`: no call to NAME; `no-tool` alone (`name` `None`): no tool call at
+    /// all (Connexity's `expected_tool_calls: []`).
     NoTool {
-        name: String,
+        name: Option<String>,
     },
     ToolsInOrder(Vec<String>),
     Latency {

@@ -2688,14 +2688,12 @@ impl<'f> Decoder<'f> {
                     }
                 }
                 "user-context" => {
-                    self.check_props(&cv, &[], &[]);
-                    self.check_args(&cv, 0, "user-context { KEY VALUE; … }");
-                    if let Some(children) = cv.children {
-                        sc.user_context = self.json_object(children);
+                    if let Some(context) = self.json_object_node(&cv, "user-context") {
+                        sc.user_context = context;
                     }
                 }
                 "initial-state" => {
-                    if let Some(state) = self.initial_state(&cv) {
+                    if let Some(state) = self.json_object_node(&cv, "initial-state") {
                         sc.initial_state = state;
                     }
                 }
@@ -2807,16 +2805,16 @@ impl<'f> Decoder<'f> {
 
     /// `initial-state { KEY VALUE; … }` (as `user-context`) or `initial-state json=#"{…}"#`
     /// (JSON text, for documents with arrays of objects the block form cannot write).
-    fn initial_state(&mut self, v: &View) -> Option<Map<String, Value>> {
-        let usage = "initial-state { KEY VALUE; … } or initial-state json=#\"{…}\"#";
+    fn json_object_node(&mut self, v: &View, node: &str) -> Option<Map<String, Value>> {
+        let usage = format!("{node} {{ KEY VALUE; … }} or {node} json=#\"{{…}}\"#");
         self.check_props(v, &["json"], &[]);
-        self.check_args(v, 0, usage);
+        self.check_args(v, 0, &usage);
         match (v.prop("json"), v.children) {
             (Some(e), Some(children)) => {
                 let d = self
                     .diag(
                         Kind::InvalidValue,
-                        "`initial-state` takes `json=` or a block, not both".to_string(),
+                        format!("`{node}` takes `json=` or a block, not both"),
                         trim_span(self.text(), children.span()),
                         "block",
                     )
@@ -2832,7 +2830,8 @@ impl<'f> Decoder<'f> {
                         .diag(
                             Kind::InvalidValue,
                             format!(
-                                "the initial state must be a JSON object, not {}",
+                                "the {} must be a JSON object, not {}",
+                                node.replace('-', " "),
                                 json_kind(&other)
                             ),
                             value_span(e),
@@ -3407,11 +3406,17 @@ impl<'f> Decoder<'f> {
             "reply" => self.reply_criterion(v, &mut templates)?,
             "tool" => self.tool_criterion(v, &mut templates)?,
             "no-tool" => {
-                let usage = "no-tool \"NAME\"";
+                let usage = "no-tool \"NAME\" (or `no-tool` alone: no tool call at all)";
                 self.check_props(v, &[], &[]);
-                self.check_args(v, 1, usage);
-                let name = self.id_arg(v, "a tool name", usage)?;
-                CriterionKind::NoTool { name: name.value }
+                if v.args.is_empty() {
+                    CriterionKind::NoTool { name: None }
+                } else {
+                    self.check_args(v, 1, usage);
+                    let name = self.id_arg(v, "a tool name", usage)?;
+                    CriterionKind::NoTool {
+                        name: Some(name.value),
+                    }
+                }
             }
             "tools-in-order" => {
                 let names = self.strings(v, "tools-in-order \"A\" \"B\"");

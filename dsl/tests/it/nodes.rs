@@ -417,3 +417,37 @@ provider "bare" kind="anthropic"
     );
     assert!(bare.headers.is_empty());
 }
+
+/// `user-context json=…` holds what the block cannot write (one-element arrays, arrays of
+/// objects); `no-tool` alone is "no tool call at all".
+#[test]
+fn user_context_json_and_no_tool_alone() {
+    let p = load_text(
+        r##"
+agent "a" protocol="connexity" builtin="booking"
+scenario "s" {
+    user-context json=#"{"items": ["filter"], "orders": [{"id": 1}]}"#
+    user "Order {{ user_context.items }}"
+    criteria { no-tool; no-tool "cancel_booking"; }
+}
+"##,
+    )
+    .unwrap_or_else(|d| panic!("{}", d.render_plain()));
+    let s = &p.suites[0].scenarios[0];
+    assert_eq!(
+        serde_json::Value::Object(s.user_context.clone()),
+        serde_json::json!({"items": ["filter"], "orders": [{"id": 1}]})
+    );
+    let kinds: Vec<&CriterionKind> = s.criteria.iter().map(|c| &c.kind).collect();
+    assert!(matches!(kinds[0], CriterionKind::NoTool { name: None }));
+    assert!(matches!(kinds[1], CriterionKind::NoTool { name: Some(n) } if n == "cancel_booking"));
+
+    let bad = load_text(
+        "agent \"a\" protocol=\"connexity\" builtin=\"booking\"\nscenario \"s\" {\n    user-context json=\"[1]\"\n    user \"hi\"\n}\n",
+    );
+    let text = bad.err().map(|d| d.render_plain()).unwrap_or_default();
+    assert!(
+        text.contains("the user context must be a JSON object, not an array"),
+        "{text}"
+    );
+}
