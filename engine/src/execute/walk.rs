@@ -991,7 +991,13 @@ impl<'a> Unit<'a> {
             {
                 return Some(stop);
             }
-            if last {
+            // The agent can hang up too (`end_call`), as the simulator can with its marker.
+            if last
+                || state
+                    .turns
+                    .last()
+                    .is_some_and(|t| crate::llm::simulator::agent_ended(t))
+            {
                 break;
             }
         }

@@ -158,3 +158,59 @@ scenario "book" { simulate turns=2; }
         t.skip_reason
     );
 }
+
+/// A Connexity agent on a real socket that hangs up (`end_call`) on its second turn.
+async fn hanging_up_agent() -> (String, tokio::task::JoinHandle<()>) {
+    use axum::routing::post;
+    async fn respond(body: axum::body::Bytes) -> axum::response::Response {
+        use axum::response::IntoResponse;
+        let request: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+        let users = request["messages"]
+            .as_array()
+            .map_or(0, |m| m.iter().filter(|m| m["role"] == "user").count());
+        let messages = if users >= 2 {
+            serde_json::json!([
+                {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+                    "function": {"name": "end_call", "arguments": "{\"reason\":\"done\"}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "{\"ended\": true}"},
+                {"role": "assistant", "content": "Goodbye!"}
+            ])
+        } else {
+            serde_json::json!([{"role": "assistant", "content": "What is your postal code?"}])
+        };
+        axum::Json(serde_json::json!({"messages": messages})).into_response()
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let app = axum::Router::new().route("/agent/respond", post(respond));
+    let server = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (format!("http://{address}/agent/respond"), server)
+}
+
+#[tokio::test]
+async fn the_agent_ends_the_simulated_conversation_with_end_call() {
+    let fake = FakeLlm::start(vec![Rule::otherwise([
+        Reply::text("Hi, I'd like to book a duct cleaning."),
+        Reply::text("It's V4T 0A7."),
+        Reply::text("Are you still there?"),
+    ])])
+    .await;
+    let (url, server) = hanging_up_agent().await;
+    let text = suite(&fake.base_url(), "simulate until-done").replace(
+        r#"agent "demo" protocol="connexity" builtin="booking""#,
+        &format!(r#"agent "demo" protocol="connexity" url="{url}""#),
+    );
+    let run = run_suite(&text, 4, EnvSnapshot::new()).await;
+    server.abort();
+    let turns: Vec<_> = run.nodes.iter().flat_map(|n| &n.turns).collect();
+    let said: Vec<&str> = turns.iter().map(|t| t.user_message.as_str()).collect();
+    // The simulator would have gone on; the agent's `end_call` ended the step.
+    assert_eq!(
+        said,
+        ["Hi, I'd like to book a duct cleaning.", "It's V4T 0A7."]
+    );
+    assert_eq!(fake.calls(), 2);
+    assert_eq!(run.trajectories[0].status, TrajectoryStatus::Passed);
+}
