@@ -727,8 +727,12 @@ pub struct Step {
 pub enum StepKind {
     /// `user "TEMPLATE"` (and `initial-message`): one scripted user message, one agent turn.
     User(Template),
-    /// `simulate turns=N` / `simulate until-done`.
-    Simulate { turns: Option<u32> },
+    /// `simulate turns=N` / `simulate until-done`. `simulator`: the `simulator` of the
+    /// innermost enclosing `branch` that sets one, else the scenario's; `None`: the project's.
+    Simulate {
+        turns: Option<u32>,
+        simulator: Option<std::sync::Arc<Simulator>>,
+    },
     /// `call FUNC "TEMPLATE"` (Fixie).
     Call { function: String, input: Template },
     /// `expect CRITERION` / `expect { … }`: checks on the turn just taken.

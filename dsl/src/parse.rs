@@ -513,6 +513,7 @@ const SCENARIO_NODES: &[&str] = &[
     "timeout",
     "first-turn",
     "criteria",
+    "simulator",
 ];
 const CRITERIA: &[&str] = &[
     "reply",
@@ -2489,6 +2490,29 @@ impl<'f> Decoder<'f> {
         })
     }
 
+    /// A `simulator` inside a scenario or a branch: its `provider`, `model` and
+    /// `temperature` for the `simulate` steps there. `instructions` belong to the project's
+    /// simulator (they are compiled once per run).
+    fn nested_simulator(&mut self, v: &View) -> Option<Simulator> {
+        let simulator = self.simulator(v)?;
+        if let Some(instructions) = &simulator.instructions {
+            let d = self
+                .diag(
+                    Kind::InvalidValue,
+                    "`instructions` is set on the project's `simulator` only",
+                    instructions.span.span,
+                    "not here",
+                )
+                .with_help(
+                    "set `instructions` on the top-level `simulator`; a scenario's or branch's \
+                     `simulator` sets `provider`, `model` and `temperature`",
+                );
+            self.report(d);
+            return None;
+        }
+        Some(simulator)
+    }
+
     fn panel(&mut self, v: &View) -> Option<Panel> {
         let usage = "panel \"ID\" consensus=\"majority\" { judges \"A\" \"B\" \"C\" }";
         let id = self.id_arg(v, "an id", usage)?;
@@ -2602,6 +2626,7 @@ impl<'f> Decoder<'f> {
             failed_captures: HashSet::new(),
         };
         let mut initial: Option<Step> = None;
+        let mut scenario_simulator: Option<Simulator> = None;
         let mut has_initial = false;
         let mut step_nodes: Vec<&KdlNode> = Vec::new();
         let nodes = v.children.map(|c| c.nodes()).unwrap_or_default();
@@ -2733,6 +2758,7 @@ impl<'f> Decoder<'f> {
                         .single(&cv, "timeout \"2m\"")
                         .and_then(|e| self.duration(e))
                 }
+                "simulator" => scenario_simulator = self.nested_simulator(&cv),
                 "first-turn" => {
                     if let Some(t) = self
                         .single(&cv, "first-turn \"agent\"")
@@ -2795,6 +2821,9 @@ impl<'f> Decoder<'f> {
         let has_turn = has_initial || sc.first_turn == FirstTurn::Agent;
         let (steps, _) = self.steps(&step_nodes, has_turn, &mut st);
         sc.steps = initial.into_iter().chain(steps).collect();
+        if let Some(simulator) = scenario_simulator {
+            assign_simulator(&mut sc.steps, &std::sync::Arc::new(simulator));
+        }
         if !st.failed_captures.is_empty() {
             self.info
                 .failed_captures
@@ -3099,9 +3128,13 @@ impl<'f> Decoder<'f> {
                 self.check_args(&v, 1, usage);
                 self.check_props(&v, &[], &[]);
                 let mut inner = Vec::new();
+                let mut simulator = None;
                 for child in v.children.map(|c| c.nodes()).unwrap_or_default() {
                     if STEP_NODES.contains(&child.name().value()) {
                         inner.push(child);
+                    } else if child.name().value() == "simulator" {
+                        let cv = View::of(child, self.text());
+                        simulator = self.nested_simulator(&cv);
                     } else {
                         let cv = View::of(child, self.text());
                         self.unknown_node(
@@ -3112,7 +3145,10 @@ impl<'f> Decoder<'f> {
                         );
                     }
                 }
-                let (steps, turn) = self.steps(&inner, has_turn, st);
+                let (mut steps, turn) = self.steps(&inner, has_turn, st);
+                if let Some(simulator) = simulator {
+                    assign_simulator(&mut steps, &std::sync::Arc::new(simulator));
+                }
                 all_turn &= turn;
                 if let Some(name) = name {
                     branches.push(Branch { name, steps });
@@ -3228,7 +3264,10 @@ impl<'f> Decoder<'f> {
             }
             (Some(a), None) => {
                 if a.value().as_string() == Some("until-done") {
-                    Some(StepKind::Simulate { turns: None })
+                    Some(StepKind::Simulate {
+                        turns: None,
+                        simulator: None,
+                    })
                 } else {
                     let help = match a.value().as_string() {
                         Some(s) if did_you_mean(s, ["until-done"]).is_some() => {
@@ -3248,10 +3287,14 @@ impl<'f> Decoder<'f> {
                     None
                 }
             }
-            (None, Some(t)) => self
-                .u32(t, 1)
-                .map(|n| StepKind::Simulate { turns: Some(n) }),
-            (None, None) => Some(StepKind::Simulate { turns: None }),
+            (None, Some(t)) => self.u32(t, 1).map(|n| StepKind::Simulate {
+                turns: Some(n),
+                simulator: None,
+            }),
+            (None, None) => Some(StepKind::Simulate {
+                turns: None,
+                simulator: None,
+            }),
         }
     }
 
@@ -3835,6 +3878,25 @@ fn assemble(
         }
     }
     project
+}
+
+/// Gives `simulator` to every `simulate` step of `steps` (and of their branches) that has none
+/// yet: inner branches assign theirs first, so the innermost `simulator` wins.
+fn assign_simulator(steps: &mut [Step], simulator: &std::sync::Arc<Simulator>) {
+    for step in steps {
+        match &mut step.kind {
+            StepKind::Simulate {
+                simulator: slot @ None,
+                ..
+            } => *slot = Some(simulator.clone()),
+            StepKind::Fork(branches) => {
+                for branch in branches {
+                    assign_simulator(&mut branch.steps, simulator);
+                }
+            }
+            _ => {}
+        }
+    }
 }
 
 #[cfg(test)]

@@ -502,6 +502,10 @@ impl<'p> Validator<'p> {
                 StepKind::Hitl {
                     message: Some(t), ..
                 } => self.template(cx, t, &captured),
+                StepKind::Simulate {
+                    simulator: Some(sim),
+                    ..
+                } => self.reference(RefKind::Provider, &sim.provider),
                 StepKind::Hitl { message: None, .. } | StepKind::Simulate { .. } => {}
                 StepKind::Expect(criteria) => {
                     for c in criteria {

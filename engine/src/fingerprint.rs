@@ -229,9 +229,12 @@ fn steps_text(steps: &[trellis_dsl::Step]) -> (String, String) {
                 calls += 1;
                 conversation.push_str(&format!("call {function:?} {:?};", input.source));
             }
-            StepKind::Simulate { turns } => {
+            StepKind::Simulate { turns, simulator } => {
                 calls += 1;
-                conversation.push_str(&format!("simulate {turns:?};"));
+                let by = simulator
+                    .as_ref()
+                    .map(|s| (&s.provider.value, &s.model, s.temperature));
+                conversation.push_str(&format!("simulate {turns:?} {by:?};"));
             }
             StepKind::Hitl { approve, message } => {
                 calls += 1;

@@ -451,3 +451,53 @@ scenario "s" {
         "{text}"
     );
 }
+
+/// `simulator` inside a scenario or a branch: the innermost one reaches each `simulate`
+/// step; `instructions` there is an error, and so is an unknown provider.
+#[test]
+fn scenario_and_branch_simulators_reach_their_steps() {
+    let p = load_text(
+        r#"
+agent "a" protocol="connexity" builtin="booking"
+provider "p" kind="openai" base-url="http://127.0.0.1:9" model="m"
+provider "q" kind="openai" base-url="http://127.0.0.1:9" model="m"
+scenario "s" {
+    simulator provider="p"
+    simulate turns=1
+    branch "one" { simulator provider="q" model="x"; simulate turns=1; }
+    branch "two" { simulate turns=1; }
+}
+"#,
+    )
+    .unwrap_or_else(|d| panic!("{}", d.render_plain()));
+    let steps = &p.suites[0].scenarios[0].steps;
+    let provider = |step: &Step| match &step.kind {
+        StepKind::Simulate { simulator, .. } => {
+            simulator.as_ref().map(|s| s.provider.value.clone())
+        }
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(provider(&steps[0]).as_deref(), Some("p"));
+    let StepKind::Fork(branches) = &steps[1].kind else {
+        panic!("{:?}", steps[1].kind)
+    };
+    assert_eq!(provider(&branches[0].steps[0]).as_deref(), Some("q"));
+    assert_eq!(provider(&branches[1].steps[0]).as_deref(), Some("p"));
+
+    let text = load_text(
+        r#"
+agent "a" protocol="connexity" builtin="booking"
+provider "p" kind="openai" base-url="http://127.0.0.1:9" model="m"
+scenario "s" {
+    simulator provider="nope"
+    simulate turns=1
+    branch "b" { simulator provider="p" instructions="hi"; simulate turns=1; }
+}
+"#,
+    )
+    .err()
+    .map(|d| d.render_plain())
+    .unwrap_or_default();
+    assert!(text.contains("nope"), "{text}");
+    assert!(text.contains("project's `simulator` only"), "{text}");
+}

@@ -637,8 +637,12 @@ impl<'a> Unit<'a> {
                         None => {}
                     }
                 }
-                PlannedStep::Simulate { turns } => {
-                    match self.simulate(session, *turns, true, state, recorded).await {
+                PlannedStep::Simulate { turns, simulator } => {
+                    let by = simulator.as_deref();
+                    match self
+                        .simulate(session, *turns, by, true, state, recorded)
+                        .await
+                    {
                         Some(Stop::Fault(fault)) => return Some(replay_fault(fault)),
                         Some(Stop::Branch(_)) => return Some(replay_fault(branch_on_replay())),
                         Some(stop) => return Some(stop),
@@ -834,8 +838,11 @@ impl<'a> Unit<'a> {
                         return Some(Stop::Failed(failed));
                     }
                 }
-                PlannedStep::Simulate { turns } => {
-                    if let Some(stop) = self.simulate(session, *turns, false, state, recorded).await
+                PlannedStep::Simulate { turns, simulator } => {
+                    let by = simulator.as_deref();
+                    if let Some(stop) = self
+                        .simulate(session, *turns, by, false, state, recorded)
+                        .await
                     {
                         return Some(stop);
                     }
@@ -921,6 +928,7 @@ impl<'a> Unit<'a> {
         &self,
         session: &mut dyn Session,
         turns: Option<u32>,
+        simulator: Option<&trellis_dsl::Simulator>,
         replay: bool,
         state: &mut PathState,
         recorded: &mut Vec<Arc<TurnRecord>>,
@@ -960,6 +968,7 @@ impl<'a> Unit<'a> {
                 scenario: sc,
                 turns: &state.turns,
                 repetition: self.repetition,
+                simulator,
                 instructions: instructions.clone(),
                 call_name: format!(
                     "simulated user turn {} on {}/{} (agent `{}`, repetition {})",

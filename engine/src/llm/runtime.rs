@@ -410,6 +410,8 @@ pub struct SimulateTask<'a, T> {
     pub scenario: &'a Scenario,
     pub turns: &'a [T],
     pub repetition: u32,
+    /// The scenario's or branch's `simulator`, in place of the project's.
+    pub simulator: Option<&'a Simulator>,
     /// The simulator's `instructions`, rendered for this path.
     pub instructions: Option<String>,
     /// Names the call in a replay-only cache miss.
@@ -432,17 +434,19 @@ impl LlmRuntime {
         task: SimulateTask<'_, T>,
     ) -> Result<Simulated, (Fault, Vec<LlmCall>)> {
         let fault = |message: String| Fault::new(FaultCategory::Simulator, message);
-        let (provider_id, model, temperature) =
-            match (&self.setup.simulator, self.setup.providers.as_slice()) {
-                (Some(s), _) => (s.provider.value.as_str(), s.model.as_deref(), s.temperature),
-                (None, [only]) => (only.id.value.as_str(), None, None),
-                (None, _) => {
-                    return Err((
-                        fault("no simulator configured: add `simulator provider=\"ID\"`".into()),
-                        Vec::new(),
-                    ));
-                }
-            };
+        let (provider_id, model, temperature) = match (
+            task.simulator.or(self.setup.simulator.as_ref()),
+            self.setup.providers.as_slice(),
+        ) {
+            (Some(s), _) => (s.provider.value.as_str(), s.model.as_deref(), s.temperature),
+            (None, [only]) => (only.id.value.as_str(), None, None),
+            (None, _) => {
+                return Err((
+                    fault("no simulator configured: add `simulator provider=\"ID\"`".into()),
+                    Vec::new(),
+                ));
+            }
+        };
         let client = match self.clients.get(provider_id) {
             Some(Ok(client)) => client,
             Some(Err(e)) => return Err((fault(format!("simulator unavailable: {e}")), Vec::new())),

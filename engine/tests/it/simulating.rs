@@ -214,3 +214,66 @@ async fn the_agent_ends_the_simulated_conversation_with_end_call() {
     assert_eq!(fake.calls(), 2);
     assert_eq!(run.trajectories[0].status, TrajectoryStatus::Passed);
 }
+
+/// A scenario's `simulator` replaces the project's for its `simulate` steps, and a branch's
+/// replaces the scenario's inside that branch: one executed prefix continued by different
+/// simulated users.
+#[tokio::test]
+async fn scenario_and_branch_simulators_override_the_default() {
+    let project = FakeLlm::start(vec![Rule::otherwise([Reply::text("PROJECT [END]")])]).await;
+    let scenario = FakeLlm::start(vec![Rule::otherwise([Reply::text(
+        "Hi, I'd like to book a duct cleaning.",
+    )])])
+    .await;
+    let branch = FakeLlm::start(vec![Rule::otherwise([Reply::text("It's V4T 0A7. [END]")])]).await;
+    let text = format!(
+        r#"
+agent "demo" protocol="connexity" builtin="booking"
+provider "project" kind="openai" base-url="{}" model="project-m"
+provider "scenario" kind="openai" base-url="{}" model="scenario-m"
+provider "branch" kind="openai" base-url="{}" model="branch-m"
+simulator provider="project"
+scenario "book" {{
+    simulator provider="scenario" temperature=0.3
+    simulate turns=1
+    branch "gives-code" {{
+        simulator provider="branch" model="branch-override"
+        simulate turns=1
+    }}
+    branch "same-user" {{
+        simulate turns=1
+    }}
+}}
+"#,
+        project.base_url(),
+        scenario.base_url(),
+        branch.base_url()
+    );
+    let run = run_suite(&text, 4, EnvSnapshot::new()).await;
+    assert_eq!(run.trajectories.len(), 2);
+    // The prefix and the `same-user` branch: the scenario's simulator; `gives-code`: the
+    // branch's; the project's is never asked.
+    assert_eq!(project.calls(), 0);
+    assert_eq!(scenario.calls(), 2);
+    assert_eq!(branch.calls(), 1);
+    assert_eq!(scenario.seen()[0].body["temperature"], 0.3);
+    assert_eq!(branch.seen()[0].body["model"], "branch-override");
+    let said: Vec<&str> = run
+        .nodes
+        .iter()
+        .flat_map(|n| &n.turns)
+        .map(|t| t.user_message.as_str())
+        .collect();
+    assert!(said.contains(&"It's V4T 0A7."), "{said:?}");
+    let by_branch: Vec<(&str, &str)> = run
+        .nodes
+        .iter()
+        .flat_map(|n| &n.turns)
+        .flat_map(|t| &t.simulator)
+        .map(|c| (c.provider.as_str(), c.model.as_str()))
+        .collect();
+    assert!(
+        by_branch.contains(&("branch", "branch-override")),
+        "{by_branch:?}"
+    );
+}
