@@ -188,16 +188,25 @@ async fn an_imported_case_runs_end_to_end_against_the_booking_agent() {
 /// `expected_tool_calls: []` (no tool may be called) fails when the agent calls one.
 #[tokio::test]
 async fn an_empty_expected_tool_list_fails_a_tool_call() {
-    let fake = FakeLlm::start(vec![Rule::otherwise([
-        Reply::text("My postal code is V4T 0A7."),
-        Reply::text("[END]"),
-    ])])
+    let fake = FakeLlm::start(vec![
+        Rule::when(
+            "Does this expected outcome hold",
+            [Reply::text(
+                r#"{"passed": false, "justification": "it called a tool"}"#,
+            )],
+        ),
+        Rule::otherwise([
+            Reply::text("My postal code is V4T 0A7."),
+            Reply::text("[END]"),
+        ]),
+    ])
     .await;
     let dir = tempfile::tempdir().unwrap();
     let case = dir.path().join("case.json");
     std::fs::write(
         &case,
         r#"{"name": "No tools", "initial_message": "Hi, I need a duct cleaning.",
+            "expected_outcomes": ["Agent MUST answer without tools"],
             "expected_tool_calls": []}"#,
     )
     .unwrap();
@@ -229,4 +238,12 @@ async fn an_empty_expected_tool_list_fails_a_tool_call() {
             .any(|d| d.contains("no tool may be called") && d.contains("check_service_area")),
         "{details:?}"
     );
+    // The judge is told so too.
+    let judged = fake
+        .seen()
+        .iter()
+        .map(|r| r.body.to_string())
+        .find(|b| b.contains("Does this expected outcome hold"))
+        .unwrap();
+    assert!(judged.contains("None: no tool may be called."), "{judged}");
 }

@@ -396,6 +396,10 @@ impl LlmRuntime {
                     _ => None,
                 })
                 .collect(),
+            no_tools: scenario
+                .criteria
+                .iter()
+                .any(|c| matches!(c.kind, CriterionKind::NoTool { name: None })),
             outcomes: scenario
                 .outcomes
                 .iter()
