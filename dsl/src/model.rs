@@ -732,6 +732,9 @@ pub enum StepKind {
     Simulate {
         turns: Option<u32>,
         simulator: Option<std::sync::Arc<Simulator>>,
+        /// The `persona` of the innermost enclosing `branch` that sets one, played by the
+        /// simulator in place of the scenario's; `None`: the scenario's.
+        persona: Option<std::sync::Arc<PersonaRef>>,
     },
     /// `call FUNC "TEMPLATE"` (Fixie).
     Call { function: String, input: Template },

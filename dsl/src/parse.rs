@@ -3129,12 +3129,16 @@ impl<'f> Decoder<'f> {
                 self.check_props(&v, &[], &[]);
                 let mut inner = Vec::new();
                 let mut simulator = None;
+                let mut persona = None;
                 for child in v.children.map(|c| c.nodes()).unwrap_or_default() {
                     if STEP_NODES.contains(&child.name().value()) {
                         inner.push(child);
                     } else if child.name().value() == "simulator" {
                         let cv = View::of(child, self.text());
                         simulator = self.nested_simulator(&cv);
+                    } else if child.name().value() == "persona" {
+                        let cv = View::of(child, self.text());
+                        persona = self.persona_ref(&cv);
                     } else {
                         let cv = View::of(child, self.text());
                         self.unknown_node(
@@ -3148,6 +3152,9 @@ impl<'f> Decoder<'f> {
                 let (mut steps, turn) = self.steps(&inner, has_turn, st);
                 if let Some(simulator) = simulator {
                     assign_simulator(&mut steps, &std::sync::Arc::new(simulator));
+                }
+                if let Some(persona) = persona {
+                    assign_persona(&mut steps, &std::sync::Arc::new(persona));
                 }
                 all_turn &= turn;
                 if let Some(name) = name {
@@ -3267,6 +3274,7 @@ impl<'f> Decoder<'f> {
                     Some(StepKind::Simulate {
                         turns: None,
                         simulator: None,
+                        persona: None,
                     })
                 } else {
                     let help = match a.value().as_string() {
@@ -3290,10 +3298,12 @@ impl<'f> Decoder<'f> {
             (None, Some(t)) => self.u32(t, 1).map(|n| StepKind::Simulate {
                 turns: Some(n),
                 simulator: None,
+                persona: None,
             }),
             (None, None) => Some(StepKind::Simulate {
                 turns: None,
                 simulator: None,
+                persona: None,
             }),
         }
     }
@@ -3878,6 +3888,25 @@ fn assemble(
         }
     }
     project
+}
+
+/// Gives `persona` to every `simulate` step of a branch's `steps` (and of their branches)
+/// that has none yet: the innermost branch's persona wins.
+fn assign_persona(steps: &mut [Step], persona: &std::sync::Arc<PersonaRef>) {
+    for step in steps {
+        match &mut step.kind {
+            StepKind::Simulate {
+                persona: slot @ None,
+                ..
+            } => *slot = Some(persona.clone()),
+            StepKind::Fork(branches) => {
+                for branch in branches {
+                    assign_persona(&mut branch.steps, persona);
+                }
+            }
+            _ => {}
+        }
+    }
 }
 
 /// Gives `simulator` to every `simulate` step of `steps` (and of their branches) that has none

@@ -110,6 +110,8 @@ pub enum PlannedStep {
         turns: Option<u32>,
         /// The scenario's or branch's `simulator`; `None`: the project's.
         simulator: Option<std::sync::Arc<trellis_dsl::Simulator>>,
+        /// The branch's `persona`; `None`: the scenario's.
+        persona: Option<std::sync::Arc<trellis_dsl::PersonaRef>>,
     },
     /// `hitl approve|reject message=…`: the answer to an agent waiting for a human. On a
     /// protocol that never pauses (anything but MultiAgentEval) there is nothing to answer.
@@ -629,9 +631,14 @@ fn compile_steps(
                 message: message.as_ref().map(|m| templates.compile(m)).transpose()?,
             }),
             // Without a simulator the trajectory is recorded as skipped (`not_runnable::step`).
-            StepKind::Simulate { turns, simulator } => out.steps.push(PlannedStep::Simulate {
+            StepKind::Simulate {
+                turns,
+                simulator,
+                persona,
+            } => out.steps.push(PlannedStep::Simulate {
                 turns: *turns,
                 simulator: simulator.clone(),
+                persona: persona.clone(),
             }),
             // Segments never hold forks: the graph turned them into edges.
             StepKind::Fork(_) => {}

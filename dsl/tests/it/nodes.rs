@@ -501,3 +501,23 @@ scenario "s" {
     assert!(text.contains("nope"), "{text}");
     assert!(text.contains("project's `simulator` only"), "{text}");
 }
+
+/// A branch's `persona` reaches its `simulate` steps; a named one must exist.
+#[test]
+fn a_branch_persona_reaches_its_steps_and_must_exist() {
+    let text = load_text(
+        r#"
+agent "a" protocol="connexity" builtin="booking"
+provider "p" kind="openai" base-url="http://127.0.0.1:9" model="m"
+scenario "s" {
+    user "hi"
+    branch "b" { persona "ghost"; simulate turns=1; }
+    branch "c" { simulate turns=1; }
+}
+"#,
+    )
+    .err()
+    .map(|d| d.render_plain())
+    .unwrap_or_default();
+    assert!(text.contains("ghost"), "{text}");
+}

@@ -637,8 +637,12 @@ impl<'a> Unit<'a> {
                         None => {}
                     }
                 }
-                PlannedStep::Simulate { turns, simulator } => {
-                    let by = simulator.as_deref();
+                PlannedStep::Simulate {
+                    turns,
+                    simulator,
+                    persona,
+                } => {
+                    let by = (simulator.as_deref(), persona.as_deref());
                     match self
                         .simulate(session, *turns, by, true, state, recorded)
                         .await
@@ -838,8 +842,12 @@ impl<'a> Unit<'a> {
                         return Some(Stop::Failed(failed));
                     }
                 }
-                PlannedStep::Simulate { turns, simulator } => {
-                    let by = simulator.as_deref();
+                PlannedStep::Simulate {
+                    turns,
+                    simulator,
+                    persona,
+                } => {
+                    let by = (simulator.as_deref(), persona.as_deref());
                     if let Some(stop) = self
                         .simulate(session, *turns, by, false, state, recorded)
                         .await
@@ -928,7 +936,10 @@ impl<'a> Unit<'a> {
         &self,
         session: &mut dyn Session,
         turns: Option<u32>,
-        simulator: Option<&trellis_dsl::Simulator>,
+        (simulator, persona): (
+            Option<&trellis_dsl::Simulator>,
+            Option<&trellis_dsl::PersonaRef>,
+        ),
         replay: bool,
         state: &mut PathState,
         recorded: &mut Vec<Arc<TurnRecord>>,
@@ -969,6 +980,7 @@ impl<'a> Unit<'a> {
                 turns: &state.turns,
                 repetition: self.repetition,
                 simulator,
+                persona,
                 instructions: instructions.clone(),
                 call_name: format!(
                     "simulated user turn {} on {}/{} (agent `{}`, repetition {})",

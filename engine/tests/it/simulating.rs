@@ -277,3 +277,43 @@ scenario "book" {{
         "{by_branch:?}"
     );
 }
+
+/// A branch's `persona` is played by the simulator in that branch only: one executed prefix
+/// continued by two different simulated users.
+#[tokio::test]
+async fn a_branch_persona_changes_who_the_simulator_plays() {
+    let fake = FakeLlm::start(vec![Rule::otherwise([Reply::text("Hello there.")])]).await;
+    let text = suite(
+        &fake.base_url(),
+        r#"simulate turns=1
+    branch "impatient" {
+        persona type="impatient-caller" {
+            instructions "Demand a booking today"
+        }
+        simulate turns=1
+    }
+    branch "same" {
+        simulate turns=1
+    }"#,
+    );
+    let run = run_suite(&text, 4, EnvSnapshot::new()).await;
+    assert_eq!(run.trajectories.len(), 2);
+    let systems: Vec<String> = fake
+        .seen()
+        .iter()
+        .map(|r| {
+            r.body["messages"][0]["content"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(systems.len(), 3, "{systems:#?}");
+    let impatient = systems
+        .iter()
+        .filter(|s| s.contains("impatient-caller") && s.contains("Demand a booking today"))
+        .count();
+    let parent = systems.iter().filter(|s| s.contains("busy-parent")).count();
+    // The prefix and the `same` branch play the scenario's persona; `impatient` its own.
+    assert_eq!((impatient, parent), (1, 2), "{systems:#?}");
+}
