@@ -421,8 +421,8 @@ fn segment_caption(segment: &Segment) -> String {
     for step in &segment.steps {
         let line = match &step.kind {
             StepKind::User(t) => format!("user: {}", t.source),
-            StepKind::Simulate { turns: Some(n) } => format!("simulate {n} turns"),
-            StepKind::Simulate { turns: None } => "simulate until done".to_string(),
+            StepKind::Simulate { turns: Some(n), .. } => format!("simulate {n} turns"),
+            StepKind::Simulate { turns: None, .. } => "simulate until done".to_string(),
             StepKind::Call { function, .. } => format!("call {function}"),
             StepKind::Expect(c) => format!(
                 "expect {}",

@@ -742,8 +742,15 @@ pub struct Step {
 pub enum StepKind {
     /// `user "TEMPLATE"` (and `initial-message`): one scripted user message, one agent turn.
     User(Template),
-    /// `simulate turns=N` / `simulate until-done`.
-    Simulate { turns: Option<u32> },
+    /// `simulate turns=N` / `simulate until-done`. `simulator`: the `simulator` of the
+    /// innermost enclosing `branch` that sets one, else the scenario's; `None`: the project's.
+    Simulate {
+        turns: Option<u32>,
+        simulator: Option<std::sync::Arc<Simulator>>,
+        /// The `persona` of the innermost enclosing `branch` that sets one, played by the
+        /// simulator in place of the scenario's; `None`: the scenario's.
+        persona: Option<std::sync::Arc<PersonaRef>>,
+    },
     /// `call FUNC "TEMPLATE"` (Fixie).
     Call { function: String, input: Template },
     /// `expect CRITERION` / `expect { … }`: checks on the turn just taken.
@@ -818,8 +825,10 @@ pub enum CriterionKind {
         /// implementation matches `expected_params`.
         loose: bool,
     },
+    /// `no-tool "NAME"`: no call to NAME; `no-tool` alone (`name` `None`): no tool call at
+    /// all (Connexity's `expected_tool_calls: []`).
     NoTool {
-        name: String,
+        name: Option<String>,
     },
     ToolsInOrder(Vec<String>),
     Latency {

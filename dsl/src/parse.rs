@@ -513,6 +513,7 @@ const SCENARIO_NODES: &[&str] = &[
     "timeout",
     "first-turn",
     "criteria",
+    "simulator",
 ];
 const CRITERIA: &[&str] = &[
     "reply",
@@ -2537,6 +2538,29 @@ impl<'f> Decoder<'f> {
         })
     }
 
+    /// A `simulator` inside a scenario or a branch: its `provider`, `model` and
+    /// `temperature` for the `simulate` steps there. `instructions` belong to the project's
+    /// simulator (they are compiled once per run).
+    fn nested_simulator(&mut self, v: &View) -> Option<Simulator> {
+        let simulator = self.simulator(v)?;
+        if let Some(instructions) = &simulator.instructions {
+            let d = self
+                .diag(
+                    Kind::InvalidValue,
+                    "`instructions` is set on the project's `simulator` only",
+                    instructions.span.span,
+                    "not here",
+                )
+                .with_help(
+                    "set `instructions` on the top-level `simulator`; a scenario's or branch's \
+                     `simulator` sets `provider`, `model` and `temperature`",
+                );
+            self.report(d);
+            return None;
+        }
+        Some(simulator)
+    }
+
     fn panel(&mut self, v: &View) -> Option<Panel> {
         let usage = "panel \"ID\" consensus=\"majority\" { judges \"A\" \"B\" \"C\" }";
         let id = self.id_arg(v, "an id", usage)?;
@@ -2650,6 +2674,7 @@ impl<'f> Decoder<'f> {
             failed_captures: HashSet::new(),
         };
         let mut initial: Option<Step> = None;
+        let mut scenario_simulator: Option<Simulator> = None;
         let mut has_initial = false;
         let mut step_nodes: Vec<&KdlNode> = Vec::new();
         let nodes = v.children.map(|c| c.nodes()).unwrap_or_default();
@@ -2736,14 +2761,12 @@ impl<'f> Decoder<'f> {
                     }
                 }
                 "user-context" => {
-                    self.check_props(&cv, &[], &[]);
-                    self.check_args(&cv, 0, "user-context { KEY VALUE; … }");
-                    if let Some(children) = cv.children {
-                        sc.user_context = self.json_object(children);
+                    if let Some(context) = self.json_object_node(&cv, "user-context") {
+                        sc.user_context = context;
                     }
                 }
                 "initial-state" => {
-                    if let Some(state) = self.initial_state(&cv) {
+                    if let Some(state) = self.json_object_node(&cv, "initial-state") {
                         sc.initial_state = state;
                     }
                 }
@@ -2783,6 +2806,7 @@ impl<'f> Decoder<'f> {
                         .single(&cv, "timeout \"2m\"")
                         .and_then(|e| self.duration(e))
                 }
+                "simulator" => scenario_simulator = self.nested_simulator(&cv),
                 "first-turn" => {
                     if let Some(t) = self
                         .single(&cv, "first-turn \"agent\"")
@@ -2845,6 +2869,9 @@ impl<'f> Decoder<'f> {
         let has_turn = has_initial || sc.first_turn == FirstTurn::Agent;
         let (steps, _) = self.steps(&step_nodes, has_turn, &mut st);
         sc.steps = initial.into_iter().chain(steps).collect();
+        if let Some(simulator) = scenario_simulator {
+            assign_simulator(&mut sc.steps, &std::sync::Arc::new(simulator));
+        }
         if !st.failed_captures.is_empty() {
             self.info
                 .failed_captures
@@ -2855,16 +2882,16 @@ impl<'f> Decoder<'f> {
 
     /// `initial-state { KEY VALUE; … }` (as `user-context`) or `initial-state json=#"{…}"#`
     /// (JSON text, for documents with arrays of objects the block form cannot write).
-    fn initial_state(&mut self, v: &View) -> Option<Map<String, Value>> {
-        let usage = "initial-state { KEY VALUE; … } or initial-state json=#\"{…}\"#";
+    fn json_object_node(&mut self, v: &View, node: &str) -> Option<Map<String, Value>> {
+        let usage = format!("{node} {{ KEY VALUE; … }} or {node} json=#\"{{…}}\"#");
         self.check_props(v, &["json"], &[]);
-        self.check_args(v, 0, usage);
+        self.check_args(v, 0, &usage);
         match (v.prop("json"), v.children) {
             (Some(e), Some(children)) => {
                 let d = self
                     .diag(
                         Kind::InvalidValue,
-                        "`initial-state` takes `json=` or a block, not both".to_string(),
+                        format!("`{node}` takes `json=` or a block, not both"),
                         trim_span(self.text(), children.span()),
                         "block",
                     )
@@ -2880,7 +2907,8 @@ impl<'f> Decoder<'f> {
                         .diag(
                             Kind::InvalidValue,
                             format!(
-                                "the initial state must be a JSON object, not {}",
+                                "the {} must be a JSON object, not {}",
+                                node.replace('-', " "),
                                 json_kind(&other)
                             ),
                             value_span(e),
@@ -3148,9 +3176,17 @@ impl<'f> Decoder<'f> {
                 self.check_args(&v, 1, usage);
                 self.check_props(&v, &[], &[]);
                 let mut inner = Vec::new();
+                let mut simulator = None;
+                let mut persona = None;
                 for child in v.children.map(|c| c.nodes()).unwrap_or_default() {
                     if STEP_NODES.contains(&child.name().value()) {
                         inner.push(child);
+                    } else if child.name().value() == "simulator" {
+                        let cv = View::of(child, self.text());
+                        simulator = self.nested_simulator(&cv);
+                    } else if child.name().value() == "persona" {
+                        let cv = View::of(child, self.text());
+                        persona = self.persona_ref(&cv);
                     } else {
                         let cv = View::of(child, self.text());
                         self.unknown_node(
@@ -3161,7 +3197,13 @@ impl<'f> Decoder<'f> {
                         );
                     }
                 }
-                let (steps, turn) = self.steps(&inner, has_turn, st);
+                let (mut steps, turn) = self.steps(&inner, has_turn, st);
+                if let Some(simulator) = simulator {
+                    assign_simulator(&mut steps, &std::sync::Arc::new(simulator));
+                }
+                if let Some(persona) = persona {
+                    assign_persona(&mut steps, &std::sync::Arc::new(persona));
+                }
                 all_turn &= turn;
                 if let Some(name) = name {
                     branches.push(Branch { name, steps });
@@ -3277,7 +3319,11 @@ impl<'f> Decoder<'f> {
             }
             (Some(a), None) => {
                 if a.value().as_string() == Some("until-done") {
-                    Some(StepKind::Simulate { turns: None })
+                    Some(StepKind::Simulate {
+                        turns: None,
+                        simulator: None,
+                        persona: None,
+                    })
                 } else {
                     let help = match a.value().as_string() {
                         Some(s) if did_you_mean(s, ["until-done"]).is_some() => {
@@ -3297,10 +3343,16 @@ impl<'f> Decoder<'f> {
                     None
                 }
             }
-            (None, Some(t)) => self
-                .u32(t, 1)
-                .map(|n| StepKind::Simulate { turns: Some(n) }),
-            (None, None) => Some(StepKind::Simulate { turns: None }),
+            (None, Some(t)) => self.u32(t, 1).map(|n| StepKind::Simulate {
+                turns: Some(n),
+                simulator: None,
+                persona: None,
+            }),
+            (None, None) => Some(StepKind::Simulate {
+                turns: None,
+                simulator: None,
+                persona: None,
+            }),
         }
     }
 
@@ -3455,11 +3507,17 @@ impl<'f> Decoder<'f> {
             "reply" => self.reply_criterion(v, &mut templates)?,
             "tool" => self.tool_criterion(v, &mut templates)?,
             "no-tool" => {
-                let usage = "no-tool \"NAME\"";
+                let usage = "no-tool \"NAME\" (or `no-tool` alone: no tool call at all)";
                 self.check_props(v, &[], &[]);
-                self.check_args(v, 1, usage);
-                let name = self.id_arg(v, "a tool name", usage)?;
-                CriterionKind::NoTool { name: name.value }
+                if v.args.is_empty() {
+                    CriterionKind::NoTool { name: None }
+                } else {
+                    self.check_args(v, 1, usage);
+                    let name = self.id_arg(v, "a tool name", usage)?;
+                    CriterionKind::NoTool {
+                        name: Some(name.value),
+                    }
+                }
             }
             "tools-in-order" => {
                 let names = self.strings(v, "tools-in-order \"A\" \"B\"");
@@ -3878,6 +3936,44 @@ fn assemble(
         }
     }
     project
+}
+
+/// Gives `persona` to every `simulate` step of a branch's `steps` (and of their branches)
+/// that has none yet: the innermost branch's persona wins.
+fn assign_persona(steps: &mut [Step], persona: &std::sync::Arc<PersonaRef>) {
+    for step in steps {
+        match &mut step.kind {
+            StepKind::Simulate {
+                persona: slot @ None,
+                ..
+            } => *slot = Some(persona.clone()),
+            StepKind::Fork(branches) => {
+                for branch in branches {
+                    assign_persona(&mut branch.steps, persona);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Gives `simulator` to every `simulate` step of `steps` (and of their branches) that has none
+/// yet: inner branches assign theirs first, so the innermost `simulator` wins.
+fn assign_simulator(steps: &mut [Step], simulator: &std::sync::Arc<Simulator>) {
+    for step in steps {
+        match &mut step.kind {
+            StepKind::Simulate {
+                simulator: slot @ None,
+                ..
+            } => *slot = Some(simulator.clone()),
+            StepKind::Fork(branches) => {
+                for branch in branches {
+                    assign_simulator(&mut branch.steps, simulator);
+                }
+            }
+            _ => {}
+        }
+    }
 }
 
 #[cfg(test)]

@@ -507,6 +507,16 @@ impl<'p> Validator<'p> {
                 StepKind::Hitl {
                     message: Some(t), ..
                 } => self.template(cx, t, &captured),
+                StepKind::Simulate {
+                    simulator, persona, ..
+                } if simulator.is_some() || persona.is_some() => {
+                    if let Some(sim) = simulator {
+                        self.reference(RefKind::Provider, &sim.provider);
+                    }
+                    if let Some(PersonaRef::Named(name)) = persona.as_deref() {
+                        self.reference(RefKind::Persona, name);
+                    }
+                }
                 StepKind::Hitl { message: None, .. } | StepKind::Simulate { .. } => {}
                 StepKind::Expect(criteria) => {
                     for c in criteria {

@@ -196,7 +196,7 @@ fn evaluate<T: AsRef<TurnRecord>>(
                 )),
             }
         }
-        CriterionKind::NoTool { name } => {
+        CriterionKind::NoTool { name: Some(name) } => {
             let n = turns
                 .iter()
                 .flat_map(|t| &t.tool_calls)
@@ -206,6 +206,22 @@ fn evaluate<T: AsRef<TurnRecord>>(
                 pass(format!("`{name}` not called"))
             } else {
                 fail(format!("`{name}` was called {n} time(s)"))
+            }
+        }
+        CriterionKind::NoTool { name: None } => {
+            let called: Vec<&str> = turns
+                .iter()
+                .flat_map(|t| &t.tool_calls)
+                .map(|c| c.name.as_str())
+                .collect();
+            if called.is_empty() {
+                pass("no tool called".to_owned())
+            } else {
+                fail(format!(
+                    "no tool may be called, but {} call(s) were made: {}",
+                    called.len(),
+                    called.join(", ")
+                ))
             }
         }
         CriterionKind::ToolsInOrder(expected) => {

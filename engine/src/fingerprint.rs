@@ -229,9 +229,22 @@ fn steps_text(steps: &[trellis_dsl::Step]) -> (String, String) {
                 calls += 1;
                 conversation.push_str(&format!("call {function:?} {:?};", input.source));
             }
-            StepKind::Simulate { turns } => {
+            StepKind::Simulate {
+                turns,
+                simulator,
+                persona,
+            } => {
                 calls += 1;
-                conversation.push_str(&format!("simulate {turns:?};"));
+                let by = simulator
+                    .as_ref()
+                    .map(|s| (&s.provider.value, &s.model, s.temperature));
+                let playing = persona.as_deref().map(|p| match p {
+                    trellis_dsl::PersonaRef::Named(id) => format!("{:?}", id.value),
+                    trellis_dsl::PersonaRef::Inline(p) => {
+                        format!("{:?}", (&p.kind, &p.description, &p.instructions))
+                    }
+                });
+                conversation.push_str(&format!("simulate {turns:?} {by:?} {playing:?};"));
             }
             StepKind::Hitl { approve, message } => {
                 calls += 1;

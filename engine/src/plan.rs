@@ -108,6 +108,10 @@ pub enum PlannedStep {
     /// the user side (planned only when the project has a simulator).
     Simulate {
         turns: Option<u32>,
+        /// The scenario's or branch's `simulator`; `None`: the project's.
+        simulator: Option<std::sync::Arc<trellis_dsl::Simulator>>,
+        /// The branch's `persona`; `None`: the scenario's.
+        persona: Option<std::sync::Arc<trellis_dsl::PersonaRef>>,
     },
     /// `hitl approve|reject message=…`: the answer to an agent waiting for a human. On a
     /// protocol that never pauses (anything but MultiAgentEval) there is nothing to answer.
@@ -604,7 +608,7 @@ fn compile_steps(
     };
     for step in &segment.steps {
         if let Some(reason) = not_runnable::step(&step.kind, None)
-            && !(simulator && matches!(step.kind, StepKind::Simulate { .. }))
+            && !matches!(&step.kind, StepKind::Simulate { simulator: own, .. } if simulator || own.is_some())
         {
             out.unsupported.get_or_insert(reason);
         }
@@ -641,7 +645,15 @@ fn compile_steps(
                 message: message.as_ref().map(|m| templates.compile(m)).transpose()?,
             }),
             // Without a simulator the trajectory is recorded as skipped (`not_runnable::step`).
-            StepKind::Simulate { turns } => out.steps.push(PlannedStep::Simulate { turns: *turns }),
+            StepKind::Simulate {
+                turns,
+                simulator,
+                persona,
+            } => out.steps.push(PlannedStep::Simulate {
+                turns: *turns,
+                simulator: simulator.clone(),
+                persona: persona.clone(),
+            }),
             // Segments never hold forks: the graph turned them into edges.
             StepKind::Fork(_) => {}
         }
@@ -732,7 +744,7 @@ pub fn warnings(project: &Project) -> Vec<Diagnostic> {
         let mut user_warned = false;
         walk_steps(&sc.steps, &mut |step| {
             if let Some(why) = not_runnable::step(&step.kind, None)
-                && !(simulated && matches!(step.kind, StepKind::Simulate { .. }))
+                && !matches!(&step.kind, StepKind::Simulate { simulator: own, .. } if simulated || own.is_some())
             {
                 out.push(warn(
                     step.span,

@@ -12,6 +12,7 @@ mod diagnostics;
 mod faults;
 mod history;
 mod import;
+mod import_connexity;
 mod import_multiagent;
 mod judges;
 mod multiagent;

@@ -487,3 +487,107 @@ scenario "s" { user "hi"; }
         "{text}"
     );
 }
+
+/// `user-context json=…` holds what the block cannot write (one-element arrays, arrays of
+/// objects); `no-tool` alone is "no tool call at all".
+#[test]
+fn user_context_json_and_no_tool_alone() {
+    let p = load_text(
+        r##"
+agent "a" protocol="connexity" builtin="booking"
+scenario "s" {
+    user-context json=#"{"items": ["filter"], "orders": [{"id": 1}]}"#
+    user "Order {{ user_context.items }}"
+    criteria { no-tool; no-tool "cancel_booking"; }
+}
+"##,
+    )
+    .unwrap_or_else(|d| panic!("{}", d.render_plain()));
+    let s = &p.suites[0].scenarios[0];
+    assert_eq!(
+        serde_json::Value::Object(s.user_context.clone()),
+        serde_json::json!({"items": ["filter"], "orders": [{"id": 1}]})
+    );
+    let kinds: Vec<&CriterionKind> = s.criteria.iter().map(|c| &c.kind).collect();
+    assert!(matches!(kinds[0], CriterionKind::NoTool { name: None }));
+    assert!(matches!(kinds[1], CriterionKind::NoTool { name: Some(n) } if n == "cancel_booking"));
+
+    let bad = load_text(
+        "agent \"a\" protocol=\"connexity\" builtin=\"booking\"\nscenario \"s\" {\n    user-context json=\"[1]\"\n    user \"hi\"\n}\n",
+    );
+    let text = bad.err().map(|d| d.render_plain()).unwrap_or_default();
+    assert!(
+        text.contains("the user context must be a JSON object, not an array"),
+        "{text}"
+    );
+}
+
+/// `simulator` inside a scenario or a branch: the innermost one reaches each `simulate`
+/// step; `instructions` there is an error, and so is an unknown provider.
+#[test]
+fn scenario_and_branch_simulators_reach_their_steps() {
+    let p = load_text(
+        r#"
+agent "a" protocol="connexity" builtin="booking"
+provider "p" kind="openai" base-url="http://127.0.0.1:9" model="m"
+provider "q" kind="openai" base-url="http://127.0.0.1:9" model="m"
+scenario "s" {
+    simulator provider="p"
+    simulate turns=1
+    branch "one" { simulator provider="q" model="x"; simulate turns=1; }
+    branch "two" { simulate turns=1; }
+}
+"#,
+    )
+    .unwrap_or_else(|d| panic!("{}", d.render_plain()));
+    let steps = &p.suites[0].scenarios[0].steps;
+    let provider = |step: &Step| match &step.kind {
+        StepKind::Simulate { simulator, .. } => {
+            simulator.as_ref().map(|s| s.provider.value.clone())
+        }
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(provider(&steps[0]).as_deref(), Some("p"));
+    let StepKind::Fork(branches) = &steps[1].kind else {
+        panic!("{:?}", steps[1].kind)
+    };
+    assert_eq!(provider(&branches[0].steps[0]).as_deref(), Some("q"));
+    assert_eq!(provider(&branches[1].steps[0]).as_deref(), Some("p"));
+
+    let text = load_text(
+        r#"
+agent "a" protocol="connexity" builtin="booking"
+provider "p" kind="openai" base-url="http://127.0.0.1:9" model="m"
+scenario "s" {
+    simulator provider="nope"
+    simulate turns=1
+    branch "b" { simulator provider="p" instructions="hi"; simulate turns=1; }
+}
+"#,
+    )
+    .err()
+    .map(|d| d.render_plain())
+    .unwrap_or_default();
+    assert!(text.contains("nope"), "{text}");
+    assert!(text.contains("project's `simulator` only"), "{text}");
+}
+
+/// A branch's `persona` reaches its `simulate` steps; a named one must exist.
+#[test]
+fn a_branch_persona_reaches_its_steps_and_must_exist() {
+    let text = load_text(
+        r#"
+agent "a" protocol="connexity" builtin="booking"
+provider "p" kind="openai" base-url="http://127.0.0.1:9" model="m"
+scenario "s" {
+    user "hi"
+    branch "b" { persona "ghost"; simulate turns=1; }
+    branch "c" { simulate turns=1; }
+}
+"#,
+    )
+    .err()
+    .map(|d| d.render_plain())
+    .unwrap_or_default();
+    assert!(text.contains("ghost"), "{text}");
+}

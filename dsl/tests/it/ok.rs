@@ -361,7 +361,7 @@ fn refund_scenario() {
         .iter()
         .map(|s| match &s.kind {
             StepKind::User(_) => "user".to_string(),
-            StepKind::Simulate { turns } => format!("simulate {turns:?}"),
+            StepKind::Simulate { turns, .. } => format!("simulate {turns:?}"),
             StepKind::Call { .. } => "call".to_string(),
             StepKind::Expect(c) => format!("expect {}", c.len()),
             StepKind::Capture { .. } => "capture".to_string(),

@@ -638,8 +638,16 @@ impl<'a> Unit<'a> {
                         None => {}
                     }
                 }
-                PlannedStep::Simulate { turns } => {
-                    match self.simulate(session, *turns, true, state, recorded).await {
+                PlannedStep::Simulate {
+                    turns,
+                    simulator,
+                    persona,
+                } => {
+                    let by = (simulator.as_deref(), persona.as_deref());
+                    match self
+                        .simulate(session, *turns, by, true, state, recorded)
+                        .await
+                    {
                         Some(Stop::Fault(fault)) => return Some(replay_fault(fault)),
                         Some(Stop::Branch(_)) => return Some(replay_fault(branch_on_replay())),
                         Some(stop) => return Some(stop),
@@ -835,8 +843,15 @@ impl<'a> Unit<'a> {
                         return Some(Stop::Failed(failed));
                     }
                 }
-                PlannedStep::Simulate { turns } => {
-                    if let Some(stop) = self.simulate(session, *turns, false, state, recorded).await
+                PlannedStep::Simulate {
+                    turns,
+                    simulator,
+                    persona,
+                } => {
+                    let by = (simulator.as_deref(), persona.as_deref());
+                    if let Some(stop) = self
+                        .simulate(session, *turns, by, false, state, recorded)
+                        .await
                     {
                         return Some(stop);
                     }
@@ -922,6 +937,10 @@ impl<'a> Unit<'a> {
         &self,
         session: &mut dyn Session,
         turns: Option<u32>,
+        (simulator, persona): (
+            Option<&trellis_dsl::Simulator>,
+            Option<&trellis_dsl::PersonaRef>,
+        ),
         replay: bool,
         state: &mut PathState,
         recorded: &mut Vec<Arc<TurnRecord>>,
@@ -961,6 +980,8 @@ impl<'a> Unit<'a> {
                 scenario: sc,
                 turns: &state.turns,
                 repetition: self.repetition,
+                simulator,
+                persona,
                 instructions: instructions.clone(),
                 call_name: format!(
                     "simulated user turn {} on {}/{} (agent `{}`, repetition {})",
@@ -992,7 +1013,13 @@ impl<'a> Unit<'a> {
             {
                 return Some(stop);
             }
-            if last {
+            // The agent can hang up too (`end_call`), as the simulator can with its marker.
+            if last
+                || state
+                    .turns
+                    .last()
+                    .is_some_and(|t| crate::llm::simulator::agent_ended(t))
+            {
                 break;
             }
         }

@@ -172,6 +172,8 @@ pub struct JudgeContext<'a> {
     pub user_context: Option<&'a Map<String, Value>>,
     /// `expect-tool` nodes: name and expected parameters.
     pub expected_tools: Vec<(String, Map<String, Value>)>,
+    /// `criteria { no-tool }` (Connexity's `expected_tool_calls: []`): no tool may be called.
+    pub no_tools: bool,
     /// The scenario's `outcome`s, as statements.
     pub outcomes: Vec<String>,
 }
@@ -214,7 +216,12 @@ pub fn request<T: AsRef<TurnRecord>>(
             serde_json::to_string_pretty(uc).unwrap_or_default()
         );
     }
-    if !ctx.expected_tools.is_empty() {
+    if ctx.no_tools {
+        let _ = writeln!(
+            user,
+            "\n# Expected tool calls\nNone: no tool may be called."
+        );
+    } else if !ctx.expected_tools.is_empty() {
         let _ = writeln!(user, "\n# Expected tool calls");
         for (name, params) in &ctx.expected_tools {
             let _ = writeln!(user, "- {name} {}", Value::Object(params.clone()));
@@ -731,6 +738,7 @@ mod tests {
             }),
             user_context: Some(&context),
             expected_tools: vec![("check_service_area".into(), Map::new())],
+            no_tools: false,
             outcomes: vec!["Agent confirms the day".into()],
         };
         let rubric = Rubric::Outcome;

@@ -377,14 +377,19 @@ impl LlmRuntime {
         }
     }
 
+    /// A persona reference as the persona it names (`trellis check` made sure it exists).
+    fn resolve_persona<'a>(&'a self, persona: &'a PersonaRef) -> Option<&'a Persona> {
+        match persona {
+            PersonaRef::Named(id) => self.setup.personas.iter().find(|p| p.id.value == id.value),
+            PersonaRef::Inline(p) => Some(p),
+        }
+    }
+
     fn context<'a>(&'a self, scenario: &'a Scenario) -> JudgeContext<'a> {
-        let persona = match &scenario.persona {
-            Some(PersonaRef::Named(id)) => {
-                self.setup.personas.iter().find(|p| p.id.value == id.value)
-            }
-            Some(PersonaRef::Inline(p)) => Some(p),
-            None => None,
-        };
+        let persona = scenario
+            .persona
+            .as_ref()
+            .and_then(|p| self.resolve_persona(p));
         JudgeContext {
             scenario: &scenario.id.value,
             description: scenario.description.as_deref(),
@@ -404,6 +409,10 @@ impl LlmRuntime {
                     _ => None,
                 })
                 .collect(),
+            no_tools: scenario
+                .criteria
+                .iter()
+                .any(|c| matches!(c.kind, CriterionKind::NoTool { name: None })),
             outcomes: scenario
                 .outcomes
                 .iter()
@@ -418,6 +427,10 @@ pub struct SimulateTask<'a, T> {
     pub scenario: &'a Scenario,
     pub turns: &'a [T],
     pub repetition: u32,
+    /// The scenario's or branch's `simulator`, in place of the project's.
+    pub simulator: Option<&'a Simulator>,
+    /// The branch's `persona`, played in place of the scenario's.
+    pub persona: Option<&'a PersonaRef>,
     /// The simulator's `instructions`, rendered for this path.
     pub instructions: Option<String>,
     /// Names the call in a replay-only cache miss.
@@ -440,17 +453,19 @@ impl LlmRuntime {
         task: SimulateTask<'_, T>,
     ) -> Result<Simulated, (Fault, Vec<LlmCall>)> {
         let fault = |message: String| Fault::new(FaultCategory::Simulator, message);
-        let (provider_id, model, temperature) =
-            match (&self.setup.simulator, self.setup.providers.as_slice()) {
-                (Some(s), _) => (s.provider.value.as_str(), s.model.as_deref(), s.temperature),
-                (None, [only]) => (only.id.value.as_str(), None, None),
-                (None, _) => {
-                    return Err((
-                        fault("no simulator configured: add `simulator provider=\"ID\"`".into()),
-                        Vec::new(),
-                    ));
-                }
-            };
+        let (provider_id, model, temperature) = match (
+            task.simulator.or(self.setup.simulator.as_ref()),
+            self.setup.providers.as_slice(),
+        ) {
+            (Some(s), _) => (s.provider.value.as_str(), s.model.as_deref(), s.temperature),
+            (None, [only]) => (only.id.value.as_str(), None, None),
+            (None, _) => {
+                return Err((
+                    fault("no simulator configured: add `simulator provider=\"ID\"`".into()),
+                    Vec::new(),
+                ));
+            }
+        };
         let client = match self.clients.get(provider_id) {
             Some(Ok(client)) => client,
             Some(Err(e)) => return Err((fault(format!("simulator unavailable: {e}")), Vec::new())),
@@ -462,8 +477,16 @@ impl LlmRuntime {
             }
         };
         let ctx = self.context(task.scenario);
+        let persona = match task.persona {
+            Some(playing) => self.resolve_persona(playing).map(|p| PersonaInfo {
+                kind: p.kind.clone(),
+                description: p.description.clone(),
+                instructions: p.instructions.clone(),
+            }),
+            None => ctx.persona,
+        };
         let character = Character {
-            persona: ctx.persona,
+            persona,
             user_context: ctx.user_context,
             description: ctx.description,
             instructions: task.instructions,

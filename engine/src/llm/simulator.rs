@@ -28,6 +28,17 @@ pub const SIMULATOR_RETRIES: usize = 2;
 /// Turns a `simulate until-done` takes at most when the scenario sets no `max-turns`.
 pub const UNTIL_DONE_CAP: u32 = 20;
 
+/// Tools an agent calls to end the conversation itself: Connexity's voice agents hang up with
+/// an `end_call` tool. A turn with such a call ends the `simulate` step after that turn.
+pub const AGENT_END_TOOLS: &[&str] = &["end_call", "end_conversation"];
+
+/// Whether the agent ended the conversation in this turn (called one of [`AGENT_END_TOOLS`]).
+pub fn agent_ended(turn: &TurnRecord) -> bool {
+    turn.tool_calls
+        .iter()
+        .any(|call| AGENT_END_TOOLS.contains(&call.name.as_str()))
+}
+
 /// What the simulator knows about the user it plays.
 #[derive(Clone, Debug, Default)]
 pub struct Character<'a> {

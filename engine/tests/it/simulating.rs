@@ -158,3 +158,162 @@ scenario "book" { simulate turns=2; }
         t.skip_reason
     );
 }
+
+/// A Connexity agent on a real socket that hangs up (`end_call`) on its second turn.
+async fn hanging_up_agent() -> (String, tokio::task::JoinHandle<()>) {
+    use axum::routing::post;
+    async fn respond(body: axum::body::Bytes) -> axum::response::Response {
+        use axum::response::IntoResponse;
+        let request: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+        let users = request["messages"]
+            .as_array()
+            .map_or(0, |m| m.iter().filter(|m| m["role"] == "user").count());
+        let messages = if users >= 2 {
+            serde_json::json!([
+                {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "type": "function",
+                    "function": {"name": "end_call", "arguments": "{\"reason\":\"done\"}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "{\"ended\": true}"},
+                {"role": "assistant", "content": "Goodbye!"}
+            ])
+        } else {
+            serde_json::json!([{"role": "assistant", "content": "What is your postal code?"}])
+        };
+        axum::Json(serde_json::json!({"messages": messages})).into_response()
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let app = axum::Router::new().route("/agent/respond", post(respond));
+    let server = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (format!("http://{address}/agent/respond"), server)
+}
+
+#[tokio::test]
+async fn the_agent_ends_the_simulated_conversation_with_end_call() {
+    let fake = FakeLlm::start(vec![Rule::otherwise([
+        Reply::text("Hi, I'd like to book a duct cleaning."),
+        Reply::text("It's V4T 0A7."),
+        Reply::text("Are you still there?"),
+    ])])
+    .await;
+    let (url, server) = hanging_up_agent().await;
+    let text = suite(&fake.base_url(), "simulate until-done").replace(
+        r#"agent "demo" protocol="connexity" builtin="booking""#,
+        &format!(r#"agent "demo" protocol="connexity" url="{url}""#),
+    );
+    let run = run_suite(&text, 4, EnvSnapshot::new()).await;
+    server.abort();
+    let turns: Vec<_> = run.nodes.iter().flat_map(|n| &n.turns).collect();
+    let said: Vec<&str> = turns.iter().map(|t| t.user_message.as_str()).collect();
+    // The simulator would have gone on; the agent's `end_call` ended the step.
+    assert_eq!(
+        said,
+        ["Hi, I'd like to book a duct cleaning.", "It's V4T 0A7."]
+    );
+    assert_eq!(fake.calls(), 2);
+    assert_eq!(run.trajectories[0].status, TrajectoryStatus::Passed);
+}
+
+/// A scenario's `simulator` replaces the project's for its `simulate` steps, and a branch's
+/// replaces the scenario's inside that branch: one executed prefix continued by different
+/// simulated users.
+#[tokio::test]
+async fn scenario_and_branch_simulators_override_the_default() {
+    let project = FakeLlm::start(vec![Rule::otherwise([Reply::text("PROJECT [END]")])]).await;
+    let scenario = FakeLlm::start(vec![Rule::otherwise([Reply::text(
+        "Hi, I'd like to book a duct cleaning.",
+    )])])
+    .await;
+    let branch = FakeLlm::start(vec![Rule::otherwise([Reply::text("It's V4T 0A7. [END]")])]).await;
+    let text = format!(
+        r#"
+agent "demo" protocol="connexity" builtin="booking"
+provider "project" kind="openai" base-url="{}" model="project-m"
+provider "scenario" kind="openai" base-url="{}" model="scenario-m"
+provider "branch" kind="openai" base-url="{}" model="branch-m"
+simulator provider="project"
+scenario "book" {{
+    simulator provider="scenario" temperature=0.3
+    simulate turns=1
+    branch "gives-code" {{
+        simulator provider="branch" model="branch-override"
+        simulate turns=1
+    }}
+    branch "same-user" {{
+        simulate turns=1
+    }}
+}}
+"#,
+        project.base_url(),
+        scenario.base_url(),
+        branch.base_url()
+    );
+    let run = run_suite(&text, 4, EnvSnapshot::new()).await;
+    assert_eq!(run.trajectories.len(), 2);
+    // The prefix and the `same-user` branch: the scenario's simulator; `gives-code`: the
+    // branch's; the project's is never asked.
+    assert_eq!(project.calls(), 0);
+    assert_eq!(scenario.calls(), 2);
+    assert_eq!(branch.calls(), 1);
+    assert_eq!(scenario.seen()[0].body["temperature"], 0.3);
+    assert_eq!(branch.seen()[0].body["model"], "branch-override");
+    let said: Vec<&str> = run
+        .nodes
+        .iter()
+        .flat_map(|n| &n.turns)
+        .map(|t| t.user_message.as_str())
+        .collect();
+    assert!(said.contains(&"It's V4T 0A7."), "{said:?}");
+    let by_branch: Vec<(&str, &str)> = run
+        .nodes
+        .iter()
+        .flat_map(|n| &n.turns)
+        .flat_map(|t| &t.simulator)
+        .map(|c| (c.provider.as_str(), c.model.as_str()))
+        .collect();
+    assert!(
+        by_branch.contains(&("branch", "branch-override")),
+        "{by_branch:?}"
+    );
+}
+
+/// A branch's `persona` is played by the simulator in that branch only: one executed prefix
+/// continued by two different simulated users.
+#[tokio::test]
+async fn a_branch_persona_changes_who_the_simulator_plays() {
+    let fake = FakeLlm::start(vec![Rule::otherwise([Reply::text("Hello there.")])]).await;
+    let text = suite(
+        &fake.base_url(),
+        r#"simulate turns=1
+    branch "impatient" {
+        persona type="impatient-caller" {
+            instructions "Demand a booking today"
+        }
+        simulate turns=1
+    }
+    branch "same" {
+        simulate turns=1
+    }"#,
+    );
+    let run = run_suite(&text, 4, EnvSnapshot::new()).await;
+    assert_eq!(run.trajectories.len(), 2);
+    let systems: Vec<String> = fake
+        .seen()
+        .iter()
+        .map(|r| {
+            r.body["messages"][0]["content"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(systems.len(), 3, "{systems:#?}");
+    let impatient = systems
+        .iter()
+        .filter(|s| s.contains("impatient-caller") && s.contains("Demand a booking today"))
+        .count();
+    let parent = systems.iter().filter(|s| s.contains("busy-parent")).count();
+    // The prefix and the `same` branch play the scenario's persona; `impatient` its own.
+    assert_eq!((impatient, parent), (1, 2), "{systems:#?}");
+}

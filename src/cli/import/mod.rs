@@ -1,7 +1,8 @@
 //! `trellis import`: suites written from what agents and other harnesses already have (a
-//! Fixie agent's few-shots, MultiAgentEval scenario files), and the helpers both importers
+//! Fixie agent's few-shots, MultiAgentEval scenario files, Connexity test cases), and the helpers both importers
 //! share to write KDL that loads back exactly as the source said.
 
+mod connexity;
 mod fixie;
 mod multiagent;
 mod scenario_file;
@@ -31,12 +32,20 @@ enum ImportSource {
     ///
     /// Example: trellis import multiagent scenarios/ --out suites/imported
     Multiagent(multiagent::MultiAgentImportArgs),
+    /// Write suites from Connexity test cases (one case, an array, or `{"test_cases": […]}`;
+    /// the schema document's shape and the reference implementation's): one suite per file,
+    /// one scenario per case, played by the simulator and judged on its expected outcomes and
+    /// tool calls; only active cases run by default.
+    ///
+    /// Example: trellis import connexity test-cases/ --out suites/connexity
+    Connexity(connexity::ConnexityImportArgs),
 }
 
 pub fn import(args: ImportArgs) -> u8 {
     match args.source {
         ImportSource::Fixie(args) => fixie::import_fixie(&args),
         ImportSource::Multiagent(args) => multiagent::import_multiagent(&args),
+        ImportSource::Connexity(args) => connexity::import_connexity(&args),
     }
 }
 

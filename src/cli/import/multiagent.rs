@@ -333,7 +333,11 @@ fn explicit_agent(args: &MultiAgentImportArgs) -> Option<Endpoint> {
 
 /// Every `*.json` below `dir`, not following symbolic links to directories (which could
 /// loop); other files are counted in `ignored`.
-fn collect_json(dir: &Path, files: &mut Vec<PathBuf>, ignored: &mut usize) -> Result<(), String> {
+pub(super) fn collect_json(
+    dir: &Path,
+    files: &mut Vec<PathBuf>,
+    ignored: &mut usize,
+) -> Result<(), String> {
     let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     for entry in entries {
         let entry = entry.map_err(|e| format!("{}: {e}", dir.display()))?;
@@ -524,7 +528,12 @@ fn write_single(
 /// Writes a suite and (with `check`) loads it back with the suite language's loader; a
 /// suite that does not load is removed and reported as an internal error, so one importer
 /// bug cannot leave a directory that `trellis check` rejects as a whole.
-fn write_checked(path: &Path, text: &str, replace: bool, check: bool) -> Result<(), String> {
+pub(super) fn write_checked(
+    path: &Path,
+    text: &str,
+    replace: bool,
+    check: bool,
+) -> Result<(), String> {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
     }
@@ -542,7 +551,7 @@ fn write_checked(path: &Path, text: &str, replace: bool, check: bool) -> Result<
 
 /// Checks KDL that is not written to a file (standard output, the agents alone) through a
 /// temporary file.
-fn check_text(text: &str) -> Result<(), String> {
+pub(super) fn check_text(text: &str) -> Result<(), String> {
     let dir = tempfile::tempdir().map_err(|e| format!("a temporary directory: {e}"))?;
     let path = dir.path().join("suite.kdl");
     write_file(&path, text, false)?;

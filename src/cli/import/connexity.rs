@@ -1,0 +1,867 @@
+//! `trellis import connexity FILE|DIR`: Connexity test cases to suites.
+//!
+//! A file holds one case (an object), several (an array) or `{"test_cases": […]}`, in either
+//! shape Connexity uses (FIELD-NOTES): the 1.0.0 schema document (`persona{type,description,
+//! instructions}`, `initial_message`, `expected_outcomes` as a dict) or the reference
+//! implementation's files (`persona_context`, `first_turn`/`first_message`, outcome lists,
+//! `expected_tool_calls[].mock_responses`). A file becomes one suite, each case one scenario
+//! played by the simulator (`simulate until-done`) and judged on its outcomes and expected
+//! tool calls. Whatever has no Trellis counterpart is reported per file and written into the
+//! suite as comments, never dropped silently.
+//!
+//! The command line, the directory layout (`OUT/agents.kdl` included by every suite), the
+//! exit codes and the check-back of written suites are those of `trellis import multiagent`,
+//! whose helpers this module reuses.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use clap::Args;
+use rayon::prelude::*;
+use serde_json::{Map, Value};
+
+use super::super::console::{count, errln};
+use super::super::{EXIT_FAILED, EXIT_INVALID, EXIT_OK};
+use super::multiagent::{check_text, collect_json, write_checked};
+use super::{comment, is_simple_id, kdl_string, literal_template};
+
+/// The shared agents file of a directory import.
+const AGENTS_FILE: &str = "agents.kdl";
+/// The agent id used when none is given.
+const DEFAULT_AGENT_ID: &str = "connexity";
+/// The builtin reference agent the suites run against by default.
+const DEFAULT_BUILTIN: &str = "booking";
+
+#[derive(Debug, Args)]
+pub struct ConnexityImportArgs {
+    /// A test-case file (JSON: one case, an array of cases or `{"test_cases": […]}`), or a
+    /// directory: every `*.json` file below it is imported.
+    source: PathBuf,
+    /// Where to write: for a file, the suite file (default: standard output); for a
+    /// directory, the output directory (required), mirroring the source tree, plus
+    /// `agents.kdl`.
+    #[arg(long, value_name = "PATH")]
+    out: Option<PathBuf>,
+    /// Replace files that already exist where the suites are written.
+    #[arg(long)]
+    replace: bool,
+    /// The id of the agent every scenario runs against.
+    #[arg(long, value_name = "ID", default_value = DEFAULT_AGENT_ID)]
+    agent_id: String,
+    /// Run every suite against the Connexity agent served at this URL (`POST URL`, e.g.
+    /// http://127.0.0.1:8000/agent/respond).
+    #[arg(long, value_name = "URL", group = "endpoint")]
+    agent_url: Option<String>,
+    /// Run every suite against a builtin Connexity agent (default: `booking`).
+    #[arg(long, value_name = "NAME", group = "endpoint")]
+    agent_builtin: Option<String>,
+    /// Do not load each written suite back to check it (`trellis check OUT` does the same
+    /// afterwards).
+    #[arg(long)]
+    no_check: bool,
+    /// Only print the summary and the files that could not be imported, not what each file
+    /// left unmapped (that is still written into each suite as comments).
+    #[arg(long, short = 'q')]
+    quiet: bool,
+}
+
+/// One test-case file, mapped.
+#[derive(Debug, Default)]
+struct CaseFile {
+    cases: Vec<Case>,
+    /// What could not be mapped, each item naming its case.
+    unmapped: Vec<String>,
+}
+
+/// One test case as the lines of its scenario.
+#[derive(Debug, Default)]
+struct Case {
+    id: String,
+    /// Settings, one KDL line each (without indentation).
+    settings: Vec<String>,
+    /// `persona type=… { … }`, written as a block.
+    persona: Option<(String, Option<String>, Option<String>)>,
+    /// `criteria { … }` lines.
+    criteria: Vec<String>,
+    /// Comments at the head of the scenario (database fields, approximations).
+    notes: Vec<String>,
+}
+
+impl CaseFile {
+    fn parse(bytes: &[u8], stem: &str) -> Result<CaseFile, String> {
+        let value: Value = serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
+        let mut file = CaseFile::default();
+        let cases: Vec<Value> = match value {
+            Value::Array(items) => items,
+            Value::Object(mut map) => match map.remove("test_cases") {
+                Some(Value::Array(items)) => {
+                    for key in map.keys() {
+                        file.unmapped
+                            .push(format!("`{key}` next to `test_cases` (not a case field)"));
+                    }
+                    items
+                }
+                Some(other) => {
+                    return Err(format!(
+                        "`test_cases` is {}, not an array of test cases",
+                        json_kind(&other)
+                    ));
+                }
+                None => vec![Value::Object(map)],
+            },
+            other => {
+                return Err(format!(
+                    "the file holds {}, not a test case, an array of them or \
+                     {{\"test_cases\": […]}}",
+                    json_kind(&other)
+                ));
+            }
+        };
+        if cases.is_empty() {
+            return Err("the file holds no test cases".into());
+        }
+        let many = cases.len() > 1;
+        let mut ids: Vec<String> = Vec::with_capacity(cases.len());
+        for (index, case) in cases.into_iter().enumerate() {
+            let Value::Object(map) = case else {
+                return Err(format!(
+                    "test case {} is {}, not an object",
+                    index + 1,
+                    json_kind(&case)
+                ));
+            };
+            let mut case = Case::from_map(map, stem, index, many, &mut file.unmapped);
+            // Scenario ids are unique per suite.
+            let base = case.id.clone();
+            let mut n = 1;
+            while ids.contains(&case.id) {
+                n += 1;
+                case.id = format!("{base}-{n}");
+            }
+            ids.push(case.id.clone());
+            file.cases.push(case);
+        }
+        Ok(file)
+    }
+
+    fn render(&self, suite: &str, agent: &str, source: &str, preamble: &str) -> String {
+        let mut out = String::with_capacity(4096);
+        comment(
+            &mut out,
+            "",
+            &format!("Imported by `trellis import connexity` from {source}."),
+        );
+        comment(
+            &mut out,
+            "",
+            "The scenarios need a simulator and a judge: a `provider` (and optionally\n\
+             `simulator`/`judge`) node in any file loaded with this suite; without one they are\n\
+             skipped with a reason.",
+        );
+        if !self.unmapped.is_empty() {
+            comment(&mut out, "", "Not mapped (reported by the import):");
+            for item in &self.unmapped {
+                comment(&mut out, "", &format!("- {item}"));
+            }
+        }
+        out.push('\n');
+        out.push_str(preamble);
+        let _ = writeln!(
+            out,
+            "suite {} {{\n    description {}\n    tags \"connexity\" \"imported\"\n}}",
+            kdl_string(suite),
+            kdl_string(&format!("Connexity test cases {source}"))
+        );
+        for case in &self.cases {
+            out.push('\n');
+            let _ = writeln!(out, "scenario {} {{", kdl_string(&case.id));
+            for note in &case.notes {
+                comment(&mut out, "    ", note);
+            }
+            let _ = writeln!(out, "    agent {}", kdl_string(agent));
+            // The schema's field order, whatever order the file had.
+            let mut settings: Vec<&String> = case.settings.iter().collect();
+            settings.sort_by_key(|line| setting_rank(line));
+            for line in settings {
+                let _ = writeln!(out, "    {line}");
+            }
+            if let Some((kind, description, instructions)) = &case.persona {
+                let _ = writeln!(out, "    persona type={} {{", kdl_string(kind));
+                if let Some(d) = description {
+                    let _ = writeln!(out, "        description {}", kdl_string(d));
+                }
+                if let Some(i) = instructions {
+                    let _ = writeln!(out, "        instructions {}", kdl_string(i));
+                }
+                out.push_str("    }\n");
+            }
+            out.push_str("\n    simulate until-done\n");
+            if !case.criteria.is_empty() {
+                out.push_str("\n    criteria {\n");
+                for line in &case.criteria {
+                    let _ = writeln!(out, "        {line}");
+                }
+                out.push_str("    }\n");
+            }
+            out.push_str("}\n");
+        }
+        out
+    }
+}
+
+impl Case {
+    fn from_map(
+        mut map: Map<String, Value>,
+        stem: &str,
+        index: usize,
+        many: bool,
+        unmapped: &mut Vec<String>,
+    ) -> Case {
+        let name = map.get("name").and_then(Value::as_str).map(str::to_owned);
+        let label = match (&name, many) {
+            (Some(name), false) => name.clone(),
+            (Some(name), true) => format!("test case {} ({name})", index + 1),
+            (None, _) => format!("test case {}", index + 1),
+        };
+        let mut lost = |what: String| unmapped.push(format!("{label}: {what}"));
+        let mut case = Case {
+            id: name
+                .as_deref()
+                .map(slug)
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| format!("{}-{}", slug(stem), index + 1)),
+            ..Case::default()
+        };
+        if name.is_none() {
+            lost("no `name` (required by the schema); the scenario is named after the file".into());
+        }
+
+        let first_turn = map.remove("first_turn");
+        let first_message = map.remove("first_message");
+        let initial_message = map.remove("initial_message");
+        let persona_context = map.remove("persona_context");
+        let persona = map.remove("persona");
+        for (key, value) in map {
+            match (key.as_str(), value) {
+                ("name", Value::String(text)) => {
+                    case.settings.push(format!("name {}", kdl_string(&text)));
+                }
+                (_, Value::Null) => {}
+                ("description", Value::String(text)) => {
+                    case.settings
+                        .push(format!("description {}", kdl_string(&text)));
+                }
+                ("difficulty", Value::String(text))
+                    if matches!(text.as_str(), "normal" | "hard") =>
+                {
+                    case.settings
+                        .push(format!("difficulty {}", kdl_string(&text)));
+                }
+                ("status", Value::String(text))
+                    if matches!(text.as_str(), "active" | "draft" | "archived") =>
+                {
+                    if text != "active" {
+                        case.notes.push(format!(
+                            "status {text}: runs only with `trellis run --include-inactive`"
+                        ));
+                    }
+                    case.settings.push(format!("status {}", kdl_string(&text)));
+                }
+                ("tags", Value::Array(tags)) => {
+                    let mut line = String::from("tags");
+                    for tag in &tags {
+                        match tag.as_str() {
+                            Some(t) => {
+                                line.push(' ');
+                                line.push_str(&kdl_string(t));
+                            }
+                            None => lost(format!("a tag that is {}", json_kind(tag))),
+                        }
+                    }
+                    if line != "tags" {
+                        case.settings.push(line);
+                    }
+                }
+                ("user_context", Value::Object(context)) => {
+                    let json = Value::Object(context).to_string();
+                    case.settings
+                        .push(format!("user-context json={}", kdl_string(&json)));
+                }
+                ("max_turns", Value::Number(n)) if n.as_u64().is_some_and(|n| n >= 1) => {
+                    case.settings.push(format!("max-turns {n}"));
+                }
+                ("expected_outcomes", Value::Object(outcomes)) => {
+                    for (label, value) in outcomes {
+                        match value {
+                            Value::Bool(_) | Value::Number(_) | Value::String(_) | Value::Null => {
+                                case.settings.push(format!(
+                                    "outcome {}={}",
+                                    kdl_key(&label),
+                                    kdl_value(&value)
+                                ));
+                            }
+                            other => {
+                                // A KDL property holds no object or array: the judge reads
+                                // the same expectation as a statement.
+                                case.notes.push(format!(
+                                    "outcome `{label}` is {}: written as a statement",
+                                    json_kind(&other)
+                                ));
+                                case.settings.push(format!(
+                                    "outcome {}",
+                                    kdl_string(&format!("{label}: {other}"))
+                                ));
+                            }
+                        }
+                    }
+                }
+                ("expected_outcomes", Value::Array(statements)) => {
+                    for statement in statements {
+                        match statement {
+                            Value::String(text) => {
+                                case.settings.push(format!("outcome {}", kdl_string(&text)));
+                            }
+                            other => lost(format!(
+                                "an expected outcome that is {}, not a statement",
+                                json_kind(&other)
+                            )),
+                        }
+                    }
+                }
+                ("expected_tool_calls", Value::Array(calls)) => {
+                    if calls.is_empty() {
+                        case.notes
+                            .push("expected_tool_calls: [] means no tool may be called".to_owned());
+                        case.criteria.push("no-tool".to_owned());
+                    }
+                    for (i, call) in calls.into_iter().enumerate() {
+                        expected_tool_call(&mut case, i, call, &mut lost);
+                    }
+                }
+                ("evaluation_criteria_override", Value::String(text)) => {
+                    case.settings
+                        .push(format!("criteria-override {}", kdl_string(&text)));
+                }
+                ("id" | "created_at" | "updated_at", value) => {
+                    case.notes.push(format!("{key}: {}", scalar_text(&value)));
+                    lost(format!("`{key}` (a database field; kept as a comment)"));
+                }
+                (key, value) => lost(format!("`{key}` {}", brief(&value))),
+            }
+        }
+
+        match (persona, persona_context) {
+            (Some(Value::Object(mut p)), context) => {
+                let text = |p: &mut Map<String, Value>, key: &str| match p.remove(key) {
+                    Some(Value::String(s)) => Some(s),
+                    _ => None,
+                };
+                let kind = text(&mut p, "type").unwrap_or_else(|| {
+                    lost("`persona.type` missing; written as `user`".into());
+                    "user".to_owned()
+                });
+                let description = text(&mut p, "description");
+                let instructions = text(&mut p, "instructions");
+                for (key, value) in p {
+                    lost(format!("`persona.{key}` {}", brief(&value)));
+                }
+                case.persona = Some((kind, description, instructions));
+                if let Some(c) = context.filter(|c| !c.is_null()) {
+                    lost(format!("`persona_context` next to `persona` {}", brief(&c)));
+                }
+            }
+            (None | Some(Value::Null), Some(Value::String(context))) => {
+                // The reference files write description, a blank line, instructions.
+                let (description, instructions) = match context.split_once("\n\n") {
+                    Some((d, i)) => (d.trim().to_owned(), Some(i.trim().to_owned())),
+                    None => (context.trim().to_owned(), None),
+                };
+                case.persona = Some((
+                    "persona-context".to_owned(),
+                    Some(description),
+                    instructions,
+                ));
+            }
+            (None | Some(Value::Null), None | Some(Value::Null)) => {}
+            (persona, context) => {
+                if let Some(p) = persona.filter(|p| !p.is_null()) {
+                    lost(format!("`persona` {}", brief(&p)));
+                }
+                if let Some(c) = context.filter(|c| !c.is_null()) {
+                    lost(format!("`persona_context` {}", brief(&c)));
+                }
+            }
+        }
+
+        let agent_first = match first_turn {
+            None | Some(Value::Null) => false,
+            Some(Value::String(who)) if who == "user" => false,
+            Some(Value::String(who)) if who == "agent" => {
+                case.settings.push("first-turn \"agent\"".to_owned());
+                true
+            }
+            Some(other) => {
+                lost(format!("`first_turn` {}", brief(&other)));
+                false
+            }
+        };
+        let opener = match (initial_message, first_message) {
+            (Some(Value::String(text)), other) => {
+                if let Some(other) = other.filter(|o| !o.is_null()) {
+                    lost(format!(
+                        "`first_message` next to `initial_message` {}",
+                        brief(&other)
+                    ));
+                }
+                Some(text)
+            }
+            (_, Some(Value::String(text))) if agent_first => {
+                // Trellis calls the agent for its greeting rather than scripting it.
+                lost(format!(
+                    "`first_message` {} (the agent's scripted greeting: Trellis calls the agent \
+                     for its own)",
+                    brief(&Value::String(text))
+                ));
+                None
+            }
+            (_, Some(Value::String(text))) => Some(text),
+            (initial, first) => {
+                for (key, value) in [("initial_message", initial), ("first_message", first)] {
+                    if let Some(v) = value.filter(|v| !v.is_null()) {
+                        lost(format!("`{key}` {}", brief(&v)));
+                    }
+                }
+                None
+            }
+        };
+        if let Some(text) = opener {
+            case.settings.push(format!(
+                "initial-message {}",
+                kdl_string(&literal_template(&text))
+            ));
+        }
+        case
+    }
+}
+
+/// One entry of `expected_tool_calls`: an `expect-tool` setting.
+fn expected_tool_call(case: &mut Case, index: usize, call: Value, lost: &mut impl FnMut(String)) {
+    let Value::Object(mut call) = call else {
+        lost(format!(
+            "`expected_tool_calls[{index}]` is {}, not an object",
+            json_kind(&call)
+        ));
+        return;
+    };
+    let Some(Value::String(tool)) = call.remove("tool") else {
+        lost(format!("`expected_tool_calls[{index}]` names no `tool`"));
+        return;
+    };
+    let mut line = format!("expect-tool {}", kdl_string(&tool));
+    for (key, value) in call {
+        match (key.as_str(), value) {
+            ("expected_params", Value::Object(params)) => {
+                for (param, value) in params {
+                    let written = match &value {
+                        Value::String(s) => Some(kdl_string(&literal_template(s))),
+                        Value::Bool(_) | Value::Number(_) | Value::Null => Some(kdl_value(&value)),
+                        _ => None,
+                    };
+                    match written {
+                        Some(v) if param != "count" => {
+                            let _ = write!(line, " {}={v}", kdl_key(&param));
+                        }
+                        _ => lost(format!(
+                            "`expected_tool_calls[{index}].expected_params.{param}` {} \
+                             (not checked)",
+                            brief(&value)
+                        )),
+                    }
+                }
+            }
+            ("expected_params", Value::Null) => {}
+            ("mock_responses", Value::Array(mocks)) => lost(format!(
+                "`expected_tool_calls[{index}].mock_responses` ({}: answers for tools the \
+                 platform dispatches; a Connexity agent under test runs its own tools)",
+                count(mocks.len() as u64, "response", "responses")
+            )),
+            (key, value) => lost(format!(
+                "`expected_tool_calls[{index}].{key}` {}",
+                brief(&value)
+            )),
+        }
+    }
+    case.settings.push(line);
+}
+
+/// Where a setting line goes among the scenario's settings (stable for equal ranks).
+fn setting_rank(line: &str) -> usize {
+    const ORDER: [&str; 13] = [
+        "name",
+        "description",
+        "difficulty",
+        "tags",
+        "status",
+        "first-turn",
+        "initial-message",
+        "user-context",
+        "max-turns",
+        "outcome",
+        "expect-tool",
+        "criteria-override",
+        "",
+    ];
+    let node = line.split([' ', '=']).next().unwrap_or_default();
+    ORDER.iter().position(|n| *n == node).unwrap_or(ORDER.len())
+}
+
+/// A property key: bare when KDL reads it back as the same identifier, else quoted.
+fn kdl_key(key: &str) -> String {
+    let mut chars = key.chars();
+    let bare = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+        && !matches!(key, "true" | "false" | "null" | "inf" | "nan");
+    if bare {
+        key.to_owned()
+    } else {
+        kdl_string(key)
+    }
+}
+
+/// A JSON scalar as a KDL value.
+fn kdl_value(value: &Value) -> String {
+    match value {
+        Value::String(s) => kdl_string(s),
+        Value::Bool(true) => "#true".into(),
+        Value::Bool(false) => "#false".into(),
+        Value::Null => "#null".into(),
+        Value::Number(n) => n.to_string(),
+        other => kdl_string(&other.to_string()),
+    }
+}
+
+fn scalar_text(value: &Value) -> String {
+    match value {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+fn json_kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// `(VALUE)`, shortened, for the report.
+fn brief(value: &Value) -> String {
+    let text = value.to_string();
+    if text.chars().count() > 80 {
+        let cut: String = text.chars().take(77).collect();
+        format!("({cut}…)")
+    } else {
+        format!("({text})")
+    }
+}
+
+/// A scenario id from a case name: lower case letters and digits, `-` between words.
+fn slug(name: &str) -> String {
+    let mut out = String::with_capacity(name.len());
+    for c in name.chars() {
+        if c.is_alphanumeric() {
+            out.extend(c.to_lowercase());
+        } else if !out.is_empty() && !out.ends_with('-') {
+            out.push('-');
+        }
+    }
+    out.trim_end_matches('-').to_owned()
+}
+
+pub fn import_connexity(args: &ConnexityImportArgs) -> u8 {
+    let started = Instant::now();
+    if !is_simple_id(&args.agent_id) {
+        errln!(
+            "error: --agent-id `{}` must be letters, digits, `_` or `-`",
+            args.agent_id
+        );
+        return EXIT_INVALID;
+    }
+    let is_dir = match std::fs::metadata(&args.source) {
+        Ok(metadata) => metadata.is_dir(),
+        Err(e) => {
+            errln!("error: {}: {e}", args.source.display());
+            return EXIT_INVALID;
+        }
+    };
+    let endpoint = match &args.agent_url {
+        Some(url) => format!("url={}", kdl_string(url)),
+        None => format!(
+            "builtin={}",
+            kdl_string(args.agent_builtin.as_deref().unwrap_or(DEFAULT_BUILTIN))
+        ),
+    };
+    let agents_text = format!(
+        "agent {} protocol=\"connexity\" {endpoint}\n",
+        kdl_string(&args.agent_id)
+    );
+    if let Err(e) = check_text(&agents_text) {
+        errln!("error: the agent options do not make a valid agent:\n{e}");
+        return EXIT_INVALID;
+    }
+
+    let inputs: Vec<(PathBuf, PathBuf)> = if is_dir {
+        let Some(_) = &args.out else {
+            errln!(
+                "error: importing a directory needs --out DIR (one suite per file is written \
+                 there, mirroring {})",
+                args.source.display()
+            );
+            return EXIT_INVALID;
+        };
+        let mut files = Vec::new();
+        let mut ignored = 0usize;
+        if let Err(e) = collect_json(&args.source, &mut files, &mut ignored) {
+            errln!("error: {e}");
+            return EXIT_INVALID;
+        }
+        files.sort();
+        if ignored > 0 && !args.quiet {
+            errln!(
+                "note: {} without the .json extension {} not read",
+                count(ignored as u64, "file", "files"),
+                if ignored == 1 { "was" } else { "were" }
+            );
+        }
+        files
+            .into_iter()
+            .map(|input| {
+                let relative = input
+                    .strip_prefix(&args.source)
+                    .map(Path::to_path_buf)
+                    .unwrap_or_else(|_| input.clone());
+                (input, relative)
+            })
+            .collect()
+    } else {
+        vec![(
+            args.source.clone(),
+            PathBuf::from(args.source.file_name().unwrap_or_default()),
+        )]
+    };
+    if inputs.is_empty() {
+        errln!(
+            "error: {} holds no .json test-case files",
+            args.source.display()
+        );
+        return EXIT_INVALID;
+    }
+
+    let parsed: Vec<Result<CaseFile, String>> = inputs
+        .par_iter()
+        .map(|(input, _)| {
+            let stem = input
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .unwrap_or("case")
+                .to_owned();
+            std::fs::read(input)
+                .map_err(|e| e.to_string())
+                .and_then(|bytes| CaseFile::parse(&bytes, &stem))
+        })
+        .collect();
+
+    let results: Vec<Result<(), String>> = if is_dir {
+        let Some(out) = args.out.as_deref() else {
+            return EXIT_INVALID;
+        };
+        let agents_path = out.join(AGENTS_FILE);
+        let targets: Vec<PathBuf> = inputs
+            .iter()
+            .map(|(_, relative)| out.join(relative.with_extension("kdl")))
+            .collect();
+        if !args.replace {
+            let existing = std::iter::once(&agents_path)
+                .chain(
+                    targets
+                        .iter()
+                        .zip(&parsed)
+                        .filter(|(_, p)| p.is_ok())
+                        .map(|(t, _)| t),
+                )
+                .find(|p| p.exists());
+            if let Some(path) = existing {
+                errln!(
+                    "error: {} exists; pass --replace to replace the files this import writes",
+                    path.display()
+                );
+                return EXIT_INVALID;
+            }
+        }
+        if let Err(e) = std::fs::create_dir_all(out) {
+            errln!("error: {}: {e}", out.display());
+            return EXIT_INVALID;
+        }
+        let mut header = String::new();
+        comment(
+            &mut header,
+            "",
+            "The agent the suites imported by `trellis import connexity` run against; edit its\n\
+             endpoint here (url= or builtin=), and add a `provider` for the simulator and judge.",
+        );
+        if let Err(e) = super::write_file(&agents_path, &format!("{header}\n{agents_text}"), true) {
+            errln!("error: could not write the agents file: {e}");
+            return EXIT_INVALID;
+        }
+        inputs
+            .par_iter()
+            .zip(&parsed)
+            .zip(&targets)
+            .map(|(((input, relative), file), target)| {
+                let Ok(file) = file else {
+                    return Ok(());
+                };
+                if *target == agents_path {
+                    return Err(format!(
+                        "its suite would be written over the agents file {}",
+                        agents_path.display()
+                    ));
+                }
+                let depth = relative.components().count().saturating_sub(1);
+                let include = format!("{}{AGENTS_FILE}", "../".repeat(depth));
+                let suite = relative
+                    .with_extension("")
+                    .components()
+                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                    .collect::<Vec<_>>()
+                    .join(".");
+                let text = file.render(
+                    &suite,
+                    &args.agent_id,
+                    &input.display().to_string(),
+                    &format!("include {}\n\n", kdl_string(&include)),
+                );
+                write_checked(target, &text, args.replace, !args.no_check)
+            })
+            .collect()
+    } else {
+        let (Some((input, relative)), Some(file)) = (inputs.first(), parsed.first()) else {
+            return EXIT_INVALID;
+        };
+        match file {
+            Err(_) => vec![Ok(())],
+            Ok(file) => {
+                if let Some(out) = &args.out
+                    && out.exists()
+                    && !args.replace
+                {
+                    errln!(
+                        "error: {} exists; pass --replace to replace it",
+                        out.display()
+                    );
+                    return EXIT_INVALID;
+                }
+                let suite = args
+                    .out
+                    .as_deref()
+                    .unwrap_or(relative)
+                    .file_stem()
+                    .and_then(|s| s.to_str())
+                    .filter(|s| !s.trim().is_empty())
+                    .unwrap_or("connexity")
+                    .to_owned();
+                let text = file.render(
+                    &suite,
+                    &args.agent_id,
+                    &input.display().to_string(),
+                    &format!("{agents_text}\n"),
+                );
+                vec![match &args.out {
+                    Some(out) => write_checked(out, &text, args.replace, !args.no_check),
+                    None => check_text(&text)
+                        .map_err(|e| {
+                            format!(
+                                "internal: the suite written for it does not check; please \
+                                 report:\n{e}"
+                            )
+                        })
+                        .and_then(|()| {
+                            std::io::stdout()
+                                .write_all(text.as_bytes())
+                                .map_err(|e| format!("standard output: {e}"))
+                        }),
+                }]
+            }
+        }
+    };
+
+    let mut failed = 0usize;
+    let mut unmapped_files = 0usize;
+    let mut cases = 0usize;
+    for (((input, _), file), result) in inputs.iter().zip(&parsed).zip(&results) {
+        match (file, result) {
+            (Err(e), _) | (_, Err(e)) => {
+                failed += 1;
+                errln!("error: {}: {e}", input.display());
+            }
+            (Ok(file), Ok(())) => {
+                cases += file.cases.len();
+                if !file.unmapped.is_empty() {
+                    unmapped_files += 1;
+                    if !args.quiet {
+                        errln!(
+                            "{}: {} not mapped:",
+                            input.display(),
+                            count(file.unmapped.len() as u64, "item", "items")
+                        );
+                        for item in &file.unmapped {
+                            errln!("  - {item}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let imported = inputs.len() - failed;
+    let target = args
+        .out
+        .as_deref()
+        .map_or_else(|| "standard output".to_owned(), |p| p.display().to_string());
+    errln!(
+        "imported {} from {imported} of {} into {target} in {:.2}s; {unmapped_files} with \
+         unmapped parts (listed in each suite's header){}",
+        count(cases as u64, "test case", "test cases"),
+        count(inputs.len() as u64, "file", "files"),
+        started.elapsed().as_secs_f64(),
+        if failed > 0 {
+            format!("; {failed} could not be imported")
+        } else {
+            String::new()
+        }
+    );
+    if let Some(out) = &args.out
+        && imported > 0
+    {
+        errln!("check them with `trellis check {}`", out.display());
+    }
+    if failed > 0 { EXIT_FAILED } else { EXIT_OK }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slugs_are_ids() {
+        assert_eq!(slug("Refund Request — Valid"), "refund-request-valid");
+        assert_eq!(slug("  !! "), "");
+    }
+}

@@ -1,0 +1,249 @@
+//! `trellis import connexity`: Connexity test-case files in both shapes (tests/fixtures/
+//! connexity/cases) imported and compared with the suites expected (tests/fixtures/connexity/
+//! expected), checked by `trellis check`, and one imported case run end to end against the
+//! builtin `booking` agent with the fake LLM as simulator and judge.
+//!
+//! The expected suites are golden files: after a deliberate change to the importer's output,
+//! rewrite them with `TRELLIS_UPDATE_GOLDENS=1 cargo test --test cli import_connexity` and
+//! review the diff.
+
+use std::collections::BTreeMap;
+
+use super::support::llm::{FakeLlm, Reply, Rule};
+use super::*;
+
+const CASES: &str = "tests/fixtures/connexity/cases";
+const EXPECTED: &str = "tests/fixtures/connexity/expected";
+
+async fn import(args: &[&str]) -> Output {
+    trellis()
+        .args(["import", "connexity"])
+        .args(args)
+        .output()
+        .await
+        .unwrap()
+}
+
+/// Every file below `dir`, by path relative to it.
+fn tree(dir: &Path) -> BTreeMap<PathBuf, String> {
+    fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<PathBuf, String>) {
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                walk(root, &path, out);
+            } else {
+                let text = std::fs::read_to_string(&path).unwrap();
+                out.insert(path.strip_prefix(root).unwrap().to_path_buf(), text);
+            }
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(dir, dir, &mut out);
+    out
+}
+
+#[tokio::test]
+async fn both_shapes_import_as_the_golden_suites_and_they_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("imported");
+    let o = import(&[CASES, "--out", out.to_str().unwrap()]).await;
+    let err = stderr(&o);
+    // Two files are not test cases (exit 1); the others are written anyway.
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    for expected in [
+        "awkward/not-a-case.json: the file holds a number, not a test case",
+        "awkward/bad-test-cases.json: `test_cases` is an object, not an array",
+        "`expected_tool_calls[0].mock_responses` (1 response",
+        "`expected_tool_calls[1].expected_params.slot` ({\"from\":9}) (not checked)",
+        "`source` next to `test_cases`",
+        "test case 2 (Out of area): `priority` (3)",
+        "test case 2 (Out of area): `persona.mood` (\"calm\")",
+        "imported 6 test cases from 4 of 6 files",
+    ] {
+        assert!(err.contains(expected), "missing {expected:?} in:\n{err}");
+    }
+    let written = tree(&out);
+    if std::env::var_os("TRELLIS_UPDATE_GOLDENS").is_some() {
+        let _ = std::fs::remove_dir_all(EXPECTED);
+        for (path, text) in &written {
+            let target = Path::new(EXPECTED).join(path);
+            std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+            // The source paths in the headers are the fixture's own, relative to the crate.
+            std::fs::write(target, text).unwrap();
+        }
+    }
+    assert_eq!(written, tree(Path::new(EXPECTED)));
+
+    let o = trellis().arg("check").arg(&out).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("4 suites, 6 scenarios"),
+        "{}",
+        stdout(&o)
+    );
+
+    // Outputs exist: nothing is written without --replace.
+    let o = import(&[CASES, "--out", out.to_str().unwrap()]).await;
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("pass --replace"), "{}", stderr(&o));
+}
+
+#[tokio::test]
+async fn a_single_file_goes_to_standard_output_with_its_agent() {
+    let o = import(&[
+        &format!("{CASES}/refund-schema.json"),
+        "--agent-url",
+        "http://127.0.0.1:9/agent/respond",
+        "--agent-id",
+        "prod",
+    ])
+    .await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = stdout(&o);
+    for expected in [
+        "agent \"prod\" protocol=\"connexity\" url=\"http://127.0.0.1:9/agent/respond\"",
+        "scenario \"refund-request-valid\" {",
+        "    persona type=\"polite-customer\" {",
+        "    user-context json=",
+        "    outcome refund_initiated=#true",
+        "    expect-tool \"lookup_order\" order_id=\"ORD-12345\"",
+        "    max-turns 10",
+        "    simulate until-done",
+    ] {
+        assert!(text.contains(expected), "missing {expected:?} in:\n{text}");
+    }
+}
+
+/// The reference-shaped case (agent speaks first, persona_context, outcome statements,
+/// expected tool calls with case-insensitive params) runs against the builtin booking agent:
+/// the fake LLM plays the caller and judges the outcomes.
+#[tokio::test]
+async fn an_imported_case_runs_end_to_end_against_the_booking_agent() {
+    let fake = FakeLlm::start(vec![
+        Rule::when(
+            "Does this expected outcome hold",
+            [Reply::text(
+                r#"{"passed": true, "justification": "booked"}"#,
+            )],
+        ),
+        Rule::otherwise([
+            Reply::text("I'd like a duct cleaning. My postal code is V4T 0A7."),
+            Reply::text("Tuesday works."),
+            Reply::text("[END]"),
+        ]),
+    ])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let suites = dir.path().join("suites");
+    let o = import(&[
+        &format!("{CASES}/reference"),
+        "--out",
+        suites.to_str().unwrap(),
+    ])
+    .await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    std::fs::write(
+        suites.join("providers.kdl"),
+        format!(
+            "provider \"fake\" kind=\"openai\" base-url=\"{}\" model=\"sim\" api-key-env=\"FAKE_KEY\"\n",
+            fake.base_url()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("run");
+    let o = trellis()
+        .args(["run", "--quiet", "--out"])
+        .arg(&out)
+        .arg(&suites)
+        .args(["--filter", "*surrey*"])
+        .env("FAKE_KEY", "k")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let criteria = read_parquet(&out.join("criteria.parquet"));
+    let status = strings(&criteria, "status");
+    let text = strings(&criteria, "criterion");
+    let rows: Vec<(String, String)> = text
+        .iter()
+        .zip(&status)
+        .map(|(t, s)| (t.clone().unwrap_or_default(), s.clone().unwrap_or_default()))
+        .collect();
+    for needle in [
+        "check_service_area",
+        "create_booking",
+        "Agent MUST book the appointment for Tuesday",
+    ] {
+        assert!(
+            rows.iter()
+                .any(|(t, s)| t.contains(needle) && s == "passed"),
+            "{needle} not passed: {rows:?}"
+        );
+    }
+    // The agent spoke first; the simulator then wrote two messages and ended the call.
+    let turns = read_parquet(&out.join("turns.parquet"));
+    assert_eq!(turns.height(), 3, "{turns:?}");
+}
+
+/// `expected_tool_calls: []` (no tool may be called) fails when the agent calls one.
+#[tokio::test]
+async fn an_empty_expected_tool_list_fails_a_tool_call() {
+    let fake = FakeLlm::start(vec![
+        Rule::when(
+            "Does this expected outcome hold",
+            [Reply::text(
+                r#"{"passed": false, "justification": "it called a tool"}"#,
+            )],
+        ),
+        Rule::otherwise([
+            Reply::text("My postal code is V4T 0A7."),
+            Reply::text("[END]"),
+        ]),
+    ])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let case = dir.path().join("case.json");
+    std::fs::write(
+        &case,
+        r#"{"name": "No tools", "initial_message": "Hi, I need a duct cleaning.",
+            "expected_outcomes": ["Agent MUST answer without tools"],
+            "expected_tool_calls": []}"#,
+    )
+    .unwrap();
+    let suite = dir.path().join("case.kdl");
+    let o = import(&[case.to_str().unwrap(), "--out", suite.to_str().unwrap()]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let mut text = std::fs::read_to_string(&suite).unwrap();
+    text.push_str(&format!(
+        "provider \"fake\" kind=\"openai\" base-url=\"{}\" model=\"sim\" api-key-env=\"FAKE_KEY\"\n",
+        fake.base_url()
+    ));
+    std::fs::write(&suite, text).unwrap();
+    let out = dir.path().join("run");
+    let o = trellis()
+        .args(["run", "--quiet", "--out"])
+        .arg(&out)
+        .arg(&suite)
+        .env("FAKE_KEY", "k")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    let criteria = read_parquet(&out.join("criteria.parquet"));
+    let details = strings(&criteria, "detail");
+    assert!(
+        details
+            .iter()
+            .flatten()
+            .any(|d| d.contains("no tool may be called") && d.contains("check_service_area")),
+        "{details:?}"
+    );
+    // The judge is told so too.
+    let judged = fake
+        .seen()
+        .iter()
+        .map(|r| r.body.to_string())
+        .find(|b| b.contains("Does this expected outcome hold"))
+        .unwrap();
+    assert!(judged.contains("None: no tool may be called."), "{judged}");
+}
