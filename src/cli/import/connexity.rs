@@ -25,10 +25,8 @@ use serde_json::{Map, Value};
 use super::super::console::{count, errln};
 use super::super::{EXIT_FAILED, EXIT_INVALID, EXIT_OK};
 use super::multiagent::{check_text, collect_json, write_checked};
-use super::{comment, is_simple_id, kdl_string, literal_template};
+use super::{AGENTS_FILE, comment, is_simple_id, json_kind, kdl_string, literal_template};
 
-/// The shared agents file of a directory import.
-const AGENTS_FILE: &str = "agents.kdl";
 /// The agent id used when none is given.
 const DEFAULT_AGENT_ID: &str = "connexity";
 /// The builtin reference agent the suites run against by default.
@@ -548,17 +546,6 @@ fn scalar_text(value: &Value) -> String {
     match value {
         Value::String(s) => s.clone(),
         other => other.to_string(),
-    }
-}
-
-fn json_kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
     }
 }
 

@@ -51,6 +51,22 @@ pub fn import(args: ImportArgs) -> u8 {
 
 /// Writes `text` to `path`, which must not exist unless `replace` (checked when the file is
 /// created, so a file appearing meanwhile is not clobbered either).
+/// The shared agents file of a directory import, which every written suite `include`s.
+pub const AGENTS_FILE: &str = "agents.kdl";
+
+/// A JSON value's kind, with its article, for messages about what a file holds.
+pub fn json_kind(value: &serde_json::Value) -> &'static str {
+    use serde_json::Value;
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
 pub fn write_file(path: &Path, text: &str, replace: bool) -> Result<(), String> {
     let mut options = std::fs::OpenOptions::new();
     options.write(true);

@@ -27,10 +27,8 @@ use rayon::prelude::*;
 use super::super::console::{count, errln};
 use super::super::{EXIT_FAILED, EXIT_INVALID, EXIT_OK};
 use super::scenario_file::{FileAgent, RenderOptions, ScenarioFile};
-use super::{is_simple_id, kdl_string, write_file};
+use super::{AGENTS_FILE, is_simple_id, kdl_string, write_file};
 
-/// The shared agents file of a directory import.
-const AGENTS_FILE: &str = "agents.kdl";
 /// The agent id used when none is given.
 const DEFAULT_AGENT_ID: &str = "multiagent";
 /// The builtin reference agent the suites run against by default.

@@ -15,7 +15,7 @@ use std::fmt::Write as _;
 
 use serde_json::{Map, Value};
 
-use super::{comment, kdl_string, literal_template};
+use super::{comment, json_kind, kdl_string, literal_template};
 
 /// The harness's default `max_turns` for AES files: its action loop's cap.
 pub const HARNESS_MAX_TURNS: u64 = 20;
@@ -329,17 +329,6 @@ fn kdl_number(f: f64) -> String {
         kdl::KdlValue::Integer(whole.into()).to_string()
     } else {
         kdl::KdlValue::Float(f).to_string()
-    }
-}
-
-fn json_kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
     }
 }
 
