@@ -201,6 +201,9 @@ pub enum Endpoint {
     /// `socket="tcp://host:port"`, `"tcp:host:port"`, `"unix:///path"` or `"unix:/path"`
     /// (multiagent).
     Socket(SocketAddress),
+    /// `provider="ID"` (`openai`/`anthropic`): the model is reached through a `provider` node,
+    /// with its base URL, key, headers, limits and prices.
+    Provider(Spanned<String>),
 }
 
 /// Where a `socket=` agent listens, both spellings decoded.
@@ -409,6 +412,9 @@ pub struct Agent {
     pub max_response_size: u64,
     /// `openai`: the model; others: informational.
     pub model: Option<String>,
+    /// `provider="ID"`: on `openai`/`anthropic` agents the endpoint (also in
+    /// [`Agent::endpoint`]); on `fixie` agents the provider that plays Fixie's LLM.
+    pub provider: Option<Spanned<String>>,
     /// `openai`: the system prompt.
     pub system_prompt: Option<Template>,
     /// `openai`: names of `tool` definitions offered to the model.

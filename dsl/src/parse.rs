@@ -1099,6 +1099,7 @@ const AGENT_SETTINGS: &[(&str, Arity)] = &[
     ("system-prompt", Arity::One),
     ("tools", Arity::Many),
     ("max-tool-rounds", Arity::One),
+    ("provider", Arity::One),
     ("stream", Arity::One),
     ("history", Arity::One),
     ("retry-after-send", Arity::One),
@@ -1443,6 +1444,7 @@ impl<'f> Decoder<'f> {
             .and_then(|e| self.size(e))
             .unwrap_or(DEFAULT_MAX_RESPONSE_SIZE);
         let model = self.s_string(&s, "model");
+        let provider = self.s_spanned(&s, "provider");
         let system_prompt = self.s_template(&s, "system-prompt");
         let mut tools = Vec::new();
         if let Some(set) = s.get("tools") {
@@ -1552,9 +1554,32 @@ impl<'f> Decoder<'f> {
                 );
             self.report(d);
         }
+        if let Some(set) = s.get("provider")
+            && !(protocol.is_model() || protocol == Protocol::Fixie)
+        {
+            let d = self
+                .diag(
+                    Kind::InvalidValue,
+                    format!(
+                        "`provider` is a setting of `openai`, `anthropic` and `fixie` agents; \
+                         agent `{}` is `{}`",
+                        id.value,
+                        protocol.as_str()
+                    ),
+                    set.name_span,
+                    "not a setting of this protocol",
+                )
+                .with_help(
+                    "remove `provider`: it names the LLM endpoint of a model under test, or the \
+                     model that plays a Fixie agent's LLM; judges and the simulator name their \
+                     own `provider`",
+                );
+            self.report(d);
+        }
         let multiagent = self.multiagent_settings(v, &s, id, protocol);
         let endpoint = self.endpoint(&s, id, protocol)?;
-        if protocol.is_model() && s.get("model").is_none() {
+        // A model agent reached through a `provider` may take the provider's model.
+        if protocol.is_model() && s.get("model").is_none() && s.get("provider").is_none() {
             let d = self
                 .diag(
                     Kind::Missing,
@@ -1580,6 +1605,7 @@ impl<'f> Decoder<'f> {
             concurrency,
             max_response_size,
             model,
+            provider,
             system_prompt,
             tools,
             max_tool_rounds,
@@ -1898,7 +1924,7 @@ impl<'f> Decoder<'f> {
         let allowed: &[&str] = match protocol {
             Protocol::Connexity | Protocol::AgentScope | Protocol::Fixie => &["url", "builtin"],
             Protocol::MultiAgent => &["url", "builtin", "command", "socket"],
-            Protocol::OpenAi | Protocol::Anthropic => &["base-url", "builtin"],
+            Protocol::OpenAi | Protocol::Anthropic => &["base-url", "builtin", "provider"],
         };
         let allowed_list = allowed
             .iter()
@@ -1933,6 +1959,33 @@ impl<'f> Decoder<'f> {
                 )
                 .with_help(help);
             self.report(d);
+        }
+        // A model under test can be reached through a `provider` node instead: its endpoint,
+        // key, limits and prices (`provider` on a Fixie agent is not an endpoint).
+        let via_provider = s.get("provider").filter(|_| protocol.is_model());
+        if let Some(set) = via_provider {
+            match valid.first() {
+                None => {
+                    let name = set.values.first().and_then(|e| self.spanned_string(e))?;
+                    return Some(Endpoint::Provider(name));
+                }
+                Some(other) => {
+                    let d = self
+                        .diag(
+                            Kind::InvalidEndpoint,
+                            format!("agent `{}` has more than one endpoint", id.value),
+                            set.name_span,
+                            "the provider's endpoint",
+                        )
+                        .with_label(other.name_span, "an endpoint of its own")
+                        .with_help(
+                            "keep `provider=` (the provider's base URL, key, limits and prices) \
+                             or `base-url=` (headers written on the agent), not both",
+                        );
+                    self.report(d);
+                    return None;
+                }
+            }
         }
         let first = match valid.as_slice() {
             [] => {

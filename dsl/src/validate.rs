@@ -215,6 +215,10 @@ impl<'p> Validator<'p> {
             for tool in &agent.tools {
                 self.reference(RefKind::Tool, tool);
             }
+            if let Some(name) = &agent.provider {
+                self.reference(RefKind::Provider, name);
+                self.agent_provider(agent, name);
+            }
             let mut header_scope = Scope::env_only();
             for root in ["user_context", "persona", "scenario", "vars"] {
                 header_scope = header_scope.with_hint(
@@ -254,6 +258,52 @@ impl<'p> Validator<'p> {
             for member in &panel.judges {
                 self.reference(RefKind::Judge, member);
             }
+        }
+    }
+
+    /// A model under test reached through a provider speaks that provider's API and needs a
+    /// model from one of them.
+    fn agent_provider(&mut self, agent: &crate::model::Agent, name: &Spanned<String>) {
+        let Some(provider) = self.project.provider(&name.value) else {
+            return;
+        };
+        let expected = match agent.protocol {
+            crate::model::Protocol::OpenAi => crate::model::ProviderKind::OpenAi,
+            crate::model::Protocol::Anthropic => crate::model::ProviderKind::Anthropic,
+            _ => return,
+        };
+        if provider.kind != expected {
+            let d = Diagnostic::at_span(
+                Kind::InvalidValue,
+                format!(
+                    "agent `{}` is `{}` but provider `{}` speaks the other API",
+                    agent.id.value,
+                    agent.protocol.as_str(),
+                    name.value
+                ),
+                self.files(),
+                name.span,
+                "a provider of another kind",
+            )
+            .with_help(
+                "an `openai` agent needs a provider with kind=\"openai\", an `anthropic` agent \
+                 one with kind=\"anthropic\"",
+            );
+            self.diags.push(d);
+        }
+        if agent.model.is_none() && provider.model.is_none() {
+            let d = Diagnostic::at_span(
+                Kind::Missing,
+                format!(
+                    "agent `{}` needs a `model`: provider `{}` names none",
+                    agent.id.value, name.value
+                ),
+                self.files(),
+                agent.id.span,
+                "no model",
+            )
+            .with_help("add model=\"…\" to the agent or to the provider");
+            self.diags.push(d);
         }
     }
 

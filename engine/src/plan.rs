@@ -209,8 +209,25 @@ pub struct PlannedAgent {
     /// The model, system prompt (rendered with `env` only), offered tools and tool-round cap
     /// of an `openai` agent.
     pub openai: crate::protocol::openai::OpenAiSettings,
+    /// `provider=`: the provider a model under test is reached through (`openai`,
+    /// `anthropic`), or that plays a Fixie agent's LLM.
+    pub provider: Option<Arc<str>>,
     /// Why this agent's scenarios cannot run yet (protocol not implemented).
     pub unsupported: Option<String>,
+}
+
+/// An agent's call timeout: its own `timeout`, else, for a model reached through a provider,
+/// the provider's (a model call takes seconds to minutes on a local CPU server), else
+/// [`trellis_dsl::DEFAULT_CALL_TIMEOUT`].
+fn agent_timeout(project: &Project, agent: &trellis_dsl::Agent) -> Duration {
+    let via_provider = match &agent.endpoint {
+        trellis_dsl::Endpoint::Provider(id) => project.provider(&id.value),
+        _ => None,
+    };
+    agent.timeout.unwrap_or_else(|| match via_provider {
+        Some(p) => p.timeout.unwrap_or(trellis_dsl::DEFAULT_PROVIDER_TIMEOUT),
+        None => trellis_dsl::DEFAULT_CALL_TIMEOUT,
+    })
 }
 
 #[derive(Debug)]
@@ -356,7 +373,7 @@ impl Plan {
                     protocol: agent.protocol,
                     endpoint: agent.endpoint.clone(),
                     headers,
-                    timeout: agent.timeout.unwrap_or(trellis_dsl::DEFAULT_CALL_TIMEOUT),
+                    timeout: agent_timeout(project, agent),
                     retries: agent.retries,
                     concurrency: agent.concurrency,
                     max_response_size: agent.max_response_size,
@@ -378,6 +395,7 @@ impl Plan {
                         scenario: sc.id.value.clone(),
                         error,
                     })?,
+                    provider: agent.provider.as_ref().map(|p| Arc::from(p.value.as_str())),
                     unsupported,
                 });
             }

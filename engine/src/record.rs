@@ -158,6 +158,10 @@ pub struct TurnRecord {
     pub prompt_tokens: Option<u64>,
     pub completion_tokens: Option<u64>,
     pub total_tokens: Option<u64>,
+    /// The turn's tokens at the prices of the provider a model under test is reached
+    /// through (`provider=` with `input-price`/`output-price`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<f64>,
     pub model: Option<String>,
     pub provider: Option<String>,
     /// Attempts made over every exchange (1 for one clean request).

@@ -226,6 +226,10 @@ pub struct RunAggregates {
     /// Cost of the engine's own LLM calls (judges, simulated users) from the providers'
     /// prices; `None` when none was priced.
     pub cost_usd: Option<f64>,
+    /// Cost of the models under test reached through a priced provider (`provider=` on an
+    /// `openai`/`anthropic` agent); `None` when none was priced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_cost_usd: Option<f64>,
     /// Mean score of the LLM-judged checks, 0–100; `None` when nothing was judged.
     pub mean_score: Option<f64>,
     /// Wall time of the run.
@@ -395,6 +399,8 @@ pub struct StatsBuilder {
     judge_scores: (f64, u64),
     /// The engine's own LLM cost (judges, simulated users), when a provider has prices.
     llm_cost: Option<f64>,
+    /// The models under test's cost, when their provider has prices.
+    agent_cost: Option<f64>,
 }
 
 impl StatsBuilder {
@@ -436,6 +442,9 @@ impl StatsBuilder {
             scenario.latencies.push(turn.latency_ms);
             if let Some(tokens) = turn.total_tokens {
                 self.tokens = Some(self.tokens.unwrap_or(0).saturating_add(tokens));
+            }
+            if let Some(cost) = turn.cost_usd {
+                *self.agent_cost.get_or_insert(0.0) += cost;
             }
             range = Some(match range {
                 None => (turn.turn_index, turn.turn_index),
@@ -618,6 +627,7 @@ impl StatsBuilder {
             latency: Latency::of(self.latencies),
             total_tokens: self.tokens,
             cost_usd: self.llm_cost,
+            agent_cost_usd: self.agent_cost,
             mean_score: (self.judge_scores.1 > 0)
                 .then(|| self.judge_scores.0 / self.judge_scores.1 as f64 * 100.0),
             duration_ms: self.summary.as_ref().map(|s| s.duration_ms),

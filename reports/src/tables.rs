@@ -166,6 +166,7 @@ table!(
         prompt_tokens: Vec<Option<u64>>,
         completion_tokens: Vec<Option<u64>>,
         total_tokens: Vec<Option<u64>>,
+        cost_usd: Vec<Option<f64>>,
         model: Vec<Option<String>>,
         provider: Vec<Option<String>>,
         attempts: Vec<u32>,
@@ -498,6 +499,7 @@ impl Tables {
             t.prompt_tokens.push(turn.prompt_tokens);
             t.completion_tokens.push(turn.completion_tokens);
             t.total_tokens.push(turn.total_tokens);
+            t.cost_usd.push(turn.cost_usd);
             t.model.push(turn.model.clone());
             t.provider.push(turn.provider.clone());
             t.attempts.push(turn.attempts);

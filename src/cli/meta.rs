@@ -115,6 +115,8 @@ fn endpoint(endpoint: &Endpoint) -> String {
         Endpoint::Socket(SocketAddress::Unix(path)) => {
             format!("socket:unix:{}", path.display())
         }
+        // The provider node says where it is; its id is what the suite names.
+        Endpoint::Provider(name) => format!("provider:{}", name.value),
     }
 }
 

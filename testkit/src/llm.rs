@@ -12,6 +12,9 @@
 //! `"stream": true` gets text and tool calls as server-sent chat-completion chunks ending in
 //! `[DONE]`, and [`Reply::Chunks`] streams text piece by piece with a pause before each piece
 //! (time to first token), optionally cut before the end.
+//!
+//! [`FakeLlm::with_slots`] also answers llama.cpp's `GET /props` with `total_slots`, and
+//! [`FakeLlm::max_in_flight`] tells how many requests were ever answered at the same time.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -23,7 +26,7 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -138,6 +141,27 @@ struct Shared {
     script: Mutex<Script>,
     calls: AtomicUsize,
     seen: Mutex<Vec<LlmRequestSeen>>,
+    in_flight: AtomicUsize,
+    max_in_flight: AtomicUsize,
+    /// `GET /props` answers `{"total_slots": N}` (llama.cpp) when set.
+    slots: Option<usize>,
+}
+
+/// Counts a request as in flight while alive.
+struct InFlight<'a>(&'a Shared);
+
+impl<'a> InFlight<'a> {
+    fn enter(shared: &'a Shared) -> Self {
+        let now = shared.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        shared.max_in_flight.fetch_max(now, Ordering::SeqCst);
+        InFlight(shared)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// The fake endpoint, stopped when dropped.
@@ -155,6 +179,16 @@ impl Drop for FakeLlm {
 
 impl FakeLlm {
     pub async fn start(rules: Vec<Rule>) -> Self {
+        Self::serve(rules, None).await
+    }
+
+    /// Like [`FakeLlm::start`], also saying on `GET /props` that it has `slots` parallel
+    /// slots, as a llama.cpp server does.
+    pub async fn with_slots(rules: Vec<Rule>, slots: usize) -> Self {
+        Self::serve(rules, Some(slots)).await
+    }
+
+    async fn serve(rules: Vec<Rule>, slots: Option<usize>) -> Self {
         let shared = Arc::new(Shared {
             script: Mutex::new(Script {
                 used: vec![0; rules.len()],
@@ -162,10 +196,14 @@ impl FakeLlm {
             }),
             calls: AtomicUsize::new(0),
             seen: Mutex::new(Vec::new()),
+            in_flight: AtomicUsize::new(0),
+            max_in_flight: AtomicUsize::new(0),
+            slots,
         });
         let router = Router::new()
             .route("/v1/chat/completions", post(openai))
             .route("/v1/messages", post(anthropic))
+            .route("/props", get(props))
             .with_state(shared.clone());
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -183,6 +221,11 @@ impl FakeLlm {
     /// `base-url` of the endpoint: `http://127.0.0.1:PORT/v1`.
     pub fn base_url(&self) -> String {
         format!("http://{}/v1", self.addr)
+    }
+
+    /// The most requests ever being answered at the same time.
+    pub fn max_in_flight(&self) -> usize {
+        self.shared.max_in_flight.load(Ordering::SeqCst)
     }
 
     /// Requests received so far.
@@ -203,7 +246,15 @@ async fn anthropic(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: 
     answer(&shared, "anthropic", headers, &body).await
 }
 
+async fn props(State(shared): State<Arc<Shared>>) -> Response {
+    match shared.slots {
+        Some(n) => json_response(200, json!({"total_slots": n, "build_info": "fake"})),
+        None => (StatusCode::NOT_FOUND, "File Not Found").into_response(),
+    }
+}
+
 async fn answer(shared: &Shared, api: &'static str, headers: HeaderMap, body: &[u8]) -> Response {
+    let _in_flight = InFlight::enter(shared);
     shared.calls.fetch_add(1, Ordering::SeqCst);
     let body: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
     let last = last_message(&body);

@@ -158,6 +158,7 @@ pub fn answer(body: &[u8]) -> Result<Vec<u8>, String> {
         model: MODEL,
         provider: PROVIDER,
         usage: Usage {
+            cost: Default::default(),
             prompt_tokens: Some(prompt_words),
             completion_tokens: Some(completion_words),
             total_tokens: Some(prompt_words + completion_words),

@@ -38,20 +38,23 @@ pub(super) struct Agents {
     transport: HttpTransport,
     /// Builtin servers started so far (HTTP or socket); they live as long as the run.
     servers: Mutex<Vec<BuiltinGuard>>,
+    /// The run's providers: a model under test reached through `provider=` shares its
+    /// client (endpoint, key, limits) with the judges and the simulator.
+    llm: Arc<crate::llm::LlmRuntime>,
 }
 
 impl Agents {
-    pub(super) fn new(plan: &Plan, transport: HttpTransport) -> Self {
+    pub(super) fn new(
+        plan: &Plan,
+        transport: HttpTransport,
+        llm: Arc<crate::llm::LlmRuntime>,
+    ) -> Self {
         Agents {
             slots: plan.agents.iter().map(|_| OnceCell::new()).collect(),
             transport,
             servers: Mutex::new(Vec::new()),
+            llm,
         }
-    }
-
-    /// The run's HTTP connection pool, shared with the LLM providers.
-    pub(super) fn transport(&self) -> &crate::protocol::http::HttpTransport {
-        &self.transport
     }
 
     /// Agent `index` of the plan, set up on the first call (once, however many units ask
@@ -88,7 +91,7 @@ impl Agents {
         agent: &PlannedAgent,
         events: &EventSender,
     ) -> AgentRuntime {
-        match start_one(plan, agent, &self.transport, &self.servers).await {
+        match start_one(plan, agent, &self.transport, &self.servers, &self.llm).await {
             Ok(client) => match client.prepare().await {
                 Ok(info) => {
                     if let Some(info) = info {
@@ -128,6 +131,7 @@ async fn start_one(
     agent: &PlannedAgent,
     transport: &HttpTransport,
     servers: &Mutex<Vec<BuiltinGuard>>,
+    llm: &crate::llm::LlmRuntime,
 ) -> Result<Arc<dyn AgentProtocol>, Setup> {
     if let Some(reason) = &agent.unsupported {
         return Err(Setup::Unsupported(reason.clone()));
@@ -173,8 +177,8 @@ async fn start_one(
                 }
             }
         }
-        // Reached through the line transport: no URL.
-        Endpoint::Command(_) | Endpoint::Socket(_) => String::new(),
+        // Reached through the line transport, or the provider's client: no URL.
+        Endpoint::Command(_) | Endpoint::Socket(_) | Endpoint::Provider(_) => String::new(),
     };
     // Headers see only `env`: they are rendered once per run, not per scenario.
     let header_scope = ScenarioScope::env_only(plan.templates.env()).with_vars(&BTreeMap::new());
@@ -205,6 +209,18 @@ async fn start_one(
     if !url.is_empty() {
         transport.warm(&url);
     }
+    let provider = match &agent.provider {
+        None => None,
+        Some(id) => match llm.client(id) {
+            Ok(client) => Some(client),
+            Err(why) => {
+                return Err(Setup::Broken(Fault::new(
+                    FaultCategory::Setup,
+                    format!("agent `{}`: {why}", agent.id),
+                )));
+            }
+        },
+    };
     protocol::build(AgentSetup {
         agent,
         url: &url,
@@ -220,6 +236,7 @@ async fn start_one(
         transport: transport.clone(),
         line,
         system_prompt,
+        provider,
     })
     .map_err(Setup::Broken)
 }

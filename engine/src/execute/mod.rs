@@ -98,13 +98,14 @@ pub async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSum
         }))
         .await;
 
-    let agents = Agents::new(&plan, options.transport.clone().unwrap_or_default());
+    let transport = options.transport.clone().unwrap_or_default();
     let llm = crate::llm::LlmRuntime::new(
         plan.llm.clone(),
         plan.templates.env(),
-        agents.transport(),
+        &transport,
         options.llm_cache.clone(),
     );
+    let agents = Agents::new(&plan, transport, llm.clone());
     let jobs = options.jobs.clamp(1, MAX_JOBS);
     let shared = Arc::new(Shared {
         plan: plan.clone(),

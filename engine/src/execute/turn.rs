@@ -113,6 +113,7 @@ fn record(
         prompt_tokens: usage.prompt_tokens,
         completion_tokens: usage.completion_tokens,
         total_tokens: usage.total_tokens,
+        cost_usd: usage.cost,
         model: turn.model,
         provider: turn.provider,
         attempts: u32::try_from(attempts).unwrap_or(u32::MAX),

@@ -77,10 +77,24 @@ pub struct LlmRequest {
     pub model: Option<String>,
     pub temperature: Option<f64>,
     pub max_tokens: Option<u32>,
+    /// The cap sent when neither the call nor the provider sets `max_tokens`: what the
+    /// call's purpose needs ([`SIMULATOR_MAX_TOKENS`], [`JUDGE_MAX_TOKENS`]). Without any, a
+    /// local server may generate until its context is full (minutes on a CPU) when a small
+    /// model never stops.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens_default: Option<u32>,
     /// Ask for a JSON object matching this schema where the provider supports structured
     /// output (OpenAI-compatible `response_format`); the caller still parses strictly.
     pub json_schema: Option<serde_json::Value>,
 }
+
+/// Output cap of a simulated user's message (a few sentences; the end marker included).
+pub const SIMULATOR_MAX_TOKENS: u32 = 512;
+/// Output cap of a judge's answer: Connexity's rubric writes eight scored metrics with
+/// justifications and failure codes, plus a verdict per expected outcome.
+pub const JUDGE_MAX_TOKENS: u32 = 2048;
+/// Output cap of one answer of a model playing an agent's LLM (Fixie's few-shot lines).
+pub const AGENT_MAX_TOKENS: u32 = 1024;
 
 /// What the model answered.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]

@@ -8,13 +8,14 @@
 //!   again has no side effect beyond its cost: connect errors, timeouts, broken connections
 //!   and 5xx are retried with backoff.
 //! - **429**: an answer, not a failure. The call sleeps for its `Retry-After` (seconds or an
-//!   HTTP date; exponential when absent) and tries again, for up to [`MAX_RATE_LIMIT_WAIT`] or
+//!   HTTP date; exponential when absent) and tries again, for up to [`MAX_RATE_LIMIT_WAIT`](crate::protocol::http::MAX_RATE_LIMIT_WAIT) or
 //!   the caller's deadline.
 //!
 //! The key is read from the environment snapshot once, when the client is built, sent only
 //! as a sensitive header value, and removed from every error message ([`Secret::redact`]),
 //! because servers sometimes echo request headers back in error bodies.
 
+use std::future::Future;
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -22,7 +23,7 @@ use std::time::{Duration, SystemTime};
 use bytes::Bytes;
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use reqwest::Url;
-use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue, RETRY_AFTER};
+use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use trellis_dsl::{DEFAULT_PROVIDER_RETRIES, DEFAULT_PROVIDER_TIMEOUT, Provider, ProviderKind};
@@ -30,17 +31,14 @@ use trellis_dsl::{DEFAULT_PROVIDER_RETRIES, DEFAULT_PROVIDER_TIMEOUT, Provider, 
 use super::wire::{self, ANTHROPIC_VERSION, DecodeError, WireRequest};
 use super::{CacheUse, LlmCall, LlmError, LlmOutcome, LlmRequest};
 use crate::protocol::http::{
-    CallLimits, HttpTransport, RawResponse, RetryPolicy, status_fault, with_retries,
+    CallLimits, HttpTransport, RateLimitWaits, RetryPolicy, answer_or_fault, retry_after,
+    with_retries,
 };
 use crate::record::{Fault, FaultCategory};
 use crate::render::EnvSnapshot;
 
-/// The longest a call waits out 429 answers in total before it gives up.
-pub const MAX_RATE_LIMIT_WAIT: Duration = Duration::from_secs(300);
-/// One `Retry-After` is honoured up to this long.
-const MAX_SINGLE_WAIT: Duration = Duration::from_secs(60);
-/// Wait after a 429 without `Retry-After`; doubles each time.
-const FIRST_RATE_LIMIT_WAIT: Duration = Duration::from_secs(1);
+/// How long the llama.cpp slot probe waits for `/props`.
+const SLOT_PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 /// LLM answers are small; this bounds a misbehaving server.
 const MAX_RESPONSE_SIZE: u64 = 4 * 1024 * 1024;
 /// Output tokens assumed for the token rate limit when neither call nor provider caps them.
@@ -86,7 +84,10 @@ impl Secret {
 /// The rate and concurrency limits of one provider, shared by all its calls in a run.
 #[derive(Debug, Default)]
 struct Gate {
-    slots: Option<Semaphore>,
+    /// `concurrency`, or the slots a llama.cpp server reports (see [`ProviderClient::admit`]),
+    /// settled before the first request.
+    slots: tokio::sync::OnceCell<Option<Semaphore>>,
+    configured: Option<usize>,
     requests: Option<DefaultDirectRateLimiter>,
     tokens: Option<(DefaultDirectRateLimiter, NonZeroU32)>,
 }
@@ -103,16 +104,30 @@ impl Gate {
             .and_then(NonZeroU32::new)
             .map(|n| (RateLimiter::direct(Quota::per_minute(n)), n));
         Gate {
-            slots: provider.concurrency.map(Semaphore::new),
+            slots: tokio::sync::OnceCell::new(),
+            configured: provider.concurrency,
             requests,
             tokens,
         }
     }
 
     /// Waits for a request of about `tokens` tokens to be allowed; the returned permit
-    /// holds the concurrency slot.
-    async fn pass(&self, tokens: u32) -> Option<tokio::sync::SemaphorePermit<'_>> {
-        let permit = match &self.slots {
+    /// holds the concurrency slot. `slots` finds the concurrency limit on first use.
+    async fn pass<F>(&self, tokens: u32, slots: F) -> Option<tokio::sync::SemaphorePermit<'_>>
+    where
+        F: Future<Output = Option<usize>>,
+    {
+        let slots = self
+            .slots
+            .get_or_init(|| async {
+                match self.configured {
+                    Some(n) => Some(n),
+                    None => slots.await,
+                }
+                .map(|n| Semaphore::new(n.max(1)))
+            })
+            .await;
+        let permit = match slots {
             Some(slots) => slots.acquire().await.ok(),
             None => None,
         };
@@ -246,6 +261,64 @@ impl ProviderClient {
         &self.url
     }
 
+    /// The headers every request carries: content type, API version, the key, `header`s.
+    pub fn headers(&self) -> &HeaderMap {
+        &self.headers
+    }
+
+    /// The provider's own `model`, `temperature` and `max-tokens`.
+    pub fn defaults(&self) -> (Option<&str>, Option<f64>, Option<u32>) {
+        (self.model.as_deref(), self.temperature, self.max_tokens)
+    }
+
+    /// The provider's `retries`, with retry-after-send semantics (asking a model again has
+    /// no side effect beyond its cost).
+    pub fn retry(&self) -> RetryPolicy {
+        self.retry
+    }
+
+    /// Waits until the provider's limits let a request of about `tokens` tokens go; the
+    /// concurrency slot is held until the returned value is dropped. Used by a model under
+    /// test reached through this provider, so its calls queue with the judges' and the
+    /// simulator's instead of piling up on a one-slot server.
+    pub async fn admit(&self, tokens: u32) -> Admitted<'_> {
+        let queued = Instant::now();
+        let permit = self.gate.pass(tokens, self.server_slots()).await;
+        Admitted {
+            _permit: permit,
+            waited: queued.elapsed(),
+        }
+    }
+
+    /// The parallel slots of the server, when it says (llama.cpp's `GET /props` has
+    /// `total_slots`). Asked once, before the first request of a provider without
+    /// `concurrency`, and only over plain `http://` (local and LAN servers; hosted APIs are
+    /// `https://` and have rate limits instead). A one-slot server queues concurrent
+    /// requests itself, and their time in its queue would count against each request's
+    /// timeout: queueing here instead keeps the timeout for the answer.
+    async fn server_slots(&self) -> Option<usize> {
+        if self.url.scheme() != "http" {
+            return None;
+        }
+        let props = self.url.join("/props").ok()?;
+        let response = self
+            .transport
+            .get(&props, &self.headers, 1024 * 1024, SLOT_PROBE_TIMEOUT)
+            .await
+            .ok()?;
+        let value: serde_json::Value = serde_json::from_slice(&response.body).ok()?;
+        let slots = value.get("total_slots")?.as_u64()?;
+        usize::try_from(slots).ok().filter(|n| *n > 0)
+    }
+
+    /// `text` without the key (servers echo request headers in error bodies).
+    pub fn redact(&self, text: &str) -> String {
+        match &self.key {
+            Some(key) => key.redact(text),
+            None => text.to_owned(),
+        }
+    }
+
     /// The model a request is sent with: its own, else the provider's.
     pub fn model_for<'a>(&'a self, request: &'a LlmRequest) -> Option<&'a str> {
         request.model.as_deref().or(self.model.as_deref())
@@ -258,7 +331,10 @@ impl ProviderClient {
             model: self.model_for(request)?,
             messages: &request.messages,
             temperature: request.temperature.or(self.temperature),
-            max_tokens: request.max_tokens.or(self.max_tokens),
+            max_tokens: request
+                .max_tokens
+                .or(self.max_tokens)
+                .or(request.max_tokens_default),
             json_schema: request.json_schema.as_ref(),
         })
     }
@@ -312,8 +388,7 @@ impl ProviderClient {
         })?;
         let body = Bytes::from(wire::encode(self.kind, &wire_request).to_string());
         let estimate = estimate_tokens(&wire_request);
-        let mut rate_limit_wait = Duration::ZERO;
-        let mut next_wait = FIRST_RATE_LIMIT_WAIT;
+        let mut rate_limits = RateLimitWaits::default();
         loop {
             let waited = std::sync::Mutex::new(Duration::ZERO);
             let attempted = with_retries(self.retry, self.limits.timeout, deadline, |budget| {
@@ -321,7 +396,7 @@ impl ProviderClient {
                 let waited = &waited;
                 async move {
                     let queued = Instant::now();
-                    let _slot = self.gate.pass(estimate).await;
+                    let _slot = self.gate.pass(estimate, self.server_slots()).await;
                     if let Ok(mut w) = waited.lock() {
                         *w += queued.elapsed();
                     }
@@ -345,19 +420,14 @@ impl ProviderClient {
             let response = attempted.result.map_err(|fault| self.http_error(fault))?;
             if response.status == reqwest::StatusCode::TOO_MANY_REQUESTS {
                 call.rate_limited += 1;
-                let wait = retry_after(&response.headers, SystemTime::now())
-                    .unwrap_or(next_wait)
-                    .min(MAX_SINGLE_WAIT);
-                next_wait = (next_wait * 2).min(MAX_SINGLE_WAIT);
-                let past_deadline = deadline.is_some_and(|d| Instant::now() + wait >= d);
-                if rate_limit_wait + wait > MAX_RATE_LIMIT_WAIT || past_deadline {
+                let asked = retry_after(&response.headers, SystemTime::now());
+                let Some(wait) = rate_limits.next(asked, deadline) else {
                     return Err(LlmError::RateLimited {
                         provider: self.id.clone(),
-                        waited_s: rate_limit_wait.as_secs_f64(),
+                        waited_s: rate_limits.waited().as_secs_f64(),
                     });
-                }
+                };
                 tokio::time::sleep(wait).await;
-                rate_limit_wait += wait;
                 call.waited_ms += wait.as_secs_f64() * 1000.0;
                 continue;
             }
@@ -381,23 +451,14 @@ impl ProviderClient {
             message: self.redact(&fault.message),
         }
     }
-
-    fn redact(&self, text: &str) -> String {
-        match &self.key {
-            Some(key) => key.redact(text),
-            None => text.to_owned(),
-        }
-    }
 }
 
-/// A 2xx or 429 response goes back to the call loop; any other status is the fault it maps
-/// to (5xx retried, 4xx not).
-fn answer_or_fault(response: RawResponse) -> Result<RawResponse, Fault> {
-    if response.status.is_success() || response.status == reqwest::StatusCode::TOO_MANY_REQUESTS {
-        Ok(response)
-    } else {
-        Err(status_fault(response.status, &response.body))
-    }
+/// A request let through a provider's limits: holds its concurrency slot while alive.
+#[derive(Debug)]
+pub struct Admitted<'a> {
+    _permit: Option<tokio::sync::SemaphorePermit<'a>>,
+    /// How long the request waited for the limits.
+    pub waited: Duration,
 }
 
 /// `{base}/chat/completions` or `{base}/messages`, unless the base already ends with it.
@@ -424,23 +485,6 @@ fn estimate_tokens(request: &WireRequest<'_>) -> u32 {
     prompt.saturating_add(request.max_tokens.unwrap_or(ASSUMED_OUTPUT_TOKENS))
 }
 
-/// The wait a `Retry-After` header asks for: delay-seconds or an HTTP date (relative to
-/// `now`); `None` when absent or unreadable.
-fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
-    let value = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
-    if let Ok(seconds) = value.parse::<u64>() {
-        return Some(Duration::from_secs(seconds));
-    }
-    if let Ok(seconds) = value.parse::<f64>()
-        && seconds.is_finite()
-        && seconds >= 0.0
-    {
-        return Some(Duration::from_secs_f64(seconds.min(86_400.0)));
-    }
-    let when = httpdate::parse_http_date(value).ok()?;
-    Some(when.duration_since(now).unwrap_or(Duration::ZERO))
-}
-
 impl From<&LlmError> for Fault {
     fn from(e: &LlmError) -> Self {
         let category = match e {
@@ -459,6 +503,7 @@ impl From<&LlmError> for Fault {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use reqwest::header::RETRY_AFTER;
 
     #[test]
     fn retry_after_reads_seconds_and_dates() {

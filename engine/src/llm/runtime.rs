@@ -90,7 +90,7 @@ pub struct JudgeTask<'a, T> {
 /// The providers, judges and cache of a run.
 pub struct LlmRuntime {
     setup: LlmSetup,
-    clients: HashMap<String, Result<ProviderClient, String>>,
+    clients: HashMap<String, Result<Arc<ProviderClient>, String>>,
     cache: LlmCache,
 }
 
@@ -117,7 +117,9 @@ impl LlmRuntime {
             .map(|p| {
                 (
                     p.id.value.clone(),
-                    ProviderClient::new(p, env, transport.clone()).map_err(|e| e.to_string()),
+                    ProviderClient::new(p, env, transport.clone())
+                        .map(Arc::new)
+                        .map_err(|e| e.to_string()),
                 )
             })
             .collect();
@@ -130,6 +132,16 @@ impl LlmRuntime {
 
     pub fn setup(&self) -> &LlmSetup {
         &self.setup
+    }
+
+    /// The client of provider `id`, shared by everything of the run that uses it (its limits
+    /// count every call); `Err` says why it cannot be used.
+    pub fn client(&self, id: &str) -> Result<Arc<ProviderClient>, String> {
+        match self.clients.get(id) {
+            Some(Ok(client)) => Ok(client.clone()),
+            Some(Err(e)) => Err(format!("provider `{id}` is unavailable: {e}")),
+            None => Err(format!("provider `{id}` is not defined")),
+        }
     }
 
     /// Whether `kind` is judged by an LLM.
@@ -288,6 +300,7 @@ impl LlmRuntime {
             turn: task.turn_index,
         };
         let mut request = judge::request(&ctx, &asked, task.turns);
+        request.max_tokens_default = Some(super::JUDGE_MAX_TOKENS);
         request.model = resolved.model.map(str::to_owned);
         request.temperature = resolved.temperature;
         if resolved.client.kind() == trellis_dsl::ProviderKind::Anthropic {
@@ -495,6 +508,7 @@ impl LlmRuntime {
         let mut last_answer = String::new();
         for retry in 0..=SIMULATOR_RETRIES {
             let mut request = simulator::request(&character, task.turns, retry);
+            request.max_tokens_default = Some(super::SIMULATOR_MAX_TOKENS);
             request.model = model.map(str::to_owned);
             request.temperature = temperature;
             let outcome = self
@@ -669,16 +683,23 @@ pub struct AgentCompletion {
 
 impl LlmRuntime {
     /// The provider, model and temperature that play an agent's LLM (Fixie's few-shot loop):
-    /// the simulator's, else the project's only provider; `Err` says what to configure.
-    fn agent_model(&self) -> Result<(&ProviderClient, Option<&str>, Option<f64>), String> {
+    /// the agent's own `provider`, else the simulator's, else the project's only provider;
+    /// `Err` says what to configure.
+    fn agent_model(
+        &self,
+        own: Option<&str>,
+    ) -> Result<(&ProviderClient, Option<&str>, Option<f64>), String> {
         let (provider_id, model, temperature) =
-            match (&self.setup.simulator, self.setup.providers.as_slice()) {
-                (Some(s), _) => (s.provider.value.as_str(), s.model.as_deref(), s.temperature),
-                (None, [only]) => (only.id.value.as_str(), None, None),
-                (None, _) => {
+            match (own, &self.setup.simulator, self.setup.providers.as_slice()) {
+                (Some(id), _, _) => (id, None, None),
+                (None, Some(s), _) => {
+                    (s.provider.value.as_str(), s.model.as_deref(), s.temperature)
+                }
+                (None, None, [only]) => (only.id.value.as_str(), None, None),
+                (None, None, _) => {
                     return Err(
-                        "no provider plays the agent's LLM: add a `provider` (a lone \
-                                one is used) or `simulator provider=\"ID\"`"
+                        "no provider plays the agent's LLM: add `provider=\"ID\"` to the \
+                         agent, `simulator provider=\"ID\"`, or a lone `provider`"
                             .to_owned(),
                     );
                 }
@@ -695,16 +716,18 @@ impl LlmRuntime {
     /// provider is configured for it.
     pub async fn complete_for_agent(
         &self,
+        provider: Option<&str>,
         messages: Vec<super::LlmMessage>,
         repetition: u32,
         call_name: &str,
         deadline: Option<Instant>,
     ) -> Result<AgentCompletion, String> {
-        let (client, model, temperature) = self.agent_model()?;
+        let (client, model, temperature) = self.agent_model(provider)?;
         let request = super::LlmRequest {
             messages,
             model: model.map(str::to_owned),
             temperature,
+            max_tokens_default: Some(super::AGENT_MAX_TOKENS),
             ..super::LlmRequest::default()
         };
         let outcome = self

@@ -163,6 +163,11 @@ impl Endpoint {
         let mut assembler = Assembler::new(session_id);
         let outcome = match attempted.result {
             Err(fault) => Err(fault),
+            // An agent is not a rate-limited API: a 429 is its answer.
+            Ok(Opened::RateLimited(_)) => Err(crate::protocol::http::status_fault(
+                reqwest::StatusCode::TOO_MANY_REQUESTS,
+                b"",
+            )),
             Ok(Opened::Json(body)) => match serde_json::from_slice::<Value>(&body) {
                 Ok(value) => assembler.apply(value).and_then(|()| {
                     if assembler.is_done() {
@@ -786,6 +791,7 @@ fn parse_usage(usage: &Value) -> Option<Usage> {
             .or_else(|| usage.get(b).and_then(Value::as_u64))
     };
     let parsed = Usage {
+        cost: Default::default(),
         prompt_tokens: field("prompt_tokens", "input_tokens"),
         completion_tokens: field("completion_tokens", "output_tokens"),
         total_tokens: field("total_tokens", "total_tokens"),
@@ -799,6 +805,7 @@ fn sum_usage(usages: impl Iterator<Item = Usage>) -> Option<Usage> {
         (a, b) => a.or(b),
     };
     usages.reduce(|total, u| Usage {
+        cost: Default::default(),
         prompt_tokens: add(total.prompt_tokens, u.prompt_tokens),
         completion_tokens: add(total.completion_tokens, u.completion_tokens),
         total_tokens: add(total.total_tokens, u.total_tokens),

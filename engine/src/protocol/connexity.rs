@@ -556,6 +556,7 @@ fn parse_usage(usage: &Value) -> Option<Usage> {
     let usage = usage.as_object()?;
     let field = |key: &str| usage.get(key).and_then(Value::as_u64);
     let parsed = Usage {
+        cost: Default::default(),
         prompt_tokens: field("prompt_tokens"),
         completion_tokens: field("completion_tokens"),
         total_tokens: field("total_tokens"),

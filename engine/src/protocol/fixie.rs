@@ -62,6 +62,9 @@ struct Inner {
     handshake_headers: HeaderMap,
     limits: CallLimits,
     retry: RetryPolicy,
+    /// `provider=`: the provider whose model plays the agent's LLM (else the simulator's,
+    /// else the project's only provider).
+    llm_provider: Option<String>,
     transport: HttpTransport,
     /// The handshake, once [`AgentProtocol::prepare`] made it: the few-shot loop's prompt.
     handshake: std::sync::OnceLock<Arc<Handshake>>,
@@ -102,9 +105,18 @@ impl FixieClient {
                 limits,
                 retry,
                 transport,
+                llm_provider: None,
                 handshake: std::sync::OnceLock::new(),
             }),
         })
+    }
+
+    /// The client with `provider` playing the agent's LLM (`provider=` on the agent).
+    pub fn with_llm_provider(mut self, provider: Option<String>) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.llm_provider = provider;
+        }
+        self
     }
 
     /// The base URL, ending in `/`: the handshake URL.
@@ -383,7 +395,13 @@ impl FixieSession {
                 self.scenario, ctx.turn_index
             );
             let asked = llm
-                .complete_for_agent(messages, self.repetition, &call_name, ctx.deadline)
+                .complete_for_agent(
+                    self.client.inner.llm_provider.as_deref(),
+                    messages,
+                    self.repetition,
+                    &call_name,
+                    ctx.deadline,
+                )
                 .await;
             let completion = match asked {
                 Ok(completion) => completion,

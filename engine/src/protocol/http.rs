@@ -724,3 +724,106 @@ fn jitter_seed() -> u64 {
         .map_or(0, |d| d.subsec_nanos() as u64);
     nanos ^ COUNTER.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
 }
+
+/// The longest a call waits out HTTP 429 answers in total before it gives up.
+pub const MAX_RATE_LIMIT_WAIT: Duration = Duration::from_secs(300);
+/// One `Retry-After` is honoured up to this long.
+const MAX_SINGLE_RATE_LIMIT_WAIT: Duration = Duration::from_secs(60);
+/// Wait after a 429 without `Retry-After`; doubles each time.
+const FIRST_RATE_LIMIT_WAIT: Duration = Duration::from_secs(1);
+
+/// Waiting out HTTP 429 answers of one call. A 429 is the server asking for patience, not a
+/// failure of whoever answers: each wait is the answer's `Retry-After` (capped), else
+/// exponential, for up to [`MAX_RATE_LIMIT_WAIT`] in total and never past the deadline.
+#[derive(Debug)]
+pub struct RateLimitWaits {
+    waited: Duration,
+    next: Duration,
+    count: u32,
+}
+
+impl Default for RateLimitWaits {
+    fn default() -> Self {
+        RateLimitWaits {
+            waited: Duration::ZERO,
+            next: FIRST_RATE_LIMIT_WAIT,
+            count: 0,
+        }
+    }
+}
+
+impl RateLimitWaits {
+    /// After a 429 that asked for `retry_after`: how long to wait before trying again, or
+    /// `None` when the call must give up (waited long enough, or the deadline is nearer).
+    pub fn next(
+        &mut self,
+        retry_after: Option<Duration>,
+        deadline: Option<Instant>,
+    ) -> Option<Duration> {
+        self.count += 1;
+        let wait = retry_after
+            .unwrap_or(self.next)
+            .min(MAX_SINGLE_RATE_LIMIT_WAIT);
+        self.next = (self.next * 2).min(MAX_SINGLE_RATE_LIMIT_WAIT);
+        let past_deadline = deadline.is_some_and(|d| Instant::now() + wait >= d);
+        if self.waited + wait > MAX_RATE_LIMIT_WAIT || past_deadline {
+            return None;
+        }
+        self.waited += wait;
+        Some(wait)
+    }
+
+    /// 429 answers seen so far.
+    pub fn count(&self) -> u32 {
+        self.count
+    }
+
+    /// Time waited so far.
+    pub fn waited(&self) -> Duration {
+        self.waited
+    }
+
+    /// The fault of a call that gave up.
+    pub fn gave_up(&self) -> Fault {
+        Fault::new(
+            FaultCategory::Http4xx,
+            format!(
+                "HTTP 429 Too Many Requests: still rate limited after {} answers and {:.0} s of \
+                 waiting; lower the load (`concurrency`, `requests-per-minute`) or retry later",
+                self.count,
+                self.waited.as_secs_f64()
+            ),
+        )
+    }
+}
+
+/// The wait a `Retry-After` header asks for: delay-seconds or an HTTP date (relative to
+/// `now`); `None` when absent or unreadable.
+pub fn retry_after(headers: &HeaderMap, now: std::time::SystemTime) -> Option<Duration> {
+    let value = headers
+        .get(reqwest::header::RETRY_AFTER)?
+        .to_str()
+        .ok()?
+        .trim();
+    if let Ok(seconds) = value.parse::<u64>() {
+        return Some(Duration::from_secs(seconds));
+    }
+    if let Ok(seconds) = value.parse::<f64>()
+        && seconds.is_finite()
+        && seconds >= 0.0
+    {
+        return Some(Duration::from_secs_f64(seconds.min(86_400.0)));
+    }
+    let when = httpdate::parse_http_date(value).ok()?;
+    Some(when.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// A 2xx or 429 response goes back to the caller's loop; any other status is the fault it
+/// maps to (5xx retried, 4xx not).
+pub fn answer_or_fault(response: RawResponse) -> Result<RawResponse, Fault> {
+    if response.status.is_success() || response.status == StatusCode::TOO_MANY_REQUESTS {
+        Ok(response)
+    } else {
+        Err(status_fault(response.status, &response.body))
+    }
+}

@@ -55,6 +55,9 @@ pub struct AgentSetup<'a> {
     pub line: Option<LineTarget>,
     /// An `openai` agent's `system-prompt`, rendered.
     pub system_prompt: Option<String>,
+    /// `provider=`: the client of the provider the agent's model is reached through
+    /// (`openai`/`anthropic`) or that plays its LLM (`fixie`).
+    pub provider: Option<Arc<crate::llm::ProviderClient>>,
 }
 
 /// Builds the client of one agent: the one place that maps a `protocol=` to its module.
@@ -93,7 +96,10 @@ pub fn build(setup: AgentSetup<'_>) -> Result<Arc<dyn AgentProtocol>, Fault> {
             setup.retry,
             setup.transport.clone(),
         )
-        .map(|c| Arc::new(c) as Arc<dyn AgentProtocol>)
+        .map(|c| {
+            let provider = setup.agent.provider.as_deref().map(str::to_owned);
+            Arc::new(c.with_llm_provider(provider)) as Arc<dyn AgentProtocol>
+        })
         .map_err(|e| setup_fault(&e)),
         Protocol::MultiAgent => multiagent_client(&setup).map_err(|e| setup_fault(&e)),
         Protocol::OpenAi | Protocol::Anthropic => {
@@ -115,6 +121,7 @@ pub fn build(setup: AgentSetup<'_>) -> Result<Arc<dyn AgentProtocol>, Fault> {
                     } else {
                         openai::Api::OpenAi
                     },
+                    provider: setup.provider.clone(),
                 },
             )
             .map(|c| Arc::new(c) as Arc<dyn AgentProtocol>)
@@ -177,14 +184,16 @@ fn multiagent_client(
             };
             MultiAgentClient::socket(&address, line_limits, setup.retry, options)?
         }
-        (Endpoint::Url(_) | Endpoint::Builtin(_), _) => MultiAgentClient::http(
-            setup.url,
-            setup.headers.clone(),
-            setup.limits,
-            setup.retry,
-            setup.transport.clone(),
-            options,
-        )?,
+        (Endpoint::Url(_) | Endpoint::Builtin(_) | Endpoint::Provider(_), _) => {
+            MultiAgentClient::http(
+                setup.url,
+                setup.headers.clone(),
+                setup.limits,
+                setup.retry,
+                setup.transport.clone(),
+                options,
+            )?
+        }
     };
     Ok(Arc::new(client))
 }
@@ -257,6 +266,9 @@ pub struct Usage {
     pub prompt_tokens: Option<u64>,
     pub completion_tokens: Option<u64>,
     pub total_tokens: Option<u64>,
+    /// At the prices of the provider a model under test is reached through.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<f64>,
 }
 
 /// An agent as configured for a run: opens conversations with it.
@@ -456,6 +468,10 @@ impl Turn {
             let t = total.get_or_insert_with(Usage::default);
             t.prompt_tokens = add(t.prompt_tokens, usage.prompt_tokens);
             t.completion_tokens = add(t.completion_tokens, usage.completion_tokens);
+            t.cost = match (t.cost, usage.cost) {
+                (Some(a), Some(b)) => Some(a + b),
+                (a, b) => a.or(b),
+            };
             t.total_tokens = add(
                 t.total_tokens,
                 usage

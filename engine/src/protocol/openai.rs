@@ -31,8 +31,8 @@ use serde_json::{Map, Value, json};
 use trellis_dsl::{Agent, Project};
 
 use super::http::{
-    CallLimits, EndpointError, HttpTransport, RetryPolicy, agent_url, with_agent_headers,
-    with_retries,
+    CallLimits, EndpointError, HttpTransport, RateLimitWaits, RetryPolicy, agent_url,
+    answer_or_fault, retry_after, with_agent_headers, with_retries,
 };
 use super::quote::{error_text, kind_of, preview};
 use super::sse::{self, Opened, StreamLimits};
@@ -40,6 +40,7 @@ use super::{
     AgentProtocol, CallContext, ChatMessage, Conversation, Exchange, Session, ToolCall,
     ToolCallFunction, Turn, TurnInput, Usage,
 };
+use crate::llm::ProviderClient;
 use crate::record::{Fault, FaultCategory, ToolCallRecord};
 use crate::render::{CompiledTemplate, RenderError, Templates};
 use crate::sandbox::{Sandbox, SandboxSpec};
@@ -127,6 +128,11 @@ pub enum Api {
 
 /// The `anthropic-version` sent unless the agent's headers set one.
 const ANTHROPIC_VERSION: &str = "2023-06-01";
+/// The placeholder fault of a 429 answer, replaced by the wait or by the give-up fault.
+fn rate_limited() -> Fault {
+    Fault::new(FaultCategory::Http4xx, "HTTP 429 Too Many Requests")
+}
+
 /// Anthropic requires `max_tokens`.
 const ANTHROPIC_MAX_TOKENS: u64 = 1024;
 
@@ -164,6 +170,10 @@ struct ClientConfig {
     max_tool_rounds: u32,
     stream: bool,
     api: Api,
+    temperature: Option<f64>,
+    max_tokens: Option<u32>,
+    /// `provider=`: every request passes the provider's limits, and its usage is priced.
+    provider: Option<Arc<ProviderClient>>,
 }
 
 /// Everything an `openai` client is built from.
@@ -175,6 +185,9 @@ pub struct OpenAiOptions {
     /// Ignored for [`Api::Anthropic`].
     pub stream: bool,
     pub api: Api,
+    /// `provider=`: the endpoint, key, headers, model, temperature, max tokens, retries,
+    /// limits and prices come from this provider (the agent's `header`s are added).
+    pub provider: Option<Arc<ProviderClient>>,
 }
 
 impl OpenAiClient {
@@ -189,9 +202,32 @@ impl OpenAiClient {
         transport: HttpTransport,
         options: OpenAiOptions,
     ) -> Result<Self, EndpointError> {
-        let url = completions_url(base_url, options.api)?;
+        let (url, mut defaults, model, temperature, max_tokens, retry) = match &options.provider {
+            Some(provider) => {
+                let (model, temperature, max_tokens) = provider.defaults();
+                let model = Some(options.model.clone())
+                    .filter(|m| !m.is_empty())
+                    .or(model.map(str::to_owned))
+                    .unwrap_or_default();
+                (
+                    provider.url().clone(),
+                    provider.headers().clone(),
+                    model,
+                    temperature,
+                    max_tokens,
+                    provider.retry(),
+                )
+            }
+            None => (
+                completions_url(base_url, options.api)?,
+                HeaderMap::with_capacity(headers.len() + 2),
+                options.model,
+                None,
+                None,
+                retry,
+            ),
+        };
         let stream = options.stream && options.api == Api::OpenAi;
-        let mut defaults = HeaderMap::with_capacity(headers.len() + 2);
         defaults.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         defaults.insert(
             ACCEPT,
@@ -217,12 +253,15 @@ impl OpenAiClient {
                 retry,
                 transport,
                 label,
-                model: options.model,
+                model,
                 system_prompt: options.system_prompt,
                 tools: options.tools,
                 max_tool_rounds: options.max_tool_rounds,
                 stream,
                 api: options.api,
+                temperature,
+                max_tokens,
+                provider: options.provider,
             }),
         })
     }
@@ -245,6 +284,12 @@ impl OpenAiClient {
         body.insert("messages".into(), Value::Array(messages));
         if !config.tools.is_empty() {
             body.insert("tools".into(), Value::Array(config.tools.clone()));
+        }
+        if let Some(t) = config.temperature {
+            body.insert("temperature".into(), json!(t));
+        }
+        if let Some(n) = config.max_tokens {
+            body.insert("max_tokens".into(), json!(n));
         }
         if config.stream {
             body.insert("stream".into(), Value::Bool(true));
@@ -274,11 +319,66 @@ impl OpenAiClient {
                 return (exchange, Err(fault));
             }
         };
-        let outcome = if config.stream {
+        // Charged against a provider's token limit: the prompt (about four characters a
+        // token) plus what the model may write.
+        let estimate = u32::try_from(body.len() / 4)
+            .unwrap_or(u32::MAX)
+            .saturating_add(config.max_tokens.unwrap_or(512));
+        let mut rate_limits = RateLimitWaits::default();
+        let outcome = loop {
+            let (outcome, rate_limited) =
+                self.attempt(&body, estimate, deadline, &mut exchange).await;
+            let Some(asked) = rate_limited else {
+                break outcome;
+            };
+            match rate_limits.next(asked, deadline) {
+                Some(wait) => tokio::time::sleep(wait).await,
+                None => break Err(rate_limits.gave_up()),
+            }
+        };
+        // A fault in the answer the last attempt received is that attempt's own.
+        if let (Err(fault), Some(last)) = (&outcome, exchange.attempts.last_mut())
+            && last.fault.is_none()
+        {
+            last.fault = Some(fault.clone());
+        }
+        match outcome {
+            Ok((message, mut usage)) => {
+                if let (Some(provider), Some(usage)) = (&config.provider, usage.as_mut()) {
+                    usage.cost = provider.cost(usage.prompt_tokens, usage.completion_tokens);
+                }
+                exchange.usage = usage;
+                (exchange, Ok(message))
+            }
+            Err(fault) => (exchange, Err(fault)),
+        }
+    }
+
+    /// One round of attempts (with retries) through the provider's limits, if any. A 429
+    /// answer is `Some(Retry-After)` in the second value: the caller waits and asks again.
+    async fn attempt(
+        &self,
+        body: &Bytes,
+        estimate: u32,
+        deadline: Option<tokio::time::Instant>,
+        exchange: &mut Exchange,
+    ) -> (
+        Result<(ChatMessage, Option<Usage>), Fault>,
+        Option<Option<Duration>>,
+    ) {
+        let config = &self.inner;
+        let admit = || async move {
+            match &config.provider {
+                Some(provider) => Some(provider.admit(estimate).await),
+                None => None,
+            }
+        };
+        if config.stream {
             let limits = StreamLimits::from(config.limits);
             let attempted = with_retries(config.retry, config.limits.timeout, deadline, |budget| {
                 let body = body.clone();
                 async move {
+                    let admitted = admit().await;
                     sse::open(
                         &config.transport,
                         &config.url,
@@ -288,14 +388,17 @@ impl OpenAiClient {
                         budget,
                     )
                     .await
+                    .map(|opened| (opened, admitted))
                 }
             })
             .await;
-            exchange.attempts = attempted.attempts;
-            match attempted.result {
+            exchange.attempts.extend(attempted.attempts);
+            let outcome = match attempted.result {
                 Err(fault) => Err(fault),
-                Ok(Opened::Json(body)) => decode_body(&body),
-                Ok(Opened::Events(mut stream)) => {
+                Ok((Opened::RateLimited(asked), _)) => return (Err(rate_limited()), Some(asked)),
+                Ok((Opened::Json(body), _)) => decode_body(&body),
+                // The provider's slot stays taken while the stream is read.
+                Ok((Opened::Events(mut stream), _admitted)) => {
                     stream.set_deadline(deadline);
                     let mut first_content = None;
                     let outcome = read_chunks(&mut stream, &mut first_content).await;
@@ -305,14 +408,16 @@ impl OpenAiClient {
                     }
                     outcome
                 }
-            }
+            };
+            (outcome.map_err(|f| self.redact(f)), None)
         } else {
             let attempted = with_retries(config.retry, config.limits.timeout, deadline, |budget| {
                 let body = body.clone();
                 async move {
+                    let _admitted = admit().await;
                     config
                         .transport
-                        .post_json(
+                        .post_json_raw(
                             &config.url,
                             &config.headers,
                             body,
@@ -320,28 +425,32 @@ impl OpenAiClient {
                             budget,
                         )
                         .await
+                        .and_then(answer_or_fault)
                 }
             })
             .await;
-            exchange.attempts = attempted.attempts;
-            attempted.result.and_then(|response| match config.api {
-                Api::OpenAi => decode_body(&response.body),
-                Api::Anthropic => decode_anthropic(&response.body),
-            })
-        };
-        // A fault in the answer the last attempt received is that attempt's own.
-        if let (Err(fault), Some(last)) = (&outcome, exchange.attempts.last_mut())
-            && last.fault.is_none()
-        {
-            last.fault = Some(fault.clone());
+            exchange.attempts.extend(attempted.attempts);
+            let outcome = match attempted.result {
+                Err(fault) => Err(fault),
+                Ok(response) if response.status == reqwest::StatusCode::TOO_MANY_REQUESTS => {
+                    let asked = retry_after(&response.headers, std::time::SystemTime::now());
+                    return (Err(rate_limited()), Some(asked));
+                }
+                Ok(response) => match config.api {
+                    Api::OpenAi => decode_body(&response.body),
+                    Api::Anthropic => decode_anthropic(&response.body),
+                },
+            };
+            (outcome.map_err(|f| self.redact(f)), None)
         }
-        match outcome {
-            Ok((message, usage)) => {
-                exchange.usage = usage;
-                (exchange, Ok(message))
-            }
-            Err(fault) => (exchange, Err(fault)),
+    }
+
+    /// `fault` without the provider's key, which servers sometimes echo in error bodies.
+    fn redact(&self, mut fault: Fault) -> Fault {
+        if let Some(provider) = &self.inner.provider {
+            fault.message = provider.redact(&fault.message);
         }
+        fault
     }
 }
 
@@ -567,7 +676,13 @@ fn anthropic_request(config: &ClientConfig, history: &[ChatMessage]) -> Value {
     }
     let mut body = Map::new();
     body.insert("model".into(), Value::String(config.model.clone()));
-    body.insert("max_tokens".into(), json!(ANTHROPIC_MAX_TOKENS));
+    body.insert(
+        "max_tokens".into(),
+        json!(config.max_tokens.map_or(ANTHROPIC_MAX_TOKENS, u64::from)),
+    );
+    if let Some(t) = config.temperature {
+        body.insert("temperature".into(), json!(t.clamp(0.0, 1.0)));
+    }
     if let Some(prompt) = &config.system_prompt {
         body.insert("system".into(), Value::String(prompt.clone()));
     }
@@ -664,6 +779,7 @@ fn decode_anthropic(body: &[u8]) -> Result<(ChatMessage, Option<Usage>), Fault> 
         let input = u.get("input_tokens").and_then(Value::as_u64);
         let output = u.get("output_tokens").and_then(Value::as_u64);
         Usage {
+            cost: Default::default(),
             prompt_tokens: input,
             completion_tokens: output,
             total_tokens: input.zip(output).map(|(i, o)| i.saturating_add(o)),
@@ -783,6 +899,7 @@ fn decode_usage(usage: Option<&Value>) -> Option<Usage> {
     let usage = usage.filter(|u| u.is_object())?;
     let field = |name: &str| usage.get(name).and_then(Value::as_u64);
     Some(Usage {
+        cost: Default::default(),
         prompt_tokens: field("prompt_tokens"),
         completion_tokens: field("completion_tokens"),
         total_tokens: field("total_tokens"),

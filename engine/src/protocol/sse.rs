@@ -73,6 +73,9 @@ pub enum Opened {
     Events(Box<EventStream>),
     /// A 2xx JSON body, read in full (a server that does not stream, or was asked not to).
     Json(Bytes),
+    /// HTTP 429, with the wait its `Retry-After` asks for: the caller decides whether to
+    /// wait it out (a model provider) or fail.
+    RateLimited(Option<Duration>),
 }
 
 /// One server-sent event.
@@ -129,6 +132,10 @@ pub async fn open(
         .map(str::trim)
         .unwrap_or("");
 
+    if status == reqwest::StatusCode::TOO_MANY_REQUESTS {
+        let asked = super::http::retry_after(response.headers(), std::time::SystemTime::now());
+        return Ok(Opened::RateLimited(asked));
+    }
     if !status.is_success() {
         let preview = read_body(response, url, PREVIEW_BYTES as u64, first_event_by, false)
             .await

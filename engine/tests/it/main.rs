@@ -15,6 +15,7 @@ mod multiagent_run;
 mod openai;
 mod planning;
 mod protocol;
+mod provider_agents;
 mod reuse;
 mod simulating;
 mod support;

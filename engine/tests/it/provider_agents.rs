@@ -1,0 +1,205 @@
+//! Models under test reached through a `provider` node (`provider=` on `openai` agents and
+//! on Fixie agents): the provider's endpoint, key, model and prices, its limits shared with
+//! the judges and the simulator, a llama.cpp server's slot count honoured, 429s waited out.
+//! Real HTTP against the fake LLM endpoint, through the executor.
+
+use std::time::Duration;
+
+use serde_json::json;
+use trellis_engine::record::{TrajectoryStatus, TurnRecord};
+use trellis_engine::render::EnvSnapshot;
+
+use crate::support::llm::{FakeLlm, Reply, Rule};
+use crate::support::{Run, run_suite};
+
+fn turns(run: &Run) -> Vec<&TurnRecord> {
+    run.nodes
+        .iter()
+        .flat_map(|n| n.turns.iter().map(|t| t.as_ref()))
+        .collect()
+}
+
+fn env() -> EnvSnapshot {
+    let mut env = EnvSnapshot::new();
+    env.insert("LOCAL_KEY".into(), "sk-local-123".into());
+    env
+}
+
+/// `scenarios` one-turn scenarios against an `openai` agent reached through provider
+/// `local`, each also judged by the same provider.
+fn judged_suite(base_url: &str, provider_extra: &str, scenarios: usize) -> String {
+    let mut text = format!(
+        r#"
+provider "local" kind="openai" base-url="{base_url}" model="small-model" {provider_extra}
+judge "j" provider="local"
+agent "bot" protocol="openai" provider="local" system-prompt="You are terse."
+"#
+    );
+    for i in 0..scenarios {
+        text.push_str(&format!(
+            "scenario \"s{i}\" {{\n    user \"Question {i}\"\n    criteria {{\n        judge \"The agent answers\"\n    }}\n}}\n"
+        ));
+    }
+    text
+}
+
+fn slow_answers() -> Vec<Rule> {
+    vec![
+        Rule::when(
+            "The agent answers",
+            [Reply::slow(
+                Duration::from_millis(40),
+                Reply::text(r#"{"score": 1, "label": "pass", "justification": "it answered"}"#),
+            )],
+        ),
+        Rule::otherwise([Reply::slow(
+            Duration::from_millis(40),
+            Reply::text("An answer."),
+        )]),
+    ]
+}
+
+#[tokio::test]
+async fn a_model_reached_through_a_provider_takes_its_endpoint_key_model_and_prices() {
+    let fake = FakeLlm::start(vec![Rule::otherwise([Reply::text("Hello there, friend.")])]).await;
+    let suite = format!(
+        r#"
+provider "local" kind="openai" base-url="{}" model="small-model" api-key-env="LOCAL_KEY" \
+    temperature=0.25 max-tokens=300 input-price=1000 output-price=2000
+agent "bot" protocol="openai" provider="local" system-prompt="You are terse."
+scenario "hello" {{
+    user "Hi"
+    expect {{ reply contains="Hello" }}
+}}
+"#,
+        fake.base_url()
+    );
+    let run = run_suite(&suite, 2, env()).await;
+    assert_eq!(run.trajectories[0].status, TrajectoryStatus::Passed);
+    let seen = fake.seen();
+    assert_eq!(seen.len(), 1);
+    let request = &seen[0];
+    assert_eq!(request.body["model"], "small-model");
+    assert_eq!(request.body["temperature"], json!(0.25));
+    assert_eq!(request.body["max_tokens"], json!(300));
+    assert_eq!(
+        request.headers["authorization"].to_str().unwrap(),
+        "Bearer sk-local-123"
+    );
+    let turn = turns(&run)[0];
+    let (input, output) = (
+        turn.prompt_tokens.unwrap() as f64,
+        turn.completion_tokens.unwrap() as f64,
+    );
+    let expected = (input * 1000.0 + output * 2000.0) / 1_000_000.0;
+    let cost = turn
+        .cost_usd
+        .expect("a priced provider prices the agent's turn");
+    assert!((cost - expected).abs() < 1e-12, "{cost} vs {expected}");
+}
+
+#[tokio::test]
+async fn a_one_slot_llama_cpp_server_is_sent_one_request_at_a_time() {
+    // Control: without the slot count, the run's calls overlap on the server (this is what
+    // would queue on a one-slot server and eat every request's timeout).
+    let unlimited = FakeLlm::start(slow_answers()).await;
+    let run = run_suite(&judged_suite(&unlimited.base_url(), "", 6), 8, env()).await;
+    assert!(
+        run.trajectories
+            .iter()
+            .all(|t| t.status == TrajectoryStatus::Passed)
+    );
+    assert!(
+        unlimited.max_in_flight() > 1,
+        "the control run should overlap calls"
+    );
+
+    // The server says it has one slot: agent turns and judge calls take turns.
+    let llama = FakeLlm::with_slots(slow_answers(), 1).await;
+    let run = run_suite(&judged_suite(&llama.base_url(), "", 6), 8, env()).await;
+    assert_eq!(run.trajectories.len(), 6);
+    assert!(
+        run.trajectories
+            .iter()
+            .all(|t| t.status == TrajectoryStatus::Passed),
+        "{:?}",
+        run.trajectories
+            .iter()
+            .map(|t| t.status)
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(llama.calls(), 12, "six agent turns and six judge calls");
+    assert_eq!(llama.max_in_flight(), 1);
+
+    // `concurrency` written on the provider wins over what the server says.
+    let two = FakeLlm::with_slots(slow_answers(), 1).await;
+    let run = run_suite(&judged_suite(&two.base_url(), "concurrency=2", 6), 8, env()).await;
+    assert!(
+        run.trajectories
+            .iter()
+            .all(|t| t.status == TrajectoryStatus::Passed)
+    );
+    assert_eq!(two.max_in_flight(), 2);
+}
+
+#[tokio::test]
+async fn a_rate_limited_model_under_test_waits_and_is_not_failed() {
+    for through_provider in [true, false] {
+        let fake = FakeLlm::start(vec![Rule::otherwise([
+            Reply::rate_limited("1"),
+            Reply::text("Fine, here it is."),
+        ])])
+        .await;
+        let agent = if through_provider {
+            r#"agent "bot" protocol="openai" provider="local""#.to_owned()
+        } else {
+            format!(
+                r#"agent "bot" protocol="openai" base-url="{}" model="m""#,
+                fake.base_url()
+            )
+        };
+        let suite = format!(
+            r#"
+provider "local" kind="openai" base-url="{}" model="small-model"
+{agent}
+scenario "patient" {{
+    user "Please"
+    expect {{ reply contains="here it is" }}
+}}
+"#,
+            fake.base_url()
+        );
+        let started = std::time::Instant::now();
+        let run = run_suite(&suite, 1, env()).await;
+        let t = &run.trajectories[0];
+        assert_eq!(t.status, TrajectoryStatus::Passed, "{t:?}");
+        assert!(turns(&run)[0].fault.is_none());
+        assert_eq!(fake.calls(), 2, "one 429, then the answer");
+        assert!(started.elapsed() >= Duration::from_millis(900));
+    }
+}
+
+#[tokio::test]
+async fn a_fixie_agent_names_the_provider_that_plays_its_llm() {
+    let wrong = FakeLlm::always("A: from the wrong provider").await;
+    let right = FakeLlm::always("A: 42 is the answer").await;
+    let suite = format!(
+        r#"
+provider "sim" kind="openai" base-url="{}" model="sim-model"
+provider "fixie-llm" kind="openai" base-url="{}" model="fixie-model"
+simulator provider="sim"
+agent "numbers" protocol="fixie" builtin="numbers" provider="fixie-llm"
+scenario "ask" {{
+    user "What is six times seven?"
+    expect {{ reply contains="42" }}
+}}
+"#,
+        wrong.base_url(),
+        right.base_url()
+    );
+    let run = run_suite(&suite, 1, env()).await;
+    assert_eq!(run.trajectories[0].status, TrajectoryStatus::Passed);
+    assert_eq!(wrong.calls(), 0);
+    assert_eq!(right.calls(), 1);
+    assert_eq!(right.seen()[0].body["model"], "fixie-model");
+}
