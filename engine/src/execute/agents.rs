@@ -209,6 +209,14 @@ async fn start_one(
     if !url.is_empty() {
         transport.warm(&url);
     }
+    // A model on a plain-http server of its own (`base-url`) queues for that server's slots
+    // like the providers on it do.
+    let server_slots = match (&agent.endpoint, agent.protocol.is_model()) {
+        (Endpoint::Url(_), true) => reqwest::Url::parse(&url)
+            .ok()
+            .and_then(|u| llm.server_slots(&u, &reqwest::header::HeaderMap::new())),
+        _ => None,
+    };
     let provider = match &agent.provider {
         None => None,
         Some(id) => match llm.client(id) {
@@ -237,6 +245,7 @@ async fn start_one(
         line,
         system_prompt,
         provider,
+        server_slots,
     })
     .map_err(Setup::Broken)
 }

@@ -22,6 +22,7 @@ pub mod provider;
 pub mod rejudge;
 pub mod runtime;
 pub mod simulator;
+pub mod slots;
 pub mod wire;
 
 use serde::{Deserialize, Serialize};
@@ -83,6 +84,10 @@ pub struct LlmRequest {
     /// model never stops.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens_default: Option<u32>,
+    /// The temperature sent when neither the call nor the provider sets one: 0 for judges,
+    /// whose verdicts should not depend on the draw (a server's own default is often 0.8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature_default: Option<f64>,
     /// Ask for a JSON object matching this schema where the provider supports structured
     /// output (OpenAI-compatible `response_format`); the caller still parses strictly.
     pub json_schema: Option<serde_json::Value>,

@@ -15,7 +15,6 @@
 //! as a sensitive header value, and removed from every error message ([`Secret::redact`]),
 //! because servers sometimes echo request headers back in error bodies.
 
-use std::future::Future;
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -24,10 +23,11 @@ use bytes::Bytes;
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use reqwest::Url;
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::time::Instant;
 use trellis_dsl::{DEFAULT_PROVIDER_RETRIES, DEFAULT_PROVIDER_TIMEOUT, Provider, ProviderKind};
 
+use super::slots::{ServerRegistry, ServerSlots};
 use super::wire::{self, ANTHROPIC_VERSION, DecodeError, WireRequest};
 use super::{CacheUse, LlmCall, LlmError, LlmOutcome, LlmRequest};
 use crate::protocol::http::{
@@ -37,8 +37,6 @@ use crate::protocol::http::{
 use crate::record::{Fault, FaultCategory};
 use crate::render::EnvSnapshot;
 
-/// How long the llama.cpp slot probe waits for `/props`.
-const SLOT_PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 /// LLM answers are small; this bounds a misbehaving server.
 const MAX_RESPONSE_SIZE: u64 = 4 * 1024 * 1024;
 /// Output tokens assumed for the token rate limit when neither call nor provider caps them.
@@ -82,18 +80,30 @@ impl Secret {
 }
 
 /// The rate and concurrency limits of one provider, shared by all its calls in a run.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Gate {
-    /// `concurrency`, or the slots a llama.cpp server reports (see [`ProviderClient::admit`]),
-    /// settled before the first request.
-    slots: tokio::sync::OnceCell<Option<Semaphore>>,
-    configured: Option<usize>,
+    slots: Slots,
     requests: Option<DefaultDirectRateLimiter>,
     tokens: Option<(DefaultDirectRateLimiter, NonZeroU32)>,
 }
 
+/// Where a provider's concurrency limit comes from.
+#[derive(Debug)]
+enum Slots {
+    /// `concurrency=N`: this provider's own.
+    Configured(Semaphore),
+    /// The server's slot count, shared by everything of the run that talks to the server.
+    Server(Arc<ServerSlots>),
+    /// No limit.
+    Unlimited,
+}
+
+/// A concurrency slot taken, held while alive.
+#[derive(Debug)]
+pub struct SlotPermit<'a>(#[allow(dead_code)] Option<SemaphorePermit<'a>>);
+
 impl Gate {
-    fn new(provider: &Provider) -> Self {
+    fn new(provider: &Provider, server: Option<Arc<ServerSlots>>) -> Self {
         let requests = provider
             .requests_per_minute
             .and_then(NonZeroU32::new)
@@ -103,33 +113,25 @@ impl Gate {
             .tokens_per_minute
             .and_then(NonZeroU32::new)
             .map(|n| (RateLimiter::direct(Quota::per_minute(n)), n));
+        let slots = match (provider.concurrency, server) {
+            (Some(n), _) => Slots::Configured(Semaphore::new(n.max(1))),
+            (None, Some(server)) => Slots::Server(server),
+            (None, None) => Slots::Unlimited,
+        };
         Gate {
-            slots: tokio::sync::OnceCell::new(),
-            configured: provider.concurrency,
+            slots,
             requests,
             tokens,
         }
     }
 
     /// Waits for a request of about `tokens` tokens to be allowed; the returned permit
-    /// holds the concurrency slot. `slots` finds the concurrency limit on first use.
-    async fn pass<F>(&self, tokens: u32, slots: F) -> Option<tokio::sync::SemaphorePermit<'_>>
-    where
-        F: Future<Output = Option<usize>>,
-    {
-        let slots = self
-            .slots
-            .get_or_init(|| async {
-                match self.configured {
-                    Some(n) => Some(n),
-                    None => slots.await,
-                }
-                .map(|n| Semaphore::new(n.max(1)))
-            })
-            .await;
-        let permit = match slots {
-            Some(slots) => slots.acquire().await.ok(),
-            None => None,
+    /// holds the concurrency slot.
+    async fn pass(&self, tokens: u32) -> SlotPermit<'_> {
+        let permit = match &self.slots {
+            Slots::Configured(slots) => slots.acquire().await.ok(),
+            Slots::Server(server) => server.acquire().await,
+            Slots::Unlimited => None,
         };
         if let Some(limiter) = &self.requests {
             limiter.until_ready().await;
@@ -139,7 +141,7 @@ impl Gate {
             let n = NonZeroU32::new(tokens.clamp(1, capacity.get())).unwrap_or(*capacity);
             let _ = limiter.until_n_ready(n).await;
         }
-        permit
+        SlotPermit(permit)
     }
 }
 
@@ -165,10 +167,13 @@ pub struct ProviderClient {
 
 impl ProviderClient {
     /// The client of `provider`, its key read from `env` (the run's environment snapshot).
+    /// `servers` shares each plain-`http` server's slot count (llama.cpp) with the run's
+    /// other providers and model agents on the same server.
     pub fn new(
         provider: &Provider,
         env: &EnvSnapshot,
         transport: HttpTransport,
+        servers: &ServerRegistry,
     ) -> Result<Self, ProviderSetupError> {
         let id = provider.id.value.clone();
         let url = endpoint(provider.kind, provider.base_url.as_deref()).ok_or_else(|| {
@@ -224,6 +229,7 @@ impl ProviderClient {
             value.set_sensitive(true);
             headers.insert(name, value);
         }
+        let gate = Gate::new(provider, servers.for_url(&url, &headers, &transport));
         Ok(ProviderClient {
             kind: provider.kind,
             url,
@@ -242,7 +248,7 @@ impl ProviderClient {
             },
             input_price: provider.input_price,
             output_price: provider.output_price,
-            gate: Gate::new(provider),
+            gate,
             transport,
             id,
         })
@@ -283,32 +289,11 @@ impl ProviderClient {
     /// simulator's instead of piling up on a one-slot server.
     pub async fn admit(&self, tokens: u32) -> Admitted<'_> {
         let queued = Instant::now();
-        let permit = self.gate.pass(tokens, self.server_slots()).await;
+        let permit = self.gate.pass(tokens).await;
         Admitted {
             _permit: permit,
             waited: queued.elapsed(),
         }
-    }
-
-    /// The parallel slots of the server, when it says (llama.cpp's `GET /props` has
-    /// `total_slots`). Asked once, before the first request of a provider without
-    /// `concurrency`, and only over plain `http://` (local and LAN servers; hosted APIs are
-    /// `https://` and have rate limits instead). A one-slot server queues concurrent
-    /// requests itself, and their time in its queue would count against each request's
-    /// timeout: queueing here instead keeps the timeout for the answer.
-    async fn server_slots(&self) -> Option<usize> {
-        if self.url.scheme() != "http" {
-            return None;
-        }
-        let props = self.url.join("/props").ok()?;
-        let response = self
-            .transport
-            .get(&props, &self.headers, 1024 * 1024, SLOT_PROBE_TIMEOUT)
-            .await
-            .ok()?;
-        let value: serde_json::Value = serde_json::from_slice(&response.body).ok()?;
-        let slots = value.get("total_slots")?.as_u64()?;
-        usize::try_from(slots).ok().filter(|n| *n > 0)
     }
 
     /// `text` without the key (servers echo request headers in error bodies).
@@ -330,7 +315,10 @@ impl ProviderClient {
         Some(WireRequest {
             model: self.model_for(request)?,
             messages: &request.messages,
-            temperature: request.temperature.or(self.temperature),
+            temperature: request
+                .temperature
+                .or(self.temperature)
+                .or(request.temperature_default),
             max_tokens: request
                 .max_tokens
                 .or(self.max_tokens)
@@ -396,7 +384,7 @@ impl ProviderClient {
                 let waited = &waited;
                 async move {
                     let queued = Instant::now();
-                    let _slot = self.gate.pass(estimate, self.server_slots()).await;
+                    let _slot = self.gate.pass(estimate).await;
                     if let Ok(mut w) = waited.lock() {
                         *w += queued.elapsed();
                     }
@@ -456,7 +444,7 @@ impl ProviderClient {
 /// A request let through a provider's limits: holds its concurrency slot while alive.
 #[derive(Debug)]
 pub struct Admitted<'a> {
-    _permit: Option<tokio::sync::SemaphorePermit<'a>>,
+    _permit: SlotPermit<'a>,
     /// How long the request waited for the limits.
     pub waited: Duration,
 }

@@ -91,6 +91,10 @@ pub struct JudgeTask<'a, T> {
 pub struct LlmRuntime {
     setup: LlmSetup,
     clients: HashMap<String, Result<Arc<ProviderClient>, String>>,
+    /// The model servers of the run and their slots (llama.cpp), shared by providers and
+    /// model agents on one server.
+    servers: super::slots::ServerRegistry,
+    transport: HttpTransport,
     cache: LlmCache,
 }
 
@@ -111,13 +115,14 @@ impl LlmRuntime {
         transport: &HttpTransport,
         cache: LlmCache,
     ) -> Arc<Self> {
+        let servers = super::slots::ServerRegistry::default();
         let clients = setup
             .providers
             .iter()
             .map(|p| {
                 (
                     p.id.value.clone(),
-                    ProviderClient::new(p, env, transport.clone())
+                    ProviderClient::new(p, env, transport.clone(), &servers)
                         .map(Arc::new)
                         .map_err(|e| e.to_string()),
                 )
@@ -126,12 +131,24 @@ impl LlmRuntime {
         Arc::new(LlmRuntime {
             setup,
             clients,
+            servers,
+            transport: transport.clone(),
             cache,
         })
     }
 
     pub fn setup(&self) -> &LlmSetup {
         &self.setup
+    }
+
+    /// The slots of the model server behind `url` (a model agent's own `base-url`), shared
+    /// with the providers on the same server; `None` for `https://` URLs.
+    pub fn server_slots(
+        &self,
+        url: &reqwest::Url,
+        headers: &reqwest::header::HeaderMap,
+    ) -> Option<Arc<super::slots::ServerSlots>> {
+        self.servers.for_url(url, headers, &self.transport)
     }
 
     /// The client of provider `id`, shared by everything of the run that uses it (its limits
@@ -301,6 +318,7 @@ impl LlmRuntime {
         };
         let mut request = judge::request(&ctx, &asked, task.turns);
         request.max_tokens_default = Some(super::JUDGE_MAX_TOKENS);
+        request.temperature_default = Some(0.0);
         request.model = resolved.model.map(str::to_owned);
         request.temperature = resolved.temperature;
         if resolved.client.kind() == trellis_dsl::ProviderKind::Anthropic {

@@ -35,10 +35,9 @@ pub fn encode(kind: ProviderKind, request: &WireRequest<'_>) -> Value {
 }
 
 fn encode_openai(request: &WireRequest<'_>) -> Value {
-    let messages: Vec<Value> = request
-        .messages
-        .iter()
-        .map(|m| json!({"role": role_name(m.role), "content": m.content}))
+    let messages: Vec<Value> = alternating(request.messages)
+        .into_iter()
+        .map(|(role, content)| json!({"role": role_name(role), "content": content}))
         .collect();
     let mut body = Map::new();
     body.insert("model".into(), json!(request.model));
@@ -105,6 +104,45 @@ fn encode_anthropic(request: &WireRequest<'_>) -> Value {
         body.insert("temperature".into(), json!(t.clamp(0.0, 1.0)));
     }
     Value::Object(body)
+}
+
+/// The messages as strict chat templates take them (the ones llama.cpp applies for Mistral or
+/// Gemma models fail the request otherwise): system messages first, then user and assistant
+/// alternating from a user message. Consecutive messages of one role are joined, and a
+/// conversation whose first turn is the assistant's (a simulated user speaking first, seen
+/// from its side) gets an opening user line.
+fn alternating(messages: &[LlmMessage]) -> Vec<(Role, String)> {
+    let mut out: Vec<(Role, String)> = Vec::with_capacity(messages.len() + 1);
+    for m in messages.iter().filter(|m| m.role == Role::System) {
+        match out.last_mut() {
+            Some((_, text)) => {
+                text.push_str("\n\n");
+                text.push_str(&m.content);
+            }
+            None => out.push((Role::System, m.content.clone())),
+        }
+    }
+    let system = out.len();
+    for m in messages.iter().filter(|m| m.role != Role::System) {
+        let after_system = out.len() > system;
+        match out.last_mut() {
+            Some((role, text)) if after_system && *role == m.role => {
+                text.push_str("\n\n");
+                text.push_str(&m.content);
+            }
+            _ => out.push((m.role, m.content.clone())),
+        }
+    }
+    if out
+        .get(system)
+        .is_some_and(|(role, _)| *role == Role::Assistant)
+    {
+        out.insert(
+            system,
+            (Role::User, "(The conversation starts.)".to_owned()),
+        );
+    }
+    out
 }
 
 fn role_name(role: Role) -> &'static str {
@@ -254,6 +292,35 @@ fn preview_value(value: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn openai_messages_alternate_from_a_user_message() {
+        let messages = [
+            LlmMessage::system("You play a customer."),
+            LlmMessage::assistant("Hi, I need a cleaning."),
+            LlmMessage::user("Sure, where?"),
+            LlmMessage::user("(Your previous answer was empty.)"),
+        ];
+        let request = WireRequest {
+            model: "m",
+            messages: &messages,
+            temperature: None,
+            max_tokens: None,
+            json_schema: None,
+        };
+        let body = encode(ProviderKind::OpenAi, &request);
+        let roles: Vec<&str> = body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["role"].as_str().unwrap())
+            .collect();
+        assert_eq!(roles, ["system", "user", "assistant", "user"]);
+        assert_eq!(
+            body["messages"][3]["content"],
+            "Sure, where?\n\n(Your previous answer was empty.)"
+        );
+    }
 
     fn request<'a>(messages: &'a [LlmMessage]) -> WireRequest<'a> {
         WireRequest {

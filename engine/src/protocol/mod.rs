@@ -58,6 +58,8 @@ pub struct AgentSetup<'a> {
     /// `provider=`: the client of the provider the agent's model is reached through
     /// (`openai`/`anthropic`) or that plays its LLM (`fixie`).
     pub provider: Option<Arc<crate::llm::ProviderClient>>,
+    /// A model agent's `base-url` server's slots (llama.cpp), shared with the providers.
+    pub server_slots: Option<Arc<crate::llm::slots::ServerSlots>>,
 }
 
 /// Builds the client of one agent: the one place that maps a `protocol=` to its module.
@@ -122,6 +124,7 @@ pub fn build(setup: AgentSetup<'_>) -> Result<Arc<dyn AgentProtocol>, Fault> {
                         openai::Api::OpenAi
                     },
                     provider: setup.provider.clone(),
+                    server_slots: setup.server_slots.clone(),
                 },
             )
             .map(|c| Arc::new(c) as Arc<dyn AgentProtocol>)

@@ -41,6 +41,7 @@ use super::{
     ToolCallFunction, Turn, TurnInput, Usage,
 };
 use crate::llm::ProviderClient;
+use crate::llm::slots::ServerSlots;
 use crate::record::{Fault, FaultCategory, ToolCallRecord};
 use crate::render::{CompiledTemplate, RenderError, Templates};
 use crate::sandbox::{Sandbox, SandboxSpec};
@@ -174,6 +175,9 @@ struct ClientConfig {
     max_tokens: Option<u32>,
     /// `provider=`: every request passes the provider's limits, and its usage is priced.
     provider: Option<Arc<ProviderClient>>,
+    /// Without a provider: the slots of a plain-`http` server (llama.cpp), shared with the
+    /// providers on the same server.
+    server_slots: Option<Arc<ServerSlots>>,
 }
 
 /// Everything an `openai` client is built from.
@@ -188,6 +192,9 @@ pub struct OpenAiOptions {
     /// `provider=`: the endpoint, key, headers, model, temperature, max tokens, retries,
     /// limits and prices come from this provider (the agent's `header`s are added).
     pub provider: Option<Arc<ProviderClient>>,
+    /// The slots of the server behind `base-url` when it reports them (llama.cpp's
+    /// `/props`): requests wait here for a free slot instead of in the server's queue.
+    pub server_slots: Option<Arc<ServerSlots>>,
 }
 
 impl OpenAiClient {
@@ -262,6 +269,7 @@ impl OpenAiClient {
                 temperature,
                 max_tokens,
                 provider: options.provider,
+                server_slots: options.server_slots,
             }),
         })
     }
@@ -367,10 +375,12 @@ impl OpenAiClient {
         Option<Option<Duration>>,
     ) {
         let config = &self.inner;
+        // Held for the whole request (a streamed answer included).
         let admit = || async move {
-            match &config.provider {
-                Some(provider) => Some(provider.admit(estimate).await),
-                None => None,
+            match (&config.provider, &config.server_slots) {
+                (Some(provider), _) => (Some(provider.admit(estimate).await), None),
+                (None, Some(server)) => (None, server.acquire().await),
+                (None, None) => (None, None),
             }
         };
         if config.stream {

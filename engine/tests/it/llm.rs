@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use trellis_dsl::Provider;
+use trellis_engine::llm::slots::ServerRegistry;
 use trellis_engine::llm::{
     CacheMode, CacheUse, LlmCache, LlmError, LlmMessage, LlmRequest, ProviderClient,
     ProviderSetupError,
@@ -30,7 +31,13 @@ fn env() -> EnvSnapshot {
 }
 
 fn client(kdl: &str) -> ProviderClient {
-    ProviderClient::new(&provider(kdl), &env(), HttpTransport::new()).unwrap()
+    ProviderClient::new(
+        &provider(kdl),
+        &env(),
+        HttpTransport::new(),
+        &ServerRegistry::default(),
+    )
+    .unwrap()
 }
 
 fn ask(text: &str) -> LlmRequest {
@@ -267,6 +274,7 @@ async fn the_api_key_never_appears_in_errors_records_or_debug_output() {
         &provider(r#"provider "p" kind="openai" model="m" api-key-env="NOT_SET_ANYWHERE""#),
         &env(),
         HttpTransport::new(),
+        &ServerRegistry::default(),
     )
     .unwrap_err();
     assert!(matches!(missing, ProviderSetupError::MissingKey { .. }));

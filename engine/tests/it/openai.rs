@@ -225,6 +225,7 @@ fn client(base_url: &str, stream: bool) -> OpenAiClient {
         RetryPolicy::default(),
         HttpTransport::new(),
         OpenAiOptions {
+            server_slots: Default::default(),
             provider: Default::default(),
             model: "m".into(),
             system_prompt: Some("be brief".into()),

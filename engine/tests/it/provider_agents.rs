@@ -28,11 +28,25 @@ fn env() -> EnvSnapshot {
 /// `scenarios` one-turn scenarios against an `openai` agent reached through provider
 /// `local`, each also judged by the same provider.
 fn judged_suite(base_url: &str, provider_extra: &str, scenarios: usize) -> String {
+    judged_suite_with(
+        base_url,
+        provider_extra,
+        r#"agent "bot" protocol="openai" provider="local" system-prompt="You are terse.""#,
+        scenarios,
+    )
+}
+
+fn judged_suite_with(
+    base_url: &str,
+    provider_extra: &str,
+    agent: &str,
+    scenarios: usize,
+) -> String {
     let mut text = format!(
         r#"
 provider "local" kind="openai" base-url="{base_url}" model="small-model" {provider_extra}
 judge "j" provider="local"
-agent "bot" protocol="openai" provider="local" system-prompt="You are terse."
+{agent}
 "#
     );
     for i in 0..scenarios {
@@ -130,6 +144,26 @@ async fn a_one_slot_llama_cpp_server_is_sent_one_request_at_a_time() {
     );
     assert_eq!(llama.calls(), 12, "six agent turns and six judge calls");
     assert_eq!(llama.max_in_flight(), 1);
+
+    // A model agent with its own `base-url` on the same server queues for the same slot.
+    let shared = FakeLlm::with_slots(slow_answers(), 1).await;
+    let agent = format!(
+        r#"agent "bot" protocol="openai" base-url="{}" model="m""#,
+        shared.base_url()
+    );
+    let run = run_suite(
+        &judged_suite_with(&shared.base_url(), "", &agent, 6),
+        8,
+        env(),
+    )
+    .await;
+    assert!(
+        run.trajectories
+            .iter()
+            .all(|t| t.status == TrajectoryStatus::Passed)
+    );
+    assert_eq!(shared.calls(), 12);
+    assert_eq!(shared.max_in_flight(), 1);
 
     // `concurrency` written on the provider wins over what the server says.
     let two = FakeLlm::with_slots(slow_answers(), 1).await;
