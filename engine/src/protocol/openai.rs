@@ -396,6 +396,8 @@ impl Session for OpenAiSession {
         Some(&self.sandbox)
     }
 
+    /// Appends `history` to the conversation: the executor restores a reused prefix turn
+    /// by turn, so each call continues from the turns restored before it.
     fn restore(&mut self, history: &[(TurnInput<'_>, &Turn)]) -> bool {
         let mut rebuilt = Vec::new();
         let mut sandbox = self.sandbox.clone();
@@ -411,7 +413,7 @@ impl Session for OpenAiSession {
                 sandbox.call(&call.name, &arguments_value(&call.arguments));
             }
         }
-        self.history = rebuilt;
+        self.history.extend(rebuilt);
         self.sandbox = sandbox;
         true
     }
