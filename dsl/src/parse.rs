@@ -1466,8 +1466,8 @@ impl<'f> Decoder<'f> {
             .unwrap_or_default();
 
         let protocol = protocol?;
-        // AgentScope streams unless told not to; an OpenAI-compatible model is asked for one
-        // JSON body unless `stream #true`.
+        // AgentScope streams unless told not to; a model (OpenAI-compatible or Anthropic) is
+        // asked for one JSON body unless `stream #true`.
         let stream = stream_written.unwrap_or(!protocol.is_model());
         if let (Some(set), Some(e)) = (s.get("max-tool-rounds"), s.value("max-tool-rounds"))
             && !protocol.is_model()
@@ -1489,25 +1489,6 @@ impl<'f> Decoder<'f> {
                     "remove `max-tool-rounds`; it caps the tool loop the engine runs for an \
                      `openai` agent",
                 );
-            self.report(d);
-        }
-        if let (Some(set), Some(e), Some(true)) =
-            (s.get("stream"), s.value("stream"), stream_written)
-            && protocol == Protocol::Anthropic
-        {
-            let d = self
-                .diag(
-                    Kind::InvalidValue,
-                    format!(
-                        "agent `{}`: this version of trellis asks `anthropic` models for one JSON \
-                         body; streaming is only implemented for `openai`",
-                        id.value
-                    ),
-                    set.name_span,
-                    "not supported yet",
-                )
-                .with_label(value_span(e), "this value")
-                .with_help("remove `stream`, or use an OpenAI-compatible endpoint");
             self.report(d);
         }
         let max_tool_rounds = max_tool_rounds_written.unwrap_or(DEFAULT_MAX_TOOL_ROUNDS);

@@ -8,10 +8,14 @@
 //! (garbage) body, an empty answer, an echo of the request headers, or any of these after a
 //! delay. Every request is recorded and counted, so tests can assert "zero calls".
 //!
-//! OpenAI requests may also be answered with tool calls ([`Reply::ToolCalls`]); a request with
-//! `"stream": true` gets text and tool calls as server-sent chat-completion chunks ending in
-//! `[DONE]`, and [`Reply::Chunks`] streams text piece by piece with a pause before each piece
-//! (time to first token), optionally cut before the end.
+//! Requests may also be answered with tool calls ([`Reply::ToolCalls`]). A request with
+//! `"stream": true` gets text and tool calls as server-sent events in its API's shape:
+//! chat-completion chunks ending in `[DONE]`, or Anthropic's `message_start`,
+//! `content_block_*` (tool input in two `input_json_delta` fragments), `message_delta` and
+//! `message_stop`, with a `ping` among them. [`Reply::Chunks`] streams text piece by piece
+//! with a pause before each piece (time to first token), optionally cut before the end;
+//! [`Reply::StreamError`] streams a piece and then an error (an Anthropic `error` event, an
+//! `{"error": …}` chunk for OpenAI); [`Reply::Events`] sends raw `data` lines.
 //!
 //! [`FakeLlm::with_slots`] also answers llama.cpp's `GET /props` with `total_slots`, and
 //! [`FakeLlm::max_in_flight`] tells how many requests were ever answered at the same time.
@@ -54,13 +58,24 @@ pub enum Reply {
     /// The model calls these tools (name, arguments object), in order: OpenAI `tool_calls`,
     /// Anthropic `tool_use` blocks.
     ToolCalls(Vec<(String, Value)>),
-    /// OpenAI streaming: these text pieces as chunks, each after `gap`; with `complete`
-    /// false the stream closes after the last piece without a finish reason or `[DONE]`.
+    /// Streaming: these text pieces as chunks (OpenAI) or `text_delta` events (Anthropic),
+    /// each after `gap`; with `complete` false the stream closes after the last piece
+    /// without a finish reason or `[DONE]` (OpenAI), or without closing the block and the
+    /// message (Anthropic).
     Chunks {
         pieces: Vec<String>,
         gap: Duration,
         complete: bool,
     },
+    /// Streaming: one text piece, then an error with this message (`overloaded_error` for
+    /// Anthropic), and the stream closes.
+    StreamError(String),
+    /// Streaming: these `data` payloads as events, as given (garbage, broken tool input),
+    /// each named by its JSON `type` when it has one.
+    Events(Vec<String>),
+    /// The reply as one JSON body even to a request asking for a stream (a server that
+    /// does not stream).
+    Unstreamed(Box<Reply>),
 }
 
 impl Reply {
@@ -289,6 +304,7 @@ async fn answer(shared: &Shared, api: &'static str, headers: HeaderMap, body: &[
 }
 
 async fn render(mut reply: Reply, api: &str, headers: &HeaderMap, request: &Value) -> Response {
+    let mut streamed = request["stream"].as_bool() == Some(true);
     loop {
         match reply {
             Reply::Slow(delay, then) => {
@@ -300,10 +316,25 @@ async fn render(mut reply: Reply, api: &str, headers: &HeaderMap, request: &Valu
                     .into_response();
             }
             Reply::NoStructuredOutput(then) => reply = *then,
+            Reply::Unstreamed(then) => {
+                streamed = false;
+                reply = *then;
+            }
             _ => break,
         }
     }
-    let streamed = api == "openai" && request["stream"].as_bool() == Some(true);
+    let answer = matches!(
+        reply,
+        Reply::Text(_)
+            | Reply::Empty
+            | Reply::ToolCalls(_)
+            | Reply::Chunks { .. }
+            | Reply::StreamError(_)
+            | Reply::Events(_)
+    );
+    if streamed && answer && api == "anthropic" {
+        return anthropic_stream(reply, request);
+    }
     match reply {
         Reply::Text(text) if streamed => sse_response(
             vec![text_chunk(&text), finish_chunk(request, &text)],
@@ -362,6 +393,18 @@ async fn render(mut reply: Reply, api: &str, headers: &HeaderMap, request: &Valu
             }
             sse_response(chunks, gap, complete)
         }
+        Reply::StreamError(message) => sse_response(
+            vec![
+                text_chunk("partial"),
+                json!({"error": {"message": message, "type": "server_error"}}),
+            ],
+            Duration::ZERO,
+            false,
+        ),
+        Reply::Events(payloads) => raw_sse(
+            payloads.into_iter().map(|p| (None, p)).collect(),
+            Duration::ZERO,
+        ),
         Reply::Empty => json_response(200, shaped(api, request, "")),
         Reply::RateLimited { retry_after } => {
             let mut response = (
@@ -385,7 +428,9 @@ async fn render(mut reply: Reply, api: &str, headers: &HeaderMap, request: &Valu
                 .collect();
             (status_code(status), echoed.join("\n")).into_response()
         }
-        Reply::Slow(..) | Reply::NoStructuredOutput(_) => unreachable!("unwrapped above"),
+        Reply::Slow(..) | Reply::NoStructuredOutput(_) | Reply::Unstreamed(_) => {
+            unreachable!("unwrapped above")
+        }
     }
 }
 
@@ -415,14 +460,160 @@ fn finish_chunk(request: &Value, text: &str) -> Value {
 
 /// `chunks` as server-sent events, each after `gap`, then `[DONE]` when `done`.
 fn sse_response(chunks: Vec<Value>, gap: Duration, done: bool) -> Response {
-    let mut events: Vec<String> = chunks.iter().map(|c| format!("data: {c}\n\n")).collect();
+    let mut events: Vec<(Option<String>, String)> =
+        chunks.iter().map(|c| (None, c.to_string())).collect();
     if done {
-        events.push("data: [DONE]\n\n".to_owned());
+        events.push((None, "[DONE]".to_owned()));
     }
+    raw_sse(events, gap)
+}
+
+/// `(event name, data)` pairs as server-sent events, each after `gap`.
+fn raw_sse(events: Vec<(Option<String>, String)>, gap: Duration) -> Response {
+    let events: Vec<String> = events
+        .into_iter()
+        .map(|(name, data)| match name {
+            Some(name) => format!("event: {name}\ndata: {data}\n\n"),
+            None => format!("data: {data}\n\n"),
+        })
+        .collect();
     let stream = futures::stream::unfold(events.into_iter(), move |mut events| async move {
         let event = events.next()?;
         tokio::time::sleep(gap).await;
         Some((Ok::<_, std::convert::Infallible>(event), events))
+    });
+    (
+        StatusCode::OK,
+        [("content-type", "text/event-stream")],
+        axum::body::Body::from_stream(stream),
+    )
+        .into_response()
+}
+
+/// A streamed Anthropic answer to `request`: the events of the Messages API, each named by
+/// its `type`. Replies that are not answers (statuses, raw bodies) are sent as they are.
+fn anthropic_stream(reply: Reply, request: &Value) -> Response {
+    let whole = |text: &str| shaped("anthropic", request, text);
+    let start = |text: &str| {
+        let mut message = whole(text);
+        message["content"] = json!([]);
+        message["stop_reason"] = Value::Null;
+        message["usage"]["output_tokens"] = json!(1);
+        json!({"type": "message_start", "message": message})
+    };
+    let end = |text: &str, stop_reason: &str| {
+        [
+            json!({"type": "message_delta",
+                   "delta": {"stop_reason": stop_reason, "stop_sequence": null},
+                   "usage": {"output_tokens": whole(text)["usage"]["output_tokens"]}}),
+            json!({"type": "message_stop"}),
+        ]
+    };
+    let text_block = |index: usize| {
+        json!({"type": "content_block_start", "index": index,
+               "content_block": {"type": "text", "text": ""}})
+    };
+    let text_delta = |index: usize, piece: &str| {
+        json!({"type": "content_block_delta", "index": index,
+               "delta": {"type": "text_delta", "text": piece}})
+    };
+    let stop = |index: usize| json!({"type": "content_block_stop", "index": index});
+    let events = match reply {
+        Reply::Text(text) => {
+            let mut events = vec![
+                start(""),
+                text_block(0),
+                json!({"type": "ping"}),
+                text_delta(0, &text),
+                stop(0),
+            ];
+            events.extend(end(&text, "end_turn"));
+            events
+        }
+        Reply::Empty => {
+            let mut events = vec![start(""), text_block(0), stop(0)];
+            events.extend(end("", "end_turn"));
+            events
+        }
+        Reply::ToolCalls(calls) => {
+            let mut events = vec![start("")];
+            for (index, (name, input)) in calls.iter().enumerate() {
+                events.push(json!({"type": "content_block_start", "index": index,
+                    "content_block": {"type": "tool_use", "id": format!("toolu_{index}"),
+                                      "name": name, "input": {}}}));
+                // The input in two fragments, as the API sends it.
+                let text = input.to_string();
+                let (a, b) = text.split_at(text.len() / 2);
+                for fragment in [a, b] {
+                    events.push(json!({"type": "content_block_delta", "index": index,
+                        "delta": {"type": "input_json_delta", "partial_json": fragment}}));
+                }
+                events.push(stop(index));
+            }
+            events.extend(end("", "tool_use"));
+            events
+        }
+        Reply::Chunks {
+            pieces,
+            gap,
+            complete,
+        } => {
+            let whole_text = pieces.concat();
+            let mut events = vec![start(""), text_block(0)];
+            events.extend(pieces.iter().map(|p| text_delta(0, p)));
+            if complete {
+                events.push(stop(0));
+                events.extend(end(&whole_text, "end_turn"));
+            }
+            // The message start comes at once; the pause is before each piece.
+            let mut timed: Vec<(Duration, Value)> = Vec::new();
+            for (i, event) in events.into_iter().enumerate() {
+                let is_piece = i >= 2 && i < 2 + pieces.len();
+                timed.push((if is_piece { gap } else { Duration::ZERO }, event));
+            }
+            return timed_sse(timed);
+        }
+        Reply::StreamError(message) => vec![
+            start(""),
+            text_block(0),
+            text_delta(0, "partial"),
+            json!({"type": "error",
+                   "error": {"type": "overloaded_error", "message": message}}),
+        ],
+        Reply::Events(payloads) => {
+            let named = payloads
+                .into_iter()
+                .map(|data| {
+                    let name = serde_json::from_str::<Value>(&data)
+                        .ok()
+                        .and_then(|v| v["type"].as_str().map(str::to_owned));
+                    (name, data)
+                })
+                .collect();
+            return raw_sse(named, Duration::ZERO);
+        }
+        // Statuses and raw bodies are sent by `render` before a stream is considered.
+        other => {
+            return (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("not a streamed reply: {other:?}"),
+            )
+                .into_response();
+        }
+    };
+    timed_sse(events.into_iter().map(|e| (Duration::ZERO, e)).collect())
+}
+
+/// Events named by their `type`, each after its own pause.
+fn timed_sse(events: Vec<(Duration, Value)>) -> Response {
+    let stream = futures::stream::unfold(events.into_iter(), |mut events| async move {
+        let (pause, event) = events.next()?;
+        tokio::time::sleep(pause).await;
+        let name = event["type"].as_str().unwrap_or("message").to_owned();
+        Some((
+            Ok::<_, std::convert::Infallible>(format!("event: {name}\ndata: {event}\n\n")),
+            events,
+        ))
     });
     (
         StatusCode::OK,

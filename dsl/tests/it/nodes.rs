@@ -462,7 +462,7 @@ fn max_tool_rounds_is_an_error_on_other_protocols_and_below_one() {
 }
 
 #[test]
-fn anthropic_agents_are_models_without_streaming_yet() {
+fn anthropic_agents_are_models_and_may_stream() {
     let p = load_text(
         r#"
 agent "claude" protocol="anthropic" base-url="https://api.anthropic.com/v1" model="m" max-tool-rounds=3
@@ -474,18 +474,14 @@ scenario "s" { user "hi"; }
     assert_eq!(claude.protocol, Protocol::Anthropic);
     assert_eq!((claude.max_tool_rounds, claude.stream), (3, false));
 
-    let diags = load_text(
+    let streamed = load_text(
         r#"
 agent "claude" protocol="anthropic" base-url="https://api.anthropic.com/v1" model="m" stream=#true
 scenario "s" { user "hi"; }
 "#,
     )
-    .expect_err("no streaming for anthropic yet");
-    let text = diags.render_plain();
-    assert!(
-        text.contains("asks `anthropic` models for one JSON"),
-        "{text}"
-    );
+    .unwrap_or_else(|d| panic!("{}", d.render_plain()));
+    assert!(streamed.agent("claude").unwrap().stream);
 }
 
 /// `user-context json=…` holds what the block cannot write (one-element arrays, arrays of

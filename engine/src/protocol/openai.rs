@@ -2,7 +2,7 @@
 //! OpenAI-compatible chat completions API (the hosted API, llama.cpp, vLLM, Ollama) or
 //! Anthropic Messages, given a system prompt and tools, and the engine runs its tool loop.
 //! Both APIs share the loop; only the request and answer codecs differ (Anthropic: the
-//! system prompt apart, `tool_use` and `tool_result` blocks, no streaming yet).
+//! system prompt apart, `tool_use` and `tool_result` blocks, its own stream events).
 //!
 //! Each turn sends the whole conversation (system prompt, then every earlier message,
 //! including tool calls and tool results) with the offered tools as JSON-schema function
@@ -13,12 +13,16 @@
 //! fault. Because the history lives here, [`Session::fork`] copies the session (with its
 //! sandbox), and a recorded prefix can be restored without calling the model.
 //!
-//! With `stream #true` the request asks for server-sent chunks (`stream: true`, usage in the
-//! last chunk); the time to the first chunk carrying content or a tool call is the exchange's
-//! time to first token. A server that answers a streamed request with one JSON body is
-//! accepted. Error bodies (`{"error": …}`), bodies that are not JSON, answers without a
-//! choice and streams cut before `[DONE]` or a finish reason are faults of the turn, never
-//! panics.
+//! With `stream #true` the request asks for server-sent events (`stream: true`), read over
+//! the shared [`sse`] transport: chat-completion chunks (usage in the last chunk, asked for
+//! with `stream_options`) ending in `[DONE]`, or Anthropic's typed events (`message_start`,
+//! `content_block_start`/`_delta`/`_stop` per content block, `message_delta`,
+//! `message_stop`; `ping` is a heartbeat). The time to the first event carrying text or a
+//! tool call is the exchange's time to first token. A server that answers a streamed
+//! request with one JSON body is accepted. Error bodies (`{"error": …}`) and Anthropic
+//! `error` events, bodies or events that are not JSON, answers without a choice, streamed
+//! tool input that is not JSON, and streams cut before `[DONE]`, a finish reason or
+//! `message_stop` are faults of the turn, never panics.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -123,7 +127,7 @@ pub enum Api {
     /// OpenAI-compatible chat completions (`protocol="openai"`).
     #[default]
     OpenAi,
-    /// Anthropic Messages (`protocol="anthropic"`), without streaming.
+    /// Anthropic Messages (`protocol="anthropic"`).
     Anthropic,
 }
 
@@ -186,7 +190,7 @@ pub struct OpenAiOptions {
     pub system_prompt: Option<String>,
     pub tools: Vec<Value>,
     pub max_tool_rounds: u32,
-    /// Ignored for [`Api::Anthropic`].
+    /// Ask for server-sent events (`stream #true`).
     pub stream: bool,
     pub api: Api,
     /// `provider=`: the endpoint, key, headers, model, temperature, max tokens, retries,
@@ -234,7 +238,7 @@ impl OpenAiClient {
                 retry,
             ),
         };
-        let stream = options.stream && options.api == Api::OpenAi;
+        let stream = options.stream;
         defaults.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
         defaults.insert(
             ACCEPT,
@@ -278,7 +282,11 @@ impl OpenAiClient {
     fn request_body(&self, history: &[ChatMessage]) -> Result<Bytes, serde_json::Error> {
         let config = &self.inner;
         if config.api == Api::Anthropic {
-            return serde_json::to_vec(&anthropic_request(config, history)).map(Bytes::from);
+            let mut body = anthropic_request(config, history);
+            if let (true, Value::Object(body)) = (config.stream, &mut body) {
+                body.insert("stream".into(), Value::Bool(true));
+            }
+            return serde_json::to_vec(&body).map(Bytes::from);
         }
         let mut messages = Vec::with_capacity(history.len() + 1);
         if let Some(prompt) = &config.system_prompt {
@@ -406,12 +414,17 @@ impl OpenAiClient {
             let outcome = match attempted.result {
                 Err(fault) => Err(fault),
                 Ok((Opened::RateLimited(asked), _)) => return (Err(rate_limited()), Some(asked)),
-                Ok((Opened::Json(body), _)) => decode_body(&body),
+                Ok((Opened::Json(body), _)) => decode(config.api, &body),
                 // The provider's slot stays taken while the stream is read.
                 Ok((Opened::Events(mut stream), _admitted)) => {
                     stream.set_deadline(deadline);
                     let mut first_content = None;
-                    let outcome = read_chunks(&mut stream, &mut first_content).await;
+                    let outcome = match config.api {
+                        Api::OpenAi => read_chunks(&mut stream, &mut first_content).await,
+                        Api::Anthropic => {
+                            read_anthropic_events(&mut stream, &mut first_content).await
+                        }
+                    };
                     exchange.ttft = first_content.or(stream.ttft());
                     if let Some(last) = exchange.attempts.last_mut() {
                         last.latency = stream.started().elapsed();
@@ -446,10 +459,7 @@ impl OpenAiClient {
                     let asked = retry_after(&response.headers, std::time::SystemTime::now());
                     return (Err(rate_limited()), Some(asked));
                 }
-                Ok(response) => match config.api {
-                    Api::OpenAi => decode_body(&response.body),
-                    Api::Anthropic => decode_anthropic(&response.body),
-                },
+                Ok(response) => decode(config.api, &response.body),
             };
             (outcome.map_err(|f| self.redact(f)), None)
         }
@@ -503,6 +513,8 @@ impl Session for OpenAiSession {
         Some(&self.sandbox)
     }
 
+    /// Appends `history` to the conversation: the executor restores a reused prefix turn
+    /// by turn, so each call continues from the turns restored before it.
     fn restore(&mut self, history: &[(TurnInput<'_>, &Turn)]) -> bool {
         let mut rebuilt = Vec::new();
         let mut sandbox = self.sandbox.clone();
@@ -518,7 +530,7 @@ impl Session for OpenAiSession {
                 sandbox.call(&call.name, &arguments_value(&call.arguments));
             }
         }
-        self.history = rebuilt;
+        self.history.extend(rebuilt);
         self.sandbox = sandbox;
         true
     }
@@ -715,6 +727,14 @@ fn anthropic_request(config: &ClientConfig, history: &[ChatMessage]) -> Value {
         body.insert("tools".into(), Value::Array(tools));
     }
     Value::Object(body)
+}
+
+/// A whole (non-streamed) answer of `api`.
+fn decode(api: Api, body: &[u8]) -> Result<(ChatMessage, Option<Usage>), Fault> {
+    match api {
+        Api::OpenAi => decode_body(body),
+        Api::Anthropic => decode_anthropic(body),
+    }
 }
 
 /// An Anthropic Messages answer: its text blocks joined, its `tool_use` blocks as tool calls.
@@ -1074,6 +1094,270 @@ async fn read_chunks(
         },
         usage,
     ))
+}
+
+/// A content block of a streamed Anthropic answer, as its events arrive.
+enum StreamedBlock {
+    Text,
+    ToolUse {
+        id: String,
+        name: String,
+        /// The `input_json_delta` fragments so far.
+        input: String,
+        /// The parsed input, once the block stopped.
+        parsed: Option<Value>,
+    },
+    /// Thinking and other blocks are not part of the answer.
+    Other,
+}
+
+/// Reads Anthropic Messages stream events until `message_stop` and assembles the message:
+/// text deltas joined, each `tool_use` block's `input_json_delta` fragments joined and parsed
+/// when the block stops. `first_content` is the time to the first event carrying text or
+/// starting a `tool_use` block (`message_start` and `ping` are not tokens). Usage:
+/// `input_tokens` from `message_start`, `output_tokens` from the last `message_delta`.
+async fn read_anthropic_events(
+    stream: &mut sse::EventStream,
+    first_content: &mut Option<Duration>,
+) -> Result<(ChatMessage, Option<Usage>), Fault> {
+    let mut text: Option<String> = None;
+    let mut blocks: Vec<StreamedBlock> = Vec::new();
+    let mut input_tokens = None;
+    let mut output_tokens = None;
+    loop {
+        let Some(event) = stream.next().await? else {
+            return Err(stream.ended_early("`message_stop`"));
+        };
+        let data = event.data.trim();
+        if data.is_empty() {
+            continue;
+        }
+        let value: Value = serde_json::from_str(data).map_err(|e| {
+            Fault::new(
+                FaultCategory::InvalidJson,
+                format!(
+                    "event {} is not JSON ({e}): {}",
+                    stream.count(),
+                    preview(data.as_bytes())
+                ),
+            )
+        })?;
+        // The `type` in the data is the event; the `event:` line repeats it.
+        let kind = value
+            .get("type")
+            .and_then(Value::as_str)
+            .or(event.event.as_deref())
+            .unwrap_or("");
+        let index = || -> Result<usize, Fault> {
+            value
+                .get("index")
+                .and_then(Value::as_u64)
+                .and_then(|i| usize::try_from(i).ok())
+                .ok_or_else(|| {
+                    Fault::new(
+                        FaultCategory::Protocol,
+                        format!("`{kind}` event {} has no `index`", stream.count()),
+                    )
+                })
+        };
+        let unknown_block = |index: usize| {
+            Fault::new(
+                FaultCategory::Protocol,
+                format!(
+                    "`{kind}` event {} is for content block {index}, which did not start",
+                    stream.count()
+                ),
+            )
+        };
+        match kind {
+            "ping" => stream.keepalive(),
+            "error" => {
+                let error = value.get("error").unwrap_or(&value);
+                return Err(Fault::new(
+                    FaultCategory::AgentError,
+                    format!("the model streamed an error: {}", error_text(error)),
+                ));
+            }
+            "message_start" => {
+                let usage = value.get("message").and_then(|m| m.get("usage"));
+                let field = |name: &str| usage.and_then(|u| u.get(name)).and_then(Value::as_u64);
+                input_tokens = field("input_tokens").or(input_tokens);
+                output_tokens = field("output_tokens").or(output_tokens);
+            }
+            "content_block_start" => {
+                let index = index()?;
+                // Blocks start in order; any other index is a broken stream, not a reason
+                // to allocate.
+                if index != blocks.len() {
+                    return Err(Fault::new(
+                        FaultCategory::Protocol,
+                        format!(
+                            "event {} starts content block {index}, but {} had started",
+                            stream.count(),
+                            blocks.len()
+                        ),
+                    ));
+                }
+                let block = value.get("content_block");
+                let field = |name: &str| {
+                    block
+                        .and_then(|b| b.get(name))
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                };
+                blocks.push(match field("type") {
+                    "text" => {
+                        let piece = field("text");
+                        if !piece.is_empty() {
+                            first_content.get_or_insert_with(|| stream.started().elapsed());
+                        }
+                        text.get_or_insert_with(String::new).push_str(piece);
+                        StreamedBlock::Text
+                    }
+                    "tool_use" => {
+                        first_content.get_or_insert_with(|| stream.started().elapsed());
+                        if field("name").is_empty() {
+                            return Err(Fault::new(
+                                FaultCategory::Protocol,
+                                format!("streamed `tool_use` block {index} has no `name`"),
+                            ));
+                        }
+                        // An input given whole at the start (not `{}`) is its own first
+                        // fragment.
+                        let input = match block.and_then(|b| b.get("input")) {
+                            Some(Value::Object(o)) if !o.is_empty() => {
+                                Value::Object(o.clone()).to_string()
+                            }
+                            _ => String::new(),
+                        };
+                        StreamedBlock::ToolUse {
+                            id: match field("id") {
+                                "" => format!("toolu_{index}"),
+                                id => id.to_owned(),
+                            },
+                            name: field("name").to_owned(),
+                            input,
+                            parsed: None,
+                        }
+                    }
+                    _ => StreamedBlock::Other,
+                });
+            }
+            "content_block_delta" => {
+                let index = index()?;
+                let block = blocks.get_mut(index).ok_or_else(|| unknown_block(index))?;
+                let delta = value.get("delta");
+                let field = |name: &str| {
+                    delta
+                        .and_then(|d| d.get(name))
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                };
+                match (block, field("type")) {
+                    (StreamedBlock::Text, "text_delta") => {
+                        let piece = field("text");
+                        if !piece.is_empty() {
+                            first_content.get_or_insert_with(|| stream.started().elapsed());
+                            text.get_or_insert_with(String::new).push_str(piece);
+                        }
+                    }
+                    (StreamedBlock::ToolUse { input, .. }, "input_json_delta") => {
+                        input.push_str(field("partial_json"));
+                    }
+                    // Thinking and signature deltas, or deltas of blocks not kept.
+                    _ => {}
+                }
+            }
+            "content_block_stop" => {
+                let index = index()?;
+                let block = blocks.get_mut(index).ok_or_else(|| unknown_block(index))?;
+                if let StreamedBlock::ToolUse {
+                    name,
+                    input,
+                    parsed,
+                    ..
+                } = block
+                {
+                    *parsed = Some(parse_tool_input(index, name, input)?);
+                }
+            }
+            "message_delta" => {
+                if let Some(tokens) = value
+                    .get("usage")
+                    .and_then(|u| u.get("output_tokens"))
+                    .and_then(Value::as_u64)
+                {
+                    output_tokens = Some(tokens);
+                }
+            }
+            "message_stop" => break,
+            // Event types added later are skipped, as the API asks of clients.
+            _ => {}
+        }
+    }
+    let mut tool_calls = Vec::new();
+    for (index, block) in blocks.into_iter().enumerate() {
+        if let StreamedBlock::ToolUse {
+            id,
+            name,
+            input,
+            parsed,
+        } = block
+        {
+            // A block the server never stopped is read as it stands.
+            let input = match parsed {
+                Some(parsed) => parsed,
+                None => parse_tool_input(index, &name, &input)?,
+            };
+            tool_calls.push(ToolCall {
+                id,
+                kind: "function".into(),
+                function: ToolCallFunction {
+                    name,
+                    arguments: input.to_string(),
+                },
+            });
+        }
+    }
+    if text.is_none() && tool_calls.is_empty() {
+        return Err(Fault::new(
+            FaultCategory::Protocol,
+            "the model streamed neither text nor tool calls",
+        ));
+    }
+    let usage = (input_tokens.is_some() || output_tokens.is_some()).then(|| Usage {
+        cost: Default::default(),
+        prompt_tokens: input_tokens,
+        completion_tokens: output_tokens,
+        total_tokens: input_tokens
+            .zip(output_tokens)
+            .map(|(i, o)| i.saturating_add(o)),
+    });
+    Ok((
+        ChatMessage {
+            role: "assistant".into(),
+            content: text,
+            tool_calls,
+            ..Default::default()
+        },
+        usage,
+    ))
+}
+
+/// The joined `input_json_delta` fragments of a `tool_use` block (none: no input).
+fn parse_tool_input(index: usize, name: &str, input: &str) -> Result<Value, Fault> {
+    if input.trim().is_empty() {
+        return Ok(Value::Object(Map::new()));
+    }
+    serde_json::from_str(input).map_err(|e| {
+        Fault::new(
+            FaultCategory::InvalidJson,
+            format!(
+                "the streamed input of `tool_use` block {index} (`{name}`) is not JSON ({e}): {}",
+                preview(input.as_bytes())
+            ),
+        )
+    })
 }
 
 #[cfg(test)]

@@ -384,3 +384,194 @@ async fn anthropic_models_run_the_same_tool_loop_over_messages() {
     assert_eq!(result["tool_use_id"], "toolu_0");
     assert_eq!(result["content"], r#"{"served":true}"#);
 }
+
+/// [`suite`] for an `anthropic` agent that streams.
+fn anthropic_streaming_suite(base_url: &str, agent_extra: &str, steps: &str) -> String {
+    suite(base_url, &format!("stream=#true {agent_extra}"), steps)
+        .replace(r#"protocol="openai""#, r#"protocol="anthropic""#)
+}
+
+#[tokio::test]
+async fn anthropic_streams_text_with_its_time_to_first_token_and_usage() {
+    let fake = FakeLlm::start(vec![Rule::otherwise([Reply::Chunks {
+        pieces: vec!["We serve ".into(), "V4T 0A7.".into()],
+        gap: Duration::from_millis(150),
+        complete: true,
+    }])])
+    .await;
+    let run = run_suite(
+        &anthropic_streaming_suite(
+            &fake.base_url(),
+            "",
+            r#"user "Do you serve V4T?"
+    expect reply contains="We serve V4T""#,
+        ),
+        1,
+        env(),
+    )
+    .await;
+    let t = &run.trajectories[0];
+    assert_eq!(t.status, TrajectoryStatus::Passed, "{t:#?}");
+    let turn = turns(&run)[0];
+    assert_eq!(turn.reply.as_deref(), Some("We serve V4T 0A7."));
+    let ttft = turn.ttft_ms.expect("a time to first token");
+    // The message start comes at once; the first text only after the pause.
+    assert!(ttft >= 140.0, "{ttft}");
+    assert!(turn.latency_ms >= ttft + 140.0, "{turn:#?}");
+    assert!(turn.prompt_tokens.is_some_and(|p| p > 0), "{turn:#?}");
+    // A token per word of the whole answer, from `message_delta` (`message_start` says 1).
+    assert_eq!(turn.completion_tokens, Some(4), "{turn:#?}");
+    let seen = fake.seen();
+    assert_eq!(seen[0].api, "anthropic");
+    assert_eq!(seen[0].body["stream"], true);
+    assert!(seen[0].body.get("stream_options").is_none(), "OpenAI only");
+    assert_eq!(
+        seen[0].headers["accept"],
+        "text/event-stream, application/json"
+    );
+}
+
+#[tokio::test]
+async fn anthropic_streamed_tool_calls_run_through_the_sandbox() {
+    let fake = FakeLlm::start(vec![
+        Rule::when(
+            "postal code is V4T",
+            [Reply::tool_call(
+                "check_area",
+                json!({"postal_code": "V4T 0A7", "details": {"unit": 4}}),
+            )],
+        ),
+        Rule::otherwise([Reply::text("We serve V4T 0A7.")]),
+    ])
+    .await;
+    let run = run_suite(
+        &anthropic_streaming_suite(
+            &fake.base_url(),
+            "",
+            r#"user "My postal code is V4T 0A7"
+    expect {
+        reply contains="We serve"
+        tool "check_area" postal_code="V4T 0A7"
+    }"#,
+        ),
+        1,
+        env(),
+    )
+    .await;
+    let t = &run.trajectories[0];
+    assert_eq!(t.status, TrajectoryStatus::Passed, "{t:#?}");
+    let turn = turns(&run)[0];
+    assert_eq!(turn.tool_calls.len(), 1);
+    let call = &turn.tool_calls[0];
+    assert_eq!(call.call_id, "toolu_0");
+    // The input came in two `input_json_delta` fragments, joined and parsed.
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&call.arguments).unwrap(),
+        json!({"postal_code": "V4T 0A7", "details": {"unit": 4}})
+    );
+    assert_eq!(call.result.as_deref(), Some(r#"{"served":true}"#));
+    assert_eq!(turn.exchanges.len(), 2);
+    assert!(turn.exchanges.iter().all(|e| e.ttft_ms.is_some()));
+
+    let seen = fake.seen();
+    assert_eq!(seen.len(), 2);
+    let messages = seen[1].body["messages"].as_array().unwrap();
+    assert_eq!(messages[1]["content"][0]["type"], "tool_use");
+    assert_eq!(messages[1]["content"][0]["id"], "toolu_0");
+    assert_eq!(
+        messages[1]["content"][0]["input"]["details"]["unit"], 4,
+        "{messages:#?}"
+    );
+    assert_eq!(messages[2]["content"][0]["tool_use_id"], "toolu_0");
+    assert_eq!(messages[2]["content"][0]["content"], r#"{"served":true}"#);
+}
+
+#[tokio::test]
+async fn anthropic_streams_that_break_are_faults_of_the_turn() {
+    let start = r#"{"type":"message_start","message":{"id":"m","type":"message","role":"assistant","content":[],"model":"m","usage":{"input_tokens":5,"output_tokens":1}}}"#;
+    let tool_start = r#"{"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"toolu_x","name":"check_area","input":{}}}"#;
+    let ends = [
+        r#"{"type":"content_block_stop","index":0}"#,
+        r#"{"type":"message_delta","delta":{"stop_reason":"tool_use"},"usage":{"output_tokens":9}}"#,
+        r#"{"type":"message_stop"}"#,
+    ];
+    let broken_input: Vec<String> = [start, tool_start]
+        .into_iter()
+        .chain([
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":"{\"postal_code\": \"V4"}}"#,
+        ])
+        .chain(ends)
+        .map(str::to_owned)
+        .collect();
+    let unknown_block: Vec<String> = [
+        start,
+        r#"{"type":"content_block_delta","index":3,"delta":{"type":"text_delta","text":"x"}}"#,
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .collect();
+    for (reply, category, needle) in [
+        (
+            Reply::Chunks {
+                pieces: vec!["We ser".into()],
+                gap: Duration::ZERO,
+                complete: false,
+            },
+            FaultCategory::Incomplete,
+            "before `message_stop`",
+        ),
+        (
+            Reply::StreamError("Overloaded".into()),
+            FaultCategory::AgentError,
+            "Overloaded",
+        ),
+        (
+            Reply::Events(vec![start.to_owned(), "{not json".to_owned()]),
+            FaultCategory::InvalidJson,
+            "is not JSON",
+        ),
+        (
+            Reply::Events(broken_input),
+            FaultCategory::InvalidJson,
+            "`tool_use` block 0 (`check_area`) is not JSON",
+        ),
+        (
+            Reply::Events(unknown_block),
+            FaultCategory::Protocol,
+            "content block 3, which did not start",
+        ),
+    ] {
+        let fake = FakeLlm::start(vec![Rule::otherwise([reply])]).await;
+        let run = run_suite(
+            &anthropic_streaming_suite(&fake.base_url(), "", r#"user "hi""#),
+            1,
+            env(),
+        )
+        .await;
+        let t = &run.trajectories[0];
+        assert_eq!(t.status, TrajectoryStatus::Error, "{t:#?}");
+        let fault = turns(&run)[0].fault.clone().expect("a fault on the turn");
+        assert_eq!(fault.category, category, "{fault:?}");
+        assert!(fault.message.contains(needle), "{}", fault.message);
+    }
+}
+
+#[tokio::test]
+async fn anthropic_servers_that_answer_a_stream_request_with_one_body_are_accepted() {
+    let fake = FakeLlm::start(vec![Rule::otherwise([Reply::Unstreamed(Box::new(
+        Reply::text("Whole."),
+    ))])])
+    .await;
+    let run = run_suite(
+        &anthropic_streaming_suite(&fake.base_url(), "", r#"user "hi""#),
+        1,
+        env(),
+    )
+    .await;
+    let t = &run.trajectories[0];
+    assert_eq!(t.status, TrajectoryStatus::Passed, "{t:#?}");
+    let turn = turns(&run)[0];
+    assert_eq!(turn.reply.as_deref(), Some("Whole."));
+    assert_eq!(turn.ttft_ms, None, "nothing was streamed");
+    assert_eq!(fake.seen()[0].body["stream"], true);
+}

@@ -1,6 +1,7 @@
 //! Reusing recorded turns across runs (`RunOptions::reuse`, what `trellis watch` runs with):
 //! a conversation that repeats a recorded one is answered from the records, and the agent
-//! is called from the first input that differs. Against a counting agent on a real socket.
+//! is called from the first input that differs. Against a counting agent (or the fake LLM)
+//! on a real socket.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -229,4 +230,97 @@ async fn multiagent_sessions_are_rebuilt_from_the_records() {
     let (_, changed) = run(plan(&support_suite("Fine by me")), &memo, 1).await;
     assert_eq!(memo.calls(), 1, "only the approved branch's answer");
     assert_eq!(statuses(&changed), statuses(&first));
+}
+
+fn openai_suite(base_url: &str, last: &str) -> String {
+    format!(
+        r#"agent "bot" protocol="openai" base-url="{base_url}" model="m" tools="ticket"
+tool "ticket" {{
+    sequence {{ output "T-1"; output "T-2"; output "T-3"; }}
+}}
+scenario "s" {{
+    user "next ticket please"
+    user "thanks"
+    user "{last}"
+}}
+"#
+    )
+}
+
+/// An `openai` agent's conversation lives in the session: a reused prefix (a tool call and
+/// its result included) is rebuilt from the records without calling the model, and the
+/// first changed step is sent with that whole history, the sandbox where the prefix left it.
+#[tokio::test]
+async fn openai_sessions_are_rebuilt_from_the_records_tool_calls_included() {
+    use crate::support::llm::{FakeLlm, Reply, Rule};
+    use serde_json::json;
+
+    let fake = FakeLlm::start(vec![
+        Rule::when("ticket please", [Reply::tool_call("ticket", json!({}))]),
+        Rule::when("T-", [Reply::text("Opened.")]),
+        Rule::otherwise([Reply::text("ok")]),
+    ])
+    .await;
+    let memo = Arc::new(TurnMemo::new());
+    let (_, first) = run(
+        plan(&openai_suite(&fake.base_url(), "another ticket please")),
+        &memo,
+        1,
+    )
+    .await;
+    assert!(first[0].fault.is_none(), "{first:#?}");
+    assert_eq!(fake.calls(), 5, "two rounds, one, two rounds");
+
+    let (nodes, _) = run(
+        plan(&openai_suite(&fake.base_url(), "another ticket please")),
+        &memo,
+        1,
+    )
+    .await;
+    assert_eq!(fake.calls(), 5, "nothing changed: the model is not called");
+    assert!(nodes.iter().flat_map(|n| &n.turns).all(|t| t.reused));
+
+    let (nodes, changed) = run(
+        plan(&openai_suite(&fake.base_url(), "one more ticket please")),
+        &memo,
+        1,
+    )
+    .await;
+    assert!(changed[0].fault.is_none(), "{changed:#?}");
+    assert_eq!(fake.calls(), 7, "only the changed step's two rounds");
+    let turns: Vec<_> = nodes.iter().flat_map(|n| &n.turns).collect();
+    assert_eq!(
+        turns.iter().map(|t| t.reused).collect::<Vec<_>>(),
+        [true, true, false]
+    );
+    // The sequence moved on with the reused call, as it did when it was made.
+    assert_eq!(turns[2].tool_calls[0].result.as_deref(), Some(r#""T-2""#));
+
+    let seen = fake.seen();
+    let messages = seen[5].body["messages"].as_array().unwrap();
+    let shape: Vec<(&str, &str)> = messages
+        .iter()
+        .map(|m| {
+            (
+                m["role"].as_str().unwrap_or(""),
+                m["content"].as_str().unwrap_or(""),
+            )
+        })
+        .collect();
+    assert_eq!(
+        shape,
+        [
+            ("user", "next ticket please"),
+            ("assistant", ""),
+            ("tool", r#""T-1""#),
+            ("assistant", "Opened."),
+            ("user", "thanks"),
+            ("assistant", "ok"),
+            ("user", "one more ticket please"),
+        ],
+        "{messages:#?}"
+    );
+    assert_eq!(messages[1]["tool_calls"][0]["function"]["name"], "ticket");
+    assert_eq!(messages[1]["tool_calls"][0]["id"], "call_0");
+    assert_eq!(messages[2]["tool_call_id"], "call_0");
 }
