@@ -30,7 +30,8 @@
 //!   a call takes the first output not yet consumed whose `when` matches, and consumes it.
 //!   Matching is Connexity's (its `MockToolExecutor`): every `when` key present, strings
 //!   compared case-insensitively with surrounding whitespace ignored, other values by
-//!   [`json_eq`]; a `null` in `when` matches anything, absent included (as `expect-tool`). No
+//!   [`json_eq`]; a `null` in `when` matches anything, absent included (as `expect-tool` and
+//!   the case files mean it; the executor itself compares it with `==`). No
 //!   match among the unconsumed outputs is [`SandboxError::NoMatchingOutput`]; with every
 //!   output consumed, [`Exhausted`] decides (`RepeatLast`: the last output again when it
 //!   matches). Connexity answers both with an `{"error": …}` tool result; here they are error
@@ -973,7 +974,8 @@ pub fn python_float(value: f64) -> String {
 impl SandboxSpec {
     /// The sandbox of a suite's `tool` nodes: each `mock` is a [`MatchedOutput`] (first match
     /// wins, in the order written) with its own `state` changes, a `sequence` is a
-    /// [`ToolAnswer::Sequence`] (a [`ToolAnswer::Queue`] when an `output` has params), a tool's own `state` changes apply on every call, each
+    /// [`ToolAnswer::Sequence`] (a [`ToolAnswer::Queue`] when an `output` has params), a
+    /// tool's own `state` changes apply on every call, each
     /// `policy` is a [`Policy`]. A declared tool without outputs answers the harness default,
     /// as an undeclared one does. The state starts empty; see [`SandboxSpec::for_scenario`].
     pub fn from_tools(tools: &[trellis_dsl::Tool]) -> Self {
