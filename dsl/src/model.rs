@@ -492,9 +492,18 @@ pub struct StateChange {
 /// `sequence when-exhausted=… { output …; … }`.
 #[derive(Clone, Debug)]
 pub struct ToolSequence {
-    pub outputs: Vec<Value>,
+    pub outputs: Vec<SequenceOutput>,
     pub when_exhausted: WhenExhausted,
     pub span: Span,
+}
+
+/// `output JSON KEY=VALUE…` in a `sequence`: without keys, the next call's answer; with keys,
+/// the answer of the first call whose arguments match them (Connexity's `mock_responses`
+/// rules: strings case-insensitively, `#null` anything), consumed by that call.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SequenceOutput {
+    pub value: Value,
+    pub when: Map<String, Value>,
 }
 
 /// What a call past the end of a [`ToolSequence`] gets.

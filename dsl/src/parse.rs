@@ -2249,7 +2249,8 @@ impl<'f> Decoder<'f> {
     }
 
     fn tool_sequence(&mut self, v: &View) -> Option<ToolSequence> {
-        let usage = "sequence when-exhausted=\"repeat-last\" { output #\"{\"ok\": true}\"#; … }";
+        let usage =
+            "sequence when-exhausted=\"repeat-last\" { output #\"{\"ok\": true}\"# KEY=VALUE…; … }";
         self.check_args(v, 0, usage);
         self.check_props(v, &["when-exhausted"], &[]);
         let when_exhausted = v
@@ -2263,11 +2264,23 @@ impl<'f> Decoder<'f> {
                 self.unknown_node(cv.name, cv.name_span, "a `sequence`", &["output"]);
                 continue;
             }
-            if let Some(e) = self.single(&cv, "output #\"{\"ok\": true}\"#")
-                && let Some(value) = self.output_value(e)
-            {
-                outputs.push(value);
+            let output_usage = "output #\"{\"ok\": true}\"# KEY=VALUE…";
+            self.check_args(&cv, 1, output_usage);
+            self.check_no_children(&cv);
+            let Some(first) = cv.args.first() else {
+                self.missing(&cv, "the output value", output_usage);
+                continue;
+            };
+            let Some(value) = self.output_value(first) else {
+                continue;
+            };
+            let mut when = Map::new();
+            for p in &cv.props {
+                if let Some(val) = self.json(p) {
+                    when.insert(prop_name(p).to_string(), val);
+                }
             }
+            outputs.push(SequenceOutput { value, when });
         }
         if outputs.is_empty() {
             self.missing(v, "at least one `output`", usage);

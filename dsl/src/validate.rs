@@ -459,12 +459,19 @@ impl<'p> Validator<'p> {
     /// A `tool` written in a scenario is a sandbox tool of MultiAgentEval and `openai` agents
     /// (the engine answers their tool calls). On a
     /// scenario that runs only other agents it would do nothing, and is most likely a tool
-    /// *check* written without its `expect`.
+    /// *check* written without its `expect`. One exception: on `connexity` agents a tool with
+    /// answers (`mock`, `sequence`) is accepted, as Connexity test cases carry mock answers
+    /// (`trellis import connexity` writes them) that only an engine-run agent uses.
     fn scenario_tools_need_a_sandbox(&mut self, sc: &Scenario) {
-        let Some(tool) = sc.tools.first() else {
+        let agents = self.project.scenario_agents(sc);
+        let all_connexity = agents.iter().all(|a| a.protocol == Protocol::Connexity);
+        let Some(tool) = sc
+            .tools
+            .iter()
+            .find(|t| !(all_connexity && (t.sequence.is_some() || !t.mocks.is_empty())))
+        else {
             return;
         };
-        let agents = self.project.scenario_agents(sc);
         if agents.is_empty()
             || agents
                 .iter()

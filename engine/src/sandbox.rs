@@ -26,6 +26,16 @@
 //! - **Outputs in order** ([`ToolAnswer::Sequence`]): each executed call consumes the next
 //!   output; past the end, [`Exhausted`] decides: the last output repeats (the default, as a
 //!   real tool keeps answering) or the call is an error.
+//! - **Outputs in order, matched** ([`ToolAnswer::Queue`], Connexity's `mock_responses`):
+//!   a call takes the first output not yet consumed whose `when` matches, and consumes it.
+//!   Matching is Connexity's (its `MockToolExecutor`): every `when` key present, strings
+//!   compared case-insensitively with surrounding whitespace ignored, other values by
+//!   [`json_eq`]; a `null` in `when` matches anything, absent included (as `expect-tool` and
+//!   the case files mean it; the executor itself compares it with `==`). No
+//!   match among the unconsumed outputs is [`SandboxError::NoMatchingOutput`]; with every
+//!   output consumed, [`Exhausted`] decides (`RepeatLast`: the last output again when it
+//!   matches). Connexity answers both with an `{"error": …}` tool result; here they are error
+//!   outcomes, sent to the agent and recorded.
 //! - **Policies** are checked before anything runs; a breach is not executed, consumes no
 //!   sequence output and changes no state. A `max_limit` breach is a number strictly greater
 //!   than the limit (the harness's `>`); a numeric string (`"100"`) is read as its number;
@@ -126,6 +136,12 @@ pub enum ToolAnswer {
         outputs: Vec<Value>,
         when_exhausted: Exhausted,
     },
+    /// Outputs in order, each consumed by the first call its `when` matches (Connexity's
+    /// rules, see the module docs).
+    Queue {
+        outputs: Vec<MatchedOutput>,
+        when_exhausted: Exhausted,
+    },
 }
 
 impl Default for ToolAnswer {
@@ -153,7 +169,7 @@ impl MatchedOutput {
     }
 }
 
-/// What a call past the end of a [`ToolAnswer::Sequence`] gets.
+/// What a call past the end of a [`ToolAnswer::Sequence`] or [`ToolAnswer::Queue`] gets.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Exhausted {
     /// The last output again.
@@ -292,6 +308,8 @@ pub struct Sandbox {
     spec: Arc<SandboxSpec>,
     state: Value,
     next_output: HashMap<String, usize>,
+    /// Per [`ToolAnswer::Queue`] tool: which outputs calls have consumed.
+    consumed: HashMap<String, Vec<bool>>,
     calls: Vec<CallRecord>,
     refused_calls: usize,
 }
@@ -302,6 +320,7 @@ impl Sandbox {
             state: spec.initial_state.clone(),
             spec,
             next_output: HashMap::new(),
+            consumed: HashMap::new(),
             calls: Vec::new(),
             refused_calls: 0,
         }
@@ -376,6 +395,48 @@ impl Sandbox {
                 };
                 *position = position.saturating_add(1).min(outputs.len());
                 (output.clone(), &[][..])
+            }
+            ToolAnswer::Queue {
+                outputs,
+                when_exhausted,
+            } => {
+                let consumed = self
+                    .consumed
+                    .entry(name.to_string())
+                    .or_insert_with(|| vec![false; outputs.len()]);
+                let unconsumed = outputs
+                    .iter()
+                    .zip(consumed.iter())
+                    .position(|(output, used)| {
+                        !*used && params_match_loosely(params, &output.when)
+                    });
+                let all_consumed = !consumed.contains(&false);
+                let chosen = match (unconsumed, when_exhausted) {
+                    (Some(index), _) => {
+                        if let Some(used) = consumed.get_mut(index) {
+                            *used = true;
+                        }
+                        outputs.get(index)
+                    }
+                    (None, Exhausted::RepeatLast) if all_consumed => outputs
+                        .last()
+                        .filter(|last| params_match_loosely(params, &last.when)),
+                    (None, _) => None,
+                };
+                match chosen {
+                    Some(output) => (output.output.clone(), output.state_changes.as_slice()),
+                    None if all_consumed && *when_exhausted == Exhausted::Error => {
+                        return ToolOutcome::Error(SandboxError::Exhausted {
+                            name: name.to_string(),
+                            outputs: outputs.len(),
+                        });
+                    }
+                    None => {
+                        return ToolOutcome::Error(SandboxError::NoMatchingOutput {
+                            name: name.to_string(),
+                        });
+                    }
+                }
             }
         };
         for change in tool.state_changes.iter().chain(output_changes) {
@@ -452,6 +513,21 @@ fn params_contain(params: &Value, when: &Map<String, Value>) -> bool {
         params
             .get(key)
             .is_some_and(|actual| json_eq(actual, expected))
+    })
+}
+
+/// Connexity's subset match of `expected_params` (see the module docs).
+fn params_match_loosely(params: &Value, when: &Map<String, Value>) -> bool {
+    when.iter().all(|(key, expected)| {
+        expected.is_null()
+            || params
+                .get(key)
+                .is_some_and(|actual| match (actual, expected) {
+                    (Value::String(a), Value::String(e)) => {
+                        a.trim().to_lowercase() == e.trim().to_lowercase()
+                    }
+                    _ => json_eq(actual, expected),
+                })
     })
 }
 
@@ -898,7 +974,8 @@ pub fn python_float(value: f64) -> String {
 impl SandboxSpec {
     /// The sandbox of a suite's `tool` nodes: each `mock` is a [`MatchedOutput`] (first match
     /// wins, in the order written) with its own `state` changes, a `sequence` is a
-    /// [`ToolAnswer::Sequence`], a tool's own `state` changes apply on every call, each
+    /// [`ToolAnswer::Sequence`] (a [`ToolAnswer::Queue`] when an `output` has params), a
+    /// tool's own `state` changes apply on every call, each
     /// `policy` is a [`Policy`]. A declared tool without outputs answers the harness default,
     /// as an undeclared one does. The state starts empty; see [`SandboxSpec::for_scenario`].
     pub fn from_tools(tools: &[trellis_dsl::Tool]) -> Self {
@@ -916,13 +993,30 @@ impl SandboxSpec {
             .map(|tool| {
                 let name = tool.name.value.clone();
                 let answer = match &tool.sequence {
-                    Some(sequence) => ToolAnswer::Sequence {
-                        outputs: sequence.outputs.clone(),
-                        when_exhausted: match sequence.when_exhausted {
+                    Some(sequence) => {
+                        let when_exhausted = match sequence.when_exhausted {
                             trellis_dsl::WhenExhausted::RepeatLast => Exhausted::RepeatLast,
                             trellis_dsl::WhenExhausted::Error => Exhausted::Error,
-                        },
-                    },
+                        };
+                        if sequence.outputs.iter().all(|o| o.when.is_empty()) {
+                            ToolAnswer::Sequence {
+                                outputs: sequence.outputs.iter().map(|o| o.value.clone()).collect(),
+                                when_exhausted,
+                            }
+                        } else {
+                            ToolAnswer::Queue {
+                                outputs: sequence
+                                    .outputs
+                                    .iter()
+                                    .map(|o| MatchedOutput {
+                                        when: o.when.clone(),
+                                        ..MatchedOutput::any(o.value.clone())
+                                    })
+                                    .collect(),
+                                when_exhausted,
+                            }
+                        }
+                    }
                     None if tool.mocks.is_empty() => {
                         ToolAnswer::Matched(vec![MatchedOutput::any(harness_default(&name))])
                     }
@@ -1752,6 +1846,102 @@ scenario "s" {
             sandbox.call("nope", &json!({})),
             ToolOutcome::Error(_)
         ));
+    }
+
+    #[test]
+    fn sequence_outputs_with_params_are_consumed_by_the_first_matching_call() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let file = dir.path().join("tools.kdl");
+        // Connexity's mock_responses: ordered, matched, consumed.
+        std::fs::write(
+            &file,
+            r##"
+tool "lookup_order" {
+    sequence when-exhausted="error" {
+        output #"{"order": "A", "n": 1}"# order_id="ORD-1"
+        output #"{"order": "B"}"# order_id="ORD-2" region=#null
+        output #"{"order": "A", "n": 2}"# order_id="ORD-1"
+        output #"{"any": true}"#
+    }
+}
+tool "ping" {
+    sequence { output "first" id=1; output "last" id=2; }
+}
+"##,
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        let project = trellis_dsl::load(&[&file]).unwrap_or_else(|d| panic!("{d:?}"));
+        let mut sandbox = Sandbox::new(Arc::new(SandboxSpec::from_tools(&project.tools)));
+        // Strings match case-insensitively and trimmed; `#null` matches a missing key.
+        assert_eq!(
+            sandbox.call("lookup_order", &json!({"order_id": " ord-2 "})),
+            ToolOutcome::Executed(json!({"order": "B"}))
+        );
+        // The first unconsumed match, not the next in line.
+        assert_eq!(
+            sandbox.call("lookup_order", &json!({"order_id": "ORD-1", "extra": 3})),
+            ToolOutcome::Executed(json!({"order": "A", "n": 1}))
+        );
+        // ORD-2's answer is consumed: the output without params answers.
+        assert_eq!(
+            sandbox.call("lookup_order", &json!({"order_id": "ORD-2"})),
+            ToolOutcome::Executed(json!({"any": true}))
+        );
+        // Nothing left for ORD-9, one output left for ORD-1.
+        assert_eq!(
+            sandbox.call("lookup_order", &json!({"order_id": "ORD-9"})),
+            ToolOutcome::Error(SandboxError::NoMatchingOutput {
+                name: "lookup_order".into()
+            })
+        );
+        assert_eq!(
+            sandbox.call("lookup_order", &json!({"order_id": "ord-1"})),
+            ToolOutcome::Executed(json!({"order": "A", "n": 2}))
+        );
+        let exhausted = sandbox.call("lookup_order", &json!({"order_id": "ORD-1"}));
+        assert_eq!(
+            exhausted,
+            ToolOutcome::Error(SandboxError::Exhausted {
+                name: "lookup_order".into(),
+                outputs: 4
+            })
+        );
+        assert_eq!(
+            exhausted.result_object(),
+            json!({"status": "error", "message": "tool 'lookup_order' has answered all of its 4 outputs"})
+        );
+        assert_eq!(sandbox.error_count(), 2);
+        // Numbers by value; a non-string never equals a string; repeat-last repeats the
+        // last output only for a call it matches.
+        assert!(matches!(
+            sandbox.call("ping", &json!({"id": "1"})),
+            ToolOutcome::Error(SandboxError::NoMatchingOutput { .. })
+        ));
+        assert_eq!(
+            sandbox.call("ping", &json!({"id": 1.0})),
+            ToolOutcome::Executed(json!("first"))
+        );
+        assert_eq!(
+            sandbox.call("ping", &json!({"id": 2})),
+            ToolOutcome::Executed(json!("last"))
+        );
+        assert_eq!(
+            sandbox.call("ping", &json!({"id": 2})),
+            ToolOutcome::Executed(json!("last"))
+        );
+        assert!(matches!(
+            sandbox.call("ping", &json!({"id": 1})),
+            ToolOutcome::Error(SandboxError::NoMatchingOutput { .. })
+        ));
+        // A fork keeps its own consumption.
+        let mut fresh = Sandbox::new(Arc::new(SandboxSpec::from_tools(&project.tools)));
+        let fork = fresh.clone();
+        let _ = fresh.call("lookup_order", &json!({"order_id": "ORD-2"}));
+        let mut fork = fork;
+        assert_eq!(
+            fork.call("lookup_order", &json!({"order_id": "ORD-2"})),
+            ToolOutcome::Executed(json!({"order": "B"}))
+        );
     }
 
     #[test]

@@ -9,6 +9,8 @@
 
 use std::collections::BTreeMap;
 
+use serde_json::json;
+
 use super::support::llm::{FakeLlm, Reply, Rule};
 use super::*;
 
@@ -53,12 +55,16 @@ async fn both_shapes_import_as_the_golden_suites_and_they_check() {
     for expected in [
         "awkward/not-a-case.json: the file holds a number, not a test case",
         "awkward/bad-test-cases.json: `test_cases` is an object, not an array",
-        "`expected_tool_calls[0].mock_responses` (1 response",
+        "`expected_tool_calls[0].mock_responses[0].expected_params.rooms` ({\"min\":2}) \
+         (not matched: this answer takes any rooms)",
+        "`expected_tool_calls[0].mock_responses[1]` is a string, not an object",
+        "`expected_tool_calls[0].mock_responses[2]` has no `response`",
+        "`expected_tool_calls[0].mock_responses[3].weight` (2)",
         "`expected_tool_calls[1].expected_params.slot` ({\"from\":9}) (not checked)",
         "`source` next to `test_cases`",
         "test case 2 (Out of area): `priority` (3)",
         "test case 2 (Out of area): `persona.mood` (\"calm\")",
-        "imported 6 test cases from 4 of 6 files",
+        "imported 7 test cases from 5 of 7 files",
     ] {
         assert!(err.contains(expected), "missing {expected:?} in:\n{err}");
     }
@@ -77,7 +83,7 @@ async fn both_shapes_import_as_the_golden_suites_and_they_check() {
     let o = trellis().arg("check").arg(&out).output().await.unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(
-        stdout(&o).contains("4 suites, 6 scenarios"),
+        stdout(&o).contains("5 suites, 7 scenarios"),
         "{}",
         stdout(&o)
     );
@@ -246,4 +252,107 @@ async fn an_empty_expected_tool_list_fails_a_tool_call() {
         .find(|b| b.contains("Does this expected outcome hold"))
         .unwrap();
     assert!(judged.contains("None: no tool may be called."), "{judged}");
+}
+
+/// A reference-shaped case with `mock_responses` run against an `openai` agent under test:
+/// the model calls `lookup_order` with params only the second mock matches (in another case
+/// and without the `channel` the mock leaves open), and its next request must carry that
+/// mock's answer as the tool result; the case's `expect-tool`s pass.
+#[tokio::test]
+async fn imported_mock_responses_answer_an_openai_agent_under_test() {
+    let fake = FakeLlm::start(vec![
+        Rule::when(
+            "Does this expected outcome hold",
+            [Reply::text(
+                r#"{"passed": true, "justification": "shipped"}"#,
+            )],
+        ),
+        // The agent's answer once the tool result is the second mock's response.
+        Rule::when(
+            r#""carrier":"Purolator""#,
+            [Reply::text("Order ORD-2 has shipped with Purolator.")],
+        ),
+        // Otherwise the agent (again) looks the order up: a wrong answer ends in a fault
+        // at `max-tool-rounds`, never in the reply above.
+        Rule::for_model(
+            "agent-model",
+            [Reply::tool_call(
+                "lookup_order",
+                json!({"order_id": "ord-2"}),
+            )],
+        ),
+        // The simulated caller ends the call after the agent's reply.
+        Rule::otherwise([Reply::text("[END]")]),
+    ])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let suites = dir.path().join("suites");
+    let o = import(&[
+        &format!("{CASES}/reference"),
+        "--out",
+        suites.to_str().unwrap(),
+    ])
+    .await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // The user points the imported suites at their own agent: an engine-run model whose
+    // project-level tool the case's scenario-level mocks replace.
+    std::fs::write(
+        suites.join("agents.kdl"),
+        format!(
+            r##"agent "connexity" protocol="openai" base-url="{url}" model="agent-model" \
+    system-prompt="You answer order questions." tools="lookup_order" max-tool-rounds=2
+tool "lookup_order" {{
+    description "An order's status"
+    param "order_id" required=#true
+    mock returns=#"{{"status": "unknown"}}"#
+}}
+provider "fake" kind="openai" base-url="{url}" model="sim" api-key-env="FAKE_KEY"
+"##,
+            url = fake.base_url()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("run");
+    let o = trellis()
+        .args(["run", "--quiet", "--out"])
+        .arg(&out)
+        .arg(&suites)
+        .args(["--filter", "*order-status*"])
+        .env("FAKE_KEY", "k")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+
+    // The request after the call carried the second mock's answer as the tool message.
+    let agent_requests: Vec<_> = fake
+        .seen()
+        .into_iter()
+        .filter(|r| r.body["model"] == "agent-model")
+        .collect();
+    assert_eq!(agent_requests.len(), 2, "{agent_requests:#?}");
+    let messages = agent_requests[1].body["messages"].as_array().unwrap();
+    let tool_message = messages.last().unwrap();
+    assert_eq!(tool_message["role"], "tool");
+    let result: serde_json::Value =
+        serde_json::from_str(tool_message["content"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        result,
+        json!({"order_id": "ORD-2", "status": "shipped", "carrier": "Purolator"})
+    );
+
+    let criteria = read_parquet(&out.join("criteria.parquet"));
+    let rows: Vec<(String, String)> = strings(&criteria, "criterion")
+        .into_iter()
+        .zip(strings(&criteria, "status"))
+        .map(|(t, s)| (t.unwrap_or_default(), s.unwrap_or_default()))
+        .collect();
+    let expect_tools: Vec<_> = rows
+        .iter()
+        .filter(|(t, _)| t.contains("lookup_order"))
+        .collect();
+    assert_eq!(expect_tools.len(), 2, "{rows:?}");
+    assert!(expect_tools.iter().all(|(_, s)| s == "passed"), "{rows:?}");
+    let turns = read_parquet(&out.join("turns.parquet"));
+    assert_eq!(turns.height(), 1, "{turns:?}");
 }

@@ -230,9 +230,13 @@ scenario "j" {
     let poll = p.tool("poll").unwrap().sequence.as_ref().unwrap();
     assert_eq!(poll.when_exhausted, WhenExhausted::Error);
     assert_eq!(
-        poll.outputs,
+        poll.outputs
+            .iter()
+            .map(|o| o.value.clone())
+            .collect::<Vec<_>>(),
         vec![serde_json::json!({"status": "pending"}), "done".into()]
     );
+    assert!(poll.outputs.iter().all(|o| o.when.is_empty()));
     let (_, sc) = p.scenarios().next().unwrap();
     assert_eq!(
         serde_json::Value::Object(sc.initial_state.clone()),
@@ -586,4 +590,52 @@ scenario "s" {
     .map(|d| d.render_plain())
     .unwrap_or_default();
     assert!(text.contains("ghost"), "{text}");
+}
+
+#[test]
+fn a_connexity_scenario_accepts_tools_with_answers_but_not_bare_ones() {
+    // Imported Connexity cases carry mock answers for an engine-run agent under test; a
+    // Connexity agent runs its own tools and ignores them.
+    let p = load_text(
+        r##"
+agent "c" protocol="connexity" builtin="booking"
+scenario "s" {
+    agent "c"
+    tool "lookup_order" {
+        sequence when-exhausted="error" {
+            output #"{"status": "shipped"}"# order_id="ORD-1" note=#null
+            output "any"
+        }
+    }
+    user "hi"
+}
+"##,
+    )
+    .unwrap_or_else(|d| panic!("{}", d.render_plain()));
+    let (_, scenario) = p.scenarios().next().unwrap();
+    let sequence = scenario.tools[0].sequence.as_ref().unwrap();
+    assert_eq!(
+        sequence.outputs[0],
+        SequenceOutput {
+            value: serde_json::json!({"status": "shipped"}),
+            when: serde_json::json!({"order_id": "ORD-1", "note": null})
+                .as_object()
+                .cloned()
+                .unwrap(),
+        }
+    );
+    assert!(sequence.outputs[1].when.is_empty());
+
+    let diags = load_text(
+        r#"
+agent "c" protocol="connexity" builtin="booking"
+scenario "s" { agent "c"; tool "lookup_order"; user "hi"; }
+"#,
+    )
+    .expect_err("a bare scenario tool on a connexity agent is most likely a missing `expect`");
+    assert!(
+        diags
+            .render_plain()
+            .contains("none of its agents speaks `multiagent`")
+    );
 }

@@ -6,8 +6,11 @@
 //! implementation's files (`persona_context`, `first_turn`/`first_message`, outcome lists,
 //! `expected_tool_calls[].mock_responses`). A file becomes one suite, each case one scenario
 //! played by the simulator (`simulate until-done`) and judged on its outcomes and expected
-//! tool calls. Whatever has no Trellis counterpart is reported per file and written into the
-//! suite as comments, never dropped silently.
+//! tool calls. `expected_tool_calls[].mock_responses` become scenario `tool` nodes whose
+//! `sequence` outputs carry the expected params (the sandbox then answers as Connexity's
+//! `MockToolExecutor` does, for agents whose tools the engine runs). Whatever has no Trellis
+//! counterpart is reported per file and written into the suite as comments, never dropped
+//! silently.
 //!
 //! The command line, the directory layout (`OUT/agents.kdl` included by every suite), the
 //! exit codes and the check-back of written suites are those of `trellis import multiagent`,
@@ -85,6 +88,10 @@ struct Case {
     criteria: Vec<String>,
     /// Comments at the head of the scenario (database fields, approximations).
     notes: Vec<String>,
+    /// Scenario `tool` nodes from `mock_responses`: per tool (in the order first named), its
+    /// `output …` lines in order (several `expected_tool_calls` of one tool share one queue,
+    /// as the reference's `MockToolExecutor` builds it).
+    mock_tools: Vec<(String, Vec<String>)>,
 }
 
 impl CaseFile {
@@ -194,6 +201,25 @@ impl CaseFile {
                     let _ = writeln!(out, "        instructions {}", kdl_string(i));
                 }
                 out.push_str("    }\n");
+            }
+            if !case.mock_tools.is_empty() {
+                out.push('\n');
+                comment(
+                    &mut out,
+                    "    ",
+                    "The case's `mock_responses`: the answers to an agent under test whose tools the\n\
+                     engine runs (`openai`, `anthropic`), in order, each taken by the first call\n\
+                     matching its params. A Connexity agent under test runs its own tools and\n\
+                     ignores them (not an error).",
+                );
+                for (tool, outputs) in &case.mock_tools {
+                    let _ = writeln!(out, "    tool {} {{", kdl_string(tool));
+                    out.push_str("        sequence when-exhausted=\"error\" {\n");
+                    for line in outputs {
+                        let _ = writeln!(out, "            {line}");
+                    }
+                    out.push_str("        }\n    }\n");
+                }
             }
             out.push_str("\n    simulate until-done\n");
             if !case.criteria.is_empty() {
@@ -479,12 +505,16 @@ fn expected_tool_call(case: &mut Case, index: usize, call: Value, lost: &mut imp
                     }
                 }
             }
-            ("expected_params", Value::Null) => {}
-            ("mock_responses", Value::Array(mocks)) => lost(format!(
-                "`expected_tool_calls[{index}].mock_responses` ({}: answers for tools the \
-                 platform dispatches; a Connexity agent under test runs its own tools)",
-                count(mocks.len() as u64, "response", "responses")
-            )),
+            ("expected_params" | "mock_responses", Value::Null) => {}
+            ("mock_responses", Value::Array(mocks)) => {
+                let outputs = mock_outputs(index, mocks, lost);
+                if !outputs.is_empty() {
+                    match case.mock_tools.iter_mut().find(|(name, _)| *name == tool) {
+                        Some((_, queue)) => queue.extend(outputs),
+                        None => case.mock_tools.push((tool.clone(), outputs)),
+                    }
+                }
+            }
             (key, value) => lost(format!(
                 "`expected_tool_calls[{index}].{key}` {}",
                 brief(&value)
@@ -492,6 +522,58 @@ fn expected_tool_call(case: &mut Case, index: usize, call: Value, lost: &mut imp
         }
     }
     case.settings.push(line);
+}
+
+/// `mock_responses [{expected_params?, response}]` as a sequence's `output` lines: the
+/// response as JSON text, each expected param a property (matched as Connexity matches
+/// them, see docs/language.md). A param KDL cannot write as a property (an object or array)
+/// is left out and reported: that answer then takes any value of it.
+fn mock_outputs(index: usize, mocks: Vec<Value>, lost: &mut impl FnMut(String)) -> Vec<String> {
+    let mut outputs = Vec::with_capacity(mocks.len());
+    for (i, mock) in mocks.into_iter().enumerate() {
+        let at = format!("`expected_tool_calls[{index}].mock_responses[{i}]");
+        let Value::Object(mut mock) = mock else {
+            lost(format!("{at}` is {}, not an object", json_kind(&mock)));
+            continue;
+        };
+        let Some(response) = mock.remove("response") else {
+            lost(format!("{at}` has no `response`"));
+            continue;
+        };
+        // A string the DSL would not read as JSON is written as itself, anything else as JSON.
+        let written = match &response {
+            Value::String(text) if serde_json::from_str::<Value>(text).is_err() => text.clone(),
+            other => other.to_string(),
+        };
+        let mut line = format!("output {}", kdl_string(&written));
+        for (key, value) in mock {
+            match (key.as_str(), value) {
+                ("expected_params", Value::Object(params)) => {
+                    for (param, value) in params {
+                        match &value {
+                            Value::String(_) | Value::Bool(_) | Value::Number(_) | Value::Null => {
+                                let _ = write!(line, " {}={}", kdl_key(&param), kdl_value(&value));
+                            }
+                            _ => lost(format!(
+                                "{at}.expected_params.{param}` {} (not matched: this answer takes \
+                                 any {param})",
+                                brief(&value)
+                            )),
+                        }
+                    }
+                }
+                ("expected_params", Value::Null) => {}
+                ("expected_params", other) => lost(format!(
+                    "{at}.expected_params` {} is not an object (not matched: this answer takes \
+                     any call)",
+                    brief(&other)
+                )),
+                (key, value) => lost(format!("{at}.{key}` {}", brief(&value))),
+            }
+        }
+        outputs.push(line);
+    }
+    outputs
 }
 
 /// Where a setting line goes among the scenario's settings (stable for equal ranks).
