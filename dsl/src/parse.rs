@@ -3960,7 +3960,9 @@ fn assign_persona(steps: &mut [Step], persona: &std::sync::Arc<PersonaRef>) {
 fn assign_simulator(steps: &mut [Step], simulator: &std::sync::Arc<Simulator>) {
     for step in steps {
         match &mut step.kind {
-            StepKind::Simulate { simulator: slot, .. } => {
+            StepKind::Simulate {
+                simulator: slot, ..
+            } => {
                 *slot = Some(match slot.as_deref() {
                     None => simulator.clone(),
                     Some(inner) => std::sync::Arc::new(inner.over(simulator)),

@@ -542,12 +542,10 @@ scenario "s" {
     .unwrap_or_else(|d| panic!("{}", d.render_plain()));
     let steps = &p.suites[0].scenarios[0].steps;
     let provider = |step: &Step| match &step.kind {
-        StepKind::Simulate { simulator, .. } => {
-            simulator
-                .as_ref()
-                .and_then(|s| s.provider.as_ref())
-                .map(|p| p.value.clone())
-        }
+        StepKind::Simulate { simulator, .. } => simulator
+            .as_ref()
+            .and_then(|s| s.provider.as_ref())
+            .map(|p| p.value.clone()),
         other => panic!("{other:?}"),
     };
     assert_eq!(provider(&steps[0]).as_deref(), Some("p"));
@@ -593,4 +591,66 @@ scenario "s" {
     .map(|d| d.render_plain())
     .unwrap_or_default();
     assert!(text.contains("ghost"), "{text}");
+}
+
+/// A scenario's or branch's `simulator` may leave out `provider`: it is a layer over the
+/// enclosing simulator (here: instructions and a prompt only). The project's needs one.
+#[test]
+fn a_nested_simulator_is_a_layer_and_the_project_one_needs_a_provider() {
+    let p = load_text(
+        r#"
+agent "a" protocol="connexity" builtin="booking"
+provider "p" kind="openai" base-url="http://127.0.0.1:9" model="m"
+scenario "s" {
+    simulator temperature=0.2
+    simulate turns=1
+    branch "hurry" {
+        simulator instructions="Be quick." {
+            system-prompt "{{ instructions }} {{ end_marker }}"
+        }
+        simulate turns=1
+    }
+    branch "calm" { simulate turns=1; }
+}
+"#,
+    )
+    .unwrap_or_else(|d| panic!("{}", d.render_plain()));
+    let steps = &p.suites[0].scenarios[0].steps;
+    let StepKind::Fork(branches) = &steps[1].kind else {
+        panic!("{:?}", steps[1].kind)
+    };
+    let StepKind::Simulate {
+        simulator: Some(hurry),
+        ..
+    } = &branches[0].steps[0].kind
+    else {
+        panic!("{:?}", branches[0].steps[0].kind)
+    };
+    let layers: Vec<_> = hurry
+        .layers()
+        .map(|l| {
+            (
+                l.instructions.as_ref().map(|t| t.source.as_str()),
+                l.temperature,
+                l.system_prompt.is_some(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        layers,
+        [(Some("Be quick."), None, true), (None, Some(0.2), false)]
+    );
+
+    let text = load_text(
+        r#"
+agent "a" protocol="connexity" builtin="booking"
+provider "p" kind="openai" base-url="http://127.0.0.1:9" model="m"
+simulator instructions="hi"
+scenario "s" { simulate turns=1; }
+"#,
+    )
+    .err()
+    .map(|d| d.render_plain())
+    .unwrap_or_default();
+    assert!(text.contains("provider="), "{text}");
 }

@@ -484,13 +484,9 @@ impl LlmRuntime {
             }),
             None => ctx.persona,
         };
-        let instructions = simulator::instructions(
-            task.templates,
-            &layered.instructions,
-            task.scope,
-            task.vars,
-        )
-        .map_err(|e| (fault(e.to_string()), Vec::new()))?;
+        let instructions =
+            simulator::instructions(task.templates, &layered.instructions, task.scope, task.vars)
+                .map_err(|e| (fault(e.to_string()), Vec::new()))?;
         let character = Character {
             persona,
             user_context: ctx.user_context,

@@ -194,7 +194,10 @@ impl Character<'_> {
             ("user_context", TemplateValue::from(Serde(user_context))),
             ("user_context_json", TemplateValue::from(user_context_json)),
             ("description", TemplateValue::from(self.description)),
-            ("instructions", TemplateValue::from(self.instructions.clone())),
+            (
+                "instructions",
+                TemplateValue::from(self.instructions.clone()),
+            ),
             ("end_marker", TemplateValue::from(END_MARKER)),
             ("retry", TemplateValue::from(retry)),
         ]
@@ -506,11 +509,20 @@ mod tests {
         };
         let templates = Templates::default();
         let got = request(&templates, &prompts, &character, &[] as &[TurnRecord], 1)
-            .map(|r| r.messages.into_iter().map(|m| m.content).collect::<Vec<_>>())
+            .map(|r| {
+                r.messages
+                    .into_iter()
+                    .map(|m| m.content)
+                    .collect::<Vec<_>>()
+            })
             .map_err(|e| e.to_string());
         assert_eq!(
             got,
-            Ok(vec!["p|Ada|d|i|[END]|1".to_owned(), "Go.".into(), "again 1".into()])
+            Ok(vec![
+                "p|Ada|d|i|[END]|1".to_owned(),
+                "Go.".into(),
+                "again 1".into()
+            ])
         );
         let unknown = PromptTemplates {
             system: "{{ nobody.knows }}",
@@ -555,7 +567,12 @@ mod tests {
         let step = branch.over(&scenario);
         let got = Layered::new(Some(&step), Some(&project));
         assert_eq!(
-            (got.provider, got.model, got.prompts.system, got.prompts.opening),
+            (
+                got.provider,
+                got.model,
+                got.prompts.system,
+                got.prompts.opening
+            ),
             (Some("p"), Some("small"), "custom", DEFAULT_OPENING_PROMPT)
         );
         let instructions: Vec<&str> = got.instructions.iter().map(|t| t.source.as_str()).collect();
@@ -565,6 +582,9 @@ mod tests {
         let got = Layered::new(Some(&other), Some(&project));
         assert_eq!((got.provider, got.model), (Some("q"), None));
         let none = Layered::new(None, None);
-        assert_eq!((none.provider, none.prompts), (None, PromptTemplates::default()));
+        assert_eq!(
+            (none.provider, none.prompts),
+            (None, PromptTemplates::default())
+        );
     }
 }
