@@ -612,13 +612,58 @@ pub struct Provider {
 pub const DEFAULT_PROVIDER_TIMEOUT: Duration = Duration::from_secs(120);
 pub const DEFAULT_PROVIDER_RETRIES: u32 = 2;
 
+/// `simulator provider=… model=… temperature=… instructions=… { system-prompt …; … }`: the
+/// LLM playing the user. The project's is the default; a scenario's or branch's is a layer
+/// over the enclosing one (see [`Simulator::layers`]).
 #[derive(Clone, Debug)]
 pub struct Simulator {
-    pub provider: Spanned<String>,
+    /// Required on the project's simulator. A layer without one keeps the enclosing
+    /// simulator's provider (and its model and temperature unless it sets its own).
+    pub provider: Option<Spanned<String>>,
     pub model: Option<String>,
     pub temperature: Option<f64>,
+    /// Added to the enclosing layers' instructions (they accumulate, outermost first).
     pub instructions: Option<Template>,
+    /// `system-prompt`: the template of the simulator's system message.
+    pub system_prompt: Option<Template>,
+    /// `opening-prompt`: the template of the message that asks for the first user message.
+    pub opening_prompt: Option<Template>,
+    /// `retry-prompt`: the template of the note that asks again after an unusable answer.
+    pub retry_prompt: Option<Template>,
+    /// The simulator of the enclosing branch or scenario this layer is written over (set on
+    /// the copies the `simulate` steps hold; `None` on the project's).
+    pub outer: Option<std::sync::Arc<Simulator>>,
     pub span: Span,
+}
+
+impl Simulator {
+    /// This layer, then the enclosing ones outwards (the project's simulator is not among
+    /// them: the engine adds it last).
+    pub fn layers(&self) -> impl Iterator<Item = &Simulator> {
+        std::iter::successors(Some(self), |s| s.outer.as_deref())
+    }
+
+    /// This simulator written over `outer`: the copy a `simulate` step holds.
+    pub fn over(&self, outer: &std::sync::Arc<Simulator>) -> Simulator {
+        let mut layered = self.clone();
+        layered.outer = Some(match &self.outer {
+            None => outer.clone(),
+            Some(next) => std::sync::Arc::new(next.over(outer)),
+        });
+        layered
+    }
+
+    /// The prompt templates a suite may write (`instructions` and the three prompts).
+    pub fn templates(&self) -> impl Iterator<Item = &Template> {
+        [
+            &self.instructions,
+            &self.system_prompt,
+            &self.opening_prompt,
+            &self.retry_prompt,
+        ]
+        .into_iter()
+        .flatten()
+    }
 }
 
 #[derive(Clone, Debug)]

@@ -1148,6 +1148,9 @@ const SIMULATOR_SETTINGS: &[(&str, Arity)] = &[
     ("model", Arity::One),
     ("temperature", Arity::One),
     ("instructions", Arity::One),
+    ("system-prompt", Arity::One),
+    ("opening-prompt", Arity::One),
+    ("retry-prompt", Arity::One),
 ];
 const JUDGE_SETTINGS: &[(&str, Arity)] = &[
     ("provider", Arity::One),
@@ -2568,44 +2571,39 @@ impl<'f> Decoder<'f> {
         })
     }
 
+    /// The project's `simulator`: `provider` is required.
     fn simulator(&mut self, v: &View) -> Option<Simulator> {
         let usage = "simulator provider=\"ID\" model=\"…\" temperature=0.7";
-        self.check_args(v, 0, usage);
-        let s = self.settings(v, SIMULATOR_SETTINGS, "`simulator`", &[]);
-        let provider = self.s_required_spanned(v, &s, "provider", usage);
-        let model = self.s_string(&s, "model");
-        let temperature = self.s_number(&s, "temperature", (0.0, 2.0));
-        let instructions = self.s_template(&s, "instructions");
-        Some(Simulator {
-            provider: provider?,
-            model,
-            temperature,
-            instructions,
-            span: self.span(v.span),
-        })
-    }
-
-    /// A `simulator` inside a scenario or a branch: its `provider`, `model` and
-    /// `temperature` for the `simulate` steps there. `instructions` belong to the project's
-    /// simulator (they are compiled once per run).
-    fn nested_simulator(&mut self, v: &View) -> Option<Simulator> {
-        let simulator = self.simulator(v)?;
-        if let Some(instructions) = &simulator.instructions {
-            let d = self
-                .diag(
-                    Kind::InvalidValue,
-                    "`instructions` is set on the project's `simulator` only",
-                    instructions.span.span,
-                    "not here",
-                )
-                .with_help(
-                    "set `instructions` on the top-level `simulator`; a scenario's or branch's \
-                     `simulator` sets `provider`, `model` and `temperature`",
-                );
-            self.report(d);
+        let s = self.simulator_settings(v, usage);
+        if s.provider.is_none() {
+            self.missing(v, "`provider=…`", usage);
             return None;
         }
-        Some(simulator)
+        Some(s)
+    }
+
+    fn simulator_settings(&mut self, v: &View, usage: &str) -> Simulator {
+        self.check_args(v, 0, usage);
+        let s = self.settings(v, SIMULATOR_SETTINGS, "`simulator`", &[]);
+        Simulator {
+            provider: self.s_spanned(&s, "provider"),
+            model: self.s_string(&s, "model"),
+            temperature: self.s_number(&s, "temperature", (0.0, 2.0)),
+            instructions: self.s_template(&s, "instructions"),
+            system_prompt: self.s_template(&s, "system-prompt"),
+            opening_prompt: self.s_template(&s, "opening-prompt"),
+            retry_prompt: self.s_template(&s, "retry-prompt"),
+            outer: None,
+            span: self.span(v.span),
+        }
+    }
+
+    /// A `simulator` inside a scenario or a branch: a layer over the enclosing simulator for
+    /// the `simulate` steps there. Every setting is optional; without `provider` it keeps the
+    /// enclosing provider, so a branch can add only `instructions` or a prompt.
+    fn nested_simulator(&mut self, v: &View) -> Option<Simulator> {
+        let usage = "simulator provider=\"ID\" model=\"…\" temperature=0.7 instructions=\"…\"";
+        Some(self.simulator_settings(v, usage))
     }
 
     fn panel(&mut self, v: &View) -> Option<Panel> {
@@ -4004,15 +4002,19 @@ fn assign_persona(steps: &mut [Step], persona: &std::sync::Arc<PersonaRef>) {
     }
 }
 
-/// Gives `simulator` to every `simulate` step of `steps` (and of their branches) that has none
-/// yet: inner branches assign theirs first, so the innermost `simulator` wins.
+/// Gives `simulator` to every `simulate` step of `steps` (and of their branches): a step that
+/// already has one (an inner branch's, assigned first) gets it layered over `simulator`.
 fn assign_simulator(steps: &mut [Step], simulator: &std::sync::Arc<Simulator>) {
     for step in steps {
         match &mut step.kind {
             StepKind::Simulate {
-                simulator: slot @ None,
-                ..
-            } => *slot = Some(simulator.clone()),
+                simulator: slot, ..
+            } => {
+                *slot = Some(match slot.as_deref() {
+                    None => simulator.clone(),
+                    Some(inner) => std::sync::Arc::new(inner.over(simulator)),
+                })
+            }
             StepKind::Fork(branches) => {
                 for branch in branches {
                     assign_simulator(&mut branch.steps, simulator);

@@ -71,6 +71,7 @@ pub fn validate_loaded(project: &Project, info: &LoadInfo) -> Vec<Diagnostic> {
         project,
         info,
         diags: Vec::new(),
+        checked_simulators: HashSet::new(),
     };
     v.duplicates();
     v.definitions();
@@ -87,6 +88,8 @@ struct Validator<'p> {
     project: &'p Project,
     info: &'p LoadInfo,
     diags: Vec<Diagnostic>,
+    /// Simulator layers already checked (a scenario's is shared by all its `simulate` steps).
+    checked_simulators: HashSet<Span>,
 }
 
 impl<'p> Validator<'p> {
@@ -240,16 +243,7 @@ impl<'p> Validator<'p> {
             }
         }
         if let Some(sim) = &p.simulator {
-            self.reference(RefKind::Provider, &sim.provider);
-            if let Some(instructions) = &sim.instructions {
-                let scope = Scope::env_only()
-                    .with("user_context", Names::Any)
-                    .with("persona", Names::Any)
-                    .with("scenario", Names::Any)
-                    .with("vars", Names::Any);
-                let diags = template::check(instructions, &scope, self.files());
-                self.diags.extend(diags);
-            }
+            self.simulator(sim);
         }
         for judge in &p.judges {
             self.reference(RefKind::Provider, &judge.provider);
@@ -568,7 +562,9 @@ impl<'p> Validator<'p> {
                     simulator, persona, ..
                 } if simulator.is_some() || persona.is_some() => {
                     if let Some(sim) = simulator {
-                        self.reference(RefKind::Provider, &sim.provider);
+                        for layer in sim.layers() {
+                            self.simulator(layer);
+                        }
                     }
                     if let Some(PersonaRef::Named(name)) = persona.as_deref() {
                         self.reference(RefKind::Persona, name);
@@ -604,6 +600,40 @@ impl<'p> Validator<'p> {
             }
         }
         captured
+    }
+
+    /// One simulator layer: its provider exists, its templates compile and use only the
+    /// variables they are given (`trellis check` reports them once per layer).
+    fn simulator(&mut self, sim: &Simulator) {
+        if !self.checked_simulators.insert(sim.span) {
+            return;
+        }
+        if let Some(provider) = &sim.provider {
+            self.reference(RefKind::Provider, provider);
+        }
+        let instructions_scope = Scope::env_only()
+            .with("user_context", Names::Any)
+            .with("persona", Names::Any)
+            .with("scenario", Names::Any)
+            .with("vars", Names::Any);
+        let prompt_scope = instructions_scope
+            .clone()
+            .with("user_context_json", Names::Any)
+            .with("description", Names::Any)
+            .with("instructions", Names::Any)
+            .with("end_marker", Names::Any)
+            .with("retry", Names::Any);
+        if let Some(instructions) = &sim.instructions {
+            let diags = template::check(instructions, &instructions_scope, self.files());
+            self.diags.extend(diags);
+        }
+        for prompt in [&sim.system_prompt, &sim.opening_prompt, &sim.retry_prompt]
+            .into_iter()
+            .flatten()
+        {
+            let diags = template::check(prompt, &prompt_scope, self.files());
+            self.diags.extend(diags);
+        }
     }
 
     fn template(&mut self, cx: &StepCx, t: &Template, captured: &BTreeSet<String>) {

@@ -235,9 +235,8 @@ fn steps_text(steps: &[trellis_dsl::Step]) -> (String, String) {
                 persona,
             } => {
                 calls += 1;
-                let by = simulator
-                    .as_ref()
-                    .map(|s| (&s.provider.value, &s.model, s.temperature));
+                // Every layer: provider, model, temperature, instructions and prompts.
+                let by = simulator.as_deref().map(canonical);
                 let playing = persona.as_deref().map(|p| match p {
                     trellis_dsl::PersonaRef::Named(id) => format!("{:?}", id.value),
                     trellis_dsl::PersonaRef::Inline(p) => {

@@ -310,17 +310,7 @@ impl Plan {
         }
 
         let mut templates = Templates::new(env.clone());
-        let mut llm = crate::llm::LlmSetup::from_project(project);
-        llm.simulator_instructions = project
-            .simulator
-            .as_ref()
-            .and_then(|s| s.instructions.as_ref())
-            .map(|t| templates.compile(t))
-            .transpose()
-            .map_err(|error| PlanError::Template {
-                scenario: "(simulator instructions)".into(),
-                error,
-            })?;
+        let llm = crate::llm::LlmSetup::from_project(project);
         let simulator = llm.has_simulator();
         let mut agents: Vec<PlannedAgent> = Vec::new();
         let mut agent_index: HashMap<String, usize> = HashMap::new();
@@ -626,7 +616,7 @@ fn compile_steps(
     };
     for step in &segment.steps {
         if let Some(reason) = not_runnable::step(&step.kind, None)
-            && !matches!(&step.kind, StepKind::Simulate { simulator: own, .. } if simulator || own.is_some())
+            && !matches!(&step.kind, StepKind::Simulate { simulator: own, .. } if simulator || names_provider(own))
         {
             out.unsupported.get_or_insert(reason);
         }
@@ -677,6 +667,13 @@ fn compile_steps(
         }
     }
     Ok(out)
+}
+
+/// Whether a step's own simulator (a scenario's or branch's) names a provider in one of its
+/// layers, so the step runs without a project-wide simulator.
+fn names_provider(own: &Option<std::sync::Arc<trellis_dsl::Simulator>>) -> bool {
+    own.as_deref()
+        .is_some_and(|s| s.layers().any(|l| l.provider.is_some()))
 }
 
 /// What this version of trellis cannot run yet, and why. The planner skips it; `trellis check`
@@ -762,7 +759,7 @@ pub fn warnings(project: &Project) -> Vec<Diagnostic> {
         let mut user_warned = false;
         walk_steps(&sc.steps, &mut |step| {
             if let Some(why) = not_runnable::step(&step.kind, None)
-                && !matches!(&step.kind, StepKind::Simulate { simulator: own, .. } if simulated || own.is_some())
+                && !matches!(&step.kind, StepKind::Simulate { simulator: own, .. } if simulated || names_provider(own))
             {
                 out.push(warn(
                     step.span,

@@ -125,6 +125,31 @@ impl Templates {
         Ok(CompiledTemplate::Compiled(name))
     }
 
+    /// Renders a template given as source (the simulator's prompts, chosen per trajectory from
+    /// the layers of simulators): compiled on each call in the plan's environment (strict,
+    /// fuelled, unescaped), which costs microseconds next to the LLM call it writes. Syntax
+    /// and variables were checked by `trellis check`; `ctx` is only built when `source` has
+    /// something to render.
+    pub fn render_source(
+        &self,
+        source: &str,
+        ctx: impl FnOnce() -> Value,
+    ) -> Result<String, RenderError> {
+        if !source.contains("{{") && !source.contains("{%") && !source.contains("{#") {
+            return Ok(source.to_owned());
+        }
+        let template =
+            self.env
+                .template_from_str(source)
+                .map_err(|error| RenderError::Compile {
+                    source_text: source.to_owned(),
+                    error,
+                })?;
+        template
+            .render(ctx())
+            .map_err(|error| self.render_error(&template, error))
+    }
+
     /// Renders `template`; `ctx` is only built when the template has something to render.
     pub fn render(
         &self,
@@ -138,23 +163,31 @@ impl Templates {
                     .env
                     .get_template(name)
                     .map_err(|error| RenderError::Render { error })?;
-                template.render(ctx()).map_err(|error| {
-                    // The only undefined values validation cannot rule out are unset
-                    // environment variables: name them instead of minijinja's position.
-                    let missing: Vec<String> = template
-                        .undeclared_variables(true)
-                        .into_iter()
-                        .filter_map(|v| v.strip_prefix("env.").map(str::to_string))
-                        .filter(|name| !self.vars.contains_key(name))
-                        .map(|name| format!("`{name}`"))
-                        .collect();
-                    if missing.is_empty() {
-                        RenderError::Render { error }
-                    } else {
-                        RenderError::MissingEnv(missing.join(", "))
-                    }
-                })
+                template
+                    .render(ctx())
+                    .map_err(|error| self.render_error(&template, error))
             }
+        }
+    }
+
+    fn render_error(
+        &self,
+        template: &minijinja::Template<'_, '_>,
+        error: minijinja::Error,
+    ) -> RenderError {
+        // The only undefined values validation cannot rule out are unset environment
+        // variables: name them instead of minijinja's position.
+        let missing: Vec<String> = template
+            .undeclared_variables(true)
+            .into_iter()
+            .filter_map(|v| v.strip_prefix("env.").map(str::to_string))
+            .filter(|name| !self.vars.contains_key(name))
+            .map(|name| format!("`{name}`"))
+            .collect();
+        if missing.is_empty() {
+            RenderError::Render { error }
+        } else {
+            RenderError::MissingEnv(missing.join(", "))
         }
     }
 }
@@ -228,8 +261,18 @@ impl ScenarioScope {
     }
 
     pub fn with_vars(&self, vars: &BTreeMap<String, String>) -> Value {
+        self.with_vars_and(vars, BTreeMap::new())
+    }
+
+    /// The scope with `vars` and `extra` variables (which replace same-named ones).
+    pub fn with_vars_and(
+        &self,
+        vars: &BTreeMap<String, String>,
+        extra: BTreeMap<String, Value>,
+    ) -> Value {
         let mut ctx = self.base.clone();
         ctx.insert("vars".to_string(), Value::from(Serde(vars)));
+        ctx.extend(extra);
         Value::from(ctx)
     }
 }

@@ -3,7 +3,7 @@
 //! each API's own shape, scripted per test.
 //!
 //! A script is a list of [`Rule`]s: the first rule whose `contains` text appears in the last
-//! message of the request answers it, with its replies consumed in order (the last one
+//! message of the request (and whose `system` text, if set, in its system prompt) answers it, with its replies consumed in order (the last one
 //! repeats). A reply can be text, a 429 with or without `Retry-After`, an error status, a raw
 //! (garbage) body, an empty answer, an echo of the request headers, or any of these after a
 //! delay. Every request is recorded and counted, so tests can assert "zero calls".
@@ -97,11 +97,13 @@ impl Reply {
 }
 
 /// Replies for requests whose last message contains `contains` (any request when `None`)
-/// and, when `model` is set, that ask for that model.
+/// and, when `model` is set, that ask for that model, and when `system` is set, whose system
+/// prompt contains it.
 #[derive(Clone, Debug)]
 pub struct Rule {
     pub contains: Option<String>,
     pub model: Option<String>,
+    pub system: Option<String>,
     pub replies: Vec<Reply>,
 }
 
@@ -110,6 +112,7 @@ impl Rule {
         Rule {
             contains: Some(contains.into()),
             model: None,
+            system: None,
             replies: replies.into_iter().collect(),
         }
     }
@@ -117,6 +120,7 @@ impl Rule {
         Rule {
             contains: None,
             model: None,
+            system: None,
             replies: replies.into_iter().collect(),
         }
     }
@@ -125,8 +129,15 @@ impl Rule {
         Rule {
             contains: None,
             model: Some(model.into()),
+            system: None,
             replies: replies.into_iter().collect(),
         }
+    }
+    /// This rule, for requests whose system prompt contains `text` only (the simulator's
+    /// prompt differs per persona or instructions, while the last message may not).
+    pub fn in_system(mut self, text: impl Into<String>) -> Self {
+        self.system = Some(text.into());
+        self
     }
 }
 
@@ -273,6 +284,7 @@ async fn answer(shared: &Shared, api: &'static str, headers: HeaderMap, body: &[
     shared.calls.fetch_add(1, Ordering::SeqCst);
     let body: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
     let last = last_message(&body);
+    let system = system_prompt(&body);
     let model = body["model"].as_str().unwrap_or("");
     let reply = {
         let mut script = shared.script.lock().unwrap();
@@ -283,6 +295,7 @@ async fn answer(shared: &Shared, api: &'static str, headers: HeaderMap, body: &[
             .find(|(rule, _)| {
                 rule.contains.as_deref().is_none_or(|c| last.contains(c))
                     && rule.model.as_deref().is_none_or(|m| m == model)
+                    && rule.system.as_deref().is_none_or(|t| system.contains(t))
             })
             .and_then(|(rule, used)| {
                 let reply = rule
@@ -670,6 +683,21 @@ fn shaped(api: &str, request: &Value, text: &str) -> Value {
             "timings": {"predicted_per_second": 20.0}
         })
     }
+}
+
+/// The system prompt: Anthropic's `system` field, else OpenAI's first `system` message.
+fn system_prompt(body: &Value) -> String {
+    body["system"]
+        .as_str()
+        .or_else(|| {
+            body["messages"]
+                .as_array()?
+                .iter()
+                .find(|m| m["role"] == "system")?["content"]
+                .as_str()
+        })
+        .unwrap_or("")
+        .to_owned()
 }
 
 fn last_message(body: &Value) -> String {

@@ -190,3 +190,45 @@ async fn check_warns_about_sandbox_checks_on_agents_without_a_sandbox() {
     );
     assert!(!err.contains("`state` check"), "{err}");
 }
+
+/// The simulator's prompt templates are checked like every other template: a syntax error in
+/// a branch's `system-prompt` and an unknown variable in the project's `opening-prompt` are
+/// located diagnostics, exit code 2.
+#[tokio::test]
+async fn simulator_prompt_templates_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("sim.kdl"),
+        r#"agent "a" protocol="connexity" builtin="booking"
+provider "p" kind="openai" base-url="http://127.0.0.1:9" model="m"
+simulator provider="p" {
+    opening-prompt "Start as {{ persna.type }}."
+}
+scenario "s" {
+    simulate turns=1
+    branch "b" {
+        simulator system-prompt="You are {{ persona.type "
+        simulate turns=1
+    }
+    branch "c" { simulate turns=1; }
+}
+"#,
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    assert!(err.contains("template_syntax"), "{err}");
+    assert!(err.contains("sim.kdl:9:"), "{err}");
+    assert!(
+        err.contains("undefined template variable `persna.type`"),
+        "{err}"
+    );
+    assert!(err.contains("sim.kdl:4:"), "{err}");
+    assert!(err.contains("did you mean `persona`"), "{err}");
+}

@@ -523,7 +523,7 @@ scenario "s" {
 }
 
 /// `simulator` inside a scenario or a branch: the innermost one reaches each `simulate`
-/// step; `instructions` there is an error, and so is an unknown provider.
+/// step; an unknown provider is an error.
 #[test]
 fn scenario_and_branch_simulators_reach_their_steps() {
     let p = load_text(
@@ -542,9 +542,10 @@ scenario "s" {
     .unwrap_or_else(|d| panic!("{}", d.render_plain()));
     let steps = &p.suites[0].scenarios[0].steps;
     let provider = |step: &Step| match &step.kind {
-        StepKind::Simulate { simulator, .. } => {
-            simulator.as_ref().map(|s| s.provider.value.clone())
-        }
+        StepKind::Simulate { simulator, .. } => simulator
+            .as_ref()
+            .and_then(|s| s.provider.as_ref())
+            .map(|p| p.value.clone()),
         other => panic!("{other:?}"),
     };
     assert_eq!(provider(&steps[0]).as_deref(), Some("p"));
@@ -569,7 +570,7 @@ scenario "s" {
     .map(|d| d.render_plain())
     .unwrap_or_default();
     assert!(text.contains("nope"), "{text}");
-    assert!(text.contains("project's `simulator` only"), "{text}");
+    assert!(!text.contains("instructions"), "{text}");
 }
 
 /// A branch's `persona` reaches its `simulate` steps; a named one must exist.
@@ -638,4 +639,66 @@ scenario "s" { agent "c"; tool "lookup_order"; user "hi"; }
             .render_plain()
             .contains("none of its agents speaks `multiagent`")
     );
+}
+
+/// A scenario's or branch's `simulator` may leave out `provider`: it is a layer over the
+/// enclosing simulator (here: instructions and a prompt only). The project's needs one.
+#[test]
+fn a_nested_simulator_is_a_layer_and_the_project_one_needs_a_provider() {
+    let p = load_text(
+        r#"
+agent "a" protocol="connexity" builtin="booking"
+provider "p" kind="openai" base-url="http://127.0.0.1:9" model="m"
+scenario "s" {
+    simulator temperature=0.2
+    simulate turns=1
+    branch "hurry" {
+        simulator instructions="Be quick." {
+            system-prompt "{{ instructions }} {{ end_marker }}"
+        }
+        simulate turns=1
+    }
+    branch "calm" { simulate turns=1; }
+}
+"#,
+    )
+    .unwrap_or_else(|d| panic!("{}", d.render_plain()));
+    let steps = &p.suites[0].scenarios[0].steps;
+    let StepKind::Fork(branches) = &steps[1].kind else {
+        panic!("{:?}", steps[1].kind)
+    };
+    let StepKind::Simulate {
+        simulator: Some(hurry),
+        ..
+    } = &branches[0].steps[0].kind
+    else {
+        panic!("{:?}", branches[0].steps[0].kind)
+    };
+    let layers: Vec<_> = hurry
+        .layers()
+        .map(|l| {
+            (
+                l.instructions.as_ref().map(|t| t.source.as_str()),
+                l.temperature,
+                l.system_prompt.is_some(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        layers,
+        [(Some("Be quick."), None, true), (None, Some(0.2), false)]
+    );
+
+    let text = load_text(
+        r#"
+agent "a" protocol="connexity" builtin="booking"
+provider "p" kind="openai" base-url="http://127.0.0.1:9" model="m"
+simulator instructions="hi"
+scenario "s" { simulate turns=1; }
+"#,
+    )
+    .err()
+    .map(|d| d.render_plain())
+    .unwrap_or_default();
+    assert!(text.contains("provider="), "{text}");
 }

@@ -140,7 +140,7 @@ fn shared_definitions() {
     assert_eq!(provider.api_key_env.as_deref(), Some("OPENAI_API_KEY"));
 
     let sim = p.simulator.as_ref().unwrap();
-    assert_eq!(sim.provider.value, "oai");
+    assert_eq!(sim.provider.as_ref().map(|p| p.value.as_str()), Some("oai"));
     assert_eq!(sim.temperature, Some(0.3));
     assert!(sim.instructions.is_some());
 

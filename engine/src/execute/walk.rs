@@ -948,27 +948,6 @@ impl<'a> Unit<'a> {
         use crate::llm::runtime::{SimulateTask, Simulated};
         use crate::llm::simulator::{Said, UNTIL_DONE_CAP};
         let sc = &self.scenario.scenario;
-        let instructions = match &self.shared.plan.llm.simulator_instructions {
-            None => None,
-            Some(template) => {
-                let scope = &self.scenario.scope;
-                let vars = &state.vars;
-                match self
-                    .shared
-                    .plan
-                    .templates
-                    .render(template, || scope.with_vars(vars))
-                {
-                    Ok(text) => Some(text),
-                    Err(e) => {
-                        return Some(Stop::Fault(Fault::new(
-                            FaultCategory::Template,
-                            format!("simulator instructions: {e}"),
-                        )));
-                    }
-                }
-            }
-        };
         let limit = turns.unwrap_or_else(|| sc.max_turns.unwrap_or(UNTIL_DONE_CAP));
         for _ in 0..limit {
             if let Some(max) = sc.max_turns
@@ -982,7 +961,9 @@ impl<'a> Unit<'a> {
                 repetition: self.repetition,
                 simulator,
                 persona,
-                instructions: instructions.clone(),
+                templates: &self.shared.plan.templates,
+                scope: &self.scenario.scope,
+                vars: &state.vars,
                 call_name: format!(
                     "simulated user turn {} on {}/{} (agent `{}`, repetition {})",
                     state.turns.len(),

@@ -19,7 +19,7 @@ use trellis_dsl::{
 };
 
 use super::judge::{self, JudgeContext, JudgeVerdict, PersonaInfo, Question, Rubric};
-use super::simulator::{self, Character, SIMULATOR_RETRIES, Said};
+use super::simulator::{self, Character, Layered, SIMULATOR_RETRIES, Said};
 use super::{LlmCache, LlmCall, ProviderClient};
 use crate::protocol::http::HttpTransport;
 use crate::record::{CriterionRecord, CriterionStatus, Fault, FaultCategory, TurnRecord};
@@ -33,8 +33,6 @@ pub struct LlmSetup {
     pub panels: Vec<Panel>,
     pub simulator: Option<Simulator>,
     pub personas: Vec<Persona>,
-    /// The simulator's `instructions`, compiled by the planner (rendered per trajectory).
-    pub simulator_instructions: Option<crate::render::CompiledTemplate>,
 }
 
 impl LlmSetup {
@@ -45,7 +43,6 @@ impl LlmSetup {
             panels: project.panels.clone(),
             simulator: project.simulator.clone(),
             personas: project.personas.clone(),
-            simulator_instructions: None,
         }
     }
 
@@ -462,8 +459,11 @@ pub struct SimulateTask<'a, T> {
     pub simulator: Option<&'a Simulator>,
     /// The branch's `persona`, played in place of the scenario's.
     pub persona: Option<&'a PersonaRef>,
-    /// The simulator's `instructions`, rendered for this path.
-    pub instructions: Option<String>,
+    /// The plan's templates, which render the simulator's prompts.
+    pub templates: &'a crate::render::Templates,
+    /// The scenario's template scope and the captures on this path so far.
+    pub scope: &'a crate::render::ScenarioScope,
+    pub vars: &'a std::collections::BTreeMap<String, String>,
     /// Names the call in a replay-only cache miss.
     pub call_name: String,
 }
@@ -484,12 +484,11 @@ impl LlmRuntime {
         task: SimulateTask<'_, T>,
     ) -> Result<Simulated, (Fault, Vec<LlmCall>)> {
         let fault = |message: String| Fault::new(FaultCategory::Simulator, message);
-        let (provider_id, model, temperature) = match (
-            task.simulator.or(self.setup.simulator.as_ref()),
-            self.setup.providers.as_slice(),
-        ) {
-            (Some(s), _) => (s.provider.value.as_str(), s.model.as_deref(), s.temperature),
-            (None, [only]) => (only.id.value.as_str(), None, None),
+        let layered = Layered::new(task.simulator, self.setup.simulator.as_ref());
+        let (model, temperature) = (layered.model, layered.temperature);
+        let provider_id = match (layered.provider, self.setup.providers.as_slice()) {
+            (Some(id), _) => id,
+            (None, [only]) => only.id.value.as_str(),
             (None, _) => {
                 return Err((
                     fault("no simulator configured: add `simulator provider=\"ID\"`".into()),
@@ -516,16 +515,29 @@ impl LlmRuntime {
             }),
             None => ctx.persona,
         };
+        let instructions =
+            simulator::instructions(task.templates, &layered.instructions, task.scope, task.vars)
+                .map_err(|e| (fault(e.to_string()), Vec::new()))?;
         let character = Character {
             persona,
             user_context: ctx.user_context,
             description: ctx.description,
-            instructions: task.instructions,
+            instructions,
+            scope: Some((task.scope, task.vars)),
         };
         let mut calls = Vec::new();
         let mut last_answer = String::new();
         for retry in 0..=SIMULATOR_RETRIES {
-            let mut request = simulator::request(&character, task.turns, retry);
+            let mut request = match simulator::request(
+                task.templates,
+                &layered.prompts,
+                &character,
+                task.turns,
+                retry,
+            ) {
+                Ok(request) => request,
+                Err(e) => return Err((fault(e.to_string()), calls)),
+            };
             request.max_tokens_default = Some(super::SIMULATOR_MAX_TOKENS);
             request.model = model.map(str::to_owned);
             request.temperature = temperature;
@@ -710,11 +722,18 @@ impl LlmRuntime {
         let (provider_id, model, temperature) =
             match (own, &self.setup.simulator, self.setup.providers.as_slice()) {
                 (Some(id), _, _) => (id, None, None),
-                (None, Some(s), _) => {
-                    (s.provider.value.as_str(), s.model.as_deref(), s.temperature)
-                }
-                (None, None, [only]) => (only.id.value.as_str(), None, None),
-                (None, None, _) => {
+                (
+                    None,
+                    Some(Simulator {
+                        provider: Some(provider),
+                        model,
+                        temperature,
+                        ..
+                    }),
+                    _,
+                ) => (provider.value.as_str(), model.as_deref(), *temperature),
+                (None, _, [only]) => (only.id.value.as_str(), None, None),
+                (None, _, _) => {
                     return Err(
                         "no provider plays the agent's LLM: add `provider=\"ID\"` to the \
                          agent, `simulator provider=\"ID\"`, or a lone `provider`"

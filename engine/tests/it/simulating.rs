@@ -323,3 +323,167 @@ async fn a_branch_persona_changes_who_the_simulator_plays() {
     // The prefix and the `same` branch play the scenario's persona; `impatient` its own.
     assert_eq!((impatient, parent), (1, 2), "{systems:#?}");
 }
+
+/// The system prompt of every simulator request the fake saw, in order.
+fn system_prompts(fake: &FakeLlm) -> Vec<String> {
+    fake.seen()
+        .iter()
+        .map(|r| {
+            r.body["messages"][0]["content"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned()
+        })
+        .collect()
+}
+
+/// A branch adds simulator `instructions` without redefining the persona or the simulator:
+/// the shared prefix is simulated once, and each branch's continuation is asked with the
+/// suite's instructions plus its own (the fake answers by what the system prompt says).
+#[tokio::test]
+async fn a_branch_adds_its_own_simulator_instructions() {
+    let fake = FakeLlm::start(vec![
+        Rule::otherwise([Reply::text("Book me in NOW. [END]")]).in_system("You are in a hurry"),
+        Rule::otherwise([Reply::text("No rush, Tuesday is fine. [END]")])
+            .in_system("Take your time"),
+        Rule::otherwise([Reply::text("Hi, I'd like to book a duct cleaning.")]),
+    ])
+    .await;
+    let text = suite(
+        &fake.base_url(),
+        r#"simulate turns=1
+    branch "impatient" {
+        simulator instructions="You are in a hurry; push back on every question."
+        simulate until-done
+    }
+    branch "calm" {
+        simulator {
+            instructions "Take your time, {{ user_context.name }}."
+        }
+        simulate until-done
+    }"#,
+    );
+    let run = run_suite(&text, 4, EnvSnapshot::new()).await;
+    assert_eq!(run.trajectories.len(), 2);
+    // The prefix once, then one continuation per branch.
+    assert_eq!(fake.calls(), 3);
+    let systems = system_prompts(&fake);
+    let with = |needle: &str| systems.iter().filter(|s| s.contains(needle)).count();
+    assert_eq!(with("Your name is Ada."), 3, "{systems:#?}");
+    assert_eq!(with("You are in a hurry"), 1, "{systems:#?}");
+    assert_eq!(with("Take your time, Ada."), 1, "{systems:#?}");
+    // The persona is still the scenario's, and the suite's instructions come first.
+    assert_eq!(with("busy-parent"), 3, "{systems:#?}");
+    assert!(
+        systems
+            .iter()
+            .any(|s| s.contains("Your name is Ada.\n\nYou are in a hurry")),
+        "{systems:#?}"
+    );
+    let said_in = |node: &str| -> Vec<String> {
+        run.nodes
+            .iter()
+            .filter(|n| n.node == node)
+            .flat_map(|n| &n.turns)
+            .map(|t| t.user_message.clone())
+            .collect()
+    };
+    assert_eq!(said_in("start"), ["Hi, I'd like to book a duct cleaning."]);
+    assert_eq!(said_in("impatient"), ["Book me in NOW."]);
+    assert_eq!(said_in("calm"), ["No rush, Tuesday is fine."]);
+}
+
+/// A suite's `system-prompt`, `opening-prompt` and `retry-prompt` replace the built-in ones:
+/// the fake receives exactly what they render to.
+#[tokio::test]
+async fn overridden_prompt_templates_are_what_the_simulator_receives() {
+    let fake = FakeLlm::start(vec![Rule::otherwise([
+        Reply::Empty,
+        Reply::text("Hi, it's Ada. [END]"),
+    ])])
+    .await;
+    let text = suite(&fake.base_url(), "simulate turns=1").replace(
+        r#"simulator provider="fake" temperature=0.9 instructions="Your name is {{ user_context.name }}.""#,
+        r#"simulator provider="fake" {
+    instructions "Be {{ persona.type }}."
+    system-prompt "Play {{ persona.type }} ({{ persona.instructions }}) in {{ scenario.id }}. {{ instructions }} Facts: {{ user_context_json }} End: {{ end_marker }}"
+    opening-prompt "Start, {{ user_context.name }}."
+    retry-prompt "Retry #{{ retry }}: say something or {{ end_marker }}."
+}"#,
+    );
+    let run = run_suite(&text, 4, EnvSnapshot::new()).await;
+    assert_eq!(run.trajectories[0].status, TrajectoryStatus::Passed);
+    let seen = fake.seen();
+    assert_eq!(seen.len(), 2);
+    let facts = "{\n  \"name\": \"Ada\",\n  \"postal_code\": \"V4T 0A7\"\n}";
+    let messages = |i: usize| -> Vec<(String, String)> {
+        seen[i].body["messages"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| {
+                (
+                    m["role"].as_str().unwrap().to_owned(),
+                    m["content"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect()
+    };
+    let system = format!(
+        "Play busy-parent (Give your postal code when asked) in book. Be busy-parent. Facts: \
+         {facts} End: [END]"
+    );
+    assert_eq!(
+        messages(0),
+        [
+            ("system".to_owned(), system.clone()),
+            ("user".into(), "Start, Ada.".into())
+        ]
+    );
+    assert_eq!(
+        messages(1),
+        [
+            ("system".to_owned(), system),
+            // Consecutive user messages are sent as one (strict chat templates).
+            (
+                "user".into(),
+                "Start, Ada.\n\nRetry #1: say something or [END].".into()
+            )
+        ]
+    );
+}
+
+/// A prompt that fails to render at run time (here an unset `env` variable) is a `simulator`
+/// fault on that trajectory, naming the prompt; the simulator is never called.
+#[tokio::test]
+async fn a_prompt_that_fails_to_render_is_a_simulator_fault() {
+    let fake = FakeLlm::start(vec![Rule::otherwise([Reply::text("Hi")])]).await;
+    let text = suite(
+        &fake.base_url(),
+        r#"simulate turns=1
+    branch "keyed" {
+        simulator system-prompt="Your code is {{ env.SIMULATOR_CODE }}."
+        simulate turns=1
+    }
+    branch "plain" { simulate turns=1; }"#,
+    );
+    let run = run_suite(&text, 4, EnvSnapshot::new()).await;
+    let by_name = |name: &str| {
+        run.trajectories
+            .iter()
+            .find(|t| t.trajectory == name)
+            .unwrap_or_else(|| panic!("no {name}: {:#?}", run.trajectories))
+    };
+    let keyed = by_name("keyed");
+    assert_eq!(keyed.status, TrajectoryStatus::Error);
+    let fault = keyed.fault.as_ref().unwrap();
+    assert_eq!(fault.category, FaultCategory::Simulator);
+    assert!(
+        fault.message.contains("system-prompt") && fault.message.contains("SIMULATOR_CODE"),
+        "{}",
+        fault.message
+    );
+    assert_eq!(by_name("plain").status, TrajectoryStatus::Passed);
+    // The prefix, and the `plain` branch: the `keyed` one never reached the simulator.
+    assert_eq!(fake.calls(), 2);
+}
