@@ -415,6 +415,12 @@ pub struct Agent {
     /// `provider="ID"`: on `openai`/`anthropic` agents the endpoint (also in
     /// [`Agent::endpoint`]); on `fixie` agents the provider that plays Fixie's LLM.
     pub provider: Option<Spanned<String>>,
+    /// `openai`/`anthropic`: sampling temperature sent with every request (else the
+    /// provider's, else the server's default).
+    pub temperature: Option<f64>,
+    /// `openai`/`anthropic`: cap on generated tokens per request (else the provider's, else
+    /// none for `openai` and 1024 for `anthropic`).
+    pub max_tokens: Option<u32>,
     /// `openai`: the system prompt.
     pub system_prompt: Option<Template>,
     /// `openai`: names of `tool` definitions offered to the model.

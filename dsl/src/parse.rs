@@ -1100,6 +1100,8 @@ const AGENT_SETTINGS: &[(&str, Arity)] = &[
     ("tools", Arity::Many),
     ("max-tool-rounds", Arity::One),
     ("provider", Arity::One),
+    ("temperature", Arity::One),
+    ("max-tokens", Arity::One),
     ("stream", Arity::One),
     ("history", Arity::One),
     ("retry-after-send", Arity::One),
@@ -1448,6 +1450,8 @@ impl<'f> Decoder<'f> {
             .unwrap_or(DEFAULT_MAX_RESPONSE_SIZE);
         let model = self.s_string(&s, "model");
         let provider = self.s_spanned(&s, "provider");
+        let temperature = self.s_number(&s, "temperature", (0.0, 2.0));
+        let max_tokens = s.value("max-tokens").and_then(|e| self.u32(e, 1));
         let system_prompt = self.s_template(&s, "system-prompt");
         let mut tools = Vec::new();
         if let Some(set) = s.get("tools") {
@@ -1538,6 +1542,28 @@ impl<'f> Decoder<'f> {
                 );
             self.report(d);
         }
+        for name in ["temperature", "max-tokens"] {
+            if let Some(set) = s.get(name)
+                && !protocol.is_model()
+            {
+                let d = self
+                    .diag(
+                        Kind::InvalidValue,
+                        format!(
+                            "`{name}` is a setting of `openai` and `anthropic` agents; agent `{}` \
+                             is `{}`",
+                            id.value,
+                            protocol.as_str()
+                        ),
+                        set.name_span,
+                        "not a setting of this protocol",
+                    )
+                    .with_help(format!(
+                        "remove `{name}`: it is sent to a model under test that the engine calls"
+                    ));
+                self.report(d);
+            }
+        }
         if let Some(set) = s.get("provider")
             && !(protocol.is_model() || protocol == Protocol::Fixie)
         {
@@ -1590,6 +1616,8 @@ impl<'f> Decoder<'f> {
             max_response_size,
             model,
             provider,
+            temperature,
+            max_tokens,
             system_prompt,
             tools,
             max_tool_rounds,

@@ -125,6 +125,8 @@ pub fn build(setup: AgentSetup<'_>) -> Result<Arc<dyn AgentProtocol>, Fault> {
                     },
                     provider: setup.provider.clone(),
                     server_slots: setup.server_slots.clone(),
+                    temperature: settings.temperature,
+                    max_tokens: settings.max_tokens,
                 },
             )
             .map(|c| Arc::new(c) as Arc<dyn AgentProtocol>)

@@ -54,6 +54,9 @@ use crate::sandbox::{Sandbox, SandboxSpec};
 #[derive(Clone, Debug, Default)]
 pub struct OpenAiSettings {
     pub model: Option<String>,
+    /// The agent's own `temperature` and `max-tokens` (they win over a provider's).
+    pub temperature: Option<f64>,
+    pub max_tokens: Option<u32>,
     /// `system-prompt`, rendered once per run with `env` in scope.
     pub system_prompt: Option<CompiledTemplate>,
     /// The `tools` offered, as chat-completions function definitions.
@@ -86,6 +89,8 @@ impl OpenAiSettings {
             .collect();
         Ok(OpenAiSettings {
             model: agent.model.clone(),
+            temperature: agent.temperature,
+            max_tokens: agent.max_tokens,
             system_prompt,
             tools,
             max_tool_rounds: agent.max_tool_rounds,
@@ -196,6 +201,9 @@ pub struct OpenAiOptions {
     /// `provider=`: the endpoint, key, headers, model, temperature, max tokens, retries,
     /// limits and prices come from this provider (the agent's `header`s are added).
     pub provider: Option<Arc<ProviderClient>>,
+    /// The agent's own `temperature` and `max-tokens`, over the provider's.
+    pub temperature: Option<f64>,
+    pub max_tokens: Option<u32>,
     /// The slots of the server behind `base-url` when it reports them (llama.cpp's
     /// `/props`): requests wait here for a free slot instead of in the server's queue.
     pub server_slots: Option<Arc<ServerSlots>>,
@@ -270,8 +278,8 @@ impl OpenAiClient {
                 max_tool_rounds: options.max_tool_rounds,
                 stream,
                 api: options.api,
-                temperature,
-                max_tokens,
+                temperature: options.temperature.or(temperature),
+                max_tokens: options.max_tokens.or(max_tokens),
                 provider: options.provider,
                 server_slots: options.server_slots,
             }),

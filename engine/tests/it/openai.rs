@@ -225,6 +225,8 @@ fn client(base_url: &str, stream: bool) -> OpenAiClient {
         RetryPolicy::default(),
         HttpTransport::new(),
         OpenAiOptions {
+            max_tokens: Default::default(),
+            temperature: Default::default(),
             server_slots: Default::default(),
             provider: Default::default(),
             model: "m".into(),

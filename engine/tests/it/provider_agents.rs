@@ -237,3 +237,24 @@ scenario "ask" {{
     assert_eq!(right.calls(), 1);
     assert_eq!(right.seen()[0].body["model"], "fixie-model");
 }
+
+#[tokio::test]
+async fn an_agents_own_sampling_settings_win_over_its_providers() {
+    let fake = FakeLlm::always("Hello.").await;
+    let suite = format!(
+        r#"
+provider "local" kind="openai" base-url="{}" model="small-model" temperature=0.25 max-tokens=300
+agent "bot" protocol="openai" provider="local" model="other-model" temperature=0.5 max-tokens=64
+scenario "hello" {{
+    user "Hi"
+}}
+"#,
+        fake.base_url()
+    );
+    let run = run_suite(&suite, 1, env()).await;
+    assert_eq!(run.trajectories[0].status, TrajectoryStatus::Passed);
+    let body = &fake.seen()[0].body;
+    assert_eq!(body["model"], "other-model");
+    assert_eq!(body["temperature"], json!(0.5));
+    assert_eq!(body["max_tokens"], json!(64));
+}
