@@ -55,6 +55,9 @@ pub enum Reply {
     /// HTTP 400 to a request asking for structured output (`response_format`), as servers
     /// without it answer; the reply to a request without it.
     NoStructuredOutput(Box<Reply>),
+    /// Like `NoStructuredOutput`, answering a request with `response_format` with this
+    /// status (llama.cpp: 500 for a schema its grammar converter does not take).
+    SchemaRejected(u16, Box<Reply>),
     /// The model calls these tools (name, arguments object), in order: OpenAI `tool_calls`,
     /// Anthropic `tool_use` blocks.
     ToolCalls(Vec<(String, Value)>),
@@ -329,6 +332,10 @@ async fn render(mut reply: Reply, api: &str, headers: &HeaderMap, request: &Valu
                     .into_response();
             }
             Reply::NoStructuredOutput(then) => reply = *then,
+            Reply::SchemaRejected(status, _) if request.get("response_format").is_some() => {
+                return (status_code(status), "JSON schema conversion failed").into_response();
+            }
+            Reply::SchemaRejected(_, then) => reply = *then,
             Reply::Unstreamed(then) => {
                 streamed = false;
                 reply = *then;
@@ -441,7 +448,10 @@ async fn render(mut reply: Reply, api: &str, headers: &HeaderMap, request: &Valu
                 .collect();
             (status_code(status), echoed.join("\n")).into_response()
         }
-        Reply::Slow(..) | Reply::NoStructuredOutput(_) | Reply::Unstreamed(_) => {
+        Reply::Slow(..)
+        | Reply::NoStructuredOutput(_)
+        | Reply::SchemaRejected(..)
+        | Reply::Unstreamed(_) => {
             unreachable!("unwrapped above")
         }
     }

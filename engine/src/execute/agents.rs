@@ -211,10 +211,20 @@ async fn start_one(
     }
     // A model on a plain-http server of its own (`base-url`) queues for that server's slots
     // like the providers on it do.
+    // The probe carries the agent's headers: a server started with a key asks for it.
     let server_slots = match (&agent.endpoint, agent.protocol.is_model()) {
-        (Endpoint::Url(_), true) => reqwest::Url::parse(&url)
-            .ok()
-            .and_then(|u| llm.server_slots(&u, &reqwest::header::HeaderMap::new())),
+        (Endpoint::Url(_), true) => reqwest::Url::parse(&url).ok().and_then(|u| {
+            let probe_headers = headers
+                .iter()
+                .filter_map(|(name, value)| {
+                    Some((
+                        reqwest::header::HeaderName::from_bytes(name.as_bytes()).ok()?,
+                        reqwest::header::HeaderValue::from_str(value).ok()?,
+                    ))
+                })
+                .collect();
+            llm.server_slots(&u, &probe_headers)
+        }),
         _ => None,
     };
     let provider = match &agent.provider {

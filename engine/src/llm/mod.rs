@@ -97,7 +97,8 @@ pub struct LlmRequest {
 pub const SIMULATOR_MAX_TOKENS: u32 = 512;
 /// Output cap of a judge's answer: Connexity's rubric writes eight scored metrics with
 /// justifications and failure codes, plus a verdict per expected outcome.
-pub const JUDGE_MAX_TOKENS: u32 = 2048;
+/// About 600 tokens in practice; the cap stays within a 120 s timeout at 20 tokens a second.
+pub const JUDGE_MAX_TOKENS: u32 = 1536;
 /// Output cap of one answer of a model playing an agent's LLM (Fixie's few-shot lines).
 pub const AGENT_MAX_TOKENS: u32 = 1024;
 

@@ -332,13 +332,14 @@ impl LlmRuntime {
                 None::<Instant>,
             )
             .await;
-        // A server without structured output refuses the request (4xx): ask again without
+        // A server without structured output refuses the request (4xx), and llama.cpp
+        // answers 500 for a schema its grammar converter does not take: ask again without
         // it; the prompt already asks for JSON and parsing is strict.
         if request.json_schema.is_some()
             && matches!(
                 &outcome.result,
                 Err(super::LlmError::Http {
-                    category: FaultCategory::Http4xx,
+                    category: FaultCategory::Http4xx | FaultCategory::Http5xx,
                     ..
                 })
             )

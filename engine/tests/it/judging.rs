@@ -348,3 +348,21 @@ async fn a_server_without_structured_output_is_asked_again_without_it() {
     assert!(seen[0].body.get("response_format").is_some());
     assert!(seen[1].body.get("response_format").is_none());
 }
+
+#[tokio::test]
+async fn a_schema_the_server_fails_on_is_dropped_after_the_retries() {
+    let fake = FakeLlm::start(vec![Rule::otherwise([Reply::SchemaRejected(
+        500,
+        Box::new(score(0.9)),
+    )])])
+    .await;
+    let checks = r#"criteria { judge "PLAIN-CHECK helpful"; }"#;
+    let run = run_suite(&suite(&fake.base_url(), checks), 4, EnvSnapshot::new()).await;
+    let c = criterion(&run, "PLAIN-CHECK");
+    assert_eq!(c.status, CriterionStatus::Passed, "{c:?}");
+    let seen = fake.seen();
+    // The provider's two retries of the 500, then once without the schema.
+    assert_eq!(seen.len(), 4);
+    assert!(seen[..3].iter().all(|s| s.body.get("response_format").is_some()));
+    assert!(seen[3].body.get("response_format").is_none());
+}
