@@ -283,13 +283,29 @@ pub enum Said {
 /// Reads the simulator's answer: role prefixes and wrapping quotes removed, the end marker
 /// found anywhere.
 pub fn interpret(text: &str) -> Said {
-    let ended = text.contains(END_MARKER);
-    let without = text.replace(END_MARKER, " ");
+    // Small models continue the transcript past their own line ("…\nAgent: Sure!"): what
+    // follows the other side's label is not the user's message.
+    let own: String = text
+        .lines()
+        .take_while(|line| !speaker_is_the_agent(line))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let (without, ended) = without_end_marker(&own);
     let mut message = without.trim();
-    for prefix in ["User:", "USER:", "user:", "Customer:", "Me:"] {
-        if let Some(rest) = message.strip_prefix(prefix) {
-            message = rest.trim();
-        }
+    loop {
+        let trimmed = message.trim_start_matches(['*', '_']).trim_start();
+        let Some(rest) = ["user:", "customer:", "caller:", "me:"]
+            .iter()
+            .find_map(|p| {
+                trimmed
+                    .get(..p.len())
+                    .filter(|head| head.eq_ignore_ascii_case(p))
+                    .map(|_| &trimmed[p.len()..])
+            })
+        else {
+            break;
+        };
+        message = rest.trim_start_matches(['*', '_']).trim();
     }
     let message = message
         .strip_prefix('"')
@@ -304,9 +320,58 @@ pub fn interpret(text: &str) -> Said {
     }
 }
 
+/// Whether `line` opens the agent's side of a transcript (`Agent:`, `**Assistant:**`, …).
+fn speaker_is_the_agent(line: &str) -> bool {
+    let line = line.trim_start().trim_start_matches(['*', '_']);
+    ["agent:", "assistant:", "ai:", "bot:", "support:"]
+        .iter()
+        .any(|label| {
+            line.get(..label.len())
+                .is_some_and(|head| head.eq_ignore_ascii_case(label))
+        })
+}
+
+/// `text` without the end marker (in any letter case: `[end]` too), and whether it had one.
+fn without_end_marker(text: &str) -> (String, bool) {
+    let lower = text.to_ascii_lowercase();
+    let marker = END_MARKER.to_ascii_lowercase();
+    if !lower.contains(&marker) {
+        return (text.to_owned(), false);
+    }
+    // ASCII lower-casing keeps byte offsets, so the marker's places in `lower` are its
+    // places in `text`.
+    let mut out = String::with_capacity(text.len());
+    let mut rest = 0;
+    for (at, _) in lower.match_indices(&marker) {
+        out.push_str(&text[rest..at]);
+        out.push(' ');
+        rest = at + marker.len();
+    }
+    out.push_str(&text[rest..]);
+    (out, true)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_small_models_transcript_is_cut_to_the_users_line() {
+        assert_eq!(
+            interpret("**User:** I need a cleaning.\nAgent: Sure, where?\nUser: V4T"),
+            Said::Message("I need a cleaning.".into())
+        );
+        assert_eq!(interpret("Assistant: How can I help?"), Said::Unusable);
+        assert_eq!(interpret("Thanks! [end]"), Said::Last("Thanks!".into()));
+        assert_eq!(
+            interpret("customer: Tuesday, please. [END]\nAI: Booked."),
+            Said::Last("Tuesday, please.".into())
+        );
+        assert_eq!(
+            interpret("Ünïcode ok: Straße"),
+            Said::Message("Ünïcode ok: Straße".into())
+        );
+    }
 
     #[test]
     fn answers_are_cleaned_and_the_end_marker_is_found() {

@@ -363,6 +363,10 @@ async fn a_schema_the_server_fails_on_is_dropped_after_the_retries() {
     let seen = fake.seen();
     // The provider's two retries of the 500, then once without the schema.
     assert_eq!(seen.len(), 4);
-    assert!(seen[..3].iter().all(|s| s.body.get("response_format").is_some()));
+    assert!(
+        seen[..3]
+            .iter()
+            .all(|s| s.body.get("response_format").is_some())
+    );
     assert!(seen[3].body.get("response_format").is_none());
 }
