@@ -1542,6 +1542,28 @@ impl<'f> Decoder<'f> {
                 );
             self.report(d);
         }
+        if protocol.is_model() && s.get("provider").is_some() {
+            for name in ["retries", "retry-after-send"] {
+                if let Some(set) = s.get(name) {
+                    let d = self
+                        .diag(
+                            Kind::InvalidValue,
+                            format!(
+                                "agent `{}` reaches its model through a provider, whose `retries` \
+                                 apply",
+                                id.value
+                            ),
+                            set.name_span,
+                            "the provider decides this",
+                        )
+                        .with_help(
+                            "remove it here and set `retries` on the provider (its calls are \
+                             retried after send: asking a model again has no side effect)",
+                        );
+                    self.report(d);
+                }
+            }
+        }
         for name in ["temperature", "max-tokens"] {
             if let Some(set) = s.get(name)
                 && !protocol.is_model()

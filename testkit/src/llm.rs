@@ -174,20 +174,34 @@ struct Shared {
     max_in_flight: AtomicUsize,
     /// `GET /props` answers `{"total_slots": N}` (llama.cpp) when set.
     slots: Option<usize>,
+    /// `GET /props` answers 503 (a server still loading its model) this many times first.
+    props_failures: AtomicUsize,
 }
 
 /// Counts a request as in flight while alive.
-struct InFlight<'a>(&'a Shared);
+/// A request counts until its whole body is sent (a streamed answer included).
+struct InFlight(Arc<Shared>);
 
-impl<'a> InFlight<'a> {
-    fn enter(shared: &'a Shared) -> Self {
+impl InFlight {
+    fn enter(shared: Arc<Shared>) -> Self {
         let now = shared.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         shared.max_in_flight.fetch_max(now, Ordering::SeqCst);
         InFlight(shared)
     }
+
+    /// `response`, its body keeping this request in flight until it has been sent.
+    fn until_sent(self, response: Response) -> Response {
+        use futures::StreamExt as _;
+        let (parts, body) = response.into_parts();
+        let stream = body.into_data_stream().map(move |chunk| {
+            let _in_flight = &self;
+            chunk
+        });
+        Response::from_parts(parts, axum::body::Body::from_stream(stream))
+    }
 }
 
-impl Drop for InFlight<'_> {
+impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
     }
@@ -208,16 +222,22 @@ impl Drop for FakeLlm {
 
 impl FakeLlm {
     pub async fn start(rules: Vec<Rule>) -> Self {
-        Self::serve(rules, None).await
+        Self::serve(rules, None, 0).await
     }
 
     /// Like [`FakeLlm::start`], also saying on `GET /props` that it has `slots` parallel
     /// slots, as a llama.cpp server does.
     pub async fn with_slots(rules: Vec<Rule>, slots: usize) -> Self {
-        Self::serve(rules, Some(slots)).await
+        Self::serve(rules, Some(slots), 0).await
     }
 
-    async fn serve(rules: Vec<Rule>, slots: Option<usize>) -> Self {
+    /// Like [`FakeLlm::with_slots`], answering `GET /props` with 503 (loading the model) the
+    /// first `failures` times.
+    pub async fn with_slots_after(rules: Vec<Rule>, slots: usize, failures: usize) -> Self {
+        Self::serve(rules, Some(slots), failures).await
+    }
+
+    async fn serve(rules: Vec<Rule>, slots: Option<usize>, props_failures: usize) -> Self {
         let shared = Arc::new(Shared {
             script: Mutex::new(Script {
                 used: vec![0; rules.len()],
@@ -228,6 +248,7 @@ impl FakeLlm {
             in_flight: AtomicUsize::new(0),
             max_in_flight: AtomicUsize::new(0),
             slots,
+            props_failures: AtomicUsize::new(props_failures),
         });
         let router = Router::new()
             .route("/v1/chat/completions", post(openai))
@@ -268,14 +289,27 @@ impl FakeLlm {
 }
 
 async fn openai(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
-    answer(&shared, "openai", headers, &body).await
+    let in_flight = InFlight::enter(shared.clone());
+    in_flight.until_sent(answer(&shared, "openai", headers, &body).await)
 }
 
 async fn anthropic(State(shared): State<Arc<Shared>>, headers: HeaderMap, body: Bytes) -> Response {
-    answer(&shared, "anthropic", headers, &body).await
+    let in_flight = InFlight::enter(shared.clone());
+    in_flight.until_sent(answer(&shared, "anthropic", headers, &body).await)
 }
 
 async fn props(State(shared): State<Arc<Shared>>) -> Response {
+    let loading = shared
+        .props_failures
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok();
+    if loading {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            r#"{"error":{"code":503,"message":"Loading model"}}"#,
+        )
+            .into_response();
+    }
     match shared.slots {
         Some(n) => json_response(200, json!({"total_slots": n, "build_info": "fake"})),
         None => (StatusCode::NOT_FOUND, "File Not Found").into_response(),
@@ -283,7 +317,6 @@ async fn props(State(shared): State<Arc<Shared>>) -> Response {
 }
 
 async fn answer(shared: &Shared, api: &'static str, headers: HeaderMap, body: &[u8]) -> Response {
-    let _in_flight = InFlight::enter(shared);
     shared.calls.fetch_add(1, Ordering::SeqCst);
     let body: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
     let last = last_message(&body);

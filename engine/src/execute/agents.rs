@@ -214,15 +214,9 @@ async fn start_one(
     // The probe carries the agent's headers: a server started with a key asks for it.
     let server_slots = match (&agent.endpoint, agent.protocol.is_model()) {
         (Endpoint::Url(_), true) => reqwest::Url::parse(&url).ok().and_then(|u| {
-            let probe_headers = headers
-                .iter()
-                .filter_map(|(name, value)| {
-                    Some((
-                        reqwest::header::HeaderName::from_bytes(name.as_bytes()).ok()?,
-                        reqwest::header::HeaderValue::from_str(value).ok()?,
-                    ))
-                })
-                .collect();
+            let probe_headers =
+                crate::protocol::http::with_agent_headers(Default::default(), &headers)
+                    .unwrap_or_default();
             llm.server_slots(&u, &probe_headers)
         }),
         _ => None,

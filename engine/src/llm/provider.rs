@@ -23,7 +23,7 @@ use bytes::Bytes;
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
 use reqwest::Url;
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
-use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use trellis_dsl::{DEFAULT_PROVIDER_RETRIES, DEFAULT_PROVIDER_TIMEOUT, Provider, ProviderKind};
 
@@ -91,7 +91,7 @@ struct Gate {
 #[derive(Debug)]
 enum Slots {
     /// `concurrency=N`: this provider's own.
-    Configured(Semaphore),
+    Configured(Arc<Semaphore>),
     /// The server's slot count, shared by everything of the run that talks to the server.
     Server(Arc<ServerSlots>),
     /// No limit.
@@ -100,7 +100,7 @@ enum Slots {
 
 /// A concurrency slot taken, held while alive.
 #[derive(Debug)]
-pub struct SlotPermit<'a>(#[allow(dead_code)] Option<SemaphorePermit<'a>>);
+pub struct SlotPermit(#[allow(dead_code)] Option<OwnedSemaphorePermit>);
 
 impl Gate {
     fn new(provider: &Provider, server: Option<Arc<ServerSlots>>) -> Self {
@@ -114,7 +114,7 @@ impl Gate {
             .and_then(NonZeroU32::new)
             .map(|n| (RateLimiter::direct(Quota::per_minute(n)), n));
         let slots = match (provider.concurrency, server) {
-            (Some(n), _) => Slots::Configured(Semaphore::new(n.max(1))),
+            (Some(n), _) => Slots::Configured(Arc::new(Semaphore::new(n.max(1)))),
             (None, Some(server)) => Slots::Server(server),
             (None, None) => Slots::Unlimited,
         };
@@ -126,13 +126,9 @@ impl Gate {
     }
 
     /// Waits for a request of about `tokens` tokens to be allowed; the returned permit
-    /// holds the concurrency slot.
-    async fn pass(&self, tokens: u32) -> SlotPermit<'_> {
-        let permit = match &self.slots {
-            Slots::Configured(slots) => slots.acquire().await.ok(),
-            Slots::Server(server) => server.acquire().await,
-            Slots::Unlimited => None,
-        };
+    /// holds the concurrency slot. The rate limits are waited for first: a slot shared with
+    /// every provider on the server is not held while this provider waits for its quota.
+    async fn pass(&self, tokens: u32) -> SlotPermit {
         if let Some(limiter) = &self.requests {
             limiter.until_ready().await;
         }
@@ -141,6 +137,11 @@ impl Gate {
             let n = NonZeroU32::new(tokens.clamp(1, capacity.get())).unwrap_or(*capacity);
             let _ = limiter.until_n_ready(n).await;
         }
+        let permit = match &self.slots {
+            Slots::Configured(slots) => slots.clone().acquire_owned().await.ok(),
+            Slots::Server(server) => server.acquire().await,
+            Slots::Unlimited => None,
+        };
         SlotPermit(permit)
     }
 }
@@ -287,7 +288,7 @@ impl ProviderClient {
     /// concurrency slot is held until the returned value is dropped. Used by a model under
     /// test reached through this provider, so its calls queue with the judges' and the
     /// simulator's instead of piling up on a one-slot server.
-    pub async fn admit(&self, tokens: u32) -> Admitted<'_> {
+    pub async fn admit(&self, tokens: u32) -> Admitted {
         let queued = Instant::now();
         let permit = self.gate.pass(tokens).await;
         Admitted {
@@ -443,8 +444,8 @@ impl ProviderClient {
 
 /// A request let through a provider's limits: holds its concurrency slot while alive.
 #[derive(Debug)]
-pub struct Admitted<'a> {
-    _permit: SlotPermit<'a>,
+pub struct Admitted {
+    _permit: SlotPermit,
     /// How long the request waited for the limits.
     pub waited: Duration,
 }
@@ -469,8 +470,14 @@ fn endpoint(kind: ProviderKind, base: Option<&str>) -> Option<Url> {
 /// generate. Charged against `tokens-per-minute` before the request is sent.
 fn estimate_tokens(request: &WireRequest<'_>) -> u32 {
     let chars: usize = request.messages.iter().map(|m| m.content.len()).sum();
-    let prompt = u32::try_from(chars / 4).unwrap_or(u32::MAX);
-    prompt.saturating_add(request.max_tokens.unwrap_or(ASSUMED_OUTPUT_TOKENS))
+    token_estimate(chars, request.max_tokens)
+}
+
+/// The token estimate of a request with `prompt_chars` characters of prompt that may write
+/// `max_tokens` ([`ASSUMED_OUTPUT_TOKENS`] when uncapped).
+pub fn token_estimate(prompt_chars: usize, max_tokens: Option<u32>) -> u32 {
+    let prompt = u32::try_from(prompt_chars / 4).unwrap_or(u32::MAX);
+    prompt.saturating_add(max_tokens.unwrap_or(ASSUMED_OUTPUT_TOKENS))
 }
 
 impl From<&LlmError> for Fault {

@@ -731,6 +731,11 @@ pub const MAX_RATE_LIMIT_WAIT: Duration = Duration::from_secs(300);
 const MAX_SINGLE_RATE_LIMIT_WAIT: Duration = Duration::from_secs(60);
 /// Wait after a 429 without `Retry-After`; doubles each time.
 const FIRST_RATE_LIMIT_WAIT: Duration = Duration::from_secs(1);
+/// The least a 429 is waited out: `Retry-After: 0` (or a date in the past) must not make a
+/// tight request loop.
+const MIN_RATE_LIMIT_WAIT: Duration = Duration::from_millis(200);
+/// 429 answers a call takes at most before it gives up, however short their waits.
+const MAX_RATE_LIMIT_ANSWERS: u32 = 30;
 
 /// Waiting out HTTP 429 answers of one call. A 429 is the server asking for patience, not a
 /// failure of whoever answers: each wait is the answer's `Retry-After` (capped), else
@@ -763,10 +768,13 @@ impl RateLimitWaits {
         self.count += 1;
         let wait = retry_after
             .unwrap_or(self.next)
-            .min(MAX_SINGLE_RATE_LIMIT_WAIT);
+            .clamp(MIN_RATE_LIMIT_WAIT, MAX_SINGLE_RATE_LIMIT_WAIT);
         self.next = (self.next * 2).min(MAX_SINGLE_RATE_LIMIT_WAIT);
         let past_deadline = deadline.is_some_and(|d| Instant::now() + wait >= d);
-        if self.waited + wait > MAX_RATE_LIMIT_WAIT || past_deadline {
+        if self.waited + wait > MAX_RATE_LIMIT_WAIT
+            || self.count > MAX_RATE_LIMIT_ANSWERS
+            || past_deadline
+        {
             return None;
         }
         self.waited += wait;
@@ -825,5 +833,26 @@ pub fn answer_or_fault(response: RawResponse) -> Result<RawResponse, Fault> {
         Ok(response)
     } else {
         Err(status_fault(response.status, &response.body))
+    }
+}
+
+#[cfg(test)]
+mod rate_limit_tests {
+    use super::*;
+
+    #[test]
+    fn zero_waits_are_floored_and_a_call_gives_up() {
+        let mut waits = RateLimitWaits::default();
+        let mut total = Duration::ZERO;
+        let mut answers = 0;
+        while let Some(wait) = waits.next(Some(Duration::ZERO), None) {
+            assert!(wait >= MIN_RATE_LIMIT_WAIT);
+            total += wait;
+            answers += 1;
+            assert!(answers <= MAX_RATE_LIMIT_ANSWERS, "never gives up");
+        }
+        assert_eq!(answers, MAX_RATE_LIMIT_ANSWERS);
+        assert!(total <= MAX_RATE_LIMIT_WAIT);
+        assert!(waits.gave_up().message.contains("429"));
     }
 }

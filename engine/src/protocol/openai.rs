@@ -45,7 +45,10 @@ use super::{
     ToolCallFunction, Turn, TurnInput, Usage,
 };
 use crate::llm::ProviderClient;
+// The `anthropic-version` sent unless the agent's headers set one, and the `max_tokens`
+// Anthropic requires: the same as the providers'.
 use crate::llm::slots::ServerSlots;
+use crate::llm::wire::{ANTHROPIC_DEFAULT_MAX_TOKENS, ANTHROPIC_VERSION};
 use crate::record::{Fault, FaultCategory, ToolCallRecord};
 use crate::render::{CompiledTemplate, RenderError, Templates};
 use crate::sandbox::{Sandbox, SandboxSpec};
@@ -136,15 +139,24 @@ pub enum Api {
     Anthropic,
 }
 
-/// The `anthropic-version` sent unless the agent's headers set one.
-const ANTHROPIC_VERSION: &str = "2023-06-01";
-/// The placeholder fault of a 429 answer, replaced by the wait or by the give-up fault.
+/// The assistant message of one request and its usage, or the fault.
+type Answer = Result<(ChatMessage, Option<Usage>), Fault>;
+
+/// A round of attempts: the answer, and `Some(Retry-After)` when it was a 429 to wait out.
+type Round = (Answer, Option<Option<Duration>>);
+
+/// What an attempt holds while it runs: a provider's limits or a server's slot.
+enum Held {
+    Provider(#[allow(dead_code)] crate::llm::provider::Admitted),
+    Server(#[allow(dead_code)] Option<tokio::sync::OwnedSemaphorePermit>),
+    Nothing,
+}
+
+/// The fault of a 429 answer on its attempt; the call waits and asks again, or gives up
+/// with [`RateLimitWaits::gave_up`].
 fn rate_limited() -> Fault {
     Fault::new(FaultCategory::Http4xx, "HTTP 429 Too Many Requests")
 }
-
-/// Anthropic requires `max_tokens`.
-const ANTHROPIC_MAX_TOKENS: u64 = 1024;
 
 /// `{base}/chat/completions` (or `/messages`), unless the base already ends with it.
 fn completions_url(base: &str, api: Api) -> Result<Url, EndpointError> {
@@ -343,11 +355,8 @@ impl OpenAiClient {
                 return (exchange, Err(fault));
             }
         };
-        // Charged against a provider's token limit: the prompt (about four characters a
-        // token) plus what the model may write.
-        let estimate = u32::try_from(body.len() / 4)
-            .unwrap_or(u32::MAX)
-            .saturating_add(config.max_tokens.unwrap_or(512));
+        // Charged against a provider's token limit, as the provider's own calls are.
+        let estimate = crate::llm::provider::token_estimate(body.len(), config.max_tokens);
         let mut rate_limits = RateLimitWaits::default();
         let outcome = loop {
             let (outcome, rate_limited) =
@@ -386,25 +395,30 @@ impl OpenAiClient {
         estimate: u32,
         deadline: Option<tokio::time::Instant>,
         exchange: &mut Exchange,
-    ) -> (
-        Result<(ChatMessage, Option<Usage>), Fault>,
-        Option<Option<Duration>>,
-    ) {
+    ) -> Round {
         let config = &self.inner;
         // Held for the whole request (a streamed answer included).
-        let admit = || async move {
-            match (&config.provider, &config.server_slots) {
-                (Some(provider), _) => (Some(provider.admit(estimate).await), None),
-                (None, Some(server)) => (None, server.acquire().await),
-                (None, None) => (None, None),
+        // Time queued for a provider's limits or a server's slot, per attempt: not the
+        // agent's latency, and not spent from the trajectory's time budget.
+        let queued = std::sync::Mutex::new(Vec::new());
+        let admit = || async {
+            let started = tokio::time::Instant::now();
+            let held = match (&config.provider, &config.server_slots) {
+                (Some(provider), _) => Held::Provider(provider.admit(estimate).await),
+                (None, Some(server)) => Held::Server(server.acquire().await),
+                (None, None) => Held::Nothing,
+            };
+            if let Ok(mut queued) = queued.lock() {
+                queued.push(started.elapsed());
             }
+            held
         };
-        if config.stream {
+        let (outcome, asked) = if config.stream {
             let limits = StreamLimits::from(config.limits);
             let attempted = with_retries(config.retry, config.limits.timeout, deadline, |budget| {
                 let body = body.clone();
                 async move {
-                    let admitted = admit().await;
+                    let held = admit().await;
                     sse::open(
                         &config.transport,
                         &config.url,
@@ -414,17 +428,20 @@ impl OpenAiClient {
                         budget,
                     )
                     .await
-                    .map(|opened| (opened, admitted))
+                    .map(|opened| (opened, held))
+                    .map_err(|f| self.redact(f))
                 }
             })
             .await;
             exchange.attempts.extend(attempted.attempts);
             let outcome = match attempted.result {
                 Err(fault) => Err(fault),
-                Ok((Opened::RateLimited(asked), _)) => return (Err(rate_limited()), Some(asked)),
+                Ok((Opened::RateLimited(asked), _)) => {
+                    return self.round_done(exchange, &queued, Err(rate_limited()), Some(asked));
+                }
                 Ok((Opened::Json(body), _)) => decode(config.api, &body),
                 // The provider's slot stays taken while the stream is read.
-                Ok((Opened::Events(mut stream), _admitted)) => {
+                Ok((Opened::Events(mut stream), _held)) => {
                     stream.set_deadline(deadline);
                     let mut first_content = None;
                     let outcome = match config.api {
@@ -434,8 +451,15 @@ impl OpenAiClient {
                         }
                     };
                     exchange.ttft = first_content.or(stream.ttft());
+                    // From the request to the end of the stream (the stream started after the
+                    // queue, which is taken off below: added here so it comes out even).
+                    let queue = queued
+                        .lock()
+                        .ok()
+                        .and_then(|q| q.last().copied())
+                        .unwrap_or_default();
                     if let Some(last) = exchange.attempts.last_mut() {
-                        last.latency = stream.started().elapsed();
+                        last.latency = stream.started().elapsed() + queue;
                     }
                     outcome
                 }
@@ -445,7 +469,7 @@ impl OpenAiClient {
             let attempted = with_retries(config.retry, config.limits.timeout, deadline, |budget| {
                 let body = body.clone();
                 async move {
-                    let _admitted = admit().await;
+                    let _held = admit().await;
                     config
                         .transport
                         .post_json_raw(
@@ -457,20 +481,46 @@ impl OpenAiClient {
                         )
                         .await
                         .and_then(answer_or_fault)
+                        .map_err(|f| self.redact(f))
                 }
             })
             .await;
             exchange.attempts.extend(attempted.attempts);
-            let outcome = match attempted.result {
-                Err(fault) => Err(fault),
+            match attempted.result {
+                Err(fault) => (Err(fault), None),
                 Ok(response) if response.status == reqwest::StatusCode::TOO_MANY_REQUESTS => {
                     let asked = retry_after(&response.headers, std::time::SystemTime::now());
-                    return (Err(rate_limited()), Some(asked));
+                    (Err(rate_limited()), Some(asked))
                 }
-                Ok(response) => decode(config.api, &response.body),
-            };
-            (outcome.map_err(|f| self.redact(f)), None)
+                Ok(response) => (
+                    decode(config.api, &response.body).map_err(|f| self.redact(f)),
+                    None,
+                ),
+            }
+        };
+        self.round_done(exchange, &queued, outcome, asked)
+    }
+
+    /// Ends a round of attempts: each attempt's queue time is taken off its latency (the
+    /// round's attempts are the last ones recorded), and a 429 answer is its attempt's fault.
+    fn round_done(
+        &self,
+        exchange: &mut Exchange,
+        queued: &std::sync::Mutex<Vec<Duration>>,
+        outcome: Answer,
+        asked: Option<Option<Duration>>,
+    ) -> Round {
+        let queued = queued.lock().map(|q| q.clone()).unwrap_or_default();
+        let round = exchange.attempts.len().saturating_sub(queued.len());
+        for (attempt, wait) in exchange.attempts.iter_mut().skip(round).zip(queued) {
+            attempt.latency = attempt.latency.saturating_sub(wait);
         }
+        if asked.is_some()
+            && let Some(last) = exchange.attempts.last_mut()
+        {
+            last.fault = Some(rate_limited());
+        }
+        (outcome, asked)
     }
 
     /// `fault` without the provider's key, which servers sometimes echo in error bodies.
@@ -708,7 +758,7 @@ fn anthropic_request(config: &ClientConfig, history: &[ChatMessage]) -> Value {
     body.insert("model".into(), Value::String(config.model.clone()));
     body.insert(
         "max_tokens".into(),
-        json!(config.max_tokens.map_or(ANTHROPIC_MAX_TOKENS, u64::from)),
+        json!(config.max_tokens.unwrap_or(ANTHROPIC_DEFAULT_MAX_TOKENS)),
     );
     if let Some(t) = config.temperature {
         body.insert("temperature".into(), json!(t.clamp(0.0, 1.0)));

@@ -258,3 +258,160 @@ scenario "hello" {{
     assert_eq!(body["temperature"], json!(0.5));
     assert_eq!(body["max_tokens"], json!(64));
 }
+
+#[tokio::test]
+async fn a_server_loading_its_model_is_asked_for_its_slots_again() {
+    use trellis_engine::llm::slots::ServerRegistry;
+    use trellis_engine::protocol::http::HttpTransport;
+    let fake = FakeLlm::with_slots_after(vec![], 1, 1).await;
+    let url: reqwest::Url = format!("{}/chat/completions", fake.base_url())
+        .parse()
+        .unwrap();
+    let registry = ServerRegistry::default();
+    let slots = registry
+        .for_url(
+            &url,
+            &reqwest::header::HeaderMap::new(),
+            &HttpTransport::new(),
+        )
+        .expect("plain http servers are asked");
+    // 503 while loading: no limit for now, and not settled.
+    assert!(slots.acquire().await.is_none());
+    // Within the retry pause nothing is asked again.
+    assert!(slots.acquire().await.is_none());
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let first = slots
+        .acquire()
+        .await
+        .expect("one slot, once the model is loaded");
+    // The only slot is taken: a second request waits.
+    let second = tokio::time::timeout(Duration::from_millis(200), slots.acquire()).await;
+    assert!(
+        second.is_err(),
+        "a one-slot server takes one request at a time"
+    );
+    drop(first);
+    assert!(slots.acquire().await.is_some());
+}
+
+#[tokio::test]
+async fn an_absurd_slot_count_is_no_limit_and_no_panic() {
+    let fake = FakeLlm::with_slots(slow_answers(), usize::MAX).await;
+    let run = run_suite(&judged_suite(&fake.base_url(), "", 3), 4, env()).await;
+    assert!(
+        run.trajectories
+            .iter()
+            .all(|t| t.status == TrajectoryStatus::Passed)
+    );
+}
+
+#[tokio::test]
+async fn a_key_echoed_by_a_failing_server_is_in_no_record() {
+    let fake = FakeLlm::start(vec![Rule::otherwise([Reply::EchoHeaders(500)])]).await;
+    let suite = format!(
+        r#"
+provider "local" kind="openai" base-url="{}" model="small-model" api-key-env="LOCAL_KEY" retries=2
+agent "bot" protocol="openai" provider="local"
+scenario "leak" {{
+    user "Hi"
+}}
+"#,
+        fake.base_url()
+    );
+    let run = run_suite(&suite, 1, env()).await;
+    assert_eq!(fake.calls(), 3, "the 5xx is retried twice");
+    let turn = turns(&run)[0];
+    assert_eq!(turn.exchanges[0].attempts.len(), 3);
+    let recorded = serde_json::to_string(&run.nodes).unwrap()
+        + &serde_json::to_string(&run.trajectories).unwrap();
+    assert!(
+        recorded.contains("[redacted]"),
+        "the echoed header is in the records, redacted"
+    );
+    assert!(!recorded.contains("sk-local-123"));
+}
+
+#[tokio::test]
+async fn a_streamed_request_answered_429_waits_and_gets_its_answer() {
+    let fake = FakeLlm::start(vec![Rule::otherwise([
+        Reply::rate_limited("0"),
+        Reply::text("Streamed after the wait."),
+    ])])
+    .await;
+    let suite = format!(
+        r#"
+agent "bot" protocol="openai" base-url="{}" model="m" stream=#true
+scenario "patient" {{
+    user "Please"
+    expect {{ reply contains="after the wait" }}
+}}
+"#,
+        fake.base_url()
+    );
+    let run = run_suite(&suite, 1, env()).await;
+    assert_eq!(run.trajectories[0].status, TrajectoryStatus::Passed);
+    assert_eq!(fake.calls(), 2);
+    let attempts = &turns(&run)[0].exchanges[0].attempts;
+    assert_eq!(attempts.len(), 2, "{attempts:?}");
+    assert!(attempts[0].fault.as_ref().unwrap().message.contains("429"));
+    assert!(attempts[1].fault.is_none());
+}
+
+#[tokio::test]
+async fn an_anthropic_model_through_an_anthropic_provider() {
+    let fake = FakeLlm::always("Bonjour.").await;
+    let suite = format!(
+        r#"
+provider "claude" kind="anthropic" base-url="{}" model="claude-small" api-key-env="LOCAL_KEY" \
+    temperature=1.5
+agent "bot" protocol="anthropic" provider="claude" system-prompt="Be brief."
+scenario "hello" {{
+    user "Hi"
+    expect {{ reply contains="Bonjour" }}
+}}
+"#,
+        fake.base_url()
+    );
+    let run = run_suite(&suite, 1, env()).await;
+    assert_eq!(run.trajectories[0].status, TrajectoryStatus::Passed);
+    let seen = &fake.seen()[0];
+    assert_eq!(seen.api, "anthropic");
+    assert_eq!(seen.headers["x-api-key"].to_str().unwrap(), "sk-local-123");
+    assert!(seen.headers.get("anthropic-version").is_some());
+    assert_eq!(seen.body["model"], "claude-small");
+    assert_eq!(seen.body["max_tokens"], json!(1024));
+    assert_eq!(
+        seen.body["temperature"],
+        json!(1.0),
+        "Anthropic's range is 0–1"
+    );
+    assert_eq!(seen.body["system"], "Be brief.");
+}
+
+#[tokio::test]
+async fn a_streamed_answer_keeps_the_servers_only_slot_until_it_is_read() {
+    // Streams that take 150 ms each, and judge answers, on a one-slot server.
+    let rules = vec![
+        Rule::when(
+            "The agent answers",
+            [Reply::text(
+                r#"{"score": 1, "label": "pass", "justification": "it answered"}"#,
+            )],
+        ),
+        Rule::otherwise([Reply::Chunks {
+            pieces: vec!["An ".into(), "answer ".into(), "streamed.".into()],
+            gap: Duration::from_millis(50),
+            complete: true,
+        }]),
+    ];
+    let fake = FakeLlm::with_slots(rules, 1).await;
+    let agent = r#"agent "bot" protocol="openai" provider="local" stream=#true"#;
+    let run = run_suite(&judged_suite_with(&fake.base_url(), "", agent, 4), 8, env()).await;
+    assert!(
+        run.trajectories
+            .iter()
+            .all(|t| t.status == TrajectoryStatus::Passed)
+    );
+    assert_eq!(fake.calls(), 8);
+    assert_eq!(fake.max_in_flight(), 1);
+}
