@@ -47,7 +47,7 @@ impl Unit<'_> {
             deadline,
         };
         let mut turn = session.turn(input, &ctx).await;
-        state.active += started.elapsed();
+        state.active += started.elapsed().saturating_sub(turn.queued());
         let started_ms = ms(started.duration_since(self.shared.run_start));
         let branch = turn.branch.take();
         Some((record(turn, input, turn_index, started_ms, replay), branch))

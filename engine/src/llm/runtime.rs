@@ -153,7 +153,8 @@ impl LlmRuntime {
     pub fn client(&self, id: &str) -> Result<Arc<ProviderClient>, String> {
         match self.clients.get(id) {
             Some(Ok(client)) => Ok(client.clone()),
-            Some(Err(e)) => Err(format!("provider `{id}` is unavailable: {e}")),
+            // The setup error names the provider already.
+            Some(Err(e)) => Err(e.clone()),
             None => Err(format!("provider `{id}` is not defined")),
         }
     }

@@ -466,6 +466,11 @@ impl Turn {
         }
     }
 
+    /// Time the exchanges waited for a provider's limits or a server's slot.
+    pub fn queued(&self) -> Duration {
+        self.exchanges.iter().map(|e| e.queued).sum()
+    }
+
     /// Tokens summed over the exchanges that reported usage.
     pub fn usage(&self) -> Option<Usage> {
         let mut total: Option<Usage> = None;
@@ -509,6 +514,9 @@ pub struct Exchange {
     /// Time to the first streamed event of the last attempt (streaming protocols only).
     pub ttft: Option<Duration>,
     pub usage: Option<Usage>,
+    /// Time its attempts waited for a provider's limits or a model server's slot: not the
+    /// agent's latency, and not spent from the trajectory's time budget.
+    pub queued: Duration,
 }
 
 impl Exchange {

@@ -511,6 +511,7 @@ impl OpenAiClient {
         asked: Option<Option<Duration>>,
     ) -> Round {
         let queued = queued.lock().map(|q| q.clone()).unwrap_or_default();
+        exchange.queued += queued.iter().sum::<Duration>();
         let round = exchange.attempts.len().saturating_sub(queued.len());
         for (attempt, wait) in exchange.attempts.iter_mut().skip(round).zip(queued) {
             attempt.latency = attempt.latency.saturating_sub(wait);
@@ -616,7 +617,11 @@ impl OpenAiSession {
         };
         let mut rounds = 0u32;
         loop {
-            let (exchange, outcome) = self.client.complete(&self.history, ctx.deadline).await;
+            // Time queued for a shared server's slot is not the trajectory's: its deadline
+            // moves by it.
+            let queued: Duration = turn.exchanges.iter().map(|e| e.queued).sum();
+            let deadline = ctx.deadline.map(|d| d + queued);
+            let (exchange, outcome) = self.client.complete(&self.history, deadline).await;
             turn.exchanges.push(exchange);
             let message = match outcome {
                 Ok(message) => message,

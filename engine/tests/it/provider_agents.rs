@@ -415,3 +415,35 @@ async fn a_streamed_answer_keeps_the_servers_only_slot_until_it_is_read() {
     assert_eq!(fake.calls(), 8);
     assert_eq!(fake.max_in_flight(), 1);
 }
+
+#[tokio::test]
+async fn waiting_for_the_servers_slot_is_not_spent_from_the_trajectorys_timeout() {
+    // Four two-turn trajectories of 1.5 s each on a one-slot server answering in 300 ms: a
+    // trajectory waits up to 2 s in all for the slot, which is not its own time.
+    let fake = FakeLlm::with_slots(
+        vec![Rule::otherwise([Reply::slow(
+            Duration::from_millis(300),
+            Reply::text("Done."),
+        )])],
+        1,
+    )
+    .await;
+    let mut suite = format!(
+        "provider \"local\" kind=\"openai\" base-url=\"{}\" model=\"m\"\nagent \"bot\" protocol=\"openai\" provider=\"local\"\n",
+        fake.base_url()
+    );
+    for i in 0..4 {
+        suite.push_str(&format!(
+            "scenario \"s{i}\" {{\n    timeout \"1500ms\"\n    user \"Go {i}\"\n    user \"And again\"\n}}\n"
+        ));
+    }
+    let run = run_suite(&suite, 8, env()).await;
+    assert_eq!(fake.max_in_flight(), 1);
+    for t in &run.trajectories {
+        assert_eq!(t.status, TrajectoryStatus::Passed, "{t:?}");
+    }
+    // Each turn's latency is its own answer, not the queue before it.
+    for turn in turns(&run) {
+        assert!(turn.latency_ms < 900.0, "{}", turn.latency_ms);
+    }
+}
