@@ -636,3 +636,66 @@ async fn a_second_run_into_a_directory_in_use_is_refused() {
         .unwrap();
     assert_eq!(third.status.code(), Some(0), "{}", stderr(&third));
 }
+
+/// A judge on a slow model is still answering when the run is stopped: the conversation is
+/// complete, so the trajectory is kept, with the unanswered check recorded as not run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_while_a_judge_answers_keeps_the_trajectory() {
+    use super::support::llm::{FakeLlm, Reply, Rule};
+    let fake = FakeLlm::start(vec![Rule::otherwise([Reply::slow(
+        Duration::from_secs(120),
+        Reply::text(r#"{"score": 1, "label": "pass", "justification": "late"}"#),
+    )])])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let suites = dir.path().join("suites");
+    std::fs::create_dir_all(&suites).unwrap();
+    std::fs::write(
+        suites.join("judged.kdl"),
+        format!(
+            r#"
+agent "demo" protocol="connexity" builtin="booking"
+provider "slow" kind="openai" base-url="{}" model="m"
+scenario "book" {{
+    user "Hi, I'd like to book a duct cleaning."
+    criteria {{
+        judge "SLOW-CHECK the agent greets"
+    }}
+}}
+"#,
+            fake.base_url()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let child = spawn_run(&suites, &out, &[]);
+    let asked = Instant::now();
+    while fake.calls() == 0 {
+        assert!(
+            asked.elapsed() < Duration::from_secs(30),
+            "the judge was never asked"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    send(&child, libc::SIGTERM);
+    let o = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+        .await
+        .expect("trellis did not exit after SIGTERM")
+        .unwrap();
+    assert_eq!(o.status.code(), Some(143), "{}", stderr(&o));
+    assert_complete(&out, 1);
+    let c = read_parquet(&out.join("criteria.parquet"));
+    let criteria = strings(&c, "criterion");
+    let at = criteria
+        .iter()
+        .position(|s| s.as_deref() == Some("judge \"SLOW-CHECK the agent greets\""))
+        .unwrap_or_else(|| panic!("{criteria:?}"));
+    assert_eq!(strings(&c, "status")[at].as_deref(), Some("skipped"));
+    assert!(
+        strings(&c, "detail")[at]
+            .as_deref()
+            .unwrap_or_default()
+            .contains("stopped while the judge"),
+        "{c:?}"
+    );
+}

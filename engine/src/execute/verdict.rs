@@ -18,6 +18,32 @@ use crate::plan::{PlannedCriterion, PlannedScenario};
 use crate::protocol::Session;
 use crate::record::{CriterionRecord, CriterionStatus, Fault, TrajectoryRecord, TrajectoryStatus};
 
+/// Judges one criterion, unless the run is stopped first: a stop (Ctrl-C, SIGTERM) while a
+/// judge is still thinking records the check as not run, so the trajectory, whose
+/// conversation is complete, is kept instead of lost with the abandoned call. Judges on a
+/// slow local model take long enough for this to matter.
+pub(super) async fn judge_unless_stopped<T: AsRef<crate::record::TurnRecord>>(
+    shared: &super::Shared,
+    task: JudgeTask<'_, T>,
+) -> CriterionRecord {
+    let (criterion, kind, turn_index) = (
+        task.criterion_text.to_owned(),
+        task.kind.name().to_string(),
+        task.turn_index,
+    );
+    tokio::select! {
+        record = shared.llm.judge(task) => record,
+        () = shared.stop.cancelled() => CriterionRecord {
+            turn_index,
+            criterion,
+            kind,
+            status: CriterionStatus::Skipped,
+            detail: Some("not checked: the run was stopped while the judge was answering".into()),
+            judge: None,
+        },
+    }
+}
+
 /// Why a path stopped before its last step.
 #[derive(Clone)]
 pub(super) enum Stop {
@@ -97,9 +123,9 @@ impl Unit<'_> {
                     }
                 }
                 (None, _) if LlmRuntime::is_judged(&c.criterion.kind) => {
-                    self.shared
-                        .llm
-                        .judge(JudgeTask {
+                    judge_unless_stopped(
+                        self.shared,
+                        JudgeTask {
                             criterion_text: &c.criterion.text,
                             kind: &c.criterion.kind,
                             scenario: sc,
@@ -107,8 +133,9 @@ impl Unit<'_> {
                             turn_index: None,
                             repetition: self.repetition,
                             call_name: self.judge_call_name(t, state, &c.criterion.text),
-                        })
-                        .await
+                        },
+                    )
+                    .await
                 }
                 (None, _) => criteria::check_planned(
                     c,
@@ -136,9 +163,9 @@ impl Unit<'_> {
             criteria.push(match &not_checked {
                 None => {
                     let kind = CriterionKind::Outcome(outcome.value.clone());
-                    self.shared
-                        .llm
-                        .judge(JudgeTask {
+                    judge_unless_stopped(
+                        self.shared,
+                        JudgeTask {
                             criterion_text: &text,
                             kind: &kind,
                             scenario: sc,
@@ -146,8 +173,9 @@ impl Unit<'_> {
                             turn_index: None,
                             repetition: self.repetition,
                             call_name: self.judge_call_name(t, state, &text),
-                        })
-                        .await
+                        },
+                    )
+                    .await
                 }
                 Some(why) => CriterionRecord {
                     turn_index: None,

@@ -792,9 +792,9 @@ impl<'a> Unit<'a> {
                     for c in checks {
                         let record = match turn_index {
                             Some(i) if crate::llm::LlmRuntime::is_judged(&c.criterion.kind) => {
-                                self.shared
-                                    .llm
-                                    .judge(crate::llm::runtime::JudgeTask {
+                                super::verdict::judge_unless_stopped(
+                                    self.shared,
+                                    crate::llm::runtime::JudgeTask {
                                         criterion_text: &c.criterion.text,
                                         kind: &c.criterion.kind,
                                         scenario: sc,
@@ -812,8 +812,9 @@ impl<'a> Unit<'a> {
                                             self.repetition,
                                             self.agent_id()
                                         ),
-                                    })
-                                    .await
+                                    },
+                                )
+                                .await
                             }
                             Some(_) => criteria::check_planned(
                                 c,
