@@ -384,7 +384,7 @@ impl FirstTurn {
 }
 
 pub const DEFAULT_MAX_RESPONSE_SIZE: u64 = 8 * 1024 * 1024;
-pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(60);
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(120);
 /// Tool rounds an `openai` agent may take in one turn when `max-tool-rounds` is not written.
 pub const DEFAULT_MAX_TOOL_ROUNDS: u32 = 8;
 
