@@ -193,7 +193,8 @@ impl Unit<'_> {
             state
                 .turns
                 .iter()
-                .flat_map(|t| t.simulator.iter().chain(&t.llm)),
+                .flat_map(|t| t.simulator.iter().chain(&t.llm))
+                .chain(&state.pending_simulator),
             &criteria,
         )
         .map(Box::new);

@@ -56,7 +56,9 @@ pub(super) struct PathState {
     pub(super) suffix: Arc<str>,
     /// Those continuations, outermost first.
     pub(super) agent_branches: Vec<AgentBranchRecord>,
-    /// The simulator calls that wrote the next turn's user message, recorded on that turn.
+    /// Simulator calls not yet on a turn: recorded on the next one, and counted in the
+    /// trajectory's LLM usage even when no turn follows (the simulator ended the
+    /// conversation, or failed).
     pub(super) pending_simulator: Vec<crate::llm::LlmCall>,
 }
 
@@ -984,10 +986,17 @@ impl<'a> Unit<'a> {
                         state.pending_simulator.extend(calls);
                         (text, true)
                     }
-                    // The simulator ended the conversation: no turn to record the call on.
-                    Said::End | Said::Unusable => break,
+                    // The simulator ended the conversation: no turn to record the call on;
+                    // it still counts in the trajectory's LLM usage.
+                    Said::End | Said::Unusable => {
+                        state.pending_simulator.extend(calls);
+                        break;
+                    }
                 },
-                Err((fault, _calls)) => return Some(Stop::Fault(fault)),
+                Err((fault, calls)) => {
+                    state.pending_simulator.extend(calls);
+                    return Some(Stop::Fault(fault));
+                }
             };
             if let Some(stop) = self
                 .turn(session, TurnInput::User(&text), replay, state, recorded)

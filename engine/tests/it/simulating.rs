@@ -144,6 +144,19 @@ async fn an_unusable_simulator_is_retried_then_a_simulator_fault() {
     assert_eq!(fault.category, FaultCategory::Simulator);
     assert!(fault.message.contains("3 attempts"), "{}", fault.message);
     assert_eq!(fake.calls(), 3);
+    // No turn carries them, and they still count (and cost) in the trajectory's usage.
+    assert_eq!(t.llm.as_deref().map(|u| u.calls), Some(3));
+}
+
+#[tokio::test]
+async fn a_simulator_that_ends_at_once_still_counts_its_call() {
+    let fake = FakeLlm::start(vec![Rule::otherwise([Reply::text("[END]")])]).await;
+    let text = suite(&fake.base_url(), "simulate until-done");
+    let run = run_suite(&text, 4, EnvSnapshot::new()).await;
+    let t = &run.trajectories[0];
+    assert_eq!(fake.calls(), 1);
+    assert!(run.nodes.iter().all(|n| n.turns.is_empty()));
+    assert_eq!(t.llm.as_deref().map(|u| u.calls), Some(1));
 }
 
 #[tokio::test]
