@@ -413,7 +413,9 @@ pub struct Agent {
     /// `openai`: the model; others: informational.
     pub model: Option<String>,
     /// `provider="ID"`: on `openai`/`anthropic` agents the endpoint (also in
-    /// [`Agent::endpoint`]); on `fixie` agents the provider that plays Fixie's LLM.
+    /// [`Agent::endpoint`]); on `fixie` agents the provider that plays Fixie's LLM; on the
+    /// others the provider whose server runs the agent's own model (each turn holds one of
+    /// its slots).
     pub provider: Option<Spanned<String>>,
     /// `openai`/`anthropic`: sampling temperature sent with every request (else the
     /// provider's, else the server's default).

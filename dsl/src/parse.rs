@@ -1586,28 +1586,6 @@ impl<'f> Decoder<'f> {
                 self.report(d);
             }
         }
-        if let Some(set) = s.get("provider")
-            && !(protocol.is_model() || protocol == Protocol::Fixie)
-        {
-            let d = self
-                .diag(
-                    Kind::InvalidValue,
-                    format!(
-                        "`provider` is a setting of `openai`, `anthropic` and `fixie` agents; \
-                         agent `{}` is `{}`",
-                        id.value,
-                        protocol.as_str()
-                    ),
-                    set.name_span,
-                    "not a setting of this protocol",
-                )
-                .with_help(
-                    "remove `provider`: it names the LLM endpoint of a model under test, or the \
-                     model that plays a Fixie agent's LLM; judges and the simulator name their \
-                     own `provider`",
-                );
-            self.report(d);
-        }
         let multiagent = self.multiagent_settings(v, &s, id, protocol);
         let endpoint = self.endpoint(&s, id, protocol)?;
         // A model agent reached through a `provider` may take the provider's model.

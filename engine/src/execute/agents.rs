@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::{OnceCell, Semaphore};
-use trellis_dsl::Endpoint;
+use trellis_dsl::{Endpoint, Protocol};
 
 use crate::builtin::{self, BuiltinEndpoint, BuiltinGuard};
 use crate::event::{Event, EventSender};
@@ -22,6 +22,9 @@ pub(super) enum AgentRuntime {
         client: Arc<dyn AgentProtocol>,
         /// The agent's `concurrency`.
         limit: Option<Arc<Semaphore>>,
+        /// `provider=` on an agent that runs its own model on that provider's server
+        /// (connexity, agentscope, multiagent): each turn holds one of its slots.
+        model_server: Option<Arc<crate::llm::ProviderClient>>,
     },
     /// The agent's trajectories are recorded as skipped with this reason.
     Unsupported(String),
@@ -91,6 +94,19 @@ impl Agents {
         agent: &PlannedAgent,
         events: &EventSender,
     ) -> AgentRuntime {
+        let runs_own_model = !agent.protocol.is_model() && agent.protocol != Protocol::Fixie;
+        let model_server = match agent.provider.as_deref().filter(|_| runs_own_model) {
+            None => None,
+            Some(id) => match self.llm.client(id) {
+                Ok(client) => Some(client),
+                Err(why) => {
+                    return AgentRuntime::Broken(Fault::new(
+                        FaultCategory::Setup,
+                        format!("agent `{}`: {why}", agent.id),
+                    ));
+                }
+            },
+        };
         match start_one(plan, agent, &self.transport, &self.servers, &self.llm).await {
             Ok(client) => match client.prepare().await {
                 Ok(info) => {
@@ -108,6 +124,7 @@ impl Agents {
                         limit: agent
                             .concurrency
                             .map(|n| Arc::new(Semaphore::new(n.max(1)))),
+                        model_server,
                     }
                 }
                 Err(mut fault) => {

@@ -331,6 +331,14 @@ impl Unit<'_> {
         }
     }
 
+    /// The provider whose server runs the agent's own model, when the suite says so.
+    fn model_server(&self) -> Option<&crate::llm::ProviderClient> {
+        match self.shared.agents.ready(self.agent) {
+            Some(AgentRuntime::Ready { model_server, .. }) => model_server.as_deref(),
+            _ => None,
+        }
+    }
+
     fn agent_limit(&self) -> Option<&Semaphore> {
         match self.shared.agents.ready(self.agent) {
             Some(AgentRuntime::Ready { limit, .. }) => limit.as_deref(),

@@ -34,6 +34,16 @@ impl Unit<'_> {
             permit = self.shared.calls.acquire() => permit.ok(),
             () = stop.cancelled() => return None,
         };
+        // An agent whose own model runs on a provider's server takes one of its slots for the
+        // turn: its model calls then never queue behind a judge's on a one-slot server. The
+        // wait is not the agent's time.
+        let _model_slot = match self.model_server() {
+            Some(server) => tokio::select! {
+                permit = server.slot() => Some(permit),
+                () = stop.cancelled() => return None,
+            },
+            None => None,
+        };
         let started = Instant::now();
         // The trajectory's budget counts only its own steps, so how long it waited behind
         // sibling branches for a slot never decides whether it timed out.

@@ -297,6 +297,17 @@ impl ProviderClient {
         }
     }
 
+    /// Waits for one of the provider's concurrency slots (its `concurrency`, else its
+    /// server's slot count) without its rate limits: an agent whose own model runs on this
+    /// server holds it for a whole turn, so its model calls and the judges' take turns.
+    pub async fn slot(&self) -> SlotPermit {
+        SlotPermit(match &self.gate.slots {
+            Slots::Configured(slots) => slots.clone().acquire_owned().await.ok(),
+            Slots::Server(server) => server.acquire().await,
+            Slots::Unlimited => None,
+        })
+    }
+
     /// `text` without the key (servers echo request headers in error bodies).
     pub fn redact(&self, text: &str) -> String {
         match &self.key {

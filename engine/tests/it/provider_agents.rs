@@ -447,3 +447,80 @@ async fn waiting_for_the_servers_slot_is_not_spent_from_the_trajectorys_timeout(
         assert!(turn.latency_ms < 900.0, "{}", turn.latency_ms);
     }
 }
+
+/// A Connexity agent that asks the model server itself during each turn (as Connexity's
+/// reference agents do), at `llm_url`; its reply is the model's answer.
+async fn agent_on_the_same_server(llm_url: String) -> (String, tokio::task::JoinHandle<()>) {
+    use axum::Json;
+    use axum::routing::post;
+    let client = reqwest::Client::new();
+    let app = axum::Router::new().route(
+        "/agent/respond",
+        post(move |Json(body): Json<serde_json::Value>| {
+            let (client, llm_url) = (client.clone(), llm_url.clone());
+            async move {
+                let asked = body["messages"]
+                    .as_array()
+                    .and_then(|m| m.last())
+                    .and_then(|m| m["content"].as_str())
+                    .unwrap_or_default()
+                    .to_owned();
+                let request = json!({"model": "agent-model", "messages": [
+                    {"role": "user", "content": asked}]});
+                let bytes = client
+                    .post(format!("{llm_url}/chat/completions"))
+                    .header("content-type", "application/json")
+                    .body(request.to_string())
+                    .send()
+                    .await
+                    .unwrap()
+                    .bytes()
+                    .await
+                    .unwrap();
+                let answer: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+                let text = answer["choices"][0]["message"]["content"].clone();
+                Json(json!({"messages": [{"role": "assistant", "content": text}]}))
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/agent/respond", listener.local_addr().unwrap());
+    let task = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (url, task)
+}
+
+#[tokio::test]
+async fn an_agent_whose_own_model_shares_the_server_takes_its_slot_for_each_turn() {
+    for shared in [false, true] {
+        let fake = FakeLlm::with_slots(slow_answers(), 1).await;
+        let (agent_url, _agent) = agent_on_the_same_server(fake.base_url()).await;
+        let provider = if shared { r#"provider="local""# } else { "" };
+        let agent = format!(r#"agent "ref" protocol="connexity" url="{agent_url}" {provider}"#);
+        let run = run_suite(
+            &judged_suite_with(&fake.base_url(), "", &agent, 6),
+            8,
+            env(),
+        )
+        .await;
+        assert!(
+            run.trajectories
+                .iter()
+                .all(|t| t.status == TrajectoryStatus::Passed),
+            "{:?}",
+            run.trajectories
+                .iter()
+                .map(|t| &t.fault)
+                .collect::<Vec<_>>()
+        );
+        assert_eq!(fake.calls(), 12);
+        if shared {
+            // The agent's own calls and the judge's took turns on the one slot.
+            assert_eq!(fake.max_in_flight(), 1);
+        } else {
+            // Trellis cannot see the agent's calls: they meet the judge's at the server.
+            assert!(fake.max_in_flight() > 1);
+        }
+    }
+}
