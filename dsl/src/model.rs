@@ -598,7 +598,7 @@ pub struct Provider {
     pub max_tokens: Option<u32>,
     /// `header "NAME" "VALUE"`: extra headers sent with every call.
     pub headers: Vec<(String, String)>,
-    /// Per call attempt; [`DEFAULT_PROVIDER_TIMEOUT`] when not written.
+    /// Per call attempt; [`Provider::call_timeout`] when not written.
     pub timeout: Option<Duration>,
     /// Retries of connect errors, timeouts, broken connections and 5xx answers
     /// ([`DEFAULT_PROVIDER_RETRIES`] when not written). HTTP 429 is waited out, not retried.
@@ -616,8 +616,28 @@ pub struct Provider {
     pub span: Span,
 }
 
-/// LLM calls take seconds to minutes on small local servers: a generous per-attempt limit.
+/// Per-attempt limit of a hosted (`https://`) provider's calls.
 pub const DEFAULT_PROVIDER_TIMEOUT: Duration = Duration::from_secs(120);
+/// Per-attempt limit of a plain-`http://` (local or LAN) provider's calls: a small model on a
+/// CPU writes 20–30 tokens a second after reading a long prompt at a few hundred, so a
+/// judge's answer can take minutes, and a timed-out request only starts the work again.
+pub const DEFAULT_LOCAL_PROVIDER_TIMEOUT: Duration = Duration::from_secs(300);
+
+impl Provider {
+    /// Its `timeout`, else [`DEFAULT_LOCAL_PROVIDER_TIMEOUT`] for a plain-`http://` base URL
+    /// and [`DEFAULT_PROVIDER_TIMEOUT`] otherwise.
+    pub fn call_timeout(&self) -> Duration {
+        let local = self.base_url.as_deref().is_some_and(|u| {
+            u.get(..7)
+                .is_some_and(|s| s.eq_ignore_ascii_case("http://"))
+        });
+        self.timeout.unwrap_or(if local {
+            DEFAULT_LOCAL_PROVIDER_TIMEOUT
+        } else {
+            DEFAULT_PROVIDER_TIMEOUT
+        })
+    }
+}
 pub const DEFAULT_PROVIDER_RETRIES: u32 = 2;
 
 /// `simulator provider=… model=… temperature=… instructions=… { system-prompt …; … }`: the

@@ -225,7 +225,7 @@ fn agent_timeout(project: &Project, agent: &trellis_dsl::Agent) -> Duration {
         _ => None,
     };
     agent.timeout.unwrap_or_else(|| match via_provider {
-        Some(p) => p.timeout.unwrap_or(trellis_dsl::DEFAULT_PROVIDER_TIMEOUT),
+        Some(p) => p.call_timeout(),
         None => trellis_dsl::DEFAULT_CALL_TIMEOUT,
     })
 }

@@ -702,3 +702,19 @@ scenario "s" { simulate turns=1; }
     .unwrap_or_default();
     assert!(text.contains("provider="), "{text}");
 }
+
+#[test]
+fn a_local_providers_calls_get_more_time_than_a_hosted_ones() {
+    let p = load_text(
+        r#"
+provider "local" kind="openai" base-url="http://127.0.0.1:8080/v1" model="m"
+provider "hosted" kind="openai" model="m"
+provider "set" kind="openai" base-url="http://127.0.0.1:8080/v1" model="m" timeout="45s"
+"#,
+    )
+    .unwrap_or_else(|d| panic!("{}", d.render_plain()));
+    let timeout = |id: &str| p.provider(id).unwrap().call_timeout().as_secs();
+    assert_eq!(timeout("local"), 300);
+    assert_eq!(timeout("hosted"), 120);
+    assert_eq!(timeout("set"), 45);
+}

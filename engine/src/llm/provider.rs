@@ -25,7 +25,7 @@ use reqwest::Url;
 use reqwest::header::{CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
-use trellis_dsl::{DEFAULT_PROVIDER_RETRIES, DEFAULT_PROVIDER_TIMEOUT, Provider, ProviderKind};
+use trellis_dsl::{DEFAULT_PROVIDER_RETRIES, Provider, ProviderKind};
 
 use super::slots::{ServerRegistry, ServerSlots};
 use super::wire::{self, ANTHROPIC_VERSION, DecodeError, WireRequest};
@@ -240,7 +240,7 @@ impl ProviderClient {
             temperature: provider.temperature,
             max_tokens: provider.max_tokens,
             limits: CallLimits {
-                timeout: provider.timeout.unwrap_or(DEFAULT_PROVIDER_TIMEOUT),
+                timeout: provider.call_timeout(),
                 max_response_size: MAX_RESPONSE_SIZE,
             },
             retry: RetryPolicy {
