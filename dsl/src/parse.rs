@@ -1287,6 +1287,50 @@ impl<'f> Decoder<'f> {
         self.string(e)
     }
 
+    /// The `header NAME VALUE` settings, each value read by `value`: names must be RFC 9110
+    /// tokens, and a value (its `text`) may not hold a line break, which would split the
+    /// request. A bad one is a diagnostic with `help` and is left out.
+    fn headers<T>(
+        &mut self,
+        s: &Settings,
+        help: &str,
+        value: impl Fn(&mut Self, &KdlEntry) -> Option<T>,
+        text: impl Fn(&T) -> &str,
+    ) -> Vec<(String, T)> {
+        let mut headers = Vec::new();
+        for set in s.all("header") {
+            let (Some(&n), Some(&val)) = (set.values.first(), set.values.get(1)) else {
+                continue;
+            };
+            let (Some(name), Some(v)) = (self.string(n), value(self, val)) else {
+                continue;
+            };
+            let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
+            let problem = if name.is_empty() || !name.chars().all(token) {
+                Some((n, "not a valid header name"))
+            } else if text(&v).contains(['\r', '\n']) {
+                Some((val, "a header value cannot contain a line break"))
+            } else {
+                None
+            };
+            match problem {
+                None => headers.push((name, v)),
+                Some((at, why)) => {
+                    let d = self
+                        .diag(
+                            Kind::InvalidValue,
+                            format!("invalid header: {why}"),
+                            value_span(at),
+                            why,
+                        )
+                        .with_help(help);
+                    self.report(d);
+                }
+            }
+        }
+        headers
+    }
+
     fn s_template(&mut self, s: &Settings, name: &str) -> Option<Template> {
         let e = s.value(name)?;
         self.template(e)
@@ -1411,33 +1455,12 @@ impl<'f> Decoder<'f> {
             }
             Some(e) => self.choice(e, "protocol", &Protocol::ALL),
         };
-        let mut headers = Vec::new();
-        for set in s.all("header") {
-            let (Some(n), Some(val)) = (set.values.first(), set.values.get(1)) else {
-                continue;
-            };
-            let (n, val) = (*n, *val);
-            if let (Some(name), Some(t)) = (self.string(n), self.template(val)) {
-                // RFC 9110 token characters; line breaks in a value would split the request.
-                let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
-                let problem = if name.is_empty() || !name.chars().all(token) {
-                    Some((n, "not a valid header name"))
-                } else if t.source.contains(['\r', '\n']) {
-                    Some((val, "a header value cannot contain a line break"))
-                } else {
-                    None
-                };
-                match problem {
-                    None => headers.push((name, t)),
-                    Some((at, why)) => {
-                        let d = self
-                            .diag(Kind::InvalidValue, format!("invalid header: {why}"), value_span(at), why)
-                            .with_help("header \"NAME\" \"VALUE\", e.g. header \"Authorization\" \"Bearer {{ env.TOKEN }}\"");
-                        self.report(d);
-                    }
-                }
-            }
-        }
+        let headers = self.headers(
+            &s,
+            "header \"NAME\" \"VALUE\", e.g. header \"Authorization\" \"Bearer {{ env.TOKEN }}\"",
+            Self::template,
+            |t| &t.source,
+        );
         let timeout = s.value("timeout").and_then(|e| self.duration(e));
         let retries = s.value("retries").and_then(|e| self.u32(e, 0)).unwrap_or(0);
         let concurrency = s
@@ -2532,39 +2555,12 @@ impl<'f> Decoder<'f> {
         }
         let temperature = self.s_number(&s, "temperature", (0.0, 2.0));
         let max_tokens = s.value("max-tokens").and_then(|e| self.u32(e, 1));
-        let mut headers = Vec::new();
-        for set in s.all("header") {
-            let (Some(n), Some(val)) = (set.values.first(), set.values.get(1)) else {
-                continue;
-            };
-            let (n, val) = (*n, *val);
-            if let (Some(name), Some(value)) = (self.string(n), self.string(val)) {
-                let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
-                let problem = if name.is_empty() || !name.chars().all(token) {
-                    Some((n, "not a valid header name"))
-                } else if value.contains(['\r', '\n']) {
-                    Some((val, "a header value cannot contain a line break"))
-                } else {
-                    None
-                };
-                match problem {
-                    None => headers.push((name, value)),
-                    Some((at, why)) => {
-                        let d = self
-                            .diag(
-                                Kind::InvalidValue,
-                                format!("invalid header: {why}"),
-                                value_span(at),
-                                why,
-                            )
-                            .with_help(
-                                "header \"NAME\" \"VALUE\"; secrets belong in `api-key-env`",
-                            );
-                        self.report(d);
-                    }
-                }
-            }
-        }
+        let headers = self.headers(
+            &s,
+            "header \"NAME\" \"VALUE\"; secrets belong in `api-key-env`",
+            Self::string,
+            String::as_str,
+        );
         let timeout = s.value("timeout").and_then(|e| self.duration(e));
         let retries = s.value("retries").and_then(|e| self.u32(e, 0));
         let concurrency = s

@@ -209,24 +209,12 @@ fn decode_openai(value: &Value) -> Result<Completion, DecodeError> {
                 .map_or_else(|| "missing".to_owned(), Value::to_string)
         ))
     })?;
-    let usage = value.get("usage");
-    Ok(Completion {
+    Ok(completion(
+        value,
         text,
-        model: value
-            .get("model")
-            .and_then(Value::as_str)
-            .map(str::to_owned),
-        input_tokens: usage
-            .and_then(|u| u.get("prompt_tokens"))
-            .and_then(Value::as_u64),
-        output_tokens: usage
-            .and_then(|u| u.get("completion_tokens"))
-            .and_then(Value::as_u64),
-        finish_reason: choice
-            .get("finish_reason")
-            .and_then(Value::as_str)
-            .map(str::to_owned),
-    })
+        ("prompt_tokens", "completion_tokens"),
+        choice.get("finish_reason"),
+    ))
 }
 
 fn decode_anthropic(value: &Value) -> Result<Completion, DecodeError> {
@@ -249,24 +237,34 @@ fn decode_anthropic(value: &Value) -> Result<Completion, DecodeError> {
                 .map_or_else(|| "missing".to_owned(), Value::to_string)
         )));
     }
+    Ok(completion(
+        value,
+        text,
+        ("input_tokens", "output_tokens"),
+        value.get("stop_reason"),
+    ))
+}
+
+/// The completion of an answer `value` whose text is `text`: its model, the usage under the
+/// API's `(input, output)` token names, and why it stopped.
+fn completion(
+    value: &Value,
+    text: String,
+    (input, output): (&str, &str),
+    finish_reason: Option<&Value>,
+) -> Completion {
     let usage = value.get("usage");
-    Ok(Completion {
+    let tokens = |name: &str| usage.and_then(|u| u.get(name)).and_then(Value::as_u64);
+    Completion {
         text,
         model: value
             .get("model")
             .and_then(Value::as_str)
             .map(str::to_owned),
-        input_tokens: usage
-            .and_then(|u| u.get("input_tokens"))
-            .and_then(Value::as_u64),
-        output_tokens: usage
-            .and_then(|u| u.get("output_tokens"))
-            .and_then(Value::as_u64),
-        finish_reason: value
-            .get("stop_reason")
-            .and_then(Value::as_str)
-            .map(str::to_owned),
-    })
+        input_tokens: tokens(input),
+        output_tokens: tokens(output),
+        finish_reason: finish_reason.and_then(Value::as_str).map(str::to_owned),
+    }
 }
 
 const PREVIEW_CHARS: usize = 200;

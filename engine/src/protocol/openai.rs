@@ -793,15 +793,15 @@ fn anthropic_request(config: &ClientConfig, history: &[ChatMessage]) -> Value {
 }
 
 /// A whole (non-streamed) answer of `api`.
-fn decode(api: Api, body: &[u8]) -> Result<(ChatMessage, Option<Usage>), Fault> {
+fn decode(api: Api, body: &[u8]) -> Answer {
     match api {
         Api::OpenAi => decode_body(body),
         Api::Anthropic => decode_anthropic(body),
     }
 }
 
-/// An Anthropic Messages answer: its text blocks joined, its `tool_use` blocks as tool calls.
-fn decode_anthropic(body: &[u8]) -> Result<(ChatMessage, Option<Usage>), Fault> {
+/// A whole answer's JSON, when it is JSON and not an `{"error": …}` body (both APIs).
+fn answer_json(body: &[u8]) -> Result<Value, Fault> {
     let value: Value = serde_json::from_slice(body).map_err(|e| {
         Fault::new(
             FaultCategory::InvalidJson,
@@ -814,6 +814,12 @@ fn decode_anthropic(body: &[u8]) -> Result<(ChatMessage, Option<Usage>), Fault> 
             format!("the model answered with an error: {}", error_text(error)),
         ));
     }
+    Ok(value)
+}
+
+/// An Anthropic Messages answer: its text blocks joined, its `tool_use` blocks as tool calls.
+fn decode_anthropic(body: &[u8]) -> Answer {
+    let value = answer_json(body)?;
     let blocks = value
         .get("content")
         .and_then(Value::as_array)
@@ -890,19 +896,8 @@ fn decode_anthropic(body: &[u8]) -> Result<(ChatMessage, Option<Usage>), Fault> 
 }
 
 /// A whole (non-streamed) chat completion: the first choice's message and the usage.
-fn decode_body(body: &[u8]) -> Result<(ChatMessage, Option<Usage>), Fault> {
-    let value: Value = serde_json::from_slice(body).map_err(|e| {
-        Fault::new(
-            FaultCategory::InvalidJson,
-            format!("the response body is not JSON ({e}): {}", preview(body)),
-        )
-    })?;
-    if let Some(error) = value.get("error").filter(|e| !e.is_null()) {
-        return Err(Fault::new(
-            FaultCategory::Protocol,
-            format!("the model answered with an error: {}", error_text(error)),
-        ));
-    }
+fn decode_body(body: &[u8]) -> Answer {
+    let value = answer_json(body)?;
     let message = value
         .get("choices")
         .and_then(Value::as_array)
@@ -1013,7 +1008,7 @@ struct PartialCall {
 async fn read_chunks(
     stream: &mut sse::EventStream,
     first_content: &mut Option<Duration>,
-) -> Result<(ChatMessage, Option<Usage>), Fault> {
+) -> Answer {
     let mut text: Option<String> = None;
     let mut calls: Vec<PartialCall> = Vec::new();
     let mut usage = None;
@@ -1032,16 +1027,7 @@ async fn read_chunks(
         if data == "[DONE]" {
             break;
         }
-        let chunk: Value = serde_json::from_str(data).map_err(|e| {
-            Fault::new(
-                FaultCategory::InvalidJson,
-                format!(
-                    "chunk {} is not JSON ({e}): {}",
-                    stream.count(),
-                    preview(data.as_bytes())
-                ),
-            )
-        })?;
+        let chunk = event_json(stream, "chunk", data)?;
         if let Some(error) = chunk.get("error").filter(|e| !e.is_null()) {
             return Err(Fault::new(
                 FaultCategory::Protocol,
@@ -1142,21 +1128,7 @@ async fn read_chunks(
             },
         });
     }
-    if text.is_none() && tool_calls.is_empty() {
-        return Err(Fault::new(
-            FaultCategory::Protocol,
-            "the model streamed neither text nor tool calls",
-        ));
-    }
-    Ok((
-        ChatMessage {
-            role: "assistant".into(),
-            content: text,
-            tool_calls,
-            ..Default::default()
-        },
-        usage,
-    ))
+    streamed_message(text, tool_calls, usage)
 }
 
 /// A content block of a streamed Anthropic answer, as its events arrive.
@@ -1182,7 +1154,7 @@ enum StreamedBlock {
 async fn read_anthropic_events(
     stream: &mut sse::EventStream,
     first_content: &mut Option<Duration>,
-) -> Result<(ChatMessage, Option<Usage>), Fault> {
+) -> Answer {
     let mut text: Option<String> = None;
     let mut blocks: Vec<StreamedBlock> = Vec::new();
     let mut input_tokens = None;
@@ -1195,16 +1167,7 @@ async fn read_anthropic_events(
         if data.is_empty() {
             continue;
         }
-        let value: Value = serde_json::from_str(data).map_err(|e| {
-            Fault::new(
-                FaultCategory::InvalidJson,
-                format!(
-                    "event {} is not JSON ({e}): {}",
-                    stream.count(),
-                    preview(data.as_bytes())
-                ),
-            )
-        })?;
+        let value = event_json(stream, "event", data)?;
         // The `type` in the data is the event; the `event:` line repeats it.
         let kind = value
             .get("type")
@@ -1382,12 +1345,6 @@ async fn read_anthropic_events(
             });
         }
     }
-    if text.is_none() && tool_calls.is_empty() {
-        return Err(Fault::new(
-            FaultCategory::Protocol,
-            "the model streamed neither text nor tool calls",
-        ));
-    }
     let usage = (input_tokens.is_some() || output_tokens.is_some()).then(|| Usage {
         cost: Default::default(),
         prompt_tokens: input_tokens,
@@ -1396,6 +1353,36 @@ async fn read_anthropic_events(
             .zip(output_tokens)
             .map(|(i, o)| i.saturating_add(o)),
     });
+    streamed_message(text, tool_calls, usage)
+}
+
+/// One streamed event's data as JSON (`what` names it in the fault: a chunk, an event).
+fn event_json(stream: &sse::EventStream, what: &str, data: &str) -> Result<Value, Fault> {
+    serde_json::from_str(data).map_err(|e| {
+        Fault::new(
+            FaultCategory::InvalidJson,
+            format!(
+                "{what} {} is not JSON ({e}): {}",
+                stream.count(),
+                preview(data.as_bytes())
+            ),
+        )
+    })
+}
+
+/// The assistant message a stream assembled; a stream with neither text nor tool calls
+/// answered nothing.
+fn streamed_message(
+    text: Option<String>,
+    tool_calls: Vec<ToolCall>,
+    usage: Option<Usage>,
+) -> Answer {
+    if text.is_none() && tool_calls.is_empty() {
+        return Err(Fault::new(
+            FaultCategory::Protocol,
+            "the model streamed neither text nor tool calls",
+        ));
+    }
     Ok((
         ChatMessage {
             role: "assistant".into(),
