@@ -216,3 +216,122 @@ fn the_report_works_in_a_real_browser() {
     );
 }
 
+/// Long suite, scenario and agent names: one with spaces, two without (nowhere to wrap).
+const LONG_SUITE: &str = "customer-support-regression-suite-for-the-duct-cleaning-booking-flow-v2";
+const LONG_SCENARIO: &str =
+    "a returning customer books a duct cleaning for two units and asks about prices twice";
+const LONG_AGENT: &str = "demo-agent-with-a-very-long-deployment-name-eu-west-1-canary-2026-11-25";
+
+/// The fixture run with long names, written as `report.html` under `dir`.
+fn long_names_run(dir: &Path) -> PathBuf {
+    let mut entries = fixtures::entries();
+    entries.push(JournalEntry::RunFinished(fixtures::summary()));
+    // Whole JSON string values only: the quotes are part of what is replaced.
+    let renamed: Vec<JournalEntry> = entries
+        .iter()
+        .map(|entry| {
+            let text = serde_json::to_string(entry)
+                .unwrap()
+                .replace("\"shop\"", &format!("{LONG_SUITE:?}"))
+                .replace("\"booking\"", &format!("{LONG_SCENARIO:?}"))
+                .replace("\"demo\"", &format!("{LONG_AGENT:?}"));
+            serde_json::from_str(&text).unwrap()
+        })
+        .collect();
+    fixtures::write_journal(dir, &renamed, "");
+    write_reports(dir, &ReportOptions::default()).unwrap().html
+}
+
+/// Long names do not push a table's counts and rates out of its box: at a desktop width
+/// (two tables side by side) and a narrow one (one column), every summary table fits its
+/// section, the page does not scroll sideways, and a shortened name has the full name on
+/// hover. `TRELLIS_SCREENSHOTS=DIR` saves what the browser drew at each width.
+#[test]
+fn long_names_fit_the_report_tables() {
+    let Some(binary) = chromium() else {
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED long_names_fit_the_report_tables: no chromium binary on PATH \
+             (install chromium, or set TRELLIS_CHROMIUM to a Chrome/Chromium binary)"
+        );
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    std::fs::create_dir(&run).unwrap();
+    let html = long_names_run(&run);
+    let url = format!("file://{}", html.canonicalize().unwrap().display());
+
+    let mut browser = Browser::launch(&binary);
+    for width in [1280, 600] {
+        browser.page(
+            "Emulation.setDeviceMetricsOverride",
+            json!({"width": width, "height": 900, "deviceScaleFactor": 1, "mobile": false}),
+        );
+        browser.page("Page.navigate", json!({"url": url}));
+        browser.wait_for_event("Page.loadEventFired");
+        assert_eq!(
+            browser.eval("document.documentElement.dataset.ready"),
+            "yes"
+        );
+        if let Some(shots) = std::env::var_os("TRELLIS_SCREENSHOTS") {
+            let shot = browser.page("Page.captureScreenshot", json!({"format": "png"}));
+            let png = base64_decode(shot["data"].as_str().unwrap());
+            std::fs::write(Path::new(&shots).join(format!("report-{width}.png")), png).unwrap();
+        }
+        let tables = browser.eval(
+            "Array.from(document.querySelectorAll('section.rates')).map(s => { \
+               const t = s.querySelector('table'); \
+               return [s.querySelector('h2').textContent, \
+                       Math.round(t.getBoundingClientRect().width), s.clientWidth]; })",
+        );
+        let tables = tables.as_array().unwrap();
+        assert_eq!(tables.len(), 3);
+        for table in tables {
+            assert!(
+                table[1].as_f64().unwrap() <= table[2].as_f64().unwrap(),
+                "at {width} px, table {} is wider than its box: {tables:?}",
+                table[0]
+            );
+        }
+        // Every rate cell is on screen.
+        assert_eq!(
+            browser.eval(
+                "Array.from(document.querySelectorAll('section.rates td.n:nth-last-child(2)')) \
+                 .filter(td => td.getBoundingClientRect().right > \
+                               document.documentElement.clientWidth).length"
+            ),
+            0,
+            "at {width} px"
+        );
+        assert_eq!(
+            browser.eval(
+                "document.documentElement.scrollWidth <= document.documentElement.clientWidth"
+            ),
+            true,
+            "at {width} px the page scrolls sideways"
+        );
+        // The full names are there on hover.
+        let titles = browser.eval(
+            "Array.from(document.querySelectorAll('section.rates td.name')).map(td => td.title)",
+        );
+        for name in [LONG_SUITE, LONG_SCENARIO, LONG_AGENT] {
+            assert!(
+                titles
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|t| t.as_str().is_some_and(|t| t.contains(name))),
+                "{name} in {titles}"
+            );
+        }
+    }
+}
+
+/// Standard base64, for the screenshots chromium sends.
+fn base64_decode(text: &str) -> Vec<u8> {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .unwrap()
+}
