@@ -32,7 +32,7 @@ use trellis_engine::record::{JournalEntry, NodeRecord, RunInfo, RunSummary, Traj
 pub use error::ReportError;
 pub use html::{
     CompareMetric, ComparePage, CompareRate, CompareRow, CompareRun, CompareTally, ScenarioTrend,
-    TrendPoint, Trends, write_compare,
+    TrendPoint, Trends, with_served_script, write_compare,
 };
 pub use staged::PARTIAL_SUFFIX;
 

@@ -868,13 +868,8 @@ fn print_standing_failures(results: &HashMap<ResultKey, Standing>, shown: &HashS
     standing.sort_by(|a, b| a.0.cmp(b.0));
     outln!("still failing (unchanged):");
     for ((suite, scenario, trajectory, agent, repetition), s) in standing {
-        let repetition = if *repetition > 0 {
-            format!(" #{}", repetition + 1)
-        } else {
-            String::new()
-        };
         outln!(
-            "  {:<7} {suite}/{scenario} · {trajectory} [{agent}]{repetition}  {}",
+            "  {:<7} {suite}/{scenario} · {trajectory} [{agent} #{repetition}]  {}",
             s.status.as_str(),
             s.why.as_deref().unwrap_or("")
         );
@@ -927,16 +922,13 @@ impl View {
             (Why::Unchanged, Some(_)) => "result changed",
             (why, _) => why.label(),
         };
-        let repetition = if t.repetition > 0 {
-            format!(" #{}", t.repetition + 1)
-        } else {
-            String::new()
-        };
+        // Numbered as everywhere else (`run`, the report, Parquet `repetition`): from 0.
         outln!(
-            "  {:<7} {scenario} · {} [{}]{repetition}  {:.0} ms  ({why})",
+            "  {:<7} {scenario} · {} [{} #{}]  {:.0} ms  ({why})",
             t.status.as_str(),
             t.trajectory,
             t.agent,
+            t.repetition,
             t.duration_ms
         );
         if let Some(fault) = &t.fault {

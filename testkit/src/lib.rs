@@ -1,8 +1,10 @@
 //! Test support shared by every Trellis crate's tests: small raw-TCP HTTP servers that
 //! misbehave in one precise way each, counting what they saw, so protocol and CLI tests run
 //! against real sockets; and helpers to drive a Connexity client against them. [`llm`] is a
-//! scripted fake LLM endpoint (OpenAI and Anthropic shapes).
+//! scripted fake LLM endpoint (OpenAI and Anthropic shapes); [`browser`] drives a headless
+//! chromium for tests of what a page does.
 
+pub mod browser;
 pub mod llm;
 
 use std::io;

@@ -297,7 +297,7 @@ fn row(prefix: &str, index: usize, r: &CompareRow) -> RowView {
         context.push_str(&format!(" · {}", r.agent));
     }
     if let Some(turn) = r.turn_index {
-        context.push_str(&format!(" · turn {}", turn + 1));
+        context.push_str(&format!(" · turn {turn}"));
     }
     RowView {
         anchor: format!("{prefix}{index}"),

@@ -67,6 +67,41 @@ pub(crate) fn write(path: &Path, page: &Page<'_>) -> Result<(), ReportError> {
     staged.publish().map(drop)
 }
 
+/// How the pages' Content-Security-Policy starts (`templates/report.html`): where
+/// [`with_served_script`] adds what a served copy needs.
+const POLICY_START: &str =
+    "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; script-src ";
+
+/// A copy of a page this crate wrote, with one more script of the caller's that the page's
+/// Content-Security-Policy allows: by its hash, and allowed to connect back to the origin
+/// the page is served from (`connect-src 'self'`). `trellis watch --serve` adds its reload
+/// script this way; the file on disk keeps the strict policy, which would block it.
+///
+/// The script goes before `</body>` (or at the end). `script` must not contain `</`.
+pub fn with_served_script(page: &str, script: &str) -> String {
+    let mut page = match page.find(POLICY_START) {
+        Some(at) => {
+            let sources = at + POLICY_START.len();
+            let default_src = at + POLICY_START.find("script-src").unwrap_or(0);
+            format!(
+                "{}connect-src 'self'; {}'{}' {}",
+                &page[..default_src],
+                &page[default_src..sources],
+                view::script_hash(script),
+                &page[sources..]
+            )
+        }
+        // Not one of ours (the server's own placeholder page): no policy to widen.
+        None => page.to_owned(),
+    };
+    let tag = format!("<script>{script}</script>");
+    match page.rfind("</body>") {
+        Some(at) => page.insert_str(at, &tag),
+        None => page.push_str(&tag),
+    }
+    page
+}
+
 /// The environment with the page's templates: HTML escaping for every template, and an
 /// undefined value is an error rather than silently empty text.
 fn environment() -> Result<Environment<'static>, minijinja::Error> {
@@ -101,6 +136,29 @@ mod tests {
         assert!(!STYLE.contains("</"));
         assert!(!SCRIPT.contains("</"));
         assert!(!SCRIPT_COMPARE.contains("</"));
+    }
+
+    #[test]
+    fn a_served_script_is_allowed_by_the_policy_and_the_rest_kept() {
+        let template = PAGE_TEMPLATE.replace("{{ script_hash }}", "sha256-OURS");
+        let head = &template[template.find("<meta http-equiv").unwrap()..];
+        let head = &head[..head.find('>').unwrap() + 1];
+        let page = format!("{head}<body><p>x</p></body>");
+        let served = with_served_script(&page, "go()");
+        let hash = view::script_hash("go()");
+        assert_eq!(
+            served,
+            format!(
+                "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; \
+                 connect-src 'self'; script-src '{hash}' 'sha256-OURS'; style-src 'unsafe-inline'; \
+                 img-src data:; base-uri 'none'; form-action 'none'\"><body><p>x</p>\
+                 <script>go()</script></body>"
+            )
+        );
+        assert_eq!(
+            with_served_script("bare", "go()"),
+            "bare<script>go()</script>"
+        );
     }
 
     #[test]

@@ -656,8 +656,8 @@ fn check_view(c: &CriterionRecord, forks_at: &dyn Fn(u32) -> Option<String>) -> 
         criterion: c.criterion.clone(),
         kind: c.kind.clone(),
         place: c.turn_index.map(|i| match forks_at(i) {
-            Some(place) => format!("turn {}, {place}", i + 1),
-            None => format!("turn {}", i + 1),
+            Some(place) => format!("turn {i}, {place}"),
+            None => format!("turn {i}"),
         }),
         detail: c.detail.as_deref().map(Text::new),
     }
@@ -1276,8 +1276,8 @@ fn run_view(
         let where_ = first
             .turn_index
             .map(|i| match place(i) {
-                Some(p) => format!(" (turn {}, {p})", i + 1),
-                None => format!(" (turn {})", i + 1),
+                Some(p) => format!(" (turn {i}, {p})"),
+                None => format!(" (turn {i})"),
             })
             .unwrap_or_default();
         Some(Headline {
@@ -1584,7 +1584,7 @@ fn turn_view(turn: &TurnRecord, criteria: &[CriterionRecord], place: Option<Stri
         }
     }
     TurnView {
-        label: format!("turn {}", turn.turn_index + 1),
+        label: format!("turn {}", turn.turn_index),
         place,
         meta,
         replay: turn.replay,

@@ -1,21 +1,19 @@
-//! `report.html` in a real headless browser: chromium driven over the DevTools pipe
-//! (`--remote-debugging-pipe`: commands on fd 3, answers on fd 4, NUL-terminated JSON), with
-//! every host unresolvable and every proxy request refused, so nothing can be fetched.
+//! `report.html` in a real headless browser (`trellis_testkit::browser`: chromium over the
+//! DevTools pipe, with every host unresolvable and every proxy request refused, so nothing
+//! can be fetched).
 //!
 //! Checks that the page renders its scenarios after its script ran, that the filters work
 //! when driven like a user does, that clicking the tree opens a transcript, that nothing is
 //! requested but the file itself, and that hostile agent text stays text. Skips, saying so,
 //! when no chromium binary is installed (`TRELLIS_CHROMIUM` names one explicitly).
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
-use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use trellis_engine::record::{JournalEntry, TrajectoryStatus};
 use trellis_reports::{ReportOptions, write_reports};
+use trellis_testkit::browser::{Browser, chromium};
 
 use super::fixtures;
 
@@ -27,202 +25,6 @@ const HOSTILE: &str = "</script><script>document.title='pwned';window.__pwned=1<
 
 /// An agent name that would break out of an attribute if it were not escaped.
 const HOSTILE_AGENT: &str = "flaky\"><img src=x onerror=\"window.__pwned=1\">";
-
-/// Longest wait for one answer from the browser: far above what a page this size needs,
-/// well below a hung CI job.
-const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
-
-fn chromium() -> Option<PathBuf> {
-    if let Some(path) = std::env::var_os("TRELLIS_CHROMIUM") {
-        return Some(PathBuf::from(path));
-    }
-    let path = std::env::var_os("PATH")?;
-    let names = [
-        "chromium",
-        "chromium-browser",
-        "google-chrome",
-        "google-chrome-stable",
-        "chrome",
-        "headless_shell",
-    ];
-    std::env::split_paths(&path)
-        .flat_map(|dir| names.iter().map(move |n| dir.join(n)))
-        .find(|p| p.is_file())
-}
-
-/// One headless chromium and one page of it.
-struct Browser {
-    child: Child,
-    commands: ChildStdin,
-    answers: Receiver<Value>,
-    /// Events received while waiting for answers, oldest first.
-    events: Vec<Value>,
-    next_id: u64,
-    session: String,
-    _profile: tempfile::TempDir,
-}
-
-impl Browser {
-    fn launch(binary: &Path) -> Browser {
-        let profile = tempfile::tempdir().unwrap();
-        // The shell maps our stdin/stdout pipes to fds 3 and 4, where chromium expects the
-        // DevTools pipe, and sends chromium's own output nowhere.
-        let mut child = Command::new("sh")
-            .arg("-c")
-            .arg(r#"exec "$0" "$@" 3<&0 4>&1 </dev/null >/dev/null 2>&1"#)
-            .arg(binary)
-            .args([
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-default-apps",
-                "--disable-extensions",
-                "--disable-sync",
-                "--no-first-run",
-                "--no-default-browser-check",
-                "--mute-audio",
-                "--remote-debugging-pipe",
-                // Nothing can be fetched even if the page asked: no name resolves, and
-                // the proxy every request would go through refuses connections.
-                "--host-resolver-rules=MAP * ~NOTFOUND",
-                "--proxy-server=http://127.0.0.1:9",
-                "--window-size=1280,900",
-            ])
-            .arg(format!("--user-data-dir={}", profile.path().display()))
-            .arg("about:blank")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start chromium");
-        let commands = child.stdin.take().unwrap();
-        let mut output = BufReader::new(child.stdout.take().unwrap());
-        let (send, answers) = channel();
-        std::thread::spawn(move || {
-            let mut message = Vec::new();
-            while output.read_until(0, &mut message).is_ok_and(|n| n > 0) {
-                message.pop_if(|b| *b == 0);
-                if let Ok(value) = serde_json::from_slice::<Value>(&message)
-                    && send.send(value).is_err()
-                {
-                    break;
-                }
-                message.clear();
-            }
-        });
-        let mut browser = Browser {
-            child,
-            commands,
-            answers,
-            events: Vec::new(),
-            next_id: 0,
-            session: String::new(),
-            _profile: profile,
-        };
-        let target = browser.call(None, "Target.createTarget", json!({"url": "about:blank"}));
-        let target_id = target["targetId"].as_str().unwrap().to_owned();
-        let attached = browser.call(
-            None,
-            "Target.attachToTarget",
-            json!({"targetId": target_id, "flatten": true}),
-        );
-        browser.session = attached["sessionId"].as_str().unwrap().to_owned();
-        for domain in [
-            "Page.enable",
-            "Network.enable",
-            "Runtime.enable",
-            "Log.enable",
-        ] {
-            browser.page(domain, json!({}));
-        }
-        browser
-    }
-
-    fn next(&mut self, deadline: Instant) -> Value {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match self.answers.recv_timeout(left) {
-            Ok(value) => value,
-            Err(RecvTimeoutError::Timeout) => panic!("chromium did not answer in time"),
-            Err(RecvTimeoutError::Disconnected) => panic!("chromium exited"),
-        }
-    }
-
-    fn call(&mut self, session: Option<&str>, method: &str, params: Value) -> Value {
-        self.next_id += 1;
-        let id = self.next_id;
-        let mut command = json!({"id": id, "method": method, "params": params});
-        if let Some(session) = session {
-            command["sessionId"] = json!(session);
-        }
-        let mut bytes = serde_json::to_vec(&command).unwrap();
-        bytes.push(0);
-        self.commands.write_all(&bytes).unwrap();
-        self.commands.flush().unwrap();
-        let deadline = Instant::now() + ANSWER_TIMEOUT;
-        loop {
-            let message = self.next(deadline);
-            if message["id"] == json!(id) {
-                assert!(
-                    message.get("error").is_none(),
-                    "{method} failed: {}",
-                    message["error"]
-                );
-                return message["result"].clone();
-            }
-            self.events.push(message);
-        }
-    }
-
-    /// A command to the page's session.
-    fn page(&mut self, method: &str, params: Value) -> Value {
-        let session = self.session.clone();
-        self.call(Some(&session), method, params)
-    }
-
-    fn wait_for_event(&mut self, method: &str) -> Value {
-        if let Some(at) = self.events.iter().position(|e| e["method"] == method) {
-            return self.events.remove(at);
-        }
-        let deadline = Instant::now() + ANSWER_TIMEOUT;
-        loop {
-            let message = self.next(deadline);
-            if message["method"] == method {
-                return message;
-            }
-            self.events.push(message);
-        }
-    }
-
-    /// Runs `expression` in the page and returns its value.
-    fn eval(&mut self, expression: &str) -> Value {
-        let result = self.page(
-            "Runtime.evaluate",
-            json!({"expression": expression, "returnByValue": true, "awaitPromise": true}),
-        );
-        assert!(
-            result.get("exceptionDetails").is_none(),
-            "{expression}: {}",
-            result["exceptionDetails"]
-        );
-        result["result"]["value"].clone()
-    }
-
-    fn events_named(&self, method: &str) -> Vec<&Value> {
-        self.events
-            .iter()
-            .filter(|e| e["method"] == method)
-            .collect()
-    }
-}
-
-impl Drop for Browser {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// The fixture run with hostile text wherever agent, user or suite text reaches the page.
 fn hostile_run(dir: &Path) -> PathBuf {
@@ -412,4 +214,124 @@ fn the_report_works_in_a_real_browser() {
         logged.is_empty(),
         "errors in the page (CSP violations?): {logged:?}"
     );
+}
+
+/// Long suite, scenario and agent names: one with spaces, two without (nowhere to wrap).
+const LONG_SUITE: &str = "customer-support-regression-suite-for-the-duct-cleaning-booking-flow-v2";
+const LONG_SCENARIO: &str =
+    "a returning customer books a duct cleaning for two units and asks about prices twice";
+const LONG_AGENT: &str = "demo-agent-with-a-very-long-deployment-name-eu-west-1-canary-2026-11-25";
+
+/// The fixture run with long names, written as `report.html` under `dir`.
+fn long_names_run(dir: &Path) -> PathBuf {
+    let mut entries = fixtures::entries();
+    entries.push(JournalEntry::RunFinished(fixtures::summary()));
+    // Whole JSON string values only: the quotes are part of what is replaced.
+    let renamed: Vec<JournalEntry> = entries
+        .iter()
+        .map(|entry| {
+            let text = serde_json::to_string(entry)
+                .unwrap()
+                .replace("\"shop\"", &format!("{LONG_SUITE:?}"))
+                .replace("\"booking\"", &format!("{LONG_SCENARIO:?}"))
+                .replace("\"demo\"", &format!("{LONG_AGENT:?}"));
+            serde_json::from_str(&text).unwrap()
+        })
+        .collect();
+    fixtures::write_journal(dir, &renamed, "");
+    write_reports(dir, &ReportOptions::default()).unwrap().html
+}
+
+/// Long names do not push a table's counts and rates out of its box: at a desktop width
+/// (two tables side by side) and a narrow one (one column), every summary table fits its
+/// section, the page does not scroll sideways, and a shortened name has the full name on
+/// hover. `TRELLIS_SCREENSHOTS=DIR` saves what the browser drew at each width.
+#[test]
+fn long_names_fit_the_report_tables() {
+    let Some(binary) = chromium() else {
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED long_names_fit_the_report_tables: no chromium binary on PATH \
+             (install chromium, or set TRELLIS_CHROMIUM to a Chrome/Chromium binary)"
+        );
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    std::fs::create_dir(&run).unwrap();
+    let html = long_names_run(&run);
+    let url = format!("file://{}", html.canonicalize().unwrap().display());
+
+    let mut browser = Browser::launch(&binary);
+    for width in [1280, 600] {
+        browser.page(
+            "Emulation.setDeviceMetricsOverride",
+            json!({"width": width, "height": 900, "deviceScaleFactor": 1, "mobile": false}),
+        );
+        browser.page("Page.navigate", json!({"url": url}));
+        browser.wait_for_event("Page.loadEventFired");
+        assert_eq!(
+            browser.eval("document.documentElement.dataset.ready"),
+            "yes"
+        );
+        if let Some(shots) = std::env::var_os("TRELLIS_SCREENSHOTS") {
+            let shot = browser.page("Page.captureScreenshot", json!({"format": "png"}));
+            let png = base64_decode(shot["data"].as_str().unwrap());
+            std::fs::write(Path::new(&shots).join(format!("report-{width}.png")), png).unwrap();
+        }
+        let tables = browser.eval(
+            "Array.from(document.querySelectorAll('section.rates')).map(s => { \
+               const t = s.querySelector('table'); \
+               return [s.querySelector('h2').textContent, \
+                       Math.round(t.getBoundingClientRect().width), s.clientWidth]; })",
+        );
+        let tables = tables.as_array().unwrap();
+        assert_eq!(tables.len(), 3);
+        for table in tables {
+            assert!(
+                table[1].as_f64().unwrap() <= table[2].as_f64().unwrap(),
+                "at {width} px, table {} is wider than its box: {tables:?}",
+                table[0]
+            );
+        }
+        // Every rate cell is on screen.
+        assert_eq!(
+            browser.eval(
+                "Array.from(document.querySelectorAll('section.rates td.n:nth-last-child(2)')) \
+                 .filter(td => td.getBoundingClientRect().right > \
+                               document.documentElement.clientWidth).length"
+            ),
+            0,
+            "at {width} px"
+        );
+        assert_eq!(
+            browser.eval(
+                "document.documentElement.scrollWidth <= document.documentElement.clientWidth"
+            ),
+            true,
+            "at {width} px the page scrolls sideways"
+        );
+        // The full names are there on hover.
+        let titles = browser.eval(
+            "Array.from(document.querySelectorAll('section.rates td.name')).map(td => td.title)",
+        );
+        for name in [LONG_SUITE, LONG_SCENARIO, LONG_AGENT] {
+            assert!(
+                titles
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|t| t.as_str().is_some_and(|t| t.contains(name))),
+                "{name} in {titles}"
+            );
+        }
+    }
+}
+
+/// Standard base64, for the screenshots chromium sends.
+fn base64_decode(text: &str) -> Vec<u8> {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .unwrap()
 }

@@ -73,11 +73,12 @@ fn html_is_escaped_self_contained_and_in_stable_order() {
     assert!(after.contains("<span class=\"flaky\""), "{after}");
     assert!(html.contains("title=\"repetitions that passed, of those that ran\">2/2</span>"));
 
-    // The failing criterion and why on the collapsed row, with a human place.
+    // The failing criterion and why on the collapsed row, with a human place; turns are
+    // numbered as `turn_index` in the Parquet tables (from 0), as in every other output.
     let failed_row = &html[position(&html, "id=\"s0-t1-a0-r1\"")..];
     let summary = &failed_row[..position(failed_row, "</summary>")];
     assert!(
-        summary.contains("reply matches=&quot;\\$\\d+&quot; (turn 3, after the fork «asks-price»)"),
+        summary.contains("reply matches=&quot;\\$\\d+&quot; (turn 2, after the fork «asks-price»)"),
         "{summary}"
     );
     assert!(summary.contains("reply has no price: &lt;script&gt;"));
@@ -85,7 +86,7 @@ fn html_is_escaped_self_contained_and_in_stable_order() {
     // Transcript: labelled nodes, shared prefix, siblings linked, tool calls, faults.
     assert!(html.contains("shared prefix · shared by 2 trajectories"));
     assert!(html.contains("other branches: <a href=\"#s0-t0-a0-r1-n1\">branch «accepts»</a>"));
-    assert!(html.contains("<b>turn 3</b>, after the fork «asks-price»"));
+    assert!(html.contains("<b>turn 2</b>, after the fork «asks-price»"));
     assert!(html.contains("Let me check the service area."));
     assert!(
         html.contains("check_service_area")
@@ -288,7 +289,8 @@ fn the_compare_page_shows_regressions_first_and_escapes_everything() {
     assert!(html.contains("−25.0 pts"), "pass rate metric as points");
     assert!(html.contains("<span class=\"verdict regressed\">regressed</span>"));
     assert!(html.contains("data-changed=\"no\""));
-    assert!(html.contains("shop &#x2f; booking &#x2f; asks-price · demo · turn 3"));
+    // Turns numbered from 0, as `turn_index` in the tables (the fixture's row is turn 2).
+    assert!(html.contains("shop &#x2f; booking &#x2f; asks-price · demo · turn 2"));
 }
 
 /// A run that stopped early says how much of the plan it covers, in the header and per

@@ -1,8 +1,9 @@
 //! `trellis watch --serve`: the latest rerun's `report.html` on 127.0.0.1, and a
 //! server-sent event stream that tells the open tab to reload after each rerun.
 //!
-//! The reload script is added to the page as it is served; the report file on disk stays
-//! exactly what `trellis run` writes.
+//! The reload script is added to the page as it is served, and the page's
+//! Content-Security-Policy widened to allow it (by hash) and its connection to `/events`;
+//! the report file on disk stays exactly what `trellis run` writes.
 
 use std::convert::Infallible;
 use std::path::PathBuf;
@@ -16,8 +17,9 @@ use axum::routing::get;
 use tokio::sync::broadcast;
 
 /// Reloads the page when the server says a new report is out, and reconnects on its own
-/// (EventSource does) if watch restarts.
-const RELOAD_SCRIPT: &str = r#"<script>(function(){var s=new EventSource("/events");s.addEventListener("reload",function(){location.reload();});})();</script>"#;
+/// (EventSource does) if watch restarts. Added by [`trellis_reports::with_served_script`],
+/// which lets the report's Content-Security-Policy run it.
+const RELOAD_SCRIPT: &str = r#"(function(){var s=new EventSource("/events");s.addEventListener("reload",function(){location.reload();});})();"#;
 
 const WAITING: &str = "<!doctype html><html><head><meta charset=\"utf-8\"><title>trellis \
                        watch</title></head><body><p>Waiting for the first run to finish…</p>\
@@ -97,16 +99,12 @@ async fn report(State(shared): State<Shared>) -> impl IntoResponse {
         },
         None => WAITING.to_string(),
     };
-    Html(with_reload(page))
+    Html(with_reload(&page))
 }
 
-/// The page with the reload script before `</body>` (or at the end).
-fn with_reload(mut page: String) -> String {
-    match page.rfind("</body>") {
-        Some(at) => page.insert_str(at, RELOAD_SCRIPT),
-        None => page.push_str(RELOAD_SCRIPT),
-    }
-    page
+/// The page with the reload script, allowed by the page's policy.
+fn with_reload(page: &str) -> String {
+    trellis_reports::with_served_script(page, RELOAD_SCRIPT)
 }
 
 async fn events(
@@ -134,8 +132,8 @@ mod tests {
 
     #[test]
     fn the_script_goes_before_the_end_of_the_body() {
-        let page = with_reload("<html><body><p>x</p></body></html>".into());
-        assert!(page.ends_with(&format!("{RELOAD_SCRIPT}</body></html>")));
-        assert!(with_reload("bare".into()).ends_with(RELOAD_SCRIPT));
+        let page = with_reload("<html><body><p>x</p></body></html>");
+        assert!(page.ends_with(&format!("<script>{RELOAD_SCRIPT}</script></body></html>")));
+        assert!(!RELOAD_SCRIPT.contains("</"));
     }
 }
