@@ -41,7 +41,7 @@ pub struct RunsArgs {
 enum RunsAction {
     /// Give a run a name that `compare`, `run --baseline` and `runs pin` accept.
     ///
-    /// Example: trellis runs name 20261122T035000Z-1a2b before-prompt-change
+    /// Example: trellis runs name 20261122T035000.123Z-1a2b before-prompt-change
     Name {
         /// Run directory, run id (or a unique prefix) or current name.
         run: String,
@@ -280,7 +280,7 @@ fn default_pair(dir: &Path) -> Result<(RunEntry, RunEntry), HistoryError> {
             let head = latest_other_than(dir, &pinned.run_id)?;
             Ok((pinned, head))
         }
-        Err(HistoryError::NotEnoughRuns { .. }) | Err(HistoryError::NoSuchRun { .. }) => {
+        Err(HistoryError::NothingPinned { .. }) | Err(HistoryError::NoSuchRun { .. }) => {
             history::last_two(dir)
         }
         Err(e) => Err(e),
@@ -523,5 +523,19 @@ pub fn print_comparison(c: &Comparison) {
 /// `trellis run --baseline`: resolves the baseline before the run starts, so a typo fails
 /// at once rather than after the whole run.
 pub fn resolve_baseline(runs_dir: &Path, what: &str) -> Result<RunEntry, u8> {
-    history::resolve_run(runs_dir, what).map_err(report_error)
+    history::resolve_run(runs_dir, what).map_err(|e| {
+        // `--baseline` takes an optional value, so `run --baseline suites/` reads the suite
+        // path as the baseline's name.
+        let is_suite_path = matches!(e, HistoryError::NoSuchRun { .. })
+            && (Path::new(what).exists() || what.ends_with(".kdl"));
+        let code = report_error(e);
+        if is_suite_path {
+            errln!(
+                "hint: `{what}` was taken as the value of --baseline; put --baseline after \
+                 the suite paths (`trellis run {what} --baseline`) or give the run as \
+                 --baseline=RUN"
+            );
+        }
+        code
+    })
 }
