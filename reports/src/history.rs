@@ -601,6 +601,43 @@ fn meta_of(run: &RunEntry) -> RunMeta {
     })
 }
 
+/// Every agent turn's latency in milliseconds, replayed prefix turns left out (as in the
+/// run's statistics): what `compare` ranks to tell a slower agent from noise. Read from
+/// `turns.parquet`, else from the journal; `None` when neither can be read.
+pub fn turn_latencies(dir: &Path) -> Option<Vec<f64>> {
+    let from_table = || -> PolarsResult<Vec<f64>> {
+        let file = File::open(dir.join(crate::tables::TURNS_FILE))?;
+        let df = ParquetReader::new(file)
+            .with_columns(Some(vec!["latency_ms".to_owned(), "replay".to_owned()]))
+            .finish()?;
+        let latency = df.column("latency_ms")?.f64()?;
+        let replay = df.column("replay")?.bool()?;
+        Ok(latency
+            .iter()
+            .zip(replay.iter())
+            .filter(|(_, replay)| *replay != Some(true))
+            .filter_map(|(ms, _)| ms)
+            .filter(|ms| ms.is_finite())
+            .collect())
+    };
+    if let Ok(latencies) = from_table() {
+        return Some(latencies);
+    }
+    let mut journal = crate::journal::JournalReader::open(&dir.join(JOURNAL_FILE)).ok()?;
+    let mut latencies = Vec::new();
+    while let Some(entry) = journal.next_entry().ok()? {
+        if let trellis_engine::record::JournalEntry::Node(node) = entry {
+            latencies.extend(
+                node.turns
+                    .iter()
+                    .filter(|t| !t.replay && t.latency_ms.is_finite())
+                    .map(|t| t.latency_ms),
+            );
+        }
+    }
+    Some(latencies)
+}
+
 /// The statistics of a run: its `summary.json`, else its journal replayed.
 pub fn run_stats(dir: &Path) -> Result<crate::stats::RunStats, HistoryError> {
     let path = dir.join(crate::SUMMARY_FILE);

@@ -333,7 +333,17 @@ pub fn compare_runs(
         run_ref(head),
         thresholds,
         untrusted_judges(&[&base.dir, &head.dir])?,
+        turn_latencies(&base.dir, &head.dir).as_ref(),
     ))
+}
+
+/// Both runs' per-turn latencies, when both can be read (else latency is judged on the
+/// mean alone).
+pub fn turn_latencies(base: &Path, head: &Path) -> Option<compare::TurnLatencies> {
+    Some(compare::TurnLatencies {
+        base: history::turn_latencies(base)?,
+        head: history::turn_latencies(head)?,
+    })
 }
 
 /// The judges the runs' `calibration.json` files mark below the agreement floor.

@@ -158,6 +158,7 @@ fn compare_with(
         history::run_ref(&head),
         args.thresholds.thresholds(),
         history::untrusted_judges(&[&base.dir, out])?,
+        history::turn_latencies(&base.dir, out).as_ref(),
     );
     let path = out.join(trellis_reports::COMPARE_FILE);
     if let Err(e) = trellis_reports::write_json(&path, &comparison) {

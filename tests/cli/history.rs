@@ -910,3 +910,71 @@ async fn baseline_mistakes_are_explained() {
     assert!(err.contains("trellis runs pin"), "{err}");
     assert!(!work.path().join("runs").exists());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identical_runs_pass_and_an_agent_twice_as_slow_is_a_latency_regression() {
+    use super::support::{Behavior, MisbehavingServer, OK_BODY};
+    let runs = tempfile::tempdir().unwrap();
+    let run = |name: &'static str, delay_ms: u64| {
+        let runs = runs.path().to_path_buf();
+        async move {
+            let server = MisbehavingServer::start(Behavior::Delayed {
+                delay: std::time::Duration::from_millis(delay_ms),
+                body: OK_BODY.to_owned(),
+            })
+            .await;
+            let suite = format!(
+                "agent \"slow\" protocol=\"connexity\" url=\"{}\"\n\
+                 scenario \"hello\" {{\n    agent \"slow\"\n    repeat 8\n    \
+                 user \"hi\"\n    user \"again\"\n}}\n",
+                server.url()
+            );
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join("slow.kdl"), suite).unwrap();
+            let o = trellis()
+                .arg("run")
+                .arg(dir.path())
+                .args(["-q", "--out"])
+                .arg(runs.join(name))
+                .output()
+                .await
+                .unwrap();
+            assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+        }
+    };
+    run("base", 50).await;
+    run("slower", 100).await;
+    // Identical runs of an agent that answers in 200 ms: on a loaded machine (CI runners,
+    // parallel builds) every turn of a whole run can take 10–20 ms longer, a real shift of
+    // what was measured that no test on the turns can call noise; 20% of 200 ms is above it.
+    let same = [
+        "same0", "same1", "same2", "same3", "same4", "same5", "same6", "same7",
+    ];
+    for name in same {
+        run(name, 200).await;
+    }
+
+    // Every ordered pair of the eight identical runs: 56 comparisons, none regressed.
+    let mut regressed = Vec::new();
+    for base in same {
+        for head in same.into_iter().filter(|h| *h != base) {
+            let o = compare(runs.path(), &[base, head]).await;
+            if o.status.code() != Some(0) {
+                regressed.push(format!("{base} → {head}:\n{}", stdout(&o)));
+            }
+        }
+    }
+    assert!(regressed.is_empty(), "{}", regressed.join("\n"));
+
+    let o = compare(runs.path(), &["base", "slower", "--json"]).await;
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    let c: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let latency = c["metrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["metric"] == "latency_mean_ms")
+        .unwrap();
+    assert_eq!(latency["verdict"], "regressed", "{latency}");
+    assert!(latency["p_value"].as_f64().unwrap() < 0.001, "{latency}");
+}
