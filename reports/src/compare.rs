@@ -79,6 +79,9 @@ pub enum Verdict {
     /// The mean judge score of a run whose calibration marks a judge below the agreement
     /// floor: shown, never a regression.
     Ungated,
+    /// Ran in the base run, skipped in the head run (such as a scenario whose `needs`
+    /// failed): a regression of the scenario; its branches and checks say so too.
+    NotRun,
 }
 
 impl Verdict {
@@ -92,6 +95,7 @@ impl Verdict {
             Verdict::Removed => "removed",
             Verdict::NotComparable => "not comparable",
             Verdict::Ungated => "not gated",
+            Verdict::NotRun => "not run",
         }
     }
 }
@@ -145,6 +149,9 @@ pub struct ScenarioChange {
     pub rate: RateChange,
     pub base_latency_mean_ms: Option<f64>,
     pub head_latency_mean_ms: Option<f64>,
+    /// Why the head run skipped it, when the verdict is `not_run`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_run: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -260,20 +267,58 @@ pub fn compare(
             .map(|s| ((s.suite.clone(), s.scenario.clone(), s.agent.clone()), s)),
     )
     .into_iter()
-    .map(|((suite, scenario, agent), (b, h))| ScenarioChange {
-        rate: judge_rate(
+    .map(|((suite, scenario, agent), (b, h))| {
+        let mut rate = judge_rate(
             b.map(|s| tally(s.repeats.passed, s.repeats.samples)),
             h.map(|s| tally(s.repeats.passed, s.repeats.samples)),
             &thresholds,
-        ),
-        base_latency_mean_ms: b.and_then(|s| s.latency.mean_ms),
-        head_latency_mean_ms: h.and_then(|s| s.latency.mean_ms),
-        suite,
-        scenario,
-        agent,
+        );
+        // Ran in the base, only skipped in the head: lost, not "not comparable".
+        let not_run = match (b, h) {
+            (Some(b), Some(h))
+                if b.repeats.samples > 0 && h.repeats.samples == 0 && h.counts.skipped > 0 =>
+            {
+                rate.verdict = Verdict::NotRun;
+                Some(
+                    h.skip_reason
+                        .clone()
+                        .unwrap_or_else(|| "skipped".to_owned()),
+                )
+            }
+            _ => None,
+        };
+        ScenarioChange {
+            rate,
+            base_latency_mean_ms: b.and_then(|s| s.latency.mean_ms),
+            head_latency_mean_ms: h.and_then(|s| s.latency.mean_ms),
+            not_run,
+            suite,
+            scenario,
+            agent,
+        }
     })
     .collect();
+    // The scenarios the head run skipped: their branches and checks were not run either,
+    // not removed from the suite.
+    let not_run: std::collections::BTreeSet<(&str, &str, &str)> = scenarios
+        .iter()
+        .filter(|s| s.rate.verdict == Verdict::NotRun)
+        .map(|s| (s.suite.as_str(), s.scenario.as_str(), s.agent.as_str()))
+        .collect();
+    let skipped_in_head = |suite: &str, scenario: &str, agent: &str, rate: &mut RateChange| {
+        if not_run.contains(&(suite, scenario, agent))
+            && matches!(rate.verdict, Verdict::Removed | Verdict::NotComparable)
+        {
+            rate.verdict = Verdict::NotRun;
+        }
+    };
     for s in &scenarios {
+        if let Some(why) = &s.not_run {
+            regressions.push(format!(
+                "scenario {}/{} [{}]: not run ({why})",
+                s.suite, s.scenario, s.agent
+            ));
+        }
         if s.rate.verdict == Verdict::Regressed {
             regressions.push(format!(
                 "scenario {}/{} [{}]: {}",
@@ -310,19 +355,21 @@ pub fn compare(
         }),
     )
     .into_iter()
-    .map(
-        |((suite, scenario, trajectory, agent), (b, h))| BranchChange {
-            rate: judge_rate(
-                b.map(|b| tally(b.repeats.passed, b.repeats.samples)),
-                h.map(|b| tally(b.repeats.passed, b.repeats.samples)),
-                &thresholds,
-            ),
+    .map(|((suite, scenario, trajectory, agent), (b, h))| {
+        let mut rate = judge_rate(
+            b.map(|b| tally(b.repeats.passed, b.repeats.samples)),
+            h.map(|b| tally(b.repeats.passed, b.repeats.samples)),
+            &thresholds,
+        );
+        skipped_in_head(&suite, &scenario, &agent, &mut rate);
+        BranchChange {
+            rate,
             suite,
             scenario,
             trajectory,
             agent,
-        },
-    )
+        }
+    })
     .collect();
     for b in &branches {
         if b.rate.verdict == Verdict::Regressed {
@@ -344,11 +391,15 @@ pub fn compare(
     .into_iter()
     .map(
         |((suite, scenario, trajectory, agent, turn_index, criterion), (b, h))| CriterionChange {
-            rate: judge_rate(
-                b.map(|c| tally(c.passed, c.passed + c.failed)),
-                h.map(|c| tally(c.passed, c.passed + c.failed)),
-                &thresholds,
-            ),
+            rate: {
+                let mut rate = judge_rate(
+                    b.map(|c| tally(c.passed, c.passed + c.failed)),
+                    h.map(|c| tally(c.passed, c.passed + c.failed)),
+                    &thresholds,
+                );
+                skipped_in_head(&suite, &scenario, &agent, &mut rate);
+                rate
+            },
             head_failure: h.and_then(|c| c.first_failure.clone()),
             suite,
             scenario,

@@ -376,7 +376,7 @@ fn rate_cell(t: Option<compare::Tally>) -> String {
 fn verdict_cell(verdict: Verdict) -> Cell {
     console::verdict_cell(
         verdict.as_str(),
-        verdict == Verdict::Regressed,
+        matches!(verdict, Verdict::Regressed | Verdict::NotRun),
         verdict == Verdict::Improved,
     )
 }
@@ -435,7 +435,10 @@ pub fn print_comparison(c: &Comparison) {
                 Cell::new(rate_cell(s.rate.base)),
                 Cell::new(rate_cell(s.rate.head)),
                 Cell::new(p_cell(s.rate.p_value)),
-                verdict_cell(s.rate.verdict),
+                match &s.not_run {
+                    Some(why) => console::verdict_cell(&format!("not run ({why})"), true, false),
+                    None => verdict_cell(s.rate.verdict),
+                },
             ]);
         }
         outln!("scenarios (repetitions where every branch passed)\n{table}");
@@ -465,11 +468,21 @@ pub fn print_comparison(c: &Comparison) {
     // A check only in one run belongs to a branch or scenario only in one run (listed
     // above) or was added to or removed from the suite: counted, not listed.
     let one_sided = |v: Verdict| matches!(v, Verdict::Added | Verdict::Removed);
+    // Checks of a scenario the head run skipped are that scenario's line above.
     let criteria: Vec<_> = c
         .criteria
         .iter()
-        .filter(|k| changed(k.rate.verdict) && !one_sided(k.rate.verdict))
+        .filter(|k| {
+            changed(k.rate.verdict)
+                && !one_sided(k.rate.verdict)
+                && k.rate.verdict != Verdict::NotRun
+        })
         .collect();
+    let not_run = c
+        .criteria
+        .iter()
+        .filter(|k| k.rate.verdict == Verdict::NotRun)
+        .count();
     let only_one_side = c
         .criteria
         .iter()
@@ -495,6 +508,12 @@ pub fn print_comparison(c: &Comparison) {
             ]);
         }
         outln!("checks\n{table}");
+    }
+    if not_run > 0 {
+        outln!(
+            "{} of scenarios that did not run in the head run (listed with --json)",
+            console::count(not_run as u64, "check", "checks")
+        );
     }
     if only_one_side > 0 {
         outln!(

@@ -978,3 +978,78 @@ async fn identical_runs_pass_and_an_agent_twice_as_slow_is_a_latency_regression(
     assert_eq!(latency["verdict"], "regressed", "{latency}");
     assert!(latency["p_value"].as_f64().unwrap() < 0.001, "{latency}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scenario_skipped_because_its_needs_failed_is_not_run_and_a_regression() {
+    use super::support::MisbehavingServer;
+    let runs = tempfile::tempdir().unwrap();
+    let run = |name: &'static str, reply: &'static str| {
+        let runs = runs.path().to_path_buf();
+        async move {
+            let body = format!(
+                r#"{{"messages":[{{"role":"assistant","content":"{reply}"}}],"model":"m","provider":"p"}}"#
+            );
+            let server = MisbehavingServer::respond(200, &body).await;
+            let suite = format!(
+                "agent \"bot\" protocol=\"connexity\" url=\"{}\"\n\
+                 scenario \"login\" {{\n    agent \"bot\"\n    user \"hi\"\n    \
+                 expect {{ reply contains=\"Hello\" }}\n}}\n\
+                 scenario \"order\" {{\n    agent \"bot\"\n    needs \"login\"\n    \
+                 user \"order\"\n    expect {{ reply contains=\"Hello\" }}\n}}\n",
+                server.url()
+            );
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join("needs.kdl"), suite).unwrap();
+            let o = trellis()
+                .arg("run")
+                .arg(dir.path())
+                .args(["-q", "--out"])
+                .arg(runs.join(name))
+                .output()
+                .await
+                .unwrap();
+            assert!(o.status.code().is_some(), "{}", stderr(&o));
+        }
+    };
+    run("base", "Hello there.").await;
+    run("head", "Goodbye.").await;
+
+    let o = compare(
+        runs.path(),
+        &["base", "head", "--max-latency-increase", "100000"],
+    )
+    .await;
+    let out = stdout(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(
+        out.contains("not run (needs `login`, which did not pass)"),
+        "{out}"
+    );
+    assert!(!out.contains("removed"), "{out}");
+    assert!(
+        out.contains("scenario needs/order [bot]: not run (needs `login`"),
+        "{out}"
+    );
+    let o = compare(
+        runs.path(),
+        &["base", "head", "--json", "--max-latency-increase", "100000"],
+    )
+    .await;
+    let c: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let order = c["scenarios"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["scenario"] == "order")
+        .unwrap();
+    assert_eq!(order["rate"]["verdict"], "not_run", "{order}");
+    assert!(
+        c["criteria"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|k| k["scenario"] == "order")
+            .all(|k| k["rate"]["verdict"] == "not_run"),
+        "{c}"
+    );
+}
