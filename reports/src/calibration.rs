@@ -10,7 +10,7 @@
 //! gate on the mean judge score of a run whose judge is below the floor. The layout is
 //! documented in `docs/results.md`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
@@ -153,6 +153,23 @@ pub enum CalibrationError {
         )
     )]
     NoJudgedChecks { path: PathBuf },
+
+    #[error(
+        "the labels in {labels_file} for judge `{judge}` (rubric `{rubric}`) share no category with the judge's: the labels say {human}, the judge says {judged}"
+    )]
+    #[diagnostic(
+        code(trellis::calibrate::vocabulary),
+        help(
+            "label with the judge's own categories, or with `pass`/`fail`, which are compared with the judge's verdict"
+        )
+    )]
+    Vocabulary {
+        labels_file: String,
+        judge: String,
+        rubric: String,
+        human: String,
+        judged: String,
+    },
 
     #[error("cannot read {}", path.display())]
     #[diagnostic(code(trellis::calibrate::calibration_json))]
@@ -305,17 +322,19 @@ fn verdict(row: &CheckRow) -> &'static str {
 }
 
 /// Joins `labels` with the judged checks among `checks` and measures each judge's
-/// agreement per rubric. Categories: a human `label` is compared with the judge's `label`
-/// (or, when the judge gave none, its verdict `pass`/`fail`), case-insensitively; a human
-/// who gave only a score is turned into `pass`/`fail` by the check's threshold and compared
-/// with the judge's verdict.
+/// agreement per rubric. Categories: a human `pass`/`fail` (the documented vocabulary) is
+/// compared with the judge's verdict; any other human `label` with the judge's `label` (or,
+/// when the judge gave none, its verdict), case-insensitively; a human who gave only a
+/// score is turned into `pass`/`fail` by the check's threshold and compared with the
+/// judge's verdict. Labels that share no category with any label the judge gave on that
+/// rubric in the run are an error: their agreement would be 0 by construction.
 pub fn calibrate(
     run_id: &str,
     labels_file: &str,
     checks: &[CheckRow],
     labels: &[HumanLabel],
     floors: Floors,
-) -> Calibration {
+) -> Result<Calibration, CalibrationError> {
     let judged: Vec<&CheckRow> = checks.iter().filter(|c| c.judge.is_some()).collect();
     let mut labelled: BTreeMap<usize, usize> = BTreeMap::new();
     let mut unmatched_labels = Vec::new();
@@ -366,10 +385,27 @@ pub fn calibrate(
         }
     }
 
+    // Every category each judge gave per rubric, over the whole run.
+    let mut judge_vocabulary: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
+    for row in &judged {
+        let key = (
+            row.judge.clone().unwrap_or_default(),
+            row.rubric.clone().unwrap_or_default(),
+        );
+        let vocabulary = judge_vocabulary.entry(key).or_default();
+        if let Some(label) = row.label.as_deref().map(|l| l.trim().to_lowercase())
+            && !label.is_empty()
+        {
+            vocabulary.insert(label);
+        }
+    }
+
     struct Group<'a> {
         provider: Option<String>,
         model: Option<String>,
         categories: Vec<(String, String)>,
+        /// Human categories compared with the judge's own labels (not its verdict).
+        against_labels: BTreeSet<String>,
         scores: Vec<(f64, f64)>,
         rows: Vec<&'a CheckRow>,
     }
@@ -393,17 +429,20 @@ pub fn calibrate(
             provider: row.judge_provider.clone(),
             model: row.judge_model.clone(),
             categories: Vec::new(),
+            against_labels: BTreeSet::new(),
             scores: Vec::new(),
             rows: Vec::new(),
         });
         group.rows.push(row);
-        let category = match &label.label {
-            Some(human) => (
-                human.to_lowercase(),
-                row.label
-                    .as_deref()
-                    .map_or_else(|| verdict(row).to_owned(), |l| l.trim().to_lowercase()),
-            ),
+        let category = match label.label.as_deref().map(|l| l.trim().to_lowercase()) {
+            Some(human) if human == "pass" || human == "fail" => (human, verdict(row).to_owned()),
+            Some(human) => match row.label.as_deref().map(|l| l.trim().to_lowercase()) {
+                Some(judged) if !judged.is_empty() => {
+                    group.against_labels.insert(human.clone());
+                    (human, judged)
+                }
+                _ => (human, verdict(row).to_owned()),
+            },
             None => {
                 let threshold = row.threshold.unwrap_or(0.5);
                 let human = if label.score.unwrap_or(0.0) >= threshold {
@@ -417,6 +456,27 @@ pub fn calibrate(
         group.categories.push(category);
         if let (Some(h), Some(j)) = (label.score, row.score) {
             group.scores.push((h, j));
+        }
+    }
+
+    for ((judge, rubric), group) in &groups {
+        let Some(judged) = judge_vocabulary.get(&(judge.clone(), rubric.clone())) else {
+            continue;
+        };
+        if !group.against_labels.is_empty() && group.against_labels.is_disjoint(judged) {
+            let list = |set: &BTreeSet<String>| {
+                set.iter()
+                    .map(|c| format!("`{c}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            };
+            return Err(CalibrationError::Vocabulary {
+                labels_file: labels_file.to_owned(),
+                judge: judge.clone(),
+                rubric: rubric.clone(),
+                human: list(&group.against_labels),
+                judged: list(judged),
+            });
         }
     }
 
@@ -449,7 +509,7 @@ pub fn calibrate(
         .map(|j| j.judge.clone())
         .collect();
     below_floor.dedup();
-    Calibration {
+    Ok(Calibration {
         schema_version: CALIBRATION_SCHEMA_VERSION,
         run_id: run_id.to_owned(),
         labels_file: labels_file.to_owned(),
@@ -462,7 +522,7 @@ pub fn calibrate(
         unmatched_labels,
         unlabeled_checks,
         judge_errors,
-    }
+    })
 }
 
 fn trust(kappa: &Figure, pearson: &Figure, floors: &Floors) -> (Trust, Vec<String>) {
@@ -519,13 +579,13 @@ pub fn calibrate_run(
         });
     }
     let run_id = checks.first().map(|c| c.run_id.clone()).unwrap_or_default();
-    Ok(calibrate(
+    calibrate(
         &run_id,
         &labels_file.display().to_string(),
         &checks,
         labels,
         floors,
-    ))
+    )
 }
 
 /// A judge a run's `calibration.json` marks below the agreement floor.
@@ -634,7 +694,7 @@ mod tests {
             human(8, "nowhere", 0.5, None),
             human(9, "t9", 0.5, None),
         ];
-        let c = calibrate("r", "l.csv", &checks, &labels, Floors::default());
+        let c = calibrate("r", "l.csv", &checks, &labels, Floors::default()).unwrap();
         assert_eq!((c.judged_checks, c.labels, c.matched), (6, 8, 5));
         let j = &c.judges[0];
         assert_eq!((j.n, j.scored), (4, 4));
@@ -684,7 +744,7 @@ mod tests {
                 )
             })
             .collect();
-        let c = calibrate("r", "l", &checks, &labels, Floors::default());
+        let c = calibrate("r", "l", &checks, &labels, Floors::default()).unwrap();
         assert_eq!(c.below_floor, ["bad"]);
         assert_eq!(c.judges[0].trust, Trust::BelowFloor);
         assert!(c.judges[0].reasons[0].contains("below 0.6"));
@@ -703,13 +763,77 @@ mod tests {
             agent: "b".into(),
             ..checks[0].clone()
         });
-        let c = calibrate("r", "l", &twice, &labels[..1], Floors::default());
+        let c = calibrate("r", "l", &twice, &labels[..1], Floors::default()).unwrap();
         assert!(
             c.unmatched_labels[0]
                 .why
                 .contains("matches 2 judged checks")
         );
         assert_eq!(c.judges.len(), 0);
+    }
+
+    /// Eight outcome checks whose judge labels are `holds`/`does not hold`.
+    fn outcome_checks() -> Vec<CheckRow> {
+        (0..8)
+            .map(|i| {
+                let holds = i % 2 == 0;
+                check(
+                    &format!("t{i}"),
+                    "j",
+                    if holds { "passed" } else { "failed" },
+                    if holds { 0.9 } else { 0.1 },
+                    if holds { "holds" } else { "does not hold" },
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn pass_and_fail_labels_are_compared_with_the_judges_verdict() {
+        let checks = outcome_checks();
+        // The human agrees with the verdict on 7 of 8, in any case.
+        let labels: Vec<HumanLabel> = (0..8)
+            .map(|i| {
+                let pass = (i % 2 == 0) != (i == 3);
+                let mut l = human(i + 2, &format!("t{i}"), 0.0, None);
+                l.score = None;
+                l.label = Some(if pass { "PASS" } else { "fail" }.to_owned());
+                l
+            })
+            .collect();
+        let c = calibrate("r", "l", &checks, &labels, Floors::default()).unwrap();
+        assert_eq!(c.judges[0].agreement.value, Some(0.875));
+        assert!(c.judges[0].kappa.value.unwrap() > 0.7);
+        assert!(c.below_floor.is_empty());
+    }
+
+    #[test]
+    fn labels_sharing_nothing_with_the_judges_are_an_error_naming_both() {
+        let checks = outcome_checks();
+        let labels: Vec<HumanLabel> = (0..8)
+            .map(|i| {
+                let mut l = human(i + 2, &format!("t{i}"), 0.0, None);
+                l.score = None;
+                l.label = Some(if i % 2 == 0 { "yes" } else { "no" }.to_owned());
+                l
+            })
+            .collect();
+        let e = calibrate("r", "l.csv", &checks, &labels, Floors::default()).unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains("`no`, `yes`"), "{text}");
+        assert!(text.contains("`does not hold`, `holds`"), "{text}");
+        // Labels in the judge's own vocabulary are compared with its labels.
+        let own: Vec<HumanLabel> = labels
+            .into_iter()
+            .map(|mut l| {
+                l.label = l
+                    .label
+                    .map(|y| if y == "yes" { "holds" } else { "does not hold" }.to_owned());
+                l
+            })
+            .collect();
+        let c = calibrate("r", "l.csv", &checks, &own, Floors::default()).unwrap();
+        assert_eq!(c.judges[0].agreement.value, Some(1.0));
     }
 
     #[test]
@@ -724,7 +848,8 @@ mod tests {
                 min_kappa: 0.6,
                 min_correlation: Some(0.5),
             },
-        );
+        )
+        .unwrap();
         assert_eq!(c.judges[0].trust, Trust::NotEstablished);
         assert!(c.below_floor.is_empty());
         assert_eq!(c.judges[0].reasons.len(), 2);

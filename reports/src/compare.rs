@@ -5,8 +5,13 @@
 //! than one sample (repetitions, or many trajectories at run level), when a one-sided
 //! Fisher exact test finds it unlikely to be noise (p < `alpha`). With one sample on each
 //! side there is nothing to test: a pass that became a failure is a regression. Latency
-//! counts when the mean turn latency grows by more than its percentage *and* by more than
-//! `latency_noise_ms` (sub-millisecond local agents would otherwise flap). The mean judge
+//! counts when the mean turn latency grows by more than its percentage and by more than
+//! `latency_noise_ms`, the median turn grows by as much, *and* a one-sided Mann–Whitney U
+//! test on the two runs' per-turn latencies finds the head run's turns slower (p <
+//! `alpha`): one slow turn moves the mean of an unchanged agent (an identical run then
+//! "regressed"), never the ranks of all its turns. Runs whose per-turn latencies cannot be
+//! read, or too few turns for the test ever to reach `alpha`, are judged on the thresholds
+//! alone. The mean judge
 //! score counts when it drops by more than its points, unless either run's
 //! `calibration.json` marks a judge below the agreement floor (`trellis calibrate`): then
 //! the score is shown with verdict `ungated` and does not fail the comparison, unless
@@ -16,6 +21,7 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+use statrs::stats_tests::mannwhitneyu::{MannWhitneyUMethod, mannwhitneyu};
 use statrs::stats_tests::{Alternative, fishers_exact};
 
 use crate::calibration::UntrustedJudge;
@@ -73,6 +79,9 @@ pub enum Verdict {
     /// The mean judge score of a run whose calibration marks a judge below the agreement
     /// floor: shown, never a regression.
     Ungated,
+    /// Ran in the base run, skipped in the head run (such as a scenario whose `needs`
+    /// failed): a regression of the scenario; its branches and checks say so too.
+    NotRun,
 }
 
 impl Verdict {
@@ -86,6 +95,7 @@ impl Verdict {
             Verdict::Removed => "removed",
             Verdict::NotComparable => "not comparable",
             Verdict::Ungated => "not gated",
+            Verdict::NotRun => "not run",
         }
     }
 }
@@ -139,6 +149,9 @@ pub struct ScenarioChange {
     pub rate: RateChange,
     pub base_latency_mean_ms: Option<f64>,
     pub head_latency_mean_ms: Option<f64>,
+    /// Why the head run skipped it, when the verdict is `not_run`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_run: Option<String>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -195,7 +208,16 @@ pub struct Comparison {
     pub score_gate_refused: Option<String>,
 }
 
-/// Compares `head` against `base`.
+/// Every agent turn's latency (ms) in each run (`history::turn_latencies`): what the
+/// latency test ranks.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TurnLatencies {
+    pub base: Vec<f64>,
+    pub head: Vec<f64>,
+}
+
+/// Compares `head` against `base`; `latencies`, when both runs' are known, tests a latency
+/// increase (see the module documentation).
 pub fn compare(
     base: &RunStats,
     base_ref: RunRef,
@@ -203,6 +225,7 @@ pub fn compare(
     head_ref: RunRef,
     thresholds: Thresholds,
     untrusted_judges: Vec<UntrustedJudge>,
+    latencies: Option<&TurnLatencies>,
 ) -> Comparison {
     let mut regressions = Vec::new();
     let score_gate_refused = (!untrusted_judges.is_empty() && !thresholds.gate_untrusted_judges)
@@ -217,7 +240,13 @@ pub fn compare(
                 judges.join(", ")
             )
         });
-    let metrics = run_metrics(base, head, &thresholds, score_gate_refused.is_some());
+    let metrics = run_metrics(
+        base,
+        head,
+        &thresholds,
+        score_gate_refused.is_some(),
+        latencies,
+    );
     for m in &metrics {
         if m.verdict == Verdict::Regressed {
             regressions.push(format!(
@@ -238,20 +267,58 @@ pub fn compare(
             .map(|s| ((s.suite.clone(), s.scenario.clone(), s.agent.clone()), s)),
     )
     .into_iter()
-    .map(|((suite, scenario, agent), (b, h))| ScenarioChange {
-        rate: judge_rate(
+    .map(|((suite, scenario, agent), (b, h))| {
+        let mut rate = judge_rate(
             b.map(|s| tally(s.repeats.passed, s.repeats.samples)),
             h.map(|s| tally(s.repeats.passed, s.repeats.samples)),
             &thresholds,
-        ),
-        base_latency_mean_ms: b.and_then(|s| s.latency.mean_ms),
-        head_latency_mean_ms: h.and_then(|s| s.latency.mean_ms),
-        suite,
-        scenario,
-        agent,
+        );
+        // Ran in the base, only skipped in the head: lost, not "not comparable".
+        let not_run = match (b, h) {
+            (Some(b), Some(h))
+                if b.repeats.samples > 0 && h.repeats.samples == 0 && h.counts.skipped > 0 =>
+            {
+                rate.verdict = Verdict::NotRun;
+                Some(
+                    h.skip_reason
+                        .clone()
+                        .unwrap_or_else(|| "skipped".to_owned()),
+                )
+            }
+            _ => None,
+        };
+        ScenarioChange {
+            rate,
+            base_latency_mean_ms: b.and_then(|s| s.latency.mean_ms),
+            head_latency_mean_ms: h.and_then(|s| s.latency.mean_ms),
+            not_run,
+            suite,
+            scenario,
+            agent,
+        }
     })
     .collect();
+    // The scenarios the head run skipped: their branches and checks were not run either,
+    // not removed from the suite.
+    let not_run: std::collections::BTreeSet<(&str, &str, &str)> = scenarios
+        .iter()
+        .filter(|s| s.rate.verdict == Verdict::NotRun)
+        .map(|s| (s.suite.as_str(), s.scenario.as_str(), s.agent.as_str()))
+        .collect();
+    let skipped_in_head = |suite: &str, scenario: &str, agent: &str, rate: &mut RateChange| {
+        if not_run.contains(&(suite, scenario, agent))
+            && matches!(rate.verdict, Verdict::Removed | Verdict::NotComparable)
+        {
+            rate.verdict = Verdict::NotRun;
+        }
+    };
     for s in &scenarios {
+        if let Some(why) = &s.not_run {
+            regressions.push(format!(
+                "scenario {}/{} [{}]: not run ({why})",
+                s.suite, s.scenario, s.agent
+            ));
+        }
         if s.rate.verdict == Verdict::Regressed {
             regressions.push(format!(
                 "scenario {}/{} [{}]: {}",
@@ -288,19 +355,21 @@ pub fn compare(
         }),
     )
     .into_iter()
-    .map(
-        |((suite, scenario, trajectory, agent), (b, h))| BranchChange {
-            rate: judge_rate(
-                b.map(|b| tally(b.repeats.passed, b.repeats.samples)),
-                h.map(|b| tally(b.repeats.passed, b.repeats.samples)),
-                &thresholds,
-            ),
+    .map(|((suite, scenario, trajectory, agent), (b, h))| {
+        let mut rate = judge_rate(
+            b.map(|b| tally(b.repeats.passed, b.repeats.samples)),
+            h.map(|b| tally(b.repeats.passed, b.repeats.samples)),
+            &thresholds,
+        );
+        skipped_in_head(&suite, &scenario, &agent, &mut rate);
+        BranchChange {
+            rate,
             suite,
             scenario,
             trajectory,
             agent,
-        },
-    )
+        }
+    })
     .collect();
     for b in &branches {
         if b.rate.verdict == Verdict::Regressed {
@@ -322,11 +391,15 @@ pub fn compare(
     .into_iter()
     .map(
         |((suite, scenario, trajectory, agent, turn_index, criterion), (b, h))| CriterionChange {
-            rate: judge_rate(
-                b.map(|c| tally(c.passed, c.passed + c.failed)),
-                h.map(|c| tally(c.passed, c.passed + c.failed)),
-                &thresholds,
-            ),
+            rate: {
+                let mut rate = judge_rate(
+                    b.map(|c| tally(c.passed, c.passed + c.failed)),
+                    h.map(|c| tally(c.passed, c.passed + c.failed)),
+                    &thresholds,
+                );
+                skipped_in_head(&suite, &scenario, &agent, &mut rate);
+                rate
+            },
             head_failure: h.and_then(|c| c.first_failure.clone()),
             suite,
             scenario,
@@ -480,6 +553,7 @@ fn run_metrics(
     head: &RunStats,
     t: &Thresholds,
     score_ungated: bool,
+    latencies: Option<&TurnLatencies>,
 ) -> Vec<MetricChange> {
     let ran = |c: &StatusCounts| tally(c.passed, c.ran());
     let rate = judge_rate(
@@ -498,27 +572,17 @@ fn run_metrics(
     }];
 
     let (b, h) = (&base.aggregates.latency, &head.aggregates.latency);
-    let latency_verdict = match (b.mean_ms, h.mean_ms) {
-        (Some(b), Some(h)) => {
-            let increase = h - b;
-            let limit = b * t.max_latency_increase_pct / 100.0;
-            if increase > limit && increase > t.latency_noise_ms {
-                Verdict::Regressed
-            } else if -increase > limit && -increase > t.latency_noise_ms {
-                Verdict::Improved
-            } else {
-                Verdict::Unchanged
-            }
-        }
-        _ => Verdict::NotComparable,
-    };
-    metrics.push(metric(
-        "latency_mean_ms",
-        b.mean_ms,
-        h.mean_ms,
-        Some(t.max_latency_increase_pct),
-        latency_verdict,
-    ));
+    let (latency_verdict, latency_p) = judge_latency(b, h, latencies, t);
+    metrics.push(MetricChange {
+        p_value: latency_p,
+        ..metric(
+            "latency_mean_ms",
+            b.mean_ms,
+            h.mean_ms,
+            Some(t.max_latency_increase_pct),
+            latency_verdict,
+        )
+    });
     for (name, b, h) in [
         ("latency_p50_ms", b.p50_ms, h.p50_ms),
         ("latency_p95_ms", b.p95_ms, h.p95_ms),
@@ -556,6 +620,73 @@ fn run_metrics(
     };
     metrics.push(metric("total_tokens", b, h, None, verdict));
     metrics
+}
+
+/// The verdict on the mean turn latency, and the p-value of the rank test when it ran: see
+/// the module documentation.
+pub fn judge_latency(
+    base: &crate::stats::Latency,
+    head: &crate::stats::Latency,
+    latencies: Option<&TurnLatencies>,
+    t: &Thresholds,
+) -> (Verdict, Option<f64>) {
+    let (Some(base_mean), Some(head_mean)) = (base.mean_ms, head.mean_ms) else {
+        return (Verdict::NotComparable, None);
+    };
+    // A change past both the percentage of `from` and the noise floor.
+    let past = |from: f64, change: f64| {
+        change > from * t.max_latency_increase_pct / 100.0 && change > t.latency_noise_ms
+    };
+    let mean_change = head_mean - base_mean;
+    // Too few turns for the test ever to reach alpha (its smallest p-value is one over the
+    // number of ways to rank them): the thresholds decide alone, as for one pass against
+    // one failure.
+    let samples = latencies.filter(|l| {
+        let (n, m) = (l.base.len() as u64, l.head.len() as u64);
+        n > 0 && m > 0 && 1.0 / statrs::function::factorial::binomial(n + m, n) < t.alpha
+    });
+    let Some(samples) = samples else {
+        let verdict = if past(base_mean, mean_change) {
+            Verdict::Regressed
+        } else if past(base_mean, -mean_change) {
+            Verdict::Improved
+        } else {
+            Verdict::Unchanged
+        };
+        return (verdict, None);
+    };
+    let median_change = match (base.p50_ms, head.p50_ms) {
+        (Some(b), Some(h)) => Some((b, h - b)),
+        _ => None,
+    };
+    // Head's turns slower (Greater) or faster (Less) than base's.
+    let test = |alternative| {
+        mannwhitneyu(
+            &samples.head,
+            &samples.base,
+            MannWhitneyUMethod::Automatic,
+            alternative,
+        )
+        .ok()
+        .map(|(_, p)| p)
+    };
+    if past(base_mean, mean_change) {
+        let typical_slower = median_change.is_some_and(|(b, d)| past(b, d));
+        let p = test(Alternative::Greater);
+        match p {
+            Some(p) if p < t.alpha && typical_slower => (Verdict::Regressed, Some(p)),
+            _ => (Verdict::Noise, p),
+        }
+    } else if past(base_mean, -mean_change) {
+        let typical_faster = median_change.is_some_and(|(b, d)| past(b, -d));
+        let p = test(Alternative::Less);
+        match p {
+            Some(p) if p < t.alpha && typical_faster => (Verdict::Improved, Some(p)),
+            _ => (Verdict::Unchanged, p),
+        }
+    } else {
+        (Verdict::Unchanged, None)
+    }
 }
 
 fn metric(
@@ -703,6 +834,61 @@ mod tests {
         assert_eq!(r.verdict, Verdict::Regressed);
         // [[10,0],[2,8]] greater: C(12,10)·C(8,0)/C(20,10) = 66/184756.
         assert!((r.p_value.unwrap() - 66.0 / 184_756.0).abs() < 1e-9);
+    }
+
+    fn latency_of(values: &[f64]) -> crate::stats::Latency {
+        let mut sorted = values.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        crate::stats::Latency {
+            turns: values.len() as u64,
+            p50_ms: crate::stats::quantile(&sorted, 0.5),
+            p95_ms: crate::stats::quantile(&sorted, 0.95),
+            max_ms: sorted.last().copied(),
+            mean_ms: Some(values.iter().sum::<f64>() / values.len() as f64),
+        }
+    }
+
+    fn judge(base: &[f64], head: &[f64]) -> (Verdict, Option<f64>) {
+        let samples = TurnLatencies {
+            base: base.to_vec(),
+            head: head.to_vec(),
+        };
+        judge_latency(
+            &latency_of(base),
+            &latency_of(head),
+            Some(&samples),
+            &Thresholds::default(),
+        )
+    }
+
+    #[test]
+    fn one_slow_turn_of_an_unchanged_agent_is_noise() {
+        // 40 turns around 18 ms; the head run has one 500 ms stall: the mean moves from
+        // ~18 to ~31 ms, past 20% and 10 ms, yet the turns are no slower.
+        let base: Vec<f64> = (0..40).map(|i| 15.0 + f64::from(i % 7)).collect();
+        let mut head = base.clone();
+        head[3] = 500.0;
+        let (verdict, p) = judge(&base, &head);
+        assert_eq!(verdict, Verdict::Noise);
+        assert!(p.unwrap() > 0.05, "{p:?}");
+        // Judged on the mean alone (no per-turn latencies), the same runs regressed.
+        let mean_only = judge_latency(
+            &latency_of(&base),
+            &latency_of(&head),
+            None,
+            &Thresholds::default(),
+        );
+        assert_eq!(mean_only.0, Verdict::Regressed);
+    }
+
+    #[test]
+    fn an_agent_twice_as_slow_regresses_and_twice_as_fast_improves() {
+        let base: Vec<f64> = (0..20).map(|i| 50.0 + f64::from(i % 5)).collect();
+        let head: Vec<f64> = base.iter().map(|ms| ms * 2.0).collect();
+        let (verdict, p) = judge(&base, &head);
+        assert_eq!(verdict, Verdict::Regressed);
+        assert!(p.unwrap() < 0.001, "{p:?}");
+        assert_eq!(judge(&head, &base).0, Verdict::Improved);
     }
 
     #[test]

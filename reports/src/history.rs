@@ -73,6 +73,11 @@ pub struct RunMeta {
     /// At most one run of a runs directory has it.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub baseline: bool,
+    /// Set by `trellis watch` on each rerun's directory: the number of the rerun. Such a
+    /// directory records only what reran, so it is not a whole run: history listings,
+    /// comparisons and trends leave it out ([`is_watch_rerun`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub watch_rerun: Option<u64>,
 }
 
 impl RunMeta {
@@ -193,6 +198,24 @@ pub enum HistoryError {
     #[diagnostic(code(trellis::history::not_enough_runs))]
     NotEnoughRuns { what: String },
 
+    #[error("no run in {} is pinned as the baseline", dir.display())]
+    #[diagnostic(
+        code(trellis::history::nothing_pinned),
+        help(
+            "pin the run to hold the agent to with `trellis runs pin RUN` (`trellis runs` lists them)"
+        )
+    )]
+    NothingPinned { dir: PathBuf },
+
+    #[error("{} is a rerun of `trellis watch`, not a whole run", dir.display())]
+    #[diagnostic(
+        code(trellis::history::watch_rerun),
+        help(
+            "a rerun's directory holds only what reran; compare whole runs made by `trellis run` (`trellis runs` lists them)"
+        )
+    )]
+    WatchRerun { dir: PathBuf },
+
     #[error("the name `{name}` is already used by run {run_id}")]
     #[diagnostic(
         code(trellis::history::name_taken),
@@ -255,9 +278,45 @@ pub fn is_run_dir(dir: &Path) -> bool {
 /// The directory `trellis watch` keeps its whole current state in, next to its reruns.
 pub const WATCH_LATEST: &str = "latest";
 
-/// Every run directly below `runs_dir`, oldest first (by start time, then id), so the
+/// Whether `dir` is a directory `trellis watch` recorded one rerun in: its `run.json` says
+/// so, or (reruns recorded before it did) its name has the rerun's `STAMP-rNNNN-SALT` form.
+/// Such a directory holds only what reran, so it is never taken for a whole run.
+pub fn is_watch_rerun(dir: &Path) -> bool {
+    if let Ok(Some(meta)) = RunMeta::read(dir)
+        && meta.watch_rerun.is_some()
+    {
+        return true;
+    }
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let parts: Vec<&str> = name.split('-').collect();
+    matches!(parts.as_slice(), [stamp, rerun, salt]
+        if stamp.contains('T')
+            && rerun.len() == 5
+            && rerun.starts_with('r')
+            && rerun[1..].bytes().all(|b| b.is_ascii_digit())
+            && salt.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// Marks `dir` as rerun `number` of a `trellis watch` session (see [`is_watch_rerun`]).
+pub fn mark_watch_rerun(dir: &Path, run_id: &str, number: u64) -> Result<(), HistoryError> {
+    RunMeta {
+        schema_version: SCHEMA_VERSION,
+        run_id: run_id.to_owned(),
+        trellis_version: env!("CARGO_PKG_VERSION").to_owned(),
+        watch_rerun: Some(number),
+        ..RunMeta::default()
+    }
+    .write(dir)
+}
+
+/// Every run directly below `runs_dir`, oldest first (by start time, then id: ids carry the
+/// start to the millisecond, so runs started within one second keep their order), so the
 /// listing and "the last two runs" do not depend on the file system's order. Watch's
-/// [`WATCH_LATEST`] mirror is not a run of its own and is left out.
+/// [`WATCH_LATEST`] mirror and its reruns ([`is_watch_rerun`]) are not whole runs and are
+/// left out.
 pub fn list_runs(runs_dir: &Path) -> Result<Vec<RunEntry>, HistoryError> {
     let read = match std::fs::read_dir(runs_dir) {
         Ok(read) => read,
@@ -277,7 +336,7 @@ pub fn list_runs(runs_dir: &Path) -> Result<Vec<RunEntry>, HistoryError> {
         if entry.file_name() == WATCH_LATEST {
             continue;
         }
-        if dir.is_dir() && is_run_dir(&dir) {
+        if dir.is_dir() && is_run_dir(&dir) && !is_watch_rerun(&dir) {
             runs.push(read_run(&dir)?);
         }
     }
@@ -396,22 +455,39 @@ fn journal_start(dir: &Path) -> Option<String> {
 }
 
 /// Finds a run: a directory path that holds a run, else a directory of `runs_dir` by its
-/// name, a run id, a unique run id prefix or a name under `runs_dir`. `pinned` (or `baseline`) is the pinned baseline.
+/// name, a run id, a unique run id prefix or a name under `runs_dir`. `pinned` (or
+/// `baseline`) is the pinned baseline. A watch rerun's directory is refused by path and
+/// never matched by id.
 pub fn resolve_run(runs_dir: &Path, what: &str) -> Result<RunEntry, HistoryError> {
+    let whole = |dir: &Path| {
+        if is_watch_rerun(dir) {
+            Err(HistoryError::WatchRerun {
+                dir: dir.to_path_buf(),
+            })
+        } else {
+            read_run(dir)
+        }
+    };
     let as_path = Path::new(what);
     if as_path.is_dir() && is_run_dir(as_path) {
-        return read_run(as_path);
+        return whole(as_path);
     }
     let not_found = || HistoryError::NoSuchRun {
         what: what.to_owned(),
         dir: runs_dir.to_path_buf(),
     };
     if !runs_dir.is_dir() {
+        // A first `run --baseline`: nothing to compare with yet, and nothing pinned.
+        if what == "pinned" || what == "baseline" {
+            return Err(HistoryError::NothingPinned {
+                dir: runs_dir.to_path_buf(),
+            });
+        }
         return Err(not_found());
     }
     let below = runs_dir.join(what);
     if !what.contains(['/', '\\']) && below.is_dir() && is_run_dir(&below) {
-        return read_run(&below);
+        return whole(&below);
     }
     let runs = list_runs(runs_dir)?;
     if what == "pinned" || what == "baseline" {
@@ -439,11 +515,8 @@ fn pinned(runs: Vec<RunEntry>, runs_dir: &Path) -> Result<RunEntry, HistoryError
     runs.into_iter()
         .rev()
         .find(|r| r.baseline)
-        .ok_or_else(|| HistoryError::NotEnoughRuns {
-            what: format!(
-                "no run in {} is pinned as the baseline (`trellis runs pin RUN`)",
-                runs_dir.display()
-            ),
+        .ok_or_else(|| HistoryError::NothingPinned {
+            dir: runs_dir.to_path_buf(),
         })
 }
 
@@ -526,6 +599,43 @@ fn meta_of(run: &RunEntry) -> RunMeta {
         run_id: run.run_id.clone(),
         ..RunMeta::default()
     })
+}
+
+/// Every agent turn's latency in milliseconds, replayed prefix turns left out (as in the
+/// run's statistics): what `compare` ranks to tell a slower agent from noise. Read from
+/// `turns.parquet`, else from the journal; `None` when neither can be read.
+pub fn turn_latencies(dir: &Path) -> Option<Vec<f64>> {
+    let from_table = || -> PolarsResult<Vec<f64>> {
+        let file = File::open(dir.join(crate::tables::TURNS_FILE))?;
+        let df = ParquetReader::new(file)
+            .with_columns(Some(vec!["latency_ms".to_owned(), "replay".to_owned()]))
+            .finish()?;
+        let latency = df.column("latency_ms")?.f64()?;
+        let replay = df.column("replay")?.bool()?;
+        Ok(latency
+            .iter()
+            .zip(replay.iter())
+            .filter(|(_, replay)| *replay != Some(true))
+            .filter_map(|(ms, _)| ms)
+            .filter(|ms| ms.is_finite())
+            .collect())
+    };
+    if let Ok(latencies) = from_table() {
+        return Some(latencies);
+    }
+    let mut journal = crate::journal::JournalReader::open(&dir.join(JOURNAL_FILE)).ok()?;
+    let mut latencies = Vec::new();
+    while let Some(entry) = journal.next_entry().ok()? {
+        if let trellis_engine::record::JournalEntry::Node(node) = entry {
+            latencies.extend(
+                node.turns
+                    .iter()
+                    .filter(|t| !t.replay && t.latency_ms.is_finite())
+                    .map(|t| t.latency_ms),
+            );
+        }
+    }
+    Some(latencies)
 }
 
 /// The statistics of a run: its `summary.json`, else its journal replayed.

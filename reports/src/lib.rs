@@ -241,6 +241,10 @@ impl ReportWriter {
         info: &RunInfo,
         options: &ReportOptions,
     ) -> Result<Self, ReportError> {
+        // The run's start is given here, not pushed: the statistics need it too (the
+        // planned trajectories, the suites' order).
+        let mut stats = stats::StatsBuilder::default();
+        stats.push(&JournalEntry::RunStarted(info.clone()));
         Ok(ReportWriter {
             run_dir: run_dir.to_path_buf(),
             journal_path: run_dir.join(JOURNAL_FILE),
@@ -249,7 +253,7 @@ impl ReportWriter {
             meta: history::RunMeta::read(run_dir).ok().flatten(),
             tables: Tables::create(run_dir, &info.run_id, options.batch_rows)?,
             tally: Tally::default(),
-            stats: stats::StatsBuilder::default(),
+            stats,
             outline: html::Outline::default(),
             selection: Selection::new(options),
             junit: junit::JunitBuilder::new(info),

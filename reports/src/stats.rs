@@ -260,6 +260,10 @@ pub struct ScenarioStats {
     pub counts: StatusCounts,
     pub repeats: Repeats,
     pub latency: Latency,
+    /// Why its trajectories were skipped (the first reason), when any was: such as `needs
+    /// X, which did not pass`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skip_reason: Option<String>,
 }
 
 /// One node of a scenario's trajectory tree for one agent. Each trajectory that reached the
@@ -357,6 +361,7 @@ struct ScenarioAcc {
     /// Per repetition: (a branch ran, every branch that ran passed).
     repetitions: BTreeMap<u32, (bool, bool)>,
     latencies: Vec<f64>,
+    skip_reason: Option<String>,
 }
 
 #[derive(Default)]
@@ -494,6 +499,9 @@ impl StatsBuilder {
             .entry((suite.clone(), scenario_name.clone(), agent.clone()))
             .or_default();
         scenario.counts.add(t.status);
+        if t.status == TrajectoryStatus::Skipped && scenario.skip_reason.is_none() {
+            scenario.skip_reason.clone_from(&t.skip_reason);
+        }
         let repetition = scenario
             .repetitions
             .entry(t.repetition)
@@ -653,6 +661,7 @@ impl StatsBuilder {
                     counts: acc.counts,
                     repeats: Repeats::from_counts(ran, passed, skipped),
                     latency: Latency::of(acc.latencies),
+                    skip_reason: acc.skip_reason,
                 }
             })
             .collect();

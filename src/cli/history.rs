@@ -41,7 +41,7 @@ pub struct RunsArgs {
 enum RunsAction {
     /// Give a run a name that `compare`, `run --baseline` and `runs pin` accept.
     ///
-    /// Example: trellis runs name 20261122T035000Z-1a2b before-prompt-change
+    /// Example: trellis runs name 20261122T035000.123Z-1a2b before-prompt-change
     Name {
         /// Run directory, run id (or a unique prefix) or current name.
         run: String,
@@ -280,7 +280,7 @@ fn default_pair(dir: &Path) -> Result<(RunEntry, RunEntry), HistoryError> {
             let head = latest_other_than(dir, &pinned.run_id)?;
             Ok((pinned, head))
         }
-        Err(HistoryError::NotEnoughRuns { .. }) | Err(HistoryError::NoSuchRun { .. }) => {
+        Err(HistoryError::NothingPinned { .. }) | Err(HistoryError::NoSuchRun { .. }) => {
             history::last_two(dir)
         }
         Err(e) => Err(e),
@@ -333,7 +333,17 @@ pub fn compare_runs(
         run_ref(head),
         thresholds,
         untrusted_judges(&[&base.dir, &head.dir])?,
+        turn_latencies(&base.dir, &head.dir).as_ref(),
     ))
+}
+
+/// Both runs' per-turn latencies, when both can be read (else latency is judged on the
+/// mean alone).
+pub fn turn_latencies(base: &Path, head: &Path) -> Option<compare::TurnLatencies> {
+    Some(compare::TurnLatencies {
+        base: history::turn_latencies(base)?,
+        head: history::turn_latencies(head)?,
+    })
 }
 
 /// The judges the runs' `calibration.json` files mark below the agreement floor.
@@ -366,7 +376,7 @@ fn rate_cell(t: Option<compare::Tally>) -> String {
 fn verdict_cell(verdict: Verdict) -> Cell {
     console::verdict_cell(
         verdict.as_str(),
-        verdict == Verdict::Regressed,
+        matches!(verdict, Verdict::Regressed | Verdict::NotRun),
         verdict == Verdict::Improved,
     )
 }
@@ -425,7 +435,10 @@ pub fn print_comparison(c: &Comparison) {
                 Cell::new(rate_cell(s.rate.base)),
                 Cell::new(rate_cell(s.rate.head)),
                 Cell::new(p_cell(s.rate.p_value)),
-                verdict_cell(s.rate.verdict),
+                match &s.not_run {
+                    Some(why) => console::verdict_cell(&format!("not run ({why})"), true, false),
+                    None => verdict_cell(s.rate.verdict),
+                },
             ]);
         }
         outln!("scenarios (repetitions where every branch passed)\n{table}");
@@ -455,11 +468,21 @@ pub fn print_comparison(c: &Comparison) {
     // A check only in one run belongs to a branch or scenario only in one run (listed
     // above) or was added to or removed from the suite: counted, not listed.
     let one_sided = |v: Verdict| matches!(v, Verdict::Added | Verdict::Removed);
+    // Checks of a scenario the head run skipped are that scenario's line above.
     let criteria: Vec<_> = c
         .criteria
         .iter()
-        .filter(|k| changed(k.rate.verdict) && !one_sided(k.rate.verdict))
+        .filter(|k| {
+            changed(k.rate.verdict)
+                && !one_sided(k.rate.verdict)
+                && k.rate.verdict != Verdict::NotRun
+        })
         .collect();
+    let not_run = c
+        .criteria
+        .iter()
+        .filter(|k| k.rate.verdict == Verdict::NotRun)
+        .count();
     let only_one_side = c
         .criteria
         .iter()
@@ -485,6 +508,12 @@ pub fn print_comparison(c: &Comparison) {
             ]);
         }
         outln!("checks\n{table}");
+    }
+    if not_run > 0 {
+        outln!(
+            "{} of scenarios that did not run in the head run (listed with --json)",
+            console::count(not_run as u64, "check", "checks")
+        );
     }
     if only_one_side > 0 {
         outln!(
@@ -523,5 +552,19 @@ pub fn print_comparison(c: &Comparison) {
 /// `trellis run --baseline`: resolves the baseline before the run starts, so a typo fails
 /// at once rather than after the whole run.
 pub fn resolve_baseline(runs_dir: &Path, what: &str) -> Result<RunEntry, u8> {
-    history::resolve_run(runs_dir, what).map_err(report_error)
+    history::resolve_run(runs_dir, what).map_err(|e| {
+        // `--baseline` takes an optional value, so `run --baseline suites/` reads the suite
+        // path as the baseline's name.
+        let is_suite_path = matches!(e, HistoryError::NoSuchRun { .. })
+            && (Path::new(what).exists() || what.ends_with(".kdl"));
+        let code = report_error(e);
+        if is_suite_path {
+            errln!(
+                "hint: `{what}` was taken as the value of --baseline; put --baseline after \
+                 the suite paths (`trellis run {what} --baseline`) or give the run as \
+                 --baseline=RUN"
+            );
+        }
+        code
+    })
 }

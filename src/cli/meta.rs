@@ -58,6 +58,7 @@ pub fn build(
         labels,
         name: None,
         baseline: false,
+        watch_rerun: None,
     }
 }
 

@@ -63,7 +63,7 @@ enum Command {
     /// Rebuild a run's Parquet tables, report.html and junit.xml from its journal, for
     /// instance after the run was killed.
     ///
-    /// Example: trellis report runs/20261122T035000Z-1a2b --out /tmp/rebuilt
+    /// Example: trellis report runs/20261122T035000.123Z-1a2b --out /tmp/rebuilt
     Report(ReportArgs),
     /// Measure the engine: N trajectories of 4 turns against the builtin agent, in-process.
     ///
@@ -72,7 +72,7 @@ enum Command {
     /// Re-score a recorded run's `judge`/`outcome` checks with the suites' current judges,
     /// without calling any agent, into a new run directory linked to the original.
     ///
-    /// Example: trellis rejudge runs/20261122T035000Z-1a2b suites/ --llm-cache .llm-cache
+    /// Example: trellis rejudge runs/20261122T035000.123Z-1a2b suites/ --llm-cache .llm-cache
     Rejudge(rejudge::RejudgeArgs),
     /// Rerun suites as they are edited, only what each save changed, with a live view;
     /// --serve keeps the latest report open in a browser tab.
@@ -85,7 +85,7 @@ enum Command {
     Watch(watch::WatchArgs),
     /// List the runs in a runs directory; name a run, or pin one as the baseline.
     ///
-    /// Example: trellis runs; trellis runs name 20261122T035000Z-1a2b v1; trellis runs pin v1
+    /// Example: trellis runs; trellis runs name 20261122T035000.123Z-1a2b v1; trellis runs pin v1
     ///
     /// Runs are listed oldest first. RUN is a run directory, a run id (or a unique prefix
     /// of one), a name, or `pinned`.
@@ -102,7 +102,7 @@ enum Command {
     /// Pearson and Spearman correlation, mean absolute error, with 95% intervals; writes
     /// calibration.json into the run directory.
     ///
-    /// Example: trellis calibrate runs/20261122T035000Z-1a2b labels.csv --min-kappa 0.6
+    /// Example: trellis calibrate runs/20261122T035000.123Z-1a2b labels.csv --min-kappa 0.6
     ///
     /// A judge below the floor is marked; `compare` and `run --baseline` then do not gate
     /// on the run's mean judge score. Exit code 0 no judge below the floor, 1 a judge is
@@ -110,7 +110,7 @@ enum Command {
     /// 3 calibration.json could not be written.
     Calibrate(calibrate::CalibrateArgs),
     /// Write suites from what already exists: a Fixie agent's few-shots, MultiAgentEval
-    /// scenario files.
+    /// scenario files, Connexity test cases.
     ///
     /// Example: trellis import multiagent scenarios/ --out suites/imported
     ///

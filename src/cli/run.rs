@@ -158,6 +158,7 @@ fn compare_with(
         history::run_ref(&head),
         args.thresholds.thresholds(),
         history::untrusted_judges(&[&base.dir, out])?,
+        history::turn_latencies(&base.dir, out).as_ref(),
     );
     let path = out.join(trellis_reports::COMPARE_FILE);
     if let Err(e) = trellis_reports::write_json(&path, &comparison) {
@@ -175,6 +176,21 @@ fn compare_with(
 /// lock the operating system releases when the run ends, however it ends).
 const OUT_LOCK: &str = ".trellis-run.lock";
 
+/// A run's claim on its output directory: the locked file, removed when the run is over
+/// (a run killed outright leaves it behind, unlocked, and the next run takes it over).
+pub(super) struct OutClaim {
+    path: PathBuf,
+    _lock: std::fs::File,
+}
+
+impl Drop for OutClaim {
+    fn drop(&mut self) {
+        // Removed while still locked: a run that opens the name afterwards gets a new file
+        // and its own lock. Failing to remove it leaves an empty file, nothing worse.
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
 /// Claims `out` for this run: refuses a directory another run is writing to, and one that
 /// holds an earlier run unless `replace` says to clear it (a new journal over an old one
 /// would silently lose the earlier results). The returned file holds the claim.
@@ -187,7 +203,7 @@ pub(super) fn cache_mode(mode: super::LlmCacheMode) -> trellis_engine::llm::Cach
     }
 }
 
-pub(super) fn claim_out_dir(out: &Path, replace: bool) -> Result<std::fs::File, String> {
+pub(super) fn claim_out_dir(out: &Path, replace: bool) -> Result<OutClaim, String> {
     std::fs::create_dir_all(out)
         .map_err(|e| format!("cannot create the output directory {}: {e}", out.display()))?;
     let lock_path = out.join(OUT_LOCK);
@@ -214,8 +230,12 @@ pub(super) fn claim_out_dir(out: &Path, replace: bool) -> Result<std::fs::File, 
     // Only a regular file is an earlier run's journal; a device or a dangling name is not
     // a result anyone can lose.
     let earlier_run = std::fs::metadata(&journal).is_ok_and(|m| m.is_file());
+    let claim = OutClaim {
+        path: lock_path,
+        _lock: lock,
+    };
     if !earlier_run {
-        return Ok(lock);
+        return Ok(claim);
     }
     if !replace {
         return Err(format!(
@@ -245,7 +265,7 @@ pub(super) fn claim_out_dir(out: &Path, replace: bool) -> Result<std::fs::File, 
             }
         }
     }
-    Ok(lock)
+    Ok(claim)
 }
 
 /// How [`execute_plan`] runs and reports.
@@ -652,18 +672,40 @@ fn source(e: &dyn std::error::Error) -> String {
     e.source().map(|s| s.to_string()).unwrap_or_default()
 }
 
-/// `20261122T035000Z-1a2b`: sortable by time, unique enough for runs started in the same
-/// second by different processes.
+/// `20261122T035000.123Z-1a2b`: the start time to the millisecond, so run ids (and `ls
+/// runs/`) sort in the order runs started, even for runs made back to back within one
+/// second; the salt tells apart runs that different processes start in the same
+/// millisecond. Run directories named in the older `20261122T035000Z-1a2b` form are still
+/// read and listed (by their `started_at`).
 pub fn new_run_id() -> String {
     let now = SystemTime::now();
-    let stamp: String = execute::rfc3339(now)
+    let seconds: String = execute::rfc3339(now)
         .chars()
-        .filter(|c| c.is_ascii_alphanumeric())
+        .filter(|c| c.is_ascii_digit() || *c == 'T')
         .collect();
     let nanos = now
         .duration_since(SystemTime::UNIX_EPOCH)
         .map(|d| d.subsec_nanos())
         .unwrap_or(0);
+    let millis = nanos / 1_000_000;
     let salt = (nanos ^ std::process::id().rotate_left(16)) & 0xffff;
-    format!("{stamp}-{salt:04x}")
+    format!("{seconds}.{millis:03}Z-{salt:04x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::new_run_id;
+
+    #[test]
+    fn run_ids_sort_in_the_order_they_were_made() {
+        let mut ids = Vec::new();
+        for _ in 0..4 {
+            ids.push(new_run_id());
+            std::thread::sleep(std::time::Duration::from_millis(3));
+        }
+        let mut sorted = ids.clone();
+        sorted.sort();
+        assert_eq!(sorted, ids);
+        assert!(ids[0].contains('.') && ids[0].ends_with(char::is_alphanumeric));
+    }
 }

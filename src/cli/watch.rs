@@ -553,6 +553,10 @@ impl Session {
                 return Executed::Finished;
             }
         };
+        // Marked, so `trellis runs`, `compare` and trends never take it for a whole run.
+        if let Err(e) = trellis_reports::history::mark_watch_rerun(&out, &run_id, header.number) {
+            errln!("warning: {e}: {}", source(&e));
+        }
         let latest = match self.start_latest() {
             Ok(record) => Some(record),
             Err(e) => {

@@ -46,6 +46,8 @@ pub enum Behavior {
     Truncated,
     /// Send a 200 with a body of `bytes` bytes, with or without a Content-Length header.
     Huge { bytes: u64, content_length: bool },
+    /// Answer every request with a 200 and this body after `delay` (a slow but healthy agent).
+    Delayed { delay: Duration, body: String },
 }
 
 /// One request as received.
@@ -249,6 +251,10 @@ async fn serve_connection(
                     .cloned()
                     .unwrap_or((200, OK_BODY.to_owned()));
                 write_response(&mut stream, status, &body).await?;
+            }
+            Behavior::Delayed { delay, body } => {
+                tokio::time::sleep(*delay).await;
+                write_response(&mut stream, 200, body).await?
             }
             Behavior::SlowDrip { interval } => {
                 stream

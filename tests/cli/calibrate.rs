@@ -42,7 +42,11 @@ fn judged_checks() -> Vec<Judged> {
 
 /// Replaces `dir/criteria.parquet` with judged checks plus one plain `reply` check.
 fn write_judged_criteria(dir: &Path, run_id: &str) {
-    let checks = judged_checks();
+    write_criteria(dir, run_id, &judged_checks());
+}
+
+/// Replaces `dir/criteria.parquet` with `checks` plus one plain `reply` check.
+fn write_criteria(dir: &Path, run_id: &str, checks: &[Judged]) {
     let n = checks.len() + 1;
     let text =
         |f: &dyn Fn(&Judged) -> Option<String>, plain: Option<&str>| -> Vec<Option<String>> {
@@ -360,4 +364,62 @@ async fn run_with_a_calibrated_baseline_will_not_gate_on_its_untrusted_judge() {
     assert_eq!(comparison.untrusted_judges.len(), 1);
     assert_eq!(comparison.untrusted_judges[0].judge, "sloppy");
     assert!(comparison.score_gate_refused.is_some());
+}
+
+#[tokio::test]
+async fn pass_and_fail_labels_are_compared_with_the_verdict_of_an_outcome_judge() {
+    let runs = tempfile::tempdir().unwrap();
+    let samples = [sample("t1", 0, true, 100.0)];
+    write_run(runs.path(), "run", "2026-01-01T00:00:00Z", &samples);
+    // Outcome checks judged `holds`/`does not hold`, as outcome judges label them.
+    const OUTCOME: &str = "outcome \"the booking is made\"";
+    let trajectories = ["t1", "t2", "t3", "t4", "t5", "t6", "t7", "t8"];
+    let checks: Vec<Judged> = trajectories
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            if i % 2 == 0 {
+                (*t, "judge", OUTCOME, "passed", 0.9, "holds")
+            } else {
+                (*t, "judge", OUTCOME, "failed", 0.1, "does not hold")
+            }
+        })
+        .collect();
+    write_criteria(&runs.path().join("run"), "20260101T000000Z-run", &checks);
+    let write_labels = |name: &str, label_of: &dyn Fn(usize) -> &'static str| {
+        let mut csv = String::from("scenario,trajectory,criterion,label\n");
+        for (i, t) in trajectories.iter().enumerate() {
+            csv.push_str(&format!(
+                "c,{t},\"outcome \"\"the booking is made\"\"\",{}\n",
+                label_of(i)
+            ));
+        }
+        let path = runs.path().join(name);
+        std::fs::write(&path, csv).unwrap();
+        path.to_str().unwrap().to_owned()
+    };
+    // pass/fail, agreeing with the verdict on 7 of 8.
+    let labels = write_labels("pass-fail.csv", &|i| {
+        if (i % 2 == 0) != (i == 3) {
+            "pass"
+        } else {
+            "fail"
+        }
+    });
+    let o = calibrate(runs.path(), &["run", &labels]).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let c: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(runs.path().join("run/calibration.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(c["judges"][0]["agreement"]["value"], 0.875, "{c}");
+    assert!(c["below_floor"].as_array().unwrap().is_empty(), "{c}");
+
+    // A vocabulary that shares nothing with the judge's is an error naming both.
+    let labels = write_labels("yes-no.csv", &|i| if i % 2 == 0 { "yes" } else { "no" });
+    let o = calibrate(runs.path(), &["run", &labels]).await;
+    assert_eq!(o.status.code(), Some(2), "{}{}", stdout(&o), stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("`no`, `yes`"), "{err}");
+    assert!(err.contains("`does not hold`, `holds`"), "{err}");
 }

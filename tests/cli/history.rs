@@ -483,6 +483,15 @@ async fn run_with_a_baseline_exits_by_the_comparison_and_streams_json() {
     let typed: trellis_reports::Summary = serde_json::from_str(&text).unwrap();
     // book-duct-cleaning 2 × 3 repetitions, price-first 1, book-and-cancel 2.
     assert_eq!(typed.stats.aggregates.counts.trajectories, 9);
+    // What the plan meant to run, as runs.parquet says.
+    assert_eq!(typed.stats.aggregates.planned, 9);
+    // The run's lock on its directory goes with the run.
+    for run in ["base", "head"] {
+        assert!(
+            !runs.path().join(run).join(".trellis-run.lock").exists(),
+            "{run} kept its lock file"
+        );
+    }
     let summary: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(summary["schema_version"], 2);
     let branches = summary["stats"]["branches"].as_array().unwrap();
@@ -729,4 +738,319 @@ scenario "fails-early" {
         assert_eq!(branch["failed_here"], 0, "{branch}");
         assert_eq!(branch["failed_above"], 2, "{branch}");
     }
+}
+
+/// The run ids `trellis run --message-format json` reported, in the order the runs were made.
+async fn run_back_to_back(work: &Path, count: usize) -> Vec<String> {
+    let mut ids = Vec::new();
+    for _ in 0..count {
+        let o = trellis()
+            .current_dir(work)
+            .args(["run", "--filter", "price-first", "--message-format", "json"])
+            .arg(repo("suites/booking.kdl"))
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+        let last: serde_json::Value =
+            serde_json::from_str(stdout(&o).lines().last().unwrap()).unwrap();
+        ids.push(last["run_id"].as_str().unwrap().to_owned());
+    }
+    ids
+}
+
+#[tokio::test]
+async fn runs_made_back_to_back_are_listed_and_compared_in_the_order_they_started() {
+    let work = tempfile::tempdir().unwrap();
+    // Runs of one scenario take well under a second: most of them start in the same one.
+    let ids = run_back_to_back(work.path(), 4).await;
+    let runs = work.path().join("runs");
+    // `ls runs/` shows the order too.
+    let mut dirs: Vec<String> = std::fs::read_dir(&runs)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    dirs.sort();
+    assert_eq!(dirs, ids);
+
+    let o = trellis()
+        .args(["runs", "--json", "--dir"])
+        .arg(&runs)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let listed: Vec<serde_json::Value> = serde_json::from_str(&stdout(&o)).unwrap();
+    let listed: Vec<&str> = listed
+        .iter()
+        .map(|r| r["run_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed, ids);
+
+    // "The last two" are the two that started last, older first.
+    let o = compare(&runs, &["--json", "--max-latency-increase", "100000"]).await;
+    let c: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(c["base"]["run_id"], ids[2]);
+    assert_eq!(c["head"]["run_id"], ids[3]);
+}
+
+#[tokio::test]
+async fn watch_reruns_are_not_runs_of_the_history() {
+    let runs = tempfile::tempdir().unwrap();
+    let whole = [
+        sample("main", 0, true, 10.0),
+        sample("main", 1, true, 10.0),
+        sample("other", 0, true, 10.0),
+    ];
+    write_run(runs.path(), "base", "2026-01-01T00:00:00Z", &whole);
+    write_run(runs.path(), "head", "2026-01-02T00:00:00Z", &whole);
+    // What `trellis watch` records per rerun: only what reran. One marked in its run.json,
+    // one from before it was marked, known by its name alone.
+    write_run(
+        runs.path(),
+        "20260103T000000.000Z-r0001-1a2b",
+        "2026-01-03T00:00:00Z",
+        &[sample("main", 0, false, 10.0)],
+    );
+    let marked = runs.path().join("20260103T000000.000Z-r0001-1a2b");
+    trellis_reports::history::mark_watch_rerun(&marked, "20260103T000000.000Z-r0001-1a2b", 1)
+        .unwrap();
+    std::fs::rename(&marked, runs.path().join("rerun-marked")).unwrap();
+    write_run(
+        runs.path(),
+        "20260104T000000Z-r0002-beef",
+        "2026-01-04T00:00:00Z",
+        &[sample("main", 0, false, 10.0)],
+    );
+
+    let o = trellis()
+        .args(["runs", "--json", "--dir"])
+        .arg(runs.path())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let listed: Vec<serde_json::Value> = serde_json::from_str(&stdout(&o)).unwrap();
+    let dirs: Vec<&str> = listed
+        .iter()
+        .map(|r| r["dir"].as_str().unwrap().rsplit('/').next().unwrap())
+        .collect();
+    assert_eq!(dirs, ["base", "head"]);
+
+    // Without runs, compare takes the last two whole runs.
+    let o = compare(runs.path(), &[]).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("OK"), "{}", stdout(&o));
+
+    // Named as a baseline, a rerun is refused, saying why.
+    let o = trellis()
+        .args(["compare", "rerun-marked", "head", "--dir"])
+        .arg(runs.path())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stdout(&o));
+    assert!(
+        stderr(&o).contains("rerun of `trellis watch`"),
+        "{}",
+        stderr(&o)
+    );
+
+    // The report's trends leave reruns out: only base is drawn before head.
+    let o = trellis()
+        .arg("report")
+        .arg(runs.path().join("head"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let html = std::fs::read_to_string(runs.path().join("head/report.html")).unwrap();
+    assert!(
+        html.contains("20260101T000000Z-base"),
+        "no trend point for base"
+    );
+    assert!(
+        !html.contains("r0001-1a2b"),
+        "a rerun is drawn in the trend"
+    );
+    assert!(
+        !html.contains("r0002-beef"),
+        "a rerun is drawn in the trend"
+    );
+}
+
+#[tokio::test]
+async fn baseline_mistakes_are_explained() {
+    let work = tempfile::tempdir().unwrap();
+    // A first run with `--baseline` and nothing pinned yet.
+    // Run from the repository, where `./suites` (the default paths) exists.
+    let o = trellis()
+        .arg("run")
+        .arg("--out")
+        .arg(work.path().join("runs/first"))
+        .args(["--baseline", "suites/booking.kdl"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stdout(&o));
+    let err = stderr(&o);
+    // The optional value took the suite path: say to put the flag after the paths.
+    assert!(err.contains("put --baseline after"), "{err}");
+
+    let o = trellis()
+        .current_dir(work.path())
+        .arg("run")
+        .arg(repo("suites/booking.kdl"))
+        .arg("--baseline")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stdout(&o));
+    let err = stderr(&o);
+    assert!(err.contains("trellis runs pin"), "{err}");
+    assert!(!work.path().join("runs").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identical_runs_pass_and_an_agent_twice_as_slow_is_a_latency_regression() {
+    use super::support::{Behavior, MisbehavingServer, OK_BODY};
+    let runs = tempfile::tempdir().unwrap();
+    let run = |name: &'static str, delay_ms: u64| {
+        let runs = runs.path().to_path_buf();
+        async move {
+            let server = MisbehavingServer::start(Behavior::Delayed {
+                delay: std::time::Duration::from_millis(delay_ms),
+                body: OK_BODY.to_owned(),
+            })
+            .await;
+            let suite = format!(
+                "agent \"slow\" protocol=\"connexity\" url=\"{}\"\n\
+                 scenario \"hello\" {{\n    agent \"slow\"\n    repeat 8\n    \
+                 user \"hi\"\n    user \"again\"\n}}\n",
+                server.url()
+            );
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join("slow.kdl"), suite).unwrap();
+            let o = trellis()
+                .arg("run")
+                .arg(dir.path())
+                .args(["-q", "--out"])
+                .arg(runs.join(name))
+                .output()
+                .await
+                .unwrap();
+            assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+        }
+    };
+    // At the same time, so a busy machine slows both alike: the test is about the agent.
+    tokio::join!(run("base", 50), run("slower", 100));
+    // Identical runs of an agent that answers in 500 ms, one after the other: on a loaded
+    // machine (CI runners, parallel builds and tests) every turn of a whole run can take tens
+    // of milliseconds longer, a real shift of what was measured that no test on the turns
+    // can call noise; 20% of 500 ms is above it.
+    let same = [
+        "same0", "same1", "same2", "same3", "same4", "same5", "same6", "same7",
+    ];
+    for name in same {
+        run(name, 500).await;
+    }
+
+    // Every ordered pair of the eight identical runs: 56 comparisons, none regressed.
+    let mut regressed = Vec::new();
+    for base in same {
+        for head in same.into_iter().filter(|h| *h != base) {
+            let o = compare(runs.path(), &[base, head]).await;
+            if o.status.code() != Some(0) {
+                regressed.push(format!("{base} → {head}:\n{}", stdout(&o)));
+            }
+        }
+    }
+    assert!(regressed.is_empty(), "{}", regressed.join("\n"));
+
+    let o = compare(runs.path(), &["base", "slower", "--json"]).await;
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    let c: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let latency = c["metrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["metric"] == "latency_mean_ms")
+        .unwrap();
+    assert_eq!(latency["verdict"], "regressed", "{latency}");
+    assert!(latency["p_value"].as_f64().unwrap() < 0.001, "{latency}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scenario_skipped_because_its_needs_failed_is_not_run_and_a_regression() {
+    use super::support::MisbehavingServer;
+    let runs = tempfile::tempdir().unwrap();
+    let run = |name: &'static str, reply: &'static str| {
+        let runs = runs.path().to_path_buf();
+        async move {
+            let body = format!(
+                r#"{{"messages":[{{"role":"assistant","content":"{reply}"}}],"model":"m","provider":"p"}}"#
+            );
+            let server = MisbehavingServer::respond(200, &body).await;
+            let suite = format!(
+                "agent \"bot\" protocol=\"connexity\" url=\"{}\"\n\
+                 scenario \"login\" {{\n    agent \"bot\"\n    user \"hi\"\n    \
+                 expect {{ reply contains=\"Hello\" }}\n}}\n\
+                 scenario \"order\" {{\n    agent \"bot\"\n    needs \"login\"\n    \
+                 user \"order\"\n    expect {{ reply contains=\"Hello\" }}\n}}\n",
+                server.url()
+            );
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join("needs.kdl"), suite).unwrap();
+            let o = trellis()
+                .arg("run")
+                .arg(dir.path())
+                .args(["-q", "--out"])
+                .arg(runs.join(name))
+                .output()
+                .await
+                .unwrap();
+            assert!(o.status.code().is_some(), "{}", stderr(&o));
+        }
+    };
+    run("base", "Hello there.").await;
+    run("head", "Goodbye.").await;
+
+    let o = compare(
+        runs.path(),
+        &["base", "head", "--max-latency-increase", "100000"],
+    )
+    .await;
+    let out = stdout(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(
+        out.contains("not run (needs `login`, which did not pass)"),
+        "{out}"
+    );
+    assert!(!out.contains("removed"), "{out}");
+    assert!(
+        out.contains("scenario needs/order [bot]: not run (needs `login`"),
+        "{out}"
+    );
+    let o = compare(
+        runs.path(),
+        &["base", "head", "--json", "--max-latency-increase", "100000"],
+    )
+    .await;
+    let c: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let order = c["scenarios"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["scenario"] == "order")
+        .unwrap();
+    assert_eq!(order["rate"]["verdict"], "not_run", "{order}");
+    assert!(
+        c["criteria"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|k| k["scenario"] == "order")
+            .all(|k| k["rate"]["verdict"] == "not_run"),
+        "{c}"
+    );
 }

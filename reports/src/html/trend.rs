@@ -52,9 +52,16 @@ pub(crate) fn trends_from_sibling_runs(
         .filter_map(Result::ok)
         .map(|e| e.path())
         .filter(|dir| dir.join(RUNS_FILE).is_file() && dir.join(TRAJECTORIES_FILE).is_file())
+        // A watch rerun or watch's `latest` mirror is not a whole run: its pass counts
+        // would draw a scenario's trend from part of the suite.
+        .filter(|dir| {
+            !crate::history::is_watch_rerun(dir)
+                && dir.file_name() != Some(std::ffi::OsStr::new(crate::history::WATCH_LATEST))
+        })
         .filter_map(|dir| {
             let (id, started) = run_row(&dir.join(RUNS_FILE))?;
-            (id != run_id && started.as_str() < started_at).then_some((started, id, dir))
+            (id != run_id && (started.as_str(), id.as_str()) < (started_at, run_id))
+                .then_some((started, id, dir))
         })
         .collect();
     runs.sort();
