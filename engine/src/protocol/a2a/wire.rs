@@ -2,7 +2,7 @@
 //! card, the JSON-RPC request of one user message, and the assembly of the answer from the
 //! results a server sends (one result for `message/send`, one per event for
 //! `message/stream`). No I/O here, so every input can be fed to it directly (the property
-//! tests in `engine/tests/a2a_wire_props.rs` do).
+//! tests in `engine/tests/it/a2a_props.rs` do).
 //!
 //! Both wire generations real servers emit are read: parts tagged `kind` (v0.2.x/0.3) or
 //! `type` (older), results tagged `kind`, and the v1.0 shapes (a result wrapped as `{"task":
