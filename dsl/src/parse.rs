@@ -1540,6 +1540,8 @@ impl<'f> Decoder<'f> {
                 .with_label(value_span(e), "this value")
                 .with_help(if protocol == Protocol::AgentScope {
                     "AgentScope keeps the conversation on the server (`session_id`); remove `history`"
+                } else if protocol == Protocol::A2a {
+                    "an A2A agent keeps the conversation on its server (`contextId`); remove `history`"
                 } else {
                     "only `connexity` agents choose what each request carries; remove `history`"
                 });
