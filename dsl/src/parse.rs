@@ -3797,20 +3797,17 @@ impl<'f> Decoder<'f> {
     fn reply_json_path(&mut self, v: &View, p: &KdlEntry) -> Option<CriterionKind> {
         self.check_props(v, &["json-path", "equals"], &[]);
         self.check_args(v, 0, "reply json-path=\"$.a\" equals=VALUE");
-        let equals = match v.prop("equals") {
-            None => None,
-            Some(e) => Some(match e.value() {
-                KdlValue::String(s) => serde_json::Value::String(s.clone()),
-                KdlValue::Integer(i) => match i64::try_from(*i) {
-                    Ok(i) => serde_json::Value::from(i),
-                    Err(_) => serde_json::Value::from(*i as f64),
-                },
-                KdlValue::Float(f) => serde_json::Number::from_f64(*f)
-                    .map_or(serde_json::Value::Null, serde_json::Value::Number),
-                KdlValue::Bool(b) => serde_json::Value::Bool(*b),
-                KdlValue::Null => serde_json::Value::Null,
-            }),
-        };
+        let equals = v.prop("equals").map(|e| match e.value() {
+            KdlValue::String(s) => serde_json::Value::String(s.clone()),
+            KdlValue::Integer(i) => match i64::try_from(*i) {
+                Ok(i) => serde_json::Value::from(i),
+                Err(_) => serde_json::Value::from(*i as f64),
+            },
+            KdlValue::Float(f) => serde_json::Number::from_f64(*f)
+                .map_or(serde_json::Value::Null, serde_json::Value::Number),
+            KdlValue::Bool(b) => serde_json::Value::Bool(*b),
+            KdlValue::Null => serde_json::Value::Null,
+        });
         match self.json_path(p)? {
             CaptureSource::JsonPath { path, source } => {
                 Some(CriterionKind::Reply(vec![ReplyCheck::JsonPath {
