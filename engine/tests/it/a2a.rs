@@ -518,3 +518,55 @@ async fn an_unreadable_card_fails_prepare() {
     assert_eq!(fault.category, FaultCategory::Http4xx, "{fault:?}");
     assert!(fault.message.contains("agent.json"), "{}", fault.message);
 }
+
+/// A v1.0 server (what `a2a-sdk` 1.x serves by default) answers only its own method names,
+/// with the `A2A-Version` header, and sends results wrapped by kind.
+#[tokio::test]
+async fn a_v1_server_gets_v1_requests() {
+    let server = ScriptedServer::start(|request, base| {
+        if request.path() == "/.well-known/agent-card.json" {
+            return json_body(&json!({"name": "v1", "capabilities": {"streaming": false},
+                "supportedInterfaces": [{"url": format!("{base}/"), "protocolBinding": "JSONRPC",
+                                         "protocolVersion": "1.0"}]}));
+        }
+        let body = &request.body;
+        if body["method"] != "SendMessage"
+            || request.header("a2a-version").as_deref() != Some("1.0")
+        {
+            return json_body(&json!({"jsonrpc": "2.0", "id": body["id"],
+                "error": {"code": -32601, "message": "Method not found"}}));
+        }
+        let message = &body["params"]["message"];
+        assert_eq!(message["role"], "ROLE_USER");
+        let state = if message["taskId"].is_string() {
+            "TASK_STATE_COMPLETED"
+        } else {
+            "TASK_STATE_INPUT_REQUIRED"
+        };
+        json_body(
+            &json!({"jsonrpc": "2.0", "id": body["id"], "result": {"task": {
+            "id": "t1", "contextId": "c1",
+            "status": {"state": state, "message": {"messageId": "m", "role": "ROLE_AGENT",
+                       "parts": [{"text": state}]}},
+            "artifacts": [{"artifactId": "a", "parts": [{"data": {"price": 5}}]}]}}}),
+        )
+    })
+    .await;
+    let client = client(&server.url, None, SHORT, 1024 * 1024);
+    let card = client.prepare().await.unwrap().unwrap();
+    assert_eq!(card["protocol_version"], "1.0");
+    let mut session = client.open(&conversation());
+    let ask = say(&mut session, "fly").await;
+    assert!(ask.fault.is_none(), "{ask:?}");
+    assert_eq!(
+        ask.reply.as_deref(),
+        Some("TASK_STATE_INPUT_REQUIRED"),
+        "{ask:?}"
+    );
+    let done = say(&mut session, "May 1").await;
+    assert!(done.fault.is_none(), "{done:?}");
+    let data = done.data.unwrap();
+    assert_eq!(data["status"]["state"], "completed");
+    assert_eq!(data["artifacts"][0]["parts"][0]["kind"], "data");
+    assert_eq!(data["artifacts"][0]["parts"][0]["data"]["price"], 5);
+}

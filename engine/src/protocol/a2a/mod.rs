@@ -5,7 +5,8 @@
 //! older `agent.json`; a `url` ending in `.json` is the card itself) and records it as the
 //! agent's journal entry. Requests go to the card's JSON-RPC URL (else the agent `url`):
 //! `message/stream` when the card says it streams (`stream` overrides), else
-//! `message/send`; a streamed answer is read through [`sse`], so time to first token, the
+//! `message/send` (`SendStreamingMessage` / `SendMessage` with `A2A-Version: 1.0` when the
+//! endpoint speaks v1.0); a streamed answer is read through [`sse`], so time to first token, the
 //! idle timeout, size bounds and `incomplete` streams behave as for every streaming agent,
 //! and a server that answers a stream request with one JSON body is read as such.
 //!
@@ -74,6 +75,7 @@ struct Inner {
 struct Resolved {
     rpc: Url,
     stream: bool,
+    version: wire::Version,
     label: Arc<str>,
     /// What `prepare` records.
     record: Value,
@@ -184,17 +186,22 @@ impl Inner {
             ));
         }
         let stream = self.options.stream.unwrap_or(card.streaming);
-        let label = format!("POST {} {}", rpc.path(), wire::method(stream)).into();
+        let label = format!("POST {} {}", rpc.path(), wire::method(card.version, stream)).into();
         let record = json!({
             "card_url": card_url.as_str(),
             "endpoint": rpc.as_str(),
             "streaming": card.streaming,
             "stream": stream,
+            "protocol_version": match card.version {
+                wire::Version::V03 => "0.3",
+                wire::Version::V1 => "1.0",
+            },
             "card": card.raw,
         });
         Ok(Resolved {
             rpc,
             stream,
+            version: card.version,
             label,
             record,
         })
@@ -214,9 +221,22 @@ impl Inner {
         };
         let n = REQUESTS.fetch_add(1, Ordering::Relaxed) + 1;
         let message_id = format!("trellis-{}-{n}", std::process::id());
-        let request = wire::request(n, resolved.stream, &message_id, text, context_id, task_id);
+        let request = wire::request(
+            resolved.version,
+            n,
+            resolved.stream,
+            &message_id,
+            text,
+            context_id,
+            task_id,
+        );
         let body = Bytes::from(request.to_string());
         let mut headers = self.headers.clone();
+        // A v1.0 server takes a request without it for v0.3 (and answers v0.3 methods only
+        // when it was built to).
+        if resolved.version == wire::Version::V1 && !headers.contains_key("a2a-version") {
+            headers.insert("a2a-version", HeaderValue::from_static("1.0"));
+        }
         if !headers.contains_key(ACCEPT) {
             headers.insert(
                 ACCEPT,

@@ -22,6 +22,9 @@ pub struct AgentCard {
     pub url: Option<String>,
     /// `capabilities.streaming`.
     pub streaming: bool,
+    /// The protocol version of that endpoint: v1.0 servers take other method names and
+    /// message shapes.
+    pub version: Version,
     /// The card as the server sent it, for the run's records.
     pub raw: Value,
 }
@@ -41,14 +44,19 @@ pub fn parse_card(body: &[u8]) -> Result<AgentCard, Fault> {
             format!("the agent card is {}, expected an object", kind_of(&raw)),
         ));
     };
+    let (url, version) = match jsonrpc_url(card) {
+        Some((url, version)) => (Some(url), version),
+        None => (None, Version::V03),
+    };
     let streaming = card
         .get("capabilities")
         .and_then(|c| c.get("streaming"))
         .and_then(Value::as_bool)
         .unwrap_or(false);
     Ok(AgentCard {
-        url: jsonrpc_url(card),
+        url,
         streaming,
+        version,
         raw: raw.clone(),
     })
 }
@@ -56,13 +64,16 @@ pub fn parse_card(body: &[u8]) -> Result<AgentCard, Fault> {
 /// The card's JSON-RPC endpoint: its `url` when its preferred transport is JSON-RPC (the
 /// default), else the JSON-RPC entry of `additionalInterfaces` (v0.3) or
 /// `supportedInterfaces` (v1.0, which has no top-level `url`).
-fn jsonrpc_url(card: &Map<String, Value>) -> Option<String> {
+fn jsonrpc_url(card: &Map<String, Value>) -> Option<(String, Version)> {
     let is_jsonrpc = |t: Option<&str>| t.is_none_or(|t| t.eq_ignore_ascii_case("JSONRPC"));
+    let version_of =
+        |object: &Value| Version::of(object.get("protocolVersion").and_then(Value::as_str));
+    let card_version = version_of(&Value::Object(card.clone()));
     let preferred = card.get("preferredTransport").and_then(Value::as_str);
     if let Some(url) = card.get("url").and_then(Value::as_str)
         && is_jsonrpc(preferred)
     {
-        return Some(url.to_owned());
+        return Some((url.to_owned(), card_version));
     }
     for key in ["additionalInterfaces", "supportedInterfaces"] {
         let Some(Value::Array(interfaces)) = card.get(key) else {
@@ -76,25 +87,59 @@ fn jsonrpc_url(card: &Map<String, Value>) -> Option<String> {
             if transport.is_some_and(|t| t.eq_ignore_ascii_case("JSONRPC"))
                 && let Some(url) = interface.get("url").and_then(Value::as_str)
             {
-                return Some(url.to_owned());
+                let version = if interface.get("protocolVersion").is_some() {
+                    version_of(interface)
+                } else if key == "supportedInterfaces" {
+                    Version::V1
+                } else {
+                    card_version
+                };
+                return Some((url.to_owned(), version));
             }
         }
     }
-    card.get("url").and_then(Value::as_str).map(str::to_owned)
+    card.get("url")
+        .and_then(Value::as_str)
+        .map(|url| (url.to_owned(), card_version))
+}
+
+/// The generation of the protocol an endpoint speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Version {
+    /// v0.2/v0.3: `message/send`, `message/stream`, parts tagged `kind`.
+    V03,
+    /// v1.0: `SendMessage`, `SendStreamingMessage`, `ROLE_USER`, parts known by their field,
+    /// the `A2A-Version: 1.0` header.
+    V1,
+}
+
+impl Version {
+    /// From a `protocolVersion` (`"0.3.0"`, `"1.0"`); absent or unreadable is v0.3.
+    pub fn of(text: Option<&str>) -> Version {
+        let major = text
+            .and_then(|t| t.trim().split('.').next())
+            .and_then(|m| m.parse::<u32>().ok());
+        match major {
+            Some(m) if m >= 1 => Version::V1,
+            _ => Version::V03,
+        }
+    }
 }
 
 /// The JSON-RPC method of one user message.
-pub fn method(stream: bool) -> &'static str {
-    if stream {
-        "message/stream"
-    } else {
-        "message/send"
+pub fn method(version: Version, stream: bool) -> &'static str {
+    match (version, stream) {
+        (Version::V03, true) => "message/stream",
+        (Version::V03, false) => "message/send",
+        (Version::V1, true) => "SendStreamingMessage",
+        (Version::V1, false) => "SendMessage",
     }
 }
 
 /// The JSON-RPC request carrying one user message; `context_id` continues a conversation
 /// and `task_id` answers a task still open (one that asked for input).
 pub fn request(
+    version: Version,
     id: u64,
     stream: bool,
     message_id: &str,
@@ -102,12 +147,19 @@ pub fn request(
     context_id: Option<&str>,
     task_id: Option<&str>,
 ) -> Value {
-    let mut message = json!({
-        "kind": "message",
-        "role": "user",
-        "messageId": message_id,
-        "parts": [{"kind": "text", "text": text}],
-    });
+    let mut message = match version {
+        Version::V03 => json!({
+            "kind": "message",
+            "role": "user",
+            "messageId": message_id,
+            "parts": [{"kind": "text", "text": text}],
+        }),
+        Version::V1 => json!({
+            "role": "ROLE_USER",
+            "messageId": message_id,
+            "parts": [{"text": text}],
+        }),
+    };
     if let Some(context_id) = context_id {
         message["contextId"] = json!(context_id);
     }
@@ -117,7 +169,7 @@ pub fn request(
     json!({
         "jsonrpc": "2.0",
         "id": id,
-        "method": method(stream),
+        "method": method(version, stream),
         "params": {"message": message},
     })
 }
@@ -714,7 +766,9 @@ mod tests {
         assert!(card.streaming);
         let v1 = parse_card(br#"{"name":"x","supportedInterfaces":[{"url":"http://h/v1","protocolBinding":"JSONRPC"}]}"#).unwrap();
         assert_eq!(v1.url.as_deref(), Some("http://h/v1"));
+        assert_eq!(v1.version, Version::V1);
         assert!(!v1.streaming);
+        assert_eq!(card.version, Version::V03);
         assert_eq!(
             parse_card(b"[]").unwrap_err().category,
             FaultCategory::Protocol
