@@ -154,16 +154,19 @@ pub enum Protocol {
     OpenAi,
     /// A model behind Anthropic Messages, with the same tool loop as [`Protocol::OpenAi`].
     Anthropic,
+    /// Agent2Agent: JSON-RPC at the URL of the agent's card ([`A2aSettings`]).
+    A2a,
 }
 
 impl Protocol {
-    pub const ALL: [(&'static str, Protocol); 6] = [
+    pub const ALL: [(&'static str, Protocol); 7] = [
         ("connexity", Protocol::Connexity),
         ("agentscope", Protocol::AgentScope),
         ("multiagent", Protocol::MultiAgent),
         ("fixie", Protocol::Fixie),
         ("openai", Protocol::OpenAi),
         ("anthropic", Protocol::Anthropic),
+        ("a2a", Protocol::A2a),
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -174,6 +177,7 @@ impl Protocol {
             Protocol::Fixie => "fixie",
             Protocol::OpenAi => "openai",
             Protocol::Anthropic => "anthropic",
+            Protocol::A2a => "a2a",
         }
     }
 
@@ -185,7 +189,7 @@ impl Protocol {
     /// Whether the protocol resends the whole history on every call, so a fork can copy the
     /// history instead of replaying the shared prefix in a fresh session.
     pub fn resends_history(self) -> bool {
-        !matches!(self, Protocol::AgentScope)
+        !matches!(self, Protocol::AgentScope | Protocol::A2a)
     }
 }
 
@@ -388,6 +392,14 @@ pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(120);
 /// Tool rounds an `openai` agent may take in one turn when `max-tool-rounds` is not written.
 pub const DEFAULT_MAX_TOOL_ROUNDS: u32 = 8;
 
+/// The settings of an `a2a` agent (the card says the rest).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct A2aSettings {
+    /// `stream`: `message/stream` (`#true`) or `message/send` (`#false`) whatever the card's
+    /// `capabilities.streaming` says; `None` follows the card.
+    pub stream: Option<bool>,
+}
+
 #[derive(Clone, Debug)]
 pub struct Agent {
     pub id: Spanned<String>,
@@ -435,6 +447,8 @@ pub struct Agent {
     pub stream: bool,
     /// `multiagent`: the action loop and transport settings (defaults elsewhere).
     pub multiagent: MultiAgentSettings,
+    /// `a2a`: what the agent card does not decide.
+    pub a2a: A2aSettings,
     pub span: Span,
 }
 
@@ -995,6 +1009,14 @@ impl CriterionKind {
 
 #[derive(Clone, Debug)]
 pub enum ReplyCheck {
+    /// `json-path="$.a"` with optional `equals=VALUE`: the first node the path selects in
+    /// the turn's structured data (an A2A task and its artifacts), else in the reply parsed
+    /// as JSON, equals VALUE (any scalar); without `equals`, the path selects something.
+    JsonPath {
+        path: serde_json_path::JsonPath,
+        source: String,
+        equals: Option<serde_json::Value>,
+    },
     Contains(String),
     NotContains(String),
     Matches(regex::Regex),

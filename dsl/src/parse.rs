@@ -550,6 +550,7 @@ pub const BUILTINS: &[(Protocol, &str)] = &[
     (Protocol::AgentScope, "weather"),
     (Protocol::Fixie, "numbers"),
     (Protocol::MultiAgent, "support"),
+    (Protocol::A2a, "travel"),
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -1448,7 +1449,7 @@ impl<'f> Decoder<'f> {
                         "no protocol",
                     )
                     .with_help(
-                        "add protocol=\"…\": one of connexity, agentscope, multiagent, fixie, openai, anthropic",
+                        "add protocol=\"…\": one of connexity, agentscope, multiagent, fixie, openai, anthropic, a2a",
                     );
                 self.report(d);
                 None
@@ -1539,6 +1540,8 @@ impl<'f> Decoder<'f> {
                 .with_label(value_span(e), "this value")
                 .with_help(if protocol == Protocol::AgentScope {
                     "AgentScope keeps the conversation on the server (`session_id`); remove `history`"
+                } else if protocol == Protocol::A2a {
+                    "an A2A agent keeps the conversation on its server (`contextId`); remove `history`"
                 } else {
                     "only `connexity` agents choose what each request carries; remove `history`"
                 });
@@ -1646,6 +1649,9 @@ impl<'f> Decoder<'f> {
             max_tool_rounds,
             stream,
             multiagent,
+            a2a: A2aSettings {
+                stream: stream_written.filter(|_| protocol == Protocol::A2a),
+            },
             span: self.span(v.span),
         })
     }
@@ -1957,7 +1963,9 @@ impl<'f> Decoder<'f> {
         protocol: Protocol,
     ) -> Option<Endpoint> {
         let allowed: &[&str] = match protocol {
-            Protocol::Connexity | Protocol::AgentScope | Protocol::Fixie => &["url", "builtin"],
+            Protocol::Connexity | Protocol::AgentScope | Protocol::Fixie | Protocol::A2a => {
+                &["url", "builtin"]
+            }
             Protocol::MultiAgent => &["url", "builtin", "command", "socket"],
             Protocol::OpenAi | Protocol::Anthropic => &["base-url", "builtin", "provider"],
         };
@@ -3785,6 +3793,33 @@ impl<'f> Decoder<'f> {
         Some(CriterionKind::State { path: path?, check })
     }
 
+    /// `reply json-path="$.a" equals=VALUE`: a check on the turn's structured data.
+    fn reply_json_path(&mut self, v: &View, p: &KdlEntry) -> Option<CriterionKind> {
+        self.check_props(v, &["json-path", "equals"], &[]);
+        self.check_args(v, 0, "reply json-path=\"$.a\" equals=VALUE");
+        let equals = v.prop("equals").map(|e| match e.value() {
+            KdlValue::String(s) => serde_json::Value::String(s.clone()),
+            KdlValue::Integer(i) => match i64::try_from(*i) {
+                Ok(i) => serde_json::Value::from(i),
+                Err(_) => serde_json::Value::from(*i as f64),
+            },
+            KdlValue::Float(f) => serde_json::Number::from_f64(*f)
+                .map_or(serde_json::Value::Null, serde_json::Value::Number),
+            KdlValue::Bool(b) => serde_json::Value::Bool(*b),
+            KdlValue::Null => serde_json::Value::Null,
+        });
+        match self.json_path(p)? {
+            CaptureSource::JsonPath { path, source } => {
+                Some(CriterionKind::Reply(vec![ReplyCheck::JsonPath {
+                    path,
+                    source,
+                    equals,
+                }]))
+            }
+            CaptureSource::Regex(_) => None,
+        }
+    }
+
     /// `reply …`; string checks written with template syntax are added to `templates`.
     fn reply_criterion(
         &mut self,
@@ -3793,6 +3828,9 @@ impl<'f> Decoder<'f> {
     ) -> Option<CriterionKind> {
         let checks = ["contains", "not-contains", "matches", "equals"];
         let usage = "reply contains=\"…\"";
+        if let Some(p) = v.prop("json-path") {
+            return self.reply_json_path(v, p);
+        }
         self.check_props(v, &checks, &checks);
         self.check_args(v, 0, usage);
         let mut out = Vec::new();

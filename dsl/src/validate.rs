@@ -423,10 +423,12 @@ impl<'p> Validator<'p> {
             return;
         }
         let agents = self.project.scenario_agents(sc);
-        let Some(silent) = agents
-            .into_iter()
-            .find(|a| matches!(a.protocol, Protocol::AgentScope | Protocol::Fixie))
-        else {
+        let Some(silent) = agents.into_iter().find(|a| {
+            matches!(
+                a.protocol,
+                Protocol::AgentScope | Protocol::Fixie | Protocol::A2a
+            )
+        }) else {
             return;
         };
         let d = Diagnostic::at_span(

@@ -462,6 +462,26 @@ fn reply_check(
     };
     let value = |written: &'_ str| -> String { rendered.unwrap_or(written).to_string() };
     match check {
+        ReplyCheck::JsonPath {
+            path,
+            source,
+            equals,
+        } => {
+            let mut why = String::from("no turn");
+            for turn in turns.iter().rev() {
+                match json_path_check(turn, path, source, equals.as_ref()) {
+                    Ok(()) => return None,
+                    Err(e) => why = e,
+                }
+                if scope == Scope::Turn {
+                    break;
+                }
+            }
+            Some(match scope {
+                Scope::Turn => why,
+                Scope::Trajectory => format!("no turn of {} holds; last: {why}", turns.len()),
+            })
+        }
         ReplyCheck::Contains(needle) => {
             let needle = value(needle);
             (!any(&|r: &str| r.contains(needle.as_str())))
@@ -488,6 +508,48 @@ fn reply_check(
                     )
                 })
         }
+    }
+}
+
+/// `reply json-path=…` on one turn: reads its structured data, else its reply as JSON.
+fn json_path_check(
+    turn: &TurnRecord,
+    path: &serde_json_path::JsonPath,
+    source: &str,
+    equals: Option<&Value>,
+) -> Result<(), String> {
+    let parsed;
+    let data = match &turn.data {
+        Some(data) => data,
+        None => {
+            let reply = turn.reply.as_deref().unwrap_or("");
+            parsed = serde_json::from_str::<Value>(reply).map_err(|_| {
+                format!(
+                    "json-path {source}: the turn has no structured data and its reply is not                      JSON: {}",
+                    excerpt(reply, 160)
+                )
+            })?;
+            &parsed
+        }
+    };
+    let Some(found) = path.query(data).first().cloned() else {
+        return Err(format!("json-path {source} selects nothing"));
+    };
+    match equals {
+        None => Ok(()),
+        Some(expected) if json_equal(&found, expected) => Ok(()),
+        Some(expected) => Err(format!(
+            "json-path {source} is {}, expected {expected}",
+            found.to_string().chars().take(160).collect::<String>()
+        )),
+    }
+}
+
+/// Equality of JSON scalars where numbers compare by value (`2` equals `2.0`).
+fn json_equal(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => x.as_f64() == y.as_f64(),
+        _ => a == b,
     }
 }
 

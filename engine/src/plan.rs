@@ -206,6 +206,8 @@ pub struct PlannedAgent {
     pub stream: bool,
     /// The action loop and transport settings of a `multiagent` agent.
     pub multiagent: trellis_dsl::MultiAgentSettings,
+    /// The settings of an `a2a` agent.
+    pub a2a: trellis_dsl::A2aSettings,
     /// The model, system prompt (rendered with `env` only), offered tools and tool-round cap
     /// of an `openai` agent.
     pub openai: crate::protocol::openai::OpenAiSettings,
@@ -376,6 +378,7 @@ impl Plan {
                     },
                     stream: agent.stream,
                     multiagent: agent.multiagent.clone(),
+                    a2a: agent.a2a.clone(),
                     openai: crate::protocol::openai::OpenAiSettings::plan(
                         project,
                         agent,
@@ -690,7 +693,8 @@ pub mod not_runnable {
             | Protocol::Connexity
             | Protocol::AgentScope
             | Protocol::Fixie
-            | Protocol::MultiAgent => None,
+            | Protocol::MultiAgent
+            | Protocol::A2a => None,
         }
     }
 
@@ -880,7 +884,8 @@ fn unmeasured_ttft(
     let agent = agents.iter().find(|a| match a.protocol {
         Protocol::Connexity | Protocol::Fixie => true,
         Protocol::AgentScope | Protocol::OpenAi | Protocol::Anthropic => !a.stream,
-        Protocol::MultiAgent => false,
+        // Whether an A2A agent streams is for its card to say, at run time.
+        Protocol::MultiAgent | Protocol::A2a => false,
     })?;
     let why = if agent.protocol == Protocol::AgentScope {
         format!(

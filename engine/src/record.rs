@@ -149,6 +149,10 @@ pub struct TurnRecord {
     pub reply: Option<String>,
     /// Every message the agent returned this turn (assistant, tool, final assistant).
     pub messages: Vec<ChatMessage>,
+    /// Structured data the agent answered with (an A2A task with its data parts and
+    /// artifacts): what `reply json-path=…` and `capture json-path=…` read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<serde_json::Value>,
     pub tool_calls: Vec<ToolCallRecord>,
     /// Milliseconds since the run started.
     pub started_ms: f64,

@@ -6,6 +6,7 @@ mod support {
     pub use trellis_testkit::*;
 }
 
+mod a2a;
 mod agent;
 mod calibrate;
 mod diagnostics;

@@ -12,6 +12,7 @@
 //! executable (`trellis agent support --stdio|--per-call`). [`endpoint_for`] starts it the
 //! way a suite's `transport` asks and says where it is.
 
+pub mod a2a;
 pub mod agentscope;
 pub mod booking;
 pub mod fixie;
@@ -33,7 +34,7 @@ use crate::protocol::line::ProcessMode;
 use lines::{LineAgent, LineListener};
 
 /// Names accepted by `builtin="…"`.
-pub const BUILTINS: &[&str] = &["booking", "numbers", "support", "weather"];
+pub const BUILTINS: &[&str] = &["booking", "numbers", "support", "travel", "weather"];
 
 /// Builtins that also speak newline-delimited JSON (sockets, stdio), with their agent.
 const LINE_BUILTINS: &[(&str, LineAgent)] = &[("support", support::answer)];
@@ -187,6 +188,8 @@ fn http_app(name: &str) -> Result<(&'static str, axum::Router, &'static str), Bu
         "weather" => ("weather", agentscope::router(), agentscope::PATH),
         "numbers" => ("numbers", fixie::router(), fixie::PATH),
         "support" => ("support", support::router(), support::PATH),
+        // An A2A agent is found by its card, under the server's root.
+        "travel" => ("travel", a2a::router(), ""),
         _ => {
             return Err(BuiltinError::Unknown {
                 name: name.to_owned(),

@@ -116,6 +116,7 @@ fn record(
         user_message: input.text().to_owned(),
         reply: turn.reply,
         messages: turn.messages,
+        data: turn.data,
         tool_calls: turn.tool_calls,
         started_ms,
         latency_ms: ms(latency),

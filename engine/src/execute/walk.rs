@@ -1101,12 +1101,9 @@ fn capture_into(
     name: &str,
     source: &CaptureSource,
 ) -> Result<(), CriterionRecord> {
-    let reply = state
-        .turns
-        .last()
-        .and_then(|t| t.reply.as_deref())
-        .unwrap_or("");
-    match capture(source, reply) {
+    let last = state.turns.last();
+    let reply = last.and_then(|t| t.reply.as_deref()).unwrap_or("");
+    match capture(source, reply, last.and_then(|t| t.data.as_ref())) {
         Ok(value) => {
             state.vars.insert(name.to_owned(), value);
             Ok(())
@@ -1122,8 +1119,13 @@ fn capture_into(
     }
 }
 
-/// Extracts a capture from the last reply.
-fn capture(source: &CaptureSource, reply: &str) -> Result<String, String> {
+/// Extracts a capture from the last reply; a JSON path reads the turn's structured data
+/// when the agent sent some.
+fn capture(
+    source: &CaptureSource,
+    reply: &str,
+    data: Option<&serde_json::Value>,
+) -> Result<String, String> {
     match source {
         CaptureSource::Regex(re) => {
             let caps = re.captures(reply).ok_or_else(|| {
@@ -1137,9 +1139,17 @@ fn capture(source: &CaptureSource, reply: &str) -> Result<String, String> {
             Ok(m.map(|m| m.as_str().to_string()).unwrap_or_default())
         }
         CaptureSource::JsonPath { path, source } => {
-            let value: serde_json::Value = serde_json::from_str(reply)
-                .map_err(|e| format!("json-path {source}: the last reply is not JSON ({e})"))?;
-            let found = path.query(&value);
+            let parsed;
+            let value = match data {
+                Some(data) => data,
+                None => {
+                    parsed = serde_json::from_str::<serde_json::Value>(reply).map_err(|e| {
+                        format!("json-path {source}: the last reply is not JSON ({e})")
+                    })?;
+                    &parsed
+                }
+            };
+            let found = path.query(value);
             let first = found
                 .first()
                 .ok_or_else(|| format!("json-path {source} found nothing in the last reply"))?;

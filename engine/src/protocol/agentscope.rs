@@ -226,6 +226,7 @@ impl Endpoint {
             branch: None,
             reused: false,
             llm: Vec::new(),
+            data: None,
         }
     }
 }

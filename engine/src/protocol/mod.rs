@@ -18,6 +18,7 @@
 //! Transports are written once and shared: [`http`] (bounded request/response, fault
 //! mapping, the retry rule). Protocols never panic on what an agent sends.
 
+pub mod a2a;
 pub mod agentscope;
 pub mod connexity;
 pub mod fixie;
@@ -104,6 +105,16 @@ pub fn build(setup: AgentSetup<'_>) -> Result<Arc<dyn AgentProtocol>, Fault> {
         })
         .map_err(|e| setup_fault(&e)),
         Protocol::MultiAgent => multiagent_client(&setup).map_err(|e| setup_fault(&e)),
+        Protocol::A2a => a2a::A2aClient::new(
+            setup.url,
+            setup.headers.clone(),
+            setup.limits,
+            setup.retry,
+            setup.agent.a2a.clone(),
+            setup.transport.clone(),
+        )
+        .map(|c| Arc::new(c) as Arc<dyn AgentProtocol>)
+        .map_err(|e| setup_fault(&e)),
         Protocol::OpenAi | Protocol::Anthropic => {
             let settings = &setup.agent.openai;
             openai::OpenAiClient::new(
@@ -435,6 +446,9 @@ pub struct Turn {
     /// LLM calls the engine made to produce this turn on the agent's behalf (the model
     /// playing Fixie's LLM), with their usage and cache use.
     pub llm: Vec<crate::llm::LlmCall>,
+    /// Structured data the agent answered with besides text (an A2A task with its data
+    /// parts and artifacts), read by `reply json-path=…` and `capture … json-path=…`.
+    pub data: Option<serde_json::Value>,
 }
 
 /// An agent's request to fork the conversation, with the alternatives it listed (none: one

@@ -1,5 +1,7 @@
 //! The engine's integration tests, in one binary so the crate links once.
 
+mod a2a;
+mod a2a_props;
 mod agentscope;
 mod builtin_booking;
 mod builtin_support;
