@@ -12,6 +12,9 @@ use std::time::Duration;
 use miette::{NamedSource, SourceSpan};
 use serde_json::{Map, Value};
 
+mod http;
+pub use http::{HttpMethod, HttpSettings, JsonPathSetting, SessionCapture, StreamSettings};
+
 /// Index of a file in [`Project::files`].
 pub type FileId = usize;
 
@@ -154,16 +157,19 @@ pub enum Protocol {
     OpenAi,
     /// A model behind Anthropic Messages, with the same tool loop as [`Protocol::OpenAi`].
     Anthropic,
+    /// Any JSON-over-HTTP agent, described by [`HttpSettings`].
+    Http,
 }
 
 impl Protocol {
-    pub const ALL: [(&'static str, Protocol); 6] = [
+    pub const ALL: [(&'static str, Protocol); 7] = [
         ("connexity", Protocol::Connexity),
         ("agentscope", Protocol::AgentScope),
         ("multiagent", Protocol::MultiAgent),
         ("fixie", Protocol::Fixie),
         ("openai", Protocol::OpenAi),
         ("anthropic", Protocol::Anthropic),
+        ("http", Protocol::Http),
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -174,6 +180,7 @@ impl Protocol {
             Protocol::Fixie => "fixie",
             Protocol::OpenAi => "openai",
             Protocol::Anthropic => "anthropic",
+            Protocol::Http => "http",
         }
     }
 
@@ -183,7 +190,8 @@ impl Protocol {
     }
 
     /// Whether the protocol resends the whole history on every call, so a fork can copy the
-    /// history instead of replaying the shared prefix in a fresh session.
+    /// history instead of replaying the shared prefix in a fresh session (an `http` agent
+    /// does unless it has a `session`: [`HttpSettings::session_bound`]).
     pub fn resends_history(self) -> bool {
         !matches!(self, Protocol::AgentScope)
     }
@@ -435,6 +443,8 @@ pub struct Agent {
     pub stream: bool,
     /// `multiagent`: the action loop and transport settings (defaults elsewhere).
     pub multiagent: MultiAgentSettings,
+    /// `http`: the request template and where the answer's parts are.
+    pub http: Option<HttpSettings>,
     pub span: Span,
 }
 

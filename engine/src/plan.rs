@@ -206,6 +206,8 @@ pub struct PlannedAgent {
     pub stream: bool,
     /// The action loop and transport settings of a `multiagent` agent.
     pub multiagent: trellis_dsl::MultiAgentSettings,
+    /// The request template and answer paths of an `http` agent.
+    pub http: Option<trellis_dsl::HttpSettings>,
     /// The model, system prompt (rendered with `env` only), offered tools and tool-round cap
     /// of an `openai` agent.
     pub openai: crate::protocol::openai::OpenAiSettings,
@@ -376,6 +378,7 @@ impl Plan {
                     },
                     stream: agent.stream,
                     multiagent: agent.multiagent.clone(),
+                    http: agent.http.clone(),
                     openai: crate::protocol::openai::OpenAiSettings::plan(
                         project,
                         agent,
@@ -690,7 +693,8 @@ pub mod not_runnable {
             | Protocol::Connexity
             | Protocol::AgentScope
             | Protocol::Fixie
-            | Protocol::MultiAgent => None,
+            | Protocol::MultiAgent
+            | Protocol::Http => None,
         }
     }
 
@@ -879,7 +883,7 @@ fn unmeasured_ttft(
     }
     let agent = agents.iter().find(|a| match a.protocol {
         Protocol::Connexity | Protocol::Fixie => true,
-        Protocol::AgentScope | Protocol::OpenAi | Protocol::Anthropic => !a.stream,
+        Protocol::AgentScope | Protocol::OpenAi | Protocol::Anthropic | Protocol::Http => !a.stream,
         Protocol::MultiAgent => false,
     })?;
     let why = if agent.protocol == Protocol::AgentScope {

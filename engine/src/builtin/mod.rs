@@ -15,6 +15,7 @@
 pub mod agentscope;
 pub mod booking;
 pub mod fixie;
+pub mod langserve;
 pub mod lines;
 pub mod support;
 
@@ -33,7 +34,7 @@ use crate::protocol::line::ProcessMode;
 use lines::{LineAgent, LineListener};
 
 /// Names accepted by `builtin="…"`.
-pub const BUILTINS: &[&str] = &["booking", "numbers", "support", "weather"];
+pub const BUILTINS: &[&str] = &["booking", "langserve", "numbers", "support", "weather"];
 
 /// Builtins that also speak newline-delimited JSON (sockets, stdio), with their agent.
 const LINE_BUILTINS: &[(&str, LineAgent)] = &[("support", support::answer)];
@@ -187,6 +188,7 @@ fn http_app(name: &str) -> Result<(&'static str, axum::Router, &'static str), Bu
         "weather" => ("weather", agentscope::router(), agentscope::PATH),
         "numbers" => ("numbers", fixie::router(), fixie::PATH),
         "support" => ("support", support::router(), support::PATH),
+        "langserve" => ("langserve", langserve::router(), langserve::PATH),
         _ => {
             return Err(BuiltinError::Unknown {
                 name: name.to_owned(),
