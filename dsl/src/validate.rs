@@ -247,6 +247,7 @@ impl<'p> Validator<'p> {
                 let mut scope = Scope::env_only();
                 for root in [
                     "messages",
+                    "langchain_messages",
                     "user",
                     "session",
                     "vars",

@@ -68,7 +68,8 @@ pub struct StreamSettings {
 #[derive(Clone, Debug)]
 pub struct HttpSettings {
     pub method: HttpMethod,
-    /// The request body; rendered per turn with `messages`, `user`, `session`, `vars`,
+    /// The request body; rendered per turn with `messages`, `langchain_messages`, `user`,
+    /// `session`, `vars`,
     /// `user_context`, `scenario`, `persona` and `env`, and must be JSON.
     pub request: Template,
     /// Where the reply text is in the answer (required unless `stream`).

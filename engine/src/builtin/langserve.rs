@@ -2,8 +2,8 @@
 //! tool-calling chat runnable, for `protocol="http"` suites and tests.
 //!
 //! `POST /agent/invoke` takes LangServe's `{"input": …, "config": {…}, "kwargs": {…}}`
-//! where `input` is the conversation (a list of messages, `{"role"|"type", "content"}`
-//! each), one message, or a text, and answers `{"output": AIMessage, "metadata": {run_id,
+//! where `input` is the conversation (a list of LangChain messages, `{"type", "content"}`
+//! each; one without `type` is a 422 as on LangServe), one message, or a text, and answers `{"output": AIMessage, "metadata": {run_id,
 //! feedback_tokens}}` with the message serialised as LangServe does (`content`,
 //! `additional_kwargs`, `type: "ai"`, `tool_calls: [{name, args, id, type: "tool_call"}]`,
 //! …). `POST /agent/stream` takes the same body and answers server-sent events: `event:
@@ -126,11 +126,27 @@ fn answer_request(body: &[u8]) -> Result<(String, Value), Response> {
         )
             .into_response()
     };
-    let request: Value =
-        serde_json::from_slice(body).map_err(|_| unprocessable("the body is not JSON"))?;
+    let request: Value = serde_json::from_slice(body).map_err(|_| {
+        (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            axum::Json(json!({"detail": ["Invalid JSON body"]})),
+        )
+            .into_response()
+    })?;
     let input = request
         .get("input")
         .ok_or_else(|| unprocessable("Field required: input"))?;
+    // As LangServe validates a list of LangChain messages: each needs its `type`.
+    if let Value::Array(items) = input
+        && let Some(i) = items.iter().position(|m| m.get("type").is_none())
+    {
+        return Err((
+            StatusCode::UNPROCESSABLE_ENTITY,
+            axum::Json(json!({"detail": [{"type": "missing", "loc": [i, "type"],
+                "msg": "Field required", "input": items[i]}]})),
+        )
+            .into_response());
+    }
     let humans = human_texts(input);
     let run = RUNS.fetch_add(1, Ordering::Relaxed) + 1;
     let run_id = format!("00000000-0000-4000-8000-{run:012}");
@@ -163,7 +179,6 @@ fn answer_request(body: &[u8]) -> Result<(String, Value), Response> {
         "type": "ai",
         "name": null,
         "id": null,
-        "example": false,
         "tool_calls": tool_calls,
         "invalid_tool_calls": [],
         "usage_metadata": null,

@@ -23,6 +23,46 @@ use crate::protocol::sse::SseEvent;
 use crate::protocol::{ToolCall, ToolCallFunction};
 use crate::record::{Fault, FaultCategory};
 
+/// The conversation as LangChain message dicts (`{"type": "human"|"ai"|"system"|"tool",
+/// "content", …}`), the `langchain_messages` of the `request` template: LangServe validates
+/// its input as LangChain messages and rejects OpenAI-style ones (no `type`). An AI
+/// message's tool calls go as `{name, args, id, type: "tool_call"}`, arguments decoded.
+pub fn langchain_messages(history: &[crate::protocol::ChatMessage]) -> Value {
+    let messages = history.iter().map(|m| {
+        let kind = match m.role.as_str() {
+            "user" => "human",
+            "assistant" => "ai",
+            other => other,
+        };
+        let mut message = serde_json::json!({
+            "type": kind,
+            "content": m.content.as_deref().unwrap_or_default(),
+        });
+        if !m.tool_calls.is_empty() {
+            message["tool_calls"] = m
+                .tool_calls
+                .iter()
+                .map(|c| {
+                    serde_json::json!({
+                        "name": c.function.name,
+                        "args": serde_json::from_str::<Value>(&c.function.arguments)
+                            .ok()
+                            .filter(Value::is_object)
+                            .unwrap_or_else(|| serde_json::json!({})),
+                        "id": c.id,
+                        "type": "tool_call",
+                    })
+                })
+                .collect();
+        }
+        if let Some(id) = &m.tool_call_id {
+            message["tool_call_id"] = Value::from(id.as_str());
+        }
+        message
+    });
+    Value::Array(messages.collect())
+}
+
 /// What one answer said.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Answer {

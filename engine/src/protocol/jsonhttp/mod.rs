@@ -2,7 +2,8 @@
 //! (LangServe `/invoke` and `/stream`, custom REST bots). docs/language.md has the forms.
 //!
 //! Each turn renders the agent's `request` template (with `messages`, the OpenAI-style
-//! conversation so far including the new user message, `user`, `session` and the
+//! conversation so far including the new user message, the same as `langchain_messages`
+//! for LangServe, `user`, `session` and the
 //! trajectory's template variables, handed over by the executor through
 //! [`Session::set_template_scope`]), checks that it is JSON, and sends it with the agent's
 //! `method` and headers through the shared transports: [`super::http`] for one JSON answer
@@ -272,6 +273,9 @@ impl JsonHttpSession {
             .render(&config.request, || {
                 minijinja::context! {
                     messages => minijinja::Value::from(minijinja::value::Serde(&self.history)),
+                    langchain_messages => minijinja::Value::from(minijinja::value::Serde(
+                        codec::langchain_messages(&self.history)
+                    )),
                     user => user,
                     session => self.session.as_deref(),
                     ..self.scope.clone()
