@@ -298,3 +298,34 @@ async fn tool_calls_made_in_a_replayed_prefix_are_marked_as_replays() {
         "{calls}"
     );
 }
+
+#[tokio::test]
+async fn the_langserve_suite_passes_over_the_http_protocol_and_records_tool_calls() {
+    let out = tempfile::tempdir().unwrap();
+    let o = trellis()
+        .args(["run", "suites/langserve.kdl", "--out"])
+        .arg(out.path())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(
+        stdout(&o).contains("5 trajectories: 5 passed"),
+        "{}",
+        stdout(&o)
+    );
+    let calls = read_parquet(&out.path().join("tool_calls.parquet"));
+    let arguments = strings(&calls, "arguments");
+    assert!(
+        arguments
+            .iter()
+            .any(|a| a.as_deref() == Some(r#"{"city":"Tokyo"}"#)),
+        "{calls}"
+    );
+    let turns = read_parquet(&out.path().join("turns.parquet"));
+    let ttft = turns.column("ttft_ms").unwrap();
+    assert!(
+        ttft.null_count() < ttft.len(),
+        "the streamed turns have a ttft: {turns}"
+    );
+}

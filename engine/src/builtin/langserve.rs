@@ -51,7 +51,7 @@ pub fn router() -> Router {
 async fn invoke(body: Bytes) -> Response {
     let (run_id, message) = match answer_request(&body) {
         Ok(answer) => answer,
-        Err(response) => return response,
+        Err(detail) => return unprocessable(detail),
     };
     let body = json!({
         "output": message,
@@ -63,7 +63,7 @@ async fn invoke(body: Bytes) -> Response {
 async fn stream(body: Bytes) -> Response {
     let (run_id, message) = match answer_request(&body) {
         Ok(answer) => answer,
-        Err(response) => return response,
+        Err(detail) => return unprocessable(detail),
     };
     let mut frames = vec![frame("metadata", &json!({"run_id": run_id}))];
     let content = message["content"].as_str().unwrap_or_default().to_owned();
@@ -117,35 +117,28 @@ fn chunk(content: &str, tool_calls: Value) -> Value {
     })
 }
 
-/// The run id and the `AIMessage` answering the request, or the 422 for a bad one.
-fn answer_request(body: &[u8]) -> Result<(String, Value), Response> {
-    let unprocessable = |why: &str| {
-        (
-            StatusCode::UNPROCESSABLE_ENTITY,
-            axum::Json(json!({"detail": [{"type": "invalid_request", "msg": why}]})),
-        )
-            .into_response()
-    };
-    let request: Value = serde_json::from_slice(body).map_err(|_| {
-        (
-            StatusCode::UNPROCESSABLE_ENTITY,
-            axum::Json(json!({"detail": ["Invalid JSON body"]})),
-        )
-            .into_response()
-    })?;
-    let input = request
-        .get("input")
-        .ok_or_else(|| unprocessable("Field required: input"))?;
+/// A 422 with FastAPI's `detail`.
+fn unprocessable(detail: Value) -> Response {
+    (
+        StatusCode::UNPROCESSABLE_ENTITY,
+        axum::Json(json!({ "detail": detail })),
+    )
+        .into_response()
+}
+
+/// The run id and the `AIMessage` answering the request, or the `detail` of the 422 a bad
+/// one gets.
+fn answer_request(body: &[u8]) -> Result<(String, Value), Value> {
+    let request: Value = serde_json::from_slice(body).map_err(|_| json!(["Invalid JSON body"]))?;
+    let input = request.get("input").ok_or_else(
+        || json!([{"type": "missing", "loc": ["body", "input"], "msg": "Field required"}]),
+    )?;
     // As LangServe validates a list of LangChain messages: each needs its `type`.
     if let Value::Array(items) = input
         && let Some(i) = items.iter().position(|m| m.get("type").is_none())
     {
-        return Err((
-            StatusCode::UNPROCESSABLE_ENTITY,
-            axum::Json(json!({"detail": [{"type": "missing", "loc": [i, "type"],
-                "msg": "Field required", "input": items[i]}]})),
-        )
-            .into_response());
+        return Err(json!([{"type": "missing", "loc": [i, "type"],
+            "msg": "Field required", "input": items[i]}]));
     }
     let humans = human_texts(input);
     let run = RUNS.fetch_add(1, Ordering::Relaxed) + 1;
