@@ -39,8 +39,9 @@ async fn the_example_suites_run_offline_and_write_every_table() {
     // agentscope: weather-tool-call 2, weather-without-stream 1, severe-weather 1;
     // multiagent: 7 per agent (complaint forks into 2 by the agent's branch action,
     // credit-limit into 2) × 4 agents (the same agent over http, process, tcp, unix). The
-    // draft scenarios do not run by default.
-    assert_eq!(t.height(), 19 + 28);
+    // draft scenarios do not run by default. langserve: weather-tool-call 2 per agent × 2,
+    // streamed-answer 1.
+    assert_eq!(t.height(), 19 + 28 + 5);
     let failed: Vec<(String, String)> = strings(&t, "status")
         .into_iter()
         .zip(strings(&t, "trajectory"))
@@ -69,8 +70,9 @@ async fn the_example_suites_run_offline_and_write_every_table() {
     // once (forks copy a Fixie session) plus one per branch; agentscope: 4 + 3 (2 of them
     // replayed in a fresh session) + 1 + 1; multiagent: 12 per agent (1 + 1 + 4, then
     // credit-limit's pause once and one answer per branch, complaint's branch action once
-    // and one continuation per option) × 4.
-    assert_eq!(turns.height(), 45 + 48);
+    // and one continuation per option) × 4; langserve: 4 per agent (the prefix once, forks
+    // copy the history) × 2, and 1.
+    assert_eq!(turns.height(), 45 + 48 + 9);
 
     let calls = read_parquet(&out.path().join("tool_calls.parquet"));
     assert!(strings(&calls, "name").contains(&Some("create_booking".to_string())));
