@@ -258,7 +258,10 @@ async fn malformed_requests_get_a_json_4xx() {
 
 #[tokio::test]
 async fn unknown_builtin_is_an_error() {
-    assert_eq!(BUILTINS, ["booking", "langserve", "numbers", "support", "weather"]);
+    assert_eq!(
+        BUILTINS,
+        ["booking", "langserve", "numbers", "support", "weather"]
+    );
     let err = builtin::serve("nope").await.unwrap_err();
     assert!(matches!(err, BuiltinError::Unknown { .. }));
     assert!(err.to_string().contains("booking"), "{err}");
