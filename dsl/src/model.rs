@@ -12,6 +12,9 @@ use std::time::Duration;
 use miette::{NamedSource, SourceSpan};
 use serde_json::{Map, Value};
 
+mod http;
+pub use http::{HttpMethod, HttpSettings, JsonPathSetting, SessionCapture, StreamSettings};
+
 /// Index of a file in [`Project::files`].
 pub type FileId = usize;
 
@@ -156,10 +159,12 @@ pub enum Protocol {
     Anthropic,
     /// Agent2Agent: JSON-RPC at the URL of the agent's card ([`A2aSettings`]).
     A2a,
+    /// Any JSON-over-HTTP agent, described by [`HttpSettings`].
+    Http,
 }
 
 impl Protocol {
-    pub const ALL: [(&'static str, Protocol); 7] = [
+    pub const ALL: [(&'static str, Protocol); 8] = [
         ("connexity", Protocol::Connexity),
         ("agentscope", Protocol::AgentScope),
         ("multiagent", Protocol::MultiAgent),
@@ -167,6 +172,7 @@ impl Protocol {
         ("openai", Protocol::OpenAi),
         ("anthropic", Protocol::Anthropic),
         ("a2a", Protocol::A2a),
+        ("http", Protocol::Http),
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -178,6 +184,7 @@ impl Protocol {
             Protocol::OpenAi => "openai",
             Protocol::Anthropic => "anthropic",
             Protocol::A2a => "a2a",
+            Protocol::Http => "http",
         }
     }
 
@@ -187,7 +194,8 @@ impl Protocol {
     }
 
     /// Whether the protocol resends the whole history on every call, so a fork can copy the
-    /// history instead of replaying the shared prefix in a fresh session.
+    /// history instead of replaying the shared prefix in a fresh session (an `http` agent
+    /// does unless it has a `session`: [`HttpSettings::session_bound`]).
     pub fn resends_history(self) -> bool {
         !matches!(self, Protocol::AgentScope | Protocol::A2a)
     }
@@ -449,6 +457,8 @@ pub struct Agent {
     pub multiagent: MultiAgentSettings,
     /// `a2a`: what the agent card does not decide.
     pub a2a: A2aSettings,
+    /// `http`: the request template and where the answer's parts are.
+    pub http: Option<HttpSettings>,
     pub span: Span,
 }
 

@@ -20,6 +20,8 @@ use crate::model::*;
 use crate::template;
 use crate::validate::{self, LoadInfo, RefKind};
 
+mod http;
+
 /// Loads every given `.kdl` file or directory (all `*.kdl` below it, sorted), follows
 /// `include`s, decodes and validates everything.
 ///
@@ -551,6 +553,7 @@ pub const BUILTINS: &[(Protocol, &str)] = &[
     (Protocol::Fixie, "numbers"),
     (Protocol::MultiAgent, "support"),
     (Protocol::A2a, "travel"),
+    (Protocol::Http, "langserve"),
 ];
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -1113,6 +1116,7 @@ const AGENT_SETTINGS: &[(&str, Arity)] = &[
     ("keep-open", Arity::One),
     ("cwd", Arity::One),
     ("transport", Arity::One),
+    ("method", Arity::One),
 ];
 /// Agent settings only `multiagent` agents take, with the endpoint each needs (if any).
 const MULTIAGENT_SETTINGS: &[(&str, Option<&str>)] = &[
@@ -1438,7 +1442,13 @@ impl<'f> Decoder<'f> {
 
     fn agent_body(&mut self, v: &View, id: &Spanned<String>, usage: &str) -> Option<Agent> {
         self.check_args(v, 1, usage);
-        let s = self.settings(v, AGENT_SETTINGS, "`agent`", &["env"]);
+        // `http` agents' answer nodes take properties, so they are decoded in `http.rs`.
+        let mut other_children = vec!["env"];
+        other_children.extend_from_slice(http::HTTP_NODES);
+        if http::is_http(v) {
+            other_children.push("stream");
+        }
+        let s = self.settings(v, AGENT_SETTINGS, "`agent`", &other_children);
         let protocol = match s.value("protocol") {
             None => {
                 let d = self
@@ -1449,7 +1459,7 @@ impl<'f> Decoder<'f> {
                         "no protocol",
                     )
                     .with_help(
-                        "add protocol=\"…\": one of connexity, agentscope, multiagent, fixie, openai, anthropic, a2a",
+                        "add protocol=\"…\": one of connexity, agentscope, multiagent, fixie, openai, anthropic, a2a, http",
                     );
                 self.report(d);
                 None
@@ -1613,6 +1623,8 @@ impl<'f> Decoder<'f> {
             }
         }
         let multiagent = self.multiagent_settings(v, &s, id, protocol);
+        let http = self.http_settings(v, &s, id, protocol);
+        let stream = http.as_ref().map_or(stream, |h| h.stream.is_some());
         let endpoint = self.endpoint(&s, id, protocol)?;
         // A model agent reached through a `provider` may take the provider's model.
         if protocol.is_model() && s.get("model").is_none() && s.get("provider").is_none() {
@@ -1652,6 +1664,7 @@ impl<'f> Decoder<'f> {
             a2a: A2aSettings {
                 stream: stream_written.filter(|_| protocol == Protocol::A2a),
             },
+            http,
             span: self.span(v.span),
         })
     }
@@ -1685,6 +1698,10 @@ impl<'f> Decoder<'f> {
                 BuiltinTransport::Http => None,
             };
             if endpoint == Some("builtin") && served_as == Some(*name) {
+                continue;
+            }
+            // `request` of an `http` agent is its body template.
+            if protocol == Protocol::Http && *name == "request" {
                 continue;
             }
             let at = match s.get(name) {
@@ -1738,6 +1755,7 @@ impl<'f> Decoder<'f> {
         }
         if let Some(r) = s
             .value("request")
+            .filter(|_| protocol != Protocol::Http)
             .and_then(|e| self.choice(e, "request", &MultiAgentRequest::ALL))
         {
             out.request = r;
@@ -1963,9 +1981,11 @@ impl<'f> Decoder<'f> {
         protocol: Protocol,
     ) -> Option<Endpoint> {
         let allowed: &[&str] = match protocol {
-            Protocol::Connexity | Protocol::AgentScope | Protocol::Fixie | Protocol::A2a => {
-                &["url", "builtin"]
-            }
+            Protocol::Connexity
+            | Protocol::AgentScope
+            | Protocol::Fixie
+            | Protocol::A2a
+            | Protocol::Http => &["url", "builtin"],
             Protocol::MultiAgent => &["url", "builtin", "command", "socket"],
             Protocol::OpenAi | Protocol::Anthropic => &["base-url", "builtin", "provider"],
         };

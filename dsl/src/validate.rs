@@ -241,6 +241,25 @@ impl<'p> Validator<'p> {
                 let diags = template::check(prompt, &scope, self.files());
                 self.diags.extend(diags);
             }
+            if let Some(http) = &agent.http {
+                // Rendered per turn; an agent serves many scenarios, so `vars` and
+                // `user_context` are not checked against one of them.
+                let mut scope = Scope::env_only();
+                for root in [
+                    "messages",
+                    "langchain_messages",
+                    "user",
+                    "session",
+                    "vars",
+                    "user_context",
+                    "persona",
+                ] {
+                    scope = scope.with(root, Names::Any);
+                }
+                scope = scope.with("scenario", Names::Any);
+                let diags = template::check(&http.request, &scope, self.files());
+                self.diags.extend(diags);
+            }
         }
         if let Some(sim) = &p.simulator {
             self.simulator(sim);

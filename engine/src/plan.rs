@@ -208,6 +208,8 @@ pub struct PlannedAgent {
     pub multiagent: trellis_dsl::MultiAgentSettings,
     /// The settings of an `a2a` agent.
     pub a2a: trellis_dsl::A2aSettings,
+    /// The request template and answer paths of an `http` agent.
+    pub http: Option<trellis_dsl::HttpSettings>,
     /// The model, system prompt (rendered with `env` only), offered tools and tool-round cap
     /// of an `openai` agent.
     pub openai: crate::protocol::openai::OpenAiSettings,
@@ -379,6 +381,7 @@ impl Plan {
                     stream: agent.stream,
                     multiagent: agent.multiagent.clone(),
                     a2a: agent.a2a.clone(),
+                    http: agent.http.clone(),
                     openai: crate::protocol::openai::OpenAiSettings::plan(
                         project,
                         agent,
@@ -694,7 +697,8 @@ pub mod not_runnable {
             | Protocol::AgentScope
             | Protocol::Fixie
             | Protocol::MultiAgent
-            | Protocol::A2a => None,
+            | Protocol::A2a
+            | Protocol::Http => None,
         }
     }
 
@@ -883,7 +887,7 @@ fn unmeasured_ttft(
     }
     let agent = agents.iter().find(|a| match a.protocol {
         Protocol::Connexity | Protocol::Fixie => true,
-        Protocol::AgentScope | Protocol::OpenAi | Protocol::Anthropic => !a.stream,
+        Protocol::AgentScope | Protocol::OpenAi | Protocol::Anthropic | Protocol::Http => !a.stream,
         // Whether an A2A agent streams is for its card to say, at run time.
         Protocol::MultiAgent | Protocol::A2a => false,
     })?;

@@ -39,9 +39,9 @@ async fn the_example_suites_run_offline_and_write_every_table() {
     // agentscope: weather-tool-call 2, weather-without-stream 1, severe-weather 1;
     // multiagent: 7 per agent (complaint forks into 2 by the agent's branch action,
     // credit-limit into 2) × 4 agents (the same agent over http, process, tcp, unix); a2a:
-    // book-a-flight 2 × 2 agents, streamed-answer 1. The draft scenarios do not run by
-    // default.
-    assert_eq!(t.height(), 19 + 28 + 5);
+    // book-a-flight 2 × 2 agents, streamed-answer 1; langserve: weather-tool-call 2 per agent
+    // × 2, streamed-answer 1. The draft scenarios do not run by default.
+    assert_eq!(t.height(), 19 + 28 + 5 + 5);
     let failed: Vec<(String, String)> = strings(&t, "status")
         .into_iter()
         .zip(strings(&t, "trajectory"))
@@ -71,8 +71,9 @@ async fn the_example_suites_run_offline_and_write_every_table() {
     // replayed in a fresh session) + 1 + 1; multiagent: 12 per agent (1 + 1 + 4, then
     // credit-limit's pause once and one answer per branch, complaint's branch action once
     // and one continuation per option) × 4; a2a: book-a-flight 3 + 1 + 1 + 3 replayed per
-    // agent × 2, streamed-answer 2.
-    assert_eq!(turns.height(), 45 + 48 + 18);
+    // agent × 2, streamed-answer 2; langserve: 4 per agent (the prefix once, forks copy the
+    // history) × 2, and 1.
+    assert_eq!(turns.height(), 45 + 48 + 18 + 9);
 
     let calls = read_parquet(&out.path().join("tool_calls.parquet"));
     assert!(strings(&calls, "name").contains(&Some("create_booking".to_string())));
@@ -298,5 +299,36 @@ async fn tool_calls_made_in_a_replayed_prefix_are_marked_as_replays() {
         replayed,
         [&Some("{\"city\":\"Paris\"}".to_owned())],
         "{calls}"
+    );
+}
+
+#[tokio::test]
+async fn the_langserve_suite_passes_over_the_http_protocol_and_records_tool_calls() {
+    let out = tempfile::tempdir().unwrap();
+    let o = trellis()
+        .args(["run", "suites/langserve.kdl", "--out"])
+        .arg(out.path())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(
+        stdout(&o).contains("5 trajectories: 5 passed"),
+        "{}",
+        stdout(&o)
+    );
+    let calls = read_parquet(&out.path().join("tool_calls.parquet"));
+    let arguments = strings(&calls, "arguments");
+    assert!(
+        arguments
+            .iter()
+            .any(|a| a.as_deref() == Some(r#"{"city":"Tokyo"}"#)),
+        "{calls}"
+    );
+    let turns = read_parquet(&out.path().join("turns.parquet"));
+    let ttft = turns.column("ttft_ms").unwrap();
+    assert!(
+        ttft.null_count() < ttft.len(),
+        "the streamed turns have a ttft: {turns}"
     );
 }

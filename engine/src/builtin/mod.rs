@@ -16,6 +16,7 @@ pub mod a2a;
 pub mod agentscope;
 pub mod booking;
 pub mod fixie;
+pub mod langserve;
 pub mod lines;
 pub mod support;
 
@@ -34,7 +35,14 @@ use crate::protocol::line::ProcessMode;
 use lines::{LineAgent, LineListener};
 
 /// Names accepted by `builtin="…"`.
-pub const BUILTINS: &[&str] = &["booking", "numbers", "support", "travel", "weather"];
+pub const BUILTINS: &[&str] = &[
+    "booking",
+    "langserve",
+    "numbers",
+    "support",
+    "travel",
+    "weather",
+];
 
 /// Builtins that also speak newline-delimited JSON (sockets, stdio), with their agent.
 const LINE_BUILTINS: &[(&str, LineAgent)] = &[("support", support::answer)];
@@ -190,6 +198,7 @@ fn http_app(name: &str) -> Result<(&'static str, axum::Router, &'static str), Bu
         "support" => ("support", support::router(), support::PATH),
         // An A2A agent is found by its card, under the server's root.
         "travel" => ("travel", a2a::router(), ""),
+        "langserve" => ("langserve", langserve::router(), langserve::PATH),
         _ => {
             return Err(BuiltinError::Unknown {
                 name: name.to_owned(),

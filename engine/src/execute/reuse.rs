@@ -375,4 +375,8 @@ impl Session for ReusingSession {
     fn restore(&mut self, history: &[(TurnInput<'_>, &Turn)]) -> bool {
         self.inner.restore(history)
     }
+
+    fn set_template_scope(&mut self, scope: &dyn Fn() -> minijinja::Value) {
+        self.inner.set_template_scope(scope);
+    }
 }

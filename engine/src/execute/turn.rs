@@ -56,6 +56,8 @@ impl Unit<'_> {
             turn_index,
             deadline,
         };
+        let vars = &state.vars;
+        session.set_template_scope(&|| self.scenario.scope.with_vars(vars));
         let mut turn = session.turn(input, &ctx).await;
         state.active += started.elapsed().saturating_sub(turn.queued());
         let started_ms = ms(started.duration_since(self.shared.run_start));

@@ -246,6 +246,22 @@ impl HttpTransport {
         .success()
     }
 
+    /// [`HttpTransport::post_json`] with another method that carries a body (`PUT`,
+    /// `PATCH`: an `http` agent's `method`).
+    pub async fn send_json(
+        &self,
+        method: reqwest::Method,
+        url: &Url,
+        headers: &HeaderMap,
+        body: Bytes,
+        max_response_size: u64,
+        timeout: Duration,
+    ) -> Result<HttpResponse, Fault> {
+        self.bounded(method, url, headers, Some(body), max_response_size, timeout)
+            .await?
+            .success()
+    }
+
     /// Like [`HttpTransport::post_json`], but an error status is returned with its headers
     /// instead of becoming a fault; only transport failures, timeouts and oversized bodies
     /// are faults.

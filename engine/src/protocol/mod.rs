@@ -23,6 +23,7 @@ pub mod agentscope;
 pub mod connexity;
 pub mod fixie;
 pub mod http;
+pub mod jsonhttp;
 pub mod line;
 pub mod multiagent;
 pub mod openai;
@@ -115,6 +116,9 @@ pub fn build(setup: AgentSetup<'_>) -> Result<Arc<dyn AgentProtocol>, Fault> {
         )
         .map(|c| Arc::new(c) as Arc<dyn AgentProtocol>)
         .map_err(|e| setup_fault(&e)),
+        Protocol::Http => jsonhttp::JsonHttpClient::new(&setup)
+            .map(|c| Arc::new(c) as Arc<dyn AgentProtocol>)
+            .map_err(|e| setup_fault(&e)),
         Protocol::OpenAi | Protocol::Anthropic => {
             let settings = &setup.agent.openai;
             openai::OpenAiClient::new(
@@ -335,6 +339,13 @@ pub trait Session: Send + Sync {
     /// one: the next turn must be a [`TurnInput::Human`].
     fn paused(&self) -> Option<&str> {
         None
+    }
+
+    /// The trajectory's template variables (`user_context`, `scenario`, `persona`, `env`,
+    /// `vars` so far) before each turn, for protocols whose request is a template (`http`).
+    /// Built only by a session that asks for it.
+    fn set_template_scope(&mut self, scope: &dyn Fn() -> minijinja::Value) {
+        let _ = scope;
     }
 
     /// Rebuilds this fresh session from turns taken earlier (each input with the agent's

@@ -260,7 +260,14 @@ async fn malformed_requests_get_a_json_4xx() {
 async fn unknown_builtin_is_an_error() {
     assert_eq!(
         BUILTINS,
-        ["booking", "numbers", "support", "travel", "weather"]
+        [
+            "booking",
+            "langserve",
+            "numbers",
+            "support",
+            "travel",
+            "weather"
+        ]
     );
     let err = builtin::serve("nope").await.unwrap_err();
     assert!(matches!(err, BuiltinError::Unknown { .. }));

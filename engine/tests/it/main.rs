@@ -9,6 +9,7 @@ mod criterion_templates;
 mod execution;
 mod fixie;
 mod fixie_llm;
+mod jsonhttp;
 mod judging;
 mod line;
 mod llm;

@@ -1,0 +1,205 @@
+//! `builtin="langserve"`: a deterministic chat agent shaped like a LangServe app serving a
+//! tool-calling chat runnable, for `protocol="http"` suites and tests.
+//!
+//! `POST /agent/invoke` takes LangServe's `{"input": …, "config": {…}, "kwargs": {…}}`
+//! where `input` is the conversation (a list of LangChain messages, `{"type", "content"}`
+//! each; one without `type` is a 422 as on LangServe), one message, or a text, and answers `{"output": AIMessage, "metadata": {run_id,
+//! feedback_tokens}}` with the message serialised as LangServe does (`content`,
+//! `additional_kwargs`, `type: "ai"`, `tool_calls: [{name, args, id, type: "tool_call"}]`,
+//! …). `POST /agent/stream` takes the same body and answers server-sent events: `event:
+//! metadata` with the run id, `event: data` per chunk (`AIMessageChunk`s, the words of the
+//! answer, the tool calls on the last one), then `event: end`. A body that is not JSON, or
+//! has no `input`, gets HTTP 422 as from FastAPI.
+//!
+//! What it answers (to the last human message):
+//! - `weather in CITY`: a `get_weather` tool call with `{"city": CITY}` and a short text;
+//! - `what did I ask`: the earlier human messages of the conversation it was sent (so a
+//!   history the client did not resend is visible);
+//! - anything else: `Echo: TEXT`.
+
+use std::convert::Infallible;
+use std::sync::LazyLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::http::StatusCode;
+use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use regex::Regex;
+use serde_json::{Value, json};
+
+/// Where the agent answers with one JSON body (the `/stream` route is next to it).
+pub const PATH: &str = "/agent/invoke";
+/// The tool the agent calls for weather questions.
+pub const TOOL: &str = "get_weather";
+
+static CITY: LazyLock<Regex> = LazyLock::new(|| {
+    Regex::new(r"(?i)\bweather\s+(?:in|for)\s+([a-z][a-z' \-]*[a-z])")
+        .expect("the city pattern is a valid regex")
+});
+
+static RUNS: AtomicU64 = AtomicU64::new(0);
+
+pub fn router() -> Router {
+    Router::new()
+        .route(PATH, post(invoke))
+        .route("/agent/stream", post(stream))
+}
+
+async fn invoke(body: Bytes) -> Response {
+    let (run_id, message) = match answer_request(&body) {
+        Ok(answer) => answer,
+        Err(detail) => return unprocessable(detail),
+    };
+    let body = json!({
+        "output": message,
+        "metadata": {"run_id": run_id, "feedback_tokens": []},
+    });
+    (StatusCode::OK, axum::Json(body)).into_response()
+}
+
+async fn stream(body: Bytes) -> Response {
+    let (run_id, message) = match answer_request(&body) {
+        Ok(answer) => answer,
+        Err(detail) => return unprocessable(detail),
+    };
+    let mut frames = vec![frame("metadata", &json!({"run_id": run_id}))];
+    let content = message["content"].as_str().unwrap_or_default().to_owned();
+    let words: Vec<String> = content
+        .split_inclusive(' ')
+        .map(str::to_owned)
+        .collect::<Vec<_>>();
+    let last = words.len().saturating_sub(1);
+    for (i, word) in words.iter().enumerate() {
+        let calls = if i == last {
+            message["tool_calls"].clone()
+        } else {
+            json!([])
+        };
+        frames.push(frame("data", &chunk(word, calls)));
+    }
+    if words.is_empty() {
+        frames.push(frame("data", &chunk("", message["tool_calls"].clone())));
+    }
+    frames.push("event: end\r\n\r\n".to_owned());
+    let events = futures::stream::iter(
+        frames
+            .into_iter()
+            .map(|f| Ok::<_, Infallible>(Bytes::from(f))),
+    );
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(CONTENT_TYPE, "text/event-stream; charset=utf-8")
+        .header(CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(events))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+fn frame(event: &str, data: &Value) -> String {
+    format!("event: {event}\r\ndata: {data}\r\n\r\n")
+}
+
+/// An `AIMessageChunk` as LangServe streams it.
+fn chunk(content: &str, tool_calls: Value) -> Value {
+    json!({
+        "content": content,
+        "additional_kwargs": {},
+        "response_metadata": {},
+        "type": "AIMessageChunk",
+        "name": null,
+        "id": null,
+        "tool_calls": tool_calls,
+        "invalid_tool_calls": [],
+        "usage_metadata": null,
+        "tool_call_chunks": [],
+    })
+}
+
+/// A 422 with FastAPI's `detail`.
+fn unprocessable(detail: Value) -> Response {
+    (
+        StatusCode::UNPROCESSABLE_ENTITY,
+        axum::Json(json!({ "detail": detail })),
+    )
+        .into_response()
+}
+
+/// The run id and the `AIMessage` answering the request, or the `detail` of the 422 a bad
+/// one gets.
+fn answer_request(body: &[u8]) -> Result<(String, Value), Value> {
+    let request: Value = serde_json::from_slice(body).map_err(|_| json!(["Invalid JSON body"]))?;
+    let input = request.get("input").ok_or_else(
+        || json!([{"type": "missing", "loc": ["body", "input"], "msg": "Field required"}]),
+    )?;
+    // As LangServe validates a list of LangChain messages: each needs its `type`.
+    if let Value::Array(items) = input
+        && let Some(i) = items.iter().position(|m| m.get("type").is_none())
+    {
+        return Err(json!([{"type": "missing", "loc": [i, "type"],
+            "msg": "Field required", "input": items[i]}]));
+    }
+    let humans = human_texts(input);
+    let run = RUNS.fetch_add(1, Ordering::Relaxed) + 1;
+    let run_id = format!("00000000-0000-4000-8000-{run:012}");
+    let last = humans.last().map(String::as_str).unwrap_or_default();
+    let (content, tool_calls) = if let Some(city) = CITY.captures(last).and_then(|c| c.get(1)) {
+        let city = city.as_str().trim();
+        (
+            format!("Let me check the weather in {city}."),
+            json!([{
+                "name": TOOL,
+                "args": {"city": city},
+                "id": format!("call_{run}"),
+                "type": "tool_call",
+            }]),
+        )
+    } else if last.to_lowercase().contains("what did i ask") {
+        let earlier = &humans[..humans.len().saturating_sub(1)];
+        if earlier.is_empty() {
+            ("You have not asked anything before.".to_owned(), json!([]))
+        } else {
+            (format!("You asked: {}", earlier.join(" | ")), json!([]))
+        }
+    } else {
+        (format!("Echo: {last}"), json!([]))
+    };
+    let message = json!({
+        "content": content,
+        "additional_kwargs": {},
+        "response_metadata": {},
+        "type": "ai",
+        "name": null,
+        "id": null,
+        "tool_calls": tool_calls,
+        "invalid_tool_calls": [],
+        "usage_metadata": null,
+    });
+    Ok((run_id, message))
+}
+
+/// The human messages' texts in `input`: a list of messages, `{"messages": […]}`, one
+/// message, or a text.
+fn human_texts(input: &Value) -> Vec<String> {
+    let messages: Vec<&Value> = match input {
+        Value::String(_) => return vec![input.as_str().unwrap_or_default().to_owned()],
+        Value::Array(items) => items.iter().collect(),
+        Value::Object(map) => match map.get("messages") {
+            Some(Value::Array(items)) => items.iter().collect(),
+            _ => vec![input],
+        },
+        _ => Vec::new(),
+    };
+    messages
+        .into_iter()
+        .filter(|m| {
+            let role = m
+                .get("role")
+                .or_else(|| m.get("type"))
+                .and_then(Value::as_str);
+            matches!(role, Some("user" | "human"))
+        })
+        .filter_map(|m| m.get("content").and_then(Value::as_str).map(str::to_owned))
+        .collect()
+}

@@ -1,0 +1,304 @@
+//! `protocol="http"` over real sockets: misbehaving servers (testkit's, and raw-TCP ones
+//! written here for streams) each give a fault of their category on the turn; the request
+//! template, session capture (header and `{{ session }}`, fork by replay) and tool calls
+//! against servers that record what they were sent.
+
+use std::time::Duration;
+
+use proptest::prelude::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use trellis_engine::protocol::jsonhttp::codec;
+use trellis_engine::protocol::sse::SseEvent;
+use trellis_engine::record::{FaultCategory, TrajectoryRecord, TrajectoryStatus};
+use trellis_engine::render::EnvSnapshot;
+
+use crate::support::{Behavior, MisbehavingServer, Run, run_suite};
+
+/// An `http` agent at `url`, one user turn, with `extra` settings in its block.
+fn suite(url: &str, extra: &str) -> String {
+    format!(
+        r##"
+agent "bot" protocol="http" url="{url}" {{
+    timeout "1s"
+    request #"{{"q": {{{{ user | tojson }}}}, "history": {{{{ messages | tojson }}}}}}"#
+    {extra}
+}}
+scenario "one" {{
+    user "hello"
+}}
+"##
+    )
+}
+
+async fn only(text: &str) -> TrajectoryRecord {
+    let run: Run = run_suite(text, 2, EnvSnapshot::new()).await;
+    assert_eq!(run.trajectories.len(), 1, "{:?}", run.trajectories);
+    run.trajectories.into_iter().next().unwrap()
+}
+
+async fn fault_of(server: &MisbehavingServer, extra: &str) -> (FaultCategory, String) {
+    let t = only(&suite(&server.url(), extra)).await;
+    assert_eq!(t.status, TrajectoryStatus::Error, "{t:?}");
+    let fault = t.fault.expect("a faulted trajectory has its fault");
+    (fault.category, fault.message)
+}
+
+const REPLY: &str = r#"reply json-path="$.answer""#;
+
+#[tokio::test]
+async fn every_misbehaviour_is_a_fault_of_its_category() {
+    let cases = [
+        (
+            Behavior::Respond {
+                status: 503,
+                body: "down".into(),
+            },
+            FaultCategory::Http5xx,
+        ),
+        (
+            Behavior::Respond {
+                status: 200,
+                body: "<html>not json".into(),
+            },
+            FaultCategory::InvalidJson,
+        ),
+        (Behavior::Reset, FaultCategory::Transport),
+        (Behavior::Truncated, FaultCategory::Transport),
+        (
+            Behavior::Huge {
+                bytes: 64 * 1024,
+                content_length: false,
+            },
+            FaultCategory::TooLarge,
+        ),
+        (
+            Behavior::SlowDrip {
+                interval: Duration::from_millis(200),
+            },
+            FaultCategory::Timeout,
+        ),
+    ];
+    for (behavior, category) in cases {
+        let server = MisbehavingServer::start(behavior.clone()).await;
+        let extra = match behavior {
+            Behavior::Huge { .. } => format!("{REPLY}\n    max-response-size \"16KiB\""),
+            _ => REPLY.to_owned(),
+        };
+        let (got, message) = fault_of(&server, &extra).await;
+        assert_eq!(got, category, "{behavior:?}: {message}");
+    }
+}
+
+#[tokio::test]
+async fn a_path_that_matches_nothing_is_a_fault_naming_it_and_quoting_the_body() {
+    let server = MisbehavingServer::respond(200, r#"{"output": "hi"}"#).await;
+    let (category, message) = fault_of(&server, REPLY).await;
+    assert_eq!(category, FaultCategory::Protocol);
+    assert!(message.contains("`$.answer`"), "{message}");
+    assert!(message.contains(r#"{"output": "hi"}"#), "{message}");
+}
+
+#[tokio::test]
+async fn a_request_that_renders_to_something_else_than_json_is_a_template_fault() {
+    let server = MisbehavingServer::respond(200, r#"{"answer": "hi"}"#).await;
+    let text = suite(&server.url(), REPLY).replace(
+        r##"request #"{"q": {{ user | tojson }}"##,
+        r##"request #"{"q": {{ user }}"##,
+    );
+    let t = only(&text).await;
+    let fault = t.fault.expect("faulted");
+    assert_eq!(fault.category, FaultCategory::Template, "{fault:?}");
+    assert!(
+        fault.message.contains(r#"{"q": hello,"#),
+        "{}",
+        fault.message
+    );
+    assert_eq!(server.requests(), 0, "nothing is sent");
+}
+
+#[tokio::test]
+async fn the_template_sends_the_conversation_and_the_session_comes_back() {
+    let server =
+        MisbehavingServer::respond(200, r#"{"answer": "ok", "sid": "abc-1", "calls": null}"#).await;
+    let text = format!(
+        r##"
+agent "bot" protocol="http" url="{}" {{
+    request #"{{"q": {{{{ user | tojson }}}}, "s": {{{{ session | tojson }}}}, "n": {{{{ messages | length }}}}, "day": {{{{ user_context.day | tojson }}}}}}"#
+    reply json-path="$.answer"
+    tool-calls json-path="$.calls"
+    session json-path="$.sid" header="X-Session-Id"
+}}
+scenario "s" {{
+    user-context {{ day "Tuesday" }}
+    user "first"
+    branch "a" {{ user "second"; }}
+    branch "b" {{ user "third"; }}
+}}
+"##,
+        server.url()
+    );
+    let run = run_suite(&text, 1, EnvSnapshot::new()).await;
+    assert!(
+        run.trajectories
+            .iter()
+            .all(|t| t.status == TrajectoryStatus::Passed),
+        "{:?}",
+        run.trajectories
+    );
+    let sent = server.recorded();
+    // Session-bound: the prefix is replayed in a fresh session for the second branch.
+    assert_eq!(sent.len(), 4, "{sent:?}");
+    let first = sent[0].json();
+    assert_eq!(first["s"], serde_json::Value::Null);
+    assert_eq!(first["n"], 1);
+    assert_eq!(first["day"], "Tuesday");
+    assert_eq!(sent[0].header("x-session-id"), None);
+    let later = sent[1].json();
+    assert_eq!(later["s"], "abc-1");
+    assert_eq!(later["n"], 3, "user, assistant, user");
+    assert_eq!(sent[1].header("x-session-id").as_deref(), Some("abc-1"));
+}
+
+#[tokio::test]
+async fn a_session_missing_from_the_first_answer_is_a_protocol_fault() {
+    let server = MisbehavingServer::respond(200, r#"{"answer": "ok"}"#).await;
+    let (category, message) = fault_of(
+        &server,
+        &format!("{REPLY}\n    session json-path=\"$.sid\""),
+    )
+    .await;
+    assert_eq!(category, FaultCategory::Protocol);
+    assert!(message.contains("`$.sid`"), "{message}");
+}
+
+/// A server that answers every request with `head` and `body`, then closes (or, with
+/// `hang`, keeps the connection open without a word).
+async fn raw_server(body: &'static str, hang: bool) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/stream", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 65536];
+                let _ = stream.read(&mut buf).await;
+                let head = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n";
+                let _ = stream.write_all(head.as_bytes()).await;
+                let _ = stream.write_all(body.as_bytes()).await;
+                if hang {
+                    tokio::time::sleep(Duration::from_secs(30)).await;
+                }
+            });
+        }
+    });
+    url
+}
+
+const STREAM: &str = r#"stream json-path="$.content""#;
+
+#[tokio::test]
+async fn a_stream_without_its_end_event_is_incomplete_and_a_silent_one_times_out() {
+    let events =
+        "event: data\ndata: {\"content\": \"Hel\"}\n\nevent: data\ndata: {\"content\": \"lo\"}\n\n";
+    let url = raw_server(events, false).await;
+    let t = only(&suite(&url, STREAM)).await;
+    assert_eq!(
+        t.fault.as_ref().map(|f| f.category),
+        Some(FaultCategory::Incomplete),
+        "{t:?}"
+    );
+    let url = raw_server(events, true).await;
+    let t = only(&suite(&url, STREAM)).await;
+    assert_eq!(
+        t.fault.as_ref().map(|f| f.category),
+        Some(FaultCategory::Timeout),
+        "{t:?}"
+    );
+    let url = raw_server("event: data\ndata: {not json\n\n", false).await;
+    let t = only(&suite(&url, STREAM)).await;
+    assert_eq!(
+        t.fault.as_ref().map(|f| f.category),
+        Some(FaultCategory::InvalidJson),
+        "{t:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_complete_stream_joins_its_deltas() {
+    let url = raw_server(
+        "event: metadata\ndata: {\"run_id\": \"r\"}\n\nevent: data\ndata: {\"content\": \"Hel\"}\n\nevent: data\ndata: {\"content\": \"lo\"}\n\nevent: end\n\n",
+        true,
+    )
+    .await;
+    let text = suite(&url, STREAM).replace(
+        "user \"hello\"",
+        "user \"hello\"\n    expect reply equals=\"Hello\"",
+    );
+    let t = only(&text).await;
+    assert_eq!(t.status, TrajectoryStatus::Passed, "{t:?}");
+}
+
+fn settings() -> trellis_dsl::HttpSettings {
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let path = dir.path().join("agent.kdl");
+    let text = r##"agent "a" protocol="http" url="http://127.0.0.1:1/" {
+            request "{}"
+            reply json-path="$.output.content"
+            tool-calls json-path="$.output.tool_calls"
+            session json-path="$.metadata.sid"
+            stream json-path="$.content"
+        }"##;
+    std::fs::write(&path, text).expect("the suite is written");
+    let project = trellis_dsl::load(&[&path]).expect("the settings parse");
+    project
+        .agents
+        .into_iter()
+        .next()
+        .and_then(|a| a.http)
+        .expect("the settings parse")
+}
+
+/// Near-valid answers: fragments of a LangServe answer, with random values spliced in.
+fn near_valid() -> impl Strategy<Value = String> {
+    let value = prop_oneof![
+        Just("null".to_owned()),
+        Just("[]".to_owned()),
+        Just("{}".to_owned()),
+        Just("[{\"name\": 1}]".to_owned()),
+        Just("[{\"function\": {\"name\": \"f\", \"arguments\": 3}}]".to_owned()),
+        Just("[{\"type\": \"text\"}, 1]".to_owned()),
+        any::<i64>().prop_map(|n| n.to_string()),
+        ".{0,12}".prop_map(|s| serde_json::to_string(&s).unwrap_or_default()),
+    ];
+    (value.clone(), value.clone(), value, 0usize..80).prop_map(|(a, b, c, cut)| {
+        let full = format!(
+            r#"{{"output": {{"content": {a}, "tool_calls": {b}}}, "metadata": {{"sid": {c}}}, "content": {a}}}"#
+        );
+        let keep = full.len().saturating_sub(cut);
+        full.get(..keep).unwrap_or(&full).to_owned()
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn the_decoder_never_panics_on_random_answers(body in proptest::collection::vec(any::<u8>(), 0..256)) {
+        let s = settings();
+        let _ = codec::decode_answer(&body, s.reply.as_ref().unwrap(), &s);
+        let mut decoder = codec::StreamDecoder::new(s.stream.as_ref().unwrap(), &s);
+        let _ = decoder.apply(&SseEvent { event: None, data: String::from_utf8_lossy(&body).into_owned() });
+        let _ = decoder.finish();
+    }
+
+    #[test]
+    fn the_decoder_never_panics_on_near_valid_answers(body in near_valid(), name in prop_oneof![Just(None), Just(Some("data".to_owned())), Just(Some("error".to_owned())), "[a-z]{0,6}".prop_map(Some)]) {
+        let s = settings();
+        let _ = codec::decode_answer(body.as_bytes(), s.reply.as_ref().unwrap(), &s);
+        let mut decoder = codec::StreamDecoder::new(s.stream.as_ref().unwrap(), &s);
+        for _ in 0..2 {
+            let _ = decoder.apply(&SseEvent { event: name.clone(), data: body.clone() });
+        }
+        let _ = decoder.finish();
+    }
+}
