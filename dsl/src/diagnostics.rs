@@ -66,6 +66,12 @@ pub enum Kind {
     /// A warning of `trellis check`: something valid that this version cannot run yet, so its
     /// trajectories or checks will be recorded as skipped.
     NotRunnable,
+    /// A warning of `trellis check`: a scenario that checks nothing, so its trajectories are
+    /// recorded as skipped rather than passed.
+    NoChecks,
+    /// A warning of `trellis check`: a template reads `env.NAME` and `NAME` is not set in the
+    /// environment `check` runs in, so rendering it would fail at run time.
+    UnsetEnv,
 }
 
 impl Kind {
@@ -98,6 +104,8 @@ impl Kind {
             Kind::AmbiguousAgent => "trellis::ambiguous_agent",
             Kind::Note => "trellis::note",
             Kind::NotRunnable => "trellis::not_runnable",
+            Kind::NoChecks => "trellis::no_checks",
+            Kind::UnsetEnv => "trellis::unset_env",
         }
     }
 }
@@ -130,7 +138,7 @@ impl Diagnostic {
             related: Vec::new(),
             severity: match kind {
                 Kind::Note => Severity::Advice,
-                Kind::NotRunnable => Severity::Warning,
+                Kind::NotRunnable | Kind::NoChecks | Kind::UnsetEnv => Severity::Warning,
                 _ => Severity::Error,
             },
         }

@@ -52,8 +52,10 @@ pub fn load<P: AsRef<Path>>(paths: &[P]) -> Result<Project, Diagnostics> {
     diags.extend(decode_diags);
     info.broken = broken;
 
-    let project = assemble(files, decoded, &mut info, &mut diags);
-    diags.extend(validate::validate_loaded(&project, &info));
+    let mut project = assemble(files, decoded, &mut info, &mut diags);
+    let (problems, env_reads) = validate::validate_reading_env(&project, &info);
+    diags.extend(problems);
+    project.env_reads = env_reads;
 
     if diags.is_empty() {
         Ok(project)

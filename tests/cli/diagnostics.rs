@@ -232,3 +232,50 @@ scenario "s" {
     assert!(err.contains("sim.kdl:4:"), "{err}");
     assert!(err.contains("did you mean `persona`"), "{err}");
 }
+
+#[tokio::test]
+async fn check_warns_about_an_env_variable_that_is_not_set() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("env.kdl"),
+        "agent \"c\" protocol=\"connexity\" builtin=\"booking\"\n\
+         scenario \"s\" {\n    user \"token {{ env.TRELLIS_TEST_UNSET_VAR }}\"\n    \
+         user \"again {{ env.TRELLIS_TEST_UNSET_VAR }} {{ env.TRELLIS_TEST_SET_VAR }}\"\n    \
+         expect no-error\n}\n",
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path())
+        .env_remove("TRELLIS_TEST_UNSET_VAR")
+        .env("TRELLIS_TEST_SET_VAR", "x")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "a warning, not an error");
+    let err = stderr(&o);
+    assert!(err.contains("trellis::unset_env"), "{err}");
+    assert!(
+        err.contains("environment variable `TRELLIS_TEST_UNSET_VAR` is not set"),
+        "{err}"
+    );
+    assert!(err.contains("env.kdl:3:"), "first use, located: {err}");
+    assert!(err.contains("1 more place"), "{err}");
+    assert_eq!(
+        err.matches("is not set").count(),
+        1,
+        "one warning per variable: {err}"
+    );
+
+    // Set, there is nothing to say.
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path())
+        .env("TRELLIS_TEST_UNSET_VAR", "now set")
+        .env("TRELLIS_TEST_SET_VAR", "x")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0));
+    assert!(!stderr(&o).contains("unset_env"), "{}", stderr(&o));
+}
