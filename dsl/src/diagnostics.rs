@@ -72,6 +72,8 @@ pub enum Kind {
     /// A warning of `trellis check`: a template reads `env.NAME` and `NAME` is not set in the
     /// environment `check` runs in, so rendering it would fail at run time.
     UnsetEnv,
+    /// Nothing to load: a directory without `.kdl` files, or a file with no nodes at all.
+    NoSuite,
 }
 
 impl Kind {
@@ -106,6 +108,7 @@ impl Kind {
             Kind::NotRunnable => "trellis::not_runnable",
             Kind::NoChecks => "trellis::no_checks",
             Kind::UnsetEnv => "trellis::unset_env",
+            Kind::NoSuite => "trellis::no_suite",
         }
     }
 }

@@ -106,6 +106,15 @@ impl Loader {
                         )),
                     }
                 }
+                if found.is_empty() {
+                    self.diags.push(
+                        Diagnostic::new(Kind::NoSuite, format!("no .kdl files under `{name}`"))
+                            .with_help(
+                                "suite files end in `.kdl`; give a directory holding some, or \
+                                 the suite file itself",
+                            ),
+                    );
+                }
                 for p in found {
                     let name = display_name(&p);
                     self.load_file(&p, name);
@@ -167,6 +176,16 @@ impl Loader {
             }
         };
 
+        // An empty file (or one of comments only) is almost always the wrong file.
+        if doc.nodes().is_empty() {
+            self.diags.push(
+                Diagnostic::new(
+                    Kind::NoSuite,
+                    format!("`{}` holds no suite: it has no nodes", self.files[id].name),
+                )
+                .with_help("write `scenario` nodes (and `agent`s) in it, or remove it"),
+            );
+        }
         self.stack.push((canonical, id));
         for node in doc.nodes() {
             if node.name().value() == "include" {

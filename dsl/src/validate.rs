@@ -196,21 +196,40 @@ impl<'p> Validator<'p> {
         noun: &str,
         help: &str,
     ) {
-        let mut first: HashMap<&str, Span> = HashMap::new();
+        use unicode_normalization::UnicodeNormalization;
+        // Keyed by the NFC form: "café" typed on two keyboards (one precomposed `é`, one `e`
+        // and a combining accent) looks the same everywhere, so it is one id.
+        let mut first: HashMap<String, (&str, Span)> = HashMap::new();
         for id in ids {
-            if let Some(prev) = first.get(id.value.as_str()) {
+            let key: String = id.value.nfc().collect();
+            if let Some(&(spelling, prev)) = first.get(&key) {
+                let (message, help) = if spelling == id.value {
+                    (format!("duplicate {noun} `{}`", id.value), help.to_string())
+                } else {
+                    (
+                        format!(
+                            "duplicate {noun} `{}`: the same id as `{spelling}`, written with \
+                             other Unicode code points",
+                            id.value
+                        ),
+                        format!(
+                            "one is written with precomposed characters (NFC), the other with \
+                             combining marks (NFD); ids are compared in NFC. {help}"
+                        ),
+                    )
+                };
                 let d = Diagnostic::at_span(
                     Kind::DuplicateId,
-                    format!("duplicate {noun} `{}`", id.value),
+                    message,
                     self.files(),
                     id.span,
                     "defined again here",
                 )
-                .with_other(self.files(), *prev, "first defined here")
-                .with_help(help.to_string());
+                .with_other(self.files(), prev, "first defined here")
+                .with_help(help);
                 self.diags.push(d);
             } else {
-                first.insert(&id.value, id.span);
+                first.insert(key, (&id.value, id.span));
             }
         }
     }

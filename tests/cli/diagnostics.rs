@@ -279,3 +279,35 @@ async fn check_warns_about_an_env_variable_that_is_not_set() {
     assert_eq!(o.status.code(), Some(0));
     assert!(!stderr(&o).contains("unset_env"), "{}", stderr(&o));
 }
+
+#[tokio::test]
+async fn an_empty_directory_or_suite_file_is_an_error_that_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty_dir = dir.path().join("nothing");
+    std::fs::create_dir(&empty_dir).unwrap();
+    std::fs::write(empty_dir.join("notes.txt"), "not a suite").unwrap();
+    for command in ["check", "run"] {
+        let o = trellis()
+            .arg(command)
+            .arg(&empty_dir)
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{command}: {}", stdout(&o));
+        let err = stderr(&o);
+        assert!(err.contains("no .kdl files under"), "{command}: {err}");
+        assert!(err.contains("nothing"), "names the directory: {err}");
+    }
+
+    let empty_file = dir.path().join("empty.kdl");
+    std::fs::write(&empty_file, "// only a comment\n").unwrap();
+    let o = trellis()
+        .arg("check")
+        .arg(&empty_file)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stdout(&o));
+    let err = stderr(&o);
+    assert!(err.contains("empty.kdl` holds no suite"), "{err}");
+}
