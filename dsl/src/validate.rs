@@ -326,7 +326,15 @@ impl<'p> Validator<'p> {
 
     fn definitions(&mut self) {
         let p = self.project;
+        // An agent no scenario runs against never renders its templates: its `env` reads
+        // are nothing `check` needs to warn about.
+        let used: HashSet<&str> = p
+            .scenarios()
+            .flat_map(|(_, sc)| p.scenario_agents(sc))
+            .map(|a| a.id.value.as_str())
+            .collect();
         for agent in &p.agents {
+            let env_reads_before = self.env_reads.len();
             for tool in &agent.tools {
                 self.reference(RefKind::Tool, tool);
             }
@@ -350,6 +358,9 @@ impl<'p> Validator<'p> {
                     .with("persona", Names::Any)
                     .with("scenario", Names::Any);
                 self.check_template(prompt, &scope);
+            }
+            if !used.contains(agent.id.value.as_str()) {
+                self.env_reads.truncate(env_reads_before);
             }
         }
         if let Some(sim) = &p.simulator {

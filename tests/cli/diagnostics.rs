@@ -237,9 +237,15 @@ scenario "s" {
 async fn check_warns_about_an_env_variable_that_is_not_set() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
+        dir.path().join("unused.kdl"),
+        "agent \"unused\" protocol=\"connexity\" url=\"http://127.0.0.1:1/\" {\n    \
+         header \"X-Token\" \"{{ env.TRELLIS_TEST_UNUSED_AGENT_VAR }}\"\n}\n",
+    )
+    .unwrap();
+    std::fs::write(
         dir.path().join("env.kdl"),
         "agent \"c\" protocol=\"connexity\" builtin=\"booking\"\n\
-         scenario \"s\" {\n    user \"token {{ env.TRELLIS_TEST_UNSET_VAR }}\"\n    \
+         scenario \"s\" {\n    agent \"c\"\n    user \"token {{ env.TRELLIS_TEST_UNSET_VAR }}\"\n    \
          user \"again {{ env.TRELLIS_TEST_UNSET_VAR }} {{ env.TRELLIS_TEST_SET_VAR }}\"\n    \
          expect no-error\n}\n",
     )
@@ -259,7 +265,9 @@ async fn check_warns_about_an_env_variable_that_is_not_set() {
         err.contains("environment variable `TRELLIS_TEST_UNSET_VAR` is not set"),
         "{err}"
     );
-    assert!(err.contains("env.kdl:3:"), "first use, located: {err}");
+    assert!(err.contains("env.kdl:4:"), "first use, located: {err}");
+    // An agent no scenario runs against never sends its headers.
+    assert!(!err.contains("TRELLIS_TEST_UNUSED_AGENT_VAR"), "{err}");
     assert!(err.contains("1 more place"), "{err}");
     assert_eq!(
         err.matches("is not set").count(),
