@@ -66,6 +66,14 @@ pub enum Kind {
     /// A warning of `trellis check`: something valid that this version cannot run yet, so its
     /// trajectories or checks will be recorded as skipped.
     NotRunnable,
+    /// A warning of `trellis check`: a scenario that checks nothing, so its trajectories are
+    /// recorded as skipped rather than passed.
+    NoChecks,
+    /// A warning of `trellis check`: a template reads `env.NAME` and `NAME` is not set in the
+    /// environment `check` runs in, so rendering it would fail at run time.
+    UnsetEnv,
+    /// Nothing to load: a directory without `.kdl` files, or a file with no nodes at all.
+    NoSuite,
 }
 
 impl Kind {
@@ -98,6 +106,9 @@ impl Kind {
             Kind::AmbiguousAgent => "trellis::ambiguous_agent",
             Kind::Note => "trellis::note",
             Kind::NotRunnable => "trellis::not_runnable",
+            Kind::NoChecks => "trellis::no_checks",
+            Kind::UnsetEnv => "trellis::unset_env",
+            Kind::NoSuite => "trellis::no_suite",
         }
     }
 }
@@ -130,7 +141,7 @@ impl Diagnostic {
             related: Vec::new(),
             severity: match kind {
                 Kind::Note => Severity::Advice,
-                Kind::NotRunnable => Severity::Warning,
+                Kind::NotRunnable | Kind::NoChecks | Kind::UnsetEnv => Severity::Warning,
                 _ => Severity::Error,
             },
         }

@@ -88,6 +88,8 @@ pub struct Project {
     /// `panel` nodes: several judges deciding one criterion together.
     pub panels: Vec<Panel>,
     pub simulator: Option<Simulator>,
+    /// Every `env.NAME` a template reads, where it is written (filled by validation).
+    pub env_reads: Vec<Spanned<String>>,
 }
 
 impl Project {

@@ -54,8 +54,10 @@ pub fn load<P: AsRef<Path>>(paths: &[P]) -> Result<Project, Diagnostics> {
     diags.extend(decode_diags);
     info.broken = broken;
 
-    let project = assemble(files, decoded, &mut info, &mut diags);
-    diags.extend(validate::validate_loaded(&project, &info));
+    let mut project = assemble(files, decoded, &mut info, &mut diags);
+    let (problems, env_reads) = validate::validate_reading_env(&project, &info);
+    diags.extend(problems);
+    project.env_reads = env_reads;
 
     if diags.is_empty() {
         Ok(project)
@@ -105,6 +107,15 @@ impl Loader {
                             format!("cannot read directory `{name}`: {e}"),
                         )),
                     }
+                }
+                if found.is_empty() {
+                    self.diags.push(
+                        Diagnostic::new(Kind::NoSuite, format!("no .kdl files under `{name}`"))
+                            .with_help(
+                                "suite files end in `.kdl`; give a directory holding some, or \
+                                 the suite file itself",
+                            ),
+                    );
                 }
                 for p in found {
                     let name = display_name(&p);
@@ -167,6 +178,16 @@ impl Loader {
             }
         };
 
+        // An empty file (or one of comments only) is almost always the wrong file.
+        if doc.nodes().is_empty() {
+            self.diags.push(
+                Diagnostic::new(
+                    Kind::NoSuite,
+                    format!("`{}` holds no suite: it has no nodes", self.files[id].name),
+                )
+                .with_help("write `scenario` nodes (and `agent`s) in it, or remove it"),
+            );
+        }
         self.stack.push((canonical, id));
         for node in doc.nodes() {
             if node.name().value() == "include" {

@@ -11,7 +11,7 @@ use miette::SourceSpan;
 use minijinja::Environment;
 
 use crate::diagnostics::{Diagnostic, Kind, did_you_mean};
-use crate::model::{Scenario, SourceFile, Span, Template};
+use crate::model::{Scenario, SourceFile, Span, Spanned, Template};
 
 /// Which names under one root variable exist.
 #[derive(Clone, Debug)]
@@ -102,6 +102,17 @@ pub fn is_template(source: &str) -> bool {
 
 /// Checks one template: syntax, then every variable against `scope`.
 pub fn check(template: &Template, scope: &Scope, files: &[SourceFile]) -> Vec<Diagnostic> {
+    check_reading_env(template, scope, files, &mut Vec::new())
+}
+
+/// [`check`], also adding every `env.NAME` the template reads to `env_reads` (the name, where
+/// it is written), so `trellis check` can warn about variables unset where it runs.
+pub fn check_reading_env(
+    template: &Template,
+    scope: &Scope,
+    files: &[SourceFile],
+    env_reads: &mut Vec<Spanned<String>>,
+) -> Vec<Diagnostic> {
     if !is_template(&template.source) {
         return Vec::new();
     }
@@ -145,6 +156,14 @@ pub fn check(template: &Template, scope: &Scope, files: &[SourceFile]) -> Vec<Di
             (None, _) => globals.contains(root),
         };
         if defined {
+            if let ("env", Some(name)) = (root, attr)
+                && scope.roots.contains_key("env")
+            {
+                env_reads.push(Spanned {
+                    value: name.to_string(),
+                    span: locate(template, &var, files).unwrap_or(template.span),
+                });
+            }
             continue;
         }
         let shown = match attr {

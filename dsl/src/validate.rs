@@ -67,11 +67,20 @@ pub fn validate(project: &Project) -> Vec<Diagnostic> {
 
 /// Validates a freshly loaded project.
 pub fn validate_loaded(project: &Project, info: &LoadInfo) -> Vec<Diagnostic> {
+    validate_reading_env(project, info).0
+}
+
+/// [`validate_loaded`], also returning every `env.NAME` the project's templates read.
+pub(crate) fn validate_reading_env(
+    project: &Project,
+    info: &LoadInfo,
+) -> (Vec<Diagnostic>, Vec<Spanned<String>>) {
     let mut v = Validator {
         project,
         info,
         diags: Vec::new(),
         checked_simulators: HashSet::new(),
+        env_reads: Vec::new(),
     };
     v.duplicates();
     v.definitions();
@@ -81,7 +90,84 @@ pub fn validate_loaded(project: &Project, info: &LoadInfo) -> Vec<Diagnostic> {
         }
     }
     v.needs();
-    v.diags
+    (v.diags, v.env_reads)
+}
+
+/// What `trellis check` warns about in a valid project: scenarios that check nothing (their
+/// trajectories are recorded as skipped, not passed) and `env` variables a template reads
+/// that `is_set` says are unset (rendering fails at run time). One warning per variable, at
+/// its first use.
+pub fn warnings(project: &Project, is_set: impl Fn(&str) -> bool) -> Vec<Diagnostic> {
+    let files = &project.files;
+    let mut out = Vec::new();
+    for (_, sc) in project.scenarios() {
+        if !checks_something(sc) {
+            out.push(
+                Diagnostic::at_span(
+                    Kind::NoChecks,
+                    format!(
+                        "scenario `{}` checks nothing: its trajectories will be skipped, not \
+                         passed",
+                        sc.id.value
+                    ),
+                    files,
+                    sc.id.span,
+                    "no `expect`, `criteria`, `expect-tool` or `outcome`",
+                )
+                .with_help(
+                    "add the checks it is meant to pass, or `expect no-error` if a run without \
+                     a fault is what it tests",
+                ),
+            );
+        }
+    }
+    let mut uses: Vec<(&str, Span, usize)> = Vec::new();
+    let mut index: HashMap<&str, usize> = HashMap::new();
+    for read in project.env_reads.iter().filter(|r| !is_set(&r.value)) {
+        match index.get(read.value.as_str()) {
+            Some(&i) => uses[i].2 += 1,
+            None => {
+                index.insert(&read.value, uses.len());
+                uses.push((&read.value, read.span, 0));
+            }
+        }
+    }
+    for (name, span, more) in uses {
+        let label = match more {
+            0 => "read here".to_string(),
+            1 => "read here and in 1 more place".to_string(),
+            n => format!("read here and in {n} more places"),
+        };
+        out.push(
+            Diagnostic::at_span(
+                Kind::UnsetEnv,
+                format!("environment variable `{name}` is not set"),
+                files,
+                span,
+                label,
+            )
+            .with_help(format!(
+                "set `{name}` in the environment of `trellis run`: rendering this template \
+                 without it fails at run time"
+            )),
+        );
+    }
+    out
+}
+
+/// Whether any step, branch or trajectory-level node of `sc` checks something.
+fn checks_something(sc: &Scenario) -> bool {
+    fn in_steps(steps: &[Step]) -> bool {
+        steps.iter().any(|s| match &s.kind {
+            StepKind::Expect(criteria) => !criteria.is_empty(),
+            StepKind::Fork(branches) => branches.iter().any(|b| in_steps(&b.steps)),
+            _ => false,
+        })
+    }
+    !sc.criteria.is_empty()
+        || !sc.expect_tools.is_empty()
+        || !sc.outcomes.is_empty()
+        || in_steps(&sc.steps)
 }
 
 struct Validator<'p> {
@@ -90,11 +176,18 @@ struct Validator<'p> {
     diags: Vec<Diagnostic>,
     /// Simulator layers already checked (a scenario's is shared by all its `simulate` steps).
     checked_simulators: HashSet<Span>,
+    /// Every `env.NAME` a template reads, for [`warnings`].
+    env_reads: Vec<Spanned<String>>,
 }
 
 impl<'p> Validator<'p> {
     fn files(&self) -> &'p [SourceFile] {
         &self.project.files
+    }
+
+    fn check_template(&mut self, t: &Template, scope: &Scope) {
+        let diags = template::check_reading_env(t, scope, self.files(), &mut self.env_reads);
+        self.diags.extend(diags);
     }
 
     fn duplicate_ids<'a>(
@@ -103,21 +196,40 @@ impl<'p> Validator<'p> {
         noun: &str,
         help: &str,
     ) {
-        let mut first: HashMap<&str, Span> = HashMap::new();
+        use unicode_normalization::UnicodeNormalization;
+        // Keyed by the NFC form: "café" typed on two keyboards (one precomposed `é`, one `e`
+        // and a combining accent) looks the same everywhere, so it is one id.
+        let mut first: HashMap<String, (&str, Span)> = HashMap::new();
         for id in ids {
-            if let Some(prev) = first.get(id.value.as_str()) {
+            let key: String = id.value.nfc().collect();
+            if let Some(&(spelling, prev)) = first.get(&key) {
+                let (message, help) = if spelling == id.value {
+                    (format!("duplicate {noun} `{}`", id.value), help.to_string())
+                } else {
+                    (
+                        format!(
+                            "duplicate {noun} `{}`: the same id as `{spelling}`, written with \
+                             other Unicode code points",
+                            id.value
+                        ),
+                        format!(
+                            "one is written with precomposed characters (NFC), the other with \
+                             combining marks (NFD); ids are compared in NFC. {help}"
+                        ),
+                    )
+                };
                 let d = Diagnostic::at_span(
                     Kind::DuplicateId,
-                    format!("duplicate {noun} `{}`", id.value),
+                    message,
                     self.files(),
                     id.span,
                     "defined again here",
                 )
-                .with_other(self.files(), *prev, "first defined here")
-                .with_help(help.to_string());
+                .with_other(self.files(), prev, "first defined here")
+                .with_help(help);
                 self.diags.push(d);
             } else {
-                first.insert(&id.value, id.span);
+                first.insert(key, (&id.value, id.span));
             }
         }
     }
@@ -214,7 +326,15 @@ impl<'p> Validator<'p> {
 
     fn definitions(&mut self) {
         let p = self.project;
+        // An agent no scenario runs against never renders its templates: its `env` reads
+        // are nothing `check` needs to warn about.
+        let used: HashSet<&str> = p
+            .scenarios()
+            .flat_map(|(_, sc)| p.scenario_agents(sc))
+            .map(|a| a.id.value.as_str())
+            .collect();
         for agent in &p.agents {
+            let env_reads_before = self.env_reads.len();
             for tool in &agent.tools {
                 self.reference(RefKind::Tool, tool);
             }
@@ -230,16 +350,17 @@ impl<'p> Validator<'p> {
                 );
             }
             for (_, value) in &agent.headers {
-                let diags = template::check(value, &header_scope, self.files());
-                self.diags.extend(diags);
+                self.check_template(value, &header_scope);
             }
             if let Some(prompt) = &agent.system_prompt {
                 let scope = Scope::env_only()
                     .with("user_context", Names::Any)
                     .with("persona", Names::Any)
                     .with("scenario", Names::Any);
-                let diags = template::check(prompt, &scope, self.files());
-                self.diags.extend(diags);
+                self.check_template(prompt, &scope);
+            }
+            if !used.contains(agent.id.value.as_str()) {
+                self.env_reads.truncate(env_reads_before);
             }
             if let Some(http) = &agent.http {
                 // Rendered per turn; an agent serves many scenarios, so `vars` and
@@ -645,15 +766,13 @@ impl<'p> Validator<'p> {
             .with("end_marker", Names::Any)
             .with("retry", Names::Any);
         if let Some(instructions) = &sim.instructions {
-            let diags = template::check(instructions, &instructions_scope, self.files());
-            self.diags.extend(diags);
+            self.check_template(instructions, &instructions_scope);
         }
         for prompt in [&sim.system_prompt, &sim.opening_prompt, &sim.retry_prompt]
             .into_iter()
             .flatten()
         {
-            let diags = template::check(prompt, &prompt_scope, self.files());
-            self.diags.extend(diags);
+            self.check_template(prompt, &prompt_scope);
         }
     }
 
@@ -667,8 +786,7 @@ impl<'p> Validator<'p> {
                 ),
             );
         }
-        let diags = template::check(t, &scope, self.files());
-        self.diags.extend(diags);
+        self.check_template(t, &scope);
     }
 
     fn needs(&mut self) {

@@ -331,7 +331,11 @@ fn check(args: &PathArgs) -> u8 {
     let Some(project) = load(&args.paths) else {
         return EXIT_INVALID;
     };
-    let warnings = trellis_engine::plan::warnings(&project);
+    let mut warnings = trellis_engine::plan::warnings(&project);
+    // `env` as `run` would see it here: a template reading an unset variable fails at run time.
+    warnings.extend(trellis_dsl::validate::warnings(&project, |name| {
+        std::env::var(name).is_ok()
+    }));
     for warning in &warnings {
         console::errln!("{:?}", miette::Report::new(warning.clone()));
     }

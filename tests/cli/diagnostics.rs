@@ -232,3 +232,90 @@ scenario "s" {
     assert!(err.contains("sim.kdl:4:"), "{err}");
     assert!(err.contains("did you mean `persona`"), "{err}");
 }
+
+#[tokio::test]
+async fn check_warns_about_an_env_variable_that_is_not_set() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("unused.kdl"),
+        "agent \"unused\" protocol=\"connexity\" url=\"http://127.0.0.1:1/\" {\n    \
+         header \"X-Token\" \"{{ env.TRELLIS_TEST_UNUSED_AGENT_VAR }}\"\n}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("env.kdl"),
+        "agent \"c\" protocol=\"connexity\" builtin=\"booking\"\n\
+         scenario \"s\" {\n    agent \"c\"\n    user \"token {{ env.TRELLIS_TEST_UNSET_VAR }}\"\n    \
+         user \"again {{ env.TRELLIS_TEST_UNSET_VAR }} {{ env.TRELLIS_TEST_SET_VAR }}\"\n    \
+         expect no-error\n}\n",
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path())
+        .env_remove("TRELLIS_TEST_UNSET_VAR")
+        .env("TRELLIS_TEST_SET_VAR", "x")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "a warning, not an error");
+    let err = stderr(&o);
+    assert!(err.contains("trellis::unset_env"), "{err}");
+    assert!(
+        err.contains("environment variable `TRELLIS_TEST_UNSET_VAR` is not set"),
+        "{err}"
+    );
+    assert!(err.contains("env.kdl:4:"), "first use, located: {err}");
+    // An agent no scenario runs against never sends its headers.
+    assert!(!err.contains("TRELLIS_TEST_UNUSED_AGENT_VAR"), "{err}");
+    assert!(err.contains("1 more place"), "{err}");
+    assert_eq!(
+        err.matches("is not set").count(),
+        1,
+        "one warning per variable: {err}"
+    );
+
+    // Set, there is nothing to say.
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path())
+        .env("TRELLIS_TEST_UNSET_VAR", "now set")
+        .env("TRELLIS_TEST_SET_VAR", "x")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0));
+    assert!(!stderr(&o).contains("unset_env"), "{}", stderr(&o));
+}
+
+#[tokio::test]
+async fn an_empty_directory_or_suite_file_is_an_error_that_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty_dir = dir.path().join("nothing");
+    std::fs::create_dir(&empty_dir).unwrap();
+    std::fs::write(empty_dir.join("notes.txt"), "not a suite").unwrap();
+    for command in ["check", "run"] {
+        let o = trellis()
+            .arg(command)
+            .arg(&empty_dir)
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{command}: {}", stdout(&o));
+        let err = stderr(&o);
+        assert!(err.contains("no .kdl files under"), "{command}: {err}");
+        assert!(err.contains("nothing"), "names the directory: {err}");
+    }
+
+    let empty_file = dir.path().join("empty.kdl");
+    std::fs::write(&empty_file, "// only a comment\n").unwrap();
+    let o = trellis()
+        .arg("check")
+        .arg(&empty_file)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stdout(&o));
+    let err = stderr(&o);
+    assert!(err.contains("empty.kdl` holds no suite"), "{err}");
+}

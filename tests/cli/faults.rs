@@ -60,7 +60,8 @@ async fn each_fault_category_is_recorded_and_the_run_goes_on() {
     ));
     let agents: Vec<&str> = servers.iter().map(|(n, _)| *n).chain(["connect"]).collect();
     suite.push_str(&format!(
-        "scenario \"hello\" {{\n    agents {}\n    user \"hi\"\n    user \"again\"\n}}\n",
+        "scenario \"hello\" {{\n    agents {}\n    user \"hi\"\n    user \"again\"\n    \
+         expect no-error\n}}\n",
         agents
             .iter()
             .map(|a| format!("\"{a}\""))
@@ -223,7 +224,8 @@ async fn a_stuck_handshake_does_not_hold_up_the_other_agents() {
             "agent \"stuck\" protocol=\"fixie\" url=\"http://{}\" timeout=\"3s\"\n\
              agent \"healthy\" protocol=\"connexity\" url=\"{}\"\n\
              scenario \"calls\" {{\n    agent \"stuck\"\n    call \"add\" \"1, 2\"\n}}\n\
-             scenario \"chat\" {{\n    agent \"healthy\"\n    user \"hi\"\n}}\n",
+             scenario \"chat\" {{\n    agent \"healthy\"\n    user \"hi\"\n    \
+             expect no-error\n}}\n",
             stuck.addr,
             healthy.url()
         ),

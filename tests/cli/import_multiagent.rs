@@ -95,11 +95,29 @@ async fn every_generation_imports_as_the_golden_suites_and_they_check() {
         );
     }
 
+    // Harness metric names are never judge statements: a policy metric is a deterministic
+    // check, an unknown one a comment; AES files' agents get the AgentV request form; a
+    // top-level description is the scenario's; what is not mapped is kept whole.
+    let aes = &written[Path::new("aes/refund-workflow.kdl")];
+    assert!(!aes.contains("judge \"task_completion\""), "{aes}");
+    assert!(aes.contains("        violations max=0\n"), "{aes}");
+    let agents = &written[Path::new("agents.kdl")];
+    assert!(
+        agents.contains("max-actions=8 {\n    request \"task-only\"\n}"),
+        "{agents}"
+    );
+    let odd = &written[Path::new("awkward/odd-values.kdl")];
+    assert!(
+        odd.contains("description \"A top-level description, as hand-written AES files put it.\""),
+        "{odd}"
+    );
+    assert!(odd.contains("tail end kept"), "not cut short: {odd}");
+
     // The whole directory checks, and so does each suite alone (it includes the agents).
     let o = check(&out).await;
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
     assert!(
-        stdout(&o).contains("ok: 6 files, 5 suites, 5 scenarios, 5 trajectories, 3 agents"),
+        stdout(&o).contains("ok: 6 files, 5 suites, 5 scenarios, 5 trajectories, 4 agents"),
         "{}",
         stdout(&o)
     );

@@ -332,3 +332,80 @@ async fn the_langserve_suite_passes_over_the_http_protocol_and_records_tool_call
         "the streamed turns have a ttft: {turns}"
     );
 }
+
+/// The `"trajectory"` entries of a run's journal, by scenario id.
+fn journal_trajectories(out: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(out.join("journal.jsonl"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|e| e.get("trajectory").cloned())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_scenario_that_checks_nothing_is_skipped_not_passed_and_check_warns() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("s.kdl"),
+        "agent \"c\" protocol=\"connexity\" builtin=\"booking\"\n\
+         scenario \"unchecked\" {\n    user \"hi\"\n}\n\
+         scenario \"fault-free\" {\n    user \"hi\"\n    expect no-error\n}\n",
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "a warning, not an error");
+    let err = stderr(&o);
+    assert!(err.contains("trellis::no_checks"), "{err}");
+    assert!(err.contains("scenario `unchecked` checks nothing"), "{err}");
+    assert!(err.contains("s.kdl:2:"), "{err}");
+    assert!(!err.contains("`fault-free`"), "{err}");
+
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path().join("s.kdl"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let trajectories = journal_trajectories(&out);
+    let of = |id: &str| {
+        trajectories
+            .iter()
+            .find(|t| t["scenario"] == id)
+            .unwrap_or_else(|| panic!("no trajectory of `{id}`"))
+    };
+    assert_eq!(of("unchecked")["status"], "skipped");
+    assert!(
+        of("unchecked")["skip_reason"]
+            .as_str()
+            .is_some_and(|r| r.starts_with("no checks")),
+        "{}",
+        of("unchecked")
+    );
+    assert_eq!(of("fault-free")["status"], "passed");
+
+    // `--strict`: a trajectory that checks nothing is a failure.
+    let strict = dir.path().join("strict");
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path().join("s.kdl"))
+        .arg("--strict")
+        .arg("--out")
+        .arg(&strict)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let trajectories = journal_trajectories(&strict);
+    let unchecked = trajectories.iter().find(|t| t["scenario"] == "unchecked");
+    assert_eq!(unchecked.unwrap()["status"], "failed");
+}

@@ -403,7 +403,7 @@ async fn a_save_during_a_rerun_stops_it_and_starts_the_next() {
     let dir = tempfile::tempdir().unwrap();
     let suite = dir.path().join("suite.kdl");
     let fast_part = format!(
-        "agent \"fast\" protocol=\"connexity\" url=\"{}\"\nscenario \"quick\" {{\n    agent \"fast\"\n    user \"hi\"\n}}\n",
+        "agent \"fast\" protocol=\"connexity\" url=\"{}\"\nscenario \"quick\" {{\n    agent \"fast\"\n    user \"hi\"\n    expect no-error\n}}\n",
         fast.url()
     );
     let slow_part = format!(

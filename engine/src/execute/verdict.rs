@@ -2,10 +2,11 @@
 //! from every check and fault on the path.
 //!
 //! The rule: a fault makes the trajectory `error`; a failed check makes it `failed`; it
-//! passes only when at least one check was evaluated (or none was declared) and none
-//! failed. A trajectory whose every declared check was skipped is `skipped`, never passed:
-//! nothing counts as passed that was not checked. With `--strict`, a skipped check or a
-//! skipped trajectory is a failure.
+//! passes only when at least one check was evaluated and none failed. A trajectory whose
+//! every declared check was skipped, or that declares no check at all, is `skipped`, never
+//! passed: nothing counts as passed that was not checked (an author who only wants "the
+//! agent answered without a fault" says so with `expect no-error`). With `--strict`, a
+//! skipped check or a skipped trajectory is a failure.
 
 use trellis_dsl::{CriterionKind, Outcome};
 
@@ -284,6 +285,14 @@ pub(super) fn status_of(
     if failed {
         return (TrajectoryStatus::Failed, None);
     }
+    if criteria.is_empty() {
+        let status = if strict {
+            TrajectoryStatus::Failed
+        } else {
+            TrajectoryStatus::Skipped
+        };
+        return (status, Some(NO_CHECKS.to_string()));
+    }
     let skipped = criteria
         .iter()
         .filter(|c| c.status == CriterionStatus::Skipped)
@@ -300,6 +309,10 @@ pub(super) fn status_of(
     }
     (TrajectoryStatus::Passed, None)
 }
+
+/// Why a trajectory without a single check is skipped.
+pub(crate) const NO_CHECKS: &str = "no checks: nothing on its path is checked; add `expect no-error` if a fault-free run is \
+     what it tests";
 
 pub(super) async fn skip_trajectory(
     shared: &Shared,
@@ -375,7 +388,13 @@ mod tests {
         let mixed = [check(Passed), check(Skipped)];
         assert_eq!(status_of(false, &mixed, false).0, TrajectoryStatus::Passed);
         assert_eq!(status_of(false, &mixed, true).0, TrajectoryStatus::Failed);
-        assert_eq!(status_of(false, &[], false).0, TrajectoryStatus::Passed);
+        // No check at all: nothing was checked, so nothing passed.
+        assert_eq!(
+            status_of(false, &[], false),
+            (TrajectoryStatus::Skipped, Some(NO_CHECKS.to_string()))
+        );
+        assert_eq!(status_of(false, &[], true).0, TrajectoryStatus::Failed);
+        assert_eq!(status_of(true, &[], false).0, TrajectoryStatus::Error);
         assert_eq!(status_of(true, &mixed, false).0, TrajectoryStatus::Error);
         assert_eq!(
             status_of(false, &[check(Failed)], false).0,

@@ -303,6 +303,7 @@ scenario "many" {
     user "a"
     branch "x" { user "x" }
     branch "y" { user "y" }
+    expect no-error
 }
 "#;
     let run = run_suite(&suite.replace("URL", &url), 64).await;
@@ -365,6 +366,7 @@ agent "unset" protocol="connexity" url="URL" {
 scenario "hello" {
     agents "env" "unset"
     user "hi"
+    expect no-error
 }
 "#;
     let run = run_suite_with_env(&suite.replace("URL", &server.url()), 4, env).await;
@@ -410,6 +412,7 @@ scenario "queued" {
     branch "b" { user "b" }
     branch "c" { user "c" }
     branch "d" { user "d" }
+    expect no-error
 }
 "#;
     let run = run_suite(&suite.replace("URL", &url), 1).await;

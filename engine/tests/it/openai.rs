@@ -352,8 +352,12 @@ async fn anthropic_models_run_the_same_tool_loop_over_messages() {
         Rule::otherwise([Reply::text("We serve V4T 0A7.")]),
     ])
     .await;
-    let text = suite(&fake.base_url(), "", r#"user "My postal code is V4T 0A7""#)
-        .replace(r#"protocol="openai""#, r#"protocol="anthropic""#);
+    let text = suite(
+        &fake.base_url(),
+        "",
+        "user \"My postal code is V4T 0A7\"\n    expect no-error",
+    )
+    .replace(r#"protocol="openai""#, r#"protocol="anthropic""#);
     let run = run_suite(&text, 1, env()).await;
     let t = &run.trajectories[0];
     assert_eq!(t.status, TrajectoryStatus::Passed, "{t:#?}");
@@ -565,7 +569,7 @@ async fn anthropic_servers_that_answer_a_stream_request_with_one_body_are_accept
     ))])])
     .await;
     let run = run_suite(
-        &anthropic_streaming_suite(&fake.base_url(), "", r#"user "hi""#),
+        &anthropic_streaming_suite(&fake.base_url(), "", "user \"hi\"\n    expect no-error"),
         1,
         env(),
     )

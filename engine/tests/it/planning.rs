@@ -22,10 +22,10 @@ fn load_files(files: &[(&str, &str)]) -> (tempfile::TempDir, trellis_dsl::Projec
 
 const X: &str = r#"
 agent "demo" protocol="connexity" builtin="booking"
-scenario "y" { user "Hi, my postal code is V4T 0A7."; }
+scenario "y" { user "Hi, my postal code is V4T 0A7."; expect no-error; }
 "#;
 const Z: &str = r#"
-scenario "y" { needs "x/y"; user "Hello"; }
+scenario "y" { needs "x/y"; user "Hello"; expect no-error; }
 "#;
 
 #[tokio::test]

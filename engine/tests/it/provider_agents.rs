@@ -247,6 +247,7 @@ provider "local" kind="openai" base-url="{}" model="small-model" temperature=0.2
 agent "bot" protocol="openai" provider="local" model="other-model" temperature=0.5 max-tokens=64
 scenario "hello" {{
     user "Hi"
+    expect no-error
 }}
 "#,
         fake.base_url()
@@ -434,7 +435,7 @@ async fn waiting_for_the_servers_slot_is_not_spent_from_the_trajectorys_timeout(
     );
     for i in 0..4 {
         suite.push_str(&format!(
-            "scenario \"s{i}\" {{\n    timeout \"1500ms\"\n    user \"Go {i}\"\n    user \"And again\"\n}}\n"
+            "scenario \"s{i}\" {{\n    timeout \"1500ms\"\n    user \"Go {i}\"\n    user \"And again\"\n    expect no-error\n}}\n"
         ));
     }
     let run = run_suite(&suite, 8, env()).await;

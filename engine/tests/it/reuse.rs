@@ -188,6 +188,7 @@ scenario "credit" {{
 }}
 scenario "complaint" {{
     user "Resolve the complaint on order A-1001"
+    expect no-error
 }}
 "##
     )

@@ -217,7 +217,7 @@ async fn the_agent_ends_the_simulated_conversation_with_end_call() {
     ])])
     .await;
     let (url, server) = hanging_up_agent().await;
-    let text = suite(&fake.base_url(), "simulate until-done").replace(
+    let text = suite(&fake.base_url(), "simulate until-done\n    expect no-error").replace(
         r#"agent "demo" protocol="connexity" builtin="booking""#,
         &format!(r#"agent "demo" protocol="connexity" url="{url}""#),
     );
@@ -415,7 +415,7 @@ async fn overridden_prompt_templates_are_what_the_simulator_receives() {
         Reply::text("Hi, it's Ada. [END]"),
     ])])
     .await;
-    let text = suite(&fake.base_url(), "simulate turns=1").replace(
+    let text = suite(&fake.base_url(), "simulate turns=1\n    expect no-error").replace(
         r#"simulator provider="fake" temperature=0.9 instructions="Your name is {{ user_context.name }}.""#,
         r#"simulator provider="fake" {
     instructions "Be {{ persona.type }}."
@@ -478,7 +478,8 @@ async fn a_prompt_that_fails_to_render_is_a_simulator_fault() {
         simulator system-prompt="Your code is {{ env.SIMULATOR_CODE }}."
         simulate turns=1
     }
-    branch "plain" { simulate turns=1; }"#,
+    branch "plain" { simulate turns=1; }
+    expect no-error"#,
     );
     let run = run_suite(&text, 4, EnvSnapshot::new()).await;
     let by_name = |name: &str| {

@@ -26,7 +26,7 @@ use rayon::prelude::*;
 
 use super::super::console::{count, errln};
 use super::super::{EXIT_FAILED, EXIT_INVALID, EXIT_OK};
-use super::scenario_file::{FileAgent, RenderOptions, ScenarioFile};
+use super::scenario_file::{FileAgent, Generation, RenderOptions, ScenarioFile};
 use super::{AGENTS_FILE, is_simple_id, kdl_string, write_file};
 
 /// The agent id used when none is given.
@@ -91,6 +91,9 @@ struct AgentNode {
     id: String,
     endpoint: Endpoint,
     max_actions: Option<u64>,
+    /// `request "task-only"`: the agent is called as the AgentV harness (which reads AES
+    /// workflow files) calls it, with the task text only and no history.
+    task_only: bool,
 }
 
 impl AgentNode {
@@ -111,6 +114,9 @@ impl AgentNode {
         );
         if let Some(max) = self.max_actions {
             let _ = write!(out, " max-actions={max}");
+        }
+        if self.task_only {
+            out.push_str(" {\n    request \"task-only\"\n}");
         }
         out.push('\n');
         out
@@ -206,30 +212,51 @@ pub fn import_multiagent(args: &MultiAgentImportArgs) -> u8 {
     });
 
     let explicit = explicit_agent(args);
-    let mut agents: BTreeMap<FileAgent, AgentNode> = BTreeMap::new();
-    let mut default_agent: Option<AgentNode> = None;
+    // Per endpoint and request form: AES and transitional files are what the AgentV harness
+    // runs, calling agents with the task text only; legacy files are the MultiAgentEval
+    // harness's, which sends the history too.
+    let mut agents: BTreeMap<(FileAgent, bool), AgentNode> = BTreeMap::new();
+    let mut default_agents: BTreeMap<bool, AgentNode> = BTreeMap::new();
     let mut agent_of: Vec<Option<String>> = Vec::with_capacity(jobs.len());
     for job in &jobs {
         let Some(Ok(scenario)) = &job.parsed else {
             agent_of.push(None);
             continue;
         };
+        let task_only = scenario.generation != Generation::Legacy;
         let node = match (&explicit, &scenario.agent) {
             (None, Some(endpoint)) => {
                 let next = agents.len() + 2;
-                agents.entry(endpoint.clone()).or_insert_with(|| AgentNode {
-                    id: format!("{}-{next}", args.agent_id),
-                    endpoint: Endpoint::Reached(endpoint.clone()),
-                    max_actions: None,
-                })
+                agents
+                    .entry((endpoint.clone(), task_only))
+                    .or_insert_with(|| AgentNode {
+                        id: format!("{}-{next}", args.agent_id),
+                        endpoint: Endpoint::Reached(endpoint.clone()),
+                        max_actions: None,
+                        task_only,
+                    })
             }
-            _ => default_agent.get_or_insert_with(|| AgentNode {
-                id: args.agent_id.clone(),
-                endpoint: explicit
-                    .clone()
-                    .unwrap_or_else(|| Endpoint::Builtin(DEFAULT_BUILTIN.to_owned())),
-                max_actions: None,
-            }),
+            _ => {
+                // The first default agent keeps the chosen id; one for the other form (a
+                // directory mixing generations) is named after its form.
+                let id = if default_agents.is_empty() {
+                    args.agent_id.clone()
+                } else if task_only {
+                    format!("{}-task-only", args.agent_id)
+                } else {
+                    format!("{}-full", args.agent_id)
+                };
+                default_agents
+                    .entry(task_only)
+                    .or_insert_with(|| AgentNode {
+                        id,
+                        endpoint: explicit
+                            .clone()
+                            .unwrap_or_else(|| Endpoint::Builtin(DEFAULT_BUILTIN.to_owned())),
+                        max_actions: None,
+                        task_only,
+                    })
+            }
         };
         // The agent's action cap is the largest any of its files asks for.
         if let Some(turns) = scenario.max_turns {
@@ -237,7 +264,7 @@ pub fn import_multiagent(args: &MultiAgentImportArgs) -> u8 {
         }
         agent_of.push(Some(node.id.clone()));
     }
-    let agent_nodes: Vec<&AgentNode> = default_agent.iter().chain(agents.values()).collect();
+    let agent_nodes: Vec<&AgentNode> = default_agents.values().chain(agents.values()).collect();
     let agents_text: String = agent_nodes.iter().map(|a| a.render()).collect();
 
     // A bad --agent-url (or a file's endpoint) would make every suite fail its check: say so

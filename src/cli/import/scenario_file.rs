@@ -332,15 +332,10 @@ fn kdl_number(f: f64) -> String {
     }
 }
 
-/// A short, one-line rendering of a JSON value for messages.
+/// A JSON value on one line (compact JSON), for messages and comments.
 fn brief(value: &Value) -> String {
-    let text = value.to_string();
-    if text.chars().count() > 80 {
-        let cut: String = text.chars().take(77).collect();
-        format!("{cut}...")
-    } else {
-        text
-    }
+    // Whole: what was not mapped is kept in the suite so nothing of the file is lost.
+    value.to_string()
 }
 
 /// `text` as a scenario id: `/` (which separates suite and scenario) becomes `-`.
@@ -370,6 +365,7 @@ const WORKFLOW_KEYS: &[&str] = &[
     "policies",
     "agent_topology",
     "scenario_id",
+    "description",
 ];
 const LEGACY_KEYS: &[&str] = &[
     "scenario_id",
@@ -519,6 +515,16 @@ impl Reader {
             }
         }
 
+        // Files written by hand often describe the scenario at top level, not in `metadata`.
+        match (&description, file.get("description")) {
+            (_, None | Some(Value::Null)) => {}
+            (None, Some(Value::String(s))) => description = Some(s.clone()),
+            (Some(d), Some(Value::String(s))) if d == s => {}
+            (_, Some(other)) => self.unmapped(format!(
+                "`description` {} (the scenario's description is `metadata.description`)",
+                brief(other)
+            )),
+        }
         let order = topological_order(nodes, workflow.get("edges"), &mut self)?;
         let mut steps = Vec::with_capacity(order.len());
         for index in order {
@@ -536,7 +542,7 @@ impl Reader {
         }
         let mut criteria = Vec::new();
         if let Some(evaluation) = file.get("evaluation") {
-            self.evaluation(evaluation, &mut criteria);
+            self.evaluation(evaluation, &steps, &mut criteria);
         }
         let max_turns = self.max_turns(file).or(Some(HARNESS_MAX_TURNS));
         self.finish(
@@ -1043,9 +1049,9 @@ impl Reader {
         }
     }
 
-    /// `evaluation.metrics` as judged criteria on the whole trajectory; the judge panel
-    /// settings have no counterpart yet.
-    fn evaluation(&mut self, evaluation: &Value, criteria: &mut Vec<String>) {
+    /// `evaluation.metrics` as criteria on the whole trajectory (see [`classify_metric`]);
+    /// the judge panel settings have no counterpart yet.
+    fn evaluation(&mut self, evaluation: &Value, steps: &[StepOut], criteria: &mut Vec<String>) {
         let Value::Object(evaluation) = evaluation else {
             if !evaluation.is_null() {
                 self.unmapped(format!(
@@ -1059,24 +1065,52 @@ impl Reader {
             match (key.as_str(), value) {
                 ("metrics", Value::Array(metrics)) => {
                     for metric in metrics {
-                        match metric {
-                            Value::String(name) if !name.trim().is_empty() => {
-                                criteria.push(format!("judge {}", kdl_string(name)))
+                        let (name, object) = match metric {
+                            Value::String(name) if !name.trim().is_empty() => (name.as_str(), None),
+                            Value::Object(m) => match m.get("metric").and_then(Value::as_str) {
+                                Some(name) if !name.trim().is_empty() => (name, Some(m)),
+                                _ => {
+                                    self.unmapped(format!(
+                                        "`evaluation.metrics` entry {} (no `metric` name)",
+                                        brief(metric)
+                                    ));
+                                    continue;
+                                }
+                            },
+                            other => {
+                                self.unmapped(format!(
+                                    "`evaluation.metrics` entry {}",
+                                    brief(other)
+                                ));
+                                continue;
                             }
-                            Value::Object(m) => match judge_criterion(m, None) {
-                                Ok((criterion, remarks)) => {
+                        };
+                        let written: Vec<String> = steps
+                            .iter()
+                            .flat_map(|s| s.expects.iter().cloned())
+                            .collect();
+                        match classify_metric(name, object, &written) {
+                            Metric::Judged => match object.map(|m| judge_criterion(m, None)) {
+                                Some(Ok((criterion, remarks))) => {
                                     criteria.push(criterion);
                                     for remark in remarks {
                                         self.unmapped(format!("`evaluation.metrics`: {remark}"));
                                     }
                                 }
-                                Err(why) => self.unmapped(format!(
+                                Some(Err(why)) => self.unmapped(format!(
                                     "`evaluation.metrics` entry {} ({why})",
                                     brief(metric)
                                 )),
+                                None => criteria.push(format!("judge {}", kdl_string(name))),
                             },
-                            other => self
-                                .unmapped(format!("`evaluation.metrics` entry {}", brief(other))),
+                            Metric::NoViolations => criteria.push("violations max=0".into()),
+                            Metric::CoveredBy(what) => self
+                                .notes
+                                .push(format!("`evaluation.metrics` `{name}`: checked by {what}")),
+                            Metric::Unmapped(why) => self.unmapped(format!(
+                                "`evaluation.metrics` entry {} ({why})",
+                                brief(metric)
+                            )),
                         }
                     }
                 }
@@ -1550,8 +1584,65 @@ fn valid_socket(address: &str) -> bool {
     }
 }
 
-/// `success_criteria` entries: LLM-judged metrics as `judge` criteria; `keyword_match` with
-/// a threshold of 1 (every keyword) as case-insensitive reply checks.
+/// What a harness metric becomes. A metric name is the harness's own scorer, not a statement
+/// a judge could score: only metrics an LLM judges with a rubric become `judge` criteria;
+/// those trellis checks deterministically become those checks; the rest stay comments.
+#[derive(Debug, PartialEq)]
+enum Metric {
+    /// An LLM-judged metric with a rubric: `judge "METRIC" rubric=…`.
+    Judged,
+    /// Policy compliance: `violations max=0`.
+    NoViolations,
+    /// A metric on tool calls or state changes, checked by the `tool`/`state` criteria of
+    /// `required_tools`/`expected_state_changes` (the ones it scores) when there are any.
+    CoveredBy(&'static str),
+    /// Nothing trellis can check; the reason.
+    Unmapped(String),
+}
+
+/// Classifies the metric `name` of `c` (`None` for a plain metric name) on a step or scenario
+/// whose criteria so far are `written`.
+fn classify_metric(name: &str, c: Option<&Map<String, Value>>, written: &[String]) -> Metric {
+    let rubric = c
+        .and_then(|c| c.get("judge_config"))
+        .and_then(|j| j.get("judge_rubric"))
+        .is_some_and(Value::is_string);
+    if rubric {
+        return Metric::Judged;
+    }
+    let lower = name.to_ascii_lowercase();
+    let has = |prefix: &str| written.iter().any(|w| w.starts_with(prefix));
+    if lower.contains("policy") || lower.contains("governance") || lower.contains("violation") {
+        return Metric::NoViolations;
+    }
+    if lower.contains("tool") {
+        return if has("tool ") {
+            Metric::CoveredBy("the `tool` checks of `required_tools`")
+        } else {
+            Metric::Unmapped("a tool metric, but `required_tools` names no tool".into())
+        };
+    }
+    if lower.contains("state") {
+        return if has("state ") {
+            Metric::CoveredBy("the `state` checks of `expected_state_changes`")
+        } else {
+            Metric::Unmapped("a state metric, but `expected_state_changes` lists no change".into())
+        };
+    }
+    let judged = lower.contains("judge")
+        || c.and_then(|c| c.get("requires_llm_judge"))
+            .and_then(Value::as_bool)
+            == Some(true);
+    Metric::Unmapped(if judged {
+        "scored by the harness's LLM judge without a `judge_rubric`: no statement to judge".into()
+    } else {
+        "a harness metric trellis has no check for".into()
+    })
+}
+
+/// `success_criteria` entries: LLM-judged metrics with a rubric as `judge` criteria;
+/// `keyword_match` with a threshold of 1 (every keyword) as case-insensitive reply checks;
+/// policy metrics as `violations max=0`; the rest (see [`classify_metric`]) as comments.
 fn success_criteria(criteria: &Value, keywords: Option<&Value>, step: &mut StepOut) {
     let Value::Array(criteria) = criteria else {
         if !criteria.is_null() {
@@ -1566,7 +1657,16 @@ fn success_criteria(criteria: &Value, keywords: Option<&Value>, step: &mut StepO
         let Value::Object(c) = criterion else {
             match criterion {
                 Value::String(name) if !name.trim().is_empty() => {
-                    step.expects.push(format!("judge {}", kdl_string(name)))
+                    match classify_metric(name, None, &step.expects) {
+                        Metric::Judged => step.expects.push(format!("judge {}", kdl_string(name))),
+                        Metric::NoViolations => step.expects.push("violations max=0".into()),
+                        Metric::CoveredBy(what) => step
+                            .notes
+                            .push(format!("metric `{name}`: checked by {what}")),
+                        Metric::Unmapped(why) => step
+                            .unmapped
+                            .push(format!("`success_criteria` metric `{name}` ({why})")),
+                    }
                 }
                 other => step
                     .unmapped
@@ -1574,16 +1674,46 @@ fn success_criteria(criteria: &Value, keywords: Option<&Value>, step: &mut StepO
             }
             continue;
         };
+        let metric = c.get("metric").and_then(Value::as_str).unwrap_or("");
+        if metric.trim().is_empty() {
+            step.unmapped.push(format!(
+                "`success_criteria` entry {} (no `metric` name)",
+                brief(criterion)
+            ));
+            continue;
+        }
         if c.get("expect_refusal").and_then(Value::as_bool) == Some(true) {
             step.expects
                 .push("outcome \"The agent refuses the request.\"".to_owned());
+            step.notes.push(format!(
+                "metric `{metric}`: checked by the outcome it expects (a refusal)"
+            ));
+            continue;
         }
-        let metric = c.get("metric").and_then(Value::as_str).unwrap_or("");
         if metric == "keyword_match"
             && let Some(criterion) = keyword_match(c, keywords, step)
         {
             step.expects.push(criterion);
             continue;
+        }
+        match classify_metric(metric, Some(c), &step.expects) {
+            Metric::Judged => {}
+            Metric::NoViolations => {
+                step.expects.push("violations max=0".into());
+                continue;
+            }
+            Metric::CoveredBy(what) => {
+                step.notes
+                    .push(format!("metric `{metric}`: checked by {what}"));
+                continue;
+            }
+            Metric::Unmapped(why) => {
+                step.unmapped.push(format!(
+                    "`success_criteria` entry {} ({why})",
+                    brief(criterion)
+                ));
+                continue;
+            }
         }
         match judge_criterion(c, Some(&["expect_refusal", "requires_llm_judge"][..])) {
             Ok((criterion, remarks)) => {
