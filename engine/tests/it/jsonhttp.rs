@@ -134,6 +134,7 @@ scenario "s" {{
     user "first"
     branch "a" {{ user "second"; }}
     branch "b" {{ user "third"; }}
+    criteria {{ no-error }}
 }}
 "##,
         server.url()
