@@ -44,6 +44,10 @@ pub enum Behavior {
     Truncated,
     /// Send a 200 with a body of `bytes` bytes, with or without a Content-Length header.
     Huge { bytes: u64, content_length: bool },
+    /// Answer the first request on each connection with `body` and keep the connection
+    /// open; close it, without a byte, when the next request arrives on it (a server that
+    /// times out idle keep-alive connections just as the client reuses one).
+    CloseReused { body: String },
 }
 
 /// One request as received.
@@ -230,13 +234,19 @@ async fn serve_connection(
     stats: &Stats,
 ) -> io::Result<()> {
     let mut buf = Vec::new();
+    let mut on_connection = 0usize;
     loop {
         let Some(request) = read_request(&mut stream, &mut buf).await? else {
             return Ok(());
         };
+        on_connection += 1;
+        if matches!(behavior, Behavior::CloseReused { .. }) && on_connection > 1 {
+            return Ok(());
+        }
         let n = stats.requests.fetch_add(1, Ordering::SeqCst);
         stats.recorded.lock().unwrap().push(request);
         match behavior {
+            Behavior::CloseReused { body } => write_response(&mut stream, 200, body).await?,
             Behavior::Respond { status, body } => {
                 write_response(&mut stream, *status, body).await?
             }

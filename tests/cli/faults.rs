@@ -418,3 +418,33 @@ scenario "fails" {{
     }
     assert!(files >= 5, "journal, tables, HTML, JUnit: {files} files");
 }
+
+/// A server that closes a kept-alive connection when it is reused (as llama.cpp may, just
+/// as a request goes out) fails no trajectory: the lost request goes again on a fresh one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_closing_reused_connections_fails_no_turn() {
+    let server = MisbehavingServer::start(Behavior::CloseReused {
+        body: OK_BODY.to_owned(),
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("idle.kdl"),
+        format!(
+            "agent \"a\" protocol=\"connexity\" url=\"{}\"\n\
+             scenario \"talk\" {{\n    user \"one\"\n    user \"two\"\n    user \"three\"\n}}\n",
+            server.url()
+        ),
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path())
+        .arg("--out")
+        .arg(dir.path().join("out"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert_eq!(server.requests(), 3);
+}
