@@ -30,6 +30,9 @@ use crate::record::{Fault, FaultCategory};
 const ERROR_BODY_PREVIEW_CHARS: usize = 200;
 /// Bytes reserved for a response body before any arrive.
 const INITIAL_BODY_CAPACITY: u64 = 64 * 1024;
+/// A request body at least this large that the agent drops unsent is named as a likely
+/// body size limit of the agent's (servers' defaults start at 1 MB).
+const LARGE_REQUEST: u64 = 1024 * 1024;
 /// Idle keep-alive connections are dropped after this long.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// A TCP connect that takes longer than this is hopeless whatever the per-call timeout.
@@ -435,6 +438,7 @@ impl HttpTransport {
         max_response_size: u64,
         progress: &mut Progress,
     ) -> Result<RawResponse, Fault> {
+        progress.request_bytes = body.as_ref().map_or(0, |b| b.len() as u64);
         let build = |client: &reqwest::Client| {
             let request = client
                 .request(method.clone(), url.clone())
@@ -518,6 +522,8 @@ struct Progress {
     status: Option<StatusCode>,
     content_length: Option<u64>,
     body_bytes: u64,
+    /// Size of the request body sent.
+    request_bytes: u64,
 }
 
 impl Progress {
@@ -600,6 +606,7 @@ pub(super) fn request_fault(
         status,
         content_length: None,
         body_bytes,
+        request_bytes: 0,
     };
     classify(err, url, &progress)
 }
@@ -675,6 +682,20 @@ fn classify(err: &reqwest::Error, url: &Url, progress: &Progress) -> Fault {
         _ => innermost,
     };
     let when = match progress.status {
+        // A server with a request size limit may drop a large request unread instead of
+        // answering 413; Trellis itself sets no limit on what it sends.
+        None if progress.request_bytes >= LARGE_REQUEST
+            && matches!(
+                io_kind,
+                Some(io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset)
+            ) =>
+        {
+            format!(
+                "before the response headers, while sending a {}-byte request: probably over \
+                 the agent's request size limit (Trellis sets none)",
+                progress.request_bytes
+            )
+        }
         None => "before the response headers".to_owned(),
         Some(_) => {
             let mut s = format!("after {} bytes of body", progress.body_bytes);

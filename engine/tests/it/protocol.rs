@@ -542,3 +542,19 @@ async fn a_fresh_connection_closed_before_answering_is_not_sent_again() {
     fault_of(&outcome, FaultCategory::Transport);
     assert_eq!(server.connections(), 1);
 }
+
+/// An agent with a body size limit that drops a large request unread: the fault says the
+/// request's size and that the limit is the agent's (Trellis sets none).
+#[tokio::test]
+async fn a_request_over_the_agents_body_limit_says_so() {
+    let server = MisbehavingServer::start(Behavior::RefuseLargeBody { limit: 1024 * 1024 }).await;
+    let history = vec![ChatMessage::user("x".repeat(5 * 1024 * 1024))];
+    let outcome = respond(&client(&server.url(), 0, limits(SHORT)), &history, &ctx(0)).await;
+    let fault = outcome.result.expect_err("a fault");
+    assert_eq!(fault.category, FaultCategory::Transport, "{fault:?}");
+    assert!(
+        fault.message.contains("while sending a 52429")
+            && fault.message.contains("the agent's request size limit"),
+        "{fault:?}"
+    );
+}
