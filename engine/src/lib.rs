@@ -18,3 +18,4 @@ pub mod protocol;
 pub mod record;
 pub mod render;
 pub mod sandbox;
+pub mod secrets;

@@ -170,6 +170,21 @@ impl Templates {
         }
     }
 
+    /// The environment variables `template` reads (`env.NAME`).
+    pub fn env_names(&self, template: &CompiledTemplate) -> Vec<String> {
+        let CompiledTemplate::Compiled(name) = template else {
+            return Vec::new();
+        };
+        let Ok(template) = self.env.get_template(name) else {
+            return Vec::new();
+        };
+        template
+            .undeclared_variables(true)
+            .into_iter()
+            .filter_map(|v| v.strip_prefix("env.").map(str::to_string))
+            .collect()
+    }
+
     fn render_error(
         &self,
         template: &minijinja::Template<'_, '_>,

@@ -48,6 +48,14 @@ pub enum Behavior {
     Huge { bytes: u64, content_length: bool },
     /// Answer every request with a 200 and this body after `delay` (a slow but healthy agent).
     Delayed { delay: Duration, body: String },
+    /// Answer the first request on each connection with `body` and keep the connection
+    /// open; close it, without a byte, when the next request arrives on it (a server that
+    /// times out idle keep-alive connections just as the client reuses one).
+    CloseReused { body: String },
+    /// Read a request's head; when it announces a body over `limit` bytes, drop the
+    /// connection without reading the body or answering (as some servers with a body size
+    /// limit do; the client sees the connection reset while it sends).
+    RefuseLargeBody { limit: usize },
 }
 
 /// One request as received.
@@ -234,13 +242,50 @@ async fn serve_connection(
     stats: &Stats,
 ) -> io::Result<()> {
     let mut buf = Vec::new();
+    if let Behavior::RefuseLargeBody { limit } = behavior {
+        let head = loop {
+            if let Some(pos) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break String::from_utf8_lossy(&buf[..pos]).into_owned();
+            }
+            let mut chunk = [0u8; 8192];
+            let n = stream.read(&mut chunk).await?;
+            if n == 0 {
+                return Ok(());
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        };
+        let length: usize = head
+            .lines()
+            .find_map(|line| {
+                let (name, value) = line.split_once(':')?;
+                name.trim()
+                    .eq_ignore_ascii_case("content-length")
+                    .then(|| value.trim().parse().ok())?
+            })
+            .unwrap_or(0);
+        stats.requests.fetch_add(1, Ordering::SeqCst);
+        if length > *limit {
+            stream.set_zero_linger()?;
+            return Ok(());
+        }
+        buf.clear();
+        write_response(&mut stream, 200, OK_BODY).await?;
+        return Ok(());
+    }
+    let mut on_connection = 0usize;
     loop {
         let Some(request) = read_request(&mut stream, &mut buf).await? else {
             return Ok(());
         };
+        on_connection += 1;
+        if matches!(behavior, Behavior::CloseReused { .. }) && on_connection > 1 {
+            return Ok(());
+        }
         let n = stats.requests.fetch_add(1, Ordering::SeqCst);
         stats.recorded.lock().unwrap().push(request);
         match behavior {
+            Behavior::CloseReused { body } => write_response(&mut stream, 200, body).await?,
+            Behavior::RefuseLargeBody { .. } => return Ok(()),
             Behavior::Respond { status, body } => {
                 write_response(&mut stream, *status, body).await?
             }

@@ -260,3 +260,193 @@ async fn a_stuck_handshake_does_not_hold_up_the_other_agents() {
     // handshake's 3s timeout and was recorded after `calls`.
     assert_eq!(order, [("chat", "passed"), ("calls", "error")], "{journal}");
 }
+
+/// An HTTP agent that echoes the `Authorization` header it got: in its reply, or, when the
+/// user says `fail`, in a 500 body.
+async fn echoing_agent() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut request = Vec::new();
+                let mut buf = [0u8; 8192];
+                let (head, body) = loop {
+                    let Ok(n) = stream.read(&mut buf).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    request.extend_from_slice(&buf[..n]);
+                    let text = String::from_utf8_lossy(&request).into_owned();
+                    if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                        let length: usize = head
+                            .lines()
+                            .find_map(|l| {
+                                let (k, v) = l.split_once(':')?;
+                                k.eq_ignore_ascii_case("content-length")
+                                    .then(|| v.trim().parse().ok())?
+                            })
+                            .unwrap_or(0);
+                        if body.len() >= length {
+                            break (head.to_owned(), body.to_owned());
+                        }
+                    }
+                };
+                let auth = head
+                    .lines()
+                    .find_map(|l| {
+                        let (k, v) = l.split_once(':')?;
+                        k.eq_ignore_ascii_case("authorization")
+                            .then(|| v.trim().to_owned())
+                    })
+                    .unwrap_or_default();
+                let (status, body) = if body.contains("fail") {
+                    (
+                        "500 Internal Server Error",
+                        format!("refused request with Authorization: {auth}"),
+                    )
+                } else {
+                    let reply = serde_json::json!({
+                        "messages": [{"role": "assistant", "content": format!("you sent {auth}")}]
+                    });
+                    ("200 OK", reply.to_string())
+                };
+                let response = format!(
+                    "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(response.as_bytes()).await;
+            });
+        }
+    });
+    (addr, task)
+}
+
+/// Every string in a Parquet column, lists included.
+fn column_strings(series: &Series, out: &mut Vec<String>) {
+    match series.dtype() {
+        DataType::String => out.extend(series.str().unwrap().iter().flatten().map(str::to_owned)),
+        DataType::List(_) => column_strings(&series.list().unwrap().get_inner(), out),
+        _ => {}
+    }
+}
+
+/// A secret sent in an agent header, echoed by agents in a reply, a 500 body, on stderr and
+/// in a crash, appears in no file the run writes nor on the console.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_secret_an_agent_echoes_is_redacted_everywhere() {
+    const SECRET: &str = "s3cr3t-token-9f8e7d6c";
+    let (addr, _server) = echoing_agent().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("agent.py"),
+        r#"
+import json, os, sys
+task = json.loads(sys.stdin.read())["task_description"]
+print("debug: token is " + os.environ["ECHO_TOKEN"], file=sys.stderr)
+if "fail" in task:
+    sys.exit(3)
+print(json.dumps({"action": "final_answer", "summary": "token " + os.environ["ECHO_TOKEN"]}))
+"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("secret.kdl"),
+        format!(
+            r#"agent "web" protocol="connexity" url="http://{addr}/agent/respond" retries=0 {{
+    header "Authorization" "Bearer {{{{ env.ECHO_TOKEN }}}}"
+}}
+agent "proc" protocol="multiagent" command="python3 -u agent.py" cwd="."
+scenario "echoes" {{
+    agents "web" "proc"
+    user "hello"
+    expect reply equals="nothing"
+}}
+scenario "fails" {{
+    agents "web" "proc"
+    user "fail"
+}}
+"#
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path().join("secret.kdl"))
+        .arg("--out")
+        .arg(&out)
+        .env("ECHO_TOKEN", SECRET)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    let console = format!("{}{}", stdout(&o), stderr(&o));
+    assert!(!console.contains(SECRET), "console: {console}");
+
+    // The secret did reach the records, redacted, in every way it was echoed.
+    let journal = std::fs::read_to_string(out.join("journal.jsonl")).unwrap();
+    for echoed in [
+        "you sent Bearer [redacted]",
+        "Authorization: Bearer [redacted]",
+        "token [redacted]",
+        "debug: token is [redacted]",
+    ] {
+        assert!(journal.contains(echoed), "{echoed} not in the journal");
+    }
+
+    let mut files = 0;
+    for entry in std::fs::read_dir(&out).unwrap() {
+        let path = entry.unwrap().path();
+        files += 1;
+        let texts: Vec<String> = if path.extension().is_some_and(|e| e == "parquet") {
+            let df = read_parquet(&path);
+            let mut texts = Vec::new();
+            for column in df.columns() {
+                column_strings(column.as_materialized_series(), &mut texts);
+            }
+            texts
+        } else {
+            vec![String::from_utf8_lossy(&std::fs::read(&path).unwrap()).into_owned()]
+        };
+        assert!(
+            !texts.iter().any(|t| t.contains(SECRET)),
+            "{} holds the secret",
+            path.display()
+        );
+    }
+    assert!(files >= 5, "journal, tables, HTML, JUnit: {files} files");
+}
+
+/// A server that closes a kept-alive connection when it is reused (as llama.cpp may, just
+/// as a request goes out) fails no trajectory: the lost request goes again on a fresh one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_closing_reused_connections_fails_no_turn() {
+    let server = MisbehavingServer::start(Behavior::CloseReused {
+        body: OK_BODY.to_owned(),
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("idle.kdl"),
+        format!(
+            "agent \"a\" protocol=\"connexity\" url=\"{}\"\n\
+             scenario \"talk\" {{\n    user \"one\"\n    user \"two\"\n    user \"three\"\n}}\n",
+            server.url()
+        ),
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path())
+        .arg("--out")
+        .arg(dir.path().join("out"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert_eq!(server.requests(), 3);
+}

@@ -188,3 +188,96 @@ async fn per_call_processes_are_reaped_as_the_run_goes() {
     assert_eq!(status.code(), Some(0));
     assert_eq!(pids(dir.path()).len(), 5);
 }
+
+/// One process per call that takes a second to answer.
+const SLOW_PER_CALL: &str = r#"
+import json, sys, time
+task = json.loads(sys.stdin.read())["task_description"]
+time.sleep(1)
+print(json.dumps({"action": "final_answer", "summary": "done: " + task}))
+"#;
+
+/// A long-lived agent that takes a second per answer (one call at a time on its pipe).
+const SLOW_LONG_LIVED: &str = r#"
+import json, sys, time
+for line in sys.stdin:
+    task = json.loads(line)["task_description"]
+    time.sleep(1)
+    print(json.dumps({"action": "final_answer", "summary": "done: " + task}), flush=True)
+"#;
+
+/// Each trajectory's `duration_ms` and its turn's `latency_ms`, from the run's tables.
+fn durations(out: &Path) -> (Vec<f64>, Vec<f64>) {
+    let column = |file: &str, name: &str| -> Vec<f64> {
+        read_parquet(&out.join(file))
+            .column(name)
+            .unwrap()
+            .f64()
+            .unwrap()
+            .into_no_null_iter()
+            .collect()
+    };
+    (
+        column("trajectories.parquet", "duration_ms"),
+        column("turns.parquet", "latency_ms"),
+    )
+}
+
+async fn run_slow_agent(dir: &Path, script: &str, process: &str) -> (Duration, Vec<f64>, Vec<f64>) {
+    std::fs::write(dir.join("agent.py"), script).unwrap();
+    let suite = dir.join("suite.kdl");
+    std::fs::write(
+        &suite,
+        format!(
+            r#"agent "proc" protocol="multiagent" command="python3 -u agent.py" cwd="." process="{process}" concurrency=8
+scenario "s" {{
+    repeat 4
+    user "hello"
+    expect reply equals="done: hello"
+}}
+"#
+        ),
+    )
+    .unwrap();
+    let out = dir.join("run");
+    let started = Instant::now();
+    let o = trellis()
+        .args(["run", "--out"])
+        .arg(&out)
+        .arg(&suite)
+        .output()
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let (trajectories, turns) = durations(&out);
+    assert_eq!((trajectories.len(), turns.len()), (4, 4));
+    (took, trajectories, turns)
+}
+
+#[tokio::test]
+async fn per_call_processes_run_side_by_side_up_to_the_agents_concurrency() {
+    let dir = tempfile::tempdir().unwrap();
+    let (took, trajectories, turns) = run_slow_agent(dir.path(), SLOW_PER_CALL, "per-call").await;
+    // Four one-second calls one after the other take four seconds at least.
+    assert!(
+        took < Duration::from_millis(3500),
+        "4 calls with concurrency=8 took {took:?}: they ran one at a time"
+    );
+    for ms in trajectories.iter().chain(&turns) {
+        assert!(*ms >= 1000.0 && *ms < 2500.0, "{trajectories:?} {turns:?}");
+    }
+}
+
+#[tokio::test]
+async fn waiting_for_a_long_lived_agents_pipe_is_not_the_agents_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let (took, trajectories, turns) =
+        run_slow_agent(dir.path(), SLOW_LONG_LIVED, "long-lived").await;
+    // One pipe answers one call at a time: the run takes four seconds, but each
+    // trajectory's own time is its one-second turn, not the wait behind the others.
+    assert!(took >= Duration::from_secs(4), "{took:?}");
+    for ms in trajectories.iter().chain(&turns) {
+        assert!(*ms >= 1000.0 && *ms < 2500.0, "{trajectories:?} {turns:?}");
+    }
+}

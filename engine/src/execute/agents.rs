@@ -44,6 +44,8 @@ pub(super) struct Agents {
     /// The run's providers: a model under test reached through `provider=` shares its
     /// client (endpoint, key, limits) with the judges and the simulator.
     llm: Arc<crate::llm::LlmRuntime>,
+    /// What an agent's handshake may echo of its headers.
+    secrets: crate::secrets::Secrets,
 }
 
 impl Agents {
@@ -57,6 +59,7 @@ impl Agents {
             transport,
             servers: Mutex::new(Vec::new()),
             llm,
+            secrets: crate::secrets::Secrets::of_plan(plan),
         }
     }
 
@@ -111,13 +114,12 @@ impl Agents {
             Ok(client) => match client.prepare().await {
                 Ok(info) => {
                     if let Some(info) = info {
-                        let _ = events
-                            .send(Event::Agent(AgentRecord {
-                                agent: agent.id.to_string(),
-                                protocol: agent.protocol.as_str().to_string(),
-                                info,
-                            }))
-                            .await;
+                        let record = Event::Agent(AgentRecord {
+                            agent: agent.id.to_string(),
+                            protocol: agent.protocol.as_str().to_string(),
+                            info,
+                        });
+                        let _ = events.send(self.secrets.redact_event(record)).await;
                     }
                     AgentRuntime::Ready {
                         client,

@@ -124,6 +124,7 @@ pub async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSum
         strict: options.strict,
         run_id: options.run_id.clone(),
         reuse: options.reuse.clone(),
+        secrets: crate::secrets::Secrets::of_plan(&plan),
     });
 
     let (senders, receivers): (Vec<_>, Vec<_>) = plan
@@ -192,6 +193,8 @@ struct Shared {
     strict: bool,
     run_id: String,
     reuse: Option<Arc<TurnMemo>>,
+    /// Header secrets, replaced in every record before it is sent.
+    secrets: crate::secrets::Secrets,
 }
 
 #[derive(Default)]
@@ -358,7 +361,10 @@ impl Shared {
             TrajectoryStatus::Skipped => &t.skipped,
         }
         .fetch_add(1, Ordering::Relaxed);
-        let _ = self.events.send(Event::Trajectory(Box::new(record))).await;
+        let event = self
+            .secrets
+            .redact_event(Event::Trajectory(Box::new(record)));
+        let _ = self.events.send(event).await;
     }
 }
 

@@ -322,19 +322,16 @@ impl<'a> Unit<'a> {
         drop(slot);
 
         if !recorded.is_empty() || !matches!(stop, Some(Stop::Interrupted)) {
-            let _ = self
-                .shared
-                .events
-                .send(Event::Node(NodeRecord {
-                    suite: self.scenario.suite.to_string(),
-                    scenario: self.scenario.scenario.id.value.clone(),
-                    agent: self.agent_id().to_string(),
-                    repetition: self.repetition,
-                    node: name.to_string(),
-                    parent: resume.parent.map(|p| p.to_string()),
-                    turns: recorded,
-                }))
-                .await;
+            let event = self.shared.secrets.redact_event(Event::Node(NodeRecord {
+                suite: self.scenario.suite.to_string(),
+                scenario: self.scenario.scenario.id.value.clone(),
+                agent: self.agent_id().to_string(),
+                repetition: self.repetition,
+                node: name.to_string(),
+                parent: resume.parent.map(|p| p.to_string()),
+                turns: recorded,
+            }));
+            let _ = self.shared.events.send(event).await;
         }
 
         match stop {

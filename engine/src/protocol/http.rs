@@ -7,12 +7,14 @@
 //! and the retry loop ([`with_retries`]) that retries transient faults with backoff without
 //! ever running past the trajectory's deadline.
 
+use std::cell::Cell;
 use std::error::Error as StdError;
 use std::fmt::Write as _;
 use std::future::Future;
 use std::io;
 use std::net::IpAddr;
 use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
@@ -28,6 +30,9 @@ use crate::record::{Fault, FaultCategory};
 const ERROR_BODY_PREVIEW_CHARS: usize = 200;
 /// Bytes reserved for a response body before any arrive.
 const INITIAL_BODY_CAPACITY: u64 = 64 * 1024;
+/// A request body at least this large that the agent drops unsent is named as a likely
+/// body size limit of the agent's (servers' defaults start at 1 MB).
+const LARGE_REQUEST: u64 = 1024 * 1024;
 /// Idle keep-alive connections are dropped after this long.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// A TCP connect that takes longer than this is hopeless whatever the per-call timeout.
@@ -169,6 +174,73 @@ struct Clients {
     /// Never goes through a proxy: loopback agents (builtins, local dev servers) must not be
     /// sent to a proxy configured for the outside world.
     direct: OnceLock<Result<reqwest::Client, String>>,
+    /// Without a pool, for a request a pooled connection lost (see [`HttpTransport::send`]).
+    fresh_proxied: OnceLock<Result<reqwest::Client, String>>,
+    fresh_direct: OnceLock<Result<reqwest::Client, String>>,
+}
+
+tokio::task_local! {
+    /// Set in the task sending a request when a connection is made for it: a request that
+    /// fails without it went out on a pooled connection.
+    static CONNECTED_FOR_REQUEST: Cell<bool>;
+}
+
+/// A connector layer that marks, in the sending task, that a new connection was made.
+/// hyper's pool makes the connection in the task that sends the request (only a connection
+/// that lost the race to a pooled one finishes in the background, and then the request went
+/// out on the pooled one, which is the conservative side: it is not resent).
+#[derive(Clone, Copy, Debug)]
+struct MarkNewConnections;
+
+impl<S> tower_layer::Layer<S> for MarkNewConnections {
+    type Service = MarkingConnector<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        MarkingConnector(inner)
+    }
+}
+
+#[derive(Clone, Debug)]
+struct MarkingConnector<S>(S);
+
+impl<S: tower_service::Service<R>, R> tower_service::Service<R> for MarkingConnector<S> {
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: R) -> S::Future {
+        let _ = CONNECTED_FOR_REQUEST.try_with(|made| made.set(true));
+        self.0.call(request)
+    }
+}
+
+/// Whether a request failed because its connection closed before any byte of an answer
+/// (closed, reset, or the request could not be written): on a pooled connection, the server
+/// had closed it as idle, so the request never reached the agent.
+fn closed_before_answer(err: &reqwest::Error) -> bool {
+    if err.is_connect() || err.is_timeout() || err.status().is_some() {
+        return false;
+    }
+    let mut source: Option<&(dyn StdError + 'static)> = err.source();
+    while let Some(e) = source {
+        if let Some(hyper) = e.downcast_ref::<hyper::Error>()
+            && hyper.is_incomplete_message()
+        {
+            return true;
+        }
+        if let Some(io) = e.downcast_ref::<io::Error>() {
+            return matches!(
+                io.kind(),
+                io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe
+            );
+        }
+        source = e.source();
+    }
+    false
 }
 
 impl HttpTransport {
@@ -182,7 +254,33 @@ impl HttpTransport {
             .tcp_nodelay(true)
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .connect_timeout(CONNECT_TIMEOUT)
+            .connector_layer(MarkNewConnections)
             .user_agent(concat!("trellis/", env!("CARGO_PKG_VERSION")))
+    }
+
+    /// Sends the request `build` makes on the client for `url`. A request lost by a pooled
+    /// connection before any byte of an answer (a server closes idle keep-alive connections
+    /// when it likes, possibly just as a request goes out: llama.cpp does) never reached
+    /// the agent, so it is sent again, once, on a fresh connection, within the same attempt.
+    /// A fresh connection closing that way is the agent's doing and is returned as is.
+    pub(super) async fn send(
+        &self,
+        url: &Url,
+        build: impl Fn(&reqwest::Client) -> reqwest::RequestBuilder,
+    ) -> Result<Result<reqwest::Response, reqwest::Error>, Fault> {
+        let request = build(self.client_for(url)?).send();
+        let (sent, connected) = CONNECTED_FOR_REQUEST
+            .scope(Cell::new(false), async {
+                let sent = request.await;
+                (sent, CONNECTED_FOR_REQUEST.with(Cell::get))
+            })
+            .await;
+        match sent {
+            Err(e) if !connected && closed_before_answer(&e) => {
+                Ok(build(self.client(url, true)?).send().await)
+            }
+            sent => Ok(sent),
+        }
     }
 
     /// Builds the client `url` will use now, so the cost of building it (loading the CA
@@ -194,6 +292,11 @@ impl HttpTransport {
     }
 
     pub(super) fn client_for(&self, url: &Url) -> Result<&reqwest::Client, Fault> {
+        self.client(url, false)
+    }
+
+    /// The client for `url`: pooled, or `fresh` (a new connection for every request).
+    fn client(&self, url: &Url, fresh: bool) -> Result<&reqwest::Client, Fault> {
         let loopback = url.host_str().is_some_and(|host| {
             host.eq_ignore_ascii_case("localhost")
                 || host
@@ -202,17 +305,30 @@ impl HttpTransport {
                     .parse::<IpAddr>()
                     .is_ok_and(|ip| ip.is_loopback())
         });
-        let client = if loopback {
-            self.clients.direct.get_or_init(|| {
-                Self::builder()
-                    .no_proxy()
-                    .build()
-                    .map_err(|e| e.to_string())
-            })
+        let clients = &self.clients;
+        let (cell, fresh_cell) = if loopback {
+            (&clients.direct, &clients.fresh_direct)
         } else {
-            self.clients
-                .proxied
-                .get_or_init(|| Self::builder().build().map_err(|e| e.to_string()))
+            (&clients.proxied, &clients.fresh_proxied)
+        };
+        let build = || {
+            let builder = Self::builder();
+            let builder = if loopback {
+                builder.no_proxy()
+            } else {
+                builder
+            };
+            let builder = if fresh {
+                builder.pool_max_idle_per_host(0)
+            } else {
+                builder
+            };
+            builder.build().map_err(|e| e.to_string())
+        };
+        let client = if fresh {
+            fresh_cell.get_or_init(build)
+        } else {
+            cell.get_or_init(build)
         };
         client.as_ref().map_err(|e| {
             Fault::new(
@@ -338,16 +454,19 @@ impl HttpTransport {
         max_response_size: u64,
         progress: &mut Progress,
     ) -> Result<RawResponse, Fault> {
-        let mut request = self
-            .client_for(url)?
-            .request(method, url.clone())
-            .headers(headers.clone());
-        if let Some(body) = body {
-            request = request.body(body);
-        }
-        let mut response = request
-            .send()
-            .await
+        progress.request_bytes = body.as_ref().map_or(0, |b| b.len() as u64);
+        let build = |client: &reqwest::Client| {
+            let request = client
+                .request(method.clone(), url.clone())
+                .headers(headers.clone());
+            match &body {
+                Some(body) => request.body(body.clone()),
+                None => request,
+            }
+        };
+        let mut response = self
+            .send(url, build)
+            .await?
             .map_err(|e| classify(&e, url, progress))?;
         let status = response.status();
         progress.status = Some(status);
@@ -419,6 +538,8 @@ struct Progress {
     status: Option<StatusCode>,
     content_length: Option<u64>,
     body_bytes: u64,
+    /// Size of the request body sent.
+    request_bytes: u64,
 }
 
 impl Progress {
@@ -501,6 +622,7 @@ pub(super) fn request_fault(
         status,
         content_length: None,
         body_bytes,
+        request_bytes: 0,
     };
     classify(err, url, &progress)
 }
@@ -576,6 +698,20 @@ fn classify(err: &reqwest::Error, url: &Url, progress: &Progress) -> Fault {
         _ => innermost,
     };
     let when = match progress.status {
+        // A server with a request size limit may drop a large request unread instead of
+        // answering 413; Trellis itself sets no limit on what it sends.
+        None if progress.request_bytes >= LARGE_REQUEST
+            && matches!(
+                io_kind,
+                Some(io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset)
+            ) =>
+        {
+            format!(
+                "before the response headers, while sending a {}-byte request: probably over \
+                 the agent's request size limit (Trellis sets none)",
+                progress.request_bytes
+            )
+        }
         None => "before the response headers".to_owned(),
         Some(_) => {
             let mut s = format!("after {} bytes of body", progress.body_bytes);

@@ -115,8 +115,10 @@ pub struct LineReply {
     pub log: String,
 }
 
-/// A connection to one line-speaking agent. Calls are exclusive: a line protocol has no
-/// request ids, so two calls in flight on one pipe or socket would swap their answers.
+/// A connection to one line-speaking agent. Calls on one pipe or socket are exclusive: a
+/// line protocol has no request ids, so two calls in flight would swap their answers. A
+/// process or a connection per call shares nothing between calls, so those calls run side
+/// by side (the agent's `concurrency` bounds them, in the executor).
 pub struct LineTransport {
     endpoint: LineEndpoint,
     limits: LineLimits,
@@ -179,9 +181,44 @@ impl LineTransport {
     /// Sends `request` (one JSON document, no line ending) and reads the answer line,
     /// within `timeout` (at most the transport's own timeout).
     pub async fn call(&self, request: &[u8], timeout: Duration) -> Result<LineReply, Fault> {
+        self.call_queued(request, timeout).await.1
+    }
+
+    /// [`LineTransport::call`], with the time the call waited for another call on the same
+    /// pipe or socket to finish: that wait is not the agent's latency (the timeout starts
+    /// after it).
+    pub async fn call_queued(
+        &self,
+        request: &[u8],
+        timeout: Duration,
+    ) -> (Duration, Result<LineReply, Fault>) {
         let timeout = timeout.min(self.limits.timeout);
+        match &self.endpoint {
+            LineEndpoint::Process(spec) if spec.mode == ProcessMode::PerCall => {
+                return (Duration::ZERO, self.call_once(spec, request, timeout).await);
+            }
+            LineEndpoint::Tcp(_) | LineEndpoint::Unix(_) if !self.keep_open => {
+                // A connection of its own per call: nothing to wait for.
+                return (
+                    Duration::ZERO,
+                    self.locked_call(&mut None, request, timeout).await,
+                );
+            }
+            _ => {}
+        }
+        let waiting = tokio::time::Instant::now();
         let mut open = self.open.lock().await;
-        let result = self.exchange(&mut open, request, timeout).await;
+        let queued = waiting.elapsed();
+        (queued, self.locked_call(&mut open, request, timeout).await)
+    }
+
+    async fn locked_call(
+        &self,
+        open: &mut Option<Connection>,
+        request: &[u8],
+        timeout: Duration,
+    ) -> Result<LineReply, Fault> {
+        let result = self.exchange(open, request, timeout).await;
         if result.is_err() {
             // After a failure the pipe or socket is in an unknown state: end it (the whole
             // process tree, for a process) and start afresh on the next call.

@@ -249,13 +249,18 @@ impl OpenAiClient {
                     provider.retry(),
                 )
             }
+            // Asking a model again has no side effect: a broken connection or a timeout is
+            // retried within `retries`, as a provider's calls are.
             None => (
                 completions_url(base_url, options.api)?,
                 HeaderMap::with_capacity(headers.len() + 2),
                 options.model,
                 None,
                 None,
-                retry,
+                RetryPolicy {
+                    after_send: true,
+                    ..retry
+                },
             ),
         };
         let stream = options.stream;

@@ -101,15 +101,16 @@ pub async fn open(
 ) -> Result<Opened, Fault> {
     let started = Instant::now();
     let first_event_by = started + timeout;
-    let sent = transport
-        .client_for(url)?
-        .post(url.clone())
-        .headers(headers.clone())
-        .body(body)
-        .send();
+    let sent = transport.send(url, |client| {
+        client
+            .post(url.clone())
+            .headers(headers.clone())
+            .body(body.clone())
+    });
     let response = match tokio::time::timeout_at(first_event_by, sent).await {
-        Ok(Ok(response)) => response,
-        Ok(Err(e)) => return Err(request_fault(&e, url, None, 0)),
+        Ok(Ok(Ok(response))) => response,
+        Ok(Ok(Err(e))) => return Err(request_fault(&e, url, None, 0)),
+        Ok(Err(fault)) => return Err(fault),
         Err(_elapsed) => {
             return Err(Fault::new(
                 FaultCategory::Timeout,

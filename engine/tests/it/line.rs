@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, UnixListener};
@@ -339,4 +339,63 @@ async fn unix_sockets_work_in_both_spellings() {
         let reply = call(&agent, "1").await.unwrap();
         assert_eq!(text(&reply), r#"{"unix":1}"#);
     }
+}
+
+/// A line server that answers each request line after `delay`.
+async fn slow_line_server(delay: Duration) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let (read, mut write) = stream.into_split();
+                let mut lines = BufReader::new(read).lines();
+                while let Ok(Some(_)) = lines.next_line().await {
+                    tokio::time::sleep(delay).await;
+                    if write.write_all(b"{}\n").await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    address
+}
+
+#[tokio::test]
+async fn calls_on_their_own_connections_run_side_by_side_and_a_shared_one_queues() {
+    let delay = Duration::from_millis(400);
+    let endpoint = LineEndpoint::socket(&format!("tcp:{}", slow_line_server(delay).await)).unwrap();
+    let concurrent = |transport: Arc<LineTransport>| async move {
+        let started = Instant::now();
+        let calls = (0..4).map(|_| {
+            let transport = transport.clone();
+            async move { transport.call_queued(b"{}", Duration::from_secs(10)).await }
+        });
+        let results = futures::future::join_all(calls).await;
+        let mut queued: Vec<Duration> = results
+            .into_iter()
+            .map(|(queued, reply)| {
+                reply.unwrap();
+                queued
+            })
+            .collect();
+        queued.sort();
+        (started.elapsed(), queued)
+    };
+
+    let (took, queued) = concurrent(Arc::new(LineTransport::new(
+        endpoint.clone(),
+        LIMITS,
+        false,
+    )))
+    .await;
+    assert!(took < delay * 3, "a connection per call: {took:?}");
+    assert!(queued.iter().all(Duration::is_zero), "{queued:?}");
+
+    // One kept-open connection answers one call at a time: the others wait, and say so.
+    let (took, queued) = concurrent(Arc::new(LineTransport::new(endpoint, LIMITS, true))).await;
+    assert!(took >= delay * 4, "{took:?}");
+    assert!(queued[0] < delay, "{queued:?}");
+    assert!(queued[3] >= delay * 3, "{queued:?}");
 }

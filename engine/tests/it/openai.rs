@@ -581,3 +581,24 @@ async fn anthropic_servers_that_answer_a_stream_request_with_one_body_are_accept
     assert_eq!(turn.ttft_ms, None, "nothing was streamed");
     assert_eq!(fake.seen()[0].body["stream"], true);
 }
+
+/// A chat completion has no side effect: a connection the model's server breaks after the
+/// request went out is retried within `retries`, without `retry-after-send`.
+#[tokio::test]
+async fn a_broken_connection_to_a_model_under_test_is_retried() {
+    let server = crate::support::MisbehavingServer::start(crate::support::Behavior::Reset).await;
+    let base_url = format!("http://{}/v1", server.addr);
+    let run = run_suite(&suite(&base_url, "retries=1", r#"user "hi""#), 1, env()).await;
+    let turns = turns(&run);
+    assert_eq!(turns.len(), 1);
+    let fault = turns[0].fault.as_ref().expect("a transport fault");
+    assert_eq!(fault.category, FaultCategory::Transport, "{fault:?}");
+    assert_eq!(turns[0].attempts, 2, "{fault:?}");
+    // The slot count probe (`GET /props`) aside, the completion was sent twice.
+    let posts = server
+        .recorded()
+        .iter()
+        .filter(|r| r.head.starts_with("POST"))
+        .count();
+    assert_eq!(posts, 2);
+}

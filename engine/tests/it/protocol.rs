@@ -515,3 +515,46 @@ fn a_reused_call_id_pairs_results_by_function_name() {
     assert_eq!(result("a").as_deref(), Some("from a"));
     assert_eq!(result("b").as_deref(), Some("from b"));
 }
+
+/// A server closed an idle kept-alive connection just as it was reused: the request never
+/// reached it, so it goes again on a fresh connection, inside the same attempt.
+#[tokio::test]
+async fn a_request_lost_by_a_reused_connection_is_sent_again_on_a_fresh_one() {
+    let server = MisbehavingServer::start(Behavior::CloseReused {
+        body: OK_BODY.to_owned(),
+    })
+    .await;
+    let client = client(&server.url(), 0, limits(SHORT));
+    for turn_index in 0..3 {
+        let outcome = respond(&client, &history(), &ctx(turn_index)).await;
+        assert!(outcome.result.is_ok(), "turn {turn_index}: {outcome:?}");
+        assert_eq!(outcome.attempts, 1);
+    }
+    assert_eq!(server.requests(), 3);
+}
+
+/// A fresh connection that closes before answering is the agent's doing: not sent again
+/// (the request may have reached it).
+#[tokio::test]
+async fn a_fresh_connection_closed_before_answering_is_not_sent_again() {
+    let server = MisbehavingServer::start(Behavior::Reset).await;
+    let outcome = call(&server.url(), 0, limits(SHORT)).await;
+    fault_of(&outcome, FaultCategory::Transport);
+    assert_eq!(server.connections(), 1);
+}
+
+/// An agent with a body size limit that drops a large request unread: the fault says the
+/// request's size and that the limit is the agent's (Trellis sets none).
+#[tokio::test]
+async fn a_request_over_the_agents_body_limit_says_so() {
+    let server = MisbehavingServer::start(Behavior::RefuseLargeBody { limit: 1024 * 1024 }).await;
+    let history = vec![ChatMessage::user("x".repeat(5 * 1024 * 1024))];
+    let outcome = respond(&client(&server.url(), 0, limits(SHORT)), &history, &ctx(0)).await;
+    let fault = outcome.result.expect_err("a fault");
+    assert_eq!(fault.category, FaultCategory::Transport, "{fault:?}");
+    assert!(
+        fault.message.contains("while sending a 52429")
+            && fault.message.contains("the agent's request size limit"),
+        "{fault:?}"
+    );
+}

@@ -279,8 +279,12 @@ impl MultiAgentClient {
             Wire::Http { limits, .. } => limits.timeout,
             Wire::Line { limits, .. } => limits.timeout,
         };
+        // Time each attempt waited for another call on the same pipe or socket: not the
+        // agent's latency, and not spent from the trajectory's time budget.
+        let queued = std::sync::Mutex::new(Vec::new());
         let attempted = with_retries(config.retry, timeout, ctx.deadline, |timeout| {
             let body = body.clone();
+            let queued = &queued;
             async move {
                 match &config.wire {
                     Wire::Http {
@@ -295,7 +299,11 @@ impl MultiAgentClient {
                         Ok((decode_reply(&response.body)?, String::new()))
                     }
                     Wire::Line { transport, .. } => {
-                        let answer = transport.call(&body, timeout).await?;
+                        let (waited, answer) = transport.call_queued(&body, timeout).await;
+                        if let Ok(mut queued) = queued.lock() {
+                            queued.push(waited);
+                        }
+                        let answer = answer?;
                         Ok((decode_reply(&answer.line)?, answer.log))
                     }
                 }
@@ -303,6 +311,11 @@ impl MultiAgentClient {
         })
         .await;
         exchange.attempts = attempted.attempts;
+        let queued = queued.into_inner().unwrap_or_default();
+        for (attempt, waited) in exchange.attempts.iter_mut().zip(&queued) {
+            attempt.latency = attempt.latency.saturating_sub(*waited);
+        }
+        exchange.queued = queued.iter().sum();
         (exchange, attempted.result)
     }
 }
@@ -465,7 +478,13 @@ impl MultiAgentSession {
         let max_actions = self.client.inner.options.max_actions;
         while self.actions_used < max_actions {
             self.actions_used += 1;
-            let (exchange, result) = self.client.exchange(&self.dialogue, ctx).await;
+            // Time spent waiting for the agent's pipe or socket is not the trajectory's:
+            // its deadline moves by it.
+            let ctx = CallContext {
+                deadline: ctx.deadline.map(|d| d + turn.queued()),
+                ..ctx.clone()
+            };
+            let (exchange, result) = self.client.exchange(&self.dialogue, &ctx).await;
             turn.exchanges.push(exchange);
             let reply = match result {
                 Ok((reply, stderr)) => {
