@@ -7,6 +7,7 @@ mod criterion_templates;
 mod execution;
 mod fixie;
 mod fixie_llm;
+mod fuzz;
 mod judging;
 mod line;
 mod llm;
