@@ -3,6 +3,12 @@
 //! forms of the Fixie handshake, alias bombs included; few-shot text) and plain bytes go
 //! through every wire decoder, and random template syntax through the renderer.
 //!
+//! Framing is fuzzed where it is parsed: server-sent events through the `sse-stream` parser
+//! the SSE transport reads with (`protocol::sse`), fed from an in-memory byte stream cut at
+//! random places; JSON lines through `protocol::line::read_line` over an in-memory duplex
+//! pipe written in random chunks. Every event's data and every line then goes through the
+//! decoders.
+//!
 //! Every decoder of agent bytes is one line in [`DECODERS`]: a new protocol's decoder (A2A's
 //! reply and task decoding, for one) is fuzzed by adding it there.
 //!
@@ -17,6 +23,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence};
 use serde_json::{Map, Value, json};
 use trellis_engine::protocol::fixie;
+use trellis_engine::protocol::line::read_line;
 use trellis_engine::protocol::multiagent::wire;
 use trellis_engine::render::{Templates, snapshot_env};
 
@@ -77,9 +84,12 @@ fn bounded<T>(input: &[u8], f: impl FnOnce() -> T) -> T {
     })
 }
 
+/// A decoder's name and a call of it on a body.
+type Decoder = (&'static str, fn(&[u8]));
+
 /// Every decoder of bytes an agent sends. Each may fail in any way but a panic or a hang;
 /// faults are formatted too, since they quote agent text.
-const DECODERS: &[(&str, fn(&[u8]))] = &[
+const DECODERS: &[Decoder] = &[
     ("multiagent reply", |body| {
         if let Err(fault) = wire::decode_reply(body) {
             let _ = fault.message.len();
@@ -444,6 +454,130 @@ fn renderer_survives_random_templates() {
     proptest!(config(2_000), |(source in template_text())| {
         bounded(source.as_bytes(), || {
             let _ = templates.render_source(&source, || minijinja::Value::from(minijinja::value::Serde(&context)));
+        });
+    });
+}
+
+/// A single-threaded runtime for the framing properties (one per test, reused by its cases).
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// How long an in-memory stream may take to frame: far more than any case needs.
+const FRAMING: Duration = Duration::from_secs(10);
+
+/// Cuts `bytes` at the given fractions of its length.
+fn cut(bytes: &[u8], cuts: &[prop::sample::Index]) -> Vec<Vec<u8>> {
+    let mut at: Vec<usize> = cuts.iter().map(|i| i.index(bytes.len() + 1)).collect();
+    at.push(0);
+    at.push(bytes.len());
+    at.sort_unstable();
+    at.windows(2).map(|w| bytes[w[0]..w[1]].to_vec()).collect()
+}
+
+/// A server-sent event stream: fields of every kind, events ending with every line ending,
+/// bodies from [`body`] as data, comments, huge and partial lines.
+fn sse_stream() -> impl Strategy<Value = Vec<u8>> {
+    let field = prop_oneof![
+        3 => body().prop_map(|b| [b"data: ".as_slice(), &b].concat()),
+        1 => prop::sample::select(&["message", "error", "done", "ping", "response.completed", "content_block_delta", "message_stop", ""][..])
+            .prop_map(|e| format!("event: {e}").into_bytes()),
+        1 => Just(b": keep-alive".to_vec()),
+        1 => ".{0,10}".prop_map(|id| format!("id: {id}").into_bytes()),
+        1 => prop::sample::select(&["retry: 10", "retry: x", "data", "data:", ":", "event", "\u{feff}data: x"][..])
+            .prop_map(|f| f.as_bytes().to_vec()),
+        1 => (prop::sample::select(&["data: ", "event: ", ""][..]), 0usize..20_000)
+            .prop_map(|(f, n)| [f.as_bytes(), &vec![b'x'; n]].concat()),
+        1 => prop::collection::vec(any::<u8>(), 0..40),
+    ];
+    let ending = prop::sample::select(&["\n", "\r", "\r\n", "\n\n", "\r\r", "\r\n\r\n", ""][..]);
+    prop::collection::vec((field, ending), 0..24).prop_map(|lines| {
+        let mut out = Vec::new();
+        for (field, ending) in lines {
+            out.extend_from_slice(&field);
+            out.extend_from_slice(ending.as_bytes());
+        }
+        out
+    })
+}
+
+#[test]
+fn sse_framing_survives_hostile_streams() {
+    let rt = runtime();
+    proptest!(config(1_000), |(stream in sse_stream(), cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..12))| {
+        let chunks = cut(&stream, &cuts);
+        bounded(&stream, || {
+            rt.block_on(async {
+                let bytes = futures::stream::iter(
+                    chunks.into_iter().map(|c| Ok::<_, std::io::Error>(bytes::Bytes::from(c))),
+                );
+                let mut events = sse_stream::SseStream::from_bytes_stream(bytes);
+                let framed = tokio::time::timeout(FRAMING, async {
+                    use futures::StreamExt;
+                    while let Some(event) = events.next().await {
+                        match event {
+                            Ok(event) => {
+                                if let Some(data) = event.data {
+                                    decode_all(data.as_bytes());
+                                }
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                })
+                .await;
+                assert!(framed.is_ok(), "SSE framing did not end within {FRAMING:?}");
+            });
+        });
+    });
+}
+
+#[test]
+fn line_framing_survives_hostile_streams() {
+    let rt = runtime();
+    let lines = prop::collection::vec(
+        prop_oneof![3 => body(), 1 => prop::collection::vec(any::<u8>(), 0..64), 1 => (0usize..20_000).prop_map(|n| vec![b'{'; n])],
+        0..8,
+    );
+    proptest!(config(1_000), |(
+        lines in lines,
+        endings in prop::collection::vec(prop::sample::select(&["\n", "\r\n", "", "\r"][..]), 8),
+        cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..12),
+        max_line in 1u64..8_192,
+        capacity in 1usize..256,
+    )| {
+        let mut stream = Vec::new();
+        for (line, ending) in lines.iter().zip(endings) {
+            stream.extend_from_slice(line);
+            stream.extend_from_slice(ending.as_bytes());
+        }
+        let chunks = cut(&stream, &cuts);
+        bounded(&stream, || {
+            rt.block_on(async {
+                use tokio::io::AsyncWriteExt;
+                let (mut write, read) = tokio::io::duplex(64);
+                let writer = tokio::spawn(async move {
+                    for chunk in chunks {
+                        if write.write_all(&chunk).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+                let mut read = tokio::io::BufReader::with_capacity(capacity, read);
+                let framed = tokio::time::timeout(FRAMING, async {
+                    while let Ok(line) = read_line(&mut read, max_line, "the agent").await {
+                        decode_all(&line);
+                    }
+                })
+                .await;
+                // The reader may stop at a too-long line with the writer blocked on a
+                // full pipe: end it.
+                writer.abort();
+                assert!(framed.is_ok(), "line framing did not end within {FRAMING:?}");
+            });
         });
     });
 }
