@@ -23,6 +23,11 @@ check:
 bench:
     cargo run --release -- bench --trajectories 10000 --jobs 256
 
+# Fuzz the loader, templates and wire decoders: CASES generated inputs per property
+fuzz CASES="1000000":
+    TRELLIS_FUZZ_CASES={{CASES}} cargo test --release -p trellis-dsl --test it fuzz
+    TRELLIS_FUZZ_CASES={{CASES}} cargo test --release -p trellis-engine --test it fuzz
+
 # Rewrite the golden diagnostics after an intended change
 bless:
     TRELLIS_BLESS=1 cargo test -p trellis-dsl --test it

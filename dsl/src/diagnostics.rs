@@ -57,6 +57,9 @@ pub enum Kind {
     MissingInclude,
     /// Files that include each other.
     IncludeCycle,
+    /// A file beyond what the KDL parser can take safely: blocks nested too deep, a block
+    /// comment of too many pieces, or too many bytes (`depth.rs`).
+    TooDeep,
     /// `expect` or `capture` before the conversation has had any turn.
     NoTurnYet,
     /// A scenario that does not say which agent it runs against, when that is ambiguous.
@@ -102,6 +105,7 @@ impl Kind {
             Kind::NeedsCycle => "trellis::needs_cycle",
             Kind::MissingInclude => "trellis::missing_include",
             Kind::IncludeCycle => "trellis::include_cycle",
+            Kind::TooDeep => "trellis::too_deep",
             Kind::NoTurnYet => "trellis::no_turn_yet",
             Kind::AmbiguousAgent => "trellis::ambiguous_agent",
             Kind::Note => "trellis::note",
@@ -112,6 +116,10 @@ impl Kind {
         }
     }
 }
+
+/// Longest source line drawn under a diagnostic; a label on a longer line is given as
+/// `file:line:column` in the message.
+const MAX_SHOWN_LINE: usize = 4096;
 
 /// One problem in the suite files, with its source, labels and help.
 #[derive(Clone, Debug, thiserror::Error)]
@@ -158,9 +166,25 @@ impl Diagnostic {
     ) -> Self {
         let mut d = Diagnostic::new(kind, message);
         d.file = Some(file_id);
+        let label = label.into();
+        let text = &*file.text;
+        let mut start = span.offset().min(text.len());
+        while !text.is_char_boundary(start) {
+            start -= 1;
+        }
+        let line_start = text[..start].rfind('\n').map_or(0, |i| i + 1);
+        let line_end = text[start..].find('\n').map_or(text.len(), |i| start + i);
+        if line_end - line_start > MAX_SHOWN_LINE {
+            // miette draws the whole line and panics on columns past 65,535 ("Formatting
+            // argument out of range"); say where instead of drawing it.
+            let line = text[..start].matches('\n').count() + 1;
+            let column = text[line_start..start].chars().count() + 1;
+            d.message = format!("{} ({}:{line}:{column}: {label})", d.message, file.name);
+            return d;
+        }
         d.src = Some(file.named_source());
         d.labels
-            .push(LabeledSpan::new_primary_with_span(Some(label.into()), span));
+            .push(LabeledSpan::new_primary_with_span(Some(label), span));
         d
     }
 

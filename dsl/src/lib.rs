@@ -5,6 +5,7 @@
 //! returns either the project or every problem found, as one miette report.
 //! [`graph`] derives each scenario's trajectory DAG and the scenario `needs` DAG.
 
+pub mod depth;
 pub mod diagnostics;
 pub mod graph;
 pub mod model;

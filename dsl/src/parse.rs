@@ -15,6 +15,7 @@ use kdl::{KdlDocument, KdlEntry, KdlNode, KdlValue};
 use miette::SourceSpan;
 use serde_json::{Map, Number, Value};
 
+use crate::depth;
 use crate::diagnostics::{Diagnostic, Diagnostics, Kind, did_you_mean, suggest};
 use crate::model::*;
 use crate::template;
@@ -70,6 +71,9 @@ pub fn load<P: AsRef<Path>>(paths: &[P]) -> Result<Project, Diagnostics> {
 
 // ---------------------------------------------------------------------------------------------
 // Reading files and following includes
+
+/// KDL syntax errors reported per file; more are counted in one last diagnostic.
+const MAX_SYNTAX_ERRORS: usize = 20;
 
 #[derive(Default)]
 struct Loader {
@@ -152,11 +156,59 @@ impl Loader {
         self.docs.push(None);
         self.by_canonical.insert(canonical.clone(), id);
 
-        let doc = match KdlDocument::parse_v2(&text) {
+        // Through `depth::parse`: the parser recurses per block, comment piece and syntax
+        // error, and a file beyond what it can take would abort the process instead of
+        // getting a diagnostic.
+        let parsed = match depth::parse(&text) {
+            Ok(parsed) => parsed,
+            Err(refused) => {
+                self.broken = true;
+                let (label, help) = match refused {
+                    depth::TooDeep::Blocks { .. } => (
+                        "one block too many",
+                        format!(
+                            "a suite file nests at most {} `{{ … }}` blocks; move deep parts into scenarios of their own",
+                            depth::MAX_BLOCK_DEPTH
+                        ),
+                    ),
+                    depth::TooDeep::Comment { .. } => (
+                        "this comment",
+                        format!(
+                            "a `/* … */` comment holds at most {} pieces (each `*`, each `/`, each run of other text); use `//` comments",
+                            depth::MAX_COMMENT_PIECES
+                        ),
+                    ),
+                    depth::TooDeep::Large | depth::TooDeep::NoStack => (
+                        "not parsed",
+                        format!(
+                            "split the suite into files of at most {} KiB joined with `include`",
+                            depth::MAX_FILE_SIZE / 1024
+                        ),
+                    ),
+                };
+                let span = SourceSpan::new(refused.offset().into(), usize::from(!text.is_empty()));
+                let diag = Diagnostic::at(
+                    Kind::TooDeep,
+                    format!("cannot parse `{}`: {refused}", self.files[id].name),
+                    id,
+                    &self.files[id],
+                    span,
+                    label,
+                )
+                .with_help(help);
+                self.diags.push(diag);
+                return;
+            }
+        };
+        let doc = match parsed {
             Ok(doc) => doc,
             Err(err) => {
                 self.broken = true;
-                for d in err.diagnostics {
+                let found = err.diagnostics.len();
+                // The parser's error recovery can report one error per byte of a garbled
+                // line, and each is shown with that line: past the first few they bury the
+                // cause and make the report quadratic in the file's size.
+                for d in err.diagnostics.into_iter().take(MAX_SYNTAX_ERRORS) {
                     let message = d.message.unwrap_or_else(|| "invalid KDL".to_string());
                     let label = d.label.unwrap_or_else(|| "here".to_string());
                     let snippet = text
@@ -173,6 +225,19 @@ impl Loader {
                         Diagnostic::at(Kind::Syntax, message, id, &self.files[id], d.span, label)
                             .with_help(help);
                     self.diags.push(diag);
+                }
+                if found > MAX_SYNTAX_ERRORS {
+                    self.diags.push(
+                        Diagnostic::new(
+                            Kind::Syntax,
+                            format!(
+                                "`{}`: {} more KDL syntax errors not shown",
+                                self.files[id].name,
+                                found - MAX_SYNTAX_ERRORS
+                            ),
+                        )
+                        .with_help("fix the first ones: the rest often follow from them"),
+                    );
                 }
                 return;
             }

@@ -319,3 +319,41 @@ async fn an_empty_directory_or_suite_file_is_an_error_that_says_so() {
     let err = stderr(&o);
     assert!(err.contains("empty.kdl` holds no suite"), "{err}");
 }
+
+/// A file nested far deeper than any suite (or one huge block comment) overflowed the
+/// parser's stack and aborted the process (exit 134), and an error on a line longer than
+/// 65,535 columns panicked: each must be a located diagnostic.
+#[tokio::test]
+async fn absurdly_deep_nesting_is_a_diagnostic_not_a_crash() {
+    let dir = tempfile::tempdir().unwrap();
+    let deep = format!(
+        "agent \"a\" protocol=\"connexity\" builtin=\"booking\"\nscenario \"s\" {}{}\n",
+        "x {\n".repeat(100_000),
+        "}\n".repeat(100_000)
+    );
+    std::fs::write(dir.path().join("deep.kdl"), deep).unwrap();
+    let comment = format!("/* {} */\n", "*a".repeat(100_000));
+    std::fs::write(dir.path().join("comment.kdl"), comment).unwrap();
+    let close = format!("suite \"s\"\nagent \"a\" {} {{ }} }}\n", "x".repeat(70_000));
+    std::fs::write(dir.path().join("close.kdl"), close).unwrap();
+    for (file, expected, code) in [
+        ("deep.kdl", "deep.kdl:130:", "trellis::too_deep"),
+        ("comment.kdl", "comment.kdl:1:1", "trellis::too_deep"),
+        // An error past column 65,535 panicked inside miette's drawing of the line.
+        ("close.kdl", "close.kdl:2:", "trellis::kdl_syntax"),
+    ] {
+        for command in ["check", "run"] {
+            let mut cmd = trellis();
+            cmd.arg(command).arg(dir.path().join(file));
+            if command == "run" {
+                cmd.arg("--out").arg(dir.path().join("out"));
+            }
+            let o = cmd.output().await.unwrap();
+            let err = stderr(&o);
+            assert_eq!(o.status.code(), Some(2), "{command} {file}: {err}");
+            assert!(err.contains(code), "{err}");
+            assert!(!err.contains("panicked"), "{err}");
+            assert!(err.contains(expected), "{err}");
+        }
+    }
+}

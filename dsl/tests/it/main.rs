@@ -1,6 +1,8 @@
 //! The language crate's integration tests, in one binary: golden diagnostics on broken
-//! suites (`golden/`) and the decoded model of valid ones (`ok/`).
+//! suites (`golden/`), the decoded model of valid ones (`ok/`), and generated hostile input
+//! (`fuzz`).
 
+mod fuzz;
 mod golden;
 mod needs;
 mod nodes;

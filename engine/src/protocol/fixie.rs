@@ -810,6 +810,28 @@ pub enum HandshakeError {
     BasePromptType { found: &'static str },
 }
 
+/// Deepest `[`/`{` nesting a handshake body is read as YAML with. The YAML parser's time
+/// grows with the square of the nesting (a body of 50,000 unclosed `[`s took minutes), and
+/// JSON stops at 128 levels anyway.
+const MAX_YAML_DEPTH: usize = 128;
+
+/// The deepest nesting of `[`/`{` in `body`, brackets in strings included (an
+/// approximation that errs on the side of refusing: a string cannot hide brackets from it).
+fn flow_depth(body: &[u8]) -> usize {
+    let (mut depth, mut deepest) = (0usize, 0usize);
+    for &byte in body {
+        match byte {
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
+}
+
 impl Handshake {
     /// Reads a handshake body: JSON (the spec) or YAML (later SDKs).
     pub fn parse(body: &[u8]) -> Result<Handshake, HandshakeError> {
@@ -818,6 +840,15 @@ impl Handshake {
         }
         let (value, format) = match serde_json::from_slice::<Value>(body) {
             Ok(value) => (value, HandshakeFormat::Json),
+            Err(json) if flow_depth(body) > MAX_YAML_DEPTH => {
+                return Err(HandshakeError::Unreadable {
+                    json: json.to_string(),
+                    yaml: format!(
+                        "brackets nested more than {MAX_YAML_DEPTH} deep (not read as YAML)"
+                    ),
+                    preview: preview(body),
+                });
+            }
             Err(json) => match serde_yaml_ng::from_slice::<Value>(body) {
                 Ok(value) => (value, HandshakeFormat::Yaml),
                 Err(yaml) => {
@@ -1095,6 +1126,30 @@ mod tests {
                 },
                 FewShotLine::Answer("You rolled 4.\nIt is sunny.".into()),
             ]
+        );
+    }
+
+    #[test]
+    fn deeply_nested_bodies_are_refused_before_the_yaml_parser() {
+        // 50,000 unclosed `[`s (1.8 MB) kept the YAML parser busy for minutes.
+        let body = "{\"action\":\"call_tool\",\"tool_calls\":[".repeat(50_000);
+        let started = std::time::Instant::now();
+        let parsed = Handshake::parse(body.as_bytes());
+        assert!(
+            matches!(&parsed, Err(HandshakeError::Unreadable { yaml, .. }) if yaml.contains("nested")),
+            "{parsed:?}"
+        );
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        // Nesting a handshake really has is still read as YAML.
+        let yaml = format!(
+            "base_prompt: x\nfew_shots: []\nextra: {}x{}\n",
+            "[".repeat(20),
+            "]".repeat(20)
+        );
+        let parsed = Handshake::parse(yaml.as_bytes());
+        assert!(
+            matches!(&parsed, Ok(h) if h.format == HandshakeFormat::Yaml),
+            "{parsed:?}"
         );
     }
 

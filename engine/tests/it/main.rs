@@ -9,6 +9,7 @@ mod criterion_templates;
 mod execution;
 mod fixie;
 mod fixie_llm;
+mod fuzz;
 mod jsonhttp;
 mod judging;
 mod line;
