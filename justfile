@@ -26,7 +26,7 @@ bench:
 # Fuzz the loader, templates and wire decoders: CASES generated inputs per property
 fuzz CASES="1000000":
     TRELLIS_FUZZ_CASES={{CASES}} cargo test --release -p trellis-dsl --test it fuzz
-    TRELLIS_FUZZ_CASES={{CASES}} cargo test --release -p trellis-engine --test it fuzz
+    TRELLIS_FUZZ_CASES={{CASES}} cargo test --release -p trellis-engine --test it -- fuzz a2a_props never_panic
 
 # Rewrite the golden diagnostics after an intended change
 bless:

@@ -70,6 +70,8 @@ fn near_valid() -> impl Strategy<Value = Value> {
 }
 
 proptest! {
+    #![proptest_config(crate::fuzz::config(256))]
+
     #[test]
     fn bytes_never_panic(body in prop::collection::vec(any::<u8>(), 0..256)) {
         let _ = wire::response_result(&body);

@@ -22,13 +22,14 @@ use std::time::{Duration, Instant};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence};
 use serde_json::{Map, Value, json};
+use trellis_engine::protocol::a2a;
 use trellis_engine::protocol::fixie;
 use trellis_engine::protocol::line::read_line;
 use trellis_engine::protocol::multiagent::wire;
 use trellis_engine::render::{Templates, snapshot_env};
 
 /// Cases per property: `TRELLIS_FUZZ_CASES`, or few enough for CI.
-fn config(default: u32) -> Config {
+pub(crate) fn config(default: u32) -> Config {
     let cases = std::env::var("TRELLIS_FUZZ_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -117,7 +118,19 @@ const DECODERS: &[Decoder] = &[
             let _ = fixie::parse_few_shot(&shot);
         }
     }),
-    // ("a2a reply", |body| { let _ = a2a::decode_reply(body); }),
+    ("a2a answer", |body| {
+        let _ = a2a::wire::parse_card(body);
+        match a2a::wire::response_result(body) {
+            Ok(result) => {
+                let mut assembly = a2a::wire::Assembly::new();
+                let _ = assembly.apply(result);
+                let _ = assembly.finish();
+            }
+            Err(fault) => {
+                let _ = fault.message.len();
+            }
+        }
+    }),
 ];
 
 /// Keys the protocols use, so generated objects get past the first lookups.

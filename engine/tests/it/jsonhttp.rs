@@ -281,7 +281,7 @@ fn near_valid() -> impl Strategy<Value = String> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    #![proptest_config(crate::fuzz::config(256))]
 
     #[test]
     fn the_decoder_never_panics_on_random_answers(body in proptest::collection::vec(any::<u8>(), 0..256)) {
