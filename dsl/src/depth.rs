@@ -422,4 +422,106 @@ mod tests {
         let nested = "/*".repeat(MAX_COMMENT_PIECES + 1);
         assert_eq!(check(&nested), Err(TooDeep::Comment { offset: 0 }));
     }
+
+    /// Every span of `doc`'s nodes, depth first.
+    fn spans(doc: &KdlDocument, out: &mut Vec<(usize, usize)>) {
+        for node in doc.nodes() {
+            for span in [node.span(), node.name().span()]
+                .into_iter()
+                .chain(node.entries().iter().map(|e| e.span()))
+                .chain(
+                    node.entries()
+                        .iter()
+                        .filter_map(|e| e.name())
+                        .map(|n| n.span()),
+                )
+            {
+                out.push((span.offset(), span.len()));
+            }
+            if let Some(children) = node.children() {
+                spans(children, out);
+            }
+        }
+    }
+
+    #[test]
+    fn cuts_at_node_ends_only() {
+        let text = concat!(
+            "a 1; b 2\n",
+            "/-\n  c {\n  x\n}\n",
+            "d \\ // continued\n  3\n",
+            "e \"\"\"\n;\n\"\"\"\n",
+            "f #\"\n;\"#\n",
+            "g /* \n; */ 4\n",
+            "h \"\\\"\n;\"\n",
+            "i",
+        );
+        let cut: Vec<&str> = scan(text).unwrap().into_iter().map(|r| &text[r]).collect();
+        assert_eq!(
+            cut,
+            [
+                "a 1;",
+                " b 2\n",
+                "/-\n  c {\n  x\n}\n",
+                "d \\ // continued\n  3\n",
+                "e \"\"\"\n;\n\"\"\"\n",
+                "f #\"\n;\"#\n",
+                "g /* \n; */ 4\n",
+                "h \"\\\"\n;\"\n",
+                "i",
+            ]
+        );
+        assert!(matches!(
+            parse_each(text, |_| {}),
+            Ok(Parsed::Whole(Err(_)))
+        ));
+    }
+
+    #[test]
+    fn a_large_document_is_parsed_node_by_node_with_whole_file_spans() {
+        let mut text = String::from("/- kdl-version 2\nsuite \"s\" { tags \"a\" }\n");
+        for i in 0..2_000 {
+            text.push_str(&format!(
+                "scenario \"s-{i}\" k=#\"{{\"# {{\n    /* ;\n */ user \"hi\" ; expect {{ reply contains=\"x\" }}\n}}\n"
+            ));
+        }
+        let whole = KdlDocument::parse_v2(&text).unwrap();
+        let mut expected = Vec::new();
+        spans(&whole, &mut expected);
+
+        let mut got = Vec::new();
+        let mut docs = 0;
+        let parsed = parse_each(&text, |doc| {
+            // One node per document handed over: nothing larger is ever parsed at once.
+            assert!(doc.nodes().len() <= 1, "{doc}");
+            docs += 1;
+            spans(&doc, &mut got);
+        })
+        .unwrap();
+        assert!(matches!(parsed, Parsed::Nodes));
+        assert_eq!(docs, 2_002);
+        assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn syntax_errors_of_a_large_file_are_placed_in_the_file() {
+        let filler = "n 1\n".repeat(MAX_NODE_SIZE / 4 + 1);
+        let text = format!("{filler}bad {{\nok 1\n");
+        match parse_each(&text, |_| {}) {
+            Ok(Parsed::Whole(Err(err))) => {
+                assert!(!err.diagnostics.is_empty());
+                assert!(
+                    err.diagnostics
+                        .iter()
+                        .all(|d| d.span.offset() >= filler.len())
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        let big = "a \"b\" ".repeat(MAX_NODE_SIZE / 6 + 1);
+        assert_eq!(
+            parse_each(&format!("x\n{big}\n"), |_| {}).map(drop),
+            Err(TooDeep::Node { offset: 2 })
+        );
+    }
 }
