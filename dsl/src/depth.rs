@@ -11,14 +11,23 @@
 //!   KDL v2 does, and refuses blocks nested deeper than [`MAX_BLOCK_DEPTH`] and comments of
 //!   more than [`MAX_COMMENT_PIECES`] pieces (the decoder and the parsed document's `Drop`
 //!   recurse per block too, so this protects them as well), with the offending offset;
-//! - refuses files larger than [`MAX_FILE_SIZE`];
+//! - in the same scan, cuts the text into its top-level nodes, and parses them one at a time:
+//!   the parsed document keeps about 75 bytes per byte of text (formatting, spans), so a
+//!   whole 5 MB suite parsed at once took over 600 MB, while one node at a time is bounded by
+//!   the largest node; each node's spans are moved to its place in the file, so diagnostics
+//!   and model spans are the same as from a whole-file parse;
+//! - refuses files larger than [`MAX_FILE_SIZE`] and top-level nodes larger than
+//!   [`MAX_NODE_SIZE`];
 //! - runs the parser on a thread of its own whose stack (reserved address space, touched only
 //!   as deep as the parser really goes) is sized for the worst case of error recovery on
-//!   that many bytes.
+//!   the largest piece it parses.
 //!
 //! The limits are far beyond what a suite needs (see `docs/language.md`, "Limits").
 
-use kdl::{KdlDocument, KdlError};
+use std::ops::Range;
+use std::sync::mpsc;
+
+use kdl::{KdlDocument, KdlError, KdlIdentifier};
 
 /// Deepest nesting of `{ … }` child blocks a suite file may have.
 pub const MAX_BLOCK_DEPTH: usize = 128;
@@ -27,8 +36,14 @@ pub const MAX_BLOCK_DEPTH: usize = 128;
 /// may have.
 pub const MAX_COMMENT_PIECES: usize = 2_000;
 
-/// Largest suite file parsed.
-pub const MAX_FILE_SIZE: usize = 1024 * 1024;
+/// Largest suite file parsed. Files are parsed one top-level node at a time, so this only
+/// bounds the text held in memory (and the time taken), not the parser's needs.
+pub const MAX_FILE_SIZE: usize = 64 * 1024 * 1024;
+
+/// Largest piece parsed at once: one top-level node, or a whole file whose syntax errors
+/// are reported from a whole-file parse (see [`parse_each`]). The parser's stack is sized
+/// per byte of it.
+pub const MAX_NODE_SIZE: usize = 1024 * 1024;
 
 /// Stack reserved per byte of text for the parser's error recovery (measured: about 3.3 KB
 /// per stray `}` in a debug build; 1 KB was too little for some optimized builds' paths), plus
@@ -46,8 +61,11 @@ pub enum TooDeep {
     #[error("block comment with more than {MAX_COMMENT_PIECES} pieces")]
     Comment { offset: usize },
     /// The file is larger than `MAX_FILE_SIZE`.
-    #[error("file larger than {} KiB", MAX_FILE_SIZE / 1024)]
+    #[error("file larger than {} MiB", MAX_FILE_SIZE / 1024 / 1024)]
     Large,
+    /// The top-level node starting at `offset` is larger than `MAX_NODE_SIZE`.
+    #[error("top-level node larger than {} KiB", MAX_NODE_SIZE / 1024)]
+    Node { offset: usize },
     /// No thread with a stack big enough for this file could be started.
     #[error("no memory for the parser's stack")]
     NoStack,
@@ -57,25 +75,102 @@ impl TooDeep {
     /// Byte offset of the `{` or `/*` that goes over the limit.
     pub fn offset(self) -> usize {
         match self {
-            TooDeep::Blocks { offset } | TooDeep::Comment { offset } => offset,
+            TooDeep::Blocks { offset } | TooDeep::Comment { offset } | TooDeep::Node { offset } => {
+                offset
+            }
             TooDeep::Large | TooDeep::NoStack => 0,
         }
     }
 }
 
-/// Parses `text` as a KDL v2 document, unless [`check`] or the size limit refuses it.
-pub fn parse(text: &str) -> Result<Result<KdlDocument, KdlError>, TooDeep> {
-    check(text)?;
+/// How [`parse_each`] parsed a file.
+#[derive(Debug)]
+pub enum Parsed {
+    /// Every top-level node parsed; each was handed over in its own document.
+    Nodes,
+    /// Some node did not parse. What was handed over is to be discarded: this is the result
+    /// of parsing the file as a whole (so syntax errors are reported exactly as the parser
+    /// reports them in context), or, for a file larger than [`MAX_NODE_SIZE`], the syntax
+    /// errors of every node, at their places in the file.
+    Whole(Result<KdlDocument, KdlError>),
+}
+
+/// Parses `text` as a KDL v2 document one top-level node at a time, handing each node's
+/// document (spans relative to the whole `text`) to `each`, unless [`check`] or a size limit
+/// refuses it.
+///
+/// Only one node's document is alive at a time (and the next one being parsed), so memory
+/// stays bounded by the largest node, not by the file.
+pub fn parse_each(text: &str, mut each: impl FnMut(KdlDocument)) -> Result<Parsed, TooDeep> {
+    let nodes = scan(text)?;
     if text.len() > MAX_FILE_SIZE {
         return Err(TooDeep::Large);
     }
-    let stack = STACK_BASE + text.len() * STACK_PER_BYTE;
+    if let Some(big) = nodes.iter().find(|r| r.len() > MAX_NODE_SIZE) {
+        return Err(TooDeep::Node { offset: big.start });
+    }
+    let largest = nodes.iter().map(|r| r.len()).max().unwrap_or(0);
+    // Bounded: the parser runs at most one document ahead of the decoder.
+    let (tx, rx) = mpsc::sync_channel::<KdlDocument>(1);
+    let failed = on_parser_stack(
+        largest,
+        || {
+            let mut failed: Option<KdlError> = None;
+            for range in nodes {
+                let at = range.start;
+                match KdlDocument::parse_v2(&text[range]) {
+                    Ok(mut doc) if failed.is_none() => {
+                        shift(&mut doc, at);
+                        if tx.send(doc).is_err() {
+                            break;
+                        }
+                    }
+                    Ok(_) => {}
+                    // A small file is parsed again as a whole below; a large one gets every
+                    // node's errors.
+                    Err(_) if text.len() <= MAX_NODE_SIZE => return Some(None),
+                    Err(mut err) => {
+                        for d in &mut err.diagnostics {
+                            d.span = moved(d.span, at);
+                        }
+                        match &mut failed {
+                            Some(first) => first.diagnostics.append(&mut err.diagnostics),
+                            None => failed = Some(err),
+                        }
+                    }
+                }
+            }
+            drop(tx);
+            failed.map(Some)
+        },
+        || rx.into_iter().for_each(&mut each),
+    )?;
+    match failed {
+        None => Ok(Parsed::Nodes),
+        Some(Some(errors)) => Ok(Parsed::Whole(Err(errors))),
+        Some(None) => {
+            let whole = on_parser_stack(text.len(), || KdlDocument::parse_v2(text), || {})?;
+            Ok(Parsed::Whole(whole))
+        }
+    }
+}
+
+/// Runs `parse` on a thread whose stack is sized for parsing `len` bytes, and `meanwhile`
+/// on this one.
+fn on_parser_stack<T: Send>(
+    len: usize,
+    parse: impl FnOnce() -> T + Send,
+    meanwhile: impl FnOnce(),
+) -> Result<T, TooDeep> {
+    let stack = STACK_BASE + len * STACK_PER_BYTE;
     std::thread::scope(|scope| {
-        std::thread::Builder::new()
+        let parser = std::thread::Builder::new()
             .name("kdl-parse".into())
             .stack_size(stack)
-            .spawn_scoped(scope, || KdlDocument::parse_v2(text))
-            .map_err(|_| TooDeep::NoStack)?
+            .spawn_scoped(scope, parse)
+            .map_err(|_| TooDeep::NoStack)?;
+        meanwhile();
+        parser
             .join()
             // The parser panicking is a bug of the crate; report it as a refusal rather
             // than taking the whole load down.
@@ -83,12 +178,62 @@ pub fn parse(text: &str) -> Result<Result<KdlDocument, KdlError>, TooDeep> {
     })
 }
 
+fn moved(span: miette::SourceSpan, by: usize) -> miette::SourceSpan {
+    miette::SourceSpan::new((span.offset() + by).into(), span.len())
+}
+
+fn shift_id(id: &mut KdlIdentifier, by: usize) {
+    id.set_span(moved(id.span(), by));
+}
+
+/// Moves every span in `doc` by `by` bytes. Recursion is bounded by [`MAX_BLOCK_DEPTH`].
+fn shift(doc: &mut KdlDocument, by: usize) {
+    doc.set_span(moved(doc.span(), by));
+    for node in doc.nodes_mut() {
+        node.set_span(moved(node.span(), by));
+        shift_id(node.name_mut(), by);
+        if let Some(ty) = node.ty_mut() {
+            shift_id(ty, by);
+        }
+        for entry in node.entries_mut() {
+            entry.set_span(moved(entry.span(), by));
+            if let Some(name) = entry.name_mut() {
+                shift_id(name, by);
+            }
+            if let Some(ty) = entry.ty_mut() {
+                shift_id(ty, by);
+            }
+        }
+        if let Some(children) = node.children_mut() {
+            shift(children, by);
+        }
+    }
+}
+
 /// Checks that parsing `text` stays within [`MAX_BLOCK_DEPTH`] and [`MAX_COMMENT_PIECES`].
 ///
 /// Text that is not valid KDL passes or fails alike; the parser reports its syntax errors.
 pub fn check(text: &str) -> Result<(), TooDeep> {
+    scan(text).map(drop)
+}
+
+/// Checks `text` as [`check`] does and cuts it into the byte ranges of its top-level nodes,
+/// which cover the whole text, in order.
+///
+/// A node ends after a newline or `;` outside blocks, strings and comments, unless a line
+/// continuation `\` or a slashdash `/-` (which comments out the next node, across newlines)
+/// carries it on. Where that is not certain (a lone `\r` or a Unicode newline, a slashdash
+/// followed by non-ASCII text) the text is not cut: a range may hold several nodes, never
+/// part of one. Invalid text is cut the same way; the parser reports its errors.
+pub fn scan(text: &str) -> Result<Vec<Range<usize>>, TooDeep> {
     let b = text.as_bytes();
+    let mut nodes = Vec::new();
+    let mut start = 0;
     let mut depth = 0usize;
+    // A `\` continues the node on the next line.
+    let mut continued = false;
+    // A `/-` has been seen, and not yet what it comments out.
+    let mut slashdash = false;
     let mut i = 0;
     while i < b.len() {
         match b[i] {
@@ -97,10 +242,27 @@ pub fn check(text: &str) -> Result<(), TooDeep> {
                 if depth > MAX_BLOCK_DEPTH {
                     return Err(TooDeep::Blocks { offset: i });
                 }
+                slashdash = false;
                 i += 1;
             }
             b'}' => {
                 depth = depth.saturating_sub(1);
+                i += 1;
+            }
+            b'\n' | b';' if depth == 0 => {
+                i += 1;
+                if b[i - 1] == b'\n' && (continued || slashdash) {
+                    continued = false;
+                } else if !slashdash {
+                    nodes.push(start..i);
+                    start = i;
+                    continued = false;
+                }
+            }
+            b'\\' => {
+                if depth == 0 {
+                    continued = true;
+                }
                 i += 1;
             }
             b'/' if b.get(i + 1) == Some(&b'/') => {
@@ -109,16 +271,32 @@ pub fn check(text: &str) -> Result<(), TooDeep> {
             b'/' if b.get(i + 1) == Some(&b'*') => {
                 i = skip_comment(b, i)?;
             }
+            b'/' if b.get(i + 1) == Some(&b'-') => {
+                if depth == 0 {
+                    slashdash = true;
+                }
+                i += 2;
+            }
             b'"' => {
+                slashdash = false;
                 i = skip_quoted(b, i);
             }
             b'#' => {
+                slashdash = false;
                 i = skip_raw(b, i);
             }
-            _ => i += 1,
+            c => {
+                if !c.is_ascii_whitespace() && c.is_ascii() {
+                    slashdash = false;
+                }
+                i += 1;
+            }
         }
     }
-    Ok(())
+    if start < b.len() {
+        nodes.push(start..b.len());
+    }
+    Ok(nodes)
 }
 
 fn skip_line(b: &[u8], mut i: usize) -> usize {
@@ -243,5 +421,107 @@ mod tests {
         assert_eq!(check(&unclosed), Err(TooDeep::Comment { offset: 0 }));
         let nested = "/*".repeat(MAX_COMMENT_PIECES + 1);
         assert_eq!(check(&nested), Err(TooDeep::Comment { offset: 0 }));
+    }
+
+    /// Every span of `doc`'s nodes, depth first.
+    fn spans(doc: &KdlDocument, out: &mut Vec<(usize, usize)>) {
+        for node in doc.nodes() {
+            for span in [node.span(), node.name().span()]
+                .into_iter()
+                .chain(node.entries().iter().map(|e| e.span()))
+                .chain(
+                    node.entries()
+                        .iter()
+                        .filter_map(|e| e.name())
+                        .map(|n| n.span()),
+                )
+            {
+                out.push((span.offset(), span.len()));
+            }
+            if let Some(children) = node.children() {
+                spans(children, out);
+            }
+        }
+    }
+
+    #[test]
+    fn cuts_at_node_ends_only() {
+        let text = concat!(
+            "a 1; b 2\n",
+            "/-\n  c {\n  x\n}\n",
+            "d \\ // continued\n  3\n",
+            "e \"\"\"\n;\n\"\"\"\n",
+            "f #\"\n;\"#\n",
+            "g /* \n; */ 4\n",
+            "h \"\\\"\n;\"\n",
+            "i",
+        );
+        let cut: Vec<&str> = scan(text).unwrap().into_iter().map(|r| &text[r]).collect();
+        assert_eq!(
+            cut,
+            [
+                "a 1;",
+                " b 2\n",
+                "/-\n  c {\n  x\n}\n",
+                "d \\ // continued\n  3\n",
+                "e \"\"\"\n;\n\"\"\"\n",
+                "f #\"\n;\"#\n",
+                "g /* \n; */ 4\n",
+                "h \"\\\"\n;\"\n",
+                "i",
+            ]
+        );
+        assert!(matches!(
+            parse_each(text, |_| {}),
+            Ok(Parsed::Whole(Err(_)))
+        ));
+    }
+
+    #[test]
+    fn a_large_document_is_parsed_node_by_node_with_whole_file_spans() {
+        let mut text = String::from("/- kdl-version 2\nsuite \"s\" { tags \"a\" }\n");
+        for i in 0..2_000 {
+            text.push_str(&format!(
+                "scenario \"s-{i}\" k=#\"{{\"# {{\n    /* ;\n */ user \"hi\" ; expect {{ reply contains=\"x\" }}\n}}\n"
+            ));
+        }
+        let whole = KdlDocument::parse_v2(&text).unwrap();
+        let mut expected = Vec::new();
+        spans(&whole, &mut expected);
+
+        let mut got = Vec::new();
+        let mut docs = 0;
+        let parsed = parse_each(&text, |doc| {
+            // One node per document handed over: nothing larger is ever parsed at once.
+            assert!(doc.nodes().len() <= 1, "{doc}");
+            docs += 1;
+            spans(&doc, &mut got);
+        })
+        .unwrap();
+        assert!(matches!(parsed, Parsed::Nodes));
+        assert_eq!(docs, 2_002);
+        assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn syntax_errors_of_a_large_file_are_placed_in_the_file() {
+        let filler = "n 1\n".repeat(MAX_NODE_SIZE / 4 + 1);
+        let text = format!("{filler}bad {{\nok 1\n");
+        match parse_each(&text, |_| {}) {
+            Ok(Parsed::Whole(Err(err))) => {
+                assert!(!err.diagnostics.is_empty());
+                assert!(
+                    err.diagnostics
+                        .iter()
+                        .all(|d| d.span.offset() >= filler.len())
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        let big = "a \"b\" ".repeat(MAX_NODE_SIZE / 6 + 1);
+        assert_eq!(
+            parse_each(&format!("x\n{big}\n"), |_| {}).map(drop),
+            Err(TooDeep::Node { offset: 2 })
+        );
     }
 }

@@ -34,24 +34,13 @@ pub fn load<P: AsRef<Path>>(paths: &[P]) -> Result<Project, Diagnostics> {
     }
     let Loader {
         files,
-        docs,
+        decoded,
         mut diags,
+        decode_diags,
+        mut info,
         broken,
         ..
     } = loader;
-
-    let mut decoder = Decoder::new(&files);
-    let mut decoded = Vec::new();
-    for (id, doc) in docs.iter().enumerate() {
-        if let Some(doc) = doc {
-            decoded.push(decoder.file(id, doc));
-        }
-    }
-    let Decoder {
-        diags: decode_diags,
-        mut info,
-        ..
-    } = decoder;
     diags.extend(decode_diags);
     info.broken = broken;
 
@@ -75,10 +64,17 @@ pub fn load<P: AsRef<Path>>(paths: &[P]) -> Result<Project, Diagnostics> {
 /// KDL syntax errors reported per file; more are counted in one last diagnostic.
 const MAX_SYNTAX_ERRORS: usize = 20;
 
+/// Reads files and decodes them as they are parsed, one top-level node at a time (see
+/// `depth::parse_each`), so no whole-file parse tree is ever kept.
 #[derive(Default)]
 struct Loader {
     files: Vec<SourceFile>,
-    docs: Vec<Option<KdlDocument>>,
+    /// What each file that parsed declares, in file order.
+    decoded: Vec<FileItems>,
+    /// The decoder's diagnostics and findings, kept apart from the loader's so they come in
+    /// the same order as when all files were decoded after loading.
+    decode_diags: Vec<Diagnostic>,
+    info: LoadInfo,
     by_canonical: HashMap<PathBuf, FileId>,
     /// Files being loaded (outermost first), to detect include cycles.
     stack: Vec<(PathBuf, FileId)>,
@@ -153,14 +149,49 @@ impl Loader {
             name,
             text: Arc::from(text.as_str()),
         });
-        self.docs.push(None);
         self.by_canonical.insert(canonical.clone(), id);
 
-        // Through `depth::parse`: the parser recurses per block, comment piece and syntax
-        // error, and a file beyond what it can take would abort the process instead of
-        // getting a diagnostic.
-        let parsed = match depth::parse(&text) {
-            Ok(parsed) => parsed,
+        // Through `depth::parse_each`: the parser recurses per block, comment piece and
+        // syntax error, and a file beyond what it can take would abort the process instead
+        // of getting a diagnostic; and a whole file's parse tree takes about 75 times its
+        // size. Each node is decoded as soon as it is parsed; what a file that turns out not
+        // to parse decoded is taken back, as if it had never been decoded.
+        let before = (self.info.clone(), self.decode_diags.len());
+        let mut items = FileItems {
+            file: id,
+            ..FileItems::default()
+        };
+        let mut includes = Vec::new();
+        let mut nodes_seen = 0;
+        let (files, info, decode_diags) = (&self.files, &mut self.info, &mut self.decode_diags);
+        let parsed = depth::parse_each(&text, |doc| {
+            nodes_seen += doc.nodes().len();
+            let mut decoder = Decoder::new(files, id, decode_diags, info);
+            decoder.nodes(&doc, &mut items, &mut includes);
+            decoder.finish(decode_diags, info);
+        });
+        let whole = match parsed {
+            Ok(depth::Parsed::Nodes) => None,
+            Ok(depth::Parsed::Whole(whole)) => Some(Ok(whole)),
+            Err(refused) => Some(Err(refused)),
+        };
+        let parsed = match whole {
+            None => Ok(None),
+            Some(whole) => {
+                self.info = before.0;
+                self.decode_diags.truncate(before.1);
+                items = FileItems {
+                    file: id,
+                    ..FileItems::default()
+                };
+                includes.clear();
+                whole.map(Some)
+            }
+        };
+        let parsed = match parsed {
+            Ok(None) => Ok(None),
+            Ok(Some(Ok(doc))) => Ok(Some(doc)),
+            Ok(Some(Err(err))) => Err(err),
             Err(refused) => {
                 self.broken = true;
                 let (label, help) = match refused {
@@ -181,8 +212,15 @@ impl Loader {
                     depth::TooDeep::Large | depth::TooDeep::NoStack => (
                         "not parsed",
                         format!(
-                            "split the suite into files of at most {} KiB joined with `include`",
-                            depth::MAX_FILE_SIZE / 1024
+                            "split the suite into files of at most {} MiB joined with `include`",
+                            depth::MAX_FILE_SIZE / 1024 / 1024
+                        ),
+                    ),
+                    depth::TooDeep::Node { .. } => (
+                        "this node",
+                        format!(
+                            "a top-level node takes at most {} KiB; split it into several",
+                            depth::MAX_NODE_SIZE / 1024
                         ),
                     ),
                 };
@@ -244,7 +282,7 @@ impl Loader {
         };
 
         // An empty file (or one of comments only) is almost always the wrong file.
-        if doc.nodes().is_empty() {
+        if doc.as_ref().map_or(nodes_seen, |doc| doc.nodes().len()) == 0 {
             self.diags.push(
                 Diagnostic::new(
                     Kind::NoSuite,
@@ -253,16 +291,20 @@ impl Loader {
                 .with_help("write `scenario` nodes (and `agent`s) in it, or remove it"),
             );
         }
+        // A file that parsed only as a whole (the parser accepted it although some node
+        // alone did not parse) is decoded as a whole.
+        if let Some(doc) = doc {
+            let mut decoder = Decoder::new(&self.files, id, &mut self.decode_diags, &mut self.info);
+            decoder.nodes(&doc, &mut items, &mut includes);
+            decoder.finish(&mut self.decode_diags, &mut self.info);
+        }
+        // Decoded before what it includes, as the files are numbered.
+        self.decoded.push(items);
         self.stack.push((canonical, id));
-        for node in doc.nodes() {
-            if node.name().value() == "include" {
-                self.include(id, node);
-            }
+        for node in &includes {
+            self.include(id, node);
         }
         self.stack.pop();
-        if let Some(slot) = self.docs.get_mut(id) {
-            *slot = Some(doc);
-        }
     }
 
     fn include(&mut self, from: FileId, node: &KdlNode) {
@@ -700,13 +742,25 @@ struct Decoder<'f> {
 }
 
 impl<'f> Decoder<'f> {
-    fn new(files: &'f [SourceFile]) -> Self {
+    /// A decoder of file `file` that adds to `diags` and `info` (taken until [`Self::finish`]
+    /// gives them back).
+    fn new(
+        files: &'f [SourceFile],
+        file: FileId,
+        diags: &mut Vec<Diagnostic>,
+        info: &mut LoadInfo,
+    ) -> Self {
         Decoder {
             files,
-            file: 0,
-            diags: Vec::new(),
-            info: LoadInfo::default(),
+            file,
+            diags: std::mem::take(diags),
+            info: std::mem::take(info),
         }
+    }
+
+    fn finish(self, diags: &mut Vec<Diagnostic>, info: &mut LoadInfo) {
+        *diags = self.diags;
+        *info = self.info;
     }
 
     fn text(&self) -> &'f str {
@@ -1466,17 +1520,14 @@ impl<'f> Decoder<'f> {
 
     // ----- top level
 
-    fn file(&mut self, id: FileId, doc: &KdlDocument) -> FileItems {
-        self.file = id;
-        let mut items = FileItems {
-            file: id,
-            ..FileItems::default()
-        };
+    /// Decodes the top-level nodes of `doc` (all or some of the current file's) into `items`,
+    /// and keeps its `include` nodes for the loader.
+    fn nodes(&mut self, doc: &KdlDocument, items: &mut FileItems, includes: &mut Vec<KdlNode>) {
         for node in doc.nodes() {
             let v = View::of(node, self.text());
             match v.name {
-                "include" => {}
-                "suite" => self.suite(&v, &mut items),
+                "include" => includes.push(node.clone()),
+                "suite" => self.suite(&v, items),
                 "agent" => items.agents.extend(self.agent(&v)),
                 "persona" => items.personas.extend(self.persona(&v)),
                 "tool" => items.tools.extend(self.tool(&v)),
@@ -1488,7 +1539,6 @@ impl<'f> Decoder<'f> {
                 other => self.unknown_node(other, v.name_span, "a suite file", TOP_LEVEL),
             }
         }
-        items
     }
 
     fn suite(&mut self, v: &View, items: &mut FileItems) {
@@ -4247,7 +4297,8 @@ mod tests {
             text: Arc::from(src),
         }];
         let doc = KdlDocument::parse_v2(src).unwrap();
-        let mut d = Decoder::new(&files);
+        let (mut diags, mut info) = Default::default();
+        let mut d = Decoder::new(&files, 0, &mut diags, &mut info);
         let map = d.json_object(doc.nodes()[0].children().unwrap());
         (map, d.diags)
     }

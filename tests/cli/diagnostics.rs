@@ -357,3 +357,38 @@ async fn absurdly_deep_nesting_is_a_diagnostic_not_a_crash() {
         }
     }
 }
+
+/// Files over 1 MiB were refused (`trellis::too_deep`); a generated suite of several MiB must
+/// be checked like any other, and a problem in its last scenario located in the file.
+#[tokio::test]
+async fn a_suite_of_several_megabytes_is_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut text =
+        String::from("agent \"a\" protocol=\"connexity\" builtin=\"booking\"\nsuite \"big\"\n");
+    let scenarios = 2_000;
+    let padding = "generated to make a large file; ".repeat(40);
+    for i in 0..scenarios {
+        text.push_str(&format!(
+            "scenario \"s-{i}\" {{\n    name \"Scenario {i}, {padding}\"\n    user \"Hello, I would like to book a duct cleaning\"\n    expect reply contains=\"book\"\n}}\n"
+        ));
+    }
+    assert!(text.len() > 2 * 1024 * 1024);
+    let good = dir.path().join("big.kdl");
+    std::fs::write(&good, &text).unwrap();
+    let o = trellis().arg("check").arg(&good).output().await.unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(out.contains(&format!("{scenarios} scenarios")), "{out}");
+
+    let bad = dir.path().join("bad.kdl");
+    std::fs::write(
+        &bad,
+        format!("{text}scenario \"last\" {{ colour \"red\" }}\n"),
+    )
+    .unwrap();
+    let o = trellis().arg("check").arg(&bad).output().await.unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    let line = text.lines().count() + 1;
+    assert!(err.contains(&format!("bad.kdl:{line}:19")), "{err}");
+}
