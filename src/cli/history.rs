@@ -74,8 +74,9 @@ pub struct ThresholdArgs {
     /// Largest increase of the mean turn latency tolerated, in percent.
     #[arg(long, value_name = "PERCENT", default_value_t = 20.0, value_parser = non_negative)]
     max_latency_increase: f64,
-    /// Latency increases below this many milliseconds never count as regressions.
-    #[arg(long, value_name = "MS", default_value_t = 10.0, value_parser = non_negative)]
+    /// Latency increases below this many milliseconds never count as regressions (in the
+    /// mean and in the median turn).
+    #[arg(long, value_name = "MS", default_value_t = 25.0, value_parser = non_negative)]
     latency_noise_ms: f64,
     /// Significance level of the test that tells a pass-rate drop from noise when there are
     /// repeats; 1 counts every drop past the threshold.
