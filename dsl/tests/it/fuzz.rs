@@ -7,6 +7,7 @@
 //! the watchdog's bound aborts the binary, printing the input: that is a hang.
 
 use std::collections::BTreeSet;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -53,7 +54,12 @@ fn bounded<T>(input: &str, f: impl FnOnce() -> T) -> T {
                             && started.elapsed() > HANG
                         {
                             let shown: String = input.chars().take(2_000).collect();
-                            eprintln!("fuzz case still running after {HANG:?} (a hang); input:\n{shown:?}");
+                            // Straight to stderr: the test harness captures `eprintln!`, and what it
+                            // captured is lost with the abort.
+                            let _ = writeln!(
+                                std::io::stderr(),
+                                "fuzz case still running after {HANG:?} (a hang); input:\n{shown:?}"
+                            );
                             std::process::abort();
                         }
                     }

@@ -16,6 +16,7 @@
 //! `just fuzz` runs a million of each (see README, "Fuzzing"). A case that runs longer than
 //! the watchdog's bound aborts the binary, printing the input: that is a hang.
 
+use std::io::Write;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -65,7 +66,12 @@ fn bounded<T>(input: &[u8], f: impl FnOnce() -> T) -> T {
                             && started.elapsed() > HANG
                         {
                             let shown: String = input.chars().take(2_000).collect();
-                            eprintln!("fuzz case still running after {HANG:?} (a hang); input:\n{shown:?}");
+                            // Straight to stderr: the test harness captures `eprintln!`, and what it
+                            // captured is lost with the abort.
+                            let _ = writeln!(
+                                std::io::stderr(),
+                                "fuzz case still running after {HANG:?} (a hang); input:\n{shown:?}"
+                            );
                             std::process::abort();
                         }
                     }
