@@ -8,6 +8,7 @@
 pub mod depth;
 pub mod diagnostics;
 pub mod graph;
+pub mod lang;
 pub mod model;
 pub mod names;
 pub mod parse;

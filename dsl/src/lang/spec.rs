@@ -1,0 +1,322 @@
+//! The vocabulary the language table and the protocol registry are written in.
+//!
+//! A [`NodeSpec`] says what one node kind looks like (arguments, properties, children, how
+//! often it may appear, which protocols allow it, a one-line help); a [`ProtocolSpec`] says
+//! what an agent of one protocol accepts. Both are plain `'static` data so a table can be a
+//! `const`, be walked to generate documentation, and be handed from the engine (which owns
+//! the protocols) to the loader (which must not depend on the engine).
+
+/// The type of one value: an argument, a property, or a setting's value.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ValueType {
+    /// Any string.
+    String,
+    /// A string rendered by minijinja at run time (checked for syntax at load time).
+    Template,
+    /// A whole number ≥ 0.
+    Count,
+    /// Any number.
+    Number,
+    /// `#true` / `#false`.
+    Boolean,
+    /// `"30s"`, `"500ms"`, `"1h 30m"`.
+    Duration,
+    /// `"5MB"`, `"512KiB"`, or a number of bytes.
+    Size,
+    /// An `http://`/`https://` URL.
+    Url,
+    /// A regular expression (checked at load time).
+    Regex,
+    /// A JSON path (`$.a.b[0]`, checked at load time).
+    JsonPath,
+    /// The id of a top-level declaration of this node kind (`"tool"`, `"provider"`, …);
+    /// checked by validation with a "did you mean".
+    Ref(&'static str),
+    /// One of these words.
+    OneOf(&'static [&'static str]),
+    /// Any KDL value (a JSON scalar); for mock outputs and data.
+    Any,
+}
+
+impl ValueType {
+    /// How the type reads in a diagnostic or the language reference ("a duration like
+    /// `\"30s\"`").
+    pub fn describe(self) -> String {
+        match self {
+            ValueType::String => "a string".into(),
+            ValueType::Template => "a template string".into(),
+            ValueType::Count => "a whole number".into(),
+            ValueType::Number => "a number".into(),
+            ValueType::Boolean => "#true or #false".into(),
+            ValueType::Duration => "a duration like \"30s\"".into(),
+            ValueType::Size => "a size like \"5MB\"".into(),
+            ValueType::Url => "a URL".into(),
+            ValueType::Regex => "a regular expression".into(),
+            ValueType::JsonPath => "a JSON path like \"$.a.b\"".into(),
+            ValueType::Ref(kind) => format!("the id of a `{kind}`"),
+            ValueType::OneOf(words) => {
+                let words: Vec<String> = words.iter().map(|w| format!("`{w}`")).collect();
+                format!("one of {}", words.join(", "))
+            }
+            ValueType::Any => "a value".into(),
+        }
+    }
+}
+
+/// How many times a positional argument (the last one, when variadic) may be given.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Repeat {
+    /// Exactly once.
+    One,
+    /// Zero or one time.
+    Optional,
+    /// One or more times (only the last argument).
+    Many,
+    /// Zero or more times (only the last argument).
+    Any,
+}
+
+/// One positional argument.
+#[derive(Clone, Copy, Debug)]
+pub struct ArgSpec {
+    /// The placeholder shown in usage and docs (`ID`, `TEXT`, `NAME`).
+    pub name: &'static str,
+    pub ty: ValueType,
+    pub repeat: Repeat,
+}
+
+impl ArgSpec {
+    /// The one `VALUE` of a setting.
+    pub const fn value(ty: ValueType) -> ArgSpec {
+        ArgSpec {
+            name: "VALUE",
+            ty,
+            repeat: Repeat::One,
+        }
+    }
+
+    /// The `VALUE…` of a setting that takes one or more values.
+    pub const fn values(ty: ValueType) -> ArgSpec {
+        ArgSpec {
+            name: "VALUE",
+            ty,
+            repeat: Repeat::Many,
+        }
+    }
+}
+
+/// One `key=value` property.
+#[derive(Clone, Copy, Debug)]
+pub struct PropSpec {
+    pub name: &'static str,
+    pub ty: ValueType,
+    /// The node is incomplete without it.
+    pub required: bool,
+    pub help: &'static str,
+}
+
+/// What may appear in a node's `{ … }` block.
+#[derive(Clone, Copy, Debug)]
+pub enum Children {
+    /// No block.
+    None,
+    /// These node kinds, each as its spec says.
+    Nodes(&'static [&'static NodeSpec]),
+    /// Free-form data (a JSON-like object, a script); decoded by the node's own code.
+    Data,
+}
+
+/// How a node may be written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Form {
+    /// A node of its own: `name ARGS… key=value… { children }`.
+    Node,
+    /// A setting: a child node with one value (`timeout "30s"`, or several values for a
+    /// [`Repeat::Many`] argument) or, equally, a property of its parent (`timeout="30s"`).
+    /// Its value is [`NodeSpec::args`]`[0]`.
+    Setting,
+}
+
+/// One node kind of the language.
+#[derive(Clone, Copy, Debug)]
+pub struct NodeSpec {
+    pub name: &'static str,
+    pub form: Form,
+    /// Positional arguments, in order.
+    pub args: &'static [ArgSpec],
+    pub props: &'static [PropSpec],
+    pub children: Children,
+    /// May appear more than once in the same parent; otherwise a second one is "set twice".
+    pub repeatable: bool,
+    /// Settings on an agent that only these protocols accept; `None`: every protocol.
+    pub protocols: Option<&'static [&'static str]>,
+    /// One line for diagnostics, `trellis check`, docs/language.md and editor hovers.
+    pub help: &'static str,
+}
+
+impl NodeSpec {
+    /// A setting: `name VALUE` or `name=VALUE`. Tables write
+    /// `NodeSpec::setting("timeout", &[ArgSpec::value(ValueType::Duration)], "…")`; the slice
+    /// is `'static` because it is built in a `const` initializer.
+    pub const fn setting(
+        name: &'static str,
+        args: &'static [ArgSpec],
+        help: &'static str,
+    ) -> NodeSpec {
+        NodeSpec {
+            name,
+            form: Form::Setting,
+            args,
+            props: &[],
+            children: Children::None,
+            repeatable: false,
+            protocols: None,
+            help,
+        }
+    }
+
+    /// The same spec allowed only on agents of these protocols.
+    pub const fn only(mut self, protocols: &'static [&'static str]) -> NodeSpec {
+        self.protocols = Some(protocols);
+        self
+    }
+
+    /// The same spec, allowed more than once.
+    pub const fn repeatable(mut self) -> NodeSpec {
+        self.repeatable = true;
+        self
+    }
+
+    /// The usage line shown in hints and docs: `timeout DURATION`, `header NAME VALUE`.
+    pub fn usage(&self) -> String {
+        let mut out = self.name.to_string();
+        for a in self.args {
+            out.push(' ');
+            match a.repeat {
+                Repeat::One => out.push_str(a.name),
+                Repeat::Optional => out.push_str(&format!("[{}]", a.name)),
+                Repeat::Many => out.push_str(&format!("{}…", a.name)),
+                Repeat::Any => out.push_str(&format!("[{}…]", a.name)),
+            }
+        }
+        for p in self.props {
+            if p.required {
+                out.push_str(&format!(" {}=…", p.name));
+            }
+        }
+        out
+    }
+}
+
+/// Where an agent is reached; which of these a protocol accepts is in its [`ProtocolSpec`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EndpointKind {
+    /// `url="http://…"`.
+    Url,
+    /// `base-url="http://…"` (model APIs).
+    BaseUrl,
+    /// `builtin="NAME"`: a reference agent Trellis embeds.
+    Builtin,
+    /// `command="…"`: a process Trellis starts.
+    Command,
+    /// `socket="host:port"` or a Unix socket path.
+    Socket,
+    /// `provider="ID"`: a declared provider is the endpoint (model APIs).
+    Provider,
+}
+
+impl EndpointKind {
+    /// The property that names this endpoint.
+    pub fn property(self) -> &'static str {
+        match self {
+            EndpointKind::Url => "url",
+            EndpointKind::BaseUrl => "base-url",
+            EndpointKind::Builtin => "builtin",
+            EndpointKind::Command => "command",
+            EndpointKind::Socket => "socket",
+            EndpointKind::Provider => "provider",
+        }
+    }
+}
+
+/// What a protocol can do; the planner, executor and reports ask these instead of naming a
+/// protocol.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Replies can arrive as a stream (time to first token is measured when it does).
+    pub streams: bool,
+    /// A conversation can be copied at a fork (else the prefix is replayed per branch).
+    pub forks: bool,
+    /// Time to first token is measured.
+    pub measures_ttft: bool,
+    /// The engine runs the agent's tool calls against the suite's mock tools (a model under
+    /// test); otherwise the agent runs its own tools and reports them.
+    pub engine_runs_tools: bool,
+    /// A conversation lives in server state bound to a session id.
+    pub session_bound: bool,
+}
+
+/// What the language knows of one protocol: its name, where its agents are reached, the
+/// settings it accepts beyond those every agent takes, what it can do and the reference
+/// agents Trellis embeds for it. The engine's protocol module owns the value; the loader is
+/// handed the registry's list.
+#[derive(Clone, Copy, Debug)]
+pub struct ProtocolSpec {
+    /// The value of `protocol="…"`.
+    pub name: &'static str,
+    /// One line for docs and `trellis check`.
+    pub help: &'static str,
+    pub endpoints: &'static [EndpointKind],
+    /// The protocol's own settings (in addition to the ones every agent takes).
+    pub settings: &'static [NodeSpec],
+    pub capabilities: Capabilities,
+    /// `builtin="…"` names this protocol's embedded reference agents answer to.
+    pub builtins: &'static [&'static str],
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TIMEOUT: NodeSpec = NodeSpec::setting(
+        "timeout",
+        &[ArgSpec::value(ValueType::Duration)],
+        "per call",
+    );
+    const HEADER: NodeSpec = NodeSpec {
+        name: "header",
+        form: Form::Node,
+        args: &[
+            ArgSpec {
+                name: "NAME",
+                ty: ValueType::String,
+                repeat: Repeat::One,
+            },
+            ArgSpec {
+                name: "VALUE",
+                ty: ValueType::Template,
+                repeat: Repeat::One,
+            },
+        ],
+        props: &[],
+        children: Children::None,
+        repeatable: true,
+        protocols: None,
+        help: "an HTTP header",
+    };
+
+    #[test]
+    fn usage_lines_name_every_argument() {
+        assert_eq!(TIMEOUT.usage(), "timeout VALUE");
+        assert_eq!(HEADER.usage(), "header NAME VALUE");
+        const TOOLS: NodeSpec = NodeSpec::setting(
+            "tools",
+            &[ArgSpec::values(ValueType::Ref("tool"))],
+            "offered tools",
+        )
+        .only(&["openai"]);
+        assert_eq!(TOOLS.usage(), "tools VALUE…");
+        assert_eq!(TOOLS.protocols, Some(&["openai"][..]));
+        assert_eq!(ValueType::OneOf(&["a", "b"]).describe(), "one of `a`, `b`");
+    }
+}
