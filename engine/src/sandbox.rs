@@ -3,7 +3,7 @@
 //! MultiAgentEval agents do not run their tools: they answer `call_tool` /
 //! `call_multiple_tools`, and the harness runs the tools in its own sandbox, enforces
 //! governance policies and sends the result back as the next `task_description`
-//! (specs/multiagent-eval-agent-api.txt, FIELD-NOTES "MultiAgentEval"). This module is that
+//! (docs/wire.md, "MultiAgentEval"). This module is that
 //! sandbox, independent of any transport:
 //!
 //! - [`SandboxSpec`] is the immutable configuration of one scenario's tools (built from the
@@ -208,7 +208,8 @@ impl Policy {
     /// The violation text when `params` breach this policy.
     ///
     /// The maximum's wording generalises the harness's
-    /// `f"Amount {amount} exceeds limit of {max_limit}"` (FIELD-NOTES: `Amount 100 exceeds
+    /// `f"Amount {amount} exceeds limit of {max_limit}"` (docs/wire.md, "MultiAgentEval":
+    /// `Amount 100 exceeds
     /// limit of 50.0`): the parameter's name with its first letter upper-cased, the value as
     /// the agent sent it (Python `str`), the limit as a Python float.
     fn breach(&self, params: &Value) -> Option<String> {
@@ -712,7 +713,7 @@ pub enum FeedbackWording {
 
 /// The next `task_description` after the calls of one agent action, in order.
 ///
-/// [`FeedbackWording::Spec`] (specs/multiagent-eval-agent-api.txt, FIELD-NOTES):
+/// [`FeedbackWording::Spec`] (docs/wire.md, "MultiAgentEval"):
 /// - one call: `Tool 'NAME' returned: {json}. Continue with the task.`, the result as
 ///   Python's `json.dumps` writes it (`{"status": "success", "message": "Executed X"}`:
 ///   `, ` and `: ` separators, non-ASCII as `\uXXXX`);
@@ -722,7 +723,8 @@ pub enum FeedbackWording {
 /// - one breached call: `GOVERNANCE ERROR: TEXT. Please adjust your action.`
 ///   (e.g. `GOVERNANCE ERROR: Amount 100 exceeds limit of 50.0. Please adjust your action.`).
 ///
-/// [`FeedbackWording::Harness`] (FIELD-NOTES: newer harnesses send the result's `message`):
+/// [`FeedbackWording::Harness`] (docs/wire.md, "MultiAgentEval": newer harnesses send the
+/// result's `message`):
 /// - per call, the result's `message` when it is a string (`Executed NAME` for an undeclared
 ///   tool); otherwise the Python `str` of the result, which for a breach is
 ///   `{'status': 'policy_violation', 'violation': 'Amount 100 exceeds limit of 50.0'}`;

@@ -18,6 +18,7 @@ mod import_multiagent;
 mod judges;
 mod multiagent;
 mod outputs;
+mod repo;
 mod run;
 mod watch;
 

@@ -21,7 +21,8 @@ use serde_json::{Map, Value, json};
 use super::{LlmCall, LlmMessage, LlmRequest};
 use crate::record::TurnRecord;
 
-/// Connexity's metrics and weights (FIELD-NOTES), with what each one grades.
+/// Connexity's metrics and weights (docs/wire.md, "Connexity test cases"), with what each one
+/// grades.
 pub const CONNEXITY_METRICS: [(&str, f64, &str); 8] = [
     (
         "tool_routing",

@@ -1,6 +1,6 @@
 //! The AgentScope runtime protocol: `POST {url}` with the turn's new input and a
-//! `session_id`, answered with server-sent events (specs/agentscope-agent-api-protocol.txt
-//! and the AgentScope part of FIELD-NOTES.md).
+//! `session_id`, answered with server-sent events
+//! (docs/wire.md, "AgentScope").
 //!
 //! The conversation lives on the server, keyed by `session_id`: each request carries only the
 //! new user message, every session gets an id of its own (`trellis-{run}-{n}`, so concurrent

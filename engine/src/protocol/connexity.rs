@@ -1,5 +1,5 @@
 //! The Connexity agent contract: `POST /agent/respond`, OpenAI chat history in, the turn's
-//! messages out (specs/connexity-agent-contract.txt).
+//! messages out (docs/wire.md, "Connexity").
 //!
 //! The request is serialised straight from the borrowed history, since this runs once per
 //! turn. The response is parsed leniently where real agents differ from the spec (tool-call

@@ -1,4 +1,4 @@
-//! The Fixie agent protocol (specs/fixie-agent-protocol.txt): a handshake `GET {url}/` that
+//! The Fixie agent protocol (docs/wire.md, "Fixie"): a handshake `GET {url}/` that
 //! returns the agent's `base_prompt` and `few_shots`, and one `POST {url}/FUNC` per function
 //! call with `{"message":{"text":…}}` in and out.
 //!

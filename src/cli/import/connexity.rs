@@ -1,7 +1,8 @@
 //! `trellis import connexity FILE|DIR`: Connexity test cases to suites.
 //!
 //! A file holds one case (an object), several (an array) or `{"test_cases": […]}`, in either
-//! shape Connexity uses (FIELD-NOTES): the 1.0.0 schema document (`persona{type,description,
+//! shape Connexity uses (docs/wire.md, "Connexity test cases"): the 1.0.0 schema document
+//! (`persona{type,description,
 //! instructions}`, `initial_message`, `expected_outcomes` as a dict) or the reference
 //! implementation's files (`persona_context`, `first_turn`/`first_message`, outcome lists,
 //! `expected_tool_calls[].mock_responses`). A file becomes one suite, each case one scenario

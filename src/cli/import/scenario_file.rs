@@ -5,7 +5,8 @@
 //! out; whatever has no Trellis counterpart is kept in [`ScenarioFile::unmapped`], which the
 //! importer reports and writes into the suite as comments.
 //!
-//! The generations (specs/multiagent-scenario-files.md): AES 1.4 files (`workflow.nodes` and
+//! The generations (docs/wire.md, "MultiAgentEval scenario files"): AES 1.4 files
+//! (`workflow.nodes` and
 //! `edges`, `expected_outcome` a list of assertions), transitional files (the same shape,
 //! `expected_outcome` one typed object), and legacy files (`scenario_id`, `tasks` run in
 //! order, `expected_outcome` a sentence).

@@ -3,7 +3,7 @@
 //! at a time) through the agent's JSON paths. No I/O; every input an agent controls ends
 //! in a value or a [`Fault`], never a panic (a property test feeds it garbage).
 //!
-//! What an answer may hold at a path (docs/language.md, "protocol http"):
+//! What an answer may hold at a path (docs/language.md, "HTTP agents"):
 //! - reply: a string; `null` or `""` (no text, e.g. a tool-calling turn); a list of content
 //!   blocks (`[{"type": "text", "text": …}]` or strings), whose texts are joined; a number
 //!   or boolean as its JSON text. An object, or no match at all, is a `protocol` fault

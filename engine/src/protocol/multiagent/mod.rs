@@ -1,4 +1,4 @@
-//! The MultiAgentEval protocol (`protocol="multiagent"`, specs/multiagent-eval-agent-api.txt):
+//! The MultiAgentEval protocol (`protocol="multiagent"`, docs/wire.md, "MultiAgentEval"):
 //! agents that answer every request with an action, in an action loop the harness drives.
 //!
 //! [`wire`] is the codec: requests in both generations, replies decoded into typed actions,

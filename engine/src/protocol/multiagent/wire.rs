@@ -1,6 +1,6 @@
 //! The MultiAgentEval wire format: the request the harness sends and the action the agent
-//! answers, in both generations real agents speak (specs/multiagent-eval-agent-api.txt and
-//! the MultiAgentEval part of FIELD-NOTES.md). Pure: no I/O, so the HTTP, process and
+//! answers, in both generations real agents speak (docs/wire.md, "MultiAgentEval").
+//! Pure: no I/O, so the HTTP, process and
 //! socket transports all share it.
 //!
 //! **Requests.** [`Dialogue`] keeps what a conversation has said and encodes the next
