@@ -717,12 +717,6 @@ mod tests {
         }
     }
 
-    impl AsRef<TurnRecord> for TurnRecord {
-        fn as_ref(&self) -> &TurnRecord {
-            self
-        }
-    }
-
     #[test]
     fn tool_params_are_a_subset_with_numeric_equality() {
         let turns = [turn(
