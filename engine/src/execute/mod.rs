@@ -69,7 +69,7 @@ pub struct RunOptions {
     pub reuse: Option<Arc<TurnMemo>>,
     /// The HTTP connection pool to use; `None` builds one for this run. A watch session
     /// keeps one across reruns (building a client loads the CA bundle).
-    pub transport: Option<crate::protocol::http::HttpTransport>,
+    pub transport: Option<crate::transport::http::HttpTransport>,
     /// `--llm-cache DIR` / `--llm-cache-mode`: the response cache of judge (and simulator)
     /// calls; [`crate::llm::LlmCache::disabled`] for none.
     pub llm_cache: crate::llm::LlmCache,

@@ -3,7 +3,7 @@
 //!
 //! A [`ProviderClient`] is one `provider` node as configured for a run: OpenAI-compatible chat
 //! completions (the hosted API, llama.cpp, vLLM, Ollama) or Anthropic Messages, over the run's
-//! shared [`HttpTransport`](crate::protocol::http::HttpTransport). It owns what makes LLM calls
+//! shared [`HttpTransport`](crate::transport::http::HttpTransport). It owns what makes LLM calls
 //! different from agent calls: they are rate limited (per-provider concurrency, requests and
 //! tokens per minute), a 429 is waited out (its `Retry-After` honoured) and never counts as a
 //! failure, and every call is recorded with its token usage and cost ([`LlmCall`]).

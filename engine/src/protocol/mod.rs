@@ -15,21 +15,18 @@
 //! for each branch. Adding a protocol touches neither the planner, the executor nor the
 //! reports.
 //!
-//! Transports are written once and shared: [`http`] (bounded request/response, fault
-//! mapping, the retry rule). Protocols never panic on what an agent sends.
+//! Transports are written once and shared with the engine's LLM client, in
+//! [`crate::transport`] (HTTP with bounded bodies, fault mapping and the retry rule; SSE;
+//! JSON lines). Protocols never panic on what an agent sends.
 
 pub mod a2a;
 pub mod agentscope;
 pub mod connexity;
 pub mod fixie;
-pub mod http;
 pub mod jsonhttp;
-pub mod line;
 pub mod multiagent;
 pub mod openai;
 pub mod pairing;
-pub mod quote;
-pub mod sse;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,7 +38,8 @@ use trellis_dsl::Protocol;
 use crate::plan::PlannedAgent;
 pub use crate::record::{ChatMessage, ToolCall, ToolCallFunction};
 use crate::record::{Fault, FaultCategory, ToolCallRecord};
-use http::{CallLimits, HttpTransport, RetryPolicy};
+pub use crate::transport::Attempt;
+use crate::transport::http::{CallLimits, HttpTransport, RetryPolicy};
 
 /// Everything a protocol needs to build its client for one agent of a run.
 pub struct AgentSetup<'a> {
@@ -170,13 +168,13 @@ fn multiagent_client(
         },
         max_actions: settings.max_actions,
         process_mode: match settings.process {
-            trellis_dsl::ProcessMode::PerCall => line::ProcessMode::PerCall,
-            trellis_dsl::ProcessMode::LongLived => line::ProcessMode::LongLived,
+            trellis_dsl::ProcessMode::PerCall => crate::transport::line::ProcessMode::PerCall,
+            trellis_dsl::ProcessMode::LongLived => crate::transport::line::ProcessMode::LongLived,
         },
         keep_open: settings.keep_open,
         ..MultiAgentOptions::default()
     };
-    let line_limits = line::LineLimits {
+    let line_limits = crate::transport::line::LineLimits {
         timeout: setup.limits.timeout,
         max_line: setup.limits.max_response_size,
     };
@@ -496,12 +494,4 @@ impl Exchange {
     pub fn latency(&self) -> Duration {
         self.attempts.last().map_or(Duration::ZERO, |a| a.latency)
     }
-}
-
-/// One attempt of an exchange.
-#[derive(Clone, Debug)]
-pub struct Attempt {
-    pub latency: Duration,
-    /// Why this attempt failed; `None` for the attempt that succeeded.
-    pub fault: Option<Fault>,
 }
