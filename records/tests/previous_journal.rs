@@ -8,7 +8,7 @@ use trellis_records::{JournalEntry, TrajectoryStatus};
 const JOURNAL: &str = include_str!("fixtures/journal-before-records-crate.jsonl");
 
 #[test]
-fn a_journal_of_the_previous_schema_decodes_and_encodes_byte_identical() {
+fn a_journal_of_the_previous_schema_decodes_and_encodes_the_same_json() {
     let mut kinds = std::collections::BTreeSet::new();
     let mut statuses = std::collections::BTreeSet::new();
     for (i, line) in JOURNAL.lines().enumerate() {
