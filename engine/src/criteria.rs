@@ -18,7 +18,7 @@ use trellis_dsl::{Criterion, CriterionKind, ReplyCheck, ValueSlot};
 use crate::plan::PlannedCriterion;
 use crate::record::{CriterionRecord, CriterionStatus, ToolCallRecord, TurnRecord};
 use crate::render::Templates;
-use crate::sandbox::{Sandbox, StateExpectation, is_violation_result};
+use crate::sandbox::{NO_SANDBOX, Sandbox, StateExpectation, is_violation_result, json_eq};
 
 /// What a criterion looks at: the turn just taken, or every turn of the trajectory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -393,10 +393,6 @@ fn evaluate<T: AsRef<TurnRecord>>(
     }
 }
 
-/// Why `state` and `violations` are skipped on agents without a tool sandbox.
-pub const NO_SANDBOX: &str = "no tool sandbox: the engine answers tool calls (and keeps a state \
-                              document) only for MultiAgentEval agents";
-
 fn plural(n: usize) -> &'static str {
     if n == 1 { "" } else { "s" }
 }
@@ -613,30 +609,6 @@ fn text_matches(actual: &Value, text: &str) -> bool {
     }
 }
 
-/// JSON equality where numbers compare by value (`1` equals `1.0`).
-pub fn json_eq(a: &Value, b: &Value) -> bool {
-    match (a, b) {
-        // Integers compare exactly (f64 would make 2^53 + 1 equal 2^53); mixed integer and
-        // float values compare by value.
-        (Value::Number(x), Value::Number(y)) => {
-            match (x.as_i64(), y.as_i64(), x.as_u64(), y.as_u64()) {
-                (Some(a), Some(b), _, _) => a == b,
-                (_, _, Some(a), Some(b)) => a == b,
-                _ => x.as_f64() == y.as_f64(),
-            }
-        }
-        (Value::Array(x), Value::Array(y)) => {
-            x.len() == y.len() && x.iter().zip(y).all(|(a, b)| json_eq(a, b))
-        }
-        (Value::Object(x), Value::Object(y)) => {
-            x.len() == y.len()
-                && x.iter()
-                    .all(|(k, v)| y.get(k).is_some_and(|w| json_eq(v, w)))
-        }
-        _ => a == b,
-    }
-}
-
 fn describe_calls(calls: &[&ToolCallRecord]) -> String {
     if calls.is_empty() {
         "; no tools were called".to_string()
@@ -714,12 +686,6 @@ mod tests {
                 })
                 .collect(),
             ..Default::default()
-        }
-    }
-
-    impl AsRef<TurnRecord> for TurnRecord {
-        fn as_ref(&self) -> &TurnRecord {
-            self
         }
     }
 
@@ -883,15 +849,6 @@ mod tests {
         // Text that reads as a JSON string is still text, not the number inside it.
         assert!(!text_matches(&json!(42), "\"42\""));
         assert!(!text_matches(&json!({"a": 1}), r#"{"a": 1}"#));
-    }
-
-    #[test]
-    fn large_integers_compare_exactly() {
-        assert!(!json_eq(
-            &serde_json::json!(9007199254740993u64),
-            &serde_json::json!(9007199254740992u64)
-        ));
-        assert!(json_eq(&serde_json::json!(2), &serde_json::json!(2.0)));
     }
 
     #[test]

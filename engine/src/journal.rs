@@ -6,9 +6,8 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
+pub use crate::record::JOURNAL_FILE;
 use crate::record::JournalEntry;
-
-pub const JOURNAL_FILE: &str = "journal.jsonl";
 
 #[derive(Debug, thiserror::Error, miette::Diagnostic)]
 pub enum JournalError {

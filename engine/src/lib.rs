@@ -19,3 +19,4 @@ pub mod record;
 pub mod render;
 pub mod sandbox;
 pub mod secrets;
+pub mod transport;

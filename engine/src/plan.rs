@@ -870,7 +870,7 @@ fn without_sandbox(
             agent.id.value
         ),
         "no sandbox on this agent",
-        crate::criteria::NO_SANDBOX,
+        crate::sandbox::NO_SANDBOX,
     ))
 }
 

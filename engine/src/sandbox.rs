@@ -21,7 +21,7 @@
 //! - **Matching outputs** ([`ToolAnswer::Matched`]): the first output whose `when` keys are all
 //!   present in the call's parameters with equal values answers (subset match). Equality is
 //!   JSON equality with numbers compared by value (`1` equals `1.0`, see
-//!   [`crate::criteria::json_eq`]); strings are compared exactly (case matters: a mock keyed on
+//!   [`json_eq`]); strings are compared exactly (case matters: a mock keyed on
 //!   an account id must not answer a differently spelled one). No match is an error outcome.
 //! - **Outputs in order** ([`ToolAnswer::Sequence`]): each executed call consumes the next
 //!   output; past the end, [`Exhausted`] decides: the last output repeats (the default, as a
@@ -67,7 +67,9 @@ use std::sync::Arc;
 use regex::Regex;
 use serde_json::{Map, Value};
 
-use crate::criteria::json_eq;
+/// Why `state` and `violations` are skipped on agents without a tool sandbox.
+pub const NO_SANDBOX: &str = "no tool sandbox: the engine answers tool calls (and keeps a state \
+                              document) only for MultiAgentEval agents";
 
 /// How many calls a trajectory's sandbox runs and records before refusing further calls.
 pub const DEFAULT_MAX_CALLS: usize = 1_000;
@@ -1079,6 +1081,30 @@ impl SandboxSpec {
     }
 }
 
+/// JSON equality where numbers compare by value (`1` equals `1.0`).
+pub fn json_eq(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        // Integers compare exactly (f64 would make 2^53 + 1 equal 2^53); mixed integer and
+        // float values compare by value.
+        (Value::Number(x), Value::Number(y)) => {
+            match (x.as_i64(), y.as_i64(), x.as_u64(), y.as_u64()) {
+                (Some(a), Some(b), _, _) => a == b,
+                (_, _, Some(a), Some(b)) => a == b,
+                _ => x.as_f64() == y.as_f64(),
+            }
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(a, b)| json_eq(a, b))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .all(|(k, v)| y.get(k).is_some_and(|w| json_eq(v, w)))
+        }
+        _ => a == b,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1103,6 +1129,15 @@ mod tests {
             }],
             ..ToolSpec::fixed(json!({"status": "success", "message": "Refund applied"}))
         }
+    }
+
+    #[test]
+    fn large_integers_compare_exactly() {
+        assert!(!json_eq(
+            &serde_json::json!(9007199254740993u64),
+            &serde_json::json!(9007199254740992u64)
+        ));
+        assert!(json_eq(&serde_json::json!(2), &serde_json::json!(2.0)));
     }
 
     #[test]

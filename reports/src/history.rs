@@ -449,7 +449,7 @@ fn read_runs_row(path: &Path) -> PolarsResult<RunsRow> {
 fn journal_start(dir: &Path) -> Option<String> {
     let mut journal = crate::journal::JournalReader::open(&dir.join(JOURNAL_FILE)).ok()?;
     match journal.next_entry().ok()?? {
-        trellis_engine::record::JournalEntry::RunStarted(info) => Some(info.started_at),
+        trellis_records::JournalEntry::RunStarted(info) => Some(info.started_at),
         _ => None,
     }
 }
@@ -626,7 +626,7 @@ pub fn turn_latencies(dir: &Path) -> Option<Vec<f64>> {
     let mut journal = crate::journal::JournalReader::open(&dir.join(JOURNAL_FILE)).ok()?;
     let mut latencies = Vec::new();
     while let Some(entry) = journal.next_entry().ok()? {
-        if let trellis_engine::record::JournalEntry::Node(node) = entry {
+        if let trellis_records::JournalEntry::Node(node) = entry {
             latencies.extend(
                 node.turns
                     .iter()

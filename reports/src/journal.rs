@@ -9,7 +9,7 @@ use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 
-use trellis_engine::record::JournalEntry;
+use trellis_records::JournalEntry;
 
 use crate::error::ReportError;
 

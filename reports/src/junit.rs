@@ -15,9 +15,7 @@ use std::fs::File;
 use std::io::{self, BufWriter, Seek, Write};
 use std::path::Path;
 
-use trellis_engine::record::{
-    CriterionStatus, NodeRecord, RunInfo, TrajectoryRecord, TrajectoryStatus,
-};
+use trellis_records::{CriterionStatus, NodeRecord, RunInfo, TrajectoryRecord, TrajectoryStatus};
 
 use crate::error::ReportError;
 use crate::staged::Staged;
@@ -168,7 +166,7 @@ impl JunitBuilder {
                 let errored = t
                     .criteria
                     .iter()
-                    .find(|c| c.status == trellis_engine::record::CriterionStatus::Error);
+                    .find(|c| c.status == trellis_records::CriterionStatus::Error);
                 let (message, kind) = match (&t.fault, errored) {
                     (Some(f), _) => (f.message.as_str(), f.category.as_str()),
                     (None, Some(c)) => (c.detail.as_deref().unwrap_or("check errored"), "check"),

@@ -27,7 +27,7 @@ mod tally;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
-use trellis_engine::record::{JournalEntry, NodeRecord, RunInfo, RunSummary, TrajectoryRecord};
+use trellis_records::{JournalEntry, NodeRecord, RunInfo, RunSummary, TrajectoryRecord};
 
 pub use error::ReportError;
 pub use html::{
@@ -41,7 +41,7 @@ use crate::tables::{RunRow, Tables};
 use crate::tally::{Selection, Tally};
 
 /// The journal the engine writes into the run directory.
-pub const JOURNAL_FILE: &str = "journal.jsonl";
+pub use trellis_records::JOURNAL_FILE;
 /// The HTML report written into the run directory.
 pub const HTML_FILE: &str = "report.html";
 /// The JUnit report written into the run directory.

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use statrs::distribution::{ContinuousCDF, Normal};
-use trellis_engine::record::{
+use trellis_records::{
     CriterionStatus, JournalEntry, NodeRecord, RunInfo, RunSummary, TrajectoryRecord,
     TrajectoryStatus,
 };
@@ -895,7 +895,7 @@ mod tests {
         assert!(Repeats::from_counts(0, 0, 2).at_k.is_empty());
     }
 
-    use trellis_engine::record::{CriterionRecord, TurnRecord};
+    use trellis_records::{CriterionRecord, TurnRecord};
 
     fn node(rep: u32, id: &str, parent: Option<&str>, turns: &[u32]) -> JournalEntry {
         JournalEntry::Node(NodeRecord {

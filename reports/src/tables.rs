@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use polars::prelude::*;
-use trellis_engine::record::{
+use trellis_records::{
     CriterionStatus, Fault, NodeRecord, RunInfo, RunSummary, TrajectoryRecord, TrajectoryStatus,
 };
 
@@ -515,7 +515,7 @@ impl Tables {
             t.replay.push(turn.replay);
             t.exchanges.push(exchanges);
             let calls = &turn.simulator;
-            let sum = |f: fn(&trellis_engine::llm::LlmCall) -> Option<u64>| {
+            let sum = |f: fn(&trellis_records::LlmCall) -> Option<u64>| {
                 calls.iter().filter_map(f).reduce(u64::saturating_add)
             };
             t.simulator_calls
@@ -527,7 +527,7 @@ impl Tables {
             t.simulator_cache_hit.push((!calls.is_empty()).then(|| {
                 calls
                     .iter()
-                    .all(|c| c.cache == trellis_engine::llm::CacheUse::Hit)
+                    .all(|c| c.cache == trellis_records::CacheUse::Hit)
             }));
             t.rows += 1;
             self.turns.row_done();
@@ -641,7 +641,7 @@ impl Tables {
                 .push(judged.and_then(|j| j.call.output_tokens));
             c.judge_cost.push(judged.and_then(|j| j.call.cost));
             c.judge_cache_hit
-                .push(judged.map(|j| j.call.cache == trellis_engine::llm::CacheUse::Hit));
+                .push(judged.map(|j| j.call.cache == trellis_records::CacheUse::Hit));
             c.consensus.push(judged.and_then(|j| j.consensus.clone()));
             c.agreement.push(judged.and_then(|j| j.agreement));
             c.rows += 1;

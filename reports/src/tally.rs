@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use trellis_engine::record::{CriterionStatus, NodeRecord, TrajectoryRecord, TrajectoryStatus};
+use trellis_records::{CriterionStatus, NodeRecord, TrajectoryRecord, TrajectoryStatus};
 
 use crate::ReportOptions;
 
@@ -165,7 +165,7 @@ impl Selection {
 
 #[cfg(test)]
 mod selection_tests {
-    use trellis_engine::record::{TrajectoryRecord, TrajectoryStatus};
+    use trellis_records::{TrajectoryRecord, TrajectoryStatus};
 
     use super::Selection;
     use crate::ReportOptions;

@@ -23,7 +23,7 @@ use std::path::PathBuf;
 use clap::Args;
 use tokio::signal::unix::{SignalKind, signal};
 use trellis_engine::builtin::{self, BUILTINS, lines};
-use trellis_engine::protocol::line::LineEndpoint;
+use trellis_engine::transport::line::LineEndpoint;
 
 use super::{EXIT_FAILED, EXIT_INVALID, EXIT_OK, console};
 

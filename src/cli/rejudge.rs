@@ -8,8 +8,8 @@ use clap::Args;
 use trellis_engine::journal::{self, JOURNAL_FILE, JournalWriter};
 use trellis_engine::llm::rejudge::rejudge as rejudge_journal;
 use trellis_engine::llm::{LlmCache, LlmRuntime, LlmSetup};
-use trellis_engine::protocol::http::HttpTransport;
 use trellis_engine::record::TrajectoryStatus;
+use trellis_engine::transport::http::HttpTransport;
 
 use super::console::{errln, outln};
 use super::{EXIT_FAILED, EXIT_INCOMPLETE, EXIT_INVALID, EXIT_OK, LlmCacheMode};

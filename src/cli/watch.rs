@@ -31,8 +31,8 @@ use trellis_engine::execute::{self, RunOptions, TurnMemo};
 use trellis_engine::fingerprint::{self, Change, ScenarioFingerprints};
 use trellis_engine::journal::JournalWriter;
 use trellis_engine::plan::Plan;
-use trellis_engine::protocol::http::HttpTransport;
 use trellis_engine::record::{CriterionStatus, RunSummary, TrajectoryRecord, TrajectoryStatus};
+use trellis_engine::transport::http::HttpTransport;
 use trellis_reports::ReportWriter;
 
 use super::console::{errln, outln};

@@ -22,10 +22,10 @@ use trellis_engine::event::{self, Event};
 use trellis_engine::execute::{self, RunOptions};
 use trellis_engine::plan::{Plan, Selection};
 use trellis_engine::protocol::connexity::{ConnexityClient, HistoryMode, ParsedReply};
-use trellis_engine::protocol::http::{CallLimits, HttpTransport, RetryPolicy};
 use trellis_engine::protocol::{CallContext, ChatMessage};
 use trellis_engine::record::{Fault, NodeRecord, RunSummary, TrajectoryRecord};
 use trellis_engine::render::EnvSnapshot;
+use trellis_engine::transport::http::{CallLimits, HttpTransport, RetryPolicy};
 
 /// A minimal valid Connexity answer.
 pub const OK_BODY: &str =

@@ -12,10 +12,10 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Child;
 use trellis_engine::builtin;
 use trellis_engine::protocol::TurnInput;
-use trellis_engine::protocol::http::RetryPolicy;
-use trellis_engine::protocol::line::{LineLimits, ProcessMode};
 use trellis_engine::protocol::multiagent::session::{MultiAgentClient, MultiAgentOptions};
 use trellis_engine::sandbox::{Policy, SandboxSpec, ToolSpec};
+use trellis_engine::transport::http::RetryPolicy;
+use trellis_engine::transport::line::{LineLimits, ProcessMode};
 
 use crate::support::ctx;
 use crate::{stderr, stdout, trellis};

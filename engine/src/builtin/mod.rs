@@ -31,7 +31,7 @@ use tokio::sync::oneshot;
 
 pub use trellis_dsl::BuiltinTransport;
 
-use crate::protocol::line::ProcessMode;
+use crate::transport::line::ProcessMode;
 use lines::{LineAgent, LineListener};
 
 /// Names accepted by `builtin="…"`.
@@ -293,7 +293,7 @@ impl SocketServer {
     }
 
     /// Where a client connects: `tcp:127.0.0.1:PORT` or `unix:/PATH`, as `socket=` and
-    /// [`crate::protocol::line::LineEndpoint::socket`] read it.
+    /// [`crate::transport::line::LineEndpoint::socket`] read it.
     pub fn address(&self) -> &str {
         &self.address
     }

@@ -11,10 +11,10 @@ use trellis_dsl::{Endpoint, Protocol};
 use crate::builtin::{self, BuiltinEndpoint, BuiltinGuard};
 use crate::event::{Event, EventSender};
 use crate::plan::{Plan, PlannedAgent};
-use crate::protocol::http::{CallLimits, HttpTransport, RetryPolicy};
 use crate::protocol::{self, AgentProtocol, AgentSetup};
 use crate::record::{AgentRecord, Fault, FaultCategory};
 use crate::render::ScenarioScope;
+use crate::transport::http::{CallLimits, HttpTransport, RetryPolicy};
 
 /// An agent as the executor sees it.
 pub(super) enum AgentRuntime {
@@ -162,9 +162,9 @@ async fn start_one(
             // Served the way the agent's `transport` asks (HTTP unless a multiagent agent
             // says otherwise); a process is started by the client itself.
             let process_mode = match agent.multiagent.process {
-                trellis_dsl::ProcessMode::PerCall => crate::protocol::line::ProcessMode::PerCall,
+                trellis_dsl::ProcessMode::PerCall => crate::transport::line::ProcessMode::PerCall,
                 trellis_dsl::ProcessMode::LongLived => {
-                    crate::protocol::line::ProcessMode::LongLived
+                    crate::transport::line::ProcessMode::LongLived
                 }
             };
             match builtin::endpoint_for(&name.value, agent.multiagent.transport, process_mode).await
@@ -234,7 +234,7 @@ async fn start_one(
     let server_slots = match (&agent.endpoint, agent.protocol.is_model()) {
         (Endpoint::Url(_), true) => reqwest::Url::parse(&url).ok().and_then(|u| {
             let probe_headers =
-                crate::protocol::http::with_agent_headers(Default::default(), &headers)
+                crate::transport::http::with_agent_headers(Default::default(), &headers)
                     .unwrap_or_default();
             llm.server_slots(&u, &probe_headers)
         }),

@@ -29,7 +29,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use crate::event::{Event, EventSender};
-use crate::plan::Plan;
+use crate::plan::{Plan, PlannedScenario};
 use crate::protocol::AgentProtocol;
 use crate::record::{
     Fault, FaultCategory, RunInfo, RunSummary, ScenarioInfo, TrajectoryRecord, TrajectoryStatus,
@@ -69,7 +69,7 @@ pub struct RunOptions {
     pub reuse: Option<Arc<TurnMemo>>,
     /// The HTTP connection pool to use; `None` builds one for this run. A watch session
     /// keeps one across reruns (building a client loads the CA bundle).
-    pub transport: Option<crate::protocol::http::HttpTransport>,
+    pub transport: Option<crate::transport::http::HttpTransport>,
     /// `--llm-cache DIR` / `--llm-cache-mode`: the response cache of judge (and simulator)
     /// calls; [`crate::llm::LlmCache::disabled`] for none.
     pub llm_cache: crate::llm::LlmCache,
@@ -92,7 +92,7 @@ pub async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSum
             scenarios: plan
                 .scenarios
                 .iter()
-                .map(|s| ScenarioInfo::of(s, &plan))
+                .map(|s| scenario_info(s, &plan))
                 .collect(),
             rejudged_from: None,
         }))
@@ -375,4 +375,30 @@ pub(crate) fn ms(d: Duration) -> f64 {
 /// RFC 3339 in UTC, second precision.
 pub fn rfc3339(t: SystemTime) -> String {
     humantime::format_rfc3339_seconds(t).to_string()
+}
+
+/// What `planned` tells a report about its scenario (the `run_started` entry's
+/// `scenarios`).
+fn scenario_info(planned: &PlannedScenario, plan: &Plan) -> ScenarioInfo {
+    let sc = &planned.scenario;
+    ScenarioInfo {
+        suite: planned.suite.to_string(),
+        scenario: sc.id.value.clone(),
+        name: sc.name.clone(),
+        description: sc.description.clone(),
+        persona: planned.scope.persona(),
+        user_context: sc.user_context.clone(),
+        agents: planned
+            .agents
+            .iter()
+            .filter_map(|&a| plan.agents.get(a))
+            .map(|a| a.id.to_string())
+            .collect(),
+        trajectories: planned
+            .trajectories
+            .iter()
+            .map(|t| t.name.clone())
+            .collect(),
+        repeat: planned.repeat,
+    }
 }

@@ -15,11 +15,11 @@
 
 use std::fmt::Write as _;
 
-use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
-use super::{LlmCall, LlmMessage, LlmRequest};
+use super::{LlmMessage, LlmRequest};
 use crate::record::TurnRecord;
+pub use crate::record::{JudgeVerdict, MetricScore};
 
 /// Connexity's metrics and weights (docs/wire.md, "Connexity test cases"), with what each one
 /// grades.
@@ -412,18 +412,6 @@ fn schema(rubric: &Rubric) -> Value {
     }
 }
 
-/// One Connexity metric as the judge scored it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct MetricScore {
-    pub metric: String,
-    pub weight: f64,
-    /// 0–5.
-    pub score: f64,
-    pub label: Option<String>,
-    pub justification: Option<String>,
-    pub failure_code: Option<String>,
-}
-
 /// A judge's answer, parsed.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Answer {
@@ -610,34 +598,6 @@ fn key_lines(text: &str) -> std::collections::HashMap<String, String> {
             Some((k, v.trim().to_owned()))
         })
         .collect()
-}
-
-/// What a judged criterion records besides its status.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct JudgeVerdict {
-    /// The `judge` id (or `provider:ID` for the implicit judge of a lone provider).
-    pub judge: String,
-    pub rubric: String,
-    /// 0–1; `None` when the judge gave no usable answer.
-    pub score: Option<f64>,
-    pub threshold: f64,
-    pub label: Option<String>,
-    pub justification: Option<String>,
-    /// Connexity's per-metric scores.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub metrics: Vec<MetricScore>,
-    /// The LLM call (provider, model, tokens, cost, cache); for a panel, its members' calls
-    /// summed (a cache hit only when every member's was).
-    pub call: LlmCall,
-    /// A panel's consensus rule (`mean`, `majority`, `minimum`, `unanimous`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub consensus: Option<String>,
-    /// A panel's agreement: the share of its judges whose own verdict matches the panel's.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub agreement: Option<f64>,
-    /// A panel's members' verdicts.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub members: Vec<JudgeVerdict>,
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //!
 //! A [`ProviderClient`] is one `provider` node as configured for a run: OpenAI-compatible chat
 //! completions (the hosted API, llama.cpp, vLLM, Ollama) or Anthropic Messages, over the run's
-//! shared [`HttpTransport`](crate::protocol::http::HttpTransport). It owns what makes LLM calls
+//! shared [`HttpTransport`](crate::transport::http::HttpTransport). It owns what makes LLM calls
 //! different from agent calls: they are rate limited (per-provider concurrency, requests and
 //! tokens per minute), a 429 is waited out (its `Retry-After` honoured) and never counts as a
 //! failure, and every call is recorded with its token usage and cost ([`LlmCall`]).
@@ -32,6 +32,7 @@ pub use provider::{ProviderClient, ProviderSetupError};
 pub use runtime::{LlmRuntime, LlmSetup};
 
 use crate::record::FaultCategory;
+pub use crate::record::{CacheUse, LlmCall, LlmUsage};
 
 /// Who said a message of an LLM conversation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -112,113 +113,6 @@ pub struct Completion {
     pub output_tokens: Option<u64>,
     /// `stop`, `length`, `end_turn`, `max_tokens`, …
     pub finish_reason: Option<String>,
-}
-
-/// How the response cache served a call.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum CacheUse {
-    /// No cache, or `--llm-cache-mode off`.
-    #[default]
-    Off,
-    /// Answered from the cache: no request was sent.
-    Hit,
-    /// Not in the cache: the provider was called (and the answer stored).
-    Miss,
-}
-
-/// The record of one logical LLM call (after its retries and rate-limit waits), kept with
-/// whatever the call was for (a judged criterion, a simulated turn).
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct LlmCall {
-    /// The `provider` id.
-    pub provider: String,
-    /// The model asked for.
-    pub model: String,
-    pub input_tokens: Option<u64>,
-    pub output_tokens: Option<u64>,
-    /// From the provider's `input-price`/`output-price` (per million tokens); `None` when no
-    /// price is configured or no usage was reported. A cache hit costs nothing.
-    pub cost: Option<f64>,
-    /// Wall time of the whole call: queueing for the limits, attempts, waits.
-    pub latency_ms: f64,
-    /// HTTP attempts sent (0 for a cache hit).
-    pub attempts: u32,
-    /// HTTP 429 answers waited out.
-    pub rate_limited: u32,
-    /// Time spent waiting: for a concurrency slot, the request and token rate limits, and
-    /// the `Retry-After` of 429 answers.
-    pub waited_ms: f64,
-    pub cache: CacheUse,
-    /// Why the call failed, if it did.
-    pub error: Option<String>,
-}
-
-/// LLM calls summed: per trajectory (`trajectories.llm_*`) and per run.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct LlmUsage {
-    pub calls: u64,
-    pub input_tokens: u64,
-    pub output_tokens: u64,
-    /// Summed over the calls that have a cost (a provider with prices).
-    pub cost: Option<f64>,
-    /// Calls answered from the cache.
-    pub cache_hits: u64,
-}
-
-impl LlmUsage {
-    /// Adds one call.
-    pub fn add(&mut self, call: &LlmCall) {
-        // A cache hit is a call not sent; a failed call before sending is still counted.
-        self.calls += 1;
-        self.input_tokens = self
-            .input_tokens
-            .saturating_add(call.input_tokens.unwrap_or(0));
-        self.output_tokens = self
-            .output_tokens
-            .saturating_add(call.output_tokens.unwrap_or(0));
-        if let Some(c) = call.cost {
-            self.cost = Some(self.cost.unwrap_or(0.0) + c);
-        }
-        if call.cache == CacheUse::Hit {
-            self.cache_hits += 1;
-        }
-    }
-
-    /// Adds another total.
-    pub fn merge(&mut self, other: &LlmUsage) {
-        self.calls += other.calls;
-        self.input_tokens = self.input_tokens.saturating_add(other.input_tokens);
-        self.output_tokens = self.output_tokens.saturating_add(other.output_tokens);
-        if let Some(c) = other.cost {
-            self.cost = Some(self.cost.unwrap_or(0.0) + c);
-        }
-        self.cache_hits += other.cache_hits;
-    }
-
-    /// The simulator calls of a trajectory's turns and the judge calls of its checks (a
-    /// panel's members each count); `None` when there were none.
-    pub fn of<'a>(
-        simulator: impl IntoIterator<Item = &'a LlmCall>,
-        criteria: &[crate::record::CriterionRecord],
-    ) -> Option<LlmUsage> {
-        let mut usage = LlmUsage::default();
-        for call in simulator {
-            usage.add(call);
-        }
-        for verdict in criteria.iter().filter_map(|c| c.judge.as_deref()) {
-            if verdict.members.is_empty() {
-                if !verdict.call.provider.is_empty() {
-                    usage.add(&verdict.call);
-                }
-            } else {
-                for m in &verdict.members {
-                    usage.add(&m.call);
-                }
-            }
-        }
-        (usage.calls > 0).then_some(usage)
-    }
 }
 
 /// Why an LLM call produced no usable answer. Messages never contain the API key.

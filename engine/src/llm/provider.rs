@@ -8,7 +8,7 @@
 //!   again has no side effect beyond its cost: connect errors, timeouts, broken connections
 //!   and 5xx are retried with backoff.
 //! - **429**: an answer, not a failure. The call sleeps for its `Retry-After` (seconds or an
-//!   HTTP date; exponential when absent) and tries again, for up to [`MAX_RATE_LIMIT_WAIT`](crate::protocol::http::MAX_RATE_LIMIT_WAIT) or
+//!   HTTP date; exponential when absent) and tries again, for up to [`MAX_RATE_LIMIT_WAIT`](crate::transport::http::MAX_RATE_LIMIT_WAIT) or
 //!   the caller's deadline.
 //!
 //! The key is read from the environment snapshot once, when the client is built, sent only
@@ -30,12 +30,12 @@ use trellis_dsl::{DEFAULT_PROVIDER_RETRIES, Provider, ProviderKind};
 use super::slots::{ServerRegistry, ServerSlots};
 use super::wire::{self, ANTHROPIC_VERSION, DecodeError, WireRequest};
 use super::{CacheUse, LlmCall, LlmError, LlmOutcome, LlmRequest};
-use crate::protocol::http::{
+use crate::record::{Fault, FaultCategory};
+use crate::render::EnvSnapshot;
+use crate::transport::http::{
     CallLimits, HttpTransport, RateLimitWaits, RetryPolicy, answer_or_fault, retry_after,
     with_retries,
 };
-use crate::record::{Fault, FaultCategory};
-use crate::render::EnvSnapshot;
 
 /// LLM answers are small; this bounds a misbehaving server.
 const MAX_RESPONSE_SIZE: u64 = 4 * 1024 * 1024;

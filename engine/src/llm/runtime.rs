@@ -21,9 +21,9 @@ use trellis_dsl::{
 use super::judge::{self, JudgeContext, JudgeVerdict, PersonaInfo, Question, Rubric};
 use super::simulator::{self, Character, Layered, SIMULATOR_RETRIES, Said};
 use super::{LlmCache, LlmCall, ProviderClient};
-use crate::protocol::http::HttpTransport;
 use crate::record::{CriterionRecord, CriterionStatus, Fault, FaultCategory, TurnRecord};
 use crate::render::EnvSnapshot;
+use crate::transport::http::HttpTransport;
 
 /// The project's LLM configuration, carried by the plan.
 #[derive(Clone, Debug, Default)]

@@ -23,7 +23,7 @@ use reqwest::Url;
 use reqwest::header::HeaderMap;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::protocol::http::HttpTransport;
+use crate::transport::http::HttpTransport;
 
 /// How long the slot probe waits for `/props`.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(3);

@@ -37,18 +37,18 @@ use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderValue};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use super::http::{
-    CallLimits, EndpointError, HttpTransport, RetryPolicy, agent_url, with_agent_headers,
-    with_retries,
-};
 use super::pairing::{ToolResult, pair};
-use super::quote::{error_text, kind_of, preview};
-use super::sse::{self, Opened, StreamLimits};
 use super::{
     AgentProtocol, CallContext, ChatMessage, Conversation, Exchange, Session, ToolCall,
     ToolCallFunction, Turn, TurnInput, Usage,
 };
 use crate::record::{Fault, FaultCategory, ToolCallRecord};
+use crate::transport::http::{
+    CallLimits, EndpointError, HttpTransport, RetryPolicy, agent_url, with_agent_headers,
+    with_retries,
+};
+use crate::transport::quote::{error_text, kind_of, preview};
+use crate::transport::sse::{self, Opened, StreamLimits};
 
 /// What a real server answers when a session already has a request in flight.
 const COLLISION: &str = "is already in RUNNING state";
@@ -164,7 +164,7 @@ impl Endpoint {
         let outcome = match attempted.result {
             Err(fault) => Err(fault),
             // An agent is not a rate-limited API: a 429 is its answer.
-            Ok(Opened::RateLimited(_)) => Err(crate::protocol::http::status_fault(
+            Ok(Opened::RateLimited(_)) => Err(crate::transport::http::status_fault(
                 reqwest::StatusCode::TOO_MANY_REQUESTS,
                 b"",
             )),

@@ -16,16 +16,16 @@ use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderValue};
 use serde::Serialize;
 use serde_json::Value;
 
-use super::http::{
-    CallLimits, EndpointError, HttpTransport, RetryPolicy, agent_url, with_agent_headers,
-    with_retries,
-};
-use super::quote::{kind_of, preview};
 use super::{
     AgentProtocol, CallContext, ChatMessage, Conversation, Exchange, Session, ToolCall,
     ToolCallFunction, Turn, TurnInput, Usage,
 };
 use crate::record::{Fault, FaultCategory, ToolCallRecord};
+use crate::transport::http::{
+    CallLimits, EndpointError, HttpTransport, RetryPolicy, agent_url, with_agent_headers,
+    with_retries,
+};
+use crate::transport::quote::{kind_of, preview};
 
 /// A Connexity agent could not be configured.
 pub type ConnexityError = EndpointError;

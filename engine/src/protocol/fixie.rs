@@ -30,17 +30,17 @@ use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderValue};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use super::http::{
-    CallLimits, EndpointError, HttpTransport, RetryPolicy, agent_url, with_agent_headers,
-    with_retries,
-};
-use super::quote::{error_text, kind_of, preview};
 use super::{
     AgentProtocol, CallContext, ChatMessage, Conversation, Exchange, Session, ToolCall,
     ToolCallFunction, Turn, TurnInput,
 };
 use crate::llm::{LlmCall, LlmError, LlmMessage, LlmRuntime};
 use crate::record::{Fault, FaultCategory, ToolCallRecord};
+use crate::transport::http::{
+    CallLimits, EndpointError, HttpTransport, RetryPolicy, agent_url, with_agent_headers,
+    with_retries,
+};
+use crate::transport::quote::{error_text, kind_of, preview};
 
 /// A Fixie agent could not be configured.
 pub type FixieError = EndpointError;

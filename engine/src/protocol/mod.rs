@@ -15,21 +15,18 @@
 //! for each branch. Adding a protocol touches neither the planner, the executor nor the
 //! reports.
 //!
-//! Transports are written once and shared: [`http`] (bounded request/response, fault
-//! mapping, the retry rule). Protocols never panic on what an agent sends.
+//! Transports are written once and shared with the engine's LLM client, in
+//! [`crate::transport`] (HTTP with bounded bodies, fault mapping and the retry rule; SSE;
+//! JSON lines). Protocols never panic on what an agent sends.
 
 pub mod a2a;
 pub mod agentscope;
 pub mod connexity;
 pub mod fixie;
-pub mod http;
 pub mod jsonhttp;
-pub mod line;
 pub mod multiagent;
 pub mod openai;
 pub mod pairing;
-pub mod quote;
-pub mod sse;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,8 +36,10 @@ use serde::{Deserialize, Serialize};
 use trellis_dsl::Protocol;
 
 use crate::plan::PlannedAgent;
+pub use crate::record::{ChatMessage, ToolCall, ToolCallFunction};
 use crate::record::{Fault, FaultCategory, ToolCallRecord};
-use http::{CallLimits, HttpTransport, RetryPolicy};
+pub use crate::transport::Attempt;
+use crate::transport::http::{CallLimits, HttpTransport, RetryPolicy};
 
 /// Everything a protocol needs to build its client for one agent of a run.
 pub struct AgentSetup<'a> {
@@ -169,13 +168,13 @@ fn multiagent_client(
         },
         max_actions: settings.max_actions,
         process_mode: match settings.process {
-            trellis_dsl::ProcessMode::PerCall => line::ProcessMode::PerCall,
-            trellis_dsl::ProcessMode::LongLived => line::ProcessMode::LongLived,
+            trellis_dsl::ProcessMode::PerCall => crate::transport::line::ProcessMode::PerCall,
+            trellis_dsl::ProcessMode::LongLived => crate::transport::line::ProcessMode::LongLived,
         },
         keep_open: settings.keep_open,
         ..MultiAgentOptions::default()
     };
-    let line_limits = line::LineLimits {
+    let line_limits = crate::transport::line::LineLimits {
         timeout: setup.limits.timeout,
         max_line: setup.limits.max_response_size,
     };
@@ -225,60 +224,6 @@ pub enum LineTarget {
     Command(String),
     /// `tcp:HOST:PORT` or `unix:/PATH`.
     Socket(String),
-}
-
-/// An OpenAI-style chat message, the shape Connexity, MultiAgentEval and OpenAI share.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
-pub struct ChatMessage {
-    pub role: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub content: Option<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub tool_calls: Vec<ToolCall>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub tool_call_id: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
-    /// Content that is not text (images, data), kept as the agent sent it. Never sent back
-    /// to an agent by protocols whose wire has no place for it.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub parts: Vec<serde_json::Value>,
-}
-
-impl ChatMessage {
-    pub fn user(content: impl Into<String>) -> Self {
-        ChatMessage {
-            role: "user".into(),
-            content: Some(content.into()),
-            ..Default::default()
-        }
-    }
-    pub fn assistant(content: impl Into<String>) -> Self {
-        ChatMessage {
-            role: "assistant".into(),
-            content: Some(content.into()),
-            ..Default::default()
-        }
-    }
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct ToolCall {
-    pub id: String,
-    #[serde(rename = "type", default = "function_type")]
-    pub kind: String,
-    pub function: ToolCallFunction,
-}
-
-fn function_type() -> String {
-    "function".into()
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct ToolCallFunction {
-    pub name: String,
-    /// A JSON *string* on the wire.
-    pub arguments: String,
 }
 
 #[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
@@ -549,12 +494,4 @@ impl Exchange {
     pub fn latency(&self) -> Duration {
         self.attempts.last().map_or(Duration::ZERO, |a| a.latency)
     }
-}
-
-/// One attempt of an exchange.
-#[derive(Clone, Debug)]
-pub struct Attempt {
-    pub latency: Duration,
-    /// Why this attempt failed; `None` for the attempt that succeeded.
-    pub fault: Option<Fault>,
 }

@@ -34,17 +34,17 @@ use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderValue};
 use serde_json::{Map, Value, json};
 use trellis_dsl::{Agent, Project};
 
-use super::http::{
-    CallLimits, EndpointError, HttpTransport, RateLimitWaits, RetryPolicy, agent_url,
-    answer_or_fault, retry_after, with_agent_headers, with_retries,
-};
-use super::quote::{error_text, kind_of, preview};
-use super::sse::{self, Opened, StreamLimits};
 use super::{
     AgentProtocol, CallContext, ChatMessage, Conversation, Exchange, Session, ToolCall,
     ToolCallFunction, Turn, TurnInput, Usage,
 };
 use crate::llm::ProviderClient;
+use crate::transport::http::{
+    CallLimits, EndpointError, HttpTransport, RateLimitWaits, RetryPolicy, agent_url,
+    answer_or_fault, retry_after, with_agent_headers, with_retries,
+};
+use crate::transport::quote::{error_text, kind_of, preview};
+use crate::transport::sse::{self, Opened, StreamLimits};
 // The `anthropic-version` sent unless the agent's headers set one, and the `max_tokens`
 // Anthropic requires: the same as the providers'.
 use crate::llm::slots::ServerSlots;

@@ -12,11 +12,11 @@ use tokio::net::{TcpListener, TcpStream};
 use trellis_dsl::A2aSettings;
 use trellis_engine::builtin;
 use trellis_engine::protocol::a2a::A2aClient;
-use trellis_engine::protocol::http::{CallLimits, HttpTransport, RetryPolicy};
 use trellis_engine::protocol::{
     AgentProtocol, CallContext, Conversation, Session, Turn, TurnInput,
 };
 use trellis_engine::record::FaultCategory;
+use trellis_engine::transport::http::{CallLimits, HttpTransport, RetryPolicy};
 use trellis_testkit::{Behavior, MisbehavingServer};
 
 const SHORT: Duration = Duration::from_secs(5);

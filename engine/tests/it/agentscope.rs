@@ -15,9 +15,9 @@ use trellis_engine::render::EnvSnapshot;
 
 use crate::support::run_suite;
 use trellis_engine::protocol::agentscope::AgentScopeClient;
-use trellis_engine::protocol::http::{CallLimits, HttpTransport, RetryPolicy};
 use trellis_engine::protocol::{AgentProtocol, CallContext, Conversation, Turn, TurnInput};
 use trellis_engine::record::{FaultCategory, TrajectoryStatus};
+use trellis_engine::transport::http::{CallLimits, HttpTransport, RetryPolicy};
 
 const SHORT: Duration = Duration::from_secs(5);
 

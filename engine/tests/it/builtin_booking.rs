@@ -2,9 +2,9 @@
 
 use trellis_engine::builtin::{self, BUILTINS, BuiltinError};
 use trellis_engine::protocol::connexity::{ConnexityClient, HistoryMode, ParsedReply as AgentTurn};
-use trellis_engine::protocol::http::{CallLimits, HttpTransport, RetryPolicy};
 use trellis_engine::protocol::{CallContext, ChatMessage};
 use trellis_engine::record::ToolCallRecord;
+use trellis_engine::transport::http::{CallLimits, HttpTransport, RetryPolicy};
 
 /// Drives one conversation, keeping the history as the engine does.
 struct Conversation {

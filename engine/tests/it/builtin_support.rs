@@ -15,8 +15,6 @@ use trellis_engine::builtin::{
     self, BuiltinEndpoint, BuiltinError, BuiltinTransport, ServedBuiltin, SocketKind,
 };
 use trellis_engine::protocol::TurnInput;
-use trellis_engine::protocol::http::{CallLimits, HttpTransport, RetryPolicy};
-use trellis_engine::protocol::line::{LineLimits, ProcessMode};
 use trellis_engine::protocol::multiagent::session::{
     MultiAgentClient, MultiAgentOptions, MultiAgentSession,
 };
@@ -25,6 +23,8 @@ use trellis_engine::record::FaultCategory;
 use trellis_engine::sandbox::{
     FeedbackWording, MatchedOutput, Policy, SandboxSpec, StateChange, ToolAnswer, ToolSpec,
 };
+use trellis_engine::transport::http::{CallLimits, HttpTransport, RetryPolicy};
+use trellis_engine::transport::line::{LineLimits, ProcessMode};
 
 use crate::support::ctx;
 

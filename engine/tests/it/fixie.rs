@@ -13,9 +13,9 @@ use axum::routing::any;
 use serde_json::{Value, json};
 use trellis_engine::builtin;
 use trellis_engine::protocol::fixie::FixieClient;
-use trellis_engine::protocol::http::{CallLimits, HttpTransport, RetryPolicy};
 use trellis_engine::protocol::{AgentProtocol, Conversation, Session, Turn, TurnInput};
 use trellis_engine::record::FaultCategory;
+use trellis_engine::transport::http::{CallLimits, HttpTransport, RetryPolicy};
 
 use crate::support::ctx;
 

@@ -4,8 +4,8 @@
 //! through every wire decoder, and random template syntax through the renderer.
 //!
 //! Framing is fuzzed where it is parsed: server-sent events through the `sse-stream` parser
-//! the SSE transport reads with (`protocol::sse`), fed from an in-memory byte stream cut at
-//! random places; JSON lines through `protocol::line::read_line` over an in-memory duplex
+//! the SSE transport reads with (`transport::sse`), fed from an in-memory byte stream cut at
+//! random places; JSON lines through `transport::line::read_line` over an in-memory duplex
 //! pipe written in random chunks. Every event's data and every line then goes through the
 //! decoders.
 //!
@@ -25,9 +25,9 @@ use proptest::test_runner::{Config, FileFailurePersistence};
 use serde_json::{Map, Value, json};
 use trellis_engine::protocol::a2a;
 use trellis_engine::protocol::fixie;
-use trellis_engine::protocol::line::read_line;
 use trellis_engine::protocol::multiagent::wire;
 use trellis_engine::render::{Templates, snapshot_env};
+use trellis_engine::transport::line::read_line;
 
 /// Cases per property: `TRELLIS_FUZZ_CASES`, or few enough for CI.
 pub(crate) fn config(default: u32) -> Config {

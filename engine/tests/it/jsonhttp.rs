@@ -9,9 +9,9 @@ use proptest::prelude::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use trellis_engine::protocol::jsonhttp::codec;
-use trellis_engine::protocol::sse::SseEvent;
 use trellis_engine::record::{FaultCategory, TrajectoryRecord, TrajectoryStatus};
 use trellis_engine::render::EnvSnapshot;
+use trellis_engine::transport::sse::SseEvent;
 
 use crate::support::{Behavior, MisbehavingServer, Run, run_suite};
 

@@ -7,10 +7,10 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, UnixListener};
-use trellis_engine::protocol::line::{
+use trellis_engine::record::{Fault, FaultCategory};
+use trellis_engine::transport::line::{
     LineEndpoint, LineLimits, LineReply, LineTransport, ProcessMode, ProcessSpec,
 };
-use trellis_engine::record::{Fault, FaultCategory};
 
 const LIMITS: LineLimits = LineLimits {
     timeout: Duration::from_secs(10),

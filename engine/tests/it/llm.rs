@@ -9,9 +9,9 @@ use trellis_engine::llm::{
     CacheMode, CacheUse, LlmCache, LlmError, LlmMessage, LlmRequest, ProviderClient,
     ProviderSetupError,
 };
-use trellis_engine::protocol::http::HttpTransport;
 use trellis_engine::record::FaultCategory;
 use trellis_engine::render::EnvSnapshot;
+use trellis_engine::transport::http::HttpTransport;
 
 use crate::support::llm::{FakeLlm, Reply, Rule};
 

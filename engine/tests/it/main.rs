@@ -12,6 +12,7 @@ mod fixie_llm;
 mod fuzz;
 mod jsonhttp;
 mod judging;
+mod layers;
 mod line;
 mod llm;
 mod multiagent;

@@ -13,14 +13,14 @@ use axum::extract::State;
 use axum::routing::post;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use trellis_engine::protocol::http::{CallLimits, HttpTransport, RetryPolicy};
-use trellis_engine::protocol::line::{LineLimits, ProcessMode};
 use trellis_engine::protocol::multiagent::session::{
     MultiAgentClient, MultiAgentOptions, MultiAgentSession, is_violation,
 };
 use trellis_engine::protocol::{AgentProtocol, Conversation, Session, Turn, TurnInput};
 use trellis_engine::record::FaultCategory;
 use trellis_engine::sandbox::{Exhausted, Policy, SandboxSpec, ToolAnswer, ToolSpec};
+use trellis_engine::transport::http::{CallLimits, HttpTransport, RetryPolicy};
+use trellis_engine::transport::line::{LineLimits, ProcessMode};
 
 use crate::support::ctx;
 

@@ -6,12 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
-use trellis_engine::protocol::http::{CallLimits, HttpTransport, RetryPolicy};
 use trellis_engine::protocol::openai::{Api, OpenAiClient, OpenAiOptions};
 use trellis_engine::protocol::{AgentProtocol, CallContext, Conversation, TurnInput};
 use trellis_engine::record::{CriterionStatus, FaultCategory, TrajectoryStatus, TurnRecord};
 use trellis_engine::render::EnvSnapshot;
 use trellis_engine::sandbox::{SandboxSpec, ToolSpec};
+use trellis_engine::transport::http::{CallLimits, HttpTransport, RetryPolicy};
 
 use crate::support::llm::{FakeLlm, Reply, Rule};
 use crate::support::{Run, run_suite};

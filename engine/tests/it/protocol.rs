@@ -4,10 +4,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use trellis_engine::protocol::connexity::{ConnexityClient, ConnexityError, HistoryMode};
-use trellis_engine::protocol::http::{CallLimits, HttpTransport};
-use trellis_engine::protocol::http::{HeaderError, RetryPolicy};
 use trellis_engine::protocol::{CallContext, ChatMessage};
 use trellis_engine::record::FaultCategory;
+use trellis_engine::transport::http::{CallLimits, HttpTransport};
+use trellis_engine::transport::http::{HeaderError, RetryPolicy};
 
 use crate::support::{
     Behavior, CallOutcome, MisbehavingServer, OK_BODY, client, client_with, closed_port, ctx,

@@ -263,7 +263,7 @@ scenario "hello" {{
 #[tokio::test]
 async fn a_server_loading_its_model_is_asked_for_its_slots_again() {
     use trellis_engine::llm::slots::ServerRegistry;
-    use trellis_engine::protocol::http::HttpTransport;
+    use trellis_engine::transport::http::HttpTransport;
     let fake = FakeLlm::with_slots_after(vec![], 1, 1).await;
     let url: reqwest::Url = format!("{}/chat/completions", fake.base_url())
         .parse()

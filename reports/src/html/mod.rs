@@ -17,7 +17,7 @@ use std::io::{BufWriter, Write};
 use std::path::Path;
 
 use minijinja::{AutoEscape, Environment, UndefinedBehavior, Value};
-use trellis_engine::record::{RunInfo, RunSummary};
+use trellis_records::{RunInfo, RunSummary};
 
 pub use compare::{
     CompareMetric, ComparePage, CompareRate, CompareRow, CompareRun, CompareTally, write_compare,

@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use trellis_engine::record::{CriterionStatus, NodeRecord, TrajectoryRecord, TrajectoryStatus};
+use trellis_records::{CriterionStatus, NodeRecord, TrajectoryRecord, TrajectoryStatus};
 
 /// The outcome of one trajectory run (one agent, one repetition).
 #[derive(Clone, Debug)]
@@ -182,7 +182,7 @@ pub(crate) fn node_outcomes(outline: &ScenarioOutline) -> HashMap<String, NodeOu
 mod tests {
     use std::sync::Arc;
 
-    use trellis_engine::record::{
+    use trellis_records::{
         CriterionRecord, CriterionStatus, NodeRecord, TrajectoryRecord, TrajectoryStatus,
         TurnRecord,
     };

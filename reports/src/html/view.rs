@@ -11,7 +11,7 @@ use base64::Engine as _;
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 use trellis_dsl::graph::{MERGE_LABEL, ROOT_LABEL};
-use trellis_engine::record::{
+use trellis_records::{
     CriterionRecord, CriterionStatus, Fault, ScenarioInfo, TrajectoryRecord, TrajectoryStatus,
     TurnRecord,
 };

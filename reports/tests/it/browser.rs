@@ -11,7 +11,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
-use trellis_engine::record::{JournalEntry, TrajectoryStatus};
+use trellis_records::{JournalEntry, TrajectoryStatus};
 use trellis_reports::{ReportOptions, write_reports};
 use trellis_testkit::browser::{Browser, chromium};
 

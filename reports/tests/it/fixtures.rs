@@ -3,8 +3,8 @@
 use std::io::Write;
 use std::path::Path;
 
-use trellis_engine::protocol::{ChatMessage, ToolCall, ToolCallFunction};
-use trellis_engine::record::{
+use trellis_records::{ChatMessage, ToolCall, ToolCallFunction};
+use trellis_records::{
     CriterionRecord, CriterionStatus, Fault, FaultCategory, JournalEntry, NodeRecord, RunInfo,
     RunSummary, ScenarioInfo, ToolCallRecord, TrajectoryRecord, TrajectoryStatus, TurnRecord,
 };

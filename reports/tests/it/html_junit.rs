@@ -167,7 +167,7 @@ fn a_lost_journal_leaves_a_report_without_transcripts() {
 
 #[test]
 fn replayed_and_function_call_turns_are_marked_in_the_transcript() {
-    use trellis_engine::record::JournalEntry;
+    use trellis_records::JournalEntry;
     let dir = tempfile::tempdir().unwrap();
     let mut entries = super::fixtures::entries();
     let turn = entries
@@ -201,8 +201,8 @@ fn replayed_and_function_call_turns_are_marked_in_the_transcript() {
 /// is never loaded.
 #[test]
 fn content_parts_are_shown_as_text_never_loaded() {
-    use trellis_engine::protocol::ChatMessage;
-    use trellis_engine::record::JournalEntry;
+    use trellis_records::ChatMessage;
+    use trellis_records::JournalEntry;
     let dir = tempfile::tempdir().unwrap();
     let mut entries = super::fixtures::entries();
     let turn = entries
@@ -230,7 +230,7 @@ fn content_parts_are_shown_as_text_never_loaded() {
 /// Each scenario's pass rate over the runs next to this one, oldest first, this run last.
 #[test]
 fn html_draws_each_scenarios_trend_from_the_runs_next_to_it() {
-    use trellis_engine::record::JournalEntry;
+    use trellis_records::JournalEntry;
     let dir = tempfile::tempdir().unwrap();
     let (earlier, later) = (dir.path().join("a"), dir.path().join("b"));
     std::fs::create_dir(&earlier).unwrap();
@@ -305,7 +305,7 @@ fn an_interrupted_run_says_how_much_of_the_plan_it_covers() {
     }
     let mut writer = ReportWriter::start(dir.path(), &info, &ReportOptions::default()).unwrap();
     let mut entries = super::fixtures::entries();
-    entries[0] = trellis_engine::record::JournalEntry::RunStarted(info);
+    entries[0] = trellis_records::JournalEntry::RunStarted(info);
     super::fixtures::write_journal(dir.path(), &entries, "");
     for entry in &entries {
         writer.push(entry);

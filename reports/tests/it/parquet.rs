@@ -436,7 +436,7 @@ fn empty_tables_are_valid_files() {
     let dir = tempfile::tempdir().unwrap();
     super::fixtures::write_journal(
         dir.path(),
-        &[trellis_engine::record::JournalEntry::RunStarted(
+        &[trellis_records::JournalEntry::RunStarted(
             super::fixtures::run_info(),
         )],
         "",

@@ -16,7 +16,7 @@ use clap::Args;
 use trellis_engine::protocol::fixie::{
     FewShotLine, FixieClient, Handshake, parse_few_shot, validate_function_name,
 };
-use trellis_engine::protocol::http::{CallLimits, HttpTransport, RetryPolicy};
+use trellis_engine::transport::http::{CallLimits, HttpTransport, RetryPolicy};
 
 use super::super::{EXIT_FAILED, EXIT_INVALID, EXIT_OK};
 use super::{comment, is_simple_id, kdl_string, literal_template, write_file};

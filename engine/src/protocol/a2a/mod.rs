@@ -29,16 +29,16 @@ use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderValue};
 use serde_json::{Value, json};
 use tokio::sync::OnceCell;
 
-use super::http::{
-    CallLimits, EndpointError, HttpTransport, RetryPolicy, agent_url, status_fault,
-    with_agent_headers, with_retries,
-};
-use super::quote::preview;
-use super::sse::{self, Opened, StreamLimits};
 use super::{
     AgentProtocol, CallContext, ChatMessage, Conversation, Exchange, Session, Turn, TurnInput,
 };
 use crate::record::{Fault, FaultCategory};
+use crate::transport::http::{
+    CallLimits, EndpointError, HttpTransport, RetryPolicy, agent_url, status_fault,
+    with_agent_headers, with_retries,
+};
+use crate::transport::quote::preview;
+use crate::transport::sse::{self, Opened, StreamLimits};
 use trellis_dsl::A2aSettings;
 use wire::{AgentCard, Assembly};
 

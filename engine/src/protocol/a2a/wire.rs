@@ -12,8 +12,8 @@
 use indexmap::IndexMap;
 use serde_json::{Map, Value, json};
 
-use crate::protocol::quote::{error_text, kind_of, preview};
 use crate::record::{Fault, FaultCategory};
+use crate::transport::quote::{error_text, kind_of, preview};
 
 /// What the client takes from an agent card.
 #[derive(Clone, Debug, PartialEq)]

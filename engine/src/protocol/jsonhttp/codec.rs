@@ -18,10 +18,10 @@ use bytes::Bytes;
 use serde_json::Value;
 use trellis_dsl::{HttpSettings, JsonPathSetting, StreamSettings};
 
-use crate::protocol::quote::{error_text, kind_of, preview};
-use crate::protocol::sse::SseEvent;
 use crate::protocol::{ToolCall, ToolCallFunction};
 use crate::record::{Fault, FaultCategory};
+use crate::transport::quote::{error_text, kind_of, preview};
+use crate::transport::sse::SseEvent;
 
 /// The conversation as LangChain message dicts (`{"type": "human"|"ai"|"system"|"tool",
 /// "content", …}`), the `langchain_messages` of the `request` template: LangServe validates

@@ -6,8 +6,8 @@
 //! for LangServe, `user`, `session` and the trajectory's template variables (handed over by
 //! the executor through [`super::Session::set_template_scope`]), checks that it is JSON, and
 //! sends it with the agent's `method` and headers through the shared transports:
-//! [`super::http`] for one JSON answer (retries, bounded body, fault categories),
-//! [`super::sse`] for `stream` (time to first event, idle timeout, size bounds,
+//! [`crate::transport::http`] for one JSON answer (retries, bounded body, fault categories),
+//! [`crate::transport::sse`] for `stream` (time to first event, idle timeout, size bounds,
 //! `incomplete`). [`codec`] is the pure half that reads the answer; `session.rs` the client
 //! and the conversation.
 //!

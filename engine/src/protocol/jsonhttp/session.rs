@@ -9,17 +9,17 @@ use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
 use trellis_dsl::{Endpoint, HttpMethod, HttpSettings};
 
 use super::codec::{self, Answer, Progress, StreamDecoder};
-use crate::protocol::http::{
-    CallLimits, EndpointError, HttpTransport, RetryPolicy, agent_url, status_fault,
-    with_agent_headers, with_retries,
-};
-use crate::protocol::sse::{self, Opened, StreamLimits};
 use crate::protocol::{
     AgentProtocol, AgentSetup, CallContext, ChatMessage, Conversation, Exchange, Session, Turn,
     TurnInput,
 };
 use crate::record::{Fault, FaultCategory, ToolCallRecord};
 use crate::render::{CompiledTemplate, RenderError, Templates};
+use crate::transport::http::{
+    CallLimits, EndpointError, HttpTransport, RetryPolicy, agent_url, status_fault,
+    with_agent_headers, with_retries,
+};
+use crate::transport::sse::{self, Opened, StreamLimits};
 
 /// An `http` agent could not be configured.
 #[derive(Debug, thiserror::Error)]
@@ -299,7 +299,7 @@ impl JsonHttpSession {
                     "the session value the agent sent cannot be sent back in header `{}` \
                      (control characters or line breaks): {}",
                     header.unwrap_or_default(),
-                    crate::protocol::quote::preview(
+                    crate::transport::quote::preview(
                         self.session.as_deref().unwrap_or("").as_bytes()
                     )
                 ),

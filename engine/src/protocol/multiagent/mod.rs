@@ -3,7 +3,7 @@
 //!
 //! [`wire`] is the codec: requests in both generations, replies decoded into typed actions,
 //! agent name discovery and the final text for criteria. [`session`] runs the action loop
-//! over HTTP (`POST /execute_task`), processes and sockets ([`super::line`]), answers tool
+//! over HTTP (`POST /execute_task`), processes and sockets ([`crate::transport::line`]), answers tool
 //! calls from the trajectory's [`crate::sandbox::Sandbox`] and feeds the results back, and
 //! handles HITL pauses. Branch actions are a fault until the executor explores them, and
 //! plans still mark the protocol unsupported until the suite language and the executor

@@ -47,19 +47,19 @@ use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderValue};
 use serde_json::Value;
 
 use super::wire::{Action, Dialogue, Reply, RequestForm, ToolCall, decode_reply};
-use crate::protocol::http::{
-    CallLimits, EndpointError, HttpTransport, RetryPolicy, agent_url, with_agent_headers,
-    with_retries,
-};
-use crate::protocol::line::{
-    LineEndpoint, LineLimits, LineTransport, ProcessMode, ProcessSpec, SocketAddressError,
-};
 use crate::protocol::{
     AgentProtocol, BranchRequest, CallContext, ChatMessage, Conversation, Exchange, Session,
     ToolCallFunction, Turn, TurnInput,
 };
 use crate::record::{Fault, FaultCategory, ToolCallRecord};
 use crate::sandbox::{FeedbackWording, Sandbox, SandboxSpec, ToolOutcome, feedback};
+use crate::transport::http::{
+    CallLimits, EndpointError, HttpTransport, RetryPolicy, agent_url, with_agent_headers,
+    with_retries,
+};
+use crate::transport::line::{
+    LineEndpoint, LineLimits, LineTransport, ProcessMode, ProcessSpec, SocketAddressError,
+};
 
 /// Replies per user step before the loop gives up: the spec's "max turn limit (default: 5)".
 pub const DEFAULT_MAX_ACTIONS: u32 = 5;

@@ -30,8 +30,8 @@
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use serde_json::{Map, Value};
 
-use crate::protocol::quote::{error_text, kind_of, preview};
 use crate::record::{Fault, FaultCategory};
+use crate::transport::quote::{error_text, kind_of, preview};
 
 /// Which request body an agent gets.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -789,7 +789,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::protocol::line::{
+    use crate::transport::line::{
         LineEndpoint, LineLimits, LineTransport, ProcessMode, ProcessSpec,
     };
 

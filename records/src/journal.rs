@@ -1,0 +1,109 @@
+//! The journal's entries: what a run started with, each agent's setup, each execution
+//! node's turns, each trajectory, and the run's totals.
+
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::trajectory::TrajectoryRecord;
+use crate::turn::TurnRecord;
+
+/// One line of the journal: `{"run_started":{…}}`, `{"node":{…}}`, `{"trajectory":{…}}`,
+/// `{"run_finished":{…}}`. Externally tagged on purpose: an internally tagged enum makes
+/// serde buffer every entry before decoding it, which doubled the cost of reading a journal.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JournalEntry {
+    RunStarted(RunInfo),
+    /// What an agent's one-time setup learned (Fixie's handshake); at most one per agent,
+    /// before its first node.
+    Agent(AgentRecord),
+    Node(NodeRecord),
+    /// Boxed: a trajectory record is much larger than the other entries.
+    Trajectory(Box<TrajectoryRecord>),
+    RunFinished(RunSummary),
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RunInfo {
+    pub run_id: String,
+    /// RFC 3339, UTC.
+    pub started_at: String,
+    pub trellis_version: String,
+    /// Suite names in load order.
+    pub suites: Vec<String>,
+    pub jobs: usize,
+    /// Trajectories the plan will run or record as skipped.
+    pub planned_trajectories: u64,
+    /// Every planned scenario in plan order, with what a reader needs to know about it.
+    /// Absent from journals written before it existed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub scenarios: Vec<ScenarioInfo>,
+    /// `trellis rejudge`: the run whose transcripts this run re-scored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rejudged_from: Option<String>,
+}
+
+/// A planned scenario as a report presents it: who the user is, which paths the plan
+/// walks, and how many times.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ScenarioInfo {
+    pub suite: String,
+    /// The scenario id, as in `TrajectoryRecord::scenario`.
+    pub scenario: String,
+    /// The human title (`name "…"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// The persona as templates see it: `{id, type, description, instructions}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persona: Option<serde_json::Value>,
+    /// `user-context { … }` as written.
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub user_context: serde_json::Map<String, serde_json::Value>,
+    /// Agent ids in plan order.
+    pub agents: Vec<String>,
+    /// Trajectory names in plan order (the order of the branches in the suite).
+    pub trajectories: Vec<String>,
+    pub repeat: u32,
+}
+
+/// What an agent's protocol learned when it was set up for the run.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct AgentRecord {
+    pub agent: String,
+    pub protocol: String,
+    /// Protocol-specific, as received (Fixie: `base_prompt`, `few_shots`).
+    pub info: serde_json::Value,
+}
+
+/// The turns one execution node took: a segment of the trajectory graph, executed once per
+/// repetition however many trajectories share it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct NodeRecord {
+    pub suite: String,
+    pub scenario: String,
+    pub agent: String,
+    pub repetition: u32,
+    /// Path of segment labels from the root: `start`, `accepts`, `accepts/then`.
+    pub node: String,
+    pub parent: Option<String>,
+    /// Shared with the trajectory's path in the engine: recording a turn does not copy its
+    /// messages.
+    pub turns: Vec<Arc<TurnRecord>>,
+}
+
+/// Totals written at the end of the journal.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct RunSummary {
+    pub run_id: String,
+    pub finished_at: String,
+    pub duration_ms: f64,
+    pub trajectories: u64,
+    pub passed: u64,
+    pub failed: u64,
+    pub errors: u64,
+    pub skipped: u64,
+    pub turns: u64,
+}

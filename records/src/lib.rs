@@ -1,0 +1,33 @@
+//! Run records: the stored schema of a Trellis run, one self-contained JSON line per
+//! finished unit in `journal.jsonl`.
+//!
+//! Records are the hand-off between the engine and everything that presents results. The
+//! engine (`trellis-engine`, which re-exports this crate as `trellis_engine::record`)
+//! appends them to the run journal as soon as each execution node or trajectory finishes,
+//! so memory stays bounded and a crash keeps every finished trajectory; `trellis-reports`
+//! reads the journal back into tables depending on this crate alone, without the engine's
+//! runtime, HTTP stack or agent servers.
+//!
+//! This crate depends on nothing of Trellis and holds only data: the serde shapes here are
+//! the on-disk format (`docs/results.md`), so a change to a field's name or encoding is a
+//! change of every journal already written. `tests/previous_journal.rs` decodes a journal
+//! written before the types moved here and checks they encode it to the same JSON.
+
+mod chat;
+mod fault;
+mod journal;
+mod llm;
+mod trajectory;
+mod turn;
+
+pub use chat::{ChatMessage, ToolCall, ToolCallFunction};
+pub use fault::{Fault, FaultCategory};
+pub use journal::{AgentRecord, JournalEntry, NodeRecord, RunInfo, RunSummary, ScenarioInfo};
+pub use llm::{CacheUse, JudgeVerdict, LlmCall, LlmUsage, MetricScore};
+pub use trajectory::{
+    AgentBranchRecord, CriterionRecord, CriterionStatus, TrajectoryRecord, TrajectoryStatus,
+};
+pub use turn::{AttemptRecord, ExchangeRecord, ToolCallRecord, TurnRecord};
+
+/// The journal's file name in a run directory.
+pub const JOURNAL_FILE: &str = "journal.jsonl";

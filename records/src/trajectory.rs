@@ -1,0 +1,138 @@
+//! Trajectories as recorded: one path through a scenario for one agent and repetition,
+//! with its status and every check's record.
+
+use serde::{Deserialize, Serialize};
+
+use crate::fault::Fault;
+use crate::llm::{JudgeVerdict, LlmUsage};
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum TrajectoryStatus {
+    Passed,
+    Failed,
+    Error,
+    Skipped,
+}
+
+impl TrajectoryStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TrajectoryStatus::Passed => "passed",
+            TrajectoryStatus::Failed => "failed",
+            TrajectoryStatus::Error => "error",
+            TrajectoryStatus::Skipped => "skipped",
+        }
+    }
+}
+
+/// One path through a scenario's trajectory graph, for one agent and repetition.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TrajectoryRecord {
+    pub suite: String,
+    pub scenario: String,
+    /// Branch names along the path joined with `/`; `main` when the scenario never forks.
+    pub trajectory: String,
+    pub agent: String,
+    pub protocol: String,
+    pub repetition: u32,
+    /// Execution nodes along the path, root first (join with `NodeRecord::node`).
+    pub nodes: Vec<String>,
+    pub status: TrajectoryStatus,
+    /// Agent turns taken along the whole path.
+    pub turns: u32,
+    /// Time the trajectory's own steps took (its agent calls, retries included), not the
+    /// time it waited for a `--jobs` or `concurrency` slot.
+    pub duration_ms: f64,
+    pub fault: Option<Fault>,
+    /// Why the trajectory did not run (status `skipped`).
+    pub skip_reason: Option<String>,
+    /// Every check on this trajectory: the `expect`s of its turns and its `criteria`.
+    pub criteria: Vec<CriterionRecord>,
+    pub tags: Vec<String>,
+    /// The forks the agent itself asked for along this path (MultiAgentEval `branch`
+    /// actions), outermost first; the trajectory's name ends with their labels.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub agent_branches: Vec<AgentBranchRecord>,
+    /// The agent's question when the trajectory ended with the agent waiting for a human
+    /// (a `hitl_pause` no `hitl` step answered).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub awaiting_human: Option<String>,
+    /// The tool sandbox's state document at the end (agents whose tools the engine
+    /// answers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_state: Option<serde_json::Value>,
+    /// Values the trajectory's `capture` steps took, by name (its `vars`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub captures: std::collections::BTreeMap<String, String>,
+    /// The engine's own LLM calls for this trajectory (simulated user turns on its path,
+    /// its judged checks), summed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub llm: Option<Box<LlmUsage>>,
+}
+
+/// One continuation of a fork the agent asked for.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct AgentBranchRecord {
+    /// `~LABEL` in trajectory and node names: a slug of the option.
+    pub label: String,
+    /// The alternative this continuation follows, as the agent wrote it.
+    pub option: String,
+    pub reason: Option<String>,
+    /// 1-based position among the alternatives the agent listed.
+    pub index: u32,
+    /// How many alternatives the agent listed.
+    pub count: u32,
+    /// 1 for a branch action on the scenario's own path, 2 inside a continuation, …
+    pub depth: u32,
+    /// Alternatives of the same branch action that were not explored, and why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unexplored: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limited_by: Option<String>,
+}
+
+impl TrajectoryRecord {
+    /// How many of its checks ended with `status`.
+    pub fn checks_with(&self, status: CriterionStatus) -> usize {
+        self.criteria.iter().filter(|c| c.status == status).count()
+    }
+}
+
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, Hash)]
+#[serde(rename_all = "snake_case")]
+pub enum CriterionStatus {
+    Passed,
+    Failed,
+    Skipped,
+    /// The check could not be evaluated because its evaluator failed (an LLM judge whose
+    /// call failed or whose answer was garbage). Never passed; the trajectory is `error`.
+    Error,
+}
+
+impl CriterionStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CriterionStatus::Passed => "passed",
+            CriterionStatus::Failed => "failed",
+            CriterionStatus::Skipped => "skipped",
+            CriterionStatus::Error => "error",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct CriterionRecord {
+    /// The turn checked (`expect`); `None` for trajectory-level `criteria`.
+    pub turn_index: Option<u32>,
+    /// The criterion as written.
+    pub criterion: String,
+    pub kind: String,
+    pub status: CriterionStatus,
+    /// Why it failed or was skipped; what was observed when it passed.
+    pub detail: Option<String>,
+    /// LLM-judged criteria (`judge`, `outcome`): the judge, score, threshold, justification,
+    /// per-metric scores and the call's usage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub judge: Option<Box<JudgeVerdict>>,
+}

@@ -1,0 +1,109 @@
+//! One turn of a conversation as recorded: its messages, tool calls, every exchange on the
+//! wire with its attempts, timings, tokens and the fault that ended it.
+
+use serde::{Deserialize, Serialize};
+
+use crate::chat::ChatMessage;
+use crate::fault::Fault;
+use crate::llm::LlmCall;
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct TurnRecord {
+    /// Zero-based agent call index within the trajectory.
+    pub turn_index: u32,
+    /// What started the turn: `user`, `opening` (the agent spoke first), `call` (a Fixie
+    /// function), `human` (an answer to a pause).
+    #[serde(default = "user_kind")]
+    pub kind: String,
+    /// The function called, for `call` turns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub function: Option<String>,
+    /// A replay of a shared prefix in a fresh session (session-bound protocols at a fork):
+    /// the branch's own conversation, not a new test of the prefix. Its criteria were
+    /// judged once, on the original turn; keep its latency apart.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub replay: bool,
+    /// Answered from an earlier run's records by `trellis watch` (the conversation up to
+    /// here was unchanged): the agent was not called for it. Never in a `trellis run`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub reused: bool,
+    pub user_message: String,
+    /// The assistant's final text of the turn.
+    pub reply: Option<String>,
+    /// Every message the agent returned this turn (assistant, tool, final assistant).
+    pub messages: Vec<ChatMessage>,
+    /// Structured data the agent answered with (an A2A task with its data parts and
+    /// artifacts): what `reply json-path=…` and `capture json-path=…` read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<serde_json::Value>,
+    pub tool_calls: Vec<ToolCallRecord>,
+    /// Milliseconds since the run started.
+    pub started_ms: f64,
+    pub latency_ms: f64,
+    /// Time to first streamed token; only for streaming protocols.
+    pub ttft_ms: Option<f64>,
+    pub prompt_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
+    pub total_tokens: Option<u64>,
+    /// The turn's tokens at the prices of the provider a model under test is reached
+    /// through (`provider=` with `input-price`/`output-price`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_usd: Option<f64>,
+    pub model: Option<String>,
+    pub provider: Option<String>,
+    /// Attempts made over every exchange (1 for one clean request).
+    pub attempts: u32,
+    pub fault: Option<Fault>,
+    /// Every request of the turn with its attempts (several for action loops, retries).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exchanges: Vec<ExchangeRecord>,
+    /// A `simulate` turn: the LLM calls that wrote its user message (retries included).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub simulator: Vec<LlmCall>,
+    /// LLM calls made on the agent's behalf to answer the turn (a Fixie agent's few-shot
+    /// loop: one per round), summed into the trajectory's `llm_*` usage.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub llm: Vec<LlmCall>,
+}
+
+/// Lets code that takes turns as `AsRef<TurnRecord>` (a trajectory's shared `Arc`s in the
+/// engine) take plain records too.
+impl AsRef<TurnRecord> for TurnRecord {
+    fn as_ref(&self) -> &TurnRecord {
+        self
+    }
+}
+
+fn user_kind() -> String {
+    "user".to_owned()
+}
+
+/// One request of a turn.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct ExchangeRecord {
+    /// `POST /agent/respond`, `POST /process`, …
+    pub label: String,
+    /// Wall time of the attempt that counted.
+    pub latency_ms: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttft_ms: Option<f64>,
+    /// Every attempt's latency and fault, in order; the last one is the one that counted.
+    pub attempts: Vec<AttemptRecord>,
+}
+
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct AttemptRecord {
+    pub latency_ms: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fault: Option<Fault>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct ToolCallRecord {
+    pub call_id: String,
+    pub name: String,
+    /// JSON text, as the agent sent it.
+    pub arguments: String,
+    /// The tool message content answering this call, when the agent returned one.
+    pub result: Option<String>,
+}
