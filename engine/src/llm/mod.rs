@@ -11,19 +11,24 @@
 //! The API key comes from an environment variable and never leaves the request headers: it is
 //! sent as a sensitive header value and cut out of every error message ([`provider`]).
 //!
-//! The wire formats are pure functions in [`wire`]; the on-disk response cache is [`cache`];
+//! The wire formats are [`openai`] and [`anthropic`], one codec per API for every caller
+//! (the engine's calls and the `openai`/`anthropic` agents under test), picked in [`codec`];
+//! the on-disk response cache is [`cache`];
 //! prompts, rubrics and answer parsing of LLM judges are [`judge`]; [`runtime`] holds a run's
 //! providers, judges and cache, judges one criterion into its record and writes the simulated
 //! user's turns ([`simulator`]).
 
+pub mod anthropic;
 pub mod cache;
+pub mod chat;
+pub mod codec;
 pub mod judge;
+pub mod openai;
 pub mod provider;
 pub mod rejudge;
 pub mod runtime;
 pub mod simulator;
 pub mod slots;
-pub mod wire;
 
 use serde::{Deserialize, Serialize};
 

@@ -27,8 +27,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use trellis_dsl::{DEFAULT_PROVIDER_RETRIES, Provider, ProviderKind};
 
+use super::codec::{self, DecodeError, WireRequest};
 use super::slots::{ServerRegistry, ServerSlots};
-use super::wire::{self, ANTHROPIC_VERSION, DecodeError, WireRequest};
 use super::{CacheUse, LlmCall, LlmError, LlmOutcome, LlmRequest};
 use crate::protocol::http::{
     CallLimits, HttpTransport, RateLimitWaits, RetryPolicy, answer_or_fault, retry_after,
@@ -197,12 +197,7 @@ impl ProviderClient {
         };
         let mut headers = HeaderMap::new();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        if provider.kind == ProviderKind::Anthropic {
-            headers.insert(
-                HeaderName::from_static("anthropic-version"),
-                HeaderValue::from_static(ANTHROPIC_VERSION),
-            );
-        }
+        codec::api_headers(provider.kind, &mut headers);
         for (name, value) in &provider.headers {
             let invalid = || ProviderSetupError::InvalidHeader {
                 provider: id.clone(),
@@ -214,14 +209,7 @@ impl ProviderClient {
             headers.append(name, value);
         }
         if let Some(key) = &key {
-            let (name, text) = match provider.kind {
-                ProviderKind::OpenAi => {
-                    (reqwest::header::AUTHORIZATION, format!("Bearer {}", key.0))
-                }
-                ProviderKind::Anthropic => {
-                    (HeaderName::from_static("x-api-key"), key.0.to_string())
-                }
-            };
+            let (name, text) = codec::key_header(provider.kind, &key.0);
             let mut value =
                 HeaderValue::from_str(&text).map_err(|_| ProviderSetupError::InvalidKey {
                     provider: id.clone(),
@@ -386,7 +374,7 @@ impl ProviderClient {
         let wire_request = self.resolved(request).ok_or_else(|| LlmError::NoModel {
             provider: self.id.clone(),
         })?;
-        let body = Bytes::from(wire::encode(self.kind, &wire_request).to_string());
+        let body = Bytes::from(codec::encode(self.kind, &wire_request).to_string());
         let estimate = estimate_tokens(&wire_request);
         let mut rate_limits = RateLimitWaits::default();
         loop {
@@ -431,16 +419,26 @@ impl ProviderClient {
                 call.waited_ms += wait.as_secs_f64() * 1000.0;
                 continue;
             }
-            return wire::decode(self.kind, &response.body).map_err(|e| match e {
-                DecodeError::Malformed(detail) => LlmError::Malformed {
-                    provider: self.id.clone(),
-                    detail: self.redact(&detail),
-                },
-                DecodeError::Provider(detail) => LlmError::Provider {
-                    provider: self.id.clone(),
-                    detail: self.redact(&detail),
-                },
-            });
+            return codec::decode(self.kind, &response.body)
+                .and_then(codec::Answer::into_completion)
+                .map_err(|e| self.decode_error(e));
+        }
+    }
+
+    fn decode_error(&self, e: DecodeError) -> LlmError {
+        match e {
+            DecodeError::NotJson { .. } => LlmError::Malformed {
+                provider: self.id.clone(),
+                detail: self.redact(&e.to_string()),
+            },
+            DecodeError::Malformed(detail) => LlmError::Malformed {
+                provider: self.id.clone(),
+                detail: self.redact(&detail),
+            },
+            DecodeError::Provider(detail) => LlmError::Provider {
+                provider: self.id.clone(),
+                detail: self.redact(&detail),
+            },
         }
     }
 
@@ -463,16 +461,7 @@ pub struct Admitted {
 
 /// `{base}/chat/completions` or `{base}/messages`, unless the base already ends with it.
 fn endpoint(kind: ProviderKind, base: Option<&str>) -> Option<Url> {
-    let (default_base, path) = match kind {
-        ProviderKind::OpenAi => ("https://api.openai.com/v1", "chat/completions"),
-        ProviderKind::Anthropic => ("https://api.anthropic.com/v1", "messages"),
-    };
-    let base = base.unwrap_or(default_base).trim_end_matches('/');
-    let full = if base.ends_with(path) {
-        base.to_owned()
-    } else {
-        format!("{base}/{path}")
-    };
+    let full = codec::endpoint_text(kind, base.unwrap_or(codec::default_base(kind)));
     let url: Url = full.parse().ok()?;
     matches!(url.scheme(), "http" | "https").then_some(url)
 }

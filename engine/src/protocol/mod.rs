@@ -20,6 +20,7 @@
 
 pub mod a2a;
 pub mod agentscope;
+pub mod anthropic;
 pub mod connexity;
 pub mod fixie;
 pub mod http;
@@ -121,28 +122,29 @@ pub fn build(setup: AgentSetup<'_>) -> Result<Arc<dyn AgentProtocol>, Fault> {
             .map_err(|e| setup_fault(&e)),
         Protocol::OpenAi | Protocol::Anthropic => {
             let settings = &setup.agent.openai;
-            openai::OpenAiClient::new(
+            let options = openai::OpenAiOptions {
+                model: settings.model.clone().unwrap_or_default(),
+                system_prompt: setup.system_prompt.clone(),
+                tools: settings.tools.clone(),
+                max_tool_rounds: settings.max_tool_rounds,
+                stream: setup.agent.stream,
+                provider: setup.provider.clone(),
+                server_slots: setup.server_slots.clone(),
+                temperature: settings.temperature,
+                max_tokens: settings.max_tokens,
+            };
+            let new = if setup.agent.protocol == Protocol::Anthropic {
+                anthropic::client
+            } else {
+                openai::OpenAiClient::new
+            };
+            new(
                 setup.url,
                 setup.headers.clone(),
                 setup.limits,
                 setup.retry,
                 setup.transport.clone(),
-                openai::OpenAiOptions {
-                    model: settings.model.clone().unwrap_or_default(),
-                    system_prompt: setup.system_prompt.clone(),
-                    tools: settings.tools.clone(),
-                    max_tool_rounds: settings.max_tool_rounds,
-                    stream: setup.agent.stream,
-                    api: if setup.agent.protocol == Protocol::Anthropic {
-                        openai::Api::Anthropic
-                    } else {
-                        openai::Api::OpenAi
-                    },
-                    provider: setup.provider.clone(),
-                    server_slots: setup.server_slots.clone(),
-                    temperature: settings.temperature,
-                    max_tokens: settings.max_tokens,
-                },
+                options,
             )
             .map(|c| Arc::new(c) as Arc<dyn AgentProtocol>)
             .map_err(|e| setup_fault(&e))
