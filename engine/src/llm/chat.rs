@@ -10,12 +10,12 @@
 //! attempt queued for a provider's limits or a server's slot is taken off its latency
 //! ([`Exchange::queued`]) instead of counting as the model's.
 //!
-//! A 429 is waited out (its `Retry-After` honoured) as a provider's is, within the turn's
-//! deadline ([`RateLimitWaits`]). Asking a model again has no side effect, so timeouts and
-//! broken connections are retried within `retries` too.
+//! Requests go through the same call loop as the engine's ([`super::send`]): a 429 is waited
+//! out (its `Retry-After` honoured) within the turn's deadline ([`RateLimitWaits`]). Asking a
+//! model again has no side effect, so timeouts and broken connections are retried within
+//! `retries` too.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use reqwest::Url;
@@ -23,34 +23,18 @@ use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderValue};
 use trellis_dsl::ProviderKind;
 
 use super::codec::{self, ChatRequest};
-use super::provider::{Admitted, ProviderClient};
+use super::provider::ProviderClient;
+use super::send::{Queue, Received, Request, SendError, send};
 use super::slots::ServerSlots;
 use crate::protocol::http::{
     CallLimits, EndpointError, HttpTransport, RateLimitWaits, RetryPolicy, agent_url,
-    answer_or_fault, retry_after, with_agent_headers, with_retries,
+    with_agent_headers,
 };
-use crate::protocol::sse::{self, Opened, StreamLimits};
 use crate::protocol::{ChatMessage, Exchange};
 use crate::record::{Fault, FaultCategory};
 
 /// The assistant message of one request and its usage, or the fault.
 type Answer = Result<(ChatMessage, Option<crate::protocol::Usage>), Fault>;
-
-/// A round of attempts: the answer, and `Some(Retry-After)` when it was a 429 to wait out.
-type Round = (Answer, Option<Option<Duration>>);
-
-/// What an attempt holds while it runs: a provider's limits or a server's slot.
-enum Held {
-    Provider(#[allow(dead_code)] Admitted),
-    Server(#[allow(dead_code)] Option<tokio::sync::OwnedSemaphorePermit>),
-    Nothing,
-}
-
-/// The fault of a 429 answer on its attempt; the call waits and asks again, or gives up
-/// with [`RateLimitWaits::gave_up`].
-fn rate_limited() -> Fault {
-    Fault::new(FaultCategory::Http4xx, "HTTP 429 Too Many Requests")
-}
 
 /// `{base}/chat/completions` (or `/messages`), unless the base already ends with it.
 fn completions_url(base: &str, api: ProviderKind) -> Result<Url, EndpointError> {
@@ -201,7 +185,8 @@ impl ChatClient {
         serde_json::to_vec(&body).map(Bytes::from)
     }
 
-    /// One request for `history` (after retries): the exchange and the assistant message.
+    /// One request for `history` (after retries and 429 waits): the exchange and the
+    /// assistant message.
     pub async fn complete(
         &self,
         history: &[ChatMessage],
@@ -224,18 +209,44 @@ impl ChatClient {
         };
         // Charged against a provider's token limit, as the provider's own calls are.
         let estimate = super::provider::token_estimate(body.len(), config.max_tokens);
-        let mut rate_limits = RateLimitWaits::default();
-        let outcome = loop {
-            let (outcome, rate_limited) =
-                self.attempt(&body, estimate, deadline, &mut exchange).await;
-            let Some(asked) = rate_limited else {
-                break outcome;
-            };
-            match rate_limits.next(asked, deadline) {
-                Some(wait) => tokio::time::sleep(wait).await,
-                None => break Err(rate_limits.gave_up()),
+        let queue = match (&config.provider, &config.server_slots) {
+            (Some(provider), _) => Queue::Provider(provider, estimate),
+            (None, Some(server)) => Queue::Server(server),
+            (None, None) => Queue::Open,
+        };
+        let request = Request {
+            url: &config.url,
+            headers: &config.headers,
+            body,
+            limits: config.limits,
+            retry: config.retry,
+            transport: &config.transport,
+            queue,
+            stream: config.stream,
+            deadline,
+            provider: config.provider.as_deref(),
+        };
+        let mut waits = RateLimitWaits::default();
+        let outcome = match send(&request, &mut exchange, &mut waits).await {
+            Err(SendError::Failed(fault) | SendError::RateLimited(fault)) => Err(fault),
+            Ok(Received::Body(body)) => decode(config.api, &body),
+            // The queue's slot stays taken while the stream is read.
+            Ok(Received::Events(mut stream, _held)) => {
+                stream.set_deadline(deadline);
+                let mut first_content = None;
+                let outcome = codec::read_stream(config.api, &mut stream, &mut first_content)
+                    .await
+                    .map(|answer| (answer.message, answer.usage));
+                exchange.ttft = first_content.or(stream.ttft());
+                // From the request to the end of the stream (the stream started after the
+                // queue).
+                if let Some(last) = exchange.attempts.last_mut() {
+                    last.latency = stream.started().elapsed();
+                }
+                outcome
             }
         };
+        let outcome = outcome.map_err(|f| self.redact(f));
         // A fault in the answer the last attempt received is that attempt's own.
         if let (Err(fault), Some(last)) = (&outcome, exchange.attempts.last_mut())
             && last.fault.is_none()
@@ -252,140 +263,6 @@ impl ChatClient {
             }
             Err(fault) => (exchange, Err(fault)),
         }
-    }
-
-    /// One round of attempts (with retries) through the provider's limits, if any. A 429
-    /// answer is `Some(Retry-After)` in the second value: the caller waits and asks again.
-    async fn attempt(
-        &self,
-        body: &Bytes,
-        estimate: u32,
-        deadline: Option<tokio::time::Instant>,
-        exchange: &mut Exchange,
-    ) -> Round {
-        let config = &self.inner;
-        // Held for the whole request (a streamed answer included).
-        // Time queued for a provider's limits or a server's slot, per attempt: not the
-        // agent's latency, and not spent from the trajectory's time budget.
-        let queued = std::sync::Mutex::new(Vec::new());
-        let admit = || async {
-            let started = tokio::time::Instant::now();
-            let held = match (&config.provider, &config.server_slots) {
-                (Some(provider), _) => Held::Provider(provider.admit(estimate).await),
-                (None, Some(server)) => Held::Server(server.acquire().await),
-                (None, None) => Held::Nothing,
-            };
-            if let Ok(mut queued) = queued.lock() {
-                queued.push(started.elapsed());
-            }
-            held
-        };
-        let (outcome, asked) = if config.stream {
-            let limits = StreamLimits::from(config.limits);
-            let attempted = with_retries(config.retry, config.limits.timeout, deadline, |budget| {
-                let body = body.clone();
-                async move {
-                    let held = admit().await;
-                    sse::open(
-                        &config.transport,
-                        &config.url,
-                        &config.headers,
-                        body,
-                        limits,
-                        budget,
-                    )
-                    .await
-                    .map(|opened| (opened, held))
-                    .map_err(|f| self.redact(f))
-                }
-            })
-            .await;
-            exchange.attempts.extend(attempted.attempts);
-            let outcome = match attempted.result {
-                Err(fault) => Err(fault),
-                Ok((Opened::RateLimited(asked), _)) => {
-                    return self.round_done(exchange, &queued, Err(rate_limited()), Some(asked));
-                }
-                Ok((Opened::Json(body), _)) => decode(config.api, &body),
-                // The provider's slot stays taken while the stream is read.
-                Ok((Opened::Events(mut stream), _held)) => {
-                    stream.set_deadline(deadline);
-                    let mut first_content = None;
-                    let outcome = codec::read_stream(config.api, &mut stream, &mut first_content)
-                        .await
-                        .map(|answer| (answer.message, answer.usage));
-                    exchange.ttft = first_content.or(stream.ttft());
-                    // From the request to the end of the stream (the stream started after the
-                    // queue, which is taken off below: added here so it comes out even).
-                    let queue = queued
-                        .lock()
-                        .ok()
-                        .and_then(|q| q.last().copied())
-                        .unwrap_or_default();
-                    if let Some(last) = exchange.attempts.last_mut() {
-                        last.latency = stream.started().elapsed() + queue;
-                    }
-                    outcome
-                }
-            };
-            (outcome.map_err(|f| self.redact(f)), None)
-        } else {
-            let attempted = with_retries(config.retry, config.limits.timeout, deadline, |budget| {
-                let body = body.clone();
-                async move {
-                    let _held = admit().await;
-                    config
-                        .transport
-                        .post_json_raw(
-                            &config.url,
-                            &config.headers,
-                            body,
-                            config.limits.max_response_size,
-                            budget,
-                        )
-                        .await
-                        .and_then(answer_or_fault)
-                        .map_err(|f| self.redact(f))
-                }
-            })
-            .await;
-            exchange.attempts.extend(attempted.attempts);
-            match attempted.result {
-                Err(fault) => (Err(fault), None),
-                Ok(response) if response.status == reqwest::StatusCode::TOO_MANY_REQUESTS => {
-                    let asked = retry_after(&response.headers, std::time::SystemTime::now());
-                    (Err(rate_limited()), Some(asked))
-                }
-                Ok(response) => (
-                    decode(config.api, &response.body).map_err(|f| self.redact(f)),
-                    None,
-                ),
-            }
-        };
-        self.round_done(exchange, &queued, outcome, asked)
-    }
-
-    /// Ends a round of attempts: each attempt's queue time is taken off its latency (the
-    /// round's attempts are the last ones recorded), and a 429 answer is its attempt's fault.
-    fn round_done(
-        &self,
-        exchange: &mut Exchange,
-        queued: &std::sync::Mutex<Vec<Duration>>,
-        outcome: Answer,
-        asked: Option<Option<Duration>>,
-    ) -> Round {
-        let queued = queued.lock().map(|q| q.clone()).unwrap_or_default();
-        exchange.queued += queued.iter().sum::<Duration>();
-        let round = exchange.attempts.len().saturating_sub(queued.len());
-        for (attempt, wait) in exchange.attempts.iter_mut().skip(round).zip(queued) {
-            attempt.latency = attempt.latency.saturating_sub(wait);
-        }
-        if asked.is_some()
-            && let Some(last) = exchange.attempts.last_mut()
-        {
-            last.fault = Some(rate_limited());
-        }
-        (outcome, asked)
     }
 
     /// `fault` without the provider's key, which servers sometimes echo in error bodies.

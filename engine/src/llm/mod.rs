@@ -27,6 +27,7 @@ pub mod openai;
 pub mod provider;
 pub mod rejudge;
 pub mod runtime;
+pub mod send;
 pub mod simulator;
 pub mod slots;
 

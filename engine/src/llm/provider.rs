@@ -17,7 +17,7 @@
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use bytes::Bytes;
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
@@ -28,12 +28,11 @@ use tokio::time::Instant;
 use trellis_dsl::{DEFAULT_PROVIDER_RETRIES, Provider, ProviderKind};
 
 use super::codec::{self, DecodeError, WireRequest};
+use super::send::{Queue, Received, Request, SendError, send};
 use super::slots::{ServerRegistry, ServerSlots};
 use super::{CacheUse, LlmCall, LlmError, LlmOutcome, LlmRequest};
-use crate::protocol::http::{
-    CallLimits, HttpTransport, RateLimitWaits, RetryPolicy, answer_or_fault, retry_after,
-    with_retries,
-};
+use crate::protocol::Exchange;
+use crate::protocol::http::{CallLimits, HttpTransport, RateLimitWaits, RetryPolicy};
 use crate::record::{Fault, FaultCategory};
 use crate::render::EnvSnapshot;
 
@@ -376,53 +375,44 @@ impl ProviderClient {
         })?;
         let body = Bytes::from(codec::encode(self.kind, &wire_request).to_string());
         let estimate = estimate_tokens(&wire_request);
-        let mut rate_limits = RateLimitWaits::default();
-        loop {
-            let waited = std::sync::Mutex::new(Duration::ZERO);
-            let attempted = with_retries(self.retry, self.limits.timeout, deadline, |budget| {
-                let body = body.clone();
-                let waited = &waited;
-                async move {
-                    let queued = Instant::now();
-                    let _slot = self.gate.pass(estimate).await;
-                    if let Ok(mut w) = waited.lock() {
-                        *w += queued.elapsed();
-                    }
-                    self.transport
-                        .post_json_raw(
-                            &self.url,
-                            &self.headers,
-                            body,
-                            self.limits.max_response_size,
-                            budget,
-                        )
-                        .await
-                        .and_then(answer_or_fault)
-                }
-            })
-            .await;
-            call.attempts = call
-                .attempts
-                .saturating_add(u32::try_from(attempted.attempts.len()).unwrap_or(u32::MAX));
-            call.waited_ms += waited.into_inner().unwrap_or_default().as_secs_f64() * 1000.0;
-            let response = attempted.result.map_err(|fault| self.http_error(fault))?;
-            if response.status == reqwest::StatusCode::TOO_MANY_REQUESTS {
-                call.rate_limited += 1;
-                let asked = retry_after(&response.headers, SystemTime::now());
-                let Some(wait) = rate_limits.next(asked, deadline) else {
-                    return Err(LlmError::RateLimited {
-                        provider: self.id.clone(),
-                        waited_s: rate_limits.waited().as_secs_f64(),
-                    });
-                };
-                tokio::time::sleep(wait).await;
-                call.waited_ms += wait.as_secs_f64() * 1000.0;
-                continue;
+        let request = Request {
+            url: &self.url,
+            headers: &self.headers,
+            body,
+            limits: self.limits,
+            retry: self.retry,
+            transport: &self.transport,
+            queue: Queue::Provider(self, estimate),
+            stream: false,
+            deadline,
+            provider: Some(self),
+        };
+        let mut exchange = Exchange::default();
+        let mut waits = RateLimitWaits::default();
+        let sent = send(&request, &mut exchange, &mut waits).await;
+        call.attempts = u32::try_from(exchange.attempts.len()).unwrap_or(u32::MAX);
+        call.rate_limited = waits.count();
+        call.waited_ms = (exchange.queued + waits.waited()).as_secs_f64() * 1000.0;
+        let body = match sent {
+            Ok(Received::Body(body)) => body,
+            // Not asked for: the engine's calls never stream.
+            Ok(Received::Events(..)) => {
+                return Err(LlmError::Malformed {
+                    provider: self.id.clone(),
+                    detail: "the server answered with an event stream".to_owned(),
+                });
             }
-            return codec::decode(self.kind, &response.body)
-                .and_then(codec::Answer::into_completion)
-                .map_err(|e| self.decode_error(e));
-        }
+            Err(SendError::Failed(fault)) => return Err(self.http_error(fault)),
+            Err(SendError::RateLimited(_)) => {
+                return Err(LlmError::RateLimited {
+                    provider: self.id.clone(),
+                    waited_s: waits.waited().as_secs_f64(),
+                });
+            }
+        };
+        codec::decode(self.kind, &body)
+            .and_then(codec::Answer::into_completion)
+            .map_err(|e| self.decode_error(e))
     }
 
     fn decode_error(&self, e: DecodeError) -> LlmError {
@@ -498,7 +488,9 @@ impl From<&LlmError> for Fault {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::http::retry_after;
     use reqwest::header::RETRY_AFTER;
+    use std::time::SystemTime;
 
     #[test]
     fn retry_after_reads_seconds_and_dates() {
