@@ -10,7 +10,7 @@
 //! attempt queued for a provider's limits or a server's slot is taken off its latency
 //! ([`Exchange::queued`]) instead of counting as the model's.
 //!
-//! Requests go through the same call loop as the engine's ([`super::send`]): a 429 is waited
+//! Requests go through the same call loop as the engine's (`send.rs`): a 429 is waited
 //! out (its `Retry-After` honoured) within the turn's deadline ([`RateLimitWaits`]). Asking a
 //! model again has no side effect, so timeouts and broken connections are retried within
 //! `retries` too.

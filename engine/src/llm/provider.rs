@@ -1,10 +1,13 @@
-//! One `provider` node as a client: endpoint, key, defaults, limits, and the call loop.
+//! One `provider` node as a client: endpoint, key, defaults, limits, prices, and the
+//! engine's calls through it.
 //!
-//! The call loop layers three things over the shared HTTP transport:
+//! Every request to the provider, the engine's and those of a model under test reached
+//! through it, goes through the one call loop (`send.rs`), which layers three things over
+//! the shared HTTP transport:
 //! - **Limits** ([`Gate`]): a concurrency semaphore, requests per minute spaced evenly, and a
 //!   token bucket charged with each request's estimate (prompt characters / 4 + `max_tokens`)
 //!   before it is sent. Every HTTP attempt passes the gate, retries included.
-//! - **Retries**: [`with_retries`] with `retry-after-send` semantics, since asking a model
+//! - **Retries**: [`with_retries`](crate::protocol::http::with_retries) with `retry-after-send` semantics, since asking a model
 //!   again has no side effect beyond its cost: connect errors, timeouts, broken connections
 //!   and 5xx are retried with backoff.
 //! - **429**: an answer, not a failure. The call sleeps for its `Retry-After` (seconds or an

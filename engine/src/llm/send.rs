@@ -2,7 +2,7 @@
 //! ([`ProviderClient::complete`]) and those of agents under test ([`super::chat`]).
 //!
 //! One logical request is rounds of attempts. Each attempt first queues where the request
-//! must ([`Queue`]: a provider's limits, else a model server's slots), then is sent; the
+//! must (`Queue`: a provider's limits, else a model server's slots), then is sent; the
 //! round retries within the caller's [`RetryPolicy`] ([`with_retries`]). A 429 ends the
 //! round: it is waited out (its `Retry-After` honoured, [`RateLimitWaits`]) and a new round
 //! starts, so a rate-limited model is never failed for it until the waits run out. The time
