@@ -1,29 +1,36 @@
-//! LLM providers: the calls the engine itself makes to a language model (the simulated user,
-//! judges), as opposed to the agents under test.
+//! The LLM client: every call to a language model, the engine's own (the simulated user,
+//! judges, Fixie's LLM) and those of the `openai`/`anthropic` agents under test.
 //!
 //! A [`ProviderClient`] is one `provider` node as configured for a run: OpenAI-compatible chat
 //! completions (the hosted API, llama.cpp, vLLM, Ollama) or Anthropic Messages, over the run's
-//! shared [`HttpTransport`](crate::transport::http::HttpTransport). It owns what makes LLM calls
-//! different from agent calls: they are rate limited (per-provider concurrency, requests and
-//! tokens per minute), a 429 is waited out (its `Retry-After` honoured) and never counts as a
-//! failure, and every call is recorded with its token usage and cost ([`LlmCall`]).
+//! shared [`HttpTransport`](crate::transport::http::HttpTransport). Its calls are rate limited
+//! (per-provider concurrency, requests and tokens per minute), a 429 is waited out (its
+//! `Retry-After` honoured) and never counts as a failure, and every call is recorded with its
+//! token usage and cost ([`LlmCall`]). A model under test is called through
+//! [`chat::ChatClient`], which borrows a provider (its endpoint, key, limits and prices) when
+//! the agent names one; both send through one call loop (`send.rs`).
 //!
 //! The API key comes from an environment variable and never leaves the request headers: it is
 //! sent as a sensitive header value and cut out of every error message ([`provider`]).
 //!
-//! The wire formats are pure functions in [`wire`]; the on-disk response cache is [`cache`];
-//! prompts, rubrics and answer parsing of LLM judges are [`judge`]; [`runtime`] holds a run's
-//! providers, judges and cache, judges one criterion into its record and writes the simulated
-//! user's turns ([`simulator`]).
+//! The wire formats are [`openai`] and [`anthropic`], one codec per API for every caller,
+//! picked in [`codec`]; a server's slots are [`slots`]; the on-disk response cache is
+//! [`cache`]; prompts, rubrics and answer parsing of LLM judges are [`judge`]; [`runtime`]
+//! holds a run's providers, judges and cache, judges one criterion into its record and writes
+//! the simulated user's turns ([`simulator`]).
 
+pub mod anthropic;
 pub mod cache;
+pub mod chat;
+pub mod codec;
 pub mod judge;
+pub mod openai;
 pub mod provider;
 pub mod rejudge;
 pub mod runtime;
+mod send;
 pub mod simulator;
 pub mod slots;
-pub mod wire;
 
 use serde::{Deserialize, Serialize};
 

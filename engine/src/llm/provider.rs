@@ -1,10 +1,13 @@
-//! One `provider` node as a client: endpoint, key, defaults, limits, and the call loop.
+//! One `provider` node as a client: endpoint, key, defaults, limits, prices, and the
+//! engine's calls through it.
 //!
-//! The call loop layers three things over the shared HTTP transport:
+//! Every request to the provider, the engine's and those of a model under test reached
+//! through it, goes through the one call loop (`send.rs`), which layers three things over
+//! the shared HTTP transport:
 //! - **Limits** ([`Gate`]): a concurrency semaphore, requests per minute spaced evenly, and a
 //!   token bucket charged with each request's estimate (prompt characters / 4 + `max_tokens`)
 //!   before it is sent. Every HTTP attempt passes the gate, retries included.
-//! - **Retries**: [`with_retries`] with `retry-after-send` semantics, since asking a model
+//! - **Retries**: [`with_retries`](crate::transport::http::with_retries) with `retry-after-send` semantics, since asking a model
 //!   again has no side effect beyond its cost: connect errors, timeouts, broken connections
 //!   and 5xx are retried with backoff.
 //! - **429**: an answer, not a failure. The call sleeps for its `Retry-After` (seconds or an
@@ -17,7 +20,7 @@
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use bytes::Bytes;
 use governor::{DefaultDirectRateLimiter, Quota, RateLimiter};
@@ -27,15 +30,14 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 use trellis_dsl::{DEFAULT_PROVIDER_RETRIES, Provider, ProviderKind};
 
+use super::codec::{self, DecodeError, WireRequest};
+use super::send::{Queue, Received, Request, SendError, send};
 use super::slots::{ServerRegistry, ServerSlots};
-use super::wire::{self, ANTHROPIC_VERSION, DecodeError, WireRequest};
 use super::{CacheUse, LlmCall, LlmError, LlmOutcome, LlmRequest};
 use crate::record::{Fault, FaultCategory};
 use crate::render::EnvSnapshot;
-use crate::transport::http::{
-    CallLimits, HttpTransport, RateLimitWaits, RetryPolicy, answer_or_fault, retry_after,
-    with_retries,
-};
+use crate::transport::Exchange;
+use crate::transport::http::{CallLimits, HttpTransport, RateLimitWaits, RetryPolicy};
 
 /// LLM answers are small; this bounds a misbehaving server.
 const MAX_RESPONSE_SIZE: u64 = 4 * 1024 * 1024;
@@ -197,12 +199,7 @@ impl ProviderClient {
         };
         let mut headers = HeaderMap::new();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        if provider.kind == ProviderKind::Anthropic {
-            headers.insert(
-                HeaderName::from_static("anthropic-version"),
-                HeaderValue::from_static(ANTHROPIC_VERSION),
-            );
-        }
+        codec::api_headers(provider.kind, &mut headers);
         for (name, value) in &provider.headers {
             let invalid = || ProviderSetupError::InvalidHeader {
                 provider: id.clone(),
@@ -214,14 +211,7 @@ impl ProviderClient {
             headers.append(name, value);
         }
         if let Some(key) = &key {
-            let (name, text) = match provider.kind {
-                ProviderKind::OpenAi => {
-                    (reqwest::header::AUTHORIZATION, format!("Bearer {}", key.0))
-                }
-                ProviderKind::Anthropic => {
-                    (HeaderName::from_static("x-api-key"), key.0.to_string())
-                }
-            };
+            let (name, text) = codec::key_header(provider.kind, &key.0);
             let mut value =
                 HeaderValue::from_str(&text).map_err(|_| ProviderSetupError::InvalidKey {
                     provider: id.clone(),
@@ -386,61 +376,62 @@ impl ProviderClient {
         let wire_request = self.resolved(request).ok_or_else(|| LlmError::NoModel {
             provider: self.id.clone(),
         })?;
-        let body = Bytes::from(wire::encode(self.kind, &wire_request).to_string());
+        let body = Bytes::from(codec::encode(self.kind, &wire_request).to_string());
         let estimate = estimate_tokens(&wire_request);
-        let mut rate_limits = RateLimitWaits::default();
-        loop {
-            let waited = std::sync::Mutex::new(Duration::ZERO);
-            let attempted = with_retries(self.retry, self.limits.timeout, deadline, |budget| {
-                let body = body.clone();
-                let waited = &waited;
-                async move {
-                    let queued = Instant::now();
-                    let _slot = self.gate.pass(estimate).await;
-                    if let Ok(mut w) = waited.lock() {
-                        *w += queued.elapsed();
-                    }
-                    self.transport
-                        .post_json_raw(
-                            &self.url,
-                            &self.headers,
-                            body,
-                            self.limits.max_response_size,
-                            budget,
-                        )
-                        .await
-                        .and_then(answer_or_fault)
-                }
-            })
-            .await;
-            call.attempts = call
-                .attempts
-                .saturating_add(u32::try_from(attempted.attempts.len()).unwrap_or(u32::MAX));
-            call.waited_ms += waited.into_inner().unwrap_or_default().as_secs_f64() * 1000.0;
-            let response = attempted.result.map_err(|fault| self.http_error(fault))?;
-            if response.status == reqwest::StatusCode::TOO_MANY_REQUESTS {
-                call.rate_limited += 1;
-                let asked = retry_after(&response.headers, SystemTime::now());
-                let Some(wait) = rate_limits.next(asked, deadline) else {
-                    return Err(LlmError::RateLimited {
-                        provider: self.id.clone(),
-                        waited_s: rate_limits.waited().as_secs_f64(),
-                    });
-                };
-                tokio::time::sleep(wait).await;
-                call.waited_ms += wait.as_secs_f64() * 1000.0;
-                continue;
+        let request = Request {
+            url: &self.url,
+            headers: &self.headers,
+            body,
+            limits: self.limits,
+            retry: self.retry,
+            transport: &self.transport,
+            queue: Queue::Provider(self, estimate),
+            stream: false,
+            deadline,
+            provider: Some(self),
+        };
+        let mut exchange = Exchange::default();
+        let mut waits = RateLimitWaits::default();
+        let sent = send(&request, &mut exchange, &mut waits).await;
+        call.attempts = u32::try_from(exchange.attempts.len()).unwrap_or(u32::MAX);
+        call.rate_limited = waits.count();
+        call.waited_ms = (exchange.queued + waits.waited()).as_secs_f64() * 1000.0;
+        let body = match sent {
+            Ok(Received::Body(body)) => body,
+            // Not asked for: the engine's calls never stream.
+            Ok(Received::Events(..)) => {
+                return Err(LlmError::Malformed {
+                    provider: self.id.clone(),
+                    detail: "the server answered with an event stream".to_owned(),
+                });
             }
-            return wire::decode(self.kind, &response.body).map_err(|e| match e {
-                DecodeError::Malformed(detail) => LlmError::Malformed {
+            Err(SendError::Failed(fault)) => return Err(self.http_error(fault)),
+            Err(SendError::RateLimited(_)) => {
+                return Err(LlmError::RateLimited {
                     provider: self.id.clone(),
-                    detail: self.redact(&detail),
-                },
-                DecodeError::Provider(detail) => LlmError::Provider {
-                    provider: self.id.clone(),
-                    detail: self.redact(&detail),
-                },
-            });
+                    waited_s: waits.waited().as_secs_f64(),
+                });
+            }
+        };
+        codec::decode(self.kind, &body)
+            .and_then(codec::Answer::into_completion)
+            .map_err(|e| self.decode_error(e))
+    }
+
+    fn decode_error(&self, e: DecodeError) -> LlmError {
+        match e {
+            DecodeError::NotJson { .. } => LlmError::Malformed {
+                provider: self.id.clone(),
+                detail: self.redact(&e.to_string()),
+            },
+            DecodeError::Malformed(detail) => LlmError::Malformed {
+                provider: self.id.clone(),
+                detail: self.redact(&detail),
+            },
+            DecodeError::Provider(detail) => LlmError::Provider {
+                provider: self.id.clone(),
+                detail: self.redact(&detail),
+            },
         }
     }
 
@@ -463,16 +454,7 @@ pub struct Admitted {
 
 /// `{base}/chat/completions` or `{base}/messages`, unless the base already ends with it.
 fn endpoint(kind: ProviderKind, base: Option<&str>) -> Option<Url> {
-    let (default_base, path) = match kind {
-        ProviderKind::OpenAi => ("https://api.openai.com/v1", "chat/completions"),
-        ProviderKind::Anthropic => ("https://api.anthropic.com/v1", "messages"),
-    };
-    let base = base.unwrap_or(default_base).trim_end_matches('/');
-    let full = if base.ends_with(path) {
-        base.to_owned()
-    } else {
-        format!("{base}/{path}")
-    };
+    let full = codec::endpoint_text(kind, base.unwrap_or(codec::default_base(kind)));
     let url: Url = full.parse().ok()?;
     matches!(url.scheme(), "http" | "https").then_some(url)
 }
@@ -509,7 +491,9 @@ impl From<&LlmError> for Fault {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::transport::http::retry_after;
     use reqwest::header::RETRY_AFTER;
+    use std::time::SystemTime;
 
     #[test]
     fn retry_after_reads_seconds_and_dates() {

@@ -21,6 +21,7 @@
 
 pub mod a2a;
 pub mod agentscope;
+pub mod anthropic;
 pub mod connexity;
 pub mod fixie;
 pub mod jsonhttp;
@@ -32,14 +33,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use serde::{Deserialize, Serialize};
 use trellis_dsl::Protocol;
 
 use crate::plan::PlannedAgent;
 pub use crate::record::{ChatMessage, ToolCall, ToolCallFunction};
 use crate::record::{Fault, FaultCategory, ToolCallRecord};
-pub use crate::transport::Attempt;
 use crate::transport::http::{CallLimits, HttpTransport, RetryPolicy};
+pub use crate::transport::{Attempt, Exchange, Usage};
 
 /// Everything a protocol needs to build its client for one agent of a run.
 pub struct AgentSetup<'a> {
@@ -120,28 +120,29 @@ pub fn build(setup: AgentSetup<'_>) -> Result<Arc<dyn AgentProtocol>, Fault> {
             .map_err(|e| setup_fault(&e)),
         Protocol::OpenAi | Protocol::Anthropic => {
             let settings = &setup.agent.openai;
-            openai::OpenAiClient::new(
+            let options = openai::OpenAiOptions {
+                model: settings.model.clone().unwrap_or_default(),
+                system_prompt: setup.system_prompt.clone(),
+                tools: settings.tools.clone(),
+                max_tool_rounds: settings.max_tool_rounds,
+                stream: setup.agent.stream,
+                provider: setup.provider.clone(),
+                server_slots: setup.server_slots.clone(),
+                temperature: settings.temperature,
+                max_tokens: settings.max_tokens,
+            };
+            let new = if setup.agent.protocol == Protocol::Anthropic {
+                anthropic::client
+            } else {
+                openai::OpenAiClient::new
+            };
+            new(
                 setup.url,
                 setup.headers.clone(),
                 setup.limits,
                 setup.retry,
                 setup.transport.clone(),
-                openai::OpenAiOptions {
-                    model: settings.model.clone().unwrap_or_default(),
-                    system_prompt: setup.system_prompt.clone(),
-                    tools: settings.tools.clone(),
-                    max_tool_rounds: settings.max_tool_rounds,
-                    stream: setup.agent.stream,
-                    api: if setup.agent.protocol == Protocol::Anthropic {
-                        openai::Api::Anthropic
-                    } else {
-                        openai::Api::OpenAi
-                    },
-                    provider: setup.provider.clone(),
-                    server_slots: setup.server_slots.clone(),
-                    temperature: settings.temperature,
-                    max_tokens: settings.max_tokens,
-                },
+                options,
             )
             .map(|c| Arc::new(c) as Arc<dyn AgentProtocol>)
             .map_err(|e| setup_fault(&e))
@@ -224,16 +225,6 @@ pub enum LineTarget {
     Command(String),
     /// `tcp:HOST:PORT` or `unix:/PATH`.
     Socket(String),
-}
-
-#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
-pub struct Usage {
-    pub prompt_tokens: Option<u64>,
-    pub completion_tokens: Option<u64>,
-    pub total_tokens: Option<u64>,
-    /// At the prices of the provider a model under test is reached through.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cost: Option<f64>,
 }
 
 /// An agent as configured for a run: opens conversations with it.
@@ -470,28 +461,5 @@ fn add(a: Option<u64>, b: Option<u64>) -> Option<u64> {
     match (a, b) {
         (Some(a), Some(b)) => Some(a.saturating_add(b)),
         (a, b) => a.or(b),
-    }
-}
-
-/// One logical request of a turn, after its retries.
-#[derive(Clone, Debug, Default)]
-pub struct Exchange {
-    /// What was called, for people reading the records: `POST /agent/respond`. Shared:
-    /// built once per agent, not per turn.
-    pub label: Arc<str>,
-    /// Every attempt, in order; the last one is the one that counted.
-    pub attempts: Vec<Attempt>,
-    /// Time to the first streamed event of the last attempt (streaming protocols only).
-    pub ttft: Option<Duration>,
-    pub usage: Option<Usage>,
-    /// Time its attempts waited for a provider's limits or a model server's slot: not the
-    /// agent's latency, and not spent from the trajectory's time budget.
-    pub queued: Duration,
-}
-
-impl Exchange {
-    /// What the agent took to answer: the wall time of the last attempt.
-    pub fn latency(&self) -> Duration {
-        self.attempts.last().map_or(Duration::ZERO, |a| a.latency)
     }
 }

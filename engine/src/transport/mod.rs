@@ -11,7 +11,10 @@
 //! faults and attempts, never a protocol, a plan or an LLM, so both `protocol` and `llm`
 //! build on it.
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
 
 use crate::record::Fault;
 
@@ -26,4 +29,38 @@ pub struct Attempt {
     pub latency: Duration,
     /// Why this attempt failed; `None` for the attempt that succeeded.
     pub fault: Option<Fault>,
+}
+
+/// One logical request of a turn, after its retries.
+#[derive(Clone, Debug, Default)]
+pub struct Exchange {
+    /// What was called, for people reading the records: `POST /agent/respond`. Shared:
+    /// built once per agent, not per turn.
+    pub label: Arc<str>,
+    /// Every attempt, in order; the last one is the one that counted.
+    pub attempts: Vec<Attempt>,
+    /// Time to the first streamed event of the last attempt (streaming protocols only).
+    pub ttft: Option<Duration>,
+    pub usage: Option<Usage>,
+    /// Time its attempts waited for a provider's limits or a model server's slot: not the
+    /// agent's latency, and not spent from the trajectory's time budget.
+    pub queued: Duration,
+}
+
+impl Exchange {
+    /// What the agent took to answer: the wall time of the last attempt.
+    pub fn latency(&self) -> Duration {
+        self.attempts.last().map_or(Duration::ZERO, |a| a.latency)
+    }
+}
+
+/// Token usage as the agent or model reports it.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct Usage {
+    pub prompt_tokens: Option<u64>,
+    pub completion_tokens: Option<u64>,
+    pub total_tokens: Option<u64>,
+    /// At the prices of the provider a model under test is reached through.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<f64>,
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
-use trellis_engine::protocol::openai::{Api, OpenAiClient, OpenAiOptions};
+use trellis_engine::protocol::openai::{OpenAiClient, OpenAiOptions};
 use trellis_engine::protocol::{AgentProtocol, CallContext, Conversation, TurnInput};
 use trellis_engine::record::{CriterionStatus, FaultCategory, TrajectoryStatus, TurnRecord};
 use trellis_engine::render::EnvSnapshot;
@@ -234,7 +234,6 @@ fn client(base_url: &str, stream: bool) -> OpenAiClient {
             tools: Vec::new(),
             max_tool_rounds: 4,
             stream,
-            api: Api::OpenAi,
         },
     )
     .unwrap()

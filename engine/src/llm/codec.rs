@@ -1,0 +1,279 @@
+//! What both model APIs' codecs share, and the one place that picks a codec by API.
+//!
+//! The wire formats themselves are [`super::openai`] (chat completions) and
+//! [`super::anthropic`] (Messages). Each builds two kinds of request, the engine's own
+//! (judges, the simulated user, Fixie's LLM: plain text messages, [`WireRequest`]) and an
+//! agent's under test (its history with tool calls and results, the offered tools,
+//! [`ChatRequest`]), and reads every answer, whole or streamed, into one [`Answer`]: the
+//! assistant message with its tool calls, the usage, the model and why it stopped.
+//!
+//! Pure functions apart from reading a stream: no panics on what a server sends. A body that
+//! is not JSON, an `{"error": …}` body and a body of the wrong shape are [`DecodeError`]s,
+//! which the engine's calls turn into [`LlmError`](super::LlmError)s and agents under test into
+//! faults of the turn.
+
+use std::time::Duration;
+
+use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderName, HeaderValue};
+use serde_json::{Map, Value};
+use trellis_dsl::ProviderKind;
+
+use super::{Completion, LlmMessage, anthropic, openai};
+use crate::record::{ChatMessage, ToolCall};
+use crate::record::{Fault, FaultCategory};
+use crate::transport::Usage;
+use crate::transport::quote::{error_text, preview};
+use crate::transport::sse;
+
+/// The parameters of one engine request, resolved against the provider's defaults.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WireRequest<'a> {
+    pub model: &'a str,
+    pub messages: &'a [LlmMessage],
+    pub temperature: Option<f64>,
+    pub max_tokens: Option<u32>,
+    pub json_schema: Option<&'a Value>,
+}
+
+/// What an agent under test is asked with, besides its history.
+#[derive(Clone, Copy, Debug)]
+pub struct ChatRequest<'a> {
+    pub model: &'a str,
+    /// Sent first (chat completions) or apart (`system`, Anthropic).
+    pub system_prompt: Option<&'a str>,
+    /// The offered tools as chat-completions function definitions
+    /// (`{"type":"function","function":{name, description, parameters}}`).
+    pub tools: &'a [Value],
+    pub temperature: Option<f64>,
+    pub max_tokens: Option<u32>,
+    /// Ask for server-sent events.
+    pub stream: bool,
+}
+
+/// What a model answered, whole or streamed.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Answer {
+    /// The assistant message: its text (`None` when it only called tools) and tool calls.
+    pub message: ChatMessage,
+    pub usage: Option<Usage>,
+    /// The model as the server reported it.
+    pub model: Option<String>,
+    /// `stop`, `length`, `tool_calls`, `end_turn`, `max_tokens`, …
+    pub finish_reason: Option<String>,
+}
+
+impl Answer {
+    /// The answer as the engine's own calls take it: text is required (a model that wrote
+    /// nothing, or only called tools, did not answer the judge or play the user).
+    pub fn into_completion(self) -> Result<Completion, DecodeError> {
+        let Answer {
+            message,
+            usage,
+            model,
+            finish_reason,
+        } = self;
+        let Some(text) = message.content.filter(|t| !t.trim().is_empty()) else {
+            return Err(DecodeError::Malformed(format!(
+                "the model returned no text (finish reason {})",
+                finish_reason.as_deref().unwrap_or("missing")
+            )));
+        };
+        Ok(Completion {
+            text,
+            model,
+            input_tokens: usage.and_then(|u| u.prompt_tokens),
+            output_tokens: usage.and_then(|u| u.completion_tokens),
+            finish_reason,
+        })
+    }
+}
+
+/// Why a whole answer could not be read.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("the response body is not JSON ({error}): {preview}")]
+    NotJson { error: String, preview: String },
+    /// The server put an error object in a 2xx body.
+    #[error("{0}")]
+    Provider(String),
+    /// JSON of the wrong shape.
+    #[error("{0}")]
+    Malformed(String),
+}
+
+impl DecodeError {
+    /// The fault of an agent under test that answered this.
+    pub fn into_fault(self) -> Fault {
+        match self {
+            DecodeError::NotJson { .. } => Fault::new(FaultCategory::InvalidJson, self.to_string()),
+            DecodeError::Provider(detail) => Fault::new(
+                FaultCategory::Protocol,
+                format!("the model answered with an error: {detail}"),
+            ),
+            DecodeError::Malformed(detail) => Fault::new(FaultCategory::Protocol, detail),
+        }
+    }
+}
+
+/// The path appended to a base URL: `/chat/completions` or `/messages`.
+pub fn path(api: ProviderKind) -> &'static str {
+    match api {
+        ProviderKind::OpenAi => openai::PATH,
+        ProviderKind::Anthropic => anthropic::PATH,
+    }
+}
+
+/// The API root used when a provider sets no `base-url`.
+pub fn default_base(api: ProviderKind) -> &'static str {
+    match api {
+        ProviderKind::OpenAi => openai::DEFAULT_BASE,
+        ProviderKind::Anthropic => anthropic::DEFAULT_BASE,
+    }
+}
+
+/// `{base}{path}`, unless the base already ends with the path.
+pub fn endpoint_text(api: ProviderKind, base: &str) -> String {
+    let path = path(api);
+    let base = base.trim_end_matches('/');
+    if base.ends_with(path) {
+        base.to_owned()
+    } else {
+        format!("{base}{path}")
+    }
+}
+
+/// The headers the API itself needs (Anthropic's `anthropic-version`), added to `headers`.
+pub fn api_headers(api: ProviderKind, headers: &mut HeaderMap) {
+    if api == ProviderKind::Anthropic {
+        headers.insert(
+            HeaderName::from_static("anthropic-version"),
+            HeaderValue::from_static(anthropic::VERSION),
+        );
+    }
+}
+
+/// The header an API key is sent in, and its value (`Bearer KEY` or the bare key).
+pub fn key_header(api: ProviderKind, key: &str) -> (HeaderName, String) {
+    match api {
+        ProviderKind::OpenAi => (AUTHORIZATION, format!("Bearer {key}")),
+        ProviderKind::Anthropic => (HeaderName::from_static("x-api-key"), key.to_owned()),
+    }
+}
+
+/// The JSON body of an engine request.
+pub fn encode(api: ProviderKind, request: &WireRequest<'_>) -> Value {
+    match api {
+        ProviderKind::OpenAi => openai::encode(request),
+        ProviderKind::Anthropic => anthropic::encode(request),
+    }
+}
+
+/// The JSON body of an agent's request for `history`.
+pub fn chat_body(
+    api: ProviderKind,
+    request: &ChatRequest<'_>,
+    history: &[ChatMessage],
+) -> Result<Value, serde_json::Error> {
+    match api {
+        ProviderKind::OpenAi => openai::chat_body(request, history),
+        ProviderKind::Anthropic => Ok(anthropic::chat_body(request, history)),
+    }
+}
+
+/// Reads a whole 2xx answer.
+pub fn decode(api: ProviderKind, body: &[u8]) -> Result<Answer, DecodeError> {
+    let value = answer_json(body)?;
+    match api {
+        ProviderKind::OpenAi => openai::decode(&value, body),
+        ProviderKind::Anthropic => anthropic::decode(&value, body),
+    }
+}
+
+/// Reads a streamed answer to its end. `first_content` is set to the time to the first
+/// event that carries text or a tool call: the time to first token.
+pub async fn read_stream(
+    api: ProviderKind,
+    stream: &mut sse::EventStream,
+    first_content: &mut Option<Duration>,
+) -> Result<Answer, Fault> {
+    match api {
+        ProviderKind::OpenAi => openai::read_chunks(stream, first_content).await,
+        ProviderKind::Anthropic => anthropic::read_events(stream, first_content).await,
+    }
+}
+
+/// A whole answer's JSON, when it is JSON and not an `{"error": …}` body (both APIs).
+fn answer_json(body: &[u8]) -> Result<Value, DecodeError> {
+    let value: Value = serde_json::from_slice(body).map_err(|e| DecodeError::NotJson {
+        error: e.to_string(),
+        preview: preview(body),
+    })?;
+    if let Some(error) = value.get("error").filter(|e| !e.is_null()) {
+        return Err(DecodeError::Provider(error_text(error)));
+    }
+    Ok(value)
+}
+
+/// One streamed event's data as JSON (`what` names it in the fault: a chunk, an event).
+pub(super) fn event_json(
+    stream: &sse::EventStream,
+    what: &str,
+    data: &str,
+) -> Result<Value, Fault> {
+    serde_json::from_str(data).map_err(|e| {
+        Fault::new(
+            FaultCategory::InvalidJson,
+            format!(
+                "{what} {} is not JSON ({e}): {}",
+                stream.count(),
+                preview(data.as_bytes())
+            ),
+        )
+    })
+}
+
+/// The assistant message a stream assembled; a stream with neither text nor tool calls
+/// answered nothing.
+pub(super) fn streamed_answer(
+    text: Option<String>,
+    tool_calls: Vec<ToolCall>,
+    usage: Option<Usage>,
+    model: Option<String>,
+    finish_reason: Option<String>,
+) -> Result<Answer, Fault> {
+    if text.is_none() && tool_calls.is_empty() {
+        return Err(Fault::new(
+            FaultCategory::Protocol,
+            "the model streamed neither text nor tool calls",
+        ));
+    }
+    Ok(Answer {
+        message: assistant(text, tool_calls),
+        usage,
+        model,
+        finish_reason,
+    })
+}
+
+/// An assistant message with `text` and `tool_calls`.
+pub(super) fn assistant(text: Option<String>, tool_calls: Vec<ToolCall>) -> ChatMessage {
+    ChatMessage {
+        role: "assistant".into(),
+        content: text,
+        tool_calls,
+        ..Default::default()
+    }
+}
+
+/// The model a whole answer names.
+pub(super) fn model_of(value: &Value) -> Option<String> {
+    value
+        .get("model")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+}
+
+/// Recorded tool-call arguments as a JSON value (not JSON: no parameters).
+pub fn arguments_value(arguments: &str) -> Value {
+    serde_json::from_str(arguments).unwrap_or_else(|_| Value::Object(Map::new()))
+}

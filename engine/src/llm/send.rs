@@ -1,0 +1,218 @@
+//! The one call loop of every request to a model: the engine's own calls
+//! ([`ProviderClient::complete`]) and those of agents under test ([`super::chat`]).
+//!
+//! One logical request is rounds of attempts. Each attempt first queues where the request
+//! must (`Queue`: a provider's limits, else a model server's slots), then is sent; the
+//! round retries within the caller's [`RetryPolicy`] ([`with_retries`]). A 429 ends the
+//! round: it is waited out (its `Retry-After` honoured, [`RateLimitWaits`]) and a new round
+//! starts, so a rate-limited model is never failed for it until the waits run out. The time
+//! each attempt queued is taken off its latency and summed in [`Exchange::queued`]: it is
+//! neither the model's latency nor (for an agent) the trajectory's time.
+
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use reqwest::Url;
+use reqwest::header::HeaderMap;
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::Instant;
+
+use super::provider::{Admitted, ProviderClient};
+use super::slots::ServerSlots;
+use crate::record::{Fault, FaultCategory};
+use crate::transport::Exchange;
+use crate::transport::http::{
+    CallLimits, HttpTransport, RateLimitWaits, RetryPolicy, answer_or_fault, retry_after,
+    with_retries,
+};
+use crate::transport::sse::{self, Opened, StreamLimits};
+
+/// Where each attempt of a request waits before it is sent.
+#[derive(Clone, Copy)]
+pub(super) enum Queue<'a> {
+    /// The provider's concurrency, request and token limits, charged with the request's
+    /// token estimate.
+    Provider(&'a ProviderClient, u32),
+    /// A plain-`http` model server's slots (llama.cpp), shared with the providers on it.
+    Server(&'a ServerSlots),
+    /// Nothing to wait for.
+    Open,
+}
+
+/// What an attempt holds while it runs (a streamed answer: until it is read).
+pub(super) enum Held {
+    Provider(#[allow(dead_code)] Admitted),
+    Server(#[allow(dead_code)] Option<OwnedSemaphorePermit>),
+    Nothing,
+}
+
+impl Queue<'_> {
+    async fn wait(self) -> Held {
+        match self {
+            Queue::Provider(provider, tokens) => Held::Provider(provider.admit(tokens).await),
+            Queue::Server(server) => Held::Server(server.acquire().await),
+            Queue::Open => Held::Nothing,
+        }
+    }
+}
+
+/// One request to a model.
+pub(super) struct Request<'a> {
+    pub url: &'a Url,
+    pub headers: &'a HeaderMap,
+    pub body: Bytes,
+    pub limits: CallLimits,
+    pub retry: RetryPolicy,
+    pub transport: &'a HttpTransport,
+    pub queue: Queue<'a>,
+    /// Ask for server-sent events.
+    pub stream: bool,
+    pub deadline: Option<Instant>,
+    /// Cuts the key out of fault messages (servers echo request headers in error bodies).
+    pub provider: Option<&'a ProviderClient>,
+}
+
+/// A 2xx answer other than a 429.
+pub(super) enum Received {
+    /// A whole body (also the answer to a streamed request that a server sent as JSON).
+    Body(Bytes),
+    /// A stream to read; the queue's slot is held until it is dropped.
+    Events(Box<sse::EventStream>, Held),
+}
+
+/// Why a request got no answer.
+pub(super) enum SendError {
+    /// A transport failure or error status, after the retries.
+    Failed(Fault),
+    /// 429 answers kept coming past what the request may wait.
+    RateLimited(Fault),
+}
+
+/// The fault of a 429 answer on its attempt.
+fn rate_limited() -> Fault {
+    Fault::new(FaultCategory::Http4xx, "HTTP 429 Too Many Requests")
+}
+
+/// Sends `request` until an answer that is not a 429, recording every attempt, its fault
+/// and its queue time on `exchange`; `waits` counts the 429s and the time waited for them.
+pub(super) async fn send(
+    request: &Request<'_>,
+    exchange: &mut Exchange,
+    waits: &mut RateLimitWaits,
+) -> Result<Received, SendError> {
+    loop {
+        let (outcome, asked) = round(request, exchange).await;
+        let Some(asked) = asked else {
+            return outcome.map_err(SendError::Failed);
+        };
+        match waits.next(asked, request.deadline) {
+            Some(wait) => tokio::time::sleep(wait).await,
+            None => return Err(SendError::RateLimited(waits.gave_up())),
+        }
+    }
+}
+
+/// One round of attempts (with retries): the answer, and `Some(Retry-After)` when it was a
+/// 429 to wait out.
+async fn round(
+    request: &Request<'_>,
+    exchange: &mut Exchange,
+) -> (Result<Received, Fault>, Option<Option<Duration>>) {
+    let redact = |mut fault: Fault| {
+        if let Some(provider) = request.provider {
+            fault.message = provider.redact(&fault.message);
+        }
+        fault
+    };
+    // Time queued per attempt: taken off that attempt's latency below.
+    let queued = Mutex::new(Vec::new());
+    let queue = || async {
+        let started = Instant::now();
+        let held = request.queue.wait().await;
+        if let Ok(mut queued) = queued.lock() {
+            queued.push(started.elapsed());
+        }
+        held
+    };
+    let (outcome, asked) = if request.stream {
+        let limits = StreamLimits::from(request.limits);
+        let attempted = with_retries(
+            request.retry,
+            request.limits.timeout,
+            request.deadline,
+            |budget| {
+                let body = request.body.clone();
+                async move {
+                    let held = queue().await;
+                    sse::open(
+                        request.transport,
+                        request.url,
+                        request.headers,
+                        body,
+                        limits,
+                        budget,
+                    )
+                    .await
+                    .map(|opened| (opened, held))
+                    .map_err(redact)
+                }
+            },
+        )
+        .await;
+        exchange.attempts.extend(attempted.attempts);
+        match attempted.result {
+            Err(fault) => (Err(fault), None),
+            Ok((Opened::RateLimited(asked), _)) => (Err(rate_limited()), Some(asked)),
+            Ok((Opened::Json(body), _)) => (Ok(Received::Body(body)), None),
+            Ok((Opened::Events(stream), held)) => (Ok(Received::Events(stream, held)), None),
+        }
+    } else {
+        let attempted = with_retries(
+            request.retry,
+            request.limits.timeout,
+            request.deadline,
+            |budget| {
+                let body = request.body.clone();
+                async move {
+                    let _held = queue().await;
+                    request
+                        .transport
+                        .post_json_raw(
+                            request.url,
+                            request.headers,
+                            body,
+                            request.limits.max_response_size,
+                            budget,
+                        )
+                        .await
+                        .and_then(answer_or_fault)
+                        .map_err(redact)
+                }
+            },
+        )
+        .await;
+        exchange.attempts.extend(attempted.attempts);
+        match attempted.result {
+            Err(fault) => (Err(fault), None),
+            Ok(response) if response.status == reqwest::StatusCode::TOO_MANY_REQUESTS => {
+                let asked = retry_after(&response.headers, SystemTime::now());
+                (Err(rate_limited()), Some(asked))
+            }
+            Ok(response) => (Ok(Received::Body(response.body)), None),
+        }
+    };
+    // The round's attempts are the last ones recorded.
+    let queued = queued.into_inner().unwrap_or_default();
+    exchange.queued += queued.iter().sum::<Duration>();
+    let first = exchange.attempts.len().saturating_sub(queued.len());
+    for (attempt, wait) in exchange.attempts.iter_mut().skip(first).zip(queued) {
+        attempt.latency = attempt.latency.saturating_sub(wait);
+    }
+    if asked.is_some()
+        && let Some(last) = exchange.attempts.last_mut()
+    {
+        last.fault = Some(rate_limited());
+    }
+    (outcome, asked)
+}
