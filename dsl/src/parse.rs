@@ -30,6 +30,9 @@ mod steps;
 mod tool;
 mod values;
 
+use crate::lang::check::{self, Problem};
+use crate::lang::{self, NodeSpec};
+
 use include::*;
 use scenario::*;
 use values::*;
@@ -69,64 +72,6 @@ pub fn load<P: AsRef<Path>>(paths: &[P]) -> Result<Project, Diagnostics> {
         Err(Diagnostics::new(diags))
     }
 }
-
-const STEP_NODES: &[&str] = &[
-    "user", "simulate", "call", "expect", "capture", "hitl", "branch",
-];
-const SCENARIO_NODES: &[&str] = &[
-    "name",
-    "description",
-    "difficulty",
-    "tags",
-    "status",
-    "persona",
-    "initial-message",
-    "user-context",
-    "initial-state",
-    "undeclared-tools",
-    "tool",
-    "max-turns",
-    "agent-branches",
-    "outcome",
-    "expect-tool",
-    "criteria-override",
-    "agent",
-    "agents",
-    "repeat",
-    "needs",
-    "timeout",
-    "first-turn",
-    "criteria",
-    "simulator",
-];
-const CRITERIA: &[&str] = &[
-    "reply",
-    "tool",
-    "no-tool",
-    "tools-in-order",
-    "latency",
-    "ttft",
-    "turns",
-    "tokens",
-    "no-error",
-    "judge",
-    "outcome",
-    "state",
-    "violations",
-];
-const TOP_LEVEL: &[&str] = &[
-    "suite",
-    "include",
-    "agent",
-    "persona",
-    "tool",
-    "provider",
-    "simulator",
-    "judge",
-    "panel",
-    "scenario",
-];
-const PARAM_TYPES: &[&str] = &["string", "number", "integer", "boolean", "object", "array"];
 
 /// Builtin agents the engine embeds, per protocol.
 pub const BUILTINS: &[(Protocol, &str)] = &[
@@ -247,124 +192,86 @@ impl<'f> Decoder<'f> {
         self.text().get(start..start + span.len()).unwrap_or("")
     }
 
-    // ----- generic checks
+    // ----- generic checks: the problems are built by `lang::check`
 
+    /// Reports a problem the checker found in this file.
+    fn problem(&mut self, p: Problem) {
+        let mut d = self
+            .diag(p.kind, p.message, p.span, p.label)
+            .with_help(p.help);
+        if let Some((span, label)) = p.also {
+            d = d.with_label(span, label);
+        }
+        self.report(d);
+    }
+
+    /// The node as the checker sees it.
+    fn node<'s, 'a>(&self, v: &'s View<'a>) -> check::Node<'s, 'a> {
+        check::Node {
+            name: v.name,
+            name_span: v.name_span,
+            args: &v.args,
+            props: &v.props,
+            block: v.children.map(|c| trim_span(self.text(), c.span())),
+        }
+    }
+
+    /// Checks `v`'s arguments, properties and block against `spec`.
+    fn check(&mut self, v: &View, spec: &NodeSpec, usage: &str) {
+        let node = self.node(v);
+        let mut found = Vec::new();
+        check::check_args(&node, spec, usage, &mut |p| found.push(p));
+        check::check_props(&node, spec, &[], &mut |p| found.push(p));
+        check::check_block(&node, spec, &mut |p| found.push(p));
+        for p in found {
+            self.problem(p);
+        }
+    }
+
+    /// Reports unknown properties of `v` (those not `allowed`) and properties given twice
+    /// (unless `repeatable`).
     fn check_props(&mut self, v: &View, allowed: &[&str], repeatable: &[&str]) {
-        let mut seen: HashMap<&str, SourceSpan> = HashMap::new();
-        for p in &v.props {
-            let name = prop_name(p);
-            if !allowed.contains(&name) {
-                let help = if allowed.is_empty() {
-                    format!("`{}` takes no properties", v.name)
-                } else {
-                    suggest(name, allowed.iter().copied(), "the properties")
-                };
-                let d = self
-                    .diag(
-                        Kind::UnknownProperty,
-                        format!("unknown property `{name}` on `{}`", v.name),
-                        p.span(),
-                        "unknown property",
-                    )
-                    .with_help(help);
-                self.report(d);
-            } else if let Some(first) = seen.get(name) {
-                if !repeatable.contains(&name) {
-                    let d = self
-                        .diag(
-                            Kind::DuplicateSetting,
-                            format!("`{name}` is given twice on `{}`", v.name),
-                            p.span(),
-                            "given again here",
-                        )
-                        .with_label(*first, "first given here")
-                        .with_help("remove one of them");
-                    self.report(d);
-                }
-            } else {
-                seen.insert(name, p.span());
-            }
+        let node = self.node(v);
+        let mut found = Vec::new();
+        check::check_props_in(&node, allowed, repeatable, &mut |p| found.push(p));
+        for p in found {
+            self.problem(p);
         }
     }
 
     fn check_args(&mut self, v: &View, max: usize, usage: &str) {
         if let Some(extra) = v.args.get(max) {
-            let msg = match max {
-                0 => format!("`{}` takes no arguments", v.name),
-                1 => format!("`{}` takes one argument", v.name),
-                n => format!("`{}` takes {n} arguments", v.name),
-            };
-            let d = self
-                .diag(
-                    Kind::UnexpectedArgument,
-                    msg,
-                    extra.span(),
-                    "unexpected argument",
-                )
-                .with_help(format!("write `{usage}`"));
-            self.report(d);
+            let p = check::unexpected_argument(v.name, max, extra.span(), usage);
+            self.problem(p);
         }
     }
 
     fn check_no_children(&mut self, v: &View) {
         if let Some(children) = v.children {
-            let d = self
-                .diag(
-                    Kind::UnknownNode,
-                    format!("`{}` does not take a block", v.name),
-                    trim_span(self.text(), children.span()),
-                    "unexpected block",
-                )
-                .with_help("remove the `{ … }` block");
-            self.report(d);
+            let p = check::unexpected_block(v.name, trim_span(self.text(), children.span()));
+            self.problem(p);
         }
     }
 
     fn missing(&mut self, v: &View, what: &str, usage: &str) {
-        let d = self
-            .diag(
-                Kind::Missing,
-                format!("`{}` needs {what}", v.name),
-                v.name_span,
-                format!("missing {what}"),
-            )
-            .with_help(format!("write `{usage}`"));
-        self.report(d);
+        let p = check::missing(v.name, v.name_span, what, usage);
+        self.problem(p);
     }
 
-    fn unknown_node(&mut self, node_name: &str, span: SourceSpan, context: &str, known: &[&str]) {
-        let help = match did_you_mean(node_name, known.iter().copied()) {
-            Some(best) => format!("did you mean `{best}`?"),
-            None => format!(
-                "{context} accepts: {}",
-                known
-                    .iter()
-                    .map(|k| format!("`{k}`"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ),
-        };
-        let d = self
-            .diag(
-                Kind::UnknownNode,
-                format!("unknown node `{node_name}` in {context}"),
-                span,
-                "unknown node",
-            )
-            .with_help(help);
-        self.report(d);
+    fn unknown_node<'k>(
+        &mut self,
+        node_name: &str,
+        span: SourceSpan,
+        context: &str,
+        known: impl IntoIterator<Item = &'k str>,
+    ) {
+        let p = check::unknown_node(node_name, span, context, known);
+        self.problem(p);
     }
 
     fn wrong_type(&mut self, e: &KdlEntry, expected: &str, help: &str) {
-        let d = self
-            .diag(
-                Kind::WrongType,
-                format!("expected {expected}, found {}", value_kind(e.value())),
-                value_span(e),
-                format!("expected {expected}"),
-            )
-            .with_help(help.to_string());
-        self.report(d);
+        let p = check::wrong_type(expected, value_kind(e.value()), value_span(e), help);
+        self.problem(p);
     }
 }
 
@@ -410,45 +317,6 @@ const MULTIAGENT_SETTINGS: &[(&str, Option<&str>)] = &[
     ("keep-open", Some("socket")),
 ];
 const ENDPOINTS: &[&str] = &["url", "base-url", "builtin", "command", "socket"];
-const PERSONA_SETTINGS: &[(&str, Arity)] = &[
-    ("type", Arity::One),
-    ("description", Arity::One),
-    ("instructions", Arity::One),
-];
-const PROVIDER_SETTINGS: &[(&str, Arity)] = &[
-    ("kind", Arity::One),
-    ("base-url", Arity::One),
-    ("model", Arity::One),
-    ("api-key-env", Arity::One),
-    ("temperature", Arity::One),
-    ("max-tokens", Arity::One),
-    ("header", Arity::Pair),
-    ("timeout", Arity::One),
-    ("retries", Arity::One),
-    ("concurrency", Arity::One),
-    ("requests-per-minute", Arity::One),
-    ("tokens-per-minute", Arity::One),
-    ("input-price", Arity::One),
-    ("output-price", Arity::One),
-];
-const SIMULATOR_SETTINGS: &[(&str, Arity)] = &[
-    ("provider", Arity::One),
-    ("model", Arity::One),
-    ("temperature", Arity::One),
-    ("instructions", Arity::One),
-    ("system-prompt", Arity::One),
-    ("opening-prompt", Arity::One),
-    ("retry-prompt", Arity::One),
-];
-const JUDGE_SETTINGS: &[(&str, Arity)] = &[
-    ("provider", Arity::One),
-    ("model", Arity::One),
-    ("temperature", Arity::One),
-    ("rubric", Arity::One),
-    ("threshold", Arity::One),
-];
-const PANEL_SETTINGS: &[(&str, Arity)] = &[("consensus", Arity::One), ("judges", Arity::Many)];
-const SUITE_SETTINGS: &[(&str, Arity)] = &[("description", Arity::One), ("tags", Arity::Many)];
 
 impl<'f> Decoder<'f> {
     /// Settings written as properties (`timeout="30s"`) or child nodes (`timeout "30s"`).
@@ -467,29 +335,10 @@ impl<'f> Decoder<'f> {
             let name_span = p.name().map_or(p.span(), |n| n.span());
             match spec.iter().find(|(n, _)| *n == name) {
                 None => {
-                    let d = self
-                        .diag(
-                            Kind::UnknownProperty,
-                            format!("unknown property `{name}` on {context}"),
-                            p.span(),
-                            "unknown property",
-                        )
-                        .with_help(suggest(name, names.iter().copied(), "the properties"));
-                    self.report(d);
+                    let p = check::unknown_property(name, p.span(), v.name, context, names.clone());
+                    self.problem(p);
                 }
-                Some((_, Arity::Pair)) => {
-                    let d = self
-                        .diag(
-                            Kind::UnknownProperty,
-                            format!("`{name}` cannot be a property"),
-                            p.span(),
-                            "write this as a child node",
-                        )
-                        .with_help(format!(
-                            "write `{name} \"NAME\" \"VALUE\"` inside the block"
-                        ));
-                    self.report(d);
-                }
+                Some((_, Arity::Pair)) => self.problem(check::not_a_property(name, p.span())),
                 Some(_) => items.push(Setting {
                     name: p.name().map_or("", |n| n.value()),
                     name_span,
@@ -506,7 +355,7 @@ impl<'f> Decoder<'f> {
                     continue;
                 }
                 let Some((_, arity)) = spec.iter().find(|(n, _)| *n == cv.name) else {
-                    self.unknown_node(cv.name, cv.name_span, context, &known);
+                    self.unknown_node(cv.name, cv.name_span, context, known.iter().copied());
                     continue;
                 };
                 self.check_props(&cv, &[], &[]);
@@ -551,21 +400,50 @@ impl<'f> Decoder<'f> {
                 continue;
             }
             if let Some(first) = seen.get(s.name) {
-                let d = self
-                    .diag(
-                        Kind::DuplicateSetting,
-                        format!("`{}` is set twice", s.name),
-                        s.name_span,
-                        "set again here",
-                    )
-                    .with_label(*first, "first set here")
-                    .with_help("remove one of them");
-                self.report(d);
+                let p = check::setting_twice(s.name, "", s.name_span, *first);
+                self.problem(p);
             } else {
                 seen.insert(s.name, s.name_span);
             }
         }
         Settings { items }
+    }
+
+    /// The settings of `v` as its spec in the language table declares them (properties or
+    /// child nodes); child nodes named in `others` are left to the caller.
+    fn settings_of<'a>(
+        &mut self,
+        v: &View<'a>,
+        spec: &NodeSpec,
+        context: &str,
+        others: &[&str],
+    ) -> Settings<'a> {
+        let views: Vec<View<'a>> = v
+            .children
+            .map(|c| c.nodes())
+            .unwrap_or_default()
+            .iter()
+            .map(|n| View::of(n, self.text()))
+            .collect();
+        let node = self.node(v);
+        let children = views.iter().map(|cv| self.node(cv));
+        let mut found = Vec::new();
+        let items = check::settings(&node, children, spec, context, others, &mut |p| {
+            found.push(p)
+        });
+        for p in found {
+            self.problem(p);
+        }
+        Settings {
+            items: items
+                .into_iter()
+                .map(|s| Setting {
+                    name: s.name,
+                    name_span: s.name_span,
+                    values: s.values,
+                })
+                .collect(),
+        }
     }
 
     fn s_string(&mut self, s: &Settings, name: &str) -> Option<String> {

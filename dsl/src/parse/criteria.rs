@@ -22,20 +22,10 @@ impl<'f> Decoder<'f> {
     }
 
     pub(super) fn criterion(&mut self, v: &View, context: &str) -> Option<Criterion> {
-        if !CRITERIA.contains(&v.name) {
-            let help = match did_you_mean(v.name, CRITERIA.iter().copied()) {
-                Some(best) => format!("did you mean `{best}`?"),
-                None => format!("criteria are: {}", CRITERIA.join(", ")),
-            };
-            let d = self
-                .diag(
-                    Kind::UnknownNode,
-                    format!("unknown criterion `{}` in {context}", v.name),
-                    v.name_span,
-                    "unknown criterion",
-                )
-                .with_help(help);
-            self.report(d);
+        let known = || lang::criteria::CRITERIA.iter().map(|s| s.name);
+        if !known().any(|n| n == v.name) {
+            let p = check::unknown_criterion(v.name, v.name_span, context, known());
+            self.problem(p);
             return None;
         }
         self.check_no_children(v);

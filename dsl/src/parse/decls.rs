@@ -27,7 +27,10 @@ impl<'f> Decoder<'f> {
                 "judge" => items.judges.extend(self.judge(&v)),
                 "panel" => items.panels.extend(self.panel(&v)),
                 "scenario" => items.scenarios.extend(self.scenario(&v)),
-                other => self.unknown_node(other, v.name_span, "a suite file", TOP_LEVEL),
+                other => {
+                    let known = lang::top_level().iter().map(|s| s.name);
+                    self.unknown_node(other, v.name_span, "a suite file", known)
+                }
             }
         }
     }
@@ -38,20 +41,17 @@ impl<'f> Decoder<'f> {
             return;
         };
         self.check_args(v, 1, usage);
-        let s = self.settings(v, SUITE_SETTINGS, "`suite`", &[]);
+        let s = self.settings_of(v, &lang::decls::SUITE, "`suite`", &[]);
         let description = self.s_string(&s, "description");
         let tags = self.s_strings(&s, "tags");
         if let Some((_, first, _, _)) = &items.suite {
-            let d = self
-                .diag(
-                    Kind::DuplicateSetting,
-                    "a file holds one `suite` node",
-                    v.name_span,
-                    "second `suite`",
-                )
-                .with_label(first.span, "first `suite`")
-                .with_help("one file is one suite; move the scenarios to another file");
-            self.report(d);
+            let p = check::set_twice(check::Twice {
+                message: "a file holds one `suite` node".into(),
+                again: (v.name_span, "second `suite`"),
+                first: (first.span, "first `suite`"),
+                help: "one file is one suite; move the scenarios to another file",
+            });
+            self.problem(p);
             return;
         }
         items.suite = Some((name.value, name.span, description, tags));
@@ -67,7 +67,7 @@ impl<'f> Decoder<'f> {
     }
 
     pub(super) fn persona_body(&mut self, v: &View, id: Spanned<String>) -> Persona {
-        let s = self.settings(v, PERSONA_SETTINGS, "`persona`", &[]);
+        let s = self.settings_of(v, &lang::decls::PERSONA, "`persona`", &[]);
         let kind = self
             .s_string(&s, "type")
             .unwrap_or_else(|| id.value.clone());
@@ -86,7 +86,7 @@ impl<'f> Decoder<'f> {
         let usage = "provider \"ID\" kind=\"openai\" model=\"…\" api-key-env=\"OPENAI_API_KEY\"";
         let id = self.id_arg(v, "an id", usage)?;
         self.check_args(v, 1, usage);
-        let s = self.settings(v, PROVIDER_SETTINGS, "`provider`", &[]);
+        let s = self.settings_of(v, &lang::decls::PROVIDER, "`provider`", &[]);
         let kind = match s.value("kind") {
             Some(e) => self.choice(
                 e,
@@ -188,7 +188,7 @@ impl<'f> Decoder<'f> {
 
     pub(super) fn simulator_settings(&mut self, v: &View, usage: &str) -> Simulator {
         self.check_args(v, 0, usage);
-        let s = self.settings(v, SIMULATOR_SETTINGS, "`simulator`", &[]);
+        let s = self.settings_of(v, &lang::decls::SIMULATOR, "`simulator`", &[]);
         Simulator {
             provider: self.s_spanned(&s, "provider"),
             model: self.s_string(&s, "model"),
@@ -214,7 +214,7 @@ impl<'f> Decoder<'f> {
         let usage = "panel \"ID\" consensus=\"majority\" { judges \"A\" \"B\" \"C\" }";
         let id = self.id_arg(v, "an id", usage)?;
         self.check_args(v, 1, usage);
-        let s = self.settings(v, PANEL_SETTINGS, "`panel`", &[]);
+        let s = self.settings_of(v, &lang::decls::PANEL, "`panel`", &[]);
         let consensus = match s.value("consensus") {
             Some(e) => self.choice(e, "consensus", &Consensus::ALL),
             None => Some(Consensus::default()),
@@ -245,7 +245,7 @@ impl<'f> Decoder<'f> {
         let usage = "judge \"ID\" provider=\"ID\" model=\"…\" threshold=0.7";
         let id = self.id_arg(v, "an id", usage)?;
         self.check_args(v, 1, usage);
-        let s = self.settings(v, JUDGE_SETTINGS, "`judge`", &[]);
+        let s = self.settings_of(v, &lang::decls::JUDGE, "`judge`", &[]);
         let provider = self.s_required_spanned(v, &s, "provider", usage);
         let model = self.s_string(&s, "model");
         let temperature = self.s_number(&s, "temperature", (0.0, 2.0));

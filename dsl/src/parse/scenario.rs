@@ -56,33 +56,27 @@ impl<'f> Decoder<'f> {
         for node in nodes {
             let cv = View::of(node, self.text());
             let name = cv.name;
-            if STEP_NODES.contains(&name) {
+            if lang::steps::STEPS.iter().any(|s| s.name == name) {
                 step_nodes.push(node);
                 continue;
             }
-            let Some(key) = SCENARIO_NODES.iter().find(|n| **n == name).copied() else {
-                let mut known: Vec<&str> = SCENARIO_NODES.to_vec();
-                known.extend_from_slice(STEP_NODES);
-                self.unknown_node(name, cv.name_span, "a `scenario`", &known);
+            let twice = format!(" in scenario `{}`", id.value);
+            let mut found = Vec::new();
+            let spec = check::check_child(
+                &lang::scenario::SCENARIO,
+                name,
+                cv.name_span,
+                "a `scenario`",
+                &twice,
+                &mut st.seen,
+                &mut |p| found.push(p),
+            );
+            for p in found {
+                self.problem(p);
+            }
+            let Some(key) = spec.map(|s| s.name) else {
                 continue;
             };
-            let repeatable = matches!(key, "outcome" | "expect-tool" | "criteria" | "tool");
-            if !repeatable {
-                if let Some(first) = st.seen.get(key) {
-                    let d = self
-                        .diag(
-                            Kind::DuplicateSetting,
-                            format!("`{key}` is set twice in scenario `{}`", id.value),
-                            cv.name_span,
-                            "set again here",
-                        )
-                        .with_label(*first, "first set here")
-                        .with_help("remove one of them");
-                    self.report(d);
-                    continue;
-                }
-                st.seen.insert(key, cv.name_span);
-            }
             match key {
                 "name" => sc.name = self.single(&cv, "name \"…\"").and_then(|e| self.string(e)),
                 "description" => {
@@ -158,9 +152,9 @@ impl<'f> Decoder<'f> {
                 }
                 "agent-branches" => {
                     let usage = "agent-branches breadth=5 depth=3";
-                    self.check_args(&cv, 0, usage);
-                    self.check_props(&cv, &["breadth", "depth"], &[]);
-                    self.check_no_children(&cv);
+                    if let Some(spec) = lang::scenario::SCENARIO.child("agent-branches") {
+                        self.check(&cv, spec, usage);
+                    }
                     if cv.props.is_empty() {
                         self.missing(&cv, "`breadth=` or `depth=`", usage);
                     }
@@ -329,7 +323,7 @@ impl<'f> Decoder<'f> {
         }
         let usage = "persona type=\"…\" { description \"…\"; instructions \"…\" }";
         self.check_args(v, 0, usage);
-        let s = self.settings(v, PERSONA_SETTINGS, "an inline `persona`", &[]);
+        let s = self.settings_of(v, &lang::scenario::PERSONA_REF, "an inline `persona`", &[]);
         let Some(kind) = self.s_spanned(&s, "type") else {
             if s.get("type").is_none() {
                 self.missing(v, "`type=…`", usage);

@@ -48,7 +48,10 @@ impl<'f> Decoder<'f> {
                 let mut simulator = None;
                 let mut persona = None;
                 for child in v.children.map(|c| c.nodes()).unwrap_or_default() {
-                    if STEP_NODES.contains(&child.name().value()) {
+                    if lang::steps::STEPS
+                        .iter()
+                        .any(|s| s.name == child.name().value())
+                    {
                         inner.push(child);
                     } else if child.name().value() == "simulator" {
                         let cv = View::of(child, self.text());
@@ -62,7 +65,7 @@ impl<'f> Decoder<'f> {
                             cv.name,
                             cv.name_span,
                             "a `branch` (steps only)",
-                            STEP_NODES,
+                            lang::steps::STEPS.iter().map(|s| s.name),
                         );
                     }
                 }
@@ -109,9 +112,7 @@ impl<'f> Decoder<'f> {
             "call" => {
                 *has_turn = true;
                 let usage = "call \"FUNCTION\" \"INPUT\"";
-                self.check_props(v, &[], &[]);
-                self.check_args(v, 2, usage);
-                self.check_no_children(v);
+                self.check(v, &lang::steps::CALL, usage);
                 let (Some(f), Some(input)) = (v.args.first(), v.args.get(1)) else {
                     self.missing(v, "a function and an input", usage);
                     return None;
@@ -126,9 +127,7 @@ impl<'f> Decoder<'f> {
                 // Answering a pause is not an agent turn: an `expect` after it would have
                 // nothing to look at.
                 let usage = "hitl \"approve\" message=\"…\"";
-                self.check_props(v, &["message"], &[]);
-                self.check_args(v, 1, usage);
-                self.check_no_children(v);
+                self.check(v, &lang::steps::HITL, usage);
                 let Some(e) = v.args.first() else {
                     self.missing(v, "`approve` or `reject`", usage);
                     return None;
@@ -233,9 +232,7 @@ impl<'f> Decoder<'f> {
     pub(super) fn capture(&mut self, v: &View, st: &mut ScenarioState) -> Option<StepKind> {
         let usage = "capture \"NAME\" regex=#\"…\"#` or `capture \"NAME\" json-path=\"$.a\"";
         let name = self.id_arg(v, "a name", usage)?;
-        self.check_args(v, 1, usage);
-        self.check_props(v, &["regex", "json-path"], &[]);
-        self.check_no_children(v);
+        self.check(v, &lang::steps::CAPTURE, usage);
         let source = match (v.prop("regex"), v.prop("json-path")) {
             (Some(r), None) => self.regex(r).map(CaptureSource::Regex),
             (None, Some(p)) => self.json_path(p),

@@ -8,9 +8,9 @@ impl<'f> Decoder<'f> {
         let usage = "tool \"NAME\" { description \"…\"; param …; mock …; sequence { … }; state …; policy … }";
         let name = self.id_arg(v, "a name", usage)?;
         self.check_args(v, 1, usage);
-        let s = self.settings(
+        let s = self.settings_of(
             v,
-            &[("description", Arity::One)],
+            &lang::tool::TOOL,
             "`tool`",
             &["param", "mock", "sequence", "state", "policy"],
         );
@@ -37,16 +37,13 @@ impl<'f> Decoder<'f> {
                 }
                 "sequence" => {
                     if let Some(first) = &sequence {
-                        let d = self
-                            .diag(
-                                Kind::DuplicateSetting,
-                                format!("tool `{}` has two `sequence` blocks", name.value),
-                                cv.name_span,
-                                "second sequence",
-                            )
-                            .with_label(first.span.span, "first sequence")
-                            .with_help("put every output in one `sequence { output …; … }`");
-                        self.report(d);
+                        let p = check::set_twice(check::Twice {
+                            message: format!("tool `{}` has two `sequence` blocks", name.value),
+                            again: (cv.name_span, "second sequence"),
+                            first: (first.span.span, "first sequence"),
+                            help: "put every output in one `sequence { output …; … }`",
+                        });
+                        self.problem(p);
                     } else {
                         sequence = self.tool_sequence(&cv);
                     }
@@ -90,12 +87,13 @@ impl<'f> Decoder<'f> {
     pub(super) fn tool_param(&mut self, v: &View) -> Option<ToolParam> {
         let usage = "param \"NAME\" type=\"string\" required=#true description=\"…\"";
         let name = self.id_arg(v, "a name", usage)?;
-        self.check_args(v, 1, usage);
-        self.check_props(v, &["type", "required", "description"], &[]);
-        self.check_no_children(v);
+        if let Some(spec) = lang::tool::TOOL.child("param") {
+            self.check(v, spec, usage);
+        }
         let ty = match v.prop("type") {
             Some(e) => {
-                let choices: Vec<(&str, &str)> = PARAM_TYPES.iter().map(|t| (*t, *t)).collect();
+                let choices: Vec<(&str, &str)> =
+                    lang::tool::PARAM_TYPES.iter().map(|t| (*t, *t)).collect();
                 self.choice(e, "parameter type", &choices)
                     .unwrap_or("string")
             }
@@ -123,7 +121,15 @@ impl<'f> Decoder<'f> {
             if cv.name == "state" {
                 state_changes.extend(self.state_change(&cv));
             } else {
-                self.unknown_node(cv.name, cv.name_span, "a `mock`", &["state"]);
+                let known = lang::tool::TOOL
+                    .child("mock")
+                    .map_or(&[][..], |m| m.child_specs());
+                self.unknown_node(
+                    cv.name,
+                    cv.name_span,
+                    "a `mock`",
+                    known.iter().map(|s| s.name),
+                );
             }
         }
         let Some(returns) = v.prop("returns") else {
@@ -179,7 +185,15 @@ impl<'f> Decoder<'f> {
         for child in v.children.map(|c| c.nodes()).unwrap_or_default() {
             let cv = View::of(child, self.text());
             if cv.name != "output" {
-                self.unknown_node(cv.name, cv.name_span, "a `sequence`", &["output"]);
+                let known = lang::tool::TOOL
+                    .child("sequence")
+                    .map_or(&[][..], |m| m.child_specs());
+                self.unknown_node(
+                    cv.name,
+                    cv.name_span,
+                    "a `sequence`",
+                    known.iter().map(|s| s.name),
+                );
                 continue;
             }
             let output_usage = "output #\"{\"ok\": true}\"# KEY=VALUE…";
@@ -214,9 +228,7 @@ impl<'f> Decoder<'f> {
     /// `state path="a.b" value=…` or `state path="a.b" json=#"{…}"#`.
     pub(super) fn state_change(&mut self, v: &View) -> Option<StateChange> {
         let usage = "state path=\"orders.0.status\" value=\"refunded\"";
-        self.check_args(v, 0, usage);
-        self.check_props(v, &["path", "value", "json"], &[]);
-        self.check_no_children(v);
+        self.check(v, &lang::tool::STATE, usage);
         let path = self.state_path(v, usage);
         let value = match (v.prop("value"), v.prop("json")) {
             (Some(e), None) => self.json(e),
