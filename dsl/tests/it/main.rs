@@ -4,6 +4,7 @@
 
 mod fuzz;
 mod golden;
+mod language_doc;
 mod needs;
 mod nodes;
 mod ok;
