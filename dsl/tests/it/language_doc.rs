@@ -119,10 +119,11 @@ fn add_form(
         None => (form, None),
     };
     for word in head.split_whitespace().skip(1) {
-        if let Some((key, _)) = word.split_once('=') {
-            if key.chars().all(|c| c.is_ascii_lowercase() || c == '-') && !key.is_empty() {
-                out.entry(name.clone()).or_default().insert(key.to_string());
-            }
+        if let Some((key, _)) = word.split_once('=')
+            && !key.is_empty()
+            && key.chars().all(|c| c.is_ascii_lowercase() || c == '-')
+        {
+            out.entry(name.clone()).or_default().insert(key.to_string());
         }
     }
     for child in block.into_iter().flat_map(|b| b.split(';')) {
