@@ -218,14 +218,38 @@ impl<'f> Decoder<'f> {
 
     /// Checks `v`'s arguments, properties and block against `spec`.
     fn check(&mut self, v: &View, spec: &NodeSpec, usage: &str) {
+        self.check_entries(v, spec, usage);
+        self.check_block_of(v, spec);
+    }
+
+    /// Checks `v`'s arguments and properties against `spec` (its block is the caller's).
+    fn check_entries(&mut self, v: &View, spec: &NodeSpec, usage: &str) {
+        self.check_args_of(v, spec, usage);
+        self.check_props_of(v, spec);
+    }
+
+    /// Reports arguments past those `spec` takes.
+    fn check_args_of(&mut self, v: &View, spec: &NodeSpec, usage: &str) {
         let node = self.node(v);
         let mut found = Vec::new();
         check::check_args(&node, spec, usage, &mut |p| found.push(p));
+        found.into_iter().for_each(|p| self.problem(p));
+    }
+
+    /// Reports properties `spec` does not take, and properties given twice.
+    fn check_props_of(&mut self, v: &View, spec: &NodeSpec) {
+        let node = self.node(v);
+        let mut found = Vec::new();
         check::check_props(&node, spec, &[], &mut |p| found.push(p));
+        found.into_iter().for_each(|p| self.problem(p));
+    }
+
+    /// Reports a block on a node whose spec takes none.
+    fn check_block_of(&mut self, v: &View, spec: &NodeSpec) {
+        let node = self.node(v);
+        let mut found = Vec::new();
         check::check_block(&node, spec, &mut |p| found.push(p));
-        for p in found {
-            self.problem(p);
-        }
+        found.into_iter().for_each(|p| self.problem(p));
     }
 
     /// Reports unknown properties of `v` (those not `allowed`) and properties given twice

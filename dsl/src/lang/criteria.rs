@@ -72,6 +72,7 @@ pub static CRITERIA: [&NodeSpec; 13] = [
     &NodeSpec::node("state", "a check on the sandbox's state document")
         .props(&[
             PropSpec::new("path", ValueType::String, "dotted path or JSON pointer").required(),
+            PropSpec::new("tolerance", ValueType::Number, "for `near`, default 1e-9"),
             PropSpec::new("equals", ValueType::Any, "JSON equality"),
             PropSpec::new("equals-json", ValueType::String, "as `equals`, JSON text"),
             PropSpec::new("contains", ValueType::Any, "contains the value"),
@@ -82,7 +83,6 @@ pub static CRITERIA: [&NodeSpec; 13] = [
             ),
             PropSpec::new("matches", ValueType::Regex, "the regex is found"),
             PropSpec::new("near", ValueType::Number, "a number near this one"),
-            PropSpec::new("tolerance", ValueType::Number, "for `near`, default 1e-9"),
             PropSpec::new("exists", ValueType::Boolean, "the path exists"),
             PropSpec::new("absent", ValueType::Boolean, "the path does not exist"),
         ])

@@ -14,7 +14,7 @@ const COUNT: &[ArgSpec] = &[ArgSpec::value(ValueType::Count)];
 pub static SUITE: NodeSpec = NodeSpec::node("suite", "optional suite metadata, one per file")
     .args(&[ArgSpec::new("NAME", ValueType::String, Repeat::One)])
     .children(Children::Nodes(&SUITE_SETTINGS));
-static SUITE_SETTINGS: [&NodeSpec; 2] = [
+pub static SUITE_SETTINGS: [&NodeSpec; 2] = [
     &NodeSpec::setting("description", STRING, "what the suite tests"),
     &NodeSpec::setting("tags", STRINGS, "tags of the suite"),
 ];
@@ -36,7 +36,7 @@ pub static PERSONA: NodeSpec = NodeSpec::node("persona", "a user the simulator p
     .args(ID)
     .children(Children::Nodes(&PERSONA_SETTINGS))
     .repeatable();
-pub(super) static PERSONA_SETTINGS: [&NodeSpec; 3] = [
+pub static PERSONA_SETTINGS: [&NodeSpec; 3] = [
     &NodeSpec::setting("type", STRING, "what kind of user; defaults to the id"),
     &NodeSpec::setting("description", STRING, "who the user is"),
     &NodeSpec::setting("instructions", STRING, "how the user behaves"),
@@ -49,7 +49,7 @@ pub static PROVIDER: NodeSpec = NodeSpec::node(
 .args(ID)
 .children(Children::Nodes(&PROVIDER_SETTINGS))
 .repeatable();
-static PROVIDER_SETTINGS: [&NodeSpec; 14] = [
+pub static PROVIDER_SETTINGS: [&NodeSpec; 14] = [
     &NodeSpec::setting(
         "kind",
         &[ArgSpec::value(ValueType::OneOf(&["openai", "anthropic"]))],
@@ -104,7 +104,7 @@ pub static SIMULATOR: NodeSpec = NodeSpec::node(
 )
 .children(Children::Nodes(&SIMULATOR_SETTINGS))
 .repeatable();
-pub(super) static SIMULATOR_SETTINGS: [&NodeSpec; 7] = [
+pub static SIMULATOR_SETTINGS: [&NodeSpec; 7] = [
     &NodeSpec::setting(
         "provider",
         &[ArgSpec::value(ValueType::Ref("provider"))],
@@ -126,7 +126,7 @@ pub static JUDGE: NodeSpec = NodeSpec::node("judge", "a named LLM judge")
     .args(ID)
     .children(Children::Nodes(&JUDGE_SETTINGS))
     .repeatable();
-static JUDGE_SETTINGS: [&NodeSpec; 5] = [
+pub static JUDGE_SETTINGS: [&NodeSpec; 5] = [
     &NodeSpec::setting(
         "provider",
         &[ArgSpec::value(ValueType::Ref("provider"))],
@@ -143,7 +143,7 @@ pub static PANEL: NodeSpec =
         .args(ID)
         .children(Children::Nodes(&PANEL_SETTINGS))
         .repeatable();
-static PANEL_SETTINGS: [&NodeSpec; 2] = [
+pub static PANEL_SETTINGS: [&NodeSpec; 2] = [
     &NodeSpec::setting(
         "consensus",
         &[ArgSpec::value(ValueType::OneOf(&[

@@ -24,7 +24,7 @@ pub fn top_level() -> &'static [&'static NodeSpec] {
     &TOP_LEVEL
 }
 
-static TOP_LEVEL: [&NodeSpec; 10] = [
+pub static TOP_LEVEL: [&NodeSpec; 10] = [
     &decls::SUITE,
     &decls::INCLUDE,
     &decls::AGENT,

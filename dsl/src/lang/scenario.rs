@@ -16,7 +16,7 @@ pub static SCENARIO: NodeSpec = NodeSpec::node("scenario", "one conversation to 
     .repeatable();
 
 /// A scenario's settings, then its steps (the order the unknown-node hint lists them in).
-static SCENARIO_CHILDREN: [&NodeSpec; 31] = [
+pub static SCENARIO_CHILDREN: [&NodeSpec; 31] = [
     &NodeSpec::setting("name", STRING, "the scenario's name"),
     &NodeSpec::setting("description", STRING, "what the scenario is about"),
     &NodeSpec::setting(
@@ -102,15 +102,16 @@ pub static PERSONA_REF: NodeSpec =
         )])
         .children(Children::Nodes(&PERSONA_SETTINGS));
 
-static USER_CONTEXT: NodeSpec = NodeSpec::node("user-context", "a JSON object the templates see")
-    .props(&[PropSpec::new(
-        "json",
-        ValueType::String,
-        "the object as JSON text",
-    )])
-    .children(Children::Data);
+pub static USER_CONTEXT: NodeSpec =
+    NodeSpec::node("user-context", "a JSON object the templates see")
+        .props(&[PropSpec::new(
+            "json",
+            ValueType::String,
+            "the object as JSON text",
+        )])
+        .children(Children::Data);
 
-static INITIAL_STATE: NodeSpec =
+pub static INITIAL_STATE: NodeSpec =
     NodeSpec::node("initial-state", "the sandbox's state document at the start")
         .props(&[PropSpec::new(
             "json",
@@ -119,7 +120,7 @@ static INITIAL_STATE: NodeSpec =
         )])
         .children(Children::Data);
 
-static AGENT_BRANCHES: NodeSpec = NodeSpec::node(
+pub static AGENT_BRANCHES: NodeSpec = NodeSpec::node(
     "agent-branches",
     "how far forks the agent asks for are explored",
 )
@@ -132,7 +133,7 @@ static AGENT_BRANCHES: NodeSpec = NodeSpec::node(
     PropSpec::new("depth", ValueType::Count, "nesting at most, default 3"),
 ]);
 
-static EXPECT_TOOL: NodeSpec = NodeSpec::node(
+pub static EXPECT_TOOL: NodeSpec = NodeSpec::node(
     "expect-tool",
     "an expected tool call on the whole trajectory",
 )
@@ -143,7 +144,7 @@ static EXPECT_TOOL: NodeSpec = NodeSpec::node(
 ])
 .repeatable();
 
-static SCENARIO_CRITERIA: NodeSpec = NodeSpec::node(
+pub static SCENARIO_CRITERIA: NodeSpec = NodeSpec::node(
     "criteria",
     "checked on the whole trajectory after its last step",
 )

@@ -61,7 +61,7 @@ pub static BRANCH: NodeSpec = NodeSpec::node("branch", "one branch of a fork")
     .args(&[ArgSpec::new("NAME", ValueType::String, Repeat::One)])
     .children(Children::Nodes(&BRANCH_CHILDREN))
     .repeatable();
-static BRANCH_CHILDREN: [&NodeSpec; 9] = [
+pub static BRANCH_CHILDREN: [&NodeSpec; 9] = [
     &USER,
     &SIMULATE,
     &CALL,

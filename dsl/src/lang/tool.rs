@@ -13,7 +13,7 @@ pub static TOOL: NodeSpec = NodeSpec::node(
 .args(&[ArgSpec::new("NAME", ValueType::String, Repeat::One)])
 .children(Children::Nodes(&TOOL_CHILDREN))
 .repeatable();
-static TOOL_CHILDREN: [&NodeSpec; 6] = [
+pub static TOOL_CHILDREN: [&NodeSpec; 6] = [
     &NodeSpec::setting(
         "description",
         &[ArgSpec::value(ValueType::String)],
@@ -26,7 +26,7 @@ static TOOL_CHILDREN: [&NodeSpec; 6] = [
     &POLICY,
 ];
 
-static PARAM: NodeSpec = NodeSpec::node("param", "a parameter offered to the model")
+pub static PARAM: NodeSpec = NodeSpec::node("param", "a parameter offered to the model")
     .args(&[ArgSpec::new("NAME", ValueType::String, Repeat::One)])
     .props(&[
         PropSpec::new(
@@ -39,7 +39,7 @@ static PARAM: NodeSpec = NodeSpec::node("param", "a parameter offered to the mod
     ])
     .repeatable();
 
-static MOCK: NodeSpec = NodeSpec::node(
+pub static MOCK: NodeSpec = NodeSpec::node(
     "mock",
     "the answer to calls whose arguments contain the KEY=VALUEs",
 )
@@ -54,18 +54,19 @@ static MOCK: NodeSpec = NodeSpec::node(
 ])
 .children(Children::Nodes(&MOCK_CHILDREN))
 .repeatable();
-static MOCK_CHILDREN: [&NodeSpec; 1] = [&STATE];
+pub static MOCK_CHILDREN: [&NodeSpec; 1] = [&STATE];
 
-static SEQUENCE: NodeSpec = NodeSpec::node("sequence", "outputs consumed in order, one per call")
-    .props(&[PropSpec::new(
-        "when-exhausted",
-        ValueType::OneOf(&["repeat-last", "error"]),
-        "what answers past the last output",
-    )])
-    .children(Children::Nodes(&SEQUENCE_CHILDREN));
-static SEQUENCE_CHILDREN: [&NodeSpec; 1] = [&OUTPUT];
+pub static SEQUENCE: NodeSpec =
+    NodeSpec::node("sequence", "outputs consumed in order, one per call")
+        .props(&[PropSpec::new(
+            "when-exhausted",
+            ValueType::OneOf(&["repeat-last", "error"]),
+            "what answers past the last output",
+        )])
+        .children(Children::Nodes(&SEQUENCE_CHILDREN));
+pub static SEQUENCE_CHILDREN: [&NodeSpec; 1] = [&OUTPUT];
 
-static OUTPUT: NodeSpec = NodeSpec::node("output", "one output of a `sequence`")
+pub static OUTPUT: NodeSpec = NodeSpec::node("output", "one output of a `sequence`")
     .args(&[ArgSpec::new("VALUE", ValueType::Any, Repeat::One)])
     .props(&[PropSpec::new(
         ANY_KEY,
@@ -87,7 +88,7 @@ pub static STATE: NodeSpec = NodeSpec::node("state", "a change to the sandbox's 
     ])
     .repeatable();
 
-static POLICY: NodeSpec =
+pub static POLICY: NodeSpec =
     NodeSpec::node("policy", "a rule a call must keep, else a policy violation")
         .args(&[
             ArgSpec::new("PARAM", ValueType::String, Repeat::Optional),

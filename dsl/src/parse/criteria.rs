@@ -23,24 +23,23 @@ impl<'f> Decoder<'f> {
 
     pub(super) fn criterion(&mut self, v: &View, context: &str) -> Option<Criterion> {
         let known = || lang::criteria::CRITERIA.iter().map(|s| s.name);
-        if !known().any(|n| n == v.name) {
+        let Some(spec) = lang::criteria::CRITERIA.iter().find(|s| s.name == v.name) else {
             let p = check::unknown_criterion(v.name, v.name_span, context, known());
             self.problem(p);
             return None;
-        }
-        self.check_no_children(v);
+        };
+        self.check_block_of(v, spec);
         let text = self.criterion_text(v);
         let mut templates = Vec::new();
         let kind = match v.name {
             "reply" => self.reply_criterion(v, &mut templates)?,
-            "tool" => self.tool_criterion(v, &mut templates)?,
+            "tool" => self.tool_criterion(v, spec, &mut templates)?,
             "no-tool" => {
                 let usage = "no-tool \"NAME\" (or `no-tool` alone: no tool call at all)";
-                self.check_props(v, &[], &[]);
+                self.check_entries(v, spec, usage);
                 if v.args.is_empty() {
                     CriterionKind::NoTool { name: None }
                 } else {
-                    self.check_args(v, 1, usage);
                     let name = self.id_arg(v, "a tool name", usage)?;
                     CriterionKind::NoTool {
                         name: Some(name.value),
@@ -48,7 +47,7 @@ impl<'f> Decoder<'f> {
                 }
             }
             "tools-in-order" => {
-                let names = self.strings(v, "tools-in-order \"A\" \"B\"");
+                let names = self.strings(v, spec, "tools-in-order \"A\" \"B\"");
                 if names.is_empty() {
                     return None;
                 }
@@ -56,8 +55,7 @@ impl<'f> Decoder<'f> {
             }
             "latency" | "ttft" => {
                 let usage = format!("{} max=\"2s\"", v.name);
-                self.check_props(v, &["max"], &[]);
-                self.check_args(v, 0, &usage);
+                self.check_entries(v, spec, &usage);
                 let Some(e) = v.prop("max") else {
                     self.missing(v, "`max=…`", &usage);
                     return None;
@@ -71,8 +69,7 @@ impl<'f> Decoder<'f> {
             }
             "turns" | "tokens" => {
                 let usage = format!("{} max=8", v.name);
-                self.check_props(v, &["max"], &[]);
-                self.check_args(v, 0, &usage);
+                self.check_entries(v, spec, &usage);
                 let Some(e) = v.prop("max") else {
                     self.missing(v, "`max=…`", &usage);
                     return None;
@@ -88,15 +85,13 @@ impl<'f> Decoder<'f> {
                 }
             }
             "no-error" => {
-                self.check_props(v, &[], &[]);
-                self.check_args(v, 0, "no-error");
+                self.check_entries(v, spec, "no-error");
                 CriterionKind::NoError
             }
-            "state" => self.state_criterion(v)?,
+            "state" => self.state_criterion(v, spec)?,
             "violations" => {
                 let usage = "violations max=0";
-                self.check_props(v, &["max"], &[]);
-                self.check_args(v, 0, usage);
+                self.check_entries(v, spec, usage);
                 let Some(e) = v.prop("max") else {
                     self.missing(v, "`max=…`", usage);
                     return None;
@@ -107,8 +102,7 @@ impl<'f> Decoder<'f> {
             }
             "judge" => {
                 let usage = "judge \"CRITERION\" threshold=0.7 judge=\"ID\" rubric=\"…\"";
-                self.check_props(v, &["threshold", "judge", "rubric"], &[]);
-                self.check_args(v, 1, usage);
+                self.check_entries(v, spec, usage);
                 let criterion = self.id_arg(v, "a criterion", usage)?;
                 let threshold = v
                     .prop("threshold")
@@ -134,7 +128,7 @@ impl<'f> Decoder<'f> {
 
     /// `state path=… CHECK`: exactly one of `equals`, `contains`, `matches`, `near` (with an
     /// optional `tolerance`), `exists`, `absent`.
-    pub(super) fn state_criterion(&mut self, v: &View) -> Option<CriterionKind> {
+    pub(super) fn state_criterion(&mut self, v: &View, spec: &NodeSpec) -> Option<CriterionKind> {
         let checks = [
             "equals",
             "equals-json",
@@ -146,10 +140,7 @@ impl<'f> Decoder<'f> {
             "absent",
         ];
         let usage = "state path=\"orders.0.status\" equals=\"refunded\"";
-        self.check_args(v, 0, usage);
-        let mut allowed = vec!["path", "tolerance"];
-        allowed.extend(checks);
-        self.check_props(v, &allowed, &[]);
+        self.check_entries(v, spec, usage);
         let path = self.state_path(v, usage);
         let given: Vec<&KdlEntry> = v
             .props
@@ -358,10 +349,11 @@ impl<'f> Decoder<'f> {
     pub(super) fn tool_criterion(
         &mut self,
         v: &View,
+        spec: &NodeSpec,
         templates: &mut Vec<CriterionTemplate>,
     ) -> Option<CriterionKind> {
         let usage = format!("{} \"NAME\" KEY=VALUE… count=N", v.name);
-        self.check_args(v, 1, &usage);
+        self.check_args_of(v, spec, &usage);
         let name = self.id_arg(v, "a tool name", &usage)?;
         let mut params = Map::new();
         let mut count = None;

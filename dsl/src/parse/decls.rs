@@ -40,7 +40,7 @@ impl<'f> Decoder<'f> {
         let Some(name) = self.id_arg(v, "a name", usage) else {
             return;
         };
-        self.check_args(v, 1, usage);
+        self.check_args_of(v, &lang::decls::SUITE, usage);
         let s = self.settings_of(v, &lang::decls::SUITE, "`suite`", &[]);
         let description = self.s_string(&s, "description");
         let tags = self.s_strings(&s, "tags");
@@ -62,7 +62,7 @@ impl<'f> Decoder<'f> {
     pub(super) fn persona(&mut self, v: &View) -> Option<Persona> {
         let usage = "persona \"ID\" type=\"…\" { description \"…\"; instructions \"…\" }";
         let id = self.id_arg(v, "an id", usage)?;
-        self.check_args(v, 1, usage);
+        self.check_args_of(v, &lang::decls::PERSONA, usage);
         Some(self.persona_body(v, id))
     }
 
@@ -85,7 +85,7 @@ impl<'f> Decoder<'f> {
     pub(super) fn provider(&mut self, v: &View) -> Option<Provider> {
         let usage = "provider \"ID\" kind=\"openai\" model=\"…\" api-key-env=\"OPENAI_API_KEY\"";
         let id = self.id_arg(v, "an id", usage)?;
-        self.check_args(v, 1, usage);
+        self.check_args_of(v, &lang::decls::PROVIDER, usage);
         let s = self.settings_of(v, &lang::decls::PROVIDER, "`provider`", &[]);
         let kind = match s.value("kind") {
             Some(e) => self.choice(
@@ -187,7 +187,7 @@ impl<'f> Decoder<'f> {
     }
 
     pub(super) fn simulator_settings(&mut self, v: &View, usage: &str) -> Simulator {
-        self.check_args(v, 0, usage);
+        self.check_args_of(v, &lang::decls::SIMULATOR, usage);
         let s = self.settings_of(v, &lang::decls::SIMULATOR, "`simulator`", &[]);
         Simulator {
             provider: self.s_spanned(&s, "provider"),
@@ -213,7 +213,7 @@ impl<'f> Decoder<'f> {
     pub(super) fn panel(&mut self, v: &View) -> Option<Panel> {
         let usage = "panel \"ID\" consensus=\"majority\" { judges \"A\" \"B\" \"C\" }";
         let id = self.id_arg(v, "an id", usage)?;
-        self.check_args(v, 1, usage);
+        self.check_args_of(v, &lang::decls::PANEL, usage);
         let s = self.settings_of(v, &lang::decls::PANEL, "`panel`", &[]);
         let consensus = match s.value("consensus") {
             Some(e) => self.choice(e, "consensus", &Consensus::ALL),
@@ -244,7 +244,7 @@ impl<'f> Decoder<'f> {
     pub(super) fn judge(&mut self, v: &View) -> Option<Judge> {
         let usage = "judge \"ID\" provider=\"ID\" model=\"…\" threshold=0.7";
         let id = self.id_arg(v, "an id", usage)?;
-        self.check_args(v, 1, usage);
+        self.check_args_of(v, &lang::decls::JUDGE, usage);
         let s = self.settings_of(v, &lang::decls::JUDGE, "`judge`", &[]);
         let provider = self.s_required_spanned(v, &s, "provider", usage);
         let model = self.s_string(&s, "model");

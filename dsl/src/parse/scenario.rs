@@ -15,8 +15,7 @@ impl<'f> Decoder<'f> {
     pub(super) fn scenario(&mut self, v: &View) -> Option<Scenario> {
         let usage = "scenario \"ID\" { … }";
         let id = self.id_arg(v, "an id", usage)?;
-        self.check_args(v, 1, usage);
-        self.check_props(v, &[], &[]);
+        self.check_entries(v, &lang::scenario::SCENARIO, usage);
         self.scenario_id_ok(&id);
         let mut sc = Scenario {
             id: id.clone(),
@@ -74,34 +73,42 @@ impl<'f> Decoder<'f> {
             for p in found {
                 self.problem(p);
             }
-            let Some(key) = spec.map(|s| s.name) else {
+            let Some(spec) = spec else {
                 continue;
             };
+            let key = spec.name;
             match key {
-                "name" => sc.name = self.single(&cv, "name \"…\"").and_then(|e| self.string(e)),
+                "name" => {
+                    sc.name = self
+                        .single(&cv, spec, "name \"…\"")
+                        .and_then(|e| self.string(e))
+                }
                 "description" => {
                     sc.description = self
-                        .single(&cv, "description \"…\"")
+                        .single(&cv, spec, "description \"…\"")
                         .and_then(|e| self.string(e))
                 }
                 "criteria-override" => {
                     sc.criteria_override = self
-                        .single(&cv, "criteria-override \"…\"")
+                        .single(&cv, spec, "criteria-override \"…\"")
                         .and_then(|e| self.string(e))
                 }
                 "difficulty" => {
-                    if let Some(d) = self.single(&cv, "difficulty \"normal\"").and_then(|e| {
-                        self.choice(
-                            e,
-                            "difficulty",
-                            &[("normal", Difficulty::Normal), ("hard", Difficulty::Hard)],
-                        )
-                    }) {
+                    if let Some(d) = self
+                        .single(&cv, spec, "difficulty \"normal\"")
+                        .and_then(|e| {
+                            self.choice(
+                                e,
+                                "difficulty",
+                                &[("normal", Difficulty::Normal), ("hard", Difficulty::Hard)],
+                            )
+                        })
+                    {
                         sc.difficulty = d;
                     }
                 }
                 "status" => {
-                    if let Some(s) = self.single(&cv, "status \"active\"").and_then(|e| {
+                    if let Some(s) = self.single(&cv, spec, "status \"active\"").and_then(|e| {
                         self.choice(
                             e,
                             "status",
@@ -115,12 +122,12 @@ impl<'f> Decoder<'f> {
                         sc.status = s;
                     }
                 }
-                "tags" => sc.tags = self.strings(&cv, "tags \"…\" \"…\""),
+                "tags" => sc.tags = self.strings(&cv, spec, "tags \"…\" \"…\""),
                 "persona" => sc.persona = self.persona_ref(&cv),
                 "initial-message" => {
                     has_initial = true;
                     if let Some(t) = self
-                        .single(&cv, "initial-message \"…\"")
+                        .single(&cv, spec, "initial-message \"…\"")
                         .and_then(|e| self.template(e))
                     {
                         initial = Some(Step {
@@ -130,31 +137,31 @@ impl<'f> Decoder<'f> {
                     }
                 }
                 "user-context" => {
-                    if let Some(context) = self.json_object_node(&cv, "user-context") {
+                    if let Some(context) = self.json_object_node(&cv, spec, "user-context") {
                         sc.user_context = context;
                     }
                 }
                 "initial-state" => {
-                    if let Some(state) = self.json_object_node(&cv, "initial-state") {
+                    if let Some(state) = self.json_object_node(&cv, spec, "initial-state") {
                         sc.initial_state = state;
                     }
                 }
                 "undeclared-tools" => {
                     if let Some(u) = self
-                        .single(&cv, "undeclared-tools \"error\"")
+                        .single(&cv, spec, "undeclared-tools \"error\"")
                         .and_then(|e| self.choice(e, "undeclared-tools", &UndeclaredTools::ALL))
                     {
                         sc.undeclared_tools = u;
                     }
                 }
                 "max-turns" => {
-                    sc.max_turns = self.single(&cv, "max-turns 8").and_then(|e| self.u32(e, 1))
+                    sc.max_turns = self
+                        .single(&cv, spec, "max-turns 8")
+                        .and_then(|e| self.u32(e, 1))
                 }
                 "agent-branches" => {
                     let usage = "agent-branches breadth=5 depth=3";
-                    if let Some(spec) = lang::scenario::SCENARIO.child("agent-branches") {
-                        self.check(&cv, spec, usage);
-                    }
+                    self.check(&cv, spec, usage);
                     if cv.props.is_empty() {
                         self.missing(&cv, "`breadth=` or `depth=`", usage);
                     }
@@ -166,26 +173,29 @@ impl<'f> Decoder<'f> {
                     }
                 }
                 "repeat" => {
-                    if let Some(n) = self.single(&cv, "repeat 3").and_then(|e| self.u32(e, 1)) {
+                    if let Some(n) = self
+                        .single(&cv, spec, "repeat 3")
+                        .and_then(|e| self.u32(e, 1))
+                    {
                         sc.repeat = n;
                     }
                 }
                 "timeout" => {
                     sc.timeout = self
-                        .single(&cv, "timeout \"2m\"")
+                        .single(&cv, spec, "timeout \"2m\"")
                         .and_then(|e| self.duration(e))
                 }
                 "simulator" => scenario_simulator = self.nested_simulator(&cv),
                 "first-turn" => {
                     if let Some(t) = self
-                        .single(&cv, "first-turn \"agent\"")
+                        .single(&cv, spec, "first-turn \"agent\"")
                         .and_then(|e| self.choice(e, "first-turn", &FirstTurn::ALL))
                     {
                         sc.first_turn = t;
                     }
                 }
                 "outcome" => {
-                    self.check_no_children(&cv);
+                    self.check_block_of(&cv, spec);
                     if let Some(o) = self.outcome(&cv) {
                         sc.outcomes.push(Spanned::new(o, self.span(cv.span)));
                     }
@@ -196,10 +206,10 @@ impl<'f> Decoder<'f> {
                     }
                 }
                 "expect-tool" => {
-                    self.check_no_children(&cv);
+                    self.check_block_of(&cv, spec);
                     let text = self.criterion_text(&cv);
                     let mut templates = Vec::new();
-                    if let Some(kind) = self.tool_criterion(&cv, &mut templates) {
+                    if let Some(kind) = self.tool_criterion(&cv, spec, &mut templates) {
                         sc.expect_tools.push(Criterion {
                             kind,
                             text,
@@ -209,21 +219,20 @@ impl<'f> Decoder<'f> {
                     }
                 }
                 "agent" => {
-                    if let Some(e) = self.single(&cv, "agent \"ID\"")
+                    if let Some(e) = self.single(&cv, spec, "agent \"ID\"")
                         && let Some(a) = self.spanned_string(e)
                     {
                         self.push_scenario_agent(&mut sc.agents, a);
                     }
                 }
                 "agents" => {
-                    for a in self.spanned_strings(&cv, "agents \"ID\" \"ID\"") {
+                    for a in self.spanned_strings(&cv, spec, "agents \"ID\" \"ID\"") {
                         self.push_scenario_agent(&mut sc.agents, a);
                     }
                 }
-                "needs" => sc.needs = self.spanned_strings(&cv, "needs \"SCENARIO\"…"),
+                "needs" => sc.needs = self.spanned_strings(&cv, spec, "needs \"SCENARIO\"…"),
                 "criteria" => {
-                    self.check_props(&cv, &[], &[]);
-                    self.check_args(&cv, 0, "criteria { CRITERION… }");
+                    self.check_entries(&cv, spec, "criteria { CRITERION… }");
                     for child in cv.children.map(|c| c.nodes()).unwrap_or_default() {
                         let ccv = View::of(child, self.text());
                         if let Some(c) = self.criterion(&ccv, "`criteria`") {
@@ -251,10 +260,14 @@ impl<'f> Decoder<'f> {
 
     /// `initial-state { KEY VALUE; … }` (as `user-context`) or `initial-state json=#"{…}"#`
     /// (JSON text, for documents with arrays of objects the block form cannot write).
-    pub(super) fn json_object_node(&mut self, v: &View, node: &str) -> Option<Map<String, Value>> {
+    pub(super) fn json_object_node(
+        &mut self,
+        v: &View,
+        spec: &NodeSpec,
+        node: &str,
+    ) -> Option<Map<String, Value>> {
         let usage = format!("{node} {{ KEY VALUE; … }} or {node} json=#\"{{…}}\"#");
-        self.check_props(v, &["json"], &[]);
-        self.check_args(v, 0, &usage);
+        self.check_entries(v, spec, &usage);
         match (v.prop("json"), v.children) {
             (Some(e), Some(children)) => {
                 let d = self
@@ -293,17 +306,21 @@ impl<'f> Decoder<'f> {
         }
     }
 
-    /// One or more string arguments, no properties, no block.
-    pub(super) fn strings(&mut self, v: &View, usage: &str) -> Vec<String> {
-        self.spanned_strings(v, usage)
+    /// One or more string values, checked against `spec`.
+    pub(super) fn strings(&mut self, v: &View, spec: &NodeSpec, usage: &str) -> Vec<String> {
+        self.spanned_strings(v, spec, usage)
             .into_iter()
             .map(|s| s.value)
             .collect()
     }
 
-    pub(super) fn spanned_strings(&mut self, v: &View, usage: &str) -> Vec<Spanned<String>> {
-        self.check_props(v, &[], &[]);
-        self.check_no_children(v);
+    pub(super) fn spanned_strings(
+        &mut self,
+        v: &View,
+        spec: &NodeSpec,
+        usage: &str,
+    ) -> Vec<Spanned<String>> {
+        self.check(v, spec, usage);
         if v.args.is_empty() {
             self.missing(v, "at least one value", usage);
         }
@@ -318,7 +335,7 @@ impl<'f> Decoder<'f> {
 
     pub(super) fn persona_ref(&mut self, v: &View) -> Option<PersonaRef> {
         if v.props.is_empty() && v.children.is_none() {
-            let e = self.single(v, "persona \"ID\"")?;
+            let e = self.single(v, &lang::scenario::PERSONA_REF, "persona \"ID\"")?;
             return self.spanned_string(e).map(PersonaRef::Named);
         }
         let usage = "persona type=\"…\" { description \"…\"; instructions \"…\" }";

@@ -42,8 +42,7 @@ impl<'f> Decoder<'f> {
                 let name = self
                     .id_arg(&v, "a name", usage)
                     .filter(|name| self.branch_name_ok(name));
-                self.check_args(&v, 1, usage);
-                self.check_props(&v, &[], &[]);
+                self.check_entries(&v, &lang::steps::BRANCH, usage);
                 let mut inner = Vec::new();
                 let mut simulator = None;
                 let mut persona = None;
@@ -102,7 +101,7 @@ impl<'f> Decoder<'f> {
         let kind = match v.name {
             "user" => {
                 *has_turn = true;
-                let e = self.single(v, "user \"MESSAGE\"")?;
+                let e = self.single(v, &lang::steps::USER, "user \"MESSAGE\"")?;
                 StepKind::User(self.template(e)?)
             }
             "simulate" => {
@@ -172,9 +171,7 @@ impl<'f> Decoder<'f> {
 
     pub(super) fn simulate(&mut self, v: &View) -> Option<StepKind> {
         let usage = "simulate turns=3` or `simulate until-done";
-        self.check_props(v, &["turns"], &[]);
-        self.check_args(v, 1, usage);
-        self.check_no_children(v);
+        self.check(v, &lang::steps::SIMULATE, usage);
         let turns = v.prop("turns");
         match (v.args.first(), turns) {
             (Some(a), Some(t)) => {
@@ -310,7 +307,7 @@ impl<'f> Decoder<'f> {
                 None
             }
             (true, Some(children)) => {
-                self.check_props(v, &[], &[]);
+                self.check_props_of(v, &lang::steps::EXPECT);
                 let mut out = Vec::new();
                 for child in children.nodes() {
                     let cv = View::of(child, self.text());

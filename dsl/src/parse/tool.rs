@@ -7,7 +7,7 @@ impl<'f> Decoder<'f> {
     pub(super) fn tool(&mut self, v: &View) -> Option<Tool> {
         let usage = "tool \"NAME\" { description \"…\"; param …; mock …; sequence { … }; state …; policy … }";
         let name = self.id_arg(v, "a name", usage)?;
-        self.check_args(v, 1, usage);
+        self.check_args_of(v, &lang::tool::TOOL, usage);
         let s = self.settings_of(
             v,
             &lang::tool::TOOL,
@@ -87,9 +87,7 @@ impl<'f> Decoder<'f> {
     pub(super) fn tool_param(&mut self, v: &View) -> Option<ToolParam> {
         let usage = "param \"NAME\" type=\"string\" required=#true description=\"…\"";
         let name = self.id_arg(v, "a name", usage)?;
-        if let Some(spec) = lang::tool::TOOL.child("param") {
-            self.check(v, spec, usage);
-        }
+        self.check(v, &lang::tool::PARAM, usage);
         let ty = match v.prop("type") {
             Some(e) => {
                 let choices: Vec<(&str, &str)> =
@@ -114,22 +112,15 @@ impl<'f> Decoder<'f> {
 
     pub(super) fn tool_mock(&mut self, v: &View) -> Option<ToolMock> {
         let usage = "mock returns=#\"{\"ok\": true}\"# KEY=VALUE… { state path=\"…\" value=… }";
-        self.check_args(v, 0, usage);
+        self.check_entries(v, &lang::tool::MOCK, usage);
         let mut state_changes = Vec::new();
         for child in v.children.map(|c| c.nodes()).unwrap_or_default() {
             let cv = View::of(child, self.text());
             if cv.name == "state" {
                 state_changes.extend(self.state_change(&cv));
             } else {
-                let known = lang::tool::TOOL
-                    .child("mock")
-                    .map_or(&[][..], |m| m.child_specs());
-                self.unknown_node(
-                    cv.name,
-                    cv.name_span,
-                    "a `mock`",
-                    known.iter().map(|s| s.name),
-                );
+                let known = lang::tool::MOCK.child_specs().iter().map(|s| s.name);
+                self.unknown_node(cv.name, cv.name_span, "a `mock`", known);
             }
         }
         let Some(returns) = v.prop("returns") else {
@@ -175,8 +166,7 @@ impl<'f> Decoder<'f> {
     pub(super) fn tool_sequence(&mut self, v: &View) -> Option<ToolSequence> {
         let usage =
             "sequence when-exhausted=\"repeat-last\" { output #\"{\"ok\": true}\"# KEY=VALUE…; … }";
-        self.check_args(v, 0, usage);
-        self.check_props(v, &["when-exhausted"], &[]);
+        self.check_entries(v, &lang::tool::SEQUENCE, usage);
         let when_exhausted = v
             .prop("when-exhausted")
             .and_then(|e| self.choice(e, "when-exhausted", &WhenExhausted::ALL))
@@ -185,20 +175,12 @@ impl<'f> Decoder<'f> {
         for child in v.children.map(|c| c.nodes()).unwrap_or_default() {
             let cv = View::of(child, self.text());
             if cv.name != "output" {
-                let known = lang::tool::TOOL
-                    .child("sequence")
-                    .map_or(&[][..], |m| m.child_specs());
-                self.unknown_node(
-                    cv.name,
-                    cv.name_span,
-                    "a `sequence`",
-                    known.iter().map(|s| s.name),
-                );
+                let known = lang::tool::SEQUENCE.child_specs().iter().map(|s| s.name);
+                self.unknown_node(cv.name, cv.name_span, "a `sequence`", known);
                 continue;
             }
             let output_usage = "output #\"{\"ok\": true}\"# KEY=VALUE…";
-            self.check_args(&cv, 1, output_usage);
-            self.check_no_children(&cv);
+            self.check(&cv, &lang::tool::OUTPUT, output_usage);
             let Some(first) = cv.args.first() else {
                 self.missing(&cv, "the output value", output_usage);
                 continue;
@@ -314,8 +296,8 @@ impl<'f> Decoder<'f> {
     /// `amount` unless `param="…"` names another parameter).
     pub(super) fn tool_policy(&mut self, v: &View) -> Option<ToolPolicy> {
         let usage = "policy \"PARAM\" max=3, policy \"PARAM\" allowed=\"EUR\" \"USD\" or policy max-limit=50";
-        self.check_props(v, &["param", "max", "max-limit", "allowed"], &[]);
-        self.check_no_children(v);
+        self.check_props_of(v, &lang::tool::POLICY);
+        self.check_block_of(v, &lang::tool::POLICY);
         let allowed = v.prop("allowed");
         if allowed.is_none() {
             self.check_args(v, 1, usage);

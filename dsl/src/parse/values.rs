@@ -456,11 +456,14 @@ impl<'f> Decoder<'f> {
         }
     }
 
-    /// Exactly one argument, no properties, no block.
-    pub(super) fn single<'a>(&mut self, v: &View<'a>, usage: &str) -> Option<&'a KdlEntry> {
-        self.check_props(v, &[], &[]);
-        self.check_args(v, 1, usage);
-        self.check_no_children(v);
+    /// The one value of a setting or a one-argument node, checked against its `spec`.
+    pub(super) fn single<'a>(
+        &mut self,
+        v: &View<'a>,
+        spec: &NodeSpec,
+        usage: &str,
+    ) -> Option<&'a KdlEntry> {
+        self.check(v, spec, usage);
         match v.args.first() {
             Some(e) => Some(*e),
             None => {
