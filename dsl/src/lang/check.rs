@@ -415,3 +415,117 @@ pub fn settings<'s, 'a: 's>(
     }
     items
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lang::{decls, scenario};
+
+    fn problems_of(text: &str, spec: &NodeSpec) -> (Vec<Problem>, Vec<String>) {
+        let doc: kdl::KdlDocument = text.parse().expect("test KDL parses");
+        let node = &doc.nodes()[0];
+        let (args, props): (Vec<&KdlEntry>, Vec<&KdlEntry>) =
+            node.entries().iter().partition(|e| e.name().is_none());
+        let kids: Vec<(Vec<&KdlEntry>, Vec<&KdlEntry>, &kdl::KdlNode)> = node
+            .children()
+            .map(|c| c.nodes())
+            .unwrap_or_default()
+            .iter()
+            .map(|n| {
+                let (a, p) = n.entries().iter().partition(|e| e.name().is_none());
+                (a, p, n)
+            })
+            .collect();
+        let view = Node {
+            name: node.name().value(),
+            name_span: node.name().span(),
+            args: &args,
+            props: &props,
+            block: node.children().map(|c| c.span()),
+        };
+        let children = kids.iter().map(|(a, p, n)| Node {
+            name: n.name().value(),
+            name_span: n.name().span(),
+            args: a,
+            props: p,
+            block: n.children().map(|c| c.span()),
+        });
+        let mut found = Vec::new();
+        let items = settings(&view, children, spec, "`persona`", &[], &mut |p| {
+            found.push(p)
+        });
+        (found, items.iter().map(|s| s.name.to_string()).collect())
+    }
+
+    #[test]
+    fn a_setting_written_as_property_and_child_is_set_twice_pointing_at_both() {
+        let text = "persona \"p\" type=\"a\" { type \"b\"; description \"d\" }";
+        let (found, items) = problems_of(text, &decls::PERSONA);
+        assert_eq!(items, ["type", "type", "description"]);
+        assert_eq!(found.len(), 1, "{found:?}");
+        let p = &found[0];
+        assert_eq!(p.kind, Kind::DuplicateSetting);
+        assert_eq!(p.message, "`type` is set twice");
+        assert_eq!(p.span.offset(), text.find("type \"b\"").unwrap());
+        assert_eq!(p.also.as_ref().map(|a| a.0.offset()), text.find("type="));
+    }
+
+    #[test]
+    fn unknown_settings_and_nodes_are_named_with_the_closest_one() {
+        let text = "persona \"p\" typ=\"a\" { descripton \"d\"; instructions \"i\" \"j\" }";
+        let (found, items) = problems_of(text, &decls::PERSONA);
+        // An extra value is reported; the setting keeps its first.
+        assert_eq!(items, ["instructions"]);
+        let messages: Vec<(&str, &str)> = found
+            .iter()
+            .map(|p| (p.message.as_str(), p.help.as_str()))
+            .collect();
+        assert_eq!(
+            messages,
+            [
+                (
+                    "unknown property `typ` on `persona`",
+                    "did you mean `type`?"
+                ),
+                (
+                    "unknown node `descripton` in `persona`",
+                    "did you mean `description`?"
+                ),
+                (
+                    "`instructions` takes one argument",
+                    "write `instructions VALUE`"
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_second_singular_child_is_reported_and_repeatable_ones_are_not() {
+        let mut seen = HashMap::new();
+        let mut found = Vec::new();
+        let span = |o: usize| SourceSpan::from(o..o + 1);
+        for (i, name) in ["name", "outcome", "outcome", "name", "nam"]
+            .iter()
+            .enumerate()
+        {
+            check_child(
+                &scenario::SCENARIO,
+                name,
+                span(i),
+                "a `scenario`",
+                " in scenario `s`",
+                &mut seen,
+                &mut |p| found.push(p),
+            );
+        }
+        let messages: Vec<&str> = found.iter().map(|p| p.message.as_str()).collect();
+        assert_eq!(
+            messages,
+            [
+                "`name` is set twice in scenario `s`",
+                "unknown node `nam` in a `scenario`"
+            ]
+        );
+        assert_eq!(found[0].also.as_ref().map(|a| a.0.offset()), Some(0));
+    }
+}

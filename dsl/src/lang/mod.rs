@@ -64,3 +64,74 @@ pub fn walk(mut visit: impl FnMut(&[&'static str], &'static NodeSpec)) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_table_is_walked_once_per_spec_although_branches_hold_branches() {
+        let mut visits = 0;
+        let mut branch_in_branch = false;
+        walk(|path, spec| {
+            visits += 1;
+            branch_in_branch |= spec.name == "branch" && path.last() == Some(&"branch");
+        });
+        assert!(branch_in_branch, "a branch holds branches");
+        // Each spec is entered once; a spec reached again is visited but not entered.
+        assert!(visits < 400, "{visits} visits");
+    }
+
+    #[test]
+    fn children_have_unique_names_and_settings_one_value() {
+        walk(|path, spec| {
+            let names: Vec<&str> = spec.child_specs().iter().map(|c| c.name).collect();
+            let mut unique = names.clone();
+            unique.sort_unstable();
+            unique.dedup();
+            assert_eq!(
+                unique.len(),
+                names.len(),
+                "{path:?} > {}: {names:?}",
+                spec.name
+            );
+            if spec.form == Form::Setting {
+                assert_eq!(spec.args.len(), 1, "{path:?} > {}", spec.name);
+                assert!(spec.props.is_empty() && matches!(spec.children, Children::None));
+            }
+            for (i, a) in spec.args.iter().enumerate() {
+                let last = i + 1 == spec.args.len();
+                assert!(
+                    last || !matches!(a.repeat, Repeat::Many | Repeat::Any),
+                    "{}: only the last argument repeats",
+                    spec.name
+                );
+            }
+        });
+    }
+
+    #[test]
+    fn the_top_level_lists_every_declaration() {
+        let names: Vec<&str> = top_level().iter().map(|s| s.name).collect();
+        assert_eq!(
+            names,
+            [
+                "suite",
+                "include",
+                "agent",
+                "persona",
+                "tool",
+                "provider",
+                "simulator",
+                "judge",
+                "panel",
+                "scenario"
+            ]
+        );
+        assert!(top("scenario").is_some_and(|s| s.child("branch").is_some()));
+        assert!(matches!(
+            top("agent").map(|a| a.children),
+            Some(Children::Data)
+        ));
+    }
+}

@@ -6,5 +6,6 @@ mod fuzz;
 mod golden;
 mod language_doc;
 mod needs;
+mod nesting;
 mod nodes;
 mod ok;
