@@ -11,6 +11,7 @@
 pub mod check;
 pub mod criteria;
 pub mod decls;
+pub mod explain;
 pub mod scenario;
 pub mod spec;
 pub mod steps;
