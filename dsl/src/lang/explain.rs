@@ -79,7 +79,7 @@ pub fn explain(spec: &NodeSpec) -> String {
     if !spec.args.is_empty() {
         let _ = writeln!(out, "\narguments:");
         for a in spec.args {
-            let _ = writeln!(out, "  {:<22} {}", a.name, a.ty.describe());
+            let _ = writeln!(out, "  {:<24} {}", a.name, a.ty.describe());
         }
     }
     if !spec.props.is_empty() {
@@ -93,7 +93,7 @@ pub fn explain(spec: &NodeSpec) -> String {
             let required = if p.required { " (required)" } else { "" };
             let _ = writeln!(
                 out,
-                "  {name:<22} {}: {}{required}",
+                "  {name:<24} {}: {}{required}",
                 p.ty.describe(),
                 p.help
             );
@@ -107,7 +107,7 @@ pub fn explain(spec: &NodeSpec) -> String {
         Children::Nodes(children) => {
             let _ = writeln!(out, "\nblock:");
             for c in children {
-                let _ = writeln!(out, "  {:<22} {}", c.usage(), c.help);
+                let _ = writeln!(out, "  {:<24} {}", c.usage(), c.help);
             }
         }
     }
