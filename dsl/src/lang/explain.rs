@@ -67,11 +67,11 @@ pub fn explain(spec: &NodeSpec) -> String {
     let _ = writeln!(out, "{}", spec.usage());
     let _ = writeln!(out, "  {}", spec.help);
     if spec.form == Form::Setting {
-        let _ = writeln!(
-            out,
-            "  a setting: `{} VALUE` in the block or `{}=VALUE` on the node",
-            spec.name, spec.name
-        );
+        let value = spec
+            .args
+            .first()
+            .map_or_else(String::new, |a| a.ty.describe());
+        let _ = writeln!(out, "  a setting: {value}");
     }
     if spec.repeatable {
         let _ = writeln!(out, "  may be given more than once");
