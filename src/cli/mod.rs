@@ -51,7 +51,10 @@ enum Command {
     /// Validate suites without running anything; prints every problem at once.
     ///
     /// Example: trellis check suites/
-    Check(PathArgs),
+    ///
+    /// With --explain NODE, prints what a node of the suite language takes instead (its
+    /// arguments, properties and block): `scenario`, `branch`, `tool.mock`, `expect.reply`.
+    Check(CheckArgs),
     /// List the scenarios that would run and their trajectories.
     ///
     /// Example: trellis list suites/ --filter 'booking/*'
@@ -126,6 +129,16 @@ enum Command {
     /// stops the server cleanly (exit 0). --stdio answers one JSON line per request line
     /// until stdin ends; --per-call answers the whole of stdin once.
     Agent(agent::AgentArgs),
+}
+
+#[derive(Debug, Args)]
+struct CheckArgs {
+    #[command(flatten)]
+    paths: PathArgs,
+    /// Print what the node NODE of the suite language takes (e.g. `scenario`,
+    /// `scenario.branch`, `tool.mock`) instead of checking suites.
+    #[arg(long, value_name = "NODE")]
+    explain: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -282,7 +295,10 @@ pub fn main(cli: Cli) -> ExitCode {
     }
     let code = match cli.command {
         Command::Run(args) => run::run(args),
-        Command::Check(args) => check(&args),
+        Command::Check(args) => match &args.explain {
+            Some(node) => explain(node),
+            None => check(&args.paths),
+        },
         Command::List(args) => list(&args),
         Command::Graph(args) => graph(&args),
         Command::Report(args) => report(&args),
@@ -327,6 +343,21 @@ fn plan(project: &trellis_dsl::Project, select: &SelectArgs) -> Option<Plan> {
 
 /// Validates; warns (exit 0) about what is valid but cannot run yet, with the reasons the
 /// planner records when it skips them.
+/// `trellis check --explain NODE`: the language table's entry for NODE.
+fn explain(node: &str) -> u8 {
+    match trellis_dsl::lang::explain::find(node) {
+        Ok(spec) => {
+            let text = trellis_dsl::lang::explain::explain(spec);
+            console::outln!("{}", text.trim_end());
+            0
+        }
+        Err(message) => {
+            console::errln!("error: {message}");
+            EXIT_INVALID
+        }
+    }
+}
+
 fn check(args: &PathArgs) -> u8 {
     let Some(project) = load(&args.paths) else {
         return EXIT_INVALID;

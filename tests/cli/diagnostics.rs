@@ -392,3 +392,40 @@ async fn a_suite_of_several_megabytes_is_checked() {
     let line = text.lines().count() + 1;
     assert!(err.contains(&format!("bad.kdl:{line}:19")), "{err}");
 }
+
+#[tokio::test]
+async fn check_explains_a_node_of_the_language_from_its_table() {
+    let o = trellis()
+        .args(["check", "--explain", "scenario.agent-branches"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(text.starts_with("agent-branches\n"), "{text}");
+    assert!(text.contains("breadth="), "{text}");
+    assert!(text.contains("depth="), "{text}");
+
+    let o = trellis()
+        .args(["check", "--explain", "branch"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = stdout(&o);
+    for child in ["user MESSAGE", "branch NAME", "simulator", "persona"] {
+        assert!(text.contains(child), "{child}: {text}");
+    }
+
+    let o = trellis()
+        .args(["check", "--explain", "scenario.brnch"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("did you mean `branch`?"),
+        "{}",
+        stderr(&o)
+    );
+}

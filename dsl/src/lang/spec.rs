@@ -105,6 +105,17 @@ impl ArgSpec {
     }
 }
 
+impl ArgSpec {
+    /// A positional argument named `name` (the placeholder in usage lines).
+    pub const fn new(name: &'static str, ty: ValueType, repeat: Repeat) -> ArgSpec {
+        ArgSpec { name, ty, repeat }
+    }
+}
+
+/// The name of a [`PropSpec`] standing for any other `KEY=VALUE` (a tool call's parameters,
+/// a mock's match, an outcome's label): a node with one takes properties of any name.
+pub const ANY_KEY: &str = "KEY";
+
 /// One `key=value` property.
 #[derive(Clone, Copy, Debug)]
 pub struct PropSpec {
@@ -113,6 +124,24 @@ pub struct PropSpec {
     /// The node is incomplete without it.
     pub required: bool,
     pub help: &'static str,
+}
+
+impl PropSpec {
+    /// An optional property.
+    pub const fn new(name: &'static str, ty: ValueType, help: &'static str) -> PropSpec {
+        PropSpec {
+            name,
+            ty,
+            required: false,
+            help,
+        }
+    }
+
+    /// The same property, required.
+    pub const fn required(mut self) -> PropSpec {
+        self.required = true;
+        self
+    }
 }
 
 /// What may appear in a node's `{ … }` block.
@@ -173,6 +202,66 @@ impl NodeSpec {
             protocols: None,
             help,
         }
+    }
+
+    /// A node of its own without arguments, properties or block; the table adds them with
+    /// [`Self::args`], [`Self::props`] and [`Self::children`].
+    pub const fn node(name: &'static str, help: &'static str) -> NodeSpec {
+        NodeSpec {
+            name,
+            form: Form::Node,
+            args: &[],
+            props: &[],
+            children: Children::None,
+            repeatable: false,
+            protocols: None,
+            help,
+        }
+    }
+
+    /// The same spec with these positional arguments.
+    pub const fn args(mut self, args: &'static [ArgSpec]) -> NodeSpec {
+        self.args = args;
+        self
+    }
+
+    /// The same spec with these properties.
+    pub const fn props(mut self, props: &'static [PropSpec]) -> NodeSpec {
+        self.props = props;
+        self
+    }
+
+    /// The same spec with this block.
+    pub const fn children(mut self, children: Children) -> NodeSpec {
+        self.children = children;
+        self
+    }
+
+    /// The child node kind `name`, if the block takes it.
+    pub fn child(&self, name: &str) -> Option<&'static NodeSpec> {
+        match self.children {
+            Children::Nodes(nodes) => nodes.iter().copied().find(|n| n.name == name),
+            _ => None,
+        }
+    }
+
+    /// The child node kinds of the block, in table order (none for `Data` or no block).
+    pub fn child_specs(&self) -> &'static [&'static NodeSpec] {
+        match self.children {
+            Children::Nodes(nodes) => nodes,
+            _ => &[],
+        }
+    }
+
+    /// The property `name`: one of [`Self::props`] or a setting child (which may equally be
+    /// written as a property).
+    pub fn prop(&self, name: &str) -> Option<&'static PropSpec> {
+        self.props.iter().find(|p| p.name == name)
+    }
+
+    /// Whether the node takes properties of any name ([`ANY_KEY`]).
+    pub fn any_key(&self) -> bool {
+        self.props.iter().any(|p| p.name == ANY_KEY)
     }
 
     /// The same spec allowed only on agents of these protocols.

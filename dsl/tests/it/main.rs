@@ -4,6 +4,8 @@
 
 mod fuzz;
 mod golden;
+mod language_doc;
 mod needs;
+mod nesting;
 mod nodes;
 mod ok;

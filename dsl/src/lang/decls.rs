@@ -1,0 +1,162 @@
+//! The top-level declarations: `suite`, `include`, `agent` (its settings are the protocol
+//! registry's, decoded by the agent code), `persona`, `provider`, `simulator`, `judge`,
+//! `panel`; `tool` and `scenario` have files of their own.
+
+use super::spec::{ArgSpec, Children, NodeSpec, Repeat, ValueType};
+
+const ID: &[ArgSpec] = &[ArgSpec::new("ID", ValueType::String, Repeat::One)];
+const STRING: &[ArgSpec] = &[ArgSpec::value(ValueType::String)];
+const STRINGS: &[ArgSpec] = &[ArgSpec::values(ValueType::String)];
+const TEMPLATE: &[ArgSpec] = &[ArgSpec::value(ValueType::Template)];
+const NUMBER: &[ArgSpec] = &[ArgSpec::value(ValueType::Number)];
+const COUNT: &[ArgSpec] = &[ArgSpec::value(ValueType::Count)];
+
+pub static SUITE: NodeSpec = NodeSpec::node("suite", "optional suite metadata, one per file")
+    .args(&[ArgSpec::new("NAME", ValueType::String, Repeat::One)])
+    .children(Children::Nodes(&SUITE_SETTINGS));
+pub static SUITE_SETTINGS: [&NodeSpec; 2] = [
+    &NodeSpec::setting("description", STRING, "what the suite tests"),
+    &NodeSpec::setting("tags", STRINGS, "tags of the suite"),
+];
+
+pub static INCLUDE: NodeSpec = NodeSpec::node(
+    "include",
+    "loads another file, relative to this one",
+)
+.args(&[ArgSpec::new("PATH", ValueType::String, Repeat::One)]);
+
+/// The `agent` node: its settings depend on its protocol and are decoded by the agent code
+/// from the protocol registry, so here its block is data.
+pub static AGENT: NodeSpec = NodeSpec::node("agent", "an agent under test")
+    .args(ID)
+    .children(Children::Data)
+    .repeatable();
+
+pub static PERSONA: NodeSpec = NodeSpec::node("persona", "a user the simulator plays")
+    .args(ID)
+    .children(Children::Nodes(&PERSONA_SETTINGS))
+    .repeatable();
+pub static PERSONA_SETTINGS: [&NodeSpec; 3] = [
+    &NodeSpec::setting("type", STRING, "what kind of user; defaults to the id"),
+    &NodeSpec::setting("description", STRING, "who the user is"),
+    &NodeSpec::setting("instructions", STRING, "how the user behaves"),
+];
+
+pub static PROVIDER: NodeSpec = NodeSpec::node(
+    "provider",
+    "an LLM endpoint for the simulator, judges and model agents",
+)
+.args(ID)
+.children(Children::Nodes(&PROVIDER_SETTINGS))
+.repeatable();
+pub static PROVIDER_SETTINGS: [&NodeSpec; 14] = [
+    &NodeSpec::setting(
+        "kind",
+        &[ArgSpec::value(ValueType::OneOf(&["openai", "anthropic"]))],
+        "the API spoken (required)",
+    ),
+    &NodeSpec::setting(
+        "base-url",
+        &[ArgSpec::value(ValueType::Url)],
+        "the API root, `/v1` included",
+    ),
+    &NodeSpec::setting("model", STRING, "the model asked for"),
+    &NodeSpec::setting(
+        "api-key-env",
+        STRING,
+        "the environment variable holding the API key",
+    ),
+    &NodeSpec::setting("temperature", NUMBER, "default sampling temperature, 0–2"),
+    &NodeSpec::setting("max-tokens", COUNT, "cap on generated tokens per call"),
+    &HEADER,
+    &NodeSpec::setting(
+        "timeout",
+        &[ArgSpec::value(ValueType::Duration)],
+        "per HTTP attempt",
+    ),
+    &NodeSpec::setting("retries", COUNT, "retries of failed calls"),
+    &NodeSpec::setting("concurrency", COUNT, "calls in flight at most"),
+    &NodeSpec::setting(
+        "requests-per-minute",
+        COUNT,
+        "requests started a minute at most",
+    ),
+    &NodeSpec::setting("tokens-per-minute", COUNT, "tokens a minute at most"),
+    &NodeSpec::setting("input-price", NUMBER, "price per million prompt tokens"),
+    &NodeSpec::setting(
+        "output-price",
+        NUMBER,
+        "price per million completion tokens",
+    ),
+];
+
+/// `header NAME VALUE`: a child node only (two values cannot be one property).
+pub static HEADER: NodeSpec = NodeSpec::node("header", "an extra HTTP header sent with every call")
+    .args(&[
+        ArgSpec::new("NAME", ValueType::String, Repeat::One),
+        ArgSpec::new("VALUE", ValueType::String, Repeat::One),
+    ])
+    .repeatable();
+
+pub static SIMULATOR: NodeSpec = NodeSpec::node(
+    "simulator",
+    "the LLM that plays the user in `simulate` steps",
+)
+.children(Children::Nodes(&SIMULATOR_SETTINGS))
+.repeatable();
+pub static SIMULATOR_SETTINGS: [&NodeSpec; 7] = [
+    &NodeSpec::setting(
+        "provider",
+        &[ArgSpec::value(ValueType::Ref("provider"))],
+        "the provider that plays the user",
+    ),
+    &NodeSpec::setting("model", STRING, "the model, in place of the provider's"),
+    &NodeSpec::setting("temperature", NUMBER, "sampling temperature, 0–2"),
+    &NodeSpec::setting(
+        "instructions",
+        TEMPLATE,
+        "added to the simulator's system prompt",
+    ),
+    &NodeSpec::setting("system-prompt", TEMPLATE, "the simulator's system message"),
+    &NodeSpec::setting("opening-prompt", TEMPLATE, "asks for the first message"),
+    &NodeSpec::setting("retry-prompt", TEMPLATE, "added after an unusable answer"),
+];
+
+pub static JUDGE: NodeSpec = NodeSpec::node("judge", "a named LLM judge")
+    .args(ID)
+    .children(Children::Nodes(&JUDGE_SETTINGS))
+    .repeatable();
+pub static JUDGE_SETTINGS: [&NodeSpec; 5] = [
+    &NodeSpec::setting(
+        "provider",
+        &[ArgSpec::value(ValueType::Ref("provider"))],
+        "the provider asked (required)",
+    ),
+    &NodeSpec::setting("model", STRING, "the model, in place of the provider's"),
+    &NodeSpec::setting("temperature", NUMBER, "sampling temperature, 0–2"),
+    &NodeSpec::setting("rubric", STRING, "the judge's default rubric"),
+    &NodeSpec::setting("threshold", NUMBER, "the passing score, 0–1"),
+];
+
+pub static PANEL: NodeSpec =
+    NodeSpec::node("panel", "several judges deciding one criterion together")
+        .args(ID)
+        .children(Children::Nodes(&PANEL_SETTINGS))
+        .repeatable();
+pub static PANEL_SETTINGS: [&NodeSpec; 2] = [
+    &NodeSpec::setting(
+        "consensus",
+        &[ArgSpec::value(ValueType::OneOf(&[
+            "mean",
+            "majority",
+            "minimum",
+            "unanimous",
+        ]))],
+        "how the members' verdicts combine",
+    ),
+    &NodeSpec::setting(
+        "judges",
+        &[ArgSpec::values(ValueType::Ref("judge"))],
+        "the members (required)",
+    ),
+];

@@ -1,0 +1,278 @@
+//! Decoding the top-level declarations other than `agent` and `tool`: `suite`, `persona`,
+//! `provider`, `simulator`, `judge` and `panel`, and the dispatch of a file's top-level nodes.
+
+use super::*;
+
+impl<'f> Decoder<'f> {
+    // ----- top level
+
+    /// Decodes the top-level nodes of `doc` (all or some of the current file's) into `items`,
+    /// and keeps its `include` nodes for the loader.
+    pub(super) fn nodes(
+        &mut self,
+        doc: &KdlDocument,
+        items: &mut FileItems,
+        includes: &mut Vec<KdlNode>,
+    ) {
+        for node in doc.nodes() {
+            let v = View::of(node, self.text());
+            match v.name {
+                "include" => includes.push(node.clone()),
+                "suite" => self.suite(&v, items),
+                "agent" => items.agents.extend(self.agent(&v)),
+                "persona" => items.personas.extend(self.persona(&v)),
+                "tool" => items.tools.extend(self.tool(&v)),
+                "provider" => items.providers.extend(self.provider(&v)),
+                "simulator" => items.simulators.extend(self.simulator(&v)),
+                "judge" => items.judges.extend(self.judge(&v)),
+                "panel" => items.panels.extend(self.panel(&v)),
+                "scenario" => items.scenarios.extend(self.scenario(&v)),
+                other => {
+                    let known = lang::top_level().iter().map(|s| s.name);
+                    self.unknown_node(other, v.name_span, "a suite file", known)
+                }
+            }
+        }
+    }
+
+    pub(super) fn suite(&mut self, v: &View, items: &mut FileItems) {
+        let usage = "suite \"NAME\" { description \"…\"; tags \"…\" }";
+        let Some(name) = self.id_arg(v, "a name", usage) else {
+            return;
+        };
+        self.check_args_of(v, &lang::decls::SUITE, usage);
+        let s = self.settings_of(v, &lang::decls::SUITE, "`suite`", &[]);
+        let description = self.s_string(&s, "description");
+        let tags = self.s_strings(&s, "tags");
+        if let Some((_, first, _, _)) = &items.suite {
+            let p = check::set_twice(check::Twice {
+                message: "a file holds one `suite` node".into(),
+                again: (v.name_span, "second `suite`"),
+                first: (first.span, "first `suite`"),
+                help: "one file is one suite; move the scenarios to another file",
+            });
+            self.problem(p);
+            return;
+        }
+        items.suite = Some((name.value, name.span, description, tags));
+    }
+}
+
+impl<'f> Decoder<'f> {
+    pub(super) fn persona(&mut self, v: &View) -> Option<Persona> {
+        let usage = "persona \"ID\" type=\"…\" { description \"…\"; instructions \"…\" }";
+        let id = self.id_arg(v, "an id", usage)?;
+        self.check_args_of(v, &lang::decls::PERSONA, usage);
+        Some(self.persona_body(v, id))
+    }
+
+    pub(super) fn persona_body(&mut self, v: &View, id: Spanned<String>) -> Persona {
+        let s = self.settings_of(v, &lang::decls::PERSONA, "`persona`", &[]);
+        let kind = self
+            .s_string(&s, "type")
+            .unwrap_or_else(|| id.value.clone());
+        Persona {
+            description: self.s_string(&s, "description"),
+            instructions: self.s_string(&s, "instructions"),
+            kind,
+            id,
+            span: self.span(v.span),
+        }
+    }
+}
+
+impl<'f> Decoder<'f> {
+    pub(super) fn provider(&mut self, v: &View) -> Option<Provider> {
+        let usage = "provider \"ID\" kind=\"openai\" model=\"…\" api-key-env=\"OPENAI_API_KEY\"";
+        let id = self.id_arg(v, "an id", usage)?;
+        self.check_args_of(v, &lang::decls::PROVIDER, usage);
+        let s = self.settings_of(v, &lang::decls::PROVIDER, "`provider`", &[]);
+        let kind = match s.value("kind") {
+            Some(e) => self.choice(
+                e,
+                "provider kind",
+                &[
+                    ("openai", ProviderKind::OpenAi),
+                    ("anthropic", ProviderKind::Anthropic),
+                ],
+            ),
+            None => {
+                self.missing(v, "`kind=…`", usage);
+                None
+            }
+        };
+        let base_url = self.s_string(&s, "base-url");
+        let model = self.s_string(&s, "model");
+        let api_key_env = self.s_string(&s, "api-key-env");
+        if let (Some(e), Some(url)) = (s.value("base-url"), &base_url)
+            && !(url.starts_with("http://") || url.starts_with("https://"))
+        {
+            let d = self
+                .diag(
+                    Kind::InvalidValue,
+                    format!("provider base URL `{url}` must be http or https"),
+                    value_span(e),
+                    "not an http(s) URL",
+                )
+                .with_help("e.g. base-url=\"http://127.0.0.1:8080/v1\"");
+            self.report(d);
+        }
+        if let (Some(e), Some(var)) = (s.value("api-key-env"), &api_key_env)
+            && !is_env_var_name(var)
+        {
+            let d = self
+                .diag(
+                    Kind::InvalidValue,
+                    "`api-key-env` takes the name of an environment variable, not a key"
+                        .to_string(),
+                    value_span(e),
+                    "not a variable name",
+                )
+                .with_help(
+                    "write the variable's name, never the key: api-key-env=\"OPENAI_API_KEY\"",
+                );
+            self.report(d);
+        }
+        let temperature = self.s_number(&s, "temperature", (0.0, 2.0));
+        let max_tokens = s.value("max-tokens").and_then(|e| self.u32(e, 1));
+        let headers = self.headers(
+            &s,
+            "header \"NAME\" \"VALUE\"; secrets belong in `api-key-env`",
+            Self::string,
+            String::as_str,
+        );
+        let timeout = s.value("timeout").and_then(|e| self.duration(e));
+        let retries = s.value("retries").and_then(|e| self.u32(e, 0));
+        let concurrency = s
+            .value("concurrency")
+            .and_then(|e| self.u32(e, 1))
+            .and_then(|c| usize::try_from(c).ok());
+        let requests_per_minute = s.value("requests-per-minute").and_then(|e| self.u32(e, 1));
+        let tokens_per_minute = s.value("tokens-per-minute").and_then(|e| self.u32(e, 1));
+        let input_price = self.s_number(&s, "input-price", (0.0, 1_000_000.0));
+        let output_price = self.s_number(&s, "output-price", (0.0, 1_000_000.0));
+        let Some(kind) = kind else {
+            self.info.declare(RefKind::Provider, &id.value);
+            return None;
+        };
+        Some(Provider {
+            id,
+            kind,
+            base_url,
+            model,
+            api_key_env,
+            temperature,
+            max_tokens,
+            headers,
+            timeout,
+            retries,
+            concurrency,
+            requests_per_minute,
+            tokens_per_minute,
+            input_price,
+            output_price,
+            span: self.span(v.span),
+        })
+    }
+
+    /// The project's `simulator`: `provider` is required.
+    pub(super) fn simulator(&mut self, v: &View) -> Option<Simulator> {
+        let usage = "simulator provider=\"ID\" model=\"…\" temperature=0.7";
+        let s = self.simulator_settings(v, usage);
+        if s.provider.is_none() {
+            self.missing(v, "`provider=…`", usage);
+            return None;
+        }
+        Some(s)
+    }
+
+    pub(super) fn simulator_settings(&mut self, v: &View, usage: &str) -> Simulator {
+        self.check_args_of(v, &lang::decls::SIMULATOR, usage);
+        let s = self.settings_of(v, &lang::decls::SIMULATOR, "`simulator`", &[]);
+        Simulator {
+            provider: self.s_spanned(&s, "provider"),
+            model: self.s_string(&s, "model"),
+            temperature: self.s_number(&s, "temperature", (0.0, 2.0)),
+            instructions: self.s_template(&s, "instructions"),
+            system_prompt: self.s_template(&s, "system-prompt"),
+            opening_prompt: self.s_template(&s, "opening-prompt"),
+            retry_prompt: self.s_template(&s, "retry-prompt"),
+            outer: None,
+            span: self.span(v.span),
+        }
+    }
+
+    /// A `simulator` inside a scenario or a branch: a layer over the enclosing simulator for
+    /// the `simulate` steps there. Every setting is optional; without `provider` it keeps the
+    /// enclosing provider, so a branch can add only `instructions` or a prompt.
+    pub(super) fn nested_simulator(&mut self, v: &View) -> Option<Simulator> {
+        let usage = "simulator provider=\"ID\" model=\"…\" temperature=0.7 instructions=\"…\"";
+        Some(self.simulator_settings(v, usage))
+    }
+
+    pub(super) fn panel(&mut self, v: &View) -> Option<Panel> {
+        let usage = "panel \"ID\" consensus=\"majority\" { judges \"A\" \"B\" \"C\" }";
+        let id = self.id_arg(v, "an id", usage)?;
+        self.check_args_of(v, &lang::decls::PANEL, usage);
+        let s = self.settings_of(v, &lang::decls::PANEL, "`panel`", &[]);
+        let consensus = match s.value("consensus") {
+            Some(e) => self.choice(e, "consensus", &Consensus::ALL),
+            None => Some(Consensus::default()),
+        };
+        let mut judges = Vec::new();
+        if let Some(set) = s.get("judges") {
+            for e in set.values.clone() {
+                if let Some(j) = self.spanned_string(e) {
+                    judges.push(j);
+                }
+            }
+        }
+        if judges.is_empty() {
+            self.missing(v, "`judges \"A\" \"B\"…`", usage);
+        }
+        // Declared even when broken, so criteria naming it are not reported again.
+        self.info.declare(RefKind::Judge, &id.value);
+        let consensus = consensus?;
+        (!judges.is_empty()).then(|| Panel {
+            id,
+            judges,
+            consensus,
+            span: self.span(v.span),
+        })
+    }
+
+    pub(super) fn judge(&mut self, v: &View) -> Option<Judge> {
+        let usage = "judge \"ID\" provider=\"ID\" model=\"…\" threshold=0.7";
+        let id = self.id_arg(v, "an id", usage)?;
+        self.check_args_of(v, &lang::decls::JUDGE, usage);
+        let s = self.settings_of(v, &lang::decls::JUDGE, "`judge`", &[]);
+        let provider = self.s_required_spanned(v, &s, "provider", usage);
+        let model = self.s_string(&s, "model");
+        let temperature = self.s_number(&s, "temperature", (0.0, 2.0));
+        let rubric = self.s_string(&s, "rubric");
+        let threshold = self.s_number(&s, "threshold", (0.0, 1.0));
+        let Some(provider) = provider else {
+            self.info.declare(RefKind::Judge, &id.value);
+            return None;
+        };
+        Some(Judge {
+            id,
+            provider,
+            model,
+            temperature,
+            rubric,
+            threshold,
+            span: self.span(v.span),
+        })
+    }
+}
+
+/// A portable environment variable name: `[A-Za-z_][A-Za-z0-9_]*`. Anything else written as
+/// `api-key-env` is most likely the key itself.
+pub(super) fn is_env_var_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}

@@ -1,0 +1,415 @@
+//! Finding and reading suite files: directories walked for `*.kdl`, `include`s followed
+//! relative to the including file (each file loaded once, cycles reported), and each file
+//! parsed through `depth::parse_each` and handed to the decoder node by node.
+
+use super::*;
+
+/// KDL syntax errors reported per file; more are counted in one last diagnostic.
+pub(super) const MAX_SYNTAX_ERRORS: usize = 20;
+
+/// Reads files and decodes them as they are parsed, one top-level node at a time (see
+/// `depth::parse_each`), so no whole-file parse tree is ever kept.
+#[derive(Default)]
+pub(super) struct Loader {
+    pub(super) files: Vec<SourceFile>,
+    /// What each file that parsed declares, in file order.
+    pub(super) decoded: Vec<FileItems>,
+    /// The decoder's diagnostics and findings, kept apart from the loader's so they come in
+    /// the same order as when all files were decoded after loading.
+    pub(super) decode_diags: Vec<Diagnostic>,
+    pub(super) info: LoadInfo,
+    pub(super) by_canonical: HashMap<PathBuf, FileId>,
+    /// Files being loaded (outermost first), to detect include cycles.
+    pub(super) stack: Vec<(PathBuf, FileId)>,
+    pub(super) diags: Vec<Diagnostic>,
+    pub(super) broken: bool,
+}
+
+impl Loader {
+    pub(super) fn load_root(&mut self, path: &Path) {
+        let name = display_name(path);
+        match fs::metadata(path) {
+            Err(e) => self.diags.push(
+                Diagnostic::new(Kind::Io, format!("cannot read `{name}`: {e}"))
+                    .with_help("give a `.kdl` suite file or a directory of them"),
+            ),
+            Ok(meta) if meta.is_dir() => {
+                let mut found = Vec::new();
+                for entry in walkdir::WalkDir::new(path).sort_by_file_name() {
+                    match entry {
+                        Ok(entry) => {
+                            let p = entry.path();
+                            if entry.file_type().is_file()
+                                && p.extension().is_some_and(|e| e == "kdl")
+                            {
+                                found.push(p.to_path_buf());
+                            }
+                        }
+                        Err(e) => self.diags.push(Diagnostic::new(
+                            Kind::Io,
+                            format!("cannot read directory `{name}`: {e}"),
+                        )),
+                    }
+                }
+                if found.is_empty() {
+                    self.diags.push(
+                        Diagnostic::new(Kind::NoSuite, format!("no .kdl files under `{name}`"))
+                            .with_help(
+                                "suite files end in `.kdl`; give a directory holding some, or \
+                                 the suite file itself",
+                            ),
+                    );
+                }
+                for p in found {
+                    let name = display_name(&p);
+                    self.load_file(&p, name);
+                }
+            }
+            Ok(_) => {
+                self.load_file(path, name);
+            }
+        }
+    }
+
+    pub(super) fn load_file(&mut self, path: &Path, name: String) {
+        let canonical = fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+        if self.by_canonical.contains_key(&canonical) {
+            return;
+        }
+        let text = match fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) => {
+                self.diags.push(Diagnostic::new(
+                    Kind::Io,
+                    format!("cannot read `{name}`: {e}"),
+                ));
+                return;
+            }
+        };
+        let id = self.files.len();
+        self.files.push(SourceFile {
+            path: path.to_path_buf(),
+            name,
+            text: Arc::from(text.as_str()),
+        });
+        self.by_canonical.insert(canonical.clone(), id);
+
+        // Through `depth::parse_each`: the parser recurses per block, comment piece and
+        // syntax error, and a file beyond what it can take would abort the process instead
+        // of getting a diagnostic; and a whole file's parse tree takes about 75 times its
+        // size. Each node is decoded as soon as it is parsed; what a file that turns out not
+        // to parse decoded is taken back, as if it had never been decoded.
+        let before = (self.info.clone(), self.decode_diags.len());
+        let mut items = FileItems {
+            file: id,
+            ..FileItems::default()
+        };
+        let mut includes = Vec::new();
+        let mut nodes_seen = 0;
+        let (files, info, decode_diags) = (&self.files, &mut self.info, &mut self.decode_diags);
+        let parsed = depth::parse_each(&text, |doc| {
+            nodes_seen += doc.nodes().len();
+            let mut decoder = Decoder::new(files, id, decode_diags, info);
+            decoder.nodes(&doc, &mut items, &mut includes);
+            decoder.finish(decode_diags, info);
+        });
+        let whole = match parsed {
+            Ok(depth::Parsed::Nodes) => None,
+            Ok(depth::Parsed::Whole(whole)) => Some(Ok(whole)),
+            Err(refused) => Some(Err(refused)),
+        };
+        let parsed = match whole {
+            None => Ok(None),
+            Some(whole) => {
+                self.info = before.0;
+                self.decode_diags.truncate(before.1);
+                items = FileItems {
+                    file: id,
+                    ..FileItems::default()
+                };
+                includes.clear();
+                whole.map(Some)
+            }
+        };
+        let parsed = match parsed {
+            Ok(None) => Ok(None),
+            Ok(Some(Ok(doc))) => Ok(Some(doc)),
+            Ok(Some(Err(err))) => Err(err),
+            Err(refused) => {
+                self.broken = true;
+                let (label, help) = match refused {
+                    depth::TooDeep::Blocks { .. } => (
+                        "one block too many",
+                        format!(
+                            "a suite file nests at most {} `{{ … }}` blocks; move deep parts into scenarios of their own",
+                            depth::MAX_BLOCK_DEPTH
+                        ),
+                    ),
+                    depth::TooDeep::Comment { .. } => (
+                        "this comment",
+                        format!(
+                            "a `/* … */` comment holds at most {} pieces (each `*`, each `/`, each run of other text); use `//` comments",
+                            depth::MAX_COMMENT_PIECES
+                        ),
+                    ),
+                    depth::TooDeep::Large | depth::TooDeep::NoStack => (
+                        "not parsed",
+                        format!(
+                            "split the suite into files of at most {} MiB joined with `include`",
+                            depth::MAX_FILE_SIZE / 1024 / 1024
+                        ),
+                    ),
+                    depth::TooDeep::Node { .. } => (
+                        "this node",
+                        format!(
+                            "a top-level node takes at most {} KiB; split it into several",
+                            depth::MAX_NODE_SIZE / 1024
+                        ),
+                    ),
+                };
+                let span = SourceSpan::new(refused.offset().into(), usize::from(!text.is_empty()));
+                let diag = Diagnostic::at(
+                    Kind::TooDeep,
+                    format!("cannot parse `{}`: {refused}", self.files[id].name),
+                    id,
+                    &self.files[id],
+                    span,
+                    label,
+                )
+                .with_help(help);
+                self.diags.push(diag);
+                return;
+            }
+        };
+        let doc = match parsed {
+            Ok(doc) => doc,
+            Err(err) => {
+                self.broken = true;
+                let found = err.diagnostics.len();
+                // The parser's error recovery can report one error per byte of a garbled
+                // line, and each is shown with that line: past the first few they bury the
+                // cause and make the report quadratic in the file's size.
+                for d in err.diagnostics.into_iter().take(MAX_SYNTAX_ERRORS) {
+                    let message = d.message.unwrap_or_else(|| "invalid KDL".to_string());
+                    let label = d.label.unwrap_or_else(|| "here".to_string());
+                    let snippet = text
+                        .get(d.span.offset()..d.span.offset() + d.span.len())
+                        .unwrap_or("");
+                    let help = if snippet.starts_with('"') && snippet.contains('\\') {
+                        "a backslash starts an escape in a quoted KDL string (`\\d` is not one); write regexes as raw strings: #\"\\d+\"#".to_string()
+                    } else {
+                        d.help.unwrap_or_else(|| {
+                            "suite files are KDL v2 documents (https://kdl.dev)".into()
+                        })
+                    };
+                    let diag =
+                        Diagnostic::at(Kind::Syntax, message, id, &self.files[id], d.span, label)
+                            .with_help(help);
+                    self.diags.push(diag);
+                }
+                if found > MAX_SYNTAX_ERRORS {
+                    self.diags.push(
+                        Diagnostic::new(
+                            Kind::Syntax,
+                            format!(
+                                "`{}`: {} more KDL syntax errors not shown",
+                                self.files[id].name,
+                                found - MAX_SYNTAX_ERRORS
+                            ),
+                        )
+                        .with_help("fix the first ones: the rest often follow from them"),
+                    );
+                }
+                return;
+            }
+        };
+
+        // An empty file (or one of comments only) is almost always the wrong file.
+        if doc.as_ref().map_or(nodes_seen, |doc| doc.nodes().len()) == 0 {
+            self.diags.push(
+                Diagnostic::new(
+                    Kind::NoSuite,
+                    format!("`{}` holds no suite: it has no nodes", self.files[id].name),
+                )
+                .with_help("write `scenario` nodes (and `agent`s) in it, or remove it"),
+            );
+        }
+        // A file that parsed only as a whole (the parser accepted it although some node
+        // alone did not parse) is decoded as a whole.
+        if let Some(doc) = doc {
+            let mut decoder = Decoder::new(&self.files, id, &mut self.decode_diags, &mut self.info);
+            decoder.nodes(&doc, &mut items, &mut includes);
+            decoder.finish(&mut self.decode_diags, &mut self.info);
+        }
+        // Decoded before what it includes, as the files are numbered.
+        self.decoded.push(items);
+        self.stack.push((canonical, id));
+        for node in &includes {
+            self.include(id, node);
+        }
+        self.stack.pop();
+    }
+
+    pub(super) fn include(&mut self, from: FileId, node: &KdlNode) {
+        let file = &self.files[from];
+        let view = View::of(node, &file.text);
+        let mut problems = Vec::new();
+        for prop in &view.props {
+            problems.push(
+                Diagnostic::at(
+                    Kind::UnknownProperty,
+                    "`include` takes no properties",
+                    from,
+                    file,
+                    prop.span(),
+                    "unknown property",
+                )
+                .with_help("write `include \"PATH\"`"),
+            );
+        }
+        if let Some(extra) = view.args.get(1) {
+            problems.push(
+                Diagnostic::at(
+                    Kind::UnexpectedArgument,
+                    "`include` takes one path",
+                    from,
+                    file,
+                    extra.span(),
+                    "unexpected argument",
+                )
+                .with_help("write one `include \"PATH\"` per file"),
+            );
+        }
+        let Some(arg) = view.args.first() else {
+            problems.push(
+                Diagnostic::at(
+                    Kind::Missing,
+                    "`include` needs a path",
+                    from,
+                    file,
+                    view.name_span,
+                    "missing path",
+                )
+                .with_help("write `include \"PATH\"`, relative to this file"),
+            );
+            self.diags.extend(problems);
+            return;
+        };
+        let Some(rel) = arg.value().as_string() else {
+            problems.push(
+                Diagnostic::at(
+                    Kind::WrongType,
+                    format!("expected a string, found {}", value_kind(arg.value())),
+                    from,
+                    file,
+                    arg.span(),
+                    "expected a path string",
+                )
+                .with_help("write `include \"PATH\"`, relative to this file"),
+            );
+            self.diags.extend(problems);
+            return;
+        };
+        self.diags.extend(problems);
+
+        let base = file.path.parent().unwrap_or_else(|| Path::new(""));
+        let target = base.join(rel);
+        let shown_base = Path::new(&file.name)
+            .parent()
+            .unwrap_or_else(|| Path::new(""));
+        let target_name = display_name(&normalize(&shown_base.join(rel)));
+        if !target.is_file() {
+            let diag = Diagnostic::at(
+                Kind::MissingInclude,
+                format!("included file `{rel}` not found"),
+                from,
+                file,
+                arg.span(),
+                "no such file",
+            )
+            .with_help(format!(
+                "looked for `{target_name}`; include paths are relative to the including file"
+            ));
+            self.diags.push(diag);
+            // Its definitions are unknown, like those of an unparsable file.
+            self.broken = true;
+            return;
+        }
+        let canonical = fs::canonicalize(&target).unwrap_or_else(|_| target.clone());
+        if let Some(pos) = self.stack.iter().position(|(c, _)| *c == canonical) {
+            let mut names: Vec<String> = self.stack[pos..]
+                .iter()
+                .map(|(_, id)| self.files[*id].name.clone())
+                .collect();
+            if let Some(first) = names.first().cloned() {
+                names.push(first);
+            }
+            let names = strip_common_dir(&names);
+            let diag = Diagnostic::at(
+                Kind::IncludeCycle,
+                format!("include cycle: {}", names.join(" -> ")),
+                from,
+                file,
+                arg.span(),
+                "this include closes the cycle",
+            )
+            .with_help("every file is loaded once anyway; remove one of the includes");
+            self.diags.push(diag);
+            return;
+        }
+        self.load_file(&target, target_name);
+    }
+}
+
+/// The path as the user wrote it, with `/` separators.
+pub(super) fn display_name(path: &Path) -> String {
+    let s = path.to_string_lossy().replace('\\', "/");
+    s.strip_prefix("./").map(str::to_string).unwrap_or(s)
+}
+
+/// Removes `.` and resolvable `..` components without touching the file system.
+pub(super) fn normalize(path: &Path) -> PathBuf {
+    let mut out: Vec<Component> = Vec::new();
+    for c in path.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => match out.last() {
+                Some(Component::Normal(_)) => {
+                    out.pop();
+                }
+                _ => out.push(c),
+            },
+            _ => out.push(c),
+        }
+    }
+    out.iter().collect()
+}
+
+/// Drops the directory prefix shared by all names, so cycles read `a.kdl -> b.kdl -> a.kdl`.
+pub(super) fn strip_common_dir(names: &[String]) -> Vec<String> {
+    let dirs: Vec<&str> = names
+        .iter()
+        .map(|n| n.rfind('/').map_or("", |i| &n[..=i]))
+        .collect();
+    let Some(first) = dirs.first() else {
+        return names.to_vec();
+    };
+    let mut common = first.len();
+    for d in &dirs {
+        let shared = first
+            .bytes()
+            .zip(d.bytes())
+            .take_while(|(a, b)| a == b)
+            .count();
+        common = common.min(shared);
+    }
+    // Only cut at a directory boundary.
+    let cut = first
+        .get(..common)
+        .and_then(|p| p.rfind('/'))
+        .map_or(0, |i| i + 1);
+    names
+        .iter()
+        .map(|n| n.get(cut..).unwrap_or(n).to_string())
+        .collect()
+}

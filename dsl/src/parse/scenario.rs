@@ -1,0 +1,569 @@
+//! Decoding `scenario` nodes: their settings, `user-context`/`initial-state` objects, inline
+//! personas and tools; steps and criteria are in their own modules.
+
+use super::*;
+
+/// Per-scenario decoding state.
+pub(super) struct ScenarioState {
+    /// Singular nodes already seen, for duplicate reports.
+    pub(super) seen: HashMap<&'static str, SourceSpan>,
+    /// Captures that failed to decode: templates using them must not be reported again.
+    pub(super) failed_captures: HashSet<String>,
+}
+
+impl<'f> Decoder<'f> {
+    pub(super) fn scenario(&mut self, v: &View) -> Option<Scenario> {
+        let usage = "scenario \"ID\" { … }";
+        let id = self.id_arg(v, "an id", usage)?;
+        self.check_entries(v, &lang::scenario::SCENARIO, usage);
+        self.scenario_id_ok(&id);
+        let mut sc = Scenario {
+            id: id.clone(),
+            name: None,
+            description: None,
+            difficulty: Difficulty::default(),
+            tags: Vec::new(),
+            status: Status::default(),
+            agents: Vec::new(),
+            persona: None,
+            user_context: Map::new(),
+            initial_state: Map::new(),
+            undeclared_tools: UndeclaredTools::default(),
+            tools: Vec::new(),
+            max_turns: None,
+            agent_branches: AgentBranches::default(),
+            outcomes: Vec::new(),
+            expect_tools: Vec::new(),
+            criteria_override: None,
+            repeat: 1,
+            needs: Vec::new(),
+            timeout: None,
+            first_turn: FirstTurn::default(),
+            steps: Vec::new(),
+            criteria: Vec::new(),
+            span: self.span(v.span),
+        };
+        let mut st = ScenarioState {
+            seen: HashMap::new(),
+            failed_captures: HashSet::new(),
+        };
+        let mut initial: Option<Step> = None;
+        let mut scenario_simulator: Option<Simulator> = None;
+        let mut has_initial = false;
+        let mut step_nodes: Vec<&KdlNode> = Vec::new();
+        let nodes = v.children.map(|c| c.nodes()).unwrap_or_default();
+        for node in nodes {
+            let cv = View::of(node, self.text());
+            let name = cv.name;
+            if lang::steps::STEPS.iter().any(|s| s.name == name) {
+                step_nodes.push(node);
+                continue;
+            }
+            let twice = format!(" in scenario `{}`", id.value);
+            let mut found = Vec::new();
+            let spec = check::check_child(
+                &lang::scenario::SCENARIO,
+                name,
+                cv.name_span,
+                "a `scenario`",
+                &twice,
+                &mut st.seen,
+                &mut |p| found.push(p),
+            );
+            for p in found {
+                self.problem(p);
+            }
+            let Some(spec) = spec else {
+                continue;
+            };
+            let key = spec.name;
+            match key {
+                "name" => {
+                    sc.name = self
+                        .single(&cv, spec, "name \"…\"")
+                        .and_then(|e| self.string(e))
+                }
+                "description" => {
+                    sc.description = self
+                        .single(&cv, spec, "description \"…\"")
+                        .and_then(|e| self.string(e))
+                }
+                "criteria-override" => {
+                    sc.criteria_override = self
+                        .single(&cv, spec, "criteria-override \"…\"")
+                        .and_then(|e| self.string(e))
+                }
+                "difficulty" => {
+                    if let Some(d) = self
+                        .single(&cv, spec, "difficulty \"normal\"")
+                        .and_then(|e| {
+                            self.choice(
+                                e,
+                                "difficulty",
+                                &[("normal", Difficulty::Normal), ("hard", Difficulty::Hard)],
+                            )
+                        })
+                    {
+                        sc.difficulty = d;
+                    }
+                }
+                "status" => {
+                    if let Some(s) = self.single(&cv, spec, "status \"active\"").and_then(|e| {
+                        self.choice(
+                            e,
+                            "status",
+                            &[
+                                ("active", Status::Active),
+                                ("draft", Status::Draft),
+                                ("archived", Status::Archived),
+                            ],
+                        )
+                    }) {
+                        sc.status = s;
+                    }
+                }
+                "tags" => sc.tags = self.strings(&cv, spec, "tags \"…\" \"…\""),
+                "persona" => sc.persona = self.persona_ref(&cv),
+                "initial-message" => {
+                    has_initial = true;
+                    if let Some(t) = self
+                        .single(&cv, spec, "initial-message \"…\"")
+                        .and_then(|e| self.template(e))
+                    {
+                        initial = Some(Step {
+                            kind: StepKind::User(t),
+                            span: self.span(cv.span),
+                        });
+                    }
+                }
+                "user-context" => {
+                    if let Some(context) = self.json_object_node(&cv, spec, "user-context") {
+                        sc.user_context = context;
+                    }
+                }
+                "initial-state" => {
+                    if let Some(state) = self.json_object_node(&cv, spec, "initial-state") {
+                        sc.initial_state = state;
+                    }
+                }
+                "undeclared-tools" => {
+                    if let Some(u) = self
+                        .single(&cv, spec, "undeclared-tools \"error\"")
+                        .and_then(|e| self.choice(e, "undeclared-tools", &UndeclaredTools::ALL))
+                    {
+                        sc.undeclared_tools = u;
+                    }
+                }
+                "max-turns" => {
+                    sc.max_turns = self
+                        .single(&cv, spec, "max-turns 8")
+                        .and_then(|e| self.u32(e, 1))
+                }
+                "agent-branches" => {
+                    let usage = "agent-branches breadth=5 depth=3";
+                    self.check(&cv, spec, usage);
+                    if cv.props.is_empty() {
+                        self.missing(&cv, "`breadth=` or `depth=`", usage);
+                    }
+                    if let Some(n) = cv.prop("breadth").and_then(|e| self.u32(e, 1)) {
+                        sc.agent_branches.breadth = n;
+                    }
+                    if let Some(n) = cv.prop("depth").and_then(|e| self.u32(e, 1)) {
+                        sc.agent_branches.depth = n;
+                    }
+                }
+                "repeat" => {
+                    if let Some(n) = self
+                        .single(&cv, spec, "repeat 3")
+                        .and_then(|e| self.u32(e, 1))
+                    {
+                        sc.repeat = n;
+                    }
+                }
+                "timeout" => {
+                    sc.timeout = self
+                        .single(&cv, spec, "timeout \"2m\"")
+                        .and_then(|e| self.duration(e))
+                }
+                "simulator" => scenario_simulator = self.nested_simulator(&cv),
+                "first-turn" => {
+                    if let Some(t) = self
+                        .single(&cv, spec, "first-turn \"agent\"")
+                        .and_then(|e| self.choice(e, "first-turn", &FirstTurn::ALL))
+                    {
+                        sc.first_turn = t;
+                    }
+                }
+                "outcome" => {
+                    self.check_block_of(&cv, spec);
+                    if let Some(o) = self.outcome(&cv) {
+                        sc.outcomes.push(Spanned::new(o, self.span(cv.span)));
+                    }
+                }
+                "tool" => {
+                    if let Some(tool) = self.tool(&cv) {
+                        self.push_scenario_tool(&mut sc.tools, tool, &id.value);
+                    }
+                }
+                "expect-tool" => {
+                    self.check_block_of(&cv, spec);
+                    let text = self.criterion_text(&cv);
+                    let mut templates = Vec::new();
+                    if let Some(kind) = self.tool_criterion(&cv, spec, &mut templates) {
+                        sc.expect_tools.push(Criterion {
+                            kind,
+                            text,
+                            templates,
+                            span: self.span(cv.span),
+                        });
+                    }
+                }
+                "agent" => {
+                    if let Some(e) = self.single(&cv, spec, "agent \"ID\"")
+                        && let Some(a) = self.spanned_string(e)
+                    {
+                        self.push_scenario_agent(&mut sc.agents, a);
+                    }
+                }
+                "agents" => {
+                    for a in self.spanned_strings(&cv, spec, "agents \"ID\" \"ID\"") {
+                        self.push_scenario_agent(&mut sc.agents, a);
+                    }
+                }
+                "needs" => sc.needs = self.spanned_strings(&cv, spec, "needs \"SCENARIO\"…"),
+                "criteria" => {
+                    self.check_entries(&cv, spec, "criteria { CRITERION… }");
+                    for child in cv.children.map(|c| c.nodes()).unwrap_or_default() {
+                        let ccv = View::of(child, self.text());
+                        if let Some(c) = self.criterion(&ccv, "`criteria`") {
+                            sc.criteria.push(c);
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        // With `first-turn "agent"` the agent has spoken before the first step.
+        let has_turn = has_initial || sc.first_turn == FirstTurn::Agent;
+        let (steps, _) = self.steps(&step_nodes, has_turn, &mut st);
+        sc.steps = initial.into_iter().chain(steps).collect();
+        if let Some(simulator) = scenario_simulator {
+            assign_simulator(&mut sc.steps, &std::sync::Arc::new(simulator));
+        }
+        if !st.failed_captures.is_empty() {
+            self.info
+                .failed_captures
+                .insert(id.span, st.failed_captures.clone());
+        }
+        Some(sc)
+    }
+
+    /// `initial-state { KEY VALUE; … }` (as `user-context`) or `initial-state json=#"{…}"#`
+    /// (JSON text, for documents with arrays of objects the block form cannot write).
+    pub(super) fn json_object_node(
+        &mut self,
+        v: &View,
+        spec: &NodeSpec,
+        node: &str,
+    ) -> Option<Map<String, Value>> {
+        let usage = format!("{node} {{ KEY VALUE; … }} or {node} json=#\"{{…}}\"#");
+        self.check_entries(v, spec, &usage);
+        match (v.prop("json"), v.children) {
+            (Some(e), Some(children)) => {
+                let d = self
+                    .diag(
+                        Kind::InvalidValue,
+                        format!("`{node}` takes `json=` or a block, not both"),
+                        trim_span(self.text(), children.span()),
+                        "block",
+                    )
+                    .with_label(e.span(), "JSON text")
+                    .with_help("keep one of them");
+                self.report(d);
+                None
+            }
+            (Some(e), None) => match self.json_text(e)? {
+                Value::Object(map) => Some(map),
+                other => {
+                    let d = self
+                        .diag(
+                            Kind::InvalidValue,
+                            format!(
+                                "the {} must be a JSON object, not {}",
+                                node.replace('-', " "),
+                                json_kind(&other)
+                            ),
+                            value_span(e),
+                            "not an object",
+                        )
+                        .with_help("write an object: json=#\"{\"orders\": []}\"#");
+                    self.report(d);
+                    None
+                }
+            },
+            (None, Some(children)) => Some(self.json_object(children)),
+            (None, None) => Some(Map::new()),
+        }
+    }
+
+    /// One or more string values, checked against `spec`.
+    pub(super) fn strings(&mut self, v: &View, spec: &NodeSpec, usage: &str) -> Vec<String> {
+        self.spanned_strings(v, spec, usage)
+            .into_iter()
+            .map(|s| s.value)
+            .collect()
+    }
+
+    pub(super) fn spanned_strings(
+        &mut self,
+        v: &View,
+        spec: &NodeSpec,
+        usage: &str,
+    ) -> Vec<Spanned<String>> {
+        self.check(v, spec, usage);
+        if v.args.is_empty() {
+            self.missing(v, "at least one value", usage);
+        }
+        let mut out = Vec::new();
+        for e in v.args.clone() {
+            if let Some(s) = self.spanned_string(e) {
+                out.push(s);
+            }
+        }
+        out
+    }
+
+    pub(super) fn persona_ref(&mut self, v: &View) -> Option<PersonaRef> {
+        if v.props.is_empty() && v.children.is_none() {
+            let e = self.single(v, &lang::scenario::PERSONA_REF, "persona \"ID\"")?;
+            return self.spanned_string(e).map(PersonaRef::Named);
+        }
+        let usage = "persona type=\"…\" { description \"…\"; instructions \"…\" }";
+        self.check_args(v, 0, usage);
+        let s = self.settings_of(v, &lang::scenario::PERSONA_REF, "an inline `persona`", &[]);
+        let Some(kind) = self.s_spanned(&s, "type") else {
+            if s.get("type").is_none() {
+                self.missing(v, "`type=…`", usage);
+            }
+            return None;
+        };
+        Some(PersonaRef::Inline(Persona {
+            id: kind.clone(),
+            kind: kind.value,
+            description: self.s_string(&s, "description"),
+            instructions: self.s_string(&s, "instructions"),
+            span: self.span(v.span),
+        }))
+    }
+
+    /// Scenario ids are written `SUITE/ID` from other suites (`needs`, `--filter`, reports), so
+    /// an id holding `/` would make such a reference mean two scenarios.
+    pub(super) fn scenario_id_ok(&mut self, id: &Spanned<String>) {
+        let problem = if id.value.contains('/') {
+            "`/` separates the suite from the scenario in `SUITE/ID` references"
+        } else if id.value.trim().is_empty() {
+            "a scenario needs an id to be referred to and reported"
+        } else {
+            return;
+        };
+        let suggestion = id.value.replace('/', "-");
+        let help = if id.value.contains('/') {
+            format!("{problem}; choose another id, e.g. `{suggestion}`")
+        } else {
+            format!("{problem}; write `scenario \"ID\"`")
+        };
+        let d = self
+            .diag(
+                Kind::InvalidValue,
+                format!("invalid scenario id `{}`", id.value),
+                id.span.span,
+                "this id",
+            )
+            .with_help(help);
+        self.report(d);
+    }
+
+    /// Branch names become trajectory names (joined with `/`) and execution node ids, where
+    /// `start` and `then` name the segments before and after a fork.
+    pub(super) fn branch_name_ok(&mut self, name: &Spanned<String>) -> bool {
+        let problem = if name.value.contains('/') {
+            Some("`/` separates branch names in trajectory names")
+        } else if matches!(name.value.as_str(), "start" | "then") {
+            Some("`start` and `then` name the steps before and after a fork")
+        } else if name.value.trim().is_empty() {
+            Some("a branch needs a name to tell its trajectories apart")
+        } else {
+            None
+        };
+        let Some(why) = problem else {
+            return true;
+        };
+        let d = self
+            .diag(
+                Kind::InvalidValue,
+                format!("invalid branch name `{}`", name.value),
+                name.span.span,
+                "this name",
+            )
+            .with_help(format!("{why}; choose another name"));
+        self.report(d);
+        false
+    }
+
+    /// Adds a scenario's own `tool`; a name declared twice in one scenario is an error (the
+    /// global duplicate check does not see scenario tools).
+    pub(super) fn push_scenario_tool(&mut self, tools: &mut Vec<Tool>, tool: Tool, scenario: &str) {
+        if let Some(first) = tools.iter().find(|t| t.name.value == tool.name.value) {
+            let d = self
+                .diag(
+                    Kind::DuplicateId,
+                    format!(
+                        "tool `{}` is declared twice in scenario `{scenario}`",
+                        tool.name.value
+                    ),
+                    tool.name.span.span,
+                    "declared again here",
+                )
+                .with_label(first.name.span.span, "first declared here")
+                .with_help("merge the two `tool` nodes into one");
+            self.report(d);
+            return;
+        }
+        tools.push(tool);
+    }
+
+    /// Adds an agent to a scenario's list; naming one twice would run it twice.
+    pub(super) fn push_scenario_agent(
+        &mut self,
+        agents: &mut Vec<Spanned<String>>,
+        agent: Spanned<String>,
+    ) {
+        if let Some(first) = agents.iter().find(|a| a.value == agent.value) {
+            let d = self
+                .diag(
+                    Kind::DuplicateId,
+                    format!("agent `{}` is listed twice", agent.value),
+                    agent.span.span,
+                    "listed again here",
+                )
+                .with_label(first.span.span, "first listed here")
+                .with_help("list each agent once; `repeat N` runs a scenario several times");
+            self.report(d);
+            return;
+        }
+        agents.push(agent);
+    }
+
+    /// `user-context { … }` children as a JSON object.
+    pub(super) fn json_object(&mut self, doc: &KdlDocument) -> Map<String, Value> {
+        let mut map = Map::new();
+        let mut seen: HashMap<String, SourceSpan> = HashMap::new();
+        for node in doc.nodes() {
+            let v = View::of(node, self.text());
+            let key = v.name.to_string();
+            if let Some(first) = seen.get(&key) {
+                let d = self
+                    .diag(
+                        Kind::DuplicateId,
+                        format!("duplicate key `{key}`"),
+                        v.name_span,
+                        "written again here",
+                    )
+                    .with_label(*first, "first written here")
+                    .with_help(
+                        "each key is written once; several values make an array: KEY \"a\" \"b\"",
+                    );
+                self.report(d);
+                continue;
+            }
+            seen.insert(key.clone(), v.name_span);
+            let value = self.json_node(&v);
+            map.insert(key, value);
+        }
+        map
+    }
+
+    pub(super) fn json_node(&mut self, v: &View) -> Value {
+        if !v.args.is_empty() && (!v.props.is_empty() || v.children.is_some()) {
+            let at = v
+                .props
+                .first()
+                .map(|p| p.span())
+                .or_else(|| v.children.map(|c| trim_span(self.text(), c.span())))
+                .unwrap_or(v.span);
+            let d = self
+                .diag(
+                    Kind::UnexpectedArgument,
+                    format!("`{}` mixes values with an object", v.name),
+                    at,
+                    "object part",
+                )
+                .with_help("write either values (KEY \"a\" \"b\") or an object (KEY { k \"v\" } or KEY k=\"v\")");
+            self.report(d);
+            return Value::Null;
+        }
+        match v.args.as_slice() {
+            [one] => return self.json(one).unwrap_or(Value::Null),
+            [] => {}
+            many => {
+                let many = many.to_vec();
+                return Value::Array(many.into_iter().filter_map(|e| self.json(e)).collect());
+            }
+        }
+        if v.props.is_empty() && v.children.is_none() {
+            return Value::Null;
+        }
+        let mut map = Map::new();
+        for p in v.props.clone() {
+            if let Some(val) = self.json(p) {
+                map.insert(prop_name(p).to_string(), val);
+            }
+        }
+        if let Some(children) = v.children {
+            map.extend(self.json_object(children));
+        }
+        Value::Object(map)
+    }
+}
+
+/// Gives `persona` to every `simulate` step of a branch's `steps` (and of their branches)
+/// that has none yet: the innermost branch's persona wins.
+pub(super) fn assign_persona(steps: &mut [Step], persona: &std::sync::Arc<PersonaRef>) {
+    for step in steps {
+        match &mut step.kind {
+            StepKind::Simulate {
+                persona: slot @ None,
+                ..
+            } => *slot = Some(persona.clone()),
+            StepKind::Fork(branches) => {
+                for branch in branches {
+                    assign_persona(&mut branch.steps, persona);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// Gives `simulator` to every `simulate` step of `steps` (and of their branches): a step that
+/// already has one (an inner branch's, assigned first) gets it layered over `simulator`.
+pub(super) fn assign_simulator(steps: &mut [Step], simulator: &std::sync::Arc<Simulator>) {
+    for step in steps {
+        match &mut step.kind {
+            StepKind::Simulate {
+                simulator: slot, ..
+            } => {
+                *slot = Some(match slot.as_deref() {
+                    None => simulator.clone(),
+                    Some(inner) => std::sync::Arc::new(inner.over(simulator)),
+                })
+            }
+            StepKind::Fork(branches) => {
+                for branch in branches {
+                    assign_simulator(&mut branch.steps, simulator);
+                }
+            }
+            _ => {}
+        }
+    }
+}
