@@ -22,7 +22,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use tokio::signal::unix::{SignalKind, signal};
-use trellis_engine::builtin::{self, BUILTINS, lines};
+use trellis_agents::{self as builtin, BUILTINS, lines};
 use trellis_engine::protocol::line::LineEndpoint;
 
 use super::{EXIT_FAILED, EXIT_INVALID, EXIT_OK, console};

@@ -384,6 +384,7 @@ pub fn execute_plan(
         reuse: None,
         transport: None,
         llm_cache: settings.llm_cache.clone(),
+        launcher: Some(std::sync::Arc::new(super::launcher())),
     };
     let stop = options.stop.clone();
     let (tx, mut rx) = event::channel();

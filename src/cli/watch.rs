@@ -150,6 +150,8 @@ struct Session {
     memo: Arc<TurnMemo>,
     /// One HTTP connection pool for every rerun.
     transport: HttpTransport,
+    /// Starts the builtin agents once for the session: reruns do not restart them.
+    launcher: Arc<dyn trellis_engine::execute::Launcher>,
     /// One LLM response cache for every rerun.
     llm_cache: trellis_engine::llm::LlmCache,
     /// `suite/scenario` of every scenario the last run planned.
@@ -203,8 +205,6 @@ impl Session {
                 return EXIT_INVALID;
             }
         };
-        // Builtin agents stay up across reruns instead of restarting with each.
-        trellis_engine::builtin::keep_servers_running();
         let server = match args.serve {
             Some(port) => match serve::Server::start(port).await {
                 Ok(server) => {
@@ -237,6 +237,7 @@ impl Session {
             known: BTreeSet::new(),
             memo: Arc::new(TurnMemo::new()),
             transport: HttpTransport::new(),
+            launcher: Arc::new(super::launcher().keep_running()),
             llm_cache,
             planned: BTreeSet::new(),
             last: None,
@@ -590,6 +591,7 @@ impl Session {
             reuse: Some(self.memo.clone()),
             transport: Some(self.transport.clone()),
             llm_cache: self.llm_cache.clone(),
+            launcher: Some(self.launcher.clone()),
         };
         let cancel = options.stop.clone();
         let (tx, rx) = event::channel();
