@@ -11,8 +11,10 @@ mod console;
 mod history;
 mod import;
 mod meta;
+mod recorder;
 mod rejudge;
 mod run;
+mod stop;
 mod watch;
 
 use std::path::{Path, PathBuf};
