@@ -15,7 +15,7 @@ use trellis_dsl::{BuiltinTransport, ProcessMode};
 
 /// Starts builtin agents. Implementations are shared across a run's agents (and, for
 /// `trellis watch`, across runs), so they take `&self`.
-pub trait Launcher: Send + Sync {
+pub trait Launcher: Send + Sync + fmt::Debug {
     /// Starts the builtin `request.name` of the protocol named `request.protocol` (as
     /// `protocol=` spells it), served the way `request.transport` asks.
     fn launch<'a>(

@@ -55,7 +55,7 @@ pub fn trajectory_status(
 /// what a tokio semaphore can count.
 pub const MAX_JOBS: usize = 1 << 20;
 
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct RunOptions {
     pub run_id: String,
     /// Agent calls in flight across the whole run.
