@@ -6,7 +6,6 @@
 //! [`journal`] appends the resulting [`record`]s to disk as they finish. [`llm`] is the
 //! engine's own client for language models (simulated users, judges).
 
-pub mod builtin;
 pub mod criteria;
 pub mod event;
 pub mod execute;

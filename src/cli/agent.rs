@@ -21,8 +21,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use clap::Args;
-use tokio::signal::unix::{SignalKind, signal};
-use trellis_engine::builtin::{self, BUILTINS, lines};
+use trellis_agents::{self as builtin, BUILTINS, lines};
 use trellis_engine::transport::line::LineEndpoint;
 
 use super::{EXIT_FAILED, EXIT_INVALID, EXIT_OK, console};
@@ -128,32 +127,13 @@ fn with_runtime(serve: impl AsyncFnOnce() -> u8) -> u8 {
     }
 }
 
-/// Completes at the first Ctrl-C or SIGTERM. Must be created inside the runtime; a signal
-/// that cannot be watched keeps its default action (ending the process).
+/// Completes at the first Ctrl-C or SIGTERM (the stop signal `run` and `watch` share).
+/// Must be created inside the runtime; a signal that cannot be watched keeps its default
+/// action (ending the process).
 fn stop_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
-    let mut interrupt = signal(SignalKind::interrupt()).ok();
-    let mut terminate = signal(SignalKind::terminate()).ok();
+    let mut signals = super::stop::Signals::watch();
     async move {
-        let interrupted = async {
-            match interrupt.as_mut() {
-                Some(s) => {
-                    s.recv().await;
-                }
-                None => std::future::pending::<()>().await,
-            }
-        };
-        let terminated = async {
-            match terminate.as_mut() {
-                Some(s) => {
-                    s.recv().await;
-                }
-                None => std::future::pending::<()>().await,
-            }
-        };
-        tokio::select! {
-            () = interrupted => {}
-            () = terminated => {}
-        }
+        signals.next().await;
     }
 }
 

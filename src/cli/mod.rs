@@ -11,8 +11,10 @@ mod console;
 mod history;
 mod import;
 mod meta;
+mod recorder;
 mod rejudge;
 mod run;
+mod stop;
 mod watch;
 
 use std::path::{Path, PathBuf};
@@ -288,11 +290,17 @@ pub fn jobs_in_range(text: &str) -> Result<usize, String> {
     }
 }
 
-pub fn main(cli: Cli) -> ExitCode {
+/// What starts the reference agents (`builtin="…"`) for a run of this executable.
+pub(crate) fn launcher() -> trellis_agents::BuiltinLauncher {
+    let launcher = trellis_agents::BuiltinLauncher::new();
     // Builtins served as processes run this executable (`transport="process"`).
-    if let Ok(exe) = std::env::current_exe() {
-        trellis_engine::builtin::set_trellis_executable(exe);
+    match std::env::current_exe() {
+        Ok(exe) => launcher.with_executable(exe),
+        Err(_) => launcher,
     }
+}
+
+pub fn main(cli: Cli) -> ExitCode {
     let code = match cli.command {
         Command::Run(args) => run::run(args),
         Command::Check(args) => match &args.explain {

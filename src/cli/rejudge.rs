@@ -5,13 +5,15 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use trellis_engine::journal::{self, JOURNAL_FILE, JournalWriter};
+use trellis_engine::journal::{self, JOURNAL_FILE};
 use trellis_engine::llm::rejudge::rejudge as rejudge_journal;
 use trellis_engine::llm::{LlmCache, LlmRuntime, LlmSetup};
 use trellis_engine::record::TrajectoryStatus;
 use trellis_engine::transport::http::HttpTransport;
 
 use super::console::{errln, outln};
+use super::recorder::Record;
+use super::stop::{Signals, restore_default_signals};
 use super::{EXIT_FAILED, EXIT_INCOMPLETE, EXIT_INVALID, EXIT_OK, LlmCacheMode};
 
 #[derive(Debug, Args)]
@@ -60,7 +62,7 @@ pub fn rejudge(args: RejudgeArgs) -> u8 {
         .out
         .clone()
         .unwrap_or_else(|| super::default_out_dir(&run_id));
-    let _claim = match super::run::claim_out_dir(&out, args.replace) {
+    let _claim = match super::recorder::claim_out_dir(&out, args.replace) {
         Ok(claim) => claim,
         Err(message) => {
             errln!("error: {message}");
@@ -84,23 +86,45 @@ pub fn rejudge(args: RejudgeArgs) -> u8 {
     let env = trellis_engine::render::snapshot_env();
     let llm = LlmRuntime::new(setup, &env, &HttpTransport::new(), cache);
     let started_at = trellis_engine::execute::rfc3339(std::time::SystemTime::now());
-    let result = runtime.block_on(rejudge_journal(
-        &project,
-        entries,
-        &llm,
-        &run_id,
-        started_at,
-        |faulted, criteria| trellis_engine::execute::trajectory_status(faulted, criteria, false).0,
-    ));
+    let result = runtime.block_on(async {
+        // The judges' calls are one piece of work: a stop signal ends it at once, before
+        // anything is recorded (a half-rejudged run would mix old and new verdicts).
+        let mut signals = Signals::watch();
+        tokio::select! {
+            result = rejudge_journal(
+                &project,
+                entries,
+                &llm,
+                &run_id,
+                started_at,
+                |faulted, criteria| {
+                    trellis_engine::execute::trajectory_status(faulted, criteria, false).0
+                },
+            ) => Ok(result),
+            signal = signals.next() => Err(signal),
+        }
+    });
+    restore_default_signals();
     let (entries, counts) = match result {
-        Ok(r) => r,
-        Err(e) => {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => {
             errln!("error: {}: {e}", args.run_dir.display());
             return EXIT_INVALID;
         }
+        Err(signal) => {
+            errln!(
+                "rejudge {} before its end: nothing was recorded in {}",
+                signal.name(),
+                out.display()
+            );
+            drop(_claim);
+            // Only an empty directory goes: the one the claim made for this rejudge.
+            let _ = std::fs::remove_dir(&out);
+            return signal.exit_code();
+        }
     };
-    let mut writer = match JournalWriter::create(&out) {
-        Ok(w) => w,
+    let mut record = match Record::create(&out) {
+        Ok(record) => record,
         Err(e) => {
             errln!("error: {e}");
             return EXIT_INVALID;
@@ -115,23 +139,9 @@ pub fn rejudge(args: RejudgeArgs) -> u8 {
         if let trellis_engine::record::JournalEntry::RunFinished(s) = entry {
             summary = Some(s.clone());
         }
-        if let Err(e) = writer.append(entry) {
-            errln!("error: {e}");
-            return EXIT_INCOMPLETE;
-        }
+        record.push(entry);
     }
-    if let Err(e) = writer.finish() {
-        errln!("error: {e}");
-        return EXIT_INCOMPLETE;
-    }
-    let files =
-        match trellis_reports::write_reports(&out, &trellis_reports::ReportOptions::default()) {
-            Ok(files) => files,
-            Err(e) => {
-                errln!("{:?}", miette::Report::new(e));
-                return EXIT_INCOMPLETE;
-            }
-        };
+    let problems = record.finish().problems;
     if let Some(s) = summary {
         outln!(
             "rejudged {} check(s) of {} trajectories ({} changed status{}): {} passed, {} failed, \
@@ -158,9 +168,10 @@ pub fn rejudge(args: RejudgeArgs) -> u8 {
         out.display(),
         args.run_dir.display()
     );
-    if !files.not_written.is_empty() {
-        for (path, e) in &files.not_written {
-            errln!("  - {} was not written: {e}", path.display());
+    if !problems.is_empty() {
+        errln!("error: results are incomplete:");
+        for problem in &problems {
+            errln!("  - {problem}");
         }
         return EXIT_INCOMPLETE;
     }

@@ -10,23 +10,18 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
-use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::task::JoinHandle;
 use trellis_engine::event::{self, Event};
 use trellis_engine::execute::{self, RunOptions};
-use trellis_engine::journal::{JournalError, JournalWriter};
 use trellis_engine::plan::Plan;
 use trellis_engine::record::RunSummary;
-use trellis_reports::ReportWriter;
 
 use super::console::{Console, errln, outln};
 use super::history;
+use super::recorder::{Record, Recorded, source};
+use super::stop::{Signals, StopSignal, restore_default_signals};
 use super::{EXIT_FAILED, EXIT_INCOMPLETE, EXIT_INVALID, EXIT_OK, MessageFormat, RunArgs};
 
-/// Exit code when Ctrl-C (SIGINT) stopped the run; finished trajectories are still reported.
-pub const EXIT_INTERRUPTED: u8 = 130;
-/// Exit code when SIGTERM (CI cancellation, `docker stop`) stopped the run.
-pub const EXIT_TERMINATED: u8 = 143;
 /// How long agent calls in flight may take to finish once a run is told to stop.
 const GRACE: Duration = Duration::from_secs(5);
 
@@ -59,7 +54,7 @@ pub fn run(args: RunArgs) -> u8 {
         None => None,
     };
     // Held until the run is over: a second run into the same directory is refused.
-    let _claim = match claim_out_dir(&out, args.replace) {
+    let _claim = match super::recorder::claim_out_dir(&out, args.replace) {
         Ok(claim) => claim,
         Err(message) => {
             errln!("error: {message}");
@@ -172,28 +167,6 @@ fn compare_with(
     Ok(comparison)
 }
 
-/// The lock a run holds on its output directory (`.trellis-run.lock`, an advisory file
-/// lock the operating system releases when the run ends, however it ends).
-const OUT_LOCK: &str = ".trellis-run.lock";
-
-/// A run's claim on its output directory: the locked file, removed when the run is over
-/// (a run killed outright leaves it behind, unlocked, and the next run takes it over).
-pub(super) struct OutClaim {
-    path: PathBuf,
-    _lock: std::fs::File,
-}
-
-impl Drop for OutClaim {
-    fn drop(&mut self) {
-        // Removed while still locked: a run that opens the name afterwards gets a new file
-        // and its own lock. Failing to remove it leaves an empty file, nothing worse.
-        let _ = std::fs::remove_file(&self.path);
-    }
-}
-
-/// Claims `out` for this run: refuses a directory another run is writing to, and one that
-/// holds an earlier run unless `replace` says to clear it (a new journal over an old one
-/// would silently lose the earlier results). The returned file holds the claim.
 /// `--llm-cache-mode` as the engine's cache mode.
 pub(super) fn cache_mode(mode: super::LlmCacheMode) -> trellis_engine::llm::CacheMode {
     match mode {
@@ -201,71 +174,6 @@ pub(super) fn cache_mode(mode: super::LlmCacheMode) -> trellis_engine::llm::Cach
         super::LlmCacheMode::Off => trellis_engine::llm::CacheMode::Off,
         super::LlmCacheMode::ReplayOnly => trellis_engine::llm::CacheMode::ReplayOnly,
     }
-}
-
-pub(super) fn claim_out_dir(out: &Path, replace: bool) -> Result<OutClaim, String> {
-    std::fs::create_dir_all(out)
-        .map_err(|e| format!("cannot create the output directory {}: {e}", out.display()))?;
-    let lock_path = out.join(OUT_LOCK);
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .map_err(|e| format!("cannot create {}: {e}", lock_path.display()))?;
-    match lock.try_lock() {
-        Ok(()) => {}
-        Err(std::fs::TryLockError::WouldBlock) => {
-            return Err(format!(
-                "another trellis run is writing to {}; wait for it to finish or choose \
-                 another --out",
-                out.display()
-            ));
-        }
-        // A filesystem without file locks (some network mounts) cannot tell: the run goes
-        // on unguarded rather than not at all.
-        Err(std::fs::TryLockError::Error(_)) => {}
-    }
-    let journal = out.join(trellis_reports::JOURNAL_FILE);
-    // Only a regular file is an earlier run's journal; a device or a dangling name is not
-    // a result anyone can lose.
-    let earlier_run = std::fs::metadata(&journal).is_ok_and(|m| m.is_file());
-    let claim = OutClaim {
-        path: lock_path,
-        _lock: lock,
-    };
-    if !earlier_run {
-        return Ok(claim);
-    }
-    if !replace {
-        return Err(format!(
-            "{} already holds a run ({} exists); pass --replace to overwrite that run's \
-             files, or choose another --out (without --out every run gets its own \
-             runs/<run-id>)",
-            out.display(),
-            journal.display()
-        ));
-    }
-    // The earlier run's files go before the new run starts, so a new run that is killed
-    // early never leaves its journal next to the old run's tables.
-    for name in trellis_reports::RESULT_FILES {
-        let path = out.join(name);
-        let mut partial = path.as_os_str().to_owned();
-        partial.push(trellis_reports::PARTIAL_SUFFIX);
-        for path in [path, PathBuf::from(partial)] {
-            match std::fs::remove_file(&path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => {
-                    return Err(format!(
-                        "cannot remove {} to replace the earlier run: {e}",
-                        path.display()
-                    ));
-                }
-            }
-        }
-    }
-    Ok(claim)
 }
 
 /// How [`execute_plan`] runs and reports.
@@ -293,60 +201,6 @@ pub struct Outcome {
     pub stats: Option<trellis_reports::stats::RunStats>,
 }
 
-/// What stopped a run before its end.
-#[derive(Clone, Copy, Debug)]
-enum StopSignal {
-    Interrupt,
-    Terminate,
-}
-
-impl StopSignal {
-    fn name(self) -> &'static str {
-        match self {
-            StopSignal::Interrupt => "interrupted (SIGINT)",
-            StopSignal::Terminate => "terminated (SIGTERM)",
-        }
-    }
-
-    fn exit_code(self) -> u8 {
-        match self {
-            StopSignal::Interrupt => EXIT_INTERRUPTED,
-            StopSignal::Terminate => EXIT_TERMINATED,
-        }
-    }
-}
-
-/// SIGINT and SIGTERM, watched from before the engine starts.
-struct Signals {
-    interrupt: Option<Signal>,
-    terminate: Option<Signal>,
-}
-
-impl Signals {
-    /// Must run inside the runtime. A signal that cannot be watched keeps its default
-    /// action (the process stops; the journal keeps what finished).
-    fn watch() -> Self {
-        Signals {
-            interrupt: signal(SignalKind::interrupt()).ok(),
-            terminate: signal(SignalKind::terminate()).ok(),
-        }
-    }
-
-    async fn next(&mut self) -> StopSignal {
-        async fn recv(signal: &mut Option<Signal>) -> Option<()> {
-            match signal {
-                Some(signal) => signal.recv().await,
-                None => std::future::pending().await,
-            }
-        }
-        tokio::select! {
-            Some(()) = recv(&mut self.interrupt) => StopSignal::Interrupt,
-            Some(()) = recv(&mut self.terminate) => StopSignal::Terminate,
-            else => std::future::pending().await,
-        }
-    }
-}
-
 /// Runs a plan into `out` and writes every report. Shared by `run` and `bench`. `Err` means
 /// nothing ran (the run directory or the runtime could not be set up).
 ///
@@ -359,20 +213,15 @@ pub fn execute_plan(
     out: &Path,
     settings: &Settings,
 ) -> Result<Outcome, String> {
-    let journal = JournalWriter::create(out).map_err(|e| format!("{e}: {}", source(&e)))?;
+    let record = Record::create(out)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
     let silent = settings.silent;
     let reporter = Reporter {
-        journal,
-        journal_error: None,
-        report: None,
-        report_error: None,
-        report_options: trellis_reports::ReportOptions::default(),
+        record,
         console: Console::new(plan.trajectory_count(), settings.quiet, silent),
-        out: out.to_path_buf(),
         summary: None,
         json_events: settings.json_events,
     };
@@ -384,6 +233,7 @@ pub fn execute_plan(
         reuse: None,
         transport: None,
         llm_cache: settings.llm_cache.clone(),
+        launcher: Some(std::sync::Arc::new(super::launcher())),
     };
     let stop = options.stop.clone();
     let (tx, mut rx) = event::channel();
@@ -455,69 +305,21 @@ pub fn execute_plan(
         });
     };
     let Reporter {
-        journal,
-        journal_error,
-        report,
-        report_error,
-        report_options,
+        record,
         console,
         summary,
         ..
     } = reporter;
 
     // What could not be written, said once at the end.
-    let mut problems: Vec<String> = Vec::new();
-    let journal_error = match journal_error {
-        Some(e) => Some(e),
-        // The HTML transcripts are read back from the journal: it must be on disk first.
-        None => journal.finish().err(),
-    };
-    let journal_path = match &journal_error {
-        None => Some(out.join(trellis_reports::JOURNAL_FILE)),
-        Some(e) => {
-            problems.push(format!(
-                "{e}: {}; report.html has no transcripts and `trellis report` cannot \
-                 rebuild this run",
-                source(e)
-            ));
-            None
-        }
-    };
-
     let cpu_before_finish = super::bench::thread_cpu_time();
-    let files = match (report, report_error) {
-        (Some(mut writer), None) => {
-            if let Some(e) = &journal_error {
-                writer.journal_lost(format!("the journal could not be written ({})", source(e)));
-            }
-            Ok(writer.finish())
-        }
-        (_, Some(e)) => Err(e),
-        // No event reached the writer: rebuild from whatever the journal holds.
-        (None, None) => trellis_reports::write_reports(out, &report_options),
-    };
+    let Recorded {
+        journal_path,
+        files,
+        problems,
+    } = record.finish();
     report_cpu += super::bench::thread_cpu_time() - cpu_before_finish;
-    match &files {
-        Ok(files) => {
-            for (path, e) in &files.not_written {
-                problems.push(format!(
-                    "{} was not written: {e}: {}",
-                    path.display(),
-                    source(e)
-                ));
-            }
-        }
-        Err(e) => problems.push(format!(
-            "no results file was written: {e}: {}{}",
-            source(e),
-            if journal_path.is_some() {
-                format!("; `trellis report {}` rebuilds them", out.display())
-            } else {
-                String::new()
-            }
-        )),
-    }
-    if let Ok(files) = &files {
+    if let Some(files) = &files {
         console.finish(summary.as_ref(), out, journal_path.as_deref(), files);
     }
     if let Some(signal) = stopped_by
@@ -546,7 +348,7 @@ pub fn execute_plan(
         exit_code,
         summary,
         report_cpu,
-        stats: files.ok().map(|f| f.stats),
+        stats: files.map(|f| f.stats),
     })
 }
 
@@ -565,44 +367,23 @@ async fn abort(engine: JoinHandle<RunSummary>) {
     let _ = engine.await;
 }
 
-/// Everything that consumes the event stream: the journal first (it is what survives a
-/// crash), then the result tables, then the console. None of them stops the others: a
-/// journal that cannot be written still leaves the tables, HTML and JUnit.
+/// Everything that consumes the event stream: the run's [`Record`] (journal first, then the
+/// result tables), then the console.
 struct Reporter {
-    journal: JournalWriter,
-    journal_error: Option<JournalError>,
-    report: Option<ReportWriter>,
-    /// The report writer could not start; the error is shown at the end.
-    report_error: Option<trellis_reports::ReportError>,
-    report_options: trellis_reports::ReportOptions,
+    record: Record,
     console: Console,
-    out: PathBuf,
     summary: Option<RunSummary>,
     json_events: bool,
 }
 
 impl Reporter {
     fn on_event(&mut self, event: &Event) {
-        if self.journal_error.is_none()
-            && let Err(e) = self.journal.append(event)
-        {
-            self.journal_error = Some(e);
-        }
-        match (self.report.as_mut(), event) {
-            (Some(writer), event) => writer.push(event),
-            (None, Event::RunStarted(info)) if self.report_error.is_none() => {
-                match ReportWriter::start(&self.out, info, &self.report_options) {
-                    Ok(writer) => self.report = Some(writer),
-                    Err(e) => self.report_error = Some(e),
-                }
-            }
-            (None, _) => {}
-        }
+        self.record.push(event);
         if let Event::RunFinished(s) = event {
             self.summary = Some(s.clone());
         }
         if self.json_events {
-            json_event(event, &self.out);
+            json_event(event, self.record.out());
         }
         self.console.on_event(event);
     }
@@ -654,22 +435,6 @@ fn json_event(event: &Event, out: &Path) {
         _ => return,
     };
     outln!("{line}");
-}
-
-/// Tokio keeps SIGINT and SIGTERM once it has watched for them. Writing the reports is not
-/// worth trapping the user for: from here on either signal stops the process (the journal
-/// is on disk, files are renamed into place only when complete, and `trellis report`
-/// rebuilds the rest).
-fn restore_default_signals() {
-    // SAFETY: resetting a signal to its default disposition has no preconditions.
-    unsafe {
-        libc::signal(libc::SIGINT, libc::SIG_DFL);
-        libc::signal(libc::SIGTERM, libc::SIG_DFL);
-    }
-}
-
-fn source(e: &dyn std::error::Error) -> String {
-    e.source().map(|s| s.to_string()).unwrap_or_default()
 }
 
 /// `20261122T035000.123Z-1a2b`: the start time to the millisecond, so run ids (and `ls

@@ -29,14 +29,14 @@ use tokio::sync::mpsc;
 use trellis_engine::event::{self, Event};
 use trellis_engine::execute::{self, RunOptions, TurnMemo};
 use trellis_engine::fingerprint::{self, Change, ScenarioFingerprints};
-use trellis_engine::journal::JournalWriter;
 use trellis_engine::plan::Plan;
 use trellis_engine::record::{CriterionStatus, RunSummary, TrajectoryRecord, TrajectoryStatus};
 use trellis_engine::transport::http::HttpTransport;
-use trellis_reports::ReportWriter;
 
 use super::console::{errln, outln};
+use super::recorder::{Record, clear_results, source};
 use super::run::new_run_id;
+use super::stop::Signals;
 use super::{EXIT_INVALID, PathArgs, SelectArgs};
 
 pub mod bench;
@@ -81,7 +81,7 @@ pub struct WatchArgs {
 pub const LATEST: &str = trellis_reports::history::WATCH_LATEST;
 
 /// Exit code after Ctrl-C or SIGTERM: watch only ends when told to.
-const EXIT_STOPPED: u8 = super::run::EXIT_INTERRUPTED;
+const EXIT_STOPPED: u8 = super::stop::EXIT_INTERRUPTED;
 
 pub fn watch(args: WatchArgs) -> u8 {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -150,6 +150,8 @@ struct Session {
     memo: Arc<TurnMemo>,
     /// One HTTP connection pool for every rerun.
     transport: HttpTransport,
+    /// Starts the builtin agents once for the session: reruns do not restart them.
+    launcher: Arc<dyn trellis_engine::execute::Launcher>,
     /// One LLM response cache for every rerun.
     llm_cache: trellis_engine::llm::LlmCache,
     /// `suite/scenario` of every scenario the last run planned.
@@ -203,8 +205,6 @@ impl Session {
                 return EXIT_INVALID;
             }
         };
-        // Builtin agents stay up across reruns instead of restarting with each.
-        trellis_engine::builtin::keep_servers_running();
         let server = match args.serve {
             Some(port) => match serve::Server::start(port).await {
                 Ok(server) => {
@@ -237,6 +237,7 @@ impl Session {
             known: BTreeSet::new(),
             memo: Arc::new(TurnMemo::new()),
             transport: HttpTransport::new(),
+            launcher: Arc::new(super::launcher().keep_running()),
             llm_cache,
             planned: BTreeSet::new(),
             last: None,
@@ -284,7 +285,7 @@ impl Session {
     }
 
     async fn run_forever(&mut self) -> u8 {
-        let mut stop = Box::pin(stop_signal());
+        let mut signals = Signals::watch();
         let mut next = Some(Changed {
             paths: Vec::new(),
             at: Instant::now(),
@@ -297,10 +298,10 @@ impl Session {
                         Some(changed) => changed,
                         None => return EXIT_STOPPED,
                     },
-                    () = &mut stop => return EXIT_STOPPED,
+                    _ = signals.next() => return EXIT_STOPPED,
                 },
             };
-            match self.rerun(changed, &mut stop).await {
+            match self.rerun(changed, &mut signals).await {
                 Rerun::Done => {}
                 Rerun::Superseded(changed) => next = Some(changed),
                 Rerun::Stopped => return EXIT_STOPPED,
@@ -341,11 +342,7 @@ impl Session {
         path.extension().is_some_and(|e| e == "kdl") || self.known.contains(path)
     }
 
-    async fn rerun(
-        &mut self,
-        changed: Changed,
-        stop: &mut std::pin::Pin<Box<impl std::future::Future<Output = ()>>>,
-    ) -> Rerun {
+    async fn rerun(&mut self, changed: Changed, signals: &mut Signals) -> Rerun {
         let what = describe(&changed.paths);
         let project = match trellis_dsl::load(&self.roots) {
             Ok(project) => project,
@@ -423,7 +420,7 @@ impl Session {
             removed,
         };
         let outcome = self
-            .execute(plan, salts, header, trajectory_whys, stop)
+            .execute(plan, salts, header, trajectory_whys, signals)
             .await;
         match outcome {
             Executed::Finished => {
@@ -538,7 +535,7 @@ impl Session {
         salts: HashMap<String, u64>,
         header: RunHeader,
         trajectory_whys: HashMap<(String, String), Why>,
-        stop: &mut std::pin::Pin<Box<impl std::future::Future<Output = ()>>>,
+        signals: &mut Signals,
     ) -> Executed {
         // `STAMP-rNNNN-SALT`: the session's reruns sort in order even within one second.
         let run_id = match new_run_id().split_once('-') {
@@ -590,6 +587,7 @@ impl Session {
             reuse: Some(self.memo.clone()),
             transport: Some(self.transport.clone()),
             llm_cache: self.llm_cache.clone(),
+            launcher: Some(self.launcher.clone()),
         };
         let cancel = options.stop.clone();
         let (tx, rx) = event::channel();
@@ -618,14 +616,17 @@ impl Session {
                 Some(changed) => Executed::Superseded(changed),
                 None => Executed::Stopped,
             },
-            () = stop.as_mut() => Executed::Stopped,
+            _ = signals.next() => Executed::Stopped,
         };
         if !matches!(ended, Executed::Finished) {
+            // Graceful first, as for `trellis run`: calls in flight may finish within the
+            // grace period; a further signal cuts them off at once.
             cancel.cancel();
-            if tokio::time::timeout(CANCEL_GRACE, &mut engine)
-                .await
-                .is_err()
-            {
+            let finished = tokio::select! {
+                finished = tokio::time::timeout(CANCEL_GRACE, &mut engine) => finished.is_ok(),
+                _ = signals.next() => false,
+            };
+            if !finished {
                 engine.abort();
                 let _ = engine.await;
             }
@@ -694,18 +695,8 @@ impl Session {
     /// Clears `latest/` of the last rerun's files and starts recording into it.
     fn start_latest(&self) -> Result<Record, String> {
         let dir = self.latest_dir();
-        for name in trellis_reports::RESULT_FILES {
-            let path = dir.join(name);
-            let mut partial = path.as_os_str().to_owned();
-            partial.push(trellis_reports::PARTIAL_SUFFIX);
-            for path in [path, PathBuf::from(partial)] {
-                match std::fs::remove_file(&path) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(format!("cannot remove {}: {e}", path.display())),
-                }
-            }
-        }
+        clear_results(&dir)
+            .map_err(|(path, e)| format!("cannot remove {}: {e}", path.display()))?;
         Record::create(&dir)
     }
 }
@@ -964,81 +955,22 @@ impl View {
     }
 }
 
-/// One recording of a rerun: a journal and the reports built from the same events.
-struct Record {
-    out: PathBuf,
-    journal: Option<JournalWriter>,
-    report: Option<ReportWriter>,
-    problems: Vec<String>,
-}
-
-impl Record {
-    fn create(out: &Path) -> Result<Record, String> {
-        let journal = JournalWriter::create(out).map_err(|e| format!("{e}: {}", source(&e)))?;
-        Ok(Record {
-            out: out.to_path_buf(),
-            journal: Some(journal),
-            report: None,
-            problems: Vec::new(),
-        })
+/// Finishes one recording of a rerun, warning about what could not be written; the path of
+/// its `report.html` when it was written.
+fn finish_record(record: Record) -> Option<PathBuf> {
+    let out = record.out().to_path_buf();
+    let recorded = record.finish();
+    for problem in &recorded.problems {
+        errln!(
+            "warning: the results in {} are incomplete: {problem}",
+            out.display()
+        );
     }
-
-    fn push(&mut self, event: &Event) {
-        if let Some(journal) = &mut self.journal
-            && let Err(e) = journal.append(event)
-        {
-            self.problems
-                .push(format!("the journal: {e}: {}", source(&e)));
-            self.journal = None;
-        }
-        match (&mut self.report, event) {
-            (Some(writer), event) => writer.push(event),
-            (None, Event::RunStarted(info)) => {
-                let options = trellis_reports::ReportOptions::default();
-                match ReportWriter::start(&self.out, info, &options) {
-                    Ok(writer) => self.report = Some(writer),
-                    Err(e) => self.problems.push(format!("the result tables: {e}")),
-                }
-            }
-            (None, _) => {}
-        }
-    }
-
-    /// Writes the reports; the path of `report.html` when it was written.
-    fn finish(mut self) -> Option<PathBuf> {
-        let journal_ok = match self.journal.take() {
-            Some(journal) => match journal.finish() {
-                Ok(_) => true,
-                Err(e) => {
-                    self.problems
-                        .push(format!("the journal: {e}: {}", source(&e)));
-                    false
-                }
-            },
-            None => false,
-        };
-        let mut html = None;
-        if let Some(mut writer) = self.report.take() {
-            if !journal_ok {
-                writer.journal_lost("the journal could not be written");
-            }
-            let files = writer.finish();
-            for (path, e) in &files.not_written {
-                self.problems.push(format!("{}: {e}", path.display()));
-            }
-            let path = self.out.join(trellis_reports::HTML_FILE);
-            if !files.is_missing(&path) {
-                html = Some(path);
-            }
-        }
-        for problem in &self.problems {
-            errln!(
-                "warning: the results in {} are incomplete: {problem}",
-                self.out.display()
-            );
-        }
-        html
-    }
+    let html = out.join(trellis_reports::HTML_FILE);
+    recorded
+        .files
+        .filter(|files| !files.is_missing(&html))
+        .map(|_| html)
 }
 
 /// Consumes one rerun's events into two recordings and the view. The rerun's own directory
@@ -1111,18 +1043,14 @@ impl Recorder {
                 }
             }
         }
-        self.rerun.finish();
-        let report_html = self.latest.and_then(Record::finish);
+        finish_record(self.rerun);
+        let report_html = self.latest.and_then(finish_record);
         Recorded {
             view: self.view,
             summary: self.summary,
             report_html,
         }
     }
-}
-
-fn source(e: &dyn std::error::Error) -> String {
-    e.source().map(|s| s.to_string()).unwrap_or_default()
 }
 
 /// `suites/booking.kdl changed`, `3 files changed`, or the first run.
@@ -1140,27 +1068,5 @@ fn describe(paths: &[PathBuf]) -> String {
         [one] => format!("{} changed", show(one)),
         [one, two] => format!("{} and {} changed", show(one), show(two)),
         many => format!("{} files changed", many.len()),
-    }
-}
-
-/// Ctrl-C or SIGTERM.
-async fn stop_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let interrupt = signal(SignalKind::interrupt());
-    let terminate = signal(SignalKind::terminate());
-    match (interrupt, terminate) {
-        (Ok(mut i), Ok(mut t)) => {
-            tokio::select! {
-                _ = i.recv() => {}
-                _ = t.recv() => {}
-            }
-        }
-        (Ok(mut i), Err(_)) => {
-            i.recv().await;
-        }
-        (Err(_), Ok(mut t)) => {
-            t.recv().await;
-        }
-        (Err(_), Err(_)) => std::future::pending().await,
     }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::process::Child;
-use trellis_engine::builtin;
+use trellis_agents as builtin;
 use trellis_engine::protocol::TurnInput;
 use trellis_engine::protocol::multiagent::session::{MultiAgentClient, MultiAgentOptions};
 use trellis_engine::sandbox::{Policy, SandboxSpec, ToolSpec};
@@ -120,7 +120,8 @@ async fn per_call_reads_stdin_to_its_end_and_answers_once() {
 #[tokio::test]
 async fn the_client_runs_the_loop_against_trellis_as_the_agent_process() {
     // What `transport="process"` runs: the command the engine builds for this executable.
-    builtin::set_trellis_executable(env!("CARGO_BIN_EXE_trellis").into());
+    let launcher =
+        builtin::BuiltinLauncher::new().with_executable(env!("CARGO_BIN_EXE_trellis").into());
     let sandbox = SandboxSpec {
         tools: HashMap::from([
             (
@@ -138,7 +139,11 @@ async fn the_client_runs_the_loop_against_trellis_as_the_agent_process() {
         ..SandboxSpec::default()
     };
     for mode in [ProcessMode::LongLived, ProcessMode::PerCall] {
-        let command = builtin::agent_command("support", mode).unwrap();
+        let process = match mode {
+            ProcessMode::LongLived => builtin::ProcessMode::LongLived,
+            ProcessMode::PerCall => builtin::ProcessMode::PerCall,
+        };
+        let command = launcher.agent_command("support", process).unwrap();
         assert!(
             command.ends_with(match mode {
                 ProcessMode::LongLived => "agent support --stdio",

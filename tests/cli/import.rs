@@ -2,8 +2,8 @@
 //! against the agent they came from (the builtin `numbers`, served on loopback).
 
 use serde_json::json;
-use trellis_engine::builtin::fixie::{BASE_PROMPT, FEW_SHOTS};
-use trellis_engine::builtin::{self, BuiltinServer};
+use trellis_agents::fixie::{BASE_PROMPT, FEW_SHOTS};
+use trellis_agents::{self as builtin, BuiltinServer};
 
 use super::*;
 

@@ -253,6 +253,65 @@ async fn rejudge_rescores_a_recorded_run_with_the_current_judges_without_any_age
 }
 
 #[tokio::test]
+async fn a_stop_signal_ends_a_rejudge_with_its_exit_code_and_leaves_no_lock() {
+    let fast = FakeLlm::start(vec![Rule::otherwise([Reply::text(
+        r#"{"score": 1, "label": "ok", "passed": true, "justification": "quoted"}"#,
+    )])])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = suite(dir.path(), &fast.base_url());
+    let first = dir.path().join("first");
+    let o = run(&suite, &first, &[]).await;
+    assert!(first.join("journal.jsonl").is_file(), "{}", stderr(&o));
+
+    // The judges now take far longer than the test waits: only the signal can end it.
+    let slow = FakeLlm::start(vec![Rule::otherwise([Reply::slow(
+        std::time::Duration::from_secs(120),
+        Reply::text("{}"),
+    )])])
+    .await;
+    let text = std::fs::read_to_string(&suite)
+        .unwrap()
+        .replace(&fast.base_url(), &slow.base_url());
+    std::fs::write(&suite, text).unwrap();
+    for (signal, code, name) in [
+        (libc::SIGTERM, 143, "SIGTERM"),
+        (libc::SIGINT, 130, "SIGINT"),
+    ] {
+        let again = dir.path().join(format!("rejudged-{name}"));
+        let calls_before = slow.calls();
+        let child = trellis()
+            .arg("rejudge")
+            .arg(&first)
+            .arg(&suite)
+            .arg("--out")
+            .arg(&again)
+            .env("FAKE_KEY", KEY)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while slow.calls() == calls_before {
+            assert!(std::time::Instant::now() < deadline, "no judge was asked");
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        let pid = i32::try_from(child.id().unwrap()).unwrap();
+        // SAFETY: kill(2) on a child process id this test spawned and has not reaped yet.
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+        let o = tokio::time::timeout(std::time::Duration::from_secs(20), child.wait_with_output())
+            .await
+            .expect("rejudge did not exit after the signal")
+            .unwrap();
+        assert_eq!(o.status.code(), Some(code), "{}", stderr(&o));
+        assert!(stderr(&o).contains(name), "{}", stderr(&o));
+        // Nothing half-rejudged is left, not even the lock or the empty directory.
+        assert!(!again.join(".trellis-run.lock").exists());
+        assert!(!again.exists(), "{} is left behind", again.display());
+    }
+}
+
+#[tokio::test]
 async fn the_llm_example_is_valid_and_fully_runnable() {
     let o = trellis()
         .args(["check", "examples/llm/"])

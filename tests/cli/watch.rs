@@ -428,6 +428,46 @@ async fn a_save_during_a_rerun_stops_it_and_starts_the_next() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_signal_ends_a_stopping_rerun_at_once() {
+    // Answers one byte at a time, for ever: the call in flight never finishes by itself.
+    let slow = MisbehavingServer::start(Behavior::SlowDrip {
+        interval: Duration::from_millis(200),
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    write(
+        &dir.path().join("suite.kdl"),
+        &format!(
+            "agent \"slow\" protocol=\"connexity\" url=\"{}\" timeout=\"120s\"\nscenario \"stuck\" {{\n    user \"hi\"\n}}\n",
+            slow.url()
+        ),
+    );
+    let mut watch = Watch::start(dir.path(), &[]);
+    watch.wait_for("watch: rerun 1").await;
+    while slow.requests() == 0 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let pid = i32::try_from(watch.child.id().unwrap()).unwrap();
+    // SAFETY: kill(2) on a child process id this test spawned and has not reaped yet.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let first = std::time::Instant::now();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // SAFETY: as above; the child has not exited (the grace period is 2 s).
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    let status = tokio::time::timeout(DEADLINE, watch.child.wait())
+        .await
+        .expect("watch did not exit")
+        .unwrap();
+    assert_eq!(status.code(), Some(130), "{}", watch.all());
+    // The first signal alone would wait out the 2 s grace period for the stuck call.
+    assert!(
+        first.elapsed() < Duration::from_millis(1900),
+        "the second signal did not cut the grace period short: {:?}",
+        first.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_reloads_the_open_tab_after_each_rerun() {
     let agent = MisbehavingServer::respond(200, OK_BODY).await;
     let dir = tempfile::tempdir().unwrap();

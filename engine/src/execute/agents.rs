@@ -1,4 +1,4 @@
-//! Setting agents up for a run: serve builtin agents, render headers, build each agent's
+//! Setting agents up for a run: start builtin agents through the run's launcher, render headers, build each agent's
 //! protocol client and run its one-time `prepare` step, when the agent is first needed. A
 //! problem becomes a fault on that agent's trajectories; the other agents still run.
 
@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::{OnceCell, Semaphore};
 use trellis_dsl::{Endpoint, Protocol};
 
-use crate::builtin::{self, BuiltinEndpoint, BuiltinGuard};
+use super::launch::{BuiltinEndpoint, LaunchError, LaunchRequest, Launcher};
 use crate::event::{Event, EventSender};
 use crate::plan::{Plan, PlannedAgent};
 use crate::protocol::{self, AgentProtocol, AgentSetup};
@@ -39,8 +39,10 @@ pub(super) enum AgentRuntime {
 pub(super) struct Agents {
     slots: Vec<OnceCell<AgentRuntime>>,
     transport: HttpTransport,
-    /// Builtin servers started so far (HTTP or socket); they live as long as the run.
-    servers: Mutex<Vec<BuiltinGuard>>,
+    /// Starts builtin agents; `None` when the run was given none.
+    launcher: Option<Arc<dyn Launcher>>,
+    /// What keeps the builtin agents started so far running; dropped with the run.
+    servers: Mutex<Vec<Box<dyn std::any::Any + Send + Sync>>>,
     /// The run's providers: a model under test reached through `provider=` shares its
     /// client (endpoint, key, limits) with the judges and the simulator.
     llm: Arc<crate::llm::LlmRuntime>,
@@ -53,10 +55,12 @@ impl Agents {
         plan: &Plan,
         transport: HttpTransport,
         llm: Arc<crate::llm::LlmRuntime>,
+        launcher: Option<Arc<dyn Launcher>>,
     ) -> Self {
         Agents {
             slots: plan.agents.iter().map(|_| OnceCell::new()).collect(),
             transport,
+            launcher,
             servers: Mutex::new(Vec::new()),
             llm,
             secrets: crate::secrets::Secrets::of_plan(plan),
@@ -110,7 +114,16 @@ impl Agents {
                 }
             },
         };
-        match start_one(plan, agent, &self.transport, &self.servers, &self.llm).await {
+        match start_one(
+            plan,
+            agent,
+            &self.transport,
+            self.launcher.as_deref(),
+            &self.servers,
+            &self.llm,
+        )
+        .await
+        {
             Ok(client) => match client.prepare().await {
                 Ok(info) => {
                     if let Some(info) = info {
@@ -149,7 +162,8 @@ async fn start_one(
     plan: &Plan,
     agent: &PlannedAgent,
     transport: &HttpTransport,
-    servers: &Mutex<Vec<BuiltinGuard>>,
+    launcher: Option<&dyn Launcher>,
+    servers: &Mutex<Vec<Box<dyn std::any::Any + Send + Sync>>>,
     llm: &crate::llm::LlmRuntime,
 ) -> Result<Arc<dyn AgentProtocol>, Setup> {
     if let Some(reason) = &agent.unsupported {
@@ -161,14 +175,17 @@ async fn start_one(
         Endpoint::Builtin(name) => {
             // Served the way the agent's `transport` asks (HTTP unless a multiagent agent
             // says otherwise); a process is started by the client itself.
-            let process_mode = match agent.multiagent.process {
-                trellis_dsl::ProcessMode::PerCall => crate::transport::line::ProcessMode::PerCall,
-                trellis_dsl::ProcessMode::LongLived => {
-                    crate::transport::line::ProcessMode::LongLived
-                }
+            let request = LaunchRequest {
+                protocol: agent.protocol.as_str(),
+                name: &name.value,
+                transport: agent.multiagent.transport,
+                process: agent.multiagent.process,
             };
-            match builtin::endpoint_for(&name.value, agent.multiagent.transport, process_mode).await
-            {
+            let launched = match launcher {
+                Some(launcher) => launcher.launch(request).await,
+                None => Err(LaunchError::NoLauncher),
+            };
+            match launched {
                 Ok(served) => {
                     if let Some(guard) = served.guard {
                         servers

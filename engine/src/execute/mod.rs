@@ -2,7 +2,7 @@
 //!
 //! Split by job: this module schedules scenarios (in `needs` order) and their units
 //! (scenario × agent × repetition) within the run's limits; [`agents`] sets each agent up
-//! when first needed (builtin servers, headers, the protocol client); [`walk`] walks a
+//! when first needed (builtin agents started through the run's [`Launcher`], headers, the protocol client); [`walk`] walks a
 //! unit's execution tree (steps in order, forks copied or replayed as the protocol decides);
 //! [`turn`] drives one turn of a session; [`verdict`] checks a finished trajectory and builds
 //! its record.
@@ -13,6 +13,7 @@
 //! `need` and are skipped, with the reason, when one of those failed.
 
 mod agents;
+pub mod launch;
 mod reuse;
 mod turn;
 mod verdict;
@@ -38,6 +39,7 @@ use agents::{AgentRuntime, Agents};
 use verdict::skip_trajectory;
 use walk::Unit;
 
+pub use launch::{BuiltinEndpoint, LaunchError, LaunchRequest, Launched, Launcher};
 pub use reuse::{ReuseCounts, TurnMemo};
 /// The status a trajectory gets from its fault and checks (`strict`: a skipped check or
 /// trajectory fails), for tools that re-check recorded trajectories (`trellis rejudge`).
@@ -73,6 +75,9 @@ pub struct RunOptions {
     /// `--llm-cache DIR` / `--llm-cache-mode`: the response cache of judge (and simulator)
     /// calls; [`crate::llm::LlmCache::disabled`] for none.
     pub llm_cache: crate::llm::LlmCache,
+    /// Starts the builtin agents (`builtin="…"`) the plan names; `None` makes each of them
+    /// a setup fault on its trajectories.
+    pub launcher: Option<Arc<dyn Launcher>>,
 }
 
 /// Runs the plan to completion, sending every event to `events`. Never fails because of an
@@ -105,7 +110,7 @@ pub async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSum
         &transport,
         options.llm_cache.clone(),
     );
-    let agents = Agents::new(&plan, transport, llm.clone());
+    let agents = Agents::new(&plan, transport, llm.clone(), options.launcher.clone());
     let jobs = options.jobs.clamp(1, MAX_JOBS);
     let shared = Arc::new(Shared {
         plan: plan.clone(),

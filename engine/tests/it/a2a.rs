@@ -9,8 +9,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use trellis_agents as builtin;
 use trellis_dsl::A2aSettings;
-use trellis_engine::builtin;
 use trellis_engine::protocol::a2a::A2aClient;
 use trellis_engine::protocol::{
     AgentProtocol, CallContext, Conversation, Session, Turn, TurnInput,

@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use trellis_engine::builtin;
+use trellis_agents as builtin;
 use trellis_engine::render::EnvSnapshot;
 
 use crate::support::run_suite;

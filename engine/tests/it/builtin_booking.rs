@@ -1,6 +1,6 @@
 //! The builtin booking agent, served for real and driven with the Connexity client.
 
-use trellis_engine::builtin::{self, BUILTINS, BuiltinError};
+use trellis_agents::{self as builtin, BUILTINS, BuiltinError};
 use trellis_engine::protocol::connexity::{ConnexityClient, HistoryMode, ParsedReply as AgentTurn};
 use trellis_engine::protocol::{CallContext, ChatMessage};
 use trellis_engine::record::ToolCallRecord;
@@ -290,4 +290,62 @@ async fn dropping_the_server_stops_it() {
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
     assert!(refused, "the builtin still accepts connections after drop");
+}
+
+/// Runs `text` (one suite file) with `launcher` starting its builtin agents.
+async fn run_with(
+    text: &str,
+    launcher: Option<std::sync::Arc<dyn trellis_engine::execute::Launcher>>,
+) -> Vec<trellis_engine::record::TrajectoryRecord> {
+    use trellis_engine::event::{self, Event};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("suite.kdl");
+    std::fs::write(&path, text).unwrap();
+    let project = trellis_dsl::load(&[&path]).unwrap_or_else(|d| panic!("{}", d.render_plain()));
+    let plan =
+        trellis_engine::plan::Plan::build(&project, &trellis_engine::plan::Selection::default())
+            .unwrap();
+    let options = trellis_engine::execute::RunOptions {
+        run_id: "launcher".into(),
+        jobs: 2,
+        stop: Default::default(),
+        strict: false,
+        reuse: None,
+        transport: None,
+        llm_cache: trellis_engine::llm::LlmCache::disabled(),
+        launcher,
+    };
+    let (tx, mut rx) = event::channel();
+    let engine = tokio::spawn(trellis_engine::execute::run(plan, options, tx));
+    let mut trajectories = Vec::new();
+    while let Some(event) = rx.recv().await {
+        if let Event::Trajectory(t) = event {
+            trajectories.push(*t);
+        }
+    }
+    engine.await.unwrap();
+    trajectories
+}
+
+#[tokio::test]
+async fn builtins_start_only_through_the_launcher_the_run_is_given() {
+    let suite = r#"
+agent "demo" protocol="connexity" builtin="booking"
+scenario "hello" {
+    user "Hi, I'd like to book a duct cleaning."
+}
+"#;
+    let launched = run_with(
+        suite,
+        Some(std::sync::Arc::new(builtin::BuiltinLauncher::new())),
+    )
+    .await;
+    assert_eq!(launched.len(), 1);
+    assert_eq!(launched[0].fault, None, "{:?}", launched[0]);
+
+    // No launcher: the agent's trajectories are setup faults that say why, nothing panics.
+    let without = run_with(suite, None).await;
+    let fault = without[0].fault.as_ref().expect("a fault");
+    assert_eq!(fault.category, trellis_engine::record::FaultCategory::Setup);
+    assert!(fault.message.contains("no launcher"), "{}", fault.message);
 }

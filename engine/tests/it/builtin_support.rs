@@ -1,5 +1,5 @@
 //! The builtin MultiAgentEval agent `support`, served the way `transport` asks
-//! ([`builtin::endpoint_for`]: HTTP, a TCP port, a Unix socket) and driven through the real
+//! ([`builtin::BuiltinLauncher::endpoint_for`]: HTTP, a TCP port, a Unix socket) and driven through the real
 //! client and sandbox: tools, a policy breach and the agent's self-correction, several tools
 //! at once in both shapes, a human's approval and rejection, instructions, `processing`, and
 //! both request forms and feedback wordings. (As a process of the trellis executable it is
@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use trellis_engine::builtin::{
-    self, BuiltinEndpoint, BuiltinError, BuiltinTransport, ServedBuiltin, SocketKind,
+use trellis_agents::{
+    self as builtin, BuiltinEndpoint, BuiltinError, BuiltinTransport, ServedBuiltin, SocketKind,
 };
 use trellis_engine::protocol::TurnInput;
 use trellis_engine::protocol::multiagent::session::{
@@ -24,7 +24,7 @@ use trellis_engine::sandbox::{
     FeedbackWording, MatchedOutput, Policy, SandboxSpec, StateChange, ToolAnswer, ToolSpec,
 };
 use trellis_engine::transport::http::{CallLimits, HttpTransport, RetryPolicy};
-use trellis_engine::transport::line::{LineLimits, ProcessMode};
+use trellis_engine::transport::line::LineLimits;
 
 use crate::support::ctx;
 
@@ -112,7 +112,8 @@ async fn support(
     transport: BuiltinTransport,
     options: MultiAgentOptions,
 ) -> (ServedBuiltin, MultiAgentClient) {
-    let served = builtin::endpoint_for("support", transport, ProcessMode::LongLived)
+    let served = builtin::BuiltinLauncher::new()
+        .endpoint_for("support", transport, builtin::ProcessMode::LongLived)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let client = match &served.endpoint {
@@ -402,7 +403,13 @@ async fn unix_sockets_are_removed_and_http_only_builtins_are_refused() {
     ));
     // The test binary is not trellis: a process endpoint says so instead of guessing.
     assert!(matches!(
-        builtin::endpoint_for("support", BuiltinTransport::Process, ProcessMode::PerCall).await,
+        builtin::BuiltinLauncher::new()
+            .endpoint_for(
+                "support",
+                BuiltinTransport::Process,
+                builtin::ProcessMode::PerCall
+            )
+            .await,
         Err(BuiltinError::NoExecutable { .. })
     ));
 }

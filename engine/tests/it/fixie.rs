@@ -11,7 +11,7 @@ use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use serde_json::{Value, json};
-use trellis_engine::builtin;
+use trellis_agents as builtin;
 use trellis_engine::protocol::fixie::FixieClient;
 use trellis_engine::protocol::{AgentProtocol, Conversation, Session, Turn, TurnInput};
 use trellis_engine::record::FaultCategory;

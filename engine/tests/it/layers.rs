@@ -31,8 +31,6 @@ const LAYERS: &[&[&str]] = &[
     // What works on a plan: deterministic criteria (compiled by the planner), scenario
     // fingerprints, the secrets a plan names.
     &["criteria", "fingerprint", "secrets"],
-    // The embedded reference agents (servers speaking the protocols).
-    &["builtin"],
     // The executor, on everything else.
     &["execute"],
 ];

@@ -45,6 +45,7 @@ pub(crate) async fn run(
         reuse: Some(memo.clone()),
         transport: None,
         llm_cache: trellis_engine::llm::LlmCache::disabled(),
+        launcher: Some(Arc::new(trellis_agents::BuiltinLauncher::new())),
     };
     let (tx, mut rx) = event::channel();
     let engine = tokio::spawn(execute::run(plan, options, tx));

@@ -23,7 +23,7 @@ use axum::routing::post;
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 
-use crate::protocol::{ChatMessage, ToolCall, ToolCallFunction, Usage};
+use trellis_engine::protocol::{ChatMessage, ToolCall, ToolCallFunction, Usage};
 
 /// Where the agent answers.
 pub const PATH: &str = "/agent/respond";

@@ -1,5 +1,9 @@
-//! Embedded reference agents, served on 127.0.0.1 for the length of a run so example suites
-//! and tests exercise the real wire protocol offline.
+//! The reference agents: one per protocol, served on 127.0.0.1 so the example suites and
+//! the tests exercise the real wire protocol offline.
+//!
+//! The engine does not know them: it asks the [`BuiltinLauncher`] the CLI hands it (as a
+//! `trellis_engine::execute::Launcher`) to start `builtin="NAME"` of a protocol, and drops
+//! what it got back at the end of the run.
 //!
 //! [`serve`] binds an ephemeral loopback port and runs the agent on a thread of its own with
 //! its own single-threaded runtime, so the agent never competes with the engine's scheduler
@@ -9,8 +13,8 @@
 //!
 //! The MultiAgentEval agent `support` is also served as newline-delimited JSON
 //! ([`serve_socket`]: a TCP port or a Unix socket, [`lines`]) and as a process of the trellis
-//! executable (`trellis agent support --stdio|--per-call`). [`endpoint_for`] starts it the
-//! way a suite's `transport` asks and says where it is.
+//! executable (`trellis agent support --stdio|--per-call`). [`BuiltinLauncher::endpoint_for`]
+//! starts it the way a suite's `transport` asks and says where it is.
 
 pub mod a2a;
 pub mod agentscope;
@@ -23,15 +27,17 @@ pub mod support;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::{Mutex, PoisonError};
 
+use futures::FutureExt;
+use futures::future::BoxFuture;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::oneshot;
+use trellis_engine::execute::{LaunchError, LaunchRequest, Launched, Launcher};
 
-pub use trellis_dsl::BuiltinTransport;
+pub use trellis_dsl::{BuiltinTransport, ProcessMode};
+pub use trellis_engine::execute::BuiltinEndpoint;
 
-use crate::transport::line::ProcessMode;
 use lines::{LineAgent, LineListener};
 
 /// Names accepted by `builtin="…"`.
@@ -42,6 +48,16 @@ pub const BUILTINS: &[&str] = &[
     "support",
     "travel",
     "weather",
+];
+
+/// Which protocol each builtin speaks, as `protocol=` spells it: a launch asks for the pair.
+const PROTOCOLS: &[(&str, &str)] = &[
+    ("connexity", "booking"),
+    ("http", "langserve"),
+    ("fixie", "numbers"),
+    ("multiagent", "support"),
+    ("a2a", "travel"),
+    ("agentscope", "weather"),
 ];
 
 /// Builtins that also speak newline-delimited JSON (sockets, stdio), with their agent.
@@ -91,6 +107,12 @@ pub enum BuiltinError {
          ({current}) is not trellis; serve it over http, tcp or unix instead"
     )]
     NoExecutable { name: String, current: String },
+    #[error("builtin agent `{name}` does not speak protocol `{protocol}` (it speaks `{speaks}`)")]
+    WrongProtocol {
+        name: String,
+        protocol: String,
+        speaks: &'static str,
+    },
 }
 
 /// A running builtin agent. Dropping it stops the server (without waiting for it).
@@ -147,33 +169,11 @@ impl Drop for BuiltinServer {
     }
 }
 
-/// Set by [`keep_servers_running`].
-static KEEP_RUNNING: AtomicBool = AtomicBool::new(false);
-/// The servers kept running, one per builtin agent.
-static KEPT: Mutex<Vec<BuiltinServer>> = Mutex::new(Vec::new());
-
-/// From now on, [`serve`] starts each builtin agent once and hands out that server again
-/// for the rest of the process (`trellis watch`: reruns do not restart them). Dropping a
-/// handed-out server does not stop it.
-pub fn keep_servers_running() {
-    KEEP_RUNNING.store(true, Ordering::Relaxed);
-}
-
-/// Starts the builtin agent `name` on `127.0.0.1:0` (or hands out the one kept running, see
-/// [`keep_servers_running`]). Must be called within a tokio runtime: the server has a
-/// thread and a runtime of its own, so it outlives the caller's runtime.
+/// Starts the builtin agent `name` on `127.0.0.1:0`. Must be called within a tokio
+/// runtime: the server has a thread and a runtime of its own, so it outlives the caller's
+/// runtime.
 pub async fn serve(name: &str) -> Result<BuiltinServer, BuiltinError> {
-    if !KEEP_RUNNING.load(Ordering::Relaxed) {
-        return start(name);
-    }
-    let mut kept = KEPT.lock().unwrap_or_else(PoisonError::into_inner);
-    if let Some(server) = kept.iter().find(|s| s.name == name) {
-        return Ok(server.handle());
-    }
-    let server = start(name)?;
-    let handle = server.handle();
-    kept.push(server);
-    Ok(handle)
+    start(name)
 }
 
 impl BuiltinServer {
@@ -293,7 +293,7 @@ impl SocketServer {
     }
 
     /// Where a client connects: `tcp:127.0.0.1:PORT` or `unix:/PATH`, as `socket=` and
-    /// [`crate::transport::line::LineEndpoint::socket`] read it.
+    /// `trellis_engine::transport::line::LineEndpoint::socket` read it.
     pub fn address(&self) -> &str {
         &self.address
     }
@@ -417,18 +417,6 @@ pub async fn serve_socket(name: &str, kind: SocketKind) -> Result<SocketServer, 
 // ---------------------------------------------------------------------------------------------
 // Serving a builtin the way a suite's `transport` asks
 
-/// Where a served builtin is, in the form its agent's client takes.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum BuiltinEndpoint {
-    /// `http://127.0.0.1:PORT/PATH` (for `MultiAgentClient::http`).
-    Url(String),
-    /// `tcp:127.0.0.1:PORT` or `unix:/PATH` (for `MultiAgentClient::socket`).
-    Socket(String),
-    /// A shell command running the trellis executable as the agent (for
-    /// `MultiAgentClient::process`, in the mode it was chosen for).
-    Command(String),
-}
-
 /// What keeps a served builtin running; drop it at the end of the run.
 #[derive(Debug)]
 pub enum BuiltinGuard {
@@ -444,88 +432,171 @@ pub struct ServedBuiltin {
     pub guard: Option<BuiltinGuard>,
 }
 
-/// Serves the builtin `name` over `transport`: HTTP on a loopback port, a TCP port or a
-/// Unix socket ([`serve_socket`]), or a command running the trellis executable (`agent NAME
-/// --stdio` for a long-lived process, `--per-call` for one per call, as `process` says).
-/// Must be called within a tokio runtime.
-pub async fn endpoint_for(
-    name: &str,
-    transport: BuiltinTransport,
-    process: ProcessMode,
-) -> Result<ServedBuiltin, BuiltinError> {
-    Ok(match transport {
-        BuiltinTransport::Http => {
-            let server = serve(name).await?;
-            ServedBuiltin {
-                endpoint: BuiltinEndpoint::Url(server.url()),
-                guard: Some(BuiltinGuard::Http(server)),
-            }
+/// Starts the reference agents for runs: what the CLI hands the engine as its launcher.
+///
+/// Everything it needs is in the value, not in the process: the trellis executable that
+/// runs a builtin as a process, and (for `trellis watch`) the HTTP servers kept running
+/// across reruns.
+#[derive(Debug, Default)]
+pub struct BuiltinLauncher {
+    /// The trellis executable, for builtins served as processes; `None`: this program, when
+    /// it is `trellis`.
+    executable: Option<PathBuf>,
+    /// Whether HTTP servers are started once and handed out again ([`Self::keep_running`]).
+    keep_running: bool,
+    /// The servers kept running, one per builtin agent.
+    kept: Mutex<Vec<BuiltinServer>>,
+}
+
+impl BuiltinLauncher {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Builtins served as processes (`transport="process"`) run `path` as the agent.
+    pub fn with_executable(mut self, path: PathBuf) -> Self {
+        self.executable = Some(path);
+        self
+    }
+
+    /// Starts each builtin agent served over HTTP once and hands out that server again for
+    /// as long as this launcher lives (`trellis watch`: reruns do not restart them). Dropping
+    /// a handed-out server does not stop it; dropping the launcher does.
+    pub fn keep_running(mut self) -> Self {
+        self.keep_running = true;
+        self
+    }
+
+    /// Starts the builtin agent `name` over HTTP (or hands out the one kept running).
+    pub async fn serve(&self, name: &str) -> Result<BuiltinServer, BuiltinError> {
+        if !self.keep_running {
+            return start(name);
         }
-        BuiltinTransport::Tcp | BuiltinTransport::Unix => {
-            let kind = if transport == BuiltinTransport::Tcp {
-                SocketKind::Tcp
+        let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(server) = kept.iter().find(|s| s.name == name) {
+            return Ok(server.handle());
+        }
+        let server = start(name)?;
+        let handle = server.handle();
+        kept.push(server);
+        Ok(handle)
+    }
+
+    /// Serves the builtin `name` over `transport`: HTTP on a loopback port, a TCP port or a
+    /// Unix socket ([`serve_socket`]), or a command running the trellis executable (`agent
+    /// NAME --stdio` for a long-lived process, `--per-call` for one per call, as `process`
+    /// says). Must be called within a tokio runtime.
+    pub async fn endpoint_for(
+        &self,
+        name: &str,
+        transport: BuiltinTransport,
+        process: ProcessMode,
+    ) -> Result<ServedBuiltin, BuiltinError> {
+        Ok(match transport {
+            BuiltinTransport::Http => {
+                let server = self.serve(name).await?;
+                ServedBuiltin {
+                    endpoint: BuiltinEndpoint::Url(server.url()),
+                    guard: Some(BuiltinGuard::Http(server)),
+                }
+            }
+            BuiltinTransport::Tcp | BuiltinTransport::Unix => {
+                let kind = if transport == BuiltinTransport::Tcp {
+                    SocketKind::Tcp
+                } else {
+                    SocketKind::Unix
+                };
+                let server = serve_socket(name, kind).await?;
+                ServedBuiltin {
+                    endpoint: BuiltinEndpoint::Socket(server.address().to_owned()),
+                    guard: Some(BuiltinGuard::Socket(server)),
+                }
+            }
+            BuiltinTransport::Process => ServedBuiltin {
+                endpoint: BuiltinEndpoint::Command(self.agent_command(name, process)?),
+                guard: None,
+            },
+        })
+    }
+
+    /// The shell command that runs the builtin `name` as a process of the trellis executable.
+    pub fn agent_command(&self, name: &str, process: ProcessMode) -> Result<String, BuiltinError> {
+        if line_agent(name).is_none() {
+            return Err(if BUILTINS.contains(&name) {
+                BuiltinError::NotALineAgent {
+                    name: name.to_owned(),
+                    transport: "process",
+                }
             } else {
-                SocketKind::Unix
-            };
-            let server = serve_socket(name, kind).await?;
-            ServedBuiltin {
-                endpoint: BuiltinEndpoint::Socket(server.address().to_owned()),
-                guard: Some(BuiltinGuard::Socket(server)),
-            }
+                BuiltinError::Unknown {
+                    name: name.to_owned(),
+                }
+            });
         }
-        BuiltinTransport::Process => ServedBuiltin {
-            endpoint: BuiltinEndpoint::Command(agent_command(name, process)?),
-            guard: None,
-        },
-    })
-}
-
-/// The shell command that runs the builtin `name` as a process of the trellis executable.
-pub fn agent_command(name: &str, process: ProcessMode) -> Result<String, BuiltinError> {
-    if line_agent(name).is_none() {
-        return Err(if BUILTINS.contains(&name) {
-            BuiltinError::NotALineAgent {
+        let exe = self
+            .trellis_executable()
+            .map_err(|current| BuiltinError::NoExecutable {
                 name: name.to_owned(),
-                transport: "process",
-            }
-        } else {
-            BuiltinError::Unknown {
-                name: name.to_owned(),
-            }
-        });
+                current,
+            })?;
+        let mode = match process {
+            ProcessMode::LongLived => "--stdio",
+            ProcessMode::PerCall => "--per-call",
+        };
+        Ok(format!(
+            "{} agent {name} {mode}",
+            shell_quote(&exe.to_string_lossy())
+        ))
     }
-    let exe = trellis_executable().map_err(|current| BuiltinError::NoExecutable {
-        name: name.to_owned(),
-        current,
-    })?;
-    let mode = match process {
-        ProcessMode::LongLived => "--stdio",
-        ProcessMode::PerCall => "--per-call",
-    };
-    Ok(format!(
-        "{} agent {name} {mode}",
-        shell_quote(&exe.to_string_lossy())
-    ))
+
+    /// The executable given to [`Self::with_executable`], else this program when it is
+    /// `trellis`; otherwise a description of this program for the error.
+    fn trellis_executable(&self) -> Result<PathBuf, String> {
+        if let Some(path) = &self.executable {
+            return Ok(path.clone());
+        }
+        match std::env::current_exe() {
+            Ok(path) if path.file_stem().and_then(|s| s.to_str()) == Some("trellis") => Ok(path),
+            Ok(path) => Err(path.display().to_string()),
+            Err(e) => Err(format!("unknown: {e}")),
+        }
+    }
 }
 
-static TRELLIS_EXECUTABLE: OnceLock<PathBuf> = OnceLock::new();
-
-/// Tells the engine where the trellis executable is, for builtins served as processes.
-/// The CLI calls it once at start with its own path; later calls are ignored.
-pub fn set_trellis_executable(path: PathBuf) {
-    let _ = TRELLIS_EXECUTABLE.set(path);
-}
-
-/// The path given to [`set_trellis_executable`], else this program when it is `trellis`;
-/// otherwise a description of this program for the error.
-fn trellis_executable() -> Result<PathBuf, String> {
-    if let Some(path) = TRELLIS_EXECUTABLE.get() {
-        return Ok(path.clone());
-    }
-    match std::env::current_exe() {
-        Ok(path) if path.file_stem().and_then(|s| s.to_str()) == Some("trellis") => Ok(path),
-        Ok(path) => Err(path.display().to_string()),
-        Err(e) => Err(format!("unknown: {e}")),
+impl Launcher for BuiltinLauncher {
+    fn launch<'a>(
+        &'a self,
+        request: LaunchRequest<'a>,
+    ) -> BoxFuture<'a, Result<Launched, LaunchError>> {
+        async move {
+            let failed = |e: BuiltinError| LaunchError::Failed(Box::new(e));
+            match PROTOCOLS.iter().find(|(_, name)| *name == request.name) {
+                None => {
+                    return Err(failed(BuiltinError::Unknown {
+                        name: request.name.to_owned(),
+                    }));
+                }
+                Some((speaks, _)) if *speaks != request.protocol => {
+                    return Err(failed(BuiltinError::WrongProtocol {
+                        name: request.name.to_owned(),
+                        protocol: request.protocol.to_owned(),
+                        speaks,
+                    }));
+                }
+                Some(_) => {}
+            }
+            let served = self
+                .endpoint_for(request.name, request.transport, request.process)
+                .await
+                .map_err(failed)?;
+            Ok(Launched {
+                endpoint: served.endpoint,
+                guard: served
+                    .guard
+                    .map(|guard| Box::new(guard) as Box<dyn std::any::Any + Send + Sync>),
+            })
+        }
+        .boxed()
     }
 }
 
@@ -550,13 +621,45 @@ mod tests {
             shell_quote("/opt/my trellis/it's"),
             r"'/opt/my trellis/it'\''s'"
         );
+        let launcher = BuiltinLauncher::new();
         assert!(matches!(
-            agent_command("booking", ProcessMode::LongLived),
+            launcher.agent_command("booking", ProcessMode::LongLived),
             Err(BuiltinError::NotALineAgent { .. })
         ));
         assert!(matches!(
-            agent_command("nope", ProcessMode::LongLived),
+            launcher.agent_command("nope", ProcessMode::LongLived),
             Err(BuiltinError::Unknown { .. })
         ));
+    }
+
+    #[tokio::test]
+    async fn a_launch_names_the_protocol_its_builtin_speaks() {
+        let launcher = BuiltinLauncher::new();
+        let request = |protocol, name| LaunchRequest {
+            protocol,
+            name,
+            transport: BuiltinTransport::Http,
+            process: ProcessMode::PerCall,
+        };
+        let launched = launcher
+            .launch(request("connexity", "booking"))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            matches!(launched.endpoint, BuiltinEndpoint::Url(ref url) if url.starts_with("http://127.0.0.1:"))
+        );
+        for (protocol, name, why) in [
+            ("a2a", "booking", "does not speak protocol `a2a`"),
+            ("connexity", "nope", "unknown builtin agent `nope`"),
+        ] {
+            match launcher.launch(request(protocol, name)).await {
+                Err(e) => assert!(e.to_string().contains(why), "{e}"),
+                Ok(l) => panic!("{protocol}/{name} launched: {l:?}"),
+            }
+        }
+        // Every builtin has a protocol, and every protocol entry names a builtin.
+        let mut named: Vec<_> = PROTOCOLS.iter().map(|(_, name)| *name).collect();
+        named.sort_unstable();
+        assert_eq!(named, BUILTINS);
     }
 }

@@ -1,0 +1,236 @@
+//! The one recorder of `run`, `watch` and `rejudge`: a run directory claimed for the
+//! recording ([`claim_out_dir`]: the lock, `--replace`), and the fan-out of a run's events
+//! into it ([`Record`]: the journal first, then the result tables, HTML and JUnit). The
+//! console is each command's own (a run's progress, watch's view of a rerun).
+//!
+//! A sink that fails stops only itself: a journal that cannot be written still leaves the
+//! tables, HTML and JUnit, and every problem is said once, at the end.
+
+use std::path::{Path, PathBuf};
+
+use trellis_engine::event::Event;
+use trellis_engine::journal::{JournalError, JournalWriter};
+use trellis_reports::{ReportError, ReportFiles, ReportOptions, ReportWriter};
+
+/// The lock a run holds on its output directory (`.trellis-run.lock`, an advisory file
+/// lock the operating system releases when the run ends, however it ends).
+const OUT_LOCK: &str = ".trellis-run.lock";
+
+/// A run's claim on its output directory: the locked file, removed when the run is over
+/// (a run killed outright leaves it behind, unlocked, and the next run takes it over).
+pub(super) struct OutClaim {
+    path: PathBuf,
+    _lock: std::fs::File,
+}
+
+impl Drop for OutClaim {
+    fn drop(&mut self) {
+        // Removed while still locked: a run that opens the name afterwards gets a new file
+        // and its own lock. Failing to remove it leaves an empty file, nothing worse.
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Claims `out` for this run: refuses a directory another run is writing to, and one that
+/// holds an earlier run unless `replace` says to clear it (a new journal over an old one
+/// would silently lose the earlier results). The returned file holds the claim.
+pub(super) fn claim_out_dir(out: &Path, replace: bool) -> Result<OutClaim, String> {
+    std::fs::create_dir_all(out)
+        .map_err(|e| format!("cannot create the output directory {}: {e}", out.display()))?;
+    let lock_path = out.join(OUT_LOCK);
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(|e| format!("cannot create {}: {e}", lock_path.display()))?;
+    match lock.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            return Err(format!(
+                "another trellis run is writing to {}; wait for it to finish or choose \
+                 another --out",
+                out.display()
+            ));
+        }
+        // A filesystem without file locks (some network mounts) cannot tell: the run goes
+        // on unguarded rather than not at all.
+        Err(std::fs::TryLockError::Error(_)) => {}
+    }
+    let journal = out.join(trellis_reports::JOURNAL_FILE);
+    // Only a regular file is an earlier run's journal; a device or a dangling name is not
+    // a result anyone can lose.
+    let earlier_run = std::fs::metadata(&journal).is_ok_and(|m| m.is_file());
+    let claim = OutClaim {
+        path: lock_path,
+        _lock: lock,
+    };
+    if !earlier_run {
+        return Ok(claim);
+    }
+    if !replace {
+        return Err(format!(
+            "{} already holds a run ({} exists); pass --replace to overwrite that run's \
+             files, or choose another --out (without --out every run gets its own \
+             runs/<run-id>)",
+            out.display(),
+            journal.display()
+        ));
+    }
+    // The earlier run's files go before the new run starts, so a new run that is killed
+    // early never leaves its journal next to the old run's tables.
+    clear_results(out).map_err(|(path, e)| {
+        format!(
+            "cannot remove {} to replace the earlier run: {e}",
+            path.display()
+        )
+    })?;
+    Ok(claim)
+}
+
+/// Removes the result files (and their partial forms) an earlier recording left in `out`;
+/// on failure, the file that could not be removed and why.
+pub(super) fn clear_results(out: &Path) -> Result<(), (PathBuf, std::io::Error)> {
+    for name in trellis_reports::RESULT_FILES {
+        let path = out.join(name);
+        let mut partial = path.as_os_str().to_owned();
+        partial.push(trellis_reports::PARTIAL_SUFFIX);
+        for path in [path, PathBuf::from(partial)] {
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err((path, e)),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One recording of a run's events into a run directory.
+pub(super) struct Record {
+    out: PathBuf,
+    journal: JournalWriter,
+    journal_error: Option<JournalError>,
+    report: Option<ReportWriter>,
+    /// The report writer could not start; the error is said at the end.
+    report_error: Option<ReportError>,
+    report_options: ReportOptions,
+}
+
+/// What a finished [`Record`] left in its directory.
+pub(super) struct Recorded {
+    /// The journal, when all of it was written.
+    pub journal_path: Option<PathBuf>,
+    /// The result files, unless none could be written.
+    pub files: Option<ReportFiles>,
+    /// What could not be written, one sentence each.
+    pub problems: Vec<String>,
+}
+
+impl Record {
+    /// Starts `out/journal.jsonl` (and `out`).
+    pub(super) fn create(out: &Path) -> Result<Record, String> {
+        let journal = JournalWriter::create(out).map_err(|e| format!("{e}: {}", source(&e)))?;
+        Ok(Record {
+            out: out.to_path_buf(),
+            journal,
+            journal_error: None,
+            report: None,
+            report_error: None,
+            report_options: ReportOptions::default(),
+        })
+    }
+
+    /// The directory recorded into.
+    pub(super) fn out(&self) -> &Path {
+        &self.out
+    }
+
+    pub(super) fn push(&mut self, event: &Event) {
+        if self.journal_error.is_none()
+            && let Err(e) = self.journal.append(event)
+        {
+            self.journal_error = Some(e);
+        }
+        match (self.report.as_mut(), event) {
+            (Some(writer), event) => writer.push(event),
+            (None, Event::RunStarted(info)) if self.report_error.is_none() => {
+                match ReportWriter::start(&self.out, info, &self.report_options) {
+                    Ok(writer) => self.report = Some(writer),
+                    Err(e) => self.report_error = Some(e),
+                }
+            }
+            (None, _) => {}
+        }
+    }
+
+    /// Flushes the journal, then writes the result tables, HTML and JUnit.
+    pub(super) fn finish(self) -> Recorded {
+        let Record {
+            out,
+            journal,
+            journal_error,
+            report,
+            report_error,
+            report_options,
+        } = self;
+        let mut problems = Vec::new();
+        let journal_error = match journal_error {
+            Some(e) => Some(e),
+            // The HTML transcripts are read back from the journal: it must be on disk first.
+            None => journal.finish().err(),
+        };
+        let journal_path = match &journal_error {
+            None => Some(out.join(trellis_reports::JOURNAL_FILE)),
+            Some(e) => {
+                problems.push(format!(
+                    "{e}: {}; report.html has no transcripts and `trellis report` cannot \
+                     rebuild this run",
+                    source(e)
+                ));
+                None
+            }
+        };
+        let files = match (report, report_error) {
+            (Some(mut writer), None) => {
+                if let Some(e) = &journal_error {
+                    writer
+                        .journal_lost(format!("the journal could not be written ({})", source(e)));
+                }
+                Ok(writer.finish())
+            }
+            (_, Some(e)) => Err(e),
+            // No event reached the writer: rebuild from whatever the journal holds.
+            (None, None) => trellis_reports::write_reports(&out, &report_options),
+        };
+        match &files {
+            Ok(files) => {
+                for (path, e) in &files.not_written {
+                    problems.push(format!(
+                        "{} was not written: {e}: {}",
+                        path.display(),
+                        source(e)
+                    ));
+                }
+            }
+            Err(e) => problems.push(format!(
+                "no results file was written: {e}: {}{}",
+                source(e),
+                if journal_path.is_some() {
+                    format!("; `trellis report {}` rebuilds them", out.display())
+                } else {
+                    String::new()
+                }
+            )),
+        }
+        Recorded {
+            journal_path,
+            files: files.ok(),
+            problems,
+        }
+    }
+}
+
+pub(super) fn source(e: &dyn std::error::Error) -> String {
+    e.source().map(|s| s.to_string()).unwrap_or_default()
+}
