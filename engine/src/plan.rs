@@ -465,6 +465,20 @@ impl Plan {
     pub fn not_runnable(&self) -> NotRunnableCounts {
         let mut counts = NotRunnableCounts::default();
         for s in &self.scenarios {
+            // Each trajectory's nodes, read up from its leaf: testing every node for every
+            // trajectory took seconds on a scenario of 10,000 branches.
+            let mut leaves = vec![None; s.trajectories.len()];
+            for (i, node) in s.nodes.iter().enumerate() {
+                if let Some(slot) = node.ends.and_then(|t| leaves.get_mut(t)) {
+                    *slot = Some(i);
+                }
+            }
+            let path = |ti: usize| {
+                std::iter::successors(leaves.get(ti).copied().flatten(), |&n| {
+                    s.nodes.get(n).and_then(|node| node.parent)
+                })
+                .filter_map(|n| s.nodes.get(n))
+            };
             for &a in &s.agents {
                 let Some(agent) = self.agents.get(a) else {
                     continue;
@@ -475,10 +489,7 @@ impl Plan {
                         counts.skipped_trajectories += 1;
                         continue;
                     }
-                    let turn_checks = s
-                        .nodes
-                        .iter()
-                        .filter(|n| n.trajectories.contains(&ti))
+                    let turn_checks = path(ti)
                         .flat_map(|n| &n.steps)
                         .filter_map(|step| match step {
                             PlannedStep::Expect(c) => Some(c),
@@ -538,13 +549,11 @@ fn execution_tree(
         let mut parent: Option<usize> = None;
         let mut unsupported = None;
         let mut unsupported_by_protocol: Vec<(Protocol, String)> = Vec::new();
-        let labels: Vec<&str> = trajectory
-            .segments
-            .iter()
-            .map(|&s| tg.segment(s).label.as_str())
-            .collect();
-        let ids = graph::node_ids(labels);
-        for (&segment, id) in trajectory.segments.iter().zip(&ids) {
+        // The trajectory's node ids are its nodes' own `Arc`s: a fresh string per trajectory
+        // and node grew with the square of the nesting depth (10,000 branches nested 126
+        // deep took 250 MB).
+        let mut ids: Vec<Arc<str>> = Vec::with_capacity(trajectory.segments.len());
+        for &segment in &trajectory.segments {
             if let Entry::Vacant(slot) = compiled.entry(segment) {
                 slot.insert(compile_steps(
                     tg.segment(segment),
@@ -567,8 +576,15 @@ fn execution_tree(
                 Some(&n) => n,
                 None => {
                     let n = nodes.len();
+                    let label = &tg.segment(segment).label;
+                    // As `graph::node_ids`: the root is `start`, below it the labels from
+                    // the root's child down, joined with `/`.
+                    let id: Arc<str> = match parent.and_then(|p| nodes[p].parent.map(|_| p)) {
+                        Some(p) => Arc::from(format!("{}/{label}", nodes[p].id)),
+                        None => Arc::from(label.as_str()),
+                    };
                     nodes.push(ExecNode {
-                        id: Arc::from(id.as_str()),
+                        id,
                         parent,
                         children: Vec::new(),
                         steps: compiled
@@ -586,6 +602,7 @@ fn execution_tree(
                 }
             };
             nodes[node].trajectories.push(ti);
+            ids.push(Arc::clone(&nodes[node].id));
             parent = Some(node);
         }
         if let Some(leaf) = parent {
@@ -593,7 +610,7 @@ fn execution_tree(
         }
         trajectories.push(PlannedTrajectory {
             name: trajectory.name.clone(),
-            nodes: ids.into_iter().map(|s| Arc::from(s.as_str())).collect(),
+            nodes: ids,
             unsupported,
             unsupported_by_protocol,
         });
