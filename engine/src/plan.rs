@@ -425,16 +425,17 @@ impl Plan {
             let mut tags = suite.tags.clone();
             tags.extend(sc.tags.iter().cloned());
             scenario_index.insert((si, ci), scenarios.len());
+            let scenario = Arc::new(sc.clone());
             scenarios.push(PlannedScenario {
                 suite: Arc::from(suite.name.as_str()),
-                scenario: Arc::new(sc.clone()),
+                scope: ScenarioScope::new(Arc::clone(&scenario), persona, &env),
+                scenario,
                 tags,
                 agents: indices,
                 nodes,
                 trajectories,
                 needs: Vec::new(),
                 criteria,
-                scope: ScenarioScope::new(sc, persona, &env),
                 repeat: sc.repeat.max(1),
                 sandbox: Arc::new(crate::sandbox::SandboxSpec::for_scenario(project, sc)),
                 agent_branches: sc.agent_branches,
@@ -616,6 +617,10 @@ fn execution_tree(
         });
     }
     debug_assert!(tg.segment(tg.root).kind == SegmentKind::Root);
+    // A plan holds these for every scenario: most scenarios have one node and one trajectory,
+    // and the room a growing vector leaves was a tenth of planning 30,000 of them.
+    nodes.shrink_to_fit();
+    trajectories.shrink_to_fit();
     Ok((nodes, trajectories))
 }
 
