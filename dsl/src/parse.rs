@@ -4174,7 +4174,7 @@ fn assemble(
             file: items.file,
             description,
             tags,
-            scenarios: items.scenarios,
+            scenarios: items.scenarios.into_iter().map(Arc::new).collect(),
         });
     }
     let mut simulators = simulators.into_iter();

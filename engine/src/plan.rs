@@ -425,7 +425,7 @@ impl Plan {
             let mut tags = suite.tags.clone();
             tags.extend(sc.tags.iter().cloned());
             scenario_index.insert((si, ci), scenarios.len());
-            let scenario = Arc::new(sc.clone());
+            let scenario = Arc::clone(sc);
             scenarios.push(PlannedScenario {
                 suite: Arc::from(suite.name.as_str()),
                 scope: ScenarioScope::new(Arc::clone(&scenario), persona, &env),
