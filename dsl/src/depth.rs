@@ -69,15 +69,19 @@ pub enum TooDeep {
     /// No thread with a stack big enough for this file could be started.
     #[error("no memory for the parser's stack")]
     NoStack,
+    /// The `/-` at `offset` follows another `/-` with only whitespace or comments between.
+    #[error("`/-` right after another `/-`")]
+    Slashdash { offset: usize },
 }
 
 impl TooDeep {
     /// Byte offset of the `{` or `/*` that goes over the limit.
     pub fn offset(self) -> usize {
         match self {
-            TooDeep::Blocks { offset } | TooDeep::Comment { offset } | TooDeep::Node { offset } => {
-                offset
-            }
+            TooDeep::Blocks { offset }
+            | TooDeep::Comment { offset }
+            | TooDeep::Node { offset }
+            | TooDeep::Slashdash { offset } => offset,
             TooDeep::Large | TooDeep::NoStack => 0,
         }
     }
@@ -256,8 +260,19 @@ pub fn scan(text: &str) -> Result<Vec<Range<usize>>, TooDeep> {
     let mut continued = false;
     // A `/-` has been seen, and not yet what it comments out.
     let mut slashdash = false;
+    // The same at any depth, for `/-` right after `/-`: never valid KDL, and the parser's
+    // error recovery rescans the rest of the node for each one, so a line of a few thousand
+    // of them took minutes (`('/- /- x ') * 800`: 27 s).
+    let mut pending_slashdash = false;
     let mut i = 0;
     while i < b.len() {
+        if pending_slashdash
+            && !(b[i].is_ascii_whitespace()
+                || b[i] == b'\\'
+                || (b[i] == b'/' && matches!(b.get(i + 1), Some(b'/' | b'*' | b'-'))))
+        {
+            pending_slashdash = false;
+        }
         match b[i] {
             b'{' => {
                 depth += 1;
@@ -294,6 +309,10 @@ pub fn scan(text: &str) -> Result<Vec<Range<usize>>, TooDeep> {
                 i = skip_comment(b, i)?;
             }
             b'/' if b.get(i + 1) == Some(&b'-') => {
+                if pending_slashdash {
+                    return Err(TooDeep::Slashdash { offset: i });
+                }
+                pending_slashdash = true;
                 if depth == 0 {
                     slashdash = true;
                 }
@@ -408,6 +427,18 @@ fn skip_raw(b: &[u8], start: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refuses_a_slashdash_right_after_a_slashdash() {
+        assert_eq!(check("/- a\n/-b {}\nc /- d /-{ }"), Ok(()));
+        assert_eq!(check("a /-\"/- /-\" #\"/- /-\"# // /- /-\nb"), Ok(()));
+        assert_eq!(check("a /- /- b"), Err(TooDeep::Slashdash { offset: 5 }));
+        assert_eq!(
+            check("a {\n  /- /* c */ \\\n /- b\n}"),
+            Err(TooDeep::Slashdash { offset: 20 })
+        );
+        assert_eq!(check("/-\n/-\nb"), Err(TooDeep::Slashdash { offset: 3 }));
+    }
 
     #[test]
     fn counts_blocks_outside_strings_and_comments() {

@@ -1322,7 +1322,7 @@ fn assemble(
             file: items.file,
             description,
             tags,
-            scenarios: items.scenarios,
+            scenarios: items.scenarios.into_iter().map(Arc::new).collect(),
         });
     }
     let mut simulators = simulators.into_iter();

@@ -425,16 +425,17 @@ impl Plan {
             let mut tags = suite.tags.clone();
             tags.extend(sc.tags.iter().cloned());
             scenario_index.insert((si, ci), scenarios.len());
+            let scenario = Arc::clone(sc);
             scenarios.push(PlannedScenario {
                 suite: Arc::from(suite.name.as_str()),
-                scenario: Arc::new(sc.clone()),
+                scope: ScenarioScope::new(Arc::clone(&scenario), persona, &env),
+                scenario,
                 tags,
                 agents: indices,
                 nodes,
                 trajectories,
                 needs: Vec::new(),
                 criteria,
-                scope: ScenarioScope::new(sc, persona, &env),
                 repeat: sc.repeat.max(1),
                 sandbox: Arc::new(crate::sandbox::SandboxSpec::for_scenario(project, sc)),
                 agent_branches: sc.agent_branches,
@@ -465,6 +466,20 @@ impl Plan {
     pub fn not_runnable(&self) -> NotRunnableCounts {
         let mut counts = NotRunnableCounts::default();
         for s in &self.scenarios {
+            // Each trajectory's nodes, read up from its leaf: testing every node for every
+            // trajectory took seconds on a scenario of 10,000 branches.
+            let mut leaves = vec![None; s.trajectories.len()];
+            for (i, node) in s.nodes.iter().enumerate() {
+                if let Some(slot) = node.ends.and_then(|t| leaves.get_mut(t)) {
+                    *slot = Some(i);
+                }
+            }
+            let path = |ti: usize| {
+                std::iter::successors(leaves.get(ti).copied().flatten(), |&n| {
+                    s.nodes.get(n).and_then(|node| node.parent)
+                })
+                .filter_map(|n| s.nodes.get(n))
+            };
             for &a in &s.agents {
                 let Some(agent) = self.agents.get(a) else {
                     continue;
@@ -475,10 +490,7 @@ impl Plan {
                         counts.skipped_trajectories += 1;
                         continue;
                     }
-                    let turn_checks = s
-                        .nodes
-                        .iter()
-                        .filter(|n| n.trajectories.contains(&ti))
+                    let turn_checks = path(ti)
                         .flat_map(|n| &n.steps)
                         .filter_map(|step| match step {
                             PlannedStep::Expect(c) => Some(c),
@@ -538,13 +550,11 @@ fn execution_tree(
         let mut parent: Option<usize> = None;
         let mut unsupported = None;
         let mut unsupported_by_protocol: Vec<(Protocol, String)> = Vec::new();
-        let labels: Vec<&str> = trajectory
-            .segments
-            .iter()
-            .map(|&s| tg.segment(s).label.as_str())
-            .collect();
-        let ids = graph::node_ids(labels);
-        for (&segment, id) in trajectory.segments.iter().zip(&ids) {
+        // The trajectory's node ids are its nodes' own `Arc`s: a fresh string per trajectory
+        // and node grew with the square of the nesting depth (10,000 branches nested 126
+        // deep took 250 MB).
+        let mut ids: Vec<Arc<str>> = Vec::with_capacity(trajectory.segments.len());
+        for &segment in &trajectory.segments {
             if let Entry::Vacant(slot) = compiled.entry(segment) {
                 slot.insert(compile_steps(
                     tg.segment(segment),
@@ -567,8 +577,15 @@ fn execution_tree(
                 Some(&n) => n,
                 None => {
                     let n = nodes.len();
+                    let label = &tg.segment(segment).label;
+                    // As `graph::node_ids`: the root is `start`, below it the labels from
+                    // the root's child down, joined with `/`.
+                    let id: Arc<str> = match parent.and_then(|p| nodes[p].parent.map(|_| p)) {
+                        Some(p) => Arc::from(format!("{}/{label}", nodes[p].id)),
+                        None => Arc::from(label.as_str()),
+                    };
                     nodes.push(ExecNode {
-                        id: Arc::from(id.as_str()),
+                        id,
                         parent,
                         children: Vec::new(),
                         steps: compiled
@@ -586,6 +603,7 @@ fn execution_tree(
                 }
             };
             nodes[node].trajectories.push(ti);
+            ids.push(Arc::clone(&nodes[node].id));
             parent = Some(node);
         }
         if let Some(leaf) = parent {
@@ -593,12 +611,16 @@ fn execution_tree(
         }
         trajectories.push(PlannedTrajectory {
             name: trajectory.name.clone(),
-            nodes: ids.into_iter().map(|s| Arc::from(s.as_str())).collect(),
+            nodes: ids,
             unsupported,
             unsupported_by_protocol,
         });
     }
     debug_assert!(tg.segment(tg.root).kind == SegmentKind::Root);
+    // A plan holds these for every scenario: most scenarios have one node and one trajectory,
+    // and the room a growing vector leaves was a tenth of planning 30,000 of them.
+    nodes.shrink_to_fit();
+    trajectories.shrink_to_fit();
     Ok((nodes, trajectories))
 }
 

@@ -358,6 +358,32 @@ async fn absurdly_deep_nesting_is_a_diagnostic_not_a_crash() {
     }
 }
 
+/// A `/-` right after another `/-` is a syntax error the KDL parser recovers from by
+/// rescanning the rest of the node, so `check` on a line of a few thousand of them ran for
+/// minutes (the dsl fuzz run's watchdog fired on one); it is refused at once, located.
+#[tokio::test]
+async fn slashdash_after_slashdash_is_refused_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("slashdash.kdl");
+    let text = format!(
+        "agent \"a\" protocol=\"connexity\" builtin=\"booking\"\nscenario \"s\" {{\n  user \"hi\" {}\n}}\n",
+        "/- /- x ".repeat(2_000)
+    );
+    std::fs::write(&path, text).unwrap();
+    let o = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        trellis().arg("check").arg(&path).output(),
+    )
+    .await
+    .expect("check ended within 20 s")
+    .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("trellis::too_deep"), "{err}");
+    assert!(err.contains("`/-` right after another"), "{err}");
+    assert!(err.contains("slashdash.kdl:3:16"), "{err}");
+}
+
 /// Files over 1 MiB were refused (`trellis::too_deep`); a generated suite of several MiB must
 /// be checked like any other, and a problem in its last scenario located in the file.
 #[tokio::test]

@@ -159,6 +159,12 @@ impl Loader {
                             depth::MAX_FILE_SIZE / 1024 / 1024
                         ),
                     ),
+                    depth::TooDeep::Slashdash { .. } => (
+                        "second `/-`",
+                        "a `/-` comments out the node, argument, property or block right after \
+                         it; remove one of the two"
+                            .to_string(),
+                    ),
                     depth::TooDeep::Node { .. } => (
                         "this node",
                         format!(

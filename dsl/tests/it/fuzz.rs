@@ -363,6 +363,25 @@ fn tempdir() -> tempfile::TempDir {
     tempfile::tempdir().unwrap()
 }
 
+/// Found by the million-case run of `loader_survives_mutated_suites`: a `/-` right after
+/// another one is a syntax error the parser recovers from by rescanning the rest of the node,
+/// so a few thousand of them on one line took minutes. The loader refuses the first one.
+#[test]
+fn slashdash_after_slashdash_is_refused_before_parsing() {
+    let dir = tempdir();
+    let path = dir.path().join("fuzz.kdl");
+    let text = format!("suite \"x\"\n{}", "/- /- x ".repeat(2_000));
+    std::fs::write(&path, &text).unwrap();
+    let shown = bounded(&text, || match trellis_dsl::load(&[&path]) {
+        Ok(_) => panic!("loaded"),
+        Err(diags) => diags.render_plain(),
+    });
+    assert!(
+        shown.contains("`/-` right after another `/-`") && shown.contains("fuzz.kdl:2:4"),
+        "{shown}"
+    );
+}
+
 #[test]
 fn loader_survives_mutated_suites() {
     let dir = tempdir();

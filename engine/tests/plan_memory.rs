@@ -1,0 +1,120 @@
+//! Planning a big suite stays within a small multiple of the suite's text: the heap bytes
+//! `Plan::build` holds at its peak are counted by a global allocator of this test binary
+//! (its own binary, so no other test allocates while it measures).
+//!
+//! Figures for the release binary on whole files are in README.md, "Performance".
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use trellis_engine::plan::{Plan, Selection};
+
+struct Counting;
+
+static CURRENT: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: every call is forwarded to the system allocator unchanged; the counters only add.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller's contract is the system allocator's.
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            let now = CURRENT.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
+            PEAK.fetch_max(now, Ordering::Relaxed);
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: as above.
+        unsafe { System.dealloc(ptr, layout) };
+        CURRENT.fetch_sub(layout.size(), Ordering::Relaxed);
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// Heap bytes `f` holds at its peak, above what was allocated when it started.
+fn peak_during<T>(f: impl FnOnce() -> T) -> (T, usize) {
+    let base = CURRENT.load(Ordering::Relaxed);
+    PEAK.store(base, Ordering::Relaxed);
+    let out = f();
+    (out, PEAK.load(Ordering::Relaxed).saturating_sub(base))
+}
+
+const HEAD: &str = "agent \"a\" protocol=\"connexity\" builtin=\"booking\"\nsuite \"big\"\n";
+
+/// One scenario whose branches nest `depth` levels deep, with `leaves` sibling branches at
+/// every level besides the one that goes deeper.
+fn nested(depth: usize, leaves: usize) -> String {
+    let mut text = format!("{HEAD}scenario \"s\" {{\nuser \"Hello\"\n");
+    for d in 0..depth {
+        for i in 0..leaves {
+            let _ = writeln!(
+                text,
+                "branch \"l{d}-{i}\" {{\nuser \"level {d} leaf {i}\"\n}}"
+            );
+        }
+        let _ = writeln!(text, "branch \"deeper{d}\" {{\nuser \"deeper {d}\"");
+    }
+    text.push_str(&"}\n".repeat(depth + 1));
+    text
+}
+
+/// `n` small scenarios, as an importer writes them.
+fn flat(n: usize) -> String {
+    let mut text = HEAD.to_string();
+    for i in 0..n {
+        let _ = writeln!(
+            text,
+            "scenario \"s-{i}\" {{\n    user \"Hello, I would like to book a duct cleaning for \
+             order {i}\"\n    expect reply contains=\"postal code\"\n    user \"It is V4T 0A7.\"\n}}"
+        );
+    }
+    text
+}
+
+/// Loads `text` as a suite file and returns the heap bytes planning it held at its peak.
+fn plan_peak(text: &str) -> (usize, u64) {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let path = dir.path().join("big.kdl");
+    std::fs::write(&path, text).expect("suite written");
+    let project = trellis_dsl::load(&[&path]).unwrap_or_else(|e| panic!("{}", e.render_plain()));
+    let everything = Selection {
+        include_inactive: true,
+        ..Selection::default()
+    };
+    let (plan, peak) = peak_during(|| Plan::build(&project, &everything).expect("plan"));
+    (peak, plan.trajectory_count())
+}
+
+#[test]
+fn planning_memory_stays_a_small_multiple_of_the_suite() {
+    // Deeply nested branches: every trajectory's node ids were strings of their own, bytes
+    // growing with the square of the depth (620x the text here, 120x without).
+    let text = nested(120, 8);
+    let (peak, trajectories) = plan_peak(&text);
+    eprintln!("nested: {peak} bytes for {} bytes of suite", text.len());
+    assert_eq!(trajectories, 120 * 8 + 1);
+    assert!(
+        peak < 200 * text.len(),
+        "planning {} nested branches ({} bytes of suite) held {peak} bytes",
+        120 * 9,
+        text.len()
+    );
+
+    // Many small scenarios: a template scope built per scenario up front and the spare room
+    // of growing vectors made it ~30x, and a copy of every scenario another ~8x.
+    let text = flat(3_000);
+    let (peak, trajectories) = plan_peak(&text);
+    eprintln!("flat: {peak} bytes for {} bytes of suite", text.len());
+    assert_eq!(trajectories, 3_000);
+    assert!(
+        peak < 15 * text.len(),
+        "planning 3,000 scenarios ({} bytes of suite) held {peak} bytes",
+        text.len()
+    );
+}
