@@ -33,8 +33,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use trellis_dsl::Protocol;
+use trellis_dsl::{Protocol, ProviderKind};
 
+use crate::llm::chat::ChatOptions;
 use crate::plan::PlannedAgent;
 pub use crate::record::{ChatMessage, ToolCall, ToolCallFunction};
 use crate::record::{Fault, FaultCategory, ToolCallRecord};
@@ -121,15 +122,19 @@ pub fn build(setup: AgentSetup<'_>) -> Result<Arc<dyn AgentProtocol>, Fault> {
         Protocol::OpenAi | Protocol::Anthropic => {
             let settings = &setup.agent.openai;
             let options = openai::OpenAiOptions {
-                model: settings.model.clone().unwrap_or_default(),
-                system_prompt: setup.system_prompt.clone(),
-                tools: settings.tools.clone(),
+                chat: ChatOptions {
+                    // Set by the constructor below from the protocol.
+                    api: ProviderKind::OpenAi,
+                    model: settings.model.clone().unwrap_or_default(),
+                    system_prompt: setup.system_prompt.clone(),
+                    tools: settings.tools.clone(),
+                    stream: setup.agent.stream,
+                    provider: setup.provider.clone(),
+                    server_slots: setup.server_slots.clone(),
+                    temperature: settings.temperature,
+                    max_tokens: settings.max_tokens,
+                },
                 max_tool_rounds: settings.max_tool_rounds,
-                stream: setup.agent.stream,
-                provider: setup.provider.clone(),
-                server_slots: setup.server_slots.clone(),
-                temperature: settings.temperature,
-                max_tokens: settings.max_tokens,
             };
             let new = if setup.agent.protocol == Protocol::Anthropic {
                 anthropic::client

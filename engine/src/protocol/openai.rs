@@ -22,10 +22,8 @@ use serde_json::{Map, Value, json};
 use trellis_dsl::{Agent, Project, ProviderKind};
 
 use super::{AgentProtocol, CallContext, ChatMessage, Conversation, Session, Turn, TurnInput};
-use crate::llm::ProviderClient;
 use crate::llm::chat::{ChatClient, ChatOptions};
 use crate::llm::codec::arguments_value;
-use crate::llm::slots::ServerSlots;
 use crate::record::{Fault, FaultCategory, ToolCallRecord};
 use crate::render::{CompiledTemplate, RenderError, Templates};
 use crate::sandbox::{Sandbox, SandboxSpec};
@@ -117,23 +115,11 @@ pub struct OpenAiClient {
     protocol: &'static str,
 }
 
-/// Everything a model agent's client is built from.
+/// Everything a model agent's client is built from: the chat client's options (whose `api`
+/// the constructor sets) and the tool loop's bound.
 pub struct OpenAiOptions {
-    pub model: String,
-    pub system_prompt: Option<String>,
-    pub tools: Vec<Value>,
+    pub chat: ChatOptions,
     pub max_tool_rounds: u32,
-    /// Ask for server-sent events (`stream #true`).
-    pub stream: bool,
-    /// `provider=`: the endpoint, key, headers, model, temperature, max tokens, retries,
-    /// limits and prices come from this provider (the agent's `header`s are added).
-    pub provider: Option<Arc<ProviderClient>>,
-    /// The agent's own `temperature` and `max-tokens`, over the provider's.
-    pub temperature: Option<f64>,
-    pub max_tokens: Option<u32>,
-    /// The slots of the server behind `base-url` when it reports them (llama.cpp's
-    /// `/props`): requests wait here for a free slot instead of in the server's queue.
-    pub server_slots: Option<Arc<ServerSlots>>,
 }
 
 impl OpenAiClient {
@@ -177,14 +163,7 @@ impl OpenAiClient {
             transport,
             ChatOptions {
                 api,
-                model: options.model,
-                system_prompt: options.system_prompt,
-                tools: options.tools,
-                stream: options.stream,
-                provider: options.provider,
-                temperature: options.temperature,
-                max_tokens: options.max_tokens,
-                server_slots: options.server_slots,
+                ..options.chat
             },
         )?;
         Ok(OpenAiClient {

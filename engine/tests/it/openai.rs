@@ -6,6 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
+use trellis_dsl::ProviderKind;
+use trellis_engine::llm::chat::ChatOptions;
 use trellis_engine::protocol::openai::{OpenAiClient, OpenAiOptions};
 use trellis_engine::protocol::{AgentProtocol, CallContext, Conversation, TurnInput};
 use trellis_engine::record::{CriterionStatus, FaultCategory, TrajectoryStatus, TurnRecord};
@@ -225,15 +227,18 @@ fn client(base_url: &str, stream: bool) -> OpenAiClient {
         RetryPolicy::default(),
         HttpTransport::new(),
         OpenAiOptions {
-            max_tokens: Default::default(),
-            temperature: Default::default(),
-            server_slots: Default::default(),
-            provider: Default::default(),
-            model: "m".into(),
-            system_prompt: Some("be brief".into()),
-            tools: Vec::new(),
+            chat: ChatOptions {
+                api: ProviderKind::OpenAi,
+                max_tokens: Default::default(),
+                temperature: Default::default(),
+                server_slots: Default::default(),
+                provider: Default::default(),
+                model: "m".into(),
+                system_prompt: Some("be brief".into()),
+                tools: Vec::new(),
+                stream,
+            },
             max_tool_rounds: 4,
-            stream,
         },
     )
     .unwrap()
