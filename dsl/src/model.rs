@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::lang::{Capabilities, ProtocolSpec};
 use miette::{NamedSource, SourceSpan};
 use serde_json::{Map, Value};
 
@@ -150,56 +151,60 @@ pub struct Suite {
     pub scenarios: Vec<Scenario>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Protocol {
-    Connexity,
-    AgentScope,
-    MultiAgent,
-    Fixie,
-    OpenAi,
-    /// A model behind Anthropic Messages, with the same tool loop as [`Protocol::OpenAi`].
-    Anthropic,
-    /// Agent2Agent: JSON-RPC at the URL of the agent's card ([`A2aSettings`]).
-    A2a,
-    /// Any JSON-over-HTTP agent, described by [`HttpSettings`].
-    Http,
-}
+/// The protocol an agent speaks: one entry of the protocol registry the loader was handed
+/// (the engine's, `engine/src/protocol/registry.rs`). Two are equal when their names are.
+/// Code that depends on what a protocol can do asks [`Protocol::capabilities`] or whether
+/// it [`declares`](Protocol::declares) a setting, never its name.
+#[derive(Clone, Copy)]
+pub struct Protocol(&'static ProtocolSpec);
 
 impl Protocol {
-    pub const ALL: [(&'static str, Protocol); 8] = [
-        ("connexity", Protocol::Connexity),
-        ("agentscope", Protocol::AgentScope),
-        ("multiagent", Protocol::MultiAgent),
-        ("fixie", Protocol::Fixie),
-        ("openai", Protocol::OpenAi),
-        ("anthropic", Protocol::Anthropic),
-        ("a2a", Protocol::A2a),
-        ("http", Protocol::Http),
-    ];
+    pub fn new(spec: &'static ProtocolSpec) -> Self {
+        Protocol(spec)
+    }
 
+    pub fn spec(self) -> &'static ProtocolSpec {
+        self.0
+    }
+
+    /// The value of `protocol="…"`.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Protocol::Connexity => "connexity",
-            Protocol::AgentScope => "agentscope",
-            Protocol::MultiAgent => "multiagent",
-            Protocol::Fixie => "fixie",
-            Protocol::OpenAi => "openai",
-            Protocol::Anthropic => "anthropic",
-            Protocol::A2a => "a2a",
-            Protocol::Http => "http",
-        }
+        self.0.name
+    }
+
+    pub fn capabilities(self) -> Capabilities {
+        self.0.capabilities
     }
 
     /// A model under test whose tool loop the engine runs (`openai`, `anthropic`).
     pub fn is_model(self) -> bool {
-        matches!(self, Protocol::OpenAi | Protocol::Anthropic)
+        self.0.capabilities.model_api
     }
 
-    /// Whether the protocol resends the whole history on every call, so a fork can copy the
-    /// history instead of replaying the shared prefix in a fresh session (an `http` agent
-    /// does unless it has a `session`: [`HttpSettings::session_bound`]).
-    pub fn resends_history(self) -> bool {
-        !matches!(self, Protocol::AgentScope | Protocol::A2a)
+    /// Whether `setting` is one of the protocol's own settings (beyond those every agent
+    /// takes).
+    pub fn declares(self, setting: &str) -> bool {
+        self.0.settings.iter().any(|s| s.name == setting)
+    }
+}
+
+impl PartialEq for Protocol {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.name == other.0.name
+    }
+}
+
+impl Eq for Protocol {}
+
+impl std::hash::Hash for Protocol {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.name.hash(state);
+    }
+}
+
+impl std::fmt::Debug for Protocol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Protocol({:?})", self.0.name)
     }
 }
 

@@ -27,9 +27,17 @@ mod http;
 /// Loads every given `.kdl` file or directory (all `*.kdl` below it, sorted), follows
 /// `include`s, decodes and validates everything.
 ///
+/// `protocols` are the protocols agents may speak (the engine's registry,
+/// `trellis_engine::protocol::registry::specs()`): `protocol="…"` names one of them, and
+/// its spec says which endpoints, settings and builtin agents it accepts.
+///
 /// Returns the project, or every problem found in all files.
-pub fn load<P: AsRef<Path>>(paths: &[P]) -> Result<Project, Diagnostics> {
+pub fn load<P: AsRef<Path>>(
+    paths: &[P],
+    protocols: &[&'static crate::lang::ProtocolSpec],
+) -> Result<Project, Diagnostics> {
     let mut loader = Loader::default();
+    loader.info.protocols = protocols.to_vec();
     for path in paths {
         loader.load_root(path.as_ref());
     }

@@ -48,6 +48,8 @@ pub struct LoadInfo {
     pub failed_captures: HashMap<Span, HashSet<String>>,
     /// Per [`Project::suites`] index: where `suite "NAME"` was written, if it was.
     pub suite_spans: Vec<Option<Span>>,
+    /// The protocols agents may speak: the registry handed to [`crate::load`].
+    pub protocols: Vec<&'static crate::lang::ProtocolSpec>,
 }
 
 impl LoadInfo {
@@ -401,12 +403,11 @@ impl<'p> Validator<'p> {
         let Some(provider) = self.project.provider(&name.value) else {
             return;
         };
-        let expected = match agent.protocol {
-            crate::model::Protocol::OpenAi => crate::model::ProviderKind::OpenAi,
-            crate::model::Protocol::Anthropic => crate::model::ProviderKind::Anthropic,
-            _ => return,
-        };
-        if provider.kind != expected {
+        // A model API is reached through the provider kind of the same name.
+        if !agent.protocol.is_model() {
+            return;
+        }
+        if provider.kind.as_str() != agent.protocol.as_str() {
             let d = Diagnostic::at_span(
                 Kind::InvalidValue,
                 format!(
@@ -563,12 +564,10 @@ impl<'p> Validator<'p> {
             return;
         }
         let agents = self.project.scenario_agents(sc);
-        let Some(silent) = agents.into_iter().find(|a| {
-            matches!(
-                a.protocol,
-                Protocol::AgentScope | Protocol::Fixie | Protocol::A2a
-            )
-        }) else {
+        let Some(silent) = agents
+            .into_iter()
+            .find(|a| !a.protocol.capabilities().speaks_first)
+        else {
             return;
         };
         let d = Diagnostic::at_span(
@@ -600,7 +599,9 @@ impl<'p> Validator<'p> {
     /// (`trellis import connexity` writes them) that only an engine-run agent uses.
     fn scenario_tools_need_a_sandbox(&mut self, sc: &Scenario) {
         let agents = self.project.scenario_agents(sc);
-        let all_connexity = agents.iter().all(|a| a.protocol == Protocol::Connexity);
+        let all_connexity = agents
+            .iter()
+            .all(|a| a.protocol.capabilities().carries_tool_mocks);
         let Some(tool) = sc
             .tools
             .iter()
@@ -611,7 +612,7 @@ impl<'p> Validator<'p> {
         if agents.is_empty()
             || agents
                 .iter()
-                .any(|a| a.protocol == Protocol::MultiAgent || a.protocol.is_model())
+                .any(|a| a.protocol.capabilities().engine_runs_tools)
         {
             return;
         }
@@ -642,7 +643,7 @@ impl<'p> Validator<'p> {
         let agents = self.project.scenario_agents(sc);
         let others: Vec<&Agent> = agents
             .into_iter()
-            .filter(|a| a.protocol != Protocol::Fixie)
+            .filter(|a| !a.protocol.capabilities().function_calls)
             .collect();
         let Some(first) = others.first() else {
             return;

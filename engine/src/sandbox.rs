@@ -1761,7 +1761,8 @@ tool "ping"
 "##,
         )
         .unwrap_or_else(|e| panic!("{e}"));
-        let project = trellis_dsl::load(&[&file]).unwrap_or_else(|d| panic!("{d:?}"));
+        let project = trellis_dsl::load(&[&file], &crate::protocol::registry::specs())
+            .unwrap_or_else(|d| panic!("{d:?}"));
         let mut sandbox = Sandbox::new(Arc::new(SandboxSpec::from_tools(&project.tools)));
         assert_eq!(
             sandbox.call("apply_refund", &json!({"amount": 20, "tier": "vip"})),
@@ -1807,7 +1808,8 @@ scenario "s" {
 "##,
         )
         .unwrap_or_else(|e| panic!("{e}"));
-        let project = trellis_dsl::load(&[&file]).unwrap_or_else(|d| panic!("{d:?}"));
+        let project = trellis_dsl::load(&[&file], &crate::protocol::registry::specs())
+            .unwrap_or_else(|d| panic!("{d:?}"));
         let (_, scenario) = project
             .scenarios()
             .next()
@@ -1870,7 +1872,8 @@ tool "ping" {
 "##,
         )
         .unwrap_or_else(|e| panic!("{e}"));
-        let project = trellis_dsl::load(&[&file]).unwrap_or_else(|d| panic!("{d:?}"));
+        let project = trellis_dsl::load(&[&file], &crate::protocol::registry::specs())
+            .unwrap_or_else(|d| panic!("{d:?}"));
         let mut sandbox = Sandbox::new(Arc::new(SandboxSpec::from_tools(&project.tools)));
         // Strings match case-insensitively and trimmed; `#null` matches a missing key.
         assert_eq!(
@@ -1964,7 +1967,8 @@ scenario "shared" {
 "##,
         )
         .unwrap_or_else(|e| panic!("{e}"));
-        let project = trellis_dsl::load(&[&file]).unwrap_or_else(|d| panic!("{d:?}"));
+        let project = trellis_dsl::load(&[&file], &crate::protocol::registry::specs())
+            .unwrap_or_else(|d| panic!("{d:?}"));
         let sandbox_of = |id: &str| {
             let (_, scenario) = project
                 .scenarios()

@@ -254,6 +254,22 @@ pub struct Capabilities {
     pub engine_runs_tools: bool,
     /// A conversation lives in server state bound to a session id.
     pub session_bound: bool,
+    /// The agent can open a conversation unprompted (`first-turn "agent"`).
+    pub speaks_first: bool,
+    /// The agent is a model API the engine calls itself (`system-prompt`, `tools`, a
+    /// `provider=` endpoint, `temperature`): a model under test.
+    pub model_api: bool,
+    /// The agent exposes functions that `call` steps invoke.
+    pub function_calls: bool,
+    /// A conversation can stop to wait for a human (`hitl` steps answer it).
+    pub pauses: bool,
+    /// The agent may branch the conversation itself (explored up to `agent-branches`).
+    pub agent_branches: bool,
+    /// A `provider` plays the agent's own LLM, so `user` steps need one configured.
+    pub provider_plays_llm: bool,
+    /// The protocol's test cases carry mock tool answers (a scenario `tool` with `mock` or
+    /// `sequence` is accepted even though the engine does not answer its calls).
+    pub carries_tool_mocks: bool,
 }
 
 /// What the language knows of one protocol: its name, where its agents are reached, the

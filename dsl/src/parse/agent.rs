@@ -2,18 +2,11 @@
 //! and the settings of the protocol it speaks (those of `http` agents in `http.rs`).
 
 use super::*;
+use crate::lang::{EndpointKind, Form, ProtocolSpec, Repeat, ValueType};
 
-/// Builtin agents the engine embeds, per protocol.
-const BUILTINS: &[(Protocol, &str)] = &[
-    (Protocol::Connexity, "booking"),
-    (Protocol::AgentScope, "weather"),
-    (Protocol::Fixie, "numbers"),
-    (Protocol::MultiAgent, "support"),
-    (Protocol::A2a, "travel"),
-    (Protocol::Http, "langserve"),
-];
-
-const AGENT_SETTINGS: &[(&str, Arity)] = &[
+/// The settings every agent takes, whatever its protocol; the protocols' own settings come
+/// from their specs ([`crate::lang::ProtocolSpec::settings`]).
+const COMMON_SETTINGS: &[(&str, Arity)] = &[
     ("protocol", Arity::One),
     ("url", Arity::One),
     ("base-url", Arity::One),
@@ -26,26 +19,12 @@ const AGENT_SETTINGS: &[(&str, Arity)] = &[
     ("concurrency", Arity::One),
     ("max-response-size", Arity::One),
     ("model", Arity::One),
-    ("system-prompt", Arity::One),
-    ("tools", Arity::Many),
-    ("max-tool-rounds", Arity::One),
     ("provider", Arity::One),
-    ("temperature", Arity::One),
-    ("max-tokens", Arity::One),
-    ("stream", Arity::One),
-    ("history", Arity::One),
     ("retry-after-send", Arity::One),
-    ("request", Arity::One),
-    ("feedback", Arity::One),
-    ("max-actions", Arity::One),
-    ("process", Arity::One),
-    ("keep-open", Arity::One),
-    ("cwd", Arity::One),
-    ("transport", Arity::One),
-    ("method", Arity::One),
 ];
-/// Agent settings only `multiagent` agents take, with the endpoint each needs (if any).
-const MULTIAGENT_SETTINGS: &[(&str, Option<&str>)] = &[
+/// Protocol settings that mean something on one kind of endpoint only, with that endpoint
+/// (`None`: any), checked in this order on the protocols that declare them.
+const ENDPOINT_SETTINGS: &[(&str, Option<&str>)] = &[
     ("request", None),
     ("feedback", None),
     ("max-actions", None),
@@ -70,12 +49,13 @@ impl Decoder<'_> {
     fn agent_body(&mut self, v: &View, id: &Spanned<String>, usage: &str) -> Option<Agent> {
         self.check_args(v, 1, usage);
         // `http` agents' answer nodes take properties, so they are decoded in `http.rs`.
-        let mut other_children = vec!["env"];
-        other_children.extend_from_slice(http::HTTP_NODES);
-        if http::is_http(v) {
-            other_children.push("stream");
-        }
-        let s = self.settings(v, AGENT_SETTINGS, "`agent`", &other_children);
+        let named = v
+            .prop("protocol")
+            .and_then(|e| e.value().as_string())
+            .and_then(|name| self.info.protocols.iter().find(|p| p.name == name).copied());
+        let other_children = node_settings(&self.info.protocols, named);
+        let spec = agent_settings(&self.info.protocols);
+        let s = self.settings(v, &spec, "`agent`", &other_children);
         let protocol = match s.value("protocol") {
             None => {
                 let d = self
@@ -85,13 +65,27 @@ impl Decoder<'_> {
                         id.span.span,
                         "no protocol",
                     )
-                    .with_help(
-                        "add protocol=\"…\": one of connexity, agentscope, multiagent, fixie, openai, anthropic, a2a, http",
-                    );
+                    .with_help(format!(
+                        "add protocol=\"…\": one of {}",
+                        self.info
+                            .protocols
+                            .iter()
+                            .map(|p| p.name)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ));
                 self.report(d);
                 None
             }
-            Some(e) => self.choice(e, "protocol", &Protocol::ALL),
+            Some(e) => {
+                let choices: Vec<(&str, Protocol)> = self
+                    .info
+                    .protocols
+                    .iter()
+                    .map(|p| (p.name, Protocol::new(p)))
+                    .collect();
+                self.choice(e, "protocol", &choices)
+            }
         };
         let headers = self.headers(
             &s,
@@ -138,17 +132,12 @@ impl Decoder<'_> {
         // asked for one JSON body unless `stream #true`.
         let stream = stream_written.unwrap_or(!protocol.is_model());
         if let (Some(set), Some(e)) = (s.get("max-tool-rounds"), s.value("max-tool-rounds"))
-            && !protocol.is_model()
+            && !protocol.declares("max-tool-rounds")
         {
             let d = self
                 .diag(
                     Kind::InvalidValue,
-                    format!(
-                        "`max-tool-rounds` is a setting of `openai` and `anthropic` agents; agent `{}` \
-                         is `{}`",
-                        id.value,
-                        protocol.as_str()
-                    ),
+                    self.not_this_protocol("max-tool-rounds", id, protocol),
                     set.name_span,
                     "not a setting of this protocol",
                 )
@@ -161,31 +150,31 @@ impl Decoder<'_> {
         }
         let max_tool_rounds = max_tool_rounds_written.unwrap_or(DEFAULT_MAX_TOOL_ROUNDS);
         if let (Some(e), Some(set)) = (history_entry, s.get("history"))
-            && protocol != Protocol::Connexity
+            && !protocol.declares("history")
         {
             let d = self
                 .diag(
                     Kind::InvalidValue,
-                    format!(
-                        "`history` is a `connexity` setting; agent `{}` is `{}`",
-                        id.value,
-                        protocol.as_str()
-                    ),
+                    self.not_this_protocol("history", id, protocol),
                     set.name_span,
                     "not a setting of this protocol",
                 )
                 .with_label(value_span(e), "this value")
-                .with_help(if protocol == Protocol::AgentScope {
-                    "AgentScope keeps the conversation on the server (`session_id`); remove `history`"
-                } else if protocol == Protocol::A2a {
-                    "an A2A agent keeps the conversation on its server (`contextId`); remove `history`"
+                .with_help(if protocol.capabilities().session_bound {
+                    format!(
+                        "`{}` agents keep the conversation on their server; remove `history`",
+                        protocol.as_str()
+                    )
                 } else {
-                    "only `connexity` agents choose what each request carries; remove `history`"
+                    format!(
+                        "only {} agents choose what each request carries; remove `history`",
+                        owners(&self.info.protocols, "history")
+                    )
                 });
             self.report(d);
         }
         if let (Some(e), Some(set)) = (s.value("stream"), s.get("stream"))
-            && matches!(protocol, Protocol::Connexity | Protocol::Fixie)
+            && !protocol.declares("stream")
         {
             let d = self
                 .diag(
@@ -229,17 +218,12 @@ impl Decoder<'_> {
         }
         for name in ["temperature", "max-tokens"] {
             if let Some(set) = s.get(name)
-                && !protocol.is_model()
+                && !protocol.declares(name)
             {
                 let d = self
                     .diag(
                         Kind::InvalidValue,
-                        format!(
-                            "`{name}` is a setting of `openai` and `anthropic` agents; agent `{}` \
-                             is `{}`",
-                            id.value,
-                            protocol.as_str()
-                        ),
+                        self.not_this_protocol(name, id, protocol),
                         set.name_span,
                         "not a setting of this protocol",
                     )
@@ -249,6 +233,7 @@ impl Decoder<'_> {
                 self.report(d);
             }
         }
+        self.settings_of_other_protocols(&s, id, protocol);
         let multiagent = self.multiagent_settings(v, &s, id, protocol);
         let http = self.http_settings(v, &s, id, protocol);
         let stream = http.as_ref().map_or(stream, |h| h.stream.is_some());
@@ -289,7 +274,7 @@ impl Decoder<'_> {
             stream,
             multiagent,
             a2a: A2aSettings {
-                stream: stream_written.filter(|_| protocol == Protocol::A2a),
+                stream: stream_written,
             },
             http,
             span: self.span(v.span),
@@ -316,7 +301,7 @@ impl Decoder<'_> {
             .collect();
         let endpoint = ENDPOINTS.iter().find(|e| s.get(e).is_some()).copied();
         out.transport = self.builtin_transport(s, id, protocol, endpoint);
-        for (name, needs) in MULTIAGENT_SETTINGS {
+        for (name, needs) in ENDPOINT_SETTINGS {
             // A builtin served as a process takes `process` like a `command=` agent, one
             // served on a socket `keep-open` like a `socket=` agent.
             let served_as = match out.transport {
@@ -327,10 +312,6 @@ impl Decoder<'_> {
             if endpoint == Some("builtin") && served_as == Some(*name) {
                 continue;
             }
-            // `request` of an `http` agent is its body template.
-            if protocol == Protocol::Http && *name == "request" {
-                continue;
-            }
             let at = match s.get(name) {
                 Some(set) => set.name_span,
                 None if *name == "env" => match env_nodes.first() {
@@ -339,15 +320,11 @@ impl Decoder<'_> {
                 },
                 None => continue,
             };
-            if protocol != Protocol::MultiAgent {
+            if !protocol.declares(name) {
                 let d = self
                     .diag(
                         Kind::InvalidValue,
-                        format!(
-                            "`{name}` is a `multiagent` setting; agent `{}` is `{}`",
-                            id.value,
-                            protocol.as_str()
-                        ),
+                        self.not_this_protocol(name, id, protocol),
                         at,
                         "not a setting of this protocol",
                     )
@@ -382,7 +359,12 @@ impl Decoder<'_> {
         }
         if let Some(r) = s
             .value("request")
-            .filter(|_| protocol != Protocol::Http)
+            // `request` is a choice of form here, a body template on an `http` agent.
+            .filter(|_| {
+                setting_spec(protocol, "request").is_some_and(|spec| {
+                    matches!(spec.args.first().map(|a| a.ty), Some(ValueType::OneOf(_)))
+                })
+            })
             .and_then(|e| self.choice(e, "request", &MultiAgentRequest::ALL))
         {
             out.request = r;
@@ -450,10 +432,11 @@ impl Decoder<'_> {
         let Some(transport) = self.choice(e, "transport", &BuiltinTransport::ALL) else {
             return BuiltinTransport::default();
         };
-        let problem = if protocol != Protocol::MultiAgent {
+        let problem = if !protocol.declares("transport") {
             Some((
                 format!(
-                    "`transport` is a setting of builtin `multiagent` agents; agent `{}` is `{}`",
+                    "`transport` is a setting of builtin {} agents; agent `{}` is `{}`",
+                    owners(&self.info.protocols, "transport"),
                     id.value,
                     protocol.as_str()
                 ),
@@ -607,15 +590,12 @@ impl Decoder<'_> {
         id: &Spanned<String>,
         protocol: Protocol,
     ) -> Option<Endpoint> {
-        let allowed: &[&str] = match protocol {
-            Protocol::Connexity
-            | Protocol::AgentScope
-            | Protocol::Fixie
-            | Protocol::A2a
-            | Protocol::Http => &["url", "builtin"],
-            Protocol::MultiAgent => &["url", "builtin", "command", "socket"],
-            Protocol::OpenAi | Protocol::Anthropic => &["base-url", "builtin", "provider"],
-        };
+        let allowed: Vec<&str> = protocol
+            .spec()
+            .endpoints
+            .iter()
+            .map(|e| e.property())
+            .collect();
         let allowed_list = allowed
             .iter()
             .map(|a| format!("{a}=…"))
@@ -652,7 +632,9 @@ impl Decoder<'_> {
         }
         // A model under test can be reached through a `provider` node instead: its endpoint,
         // key, limits and prices (`provider` on a Fixie agent is not an endpoint).
-        let via_provider = s.get("provider").filter(|_| protocol.is_model());
+        let via_provider = s
+            .get("provider")
+            .filter(|_| protocol.spec().endpoints.contains(&EndpointKind::Provider));
         if let Some(set) = via_provider {
             match valid.first() {
                 None => {
@@ -744,11 +726,7 @@ impl Decoder<'_> {
             "socket" => self.socket_address(e).map(Endpoint::Socket),
             _ => {
                 let name = self.spanned_string(e)?;
-                let known: Vec<&str> = BUILTINS
-                    .iter()
-                    .filter(|(p, _)| *p == protocol)
-                    .map(|(_, n)| *n)
-                    .collect();
+                let known: Vec<&str> = protocol.spec().builtins.to_vec();
                 if known.contains(&name.value.as_str()) {
                     return Some(Endpoint::Builtin(name));
                 }
@@ -773,4 +751,150 @@ impl Decoder<'_> {
             }
         }
     }
+}
+
+impl Decoder<'_> {
+    /// "`NAME` is a `P` setting; agent `ID` is `Q`": the protocols that declare `name` come
+    /// from the registry, so the message names them whatever they are.
+    fn not_this_protocol(&self, name: &str, id: &Spanned<String>, protocol: Protocol) -> String {
+        let owners_of: Vec<&str> = self
+            .info
+            .protocols
+            .iter()
+            .filter(|p| p.settings.iter().any(|s| s.name == name))
+            .map(|p| p.name)
+            .collect();
+        let whose = match owners_of.as_slice() {
+            [one] => {
+                let article = if one.starts_with(['a', 'e', 'i', 'o', 'u', 'h']) {
+                    "an"
+                } else {
+                    "a"
+                };
+                format!("{article} `{one}` setting")
+            }
+            _ => format!("a setting of {} agents", owners(&self.info.protocols, name)),
+        };
+        format!(
+            "`{name}` is {whose}; agent `{}` is `{}`",
+            id.value,
+            protocol.as_str()
+        )
+    }
+
+    /// Settings that belong to other protocols and that no dedicated check above reports:
+    /// each one is an error at its name, so a setting a new protocol declares is rejected
+    /// on every other protocol without code here.
+    fn settings_of_other_protocols(
+        &mut self,
+        s: &Settings,
+        id: &Spanned<String>,
+        protocol: Protocol,
+    ) {
+        for set in &s.items {
+            if DEDICATED_CHECKS.contains(&set.name)
+                || COMMON_SETTINGS.iter().any(|(n, _)| *n == set.name)
+                || protocol.declares(set.name)
+            {
+                continue;
+            }
+            let mut d = self
+                .diag(
+                    Kind::InvalidValue,
+                    self.not_this_protocol(set.name, id, protocol),
+                    set.name_span,
+                    "not a setting of this protocol",
+                )
+                .with_help(format!("remove `{}`", set.name));
+            if let Some(e) = set.values.first() {
+                d = d.with_label(value_span(e), "this value");
+            }
+            self.report(d);
+        }
+    }
+}
+
+/// Protocol settings whose misuse the decoder reports with a message of its own (the rest
+/// get [`Decoder::settings_of_other_protocols`]'s).
+const DEDICATED_CHECKS: &[&str] = &[
+    "max-tool-rounds",
+    "history",
+    "stream",
+    "temperature",
+    "max-tokens",
+    "request",
+    "feedback",
+    "max-actions",
+    "process",
+    "cwd",
+    "keep-open",
+    "transport",
+    "method",
+];
+
+/// "`openai` and `anthropic`": the protocols that declare `name`, as a message names them.
+fn owners(protocols: &[&'static ProtocolSpec], name: &str) -> String {
+    let names: Vec<String> = protocols
+        .iter()
+        .filter(|p| p.settings.iter().any(|s| s.name == name))
+        .map(|p| format!("`{}`", p.name))
+        .collect();
+    match names.as_slice() {
+        [] => "no".to_owned(),
+        [one] => one.clone(),
+        [rest @ .., last] => format!("{} and {last}", rest.join(", ")),
+    }
+}
+
+/// The spec of one of `protocol`'s own settings.
+fn setting_spec(protocol: Protocol, name: &str) -> Option<&'static crate::lang::NodeSpec> {
+    protocol.spec().settings.iter().find(|s| s.name == name)
+}
+
+/// Every setting an `agent` node may be written with (properties or one-value child nodes):
+/// those every agent takes, then each protocol's own, in registry order. Which protocol
+/// takes which is checked once the agent's protocol is known.
+fn agent_settings(protocols: &[&'static ProtocolSpec]) -> Vec<(&'static str, Arity)> {
+    let mut out: Vec<(&'static str, Arity)> = COMMON_SETTINGS.to_vec();
+    for spec in protocols.iter().flat_map(|p| p.settings) {
+        if spec.form != Form::Setting || out.iter().any(|(n, _)| *n == spec.name) {
+            continue;
+        }
+        let many = spec
+            .args
+            .first()
+            .is_some_and(|a| matches!(a.repeat, Repeat::Many | Repeat::Any));
+        out.push((spec.name, if many { Arity::Many } else { Arity::One }));
+    }
+    out
+}
+
+/// Child nodes of an `agent` block that protocols decode themselves (`env { … }`, an `http`
+/// agent's `reply json-path=…`): those no protocol takes as a plain setting, and those the
+/// agent's own protocol takes as a node.
+fn node_settings(
+    protocols: &[&'static ProtocolSpec],
+    own: Option<&'static ProtocolSpec>,
+) -> Vec<&'static str> {
+    let as_setting = |name: &str| {
+        protocols
+            .iter()
+            .flat_map(|p| p.settings)
+            .any(|s| s.name == name && s.form == Form::Setting)
+    };
+    let mut out: Vec<&'static str> = Vec::new();
+    for spec in protocols.iter().flat_map(|p| p.settings) {
+        let own_node = own.is_some_and(|o| {
+            o.settings
+                .iter()
+                .any(|s| s.name == spec.name && s.form == Form::Node)
+        });
+        if spec.form == Form::Node
+            && (!as_setting(spec.name) || own_node)
+            && !out.contains(&spec.name)
+        {
+            out.push(spec.name);
+        }
+    }
+    out
 }

@@ -350,7 +350,9 @@ fn load_text(dir: &Path, text: &[u8]) {
     std::fs::write(&path, text).unwrap();
     let shown = String::from_utf8_lossy(text);
     bounded(&shown, || {
-        if let Err(diags) = trellis_dsl::load(&[&path]) {
+        if let Err(diags) =
+            trellis_dsl::load(&[&path], &trellis_engine::protocol::registry::specs())
+        {
             // Rendering reads every span back out of the source: a span past the end or
             // inside a UTF-8 sequence would panic here.
             let _ = diags.to_string();

@@ -7,7 +7,7 @@ fn load_text(text: &str) -> Result<Project, Diagnostics> {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.kdl");
     std::fs::write(&path, text).unwrap();
-    load(&[&path])
+    load(&[&path], &trellis_engine::protocol::registry::specs())
 }
 
 #[test]
@@ -330,7 +330,8 @@ scenario "two" {
 "#,
     )
     .unwrap();
-    let p = load(&[&one, &two]).unwrap_or_else(|d| panic!("{}", d.render_plain()));
+    let p = load(&[&one, &two], &trellis_engine::protocol::registry::specs())
+        .unwrap_or_else(|d| panic!("{}", d.render_plain()));
     assert!(p.tools.is_empty(), "scenario tools are not project tools");
     let tools: Vec<(String, usize)> = p
         .scenarios()
@@ -475,7 +476,7 @@ scenario "s" { user "hi"; }
     )
     .unwrap_or_else(|d| panic!("{}", d.render_plain()));
     let claude = p.agent("claude").unwrap();
-    assert_eq!(claude.protocol, Protocol::Anthropic);
+    assert_eq!(claude.protocol.as_str(), "anthropic");
     assert_eq!((claude.max_tool_rounds, claude.stream), (3, false));
 
     let streamed = load_text(

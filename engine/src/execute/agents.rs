@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::{OnceCell, Semaphore};
-use trellis_dsl::{Endpoint, Protocol};
+use trellis_dsl::Endpoint;
 
 use crate::builtin::{self, BuiltinEndpoint, BuiltinGuard};
 use crate::event::{Event, EventSender};
@@ -97,7 +97,8 @@ impl Agents {
         agent: &PlannedAgent,
         events: &EventSender,
     ) -> AgentRuntime {
-        let runs_own_model = !agent.protocol.is_model() && agent.protocol != Protocol::Fixie;
+        let capabilities = agent.protocol.capabilities();
+        let runs_own_model = !capabilities.model_api && !capabilities.provider_plays_llm;
         let model_server = match agent.provider.as_deref().filter(|_| runs_own_model) {
             None => None,
             Some(id) => match self.llm.client(id) {
@@ -161,14 +162,14 @@ async fn start_one(
         Endpoint::Builtin(name) => {
             // Served the way the agent's `transport` asks (HTTP unless a multiagent agent
             // says otherwise); a process is started by the client itself.
-            let process_mode = match agent.multiagent.process {
+            let (transport, process) = agent.settings.builtin_serving();
+            let process_mode = match process {
                 trellis_dsl::ProcessMode::PerCall => crate::protocol::line::ProcessMode::PerCall,
                 trellis_dsl::ProcessMode::LongLived => {
                     crate::protocol::line::ProcessMode::LongLived
                 }
             };
-            match builtin::endpoint_for(&name.value, agent.multiagent.transport, process_mode).await
-            {
+            match builtin::endpoint_for(&name.value, transport, process_mode).await {
                 Ok(served) => {
                     if let Some(guard) = served.guard {
                         servers
@@ -213,7 +214,7 @@ async fn start_one(
             }
         }
     }
-    let system_prompt = match &agent.openai.system_prompt {
+    let system_prompt = match agent.settings.system_prompt() {
         Some(template) => match plan.templates.render(template, || header_scope.clone()) {
             Ok(prompt) => Some(prompt),
             Err(e) => {
@@ -231,7 +232,7 @@ async fn start_one(
     // A model on a plain-http server of its own (`base-url`) queues for that server's slots
     // like the providers on it do.
     // The probe carries the agent's headers: a server started with a key asks for it.
-    let server_slots = match (&agent.endpoint, agent.protocol.is_model()) {
+    let server_slots = match (&agent.endpoint, agent.protocol.capabilities().model_api) {
         (Endpoint::Url(_), true) => reqwest::Url::parse(&url).ok().and_then(|u| {
             let probe_headers =
                 crate::protocol::http::with_agent_headers(Default::default(), &headers)

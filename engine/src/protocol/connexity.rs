@@ -574,3 +574,91 @@ fn optional_string(value: Option<Value>) -> Option<String> {
 fn protocol(message: String) -> Fault {
     Fault::new(FaultCategory::Protocol, message)
 }
+
+// ----- registry glue (`super::registry`)
+
+use trellis_dsl::lang::{ArgSpec, Capabilities, EndpointKind, NodeSpec, ProtocolSpec, ValueType};
+
+/// `protocol="connexity"`.
+pub const SPEC: ProtocolSpec = ProtocolSpec {
+    name: "connexity",
+    help: "Connexity's contract: the conversation so far POSTed as `messages`, one JSON answer",
+    endpoints: &[EndpointKind::Url, EndpointKind::Builtin],
+    settings: &[NodeSpec::setting(
+        "history",
+        &[ArgSpec::value(ValueType::OneOf(&["messages", "full"]))],
+        "what each request carries of earlier turns: the replies, or the whole transcript",
+    )],
+    capabilities: Capabilities {
+        forks: true,
+        speaks_first: true,
+        carries_tool_mocks: true,
+        ..NO_CAPABILITIES
+    },
+    builtins: &["booking"],
+};
+
+/// Nothing: a base the specs fill (`Capabilities::default` is not `const`).
+pub(super) const NO_CAPABILITIES: Capabilities = Capabilities {
+    streams: false,
+    forks: false,
+    measures_ttft: false,
+    engine_runs_tools: false,
+    session_bound: false,
+    speaks_first: false,
+    model_api: false,
+    function_calls: false,
+    pauses: false,
+    agent_branches: false,
+    provider_plays_llm: false,
+    carries_tool_mocks: false,
+};
+
+/// A Connexity agent's own settings.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ConnexitySettings {
+    pub history: HistoryMode,
+}
+
+impl super::registry::PlannedSettings for ConnexitySettings {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+pub struct Module;
+
+impl super::registry::ProtocolModule for Module {
+    fn spec(&self) -> &'static ProtocolSpec {
+        &SPEC
+    }
+
+    fn plan(
+        &self,
+        _project: &trellis_dsl::Project,
+        agent: &trellis_dsl::Agent,
+        _templates: &mut crate::render::Templates,
+    ) -> Result<Arc<dyn super::registry::PlannedSettings>, crate::render::RenderError> {
+        Ok(Arc::new(ConnexitySettings {
+            history: match agent.history {
+                trellis_dsl::History::Messages => HistoryMode::Messages,
+                trellis_dsl::History::Full => HistoryMode::Full,
+            },
+        }))
+    }
+
+    fn build(
+        &self,
+        setup: &super::AgentSetup<'_>,
+    ) -> Result<Arc<dyn AgentProtocol>, super::registry::BuildError> {
+        let settings = super::registry::settings::<ConnexitySettings>(setup)?;
+        Ok(Arc::new(ConnexityClient::new(
+            setup.url,
+            setup.headers.clone(),
+            setup.limits,
+            setup.retry,
+            settings.history,
+            setup.transport.clone(),
+        )?))
+    }
+}

@@ -12,8 +12,9 @@
 //! (Connexity, OpenAI, MultiAgentEval) copies itself at a fork ([`Session::fork`]), so a
 //! shared prefix is called once per repetition; a session bound to server state (AgentScope
 //! `session_id`) cannot be copied, and the executor replays the prefix in a fresh session
-//! for each branch. Adding a protocol touches neither the planner, the executor nor the
-//! reports.
+//! for each branch. Adding a protocol is one module (its `SPEC`, settings and
+//! [`registry::ProtocolModule`]) and one line in [`registry::PROTOCOLS`]; it touches neither
+//! the loader, the planner, the executor nor the reports.
 //!
 //! Transports are written once and shared: [`http`] (bounded request/response, fault
 //! mapping, the retry rule). Protocols never panic on what an agent sends.
@@ -29,6 +30,7 @@ pub mod multiagent;
 pub mod openai;
 pub mod pairing;
 pub mod quote;
+pub mod registry;
 pub mod sse;
 
 use std::sync::Arc;
@@ -36,7 +38,6 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use serde::{Deserialize, Serialize};
-use trellis_dsl::Protocol;
 
 use crate::plan::PlannedAgent;
 use crate::record::{Fault, FaultCategory, ToolCallRecord};
@@ -64,7 +65,8 @@ pub struct AgentSetup<'a> {
     pub server_slots: Option<Arc<crate::llm::slots::ServerSlots>>,
 }
 
-/// Builds the client of one agent: the one place that maps a `protocol=` to its module.
+/// Builds the client of one agent through its protocol's module ([`registry`], the one
+/// place that maps a `protocol=` to a module).
 pub fn build(setup: AgentSetup<'_>) -> Result<Arc<dyn AgentProtocol>, Fault> {
     let setup_fault = |e: &dyn std::fmt::Display| {
         Fault::new(
@@ -72,150 +74,13 @@ pub fn build(setup: AgentSetup<'_>) -> Result<Arc<dyn AgentProtocol>, Fault> {
             format!("agent `{}`: {e}", setup.agent.id),
         )
     };
-    match setup.agent.protocol {
-        Protocol::Connexity => connexity::ConnexityClient::new(
-            setup.url,
-            setup.headers.clone(),
-            setup.limits,
-            setup.retry,
-            setup.agent.history,
-            setup.transport.clone(),
-        )
-        .map(|c| Arc::new(c) as Arc<dyn AgentProtocol>)
-        .map_err(|e| setup_fault(&e)),
-        Protocol::AgentScope => agentscope::AgentScopeClient::new(
-            setup.url,
-            setup.headers.clone(),
-            setup.limits,
-            setup.retry,
-            setup.agent.stream,
-            setup.transport.clone(),
-        )
-        .map(|c| Arc::new(c) as Arc<dyn AgentProtocol>)
-        .map_err(|e| setup_fault(&e)),
-        Protocol::Fixie => fixie::FixieClient::new(
-            setup.url,
-            setup.headers.clone(),
-            setup.limits,
-            setup.retry,
-            setup.transport.clone(),
-        )
-        .map(|c| {
-            let provider = setup.agent.provider.as_deref().map(str::to_owned);
-            Arc::new(c.with_llm_provider(provider)) as Arc<dyn AgentProtocol>
-        })
-        .map_err(|e| setup_fault(&e)),
-        Protocol::MultiAgent => multiagent_client(&setup).map_err(|e| setup_fault(&e)),
-        Protocol::A2a => a2a::A2aClient::new(
-            setup.url,
-            setup.headers.clone(),
-            setup.limits,
-            setup.retry,
-            setup.agent.a2a.clone(),
-            setup.transport.clone(),
-        )
-        .map(|c| Arc::new(c) as Arc<dyn AgentProtocol>)
-        .map_err(|e| setup_fault(&e)),
-        Protocol::Http => jsonhttp::JsonHttpClient::new(&setup)
-            .map(|c| Arc::new(c) as Arc<dyn AgentProtocol>)
-            .map_err(|e| setup_fault(&e)),
-        Protocol::OpenAi | Protocol::Anthropic => {
-            let settings = &setup.agent.openai;
-            openai::OpenAiClient::new(
-                setup.url,
-                setup.headers.clone(),
-                setup.limits,
-                setup.retry,
-                setup.transport.clone(),
-                openai::OpenAiOptions {
-                    model: settings.model.clone().unwrap_or_default(),
-                    system_prompt: setup.system_prompt.clone(),
-                    tools: settings.tools.clone(),
-                    max_tool_rounds: settings.max_tool_rounds,
-                    stream: setup.agent.stream,
-                    api: if setup.agent.protocol == Protocol::Anthropic {
-                        openai::Api::Anthropic
-                    } else {
-                        openai::Api::OpenAi
-                    },
-                    provider: setup.provider.clone(),
-                    server_slots: setup.server_slots.clone(),
-                    temperature: settings.temperature,
-                    max_tokens: settings.max_tokens,
-                },
-            )
-            .map(|c| Arc::new(c) as Arc<dyn AgentProtocol>)
-            .map_err(|e| setup_fault(&e))
-        }
-    }
-}
-
-/// A MultiAgentEval client from the agent's endpoint and its `multiagent` settings. The
-/// scenario's tools reach each conversation through [`Conversation::sandbox`].
-fn multiagent_client(
-    setup: &AgentSetup<'_>,
-) -> Result<Arc<dyn AgentProtocol>, multiagent::session::MultiAgentError> {
-    use multiagent::session::{MultiAgentClient, MultiAgentOptions};
-    use trellis_dsl::Endpoint;
-    let settings = &setup.agent.multiagent;
-    let options = MultiAgentOptions {
-        request_form: match settings.request {
-            trellis_dsl::MultiAgentRequest::Full => multiagent::wire::RequestForm::Full,
-            trellis_dsl::MultiAgentRequest::TaskOnly => multiagent::wire::RequestForm::TaskOnly,
-        },
-        feedback: match settings.feedback {
-            trellis_dsl::Feedback::Spec => crate::sandbox::FeedbackWording::Spec,
-            trellis_dsl::Feedback::Harness => crate::sandbox::FeedbackWording::Harness,
-        },
-        max_actions: settings.max_actions,
-        process_mode: match settings.process {
-            trellis_dsl::ProcessMode::PerCall => line::ProcessMode::PerCall,
-            trellis_dsl::ProcessMode::LongLived => line::ProcessMode::LongLived,
-        },
-        keep_open: settings.keep_open,
-        ..MultiAgentOptions::default()
-    };
-    let line_limits = line::LineLimits {
-        timeout: setup.limits.timeout,
-        max_line: setup.limits.max_response_size,
-    };
-    let client = match (&setup.agent.endpoint, &setup.line) {
-        // A builtin agent served as a process or on a socket (`transport=`).
-        (Endpoint::Builtin(_), Some(LineTarget::Command(command)))
-        | (Endpoint::Command(command), _) => MultiAgentClient::process(
-            command,
-            settings.env.clone(),
-            settings.cwd.clone(),
-            line_limits,
-            setup.retry,
-            options,
-        ),
-        (Endpoint::Builtin(_), Some(LineTarget::Socket(address))) => {
-            MultiAgentClient::socket(address, line_limits, setup.retry, options)?
-        }
-        (Endpoint::Socket(address), _) => {
-            let address = match address {
-                trellis_dsl::SocketAddress::Tcp { host, port } if host.contains(':') => {
-                    let host = host.trim_start_matches('[').trim_end_matches(']');
-                    format!("tcp:[{host}]:{port}")
-                }
-                trellis_dsl::SocketAddress::Tcp { host, port } => format!("tcp:{host}:{port}"),
-                trellis_dsl::SocketAddress::Unix(path) => format!("unix:{}", path.display()),
-            };
-            MultiAgentClient::socket(&address, line_limits, setup.retry, options)?
-        }
-        (Endpoint::Url(_) | Endpoint::Builtin(_) | Endpoint::Provider(_), _) => {
-            MultiAgentClient::http(
-                setup.url,
-                setup.headers.clone(),
-                setup.limits,
-                setup.retry,
-                setup.transport.clone(),
-                options,
-            )?
-        }
-    };
-    Ok(Arc::new(client))
+    let module = registry::module(setup.agent.protocol).ok_or_else(|| {
+        setup_fault(&format!(
+            "no module speaks protocol `{}`",
+            setup.agent.protocol.as_str()
+        ))
+    })?;
+    module.build(&setup).map_err(|e| setup_fault(&e))
 }
 
 /// Where a builtin agent served over the line transport is reached.

@@ -1415,6 +1415,197 @@ fn parse_tool_input(index: usize, name: &str, input: &str) -> Result<Value, Faul
     })
 }
 
+// ----- registry glue (`super::registry`): the `openai` and `anthropic` protocols' specs and
+// modules, kept apart from the codecs above.
+
+use trellis_dsl::lang::{ArgSpec, Capabilities, EndpointKind, NodeSpec, ProtocolSpec, ValueType};
+
+/// The settings of a model under test, either API.
+const MODEL_SETTINGS: &[NodeSpec] = &[
+    NodeSpec::setting(
+        "system-prompt",
+        &[ArgSpec::value(ValueType::Template)],
+        "the system prompt, rendered once per run with `env`",
+    ),
+    NodeSpec::setting(
+        "tools",
+        &[ArgSpec::values(ValueType::Ref("tool"))],
+        "the `tool`s offered to the model as functions",
+    ),
+    NodeSpec::setting(
+        "max-tool-rounds",
+        &[ArgSpec::value(ValueType::Count)],
+        "model answers with tool calls per turn before the turn is a `protocol` fault",
+    ),
+    NodeSpec::setting(
+        "temperature",
+        &[ArgSpec::value(ValueType::Number)],
+        "sampling temperature sent with every request",
+    ),
+    NodeSpec::setting(
+        "max-tokens",
+        &[ArgSpec::value(ValueType::Count)],
+        "cap on generated tokens per request",
+    ),
+    NodeSpec::setting(
+        "stream",
+        &[ArgSpec::value(ValueType::Boolean)],
+        "ask the model for server-sent events (`#false` by default)",
+    ),
+];
+
+const MODEL_CAPABILITIES: Capabilities = Capabilities {
+    streams: true,
+    forks: true,
+    measures_ttft: true,
+    engine_runs_tools: true,
+    speaks_first: true,
+    model_api: true,
+    ..super::connexity::NO_CAPABILITIES
+};
+
+const MODEL_ENDPOINTS: &[EndpointKind] = &[
+    EndpointKind::BaseUrl,
+    EndpointKind::Builtin,
+    EndpointKind::Provider,
+];
+
+/// `protocol="openai"`.
+pub const OPENAI_SPEC: ProtocolSpec = ProtocolSpec {
+    name: "openai",
+    help: "A model behind an OpenAI-compatible chat completions API; the engine runs its tool loop against the suite's tools",
+    endpoints: MODEL_ENDPOINTS,
+    settings: MODEL_SETTINGS,
+    capabilities: MODEL_CAPABILITIES,
+    builtins: &[],
+};
+
+/// `protocol="anthropic"`.
+pub const ANTHROPIC_SPEC: ProtocolSpec = ProtocolSpec {
+    name: "anthropic",
+    help: "A model behind Anthropic Messages, with the same tool loop as `openai`",
+    endpoints: MODEL_ENDPOINTS,
+    settings: MODEL_SETTINGS,
+    capabilities: MODEL_CAPABILITIES,
+    builtins: &[],
+};
+
+/// A model agent as planned: its settings, whether it streams and which API it speaks.
+#[derive(Clone, Debug)]
+pub struct PlannedModel {
+    pub settings: OpenAiSettings,
+    pub stream: bool,
+    pub api: Api,
+}
+
+impl super::registry::PlannedSettings for PlannedModel {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    fn system_prompt(&self) -> Option<&CompiledTemplate> {
+        self.settings.system_prompt.as_ref()
+    }
+}
+
+pub struct OpenAiModule;
+pub struct AnthropicModule;
+
+impl super::registry::ProtocolModule for OpenAiModule {
+    fn spec(&self) -> &'static ProtocolSpec {
+        &OPENAI_SPEC
+    }
+    fn plan(
+        &self,
+        project: &Project,
+        agent: &Agent,
+        templates: &mut Templates,
+    ) -> Result<Arc<dyn super::registry::PlannedSettings>, RenderError> {
+        plan_model(project, agent, templates, Api::OpenAi)
+    }
+    fn build(
+        &self,
+        setup: &super::AgentSetup<'_>,
+    ) -> Result<Arc<dyn AgentProtocol>, super::registry::BuildError> {
+        build_model(setup)
+    }
+    fn untimed(&self, agent: &Agent) -> Option<String> {
+        unstreamed_model(agent)
+    }
+}
+
+impl super::registry::ProtocolModule for AnthropicModule {
+    fn spec(&self) -> &'static ProtocolSpec {
+        &ANTHROPIC_SPEC
+    }
+    fn plan(
+        &self,
+        project: &Project,
+        agent: &Agent,
+        templates: &mut Templates,
+    ) -> Result<Arc<dyn super::registry::PlannedSettings>, RenderError> {
+        plan_model(project, agent, templates, Api::Anthropic)
+    }
+    fn build(
+        &self,
+        setup: &super::AgentSetup<'_>,
+    ) -> Result<Arc<dyn AgentProtocol>, super::registry::BuildError> {
+        build_model(setup)
+    }
+    fn untimed(&self, agent: &Agent) -> Option<String> {
+        unstreamed_model(agent)
+    }
+}
+
+fn plan_model(
+    project: &Project,
+    agent: &Agent,
+    templates: &mut Templates,
+    api: Api,
+) -> Result<Arc<dyn super::registry::PlannedSettings>, RenderError> {
+    Ok(Arc::new(PlannedModel {
+        settings: OpenAiSettings::plan(project, agent, templates)?,
+        stream: agent.stream,
+        api,
+    }))
+}
+
+fn build_model(
+    setup: &super::AgentSetup<'_>,
+) -> Result<Arc<dyn AgentProtocol>, super::registry::BuildError> {
+    let planned = super::registry::settings::<PlannedModel>(setup)?;
+    let settings = &planned.settings;
+    Ok(Arc::new(OpenAiClient::new(
+        setup.url,
+        setup.headers.clone(),
+        setup.limits,
+        setup.retry,
+        setup.transport.clone(),
+        OpenAiOptions {
+            model: settings.model.clone().unwrap_or_default(),
+            system_prompt: setup.system_prompt.clone(),
+            tools: settings.tools.clone(),
+            max_tool_rounds: settings.max_tool_rounds,
+            stream: planned.stream,
+            api: planned.api,
+            provider: setup.provider.clone(),
+            server_slots: setup.server_slots.clone(),
+            temperature: settings.temperature,
+            max_tokens: settings.max_tokens,
+        },
+    )?))
+}
+
+fn unstreamed_model(agent: &Agent) -> Option<String> {
+    (!agent.stream).then(|| {
+        format!(
+            "agent `{}` does not have `stream #true`: the model is asked for one JSON body, so \
+             no first token is timed",
+            agent.id.value
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -22,7 +22,8 @@ fn provider(kdl: &str) -> Provider {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("providers.kdl");
     std::fs::write(&path, kdl).unwrap();
-    let project = trellis_dsl::load(&[&path]).unwrap_or_else(|d| panic!("{d:?}"));
+    let project = trellis_dsl::load(&[&path], &trellis_engine::protocol::registry::specs())
+        .unwrap_or_else(|d| panic!("{d:?}"));
     project.providers.into_iter().next().unwrap()
 }
 
