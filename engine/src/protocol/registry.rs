@@ -139,9 +139,97 @@ impl PlannedSettings for trellis_dsl::MultiAgentSettings {
     }
 }
 
+/// The protocol table of docs/protocols.md, written from the registry (a test keeps the file
+/// in step with it).
+pub fn markdown_table() -> String {
+    let code = |s: &str| format!("`{s}`");
+    let mut out = String::from(
+        "| protocol | endpoints | its own settings | builtin agents | can | what it is |\n\
+         | --- | --- | --- | --- | --- | --- |\n",
+    );
+    for spec in specs() {
+        let endpoints: Vec<String> = spec
+            .endpoints
+            .iter()
+            .map(|e| code(&format!("{}=", e.property())))
+            .collect();
+        let settings: Vec<String> = spec
+            .settings
+            .iter()
+            .map(|s| match (s.form, s.args.first()) {
+                (trellis_dsl::lang::Form::Setting, Some(arg)) => {
+                    format!("{} ({})", code(s.name), arg.ty.describe())
+                }
+                _ => code(&s.usage()),
+            })
+            .collect();
+        let builtins: Vec<String> = spec.builtins.iter().map(|b| code(b)).collect();
+        let c = spec.capabilities;
+        let can: Vec<&str> = [
+            (c.streams, "stream"),
+            (c.forks, "fork by copying"),
+            (c.session_bound, "session on the server"),
+            (c.engine_runs_tools, "sandbox tools"),
+            (c.model_api, "model under test"),
+            (c.speaks_first, "speak first"),
+            (c.function_calls, "`call` steps"),
+            (c.pauses, "pause for a human"),
+            (c.agent_branches, "branch itself"),
+            (c.provider_plays_llm, "LLM played by a provider"),
+            (c.carries_tool_mocks, "mock tool answers"),
+        ]
+        .into_iter()
+        .filter_map(|(has, what)| has.then_some(what))
+        .collect();
+        let or_none = |v: Vec<String>| {
+            if v.is_empty() {
+                "—".to_owned()
+            } else {
+                v.join(", ")
+            }
+        };
+        out.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} |\n",
+            code(spec.name),
+            endpoints.join(", "),
+            or_none(settings),
+            or_none(builtins),
+            can.join(", "),
+            spec.help
+        ));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const BEGIN: &str = "<!-- registry table: begin -->\n";
+    const END: &str = "<!-- registry table: end -->";
+
+    /// docs/protocols.md shows the registry as it is; `TRELLIS_BLESS=1` rewrites the table.
+    #[test]
+    fn the_docs_protocol_table_is_the_registry() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/protocols.md");
+        let text = std::fs::read_to_string(&path).expect("docs/protocols.md is readable");
+        let (Some(start), Some(end)) = (text.find(BEGIN), text.find(END)) else {
+            panic!("docs/protocols.md lacks the registry table markers");
+        };
+        let written = &text[start + BEGIN.len()..end];
+        let table = markdown_table();
+        if written != table {
+            if std::env::var_os("TRELLIS_BLESS").is_some_and(|v| v == "1") {
+                let updated = format!("{}{table}{}", &text[..start + BEGIN.len()], &text[end..]);
+                std::fs::write(&path, updated).expect("docs/protocols.md is writable");
+                return;
+            }
+            panic!(
+                "docs/protocols.md's table differs from the registry; rerun with \
+                 TRELLIS_BLESS=1 to rewrite it. Expected:\n{table}"
+            );
+        }
+    }
 
     #[test]
     fn every_protocol_is_listed_once_with_an_endpoint() {
