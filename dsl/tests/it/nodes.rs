@@ -719,3 +719,77 @@ provider "set" kind="openai" base-url="http://127.0.0.1:8080/v1" model="m" timeo
     assert_eq!(timeout("hosted"), 120);
     assert_eq!(timeout("set"), 45);
 }
+
+/// The loader knows protocols only as the specs it is handed: a protocol that is nowhere in
+/// the dsl crate (a test registry here) gets its name, endpoints, builtin agents and settings
+/// checked like the engine's, and its settings are rejected on the other protocols.
+#[test]
+fn protocols_are_the_registry_the_loader_is_handed() {
+    use trellis_dsl::lang::{
+        ArgSpec, Capabilities, EndpointKind, NodeSpec, ProtocolSpec, ValueType,
+    };
+    const ECHO: ProtocolSpec = ProtocolSpec {
+        name: "echo",
+        help: "answers what it is sent",
+        endpoints: &[EndpointKind::Url, EndpointKind::Builtin],
+        settings: &[NodeSpec::setting(
+            "voice",
+            &[ArgSpec::value(ValueType::String)],
+            "how it answers",
+        )],
+        capabilities: Capabilities {
+            streams: false,
+            forks: true,
+            measures_ttft: false,
+            engine_runs_tools: false,
+            session_bound: false,
+            speaks_first: true,
+            model_api: false,
+            function_calls: false,
+            pauses: false,
+            agent_branches: false,
+            provider_plays_llm: false,
+            carries_tool_mocks: false,
+        },
+        builtins: &["parrot"],
+    };
+    let registry = || {
+        let mut specs = trellis_engine::protocol::registry::specs();
+        specs.push(&ECHO);
+        specs
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("suite.kdl");
+    let good = r#"agent "e" protocol="echo" builtin="parrot" voice="loud"
+scenario "s" { user "hi"; expect no-error }
+"#;
+    std::fs::write(&path, good).unwrap();
+    let project = load(&[&path], &registry()).unwrap_or_else(|d| panic!("{}", d.render_plain()));
+    assert_eq!(project.agents[0].protocol.as_str(), "echo");
+    // Without the spec the protocol is unknown.
+    let text = load(&[&path], &trellis_engine::protocol::registry::specs())
+        .unwrap_err()
+        .render_plain();
+    assert!(text.contains("invalid protocol `echo`"), "{text}");
+
+    let bad = r#"agent "c" protocol="connexity" url="http://127.0.0.1:1/agent/respond" voice="loud"
+agent "e" protocol="echo" command="echo" builtin="parot"
+scenario "s" { agent "c"; user "hi"; expect no-error }
+"#;
+    std::fs::write(&path, bad).unwrap();
+    let text = load(&[&path], &registry()).unwrap_err().render_plain();
+    assert!(
+        text.contains("`voice` is an `echo` setting; agent `c` is `connexity`"),
+        "{text}"
+    );
+    assert!(
+        text.contains("`command` is not supported by protocol `echo`"),
+        "{text}"
+    );
+    assert!(
+        text.contains("`echo` agents use url=…, builtin=…"),
+        "{text}"
+    );
+    assert!(text.contains("unknown builtin agent `parot`"), "{text}");
+    assert!(text.contains("did you mean `parrot`?"), "{text}");
+}
