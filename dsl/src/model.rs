@@ -371,22 +371,6 @@ impl Default for MultiAgentSettings {
     }
 }
 
-/// `history` of a Connexity agent: what each request's `messages` carry of earlier turns.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum History {
-    /// User messages and the agent's final replies (the contract's form).
-    #[default]
-    Messages,
-    /// The whole transcript, with the agent's earlier tool calls and tool messages (what the
-    /// Connexity platform's own runner sends).
-    Full,
-}
-
-impl History {
-    pub const ALL: [(&'static str, History); 2] =
-        [("messages", History::Messages), ("full", History::Full)];
-}
-
 /// `first-turn` of a scenario: who speaks first.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum FirstTurn {
@@ -407,12 +391,30 @@ pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(120);
 /// Tool rounds an `openai` agent may take in one turn when `max-tool-rounds` is not written.
 pub const DEFAULT_MAX_TOOL_ROUNDS: u32 = 8;
 
-/// The settings of an `a2a` agent (the card says the rest).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct A2aSettings {
-    /// `stream`: `message/stream` (`#true`) or `message/send` (`#false`) whatever the card's
-    /// `capabilities.streaming` says; `None` follows the card.
-    pub stream: Option<bool>,
+/// The agent's protocol's own settings as written (those its spec declares as one-value
+/// settings), type-checked by the loader against the spec, for the protocol's module to
+/// decode into its own typed settings ([`ProtocolSettings::decode`]).
+#[derive(Clone, Debug, Default)]
+pub struct ProtocolSettings(pub Vec<(&'static str, Spanned<Value>)>);
+
+impl ProtocolSettings {
+    /// The value of setting `name`, if written.
+    pub fn get(&self, name: &str) -> Option<&Value> {
+        self.0
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| &v.value)
+    }
+
+    /// The settings as a typed struct (serde, from an object of the written settings).
+    pub fn decode<T: serde::de::DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+        let object: Map<String, Value> = self
+            .0
+            .iter()
+            .map(|(n, v)| ((*n).to_owned(), v.value.clone()))
+            .collect();
+        serde_json::from_value(Value::Object(object))
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -431,8 +433,6 @@ pub struct Agent {
     /// `retry-after-send`: also retry timeouts and connections broken after the request was
     /// sent, accepting that the agent may run the turn (and its side effects) twice.
     pub retry_after_send: bool,
-    /// `connexity`: what each request carries of the earlier turns.
-    pub history: History,
     /// At most this many calls in flight to this agent.
     pub concurrency: Option<usize>,
     /// `max-response-size`: bytes read at most from one response.
@@ -462,8 +462,8 @@ pub struct Agent {
     pub stream: bool,
     /// `multiagent`: the action loop and transport settings (defaults elsewhere).
     pub multiagent: MultiAgentSettings,
-    /// `a2a`: what the agent card does not decide.
-    pub a2a: A2aSettings,
+    /// The protocol's own one-value settings as written, for its module.
+    pub settings: ProtocolSettings,
     /// `http`: the request template and where the answer's parts are.
     pub http: Option<HttpSettings>,
     pub span: Span,

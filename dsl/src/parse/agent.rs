@@ -123,9 +123,6 @@ impl Decoder<'_> {
             .and_then(|e| self.boolean(e))
             .unwrap_or(false);
         let history_entry = s.value("history");
-        let history = history_entry
-            .and_then(|e| self.choice(e, "history", &History::ALL))
-            .unwrap_or_default();
 
         let protocol = protocol?;
         // AgentScope streams unless told not to; a model (OpenAI-compatible or Anthropic) is
@@ -261,7 +258,6 @@ impl Decoder<'_> {
             timeout,
             retries,
             retry_after_send,
-            history,
             concurrency,
             max_response_size,
             model,
@@ -273,9 +269,7 @@ impl Decoder<'_> {
             max_tool_rounds,
             stream,
             multiagent,
-            a2a: A2aSettings {
-                stream: stream_written,
-            },
+            settings: self.protocol_settings(&s, protocol),
             http,
             span: self.span(v.span),
         })
@@ -811,6 +805,82 @@ impl Decoder<'_> {
             }
             self.report(d);
         }
+    }
+}
+
+/// Protocol settings still decoded into fields of [`Agent`] (their values are checked
+/// there); the others are checked from their spec by [`Decoder::protocol_settings`].
+const DECODED_AS_FIELDS: &[&str] = &[
+    "stream",
+    "max-tool-rounds",
+    "temperature",
+    "max-tokens",
+    "system-prompt",
+    "tools",
+    "request",
+    "feedback",
+    "max-actions",
+    "process",
+    "keep-open",
+    "cwd",
+    "transport",
+    "method",
+];
+
+impl Decoder<'_> {
+    /// The protocol's own one-value settings written on the agent, each checked against the
+    /// type its spec gives (a wrong one is reported, except for those decoded into fields,
+    /// whose decoding reports it) and kept as JSON for the protocol's module.
+    fn protocol_settings(&mut self, s: &Settings, protocol: Protocol) -> ProtocolSettings {
+        let mut out = ProtocolSettings::default();
+        for spec in protocol.spec().settings {
+            let (Form::Setting, Some(arg), Some(set)) =
+                (spec.form, spec.args.first(), s.get(spec.name))
+            else {
+                continue;
+            };
+            let Some(e) = set.values.first().copied() else {
+                continue;
+            };
+            let quiet = DECODED_AS_FIELDS.contains(&spec.name);
+            let value = match arg.ty {
+                ValueType::Boolean if quiet => e.value().as_bool().map(Value::Bool),
+                ValueType::Boolean => self.boolean(e).map(Value::Bool),
+                ValueType::OneOf(words) if quiet => e
+                    .value()
+                    .as_string()
+                    .filter(|w| words.contains(w))
+                    .map(|w| Value::String(w.to_owned())),
+                ValueType::OneOf(words) => {
+                    let choices: Vec<(&str, &str)> = words.iter().map(|w| (*w, *w)).collect();
+                    self.choice(e, spec.name, &choices)
+                        .map(|w| Value::String(w.to_owned()))
+                }
+                ValueType::Count if quiet => e
+                    .value()
+                    .as_integer()
+                    .and_then(|n| u64::try_from(n).ok())
+                    .map(Value::from),
+                ValueType::Count => self.u64(e, 0).map(Value::from),
+                ValueType::Number => e
+                    .value()
+                    .as_float()
+                    .or_else(|| e.value().as_integer().map(|n| n as f64))
+                    .and_then(serde_json::Number::from_f64)
+                    .map(Value::Number),
+                _ => e.value().as_string().map(|t| Value::String(t.to_owned())),
+            };
+            if let Some(value) = value {
+                out.0.push((
+                    spec.name,
+                    Spanned {
+                        value,
+                        span: self.span(value_span(e)),
+                    },
+                ));
+            }
+        }
+        out
     }
 }
 

@@ -30,10 +30,13 @@ scenario "sum" { agent "numbers"; call "add" "1 2"; expect reply equals="3"; }
     )
     .unwrap_or_else(|d| panic!("{}", d.render_plain()));
     let full = p.agent("full").unwrap();
-    assert_eq!(full.history, History::Full);
+    assert_eq!(
+        full.settings.get("history"),
+        Some(&serde_json::json!("full"))
+    );
     assert!(full.retry_after_send);
     let plain = p.agent("plain").unwrap();
-    assert_eq!(plain.history, History::Messages);
+    assert_eq!(plain.settings.get("history"), None);
     assert!(!plain.retry_after_send);
     assert!(p.agent("weather").unwrap().retry_after_send);
     assert!(matches!(

@@ -30,8 +30,9 @@ use crate::record::{Fault, FaultCategory, ToolCallRecord};
 /// A Connexity agent could not be configured.
 pub type ConnexityError = EndpointError;
 
-/// What a request's `messages` carry of the earlier turns.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// What a request's `messages` carry of the earlier turns (`history`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum HistoryMode {
     /// User messages and the agent's final replies (the contract's form).
     #[default]
@@ -615,7 +616,8 @@ pub(super) const NO_CAPABILITIES: Capabilities = Capabilities {
 };
 
 /// A Connexity agent's own settings.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug, Default, serde::Deserialize)]
+#[serde(default)]
 pub struct ConnexitySettings {
     pub history: HistoryMode,
 }
@@ -639,12 +641,13 @@ impl super::registry::ProtocolModule for Module {
         agent: &trellis_dsl::Agent,
         _templates: &mut crate::render::Templates,
     ) -> Result<Arc<dyn super::registry::PlannedSettings>, crate::render::RenderError> {
-        Ok(Arc::new(ConnexitySettings {
-            history: match agent.history {
-                trellis_dsl::History::Messages => HistoryMode::Messages,
-                trellis_dsl::History::Full => HistoryMode::Full,
-            },
-        }))
+        // The loader checked the values against `SPEC`; a default stands in for the rest.
+        Ok(Arc::new(
+            agent
+                .settings
+                .decode::<ConnexitySettings>()
+                .unwrap_or_default(),
+        ))
     }
 
     fn build(

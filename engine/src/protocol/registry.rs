@@ -127,7 +127,7 @@ macro_rules! planned_as_decoded {
         }
     )*};
 }
-planned_as_decoded!(trellis_dsl::A2aSettings, Option<trellis_dsl::HttpSettings>);
+planned_as_decoded!(Option<trellis_dsl::HttpSettings>);
 
 impl PlannedSettings for trellis_dsl::MultiAgentSettings {
     fn as_any(&self) -> &dyn Any {

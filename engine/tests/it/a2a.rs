@@ -9,9 +9,9 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use trellis_dsl::A2aSettings;
 use trellis_engine::builtin;
 use trellis_engine::protocol::a2a::A2aClient;
+use trellis_engine::protocol::a2a::A2aSettings;
 use trellis_engine::protocol::http::{CallLimits, HttpTransport, RetryPolicy};
 use trellis_engine::protocol::{
     AgentProtocol, CallContext, Conversation, Session, Turn, TurnInput,

@@ -39,7 +39,6 @@ use super::{
     AgentProtocol, CallContext, ChatMessage, Conversation, Exchange, Session, Turn, TurnInput,
 };
 use crate::record::{Fault, FaultCategory};
-use trellis_dsl::A2aSettings;
 use wire::{AgentCard, Assembly};
 
 /// Where agent cards are published, newest first.
@@ -461,6 +460,21 @@ pub const SPEC: ProtocolSpec = ProtocolSpec {
     builtins: &["travel"],
 };
 
+/// The settings of an `a2a` agent (the card says the rest).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(default)]
+pub struct A2aSettings {
+    /// `stream`: `message/stream` (`#true`) or `message/send` (`#false`) whatever the card's
+    /// `capabilities.streaming` says; `None` follows the card.
+    pub stream: Option<bool>,
+}
+
+impl super::registry::PlannedSettings for A2aSettings {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
 pub struct Module;
 
 impl super::registry::ProtocolModule for Module {
@@ -474,7 +488,10 @@ impl super::registry::ProtocolModule for Module {
         agent: &trellis_dsl::Agent,
         _templates: &mut crate::render::Templates,
     ) -> Result<Arc<dyn super::registry::PlannedSettings>, crate::render::RenderError> {
-        Ok(Arc::new(agent.a2a.clone()))
+        // The loader checked the values against `SPEC`; a default stands in for the rest.
+        Ok(Arc::new(
+            agent.settings.decode::<A2aSettings>().unwrap_or_default(),
+        ))
     }
 
     fn build(
