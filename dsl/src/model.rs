@@ -457,9 +457,6 @@ pub struct Agent {
     /// `openai`: model answers carrying tool calls per turn before the turn is a `protocol`
     /// fault ([`DEFAULT_MAX_TOOL_ROUNDS`] when not written).
     pub max_tool_rounds: u32,
-    /// `agentscope`: `stream=#false` asks for one JSON response instead of SSE (default on);
-    /// `openai`: `stream #true` asks the model for SSE chunks (default off).
-    pub stream: bool,
     /// `multiagent`: the action loop and transport settings (defaults elsewhere).
     pub multiagent: MultiAgentSettings,
     /// The protocol's own one-value settings as written, for its module.

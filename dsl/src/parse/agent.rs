@@ -116,7 +116,11 @@ impl Decoder<'_> {
                 }
             }
         }
-        let stream_written = s.value("stream").and_then(|e| self.boolean(e));
+        // `stream` is a switch wherever it is a setting: its type is checked whatever the
+        // protocol (the value reaches the module through `protocol_settings`).
+        if let Some(e) = s.value("stream") {
+            let _ = self.boolean(e);
+        }
         let max_tool_rounds_written = s.value("max-tool-rounds").and_then(|e| self.u32(e, 1));
         let retry_after_send = s
             .value("retry-after-send")
@@ -125,9 +129,6 @@ impl Decoder<'_> {
         let history_entry = s.value("history");
 
         let protocol = protocol?;
-        // AgentScope streams unless told not to; a model (OpenAI-compatible or Anthropic) is
-        // asked for one JSON body unless `stream #true`.
-        let stream = stream_written.unwrap_or(!protocol.is_model());
         if let (Some(set), Some(e)) = (s.get("max-tool-rounds"), s.value("max-tool-rounds"))
             && !protocol.declares("max-tool-rounds")
         {
@@ -233,7 +234,6 @@ impl Decoder<'_> {
         self.settings_of_other_protocols(&s, id, protocol);
         let multiagent = self.multiagent_settings(v, &s, id, protocol);
         let http = self.http_settings(v, &s, id, protocol);
-        let stream = http.as_ref().map_or(stream, |h| h.stream.is_some());
         let endpoint = self.endpoint(&s, id, protocol)?;
         // A model agent reached through a `provider` may take the provider's model.
         if protocol.is_model() && s.get("model").is_none() && s.get("provider").is_none() {
@@ -267,7 +267,6 @@ impl Decoder<'_> {
             system_prompt,
             tools,
             max_tool_rounds,
-            stream,
             multiagent,
             settings: self.protocol_settings(&s, protocol),
             http,

@@ -438,16 +438,17 @@ scenario "s" { agent "plain"; user "hi"; }
     )
     .unwrap_or_else(|d| panic!("{}", d.render_plain()));
     let plain = p.agent("plain").unwrap();
+    // Whether an agent streams when `stream` is not written is its protocol module's call.
     assert_eq!(
-        (plain.max_tool_rounds, plain.stream),
-        (DEFAULT_MAX_TOOL_ROUNDS, false)
+        (plain.max_tool_rounds, plain.settings.get("stream")),
+        (DEFAULT_MAX_TOOL_ROUNDS, None)
     );
     let capped = p.agent("capped").unwrap();
-    assert_eq!((capped.max_tool_rounds, capped.stream), (2, true));
-    assert!(
-        p.agent("weather").unwrap().stream,
-        "agentscope streams by default"
+    assert_eq!(
+        (capped.max_tool_rounds, capped.settings.get("stream")),
+        (2, Some(&serde_json::json!(true)))
     );
+    assert_eq!(p.agent("weather").unwrap().settings.get("stream"), None);
 }
 
 #[test]
@@ -480,7 +481,10 @@ scenario "s" { user "hi"; }
     .unwrap_or_else(|d| panic!("{}", d.render_plain()));
     let claude = p.agent("claude").unwrap();
     assert_eq!(claude.protocol.as_str(), "anthropic");
-    assert_eq!((claude.max_tool_rounds, claude.stream), (3, false));
+    assert_eq!(
+        (claude.max_tool_rounds, claude.settings.get("stream")),
+        (3, None)
+    );
 
     let streamed = load_text(
         r#"
@@ -489,7 +493,10 @@ scenario "s" { user "hi"; }
 "#,
     )
     .unwrap_or_else(|d| panic!("{}", d.render_plain()));
-    assert!(streamed.agent("claude").unwrap().stream);
+    assert_eq!(
+        streamed.agent("claude").unwrap().settings.get("stream"),
+        Some(&serde_json::json!(true))
+    );
 }
 
 /// `user-context json=…` holds what the block cannot write (one-element arrays, arrays of

@@ -76,7 +76,6 @@ fn agents_and_endpoints() {
     assert!(matches!(&demo.endpoint, Endpoint::Builtin(b) if b.value == "booking"));
     assert_eq!(text(&p, demo.id.span), "\"demo\"");
     assert_eq!(demo.max_response_size, DEFAULT_MAX_RESPONSE_SIZE);
-    assert!(demo.stream);
 
     let staging = p.agent("staging").unwrap();
     assert!(
@@ -119,7 +118,7 @@ fn agents_and_endpoints() {
     );
     let scope = p.agent("scope").unwrap();
     assert_eq!(scope.protocol.as_str(), "agentscope");
-    assert!(!scope.stream);
+    assert_eq!(scope.settings.get("stream"), Some(&json!(false)));
     let fx = p.agent("fx").unwrap();
     assert_eq!(fx.protocol.as_str(), "fixie");
     assert_eq!(fx.max_response_size, 1024);

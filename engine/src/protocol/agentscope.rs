@@ -849,6 +849,15 @@ impl super::registry::PlannedSettings for AgentScopeSettings {
     }
 }
 
+/// `stream`: server-sent events unless the agent says `stream=#false`.
+fn streams(agent: &trellis_dsl::Agent) -> bool {
+    agent
+        .settings
+        .get("stream")
+        .and_then(Value::as_bool)
+        .unwrap_or(true)
+}
+
 pub struct Module;
 
 impl super::registry::ProtocolModule for Module {
@@ -863,7 +872,7 @@ impl super::registry::ProtocolModule for Module {
         _templates: &mut crate::render::Templates,
     ) -> Result<Arc<dyn super::registry::PlannedSettings>, crate::render::RenderError> {
         Ok(Arc::new(AgentScopeSettings {
-            stream: agent.stream,
+            stream: streams(agent),
         }))
     }
 
@@ -883,7 +892,7 @@ impl super::registry::ProtocolModule for Module {
     }
 
     fn untimed(&self, agent: &trellis_dsl::Agent) -> Option<String> {
-        (!agent.stream).then(|| {
+        (!streams(agent)).then(|| {
             format!(
                 "agent `{}` has `stream=#false`: it is asked for one JSON body, so no first \
                  token is timed (unless the server streams anyway)",

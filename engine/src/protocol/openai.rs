@@ -1557,6 +1557,15 @@ impl super::registry::ProtocolModule for AnthropicModule {
     }
 }
 
+/// `stream #true`: a model is asked for one JSON body unless the agent says so.
+fn streams(agent: &Agent) -> bool {
+    agent
+        .settings
+        .get("stream")
+        .and_then(Value::as_bool)
+        .unwrap_or(false)
+}
+
 fn plan_model(
     project: &Project,
     agent: &Agent,
@@ -1565,7 +1574,7 @@ fn plan_model(
 ) -> Result<Arc<dyn super::registry::PlannedSettings>, RenderError> {
     Ok(Arc::new(PlannedModel {
         settings: OpenAiSettings::plan(project, agent, templates)?,
-        stream: agent.stream,
+        stream: streams(agent),
         api,
     }))
 }
@@ -1597,7 +1606,7 @@ fn build_model(
 }
 
 fn unstreamed_model(agent: &Agent) -> Option<String> {
-    (!agent.stream).then(|| {
+    (!streams(agent)).then(|| {
         format!(
             "agent `{}` does not have `stream #true`: the model is asked for one JSON body, so \
              no first token is timed",
