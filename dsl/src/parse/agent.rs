@@ -231,7 +231,7 @@ impl Decoder<'_> {
                 self.report(d);
             }
         }
-        self.settings_of_other_protocols(&s, id, protocol);
+        self.settings_of_other_protocols(v, &s, id, protocol);
         let multiagent = self.multiagent_settings(v, &s, id, protocol);
         let http = self.http_settings(v, &s, id, protocol);
         let endpoint = self.endpoint(&s, id, protocol)?;
@@ -780,10 +780,32 @@ impl Decoder<'_> {
     /// on every other protocol without code here.
     fn settings_of_other_protocols(
         &mut self,
+        v: &View,
         s: &Settings,
         id: &Spanned<String>,
         protocol: Protocol,
     ) {
+        // Settings written as blocks (`env { … }`) are child nodes the settings left alone.
+        let others = node_settings(&self.info.protocols, None);
+        let children = v.children.map(|c| c.nodes()).unwrap_or_default();
+        for child in children {
+            let cv = View::of(child, self.text());
+            if !others.contains(&cv.name)
+                || NODES_CHECKED_BY_HAND.contains(&cv.name)
+                || protocol.declares(cv.name)
+            {
+                continue;
+            }
+            let d = self
+                .diag(
+                    Kind::InvalidValue,
+                    self.not_this_protocol(cv.name, id, protocol),
+                    cv.name_span,
+                    "not a setting of this protocol",
+                )
+                .with_help(format!("remove `{}`", cv.name));
+            self.report(d);
+        }
         for set in &s.items {
             if DEDICATED_CHECKS.contains(&set.name)
                 || COMMON_SETTINGS.iter().any(|(n, _)| *n == set.name)
@@ -900,6 +922,9 @@ const DEDICATED_CHECKS: &[&str] = &[
     "transport",
     "method",
 ];
+
+/// Block settings whose misuse `multiagent_settings` and `http.rs` report themselves.
+const NODES_CHECKED_BY_HAND: &[&str] = &["env", "reply", "tool-calls", "session", "stream"];
 
 /// "`openai` and `anthropic`": the protocols that declare `name`, as a message names them.
 fn owners(protocols: &[&'static ProtocolSpec], name: &str) -> String {

@@ -742,11 +742,23 @@ fn protocols_are_the_registry_the_loader_is_handed() {
         name: "echo",
         help: "answers what it is sent",
         endpoints: &[EndpointKind::Url, EndpointKind::Builtin],
-        settings: &[NodeSpec::setting(
-            "voice",
-            &[ArgSpec::value(ValueType::String)],
-            "how it answers",
-        )],
+        settings: &[
+            NodeSpec::setting(
+                "voice",
+                &[ArgSpec::value(ValueType::String)],
+                "how it answers",
+            ),
+            NodeSpec {
+                name: "echoes",
+                form: trellis_dsl::lang::Form::Node,
+                args: &[],
+                props: &[],
+                children: trellis_dsl::lang::Children::Data,
+                repeatable: false,
+                protocols: None,
+                help: "a block of echo settings",
+            },
+        ],
         capabilities: Capabilities {
             streams: false,
             forks: true,
@@ -782,7 +794,9 @@ scenario "s" { user "hi"; expect no-error }
         .render_plain();
     assert!(text.contains("invalid protocol `echo`"), "{text}");
 
-    let bad = r#"agent "c" protocol="connexity" url="http://127.0.0.1:1/agent/respond" voice="loud"
+    let bad = r#"agent "c" protocol="connexity" url="http://127.0.0.1:1/agent/respond" voice="loud" {
+    echoes { twice #true }
+}
 agent "e" protocol="echo" command="echo" builtin="parot"
 scenario "s" { agent "c"; user "hi"; expect no-error }
 "#;
@@ -790,6 +804,10 @@ scenario "s" { agent "c"; user "hi"; expect no-error }
     let text = load(&[&path], &registry()).unwrap_err().render_plain();
     assert!(
         text.contains("`voice` is an `echo` setting; agent `c` is `connexity`"),
+        "{text}"
+    );
+    assert!(
+        text.contains("`echoes` is an `echo` setting; agent `c` is `connexity`"),
         "{text}"
     );
     assert!(
