@@ -475,11 +475,35 @@ fn mermaid_quote(s: &str) -> String {
 mod tests {
     use super::*;
 
+    /// The one protocol these tests' agents speak (the engine's registry is not a dependency
+    /// of this crate's unit tests).
+    const CONNEXITY: crate::lang::ProtocolSpec = crate::lang::ProtocolSpec {
+        name: "connexity",
+        help: "test",
+        endpoints: &[crate::lang::EndpointKind::Url],
+        settings: &[],
+        capabilities: crate::lang::Capabilities {
+            streams: false,
+            forks: true,
+            measures_ttft: false,
+            engine_runs_tools: false,
+            session_bound: false,
+            speaks_first: true,
+            model_api: false,
+            function_calls: false,
+            pauses: false,
+            agent_branches: false,
+            provider_plays_llm: false,
+            carries_tool_mocks: true,
+        },
+        builtins: &[],
+    };
+
     fn project(text: &str) -> Project {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("suite.kdl");
         std::fs::write(&path, text).unwrap();
-        match crate::load(&[&path]) {
+        match crate::load(&[&path], &[&CONNEXITY]) {
             Ok(p) => p,
             Err(d) => panic!("{}", d.render_plain()),
         }
@@ -572,7 +596,7 @@ scenario "s" {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("suite.kdl");
         std::fs::write(&path, text).unwrap();
-        let err = crate::load(&[&path]).unwrap_err();
+        let err = crate::load(&[&path], &[&CONNEXITY]).unwrap_err();
         assert!(
             err.render_plain().contains("trajectories"),
             "{}",

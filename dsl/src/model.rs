@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::lang::{Capabilities, ProtocolSpec};
 use miette::{NamedSource, SourceSpan};
 use serde_json::{Map, Value};
 
@@ -152,56 +153,60 @@ pub struct Suite {
     pub scenarios: Vec<std::sync::Arc<Scenario>>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Protocol {
-    Connexity,
-    AgentScope,
-    MultiAgent,
-    Fixie,
-    OpenAi,
-    /// A model behind Anthropic Messages, with the same tool loop as [`Protocol::OpenAi`].
-    Anthropic,
-    /// Agent2Agent: JSON-RPC at the URL of the agent's card ([`A2aSettings`]).
-    A2a,
-    /// Any JSON-over-HTTP agent, described by [`HttpSettings`].
-    Http,
-}
+/// The protocol an agent speaks: one entry of the protocol registry the loader was handed
+/// (the engine's, `engine/src/protocol/registry.rs`). Two are equal when their names are.
+/// Code that depends on what a protocol can do asks [`Protocol::capabilities`] or whether
+/// it [`declares`](Protocol::declares) a setting, never its name.
+#[derive(Clone, Copy)]
+pub struct Protocol(&'static ProtocolSpec);
 
 impl Protocol {
-    pub const ALL: [(&'static str, Protocol); 8] = [
-        ("connexity", Protocol::Connexity),
-        ("agentscope", Protocol::AgentScope),
-        ("multiagent", Protocol::MultiAgent),
-        ("fixie", Protocol::Fixie),
-        ("openai", Protocol::OpenAi),
-        ("anthropic", Protocol::Anthropic),
-        ("a2a", Protocol::A2a),
-        ("http", Protocol::Http),
-    ];
+    pub fn new(spec: &'static ProtocolSpec) -> Self {
+        Protocol(spec)
+    }
 
+    pub fn spec(self) -> &'static ProtocolSpec {
+        self.0
+    }
+
+    /// The value of `protocol="…"`.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Protocol::Connexity => "connexity",
-            Protocol::AgentScope => "agentscope",
-            Protocol::MultiAgent => "multiagent",
-            Protocol::Fixie => "fixie",
-            Protocol::OpenAi => "openai",
-            Protocol::Anthropic => "anthropic",
-            Protocol::A2a => "a2a",
-            Protocol::Http => "http",
-        }
+        self.0.name
+    }
+
+    pub fn capabilities(self) -> Capabilities {
+        self.0.capabilities
     }
 
     /// A model under test whose tool loop the engine runs (`openai`, `anthropic`).
     pub fn is_model(self) -> bool {
-        matches!(self, Protocol::OpenAi | Protocol::Anthropic)
+        self.0.capabilities.model_api
     }
 
-    /// Whether the protocol resends the whole history on every call, so a fork can copy the
-    /// history instead of replaying the shared prefix in a fresh session (an `http` agent
-    /// does unless it has a `session`: [`HttpSettings::session_bound`]).
-    pub fn resends_history(self) -> bool {
-        !matches!(self, Protocol::AgentScope | Protocol::A2a)
+    /// Whether `setting` is one of the protocol's own settings (beyond those every agent
+    /// takes).
+    pub fn declares(self, setting: &str) -> bool {
+        self.0.settings.iter().any(|s| s.name == setting)
+    }
+}
+
+impl PartialEq for Protocol {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.name == other.0.name
+    }
+}
+
+impl Eq for Protocol {}
+
+impl std::hash::Hash for Protocol {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.name.hash(state);
+    }
+}
+
+impl std::fmt::Debug for Protocol {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Protocol({:?})", self.0.name)
     }
 }
 
@@ -269,7 +274,8 @@ pub enum ProcessMode {
     /// work this way too).
     #[default]
     PerCall,
-    /// One process for the trajectory, one JSON line in and one out per call (the spec).
+    /// One process for the run, one JSON line in and one out per call (the spec), one call
+    /// at a time; restarted if it dies, ended with its process tree when the run ends.
     LongLived,
 }
 
@@ -286,8 +292,8 @@ pub enum BuiltinTransport {
     /// `POST /execute_task` on a loopback port.
     #[default]
     Http,
-    /// The trellis executable itself as the agent process (`trellis agent NAME --stdio`, or
-    /// `--per-call` with `process "per-call"`).
+    /// The trellis executable itself as the agent process (`trellis agent NAME --per-call`,
+    /// or `--stdio` with `process "long-lived"`).
     Process,
     /// Newline-delimited JSON on a loopback TCP port.
     Tcp,
@@ -368,22 +374,6 @@ impl Default for MultiAgentSettings {
     }
 }
 
-/// `history` of a Connexity agent: what each request's `messages` carry of earlier turns.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum History {
-    /// User messages and the agent's final replies (the contract's form).
-    #[default]
-    Messages,
-    /// The whole transcript, with the agent's earlier tool calls and tool messages (what the
-    /// Connexity platform's own runner sends).
-    Full,
-}
-
-impl History {
-    pub const ALL: [(&'static str, History); 2] =
-        [("messages", History::Messages), ("full", History::Full)];
-}
-
 /// `first-turn` of a scenario: who speaks first.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum FirstTurn {
@@ -401,15 +391,51 @@ impl FirstTurn {
 
 pub const DEFAULT_MAX_RESPONSE_SIZE: u64 = 8 * 1024 * 1024;
 pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(120);
-/// Tool rounds an `openai` agent may take in one turn when `max-tool-rounds` is not written.
-pub const DEFAULT_MAX_TOOL_ROUNDS: u32 = 8;
 
-/// The settings of an `a2a` agent (the card says the rest).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct A2aSettings {
-    /// `stream`: `message/stream` (`#true`) or `message/send` (`#false`) whatever the card's
-    /// `capabilities.streaming` says; `None` follows the card.
-    pub stream: Option<bool>,
+/// The agent's protocol's own settings as written (those its spec declares as one-value
+/// settings), type-checked by the loader against the spec, for the protocol's module to
+/// decode into its own typed settings ([`ProtocolSettings::decode`]).
+#[derive(Clone, Debug, Default)]
+pub struct ProtocolSettings(pub Vec<ProtocolSetting>);
+
+/// One protocol setting as written: its value as JSON (an array for a setting that takes
+/// several values), where the values are, and where each one is.
+#[derive(Clone, Debug)]
+pub struct ProtocolSetting {
+    pub name: &'static str,
+    pub value: Spanned<Value>,
+    /// The span of each value, in order (one for a one-value setting).
+    pub items: Vec<Span>,
+    /// The loader decodes and checks this setting by hand (its own model field), so the
+    /// checks a value's type gets (references, templates) are not made again.
+    pub checked: bool,
+}
+
+impl ProtocolSettings {
+    /// The value of setting `name`, if written.
+    pub fn get(&self, name: &str) -> Option<&Value> {
+        self.spanned(name).map(|v| &v.value)
+    }
+
+    /// The value of setting `name` with where it is written, if written.
+    pub fn spanned(&self, name: &str) -> Option<&Spanned<Value>> {
+        self.setting(name).map(|s| &s.value)
+    }
+
+    /// Setting `name` as written, if written.
+    pub fn setting(&self, name: &str) -> Option<&ProtocolSetting> {
+        self.0.iter().find(|s| s.name == name)
+    }
+
+    /// The settings as a typed struct (serde, from an object of the written settings).
+    pub fn decode<T: serde::de::DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+        let object: Map<String, Value> = self
+            .0
+            .iter()
+            .map(|s| (s.name.to_owned(), s.value.value.clone()))
+            .collect();
+        serde_json::from_value(Value::Object(object))
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -428,8 +454,6 @@ pub struct Agent {
     /// `retry-after-send`: also retry timeouts and connections broken after the request was
     /// sent, accepting that the agent may run the turn (and its side effects) twice.
     pub retry_after_send: bool,
-    /// `connexity`: what each request carries of the earlier turns.
-    pub history: History,
     /// At most this many calls in flight to this agent.
     pub concurrency: Option<usize>,
     /// `max-response-size`: bytes read at most from one response.
@@ -441,26 +465,10 @@ pub struct Agent {
     /// others the provider whose server runs the agent's own model (each turn holds one of
     /// its slots).
     pub provider: Option<Spanned<String>>,
-    /// `openai`/`anthropic`: sampling temperature sent with every request (else the
-    /// provider's, else the server's default).
-    pub temperature: Option<f64>,
-    /// `openai`/`anthropic`: cap on generated tokens per request (else the provider's, else
-    /// none for `openai` and 1024 for `anthropic`).
-    pub max_tokens: Option<u32>,
-    /// `openai`: the system prompt.
-    pub system_prompt: Option<Template>,
-    /// `openai`: names of `tool` definitions offered to the model.
-    pub tools: Vec<Spanned<String>>,
-    /// `openai`: model answers carrying tool calls per turn before the turn is a `protocol`
-    /// fault ([`DEFAULT_MAX_TOOL_ROUNDS`] when not written).
-    pub max_tool_rounds: u32,
-    /// `agentscope`: `stream=#false` asks for one JSON response instead of SSE (default on);
-    /// `openai`: `stream #true` asks the model for SSE chunks (default off).
-    pub stream: bool,
     /// `multiagent`: the action loop and transport settings (defaults elsewhere).
     pub multiagent: MultiAgentSettings,
-    /// `a2a`: what the agent card does not decide.
-    pub a2a: A2aSettings,
+    /// The protocol's own one-value settings as written, for its module.
+    pub settings: ProtocolSettings,
     /// `http`: the request template and where the answer's parts are.
     pub http: Option<HttpSettings>,
     pub span: Span,

@@ -11,6 +11,7 @@ use petgraph::graph::{DiGraph, NodeIndex};
 
 use crate::diagnostics::{Diagnostic, Kind, did_you_mean};
 use crate::graph::NeedError;
+use crate::lang::ValueType;
 use crate::model::*;
 use crate::template::{self, Names, Scope};
 
@@ -25,6 +26,19 @@ pub enum RefKind {
 }
 
 impl RefKind {
+    /// The kind a `ValueType::Ref` names (`"tool"`, `"provider"`, …).
+    fn named(noun: &str) -> Option<RefKind> {
+        [
+            RefKind::Agent,
+            RefKind::Persona,
+            RefKind::Tool,
+            RefKind::Provider,
+            RefKind::Judge,
+        ]
+        .into_iter()
+        .find(|k| k.noun() == noun)
+    }
+
     fn noun(self) -> &'static str {
         match self {
             RefKind::Agent => "agent",
@@ -48,6 +62,8 @@ pub struct LoadInfo {
     pub failed_captures: HashMap<Span, HashSet<String>>,
     /// Per [`Project::suites`] index: where `suite "NAME"` was written, if it was.
     pub suite_spans: Vec<Option<Span>>,
+    /// The protocols agents may speak: the registry handed to [`crate::load`].
+    pub protocols: Vec<&'static crate::lang::ProtocolSpec>,
 }
 
 impl LoadInfo {
@@ -183,6 +199,60 @@ struct Validator<'p> {
 impl<'p> Validator<'p> {
     fn files(&self) -> &'p [SourceFile] {
         &self.project.files
+    }
+
+    /// The checks a protocol's own settings get from their type in its spec: references to
+    /// declarations resolve, templates parse and read only what is in scope where they are
+    /// rendered (once per run, with the scenario's `user_context`, `persona` and `scenario`).
+    fn protocol_settings(&mut self, agent: &Agent) {
+        for setting in agent.settings.0.iter().filter(|s| !s.checked) {
+            let Some(arg) = agent
+                .protocol
+                .spec()
+                .settings
+                .iter()
+                .find(|s| s.name == setting.name)
+                .and_then(|s| s.args.first())
+            else {
+                continue;
+            };
+            let texts: Vec<(&str, Span)> = match &setting.value.value {
+                serde_json::Value::String(text) => {
+                    vec![(text.as_str(), setting.value.span)]
+                }
+                serde_json::Value::Array(values) => values
+                    .iter()
+                    .zip(&setting.items)
+                    .filter_map(|(v, span)| Some((v.as_str()?, *span)))
+                    .collect(),
+                _ => Vec::new(),
+            };
+            for (text, span) in texts {
+                match arg.ty {
+                    ValueType::Ref(kind) => {
+                        if let Some(kind) = RefKind::named(kind) {
+                            let name = Spanned {
+                                value: text.to_owned(),
+                                span,
+                            };
+                            self.reference(kind, &name);
+                        }
+                    }
+                    ValueType::Template => {
+                        let scope = Scope::env_only()
+                            .with("user_context", Names::Any)
+                            .with("persona", Names::Any)
+                            .with("scenario", Names::Any);
+                        let template = Template {
+                            source: text.to_owned(),
+                            span,
+                        };
+                        self.check_template(&template, &scope);
+                    }
+                    _ => {}
+                }
+            }
+        }
     }
 
     fn check_template(&mut self, t: &Template, scope: &Scope) {
@@ -335,9 +405,7 @@ impl<'p> Validator<'p> {
             .collect();
         for agent in &p.agents {
             let env_reads_before = self.env_reads.len();
-            for tool in &agent.tools {
-                self.reference(RefKind::Tool, tool);
-            }
+            self.protocol_settings(agent);
             if let Some(name) = &agent.provider {
                 self.reference(RefKind::Provider, name);
                 self.agent_provider(agent, name);
@@ -351,13 +419,6 @@ impl<'p> Validator<'p> {
             }
             for (_, value) in &agent.headers {
                 self.check_template(value, &header_scope);
-            }
-            if let Some(prompt) = &agent.system_prompt {
-                let scope = Scope::env_only()
-                    .with("user_context", Names::Any)
-                    .with("persona", Names::Any)
-                    .with("scenario", Names::Any);
-                self.check_template(prompt, &scope);
             }
             if !used.contains(agent.id.value.as_str()) {
                 self.env_reads.truncate(env_reads_before);
@@ -401,12 +462,11 @@ impl<'p> Validator<'p> {
         let Some(provider) = self.project.provider(&name.value) else {
             return;
         };
-        let expected = match agent.protocol {
-            crate::model::Protocol::OpenAi => crate::model::ProviderKind::OpenAi,
-            crate::model::Protocol::Anthropic => crate::model::ProviderKind::Anthropic,
-            _ => return,
-        };
-        if provider.kind != expected {
+        // A model API is reached through the provider kind of the same name.
+        if !agent.protocol.is_model() {
+            return;
+        }
+        if provider.kind.as_str() != agent.protocol.as_str() {
             let d = Diagnostic::at_span(
                 Kind::InvalidValue,
                 format!(
@@ -563,12 +623,10 @@ impl<'p> Validator<'p> {
             return;
         }
         let agents = self.project.scenario_agents(sc);
-        let Some(silent) = agents.into_iter().find(|a| {
-            matches!(
-                a.protocol,
-                Protocol::AgentScope | Protocol::Fixie | Protocol::A2a
-            )
-        }) else {
+        let Some(silent) = agents
+            .into_iter()
+            .find(|a| !a.protocol.capabilities().speaks_first)
+        else {
             return;
         };
         let d = Diagnostic::at_span(
@@ -600,7 +658,9 @@ impl<'p> Validator<'p> {
     /// (`trellis import connexity` writes them) that only an engine-run agent uses.
     fn scenario_tools_need_a_sandbox(&mut self, sc: &Scenario) {
         let agents = self.project.scenario_agents(sc);
-        let all_connexity = agents.iter().all(|a| a.protocol == Protocol::Connexity);
+        let all_connexity = agents
+            .iter()
+            .all(|a| a.protocol.capabilities().carries_tool_mocks);
         let Some(tool) = sc
             .tools
             .iter()
@@ -611,7 +671,7 @@ impl<'p> Validator<'p> {
         if agents.is_empty()
             || agents
                 .iter()
-                .any(|a| a.protocol == Protocol::MultiAgent || a.protocol.is_model())
+                .any(|a| a.protocol.capabilities().engine_runs_tools)
         {
             return;
         }
@@ -642,7 +702,7 @@ impl<'p> Validator<'p> {
         let agents = self.project.scenario_agents(sc);
         let others: Vec<&Agent> = agents
             .into_iter()
-            .filter(|a| a.protocol != Protocol::Fixie)
+            .filter(|a| !a.protocol.capabilities().function_calls)
             .collect();
         let Some(first) = others.first() else {
             return;

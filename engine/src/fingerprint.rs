@@ -325,7 +325,7 @@ mod tests {
         for (name, text) in files {
             std::fs::write(dir.join(name), text).unwrap();
         }
-        trellis_dsl::load(&[dir.join(files[0].0)]).unwrap()
+        trellis_dsl::load(&[dir.join(files[0].0)], &crate::protocol::registry::specs()).unwrap()
     }
 
     fn prints(files: &[(&str, &str)]) -> ScenarioFingerprints {

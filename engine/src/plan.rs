@@ -23,6 +23,7 @@ use trellis_dsl::{
     Scenario, Span, Status, Step, StepKind, ValueSlot,
 };
 
+use crate::protocol::registry::{self, PlannedSettings};
 use crate::render::{
     CompiledTemplate, EnvSnapshot, RenderError, ScenarioScope, Templates, snapshot_env,
 };
@@ -200,19 +201,9 @@ pub struct PlannedAgent {
     pub max_response_size: u64,
     /// `retry-after-send`: also retry timeouts and broken connections.
     pub retry_after_send: bool,
-    /// Connexity `history`: what each request carries of the earlier turns.
-    pub history: crate::protocol::connexity::HistoryMode,
-    /// `stream`: AgentScope asks for server-sent events (default) or one JSON body.
-    pub stream: bool,
-    /// The action loop and transport settings of a `multiagent` agent.
-    pub multiagent: trellis_dsl::MultiAgentSettings,
-    /// The settings of an `a2a` agent.
-    pub a2a: trellis_dsl::A2aSettings,
-    /// The request template and answer paths of an `http` agent.
-    pub http: Option<trellis_dsl::HttpSettings>,
-    /// The model, system prompt (rendered with `env` only), offered tools and tool-round cap
-    /// of an `openai` agent.
-    pub openai: crate::protocol::openai::OpenAiSettings,
+    /// The protocol's own settings, as its module planned them
+    /// ([`crate::protocol::registry::ProtocolModule::plan`]); only that module reads them.
+    pub settings: Arc<dyn PlannedSettings>,
     /// `provider=`: the provider a model under test is reached through (`openai`,
     /// `anthropic`), or that plays a Fixie agent's LLM.
     pub provider: Option<Arc<str>>,
@@ -360,6 +351,14 @@ impl Plan {
                         error,
                     })?;
                 let unsupported = not_runnable::agent(agent);
+                let settings = match registry::module(agent.protocol) {
+                    Some(module) => module.plan(project, agent, &mut templates),
+                    None => Ok(Arc::new(NoModule) as Arc<dyn PlannedSettings>),
+                }
+                .map_err(|error| PlanError::Template {
+                    scenario: sc.id.value.clone(),
+                    error,
+                })?;
                 agent_index.insert(id.clone(), agents.len());
                 indices.push(agents.len());
                 agents.push(PlannedAgent {
@@ -372,25 +371,7 @@ impl Plan {
                     concurrency: agent.concurrency,
                     max_response_size: agent.max_response_size,
                     retry_after_send: agent.retry_after_send,
-                    history: match agent.history {
-                        trellis_dsl::History::Messages => {
-                            crate::protocol::connexity::HistoryMode::Messages
-                        }
-                        trellis_dsl::History::Full => crate::protocol::connexity::HistoryMode::Full,
-                    },
-                    stream: agent.stream,
-                    multiagent: agent.multiagent.clone(),
-                    a2a: agent.a2a.clone(),
-                    http: agent.http.clone(),
-                    openai: crate::protocol::openai::OpenAiSettings::plan(
-                        project,
-                        agent,
-                        &mut templates,
-                    )
-                    .map_err(|error| PlanError::Template {
-                        scenario: sc.id.value.clone(),
-                        error,
-                    })?,
+                    settings,
                     provider: agent.provider.as_ref().map(|p| Arc::from(p.value.as_str())),
                     unsupported,
                 });
@@ -649,9 +630,9 @@ fn compile_steps(
             out.unsupported.get_or_insert(reason);
         }
         for &protocol in protocols {
-            // Fixie's LLM is played by the simulator's provider (`protocol::fixie`).
+            // Such an agent's LLM is played by the simulator's provider (`protocol::fixie`).
             if let Some(reason) = not_runnable::step(&step.kind, Some(protocol))
-                && !(simulator && protocol == Protocol::Fixie)
+                && !(simulator && protocol.capabilities().provider_plays_llm)
                 && !out
                     .unsupported_by_protocol
                     .iter()
@@ -712,15 +693,12 @@ pub mod not_runnable {
     /// Why an agent cannot run at all (its protocol or its kind of endpoint is not
     /// implemented yet).
     pub fn agent(agent: &Agent) -> Option<String> {
-        match agent.protocol {
-            Protocol::OpenAi
-            | Protocol::Anthropic
-            | Protocol::Connexity
-            | Protocol::AgentScope
-            | Protocol::Fixie
-            | Protocol::MultiAgent
-            | Protocol::A2a
-            | Protocol::Http => None,
+        match registry::module(agent.protocol) {
+            Some(_) => None,
+            None => Some(format!(
+                "this trellis has no module for protocol `{}`",
+                agent.protocol.as_str()
+            )),
         }
     }
 
@@ -733,12 +711,16 @@ pub mod not_runnable {
                  provider=\"ID\"` (a lone `provider` is used as the simulator)"
                     .to_string(),
             ),
-            (StepKind::User(_) | StepKind::Simulate { .. }, Some(Protocol::Fixie)) => Some(
-                "a `user` (or `simulate`) step on a `fixie` agent is answered by a provider \
-                 playing Fixie's LLM, and none is configured: add a `provider` (a lone one is \
-                 used) or `simulator provider=\"ID\"`, or use `call` steps"
-                    .to_string(),
-            ),
+            (StepKind::User(_) | StepKind::Simulate { .. }, Some(p))
+                if p.capabilities().provider_plays_llm =>
+            {
+                Some(format!(
+                    "a `user` (or `simulate`) step on a `{}` agent is answered by a provider \
+                     playing its LLM, and none is configured: add a `provider` (a lone one is \
+                     used) or `simulator provider=\"ID\"`, or use `call` steps",
+                    p.as_str()
+                ))
+            }
             _ => None,
         }
     }
@@ -803,7 +785,7 @@ pub fn warnings(project: &Project) -> Vec<Diagnostic> {
             }
             for agent in &agents {
                 if let Some(why) = not_runnable::step(&step.kind, Some(agent.protocol))
-                    && !(simulated && agent.protocol == Protocol::Fixie)
+                    && !(simulated && agent.protocol.capabilities().provider_plays_llm)
                     && !user_warned
                 {
                     user_warned = true;
@@ -882,7 +864,7 @@ fn without_sandbox(
     }
     let agent = agents
         .iter()
-        .find(|a| a.protocol != Protocol::MultiAgent && !a.protocol.is_model())?;
+        .find(|a| !a.protocol.capabilities().engine_runs_tools)?;
     Some(warn(
         c.span,
         format!(
@@ -907,32 +889,12 @@ fn unmeasured_ttft(
     if !matches!(c.kind, CriterionKind::Ttft { .. }) {
         return None;
     }
-    let agent = agents.iter().find(|a| match a.protocol {
-        Protocol::Connexity | Protocol::Fixie => true,
-        Protocol::AgentScope | Protocol::OpenAi | Protocol::Anthropic | Protocol::Http => !a.stream,
-        // Whether an A2A agent streams is for its card to say, at run time.
-        Protocol::MultiAgent | Protocol::A2a => false,
+    // The agent's protocol module says whether it answers with one body.
+    let (agent, why) = agents.iter().find_map(|a| {
+        registry::module(a.protocol)
+            .and_then(|m| m.untimed(a))
+            .map(|why| (a, why))
     })?;
-    let why = if agent.protocol == Protocol::AgentScope {
-        format!(
-            "agent `{}` has `stream=#false`: it is asked for one JSON body, so no first token \
-             is timed (unless the server streams anyway)",
-            agent.id.value
-        )
-    } else if agent.protocol.is_model() {
-        format!(
-            "agent `{}` does not have `stream #true`: the model is asked for one JSON body, so \
-             no first token is timed",
-            agent.id.value
-        )
-    } else {
-        format!(
-            "agent `{}` ({}) answers with one JSON body: there is no first token to time; \
-             `ttft` needs a streaming agent",
-            agent.id.value,
-            agent.protocol.as_str()
-        )
-    };
     Some(warn(
         c.span,
         format!(
@@ -960,5 +922,16 @@ fn walk_steps<'a>(steps: &'a [Step], f: &mut impl FnMut(&'a Step)) {
                 walk_steps(&b.steps, f);
             }
         }
+    }
+}
+
+/// The settings of an agent whose protocol has no module (never planned to run: see
+/// [`not_runnable::agent`]).
+#[derive(Debug)]
+struct NoModule;
+
+impl PlannedSettings for NoModule {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }

@@ -1131,6 +1131,21 @@ mod tests {
         }
     }
 
+    /// The protocol of the fixtures' agent, which the sandbox never calls (the sandbox sits
+    /// below the protocols, so their registry is not used here).
+    const FIXTURE_PROTOCOL: trellis_dsl::lang::ProtocolSpec = trellis_dsl::lang::ProtocolSpec {
+        name: "multiagent",
+        help: "a fixture",
+        endpoints: &[trellis_dsl::lang::EndpointKind::Url],
+        settings: &[],
+        capabilities: trellis_dsl::lang::Capabilities {
+            engine_runs_tools: true,
+            carries_tool_mocks: true,
+            ..trellis_dsl::lang::Capabilities::NONE
+        },
+        builtins: &[],
+    };
+
     #[test]
     fn large_integers_compare_exactly() {
         assert!(!json_eq(
@@ -1798,7 +1813,8 @@ tool "ping"
 "##,
         )
         .unwrap_or_else(|e| panic!("{e}"));
-        let project = trellis_dsl::load(&[&file]).unwrap_or_else(|d| panic!("{d:?}"));
+        let project =
+            trellis_dsl::load(&[&file], &[&FIXTURE_PROTOCOL]).unwrap_or_else(|d| panic!("{d:?}"));
         let mut sandbox = Sandbox::new(Arc::new(SandboxSpec::from_tools(&project.tools)));
         assert_eq!(
             sandbox.call("apply_refund", &json!({"amount": 20, "tier": "vip"})),
@@ -1844,7 +1860,8 @@ scenario "s" {
 "##,
         )
         .unwrap_or_else(|e| panic!("{e}"));
-        let project = trellis_dsl::load(&[&file]).unwrap_or_else(|d| panic!("{d:?}"));
+        let project =
+            trellis_dsl::load(&[&file], &[&FIXTURE_PROTOCOL]).unwrap_or_else(|d| panic!("{d:?}"));
         let (_, scenario) = project
             .scenarios()
             .next()
@@ -1907,7 +1924,8 @@ tool "ping" {
 "##,
         )
         .unwrap_or_else(|e| panic!("{e}"));
-        let project = trellis_dsl::load(&[&file]).unwrap_or_else(|d| panic!("{d:?}"));
+        let project =
+            trellis_dsl::load(&[&file], &[&FIXTURE_PROTOCOL]).unwrap_or_else(|d| panic!("{d:?}"));
         let mut sandbox = Sandbox::new(Arc::new(SandboxSpec::from_tools(&project.tools)));
         // Strings match case-insensitively and trimmed; `#null` matches a missing key.
         assert_eq!(
@@ -2001,7 +2019,8 @@ scenario "shared" {
 "##,
         )
         .unwrap_or_else(|e| panic!("{e}"));
-        let project = trellis_dsl::load(&[&file]).unwrap_or_else(|d| panic!("{d:?}"));
+        let project =
+            trellis_dsl::load(&[&file], &[&FIXTURE_PROTOCOL]).unwrap_or_else(|d| panic!("{d:?}"));
         let sandbox_of = |id: &str| {
             let (_, scenario) = project
                 .scenarios()

@@ -82,7 +82,8 @@ fn plan_peak(text: &str) -> (usize, u64) {
     let dir = tempfile::tempdir().expect("temporary directory");
     let path = dir.path().join("big.kdl");
     std::fs::write(&path, text).expect("suite written");
-    let project = trellis_dsl::load(&[&path]).unwrap_or_else(|e| panic!("{}", e.render_plain()));
+    let project = trellis_dsl::load(&[&path], &trellis_engine::protocol::registry::specs())
+        .unwrap_or_else(|e| panic!("{}", e.render_plain()));
     let everything = Selection {
         include_inactive: true,
         ..Selection::default()

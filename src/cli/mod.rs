@@ -330,7 +330,7 @@ pub fn load(paths: &[PathBuf]) -> Option<trellis_dsl::Project> {
     } else {
         paths
     };
-    match trellis_dsl::load(paths) {
+    match trellis_dsl::load(paths, &trellis_engine::protocol::registry::specs()) {
         Ok(project) => Some(project),
         Err(diagnostics) => {
             console::errln!("{:?}", miette::Report::new(diagnostics));
@@ -429,7 +429,7 @@ fn list(args: &ListArgs) -> u8 {
         let forks = if s
             .agents
             .iter()
-            .any(|&a| plan.agents[a].protocol == trellis_dsl::Protocol::MultiAgent)
+            .any(|&a| plan.agents[a].protocol.capabilities().agent_branches)
         {
             format!(
                 "  agent forks: up to {} alternatives, {} deep (each runs as TRAJECTORY~ALTERNATIVE)",

@@ -344,18 +344,19 @@ impl Session {
 
     async fn rerun(&mut self, changed: Changed, signals: &mut Signals) -> Rerun {
         let what = describe(&changed.paths);
-        let project = match trellis_dsl::load(&self.roots) {
-            Ok(project) => project,
-            Err(diagnostics) => {
-                self.broken = true;
-                errln!("{:?}", miette::Report::new(diagnostics));
-                errln!(
-                    "watch: {what}: the suite is invalid (see above); the last results stay; \
+        let project =
+            match trellis_dsl::load(&self.roots, &trellis_engine::protocol::registry::specs()) {
+                Ok(project) => project,
+                Err(diagnostics) => {
+                    self.broken = true;
+                    errln!("{:?}", miette::Report::new(diagnostics));
+                    errln!(
+                        "watch: {what}: the suite is invalid (see above); the last results stay; \
                      fix it and save"
-                );
-                return Rerun::Done;
-            }
-        };
+                    );
+                    return Rerun::Done;
+                }
+            };
         for file in &project.files {
             let path = std::fs::canonicalize(&file.path).unwrap_or_else(|_| file.path.clone());
             if let Some(dir) = path.parent() {

@@ -469,7 +469,7 @@ pub async fn run_suite_with_cache(
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("suite.kdl");
     std::fs::write(&path, text).unwrap();
-    let project = match trellis_dsl::load(&[&path]) {
+    let project = match trellis_dsl::load(&[&path], &trellis_engine::protocol::registry::specs()) {
         Ok(p) => p,
         Err(d) => panic!("{}", d.render_plain()),
     };

@@ -455,3 +455,35 @@ async fn check_explains_a_node_of_the_language_from_its_table() {
         stderr(&o)
     );
 }
+
+/// A setting only another protocol takes is an error naming the protocols that take it (from
+/// the protocol registry), where it is written: `system-prompt` on a Connexity agent would
+/// otherwise be silently ignored, and the suite author would believe the agent got it.
+#[tokio::test]
+async fn a_setting_of_another_protocol_is_an_error_naming_its_protocols() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    std::fs::write(
+        &suite,
+        r#"agent "demo" protocol="connexity" builtin="booking" {
+    system-prompt "You are terse."
+}
+scenario "s" {
+    user "hi"
+    expect no-error
+}
+"#,
+    )
+    .unwrap();
+    let o = trellis().arg("check").arg(&suite).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stdout(&o));
+    let err = stderr(&o);
+    // The report wraps the message at the terminal's width.
+    assert!(
+        err.contains("`system-prompt` is a setting of `openai` and `anthropic` agents;"),
+        "{err}"
+    );
+    assert!(err.contains("`demo` is `connexity`"), "{err}");
+    assert!(err.contains("suite.kdl:2:5"), "{err}");
+    assert!(err.contains("not a setting of this protocol"), "{err}");
+}

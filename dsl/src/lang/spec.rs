@@ -17,6 +17,10 @@ pub enum ValueType {
     Count,
     /// Any number.
     Number,
+    /// A number from the first bound to the second, both included.
+    Between(i32, i32),
+    /// A whole number ≥ 1.
+    Positive,
     /// `#true` / `#false`.
     Boolean,
     /// `"30s"`, `"500ms"`, `"1h 30m"`.
@@ -47,6 +51,8 @@ impl ValueType {
             ValueType::Template => "a template string".into(),
             ValueType::Count => "a whole number".into(),
             ValueType::Number => "a number".into(),
+            ValueType::Between(lo, hi) => format!("a number from {lo} to {hi}"),
+            ValueType::Positive => "a whole number ≥ 1".into(),
             ValueType::Boolean => "#true or #false".into(),
             ValueType::Duration => "a duration like \"30s\"".into(),
             ValueType::Size => "a size like \"5MB\"".into(),
@@ -343,6 +349,40 @@ pub struct Capabilities {
     pub engine_runs_tools: bool,
     /// A conversation lives in server state bound to a session id.
     pub session_bound: bool,
+    /// The agent can open a conversation unprompted (`first-turn "agent"`).
+    pub speaks_first: bool,
+    /// The agent is a model API the engine calls itself (`system-prompt`, `tools`, a
+    /// `provider=` endpoint, `temperature`): a model under test.
+    pub model_api: bool,
+    /// The agent exposes functions that `call` steps invoke.
+    pub function_calls: bool,
+    /// A conversation can stop to wait for a human (`hitl` steps answer it).
+    pub pauses: bool,
+    /// The agent may branch the conversation itself (explored up to `agent-branches`).
+    pub agent_branches: bool,
+    /// A `provider` plays the agent's own LLM, so `user` steps need one configured.
+    pub provider_plays_llm: bool,
+    /// The protocol's test cases carry mock tool answers (a scenario `tool` with `mock` or
+    /// `sequence` is accepted even though the engine does not answer its calls).
+    pub carries_tool_mocks: bool,
+}
+
+impl Capabilities {
+    /// Nothing: a base specs fill with `..Capabilities::NONE` (`default` is not `const`).
+    pub const NONE: Capabilities = Capabilities {
+        streams: false,
+        forks: false,
+        measures_ttft: false,
+        engine_runs_tools: false,
+        session_bound: false,
+        speaks_first: false,
+        model_api: false,
+        function_calls: false,
+        pauses: false,
+        agent_branches: false,
+        provider_plays_llm: false,
+        carries_tool_mocks: false,
+    };
 }
 
 /// What the language knows of one protocol: its name, where its agents are reached, the

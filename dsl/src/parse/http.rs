@@ -6,17 +6,10 @@
 use super::*;
 
 /// Child nodes of an `agent` block only `http` agents take (handled here, not as settings).
-pub(super) const HTTP_NODES: &[&str] = &["reply", "tool-calls", "session"];
+const HTTP_NODES: &[&str] = &["reply", "tool-calls", "session"];
 /// `agent` settings (properties or one-argument nodes) only `http` agents take.
 const HTTP_SETTINGS: &[&str] = &["method"];
 const REQUEST_USAGE: &str = "request #\"{\"input\": {{ messages | tojson }}}\"#";
-
-/// Whether the agent node says `protocol="http"` (its `stream` node then takes properties).
-pub(super) fn is_http(v: &View) -> bool {
-    v.prop("protocol")
-        .and_then(|e| e.value().as_string())
-        .is_some_and(|p| p == "http")
-}
 
 impl Decoder<'_> {
     /// The `http` settings of an agent, `None` on other protocols (where each `http` setting
@@ -28,17 +21,18 @@ impl Decoder<'_> {
         id: &Spanned<String>,
         protocol: Protocol,
     ) -> Option<HttpSettings> {
+        // The protocol whose agents describe their request and answer (the one that declares
+        // `reply`): `http`.
+        let is_http = protocol.declares("reply");
         let nodes: Vec<View> = v
             .children
             .map(|c| c.nodes())
             .unwrap_or_default()
             .iter()
             .map(|n| View::of(n, self.text()))
-            .filter(|cv| {
-                HTTP_NODES.contains(&cv.name) || (protocol == Protocol::Http && cv.name == "stream")
-            })
+            .filter(|cv| HTTP_NODES.contains(&cv.name) || (is_http && cv.name == "stream"))
             .collect();
-        if protocol != Protocol::Http {
+        if !is_http {
             let written = nodes.iter().map(|cv| (cv.name, cv.name_span)).chain(
                 HTTP_SETTINGS
                     .iter()

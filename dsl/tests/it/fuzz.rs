@@ -350,7 +350,9 @@ fn load_text(dir: &Path, text: &[u8]) {
     std::fs::write(&path, text).unwrap();
     let shown = String::from_utf8_lossy(text);
     bounded(&shown, || {
-        if let Err(diags) = trellis_dsl::load(&[&path]) {
+        if let Err(diags) =
+            trellis_dsl::load(&[&path], &trellis_engine::protocol::registry::specs())
+        {
             // Rendering reads every span back out of the source: a span past the end or
             // inside a UTF-8 sequence would panic here.
             let _ = diags.to_string();
@@ -372,9 +374,11 @@ fn slashdash_after_slashdash_is_refused_before_parsing() {
     let path = dir.path().join("fuzz.kdl");
     let text = format!("suite \"x\"\n{}", "/- /- x ".repeat(2_000));
     std::fs::write(&path, &text).unwrap();
-    let shown = bounded(&text, || match trellis_dsl::load(&[&path]) {
-        Ok(_) => panic!("loaded"),
-        Err(diags) => diags.render_plain(),
+    let shown = bounded(&text, || {
+        match trellis_dsl::load(&[&path], &trellis_engine::protocol::registry::specs()) {
+            Ok(_) => panic!("loaded"),
+            Err(diags) => diags.render_plain(),
+        }
     });
     assert!(
         shown.contains("`/-` right after another `/-`") && shown.contains("fuzz.kdl:2:4"),

@@ -24,7 +24,7 @@ fn cases() -> Vec<(String, PathBuf)> {
 }
 
 fn render(path: &Path) -> String {
-    match trellis_dsl::load(&[path]) {
+    match trellis_dsl::load(&[path], &trellis_engine::protocol::registry::specs()) {
         Ok(_) => "no errors\n".to_string(),
         Err(diags) => format!("{diags}\n\n{}", diags.render_plain()),
     }
@@ -95,7 +95,11 @@ fn every_code_is_covered() {
 /// One miette report of the whole `Diagnostics` value shows every diagnostic of every file.
 #[test]
 fn one_report_shows_all_errors() {
-    let diags = trellis_dsl::load(&["tests/golden/many_files"]).unwrap_err();
+    let diags = trellis_dsl::load(
+        &["tests/golden/many_files"],
+        &trellis_engine::protocol::registry::specs(),
+    )
+    .unwrap_err();
     assert!(diags.len() >= 5);
     let handler =
         miette::GraphicalReportHandler::new_themed(miette::GraphicalTheme::unicode_nocolor())

@@ -10,7 +10,7 @@ fn load_files(files: &[(&str, &str)]) -> (tempfile::TempDir, Result<Project, Dia
     for (name, text) in files {
         std::fs::write(dir.path().join(name), text).unwrap();
     }
-    let result = load(&[dir.path()]);
+    let result = load(&[dir.path()], &trellis_engine::protocol::registry::specs());
     (dir, result)
 }
 

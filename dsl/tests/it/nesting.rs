@@ -22,7 +22,7 @@ fn load_text(text: &str) -> Result<Project, Diagnostics> {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("deep.kdl");
     std::fs::write(&path, text).unwrap();
-    load(&[&path])
+    load(&[&path], &trellis_engine::protocol::registry::specs())
 }
 
 #[test]

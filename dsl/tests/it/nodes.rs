@@ -7,7 +7,7 @@ fn load_text(text: &str) -> Result<Project, Diagnostics> {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("s.kdl");
     std::fs::write(&path, text).unwrap();
-    load(&[&path])
+    load(&[&path], &trellis_engine::protocol::registry::specs())
 }
 
 #[test]
@@ -30,10 +30,13 @@ scenario "sum" { agent "numbers"; call "add" "1 2"; expect reply equals="3"; }
     )
     .unwrap_or_else(|d| panic!("{}", d.render_plain()));
     let full = p.agent("full").unwrap();
-    assert_eq!(full.history, History::Full);
+    assert_eq!(
+        full.settings.get("history"),
+        Some(&serde_json::json!("full"))
+    );
     assert!(full.retry_after_send);
     let plain = p.agent("plain").unwrap();
-    assert_eq!(plain.history, History::Messages);
+    assert_eq!(plain.settings.get("history"), None);
     assert!(!plain.retry_after_send);
     assert!(p.agent("weather").unwrap().retry_after_send);
     assert!(matches!(
@@ -330,7 +333,8 @@ scenario "two" {
 "#,
     )
     .unwrap();
-    let p = load(&[&one, &two]).unwrap_or_else(|d| panic!("{}", d.render_plain()));
+    let p = load(&[&one, &two], &trellis_engine::protocol::registry::specs())
+        .unwrap_or_else(|d| panic!("{}", d.render_plain()));
     assert!(p.tools.is_empty(), "scenario tools are not project tools");
     let tools: Vec<(String, usize)> = p
         .scenarios()
@@ -434,16 +438,24 @@ scenario "s" { agent "plain"; user "hi"; }
     )
     .unwrap_or_else(|d| panic!("{}", d.render_plain()));
     let plain = p.agent("plain").unwrap();
+    // Defaults (whether an agent streams, how many tool rounds it takes) when a setting is
+    // not written are its protocol module's call.
     assert_eq!(
-        (plain.max_tool_rounds, plain.stream),
-        (DEFAULT_MAX_TOOL_ROUNDS, false)
+        (
+            plain.settings.get("max-tool-rounds"),
+            plain.settings.get("stream")
+        ),
+        (None, None)
     );
     let capped = p.agent("capped").unwrap();
-    assert_eq!((capped.max_tool_rounds, capped.stream), (2, true));
-    assert!(
-        p.agent("weather").unwrap().stream,
-        "agentscope streams by default"
+    assert_eq!(
+        (
+            capped.settings.get("max-tool-rounds"),
+            capped.settings.get("stream")
+        ),
+        (Some(&serde_json::json!(2)), Some(&serde_json::json!(true)))
     );
+    assert_eq!(p.agent("weather").unwrap().settings.get("stream"), None);
 }
 
 #[test]
@@ -475,8 +487,14 @@ scenario "s" { user "hi"; }
     )
     .unwrap_or_else(|d| panic!("{}", d.render_plain()));
     let claude = p.agent("claude").unwrap();
-    assert_eq!(claude.protocol, Protocol::Anthropic);
-    assert_eq!((claude.max_tool_rounds, claude.stream), (3, false));
+    assert_eq!(claude.protocol.as_str(), "anthropic");
+    assert_eq!(
+        (
+            claude.settings.get("max-tool-rounds"),
+            claude.settings.get("stream")
+        ),
+        (Some(&serde_json::json!(3)), None)
+    );
 
     let streamed = load_text(
         r#"
@@ -485,7 +503,10 @@ scenario "s" { user "hi"; }
 "#,
     )
     .unwrap_or_else(|d| panic!("{}", d.render_plain()));
-    assert!(streamed.agent("claude").unwrap().stream);
+    assert_eq!(
+        streamed.agent("claude").unwrap().settings.get("stream"),
+        Some(&serde_json::json!(true))
+    );
 }
 
 /// `user-context json=…` holds what the block cannot write (one-element arrays, arrays of
@@ -717,4 +738,96 @@ provider "set" kind="openai" base-url="http://127.0.0.1:8080/v1" model="m" timeo
     assert_eq!(timeout("local"), 300);
     assert_eq!(timeout("hosted"), 120);
     assert_eq!(timeout("set"), 45);
+}
+
+/// The loader knows protocols only as the specs it is handed: a protocol that is nowhere in
+/// the dsl crate (a test registry here) gets its name, endpoints, builtin agents and settings
+/// checked like the engine's, and its settings are rejected on the other protocols.
+#[test]
+fn protocols_are_the_registry_the_loader_is_handed() {
+    use trellis_dsl::lang::{
+        ArgSpec, Capabilities, EndpointKind, NodeSpec, ProtocolSpec, ValueType,
+    };
+    const ECHO: ProtocolSpec = ProtocolSpec {
+        name: "echo",
+        help: "answers what it is sent",
+        endpoints: &[EndpointKind::Url, EndpointKind::Builtin],
+        settings: &[
+            NodeSpec::setting(
+                "voice",
+                &[ArgSpec::value(ValueType::String)],
+                "how it answers",
+            ),
+            NodeSpec {
+                name: "echoes",
+                form: trellis_dsl::lang::Form::Node,
+                args: &[],
+                props: &[],
+                children: trellis_dsl::lang::Children::Data,
+                repeatable: false,
+                protocols: None,
+                help: "a block of echo settings",
+            },
+        ],
+        capabilities: Capabilities {
+            streams: false,
+            forks: true,
+            measures_ttft: false,
+            engine_runs_tools: false,
+            session_bound: false,
+            speaks_first: true,
+            model_api: false,
+            function_calls: false,
+            pauses: false,
+            agent_branches: false,
+            provider_plays_llm: false,
+            carries_tool_mocks: false,
+        },
+        builtins: &["parrot"],
+    };
+    let registry = || {
+        let mut specs = trellis_engine::protocol::registry::specs();
+        specs.push(&ECHO);
+        specs
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("suite.kdl");
+    let good = r#"agent "e" protocol="echo" builtin="parrot" voice="loud"
+scenario "s" { user "hi"; expect no-error }
+"#;
+    std::fs::write(&path, good).unwrap();
+    let project = load(&[&path], &registry()).unwrap_or_else(|d| panic!("{}", d.render_plain()));
+    assert_eq!(project.agents[0].protocol.as_str(), "echo");
+    // Without the spec the protocol is unknown.
+    let text = load(&[&path], &trellis_engine::protocol::registry::specs())
+        .unwrap_err()
+        .render_plain();
+    assert!(text.contains("invalid protocol `echo`"), "{text}");
+
+    let bad = r#"agent "c" protocol="connexity" url="http://127.0.0.1:1/agent/respond" voice="loud" {
+    echoes { twice #true }
+}
+agent "e" protocol="echo" command="echo" builtin="parot"
+scenario "s" { agent "c"; user "hi"; expect no-error }
+"#;
+    std::fs::write(&path, bad).unwrap();
+    let text = load(&[&path], &registry()).unwrap_err().render_plain();
+    assert!(
+        text.contains("`voice` is an `echo` setting; agent `c` is `connexity`"),
+        "{text}"
+    );
+    assert!(
+        text.contains("`echoes` is an `echo` setting; agent `c` is `connexity`"),
+        "{text}"
+    );
+    assert!(
+        text.contains("`command` is not supported by protocol `echo`"),
+        "{text}"
+    );
+    assert!(
+        text.contains("`echo` agents use url=…, builtin=…"),
+        "{text}"
+    );
+    assert!(text.contains("unknown builtin agent `parot`"), "{text}");
+    assert!(text.contains("did you mean `parrot`?"), "{text}");
 }

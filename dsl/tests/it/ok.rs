@@ -7,7 +7,7 @@ use serde_json::json;
 use trellis_dsl::*;
 
 fn load_ok() -> Project {
-    match load(&["tests/ok"]) {
+    match load(&["tests/ok"], &trellis_engine::protocol::registry::specs()) {
         Ok(p) => p,
         Err(d) => panic!("unexpected errors:\n{}", d.render_plain()),
     }
@@ -72,11 +72,10 @@ fn agents_and_endpoints() {
     );
 
     let demo = p.agent("demo").unwrap();
-    assert_eq!(demo.protocol, Protocol::Connexity);
+    assert_eq!(demo.protocol.as_str(), "connexity");
     assert!(matches!(&demo.endpoint, Endpoint::Builtin(b) if b.value == "booking"));
     assert_eq!(text(&p, demo.id.span), "\"demo\"");
     assert_eq!(demo.max_response_size, DEFAULT_MAX_RESPONSE_SIZE);
-    assert!(demo.stream);
 
     let staging = p.agent("staging").unwrap();
     assert!(
@@ -93,21 +92,20 @@ fn agents_and_endpoints() {
     assert_eq!(staging.concurrency, Some(16));
 
     let llm = p.agent("llm").unwrap();
-    assert_eq!(llm.protocol, Protocol::OpenAi);
+    assert_eq!(llm.protocol.as_str(), "openai");
     assert!(matches!(&llm.endpoint, Endpoint::Url(u) if u == "http://127.0.0.1:9/v1"));
     assert_eq!(llm.model.as_deref(), Some("gpt-4o-mini"));
     assert_eq!(llm.max_response_size, 512 * 1024);
     assert_eq!(llm.timeout, Some(Duration::from_secs(10)));
     assert_eq!(
-        llm.system_prompt.as_ref().map(|t| t.source.as_str()),
-        Some("You are a support agent for {{ scenario.name }}.")
+        llm.settings.get("system-prompt"),
+        Some(&serde_json::json!(
+            "You are a support agent for {{ scenario.name }}."
+        ))
     );
     assert_eq!(
-        llm.tools
-            .iter()
-            .map(|t| t.value.as_str())
-            .collect::<Vec<_>>(),
-        ["refund"]
+        llm.settings.get("tools"),
+        Some(&serde_json::json!(["refund"]))
     );
 
     let multi = p.agent("multi").unwrap();
@@ -118,10 +116,10 @@ fn agents_and_endpoints() {
         matches!(&sock.endpoint, Endpoint::Socket(SocketAddress::Tcp { host, port: 9000 }) if host == "127.0.0.1")
     );
     let scope = p.agent("scope").unwrap();
-    assert_eq!(scope.protocol, Protocol::AgentScope);
-    assert!(!scope.stream);
+    assert_eq!(scope.protocol.as_str(), "agentscope");
+    assert_eq!(scope.settings.get("stream"), Some(&json!(false)));
     let fx = p.agent("fx").unwrap();
-    assert_eq!(fx.protocol, Protocol::Fixie);
+    assert_eq!(fx.protocol.as_str(), "fixie");
     assert_eq!(fx.max_response_size, 1024);
 }
 
@@ -435,7 +433,7 @@ fn load_text(text: &str) -> Result<Project, Diagnostics> {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("one.kdl");
     std::fs::write(&file, text).unwrap();
-    load(&[&file])
+    load(&[&file], &trellis_engine::protocol::registry::specs())
 }
 
 #[test]

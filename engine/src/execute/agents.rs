@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::sync::{OnceCell, Semaphore};
-use trellis_dsl::{Endpoint, Protocol};
+use trellis_dsl::Endpoint;
 
 use super::launch::{BuiltinEndpoint, LaunchError, LaunchRequest, Launcher};
 use crate::event::{Event, EventSender};
@@ -101,7 +101,8 @@ impl Agents {
         agent: &PlannedAgent,
         events: &EventSender,
     ) -> AgentRuntime {
-        let runs_own_model = !agent.protocol.is_model() && agent.protocol != Protocol::Fixie;
+        let capabilities = agent.protocol.capabilities();
+        let runs_own_model = !capabilities.model_api && !capabilities.provider_plays_llm;
         let model_server = match agent.provider.as_deref().filter(|_| runs_own_model) {
             None => None,
             Some(id) => match self.llm.client(id) {
@@ -175,11 +176,12 @@ async fn start_one(
         Endpoint::Builtin(name) => {
             // Served the way the agent's `transport` asks (HTTP unless a multiagent agent
             // says otherwise); a process is started by the client itself.
+            let (transport, process) = agent.settings.builtin_serving();
             let request = LaunchRequest {
                 protocol: agent.protocol.as_str(),
                 name: &name.value,
-                transport: agent.multiagent.transport,
-                process: agent.multiagent.process,
+                transport,
+                process,
             };
             let launched = match launcher {
                 Some(launcher) => launcher.launch(request).await,
@@ -230,7 +232,7 @@ async fn start_one(
             }
         }
     }
-    let system_prompt = match &agent.openai.system_prompt {
+    let system_prompt = match agent.settings.system_prompt() {
         Some(template) => match plan.templates.render(template, || header_scope.clone()) {
             Ok(prompt) => Some(prompt),
             Err(e) => {
@@ -248,7 +250,7 @@ async fn start_one(
     // A model on a plain-http server of its own (`base-url`) queues for that server's slots
     // like the providers on it do.
     // The probe carries the agent's headers: a server started with a key asks for it.
-    let server_slots = match (&agent.endpoint, agent.protocol.is_model()) {
+    let server_slots = match (&agent.endpoint, agent.protocol.capabilities().model_api) {
         (Endpoint::Url(_), true) => reqwest::Url::parse(&url).ok().and_then(|u| {
             let probe_headers =
                 crate::transport::http::with_agent_headers(Default::default(), &headers)
@@ -270,7 +272,11 @@ async fn start_one(
         },
     };
     protocol::build(AgentSetup {
-        agent,
+        id: &agent.id,
+        protocol: agent.protocol,
+        endpoint: &agent.endpoint,
+        settings: agent.settings.as_ref(),
+        provider_name: agent.provider.as_deref(),
         url: &url,
         headers,
         limits: CallLimits {

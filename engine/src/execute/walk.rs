@@ -28,7 +28,6 @@ use crate::record::{
     AgentBranchRecord, CriterionRecord, CriterionStatus, Fault, FaultCategory, NodeRecord,
     TurnRecord,
 };
-use trellis_dsl::Protocol;
 
 /// One scenario × agent × repetition being executed.
 pub(super) struct Unit<'a> {
@@ -883,7 +882,12 @@ impl<'a> Unit<'a> {
     ) -> Option<Stop> {
         let verdict = if approve { "approve" } else { "reject" };
         if session.paused().is_none() {
-            if self.shared.plan.agents[self.agent].protocol != Protocol::MultiAgent {
+            // Only an agent that can pause makes a `hitl` step without a pause a failure.
+            if !self.shared.plan.agents[self.agent]
+                .protocol
+                .capabilities()
+                .pauses
+            {
                 return None;
             }
             let last = state.turns.last();

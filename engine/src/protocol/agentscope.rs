@@ -813,6 +813,95 @@ fn sum_usage(usages: impl Iterator<Item = Usage>) -> Option<Usage> {
     })
 }
 
+// ----- registry glue (`super::registry`)
+
+use trellis_dsl::lang::{ArgSpec, Capabilities, EndpointKind, NodeSpec, ProtocolSpec, ValueType};
+
+/// `protocol="agentscope"`.
+pub const SPEC: ProtocolSpec = ProtocolSpec {
+    name: "agentscope",
+    help: "AgentScope's runtime: input messages in, server-sent events out, the conversation on the server (`session_id`)",
+    endpoints: &[EndpointKind::Url, EndpointKind::Builtin],
+    settings: &[NodeSpec::setting(
+        "stream",
+        &[ArgSpec::value(ValueType::Boolean)],
+        "server-sent events (`#true`, the default) or one JSON body",
+    )],
+    capabilities: Capabilities {
+        streams: true,
+        measures_ttft: true,
+        session_bound: true,
+        ..super::connexity::NO_CAPABILITIES
+    },
+    builtins: &["weather"],
+};
+
+/// An AgentScope agent's own settings.
+#[derive(Clone, Copy, Debug)]
+pub struct AgentScopeSettings {
+    /// Ask for server-sent events (else one JSON body).
+    pub stream: bool,
+}
+
+impl super::registry::PlannedSettings for AgentScopeSettings {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+/// `stream`: server-sent events unless the agent says `stream=#false`.
+fn streams(agent: &trellis_dsl::Agent) -> bool {
+    agent
+        .settings
+        .get("stream")
+        .and_then(Value::as_bool)
+        .unwrap_or(true)
+}
+
+pub struct Module;
+
+impl super::registry::ProtocolModule for Module {
+    fn spec(&self) -> &'static ProtocolSpec {
+        &SPEC
+    }
+
+    fn plan(
+        &self,
+        _project: &trellis_dsl::Project,
+        agent: &trellis_dsl::Agent,
+        _templates: &mut crate::render::Templates,
+    ) -> Result<Arc<dyn super::registry::PlannedSettings>, crate::render::RenderError> {
+        Ok(Arc::new(AgentScopeSettings {
+            stream: streams(agent),
+        }))
+    }
+
+    fn build(
+        &self,
+        setup: &super::AgentSetup<'_>,
+    ) -> Result<Arc<dyn AgentProtocol>, super::registry::BuildError> {
+        let settings = super::registry::settings::<AgentScopeSettings>(setup)?;
+        Ok(Arc::new(AgentScopeClient::new(
+            setup.url,
+            setup.headers.clone(),
+            setup.limits,
+            setup.retry,
+            settings.stream,
+            setup.transport.clone(),
+        )?))
+    }
+
+    fn untimed(&self, agent: &trellis_dsl::Agent) -> Option<String> {
+        (!streams(agent)).then(|| {
+            format!(
+                "agent `{}` has `stream=#false`: it is asked for one JSON body, so no first \
+                 token is timed (unless the server streams anyway)",
+                agent.id.value
+            )
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -30,3 +30,50 @@ pub fn client(
         options,
     )
 }
+
+// ----- registry glue (`super::registry`): the `anthropic` protocol shares the `openai`
+// agent's settings, planning and client; only its name and API differ.
+
+use std::sync::Arc;
+
+use trellis_dsl::lang::ProtocolSpec;
+use trellis_dsl::{Agent, Project};
+
+use super::AgentProtocol;
+use super::openai::{MODEL_CAPABILITIES, MODEL_ENDPOINTS, MODEL_SETTINGS};
+use crate::render::{RenderError, Templates};
+
+/// `protocol="anthropic"`.
+pub const SPEC: ProtocolSpec = ProtocolSpec {
+    name: "anthropic",
+    help: "A model behind Anthropic Messages, with the same tool loop as `openai`",
+    endpoints: MODEL_ENDPOINTS,
+    settings: MODEL_SETTINGS,
+    capabilities: MODEL_CAPABILITIES,
+    builtins: &[],
+};
+
+pub struct Module;
+
+impl super::registry::ProtocolModule for Module {
+    fn spec(&self) -> &'static ProtocolSpec {
+        &SPEC
+    }
+    fn plan(
+        &self,
+        project: &Project,
+        agent: &Agent,
+        templates: &mut Templates,
+    ) -> Result<Arc<dyn super::registry::PlannedSettings>, RenderError> {
+        super::openai::plan_model(project, agent, templates, ProviderKind::Anthropic)
+    }
+    fn build(
+        &self,
+        setup: &super::AgentSetup<'_>,
+    ) -> Result<Arc<dyn AgentProtocol>, super::registry::BuildError> {
+        super::openai::build_model(setup)
+    }
+    fn untimed(&self, agent: &Agent) -> Option<String> {
+        super::openai::unstreamed_model(agent)
+    }
+}

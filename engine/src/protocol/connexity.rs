@@ -30,8 +30,9 @@ use crate::transport::quote::{kind_of, preview};
 /// A Connexity agent could not be configured.
 pub type ConnexityError = EndpointError;
 
-/// What a request's `messages` carry of the earlier turns.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// What a request's `messages` carry of the earlier turns (`history`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum HistoryMode {
     /// User messages and the agent's final replies (the contract's form).
     #[default]
@@ -573,4 +574,81 @@ fn optional_string(value: Option<Value>) -> Option<String> {
 
 fn protocol(message: String) -> Fault {
     Fault::new(FaultCategory::Protocol, message)
+}
+
+// ----- registry glue (`super::registry`)
+
+use trellis_dsl::lang::{ArgSpec, Capabilities, EndpointKind, NodeSpec, ProtocolSpec, ValueType};
+
+/// `protocol="connexity"`.
+pub const SPEC: ProtocolSpec = ProtocolSpec {
+    name: "connexity",
+    help: "Connexity's contract: the conversation so far POSTed as `messages`, one JSON answer",
+    endpoints: &[EndpointKind::Url, EndpointKind::Builtin],
+    settings: &[NodeSpec::setting(
+        "history",
+        &[ArgSpec::value(ValueType::OneOf(&["messages", "full"]))],
+        "what each request carries of earlier turns: the replies, or the whole transcript",
+    )],
+    capabilities: Capabilities {
+        forks: true,
+        speaks_first: true,
+        carries_tool_mocks: true,
+        ..NO_CAPABILITIES
+    },
+    builtins: &["booking"],
+};
+
+/// Nothing: a base the specs fill.
+pub(super) const NO_CAPABILITIES: Capabilities = Capabilities::NONE;
+
+/// A Connexity agent's own settings.
+#[derive(Clone, Copy, Debug, Default, serde::Deserialize)]
+#[serde(default)]
+pub struct ConnexitySettings {
+    pub history: HistoryMode,
+}
+
+impl super::registry::PlannedSettings for ConnexitySettings {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+pub struct Module;
+
+impl super::registry::ProtocolModule for Module {
+    fn spec(&self) -> &'static ProtocolSpec {
+        &SPEC
+    }
+
+    fn plan(
+        &self,
+        _project: &trellis_dsl::Project,
+        agent: &trellis_dsl::Agent,
+        _templates: &mut crate::render::Templates,
+    ) -> Result<Arc<dyn super::registry::PlannedSettings>, crate::render::RenderError> {
+        // The loader checked the values against `SPEC`; a default stands in for the rest.
+        Ok(Arc::new(
+            agent
+                .settings
+                .decode::<ConnexitySettings>()
+                .unwrap_or_default(),
+        ))
+    }
+
+    fn build(
+        &self,
+        setup: &super::AgentSetup<'_>,
+    ) -> Result<Arc<dyn AgentProtocol>, super::registry::BuildError> {
+        let settings = super::registry::settings::<ConnexitySettings>(setup)?;
+        Ok(Arc::new(ConnexityClient::new(
+            setup.url,
+            setup.headers.clone(),
+            setup.limits,
+            setup.retry,
+            settings.history,
+            setup.transport.clone(),
+        )?))
+    }
 }

@@ -1066,6 +1066,68 @@ fn bracketed(text: &str) -> Option<(&str, &str, &str)> {
     matches!(kind, "Func" | "Agent").then_some((kind, name.trim(), rest))
 }
 
+// ----- registry glue (`super::registry`)
+
+use trellis_dsl::lang::{Capabilities, EndpointKind, ProtocolSpec};
+
+/// `protocol="fixie"`.
+pub const SPEC: ProtocolSpec = ProtocolSpec {
+    name: "fixie",
+    help: "Fixie agents: a handshake, then functions that `call` steps invoke; a provider plays the agent's LLM for `user` steps",
+    endpoints: &[EndpointKind::Url, EndpointKind::Builtin],
+    settings: &[],
+    capabilities: Capabilities {
+        forks: true,
+        function_calls: true,
+        provider_plays_llm: true,
+        ..super::connexity::NO_CAPABILITIES
+    },
+    builtins: &["numbers"],
+};
+
+/// A Fixie agent has no settings of its own (`provider=`, common to every agent, names the
+/// provider playing its LLM).
+#[derive(Clone, Copy, Debug)]
+pub struct FixieSettings;
+
+impl super::registry::PlannedSettings for FixieSettings {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+pub struct Module;
+
+impl super::registry::ProtocolModule for Module {
+    fn spec(&self) -> &'static ProtocolSpec {
+        &SPEC
+    }
+
+    fn plan(
+        &self,
+        _project: &trellis_dsl::Project,
+        _agent: &trellis_dsl::Agent,
+        _templates: &mut crate::render::Templates,
+    ) -> Result<Arc<dyn super::registry::PlannedSettings>, crate::render::RenderError> {
+        Ok(Arc::new(FixieSettings))
+    }
+
+    fn build(
+        &self,
+        setup: &super::AgentSetup<'_>,
+    ) -> Result<Arc<dyn AgentProtocol>, super::registry::BuildError> {
+        let client = FixieClient::new(
+            setup.url,
+            setup.headers.clone(),
+            setup.limits,
+            setup.retry,
+            setup.transport.clone(),
+        )?;
+        let provider = setup.provider_name.map(str::to_owned);
+        Ok(Arc::new(client.with_llm_provider(provider)))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,8 +12,9 @@
 //! (Connexity, OpenAI, MultiAgentEval) copies itself at a fork ([`Session::fork`]), so a
 //! shared prefix is called once per repetition; a session bound to server state (AgentScope
 //! `session_id`) cannot be copied, and the executor replays the prefix in a fresh session
-//! for each branch. Adding a protocol touches neither the planner, the executor nor the
-//! reports.
+//! for each branch. Adding a protocol is one module (its `SPEC`, settings and
+//! [`registry::ProtocolModule`]) and one line in [`registry::PROTOCOLS`]; it touches neither
+//! the loader, the planner, the executor nor the reports.
 //!
 //! Transports are written once and shared with the engine's LLM client, in
 //! [`crate::transport`] (HTTP with bounded bodies, fault mapping and the retry rule; SSE;
@@ -28,23 +29,30 @@ pub mod jsonhttp;
 pub mod multiagent;
 pub mod openai;
 pub mod pairing;
+pub mod registry;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use trellis_dsl::{Protocol, ProviderKind};
 
-use crate::llm::chat::ChatOptions;
-use crate::plan::PlannedAgent;
 pub use crate::record::{ChatMessage, ToolCall, ToolCallFunction};
 use crate::record::{Fault, FaultCategory, ToolCallRecord};
 use crate::transport::http::{CallLimits, HttpTransport, RetryPolicy};
 pub use crate::transport::{Attempt, Exchange, Usage};
+use trellis_dsl::{Endpoint, Protocol};
 
 /// Everything a protocol needs to build its client for one agent of a run.
 pub struct AgentSetup<'a> {
-    pub agent: &'a PlannedAgent,
+    /// The agent's id, for messages.
+    pub id: &'a str,
+    pub protocol: Protocol,
+    /// The agent's endpoint as written (`url`, `base-url`, `builtin`, `command`, `socket`).
+    pub endpoint: &'a Endpoint,
+    /// The protocol's own settings, as its module's `plan` made them ([`registry::settings`]).
+    pub settings: &'a dyn registry::PlannedSettings,
+    /// `provider=` as written: the provider named for the agent's model or LLM.
+    pub provider_name: Option<&'a str>,
     /// The endpoint: `url`, `base-url`, or the URL a builtin agent is served at.
     pub url: &'a str,
     /// The agent's `header` nodes, rendered.
@@ -64,163 +72,19 @@ pub struct AgentSetup<'a> {
     pub server_slots: Option<Arc<crate::llm::slots::ServerSlots>>,
 }
 
-/// Builds the client of one agent: the one place that maps a `protocol=` to its module.
+/// Builds the client of one agent through its protocol's module ([`registry`], the one
+/// place that maps a `protocol=` to a module).
 pub fn build(setup: AgentSetup<'_>) -> Result<Arc<dyn AgentProtocol>, Fault> {
     let setup_fault = |e: &dyn std::fmt::Display| {
-        Fault::new(
-            FaultCategory::Setup,
-            format!("agent `{}`: {e}", setup.agent.id),
-        )
+        Fault::new(FaultCategory::Setup, format!("agent `{}`: {e}", setup.id))
     };
-    match setup.agent.protocol {
-        Protocol::Connexity => connexity::ConnexityClient::new(
-            setup.url,
-            setup.headers.clone(),
-            setup.limits,
-            setup.retry,
-            setup.agent.history,
-            setup.transport.clone(),
-        )
-        .map(|c| Arc::new(c) as Arc<dyn AgentProtocol>)
-        .map_err(|e| setup_fault(&e)),
-        Protocol::AgentScope => agentscope::AgentScopeClient::new(
-            setup.url,
-            setup.headers.clone(),
-            setup.limits,
-            setup.retry,
-            setup.agent.stream,
-            setup.transport.clone(),
-        )
-        .map(|c| Arc::new(c) as Arc<dyn AgentProtocol>)
-        .map_err(|e| setup_fault(&e)),
-        Protocol::Fixie => fixie::FixieClient::new(
-            setup.url,
-            setup.headers.clone(),
-            setup.limits,
-            setup.retry,
-            setup.transport.clone(),
-        )
-        .map(|c| {
-            let provider = setup.agent.provider.as_deref().map(str::to_owned);
-            Arc::new(c.with_llm_provider(provider)) as Arc<dyn AgentProtocol>
-        })
-        .map_err(|e| setup_fault(&e)),
-        Protocol::MultiAgent => multiagent_client(&setup).map_err(|e| setup_fault(&e)),
-        Protocol::A2a => a2a::A2aClient::new(
-            setup.url,
-            setup.headers.clone(),
-            setup.limits,
-            setup.retry,
-            setup.agent.a2a.clone(),
-            setup.transport.clone(),
-        )
-        .map(|c| Arc::new(c) as Arc<dyn AgentProtocol>)
-        .map_err(|e| setup_fault(&e)),
-        Protocol::Http => jsonhttp::JsonHttpClient::new(&setup)
-            .map(|c| Arc::new(c) as Arc<dyn AgentProtocol>)
-            .map_err(|e| setup_fault(&e)),
-        Protocol::OpenAi | Protocol::Anthropic => {
-            let settings = &setup.agent.openai;
-            let options = openai::OpenAiOptions {
-                chat: ChatOptions {
-                    // Set by the constructor below from the protocol.
-                    api: ProviderKind::OpenAi,
-                    model: settings.model.clone().unwrap_or_default(),
-                    system_prompt: setup.system_prompt.clone(),
-                    tools: settings.tools.clone(),
-                    stream: setup.agent.stream,
-                    provider: setup.provider.clone(),
-                    server_slots: setup.server_slots.clone(),
-                    temperature: settings.temperature,
-                    max_tokens: settings.max_tokens,
-                },
-                max_tool_rounds: settings.max_tool_rounds,
-            };
-            let new = if setup.agent.protocol == Protocol::Anthropic {
-                anthropic::client
-            } else {
-                openai::OpenAiClient::new
-            };
-            new(
-                setup.url,
-                setup.headers.clone(),
-                setup.limits,
-                setup.retry,
-                setup.transport.clone(),
-                options,
-            )
-            .map(|c| Arc::new(c) as Arc<dyn AgentProtocol>)
-            .map_err(|e| setup_fault(&e))
-        }
-    }
-}
-
-/// A MultiAgentEval client from the agent's endpoint and its `multiagent` settings. The
-/// scenario's tools reach each conversation through [`Conversation::sandbox`].
-fn multiagent_client(
-    setup: &AgentSetup<'_>,
-) -> Result<Arc<dyn AgentProtocol>, multiagent::session::MultiAgentError> {
-    use multiagent::session::{MultiAgentClient, MultiAgentOptions};
-    use trellis_dsl::Endpoint;
-    let settings = &setup.agent.multiagent;
-    let options = MultiAgentOptions {
-        request_form: match settings.request {
-            trellis_dsl::MultiAgentRequest::Full => multiagent::wire::RequestForm::Full,
-            trellis_dsl::MultiAgentRequest::TaskOnly => multiagent::wire::RequestForm::TaskOnly,
-        },
-        feedback: match settings.feedback {
-            trellis_dsl::Feedback::Spec => crate::sandbox::FeedbackWording::Spec,
-            trellis_dsl::Feedback::Harness => crate::sandbox::FeedbackWording::Harness,
-        },
-        max_actions: settings.max_actions,
-        process_mode: match settings.process {
-            trellis_dsl::ProcessMode::PerCall => crate::transport::line::ProcessMode::PerCall,
-            trellis_dsl::ProcessMode::LongLived => crate::transport::line::ProcessMode::LongLived,
-        },
-        keep_open: settings.keep_open,
-        ..MultiAgentOptions::default()
-    };
-    let line_limits = crate::transport::line::LineLimits {
-        timeout: setup.limits.timeout,
-        max_line: setup.limits.max_response_size,
-    };
-    let client = match (&setup.agent.endpoint, &setup.line) {
-        // A builtin agent served as a process or on a socket (`transport=`).
-        (Endpoint::Builtin(_), Some(LineTarget::Command(command)))
-        | (Endpoint::Command(command), _) => MultiAgentClient::process(
-            command,
-            settings.env.clone(),
-            settings.cwd.clone(),
-            line_limits,
-            setup.retry,
-            options,
-        ),
-        (Endpoint::Builtin(_), Some(LineTarget::Socket(address))) => {
-            MultiAgentClient::socket(address, line_limits, setup.retry, options)?
-        }
-        (Endpoint::Socket(address), _) => {
-            let address = match address {
-                trellis_dsl::SocketAddress::Tcp { host, port } if host.contains(':') => {
-                    let host = host.trim_start_matches('[').trim_end_matches(']');
-                    format!("tcp:[{host}]:{port}")
-                }
-                trellis_dsl::SocketAddress::Tcp { host, port } => format!("tcp:{host}:{port}"),
-                trellis_dsl::SocketAddress::Unix(path) => format!("unix:{}", path.display()),
-            };
-            MultiAgentClient::socket(&address, line_limits, setup.retry, options)?
-        }
-        (Endpoint::Url(_) | Endpoint::Builtin(_) | Endpoint::Provider(_), _) => {
-            MultiAgentClient::http(
-                setup.url,
-                setup.headers.clone(),
-                setup.limits,
-                setup.retry,
-                setup.transport.clone(),
-                options,
-            )?
-        }
-    };
-    Ok(Arc::new(client))
+    let module = registry::module(setup.protocol).ok_or_else(|| {
+        setup_fault(&format!(
+            "no module speaks protocol `{}`",
+            setup.protocol.as_str()
+        ))
+    })?;
+    module.build(&setup).map_err(|e| setup_fault(&e))
 }
 
 /// Where a builtin agent served over the line transport is reached.

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use serde_json::{Map, Value, json};
-use trellis_dsl::{Agent, Project, ProviderKind};
+use trellis_dsl::{Agent, Project, ProviderKind, Template};
 
 use super::{AgentProtocol, CallContext, ChatMessage, Conversation, Session, Turn, TurnInput};
 use crate::llm::chat::{ChatClient, ChatOptions};
@@ -44,38 +44,57 @@ pub struct OpenAiSettings {
 }
 
 impl OpenAiSettings {
-    /// The settings of `agent` (empty for agents of other protocols).
+    /// The settings of `agent` (empty for agents of other protocols), from its protocol
+    /// settings as the loader checked them against [`MODEL_SETTINGS`].
     pub fn plan(
         project: &Project,
         agent: &Agent,
         templates: &mut Templates,
     ) -> Result<Self, RenderError> {
-        if !agent.protocol.is_model() {
+        if !agent.protocol.capabilities().model_api {
             return Ok(OpenAiSettings::default());
         }
-        let system_prompt = agent
-            .system_prompt
-            .as_ref()
-            .map(|t| templates.compile(t))
+        let written = &agent.settings;
+        let system_prompt = written
+            .spanned("system-prompt")
+            .and_then(|v| {
+                Some(Template {
+                    source: v.value.as_str()?.to_owned(),
+                    span: v.span,
+                })
+            })
+            .map(|t| templates.compile(&t))
             .transpose()?;
-        let tools = agent
-            .tools
-            .iter()
+        let tools = written
+            .get("tools")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
             .map(|name| {
-                let tool = project.tools.iter().find(|t| t.name.value == name.value);
-                function_definition(&name.value, tool)
+                let tool = project.tools.iter().find(|t| t.name.value == name);
+                function_definition(name, tool)
             })
             .collect();
+        let count = |name: &str| {
+            written
+                .get(name)
+                .and_then(Value::as_u64)
+                .and_then(|n| u32::try_from(n).ok())
+        };
         Ok(OpenAiSettings {
             model: agent.model.clone(),
-            temperature: agent.temperature,
-            max_tokens: agent.max_tokens,
+            temperature: written.get("temperature").and_then(Value::as_f64),
+            max_tokens: count("max-tokens"),
             system_prompt,
             tools,
-            max_tool_rounds: agent.max_tool_rounds,
+            max_tool_rounds: count("max-tool-rounds").unwrap_or(DEFAULT_MAX_TOOL_ROUNDS),
         })
     }
 }
+
+/// Tool rounds a model agent may take in one turn when `max-tool-rounds` is not written.
+pub const DEFAULT_MAX_TOOL_ROUNDS: u32 = 8;
 
 /// `{"type":"function","function":{name, description, parameters}}` from a `tool` node: each
 /// `param` a property of its JSON-schema type, `required` ones listed.
@@ -326,4 +345,174 @@ impl OpenAiSession {
             }
         }
     }
+}
+// ----- registry glue (`super::registry`): the `openai` protocol's spec and module (the
+// `anthropic` one, in `super::anthropic`, shares the settings, planning and building).
+
+use trellis_dsl::lang::{ArgSpec, Capabilities, EndpointKind, NodeSpec, ProtocolSpec, ValueType};
+
+/// The settings of a model under test, either API.
+pub(super) const MODEL_SETTINGS: &[NodeSpec] = &[
+    NodeSpec::setting(
+        "system-prompt",
+        &[ArgSpec::value(ValueType::Template)],
+        "the system prompt, rendered once per run with `env`",
+    ),
+    NodeSpec::setting(
+        "tools",
+        &[ArgSpec::values(ValueType::Ref("tool"))],
+        "the `tool`s offered to the model as functions",
+    ),
+    NodeSpec::setting(
+        "max-tool-rounds",
+        &[ArgSpec::value(ValueType::Positive)],
+        "the most model answers with tool calls in one turn; one more is a `protocol` fault",
+    ),
+    NodeSpec::setting(
+        "temperature",
+        &[ArgSpec::value(ValueType::Between(0, 2))],
+        "the sampling temperature sent with every request",
+    ),
+    NodeSpec::setting(
+        "max-tokens",
+        &[ArgSpec::value(ValueType::Positive)],
+        "the cap on generated tokens per request",
+    ),
+    NodeSpec::setting(
+        "stream",
+        &[ArgSpec::value(ValueType::Boolean)],
+        "ask the model for server-sent events (`#false` by default)",
+    ),
+];
+
+pub(super) const MODEL_CAPABILITIES: Capabilities = Capabilities {
+    streams: true,
+    forks: true,
+    measures_ttft: true,
+    engine_runs_tools: true,
+    speaks_first: true,
+    model_api: true,
+    ..super::connexity::NO_CAPABILITIES
+};
+
+pub(super) const MODEL_ENDPOINTS: &[EndpointKind] = &[
+    EndpointKind::BaseUrl,
+    EndpointKind::Builtin,
+    EndpointKind::Provider,
+];
+
+/// `protocol="openai"`.
+pub const SPEC: ProtocolSpec = ProtocolSpec {
+    name: "openai",
+    help: "A model behind an OpenAI-compatible chat completions API; the engine runs its tool loop against the suite's tools",
+    endpoints: MODEL_ENDPOINTS,
+    settings: MODEL_SETTINGS,
+    capabilities: MODEL_CAPABILITIES,
+    builtins: &[],
+};
+
+/// A model agent as planned: its settings, whether it streams and which API it speaks.
+#[derive(Clone, Debug)]
+pub struct PlannedModel {
+    pub settings: OpenAiSettings,
+    pub stream: bool,
+    pub api: ProviderKind,
+}
+
+impl super::registry::PlannedSettings for PlannedModel {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    fn system_prompt(&self) -> Option<&CompiledTemplate> {
+        self.settings.system_prompt.as_ref()
+    }
+}
+
+pub struct Module;
+
+impl super::registry::ProtocolModule for Module {
+    fn spec(&self) -> &'static ProtocolSpec {
+        &SPEC
+    }
+    fn plan(
+        &self,
+        project: &Project,
+        agent: &Agent,
+        templates: &mut Templates,
+    ) -> Result<Arc<dyn super::registry::PlannedSettings>, RenderError> {
+        plan_model(project, agent, templates, ProviderKind::OpenAi)
+    }
+    fn build(
+        &self,
+        setup: &super::AgentSetup<'_>,
+    ) -> Result<Arc<dyn AgentProtocol>, super::registry::BuildError> {
+        build_model(setup)
+    }
+    fn untimed(&self, agent: &Agent) -> Option<String> {
+        unstreamed_model(agent)
+    }
+}
+
+/// `stream #true`: a model is asked for one JSON body unless the agent says so.
+fn streams(agent: &Agent) -> bool {
+    agent
+        .settings
+        .get("stream")
+        .and_then(Value::as_bool)
+        .unwrap_or(false)
+}
+
+pub(super) fn plan_model(
+    project: &Project,
+    agent: &Agent,
+    templates: &mut Templates,
+    api: ProviderKind,
+) -> Result<Arc<dyn super::registry::PlannedSettings>, RenderError> {
+    Ok(Arc::new(PlannedModel {
+        settings: OpenAiSettings::plan(project, agent, templates)?,
+        stream: streams(agent),
+        api,
+    }))
+}
+
+pub(super) fn build_model(
+    setup: &super::AgentSetup<'_>,
+) -> Result<Arc<dyn AgentProtocol>, super::registry::BuildError> {
+    let planned = super::registry::settings::<PlannedModel>(setup)?;
+    let settings = &planned.settings;
+    let options = OpenAiOptions {
+        chat: ChatOptions {
+            // Set by the constructor from `planned.api`.
+            api: planned.api,
+            model: settings.model.clone().unwrap_or_default(),
+            system_prompt: setup.system_prompt.clone(),
+            tools: settings.tools.clone(),
+            stream: planned.stream,
+            provider: setup.provider.clone(),
+            server_slots: setup.server_slots.clone(),
+            temperature: settings.temperature,
+            max_tokens: settings.max_tokens,
+        },
+        max_tool_rounds: settings.max_tool_rounds,
+    };
+    Ok(Arc::new(OpenAiClient::for_api(
+        planned.api,
+        setup.url,
+        setup.headers.clone(),
+        setup.limits,
+        setup.retry,
+        setup.transport.clone(),
+        options,
+    )?))
+}
+
+pub(super) fn unstreamed_model(agent: &Agent) -> Option<String> {
+    (!streams(agent)).then(|| {
+        format!(
+            "agent `{}` does not have `stream #true`: the model is asked for one JSON body, so \
+             no first token is timed",
+            agent.id.value
+        )
+    })
 }

@@ -10,8 +10,8 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use trellis_agents as builtin;
-use trellis_dsl::A2aSettings;
 use trellis_engine::protocol::a2a::A2aClient;
+use trellis_engine::protocol::a2a::A2aSettings;
 use trellis_engine::protocol::{
     AgentProtocol, CallContext, Conversation, Session, Turn, TurnInput,
 };

@@ -301,7 +301,8 @@ async fn run_with(
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("suite.kdl");
     std::fs::write(&path, text).unwrap();
-    let project = trellis_dsl::load(&[&path]).unwrap_or_else(|d| panic!("{}", d.render_plain()));
+    let project = trellis_dsl::load(&[&path], &trellis_engine::protocol::registry::specs())
+        .unwrap_or_else(|d| panic!("{}", d.render_plain()));
     let plan =
         trellis_engine::plan::Plan::build(&project, &trellis_engine::plan::Selection::default())
             .unwrap();

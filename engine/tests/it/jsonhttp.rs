@@ -250,7 +250,8 @@ fn settings() -> trellis_dsl::HttpSettings {
             stream json-path="$.content"
         }"##;
     std::fs::write(&path, text).expect("the suite is written");
-    let project = trellis_dsl::load(&[&path]).expect("the settings parse");
+    let project = trellis_dsl::load(&[&path], &trellis_engine::protocol::registry::specs())
+        .expect("the settings parse");
     project
         .agents
         .into_iter()

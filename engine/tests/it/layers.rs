@@ -37,11 +37,7 @@ const LAYERS: &[&[&str]] = &[
 
 /// Upward edges still in the tree, each owned by work under way elsewhere. This list only
 /// ever shrinks: an entry whose edge is gone fails the test until it is removed.
-const PENDING: &[(&str, &str)] = &[
-    // `protocol::AgentSetup` carries the planner's `PlannedAgent`; the protocol registry
-    // (issue 14) gives protocols their own typed settings instead.
-    ("protocol", "plan"),
-];
+const PENDING: &[(&str, &str)] = &[];
 
 /// Crates `trellis-reports` must not depend on (outside `[dev-dependencies]`).
 const NOT_UNDER_REPORTS: &[&str] = &["trellis-engine", "tokio", "reqwest", "axum"];

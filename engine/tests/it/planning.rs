@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use trellis_dsl::Protocol;
 use trellis_engine::plan::{Plan, Selection};
+use trellis_engine::protocol::{connexity, fixie};
 use trellis_engine::record::TrajectoryStatus;
 use trellis_engine::render::EnvSnapshot;
 
@@ -14,7 +15,7 @@ fn load_files(files: &[(&str, &str)]) -> (tempfile::TempDir, trellis_dsl::Projec
     for (name, text) in files {
         std::fs::write(dir.path().join(name), text).unwrap();
     }
-    match trellis_dsl::load(&[dir.path()]) {
+    match trellis_dsl::load(&[dir.path()], &trellis_engine::protocol::registry::specs()) {
         Ok(p) => (dir, p),
         Err(d) => panic!("{}", d.render_plain()),
     }
@@ -105,15 +106,18 @@ scenario "talk" {
     let simulated = t("simulated");
     assert!(
         simulated
-            .unsupported_on(Protocol::Connexity)
+            .unsupported_on(Protocol::new(&connexity::SPEC))
             .unwrap()
             .contains("simulate")
     );
     let scripted = t("scripted");
-    assert_eq!(scripted.unsupported_on(Protocol::Connexity), None);
+    assert_eq!(
+        scripted.unsupported_on(Protocol::new(&connexity::SPEC)),
+        None
+    );
     assert!(
         scripted
-            .unsupported_on(Protocol::Fixie)
+            .unsupported_on(Protocol::new(&fixie::SPEC))
             .unwrap()
             .contains("`fixie`")
     );

@@ -16,7 +16,8 @@ pub(crate) fn plan(text: &str) -> Plan {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("suite.kdl");
     std::fs::write(&path, text).unwrap();
-    let project = trellis_dsl::load(&[&path]).unwrap();
+    let project =
+        trellis_dsl::load(&[&path], &trellis_engine::protocol::registry::specs()).unwrap();
     Plan::build_with_env(
         &project,
         &Selection::default(),

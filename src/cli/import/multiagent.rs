@@ -563,7 +563,10 @@ pub(super) fn write_checked(
         std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
     }
     write_file(path, text, replace)?;
-    if check && let Err(diagnostics) = trellis_dsl::load(&[path]) {
+    if check
+        && let Err(diagnostics) =
+            trellis_dsl::load(&[path], &trellis_engine::protocol::registry::specs())
+    {
         let _ = std::fs::remove_file(path);
         return Err(format!(
             "internal: the suite written for it does not check, so it was removed; please \
@@ -580,7 +583,7 @@ pub(super) fn check_text(text: &str) -> Result<(), String> {
     let dir = tempfile::tempdir().map_err(|e| format!("a temporary directory: {e}"))?;
     let path = dir.path().join("suite.kdl");
     write_file(&path, text, false)?;
-    trellis_dsl::load(&[&path])
+    trellis_dsl::load(&[&path], &trellis_engine::protocol::registry::specs())
         .map(drop)
         .map_err(|diagnostics| format!("{:?}", miette::Report::new(diagnostics)))
 }

@@ -39,7 +39,6 @@ use crate::transport::http::{
 };
 use crate::transport::quote::preview;
 use crate::transport::sse::{self, Opened, StreamLimits};
-use trellis_dsl::A2aSettings;
 use wire::{AgentCard, Assembly};
 
 /// Where agent cards are published, newest first.
@@ -434,6 +433,84 @@ impl Session for A2aSession {
 
     /// The context is server state: it cannot be copied.
     fn fork(&self) -> Option<Box<dyn Session>> {
+        None
+    }
+}
+
+// ----- registry glue (`super::registry`)
+
+use trellis_dsl::lang::{ArgSpec, Capabilities, EndpointKind, NodeSpec, ProtocolSpec, ValueType};
+
+/// `protocol="a2a"`.
+pub const SPEC: ProtocolSpec = ProtocolSpec {
+    name: "a2a",
+    help: "Agent2Agent: the agent card, then JSON-RPC `message/send` or `message/stream` on a server-side context",
+    endpoints: &[EndpointKind::Url, EndpointKind::Builtin],
+    settings: &[NodeSpec::setting(
+        "stream",
+        &[ArgSpec::value(ValueType::Boolean)],
+        "`message/stream` (`#true`) or `message/send` (`#false`) whatever the card says",
+    )],
+    capabilities: Capabilities {
+        streams: true,
+        measures_ttft: true,
+        session_bound: true,
+        ..super::connexity::NO_CAPABILITIES
+    },
+    builtins: &["travel"],
+};
+
+/// The settings of an `a2a` agent (the card says the rest).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(default)]
+pub struct A2aSettings {
+    /// `stream`: `message/stream` (`#true`) or `message/send` (`#false`) whatever the card's
+    /// `capabilities.streaming` says; `None` follows the card.
+    pub stream: Option<bool>,
+}
+
+impl super::registry::PlannedSettings for A2aSettings {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+pub struct Module;
+
+impl super::registry::ProtocolModule for Module {
+    fn spec(&self) -> &'static ProtocolSpec {
+        &SPEC
+    }
+
+    fn plan(
+        &self,
+        _project: &trellis_dsl::Project,
+        agent: &trellis_dsl::Agent,
+        _templates: &mut crate::render::Templates,
+    ) -> Result<Arc<dyn super::registry::PlannedSettings>, crate::render::RenderError> {
+        // The loader checked the values against `SPEC`; a default stands in for the rest.
+        Ok(Arc::new(
+            agent.settings.decode::<A2aSettings>().unwrap_or_default(),
+        ))
+    }
+
+    fn build(
+        &self,
+        setup: &super::AgentSetup<'_>,
+    ) -> Result<Arc<dyn AgentProtocol>, super::registry::BuildError> {
+        let settings = super::registry::settings::<A2aSettings>(setup)?;
+        Ok(Arc::new(A2aClient::new(
+            setup.url,
+            setup.headers.clone(),
+            setup.limits,
+            setup.retry,
+            settings.clone(),
+            setup.transport.clone(),
+        )?))
+    }
+
+    /// Whether an A2A agent streams is for its card to say, at run time.
+    fn untimed(&self, _agent: &trellis_dsl::Agent) -> Option<String> {
         None
     }
 }

@@ -58,14 +58,15 @@ impl JsonHttpClient {
     /// The client of the agent `setup` describes. A `builtin="langserve"` agent with
     /// `stream` is sent to the builtin's `/stream` route, which sits next to `/invoke` as
     /// on a LangServe server.
-    pub fn new(setup: &AgentSetup<'_>) -> Result<Self, JsonHttpError> {
-        let agent = setup.agent;
-        let settings = agent
-            .http
-            .clone()
-            .ok_or_else(|| JsonHttpError::NoSettings(agent.id.to_string()))?;
+    pub fn new(
+        setup: &AgentSetup<'_>,
+        settings: Option<&HttpSettings>,
+    ) -> Result<Self, JsonHttpError> {
+        let settings = settings
+            .cloned()
+            .ok_or_else(|| JsonHttpError::NoSettings(setup.id.to_owned()))?;
         let mut url = setup.url.to_owned();
-        if matches!(agent.endpoint, Endpoint::Builtin(_))
+        if matches!(setup.endpoint, Endpoint::Builtin(_))
             && settings.stream.is_some()
             && let Some(base) = url.strip_suffix("/invoke")
         {

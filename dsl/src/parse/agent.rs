@@ -1,0 +1,993 @@
+//! Decoding the `agent` node: the settings every agent takes, its `protocol`, its endpoint
+//! and the settings of the protocol it speaks (those of `http` agents in `http.rs`).
+
+use super::*;
+use crate::lang::{EndpointKind, Form, ProtocolSpec, Repeat, ValueType};
+
+/// The settings every agent takes, whatever its protocol; the protocols' own settings come
+/// from their specs ([`crate::lang::ProtocolSpec::settings`]).
+const COMMON_SETTINGS: &[(&str, Arity)] = &[
+    ("protocol", Arity::One),
+    ("url", Arity::One),
+    ("base-url", Arity::One),
+    ("builtin", Arity::One),
+    ("command", Arity::One),
+    ("socket", Arity::One),
+    ("header", Arity::Pair),
+    ("timeout", Arity::One),
+    ("retries", Arity::One),
+    ("concurrency", Arity::One),
+    ("max-response-size", Arity::One),
+    ("model", Arity::One),
+    ("provider", Arity::One),
+    ("retry-after-send", Arity::One),
+];
+/// Protocol settings that mean something on one kind of endpoint only, with that endpoint
+/// (`None`: any), checked in this order on the protocols that declare them.
+const ENDPOINT_SETTINGS: &[(&str, Option<&str>)] = &[
+    ("request", None),
+    ("feedback", None),
+    ("max-actions", None),
+    ("process", Some("command")),
+    ("env", Some("command")),
+    ("cwd", Some("command")),
+    ("keep-open", Some("socket")),
+];
+const ENDPOINTS: &[&str] = &["url", "base-url", "builtin", "command", "socket"];
+
+impl Decoder<'_> {
+    pub(super) fn agent(&mut self, v: &View) -> Option<Agent> {
+        let usage = "agent \"ID\" protocol=\"connexity\" url=\"https://…\"";
+        let id = self.id_arg(v, "an id", usage)?;
+        let agent = self.agent_body(v, &id, usage);
+        if agent.is_none() {
+            self.info.declare(RefKind::Agent, &id.value);
+        }
+        agent
+    }
+
+    fn agent_body(&mut self, v: &View, id: &Spanned<String>, usage: &str) -> Option<Agent> {
+        self.check_args(v, 1, usage);
+        // `http` agents' answer nodes take properties, so they are decoded in `http.rs`.
+        let named = v
+            .prop("protocol")
+            .and_then(|e| e.value().as_string())
+            .and_then(|name| self.info.protocols.iter().find(|p| p.name == name).copied());
+        let other_children = node_settings(&self.info.protocols, named);
+        let spec = agent_settings(&self.info.protocols);
+        let s = self.settings(v, &spec, "`agent`", &other_children);
+        let protocol = match s.value("protocol") {
+            None => {
+                let d = self
+                    .diag(
+                        Kind::Missing,
+                        format!("agent `{}` needs a `protocol`", id.value),
+                        id.span.span,
+                        "no protocol",
+                    )
+                    .with_help(format!(
+                        "add protocol=\"…\": one of {}",
+                        self.info
+                            .protocols
+                            .iter()
+                            .map(|p| p.name)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ));
+                self.report(d);
+                None
+            }
+            Some(e) => {
+                let choices: Vec<(&str, Protocol)> = self
+                    .info
+                    .protocols
+                    .iter()
+                    .map(|p| (p.name, Protocol::new(p)))
+                    .collect();
+                self.choice(e, "protocol", &choices)
+            }
+        };
+        let headers = self.headers(
+            &s,
+            "header \"NAME\" \"VALUE\", e.g. header \"Authorization\" \"Bearer {{ env.TOKEN }}\"",
+            Self::template,
+            |t| &t.source,
+        );
+        let timeout = s.value("timeout").and_then(|e| self.duration(e));
+        let retries = s.value("retries").and_then(|e| self.u32(e, 0)).unwrap_or(0);
+        let concurrency = s
+            .value("concurrency")
+            .and_then(|e| self.u32(e, 1))
+            .and_then(|c| usize::try_from(c).ok());
+        let max_response_size = s
+            .value("max-response-size")
+            .and_then(|e| self.size(e))
+            .unwrap_or(DEFAULT_MAX_RESPONSE_SIZE);
+        let model = self.s_string(&s, "model");
+        let provider = self.s_spanned(&s, "provider");
+        // `stream` is a switch wherever it is a setting: its type is checked whatever the
+        // protocol (the value reaches the module through `protocol_settings`).
+        if let Some(e) = s.value("stream") {
+            let _ = self.boolean(e);
+        }
+        let retry_after_send = s
+            .value("retry-after-send")
+            .and_then(|e| self.boolean(e))
+            .unwrap_or(false);
+        let history_entry = s.value("history");
+
+        let protocol = protocol?;
+        if let (Some(e), Some(set)) = (history_entry, s.get("history"))
+            && !protocol.declares("history")
+        {
+            let d = self
+                .diag(
+                    Kind::InvalidValue,
+                    self.not_this_protocol("history", id, protocol),
+                    set.name_span,
+                    "not a setting of this protocol",
+                )
+                .with_label(value_span(e), "this value")
+                .with_help(if protocol.capabilities().session_bound {
+                    format!(
+                        "`{}` agents keep the conversation on their server; remove `history`",
+                        protocol.as_str()
+                    )
+                } else {
+                    format!(
+                        "only {} agents choose what each request carries; remove `history`",
+                        owners(&self.info.protocols, "history")
+                    )
+                });
+            self.report(d);
+        }
+        if let (Some(e), Some(set)) = (s.value("stream"), s.get("stream"))
+            && !protocol.declares("stream")
+        {
+            let d = self
+                .diag(
+                    Kind::InvalidValue,
+                    format!(
+                        "`stream` is a setting of streaming protocols; agent `{}` is `{}`, which \
+                         answers with one JSON body",
+                        id.value,
+                        protocol.as_str()
+                    ),
+                    set.name_span,
+                    "not a setting of this protocol",
+                )
+                .with_label(value_span(e), "this value")
+                .with_help(
+                    "remove `stream`; it chooses between SSE and one JSON body for `agentscope`",
+                );
+            self.report(d);
+        }
+        if protocol.is_model() && s.get("provider").is_some() {
+            for name in ["retries", "retry-after-send"] {
+                if let Some(set) = s.get(name) {
+                    let d = self
+                        .diag(
+                            Kind::InvalidValue,
+                            format!(
+                                "agent `{}` reaches its model through a provider, whose `retries` \
+                                 apply",
+                                id.value
+                            ),
+                            set.name_span,
+                            "the provider decides this",
+                        )
+                        .with_help(
+                            "remove it here and set `retries` on the provider (its calls are \
+                             retried after send: asking a model again has no side effect)",
+                        );
+                    self.report(d);
+                }
+            }
+        }
+        self.settings_of_other_protocols(v, &s, id, protocol);
+        let multiagent = self.multiagent_settings(v, &s, id, protocol);
+        let http = self.http_settings(v, &s, id, protocol);
+        let endpoint = self.endpoint(&s, id, protocol)?;
+        // A model agent reached through a `provider` may take the provider's model.
+        if protocol.is_model() && s.get("model").is_none() && s.get("provider").is_none() {
+            let d = self
+                .diag(
+                    Kind::Missing,
+                    format!("agent `{}` needs a `model`", id.value),
+                    id.span.span,
+                    "no model",
+                )
+                .with_help(format!(
+                    "`{}` agents name the model to call: model=\"gpt-4o-mini\"",
+                    protocol.as_str()
+                ));
+            self.report(d);
+        }
+        Some(Agent {
+            id: id.clone(),
+            protocol,
+            endpoint,
+            headers,
+            timeout,
+            retries,
+            retry_after_send,
+            concurrency,
+            max_response_size,
+            model,
+            provider,
+            multiagent,
+            settings: self.protocol_settings(&s, protocol),
+            http,
+            span: self.span(v.span),
+        })
+    }
+
+    /// The `multiagent` settings; each one on another protocol, or on an endpoint it does not
+    /// apply to, is an error pointing at it.
+    fn multiagent_settings(
+        &mut self,
+        v: &View,
+        s: &Settings,
+        id: &Spanned<String>,
+        protocol: Protocol,
+    ) -> MultiAgentSettings {
+        let mut out = MultiAgentSettings::default();
+        let env_nodes: Vec<View> = v
+            .children
+            .map(|c| c.nodes())
+            .unwrap_or_default()
+            .iter()
+            .map(|n| View::of(n, self.text()))
+            .filter(|cv| cv.name == "env")
+            .collect();
+        let endpoint = ENDPOINTS.iter().find(|e| s.get(e).is_some()).copied();
+        out.transport = self.builtin_transport(s, id, protocol, endpoint);
+        for (name, needs) in ENDPOINT_SETTINGS {
+            // A builtin served as a process takes `process` like a `command=` agent, one
+            // served on a socket `keep-open` like a `socket=` agent.
+            let served_as = match out.transport {
+                BuiltinTransport::Process => Some("process"),
+                BuiltinTransport::Tcp | BuiltinTransport::Unix => Some("keep-open"),
+                BuiltinTransport::Http => None,
+            };
+            if endpoint == Some("builtin") && served_as == Some(*name) {
+                continue;
+            }
+            let at = match s.get(name) {
+                Some(set) => set.name_span,
+                None if *name == "env" => match env_nodes.first() {
+                    Some(cv) => cv.name_span,
+                    None => continue,
+                },
+                None => continue,
+            };
+            if !protocol.declares(name) {
+                let d = self
+                    .diag(
+                        Kind::InvalidValue,
+                        self.not_this_protocol(name, id, protocol),
+                        at,
+                        "not a setting of this protocol",
+                    )
+                    .with_help(format!("remove `{name}`"));
+                self.report(d);
+            } else if let Some(needed) = needs
+                && endpoint.is_some_and(|e| e != *needed)
+            {
+                let d = self
+                    .diag(
+                        Kind::InvalidValue,
+                        format!(
+                            "`{name}` is a setting of `{needed}=` agents; agent `{}` uses `{}=`",
+                            id.value,
+                            endpoint.unwrap_or_default()
+                        ),
+                        at,
+                        format!("only for `{needed}=`"),
+                    )
+                    .with_help(match (*name, endpoint) {
+                        ("process", Some("builtin")) => "add transport=\"process\" to run the \
+                             builtin as a process of the trellis executable, or remove `process`"
+                            .to_owned(),
+                        ("keep-open", Some("builtin")) => "add transport=\"tcp\" or \
+                             transport=\"unix\" to serve the builtin on a socket, or remove \
+                             `keep-open`"
+                            .to_owned(),
+                        _ => format!("remove `{name}`"),
+                    });
+                self.report(d);
+            }
+        }
+        if let Some(r) = s
+            .value("request")
+            // `request` is a choice of form here, a body template on an `http` agent.
+            .filter(|_| {
+                setting_spec(protocol, "request").is_some_and(|spec| {
+                    matches!(spec.args.first().map(|a| a.ty), Some(ValueType::OneOf(_)))
+                })
+            })
+            .and_then(|e| self.choice(e, "request", &MultiAgentRequest::ALL))
+        {
+            out.request = r;
+        }
+        if let Some(f) = s
+            .value("feedback")
+            .and_then(|e| self.choice(e, "feedback", &Feedback::ALL))
+        {
+            out.feedback = f;
+        }
+        if let Some(n) = s.value("max-actions").and_then(|e| self.u32(e, 1)) {
+            out.max_actions = n;
+        }
+        if let Some(p) = s
+            .value("process")
+            .and_then(|e| self.choice(e, "process", &ProcessMode::ALL))
+        {
+            out.process = p;
+        }
+        if let Some(k) = s.value("keep-open").and_then(|e| self.boolean(e)) {
+            out.keep_open = k;
+        }
+        if let Some(cwd) = self.s_string(s, "cwd") {
+            let base = self
+                .files
+                .get(self.file)
+                .and_then(|f| f.path.parent())
+                .map(Path::to_path_buf)
+                .unwrap_or_default();
+            out.cwd = Some(base.join(cwd));
+        }
+        let mut first_env: Option<SourceSpan> = None;
+        for cv in &env_nodes {
+            if let Some(first) = first_env {
+                let d = self
+                    .diag(
+                        Kind::DuplicateSetting,
+                        "`env` is set twice".to_string(),
+                        cv.name_span,
+                        "set again here",
+                    )
+                    .with_label(first, "first set here")
+                    .with_help("put every variable in one `env { KEY \"VALUE\" }` block");
+                self.report(d);
+                continue;
+            }
+            first_env = Some(cv.name_span);
+            out.env = self.env_block(cv);
+        }
+        out
+    }
+
+    /// `transport` of a `builtin=` multiagent agent; anywhere else it is an error pointing at
+    /// it (and the default, HTTP, is used).
+    fn builtin_transport(
+        &mut self,
+        s: &Settings,
+        id: &Spanned<String>,
+        protocol: Protocol,
+        endpoint: Option<&str>,
+    ) -> BuiltinTransport {
+        let (Some(set), Some(e)) = (s.get("transport"), s.value("transport")) else {
+            return BuiltinTransport::default();
+        };
+        let Some(transport) = self.choice(e, "transport", &BuiltinTransport::ALL) else {
+            return BuiltinTransport::default();
+        };
+        let problem = if !protocol.declares("transport") {
+            Some((
+                format!(
+                    "`transport` is a setting of builtin {} agents; agent `{}` is `{}`",
+                    owners(&self.info.protocols, "transport"),
+                    id.value,
+                    protocol.as_str()
+                ),
+                "not a setting of this protocol",
+                format!(
+                    "remove `transport`: builtin `{}` agents are always served over HTTP",
+                    protocol.as_str()
+                ),
+            ))
+        } else {
+            endpoint.filter(|e| *e != "builtin").map(|other| {
+                (
+                    format!(
+                        "`transport` chooses how a builtin agent is served; agent `{}` uses \
+                         `{other}=`",
+                        id.value
+                    ),
+                    "only for `builtin=`",
+                    "remove `transport`: `url=`, `command=` and `socket=` already say how to \
+                     reach the agent"
+                        .to_owned(),
+                )
+            })
+        };
+        match problem {
+            Some((message, label, help)) => {
+                let d = self
+                    .diag(Kind::InvalidValue, message, set.name_span, label)
+                    .with_label(value_span(e), "this transport")
+                    .with_help(help);
+                self.report(d);
+                BuiltinTransport::default()
+            }
+            None => transport,
+        }
+    }
+
+    /// `env { KEY "VALUE"; … }`: names must be valid environment variable names.
+    fn env_block(&mut self, v: &View) -> Vec<(String, String)> {
+        let usage = "env { KEY \"VALUE\" }";
+        self.check_props(v, &[], &[]);
+        self.check_args(v, 0, usage);
+        let mut out: Vec<(String, String)> = Vec::new();
+        let mut seen: HashMap<String, SourceSpan> = HashMap::new();
+        for child in v.children.map(|c| c.nodes()).unwrap_or_default() {
+            let cv = View::of(child, self.text());
+            self.check_props(&cv, &[], &[]);
+            self.check_no_children(&cv);
+            self.check_args(&cv, 1, usage);
+            let Some(e) = cv.args.first() else {
+                self.missing(&cv, "a value", usage);
+                continue;
+            };
+            let Some(value) = self.string(e) else {
+                continue;
+            };
+            let name = cv.name;
+            let valid = !name.is_empty()
+                && !name.starts_with(|c: char| c.is_ascii_digit())
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !valid {
+                let d = self
+                    .diag(
+                        Kind::InvalidValue,
+                        format!("invalid environment variable name `{name}`"),
+                        cv.name_span,
+                        "not a variable name",
+                    )
+                    .with_help("use letters, digits and `_`, not starting with a digit");
+                self.report(d);
+                continue;
+            }
+            if let Some(first) = seen.get(name) {
+                let d = self
+                    .diag(
+                        Kind::DuplicateSetting,
+                        format!("`{name}` is set twice in `env`"),
+                        cv.name_span,
+                        "set again here",
+                    )
+                    .with_label(*first, "first set here")
+                    .with_help("remove one of them");
+                self.report(d);
+                continue;
+            }
+            seen.insert(name.to_string(), cv.name_span);
+            out.push((name.to_string(), value));
+        }
+        out
+    }
+
+    /// A `socket=` address: `tcp://HOST:PORT` or `tcp:HOST:PORT`, `unix:///PATH` or
+    /// `unix:/PATH` (the spec's and the harness's spellings).
+    fn socket_address(&mut self, e: &KdlEntry) -> Option<SocketAddress> {
+        let text = self.string(e)?;
+        let parsed = if let Some(rest) = text.strip_prefix("tcp:") {
+            let rest = rest.strip_prefix("//").unwrap_or(rest);
+            match rest.rsplit_once(':') {
+                None => Err("a TCP address needs a port: tcp://HOST:PORT"),
+                Some((host, port)) => {
+                    let host = host
+                        .strip_prefix('[')
+                        .and_then(|h| h.strip_suffix(']'))
+                        .unwrap_or(host);
+                    match port.parse::<u16>() {
+                        _ if host.is_empty() => Err("the TCP address has no host"),
+                        _ if host.contains(['/', ' ']) => Err("the host is not a host name"),
+                        Ok(0) | Err(_) => Err("the port must be a number from 1 to 65535"),
+                        Ok(port) => Ok(SocketAddress::Tcp {
+                            host: host.to_string(),
+                            port,
+                        }),
+                    }
+                }
+            }
+        } else if let Some(rest) = text.strip_prefix("unix:") {
+            // `unix:///p` and `unix:/p` both mean `/p`; `unix://p` would be a host, not a path.
+            let path = rest.strip_prefix("//").unwrap_or(rest);
+            if path.is_empty() {
+                Err("the Unix socket address has no path")
+            } else if rest.starts_with("//") && !path.starts_with('/') {
+                Err("`unix://` is followed by the path: write unix:///PATH")
+            } else {
+                Ok(SocketAddress::Unix(PathBuf::from(path)))
+            }
+        } else {
+            Err("expected tcp://HOST:PORT, tcp:HOST:PORT, unix:///PATH or unix:/PATH")
+        };
+        match parsed {
+            Ok(address) => Some(address),
+            Err(why) => {
+                let d = self
+                    .diag(
+                        Kind::InvalidValue,
+                        format!("invalid socket address `{text}`"),
+                        value_span(e),
+                        why,
+                    )
+                    .with_help(
+                        "write socket=\"tcp://127.0.0.1:9000\" or socket=\"unix:///tmp/agent.sock\"",
+                    );
+                self.report(d);
+                None
+            }
+        }
+    }
+
+    fn endpoint(
+        &mut self,
+        s: &Settings,
+        id: &Spanned<String>,
+        protocol: Protocol,
+    ) -> Option<Endpoint> {
+        let allowed: Vec<&str> = protocol
+            .spec()
+            .endpoints
+            .iter()
+            .map(|e| e.property())
+            .collect();
+        let allowed_list = allowed
+            .iter()
+            .map(|a| format!("{a}=…"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mut ok = true;
+        let mut valid = Vec::new();
+        for name in ENDPOINTS {
+            let Some(set) = s.get(name) else { continue };
+            if allowed.contains(name) {
+                valid.push(set);
+                continue;
+            }
+            ok = false;
+            let help = match did_you_mean(name, allowed.iter().copied()) {
+                Some(best) => format!(
+                    "did you mean `{best}`? `{}` agents use {allowed_list}",
+                    protocol.as_str()
+                ),
+                None => format!("`{}` agents use {allowed_list}", protocol.as_str()),
+            };
+            let d = self
+                .diag(
+                    Kind::InvalidEndpoint,
+                    format!(
+                        "`{name}` is not supported by protocol `{}`",
+                        protocol.as_str()
+                    ),
+                    set.name_span,
+                    "not supported by this protocol",
+                )
+                .with_help(help);
+            self.report(d);
+        }
+        // A model under test can be reached through a `provider` node instead: its endpoint,
+        // key, limits and prices (`provider` on a Fixie agent is not an endpoint).
+        let via_provider = s
+            .get("provider")
+            .filter(|_| protocol.spec().endpoints.contains(&EndpointKind::Provider));
+        if let Some(set) = via_provider {
+            match valid.first() {
+                None => {
+                    let name = set.values.first().and_then(|e| self.spanned_string(e))?;
+                    return Some(Endpoint::Provider(name));
+                }
+                Some(other) => {
+                    let d = self
+                        .diag(
+                            Kind::InvalidEndpoint,
+                            format!("agent `{}` has more than one endpoint", id.value),
+                            set.name_span,
+                            "the provider's endpoint",
+                        )
+                        .with_label(other.name_span, "an endpoint of its own")
+                        .with_help(
+                            "keep `provider=` (the provider's base URL, key, limits and prices) \
+                             or `base-url=` (headers written on the agent), not both",
+                        );
+                    self.report(d);
+                    return None;
+                }
+            }
+        }
+        let first = match valid.as_slice() {
+            [] => {
+                if ok {
+                    let d = self
+                        .diag(
+                            Kind::InvalidEndpoint,
+                            format!("agent `{}` has no endpoint", id.value),
+                            id.span.span,
+                            "no endpoint",
+                        )
+                        .with_help(format!("add one of {allowed_list}"));
+                    self.report(d);
+                }
+                return None;
+            }
+            [first] => *first,
+            [first, second, ..] => {
+                let d = self
+                    .diag(
+                        Kind::InvalidEndpoint,
+                        format!("agent `{}` has more than one endpoint", id.value),
+                        second.name_span,
+                        "second endpoint",
+                    )
+                    .with_label(first.name_span, "first endpoint")
+                    .with_help(format!("keep exactly one of {allowed_list}"));
+                self.report(d);
+                return None;
+            }
+        };
+        let e = first.values.first().copied()?;
+        match first.name {
+            "url" | "base-url" => {
+                let url = self.string(e)?;
+                let rest = url
+                    .strip_prefix("http://")
+                    .or_else(|| url.strip_prefix("https://"));
+                let problem = match rest {
+                    None => Some("it must start with http:// or https://"),
+                    Some(r) if r.is_empty() || r.starts_with('/') => Some("it has no host"),
+                    Some(_) if url.chars().any(char::is_whitespace) => {
+                        Some("it contains whitespace")
+                    }
+                    Some(_) => None,
+                };
+                match problem {
+                    None => Some(Endpoint::Url(url)),
+                    Some(why) => {
+                        let d = self
+                            .diag(
+                                Kind::InvalidValue,
+                                format!("invalid URL `{url}`: {why}"),
+                                value_span(e),
+                                "this URL",
+                            )
+                            .with_help(
+                                "write the full endpoint, e.g. \"https://host/agent/respond\"",
+                            );
+                        self.report(d);
+                        None
+                    }
+                }
+            }
+            "command" => self.string(e).map(Endpoint::Command),
+            "socket" => self.socket_address(e).map(Endpoint::Socket),
+            _ => {
+                let name = self.spanned_string(e)?;
+                let known: Vec<&str> = protocol.spec().builtins.to_vec();
+                if known.contains(&name.value.as_str()) {
+                    return Some(Endpoint::Builtin(name));
+                }
+                let help = if known.is_empty() {
+                    format!(
+                        "protocol `{}` has no builtin agents; use {allowed_list}",
+                        protocol.as_str()
+                    )
+                } else {
+                    suggest(&name.value, known.iter().copied(), "the builtin agents")
+                };
+                let d = self
+                    .diag(
+                        Kind::InvalidValue,
+                        format!("unknown builtin agent `{}`", name.value),
+                        value_span(e),
+                        format!("no such `{}` builtin", protocol.as_str()),
+                    )
+                    .with_help(help);
+                self.report(d);
+                None
+            }
+        }
+    }
+}
+
+impl Decoder<'_> {
+    /// "`NAME` is a `P` setting; agent `ID` is `Q`": the protocols that declare `name` come
+    /// from the registry, so the message names them whatever they are.
+    fn not_this_protocol(&self, name: &str, id: &Spanned<String>, protocol: Protocol) -> String {
+        let owners_of: Vec<&str> = self
+            .info
+            .protocols
+            .iter()
+            .filter(|p| p.settings.iter().any(|s| s.name == name))
+            .map(|p| p.name)
+            .collect();
+        let whose = match owners_of.as_slice() {
+            [one] => {
+                let article = if one.starts_with(['a', 'e', 'i', 'o', 'u', 'h']) {
+                    "an"
+                } else {
+                    "a"
+                };
+                format!("{article} `{one}` setting")
+            }
+            _ => format!("a setting of {} agents", owners(&self.info.protocols, name)),
+        };
+        format!(
+            "`{name}` is {whose}; agent `{}` is `{}`",
+            id.value,
+            protocol.as_str()
+        )
+    }
+
+    /// Settings that belong to other protocols and that no dedicated check above reports:
+    /// each one is an error at its name, so a setting a new protocol declares is rejected
+    /// on every other protocol without code here.
+    fn settings_of_other_protocols(
+        &mut self,
+        v: &View,
+        s: &Settings,
+        id: &Spanned<String>,
+        protocol: Protocol,
+    ) {
+        // Settings written as blocks (`env { … }`) are child nodes the settings left alone.
+        let others = node_settings(&self.info.protocols, None);
+        let children = v.children.map(|c| c.nodes()).unwrap_or_default();
+        for child in children {
+            let cv = View::of(child, self.text());
+            if !others.contains(&cv.name)
+                || NODES_CHECKED_BY_HAND.contains(&cv.name)
+                || protocol.declares(cv.name)
+            {
+                continue;
+            }
+            let d = self
+                .diag(
+                    Kind::InvalidValue,
+                    self.not_this_protocol(cv.name, id, protocol),
+                    cv.name_span,
+                    "not a setting of this protocol",
+                )
+                .with_help(removal_help(&self.info.protocols, cv.name));
+            self.report(d);
+        }
+        for set in &s.items {
+            if DEDICATED_CHECKS.contains(&set.name)
+                || COMMON_SETTINGS.iter().any(|(n, _)| *n == set.name)
+                || protocol.declares(set.name)
+            {
+                continue;
+            }
+            let mut d = self
+                .diag(
+                    Kind::InvalidValue,
+                    self.not_this_protocol(set.name, id, protocol),
+                    set.name_span,
+                    "not a setting of this protocol",
+                )
+                .with_help(removal_help(&self.info.protocols, set.name));
+            if let Some(e) = set.values.first() {
+                d = d.with_label(value_span(e), "this value");
+            }
+            self.report(d);
+        }
+    }
+}
+
+/// Protocol settings still decoded into fields of [`Agent`] (their values are checked
+/// there); the others are checked from their spec by [`Decoder::protocol_settings`].
+const DECODED_AS_FIELDS: &[&str] = &[
+    "stream",
+    "request",
+    "feedback",
+    "max-actions",
+    "process",
+    "keep-open",
+    "cwd",
+    "transport",
+    "method",
+];
+
+impl Decoder<'_> {
+    /// The protocol's own one-value settings written on the agent, each checked against the
+    /// type its spec gives (a wrong one is reported, except for those decoded into fields,
+    /// whose decoding reports it) and kept as JSON for the protocol's module. A setting that
+    /// takes several values (`tools "a" "b"`) is kept as an array.
+    fn protocol_settings(&mut self, s: &Settings, protocol: Protocol) -> ProtocolSettings {
+        let mut out = ProtocolSettings::default();
+        for spec in protocol.spec().settings {
+            let (Form::Setting, Some(arg), Some(set)) =
+                (spec.form, spec.args.first(), s.get(spec.name))
+            else {
+                continue;
+            };
+            let Some(first) = set.values.first().copied() else {
+                continue;
+            };
+            let quiet = DECODED_AS_FIELDS.contains(&spec.name);
+            let many = matches!(arg.repeat, Repeat::Many | Repeat::Any);
+            let written: Vec<&KdlEntry> = if many {
+                set.values.clone()
+            } else {
+                vec![first]
+            };
+            let mut values = Vec::with_capacity(written.len());
+            let mut items = Vec::with_capacity(written.len());
+            for e in written {
+                if let Some(value) = self.setting_value(e, spec.name, arg.ty, quiet) {
+                    values.push(value);
+                    items.push(self.span(value_span(e)));
+                }
+            }
+            let value = if many {
+                Some(Value::Array(values))
+            } else {
+                values.pop()
+            };
+            if let Some(value) = value {
+                let last = set.values.last().copied().unwrap_or(first);
+                let (start, end) = (value_span(first), value_span(last));
+                let whole = miette::SourceSpan::new(
+                    start.offset().into(),
+                    (end.offset() + end.len()).saturating_sub(start.offset()),
+                );
+                out.0.push(ProtocolSetting {
+                    name: spec.name,
+                    value: Spanned {
+                        value,
+                        span: self.span(whole),
+                    },
+                    items,
+                    checked: quiet,
+                });
+            }
+        }
+        out
+    }
+
+    /// One value of a protocol setting as JSON, checked against its type (reported unless
+    /// `quiet`: its own decoding reports it).
+    fn setting_value(
+        &mut self,
+        e: &KdlEntry,
+        name: &str,
+        ty: ValueType,
+        quiet: bool,
+    ) -> Option<Value> {
+        match ty {
+            ValueType::Boolean if quiet => e.value().as_bool().map(Value::Bool),
+            ValueType::Boolean => self.boolean(e).map(Value::Bool),
+            ValueType::OneOf(words) if quiet => e
+                .value()
+                .as_string()
+                .filter(|w| words.contains(w))
+                .map(|w| Value::String(w.to_owned())),
+            ValueType::OneOf(words) => {
+                let choices: Vec<(&str, &str)> = words.iter().map(|w| (*w, *w)).collect();
+                self.choice(e, name, &choices)
+                    .map(|w| Value::String(w.to_owned()))
+            }
+            ValueType::Count if quiet => e
+                .value()
+                .as_integer()
+                .and_then(|n| u64::try_from(n).ok())
+                .map(Value::from),
+            ValueType::Count => self.u64(e, 0).map(Value::from),
+            ValueType::Positive => self.u32(e, 1).map(Value::from),
+            ValueType::Between(lo, hi) => self
+                .number(e, Some((f64::from(lo), f64::from(hi))))
+                .and_then(serde_json::Number::from_f64)
+                .map(Value::Number),
+            ValueType::Number => self
+                .number(e, None)
+                .and_then(serde_json::Number::from_f64)
+                .map(Value::Number),
+            _ => self.string(e).map(Value::String),
+        }
+    }
+}
+
+/// Protocol settings whose misuse the decoder reports with a message of its own (the rest
+/// get [`Decoder::settings_of_other_protocols`]'s).
+const DEDICATED_CHECKS: &[&str] = &[
+    "history",
+    "stream",
+    "request",
+    "feedback",
+    "max-actions",
+    "process",
+    "cwd",
+    "keep-open",
+    "transport",
+    "method",
+];
+
+/// Block settings whose misuse `multiagent_settings` and `http.rs` report themselves.
+const NODES_CHECKED_BY_HAND: &[&str] = &["env", "reply", "tool-calls", "session", "stream"];
+
+/// "remove `temperature`; on `openai` and `anthropic` agents it is the sampling
+/// temperature …": what the setting does where it belongs, from its spec's help.
+fn removal_help(protocols: &[&'static ProtocolSpec], name: &str) -> String {
+    match protocols
+        .iter()
+        .flat_map(|p| p.settings)
+        .find(|s| s.name == name)
+    {
+        Some(spec) => format!(
+            "remove `{name}`: on {} agents, {}",
+            owners(protocols, name),
+            spec.help
+        ),
+        None => format!("remove `{name}`"),
+    }
+}
+
+/// "`openai` and `anthropic`": the protocols that declare `name`, as a message names them.
+fn owners(protocols: &[&'static ProtocolSpec], name: &str) -> String {
+    let names: Vec<String> = protocols
+        .iter()
+        .filter(|p| p.settings.iter().any(|s| s.name == name))
+        .map(|p| format!("`{}`", p.name))
+        .collect();
+    match names.as_slice() {
+        [] => "no".to_owned(),
+        [one] => one.clone(),
+        [rest @ .., last] => format!("{} and {last}", rest.join(", ")),
+    }
+}
+
+/// The spec of one of `protocol`'s own settings.
+fn setting_spec(protocol: Protocol, name: &str) -> Option<&'static crate::lang::NodeSpec> {
+    protocol.spec().settings.iter().find(|s| s.name == name)
+}
+
+/// Every setting an `agent` node may be written with (properties or one-value child nodes):
+/// those every agent takes, then each protocol's own, in registry order. Which protocol
+/// takes which is checked once the agent's protocol is known.
+fn agent_settings(protocols: &[&'static ProtocolSpec]) -> Vec<(&'static str, Arity)> {
+    let mut out: Vec<(&'static str, Arity)> = COMMON_SETTINGS.to_vec();
+    for spec in protocols.iter().flat_map(|p| p.settings) {
+        if spec.form != Form::Setting || out.iter().any(|(n, _)| *n == spec.name) {
+            continue;
+        }
+        let many = spec
+            .args
+            .first()
+            .is_some_and(|a| matches!(a.repeat, Repeat::Many | Repeat::Any));
+        out.push((spec.name, if many { Arity::Many } else { Arity::One }));
+    }
+    out
+}
+
+/// Child nodes of an `agent` block that protocols decode themselves (`env { … }`, an `http`
+/// agent's `reply json-path=…`): those no protocol takes as a plain setting, and those the
+/// agent's own protocol takes as a node.
+fn node_settings(
+    protocols: &[&'static ProtocolSpec],
+    own: Option<&'static ProtocolSpec>,
+) -> Vec<&'static str> {
+    let as_setting = |name: &str| {
+        protocols
+            .iter()
+            .flat_map(|p| p.settings)
+            .any(|s| s.name == name && s.form == Form::Setting)
+    };
+    let mut out: Vec<&'static str> = Vec::new();
+    for spec in protocols.iter().flat_map(|p| p.settings) {
+        let own_node = own.is_some_and(|o| {
+            o.settings
+                .iter()
+                .any(|s| s.name == spec.name && s.form == Form::Node)
+        });
+        if spec.form == Form::Node
+            && (!as_setting(spec.name) || own_node)
+            && !out.contains(&spec.name)
+        {
+            out.push(spec.name);
+        }
+    }
+    out
+}
