@@ -19,6 +19,11 @@ use crate::plan::Plan;
 /// What a secret is replaced with.
 pub const REDACTED: &str = "[redacted]";
 
+/// The shortest part of a secret next to a cut that is redacted: a character or two there
+/// match a secret's first or last ones by chance in ordinary text (`… status…` against a
+/// secret starting with `s`), and so few characters give nothing of a secret away.
+pub const MIN_CUT_PART_CHARS: usize = 3;
+
 /// What a quote puts where it cut a text (`crate::transport::quote::preview`, the kept end
 /// of an agent's stderr).
 const CUT: char = '…';
@@ -90,8 +95,8 @@ impl Secrets {
     /// Texts are quoted cut before they are redacted (a fault quotes the first 200
     /// characters of an error body, an agent's stderr keeps its last lines), so a secret
     /// can be cut in two there: the start of a secret just before a `…`, or its end just
-    /// after one, is replaced too. The start of a secret is as much a secret, and which
-    /// characters sit next to the cut is chance: the longest match of any length counts.
+    /// after one, is replaced too (the longest such part, of at least
+    /// [`MIN_CUT_PART_CHARS`] characters).
     fn redact_cut_edges(&self, text: &str) -> Option<String> {
         let mut out = String::with_capacity(text.len());
         let mut changed = false;
@@ -125,12 +130,24 @@ impl Secrets {
     }
 
     /// The length in bytes of the longest proper start of a secret that `text` ends with
-    /// ([`Edge::Start`]), or proper end of a secret it starts with ([`Edge::End`]).
+    /// ([`Edge::Start`]), or proper end of a secret it starts with ([`Edge::End`]), of at
+    /// least [`MIN_CUT_PART_CHARS`] characters.
     fn longest_edge(&self, text: &str, edge: Edge) -> Option<usize> {
         self.0
             .iter()
             .filter_map(|secret| {
-                let bounds = secret.char_indices().map(|(i, _)| i).skip(1);
+                let chars = secret.chars().count();
+                let bounds = secret.char_indices().map(|(i, _)| i);
+                let bounds: Vec<usize> = match edge {
+                    // Starts: cut after at least MIN characters.
+                    Edge::Start => bounds.skip(MIN_CUT_PART_CHARS).collect(),
+                    // Ends: cut so at least MIN characters remain.
+                    Edge::End => bounds
+                        .skip(1)
+                        .take(chars.saturating_sub(MIN_CUT_PART_CHARS))
+                        .collect(),
+                };
+                let bounds = bounds.into_iter();
                 match edge {
                     Edge::Start => bounds.filter(|&i| text.ends_with(&secret[..i])).max(),
                     Edge::End => bounds
@@ -225,11 +242,15 @@ mod tests {
             Some("…[redacted] in the log")
         );
         assert_eq!(
-            secrets.redact("a …1234 and Bearer-tok-1234 Be…").as_deref(),
+            secrets
+                .redact("a …1234 and Bearer-tok-1234 Bea…")
+                .as_deref(),
             Some("a …[redacted] and [redacted] [redacted]…")
         );
-        // A `…` with no part of a secret next to it changes nothing.
+        // A `…` with no part of a secret next to it changes nothing, nor does a part too
+        // short to tell from chance.
         assert_eq!(secrets.redact("and so on…"), None);
+        assert_eq!(secrets.redact("Be… …34"), None);
         assert_eq!(secrets.redact("…Bearer-x"), None);
     }
 }
