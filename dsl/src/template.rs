@@ -158,6 +158,7 @@ pub fn check_reading_env(
         if defined {
             if let ("env", Some(name)) = (root, attr)
                 && scope.roots.contains_key("env")
+                && !every_read_guarded(&template.source, &var)
             {
                 env_reads.push(Spanned {
                     value: name.to_string(),
@@ -209,6 +210,49 @@ pub fn check_reading_env(
         );
     }
     out
+}
+
+/// Whether every place `source` reads `var` (`env.NAME`) gives a value when it is unset: it
+/// is piped into `default` (or `d`), or tested with `is defined` / `is undefined` / `is not
+/// defined`. Such a read renders without the variable, so an unset one is nothing to warn
+/// about. A read this cannot find (written `env["NAME"]`) counts as unguarded.
+fn every_read_guarded(source: &str, var: &str) -> bool {
+    fn ident(c: char) -> bool {
+        c.is_alphanumeric() || c == '_'
+    }
+    /// `rest` after the word `w` and the spaces that follow it.
+    fn word<'a>(rest: &'a str, w: &str) -> Option<&'a str> {
+        rest.strip_prefix(w)
+            .filter(|after| !after.starts_with(ident))
+            .map(str::trim_start)
+    }
+    let mut found = false;
+    for (at, _) in source.match_indices(var) {
+        let before = source[..at].chars().next_back();
+        let after = &source[at + var.len()..];
+        if before.is_some_and(|c| ident(c) || c == '.') || after.starts_with(ident) {
+            continue;
+        }
+        found = true;
+        let after = after.trim_start();
+        let guarded = if let Some(filter) = after.strip_prefix('|') {
+            let filter = filter.trim_start();
+            word(filter, "default")
+                .or_else(|| word(filter, "d"))
+                .is_some()
+        } else if let Some(test) = word(after, "is") {
+            let test = word(test, "not").unwrap_or(test);
+            word(test, "defined")
+                .or_else(|| word(test, "undefined"))
+                .is_some()
+        } else {
+            false
+        };
+        if !guarded {
+            return false;
+        }
+    }
+    found
 }
 
 /// The span of `needle` inside the template's string literal, when the literal is written
@@ -299,6 +343,30 @@ mod tests {
         let diags = check(&t, &scope(), &files);
         assert_eq!(diags.len(), 1);
         assert_eq!(diags[0].kind, Kind::TemplateSyntax);
+    }
+
+    #[test]
+    fn env_reads_with_a_default_are_not_reported() {
+        let reads = |src: &str| {
+            let (files, t) = setup(src);
+            let mut reads = Vec::new();
+            assert!(check_reading_env(&t, &Scope::env_only(), &files, &mut reads).is_empty());
+            reads.into_iter().map(|r| r.value).collect::<Vec<_>>()
+        };
+        assert_eq!(
+            reads("{{ env.A | default('x') }} {{ env.B|d }}"),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            reads("{{ 'y' if env.A is defined else 'n' }}"),
+            Vec::<String>::new()
+        );
+        assert_eq!(reads("{{ env.A is not defined }}"), Vec::<String>::new());
+        // One unguarded read is enough, and another variable's guard is not this one's.
+        assert_eq!(reads("{{ env.A | default('x') }} {{ env.A }}"), ["A"]);
+        assert_eq!(reads("{{ env.AB }} {{ env.A | default('x') }}"), ["AB"]);
+        assert_eq!(reads("{{ env.A | upper }}"), ["A"]);
+        assert_eq!(reads("{{ env.A | defaults }}"), ["A"]);
     }
 
     #[test]

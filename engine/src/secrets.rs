@@ -19,6 +19,24 @@ use crate::plan::Plan;
 /// What a secret is replaced with.
 pub const REDACTED: &str = "[redacted]";
 
+/// The shortest part of a secret next to a cut that is redacted: a character or two there
+/// match a secret's first or last ones by chance in ordinary text (`… status…` against a
+/// secret starting with `s`), and so few characters give nothing of a secret away.
+pub const MIN_CUT_PART_CHARS: usize = 3;
+
+/// What a quote puts where it cut a text (`crate::transport::quote::preview`, the kept end
+/// of an agent's stderr).
+const CUT: char = '…';
+
+/// Which edge of a secret a cut text may hold.
+#[derive(Clone, Copy)]
+enum Edge {
+    /// The text ends with the start of a secret (then a `…`).
+    Start,
+    /// The text (after a `…`) starts with the end of a secret.
+    End,
+}
+
 /// Values shorter than this are not treated as secrets: replacing every `1` or `abc` in the
 /// records would garble them, and a value that short protects nothing.
 pub const MIN_SECRET_LEN: usize = 4;
@@ -55,7 +73,8 @@ impl Secrets {
         self.0.is_empty()
     }
 
-    /// `text` with every secret replaced by [`REDACTED`]; `None` when it holds none.
+    /// `text` with every secret replaced by [`REDACTED`], and the part of a secret cut at a
+    /// quote's edge too; `None` when it holds none.
     pub fn redact(&self, text: &str) -> Option<String> {
         let mut out: Option<String> = None;
         for secret in self.0.iter() {
@@ -64,7 +83,80 @@ impl Secrets {
                 out = Some(current.replace(secret.as_str(), REDACTED));
             }
         }
+        let current = out.as_deref().unwrap_or(text);
+        if current.contains(CUT)
+            && let Some(cut) = self.redact_cut_edges(current)
+        {
+            out = Some(cut);
+        }
         out
+    }
+
+    /// Texts are quoted cut before they are redacted (a fault quotes the first 200
+    /// characters of an error body, an agent's stderr keeps its last lines), so a secret
+    /// can be cut in two there: the start of a secret just before a `…`, or its end just
+    /// after one, is replaced too (the longest such part, of at least
+    /// [`MIN_CUT_PART_CHARS`] characters).
+    fn redact_cut_edges(&self, text: &str) -> Option<String> {
+        let mut out = String::with_capacity(text.len());
+        let mut changed = false;
+        let mut pieces = text.split(CUT).peekable();
+        let mut first = true;
+        while let Some(piece) = pieces.next() {
+            let mut piece = piece;
+            let mut lead = "";
+            if !first && let Some(len) = self.longest_edge(piece, Edge::End) {
+                lead = REDACTED;
+                piece = &piece[len..];
+                changed = true;
+            }
+            let mut tail = "";
+            if pieces.peek().is_some()
+                && let Some(len) = self.longest_edge(piece, Edge::Start)
+            {
+                tail = REDACTED;
+                piece = &piece[..piece.len() - len];
+                changed = true;
+            }
+            if !first {
+                out.push(CUT);
+            }
+            out.push_str(lead);
+            out.push_str(piece);
+            out.push_str(tail);
+            first = false;
+        }
+        changed.then_some(out)
+    }
+
+    /// The length in bytes of the longest proper start of a secret that `text` ends with
+    /// ([`Edge::Start`]), or proper end of a secret it starts with ([`Edge::End`]), of at
+    /// least [`MIN_CUT_PART_CHARS`] characters.
+    fn longest_edge(&self, text: &str, edge: Edge) -> Option<usize> {
+        self.0
+            .iter()
+            .filter_map(|secret| {
+                let chars = secret.chars().count();
+                let bounds = secret.char_indices().map(|(i, _)| i);
+                let bounds: Vec<usize> = match edge {
+                    // Starts: cut after at least MIN characters.
+                    Edge::Start => bounds.skip(MIN_CUT_PART_CHARS).collect(),
+                    // Ends: cut so at least MIN characters remain.
+                    Edge::End => bounds
+                        .skip(1)
+                        .take(chars.saturating_sub(MIN_CUT_PART_CHARS))
+                        .collect(),
+                };
+                let bounds = bounds.into_iter();
+                match edge {
+                    Edge::Start => bounds.filter(|&i| text.ends_with(&secret[..i])).max(),
+                    Edge::End => bounds
+                        .map(|i| secret.len() - i)
+                        .filter(|&len| text.starts_with(&secret[secret.len() - len..]))
+                        .max(),
+                }
+            })
+            .max()
     }
 
     /// `event` with every secret replaced in every string it holds.
@@ -134,5 +226,31 @@ mod tests {
             Some("a [redacted] and [redacted] ab")
         );
         assert_eq!(secrets.redact("nothing here"), None);
+    }
+
+    #[test]
+    fn a_secret_cut_by_a_quote_shows_none_of_it() {
+        let secrets = Secrets::new(["Bearer-tok-1234".to_owned()]);
+        // A body quoted up to a cut inside the secret; the kept end of a log that starts
+        // inside it; both at once.
+        assert_eq!(
+            secrets.redact("HTTP 500: sent Bearer-to…").as_deref(),
+            Some("HTTP 500: sent [redacted]…")
+        );
+        assert_eq!(
+            secrets.redact("…k-1234 in the log").as_deref(),
+            Some("…[redacted] in the log")
+        );
+        assert_eq!(
+            secrets
+                .redact("a …1234 and Bearer-tok-1234 Bea…")
+                .as_deref(),
+            Some("a …[redacted] and [redacted] [redacted]…")
+        );
+        // A `…` with no part of a secret next to it changes nothing, nor does a part too
+        // short to tell from chance.
+        assert_eq!(secrets.redact("and so on…"), None);
+        assert_eq!(secrets.redact("Be… …34"), None);
+        assert_eq!(secrets.redact("…Bearer-x"), None);
     }
 }

@@ -216,6 +216,15 @@ pub enum HistoryError {
     )]
     WatchRerun { dir: PathBuf },
 
+    #[error("{} is where `trellis watch` mirrors its current state, not a run", dir.display())]
+    #[diagnostic(
+        code(trellis::history::watch_latest),
+        help(
+            "watch rewrites it after every rerun; compare and pin runs made by `trellis run` (`trellis runs` lists them)"
+        )
+    )]
+    WatchLatest { dir: PathBuf },
+
     #[error("the name `{name}` is already used by run {run_id}")]
     #[diagnostic(
         code(trellis::history::name_taken),
@@ -298,6 +307,22 @@ pub fn is_watch_rerun(dir: &Path) -> bool {
             && rerun.starts_with('r')
             && rerun[1..].bytes().all(|b| b.is_ascii_digit())
             && salt.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// Whether `dir` is the [`WATCH_LATEST`] directory of `runs_dir` (named as a path or as a
+/// name under it), which [`list_runs`] leaves out.
+fn is_watch_latest(runs_dir: &Path, dir: &Path) -> bool {
+    if dir.file_name().is_none_or(|name| name != WATCH_LATEST) {
+        return false;
+    }
+    let parent = match dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    match (parent.canonicalize(), runs_dir.canonicalize()) {
+        (Ok(parent), Ok(runs)) => parent == runs,
+        _ => false,
+    }
 }
 
 /// Marks `dir` as rerun `number` of a `trellis watch` session (see [`is_watch_rerun`]).
@@ -456,12 +481,18 @@ fn journal_start(dir: &Path) -> Option<String> {
 
 /// Finds a run: a directory path that holds a run, else a directory of `runs_dir` by its
 /// name, a run id, a unique run id prefix or a name under `runs_dir`. `pinned` (or
-/// `baseline`) is the pinned baseline. A watch rerun's directory is refused by path and
-/// never matched by id.
+/// `baseline`) is the pinned baseline. A watch rerun's directory, and watch's
+/// [`WATCH_LATEST`] mirror in `runs_dir`, are refused by path and by name and never matched
+/// by id, as [`list_runs`] leaves them out: a pin or a name written there would never be
+/// found again.
 pub fn resolve_run(runs_dir: &Path, what: &str) -> Result<RunEntry, HistoryError> {
     let whole = |dir: &Path| {
         if is_watch_rerun(dir) {
             Err(HistoryError::WatchRerun {
+                dir: dir.to_path_buf(),
+            })
+        } else if is_watch_latest(runs_dir, dir) {
+            Err(HistoryError::WatchLatest {
                 dir: dir.to_path_buf(),
             })
         } else {

@@ -3,8 +3,9 @@
 //! sees them: the HTML report opened as a file, and the page `trellis watch --serve` serves.
 //!
 //! Every host name is unresolvable and every proxied request refused, so a page can fetch
-//! nothing from the network; loopback (the watch server) is reached directly. Tests skip,
-//! saying so, when [`chromium`] finds no binary (`TRELLIS_CHROMIUM` names one explicitly).
+//! nothing from the network; loopback (the watch server) is reached directly. A browser
+//! test fails when [`chromium`] finds no binary (`TRELLIS_CHROMIUM` names one explicitly):
+//! a test that passed without running would say the page works when nothing checked it.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -19,7 +20,20 @@ use serde_json::{Value, json};
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The chromium to drive: `TRELLIS_CHROMIUM`, or the first of the usual names on `PATH`.
-pub fn chromium() -> Option<PathBuf> {
+///
+/// # Panics
+///
+/// When there is none, saying how to install one: the test that asked cannot run.
+pub fn chromium() -> PathBuf {
+    find_chromium().unwrap_or_else(|| {
+        panic!(
+            "this test drives a headless Chromium and none was found: install one \
+             (`apt-get install chromium`, or Chrome) or set TRELLIS_CHROMIUM to its binary"
+        )
+    })
+}
+
+fn find_chromium() -> Option<PathBuf> {
     if let Some(path) = std::env::var_os("TRELLIS_CHROMIUM") {
         return Some(PathBuf::from(path));
     }

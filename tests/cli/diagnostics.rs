@@ -288,6 +288,53 @@ async fn check_warns_about_an_env_variable_that_is_not_set() {
     assert!(!stderr(&o).contains("unset_env"), "{}", stderr(&o));
 }
 
+/// A read of an unset variable with a fallback (`| default(…)`, `is defined`) renders without
+/// it: `check` does not warn that it fails at run time, and the run renders the fallback.
+#[tokio::test]
+async fn an_unset_env_variable_read_with_a_default_is_not_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("env.kdl"),
+        "agent \"c\" protocol=\"connexity\" builtin=\"booking\"\n\
+         scenario \"s\" {\n    agent \"c\"\n    \
+         user \"zone {{ env.TRELLIS_TEST_DEFAULTED | default('V5K 0A1') }}\"\n    \
+         expect no-error\n\n\n    user \"{{ env.TRELLIS_TEST_BARE }}\"\n    expect no-error\n}\n",
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path())
+        .env_remove("TRELLIS_TEST_DEFAULTED")
+        .env_remove("TRELLIS_TEST_BARE")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0));
+    let err = stderr(&o);
+    assert!(
+        err.contains("environment variable `TRELLIS_TEST_BARE` is not set"),
+        "{err}"
+    );
+    assert!(!err.contains("`TRELLIS_TEST_DEFAULTED`"), "{err}");
+    assert_eq!(err.matches("is not set").count(), 1, "{err}");
+
+    // What check says holds: with only the bare one set, the run renders the default.
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path())
+        .arg("--out")
+        .arg(&out)
+        .env_remove("TRELLIS_TEST_DEFAULTED")
+        .env("TRELLIS_TEST_BARE", "now")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let journal = std::fs::read_to_string(out.join("journal.jsonl")).unwrap();
+    assert!(journal.contains("\"zone V5K 0A1\""), "{journal}");
+}
+
 #[tokio::test]
 async fn an_empty_directory_or_suite_file_is_an_error_that_says_so() {
     let dir = tempfile::tempdir().unwrap();

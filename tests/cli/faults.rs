@@ -421,6 +421,65 @@ scenario "fails" {{
     assert!(files >= 5, "journal, tables, HTML, JUnit: {files} files");
 }
 
+/// An error body is quoted only up to its first 200 characters: a secret that straddles
+/// that cut shows none of its characters either (the start of it is as much a secret).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_secret_cut_by_a_quoted_error_body_shows_no_part_of_it() {
+    const SECRET: &str = "s3cr3t-token-9f8e7d6c";
+    // The quote ends 5 characters into the secret.
+    let body = format!("{}{SECRET} and more text after it", "E".repeat(195));
+    let server = MisbehavingServer::respond(500, body).await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("cut.kdl"),
+        format!(
+            r#"agent "web" protocol="connexity" url="{}" retries=0 {{
+    header "Authorization" "Bearer {{{{ env.ECHO_TOKEN }}}}"
+}}
+scenario "fails" {{
+    agent "web"
+    user "hello"
+    expect no-error
+}}
+"#,
+            server.url()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path().join("cut.kdl"))
+        .arg("--out")
+        .arg(&out)
+        .env("ECHO_TOKEN", SECRET)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    let start = &SECRET[..5];
+    let console = format!("{}{}", stdout(&o), stderr(&o));
+    assert!(console.contains("[redacted]…"), "console: {console}");
+    assert!(
+        !console.contains(&format!("{start}…")),
+        "console: {console}"
+    );
+    for file in ["journal.jsonl", "report.html", "junit.xml", "summary.json"] {
+        let text = std::fs::read_to_string(out.join(file)).unwrap();
+        assert!(
+            !text.contains(&format!("{start}…")),
+            "{file} shows `{start}…`"
+        );
+    }
+    let df = read_parquet(&out.join("turns.parquet"));
+    let mut texts = Vec::new();
+    for column in df.columns() {
+        column_strings(column.as_materialized_series(), &mut texts);
+    }
+    assert!(texts.iter().any(|t| t.contains("[redacted]…")), "{texts:?}");
+    assert!(!texts.iter().any(|t| t.contains(&format!("{start}…"))));
+}
+
 /// A server that closes a kept-alive connection when it is reused (as llama.cpp may, just
 /// as a request goes out) fails no trajectory: the lost request goes again on a fresh one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

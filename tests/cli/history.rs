@@ -794,6 +794,54 @@ async fn runs_made_back_to_back_are_listed_and_compared_in_the_order_they_starte
     assert_eq!(c["head"]["run_id"], ids[3]);
 }
 
+/// `latest/`, where `trellis watch` mirrors its current state, is left out of `runs` and of
+/// `compare`'s defaults; named, it is refused too instead of being pinned (a pin nothing
+/// would then find: `compare` fell back to the last two runs and `run --baseline` said
+/// nothing was pinned) or compared.
+#[tokio::test]
+async fn watch_latest_mirror_cannot_be_pinned_or_compared() {
+    let runs = tempfile::tempdir().unwrap();
+    let whole = [sample("main", 0, true, 10.0)];
+    write_run(runs.path(), "base", "2026-01-01T00:00:00Z", &whole);
+    write_run(runs.path(), "head", "2026-01-02T00:00:00Z", &whole);
+    write_run(runs.path(), "latest", "2026-01-03T00:00:00Z", &whole);
+
+    let mirror = runs.path().join("latest");
+    let by_path = mirror.to_str().unwrap();
+    for args in [
+        &["runs", "pin", "latest"][..],
+        &["runs", "pin", by_path],
+        &["runs", "name", "latest", "mine"],
+        &["compare", "base", "latest"],
+        &["compare", "latest"],
+    ] {
+        let o = trellis()
+            .args(args)
+            .arg("--dir")
+            .arg(runs.path())
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", stdout(&o));
+        assert!(
+            stderr(&o).contains("where `trellis watch` mirrors its current state"),
+            "{args:?}: {}",
+            stderr(&o)
+        );
+    }
+    assert!(
+        !mirror.join("run.json").exists(),
+        "the mirror was pinned or named"
+    );
+    let o = compare(runs.path(), &[]).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(
+        stdout(&o).contains("head 20260102T000000Z-head"),
+        "{}",
+        stdout(&o)
+    );
+}
+
 #[tokio::test]
 async fn watch_reruns_are_not_runs_of_the_history() {
     let runs = tempfile::tempdir().unwrap();
