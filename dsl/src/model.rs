@@ -6,10 +6,11 @@
 //! Every user-written item keeps a [`Span`] so later stages can point back at the source.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use miette::{NamedSource, SourceSpan};
+use regex::Regex;
 use serde_json::{Map, Value};
 
 mod http;
@@ -891,7 +892,7 @@ pub struct Branch {
 #[derive(Clone, Debug)]
 pub enum CaptureSource {
     /// First capture group if the regex has one, else the whole match.
-    Regex(regex::Regex),
+    Regex(Pattern),
     /// Evaluated on the last reply parsed as JSON; the first node found.
     JsonPath {
         path: serde_json_path::JsonPath,
@@ -987,7 +988,7 @@ pub enum StateCheck {
     /// A string contains the text, an array has an equal element, an object has the key.
     Contains(Value),
     /// The regex finds a match in the value's text (a string as is, else compact JSON).
-    Matches(regex::Regex),
+    Matches(Pattern),
     /// A number within `tolerance` of `value`.
     Near {
         value: f64,
@@ -1033,6 +1034,55 @@ pub enum ReplyCheck {
     },
     Contains(String),
     NotContains(String),
-    Matches(regex::Regex),
+    Matches(Pattern),
     Equals(String),
+}
+
+/// A regex written in a suite (`matches=`, `capture … regex=`): compiled once when the suite
+/// loads, so a bad pattern is a `check` error, then dropped, and compiled again on first use.
+/// A compiled regex takes kilobytes (`\d` alone, every digit of Unicode, is tens of them):
+/// kept from loading, the regexes of a suite of thousands of scenarios were most of what
+/// `check` and `list` held, for checks neither of them runs.
+#[derive(Clone)]
+pub struct Pattern {
+    source: Box<str>,
+    compiled: OnceLock<Regex>,
+}
+
+impl Pattern {
+    /// The pattern, if it compiles.
+    pub fn new(source: &str) -> Result<Self, regex::Error> {
+        Regex::new(source)?;
+        Ok(Pattern {
+            source: source.into(),
+            compiled: OnceLock::new(),
+        })
+    }
+
+    /// The pattern as written.
+    pub fn as_str(&self) -> &str {
+        &self.source
+    }
+
+    /// The compiled regex, compiled on the first call.
+    pub fn regex(&self) -> &Regex {
+        self.compiled.get_or_init(|| {
+            // `Pattern::new` compiled this very pattern with the same (default) settings, and
+            // compiling is deterministic, so it compiles again.
+            Regex::new(&self.source).expect("a pattern that compiled when it was loaded")
+        })
+    }
+}
+
+impl std::ops::Deref for Pattern {
+    type Target = Regex;
+    fn deref(&self) -> &Regex {
+        self.regex()
+    }
+}
+
+impl std::fmt::Debug for Pattern {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Pattern").field(&self.source).finish()
+    }
 }
