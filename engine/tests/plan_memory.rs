@@ -77,6 +77,20 @@ fn flat(n: usize) -> String {
     text
 }
 
+/// `n` small scenarios whose messages and checks are templates.
+fn templated(n: usize) -> String {
+    let mut text = HEAD.to_string();
+    for i in 0..n {
+        let _ = writeln!(
+            text,
+            "scenario \"t-{i}\" {{\n    user-context {{ order \"A-{i}\" }}\n    user \"Hello, I \
+             would like to book a duct cleaning for order {{{{ user_context.order }}}}\"\n    \
+             expect reply contains=\"{{{{ user_context.order }}}}\"\n}}"
+        );
+    }
+    text
+}
+
 /// Loads `text` as a suite file and returns the heap bytes planning it held at its peak.
 fn plan_peak(text: &str) -> (usize, u64) {
     let dir = tempfile::tempdir().expect("temporary directory");
@@ -115,6 +129,17 @@ fn planning_memory_stays_a_small_multiple_of_the_suite() {
     assert!(
         peak < 15 * text.len(),
         "planning 3,000 scenarios ({} bytes of suite) held {peak} bytes",
+        text.len()
+    );
+
+    // Templates: every one was kept compiled (~10 KB each), ~100x the text here.
+    let text = templated(3_000);
+    let (peak, trajectories) = plan_peak(&text);
+    eprintln!("templated: {peak} bytes for {} bytes of suite", text.len());
+    assert_eq!(trajectories, 3_000);
+    assert!(
+        peak < 15 * text.len(),
+        "planning 3,000 templated scenarios ({} bytes of suite) held {peak} bytes",
         text.len()
     );
 }
