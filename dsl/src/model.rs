@@ -842,6 +842,72 @@ pub struct Scenario {
     pub span: Span,
 }
 
+impl Scenario {
+    /// Gives back the spare room of every list the decoder grew: a list's first push makes
+    /// room for four items, so a scenario with one criterion per `expect` held four
+    /// criteria's worth of memory for each (the model of a suite of thousands of small
+    /// scenarios was ~15x its text).
+    pub fn shrink_to_fit(&mut self) {
+        self.tags.shrink_to_fit();
+        self.agents.shrink_to_fit();
+        self.tools.shrink_to_fit();
+        for tool in &mut self.tools {
+            tool.shrink_to_fit();
+        }
+        self.outcomes.shrink_to_fit();
+        shrink_criteria(&mut self.expect_tools);
+        self.needs.shrink_to_fit();
+        shrink_steps(&mut self.steps);
+        shrink_criteria(&mut self.criteria);
+    }
+}
+
+impl Tool {
+    /// As [`Scenario::shrink_to_fit`].
+    pub fn shrink_to_fit(&mut self) {
+        self.params.shrink_to_fit();
+        self.mocks.shrink_to_fit();
+        for mock in &mut self.mocks {
+            mock.state_changes.shrink_to_fit();
+        }
+        self.state_changes.shrink_to_fit();
+        self.policies.shrink_to_fit();
+    }
+}
+
+fn shrink_steps(steps: &mut Vec<Step>) {
+    steps.shrink_to_fit();
+    for step in steps {
+        match &mut step.kind {
+            StepKind::Expect(criteria) => shrink_criteria(criteria),
+            StepKind::Fork(branches) => {
+                branches.shrink_to_fit();
+                for branch in branches {
+                    shrink_steps(&mut branch.steps);
+                }
+            }
+            StepKind::User(_)
+            | StepKind::Simulate { .. }
+            | StepKind::Call { .. }
+            | StepKind::Capture { .. }
+            | StepKind::Hitl { .. } => {}
+        }
+    }
+}
+
+fn shrink_criteria(criteria: &mut Vec<Criterion>) {
+    criteria.shrink_to_fit();
+    for criterion in criteria {
+        criterion.text.shrink_to_fit();
+        criterion.templates.shrink_to_fit();
+        match &mut criterion.kind {
+            CriterionKind::Reply(checks) => checks.shrink_to_fit(),
+            CriterionKind::ToolsInOrder(names) => names.shrink_to_fit(),
+            _ => {}
+        }
+    }
+}
+
 /// A template string (minijinja) with where it was written.
 #[derive(Clone, Debug)]
 pub struct Template {

@@ -110,12 +110,45 @@ fn rich(n: usize) -> String {
     text
 }
 
+/// `n` small scenarios, as an importer writes them.
+fn flat(n: usize) -> String {
+    let mut text = String::from("agent \"a\" protocol=\"connexity\" builtin=\"booking\"\n");
+    for i in 0..n {
+        let _ = writeln!(
+            text,
+            "scenario \"s-{i}\" {{\n    user \"Hello, I would like to book a duct cleaning for \
+             order {i}\"\n    expect reply contains=\"postal code\"\n    user \"It is V4T 0A7.\"\n}}"
+        );
+    }
+    text
+}
+
 /// The parse tree of one batch of top-level nodes, with room to spare.
 const PARSE_BATCH: usize = 6 << 20;
 
 #[test]
 fn loading_memory_stays_a_small_multiple_of_the_suite() {
     let dir = tempfile::tempdir().expect("temporary directory");
+
+    // Many small scenarios: the spare room of lists grown item by item and of the list of
+    // decoded scenarios (reused for the list of shared ones) made it ~13x.
+    let path = dir.path().join("flat.kdl");
+    let text = flat(5_000);
+    std::fs::write(&path, &text).expect("suite written");
+    let (project, peak, held) =
+        measure(|| trellis_dsl::load(&[&path]).unwrap_or_else(|e| panic!("{}", e.render_plain())));
+    eprintln!(
+        "flat: {peak} bytes at the peak, {held} held, for {} bytes of suite",
+        text.len()
+    );
+    assert_eq!(project.scenarios().count(), 5_000);
+    assert!(
+        held < 10 * text.len(),
+        "the loaded project ({} bytes of suite) holds {held} bytes",
+        text.len()
+    );
+    drop(project);
+
     let path = dir.path().join("big.kdl");
     let text = rich(300);
     std::fs::write(&path, &text).expect("suite written");
@@ -123,7 +156,7 @@ fn loading_memory_stays_a_small_multiple_of_the_suite() {
     let (project, peak, held) =
         measure(|| trellis_dsl::load(&[&path]).unwrap_or_else(|e| panic!("{}", e.render_plain())));
     eprintln!(
-        "load: {peak} bytes at the peak, {held} held, for {} bytes of suite",
+        "rich: {peak} bytes at the peak, {held} held, for {} bytes of suite",
         text.len()
     );
     assert_eq!(project.scenarios().count(), 300);

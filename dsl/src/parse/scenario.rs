@@ -255,6 +255,7 @@ impl<'f> Decoder<'f> {
                 .failed_captures
                 .insert(id.span, st.failed_captures.clone());
         }
+        sc.shrink_to_fit();
         Some(sc)
     }
 
