@@ -314,6 +314,25 @@ impl Plan {
         }
 
         let mut templates = Templates::new(env.clone());
+        let project_tools = crate::sandbox::SandboxSpec::project_tools(project);
+        // Scenarios without tools or state of their own share one sandbox.
+        let plain_sandbox = Arc::new(crate::sandbox::SandboxSpec {
+            shared_tools: Arc::clone(&project_tools),
+            ..crate::sandbox::SandboxSpec::default()
+        });
+        let sandbox = |sc: &Scenario| {
+            if sc.tools.is_empty()
+                && sc.initial_state.is_empty()
+                && sc.undeclared_tools == trellis_dsl::UndeclaredTools::Default
+            {
+                Arc::clone(&plain_sandbox)
+            } else {
+                Arc::new(crate::sandbox::SandboxSpec::for_scenario(
+                    &project_tools,
+                    sc,
+                ))
+            }
+        };
         let llm = crate::llm::LlmSetup::from_project(project);
         let simulator = llm.has_simulator();
         let mut agents: Vec<PlannedAgent> = Vec::new();
@@ -437,7 +456,7 @@ impl Plan {
                 needs: Vec::new(),
                 criteria,
                 repeat: sc.repeat.max(1),
-                sandbox: Arc::new(crate::sandbox::SandboxSpec::for_scenario(project, sc)),
+                sandbox: sandbox(sc),
                 agent_branches: sc.agent_branches,
             });
         }
