@@ -337,7 +337,7 @@ impl Plan {
         let simulator = llm.has_simulator();
         let mut agents: Vec<PlannedAgent> = Vec::new();
         let mut agent_index: HashMap<String, usize> = HashMap::new();
-        let mut scenarios = Vec::new();
+        let mut scenarios = Vec::with_capacity(selected.len());
         let mut scenario_index: HashMap<(usize, usize), usize> = HashMap::new();
 
         for &(si, ci) in &selected {
