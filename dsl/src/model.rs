@@ -479,7 +479,9 @@ pub struct Persona {
 #[derive(Clone, Debug)]
 pub enum PersonaRef {
     Named(Spanned<String>),
-    Inline(Persona),
+    /// Boxed: most scenarios name a persona or none, and every scenario holds the room of
+    /// the largest variant.
+    Inline(Box<Persona>),
 }
 
 #[derive(Clone, Debug)]

@@ -315,6 +315,11 @@ impl Plan {
 
         let mut templates = Templates::new(env.clone());
         let project_tools = crate::sandbox::SandboxSpec::project_tools(project);
+        let personas: HashMap<&str, Arc<trellis_dsl::Persona>> = project
+            .personas
+            .iter()
+            .map(|p| (p.id.value.as_str(), Arc::new(p.clone())))
+            .collect();
         // Scenarios without tools or state of their own share one sandbox.
         let plain_sandbox = Arc::new(crate::sandbox::SandboxSpec {
             shared_tools: Arc::clone(&project_tools),
@@ -415,9 +420,14 @@ impl Plan {
                 });
             }
 
+            // A named persona is shared by the scopes of the scenarios that play it.
             let persona = match &sc.persona {
-                Some(trellis_dsl::PersonaRef::Named(id)) => project.persona(&id.value),
-                Some(trellis_dsl::PersonaRef::Inline(p)) => Some(p),
+                Some(trellis_dsl::PersonaRef::Named(id)) => {
+                    personas.get(id.value.as_str()).cloned()
+                }
+                Some(trellis_dsl::PersonaRef::Inline(p)) => {
+                    Some(Arc::new(trellis_dsl::Persona::clone(p)))
+                }
                 None => None,
             };
             let protocols: Vec<Protocol> = indices.iter().map(|&i| agents[i].protocol).collect();

@@ -229,18 +229,23 @@ pub struct ScenarioScope {
 enum ScopeFrom {
     Scenario {
         scenario: Arc<Scenario>,
-        persona: Option<Persona>,
+        /// Shared with every scenario that plays the same named persona.
+        persona: Option<Arc<Persona>>,
         env: Arc<EnvSnapshot>,
     },
     EnvOnly(Arc<EnvSnapshot>),
 }
 
 impl ScenarioScope {
-    pub fn new(scenario: Arc<Scenario>, persona: Option<&Persona>, env: &Arc<EnvSnapshot>) -> Self {
+    pub fn new(
+        scenario: Arc<Scenario>,
+        persona: Option<Arc<Persona>>,
+        env: &Arc<EnvSnapshot>,
+    ) -> Self {
         ScenarioScope {
             from: ScopeFrom::Scenario {
                 scenario,
-                persona: persona.cloned(),
+                persona,
                 env: Arc::clone(env),
             },
             base: OnceLock::new(),
@@ -253,7 +258,7 @@ impl ScenarioScope {
                 scenario,
                 persona,
                 env,
-            } => scenario_base(scenario, persona.as_ref(), env),
+            } => scenario_base(scenario, persona.as_deref(), env),
             ScopeFrom::EnvOnly(env) => {
                 let mut base = BTreeMap::new();
                 base.insert("env".into(), Value::from_object(EnvVars(env.clone())));

@@ -348,13 +348,13 @@ impl<'f> Decoder<'f> {
             }
             return None;
         };
-        Some(PersonaRef::Inline(Persona {
+        Some(PersonaRef::Inline(Box::new(Persona {
             id: kind.clone(),
             kind: kind.value,
             description: self.s_string(&s, "description"),
             instructions: self.s_string(&s, "instructions"),
             span: self.span(v.span),
-        }))
+        })))
     }
 
     /// Scenario ids are written `SUITE/ID` from other suites (`needs`, `--filter`, reports), so
