@@ -1149,8 +1149,26 @@ impl std::ops::Deref for Pattern {
     }
 }
 
+/// Written as a compiled [`Regex`] writes itself: scenario fingerprints
+/// (`engine/src/fingerprint.rs`) hash the `Debug` form of checks, and those of earlier runs
+/// must still match.
 impl std::fmt::Debug for Pattern {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("Pattern").field(&self.source).finish()
+        f.debug_tuple("Regex").field(&self.as_str()).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pattern_is_written_as_its_compiled_regex_is() {
+        let source = r#"(?i)\$(\d+) "quoted""#;
+        let pattern = Pattern::new(source).expect("a valid pattern");
+        let regex = Regex::new(source).expect("a valid pattern");
+        assert_eq!(format!("{pattern:?}"), format!("{regex:?}"));
+        assert!(pattern.is_match("It is $120 \"quoted\""));
+        assert!(Pattern::new("(unclosed").is_err());
     }
 }
