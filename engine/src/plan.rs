@@ -653,6 +653,11 @@ fn execution_tree(
     // A plan holds these for every scenario: most scenarios have one node and one trajectory,
     // and the room a growing vector leaves was a tenth of planning 30,000 of them.
     nodes.shrink_to_fit();
+    for node in &mut nodes {
+        // Grown one trajectory and child at a time: up to twice their size.
+        node.trajectories.shrink_to_fit();
+        node.children.shrink_to_fit();
+    }
     trajectories.shrink_to_fit();
     Ok((nodes, trajectories))
 }
