@@ -6,11 +6,12 @@
 //! Every user-written item keeps a [`Span`] so later stages can point back at the source.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use crate::lang::{Capabilities, ProtocolSpec};
 use miette::{NamedSource, SourceSpan};
+use regex::Regex;
 use serde_json::{Map, Value};
 
 mod http;
@@ -486,7 +487,9 @@ pub struct Persona {
 #[derive(Clone, Debug)]
 pub enum PersonaRef {
     Named(Spanned<String>),
-    Inline(Persona),
+    /// Boxed: most scenarios name a persona or none, and every scenario holds the room of
+    /// the largest variant.
+    Inline(Box<Persona>),
 }
 
 #[derive(Clone, Debug)]
@@ -849,6 +852,72 @@ pub struct Scenario {
     pub span: Span,
 }
 
+impl Scenario {
+    /// Gives back the spare room of every list the decoder grew: a list's first push makes
+    /// room for four items, so a scenario with one criterion per `expect` held four
+    /// criteria's worth of memory for each (the model of a suite of thousands of small
+    /// scenarios was ~15x its text).
+    pub fn shrink_to_fit(&mut self) {
+        self.tags.shrink_to_fit();
+        self.agents.shrink_to_fit();
+        self.tools.shrink_to_fit();
+        for tool in &mut self.tools {
+            tool.shrink_to_fit();
+        }
+        self.outcomes.shrink_to_fit();
+        shrink_criteria(&mut self.expect_tools);
+        self.needs.shrink_to_fit();
+        shrink_steps(&mut self.steps);
+        shrink_criteria(&mut self.criteria);
+    }
+}
+
+impl Tool {
+    /// As [`Scenario::shrink_to_fit`].
+    pub fn shrink_to_fit(&mut self) {
+        self.params.shrink_to_fit();
+        self.mocks.shrink_to_fit();
+        for mock in &mut self.mocks {
+            mock.state_changes.shrink_to_fit();
+        }
+        self.state_changes.shrink_to_fit();
+        self.policies.shrink_to_fit();
+    }
+}
+
+fn shrink_steps(steps: &mut Vec<Step>) {
+    steps.shrink_to_fit();
+    for step in steps {
+        match &mut step.kind {
+            StepKind::Expect(criteria) => shrink_criteria(criteria),
+            StepKind::Fork(branches) => {
+                branches.shrink_to_fit();
+                for branch in branches {
+                    shrink_steps(&mut branch.steps);
+                }
+            }
+            StepKind::User(_)
+            | StepKind::Simulate { .. }
+            | StepKind::Call { .. }
+            | StepKind::Capture { .. }
+            | StepKind::Hitl { .. } => {}
+        }
+    }
+}
+
+fn shrink_criteria(criteria: &mut Vec<Criterion>) {
+    criteria.shrink_to_fit();
+    for criterion in criteria {
+        criterion.text.shrink_to_fit();
+        criterion.templates.shrink_to_fit();
+        match &mut criterion.kind {
+            CriterionKind::Reply(checks) => checks.shrink_to_fit(),
+            CriterionKind::ToolsInOrder(names) => names.shrink_to_fit(),
+            _ => {}
+        }
+    }
+}
+
 /// A template string (minijinja) with where it was written.
 #[derive(Clone, Debug)]
 pub struct Template {
@@ -899,7 +968,7 @@ pub struct Branch {
 #[derive(Clone, Debug)]
 pub enum CaptureSource {
     /// First capture group if the regex has one, else the whole match.
-    Regex(regex::Regex),
+    Regex(Pattern),
     /// Evaluated on the last reply parsed as JSON; the first node found.
     JsonPath {
         path: serde_json_path::JsonPath,
@@ -995,7 +1064,7 @@ pub enum StateCheck {
     /// A string contains the text, an array has an equal element, an object has the key.
     Contains(Value),
     /// The regex finds a match in the value's text (a string as is, else compact JSON).
-    Matches(regex::Regex),
+    Matches(Pattern),
     /// A number within `tolerance` of `value`.
     Near {
         value: f64,
@@ -1041,6 +1110,73 @@ pub enum ReplyCheck {
     },
     Contains(String),
     NotContains(String),
-    Matches(regex::Regex),
+    Matches(Pattern),
     Equals(String),
+}
+
+/// A regex written in a suite (`matches=`, `capture … regex=`): compiled once when the suite
+/// loads, so a bad pattern is a `check` error, then dropped, and compiled again on first use.
+/// A compiled regex takes kilobytes (`\d` alone, every digit of Unicode, is tens of them):
+/// kept from loading, the regexes of a suite of thousands of scenarios were most of what
+/// `check` and `list` held, for checks neither of them runs.
+#[derive(Clone)]
+pub struct Pattern {
+    source: Box<str>,
+    compiled: OnceLock<Regex>,
+}
+
+impl Pattern {
+    /// The pattern, if it compiles.
+    pub fn new(source: &str) -> Result<Self, regex::Error> {
+        Regex::new(source)?;
+        Ok(Pattern {
+            source: source.into(),
+            compiled: OnceLock::new(),
+        })
+    }
+
+    /// The pattern as written.
+    pub fn as_str(&self) -> &str {
+        &self.source
+    }
+
+    /// The compiled regex, compiled on the first call.
+    pub fn regex(&self) -> &Regex {
+        self.compiled.get_or_init(|| {
+            // `Pattern::new` compiled this very pattern with the same (default) settings, and
+            // compiling is deterministic, so it compiles again.
+            Regex::new(&self.source).expect("a pattern that compiled when it was loaded")
+        })
+    }
+}
+
+impl std::ops::Deref for Pattern {
+    type Target = Regex;
+    fn deref(&self) -> &Regex {
+        self.regex()
+    }
+}
+
+/// Written as a compiled [`Regex`] writes itself: scenario fingerprints
+/// (`engine/src/fingerprint.rs`) hash the `Debug` form of checks, and those of earlier runs
+/// must still match.
+impl std::fmt::Debug for Pattern {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Regex").field(&self.as_str()).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pattern_is_written_as_its_compiled_regex_is() {
+        let source = r#"(?i)\$(\d+) "quoted""#;
+        let pattern = Pattern::new(source).expect("a valid pattern");
+        let regex = Regex::new(source).expect("a valid pattern");
+        assert_eq!(format!("{pattern:?}"), format!("{regex:?}"));
+        assert!(pattern.is_match("It is $120 \"quoted\""));
+        assert!(Pattern::new("(unclosed").is_err());
+    }
 }

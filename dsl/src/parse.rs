@@ -129,7 +129,7 @@ struct FileItems {
     simulators: Vec<Simulator>,
     judges: Vec<Judge>,
     panels: Vec<Panel>,
-    scenarios: Vec<Scenario>,
+    scenarios: Vec<Arc<Scenario>>,
 }
 
 struct Decoder<'f> {
@@ -561,7 +561,7 @@ fn assemble(
             file: items.file,
             description,
             tags,
-            scenarios: items.scenarios.into_iter().map(Arc::new).collect(),
+            scenarios: items.scenarios,
         });
     }
     let mut simulators = simulators.into_iter();

@@ -402,7 +402,7 @@ fn state_expectation(check: &trellis_dsl::StateCheck) -> StateExpectation {
     match check {
         StateCheck::Equals(v) => StateExpectation::Equals(v.clone()),
         StateCheck::Contains(v) => StateExpectation::Contains(v.clone()),
-        StateCheck::Matches(re) => StateExpectation::Regex(re.clone()),
+        StateCheck::Matches(re) => StateExpectation::Regex(re.regex().clone()),
         StateCheck::Near { value, tolerance } => StateExpectation::Near {
             value: *value,
             tolerance: *tolerance,

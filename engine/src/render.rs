@@ -1,7 +1,11 @@
 //! Template rendering (minijinja) for user messages, criterion values and header values.
 //!
-//! Templates are compiled once when the plan is built; plain strings without template
-//! syntax skip the template engine entirely, so scripted messages cost nothing per turn.
+//! Templates are compiled when the plan is built, so a template that does not compile fails
+//! planning, and compiled again when they render: a compiled template takes ~10 KB, and kept
+//! for every template of a plan they were most of what `check` and `list` held on a big suite
+//! (rendering compiles in microseconds, next to an agent call). Plain strings without
+//! template syntax skip the template engine entirely, so scripted messages cost nothing per
+//! turn.
 //! Undefined variables are errors (strict mode): `trellis check` already rejects the ones it
 //! can see statically, and whatever remains at run time (an unset `env` variable) must
 //! not silently render as an empty string.
@@ -62,17 +66,17 @@ pub fn snapshot_env() -> Arc<EnvSnapshot> {
     )
 }
 
-/// A compiled template, or a literal string when there is nothing to render.
+/// A template that compiles, or a literal string when there is nothing to render.
 #[derive(Clone, Debug)]
 pub enum CompiledTemplate {
     Literal(Arc<str>),
-    Compiled(String),
+    /// The source of a template that compiled when it was planned.
+    Compiled(Arc<str>),
 }
 
-/// All templates of a plan, compiled once.
+/// The environment every template of a plan renders in.
 pub struct Templates {
     env: Environment<'static>,
-    next: usize,
     /// What `env.NAME` reads, for naming unset variables in errors.
     vars: Arc<EnvSnapshot>,
 }
@@ -86,7 +90,7 @@ impl Default for Templates {
 impl std::fmt::Debug for Templates {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Templates")
-            .field("count", &self.next)
+            .field("env", &self.vars.len())
             .finish()
     }
 }
@@ -101,7 +105,7 @@ impl Templates {
         env.set_fuel(Some(TEMPLATE_FUEL));
         // Messages are plain text, not HTML.
         env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
-        Templates { env, next: 0, vars }
+        Templates { env, vars }
     }
 
     /// The environment snapshot `env` renders from.
@@ -114,15 +118,13 @@ impl Templates {
         if !source.contains("{{") && !source.contains("{%") && !source.contains("{#") {
             return Ok(CompiledTemplate::Literal(Arc::from(source.as_str())));
         }
-        let name = format!("t{}", self.next);
-        self.next += 1;
         self.env
-            .add_template_owned(name.clone(), source.clone())
+            .template_from_str(source)
             .map_err(|error| RenderError::Compile {
                 source_text: source.clone(),
                 error,
             })?;
-        Ok(CompiledTemplate::Compiled(name))
+        Ok(CompiledTemplate::Compiled(Arc::from(source.as_str())))
     }
 
     /// Renders a template given as source (the simulator's prompts, chosen per trajectory from
@@ -158,24 +160,16 @@ impl Templates {
     ) -> Result<String, RenderError> {
         match template {
             CompiledTemplate::Literal(s) => Ok(s.to_string()),
-            CompiledTemplate::Compiled(name) => {
-                let template = self
-                    .env
-                    .get_template(name)
-                    .map_err(|error| RenderError::Render { error })?;
-                template
-                    .render(ctx())
-                    .map_err(|error| self.render_error(&template, error))
-            }
+            CompiledTemplate::Compiled(source) => self.render_source(source, ctx),
         }
     }
 
     /// The environment variables `template` reads (`env.NAME`).
     pub fn env_names(&self, template: &CompiledTemplate) -> Vec<String> {
-        let CompiledTemplate::Compiled(name) = template else {
+        let CompiledTemplate::Compiled(source) = template else {
             return Vec::new();
         };
-        let Ok(template) = self.env.get_template(name) else {
+        let Ok(template) = self.env.template_from_str(source) else {
             return Vec::new();
         };
         template
@@ -235,18 +229,23 @@ pub struct ScenarioScope {
 enum ScopeFrom {
     Scenario {
         scenario: Arc<Scenario>,
-        persona: Option<Persona>,
+        /// Shared with every scenario that plays the same named persona.
+        persona: Option<Arc<Persona>>,
         env: Arc<EnvSnapshot>,
     },
     EnvOnly(Arc<EnvSnapshot>),
 }
 
 impl ScenarioScope {
-    pub fn new(scenario: Arc<Scenario>, persona: Option<&Persona>, env: &Arc<EnvSnapshot>) -> Self {
+    pub fn new(
+        scenario: Arc<Scenario>,
+        persona: Option<Arc<Persona>>,
+        env: &Arc<EnvSnapshot>,
+    ) -> Self {
         ScenarioScope {
             from: ScopeFrom::Scenario {
                 scenario,
-                persona: persona.cloned(),
+                persona,
                 env: Arc::clone(env),
             },
             base: OnceLock::new(),
@@ -259,7 +258,7 @@ impl ScenarioScope {
                 scenario,
                 persona,
                 env,
-            } => scenario_base(scenario, persona.as_ref(), env),
+            } => scenario_base(scenario, persona.as_deref(), env),
             ScopeFrom::EnvOnly(env) => {
                 let mut base = BTreeMap::new();
                 base.insert("env".into(), Value::from_object(EnvVars(env.clone())));

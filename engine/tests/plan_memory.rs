@@ -77,6 +77,43 @@ fn flat(n: usize) -> String {
     text
 }
 
+/// `n` small scenarios whose messages and checks are templates.
+fn templated(n: usize) -> String {
+    let mut text = HEAD.to_string();
+    for i in 0..n {
+        let _ = writeln!(
+            text,
+            "scenario \"t-{i}\" {{\n    user-context {{ order \"A-{i}\" }}\n    user \"Hello, I \
+             would like to book a duct cleaning for order {{{{ user_context.order }}}}\"\n    \
+             expect reply contains=\"{{{{ user_context.order }}}}\"\n}}"
+        );
+    }
+    text
+}
+
+/// `n` small scenarios of a project that declares `tools` tools (as imported MultiAgentEval
+/// suites do).
+fn with_tools(n: usize, tools: usize) -> String {
+    let mut text =
+        String::from("agent \"a\" protocol=\"multiagent\" builtin=\"support\"\nsuite \"big\"\n");
+    for k in 0..tools {
+        let _ = writeln!(
+            text,
+            "tool \"tool_{k}\" {{\n    param \"order_id\" required=#true\n    mock \
+             returns=#\"{{\"status\": \"ok\", \"tool\": {k}}}\"# order_id=\"A-1\"\n    mock \
+             returns=#\"{{\"status\": \"not_found\"}}\"#\n}}"
+        );
+    }
+    for i in 0..n {
+        let _ = writeln!(
+            text,
+            "scenario \"s-{i}\" {{\n    user \"Please refund order A-{i}, it arrived broken\"\n    \
+             expect tool \"tool_1\" order_id=\"A-{i}\"\n    user \"Thank you, bye.\"\n}}"
+        );
+    }
+    text
+}
+
 /// Loads `text` as a suite file and returns the heap bytes planning it held at its peak.
 fn plan_peak(text: &str) -> (usize, u64) {
     let dir = tempfile::tempdir().expect("temporary directory");
@@ -116,6 +153,30 @@ fn planning_memory_stays_a_small_multiple_of_the_suite() {
     assert!(
         peak < 15 * text.len(),
         "planning 3,000 scenarios ({} bytes of suite) held {peak} bytes",
+        text.len()
+    );
+
+    // A project's tools: every scenario's sandbox had a copy of all of them (~180x here).
+    // (A `tool` check's parameters are a JSON map, ~600 bytes however few they are.)
+    let text = with_tools(3_000, 20);
+    let (peak, trajectories) = plan_peak(&text);
+    eprintln!("tools: {peak} bytes for {} bytes of suite", text.len());
+    assert_eq!(trajectories, 3_000);
+    assert!(
+        peak < 16 * text.len(),
+        "planning 3,000 scenarios of a project with 20 tools ({} bytes of suite) held {peak} \
+         bytes",
+        text.len()
+    );
+
+    // Templates: every one was kept compiled (~10 KB each), ~100x the text here.
+    let text = templated(3_000);
+    let (peak, trajectories) = plan_peak(&text);
+    eprintln!("templated: {peak} bytes for {} bytes of suite", text.len());
+    assert_eq!(trajectories, 3_000);
+    assert!(
+        peak < 15 * text.len(),
+        "planning 3,000 templated scenarios ({} bytes of suite) held {peak} bytes",
         text.len()
     );
 }

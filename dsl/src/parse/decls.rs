@@ -26,7 +26,9 @@ impl<'f> Decoder<'f> {
                 "simulator" => items.simulators.extend(self.simulator(&v)),
                 "judge" => items.judges.extend(self.judge(&v)),
                 "panel" => items.panels.extend(self.panel(&v)),
-                "scenario" => items.scenarios.extend(self.scenario(&v)),
+                "scenario" => items
+                    .scenarios
+                    .extend(self.scenario(&v).map(std::sync::Arc::new)),
                 other => {
                     let known = lang::top_level().iter().map(|s| s.name);
                     self.unknown_node(other, v.name_span, "a suite file", known)

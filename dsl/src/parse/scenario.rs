@@ -255,6 +255,7 @@ impl<'f> Decoder<'f> {
                 .failed_captures
                 .insert(id.span, st.failed_captures.clone());
         }
+        sc.shrink_to_fit();
         Some(sc)
     }
 
@@ -347,13 +348,13 @@ impl<'f> Decoder<'f> {
             }
             return None;
         };
-        Some(PersonaRef::Inline(Persona {
+        Some(PersonaRef::Inline(Box::new(Persona {
             id: kind.clone(),
             kind: kind.value,
             description: self.s_string(&s, "description"),
             instructions: self.s_string(&s, "instructions"),
             span: self.span(v.span),
-        }))
+        })))
     }
 
     /// Scenario ids are written `SUITE/ID` from other suites (`needs`, `--filter`, reports), so

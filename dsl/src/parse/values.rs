@@ -343,9 +343,9 @@ impl<'f> Decoder<'f> {
         None
     }
 
-    pub(super) fn regex(&mut self, e: &KdlEntry) -> Option<regex::Regex> {
+    pub(super) fn regex(&mut self, e: &KdlEntry) -> Option<crate::model::Pattern> {
         let s = self.string(e)?;
-        match regex::Regex::new(&s) {
+        match crate::model::Pattern::new(&s) {
             Ok(r) => Some(r),
             Err(err) => {
                 let text = err.to_string();

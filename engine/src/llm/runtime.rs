@@ -411,7 +411,7 @@ impl LlmRuntime {
     fn resolve_persona<'a>(&'a self, persona: &'a PersonaRef) -> Option<&'a Persona> {
         match persona {
             PersonaRef::Named(id) => self.setup.personas.iter().find(|p| p.id.value == id.value),
-            PersonaRef::Inline(p) => Some(p),
+            PersonaRef::Inline(p) => Some(&**p),
         }
     }
 
