@@ -135,8 +135,10 @@ fn loading_memory_stays_a_small_multiple_of_the_suite() {
     let path = dir.path().join("flat.kdl");
     let text = flat(5_000);
     std::fs::write(&path, &text).expect("suite written");
-    let (project, peak, held) =
-        measure(|| trellis_dsl::load(&[&path]).unwrap_or_else(|e| panic!("{}", e.render_plain())));
+    let (project, peak, held) = measure(|| {
+        trellis_dsl::load(&[&path], &trellis_engine::protocol::registry::specs())
+            .unwrap_or_else(|e| panic!("{}", e.render_plain()))
+    });
     eprintln!(
         "flat: {peak} bytes at the peak, {held} held, for {} bytes of suite",
         text.len()
@@ -153,8 +155,10 @@ fn loading_memory_stays_a_small_multiple_of_the_suite() {
     let text = rich(300);
     std::fs::write(&path, &text).expect("suite written");
 
-    let (project, peak, held) =
-        measure(|| trellis_dsl::load(&[&path]).unwrap_or_else(|e| panic!("{}", e.render_plain())));
+    let (project, peak, held) = measure(|| {
+        trellis_dsl::load(&[&path], &trellis_engine::protocol::registry::specs())
+            .unwrap_or_else(|e| panic!("{}", e.render_plain()))
+    });
     eprintln!(
         "rich: {peak} bytes at the peak, {held} held, for {} bytes of suite",
         text.len()
