@@ -489,3 +489,29 @@ async fn deeply_nested_json_paths_are_refused_at_once() {
         assert!(err.contains(line), "{line}: {err}");
     }
 }
+
+/// After a multi-line raw string that is never closed, the KDL parser's error recovery tried
+/// every later `#"""` again to the end of the file, so `check` on 3,000 of them (15 KB) ran
+/// for over a minute; the loader refuses the first one at once, located.
+#[tokio::test]
+async fn an_unclosed_multi_line_string_is_refused_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("raw.kdl");
+    let text = format!(
+        "agent \"a\" protocol=\"connexity\" builtin=\"booking\"\nscenario \"s\" {{\n  user {}}}\n",
+        "#\"\"\"\n".repeat(3_000)
+    );
+    std::fs::write(&path, text).unwrap();
+    let o = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        trellis().arg("check").arg(&path).output(),
+    )
+    .await
+    .expect("check ended within 20 s")
+    .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("trellis::too_deep"), "{err}");
+    assert!(err.contains("multi-line string not closed"), "{err}");
+    assert!(err.contains("raw.kdl:3:8"), "{err}");
+}
