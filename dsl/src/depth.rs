@@ -73,7 +73,8 @@ pub enum TooDeep {
     #[error("`/-` right after another `/-`")]
     Slashdash { offset: usize },
     /// The multi-line string opening at `offset` cannot be closed as KDL requires: its
-    /// closing quotes never come, or are not alone on their line.
+    /// closing quotes never come, are not alone on their line, or a line of its text lacks
+    /// their indentation.
     #[error("multi-line string not closed")]
     Unclosed { offset: usize },
 }
@@ -404,6 +405,35 @@ fn alone_on_line(b: &[u8], at: usize) -> bool {
         .is_none_or(|&c| is_newline(c) || c == b'\\' || !c.is_ascii())
 }
 
+/// Whether the closing quotes at `at` end a multi-line string whose text starts at `from`
+/// as the parser requires: alone on their line (see [`alone_on_line`]), and every line of the
+/// text starting with the closing line's indentation or holding only spaces. A line whose
+/// first other character is not plain ASCII, or text holding a Unicode newline, is given the
+/// benefit of the doubt.
+fn closes_multi_line(b: &[u8], from: usize, at: usize) -> bool {
+    if !alone_on_line(b, at) {
+        return false;
+    }
+    let blank = |c: &u8| *c == b' ' || *c == b'\t';
+    let indent = b[..at].iter().rev().take_while(|c| blank(c)).count();
+    let to = at - indent;
+    let text = &b[from..to];
+    let unicode_newline = text
+        .windows(3)
+        .any(|w| w[..2] == [0xc2, 0x85] || w == [0xe2, 0x80, 0xa8] || w == [0xe2, 0x80, 0xa9]);
+    if to == 0 || !is_newline(b[to - 1]) || unicode_newline {
+        return true;
+    }
+    let prefix = &b[to..at];
+    text.split(|&c| is_newline(c)).all(|line| {
+        line.starts_with(prefix)
+            || line
+                .iter()
+                .find(|c| !blank(c))
+                .is_none_or(|&c| !c.is_ascii() || c == b'\\')
+    })
+}
+
 /// Skips a `"…"` or `"""…"""` string starting at `start`; escapes never end one.
 ///
 /// A multi-line string the parser cannot close is refused ([`TooDeep::Unclosed`]): the
@@ -422,7 +452,7 @@ fn skip_quoted(b: &[u8], start: usize) -> Result<usize, TooDeep> {
             match b[i] {
                 b'\\' => i += 2,
                 b'"' if b[i..].starts_with(b"\"\"\"") => {
-                    if multi_line && !alone_on_line(b, i) {
+                    if multi_line && !closes_multi_line(b, start + 3, i) {
                         return unclosed;
                     }
                     return Ok(i + 3);
@@ -477,7 +507,7 @@ fn skip_raw(b: &[u8], start: usize) -> Result<usize, TooDeep> {
                 .iter()
                 .all(|&c| c == b'#');
         if closes {
-            if multi_line && !alone_on_line(b, i) {
+            if multi_line && !closes_multi_line(b, start + hashes + 3, i) {
                 break;
             }
             return Ok(i + quotes + hashes);
@@ -544,6 +574,9 @@ mod tests {
             "a \"b \\\n   c\" \"\\\"\"",
             // `"""` with no newline after is a one-line raw string starting with `""`.
             "a #\"\"\"b\"# #\"\"\"c\"\"\"#",
+            // Lines of spaces only, or none at all, need no indentation.
+            "a #\"\"\"\n    b\n\n  \n\r\n    c\n    \"\"\"#",
+            "a \"\"\"\n\"\"\"",
             // Not plain ASCII before the closing quotes: the parser decides.
             "a \"\"\"\n\u{3000}\"\"\"",
             // One-line strings end at a newline or the end, closed or not (the parser
@@ -559,6 +592,8 @@ mod tests {
             ("a \"\"\"\n b", 2),
             ("a \"\"\"\n b \"\"\"", 2),
             ("a {\n  b #\"\"\"\n c\n x\"\"\"#\n}", 8),
+            ("a \"\"\"\n  b\n c\n  \"\"\"", 2),
+            ("a ##\"\"\"\n\tb\n  \"\"\"##", 2),
         ] {
             assert_eq!(check(text), Err(TooDeep::Unclosed { offset }), "{text:?}");
         }

@@ -169,7 +169,7 @@ impl Loader {
                         "this string",
                         "a multi-line string starts with `\"\"\"` and a newline and ends with \
                          `\"\"\"` alone on its last line, after spaces only (raw: `#\"\"\"` … \
-                         `\"\"\"#`)"
+                         `\"\"\"#`); every line of it starts with those same spaces"
                             .to_string(),
                     ),
                     depth::TooDeep::Node { .. } => (
