@@ -408,9 +408,10 @@ fn alone_on_line(b: &[u8], at: usize) -> bool {
 /// Whether the closing quotes at `at` end a multi-line string whose text starts at `from`
 /// as the parser requires: alone on their line (see [`alone_on_line`]), and every line of the
 /// text starting with the closing line's indentation or holding only spaces. A line whose
-/// first other character is not plain ASCII, or text holding a Unicode newline, is given the
-/// benefit of the doubt.
-fn closes_multi_line(b: &[u8], from: usize, at: usize) -> bool {
+/// first other character is not plain ASCII, or text holding a Unicode newline or (when
+/// `escapes`, in a quoted string) a `\` (which may escape a newline), is given the benefit of
+/// the doubt.
+fn closes_multi_line(b: &[u8], from: usize, at: usize, escapes: bool) -> bool {
     if !alone_on_line(b, at) {
         return false;
     }
@@ -421,7 +422,7 @@ fn closes_multi_line(b: &[u8], from: usize, at: usize) -> bool {
     let unicode_newline = text
         .windows(3)
         .any(|w| w[..2] == [0xc2, 0x85] || w == [0xe2, 0x80, 0xa8] || w == [0xe2, 0x80, 0xa9]);
-    if to == 0 || !is_newline(b[to - 1]) || unicode_newline {
+    if to == 0 || !is_newline(b[to - 1]) || unicode_newline || escapes && text.contains(&b'\\') {
         return true;
     }
     let prefix = &b[to..at];
@@ -452,7 +453,7 @@ fn skip_quoted(b: &[u8], start: usize) -> Result<usize, TooDeep> {
             match b[i] {
                 b'\\' => i += 2,
                 b'"' if b[i..].starts_with(b"\"\"\"") => {
-                    if multi_line && !closes_multi_line(b, start + 3, i) {
+                    if multi_line && !closes_multi_line(b, start + 3, i, true) {
                         return unclosed;
                     }
                     return Ok(i + 3);
@@ -507,7 +508,7 @@ fn skip_raw(b: &[u8], start: usize) -> Result<usize, TooDeep> {
                 .iter()
                 .all(|&c| c == b'#');
         if closes {
-            if multi_line && !closes_multi_line(b, start + hashes + 3, i) {
+            if multi_line && !closes_multi_line(b, start + hashes + 3, i, false) {
                 break;
             }
             return Ok(i + quotes + hashes);
@@ -577,6 +578,8 @@ mod tests {
             // Lines of spaces only, or none at all, need no indentation.
             "a #\"\"\"\n    b\n\n  \n\r\n    c\n    \"\"\"#",
             "a \"\"\"\n\"\"\"",
+            // An escaped newline does not start a line.
+            "a \"\"\"\n  b \\\nc\n  \"\"\"",
             // Not plain ASCII before the closing quotes: the parser decides.
             "a \"\"\"\n\u{3000}\"\"\"",
             // One-line strings end at a newline or the end, closed or not (the parser
