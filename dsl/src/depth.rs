@@ -72,6 +72,11 @@ pub enum TooDeep {
     /// The `/-` at `offset` follows another `/-` with only whitespace or comments between.
     #[error("`/-` right after another `/-`")]
     Slashdash { offset: usize },
+    /// The multi-line string opening at `offset` cannot be closed as KDL requires: its
+    /// closing quotes never come, are not alone on their line, or a line of its text lacks
+    /// their indentation.
+    #[error("multi-line string not closed")]
+    Unclosed { offset: usize },
 }
 
 impl TooDeep {
@@ -81,7 +86,8 @@ impl TooDeep {
             TooDeep::Blocks { offset }
             | TooDeep::Comment { offset }
             | TooDeep::Node { offset }
-            | TooDeep::Slashdash { offset } => offset,
+            | TooDeep::Slashdash { offset }
+            | TooDeep::Unclosed { offset } => offset,
             TooDeep::Large | TooDeep::NoStack => 0,
         }
     }
@@ -320,11 +326,11 @@ pub fn scan(text: &str) -> Result<Vec<Range<usize>>, TooDeep> {
             }
             b'"' => {
                 slashdash = false;
-                i = skip_quoted(b, i);
+                i = skip_quoted(b, i)?;
             }
             b'#' => {
                 slashdash = false;
-                i = skip_raw(b, i);
+                i = skip_raw(b, i)?;
             }
             c => {
                 if !c.is_ascii_whitespace() && c.is_ascii() {
@@ -382,33 +388,118 @@ fn skip_comment(b: &[u8], start: usize) -> Result<usize, TooDeep> {
     Ok(i)
 }
 
+/// Whether `c` ends a line for KDL (its other newlines are not ASCII).
+fn is_newline(c: u8) -> bool {
+    matches!(c, b'\n' | b'\r' | 0x0b | 0x0c)
+}
+
+/// Whether the closing quotes at `at` may stand alone on their line, as a multi-line string's
+/// must: only spaces and tabs before them since the line's start. Anything not plain ASCII
+/// (a Unicode space or newline, a `\` escaping whitespace) is given the benefit of the doubt;
+/// the parser decides.
+fn alone_on_line(b: &[u8], at: usize) -> bool {
+    b[..at]
+        .iter()
+        .rev()
+        .find(|&&c| c != b' ' && c != b'\t')
+        .is_none_or(|&c| is_newline(c) || c == b'\\' || !c.is_ascii())
+}
+
+/// Whether the closing quotes at `at` end a multi-line string whose text starts at `from`
+/// as the parser requires: alone on their line (see [`alone_on_line`]), and every line of the
+/// text starting with the closing line's indentation or holding only spaces. A line whose
+/// first other character is not plain ASCII, or text holding a Unicode newline or (when
+/// `escapes`, in a quoted string) a `\` (which may escape a newline), is given the benefit of
+/// the doubt.
+fn closes_multi_line(b: &[u8], from: usize, at: usize, escapes: bool) -> bool {
+    if !alone_on_line(b, at) {
+        return false;
+    }
+    let blank = |c: &u8| *c == b' ' || *c == b'\t';
+    let indent = b[..at].iter().rev().take_while(|c| blank(c)).count();
+    let to = at - indent;
+    let text = &b[from..to];
+    let unicode_newline = text
+        .windows(3)
+        .any(|w| w[..2] == [0xc2, 0x85] || w == [0xe2, 0x80, 0xa8] || w == [0xe2, 0x80, 0xa9]);
+    if to == 0 || !is_newline(b[to - 1]) || unicode_newline || escapes && text.contains(&b'\\') {
+        return true;
+    }
+    let prefix = &b[to..at];
+    text.split(|&c| is_newline(c)).all(|line| {
+        line.starts_with(prefix)
+            || line
+                .iter()
+                .find(|c| !blank(c))
+                .is_none_or(|&c| !c.is_ascii() || c == b'\\')
+    })
+}
+
 /// Skips a `"…"` or `"""…"""` string starting at `start`; escapes never end one.
-fn skip_quoted(b: &[u8], start: usize) -> usize {
-    let multi = b[start..].starts_with(b"\"\"\"");
-    let mut i = start + if multi { 3 } else { 1 };
+///
+/// A multi-line string the parser cannot close is refused ([`TooDeep::Unclosed`]): the
+/// parser scans from its opening to the end of the text for the closing line, and after
+/// failing resumes inside it, trying every `#"""` there again to the same end, so a few
+/// thousand of them after an unclosed one took minutes. A one-line string ends at a newline,
+/// as the parser's error recovery has it: that error costs it nothing.
+fn skip_quoted(b: &[u8], start: usize) -> Result<usize, TooDeep> {
+    let unclosed = Err(TooDeep::Unclosed { offset: start });
+    if b[start..].starts_with(b"\"\"\"") {
+        // Without a newline right after `"""` the parser stops at once; only a multi-line
+        // string is checked.
+        let multi_line = b.get(start + 3).is_some_and(|&c| is_newline(c));
+        let mut i = start + 3;
+        while i < b.len() {
+            match b[i] {
+                b'\\' => i += 2,
+                b'"' if b[i..].starts_with(b"\"\"\"") => {
+                    if multi_line && !closes_multi_line(b, start + 3, i, true) {
+                        return unclosed;
+                    }
+                    return Ok(i + 3);
+                }
+                _ => i += 1,
+            }
+        }
+        return if multi_line { unclosed } else { Ok(i) };
+    }
+    let mut i = start + 1;
     while i < b.len() {
         match b[i] {
+            // `\` and whitespace, newlines included: all of it is skipped.
+            b'\\'
+                if b.get(i + 1)
+                    .is_some_and(|&c| c == b' ' || c == b'\t' || is_newline(c)) =>
+            {
+                i += 1;
+                while i < b.len() && (b[i] == b' ' || b[i] == b'\t' || is_newline(b[i])) {
+                    i += 1;
+                }
+            }
             b'\\' => i += 2,
-            b'"' if !multi => return i + 1,
-            b'"' if b[i..].starts_with(b"\"\"\"") => return i + 3,
+            b'"' => return Ok(i + 1),
+            c if is_newline(c) => return Ok(i),
             _ => i += 1,
         }
     }
-    i
+    Ok(i)
 }
 
 /// Skips a raw string `#"…"#` or `#"""…"""#` (any number of `#`s) starting at `start`, or
-/// just the `#`s of a keyword such as `#true`.
-fn skip_raw(b: &[u8], start: usize) -> usize {
+/// just the `#`s of a keyword such as `#true`. A multi-line raw string the parser cannot
+/// close is refused and a one-line one ends at a newline, as in [`skip_quoted`].
+fn skip_raw(b: &[u8], start: usize) -> Result<usize, TooDeep> {
     let mut i = start;
     while i < b.len() && b[i] == b'#' {
         i += 1;
     }
     let hashes = i - start;
     if b.get(i) != Some(&b'"') {
-        return i;
+        return Ok(i);
     }
-    let quotes = if b[i..].starts_with(b"\"\"\"") { 3 } else { 1 };
+    // As the parser: `"""` opens a multi-line string only when a newline follows.
+    let multi_line = b[i..].starts_with(b"\"\"\"") && b.get(i + 3).is_some_and(|&c| is_newline(c));
+    let quotes = if multi_line { 3 } else { 1 };
     i += quotes;
     while i < b.len() {
         let closes = b[i..].len() >= quotes + hashes
@@ -417,11 +508,21 @@ fn skip_raw(b: &[u8], start: usize) -> usize {
                 .iter()
                 .all(|&c| c == b'#');
         if closes {
-            return i + quotes + hashes;
+            if multi_line && !closes_multi_line(b, start + hashes + 3, i, false) {
+                break;
+            }
+            return Ok(i + quotes + hashes);
+        }
+        if !multi_line && is_newline(b[i]) {
+            return Ok(i);
         }
         i += 1;
     }
-    i
+    if multi_line {
+        Err(TooDeep::Unclosed { offset: start })
+    } else {
+        Ok(i)
+    }
 }
 
 #[cfg(test)]
@@ -466,6 +567,48 @@ mod tests {
     }
 
     #[test]
+    fn refuses_strings_the_parser_cannot_close() {
+        for ok in [
+            "a \"b\" #\"c\"# ##\"d\"#e\"## #true",
+            "a \"\"\"\n  b\n  \"\"\"",
+            "a #\"\"\"\n  \"\"\" b\n  \"\"\"#",
+            "a \"b \\\n   c\" \"\\\"\"",
+            // `"""` with no newline after is a one-line raw string starting with `""`.
+            "a #\"\"\"b\"# #\"\"\"c\"\"\"#",
+            // Lines of spaces only, or none at all, need no indentation.
+            "a #\"\"\"\n    b\n\n  \n\r\n    c\n    \"\"\"#",
+            "a \"\"\"\n\"\"\"",
+            // An escaped newline does not start a line.
+            "a \"\"\"\n  b \\\nc\n  \"\"\"",
+            // Not plain ASCII before the closing quotes: the parser decides.
+            "a \"\"\"\n\u{3000}\"\"\"",
+            // One-line strings end at a newline or the end, closed or not (the parser
+            // reports them at no cost).
+            "a \"b",
+            "a \"b\nc",
+            "a #\"b\nc",
+            "a b=##\"c\"#",
+        ] {
+            assert_eq!(check(ok), Ok(()), "{ok:?}");
+        }
+        for (text, offset) in [
+            ("a \"\"\"\n b", 2),
+            ("a \"\"\"\n b \"\"\"", 2),
+            ("a {\n  b #\"\"\"\n c\n x\"\"\"#\n}", 8),
+            ("a \"\"\"\n  b\n c\n  \"\"\"", 2),
+            ("a ##\"\"\"\n\tb\n  \"\"\"##", 2),
+        ] {
+            assert_eq!(check(text), Err(TooDeep::Unclosed { offset }), "{text:?}");
+        }
+        // The parser tried each of these to the end of the text: minutes for a few thousand.
+        let openers = format!(
+            "scenario \"s\" {{\n  user {}}}\n",
+            "#\"\"\"\n".repeat(5_000)
+        );
+        assert_eq!(check(&openers), Err(TooDeep::Unclosed { offset: 22 }));
+    }
+
+    #[test]
     fn counts_comment_pieces() {
         assert_eq!(check(&format!("/*{}*/", "*a".repeat(900))), Ok(()));
         let long = format!("x\n/*{}*/", "*a".repeat(MAX_COMMENT_PIECES));
@@ -504,9 +647,9 @@ mod tests {
             "/-\n  c {\n  x\n}\n",
             "d \\ // continued\n  3\n",
             "e \"\"\"\n;\n\"\"\"\n",
-            "f #\"\n;\"#\n",
+            "f #\"\"\"\n;\n\"\"\"#\n",
             "g /* \n; */ 4\n",
-            "h \"\\\"\n;\"\n",
+            "h \"\\\n;\"\n",
             "i",
         );
         let cut: Vec<&str> = scan(text).unwrap().into_iter().map(|r| &text[r]).collect();
@@ -518,16 +661,13 @@ mod tests {
                 "/-\n  c {\n  x\n}\n",
                 "d \\ // continued\n  3\n",
                 "e \"\"\"\n;\n\"\"\"\n",
-                "f #\"\n;\"#\n",
+                "f #\"\"\"\n;\n\"\"\"#\n",
                 "g /* \n; */ 4\n",
-                "h \"\\\"\n;\"\n",
+                "h \"\\\n;\"\n",
                 "i",
             ]
         );
-        assert!(matches!(
-            parse_each(text, |_| {}),
-            Ok(Parsed::Whole(Err(_)))
-        ));
+        assert!(matches!(parse_each(text, |_| {}), Ok(Parsed::Nodes)));
     }
 
     #[test]

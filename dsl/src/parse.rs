@@ -26,6 +26,7 @@ mod criteria;
 mod decls;
 mod http;
 mod include;
+mod json_path;
 mod scenario;
 mod steps;
 mod tool;

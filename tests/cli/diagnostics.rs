@@ -534,3 +534,63 @@ scenario "s" {
     assert!(err.contains("suite.kdl:2:5"), "{err}");
     assert!(err.contains("not a setting of this protocol"), "{err}");
 }
+
+/// A JSON path of nested filters (`$[?@.a[?@.a[?…`) took the path parser about four times
+/// longer per level, so `check` on a path the dsl fuzz run generated ran for hours; such a
+/// path, in a `capture`, a `reply` check or an `http` agent's `reply`, is refused at once,
+/// located on the value, naming the limit.
+#[tokio::test]
+async fn deeply_nested_json_paths_are_refused_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("paths.kdl");
+    let nested = format!("$[?@.kins[0].parts{}", "[?@.kins[0].parts".repeat(24));
+    let text = format!(
+        "agent \"h\" protocol=\"http\" url=\"http://127.0.0.1:1/\" {{\n  \
+         request #\"{{\"input\": {{{{ messages | tojson }}}}}}\"#\n  reply json-path=\"{nested}\"\n}}\n\
+         scenario \"s\" {{\n  agent \"h\"\n  user \"hi\"\n  capture \"x\" json-path=\"{nested}\"\n  \
+         expect reply json-path=\"{nested}\" equals=1\n}}\n"
+    );
+    std::fs::write(&path, text).unwrap();
+    let o = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        trellis().arg("check").arg(&path).output(),
+    )
+    .await
+    .expect("check ended within 20 s")
+    .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert_eq!(err.matches("trellis::").count(), 4, "only the paths: {err}");
+    assert_eq!(err.matches("trellis::too_deep").count(), 3, "{err}");
+    assert!(err.contains("JSON path nested more than 8 deep"), "{err}");
+    assert!(err.contains("at most 8 deep"), "{err}");
+    for line in ["paths.kdl:3:19", "paths.kdl:8:25", "paths.kdl:9:26"] {
+        assert!(err.contains(line), "{line}: {err}");
+    }
+}
+
+/// After a multi-line raw string that is never closed, the KDL parser's error recovery tried
+/// every later `#"""` again to the end of the file, so `check` on 3,000 of them (15 KB) ran
+/// for over a minute; the loader refuses the first one at once, located.
+#[tokio::test]
+async fn an_unclosed_multi_line_string_is_refused_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("raw.kdl");
+    let text = format!(
+        "agent \"a\" protocol=\"connexity\" builtin=\"booking\"\nscenario \"s\" {{\n  user {}}}\n",
+        "#\"\"\"\n".repeat(3_000)
+    );
+    std::fs::write(&path, text).unwrap();
+    let o = tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        trellis().arg("check").arg(&path).output(),
+    )
+    .await
+    .expect("check ended within 20 s")
+    .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("trellis::too_deep"), "{err}");
+    assert!(err.contains("multi-line string not closed"), "{err}");
+    assert!(err.contains("raw.kdl:3:8"), "{err}");
+}

@@ -204,29 +204,15 @@ impl Decoder<'_> {
             self.missing(cv, "a `json-path`", usage);
             return None;
         };
-        let source = self.string(e)?;
-        match serde_json_path::JsonPath::parse(&source) {
-            Ok(path) => Some(JsonPathSetting {
-                path,
-                source,
-                span: self.span(value_span(e)),
-            }),
-            Err(err) => {
-                let d = self
-                    .diag(
-                        Kind::InvalidJsonPath,
-                        format!("invalid JSON path `{source}`"),
-                        value_span(e),
-                        err.to_string(),
-                    )
-                    .with_help(
-                        "JSON paths follow RFC 9535, e.g. \"$.output.content\" or \
-                         \"$.choices[0].message.content\"",
-                    );
-                self.report(d);
-                None
-            }
-        }
+        let (path, source) = self.json_path_value(
+            e,
+            "\"$.output.content\" or \"$.choices[0].message.content\"",
+        )?;
+        Some(JsonPathSetting {
+            path,
+            source,
+            span: self.span(value_span(e)),
+        })
     }
 
     /// `header="NAME"` of `session`: an RFC 9110 token, or a diagnostic.

@@ -165,6 +165,13 @@ impl Loader {
                          it; remove one of the two"
                             .to_string(),
                     ),
+                    depth::TooDeep::Unclosed { .. } => (
+                        "this string",
+                        "a multi-line string starts with `\"\"\"` and a newline and ends with \
+                         `\"\"\"` alone on its last line, after spaces only (raw: `#\"\"\"` … \
+                         `\"\"\"#`); every line of it starts with those same spaces"
+                            .to_string(),
+                    ),
                     depth::TooDeep::Node { .. } => (
                         "this node",
                         format!(

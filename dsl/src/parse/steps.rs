@@ -267,24 +267,8 @@ impl<'f> Decoder<'f> {
     }
 
     pub(super) fn json_path(&mut self, e: &KdlEntry) -> Option<CaptureSource> {
-        let s = self.string(e)?;
-        match serde_json_path::JsonPath::parse(&s) {
-            Ok(path) => Some(CaptureSource::JsonPath { path, source: s }),
-            Err(err) => {
-                let d = self
-                    .diag(
-                        Kind::InvalidJsonPath,
-                        format!("invalid JSON path `{s}`"),
-                        value_span(e),
-                        err.to_string(),
-                    )
-                    .with_help(
-                        "JSON paths follow RFC 9535, e.g. \"$.booking.id\" or \"$.items[0].price\"",
-                    );
-                self.report(d);
-                None
-            }
-        }
+        let (path, source) = self.json_path_value(e, "\"$.booking.id\" or \"$.items[0].price\"")?;
+        Some(CaptureSource::JsonPath { path, source })
     }
 
     pub(super) fn expect(&mut self, v: &View) -> Option<Vec<Criterion>> {

@@ -121,6 +121,8 @@ const TOKENS: &[&str] = &[
     "\"\"\"",
     "#\"",
     "\"#",
+    "#\"\"\"\n",
+    "\n\"\"\"#",
     "#",
     "#true",
     "#false",
@@ -193,6 +195,8 @@ const TOKENS: &[&str] = &[
     "#\"(\"#",
     "#\"[\\d+\"#",
     "json-path=",
+    "[?@.a",
+    "\"$[?@.a[0]",
     "\"$..[?(@\"",
     "contains=",
     "reply",
@@ -382,6 +386,54 @@ fn slashdash_after_slashdash_is_refused_before_parsing() {
     });
     assert!(
         shown.contains("`/-` right after another `/-`") && shown.contains("fuzz.kdl:2:4"),
+        "{shown}"
+    );
+}
+
+/// Found by the million-case run of `loader_survives_mutated_suites`: a `json-path` of
+/// nested filters, each of which made the path parser about four times slower. The loader
+/// refuses paths nested over its limit before parsing them.
+#[test]
+fn nested_json_path_filters_are_refused_before_parsing() {
+    let dir = tempdir();
+    let path = dir.path().join("fuzz.kdl");
+    let text = format!(
+        "agent \"a\" protocol=\"connexity\" builtin=\"booking\"\nscenario \"s\" {{\n  user \"hi\"\n  capture \"c\" json-path=\"$[?@.kins[0].parts{}\"\n}}\n",
+        "[?@.kins[0].parts".repeat(40)
+    );
+    std::fs::write(&path, &text).unwrap();
+    let shown = bounded(&text, || {
+        match trellis_dsl::load(&[&path], &trellis_engine::protocol::registry::specs()) {
+            Ok(_) => panic!("loaded"),
+            Err(diags) => diags.render_plain(),
+        }
+    });
+    assert!(
+        shown.contains("JSON path nested more than") && shown.contains("fuzz.kdl:4:25"),
+        "{shown}"
+    );
+}
+
+/// Found while looking for slow inputs: after a multi-line raw string that is never closed,
+/// the parser's recovery retried every later `#"""` to the end of the file. The loader
+/// refuses the first one.
+#[test]
+fn unclosed_multi_line_strings_are_refused_before_parsing() {
+    let dir = tempdir();
+    let path = dir.path().join("fuzz.kdl");
+    let text = format!(
+        "scenario \"s\" {{\n  user {}}}\n",
+        "#\"\"\"\n".repeat(5_000)
+    );
+    std::fs::write(&path, &text).unwrap();
+    let shown = bounded(&text, || {
+        match trellis_dsl::load(&[&path], &trellis_engine::protocol::registry::specs()) {
+            Ok(_) => panic!("loaded"),
+            Err(diags) => diags.render_plain(),
+        }
+    });
+    assert!(
+        shown.contains("multi-line string not closed") && shown.contains("fuzz.kdl:2:8"),
         "{shown}"
     );
 }
