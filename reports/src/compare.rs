@@ -11,7 +11,11 @@
 //! `alpha`): one slow turn moves the mean of an unchanged agent (an identical run then
 //! "regressed"), never the ranks of all its turns. Runs whose per-turn latencies cannot be
 //! read, or too few turns for the test ever to reach `alpha`, are judged on the thresholds
-//! alone. The mean judge
+//! alone. A machine that is busier during one run slows every turn of it, which the rank
+//! test cannot tell from a slower agent; so when at least [`SPREAD_RUNS`] earlier whole runs
+//! of the same suites are known ([`TurnLatencies::earlier_means`]), a latency regression
+//! also needs the head run's mean to exceed the slowest of them by `latency_noise_ms`:
+//! slower than the runs have been, not just slower than the base. The mean judge
 //! score counts when it drops by more than its points, unless either run's
 //! `calibration.json` marks a judge below the agreement floor (`trellis calibrate`): then
 //! the score is shown with verdict `ungated` and does not fail the comparison, unless
@@ -217,7 +221,16 @@ pub struct Comparison {
 pub struct TurnLatencies {
     pub base: Vec<f64>,
     pub head: Vec<f64>,
+    /// The mean turn latency of earlier whole runs of the same suites (the base among
+    /// them), the most recent [`SPREAD_WINDOW`] at most: how much identical runs vary here.
+    pub earlier_means: Vec<f64>,
 }
+
+/// Earlier runs of the same suites needed before their spread is taken as the noise.
+pub const SPREAD_RUNS: usize = 3;
+
+/// Earlier runs whose spread is looked at, most recent first.
+pub const SPREAD_WINDOW: usize = 20;
 
 /// Compares `head` against `base`; `latencies`, when both runs' are known, tests a latency
 /// increase (see the module documentation).
@@ -677,7 +690,9 @@ pub fn judge_latency(
         let typical_slower = median_change.is_some_and(|(b, d)| past(b, d));
         let p = test(Alternative::Greater);
         match p {
-            Some(p) if p < t.alpha && typical_slower => (Verdict::Regressed, Some(p)),
+            Some(p) if p < t.alpha && typical_slower && !within_spread(head_mean, samples, t) => {
+                (Verdict::Regressed, Some(p))
+            }
             _ => (Verdict::Noise, p),
         }
     } else if past(base_mean, -mean_change) {
@@ -690,6 +705,20 @@ pub fn judge_latency(
     } else {
         (Verdict::Unchanged, None)
     }
+}
+
+/// The head run's mean is no slower than earlier runs of the same suites have been (by
+/// more than the noise floor), when enough of them are known to say.
+fn within_spread(head_mean: f64, latencies: &TurnLatencies, t: &Thresholds) -> bool {
+    if latencies.earlier_means.len() < SPREAD_RUNS {
+        return false;
+    }
+    let slowest = latencies
+        .earlier_means
+        .iter()
+        .copied()
+        .fold(f64::NEG_INFINITY, f64::max);
+    head_mean <= slowest + t.latency_noise_ms
 }
 
 fn metric(
@@ -852,9 +881,18 @@ mod tests {
     }
 
     fn judge(base: &[f64], head: &[f64]) -> (Verdict, Option<f64>) {
+        judge_with_history(base, head, &[])
+    }
+
+    fn judge_with_history(
+        base: &[f64],
+        head: &[f64],
+        earlier_means: &[f64],
+    ) -> (Verdict, Option<f64>) {
         let samples = TurnLatencies {
             base: base.to_vec(),
             head: head.to_vec(),
+            earlier_means: earlier_means.to_vec(),
         };
         judge_latency(
             &latency_of(base),
@@ -892,6 +930,35 @@ mod tests {
         assert_eq!(verdict, Verdict::Regressed);
         assert!(p.unwrap() < 0.001, "{p:?}");
         assert_eq!(judge(&head, &base).0, Verdict::Improved);
+    }
+
+    /// A busy machine slows every turn of a run: against a quiet base the rank test says
+    /// "slower", as for a slower agent. Earlier runs of the same suites that were as slow
+    /// show it is how runs vary here; a slowdown past all of them still regresses.
+    #[test]
+    fn a_run_no_slower_than_earlier_runs_have_been_is_noise() {
+        let base: Vec<f64> = (0..40).map(|i| 15.0 + f64::from(i % 7)).collect();
+        let busy: Vec<f64> = base.iter().map(|ms| ms * 3.0).collect();
+        assert_eq!(judge(&base, &busy).0, Verdict::Regressed);
+        // Three earlier runs, one of them on a machine as busy (mean ~54 ms).
+        let (verdict, p) = judge_with_history(&base, &busy, &[18.0, 54.0, 19.0]);
+        assert_eq!(verdict, Verdict::Noise);
+        assert!(
+            p.unwrap() < 0.001,
+            "the rank test alone still says slower: {p:?}"
+        );
+        // Two earlier runs are too few to know the spread.
+        assert_eq!(
+            judge_with_history(&base, &busy, &[18.0, 54.0]).0,
+            Verdict::Regressed
+        );
+        // A 50 ms agent twice as slow, after runs that all took about 50 ms: regressed.
+        let agent: Vec<f64> = (0..20).map(|i| 50.0 + f64::from(i % 5)).collect();
+        let slower: Vec<f64> = agent.iter().map(|ms| ms * 2.0).collect();
+        assert_eq!(
+            judge_with_history(&agent, &slower, &[52.0, 51.0, 53.0, 52.5]).0,
+            Verdict::Regressed
+        );
     }
 
     #[test]

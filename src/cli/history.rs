@@ -339,12 +339,49 @@ pub fn compare_runs(
 }
 
 /// Both runs' per-turn latencies, when both can be read (else latency is judged on the
-/// mean alone).
+/// mean alone), with the mean latencies of the whole runs of the same suites that started
+/// before the head run in the same runs directory.
 pub fn turn_latencies(base: &Path, head: &Path) -> Option<compare::TurnLatencies> {
     Some(compare::TurnLatencies {
         base: history::turn_latencies(base)?,
         head: history::turn_latencies(head)?,
+        earlier_means: earlier_latency_means(head),
     })
+}
+
+/// The mean turn latency of the most recent finished runs (watch reruns are not listed)
+/// with the head run's suite fingerprint that started before it, most recent first.
+fn earlier_latency_means(head: &Path) -> Vec<f64> {
+    let Ok(head_entry) = history::read_run(head) else {
+        return Vec::new();
+    };
+    let fingerprint = head_entry
+        .meta
+        .as_ref()
+        .map(|m| m.suite_fingerprint.clone());
+    let (Some(fingerprint), Some(started), Some(runs_dir)) =
+        (fingerprint, head_entry.started_at.clone(), head.parent())
+    else {
+        return Vec::new();
+    };
+    let Ok(mut runs) = history::list_runs(runs_dir) else {
+        return Vec::new();
+    };
+    runs.retain(|r| {
+        r.finished
+            && r.run_id != head_entry.run_id
+            && r.started_at
+                .as_deref()
+                .is_some_and(|s| s < started.as_str())
+            && r.meta
+                .as_ref()
+                .is_some_and(|m| m.suite_fingerprint == fingerprint)
+    });
+    runs.sort_by(|a, b| b.started_at.cmp(&a.started_at));
+    runs.iter()
+        .take(compare::SPREAD_WINDOW)
+        .filter_map(|r| history::run_stats(&r.dir).ok()?.aggregates.latency.mean_ms)
+        .collect()
 }
 
 /// The judges the runs' `calibration.json` files mark below the agreement floor.

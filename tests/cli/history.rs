@@ -1028,6 +1028,66 @@ async fn identical_runs_pass_and_an_agent_twice_as_slow_is_a_latency_regression(
     assert!(latency["p_value"].as_f64().unwrap() < 0.001, "{latency}");
 }
 
+/// A run made while the machine was busier is slower in every turn, which the rank test
+/// alone calls a regression. With three earlier runs of the same suites, one of them as
+/// slow, it is the spread runs have here: `noise`, exit 0. Runs of other suites do not count.
+#[tokio::test]
+async fn a_run_no_slower_than_earlier_runs_of_the_same_suites_is_not_a_latency_regression() {
+    let runs = tempfile::tempdir().unwrap();
+    let turns = |ms: f64| -> Vec<Sample> {
+        (0..40)
+            .map(|i| sample("main", i, true, ms + f64::from(i % 7)))
+            .collect()
+    };
+    let fingerprint = |name: &str, fingerprint: &str| {
+        let dir = runs.path().join(name);
+        let mut meta: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("run.json")).unwrap_or_default())
+                .unwrap_or_else(|_| serde_json::json!({}));
+        meta["run_id"] = serde_json::json!(name);
+        meta["suite_fingerprint"] = serde_json::json!(fingerprint);
+        std::fs::write(dir.join("run.json"), meta.to_string()).unwrap();
+    };
+    for (name, day, ms) in [
+        ("e1", 1, 15.0),
+        ("busy", 2, 50.0),
+        ("e3", 3, 16.0),
+        ("base", 4, 15.0),
+        ("head", 5, 50.0),
+    ] {
+        write_run(
+            runs.path(),
+            name,
+            &format!("2026-01-0{day}T00:00:00Z"),
+            &turns(ms),
+        );
+    }
+    // Earlier runs of other suites: the head is slower than the base, past every test.
+    for name in ["e1", "busy", "e3"] {
+        fingerprint(name, "other suites");
+    }
+    for name in ["base", "head"] {
+        fingerprint(name, "same suites");
+    }
+    let o = compare(runs.path(), &["base", "head"]).await;
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(stdout(&o).contains("latency_mean_ms"), "{}", stdout(&o));
+
+    for name in ["e1", "busy", "e3"] {
+        fingerprint(name, "same suites");
+    }
+    let o = compare(runs.path(), &["base", "head", "--json"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+    let c: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let latency = c["metrics"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["metric"] == "latency_mean_ms")
+        .unwrap();
+    assert_eq!(latency["verdict"], "noise", "{latency}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scenario_skipped_because_its_needs_failed_is_not_run_and_a_regression() {
     use super::support::MisbehavingServer;
