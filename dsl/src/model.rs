@@ -236,7 +236,8 @@ pub enum SocketAddress {
 }
 
 /// `request` of a multiagent agent: what each request carries.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum MultiAgentRequest {
     /// `{task_description, turn, conversation_history}` (the spec and the older harness).
     #[default]
@@ -253,7 +254,8 @@ impl MultiAgentRequest {
 }
 
 /// `feedback` of a multiagent agent: whose wording tool results go back in.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum Feedback {
     /// `Tool 'NAME' returned: {json}. Continue with the task.` (the spec).
     #[default]
@@ -268,7 +270,8 @@ impl Feedback {
 }
 
 /// `process` of a `command=` agent (and of a `builtin=` agent with `transport="process"`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum ProcessMode {
     /// One process per call: the payload without a trailing newline, stdin closed, the whole
     /// stdout is the answer (what the real harness does; agents that loop over stdin lines
@@ -288,7 +291,8 @@ impl ProcessMode {
 }
 
 /// `transport` of a `builtin=` multiagent agent: how the engine serves the embedded agent.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum BuiltinTransport {
     /// `POST /execute_task` on a loopback port.
     #[default]
@@ -334,43 +338,6 @@ impl Default for AgentBranches {
         AgentBranches {
             breadth: 5,
             depth: 3,
-        }
-    }
-}
-
-/// The spec's cap on agent actions within one user step.
-pub const DEFAULT_MAX_ACTIONS: u32 = 5;
-
-/// Settings only `multiagent` agents take (validation rejects them on other protocols, and
-/// `process`/`env`/`cwd` on non-`command`, `keep-open` on non-`socket` endpoints).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MultiAgentSettings {
-    pub request: MultiAgentRequest,
-    pub feedback: Feedback,
-    /// Agent actions answered within one user step before the loop ends (`max-actions`).
-    pub max_actions: u32,
-    pub process: ProcessMode,
-    /// `socket=`: keep one connection open for the trajectory instead of one per call.
-    pub keep_open: bool,
-    /// `builtin=`: how the embedded agent is served (`transport`).
-    pub transport: BuiltinTransport,
-    /// `command=`: extra environment variables, in the order written.
-    pub env: Vec<(String, String)>,
-    /// `command=`: the working directory, resolved against the suite file's directory.
-    pub cwd: Option<PathBuf>,
-}
-
-impl Default for MultiAgentSettings {
-    fn default() -> Self {
-        MultiAgentSettings {
-            request: MultiAgentRequest::default(),
-            feedback: Feedback::default(),
-            max_actions: DEFAULT_MAX_ACTIONS,
-            process: ProcessMode::default(),
-            keep_open: false,
-            transport: BuiltinTransport::default(),
-            env: Vec::new(),
-            cwd: None,
         }
     }
 }
@@ -466,8 +433,6 @@ pub struct Agent {
     /// others the provider whose server runs the agent's own model (each turn holds one of
     /// its slots).
     pub provider: Option<Spanned<String>>,
-    /// `multiagent`: the action loop and transport settings (defaults elsewhere).
-    pub multiagent: MultiAgentSettings,
     /// The protocol's own one-value settings as written, for its module.
     pub settings: ProtocolSettings,
     /// `http`: the request template and where the answer's parts are.

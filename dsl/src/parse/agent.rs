@@ -185,7 +185,8 @@ impl Decoder<'_> {
             }
         }
         self.settings_of_other_protocols(v, &s, id, protocol);
-        let multiagent = self.multiagent_settings(v, &s, id, protocol);
+        let mut settings = self.protocol_settings(&s, protocol);
+        self.multiagent_settings(v, &s, id, protocol, &mut settings);
         let http = self.http_settings(v, &s, id, protocol);
         let endpoint = self.endpoint(&s, id, protocol)?;
         // A model agent reached through a `provider` may take the provider's model.
@@ -215,23 +216,24 @@ impl Decoder<'_> {
             max_response_size,
             model,
             provider,
-            multiagent,
-            settings: self.protocol_settings(&s, protocol),
+            settings,
             http,
             span: self.span(v.span),
         })
     }
 
-    /// The `multiagent` settings; each one on another protocol, or on an endpoint it does not
-    /// apply to, is an error pointing at it.
+    /// Checks the `multiagent` settings: each one on another protocol, or on an endpoint it
+    /// does not apply to, is an error pointing at it. Their values reach the module through
+    /// `settings` (the protocol's settings as written), where this adds the `env` block (as
+    /// `[[KEY, VALUE], …]`, in the order written) and makes `cwd` relative to the suite file.
     fn multiagent_settings(
         &mut self,
         v: &View,
         s: &Settings,
         id: &Spanned<String>,
         protocol: Protocol,
-    ) -> MultiAgentSettings {
-        let mut out = MultiAgentSettings::default();
+        settings: &mut ProtocolSettings,
+    ) {
         let env_nodes: Vec<View> = v
             .children
             .map(|c| c.nodes())
@@ -241,11 +243,11 @@ impl Decoder<'_> {
             .filter(|cv| cv.name == "env")
             .collect();
         let endpoint = ENDPOINTS.iter().find(|e| s.get(e).is_some()).copied();
-        out.transport = self.builtin_transport(s, id, protocol, endpoint);
+        let transport = self.builtin_transport(s, id, protocol, endpoint);
         for (name, needs) in ENDPOINT_SETTINGS {
             // A builtin served as a process takes `process` like a `command=` agent, one
             // served on a socket `keep-open` like a `socket=` agent.
-            let served_as = match out.transport {
+            let served_as = match transport {
                 BuiltinTransport::Process => Some("process"),
                 BuiltinTransport::Tcp | BuiltinTransport::Unix => Some("keep-open"),
                 BuiltinTransport::Http => None,
@@ -298,7 +300,7 @@ impl Decoder<'_> {
                 self.report(d);
             }
         }
-        if let Some(r) = s
+        if let Some(e) = s
             .value("request")
             // `request` is a choice of form here, a body template on an `http` agent.
             .filter(|_| {
@@ -306,27 +308,20 @@ impl Decoder<'_> {
                     matches!(spec.args.first().map(|a| a.ty), Some(ValueType::OneOf(_)))
                 })
             })
-            .and_then(|e| self.choice(e, "request", &MultiAgentRequest::ALL))
         {
-            out.request = r;
+            let _ = self.choice(e, "request", &MultiAgentRequest::ALL);
         }
-        if let Some(f) = s
-            .value("feedback")
-            .and_then(|e| self.choice(e, "feedback", &Feedback::ALL))
-        {
-            out.feedback = f;
+        if let Some(e) = s.value("feedback") {
+            let _ = self.choice(e, "feedback", &Feedback::ALL);
         }
-        if let Some(n) = s.value("max-actions").and_then(|e| self.u32(e, 1)) {
-            out.max_actions = n;
+        if let Some(e) = s.value("max-actions") {
+            let _ = self.u32(e, 1);
         }
-        if let Some(p) = s
-            .value("process")
-            .and_then(|e| self.choice(e, "process", &ProcessMode::ALL))
-        {
-            out.process = p;
+        if let Some(e) = s.value("process") {
+            let _ = self.choice(e, "process", &ProcessMode::ALL);
         }
-        if let Some(k) = s.value("keep-open").and_then(|e| self.boolean(e)) {
-            out.keep_open = k;
+        if let Some(e) = s.value("keep-open") {
+            let _ = self.boolean(e);
         }
         if let Some(cwd) = self.s_string(s, "cwd") {
             let base = self
@@ -335,7 +330,11 @@ impl Decoder<'_> {
                 .and_then(|f| f.path.parent())
                 .map(Path::to_path_buf)
                 .unwrap_or_default();
-            out.cwd = Some(base.join(cwd));
+            let resolved = base.join(cwd).to_string_lossy().into_owned();
+            if let Some(setting) = settings.0.iter_mut().find(|s| s.name == "cwd") {
+                setting.value.value = Value::String(resolved);
+                setting.checked = true;
+            }
         }
         let mut first_env: Option<SourceSpan> = None;
         for cv in &env_nodes {
@@ -353,9 +352,23 @@ impl Decoder<'_> {
                 continue;
             }
             first_env = Some(cv.name_span);
-            out.env = self.env_block(cv);
+            let env = self.env_block(cv);
+            if protocol.declares("env") {
+                settings.0.push(ProtocolSetting {
+                    name: "env",
+                    value: Spanned {
+                        value: Value::Array(
+                            env.into_iter()
+                                .map(|(k, v)| Value::Array(vec![k.into(), v.into()]))
+                                .collect(),
+                        ),
+                        span: self.span(cv.span),
+                    },
+                    items: Vec::new(),
+                    checked: true,
+                });
+            }
         }
-        out
     }
 
     /// `transport` of a `builtin=` multiagent agent; anywhere else it is an error pointing at

@@ -2,6 +2,8 @@
 //! their defaults when not written.
 
 use trellis_dsl::*;
+use trellis_engine::protocol::multiagent::MultiAgentSettings;
+use trellis_engine::protocol::multiagent::session::DEFAULT_MAX_ACTIONS;
 
 fn load_text(text: &str) -> Result<Project, Diagnostics> {
     let dir = tempfile::tempdir().unwrap();
@@ -84,11 +86,19 @@ scenario "s" { agent "http"; user "hi"; }
 "#,
     )
     .unwrap_or_else(|d| panic!("{}", d.render_plain()));
-    let http = &p.agent("http").unwrap().multiagent;
+    // The settings as written, decoded by the protocol's module as the planner does.
+    let settings = |id: &str| -> MultiAgentSettings {
+        p.agent(id)
+            .unwrap()
+            .settings
+            .decode()
+            .unwrap_or_else(|e| panic!("{id}: {e}"))
+    };
+    let http = &settings("http");
     assert_eq!(http.request, MultiAgentRequest::TaskOnly);
     assert_eq!(http.feedback, Feedback::Harness);
     assert_eq!(http.max_actions, 8);
-    let proc = &p.agent("proc").unwrap().multiagent;
+    let proc = &settings("proc");
     assert_eq!(proc.process, ProcessMode::LongLived);
     assert_eq!(
         proc.env,
@@ -99,10 +109,10 @@ scenario "s" { agent "http"; user "hi"; }
     );
     assert!(proc.cwd.as_ref().unwrap().ends_with("agents"));
     assert!(proc.cwd.as_ref().unwrap().is_absolute());
-    let t1 = p.agent("t1").unwrap();
-    assert!(t1.multiagent.keep_open);
-    assert_eq!(t1.multiagent.max_actions, DEFAULT_MAX_ACTIONS);
-    assert_eq!(t1.multiagent.process, ProcessMode::PerCall);
+    let t1 = settings("t1");
+    assert!(t1.keep_open);
+    assert_eq!(t1.max_actions, DEFAULT_MAX_ACTIONS);
+    assert_eq!(t1.process, ProcessMode::PerCall);
     let socket = |id: &str| match &p.agent(id).unwrap().endpoint {
         Endpoint::Socket(address) => address.clone(),
         other => panic!("{other:?}"),
@@ -123,7 +133,7 @@ scenario "s" { agent "http"; user "hi"; }
     );
     assert_eq!(socket("u1"), SocketAddress::Unix("/tmp/a.sock".into()));
     assert_eq!(socket("u2"), SocketAddress::Unix("/tmp/b.sock".into()));
-    assert!(!p.agent("u2").unwrap().multiagent.keep_open);
+    assert!(!settings("u2").keep_open);
 }
 
 #[test]
@@ -139,7 +149,13 @@ scenario "s" { agent "http"; user "hi"; }
 "#,
     )
     .unwrap_or_else(|d| panic!("{}", d.render_plain()));
-    let settings = |id: &str| p.agent(id).unwrap().multiagent.clone();
+    let settings = |id: &str| -> MultiAgentSettings {
+        p.agent(id)
+            .unwrap()
+            .settings
+            .decode()
+            .unwrap_or_else(|e| panic!("{id}: {e}"))
+    };
     assert_eq!(settings("http").transport, BuiltinTransport::Http);
     assert_eq!(settings("proc").transport, BuiltinTransport::Process);
     assert_eq!(settings("proc").process, ProcessMode::LongLived);

@@ -128,16 +128,6 @@ macro_rules! planned_as_decoded {
 }
 planned_as_decoded!(Option<trellis_dsl::HttpSettings>);
 
-impl PlannedSettings for trellis_dsl::MultiAgentSettings {
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-
-    fn builtin_serving(&self) -> (trellis_dsl::BuiltinTransport, trellis_dsl::ProcessMode) {
-        (self.transport, self.process)
-    }
-}
-
 /// The protocol table of docs/protocols.md, written from the registry (a test keeps the file
 /// in step with it).
 pub fn markdown_table() -> String {

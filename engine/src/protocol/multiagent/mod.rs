@@ -94,6 +94,52 @@ pub const SPEC: ProtocolSpec = ProtocolSpec {
     builtins: &["support"],
 };
 
+/// A `multiagent` agent's own settings, decoded from its settings as written (the loader
+/// checked them against [`SPEC`], made `cwd` relative to the suite file and wrote the `env`
+/// block as `[[KEY, VALUE], …]`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
+#[serde(default, rename_all = "kebab-case")]
+pub struct MultiAgentSettings {
+    pub request: trellis_dsl::MultiAgentRequest,
+    pub feedback: trellis_dsl::Feedback,
+    /// Agent actions answered within one user step before the loop ends (`max-actions`).
+    pub max_actions: u32,
+    pub process: trellis_dsl::ProcessMode,
+    /// `socket=`: keep one connection open for the trajectory instead of one per call.
+    pub keep_open: bool,
+    /// `builtin=`: how the embedded agent is served (`transport`).
+    pub transport: trellis_dsl::BuiltinTransport,
+    /// `command=`: extra environment variables, in the order written.
+    pub env: Vec<(String, String)>,
+    /// `command=`: the working directory.
+    pub cwd: Option<std::path::PathBuf>,
+}
+
+impl Default for MultiAgentSettings {
+    fn default() -> Self {
+        MultiAgentSettings {
+            request: Default::default(),
+            feedback: Default::default(),
+            max_actions: session::DEFAULT_MAX_ACTIONS,
+            process: Default::default(),
+            keep_open: false,
+            transport: Default::default(),
+            env: Vec::new(),
+            cwd: None,
+        }
+    }
+}
+
+impl registry::PlannedSettings for MultiAgentSettings {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    fn builtin_serving(&self) -> (trellis_dsl::BuiltinTransport, trellis_dsl::ProcessMode) {
+        (self.transport, self.process)
+    }
+}
+
 pub struct Module;
 
 impl registry::ProtocolModule for Module {
@@ -107,7 +153,13 @@ impl registry::ProtocolModule for Module {
         agent: &trellis_dsl::Agent,
         _templates: &mut crate::render::Templates,
     ) -> Result<Arc<dyn registry::PlannedSettings>, crate::render::RenderError> {
-        Ok(Arc::new(agent.multiagent.clone()))
+        // The loader checked the values against `SPEC`; a default stands in for the rest.
+        Ok(Arc::new(
+            agent
+                .settings
+                .decode::<MultiAgentSettings>()
+                .unwrap_or_default(),
+        ))
     }
 
     fn build(
@@ -131,7 +183,7 @@ pub(super) fn multiagent_client(
 ) -> Result<Arc<dyn AgentProtocol>, registry::BuildError> {
     use session::{MultiAgentClient, MultiAgentOptions};
     use trellis_dsl::Endpoint;
-    let settings = registry::settings::<trellis_dsl::MultiAgentSettings>(setup)?;
+    let settings = registry::settings::<MultiAgentSettings>(setup)?;
     let options = MultiAgentOptions {
         request_form: match settings.request {
             trellis_dsl::MultiAgentRequest::Full => wire::RequestForm::Full,
