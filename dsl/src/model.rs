@@ -14,9 +14,6 @@ use miette::{NamedSource, SourceSpan};
 use regex::Regex;
 use serde_json::{Map, Value};
 
-mod http;
-pub use http::{HttpMethod, HttpSettings, JsonPathSetting, SessionCapture, StreamSettings};
-
 /// Index of a file in [`Project::files`].
 pub type FileId = usize;
 
@@ -435,8 +432,6 @@ pub struct Agent {
     pub provider: Option<Spanned<String>>,
     /// The protocol's own one-value settings as written, for its module.
     pub settings: ProtocolSettings,
-    /// `http`: the request template and where the answer's parts are.
-    pub http: Option<HttpSettings>,
     pub span: Span,
 }
 

@@ -423,9 +423,18 @@ impl<'p> Validator<'p> {
             if !used.contains(agent.id.value.as_str()) {
                 self.env_reads.truncate(env_reads_before);
             }
-            if let Some(http) = &agent.http {
-                // Rendered per turn; an agent serves many scenarios, so `vars` and
-                // `user_context` are not checked against one of them.
+            // The `request` of an agent that describes its answer (`http`, the protocol that
+            // declares `reply`) is its body template, rendered per turn; an agent serves
+            // many scenarios, so `vars` and `user_context` are not checked against one of
+            // them.
+            if agent.protocol.declares("reply")
+                && let Some(request) = agent.settings.spanned("request")
+                && let Some(source) = request.value.as_str()
+            {
+                let request = Template {
+                    source: source.to_owned(),
+                    span: request.span,
+                };
                 let mut scope = Scope::env_only();
                 for root in [
                     "messages",
@@ -439,7 +448,7 @@ impl<'p> Validator<'p> {
                     scope = scope.with(root, Names::Any);
                 }
                 scope = scope.with("scenario", Names::Any);
-                let diags = template::check(&http.request, &scope, self.files());
+                let diags = template::check(&request, &scope, self.files());
                 self.diags.extend(diags);
             }
         }

@@ -187,7 +187,7 @@ impl Decoder<'_> {
         self.settings_of_other_protocols(v, &s, id, protocol);
         let mut settings = self.protocol_settings(&s, protocol);
         self.multiagent_settings(v, &s, id, protocol, &mut settings);
-        let http = self.http_settings(v, &s, id, protocol);
+        self.http_settings(v, &s, id, protocol, &mut settings);
         let endpoint = self.endpoint(&s, id, protocol)?;
         // A model agent reached through a `provider` may take the provider's model.
         if protocol.is_model() && s.get("model").is_none() && s.get("provider").is_none() {
@@ -217,7 +217,6 @@ impl Decoder<'_> {
             model,
             provider,
             settings,
-            http,
             span: self.span(v.span),
         })
     }

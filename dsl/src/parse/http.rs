@@ -1,7 +1,9 @@
-//! Decoding the settings of `protocol="http"` agents ([`HttpSettings`]): the `request`
-//! template, `method`, and the `reply`, `tool-calls`, `session` and `stream` nodes. Each of
-//! them on another protocol is an error pointing at it; JSON paths are checked here, so a bad
-//! one is a `trellis check` diagnostic rather than a fault on every turn.
+//! Checking the settings of `protocol="http"` agents: the `request` template, `method`, and
+//! the `reply`, `tool-calls`, `session` and `stream` nodes. Each of them on another protocol
+//! is an error pointing at it; JSON paths are checked here, so a bad one is a `trellis check`
+//! diagnostic rather than a fault on every turn. The nodes reach the protocol's module
+//! (`engine/src/protocol/jsonhttp/settings.rs`) in `Agent::settings`, each as an object of
+//! its properties (`{"json-path": …, "header": …}`).
 
 use super::*;
 
@@ -10,17 +12,21 @@ const HTTP_NODES: &[&str] = &["reply", "tool-calls", "session"];
 /// `agent` settings (properties or one-argument nodes) only `http` agents take.
 const HTTP_SETTINGS: &[&str] = &["method"];
 const REQUEST_USAGE: &str = "request #\"{\"input\": {{ messages | tojson }}}\"#";
+/// `method` values (the methods that carry a body).
+const METHODS: [(&str, &str); 3] = [("POST", "POST"), ("PUT", "PUT"), ("PATCH", "PATCH")];
 
 impl Decoder<'_> {
-    /// The `http` settings of an agent, `None` on other protocols (where each `http` setting
-    /// written is reported) or when a required one is missing or invalid.
+    /// Checks the `http` settings of an agent (on other protocols, each one written is
+    /// reported) and adds its `reply`, `tool-calls`, `session` and `stream` nodes to
+    /// `settings`.
     pub(super) fn http_settings(
         &mut self,
         v: &View,
         s: &Settings,
         id: &Spanned<String>,
         protocol: Protocol,
-    ) -> Option<HttpSettings> {
+        settings: &mut ProtocolSettings,
+    ) {
         // The protocol whose agents describe their request and answer (the one that declares
         // `reply`): `http`.
         let is_http = protocol.declares("reply");
@@ -56,14 +62,16 @@ impl Decoder<'_> {
                     ));
                 self.report(d);
             }
-            return None;
+            return;
         }
         let method = s
             .value("method")
-            .and_then(|e| self.choice(e, "method", &HttpMethod::ALL))
-            .unwrap_or_default();
-        let request = match s.value("request") {
-            Some(e) => self.template(e),
+            .and_then(|e| self.choice(e, "method", &METHODS))
+            .unwrap_or("POST");
+        match s.value("request") {
+            Some(e) => {
+                let _ = self.string(e);
+            }
             None => {
                 let d = self
                     .diag(
@@ -77,9 +85,8 @@ impl Decoder<'_> {
                          `{REQUEST_USAGE}`"
                     ));
                 self.report(d);
-                None
             }
-        };
+        }
         if let (Some(set), Some(e)) = (s.get("stream"), s.value("stream")) {
             let d = self
                 .diag(
@@ -92,10 +99,6 @@ impl Decoder<'_> {
                 .with_help("write `stream json-path=\"$.content\"` inside the agent's block");
             self.report(d);
         }
-        let mut reply = None;
-        let mut tool_calls = None;
-        let mut session = None;
-        let mut stream = None;
         let mut seen: HashMap<&str, SourceSpan> = HashMap::new();
         for cv in &nodes {
             if let Some(first) = seen.get(cv.name) {
@@ -112,58 +115,68 @@ impl Decoder<'_> {
                 continue;
             }
             seen.insert(cv.name, cv.name_span);
-            match cv.name {
-                "reply" => reply = self.http_path_node(cv, &[], "reply json-path=\"$.output\""),
-                "tool-calls" => {
-                    tool_calls = self.http_path_node(
-                        cv,
-                        &[],
-                        "tool-calls json-path=\"$.output.tool_calls\"",
-                    );
-                }
-                "session" => {
-                    let usage = "session json-path=\"$.session_id\" header=\"X-Session-Id\"";
-                    let header = cv.prop("header").and_then(|e| self.header_name(e));
-                    session = self
-                        .http_path_node(cv, &["header"], usage)
-                        .map(|json_path| SessionCapture { json_path, header });
-                }
-                _ => {
-                    let usage = "stream json-path=\"$.content\"";
-                    let event = cv.prop("event").and_then(|e| self.string(e));
-                    let end_event = cv
-                        .prop("end-event")
-                        .and_then(|e| self.string(e))
-                        .unwrap_or_else(|| "end".to_owned());
-                    stream =
-                        self.http_path_node(cv, &["event", "end-event"], usage)
-                            .map(|json_path| StreamSettings {
-                                json_path,
-                                event,
-                                end_event,
-                            });
-                    if method != HttpMethod::Post
-                        && let Some(e) = s.value("method")
-                    {
-                        let d = self
-                            .diag(
-                                Kind::InvalidValue,
-                                format!(
-                                    "agent `{}` streams: its requests are POSTs, not {}",
-                                    id.value,
-                                    method.as_str()
-                                ),
-                                value_span(e),
-                                "not with `stream`",
-                            )
-                            .with_label(cv.name_span, "streamed here")
-                            .with_help("remove `method`, or `stream` to get one JSON answer");
-                        self.report(d);
+            let (others, usage): (&[&str], &str) = match cv.name {
+                "reply" => (&[], "reply json-path=\"$.output\""),
+                "tool-calls" => (&[], "tool-calls json-path=\"$.output.tool_calls\""),
+                "session" => (
+                    &["header"],
+                    "session json-path=\"$.session_id\" header=\"X-Session-Id\"",
+                ),
+                _ => (&["event", "end-event"], "stream json-path=\"$.content\""),
+            };
+            let mut node = serde_json::Map::new();
+            if cv.name == "session"
+                && let Some(header) = cv.prop("header").and_then(|e| self.header_name(e))
+            {
+                node.insert("header".into(), Value::String(header));
+            }
+            if cv.name == "stream" {
+                for prop in ["event", "end-event"] {
+                    if let Some(value) = cv.prop(prop).and_then(|e| self.string(e)) {
+                        node.insert(prop.into(), Value::String(value));
                     }
                 }
             }
+            let json_path = self.http_path_node(cv, others, usage);
+            if cv.name == "stream"
+                && method != "POST"
+                && let Some(e) = s.value("method")
+            {
+                let d = self
+                    .diag(
+                        Kind::InvalidValue,
+                        format!(
+                            "agent `{}` streams: its requests are POSTs, not {method}",
+                            id.value,
+                        ),
+                        value_span(e),
+                        "not with `stream`",
+                    )
+                    .with_label(cv.name_span, "streamed here")
+                    .with_help("remove `method`, or `stream` to get one JSON answer");
+                self.report(d);
+            }
+            let Some(json_path) = json_path else {
+                continue;
+            };
+            node.insert("json-path".into(), Value::String(json_path));
+            let name = match cv.name {
+                "reply" => "reply",
+                "tool-calls" => "tool-calls",
+                "session" => "session",
+                _ => "stream",
+            };
+            settings.0.push(ProtocolSetting {
+                name,
+                value: Spanned {
+                    value: Value::Object(node),
+                    span: self.span(cv.span),
+                },
+                items: Vec::new(),
+                checked: true,
+            });
         }
-        if reply.is_none() && stream.is_none() && !seen.contains_key("reply") {
+        if !seen.contains_key("reply") && !seen.contains_key("stream") {
             let d = self
                 .diag(
                     Kind::Missing,
@@ -176,25 +189,12 @@ impl Decoder<'_> {
                      `stream json-path=…` for server-sent events)",
                 );
             self.report(d);
-            return None;
         }
-        Some(HttpSettings {
-            method,
-            request: request?,
-            reply,
-            tool_calls,
-            session,
-            stream,
-        })
     }
 
-    /// A node of the form `NAME json-path="…" [other properties]`: the parsed path.
-    fn http_path_node(
-        &mut self,
-        cv: &View,
-        others: &[&str],
-        usage: &str,
-    ) -> Option<JsonPathSetting> {
+    /// A node of the form `NAME json-path="…" [other properties]`: the path as written, once
+    /// it parses.
+    fn http_path_node(&mut self, cv: &View, others: &[&str], usage: &str) -> Option<String> {
         let mut allowed = vec!["json-path"];
         allowed.extend_from_slice(others);
         self.check_props(cv, &allowed, &[]);
@@ -204,15 +204,11 @@ impl Decoder<'_> {
             self.missing(cv, "a `json-path`", usage);
             return None;
         };
-        let (path, source) = self.json_path_value(
+        let (_, source) = self.json_path_value(
             e,
             "\"$.output.content\" or \"$.choices[0].message.content\"",
         )?;
-        Some(JsonPathSetting {
-            path,
-            source,
-            span: self.span(value_span(e)),
-        })
+        Some(source)
     }
 
     /// `header="NAME"` of `session`: an RFC 9110 token, or a diagnostic.

@@ -126,7 +126,7 @@ macro_rules! planned_as_decoded {
         }
     )*};
 }
-planned_as_decoded!(Option<trellis_dsl::HttpSettings>);
+planned_as_decoded!(Option<super::jsonhttp::HttpSettings>);
 
 /// The protocol table of docs/protocols.md, written from the registry (a test keeps the file
 /// in step with it).

@@ -239,7 +239,7 @@ async fn a_complete_stream_joins_its_deltas() {
     assert_eq!(t.status, TrajectoryStatus::Passed, "{t:?}");
 }
 
-fn settings() -> trellis_dsl::HttpSettings {
+fn settings() -> trellis_engine::protocol::jsonhttp::HttpSettings {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let path = dir.path().join("agent.kdl");
     let text = r##"agent "a" protocol="http" url="http://127.0.0.1:1/" {
@@ -256,7 +256,7 @@ fn settings() -> trellis_dsl::HttpSettings {
         .agents
         .into_iter()
         .next()
-        .and_then(|a| a.http)
+        .and_then(|a| trellis_engine::protocol::jsonhttp::HttpSettings::of(&a))
         .expect("the settings parse")
 }
 

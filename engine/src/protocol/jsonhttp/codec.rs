@@ -14,9 +14,9 @@
 //!   (APIs leave the field out when there are none).
 //! - session: a string or number; looked for until found.
 
+use super::settings::{HttpSettings, JsonPathSetting, StreamSettings};
 use bytes::Bytes;
 use serde_json::Value;
-use trellis_dsl::{HttpSettings, JsonPathSetting, StreamSettings};
 
 use crate::protocol::{ToolCall, ToolCallFunction};
 use crate::record::{Fault, FaultCategory};
@@ -393,13 +393,13 @@ impl<'a> StreamDecoder<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use trellis_dsl::{HttpMethod, Span, Template};
+    use crate::protocol::jsonhttp::settings::{HttpMethod, SessionCapture};
+    use trellis_dsl::{Span, Template};
 
     fn path(source: &str) -> JsonPathSetting {
         JsonPathSetting {
             path: serde_json_path::JsonPath::parse(source).expect("test paths are valid"),
             source: source.to_owned(),
-            span: Span::new(0, (0..0).into()),
         }
     }
 
@@ -412,7 +412,7 @@ mod tests {
             },
             reply: Some(path(reply)),
             tool_calls: tools.map(path),
-            session: Some(trellis_dsl::SessionCapture {
+            session: Some(SessionCapture {
                 json_path: path("$.session"),
                 header: None,
             }),

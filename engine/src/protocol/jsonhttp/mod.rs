@@ -18,8 +18,10 @@
 
 pub mod codec;
 mod session;
+pub mod settings;
 
 pub use session::{JsonHttpClient, JsonHttpError};
+pub use settings::{HttpMethod, HttpSettings, JsonPathSetting, SessionCapture, StreamSettings};
 
 // ----- registry glue (`super::registry`)
 
@@ -139,23 +141,23 @@ impl registry::ProtocolModule for Module {
         agent: &trellis_dsl::Agent,
         _templates: &mut crate::render::Templates,
     ) -> Result<Arc<dyn registry::PlannedSettings>, crate::render::RenderError> {
-        Ok(Arc::new(agent.http.clone()))
+        Ok(Arc::new(HttpSettings::of(agent)))
     }
 
     fn build(
         &self,
         setup: &AgentSetup<'_>,
     ) -> Result<Arc<dyn AgentProtocol>, registry::BuildError> {
-        let settings = registry::settings::<Option<trellis_dsl::HttpSettings>>(setup)?;
+        let settings = registry::settings::<Option<HttpSettings>>(setup)?;
         Ok(Arc::new(JsonHttpClient::new(setup, settings.as_ref())?))
     }
 
     /// Without `stream` the agent answers with one JSON body.
     fn untimed(&self, agent: &trellis_dsl::Agent) -> Option<String> {
         agent
-            .http
-            .as_ref()
-            .is_none_or(|h| h.stream.is_none())
+            .settings
+            .get("stream")
+            .is_none()
             .then(|| registry::one_body(agent))
     }
 }

@@ -3,10 +3,11 @@
 
 use std::sync::Arc;
 
+use super::settings::{HttpMethod, HttpSettings};
 use futures::future::BoxFuture;
 use reqwest::Url;
 use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderName, HeaderValue};
-use trellis_dsl::{Endpoint, HttpMethod, HttpSettings};
+use trellis_dsl::Endpoint;
 
 use super::codec::{self, Answer, Progress, StreamDecoder};
 use crate::protocol::{
