@@ -33,6 +33,8 @@ pub enum ValueType {
     Regex,
     /// A JSON path (`$.a.b[0]`, checked at load time).
     JsonPath,
+    /// An HTTP header name (an RFC 9110 token: letters, digits and `-` and the like).
+    HeaderName,
     /// The id of a top-level declaration of this node kind (`"tool"`, `"provider"`, …);
     /// checked by validation with a "did you mean".
     Ref(&'static str),
@@ -59,6 +61,7 @@ impl ValueType {
             ValueType::Url => "a URL".into(),
             ValueType::Regex => "a regular expression".into(),
             ValueType::JsonPath => "a JSON path like \"$.a.b\"".into(),
+            ValueType::HeaderName => "a header name like \"X-Session-Id\"".into(),
             ValueType::Ref(kind) => format!("the id of a `{kind}`"),
             ValueType::OneOf(words) => {
                 let words: Vec<String> = words.iter().map(|w| format!("`{w}`")).collect();

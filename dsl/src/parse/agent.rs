@@ -2,7 +2,7 @@
 //! and the settings of the protocol it speaks (those of `http` agents in `http.rs`).
 
 use super::*;
-use crate::lang::{EndpointKind, Form, ProtocolSpec, Repeat, ValueType};
+use crate::lang::{EndpointKind, Form, NodeSpec, ProtocolSpec, Repeat, ValueType};
 
 /// The settings every agent takes, whatever its protocol; the protocols' own settings come
 /// from their specs ([`crate::lang::ProtocolSpec::settings`]).
@@ -860,6 +860,55 @@ impl Decoder<'_> {
         out
     }
 
+    /// A setting written as a node of properties (`reply json-path="$.output"`), checked
+    /// against its spec (no arguments or children, known properties, required ones present,
+    /// each of its type) and kept as an object of its properties; `None` when a required
+    /// property is missing or invalid.
+    pub(super) fn node_setting(&mut self, cv: &View, spec: &NodeSpec) -> Option<Value> {
+        // `reply json-path="$.output"`: the required properties with an example value each.
+        let mut usage = spec.name.to_owned();
+        for prop in spec.props.iter().filter(|p| p.required) {
+            let example = match prop.ty {
+                ValueType::JsonPath => "\"$.output\"",
+                ValueType::HeaderName => "\"X-Session-Id\"",
+                ValueType::String => "\"…\"",
+                _ => "…",
+            };
+            usage.push_str(&format!(" {}={example}", prop.name));
+        }
+        self.check_props_of(cv, spec);
+        self.check_args(cv, 0, &usage);
+        self.check_no_children(cv);
+        let mut object = serde_json::Map::new();
+        let mut complete = true;
+        for prop in spec.props {
+            let Some(e) = cv.prop(prop.name) else {
+                if prop.required {
+                    self.missing(cv, &format!("a `{}`", prop.name), &usage);
+                    complete = false;
+                }
+                continue;
+            };
+            let value = match prop.ty {
+                ValueType::JsonPath => self
+                    .json_path_value(
+                        e,
+                        "\"$.output.content\" or \"$.choices[0].message.content\"",
+                    )
+                    .map(|(_, source)| Value::String(source)),
+                ValueType::HeaderName => self.header_name(e).map(Value::String),
+                ty => self.setting_value(e, prop.name, ty, false),
+            };
+            match value {
+                Some(value) => {
+                    object.insert(prop.name.into(), value);
+                }
+                None => complete &= !prop.required,
+            }
+        }
+        complete.then_some(Value::Object(object))
+    }
+
     /// One value of a protocol setting as JSON, checked against its type (reported unless
     /// `quiet`: its own decoding reports it).
     fn setting_value(
@@ -952,7 +1001,10 @@ fn owners(protocols: &[&'static ProtocolSpec], name: &str) -> String {
 }
 
 /// The spec of one of `protocol`'s own settings.
-fn setting_spec(protocol: Protocol, name: &str) -> Option<&'static crate::lang::NodeSpec> {
+pub(super) fn setting_spec(
+    protocol: Protocol,
+    name: &str,
+) -> Option<&'static crate::lang::NodeSpec> {
     protocol.spec().settings.iter().find(|s| s.name == name)
 }
 

@@ -115,29 +115,10 @@ impl Decoder<'_> {
                 continue;
             }
             seen.insert(cv.name, cv.name_span);
-            let (others, usage): (&[&str], &str) = match cv.name {
-                "reply" => (&[], "reply json-path=\"$.output\""),
-                "tool-calls" => (&[], "tool-calls json-path=\"$.output.tool_calls\""),
-                "session" => (
-                    &["header"],
-                    "session json-path=\"$.session_id\" header=\"X-Session-Id\"",
-                ),
-                _ => (&["event", "end-event"], "stream json-path=\"$.content\""),
+            let Some(spec) = super::agent::setting_spec(protocol, cv.name) else {
+                continue;
             };
-            let mut node = serde_json::Map::new();
-            if cv.name == "session"
-                && let Some(header) = cv.prop("header").and_then(|e| self.header_name(e))
-            {
-                node.insert("header".into(), Value::String(header));
-            }
-            if cv.name == "stream" {
-                for prop in ["event", "end-event"] {
-                    if let Some(value) = cv.prop(prop).and_then(|e| self.string(e)) {
-                        node.insert(prop.into(), Value::String(value));
-                    }
-                }
-            }
-            let json_path = self.http_path_node(cv, others, usage);
+            let value = self.node_setting(cv, spec);
             if cv.name == "stream"
                 && method != "POST"
                 && let Some(e) = s.value("method")
@@ -156,10 +137,9 @@ impl Decoder<'_> {
                     .with_help("remove `method`, or `stream` to get one JSON answer");
                 self.report(d);
             }
-            let Some(json_path) = json_path else {
+            let Some(value) = value else {
                 continue;
             };
-            node.insert("json-path".into(), Value::String(json_path));
             let name = match cv.name {
                 "reply" => "reply",
                 "tool-calls" => "tool-calls",
@@ -169,7 +149,7 @@ impl Decoder<'_> {
             settings.0.push(ProtocolSetting {
                 name,
                 value: Spanned {
-                    value: Value::Object(node),
+                    value,
                     span: self.span(cv.span),
                 },
                 items: Vec::new(),
@@ -192,27 +172,8 @@ impl Decoder<'_> {
         }
     }
 
-    /// A node of the form `NAME json-path="…" [other properties]`: the path as written, once
-    /// it parses.
-    fn http_path_node(&mut self, cv: &View, others: &[&str], usage: &str) -> Option<String> {
-        let mut allowed = vec!["json-path"];
-        allowed.extend_from_slice(others);
-        self.check_props(cv, &allowed, &[]);
-        self.check_args(cv, 0, usage);
-        self.check_no_children(cv);
-        let Some(e) = cv.prop("json-path") else {
-            self.missing(cv, "a `json-path`", usage);
-            return None;
-        };
-        let (_, source) = self.json_path_value(
-            e,
-            "\"$.output.content\" or \"$.choices[0].message.content\"",
-        )?;
-        Some(source)
-    }
-
     /// `header="NAME"` of `session`: an RFC 9110 token, or a diagnostic.
-    fn header_name(&mut self, e: &KdlEntry) -> Option<String> {
+    pub(super) fn header_name(&mut self, e: &KdlEntry) -> Option<String> {
         let name = self.string(e)?;
         let token = !name.is_empty()
             && name

@@ -91,7 +91,7 @@ pub const SPEC: ProtocolSpec = ProtocolSpec {
                 JSON_PATH,
                 PropSpec {
                     name: "header",
-                    ty: ValueType::String,
+                    ty: ValueType::HeaderName,
                     required: false,
                     help: "send the value back in this header",
                 },
