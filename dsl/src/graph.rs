@@ -497,6 +497,8 @@ mod tests {
             carries_tool_mocks: true,
         },
         builtins: &[],
+
+        check: None,
     };
 
     fn project(text: &str) -> Project {

@@ -1162,6 +1162,8 @@ mod tests {
             ..trellis_dsl::lang::Capabilities::NONE
         },
         builtins: &[],
+
+        check: None,
     };
 
     #[test]

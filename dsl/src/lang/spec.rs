@@ -404,6 +404,43 @@ pub struct ProtocolSpec {
     pub capabilities: Capabilities,
     /// `builtin="…"` names this protocol's embedded reference agents answer to.
     pub builtins: &'static [&'static str],
+    /// The rules between the agent's settings that no value type states (a setting another
+    /// one requires, two that exclude each other), checked once the agent is decoded; the
+    /// loader reports each problem like its own.
+    pub check: Option<SettingsCheck>,
+}
+
+/// A protocol module's check of an agent's settings as a whole ([`ProtocolSpec::check`]).
+pub type SettingsCheck = fn(&AgentSettings<'_>) -> Vec<SettingProblem>;
+
+/// What a [`SettingsCheck`] sees of an agent: its id, its endpoint when that is valid, and
+/// its protocol's settings as written.
+#[derive(Clone, Copy, Debug)]
+pub struct AgentSettings<'a> {
+    pub id: &'a crate::model::Spanned<String>,
+    pub endpoint: Option<&'a crate::model::Endpoint>,
+    pub settings: &'a crate::model::ProtocolSettings,
+}
+
+/// What a [`SettingsCheck`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProblemKind {
+    /// A setting the others require is not written.
+    Missing,
+    /// A setting is written where the others rule it out.
+    InvalidValue,
+}
+
+/// A rule between an agent's settings, broken: where, what, and how to fix it.
+#[derive(Clone, Debug)]
+pub struct SettingProblem {
+    pub kind: ProblemKind,
+    pub message: String,
+    pub span: crate::model::Span,
+    pub label: String,
+    /// A second place the problem involves, with its label.
+    pub other: Option<(crate::model::Span, String)>,
+    pub help: String,
 }
 
 #[cfg(test)]

@@ -2,7 +2,9 @@
 //! and the settings of the protocol it speaks (those of `http` agents in `http.rs`).
 
 use super::*;
-use crate::lang::{EndpointKind, Form, NodeSpec, ProtocolSpec, Repeat, ValueType};
+use crate::lang::{
+    AgentSettings, EndpointKind, Form, NodeSpec, ProblemKind, ProtocolSpec, Repeat, ValueType,
+};
 
 /// The settings every agent takes, whatever its protocol; the protocols' own settings come
 /// from their specs ([`crate::lang::ProtocolSpec::settings`]).
@@ -188,7 +190,16 @@ impl Decoder<'_> {
         let mut settings = self.protocol_settings(&s, protocol);
         self.multiagent_settings(v, &s, id, protocol, &mut settings);
         self.http_settings(v, &s, id, protocol, &mut settings);
-        let endpoint = self.endpoint(&s, id, protocol)?;
+        let endpoint = self.endpoint(&s, id, protocol);
+        self.protocol_check(
+            protocol,
+            &AgentSettings {
+                id,
+                endpoint: endpoint.as_ref(),
+                settings: &settings,
+            },
+        );
+        let endpoint = endpoint?;
         // A model agent reached through a `provider` may take the provider's model.
         if protocol.is_model() && s.get("model").is_none() && s.get("provider").is_none() {
             let d = self
@@ -204,7 +215,7 @@ impl Decoder<'_> {
                 ));
             self.report(d);
         }
-        Some(Agent {
+        let agent = Agent {
             id: id.clone(),
             protocol,
             endpoint,
@@ -218,7 +229,28 @@ impl Decoder<'_> {
             provider,
             settings,
             span: self.span(v.span),
-        })
+        };
+        Some(agent)
+    }
+
+    /// The problems the agent's protocol module finds between its settings
+    /// ([`crate::lang::ProtocolSpec::check`]), reported where they are written (in this file:
+    /// the agent was decoded from it).
+    fn protocol_check(&mut self, protocol: Protocol, agent: &AgentSettings<'_>) {
+        let Some(check) = protocol.spec().check else {
+            return;
+        };
+        for problem in check(agent) {
+            let kind = match problem.kind {
+                ProblemKind::Missing => Kind::Missing,
+                ProblemKind::InvalidValue => Kind::InvalidValue,
+            };
+            let mut d = self.diag(kind, problem.message, problem.span.span, problem.label);
+            if let Some((span, label)) = problem.other {
+                d = d.with_label(span.span, label);
+            }
+            self.report(d.with_help(problem.help));
+        }
     }
 
     /// Checks the `multiagent` settings: each one on another protocol, or on an endpoint it

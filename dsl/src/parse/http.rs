@@ -1,9 +1,11 @@
-//! Checking the settings of `protocol="http"` agents: the `request` template, `method`, and
-//! the `reply`, `tool-calls`, `session` and `stream` nodes. Each of them on another protocol
-//! is an error pointing at it; JSON paths are checked here, so a bad one is a `trellis check`
-//! diagnostic rather than a fault on every turn. The nodes reach the protocol's module
-//! (`engine/src/protocol/jsonhttp/settings.rs`) in `Agent::settings`, each as an object of
-//! its properties (`{"json-path": …, "header": …}`).
+//! The nodes of properties an agent's protocol declares (`http`'s `reply`, `tool-calls`,
+//! `session` and `stream`): each one on another protocol is an error pointing at it; on its
+//! own protocol it is checked from its spec ([`Decoder::node_setting`]: JSON paths parse
+//! here, so a bad one is a `trellis check` diagnostic rather than a fault on every turn) and
+//! reaches the module (`engine/src/protocol/jsonhttp/settings.rs`) in `Agent::settings` as an
+//! object of its properties (`null` when it was reported). The rules between them (a
+//! `request` and a `reply` or `stream` are required, streams are POSTs) are the module's
+//! `ProtocolSpec::check`.
 
 use super::*;
 
@@ -11,7 +13,6 @@ use super::*;
 const HTTP_NODES: &[&str] = &["reply", "tool-calls", "session"];
 /// `agent` settings (properties or one-argument nodes) only `http` agents take.
 const HTTP_SETTINGS: &[&str] = &["method"];
-const REQUEST_USAGE: &str = "request #\"{\"input\": {{ messages | tojson }}}\"#";
 /// `method` values (the methods that carry a body).
 const METHODS: [(&str, &str); 3] = [("POST", "POST"), ("PUT", "PUT"), ("PATCH", "PATCH")];
 
@@ -64,28 +65,8 @@ impl Decoder<'_> {
             }
             return;
         }
-        let method = s
-            .value("method")
-            .and_then(|e| self.choice(e, "method", &METHODS))
-            .unwrap_or("POST");
-        match s.value("request") {
-            Some(e) => {
-                let _ = self.string(e);
-            }
-            None => {
-                let d = self
-                    .diag(
-                        Kind::Missing,
-                        format!("agent `{}` needs a `request`", id.value),
-                        id.span.span,
-                        "no request",
-                    )
-                    .with_help(format!(
-                        "`http` agents describe their request body as a template: write \
-                         `{REQUEST_USAGE}`"
-                    ));
-                self.report(d);
-            }
+        if let Some(e) = s.value("method") {
+            let _ = self.choice(e, "method", &METHODS);
         }
         if let (Some(set), Some(e)) = (s.get("stream"), s.value("stream")) {
             let d = self
@@ -119,27 +100,9 @@ impl Decoder<'_> {
                 continue;
             };
             let value = self.node_setting(cv, spec);
-            if cv.name == "stream"
-                && method != "POST"
-                && let Some(e) = s.value("method")
-            {
-                let d = self
-                    .diag(
-                        Kind::InvalidValue,
-                        format!(
-                            "agent `{}` streams: its requests are POSTs, not {method}",
-                            id.value,
-                        ),
-                        value_span(e),
-                        "not with `stream`",
-                    )
-                    .with_label(cv.name_span, "streamed here")
-                    .with_help("remove `method`, or `stream` to get one JSON answer");
-                self.report(d);
-            }
-            let Some(value) = value else {
-                continue;
-            };
+            // A node that is written but wrong is still there for the protocol's check (it
+            // was reported here): `null`.
+            let value = value.unwrap_or(Value::Null);
             let name = match cv.name {
                 "reply" => "reply",
                 "tool-calls" => "tool-calls",
@@ -150,25 +113,11 @@ impl Decoder<'_> {
                 name,
                 value: Spanned {
                     value,
-                    span: self.span(cv.span),
+                    span: self.span(cv.name_span),
                 },
                 items: Vec::new(),
                 checked: true,
             });
-        }
-        if !seen.contains_key("reply") && !seen.contains_key("stream") {
-            let d = self
-                .diag(
-                    Kind::Missing,
-                    format!("agent `{}` needs a `reply`", id.value),
-                    id.span.span,
-                    "no reply",
-                )
-                .with_help(
-                    "say where the answer's text is: `reply json-path=\"$.output.content\"` (or \
-                     `stream json-path=…` for server-sent events)",
-                );
-            self.report(d);
         }
     }
 

@@ -800,6 +800,8 @@ fn protocols_are_the_registry_the_loader_is_handed() {
             carries_tool_mocks: false,
         },
         builtins: &["parrot"],
+
+        check: None,
     };
     let registry = || {
         let mut specs = trellis_engine::protocol::registry::specs();

@@ -834,6 +834,8 @@ pub const SPEC: ProtocolSpec = ProtocolSpec {
         ..super::connexity::NO_CAPABILITIES
     },
     builtins: &["weather"],
+
+    check: None,
 };
 
 /// An AgentScope agent's own settings.

@@ -51,6 +51,8 @@ pub const SPEC: ProtocolSpec = ProtocolSpec {
     settings: MODEL_SETTINGS,
     capabilities: MODEL_CAPABILITIES,
     builtins: &[],
+
+    check: None,
 };
 
 pub struct Module;

@@ -597,6 +597,8 @@ pub const SPEC: ProtocolSpec = ProtocolSpec {
         ..NO_CAPABILITIES
     },
     builtins: &["booking"],
+
+    check: None,
 };
 
 /// Nothing: a base the specs fill.

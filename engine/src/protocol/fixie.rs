@@ -1083,6 +1083,8 @@ pub const SPEC: ProtocolSpec = ProtocolSpec {
         ..super::connexity::NO_CAPABILITIES
     },
     builtins: &["numbers"],
+
+    check: None,
 };
 
 /// A Fixie agent has no settings of its own (`provider=`, common to every agent, names the

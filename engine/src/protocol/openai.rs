@@ -409,6 +409,8 @@ pub const SPEC: ProtocolSpec = ProtocolSpec {
     settings: MODEL_SETTINGS,
     capabilities: MODEL_CAPABILITIES,
     builtins: &[],
+
+    check: None,
 };
 
 /// A model agent as planned: its settings, whether it streams and which API it speaks.

@@ -458,6 +458,8 @@ pub const SPEC: ProtocolSpec = ProtocolSpec {
         ..super::connexity::NO_CAPABILITIES
     },
     builtins: &["travel"],
+
+    check: None,
 };
 
 /// The settings of an `a2a` agent (the card says the rest).

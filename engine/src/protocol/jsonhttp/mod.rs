@@ -126,6 +126,8 @@ pub const SPEC: ProtocolSpec = ProtocolSpec {
         ..super::connexity::NO_CAPABILITIES
     },
     builtins: &["langserve"],
+
+    check: Some(settings::check),
 };
 
 pub struct Module;

@@ -5,6 +5,7 @@
 
 use serde::Deserialize;
 use serde_json_path::JsonPath;
+use trellis_dsl::lang::{AgentSettings, ProblemKind, SettingProblem};
 use trellis_dsl::{Agent, Template};
 
 /// `reply json-path=…`, `tool-calls json-path=…` and the paths of `session` and `stream`,
@@ -136,4 +137,54 @@ impl HttpSettings {
     pub fn session_bound(&self) -> bool {
         self.session.is_some()
     }
+}
+
+/// The rules between an `http` agent's settings ([`trellis_dsl::lang::ProtocolSpec::check`]):
+/// it has a `request` and a `reply` or a `stream`, and a streamed answer is asked for with
+/// POST.
+pub fn check(agent: &AgentSettings<'_>) -> Vec<SettingProblem> {
+    let written = &agent.settings;
+    let mut problems = Vec::new();
+    if written.get("request").is_none() {
+        problems.push(SettingProblem {
+            kind: ProblemKind::Missing,
+            message: format!("agent `{}` needs a `request`", agent.id.value),
+            span: agent.id.span,
+            label: "no request".into(),
+            other: None,
+            help: "`http` agents describe their request body as a template: write \
+                   `request #\"{\"input\": {{ messages | tojson }}}\"#`"
+                .into(),
+        });
+    }
+    let stream = written.setting("stream");
+    if written.setting("reply").is_none() && stream.is_none() {
+        problems.push(SettingProblem {
+            kind: ProblemKind::Missing,
+            message: format!("agent `{}` needs a `reply`", agent.id.value),
+            span: agent.id.span,
+            label: "no reply".into(),
+            other: None,
+            help: "say where the answer's text is: `reply json-path=\"$.output.content\"` (or \
+                   `stream json-path=…` for server-sent events)"
+                .into(),
+        });
+    }
+    if let (Some(stream), Some(method)) = (stream, written.spanned("method"))
+        && let Some(word) = method.value.as_str()
+        && word != "POST"
+    {
+        problems.push(SettingProblem {
+            kind: ProblemKind::InvalidValue,
+            message: format!(
+                "agent `{}` streams: its requests are POSTs, not {word}",
+                agent.id.value
+            ),
+            span: method.span,
+            label: "not with `stream`".into(),
+            other: Some((stream.value.span, "streamed here".into())),
+            help: "remove `method`, or `stream` to get one JSON answer".into(),
+        });
+    }
+    problems
 }

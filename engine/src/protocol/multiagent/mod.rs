@@ -92,6 +92,8 @@ pub const SPEC: ProtocolSpec = ProtocolSpec {
         ..super::connexity::NO_CAPABILITIES
     },
     builtins: &["support"],
+
+    check: None,
 };
 
 /// A `multiagent` agent's own settings, decoded from its settings as written (the loader
