@@ -630,13 +630,7 @@ impl super::registry::ProtocolModule for Module {
         agent: &trellis_dsl::Agent,
         _templates: &mut crate::render::Templates,
     ) -> Result<Arc<dyn super::registry::PlannedSettings>, crate::render::RenderError> {
-        // The loader checked the values against `SPEC`; a default stands in for the rest.
-        Ok(Arc::new(
-            agent
-                .settings
-                .decode::<ConnexitySettings>()
-                .unwrap_or_default(),
-        ))
+        Ok(super::registry::decoded::<ConnexitySettings>(agent))
     }
 
     fn build(

@@ -116,6 +116,16 @@ pub fn settings<'a, T: 'static>(setup: &'a AgentSetup<'_>) -> Result<&'a T, Fore
         })
 }
 
+/// A module's settings decoded with serde from the agent's settings as written: the loader
+/// checked the values against the module's spec, so the default stands in only for what is
+/// not written.
+pub fn decoded<T>(agent: &Agent) -> Arc<dyn PlannedSettings>
+where
+    T: serde::de::DeserializeOwned + Default + PlannedSettings + 'static,
+{
+    Arc::new(agent.settings.decode::<T>().unwrap_or_default())
+}
+
 /// Settings that are nothing but a copy of what the loader decoded (no template to compile).
 macro_rules! planned_as_decoded {
     ($($ty:ty),*) => {$(

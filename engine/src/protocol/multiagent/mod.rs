@@ -155,13 +155,7 @@ impl registry::ProtocolModule for Module {
         agent: &trellis_dsl::Agent,
         _templates: &mut crate::render::Templates,
     ) -> Result<Arc<dyn registry::PlannedSettings>, crate::render::RenderError> {
-        // The loader checked the values against `SPEC`; a default stands in for the rest.
-        Ok(Arc::new(
-            agent
-                .settings
-                .decode::<MultiAgentSettings>()
-                .unwrap_or_default(),
-        ))
+        Ok(registry::decoded::<MultiAgentSettings>(agent))
     }
 
     fn build(
