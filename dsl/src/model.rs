@@ -232,40 +232,6 @@ pub enum SocketAddress {
     Unix(PathBuf),
 }
 
-/// `request` of a multiagent agent: what each request carries.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum MultiAgentRequest {
-    /// `{task_description, turn, conversation_history}` (the spec and the older harness).
-    #[default]
-    Full,
-    /// `{task_description}` only, as newer harnesses send it.
-    TaskOnly,
-}
-
-impl MultiAgentRequest {
-    pub const ALL: [(&'static str, MultiAgentRequest); 2] = [
-        ("full", MultiAgentRequest::Full),
-        ("task-only", MultiAgentRequest::TaskOnly),
-    ];
-}
-
-/// `feedback` of a multiagent agent: whose wording tool results go back in.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Feedback {
-    /// `Tool 'NAME' returned: {json}. Continue with the task.` (the spec).
-    #[default]
-    Spec,
-    /// The newer harness's wording (the result's `message`).
-    Harness,
-}
-
-impl Feedback {
-    pub const ALL: [(&'static str, Feedback); 2] =
-        [("spec", Feedback::Spec), ("harness", Feedback::Harness)];
-}
-
 /// `process` of a `command=` agent (and of a `builtin=` agent with `transport="process"`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -368,6 +334,8 @@ pub struct ProtocolSettings(pub Vec<ProtocolSetting>);
 #[derive(Clone, Debug)]
 pub struct ProtocolSetting {
     pub name: &'static str,
+    /// Where its name is written (a property's key or a child node's name).
+    pub name_span: Span,
     pub value: Spanned<Value>,
     /// The span of each value, in order (one for a one-value setting).
     pub items: Vec<Span>,

@@ -24,7 +24,6 @@ use crate::validate::{self, LoadInfo, RefKind};
 mod agent;
 mod criteria;
 mod decls;
-mod http;
 mod include;
 mod json_path;
 mod scenario;

@@ -238,11 +238,18 @@ impl<'p> Validator<'p> {
                             self.reference(kind, &name);
                         }
                     }
-                    ValueType::Template => {
-                        let scope = Scope::env_only()
+                    ValueType::Template | ValueType::TurnTemplate(_) => {
+                        // An agent serves many scenarios, so what is scenario-specific
+                        // (`user_context`, `vars`) is not checked against one of them.
+                        let mut scope = Scope::env_only()
                             .with("user_context", Names::Any)
                             .with("persona", Names::Any)
                             .with("scenario", Names::Any);
+                        if let ValueType::TurnTemplate(names) = arg.ty {
+                            for name in names {
+                                scope = scope.with(name, Names::Any);
+                            }
+                        }
                         let template = Template {
                             source: text.to_owned(),
                             span,
@@ -422,34 +429,6 @@ impl<'p> Validator<'p> {
             }
             if !used.contains(agent.id.value.as_str()) {
                 self.env_reads.truncate(env_reads_before);
-            }
-            // The `request` of an agent that describes its answer (`http`, the protocol that
-            // declares `reply`) is its body template, rendered per turn; an agent serves
-            // many scenarios, so `vars` and `user_context` are not checked against one of
-            // them.
-            if agent.protocol.declares("reply")
-                && let Some(request) = agent.settings.spanned("request")
-                && let Some(source) = request.value.as_str()
-            {
-                let request = Template {
-                    source: source.to_owned(),
-                    span: request.span,
-                };
-                let mut scope = Scope::env_only();
-                for root in [
-                    "messages",
-                    "langchain_messages",
-                    "user",
-                    "session",
-                    "vars",
-                    "user_context",
-                    "persona",
-                ] {
-                    scope = scope.with(root, Names::Any);
-                }
-                scope = scope.with("scenario", Names::Any);
-                let diags = template::check(&request, &scope, self.files());
-                self.diags.extend(diags);
             }
         }
         if let Some(sim) = &p.simulator {

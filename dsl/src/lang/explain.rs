@@ -104,6 +104,14 @@ pub fn explain(spec: &NodeSpec) -> String {
         Children::Data => {
             let _ = writeln!(out, "\nblock: free-form, see docs/language.md");
         }
+        Children::Map { key, value } => {
+            let _ = writeln!(
+                out,
+                "\nblock: `KEY VALUE` lines, each KEY {} and each VALUE {}",
+                key.describe(),
+                value.describe()
+            );
+        }
         Children::Nodes(children) => {
             let _ = writeln!(out, "\nblock:");
             for c in children {

@@ -13,6 +13,9 @@ pub enum ValueType {
     String,
     /// A string rendered by minijinja at run time (checked for syntax at load time).
     Template,
+    /// A template rendered on every turn of an agent: besides what a [`Self::Template`]
+    /// reads, these names are in scope (the conversation so far, the user's last words).
+    TurnTemplate(&'static [&'static str]),
     /// A whole number ≥ 0.
     Count,
     /// Any number.
@@ -35,6 +38,11 @@ pub enum ValueType {
     JsonPath,
     /// An HTTP header name (an RFC 9110 token: letters, digits and `-` and the like).
     HeaderName,
+    /// An environment variable name (letters, digits and `_`, not starting with a digit).
+    EnvName,
+    /// A file or directory, relative to the suite file that writes it (the loader hands the
+    /// module the path joined to that file's directory).
+    Path,
     /// The id of a top-level declaration of this node kind (`"tool"`, `"provider"`, …);
     /// checked by validation with a "did you mean".
     Ref(&'static str),
@@ -51,6 +59,13 @@ impl ValueType {
         match self {
             ValueType::String => "a string".into(),
             ValueType::Template => "a template string".into(),
+            ValueType::TurnTemplate(names) => {
+                let names: Vec<String> = names.iter().map(|n| format!("`{n}`")).collect();
+                format!(
+                    "a template string rendered per turn, with {} in scope",
+                    names.join(", ")
+                )
+            }
             ValueType::Count => "a whole number".into(),
             ValueType::Number => "a number".into(),
             ValueType::Between(lo, hi) => format!("a number from {lo} to {hi}"),
@@ -62,6 +77,8 @@ impl ValueType {
             ValueType::Regex => "a regular expression".into(),
             ValueType::JsonPath => "a JSON path like \"$.a.b\"".into(),
             ValueType::HeaderName => "a header name like \"X-Session-Id\"".into(),
+            ValueType::EnvName => "an environment variable name like \"API_KEY\"".into(),
+            ValueType::Path => "a path, relative to the suite file".into(),
             ValueType::Ref(kind) => format!("the id of a `{kind}`"),
             ValueType::OneOf(words) => {
                 let words: Vec<String> = words.iter().map(|w| format!("`{w}`")).collect();
@@ -162,6 +179,10 @@ pub enum Children {
     Nodes(&'static [&'static NodeSpec]),
     /// Free-form data (a JSON-like object, a script); decoded by the node's own code.
     Data,
+    /// `KEY VALUE` lines (`env { API_KEY "…" }`), each key once, checked against these
+    /// types; a setting with this block reaches its module as `[[KEY, VALUE], …]` in the
+    /// order written.
+    Map { key: ValueType, value: ValueType },
 }
 
 /// How a node may be written.
@@ -324,6 +345,16 @@ pub enum EndpointKind {
 }
 
 impl EndpointKind {
+    /// Every kind, in the order an agent's endpoint properties are looked for.
+    pub const ALL: [EndpointKind; 6] = [
+        EndpointKind::Url,
+        EndpointKind::BaseUrl,
+        EndpointKind::Builtin,
+        EndpointKind::Command,
+        EndpointKind::Socket,
+        EndpointKind::Provider,
+    ];
+
     /// The property that names this endpoint.
     pub fn property(self) -> &'static str {
         match self {
@@ -413,11 +444,14 @@ pub struct ProtocolSpec {
 /// A protocol module's check of an agent's settings as a whole ([`ProtocolSpec::check`]).
 pub type SettingsCheck = fn(&AgentSettings<'_>) -> Vec<SettingProblem>;
 
-/// What a [`SettingsCheck`] sees of an agent: its id, its endpoint when that is valid, and
+/// What a [`SettingsCheck`] sees of an agent: its id, its endpoint (its kind, and its value when that is valid) and
 /// its protocol's settings as written.
 #[derive(Clone, Copy, Debug)]
 pub struct AgentSettings<'a> {
     pub id: &'a crate::model::Spanned<String>,
+    /// How the agent names its endpoint (`url=`, `command=`, …), even when the value is
+    /// invalid (that was reported), so the rules that depend on it are still checked.
+    pub endpoint_kind: Option<EndpointKind>,
     pub endpoint: Option<&'a crate::model::Endpoint>,
     pub settings: &'a crate::model::ProtocolSettings,
 }

@@ -1,9 +1,12 @@
 //! Decoding the `agent` node: the settings every agent takes, its `protocol`, its endpoint
-//! and the settings of the protocol it speaks (those of `http` agents in `http.rs`).
+//! and the settings of the protocol it speaks, each checked from the protocol's spec
+//! ([`crate::lang::ProtocolSpec::settings`]); the rules between them are the protocol
+//! module's own check ([`crate::lang::ProtocolSpec::check`]).
 
 use super::*;
 use crate::lang::{
-    AgentSettings, EndpointKind, Form, NodeSpec, ProblemKind, ProtocolSpec, Repeat, ValueType,
+    AgentSettings, Children, EndpointKind, Form, NodeSpec, ProblemKind, ProtocolSpec, Repeat,
+    ValueType,
 };
 
 /// The settings every agent takes, whatever its protocol; the protocols' own settings come
@@ -23,17 +26,6 @@ const COMMON_SETTINGS: &[(&str, Arity)] = &[
     ("model", Arity::One),
     ("provider", Arity::One),
     ("retry-after-send", Arity::One),
-];
-/// Protocol settings that mean something on one kind of endpoint only, with that endpoint
-/// (`None`: any), checked in this order on the protocols that declare them.
-const ENDPOINT_SETTINGS: &[(&str, Option<&str>)] = &[
-    ("request", None),
-    ("feedback", None),
-    ("max-actions", None),
-    ("process", Some("command")),
-    ("env", Some("command")),
-    ("cwd", Some("command")),
-    ("keep-open", Some("socket")),
 ];
 const ENDPOINTS: &[&str] = &["url", "base-url", "builtin", "command", "socket"];
 
@@ -107,11 +99,6 @@ impl Decoder<'_> {
             .unwrap_or(DEFAULT_MAX_RESPONSE_SIZE);
         let model = self.s_string(&s, "model");
         let provider = self.s_spanned(&s, "provider");
-        // `stream` is a switch wherever it is a setting: its type is checked whatever the
-        // protocol (the value reaches the module through `protocol_settings`).
-        if let Some(e) = s.value("stream") {
-            let _ = self.boolean(e);
-        }
         let retry_after_send = s
             .value("retry-after-send")
             .and_then(|e| self.boolean(e))
@@ -188,13 +175,15 @@ impl Decoder<'_> {
         }
         self.settings_of_other_protocols(v, &s, id, protocol);
         let mut settings = self.protocol_settings(&s, protocol);
-        self.multiagent_settings(v, &s, id, protocol, &mut settings);
-        self.http_settings(v, &s, id, protocol, &mut settings);
+        self.protocol_nodes(v, &s, id, protocol, &mut settings);
         let endpoint = self.endpoint(&s, id, protocol);
         self.protocol_check(
             protocol,
             &AgentSettings {
                 id,
+                endpoint_kind: EndpointKind::ALL
+                    .into_iter()
+                    .find(|k| s.get(k.property()).is_some()),
                 endpoint: endpoint.as_ref(),
                 settings: &settings,
             },
@@ -251,266 +240,6 @@ impl Decoder<'_> {
             }
             self.report(d.with_help(problem.help));
         }
-    }
-
-    /// Checks the `multiagent` settings: each one on another protocol, or on an endpoint it
-    /// does not apply to, is an error pointing at it. Their values reach the module through
-    /// `settings` (the protocol's settings as written), where this adds the `env` block (as
-    /// `[[KEY, VALUE], …]`, in the order written) and makes `cwd` relative to the suite file.
-    fn multiagent_settings(
-        &mut self,
-        v: &View,
-        s: &Settings,
-        id: &Spanned<String>,
-        protocol: Protocol,
-        settings: &mut ProtocolSettings,
-    ) {
-        let env_nodes: Vec<View> = v
-            .children
-            .map(|c| c.nodes())
-            .unwrap_or_default()
-            .iter()
-            .map(|n| View::of(n, self.text()))
-            .filter(|cv| cv.name == "env")
-            .collect();
-        let endpoint = ENDPOINTS.iter().find(|e| s.get(e).is_some()).copied();
-        let transport = self.builtin_transport(s, id, protocol, endpoint);
-        for (name, needs) in ENDPOINT_SETTINGS {
-            // A builtin served as a process takes `process` like a `command=` agent, one
-            // served on a socket `keep-open` like a `socket=` agent.
-            let served_as = match transport {
-                BuiltinTransport::Process => Some("process"),
-                BuiltinTransport::Tcp | BuiltinTransport::Unix => Some("keep-open"),
-                BuiltinTransport::Http => None,
-            };
-            if endpoint == Some("builtin") && served_as == Some(*name) {
-                continue;
-            }
-            let at = match s.get(name) {
-                Some(set) => set.name_span,
-                None if *name == "env" => match env_nodes.first() {
-                    Some(cv) => cv.name_span,
-                    None => continue,
-                },
-                None => continue,
-            };
-            if !protocol.declares(name) {
-                let d = self
-                    .diag(
-                        Kind::InvalidValue,
-                        self.not_this_protocol(name, id, protocol),
-                        at,
-                        "not a setting of this protocol",
-                    )
-                    .with_help(format!("remove `{name}`"));
-                self.report(d);
-            } else if let Some(needed) = needs
-                && endpoint.is_some_and(|e| e != *needed)
-            {
-                let d = self
-                    .diag(
-                        Kind::InvalidValue,
-                        format!(
-                            "`{name}` is a setting of `{needed}=` agents; agent `{}` uses `{}=`",
-                            id.value,
-                            endpoint.unwrap_or_default()
-                        ),
-                        at,
-                        format!("only for `{needed}=`"),
-                    )
-                    .with_help(match (*name, endpoint) {
-                        ("process", Some("builtin")) => "add transport=\"process\" to run the \
-                             builtin as a process of the trellis executable, or remove `process`"
-                            .to_owned(),
-                        ("keep-open", Some("builtin")) => "add transport=\"tcp\" or \
-                             transport=\"unix\" to serve the builtin on a socket, or remove \
-                             `keep-open`"
-                            .to_owned(),
-                        _ => format!("remove `{name}`"),
-                    });
-                self.report(d);
-            }
-        }
-        if let Some(e) = s
-            .value("request")
-            // `request` is a choice of form here, a body template on an `http` agent.
-            .filter(|_| {
-                setting_spec(protocol, "request").is_some_and(|spec| {
-                    matches!(spec.args.first().map(|a| a.ty), Some(ValueType::OneOf(_)))
-                })
-            })
-        {
-            let _ = self.choice(e, "request", &MultiAgentRequest::ALL);
-        }
-        if let Some(e) = s.value("feedback") {
-            let _ = self.choice(e, "feedback", &Feedback::ALL);
-        }
-        if let Some(e) = s.value("max-actions") {
-            let _ = self.u32(e, 1);
-        }
-        if let Some(e) = s.value("process") {
-            let _ = self.choice(e, "process", &ProcessMode::ALL);
-        }
-        if let Some(e) = s.value("keep-open") {
-            let _ = self.boolean(e);
-        }
-        if let Some(cwd) = self.s_string(s, "cwd") {
-            let base = self
-                .files
-                .get(self.file)
-                .and_then(|f| f.path.parent())
-                .map(Path::to_path_buf)
-                .unwrap_or_default();
-            let resolved = base.join(cwd).to_string_lossy().into_owned();
-            if let Some(setting) = settings.0.iter_mut().find(|s| s.name == "cwd") {
-                setting.value.value = Value::String(resolved);
-                setting.checked = true;
-            }
-        }
-        let mut first_env: Option<SourceSpan> = None;
-        for cv in &env_nodes {
-            if let Some(first) = first_env {
-                let d = self
-                    .diag(
-                        Kind::DuplicateSetting,
-                        "`env` is set twice".to_string(),
-                        cv.name_span,
-                        "set again here",
-                    )
-                    .with_label(first, "first set here")
-                    .with_help("put every variable in one `env { KEY \"VALUE\" }` block");
-                self.report(d);
-                continue;
-            }
-            first_env = Some(cv.name_span);
-            let env = self.env_block(cv);
-            if protocol.declares("env") {
-                settings.0.push(ProtocolSetting {
-                    name: "env",
-                    value: Spanned {
-                        value: Value::Array(
-                            env.into_iter()
-                                .map(|(k, v)| Value::Array(vec![k.into(), v.into()]))
-                                .collect(),
-                        ),
-                        span: self.span(cv.span),
-                    },
-                    items: Vec::new(),
-                    checked: true,
-                });
-            }
-        }
-    }
-
-    /// `transport` of a `builtin=` multiagent agent; anywhere else it is an error pointing at
-    /// it (and the default, HTTP, is used).
-    fn builtin_transport(
-        &mut self,
-        s: &Settings,
-        id: &Spanned<String>,
-        protocol: Protocol,
-        endpoint: Option<&str>,
-    ) -> BuiltinTransport {
-        let (Some(set), Some(e)) = (s.get("transport"), s.value("transport")) else {
-            return BuiltinTransport::default();
-        };
-        let Some(transport) = self.choice(e, "transport", &BuiltinTransport::ALL) else {
-            return BuiltinTransport::default();
-        };
-        let problem = if !protocol.declares("transport") {
-            Some((
-                format!(
-                    "`transport` is a setting of builtin {} agents; agent `{}` is `{}`",
-                    owners(&self.info.protocols, "transport"),
-                    id.value,
-                    protocol.as_str()
-                ),
-                "not a setting of this protocol",
-                format!(
-                    "remove `transport`: builtin `{}` agents are always served over HTTP",
-                    protocol.as_str()
-                ),
-            ))
-        } else {
-            endpoint.filter(|e| *e != "builtin").map(|other| {
-                (
-                    format!(
-                        "`transport` chooses how a builtin agent is served; agent `{}` uses \
-                         `{other}=`",
-                        id.value
-                    ),
-                    "only for `builtin=`",
-                    "remove `transport`: `url=`, `command=` and `socket=` already say how to \
-                     reach the agent"
-                        .to_owned(),
-                )
-            })
-        };
-        match problem {
-            Some((message, label, help)) => {
-                let d = self
-                    .diag(Kind::InvalidValue, message, set.name_span, label)
-                    .with_label(value_span(e), "this transport")
-                    .with_help(help);
-                self.report(d);
-                BuiltinTransport::default()
-            }
-            None => transport,
-        }
-    }
-
-    /// `env { KEY "VALUE"; … }`: names must be valid environment variable names.
-    fn env_block(&mut self, v: &View) -> Vec<(String, String)> {
-        let usage = "env { KEY \"VALUE\" }";
-        self.check_props(v, &[], &[]);
-        self.check_args(v, 0, usage);
-        let mut out: Vec<(String, String)> = Vec::new();
-        let mut seen: HashMap<String, SourceSpan> = HashMap::new();
-        for child in v.children.map(|c| c.nodes()).unwrap_or_default() {
-            let cv = View::of(child, self.text());
-            self.check_props(&cv, &[], &[]);
-            self.check_no_children(&cv);
-            self.check_args(&cv, 1, usage);
-            let Some(e) = cv.args.first() else {
-                self.missing(&cv, "a value", usage);
-                continue;
-            };
-            let Some(value) = self.string(e) else {
-                continue;
-            };
-            let name = cv.name;
-            let valid = !name.is_empty()
-                && !name.starts_with(|c: char| c.is_ascii_digit())
-                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-            if !valid {
-                let d = self
-                    .diag(
-                        Kind::InvalidValue,
-                        format!("invalid environment variable name `{name}`"),
-                        cv.name_span,
-                        "not a variable name",
-                    )
-                    .with_help("use letters, digits and `_`, not starting with a digit");
-                self.report(d);
-                continue;
-            }
-            if let Some(first) = seen.get(name) {
-                let d = self
-                    .diag(
-                        Kind::DuplicateSetting,
-                        format!("`{name}` is set twice in `env`"),
-                        cv.name_span,
-                        "set again here",
-                    )
-                    .with_label(*first, "first set here")
-                    .with_help("remove one of them");
-                self.report(d);
-                continue;
-            }
-            seen.insert(name.to_string(), cv.name_span);
-            out.push((name.to_string(), value));
-        }
-        out
     }
 
     /// A `socket=` address: `tcp://HOST:PORT` or `tcp:HOST:PORT`, `unix:///PATH` or
@@ -750,14 +479,7 @@ impl Decoder<'_> {
             .map(|p| p.name)
             .collect();
         let whose = match owners_of.as_slice() {
-            [one] => {
-                let article = if one.starts_with(['a', 'e', 'i', 'o', 'u', 'h']) {
-                    "an"
-                } else {
-                    "a"
-                };
-                format!("{article} `{one}` setting")
-            }
+            [one] => format!("{} `{one}` setting", article(one)),
             _ => format!("a setting of {} agents", owners(&self.info.protocols, name)),
         };
         format!(
@@ -782,10 +504,7 @@ impl Decoder<'_> {
         let children = v.children.map(|c| c.nodes()).unwrap_or_default();
         for child in children {
             let cv = View::of(child, self.text());
-            if !others.contains(&cv.name)
-                || NODES_CHECKED_BY_HAND.contains(&cv.name)
-                || protocol.declares(cv.name)
-            {
+            if !others.contains(&cv.name) || protocol.declares(cv.name) {
                 continue;
             }
             let d = self
@@ -821,24 +540,9 @@ impl Decoder<'_> {
     }
 }
 
-/// Protocol settings still decoded into fields of [`Agent`] (their values are checked
-/// there); the others are checked from their spec by [`Decoder::protocol_settings`].
-const DECODED_AS_FIELDS: &[&str] = &[
-    "stream",
-    "request",
-    "feedback",
-    "max-actions",
-    "process",
-    "keep-open",
-    "cwd",
-    "transport",
-    "method",
-];
-
 impl Decoder<'_> {
     /// The protocol's own one-value settings written on the agent, each checked against the
-    /// type its spec gives (a wrong one is reported, except for those decoded into fields,
-    /// whose decoding reports it) and kept as JSON for the protocol's module. A setting that
+    /// type its spec gives and kept as JSON for the protocol's module. A setting that
     /// takes several values (`tools "a" "b"`) is kept as an array.
     fn protocol_settings(&mut self, s: &Settings, protocol: Protocol) -> ProtocolSettings {
         let mut out = ProtocolSettings::default();
@@ -851,7 +555,6 @@ impl Decoder<'_> {
             let Some(first) = set.values.first().copied() else {
                 continue;
             };
-            let quiet = DECODED_AS_FIELDS.contains(&spec.name);
             let many = matches!(arg.repeat, Repeat::Many | Repeat::Any);
             let written: Vec<&KdlEntry> = if many {
                 set.values.clone()
@@ -861,7 +564,7 @@ impl Decoder<'_> {
             let mut values = Vec::with_capacity(written.len());
             let mut items = Vec::with_capacity(written.len());
             for e in written {
-                if let Some(value) = self.setting_value(e, spec.name, arg.ty, quiet) {
+                if let Some(value) = self.setting_value(e, spec.name, arg.ty) {
                     values.push(value);
                     items.push(self.span(value_span(e)));
                 }
@@ -880,12 +583,13 @@ impl Decoder<'_> {
                 );
                 out.0.push(ProtocolSetting {
                     name: spec.name,
+                    name_span: self.span(set.name_span),
                     value: Spanned {
                         value,
                         span: self.span(whole),
                     },
                     items,
-                    checked: quiet,
+                    checked: false,
                 });
             }
         }
@@ -897,17 +601,7 @@ impl Decoder<'_> {
     /// each of its type) and kept as an object of its properties; `None` when a required
     /// property is missing or invalid.
     pub(super) fn node_setting(&mut self, cv: &View, spec: &NodeSpec) -> Option<Value> {
-        // `reply json-path="$.output"`: the required properties with an example value each.
-        let mut usage = spec.name.to_owned();
-        for prop in spec.props.iter().filter(|p| p.required) {
-            let example = match prop.ty {
-                ValueType::JsonPath => "\"$.output\"",
-                ValueType::HeaderName => "\"X-Session-Id\"",
-                ValueType::String => "\"…\"",
-                _ => "…",
-            };
-            usage.push_str(&format!(" {}={example}", prop.name));
-        }
+        let usage = node_usage(spec);
         self.check_props_of(cv, spec);
         self.check_args(cv, 0, &usage);
         self.check_no_children(cv);
@@ -921,16 +615,7 @@ impl Decoder<'_> {
                 }
                 continue;
             };
-            let value = match prop.ty {
-                ValueType::JsonPath => self
-                    .json_path_value(
-                        e,
-                        "\"$.output.content\" or \"$.choices[0].message.content\"",
-                    )
-                    .map(|(_, source)| Value::String(source)),
-                ValueType::HeaderName => self.header_name(e).map(Value::String),
-                ty => self.setting_value(e, prop.name, ty, false),
-            };
+            let value = self.setting_value(e, prop.name, prop.ty);
             match value {
                 Some(value) => {
                     object.insert(prop.name.into(), value);
@@ -941,33 +626,16 @@ impl Decoder<'_> {
         complete.then_some(Value::Object(object))
     }
 
-    /// One value of a protocol setting as JSON, checked against its type (reported unless
-    /// `quiet`: its own decoding reports it).
-    fn setting_value(
-        &mut self,
-        e: &KdlEntry,
-        name: &str,
-        ty: ValueType,
-        quiet: bool,
-    ) -> Option<Value> {
+    /// One value of a protocol setting as JSON, checked against its type (a wrong one is
+    /// reported).
+    fn setting_value(&mut self, e: &KdlEntry, name: &str, ty: ValueType) -> Option<Value> {
         match ty {
-            ValueType::Boolean if quiet => e.value().as_bool().map(Value::Bool),
             ValueType::Boolean => self.boolean(e).map(Value::Bool),
-            ValueType::OneOf(words) if quiet => e
-                .value()
-                .as_string()
-                .filter(|w| words.contains(w))
-                .map(|w| Value::String(w.to_owned())),
             ValueType::OneOf(words) => {
                 let choices: Vec<(&str, &str)> = words.iter().map(|w| (*w, *w)).collect();
                 self.choice(e, name, &choices)
                     .map(|w| Value::String(w.to_owned()))
             }
-            ValueType::Count if quiet => e
-                .value()
-                .as_integer()
-                .and_then(|n| u64::try_from(n).ok())
-                .map(Value::from),
             ValueType::Count => self.u64(e, 0).map(Value::from),
             ValueType::Positive => self.u32(e, 1).map(Value::from),
             ValueType::Between(lo, hi) => self
@@ -978,28 +646,187 @@ impl Decoder<'_> {
                 .number(e, None)
                 .and_then(serde_json::Number::from_f64)
                 .map(Value::Number),
+            ValueType::JsonPath => self
+                .json_path_value(
+                    e,
+                    "\"$.output.content\" or \"$.choices[0].message.content\"",
+                )
+                .map(|(_, source)| Value::String(source)),
+            ValueType::HeaderName | ValueType::EnvName => {
+                let text = self.string(e)?;
+                self.name_of(ty, text, value_span(e)).map(Value::String)
+            }
+            ValueType::Path => {
+                let path = self.string(e)?;
+                let base = self
+                    .files
+                    .get(self.file)
+                    .and_then(|f| f.path.parent())
+                    .map(Path::to_path_buf)
+                    .unwrap_or_default();
+                Some(Value::String(
+                    base.join(path).to_string_lossy().into_owned(),
+                ))
+            }
             _ => self.string(e).map(Value::String),
         }
+    }
+
+    /// `text` if it is a name of type `ty` (a header or an environment variable name), else
+    /// a diagnostic at `span`.
+    fn name_of(&mut self, ty: ValueType, text: String, span: SourceSpan) -> Option<String> {
+        let (valid, what, help) = match ty {
+            ValueType::EnvName => (
+                !text.is_empty()
+                    && !text.starts_with(|c: char| c.is_ascii_digit())
+                    && text.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'),
+                ("environment variable name", "not a variable name"),
+                "use letters, digits and `_`, not starting with a digit",
+            ),
+            ValueType::HeaderName => (
+                !text.is_empty()
+                    && text
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c)),
+                ("header name", "not a header name"),
+                "header names are letters, digits and `-`, e.g. header=\"X-Session-Id\"",
+            ),
+            _ => (true, ("", ""), ""),
+        };
+        if valid {
+            return Some(text);
+        }
+        let d = self
+            .diag(
+                Kind::InvalidValue,
+                format!("invalid {} `{text}`", what.0),
+                span,
+                what.1,
+            )
+            .with_help(help);
+        self.report(d);
+        None
+    }
+
+    /// The protocol's settings written as nodes (an `http` agent's `reply json-path=…`, a
+    /// `multiagent` agent's `env { … }`): each at most once, checked from its spec and added
+    /// to `settings` (an object of its properties, or `[[KEY, VALUE], …]` for a block of
+    /// `KEY VALUE` lines; `null` when it was reported, so that the protocol's check still
+    /// sees it written). One written as a value (`stream #true` where `stream` is a node) is
+    /// an error pointing at it.
+    fn protocol_nodes(
+        &mut self,
+        v: &View,
+        s: &Settings,
+        id: &Spanned<String>,
+        protocol: Protocol,
+        settings: &mut ProtocolSettings,
+    ) {
+        let children: Vec<View> = v
+            .children
+            .map(|c| c.nodes())
+            .unwrap_or_default()
+            .iter()
+            .map(|n| View::of(n, self.text()))
+            .collect();
+        for spec in protocol.spec().settings {
+            if spec.form != Form::Node {
+                continue;
+            }
+            let usage = node_usage(spec);
+            if let Some(set) = s.get(spec.name) {
+                let mut d = self
+                    .diag(
+                        Kind::WrongType,
+                        format!(
+                            "`{}` of {} `{}` agent is a node: {}",
+                            spec.name,
+                            article(protocol.as_str()),
+                            protocol.as_str(),
+                            spec.help
+                        ),
+                        set.name_span,
+                        "not a value here",
+                    )
+                    .with_help(format!(
+                        "write `{usage}` inside agent `{}`'s block",
+                        id.value
+                    ));
+                if let Some(e) = set.values.first() {
+                    d = d.with_label(value_span(e), "this value");
+                }
+                self.report(d);
+            }
+            let mut first: Option<SourceSpan> = None;
+            for cv in children.iter().filter(|cv| cv.name == spec.name) {
+                if let Some(first) = first {
+                    self.problem(check::setting_twice(spec.name, "", cv.name_span, first));
+                    continue;
+                }
+                first = Some(cv.name_span);
+                let value = match spec.children {
+                    Children::Map { key, value } => self.map_block(cv, spec, key, value),
+                    _ => self.node_setting(cv, spec),
+                };
+                settings.0.push(ProtocolSetting {
+                    name: spec.name,
+                    name_span: self.span(cv.name_span),
+                    value: Spanned {
+                        value: value.unwrap_or(Value::Null),
+                        span: self.span(cv.name_span),
+                    },
+                    items: Vec::new(),
+                    checked: true,
+                });
+            }
+        }
+    }
+
+    /// A setting written as a block of `KEY VALUE` lines (`env { API_KEY "…" }`), each key
+    /// once and of type `key`, each value of type `value`: `[[KEY, VALUE], …]` in the order
+    /// written.
+    fn map_block(
+        &mut self,
+        v: &View,
+        spec: &NodeSpec,
+        key: ValueType,
+        value: ValueType,
+    ) -> Option<Value> {
+        let usage = format!("{} {{ KEY VALUE }}", spec.name);
+        self.check_props_of(v, spec);
+        self.check_args(v, 0, &usage);
+        let mut out = Vec::new();
+        let mut seen: HashMap<String, SourceSpan> = HashMap::new();
+        for child in v.children.map(|c| c.nodes()).unwrap_or_default() {
+            let cv = View::of(child, self.text());
+            self.check_props(&cv, &[], &[]);
+            self.check_no_children(&cv);
+            self.check_args(&cv, 1, &usage);
+            let Some(e) = cv.args.first() else {
+                self.missing(&cv, "a value", &usage);
+                continue;
+            };
+            let Some(item) = self.setting_value(e, cv.name, value) else {
+                continue;
+            };
+            let Some(name) = self.name_of(key, cv.name.to_owned(), cv.name_span) else {
+                continue;
+            };
+            if let Some(first) = seen.get(&name) {
+                let suffix = format!(" in `{}`", spec.name);
+                self.problem(check::setting_twice(&name, &suffix, cv.name_span, *first));
+                continue;
+            }
+            seen.insert(name.clone(), cv.name_span);
+            out.push(Value::Array(vec![Value::String(name), item]));
+        }
+        Some(Value::Array(out))
     }
 }
 
 /// Protocol settings whose misuse the decoder reports with a message of its own (the rest
 /// get [`Decoder::settings_of_other_protocols`]'s).
-const DEDICATED_CHECKS: &[&str] = &[
-    "history",
-    "stream",
-    "request",
-    "feedback",
-    "max-actions",
-    "process",
-    "cwd",
-    "keep-open",
-    "transport",
-    "method",
-];
-
-/// Block settings whose misuse `multiagent_settings` and `http.rs` report themselves.
-const NODES_CHECKED_BY_HAND: &[&str] = &["env", "reply", "tool-calls", "session", "stream"];
+const DEDICATED_CHECKS: &[&str] = &["history", "stream"];
 
 /// "remove `temperature`; on `openai` and `anthropic` agents it is the sampling
 /// temperature …": what the setting does where it belongs, from its spec's help.
@@ -1030,14 +857,6 @@ fn owners(protocols: &[&'static ProtocolSpec], name: &str) -> String {
         [one] => one.clone(),
         [rest @ .., last] => format!("{} and {last}", rest.join(", ")),
     }
-}
-
-/// The spec of one of `protocol`'s own settings.
-pub(super) fn setting_spec(
-    protocol: Protocol,
-    name: &str,
-) -> Option<&'static crate::lang::NodeSpec> {
-    protocol.spec().settings.iter().find(|s| s.name == name)
 }
 
 /// Every setting an `agent` node may be written with (properties or one-value child nodes):
@@ -1086,4 +905,33 @@ fn node_settings(
         }
     }
     out
+}
+
+/// How a node setting is written, with an example value for each required property:
+/// `reply json-path="$.output"`, `env { KEY VALUE }`.
+fn node_usage(spec: &NodeSpec) -> String {
+    if let Children::Map { .. } = spec.children {
+        return format!("{} {{ KEY VALUE }}", spec.name);
+    }
+    let mut usage = spec.name.to_owned();
+    for prop in spec.props.iter().filter(|p| p.required) {
+        let example = match prop.ty {
+            ValueType::JsonPath => "\"$.output\"",
+            ValueType::HeaderName => "\"X-Session-Id\"",
+            ValueType::String => "\"…\"",
+            _ => "…",
+        };
+        usage.push_str(&format!(" {}={example}", prop.name));
+    }
+    usage
+}
+
+/// "an `http` agent", "a `multiagent` agent": the article as the name is read aloud (`http`
+/// is spelled out, aitch-tee-tee-pee).
+fn article(name: &str) -> &'static str {
+    if name.starts_with(['a', 'e', 'i', 'o', 'u', 'h']) {
+        "an"
+    } else {
+        "a"
+    }
 }

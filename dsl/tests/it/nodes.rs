@@ -2,8 +2,8 @@
 //! their defaults when not written.
 
 use trellis_dsl::*;
-use trellis_engine::protocol::multiagent::MultiAgentSettings;
 use trellis_engine::protocol::multiagent::session::DEFAULT_MAX_ACTIONS;
+use trellis_engine::protocol::multiagent::{Feedback, MultiAgentRequest, MultiAgentSettings};
 
 fn load_text(text: &str) -> Result<Project, Diagnostics> {
     let dir = tempfile::tempdir().unwrap();

@@ -72,7 +72,13 @@ pub const SPEC: ProtocolSpec = ProtocolSpec {
         ),
         NodeSpec::setting(
             "request",
-            &[ArgSpec::value(ValueType::Template)],
+            &[ArgSpec::value(ValueType::TurnTemplate(&[
+                "messages",
+                "langchain_messages",
+                "user",
+                "session",
+                "vars",
+            ]))],
             "the request body, a template rendered per turn that must be JSON",
         ),
         answer_node(

@@ -16,7 +16,8 @@ pub mod wire;
 use std::sync::Arc;
 
 use trellis_dsl::lang::{
-    ArgSpec, Capabilities, Children, EndpointKind, Form, NodeSpec, ProtocolSpec, ValueType,
+    AgentSettings, ArgSpec, Capabilities, Children, EndpointKind, Form, NodeSpec, ProblemKind,
+    ProtocolSpec, SettingProblem, ValueType,
 };
 
 use super::{AgentProtocol, AgentSetup, registry};
@@ -44,7 +45,7 @@ pub const SPEC: ProtocolSpec = ProtocolSpec {
         ),
         NodeSpec::setting(
             "max-actions",
-            &[ArgSpec::value(ValueType::Count)],
+            &[ArgSpec::value(ValueType::Positive)],
             "agent actions answered within one user step",
         ),
         NodeSpec::setting(
@@ -62,7 +63,7 @@ pub const SPEC: ProtocolSpec = ProtocolSpec {
         ),
         NodeSpec::setting(
             "cwd",
-            &[ArgSpec::value(ValueType::String)],
+            &[ArgSpec::value(ValueType::Path)],
             "`command=`: the working directory, relative to the suite file",
         ),
         NodeSpec::setting(
@@ -77,7 +78,10 @@ pub const SPEC: ProtocolSpec = ProtocolSpec {
             form: Form::Node,
             args: &[],
             props: &[],
-            children: Children::Data,
+            children: Children::Map {
+                key: ValueType::EnvName,
+                value: ValueType::String,
+            },
             repeatable: false,
             protocols: None,
             help: "`command=`: extra environment variables, `env { KEY \"VALUE\" }`",
@@ -92,18 +96,92 @@ pub const SPEC: ProtocolSpec = ProtocolSpec {
         ..super::connexity::NO_CAPABILITIES
     },
     builtins: &["support"],
-
-    check: None,
+    check: Some(check),
 };
+
+/// The settings that mean something on one kind of endpoint only, with that endpoint.
+const ENDPOINT_SETTINGS: [(&str, &str); 4] = [
+    ("process", "command"),
+    ("env", "command"),
+    ("cwd", "command"),
+    ("keep-open", "socket"),
+];
+
+/// The rules between a `multiagent` agent's settings and its endpoint
+/// ([`trellis_dsl::lang::ProtocolSpec::check`]): `process`, `env` and `cwd` are for
+/// `command=` agents and `keep-open` for `socket=` ones (a builtin served as a process takes
+/// `process`, one served on a socket `keep-open`); `transport` is for `builtin=` ones.
+fn check(agent: &AgentSettings<'_>) -> Vec<SettingProblem> {
+    use trellis_dsl::BuiltinTransport;
+    let Some(kind) = agent.endpoint_kind.map(EndpointKind::property) else {
+        return Vec::new();
+    };
+    let transport = agent.settings.spanned("transport");
+    let served_as = match transport
+        .and_then(|t| serde_json::from_value::<BuiltinTransport>(t.value.clone()).ok())
+    {
+        _ if kind != "builtin" => None,
+        Some(BuiltinTransport::Process) => Some("process"),
+        Some(BuiltinTransport::Tcp | BuiltinTransport::Unix) => Some("keep-open"),
+        Some(BuiltinTransport::Http) | None => None,
+    };
+    let mut problems = Vec::new();
+    for (name, needed) in ENDPOINT_SETTINGS {
+        let Some(set) = agent.settings.setting(name) else {
+            continue;
+        };
+        if kind == needed || served_as == Some(name) {
+            continue;
+        }
+        let help = match (name, kind) {
+            ("process", "builtin") => "add transport=\"process\" to run the builtin as a process \
+                 of the trellis executable, or remove `process`"
+                .to_owned(),
+            ("keep-open", "builtin") => "add transport=\"tcp\" or transport=\"unix\" to serve \
+                 the builtin on a socket, or remove `keep-open`"
+                .to_owned(),
+            _ => format!("remove `{name}`"),
+        };
+        problems.push(SettingProblem {
+            kind: ProblemKind::InvalidValue,
+            message: format!(
+                "`{name}` is a setting of `{needed}=` agents; agent `{}` uses `{kind}=`",
+                agent.id.value
+            ),
+            span: set.name_span,
+            label: format!("only for `{needed}=`"),
+            other: None,
+            help,
+        });
+    }
+    if let (Some(set), Some(value)) = (agent.settings.setting("transport"), transport)
+        && kind != "builtin"
+    {
+        problems.push(SettingProblem {
+            kind: ProblemKind::InvalidValue,
+            message: format!(
+                "`transport` chooses how a builtin agent is served; agent `{}` uses `{kind}=`",
+                agent.id.value
+            ),
+            span: set.name_span,
+            label: "only for `builtin=`".into(),
+            other: Some((value.span, "this transport".into())),
+            help: "remove `transport`: `url=`, `command=` and `socket=` already say how to \
+                   reach the agent"
+                .into(),
+        });
+    }
+    problems
+}
 
 /// A `multiagent` agent's own settings, decoded from its settings as written (the loader
 /// checked them against [`SPEC`], made `cwd` relative to the suite file and wrote the `env`
-/// block as `[[KEY, VALUE], …]`).
+/// block as `[[KEY, VALUE], …]`; [`check`] checked them against the endpoint).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Deserialize)]
 #[serde(default, rename_all = "kebab-case")]
 pub struct MultiAgentSettings {
-    pub request: trellis_dsl::MultiAgentRequest,
-    pub feedback: trellis_dsl::Feedback,
+    pub request: MultiAgentRequest,
+    pub feedback: Feedback,
     /// Agent actions answered within one user step before the loop ends (`max-actions`).
     pub max_actions: u32,
     pub process: trellis_dsl::ProcessMode,
@@ -140,6 +218,28 @@ impl registry::PlannedSettings for MultiAgentSettings {
     fn builtin_serving(&self) -> (trellis_dsl::BuiltinTransport, trellis_dsl::ProcessMode) {
         (self.transport, self.process)
     }
+}
+
+/// `request` of a multiagent agent: what each request carries.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MultiAgentRequest {
+    /// `{task_description, turn, conversation_history}` (the spec and the older harness).
+    #[default]
+    Full,
+    /// `{task_description}` only, as newer harnesses send it.
+    TaskOnly,
+}
+
+/// `feedback` of a multiagent agent: whose wording tool results go back in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Feedback {
+    /// `Tool 'NAME' returned: {json}. Continue with the task.` (the spec).
+    #[default]
+    Spec,
+    /// The newer harness's wording (the result's `message`).
+    Harness,
 }
 
 pub struct Module;
@@ -182,12 +282,12 @@ pub(super) fn multiagent_client(
     let settings = registry::settings::<MultiAgentSettings>(setup)?;
     let options = MultiAgentOptions {
         request_form: match settings.request {
-            trellis_dsl::MultiAgentRequest::Full => wire::RequestForm::Full,
-            trellis_dsl::MultiAgentRequest::TaskOnly => wire::RequestForm::TaskOnly,
+            MultiAgentRequest::Full => wire::RequestForm::Full,
+            MultiAgentRequest::TaskOnly => wire::RequestForm::TaskOnly,
         },
         feedback: match settings.feedback {
-            trellis_dsl::Feedback::Spec => crate::sandbox::FeedbackWording::Spec,
-            trellis_dsl::Feedback::Harness => crate::sandbox::FeedbackWording::Harness,
+            Feedback::Spec => crate::sandbox::FeedbackWording::Spec,
+            Feedback::Harness => crate::sandbox::FeedbackWording::Harness,
         },
         max_actions: settings.max_actions,
         process_mode: match settings.process {
