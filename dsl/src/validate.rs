@@ -64,6 +64,9 @@ pub struct LoadInfo {
     pub suite_spans: Vec<Option<Span>>,
     /// The protocols agents may speak: the registry handed to [`crate::load`].
     pub protocols: Vec<&'static crate::lang::ProtocolSpec>,
+    /// Scenario `simulator` blocks no `simulate` step takes: nothing runs them, but what is
+    /// wrong in them is still an error now rather than once a step is added.
+    pub unused_simulators: Vec<Simulator>,
 }
 
 impl LoadInfo {
@@ -432,6 +435,9 @@ impl<'p> Validator<'p> {
             }
         }
         if let Some(sim) = &p.simulator {
+            self.simulator(sim);
+        }
+        for sim in &self.info.unused_simulators {
             self.simulator(sim);
         }
         for judge in &p.judges {

@@ -1,5 +1,5 @@
-//! The top-level declarations: `suite`, `include`, `agent` (its settings are the protocol
-//! registry's, decoded by the agent code), `persona`, `provider`, `simulator`, `judge`,
+//! The top-level declarations: `suite`, `include`, `agent` (the settings every agent takes;
+//! each protocol's own are in the protocol registry), `persona`, `provider`, `simulator`, `judge`,
 //! `panel`; `tool` and `scenario` have files of their own.
 
 use super::spec::{ArgSpec, Children, NodeSpec, Repeat, ValueType};
@@ -8,8 +8,10 @@ const ID: &[ArgSpec] = &[ArgSpec::new("ID", ValueType::String, Repeat::One)];
 const STRING: &[ArgSpec] = &[ArgSpec::value(ValueType::String)];
 const STRINGS: &[ArgSpec] = &[ArgSpec::values(ValueType::String)];
 const TEMPLATE: &[ArgSpec] = &[ArgSpec::value(ValueType::Template)];
-const NUMBER: &[ArgSpec] = &[ArgSpec::value(ValueType::Number)];
 const COUNT: &[ArgSpec] = &[ArgSpec::value(ValueType::Count)];
+const POSITIVE: &[ArgSpec] = &[ArgSpec::value(ValueType::Positive)];
+const TEMPERATURE: &[ArgSpec] = &[ArgSpec::value(ValueType::Between(0, 2))];
+const PRICE: &[ArgSpec] = &[ArgSpec::value(ValueType::Between(0, 1_000_000))];
 
 pub static SUITE: NodeSpec = NodeSpec::node("suite", "optional suite metadata, one per file")
     .args(&[ArgSpec::new("NAME", ValueType::String, Repeat::One)])
@@ -25,12 +27,70 @@ pub static INCLUDE: NodeSpec = NodeSpec::node(
 )
 .args(&[ArgSpec::new("PATH", ValueType::String, Repeat::One)]);
 
-/// The `agent` node: its settings depend on its protocol and are decoded by the agent code
-/// from the protocol registry, so here its block is data.
+/// The `agent` node with the settings every agent takes; the settings of its protocol are
+/// the protocol's own ([`super::ProtocolSpec::settings`], handed to the loader by the engine's
+/// registry), and the agent code checks which protocol takes which.
 pub static AGENT: NodeSpec = NodeSpec::node("agent", "an agent under test")
     .args(ID)
-    .children(Children::Data)
+    .children(Children::Nodes(&AGENT_SETTINGS))
     .repeatable();
+pub static AGENT_SETTINGS: [&NodeSpec; 14] = [
+    &NodeSpec::setting(
+        "protocol",
+        STRING,
+        "the protocol the agent speaks (required)",
+    ),
+    &NodeSpec::setting(
+        "url",
+        &[ArgSpec::value(ValueType::Url)],
+        "the agent's endpoint",
+    ),
+    &NodeSpec::setting(
+        "base-url",
+        &[ArgSpec::value(ValueType::Url)],
+        "the API root of a model API",
+    ),
+    &NodeSpec::setting("builtin", STRING, "an embedded reference agent"),
+    &NodeSpec::setting("command", STRING, "a process Trellis starts"),
+    &NodeSpec::setting("socket", STRING, "a TCP or Unix socket address"),
+    &NodeSpec::node("header", "a request header; only `env` is in scope")
+        .args(&[
+            ArgSpec::new("NAME", ValueType::HeaderName, Repeat::One),
+            ArgSpec::new("VALUE", ValueType::Template, Repeat::One),
+        ])
+        .repeatable(),
+    &NodeSpec::setting(
+        "timeout",
+        &[ArgSpec::value(ValueType::Duration)],
+        "per agent call",
+    ),
+    &NodeSpec::setting(
+        "retries",
+        COUNT,
+        "retries of connect errors and 5xx answers",
+    ),
+    &NodeSpec::setting(
+        "concurrency",
+        &[ArgSpec::value(ValueType::Positive)],
+        "calls in flight to this agent at most",
+    ),
+    &NodeSpec::setting(
+        "max-response-size",
+        &[ArgSpec::value(ValueType::Size)],
+        "response bytes read at most",
+    ),
+    &NodeSpec::setting("model", STRING, "the model of a model API"),
+    &NodeSpec::setting(
+        "provider",
+        &[ArgSpec::value(ValueType::Ref("provider"))],
+        "a provider: the model API's endpoint, or the LLM the agent's own model runs on",
+    ),
+    &NodeSpec::setting(
+        "retry-after-send",
+        &[ArgSpec::value(ValueType::Boolean)],
+        "also retry timeouts and connections broken after the request was sent",
+    ),
+];
 
 pub static PERSONA: NodeSpec = NodeSpec::node("persona", "a user the simulator plays")
     .args(ID)
@@ -66,8 +126,8 @@ pub static PROVIDER_SETTINGS: [&NodeSpec; 14] = [
         STRING,
         "the environment variable holding the API key",
     ),
-    &NodeSpec::setting("temperature", NUMBER, "default sampling temperature, 0–2"),
-    &NodeSpec::setting("max-tokens", COUNT, "cap on generated tokens per call"),
+    &NodeSpec::setting("temperature", TEMPERATURE, "default sampling temperature"),
+    &NodeSpec::setting("max-tokens", POSITIVE, "cap on generated tokens per call"),
     &HEADER,
     &NodeSpec::setting(
         "timeout",
@@ -75,19 +135,15 @@ pub static PROVIDER_SETTINGS: [&NodeSpec; 14] = [
         "per HTTP attempt",
     ),
     &NodeSpec::setting("retries", COUNT, "retries of failed calls"),
-    &NodeSpec::setting("concurrency", COUNT, "calls in flight at most"),
+    &NodeSpec::setting("concurrency", POSITIVE, "calls in flight at most"),
     &NodeSpec::setting(
         "requests-per-minute",
-        COUNT,
+        POSITIVE,
         "requests started a minute at most",
     ),
-    &NodeSpec::setting("tokens-per-minute", COUNT, "tokens a minute at most"),
-    &NodeSpec::setting("input-price", NUMBER, "price per million prompt tokens"),
-    &NodeSpec::setting(
-        "output-price",
-        NUMBER,
-        "price per million completion tokens",
-    ),
+    &NodeSpec::setting("tokens-per-minute", POSITIVE, "tokens a minute at most"),
+    &NodeSpec::setting("input-price", PRICE, "price per million prompt tokens"),
+    &NodeSpec::setting("output-price", PRICE, "price per million completion tokens"),
 ];
 
 /// `header NAME VALUE`: a child node only (two values cannot be one property).
@@ -111,7 +167,7 @@ pub static SIMULATOR_SETTINGS: [&NodeSpec; 7] = [
         "the provider that plays the user",
     ),
     &NodeSpec::setting("model", STRING, "the model, in place of the provider's"),
-    &NodeSpec::setting("temperature", NUMBER, "sampling temperature, 0–2"),
+    &NodeSpec::setting("temperature", TEMPERATURE, "sampling temperature"),
     &NodeSpec::setting(
         "instructions",
         TEMPLATE,
@@ -133,9 +189,13 @@ pub static JUDGE_SETTINGS: [&NodeSpec; 5] = [
         "the provider asked (required)",
     ),
     &NodeSpec::setting("model", STRING, "the model, in place of the provider's"),
-    &NodeSpec::setting("temperature", NUMBER, "sampling temperature, 0–2"),
+    &NodeSpec::setting("temperature", TEMPERATURE, "sampling temperature"),
     &NodeSpec::setting("rubric", STRING, "the judge's default rubric"),
-    &NodeSpec::setting("threshold", NUMBER, "the passing score, 0–1"),
+    &NodeSpec::setting(
+        "threshold",
+        &[ArgSpec::value(ValueType::Between(0, 1))],
+        "the passing score",
+    ),
 ];
 
 pub static PANEL: NodeSpec =

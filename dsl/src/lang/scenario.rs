@@ -8,7 +8,6 @@ use super::steps;
 use super::tool::TOOL;
 
 const STRING: &[ArgSpec] = &[ArgSpec::value(ValueType::String)];
-const COUNT: &[ArgSpec] = &[ArgSpec::value(ValueType::Count)];
 
 pub static SCENARIO: NodeSpec = NodeSpec::node("scenario", "one conversation to run and check")
     .args(&[ArgSpec::new("ID", ValueType::String, Repeat::One)])
@@ -46,7 +45,11 @@ pub static SCENARIO_CHILDREN: [&NodeSpec; 31] = [
         "what a call to an undeclared tool gets",
     ),
     &TOOL,
-    &NodeSpec::setting("max-turns", COUNT, "agent turns at most"),
+    &NodeSpec::setting(
+        "max-turns",
+        &[ArgSpec::value(ValueType::Positive)],
+        "agent turns at most",
+    ),
     &AGENT_BRANCHES,
     &OUTCOME,
     &EXPECT_TOOL,
@@ -65,10 +68,14 @@ pub static SCENARIO_CHILDREN: [&NodeSpec; 31] = [
         &[ArgSpec::values(ValueType::Ref("agent"))],
         "the agents to run against",
     ),
-    &NodeSpec::setting("repeat", COUNT, "independent samples of every trajectory"),
+    &NodeSpec::setting(
+        "repeat",
+        &[ArgSpec::value(ValueType::Positive)],
+        "independent samples of every trajectory",
+    ),
     &NodeSpec::setting(
         "needs",
-        &[ArgSpec::values(ValueType::String)],
+        &[ArgSpec::values(ValueType::Ref("scenario"))],
         "scenarios that must finish first",
     ),
     &NodeSpec::setting(

@@ -9,24 +9,25 @@ use crate::lang::{
     ValueType,
 };
 
-/// The settings every agent takes, whatever its protocol; the protocols' own settings come
-/// from their specs ([`crate::lang::ProtocolSpec::settings`]).
-const COMMON_SETTINGS: &[(&str, Arity)] = &[
-    ("protocol", Arity::One),
-    ("url", Arity::One),
-    ("base-url", Arity::One),
-    ("builtin", Arity::One),
-    ("command", Arity::One),
-    ("socket", Arity::One),
-    ("header", Arity::Pair),
-    ("timeout", Arity::One),
-    ("retries", Arity::One),
-    ("concurrency", Arity::One),
-    ("max-response-size", Arity::One),
-    ("model", Arity::One),
-    ("provider", Arity::One),
-    ("retry-after-send", Arity::One),
-];
+/// The settings every agent takes, whatever its protocol (the language table's
+/// [`crate::lang::decls::AGENT`]), as the settings reader takes them.
+fn common_settings() -> Vec<(&'static str, Arity)> {
+    crate::lang::decls::AGENT
+        .child_specs()
+        .iter()
+        .map(|spec| (spec.name, arity(spec)))
+        .collect()
+}
+
+/// How many values a setting takes: one, one or more, or a `NAME VALUE` pair (a node such
+/// as `header`).
+fn arity(spec: &NodeSpec) -> Arity {
+    match (spec.form, spec.args.first().map(|a| a.repeat)) {
+        (Form::Node, _) => Arity::Pair,
+        (_, Some(Repeat::Many | Repeat::Any)) => Arity::Many,
+        _ => Arity::One,
+    }
+}
 const ENDPOINTS: &[&str] = &["url", "base-url", "builtin", "command", "socket"];
 
 impl Decoder<'_> {
@@ -519,7 +520,7 @@ impl Decoder<'_> {
         }
         for set in &s.items {
             if DEDICATED_CHECKS.contains(&set.name)
-                || COMMON_SETTINGS.iter().any(|(n, _)| *n == set.name)
+                || crate::lang::decls::AGENT.child(set.name).is_some()
                 || protocol.declares(set.name)
             {
                 continue;
@@ -863,16 +864,12 @@ fn owners(protocols: &[&'static ProtocolSpec], name: &str) -> String {
 /// those every agent takes, then each protocol's own, in registry order. Which protocol
 /// takes which is checked once the agent's protocol is known.
 fn agent_settings(protocols: &[&'static ProtocolSpec]) -> Vec<(&'static str, Arity)> {
-    let mut out: Vec<(&'static str, Arity)> = COMMON_SETTINGS.to_vec();
+    let mut out = common_settings();
     for spec in protocols.iter().flat_map(|p| p.settings) {
         if spec.form != Form::Setting || out.iter().any(|(n, _)| *n == spec.name) {
             continue;
         }
-        let many = spec
-            .args
-            .first()
-            .is_some_and(|a| matches!(a.repeat, Repeat::Many | Repeat::Any));
-        out.push((spec.name, if many { Arity::Many } else { Arity::One }));
+        out.push((spec.name, arity(spec)));
     }
     out
 }

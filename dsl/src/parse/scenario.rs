@@ -248,7 +248,10 @@ impl<'f> Decoder<'f> {
         let (steps, _) = self.steps(&step_nodes, has_turn, &mut st);
         sc.steps = initial.into_iter().chain(steps).collect();
         if let Some(simulator) = scenario_simulator {
-            assign_simulator(&mut sc.steps, &std::sync::Arc::new(simulator));
+            let simulator = std::sync::Arc::new(simulator);
+            if !assign_simulator(&mut sc.steps, &simulator) {
+                self.info.unused_simulators.push((*simulator).clone());
+            }
         }
         if !st.failed_captures.is_empty() {
             self.info
@@ -548,12 +551,15 @@ pub(super) fn assign_persona(steps: &mut [Step], persona: &std::sync::Arc<Person
 
 /// Gives `simulator` to every `simulate` step of `steps` (and of their branches): a step that
 /// already has one (an inner branch's, assigned first) gets it layered over `simulator`.
-pub(super) fn assign_simulator(steps: &mut [Step], simulator: &std::sync::Arc<Simulator>) {
+/// Whether any step took it.
+pub(super) fn assign_simulator(steps: &mut [Step], simulator: &std::sync::Arc<Simulator>) -> bool {
+    let mut taken = false;
     for step in steps {
         match &mut step.kind {
             StepKind::Simulate {
                 simulator: slot, ..
             } => {
+                taken = true;
                 *slot = Some(match slot.as_deref() {
                     None => simulator.clone(),
                     Some(inner) => std::sync::Arc::new(inner.over(simulator)),
@@ -561,10 +567,11 @@ pub(super) fn assign_simulator(steps: &mut [Step], simulator: &std::sync::Arc<Si
             }
             StepKind::Fork(branches) => {
                 for branch in branches {
-                    assign_simulator(&mut branch.steps, simulator);
+                    taken |= assign_simulator(&mut branch.steps, simulator);
                 }
             }
             _ => {}
         }
     }
+    taken
 }

@@ -70,7 +70,10 @@ impl<'f> Decoder<'f> {
                 }
                 let (mut steps, turn) = self.steps(&inner, has_turn, st);
                 if let Some(simulator) = simulator {
-                    assign_simulator(&mut steps, &std::sync::Arc::new(simulator));
+                    let simulator = std::sync::Arc::new(simulator);
+                    if !assign_simulator(&mut steps, &simulator) {
+                        self.info.unused_simulators.push((*simulator).clone());
+                    }
                 }
                 if let Some(persona) = persona {
                     assign_persona(&mut steps, &std::sync::Arc::new(persona));

@@ -5,8 +5,8 @@
 //! The reference documents a node's children in the first column of its tables (headed
 //! `node`, `child`, `setting`, `step` or `criterion`), in the forms written in its headings and
 //! tables (`persona "ID" type="…" { description "…"; instructions "…" }`: `type`,
-//! `description` and `instructions` of `persona`). The `agent` section is the protocol
-//! registry's and is not read here.
+//! `description` and `instructions` of `persona`). An `agent` takes the settings the table
+//! gives every agent and those of the protocols in the registry.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -26,8 +26,7 @@ fn documented() -> BTreeMap<String, BTreeSet<String>> {
     for line in text.lines() {
         if let Some(h) = line.strip_prefix("## ") {
             owner = match code_spans(h).first() {
-                Some(form) if form_name(form) != "agent" => Some(form_name(form)),
-                Some(_) => None,
+                Some(form) => Some(form_name(form)),
                 None if h == "Files" => Some(TOP.to_string()),
                 None => None,
             };
@@ -53,7 +52,10 @@ fn documented() -> BTreeMap<String, BTreeSet<String>> {
         let first = row.split(" | ").next().unwrap_or("").trim();
         if !in_table {
             // A header row starts a table; only tables of nodes are read.
-            in_table = matches!(first, "node" | "child" | "setting" | "step" | "criterion");
+            in_table = matches!(
+                first,
+                "node" | "node / property" | "child" | "setting" | "step" | "criterion"
+            );
             if first == "criterion" {
                 owner = owner
                     .filter(|o| o == "scenario")
@@ -140,8 +142,8 @@ fn add_form(
     }
 }
 
-/// `parent -> children` as the table declares them (the `agent` block is the registry's);
-/// with `props`, each node's properties too.
+/// `parent -> children` as the table declares them (an `agent` takes its protocol's settings
+/// too); with `props`, each node's properties too.
 fn declared(props: bool) -> BTreeMap<String, BTreeSet<String>> {
     let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     for spec in lang::top_level() {
@@ -157,6 +159,17 @@ fn declared(props: bool) -> BTreeMap<String, BTreeSet<String>> {
             set.extend(children.iter().map(|c| c.name.to_string()));
         }
     });
+    for protocol in trellis_engine::protocol::registry::specs() {
+        for setting in protocol.settings {
+            out.entry("agent".into())
+                .or_default()
+                .insert(setting.name.into());
+            if props && !setting.props.is_empty() {
+                let set = out.entry(setting.name.into()).or_default();
+                set.extend(setting.props.iter().map(|p| p.name.to_string()));
+            }
+        }
+    }
     out
 }
 

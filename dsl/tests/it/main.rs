@@ -1,6 +1,7 @@
 //! The language crate's integration tests, in one binary: golden diagnostics on broken
-//! suites (`golden/`), the decoded model of valid ones (`ok/`), and generated hostile input
-//! (`fuzz`).
+//! suites (`golden/`), the decoded model of valid ones (`ok/`), generated hostile input
+//! (`fuzz`), and the language table against the reference (`language_doc`) and against what
+//! decoding enforces (`types`).
 
 mod fuzz;
 mod golden;
@@ -9,3 +10,4 @@ mod needs;
 mod nesting;
 mod nodes;
 mod ok;
+mod types;
