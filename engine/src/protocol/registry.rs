@@ -126,18 +126,6 @@ where
     Arc::new(agent.settings.decode::<T>().unwrap_or_default())
 }
 
-/// Settings that are nothing but a copy of what the loader decoded (no template to compile).
-macro_rules! planned_as_decoded {
-    ($($ty:ty),*) => {$(
-        impl PlannedSettings for $ty {
-            fn as_any(&self) -> &dyn Any {
-                self
-            }
-        }
-    )*};
-}
-planned_as_decoded!(Option<super::jsonhttp::HttpSettings>);
-
 /// The protocol table of docs/protocols.md, written from the registry (a test keeps the file
 /// in step with it).
 pub fn markdown_table() -> String {

@@ -136,6 +136,14 @@ pub const SPEC: ProtocolSpec = ProtocolSpec {
     check: Some(settings::check),
 };
 
+/// An `http` agent's settings as planned: `None` for settings the loader would have refused
+/// (building the client then fails instead of running with a guess).
+impl registry::PlannedSettings for Option<HttpSettings> {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
 pub struct Module;
 
 impl registry::ProtocolModule for Module {
