@@ -1,5 +1,6 @@
-//! The complete example of LANGUAGE.md (plus a suite using shared definitions through
-//! `include`) loads without errors and decodes to the expected model.
+//! The complete example of the suite language contract (kept as `tests/ok/booking.kdl`, plus a
+//! suite using shared definitions through `include`) loads without errors and decodes to the
+//! expected model.
 
 use std::time::Duration;
 
