@@ -6,9 +6,11 @@
 //!
 //! String values of `reply` and `tool` criteria may be templates. The planner compiles them
 //! ([`PlannedCriterion`]); [`check_planned`] renders them with the scope of a user message at
-//! the same place and checks against the rendered text. A rendered tool parameter is text: it
+//! the same place and checks against the rendered text. A tool parameter written as a string,
+//! literal or rendered, is text ([`written_matches`], the sandbox's rule for mocks too): it
 //! matches an argument equal to that text, or a number or boolean argument written that way
-//! (`"{{ vars.order }}"` rendering `42` matches `"order": 42`), since captures are strings.
+//! (`"{{ vars.order }}"` rendering `42`, and a literal `"42"`, match `"order": 42`), since
+//! captures are strings.
 
 use std::time::Duration;
 
@@ -18,7 +20,9 @@ use trellis_dsl::{Criterion, CriterionKind, ReplyCheck, ValueSlot};
 use crate::plan::PlannedCriterion;
 use crate::record::{CriterionRecord, CriterionStatus, ToolCallRecord, TurnRecord};
 use crate::render::Templates;
-use crate::sandbox::{NO_SANDBOX, Sandbox, StateExpectation, is_violation_result, json_eq};
+use crate::sandbox::{
+    NO_SANDBOX, Sandbox, StateExpectation, TextCase, is_violation_result, written_matches,
+};
 
 /// What a criterion looks at: the turn just taken, or every turn of the trajectory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -549,7 +553,8 @@ fn json_equal(a: &Value, b: &Value) -> bool {
     }
 }
 
-/// Subset match of expected params against a call's JSON arguments. `loose` (expect-tool):
+/// Subset match of expected params against a call's JSON arguments, each by
+/// [`written_matches`] (a literal and a rendered template alike). `loose` (expect-tool):
 /// strings compare case-insensitively and an expected `null` matches anything, absent
 /// included.
 fn arguments_match(
@@ -564,49 +569,23 @@ fn arguments_match(
     let Ok(Value::Object(actual)) = serde_json::from_str::<Value>(arguments) else {
         return false;
     };
+    let case = if loose {
+        TextCase::Insensitive
+    } else {
+        TextCase::Exact
+    };
     expected.iter().all(|(k, v)| {
-        if loose && v.is_null() {
+        let rendered = rendered
+            .tool_param(k)
+            .map(|text| Value::String(text.to_string()));
+        let written = rendered.as_ref().unwrap_or(v);
+        if loose && written.is_null() {
             return true;
         }
         actual
             .get(k)
-            .is_some_and(|a| match (rendered.tool_param(k), loose) {
-                (Some(text), true) => match a {
-                    Value::String(s) => s.to_lowercase() == text.to_lowercase(),
-                    _ => text_matches(a, text),
-                },
-                (Some(text), false) => text_matches(a, text),
-                (None, true) => loose_eq(a, v),
-                (None, false) => json_eq(a, v),
-            })
+            .is_some_and(|a| written_matches(a, written, case))
     })
-}
-
-/// [`json_eq`] with strings compared case-insensitively, at any depth.
-fn loose_eq(a: &Value, b: &Value) -> bool {
-    match (a, b) {
-        (Value::String(x), Value::String(y)) => x.to_lowercase() == y.to_lowercase(),
-        (Value::Array(x), Value::Array(y)) => {
-            x.len() == y.len() && x.iter().zip(y).all(|(a, b)| loose_eq(a, b))
-        }
-        (Value::Object(x), Value::Object(y)) => {
-            x.len() == y.len()
-                && x.iter()
-                    .all(|(k, v)| y.get(k).is_some_and(|w| loose_eq(v, w)))
-        }
-        _ => json_eq(a, b),
-    }
-}
-
-/// Whether an argument equals a rendered template's text: the same string, or a number or
-/// boolean that reads as that text.
-fn text_matches(actual: &Value, text: &str) -> bool {
-    match actual {
-        Value::String(s) => s == text,
-        Value::Number(_) | Value::Bool(_) => serde_json::from_str::<Value>(text.trim())
-            .is_ok_and(|parsed| !parsed.is_string() && json_eq(actual, &parsed)),
-        _ => false,
-    }
 }
 
 fn describe_calls(calls: &[&ToolCallRecord]) -> String {
@@ -838,17 +817,65 @@ mod tests {
     }
 
     #[test]
-    fn rendered_text_matches_strings_and_scalars_written_that_way() {
+    fn a_literal_string_param_matches_like_a_rendered_one() {
+        // `passengers="2"` and `passengers="{{ user_context.n }}"` (rendering `2`) are both
+        // the text "2": each matches the number 2, in `tool` and `expect-tool` alike.
+        let turns = [turn(
+            0,
+            "ok",
+            &[("book", r#"{"passengers": 2, "to": "Oslo", "ok": true}"#)],
+        )];
+        let tool = |params: Value, templates: Vec<(&str, &str)>, loose: bool| {
+            let Value::Object(params) = params else {
+                panic!("params are an object")
+            };
+            let criterion = crit(CriterionKind::Tool {
+                name: "book".into(),
+                params,
+                count: None,
+                loose,
+            });
+            let rendered = Rendered {
+                values: templates
+                    .into_iter()
+                    .map(|(k, v)| (ValueSlot::ToolParam(k.into()), v.into()))
+                    .collect(),
+            };
+            check_rendered(&criterion, &rendered, Scope::Turn, &turns, Some(0), None).status
+        };
         use serde_json::json;
-        assert!(text_matches(&json!("A-17"), "A-17"));
-        assert!(!text_matches(&json!("A-17"), "A-18"));
-        assert!(text_matches(&json!(42), "42"));
-        assert!(text_matches(&json!(42.0), "42"));
-        assert!(!text_matches(&json!(42), "42x"));
-        assert!(text_matches(&json!(true), "true"));
-        // Text that reads as a JSON string is still text, not the number inside it.
-        assert!(!text_matches(&json!(42), "\"42\""));
-        assert!(!text_matches(&json!({"a": 1}), r#"{"a": 1}"#));
+        for loose in [false, true] {
+            let passes = |params, templates| tool(params, templates, loose);
+            assert_eq!(
+                passes(json!({"passengers": "2"}), vec![]),
+                CriterionStatus::Passed
+            );
+            assert_eq!(
+                passes(json!({"passengers": "{{ n }}"}), vec![("passengers", "2")]),
+                CriterionStatus::Passed
+            );
+            assert_eq!(
+                passes(json!({"passengers": 2, "ok": "true"}), vec![]),
+                CriterionStatus::Passed
+            );
+            assert_eq!(
+                passes(json!({"passengers": "3"}), vec![]),
+                CriterionStatus::Failed
+            );
+            assert_eq!(
+                passes(json!({"passengers": "{{ n }}"}), vec![("passengers", "3")]),
+                CriterionStatus::Failed
+            );
+        }
+        // Case is `expect-tool`'s only difference.
+        assert_eq!(
+            tool(json!({"to": "OSLO"}), vec![], false),
+            CriterionStatus::Failed
+        );
+        assert_eq!(
+            tool(json!({"to": "OSLO"}), vec![], true),
+            CriterionStatus::Passed
+        );
     }
 
     #[test]

@@ -20,9 +20,12 @@
 //! Rules chosen where the harness and the spec say nothing (all tested below):
 //! - **Matching outputs** ([`ToolAnswer::Matched`]): the first output whose `when` keys are all
 //!   present in the call's parameters with equal values answers (subset match). Equality is
-//!   JSON equality with numbers compared by value (`1` equals `1.0`, see
-//!   [`json_eq`]); strings are compared exactly (case matters: a mock keyed on
-//!   an account id must not answer a differently spelled one). No match is an error outcome.
+//!   [`written_matches`], the rule of every value written in a suite against one an agent
+//!   sent (criteria use it too): JSON equality with numbers compared by value (`1` equals
+//!   `1.0`, see [`json_eq`]), and a written string is text, which a number or boolean
+//!   written that way also matches (`"2"` answers `2`); strings are compared exactly (case
+//!   matters: a mock keyed on an account id must not answer a differently spelled one). No
+//!   match is an error outcome.
 //! - **Outputs in order** ([`ToolAnswer::Sequence`]): each executed call consumes the next
 //!   output; past the end, [`Exhausted`] decides: the last output repeats (the default, as a
 //!   real tool keeps answering) or the call is an error.
@@ -30,7 +33,7 @@
 //!   a call takes the first output not yet consumed whose `when` matches, and consumes it.
 //!   Matching is Connexity's (its `MockToolExecutor`): every `when` key present, strings
 //!   compared case-insensitively with surrounding whitespace ignored, other values by
-//!   [`json_eq`]; a `null` in `when` matches anything, absent included (as `expect-tool` and
+//!   [`written_matches`]; a `null` in `when` matches anything, absent included (as `expect-tool` and
 //!   the case files mean it; the executor itself compares it with `==`). No
 //!   match among the unconsumed outputs is [`SandboxError::NoMatchingOutput`]; with every
 //!   output consumed, [`Exhausted`] decides (`RepeatLast`: the last output again when it
@@ -199,7 +202,7 @@ pub enum Policy {
     /// The parameter, when numeric, must not exceed `limit` (the harness's `max_limit`,
     /// which checks `params.amount`).
     Maximum { param: String, limit: f64 },
-    /// The parameter, when present, must equal one of `values` (JSON equality).
+    /// The parameter, when present, must equal one of `values` ([`written_matches`]).
     AllowedValues { param: String, values: Vec<Value> },
 }
 
@@ -235,7 +238,10 @@ impl Policy {
             }
             Policy::AllowedValues { param, values } => {
                 let value = params.get(param)?;
-                if values.iter().any(|allowed| json_eq(allowed, value)) {
+                if values
+                    .iter()
+                    .any(|allowed| written_matches(value, allowed, TextCase::Exact))
+                {
                     return None;
                 }
                 Some(format!(
@@ -520,7 +526,7 @@ fn params_contain(params: &Value, when: &Map<String, Value>) -> bool {
     when.iter().all(|(key, expected)| {
         params
             .get(key)
-            .is_some_and(|actual| json_eq(actual, expected))
+            .is_some_and(|actual| written_matches(actual, expected, TextCase::Exact))
     })
 }
 
@@ -528,14 +534,9 @@ fn params_contain(params: &Value, when: &Map<String, Value>) -> bool {
 fn params_match_loosely(params: &Value, when: &Map<String, Value>) -> bool {
     when.iter().all(|(key, expected)| {
         expected.is_null()
-            || params
-                .get(key)
-                .is_some_and(|actual| match (actual, expected) {
-                    (Value::String(a), Value::String(e)) => {
-                        a.trim().to_lowercase() == e.trim().to_lowercase()
-                    }
-                    _ => json_eq(actual, expected),
-                })
+            || params.get(key).is_some_and(|actual| {
+                written_matches(actual, expected, TextCase::InsensitiveTrimmed)
+            })
     })
 }
 
@@ -1123,6 +1124,55 @@ pub fn json_eq(a: &Value, b: &Value) -> bool {
     }
 }
 
+/// How a written string compares with a string it is matched against
+/// ([`written_matches`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TextCase {
+    /// Equal strings only (`tool`, `mock`, `policy … allowed=`, `reply json-path=… equals=`).
+    Exact,
+    /// Equal ignoring case (`expect-tool`).
+    Insensitive,
+    /// Equal ignoring case and surrounding whitespace (a `sequence` output's params,
+    /// Connexity's `MockToolExecutor`).
+    InsensitiveTrimmed,
+}
+
+impl TextCase {
+    fn same(self, a: &str, b: &str) -> bool {
+        match self {
+            TextCase::Exact => a == b,
+            TextCase::Insensitive => a.to_lowercase() == b.to_lowercase(),
+            TextCase::InsensitiveTrimmed => a.trim().to_lowercase() == b.trim().to_lowercase(),
+        }
+    }
+}
+
+/// The one rule for a value written in a suite (a literal, or a template's rendered text)
+/// against a value an agent sent (a call's argument, a node of a turn's structured data):
+/// a written string is text, equal to a string holding that text (compared as `case` says)
+/// or to a number or boolean that reads as that text (`"2"` matches `2` and `2.0`,
+/// `"true"` matches `true`; `"\"2\""` does not match `2`). Any other written value compares
+/// by [`json_eq`] (numbers by value; a written number never equals a string), arrays and
+/// objects element by element under this same rule.
+pub fn written_matches(actual: &Value, written: &Value, case: TextCase) -> bool {
+    match (actual, written) {
+        (Value::String(a), Value::String(w)) => case.same(a, w),
+        (Value::Number(_) | Value::Bool(_), Value::String(w)) => {
+            serde_json::from_str::<Value>(w.trim())
+                .is_ok_and(|parsed| !parsed.is_string() && json_eq(actual, &parsed))
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len() && x.iter().zip(y).all(|(a, w)| written_matches(a, w, case))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len()
+                && y.iter()
+                    .all(|(k, w)| x.get(k).is_some_and(|a| written_matches(a, w, case)))
+        }
+        _ => json_eq(actual, written),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1191,6 +1241,98 @@ mod tests {
         );
         assert_eq!(sandbox.calls().len(), 2);
         assert_eq!(sandbox.calls()[0].params, json!({"customer_id": "c1"}));
+    }
+
+    #[test]
+    fn written_strings_match_text_and_scalars_written_that_way() {
+        let exact = |actual: Value, written: &str| {
+            written_matches(&actual, &Value::String(written.into()), TextCase::Exact)
+        };
+        assert!(exact(json!("A-17"), "A-17"));
+        assert!(!exact(json!("A-17"), "A-18"));
+        assert!(!exact(json!("a-17"), "A-17"));
+        assert!(exact(json!(42), "42"));
+        assert!(exact(json!(42.0), "42"));
+        assert!(exact(json!(42), "42.0"));
+        assert!(exact(json!(42), " 42 "));
+        assert!(!exact(json!(42), "42x"));
+        assert!(exact(json!(true), "true"));
+        assert!(!exact(json!(true), "1"));
+        // Text that reads as a JSON string is still text, not the number inside it.
+        assert!(!exact(json!(42), "\"42\""));
+        assert!(!exact(json!({"a": 1}), r#"{"a": 1}"#));
+        assert!(!exact(Value::Null, "null"));
+        // A written number is a number: it never equals a string.
+        assert!(!written_matches(&json!("42"), &json!(42), TextCase::Exact));
+        assert!(written_matches(&json!(42.0), &json!(42), TextCase::Exact));
+        // Case rules apply to strings only, at any depth.
+        assert!(written_matches(
+            &json!({"to": "oslo", "n": [2]}),
+            &json!({"to": "OSLO", "n": ["2"]}),
+            TextCase::Insensitive
+        ));
+        assert!(!written_matches(
+            &json!("oslo "),
+            &json!("OSLO"),
+            TextCase::Insensitive
+        ));
+        assert!(written_matches(
+            &json!("oslo "),
+            &json!("OSLO"),
+            TextCase::InsensitiveTrimmed
+        ));
+    }
+
+    #[test]
+    fn mocks_outputs_and_policies_read_a_written_string_as_text() {
+        let when = |v: Value| v.as_object().cloned().unwrap_or_default();
+        let mut sandbox = sandbox(vec![
+            (
+                "book",
+                ToolSpec {
+                    answer: ToolAnswer::Matched(vec![MatchedOutput {
+                        when: when(json!({"passengers": "2"})),
+                        output: json!("two"),
+                        state_changes: vec![],
+                    }]),
+                    policies: vec![Policy::AllowedValues {
+                        param: "class".into(),
+                        values: vec![json!("1"), json!("2")],
+                    }],
+                    ..ToolSpec::default()
+                },
+            ),
+            (
+                "queue",
+                ToolSpec {
+                    answer: ToolAnswer::Queue {
+                        outputs: vec![MatchedOutput {
+                            when: when(json!({"n": "2"})),
+                            output: json!("queued two"),
+                            state_changes: vec![],
+                        }],
+                        when_exhausted: Exhausted::Error,
+                    },
+                    ..ToolSpec::default()
+                },
+            ),
+        ]);
+        assert_eq!(
+            sandbox.call("book", &json!({"passengers": 2, "class": 2})),
+            ToolOutcome::Executed(json!("two"))
+        );
+        assert_eq!(
+            sandbox.call("book", &json!({"passengers": "2"})),
+            ToolOutcome::Executed(json!("two"))
+        );
+        assert!(matches!(
+            sandbox.call("book", &json!({"passengers": 2, "class": 3})),
+            ToolOutcome::Violation(_)
+        ));
+        assert_eq!(
+            sandbox.call("queue", &json!({"n": 2.0})),
+            ToolOutcome::Executed(json!("queued two"))
+        );
     }
 
     #[test]
