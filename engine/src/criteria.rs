@@ -467,9 +467,11 @@ fn reply_check(
             source,
             equals,
         } => {
+            let rendered = rendered.map(|text| Value::String(text.to_string()));
+            let equals = rendered.as_ref().or(equals.as_ref());
             let mut why = String::from("no turn");
             for turn in turns.iter().rev() {
-                match json_path_check(turn, path, source, equals.as_ref()) {
+                match json_path_check(turn, path, source, equals) {
                     Ok(()) => return None,
                     Err(e) => why = e,
                 }
@@ -537,19 +539,11 @@ fn json_path_check(
     };
     match equals {
         None => Ok(()),
-        Some(expected) if json_equal(&found, expected) => Ok(()),
+        Some(expected) if written_matches(&found, expected, TextCase::Exact) => Ok(()),
         Some(expected) => Err(format!(
             "json-path {source} is {}, expected {expected}",
             found.to_string().chars().take(160).collect::<String>()
         )),
-    }
-}
-
-/// Equality of JSON scalars where numbers compare by value (`2` equals `2.0`).
-fn json_equal(a: &Value, b: &Value) -> bool {
-    match (a, b) {
-        (Value::Number(x), Value::Number(y)) => x.as_f64() == y.as_f64(),
-        _ => a == b,
     }
 }
 
