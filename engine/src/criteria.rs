@@ -527,7 +527,8 @@ fn json_path_check(
             let reply = turn.reply.as_deref().unwrap_or("");
             parsed = serde_json::from_str::<Value>(reply).map_err(|_| {
                 format!(
-                    "json-path {source}: the turn has no structured data and its reply is not                      JSON: {}",
+                    "json-path {source}: the turn has no structured data and its reply is not \
+                     JSON: {}",
                     excerpt(reply, 160)
                 )
             })?;
@@ -869,6 +870,25 @@ mod tests {
         assert_eq!(
             tool(json!({"to": "OSLO"}), vec![], true),
             CriterionStatus::Passed
+        );
+    }
+
+    #[test]
+    fn a_json_path_on_a_reply_that_is_not_json_says_so_in_one_line() {
+        let path = serde_json_path::JsonPath::parse("$.a").unwrap_or_else(|e| panic!("{e}"));
+        let c = crit(CriterionKind::Reply(vec![ReplyCheck::JsonPath {
+            path,
+            source: "$.a".into(),
+            equals: None,
+        }]));
+        let r = check(&c, Scope::Turn, &[turn(0, "plain text", &[])], Some(0));
+        assert_eq!(r.status, CriterionStatus::Failed);
+        assert_eq!(
+            r.detail.as_deref(),
+            Some(
+                "json-path $.a: the turn has no structured data and its reply is not JSON: \
+                 \"plain text\""
+            )
         );
     }
 
