@@ -6,11 +6,11 @@
 //!
 //! String values of `reply` and `tool` criteria may be templates. The planner compiles them
 //! ([`PlannedCriterion`]); [`check_planned`] renders them with the scope of a user message at
-//! the same place and checks against the rendered text. A tool parameter written as a string,
-//! literal or rendered, is text ([`written_matches`], the sandbox's rule for mocks too): it
-//! matches an argument equal to that text, or a number or boolean argument written that way
-//! (`"{{ vars.order }}"` rendering `42`, and a literal `"42"`, match `"order": 42`), since
-//! captures are strings.
+//! the same place and checks against the rendered text. Values are compared by
+//! [`written_matches`] (the sandbox's rule for mocks too): a literal by JSON equality, a
+//! rendered template as text, which also matches a number or boolean argument written that
+//! way (`"{{ vars.order }}"` rendering `42` matches `"order": 42`), since captures are
+//! strings.
 
 use std::time::Duration;
 
@@ -21,7 +21,7 @@ use crate::plan::PlannedCriterion;
 use crate::record::{CriterionRecord, CriterionStatus, ToolCallRecord, TurnRecord};
 use crate::render::Templates;
 use crate::sandbox::{
-    NO_SANDBOX, Sandbox, StateExpectation, TextCase, is_violation_result, written_matches,
+    NO_SANDBOX, Sandbox, StateExpectation, TextCase, Written, is_violation_result, written_matches,
 };
 
 /// What a criterion looks at: the turn just taken, or every turn of the trajectory.
@@ -468,7 +468,10 @@ fn reply_check(
             equals,
         } => {
             let rendered = rendered.map(|text| Value::String(text.to_string()));
-            let equals = rendered.as_ref().or(equals.as_ref());
+            let equals = match &rendered {
+                Some(text) => Some((text, Written::Rendered)),
+                None => equals.as_ref().map(|v| (v, Written::Literal)),
+            };
             let mut why = String::from("no turn");
             for turn in turns.iter().rev() {
                 match json_path_check(turn, path, source, equals) {
@@ -518,7 +521,7 @@ fn json_path_check(
     turn: &TurnRecord,
     path: &serde_json_path::JsonPath,
     source: &str,
-    equals: Option<&Value>,
+    equals: Option<(&Value, Written)>,
 ) -> Result<(), String> {
     let parsed;
     let data = match &turn.data {
@@ -540,8 +543,8 @@ fn json_path_check(
     };
     match equals {
         None => Ok(()),
-        Some(expected) if written_matches(&found, expected, TextCase::Exact) => Ok(()),
-        Some(expected) => Err(format!(
+        Some((expected, how)) if written_matches(&found, expected, TextCase::Exact, how) => Ok(()),
+        Some((expected, _)) => Err(format!(
             "json-path {source} is {}, expected {expected}",
             found.to_string().chars().take(160).collect::<String>()
         )),
@@ -549,7 +552,8 @@ fn json_path_check(
 }
 
 /// Subset match of expected params against a call's JSON arguments, each by
-/// [`written_matches`] (a literal and a rendered template alike). `loose` (expect-tool):
+/// [`written_matches`] (a literal by JSON equality, a rendered template as text). `loose`
+/// (expect-tool):
 /// strings compare case-insensitively and an expected `null` matches anything, absent
 /// included.
 fn arguments_match(
@@ -573,13 +577,16 @@ fn arguments_match(
         let rendered = rendered
             .tool_param(k)
             .map(|text| Value::String(text.to_string()));
-        let written = rendered.as_ref().unwrap_or(v);
+        let (written, how) = match &rendered {
+            Some(text) => (text, Written::Rendered),
+            None => (v, Written::Literal),
+        };
         if loose && written.is_null() {
             return true;
         }
         actual
             .get(k)
-            .is_some_and(|a| written_matches(a, written, case))
+            .is_some_and(|a| written_matches(a, written, case, how))
     })
 }
 
@@ -812,9 +819,11 @@ mod tests {
     }
 
     #[test]
-    fn a_literal_string_param_matches_like_a_rendered_one() {
-        // `passengers="2"` and `passengers="{{ user_context.n }}"` (rendering `2`) are both
-        // the text "2": each matches the number 2, in `tool` and `expect-tool` alike.
+    fn a_rendered_param_is_text_and_a_literal_one_is_json() {
+        // `passengers="{{ user_context.n }}"` rendering `2` is the text "2", which matches
+        // the number 2; a literal `passengers="2"` is the JSON string "2", which does not
+        // (the contract's JSON equality: write `passengers=2`), in `tool` and `expect-tool`
+        // alike.
         let turns = [turn(
             0,
             "ok",
@@ -843,14 +852,14 @@ mod tests {
             let passes = |params, templates| tool(params, templates, loose);
             assert_eq!(
                 passes(json!({"passengers": "2"}), vec![]),
-                CriterionStatus::Passed
+                CriterionStatus::Failed
             );
             assert_eq!(
                 passes(json!({"passengers": "{{ n }}"}), vec![("passengers", "2")]),
                 CriterionStatus::Passed
             );
             assert_eq!(
-                passes(json!({"passengers": 2, "ok": "true"}), vec![]),
+                passes(json!({"passengers": 2, "ok": true}), vec![]),
                 CriterionStatus::Passed
             );
             assert_eq!(

@@ -238,10 +238,9 @@ impl Policy {
             }
             Policy::AllowedValues { param, values } => {
                 let value = params.get(param)?;
-                if values
-                    .iter()
-                    .any(|allowed| written_matches(value, allowed, TextCase::Exact))
-                {
+                if values.iter().any(|allowed| {
+                    written_matches(value, allowed, TextCase::Exact, Written::Literal)
+                }) {
                     return None;
                 }
                 Some(format!(
@@ -524,9 +523,9 @@ pub fn harness_default(name: &str) -> Value {
 
 fn params_contain(params: &Value, when: &Map<String, Value>) -> bool {
     when.iter().all(|(key, expected)| {
-        params
-            .get(key)
-            .is_some_and(|actual| written_matches(actual, expected, TextCase::Exact))
+        params.get(key).is_some_and(|actual| {
+            written_matches(actual, expected, TextCase::Exact, Written::Literal)
+        })
     })
 }
 
@@ -535,7 +534,12 @@ fn params_match_loosely(params: &Value, when: &Map<String, Value>) -> bool {
     when.iter().all(|(key, expected)| {
         expected.is_null()
             || params.get(key).is_some_and(|actual| {
-                written_matches(actual, expected, TextCase::InsensitiveTrimmed)
+                written_matches(
+                    actual,
+                    expected,
+                    TextCase::InsensitiveTrimmed,
+                    Written::Literal,
+                )
             })
     })
 }
@@ -1147,27 +1151,40 @@ impl TextCase {
     }
 }
 
-/// The one rule for a value written in a suite (a literal, or a template's rendered text)
-/// against a value an agent sent (a call's argument, a node of a turn's structured data):
-/// a written string is text, equal to a string holding that text (compared as `case` says)
-/// or to a number or boolean that reads as that text (`"2"` matches `2` and `2.0`,
-/// `"true"` matches `true`; `"\"2\""` does not match `2`). Any other written value compares
-/// by [`json_eq`] (numbers by value; a written number never equals a string), arrays and
-/// objects element by element under this same rule.
-pub fn written_matches(actual: &Value, written: &Value, case: TextCase) -> bool {
+/// How a value written in a suite is compared with one an agent sent (a call's argument, a
+/// node of a turn's structured data).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Written {
+    /// Written as a KDL value: JSON equality (the suite language's contract), numbers by
+    /// value, strings as [`TextCase`] says; a written `"2"` is a string and never equals the
+    /// number `2` (write `2`), so a check can tell an agent that sends `"2"` from one that
+    /// sends `2`.
+    Literal,
+    /// A template's rendered text, which has no type (captures are strings): text that
+    /// equals a string holding it, or a number or boolean that reads as it (`"{{ vars.n }}"`
+    /// rendering `2` matches `2` and `2.0`; `"\"2\""` does not).
+    Rendered,
+}
+
+/// The one rule for a value written in a suite against a value an agent sent, as `written`
+/// says ([`Written`]); arrays and objects element by element under the same rule.
+pub fn written_matches(actual: &Value, written: &Value, case: TextCase, how: Written) -> bool {
     match (actual, written) {
         (Value::String(a), Value::String(w)) => case.same(a, w),
-        (Value::Number(_) | Value::Bool(_), Value::String(w)) => {
+        (Value::Number(_) | Value::Bool(_), Value::String(w)) if how == Written::Rendered => {
             serde_json::from_str::<Value>(w.trim())
                 .is_ok_and(|parsed| !parsed.is_string() && json_eq(actual, &parsed))
         }
         (Value::Array(x), Value::Array(y)) => {
-            x.len() == y.len() && x.iter().zip(y).all(|(a, w)| written_matches(a, w, case))
+            x.len() == y.len()
+                && x.iter()
+                    .zip(y)
+                    .all(|(a, w)| written_matches(a, w, case, how))
         }
         (Value::Object(x), Value::Object(y)) => {
             x.len() == y.len()
                 && y.iter()
-                    .all(|(k, w)| x.get(k).is_some_and(|a| written_matches(a, w, case)))
+                    .all(|(k, w)| x.get(k).is_some_and(|a| written_matches(a, w, case, how)))
         }
         _ => json_eq(actual, written),
     }
@@ -1244,95 +1261,90 @@ mod tests {
     }
 
     #[test]
-    fn written_strings_match_text_and_scalars_written_that_way() {
-        let exact = |actual: Value, written: &str| {
-            written_matches(&actual, &Value::String(written.into()), TextCase::Exact)
+    fn rendered_text_matches_scalars_written_that_way_and_literals_are_json() {
+        let rendered = |actual: Value, written: &str| {
+            written_matches(
+                &actual,
+                &Value::String(written.into()),
+                TextCase::Exact,
+                Written::Rendered,
+            )
         };
-        assert!(exact(json!("A-17"), "A-17"));
-        assert!(!exact(json!("A-17"), "A-18"));
-        assert!(!exact(json!("a-17"), "A-17"));
-        assert!(exact(json!(42), "42"));
-        assert!(exact(json!(42.0), "42"));
-        assert!(exact(json!(42), "42.0"));
-        assert!(exact(json!(42), " 42 "));
-        assert!(!exact(json!(42), "42x"));
-        assert!(exact(json!(true), "true"));
-        assert!(!exact(json!(true), "1"));
+        assert!(rendered(json!("A-17"), "A-17"));
+        assert!(!rendered(json!("A-17"), "A-18"));
+        assert!(!rendered(json!("a-17"), "A-17"));
+        assert!(rendered(json!(42), "42"));
+        assert!(rendered(json!(42.0), "42"));
+        assert!(rendered(json!(42), "42.0"));
+        assert!(rendered(json!(42), " 42 "));
+        assert!(!rendered(json!(42), "42x"));
+        assert!(rendered(json!(true), "true"));
+        assert!(!rendered(json!(true), "1"));
         // Text that reads as a JSON string is still text, not the number inside it.
-        assert!(!exact(json!(42), "\"42\""));
-        assert!(!exact(json!({"a": 1}), r#"{"a": 1}"#));
-        assert!(!exact(Value::Null, "null"));
-        // A written number is a number: it never equals a string.
-        assert!(!written_matches(&json!("42"), &json!(42), TextCase::Exact));
-        assert!(written_matches(&json!(42.0), &json!(42), TextCase::Exact));
+        assert!(!rendered(json!(42), "\"42\""));
+        assert!(!rendered(json!({"a": 1}), r#"{"a": 1}"#));
+        assert!(!rendered(Value::Null, "null"));
+        // A literal is JSON: the string "42" and the number 42 differ both ways.
+        let literal = |actual: Value, written: Value| {
+            written_matches(&actual, &written, TextCase::Exact, Written::Literal)
+        };
+        assert!(!literal(json!(42), json!("42")));
+        assert!(!literal(json!("42"), json!(42)));
+        assert!(literal(json!(42.0), json!(42)));
+        assert!(literal(json!("A-17"), json!("A-17")));
         // Case rules apply to strings only, at any depth.
         assert!(written_matches(
             &json!({"to": "oslo", "n": [2]}),
-            &json!({"to": "OSLO", "n": ["2"]}),
-            TextCase::Insensitive
+            &json!({"to": "OSLO", "n": [2]}),
+            TextCase::Insensitive,
+            Written::Literal
         ));
         assert!(!written_matches(
             &json!("oslo "),
             &json!("OSLO"),
-            TextCase::Insensitive
+            TextCase::Insensitive,
+            Written::Literal
         ));
         assert!(written_matches(
             &json!("oslo "),
             &json!("OSLO"),
-            TextCase::InsensitiveTrimmed
+            TextCase::InsensitiveTrimmed,
+            Written::Literal
         ));
     }
 
     #[test]
-    fn mocks_outputs_and_policies_read_a_written_string_as_text() {
+    fn mocks_outputs_and_policies_compare_by_json_equality() {
         let when = |v: Value| v.as_object().cloned().unwrap_or_default();
-        let mut sandbox = sandbox(vec![
-            (
-                "book",
-                ToolSpec {
-                    answer: ToolAnswer::Matched(vec![MatchedOutput {
-                        when: when(json!({"passengers": "2"})),
-                        output: json!("two"),
-                        state_changes: vec![],
-                    }]),
-                    policies: vec![Policy::AllowedValues {
-                        param: "class".into(),
-                        values: vec![json!("1"), json!("2")],
-                    }],
-                    ..ToolSpec::default()
-                },
-            ),
-            (
-                "queue",
-                ToolSpec {
-                    answer: ToolAnswer::Queue {
-                        outputs: vec![MatchedOutput {
-                            when: when(json!({"n": "2"})),
-                            output: json!("queued two"),
-                            state_changes: vec![],
-                        }],
-                        when_exhausted: Exhausted::Error,
-                    },
-                    ..ToolSpec::default()
-                },
-            ),
-        ]);
+        let mut sandbox = sandbox(vec![(
+            "book",
+            ToolSpec {
+                answer: ToolAnswer::Matched(vec![MatchedOutput {
+                    when: when(json!({"passengers": "2"})),
+                    output: json!("two"),
+                    state_changes: vec![],
+                }]),
+                policies: vec![Policy::AllowedValues {
+                    param: "class".into(),
+                    values: vec![json!("1"), json!("2")],
+                }],
+                ..ToolSpec::default()
+            },
+        )]);
         assert_eq!(
-            sandbox.call("book", &json!({"passengers": 2, "class": 2})),
+            sandbox.call("book", &json!({"passengers": "2", "class": "2"})),
             ToolOutcome::Executed(json!("two"))
         );
-        assert_eq!(
-            sandbox.call("book", &json!({"passengers": "2"})),
-            ToolOutcome::Executed(json!("two"))
-        );
+        // A mock keyed on the string "2" does not answer the number 2, and a number is
+        // not among allowed strings.
+        assert!(!matches!(
+            sandbox.call("book", &json!({"passengers": 2})),
+            ToolOutcome::Executed(_)
+        ));
         assert!(matches!(
-            sandbox.call("book", &json!({"passengers": 2, "class": 3})),
+            sandbox.call("book", &json!({"passengers": "2", "class": 2})),
             ToolOutcome::Violation(_)
         ));
-        assert_eq!(
-            sandbox.call("queue", &json!({"n": 2.0})),
-            ToolOutcome::Executed(json!("queued two"))
-        );
     }
 
     #[test]
