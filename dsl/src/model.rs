@@ -926,7 +926,8 @@ pub struct CriterionTemplate {
 /// Which value of a criterion a template renders.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum ValueSlot {
-    /// The `n`th check of a `reply` criterion (`contains`, `not-contains`, `equals`).
+    /// The `n`th check of a `reply` criterion (`contains`, `not-contains`, `equals`, or the
+    /// `equals` of `json-path`, its only check).
     ReplyCheck(usize),
     /// A top-level string parameter of `tool` / `expect-tool`.
     ToolParam(String),
@@ -1030,7 +1031,9 @@ impl CriterionKind {
 pub enum ReplyCheck {
     /// `json-path="$.a"` with optional `equals=VALUE`: the first node the path selects in
     /// the turn's structured data (an A2A task and its artifacts), else in the reply parsed
-    /// as JSON, equals VALUE (any scalar); without `equals`, the path selects something.
+    /// as JSON, equals VALUE (any scalar; a string is text, which a number or boolean
+    /// written that way equals, and may be a template: [`Criterion::templates`]); without
+    /// `equals`, the path selects something.
     JsonPath {
         path: serde_json_path::JsonPath,
         source: String,

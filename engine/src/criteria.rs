@@ -6,9 +6,11 @@
 //!
 //! String values of `reply` and `tool` criteria may be templates. The planner compiles them
 //! ([`PlannedCriterion`]); [`check_planned`] renders them with the scope of a user message at
-//! the same place and checks against the rendered text. A rendered tool parameter is text: it
-//! matches an argument equal to that text, or a number or boolean argument written that way
-//! (`"{{ vars.order }}"` rendering `42` matches `"order": 42`), since captures are strings.
+//! the same place and checks against the rendered text. Values are compared by
+//! [`written_matches`] (the sandbox's rule for mocks too): a literal by JSON equality, a
+//! rendered template as text, which also matches a number or boolean argument written that
+//! way (`"{{ vars.order }}"` rendering `42` matches `"order": 42`), since captures are
+//! strings.
 
 use std::time::Duration;
 
@@ -18,7 +20,9 @@ use trellis_dsl::{Criterion, CriterionKind, ReplyCheck, ValueSlot};
 use crate::plan::PlannedCriterion;
 use crate::record::{CriterionRecord, CriterionStatus, ToolCallRecord, TurnRecord};
 use crate::render::Templates;
-use crate::sandbox::{NO_SANDBOX, Sandbox, StateExpectation, is_violation_result, json_eq};
+use crate::sandbox::{
+    NO_SANDBOX, Sandbox, StateExpectation, TextCase, Written, is_violation_result, written_matches,
+};
 
 /// What a criterion looks at: the turn just taken, or every turn of the trajectory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -463,9 +467,14 @@ fn reply_check(
             source,
             equals,
         } => {
+            let rendered = rendered.map(|text| Value::String(text.to_string()));
+            let equals = match &rendered {
+                Some(text) => Some((text, Written::Rendered)),
+                None => equals.as_ref().map(|v| (v, Written::Literal)),
+            };
             let mut why = String::from("no turn");
             for turn in turns.iter().rev() {
-                match json_path_check(turn, path, source, equals.as_ref()) {
+                match json_path_check(turn, path, source, equals) {
                     Ok(()) => return None,
                     Err(e) => why = e,
                 }
@@ -512,7 +521,7 @@ fn json_path_check(
     turn: &TurnRecord,
     path: &serde_json_path::JsonPath,
     source: &str,
-    equals: Option<&Value>,
+    equals: Option<(&Value, Written)>,
 ) -> Result<(), String> {
     let parsed;
     let data = match &turn.data {
@@ -521,7 +530,8 @@ fn json_path_check(
             let reply = turn.reply.as_deref().unwrap_or("");
             parsed = serde_json::from_str::<Value>(reply).map_err(|_| {
                 format!(
-                    "json-path {source}: the turn has no structured data and its reply is not                      JSON: {}",
+                    "json-path {source}: the turn has no structured data and its reply is not \
+                     JSON: {}",
                     excerpt(reply, 160)
                 )
             })?;
@@ -533,23 +543,17 @@ fn json_path_check(
     };
     match equals {
         None => Ok(()),
-        Some(expected) if json_equal(&found, expected) => Ok(()),
-        Some(expected) => Err(format!(
+        Some((expected, how)) if written_matches(&found, expected, TextCase::Exact, how) => Ok(()),
+        Some((expected, _)) => Err(format!(
             "json-path {source} is {}, expected {expected}",
             found.to_string().chars().take(160).collect::<String>()
         )),
     }
 }
 
-/// Equality of JSON scalars where numbers compare by value (`2` equals `2.0`).
-fn json_equal(a: &Value, b: &Value) -> bool {
-    match (a, b) {
-        (Value::Number(x), Value::Number(y)) => x.as_f64() == y.as_f64(),
-        _ => a == b,
-    }
-}
-
-/// Subset match of expected params against a call's JSON arguments. `loose` (expect-tool):
+/// Subset match of expected params against a call's JSON arguments, each by
+/// [`written_matches`] (a literal by JSON equality, a rendered template as text). `loose`
+/// (expect-tool):
 /// strings compare case-insensitively and an expected `null` matches anything, absent
 /// included.
 fn arguments_match(
@@ -564,49 +568,26 @@ fn arguments_match(
     let Ok(Value::Object(actual)) = serde_json::from_str::<Value>(arguments) else {
         return false;
     };
+    let case = if loose {
+        TextCase::Insensitive
+    } else {
+        TextCase::Exact
+    };
     expected.iter().all(|(k, v)| {
-        if loose && v.is_null() {
+        let rendered = rendered
+            .tool_param(k)
+            .map(|text| Value::String(text.to_string()));
+        let (written, how) = match &rendered {
+            Some(text) => (text, Written::Rendered),
+            None => (v, Written::Literal),
+        };
+        if loose && written.is_null() {
             return true;
         }
         actual
             .get(k)
-            .is_some_and(|a| match (rendered.tool_param(k), loose) {
-                (Some(text), true) => match a {
-                    Value::String(s) => s.to_lowercase() == text.to_lowercase(),
-                    _ => text_matches(a, text),
-                },
-                (Some(text), false) => text_matches(a, text),
-                (None, true) => loose_eq(a, v),
-                (None, false) => json_eq(a, v),
-            })
+            .is_some_and(|a| written_matches(a, written, case, how))
     })
-}
-
-/// [`json_eq`] with strings compared case-insensitively, at any depth.
-fn loose_eq(a: &Value, b: &Value) -> bool {
-    match (a, b) {
-        (Value::String(x), Value::String(y)) => x.to_lowercase() == y.to_lowercase(),
-        (Value::Array(x), Value::Array(y)) => {
-            x.len() == y.len() && x.iter().zip(y).all(|(a, b)| loose_eq(a, b))
-        }
-        (Value::Object(x), Value::Object(y)) => {
-            x.len() == y.len()
-                && x.iter()
-                    .all(|(k, v)| y.get(k).is_some_and(|w| loose_eq(v, w)))
-        }
-        _ => json_eq(a, b),
-    }
-}
-
-/// Whether an argument equals a rendered template's text: the same string, or a number or
-/// boolean that reads as that text.
-fn text_matches(actual: &Value, text: &str) -> bool {
-    match actual {
-        Value::String(s) => s == text,
-        Value::Number(_) | Value::Bool(_) => serde_json::from_str::<Value>(text.trim())
-            .is_ok_and(|parsed| !parsed.is_string() && json_eq(actual, &parsed)),
-        _ => false,
-    }
 }
 
 fn describe_calls(calls: &[&ToolCallRecord]) -> String {
@@ -838,17 +819,86 @@ mod tests {
     }
 
     #[test]
-    fn rendered_text_matches_strings_and_scalars_written_that_way() {
+    fn a_rendered_param_is_text_and_a_literal_one_is_json() {
+        // `passengers="{{ user_context.n }}"` rendering `2` is the text "2", which matches
+        // the number 2; a literal `passengers="2"` is the JSON string "2", which does not
+        // (the contract's JSON equality: write `passengers=2`), in `tool` and `expect-tool`
+        // alike.
+        let turns = [turn(
+            0,
+            "ok",
+            &[("book", r#"{"passengers": 2, "to": "Oslo", "ok": true}"#)],
+        )];
+        let tool = |params: Value, templates: Vec<(&str, &str)>, loose: bool| {
+            let Value::Object(params) = params else {
+                panic!("params are an object")
+            };
+            let criterion = crit(CriterionKind::Tool {
+                name: "book".into(),
+                params,
+                count: None,
+                loose,
+            });
+            let rendered = Rendered {
+                values: templates
+                    .into_iter()
+                    .map(|(k, v)| (ValueSlot::ToolParam(k.into()), v.into()))
+                    .collect(),
+            };
+            check_rendered(&criterion, &rendered, Scope::Turn, &turns, Some(0), None).status
+        };
         use serde_json::json;
-        assert!(text_matches(&json!("A-17"), "A-17"));
-        assert!(!text_matches(&json!("A-17"), "A-18"));
-        assert!(text_matches(&json!(42), "42"));
-        assert!(text_matches(&json!(42.0), "42"));
-        assert!(!text_matches(&json!(42), "42x"));
-        assert!(text_matches(&json!(true), "true"));
-        // Text that reads as a JSON string is still text, not the number inside it.
-        assert!(!text_matches(&json!(42), "\"42\""));
-        assert!(!text_matches(&json!({"a": 1}), r#"{"a": 1}"#));
+        for loose in [false, true] {
+            let passes = |params, templates| tool(params, templates, loose);
+            assert_eq!(
+                passes(json!({"passengers": "2"}), vec![]),
+                CriterionStatus::Failed
+            );
+            assert_eq!(
+                passes(json!({"passengers": "{{ n }}"}), vec![("passengers", "2")]),
+                CriterionStatus::Passed
+            );
+            assert_eq!(
+                passes(json!({"passengers": 2, "ok": true}), vec![]),
+                CriterionStatus::Passed
+            );
+            assert_eq!(
+                passes(json!({"passengers": "3"}), vec![]),
+                CriterionStatus::Failed
+            );
+            assert_eq!(
+                passes(json!({"passengers": "{{ n }}"}), vec![("passengers", "3")]),
+                CriterionStatus::Failed
+            );
+        }
+        // Case is `expect-tool`'s only difference.
+        assert_eq!(
+            tool(json!({"to": "OSLO"}), vec![], false),
+            CriterionStatus::Failed
+        );
+        assert_eq!(
+            tool(json!({"to": "OSLO"}), vec![], true),
+            CriterionStatus::Passed
+        );
+    }
+
+    #[test]
+    fn a_json_path_on_a_reply_that_is_not_json_says_so_in_one_line() {
+        let path = serde_json_path::JsonPath::parse("$.a").unwrap_or_else(|e| panic!("{e}"));
+        let c = crit(CriterionKind::Reply(vec![ReplyCheck::JsonPath {
+            path,
+            source: "$.a".into(),
+            equals: None,
+        }]));
+        let r = check(&c, Scope::Turn, &[turn(0, "plain text", &[])], Some(0));
+        assert_eq!(r.status, CriterionStatus::Failed);
+        assert_eq!(
+            r.detail.as_deref(),
+            Some(
+                "json-path $.a: the turn has no structured data and its reply is not JSON: \
+                 \"plain text\""
+            )
+        );
     }
 
     #[test]

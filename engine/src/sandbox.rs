@@ -20,9 +20,12 @@
 //! Rules chosen where the harness and the spec say nothing (all tested below):
 //! - **Matching outputs** ([`ToolAnswer::Matched`]): the first output whose `when` keys are all
 //!   present in the call's parameters with equal values answers (subset match). Equality is
-//!   JSON equality with numbers compared by value (`1` equals `1.0`, see
-//!   [`json_eq`]); strings are compared exactly (case matters: a mock keyed on
-//!   an account id must not answer a differently spelled one). No match is an error outcome.
+//!   [`written_matches`], the rule of every value written in a suite against one an agent
+//!   sent (criteria use it too): JSON equality with numbers compared by value (`1` equals
+//!   `1.0`, see [`json_eq`]), and a written string is text, which a number or boolean
+//!   written that way also matches (`"2"` answers `2`); strings are compared exactly (case
+//!   matters: a mock keyed on an account id must not answer a differently spelled one). No
+//!   match is an error outcome.
 //! - **Outputs in order** ([`ToolAnswer::Sequence`]): each executed call consumes the next
 //!   output; past the end, [`Exhausted`] decides: the last output repeats (the default, as a
 //!   real tool keeps answering) or the call is an error.
@@ -30,7 +33,7 @@
 //!   a call takes the first output not yet consumed whose `when` matches, and consumes it.
 //!   Matching is Connexity's (its `MockToolExecutor`): every `when` key present, strings
 //!   compared case-insensitively with surrounding whitespace ignored, other values by
-//!   [`json_eq`]; a `null` in `when` matches anything, absent included (as `expect-tool` and
+//!   [`written_matches`]; a `null` in `when` matches anything, absent included (as `expect-tool` and
 //!   the case files mean it; the executor itself compares it with `==`). No
 //!   match among the unconsumed outputs is [`SandboxError::NoMatchingOutput`]; with every
 //!   output consumed, [`Exhausted`] decides (`RepeatLast`: the last output again when it
@@ -199,7 +202,7 @@ pub enum Policy {
     /// The parameter, when numeric, must not exceed `limit` (the harness's `max_limit`,
     /// which checks `params.amount`).
     Maximum { param: String, limit: f64 },
-    /// The parameter, when present, must equal one of `values` (JSON equality).
+    /// The parameter, when present, must equal one of `values` ([`written_matches`]).
     AllowedValues { param: String, values: Vec<Value> },
 }
 
@@ -235,7 +238,9 @@ impl Policy {
             }
             Policy::AllowedValues { param, values } => {
                 let value = params.get(param)?;
-                if values.iter().any(|allowed| json_eq(allowed, value)) {
+                if values.iter().any(|allowed| {
+                    written_matches(value, allowed, TextCase::Exact, Written::Literal)
+                }) {
                     return None;
                 }
                 Some(format!(
@@ -518,9 +523,9 @@ pub fn harness_default(name: &str) -> Value {
 
 fn params_contain(params: &Value, when: &Map<String, Value>) -> bool {
     when.iter().all(|(key, expected)| {
-        params
-            .get(key)
-            .is_some_and(|actual| json_eq(actual, expected))
+        params.get(key).is_some_and(|actual| {
+            written_matches(actual, expected, TextCase::Exact, Written::Literal)
+        })
     })
 }
 
@@ -528,14 +533,14 @@ fn params_contain(params: &Value, when: &Map<String, Value>) -> bool {
 fn params_match_loosely(params: &Value, when: &Map<String, Value>) -> bool {
     when.iter().all(|(key, expected)| {
         expected.is_null()
-            || params
-                .get(key)
-                .is_some_and(|actual| match (actual, expected) {
-                    (Value::String(a), Value::String(e)) => {
-                        a.trim().to_lowercase() == e.trim().to_lowercase()
-                    }
-                    _ => json_eq(actual, expected),
-                })
+            || params.get(key).is_some_and(|actual| {
+                written_matches(
+                    actual,
+                    expected,
+                    TextCase::InsensitiveTrimmed,
+                    Written::Literal,
+                )
+            })
     })
 }
 
@@ -1123,6 +1128,68 @@ pub fn json_eq(a: &Value, b: &Value) -> bool {
     }
 }
 
+/// How a written string compares with a string it is matched against
+/// ([`written_matches`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TextCase {
+    /// Equal strings only (`tool`, `mock`, `policy … allowed=`, `reply json-path=… equals=`).
+    Exact,
+    /// Equal ignoring case (`expect-tool`).
+    Insensitive,
+    /// Equal ignoring case and surrounding whitespace (a `sequence` output's params,
+    /// Connexity's `MockToolExecutor`).
+    InsensitiveTrimmed,
+}
+
+impl TextCase {
+    fn same(self, a: &str, b: &str) -> bool {
+        match self {
+            TextCase::Exact => a == b,
+            TextCase::Insensitive => a.to_lowercase() == b.to_lowercase(),
+            TextCase::InsensitiveTrimmed => a.trim().to_lowercase() == b.trim().to_lowercase(),
+        }
+    }
+}
+
+/// How a value written in a suite is compared with one an agent sent (a call's argument, a
+/// node of a turn's structured data).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Written {
+    /// Written as a KDL value: JSON equality (the suite language's contract), numbers by
+    /// value, strings as [`TextCase`] says; a written `"2"` is a string and never equals the
+    /// number `2` (write `2`), so a check can tell an agent that sends `"2"` from one that
+    /// sends `2`.
+    Literal,
+    /// A template's rendered text, which has no type (captures are strings): text that
+    /// equals a string holding it, or a number or boolean that reads as it (`"{{ vars.n }}"`
+    /// rendering `2` matches `2` and `2.0`; `"\"2\""` does not).
+    Rendered,
+}
+
+/// The one rule for a value written in a suite against a value an agent sent, as `written`
+/// says ([`Written`]); arrays and objects element by element under the same rule.
+pub fn written_matches(actual: &Value, written: &Value, case: TextCase, how: Written) -> bool {
+    match (actual, written) {
+        (Value::String(a), Value::String(w)) => case.same(a, w),
+        (Value::Number(_) | Value::Bool(_), Value::String(w)) if how == Written::Rendered => {
+            serde_json::from_str::<Value>(w.trim())
+                .is_ok_and(|parsed| !parsed.is_string() && json_eq(actual, &parsed))
+        }
+        (Value::Array(x), Value::Array(y)) => {
+            x.len() == y.len()
+                && x.iter()
+                    .zip(y)
+                    .all(|(a, w)| written_matches(a, w, case, how))
+        }
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len()
+                && y.iter()
+                    .all(|(k, w)| x.get(k).is_some_and(|a| written_matches(a, w, case, how)))
+        }
+        _ => json_eq(actual, written),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1191,6 +1258,93 @@ mod tests {
         );
         assert_eq!(sandbox.calls().len(), 2);
         assert_eq!(sandbox.calls()[0].params, json!({"customer_id": "c1"}));
+    }
+
+    #[test]
+    fn rendered_text_matches_scalars_written_that_way_and_literals_are_json() {
+        let rendered = |actual: Value, written: &str| {
+            written_matches(
+                &actual,
+                &Value::String(written.into()),
+                TextCase::Exact,
+                Written::Rendered,
+            )
+        };
+        assert!(rendered(json!("A-17"), "A-17"));
+        assert!(!rendered(json!("A-17"), "A-18"));
+        assert!(!rendered(json!("a-17"), "A-17"));
+        assert!(rendered(json!(42), "42"));
+        assert!(rendered(json!(42.0), "42"));
+        assert!(rendered(json!(42), "42.0"));
+        assert!(rendered(json!(42), " 42 "));
+        assert!(!rendered(json!(42), "42x"));
+        assert!(rendered(json!(true), "true"));
+        assert!(!rendered(json!(true), "1"));
+        // Text that reads as a JSON string is still text, not the number inside it.
+        assert!(!rendered(json!(42), "\"42\""));
+        assert!(!rendered(json!({"a": 1}), r#"{"a": 1}"#));
+        assert!(!rendered(Value::Null, "null"));
+        // A literal is JSON: the string "42" and the number 42 differ both ways.
+        let literal = |actual: Value, written: Value| {
+            written_matches(&actual, &written, TextCase::Exact, Written::Literal)
+        };
+        assert!(!literal(json!(42), json!("42")));
+        assert!(!literal(json!("42"), json!(42)));
+        assert!(literal(json!(42.0), json!(42)));
+        assert!(literal(json!("A-17"), json!("A-17")));
+        // Case rules apply to strings only, at any depth.
+        assert!(written_matches(
+            &json!({"to": "oslo", "n": [2]}),
+            &json!({"to": "OSLO", "n": [2]}),
+            TextCase::Insensitive,
+            Written::Literal
+        ));
+        assert!(!written_matches(
+            &json!("oslo "),
+            &json!("OSLO"),
+            TextCase::Insensitive,
+            Written::Literal
+        ));
+        assert!(written_matches(
+            &json!("oslo "),
+            &json!("OSLO"),
+            TextCase::InsensitiveTrimmed,
+            Written::Literal
+        ));
+    }
+
+    #[test]
+    fn mocks_outputs_and_policies_compare_by_json_equality() {
+        let when = |v: Value| v.as_object().cloned().unwrap_or_default();
+        let mut sandbox = sandbox(vec![(
+            "book",
+            ToolSpec {
+                answer: ToolAnswer::Matched(vec![MatchedOutput {
+                    when: when(json!({"passengers": "2"})),
+                    output: json!("two"),
+                    state_changes: vec![],
+                }]),
+                policies: vec![Policy::AllowedValues {
+                    param: "class".into(),
+                    values: vec![json!("1"), json!("2")],
+                }],
+                ..ToolSpec::default()
+            },
+        )]);
+        assert_eq!(
+            sandbox.call("book", &json!({"passengers": "2", "class": "2"})),
+            ToolOutcome::Executed(json!("two"))
+        );
+        // A mock keyed on the string "2" does not answer the number 2, and a number is
+        // not among allowed strings.
+        assert!(!matches!(
+            sandbox.call("book", &json!({"passengers": 2})),
+            ToolOutcome::Executed(_)
+        ));
+        assert!(matches!(
+            sandbox.call("book", &json!({"passengers": "2", "class": 2})),
+            ToolOutcome::Violation(_)
+        ));
     }
 
     #[test]

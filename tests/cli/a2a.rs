@@ -51,6 +51,7 @@ async fn a_failed_task_is_an_agent_error_and_data_is_checked() {
          scenario \"rome\" {\n    user \"Book a flight to Rome\"\n    user \"May 1\"\n    \
          capture \"price\" json-path=\"$.artifacts[0].parts[?@.kind == 'data'].data.price\"\n    \
          expect {\n        reply json-path=\"$.status.state\" equals=\"completed\"\n        \
+         reply json-path=\"$.status.message.role\" equals=\"agent\"\n        \
          reply json-path=\"$.artifacts[0].parts[?@.kind == 'data'].data.price\" equals=300\n        \
          reply contains=\"Price: {{ vars.price }} EUR\"\n    }\n}\n\
          scenario \"wrong-price\" {\n    user \"Book a flight to Rome\"\n    user \"May 1\"\n    \

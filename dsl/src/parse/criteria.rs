@@ -235,10 +235,29 @@ impl<'f> Decoder<'f> {
         Some(CriterionKind::State { path: path?, check })
     }
 
-    /// `reply json-path="$.a" equals=VALUE`: a check on the turn's structured data.
-    pub(super) fn reply_json_path(&mut self, v: &View, p: &KdlEntry) -> Option<CriterionKind> {
+    /// `reply json-path="$.a" equals=VALUE`: a check on the turn's structured data; a string
+    /// VALUE written with template syntax is added to `templates` (it is the criterion's
+    /// only check, slot `ReplyCheck(0)`).
+    pub(super) fn reply_json_path(
+        &mut self,
+        v: &View,
+        p: &KdlEntry,
+        templates: &mut Vec<CriterionTemplate>,
+    ) -> Option<CriterionKind> {
         self.check_props(v, &["json-path", "equals"], &[]);
         self.check_args(v, 0, "reply json-path=\"$.a\" equals=VALUE");
+        if let Some(e) = v.prop("equals")
+            && let Some(source) = e.value().as_string()
+            && template::is_template(source)
+        {
+            templates.push(CriterionTemplate {
+                slot: ValueSlot::ReplyCheck(0),
+                template: Template {
+                    source: source.to_string(),
+                    span: self.span(value_span(e)),
+                },
+            });
+        }
         let equals = v.prop("equals").map(|e| match e.value() {
             KdlValue::String(s) => serde_json::Value::String(s.clone()),
             KdlValue::Integer(i) => match i64::try_from(*i) {
@@ -271,7 +290,7 @@ impl<'f> Decoder<'f> {
         let checks = ["contains", "not-contains", "matches", "equals"];
         let usage = "reply contains=\"…\"";
         if let Some(p) = v.prop("json-path") {
-            return self.reply_json_path(v, p);
+            return self.reply_json_path(v, p, templates);
         }
         self.check_props(v, &checks, &checks);
         self.check_args(v, 0, usage);

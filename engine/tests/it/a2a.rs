@@ -520,7 +520,9 @@ async fn an_unreadable_card_fails_prepare() {
 }
 
 /// A v1.0 server (what `a2a-sdk` 1.x serves by default) answers only its own method names,
-/// with the `A2A-Version` header, and sends results wrapped by kind.
+/// with the `A2A-Version` header, and sends results wrapped by kind; the turn's structured
+/// data is written as a v0.3 server's would be (states, roles, parts tagged `kind`, file parts
+/// with a `file` object).
 #[tokio::test]
 async fn a_v1_server_gets_v1_requests() {
     let server = ScriptedServer::start(|request, base| {
@@ -548,7 +550,9 @@ async fn a_v1_server_gets_v1_requests() {
             "id": "t1", "contextId": "c1",
             "status": {"state": state, "message": {"messageId": "m", "role": "ROLE_AGENT",
                        "parts": [{"text": state}]}},
-            "artifacts": [{"artifactId": "a", "parts": [{"data": {"price": 5}}]}]}}}),
+            "artifacts": [{"artifactId": "a", "parts": [{"data": {"price": 5}},
+                {"url": "https://files/ticket.pdf", "mediaType": "application/pdf",
+                 "filename": "ticket.pdf"}]}]}}}),
         )
     })
     .await;
@@ -569,4 +573,11 @@ async fn a_v1_server_gets_v1_requests() {
     assert_eq!(data["status"]["state"], "completed");
     assert_eq!(data["artifacts"][0]["parts"][0]["kind"], "data");
     assert_eq!(data["artifacts"][0]["parts"][0]["data"]["price"], 5);
+    assert_eq!(data["status"]["message"]["role"], "agent");
+    assert_eq!(data["status"]["message"]["kind"], "message");
+    assert_eq!(
+        data["artifacts"][0]["parts"][1],
+        json!({"kind": "file", "file": {"uri": "https://files/ticket.pdf",
+            "mimeType": "application/pdf", "name": "ticket.pdf"}})
+    );
 }

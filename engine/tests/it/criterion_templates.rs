@@ -90,3 +90,48 @@ scenario "unset-env" {
     let detail = c.detail.as_deref().unwrap_or("");
     assert!(detail.contains("`TRELLIS_TEST_NEVER_SET`"), "{detail}");
 }
+
+/// `reply json-path=… equals="TEMPLATE"` is rendered like `reply equals=`, then compared as a
+/// written value: a rendered or literal "300" equals the number 300 of the A2A task's data.
+#[tokio::test]
+async fn json_path_equals_renders_its_template_and_reads_numbers_written_as_text() {
+    let suite = r#"
+agent "travel" protocol="a2a" builtin="travel"
+scenario "task" {
+    user-context { wrong "301" }
+    user "Book a flight to Rome"
+    capture "task" json-path="$.id"
+    expect reply json-path="$.id" equals="{{ vars.task }}"
+    user "May 1"
+    capture "price" json-path="$.artifacts[0].parts[?@.kind == 'data'].data.price"
+    expect {
+        reply json-path="$.artifacts[0].parts[?@.kind == 'data'].data.price" equals="{{ vars.price }}"
+        reply json-path="$.artifacts[0].parts[?@.kind == 'data'].data.price" equals="300"
+        reply json-path="$.artifacts[0].parts[?@.kind == 'data'].data.price" equals="{{ user_context.wrong }}"
+        reply json-path="$.status.state" equals="{{ 'complete' ~ 'd' }}"
+    }
+}
+"#;
+    let trajectories = run(suite, EnvSnapshot::new()).await;
+    let [t] = trajectories.as_slice() else {
+        panic!("one trajectory expected: {trajectories:#?}");
+    };
+    let price = "$.artifacts[0].parts[?@.kind == 'data'].data.price";
+    let passed = |text: &str| {
+        let c = criterion(t, text);
+        assert_eq!(c.status, CriterionStatus::Passed, "{c:#?}");
+    };
+    passed(r#"reply json-path="$.id" equals="{{ vars.task }}""#);
+    passed(&format!(
+        r#"reply json-path="{price}" equals="{{{{ vars.price }}}}""#
+    ));
+    passed(&format!(r#"reply json-path="{price}" equals="300""#));
+    passed(r#"reply json-path="$.status.state" equals="{{ 'complete' ~ 'd' }}""#);
+    let wrong = criterion(
+        t,
+        &format!(r#"reply json-path="{price}" equals="{{{{ user_context.wrong }}}}""#),
+    );
+    assert_eq!(wrong.status, CriterionStatus::Failed, "{wrong:#?}");
+    let detail = wrong.detail.as_deref().unwrap_or("");
+    assert!(detail.ends_with(r#"is 300, expected "301""#), "{detail}");
+}

@@ -7,7 +7,11 @@
 //! Both wire generations real servers emit are read: parts tagged `kind` (v0.2.x/0.3) or
 //! `type` (older), results tagged `kind`, and the v1.0 shapes (a result wrapped as `{"task":
 //! …}` / `{"message": …}` / `{"statusUpdate": …}` / `{"artifactUpdate": …}`, states written
-//! `TASK_STATE_COMPLETED`, parts known only by their `text` / `data` field).
+//! `TASK_STATE_COMPLETED`, roles `ROLE_AGENT`, parts known only by their `text` / `data` /
+//! `raw` / `url` field, a file's type and name in the part's `mediaType` and `filename`).
+//! The turn's structured data is written in the v0.3 shape whichever generation the server
+//! speaks, as the `a2a-sdk`'s own v0.3 compatibility layer converts it
+//! (`a2a.compat.v0_3.conversions`), so one `json-path` reads both.
 
 use indexmap::IndexMap;
 use serde_json::{Map, Value, json};
@@ -323,8 +327,9 @@ pub struct Answer {
     pub state: Option<TaskState>,
     /// The text parts of the agent's message, then of the artifacts, one per line.
     pub reply: Option<String>,
-    /// The Task or Message the turn ended with, artifacts assembled and parts tagged `kind`
-    /// (the turn's structured data: `expect reply json-path=…`, `capture json-path=…`).
+    /// The Task or Message the turn ended with, artifacts assembled, in the v0.3 shape
+    /// whichever generation the server speaks (see the module docs; the turn's structured
+    /// data: `expect reply json-path=…`, `capture json-path=…`).
     pub data: Option<Value>,
     /// A task that ended badly, or one that needs authentication.
     pub fault: Option<Fault>,
@@ -598,7 +603,8 @@ fn guess_kind(result: &Map<String, Value>) -> Option<&'static str> {
     }
 }
 
-/// A message with its parts tagged `kind`.
+/// A message as v0.3 writes it: tagged `kind`, its `role` `agent` or `user` (v1.0's
+/// `ROLE_AGENT`, `ROLE_USER`), its parts normalised.
 fn normalise_message(mut message: Map<String, Value>) -> Value {
     if let Some(Value::Array(parts)) = message.remove("parts") {
         message.insert(
@@ -606,11 +612,30 @@ fn normalise_message(mut message: Map<String, Value>) -> Value {
             Value::Array(parts.into_iter().map(normalise_part).collect()),
         );
     }
+    if let Some(role) = message.get("role").and_then(Value::as_str).and_then(role) {
+        message.insert("role".into(), json!(role));
+    }
     message.insert("kind".into(), json!("message"));
     Value::Object(message)
 }
 
-/// A part tagged `kind` (`text`, `data`, `file`), whichever way the server tagged it.
+/// A message's role as v0.3 spells it: `agent` and `user`, which v1.0 writes `ROLE_AGENT`
+/// and `ROLE_USER`; `None` for any other value (`ROLE_UNSPECIFIED`), which is kept as sent.
+fn role(text: &str) -> Option<&'static str> {
+    let name = text.strip_prefix("ROLE_").unwrap_or(text);
+    if name.eq_ignore_ascii_case("agent") {
+        Some("agent")
+    } else if name.eq_ignore_ascii_case("user") {
+        Some("user")
+    } else {
+        None
+    }
+}
+
+/// A part as v0.3 writes it: tagged `kind` (`text`, `data`, `file`), whichever way the server
+/// tagged it, and a v1.0 file part (`raw` or `url`, with `mediaType` and `filename`) as
+/// v0.3's `file` object (`{"bytes" | "uri", "mimeType", "name"}`). Other fields (`metadata`,
+/// a text or data part's `mediaType`, which v0.3 has no place for) are kept as sent.
 fn normalise_part(part: Value) -> Value {
     let Value::Object(mut part) = part else {
         return part;
@@ -632,6 +657,23 @@ fn normalise_part(part: Value) -> Value {
                 guessed
             };
             part.insert("kind".into(), json!(kind));
+        }
+    }
+    if part.get("kind").and_then(Value::as_str) == Some("file") && !part.contains_key("file") {
+        let content = match part.remove("raw") {
+            Some(raw) => Some(("bytes", raw)),
+            None => part.remove("url").map(|url| ("uri", url)),
+        };
+        if let Some((key, value)) = content {
+            let mut file = Map::new();
+            file.insert(key.into(), value);
+            if let Some(media_type) = part.remove("mediaType") {
+                file.insert("mimeType".into(), media_type);
+            }
+            if let Some(name) = part.remove("filename") {
+                file.insert("name".into(), name);
+            }
+            part.insert("file".into(), Value::Object(file));
         }
     }
     Value::Object(part)
@@ -713,6 +755,57 @@ mod tests {
         let answer = a.finish();
         assert_eq!(answer.state, Some(TaskState::InputRequired));
         assert_eq!(answer.reply.as_deref(), Some("Which date?"));
+    }
+
+    #[test]
+    fn v1_roles_and_file_parts_are_written_as_v03_writes_them() {
+        let mut a = Assembly::new();
+        a.apply(
+            json!({"message": {"role": "ROLE_AGENT", "messageId": "m", "contextId": "c",
+            "parts": [
+                {"text": "see", "mediaType": "text/markdown"},
+                {"url": "https://h/a.pdf", "mediaType": "application/pdf", "filename": "a.pdf"},
+                {"raw": "aGk=", "mediaType": "text/plain", "metadata": {"n": 1}},
+                {"data": [1, 2]}
+            ]}}),
+        )
+        .unwrap();
+        let data = a.finish().data.unwrap();
+        assert_eq!(data["role"], "agent");
+        assert_eq!(data["kind"], "message");
+        let parts = &data["parts"];
+        assert_eq!(
+            parts[0],
+            json!({"kind": "text", "text": "see", "mediaType": "text/markdown"})
+        );
+        assert_eq!(
+            parts[1],
+            json!({"kind": "file", "file": {"uri": "https://h/a.pdf",
+                "mimeType": "application/pdf", "name": "a.pdf"}})
+        );
+        assert_eq!(
+            parts[2],
+            json!({"kind": "file", "file": {"bytes": "aGk=", "mimeType": "text/plain"},
+                "metadata": {"n": 1}})
+        );
+        assert_eq!(parts[3], json!({"kind": "data", "data": [1, 2]}));
+
+        // v0.3 and older parts and roles are left as they are.
+        let older = json!({"kind": "message", "role": "agent", "messageId": "m", "parts": [
+            {"kind": "file", "file": {"uri": "https://h/b", "mimeType": "image/png"}},
+            {"type": "file", "file": {"bytes": "aGk=", "name": "b"}}]});
+        let mut a = Assembly::new();
+        a.apply(older).unwrap();
+        let data = a.finish().data.unwrap();
+        assert_eq!(data["role"], "agent");
+        assert_eq!(
+            data["parts"],
+            json!([{"kind": "file", "file": {"uri": "https://h/b", "mimeType": "image/png"}},
+                   {"kind": "file", "file": {"bytes": "aGk=", "name": "b"}}])
+        );
+        assert_eq!(role("ROLE_USER"), Some("user"));
+        assert_eq!(role("user"), Some("user"));
+        assert_eq!(role("ROLE_UNSPECIFIED"), None);
     }
 
     #[test]
