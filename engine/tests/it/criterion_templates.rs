@@ -94,7 +94,7 @@ scenario "unset-env" {
 /// `reply json-path=… equals="TEMPLATE"` is rendered like `reply equals=`, then compared as a
 /// written value: a rendered or literal "300" equals the number 300 of the A2A task's data.
 #[tokio::test]
-async fn json_path_equals_renders_its_template_and_reads_numbers_written_as_text() {
+async fn json_path_equals_renders_its_template_whose_text_reads_numbers_and_keeps_literals_json() {
     let suite = r#"
 agent "travel" protocol="a2a" builtin="travel"
 scenario "task" {
@@ -106,6 +106,7 @@ scenario "task" {
     capture "price" json-path="$.artifacts[0].parts[?@.kind == 'data'].data.price"
     expect {
         reply json-path="$.artifacts[0].parts[?@.kind == 'data'].data.price" equals="{{ vars.price }}"
+        reply json-path="$.artifacts[0].parts[?@.kind == 'data'].data.price" equals=300
         reply json-path="$.artifacts[0].parts[?@.kind == 'data'].data.price" equals="300"
         reply json-path="$.artifacts[0].parts[?@.kind == 'data'].data.price" equals="{{ user_context.wrong }}"
         reply json-path="$.status.state" equals="{{ 'complete' ~ 'd' }}"
@@ -125,7 +126,10 @@ scenario "task" {
     passed(&format!(
         r#"reply json-path="{price}" equals="{{{{ vars.price }}}}""#
     ));
-    passed(&format!(r#"reply json-path="{price}" equals="300""#));
+    passed(&format!(r#"reply json-path="{price}" equals=300"#));
+    // A literal string is JSON: "300" is not the number the agent sent.
+    let literal = criterion(t, &format!(r#"reply json-path="{price}" equals="300""#));
+    assert_eq!(literal.status, CriterionStatus::Failed, "{literal:#?}");
     passed(r#"reply json-path="$.status.state" equals="{{ 'complete' ~ 'd' }}""#);
     let wrong = criterion(
         t,
