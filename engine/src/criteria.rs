@@ -521,7 +521,8 @@ fn json_path_check(
             let reply = turn.reply.as_deref().unwrap_or("");
             parsed = serde_json::from_str::<Value>(reply).map_err(|_| {
                 format!(
-                    "json-path {source}: the turn has no structured data and its reply is not                      JSON: {}",
+                    "json-path {source}: the turn has no structured data and its reply is not \
+                     JSON: {}",
                     excerpt(reply, 160)
                 )
             })?;
@@ -745,6 +746,21 @@ mod tests {
         };
         assert_eq!(check(true), CriterionStatus::Passed);
         assert_eq!(check(false), CriterionStatus::Failed, "`tool` stays exact");
+    }
+
+    #[test]
+    fn a_json_path_on_a_reply_that_is_not_json_says_so_in_one_line() {
+        let turns = [turn(0, "plain text", &[])];
+        let c = crit(CriterionKind::Reply(vec![ReplyCheck::JsonPath {
+            path: serde_json_path::JsonPath::parse("$.a").unwrap(),
+            source: "$.a".into(),
+            equals: None,
+        }]));
+        let detail = check(&c, Scope::Turn, &turns, Some(0)).detail.unwrap();
+        assert!(
+            detail.contains("its reply is not JSON: \"plain text\""),
+            "{detail}"
+        );
     }
 
     #[test]
