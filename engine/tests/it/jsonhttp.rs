@@ -162,6 +162,39 @@ scenario "s" {{
 }
 
 #[tokio::test]
+async fn the_answer_body_is_the_turns_structured_data_for_checks_and_captures() {
+    let server = MisbehavingServer::respond(
+        200,
+        r#"{"output": {"content": "", "type": "ai", "tool_calls": [{"name": "book_flight",
+            "args": {"destination": "Rome", "passengers": 2}, "id": "call_1", "type": "tool_call"}]},
+            "metadata": {"run_id": "run-42", "feedback_tokens": []}}"#,
+    )
+    .await;
+    let text = format!(
+        r##"
+agent "bot" protocol="http" url="{}" {{
+    request #"{{"q": {{{{ user | tojson }}}}}}"#
+    reply json-path="$.output.content"
+    tool-calls json-path="$.output.tool_calls"
+}}
+scenario "s" {{
+    user "fly to Rome"
+    expect reply json-path="$.output.tool_calls[0].args.destination" equals="Rome"
+    expect reply json-path="$.output.tool_calls[0].args.passengers" equals=2
+    capture "run" json-path="$.metadata.run_id"
+    user "run {{{{ vars.run }}}}"
+}}
+"##,
+        server.url()
+    );
+    let t = only(&text).await;
+    assert_eq!(t.status, TrajectoryStatus::Passed, "{t:?}");
+    let sent = server.recorded();
+    assert_eq!(sent.len(), 2, "{sent:?}");
+    assert_eq!(sent[1].json()["q"], "run run-42");
+}
+
+#[tokio::test]
 async fn a_session_missing_from_the_first_answer_is_a_protocol_fault() {
     let server = MisbehavingServer::respond(200, r#"{"answer": "ok"}"#).await;
     let (category, message) = fault_of(
@@ -301,6 +334,22 @@ async fn langserve_streamed_tool_call_chunks_are_merged_into_one_call_at_either_
         let t = only(&text).await;
         assert_eq!(t.status, TrajectoryStatus::Passed, "{tools}: {t:?}");
     }
+}
+
+#[tokio::test]
+async fn a_streams_structured_data_is_its_last_data_event() {
+    let url = raw_server(
+        "event: metadata\ndata: {\"run_id\": \"r\"}\n\nevent: data\ndata: {\"content\": \"Hi\"}\n\nevent: data\ndata: {\"content\": \"\", \"response_metadata\": {\"finish_reason\": \"stop\"}}\n\nevent: end\n\n",
+        false,
+    )
+    .await;
+    let text = suite(&url, STREAM).replace(
+        "user \"hello\"",
+        "user \"hello\"\n    expect reply equals=\"Hi\"\n    \
+         expect reply json-path=\"$.response_metadata.finish_reason\" equals=\"stop\"",
+    );
+    let t = only(&text).await;
+    assert_eq!(t.status, TrajectoryStatus::Passed, "{t:?}");
 }
 
 #[tokio::test]

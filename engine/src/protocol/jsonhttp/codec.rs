@@ -21,6 +21,12 @@
 //!   arguments of every fragment that is not JSON by itself. A call is complete when the
 //!   stream ends: a name, and argument text that is JSON.
 //! - session: a string or number; looked for until found.
+//!
+//! The answer's JSON is also the turn's structured data, what `reply json-path=…` and
+//! `capture … json-path=…` read (as an A2A turn's task): the whole body, or for a stream
+//! the last data event (LangServe's last AIMessageChunk, where a chat model puts
+//! `response_metadata` and `usage_metadata`), since the joined text and merged tool calls
+//! are the turn's reply and calls already.
 
 use super::settings::{HttpSettings, JsonPathSetting, StreamSettings};
 use bytes::Bytes;
@@ -80,6 +86,9 @@ pub struct Answer {
     pub tool_calls: Vec<ToolCall>,
     /// The `session` value, when the agent has one and this answer holds it.
     pub session: Option<String>,
+    /// The answer as JSON, the turn's structured data (`reply json-path=…`, `capture …
+    /// json-path=…`): the whole body, or a stream's last data event.
+    pub data: Option<Value>,
 }
 
 /// The rendered `request` as the body to send: it must be JSON (a template that forgot
@@ -135,6 +144,7 @@ pub fn decode_answer(
         reply,
         tool_calls,
         session,
+        data: Some(value),
     })
 }
 
@@ -456,7 +466,8 @@ pub enum Progress {
 
 /// Builds one streamed answer from its events: text deltas appended in order, tool-call
 /// fragments merged (see the module docs), the session value taken from the first event
-/// holding it.
+/// holding it, the last data event kept as the answer's data (one event, within the
+/// per-event size bound).
 #[derive(Debug)]
 pub struct StreamDecoder<'a> {
     stream: &'a StreamSettings,
@@ -536,6 +547,7 @@ impl<'a> StreamDecoder<'a> {
         {
             self.answer.session = session_at(&value, &session.json_path);
         }
+        self.answer.data = Some(value);
         Ok(Progress::Data { text })
     }
 
@@ -607,6 +619,11 @@ mod tests {
         let answer = decode_answer(body, s.reply.as_ref().unwrap(), &s).unwrap();
         assert_eq!(answer.reply, None);
         assert_eq!(answer.session.as_deref(), Some("7"));
+        assert_eq!(
+            answer.data.as_ref().unwrap()["session"],
+            7,
+            "the body is the data"
+        );
         assert_eq!(answer.tool_calls[0].function.name, "get_weather");
         assert_eq!(
             answer.tool_calls[0].function.arguments,
@@ -692,6 +709,11 @@ mod tests {
         let answer = decoder.finish().unwrap();
         assert_eq!(answer.reply.as_deref(), Some("Hello"));
         assert_eq!(answer.session.as_deref(), Some("s1"));
+        assert_eq!(
+            answer.data.unwrap()["tool_calls"][0]["args"]["a"],
+            1,
+            "the last data event is the data, not the end event"
+        );
         assert_eq!(answer.tool_calls.len(), 1);
         assert_eq!(answer.tool_calls[0].function.arguments, r#"{"a":1}"#);
     }
