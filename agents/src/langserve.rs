@@ -7,8 +7,9 @@
 //! feedback_tokens}}` with the message serialised as LangServe does (`content`,
 //! `additional_kwargs`, `type: "ai"`, `tool_calls: [{name, args, id, type: "tool_call"}]`,
 //! …). `POST /agent/stream` takes the same body and answers server-sent events: `event:
-//! metadata` with the run id, `event: data` per chunk (`AIMessageChunk`s, the words of the
-//! answer, the tool calls on the last one), then `event: end`. A body that is not JSON, or
+//! metadata` with the run id, `event: data` per chunk (`AIMessageChunk`s: the words of the
+//! answer, then each tool call as `tool_call_chunks` fragments, as a chat model streams
+//! it), then `event: end`. A body that is not JSON, or
 //! has no `input`, gets HTTP 422 as from FastAPI.
 //!
 //! What it answers (to the last human message):
@@ -71,17 +72,53 @@ async fn stream(body: Bytes) -> Response {
         .split_inclusive(' ')
         .map(str::to_owned)
         .collect::<Vec<_>>();
-    let last = words.len().saturating_sub(1);
-    for (i, word) in words.iter().enumerate() {
-        let calls = if i == last {
-            message["tool_calls"].clone()
-        } else {
-            json!([])
-        };
-        frames.push(frame("data", &chunk(word, calls)));
+    for word in &words {
+        frames.push(frame("data", &chunk(word, json!([]), json!([]), json!([]))));
     }
-    if words.is_empty() {
-        frames.push(frame("data", &chunk("", message["tool_calls"].clone())));
+    // A chat model's tool call comes as `tool_call_chunks` fragments of one `index`: the
+    // name and id with no arguments, then the argument text in pieces. Each chunk's
+    // `tool_calls` is what LangChain parses from that chunk's fragment alone: `{` parses
+    // (partially) to `{}`, with an empty name and no id; the rest does not parse by
+    // itself and is an `invalid_tool_call`.
+    let calls = message["tool_calls"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    for (index, call) in calls.iter().enumerate() {
+        let (name, id) = (&call["name"], &call["id"]);
+        let fragment = |name: &Value, id: &Value, args: &str| json!([{"name": name, "args": args, "id": id, "index": index, "type": "tool_call_chunk"}]);
+        frames.push(frame(
+            "data",
+            &chunk(
+                "",
+                json!([{"name": name, "args": {}, "id": id, "type": "tool_call"}]),
+                json!([]),
+                fragment(name, id, ""),
+            ),
+        ));
+        let args = call["args"].to_string();
+        let (head, rest) = args.split_at_checked(1).unwrap_or((&args, ""));
+        frames.push(frame(
+            "data",
+            &chunk(
+                "",
+                json!([{"name": "", "args": {}, "id": null, "type": "tool_call"}]),
+                json!([]),
+                fragment(&Value::Null, &Value::Null, head),
+            ),
+        ));
+        frames.push(frame(
+            "data",
+            &chunk(
+                "",
+                json!([]),
+                json!([{"name": null, "args": rest, "id": null, "error": null, "type": "invalid_tool_call"}]),
+                fragment(&Value::Null, &Value::Null, rest),
+            ),
+        ));
+    }
+    if words.is_empty() && calls.is_empty() {
+        frames.push(frame("data", &chunk("", json!([]), json!([]), json!([]))));
     }
     frames.push("event: end\r\n\r\n".to_owned());
     let events = futures::stream::iter(
@@ -102,7 +139,7 @@ fn frame(event: &str, data: &Value) -> String {
 }
 
 /// An `AIMessageChunk` as LangServe streams it.
-fn chunk(content: &str, tool_calls: Value) -> Value {
+fn chunk(content: &str, tool_calls: Value, invalid: Value, tool_call_chunks: Value) -> Value {
     json!({
         "content": content,
         "additional_kwargs": {},
@@ -111,9 +148,9 @@ fn chunk(content: &str, tool_calls: Value) -> Value {
         "name": null,
         "id": null,
         "tool_calls": tool_calls,
-        "invalid_tool_calls": [],
+        "invalid_tool_calls": invalid,
         "usage_metadata": null,
-        "tool_call_chunks": [],
+        "tool_call_chunks": tool_call_chunks,
     })
 }
 

@@ -516,31 +516,19 @@ fn reply_check(
     }
 }
 
-/// `reply json-path=…` on one turn: reads its structured data, else its reply as JSON.
+/// `reply json-path=…` on one turn (see [`json_path_node`]).
 fn json_path_check(
     turn: &TurnRecord,
     path: &serde_json_path::JsonPath,
     source: &str,
     equals: Option<(&Value, Written)>,
 ) -> Result<(), String> {
-    let parsed;
-    let data = match &turn.data {
-        Some(data) => data,
-        None => {
-            let reply = turn.reply.as_deref().unwrap_or("");
-            parsed = serde_json::from_str::<Value>(reply).map_err(|_| {
-                format!(
-                    "json-path {source}: the turn has no structured data and its reply is not \
-                     JSON: {}",
-                    excerpt(reply, 160)
-                )
-            })?;
-            &parsed
-        }
-    };
-    let Some(found) = path.query(data).first().cloned() else {
-        return Err(format!("json-path {source} selects nothing"));
-    };
+    let found = json_path_node(
+        turn.data.as_ref(),
+        turn.reply.as_deref().unwrap_or(""),
+        path,
+        source,
+    )?;
     match equals {
         None => Ok(()),
         Some((expected, how)) if written_matches(&found, expected, TextCase::Exact, how) => Ok(()),
@@ -549,6 +537,43 @@ fn json_path_check(
             found.to_string().chars().take(160).collect::<String>()
         )),
     }
+}
+
+/// The first node a JSON path (`reply json-path=…`, `capture … json-path=…`) selects in a
+/// turn: in its structured data (an A2A task, an `http` agent's answer body), else, when
+/// the path selects nothing there or the turn has none, in its reply parsed as JSON (an
+/// agent whose reply text is itself JSON). The error says what was looked at.
+pub fn json_path_node(
+    data: Option<&Value>,
+    reply: &str,
+    path: &serde_json_path::JsonPath,
+    source: &str,
+) -> Result<Value, String> {
+    if let Some(found) = data.and_then(|data| path.query(data).first()) {
+        return Ok(found.clone());
+    }
+    let Ok(parsed) = serde_json::from_str::<Value>(reply) else {
+        return Err(match data {
+            Some(_) => format!(
+                "json-path {source} selects nothing in the turn's structured data, and its \
+                 reply is not JSON"
+            ),
+            None => format!(
+                "json-path {source}: the turn has no structured data and its reply is not \
+                 JSON: {}",
+                excerpt(reply, 160)
+            ),
+        });
+    };
+    path.query(&parsed)
+        .first()
+        .cloned()
+        .ok_or_else(|| match data {
+            Some(_) => format!(
+                "json-path {source} selects nothing in the turn's structured data or its reply"
+            ),
+            None => format!("json-path {source} selects nothing"),
+        })
 }
 
 /// Subset match of expected params against a call's JSON arguments, each by
@@ -726,6 +751,35 @@ mod tests {
         };
         assert_eq!(check(true), CriterionStatus::Passed);
         assert_eq!(check(false), CriterionStatus::Failed, "`tool` stays exact");
+    }
+
+    #[test]
+    fn a_json_path_reads_the_structured_data_then_a_reply_that_is_json() {
+        let path = |source: &str| serde_json_path::JsonPath::parse(source).unwrap();
+        let data = serde_json::json!({"output": {"id": "call_1"}});
+        let node = |data: Option<&Value>, reply: &str, source: &str| {
+            json_path_node(data, reply, &path(source), source)
+        };
+        assert_eq!(
+            node(Some(&data), r#"{"a": 1}"#, "$.output.id"),
+            Ok(Value::from("call_1"))
+        );
+        assert_eq!(
+            node(Some(&data), r#"{"a": 1}"#, "$.a"),
+            Ok(Value::from(1)),
+            "a path found only in a reply that is JSON"
+        );
+        let missing = node(Some(&data), "text", "$.a").unwrap_err();
+        assert!(
+            missing.contains("structured data, and its reply is not JSON"),
+            "{missing}"
+        );
+        let missing = node(Some(&data), "{}", "$.a").unwrap_err();
+        assert!(
+            missing.contains("structured data or its reply"),
+            "{missing}"
+        );
+        assert_eq!(node(None, r#"{"a": [2]}"#, "$.a[0]"), Ok(Value::from(2)));
     }
 
     #[test]

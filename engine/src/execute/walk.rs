@@ -1121,7 +1121,7 @@ fn capture_into(
 }
 
 /// Extracts a capture from the last reply; a JSON path reads the turn's structured data
-/// when the agent sent some.
+/// when the agent sent some ([`criteria::json_path_node`]).
 fn capture(
     source: &CaptureSource,
     reply: &str,
@@ -1140,22 +1140,8 @@ fn capture(
             Ok(m.map(|m| m.as_str().to_string()).unwrap_or_default())
         }
         CaptureSource::JsonPath { path, source } => {
-            let parsed;
-            let value = match data {
-                Some(data) => data,
-                None => {
-                    parsed = serde_json::from_str::<serde_json::Value>(reply).map_err(|e| {
-                        format!("json-path {source}: the last reply is not JSON ({e})")
-                    })?;
-                    &parsed
-                }
-            };
-            let found = path.query(value);
-            let first = found
-                .first()
-                .ok_or_else(|| format!("json-path {source} found nothing in the last reply"))?;
-            Ok(match first {
-                serde_json::Value::String(s) => s.clone(),
+            Ok(match criteria::json_path_node(data, reply, path, source)? {
+                serde_json::Value::String(s) => s,
                 other => other.to_string(),
             })
         }

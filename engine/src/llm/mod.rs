@@ -14,15 +14,17 @@
 //! sent as a sensitive header value and cut out of every error message ([`provider`]).
 //!
 //! The wire formats are [`openai`] and [`anthropic`], one codec per API for every caller,
-//! picked in [`codec`]; a server's slots are [`slots`]; the on-disk response cache is
-//! [`cache`]; prompts, rubrics and answer parsing of LLM judges are [`judge`]; [`runtime`]
-//! holds a run's providers, judges and cache, judges one criterion into its record and writes
-//! the simulated user's turns ([`simulator`]).
+//! picked in [`codec`]; tool calls streamed in fragments are merged by [`fragments`] (also
+//! for `protocol="http"` streams); a server's slots are [`slots`]; the on-disk response
+//! cache is [`cache`]; prompts, rubrics and answer parsing of LLM judges are [`judge`];
+//! [`runtime`] holds a run's providers, judges and cache, judges one criterion into its
+//! record and writes the simulated user's turns ([`simulator`]).
 
 pub mod anthropic;
 pub mod cache;
 pub mod chat;
 pub mod codec;
+pub mod fragments;
 pub mod judge;
 pub mod openai;
 pub mod provider;

@@ -12,6 +12,7 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 
 use super::codec::{self, Answer, ChatRequest, DecodeError, WireRequest};
+use super::fragments::{Fragment, StreamedCalls};
 use super::{LlmMessage, Role};
 use crate::record::{ChatMessage, ToolCall, ToolCallFunction};
 use crate::record::{Fault, FaultCategory};
@@ -248,14 +249,6 @@ fn decode_usage(usage: Option<&Value>) -> Option<Usage> {
     })
 }
 
-/// A tool call being assembled from stream deltas.
-#[derive(Default)]
-struct PartialCall {
-    id: String,
-    name: String,
-    arguments: String,
-}
-
 /// Reads chat-completion chunks until `[DONE]` (or the end of a stream that saw a finish
 /// reason) and assembles the message. `first_content` is the time to the first chunk with
 /// content or a tool call (a role-only first chunk is not a token).
@@ -264,7 +257,7 @@ pub async fn read_chunks(
     first_content: &mut Option<Duration>,
 ) -> Result<Answer, Fault> {
     let mut text: Option<String> = None;
-    let mut calls: Vec<PartialCall> = Vec::new();
+    let mut calls = StreamedCalls::default();
     let mut usage = None;
     let mut model = None;
     let mut finished = false;
@@ -339,27 +332,21 @@ pub async fn read_chunks(
                     ),
                 ));
             }
-            if index == calls.len() {
-                calls.push(PartialCall::default());
-            }
-            let Some(partial) = calls.get_mut(index) else {
-                continue;
-            };
-            if let Some(id) = call.get("id").and_then(Value::as_str) {
-                partial.id = id.to_owned();
-            }
-            if let Some(function) = call.get("function") {
-                if let Some(name) = function.get("name").and_then(Value::as_str) {
-                    partial.name.push_str(name);
-                }
-                if let Some(arguments) = function.get("arguments").and_then(Value::as_str) {
-                    partial.arguments.push_str(arguments);
-                }
-            }
+            let function = call.get("function");
+            calls.add(
+                index as u64,
+                Fragment {
+                    id: call.get("id").and_then(Value::as_str),
+                    name: function.and_then(|f| f.get("name")).and_then(Value::as_str),
+                    arguments: function
+                        .and_then(|f| f.get("arguments"))
+                        .and_then(Value::as_str),
+                },
+            );
         }
     }
     let mut tool_calls = Vec::with_capacity(calls.len());
-    for (index, call) in calls.into_iter().enumerate() {
+    for (index, call) in calls.into_calls().into_iter().enumerate() {
         if call.name.is_empty() {
             return Err(Fault::new(
                 FaultCategory::Protocol,

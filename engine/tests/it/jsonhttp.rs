@@ -162,6 +162,39 @@ scenario "s" {{
 }
 
 #[tokio::test]
+async fn the_answer_body_is_the_turns_structured_data_for_checks_and_captures() {
+    let server = MisbehavingServer::respond(
+        200,
+        r#"{"output": {"content": "", "type": "ai", "tool_calls": [{"name": "book_flight",
+            "args": {"destination": "Rome", "passengers": 2}, "id": "call_1", "type": "tool_call"}]},
+            "metadata": {"run_id": "run-42", "feedback_tokens": []}}"#,
+    )
+    .await;
+    let text = format!(
+        r##"
+agent "bot" protocol="http" url="{}" {{
+    request #"{{"q": {{{{ user | tojson }}}}}}"#
+    reply json-path="$.output.content"
+    tool-calls json-path="$.output.tool_calls"
+}}
+scenario "s" {{
+    user "fly to Rome"
+    expect reply json-path="$.output.tool_calls[0].args.destination" equals="Rome"
+    expect reply json-path="$.output.tool_calls[0].args.passengers" equals=2
+    capture "run" json-path="$.metadata.run_id"
+    user "run {{{{ vars.run }}}}"
+}}
+"##,
+        server.url()
+    );
+    let t = only(&text).await;
+    assert_eq!(t.status, TrajectoryStatus::Passed, "{t:?}");
+    let sent = server.recorded();
+    assert_eq!(sent.len(), 2, "{sent:?}");
+    assert_eq!(sent[1].json()["q"], "run run-42");
+}
+
+#[tokio::test]
 async fn a_session_missing_from_the_first_answer_is_a_protocol_fault() {
     let server = MisbehavingServer::respond(200, r#"{"answer": "ok"}"#).await;
     let (category, message) = fault_of(
@@ -175,11 +208,13 @@ async fn a_session_missing_from_the_first_answer_is_a_protocol_fault() {
 
 /// A server that answers every request with `head` and `body`, then closes (or, with
 /// `hang`, keeps the connection open without a word).
-async fn raw_server(body: &'static str, hang: bool) -> String {
+async fn raw_server(body: impl Into<String>, hang: bool) -> String {
+    let body: std::sync::Arc<str> = body.into().into();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/stream", listener.local_addr().unwrap());
     tokio::spawn(async move {
         while let Ok((mut stream, _)) = listener.accept().await {
+            let body = body.clone();
             tokio::spawn(async move {
                 let mut buf = vec![0u8; 65536];
                 let _ = stream.read(&mut buf).await;
@@ -237,6 +272,104 @@ async fn a_complete_stream_joins_its_deltas() {
     );
     let t = only(&text).await;
     assert_eq!(t.status, TrajectoryStatus::Passed, "{t:?}");
+}
+
+/// What LangServe's `/stream` sends for a chat model that says a few words and calls a
+/// tool (langserve 0.3, langchain-core 1.x): AIMessageChunks whose `tool_call_chunks` are
+/// fragments merged by `index`, next to the partial `tool_calls` LangChain parsed from each
+/// fragment alone (the last fragment, not JSON by itself, is only an `invalid_tool_call`).
+fn langserve_tool_call_stream(first_fragment_named: bool) -> String {
+    let chunk = |content: &str, calls: serde_json::Value, chunks: serde_json::Value| {
+        let data = serde_json::json!({
+            "content": content, "additional_kwargs": {}, "response_metadata": {},
+            "type": "AIMessageChunk", "name": null, "id": null, "tool_calls": calls,
+            "invalid_tool_calls": [], "usage_metadata": null, "tool_call_chunks": chunks,
+            "chunk_position": null,
+        });
+        format!("event: data\ndata: {data}\n\n")
+    };
+    let fragment = |name: Option<&str>, id: Option<&str>, args: &str| serde_json::json!([{"name": name, "args": args, "id": id, "index": 0, "type": "tool_call_chunk"}]);
+    let (name, id) = if first_fragment_named {
+        (Some("book_flight"), Some("call_1"))
+    } else {
+        (None, None)
+    };
+    [
+        "event: metadata\ndata: {\"run_id\": \"9468d5a9\"}\n\n".to_owned(),
+        chunk("Booking ", serde_json::json!([]), serde_json::json!([])),
+        chunk("now.", serde_json::json!([]), serde_json::json!([])),
+        chunk(
+            "",
+            serde_json::json!([{"name": name.unwrap_or(""), "args": {}, "id": id, "type": "tool_call"}]),
+            fragment(name, id, ""),
+        ),
+        chunk(
+            "",
+            serde_json::json!([{"name": "", "args": {"destination": "Oslo"}, "id": null, "type": "tool_call"}]),
+            fragment(None, None, "{\"destination\": \"Oslo\", \"pas"),
+        ),
+        chunk(
+            "",
+            serde_json::json!([]),
+            fragment(None, None, "sengers\": 2, \"date\": \"May 2\"}"),
+        ),
+        "event: end\n\n".to_owned(),
+    ]
+    .concat()
+}
+
+#[tokio::test]
+async fn langserve_streamed_tool_call_chunks_are_merged_into_one_call_at_either_path() {
+    let url = raw_server(langserve_tool_call_stream(true), false).await;
+    for tools in ["$.tool_calls", "$.tool_call_chunks"] {
+        let text = suite(
+            &url,
+            &format!("{STREAM}\n    tool-calls json-path=\"{tools}\""),
+        )
+        .replace(
+            "user \"hello\"",
+            "user \"hello\"\n    expect {\n        reply equals=\"Booking now.\"\n        \
+             tool \"book_flight\" destination=\"Oslo\" date=\"May 2\" passengers=2 count=1\n    }",
+        );
+        let t = only(&text).await;
+        assert_eq!(t.status, TrajectoryStatus::Passed, "{tools}: {t:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_streams_structured_data_is_its_last_data_event() {
+    let url = raw_server(
+        "event: metadata\ndata: {\"run_id\": \"r\"}\n\nevent: data\ndata: {\"content\": \"Hi\"}\n\nevent: data\ndata: {\"content\": \"\", \"response_metadata\": {\"finish_reason\": \"stop\"}}\n\nevent: end\n\n",
+        false,
+    )
+    .await;
+    let text = suite(&url, STREAM).replace(
+        "user \"hello\"",
+        "user \"hello\"\n    expect reply equals=\"Hi\"\n    \
+         expect reply json-path=\"$.response_metadata.finish_reason\" equals=\"stop\"",
+    );
+    let t = only(&text).await;
+    assert_eq!(t.status, TrajectoryStatus::Passed, "{t:?}");
+}
+
+#[tokio::test]
+async fn streamed_fragments_that_never_name_their_call_are_a_protocol_fault_quoting_them() {
+    let url = raw_server(langserve_tool_call_stream(false), false).await;
+    let (category, message) = {
+        let t = only(&suite(
+            &url,
+            &format!("{STREAM}\n    tool-calls json-path=\"$.tool_call_chunks\""),
+        ))
+        .await;
+        let fault = t.fault.expect("faulted");
+        (fault.category, fault.message)
+    };
+    assert_eq!(category, FaultCategory::Protocol);
+    assert!(
+        message.contains("tool call 0 at `$.tool_call_chunks` has no function name"),
+        "{message}"
+    );
+    assert!(message.contains("May 2"), "{message}");
 }
 
 fn settings() -> trellis_engine::protocol::jsonhttp::HttpSettings {

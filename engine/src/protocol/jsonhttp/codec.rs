@@ -11,13 +11,29 @@
 //! - tool calls: OpenAI `[{id, type, function: {name, arguments}}]` (arguments a JSON
 //!   string, or the object itself) and LangChain `[{name, args, id, type: "tool_call"}]`;
 //!   one call object alone counts as a list of one; no match or `null` means no calls
-//!   (APIs leave the field out when there are none).
+//!   (APIs leave the field out when there are none). In a stream the entries are fragments
+//!   of calls (LangChain's `tool_call_chunks`, OpenAI's deltas), merged as
+//!   [`crate::llm::fragments`] does by their `index`; an entry without one is a whole call
+//!   (resent with the same id: it replaces the call), or, without a name and id (LangChain's
+//!   partial `tool_calls`), more of the latest call. Where the path finds a LangChain
+//!   message's `tool_calls` next to its `tool_call_chunks`, the chunks are read instead: each
+//!   chunk's `tool_calls` are parsed from that chunk's fragment alone, so they lose the
+//!   arguments of every fragment that is not JSON by itself. A call is complete when the
+//!   stream ends: a name, and argument text that is JSON.
 //! - session: a string or number; looked for until found.
+//!
+//! The answer's JSON is also the turn's structured data, what `reply json-path=…` and
+//! `capture … json-path=…` read (as an A2A turn's task): the whole body, or for a stream
+//! the last data event (LangServe's last AIMessageChunk, where a chat model puts
+//! `response_metadata` and `usage_metadata`), since the joined text and merged tool calls
+//! are the turn's reply and calls already.
 
 use super::settings::{HttpSettings, JsonPathSetting, StreamSettings};
 use bytes::Bytes;
-use serde_json::Value;
+use serde_json::{Value, json};
+use serde_json_path::NormalizedPath;
 
+use crate::llm::fragments::{Fragment, StreamedCall, StreamedCalls};
 use crate::protocol::{ToolCall, ToolCallFunction};
 use crate::record::{Fault, FaultCategory};
 use crate::transport::quote::{error_text, kind_of, preview};
@@ -70,6 +86,9 @@ pub struct Answer {
     pub tool_calls: Vec<ToolCall>,
     /// The `session` value, when the agent has one and this answer holds it.
     pub session: Option<String>,
+    /// The answer as JSON, the turn's structured data (`reply json-path=…`, `capture …
+    /// json-path=…`): the whole body, or a stream's last data event.
+    pub data: Option<Value>,
 }
 
 /// The rendered `request` as the body to send: it must be JSON (a template that forgot
@@ -125,6 +144,7 @@ pub fn decode_answer(
         reply,
         tool_calls,
         session,
+        data: Some(value),
     })
 }
 
@@ -187,43 +207,75 @@ fn text_at(value: &Value, path: &JsonPathSetting) -> Result<Found, Fault> {
 
 /// The tool calls at `path`, in either shape (see the module docs).
 pub fn tool_calls_at(value: &Value, path: &JsonPathSetting) -> Result<Vec<ToolCall>, Fault> {
-    let nodes = path.path.query(value).all();
-    let calls: Vec<&Value> = match nodes.as_slice() {
-        [] | [Value::Null] => return Ok(Vec::new()),
-        [Value::Array(items)] => items.iter().collect(),
-        several => several
-            .iter()
-            .flat_map(|v| match v {
-                Value::Array(items) => items.iter().collect::<Vec<_>>(),
-                Value::Null => Vec::new(),
-                one => vec![*one],
-            })
-            .collect(),
-    };
-    calls
+    call_values(path.path.query(value).all())
         .into_iter()
         .enumerate()
         .map(|(i, call)| tool_call(&path.source, i, call))
         .collect()
 }
 
-fn tool_call(source: &str, i: usize, call: &Value) -> Result<ToolCall, Fault> {
-    let wrong = |what: String| {
-        Fault::new(
-            FaultCategory::Protocol,
-            format!(
-                "tool call {i} at `{source}` {what}: {}",
-                preview(call.to_string().as_bytes())
-            ),
-        )
-    };
+/// The entries of the lists (or single calls) the path found; `null` is none.
+fn call_values<'v>(nodes: impl IntoIterator<Item = &'v Value>) -> Vec<&'v Value> {
+    nodes
+        .into_iter()
+        .flat_map(|v| match v {
+            Value::Array(items) => items.iter().collect::<Vec<_>>(),
+            Value::Null => Vec::new(),
+            one => vec![one],
+        })
+        .collect()
+}
+
+/// The tool-call entries of one streamed event at `path`, with a LangChain message's
+/// `tool_call_chunks` in place of its `tool_calls` (see the module docs).
+fn stream_call_values<'v>(value: &'v Value, path: &JsonPathSetting) -> Vec<&'v Value> {
+    let found = path.path.query_located(value);
+    call_values(found.iter().map(|node| {
+        let location = node.location();
+        let chunks = (location.last().and_then(|e| e.as_name()) == Some("tool_calls"))
+            .then(|| parent(value, location))
+            .flatten()
+            .and_then(|message| message.get("tool_call_chunks"))
+            .filter(|chunks| chunks.as_array().is_some_and(|c| !c.is_empty()));
+        chunks.unwrap_or(node.node())
+    }))
+}
+
+/// The value holding the one at `location`.
+fn parent<'v>(root: &'v Value, location: &NormalizedPath<'_>) -> Option<&'v Value> {
+    let mut value = root;
+    for element in location.iter().take(location.len().checked_sub(1)?) {
+        value = match element.as_name() {
+            Some(name) => value.get(name)?,
+            None => value.get(element.as_index()?)?,
+        };
+    }
+    Some(value)
+}
+
+/// One entry of a tool-call list, in either shape, before anything is required of it.
+struct CallEntry<'v> {
+    /// The `index` of a streamed fragment.
+    index: Option<u64>,
+    id: Option<String>,
+    name: Option<&'v str>,
+    /// `None` for a missing or `null` one.
+    arguments: Option<&'v Value>,
+}
+
+fn call_entry<'v>(source: &str, i: usize, call: &'v Value) -> Result<CallEntry<'v>, Fault> {
     let Value::Object(call_map) = call else {
-        return Err(wrong(format!("is {}, expected an object", kind_of(call))));
+        return Err(wrong_call(
+            source,
+            i,
+            call,
+            &format!("is {}, expected an object", kind_of(call)),
+        ));
     };
     let id = match call_map.get("id") {
-        Some(Value::String(id)) => id.clone(),
-        Some(Value::Number(n)) => n.to_string(),
-        _ => String::new(),
+        Some(Value::String(id)) => Some(id.clone()),
+        Some(Value::Number(n)) => Some(n.to_string()),
+        _ => None,
     };
     let (name, arguments) = match (call_map.get("function"), call_map.get("name")) {
         // OpenAI: the name and arguments inside `function`.
@@ -234,27 +286,162 @@ fn tool_call(source: &str, i: usize, call: &Value) -> Result<ToolCall, Fault> {
             call_map.get("args").or_else(|| call_map.get("arguments")),
         ),
         _ => {
-            return Err(wrong(
+            return Err(wrong_call(
+                source,
+                i,
+                call,
                 "is neither an OpenAI call ({id, function: {name, arguments}}) nor a LangChain \
-                 one ({name, args, id})"
-                    .to_owned(),
+                 one ({name, args, id})",
             ));
         }
     };
-    let name = match name {
-        Some(Value::String(name)) if !name.is_empty() => name.clone(),
-        _ => return Err(wrong("has no function name".to_owned())),
+    Ok(CallEntry {
+        index: call_map.get("index").and_then(Value::as_u64),
+        id,
+        name: name.and_then(Value::as_str),
+        arguments: arguments.filter(|a| !a.is_null()),
+    })
+}
+
+fn wrong_call(source: &str, i: usize, call: &Value, what: &str) -> Fault {
+    Fault::new(
+        FaultCategory::Protocol,
+        format!(
+            "tool call {i} at `{source}` {what}: {}",
+            preview(call.to_string().as_bytes())
+        ),
+    )
+}
+
+fn tool_call(source: &str, i: usize, call: &Value) -> Result<ToolCall, Fault> {
+    let entry = call_entry(source, i, call)?;
+    let name = match entry.name {
+        Some(name) if !name.is_empty() => name.to_owned(),
+        _ => return Err(wrong_call(source, i, call, "has no function name")),
     };
-    let arguments = match arguments {
-        None | Some(Value::Null) => "{}".to_owned(),
+    let arguments = match entry.arguments {
+        None => "{}".to_owned(),
         Some(Value::String(text)) => text.clone(),
         Some(other) => other.to_string(),
     };
     Ok(ToolCall {
-        id,
+        id: entry.id.unwrap_or_default(),
         kind: "function".to_owned(),
         function: ToolCallFunction { name, arguments },
     })
+}
+
+/// A stream's tool calls as their fragments arrive (see the module docs).
+#[derive(Debug, Default)]
+struct StreamedToolCalls {
+    calls: StreamedCalls,
+    /// Arguments given as JSON values rather than text, by the call's position (LangChain's
+    /// partial `tool_calls`: later ones add their keys).
+    values: Vec<Option<Value>>,
+}
+
+impl StreamedToolCalls {
+    fn add(&mut self, entry: CallEntry<'_>) {
+        let fragment = Fragment {
+            id: entry.id.as_deref(),
+            name: entry.name,
+            arguments: entry.arguments.and_then(Value::as_str),
+        };
+        let value = entry.arguments.filter(|a| !a.is_string());
+        let resent = entry
+            .id
+            .as_deref()
+            .filter(|id| !id.is_empty())
+            .and_then(|id| self.calls.position_of_id(id));
+        let more =
+            entry.id.as_deref().is_none_or(str::is_empty) && entry.name.is_none_or(str::is_empty);
+        let position = match (entry.index, resent) {
+            (Some(index), _) => self.calls.add(index, fragment),
+            // A call resent whole (a growing snapshot) replaces what it said before.
+            (None, Some(position)) => {
+                if let Some(call) = self.calls.get_mut(position) {
+                    let mut again = StreamedCall::new(call.index, fragment);
+                    if again.name.is_empty() {
+                        again.name = std::mem::take(&mut call.name);
+                    }
+                    *call = again;
+                }
+                if let Some(earlier) = self.values.get_mut(position) {
+                    *earlier = None;
+                }
+                position
+            }
+            (None, None) if more && !self.calls.is_empty() => {
+                let position = self.calls.len() - 1;
+                if let Some(call) = self.calls.get_mut(position) {
+                    call.add(fragment);
+                }
+                position
+            }
+            (None, None) => self.calls.push(StreamedCall::new(None, fragment)),
+        };
+        self.values.resize(self.calls.len(), None);
+        if let (Some(value), Some(slot)) = (value, self.values.get_mut(position)) {
+            match (slot.as_mut(), value) {
+                (Some(Value::Object(have)), Value::Object(more)) => {
+                    have.extend(more.iter().map(|(k, v)| (k.clone(), v.clone())));
+                }
+                _ => *slot = Some(value.clone()),
+            }
+        }
+    }
+
+    /// The calls once the stream has ended: each needs a name, and its argument text, if
+    /// any, must be JSON.
+    fn finish(self, source: &str) -> Result<Vec<ToolCall>, Fault> {
+        let values = self.values.into_iter().chain(std::iter::repeat(None));
+        let mut calls = Vec::with_capacity(self.calls.len());
+        for (i, (call, value)) in self.calls.into_calls().into_iter().zip(values).enumerate() {
+            let seen = || {
+                let arguments = match &value {
+                    Some(value) if call.arguments.is_empty() => value.clone(),
+                    _ => Value::from(call.arguments.as_str()),
+                };
+                let seen = json!({"index": call.index, "id": call.id, "name": call.name, "args": arguments});
+                preview(seen.to_string().as_bytes())
+            };
+            if call.name.is_empty() {
+                return Err(Fault::new(
+                    FaultCategory::Protocol,
+                    format!(
+                        "streamed tool call {i} at `{source}` has no function name in any of \
+                         its fragments; they made: {}",
+                        seen()
+                    ),
+                ));
+            }
+            let arguments = if !call.arguments.trim().is_empty() {
+                if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(&call.arguments) {
+                    return Err(Fault::new(
+                        FaultCategory::Protocol,
+                        format!(
+                            "streamed tool call {i} (`{}`) at `{source}`: its arguments, \
+                             joined from its fragments, are not JSON ({e}): {}",
+                            call.name,
+                            seen()
+                        ),
+                    ));
+                }
+                call.arguments
+            } else {
+                value.map_or_else(|| "{}".to_owned(), |v| v.to_string())
+            };
+            calls.push(ToolCall {
+                id: call.id,
+                kind: "function".to_owned(),
+                function: ToolCallFunction {
+                    name: call.name,
+                    arguments,
+                },
+            });
+        }
+        Ok(calls)
+    }
 }
 
 /// The session value at `path`, if the answer holds one.
@@ -277,15 +464,17 @@ pub enum Progress {
     Done,
 }
 
-/// Builds one streamed answer from its events: text deltas appended in order, tool calls
-/// collected (a call whose id was seen before replaces it: servers resend growing
-/// snapshots), the session value taken from the first event holding it.
+/// Builds one streamed answer from its events: text deltas appended in order, tool-call
+/// fragments merged (see the module docs), the session value taken from the first event
+/// holding it, the last data event kept as the answer's data (one event, within the
+/// per-event size bound).
 #[derive(Debug)]
 pub struct StreamDecoder<'a> {
     stream: &'a StreamSettings,
     settings: &'a HttpSettings,
     answer: Answer,
     text: String,
+    calls: StreamedToolCalls,
     /// Events that carried data (for the fault of a stream whose path never matched).
     data_events: u64,
     matched: bool,
@@ -298,6 +487,7 @@ impl<'a> StreamDecoder<'a> {
             settings,
             answer: Answer::default(),
             text: String::new(),
+            calls: StreamedToolCalls::default(),
             data_events: 0,
             matched: false,
         }
@@ -347,17 +537,9 @@ impl<'a> StreamDecoder<'a> {
             }
         }
         if let Some(path) = &self.settings.tool_calls {
-            for call in tool_calls_at(&value, path)? {
+            for (i, call) in stream_call_values(&value, path).into_iter().enumerate() {
                 self.matched = true;
-                let seen = self
-                    .answer
-                    .tool_calls
-                    .iter_mut()
-                    .find(|c| !call.id.is_empty() && c.id == call.id);
-                match seen {
-                    Some(earlier) => *earlier = call,
-                    None => self.answer.tool_calls.push(call),
-                }
+                self.calls.add(call_entry(&path.source, i, call)?);
             }
         }
         if self.answer.session.is_none()
@@ -365,6 +547,7 @@ impl<'a> StreamDecoder<'a> {
         {
             self.answer.session = session_at(&value, &session.json_path);
         }
+        self.answer.data = Some(value);
         Ok(Progress::Data { text })
     }
 
@@ -379,6 +562,9 @@ impl<'a> StreamDecoder<'a> {
                     self.stream.json_path.source, self.data_events
                 ),
             ));
+        }
+        if let Some(path) = &self.settings.tool_calls {
+            self.answer.tool_calls = self.calls.finish(&path.source)?;
         }
         self.answer.reply = (!self.text.is_empty()).then_some(self.text);
         Ok(self.answer)
@@ -433,6 +619,11 @@ mod tests {
         let answer = decode_answer(body, s.reply.as_ref().unwrap(), &s).unwrap();
         assert_eq!(answer.reply, None);
         assert_eq!(answer.session.as_deref(), Some("7"));
+        assert_eq!(
+            answer.data.as_ref().unwrap()["session"],
+            7,
+            "the body is the data"
+        );
         assert_eq!(answer.tool_calls[0].function.name, "get_weather");
         assert_eq!(
             answer.tool_calls[0].function.arguments,
@@ -518,8 +709,149 @@ mod tests {
         let answer = decoder.finish().unwrap();
         assert_eq!(answer.reply.as_deref(), Some("Hello"));
         assert_eq!(answer.session.as_deref(), Some("s1"));
+        assert_eq!(
+            answer.data.unwrap()["tool_calls"][0]["args"]["a"],
+            1,
+            "the last data event is the data, not the end event"
+        );
         assert_eq!(answer.tool_calls.len(), 1);
         assert_eq!(answer.tool_calls[0].function.arguments, r#"{"a":1}"#);
+    }
+
+    /// The data events LangServe 0.3 streams for a chat model's tool call (langchain-core
+    /// 1.x): each AIMessageChunk with its `tool_call_chunks` fragment and the partial
+    /// `tool_calls` LangChain parsed from that fragment alone.
+    const LANGSERVE_CHUNKS: [&str; 3] = [
+        r#"{"content":"","type":"AIMessageChunk","id":null,"tool_calls":[{"name":"book_flight","args":{},"id":"call_1","type":"tool_call"}],"invalid_tool_calls":[],"tool_call_chunks":[{"name":"book_flight","args":"","id":"call_1","index":0,"type":"tool_call_chunk"}]}"#,
+        r#"{"content":"","type":"AIMessageChunk","id":null,"tool_calls":[{"name":"","args":{"destination":"Oslo"},"id":null,"type":"tool_call"}],"invalid_tool_calls":[],"tool_call_chunks":[{"name":null,"args":"{\"destination\": \"Oslo\", \"pas","id":null,"index":0,"type":"tool_call_chunk"}]}"#,
+        r#"{"content":"","type":"AIMessageChunk","id":null,"tool_calls":[],"invalid_tool_calls":[{"name":null,"args":"sengers\": 2, \"date\": \"May 2\"}","id":null,"error":null,"type":"invalid_tool_call"}],"tool_call_chunks":[{"name":null,"args":"sengers\": 2, \"date\": \"May 2\"}","id":null,"index":0,"type":"tool_call_chunk"}]}"#,
+    ];
+
+    fn streamed(s: &HttpSettings, events: &[&str]) -> Result<Answer, Fault> {
+        let mut decoder = StreamDecoder::new(s.stream.as_ref().unwrap(), s);
+        for data in events {
+            decoder.apply(&SseEvent {
+                event: Some("data".into()),
+                data: (*data).to_owned(),
+            })?;
+        }
+        decoder.finish()
+    }
+
+    #[test]
+    fn langchain_tool_call_chunks_are_merged_by_index_at_either_path() {
+        for tools in ["$.tool_call_chunks", "$.tool_calls"] {
+            let s = settings("$.x", Some(tools), Some("$.content"));
+            let answer = streamed(&s, &LANGSERVE_CHUNKS).unwrap();
+            assert_eq!(answer.tool_calls.len(), 1, "{tools}: {answer:?}");
+            let call = &answer.tool_calls[0];
+            assert_eq!(call.id, "call_1");
+            assert_eq!(call.function.name, "book_flight");
+            let arguments: Value = serde_json::from_str(&call.function.arguments).unwrap();
+            assert_eq!(
+                arguments,
+                json!({"destination": "Oslo", "passengers": 2, "date": "May 2"}),
+                "{tools}"
+            );
+        }
+    }
+
+    #[test]
+    fn two_streamed_calls_keep_their_order_and_arguments() {
+        let chunk = |index: u64, name: Option<&str>, id: Option<&str>, args: &str| {
+            json!({"content": "", "tool_calls": [], "tool_call_chunks": [
+                {"name": name, "args": args, "id": id, "index": index, "type": "tool_call_chunk"}]})
+            .to_string()
+        };
+        let events = [
+            chunk(0, Some("search_flights"), Some("call_a"), ""),
+            chunk(0, None, None, r#"{"destination": "Paris"}"#),
+            chunk(1, Some("book_flight"), Some("call_b"), r#"{"destination""#),
+            chunk(1, None, None, r#": "Paris", "passengers": 1}"#),
+        ];
+        let events: Vec<&str> = events.iter().map(String::as_str).collect();
+        let s = settings("$.x", Some("$.tool_calls"), Some("$.content"));
+        let answer = streamed(&s, &events).unwrap();
+        let calls: Vec<(&str, &str, &str)> = answer
+            .tool_calls
+            .iter()
+            .map(|c| {
+                (
+                    c.id.as_str(),
+                    c.function.name.as_str(),
+                    c.function.arguments.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            calls,
+            [
+                ("call_a", "search_flights", r#"{"destination": "Paris"}"#),
+                (
+                    "call_b",
+                    "book_flight",
+                    r#"{"destination": "Paris", "passengers": 1}"#
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn partial_tool_calls_without_chunks_continue_the_latest_call() {
+        let s = settings("$.x", Some("$.message.tool_calls"), Some("$.content"));
+        let events = [
+            r#"{"content": "", "message": {"tool_calls": [{"name": "book_flight", "args": {}, "id": "call_1"}]}}"#,
+            r#"{"content": "", "message": {"tool_calls": [{"name": "", "args": {"destination": "Oslo"}, "id": null}]}}"#,
+            r#"{"content": "", "message": {"tool_calls": [{"name": "", "args": {"passengers": 2}, "id": null}]}}"#,
+        ];
+        let answer = streamed(&s, &events).unwrap();
+        assert_eq!(answer.tool_calls.len(), 1, "{answer:?}");
+        let arguments: Value =
+            serde_json::from_str(&answer.tool_calls[0].function.arguments).unwrap();
+        assert_eq!(arguments, json!({"destination": "Oslo", "passengers": 2}));
+        assert_eq!(answer.tool_calls[0].id, "call_1");
+    }
+
+    #[test]
+    fn openai_deltas_at_a_path_are_merged_too() {
+        let s = settings(
+            "$.x",
+            Some("$.choices[0].delta.tool_calls"),
+            Some("$.choices[0].delta.content"),
+        );
+        let events = [
+            r#"{"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "c1", "type": "function", "function": {"name": "f", "arguments": ""}}]}}]}"#,
+            r#"{"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{\"a\":"}}]}}]}"#,
+            r#"{"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": "1}"}}]}}]}"#,
+        ];
+        let answer = streamed(&s, &events).unwrap();
+        assert_eq!(answer.tool_calls[0].function.name, "f");
+        assert_eq!(answer.tool_calls[0].function.arguments, r#"{"a":1}"#);
+    }
+
+    #[test]
+    fn a_streamed_call_never_named_or_with_broken_arguments_is_a_fault_quoting_it() {
+        let s = settings("$.x", Some("$.tool_call_chunks"), Some("$.content"));
+        let fault = streamed(&s, &LANGSERVE_CHUNKS[1..]).unwrap_err();
+        assert_eq!(fault.category, FaultCategory::Protocol);
+        assert!(
+            fault
+                .message
+                .contains("tool call 0 at `$.tool_call_chunks` has no function name"),
+            "{}",
+            fault.message
+        );
+        assert!(fault.message.contains("May 2"), "{}", fault.message);
+        let fault = streamed(&s, &LANGSERVE_CHUNKS[..2]).unwrap_err();
+        assert!(
+            fault
+                .message
+                .contains("(`book_flight`) at `$.tool_call_chunks`")
+                && fault.message.contains("not JSON"),
+            "{}",
+            fault.message
+        );
+        assert!(fault.message.contains(r#"\"pas"#), "{}", fault.message);
     }
 
     #[test]

@@ -443,6 +443,7 @@ impl JsonHttpSession {
             })
             .collect();
         turn.reply = answer.reply;
+        turn.data = answer.data;
         self.history.push(message.clone());
         turn.messages = vec![message];
     }
