@@ -190,13 +190,14 @@ fn evaluate<T: AsRef<TurnRecord>>(
                     fail(format!("no call to `{name}`{}", describe_calls(&calls)))
                 }
                 None => fail(format!(
-                    "`{name}` was called, but not with {}; arguments seen: {}",
+                    "`{name}` was called, but not with {}; arguments seen: {}{}",
                     describe_params(params, rendered),
                     named
                         .iter()
                         .map(|c| c.arguments.as_str())
                         .collect::<Vec<_>>()
-                        .join(", ")
+                        .join(", "),
+                    type_hint(params, rendered, &named)
                 )),
             }
         }
@@ -615,6 +616,45 @@ fn arguments_match(
     })
 }
 
+/// When a literal string parameter fails only because the agent sent the number or boolean
+/// it spells (`passengers="2"` against `2`), says how to write the value it sent: literals
+/// compare by JSON equality, which a reader easily misses.
+fn type_hint(
+    params: &serde_json::Map<String, Value>,
+    rendered: &Rendered,
+    calls: &[&&ToolCallRecord],
+) -> String {
+    for call in calls {
+        let Ok(Value::Object(args)) = serde_json::from_str::<Value>(&call.arguments) else {
+            continue;
+        };
+        for (key, written) in params {
+            let (Value::String(text), None) = (written, rendered.tool_param(key)) else {
+                continue;
+            };
+            let Some(sent) = args.get(key).filter(|a| a.is_number() || a.is_boolean()) else {
+                continue;
+            };
+            if written_matches(sent, written, TextCase::Exact, Written::Rendered) {
+                let kind = if sent.is_number() {
+                    "number"
+                } else {
+                    "boolean"
+                };
+                return format!(
+                    " (`{key}` was the {kind} {sent}, and {key}=\"{text}\" is a string: write \
+                     {key}={})",
+                    match sent {
+                        Value::Bool(b) => format!("#{b}"),
+                        other => other.to_string(),
+                    }
+                );
+            }
+        }
+    }
+    String::new()
+}
+
 fn describe_calls(calls: &[&ToolCallRecord]) -> String {
     if calls.is_empty() {
         "; no tools were called".to_string()
@@ -870,6 +910,35 @@ mod tests {
             check(&c, Scope::Trajectory, &[t], None).status,
             CriterionStatus::Failed
         );
+    }
+
+    #[test]
+    fn a_literal_string_that_spells_the_number_sent_says_how_to_write_it() {
+        let turns = [turn(
+            0,
+            "ok",
+            &[("book", r#"{"passengers": 2, "ok": true}"#)],
+        )];
+        let detail = |params: Value| {
+            let Value::Object(params) = params else {
+                panic!("params are an object")
+            };
+            let c = crit(CriterionKind::Tool {
+                name: "book".into(),
+                params,
+                count: None,
+                loose: false,
+            });
+            check(&c, Scope::Turn, &turns, Some(0))
+                .detail
+                .unwrap_or_default()
+        };
+        let d = detail(serde_json::json!({"passengers": "2"}));
+        assert!(d.ends_with("write passengers=2)"), "{d}");
+        let d = detail(serde_json::json!({"ok": "true"}));
+        assert!(d.ends_with("write ok=#true)"), "{d}");
+        let d = detail(serde_json::json!({"passengers": "3"}));
+        assert!(!d.contains("write"), "{d}");
     }
 
     #[test]
