@@ -129,6 +129,17 @@ pub fn parse_each(text: &str, mut each: impl FnMut(KdlDocument)) -> Result<Parse
             let mut failed: Option<KdlError> = None;
             for range in nodes {
                 let at = range.start;
+                // A node larger than a batch: piece by piece, so that its whole parse tree
+                // (about 75 bytes per byte of text) is never alive at once.
+                if range.len() > BATCH_SIZE
+                    && failed.is_none()
+                    && let Some(doc) = parse_split(text, range.clone())
+                {
+                    if tx.send(doc).is_err() {
+                        break;
+                    }
+                    continue;
+                }
                 match KdlDocument::parse_v2(&text[range]) {
                     Ok(mut doc) if failed.is_none() => {
                         shift(&mut doc, at);
@@ -185,6 +196,122 @@ fn batches(nodes: Vec<Range<usize>>) -> Vec<Range<usize>> {
         }
     }
     out
+}
+
+/// One node larger than [`BATCH_SIZE`] (`range`, in `text`), parsed as its header with an
+/// empty block and its children in batches, each batch's tree copied to exact capacity
+/// (a fresh parse tree holds about four times what a copy of it does) before the next one is
+/// parsed; a child larger than a batch is split the same way. Spans are the whole file's,
+/// as a parse of the node would give them. `None` when the node is not one block-carrying
+/// node this can cut safely (a slashdashed block, text after the block, several nodes) or
+/// when a piece does not parse: the caller parses it whole, and reports its errors.
+fn parse_split(text: &str, range: Range<usize>) -> Option<KdlDocument> {
+    let (open, close) = block_of(text.as_bytes(), range.clone())?;
+    // The node without what its block holds: what follows the block (the terminator, a
+    // comment) stays, so the node's span ends where a parse of the whole node ends it.
+    let header = format!(
+        "{}{}",
+        text.get(range.start..=open)?,
+        text.get(close..range.end)?
+    );
+    let mut doc = KdlDocument::parse_v2(&header).ok()?;
+    if doc.nodes().len() != 1 {
+        return None;
+    }
+    shift(&mut doc, range.start);
+    let inner = open + 1..close;
+    let pieces = scan(text.get(inner.clone())?).ok()?;
+    let pieces = batches(
+        pieces
+            .into_iter()
+            .map(|r| r.start + inner.start..r.end + inner.start)
+            .collect(),
+    );
+    let mut children = KdlDocument::new();
+    for piece in pieces {
+        let split_part = (piece.len() > BATCH_SIZE)
+            .then(|| parse_split(text, piece.clone()))
+            .flatten();
+        let split = split_part.is_some();
+        let mut part = match split_part {
+            Some(part) => part,
+            None => KdlDocument::parse_v2(text.get(piece.clone())?).ok()?,
+        };
+        if !split {
+            shift(&mut part, piece.start);
+        }
+        let compact = part.clone();
+        drop(part);
+        children.nodes_mut().extend(compact.nodes().iter().cloned());
+    }
+    // The block's span as the parser gives it: from its first node's start to its last
+    // node's end.
+    let first = children.nodes().first()?.span().offset();
+    let last = children.nodes().last()?.span();
+    children.set_span(miette::SourceSpan::new(
+        first.into(),
+        last.offset() + last.len() - first,
+    ));
+    let node = doc.nodes_mut().first_mut()?;
+    node.set_span(miette::SourceSpan::new(
+        node.span().offset().into(),
+        node.span().len() + (close - open - 1),
+    ));
+    node.set_children(children);
+    doc.set_span(miette::SourceSpan::new(range.start.into(), range.len()));
+    Some(doc)
+}
+
+/// The `{` and the matching `}` of the one block of the one node in `range`: `None` unless
+/// exactly one block opens at the node's level, nothing but whitespace stands between a
+/// slashdash and it, and only whitespace, `;` and comments follow it.
+fn block_of(b: &[u8], range: Range<usize>) -> Option<(usize, usize)> {
+    let mut depth = 0usize;
+    let mut open = None;
+    let mut close = None;
+    let mut i = range.start;
+    while i < range.end {
+        match b[i] {
+            b'{' => {
+                if depth == 0 {
+                    if open.is_some() {
+                        return None;
+                    }
+                    // A slashdashed block (`node /- { … } { … }`) is a comment.
+                    let before = b.get(range.start..i)?;
+                    let trimmed = before.trim_ascii_end();
+                    if trimmed.ends_with(b"/-") {
+                        return None;
+                    }
+                    open = Some(i);
+                }
+                depth += 1;
+                i += 1;
+            }
+            b'}' => {
+                depth = depth.checked_sub(1)?;
+                if depth == 0 {
+                    close = Some(i);
+                }
+                i += 1;
+            }
+            b'/' if b.get(i + 1) == Some(&b'/') => i = skip_line(b, i + 2),
+            b'/' if b.get(i + 1) == Some(&b'*') => i = skip_comment(b, i).ok()?,
+            b'"' => i = skip_quoted(b, i).ok()?,
+            b'#' => i = skip_raw(b, i).ok()?,
+            c => {
+                // After the block: only whitespace and `;` (comments are skipped above).
+                if close.is_some() && depth == 0 && !(c.is_ascii_whitespace() || c == b';') {
+                    return None;
+                }
+                i += 1;
+            }
+        }
+    }
+    match (open, close, depth) {
+        (Some(open), Some(close), 0) if open < close => Some((open, close)),
+        _ => None,
+    }
 }
 
 /// Runs `parse` on a thread whose stack is sized for parsing `len` bytes, and `meanwhile`
@@ -707,6 +834,120 @@ mod tests {
         // The suite and 2,000 scenarios (the slashdashed node is a comment).
         assert_eq!(nodes, 2_001);
         assert_eq!(got, expected);
+    }
+
+    /// A suite whose one scenario is far larger than a batch: branches nested `depth` deep,
+    /// `leaves` branches beside each, with the syntax a cut could trip on.
+    fn one_big_node(depth: usize, leaves: usize) -> String {
+        let mut text = String::from(
+            "agent \"a\" protocol=\"connexity\"\n/- scenario \"gone\" { x }\nscenario \"s\" k=#\"{\"# {\n    user \"hi\" // {\n",
+        );
+        for d in 0..depth {
+            for i in 0..leaves {
+                text.push_str(&format!(
+                    "    branch \"l{d}-{i}\" {{ /* }} */ user \"level {d} {{ leaf {i}\"; expect reply contains=#\"}}\"#; }}\n"
+                ));
+            }
+            text.push_str(&format!(
+                "    branch \"deeper{d}\" {{\n    user \"deeper {d}\"\n"
+            ));
+        }
+        for _ in 0..depth {
+            text.push_str("}\n");
+        }
+        text.push_str("} ; // after\nscenario \"t\" { user \"x\" }\n");
+        text
+    }
+
+    #[test]
+    fn a_node_larger_than_a_batch_is_parsed_in_pieces_with_the_spans_of_a_whole_parse() {
+        // The whole parse this compares with recurses per block: a parser's stack.
+        let test = std::thread::Builder::new()
+            .stack_size(STACK_BASE + 256 * 1024 * STACK_PER_BYTE)
+            .spawn(pieces_have_the_spans_of_a_whole_parse)
+            .unwrap();
+        if let Err(panic) = test.join() {
+            std::panic::resume_unwind(panic);
+        }
+    }
+
+    fn pieces_have_the_spans_of_a_whole_parse() {
+        for (depth, leaves) in [(3, 800), (100, 40), (1, 3_000)] {
+            let text = one_big_node(depth, leaves);
+            assert!(text.len() > 2 * BATCH_SIZE, "{} bytes", text.len());
+            let whole = KdlDocument::parse_v2(&text).unwrap();
+            let mut expected = Vec::new();
+            spans(&whole, &mut expected);
+            let mut blocks = Vec::new();
+            fn block_spans(doc: &KdlDocument, out: &mut Vec<(usize, usize)>) {
+                for node in doc.nodes() {
+                    if let Some(c) = node.children() {
+                        out.push((c.span().offset(), c.span().len()));
+                        block_spans(c, out);
+                    }
+                }
+            }
+            block_spans(&whole, &mut blocks);
+
+            let big = text.find("scenario \"s\"").unwrap();
+            let range = scan(&text)
+                .unwrap()
+                .into_iter()
+                .find(|r| r.contains(&big))
+                .unwrap();
+            assert!(parse_split(&text, range).is_some(), "the node is cut");
+
+            let mut got = Vec::new();
+            let mut got_blocks = Vec::new();
+            let parsed = parse_each(&text, |doc| {
+                spans(&doc, &mut got);
+                block_spans(&doc, &mut got_blocks);
+            })
+            .unwrap();
+            assert!(matches!(parsed, Parsed::Nodes));
+            for (what, got, expected) in
+                [("spans", &got, &expected), ("blocks", &got_blocks, &blocks)]
+            {
+                let first = got.iter().zip(expected.iter()).position(|(g, e)| g != e);
+                assert!(
+                    first.is_none() && got.len() == expected.len(),
+                    "{what}, depth {depth}, {leaves} leaves: {} vs {} items, first difference at \
+                     {first:?}: {:?} vs {:?}",
+                    got.len(),
+                    expected.len(),
+                    first.map(|i| &got[i.saturating_sub(2)..(i + 3).min(got.len())]),
+                    first.map(|i| &expected[i.saturating_sub(2)..(i + 3).min(expected.len())]),
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_big_node_that_cannot_be_cut_safely_is_parsed_whole() {
+        let inner = "    user \"hi\"\n".repeat(BATCH_SIZE / 10);
+        for text in [
+            // A slashdashed block before the real one.
+            format!("scenario \"s\" /- {{ x }} {{\n{inner}}}\n"),
+            // Text after the block.
+            format!("scenario \"s\" {{\n{inner}}} trailing\n"),
+        ] {
+            let big = scan(&text)
+                .unwrap()
+                .into_iter()
+                .max_by_key(|r| r.len())
+                .unwrap();
+            assert!(parse_split(&text, big).is_none());
+            let mut got = Vec::new();
+            let whole = KdlDocument::parse_v2(&text).ok();
+            let parsed = parse_each(&text, |doc| spans(&doc, &mut got)).unwrap();
+            if let Some(whole) = whole {
+                let mut expected = Vec::new();
+                spans(&whole, &mut expected);
+                assert_eq!(got, expected);
+            } else {
+                assert!(matches!(parsed, Parsed::Whole(Err(_))));
+            }
+        }
     }
 
     #[test]

@@ -186,4 +186,36 @@ fn loading_memory_stays_a_small_multiple_of_the_suite() {
     });
     assert_eq!(trajectories, 600);
     assert!(peak < text.len(), "trajectory graphs held {peak} bytes");
+
+    drop(project);
+
+    // One scenario far larger than a batch (a generated suite of branches): its parse tree
+    // is built piece by piece, each piece copied to exact capacity, instead of at once (77x
+    // its text at the peak, 43x since, most of it the parse tree the decoder reads).
+    let path = dir.path().join("one.kdl");
+    let mut text = String::from("agent \"a\" protocol=\"connexity\" builtin=\"booking\"\n");
+    text.push_str("scenario \"one\" {\n    user \"Hello\"\n");
+    for i in 0..3_000 {
+        let _ = write!(
+            text,
+            "    branch \"b{i}\" {{\n        user \"branch {i} asks something\"\n        \
+             expect reply contains=\"answer {i}\"\n    }}\n"
+        );
+    }
+    text.push_str("}\n");
+    std::fs::write(&path, &text).expect("suite written");
+    let (project, peak, _) = measure(|| {
+        trellis_dsl::load(&[&path], &trellis_engine::protocol::registry::specs())
+            .unwrap_or_else(|e| panic!("{}", e.render_plain()))
+    });
+    eprintln!(
+        "one big scenario: {peak} bytes at the peak for {} bytes of suite",
+        text.len()
+    );
+    assert_eq!(project.scenarios().count(), 1);
+    assert!(
+        peak < 50 * text.len(),
+        "loading one scenario of {} bytes held {peak} bytes at its peak",
+        text.len()
+    );
 }
