@@ -922,6 +922,54 @@ mod tests {
         }
     }
 
+    /// Mutated big nodes: cutting never panics, and whenever the text parses as a whole
+    /// the pieces have its spans (or the cut gave up and the whole node was parsed).
+    #[test]
+    fn mutated_big_nodes_are_cut_only_where_a_whole_parse_agrees() {
+        use proptest::prelude::*;
+        const PIECES: &[&str] = &[
+            "{", "}", "\"", "#", "#\"", "\"#", "/-", ";", "\n", "/*", "*/", "//", "\\", " ", "x",
+            "\"\"\"", "(t)",
+        ];
+        let base = one_big_node(3, 300);
+        assert!(base.len() > BATCH_SIZE);
+        let cases = std::env::var("TRELLIS_FUZZ_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(16);
+        let config = proptest::test_runner::Config {
+            cases,
+            failure_persistence: None,
+            ..proptest::test_runner::Config::default()
+        };
+        let edits = prop::collection::vec((0..base.len(), 0..PIECES.len()), 1..4);
+        let test = std::thread::Builder::new()
+            .stack_size(STACK_BASE + 256 * 1024 * STACK_PER_BYTE)
+            .spawn(move || {
+                proptest!(config, |(edits in edits)| {
+                    let mut text = base.clone();
+                    for (at, piece) in edits {
+                        let mut at = at.min(text.len());
+                        while !text.is_char_boundary(at) {
+                            at -= 1;
+                        }
+                        text.insert_str(at, PIECES[piece]);
+                    }
+                    let mut got = Vec::new();
+                    let parsed = parse_each(&text, |doc| spans(&doc, &mut got));
+                    if let (Ok(whole), Ok(Parsed::Nodes)) = (KdlDocument::parse_v2(&text), parsed) {
+                        let mut expected = Vec::new();
+                        spans(&whole, &mut expected);
+                        prop_assert_eq!(got, expected);
+                    }
+                });
+            })
+            .unwrap();
+        if let Err(panic) = test.join() {
+            std::panic::resume_unwind(panic);
+        }
+    }
+
     #[test]
     fn a_big_node_that_cannot_be_cut_safely_is_parsed_whole() {
         let inner = "    user \"hi\"\n".repeat(BATCH_SIZE / 10);
