@@ -248,6 +248,31 @@ impl Plan {
         selection: &Selection,
         env: Arc<EnvSnapshot>,
     ) -> Result<Plan, PlanError> {
+        Self::build_counting(project, selection, env, None)
+    }
+
+    /// What [`Plan::not_runnable`] says of the plan [`Plan::build_with_env`] would build,
+    /// without keeping it: each scenario is counted as soon as it is planned and dropped, so
+    /// `trellis check` of a suite of tens of thousands of scenarios holds one scenario's plan
+    /// at a time rather than the whole plan (which took as much memory as the loaded suite).
+    pub fn count_not_runnable(
+        project: &Project,
+        selection: &Selection,
+        env: Arc<EnvSnapshot>,
+    ) -> Result<NotRunnableCounts, PlanError> {
+        let mut counts = NotRunnableCounts::default();
+        Self::build_counting(project, selection, env, Some(&mut counts))?;
+        Ok(counts)
+    }
+
+    /// Builds the plan, or with `counts`, counts each scenario as it is planned and keeps
+    /// none of them (the returned plan then has no scenarios).
+    fn build_counting(
+        project: &Project,
+        selection: &Selection,
+        env: Arc<EnvSnapshot>,
+        mut counts: Option<&mut NotRunnableCounts>,
+    ) -> Result<Plan, PlanError> {
         let matchers = selection
             .filters
             .iter()
@@ -434,9 +459,8 @@ impl Plan {
                 .map_err(template_error)?;
             let mut tags = suite.tags.clone();
             tags.extend(sc.tags.iter().cloned());
-            scenario_index.insert((si, ci), scenarios.len());
             let scenario = Arc::clone(sc);
-            scenarios.push(PlannedScenario {
+            let planned = PlannedScenario {
                 suite: Arc::from(suite.name.as_str()),
                 scope: ScenarioScope::new(Arc::clone(&scenario), persona, &env),
                 scenario,
@@ -449,7 +473,14 @@ impl Plan {
                 repeat: sc.repeat.max(1),
                 sandbox: sandbox(sc),
                 agent_branches: sc.agent_branches,
-            });
+            };
+            match counts.as_deref_mut() {
+                Some(counts) => count_scenario(&planned, &agents, llm.has_judge(), counts),
+                None => {
+                    scenario_index.insert((si, ci), scenarios.len());
+                    scenarios.push(planned);
+                }
+            }
         }
 
         for (&(si, ci), &i) in &scenario_index {
@@ -475,50 +506,9 @@ impl Plan {
     /// skipped, and checks of the other trajectories recorded as skipped.
     pub fn not_runnable(&self) -> NotRunnableCounts {
         let mut counts = NotRunnableCounts::default();
+        let judged = self.llm.has_judge();
         for s in &self.scenarios {
-            // Each trajectory's nodes, read up from its leaf: testing every node for every
-            // trajectory took seconds on a scenario of 10,000 branches.
-            let mut leaves = vec![None; s.trajectories.len()];
-            for (i, node) in s.nodes.iter().enumerate() {
-                if let Some(slot) = node.ends.and_then(|t| leaves.get_mut(t)) {
-                    *slot = Some(i);
-                }
-            }
-            let path = |ti: usize| {
-                std::iter::successors(leaves.get(ti).copied().flatten(), |&n| {
-                    s.nodes.get(n).and_then(|node| node.parent)
-                })
-                .filter_map(|n| s.nodes.get(n))
-            };
-            for &a in &s.agents {
-                let Some(agent) = self.agents.get(a) else {
-                    continue;
-                };
-                for (ti, t) in s.trajectories.iter().enumerate() {
-                    counts.trajectories += 1;
-                    if agent.unsupported.is_some() || t.unsupported_on(agent.protocol).is_some() {
-                        counts.skipped_trajectories += 1;
-                        continue;
-                    }
-                    let turn_checks = path(ti)
-                        .flat_map(|n| &n.steps)
-                        .filter_map(|step| match step {
-                            PlannedStep::Expect(c) => Some(c),
-                            _ => None,
-                        })
-                        .flatten();
-                    let judged = self.llm.has_judge();
-                    let skipped = turn_checks
-                        .chain(&s.criteria)
-                        .filter(|c| {
-                            not_runnable::criterion(&c.criterion.kind).is_some()
-                                && !(judged && crate::llm::LlmRuntime::is_judged(&c.criterion.kind))
-                        })
-                        .count()
-                        + if judged { 0 } else { s.scenario.outcomes.len() };
-                    counts.skipped_checks += skipped as u64;
-                }
-            }
+            count_scenario(s, &self.agents, judged, &mut counts);
         }
         counts
     }
@@ -529,6 +519,58 @@ impl Plan {
             .iter()
             .map(|s| s.trajectories.len() as u64 * s.agents.len() as u64 * u64::from(s.repeat))
             .sum()
+    }
+}
+
+/// Adds what of one planned scenario cannot run yet to `counts` ([`Plan::not_runnable`]);
+/// `judged`: a judge is configured, so judged checks run.
+fn count_scenario(
+    s: &PlannedScenario,
+    agents: &[PlannedAgent],
+    judged: bool,
+    counts: &mut NotRunnableCounts,
+) {
+    // Each trajectory's nodes, read up from its leaf: testing every node for every
+    // trajectory took seconds on a scenario of 10,000 branches.
+    let mut leaves = vec![None; s.trajectories.len()];
+    for (i, node) in s.nodes.iter().enumerate() {
+        if let Some(slot) = node.ends.and_then(|t| leaves.get_mut(t)) {
+            *slot = Some(i);
+        }
+    }
+    let path = |ti: usize| {
+        std::iter::successors(leaves.get(ti).copied().flatten(), |&n| {
+            s.nodes.get(n).and_then(|node| node.parent)
+        })
+        .filter_map(|n| s.nodes.get(n))
+    };
+    for &a in &s.agents {
+        let Some(agent) = agents.get(a) else {
+            continue;
+        };
+        for (ti, t) in s.trajectories.iter().enumerate() {
+            counts.trajectories += 1;
+            if agent.unsupported.is_some() || t.unsupported_on(agent.protocol).is_some() {
+                counts.skipped_trajectories += 1;
+                continue;
+            }
+            let turn_checks = path(ti)
+                .flat_map(|n| &n.steps)
+                .filter_map(|step| match step {
+                    PlannedStep::Expect(c) => Some(c),
+                    _ => None,
+                })
+                .flatten();
+            let skipped = turn_checks
+                .chain(&s.criteria)
+                .filter(|c| {
+                    not_runnable::criterion(&c.criterion.kind).is_some()
+                        && !(judged && crate::llm::LlmRuntime::is_judged(&c.criterion.kind))
+                })
+                .count()
+                + if judged { 0 } else { s.scenario.outcomes.len() };
+            counts.skipped_checks += skipped as u64;
+        }
     }
 }
 

@@ -180,3 +180,36 @@ fn planning_memory_stays_a_small_multiple_of_the_suite() {
         text.len()
     );
 }
+
+/// `trellis check` counts what cannot run without keeping the plan: the same counts as the
+/// whole plan's, holding one scenario's plan at a time.
+#[test]
+fn counting_what_cannot_run_keeps_no_plan() {
+    let text = flat(3_000);
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let path = dir.path().join("big.kdl");
+    std::fs::write(&path, &text).expect("suite written");
+    let project = trellis_dsl::load(&[&path], &trellis_engine::protocol::registry::specs())
+        .unwrap_or_else(|e| panic!("{}", e.render_plain()));
+    let everything = Selection {
+        include_inactive: true,
+        ..Selection::default()
+    };
+    let (whole, whole_peak) = peak_during(|| {
+        Plan::build(&project, &everything)
+            .expect("plan")
+            .not_runnable()
+    });
+    let (counted, counted_peak) = peak_during(|| {
+        Plan::count_not_runnable(&project, &everything, Default::default()).expect("counts")
+    });
+    eprintln!("counting: {counted_peak} bytes, the whole plan {whole_peak}");
+    assert_eq!(counted, whole);
+    assert_eq!(counted.trajectories, 3_000);
+    // What stays is per-suite bookkeeping (the selection, the `needs` graph, the templates'
+    // texts), not the plans of the scenarios.
+    assert!(
+        counted_peak * 2 < whole_peak,
+        "counting held {counted_peak} bytes, the whole plan {whole_peak}"
+    );
+}

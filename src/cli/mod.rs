@@ -383,8 +383,8 @@ fn check(args: &PathArgs) -> u8 {
         include_inactive: true,
         ..Selection::default()
     };
-    let counts = match Plan::build_with_env(&project, &everything, Default::default()) {
-        Ok(plan) => plan.not_runnable(),
+    let counts = match Plan::count_not_runnable(&project, &everything, Default::default()) {
+        Ok(counts) => counts,
         Err(e) => {
             console::errln!("{:?}", miette::Report::new(e));
             return EXIT_INVALID;
