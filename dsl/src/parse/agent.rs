@@ -767,6 +767,13 @@ impl Decoder<'_> {
                 first = Some(cv.name_span);
                 let value = match spec.children {
                     Children::Map { key, value } => self.map_block(cv, spec, key, value),
+                    // Free-form data: the block as a JSON object, as `user-context` reads.
+                    Children::Data => {
+                        self.check_props_of(cv, spec);
+                        self.check_args(cv, 0, &node_usage(spec));
+                        let object = cv.children.map(|c| self.json_object(c)).unwrap_or_default();
+                        Some(Value::Object(object))
+                    }
                     _ => self.node_setting(cv, spec),
                 };
                 settings.0.push(ProtocolSetting {
@@ -907,8 +914,10 @@ fn node_settings(
 /// How a node setting is written, with an example value for each required property:
 /// `reply json-path="$.output"`, `env { KEY VALUE }`.
 fn node_usage(spec: &NodeSpec) -> String {
-    if let Children::Map { .. } = spec.children {
-        return format!("{} {{ KEY VALUE }}", spec.name);
+    match spec.children {
+        Children::Map { .. } => return format!("{} {{ KEY VALUE }}", spec.name),
+        Children::Data => return format!("{} {{ … }}", spec.name),
+        _ => {}
     }
     let mut usage = spec.name.to_owned();
     for prop in spec.props.iter().filter(|p| p.required) {

@@ -810,12 +810,21 @@ fn protocols_are_the_registry_the_loader_is_handed() {
     };
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("suite.kdl");
-    let good = r#"agent "e" protocol="echo" builtin="parrot" voice="loud"
+    let good = r#"agent "e" protocol="echo" builtin="parrot" voice="loud" {
+    echoes { twice #true; words "a" }
+}
 scenario "s" { user "hi"; expect no-error }
 "#;
     std::fs::write(&path, good).unwrap();
     let project = load(&[&path], &registry()).unwrap_or_else(|d| panic!("{}", d.render_plain()));
     assert_eq!(project.agents[0].protocol.as_str(), "echo");
+    // Its settings reach its module as written: a value, and a data block as an object.
+    let settings = &project.agents[0].settings;
+    assert_eq!(settings.get("voice"), Some(&serde_json::json!("loud")));
+    assert_eq!(
+        settings.get("echoes"),
+        Some(&serde_json::json!({"twice": true, "words": "a"}))
+    );
     // Without the spec the protocol is unknown.
     let text = load(&[&path], &trellis_engine::protocol::registry::specs())
         .unwrap_err()
