@@ -173,13 +173,9 @@ fn case(
             let start = at + lines.len() - line.len();
             range = start..start + line.len();
         }
+        // Markers are replaced in the order they are written, so what is replaced after the
+        // setting's line lies after it and leaves its range as recorded.
         text.replace_range(at..at + placeholder.len(), &lines);
-        // Later markers come after this one: the recorded range stays valid only if the
-        // replacement happened before it, so record relative to the final text below.
-        if m != marker && range.end > at {
-            let delta = lines.len() as isize - placeholder.len() as isize;
-            range = (range.start as isize + delta) as usize..(range.end as isize + delta) as usize;
-        }
     }
     (text, range)
 }
