@@ -27,6 +27,7 @@ bench:
 fuzz CASES="1000000":
     TRELLIS_FUZZ_CASES={{CASES}} cargo test --release -p trellis-dsl --test it fuzz
     TRELLIS_FUZZ_CASES={{CASES}} cargo test --release -p trellis-engine --test it -- fuzz a2a_props never_panic
+    TRELLIS_FUZZ_CASES={{CASES}} cargo test --release -p trellis-lsp props
 
 # Rewrite the golden diagnostics after an intended change
 bless:

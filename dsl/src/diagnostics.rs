@@ -243,6 +243,16 @@ impl Diagnostic {
         self.severity == Severity::Warning
     }
 
+    /// The labels, primary first, in the file [`Diagnostic::file`] names.
+    pub fn labels(&self) -> &[LabeledSpan] {
+        &self.labels
+    }
+
+    /// The diagnostics attached to this one (a "first defined here" note in another file).
+    pub fn related_diagnostics(&self) -> &[Diagnostic] {
+        &self.related
+    }
+
     pub fn help_text(&self) -> Option<&str> {
         self.help.as_deref()
     }
@@ -300,6 +310,8 @@ impl miette::Diagnostic for Diagnostic {
 #[derive(Clone, Debug, Default, thiserror::Error)]
 pub struct Diagnostics {
     items: Vec<Diagnostic>,
+    /// The files the diagnostics' [`Diagnostic::file`] ids index, when known.
+    files: Vec<SourceFile>,
 }
 
 impl fmt::Display for Diagnostics {
@@ -325,7 +337,22 @@ impl miette::Diagnostic for Diagnostics {
 
 impl Diagnostics {
     pub fn new(items: Vec<Diagnostic>) -> Self {
-        Diagnostics { items }
+        Diagnostics {
+            items,
+            files: Vec::new(),
+        }
+    }
+
+    /// The same diagnostics, knowing the files their ids index.
+    pub fn with_files(mut self, files: Vec<SourceFile>) -> Self {
+        self.files = files;
+        self
+    }
+
+    /// The files [`Diagnostic::file`] indexes (empty when the diagnostics were not made by
+    /// the loader).
+    pub fn files(&self) -> &[SourceFile] {
+        &self.files
     }
 
     pub fn len(&self) -> usize {

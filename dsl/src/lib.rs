@@ -17,4 +17,4 @@ pub mod validate;
 
 pub use diagnostics::{Diagnostic, Diagnostics};
 pub use model::*;
-pub use parse::load;
+pub use parse::{canonical, load, load_with_overlay};

@@ -34,6 +34,7 @@ mod values;
 use crate::lang::check::{self, Problem};
 use crate::lang::{self, NodeSpec};
 
+pub use include::canonical;
 use include::*;
 use scenario::*;
 use values::*;
@@ -51,7 +52,22 @@ pub fn load<P: AsRef<Path>>(
     paths: &[P],
     protocols: &[&'static crate::lang::ProtocolSpec],
 ) -> Result<Project, Diagnostics> {
-    let mut loader = Loader::default();
+    load_with_overlay(paths, protocols, HashMap::new())
+}
+
+/// [`load`], reading the texts in `overlay` (keyed by [`canonical`] path) instead of the
+/// files on disk: an editor's unsaved buffers, which win over what is saved. A buffer of a
+/// file that does not exist yet is loaded too when it is named, included, or lies under a
+/// directory that is loaded.
+pub fn load_with_overlay<P: AsRef<Path>>(
+    paths: &[P],
+    protocols: &[&'static crate::lang::ProtocolSpec],
+    overlay: HashMap<PathBuf, Arc<str>>,
+) -> Result<Project, Diagnostics> {
+    let mut loader = Loader {
+        overlay,
+        ..Loader::default()
+    };
     loader.info.protocols = protocols.to_vec();
     for path in paths {
         loader.load_root(path.as_ref());
@@ -78,7 +94,7 @@ pub fn load<P: AsRef<Path>>(
     } else {
         // Stable order: by file, then position; diagnostics without a file first.
         diags.sort_by_key(|d| (d.file.map_or(0, |f| f + 1), d.offset()));
-        Err(Diagnostics::new(diags))
+        Err(Diagnostics::new(diags).with_files(project.files))
     }
 }
 

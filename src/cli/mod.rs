@@ -131,6 +131,14 @@ enum Command {
     /// stops the server cleanly (exit 0). --stdio answers one JSON line per request line
     /// until stdin ends; --per-call answers the whole of stdin once.
     Agent(agent::AgentArgs),
+    /// Serve the Language Server Protocol on stdin/stdout for editors: the diagnostics of
+    /// `trellis check` as you type, completion, hover, go to definition, references, rename
+    /// and the outline of suite files.
+    ///
+    /// Example (Neovim): vim.lsp.start({ name = "trellis", cmd = { "trellis", "lsp" } })
+    ///
+    /// Started by the editor, not by hand; docs/editors.md sets up Neovim, Helix and VS Code.
+    Lsp,
 }
 
 #[derive(Debug, Args)]
@@ -318,6 +326,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Calibrate(args) => calibrate::calibrate(args),
         Command::Agent(args) => agent::agent(args),
         Command::Rejudge(args) => rejudge::rejudge(args),
+        Command::Lsp => lsp(),
     };
     ExitCode::from(code)
 }
@@ -361,6 +370,27 @@ fn explain(node: &str) -> u8 {
         }
         Err(message) => {
             console::errln!("error: {message}");
+            EXIT_INVALID
+        }
+    }
+}
+
+fn lsp() -> u8 {
+    let config = trellis_lsp::Config {
+        protocols: trellis_engine::protocol::registry::specs(),
+        // What `check` adds to a project that loads, as `check` computes it.
+        warnings: Box::new(|project| {
+            let mut warnings = trellis_engine::plan::warnings(project);
+            warnings.extend(trellis_dsl::validate::warnings(project, |name| {
+                std::env::var(name).is_ok()
+            }));
+            warnings
+        }),
+    };
+    match trellis_lsp::serve_stdio(config) {
+        Ok(()) => EXIT_OK,
+        Err(e) => {
+            console::errln!("error: {e}");
             EXIT_INVALID
         }
     }

@@ -16,6 +16,7 @@ mod import;
 mod import_connexity;
 mod import_multiagent;
 mod judges;
+mod lsp;
 mod multiagent;
 mod outputs;
 mod repo;

@@ -23,11 +23,18 @@ pub(super) struct Loader {
     pub(super) stack: Vec<(PathBuf, FileId)>,
     pub(super) diags: Vec<Diagnostic>,
     pub(super) broken: bool,
+    /// Texts that win over the files on disk, by canonical path (an editor's unsaved
+    /// buffers); a path here exists even when no file does yet.
+    pub(super) overlay: HashMap<PathBuf, Arc<str>>,
 }
 
 impl Loader {
     pub(super) fn load_root(&mut self, path: &Path) {
         let name = display_name(path);
+        if self.overlay.contains_key(&canonical(path)) {
+            self.load_file(path, name);
+            return;
+        }
         match fs::metadata(path) {
             Err(e) => self.diags.push(
                 Diagnostic::new(Kind::Io, format!("cannot read `{name}`: {e}"))
@@ -51,6 +58,17 @@ impl Loader {
                         )),
                     }
                 }
+                // Unsaved buffers of new files under the directory belong to it too.
+                let dir = canonical(path);
+                for buffer in self.overlay.keys() {
+                    if buffer.starts_with(&dir)
+                        && buffer.extension().is_some_and(|e| e == "kdl")
+                        && !found.iter().any(|p| canonical(p) == *buffer)
+                    {
+                        found.push(buffer.clone());
+                    }
+                }
+                found.sort();
                 if found.is_empty() {
                     self.diags.push(
                         Diagnostic::new(Kind::NoSuite, format!("no .kdl files under `{name}`"))
@@ -72,11 +90,15 @@ impl Loader {
     }
 
     pub(super) fn load_file(&mut self, path: &Path, name: String) {
-        let canonical = fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+        let canonical = canonical(path);
         if self.by_canonical.contains_key(&canonical) {
             return;
         }
-        let text = match fs::read_to_string(path) {
+        let read = match self.overlay.get(&canonical) {
+            Some(text) => Ok(text.to_string()),
+            None => fs::read_to_string(path),
+        };
+        let text = match read {
             Ok(t) => t,
             Err(e) => {
                 self.diags.push(Diagnostic::new(
@@ -331,7 +353,7 @@ impl Loader {
             .parent()
             .unwrap_or_else(|| Path::new(""));
         let target_name = display_name(&normalize(&shown_base.join(rel)));
-        if !target.is_file() {
+        if !target.is_file() && !self.overlay.contains_key(&canonical(&target)) {
             let diag = Diagnostic::at(
                 Kind::MissingInclude,
                 format!("included file `{rel}` not found"),
@@ -348,7 +370,7 @@ impl Loader {
             self.broken = true;
             return;
         }
-        let canonical = fs::canonicalize(&target).unwrap_or_else(|_| target.clone());
+        let canonical = canonical(&target);
         if let Some(pos) = self.stack.iter().position(|(c, _)| *c == canonical) {
             let mut names: Vec<String> = self.stack[pos..]
                 .iter()
@@ -425,4 +447,21 @@ pub(super) fn strip_common_dir(names: &[String]) -> Vec<String> {
         .iter()
         .map(|n| n.get(cut..).unwrap_or(n).to_string())
         .collect()
+}
+
+/// The path with symlinks and `..` resolved; for a file that does not exist (yet), its
+/// directory's canonical path joined with its name. The key of [`super::load_with_overlay`]'s
+/// texts.
+pub fn canonical(path: &Path) -> PathBuf {
+    if let Ok(c) = fs::canonicalize(path) {
+        return c;
+    }
+    let path = normalize(path);
+    match (path.parent(), path.file_name()) {
+        (Some(dir), Some(name)) if !dir.as_os_str().is_empty() => match fs::canonicalize(dir) {
+            Ok(dir) => dir.join(name),
+            Err(_) => path,
+        },
+        _ => path,
+    }
 }

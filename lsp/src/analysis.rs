@@ -1,0 +1,350 @@
+//! What the editor asks about a position, answered from the language table
+//! (`trellis_dsl::lang`) and the forgiving syntax tree of every file of the project: which
+//! node kind the cursor is in, what a value's type is, where ids are defined and used.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use trellis_dsl::lang::{self, Children, Form, NodeSpec, ProtocolSpec, ValueType};
+
+use crate::syntax::{self, Node, Value};
+
+/// The node kinds whose first argument is an id that others refer to, with the name that
+/// `ValueType::Ref` gives their kind.
+pub const DECLARATIONS: &[&str] = &[
+    "agent",
+    "persona",
+    "tool",
+    "provider",
+    "judge",
+    "panel",
+    "simulator",
+    "scenario",
+];
+
+/// The spec of each node of `chain` (top level first); `None` from the first node the
+/// language does not know.
+pub fn specs_of(chain: &[&Node], protocols: &[&'static ProtocolSpec]) -> Vec<&'static NodeSpec> {
+    let mut out: Vec<&'static NodeSpec> = Vec::new();
+    for (i, node) in chain.iter().enumerate() {
+        let spec = if i == 0 {
+            lang::top(&node.name)
+        } else {
+            child_specs(chain[i - 1], out[i - 1], protocols)
+                .into_iter()
+                .find(|s| s.name == node.name)
+        };
+        match spec {
+            Some(s) => out.push(s),
+            None => break,
+        }
+    }
+    out
+}
+
+/// The node kinds `parent`'s block takes; an agent's also those of its protocol.
+pub fn child_specs(
+    parent: &Node,
+    spec: &'static NodeSpec,
+    protocols: &[&'static ProtocolSpec],
+) -> Vec<&'static NodeSpec> {
+    let mut out: Vec<&'static NodeSpec> = spec.child_specs().to_vec();
+    if spec.name == "agent"
+        && let Some(p) = protocol_of(parent, protocols)
+    {
+        out.extend(p.settings.iter());
+    }
+    out
+}
+
+pub fn protocol_of(
+    agent: &Node,
+    protocols: &[&'static ProtocolSpec],
+) -> Option<&'static ProtocolSpec> {
+    let name = agent.setting("protocol")?;
+    protocols.iter().copied().find(|p| p.name == name.text)
+}
+
+/// The properties a node takes: its own and its settings (a setting may be a property).
+pub fn property_names(
+    node: &Node,
+    spec: &'static NodeSpec,
+    protocols: &[&'static ProtocolSpec],
+) -> Vec<(&'static str, &'static str, ValueType)> {
+    let mut out: Vec<(&str, &str, ValueType)> = spec
+        .props
+        .iter()
+        .filter(|p| p.name != lang::ANY_KEY)
+        .map(|p| (p.name, p.help, p.ty))
+        .collect();
+    for child in child_specs(node, spec, protocols) {
+        if child.form == Form::Setting
+            && let Some(arg) = child.args.first()
+        {
+            out.push((child.name, child.help, arg.ty));
+        }
+    }
+    out
+}
+
+/// The type of the value written at `value` of `node`: its `n`th argument or a property.
+pub fn value_type(
+    node: &Node,
+    spec: &'static NodeSpec,
+    value: &Value,
+    protocols: &[&'static ProtocolSpec],
+) -> Option<ValueType> {
+    let entry = node
+        .entries
+        .iter()
+        .find(|e| e.value.as_ref().is_some_and(|v| v.span == value.span))?;
+    match &entry.key {
+        Some((key, _)) => property_names(node, spec, protocols)
+            .into_iter()
+            .find(|(name, _, _)| name == key)
+            .map(|(_, _, ty)| ty)
+            .or_else(|| spec.prop(lang::ANY_KEY).map(|p| p.ty)),
+        None => {
+            let n = node
+                .entries
+                .iter()
+                .filter(|e| e.key.is_none() && !e.commented)
+                .position(|e| e.value.as_ref().is_some_and(|v| v.span == value.span))?;
+            let arg = spec.args.get(n).or_else(|| {
+                spec.args
+                    .last()
+                    .filter(|a| matches!(a.repeat, lang::Repeat::Many | lang::Repeat::Any))
+            })?;
+            Some(arg.ty)
+        }
+    }
+}
+
+/// Where an id is defined or used.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Occurrence {
+    pub file: PathBuf,
+    /// The id's text, between the quotes.
+    pub content: Range<usize>,
+    /// The node that defines it (for a definition), from its name to its block's end.
+    pub node: Range<usize>,
+}
+
+/// Every id the project defines and every place it is used, by kind (`agent`, `scenario`…)
+/// and id.
+#[derive(Default, Debug)]
+pub struct Index {
+    pub defs: BTreeMap<(String, String), Vec<Occurrence>>,
+    pub refs: BTreeMap<(String, String), Vec<Occurrence>>,
+}
+
+impl Index {
+    pub fn add_file(&mut self, file: &Path, nodes: &[Node], protocols: &[&'static ProtocolSpec]) {
+        for node in nodes.iter().filter(|n| !n.commented) {
+            let Some(spec) = lang::top(&node.name) else {
+                continue;
+            };
+            if let Some(id) = node.arg(0).filter(|_| DECLARATIONS.contains(&spec.name)) {
+                self.defs
+                    .entry((spec.name.to_string(), id.text.clone()))
+                    .or_default()
+                    .push(Occurrence {
+                        file: file.to_path_buf(),
+                        content: id.content.clone(),
+                        node: node.span.clone(),
+                    });
+            }
+            self.refs_in(file, node, spec, protocols, 0);
+        }
+    }
+
+    fn refs_in(
+        &mut self,
+        file: &Path,
+        node: &Node,
+        spec: &'static NodeSpec,
+        protocols: &[&'static ProtocolSpec],
+        depth: usize,
+    ) {
+        for entry in node.entries.iter().filter(|e| !e.commented) {
+            let Some(value) = &entry.value else { continue };
+            if let Some(ValueType::Ref(kind)) = value_type(node, spec, value, protocols) {
+                self.refs
+                    .entry((kind.to_string(), value.text.clone()))
+                    .or_default()
+                    .push(Occurrence {
+                        file: file.to_path_buf(),
+                        content: value.content.clone(),
+                        node: node.span.clone(),
+                    });
+            }
+        }
+        if depth > 64 {
+            return;
+        }
+        let children = child_specs(node, spec, protocols);
+        for child in node.children() {
+            if let Some(child_spec) = children.iter().find(|s| s.name == child.name) {
+                self.refs_in(file, child, child_spec, protocols, depth + 1);
+            }
+        }
+    }
+
+    /// The kind and id of the definition or reference whose text holds `offset` in `file`.
+    pub fn at(&self, file: &Path, offset: usize) -> Option<(String, String)> {
+        self.defs
+            .iter()
+            .chain(self.refs.iter())
+            .find(|(_, occurrences)| {
+                occurrences
+                    .iter()
+                    .any(|o| o.file == file && o.content.start <= offset && offset <= o.content.end)
+            })
+            .map(|(key, _)| key.clone())
+    }
+
+    /// The ids of one kind, with the first place each is defined.
+    pub fn ids(&self, kind: &str) -> Vec<(&str, &Occurrence)> {
+        self.defs
+            .iter()
+            .filter(|((k, _), _)| k == kind)
+            .filter_map(|((_, id), o)| o.first().map(|o| (id.as_str(), o)))
+            .collect()
+    }
+}
+
+/// Where the cursor is, as completion needs it.
+#[derive(Debug)]
+pub enum Place<'a> {
+    /// Where a node's name goes (possibly half typed: `prefix`), in the block of `parent`
+    /// (`None`: the top level).
+    NodeName {
+        parent: Option<&'a Node>,
+        chain: Vec<&'a Node>,
+    },
+    /// In a node's line, where a property or argument goes.
+    Entry {
+        node: &'a Node,
+        chain: Vec<&'a Node>,
+    },
+    /// In a value.
+    Value {
+        node: &'a Node,
+        chain: Vec<&'a Node>,
+        value: &'a Value,
+    },
+}
+
+/// What `offset` in the text holding `nodes` is.
+pub fn place<'a>(nodes: &'a [Node], text: &str, offset: usize) -> Place<'a> {
+    let chain = syntax::chain(nodes, offset);
+    let Some(&innermost) = chain.last() else {
+        return Place::NodeName {
+            parent: None,
+            chain,
+        };
+    };
+    let in_block = innermost
+        .block
+        .as_ref()
+        .is_some_and(|b| b.inside.start <= offset && offset <= b.inside.end);
+    if in_block {
+        return Place::NodeName {
+            parent: Some(innermost),
+            chain,
+        };
+    }
+    if offset <= innermost.name_span.end {
+        let mut parent_chain = chain.clone();
+        parent_chain.pop();
+        return Place::NodeName {
+            parent: parent_chain.last().copied(),
+            chain: parent_chain,
+        };
+    }
+    // A newline between the node's line and the cursor: a new node of the same block.
+    let line_break = text
+        .get(innermost.head.end.min(offset)..offset)
+        .is_some_and(|between| between.contains('\n'));
+    if offset > innermost.head.end && line_break {
+        let mut parent_chain = chain.clone();
+        parent_chain.pop();
+        return Place::NodeName {
+            parent: parent_chain.last().copied(),
+            chain: parent_chain,
+        };
+    }
+    for entry in &innermost.entries {
+        // Inside the quotes, or anywhere after an opening quote that is not closed yet.
+        let inside = |v: &Value| {
+            let closed = v.is_string && v.content.end < v.span.end;
+            v.span.start < offset && (offset < v.span.end || (!closed && offset == v.span.end))
+        };
+        if let Some(value) = entry.value.as_ref().filter(|v| inside(v))
+            && (value.is_string || entry.key.is_some())
+        {
+            return Place::Value {
+                node: innermost,
+                chain,
+                value,
+            };
+        }
+    }
+    Place::Entry {
+        node: innermost,
+        chain,
+    }
+}
+
+/// The word being typed just before `offset` (letters, digits, `-`, `_`).
+pub fn prefix(text: &str, offset: usize) -> &str {
+    let offset = offset.min(text.len());
+    let start = text[..offset]
+        .char_indices()
+        .rev()
+        .take_while(|(_, c)| c.is_alphanumeric() || matches!(c, '-' | '_'))
+        .last()
+        .map_or(offset, |(i, _)| i);
+    &text[start..offset]
+}
+
+/// The node's usage and one-line help, with its properties, for a hover.
+pub fn describe(
+    spec: &'static NodeSpec,
+    node: Option<&Node>,
+    protocols: &[&'static ProtocolSpec],
+) -> String {
+    let mut out = format!("```kdl\n{}\n```\n{}", spec.usage(), spec.help);
+    if let Some(only) = spec.protocols {
+        out.push_str(&format!("\n\nOnly for `{}` agents.", only.join("`, `")));
+    }
+    let props: Vec<String> = spec
+        .props
+        .iter()
+        .map(|p| {
+            let name = if p.name == lang::ANY_KEY {
+                "KEY".to_string()
+            } else {
+                format!("`{}`", p.name)
+            };
+            let required = if p.required { " (required)" } else { "" };
+            format!("- {name}={}{required}: {}", p.ty.describe(), p.help)
+        })
+        .collect();
+    if !props.is_empty() {
+        out.push_str("\n\nProperties:\n");
+        out.push_str(&props.join("\n"));
+    }
+    let children: Vec<&NodeSpec> = match node {
+        Some(n) => child_specs(n, spec, protocols),
+        None => spec.child_specs().to_vec(),
+    };
+    if !children.is_empty() {
+        let names: Vec<String> = children.iter().map(|c| format!("`{}`", c.name)).collect();
+        out.push_str(&format!("\n\nIn its block: {}", names.join(", ")));
+    } else if matches!(spec.children, Children::Data) {
+        out.push_str("\n\nIts block holds free-form data.");
+    }
+    out
+}

@@ -1,0 +1,100 @@
+//! `trellis lsp`: a Language Server Protocol server for suite files, over stdio.
+//!
+//! Diagnostics are the loader's own (every message, span and hint `trellis check` prints);
+//! completion, hover, go to definition, references, rename and document symbols read the
+//! language table (`trellis_dsl::lang`), so the editor never describes the language a second
+//! time. The forgiving reading in [`syntax`] exists because the text being typed rarely
+//! parses.
+
+pub mod analysis;
+pub mod server;
+pub mod syntax;
+pub mod text;
+
+use lsp_server::Connection;
+use lsp_types::{
+    CompletionOptions, HoverProviderCapability, InitializeParams, OneOf, RenameOptions,
+    ServerCapabilities, ServerInfo, TextDocumentSyncCapability, TextDocumentSyncKind,
+    WorkDoneProgressOptions,
+};
+
+pub use server::{Config, Server, Warnings};
+
+/// Why the server stopped before the client said `exit`.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("the language client broke the protocol: {0}")]
+    Protocol(#[from] lsp_server::ProtocolError),
+    #[error("the language client went away")]
+    Disconnected,
+    #[error("reading or writing the client's stream: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("the client's initialize request is not valid: {0}")]
+    Initialize(#[from] serde_json::Error),
+}
+
+impl<T> From<crossbeam_channel::SendError<T>> for Error {
+    fn from(_: crossbeam_channel::SendError<T>) -> Self {
+        Error::Disconnected
+    }
+}
+
+/// What the server can do, as told to the client.
+pub fn capabilities() -> ServerCapabilities {
+    ServerCapabilities {
+        text_document_sync: Some(TextDocumentSyncCapability::Kind(
+            TextDocumentSyncKind::INCREMENTAL,
+        )),
+        completion_provider: Some(CompletionOptions {
+            trigger_characters: Some(vec!["\"".into(), "=".into(), ".".into(), "{".into()]),
+            ..Default::default()
+        }),
+        hover_provider: Some(HoverProviderCapability::Simple(true)),
+        definition_provider: Some(OneOf::Left(true)),
+        references_provider: Some(OneOf::Left(true)),
+        rename_provider: Some(OneOf::Right(RenameOptions {
+            prepare_provider: Some(true),
+            work_done_progress_options: WorkDoneProgressOptions::default(),
+        })),
+        document_symbol_provider: Some(OneOf::Left(true)),
+        ..Default::default()
+    }
+}
+
+/// Serves one client on stdin/stdout until it exits.
+pub fn serve_stdio(config: Config) -> Result<(), Error> {
+    let (connection, io_threads) = Connection::stdio();
+    serve(&connection, config)?;
+    drop(connection);
+    io_threads.join()?;
+    Ok(())
+}
+
+/// Serves one client on `connection` until it exits.
+pub fn serve(connection: &Connection, config: Config) -> Result<(), Error> {
+    let caps = serde_json::to_value(capabilities())?;
+    let (id, params) = connection.initialize_start()?;
+    let params: InitializeParams = serde_json::from_value(params)?;
+    let result = serde_json::json!({
+        "capabilities": caps,
+        "serverInfo": ServerInfo {
+            name: "trellis".into(),
+            version: Some(env!("CARGO_PKG_VERSION").into()),
+        },
+    });
+    connection.initialize_finish(id, result)?;
+    let mut roots: Vec<std::path::PathBuf> = params
+        .workspace_folders
+        .iter()
+        .flatten()
+        .filter_map(|f| server::to_path(&f.uri))
+        .collect();
+    #[allow(deprecated)] // Older clients send only `rootUri`.
+    if roots.is_empty()
+        && let Some(root) = params.root_uri.as_ref().and_then(server::to_path)
+    {
+        roots.push(root);
+    }
+    let roots = roots.iter().map(|r| trellis_dsl::canonical(r)).collect();
+    Server::new(config, roots).run(connection)
+}

@@ -1,0 +1,281 @@
+//! `trellis lsp` driven by a real LSP client: pygls's `LanguageClient` (the library
+//! pytest-lsp is built on) starts the binary, speaks JSON-RPC over its stdio, opens,
+//! changes, completes, hovers, jumps, renames and shuts it down (`tests/cli/lsp/client.py`).
+//! The test fails, saying how to install it, when no Python with pygls is found
+//! (`TRELLIS_PYTHON` names one; `.ci/run` installs pygls).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+
+use crate::repo;
+
+/// A Python that imports pygls.
+fn python() -> PathBuf {
+    let candidates: Vec<PathBuf> = match std::env::var_os("TRELLIS_PYTHON") {
+        Some(p) => vec![PathBuf::from(p)],
+        None => vec!["python3".into(), "python".into()],
+    };
+    for python in &candidates {
+        let ok = Command::new(python)
+            .args(["-c", "import pygls.lsp.client, lsprotocol"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if ok {
+            return python.clone();
+        }
+    }
+    panic!(
+        "the LSP tests drive `trellis lsp` with pygls, and no Python importing it was found \
+         ({candidates:?}); install it with `python3 -m pip install pygls==2.1.1`, or set \
+         TRELLIS_PYTHON to a Python that has it"
+    );
+}
+
+/// Runs the client with `steps` against the project in `dir`; one JSON value per step.
+fn session(dir: &Path, steps: Value) -> Vec<Value> {
+    let script = dir.join("steps.json.txt");
+    std::fs::write(&script, steps.to_string()).expect("script written");
+    let out = Command::new(python())
+        .arg(repo("tests/cli/lsp/client.py"))
+        .arg(env!("CARGO_BIN_EXE_trellis"))
+        .arg(dir)
+        .arg(&script)
+        .output()
+        .expect("client started");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "client failed: {}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+const AGENTS: &str = r#"agent "shop" protocol="connexity" builtin="booking"
+persona "pat" type="polite-customer" {
+    description "A customer"
+}
+"#;
+
+const MAIN: &str = r#"scenario "first" {
+    agent "shop"
+    user-context {
+        order_id "A-1"
+    }
+    user "Hello, order {{ user_context.order_id }}"
+    expect reply contains="postal code"
+    branch "yes" {
+        user "Yes"
+        expect no-error
+    }
+    branch "no" {
+        user "No"
+        expect no-error
+    }
+}
+
+scenario "second" {
+    agent "shop"
+    needs "first"
+    user "Hi"
+    expect no-error
+}
+"#;
+
+fn project() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    std::fs::write(dir.path().join("agents.kdl"), AGENTS).expect("written");
+    std::fs::write(dir.path().join("main.kdl"), MAIN).expect("written");
+    dir
+}
+
+fn labels(step: &Value) -> Vec<String> {
+    step["labels"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no labels: {step}"))
+        .iter()
+        .map(|l| l.as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+#[test]
+fn an_editor_gets_checks_completion_hover_navigation_and_rename() {
+    let dir = project();
+    // The unsaved buffer has a typo on line 8 (`usr`): the same text saved elsewhere is what
+    // `trellis check` is asked about.
+    let typo = MAIN.replace("        user \"Yes\"", "        usr \"Yes\"");
+    let saved = tempfile::tempdir().expect("temporary directory");
+    std::fs::write(saved.path().join("agents.kdl"), AGENTS).expect("written");
+    std::fs::write(saved.path().join("main.kdl"), &typo).expect("written");
+    let check = Command::new(env!("CARGO_BIN_EXE_trellis"))
+        .arg("check")
+        .arg(saved.path())
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("check ran");
+    assert_eq!(check.status.code(), Some(2));
+    let check_out = String::from_utf8_lossy(&check.stderr).into_owned();
+
+    let agent_value = MAIN
+        .lines()
+        .nth(1)
+        .expect("line")
+        .find("shop")
+        .expect("shop") as u64;
+    let steps = serde_json::json!([
+        {"do": "open", "file": "main.kdl"},
+        {"do": "change", "file": "main.kdl", "text": typo},
+        {"do": "change", "file": "main.kdl", "text": MAIN},
+        // A new line in the scenario's block, and in a branch's.
+        {"do": "change", "file": "main.kdl", "text": MAIN.replace("    expect reply contains=\"postal code\"\n", "    expect reply contains=\"postal code\"\n    \n")},
+        {"do": "complete", "file": "main.kdl", "line": 7, "character": 4},
+        {"do": "change", "file": "main.kdl", "text": MAIN},
+        {"do": "complete", "file": "main.kdl", "line": 1, "character": agent_value},
+        {"do": "complete", "file": "main.kdl", "line": 5, "character": 46},
+        {"do": "complete", "file": "agents.kdl", "line": 0, "character": 52},
+        {"do": "hover", "file": "main.kdl", "line": 0, "character": 3},
+        {"do": "hover", "file": "main.kdl", "line": 1, "character": agent_value + 1},
+        {"do": "hover", "file": "main.kdl", "line": 5, "character": 40},
+        {"do": "definition", "file": "main.kdl", "line": 1, "character": agent_value + 1},
+        {"do": "definition", "file": "main.kdl", "line": 19, "character": 12},
+        {"do": "references", "file": "agents.kdl", "line": 0, "character": 8},
+        {"do": "rename", "file": "main.kdl", "line": 19, "character": 12, "to": "opening"},
+        {"do": "symbols", "file": "main.kdl"},
+    ]);
+    let out = session(dir.path(), steps);
+    assert_eq!(out[0]["server"], "trellis");
+
+    // Opening checks the whole project (both files), nothing wrong.
+    let open = &out[1]["diagnostics"];
+    assert_eq!(open["main.kdl"], serde_json::json!([]), "{open}");
+    assert_eq!(open["agents.kdl"], serde_json::json!([]), "{open}");
+
+    // The unsaved typo: `check`'s message, at the typo's line and column.
+    let typo_diags = out[2]["diagnostics"]["main.kdl"]
+        .as_array()
+        .expect("main.kdl diagnostics");
+    assert_eq!(typo_diags.len(), 1, "{typo_diags:?}");
+    let d = &typo_diags[0];
+    assert_eq!(
+        (d["line"].as_u64(), d["character"].as_u64()),
+        (Some(8), Some(8))
+    );
+    assert_eq!(d["code"], "trellis::unknown_node");
+    let first_line = d["message"]
+        .as_str()
+        .unwrap_or_default()
+        .lines()
+        .next()
+        .unwrap_or_default();
+    assert!(
+        check_out.contains(first_line) && first_line.contains("usr"),
+        "LSP said {first_line:?}; check said:\n{check_out}"
+    );
+    let help = d["message"].as_str().unwrap_or_default();
+    assert!(help.contains("help:") && help.contains("user"), "{help}");
+    // Fixed: cleared.
+    assert_eq!(out[3]["diagnostics"]["main.kdl"], serde_json::json!([]));
+
+    // Step kinds of a scenario block.
+    let nodes = labels(&out[5]);
+    for want in [
+        "user", "expect", "branch", "capture", "simulate", "criteria",
+    ] {
+        assert!(nodes.contains(&want.to_string()), "{want} not in {nodes:?}");
+    }
+    assert!(!nodes.contains(&"scenario".to_string()), "{nodes:?}");
+    // Agent ids where an agent is named.
+    assert_eq!(labels(&out[7]), ["shop"]);
+    // Template variables: the scenario's user-context keys.
+    assert_eq!(labels(&out[8]), ["order_id"], "{}", out[8]);
+    // Properties of an agent: its settings, and its protocol's.
+    let props = labels(&out[9]);
+    assert!(props.contains(&"timeout=".to_string()), "{props:?}");
+    assert!(
+        !props.contains(&"protocol=".to_string()),
+        "already written: {props:?}"
+    );
+
+    // Hover on a node name: its usage and help from the language table.
+    let hover = out[10]["text"].as_str().unwrap_or_default();
+    assert!(
+        hover.contains("scenario ID") && hover.contains("In its block"),
+        "{hover}"
+    );
+    // On an id: its definition.
+    let hover = out[11]["text"].as_str().unwrap_or_default();
+    assert!(
+        hover.contains("agent `shop`") && hover.contains("agents.kdl:1"),
+        "{hover}"
+    );
+    // On a template variable: where it comes from.
+    let hover = out[12]["text"].as_str().unwrap_or_default();
+    assert!(hover.contains("user-context"), "{hover}");
+
+    // Definitions, across files, and of `needs`.
+    assert_eq!(
+        out[13]["locations"],
+        serde_json::json!([{"file": "agents.kdl", "line": 0, "character": 7}])
+    );
+    assert_eq!(out[14]["locations"][0]["line"], 0);
+    assert_eq!(out[14]["locations"][0]["file"], "main.kdl");
+    // References of the agent: its definition and both scenarios' `agent`.
+    assert_eq!(
+        out[15]["locations"].as_array().map(Vec::len),
+        Some(3),
+        "{}",
+        out[15]
+    );
+    // Renaming the scenario from its `needs`: the definition and the use.
+    assert_eq!(out[16]["edits"], serde_json::json!({"main.kdl": 2}));
+    // The outline.
+    let symbols = &out[17]["symbols"];
+    assert_eq!(symbols[0]["name"], "first");
+    assert_eq!(symbols[0]["children"][1]["name"], "no");
+    assert_eq!(symbols[1]["name"], "second");
+    assert_eq!(out.last().map(|s| s["step"].clone()), Some("exit".into()));
+}
+
+#[test]
+fn a_half_typed_file_gets_answers_and_never_stops_the_server() {
+    let dir = project();
+    let half = "scenario \"x\" {\n    agent \"\n    user \"unterminated\n    expect reply contains=\n    branch \"b\" {\n        us";
+    let mut steps = vec![serde_json::json!({"do": "open", "file": "main.kdl", "text": half})];
+    // Every position of the half-typed text: completion and hover answer at each.
+    for (line, text) in half.lines().enumerate() {
+        for character in 0..=text.chars().count() {
+            steps.push(serde_json::json!({"do": "complete", "file": "main.kdl", "line": line, "character": character}));
+            steps.push(serde_json::json!({"do": "hover", "file": "main.kdl", "line": line, "character": character}));
+        }
+    }
+    steps.push(
+        serde_json::json!({"do": "complete", "file": "main.kdl", "line": 1, "character": 11}),
+    );
+    steps.push(
+        serde_json::json!({"do": "complete", "file": "main.kdl", "line": 5, "character": 10}),
+    );
+    steps.push(serde_json::json!({"do": "symbols", "file": "main.kdl"}));
+    let out = session(dir.path(), Value::Array(steps));
+    let diags = out[1]["diagnostics"]["main.kdl"]
+        .as_array()
+        .expect("diagnostics");
+    assert!(
+        diags.iter().any(|d| d["code"] == "trellis::kdl_syntax"),
+        "{diags:?}"
+    );
+    let n = out.len();
+    // In `agent "`: the agent ids; at `us`: step kinds of a branch block.
+    assert_eq!(labels(&out[n - 4]), ["shop"]);
+    assert!(
+        labels(&out[n - 3]).contains(&"user".to_string()),
+        "{}",
+        out[n - 3]
+    );
+    assert_eq!(out[n - 2]["symbols"][0]["name"], "x");
+    assert_eq!(out[n - 1]["step"], "exit");
+}
