@@ -64,7 +64,7 @@ fn main() {
     let thread = std::thread::spawn(move || {
         let config = trellis_lsp::Config {
             protocols: trellis_engine::protocol::registry::specs(),
-            warnings: Box::new(|project| trellis_engine::plan::warnings(project)),
+            warnings: Box::new(trellis_engine::plan::warnings),
         };
         trellis_lsp::serve(&server, config)
     });
