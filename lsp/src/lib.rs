@@ -24,13 +24,26 @@ pub use server::{Config, Server, Warnings};
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("the language client broke the protocol: {0}")]
-    Protocol(#[from] lsp_server::ProtocolError),
-    #[error("the language client went away")]
+    Protocol(lsp_server::ProtocolError),
+    #[error(
+        "the language client closed the connection (`trellis lsp` is started by an editor, \
+         which speaks the Language Server Protocol on its stdin and stdout; see docs/editors.md)"
+    )]
     Disconnected,
     #[error("reading or writing the client's stream: {0}")]
     Io(#[from] std::io::Error),
     #[error("the client's initialize request is not valid: {0}")]
     Initialize(#[from] serde_json::Error),
+}
+
+impl From<lsp_server::ProtocolError> for Error {
+    fn from(e: lsp_server::ProtocolError) -> Self {
+        if e.channel_is_disconnected() {
+            Error::Disconnected
+        } else {
+            Error::Protocol(e)
+        }
+    }
 }
 
 impl<T> From<crossbeam_channel::SendError<T>> for Error {
@@ -66,7 +79,8 @@ pub fn serve_stdio(config: Config) -> Result<(), Error> {
     let (connection, io_threads) = Connection::stdio();
     serve(&connection, config)?;
     drop(connection);
-    io_threads.join()?;
+    // The client may close its end first; after a clean shutdown that is no error.
+    let _ = io_threads.join();
     Ok(())
 }
 

@@ -95,7 +95,8 @@ impl Server {
     fn handle(&mut self, connection: &Connection, message: Message) -> Result<bool, crate::Error> {
         match message {
             Message::Request(request) => {
-                if connection.handle_shutdown(&request)? {
+                if request.method == req::Shutdown::METHOD {
+                    shut_down(connection, request.id)?;
                     return Ok(true);
                 }
                 let id = request.id.clone();
@@ -1075,6 +1076,37 @@ fn has_kdl(dir: &Path) -> bool {
             .filter_map(Result::ok)
             .any(|e| e.path().extension().is_some_and(|x| x == "kdl"))
     })
+}
+
+/// Answers `shutdown`, then waits for `exit`: a second `shutdown` is answered again (some
+/// editors send one when the server is stopped and another when they quit), anything else
+/// is refused as the protocol says, and a client that goes away instead of sending `exit`
+/// is a clean stop too.
+fn shut_down(connection: &Connection, id: RequestId) -> Result<(), crate::Error> {
+    connection.sender.send(Message::Response(Response::new_ok(
+        id,
+        serde_json::Value::Null,
+    )))?;
+    while let Ok(message) = connection.receiver.recv() {
+        match message {
+            Message::Notification(n) if n.method == notif::Exit::METHOD => break,
+            Message::Request(r) if r.method == req::Shutdown::METHOD => {
+                connection.sender.send(Message::Response(Response::new_ok(
+                    r.id,
+                    serde_json::Value::Null,
+                )))?;
+            }
+            Message::Request(r) => {
+                connection.sender.send(Message::Response(Response::new_err(
+                    r.id,
+                    ErrorCode::InvalidRequest as i32,
+                    "the server is shutting down".into(),
+                )))?;
+            }
+            Message::Notification(_) | Message::Response(_) => {}
+        }
+    }
+    Ok(())
 }
 
 pub fn to_path(uri: &Url) -> Option<PathBuf> {

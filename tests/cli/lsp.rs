@@ -279,3 +279,57 @@ fn a_half_typed_file_gets_answers_and_never_stops_the_server() {
     assert_eq!(out[n - 2]["symbols"][0]["name"], "x");
     assert_eq!(out[n - 1]["step"], "exit");
 }
+
+/// One JSON-RPC message framed as LSP frames it.
+fn frame(message: Value) -> Vec<u8> {
+    let body = message.to_string();
+    format!("Content-Length: {}\r\n\r\n{body}", body.len()).into_bytes()
+}
+
+fn lsp_with_stdin(input: &[u8]) -> std::process::Output {
+    use std::io::Write as _;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_trellis"))
+        .arg("lsp")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("trellis lsp started");
+    let mut stdin = child.stdin.take().expect("stdin");
+    stdin.write_all(input).expect("written");
+    drop(stdin);
+    child.wait_with_output().expect("trellis lsp ended")
+}
+
+#[test]
+fn editors_that_quit_loosely_or_never_connect_get_a_clean_stop_or_a_clear_error() {
+    let init = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"capabilities": {}}});
+    let initialized = serde_json::json!({"jsonrpc": "2.0", "method": "initialized", "params": {}});
+    let shutdown = |id: u64| serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "shutdown"});
+    // Shut down twice (as Neovim does when a client is stopped and the editor then quits),
+    // then gone without `exit`: both shutdowns answered, exit code 0.
+    let input = [
+        frame(init),
+        frame(initialized),
+        frame(shutdown(2)),
+        frame(shutdown(3)),
+    ]
+    .concat();
+    let out = lsp_with_stdin(&input);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        stdout.contains(r#""id":2"#) && stdout.contains(r#""id":3"#),
+        "{stdout}"
+    );
+    // Started by hand, stdin closed at once: says what the command is for.
+    let out = lsp_with_stdin(b"");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("started by an editor"), "{stderr}");
+}
