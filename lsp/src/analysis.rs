@@ -66,12 +66,25 @@ pub fn protocol_of(
     protocols.iter().copied().find(|p| p.name == name.text)
 }
 
+/// What a node's line is read with: the spec itself, or, for an inline criterion
+/// (`expect reply contains=…`), the criterion its first argument names, whose arguments
+/// start after that name (the second value: how many arguments to skip).
+pub fn line_spec(node: &Node, spec: &'static NodeSpec) -> (&'static NodeSpec, usize) {
+    if spec.name == "expect"
+        && let Some(criterion) = node.arg(0).and_then(|a| spec.child(&a.text))
+    {
+        return (criterion, 1);
+    }
+    (spec, 0)
+}
+
 /// The properties a node takes: its own and its settings (a setting may be a property).
 pub fn property_names(
     node: &Node,
     spec: &'static NodeSpec,
     protocols: &[&'static ProtocolSpec],
 ) -> Vec<(&'static str, &'static str, ValueType)> {
+    let (spec, _) = line_spec(node, spec);
     let mut out: Vec<(&str, &str, ValueType)> = spec
         .props
         .iter()
@@ -99,6 +112,7 @@ pub fn value_type(
         .entries
         .iter()
         .find(|e| e.value.as_ref().is_some_and(|v| v.span == value.span))?;
+    let (spec, skipped) = line_spec(node, spec);
     match &entry.key {
         Some((key, _)) => property_names(node, spec, protocols)
             .into_iter()
@@ -110,7 +124,8 @@ pub fn value_type(
                 .entries
                 .iter()
                 .filter(|e| e.key.is_none() && !e.commented)
-                .position(|e| e.value.as_ref().is_some_and(|v| v.span == value.span))?;
+                .position(|e| e.value.as_ref().is_some_and(|v| v.span == value.span))?
+                .checked_sub(skipped)?;
             let arg = spec.args.get(n).or_else(|| {
                 spec.args
                     .last()
@@ -137,6 +152,8 @@ pub struct Occurrence {
 pub struct Index {
     pub defs: BTreeMap<(String, String), Vec<Occurrence>>,
     pub refs: BTreeMap<(String, String), Vec<Occurrence>>,
+    /// `include "PATH"`s: the file each names (canonical) and where it is written.
+    pub includes: Vec<(PathBuf, Occurrence)>,
 }
 
 impl Index {
@@ -145,6 +162,19 @@ impl Index {
             let Some(spec) = lang::top(&node.name) else {
                 continue;
             };
+            if spec.name == "include"
+                && let Some(arg) = node.arg(0)
+            {
+                let dir = file.parent().unwrap_or(Path::new("/"));
+                self.includes.push((
+                    trellis_dsl::canonical(&dir.join(&arg.text)),
+                    Occurrence {
+                        file: file.to_path_buf(),
+                        content: arg.content.clone(),
+                        node: node.span.clone(),
+                    },
+                ));
+            }
             if let Some(id) = node.arg(0).filter(|_| DECLARATIONS.contains(&spec.name)) {
                 self.defs
                     .entry((spec.name.to_string(), id.text.clone()))
@@ -170,12 +200,24 @@ impl Index {
         for entry in node.entries.iter().filter(|e| !e.commented) {
             let Some(value) = &entry.value else { continue };
             if let Some(ValueType::Ref(kind)) = value_type(node, spec, value, protocols) {
+                // `needs "suite/scenario"`: the scenario part names the scenario.
+                let (id, content) = match value.text.rsplit_once('/') {
+                    Some((_, id))
+                        if kind == "scenario" && value.content.len() == value.text.len() =>
+                    {
+                        (
+                            id.to_string(),
+                            value.content.end - id.len()..value.content.end,
+                        )
+                    }
+                    _ => (value.text.clone(), value.content.clone()),
+                };
                 self.refs
-                    .entry((kind.to_string(), value.text.clone()))
+                    .entry((kind.to_string(), id))
                     .or_default()
                     .push(Occurrence {
                         file: file.to_path_buf(),
-                        content: value.content.clone(),
+                        content,
                         node: node.span.clone(),
                     });
             }

@@ -396,6 +396,23 @@ impl Server {
                         .iter()
                         .filter_map(|e| e.key.as_ref().map(|(k, _)| k.as_str()))
                         .collect();
+                    // `expect ` with nothing after it yet: the inline criteria.
+                    let at_first = node
+                        .arg(0)
+                        .is_none_or(|a| a.span.start <= offset && offset <= a.span.end);
+                    if spec.name == "expect" && at_first {
+                        for criterion in spec.child_specs() {
+                            items.push(CompletionItem {
+                                label: criterion.name.to_string(),
+                                kind: Some(CompletionItemKind::KEYWORD),
+                                detail: Some(criterion.usage()),
+                                documentation: Some(Documentation::String(
+                                    criterion.help.to_string(),
+                                )),
+                                ..Default::default()
+                            });
+                        }
+                    }
                     for (name, help, ty) in analysis::property_names(node, spec, protocols) {
                         if written.contains(name) {
                             continue;
@@ -480,6 +497,17 @@ impl Server {
             let Some(value) = &entry.value else { continue };
             if !(value.span.start <= offset && offset <= value.span.end) {
                 continue;
+            }
+            // The criterion of an inline `expect reply …`.
+            if let (Some(spec), true) = (specs.last(), specs.len() == chain.len())
+                && spec.name == "expect"
+                && node.arg(0).is_some_and(|a| a.span == value.span)
+                && let Some(criterion) = spec.child(&value.text)
+            {
+                return Ok(Some(markdown(
+                    analysis::describe(criterion, None, protocols),
+                    value.span.clone(),
+                )));
             }
             // A template variable.
             let inner = &view.text[value.content.clone()];
@@ -572,6 +600,21 @@ impl Server {
             return Ok(None);
         };
         let offset = view.lines.offset(&view.text, pos.position);
+        // On an `include`: every include of the same file.
+        let included = index
+            .includes
+            .iter()
+            .find(|(_, o)| o.file == file && o.content.start <= offset && offset <= o.content.end);
+        if let Some((target, _)) = included {
+            return Ok(Some(
+                index
+                    .includes
+                    .iter()
+                    .filter(|(t, _)| t == target)
+                    .filter_map(|(_, o)| location(&views, &o.file, o.content.clone()))
+                    .collect(),
+            ));
+        }
         let Some(key) = index.at(&file, offset) else {
             return Ok(None);
         };

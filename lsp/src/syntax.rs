@@ -164,14 +164,20 @@ impl Parser {
             ..Node::default()
         };
         let mut commented = false;
+        // The node's line runs to its terminator (a cursor after its last entry is still
+        // on it), or to the end of the text.
+        let mut line_end = self.len;
         while let Some(token) = self.tokens.get(self.at) {
             match &token.tok {
                 Tok::End => {
-                    node.head.end = node.head.end.max(token.span.start);
+                    line_end = token.span.start;
                     self.at += 1;
                     break;
                 }
-                Tok::Close => break,
+                Tok::Close => {
+                    line_end = token.span.start;
+                    break;
+                }
                 Tok::Slashdash => {
                     commented = true;
                     self.at += 1;
@@ -194,6 +200,7 @@ impl Parser {
                         _ => self.len,
                     };
                     node.span.end = (end + 1).min(self.len).max(end);
+                    line_end = node.span.end;
                     let block = Block {
                         inside: start..end,
                         nodes,
@@ -253,6 +260,8 @@ impl Parser {
                 }
             }
         }
+        node.head.end = node.head.end.max(line_end);
+        node.span.end = node.span.end.max(line_end);
         node
     }
 }

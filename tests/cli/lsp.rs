@@ -146,6 +146,15 @@ fn an_editor_gets_checks_completion_hover_navigation_and_rename() {
         {"do": "references", "file": "agents.kdl", "line": 0, "character": 8},
         {"do": "rename", "file": "main.kdl", "line": 19, "character": 12, "to": "opening"},
         {"do": "symbols", "file": "main.kdl"},
+        // Inline criteria: the criterion's help, its properties, and their names.
+        {"do": "hover", "file": "main.kdl", "line": 6, "character": 12},
+        {"do": "complete", "file": "main.kdl", "line": 6, "character": 16},
+        {"do": "open", "file": "draft.kdl", "text": DRAFT},
+        {"do": "complete", "file": "draft.kdl", "line": 0, "character": 9},
+        {"do": "complete", "file": "draft.kdl", "line": 3, "character": 11},
+        {"do": "complete", "file": "draft.kdl", "line": 4, "character": 11},
+        {"do": "definition", "file": "draft.kdl", "line": 0, "character": 10},
+        {"do": "references", "file": "draft.kdl", "line": 0, "character": 10},
     ]);
     let out = session(dir.path(), steps);
     assert_eq!(out[0]["server"], "trellis");
@@ -238,8 +247,43 @@ fn an_editor_gets_checks_completion_hover_navigation_and_rename() {
     assert_eq!(symbols[0]["name"], "first");
     assert_eq!(symbols[0]["children"][1]["name"], "no");
     assert_eq!(symbols[1]["name"], "second");
+    let hover = out[18]["text"].as_str().unwrap_or_default();
+    assert!(
+        hover.contains("reply") && hover.contains("contains"),
+        "{hover}"
+    );
+    let props = labels(&out[19]);
+    assert!(props.contains(&"matches=".to_string()), "{props:?}");
+    assert!(
+        !props.contains(&"contains=".to_string()),
+        "already written: {props:?}"
+    );
+    // An unsaved new file: include paths, scenario ids for `needs`, inline criteria.
+    let files = labels(&out[21]);
+    assert!(files.contains(&"agents.kdl".to_string()), "{files:?}");
+    assert!(
+        !files.contains(&"draft.kdl".to_string()),
+        "itself: {files:?}"
+    );
+    let scenarios = labels(&out[22]);
+    assert!(
+        scenarios.contains(&"first".to_string()) && scenarios.contains(&"second".to_string()),
+        "{scenarios:?}"
+    );
+    let criteria = labels(&out[23]);
+    for want in ["reply", "tool", "no-error", "latency"] {
+        assert!(
+            criteria.contains(&want.to_string()),
+            "{want} not in {criteria:?}"
+        );
+    }
+    assert_eq!(out[24]["locations"][0]["file"], "agents.kdl");
+    assert_eq!(out[25]["locations"].as_array().map(Vec::len), Some(1));
     assert_eq!(out.last().map(|s| s["step"].clone()), Some("exit".into()));
 }
+
+/// A file being written: an include, and a scenario with half-typed lines.
+const DRAFT: &str = "include \"agents.kdl\"\nscenario \"draft\" {\n    agent \"shop\"\n    needs \"\n    expect \n}\n";
 
 #[test]
 fn a_half_typed_file_gets_answers_and_never_stops_the_server() {
