@@ -1,5 +1,6 @@
 //! Run records: the stored schema of a Trellis run, one self-contained JSON line per
-//! finished unit in `journal.jsonl`.
+//! finished unit in the run journal (`journal.jsonl.zst`, written and read by
+//! `trellis-journal`).
 //!
 //! Records are the hand-off between the engine and everything that presents results. The
 //! engine (`trellis-engine`, which re-exports this crate as `trellis_engine::record`)
@@ -29,5 +30,8 @@ pub use trajectory::{
 };
 pub use turn::{AttemptRecord, ExchangeRecord, ToolCallRecord, TurnRecord};
 
-/// The journal's file name in a run directory.
-pub const JOURNAL_FILE: &str = "journal.jsonl";
+/// The journal's file name in a run directory: JSON lines in one zstd stream (written and
+/// read by `trellis-journal`).
+pub const JOURNAL_FILE: &str = "journal.jsonl.zst";
+/// The journal's name before journals were compressed: plain JSON lines, still read.
+pub const PLAIN_JOURNAL_FILE: &str = "journal.jsonl";

@@ -279,9 +279,14 @@ impl RunEntry {
 
 /// Whether `dir` holds a run: its journal, its tables or its metadata.
 pub fn is_run_dir(dir: &Path) -> bool {
-    [JOURNAL_FILE, crate::tables::RUNS_FILE, RUN_META_FILE]
-        .iter()
-        .any(|name| dir.join(name).is_file())
+    [
+        JOURNAL_FILE,
+        crate::PLAIN_JOURNAL_FILE,
+        crate::tables::RUNS_FILE,
+        RUN_META_FILE,
+    ]
+    .iter()
+    .any(|name| dir.join(name).is_file())
 }
 
 /// The directory `trellis watch` keeps its whole current state in, next to its reruns.
@@ -472,7 +477,7 @@ fn read_runs_row(path: &Path) -> PolarsResult<RunsRow> {
 
 /// `started_at` from the journal's `run_started` line.
 fn journal_start(dir: &Path) -> Option<String> {
-    let mut journal = crate::journal::JournalReader::open(&dir.join(JOURNAL_FILE)).ok()?;
+    let mut journal = crate::journal::JournalReader::open(&trellis_journal::path_in(dir)).ok()?;
     match journal.next_entry().ok()?? {
         trellis_records::JournalEntry::RunStarted(info) => Some(info.started_at),
         _ => None,
@@ -654,7 +659,7 @@ pub fn turn_latencies(dir: &Path) -> Option<Vec<f64>> {
     if let Ok(latencies) = from_table() {
         return Some(latencies);
     }
-    let mut journal = crate::journal::JournalReader::open(&dir.join(JOURNAL_FILE)).ok()?;
+    let mut journal = crate::journal::JournalReader::open(&trellis_journal::path_in(dir)).ok()?;
     let mut latencies = Vec::new();
     while let Some(entry) = journal.next_entry().ok()? {
         if let trellis_records::JournalEntry::Node(node) = entry {

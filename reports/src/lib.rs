@@ -1,7 +1,8 @@
 //! Trellis results: turns a run journal into files people and tools read.
 //!
 //! [`ReportWriter`] consumes journal entries as a run produces them; [`write_reports`]
-//! replays `journal.jsonl` from a run directory through the same writer. Either way the run
+//! replays the journal (`journal.jsonl.zst`, or an older plain `journal.jsonl`) from a run
+//! directory through the same writer. Either way the run
 //! directory gets five zstd-compressed Parquet tables (`trajectories`, `turns`, `tool_calls`, `criteria`,
 //! `runs`), a self-contained `report.html` and a `junit.xml`. The journal is read line by
 //! line and the tables are flushed in bounded batches, so memory does not grow with the run;
@@ -40,8 +41,9 @@ use crate::journal::JournalReader;
 use crate::tables::{RunRow, Tables};
 use crate::tally::{Selection, Tally};
 
-/// The journal the engine writes into the run directory.
-pub use trellis_records::JOURNAL_FILE;
+/// The journal the engine writes into the run directory (`journal.jsonl.zst`); runs of
+/// earlier versions have [`PLAIN_JOURNAL_FILE`] instead.
+pub use trellis_records::{JOURNAL_FILE, PLAIN_JOURNAL_FILE};
 /// The HTML report written into the run directory.
 pub const HTML_FILE: &str = "report.html";
 /// The JUnit report written into the run directory.
@@ -52,9 +54,11 @@ pub const SUMMARY_FILE: &str = "summary.json";
 pub const COMPARE_FILE: &str = "compare.json";
 /// `trellis run --baseline`'s comparison as a page ([`write_compare`]).
 pub const COMPARE_HTML_FILE: &str = "compare.html";
-/// Every file a run writes into its directory, the journal first.
-pub const RESULT_FILES: [&str; 14] = [
+/// Every file a run writes into its directory, the journal first (and the plain journal
+/// of earlier versions, which `--replace` removes too).
+pub const RESULT_FILES: [&str; 15] = [
     JOURNAL_FILE,
+    PLAIN_JOURNAL_FILE,
     tables::TRAJECTORIES_FILE,
     tables::TURNS_FILE,
     tables::TOOL_CALLS_FILE,
@@ -162,7 +166,7 @@ impl ReportFiles {
     }
 }
 
-/// Reads `run_dir/journal.jsonl` and writes every results file into `run_dir`. Fails only
+/// Reads `run_dir`'s journal and writes every results file into `run_dir`. Fails only
 /// when the journal cannot be opened or read; a file that cannot be written is listed in
 /// [`ReportFiles::not_written`].
 pub fn write_reports(run_dir: &Path, options: &ReportOptions) -> Result<ReportFiles, ReportError> {
@@ -177,21 +181,21 @@ pub fn write_reports_to(
     options: &ReportOptions,
 ) -> Result<ReportFiles, ReportError> {
     std::fs::create_dir_all(out_dir).map_err(|e| ReportError::io("create", out_dir, e))?;
-    let journal_path = run_dir.join(JOURNAL_FILE);
+    let journal_path = trellis_journal::path_in(run_dir);
     let mut journal = JournalReader::open(&journal_path)?;
     let info = match journal.next_entry()? {
         Some(JournalEntry::RunStarted(info)) => info,
         _ => return Err(ReportError::MissingRunStarted { path: journal_path }),
     };
     let mut writer = ReportWriter::start(out_dir, &info, options)?;
+    writer.journal_path.clone_from(&journal_path);
     if out_dir != run_dir {
-        writer.journal_path.clone_from(&journal_path);
         writer.meta = history::RunMeta::read(run_dir).ok().flatten();
     }
     while let Some(entry) = journal.next_entry()? {
         writer.push(&entry);
     }
-    writer.skipped_lines = journal.skipped;
+    writer.skipped_lines = journal.skipped();
     drop(journal);
     Ok(writer.finish())
 }
@@ -206,8 +210,7 @@ pub fn write_reports_to(
 /// [`journal_lost`]: ReportWriter::journal_lost
 pub struct ReportWriter {
     run_dir: PathBuf,
-    /// Where the transcripts are read back from: `run_dir/journal.jsonl` unless the
-    /// reports of a run are written elsewhere.
+    /// Where the transcripts are read back from: the run directory's journal.
     journal_path: PathBuf,
     info: RunInfo,
     /// `run.json` as it was when the writer started.
@@ -247,7 +250,7 @@ impl ReportWriter {
         stats.push(&JournalEntry::RunStarted(info.clone()));
         Ok(ReportWriter {
             run_dir: run_dir.to_path_buf(),
-            journal_path: run_dir.join(JOURNAL_FILE),
+            journal_path: trellis_journal::path_in(run_dir),
             info: info.clone(),
             // Metadata is an addition to the tables: a damaged `run.json` must not stop them.
             meta: history::RunMeta::read(run_dir).ok().flatten(),

@@ -330,7 +330,7 @@ pub struct RunStats {
 impl RunStats {
     /// Replays `dir/journal.jsonl`.
     pub fn from_run_dir(dir: &Path) -> Result<RunStats, ReportError> {
-        let mut journal = JournalReader::open(&dir.join(crate::JOURNAL_FILE))?;
+        let mut journal = JournalReader::open(&trellis_journal::path_in(dir))?;
         let mut builder = StatsBuilder::default();
         while let Some(entry) = journal.next_entry()? {
             builder.push(&entry);

@@ -244,7 +244,7 @@ pub enum LlmCacheMode {
 
 #[derive(Debug, Args)]
 struct ReportArgs {
-    /// A run directory holding journal.jsonl.
+    /// A run directory holding its journal.
     dir: PathBuf,
     /// Write the rebuilt files into this directory (created if missing) instead of the run
     /// directory, which is left untouched.

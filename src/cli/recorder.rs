@@ -57,17 +57,16 @@ pub(super) fn claim_out_dir(out: &Path, replace: bool) -> Result<OutClaim, Strin
         // on unguarded rather than not at all.
         Err(std::fs::TryLockError::Error(_)) => {}
     }
-    let journal = out.join(trellis_reports::JOURNAL_FILE);
     // Only a regular file is an earlier run's journal; a device or a dangling name is not
     // a result anyone can lose.
-    let earlier_run = std::fs::metadata(&journal).is_ok_and(|m| m.is_file());
+    let earlier_run = trellis_engine::journal::find(out);
     let claim = OutClaim {
         path: lock_path,
         _lock: lock,
     };
-    if !earlier_run {
+    let Some(journal) = earlier_run else {
         return Ok(claim);
-    }
+    };
     if !replace {
         return Err(format!(
             "{} already holds a run ({} exists); pass --replace to overwrite that run's \
@@ -128,7 +127,7 @@ pub(super) struct Recorded {
 }
 
 impl Record {
-    /// Starts `out/journal.jsonl` (and `out`).
+    /// Starts `out`'s journal (and `out`).
     pub(super) fn create(out: &Path) -> Result<Record, String> {
         let journal = JournalWriter::create(out).map_err(|e| format!("{e}: {}", source(&e)))?;
         Ok(Record {
@@ -181,7 +180,7 @@ impl Record {
             None => journal.finish().err(),
         };
         let journal_path = match &journal_error {
-            None => Some(out.join(trellis_reports::JOURNAL_FILE)),
+            None => Some(out.join(trellis_engine::journal::JOURNAL_FILE)),
             Some(e) => {
                 problems.push(format!(
                     "{e}: {}; report.html has no transcripts and `trellis report` cannot \

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use trellis_engine::journal::{self, JOURNAL_FILE};
+use trellis_engine::journal;
 use trellis_engine::llm::rejudge::rejudge as rejudge_journal;
 use trellis_engine::llm::{LlmCache, LlmRuntime, LlmSetup};
 use trellis_engine::record::TrajectoryStatus;
@@ -18,7 +18,7 @@ use super::{EXIT_FAILED, EXIT_INCOMPLETE, EXIT_INVALID, EXIT_OK, LlmCacheMode};
 
 #[derive(Debug, Args)]
 pub struct RejudgeArgs {
-    /// The recorded run: a directory holding journal.jsonl.
+    /// The recorded run: a directory holding its journal.
     run_dir: PathBuf,
     /// The suites whose judges, panels and providers score the checks now (the scenarios'
     /// checks are found by their text).
@@ -42,10 +42,10 @@ pub fn rejudge(args: RejudgeArgs) -> u8 {
     let Some(project) = super::load(&args.paths) else {
         return EXIT_INVALID;
     };
-    let entries: Vec<_> = match journal::read(&args.run_dir.join(JOURNAL_FILE)) {
+    let entries: Vec<_> = match journal::read(&journal::path_in(&args.run_dir)) {
         Ok(entries) => entries.collect(),
         Err(e) => {
-            errln!("error: {e}: {}", args.run_dir.join(JOURNAL_FILE).display());
+            errln!("error: {e}: {}", super::recorder::source(&e));
             return EXIT_INVALID;
         }
     };

@@ -17,7 +17,7 @@ async fn run(dir: &std::path::Path, suite: &str) -> (std::process::Output, Vec<V
         .output()
         .await
         .unwrap();
-    let journal = std::fs::read_to_string(out.join("journal.jsonl")).unwrap_or_default();
+    let journal = crate::journal_text(&out);
     let entries = journal
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())

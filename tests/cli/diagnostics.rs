@@ -331,7 +331,7 @@ async fn an_unset_env_variable_read_with_a_default_is_not_a_warning() {
         .await
         .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
-    let journal = std::fs::read_to_string(out.join("journal.jsonl")).unwrap();
+    let journal = crate::journal_text(&out);
     assert!(journal.contains("\"zone V5K 0A1\""), "{journal}");
 }
 

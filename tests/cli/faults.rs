@@ -241,7 +241,7 @@ async fn a_stuck_handshake_does_not_hold_up_the_other_agents() {
         .await
         .unwrap();
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
-    let journal = std::fs::read_to_string(out.join("journal.jsonl")).unwrap();
+    let journal = crate::journal_text(&out);
     let trajectories: Vec<serde_json::Value> = journal
         .lines()
         .filter(|l| l.starts_with("{\"trajectory\""))
@@ -388,7 +388,7 @@ scenario "fails" {{
     assert!(!console.contains(SECRET), "console: {console}");
 
     // The secret did reach the records, redacted, in every way it was echoed.
-    let journal = std::fs::read_to_string(out.join("journal.jsonl")).unwrap();
+    let journal = crate::journal_text(&out);
     for echoed in [
         "you sent Bearer [redacted]",
         "Authorization: Bearer [redacted]",
@@ -464,8 +464,14 @@ scenario "fails" {{
         !console.contains(&format!("{start}…")),
         "console: {console}"
     );
-    for file in ["journal.jsonl", "report.html", "junit.xml", "summary.json"] {
+    let files = ["report.html", "junit.xml", "summary.json"].map(|file| {
         let text = std::fs::read_to_string(out.join(file)).unwrap();
+        (file, text)
+    });
+    for (file, text) in [("journal", crate::journal_text(&out))]
+        .into_iter()
+        .chain(files)
+    {
         assert!(
             !text.contains(&format!("{start}…")),
             "{file} shows `{start}…`"

@@ -620,7 +620,7 @@ async fn report_out_rebuilds_into_another_directory_and_leaves_the_run_alone() {
         .modified()
         .unwrap();
     assert_eq!(before, after);
-    assert!(!elsewhere.join("journal.jsonl").exists());
+    assert!(trellis_engine::journal::find(&elsewhere).is_none());
 }
 
 #[tokio::test]

@@ -152,7 +152,7 @@ async fn quotes_backslashes_and_line_breaks_reach_the_agent_and_the_check_exactl
     assert!(run.contains("1 passed, 0 failed"), "{run}");
     // The agent was sent exactly the few-shot's argument (the lines of a few-shot are
     // trimmed, so the input's second line arrives without its leading tab).
-    let journal = std::fs::read_to_string(out.join("journal.jsonl")).unwrap();
+    let journal = crate::journal_text(&out);
     let sent = json!("say \"hi\" \\ C:\\path\\n\ntab /* not a comment */ // nor this");
     assert!(
         journal.contains(&format!("\"user_message\":{sent}")),

@@ -262,7 +262,7 @@ async fn a_stop_signal_ends_a_rejudge_with_its_exit_code_and_leaves_no_lock() {
     let suite = suite(dir.path(), &fast.base_url());
     let first = dir.path().join("first");
     let o = run(&suite, &first, &[]).await;
-    assert!(first.join("journal.jsonl").is_file(), "{}", stderr(&o));
+    assert!(first.join(crate::JOURNAL).is_file(), "{}", stderr(&o));
 
     // The judges now take far longer than the test waits: only the signal can end it.
     let slow = FakeLlm::start(vec![Rule::otherwise([Reply::slow(

@@ -47,6 +47,28 @@ pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// A run directory's journal as plain JSON lines (it is written zstd-compressed); empty when
+/// the directory holds none. A journal still being written reads up to its last flush.
+pub fn journal_text(dir: &Path) -> String {
+    let Some(path) = trellis_engine::journal::find(dir) else {
+        return String::new();
+    };
+    let mut reader = trellis_engine::journal::JournalReader::open(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut text = String::new();
+    while let Some(line) = reader
+        .next_line()
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    {
+        text.push_str(&String::from_utf8_lossy(line));
+        text.push('\n');
+    }
+    text
+}
+
+/// The journal's file name in a run directory.
+pub const JOURNAL: &str = trellis_engine::journal::JOURNAL_FILE;
+
 pub fn read_parquet(path: &Path) -> DataFrame {
     let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     ParquetReader::new(file).finish().unwrap()

@@ -142,13 +142,10 @@ async fn wait(child: &mut Child, limit: Duration) -> ExitStatus {
 async fn wait_for_trajectories(out: &Path, n: usize) {
     let started = Instant::now();
     loop {
-        let lines = std::fs::read_to_string(out.join("journal.jsonl"))
-            .map(|j| {
-                j.lines()
-                    .filter(|l| l.starts_with("{\"trajectory\""))
-                    .count()
-            })
-            .unwrap_or(0);
+        let lines = crate::journal_text(out)
+            .lines()
+            .filter(|l| l.starts_with("{\"trajectory\""))
+            .count();
         if lines >= n {
             return;
         }
@@ -196,8 +193,7 @@ fn assert_no_partial_files(out: &Path) {
 }
 
 fn journal_has_end(out: &Path) -> bool {
-    std::fs::read_to_string(out.join("journal.jsonl"))
-        .unwrap()
+    crate::journal_text(out)
         .lines()
         .any(|l| l.starts_with("{\"run_finished\""))
 }
@@ -333,7 +329,7 @@ async fn a_journal_that_cannot_be_written_still_leaves_every_other_file() {
     let out = dir.path().join("out");
     std::fs::create_dir(&out).unwrap();
     // Every write to /dev/full fails with ENOSPC: a full disk, for the journal only.
-    std::os::unix::fs::symlink("/dev/full", out.join("journal.jsonl")).unwrap();
+    std::os::unix::fs::symlink("/dev/full", out.join(crate::JOURNAL)).unwrap();
     let o = trellis()
         .args(["run", "suites/", "--filter", "price-first", "--out"])
         .arg(&out)
@@ -373,16 +369,16 @@ async fn out_refuses_an_earlier_run_unless_told_to_replace_it() {
     };
     let o = run(&[]).output().await.unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let journal = std::fs::read(out.join("journal.jsonl")).unwrap();
+    let journal = std::fs::read(out.join(crate::JOURNAL)).unwrap();
 
     let o = run(&[]).output().await.unwrap();
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("--replace"), "{}", stderr(&o));
-    assert_eq!(std::fs::read(out.join("journal.jsonl")).unwrap(), journal);
+    assert_eq!(std::fs::read(out.join(crate::JOURNAL)).unwrap(), journal);
 
     let o = run(&["--replace"]).output().await.unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let replaced = std::fs::read(out.join("journal.jsonl")).unwrap();
+    let replaced = std::fs::read(out.join(crate::JOURNAL)).unwrap();
     assert_ne!(replaced, journal, "a new run, with a new run id");
     assert_complete(&out, 1);
 }

@@ -101,7 +101,7 @@ async fn the_example_suites_run_offline_and_write_every_table() {
     );
     let junit = std::fs::read_to_string(out.path().join("junit.xml")).unwrap();
     assert!(junit.contains("<testsuites"));
-    assert!(out.path().join("journal.jsonl").exists());
+    assert!(out.path().join(crate::JOURNAL).exists());
 }
 
 #[tokio::test]
@@ -189,24 +189,45 @@ async fn report_rebuilds_the_results_of_a_killed_run_from_its_journal() {
         .await
         .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    // Simulate a crash: drop the end of the journal and every derived file.
-    let journal = out.path().join("journal.jsonl");
-    let text = std::fs::read_to_string(&journal).unwrap();
-    let kept: Vec<&str> = text
-        .lines()
-        .filter(|l| !l.starts_with("{\"run_finished\""))
-        .collect();
-    std::fs::write(
-        &journal,
-        format!("{}\n{{\"trajectory\":{{\"sui", kept.join("\n")),
-    )
-    .unwrap();
-    for file in [
+    // Simulate a crash: cut the compressed journal inside its last block (the run's end)
+    // and drop every derived file.
+    let journal = out.path().join(crate::JOURNAL);
+    let whole = std::fs::read(&journal).unwrap();
+    std::fs::write(&journal, &whole[..whole.len() - 4]).unwrap();
+    let derived = [
         "trajectories.parquet",
         "turns.parquet",
         "report.html",
         "junit.xml",
-    ] {
+    ];
+    for file in derived {
+        std::fs::remove_file(out.path().join(file)).unwrap();
+    }
+    let o = trellis()
+        .arg("report")
+        .arg(out.path())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).contains("did not finish"), "{}", stdout(&o));
+    let t = read_parquet(&out.path().join("trajectories.parquet"));
+    assert_eq!(t.height(), 1);
+    assert!(out.path().join("report.html").exists());
+
+    // A plain journal of an earlier version, cut inside a line, reads the same way.
+    let text = crate::journal_text(out.path());
+    let kept: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with("{\"run_finished\""))
+        .collect();
+    std::fs::remove_file(&journal).unwrap();
+    std::fs::write(
+        out.path().join("journal.jsonl"),
+        format!("{}\n{{\"trajectory\":{{\"sui", kept.join("\n")),
+    )
+    .unwrap();
+    for file in derived {
         std::fs::remove_file(out.path().join(file)).unwrap();
     }
     let o = trellis()
@@ -335,8 +356,7 @@ async fn the_langserve_suite_passes_over_the_http_protocol_and_records_tool_call
 
 /// The `"trajectory"` entries of a run's journal, by scenario id.
 fn journal_trajectories(out: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(out.join("journal.jsonl"))
-        .unwrap()
+    crate::journal_text(out)
         .lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter_map(|e| e.get("trajectory").cloned())

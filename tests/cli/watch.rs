@@ -201,7 +201,7 @@ async fn reruns_only_the_edited_branch_and_rechecks_without_calls() {
     let runs = run_dirs(dir.path());
     assert_eq!(runs.len(), 4, "{runs:?}");
     for run in runs.iter().chain([&dir.path().join("runs/latest")]) {
-        assert!(run.join("journal.jsonl").is_file(), "{}", run.display());
+        assert!(run.join(crate::JOURNAL).is_file(), "{}", run.display());
         assert!(
             run.join("trajectories.parquet").is_file(),
             "{}",
@@ -228,7 +228,7 @@ async fn reruns_only_the_edited_branch_and_rechecks_without_calls() {
         5,
         "every turn, reused ones included: {turns:?}"
     );
-    let latest = std::fs::read_to_string(dir.path().join("runs/latest/journal.jsonl")).unwrap();
+    let latest = crate::journal_text(&dir.path().join("runs/latest"));
     assert!(
         latest.contains("\"reused\":true"),
         "reused turns are marked"
@@ -249,7 +249,7 @@ fn run_dirs(dir: &Path) -> Vec<PathBuf> {
 /// A run directory's journal: `suite/scenario/trajectory` of each trajectory record
 /// (sorted), and the user message of every turn in its node records.
 fn journal(run: &Path) -> (Vec<String>, Vec<String>) {
-    let text = std::fs::read_to_string(run.join("journal.jsonl")).unwrap();
+    let text = crate::journal_text(run);
     let mut trajectories = Vec::new();
     let mut turns = Vec::new();
     for line in text.lines() {

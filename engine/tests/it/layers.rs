@@ -52,6 +52,18 @@ const NOT_UNDER_RECORDS: &[&str] = &[
     "polars",
 ];
 
+/// Crates `trellis-journal` must not depend on: readers of results take it without the
+/// engine's runtime or polars.
+const NOT_UNDER_JOURNAL: &[&str] = &[
+    "trellis-dsl",
+    "trellis-engine",
+    "trellis-reports",
+    "tokio",
+    "reqwest",
+    "axum",
+    "polars",
+];
+
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 struct Use {
     file: String,
@@ -122,6 +134,7 @@ fn reports_and_records_do_not_depend_on_the_engine() {
     for (krate, forbidden) in [
         ("reports", NOT_UNDER_REPORTS),
         ("records", NOT_UNDER_RECORDS),
+        ("journal", NOT_UNDER_JOURNAL),
     ] {
         let manifest = root.join(krate).join("Cargo.toml");
         let text = std::fs::read_to_string(&manifest)

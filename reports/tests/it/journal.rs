@@ -86,7 +86,7 @@ fn missing_journal_is_an_io_error_naming_the_file() {
     let dir = tempfile::tempdir().unwrap();
     let err = write_reports(dir.path(), &ReportOptions::default()).unwrap_err();
     match err {
-        ReportError::Io { path, .. } => assert!(path.ends_with("journal.jsonl")),
+        ReportError::Io { path, .. } => assert!(path.ends_with(trellis_reports::JOURNAL_FILE)),
         other => panic!("unexpected error {other:?}"),
     }
 }
