@@ -86,6 +86,24 @@ pub struct ScenarioFingerprints {
     pub nodes: BTreeMap<Arc<str>, Fingerprint>,
 }
 
+/// Records in `plan` what each planned trajectory means: the fingerprint of its last
+/// execution node, which chains the scenario's setup and every node above it, so it
+/// changes exactly when something the trajectory sends or checks changes (`repeat` and
+/// other scenarios do not count). The run journal carries it (`ScenarioInfo::fingerprints`),
+/// so `trellis run --resume` can tell which finished trajectories an edit invalidated.
+pub fn stamp(project: &Project, plan: &mut crate::plan::Plan) {
+    for planned in &mut plan.scenarios {
+        let prints = scenario(project, &planned.scenario);
+        for trajectory in &mut planned.trajectories {
+            trajectory.fingerprint = trajectory
+                .nodes
+                .last()
+                .and_then(|leaf| prints.nodes.get(leaf))
+                .map(|f| Arc::from(format!("{}:{}", f.conversation, f.checks)));
+        }
+    }
+}
+
 /// `suite/scenario` → its fingerprints, for every scenario of the project.
 pub fn project(project: &Project) -> BTreeMap<String, ScenarioFingerprints> {
     project

@@ -5,6 +5,6 @@
 //! engine.
 
 pub use trellis_journal::{
-    FILE as JOURNAL_FILE, JournalError, JournalReader, JournalWriter, PLAIN_FILE, find, path_in,
-    read,
+    FILE as JOURNAL_FILE, JournalError, JournalReader, JournalWriter, PLAIN_FILE, find,
+    is_node_line, path_in, read,
 };

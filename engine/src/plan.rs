@@ -145,6 +145,9 @@ pub struct PlannedTrajectory {
     pub unsupported: Option<String>,
     /// Why it cannot run yet on agents of one protocol (`user` steps on `fixie`).
     pub unsupported_by_protocol: Vec<(Protocol, String)>,
+    /// What the trajectory's plan means, as recorded in the journal (`CONV:CHECKS`, see
+    /// [`crate::fingerprint::stamp`]); `None` until stamped.
+    pub fingerprint: Option<Arc<str>>,
 }
 
 impl PlannedTrajectory {
@@ -670,6 +673,7 @@ fn execution_tree(
             nodes: ids,
             unsupported,
             unsupported_by_protocol,
+            fingerprint: None,
         });
     }
     debug_assert!(tg.segment(tg.root).kind == SegmentKind::Root);

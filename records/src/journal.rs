@@ -24,7 +24,7 @@ pub enum JournalEntry {
     RunFinished(RunSummary),
 }
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct RunInfo {
     pub run_id: String,
     /// RFC 3339, UTC.
@@ -42,6 +42,14 @@ pub struct RunInfo {
     /// `trellis rejudge`: the run whose transcripts this run re-scored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rejudged_from: Option<String>,
+    /// `--strict`: a skipped check or trajectory failed its trajectory. A resumed run keeps
+    /// the setting its finished trajectories were decided with.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub strict: bool,
+    /// `trellis run --resume`: when each later attempt of the run started (RFC 3339, UTC),
+    /// in order; `started_at` is the first attempt's.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub resumed_at: Vec<String>,
 }
 
 /// A planned scenario as a report presents it: who the user is, which paths the plan
@@ -66,6 +74,13 @@ pub struct ScenarioInfo {
     pub agents: Vec<String>,
     /// Trajectory names in plan order (the order of the branches in the suite).
     pub trajectories: Vec<String>,
+    /// Per trajectory (in the order of `trajectories`), what its plan means: the
+    /// fingerprint of its last execution node (conversation and checks halves, each chained
+    /// from the scenario's setup through every node above), as `CONV:CHECKS` hex. A resumed
+    /// run refuses to keep a finished trajectory whose fingerprint changed. Absent from
+    /// journals written before it existed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fingerprints: Vec<String>,
     pub repeat: u32,
 }
 

@@ -802,16 +802,7 @@ impl StatsBuilder {
                 ))
         });
 
-        let info = self.info.unwrap_or_else(|| RunInfo {
-            run_id: String::new(),
-            started_at: String::new(),
-            trellis_version: String::new(),
-            suites: Vec::new(),
-            jobs: 0,
-            planned_trajectories: 0,
-            scenarios: Vec::new(),
-            rejudged_from: None,
-        });
+        let info = self.info.unwrap_or_default();
         RunStats {
             run_id: info.run_id,
             started_at: info.started_at,

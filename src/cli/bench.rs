@@ -149,7 +149,7 @@ fn measure(suite: &std::path::Path, out: &std::path::Path, jobs: usize) -> Optio
     let cpu_before = cpu_time();
     let wall = Instant::now();
     let project = super::load(&[suite.to_path_buf()])?;
-    let plan = match Plan::build(&project, &Selection::default()) {
+    let mut plan = match Plan::build(&project, &Selection::default()) {
         Ok(plan) => plan,
         Err(e) => {
             super::console::errln!("{:?}", miette::Report::new(e));
@@ -164,7 +164,9 @@ fn measure(suite: &std::path::Path, out: &std::path::Path, jobs: usize) -> Optio
         json_events: false,
         llm_cache: trellis_engine::llm::LlmCache::disabled(),
     };
-    let outcome = match super::run::execute_plan(plan, "bench", out, &settings) {
+    // As `trellis run` does: the journal records what each trajectory means.
+    trellis_engine::fingerprint::stamp(&project, &mut plan);
+    let outcome = match super::run::execute_plan(plan, "bench", out, &settings, None) {
         Ok(o) => o,
         Err(e) => {
             super::console::errln!("error: {e}");

@@ -175,6 +175,54 @@ impl Console {
         let Event::Trajectory(t) = event else {
             return;
         };
+        let not_run = self.count(t);
+        if let Some(bar) = &self.bar {
+            // Forks an agent asks for add trajectories the plan could not count.
+            if bar.length().is_some_and(|len| bar.position() >= len) {
+                bar.inc_length(1);
+            }
+            bar.inc(1);
+            if self.failures_total > 0 {
+                bar.set_message(format!("({} not passing)", self.failures_total));
+            }
+        } else if self.lines {
+            let mut not_run = match not_run {
+                0 => String::new(),
+                n => format!(" · {} did not run", count(n as u64, "check", "checks")),
+            };
+            if t.awaiting_human.is_some() {
+                not_run.push_str(" · ended waiting for a human");
+            }
+            let word = format!("{:>5}", status_word(t.status));
+            errln!(
+                "{} {}/{} {} [{} #{}] {} {:.0}ms{not_run}",
+                paint_status(&word, t.status, stderr_colour()),
+                t.suite,
+                t.scenario,
+                t.trajectory,
+                t.agent,
+                t.repetition,
+                count(u64::from(t.turns), "turn", "turns"),
+                t.duration_ms
+            );
+        }
+    }
+
+    /// Takes a trajectory an earlier attempt of the run finished (`--resume`) into the
+    /// summary and the progress, without a line of its own.
+    pub fn seed(&mut self, t: &TrajectoryRecord) {
+        self.count(t);
+        if let Some(bar) = &self.bar {
+            if bar.length().is_some_and(|len| bar.position() >= len) {
+                bar.inc_length(1);
+            }
+            bar.inc(1);
+        }
+    }
+
+    /// Counts a finished trajectory into the summary; returns how many of its checks did
+    /// not run.
+    fn count(&mut self, t: &TrajectoryRecord) -> usize {
         let counts = self
             .per_scenario
             .entry((t.suite.clone(), t.scenario.clone(), t.agent.clone()))
@@ -220,42 +268,13 @@ impl Console {
                     .last_key_value()
                     .is_some_and(|(last, _)| key < *last);
             if keep {
-                self.failures.insert(key, t.as_ref().clone());
+                self.failures.insert(key, t.clone());
                 if self.failures.len() > FAILURES_SHOWN {
                     self.failures.pop_last();
                 }
             }
         }
-        if let Some(bar) = &self.bar {
-            // Forks an agent asks for add trajectories the plan could not count.
-            if bar.length().is_some_and(|len| bar.position() >= len) {
-                bar.inc_length(1);
-            }
-            bar.inc(1);
-            if self.failures_total > 0 {
-                bar.set_message(format!("({} not passing)", self.failures_total));
-            }
-        } else if self.lines {
-            let mut not_run = match not_run {
-                0 => String::new(),
-                n => format!(" · {} did not run", count(n as u64, "check", "checks")),
-            };
-            if t.awaiting_human.is_some() {
-                not_run.push_str(" · ended waiting for a human");
-            }
-            let word = format!("{:>5}", status_word(t.status));
-            errln!(
-                "{} {}/{} {} [{} #{}] {} {:.0}ms{not_run}",
-                paint_status(&word, t.status, stderr_colour()),
-                t.suite,
-                t.scenario,
-                t.trajectory,
-                t.agent,
-                t.repetition,
-                count(u64::from(t.turns), "turn", "turns"),
-                t.duration_ms
-            );
-        }
+        not_run
     }
 
     fn add_unchecked(&mut self, t: &TrajectoryRecord) {

@@ -13,6 +13,7 @@ mod import;
 mod meta;
 mod recorder;
 mod rejudge;
+mod resume;
 mod run;
 mod stop;
 mod watch;
@@ -194,6 +195,12 @@ pub struct RunArgs {
     /// are deleted first).
     #[arg(long)]
     replace: bool,
+    /// Finish the run in DIR that was cut short (killed, out of memory, a lost pod): its
+    /// finished trajectories are kept and not sent to the agent again, the rest run, and DIR
+    /// ends up holding one finished run. Give the same suites and selection as the run was
+    /// started with; a change to what a finished trajectory sends or checks is refused.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["out", "replace"])]
+    resume: Option<PathBuf>,
     /// A check that did not run, or a trajectory that was skipped, fails its trajectory
     /// (and so the run).
     #[arg(long)]
@@ -564,7 +571,11 @@ fn report(args: &ReportArgs) -> u8 {
                 console::outln!("{}", path.display());
             }
             if !files.complete {
-                console::outln!("note: the journal has no end: the run did not finish");
+                console::outln!(
+                    "note: the journal has no end: the run did not finish (`trellis run … \
+                     --resume {}` finishes it)",
+                    args.dir.display()
+                );
             }
             if files.skipped_lines > 0 {
                 console::outln!(

@@ -37,6 +37,49 @@ impl Drop for OutClaim {
 pub(super) fn claim_out_dir(out: &Path, replace: bool) -> Result<OutClaim, String> {
     std::fs::create_dir_all(out)
         .map_err(|e| format!("cannot create the output directory {}: {e}", out.display()))?;
+    let claim = lock(out)?;
+    // Only a regular file is an earlier run's journal; a device or a dangling name is not
+    // a result anyone can lose.
+    let Some(journal) = trellis_engine::journal::find(out) else {
+        return Ok(claim);
+    };
+    if !replace {
+        return Err(format!(
+            "{} already holds a run ({} exists); pass --replace to overwrite that run's \
+             files, --resume {} to finish it if it was cut short, or choose another --out \
+             (without --out every run gets its own runs/<run-id>)",
+            out.display(),
+            journal.display(),
+            out.display()
+        ));
+    }
+    // The earlier run's files go before the new run starts, so a new run that is killed
+    // early never leaves its journal next to the old run's tables.
+    clear_results(out).map_err(|(path, e)| {
+        format!(
+            "cannot remove {} to replace the earlier run: {e}",
+            path.display()
+        )
+    })?;
+    Ok(claim)
+}
+
+/// Claims the directory of a run to resume: only the lock, which refuses a run that is
+/// still writing there (its journal is the point).
+pub(super) fn claim_run_dir(dir: &Path) -> Result<OutClaim, String> {
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => lock(dir),
+        Ok(_) => Err(format!("{} is not a run directory", dir.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(format!(
+            "{} does not exist: there is no run to resume there",
+            dir.display()
+        )),
+        Err(e) => Err(format!("cannot resume {}: {e}", dir.display())),
+    }
+}
+
+/// Takes `out`'s lock file, refusing when another trellis holds it.
+fn lock(out: &Path) -> Result<OutClaim, String> {
     let lock_path = out.join(OUT_LOCK);
     let lock = std::fs::OpenOptions::new()
         .create(true)
@@ -57,34 +100,10 @@ pub(super) fn claim_out_dir(out: &Path, replace: bool) -> Result<OutClaim, Strin
         // on unguarded rather than not at all.
         Err(std::fs::TryLockError::Error(_)) => {}
     }
-    // Only a regular file is an earlier run's journal; a device or a dangling name is not
-    // a result anyone can lose.
-    let earlier_run = trellis_engine::journal::find(out);
-    let claim = OutClaim {
+    Ok(OutClaim {
         path: lock_path,
         _lock: lock,
-    };
-    let Some(journal) = earlier_run else {
-        return Ok(claim);
-    };
-    if !replace {
-        return Err(format!(
-            "{} already holds a run ({} exists); pass --replace to overwrite that run's \
-             files, or choose another --out (without --out every run gets its own \
-             runs/<run-id>)",
-            out.display(),
-            journal.display()
-        ));
-    }
-    // The earlier run's files go before the new run starts, so a new run that is killed
-    // early never leaves its journal next to the old run's tables.
-    clear_results(out).map_err(|(path, e)| {
-        format!(
-            "cannot remove {} to replace the earlier run: {e}",
-            path.display()
-        )
-    })?;
-    Ok(claim)
+    })
 }
 
 /// Removes the result files (and their partial forms) an earlier recording left in `out`;
@@ -114,6 +133,17 @@ pub(super) struct Record {
     /// The report writer could not start; the error is said at the end.
     report_error: Option<ReportError>,
     report_options: ReportOptions,
+    /// A resumed run's recording: what [`Record::resumed`] says.
+    resumed: Option<ResumedRecord>,
+}
+
+/// How a resumed run's events are recorded: its journal already starts with the run's
+/// `run_started` and what the earlier attempts finished, so the events add to it, and the
+/// results files are written from the whole journal at the end.
+struct ResumedRecord {
+    /// Agents whose setup record the journal keeps: set up again, they are not recorded
+    /// twice.
+    agents: std::collections::HashSet<String>,
 }
 
 /// What a finished [`Record`] left in its directory.
@@ -137,7 +167,26 @@ impl Record {
             report: None,
             report_error: None,
             report_options: ReportOptions::default(),
+            resumed: None,
         })
+    }
+
+    /// Records a resumed run into `out`, appending to `journal` (which holds what the
+    /// earlier attempts finished, `agents`' setup records among it).
+    pub(super) fn resumed(
+        out: &Path,
+        journal: JournalWriter,
+        agents: std::collections::HashSet<String>,
+    ) -> Record {
+        Record {
+            out: out.to_path_buf(),
+            journal,
+            journal_error: None,
+            report: None,
+            report_error: None,
+            report_options: ReportOptions::default(),
+            resumed: Some(ResumedRecord { agents }),
+        }
     }
 
     /// The directory recorded into.
@@ -146,6 +195,22 @@ impl Record {
     }
 
     pub(super) fn push(&mut self, event: &Event) {
+        if let Some(resumed) = &self.resumed {
+            // The journal names the run already, and the tables are written from all of it
+            // at the end.
+            let recorded = match event {
+                Event::RunStarted(_) => true,
+                Event::Agent(agent) => resumed.agents.contains(&agent.agent),
+                _ => false,
+            };
+            if !recorded
+                && self.journal_error.is_none()
+                && let Err(e) = self.journal.append(event)
+            {
+                self.journal_error = Some(e);
+            }
+            return;
+        }
         if self.journal_error.is_none()
             && let Err(e) = self.journal.append(event)
         {
@@ -172,6 +237,7 @@ impl Record {
             report,
             report_error,
             report_options,
+            resumed: _,
         } = self;
         let mut problems = Vec::new();
         let journal_error = match journal_error {

@@ -19,6 +19,7 @@ use trellis_engine::record::RunSummary;
 use super::console::{Console, errln, outln};
 use super::history;
 use super::recorder::{Record, Recorded, source};
+use super::resume::{Prepared, Resumed};
 use super::stop::{Signals, StopSignal, restore_default_signals};
 use super::{EXIT_FAILED, EXIT_INCOMPLETE, EXIT_INVALID, EXIT_OK, MessageFormat, RunArgs};
 
@@ -29,18 +30,21 @@ pub fn run(args: RunArgs) -> u8 {
     let Some(project) = super::load(&args.paths.paths) else {
         return EXIT_INVALID;
     };
-    let Some(plan) = super::plan(&project, &args.select) else {
+    let Some(mut plan) = super::plan(&project, &args.select) else {
         return EXIT_INVALID;
     };
     if plan.scenarios.is_empty() {
         errln!("error: no scenario matches the selection");
         return EXIT_INVALID;
     }
-    let run_id = new_run_id();
-    let out = args
-        .out
-        .clone()
-        .unwrap_or_else(|| super::default_out_dir(&run_id));
+    // What each trajectory means goes into the journal, for `--resume` to compare.
+    trellis_engine::fingerprint::stamp(&project, &mut plan);
+    let json = args.message_format == MessageFormat::Json;
+    let mut run_id = new_run_id();
+    let out = match (&args.resume, &args.out) {
+        (Some(dir), _) | (None, Some(dir)) => dir.clone(),
+        (None, None) => super::default_out_dir(&run_id),
+    };
     // Resolved before the run, among the runs next to this one, so a typo fails at once.
     let runs_dir = out
         .parent()
@@ -54,19 +58,70 @@ pub fn run(args: RunArgs) -> u8 {
         None => None,
     };
     // Held until the run is over: a second run into the same directory is refused.
-    let _claim = match super::recorder::claim_out_dir(&out, args.replace) {
+    let claim = match &args.resume {
+        Some(dir) => super::recorder::claim_run_dir(dir),
+        None => super::recorder::claim_out_dir(&out, args.replace),
+    };
+    let _claim = match claim {
         Ok(claim) => claim,
         Err(message) => {
             errln!("error: {message}");
             return EXIT_INVALID;
         }
     };
-    let meta = super::meta::build(&run_id, &project, &plan, &args.select.tags, &args.labels);
-    if let Err(e) = meta.write(&out) {
-        // The run is still worth having without its metadata.
-        errln!("warning: {e}: {}", source(&e));
+    let mut resumed = None;
+    if let Some(dir) = &args.resume {
+        let console = Console::new(plan.trajectory_count(), args.quiet || json, json);
+        match super::resume::prepare(dir, &plan, args.jobs, args.strict, console) {
+            Ok(Prepared::AlreadyFinished { run_id, summary }) => {
+                return already_finished(dir, &run_id, &summary);
+            }
+            Ok(Prepared::Empty) => {
+                if let Err((path, e)) = super::recorder::clear_results(dir) {
+                    errln!("error: cannot remove {}: {e}", path.display());
+                    return EXIT_INVALID;
+                }
+                if !json && !args.quiet {
+                    errln!(
+                        "the run in {} was stopped before it recorded anything: it starts \
+                         over as run {run_id}",
+                        dir.display()
+                    );
+                }
+            }
+            Ok(Prepared::Resume(r)) => {
+                run_id.clone_from(&r.run_id);
+                if !json && !args.quiet {
+                    errln!(
+                        "resuming run {run_id} in {}: {} finished before and kept, the \
+                         rest of {} planned run now",
+                        dir.display(),
+                        super::console::count(
+                            r.finished.totals().trajectories,
+                            "trajectory",
+                            "trajectories"
+                        ),
+                        plan.trajectory_count()
+                    );
+                }
+                resumed = Some(*r);
+            }
+            Err(message) => {
+                errln!("error: {message}");
+                return EXIT_INVALID;
+            }
+        }
     }
-    let json = args.message_format == MessageFormat::Json;
+    // A resumed run keeps the metadata it started with (its name, labels, pin).
+    let keep_meta = resumed.is_some()
+        && trellis_reports::history::RunMeta::read(&out).is_ok_and(|m| m.is_some());
+    if !keep_meta {
+        let meta = super::meta::build(&run_id, &project, &plan, &args.select.tags, &args.labels);
+        if let Err(e) = meta.write(&out) {
+            // The run is still worth having without its metadata.
+            errln!("warning: {e}: {}", source(&e));
+        }
+    }
     let settings = Settings {
         jobs: args.jobs,
         quiet: args.quiet || json,
@@ -78,7 +133,7 @@ pub fn run(args: RunArgs) -> u8 {
             Some(dir) => trellis_engine::llm::LlmCache::new(dir, cache_mode(args.llm_cache_mode)),
         },
     };
-    let outcome = match execute_plan(plan, &run_id, &out, &settings) {
+    let outcome = match execute_plan(plan, &run_id, &out, &settings, resumed) {
         Ok(outcome) => outcome,
         Err(message) => {
             errln!("error: {message}");
@@ -129,6 +184,56 @@ pub fn run(args: RunArgs) -> u8 {
         outln!("{event}");
     }
     exit_code
+}
+
+/// `--resume` of a run that reached its end: nothing runs. Its results files are written
+/// again from the journal if any is missing (a run killed while writing them).
+fn already_finished(dir: &Path, run_id: &str, summary: &RunSummary) -> u8 {
+    errln!(
+        "run {run_id} in {} already finished ({}: {} passed, {} failed, {} errors, {} \
+         skipped); nothing to run",
+        dir.display(),
+        super::console::count(summary.trajectories, "trajectory", "trajectories"),
+        summary.passed,
+        summary.failed,
+        summary.errors,
+        summary.skipped
+    );
+    let optional = [
+        trellis_engine::journal::JOURNAL_FILE,
+        trellis_engine::journal::PLAIN_FILE,
+        trellis_reports::history::RUN_META_FILE,
+        trellis_reports::COMPARE_FILE,
+        trellis_reports::COMPARE_HTML_FILE,
+        trellis_reports::calibration::CALIBRATION_FILE,
+    ];
+    let missing: Vec<&str> = trellis_reports::RESULT_FILES
+        .into_iter()
+        .filter(|name| !optional.contains(name) && !dir.join(name).is_file())
+        .collect();
+    if missing.is_empty() {
+        return EXIT_OK;
+    }
+    match trellis_reports::write_reports(dir, &trellis_reports::ReportOptions::default()) {
+        Ok(files) if files.not_written.is_empty() => {
+            errln!(
+                "its results files were missing ({}) and were written again from the journal",
+                missing.join(", ")
+            );
+            EXIT_OK
+        }
+        Ok(files) => {
+            errln!("error: results are incomplete:");
+            for (path, e) in &files.not_written {
+                errln!("  - {} was not written: {e}: {}", path.display(), source(e));
+            }
+            EXIT_INCOMPLETE
+        }
+        Err(e) => {
+            errln!("error: {e}: {}", source(&e));
+            EXIT_INCOMPLETE
+        }
+    }
 }
 
 /// Compares the finished run in `out` with `base` and writes `compare.json` next to it.
@@ -212,16 +317,28 @@ pub fn execute_plan(
     run_id: &str,
     out: &Path,
     settings: &Settings,
+    resumed: Option<Resumed>,
 ) -> Result<Outcome, String> {
-    let record = Record::create(out)?;
+    let silent = settings.silent;
+    let (record, console, resume) = match resumed {
+        Some(r) => (
+            Record::resumed(out, r.journal, r.agents),
+            r.console,
+            Some(r.finished),
+        ),
+        None => (
+            Record::create(out)?,
+            Console::new(plan.trajectory_count(), settings.quiet, silent),
+            None,
+        ),
+    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
-    let silent = settings.silent;
     let reporter = Reporter {
         record,
-        console: Console::new(plan.trajectory_count(), settings.quiet, silent),
+        console,
         summary: None,
         json_events: settings.json_events,
     };
@@ -234,6 +351,7 @@ pub fn execute_plan(
         transport: None,
         llm_cache: settings.llm_cache.clone(),
         launcher: Some(std::sync::Arc::new(super::launcher())),
+        resume,
     };
     let stop = options.stop.clone();
     let (tx, mut rx) = event::channel();
@@ -326,8 +444,10 @@ pub fn execute_plan(
         && !silent
     {
         errln!(
-            "the run was {} before its end: only finished trajectories are reported",
-            signal.name()
+            "the run was {} before its end: only finished trajectories are reported; \
+             `trellis run … --resume {}` finishes it",
+            signal.name(),
+            out.display()
         );
     }
     if !problems.is_empty() {

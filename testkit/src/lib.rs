@@ -438,6 +438,7 @@ pub async fn run_plan_with_cache(
         transport: None,
         llm_cache,
         launcher: Some(std::sync::Arc::new(trellis_agents::BuiltinLauncher::new())),
+        resume: None,
     };
     let engine = tokio::spawn(execute::run(plan, options, tx));
     let mut run = Run::default();

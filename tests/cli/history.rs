@@ -48,8 +48,7 @@ pub(super) fn write_run(runs_dir: &Path, name: &str, started_at: &str, samples: 
         suites: vec!["s".into()],
         jobs: 1,
         planned_trajectories: samples.len() as u64,
-        scenarios: Vec::new(),
-        rejudged_from: None,
+        ..RunInfo::default()
     })];
     let (mut passed, mut failed) = (0, 0);
     for s in samples {

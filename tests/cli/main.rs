@@ -20,6 +20,7 @@ mod lsp;
 mod multiagent;
 mod outputs;
 mod repo;
+mod resume;
 mod run;
 mod watch;
 

@@ -14,6 +14,7 @@
 
 mod agents;
 pub mod launch;
+pub mod resume;
 mod reuse;
 mod turn;
 mod verdict;
@@ -40,6 +41,7 @@ use verdict::skip_trajectory;
 use walk::Unit;
 
 pub use launch::{BuiltinEndpoint, LaunchError, LaunchRequest, Launched, Launcher};
+pub use resume::{Finished, FinishedTotals};
 pub use reuse::{ReuseCounts, TurnMemo};
 /// The status a trajectory gets from its fault and checks (`strict`: a skipped check or
 /// trajectory fails), for tools that re-check recorded trajectories (`trellis rejudge`).
@@ -78,29 +80,52 @@ pub struct RunOptions {
     /// Starts the builtin agents (`builtin="…"`) the plan names; `None` makes each of them
     /// a setup fault on its trajectories.
     pub launcher: Option<Arc<dyn Launcher>>,
+    /// `trellis run --resume`: the trajectories an earlier attempt of this run finished,
+    /// which are neither run nor recorded again ([`resume`]); `None` runs everything.
+    pub resume: Option<Arc<Finished>>,
+}
+
+/// The `run_started` entry a run of `plan` begins with, started now (a resumed run's
+/// journal keeps the first attempt's start, and lists when it was resumed).
+pub fn run_info(plan: &Plan, run_id: &str, jobs: usize, strict: bool) -> RunInfo {
+    RunInfo {
+        run_id: run_id.to_owned(),
+        started_at: rfc3339(SystemTime::now()),
+        trellis_version: env!("CARGO_PKG_VERSION").to_string(),
+        suites: plan.suites.clone(),
+        jobs,
+        planned_trajectories: plan.trajectory_count(),
+        scenarios: plan
+            .scenarios
+            .iter()
+            .map(|s| scenario_info(s, plan))
+            .collect(),
+        rejudged_from: None,
+        strict,
+        resumed_at: Vec::new(),
+    }
 }
 
 /// Runs the plan to completion, sending every event to `events`. Never fails because of an
 /// agent: agent problems become faults in the records.
 pub async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSummary {
-    let started = Instant::now();
-    let started_at = rfc3339(SystemTime::now());
+    // A resumed run's clock goes on from where the earlier attempts' records end, so turn
+    // times and the run's duration read as one run.
+    let earlier = options
+        .resume
+        .as_ref()
+        .map_or(Duration::ZERO, |f| f.elapsed());
+    let started = Instant::now()
+        .checked_sub(earlier)
+        .unwrap_or_else(Instant::now);
     let plan = Arc::new(plan);
     let _ = events
-        .send(Event::RunStarted(RunInfo {
-            run_id: options.run_id.clone(),
-            started_at,
-            trellis_version: env!("CARGO_PKG_VERSION").to_string(),
-            suites: plan.suites.clone(),
-            jobs: options.jobs,
-            planned_trajectories: plan.trajectory_count(),
-            scenarios: plan
-                .scenarios
-                .iter()
-                .map(|s| scenario_info(s, &plan))
-                .collect(),
-            rejudged_from: None,
-        }))
+        .send(Event::RunStarted(run_info(
+            &plan,
+            &options.run_id,
+            options.jobs,
+            options.strict,
+        )))
         .await;
 
     let transport = options.transport.clone().unwrap_or_default();
@@ -124,12 +149,13 @@ pub async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSum
         paths: Semaphore::new(jobs.saturating_mul(2)),
         events: events.clone(),
         run_start: started,
-        totals: Totals::default(),
+        totals: Totals::of(options.resume.as_deref()),
         stop: options.stop.clone(),
         strict: options.strict,
         run_id: options.run_id.clone(),
         reuse: options.reuse.clone(),
         secrets: crate::secrets::Secrets::of_plan(&plan),
+        resume: options.resume.clone(),
     });
 
     let (senders, receivers): (Vec<_>, Vec<_>) = plan
@@ -200,6 +226,44 @@ struct Shared {
     reuse: Option<Arc<TurnMemo>>,
     /// Header secrets, replaced in every record before it is sent.
     secrets: crate::secrets::Secrets,
+    /// What an earlier attempt of this run finished (`--resume`).
+    resume: Option<Arc<Finished>>,
+}
+
+impl Shared {
+    /// Whether trajectory `t` of the unit finished in an earlier attempt of the run, and if
+    /// so whether it passed.
+    fn finished(
+        &self,
+        planned: &PlannedScenario,
+        agent: usize,
+        repetition: u32,
+        t: usize,
+    ) -> Option<bool> {
+        let finished = self.resume.as_deref()?;
+        finished.status(
+            &planned.suite,
+            &planned.scenario.id.value,
+            &self.plan.agents[agent].id,
+            repetition,
+            &planned.trajectories.get(t)?.name,
+        )
+    }
+
+    /// When every trajectory of the unit finished in an earlier attempt: whether they all
+    /// passed.
+    fn unit_finished(
+        &self,
+        planned: &PlannedScenario,
+        agent: usize,
+        repetition: u32,
+    ) -> Option<bool> {
+        let mut all_passed = true;
+        for t in 0..planned.trajectories.len() {
+            all_passed &= self.finished(planned, agent, repetition, t)?;
+        }
+        Some(all_passed)
+    }
 }
 
 #[derive(Default)]
@@ -210,6 +274,21 @@ struct Totals {
     errors: AtomicU64,
     skipped: AtomicU64,
     turns: AtomicU64,
+}
+
+impl Totals {
+    /// Totals that start from what an earlier attempt of the run recorded.
+    fn of(finished: Option<&Finished>) -> Self {
+        let kept = finished.map(Finished::totals).unwrap_or_default();
+        Totals {
+            trajectories: AtomicU64::new(kept.trajectories),
+            passed: AtomicU64::new(kept.passed),
+            failed: AtomicU64::new(kept.failed),
+            errors: AtomicU64::new(kept.errors),
+            skipped: AtomicU64::new(kept.skipped),
+            turns: AtomicU64::new(kept.turns),
+        }
+    }
 }
 
 /// Runs every unit of one scenario; returns whether all its trajectories passed.
@@ -241,7 +320,9 @@ async fn run_scenario(
         for &agent in &planned.agents {
             for repetition in 0..planned.repeat {
                 for t in 0..planned.trajectories.len() {
-                    skip_trajectory(shared, planned, agent, repetition, t, &reason).await;
+                    if shared.finished(planned, agent, repetition, t).is_none() {
+                        skip_trajectory(shared, planned, agent, repetition, t, &reason).await;
+                    }
                 }
             }
         }
@@ -256,6 +337,11 @@ async fn run_scenario(
     let mut all_ok = true;
     for &agent in &planned.agents {
         for repetition in 0..planned.repeat {
+            // Finished in an earlier attempt: kept as recorded, nothing to run.
+            if let Some(passed) = shared.unit_finished(planned, agent, repetition) {
+                all_ok &= passed;
+                continue;
+            }
             let permit = tokio::select! {
                 permit = shared.units.clone().acquire_many_owned(weight) => permit,
                 () = shared.stop.cancelled() => break,
@@ -293,7 +379,9 @@ async fn run_unit(
     match shared.agents.get(&shared.plan, agent, &shared.events).await {
         AgentRuntime::Unsupported(reason) => {
             for t in 0..scenario.trajectories.len() {
-                unit.skip(t, reason).await;
+                if unit.finished(t).is_none() {
+                    unit.skip(t, reason).await;
+                }
             }
             return false;
         }
@@ -306,7 +394,9 @@ async fn run_unit(
     let mut all_supported = true;
     for (t, trajectory) in scenario.trajectories.iter().enumerate() {
         if let Some(reason) = trajectory.unsupported_on(shared.plan.agents[agent].protocol) {
-            unit.skip(t, reason).await;
+            if unit.finished(t).is_none() {
+                unit.skip(t, reason).await;
+            }
             all_supported = false;
         }
     }
@@ -404,6 +494,12 @@ fn scenario_info(planned: &PlannedScenario, plan: &Plan) -> ScenarioInfo {
             .iter()
             .map(|t| t.name.clone())
             .collect(),
+        fingerprints: planned
+            .trajectories
+            .iter()
+            .map(|t| t.fingerprint.as_deref().map(str::to_owned))
+            .collect::<Option<Vec<_>>>()
+            .unwrap_or_default(),
         repeat: planned.repeat,
     }
 }

@@ -8,6 +8,11 @@
 //! session captures). Replayed turns are recorded on the child's node with `replay: true`;
 //! the prefix's `expect`s were judged once, on the original turns, and a replayed one is
 //! recorded only when it fails there.
+//!
+//! A resumed run (`--resume`, [`super::resume`]) walks past the nodes an earlier attempt
+//! recorded on a finished trajectory's path without running them; an unfinished branch
+//! below them replays the prefix in a fresh session the same way, and since nothing judged
+//! that prefix for it, every one of the prefix's `expect`s is recorded on the replay.
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -37,6 +42,9 @@ pub(super) struct Unit<'a> {
     pub(super) repetition: u32,
     /// Which trajectories have been recorded, so a panic can record the rest.
     recorded: Mutex<Vec<bool>>,
+    /// Per trajectory: finished in an earlier attempt of the run (`--resume`), and whether
+    /// it passed. Those are kept as recorded and not run.
+    finished: Vec<Option<bool>>,
 }
 
 /// What one path of the conversation has accumulated so far, except the session; copied
@@ -59,6 +67,9 @@ pub(super) struct PathState {
     /// trajectory's LLM usage even when no turn follows (the simulator ended the
     /// conversation, or failed).
     pub(super) pending_simulator: Vec<crate::llm::LlmCall>,
+    /// The nodes on this path so far were recorded by an earlier attempt of the run and
+    /// not run in this one (`--resume`): no session holds their conversation yet.
+    pub(super) prefix_not_sent: bool,
 }
 
 impl PathState {
@@ -72,6 +83,7 @@ impl PathState {
             suffix: Arc::from(""),
             agent_branches: Vec::new(),
             pending_simulator: Vec::new(),
+            prefix_not_sent: false,
         }
     }
 
@@ -166,13 +178,24 @@ impl<'a> Unit<'a> {
         agent: usize,
         repetition: u32,
     ) -> Self {
+        let finished: Vec<Option<bool>> = (0..scenario.trajectories.len())
+            .map(|t| shared.finished(scenario, agent, repetition, t))
+            .collect();
         Unit {
             shared,
             scenario,
             agent,
             repetition,
-            recorded: Mutex::new(vec![false; scenario.trajectories.len()]),
+            // A trajectory an earlier attempt finished is recorded already.
+            recorded: Mutex::new(finished.iter().map(Option::is_some).collect()),
+            finished,
         }
+    }
+
+    /// Whether trajectory `t` finished in an earlier attempt of the run (`--resume`), and
+    /// if so whether it passed.
+    pub(super) fn finished(&self, t: usize) -> Option<bool> {
+        self.finished.get(t).copied().flatten()
     }
 
     pub(super) fn mark_recorded(&self, t: usize) {
@@ -226,16 +249,65 @@ impl<'a> Unit<'a> {
     ) -> Pin<Box<dyn Future<Output = bool> + Send + 'a>> {
         Box::pin(async move {
             let node: &ExecNode = &self.scenario.nodes[index];
-            let runnable = node.trajectories.iter().any(|&t| self.runs(t));
+            let runnable = node
+                .trajectories
+                .iter()
+                .any(|&t| self.runs(t) && self.finished(t).is_none());
             if !runnable {
-                // Its trajectories were recorded as skipped: they did not pass.
-                return false;
+                // Its trajectories were recorded as skipped (they did not pass), or by an
+                // earlier attempt of the run (as they did).
+                return node
+                    .trajectories
+                    .iter()
+                    .all(|&t| self.finished(t) == Some(true));
+            }
+            if node
+                .trajectories
+                .iter()
+                .any(|&t| self.finished(t).is_some())
+            {
+                // On a finished trajectory's path: recorded by an earlier attempt already.
+                return Box::pin(self.pass_recorded(node, parent)).await;
             }
             let slot = self.shared.paths.acquire().await.ok();
             // Boxed only now: a node's running state (request and response futures included)
             // is large, and a wide fork has many children waiting for a slot.
             Box::pin(self.execute_node(node, parent, fork, child, slot)).await
         })
+    }
+
+    /// Goes past a node an earlier attempt of the run recorded (`--resume`) to its children,
+    /// which find no session: an unfinished one replays the prefix in a fresh session.
+    async fn pass_recorded(&'a self, node: &'a ExecNode, parent: Arc<PathState>) -> bool {
+        let mut state = Arc::unwrap_or_clone(parent);
+        state.nodes.push(state.node_name(&node.id));
+        state.prefix_not_sent = true;
+        self.run_children(node, state, None).await
+    }
+
+    /// Runs a node's children concurrently, each continuing `session` (copied or replayed
+    /// as the protocol allows). Returns whether every trajectory below passed.
+    async fn run_children(
+        &'a self,
+        node: &'a ExecNode,
+        state: PathState,
+        session: Option<Box<dyn Session>>,
+    ) -> bool {
+        let point = Arc::new(ForkPoint::new(session, node.children.len()));
+        let state = Arc::new(state);
+        let children: Vec<_> = node
+            .children
+            .iter()
+            .enumerate()
+            .map(|(i, &c)| self.run_node(c, state.clone(), point.clone(), i))
+            .collect();
+        drop(state);
+        drop(point);
+        // Every child has finished once join_all returns; `all` only reads results.
+        futures::future::join_all(children)
+            .await
+            .into_iter()
+            .all(|ok| ok)
     }
 
     /// Runs a node's steps while holding a path slot, records them, then runs its children.
@@ -364,21 +436,7 @@ impl<'a> Unit<'a> {
                 .finish_trajectory(t, &state, None, Vec::new(), session.as_deref())
                 .await;
         }
-        let point = Arc::new(ForkPoint::new(session, node.children.len()));
-        let state = Arc::new(state);
-        let children: Vec<_> = node
-            .children
-            .iter()
-            .enumerate()
-            .map(|(i, &c)| self.run_node(c, state.clone(), point.clone(), i))
-            .collect();
-        drop(state);
-        drop(point);
-        // Every child has finished once join_all returns; `all` only reads results.
-        futures::future::join_all(children)
-            .await
-            .into_iter()
-            .all(|ok| ok)
+        self.run_children(node, state, session).await
     }
 
     /// The agent asked to fork at step `next_step` of `node`: every alternative (within
@@ -555,7 +613,7 @@ impl<'a> Unit<'a> {
                 self.repetition,
             );
         }
-        if state.turns.is_empty() {
+        if state.turns.is_empty() && !state.prefix_not_sent {
             return (Some(session), None);
         }
         // The replay redoes the whole path so far in this branch's session: its time
@@ -572,7 +630,9 @@ impl<'a> Unit<'a> {
     /// gets its own id back, not the original session's), captures run on the replayed
     /// replies, and the prefix's `expect`s are checked again. Those were judged on the
     /// original turns already: a replayed check is recorded only when it fails, as the
-    /// branch's failure, since its conversation then differs from the one judged.
+    /// branch's failure, since its conversation then differs from the one judged. On a
+    /// resumed run's prefix that this attempt did not run (`prefix_not_sent`), nothing
+    /// judged it for this branch: every check is recorded.
     async fn replay_prefix(
         &self,
         node: &ExecNode,
@@ -590,6 +650,7 @@ impl<'a> Unit<'a> {
             above = n.parent;
         }
         prefix.reverse();
+        let judge_all = std::mem::take(&mut state.prefix_not_sent);
         state.turns.clear();
         state.vars.clear();
         let scope = &self.scenario.scope;
@@ -600,7 +661,11 @@ impl<'a> Unit<'a> {
                 format!("replaying the shared prefix: {}", fault.message),
             ))
         };
-        for step in prefix.iter().flat_map(|n| &n.steps) {
+        let steps: Vec<(&ExecNode, &PlannedStep)> = prefix
+            .iter()
+            .flat_map(|&n| n.steps.iter().map(move |s| (n, s)))
+            .collect();
+        for (prefix_node, step) in steps {
             match step {
                 PlannedStep::Opening | PlannedStep::User(_) | PlannedStep::Call { .. } => {
                     let text = match step {
@@ -658,6 +723,12 @@ impl<'a> Unit<'a> {
                             detail.insert_str(0, "replaying the shared prefix: ");
                         }
                         return Some(Stop::Failed(stop));
+                    }
+                }
+                PlannedStep::Expect(checks) if judge_all => {
+                    for c in checks {
+                        let record = self.check_expect(c, prefix_node, session, state).await;
+                        state.criteria.push(record);
                     }
                 }
                 PlannedStep::Expect(checks) => {
@@ -784,56 +855,8 @@ impl<'a> Unit<'a> {
                     }
                 }
                 PlannedStep::Expect(checks) => {
-                    let turn_index = state.turns.last().map(|t| t.turn_index);
-                    let scope = &self.scenario.scope;
-                    let vars = &state.vars;
                     for c in checks {
-                        let record = match turn_index {
-                            Some(i) if crate::llm::LlmRuntime::is_judged(&c.criterion.kind) => {
-                                super::verdict::judge_unless_stopped(
-                                    self.shared,
-                                    crate::llm::runtime::JudgeTask {
-                                        criterion_text: &c.criterion.text,
-                                        kind: &c.criterion.kind,
-                                        scenario: sc,
-                                        turns: &state.turns,
-                                        turn_index: Some(i),
-                                        repetition: self.repetition,
-                                        call_name: format!(
-                                            "judge of `{}` on {}/{} node `{}{}` turn {i} \
-                                             repetition {} (agent `{}`)",
-                                            c.criterion.text,
-                                            self.scenario.suite,
-                                            sc.id.value,
-                                            node.id,
-                                            state.suffix,
-                                            self.repetition,
-                                            self.agent_id()
-                                        ),
-                                    },
-                                )
-                                .await
-                            }
-                            Some(_) => criteria::check_planned(
-                                c,
-                                &self.shared.plan.templates,
-                                || scope.with_vars(vars),
-                                Scope::Turn,
-                                &state.turns,
-                                turn_index,
-                                session.sandbox(),
-                            ),
-                            // Validation rejects this; a plan built another way still must
-                            // not pass a check that looked at nothing.
-                            None => CriterionRecord {
-                                turn_index: None,
-                                criterion: c.criterion.text.clone(),
-                                kind: c.criterion.kind.name().to_string(),
-                                status: CriterionStatus::Failed,
-                                detail: Some("no agent turn before this `expect`".into()),
-                                judge: None,
-                            },
-                        };
+                        let record = self.check_expect(c, node, &*session, state).await;
                         state.criteria.push(record);
                     }
                 }
@@ -866,6 +889,66 @@ impl<'a> Unit<'a> {
             }
         }
         None
+    }
+
+    /// One check of an `expect` step of `node`, on the path's last turn.
+    async fn check_expect(
+        &self,
+        c: &PlannedCriterion,
+        node: &ExecNode,
+        session: &dyn Session,
+        state: &PathState,
+    ) -> CriterionRecord {
+        let sc = &self.scenario.scenario;
+        let turn_index = state.turns.last().map(|t| t.turn_index);
+        let scope = &self.scenario.scope;
+        let vars = &state.vars;
+        match turn_index {
+            Some(i) if crate::llm::LlmRuntime::is_judged(&c.criterion.kind) => {
+                super::verdict::judge_unless_stopped(
+                    self.shared,
+                    crate::llm::runtime::JudgeTask {
+                        criterion_text: &c.criterion.text,
+                        kind: &c.criterion.kind,
+                        scenario: sc,
+                        turns: &state.turns,
+                        turn_index: Some(i),
+                        repetition: self.repetition,
+                        call_name: format!(
+                            "judge of `{}` on {}/{} node `{}{}` turn {i} repetition {} \
+                             (agent `{}`)",
+                            c.criterion.text,
+                            self.scenario.suite,
+                            sc.id.value,
+                            node.id,
+                            state.suffix,
+                            self.repetition,
+                            self.agent_id()
+                        ),
+                    },
+                )
+                .await
+            }
+            Some(_) => criteria::check_planned(
+                c,
+                &self.shared.plan.templates,
+                || scope.with_vars(vars),
+                Scope::Turn,
+                &state.turns,
+                turn_index,
+                session.sandbox(),
+            ),
+            // Validation rejects this; a plan built another way still must not pass a
+            // check that looked at nothing.
+            None => CriterionRecord {
+                turn_index: None,
+                criterion: c.criterion.text.clone(),
+                kind: c.criterion.kind.name().to_string(),
+                status: CriterionStatus::Failed,
+                detail: Some("no agent turn before this `expect`".into()),
+                judge: None,
+            },
+        }
     }
 
     /// A `hitl` step: the human's answer to an agent waiting for one. An agent that can

@@ -80,6 +80,7 @@ pub async fn rejudge(
         started_at,
         trellis_version: env!("CARGO_PKG_VERSION").to_string(),
         rejudged_from: Some(original.run_id.clone()),
+        resumed_at: Vec::new(),
         ..original
     };
 

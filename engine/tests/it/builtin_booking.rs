@@ -315,6 +315,7 @@ async fn run_with(
         transport: None,
         llm_cache: trellis_engine::llm::LlmCache::disabled(),
         launcher,
+        resume: None,
     };
     let (tx, mut rx) = event::channel();
     let engine = tokio::spawn(trellis_engine::execute::run(plan, options, tx));

@@ -35,9 +35,12 @@ pub fn run_info() -> RunInfo {
                 .unwrap_or_default(),
             agents: vec!["demo".into()],
             trajectories: vec!["accepts".into(), "asks-price".into()],
+            fingerprints: Vec::new(),
             repeat: 2,
         }],
         rejudged_from: None,
+        strict: false,
+        resumed_at: Vec::new(),
     }
 }
 

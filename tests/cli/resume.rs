@@ -1,0 +1,588 @@
+//! `trellis run --resume DIR`: a run killed with SIGKILL goes on in its own directory as the
+//! same run. Finished trajectories are kept and never sent to the agent again (counted on a
+//! real socket by a test server that records every request); a suite edit that changes a
+//! finished trajectory is refused; a finished run, a locked directory and a directory
+//! without a journal are told apart.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use trellis_engine::journal::JournalWriter;
+
+use super::support::{Behavior, MisbehavingServer, OK_BODY};
+use super::*;
+
+/// A Connexity agent that answers "Hello there." after `delay` and records every request.
+async fn agent(delay: Duration) -> MisbehavingServer {
+    MisbehavingServer::start(Behavior::Delayed {
+        delay,
+        body: OK_BODY.into(),
+    })
+    .await
+}
+
+/// The user messages of each request the agent got, in order (a request carries the whole
+/// conversation so far).
+fn conversations(server: &MisbehavingServer) -> Vec<Vec<String>> {
+    server
+        .recorded()
+        .iter()
+        .map(|r| {
+            r.json()["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|m| m["role"] == "user")
+                .map(|m| m["content"].as_str().unwrap().to_owned())
+                .collect()
+        })
+        .collect()
+}
+
+/// `scenarios` one-turn scenarios `s0`, `s1`, … whose message names them, against `url`.
+fn linear_suite(url: &str, scenarios: usize) -> String {
+    let mut text =
+        format!("agent \"bot\" protocol=\"connexity\" url=\"{url}\" {{ timeout \"30s\" }}\n");
+    for i in 0..scenarios {
+        text.push_str(&format!(
+            "scenario \"s{i}\" {{\n    user \"hello s{i}\"\n    expect reply contains=\"Hello\"\n}}\n"
+        ));
+    }
+    text
+}
+
+fn run_in(suite: &Path, extra: &[&str]) -> tokio::process::Command {
+    let mut cmd = trellis();
+    cmd.arg("run").arg(suite).args(extra);
+    cmd
+}
+
+/// The journal's entries as JSON, in order.
+fn entries(out: &Path) -> Vec<serde_json::Value> {
+    journal_text(out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// The `trajectory` entries of the journal.
+fn trajectory_entries(out: &Path) -> Vec<serde_json::Value> {
+    entries(out)
+        .into_iter()
+        .filter_map(|e| e.get("trajectory").cloned())
+        .collect()
+}
+
+/// Rewrites `out`'s journal with only the lines `keep` accepts and no end, as a run killed
+/// at that point leaves it (derived files are left as they were: resume replaces them).
+fn cut_journal(out: &Path, keep: impl Fn(&serde_json::Value) -> bool) {
+    let kept: Vec<String> = journal_text(out)
+        .lines()
+        .filter(|l| {
+            let entry: serde_json::Value = serde_json::from_str(l).unwrap();
+            entry.get("run_finished").is_none() && keep(&entry)
+        })
+        .map(str::to_owned)
+        .collect();
+    let mut writer = JournalWriter::create_at(&out.join(JOURNAL)).unwrap();
+    for line in kept {
+        writer.append_line(line.as_bytes()).unwrap();
+    }
+    // Not finished: the stream ends as a killed writer leaves it.
+    drop(writer);
+}
+
+/// Whether a journal entry belongs to scenario `name` (nodes and trajectories).
+fn of_scenario(entry: &serde_json::Value, name: &str) -> bool {
+    ["node", "trajectory"]
+        .iter()
+        .any(|kind| entry.get(kind).is_some_and(|e| e["scenario"] == name))
+}
+
+/// (scenario, trajectory, repetition) of every row of `trajectories.parquet`, with how
+/// often each appears.
+fn trajectory_rows(out: &Path) -> BTreeMap<(String, String, u32), usize> {
+    let t = read_parquet(&out.join("trajectories.parquet"));
+    let scenarios = strings(&t, "scenario");
+    let names = strings(&t, "trajectory");
+    let reps: Vec<u32> = t
+        .column("repetition")
+        .unwrap()
+        .u32()
+        .unwrap()
+        .iter()
+        .map(Option::unwrap)
+        .collect();
+    let mut rows = BTreeMap::new();
+    for ((s, n), r) in scenarios.into_iter().zip(names).zip(reps) {
+        *rows.entry((s.unwrap(), n.unwrap(), r)).or_insert(0) += 1;
+    }
+    rows
+}
+
+/// Runs `suite` into `out` one call at a time and sends `signal` once the journal holds
+/// `after` trajectories; returns the run's exit code.
+async fn run_until(suite: &Path, out: &Path, after: usize, signal: i32) -> Option<i32> {
+    let mut child = run_in(suite, &["--jobs", "1", "-q", "--out"])
+        .arg(out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while trajectory_entries(out).len() < after {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the run never recorded {after} trajectories"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let pid = i32::try_from(child.id().unwrap()).unwrap();
+    // SAFETY: kill(2) on a child process this test spawned and has not reaped yet.
+    assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
+    child.wait().await.unwrap().code()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_killed_halfway_resumes_and_no_finished_trajectory_is_sent_again() {
+    const SCENARIOS: usize = 12;
+    let server = agent(Duration::from_millis(100)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    std::fs::write(&suite, linear_suite(&server.url(), SCENARIOS)).unwrap();
+    let out = dir.path().join("out");
+
+    let code = run_until(&suite, &out, SCENARIOS / 2, libc::SIGKILL).await;
+    assert_eq!(code, None, "killed by a signal");
+    let run_id = entries(&out)[0]["run_started"]["run_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let finished_before: Vec<String> = trajectory_entries(&out)
+        .iter()
+        .map(|t| t["scenario"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(
+        finished_before.len() >= SCENARIOS / 2 && finished_before.len() < SCENARIOS,
+        "killed halfway: {finished_before:?}"
+    );
+    assert!(!out.join("trajectories.parquet").exists());
+    let sent_before = server.requests();
+
+    let o = run_in(&suite, &["--jobs", "1", "--resume"])
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&format!("resuming run {run_id}")),
+        "{}",
+        stderr(&o)
+    );
+
+    // The agent heard each unfinished scenario once more and no finished one.
+    let sent_after: Vec<String> = conversations(&server)[sent_before..]
+        .iter()
+        .map(|c| c.last().unwrap().clone())
+        .collect();
+    for s in &finished_before {
+        assert!(
+            !sent_after.contains(&format!("hello {s}")),
+            "{s} finished before the kill and was sent again: {sent_after:?}"
+        );
+    }
+    for i in 0..SCENARIOS {
+        let s = format!("s{i}");
+        if !finished_before.contains(&s) {
+            let times = sent_after
+                .iter()
+                .filter(|m| **m == format!("hello {s}"))
+                .count();
+            assert_eq!(times, 1, "{s} after the resume: {sent_after:?}");
+        }
+    }
+
+    // One run: every trajectory once in the tables and the journal, under the run's id.
+    let rows = trajectory_rows(&out);
+    assert_eq!(rows.len(), SCENARIOS, "{rows:?}");
+    assert!(rows.values().all(|&n| n == 1), "{rows:?}");
+    let t = read_parquet(&out.join("trajectories.parquet"));
+    assert!(
+        strings(&t, "run_id")
+            .iter()
+            .all(|id| id.as_deref() == Some(&*run_id))
+    );
+    assert!(
+        strings(&t, "status")
+            .iter()
+            .all(|s| s.as_deref() == Some("passed"))
+    );
+    assert_eq!(read_parquet(&out.join("turns.parquet")).height(), SCENARIOS);
+    let all = entries(&out);
+    let starts: Vec<_> = all
+        .iter()
+        .filter(|e| e.get("run_started").is_some())
+        .collect();
+    assert_eq!(starts.len(), 1);
+    assert_eq!(starts[0]["run_started"]["run_id"], run_id.as_str());
+    assert_eq!(
+        starts[0]["run_started"]["resumed_at"]
+            .as_array()
+            .map(Vec::len),
+        Some(1)
+    );
+    assert_eq!(trajectory_entries(&out).len(), SCENARIOS);
+    let end = &all.last().unwrap()["run_finished"];
+    assert_eq!(end["trajectories"], SCENARIOS);
+    assert_eq!(end["passed"], SCENARIOS);
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let aggregates = &summary["stats"]["aggregates"];
+    assert_eq!(aggregates["finished"], true);
+    assert_eq!(aggregates["counts"]["passed"], SCENARIOS);
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(!html.contains("Did not finish"));
+    let junit = std::fs::read_to_string(out.join("junit.xml")).unwrap();
+    assert!(junit.contains(&format!("tests=\"{SCENARIOS}\"")), "{junit}");
+    assert!(!std::fs::read_dir(&out).unwrap().any(|e| {
+        e.unwrap()
+            .file_name()
+            .to_string_lossy()
+            .ends_with(".partial")
+    }));
+
+    // Once more: the run is over, nothing runs.
+    let sent = server.requests();
+    let o = run_in(&suite, &["--resume"])
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stderr(&o).contains("already finished"), "{}", stderr(&o));
+    assert_eq!(server.requests(), sent);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_stopped_by_sigterm_goes_on_where_it_stopped() {
+    let server = agent(Duration::from_millis(100)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    std::fs::write(&suite, linear_suite(&server.url(), 6)).unwrap();
+    let out = dir.path().join("out");
+    assert_eq!(run_until(&suite, &out, 2, libc::SIGTERM).await, Some(143));
+    // A graceful stop writes the journal's end, with fewer trajectories than planned.
+    assert!(journal_text(&out).contains("\"run_finished\""));
+    let finished_before: Vec<String> = trajectory_entries(&out)
+        .iter()
+        .map(|t| t["scenario"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(finished_before.len() < 6, "{finished_before:?}");
+    let sent_before = server.requests();
+    let o = run_in(&suite, &["--resume"])
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let sent_after: Vec<String> = conversations(&server)[sent_before..]
+        .iter()
+        .map(|c| c[0].clone())
+        .collect();
+    assert_eq!(
+        sent_after.len(),
+        6 - finished_before.len(),
+        "{sent_after:?}"
+    );
+    for s in &finished_before {
+        assert!(
+            !sent_after.contains(&format!("hello {s}")),
+            "{s} sent again"
+        );
+    }
+    let rows = trajectory_rows(&out);
+    assert_eq!(rows.len(), 6);
+    assert!(rows.values().all(|&n| n == 1));
+    let ends = entries(&out)
+        .iter()
+        .filter(|e| e.get("run_finished").is_some())
+        .count();
+    assert_eq!(ends, 1, "the stopped attempt's end is not kept");
+}
+
+const TREE: &str = r#"
+scenario "tree" {
+    user "tree start"
+    expect reply contains="Hello"
+    branch "a" {
+        user "tree branch a"
+        expect reply contains="Hello"
+    }
+    branch "b" {
+        user "tree branch b"
+        expect reply contains="Hello"
+    }
+}
+"#;
+
+#[tokio::test]
+async fn an_unfinished_branch_sends_the_shared_prefix_again_and_a_finished_one_nothing() {
+    let server = agent(Duration::ZERO).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    std::fs::write(&suite, format!("{}{TREE}", linear_suite(&server.url(), 0))).unwrap();
+    let out = dir.path().join("out");
+    let o = run_in(&suite, &["--jobs", "1", "--out"])
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // Killed just after branch `a` was recorded: the shared `start` is in the journal on
+    // `a`'s path, branch `b` is not.
+    cut_journal(&out, |e| {
+        let node = e.get("node").map(|n| n["node"].as_str().unwrap());
+        let trajectory = e
+            .get("trajectory")
+            .map(|t| t["trajectory"].as_str().unwrap());
+        node != Some("b") && trajectory != Some("b")
+    });
+    let sent_before = server.requests();
+
+    let o = run_in(&suite, &["--resume"])
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let sent: Vec<Vec<String>> = conversations(&server)[sent_before..].to_vec();
+    assert_eq!(
+        sent,
+        [
+            vec!["tree start".to_owned()],
+            vec!["tree start".to_owned(), "tree branch b".to_owned()]
+        ]
+    );
+    let rows = trajectory_rows(&out);
+    assert_eq!(
+        rows.keys().map(|(_, t, _)| t.as_str()).collect::<Vec<_>>(),
+        ["a", "b"]
+    );
+    assert!(rows.values().all(|&n| n == 1));
+    // `b`'s own node holds the prefix it sent again, marked as a replay, and its record
+    // has the prefix's check, judged on that replay.
+    let nodes: Vec<serde_json::Value> = entries(&out)
+        .into_iter()
+        .filter_map(|e| e.get("node").cloned())
+        .collect();
+    assert_eq!(
+        nodes
+            .iter()
+            .map(|n| n["node"].as_str().unwrap())
+            .collect::<Vec<_>>(),
+        ["start", "a", "b"]
+    );
+    let replayed: Vec<bool> = nodes[2]["turns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["replay"].as_bool().unwrap_or(false))
+        .collect();
+    assert_eq!(replayed, [true, false]);
+    let b = trajectory_entries(&out)
+        .into_iter()
+        .find(|t| t["trajectory"] == "b")
+        .unwrap();
+    assert_eq!(b["status"], "passed");
+    assert_eq!(b["nodes"], serde_json::json!(["start", "b"]));
+    assert_eq!(b["criteria"].as_array().unwrap().len(), 2, "{b}");
+    assert_eq!(read_parquet(&out.join("turns.parquet")).height(), 4);
+}
+
+#[tokio::test]
+async fn an_edit_to_a_finished_trajectory_is_refused_and_other_edits_resume() {
+    let server = agent(Duration::ZERO).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    let original = linear_suite(&server.url(), 4);
+    std::fs::write(&suite, &original).unwrap();
+    let out = dir.path().join("out");
+    let o = run_in(&suite, &["--out"]).arg(&out).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // Killed when s0 and s1 had finished.
+    cut_journal(&out, |e| !of_scenario(e, "s2") && !of_scenario(e, "s3"));
+    let journal = std::fs::read(out.join(JOURNAL)).unwrap();
+    let sent_before = server.requests();
+
+    let refused = |text: String, extra: &'static [&'static str], why: &'static str| {
+        let suite = suite.clone();
+        let out = out.clone();
+        let journal = journal.clone();
+        async move {
+            std::fs::write(&suite, text).unwrap();
+            let o = run_in(&suite, extra)
+                .arg("--resume")
+                .arg(&out)
+                .output()
+                .await
+                .unwrap();
+            assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+            let err = stderr(&o);
+            assert!(err.contains("cannot resume run"), "{err}");
+            assert!(err.contains(why), "{err}");
+            assert_eq!(std::fs::read(out.join(JOURNAL)).unwrap(), journal, "{err}");
+        }
+    };
+    refused(
+        original.replace("hello s0", "hello there s0"),
+        &[],
+        "suite/s0 main [bot]: what it sends changed",
+    )
+    .await;
+    refused(
+        original.replace(
+            "user \"hello s1\"\n    expect reply contains=\"Hello\"",
+            "user \"hello s1\"\n    expect reply contains=\"Hell\"",
+        ),
+        &[],
+        "suite/s1 main [bot]: what it checks changed",
+    )
+    .await;
+    refused(
+        original.clone(),
+        &["--filter", "s1"],
+        "suite/s0 main [bot]: its scenario is not in this plan",
+    )
+    .await;
+    refused(original.clone(), &["--strict"], "recorded without --strict").await;
+    assert_eq!(
+        server.requests(),
+        sent_before,
+        "a refused resume calls nothing"
+    );
+
+    // Edits that leave s0 and s1 alone: an unfinished scenario, a new one.
+    let edited = format!(
+        "{}scenario \"s4\" {{\n    user \"hello s4\"\n    expect reply contains=\"Hello\"\n}}\n",
+        original.replace("hello s3", "hello again s3")
+    );
+    std::fs::write(&suite, edited).unwrap();
+    let o = run_in(&suite, &["--resume"])
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let mut sent: Vec<String> = conversations(&server)[sent_before..]
+        .iter()
+        .map(|c| c[0].clone())
+        .collect();
+    sent.sort();
+    assert_eq!(sent, ["hello again s3", "hello s2", "hello s4"]);
+    let rows = trajectory_rows(&out);
+    assert_eq!(
+        rows.keys().map(|(s, _, _)| s.as_str()).collect::<Vec<_>>(),
+        ["s0", "s1", "s2", "s3", "s4"]
+    );
+}
+
+#[tokio::test]
+async fn resume_tells_apart_a_directory_in_use_an_empty_journal_and_no_journal() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    // An agent that takes its time: the first run is still writing when the resume comes.
+    let slow = agent(Duration::from_secs(30)).await;
+    std::fs::write(&suite, linear_suite(&slow.url(), 1)).unwrap();
+    let out = dir.path().join("out");
+    let mut running = run_in(&suite, &["-q", "--out"])
+        .arg(&out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while slow.requests() == 0 {
+        assert!(started.elapsed() < Duration::from_secs(30), "no request");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let o = run_in(&suite, &["--resume"])
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("another trellis run is writing to"),
+        "{}",
+        stderr(&o)
+    );
+    running.kill().await.unwrap();
+
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let o = run_in(&suite, &["--resume"])
+        .arg(&empty)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("holds no run to resume: it has no journal"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run_in(&suite, &["--resume"])
+        .arg(dir.path().join("typo"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("does not exist"), "{}", stderr(&o));
+    assert!(!dir.path().join("typo").exists());
+
+    // Killed before its first entry was flushed: nothing to keep, the run starts over.
+    let fast = agent(Duration::ZERO).await;
+    std::fs::write(&suite, linear_suite(&fast.url(), 2)).unwrap();
+    let early = dir.path().join("early");
+    std::fs::create_dir(&early).unwrap();
+    std::fs::File::create(early.join(JOURNAL)).unwrap();
+    let o = run_in(&suite, &["--resume"])
+        .arg(&early)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stderr(&o).contains("starts over"), "{}", stderr(&o));
+    assert_eq!(fast.requests(), 2);
+    assert_eq!(trajectory_rows(&early).len(), 2);
+}
+
+#[tokio::test]
+async fn a_finished_run_whose_reports_were_lost_gets_them_back_without_running() {
+    let server = agent(Duration::ZERO).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    std::fs::write(&suite, linear_suite(&server.url(), 2)).unwrap();
+    let out = dir.path().join("out");
+    let o = run_in(&suite, &["--out"]).arg(&out).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // Killed while writing its reports: the journal has its end, the files are gone.
+    for file in ["trajectories.parquet", "summary.json", "report.html"] {
+        std::fs::remove_file(out.join(file)).unwrap();
+    }
+    let sent = server.requests();
+    let o = run_in(&suite, &["--resume"])
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stderr(&o).contains("already finished"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("written again"), "{}", stderr(&o));
+    assert_eq!(server.requests(), sent);
+    assert_eq!(trajectory_rows(&out).len(), 2);
+    assert!(out.join("summary.json").is_file());
+}
