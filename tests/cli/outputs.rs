@@ -1,6 +1,7 @@
 //! The results of a run survive what users do to it: a console closed early, SIGTERM, a
-//! kill -9, a journal that cannot be written, and an `--out` that holds an earlier run. Every
-//! test drives the real binary against agents served on 127.0.0.1 by the test.
+//! kill -9, a journal that cannot be written, and an `--out` that holds an earlier run; and
+//! the journal stays small next to the tables. Every test drives the real binary against
+//! agents served on 127.0.0.1 by the test.
 
 use std::path::Path;
 use std::process::{ExitStatus, Stdio};
@@ -694,4 +695,51 @@ scenario "book" {{
             .contains("stopped while the judge"),
         "{c:?}"
     );
+}
+
+/// The journal is the crash-safe source of truth but no longer 28 times the tables:
+/// one-turn trajectories (the worst case: least text per timing) stay within twice them.
+#[tokio::test]
+async fn the_journal_stays_within_twice_the_parquet_tables() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    std::fs::write(
+        &suite,
+        r#"agent "booking" protocol="connexity" builtin="booking"
+scenario "one-turn" {
+    repeat 2000
+    user "Hi, I'd like to book a duct cleaning."
+    expect reply contains="postal code"
+}
+"#,
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(&suite)
+        .args(["-q", "--jobs", "64", "--out"])
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let parquet: u64 = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".parquet"))
+        .map(|e| e.metadata().unwrap().len())
+        .sum();
+    let journal = std::fs::metadata(out.join(crate::JOURNAL)).unwrap().len();
+    let json = journal_text(&out).len() as u64;
+    assert!(
+        journal <= 2 * parquet,
+        "journal {journal} bytes, Parquet tables {parquet} bytes"
+    );
+    assert!(json > 10 * journal, "{json} bytes of JSON in {journal}");
+    let trajectories = crate::journal_text(&out)
+        .lines()
+        .filter(|l| l.starts_with("{\"trajectory\""))
+        .count();
+    assert_eq!(trajectories, 2000);
 }
