@@ -244,8 +244,13 @@ pub struct BranchStats {
     pub trajectory: String,
     pub agent: String,
     pub repeats: Repeats,
-    /// Status per repetition, by repetition number.
-    pub outcomes: Vec<(u32, TrajectoryStatus)>,
+    /// The status of each repetition, by repetition number, as runs of equal status:
+    /// `(first, last, status)` for repetitions `first..=last` (a gap in the numbers starts a
+    /// new run). A branch whose 50,000 repetitions all passed is one entry, where a pair per
+    /// repetition made `summary.json` 3 MB; each repetition is a row of `trajectories.parquet`.
+    /// Summaries written before hold `outcomes` pairs instead, which are not read.
+    #[serde(default)]
+    pub outcome_runs: Vec<(u32, u32, TrajectoryStatus)>,
     /// Mean of the repetitions' own durations (`trajectories.duration_ms`).
     pub mean_duration_ms: Option<f64>,
 }
@@ -337,6 +342,23 @@ impl RunStats {
         }
         Ok(builder.finish())
     }
+}
+
+/// Repetitions' statuses (sorted by repetition) as runs of consecutive repetitions with the
+/// same status.
+fn outcome_runs(outcomes: &[(u32, TrajectoryStatus)]) -> Vec<(u32, u32, TrajectoryStatus)> {
+    let mut runs: Vec<(u32, u32, TrajectoryStatus)> = Vec::new();
+    for &(repetition, status) in outcomes {
+        match runs.last_mut() {
+            Some((_, last, run_status))
+                if *run_status == status && last.checked_add(1) == Some(repetition) =>
+            {
+                *last = repetition;
+            }
+            _ => runs.push((repetition, repetition, status)),
+        }
+    }
+    runs
 }
 
 /// A suite, scenario, branch, agent, node or criterion name, interned: a run repeats the
@@ -703,7 +725,7 @@ impl StatsBuilder {
                     agent,
                     repeats: Repeats::from_counts(ran, passed, skipped),
                     mean_duration_ms: (ran > 0).then(|| acc.duration_ms / ran as f64),
-                    outcomes: acc.outcomes,
+                    outcome_runs: outcome_runs(&acc.outcomes),
                 }
             })
             .collect();
@@ -874,6 +896,32 @@ mod tests {
         assert!(close(quantile(&values, 0.95).unwrap(), 8.8));
         assert_eq!(quantile(&[], 0.5), None);
         assert_eq!(quantile(&[7.0], 0.95), Some(7.0));
+    }
+
+    #[test]
+    fn repetitions_of_equal_status_are_one_run() {
+        use TrajectoryStatus::*;
+        assert_eq!(outcome_runs(&[]), []);
+        let all: Vec<_> = (0..50_000).map(|r| (r, Passed)).collect();
+        assert_eq!(outcome_runs(&all), [(0, 49_999, Passed)]);
+        let mixed = [
+            (0, Passed),
+            (1, Passed),
+            (2, Failed),
+            (3, Passed),
+            (5, Passed),
+            (6, Skipped),
+        ];
+        assert_eq!(
+            outcome_runs(&mixed),
+            [
+                (0, 1, Passed),
+                (2, 2, Failed),
+                (3, 3, Passed),
+                (5, 5, Passed),
+                (6, 6, Skipped)
+            ]
+        );
     }
 
     #[test]
