@@ -377,3 +377,24 @@ fn editors_that_quit_loosely_or_never_connect_get_a_clean_stop_or_a_clear_error(
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("started by an editor"), "{stderr}");
 }
+
+#[test]
+fn a_file_changed_on_disk_behind_the_editor_is_checked_again() {
+    let dir = project();
+    let steps = serde_json::json!([
+        {"do": "open", "file": "main.kdl"},
+        {"do": "write", "file": "agents.kdl", "text": AGENTS.replace("\"shop\"", "\"store\"")},
+    ]);
+    let out = session(dir.path(), steps);
+    assert_eq!(out[1]["diagnostics"]["main.kdl"], serde_json::json!([]));
+    let after = out[2]["diagnostics"]["main.kdl"]
+        .as_array()
+        .expect("diagnostics");
+    assert_eq!(after.len(), 2, "{after:?}");
+    assert!(
+        after
+            .iter()
+            .all(|d| d["code"] == "trellis::undefined_reference"),
+        "{after:?}"
+    );
+}
