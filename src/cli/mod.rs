@@ -10,6 +10,7 @@ mod calibrate;
 mod console;
 mod history;
 mod import;
+mod init;
 mod meta;
 mod recorder;
 mod rejudge;
@@ -40,6 +41,16 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Write a new project for an agent of PROTOCOL: suites that pass at once against the
+    /// protocol's built-in reference agent, an agents file to point at yours, a CI workflow
+    /// gated on a pinned baseline, and a README.
+    ///
+    /// Example: trellis init my-evals --protocol openai && cd my-evals && trellis run
+    ///
+    /// Files that exist are not overwritten without --force (`.gitignore` only gets `runs/`
+    /// appended). Exit code 0 written, 1 a file could not be written, 2 usage (no or an
+    /// unknown --protocol, files in the way, DIR is a file).
+    Init(init::InitArgs),
     /// Run suites against their agents and write Parquet tables, report.html and junit.xml.
     ///
     /// Example: trellis run suites/ --jobs 32 --filter 'book-*'
@@ -321,6 +332,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Bench(args) => bench::bench(args),
         Command::Watch(args) => watch::watch(args),
         Command::Import(args) => import::import(args),
+        Command::Init(args) => init::init(args),
         Command::Runs(args) => history::runs(args),
         Command::Compare(args) => history::compare_command(args),
         Command::Calibrate(args) => calibrate::calibrate(args),

@@ -15,6 +15,7 @@ mod history;
 mod import;
 mod import_connexity;
 mod import_multiagent;
+mod init;
 mod judges;
 mod lsp;
 mod multiagent;
