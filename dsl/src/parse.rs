@@ -34,6 +34,7 @@ mod values;
 use crate::lang::check::{self, Problem};
 use crate::lang::{self, NodeSpec};
 
+pub use include::suite_files;
 use include::*;
 use scenario::*;
 use values::*;
