@@ -8,6 +8,7 @@ mod agent;
 mod bench;
 mod calibrate;
 mod console;
+mod fmt;
 mod history;
 mod import;
 mod meta;
@@ -57,6 +58,17 @@ enum Command {
     /// With --explain NODE, prints what a node of the suite language takes instead (its
     /// arguments, properties and block): `scenario`, `branch`, `tool.mock`, `expect.reply`.
     Check(CheckArgs),
+    /// Lay suite files out canonically: four spaces per block, one space between arguments,
+    /// every comment, string and number kept as written.
+    ///
+    /// Example: trellis fmt --check
+    ///
+    /// Formats the files `run` would load (every *.kdl below the given directories, default
+    /// ./suites, and what they include), writing each changed file atomically and printing
+    /// its name. A file that does not parse gets the diagnostics `check` prints, and nothing
+    /// is written (exit 2). --check writes nothing: it lists the files that would change
+    /// with a short diff and exits 1 if any would, 0 otherwise.
+    Fmt(fmt::FmtArgs),
     /// List the scenarios that would run and their trajectories.
     ///
     /// Example: trellis list suites/ --filter 'booking/*'
@@ -307,6 +319,7 @@ pub fn main(cli: Cli) -> ExitCode {
             Some(node) => explain(node),
             None => check(&args.paths),
         },
+        Command::Fmt(args) => fmt::fmt(args),
         Command::List(args) => list(&args),
         Command::Graph(args) => graph(&args),
         Command::Report(args) => report(&args),

@@ -11,6 +11,7 @@ mod agent;
 mod calibrate;
 mod diagnostics;
 mod faults;
+mod fmt;
 mod history;
 mod import;
 mod import_connexity;
