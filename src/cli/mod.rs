@@ -7,6 +7,7 @@
 mod agent;
 mod bench;
 mod calibrate;
+mod complete;
 mod console;
 mod fmt;
 mod history;
@@ -22,8 +23,11 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap_complete::{ArgValueCandidates, ArgValueCompleter};
 use trellis_dsl::graph::{GraphFormat, TrajectoryGraph};
 use trellis_engine::plan::{Plan, Selection};
+
+pub(crate) use complete::setup as answer_completion_request;
 
 pub const EXIT_OK: u8 = 0;
 pub const EXIT_FAILED: u8 = 1;
@@ -143,6 +147,15 @@ enum Command {
     /// stops the server cleanly (exit 0). --stdio answers one JSON line per request line
     /// until stdin ends; --per-call answers the whole of stdin once.
     Agent(agent::AgentArgs),
+    /// Print the script that completes `trellis` commands, flags, run ids and run names in
+    /// SHELL.
+    ///
+    /// Example: source <(trellis completions bash)
+    ///
+    /// The script asks `trellis` for the candidates as you type, so it stays right when
+    /// `trellis` is upgraded and knows the runs in the runs directory (`--dir`, else
+    /// runs/). See the README for each shell's installation.
+    Completions(complete::CompletionsArgs),
 }
 
 #[derive(Debug, Args)]
@@ -214,7 +227,8 @@ pub struct RunArgs {
     /// Compare with this run when done (directory, id, name; without a value the pinned
     /// baseline) and exit by the comparison: 1 on a regression past the thresholds, 0
     /// otherwise, even when trajectories fail that failed in the baseline too.
-    #[arg(long, value_name = "RUN", num_args = 0..=1, default_missing_value = "pinned")]
+    #[arg(long, value_name = "RUN", num_args = 0..=1, default_missing_value = "pinned",
+          add = ArgValueCandidates::new(complete::runs))]
     baseline: Option<String>,
     #[command(flatten)]
     thresholds: history::ThresholdArgs,
@@ -249,6 +263,7 @@ pub enum LlmCacheMode {
 #[derive(Debug, Args)]
 struct ReportArgs {
     /// A run directory holding journal.jsonl.
+    #[arg(add = ArgValueCompleter::new(complete::run_dirs))]
     dir: PathBuf,
     /// Write the rebuilt files into this directory (created if missing) instead of the run
     /// directory, which is left untouched.
@@ -331,6 +346,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Calibrate(args) => calibrate::calibrate(args),
         Command::Agent(args) => agent::agent(args),
         Command::Rejudge(args) => rejudge::rejudge(args),
+        Command::Completions(args) => complete::completions(&args),
     };
     ExitCode::from(code)
 }

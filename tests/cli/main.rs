@@ -9,6 +9,7 @@ mod support {
 mod a2a;
 mod agent;
 mod calibrate;
+mod complete;
 mod diagnostics;
 mod faults;
 mod fmt;
