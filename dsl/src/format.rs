@@ -34,7 +34,7 @@ use kdl::{KdlDocument, KdlValue};
 use crate::depth;
 use crate::diagnostics::{Diagnostic, Diagnostics, Kind};
 use crate::model::SourceFile;
-use crate::parse::{display_name, refused_diagnostic, syntax_diagnostics};
+use crate::parse::{display_name, normalize, refused_diagnostic, syntax_diagnostics};
 
 /// Spaces per block level.
 const INDENT: usize = 4;
@@ -63,8 +63,9 @@ pub struct Formatted {
     /// Its formatted text (equal to `source.text` when it is already formatted).
     pub text: String,
     /// The files its top-level `include` nodes name, resolved against its directory (those
-    /// that do not exist included: `trellis check` reports them).
-    pub includes: Vec<PathBuf>,
+    /// that do not exist included: `trellis check` reports them), each with the name
+    /// diagnostics give it (`suites/shared/a.kdl`, not `suites/sub/../shared/a.kdl`).
+    pub includes: Vec<(PathBuf, String)>,
 }
 
 impl Formatted {
@@ -77,7 +78,12 @@ impl Formatted {
 /// Reads and formats the suite file at `path`. A file that cannot be read or does not parse
 /// gets the diagnostics `trellis check` prints for it.
 pub fn format_file(path: &Path) -> Result<Formatted, FormatError> {
-    let name = display_name(path);
+    format_named(path, display_name(path))
+}
+
+/// [`format_file`], the file shown as `name` (an included file's name from
+/// [`Formatted::includes`]).
+pub fn format_named(path: &Path, name: String) -> Result<Formatted, FormatError> {
     let text = fs::read_to_string(path).map_err(|e| {
         FormatError::Invalid(Diagnostics::new(vec![Diagnostic::new(
             Kind::Io,
@@ -90,8 +96,18 @@ pub fn format_file(path: &Path) -> Result<Formatted, FormatError> {
         text: Arc::from(text),
     };
     let (text, includes) = format_source(&source)?;
+    // As the loader resolves and names them.
     let base = path.parent().unwrap_or_else(|| Path::new(""));
-    let includes = includes.into_iter().map(|rel| base.join(rel)).collect();
+    let shown_base = Path::new(&source.name)
+        .parent()
+        .unwrap_or_else(|| Path::new(""));
+    let includes = includes
+        .into_iter()
+        .map(|rel| {
+            let name = display_name(&normalize(&shown_base.join(&rel)));
+            (base.join(rel), name)
+        })
+        .collect();
     Ok(Formatted {
         source,
         text,

@@ -36,7 +36,7 @@ use crate::lang::{self, NodeSpec};
 
 pub use include::suite_files;
 use include::*;
-pub(crate) use include::{display_name, refused_diagnostic, syntax_diagnostics};
+pub(crate) use include::{display_name, normalize, refused_diagnostic, syntax_diagnostics};
 use scenario::*;
 use values::*;
 pub use values::{parse_duration, parse_size};

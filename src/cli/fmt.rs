@@ -14,7 +14,7 @@ use std::time::Duration;
 use clap::Args;
 use similar::{ChangeTag, TextDiff};
 use trellis_dsl::diagnostics::Kind;
-use trellis_dsl::format::{FormatError, Formatted, format_file};
+use trellis_dsl::format::{FormatError, Formatted, format_file, format_named};
 use trellis_dsl::{Diagnostic, Diagnostics};
 
 use super::console::{self, errln, outln};
@@ -41,29 +41,34 @@ pub fn fmt(args: FmtArgs) -> u8 {
         args.paths
     };
     let mut problems: Vec<Diagnostic> = Vec::new();
-    let mut queue: VecDeque<PathBuf> = VecDeque::new();
+    // Each file with the name diagnostics give it.
+    let mut queue: VecDeque<(PathBuf, Option<String>)> = VecDeque::new();
     for root in &roots {
         let (files, found) = trellis_dsl::parse::suite_files(root);
         problems.extend(found);
-        queue.extend(files);
+        queue.extend(files.into_iter().map(|f| (f, None)));
     }
     let mut seen = HashSet::new();
     let mut total = 0usize;
     let mut changed: Vec<Formatted> = Vec::new();
     let mut refused = false;
-    while let Some(path) = queue.pop_front() {
+    while let Some((path, name)) = queue.pop_front() {
         let canonical = fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
         if !seen.insert(canonical) {
             continue;
         }
-        match format_file(&path) {
+        let formatted = match name {
+            Some(name) => format_named(&path, name),
+            None => format_file(&path),
+        };
+        match formatted {
             Ok(formatted) => {
                 total += 1;
                 // Right after the including file, as the loader reads them. An include that
                 // does not exist is `check`'s to report.
-                for include in formatted.includes.iter().rev() {
+                for (include, name) in formatted.includes.iter().rev() {
                     if include.is_file() {
-                        queue.push_front(include.clone());
+                        queue.push_front((include.clone(), Some(name.clone())));
                     }
                 }
                 if formatted.changed() {

@@ -6,7 +6,7 @@ use super::*;
 
 /// A valid suite laid out badly, with a comment of every kind.
 const MESSY: &str = r##"// The suite's head comment.
-include "lib/agents.kdl"
+include "../shared/agents.kdl"
 
 
 /* A block comment
@@ -27,7 +27,7 @@ user "How much?"
 "##;
 
 const FORMATTED: &str = r##"// The suite's head comment.
-include "lib/agents.kdl"
+include "../shared/agents.kdl"
 
 /* A block comment
    of two lines. */
@@ -60,9 +60,11 @@ async fn run(dir: &Path, args: &[&str]) -> Output {
 
 fn suite_dir() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::create_dir_all(dir.path().join("suites/lib")).unwrap();
+    // The included file is outside the directory walked: found through the `include`.
+    std::fs::create_dir_all(dir.path().join("suites")).unwrap();
+    std::fs::create_dir_all(dir.path().join("shared")).unwrap();
     std::fs::write(dir.path().join("suites/greets.kdl"), MESSY).unwrap();
-    std::fs::write(dir.path().join("suites/lib/agents.kdl"), AGENTS).unwrap();
+    std::fs::write(dir.path().join("shared/agents.kdl"), AGENTS).unwrap();
     dir
 }
 
@@ -102,10 +104,7 @@ async fn fmt_lays_a_suite_out_keeping_comments_and_meaning() {
     assert!(out.contains("would reformat suites/greets.kdl"), "{out}");
     assert!(out.contains("-  agent \"demo\"; tags"), "{out}");
     assert!(out.contains("+    agent \"demo\""), "{out}");
-    assert!(
-        out.contains("would reformat suites/lib/agents.kdl"),
-        "{out}"
-    );
+    assert!(out.contains("would reformat shared/agents.kdl"), "{out}");
     assert!(
         stderr(&o).contains("2 of 2 files would be reformatted"),
         "{}",
@@ -118,13 +117,13 @@ async fn fmt_lays_a_suite_out_keeping_comments_and_meaning() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(
         stdout(&o),
-        "suites/greets.kdl\nsuites/lib/agents.kdl\n",
+        "suites/greets.kdl\nshared/agents.kdl\n",
         "{}",
         stderr(&o)
     );
     assert_eq!(std::fs::read_to_string(&suite).unwrap(), FORMATTED);
     assert_eq!(
-        std::fs::read_to_string(dir.path().join("suites/lib/agents.kdl")).unwrap(),
+        std::fs::read_to_string(dir.path().join("shared/agents.kdl")).unwrap(),
         "agent \"demo\" protocol=\"connexity\" builtin=\"booking\"\n"
     );
 

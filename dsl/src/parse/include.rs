@@ -260,7 +260,7 @@ pub(crate) fn display_name(path: &Path) -> String {
 }
 
 /// Removes `.` and resolvable `..` components without touching the file system.
-pub(super) fn normalize(path: &Path) -> PathBuf {
+pub(crate) fn normalize(path: &Path) -> PathBuf {
     let mut out: Vec<Component> = Vec::new();
     for c in path.components() {
         match c {
