@@ -5,11 +5,13 @@
 use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand};
+use clap_complete::ArgValueCandidates;
 use comfy_table::Cell;
 use trellis_reports::calibration::UntrustedJudge;
 use trellis_reports::compare::{self, Comparison, RunRef, Thresholds, Verdict};
 use trellis_reports::history::{self, HistoryError, RunEntry};
 
+use super::complete;
 use super::console::{self, errln, outln};
 use super::{EXIT_FAILED, EXIT_INCOMPLETE, EXIT_INVALID, EXIT_OK};
 
@@ -44,6 +46,7 @@ enum RunsAction {
     /// Example: trellis runs name 20261122T035000.123Z-1a2b before-prompt-change
     Name {
         /// Run directory, run id (or a unique prefix) or current name.
+        #[arg(add = ArgValueCandidates::new(complete::runs))]
         run: String,
         name: String,
     },
@@ -53,11 +56,13 @@ enum RunsAction {
     /// Example: trellis runs pin before-prompt-change
     Pin {
         /// Run directory, run id (or a unique prefix) or name.
+        #[arg(add = ArgValueCandidates::new(complete::runs))]
         run: String,
     },
     /// Unpin a run.
     Unpin {
         /// Run directory, run id (or a unique prefix) or name.
+        #[arg(add = ArgValueCandidates::new(complete::runs))]
         run: String,
     },
 }
@@ -122,8 +127,10 @@ pub struct CompareArgs {
     /// The earlier run: directory (a path, or a name under --dir), id (or a unique prefix),
     /// name, or `pinned`. Default: the
     /// pinned baseline, else the second most recent finished run.
+    #[arg(add = ArgValueCandidates::new(complete::runs))]
     base: Option<String>,
     /// The later run. Default: the most recent finished run.
+    #[arg(add = ArgValueCandidates::new(complete::runs))]
     head: Option<String>,
     #[command(flatten)]
     runs: RunsDir,

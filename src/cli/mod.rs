@@ -7,7 +7,9 @@
 mod agent;
 mod bench;
 mod calibrate;
+mod complete;
 mod console;
+mod fmt;
 mod history;
 mod import;
 mod init;
@@ -22,8 +24,11 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap_complete::{ArgValueCandidates, ArgValueCompleter};
 use trellis_dsl::graph::{GraphFormat, TrajectoryGraph};
 use trellis_engine::plan::{Plan, Selection};
+
+pub(crate) use complete::setup as answer_completion_request;
 
 pub const EXIT_OK: u8 = 0;
 pub const EXIT_FAILED: u8 = 1;
@@ -68,6 +73,17 @@ enum Command {
     /// With --explain NODE, prints what a node of the suite language takes instead (its
     /// arguments, properties and block): `scenario`, `branch`, `tool.mock`, `expect.reply`.
     Check(CheckArgs),
+    /// Lay suite files out canonically: four spaces per block, one space between arguments,
+    /// every comment, string and number kept as written.
+    ///
+    /// Example: trellis fmt --check
+    ///
+    /// Formats the files `run` would load (every *.kdl below the given directories, default
+    /// ./suites, and what they include), writing each changed file atomically and printing
+    /// its name. A file that does not parse gets the diagnostics `check` prints, and nothing
+    /// is written (exit 2). --check writes nothing: it lists the files that would change
+    /// with a short diff and exits 1 if any would, 0 otherwise.
+    Fmt(fmt::FmtArgs),
     /// List the scenarios that would run and their trajectories.
     ///
     /// Example: trellis list suites/ --filter 'booking/*'
@@ -150,6 +166,15 @@ enum Command {
     ///
     /// Started by the editor, not by hand; docs/editors.md sets up Neovim, Helix and VS Code.
     Lsp,
+    /// Print the script that completes `trellis` commands, flags, run ids and run names in
+    /// SHELL.
+    ///
+    /// Example: source <(trellis completions bash)
+    ///
+    /// The script asks `trellis` for the candidates as you type, so it stays right when
+    /// `trellis` is upgraded and knows the runs in the runs directory (`--dir`, else
+    /// runs/). See the README for each shell's installation.
+    Completions(complete::CompletionsArgs),
 }
 
 #[derive(Debug, Args)]
@@ -221,7 +246,8 @@ pub struct RunArgs {
     /// Compare with this run when done (directory, id, name; without a value the pinned
     /// baseline) and exit by the comparison: 1 on a regression past the thresholds, 0
     /// otherwise, even when trajectories fail that failed in the baseline too.
-    #[arg(long, value_name = "RUN", num_args = 0..=1, default_missing_value = "pinned")]
+    #[arg(long, value_name = "RUN", num_args = 0..=1, default_missing_value = "pinned",
+          add = ArgValueCandidates::new(complete::runs))]
     baseline: Option<String>,
     #[command(flatten)]
     thresholds: history::ThresholdArgs,
@@ -256,6 +282,7 @@ pub enum LlmCacheMode {
 #[derive(Debug, Args)]
 struct ReportArgs {
     /// A run directory holding journal.jsonl.
+    #[arg(add = ArgValueCompleter::new(complete::run_dirs))]
     dir: PathBuf,
     /// Write the rebuilt files into this directory (created if missing) instead of the run
     /// directory, which is left untouched.
@@ -326,6 +353,7 @@ pub fn main(cli: Cli) -> ExitCode {
             Some(node) => explain(node),
             None => check(&args.paths),
         },
+        Command::Fmt(args) => fmt::fmt(args),
         Command::List(args) => list(&args),
         Command::Graph(args) => graph(&args),
         Command::Report(args) => report(&args),
@@ -339,6 +367,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Agent(args) => agent::agent(args),
         Command::Rejudge(args) => rejudge::rejudge(args),
         Command::Lsp => lsp(),
+        Command::Completions(args) => complete::completions(&args),
     };
     ExitCode::from(code)
 }

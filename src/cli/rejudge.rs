@@ -19,6 +19,7 @@ use super::{EXIT_FAILED, EXIT_INCOMPLETE, EXIT_INVALID, EXIT_OK, LlmCacheMode};
 #[derive(Debug, Args)]
 pub struct RejudgeArgs {
     /// The recorded run: a directory holding journal.jsonl.
+    #[arg(add = clap_complete::ArgValueCompleter::new(super::complete::run_dirs))]
     run_dir: PathBuf,
     /// The suites whose judges, panels and providers score the checks now (the scenarios'
     /// checks are found by their text).

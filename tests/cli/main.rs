@@ -9,8 +9,10 @@ mod support {
 mod a2a;
 mod agent;
 mod calibrate;
+mod complete;
 mod diagnostics;
 mod faults;
+mod fmt;
 mod history;
 mod import;
 mod import_connexity;
