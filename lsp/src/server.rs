@@ -326,6 +326,7 @@ impl Server {
                 self.with_params(request, |s, p| s.prepare_rename(p))
             }
             req::DocumentSymbolRequest::METHOD => self.with_params(request, |s, p| s.symbols(p)),
+            req::Formatting::METHOD => self.with_params(request, |s, p| s.format(p)),
             _ => {
                 return Response::new_err(
                     id,
@@ -705,6 +706,33 @@ impl Server {
             changes: Some(changes),
             ..Default::default()
         }))
+    }
+
+    /// `trellis fmt` of the buffer: one edit replacing the whole text, none when it is
+    /// already formatted or does not parse (its diagnostics say why).
+    fn format(&self, p: DocumentFormattingParams) -> Result<Option<Vec<TextEdit>>, String> {
+        let Some(path) = to_path(&p.text_document.uri) else {
+            return Ok(None);
+        };
+        let Some(view) = self.view(&path) else {
+            return Ok(None);
+        };
+        let file = trellis_dsl::SourceFile {
+            name: path.display().to_string(),
+            path,
+            text: view.text.clone(),
+        };
+        match trellis_dsl::format::format_source(&file) {
+            Ok((text, _)) if text != *view.text => {
+                let end = view.lines.position(&view.text, view.text.len());
+                Ok(Some(vec![TextEdit::new(
+                    Range::new(Position::new(0, 0), end),
+                    text,
+                )]))
+            }
+            Ok(_) | Err(trellis_dsl::format::FormatError::Invalid(_)) => Ok(None),
+            Err(e) => Err(e.to_string()),
+        }
     }
 
     fn symbols(&self, p: DocumentSymbolParams) -> Result<Option<DocumentSymbolResponse>, String> {

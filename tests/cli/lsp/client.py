@@ -116,6 +116,12 @@ async def main(binary, project, script):
             for u, es in ((r.changes or {}) if r else {}).items():
                 edits[Path(u.removeprefix("file://")).name] = len(es)
             print(json.dumps({"step": kind, "edits": edits}), flush=True)
+        elif kind == "format":
+            r = await client.text_document_formatting_async(t.DocumentFormattingParams(
+                text_document=ident, options=t.FormattingOptions(tab_size=4, insert_spaces=True)))
+            print(json.dumps({"step": kind, "edits": [
+                {"line": e.range.start.line, "end": e.range.end.line, "text": e.new_text}
+                for e in (r or [])]}), flush=True)
         elif kind == "symbols":
             r = await client.text_document_document_symbol_async(
                 t.DocumentSymbolParams(text_document=ident))
