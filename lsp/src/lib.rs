@@ -7,6 +7,8 @@
 //! parses.
 
 pub mod analysis;
+mod diagnostics;
+mod features;
 pub mod server;
 pub mod syntax;
 pub mod text;
