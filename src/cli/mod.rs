@@ -14,6 +14,7 @@ mod meta;
 mod recorder;
 mod rejudge;
 mod run;
+mod shard;
 mod stop;
 mod watch;
 
@@ -226,6 +227,22 @@ pub struct RunArgs {
     /// miss is an error naming the call (CI: prove a run needs no LLM call).
     #[arg(long, value_enum, default_value_t = LlmCacheMode::ReadWrite, requires = "llm_cache")]
     llm_cache_mode: LlmCacheMode,
+    /// Run only shard I of N (I from 1): one of N disjoint parts of the plan, each scenario
+    /// whole; `trellis merge` combines the N runs. Without it, a Kubernetes Indexed Job
+    /// (JOB_COMPLETION_INDEX with --shards or TRELLIS_SHARDS), GitLab `parallel`
+    /// (CI_NODE_INDEX, CI_NODE_TOTAL) or Buildkite `parallelism` (BUILDKITE_PARALLEL_JOB,
+    /// BUILDKITE_PARALLEL_JOB_COUNT) says which shard this is.
+    #[arg(long, value_name = "I/N", conflicts_with = "shards")]
+    shard: Option<trellis_engine::shard::Shard>,
+    /// How many shards there are, where the runner sets only the index (Kubernetes'
+    /// JOB_COMPLETION_INDEX); same as TRELLIS_SHARDS.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(trellis_engine::shard::MAX_SHARDS)))]
+    shards: Option<u32>,
+    /// The run whose measured scenario costs balance the shards (directory, id or name), or
+    /// `none` to balance by trajectory count. Default: the latest finished whole run of the
+    /// same suites next to --out. Every shard must use the same.
+    #[arg(long, value_name = "RUN|none")]
+    shard_costs: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
