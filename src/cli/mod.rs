@@ -10,6 +10,7 @@ mod calibrate;
 mod console;
 mod history;
 mod import;
+mod merge;
 mod meta;
 mod recorder;
 mod rejudge;
@@ -66,6 +67,17 @@ enum Command {
     ///
     /// Example: trellis graph suites/booking.kdl --format mermaid
     Graph(GraphArgs),
+    /// Combine the shard runs of `trellis run --shard I/N` into one run, as if the plan had
+    /// run unsharded: tables, report.html, junit.xml, summary and history.
+    ///
+    /// Example: trellis merge results/shard-* --out runs/merged
+    ///
+    /// Checks that the shards come from the same suites and split and cover the plan
+    /// without gap or overlap, and says what is missing otherwise. Exit code 0 when every
+    /// trajectory passed, 1 when one failed or faulted, or when shards are missing (nothing
+    /// is written unless --allow-partial), 2 when a directory is not a shard or the shards
+    /// do not belong together, 3 when a results file could not be written.
+    Merge(merge::MergeArgs),
     /// Rebuild a run's Parquet tables, report.html and junit.xml from its journal, for
     /// instance after the run was killed.
     ///
@@ -335,6 +347,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::List(args) => list(&args),
         Command::Graph(args) => graph(&args),
         Command::Report(args) => report(&args),
+        Command::Merge(args) => merge::merge(args),
         Command::Bench(args) => bench::bench(args),
         Command::Watch(args) => watch::watch(args),
         Command::Import(args) => import::import(args),

@@ -505,7 +505,12 @@ fn json_event(event: &Event, out: &Path) {
 /// millisecond. Run directories named in the older `20261122T035000Z-1a2b` form are still
 /// read and listed (by their `started_at`).
 pub fn new_run_id() -> String {
-    let now = SystemTime::now();
+    run_id_at(SystemTime::now())
+}
+
+/// A run id for a run that started at `now` (`trellis merge`: when its first shard
+/// started), in [`new_run_id`]'s form.
+pub fn run_id_at(now: SystemTime) -> String {
     let seconds: String = execute::rfc3339(now)
         .chars()
         .filter(|c| c.is_ascii_digit() || *c == 'T')
@@ -515,7 +520,13 @@ pub fn new_run_id() -> String {
         .map(|d| d.subsec_nanos())
         .unwrap_or(0);
     let millis = nanos / 1_000_000;
-    let salt = (nanos ^ std::process::id().rotate_left(16)) & 0xffff;
+    // From the clock now, not `now`: a merged run's start is a shard's, to the second,
+    // and two merges of it must not get one id.
+    let salted = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let salt = (salted ^ std::process::id().rotate_left(16)) & 0xffff;
     format!("{seconds}.{millis:03}Z-{salt:04x}")
 }
 
