@@ -13,7 +13,7 @@ use trellis_records::JournalEntry;
 
 use crate::error::ReportError;
 
-pub struct JournalReader {
+pub(crate) struct JournalReader {
     path: PathBuf,
     reader: BufReader<File>,
     line: Vec<u8>,
@@ -22,7 +22,7 @@ pub struct JournalReader {
 }
 
 impl JournalReader {
-    pub fn open(path: &Path) -> Result<Self, ReportError> {
+    pub(crate) fn open(path: &Path) -> Result<Self, ReportError> {
         let file = File::open(path).map_err(|e| ReportError::io("open", path, e))?;
         Ok(JournalReader {
             path: path.to_path_buf(),
@@ -32,14 +32,8 @@ impl JournalReader {
         })
     }
 
-    /// Lines read so far that were not a valid journal entry (a run killed mid-write
-    /// leaves a torn last line).
-    pub fn skipped(&self) -> usize {
-        self.skipped
-    }
-
     /// The next entry that parses, `None` at the end of the file.
-    pub fn next_entry(&mut self) -> Result<Option<JournalEntry>, ReportError> {
+    pub(crate) fn next_entry(&mut self) -> Result<Option<JournalEntry>, ReportError> {
         loop {
             let Some(line) = self.next_line()? else {
                 return Ok(None);

@@ -16,7 +16,7 @@ pub mod compare;
 mod error;
 pub mod history;
 mod html;
-pub mod journal;
+mod journal;
 mod junit;
 pub mod labels;
 mod staged;

@@ -25,7 +25,6 @@ use trellis_engine::record::{
     TrajectoryStatus,
 };
 use trellis_reports::history::{MergeMeta, RunMeta, SCHEMA_VERSION};
-use trellis_reports::journal::JournalReader;
 
 use super::console::{Console, count, errln, outln};
 use super::recorder::{Record, Recorded, source};
@@ -99,12 +98,12 @@ pub enum MergeError {
         what: String,
         why: String,
     },
-    #[error("cannot read {}", path.display())]
+    #[error("cannot read the journal of {}", dir.display())]
     #[diagnostic(code(trellis::merge::io))]
     Read {
-        path: PathBuf,
+        dir: PathBuf,
         #[source]
-        source: trellis_reports::ReportError,
+        source: trellis_engine::journal::JournalError,
     },
     #[error("--out {} is one of the shards", out.display())]
     #[diagnostic(
@@ -131,8 +130,6 @@ struct ShardDir {
     meta: RunMeta,
     started: Option<RunInfo>,
     finished: Option<RunSummary>,
-    /// Journal lines that could not be read (a run killed mid-write tears its last one).
-    skipped_lines: usize,
     /// Another trellis still holds the directory's run lock.
     running: bool,
 }
@@ -168,7 +165,6 @@ fn merge_inner(args: &MergeArgs) -> Result<u8, MergeError> {
             meta,
             started: None,
             finished: None,
-            skipped_lines: 0,
             running: is_running(dir),
         });
     }
@@ -536,17 +532,12 @@ fn survey(
     split: &ShardPlan,
     coverage: &mut Coverage,
 ) -> Result<(), MergeError> {
-    let path = shard.dir.join(trellis_reports::JOURNAL_FILE);
-    if !path.is_file() {
-        // Killed before its engine started: every trajectory run of it is missing.
+    // No journal: killed before its engine started, every trajectory run of it is missing.
+    let Some(path) = journal_path(&shard.dir) else {
         return Ok(());
-    }
-    let read_error = |source| MergeError::Read {
-        path: path.clone(),
-        source,
     };
-    let mut journal = JournalReader::open(&path).map_err(read_error)?;
-    while let Some(entry) = journal.next_entry().map_err(read_error)? {
+    let journal = trellis_engine::journal::read(&path).map_err(read_error(&shard.dir))?;
+    for entry in journal {
         match entry {
             JournalEntry::RunStarted(mut info) => {
                 if shard.started.is_none() {
@@ -578,8 +569,21 @@ fn survey(
             JournalEntry::Agent(_) | JournalEntry::Node(_) => {}
         }
     }
-    shard.skipped_lines = journal.skipped();
     Ok(())
+}
+
+/// Where a shard's journal is, when it has one. It is read through the engine's journal
+/// reader, one entry at a time (a line torn by a kill is skipped).
+fn journal_path(dir: &Path) -> Option<PathBuf> {
+    Some(dir.join(trellis_engine::journal::JOURNAL_FILE)).filter(|path| path.is_file())
+}
+
+fn read_error(dir: &Path) -> impl Fn(trellis_engine::journal::JournalError) -> MergeError {
+    let dir = dir.to_path_buf();
+    move |source| MergeError::Read {
+        dir: dir.clone(),
+        source,
+    }
 }
 
 /// What one shard is missing.
@@ -668,15 +672,7 @@ fn say_missing(
         } else if shard.started.is_none() {
             "its run never started (no journal, or no `run_started` in it)".to_owned()
         } else if shard.finished.is_none() {
-            let torn = if shard.skipped_lines > 0 {
-                format!(
-                    "; {} could not be read",
-                    count(shard.skipped_lines as u64, "journal line", "journal lines")
-                )
-            } else {
-                String::new()
-            };
-            format!("its run did not finish (killed, or its machine lost){torn}")
+            "its run did not finish (killed, or its machine lost)".to_owned()
         } else {
             "its run was stopped before its end".to_owned()
         };
@@ -708,16 +704,11 @@ fn replay(
     totals: &mut RunSummary,
     push: &mut impl FnMut(&Event),
 ) -> Result<(), MergeError> {
-    let path = shard.dir.join(trellis_reports::JOURNAL_FILE);
-    if !path.is_file() {
+    let Some(path) = journal_path(&shard.dir) else {
         return Ok(());
-    }
-    let read_error = |source| MergeError::Read {
-        path: path.clone(),
-        source,
     };
-    let mut journal = JournalReader::open(&path).map_err(read_error)?;
-    while let Some(entry) = journal.next_entry().map_err(read_error)? {
+    let journal = trellis_engine::journal::read(&path).map_err(read_error(&shard.dir))?;
+    for entry in journal {
         match &entry {
             JournalEntry::RunStarted(_) | JournalEntry::RunFinished(_) => {}
             JournalEntry::Agent(agent) => {
