@@ -53,7 +53,7 @@ pub const COMPARE_FILE: &str = "compare.json";
 /// `trellis run --baseline`'s comparison as a page ([`write_compare`]).
 pub const COMPARE_HTML_FILE: &str = "compare.html";
 /// Every file a run writes into its directory, the journal first.
-pub const RESULT_FILES: [&str; 14] = [
+pub const RESULT_FILES: [&str; 15] = [
     JOURNAL_FILE,
     tables::TRAJECTORIES_FILE,
     tables::TURNS_FILE,
@@ -65,6 +65,7 @@ pub const RESULT_FILES: [&str; 14] = [
     JUNIT_FILE,
     SUMMARY_FILE,
     history::RUN_META_FILE,
+    trellis_records::SHARD_PLAN_FILE,
     COMPARE_FILE,
     COMPARE_HTML_FILE,
     calibration::CALIBRATION_FILE,

@@ -219,12 +219,7 @@ fn list(dir: &Path, json: bool) -> u8 {
                     .collect::<Vec<_>>()
                     .join(" "),
             ),
-            Cell::new(match (run.baseline, run.finished) {
-                (true, true) => "pinned",
-                (true, false) => "pinned, unfinished",
-                (false, false) => "unfinished",
-                (false, true) => "",
-            }),
+            Cell::new(state(run)),
         ]);
     }
     outln!("{table}");
@@ -234,6 +229,23 @@ fn list(dir: &Path, json: bool) -> u8 {
         dir.display()
     );
     EXIT_OK
+}
+
+/// A run's `state` in `trellis runs`: pinned, unfinished, and how it was made when that
+/// is not one `trellis run` (a merge of shards, partial when shards were missing).
+fn state(run: &RunEntry) -> String {
+    let merged = run.meta.as_ref().and_then(|m| m.merged.as_ref());
+    let mut parts: Vec<String> = Vec::new();
+    if run.baseline {
+        parts.push("pinned".to_owned());
+    }
+    match merged {
+        Some(m) if m.partial => parts.push(format!("partial merge of {} shards", m.shards)),
+        Some(m) => parts.push(format!("merged from {} shards", m.shards)),
+        None if !run.finished => parts.push("unfinished".to_owned()),
+        None => {}
+    }
+    parts.join(", ")
 }
 
 pub fn compare_command(args: CompareArgs) -> u8 {

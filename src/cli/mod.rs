@@ -13,10 +13,12 @@ mod fmt;
 mod history;
 mod import;
 mod init;
+mod merge;
 mod meta;
 mod recorder;
 mod rejudge;
 mod run;
+mod shard;
 mod stop;
 mod watch;
 
@@ -92,6 +94,17 @@ enum Command {
     ///
     /// Example: trellis graph suites/booking.kdl --format mermaid
     Graph(GraphArgs),
+    /// Combine the shard runs of `trellis run --shard I/N` into one run, as if the plan had
+    /// run unsharded: tables, report.html, junit.xml, summary and history.
+    ///
+    /// Example: trellis merge results/shard-* --out runs/merged
+    ///
+    /// Checks that the shards come from the same suites and split and cover the plan
+    /// without gap or overlap, and says what is missing otherwise. Exit code 0 when every
+    /// trajectory passed, 1 when one failed or faulted, or when shards are missing (nothing
+    /// is written unless --allow-partial), 2 when a directory is not a shard or the shards
+    /// do not belong together, 3 when a results file could not be written.
+    Merge(merge::MergeArgs),
     /// Rebuild a run's Parquet tables, report.html and junit.xml from its journal, for
     /// instance after the run was killed.
     ///
@@ -263,6 +276,22 @@ pub struct RunArgs {
     /// miss is an error naming the call (CI: prove a run needs no LLM call).
     #[arg(long, value_enum, default_value_t = LlmCacheMode::ReadWrite, requires = "llm_cache")]
     llm_cache_mode: LlmCacheMode,
+    /// Run only shard I of N (I from 1): one of N disjoint parts of the plan, each scenario
+    /// whole; `trellis merge` combines the N runs. Without it, a Kubernetes Indexed Job
+    /// (JOB_COMPLETION_INDEX with --shards or TRELLIS_SHARDS), GitLab `parallel`
+    /// (CI_NODE_INDEX, CI_NODE_TOTAL) or Buildkite `parallelism` (BUILDKITE_PARALLEL_JOB,
+    /// BUILDKITE_PARALLEL_JOB_COUNT) says which shard this is.
+    #[arg(long, value_name = "I/N", conflicts_with = "shards")]
+    shard: Option<trellis_engine::shard::Shard>,
+    /// How many shards there are, where the runner sets only the index (Kubernetes'
+    /// JOB_COMPLETION_INDEX); same as TRELLIS_SHARDS.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(trellis_engine::shard::MAX_SHARDS)))]
+    shards: Option<u32>,
+    /// The run whose measured scenario costs balance the shards (directory, id or name), or
+    /// `none` to balance by trajectory count. Default: the latest finished whole run of the
+    /// same suites next to --out. Every shard must use the same.
+    #[arg(long, value_name = "RUN|none")]
+    shard_costs: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -357,6 +386,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::List(args) => list(&args),
         Command::Graph(args) => graph(&args),
         Command::Report(args) => report(&args),
+        Command::Merge(args) => merge::merge(args),
         Command::Bench(args) => bench::bench(args),
         Command::Watch(args) => watch::watch(args),
         Command::Import(args) => import::import(args),

@@ -40,6 +40,16 @@ pub struct RejudgeArgs {
 }
 
 pub fn rejudge(args: RejudgeArgs) -> u8 {
+    // A shard's transcripts are part of a plan: re-scored alone they would enter the
+    // history as a whole run.
+    if trellis_reports::history::is_shard_run(&args.run_dir) {
+        errln!(
+            "error: {} holds one shard of a run; merge the shards first (`trellis merge \
+             SHARD_DIR… --out DIR`) and rejudge the merged run",
+            args.run_dir.display()
+        );
+        return EXIT_INVALID;
+    }
     let Some(project) = super::load(&args.paths) else {
         return EXIT_INVALID;
     };

@@ -19,6 +19,7 @@ use trellis_engine::record::RunSummary;
 use super::console::{Console, errln, outln};
 use super::history;
 use super::recorder::{Record, Recorded, source};
+use super::shard;
 use super::stop::{Signals, StopSignal, restore_default_signals};
 use super::{EXIT_FAILED, EXIT_INCOMPLETE, EXIT_INVALID, EXIT_OK, MessageFormat, RunArgs};
 
@@ -26,10 +27,35 @@ use super::{EXIT_FAILED, EXIT_INCOMPLETE, EXIT_INVALID, EXIT_OK, MessageFormat, 
 const GRACE: Duration = Duration::from_secs(5);
 
 pub fn run(args: RunArgs) -> u8 {
+    let chosen = match shard::choose(args.shard, args.shards, &|name| std::env::var(name).ok()) {
+        Ok(chosen) => chosen,
+        Err(e) => {
+            errln!("{:?}", miette::Report::new(e));
+            return EXIT_INVALID;
+        }
+    };
+    if chosen.is_none() && args.shard_costs.is_some() {
+        errln!(
+            "error: --shard-costs balances the shards of a sharded run, and this run is not \
+             sharded (--shard I/N)"
+        );
+        return EXIT_INVALID;
+    }
+    if let Some(chosen) = &chosen
+        && args.baseline.is_some()
+    {
+        errln!(
+            "error: shard {} runs part of the plan, so it cannot be compared with a whole \
+             run; merge the shards (`trellis merge SHARD_DIR… --out DIR`), then `trellis \
+             compare BASELINE DIR`",
+            chosen.shard
+        );
+        return EXIT_INVALID;
+    }
     let Some(project) = super::load(&args.paths.paths) else {
         return EXIT_INVALID;
     };
-    let Some(plan) = super::plan(&project, &args.select) else {
+    let Some(mut plan) = super::plan(&project, &args.select) else {
         return EXIT_INVALID;
     };
     if plan.scenarios.is_empty() {
@@ -53,6 +79,26 @@ pub fn run(args: RunArgs) -> u8 {
         },
         None => None,
     };
+    // Split before the directory is claimed, so a named cost run that cannot be read
+    // leaves nothing behind.
+    let split = match &chosen {
+        Some(chosen) => {
+            let costs = match shard::costs(&runs_dir, args.shard_costs.as_deref(), &plan) {
+                Ok(costs) => costs,
+                Err(message) => {
+                    errln!("{message}");
+                    return EXIT_INVALID;
+                }
+            };
+            Some(trellis_engine::shard::split(
+                &plan,
+                chosen.shard.count(),
+                chosen.shard.index(),
+                costs.as_ref(),
+            ))
+        }
+        None => None,
+    };
     // Held until the run is over: a second run into the same directory is refused.
     let _claim = match super::recorder::claim_out_dir(&out, args.replace) {
         Ok(claim) => claim,
@@ -61,9 +107,24 @@ pub fn run(args: RunArgs) -> u8 {
             return EXIT_INVALID;
         }
     };
-    let meta = super::meta::build(&run_id, &project, &plan, &args.select.tags, &args.labels);
+    let mut meta = super::meta::build(&run_id, &project, &plan, &args.select.tags, &args.labels);
+    if let (Some(split), Some(chosen)) = (&split, &chosen) {
+        meta.shard = Some(trellis_reports::history::ShardMeta {
+            index: chosen.shard.index(),
+            count: chosen.shard.count(),
+            digest: split.digest.clone(),
+        });
+        // Without it the shard cannot be merged: better not to spend the agent calls.
+        let path = out.join(trellis_engine::record::SHARD_PLAN_FILE);
+        if let Err(e) = trellis_reports::write_json(&path, split) {
+            errln!("error: {e}: {}", source(&e));
+            return EXIT_INCOMPLETE;
+        }
+        shard::apply(&mut plan, split, chosen);
+    }
     if let Err(e) = meta.write(&out) {
-        // The run is still worth having without its metadata.
+        // The run is still worth having without its metadata (a shard's is needed to merge
+        // it, which says so then).
         errln!("warning: {e}: {}", source(&e));
     }
     let json = args.message_format == MessageFormat::Json;
@@ -122,6 +183,7 @@ pub fn run(args: RunArgs) -> u8 {
             "skipped": s.map(|s| s.skipped),
             "duration_ms": s.map(|s| s.duration_ms),
             "baseline": baseline.as_ref().map(|b| b.run_id.clone()),
+            "shard": chosen.as_ref().map(|c| c.shard.to_string()),
             "regressed": comparison.as_ref().map(|c| c.regressed),
             "regressions": comparison.as_ref().map(|c| c.regressions.clone()),
             "exit_code": exit_code,
@@ -443,7 +505,12 @@ fn json_event(event: &Event, out: &Path) {
 /// millisecond. Run directories named in the older `20261122T035000Z-1a2b` form are still
 /// read and listed (by their `started_at`).
 pub fn new_run_id() -> String {
-    let now = SystemTime::now();
+    run_id_at(SystemTime::now())
+}
+
+/// A run id for a run that started at `now` (`trellis merge`: when its first shard
+/// started), in [`new_run_id`]'s form.
+pub fn run_id_at(now: SystemTime) -> String {
     let seconds: String = execute::rfc3339(now)
         .chars()
         .filter(|c| c.is_ascii_digit() || *c == 'T')
@@ -453,7 +520,13 @@ pub fn new_run_id() -> String {
         .map(|d| d.subsec_nanos())
         .unwrap_or(0);
     let millis = nanos / 1_000_000;
-    let salt = (nanos ^ std::process::id().rotate_left(16)) & 0xffff;
+    // From the clock now, not `now`: a merged run's start is a shard's, to the second,
+    // and two merges of it must not get one id.
+    let salted = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let salt = (salted ^ std::process::id().rotate_left(16)) & 0xffff;
     format!("{seconds}.{millis:03}Z-{salt:04x}")
 }
 
