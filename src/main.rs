@@ -16,6 +16,8 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 const STACK_SIZE: usize = 512 * 1024 * 1024;
 
 fn main() -> ExitCode {
+    // A completion script asking for candidates: answered, and the process exits.
+    cli::answer_completion_request();
     let args = cli::Cli::parse();
     match std::thread::Builder::new()
         .name("trellis".into())

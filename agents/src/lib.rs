@@ -1,5 +1,7 @@
-//! The reference agents: one per protocol, served on 127.0.0.1 so the example suites and
-//! the tests exercise the real wire protocol offline.
+//! The reference agents: one per protocol, served on 127.0.0.1 so the example suites, the
+//! projects `trellis init` writes and the tests exercise the real wire protocol offline. The
+//! two model APIs (`clerk`, OpenAI chat completions; `concierge`, Anthropic Messages) share
+//! one deterministic model, [`model`].
 //!
 //! The engine does not know them: it asks the [`BuiltinLauncher`] the CLI hands it (as a
 //! `trellis_engine::execute::Launcher`) to start `builtin="NAME"` of a protocol, and drops
@@ -18,10 +20,13 @@
 
 pub mod a2a;
 pub mod agentscope;
+pub mod anthropic;
 pub mod booking;
 pub mod fixie;
 pub mod langserve;
 pub mod lines;
+pub mod model;
+pub mod openai;
 pub mod support;
 
 use std::io;
@@ -43,6 +48,8 @@ use lines::{LineAgent, LineListener};
 /// Names accepted by `builtin="…"`.
 pub const BUILTINS: &[&str] = &[
     "booking",
+    "clerk",
+    "concierge",
     "langserve",
     "numbers",
     "support",
@@ -58,6 +65,8 @@ const PROTOCOLS: &[(&str, &str)] = &[
     ("multiagent", "support"),
     ("a2a", "travel"),
     ("agentscope", "weather"),
+    ("openai", "clerk"),
+    ("anthropic", "concierge"),
 ];
 
 /// Builtins that also speak newline-delimited JSON (sockets, stdio), with their agent.
@@ -199,6 +208,9 @@ fn http_app(name: &str) -> Result<(&'static str, axum::Router, &'static str), Bu
         // An A2A agent is found by its card, under the server's root.
         "travel" => ("travel", a2a::router(), ""),
         "langserve" => ("langserve", langserve::router(), langserve::PATH),
+        // Model APIs: the path is the API root, `/v1`, as a `base-url` is written.
+        "clerk" => ("clerk", openai::router(), openai::PATH),
+        "concierge" => ("concierge", anthropic::router(), anthropic::PATH),
         _ => {
             return Err(BuiltinError::Unknown {
                 name: name.to_owned(),

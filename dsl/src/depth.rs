@@ -484,7 +484,7 @@ fn skip_line(b: &[u8], mut i: usize) -> usize {
 /// Skips the comment opening at `start` (on `/*`), counting its pieces as the parser does;
 /// an unclosed comment is counted to the end of the text (the parser recurses through it
 /// before it reports the missing `*/`).
-fn skip_comment(b: &[u8], start: usize) -> Result<usize, TooDeep> {
+pub(crate) fn skip_comment(b: &[u8], start: usize) -> Result<usize, TooDeep> {
     let mut open = 0usize;
     let mut pieces = 0usize;
     let mut i = start;
@@ -570,7 +570,7 @@ fn closes_multi_line(b: &[u8], from: usize, at: usize, escapes: bool) -> bool {
 /// failing resumes inside it, trying every `#"""` there again to the same end, so a few
 /// thousand of them after an unclosed one took minutes. A one-line string ends at a newline,
 /// as the parser's error recovery has it: that error costs it nothing.
-fn skip_quoted(b: &[u8], start: usize) -> Result<usize, TooDeep> {
+pub(crate) fn skip_quoted(b: &[u8], start: usize) -> Result<usize, TooDeep> {
     let unclosed = Err(TooDeep::Unclosed { offset: start });
     if b[start..].starts_with(b"\"\"\"") {
         // Without a newline right after `"""` the parser stops at once; only a multi-line
@@ -616,7 +616,7 @@ fn skip_quoted(b: &[u8], start: usize) -> Result<usize, TooDeep> {
 /// Skips a raw string `#"…"#` or `#"""…"""#` (any number of `#`s) starting at `start`, or
 /// just the `#`s of a keyword such as `#true`. A multi-line raw string the parser cannot
 /// close is refused and a one-line one ends at a newline, as in [`skip_quoted`].
-fn skip_raw(b: &[u8], start: usize) -> Result<usize, TooDeep> {
+pub(crate) fn skip_raw(b: &[u8], start: usize) -> Result<usize, TooDeep> {
     let mut i = start;
     while i < b.len() && b[i] == b'#' {
         i += 1;

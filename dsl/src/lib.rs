@@ -4,9 +4,11 @@
 //! into the model keeping source spans, validates cross-references and templates, and
 //! returns either the project or every problem found, as one miette report.
 //! [`graph`] derives each scenario's trajectory DAG and the scenario `needs` DAG.
+//! [`format`] lays suite files out canonically (`trellis fmt`).
 
 pub mod depth;
 pub mod diagnostics;
+pub mod format;
 pub mod graph;
 pub mod lang;
 pub mod model;

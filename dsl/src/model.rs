@@ -389,6 +389,9 @@ pub struct Agent {
     pub retry_after_send: bool,
     /// At most this many calls in flight to this agent.
     pub concurrency: Option<usize>,
+    /// `per-shard #true`: `concurrency` is each shard's own instead of divided among the
+    /// shards of a sharded run.
+    pub per_shard: bool,
     /// `max-response-size`: bytes read at most from one response.
     pub max_response_size: u64,
     /// `openai`: the model; others: informational.
@@ -576,6 +579,9 @@ pub struct Provider {
     pub requests_per_minute: Option<u32>,
     /// Tokens (prompt estimate plus `max-tokens`) reserved per minute.
     pub tokens_per_minute: Option<u32>,
+    /// `per-shard #true`: `concurrency`, `requests-per-minute` and `tokens-per-minute` are
+    /// each shard's own instead of divided among the shards of a sharded run.
+    pub per_shard: bool,
     /// Price per million prompt (input) tokens.
     pub input_price: Option<f64>,
     /// Price per million completion (output) tokens.

@@ -18,4 +18,5 @@ pub mod record;
 pub mod render;
 pub mod sandbox;
 pub mod secrets;
+pub mod shard;
 pub mod transport;

@@ -204,6 +204,9 @@ pub struct PlannedAgent {
     pub max_response_size: u64,
     /// `retry-after-send`: also retry timeouts and broken connections.
     pub retry_after_send: bool,
+    /// `per-shard #true`: `concurrency` is each shard's own, not divided among the shards
+    /// of a sharded run ([`crate::shard::divide_budgets`]).
+    pub per_shard: bool,
     /// The protocol's own settings, as its module planned them
     /// ([`crate::protocol::registry::ProtocolModule::plan`]); only that module reads them.
     pub settings: Arc<dyn PlannedSettings>,
@@ -423,6 +426,7 @@ impl Plan {
                     concurrency: agent.concurrency,
                     max_response_size: agent.max_response_size,
                     retry_after_send: agent.retry_after_send,
+                    per_shard: agent.per_shard,
                     settings,
                     provider: agent.provider.as_ref().map(|p| Arc::from(p.value.as_str())),
                     unsupported,
@@ -514,6 +518,39 @@ impl Plan {
             count_scenario(s, &self.agents, judged, &mut counts);
         }
         counts
+    }
+
+    /// What `planned` tells a report about its scenario (the `run_started` entry's
+    /// `scenarios`, and a sharded run's `shard.json`); the trajectories' fingerprints only
+    /// once every one is stamped ([`crate::fingerprint::stamp`]).
+    pub fn scenario_info(&self, planned: &PlannedScenario) -> crate::record::ScenarioInfo {
+        let sc = &planned.scenario;
+        crate::record::ScenarioInfo {
+            suite: planned.suite.to_string(),
+            scenario: sc.id.value.clone(),
+            name: sc.name.clone(),
+            description: sc.description.clone(),
+            persona: planned.scope.persona(),
+            user_context: sc.user_context.clone(),
+            agents: planned
+                .agents
+                .iter()
+                .filter_map(|&a| self.agents.get(a))
+                .map(|a| a.id.to_string())
+                .collect(),
+            trajectories: planned
+                .trajectories
+                .iter()
+                .map(|t| t.name.clone())
+                .collect(),
+            fingerprints: planned
+                .trajectories
+                .iter()
+                .map(|t| t.fingerprint.as_deref().map(str::to_owned))
+                .collect::<Option<Vec<_>>>()
+                .unwrap_or_default(),
+            repeat: planned.repeat,
+        }
     }
 
     /// How many trajectories the plan runs (or records as skipped).

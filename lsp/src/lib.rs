@@ -7,6 +7,8 @@
 //! parses.
 
 pub mod analysis;
+mod diagnostics;
+mod features;
 pub mod server;
 pub mod syntax;
 pub mod text;
@@ -70,6 +72,7 @@ pub fn capabilities() -> ServerCapabilities {
             work_done_progress_options: WorkDoneProgressOptions::default(),
         })),
         document_symbol_provider: Some(OneOf::Left(true)),
+        document_formatting_provider: Some(OneOf::Left(true)),
         ..Default::default()
     }
 }
@@ -110,5 +113,36 @@ pub fn serve(connection: &Connection, config: Config) -> Result<(), Error> {
         roots.push(root);
     }
     let roots = roots.iter().map(|r| trellis_dsl::canonical(r)).collect();
+    // Files changed on disk behind the editor's back (a `git checkout`, a generator) are
+    // checked again when the client can tell us about them.
+    let can_watch = params
+        .capabilities
+        .workspace
+        .as_ref()
+        .and_then(|w| w.did_change_watched_files.as_ref())
+        .and_then(|d| d.dynamic_registration)
+        .unwrap_or(false);
+    if can_watch {
+        let options = lsp_types::DidChangeWatchedFilesRegistrationOptions {
+            watchers: vec![lsp_types::FileSystemWatcher {
+                glob_pattern: lsp_types::GlobPattern::String("**/*.kdl".into()),
+                kind: None,
+            }],
+        };
+        let registration = lsp_types::Registration {
+            id: "trellis-kdl-files".into(),
+            method: "workspace/didChangeWatchedFiles".into(),
+            register_options: Some(serde_json::to_value(options)?),
+        };
+        connection
+            .sender
+            .send(lsp_server::Message::Request(lsp_server::Request::new(
+                lsp_server::RequestId::from("trellis-watch".to_string()),
+                "client/registerCapability".into(),
+                lsp_types::RegistrationParams {
+                    registrations: vec![registration],
+                },
+            )))?;
+    }
     Server::new(config, roots).run(connection)
 }

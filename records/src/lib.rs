@@ -18,6 +18,7 @@ mod chat;
 mod fault;
 mod journal;
 mod llm;
+mod shard;
 mod trajectory;
 mod turn;
 
@@ -25,6 +26,7 @@ pub use chat::{ChatMessage, ToolCall, ToolCallFunction};
 pub use fault::{Fault, FaultCategory};
 pub use journal::{AgentRecord, JournalEntry, NodeRecord, RunInfo, RunSummary, ScenarioInfo};
 pub use llm::{CacheUse, JudgeVerdict, LlmCall, LlmUsage, MetricScore};
+pub use shard::{SHARD_PLAN_FILE, SHARD_PLAN_VERSION, ShardBalance, ShardPlan, ShardedScenario};
 pub use trajectory::{
     AgentBranchRecord, CriterionRecord, CriterionStatus, TrajectoryRecord, TrajectoryStatus,
 };

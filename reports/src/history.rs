@@ -78,6 +78,46 @@ pub struct RunMeta {
     /// comparisons and trends leave it out ([`is_watch_rerun`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub watch_rerun: Option<u64>,
+    /// Set by `trellis run --shard I/N`: the directory holds one shard of a run, not a
+    /// whole run, so history listings, comparisons, trends and the costs shards are
+    /// balanced by leave it out ([`is_part_of_run`]) until `trellis merge` combines it with
+    /// the other shards.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shard: Option<ShardMeta>,
+    /// Set by `trellis merge`: the shard runs this run was combined from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub merged: Option<MergeMeta>,
+}
+
+/// `run.json`'s `shard`: which shard of how many (the whole split is in the shard's
+/// `shard.json`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardMeta {
+    /// From 1 to `count`.
+    pub index: u32,
+    pub count: u32,
+    /// The split's digest (`shard.json`'s `digest`): equal in every shard of one run.
+    pub digest: String,
+}
+
+/// `run.json`'s `merged`: what `trellis merge` combined.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MergeMeta {
+    /// The shard count of the split.
+    pub shards: u32,
+    /// The run id of each shard merged, in shard order.
+    pub runs: Vec<String>,
+    /// `--allow-partial` merged shards that did not cover the whole plan: the run is
+    /// recorded as unfinished, and `missing` trajectory runs of the plan are not in it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub partial: bool,
+    /// Planned trajectory runs (trajectory × agent × repetition) no shard recorded.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub missing: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl RunMeta {
@@ -216,6 +256,15 @@ pub enum HistoryError {
     )]
     WatchRerun { dir: PathBuf },
 
+    #[error("{} holds one shard of a run, not a whole run", dir.display())]
+    #[diagnostic(
+        code(trellis::history::shard_run),
+        help(
+            "combine the shards first: trellis merge SHARD_DIR… --out DIR; then compare or pin the merged run"
+        )
+    )]
+    ShardRun { dir: PathBuf },
+
     #[error("{} is where `trellis watch` mirrors its current state, not a run", dir.display())]
     #[diagnostic(
         code(trellis::history::watch_latest),
@@ -235,6 +284,17 @@ pub enum HistoryError {
     #[error("`{name}` cannot be a run name: {why}")]
     #[diagnostic(code(trellis::history::bad_name))]
     BadName { name: String, why: &'static str },
+
+    #[error("cannot read the table {}", path.display())]
+    #[diagnostic(
+        code(trellis::history::table),
+        help("`trellis report RUN` rebuilds a run's tables from its journal")
+    )]
+    Table {
+        path: PathBuf,
+        #[source]
+        source: PolarsError,
+    },
 
     #[error(transparent)]
     #[diagnostic(transparent)]
@@ -314,6 +374,22 @@ pub fn is_watch_rerun(dir: &Path) -> bool {
             && salt.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
+/// Whether `dir` holds one shard of a run (`trellis run --shard`, marked in its
+/// `run.json`): part of a run until `trellis merge` combines the shards.
+pub fn is_shard_run(dir: &Path) -> bool {
+    matches!(RunMeta::read(dir), Ok(Some(meta)) if meta.shard.is_some())
+}
+
+/// Whether `dir` holds only part of a run: a watch rerun ([`is_watch_rerun`]) or one shard
+/// ([`is_shard_run`]). History listings, comparisons, trends and shard costs leave such a
+/// directory out: its counts are not a whole run's.
+pub fn is_part_of_run(dir: &Path) -> bool {
+    match RunMeta::read(dir) {
+        Ok(Some(meta)) if meta.watch_rerun.is_some() || meta.shard.is_some() => true,
+        _ => is_watch_rerun(dir),
+    }
+}
+
 /// Whether `dir` is the [`WATCH_LATEST`] directory of `runs_dir` (named as a path or as a
 /// name under it), which [`list_runs`] leaves out.
 fn is_watch_latest(runs_dir: &Path, dir: &Path) -> bool {
@@ -345,8 +421,8 @@ pub fn mark_watch_rerun(dir: &Path, run_id: &str, number: u64) -> Result<(), His
 /// Every run directly below `runs_dir`, oldest first (by start time, then id: ids carry the
 /// start to the millisecond, so runs started within one second keep their order), so the
 /// listing and "the last two runs" do not depend on the file system's order. Watch's
-/// [`WATCH_LATEST`] mirror and its reruns ([`is_watch_rerun`]) are not whole runs and are
-/// left out.
+/// [`WATCH_LATEST`] mirror, its reruns ([`is_watch_rerun`]) and shards of a run
+/// ([`is_shard_run`]) are not whole runs and are left out.
 pub fn list_runs(runs_dir: &Path) -> Result<Vec<RunEntry>, HistoryError> {
     let read = match std::fs::read_dir(runs_dir) {
         Ok(read) => read,
@@ -366,7 +442,7 @@ pub fn list_runs(runs_dir: &Path) -> Result<Vec<RunEntry>, HistoryError> {
         if entry.file_name() == WATCH_LATEST {
             continue;
         }
-        if dir.is_dir() && is_run_dir(&dir) && !is_watch_rerun(&dir) {
+        if dir.is_dir() && is_run_dir(&dir) && !is_part_of_run(&dir) {
             runs.push(read_run(&dir)?);
         }
     }
@@ -486,14 +562,18 @@ fn journal_start(dir: &Path) -> Option<String> {
 
 /// Finds a run: a directory path that holds a run, else a directory of `runs_dir` by its
 /// name, a run id, a unique run id prefix or a name under `runs_dir`. `pinned` (or
-/// `baseline`) is the pinned baseline. A watch rerun's directory, and watch's
-/// [`WATCH_LATEST`] mirror in `runs_dir`, are refused by path and by name and never matched
-/// by id, as [`list_runs`] leaves them out: a pin or a name written there would never be
+/// `baseline`) is the pinned baseline. A watch rerun's directory, one shard of a run, and
+/// watch's [`WATCH_LATEST`] mirror in `runs_dir`, are refused by path and by name and never
+/// matched by id, as [`list_runs`] leaves them out: a pin or a name written there would never be
 /// found again.
 pub fn resolve_run(runs_dir: &Path, what: &str) -> Result<RunEntry, HistoryError> {
     let whole = |dir: &Path| {
         if is_watch_rerun(dir) {
             Err(HistoryError::WatchRerun {
+                dir: dir.to_path_buf(),
+            })
+        } else if is_shard_run(dir) {
+            Err(HistoryError::ShardRun {
                 dir: dir.to_path_buf(),
             })
         } else if is_watch_latest(runs_dir, dir) {
@@ -672,6 +752,83 @@ pub fn turn_latencies(dir: &Path) -> Option<Vec<f64>> {
         }
     }
     Some(latencies)
+}
+
+/// Microseconds of agent turns by (suite, scenario id): [`scenario_costs`].
+pub type ScenarioCosts = BTreeMap<(String, String), u64>;
+
+/// Each scenario's measured cost in a run, by (suite, scenario id): the latency of its agent
+/// turns summed over its execution nodes, replayed prefix turns left out (as in the run's
+/// statistics), in whole microseconds; what `trellis run --shard` balances shards by. Read
+/// from `turns.parquet`.
+pub fn scenario_costs(dir: &Path) -> Result<ScenarioCosts, HistoryError> {
+    let path = dir.join(crate::tables::TURNS_FILE);
+    let read = || -> PolarsResult<ScenarioCosts> {
+        let file = File::open(&path)?;
+        let df = ParquetReader::new(file)
+            .with_columns(Some(
+                ["suite", "scenario", "latency_ms", "replay"]
+                    .map(str::to_owned)
+                    .to_vec(),
+            ))
+            .finish()?;
+        let suites = df.column("suite")?.str()?;
+        let scenarios = df.column("scenario")?.str()?;
+        let latency = df.column("latency_ms")?.f64()?;
+        let replay = df.column("replay")?.bool()?;
+        let mut costs = ScenarioCosts::new();
+        for (((suite, scenario), ms), replay) in suites
+            .iter()
+            .zip(scenarios.iter())
+            .zip(latency.iter())
+            .zip(replay.iter())
+        {
+            let (Some(suite), Some(scenario)) = (suite, scenario) else {
+                continue;
+            };
+            let slot = costs
+                .entry((suite.to_owned(), scenario.to_owned()))
+                .or_default();
+            if replay != Some(true)
+                && let Some(ms) = ms.filter(|ms| ms.is_finite() && *ms > 0.0)
+            {
+                // Whole microseconds: shards add these up and must agree on every sum.
+                *slot = slot.saturating_add((ms * 1000.0).round() as u64);
+            }
+        }
+        Ok(costs)
+    };
+    read().map_err(|source| HistoryError::Table { path, source })
+}
+
+/// The most recent finished whole run of `runs_dir` that ran exactly the suites `suites`
+/// (by name, in load order) and whose turns can be read, with its [`scenario_costs`]:
+/// what shards are balanced by when no run is named. `None` when there is none.
+pub fn latest_costs(
+    runs_dir: &Path,
+    suites: &[String],
+) -> Result<Option<(RunEntry, ScenarioCosts)>, HistoryError> {
+    for run in list_runs(runs_dir)?.into_iter().rev() {
+        if !run.finished || run_suites(&run.dir).as_deref() != Some(suites) {
+            continue;
+        }
+        if let Ok(costs) = scenario_costs(&run.dir) {
+            return Ok(Some((run, costs)));
+        }
+    }
+    Ok(None)
+}
+
+/// The suites a run ran (`runs.parquet`'s `suites`).
+fn run_suites(dir: &Path) -> Option<Vec<String>> {
+    let file = File::open(dir.join(crate::tables::RUNS_FILE)).ok()?;
+    let df = ParquetReader::new(file)
+        .with_columns(Some(vec!["suites".to_owned()]))
+        .finish()
+        .ok()?;
+    let list = df.column("suites").ok()?.list().ok()?.get_as_series(0)?;
+    let names = list.str().ok()?;
+    names.iter().map(|n| n.map(str::to_owned)).collect()
 }
 
 /// The statistics of a run: its `summary.json`, else its journal replayed.

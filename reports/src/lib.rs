@@ -56,7 +56,7 @@ pub const COMPARE_FILE: &str = "compare.json";
 pub const COMPARE_HTML_FILE: &str = "compare.html";
 /// Every file a run writes into its directory, the journal first (and the plain journal
 /// of earlier versions, which `--replace` removes too).
-pub const RESULT_FILES: [&str; 15] = [
+pub const RESULT_FILES: [&str; 16] = [
     JOURNAL_FILE,
     PLAIN_JOURNAL_FILE,
     tables::TRAJECTORIES_FILE,
@@ -69,6 +69,7 @@ pub const RESULT_FILES: [&str; 15] = [
     JUNIT_FILE,
     SUMMARY_FILE,
     history::RUN_META_FILE,
+    trellis_records::SHARD_PLAN_FILE,
     COMPARE_FILE,
     COMPARE_HTML_FILE,
     calibration::CALIBRATION_FILE,

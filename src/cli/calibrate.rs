@@ -21,6 +21,7 @@ const LISTED: usize = 10;
 #[derive(Debug, Args)]
 pub struct CalibrateArgs {
     /// The run: a run directory, a run id (or a unique prefix), a name, or `pinned`.
+    #[arg(add = clap_complete::ArgValueCandidates::new(super::complete::runs))]
     run: String,
     /// Human labels: a *.csv, *.jsonl (*.ndjson) or *.kdl file (columns in docs/results.md).
     labels: PathBuf,

@@ -5,11 +5,13 @@
 use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand};
+use clap_complete::ArgValueCandidates;
 use comfy_table::Cell;
 use trellis_reports::calibration::UntrustedJudge;
 use trellis_reports::compare::{self, Comparison, RunRef, Thresholds, Verdict};
 use trellis_reports::history::{self, HistoryError, RunEntry};
 
+use super::complete;
 use super::console::{self, errln, outln};
 use super::{EXIT_FAILED, EXIT_INCOMPLETE, EXIT_INVALID, EXIT_OK};
 
@@ -44,6 +46,7 @@ enum RunsAction {
     /// Example: trellis runs name 20261122T035000.123Z-1a2b before-prompt-change
     Name {
         /// Run directory, run id (or a unique prefix) or current name.
+        #[arg(add = ArgValueCandidates::new(complete::runs))]
         run: String,
         name: String,
     },
@@ -53,11 +56,13 @@ enum RunsAction {
     /// Example: trellis runs pin before-prompt-change
     Pin {
         /// Run directory, run id (or a unique prefix) or name.
+        #[arg(add = ArgValueCandidates::new(complete::runs))]
         run: String,
     },
     /// Unpin a run.
     Unpin {
         /// Run directory, run id (or a unique prefix) or name.
+        #[arg(add = ArgValueCandidates::new(complete::runs))]
         run: String,
     },
 }
@@ -122,8 +127,10 @@ pub struct CompareArgs {
     /// The earlier run: directory (a path, or a name under --dir), id (or a unique prefix),
     /// name, or `pinned`. Default: the
     /// pinned baseline, else the second most recent finished run.
+    #[arg(add = ArgValueCandidates::new(complete::runs))]
     base: Option<String>,
     /// The later run. Default: the most recent finished run.
+    #[arg(add = ArgValueCandidates::new(complete::runs))]
     head: Option<String>,
     #[command(flatten)]
     runs: RunsDir,
@@ -212,12 +219,7 @@ fn list(dir: &Path, json: bool) -> u8 {
                     .collect::<Vec<_>>()
                     .join(" "),
             ),
-            Cell::new(match (run.baseline, run.finished) {
-                (true, true) => "pinned",
-                (true, false) => "pinned, unfinished",
-                (false, false) => "unfinished",
-                (false, true) => "",
-            }),
+            Cell::new(state(run)),
         ]);
     }
     outln!("{table}");
@@ -227,6 +229,23 @@ fn list(dir: &Path, json: bool) -> u8 {
         dir.display()
     );
     EXIT_OK
+}
+
+/// A run's `state` in `trellis runs`: pinned, unfinished, and how it was made when that
+/// is not one `trellis run` (a merge of shards, partial when shards were missing).
+fn state(run: &RunEntry) -> String {
+    let merged = run.meta.as_ref().and_then(|m| m.merged.as_ref());
+    let mut parts: Vec<String> = Vec::new();
+    if run.baseline {
+        parts.push("pinned".to_owned());
+    }
+    match merged {
+        Some(m) if m.partial => parts.push(format!("partial merge of {} shards", m.shards)),
+        Some(m) => parts.push(format!("merged from {} shards", m.shards)),
+        None if !run.finished => parts.push("unfinished".to_owned()),
+        None => {}
+    }
+    parts.join(", ")
 }
 
 pub fn compare_command(args: CompareArgs) -> u8 {

@@ -59,6 +59,8 @@ pub fn build(
         name: None,
         baseline: false,
         watch_rerun: None,
+        shard: None,
+        merged: None,
     }
 }
 

@@ -7,14 +7,19 @@
 mod agent;
 mod bench;
 mod calibrate;
+mod complete;
 mod console;
+mod fmt;
 mod history;
 mod import;
+mod init;
+mod merge;
 mod meta;
 mod recorder;
 mod rejudge;
 mod resume;
 mod run;
+mod shard;
 mod stop;
 mod watch;
 
@@ -22,8 +27,11 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap_complete::{ArgValueCandidates, ArgValueCompleter};
 use trellis_dsl::graph::{GraphFormat, TrajectoryGraph};
 use trellis_engine::plan::{Plan, Selection};
+
+pub(crate) use complete::setup as answer_completion_request;
 
 pub const EXIT_OK: u8 = 0;
 pub const EXIT_FAILED: u8 = 1;
@@ -41,6 +49,16 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Write a new project for an agent of PROTOCOL: suites that pass at once against the
+    /// protocol's built-in reference agent, an agents file to point at yours, a CI workflow
+    /// gated on a pinned baseline, and a README.
+    ///
+    /// Example: trellis init my-evals --protocol openai && cd my-evals && trellis run
+    ///
+    /// Files that exist are not overwritten without --force (`.gitignore` only gets `runs/`
+    /// appended). Exit code 0 written, 1 a file could not be written, 2 usage (no or an
+    /// unknown --protocol, files in the way, DIR is a file).
+    Init(init::InitArgs),
     /// Run suites against their agents and write Parquet tables, report.html and junit.xml.
     ///
     /// Example: trellis run suites/ --jobs 32 --filter 'book-*'
@@ -58,6 +76,17 @@ enum Command {
     /// With --explain NODE, prints what a node of the suite language takes instead (its
     /// arguments, properties and block): `scenario`, `branch`, `tool.mock`, `expect.reply`.
     Check(CheckArgs),
+    /// Lay suite files out canonically: four spaces per block, one space between arguments,
+    /// every comment, string and number kept as written.
+    ///
+    /// Example: trellis fmt --check
+    ///
+    /// Formats the files `run` would load (every *.kdl below the given directories, default
+    /// ./suites, and what they include), writing each changed file atomically and printing
+    /// its name. A file that does not parse gets the diagnostics `check` prints, and nothing
+    /// is written (exit 2). --check writes nothing: it lists the files that would change
+    /// with a short diff and exits 1 if any would, 0 otherwise.
+    Fmt(fmt::FmtArgs),
     /// List the scenarios that would run and their trajectories.
     ///
     /// Example: trellis list suites/ --filter 'booking/*'
@@ -66,6 +95,17 @@ enum Command {
     ///
     /// Example: trellis graph suites/booking.kdl --format mermaid
     Graph(GraphArgs),
+    /// Combine the shard runs of `trellis run --shard I/N` into one run, as if the plan had
+    /// run unsharded: tables, report.html, junit.xml, summary and history.
+    ///
+    /// Example: trellis merge results/shard-* --out runs/merged
+    ///
+    /// Checks that the shards come from the same suites and split and cover the plan
+    /// without gap or overlap, and says what is missing otherwise. Exit code 0 when every
+    /// trajectory passed, 1 when one failed or faulted, or when shards are missing (nothing
+    /// is written unless --allow-partial), 2 when a directory is not a shard or the shards
+    /// do not belong together, 3 when a results file could not be written.
+    Merge(merge::MergeArgs),
     /// Rebuild a run's Parquet tables, report.html and junit.xml from its journal, for
     /// instance after the run was killed.
     ///
@@ -140,6 +180,15 @@ enum Command {
     ///
     /// Started by the editor, not by hand; docs/editors.md sets up Neovim, Helix and VS Code.
     Lsp,
+    /// Print the script that completes `trellis` commands, flags, run ids and run names in
+    /// SHELL.
+    ///
+    /// Example: source <(trellis completions bash)
+    ///
+    /// The script asks `trellis` for the candidates as you type, so it stays right when
+    /// `trellis` is upgraded and knows the runs in the runs directory (`--dir`, else
+    /// runs/). See the README for each shell's installation.
+    Completions(complete::CompletionsArgs),
 }
 
 #[derive(Debug, Args)]
@@ -217,7 +266,8 @@ pub struct RunArgs {
     /// Compare with this run when done (directory, id, name; without a value the pinned
     /// baseline) and exit by the comparison: 1 on a regression past the thresholds, 0
     /// otherwise, even when trajectories fail that failed in the baseline too.
-    #[arg(long, value_name = "RUN", num_args = 0..=1, default_missing_value = "pinned")]
+    #[arg(long, value_name = "RUN", num_args = 0..=1, default_missing_value = "pinned",
+          add = ArgValueCandidates::new(complete::runs))]
     baseline: Option<String>,
     #[command(flatten)]
     thresholds: history::ThresholdArgs,
@@ -233,6 +283,22 @@ pub struct RunArgs {
     /// miss is an error naming the call (CI: prove a run needs no LLM call).
     #[arg(long, value_enum, default_value_t = LlmCacheMode::ReadWrite, requires = "llm_cache")]
     llm_cache_mode: LlmCacheMode,
+    /// Run only shard I of N (I from 1): one of N disjoint parts of the plan, each scenario
+    /// whole; `trellis merge` combines the N runs. Without it, a Kubernetes Indexed Job
+    /// (JOB_COMPLETION_INDEX with --shards or TRELLIS_SHARDS), GitLab `parallel`
+    /// (CI_NODE_INDEX, CI_NODE_TOTAL) or Buildkite `parallelism` (BUILDKITE_PARALLEL_JOB,
+    /// BUILDKITE_PARALLEL_JOB_COUNT) says which shard this is.
+    #[arg(long, value_name = "I/N", conflicts_with = "shards")]
+    shard: Option<trellis_engine::shard::Shard>,
+    /// How many shards there are, where the runner sets only the index (Kubernetes'
+    /// JOB_COMPLETION_INDEX); same as TRELLIS_SHARDS.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i64::from(trellis_engine::shard::MAX_SHARDS)))]
+    shards: Option<u32>,
+    /// The run whose measured scenario costs balance the shards (directory, id or name), or
+    /// `none` to balance by trajectory count. Default: the latest finished whole run of the
+    /// same suites next to --out. Every shard must use the same.
+    #[arg(long, value_name = "RUN|none")]
+    shard_costs: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -252,6 +318,7 @@ pub enum LlmCacheMode {
 #[derive(Debug, Args)]
 struct ReportArgs {
     /// A run directory holding its journal.
+    #[arg(add = ArgValueCompleter::new(complete::run_dirs))]
     dir: PathBuf,
     /// Write the rebuilt files into this directory (created if missing) instead of the run
     /// directory, which is left untouched.
@@ -322,18 +389,22 @@ pub fn main(cli: Cli) -> ExitCode {
             Some(node) => explain(node),
             None => check(&args.paths),
         },
+        Command::Fmt(args) => fmt::fmt(args),
         Command::List(args) => list(&args),
         Command::Graph(args) => graph(&args),
         Command::Report(args) => report(&args),
+        Command::Merge(args) => merge::merge(args),
         Command::Bench(args) => bench::bench(args),
         Command::Watch(args) => watch::watch(args),
         Command::Import(args) => import::import(args),
+        Command::Init(args) => init::init(args),
         Command::Runs(args) => history::runs(args),
         Command::Compare(args) => history::compare_command(args),
         Command::Calibrate(args) => calibrate::calibrate(args),
         Command::Agent(args) => agent::agent(args),
         Command::Rejudge(args) => rejudge::rejudge(args),
         Command::Lsp => lsp(),
+        Command::Completions(args) => complete::completions(&args),
     };
     ExitCode::from(code)
 }

@@ -14,7 +14,7 @@ use trellis_reports::{ReportError, ReportFiles, ReportOptions, ReportWriter};
 
 /// The lock a run holds on its output directory (`.trellis-run.lock`, an advisory file
 /// lock the operating system releases when the run ends, however it ends).
-const OUT_LOCK: &str = ".trellis-run.lock";
+pub(super) const OUT_LOCK: &str = ".trellis-run.lock";
 
 /// A run's claim on its output directory: the locked file, removed when the run is over
 /// (a run killed outright leaves it behind, unlocked, and the next run takes it over).

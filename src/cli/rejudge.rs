@@ -19,6 +19,7 @@ use super::{EXIT_FAILED, EXIT_INCOMPLETE, EXIT_INVALID, EXIT_OK, LlmCacheMode};
 #[derive(Debug, Args)]
 pub struct RejudgeArgs {
     /// The recorded run: a directory holding its journal.
+    #[arg(add = clap_complete::ArgValueCompleter::new(super::complete::run_dirs))]
     run_dir: PathBuf,
     /// The suites whose judges, panels and providers score the checks now (the scenarios'
     /// checks are found by their text).
@@ -39,6 +40,16 @@ pub struct RejudgeArgs {
 }
 
 pub fn rejudge(args: RejudgeArgs) -> u8 {
+    // A shard's transcripts are part of a plan: re-scored alone they would enter the
+    // history as a whole run.
+    if trellis_reports::history::is_shard_run(&args.run_dir) {
+        errln!(
+            "error: {} holds one shard of a run; merge the shards first (`trellis merge \
+             SHARD_DIR… --out DIR`) and rejudge the merged run",
+            args.run_dir.display()
+        );
+        return EXIT_INVALID;
+    }
     let Some(project) = super::load(&args.paths) else {
         return EXIT_INVALID;
     };

@@ -252,12 +252,14 @@ fn rewrite(
     Ok(writer)
 }
 
-/// Removes the results files derived from the journal (not the journal, not `run.json`).
+/// Removes the results files derived from the journal (not the journal, not `run.json`,
+/// not a shard's `shard.json`).
 fn remove_derived(dir: &Path) {
     for name in trellis_reports::RESULT_FILES {
         if name == journal::JOURNAL_FILE
             || name == journal::PLAIN_FILE
             || name == trellis_reports::history::RUN_META_FILE
+            || name == trellis_engine::record::SHARD_PLAN_FILE
         {
             continue;
         }

@@ -20,6 +20,7 @@ use super::console::{Console, errln, outln};
 use super::history;
 use super::recorder::{Record, Recorded, source};
 use super::resume::{Prepared, Resumed};
+use super::shard;
 use super::stop::{Signals, StopSignal, restore_default_signals};
 use super::{EXIT_FAILED, EXIT_INCOMPLETE, EXIT_INVALID, EXIT_OK, MessageFormat, RunArgs};
 
@@ -27,6 +28,46 @@ use super::{EXIT_FAILED, EXIT_INCOMPLETE, EXIT_INVALID, EXIT_OK, MessageFormat, 
 const GRACE: Duration = Duration::from_secs(5);
 
 pub fn run(args: RunArgs) -> u8 {
+    let mut chosen = match shard::choose(args.shard, args.shards, &|name| std::env::var(name).ok())
+    {
+        Ok(chosen) => chosen,
+        Err(e) => {
+            errln!("{:?}", miette::Report::new(e));
+            return EXIT_INVALID;
+        }
+    };
+    // A shard resumes as the shard it started as, with the split it recorded.
+    let recorded = match &args.resume {
+        Some(dir) => match shard::recorded(dir) {
+            Ok(recorded) => recorded,
+            Err(message) => {
+                errln!("error: {message}");
+                return EXIT_INVALID;
+            }
+        },
+        None => None,
+    };
+    if let Some(code) = resumed_shard(&args, recorded.as_ref(), &mut chosen) {
+        return code;
+    }
+    if chosen.is_none() && args.shard_costs.is_some() {
+        errln!(
+            "error: --shard-costs balances the shards of a sharded run, and this run is not \
+             sharded (--shard I/N)"
+        );
+        return EXIT_INVALID;
+    }
+    if let Some(chosen) = &chosen
+        && args.baseline.is_some()
+    {
+        errln!(
+            "error: shard {} runs part of the plan, so it cannot be compared with a whole \
+             run; merge the shards (`trellis merge SHARD_DIR… --out DIR`), then `trellis \
+             compare BASELINE DIR`",
+            chosen.shard
+        );
+        return EXIT_INVALID;
+    }
     let Some(project) = super::load(&args.paths.paths) else {
         return EXIT_INVALID;
     };
@@ -57,6 +98,38 @@ pub fn run(args: RunArgs) -> u8 {
         },
         None => None,
     };
+    // Split before the directory is claimed, so a named cost run that cannot be read
+    // leaves nothing behind.
+    let split = match (&chosen, recorded) {
+        (Some(chosen), Some(split)) => {
+            if let Err(difference) = shard::fits(&plan, &split) {
+                errln!(
+                    "error: shard {} cannot be resumed: the split it started with no longer \
+                     fits the suites ({difference}); the shards of one run must share one \
+                     split, so run every shard again with `--replace`",
+                    chosen.shard
+                );
+                return EXIT_INVALID;
+            }
+            Some(split)
+        }
+        (Some(chosen), None) => {
+            let costs = match shard::costs(&runs_dir, args.shard_costs.as_deref(), &plan) {
+                Ok(costs) => costs,
+                Err(message) => {
+                    errln!("{message}");
+                    return EXIT_INVALID;
+                }
+            };
+            Some(trellis_engine::shard::split(
+                &plan,
+                chosen.shard.count(),
+                chosen.shard.index(),
+                costs.as_ref(),
+            ))
+        }
+        (None, _) => None,
+    };
     // Held until the run is over: a second run into the same directory is refused.
     let claim = match &args.resume {
         Some(dir) => super::recorder::claim_run_dir(dir),
@@ -69,6 +142,11 @@ pub fn run(args: RunArgs) -> u8 {
             return EXIT_INVALID;
         }
     };
+    // Cut down to the shard first: a resumed shard's journal is checked against its own
+    // part of the plan.
+    if let (Some(split), Some(chosen)) = (&split, &chosen) {
+        shard::apply(&mut plan, split, chosen);
+    }
     let mut resumed = None;
     if let Some(dir) = &args.resume {
         let console = Console::new(plan.trajectory_count(), args.quiet || json, json);
@@ -112,13 +190,31 @@ pub fn run(args: RunArgs) -> u8 {
             }
         }
     }
-    // A resumed run keeps the metadata it started with (its name, labels, pin).
+    if let Some(split) = &split {
+        // Without it the shard cannot be merged: better not to spend the agent calls. A
+        // resumed shard writes the split it read back.
+        let path = out.join(trellis_engine::record::SHARD_PLAN_FILE);
+        if let Err(e) = trellis_reports::write_json(&path, split) {
+            errln!("error: {e}: {}", source(&e));
+            return EXIT_INCOMPLETE;
+        }
+    }
+    // A resumed run keeps the metadata it started with (its name, labels, pin, shard).
     let keep_meta = resumed.is_some()
         && trellis_reports::history::RunMeta::read(&out).is_ok_and(|m| m.is_some());
     if !keep_meta {
-        let meta = super::meta::build(&run_id, &project, &plan, &args.select.tags, &args.labels);
+        let mut meta =
+            super::meta::build(&run_id, &project, &plan, &args.select.tags, &args.labels);
+        if let (Some(split), Some(chosen)) = (&split, &chosen) {
+            meta.shard = Some(trellis_reports::history::ShardMeta {
+                index: chosen.shard.index(),
+                count: chosen.shard.count(),
+                digest: split.digest.clone(),
+            });
+        }
         if let Err(e) = meta.write(&out) {
-            // The run is still worth having without its metadata.
+            // The run is still worth having without its metadata (a shard's is needed to
+            // merge it, which says so then).
             errln!("warning: {e}: {}", source(&e));
         }
     }
@@ -177,6 +273,7 @@ pub fn run(args: RunArgs) -> u8 {
             "skipped": s.map(|s| s.skipped),
             "duration_ms": s.map(|s| s.duration_ms),
             "baseline": baseline.as_ref().map(|b| b.run_id.clone()),
+            "shard": chosen.as_ref().map(|c| c.shard.to_string()),
             "regressed": comparison.as_ref().map(|c| c.regressed),
             "regressions": comparison.as_ref().map(|c| c.regressions.clone()),
             "exit_code": exit_code,
@@ -184,6 +281,73 @@ pub fn run(args: RunArgs) -> u8 {
         outln!("{event}");
     }
     exit_code
+}
+
+/// Reconciles `--resume DIR` with sharding: a shard directory (`recorded`, its
+/// `shard.json`) resumes as that shard, which the flags and a runner's variables may repeat
+/// but not contradict; a whole run is not resumed as a shard. `Some` is the exit code of a
+/// refusal, already said.
+fn resumed_shard(
+    args: &RunArgs,
+    recorded: Option<&trellis_engine::record::ShardPlan>,
+    chosen: &mut Option<shard::Chosen>,
+) -> Option<u8> {
+    let dir = args.resume.as_ref()?;
+    match (recorded, chosen.as_ref()) {
+        (Some(split), Some(c))
+            if (c.shard.index(), c.shard.count()) != (split.index, split.count) =>
+        {
+            errln!(
+                "error: {} holds shard {}/{} of its run, and {} says shard {}; resume it as \
+                 the shard it is (leave out --shard)",
+                dir.display(),
+                split.index,
+                split.count,
+                c.from,
+                c.shard
+            );
+            Some(EXIT_INVALID)
+        }
+        (Some(_), _) if args.shard_costs.is_some() => {
+            errln!(
+                "error: a resumed shard keeps the split it started with (its shard.json); \
+                 leave out --shard-costs"
+            );
+            Some(EXIT_INVALID)
+        }
+        (Some(split), None) => match trellis_engine::shard::Shard::new(split.index, split.count) {
+            Ok(shard) => {
+                *chosen = Some(shard::Chosen {
+                    shard,
+                    from: format!(
+                        "{}",
+                        dir.join(trellis_engine::record::SHARD_PLAN_FILE).display()
+                    ),
+                });
+                None
+            }
+            Err(e) => {
+                errln!(
+                    "error: {}: {:?}",
+                    dir.join(trellis_engine::record::SHARD_PLAN_FILE).display(),
+                    miette::Report::new(e)
+                );
+                Some(EXIT_INVALID)
+            }
+        },
+        (None, Some(c)) if trellis_engine::journal::find(dir).is_some() => {
+            errln!(
+                "error: {} holds a whole run (it has no {}), and {} says shard {}; resume it \
+                 as the whole run it is (leave out --shard, or unset the runner's variables)",
+                dir.display(),
+                trellis_engine::record::SHARD_PLAN_FILE,
+                c.from,
+                c.shard
+            );
+            Some(EXIT_INVALID)
+        }
+        _ => None,
+    }
 }
 
 /// `--resume` of a run that reached its end: nothing runs. Its results files are written
@@ -201,6 +365,7 @@ fn already_finished(dir: &Path, run_id: &str, summary: &RunSummary) -> u8 {
     );
     let optional = [
         trellis_engine::journal::JOURNAL_FILE,
+        trellis_engine::record::SHARD_PLAN_FILE,
         trellis_engine::journal::PLAIN_FILE,
         trellis_reports::history::RUN_META_FILE,
         trellis_reports::COMPARE_FILE,
@@ -563,7 +728,12 @@ fn json_event(event: &Event, out: &Path) {
 /// millisecond. Run directories named in the older `20261122T035000Z-1a2b` form are still
 /// read and listed (by their `started_at`).
 pub fn new_run_id() -> String {
-    let now = SystemTime::now();
+    run_id_at(SystemTime::now())
+}
+
+/// A run id for a run that started at `now` (`trellis merge`: when its first shard
+/// started), in [`new_run_id`]'s form.
+pub fn run_id_at(now: SystemTime) -> String {
     let seconds: String = execute::rfc3339(now)
         .chars()
         .filter(|c| c.is_ascii_digit() || *c == 'T')
@@ -573,7 +743,13 @@ pub fn new_run_id() -> String {
         .map(|d| d.subsec_nanos())
         .unwrap_or(0);
     let millis = nanos / 1_000_000;
-    let salt = (nanos ^ std::process::id().rotate_left(16)) & 0xffff;
+    // From the clock now, not `now`: a merged run's start is a shard's, to the second,
+    // and two merges of it must not get one id.
+    let salted = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let salt = (salted ^ std::process::id().rotate_left(16)) & 0xffff;
     format!("{seconds}.{millis:03}Z-{salt:04x}")
 }
 

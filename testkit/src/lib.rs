@@ -52,6 +52,15 @@ pub enum Behavior {
     /// open; close it, without a byte, when the next request arrives on it (a server that
     /// times out idle keep-alive connections just as the client reuses one).
     CloseReused { body: String },
+    /// Answer every request with a 200 and `body`, except requests whose header `header`
+    /// is `value` once `after` of those were answered: they get no answer, their connection
+    /// held open until the client goes (a process stalled mid-run, to be killed there).
+    HangAfter {
+        body: String,
+        header: String,
+        value: String,
+        after: usize,
+    },
     /// Read a request's head; when it announces a body over `limit` bytes, drop the
     /// connection without reading the body or answering (as some servers with a body size
     /// limit do; the client sees the connection reset while it sends).
@@ -90,6 +99,8 @@ pub struct Stats {
     /// Body bytes the server managed to write (for [`Behavior::Huge`]).
     pub body_bytes_written: AtomicU64,
     pub recorded: Mutex<Vec<Recorded>>,
+    /// Requests [`Behavior::HangAfter`] recognised by their header, answered or not.
+    pub tagged: AtomicUsize,
     /// Signalled each time a connection handler finishes.
     pub connection_done: Notify,
 }
@@ -143,6 +154,22 @@ impl MisbehavingServer {
 
     pub fn recorded(&self) -> Vec<Recorded> {
         self.stats.recorded.lock().unwrap().clone()
+    }
+
+    /// Requests received whose header `name` was `value` (case-insensitive name).
+    pub fn requests_with(&self, name: &str, value: &str) -> usize {
+        self.stats
+            .recorded
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| r.header(name).as_deref() == Some(value))
+            .count()
+    }
+
+    /// Requests [`Behavior::HangAfter`] recognised by their header so far.
+    pub fn tagged(&self) -> usize {
+        self.stats.tagged.load(Ordering::SeqCst)
     }
 }
 
@@ -282,8 +309,26 @@ async fn serve_connection(
             return Ok(());
         }
         let n = stats.requests.fetch_add(1, Ordering::SeqCst);
+        let hang = match behavior {
+            Behavior::HangAfter {
+                header,
+                value,
+                after,
+                ..
+            } if request.header(header).as_deref() == Some(value.as_str()) => {
+                stats.tagged.fetch_add(1, Ordering::SeqCst) >= *after
+            }
+            _ => false,
+        };
         stats.recorded.lock().unwrap().push(request);
+        if hang {
+            // Silent until the client closes the connection (or is killed).
+            let mut sink = [0u8; 1024];
+            while stream.read(&mut sink).await? > 0 {}
+            return Ok(());
+        }
         match behavior {
+            Behavior::HangAfter { body, .. } => write_response(&mut stream, 200, body).await?,
             Behavior::CloseReused { body } => write_response(&mut stream, 200, body).await?,
             Behavior::RefuseLargeBody { .. } => return Ok(()),
             Behavior::Respond { status, body } => {

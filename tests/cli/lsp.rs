@@ -377,3 +377,37 @@ fn editors_that_quit_loosely_or_never_connect_get_a_clean_stop_or_a_clear_error(
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("started by an editor"), "{stderr}");
 }
+
+#[test]
+fn a_file_changed_on_disk_is_checked_again_and_a_buffer_is_formatted() {
+    let dir = project();
+    let steps = serde_json::json!([
+        {"do": "open", "file": "main.kdl"},
+        {"do": "write", "file": "agents.kdl", "text": AGENTS.replace("\"shop\"", "\"store\"")},
+        // Formatting: a messy buffer gets `trellis fmt`'s layout; a formatted one no edit.
+        {"do": "change", "file": "main.kdl", "text": MESSY},
+        {"do": "format", "file": "main.kdl"},
+        {"do": "change", "file": "main.kdl", "text": MAIN},
+        {"do": "format", "file": "main.kdl"},
+    ]);
+    let out = session(dir.path(), steps);
+    assert_eq!(out[1]["diagnostics"]["main.kdl"], serde_json::json!([]));
+    let after = out[2]["diagnostics"]["main.kdl"]
+        .as_array()
+        .expect("diagnostics");
+    assert_eq!(after.len(), 2, "{after:?}");
+    assert!(
+        after
+            .iter()
+            .all(|d| d["code"] == "trellis::undefined_reference"),
+        "{after:?}"
+    );
+    assert_eq!(
+        out[4]["edits"],
+        serde_json::json!([{"line": 0, "end": 4, "text": FORMATTED}])
+    );
+    assert_eq!(out[6]["edits"], serde_json::json!([]));
+}
+
+const MESSY: &str = "scenario   \"x\"  {\n  agent \"store\" // who\n user \"hi\"\n}\n";
+const FORMATTED: &str = "scenario \"x\" {\n    agent \"store\" // who\n    user \"hi\"\n}\n";

@@ -9,12 +9,15 @@ mod support {
 mod a2a;
 mod agent;
 mod calibrate;
+mod complete;
 mod diagnostics;
 mod faults;
+mod fmt;
 mod history;
 mod import;
 mod import_connexity;
 mod import_multiagent;
+mod init;
 mod judges;
 mod lsp;
 mod multiagent;
@@ -22,6 +25,7 @@ mod outputs;
 mod repo;
 mod resume;
 mod run;
+mod shard;
 mod watch;
 
 use std::path::{Path, PathBuf};
@@ -33,7 +37,26 @@ pub fn trellis() -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_trellis"));
     cmd.current_dir(env!("CARGO_MANIFEST_DIR"));
     cmd.kill_on_drop(true);
+    without_runner_shards(&mut cmd);
     cmd
+}
+
+/// The variables by which a CI runner or Kubernetes tells `trellis run` its shard: tests
+/// that run on such a runner (GitLab `parallel`, Buildkite `parallelism`) must not have every
+/// run they start take only part of its suite. Tests of sharding set them themselves.
+pub const RUNNER_SHARD_VARS: [&str; 6] = [
+    "JOB_COMPLETION_INDEX",
+    "TRELLIS_SHARDS",
+    "CI_NODE_INDEX",
+    "CI_NODE_TOTAL",
+    "BUILDKITE_PARALLEL_JOB",
+    "BUILDKITE_PARALLEL_JOB_COUNT",
+];
+
+pub fn without_runner_shards(cmd: &mut tokio::process::Command) {
+    for name in RUNNER_SHARD_VARS {
+        cmd.env_remove(name);
+    }
 }
 
 pub fn repo(path: &str) -> PathBuf {

@@ -34,7 +34,7 @@ pub static AGENT: NodeSpec = NodeSpec::node("agent", "an agent under test")
     .args(ID)
     .children(Children::Nodes(&AGENT_SETTINGS))
     .repeatable();
-pub static AGENT_SETTINGS: [&NodeSpec; 14] = [
+pub static AGENT_SETTINGS: [&NodeSpec; 15] = [
     &NodeSpec::setting(
         "protocol",
         STRING,
@@ -90,7 +90,16 @@ pub static AGENT_SETTINGS: [&NodeSpec; 14] = [
         &[ArgSpec::value(ValueType::Boolean)],
         "also retry timeouts and connections broken after the request was sent",
     ),
+    &PER_SHARD,
 ];
+
+/// `per-shard #true` on an agent or a provider: its limits are each shard's own instead of
+/// divided among the shards of a sharded run (`trellis run --shard I/N`).
+pub static PER_SHARD: NodeSpec = NodeSpec::setting(
+    "per-shard",
+    &[ArgSpec::value(ValueType::Boolean)],
+    "in a sharded run, its limits are each shard's own instead of divided among the shards",
+);
 
 pub static PERSONA: NodeSpec = NodeSpec::node("persona", "a user the simulator plays")
     .args(ID)
@@ -109,7 +118,7 @@ pub static PROVIDER: NodeSpec = NodeSpec::node(
 .args(ID)
 .children(Children::Nodes(&PROVIDER_SETTINGS))
 .repeatable();
-pub static PROVIDER_SETTINGS: [&NodeSpec; 14] = [
+pub static PROVIDER_SETTINGS: [&NodeSpec; 15] = [
     &NodeSpec::setting(
         "kind",
         &[ArgSpec::value(ValueType::OneOf(&["openai", "anthropic"]))],
@@ -142,6 +151,7 @@ pub static PROVIDER_SETTINGS: [&NodeSpec; 14] = [
         "requests started a minute at most",
     ),
     &NodeSpec::setting("tokens-per-minute", POSITIVE, "tokens a minute at most"),
+    &PER_SHARD,
     &NodeSpec::setting("input-price", PRICE, "price per million prompt tokens"),
     &NodeSpec::setting("output-price", PRICE, "price per million completion tokens"),
 ];

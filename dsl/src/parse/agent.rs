@@ -104,6 +104,10 @@ impl Decoder<'_> {
             .value("retry-after-send")
             .and_then(|e| self.boolean(e))
             .unwrap_or(false);
+        let per_shard = s
+            .value("per-shard")
+            .and_then(|e| self.boolean(e))
+            .unwrap_or(false);
         let history_entry = s.value("history");
 
         let protocol = protocol?;
@@ -214,6 +218,7 @@ impl Decoder<'_> {
             retries,
             retry_after_send,
             concurrency,
+            per_shard,
             max_response_size,
             model,
             provider,

@@ -151,6 +151,10 @@ impl<'f> Decoder<'f> {
             .and_then(|c| usize::try_from(c).ok());
         let requests_per_minute = s.value("requests-per-minute").and_then(|e| self.u32(e, 1));
         let tokens_per_minute = s.value("tokens-per-minute").and_then(|e| self.u32(e, 1));
+        let per_shard = s
+            .value("per-shard")
+            .and_then(|e| self.boolean(e))
+            .unwrap_or(false);
         let input_price = self.s_number(&s, "input-price", (0.0, 1_000_000.0));
         let output_price = self.s_number(&s, "output-price", (0.0, 1_000_000.0));
         let Some(kind) = kind else {
@@ -171,6 +175,7 @@ impl<'f> Decoder<'f> {
             concurrency,
             requests_per_minute,
             tokens_per_minute,
+            per_shard,
             input_price,
             output_price,
             span: self.span(v.span),

@@ -35,57 +35,27 @@ impl Loader {
             self.load_file(path, name);
             return;
         }
-        match fs::metadata(path) {
-            Err(e) => self.diags.push(
-                Diagnostic::new(Kind::Io, format!("cannot read `{name}`: {e}"))
-                    .with_help("give a `.kdl` suite file or a directory of them"),
-            ),
-            Ok(meta) if meta.is_dir() => {
-                let mut found = Vec::new();
-                for entry in walkdir::WalkDir::new(path).sort_by_file_name() {
-                    match entry {
-                        Ok(entry) => {
-                            let p = entry.path();
-                            if entry.file_type().is_file()
-                                && p.extension().is_some_and(|e| e == "kdl")
-                            {
-                                found.push(p.to_path_buf());
-                            }
-                        }
-                        Err(e) => self.diags.push(Diagnostic::new(
-                            Kind::Io,
-                            format!("cannot read directory `{name}`: {e}"),
-                        )),
-                    }
-                }
-                // Unsaved buffers of new files under the directory belong to it too.
-                let dir = canonical(path);
-                for buffer in self.overlay.keys() {
-                    if buffer.starts_with(&dir)
-                        && buffer.extension().is_some_and(|e| e == "kdl")
-                        && !found.iter().any(|p| canonical(p) == *buffer)
-                    {
-                        found.push(buffer.clone());
-                    }
-                }
-                found.sort();
-                if found.is_empty() {
-                    self.diags.push(
-                        Diagnostic::new(Kind::NoSuite, format!("no .kdl files under `{name}`"))
-                            .with_help(
-                                "suite files end in `.kdl`; give a directory holding some, or \
-                                 the suite file itself",
-                            ),
-                    );
-                }
-                for p in found {
-                    let name = display_name(&p);
-                    self.load_file(&p, name);
+        let (mut found, mut problems) = suite_files(path);
+        if path.is_dir() {
+            // Unsaved buffers of new files under the directory belong to it too.
+            let dir = canonical(path);
+            for buffer in self.overlay.keys() {
+                if buffer.starts_with(&dir)
+                    && buffer.extension().is_some_and(|e| e == "kdl")
+                    && !found.iter().any(|p| canonical(p) == *buffer)
+                {
+                    found.push(buffer.clone());
                 }
             }
-            Ok(_) => {
-                self.load_file(path, name);
+            found.sort();
+            if !found.is_empty() {
+                problems.retain(|d| d.kind != Kind::NoSuite);
             }
+        }
+        self.diags.extend(problems);
+        for p in found {
+            let name = display_name(&p);
+            self.load_file(&p, name);
         }
     }
 
@@ -159,59 +129,7 @@ impl Loader {
             Ok(Some(Err(err))) => Err(err),
             Err(refused) => {
                 self.broken = true;
-                let (label, help) = match refused {
-                    depth::TooDeep::Blocks { .. } => (
-                        "one block too many",
-                        format!(
-                            "a suite file nests at most {} `{{ … }}` blocks; move deep parts into scenarios of their own",
-                            depth::MAX_BLOCK_DEPTH
-                        ),
-                    ),
-                    depth::TooDeep::Comment { .. } => (
-                        "this comment",
-                        format!(
-                            "a `/* … */` comment holds at most {} pieces (each `*`, each `/`, each run of other text); use `//` comments",
-                            depth::MAX_COMMENT_PIECES
-                        ),
-                    ),
-                    depth::TooDeep::Large | depth::TooDeep::NoStack => (
-                        "not parsed",
-                        format!(
-                            "split the suite into files of at most {} MiB joined with `include`",
-                            depth::MAX_FILE_SIZE / 1024 / 1024
-                        ),
-                    ),
-                    depth::TooDeep::Slashdash { .. } => (
-                        "second `/-`",
-                        "a `/-` comments out the node, argument, property or block right after \
-                         it; remove one of the two"
-                            .to_string(),
-                    ),
-                    depth::TooDeep::Unclosed { .. } => (
-                        "this string",
-                        "a multi-line string starts with `\"\"\"` and a newline and ends with \
-                         `\"\"\"` alone on its last line, after spaces only (raw: `#\"\"\"` … \
-                         `\"\"\"#`); every line of it starts with those same spaces"
-                            .to_string(),
-                    ),
-                    depth::TooDeep::Node { .. } => (
-                        "this node",
-                        format!(
-                            "a top-level node takes at most {} KiB; split it into several",
-                            depth::MAX_NODE_SIZE / 1024
-                        ),
-                    ),
-                };
-                let span = SourceSpan::new(refused.offset().into(), usize::from(!text.is_empty()));
-                let diag = Diagnostic::at(
-                    Kind::TooDeep,
-                    format!("cannot parse `{}`: {refused}", self.files[id].name),
-                    id,
-                    &self.files[id],
-                    span,
-                    label,
-                )
-                .with_help(help);
+                let diag = refused_diagnostic(refused, id, &self.files[id]);
                 self.diags.push(diag);
                 return;
             }
@@ -220,41 +138,8 @@ impl Loader {
             Ok(doc) => doc,
             Err(err) => {
                 self.broken = true;
-                let found = err.diagnostics.len();
-                // The parser's error recovery can report one error per byte of a garbled
-                // line, and each is shown with that line: past the first few they bury the
-                // cause and make the report quadratic in the file's size.
-                for d in err.diagnostics.into_iter().take(MAX_SYNTAX_ERRORS) {
-                    let message = d.message.unwrap_or_else(|| "invalid KDL".to_string());
-                    let label = d.label.unwrap_or_else(|| "here".to_string());
-                    let snippet = text
-                        .get(d.span.offset()..d.span.offset() + d.span.len())
-                        .unwrap_or("");
-                    let help = if snippet.starts_with('"') && snippet.contains('\\') {
-                        "a backslash starts an escape in a quoted KDL string (`\\d` is not one); write regexes as raw strings: #\"\\d+\"#".to_string()
-                    } else {
-                        d.help.unwrap_or_else(|| {
-                            "suite files are KDL v2 documents (https://kdl.dev)".into()
-                        })
-                    };
-                    let diag =
-                        Diagnostic::at(Kind::Syntax, message, id, &self.files[id], d.span, label)
-                            .with_help(help);
-                    self.diags.push(diag);
-                }
-                if found > MAX_SYNTAX_ERRORS {
-                    self.diags.push(
-                        Diagnostic::new(
-                            Kind::Syntax,
-                            format!(
-                                "`{}`: {} more KDL syntax errors not shown",
-                                self.files[id].name,
-                                found - MAX_SYNTAX_ERRORS
-                            ),
-                        )
-                        .with_help("fix the first ones: the rest often follow from them"),
-                    );
-                }
+                self.diags
+                    .extend(syntax_diagnostics(err, id, &self.files[id]));
                 return;
             }
         };
@@ -397,13 +282,13 @@ impl Loader {
 }
 
 /// The path as the user wrote it, with `/` separators.
-pub(super) fn display_name(path: &Path) -> String {
+pub(crate) fn display_name(path: &Path) -> String {
     let s = path.to_string_lossy().replace('\\', "/");
     s.strip_prefix("./").map(str::to_string).unwrap_or(s)
 }
 
 /// Removes `.` and resolvable `..` components without touching the file system.
-pub(super) fn normalize(path: &Path) -> PathBuf {
+pub(crate) fn normalize(path: &Path) -> PathBuf {
     let mut out: Vec<Component> = Vec::new();
     for c in path.components() {
         match c {
@@ -464,4 +349,151 @@ pub fn canonical(path: &Path) -> PathBuf {
         },
         _ => path,
     }
+}
+
+/// The suite files a path given on the command line stands for: the file itself, or every
+/// `*.kdl` below a directory (sorted by name, as `run` and `check` load them), with the
+/// problems met on the way (a path that cannot be read, a directory without suite files).
+pub fn suite_files(path: &Path) -> (Vec<PathBuf>, Vec<Diagnostic>) {
+    let name = display_name(path);
+    let mut found = Vec::new();
+    let mut problems = Vec::new();
+    match fs::metadata(path) {
+        Err(e) => problems.push(
+            Diagnostic::new(Kind::Io, format!("cannot read `{name}`: {e}"))
+                .with_help("give a `.kdl` suite file or a directory of them"),
+        ),
+        Ok(meta) if meta.is_dir() => {
+            for entry in walkdir::WalkDir::new(path).sort_by_file_name() {
+                match entry {
+                    Ok(entry) => {
+                        let p = entry.path();
+                        if entry.file_type().is_file() && p.extension().is_some_and(|e| e == "kdl")
+                        {
+                            found.push(p.to_path_buf());
+                        }
+                    }
+                    Err(e) => problems.push(Diagnostic::new(
+                        Kind::Io,
+                        format!("cannot read directory `{name}`: {e}"),
+                    )),
+                }
+            }
+            if found.is_empty() {
+                problems.push(
+                    Diagnostic::new(Kind::NoSuite, format!("no .kdl files under `{name}`"))
+                        .with_help(
+                            "suite files end in `.kdl`; give a directory holding some, or the \
+                             suite file itself",
+                        ),
+                );
+            }
+        }
+        Ok(_) => found.push(path.to_path_buf()),
+    }
+    (found, problems)
+}
+
+/// The diagnostic of a file `depth` refuses to hand to the parser.
+pub(crate) fn refused_diagnostic(
+    refused: depth::TooDeep,
+    id: FileId,
+    file: &SourceFile,
+) -> Diagnostic {
+    let (label, help) = match refused {
+        depth::TooDeep::Blocks { .. } => (
+            "one block too many",
+            format!(
+                "a suite file nests at most {} `{{ … }}` blocks; move deep parts into scenarios of their own",
+                depth::MAX_BLOCK_DEPTH
+            ),
+        ),
+        depth::TooDeep::Comment { .. } => (
+            "this comment",
+            format!(
+                "a `/* … */` comment holds at most {} pieces (each `*`, each `/`, each run of other text); use `//` comments",
+                depth::MAX_COMMENT_PIECES
+            ),
+        ),
+        depth::TooDeep::Large | depth::TooDeep::NoStack => (
+            "not parsed",
+            format!(
+                "split the suite into files of at most {} MiB joined with `include`",
+                depth::MAX_FILE_SIZE / 1024 / 1024
+            ),
+        ),
+        depth::TooDeep::Slashdash { .. } => (
+            "second `/-`",
+            "a `/-` comments out the node, argument, property or block right after \
+             it; remove one of the two"
+                .to_string(),
+        ),
+        depth::TooDeep::Unclosed { .. } => (
+            "this string",
+            "a multi-line string starts with `\"\"\"` and a newline and ends with \
+             `\"\"\"` alone on its last line, after spaces only (raw: `#\"\"\"` … \
+             `\"\"\"#`); every line of it starts with those same spaces"
+                .to_string(),
+        ),
+        depth::TooDeep::Node { .. } => (
+            "this node",
+            format!(
+                "a top-level node takes at most {} KiB; split it into several",
+                depth::MAX_NODE_SIZE / 1024
+            ),
+        ),
+    };
+    let span = SourceSpan::new(refused.offset().into(), usize::from(!file.text.is_empty()));
+    Diagnostic::at(
+        Kind::TooDeep,
+        format!("cannot parse `{}`: {refused}", file.name),
+        id,
+        file,
+        span,
+        label,
+    )
+    .with_help(help)
+}
+
+/// The diagnostics of a file that is not valid KDL: the parser's errors (the first
+/// [`MAX_SYNTAX_ERRORS`], then how many more), each with a hint.
+pub(crate) fn syntax_diagnostics(
+    err: kdl::KdlError,
+    id: FileId,
+    file: &SourceFile,
+) -> Vec<Diagnostic> {
+    let text = &*file.text;
+    let found = err.diagnostics.len();
+    let mut diags = Vec::new();
+    // The parser's error recovery can report one error per byte of a garbled
+    // line, and each is shown with that line: past the first few they bury the
+    // cause and make the report quadratic in the file's size.
+    for d in err.diagnostics.into_iter().take(MAX_SYNTAX_ERRORS) {
+        let message = d.message.unwrap_or_else(|| "invalid KDL".to_string());
+        let label = d.label.unwrap_or_else(|| "here".to_string());
+        let snippet = text
+            .get(d.span.offset()..d.span.offset() + d.span.len())
+            .unwrap_or("");
+        let help = if snippet.starts_with('"') && snippet.contains('\\') {
+            "a backslash starts an escape in a quoted KDL string (`\\d` is not one); write regexes as raw strings: #\"\\d+\"#".to_string()
+        } else {
+            d.help
+                .unwrap_or_else(|| "suite files are KDL v2 documents (https://kdl.dev)".into())
+        };
+        diags.push(Diagnostic::at(Kind::Syntax, message, id, file, d.span, label).with_help(help));
+    }
+    if found > MAX_SYNTAX_ERRORS {
+        diags.push(
+            Diagnostic::new(
+                Kind::Syntax,
+                format!(
+                    "`{}`: {} more KDL syntax errors not shown",
+                    file.name,
+                    found - MAX_SYNTAX_ERRORS
+                ),
+            )
+            .with_help("fix the first ones: the rest often follow from them"),
+        );
+    }
+    diags
 }

@@ -18,7 +18,7 @@ use trellis_dsl::template::{self, Names, Scope};
 use trellis_dsl::{SourceFile, Span, Template};
 
 /// Cases per property: `TRELLIS_FUZZ_CASES`, or few enough for CI.
-fn config(default: u32) -> Config {
+pub(super) fn config(default: u32) -> Config {
     let cases = std::env::var("TRELLIS_FUZZ_CASES")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -39,7 +39,7 @@ type Slot = Arc<Mutex<Option<(Instant, String)>>>;
 
 /// Runs `f` while a watchdog thread checks that it ends within [`HANG`]; otherwise prints
 /// `input` and aborts (a hang cannot be unwound).
-fn bounded<T>(input: &str, f: impl FnOnce() -> T) -> T {
+pub(super) fn bounded<T>(input: &str, f: impl FnOnce() -> T) -> T {
     static SLOTS: OnceLock<Mutex<Vec<Slot>>> = OnceLock::new();
     thread_local! {
         static SLOT: Slot = {
@@ -248,7 +248,7 @@ fn edit() -> impl Strategy<Value = Edit> {
 }
 
 /// A real suite with a few random edits at random places.
-fn mutated_suite() -> impl Strategy<Value = String> {
+pub(super) fn mutated_suite() -> impl Strategy<Value = String> {
     (
         0..seeds().len(),
         prop::collection::vec((any::<prop::sample::Index>(), edit()), 1..8),
@@ -296,7 +296,7 @@ fn kdl_value() -> impl Strategy<Value = String> {
 }
 
 /// A node tree built from the language's own names, with values of every type.
-fn grammar_suite() -> impl Strategy<Value = String> {
+pub(super) fn grammar_suite() -> impl Strategy<Value = String> {
     // Selected from the name-like tokens, not filtered (a filter rejects most draws and
     // proptest gives up on a long run).
     let names: Vec<&'static str> = TOKENS

@@ -34,7 +34,7 @@ use crate::event::{Event, EventSender};
 use crate::plan::{Plan, PlannedScenario};
 use crate::protocol::AgentProtocol;
 use crate::record::{
-    Fault, FaultCategory, RunInfo, RunSummary, ScenarioInfo, TrajectoryRecord, TrajectoryStatus,
+    Fault, FaultCategory, RunInfo, RunSummary, TrajectoryRecord, TrajectoryStatus,
 };
 use agents::{AgentRuntime, Agents};
 use verdict::skip_trajectory;
@@ -98,7 +98,7 @@ pub fn run_info(plan: &Plan, run_id: &str, jobs: usize, strict: bool) -> RunInfo
         scenarios: plan
             .scenarios
             .iter()
-            .map(|s| scenario_info(s, plan))
+            .map(|s| plan.scenario_info(s))
             .collect(),
         rejudged_from: None,
         strict,
@@ -470,36 +470,4 @@ pub(crate) fn ms(d: Duration) -> f64 {
 /// RFC 3339 in UTC, second precision.
 pub fn rfc3339(t: SystemTime) -> String {
     humantime::format_rfc3339_seconds(t).to_string()
-}
-
-/// What `planned` tells a report about its scenario (the `run_started` entry's
-/// `scenarios`).
-fn scenario_info(planned: &PlannedScenario, plan: &Plan) -> ScenarioInfo {
-    let sc = &planned.scenario;
-    ScenarioInfo {
-        suite: planned.suite.to_string(),
-        scenario: sc.id.value.clone(),
-        name: sc.name.clone(),
-        description: sc.description.clone(),
-        persona: planned.scope.persona(),
-        user_context: sc.user_context.clone(),
-        agents: planned
-            .agents
-            .iter()
-            .filter_map(|&a| plan.agents.get(a))
-            .map(|a| a.id.to_string())
-            .collect(),
-        trajectories: planned
-            .trajectories
-            .iter()
-            .map(|t| t.name.clone())
-            .collect(),
-        fingerprints: planned
-            .trajectories
-            .iter()
-            .map(|t| t.fingerprint.as_deref().map(str::to_owned))
-            .collect::<Option<Vec<_>>>()
-            .unwrap_or_default(),
-        repeat: planned.repeat,
-    }
 }

@@ -50,7 +50,8 @@ pub const SPEC: ProtocolSpec = ProtocolSpec {
     endpoints: MODEL_ENDPOINTS,
     settings: MODEL_SETTINGS,
     capabilities: MODEL_CAPABILITIES,
-    builtins: &[],
+    // `trellis-agents`' deterministic order-desk model behind Anthropic Messages.
+    builtins: &["concierge"],
 
     check: None,
 };

@@ -262,6 +262,8 @@ async fn unknown_builtin_is_an_error() {
         BUILTINS,
         [
             "booking",
+            "clerk",
+            "concierge",
             "langserve",
             "numbers",
             "support",

@@ -29,8 +29,8 @@ const LAYERS: &[&[&str]] = &[
     // The planner: what runs, with which protocol, judges and sandboxes.
     &["plan"],
     // What works on a plan: deterministic criteria (compiled by the planner), scenario
-    // fingerprints, the secrets a plan names.
-    &["criteria", "fingerprint", "secrets"],
+    // fingerprints, the secrets a plan names, splitting it into shards.
+    &["criteria", "fingerprint", "secrets", "shard"],
     // The executor, on everything else.
     &["execute"],
 ];

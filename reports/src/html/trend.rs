@@ -52,10 +52,10 @@ pub(crate) fn trends_from_sibling_runs(
         .filter_map(Result::ok)
         .map(|e| e.path())
         .filter(|dir| dir.join(RUNS_FILE).is_file() && dir.join(TRAJECTORIES_FILE).is_file())
-        // A watch rerun or watch's `latest` mirror is not a whole run: its pass counts
-        // would draw a scenario's trend from part of the suite.
+        // A watch rerun, watch's `latest` mirror or one shard of a run is not a whole run:
+        // its pass counts would draw a scenario's trend from part of the suite.
         .filter(|dir| {
-            !crate::history::is_watch_rerun(dir)
+            !crate::history::is_part_of_run(dir)
                 && dir.file_name() != Some(std::ffi::OsStr::new(crate::history::WATCH_LATEST))
         })
         .filter_map(|dir| {

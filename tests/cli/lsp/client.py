@@ -33,7 +33,9 @@ async def main(binary, project, script):
     root = uri(project)
     result = await client.initialize_async(
         t.InitializeParams(
-            capabilities=t.ClientCapabilities(),
+            capabilities=t.ClientCapabilities(workspace=t.WorkspaceClientCapabilities(
+                did_change_watched_files=t.DidChangeWatchedFilesClientCapabilities(
+                    dynamic_registration=True))),
             root_uri=root,
             workspace_folders=[t.WorkspaceFolder(uri=root, name="project")],
         )
@@ -50,10 +52,15 @@ async def main(binary, project, script):
         doc = uri(Path(project) / step["file"]) if "file" in step else None
         pos = t.Position(line=step.get("line", 0), character=step.get("character", 0))
         ident = t.TextDocumentIdentifier(uri=doc) if doc else None
-        if kind in ("open", "change"):
+        if kind in ("open", "change", "write"):
             published.clear()
             versions[doc] = versions.get(doc, 0) + 1
-            if kind == "open":
+            if kind == "write":
+                # Changed on disk behind the editor, which tells the server.
+                (Path(project) / step["file"]).write_text(step["text"])
+                client.workspace_did_change_watched_files(t.DidChangeWatchedFilesParams(
+                    changes=[t.FileEvent(uri=doc, type=t.FileChangeType.Changed)]))
+            elif kind == "open":
                 text = step.get("text")
                 if text is None:
                     text = (Path(project) / step["file"]).read_text()
@@ -109,6 +116,12 @@ async def main(binary, project, script):
             for u, es in ((r.changes or {}) if r else {}).items():
                 edits[Path(u.removeprefix("file://")).name] = len(es)
             print(json.dumps({"step": kind, "edits": edits}), flush=True)
+        elif kind == "format":
+            r = await client.text_document_formatting_async(t.DocumentFormattingParams(
+                text_document=ident, options=t.FormattingOptions(tab_size=4, insert_spaces=True)))
+            print(json.dumps({"step": kind, "edits": [
+                {"line": e.range.start.line, "end": e.range.end.line, "text": e.new_text}
+                for e in (r or [])]}), flush=True)
         elif kind == "symbols":
             r = await client.text_document_document_symbol_async(
                 t.DocumentSymbolParams(text_document=ident))

@@ -1,0 +1,164 @@
+//! What the editor shows as problems: the loader's diagnostics (and `check`'s warnings) of a
+//! project, turned into LSP diagnostics per file with their labels, hints and notes.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use lsp_server::{Connection, Message, Notification};
+use lsp_types::notification::{self as notif, Notification as _};
+use lsp_types::*;
+use trellis_dsl::Diagnostic as DslDiagnostic;
+
+use crate::server::{Server, to_uri};
+use crate::text::LineIndex;
+
+impl Server {
+    /// Everything `trellis check DIR` reports for the project, by file (every `.kdl` file of
+    /// the project is listed, most with no diagnostics, so fixed problems are cleared).
+    pub fn check(&self, project: &Path) -> HashMap<PathBuf, Vec<lsp_types::Diagnostic>> {
+        let mut out: HashMap<PathBuf, Vec<lsp_types::Diagnostic>> = HashMap::new();
+        for file in self.project_files(project) {
+            out.entry(file).or_default();
+        }
+        let loaded =
+            trellis_dsl::load_with_overlay(&[project], &self.config.protocols, self.overlay());
+        let (files, diags): (Vec<(PathBuf, Arc<str>)>, Vec<DslDiagnostic>) = match loaded {
+            Ok(project) => {
+                let mut warnings = (self.config.warnings)(&project);
+                warnings.sort_by_key(|d| (d.file, d.offset()));
+                let files = project
+                    .files
+                    .iter()
+                    .map(|f| (trellis_dsl::canonical(&f.path), f.text.clone()))
+                    .collect();
+                (files, warnings)
+            }
+            Err(diags) => {
+                let files = diags
+                    .files()
+                    .iter()
+                    .map(|f| (trellis_dsl::canonical(&f.path), f.text.clone()))
+                    .collect();
+                (files, diags.iter().cloned().collect())
+            }
+        };
+        let indexes: Vec<LineIndex> = files.iter().map(|(_, t)| LineIndex::new(t)).collect();
+        for d in &diags {
+            let (file, diagnostic) = match d.file.and_then(|f| files.get(f).map(|x| (f, x))) {
+                Some((id, (path, text))) => (
+                    path.clone(),
+                    to_lsp(d, text, &indexes[id], &files, &indexes),
+                ),
+                // Nothing to point at (an unreadable path, an empty directory): shown at the
+                // top of every open buffer of the project.
+                None => {
+                    for path in self.buffers.keys().filter(|p| p.starts_with(project)) {
+                        out.entry(path.clone())
+                            .or_default()
+                            .push(lsp_types::Diagnostic {
+                                range: Range::default(),
+                                severity: Some(severity(d)),
+                                code: Some(NumberOrString::String(d.code_str().to_string())),
+                                source: Some("trellis".into()),
+                                message: message(d),
+                                ..Default::default()
+                            });
+                    }
+                    continue;
+                }
+            };
+            out.entry(file).or_default().push(diagnostic);
+        }
+        out
+    }
+}
+
+pub(crate) fn send_diagnostics(
+    connection: &Connection,
+    file: &Path,
+    diagnostics: Vec<lsp_types::Diagnostic>,
+) -> Result<(), crate::Error> {
+    let Some(uri) = to_uri(file) else {
+        return Ok(());
+    };
+    let params = PublishDiagnosticsParams::new(uri, diagnostics, None);
+    connection
+        .sender
+        .send(Message::Notification(Notification::new(
+            notif::PublishDiagnostics::METHOD.to_string(),
+            params,
+        )))?;
+    Ok(())
+}
+
+fn severity(d: &DslDiagnostic) -> DiagnosticSeverity {
+    if d.kind == trellis_dsl::diagnostics::Kind::Note {
+        DiagnosticSeverity::INFORMATION
+    } else if d.is_warning() {
+        DiagnosticSeverity::WARNING
+    } else {
+        DiagnosticSeverity::ERROR
+    }
+}
+
+/// The message as `trellis check` prints it, with its help line.
+fn message(d: &DslDiagnostic) -> String {
+    match d.help_text() {
+        Some(help) => format!("{}\nhelp: {help}", d.message),
+        None => d.message.clone(),
+    }
+}
+
+fn to_lsp(
+    d: &DslDiagnostic,
+    text: &str,
+    lines: &LineIndex,
+    files: &[(PathBuf, Arc<str>)],
+    indexes: &[LineIndex],
+) -> lsp_types::Diagnostic {
+    let labels = d.labels();
+    let range = labels
+        .first()
+        .map(|l| lines.range(text, l.offset()..l.offset() + l.len()))
+        .unwrap_or_default();
+    let mut message = message(d);
+    if let Some(label) = labels.first().and_then(|l| l.label()) {
+        message = format!("{message}\n({label})");
+    }
+    let mut related = Vec::new();
+    if let Some((path, _)) = d.file.and_then(|f| files.get(f)) {
+        for l in labels.iter().skip(1) {
+            if let Some(uri) = to_uri(path) {
+                related.push(DiagnosticRelatedInformation {
+                    location: Location::new(
+                        uri,
+                        lines.range(text, l.offset()..l.offset() + l.len()),
+                    ),
+                    message: l.label().unwrap_or_default().to_string(),
+                });
+            }
+        }
+    }
+    for r in d.related_diagnostics() {
+        let Some(id) = r.file else { continue };
+        let (Some((path, rtext)), Some(rlines)) = (files.get(id), indexes.get(id)) else {
+            continue;
+        };
+        if let (Some(l), Some(uri)) = (r.labels().first(), to_uri(path)) {
+            related.push(DiagnosticRelatedInformation {
+                location: Location::new(uri, rlines.range(rtext, l.offset()..l.offset() + l.len())),
+                message: r.message.clone(),
+            });
+        }
+    }
+    lsp_types::Diagnostic {
+        range,
+        severity: Some(severity(d)),
+        code: Some(NumberOrString::String(d.code_str().to_string())),
+        source: Some("trellis".into()),
+        message,
+        related_information: (!related.is_empty()).then_some(related),
+        ..Default::default()
+    }
+}

@@ -1,0 +1,859 @@
+//! `trellis merge DIR… --out DIR`: the shard runs of `trellis run --shard I/N` combined into
+//! one run that every reader takes for an unsharded run of the same plan.
+//!
+//! The merged run is recorded the way `run` records one: its events (a `run_started`
+//! describing the whole plan, each shard's agent, node and trajectory entries, a
+//! `run_finished` with the shards' totals) go through the same [`Record`] into a journal,
+//! the result tables, HTML, JUnit and summary, and its `run.json` is a whole run's (plus
+//! `merged`, naming the shards), so tables, reports, `compare`, `runs` and trends read it
+//! like any run. Journals are read only through the journal reader, one entry at a time,
+//! twice: once to check that the shards cover the plan (nothing is written when they do
+//! not), once to record them; memory holds the plan and one bit per planned trajectory run.
+//!
+//! A shard's `shard.json` holds the whole split, so whatever is missing is known exactly:
+//! a shard with no directory, a shard whose run did not finish (killed, stopped, or still
+//! running) and the trajectory runs it did not record.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use clap::Args;
+use trellis_engine::event::Event;
+use trellis_engine::journal::JournalReader;
+use trellis_engine::record::{
+    JournalEntry, RunInfo, RunSummary, SHARD_PLAN_FILE, ShardPlan, TrajectoryRecord,
+    TrajectoryStatus,
+};
+use trellis_reports::history::{MergeMeta, RunMeta, SCHEMA_VERSION};
+
+use super::console::{Console, count, errln, outln};
+use super::recorder::{Record, Recorded, source};
+use super::{EXIT_FAILED, EXIT_INCOMPLETE, EXIT_INVALID, EXIT_OK};
+
+/// Missing trajectory runs listed per shard unless `--verbose`.
+const MISSING_SHOWN: usize = 20;
+
+#[derive(Debug, Args)]
+pub struct MergeArgs {
+    /// The shard run directories, one per shard (`trellis run --shard I/N` wrote them,
+    /// or copies of their run.json, shard.json and journal.jsonl.zst).
+    #[arg(required = true, value_name = "SHARD_DIR")]
+    dirs: Vec<PathBuf>,
+    /// Output directory. Default: runs/<run-id>. A directory that holds an earlier run is
+    /// refused unless --replace is given.
+    #[arg(long, value_name = "DIR")]
+    out: Option<PathBuf>,
+    /// Let --out replace the earlier run in that directory.
+    #[arg(long)]
+    replace: bool,
+    /// Merge what the shards hold even when shards are missing or did not finish: the
+    /// merged run is marked partial (unfinished, left out of comparisons) and the exit code
+    /// is 1.
+    #[arg(long)]
+    allow_partial: bool,
+    /// List every missing trajectory run, not only the first few of each shard.
+    #[arg(long, short = 'v')]
+    verbose: bool,
+}
+
+/// Why shard directories cannot be merged at all (exit 2).
+#[derive(Debug, thiserror::Error, miette::Diagnostic)]
+pub enum MergeError {
+    #[error("{} is not a shard run: {why}", dir.display())]
+    #[diagnostic(
+        code(trellis::merge::not_a_shard),
+        help(
+            "name the directories `trellis run --shard I/N` (or a runner's shard variables) wrote; a shard copied from elsewhere needs its run.json, shard.json and journal.jsonl.zst"
+        )
+    )]
+    NotAShard { dir: PathBuf, why: String },
+    #[error("the shards do not belong to one run: {what}")]
+    #[diagnostic(
+        code(trellis::merge::mismatch),
+        help(
+            "merge the shards of one split: every shard of the same suites, selection and shard count, balanced by the same costs (`--shard-costs RUN|none` makes them agree)"
+        )
+    )]
+    Mismatch { what: String },
+    #[error("shard {index} is given twice: {} and {}", first.display(), second.display())]
+    #[diagnostic(
+        code(trellis::merge::twice),
+        help(
+            "name each shard's directory once; a shard rerun into a new directory replaces the old one"
+        )
+    )]
+    Twice {
+        index: u32,
+        first: PathBuf,
+        second: PathBuf,
+    },
+    #[error("shard {index} ({}) recorded `{what}`, which {why}", dir.display())]
+    #[diagnostic(
+        code(trellis::merge::foreign),
+        help("the directory's journal and shard.json do not belong together")
+    )]
+    Foreign {
+        index: u32,
+        dir: PathBuf,
+        what: String,
+        why: String,
+    },
+    #[error("cannot read the journal of {}", dir.display())]
+    #[diagnostic(code(trellis::merge::io))]
+    Read {
+        dir: PathBuf,
+        #[source]
+        source: trellis_engine::journal::JournalError,
+    },
+    #[error("--out {} is one of the shards", out.display())]
+    #[diagnostic(
+        code(trellis::merge::out),
+        help("write the merged run into a directory of its own")
+    )]
+    OutIsShard { out: PathBuf },
+}
+
+pub fn merge(args: MergeArgs) -> u8 {
+    match merge_inner(&args) {
+        Ok(code) => code,
+        Err(e) => {
+            errln!("{:?}", miette::Report::new(e));
+            EXIT_INVALID
+        }
+    }
+}
+
+/// One shard directory as read before merging.
+struct ShardDir {
+    dir: PathBuf,
+    index: u32,
+    meta: RunMeta,
+    started: Option<RunInfo>,
+    finished: Option<RunSummary>,
+    /// Journal lines that could not be read (a run killed mid-write tears its last one).
+    skipped_lines: usize,
+    /// Its compressed journal ends inside a block: the writer was killed mid-flush.
+    cut_short: bool,
+    /// Another trellis still holds the directory's run lock.
+    running: bool,
+}
+
+fn merge_inner(args: &MergeArgs) -> Result<u8, MergeError> {
+    // The same directory named twice (a glob and a path) is one shard.
+    let mut seen = HashSet::new();
+    let dirs: Vec<&PathBuf> = args
+        .dirs
+        .iter()
+        .filter(|d| seen.insert(d.canonicalize().unwrap_or_else(|_| (*d).clone())))
+        .collect();
+    let mut split: Option<ShardPlan> = None;
+    let mut shards: Vec<ShardDir> = Vec::new();
+    for dir in dirs {
+        let (meta, plan) = read_shard(dir)?;
+        let index = plan.index;
+        if let Some(first) = &split {
+            check_same(first, &shards[0], &plan, &meta, dir)?;
+        } else {
+            split = Some(plan);
+        }
+        if let Some(other) = shards.iter().find(|s| s.index == index) {
+            return Err(MergeError::Twice {
+                index,
+                first: other.dir.clone(),
+                second: dir.clone(),
+            });
+        }
+        shards.push(ShardDir {
+            dir: dir.clone(),
+            index,
+            meta,
+            started: None,
+            finished: None,
+            skipped_lines: 0,
+            cut_short: false,
+            running: is_running(dir),
+        });
+    }
+    let Some(split) = split else {
+        // clap requires one directory; nothing else leaves this empty.
+        return Err(MergeError::Mismatch {
+            what: "no shard directory was given".to_owned(),
+        });
+    };
+    shards.sort_by_key(|s| s.index);
+    let out = args.out.clone();
+    if let Some(out) = &out
+        && let Ok(out_canonical) = out.canonicalize()
+        && shards
+            .iter()
+            .any(|s| s.dir.canonicalize().is_ok_and(|d| d == out_canonical))
+    {
+        return Err(MergeError::OutIsShard { out: out.clone() });
+    }
+
+    // First pass: what each shard recorded, against the plan.
+    let mut coverage = Coverage::new(&split);
+    for shard in &mut shards {
+        survey(shard, &split, &mut coverage)?;
+    }
+    let missing = missing_by_shard(&split, &shards, &coverage);
+    let total_missing: u64 = missing.values().map(|m| m.runs).sum();
+    let planned = coverage.planned;
+    if total_missing > 0 {
+        say_missing(&split, &shards, &missing, args.verbose);
+        if !args.allow_partial {
+            errln!(
+                "error: the shards do not cover the plan: {total_missing} of {} {} missing; \
+                 nothing was written",
+                count(planned, "trajectory run", "trajectory runs"),
+                if total_missing == 1 { "is" } else { "are" }
+            );
+            errln!(
+                "help: run the missing shards again (the same command with their --shard I/N \
+                 or runner index, --replace into the same directory), or pass \
+                 --allow-partial to merge what is there (the merged run is marked partial)"
+            );
+            return Ok(EXIT_FAILED);
+        }
+    }
+
+    // Second pass: record the merged run.
+    let started_at = shards
+        .iter()
+        .filter_map(|s| s.started.as_ref().map(|i| i.started_at.clone()))
+        .min()
+        .unwrap_or_else(|| trellis_engine::execute::rfc3339(SystemTime::now()));
+    let started = humantime::parse_rfc3339_weak(&started_at).unwrap_or_else(|_| SystemTime::now());
+    let run_id = super::run::run_id_at(started);
+    let out = out.unwrap_or_else(|| super::default_out_dir(&run_id));
+    let _claim = match super::recorder::claim_out_dir(&out, args.replace) {
+        Ok(claim) => claim,
+        Err(message) => {
+            errln!("error: {message}");
+            return Ok(EXIT_INVALID);
+        }
+    };
+    let partial = total_missing > 0;
+    let meta = merged_meta(&run_id, &split, &shards, partial, total_missing);
+    if let Err(e) = meta.write(&out) {
+        errln!("warning: {e}: {}", source(&e));
+    }
+    let mut record = match Record::create(&out) {
+        Ok(record) => record,
+        Err(message) => {
+            errln!("error: {message}");
+            return Ok(EXIT_INVALID);
+        }
+    };
+    let first = shards.iter().find_map(|s| s.started.as_ref());
+    let info = RunInfo {
+        run_id: run_id.clone(),
+        started_at,
+        trellis_version: first.map_or_else(
+            || env!("CARGO_PKG_VERSION").to_owned(),
+            |i| i.trellis_version.clone(),
+        ),
+        suites: first.map(|i| i.suites.clone()).unwrap_or_default(),
+        jobs: shards
+            .iter()
+            .filter_map(|s| s.started.as_ref().map(|i| i.jobs))
+            .sum(),
+        planned_trajectories: planned,
+        scenarios: split.scenarios.iter().map(|s| s.info.clone()).collect(),
+        rejudged_from: None,
+        // The shards ran with the same flags; one strict shard makes its skips failures.
+        strict: shards
+            .iter()
+            .any(|s| s.started.as_ref().is_some_and(|i| i.strict)),
+        // When any shard was resumed (`run --resume`), in time order.
+        resumed_at: {
+            let mut at: Vec<String> = shards
+                .iter()
+                .filter_map(|s| s.started.as_ref())
+                .flat_map(|i| i.resumed_at.iter().cloned())
+                .collect();
+            at.sort();
+            at
+        },
+    };
+    let mut console = Console::new(planned, true, false);
+    let mut push = |event: &Event| {
+        record.push(event);
+        console.on_event(event);
+    };
+    push(&Event::RunStarted(info));
+    let mut agents_seen: HashSet<String> = HashSet::new();
+    let mut totals = RunSummary {
+        run_id: run_id.clone(),
+        ..RunSummary::default()
+    };
+    for shard in &shards {
+        replay(shard, &mut agents_seen, &mut totals, &mut push)?;
+    }
+    let summary = (!partial).then(|| finished(totals, &shards));
+    if let Some(summary) = &summary {
+        push(&Event::RunFinished(summary.clone()));
+    }
+    let Recorded {
+        journal_path,
+        files,
+        problems,
+    } = record.finish();
+    if let Some(files) = &files {
+        console.finish(summary.as_ref(), &out, journal_path.as_deref(), files);
+    }
+    outln!(
+        "merged {} of {} ({}) into run {run_id}{}",
+        count(shards.len() as u64, "shard", "shards"),
+        split.count,
+        shards
+            .iter()
+            .map(|s| format!("{}: {}", s.index, s.meta.run_id))
+            .collect::<Vec<_>>()
+            .join(", "),
+        if partial {
+            format!(
+                "; partial: {} of the plan missing",
+                count(total_missing, "trajectory run", "trajectory runs")
+            )
+        } else {
+            String::new()
+        }
+    );
+    if !problems.is_empty() {
+        errln!("error: results are incomplete:");
+        for problem in &problems {
+            errln!("  - {problem}");
+        }
+        return Ok(EXIT_INCOMPLETE);
+    }
+    Ok(match &summary {
+        Some(s) if s.failed == 0 && s.errors == 0 => EXIT_OK,
+        _ => EXIT_FAILED,
+    })
+}
+
+/// A shard directory's `run.json` and `shard.json`.
+fn read_shard(dir: &Path) -> Result<(RunMeta, ShardPlan), MergeError> {
+    let not_a_shard = |why: String| MergeError::NotAShard {
+        dir: dir.to_path_buf(),
+        why,
+    };
+    if !dir.is_dir() {
+        return Err(not_a_shard("no such directory".to_owned()));
+    }
+    let meta = match RunMeta::read(dir) {
+        Ok(Some(meta)) => meta,
+        Ok(None) => return Err(not_a_shard("it has no run.json".to_owned())),
+        Err(e) => return Err(not_a_shard(format!("{e}: {}", source(&e)))),
+    };
+    let Some(shard) = &meta.shard else {
+        return Err(not_a_shard(
+            "its run.json has no `shard`: a whole run, not a shard of one".to_owned(),
+        ));
+    };
+    let path = dir.join(SHARD_PLAN_FILE);
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| not_a_shard(format!("cannot read {}: {e}", path.display())))?;
+    let plan: ShardPlan = serde_json::from_str(&text)
+        .map_err(|e| not_a_shard(format!("{} is not a shard plan: {e}", path.display())))?;
+    if plan.version != trellis_engine::record::SHARD_PLAN_VERSION {
+        return Err(not_a_shard(format!(
+            "{} is version {}, and this trellis reads version {}",
+            path.display(),
+            plan.version,
+            trellis_engine::record::SHARD_PLAN_VERSION
+        )));
+    }
+    if plan.index != shard.index || plan.count != shard.count || plan.digest != shard.digest {
+        return Err(not_a_shard(format!(
+            "run.json says shard {}/{} and {} says {}/{} of another split",
+            shard.index,
+            shard.count,
+            path.display(),
+            plan.index,
+            plan.count
+        )));
+    }
+    Ok((meta, plan))
+}
+
+/// The shards must come from one split of one suite.
+fn check_same(
+    first: &ShardPlan,
+    first_dir: &ShardDir,
+    plan: &ShardPlan,
+    meta: &RunMeta,
+    dir: &Path,
+) -> Result<(), MergeError> {
+    let mismatch = |what: String| Err(MergeError::Mismatch { what });
+    let a = first_dir.dir.display();
+    let b = dir.display();
+    if meta.suite_fingerprint != first_dir.meta.suite_fingerprint {
+        return mismatch(format!(
+            "{a} ran suites with fingerprint {} and {b} suites with fingerprint {}: the suite \
+             files differ",
+            short(&first_dir.meta.suite_fingerprint),
+            short(&meta.suite_fingerprint)
+        ));
+    }
+    if plan.count != first.count {
+        return mismatch(format!(
+            "{a} is a shard of {} and {b} a shard of {}",
+            first.count, plan.count
+        ));
+    }
+    if plan.digest != first.digest {
+        let by = |p: &ShardPlan| match &p.balance {
+            trellis_engine::record::ShardBalance::Trajectories => "trajectory count".to_owned(),
+            trellis_engine::record::ShardBalance::MeasuredCost { run_id } => {
+                format!("the costs of run {run_id}")
+            }
+        };
+        let selection = if plan.scenarios.len() == first.scenarios.len() {
+            String::new()
+        } else {
+            format!(
+                " ({} and {} scenarios: another --filter or --tag)",
+                first.scenarios.len(),
+                plan.scenarios.len()
+            )
+        };
+        return mismatch(format!(
+            "{a} and {b} split the plan differently{selection}: {a} was balanced by {} and \
+             {b} by {}",
+            by(first),
+            by(plan)
+        ));
+    }
+    Ok(())
+}
+
+fn short(fingerprint: &str) -> &str {
+    fingerprint.get(..12).unwrap_or(fingerprint)
+}
+
+/// Whether another trellis process still holds `dir`'s run lock (the shard is running).
+fn is_running(dir: &Path) -> bool {
+    let Ok(lock) = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.join(super::recorder::OUT_LOCK))
+    else {
+        return false;
+    };
+    matches!(lock.try_lock(), Err(std::fs::TryLockError::WouldBlock))
+}
+
+/// Every planned trajectory run (scenario × agent × trajectory × repetition) as one bit,
+/// set when a shard recorded it.
+struct Coverage {
+    /// Suite, then scenario id: the scenario's index in the split.
+    scenarios: HashMap<String, HashMap<String, usize>>,
+    /// Per scenario: trajectory name → index.
+    trajectories: Vec<HashMap<String, usize>>,
+    /// Per scenario: the first bit of its runs in `bits`.
+    offsets: Vec<u64>,
+    bits: Vec<u64>,
+    planned: u64,
+}
+
+impl Coverage {
+    fn new(split: &ShardPlan) -> Coverage {
+        let mut scenarios: HashMap<String, HashMap<String, usize>> = HashMap::new();
+        let mut trajectories = Vec::with_capacity(split.scenarios.len());
+        let mut offsets = Vec::with_capacity(split.scenarios.len());
+        let mut planned = 0u64;
+        for (i, s) in split.scenarios.iter().enumerate() {
+            scenarios
+                .entry(s.info.suite.clone())
+                .or_default()
+                .insert(s.info.scenario.clone(), i);
+            trajectories.push(
+                s.info
+                    .trajectories
+                    .iter()
+                    .enumerate()
+                    .map(|(t, name)| (name.clone(), t))
+                    .collect(),
+            );
+            offsets.push(planned);
+            planned += runs_of(&s.info);
+        }
+        Coverage {
+            scenarios,
+            trajectories,
+            offsets,
+            bits: vec![0; planned.div_ceil(64) as usize],
+            planned,
+        }
+    }
+
+    /// The scenario and bit of a recorded trajectory, or why it is not in the plan.
+    fn locate(&self, split: &ShardPlan, t: &TrajectoryRecord) -> Result<(usize, u64), String> {
+        let scenario = self
+            .scenarios
+            .get(&t.suite)
+            .and_then(|s| s.get(&t.scenario))
+            .copied()
+            .ok_or("is not a scenario of the plan")?;
+        let info = &split.scenarios[scenario].info;
+        let agent = info
+            .agents
+            .iter()
+            .position(|a| *a == t.agent)
+            .ok_or("names an agent the scenario does not run on")?;
+        let trajectory = planned_name(&self.trajectories[scenario], &t.trajectory)
+            .ok_or("is not a trajectory of the scenario")?;
+        if t.repetition >= info.repeat {
+            return Err(format!(
+                "is repetition #{} of a scenario repeated {} times",
+                t.repetition, info.repeat
+            ));
+        }
+        let within = (agent as u64 * info.trajectories.len() as u64 + trajectory as u64)
+            * u64::from(info.repeat)
+            + u64::from(t.repetition);
+        Ok((scenario, self.offsets[scenario] + within))
+    }
+
+    fn set(&mut self, bit: u64) {
+        self.bits[(bit / 64) as usize] |= 1 << (bit % 64);
+    }
+
+    fn get(&self, bit: u64) -> bool {
+        self.bits[(bit / 64) as usize] & (1 << (bit % 64)) != 0
+    }
+}
+
+/// Trajectory runs of a scenario: trajectories × agents × repetitions.
+fn runs_of(info: &trellis_engine::record::ScenarioInfo) -> u64 {
+    info.trajectories.len() as u64 * info.agents.len() as u64 * u64::from(info.repeat)
+}
+
+/// The planned trajectory a recorded name belongs to: the name itself, or, for a path the
+/// agent forked (`accepts~refund~late`), the longest planned name before a `~`.
+fn planned_name(names: &HashMap<String, usize>, recorded: &str) -> Option<usize> {
+    if let Some(&t) = names.get(recorded) {
+        return Some(t);
+    }
+    let mut end = recorded.len();
+    while let Some(cut) = recorded[..end].rfind('~') {
+        if let Some(&t) = names.get(&recorded[..cut]) {
+            return Some(t);
+        }
+        end = cut;
+    }
+    None
+}
+
+/// Reads one shard's journal: its start, end, and the trajectory runs it recorded.
+fn survey(
+    shard: &mut ShardDir,
+    split: &ShardPlan,
+    coverage: &mut Coverage,
+) -> Result<(), MergeError> {
+    // No journal: killed before its engine started, every trajectory run of it is missing.
+    let Some(path) = journal_path(&shard.dir) else {
+        return Ok(());
+    };
+    let read_error = read_error(&shard.dir);
+    let mut journal = JournalReader::open(&path).map_err(&read_error)?;
+    while let Some(entry) = journal.next_entry().map_err(&read_error)? {
+        match entry {
+            JournalEntry::RunStarted(mut info) => {
+                if shard.started.is_none() {
+                    // The plan is the split's; the shard's own part of it is not needed.
+                    info.scenarios = Vec::new();
+                    shard.started = Some(info);
+                }
+            }
+            JournalEntry::RunFinished(summary) => shard.finished = Some(summary),
+            JournalEntry::Trajectory(t) => {
+                let foreign = |why: String| MergeError::Foreign {
+                    index: shard.index,
+                    dir: shard.dir.clone(),
+                    what: format!(
+                        "{}/{} {} [{} #{}]",
+                        t.suite, t.scenario, t.trajectory, t.agent, t.repetition
+                    ),
+                    why,
+                };
+                let (scenario, bit) = coverage.locate(split, &t).map_err(&foreign)?;
+                let owner = split.scenarios[scenario].shard;
+                if owner != shard.index {
+                    return Err(foreign(format!(
+                        "the split gives to shard {owner}: the shards overlap"
+                    )));
+                }
+                coverage.set(bit);
+            }
+            JournalEntry::Agent(_) | JournalEntry::Node(_) => {}
+        }
+    }
+    shard.skipped_lines = journal.skipped();
+    shard.cut_short = journal.cut_short();
+    Ok(())
+}
+
+/// Where a shard's journal is, when it has one: compressed, or the plain `journal.jsonl` of
+/// a shard an earlier trellis ran. It is read one entry at a time (a line torn by a kill is
+/// skipped and counted).
+fn journal_path(dir: &Path) -> Option<PathBuf> {
+    trellis_engine::journal::find(dir)
+}
+
+fn read_error(dir: &Path) -> impl Fn(trellis_engine::journal::JournalError) -> MergeError {
+    let dir = dir.to_path_buf();
+    move |source| MergeError::Read {
+        dir: dir.clone(),
+        source,
+    }
+}
+
+/// What one shard is missing.
+#[derive(Default)]
+struct Missing {
+    /// Trajectory runs of the plan its scenarios hold that it did not record.
+    runs: u64,
+    /// The first of them (all with `--verbose`): suite/scenario trajectory [agent #rep].
+    listed: Vec<String>,
+    /// Its scenarios, when the shard has no directory.
+    scenarios: Vec<String>,
+}
+
+fn missing_by_shard(
+    split: &ShardPlan,
+    shards: &[ShardDir],
+    coverage: &Coverage,
+) -> BTreeMap<u32, Missing> {
+    let mut missing: BTreeMap<u32, Missing> = BTreeMap::new();
+    let given: HashSet<u32> = shards.iter().map(|s| s.index).collect();
+    for (i, s) in split.scenarios.iter().enumerate() {
+        let info = &s.info;
+        let has_dir = given.contains(&s.shard);
+        let mut bit = coverage.offsets[i];
+        for agent in &info.agents {
+            for trajectory in &info.trajectories {
+                for repetition in 0..info.repeat {
+                    if !coverage.get(bit) {
+                        let m = missing.entry(s.shard).or_default();
+                        m.runs += 1;
+                        if has_dir {
+                            m.listed.push(format!(
+                                "{}/{} {trajectory} [{agent} #{repetition}]",
+                                info.suite, info.scenario
+                            ));
+                        }
+                    }
+                    bit += 1;
+                }
+            }
+        }
+        if !has_dir {
+            let m = missing.entry(s.shard).or_default();
+            m.scenarios
+                .push(format!("{}/{}", info.suite, info.scenario));
+        }
+    }
+    missing
+}
+
+/// Says, shard by shard, what is missing and why.
+fn say_missing(
+    split: &ShardPlan,
+    shards: &[ShardDir],
+    missing: &BTreeMap<u32, Missing>,
+    verbose: bool,
+) {
+    for (&index, m) in missing {
+        if m.runs == 0 {
+            continue;
+        }
+        let Some(shard) = shards.iter().find(|s| s.index == index) else {
+            let shown: Vec<&str> = m
+                .scenarios
+                .iter()
+                .take(if verbose { usize::MAX } else { MISSING_SHOWN })
+                .map(String::as_str)
+                .collect();
+            let more = m.scenarios.len() - shown.len();
+            errln!(
+                "shard {index}/{}: no directory given; it holds {} ({}): {}{}",
+                split.count,
+                count(m.scenarios.len() as u64, "scenario", "scenarios"),
+                count(m.runs, "trajectory run", "trajectory runs"),
+                shown.join(", "),
+                if more > 0 {
+                    format!(", … and {more} more (--verbose lists them)")
+                } else {
+                    String::new()
+                }
+            );
+            continue;
+        };
+        let why = if shard.running {
+            "its run is still going (another trellis holds its directory)".to_owned()
+        } else if shard.started.is_none() {
+            "its run never started (no journal, or no `run_started` in it)".to_owned()
+        } else if shard.finished.is_none() {
+            let torn = if shard.skipped_lines > 0 {
+                format!(
+                    "; {} could not be read",
+                    count(shard.skipped_lines as u64, "journal line", "journal lines")
+                )
+            } else if shard.cut_short {
+                "; its journal ends mid-write".to_owned()
+            } else {
+                String::new()
+            };
+            format!(
+                "its run did not finish (killed, or its machine lost){torn}; `trellis run SUITES \
+                 --resume {}` finishes it",
+                shard.dir.display()
+            )
+        } else {
+            "its run was stopped before its end".to_owned()
+        };
+        errln!(
+            "shard {index}/{} ({}, run {}): {why}: {} missing:",
+            split.count,
+            shard.dir.display(),
+            shard.meta.run_id,
+            count(m.runs, "trajectory run", "trajectory runs")
+        );
+        let limit = if verbose { usize::MAX } else { MISSING_SHOWN };
+        for line in m.listed.iter().take(limit) {
+            errln!("    {line}");
+        }
+        if m.listed.len() > limit {
+            errln!(
+                "    … and {} more (--verbose lists them)",
+                m.listed.len() - limit
+            );
+        }
+    }
+}
+
+/// Second pass: a shard's entries into the merged run (its own start and end left out,
+/// an agent's setup recorded once).
+fn replay(
+    shard: &ShardDir,
+    agents_seen: &mut HashSet<String>,
+    totals: &mut RunSummary,
+    push: &mut impl FnMut(&Event),
+) -> Result<(), MergeError> {
+    let Some(path) = journal_path(&shard.dir) else {
+        return Ok(());
+    };
+    let read_error = read_error(&shard.dir);
+    let mut journal = JournalReader::open(&path).map_err(&read_error)?;
+    while let Some(entry) = journal.next_entry().map_err(&read_error)? {
+        match &entry {
+            JournalEntry::RunStarted(_) | JournalEntry::RunFinished(_) => {}
+            JournalEntry::Agent(agent) => {
+                if agents_seen.insert(agent.agent.clone()) {
+                    push(&entry);
+                }
+            }
+            JournalEntry::Node(node) => {
+                // Every turn the engine takes is recorded on a node, replays included: the
+                // count its summary gives.
+                totals.turns += node.turns.len() as u64;
+                push(&entry);
+            }
+            JournalEntry::Trajectory(t) => {
+                totals.trajectories += 1;
+                match t.status {
+                    TrajectoryStatus::Passed => totals.passed += 1,
+                    TrajectoryStatus::Failed => totals.failed += 1,
+                    TrajectoryStatus::Error => totals.errors += 1,
+                    TrajectoryStatus::Skipped => totals.skipped += 1,
+                }
+                push(&entry);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The merged run's end: `totals` counted from its records; it lasted from the first
+/// shard's start to the last shard's end.
+fn finished(mut total: RunSummary, shards: &[ShardDir]) -> RunSummary {
+    let mut first_start: Option<SystemTime> = None;
+    let mut last_end: Option<SystemTime> = None;
+    for shard in shards {
+        let Some(s) = &shard.finished else { continue };
+        if s.finished_at > total.finished_at {
+            total.finished_at.clone_from(&s.finished_at);
+        }
+        if let Some(start) = shard
+            .started
+            .as_ref()
+            .and_then(|i| humantime::parse_rfc3339_weak(&i.started_at).ok())
+        {
+            let end = start + Duration::from_secs_f64(s.duration_ms.max(0.0) / 1000.0);
+            first_start = Some(first_start.map_or(start, |f| f.min(start)));
+            last_end = Some(last_end.map_or(end, |l| l.max(end)));
+        }
+    }
+    total.duration_ms = match (first_start, last_end) {
+        (Some(start), Some(end)) => end
+            .duration_since(start)
+            .map_or(0.0, |d| d.as_secs_f64() * 1000.0),
+        _ => shards
+            .iter()
+            .filter_map(|s| s.finished.as_ref().map(|f| f.duration_ms))
+            .fold(0.0, f64::max),
+    };
+    total
+}
+
+/// The merged run's `run.json`: a whole run's, from the shards' (the labels all of them
+/// agree on), with `merged` naming them.
+fn merged_meta(
+    run_id: &str,
+    split: &ShardPlan,
+    shards: &[ShardDir],
+    partial: bool,
+    missing: u64,
+) -> RunMeta {
+    let first = &shards[0].meta;
+    let mut endpoints = Vec::new();
+    for shard in shards {
+        for e in &shard.meta.endpoints {
+            if !endpoints
+                .iter()
+                .any(|known: &trellis_reports::history::AgentEndpoint| known.agent == e.agent)
+            {
+                endpoints.push(e.clone());
+            }
+        }
+    }
+    let labels = first
+        .labels
+        .iter()
+        .filter(|(k, v)| shards.iter().all(|s| s.meta.labels.get(*k) == Some(*v)))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    RunMeta {
+        schema_version: SCHEMA_VERSION,
+        run_id: run_id.to_owned(),
+        trellis_version: env!("CARGO_PKG_VERSION").to_owned(),
+        suite_fingerprint: first.suite_fingerprint.clone(),
+        git: first.git.clone(),
+        endpoints,
+        tags: first.tags.clone(),
+        labels,
+        name: None,
+        baseline: false,
+        watch_rerun: None,
+        shard: None,
+        merged: Some(MergeMeta {
+            shards: split.count,
+            runs: shards.iter().map(|s| s.meta.run_id.clone()).collect(),
+            partial,
+            missing,
+        }),
+    }
+}

@@ -1,0 +1,314 @@
+//! `trellis init`: the project it writes for every protocol of the registry checks and runs
+//! green at once against the protocol's builtin agent (`trellis check`, then `trellis run`
+//! with no arguments in the new directory), its commented alternatives (your own endpoint,
+//! the judge) load when uncommented, and it never overwrites what exists without `--force`.
+
+use std::path::Path;
+use std::process::Output;
+
+use serde_json::Value;
+use trellis_engine::protocol::registry;
+
+use super::*;
+
+/// `trellis ARGS` run in `dir`.
+async fn trellis_in(dir: &Path, args: &[&str]) -> Output {
+    trellis()
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .await
+        .unwrap()
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The protocols `--protocol` takes: the registry's, every one of them.
+fn protocols() -> Vec<&'static str> {
+    let names: Vec<&str> = registry::specs().iter().map(|s| s.name).collect();
+    // The list is the registry's; make sure it is the one the task is about, not empty.
+    for expected in [
+        "connexity",
+        "agentscope",
+        "a2a",
+        "http",
+        "multiagent",
+        "fixie",
+        "openai",
+        "anthropic",
+    ] {
+        assert!(names.contains(&expected), "{expected} is not in {names:?}");
+    }
+    names
+}
+
+/// The counts of the one run under `dir/runs/`.
+fn run_counts(dir: &Path) -> Value {
+    let runs: Vec<_> = std::fs::read_dir(dir.join("runs"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    let summary: Value = serde_json::from_str(&read(&runs[0].join("summary.json"))).unwrap();
+    summary["stats"]["aggregates"]["counts"].clone()
+}
+
+#[tokio::test]
+async fn every_protocol_gets_a_project_that_passes_at_once() {
+    let root = tempfile::tempdir().unwrap();
+    for protocol in protocols() {
+        let dir = root.path().join(format!("{protocol}-evals"));
+        let dir_arg = dir.to_str().unwrap();
+        let out = trellis_in(root.path(), &["init", dir_arg, "--protocol", protocol]).await;
+        assert_eq!(out.status.code(), Some(0), "{protocol}: {}", stderr(&out));
+        let printed = stdout(&out);
+        for file in [
+            "suites/agents.kdl",
+            "suites/smoke.kdl",
+            ".github/workflows/trellis.yml",
+            "README.md",
+            ".gitignore",
+        ] {
+            assert!(dir.join(file).is_file(), "{protocol}: no {file}");
+            assert!(
+                printed.contains(file),
+                "{protocol}: {file} not listed:\n{printed}"
+            );
+        }
+        assert!(
+            printed.contains(&format!("Next: cd {dir_arg} && trellis run")),
+            "{printed}"
+        );
+        let builtin = registry::specs()
+            .into_iter()
+            .find(|s| s.name == protocol)
+            .unwrap()
+            .builtins[0];
+        assert!(
+            read(&dir.join("suites/agents.kdl"))
+                .contains(&format!("protocol=\"{protocol}\" builtin=\"{builtin}\"")),
+            "{protocol}"
+        );
+        let readme = read(&dir.join("README.md"));
+        assert!(
+            readme.contains(&format!("--protocol {protocol}"))
+                && readme.contains(&format!("`{builtin}`"))
+                && !readme.contains('%'),
+            "{readme}"
+        );
+
+        let check = trellis_in(&dir, &["check"]).await;
+        assert_eq!(
+            check.status.code(),
+            Some(0),
+            "{protocol}: {}",
+            stderr(&check)
+        );
+        assert!(
+            stdout(&check).starts_with("ok: 2 files, 1 suite"),
+            "{}",
+            stdout(&check)
+        );
+        assert!(
+            stderr(&check).is_empty(),
+            "{protocol} warns: {}",
+            stderr(&check)
+        );
+
+        // No arguments: `run` finds suites/ by itself.
+        let run = trellis_in(&dir, &["run", "--quiet"]).await;
+        assert_eq!(
+            run.status.code(),
+            Some(0),
+            "{protocol}: {}{}",
+            stdout(&run),
+            stderr(&run)
+        );
+        let counts = run_counts(&dir);
+        assert!(
+            counts["passed"].as_u64().unwrap() >= 1,
+            "{protocol}: {counts}"
+        );
+        assert_eq!(
+            counts["passed"], counts["trajectories"],
+            "{protocol}: {counts}"
+        );
+        assert_eq!(counts["skipped"], 0, "{protocol}: {counts}");
+    }
+}
+
+/// What the user is told to do by the comments: put `//` before the builtin `agent` line and
+/// remove it from the one below (with the `header` that sends a key), or uncomment the judge.
+fn uncomment(text: &str, real_endpoint: bool) -> (String, usize) {
+    let mut changed = 0;
+    let lines: Vec<String> = text
+        .lines()
+        .map(|line| {
+            let body = line.trim_start();
+            let indent = &line[..line.len() - body.len()];
+            let uncommented = body.strip_prefix("// ");
+            let switch = if real_endpoint {
+                if body.starts_with("agent \"") {
+                    Some(format!("{indent}// {body}"))
+                } else {
+                    uncommented
+                        .filter(|b| b.starts_with("agent \"") || b.starts_with("header "))
+                        .map(|b| format!("{indent}{b}"))
+                }
+            } else {
+                uncommented
+                    .filter(|b| b.starts_with("provider ") || b.starts_with("judge "))
+                    .map(|b| format!("{indent}{b}"))
+            };
+            match switch {
+                Some(new) => {
+                    changed += 1;
+                    new
+                }
+                None => line.to_owned(),
+            }
+        })
+        .collect();
+    (lines.join("\n"), changed)
+}
+
+#[tokio::test]
+async fn the_commented_alternatives_load_once_uncommented() {
+    let root = tempfile::tempdir().unwrap();
+    for protocol in protocols() {
+        for real_endpoint in [true, false] {
+            let dir = root.path().join(format!(
+                "{protocol}-{}",
+                if real_endpoint { "real" } else { "judge" }
+            ));
+            let out = trellis_in(
+                root.path(),
+                &["init", dir.to_str().unwrap(), "--protocol", protocol],
+            )
+            .await;
+            assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+            let mut changed = 0;
+            for file in ["suites/agents.kdl", "suites/smoke.kdl"] {
+                let path = dir.join(file);
+                let (text, n) = uncomment(&read(&path), real_endpoint);
+                std::fs::write(&path, text).unwrap();
+                changed += n;
+            }
+            let agents = read(&dir.join("suites/agents.kdl"));
+            if real_endpoint {
+                // The builtin line commented, its alternative live: one endpoint, not builtin.
+                assert!(changed >= 2, "{protocol}: {changed} lines switched");
+                assert!(
+                    !agents
+                        .lines()
+                        .any(|l| l.starts_with("agent ") && l.contains("builtin=")),
+                    "{protocol}: {agents}"
+                );
+            } else {
+                // The provider, the judge and the judged check.
+                assert!(changed >= 3, "{protocol}: {changed} lines uncommented");
+                assert!(agents.contains("\njudge \"default\""), "{protocol}");
+            }
+            let check = trellis_in(&dir, &["check"]).await;
+            assert_eq!(
+                check.status.code(),
+                Some(0),
+                "{protocol} ({}): {}",
+                if real_endpoint {
+                    "real endpoint"
+                } else {
+                    "judge"
+                },
+                stderr(&check)
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn existing_files_are_listed_and_kept_unless_forced() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("evals");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("README.md"), "# mine\n").unwrap();
+    std::fs::write(dir.join(".gitignore"), "target").unwrap();
+
+    let refused = trellis_in(&dir, &["init", "--protocol", "connexity"]).await;
+    assert_eq!(refused.status.code(), Some(2), "{}", stdout(&refused));
+    let err = stderr(&refused);
+    assert!(
+        err.contains("a file of the project already exists in the current directory")
+            && err.contains("README.md")
+            && err.contains("--force"),
+        "{err}"
+    );
+    // Nothing was written, not even the files that were free.
+    assert!(!dir.join("suites").exists());
+    assert_eq!(read(&dir.join("README.md")), "# mine\n");
+    assert_eq!(read(&dir.join(".gitignore")), "target");
+
+    let forced = trellis_in(&dir, &["init", "--protocol", "connexity", "--force"]).await;
+    assert_eq!(forced.status.code(), Some(0), "{}", stderr(&forced));
+    assert!(
+        stdout(&forced).contains("(replaced)"),
+        "{}",
+        stdout(&forced)
+    );
+    assert!(
+        stdout(&forced).contains("Next: trellis run"),
+        "{}",
+        stdout(&forced)
+    );
+    assert!(read(&dir.join("README.md")).contains("trellis init --protocol connexity"));
+    // `.gitignore` is appended to, once, whatever it held.
+    let again = trellis_in(&dir, &["init", "--protocol", "connexity", "--force"]).await;
+    assert_eq!(again.status.code(), Some(0), "{}", stderr(&again));
+    assert_eq!(
+        read(&dir.join(".gitignore")),
+        "target\n# Trellis run results (`trellis run`)\n/runs/\n"
+    );
+
+    // Run twice without --force: every file is in the way now.
+    let twice = trellis_in(&dir, &["init", "--protocol", "openai"]).await;
+    assert_eq!(twice.status.code(), Some(2));
+    let err = stderr(&twice);
+    for file in [
+        "suites/agents.kdl",
+        "suites/smoke.kdl",
+        ".github/workflows/trellis.yml",
+        "README.md",
+    ] {
+        assert!(err.contains(file), "{file}: {err}");
+    }
+    assert!(read(&dir.join("suites/agents.kdl")).contains("protocol=\"connexity\""));
+
+    // A file where the directory should be.
+    std::fs::write(root.path().join("afile"), "").unwrap();
+    let file = trellis_in(root.path(), &["init", "afile", "--protocol", "http"]).await;
+    assert_eq!(file.status.code(), Some(2));
+    assert!(
+        stderr(&file).contains("afile is not a directory"),
+        "{}",
+        stderr(&file)
+    );
+}
+
+#[tokio::test]
+async fn a_missing_or_misspelt_protocol_is_a_usage_error_listing_them() {
+    let root = tempfile::tempdir().unwrap();
+    let missing = trellis_in(root.path(), &["init", "evals"]).await;
+    assert_eq!(missing.status.code(), Some(2));
+    let err = stderr(&missing);
+    for protocol in protocols() {
+        assert!(err.contains(protocol), "{protocol}: {err}");
+    }
+    let typo = trellis_in(root.path(), &["init", "evals", "--protocol", "opnai"]).await;
+    assert_eq!(typo.status.code(), Some(2));
+    let err = stderr(&typo);
+    assert!(err.contains("a similar value exists: 'openai'"), "{err}");
+    assert!(err.contains("anthropic"), "the list of protocols: {err}");
+    // Neither wrote anything.
+    assert!(!root.path().join("evals").exists());
+}

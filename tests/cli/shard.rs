@@ -1,0 +1,1215 @@
+//! Sharded runs and `trellis merge`: the recipes of docs/sharding.md run as their runners
+//! would run them (one process per index, the runner's variables, a pod killed and started
+//! again), merged, and held to an unsharded run of the same suites: trajectories, statuses,
+//! check results and agent calls; then what a merge refuses, what a shard is told by its
+//! environment, and rate budgets divided among shards.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::Duration;
+
+use serde_yaml_ng::Value as Yaml;
+use trellis_testkit::{Behavior, MisbehavingServer, OK_BODY};
+
+use super::*;
+
+/// What an unsharded run and a merged one must agree on.
+#[derive(Debug, PartialEq)]
+struct Results {
+    /// `suite/scenario trajectory [agent #repetition] status`, sorted.
+    trajectories: Vec<String>,
+    /// `suite/scenario trajectory [agent #repetition] turn criterion status`, sorted.
+    criteria: Vec<String>,
+    /// Turns that called the agent (replays left out), per suite/scenario.
+    agent_calls: BTreeMap<String, usize>,
+    /// Every turn recorded, replays included.
+    turns: usize,
+    /// `runs.parquet`: trajectories, passed, failed, errors, skipped, turns, planned.
+    totals: Vec<u64>,
+}
+
+fn results(dir: &Path) -> Results {
+    let t = read_parquet(&dir.join("trajectories.parquet"));
+    let key = |df: &DataFrame, i: usize| {
+        let s = |c: &str| {
+            df.column(c)
+                .unwrap()
+                .str()
+                .unwrap()
+                .get(i)
+                .unwrap()
+                .to_owned()
+        };
+        let rep = df
+            .column("repetition")
+            .unwrap()
+            .u32()
+            .unwrap()
+            .get(i)
+            .unwrap();
+        format!(
+            "{}/{} {} [{} #{rep}]",
+            s("suite"),
+            s("scenario"),
+            s("trajectory"),
+            s("agent")
+        )
+    };
+    let status = strings(&t, "status");
+    let mut trajectories: Vec<String> = (0..t.height())
+        .map(|i| format!("{} {}", key(&t, i), status[i].clone().unwrap()))
+        .collect();
+    trajectories.sort();
+
+    let c = read_parquet(&dir.join("criteria.parquet"));
+    let criterion = strings(&c, "criterion");
+    let status = strings(&c, "status");
+    let turn = c.column("turn_index").unwrap().u32().unwrap();
+    let mut criteria: Vec<String> = (0..c.height())
+        .map(|i| {
+            format!(
+                "{} turn {:?} {} {}",
+                key(&c, i),
+                turn.get(i),
+                criterion[i].clone().unwrap(),
+                status[i].clone().unwrap()
+            )
+        })
+        .collect();
+    criteria.sort();
+
+    let turns = read_parquet(&dir.join("turns.parquet"));
+    let suites = strings(&turns, "suite");
+    let scenarios = strings(&turns, "scenario");
+    let replay = turns.column("replay").unwrap().bool().unwrap();
+    let mut agent_calls: BTreeMap<String, usize> = BTreeMap::new();
+    for i in 0..turns.height() {
+        if replay.get(i) != Some(true) {
+            let key = format!(
+                "{}/{}",
+                suites[i].clone().unwrap(),
+                scenarios[i].clone().unwrap()
+            );
+            *agent_calls.entry(key).or_default() += 1;
+        }
+    }
+
+    let runs = read_parquet(&dir.join("runs.parquet"));
+    let totals = [
+        "trajectories",
+        "passed",
+        "failed",
+        "errors",
+        "skipped",
+        "turns",
+        "planned_trajectories",
+    ]
+    .iter()
+    .map(|c| runs.column(c).unwrap().u64().unwrap().get(0).unwrap())
+    .collect();
+    Results {
+        trajectories,
+        criteria,
+        agent_calls,
+        turns: turns.height(),
+        totals,
+    }
+}
+
+/// A `sh`/`bash` command line as a runner runs it: in `cwd`, with `trellis` on the PATH and
+/// no shard variables but `vars`, in a process group of its own (so a kill takes trellis
+/// with it, as a pod's end does).
+fn runner_command(
+    shell: &[&str],
+    line: &str,
+    cwd: &Path,
+    vars: &[(&str, String)],
+) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(shell[0]);
+    cmd.args(&shell[1..]).arg(line).current_dir(cwd);
+    without_runner_shards(&mut cmd);
+    let bin = Path::new(env!("CARGO_BIN_EXE_trellis")).parent().unwrap();
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let mut paths = vec![bin.to_path_buf()];
+    paths.extend(std::env::split_paths(&path));
+    cmd.env("PATH", std::env::join_paths(paths).unwrap());
+    for (k, v) in vars {
+        cmd.env(k, v);
+    }
+    cmd.process_group(0);
+    cmd.kill_on_drop(true);
+    cmd
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+/// The fenced `yaml` block of docs/sharding.md whose text contains `marker`.
+fn recipe(marker: &str) -> String {
+    let doc = std::fs::read_to_string(repo("docs/sharding.md")).unwrap();
+    doc.split("```yaml\n")
+        .skip(1)
+        .filter_map(|block| block.split("\n```").next())
+        .find(|block| block.contains(marker))
+        .unwrap_or_else(|| panic!("docs/sharding.md has no yaml block with {marker}"))
+        .to_owned()
+}
+
+/// `text` with miette's line wrapping undone: words joined by single spaces, its `|`
+/// continuation marks left out.
+fn flat(text: &str) -> String {
+    text.split_whitespace()
+        .filter(|w| *w != "|")
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn said(o: &Output) -> String {
+    format!("stdout:\n{}\nstderr:\n{}", stdout(o), stderr(o))
+}
+
+#[tokio::test]
+async fn the_github_actions_recipe_merges_the_example_suites_into_the_unsharded_run() {
+    let workflow: Yaml = serde_yaml_ng::from_str(&recipe("matrix:")).unwrap();
+    let shard_job = &workflow["jobs"]["shard"];
+    let indices: Vec<u64> = shard_job["strategy"]["matrix"]["shard"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    assert_eq!(indices, [1, 2, 3]);
+    let step = |job: &Yaml, name: &str| -> String {
+        job["steps"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"].as_str() == Some(name))
+            .and_then(|s| s["run"].as_str())
+            .unwrap_or_else(|| panic!("no step `{name}` with a `run`"))
+            .to_owned()
+    };
+    let run_shard = step(shard_job, "Run shard");
+    let merge = step(&workflow["jobs"]["merge"], "Merge");
+    // GitHub's default shell for `run` steps.
+    let bash = ["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c"];
+
+    let tmp = tempfile::tempdir().unwrap();
+    // The unsharded run, in a checkout of its own.
+    let whole_ws = tmp.path().join("whole");
+    copy_dir(&repo("suites"), &whole_ws.join("suites"));
+    let whole = trellis()
+        .args(["run", "suites/", "--out", "whole", "--quiet"])
+        .current_dir(&whole_ws)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(whole.status.code(), Some(1), "{}", said(&whole));
+
+    // Each matrix job: a fresh checkout, the shard's step, its directory uploaded.
+    let merge_ws = tmp.path().join("merge");
+    copy_dir(&repo("suites"), &merge_ws.join("suites"));
+    let mut jobs = Vec::new();
+    for i in &indices {
+        let ws = tmp.path().join(format!("job-{i}"));
+        copy_dir(&repo("suites"), &ws.join("suites"));
+        let line = run_shard.replace("${{ matrix.shard }}", &i.to_string());
+        jobs.push((ws.clone(), runner_command(&bash, &line, &ws, &[]).output()));
+    }
+    for (ws, job) in jobs {
+        let o = job.await.unwrap();
+        // Failed checks are the merge's to report: the step passes.
+        assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+        assert!(stderr(&o).contains("from --shard"), "{}", said(&o));
+        // upload-artifact `shard-N` + download-artifact `pattern: shard-*`, `path: shards`.
+        let shards = ws.join("shards");
+        for entry in std::fs::read_dir(&shards).unwrap() {
+            let entry = entry.unwrap();
+            copy_dir(
+                &entry.path(),
+                &merge_ws.join("shards").join(entry.file_name()),
+            );
+        }
+    }
+    let merged = runner_command(&bash, &merge, &merge_ws, &[])
+        .output()
+        .await
+        .unwrap();
+    // The example suites fail on purpose: the merge step is the verdict.
+    assert_eq!(merged.status.code(), Some(1), "{}", said(&merged));
+    assert!(
+        stdout(&merged).contains("merged 3 shards of 3"),
+        "{}",
+        said(&merged)
+    );
+    let merged_dir = merge_ws.join("runs/merged");
+    let sharded = results(&merged_dir);
+    let unsharded = results(&whole_ws.join("whole"));
+    assert_eq!(sharded, unsharded);
+    assert!(unsharded.trajectories.len() > 50, "{unsharded:?}");
+    for file in ["report.html", "junit.xml", "summary.json"] {
+        assert!(merged_dir.join(file).is_file(), "{file}");
+    }
+    let junit = |dir: &Path| {
+        std::fs::read_to_string(dir.join("junit.xml"))
+            .unwrap()
+            .matches("<testcase")
+            .count()
+    };
+    assert_eq!(junit(&merged_dir), junit(&whole_ws.join("whole")));
+
+    // The merged run is a whole run of the history; the shards are not.
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(merged_dir.join("run.json")).unwrap())
+            .unwrap();
+    assert_eq!(meta["merged"]["shards"], 3);
+    assert!(meta.get("shard").is_none(), "{meta}");
+    let runs = trellis()
+        .args(["runs", "--json", "--dir"])
+        .arg(merge_ws.join("shards"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(stdout(&runs).trim(), "[]", "{}", said(&runs));
+    let compare = trellis()
+        .arg("compare")
+        .arg(whole_ws.join("whole"))
+        .arg(&merged_dir)
+        // Three processes on two cores are not one: only latency may differ.
+        .args([
+            "--max-latency-increase",
+            "100000",
+            "--latency-noise-ms",
+            "100000",
+        ])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(compare.status.code(), Some(0), "{}", said(&compare));
+    let shard_compare = trellis()
+        .arg("compare")
+        .arg(whole_ws.join("whole"))
+        .arg(merge_ws.join("shards/shard-2"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(
+        shard_compare.status.code(),
+        Some(2),
+        "{}",
+        said(&shard_compare)
+    );
+    assert!(
+        stderr(&shard_compare).contains("holds one shard of a run"),
+        "{}",
+        said(&shard_compare)
+    );
+    let rejudge = trellis()
+        .arg("rejudge")
+        .arg(merge_ws.join("shards/shard-2"))
+        .arg(merge_ws.join("suites"))
+        .arg("--out")
+        .arg(tmp.path().join("rejudged"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(rejudge.status.code(), Some(2), "{}", said(&rejudge));
+    assert!(
+        flat(&stderr(&rejudge)).contains("holds one shard of a run; merge the shards first"),
+        "{}",
+        said(&rejudge)
+    );
+    assert!(!tmp.path().join("rejudged").exists());
+}
+
+/// 500 scenarios, each a shared prefix and two branches, repeated 3 times: 3,000 trajectory
+/// runs and 4,500 agent calls (3 a repetition: the prefix once, each branch once), against
+/// `url`, each request tagged with the process's `COUNT_TAG`. Every fourth scenario fails
+/// its `a` branch; every twentieth needs the one before it (which passes).
+fn counted_suite(url: &str) -> String {
+    let mut text = format!(
+        "suite \"load\"\nagent \"counted\" protocol=\"connexity\" url=\"{url}\" {{\n    \
+         header \"X-Count\" \"{{{{ env.COUNT_TAG }}}}\"\n}}\n"
+    );
+    for i in 0..500 {
+        let expected = if i % 4 == 3 { "Goodbye" } else { "Hello" };
+        let needs = if i % 20 == 1 {
+            format!("    needs \"s{:03}\"\n", i - 1)
+        } else {
+            String::new()
+        };
+        text.push_str(&format!(
+            "scenario \"s{i:03}\" {{\n    repeat 3\n{needs}    user \"Hi {i}\"\n    \
+             expect reply contains=\"Hello\"\n    branch \"a\" {{\n        user \"A\"\n        \
+             expect reply contains=\"{expected}\"\n    }}\n    branch \"b\" {{\n        \
+             user \"B\"\n        expect no-error\n    }}\n}}\n"
+        ));
+    }
+    text
+}
+
+#[tokio::test]
+async fn the_kubernetes_recipe_shards_3000_trajectories_with_a_pod_killed_and_resumed() {
+    let manifest = recipe("completionMode: Indexed");
+    let docs: Vec<Yaml> = serde_yaml_ng::Deserializer::from_str(&manifest)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .collect();
+    assert_eq!(docs.len(), 2, "the shards' Job and the merge Job");
+    let container = |doc: &Yaml| doc["spec"]["template"]["spec"]["containers"][0].clone();
+    let job = &docs[0];
+    assert_eq!(job["spec"]["completionMode"].as_str(), Some("Indexed"));
+    let completions = job["spec"]["completions"].as_u64().unwrap();
+    assert_eq!(completions, 3);
+    let shard_container = container(job);
+    let shell = |c: &Yaml| -> Vec<String> {
+        c["command"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_owned())
+            .collect()
+    };
+    let shard_shell = shell(&shard_container);
+    assert_eq!(shard_shell, ["sh", "-c"]);
+    let work_dir = shard_container["workingDir"].as_str().unwrap();
+    assert_eq!(work_dir, "/work");
+    let env: Vec<(String, String)> = shard_container["env"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap().to_owned(),
+                e["value"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(env, [("TRELLIS_SHARDS".to_owned(), "3".to_owned())]);
+    let merge_container = container(&docs[1]);
+    assert_eq!(shell(&merge_container), ["sh", "-c"]);
+
+    // `/results` is the volume every pod mounts; `/work` the image's working directory.
+    let tmp = tempfile::tempdir().unwrap();
+    let results_dir = tmp.path().join("results");
+    std::fs::create_dir_all(&results_dir).unwrap();
+    let local = |line: &str| line.replace("/results", results_dir.to_str().unwrap());
+    let shard_line = local(shard_container["args"][0].as_str().unwrap());
+    let merge_line = local(merge_container["args"][0].as_str().unwrap());
+
+    // The agent: answers every call, counted by the tag of the process that made it, and
+    // stalls the first attempt of pod 1 after 300 calls, to be killed there.
+    let server = MisbehavingServer::start(Behavior::HangAfter {
+        body: OK_BODY.to_owned(),
+        header: "X-Count".to_owned(),
+        value: "pod-1-killed".to_owned(),
+        after: 300,
+    })
+    .await;
+    let work = tmp.path().join("work");
+    std::fs::create_dir_all(work.join("suites")).unwrap();
+    std::fs::write(work.join("suites/load.kdl"), counted_suite(&server.url())).unwrap();
+
+    let whole = trellis()
+        .args(["run", "suites/", "--quiet", "--out"])
+        .arg(tmp.path().join("whole"))
+        .env("COUNT_TAG", "whole")
+        .current_dir(&work)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(whole.status.code(), Some(1), "{}", said(&whole));
+    assert_eq!(server.requests_with("X-Count", "whole"), 4500);
+
+    let pod = |index: u64, tag: &str| {
+        let mut vars: Vec<(&str, String)> =
+            env.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
+        vars.push(("JOB_COMPLETION_INDEX", index.to_string()));
+        vars.push(("COUNT_TAG", tag.to_owned()));
+        let shell: Vec<&str> = shard_shell.iter().map(String::as_str).collect();
+        runner_command(&shell, &shard_line, &work, &vars)
+    };
+    let mut killed = pod(1, "pod-1-killed").spawn().unwrap();
+    let others: Vec<_> = [0, 2]
+        .into_iter()
+        .map(|i| (i, pod(i, &format!("pod-{i}")).output()))
+        .collect();
+    // Pod 1 stalls once its 300 calls are answered: the node is lost there.
+    let stalled = async {
+        while server.tagged() <= 300 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(120), stalled)
+        .await
+        .expect("pod 1 never reached its 300th call");
+    let pgid = killed.id().unwrap() as i32;
+    assert_eq!(unsafe { libc::kill(-pgid, libc::SIGKILL) }, 0);
+    let status = killed.wait().await.unwrap();
+    assert_eq!(status.code(), None, "killed by a signal");
+    for (i, pod) in others {
+        let o = pod.await.unwrap();
+        assert_eq!(o.status.code(), Some(0), "pod {i}: {}", said(&o));
+        assert!(
+            stderr(&o).contains(&format!(
+                "shard {}/3, from JOB_COMPLETION_INDEX={i} and TRELLIS_SHARDS=3 (a Kubernetes Indexed Job)",
+                i + 1
+            )),
+            "pod {i}: {}",
+            said(&o)
+        );
+    }
+
+    // Merged now, the killed shard's unfinished trajectories are missing, by name.
+    let merge_shell: Vec<String> = shell(&merge_container);
+    let merge_shell: Vec<&str> = merge_shell.iter().map(String::as_str).collect();
+    let early = runner_command(&merge_shell, &merge_line, &work, &[])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(early.status.code(), Some(1), "{}", said(&early));
+    let text = stderr(&early);
+    assert!(
+        text.contains("shard 2/3 (") && text.contains("its run did not finish"),
+        "{}",
+        said(&early)
+    );
+    let listed: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("    load/s"))
+        .collect();
+    assert_eq!(listed.len(), 20, "the first 20 listed: {}", said(&early));
+    assert!(
+        listed.iter().all(|l| l.contains(" [counted #")),
+        "{listed:?}"
+    );
+    assert!(text.contains("nothing was written"), "{}", said(&early));
+    assert!(!results_dir.join("merged").exists());
+    // The same with --verbose lists each missing trajectory run once, and the count says
+    // how many there are.
+    let verbose = trellis()
+        .arg("merge")
+        .args((0..3).map(|i| results_dir.join(format!("shard-{i}"))))
+        .arg("--verbose")
+        .arg("--out")
+        .arg(tmp.path().join("unused"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(verbose.status.code(), Some(1), "{}", said(&verbose));
+    let verbose_text = stderr(&verbose);
+    let all: Vec<&str> = verbose_text
+        .lines()
+        .filter(|l| l.starts_with("    load/s"))
+        .map(str::trim)
+        .collect::<Vec<_>>();
+    let missing_line = verbose_text
+        .lines()
+        .find(|l| l.starts_with("error: the shards do not cover the plan"))
+        .unwrap()
+        .to_owned();
+    assert!(
+        missing_line.contains(&format!("{} of 3000 trajectory runs", all.len())),
+        "{missing_line}"
+    );
+    let mut unique = all.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), all.len());
+
+    // What the killed shard kept: its journal, read as a report of the unfinished run.
+    let killed_dir = results_dir.join("shard-1");
+    let killed_report = tmp.path().join("killed-report");
+    let report = trellis()
+        .arg("report")
+        .arg(&killed_dir)
+        .arg("--out")
+        .arg(&killed_report)
+        .output()
+        .await
+        .unwrap();
+    assert!(report.status.success(), "{}", said(&report));
+    let kept = results(&killed_report).trajectories;
+    assert!(!kept.is_empty() && kept.len() < 1000, "{} kept", kept.len());
+    // Each repetition is a prefix call and one call per branch: a repetition with both
+    // trajectories finished needs no call again, one with a single finished trajectory
+    // sends the prefix and the other branch (2), one with none all three.
+    let mut finished_per_rep: std::collections::HashMap<String, usize> = Default::default();
+    for t in &kept {
+        // "load/s001 a [counted #1] passed": the scenario and the repetition.
+        let mut words = t.split(' ');
+        let scenario = words.next().unwrap();
+        let rep = t.split('#').nth(1).unwrap().split(']').next().unwrap();
+        *finished_per_rep
+            .entry(format!("{scenario} #{rep}"))
+            .or_default() += 1;
+    }
+    let saved: usize = finished_per_rep
+        .values()
+        .map(|f| match f {
+            2 => 3,
+            1 => 1,
+            n => panic!("{n} trajectories finished in one repetition of two"),
+        })
+        .sum();
+    let split: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(killed_dir.join("shard.json")).unwrap())
+            .unwrap();
+    let shard_reps = split["scenarios"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["shard"] == 2)
+        .map(|s| s["info"]["repeat"].as_u64().unwrap() as usize)
+        .sum::<usize>();
+    let run_json = |dir: &Path| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(dir.join("run.json")).unwrap()).unwrap()
+    };
+    let killed_meta = run_json(&killed_dir);
+
+    // The Job starts pod 1 again with the same index, the same command: it finds its
+    // shard's journal and resumes it.
+    let again = pod(1, "pod-1").output().await.unwrap();
+    assert_eq!(again.status.code(), Some(0), "{}", said(&again));
+    // (`--quiet` leaves out the line saying it resumed; the calls below show it.)
+    assert!(
+        stderr(&again).contains("shard 2/3, from "),
+        "{}",
+        said(&again)
+    );
+    // No finished trajectory was sent again: the restarted pod made exactly the calls of
+    // what had not finished.
+    assert_eq!(
+        server.requests_with("X-Count", "pod-1"),
+        3 * shard_reps - saved,
+        "{}",
+        said(&again)
+    );
+    // Its run.json is the one it started with, shard and all.
+    let resumed_meta = run_json(&killed_dir);
+    assert_eq!(resumed_meta["shard"], killed_meta["shard"]);
+    assert_eq!(resumed_meta["shard"]["index"], 2);
+    assert_eq!(resumed_meta["run_id"], killed_meta["run_id"]);
+
+    let merged = runner_command(&merge_shell, &merge_line, &work, &[])
+        .output()
+        .await
+        .unwrap();
+    // Every fourth scenario fails on purpose: the merge's exit code is the verdict.
+    assert_eq!(merged.status.code(), Some(1), "{}", said(&merged));
+    assert!(
+        stdout(&merged).contains("merged 3 shards of 3"),
+        "{}",
+        said(&merged)
+    );
+    let sharded = results(&results_dir.join("merged"));
+    let unsharded = results(&tmp.path().join("whole"));
+    assert_eq!(sharded.trajectories.len(), 3000);
+    assert_eq!(sharded, unsharded);
+    // The agent was called as often by the three pods as by one run (the killed pod's
+    // finished trajectories counted once): no prefix was split, nothing finished sent twice.
+    let calls: usize = ["pod-0", "pod-1", "pod-2"]
+        .iter()
+        .map(|tag| server.requests_with("X-Count", tag))
+        .sum();
+    assert_eq!(calls + saved, 4500);
+    assert_eq!(
+        server.requests_with("X-Count", "pod-0")
+            + server.requests_with("X-Count", "pod-2")
+            + 3 * shard_reps,
+        4500
+    );
+    for tag in ["pod-0", "pod-1", "pod-2"] {
+        assert!(
+            server.requests_with("X-Count", tag) > 0,
+            "{tag} ran nothing"
+        );
+    }
+}
+
+/// Three tiny scenarios against the builtin booking agent, one needing another.
+const SMALL: &str = r#"
+agent "demo" protocol="connexity" builtin="booking"
+scenario "one" {
+    user "Hi, I'd like to book a duct cleaning."
+    expect reply contains="postal code"
+}
+scenario "two" {
+    needs "one"
+    user "Hi, I'd like to book a duct cleaning."
+    expect reply contains="postal code"
+}
+scenario "three" {
+    repeat 2
+    user "How much does a duct cleaning cost?"
+    expect reply contains="$249"
+}
+"#;
+
+fn small_suite(dir: &Path) -> PathBuf {
+    let suite = dir.join("small.kdl");
+    std::fs::write(&suite, SMALL).unwrap();
+    suite
+}
+
+async fn run_shard(suite: &Path, shard: &str, out: &Path, extra: &[&str]) -> Output {
+    trellis()
+        .arg("run")
+        .arg(suite)
+        .args(["--shard", shard, "--quiet", "--out"])
+        .arg(out)
+        .args(extra)
+        .output()
+        .await
+        .unwrap()
+}
+
+/// Balanced by trajectory count whatever runs are next to the shard.
+const NONE: &[&str] = &["--shard-costs", "none"];
+
+fn shard_plan(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("shard.json")).unwrap()).unwrap()
+}
+
+#[tokio::test]
+async fn shards_split_by_scenario_with_needs_together_and_empty_shards_still_merge() {
+    let tmp = tempfile::tempdir().unwrap();
+    let suite = small_suite(tmp.path());
+    // Four shards for two units (one+two, three): two shards have nothing to run.
+    let mut dirs = Vec::new();
+    for i in 1..=4 {
+        let out = tmp.path().join(format!("shards/{i}"));
+        let o = run_shard(&suite, &format!("{i}/4"), &out, &["--shard-costs", "none"]).await;
+        assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+        dirs.push(out);
+    }
+    let plan = shard_plan(&dirs[0]);
+    let shard_of = |name: &str| {
+        plan["scenarios"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["info"]["scenario"] == name)
+            .unwrap()["shard"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(
+        shard_of("one"),
+        shard_of("two"),
+        "needs keep scenarios together"
+    );
+    assert_ne!(shard_of("one"), shard_of("three"));
+    assert_eq!(plan["balance"]["by"], "trajectories");
+    // Every shard wrote the same split.
+    for dir in &dirs[1..] {
+        assert_eq!(shard_plan(dir)["digest"], plan["digest"]);
+        assert_eq!(shard_plan(dir)["scenarios"], plan["scenarios"]);
+    }
+    let empty = (1..=4u64)
+        .find(|i| ![shard_of("one"), shard_of("three")].contains(i))
+        .unwrap();
+    let o = run_shard(
+        &suite,
+        &format!("{empty}/4"),
+        &tmp.path().join("again"),
+        &["--shard-costs", "none"],
+    )
+    .await;
+    assert!(
+        stderr(&o).contains(&format!("shard {empty}/4 has nothing to run")),
+        "{}",
+        said(&o)
+    );
+
+    let merged = trellis()
+        .arg("merge")
+        .args(&dirs)
+        .arg("--out")
+        .arg(tmp.path().join("merged"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(merged.status.code(), Some(0), "{}", said(&merged));
+    let whole = trellis()
+        .arg("run")
+        .arg(&suite)
+        .args(["--quiet", "--out"])
+        .arg(tmp.path().join("whole"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(whole.status.code(), Some(0), "{}", said(&whole));
+    assert_eq!(
+        results(&tmp.path().join("merged")),
+        results(&tmp.path().join("whole"))
+    );
+
+    // Merging twice into one directory is refused unless --replace, as for runs.
+    let twice = trellis()
+        .arg("merge")
+        .args(&dirs)
+        .arg("--out")
+        .arg(tmp.path().join("merged"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(twice.status.code(), Some(2), "{}", said(&twice));
+    assert!(stderr(&twice).contains("--replace"), "{}", said(&twice));
+
+    // A missing shard is named with its scenarios; --allow-partial merges the rest as an
+    // unfinished run.
+    let without: Vec<&PathBuf> = dirs
+        .iter()
+        .filter(|d| !d.ends_with(shard_of("three").to_string()))
+        .collect();
+    let partial = trellis()
+        .arg("merge")
+        .args(&without)
+        .arg("--allow-partial")
+        .arg("--out")
+        .arg(tmp.path().join("partial"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(partial.status.code(), Some(1), "{}", said(&partial));
+    assert!(
+        stderr(&partial).contains(&format!(
+            "shard {}/4: no directory given; it holds 1 scenario (2 trajectory runs): small/three",
+            shard_of("three")
+        )),
+        "{}",
+        said(&partial)
+    );
+    assert!(
+        stdout(&partial).contains("run did not finish"),
+        "{}",
+        said(&partial)
+    );
+    let meta: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(tmp.path().join("partial/run.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(meta["merged"]["partial"], true);
+    assert_eq!(meta["merged"]["missing"], 2);
+}
+
+#[tokio::test]
+async fn merge_refuses_directories_that_are_not_shards_of_one_split() {
+    let tmp = tempfile::tempdir().unwrap();
+    let suite = small_suite(tmp.path());
+    let a = tmp.path().join("a");
+    let b = tmp.path().join("b");
+    for (i, dir) in [(1, &a), (2, &b)] {
+        let o = run_shard(&suite, &format!("{i}/2"), dir, NONE).await;
+        assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+    }
+    let merge = |dirs: Vec<PathBuf>| {
+        let out = tmp.path().join("out");
+        async move {
+            trellis()
+                .arg("merge")
+                .args(dirs)
+                .arg("--out")
+                .arg(out)
+                .output()
+                .await
+                .unwrap()
+        }
+    };
+    let refused = |o: &Output, needle: &str| {
+        assert_eq!(o.status.code(), Some(2), "{}", said(o));
+        assert!(flat(&stderr(o)).contains(needle), "{needle}: {}", said(o));
+        assert!(!tmp.path().join("out").exists());
+    };
+
+    // A whole run is not a shard.
+    let whole = tmp.path().join("whole");
+    let o = trellis()
+        .arg("run")
+        .arg(&suite)
+        .args(["--quiet", "--out"])
+        .arg(&whole)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+    refused(
+        &merge(vec![a.clone(), whole]).await,
+        "a whole run, not a shard of one",
+    );
+    refused(
+        &merge(vec![tmp.path().join("nowhere")]).await,
+        "no such directory",
+    );
+
+    // One shard twice, in two directories.
+    let a_again = tmp.path().join("a-again");
+    let o = run_shard(&suite, "1/2", &a_again, NONE).await;
+    assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+    refused(
+        &merge(vec![a.clone(), a_again, b.clone()]).await,
+        "shard 1 is given twice",
+    );
+
+    // Another shard count.
+    let of_three = tmp.path().join("of-three");
+    let o = run_shard(&suite, "2/3", &of_three, NONE).await;
+    assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+    refused(
+        &merge(vec![a.clone(), of_three]).await,
+        "is a shard of 2 and",
+    );
+
+    // Edited suites.
+    let edited = tmp.path().join("edited.kdl");
+    std::fs::write(&edited, SMALL.replace("Hi, I'd", "Hello, I'd")).unwrap();
+    let other = tmp.path().join("other");
+    let o = run_shard(&edited, "2/2", &other, NONE).await;
+    assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+    refused(
+        &merge(vec![a.clone(), other]).await,
+        "the suite files differ",
+    );
+
+    // Another selection splits another plan.
+    let filtered = tmp.path().join("filtered");
+    let o = run_shard(
+        &suite,
+        "2/2",
+        &filtered,
+        &["--shard-costs", "none", "--filter", "three"],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+    refused(
+        &merge(vec![a.clone(), filtered]).await,
+        "split the plan differently",
+    );
+
+    // The same directory named twice is one shard: a and b merge.
+    let o = merge(vec![a.clone(), a.join("."), b]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+}
+
+#[tokio::test]
+async fn a_shard_that_cannot_be_known_exits_2_before_anything_runs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let suite = small_suite(tmp.path());
+    let out = tmp.path().join("out");
+    // Arguments, variables, what stderr says.
+    type Case<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], &'a str);
+    let cases: &[Case] = &[
+        (&["--shard", "4/3"], &[], "there is no shard 4 of 3"),
+        (&["--shard", "0/3"], &[], "there is no shard 0 of 3"),
+        (&["--shard", "1of3"], &[], "is not a shard"),
+        (
+            &["--shards", "3"],
+            &[],
+            "--shards 3 needs the index of this shard",
+        ),
+        (
+            &[],
+            &[("JOB_COMPLETION_INDEX", "1")],
+            "not how many shards there are",
+        ),
+        (&[], &[("TRELLIS_SHARDS", "3")], "not which shard this is"),
+        (
+            &[],
+            &[("JOB_COMPLETION_INDEX", "3"), ("TRELLIS_SHARDS", "3")],
+            "there is no shard 4 of 3",
+        ),
+        (
+            &[],
+            &[("CI_NODE_INDEX", "0"), ("CI_NODE_TOTAL", "3")],
+            "CI_NODE_INDEX=0 is not a shard index",
+        ),
+        (&[], &[("CI_NODE_INDEX", "2")], "CI_NODE_TOTAL is not"),
+        (
+            &["--shards", "4"],
+            &[
+                ("BUILDKITE_PARALLEL_JOB", "1"),
+                ("BUILDKITE_PARALLEL_JOB_COUNT", "3"),
+            ],
+            "--shards 4 disagrees with BUILDKITE_PARALLEL_JOB_COUNT=3",
+        ),
+        (&["--shard-costs", "none"], &[], "this run is not sharded"),
+        (
+            &["--shard", "1/2", "--baseline"],
+            &[],
+            "cannot be compared with a whole run",
+        ),
+        (
+            &["--shard", "1/2", "--shard-costs", "nope"],
+            &[],
+            "no run `nope`",
+        ),
+    ];
+    for (args, vars, needle) in cases {
+        let mut cmd = trellis();
+        cmd.arg("run")
+            .arg(&suite)
+            .arg("--out")
+            .arg(&out)
+            .args(*args);
+        for (k, v) in *vars {
+            cmd.env(k, v);
+        }
+        let o = cmd.output().await.unwrap();
+        assert_eq!(o.status.code(), Some(2), "{args:?} {vars:?}: {}", said(&o));
+        assert!(
+            flat(&stderr(&o)).contains(needle),
+            "{args:?} {vars:?}: {needle}: {}",
+            said(&o)
+        );
+        assert!(!out.exists(), "{args:?} {vars:?} wrote {}", out.display());
+    }
+
+    // Runners that give both, each numbered its own way.
+    for (vars, shard, from) in [
+        (
+            [("CI_NODE_INDEX", "1"), ("CI_NODE_TOTAL", "2")],
+            "1/2",
+            "CI_NODE_INDEX=1 and CI_NODE_TOTAL=2 (GitLab `parallel`)",
+        ),
+        (
+            [
+                ("BUILDKITE_PARALLEL_JOB", "1"),
+                ("BUILDKITE_PARALLEL_JOB_COUNT", "2"),
+            ],
+            "2/2",
+            "BUILDKITE_PARALLEL_JOB=1 and BUILDKITE_PARALLEL_JOB_COUNT=2 (Buildkite `parallelism`)",
+        ),
+    ] {
+        let mut cmd = trellis();
+        cmd.arg("run")
+            .arg(&suite)
+            .args(["--quiet", "--message-format", "json", "--out"])
+            .arg(&out)
+            .arg("--replace");
+        for (k, v) in vars {
+            cmd.env(k, v);
+        }
+        let o = cmd.output().await.unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+        assert!(
+            stderr(&o).contains(&format!("shard {shard}, from {from}")),
+            "{}",
+            said(&o)
+        );
+        let last: serde_json::Value =
+            serde_json::from_str(stdout(&o).lines().last().unwrap()).unwrap();
+        assert_eq!(last["shard"], shard);
+        let meta: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(out.join("run.json")).unwrap()).unwrap();
+        assert_eq!(
+            meta["shard"]["index"].to_string() + "/" + &meta["shard"]["count"].to_string(),
+            shard
+        );
+    }
+}
+
+#[tokio::test]
+async fn shards_are_balanced_by_the_latest_whole_run_and_agree_on_the_split() {
+    let tmp = tempfile::tempdir().unwrap();
+    let suite = small_suite(tmp.path());
+    let runs = tmp.path().join("runs");
+    let whole = trellis()
+        .arg("run")
+        .arg(&suite)
+        .args(["--quiet", "--out"])
+        .arg(runs.join("whole"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(whole.status.code(), Some(0), "{}", said(&whole));
+    let whole_id = serde_json::from_str::<serde_json::Value>(
+        &std::fs::read_to_string(runs.join("whole/run.json")).unwrap(),
+    )
+    .unwrap()["run_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let o = run_shard(&suite, "1/2", &runs.join("s1"), &[]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+    assert!(
+        stderr(&o).contains(&format!("balanced by the measured cost of run {whole_id}")),
+        "{}",
+        said(&o)
+    );
+    let plan = shard_plan(&runs.join("s1"));
+    assert_eq!(plan["balance"]["by"], "measured_cost");
+    assert_eq!(plan["balance"]["run_id"], whole_id.as_str());
+    assert!(
+        plan["scenarios"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s["cost"].as_u64().unwrap() > 0),
+        "{plan}"
+    );
+    // The shard is not a whole run: the second shard is balanced by the same run, and
+    // the two merge.
+    let o = run_shard(&suite, "2/2", &runs.join("s2"), &[]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+    assert_eq!(shard_plan(&runs.join("s2"))["digest"], plan["digest"]);
+    let merged = trellis()
+        .arg("merge")
+        .arg(runs.join("s1"))
+        .arg(runs.join("s2"))
+        .arg("--out")
+        .arg(runs.join("merged"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(merged.status.code(), Some(0), "{}", said(&merged));
+    let listed = trellis()
+        .args(["runs", "--json", "--dir"])
+        .arg(&runs)
+        .output()
+        .await
+        .unwrap();
+    let listed: serde_json::Value = serde_json::from_str(&stdout(&listed)).unwrap();
+    let dirs: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["dir"].as_str().unwrap())
+        .collect();
+    assert_eq!(dirs.len(), 2, "{dirs:?}");
+    assert!(
+        dirs.iter()
+            .all(|d| d.ends_with("whole") || d.ends_with("merged")),
+        "{dirs:?}"
+    );
+    // --shard-costs none and a named run.
+    let o = run_shard(&suite, "1/2", &runs.join("n1"), &["--shard-costs", "none"]).await;
+    assert!(
+        stderr(&o).contains("balanced by trajectory count"),
+        "{}",
+        said(&o)
+    );
+    let o = run_shard(
+        &suite,
+        "1/2",
+        &tmp.path().join("named"),
+        &["--shard-costs", runs.join("whole").to_str().unwrap()],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+    assert_eq!(
+        shard_plan(&tmp.path().join("named"))["digest"],
+        plan["digest"]
+    );
+}
+
+#[tokio::test]
+async fn rate_budgets_are_divided_among_shards_unless_per_shard() {
+    use trellis_testkit::llm::{FakeLlm, Reply, Rule};
+    let fake = FakeLlm::start(vec![Rule::otherwise([Reply::slow(
+        Duration::from_millis(150),
+        Reply::text("Hello."),
+    )])])
+    .await;
+    let tmp = tempfile::tempdir().unwrap();
+    let suite = |per_shard: &str| {
+        let mut text = format!(
+            "provider \"p\" kind=\"openai\" base-url=\"{}\" model=\"m\" concurrency=6 \
+             requests-per-minute=6000 {per_shard}\n\
+             agent \"model\" protocol=\"openai\" provider=\"p\"\n\
+             agent \"spare\" protocol=\"connexity\" builtin=\"booking\" concurrency=16 per-shard=#true\n",
+            fake.base_url()
+        );
+        for i in 0..12 {
+            text.push_str(&format!(
+                "scenario \"s{i}\" {{\n    agent \"model\"\n    user \"Hi {i}\"\n    expect no-error\n}}\n"
+            ));
+        }
+        text
+    };
+    // One shard of 3, so the other shards' scenarios do not run here: 4 scenarios, and a
+    // concurrency of 6 divided into 2.
+    let divided = tmp.path().join("divided.kdl");
+    std::fs::write(&divided, suite("")).unwrap();
+    let o = run_shard(
+        &divided,
+        "1/3",
+        &tmp.path().join("d"),
+        &["--shard-costs", "none"],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+    assert!(
+        stderr(&o).contains(
+            "rate budgets divided by 3 (write `per-shard #true` on a provider or agent to keep \
+             its limits whole in every shard): provider \"p\" concurrency 6 -> 2, provider \"p\" \
+             requests-per-minute 6000 -> 2000"
+        ),
+        "{}",
+        said(&o)
+    );
+    // The builtin agent keeps its own (`per-shard #true`).
+    assert!(!stderr(&o).contains("agent \"spare\""), "{}", said(&o));
+    assert_eq!(
+        fake.max_in_flight(),
+        2,
+        "the shard's share of the provider's concurrency"
+    );
+
+    let fake_calls = fake.calls();
+    let whole = tmp.path().join("whole.kdl");
+    std::fs::write(&whole, suite("per-shard=#true")).unwrap();
+    let o = run_shard(
+        &whole,
+        "1/3",
+        &tmp.path().join("w"),
+        &["--shard-costs", "none"],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+    assert!(!stderr(&o).contains("rate budgets divided"), "{}", said(&o));
+    assert_eq!(fake.calls() - fake_calls, 4);
+    assert_eq!(
+        fake.max_in_flight(),
+        4,
+        "every scenario of the shard at once"
+    );
+
+    // A budget smaller than the shard count: each shard keeps 1, and the run says so.
+    let small = tmp.path().join("small.kdl");
+    std::fs::write(&small, suite("").replace("concurrency=6", "concurrency=2")).unwrap();
+    let o = run_shard(
+        &small,
+        "1/3",
+        &tmp.path().join("s"),
+        &["--shard-costs", "none"],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+    assert!(
+        stderr(&o).contains(
+            "warning: provider \"p\" concurrency 2 is less than one per shard: each of the 3 \
+             shards keeps 1, so together they may use 3"
+        ),
+        "{}",
+        said(&o)
+    );
+
+    // The setting is in the language table: `check --explain` and the editor know it.
+    let explain = trellis()
+        .args(["check", "--explain", "provider"])
+        .output()
+        .await
+        .unwrap();
+    assert!(stdout(&explain).contains("per-shard"), "{}", said(&explain));
+}
