@@ -210,9 +210,10 @@ fn merge_inner(args: &MergeArgs) -> Result<u8, MergeError> {
                 if total_missing == 1 { "is" } else { "are" }
             );
             errln!(
-                "help: run the missing shards again (the same command with their --shard I/N \
-                 or runner index, --replace into the same directory), or pass \
-                 --allow-partial to merge what is there (the merged run is marked partial)"
+                "help: finish a killed shard with `trellis run SUITES --resume SHARD_DIR`, run \
+                 a missing one again (the same command with its --shard I/N or runner index, \
+                 --replace into the same directory), or pass --allow-partial to merge what is \
+                 there (the merged run is marked partial)"
             );
             return Ok(EXIT_FAILED);
         }
