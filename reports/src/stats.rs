@@ -806,8 +806,8 @@ impl StatsBuilder {
                 passed: acc.passed,
                 failed_here: acc.failed_here,
                 failed_above: acc.failed_above,
-                executions: acc.executions.len() as u64,
-                executions_failed_here: acc.executions_failed_here.len() as u64,
+                executions: acc.executions.len(),
+                executions_failed_here: acc.executions_failed_here.len(),
             })
             .collect();
         // Parents before children: node ids are paths from the root, so by name is
@@ -1059,8 +1059,16 @@ mod tests {
         b.push(&trajectory(2, "main", &["start", "then"], Some(2)));
         let stats = b.finish();
         let node = |id: &str| stats.nodes.iter().find(|n| n.node == id).unwrap().clone();
-        assert_eq!(node("start").failed_here, 1, "repetition 1 failed in `start`");
-        assert_eq!(node("then").failed_here, 2, "repetitions 0 and 2 failed in `then`");
+        assert_eq!(
+            node("start").failed_here,
+            1,
+            "repetition 1 failed in `start`"
+        );
+        assert_eq!(
+            node("then").failed_here,
+            2,
+            "repetitions 0 and 2 failed in `then`"
+        );
         assert_eq!(node("start").executions, 3);
         let main = &stats.branches[0];
         assert_eq!(main.outcome_runs, [(0, 2, TrajectoryStatus::Failed)]);

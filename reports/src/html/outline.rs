@@ -56,7 +56,11 @@ fn keep_lowest(
     status: TrajectoryStatus,
     cap: usize,
 ) {
-    if kept.len() >= cap && kept.last_key_value().is_some_and(|(&last, _)| repetition > last) {
+    if kept.len() >= cap
+        && kept
+            .last_key_value()
+            .is_some_and(|(&last, _)| repetition > last)
+    {
         return;
     }
     kept.insert(repetition, status);

@@ -1233,7 +1233,7 @@ fn tree_view(
             .collect()
     }
     let leaf = |name: &str| leaf_view(outline, name, anchors, rendered);
-    build(None, &children, &outcomes, paths, &leaf, &link_for, forks)
+    build(None, &children, outcomes, paths, &leaf, &link_for, forks)
 }
 
 fn run_view(
