@@ -10,7 +10,9 @@
 //! `trellis compare` and the HTML report alike. The formulas are documented in
 //! `docs/results.md`.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use roaring::RoaringBitmap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -368,20 +370,45 @@ type ScenarioKey = (Name, Name, Name);
 type BranchKey = (Name, Name, Name, Name);
 type NodeKey = (Name, Name, Name, Name);
 type CriterionKey = (Name, Name, Name, Name, Option<u32>, Name);
-/// (suite, scenario, agent, repetition, node): one execution of a node.
-type ExecutionKey = (Name, Name, Name, u32, Name);
+
+// Everything kept per repetition is a set of repetition numbers in a compressed bitmap
+// (a bit or less per repetition when they are dense, as a run's are), or a value per
+// execution only where it differs from the first: a run of a million repetitions keeps a
+// few hundred kilobytes here, not a map entry each.
 
 #[derive(Default)]
 struct BranchAcc {
-    outcomes: Vec<(u32, TrajectoryStatus)>,
+    /// Repetitions by status: passed, failed, error, skipped.
+    by_status: [RoaringBitmap; 4],
     duration_ms: f64,
 }
+
+fn status_slot(status: TrajectoryStatus) -> usize {
+    match status {
+        TrajectoryStatus::Passed => 0,
+        TrajectoryStatus::Failed => 1,
+        TrajectoryStatus::Error => 2,
+        TrajectoryStatus::Skipped => 3,
+    }
+}
+
+const SLOT_STATUS: [TrajectoryStatus; 4] = [
+    TrajectoryStatus::Passed,
+    TrajectoryStatus::Failed,
+    TrajectoryStatus::Error,
+    TrajectoryStatus::Skipped,
+];
 
 #[derive(Default)]
 struct ScenarioAcc {
     counts: StatusCounts,
-    /// Per repetition: (a branch ran, every branch that ran passed).
-    repetitions: BTreeMap<u32, (bool, bool)>,
+    /// Repetitions with a trajectory recorded.
+    repetitions: RoaringBitmap,
+    /// Repetitions in which a branch ran (was not skipped).
+    ran: RoaringBitmap,
+    /// Repetitions in which a branch that ran did not pass.
+    not_passed: RoaringBitmap,
+    /// The (non-replayed) turns' latencies; the run's are all of these.
     latencies: Vec<f64>,
     skip_reason: Option<String>,
 }
@@ -393,8 +420,44 @@ struct NodeAcc {
     passed: u64,
     failed_here: u64,
     failed_above: u64,
-    executions: BTreeSet<u32>,
-    executions_failed_here: BTreeSet<u32>,
+    executions: RoaringBitmap,
+    executions_failed_here: RoaringBitmap,
+    /// The first and last (non-replayed) turn index each execution took: which node a
+    /// checked turn belongs to.
+    turns: TurnRanges,
+}
+
+/// The turn range of each execution of a node, kept as the first execution's range and the
+/// executions whose range differs from it (scripted steps take the same turns every
+/// repetition; `simulate` steps and agent forks may not).
+#[derive(Default)]
+struct TurnRanges {
+    first: Option<(u32, u32)>,
+    /// Executions that took turns of their own.
+    with_turns: RoaringBitmap,
+    differing: HashMap<u32, (u32, u32)>,
+}
+
+impl TurnRanges {
+    fn insert(&mut self, repetition: u32, range: (u32, u32)) {
+        self.with_turns.insert(repetition);
+        match self.first {
+            None => self.first = Some(range),
+            Some(first) if first == range => {
+                self.differing.remove(&repetition);
+            }
+            Some(_) => {
+                self.differing.insert(repetition, range);
+            }
+        }
+    }
+
+    fn get(&self, repetition: u32) -> Option<(u32, u32)> {
+        if !self.with_turns.contains(repetition) {
+            return None;
+        }
+        self.differing.get(&repetition).copied().or(self.first)
+    }
 }
 
 struct CriterionAcc {
@@ -412,15 +475,11 @@ pub struct StatsBuilder {
     info: Option<RunInfo>,
     summary: Option<RunSummary>,
     counts: StatusCounts,
-    latencies: Vec<f64>,
     tokens: Option<u64>,
     scenarios: BTreeMap<ScenarioKey, ScenarioAcc>,
     branches: BTreeMap<BranchKey, BranchAcc>,
     nodes: BTreeMap<NodeKey, NodeAcc>,
     criteria: BTreeMap<CriterionKey, CriterionAcc>,
-    /// The first and last (non-replayed) turn index each executed node took, per
-    /// (suite, scenario, agent, repetition, node): which node a checked turn belongs to.
-    turn_ranges: HashMap<ExecutionKey, (u32, u32)>,
     names: HashSet<Name>,
     /// Sum and count of the scores LLM judges gave (0–1).
     judge_scores: (f64, u64),
@@ -465,7 +524,6 @@ impl StatsBuilder {
             .or_default();
         let mut range: Option<(u32, u32)> = None;
         for turn in node.turns.iter().filter(|t| !t.replay) {
-            self.latencies.push(turn.latency_ms);
             scenario.latencies.push(turn.latency_ms);
             if let Some(tokens) = turn.total_tokens {
                 self.tokens = Some(self.tokens.unwrap_or(0).saturating_add(tokens));
@@ -478,22 +536,13 @@ impl StatsBuilder {
                 Some((low, high)) => (low.min(turn.turn_index), high.max(turn.turn_index)),
             });
         }
-        if let Some(range) = range {
-            self.turn_ranges.insert(
-                (
-                    suite.clone(),
-                    scenario_name.clone(),
-                    agent.clone(),
-                    node.repetition,
-                    node_name.clone(),
-                ),
-                range,
-            );
-        }
         let acc = self
             .nodes
             .entry((suite, scenario_name, agent, node_name))
             .or_default();
+        if let Some(range) = range {
+            acc.turns.insert(node.repetition, range);
+        }
         acc.parent.clone_from(&node.parent);
         acc.executions.insert(node.repetition);
     }
@@ -524,13 +573,12 @@ impl StatsBuilder {
         if t.status == TrajectoryStatus::Skipped && scenario.skip_reason.is_none() {
             scenario.skip_reason.clone_from(&t.skip_reason);
         }
-        let repetition = scenario
-            .repetitions
-            .entry(t.repetition)
-            .or_insert((false, true));
+        scenario.repetitions.insert(t.repetition);
         if t.status != TrajectoryStatus::Skipped {
-            repetition.0 = true;
-            repetition.1 &= t.status == TrajectoryStatus::Passed;
+            scenario.ran.insert(t.repetition);
+            if t.status != TrajectoryStatus::Passed {
+                scenario.not_passed.insert(t.repetition);
+            }
         }
         let branch = self
             .branches
@@ -541,7 +589,7 @@ impl StatsBuilder {
                 agent.clone(),
             ))
             .or_default();
-        branch.outcomes.push((t.repetition, t.status));
+        branch.by_status[status_slot(t.status)].insert(t.repetition);
         if t.duration_ms.is_finite() {
             branch.duration_ms += t.duration_ms;
         }
@@ -613,15 +661,10 @@ impl StatsBuilder {
         let last = nodes.len().checked_sub(1)?;
         let node_of_turn = |turn: u32| {
             nodes.iter().position(|node| {
-                self.turn_ranges
-                    .get(&(
-                        suite.clone(),
-                        scenario.clone(),
-                        agent.clone(),
-                        t.repetition,
-                        node.clone(),
-                    ))
-                    .is_some_and(|&(low, high)| (low..=high).contains(&turn))
+                self.nodes
+                    .get(&(suite.clone(), scenario.clone(), agent.clone(), node.clone()))
+                    .and_then(|acc| acc.turns.get(t.repetition))
+                    .is_some_and(|(low, high)| (low..=high).contains(&turn))
             })
         };
         let earliest_check = t
@@ -654,7 +697,16 @@ impl StatsBuilder {
             finished: self.summary.is_some(),
             pass_rate: self.counts.pass_rate(),
             pass_rate_interval: wilson_interval(self.counts.passed, self.counts.ran(), CONFIDENCE),
-            latency: Latency::of(self.latencies),
+            // Every turn is in one scenario's list: the run's are all of them, gathered
+            // only now (into exactly their room: a million turns take 8 MB).
+            latency: Latency::of({
+                let total = self.scenarios.values().map(|s| s.latencies.len()).sum();
+                let mut all = Vec::with_capacity(total);
+                for s in self.scenarios.values() {
+                    all.extend_from_slice(&s.latencies);
+                }
+                all
+            }),
             total_tokens: self.tokens,
             cost_usd: self.llm_cost,
             agent_cost_usd: self.agent_cost,
@@ -669,13 +721,9 @@ impl StatsBuilder {
             .map(|((suite, scenario, agent), acc)| {
                 let (suite, scenario, agent) =
                     (suite.to_string(), scenario.to_string(), agent.to_string());
-                let ran = acc.repetitions.values().filter(|(ran, _)| *ran).count() as u64;
-                let passed = acc
-                    .repetitions
-                    .values()
-                    .filter(|(ran, ok)| *ran && *ok)
-                    .count() as u64;
-                let skipped = acc.repetitions.len() as u64 - ran;
+                let ran = acc.ran.len();
+                let passed = acc.ran.difference_len(&acc.not_passed);
+                let skipped = acc.repetitions.difference_len(&acc.ran);
                 ScenarioStats {
                     suite,
                     scenario,
@@ -699,25 +747,24 @@ impl StatsBuilder {
         let mut branches: Vec<BranchStats> = self
             .branches
             .into_iter()
-            .map(|((suite, scenario, trajectory, agent), mut acc)| {
+            .map(|((suite, scenario, trajectory, agent), acc)| {
                 let (suite, scenario, trajectory, agent) = (
                     suite.to_string(),
                     scenario.to_string(),
                     trajectory.to_string(),
                     agent.to_string(),
                 );
-                acc.outcomes.sort_by_key(|(repetition, _)| *repetition);
-                let ran = acc
-                    .outcomes
+                let [passed, failed, errors, skipped] = acc.by_status.each_ref().map(|r| r.len());
+                let ran = passed + failed + errors;
+                let mut outcomes: Vec<(u32, TrajectoryStatus)> = acc
+                    .by_status
                     .iter()
-                    .filter(|(_, s)| *s != TrajectoryStatus::Skipped)
-                    .count() as u64;
-                let passed = acc
-                    .outcomes
-                    .iter()
-                    .filter(|(_, s)| *s == TrajectoryStatus::Passed)
-                    .count() as u64;
-                let skipped = acc.outcomes.len() as u64 - ran;
+                    .zip(SLOT_STATUS)
+                    .flat_map(|(reps, status)| reps.iter().map(move |r| (r, status)))
+                    .collect();
+                outcomes.sort_unstable_by_key(|&(repetition, status)| {
+                    (repetition, status_slot(status))
+                });
                 BranchStats {
                     suite,
                     scenario,
@@ -725,7 +772,7 @@ impl StatsBuilder {
                     agent,
                     repeats: Repeats::from_counts(ran, passed, skipped),
                     mean_duration_ms: (ran > 0).then(|| acc.duration_ms / ran as f64),
-                    outcome_runs: outcome_runs(&acc.outcomes),
+                    outcome_runs: outcome_runs(&outcomes),
                 }
             })
             .collect();
@@ -759,8 +806,8 @@ impl StatsBuilder {
                 passed: acc.passed,
                 failed_here: acc.failed_here,
                 failed_above: acc.failed_above,
-                executions: acc.executions.len() as u64,
-                executions_failed_here: acc.executions_failed_here.len() as u64,
+                executions: acc.executions.len(),
+                executions_failed_here: acc.executions_failed_here.len(),
             })
             .collect();
         // Parents before children: node ids are paths from the root, so by name is
@@ -994,6 +1041,38 @@ mod tests {
             sandbox_state: None,
             captures: Default::default(),
         }))
+    }
+
+    #[test]
+    fn a_failure_is_placed_by_the_turns_its_own_repetition_took() {
+        // A simulated conversation takes a different number of turns each repetition: the
+        // node of a failed turn is decided by that repetition's ranges.
+        let mut b = StatsBuilder::default();
+        b.push(&node(0, "start", None, &[0, 1]));
+        b.push(&node(0, "then", Some("start"), &[2]));
+        b.push(&trajectory(0, "main", &["start", "then"], Some(2)));
+        b.push(&node(1, "start", None, &[0, 1, 2, 3]));
+        b.push(&node(1, "then", Some("start"), &[4]));
+        b.push(&trajectory(1, "main", &["start", "then"], Some(2)));
+        b.push(&node(2, "start", None, &[0, 1]));
+        b.push(&node(2, "then", Some("start"), &[2]));
+        b.push(&trajectory(2, "main", &["start", "then"], Some(2)));
+        let stats = b.finish();
+        let node = |id: &str| stats.nodes.iter().find(|n| n.node == id).unwrap().clone();
+        assert_eq!(
+            node("start").failed_here,
+            1,
+            "repetition 1 failed in `start`"
+        );
+        assert_eq!(
+            node("then").failed_here,
+            2,
+            "repetitions 0 and 2 failed in `then`"
+        );
+        assert_eq!(node("start").executions, 3);
+        let main = &stats.branches[0];
+        assert_eq!(main.outcome_runs, [(0, 2, TrajectoryStatus::Failed)]);
+        assert_eq!((main.repeats.samples, main.repeats.passed), (3, 0));
     }
 
     #[test]

@@ -156,6 +156,17 @@ pub(super) fn prepare(
             info.run_id
         ));
     }
+    if !finished.is_empty() && info.scenarios.iter().all(|s| s.fingerprints.is_empty()) {
+        return Err(format!(
+            "cannot resume run {}: it was recorded by an earlier trellis, whose journal does \
+             not say what each trajectory's plan was, so the {} it finished cannot be \
+             checked against the suites; start the run again (`trellis run --out {} \
+             --replace`)",
+            info.run_id,
+            super::console::count(finished.totals().trajectories, "trajectory", "trajectories"),
+            dir.display()
+        ));
+    }
     checker.refusal(&info.run_id, dir)?;
 
     // Second pass: the journal the resumed run appends to.

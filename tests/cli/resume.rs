@@ -490,6 +490,67 @@ async fn an_edit_to_a_finished_trajectory_is_refused_and_other_edits_resume() {
 }
 
 #[tokio::test]
+async fn a_plain_journal_of_an_earlier_version_resumes_only_before_anything_finished() {
+    let server = agent(Duration::ZERO).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    std::fs::write(&suite, linear_suite(&server.url(), 2)).unwrap();
+    let out = dir.path().join("out");
+    let o = run_in(&suite, &["--out"]).arg(&out).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // As an earlier trellis wrote it: plain lines, no fingerprints, killed after s0.
+    let old = |keep_s0: bool| {
+        let lines: Vec<String> = entries(&out)
+            .into_iter()
+            .filter(|e| e.get("run_finished").is_none())
+            .filter(|e| !of_scenario(e, "s1") && (keep_s0 || !of_scenario(e, "s0")))
+            .map(|mut e| {
+                if let Some(info) = e.get_mut("run_started") {
+                    for s in info["scenarios"].as_array_mut().unwrap() {
+                        s.as_object_mut().unwrap().remove("fingerprints");
+                    }
+                }
+                e.to_string()
+            })
+            .collect();
+        lines.join("\n") + "\n"
+    };
+    let (with_s0, nothing_finished) = (old(true), old(false));
+    std::fs::remove_file(out.join(JOURNAL)).unwrap();
+    std::fs::write(out.join("journal.jsonl"), &with_s0).unwrap();
+    let o = run_in(&suite, &["--resume"])
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("recorded by an earlier trellis"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(
+        std::fs::read_to_string(out.join("journal.jsonl")).unwrap(),
+        with_s0
+    );
+
+    // Nothing finished: nothing to check, the run goes on and its journal is rewritten in
+    // the current form.
+    std::fs::write(out.join("journal.jsonl"), &nothing_finished).unwrap();
+    let sent = server.requests();
+    let o = run_in(&suite, &["--resume"])
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(server.requests(), sent + 2);
+    assert!(!out.join("journal.jsonl").exists());
+    assert!(out.join(JOURNAL).is_file());
+    assert_eq!(trajectory_rows(&out).len(), 2);
+}
+
+#[tokio::test]
 async fn resume_tells_apart_a_directory_in_use_an_empty_journal_and_no_journal() {
     let dir = tempfile::tempdir().unwrap();
     let suite = dir.path().join("suite.kdl");

@@ -1,23 +1,72 @@
 //! What the report's trajectory trees need from the whole journal, gathered as it streams:
-//! per scenario, the execution nodes each trajectory went through, every repetition's
-//! outcome, and where each failure happened.
+//! per scenario, the execution nodes each trajectory went through, how its repetitions
+//! ended (counts, and the few the report draws as chips), and per node how many runs
+//! reached it and how many failed there.
 //!
-//! Memory is bounded by the plan (scenarios × trajectories × agents × repetitions), never by
-//! the turns. [`node_outcomes`] is the one place that turns this into per-node counts; a
-//! fuller statistics module can replace it without touching the templates.
+//! Memory is bounded by the plan's scenarios, trajectories and agents, never by the
+//! repetitions or the turns: a run of a million repetitions keeps the same outline as one
+//! of a hundred. Per-node counts are taken as runs arrive ([`node_outcomes`] reads them); a
+//! fuller statistics module can replace them without touching the templates.
 
 use std::collections::{BTreeMap, HashMap};
 
 use trellis_records::{CriterionStatus, NodeRecord, TrajectoryRecord, TrajectoryStatus};
 
-/// The outcome of one trajectory run (one agent, one repetition).
-#[derive(Clone, Debug)]
-pub(crate) struct RunOutcome {
-    pub(crate) agent: String,
-    pub(crate) repetition: u32,
-    pub(crate) status: TrajectoryStatus,
-    /// The node where it stopped failing or faulting; `None` when it passed or never ran.
-    pub(crate) failed_at: Option<String>,
+/// Repetitions drawn as chips per trajectory and agent; past this, only those that did not
+/// pass are drawn (this many at most) and the rest are counted.
+pub(crate) const MAX_CHIPS: usize = 40;
+
+/// How the repetitions of one trajectory on one agent ended: counts, and the repetitions
+/// the report can draw (the lowest-numbered ones, and the lowest-numbered that did not
+/// pass).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Repetitions {
+    pub(crate) total: u64,
+    pub(crate) passed: u64,
+    /// Not skipped.
+    pub(crate) ran: u64,
+    pub(crate) not_passed: u64,
+    /// The first [`MAX_CHIPS`] + 1 repetitions by number: all of them when there are at
+    /// most [`MAX_CHIPS`].
+    pub(crate) first: BTreeMap<u32, TrajectoryStatus>,
+    /// The first [`MAX_CHIPS`] repetitions by number that did not pass.
+    pub(crate) first_not_passed: BTreeMap<u32, TrajectoryStatus>,
+}
+
+impl Repetitions {
+    fn add(&mut self, repetition: u32, status: TrajectoryStatus) {
+        self.total += 1;
+        if status == TrajectoryStatus::Passed {
+            self.passed += 1;
+        } else {
+            self.not_passed += 1;
+            keep_lowest(&mut self.first_not_passed, repetition, status, MAX_CHIPS);
+        }
+        if status != TrajectoryStatus::Skipped {
+            self.ran += 1;
+        }
+        keep_lowest(&mut self.first, repetition, status, MAX_CHIPS + 1);
+    }
+}
+
+/// Inserts into `kept`, then drops the highest-numbered entry beyond `cap`.
+fn keep_lowest(
+    kept: &mut BTreeMap<u32, TrajectoryStatus>,
+    repetition: u32,
+    status: TrajectoryStatus,
+    cap: usize,
+) {
+    if kept.len() >= cap
+        && kept
+            .last_key_value()
+            .is_some_and(|(&last, _)| repetition > last)
+    {
+        return;
+    }
+    kept.insert(repetition, status);
+    if kept.len() > cap {
+        kept.pop_last();
+    }
 }
 
 /// One scenario's trajectories as the journal recorded them.
@@ -25,8 +74,11 @@ pub(crate) struct RunOutcome {
 pub(crate) struct ScenarioOutline {
     /// Each trajectory's nodes, root first, in the order trajectories were first seen.
     pub(crate) paths: Vec<(String, Vec<String>)>,
-    /// Every run of each trajectory, by trajectory name.
-    pub(crate) runs: HashMap<String, Vec<RunOutcome>>,
+    /// Each trajectory's repetitions per agent, by trajectory name, agents in the order
+    /// they were first seen.
+    pub(crate) runs: HashMap<String, Vec<(String, Repetitions)>>,
+    /// Per node: runs that reached it, failed or faulted there.
+    outcomes: HashMap<String, NodeOutcome>,
     /// For trajectories that continue forks the agent asked for (`NAME~LABEL…`): the
     /// position of each alternative among those the agent listed, outermost first, so they
     /// are shown in the agent's order rather than finishing order.
@@ -84,23 +136,57 @@ impl Outline {
                 .entry(t.trajectory.clone())
                 .or_insert_with(|| t.agent_branches.iter().map(|b| b.index).collect());
         }
+        let runs = outline.runs.entry(t.trajectory.clone()).or_default();
+        match runs.iter_mut().find(|(agent, _)| *agent == t.agent) {
+            Some((_, reps)) => reps.add(t.repetition, t.status),
+            None => {
+                let mut reps = Repetitions::default();
+                reps.add(t.repetition, t.status);
+                runs.push((t.agent.clone(), reps));
+            }
+        }
+        if t.status == TrajectoryStatus::Skipped {
+            return;
+        }
+        // A run reached its path up to where it went wrong: a failure in a shared prefix
+        // is counted at that prefix only, not in the branches below it.
         let failed_at = failure_node(outline, t);
-        outline
-            .runs
-            .entry(t.trajectory.clone())
-            .or_default()
-            .push(RunOutcome {
-                agent: t.agent.clone(),
-                repetition: t.repetition,
-                status: t.status,
-                failed_at,
-            });
+        let reached = match &failed_at {
+            Some(at) => t
+                .nodes
+                .iter()
+                .position(|n| n == at)
+                .map_or(t.nodes.len(), |i| i + 1),
+            None => t.nodes.len(),
+        };
+        for node in t.nodes.iter().take(reached) {
+            match outline.outcomes.get_mut(node) {
+                Some(outcome) => outcome.reached += 1,
+                None => {
+                    outline.outcomes.insert(
+                        node.clone(),
+                        NodeOutcome {
+                            reached: 1,
+                            ..NodeOutcome::default()
+                        },
+                    );
+                }
+            }
+        }
+        if let Some(at) = failed_at {
+            let slot = outline.outcomes.entry(at).or_default();
+            if t.status == TrajectoryStatus::Error {
+                slot.errors_here += 1;
+            } else {
+                slot.failed_here += 1;
+            }
+        }
     }
 }
 
 /// Where a failed or errored trajectory went wrong: the node of its first failed `expect`,
 /// or the last node it reached (a fault, a trajectory-level criterion).
-fn failure_node(outline: &ScenarioOutline, t: &TrajectoryRecord) -> Option<String> {
+pub(crate) fn failure_node(outline: &ScenarioOutline, t: &TrajectoryRecord) -> Option<String> {
     if !matches!(t.status, TrajectoryStatus::Failed | TrajectoryStatus::Error) {
         return None;
     }
@@ -146,36 +232,10 @@ impl NodeOutcome {
     }
 }
 
-/// Counts per node, from the runs' paths: a failure in a shared prefix is counted at that
-/// prefix only, not in the branches below it (which those runs never reached).
-pub(crate) fn node_outcomes(outline: &ScenarioOutline) -> HashMap<String, NodeOutcome> {
-    let mut out: HashMap<String, NodeOutcome> = HashMap::new();
-    for (name, path) in &outline.paths {
-        for run in outline.runs.get(name).into_iter().flatten() {
-            if run.status == TrajectoryStatus::Skipped {
-                continue;
-            }
-            let reached = match &run.failed_at {
-                Some(at) => path
-                    .iter()
-                    .position(|n| n == at)
-                    .map_or(path.len(), |i| i + 1),
-                None => path.len(),
-            };
-            for node in path.iter().take(reached) {
-                out.entry(node.clone()).or_default().reached += 1;
-            }
-            if let Some(at) = &run.failed_at {
-                let slot = out.entry(at.clone()).or_default();
-                if run.status == TrajectoryStatus::Error {
-                    slot.errors_here += 1;
-                } else {
-                    slot.failed_here += 1;
-                }
-            }
-        }
-    }
-    out
+/// Counts per node: a failure in a shared prefix is counted at that prefix only, not in
+/// the branches below it (which those runs never reached).
+pub(crate) fn node_outcomes(outline: &ScenarioOutline) -> &HashMap<String, NodeOutcome> {
+    &outline.outcomes
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ use trellis_records::{
 };
 
 use super::Page;
-use super::outline::{NodeOutcome, ScenarioOutline, node_outcomes};
+use super::outline::{MAX_CHIPS, NodeOutcome, ScenarioOutline, failure_node, node_outcomes};
 use super::trend::TrendPoint;
 use crate::NodeKey;
 use crate::tally::Counts;
@@ -211,10 +211,6 @@ pub(crate) struct Chip {
     anchor: Option<String>,
     title: String,
 }
-
-/// Repetitions drawn one by one per agent and trajectory; beyond this, only those that did
-/// not pass are drawn (as many again at most), and the rest are counted.
-const MAX_CHIPS: usize = 40;
 
 /// One agent's repetitions of one trajectory: pass^k at a glance.
 #[derive(Serialize)]
@@ -912,9 +908,9 @@ fn scenario_view(
     }
     let mut agents: Vec<String> = plan.map(|p| p.agents.clone()).unwrap_or_default();
     for runs in outline.runs.values() {
-        for run in runs {
-            if !agents.contains(&run.agent) {
-                agents.push(run.agent.clone());
+        for (agent, _) in runs {
+            if !agents.contains(agent) {
+                agents.push(agent.clone());
             }
         }
     }
@@ -963,7 +959,17 @@ fn scenario_view(
         .map(|t| (t.trajectory.as_str(), t.agent.as_str(), t.repetition))
         .collect();
 
-    let tree = tree_view(outline, &paths, &anchors, &rendered, forks);
+    // Where each rendered run went wrong, for the tree's links to transcripts.
+    let rendered_runs: Vec<RenderedRun<'_>> = rows
+        .iter()
+        .map(|t| RenderedRun {
+            trajectory: &t.trajectory,
+            agent: &t.agent,
+            repetition: t.repetition,
+            failed_at: failure_node(outline, t),
+        })
+        .collect();
+    let tree = tree_view(outline, &paths, &anchors, &rendered, &rendered_runs, forks);
     // A planned trajectory the agent forked ran as its continuations (`NAME~LABEL`).
     let unrun: Vec<Leaf> = anchors
         .trajectories
@@ -1067,7 +1073,17 @@ fn persona_view(persona: &serde_json::Value) -> PersonaView {
     }
 }
 
-/// The repetitions of one trajectory, grouped by agent.
+/// A run whose transcript the report renders, and where it went wrong.
+struct RenderedRun<'a> {
+    trajectory: &'a str,
+    agent: &'a str,
+    repetition: u32,
+    failed_at: Option<String>,
+}
+
+/// The repetitions of one trajectory, grouped by agent: every repetition as a chip up to
+/// [`MAX_CHIPS`], past that only those that did not pass (that many at most) and the rest
+/// counted.
 fn leaf_view(
     outline: &ScenarioOutline,
     trajectory: &str,
@@ -1075,54 +1091,46 @@ fn leaf_view(
     rendered: &HashSet<(&str, &str, u32)>,
 ) -> Leaf {
     let mut runs: Vec<_> = outline.runs.get(trajectory).into_iter().flatten().collect();
-    runs.sort_by_key(|r| (rank(&anchors.agents, &r.agent), r.repetition));
+    runs.sort_by_key(|(agent, _)| rank(&anchors.agents, agent));
     let mut agents: Vec<AgentReps> = Vec::new();
-    for run in runs {
-        let status = run.status.as_str();
-        let anchor = rendered
-            .contains(&(trajectory, run.agent.as_str(), run.repetition))
-            .then(|| anchors.run(trajectory, &run.agent, run.repetition));
-        let chip = Chip {
-            label: format!("#{}", run.repetition),
-            status,
-            anchor,
-            title: format!(
-                "{} · {} · repetition {}: {status}",
-                trajectory_label(trajectory),
-                run.agent,
-                run.repetition
-            ),
+    for (agent, reps) in runs {
+        let total = usize::try_from(reps.total).unwrap_or(usize::MAX);
+        let drawn = if total > MAX_CHIPS {
+            &reps.first_not_passed
+        } else {
+            &reps.first
         };
-        match agents.last_mut() {
-            Some(last) if last.agent == run.agent => last.chips.push(chip),
-            _ => agents.push(AgentReps {
-                agent: run.agent.clone(),
-                chips: vec![chip],
-                more: 0,
-                more_passed: false,
-                passed: 0,
-                ran: 0,
-                grade: "na",
-                estimate: None,
-            }),
-        }
-        if let Some(last) = agents.last_mut() {
-            if run.status == TrajectoryStatus::Passed {
-                last.passed += 1;
-            }
-            if run.status != TrajectoryStatus::Skipped {
-                last.ran += 1;
-            }
-        }
+        let chips: Vec<Chip> = drawn
+            .iter()
+            .map(|(&repetition, status)| {
+                let status = status.as_str();
+                let anchor = rendered
+                    .contains(&(trajectory, agent.as_str(), repetition))
+                    .then(|| anchors.run(trajectory, agent, repetition));
+                Chip {
+                    label: format!("#{repetition}"),
+                    status,
+                    anchor,
+                    title: format!(
+                        "{} · {agent} · repetition {repetition}: {status}",
+                        trajectory_label(trajectory),
+                    ),
+                }
+            })
+            .collect();
+        agents.push(AgentReps {
+            agent: agent.clone(),
+            more: total.saturating_sub(chips.len()),
+            more_passed: total > MAX_CHIPS
+                && usize::try_from(reps.not_passed).is_ok_and(|n| n <= MAX_CHIPS),
+            chips,
+            passed: reps.passed,
+            ran: reps.ran,
+            grade: "na",
+            estimate: None,
+        });
     }
     for a in &mut agents {
-        if a.chips.len() > MAX_CHIPS {
-            let total = a.chips.len();
-            a.chips.retain(|c| c.status != "passed");
-            a.more_passed = a.chips.len() <= MAX_CHIPS;
-            a.chips.truncate(MAX_CHIPS);
-            a.more = total - a.chips.len();
-        }
         a.estimate = Estimate::of(a.passed, a.ran);
         a.grade = match (a.ran, a.passed) {
             (0, _) => "na",
@@ -1144,6 +1152,7 @@ fn tree_view(
     paths: &[(&String, &Vec<String>)],
     anchors: &Anchors,
     rendered: &HashSet<(&str, &str, u32)>,
+    rendered_runs: &[RenderedRun<'_>],
     forks: bool,
 ) -> Vec<TreeNode> {
     let outcomes = node_outcomes(outline);
@@ -1166,13 +1175,13 @@ fn tree_view(
             if !path.iter().any(|n| n == node) {
                 continue;
             }
-            let mut runs: Vec<_> = outline.runs.get(*name).into_iter().flatten().collect();
-            runs.sort_by_key(|r| (rank(&anchors.agents, &r.agent), r.repetition));
+            let mut runs: Vec<_> = rendered_runs
+                .iter()
+                .filter(|r| r.trajectory == name.as_str())
+                .collect();
+            runs.sort_by_key(|r| (rank(&anchors.agents, r.agent), r.repetition));
             for run in runs {
-                if !rendered.contains(&(name.as_str(), run.agent.as_str(), run.repetition)) {
-                    continue;
-                }
-                let anchor = anchors.node(&anchors.run(name, &run.agent, run.repetition), node);
+                let anchor = anchors.node(&anchors.run(name, run.agent, run.repetition), node);
                 if run.failed_at.as_deref() == Some(node) {
                     return Some(anchor);
                 }
@@ -1224,7 +1233,7 @@ fn tree_view(
             .collect()
     }
     let leaf = |name: &str| leaf_view(outline, name, anchors, rendered);
-    build(None, &children, &outcomes, paths, &leaf, &link_for, forks)
+    build(None, &children, outcomes, paths, &leaf, &link_for, forks)
 }
 
 fn run_view(
