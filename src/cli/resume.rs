@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
-use trellis_engine::execute::{self, Finished};
+use trellis_engine::execute::{self, Finished, Forks};
 use trellis_engine::journal::{self, JournalReader, JournalWriter};
 use trellis_engine::plan::Plan;
 use trellis_engine::record::{JournalEntry, RunInfo, RunSummary, TrajectoryRecord};
@@ -108,6 +108,8 @@ pub(super) fn prepare(
     let mut finished = Finished::new();
     let mut nodes_kept: HashSet<u128> = HashSet::new();
     let mut agents = HashSet::new();
+    let mut forks = Forks::new();
+    let mut forked = Vec::new();
     while let Some(line) = reader.next_line().map_err(read_error)? {
         if journal::is_node_line(line) {
             continue;
@@ -115,17 +117,13 @@ pub(super) fn prepare(
         match serde_json::from_slice::<JournalEntry>(line) {
             Ok(JournalEntry::Trajectory(t)) => {
                 checker.check(&t);
-                finished.add(&t);
-                for node in &t.nodes {
-                    nodes_kept.insert(node_key(
-                        &t.suite,
-                        &t.scenario,
-                        &t.agent,
-                        t.repetition,
-                        node,
-                    ));
+                // A forked trajectory is kept only once every continuation is known to
+                // be in the journal (few are forked: they wait for the end of the pass).
+                if forks.add(&t) {
+                    forked.push(t);
+                } else {
+                    keep(&t, &mut finished, &mut nodes_kept, &mut console);
                 }
-                console.seed(&t);
             }
             Ok(JournalEntry::Agent(agent)) => {
                 agents.insert(agent.agent);
@@ -148,6 +146,12 @@ pub(super) fn prepare(
         }
     }
     drop(reader);
+    let incomplete = forks.incomplete();
+    for t in forked {
+        if !incomplete.contains(&execute::planned_key(&t)) {
+            keep(&t, &mut finished, &mut nodes_kept, &mut console);
+        }
+    }
     if info.strict != strict {
         let flag = if info.strict { "with" } else { "without" };
         return Err(format!(
@@ -174,7 +178,7 @@ pub(super) fn prepare(
     let now = std::mem::replace(&mut started.started_at, info.started_at.clone());
     started.resumed_at = info.resumed_at.clone();
     started.resumed_at.push(now);
-    let journal = rewrite(dir, &path, &started, nodes_kept, &mut finished)?;
+    let journal = rewrite(dir, &path, &started, nodes_kept, &incomplete, &mut finished)?;
     Ok(Prepared::Resume(Box::new(Resumed {
         run_id: info.run_id,
         journal,
@@ -184,14 +188,36 @@ pub(super) fn prepare(
     })))
 }
 
+/// Keeps a finished trajectory record of the journal: counted, its nodes kept, shown.
+fn keep(
+    t: &TrajectoryRecord,
+    finished: &mut Finished,
+    nodes_kept: &mut HashSet<u128>,
+    console: &mut Console,
+) {
+    finished.add(t);
+    for node in &t.nodes {
+        nodes_kept.insert(node_key(
+            &t.suite,
+            &t.scenario,
+            &t.agent,
+            t.repetition,
+            node,
+        ));
+    }
+    console.seed(t);
+}
+
 /// Writes the resumed run's journal: `started`, then the old journal's setup records,
 /// finished trajectories and the nodes on their paths (`nodes_kept`), byte for byte. The
-/// kept nodes' turns are counted into `finished`.
+/// kept nodes' turns are counted into `finished`. The records of forked trajectories that
+/// run again (`incomplete`) are left out.
 fn rewrite(
     dir: &Path,
     old: &Path,
     started: &RunInfo,
     nodes_kept: HashSet<u128>,
+    incomplete: &HashSet<u128>,
     finished: &mut Finished,
 ) -> Result<JournalWriter, String> {
     let write_error = |e: journal::JournalError| format!("{e}: {}", source(&e));
@@ -240,8 +266,13 @@ fn rewrite(
             continue;
         }
         let kept = line.starts_with(br#"{"trajectory":"#) || line.starts_with(br#"{"agent":"#);
-        if kept && serde_json::from_slice::<JournalEntry>(line).is_ok() {
-            writer.append_line(line).map_err(write_error)?;
+        let runs_again = |t: &TrajectoryRecord| {
+            !t.agent_branches.is_empty() && incomplete.contains(&execute::planned_key(t))
+        };
+        match serde_json::from_slice::<JournalEntry>(line) {
+            Ok(JournalEntry::Trajectory(t)) if runs_again(&t) => {}
+            Ok(_) if kept => writer.append_line(line).map_err(write_error)?,
+            _ => {}
         }
     }
     drop(reader);

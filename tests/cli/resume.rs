@@ -647,3 +647,46 @@ async fn a_finished_run_whose_reports_were_lost_gets_them_back_without_running()
     assert_eq!(trajectory_rows(&out).len(), 2);
     assert!(out.join("summary.json").is_file());
 }
+
+#[tokio::test]
+async fn a_fork_killed_between_its_continuations_runs_again_whole_and_records_each_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let suite = repo("suites/multiagent.kdl");
+    let o = run_in(&suite, &["-q", "--out"])
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let whole = trajectory_rows(&out);
+    // The agent forks `complaint`'s `main` into `refund` and `replacement`; killed after
+    // `replacement` was recorded on one agent, before `refund` was.
+    let lost = |t: &serde_json::Value| {
+        t["scenario"] == "complaint"
+            && t["agent"] == "support-http"
+            && t["trajectory"] == "main~refund"
+    };
+    assert!(trajectory_entries(&out).iter().any(lost));
+    cut_journal(&out, |e| !e.get("trajectory").is_some_and(lost));
+
+    let o = run_in(&suite, &["-q", "--resume"])
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(trajectory_rows(&out), whole);
+    let mut recorded: Vec<(String, String, String)> = trajectory_entries(&out)
+        .iter()
+        .map(|t| {
+            let s = |k: &str| t[k].as_str().unwrap().to_owned();
+            (s("scenario"), s("agent"), s("trajectory"))
+        })
+        .collect();
+    let all = recorded.len();
+    recorded.sort();
+    recorded.dedup();
+    assert_eq!(recorded.len(), all, "a continuation recorded twice");
+    assert_eq!(all, whole.values().sum::<usize>());
+}

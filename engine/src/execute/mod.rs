@@ -41,7 +41,7 @@ use verdict::skip_trajectory;
 use walk::Unit;
 
 pub use launch::{BuiltinEndpoint, LaunchError, LaunchRequest, Launched, Launcher};
-pub use resume::{Finished, FinishedTotals};
+pub use resume::{Finished, FinishedTotals, Forks, planned_key};
 pub use reuse::{ReuseCounts, TurnMemo};
 /// The status a trajectory gets from its fault and checks (`strict`: a skipped check or
 /// trajectory fails), for tools that re-check recorded trajectories (`trellis rejudge`).

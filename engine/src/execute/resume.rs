@@ -17,7 +17,7 @@
 //! had in one session, whatever the protocol, and only the few units in flight when the run
 //! was killed have partly finished trees.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use crate::record::{TrajectoryRecord, TrajectoryStatus};
@@ -139,6 +139,91 @@ impl Finished {
     }
 }
 
+/// The planned trajectories the agent forked (`agent_branches`), and whether the journal
+/// holds every continuation of each. A run killed while a fork's continuations ran has
+/// recorded some of them; counting such a trajectory finished would lose the others, so a
+/// trajectory is finished only when every explored alternative, at every fork below it, is
+/// in the journal. An incomplete one runs again whole, and its recorded continuations are
+/// dropped from the journal, so each continuation is recorded once.
+#[derive(Debug, Default)]
+pub struct Forks {
+    /// Per planned trajectory, the path of every continuation recorded: at each fork, the
+    /// alternative taken (from 1) and how many alternatives that fork explored.
+    paths: HashMap<u128, Vec<Vec<(u32, u32)>>>,
+}
+
+impl Forks {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Notes a record of a forked trajectory; returns false (and notes nothing) for one the
+    /// agent did not fork.
+    pub fn add(&mut self, record: &TrajectoryRecord) -> bool {
+        if record.agent_branches.is_empty() {
+            return false;
+        }
+        let path = record
+            .agent_branches
+            .iter()
+            .map(|b| {
+                let unexplored = u32::try_from(b.unexplored.len()).unwrap_or(u32::MAX);
+                (b.index, b.count.saturating_sub(unexplored).max(1))
+            })
+            .collect();
+        self.paths
+            .entry(planned_key(record))
+            .or_default()
+            .push(path);
+        true
+    }
+
+    /// The keys ([`planned_key`]) of the forked trajectories some continuation of which is
+    /// not in the journal.
+    pub fn incomplete(&self) -> HashSet<u128> {
+        self.paths
+            .iter()
+            .filter(|(_, paths)| {
+                let paths: Vec<&[(u32, u32)]> = paths.iter().map(Vec::as_slice).collect();
+                !complete(&paths)
+            })
+            .map(|(key, _)| *key)
+            .collect()
+    }
+}
+
+/// Whether the continuations below one point of a forked trajectory (their paths from that
+/// point on) cover every alternative explored at every fork.
+fn complete(paths: &[&[(u32, u32)]]) -> bool {
+    let Some(first) = paths.first() else {
+        return false;
+    };
+    // A continuation that ends here: no fork below this point.
+    if paths.iter().any(|p| p.is_empty()) {
+        return true;
+    }
+    let explored = first[0].1;
+    (1..=explored).all(|index| {
+        let below: Vec<&[(u32, u32)]> = paths
+            .iter()
+            .filter(|p| p[0].0 == index)
+            .map(|p| &p[1..])
+            .collect();
+        complete(&below)
+    })
+}
+
+/// The key of the planned trajectory a record belongs to (for [`Forks::incomplete`]).
+pub fn planned_key(record: &TrajectoryRecord) -> u128 {
+    key(
+        &record.suite,
+        &record.scenario,
+        &record.agent,
+        record.repetition,
+        planned_name(record),
+    )
+}
+
 /// The name of the planned trajectory a record belongs to: its name without the `~LABEL`
 /// suffixes of the forks the agent asked for.
 pub fn planned_name(record: &TrajectoryRecord) -> &str {
@@ -228,6 +313,50 @@ mod tests {
             (totals.trajectories, totals.passed, totals.failed),
             (3, 2, 1)
         );
+    }
+
+    /// A record of trajectory `left` forked along `path`: (alternative, alternatives, of
+    /// which unexplored) at each fork.
+    fn forked(path: &[(u32, u32, usize)]) -> TrajectoryRecord {
+        let mut r = record("left", 0, TrajectoryStatus::Passed);
+        for (depth, &(index, count, unexplored)) in path.iter().enumerate() {
+            r.agent_branches.push(AgentBranchRecord {
+                label: format!("b{index}"),
+                option: format!("b{index}"),
+                reason: None,
+                index,
+                count,
+                depth: u32::try_from(depth + 1).unwrap(),
+                unexplored: vec!["other".to_owned(); unexplored],
+                limited_by: None,
+            });
+            r.trajectory.push_str(&format!("~b{index}"));
+        }
+        r
+    }
+
+    #[test]
+    fn a_fork_is_complete_only_when_every_explored_continuation_is_recorded() {
+        let key = planned_key(&forked(&[(1, 3, 0)]));
+        let incomplete = |paths: &[&[(u32, u32, usize)]]| {
+            let mut forks = Forks::new();
+            for p in paths {
+                assert!(forks.add(&forked(p)));
+            }
+            forks.incomplete().contains(&key)
+        };
+        assert!(!Forks::new().add(&record("main", 0, TrajectoryStatus::Passed)));
+        assert!(incomplete(&[&[(1, 3, 0)], &[(3, 3, 0)]]));
+        assert!(!incomplete(&[&[(1, 3, 0)], &[(3, 3, 0)], &[(2, 3, 0)]]));
+        // Breadth-limited: two of three explored.
+        assert!(!incomplete(&[&[(1, 3, 1)], &[(2, 3, 1)]]));
+        // A fork below the second alternative: one of its two continuations is missing.
+        assert!(incomplete(&[&[(1, 2, 0)], &[(2, 2, 0), (1, 2, 0)]]));
+        assert!(!incomplete(&[
+            &[(1, 2, 0)],
+            &[(2, 2, 0), (1, 2, 0)],
+            &[(2, 2, 0), (2, 2, 0)]
+        ]));
     }
 
     #[test]
