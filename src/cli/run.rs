@@ -376,8 +376,15 @@ fn already_finished(dir: &Path, run_id: &str, summary: &RunSummary) -> u8 {
         .into_iter()
         .filter(|name| !optional.contains(name) && !dir.join(name).is_file())
         .collect();
+    // The run's verdict, as when it ended: a pod restarted after its shard finished
+    // reports what the shard found.
+    let verdict = if summary.failed == 0 && summary.errors == 0 {
+        EXIT_OK
+    } else {
+        EXIT_FAILED
+    };
     if missing.is_empty() {
-        return EXIT_OK;
+        return verdict;
     }
     match trellis_reports::write_reports(dir, &trellis_reports::ReportOptions::default()) {
         Ok(files) if files.not_written.is_empty() => {
@@ -385,7 +392,7 @@ fn already_finished(dir: &Path, run_id: &str, summary: &RunSummary) -> u8 {
                 "its results files were missing ({}) and were written again from the journal",
                 missing.join(", ")
             );
-            EXIT_OK
+            verdict
         }
         Ok(files) => {
             errln!("error: results are incomplete:");

@@ -690,3 +690,29 @@ async fn a_fork_killed_between_its_continuations_runs_again_whole_and_records_ea
     assert_eq!(recorded.len(), all, "a continuation recorded twice");
     assert_eq!(all, whole.values().sum::<usize>());
 }
+
+#[tokio::test]
+async fn resuming_a_finished_run_that_failed_exits_with_its_verdict() {
+    let server = agent(Duration::ZERO).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    let failing = linear_suite(&server.url(), 1).replace(
+        r#"expect reply contains="Hello""#,
+        r#"expect reply contains="Goodbye""#,
+    );
+    assert_ne!(failing, linear_suite(&server.url(), 1));
+    std::fs::write(&suite, failing).unwrap();
+    let out = dir.path().join("out");
+    let o = run_in(&suite, &["--out"]).arg(&out).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let sent = server.requests();
+    // A pod restarted after its shard ended reports what the shard found, not success.
+    let o = run_in(&suite, &["--resume"])
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("1 failed"), "{}", stderr(&o));
+    assert_eq!(server.requests(), sent);
+}
