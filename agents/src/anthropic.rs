@@ -314,7 +314,7 @@ fn stream(request: &Request, reply: &Reply, id: &str) -> Response {
         .into_iter()
         .map(|(event, data)| format!("event: {event}\ndata: {data}\n\n"))
         .collect();
-    crate::openai::sse(frames)
+    crate::sse(frames)
 }
 
 /// The API's error object.

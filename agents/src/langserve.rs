@@ -18,14 +18,12 @@
 //!   history the client did not resend is visible);
 //! - anything else: `Echo: TEXT`.
 
-use std::convert::Infallible;
 use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::Router;
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::http::StatusCode;
-use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use regex::Regex;
@@ -121,17 +119,7 @@ async fn stream(body: Bytes) -> Response {
         frames.push(frame("data", &chunk("", json!([]), json!([]), json!([]))));
     }
     frames.push("event: end\r\n\r\n".to_owned());
-    let events = futures::stream::iter(
-        frames
-            .into_iter()
-            .map(|f| Ok::<_, Infallible>(Bytes::from(f))),
-    );
-    Response::builder()
-        .status(StatusCode::OK)
-        .header(CONTENT_TYPE, "text/event-stream; charset=utf-8")
-        .header(CACHE_CONTROL, "no-cache")
-        .body(Body::from_stream(events))
-        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+    crate::sse(frames)
 }
 
 fn frame(event: &str, data: &Value) -> String {

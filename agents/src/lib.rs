@@ -29,11 +29,16 @@ pub mod model;
 pub mod openai;
 pub mod support;
 
+use std::convert::Infallible;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 
+use axum::body::{Body, Bytes};
+use axum::http::StatusCode;
+use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
+use axum::response::{IntoResponse, Response};
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use tokio::net::{TcpListener, UnixListener};
@@ -621,6 +626,22 @@ fn shell_quote(text: &str) -> String {
 pub fn bind_unix(path: &Path) -> io::Result<std::os::unix::net::UnixListener> {
     let path = lines::claim_unix_path(path)?;
     std::os::unix::net::UnixListener::bind(path)
+}
+
+/// `frames` as a `text/event-stream` body, for the built-ins that answer a request with one
+/// finished stream (the model APIs, LangServe's `/stream`).
+pub(crate) fn sse(frames: Vec<String>) -> Response {
+    let body = futures::stream::iter(
+        frames
+            .into_iter()
+            .map(|f| Ok::<_, Infallible>(Bytes::from(f))),
+    );
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(CONTENT_TYPE, "text/event-stream; charset=utf-8")
+        .header(CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(body))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
 }
 
 #[cfg(test)]

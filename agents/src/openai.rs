@@ -13,13 +13,11 @@
 //! a JSON object or has no non-empty `messages` array is a 400 with the API's `error` object.
 //! The `model` asked for is echoed back (`clerk-1` when none is).
 
-use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use axum::Router;
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::http::StatusCode;
-use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde_json::{Map, Value, json};
@@ -299,22 +297,7 @@ fn stream(request: &Request, reply: &Reply, id: &str) -> Response {
     }
     let mut frames: Vec<String> = events.iter().map(|e| format!("data: {e}\n\n")).collect();
     frames.push("data: [DONE]\n\n".to_owned());
-    sse(frames)
-}
-
-/// `frames` as a `text/event-stream` body.
-pub(crate) fn sse(frames: Vec<String>) -> Response {
-    let body = futures::stream::iter(
-        frames
-            .into_iter()
-            .map(|f| Ok::<_, Infallible>(Bytes::from(f))),
-    );
-    Response::builder()
-        .status(StatusCode::OK)
-        .header(CONTENT_TYPE, "text/event-stream; charset=utf-8")
-        .header(CACHE_CONTROL, "no-cache")
-        .body(Body::from_stream(body))
-        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+    crate::sse(frames)
 }
 
 /// The API's error object.

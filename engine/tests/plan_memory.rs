@@ -37,6 +37,16 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static ALLOCATOR: Counting = Counting;
 
+/// Held by each test for its whole length: the test harness runs a binary's tests on
+/// parallel threads, and the counters above would add one test's allocations to the other's.
+static MEASURING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn measuring() -> std::sync::MutexGuard<'static, ()> {
+    MEASURING
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// Heap bytes `f` holds at its peak, above what was allocated when it started.
 fn peak_during<T>(f: impl FnOnce() -> T) -> (T, usize) {
     let base = CURRENT.load(Ordering::Relaxed);
@@ -131,6 +141,7 @@ fn plan_peak(text: &str) -> (usize, u64) {
 
 #[test]
 fn planning_memory_stays_a_small_multiple_of_the_suite() {
+    let _measuring = measuring();
     // Deeply nested branches: every trajectory's node ids were strings of their own, bytes
     // growing with the square of the depth (620x the text here, 120x without).
     let text = nested(120, 8);
@@ -185,6 +196,7 @@ fn planning_memory_stays_a_small_multiple_of_the_suite() {
 /// whole plan's, holding one scenario's plan at a time.
 #[test]
 fn counting_what_cannot_run_keeps_no_plan() {
+    let _measuring = measuring();
     let text = flat(3_000);
     let dir = tempfile::tempdir().expect("temporary directory");
     let path = dir.path().join("big.kdl");

@@ -339,18 +339,6 @@ pub fn place<'a>(nodes: &'a [Node], text: &str, offset: usize) -> Place<'a> {
     }
 }
 
-/// The word being typed just before `offset` (letters, digits, `-`, `_`).
-pub fn prefix(text: &str, offset: usize) -> &str {
-    let offset = offset.min(text.len());
-    let start = text[..offset]
-        .char_indices()
-        .rev()
-        .take_while(|(_, c)| c.is_alphanumeric() || matches!(c, '-' | '_'))
-        .last()
-        .map_or(offset, |(i, _)| i);
-    &text[start..offset]
-}
-
 /// The node's usage and one-line help, with its properties, for a hover.
 pub fn describe(
     spec: &'static NodeSpec,

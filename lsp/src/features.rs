@@ -8,7 +8,7 @@ use lsp_types::*;
 use trellis_dsl::lang::{self, ProtocolSpec, ValueType};
 
 use crate::analysis::{self, Index, Place};
-use crate::server::{FileView, Server, to_path, to_uri};
+use crate::server::{FileView, ProjectAt, Server, to_path, to_uri};
 use crate::syntax::{self, Node};
 
 impl Server {
@@ -97,7 +97,7 @@ impl Server {
                 if let Some(open) = before.rfind("{{")
                     && !before[open..].contains("}}")
                 {
-                    items = template_items(&chain, &before[open + 2..], offset);
+                    items = template_items(&chain, &before[open + 2..]);
                 } else {
                     let specs = analysis::specs_of(&chain, protocols);
                     if let (Some(spec), true) = (specs.last(), specs.len() == chain.len()) {
@@ -221,12 +221,18 @@ impl Server {
         let Some(path) = to_path(&pos.text_document.uri) else {
             return Ok(None);
         };
-        let (views, index) = self.project_index(&path);
-        let file = trellis_dsl::canonical(&path);
+        let Some(ProjectAt {
+            views,
+            index,
+            file,
+            offset,
+        }) = self.project_at(&path, pos.position)
+        else {
+            return Ok(None);
+        };
         let Some(view) = views.get(&file) else {
             return Ok(None);
         };
-        let offset = view.lines.offset(&view.text, pos.position);
         // `include "PATH"`: the file.
         let chain = syntax::chain(&view.nodes, offset);
         if let Some(node) = chain
@@ -258,12 +264,15 @@ impl Server {
         let Some(path) = to_path(&pos.text_document.uri) else {
             return Ok(None);
         };
-        let (views, index) = self.project_index(&path);
-        let file = trellis_dsl::canonical(&path);
-        let Some(view) = views.get(&file) else {
+        let Some(ProjectAt {
+            views,
+            index,
+            file,
+            offset,
+        }) = self.project_at(&path, pos.position)
+        else {
             return Ok(None);
         };
-        let offset = view.lines.offset(&view.text, pos.position);
         // On an `include`: every include of the same file.
         let included = index
             .includes
@@ -301,12 +310,15 @@ impl Server {
         let Some(path) = to_path(&p.text_document.uri) else {
             return Ok(None);
         };
-        let (views, index) = self.project_index(&path);
-        let file = trellis_dsl::canonical(&path);
-        let Some(view) = views.get(&file) else {
+        let Some(ProjectAt {
+            views,
+            index,
+            file,
+            offset,
+        }) = self.project_at(&path, p.position)
+        else {
             return Ok(None);
         };
-        let offset = view.lines.offset(&view.text, p.position);
         let Some(key) = index.at(&file, offset) else {
             return Err("only the id of an agent, persona, tool, provider, judge, panel, simulator or scenario can be renamed".into());
         };
@@ -317,8 +329,12 @@ impl Server {
             .chain(index.refs.get(&key))
             .flatten()
             .find(|o| o.file == file && o.content.start <= offset && offset <= o.content.end);
-        Ok(occurrence
-            .map(|o| PrepareRenameResponse::Range(view.lines.range(&view.text, o.content.clone()))))
+        Ok(occurrence.and_then(|o| {
+            let view = views.get(&file)?;
+            Some(PrepareRenameResponse::Range(
+                view.lines.range(&view.text, o.content.clone()),
+            ))
+        }))
     }
 
     pub(crate) fn rename(&self, p: RenameParams) -> Result<Option<WorkspaceEdit>, String> {
@@ -332,12 +348,15 @@ impl Server {
                 p.new_name
             ));
         }
-        let (views, index) = self.project_index(&path);
-        let file = trellis_dsl::canonical(&path);
-        let Some(view) = views.get(&file) else {
+        let Some(ProjectAt {
+            views,
+            index,
+            file,
+            offset,
+        }) = self.project_at(&path, pos.position)
+        else {
             return Ok(None);
         };
-        let offset = view.lines.offset(&view.text, pos.position);
         let Some(key) = index.at(&file, offset) else {
             return Ok(None);
         };
@@ -562,7 +581,7 @@ fn value_items(
 
 /// Template variables in scope at a string of the scenario `chain` is in: `typed` is what
 /// the template holds so far after its `{{`.
-fn template_items(chain: &[&Node], typed: &str, _offset: usize) -> Vec<CompletionItem> {
+fn template_items(chain: &[&Node], typed: &str) -> Vec<CompletionItem> {
     let typed = typed.trim_start();
     let scenario = chain.iter().find(|n| n.name == "scenario");
     let mut roots: Vec<(String, Vec<String>, &str)> = vec![

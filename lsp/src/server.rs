@@ -54,6 +54,15 @@ impl FileView {
     }
 }
 
+/// A position in a document, with the project around it ([`Server::project_at`]).
+pub(crate) struct ProjectAt {
+    pub(crate) views: HashMap<PathBuf, FileView>,
+    pub(crate) index: Index,
+    /// The document, as the index names it.
+    pub(crate) file: PathBuf,
+    pub(crate) offset: usize,
+}
+
 pub struct Server {
     pub(crate) config: Config,
     roots: Vec<PathBuf>,
@@ -254,6 +263,21 @@ impl Server {
             }
         }
         (views, index)
+    }
+
+    /// The project of the document at `path`, and the byte offset of `position` in it;
+    /// `None` when the document cannot be read.
+    pub(crate) fn project_at(&self, path: &Path, position: Position) -> Option<ProjectAt> {
+        let (views, index) = self.project_index(path);
+        let file = trellis_dsl::canonical(path);
+        let view = views.get(&file)?;
+        let offset = view.lines.offset(&view.text, position);
+        Some(ProjectAt {
+            views,
+            index,
+            file,
+            offset,
+        })
     }
 
     fn request(&self, request: Request) -> Response {

@@ -289,30 +289,15 @@ fn tokenize(text: &str) -> Vec<Token> {
     while i < b.len() {
         let c = b[i];
         match c {
-            b'\n' | b';' => {
+            b'\n' | b';' | b'{' | b'}' | b'=' => {
+                let tok = match c {
+                    b'{' => Tok::Open,
+                    b'}' => Tok::Close,
+                    b'=' => Tok::Eq,
+                    _ => Tok::End,
+                };
                 out.push(Token {
-                    tok: Tok::End,
-                    span: i..i + 1,
-                });
-                i += 1;
-            }
-            b'{' => {
-                out.push(Token {
-                    tok: Tok::Open,
-                    span: i..i + 1,
-                });
-                i += 1;
-            }
-            b'}' => {
-                out.push(Token {
-                    tok: Tok::Close,
-                    span: i..i + 1,
-                });
-                i += 1;
-            }
-            b'=' => {
-                out.push(Token {
-                    tok: Tok::Eq,
+                    tok,
                     span: i..i + 1,
                 });
                 i += 1;
@@ -599,7 +584,6 @@ mod props {
             }
             let _ = chain(&nodes, offset);
             let _ = analysis::place(&nodes, &text, offset);
-            let _ = analysis::prefix(&text, offset);
         }
     }
 }

@@ -257,17 +257,7 @@ fn write(path: &Path, text: &str, replace: bool) -> Result<(), InitError> {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent).map_err(io_error)?;
     }
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true);
-    if replace {
-        options.create(true).truncate(true);
-    } else {
-        options.create_new(true);
-    }
-    options
-        .open(path)
-        .and_then(|mut file| file.write_all(text.as_bytes()))
-        .map_err(io_error)
+    super::import::write_text(path, text, replace).map_err(io_error)
 }
 
 enum Gitignore {

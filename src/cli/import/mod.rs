@@ -68,6 +68,12 @@ pub fn json_kind(value: &serde_json::Value) -> &'static str {
 }
 
 pub fn write_file(path: &Path, text: &str, replace: bool) -> Result<(), String> {
+    write_text(path, text, replace).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Writes `text` to `path`; without `replace` the file must not exist when it is created
+/// (one that appeared since a caller's check is not clobbered either).
+pub fn write_text(path: &Path, text: &str, replace: bool) -> std::io::Result<()> {
     let mut options = std::fs::OpenOptions::new();
     options.write(true);
     if replace {
@@ -78,7 +84,6 @@ pub fn write_file(path: &Path, text: &str, replace: bool) -> Result<(), String> 
     options
         .open(path)
         .and_then(|mut file| file.write_all(text.as_bytes()))
-        .map_err(|e| format!("{}: {e}", path.display()))
 }
 
 pub fn is_simple_id(id: &str) -> bool {
