@@ -261,11 +261,12 @@ async fn per_call_processes_run_side_by_side_up_to_the_agents_concurrency() {
     let (took, trajectories, turns) = run_slow_agent(dir.path(), SLOW_PER_CALL, "per-call").await;
     // Four one-second calls one after the other take four seconds at least.
     assert!(
-        took < Duration::from_millis(3500),
+        took < Duration::from_millis(3900),
         "4 calls with concurrency=8 took {took:?}: they ran one at a time"
     );
+    // Each call's second plus a Python start, which takes over a second on a loaded machine.
     for ms in trajectories.iter().chain(&turns) {
-        assert!(*ms >= 1000.0 && *ms < 2500.0, "{trajectories:?} {turns:?}");
+        assert!(*ms >= 1000.0 && *ms < 3500.0, "{trajectories:?} {turns:?}");
     }
 }
 
