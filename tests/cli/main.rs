@@ -26,6 +26,7 @@ mod repo;
 mod resume;
 mod run;
 mod shard;
+mod tls;
 mod watch;
 
 use std::path::{Path, PathBuf};

@@ -160,8 +160,8 @@ impl RawResponse {
 /// The HTTP client of a run: one keep-alive pool shared by every agent and call.
 ///
 /// Cheap to clone (the clients inside are reference counted). Clients are built on first
-/// use: building one loads the system's CA bundle, which costs more CPU than thousands of
-/// loopback turns, and a run against local agents never needs the proxied client.
+/// use (a run against local agents never needs the proxied client); the system's CA bundle
+/// is loaded at the first TLS handshake, not here (see [`super::tls`]).
 #[derive(Clone, Debug, Default)]
 pub struct HttpTransport {
     clients: Arc<Clients>,
@@ -312,7 +312,8 @@ impl HttpTransport {
             (&clients.proxied, &clients.fresh_proxied)
         };
         let build = || {
-            let builder = Self::builder();
+            let tls = super::tls::client_config().map_err(|e| e.to_string())?;
+            let builder = Self::builder().tls_backend_preconfigured(tls);
             let builder = if loopback {
                 builder.no_proxy()
             } else {

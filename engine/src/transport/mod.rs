@@ -22,6 +22,7 @@ pub mod http;
 pub mod line;
 pub mod quote;
 pub mod sse;
+pub mod tls;
 
 /// One attempt of an exchange.
 #[derive(Clone, Debug)]

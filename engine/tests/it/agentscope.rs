@@ -772,7 +772,10 @@ async fn each_branch_gets_a_fresh_session_with_the_prefix_replayed() {
 #[tokio::test]
 async fn the_builtin_answers_a_second_request_on_a_busy_session_with_a_collision() {
     let server = builtin::serve("weather").await.unwrap();
-    let http = reqwest::Client::new();
+    let http = trellis_engine::transport::tls::client_builder()
+        .unwrap()
+        .build()
+        .unwrap();
     let body = json!({"input": [{"role": "user", "type": "message",
         "content": [{"type": "text", "text": "weather in Paris?"}]}],
         "stream": true, "session_id": "shared"})

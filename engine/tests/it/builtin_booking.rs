@@ -233,7 +233,10 @@ async fn same_history_same_answer() {
 #[tokio::test]
 async fn malformed_requests_get_a_json_4xx() {
     let server = builtin::serve("booking").await.unwrap();
-    let http = reqwest::Client::new();
+    let http = trellis_engine::transport::tls::client_builder()
+        .unwrap()
+        .build()
+        .unwrap();
     for body in [
         "not json",
         r#"{"messages": 3}"#,

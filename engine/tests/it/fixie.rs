@@ -176,7 +176,11 @@ async fn builtin_numbers_end_to_end() {
 #[tokio::test]
 async fn builtin_numbers_rejects_what_the_sdk_rejects() {
     let server = builtin::serve("numbers").await.unwrap();
-    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let http = trellis_engine::transport::tls::client_builder()
+        .unwrap()
+        .no_proxy()
+        .build()
+        .unwrap();
     let base = server.url();
 
     let missing = http

@@ -454,7 +454,10 @@ async fn waiting_for_the_servers_slot_is_not_spent_from_the_trajectorys_timeout(
 async fn agent_on_the_same_server(llm_url: String) -> (String, tokio::task::JoinHandle<()>) {
     use axum::Json;
     use axum::routing::post;
-    let client = reqwest::Client::new();
+    let client = trellis_engine::transport::tls::client_builder()
+        .unwrap()
+        .build()
+        .unwrap();
     let app = axum::Router::new().route(
         "/agent/respond",
         post(move |Json(body): Json<serde_json::Value>| {
