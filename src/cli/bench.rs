@@ -12,11 +12,14 @@ use trellis_engine::plan::{Plan, Selection};
 
 use super::{EXIT_FAILED, EXIT_INVALID, EXIT_OK};
 
+mod table;
+
 #[derive(Debug, Args)]
 pub struct BenchArgs {
-    /// Trajectories to run (repetitions of one 4-turn scenario).
-    #[arg(long, default_value_t = 10_000)]
-    trajectories: u32,
+    /// Trajectories to run (repetitions of one 4-turn scenario) [default: 10000; with
+    /// --table, the one-turn trajectories of the throughput figure: 20000].
+    #[arg(long)]
+    trajectories: Option<u32>,
     /// Agent calls in flight at once.
     #[arg(long, short = 'j', default_value_t = 256, value_parser = super::jobs_in_range)]
     jobs: usize,
@@ -34,9 +37,26 @@ pub struct BenchArgs {
     /// With --watch: how many saves to time.
     #[arg(long, default_value_t = 10)]
     edits: u32,
-    /// With --watch: the example suites to copy (they must hold booking.kdl).
+    /// With --watch: the example suites to copy (they must hold booking.kdl). With
+    /// --table: the suites `trellis check` is timed on.
     #[arg(long, value_name = "DIR", default_value = "suites")]
     suites: std::path::PathBuf,
+    /// Print the figures a user feels, each from a fresh `trellis` process: throughput
+    /// (20,000 one-turn trajectories; as a share of wrk's when wrk is installed), the
+    /// latency-bound case (a 50 ms agent at c=256), a 2,000-trajectory run's wall time and
+    /// peak memory, one trajectory's wall time, `trellis check`, the journal's size next to
+    /// the Parquet tables, and the binary's size.
+    #[arg(long, conflicts_with = "watch")]
+    table: bool,
+    /// With --table: measure this agent (a Connexity endpoint, e.g. an nginx returning a
+    /// fixed answer) instead of the loopback one trellis serves itself.
+    #[arg(long, requires = "table", value_name = "URL")]
+    url: Option<String>,
+    /// With --table: measure this trellis binary instead of the running one; give it
+    /// more than once to measure binaries side by side (before and after a change), each
+    /// figure for every binary before the next figure.
+    #[arg(long, requires = "table", value_name = "PATH")]
+    exe: Vec<std::path::PathBuf>,
 }
 
 const TURNS: u64 = 4;
@@ -45,6 +65,15 @@ pub fn bench(args: BenchArgs) -> u8 {
     if args.watch {
         return super::watch::bench::bench(&args.suites, args.edits.max(1));
     }
+    if args.table {
+        return table::table(&table::TableArgs {
+            url: args.url,
+            exes: args.exe,
+            throughput_trajectories: args.trajectories.unwrap_or(20_000),
+            suites: args.suites,
+        });
+    }
+    let trajectories = args.trajectories.unwrap_or(10_000);
     let Ok(dir) = tempfile::tempdir() else {
         super::console::errln!("error: cannot create a temporary directory");
         return EXIT_INVALID;
@@ -68,16 +97,16 @@ scenario "bench" {{
     }}
 }}
 "##,
-        n = args.trajectories
+        n = trajectories
     );
     if let Err(e) = std::fs::write(&suite, text) {
         super::console::errln!("error: cannot write the bench suite: {e}");
         return EXIT_INVALID;
     }
-    let expected = u64::from(args.trajectories) * TURNS;
+    let expected = u64::from(trajectories) * TURNS;
     super::console::outln!(
         "{} trajectories × {TURNS} turns against the builtin agent, --jobs {}, {}",
-        args.trajectories,
+        trajectories,
         args.jobs,
         super::console::count(args.runs as u64, "run", "runs")
     );

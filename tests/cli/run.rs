@@ -429,3 +429,37 @@ async fn a_scenario_that_checks_nothing_is_skipped_not_passed_and_check_warns() 
     let unchecked = trajectories.iter().find(|t| t["scenario"] == "unchecked");
     assert_eq!(unchecked.unwrap()["status"], "failed");
 }
+
+#[tokio::test]
+async fn bench_table_measures_each_figure_on_a_fresh_process() {
+    let o = trellis()
+        .args(["bench", "--table", "--trajectories", "300", "--suites"])
+        .arg(repo("suites"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let out = stdout(&o);
+    for figure in [
+        r"300 one-turn trajectories, c=256: turns/s",
+        r"journal ÷ Parquet tables",
+        r"2000 trajectories, c=256, 50 ms agent: wall ÷ ideal",
+        r"2000 trajectories, c=64: wall \(start and reports included\)",
+        r"peak RSS",
+        r"one trajectory against the builtin agent: wall \(best of 5\)",
+        r"trellis check \S+: wall \(best of 5\)",
+        r"binary size",
+    ] {
+        // Every figure has a measured number after its name.
+        let row = regex::Regex::new(&format!(r"(?m)^\s*{figure}\s+\d")).unwrap();
+        assert!(row.is_match(&out), "no `{figure}` with a figure in\n{out}");
+    }
+    // The latency-bound run cannot beat its agent's own delay.
+    let ratio: f64 = out
+        .lines()
+        .find(|l| l.contains("wall ÷ ideal"))
+        .and_then(|l| l.split_whitespace().find(|w| w.ends_with('×')))
+        .and_then(|w| w.trim_end_matches('×').parse().ok())
+        .unwrap();
+    assert!(ratio >= 1.0, "{out}");
+}

@@ -1,0 +1,385 @@
+//! `trellis bench --table`: the figures a person feels, each measured on a fresh `trellis`
+//! process the way a user runs it (start-up, suite loading and the reports included).
+//!
+//! The agent is a loopback Connexity agent this command serves itself (optionally slowed,
+//! for the latency-bound figure), or `--url` (an nginx returning a fixed answer is the
+//! usual limit to compare with). When `wrk` is on the PATH, the same agent is also measured
+//! with it, and throughput is given as a share of what wrk gets from the agent.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::super::console::{errln, outln};
+use super::super::{EXIT_FAILED, EXIT_INVALID, EXIT_OK};
+
+/// What the table runs; the defaults are the issue's figures (docs/performance.md).
+pub struct TableArgs {
+    pub url: Option<String>,
+    /// The trellis binaries to measure side by side (none: this one).
+    pub exes: Vec<PathBuf>,
+    pub throughput_trajectories: u32,
+    pub suites: PathBuf,
+}
+
+/// One measured process: wall time, peak RSS, exit code.
+struct Measured {
+    wall: Duration,
+    max_rss_mib: f64,
+    code: Option<i32>,
+}
+
+pub fn table(args: &TableArgs) -> u8 {
+    let exes = if args.exes.is_empty() {
+        match std::env::current_exe() {
+            Ok(exe) => vec![exe],
+            Err(e) => {
+                errln!("error: cannot find this trellis executable to measure it: {e}");
+                return EXIT_INVALID;
+            }
+        }
+    } else {
+        args.exes.clone()
+    };
+    let Ok(dir) = tempfile::tempdir() else {
+        errln!("error: cannot create a temporary directory");
+        return EXIT_INVALID;
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            errln!("error: cannot start the loopback agent: {e}");
+            return EXIT_INVALID;
+        }
+    };
+    let served = runtime.block_on(async { (serve(Duration::ZERO).await, serve(SLOW).await) });
+    let (fast, slow) = match served {
+        (Ok(fast), Ok(slow)) => (fast, slow),
+        (Err(e), _) | (_, Err(e)) => {
+            errln!("error: cannot start the loopback agent: {e}");
+            return EXIT_INVALID;
+        }
+    };
+    // The agents run on a thread of their own, beside the measured process, as a real
+    // local agent would.
+    std::thread::spawn(move || runtime.block_on(std::future::pending::<()>()));
+    let url = args.url.clone().unwrap_or(fast);
+    outln!("agent: {url}");
+    for (i, exe) in exes.iter().enumerate() {
+        outln!("[{}] {}", i + 1, exe.display());
+    }
+    outln!("");
+    let mut table = Table {
+        columns: exes.len(),
+        ok: true,
+    };
+    table.header();
+
+    // Each figure is measured for every binary before the next figure, so that binaries
+    // compared side by side see the same machine.
+    let n = args.throughput_trajectories;
+    let suite = write_suite(dir.path(), "throughput", &url, n);
+    let wrk = wrk_requests_per_second(&url);
+    let mut throughput = Vec::new();
+    let mut sizes = Vec::new();
+    for (i, exe) in exes.iter().enumerate() {
+        let out = dir.path().join(format!("throughput-{i}"));
+        let m = run(exe, &suite, &out, 256);
+        throughput.push(m.map(|m| f64::from(n) / m.wall.as_secs_f64()));
+        sizes.push(journal_and_parquet(&out));
+    }
+    table.row(
+        &format!("{n} one-turn trajectories, c=256: turns/s"),
+        throughput.iter().map(|t| t.map(|t| format!("{t:.0}"))),
+    );
+    match wrk {
+        Some(wrk) => {
+            table.row(
+                "  wrk on the same agent (c=64, 3 s): requests/s",
+                exes.iter().map(|_| Some(format!("{wrk:.0}"))),
+            );
+            table.row(
+                "  turns/s ÷ wrk requests/s",
+                throughput
+                    .iter()
+                    .map(|t| t.map(|t| format!("{:.3}", t / wrk))),
+            );
+        }
+        None => outln!("  (install wrk to compare with the agent's own limit)"),
+    }
+    table.row(
+        "  journal ÷ Parquet tables",
+        sizes.iter().map(|s| {
+            s.map(|(journal, parquet)| {
+                format!(
+                    "{:.2}× ({} / {} KB)",
+                    journal as f64 / parquet as f64,
+                    journal / 1000,
+                    parquet / 1000
+                )
+            })
+        }),
+    );
+
+    let suite = write_suite(dir.path(), "latency", &slow, 2000);
+    let ideal = SLOW.as_secs_f64() * (2000f64 / 256.0).ceil();
+    let latency: Vec<Option<Measured>> = exes
+        .iter()
+        .enumerate()
+        .map(|(i, exe)| run(exe, &suite, &dir.path().join(format!("latency-{i}")), 256))
+        .collect();
+    table.row(
+        "2000 trajectories, c=256, 50 ms agent: wall ÷ ideal",
+        latency.iter().map(|m| {
+            m.as_ref().map(|m| {
+                let wall = m.wall.as_secs_f64();
+                format!("{:.2}× ({wall:.3} s)", wall / ideal)
+            })
+        }),
+    );
+
+    let suite = write_suite(dir.path(), "small", &url, 2000);
+    let small: Vec<Option<Measured>> = exes
+        .iter()
+        .enumerate()
+        .map(|(i, exe)| run(exe, &suite, &dir.path().join(format!("small-{i}")), 64))
+        .collect();
+    table.row(
+        "2000 trajectories, c=64: wall (start and reports included)",
+        small
+            .iter()
+            .map(|m| m.as_ref().map(|m| format!("{:.3} s", m.wall.as_secs_f64()))),
+    );
+    table.row(
+        "  peak RSS",
+        small
+            .iter()
+            .map(|m| m.as_ref().map(|m| format!("{:.1} MiB", m.max_rss_mib))),
+    );
+
+    let one = dir.path().join("one.kdl");
+    let text = "agent \"booking\" protocol=\"connexity\" builtin=\"booking\"\n\
+                scenario \"one\" {\n    user \"Hi, I'd like to book a duct cleaning.\"\n    \
+                expect reply contains=\"postal code\"\n}\n";
+    let written = std::fs::write(&one, text).is_ok();
+    table.row(
+        "one trajectory against the builtin agent: wall (best of 5)",
+        exes.iter().enumerate().map(|(i, exe)| {
+            let out = dir.path().join(format!("one-{i}"));
+            written
+                .then(|| best_of(5, || run(exe, &one, &out, 1)))
+                .flatten()
+                .map(|m| format!("{:.1} ms", m.wall.as_secs_f64() * 1000.0))
+        }),
+    );
+
+    if args.suites.exists() {
+        table.row(
+            &format!("trellis check {}: wall (best of 5)", args.suites.display()),
+            exes.iter().map(|exe| {
+                best_of(5, || {
+                    measure(
+                        Command::new(exe)
+                            .arg("check")
+                            .arg(&args.suites)
+                            .stdout(Stdio::null())
+                            .stderr(Stdio::null()),
+                    )
+                })
+                .map(|m| format!("{:.1} ms", m.wall.as_secs_f64() * 1000.0))
+            }),
+        );
+    } else {
+        outln!(
+            "  (no {} to time `trellis check` on)",
+            args.suites.display()
+        );
+    }
+    table.row(
+        "binary size",
+        exes.iter()
+            .map(|exe| Some(format!("{:.1} MB", file_size(exe) as f64 / 1e6))),
+    );
+    if table.ok { EXIT_OK } else { EXIT_FAILED }
+}
+
+/// The printed table: a figure per row, a column per binary.
+struct Table {
+    columns: usize,
+    /// Whether every figure was measured.
+    ok: bool,
+}
+
+impl Table {
+    fn header(&self) {
+        let mut line = format!("{:<60}", "figure");
+        for i in 0..self.columns {
+            line.push_str(&format!(" {:<24}", format!("[{}]", i + 1)));
+        }
+        outln!("{}", line.trim_end());
+    }
+
+    fn row(&mut self, figure: &str, values: impl Iterator<Item = Option<String>>) {
+        let mut line = format!("{figure:<60}");
+        for value in values {
+            let value = value.unwrap_or_else(|| {
+                self.ok = false;
+                "failed".to_owned()
+            });
+            line.push_str(&format!(" {value:<24}"));
+        }
+        outln!("{}", line.trim_end());
+    }
+}
+
+/// The journal's size and the Parquet tables' in a run directory, when both are there.
+fn journal_and_parquet(out: &Path) -> Option<(u64, u64)> {
+    let journal = file_size(&out.join(trellis_reports::JOURNAL_FILE));
+    let parquet: u64 = std::fs::read_dir(out)
+        .ok()?
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "parquet"))
+        .map(|e| file_size(&e.path()))
+        .sum();
+    (journal > 0 && parquet > 0).then_some((journal, parquet))
+}
+
+/// The delay of the slow agent (the latency-bound figure).
+const SLOW: Duration = Duration::from_millis(50);
+
+fn file_size(path: &Path) -> u64 {
+    std::fs::metadata(path).map_or(0, |m| m.len())
+}
+
+fn best_of(n: u32, mut f: impl FnMut() -> Option<Measured>) -> Option<Measured> {
+    let mut best: Option<Measured> = None;
+    for _ in 0..n {
+        let m = f()?;
+        if best.as_ref().is_none_or(|b| m.wall < b.wall) {
+            best = Some(m);
+        }
+    }
+    best
+}
+
+/// `n` one-turn trajectories of one scenario against `url`, checked for no fault.
+fn write_suite(dir: &Path, name: &str, url: &str, n: u32) -> PathBuf {
+    let path = dir.join(format!("{name}.kdl"));
+    let text = format!(
+        "agent \"agent\" protocol=\"connexity\" url=\"{url}\"\n\
+         scenario \"{name}\" {{\n    repeat {n}\n    user \"hello\"\n    \
+         criteria {{\n        no-error\n    }}\n}}\n"
+    );
+    // A write that fails shows as a run that cannot read its suite.
+    let _ = std::fs::write(&path, text);
+    path
+}
+
+/// `trellis run SUITE --out OUT --jobs J` as a user runs it; `None` (and says why) when it
+/// did not finish with a verdict.
+fn run(exe: &Path, suite: &Path, out: &Path, jobs: usize) -> Option<Measured> {
+    let m = measure(
+        Command::new(exe)
+            .arg("run")
+            .arg(suite)
+            .arg("--out")
+            .arg(out)
+            .arg("--replace")
+            .args(["--quiet", "--jobs", &jobs.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    )?;
+    if !matches!(m.code, Some(0 | 1)) {
+        errln!(
+            "error: `trellis run {}` exited {:?}; run it by hand to see why",
+            suite.display(),
+            m.code
+        );
+        return None;
+    }
+    Some(m)
+}
+
+/// Runs `cmd` and measures it: wall time from spawn to exit and the child's own peak RSS.
+fn measure(cmd: &mut Command) -> Option<Measured> {
+    let started = Instant::now();
+    let child = match cmd.spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            errln!("error: cannot start {cmd:?}: {e}");
+            return None;
+        }
+    };
+    let pid = libc::pid_t::try_from(child.id()).ok()?;
+    let mut status = 0;
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: wait4 on a child this process spawned and has not waited for; it fills
+    // `status` and a whole rusage.
+    let usage = unsafe {
+        if libc::wait4(pid, &mut status, 0, usage.as_mut_ptr()) != pid {
+            return None;
+        }
+        usage.assume_init()
+    };
+    let wall = started.elapsed();
+    // The child was reaped by wait4: `Child`'s own wait would find nothing.
+    std::mem::forget(child);
+    let code = libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status));
+    Some(Measured {
+        wall,
+        // Linux reports ru_maxrss in KiB.
+        max_rss_mib: usage.ru_maxrss as f64 / 1024.0,
+        code,
+    })
+}
+
+/// What wrk gets from `url` (POSTing a Connexity request, 64 connections, 3 seconds), when
+/// wrk is installed.
+fn wrk_requests_per_second(url: &str) -> Option<f64> {
+    let dir = tempfile::tempdir().ok()?;
+    let script = dir.path().join("post.lua");
+    std::fs::write(
+        &script,
+        "wrk.method = \"POST\"\n\
+         wrk.body = '{\"messages\":[{\"role\":\"user\",\"content\":\"hello\"}]}'\n\
+         wrk.headers[\"Content-Type\"] = \"application/json\"\n",
+    )
+    .ok()?;
+    let out = Command::new("wrk")
+        .args(["-t1", "-c64", "-d3s", "-s"])
+        .arg(&script)
+        .arg(url)
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Requests/sec:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// A Connexity agent on 127.0.0.1 answering "Hello there." after `delay`; returns its URL.
+async fn serve(delay: Duration) -> std::io::Result<String> {
+    use axum::routing::post;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}/agent/respond", listener.local_addr()?);
+    let app = axum::Router::new().route(
+        "/agent/respond",
+        post(move || async move {
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            (
+                [(axum::http::header::CONTENT_TYPE, "application/json")],
+                r#"{"messages":[{"role":"assistant","content":"Hello there."}]}"#,
+            )
+        }),
+    );
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    Ok(url)
+}
