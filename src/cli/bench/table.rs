@@ -237,7 +237,11 @@ impl Table {
 
 /// The journal's size and the Parquet tables' in a run directory, when both are there.
 fn journal_and_parquet(out: &Path) -> Option<(u64, u64)> {
-    let journal = file_size(&out.join(trellis_reports::JOURNAL_FILE));
+    // Binaries before the journal was compressed write it plain.
+    let journal = match file_size(&out.join(trellis_reports::JOURNAL_FILE)) {
+        0 => file_size(&out.join(trellis_reports::PLAIN_JOURNAL_FILE)),
+        size => size,
+    };
     let parquet: u64 = std::fs::read_dir(out)
         .ok()?
         .flatten()
