@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use super::super::console::{errln, outln};
 use super::super::{EXIT_FAILED, EXIT_INVALID, EXIT_OK};
 
-/// What the table runs; the defaults are the figures (docs/performance.md).
+/// What the table runs (README.md, "Performance").
 pub struct TableArgs {
     pub url: Option<String>,
     /// The trellis binaries to measure side by side (none: this one).
