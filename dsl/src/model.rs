@@ -87,6 +87,8 @@ pub struct Project {
     /// `panel` nodes: several judges deciding one criterion together.
     pub panels: Vec<Panel>,
     pub simulator: Option<Simulator>,
+    /// `dataset` nodes: tables of cases that `for-each` scenarios expand over.
+    pub datasets: Vec<Dataset>,
     /// Every `env.NAME` a template reads, where it is written (filled by validation).
     pub env_reads: Vec<Spanned<String>>,
 }
@@ -783,7 +785,56 @@ pub struct Scenario {
     pub steps: Vec<Step>,
     /// `criteria { … }`: checked on the whole trajectory after its last step.
     pub criteria: Vec<Criterion>,
+    /// `for-each=DATASET`: one scenario per row (set on the scenario as written; the loader
+    /// replaces it with its instances).
+    pub for_each: Option<Spanned<String>>,
+    /// `row-id "TEMPLATE"`: an instance's stable key; default a hash of the row's content.
+    pub row_id: Option<Template>,
+    /// `matrix { NAME VALUE…; … }`: one instance per combination.
+    pub matrix: Vec<MatrixVar>,
+    /// Set on each instance of a `for-each` or `matrix` scenario: which row and values it
+    /// runs with. Its id is `ID[ROW-ID]`, `ID[NAME=VALUE,…]` or both.
+    pub instance: Option<Arc<Instance>>,
     pub span: Span,
+}
+
+/// `dataset ID path=… limit=N sample=N seed=N filter="TEMPLATE"`: a table of cases.
+#[derive(Clone, Debug)]
+pub struct Dataset {
+    pub id: Spanned<String>,
+    /// The path as written, where it is written.
+    pub path: Spanned<String>,
+    /// The path resolved against the directory of the file that declares the dataset.
+    pub resolved: PathBuf,
+    pub limit: Option<usize>,
+    pub sample: Option<usize>,
+    pub seed: u64,
+    /// Renders `true` for the rows to keep; `row` is its only variable.
+    pub filter: Option<Template>,
+    pub span: Span,
+}
+
+/// One `matrix` line: `NAME VALUE…`.
+#[derive(Clone, Debug)]
+pub struct MatrixVar {
+    pub name: Spanned<String>,
+    pub values: Vec<Value>,
+}
+
+/// What one instance of a `for-each` or `matrix` scenario runs with.
+#[derive(Clone, Debug, Default)]
+pub struct Instance {
+    /// The scenario's id as written (what `--filter ID` also selects, with every instance).
+    pub base: String,
+    pub dataset: Option<String>,
+    /// The row's id: `row-id` rendered, or a hash of its content.
+    pub row_id: Option<String>,
+    /// The row's number in its file, from 1 (for diagnostics).
+    pub row_number: Option<usize>,
+    /// The row's fields, typed: `row` in templates.
+    pub row: Option<Arc<Map<String, Value>>>,
+    /// The matrix values, in the order written: `vars.NAME` in templates.
+    pub vars: Vec<(String, Value)>,
 }
 
 impl Scenario {

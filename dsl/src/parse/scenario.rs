@@ -41,6 +41,10 @@ impl<'f> Decoder<'f> {
             first_turn: FirstTurn::default(),
             steps: Vec::new(),
             criteria: Vec::new(),
+            for_each: v.prop("for-each").and_then(|e| self.spanned_string(e)),
+            row_id: None,
+            matrix: Vec::new(),
+            instance: None,
             span: self.span(v.span),
         };
         let mut st = ScenarioState {
@@ -231,6 +235,25 @@ impl<'f> Decoder<'f> {
                     }
                 }
                 "needs" => sc.needs = self.spanned_strings(&cv, spec, "needs \"SCENARIO\"…"),
+                "row-id" => {
+                    sc.row_id = self
+                        .single(&cv, spec, "row-id \"{{ row.id }}\"")
+                        .and_then(|e| self.template(e));
+                    if sc.for_each.is_none() {
+                        let d = self
+                            .diag(
+                                Kind::InvalidValue,
+                                "`row-id` in a scenario without `for-each`",
+                                cv.name_span,
+                                "no rows to name",
+                            )
+                            .with_help(
+                                "write `scenario \"ID\" for-each=\"DATASET\"`, or remove `row-id`",
+                            );
+                        self.report(d);
+                    }
+                }
+                "matrix" => sc.matrix = self.matrix(&cv, spec),
                 "criteria" => {
                     self.check_entries(&cv, spec, "criteria { CRITERION… }");
                     for child in cv.children.map(|c| c.nodes()).unwrap_or_default() {
@@ -260,6 +283,48 @@ impl<'f> Decoder<'f> {
         }
         sc.shrink_to_fit();
         Some(sc)
+    }
+
+    /// `matrix { NAME VALUE…; … }`: each line a variable and its values (typed as written).
+    fn matrix(&mut self, v: &View, spec: &NodeSpec) -> Vec<MatrixVar> {
+        let usage = "matrix { model \"a\" \"b\"; temperature 0 1 }";
+        self.check_entries(v, spec, usage);
+        let mut out: Vec<MatrixVar> = Vec::new();
+        let Some(children) = v.children else {
+            self.missing(v, "a block of `NAME VALUE…` lines", usage);
+            return out;
+        };
+        for node in children.nodes() {
+            let cv = View::of(node, self.text());
+            self.check_props(&cv, &[], &[]);
+            self.check_no_children(&cv);
+            if cv.args.is_empty() {
+                self.missing(&cv, "one or more values", usage);
+                continue;
+            }
+            if let Some(first) = out.iter().find(|m| m.name.value == cv.name) {
+                let p = check::setting_twice(
+                    cv.name,
+                    " in `matrix`",
+                    cv.name_span,
+                    first.name.span.span,
+                );
+                self.problem(p);
+                continue;
+            }
+            let values: Vec<Value> = cv.args.iter().filter_map(|e| self.json(e)).collect();
+            out.push(MatrixVar {
+                name: Spanned::new(cv.name.to_string(), self.span(cv.name_span)),
+                values,
+            });
+        }
+        if out.is_empty() && !children.nodes().is_empty() {
+            return out;
+        }
+        if out.is_empty() {
+            self.missing(v, "a `NAME VALUE…` line", usage);
+        }
+        out
     }
 
     /// `initial-state { KEY VALUE; … }` (as `user-context`) or `initial-state json=#"{…}"#`

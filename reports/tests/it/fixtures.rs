@@ -36,6 +36,7 @@ pub fn run_info() -> RunInfo {
             agents: vec!["demo".into()],
             trajectories: vec!["accepts".into(), "asks-price".into()],
             repeat: 2,
+            instance: None,
         }],
         rejudged_from: None,
     }

@@ -1,0 +1,466 @@
+//! `dataset`, `for-each`, `row-id` and `matrix` through the binary: files of every format
+//! expand to the expected instances and ids, bad files stop everything with a diagnostic
+//! naming the file, row and column, ids survive reordering and appending, and the rows reach
+//! the agent and the result tables.
+
+use std::path::Path;
+
+use super::*;
+
+/// Writes `files` (path, content) and `suite.kdl` into a fresh directory.
+fn project(suite: &str, files: &[(&str, &[u8])]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for (path, content) in files {
+        let path = dir.path().join(path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, content).unwrap();
+    }
+    std::fs::write(dir.path().join("suite.kdl"), suite).unwrap();
+    dir
+}
+
+/// `trellis list`'s scenario ids (`suite/ID`), in plan order.
+async fn listed(dir: &Path, extra: &[&str]) -> Vec<String> {
+    let o = trellis()
+        .arg("list")
+        .arg(dir.join("suite.kdl"))
+        .args(extra)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    stdout(&o)
+        .lines()
+        .filter(|l| l.starts_with("suite/"))
+        .map(|l| l.split_whitespace().next().unwrap().to_string())
+        .collect()
+}
+
+/// Diagnostics without miette's line wrapping: words joined by single spaces.
+fn flat(text: &str) -> String {
+    text.split_whitespace()
+        .filter(|w| *w != "|")
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+const AGENT: &str = "agent \"demo\" protocol=\"connexity\" builtin=\"booking\"\n";
+
+/// Types, nulls, unicode and an embedded newline, in CSV.
+const ORDERS_CSV: &str = "order_id,status,amount,note\n\
+A17,open,12,\"two\nlines, and a comma\"\n\
+B02,closed,5,\n\
+007,open,2.5,ünïcødé ✓\n";
+
+#[tokio::test]
+async fn csv_rows_become_instances_named_by_row_id_with_typed_fields() {
+    let suite = format!(
+        "{AGENT}dataset \"orders\" path=\"data/orders.csv\" filter=\"{{{{ row.status == 'open' }}}}\"\n\
+         scenario \"refund\" for-each=\"orders\" {{\n\
+             row-id \"{{{{ row.order_id }}}}\"\n\
+             user \"order {{{{ row.order_id }}}} amount {{{{ row.amount + 1 }}}} note {{{{ row.note }}}}\"\n\
+             expect no-error\n\
+         }}\n"
+    );
+    let dir = project(&suite, &[("data/orders.csv", ORDERS_CSV.as_bytes())]);
+    // The filter dropped the closed order; `007` kept its leading zeros (text), `12` is a
+    // number (`+ 1` works on it).
+    assert_eq!(
+        listed(dir.path(), &[]).await,
+        ["suite/refund[A17]", "suite/refund[007]"]
+    );
+
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path().join("suite.kdl"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let turns = read_parquet(&out.join("turns.parquet"));
+    let mut sent: Vec<String> = strings(&turns, "user_message")
+        .into_iter()
+        .flatten()
+        .collect();
+    sent.sort();
+    assert_eq!(
+        sent,
+        [
+            "order 007 amount 3.5 note ünïcødé ✓",
+            "order A17 amount 13 note two\nlines, and a comma",
+        ]
+    );
+    // The results join back to the rows: dataset, row id and the row itself.
+    let t = read_parquet(&out.join("trajectories.parquet"));
+    let mut rows: Vec<(String, String, String, String)> = strings(&t, "scenario")
+        .into_iter()
+        .zip(strings(&t, "dataset"))
+        .zip(strings(&t, "row_id"))
+        .zip(strings(&t, "instance_of"))
+        .map(|(((s, d), r), i)| (s.unwrap(), d.unwrap(), r.unwrap(), i.unwrap()))
+        .collect();
+    rows.sort();
+    assert_eq!(
+        rows,
+        [
+            (
+                "refund[007]".into(),
+                "orders".into(),
+                "007".into(),
+                "refund".into()
+            ),
+            (
+                "refund[A17]".into(),
+                "orders".into(),
+                "A17".into(),
+                "refund".into()
+            ),
+        ]
+    );
+    let row: serde_json::Value = serde_json::from_str(
+        strings(&t, "row")
+            .into_iter()
+            .flatten()
+            .find(|r| r.contains("A17"))
+            .unwrap()
+            .as_str(),
+    )
+    .unwrap();
+    assert_eq!(
+        row,
+        serde_json::json!({"order_id": "A17", "status": "open", "amount": 12,
+                           "note": "two\nlines, and a comma"})
+    );
+}
+
+#[tokio::test]
+async fn jsonl_json_and_parquet_keep_types_nulls_and_nesting() {
+    let jsonl = "{\"id\": 1, \"name\": \"Zoë\", \"tags\": [\"a\", \"b\"], \"meta\": {\"vip\": true}, \"note\": null}\n\
+                 \n\
+                 {\"id\": 2, \"name\": \"李\", \"tags\": [], \"meta\": {\"vip\": false}}\n";
+    let json = r#"[{"id": 1, "name": "Zoë", "tags": ["a", "b"], "meta": {"vip": true}, "note": null},
+                   {"id": 2, "name": "李", "tags": [], "meta": {"vip": false}}]"#;
+    let mut parquet = Vec::new();
+    {
+        let mut df = df!(
+            "id" => [1i64, 2],
+            "name" => ["Zoë", "李"],
+            "score" => [Some(0.5f64), None],
+        )
+        .unwrap();
+        ParquetWriter::new(&mut parquet).finish(&mut df).unwrap();
+    }
+    for (file, content, template, expected) in [
+        (
+            "data/people.jsonl",
+            jsonl.as_bytes(),
+            "{{ row.name }} vip={{ row.meta.vip }} tags={{ row.tags | length }} note={{ row.note is none }}",
+            [
+                "Zoë vip=True tags=2 note=True",
+                "李 vip=False tags=0 note=True",
+            ],
+        ),
+        (
+            "data/people.json",
+            json.as_bytes(),
+            "{{ row.name }} vip={{ row.meta.vip }} tags={{ row.tags | length }} note={{ row.note is none }}",
+            [
+                "Zoë vip=True tags=2 note=True",
+                "李 vip=False tags=0 note=True",
+            ],
+        ),
+        (
+            "data/people.parquet",
+            parquet.as_slice(),
+            "{{ row.name }} vip={{ row.id > 1 }} tags={{ row.id * 2 }} note={{ row.score is none }}",
+            [
+                "Zoë vip=False tags=2 note=False",
+                "李 vip=True tags=4 note=True",
+            ],
+        ),
+    ] {
+        let suite = format!(
+            "{AGENT}dataset \"people\" path=\"{file}\"\n\
+             scenario \"greet\" for-each=\"people\" {{\n\
+                 row-id \"p{{{{ row.id }}}}\"\n\
+                 user \"{}\"\n\
+                 expect no-error\n\
+             }}\n",
+            template.replace('"', "\\\"")
+        );
+        let dir = project(&suite, &[(file, content)]);
+        assert_eq!(
+            listed(dir.path(), &[]).await,
+            ["suite/greet[p1]", "suite/greet[p2]"],
+            "{file}"
+        );
+        let out = dir.path().join("out");
+        let o = trellis()
+            .arg("run")
+            .arg(dir.path().join("suite.kdl"))
+            .arg("--out")
+            .arg(&out)
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{file}: {}{}",
+            stdout(&o),
+            stderr(&o)
+        );
+        let turns = read_parquet(&out.join("turns.parquet"));
+        let mut sent: Vec<String> = strings(&turns, "user_message")
+            .into_iter()
+            .flatten()
+            .collect();
+        sent.sort();
+        let mut expected = expected.to_vec();
+        expected.sort();
+        assert_eq!(sent, expected, "{file}");
+    }
+}
+
+#[tokio::test]
+async fn a_malformed_row_stops_everything_naming_the_file_row_and_column() {
+    for (file, content, says) in [
+        (
+            "data/bad.csv",
+            "a,b\n1,2\n3\n4,5\n",
+            &["data/bad.csv", "row 2, column `b`: 1 field"][..],
+        ),
+        (
+            "data/bad.jsonl",
+            "{\"a\": 1}\n{\"a\": \n{\"a\": 3}\n",
+            &["data/bad.jsonl", "row 2", "line 2"][..],
+        ),
+        (
+            "data/bad.json",
+            "[{\"a\": 1}, 7]",
+            &["data/bad.json", "row 2", "not an object"][..],
+        ),
+        (
+            "data/missing.csv",
+            "",
+            &["data/missing.csv", "cannot read"][..],
+        ),
+        (
+            "data/bad.xlsx",
+            "x",
+            &["unknown dataset format `.xlsx`"][..],
+        ),
+    ] {
+        let suite = format!(
+            "{AGENT}dataset \"d\" path=\"{file}\"\n\
+             scenario \"s\" for-each=\"d\" {{\n    user \"hi\"\n    expect no-error\n}}\n"
+        );
+        // The missing file is not written.
+        let files: Vec<(&str, &[u8])> = if file.contains("missing") {
+            Vec::new()
+        } else {
+            vec![(file, content.as_bytes())]
+        };
+        let dir = project(&suite, &files);
+        for command in ["check", "run"] {
+            let mut cmd = trellis();
+            cmd.arg(command).arg(dir.path().join("suite.kdl"));
+            if command == "run" {
+                cmd.arg("--out").arg(dir.path().join("out"));
+            }
+            let o = cmd.output().await.unwrap();
+            let err = flat(&stderr(&o));
+            assert_eq!(o.status.code(), Some(2), "{command} {file}: {err}");
+            for s in says {
+                assert!(err.contains(s), "{command} {file}: no {s:?} in {err}");
+            }
+            assert!(
+                !dir.path().join("out").exists(),
+                "{command} {file}: something ran"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn hashed_row_ids_survive_reordering_and_appending() {
+    let suite = format!(
+        "{AGENT}dataset \"d\" path=\"data/d.jsonl\"\n\
+         scenario \"s\" for-each=\"d\" {{\n    user \"{{{{ row.q }}}}\"\n    expect no-error\n}}\n"
+    );
+    let rows = [
+        "{\"q\": \"one\", \"n\": 1}",
+        "{\"n\": 2, \"q\": \"two\"}",
+        "{\"q\": \"three\", \"n\": 3}",
+    ];
+    let first = project(&suite, &[("data/d.jsonl", rows.join("\n").as_bytes())]);
+    let ids = listed(first.path(), &[]).await;
+    assert_eq!(ids.len(), 3);
+    assert!(
+        ids.iter().all(|id| id.len() == "suite/s[".len() + 12 + 1),
+        "{ids:?}"
+    );
+
+    // Reordered, one row's keys reordered, one appended: the three keep their ids.
+    let reordered = format!(
+        "{}\n{}\n{{\"n\": 1, \"q\": \"one\"}}\n{{\"q\": \"four\", \"n\": 4}}\n",
+        rows[2], rows[1]
+    );
+    let second = project(&suite, &[("data/d.jsonl", reordered.as_bytes())]);
+    let again = listed(second.path(), &[]).await;
+    assert_eq!(again.len(), 4);
+    for id in &ids {
+        assert!(again.contains(id), "{id} lost in {again:?}");
+    }
+    // An edited row is another row.
+    let edited = rows.join("\n").replace("three", "THREE");
+    let third = project(&suite, &[("data/d.jsonl", edited.as_bytes())]);
+    let changed = listed(third.path(), &[]).await;
+    assert_eq!(changed.iter().filter(|id| ids.contains(id)).count(), 2);
+}
+
+#[tokio::test]
+async fn filter_sample_limit_and_the_filter_flag_select_rows_and_instances() {
+    let rows: String = (1..=50)
+        .map(|i| format!("{{\"n\": {i}, \"even\": {}}}\n", i % 2 == 0))
+        .collect();
+    let suite = |props: &str| {
+        format!(
+            "{AGENT}dataset \"d\" path=\"data/d.jsonl\" {props}\n\
+             scenario \"s\" for-each=\"d\" {{\n    row-id \"n{{{{ row.n }}}}\"\n    user \"hi\"\n    expect no-error\n}}\n"
+        )
+    };
+    let files = [("data/d.jsonl", rows.as_bytes())];
+    let ids = |v: Vec<String>| -> Vec<String> {
+        v.into_iter()
+            .map(|s| s.trim_start_matches("suite/").to_string())
+            .collect()
+    };
+    let dir = project(
+        &suite("filter=\"{{ row.even and row.n > 40 }}\" limit=3"),
+        &files,
+    );
+    assert_eq!(
+        ids(listed(dir.path(), &[]).await),
+        ["s[n42]", "s[n44]", "s[n46]"]
+    );
+
+    // A sample is the same rows whatever their order in the file.
+    let dir = project(&suite("sample=5 seed=7"), &files);
+    let sample = ids(listed(dir.path(), &[]).await);
+    assert_eq!(sample.len(), 5);
+    let reversed: String = rows.lines().rev().map(|l| format!("{l}\n")).collect();
+    let dir2 = project(
+        &suite("sample=5 seed=7"),
+        &[("data/d.jsonl", reversed.as_bytes())],
+    );
+    let mut again = ids(listed(dir2.path(), &[]).await);
+    let mut sorted = sample.clone();
+    again.sort();
+    sorted.sort();
+    assert_eq!(again, sorted);
+    let dir3 = project(&suite("sample=5 seed=8"), &files);
+    assert_ne!(ids(listed(dir3.path(), &[]).await), sample);
+
+    // `--filter`: an instance by its id as written (brackets and all), by a glob, and every
+    // instance by the scenario's id.
+    let dir = project(&suite("limit=12"), &files);
+    assert_eq!(
+        ids(listed(dir.path(), &["--filter", "s[n3]"]).await),
+        ["s[n3]"]
+    );
+    assert_eq!(
+        ids(listed(dir.path(), &["--filter", "s[[]n1?]"]).await),
+        ["s[n10]", "s[n11]", "s[n12]"]
+    );
+    assert_eq!(listed(dir.path(), &["--filter", "s"]).await.len(), 12);
+}
+
+#[tokio::test]
+async fn row_id_problems_name_the_row() {
+    let rows = "{\"id\": \"a\"}\n{\"id\": \"b\"}\n{\"id\": \"a\"}\n{\"other\": 1}\n";
+    let suite = format!(
+        "{AGENT}dataset \"d\" path=\"data/d.jsonl\"\n\
+         scenario \"s\" for-each=\"d\" {{\n    row-id \"{{{{ row.id }}}}\"\n    user \"{{{{ row.idd }}}}\"\n    expect no-error\n}}\n"
+    );
+    let dir = project(&suite, &[("data/d.jsonl", rows.as_bytes())]);
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path().join("suite.kdl"))
+        .output()
+        .await
+        .unwrap();
+    let err = flat(&stderr(&o));
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    // A column no row has is found by `check` against the dataset's columns.
+    assert!(
+        err.contains("undefined template variable `row.idd`"),
+        "{err}"
+    );
+    assert!(err.contains("did you mean `row.id`?"), "{err}");
+
+    let suite = suite.replace("row.idd", "row.id");
+    let dir = project(&suite, &[("data/d.jsonl", rows.as_bytes())]);
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path().join("suite.kdl"))
+        .output()
+        .await
+        .unwrap();
+    let err = flat(&stderr(&o));
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("row 3 of dataset `d`: row id `a` is also row 1's"),
+        "{err}"
+    );
+    // Row 4 has no `id`: it is `null` there (the row lacks a column another row has).
+    assert!(err.contains("row 4 of dataset `d`: row-id failed"), "{err}");
+    assert!(err.contains("is null in this row"), "{err}");
+}
+
+#[tokio::test]
+async fn matrix_values_are_vars_and_name_the_instances() {
+    let suite = format!(
+        "{AGENT}scenario \"m\" {{\n\
+             matrix {{\n        tone \"polite\" \"curt\"\n        n 1 2\n    }}\n\
+             user \"{{{{ vars.tone }}}} {{{{ vars.n + 1 }}}}\"\n\
+             expect no-error\n\
+         }}\n"
+    );
+    let dir = project(&suite, &[]);
+    assert_eq!(
+        listed(dir.path(), &[]).await,
+        [
+            "suite/m[tone=polite,n=1]",
+            "suite/m[tone=polite,n=2]",
+            "suite/m[tone=curt,n=1]",
+            "suite/m[tone=curt,n=2]"
+        ]
+    );
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path().join("suite.kdl"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let turns = read_parquet(&out.join("turns.parquet"));
+    let mut sent: Vec<String> = strings(&turns, "user_message")
+        .into_iter()
+        .flatten()
+        .collect();
+    sent.sort();
+    assert_eq!(sent, ["curt 2", "curt 3", "polite 2", "polite 3"]);
+    let t = read_parquet(&out.join("trajectories.parquet"));
+    assert!(
+        strings(&t, "matrix").contains(&Some(r#"{"n":2,"tone":"curt"}"#.to_string())),
+        "{:?}",
+        strings(&t, "matrix")
+    );
+}
