@@ -496,6 +496,61 @@ fn json_kind(v: &Value) -> &'static str {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Conversations
+
+/// Checks and normalizes a message list: each an object with a known `role`; `content`
+/// text, `null`, or OpenAI content parts (their text joined); `tool_calls`,
+/// `tool_call_id` and `name` kept.
+pub fn messages(value: Value) -> Result<Vec<Value>, String> {
+    let list = match value {
+        Value::Array(list) => list,
+        Value::Object(mut o) => match o.remove("messages") {
+            Some(Value::Array(list)) => list,
+            _ => return Err("an object without a `messages` list".into()),
+        },
+        _ => return Err("not a list of messages".into()),
+    };
+    let mut out = Vec::with_capacity(list.len());
+    for (i, m) in list.into_iter().enumerate() {
+        let n = i + 1;
+        let Value::Object(m) = m else {
+            return Err(format!("message {n} is not an object"));
+        };
+        let role = m.get("role").and_then(Value::as_str).unwrap_or_default();
+        if !matches!(role, "system" | "developer" | "user" | "assistant" | "tool") {
+            return Err(format!(
+                "message {n} has role `{role}`; roles are system, developer, user, assistant, tool"
+            ));
+        }
+        let content = match m.get("content") {
+            None | Some(Value::Null) => Value::Null,
+            Some(Value::String(s)) => Value::String(s.clone()),
+            Some(Value::Array(parts)) => Value::String(
+                parts
+                    .iter()
+                    .filter_map(|p| p.get("text").and_then(Value::as_str))
+                    .collect::<Vec<_>>()
+                    .join(""),
+            ),
+            Some(_) => return Err(format!("message {n}'s content is not text")),
+        };
+        if role == "user" && !content.is_string() {
+            return Err(format!("message {n} (user) has no text"));
+        }
+        let mut norm = serde_json::Map::new();
+        norm.insert("role".into(), Value::String(role.into()));
+        norm.insert("content".into(), content);
+        for key in ["tool_calls", "tool_call_id", "name"] {
+            if let Some(v) = m.get(key).filter(|v| !v.is_null()) {
+                norm.insert(key.into(), v.clone());
+            }
+        }
+        out.push(Value::Object(norm));
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -297,6 +297,7 @@ pub(crate) fn expand(project: &mut Project, tables: &Tables, diags: &mut Vec<Dia
         suite.scenarios = out;
     }
     project.files = files;
+    histories(project, &env, diags);
     if expanded.is_empty() {
         return;
     }
@@ -504,5 +505,119 @@ pub fn display(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
         other => other.to_string(),
+    }
+}
+
+/// Loads every scenario's `history`: a file once however many scenarios name it, a
+/// template once per instance (with its `row` and matrix `vars`).
+fn histories(project: &mut Project, env: &Environment<'static>, diags: &mut Vec<Diagnostic>) {
+    let Project { files, suites, .. } = project;
+    let mut read: HashMap<std::path::PathBuf, Result<Arc<Vec<Value>>, String>> = HashMap::new();
+    for suite in suites.iter_mut() {
+        for sc in &mut suite.scenarios {
+            let Some(history) = &sc.history else { continue };
+            if history.messages.is_some() {
+                continue;
+            }
+            let (result, span) = match &history.source {
+                HistorySource::File { path, resolved } => {
+                    let r = read
+                        .entry(resolved.clone())
+                        .or_insert_with(|| {
+                            let text = std::fs::read_to_string(resolved)
+                                .map_err(|e| format!("cannot read `{}`: {e}", path.value))?;
+                            let value: Value = serde_json::from_str(&text)
+                                .map_err(|e| format!("`{}` is not JSON: {e}", path.value))?;
+                            dataset::messages(value).map(Arc::new)
+                        })
+                        .clone();
+                    (r, path.span)
+                }
+                HistorySource::Template(t) => {
+                    let instance = sc.instance.as_deref();
+                    let row = instance.and_then(|i| i.row.as_deref());
+                    let vars: serde_json::Map<String, Value> = instance
+                        .map(|i| i.vars.iter().cloned().collect())
+                        .unwrap_or_default();
+                    (
+                        evaluate(env, &t.source, row, &vars)
+                            .and_then(dataset::messages)
+                            .map(Arc::new),
+                        t.span,
+                    )
+                }
+            };
+            match result {
+                Ok(list) => {
+                    if let Some(h) = &mut Arc::make_mut(sc).history {
+                        h.messages = Some(list);
+                    }
+                }
+                Err(why) => {
+                    let at = match sc.instance.as_deref() {
+                        Some(Instance {
+                            dataset: Some(d),
+                            row_number: Some(n),
+                            ..
+                        }) => format!("scenario `{}`, row {n} of dataset `{d}`", sc.id.value),
+                        _ => format!("scenario `{}`", sc.id.value),
+                    };
+                    diags.push(
+                        Diagnostic::at_span(
+                            Kind::InvalidValue,
+                            format!("{at}: invalid history: {why}"),
+                            files,
+                            span,
+                            "this history",
+                        )
+                        .with_help(
+                            "a history is an OpenAI-style message list: \
+                             [{\"role\": \"user\", \"content\": \"…\"}, {\"role\": \"assistant\", …}], \
+                             or an object with `messages`; from a column, a list or its JSON text",
+                        ),
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A history template's value: `"{{ EXPR }}"` evaluated (a list stays a list), any other
+/// template rendered; text is read as JSON.
+fn evaluate(
+    env: &Environment<'static>,
+    source: &str,
+    row: Option<&dataset::Fields>,
+    vars: &serde_json::Map<String, Value>,
+) -> Result<Value, String> {
+    let ctx = minijinja::context! {
+        row => row.map(|r| minijinja::Value::from(Serde(r))),
+        vars => minijinja::Value::from(Serde(vars)),
+    };
+    let inner = source
+        .trim()
+        .strip_prefix("{{")
+        .and_then(|s| s.strip_suffix("}}"))
+        .filter(|s| !s.contains("{{") && !s.contains("}}"));
+    let value = match inner {
+        Some(expr) => {
+            let e = env
+                .compile_expression(expr.trim())
+                .map_err(|e| template_error(&e))?;
+            let v = e.eval(ctx).map_err(|e| template_error(&e))?;
+            if v.is_undefined() || v.is_none() {
+                return Err(format!("`{}` is null", source.trim()));
+            }
+            serde_json::to_value(&v).map_err(|e| e.to_string())?
+        }
+        None => Value::String(
+            env.render_str(source, ctx)
+                .map_err(|e| template_error(&e))?,
+        ),
+    };
+    match value {
+        Value::String(text) => serde_json::from_str(&text)
+            .map_err(|e| format!("the text is not a JSON message list: {e}")),
+        other => Ok(other),
     }
 }

@@ -785,17 +785,42 @@ pub struct Scenario {
     pub steps: Vec<Step>,
     /// `criteria { … }`: checked on the whole trajectory after its last step.
     pub criteria: Vec<Criterion>,
+    // The dataset fields are boxed: most scenarios have none, and every scenario's size
+    // counts in the memory a suite of thousands takes (`dsl/tests/load_memory.rs`).
     /// `for-each=DATASET`: one scenario per row (set on the scenario as written; the loader
     /// replaces it with its instances).
-    pub for_each: Option<Spanned<String>>,
+    pub for_each: Option<Box<Spanned<String>>>,
     /// `row-id "TEMPLATE"`: an instance's stable key; default a hash of the row's content.
-    pub row_id: Option<Template>,
+    pub row_id: Option<Box<Template>>,
     /// `matrix { NAME VALUE…; … }`: one instance per combination.
     pub matrix: Vec<MatrixVar>,
     /// Set on each instance of a `for-each` or `matrix` scenario: which row and values it
     /// runs with. Its id is `ID[ROW-ID]`, `ID[NAME=VALUE,…]` or both.
     pub instance: Option<Arc<Instance>>,
+    /// `history …`: the recorded conversation that opens every trajectory.
+    pub history: Option<Box<History>>,
     pub span: Span,
+}
+
+/// A scenario's `history`: where it comes from, and once loaded, its messages.
+#[derive(Clone, Debug)]
+pub struct History {
+    pub source: HistorySource,
+    /// OpenAI-style messages (`role`, `content` as text, `tool_calls`, `tool_call_id`,
+    /// `name`), checked; set by the loader (per instance for a template over `row`).
+    pub messages: Option<Arc<Vec<Value>>>,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug)]
+pub enum HistorySource {
+    /// `history "{{ row.messages }}"`: a list, or JSON text of one.
+    Template(Template),
+    /// `history path="conv.json"`: resolved against the suite file's directory.
+    File {
+        path: Spanned<String>,
+        resolved: PathBuf,
+    },
 }
 
 /// `dataset ID path=… limit=N sample=N seed=N filter="TEMPLATE"`: a table of cases.

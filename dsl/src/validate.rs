@@ -583,6 +583,13 @@ impl<'p> Validator<'p> {
             scenario: sc,
             all_captures: &all_captures,
         };
+        if let Some(History {
+            source: HistorySource::Template(t),
+            ..
+        }) = sc.history.as_deref()
+        {
+            self.template(&cx, t, &BTreeSet::new());
+        }
         let at_end = self.steps(&cx, &sc.steps, failed);
         // Trajectory criteria are checked after the last step: they see the captures made on
         // every path.

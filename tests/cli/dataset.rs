@@ -464,3 +464,165 @@ async fn matrix_values_are_vars_and_name_the_instances() {
         strings(&t, "matrix")
     );
 }
+
+/// The `messages` a Connexity agent received in each request, in order.
+fn received(server: &support::MisbehavingServer) -> Vec<Vec<(String, String)>> {
+    server
+        .recorded()
+        .iter()
+        .map(|r| {
+            r.json()["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| {
+                    (
+                        m["role"].as_str().unwrap_or_default().to_string(),
+                        m["content"].as_str().unwrap_or_default().to_string(),
+                    )
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
+    list.iter()
+        .map(|(r, c)| (r.to_string(), c.to_string()))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_history_from_a_column_or_a_file_reaches_the_agent_as_history() {
+    let server = support::MisbehavingServer::respond(200, support::OK_BODY).await;
+    // A list in JSON Lines; JSON text in a CSV column (with an embedded newline).
+    let jsonl = r#"{"id": "j1", "messages": [{"role": "system", "content": "ignored"}, {"role": "user", "content": "my order is late"}, {"role": "assistant", "content": [{"type": "text", "text": "Sorry! Which order?"}]}]}"#;
+    // (The field spans two lines of the file; the message's own line break is JSON's `\n`.)
+    let csv = "id,messages\nc1,\"[{\"\"role\"\": \"\"user\"\", \"\"content\"\": \"\"two\\nlines\"\"},\n{\"\"role\"\": \"\"assistant\"\", \"\"content\"\": \"\"ok\"\"}]\"\n";
+    let conv = r#"{"messages": [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi, how can I help?"}, {"role": "user", "content": "where is my refund?"}]}"#;
+    let suite = format!(
+        "agent \"a\" protocol=\"connexity\" url=\"{url}\"\n\
+         dataset \"j\" path=\"data/c.jsonl\"\n\
+         dataset \"c\" path=\"data/c.csv\"\n\
+         scenario \"from-jsonl\" for-each=\"j\" {{\n    row-id \"{{{{ row.id }}}}\"\n    history \"{{{{ row.messages }}}}\"\n    user \"It is A17\"\n    expect no-error\n}}\n\
+         scenario \"from-csv\" for-each=\"c\" {{\n    row-id \"{{{{ row.id }}}}\"\n    history \"{{{{ row.messages }}}}\"\n    user \"next\"\n    expect no-error\n}}\n\
+         scenario \"from-file\" {{\n    history path=\"conv.json\"\n    expect no-error\n    user \"thanks\"\n    expect no-error\n}}\n",
+        url = server.url()
+    );
+    let dir = project(
+        &suite,
+        &[
+            ("data/c.jsonl", jsonl.as_bytes()),
+            ("data/c.csv", csv.as_bytes()),
+            ("conv.json", conv.as_bytes()),
+        ],
+    );
+    for filter in ["from-jsonl", "from-csv", "from-file"] {
+        let o = trellis()
+            .arg("run")
+            .arg(dir.path().join("suite.kdl"))
+            .args(["--filter", filter, "--out"])
+            .arg(dir.path().join(format!("out-{filter}")))
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{filter}: {}{}",
+            stdout(&o),
+            stderr(&o)
+        );
+    }
+    let got = received(&server);
+    assert_eq!(
+        got,
+        [
+            // The history is not sent by itself: it is the opening of the first request.
+            pairs(&[
+                ("user", "my order is late"),
+                ("assistant", "Sorry! Which order?"),
+                ("user", "It is A17"),
+            ]),
+            pairs(&[
+                ("user", "two\nlines"),
+                ("assistant", "ok"),
+                ("user", "next")
+            ]),
+            // A last user message without an answer is the trajectory's first turn, and
+            // the conversation goes on from the agent's answer to it.
+            pairs(&[
+                ("user", "hello"),
+                ("assistant", "hi, how can I help?"),
+                ("user", "where is my refund?"),
+            ]),
+            pairs(&[
+                ("user", "hello"),
+                ("assistant", "hi, how can I help?"),
+                ("user", "where is my refund?"),
+                ("assistant", "Hello there."),
+                ("user", "thanks"),
+            ]),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_session_bound_agent_gets_the_history_replayed_user_turn_by_user_turn() {
+    let conv = r#"[{"role": "user", "content": "Weather in Paris?"}, {"role": "assistant", "content": "Sunny."}, {"role": "user", "content": "And in Oslo?"}, {"role": "assistant", "content": "Rain."}]"#;
+    let suite = "agent \"w\" protocol=\"agentscope\" builtin=\"weather\"\n\
+                 scenario \"s\" {\n    history path=\"conv.json\"\n    user \"And tomorrow?\"\n    expect no-error\n}\n";
+    let dir = project(suite, &[("conv.json", conv.as_bytes())]);
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path().join("suite.kdl"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let turns = read_parquet(&out.join("turns.parquet"));
+    let sent: Vec<String> = strings(&turns, "user_message")
+        .into_iter()
+        .flatten()
+        .collect();
+    let replay: Vec<bool> = turns
+        .column("replay")
+        .unwrap()
+        .bool()
+        .unwrap()
+        .iter()
+        .map(|b| b.unwrap())
+        .collect();
+    assert_eq!(sent, ["Weather in Paris?", "And in Oslo?", "And tomorrow?"]);
+    assert_eq!(replay, [true, true, false]);
+}
+
+#[tokio::test]
+async fn a_bad_history_is_an_error_naming_the_row() {
+    let jsonl = "{\"m\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n{\"m\": [{\"role\": \"robot\", \"content\": \"x\"}]}\n";
+    let suite = format!(
+        "{AGENT}dataset \"d\" path=\"data/d.jsonl\"\n\
+         scenario \"s\" for-each=\"d\" {{\n    history \"{{{{ row.m }}}}\"\n    user \"x\"\n    expect no-error\n}}\n\
+         scenario \"f\" {{\n    history path=\"nope.json\"\n    user \"x\"\n    expect no-error\n}}\n"
+    );
+    let dir = project(&suite, &[("data/d.jsonl", jsonl.as_bytes())]);
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path().join("suite.kdl"))
+        .output()
+        .await
+        .unwrap();
+    let err = flat(&stderr(&o));
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("row 2 of dataset `d`: invalid history: message 1 has role `robot`"),
+        "{err}"
+    );
+    assert!(
+        err.contains("scenario `f`: invalid history: cannot read `nope.json`"),
+        "{err}"
+    );
+}

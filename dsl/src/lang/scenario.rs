@@ -20,7 +20,7 @@ pub static SCENARIO: NodeSpec = NodeSpec::node("scenario", "one conversation to 
     .repeatable();
 
 /// A scenario's settings, then its steps (the order the unknown-node hint lists them in).
-pub static SCENARIO_CHILDREN: [&NodeSpec; 33] = [
+pub static SCENARIO_CHILDREN: [&NodeSpec; 34] = [
     &NodeSpec::setting("name", STRING, "the scenario's name"),
     &NodeSpec::setting("description", STRING, "what the scenario is about"),
     &NodeSpec::setting(
@@ -97,6 +97,7 @@ pub static SCENARIO_CHILDREN: [&NodeSpec; 33] = [
     &SIMULATOR_LAYER,
     &ROW_ID,
     &MATRIX,
+    &HISTORY,
     &steps::USER,
     &steps::SIMULATE,
     &steps::CALL,
@@ -186,3 +187,21 @@ pub static MATRIX: NodeSpec = NodeSpec::node(
     "one instance per combination of the values, each as `vars.NAME`; ids `ID[NAME=VALUE,…]`",
 )
 .children(Children::Data);
+
+/// `history "TEMPLATE"` / `history path="conv.json"`: a recorded conversation that opens
+/// every trajectory of the scenario.
+pub static HISTORY: NodeSpec = NodeSpec::node(
+    "history",
+    "an OpenAI-style message list that opens the trajectory as if it had happened: \
+     `history \"{{ row.messages }}\"` or `history path=\"conv.json\"`",
+)
+.args(&[ArgSpec::new(
+    "TEMPLATE",
+    ValueType::Template,
+    Repeat::Optional,
+)])
+.props(&[PropSpec::new(
+    "path",
+    ValueType::Path,
+    "a JSON file: an array of messages, or an object with `messages`",
+)]);
