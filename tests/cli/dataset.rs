@@ -626,3 +626,81 @@ async fn a_bad_history_is_an_error_naming_the_row() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn imported_conversations_run_from_their_history() {
+    let server = support::MisbehavingServer::respond(200, support::OK_BODY).await;
+    let dir = tempfile::tempdir().unwrap();
+    let export = dir.path().join("exports/conv.jsonl");
+    std::fs::create_dir_all(export.parent().unwrap()).unwrap();
+    std::fs::write(
+        &export,
+        "{\"id\": \"t1\", \"messages\": [{\"role\": \"user\", \"content\": \"where is my refund?\"}]}\n\
+         {\"id\": \"t2\", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"Hello!\"}, {\"role\": \"user\", \"content\": \"cancel it\"}]}\n",
+    )
+    .unwrap();
+    let suite = dir.path().join("suites/conv.kdl");
+    let o = trellis()
+        .args(["import", "conversations"])
+        .arg(&export)
+        .arg("--out")
+        .arg(&suite)
+        .args(["--agent-url", &server.url()])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&suite).unwrap();
+    assert!(text.contains("path=\"../exports/conv.jsonl\""), "{text}");
+    assert!(text.contains("history \"{{ row.messages }}\""), "{text}");
+    // Written once: again without --replace is refused and changes nothing.
+    let again = trellis()
+        .args(["import", "conversations"])
+        .arg(&export)
+        .arg("--out")
+        .arg(&suite)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(again.status.code(), Some(2), "{}", stderr(&again));
+    assert!(stderr(&again).contains("--replace"), "{}", stderr(&again));
+
+    let o = trellis()
+        .arg("run")
+        .arg(&suite)
+        .arg("--out")
+        .arg(dir.path().join("out"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("conversation[t2]"), "{}", stdout(&o));
+    let mut got = received(&server);
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            pairs(&[
+                ("user", "hi"),
+                ("assistant", "Hello!"),
+                ("user", "cancel it")
+            ]),
+            pairs(&[("user", "where is my refund?")]),
+        ]
+    );
+
+    // A line that is not a conversation names the line.
+    std::fs::write(&export, "{\"messages\": []}\n[1]\n").unwrap();
+    let o = trellis()
+        .args(["import", "conversations"])
+        .arg(&export)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("line 2: not an object"),
+        "{}",
+        stderr(&o)
+    );
+}
