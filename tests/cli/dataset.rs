@@ -704,3 +704,66 @@ async fn imported_conversations_run_from_their_history() {
         stderr(&o)
     );
 }
+
+#[tokio::test]
+async fn compare_takes_two_agents_of_one_run_scenario_by_scenario() {
+    let server = support::MisbehavingServer::respond(200, support::OK_BODY).await;
+    let suite = format!(
+        "agent \"a\" protocol=\"connexity\" builtin=\"booking\"\n\
+         agent \"b\" protocol=\"connexity\" url=\"{}\"\n\
+         dataset \"d\" path=\"data/d.jsonl\"\n\
+         scenario \"ask\" for-each=\"d\" {{\n    agents \"a\" \"b\"\n    row-id \"{{{{ row.id }}}}\"\n    user \"{{{{ row.q }}}}\"\n    expect reply contains=\"postal code\"\n}}\n",
+        server.url()
+    );
+    let rows = "{\"id\": \"x\", \"q\": \"Hi, I want a duct cleaning\"}\n{\"id\": \"y\", \"q\": \"Book me\"}\n";
+    let dir = project(&suite, &[("data/d.jsonl", rows.as_bytes())]);
+    let run = dir.path().join("runs/side-by-side");
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path().join("suite.kdl"))
+        .arg("--out")
+        .arg(&run)
+        .output()
+        .await
+        .unwrap();
+    // `b` answers "Hello there.": it fails where `a` asks for the postal code.
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    let compare = |agents: [&str; 2]| {
+        let mut cmd = trellis();
+        cmd.arg("compare")
+            .arg(&run)
+            .args(["--json", "--agents", agents[0], agents[1]]);
+        cmd
+    };
+    let o = compare(["a", "b"]).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let c: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let scenarios: Vec<(String, String)> = c["scenarios"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["scenario"].as_str().unwrap().to_string(),
+                s["rate"]["verdict"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        scenarios,
+        [
+            ("ask[x]".to_string(), "regressed".to_string()),
+            ("ask[y]".to_string(), "regressed".to_string())
+        ],
+        "{c}"
+    );
+    let o = compare(["b", "a"]).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = compare(["a", "nobody"]).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("no trajectory of agent `nobody`"),
+        "{}",
+        stderr(&o)
+    );
+}
