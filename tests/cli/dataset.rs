@@ -728,6 +728,16 @@ async fn compare_takes_two_agents_of_one_run_scenario_by_scenario() {
         .unwrap();
     // `b` answers "Hello there.": it fails where `a` asks for the postal code.
     assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    // The console sets the agents side by side, one row per instance.
+    let console = stdout(&o);
+    let grid = &console[console
+        .find("suite: agents side by side (pass rate, 95% CI)")
+        .unwrap_or_else(|| panic!("no grid in {console}"))..];
+    let row = grid.lines().find(|l| l.contains("ask[x]")).unwrap();
+    assert!(
+        row.contains("100% (21–100%)") && row.contains("0% (0–79%)"),
+        "{grid}"
+    );
     let compare = |agents: [&str; 2]| {
         let mut cmd = trellis();
         cmd.arg("compare")
