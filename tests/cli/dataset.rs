@@ -738,6 +738,18 @@ async fn compare_takes_two_agents_of_one_run_scenario_by_scenario() {
         row.contains("100% (21–100%)") && row.contains("0% (0–79%)"),
         "{grid}"
     );
+    // So does the report.
+    let html = std::fs::read_to_string(run.join("report.html")).unwrap();
+    let grid = &html[html
+        .find("<h2>Agents side by side: suite</h2>")
+        .unwrap_or_else(|| panic!("no grid in the report"))..];
+    let row = &grid[grid.find("title=\"ask[x]\"").unwrap()..];
+    let row = &row[..row.find("</tr>").unwrap()];
+    assert!(
+        row.contains("rate-all\" title=\"95% CI 21–100%\">100.0%")
+            && row.contains("rate-none\" title=\"95% CI 0–79%\">0.0%"),
+        "{row}"
+    );
     let compare = |agents: [&str; 2]| {
         let mut cmd = trellis();
         cmd.arg("compare")
