@@ -273,6 +273,13 @@ pub(crate) fn expand(project: &mut Project, tables: &Tables, diags: &mut Vec<Dia
     // `suite/ID` and (within the suite) `ID` of an expanded scenario → its instance ids.
     let mut expanded: HashMap<(usize, String), Vec<String>> = HashMap::new();
     let files = std::mem::take(&mut project.files);
+    let with_filter: HashSet<String> = project
+        .datasets
+        .iter()
+        .filter(|d| d.filter.is_some())
+        .map(|d| d.id.value.clone())
+        .collect();
+    let mut empty = Vec::new();
     for (si, suite) in project.suites.iter_mut().enumerate() {
         if suite
             .scenarios
@@ -288,6 +295,23 @@ pub(crate) fn expand(project: &mut Project, tables: &Tables, diags: &mut Vec<Dia
                 continue;
             }
             let instances = instances(&sc, tables, &env, &files, diags);
+            if let Some(name) = sc.for_each.as_deref()
+                && tables.get(&name.value).is_some_and(Vec::is_empty)
+            {
+                let filtered = with_filter.contains(name.value.as_str());
+                empty.push((
+                    sc.id.clone(),
+                    format!(
+                        "dataset `{}` keeps no row{}",
+                        name.value,
+                        if filtered {
+                            " (its filter is false for every row)"
+                        } else {
+                            ""
+                        }
+                    ),
+                ));
+            }
             expanded.insert(
                 (si, sc.id.value.clone()),
                 instances.iter().map(|i| i.id.value.clone()).collect(),
@@ -297,6 +321,7 @@ pub(crate) fn expand(project: &mut Project, tables: &Tables, diags: &mut Vec<Dia
         suite.scenarios = out;
     }
     project.files = files;
+    project.empty_expansions = empty;
     histories(project, &env, diags);
     if expanded.is_empty() {
         return;

@@ -89,6 +89,9 @@ pub struct Project {
     pub simulator: Option<Simulator>,
     /// `dataset` nodes: tables of cases that `for-each` scenarios expand over.
     pub datasets: Vec<Dataset>,
+    /// `for-each` scenarios whose dataset kept no row (so no instance runs), with why:
+    /// `trellis check` warns about them.
+    pub empty_expansions: Vec<(Spanned<String>, String)>,
     /// Every `env.NAME` a template reads, where it is written (filled by validation).
     pub env_reads: Vec<Spanned<String>>,
 }

@@ -152,6 +152,18 @@ pub fn warnings(project: &Project, is_set: impl Fn(&str) -> bool) -> Vec<Diagnos
             );
         }
     }
+    for (id, why) in &project.empty_expansions {
+        out.push(
+            Diagnostic::at_span(
+                Kind::NotRunnable,
+                format!("scenario `{}` has no instance to run: {why}", id.value),
+                files,
+                id.span,
+                "runs once per row",
+            )
+            .with_help("check the dataset's file and its `filter`, `sample` and `limit`"),
+        );
+    }
     let mut uses: Vec<(&str, Span, usize)> = Vec::new();
     let mut index: HashMap<&str, usize> = HashMap::new();
     for read in project.env_reads.iter().filter(|r| !is_set(&r.value)) {

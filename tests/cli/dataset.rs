@@ -789,3 +789,25 @@ async fn compare_takes_two_agents_of_one_run_scenario_by_scenario() {
         stderr(&o)
     );
 }
+
+#[tokio::test]
+async fn a_dataset_that_keeps_no_row_is_a_warning_of_check() {
+    let suite = format!(
+        "{AGENT}dataset \"d\" path=\"data/d.jsonl\" filter=\"{{{{ row.n > 5 }}}}\"\n\
+         scenario \"s\" for-each=\"d\" {{\n    user \"hi\"\n    expect no-error\n}}\n"
+    );
+    let dir = project(&suite, &[("data/d.jsonl", b"{\"n\": 1}\n{\"n\": 2}\n")]);
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path().join("suite.kdl"))
+        .output()
+        .await
+        .unwrap();
+    // A warning (exit 0): the suite is valid, it just runs nothing here.
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let err = flat(&stderr(&o));
+    assert!(
+        err.contains("scenario `s` has no instance to run: dataset `d` keeps no row (its filter is false for every row)"),
+        "{err}"
+    );
+}
