@@ -18,6 +18,12 @@ const STACK_SIZE: usize = 512 * 1024 * 1024;
 fn main() -> ExitCode {
     // A completion script asking for candidates: answered, and the process exits.
     cli::answer_completion_request();
+    // `dataset path="….parquet"`: the language crate reads CSV and JSON itself; Parquet
+    // through polars, which only the reports crate links.
+    trellis_dsl::dataset::register_reader(
+        "parquet",
+        std::sync::Arc::new(trellis_reports::dataset::ParquetRows),
+    );
     let args = cli::Cli::parse();
     match std::thread::Builder::new()
         .name("trellis".into())

@@ -4,10 +4,14 @@
 //! into the model keeping source spans, validates cross-references and templates, and
 //! returns either the project or every problem found, as one miette report.
 //! [`graph`] derives each scenario's trajectory DAG and the scenario `needs` DAG.
+//! [`dataset`] reads the tables `for-each` scenarios expand over (the loader expands them,
+//! with `matrix` scenarios, into one scenario per row and combination of values).
 //! [`format`] lays suite files out canonically (`trellis fmt`).
 
+pub mod dataset;
 pub mod depth;
 pub mod diagnostics;
+mod expand;
 pub mod format;
 pub mod graph;
 pub mod lang;

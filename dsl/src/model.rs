@@ -87,6 +87,11 @@ pub struct Project {
     /// `panel` nodes: several judges deciding one criterion together.
     pub panels: Vec<Panel>,
     pub simulator: Option<Simulator>,
+    /// `dataset` nodes: tables of cases that `for-each` scenarios expand over.
+    pub datasets: Vec<Dataset>,
+    /// `for-each` scenarios whose dataset kept no row (so no instance runs), with why:
+    /// `trellis check` warns about them.
+    pub empty_expansions: Vec<(Spanned<String>, String)>,
     /// Every `env.NAME` a template reads, where it is written (filled by validation).
     pub env_reads: Vec<Spanned<String>>,
 }
@@ -783,7 +788,81 @@ pub struct Scenario {
     pub steps: Vec<Step>,
     /// `criteria { … }`: checked on the whole trajectory after its last step.
     pub criteria: Vec<Criterion>,
+    // The dataset fields are boxed: most scenarios have none, and every scenario's size
+    // counts in the memory a suite of thousands takes (`dsl/tests/load_memory.rs`).
+    /// `for-each=DATASET`: one scenario per row (set on the scenario as written; the loader
+    /// replaces it with its instances).
+    pub for_each: Option<Box<Spanned<String>>>,
+    /// `row-id "TEMPLATE"`: an instance's stable key; default a hash of the row's content.
+    pub row_id: Option<Box<Template>>,
+    /// `matrix { NAME VALUE…; … }`: one instance per combination.
+    pub matrix: Vec<MatrixVar>,
+    /// Set on each instance of a `for-each` or `matrix` scenario: which row and values it
+    /// runs with. Its id is `ID[ROW-ID]`, `ID[NAME=VALUE,…]` or both.
+    pub instance: Option<Arc<Instance>>,
+    /// `history …`: the recorded conversation that opens every trajectory.
+    pub history: Option<Box<History>>,
     pub span: Span,
+}
+
+/// A scenario's `history`: where it comes from, and once loaded, its messages.
+#[derive(Clone, Debug)]
+pub struct History {
+    pub source: HistorySource,
+    /// OpenAI-style messages (`role`, `content` as text, `tool_calls`, `tool_call_id`,
+    /// `name`), checked; set by the loader (per instance for a template over `row`).
+    pub messages: Option<Arc<Vec<Value>>>,
+    pub span: Span,
+}
+
+#[derive(Clone, Debug)]
+pub enum HistorySource {
+    /// `history "{{ row.messages }}"`: a list, or JSON text of one.
+    Template(Template),
+    /// `history path="conv.json"`: resolved against the suite file's directory.
+    File {
+        path: Spanned<String>,
+        resolved: PathBuf,
+    },
+}
+
+/// `dataset ID path=… limit=N sample=N seed=N filter="TEMPLATE"`: a table of cases.
+#[derive(Clone, Debug)]
+pub struct Dataset {
+    pub id: Spanned<String>,
+    /// The path as written, where it is written.
+    pub path: Spanned<String>,
+    /// The path resolved against the directory of the file that declares the dataset.
+    pub resolved: PathBuf,
+    pub limit: Option<usize>,
+    pub sample: Option<usize>,
+    pub seed: u64,
+    /// Renders `true` for the rows to keep; `row` is its only variable.
+    pub filter: Option<Template>,
+    pub span: Span,
+}
+
+/// One `matrix` line: `NAME VALUE…`.
+#[derive(Clone, Debug)]
+pub struct MatrixVar {
+    pub name: Spanned<String>,
+    pub values: Vec<Value>,
+}
+
+/// What one instance of a `for-each` or `matrix` scenario runs with.
+#[derive(Clone, Debug, Default)]
+pub struct Instance {
+    /// The scenario's id as written (what `--filter ID` also selects, with every instance).
+    pub base: String,
+    pub dataset: Option<String>,
+    /// The row's id: `row-id` rendered, or a hash of its content.
+    pub row_id: Option<String>,
+    /// The row's number in its file, from 1 (for diagnostics).
+    pub row_number: Option<usize>,
+    /// The row's fields, typed: `row` in templates.
+    pub row: Option<Arc<Map<String, Value>>>,
+    /// The matrix values, in the order written: `vars.NAME` in templates.
+    pub vars: Vec<(String, Value)>,
 }
 
 impl Scenario {

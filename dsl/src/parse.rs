@@ -87,9 +87,15 @@ pub fn load_with_overlay<P: AsRef<Path>>(
     info.broken = broken;
 
     let mut project = assemble(files, decoded, &mut info, &mut diags);
+    let tables = crate::expand::read_datasets(&project, &mut info, &mut diags);
     let (problems, env_reads) = validate::validate_reading_env(&project, &info);
     diags.extend(problems);
     project.env_reads = env_reads;
+    // Validated as written (once per scenario, not per row); expanded only when sound.
+    if diags.is_empty() {
+        crate::expand::expand(&mut project, &tables, &mut diags);
+    }
+    drop(tables);
 
     if diags.is_empty() {
         Ok(project)
@@ -147,6 +153,7 @@ struct FileItems {
     simulators: Vec<Simulator>,
     judges: Vec<Judge>,
     panels: Vec<Panel>,
+    datasets: Vec<Dataset>,
     scenarios: Vec<Arc<Scenario>>,
 }
 
@@ -557,6 +564,7 @@ fn assemble(
         project.providers.extend(items.providers);
         project.judges.extend(items.judges);
         project.panels.extend(items.panels);
+        project.datasets.extend(items.datasets);
         simulators.extend(items.simulators);
         if items.suite.is_none() && items.scenarios.is_empty() {
             continue;

@@ -62,7 +62,15 @@ impl Scope {
                 "scenario",
                 names(&["id", "name", "description", "difficulty", "tags", "status"]),
             )
-            .with("vars", Names::Only(vars.clone()));
+            .with(
+                "vars",
+                Names::Only({
+                    // Matrix values are variables from the first step on.
+                    let mut vars = vars.clone();
+                    vars.extend(scenario.matrix.iter().map(|m| m.name.value.clone()));
+                    vars
+                }),
+            );
         if has_persona {
             scope = scope.with(
                 "persona",

@@ -67,6 +67,9 @@ pub struct LoadInfo {
     /// Scenario `simulator` blocks no `simulate` step takes: nothing runs them, but what is
     /// wrong in them is still an error now rather than once a step is added.
     pub unused_simulators: Vec<Simulator>,
+    /// Per `dataset` id: the columns its file has, or `None` when it was not read (a format
+    /// this process has no reader of): `row.*` is then not checked.
+    pub dataset_columns: HashMap<String, Option<Vec<String>>>,
 }
 
 impl LoadInfo {
@@ -119,15 +122,24 @@ pub(crate) fn validate_reading_env(
 pub fn warnings(project: &Project, is_set: impl Fn(&str) -> bool) -> Vec<Diagnostic> {
     let files = &project.files;
     let mut out = Vec::new();
+    // Instances of one `for-each` / `matrix` scenario share its steps: one warning for all.
+    let mut warned: HashSet<(Span, &str)> = HashSet::new();
     for (_, sc) in project.scenarios() {
-        if !checks_something(sc) {
+        let first_instance = sc
+            .instance
+            .as_ref()
+            .is_none_or(|i| warned.insert((sc.id.span, i.base.as_str())));
+        if first_instance && !checks_something(sc) {
+            let shown = match &sc.instance {
+                Some(i) => format!("{} (every instance)", i.base),
+                None => sc.id.value.clone(),
+            };
             out.push(
                 Diagnostic::at_span(
                     Kind::NoChecks,
                     format!(
-                        "scenario `{}` checks nothing: its trajectories will be skipped, not \
-                         passed",
-                        sc.id.value
+                        "scenario `{shown}` checks nothing: its trajectories will be skipped, \
+                         not passed"
                     ),
                     files,
                     sc.id.span,
@@ -139,6 +151,18 @@ pub fn warnings(project: &Project, is_set: impl Fn(&str) -> bool) -> Vec<Diagnos
                 ),
             );
         }
+    }
+    for (id, why) in &project.empty_expansions {
+        out.push(
+            Diagnostic::at_span(
+                Kind::NotRunnable,
+                format!("scenario `{}` has no instance to run: {why}", id.value),
+                files,
+                id.span,
+                "runs once per row",
+            )
+            .with_help("check the dataset's file and its `filter`, `sample` and `limit`"),
+        );
     }
     let mut uses: Vec<(&str, Span, usize)> = Vec::new();
     let mut index: HashMap<&str, usize> = HashMap::new();
@@ -571,6 +595,13 @@ impl<'p> Validator<'p> {
             scenario: sc,
             all_captures: &all_captures,
         };
+        if let Some(History {
+            source: HistorySource::Template(t),
+            ..
+        }) = sc.history.as_deref()
+        {
+            self.template(&cx, t, &BTreeSet::new());
+        }
         let at_end = self.steps(&cx, &sc.steps, failed);
         // Trajectory criteria are checked after the last step: they see the captures made on
         // every path.
@@ -811,7 +842,8 @@ impl<'p> Validator<'p> {
             .with("user_context", Names::Any)
             .with("persona", Names::Any)
             .with("scenario", Names::Any)
-            .with("vars", Names::Any);
+            .with("vars", Names::Any)
+            .with("row", Names::Any);
         let prompt_scope = instructions_scope
             .clone()
             .with("user_context_json", Names::Any)
@@ -832,6 +864,21 @@ impl<'p> Validator<'p> {
 
     fn template(&mut self, cx: &StepCx, t: &Template, captured: &BTreeSet<String>) {
         let mut scope = Scope::scenario(cx.scenario, cx.scenario.persona.is_some(), captured);
+        match &cx.scenario.for_each {
+            Some(ds) => {
+                let names = match self.info.dataset_columns.get(&ds.value) {
+                    Some(Some(columns)) => Names::Only(columns.iter().cloned().collect()),
+                    _ => Names::Any,
+                };
+                scope = scope.with("row", names);
+            }
+            None => {
+                scope = scope.with_hint(
+                    "row",
+                    "this scenario reads no dataset; write `scenario \"ID\" for-each=\"DATASET\"` to use `row.*`",
+                )
+            }
+        }
         for name in cx.all_captures.difference(captured) {
             scope = scope.with_hint(
                 &format!("vars.{name}"),

@@ -206,6 +206,10 @@ fn setup_text(project: &Project, sc: &Scenario) -> String {
         &sc.timeout,
         &sc.first_turn,
     )));
+    // A dataset row or matrix value changes what the steps render, so an edited row reruns
+    // that row's instance (and only it).
+    text.push_str(&canonical(&sc.instance));
+    text.push_str(&canonical(&sc.history.as_ref().map(|h| &h.messages)));
     text
 }
 

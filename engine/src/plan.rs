@@ -308,10 +308,21 @@ impl Plan {
                 let sc = &suite.scenarios[ci];
                 let active = selection.include_inactive || sc.status == Status::Active;
                 let full = format!("{}/{}", suite.name, sc.id.value);
+                // An instance (`refund[A17]`) is selected by its own id (also written
+                // literally, although `[…]` is a glob class) and by its scenario's id.
+                let base = sc.instance.as_ref().map(|i| i.base.as_str());
                 let by_filter = matchers.is_empty()
-                    || matchers
+                    || matchers.iter().any(|m| {
+                        m.is_match(&sc.id.value)
+                            || m.is_match(&full)
+                            || base.is_some_and(|b| {
+                                m.is_match(b) || m.is_match(format!("{}/{b}", suite.name))
+                            })
+                    })
+                    || selection
+                        .filters
                         .iter()
-                        .any(|m| m.is_match(&sc.id.value) || m.is_match(&full));
+                        .any(|f| *f == sc.id.value || *f == full);
                 let by_tag = selection.tags.is_empty()
                     || selection
                         .tags
@@ -550,6 +561,16 @@ impl Plan {
                 .collect::<Option<Vec<_>>>()
                 .unwrap_or_default(),
             repeat: planned.repeat,
+            instance: sc.instance.as_ref().map(|i| crate::record::InstanceInfo {
+                of: i.base.clone(),
+                dataset: i.dataset.clone(),
+                row_id: i.row_id.clone(),
+                row: i
+                    .row
+                    .as_ref()
+                    .map(|r| serde_json::Value::Object((**r).clone())),
+                vars: i.vars.iter().cloned().collect(),
+            }),
         }
     }
 

@@ -293,7 +293,30 @@ impl ScenarioScope {
         extra: BTreeMap<String, Value>,
     ) -> Value {
         let mut ctx = self.base().clone();
-        ctx.insert("vars".to_string(), Value::from(Serde(vars)));
+        match &self.from {
+            // A matrix instance's values are variables from the first step on; a capture of
+            // the same name replaces its value.
+            ScopeFrom::Scenario { scenario, .. }
+                if scenario
+                    .instance
+                    .as_ref()
+                    .is_some_and(|i| !i.vars.is_empty()) =>
+            {
+                let mut all: BTreeMap<String, serde_json::Value> = scenario
+                    .instance
+                    .iter()
+                    .flat_map(|i| i.vars.iter().cloned())
+                    .collect();
+                all.extend(
+                    vars.iter()
+                        .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))),
+                );
+                ctx.insert("vars".to_string(), Value::from(Serde(&all)));
+            }
+            _ => {
+                ctx.insert("vars".to_string(), Value::from(Serde(vars)));
+            }
+        }
         ctx.extend(extra);
         Value::from(ctx)
     }
@@ -326,6 +349,10 @@ fn scenario_base(
         "tags": scenario.tags,
     });
     base.insert("scenario".into(), Value::from(Serde(&scenario_value)));
+    // A `for-each` instance's row, typed as the dataset holds it.
+    if let Some(row) = scenario.instance.as_ref().and_then(|i| i.row.as_ref()) {
+        base.insert("row".into(), Value::from(Serde(&**row)));
+    }
     if let Some(p) = persona {
         let persona_value = serde_json::json!({
             "id": p.id.value,

@@ -82,6 +82,28 @@ pub struct ScenarioInfo {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fingerprints: Vec<String>,
     pub repeat: u32,
+    /// An instance of a `for-each` / `matrix` scenario: its row and values. Absent for
+    /// other scenarios and from journals written before datasets existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance: Option<InstanceInfo>,
+}
+
+/// What one instance of a `for-each` / `matrix` scenario ran with, so results join back to
+/// the dataset's rows.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct InstanceInfo {
+    /// The scenario's id as written (`refund` for `refund[A17]`).
+    pub of: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dataset: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub row_id: Option<String>,
+    /// The row's fields, typed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub row: Option<serde_json::Value>,
+    /// The matrix values, `{NAME: VALUE}`.
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub vars: serde_json::Map<String, serde_json::Value>,
 }
 
 /// What an agent's protocol learned when it was set up for the run.

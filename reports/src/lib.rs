@@ -14,6 +14,7 @@
 pub mod calibrate;
 pub mod calibration;
 pub mod compare;
+pub mod dataset;
 mod error;
 pub mod history;
 mod html;
@@ -249,13 +250,15 @@ impl ReportWriter {
         // planned trajectories, the suites' order).
         let mut stats = stats::StatsBuilder::default();
         stats.push(&JournalEntry::RunStarted(info.clone()));
+        let mut tables = Tables::create(run_dir, &info.run_id, options.batch_rows)?;
+        tables.set_instances(&info.scenarios);
         Ok(ReportWriter {
             run_dir: run_dir.to_path_buf(),
             journal_path: trellis_journal::path_in(run_dir),
             info: info.clone(),
             // Metadata is an addition to the tables: a damaged `run.json` must not stop them.
             meta: history::RunMeta::read(run_dir).ok().flatten(),
-            tables: Tables::create(run_dir, &info.run_id, options.batch_rows)?,
+            tables,
             tally: Tally::default(),
             stats,
             outline: html::Outline::default(),

@@ -344,6 +344,41 @@ impl RunStats {
         }
         Ok(builder.finish())
     }
+
+    /// One agent's share of the run in `dir` (its nodes and trajectories replayed alone, so
+    /// the run's aggregates are that agent's), every name of the agent replaced by `label`:
+    /// two agents of one run labelled alike pair up in [`crate::compare::compare`], scenario
+    /// by scenario (a side-by-side run of `agents "a" "b"`). `None` when no trajectory of
+    /// the run is the agent's.
+    pub fn for_agent(
+        dir: &Path,
+        agent: &str,
+        label: &str,
+    ) -> Result<Option<RunStats>, ReportError> {
+        let mut journal = JournalReader::open(&dir.join(crate::JOURNAL_FILE))?;
+        let mut builder = StatsBuilder::default();
+        let mut found = false;
+        while let Some(entry) = journal.next_entry()? {
+            match entry {
+                JournalEntry::Node(mut node) => {
+                    if node.agent == agent {
+                        node.agent = label.to_owned();
+                        builder.push(&JournalEntry::Node(node));
+                    }
+                }
+                JournalEntry::Trajectory(mut t) => {
+                    if t.agent == agent {
+                        found = true;
+                        t.agent = label.to_owned();
+                        builder.push(&JournalEntry::Trajectory(t));
+                    }
+                }
+                JournalEntry::Agent(_) => {}
+                other => builder.push(&other),
+            }
+        }
+        Ok(found.then(|| builder.finish()))
+    }
 }
 
 /// Repetitions' statuses (sorted by repetition) as runs of consecutive repetitions with the

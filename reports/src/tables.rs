@@ -145,6 +145,11 @@ table!(
         llm_output_tokens: Vec<Option<u64>>,
         llm_cost: Vec<Option<f64>>,
         llm_cache_hits: Vec<u64>,
+        instance_of: Vec<Option<String>>,
+        dataset: Vec<Option<String>>,
+        row_id: Vec<Option<String>>,
+        row: Vec<Option<String>>,
+        matrix: Vec<Option<String>>,
     }
 );
 
@@ -431,9 +436,14 @@ pub(crate) struct TablePaths {
     pub(crate) runs: PathBuf,
 }
 
+/// Per `(suite, scenario)` of a `for-each` / `matrix` instance: its `instance_of`,
+/// `dataset`, `row_id`, `row` (JSON) and `matrix` (JSON) columns.
+type InstanceColumns = [Option<String>; 5];
+
 /// All six tables of one run.
 pub(crate) struct Tables {
     run_id: String,
+    instances: std::collections::HashMap<(String, String), InstanceColumns>,
     trajectories: TableFile<TrajectoryRows>,
     turns: TableFile<TurnRows>,
     tool_calls: TableFile<ToolCallRows>,
@@ -460,6 +470,7 @@ impl Tables {
     pub(crate) fn create(dir: &Path, run_id: &str, batch_rows: usize) -> Result<Self, ReportError> {
         Ok(Tables {
             run_id: run_id.to_owned(),
+            instances: std::collections::HashMap::new(),
             trajectories: TableFile::create(dir, TRAJECTORIES_FILE, batch_rows)?,
             turns: TableFile::create(dir, TURNS_FILE, batch_rows)?,
             tool_calls: TableFile::create(dir, TOOL_CALLS_FILE, batch_rows)?,
@@ -467,6 +478,29 @@ impl Tables {
             rubric_scores: TableFile::create(dir, RUBRIC_SCORES_FILE, batch_rows)?,
             runs: TableFile::create(dir, RUNS_FILE, batch_rows)?,
         })
+    }
+
+    /// The planned scenarios that are instances of `for-each` / `matrix` scenarios: their
+    /// trajectories carry the dataset, row id, row and matrix values, so results join back
+    /// to the source rows.
+    pub(crate) fn set_instances(&mut self, scenarios: &[trellis_records::ScenarioInfo]) {
+        let json = |v: &serde_json::Value| serde_json::to_string(v).ok();
+        for s in scenarios {
+            let Some(i) = &s.instance else { continue };
+            let matrix = (!i.vars.is_empty())
+                .then(|| json(&serde_json::Value::Object(i.vars.clone())))
+                .flatten();
+            self.instances.insert(
+                (s.suite.clone(), s.scenario.clone()),
+                [
+                    Some(i.of.clone()),
+                    i.dataset.clone(),
+                    i.row_id.clone(),
+                    i.row.as_ref().and_then(json),
+                    matrix,
+                ],
+            );
+        }
     }
 
     pub(crate) fn push_node(&mut self, node: &NodeRecord) {
@@ -602,6 +636,17 @@ impl Tables {
             .push(tr.llm.as_deref().map(|u| u.output_tokens));
         t.llm_cost.push(llm.cost);
         t.llm_cache_hits.push(llm.cache_hits);
+        let [instance_of, dataset, row_id, row, matrix] = self
+            .instances
+            .get(&(tr.suite.clone(), tr.scenario.clone()))
+            .cloned()
+            .unwrap_or_default();
+        t.bytes += opt_len(row.as_ref());
+        t.instance_of.push(instance_of);
+        t.dataset.push(dataset);
+        t.row_id.push(row_id);
+        t.row.push(row);
+        t.matrix.push(matrix);
         t.rows += 1;
         self.trajectories.row_done();
 

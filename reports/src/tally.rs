@@ -45,6 +45,8 @@ pub(crate) struct Tally {
     pub(crate) by_suite: BTreeMap<String, Counts>,
     pub(crate) by_scenario: BTreeMap<(String, String), Counts>,
     pub(crate) by_agent: BTreeMap<String, Counts>,
+    /// Per (suite, scenario, agent): the report's agents-side-by-side grids.
+    pub(crate) by_scenario_agent: BTreeMap<(String, String, String), Counts>,
     /// Agent turns actually taken (a shared prefix counts once per repetition).
     pub(crate) turns: u64,
     /// Checks that did not run (status `skipped`), over every trajectory.
@@ -75,6 +77,10 @@ impl Tally {
             .add(t.status);
         self.by_agent
             .entry(t.agent.clone())
+            .or_default()
+            .add(t.status);
+        self.by_scenario_agent
+            .entry((t.suite.clone(), t.scenario.clone(), t.agent.clone()))
             .or_default()
             .add(t.status);
     }

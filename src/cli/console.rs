@@ -328,6 +328,62 @@ impl Console {
         }
     }
 
+    /// With several agents, the scenarios side by side: one row per scenario, one column
+    /// per agent, each cell its pass rate and 95% interval (`agents "a" "b"` over the same
+    /// cases compares models or prompts at a glance; `trellis compare RUN --agents a b`
+    /// tests the differences).
+    fn agent_grid(&self) {
+        // Per suite, the scenarios run against several agents, and those agents.
+        let mut by_suite: BTreeMap<&str, BTreeMap<&str, Vec<&str>>> = BTreeMap::new();
+        for (suite, scenario, agent) in self.per_scenario.keys() {
+            by_suite
+                .entry(suite.as_str())
+                .or_default()
+                .entry(scenario.as_str())
+                .or_default()
+                .push(agent.as_str());
+        }
+        let mut suites: Vec<(&str, BTreeMap<&str, Vec<&str>>)> = by_suite.into_iter().collect();
+        suites.sort_by_key(|(suite, _)| self.suite_rank(suite));
+        for (suite, mut scenarios) in suites {
+            scenarios.retain(|_, agents| agents.len() > 1);
+            let agents: std::collections::BTreeSet<&str> =
+                scenarios.values().flatten().copied().collect();
+            if agents.len() < 2 {
+                continue;
+            }
+            let mut header = vec!["scenario"];
+            header.extend(agents.iter().copied());
+            let mut grid = table(&header);
+            for scenario in scenarios.keys() {
+                let mut row = vec![Cell::new(scenario)];
+                for agent in &agents {
+                    let key = (suite.to_string(), scenario.to_string(), agent.to_string());
+                    row.push(Cell::new(self.per_scenario.get(&key).map_or_else(
+                        || "·".to_string(),
+                        |c| {
+                            let ran = c.passed + c.failed + c.errors;
+                            if ran == 0 {
+                                return "-".to_string();
+                            }
+                            let interval = trellis_reports::stats::wilson_interval(
+                                c.passed,
+                                ran,
+                                trellis_reports::stats::CONFIDENCE,
+                            )
+                            .map_or_else(String::new, |i| {
+                                format!(" ({:.0}–{:.0}%)", i.low * 100.0, i.high * 100.0)
+                            });
+                            format!("{:.0}%{interval}", 100.0 * c.passed as f64 / ran as f64)
+                        },
+                    )));
+                }
+                grid.add_row(row);
+            }
+            outln!("{suite}: agents side by side (pass rate, 95% CI)\n{grid}");
+        }
+    }
+
     pub fn finish(
         &self,
         summary: Option<&RunSummary>,
@@ -383,6 +439,7 @@ impl Console {
             ]);
         }
         outln!("{table}");
+        self.agent_grid();
 
         // Branches that both passed and failed across repetitions, in stable order.
         for b in files.stats.branches.iter().filter(|b| b.repeats.flaky) {

@@ -142,6 +142,10 @@ pub struct CompareArgs {
     /// Also write the comparison as a self-contained page to this file.
     #[arg(long, value_name = "FILE")]
     html: Option<PathBuf>,
+    /// Compare two agents of one run (the run given, else the most recent finished one):
+    /// BASE's results against HEAD's, scenario by scenario (`agents "a" "b"` in a suite).
+    #[arg(long, num_args = 2, value_names = ["BASE", "HEAD"])]
+    agents: Option<Vec<String>>,
 }
 
 fn report_error(e: HistoryError) -> u8 {
@@ -250,6 +254,9 @@ fn state(run: &RunEntry) -> String {
 
 pub fn compare_command(args: CompareArgs) -> u8 {
     let dir = &args.runs.dir;
+    if let Some(agents) = &args.agents {
+        return compare_agents_command(&args, agents);
+    }
     let pair = match (&args.base, &args.head) {
         (Some(base), Some(head)) => {
             history::resolve_run(dir, base).and_then(|b| Ok((b, history::resolve_run(dir, head)?)))
@@ -271,6 +278,92 @@ pub fn compare_command(args: CompareArgs) -> u8 {
             return EXIT_INVALID;
         }
     };
+    if let Some(path) = &args.html
+        && let Err(e) =
+            trellis_reports::write_compare(path, &trellis_reports::ComparePage::from(&comparison))
+    {
+        errln!("{:?}", miette::Report::new(e));
+        return EXIT_INCOMPLETE;
+    }
+    if args.json {
+        match serde_json::to_string_pretty(&comparison) {
+            Ok(text) => outln!("{text}"),
+            Err(e) => errln!("error: cannot encode the comparison: {e}"),
+        }
+    } else {
+        print_comparison(&comparison);
+    }
+    if comparison.regressed {
+        EXIT_FAILED
+    } else {
+        EXIT_OK
+    }
+}
+
+/// `compare --agents A B [RUN]`: two agents of one run, each replayed alone from the
+/// journal and labelled `A→B`, so their scenarios pair up.
+fn compare_agents_command(args: &CompareArgs, agents: &[String]) -> u8 {
+    let (Some(base_agent), Some(head_agent)) = (agents.first(), agents.get(1)) else {
+        errln!("error: --agents takes two agent ids: BASE HEAD");
+        return EXIT_INVALID;
+    };
+    if args.head.is_some() {
+        errln!("error: --agents compares two agents of one run; give one run, not two");
+        return EXIT_INVALID;
+    }
+    let dir = &args.runs.dir;
+    let run = match &args.base {
+        Some(run) => history::resolve_run(dir, run),
+        None => history::list_runs(dir).and_then(|runs| {
+            runs.into_iter()
+                .rev()
+                .find(|r| r.finished)
+                .ok_or_else(|| HistoryError::NotEnoughRuns {
+                    what: format!("no finished run in {}", dir.display()),
+                })
+        }),
+    };
+    let run = match run {
+        Ok(run) => run,
+        Err(e) => return report_error(e),
+    };
+    let label = format!("{base_agent}→{head_agent}");
+    let side =
+        |agent: &str| match trellis_reports::stats::RunStats::for_agent(&run.dir, agent, &label) {
+            Ok(Some(stats)) => Ok(stats),
+            Ok(None) => Err(format!(
+                "run {} has no trajectory of agent `{agent}`",
+                run.label()
+            )),
+            Err(e) => Err(format!("cannot read run {}: {e}", run.label())),
+        };
+    let (base, head) = match (side(base_agent), side(head_agent)) {
+        (Ok(b), Ok(h)) => (b, h),
+        (Err(e), _) | (_, Err(e)) => {
+            errln!("error: {e}");
+            return EXIT_INVALID;
+        }
+    };
+    let mut base_ref = run_ref(&run);
+    let mut head_ref = run_ref(&run);
+    base_ref.name = Some(format!("agent {base_agent}"));
+    head_ref.name = Some(format!("agent {head_agent}"));
+    let comparison = compare::compare(
+        &base,
+        base_ref,
+        &head,
+        head_ref,
+        args.thresholds.thresholds(),
+        match untrusted_judges(&[&run.dir]) {
+            Ok(u) => u,
+            Err(message) => {
+                errln!("error: {message}");
+                return EXIT_INVALID;
+            }
+        },
+        // Per-turn latencies are read per run, not per agent: the means are compared.
+        None,
+    );
     if let Some(path) = &args.html
         && let Err(e) =
             trellis_reports::write_compare(path, &trellis_reports::ComparePage::from(&comparison))

@@ -357,8 +357,22 @@ impl Session {
                     return Rerun::Done;
                 }
             };
-        for file in &project.files {
-            let path = std::fs::canonicalize(&file.path).unwrap_or_else(|_| file.path.clone());
+        // Suite files, and the dataset and history files they read: editing a row reruns
+        // that row's instance.
+        let read =
+            project
+                .datasets
+                .iter()
+                .map(|d| &d.resolved)
+                .chain(project.scenarios().filter_map(|(_, sc)| {
+                    match sc.history.as_deref().map(|h| &h.source) {
+                        Some(trellis_dsl::HistorySource::File { resolved, .. }) => Some(resolved),
+                        _ => None,
+                    }
+                }));
+        let paths: BTreeSet<&PathBuf> = project.files.iter().map(|f| &f.path).chain(read).collect();
+        for file in paths {
+            let path = std::fs::canonicalize(file).unwrap_or_else(|_| file.clone());
             if let Some(dir) = path.parent() {
                 let dir = dir.to_path_buf();
                 self.watch_dir(&dir, RecursiveMode::NonRecursive);

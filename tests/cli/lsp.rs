@@ -411,3 +411,62 @@ fn a_file_changed_on_disk_is_checked_again_and_a_buffer_is_formatted() {
 
 const MESSY: &str = "scenario   \"x\"  {\n  agent \"store\" // who\n user \"hi\"\n}\n";
 const FORMATTED: &str = "scenario \"x\" {\n    agent \"store\" // who\n    user \"hi\"\n}\n";
+
+/// A suite over datasets gets the loader's diagnostics in the editor too: none for a sound
+/// one (the CSV and the Parquet file are read), `row.*` checked against the columns, a
+/// malformed row named; and completion offers the dataset nodes.
+#[test]
+fn a_suite_over_datasets_gets_diagnostics_and_completion() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    std::fs::create_dir_all(dir.path().join("data")).expect("data dir");
+    std::fs::write(dir.path().join("data/o.csv"), "id,amount\nA1,3\nA2,4\n").expect("written");
+    let mut parquet = Vec::new();
+    {
+        use polars::prelude::*;
+        let mut df = df!("id" => ["P1", "P2"], "n" => [1i64, 2]).expect("frame");
+        ParquetWriter::new(&mut parquet)
+            .finish(&mut df)
+            .expect("parquet");
+    }
+    std::fs::write(dir.path().join("data/p.parquet"), parquet).expect("written");
+    let main = r#"agent "shop" protocol="connexity" builtin="booking"
+dataset "o" path="data/o.csv"
+dataset "p" path="data/p.parquet"
+scenario "csv" for-each="o" {
+    row-id "{{ row.id }}"
+    user "order {{ row.id }} for {{ row.amount }}"
+    expect no-error
+}
+scenario "pq" for-each="p" {
+    user "hi {{ row.n }}"
+    expect no-error
+}
+"#;
+    std::fs::write(dir.path().join("main.kdl"), main).expect("written");
+    let steps = serde_json::json!([
+        {"do": "open", "file": "main.kdl"},
+        {"do": "change", "file": "main.kdl", "text": main.replace("row.amount", "row.amont")},
+        {"do": "write", "file": "data/o.csv", "text": "id,amount\nA1,3\nA2\n"},
+        {"do": "change", "file": "main.kdl", "text": main},
+        {"do": "complete", "file": "main.kdl", "line": 12, "character": 0},
+    ]);
+    let out = session(dir.path(), steps);
+    assert_eq!(
+        out[1]["diagnostics"]["main.kdl"],
+        serde_json::json!([]),
+        "{}",
+        out[1]
+    );
+    let typo = out[2]["diagnostics"]["main.kdl"].to_string();
+    assert!(
+        typo.contains("row.amont") && typo.contains("row.amount"),
+        "{typo}"
+    );
+    let bad_row = out[4]["diagnostics"]["main.kdl"].to_string();
+    assert!(bad_row.contains("row 2"), "{bad_row}");
+    assert!(
+        labels(&out[5]).contains(&"dataset".to_string()),
+        "{}",
+        out[5]
+    );
+}

@@ -10,6 +10,7 @@ mod a2a;
 mod agent;
 mod calibrate;
 mod complete;
+mod dataset;
 mod diagnostics;
 mod faults;
 mod fmt;

@@ -855,3 +855,38 @@ async fn judges_rerun_through_the_cache_and_only_an_edited_one_asks_again() {
     assert_eq!((agent.requests(), judge.calls()), (2, 3), "{}", watch.all());
     assert!(lines.contains("0 agent call"), "{lines}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edited_dataset_row_reruns_only_its_instance() {
+    let agent = MisbehavingServer::respond(200, OK_BODY).await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("data")).unwrap();
+    let rows = dir.path().join("data/d.csv");
+    write(&rows, "id,q\na,hello\nb,book please\n");
+    write(
+        &dir.path().join("suite.kdl"),
+        &format!(
+            "agent \"x\" protocol=\"connexity\" url=\"{}\"\n\
+             dataset \"d\" path=\"data/d.csv\"\n\
+             scenario \"s\" for-each=\"d\" {{\n    row-id \"{{{{ row.id }}}}\"\n    user \"{{{{ row.q }}}}\"\n    expect no-error\n}}\n",
+            agent.url()
+        ),
+    );
+    let mut watch = Watch::start(dir.path(), &[]);
+    watch.wait_for("watch: rerun 1 done").await;
+    assert_eq!(agent.requests(), 2);
+
+    // The dataset is watched like the suite: one row edited, one instance talks again.
+    write(&rows, "id,q\na,hello\nb,book it now\n");
+    let lines = watch.wait_for("watch: rerun 2 done").await.join("\n");
+    assert!(lines.contains("data/d.csv changed"), "{lines}");
+    assert!(
+        lines.contains("rerun suite/s[b]") && !lines.contains("rerun suite/s[a]"),
+        "{lines}"
+    );
+    assert_eq!(agent.requests(), 3, "{}", watch.all());
+    assert_eq!(
+        last_user_messages(&agent).last().map(String::as_str),
+        Some("book it now")
+    );
+}

@@ -2,7 +2,7 @@
 //! each protocol's own are in the protocol registry), `persona`, `provider`, `simulator`, `judge`,
 //! `panel`; `tool` and `scenario` have files of their own.
 
-use super::spec::{ArgSpec, Children, NodeSpec, Repeat, ValueType};
+use super::spec::{ArgSpec, Children, NodeSpec, PropSpec, Repeat, ValueType};
 
 const ID: &[ArgSpec] = &[ArgSpec::new("ID", ValueType::String, Repeat::One)];
 const STRING: &[ArgSpec] = &[ArgSpec::value(ValueType::String)];
@@ -230,3 +230,36 @@ pub static PANEL_SETTINGS: [&NodeSpec; 2] = [
         "the members (required)",
     ),
 ];
+
+/// `dataset ID path=… limit=N sample=N seed=N filter="…"`: a table of cases that
+/// `scenario ID for-each=DATASET` expands over (the formats are `dataset`'s readers).
+pub static DATASET: NodeSpec = NodeSpec::node(
+    "dataset",
+    "a table of cases (.csv, .jsonl, .json, .parquet) that `for-each` scenarios run once per row",
+)
+.args(ID)
+.props(&[
+    PropSpec::new(
+        "path",
+        ValueType::Path,
+        "the file, relative to this one: .csv (header row), .jsonl, .json (array of objects), .parquet",
+    )
+    .required(),
+    PropSpec::new(
+        "limit",
+        ValueType::Positive,
+        "keep the first N rows (after `filter` and `sample`)",
+    ),
+    PropSpec::new(
+        "sample",
+        ValueType::Positive,
+        "keep N rows chosen by their content and `seed` (the same rows when the file is reordered)",
+    ),
+    PropSpec::new("seed", ValueType::Count, "the sample's seed, default 0"),
+    PropSpec::new(
+        "filter",
+        ValueType::Template,
+        "keep the rows it renders `true` for, e.g. \"{{ row.status == 'open' }}\"; `row` is in scope",
+    ),
+])
+.repeatable();

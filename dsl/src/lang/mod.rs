@@ -25,7 +25,7 @@ pub fn top_level() -> &'static [&'static NodeSpec] {
     &TOP_LEVEL
 }
 
-pub static TOP_LEVEL: [&NodeSpec; 10] = [
+pub static TOP_LEVEL: [&NodeSpec; 11] = [
     &decls::SUITE,
     &decls::INCLUDE,
     &decls::AGENT,
@@ -35,6 +35,7 @@ pub static TOP_LEVEL: [&NodeSpec; 10] = [
     &decls::SIMULATOR,
     &decls::JUDGE,
     &decls::PANEL,
+    &decls::DATASET,
     &scenario::SCENARIO,
 ];
 
@@ -126,6 +127,7 @@ mod tests {
                 "simulator",
                 "judge",
                 "panel",
+                "dataset",
                 "scenario"
             ]
         );

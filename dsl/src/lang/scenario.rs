@@ -11,11 +11,16 @@ const STRING: &[ArgSpec] = &[ArgSpec::value(ValueType::String)];
 
 pub static SCENARIO: NodeSpec = NodeSpec::node("scenario", "one conversation to run and check")
     .args(&[ArgSpec::new("ID", ValueType::String, Repeat::One)])
+    .props(&[PropSpec::new(
+        "for-each",
+        ValueType::String,
+        "a `dataset` id: one scenario per row, `row` in template scope, ids `ID[ROW-ID]`",
+    )])
     .children(Children::Nodes(&SCENARIO_CHILDREN))
     .repeatable();
 
 /// A scenario's settings, then its steps (the order the unknown-node hint lists them in).
-pub static SCENARIO_CHILDREN: [&NodeSpec; 31] = [
+pub static SCENARIO_CHILDREN: [&NodeSpec; 34] = [
     &NodeSpec::setting("name", STRING, "the scenario's name"),
     &NodeSpec::setting("description", STRING, "what the scenario is about"),
     &NodeSpec::setting(
@@ -90,6 +95,9 @@ pub static SCENARIO_CHILDREN: [&NodeSpec; 31] = [
     ),
     &SCENARIO_CRITERIA,
     &SIMULATOR_LAYER,
+    &ROW_ID,
+    &MATRIX,
+    &HISTORY,
     &steps::USER,
     &steps::SIMULATE,
     &steps::CALL,
@@ -164,3 +172,36 @@ pub static SIMULATOR_LAYER: NodeSpec = NodeSpec::node(
     "a simulator layer for the `simulate` steps in here",
 )
 .children(Children::Nodes(&SIMULATOR_SETTINGS));
+
+/// `row-id "TEMPLATE"` in a `for-each` scenario. A node rather than a setting: it is only
+/// meaningful with `for-each`, so it is not offered as a property of every scenario.
+pub static ROW_ID: NodeSpec = NodeSpec::node(
+    "row-id",
+    "a `for-each` instance's stable key, e.g. \"{{ row.order_id }}\"; default: a hash of the row's content",
+)
+.args(&[ArgSpec::new("TEMPLATE", ValueType::Template, Repeat::One)]);
+
+/// `matrix { NAME VALUE…; … }`: one instance per combination of values.
+pub static MATRIX: NodeSpec = NodeSpec::node(
+    "matrix",
+    "one instance per combination of the values, each as `vars.NAME`; ids `ID[NAME=VALUE,…]`",
+)
+.children(Children::Data);
+
+/// `history "TEMPLATE"` / `history path="conv.json"`: a recorded conversation that opens
+/// every trajectory of the scenario.
+pub static HISTORY: NodeSpec = NodeSpec::node(
+    "history",
+    "an OpenAI-style message list that opens the trajectory as if it had happened: \
+     `history \"{{ row.messages }}\"` or `history path=\"conv.json\"`",
+)
+.args(&[ArgSpec::new(
+    "TEMPLATE",
+    ValueType::Template,
+    Repeat::Optional,
+)])
+.props(&[PropSpec::new(
+    "path",
+    ValueType::Path,
+    "a JSON file: an array of messages, or an object with `messages`",
+)]);

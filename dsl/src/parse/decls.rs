@@ -26,6 +26,7 @@ impl<'f> Decoder<'f> {
                 "simulator" => items.simulators.extend(self.simulator(&v)),
                 "judge" => items.judges.extend(self.judge(&v)),
                 "panel" => items.panels.extend(self.panel(&v)),
+                "dataset" => items.datasets.extend(self.dataset(&v)),
                 "scenario" => items
                     .scenarios
                     .extend(self.scenario(&v).map(std::sync::Arc::new)),
@@ -282,4 +283,61 @@ pub(super) fn is_env_var_name(name: &str) -> bool {
         .next()
         .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+impl<'f> Decoder<'f> {
+    /// `dataset ID path=… limit=N sample=N seed=N filter="…"`; the file is read once every
+    /// file is decoded (`crate::expand`), when the scenarios that use it are known.
+    pub(super) fn dataset(&mut self, v: &View) -> Option<Dataset> {
+        let usage = "dataset \"ID\" path=\"data/cases.csv\"";
+        let id = self.id_arg(v, "an id", usage)?;
+        self.check(v, &lang::decls::DATASET, usage);
+        let Some(path_entry) = v.prop("path") else {
+            self.missing(v, "`path=…`", usage);
+            return None;
+        };
+        let path = self.spanned_string(path_entry)?;
+        let dir = self
+            .files
+            .get(self.file)
+            .and_then(|f| f.path.parent())
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        let resolved = normalize(&dir.join(&path.value));
+        let count = |d: &mut Self, name: &str| {
+            v.prop(name)
+                .and_then(|e| d.integer(e, 1, i128::from(u32::MAX)))
+                .and_then(|n| usize::try_from(n).ok())
+        };
+        let limit = count(self, "limit");
+        let sample = count(self, "sample");
+        let seed = v
+            .prop("seed")
+            .and_then(|e| self.integer(e, 0, i128::from(u64::MAX)))
+            .and_then(|n| u64::try_from(n).ok());
+        if let (Some(e), None) = (v.prop("seed"), v.prop("sample")) {
+            let d = self
+                .diag(
+                    Kind::InvalidValue,
+                    "`seed` without `sample`",
+                    e.span(),
+                    "seeds nothing",
+                )
+                .with_help(
+                    "`seed` chooses which rows `sample=N` keeps; add `sample=N` or remove it",
+                );
+            self.report(d);
+        }
+        let filter = v.prop("filter").and_then(|e| self.template(e));
+        Some(Dataset {
+            id,
+            path,
+            resolved,
+            limit,
+            sample,
+            seed: seed.unwrap_or(0),
+            filter,
+            span: self.span(v.span),
+        })
+    }
 }

@@ -41,6 +41,14 @@ impl<'f> Decoder<'f> {
             first_turn: FirstTurn::default(),
             steps: Vec::new(),
             criteria: Vec::new(),
+            for_each: v
+                .prop("for-each")
+                .and_then(|e| self.spanned_string(e))
+                .map(Box::new),
+            row_id: None,
+            matrix: Vec::new(),
+            instance: None,
+            history: None,
             span: self.span(v.span),
         };
         let mut st = ScenarioState {
@@ -231,6 +239,27 @@ impl<'f> Decoder<'f> {
                     }
                 }
                 "needs" => sc.needs = self.spanned_strings(&cv, spec, "needs \"SCENARIO\"…"),
+                "row-id" => {
+                    sc.row_id = self
+                        .single(&cv, spec, "row-id \"{{ row.id }}\"")
+                        .and_then(|e| self.template(e))
+                        .map(Box::new);
+                    if sc.for_each.is_none() {
+                        let d = self
+                            .diag(
+                                Kind::InvalidValue,
+                                "`row-id` in a scenario without `for-each`",
+                                cv.name_span,
+                                "no rows to name",
+                            )
+                            .with_help(
+                                "write `scenario \"ID\" for-each=\"DATASET\"`, or remove `row-id`",
+                            );
+                        self.report(d);
+                    }
+                }
+                "matrix" => sc.matrix = self.matrix(&cv, spec),
+                "history" => sc.history = self.history(&cv, spec).map(Box::new),
                 "criteria" => {
                     self.check_entries(&cv, spec, "criteria { CRITERION… }");
                     for child in cv.children.map(|c| c.nodes()).unwrap_or_default() {
@@ -244,7 +273,8 @@ impl<'f> Decoder<'f> {
             }
         }
         // With `first-turn "agent"` the agent has spoken before the first step.
-        let has_turn = has_initial || sc.first_turn == FirstTurn::Agent;
+        // A `history` may end with a user message the agent answers first.
+        let has_turn = has_initial || sc.first_turn == FirstTurn::Agent || sc.history.is_some();
         let (steps, _) = self.steps(&step_nodes, has_turn, &mut st);
         sc.steps = initial.into_iter().chain(steps).collect();
         if let Some(simulator) = scenario_simulator {
@@ -260,6 +290,89 @@ impl<'f> Decoder<'f> {
         }
         sc.shrink_to_fit();
         Some(sc)
+    }
+
+    /// `history "TEMPLATE"` or `history path="FILE"` (one of them).
+    fn history(&mut self, v: &View, spec: &NodeSpec) -> Option<History> {
+        let usage = "history \"{{ row.messages }}\" or history path=\"conversation.json\"";
+        self.check(v, spec, usage);
+        let source = match (v.args.first(), v.prop("path")) {
+            (Some(_), Some(p)) => {
+                let d = self
+                    .diag(
+                        Kind::InvalidValue,
+                        "`history` takes a template or `path=`, not both",
+                        p.span(),
+                        "and a path",
+                    )
+                    .with_help("keep one of them");
+                self.report(d);
+                return None;
+            }
+            (Some(e), None) => HistorySource::Template(self.template(e)?),
+            (None, Some(p)) => {
+                let path = self.spanned_string(p)?;
+                let dir = self
+                    .files
+                    .get(self.file)
+                    .and_then(|f| f.path.parent())
+                    .map(Path::to_path_buf)
+                    .unwrap_or_default();
+                let resolved = normalize(&dir.join(&path.value));
+                HistorySource::File { path, resolved }
+            }
+            (None, None) => {
+                self.missing(v, "a template or `path=…`", usage);
+                return None;
+            }
+        };
+        Some(History {
+            source,
+            messages: None,
+            span: self.span(v.span),
+        })
+    }
+
+    /// `matrix { NAME VALUE…; … }`: each line a variable and its values (typed as written).
+    fn matrix(&mut self, v: &View, spec: &NodeSpec) -> Vec<MatrixVar> {
+        let usage = "matrix { model \"a\" \"b\"; temperature 0 1 }";
+        self.check_entries(v, spec, usage);
+        let mut out: Vec<MatrixVar> = Vec::new();
+        let Some(children) = v.children else {
+            self.missing(v, "a block of `NAME VALUE…` lines", usage);
+            return out;
+        };
+        for node in children.nodes() {
+            let cv = View::of(node, self.text());
+            self.check_props(&cv, &[], &[]);
+            self.check_no_children(&cv);
+            if cv.args.is_empty() {
+                self.missing(&cv, "one or more values", usage);
+                continue;
+            }
+            if let Some(first) = out.iter().find(|m| m.name.value == cv.name) {
+                let p = check::setting_twice(
+                    cv.name,
+                    " in `matrix`",
+                    cv.name_span,
+                    first.name.span.span,
+                );
+                self.problem(p);
+                continue;
+            }
+            let values: Vec<Value> = cv.args.iter().filter_map(|e| self.json(e)).collect();
+            out.push(MatrixVar {
+                name: Spanned::new(cv.name.to_string(), self.span(cv.name_span)),
+                values,
+            });
+        }
+        if out.is_empty() && !children.nodes().is_empty() {
+            return out;
+        }
+        if out.is_empty() {
+            self.missing(v, "a `NAME VALUE…` line", usage);
+        }
+        out
     }
 
     /// `initial-state { KEY VALUE; … }` (as `user-context`) or `initial-state json=#"{…}"#`

@@ -13,6 +13,7 @@
 //! `need` and are skipped, with the reason, when one of those failed.
 
 mod agents;
+mod history;
 pub mod launch;
 pub mod resume;
 mod reuse;

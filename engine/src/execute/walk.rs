@@ -614,7 +614,15 @@ impl<'a> Unit<'a> {
             );
         }
         if state.turns.is_empty() && !state.prefix_not_sent {
-            return (Some(session), None);
+            // The root's session starts from the scenario's recorded history, if any.
+            let stop = match node.parent {
+                None => {
+                    self.open_history(session.as_mut(), false, state, recorded)
+                        .await
+                }
+                Some(_) => None,
+            };
+            return (Some(session), stop);
         }
         // The replay redoes the whole path so far in this branch's session: its time
         // replaces the original prefix's in the branch's budget instead of adding to it.
@@ -623,6 +631,52 @@ impl<'a> Unit<'a> {
             .replay_prefix(node, session.as_mut(), state, recorded)
             .await;
         (Some(session), stop)
+    }
+
+    /// Opens the conversation with the scenario's `history`: restored into a session that
+    /// holds its conversation, or its user messages replayed (recorded with `replay: true`)
+    /// into one bound to server state. A last user message the history has no answer to is
+    /// sent as the trajectory's first real turn (`in_replay`: a replay of it too).
+    async fn open_history(
+        &self,
+        session: &mut dyn Session,
+        in_replay: bool,
+        state: &mut PathState,
+        recorded: &mut Vec<Arc<TurnRecord>>,
+    ) -> Option<Stop> {
+        let messages = self
+            .scenario
+            .scenario
+            .history
+            .as_ref()
+            .and_then(|h| h.messages.as_ref())?;
+        let mut turns = super::history::turns(messages);
+        let pending = match turns.last() {
+            Some((Some(_), last)) if last.messages.is_empty() => turns.pop().and_then(|t| t.0),
+            _ => None,
+        };
+        if !super::history::restore(session, &turns) {
+            for (input, _) in &turns {
+                // The agent's own opening cannot be asked for again; the user turns can.
+                let Some(text) = input else { continue };
+                if let Some(stop) = self
+                    .turn(session, TurnInput::User(text), true, state, recorded)
+                    .await
+                {
+                    return Some(match stop {
+                        Stop::Fault(fault) => Stop::Fault(Fault::new(
+                            fault.category,
+                            format!("replaying the history: {}", fault.message),
+                        )),
+                        Stop::Branch(_) => Stop::Fault(branch_on_replay()),
+                        other => other,
+                    });
+                }
+            }
+        }
+        let text = pending?;
+        self.turn(session, TurnInput::User(&text), in_replay, state, recorded)
+            .await
     }
 
     /// Replays the steps of the nodes above `node` in a fresh session: templates render
@@ -653,6 +707,10 @@ impl<'a> Unit<'a> {
         let judge_all = std::mem::take(&mut state.prefix_not_sent);
         state.turns.clear();
         state.vars.clear();
+        // A session bound to server state: the history is replayed first, as in the root.
+        if let Some(stop) = self.open_history(session, true, state, recorded).await {
+            return Some(stop);
+        }
         let scope = &self.scenario.scope;
         let templates = &self.shared.plan.templates;
         let replay_fault = |fault: Fault| {

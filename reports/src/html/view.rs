@@ -509,6 +509,92 @@ pub(crate) struct ScenarioView {
     omitted_runs: u64,
 }
 
+/// Scenarios of one suite run against several agents: one row per scenario, one column
+/// per agent.
+#[derive(Serialize)]
+pub(crate) struct AgentGrid {
+    suite: String,
+    agents: Vec<String>,
+    rows: Vec<AgentGridRow>,
+}
+
+#[derive(Serialize)]
+pub(crate) struct AgentGridRow {
+    name: String,
+    anchor: Option<String>,
+    /// Per agent: the pass rate with its 95% interval and grade; `None` where the agent
+    /// did not run the scenario.
+    cells: Vec<Option<GridCell>>,
+}
+
+#[derive(Serialize)]
+pub(crate) struct GridCell {
+    rate: String,
+    interval: String,
+    grade: &'static str,
+}
+
+/// The grids of the suites whose scenarios ran against several agents, suites in load
+/// order, agents in plan order.
+fn agent_grids(
+    suites: &[String],
+    agents: &[String],
+    counts: &BTreeMap<(String, String, String), Counts>,
+    anchors: &BTreeMap<(String, String), String>,
+) -> Vec<AgentGrid> {
+    let mut grids = Vec::new();
+    for suite in suites {
+        let mut scenarios: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+        for (s, scenario, agent) in counts.keys() {
+            if s == suite {
+                scenarios.entry(scenario).or_default().push(agent);
+            }
+        }
+        scenarios.retain(|_, a| a.len() > 1);
+        let columns: Vec<String> = agents
+            .iter()
+            .filter(|a| scenarios.values().any(|list| list.contains(&a.as_str())))
+            .cloned()
+            .collect();
+        if columns.len() < 2 {
+            continue;
+        }
+        let rows = scenarios
+            .keys()
+            .map(|scenario| AgentGridRow {
+                name: (*scenario).to_string(),
+                anchor: anchors
+                    .get(&(suite.clone(), (*scenario).to_string()))
+                    .cloned(),
+                cells: columns
+                    .iter()
+                    .map(|agent| {
+                        let c =
+                            counts.get(&(suite.clone(), (*scenario).to_string(), agent.clone()))?;
+                        let view = CountsView::of(c);
+                        let ran = c.passed + c.failed + c.errors;
+                        let interval = crate::stats::wilson_interval(c.passed, ran, 0.95)
+                            .map_or_else(String::new, |i| {
+                                format!("{:.0}–{:.0}%", i.low * 100.0, i.high * 100.0)
+                            });
+                        Some(GridCell {
+                            rate: view.rate,
+                            interval,
+                            grade: view.grade,
+                        })
+                    })
+                    .collect(),
+            })
+            .collect();
+        grids.push(AgentGrid {
+            suite: suite.clone(),
+            agents: columns,
+            rows,
+        });
+    }
+    grids
+}
+
 #[derive(Serialize)]
 pub(crate) struct StatusCount {
     status: &'static str,
@@ -533,6 +619,7 @@ pub(crate) struct PageView {
     by_suite: Vec<RateRow>,
     by_scenario: Vec<RateRow>,
     by_agent: Vec<RateRow>,
+    agent_grids: Vec<AgentGrid>,
     scenarios: Vec<ScenarioView>,
     filter_suites: Vec<String>,
     filter_agents: Vec<String>,
@@ -837,6 +924,15 @@ pub(crate) fn build(page: &Page<'_>) -> PageView {
         by_suite: rate_rows(&filter_suites, &page.tally.by_suite),
         by_scenario,
         by_agent: rate_rows(&filter_agents, &page.tally.by_agent),
+        agent_grids: agent_grids(
+            &filter_suites,
+            &filter_agents,
+            &page.tally.by_scenario_agent,
+            &scenarios
+                .iter()
+                .map(|v| ((v.suite.clone(), v.id.clone()), v.anchor.clone()))
+                .collect(),
+        ),
         scenarios,
         filter_suites,
         filter_agents,

@@ -37,6 +37,7 @@ pub fn run_info() -> RunInfo {
             trajectories: vec!["accepts".into(), "asks-price".into()],
             fingerprints: Vec::new(),
             repeat: 2,
+            instance: None,
         }],
         rejudged_from: None,
         strict: false,

@@ -88,6 +88,11 @@ fn tables_have_documented_shape() {
             "llm_output_tokens",
             "llm_cost",
             "llm_cache_hits",
+            "instance_of",
+            "dataset",
+            "row_id",
+            "row",
+            "matrix",
         ]
     );
     assert_eq!(dtype(&t, "repetition"), DataType::UInt32);

@@ -3,6 +3,7 @@
 //! share to write KDL that loads back exactly as the source said.
 
 mod connexity;
+mod conversations;
 mod fixie;
 mod multiagent;
 mod scenario_file;
@@ -39,6 +40,12 @@ enum ImportSource {
     ///
     /// Example: trellis import connexity test-cases/ --out suites/connexity
     Connexity(connexity::ConnexityImportArgs),
+    /// Write a suite whose scenarios start from recorded conversations: JSON Lines, one
+    /// `{"messages": […], "id": …}` per line (OpenAI-style messages). The suite reads the
+    /// file as a `dataset` and opens one scenario per line with its messages as `history`.
+    ///
+    /// Example: trellis import conversations exports/support.jsonl --out suites/support.kdl
+    Conversations(conversations::ConversationsImportArgs),
 }
 
 pub fn import(args: ImportArgs) -> u8 {
@@ -46,6 +53,7 @@ pub fn import(args: ImportArgs) -> u8 {
         ImportSource::Fixie(args) => fixie::import_fixie(&args),
         ImportSource::Multiagent(args) => multiagent::import_multiagent(&args),
         ImportSource::Connexity(args) => connexity::import_connexity(&args),
+        ImportSource::Conversations(args) => conversations::import_conversations(&args),
     }
 }
 

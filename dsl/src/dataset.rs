@@ -1,0 +1,577 @@
+//! Datasets: tables of cases that `scenario ID for-each=DATASET` turns into one scenario per
+//! row.
+//!
+//! A [`RowReader`] streams one file format's rows as JSON objects; CSV, JSON Lines and JSON
+//! arrays are read here, and other formats (Parquet, read by the binary through `reports`,
+//! so this crate never links an Arrow stack) are added with [`register_reader`]. [`read`]
+//! applies a dataset's `filter`, `sample` and `limit` as rows stream by, so only the rows
+//! used are ever held. Row ids (`row-id`, or a hash of the row's content) are made here too.
+
+use std::collections::BinaryHeap;
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::ops::ControlFlow;
+use std::path::Path;
+use std::sync::{Arc, RwLock};
+
+use serde_json::{Map, Value};
+
+/// One row as the templates see it: its fields, typed, keys as the file names them.
+pub type Fields = Map<String, Value>;
+
+/// Why a dataset file could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// The file could not be opened or read.
+    #[error("cannot read the file: {0}")]
+    Io(#[from] std::io::Error),
+    /// One row (numbered from 1, the header not counted) is malformed.
+    #[error("row {row}{}: {message}", column.as_ref().map(|c| format!(", column `{c}`")).unwrap_or_default())]
+    Row {
+        row: usize,
+        column: Option<String>,
+        message: String,
+    },
+    /// The file as a whole is not of its format.
+    #[error("{0}")]
+    Format(String),
+}
+
+/// A file format's reader: hands each row, in file order and numbered from 1, to `visit`
+/// until the file ends or `visit` breaks.
+pub trait RowReader: Send + Sync {
+    fn read(
+        &self,
+        path: &Path,
+        visit: &mut dyn FnMut(usize, Fields) -> ControlFlow<()>,
+    ) -> Result<(), ReadError>;
+}
+
+type Registry = Vec<(&'static str, Arc<dyn RowReader>)>;
+
+/// Readers added by the program (by file extension, without the dot).
+static EXTRA: RwLock<Registry> = RwLock::new(Vec::new());
+
+/// Adds (or replaces) the reader of files ending in `.EXT`: the binary registers Parquet,
+/// which this crate does not read itself.
+pub fn register_reader(ext: &'static str, reader: Arc<dyn RowReader>) {
+    // A poisoned lock only means another registration panicked; the list is still whole.
+    let mut extra = EXTRA.write().unwrap_or_else(|e| e.into_inner());
+    extra.retain(|(e, _)| *e != ext);
+    extra.push((ext, reader));
+}
+
+/// The extensions with a reader, built-in ones first (for hints).
+pub fn known_extensions() -> Vec<&'static str> {
+    let mut out = vec!["csv", "jsonl", "ndjson", "json"];
+    let extra = EXTRA.read().unwrap_or_else(|e| e.into_inner());
+    for (e, _) in extra.iter() {
+        if !out.contains(e) {
+            out.push(e);
+        }
+    }
+    out
+}
+
+/// The reader of `path`'s format: `Ok(None)` for a format this process has no reader of
+/// although the language knows it (Parquet in a process that registered none, such as the
+/// language server built without the reports crate), `Err` for an unknown extension.
+pub fn reader_for(path: &Path) -> Result<Option<Arc<dyn RowReader>>, String> {
+    let ext = path
+        .extension()
+        .map(|e| e.to_string_lossy().to_ascii_lowercase())
+        .unwrap_or_default();
+    {
+        let extra = EXTRA.read().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, r)) = extra.iter().find(|(e, _)| *e == ext) {
+            return Ok(Some(Arc::clone(r)));
+        }
+    }
+    match ext.as_str() {
+        "csv" => Ok(Some(Arc::new(Csv))),
+        "jsonl" | "ndjson" => Ok(Some(Arc::new(JsonLines))),
+        "json" => Ok(Some(Arc::new(JsonArray))),
+        "parquet" => Ok(None),
+        _ => {
+            let mut known = known_extensions();
+            if !known.contains(&"parquet") {
+                known.push("parquet");
+            }
+            let known: Vec<String> = known.iter().map(|e| format!(".{e}")).collect();
+            Err(format!(
+                "unknown dataset format `.{ext}`; known: {}",
+                known.join(", ")
+            ))
+        }
+    }
+}
+
+/// Decides whether a row is kept; an error (why the row cannot be decided) names the row.
+pub type RowFilter<'a> = &'a mut dyn FnMut(&Fields) -> Result<bool, String>;
+
+/// What to keep of a dataset's rows.
+pub struct Select<'a> {
+    /// Rows that pass, decided as they stream by.
+    pub filter: Option<RowFilter<'a>>,
+    /// Keep this many rows chosen by content and `seed` (stable when rows are reordered).
+    pub sample: Option<(usize, u64)>,
+    /// Keep the first this many (after `filter` and `sample`).
+    pub limit: Option<usize>,
+}
+
+/// A row kept: its number in the file (from 1) and its fields.
+#[derive(Clone, Debug)]
+pub struct Row {
+    pub number: usize,
+    pub fields: Arc<Fields>,
+}
+
+/// Reads the rows of `path` that `select` keeps, in file order, and the columns seen (in
+/// order of first appearance, over every row read, kept or not).
+pub fn read(
+    reader: &dyn RowReader,
+    path: &Path,
+    mut select: Select<'_>,
+) -> Result<(Vec<String>, Vec<Row>), ReadError> {
+    let mut columns: Vec<String> = Vec::new();
+    let mut kept: Vec<Row> = Vec::new();
+    // The sample: the `n` rows with the smallest seeded content hashes (a max-heap, so the
+    // largest is dropped when a smaller one comes).
+    let mut sampled: BinaryHeap<(u64, usize, RowBox)> = BinaryHeap::new();
+    let mut failure: Option<ReadError> = None;
+    let stream_limit = if select.sample.is_none() {
+        select.limit
+    } else {
+        None
+    };
+    reader.read(path, &mut |number, fields| {
+        for k in fields.keys() {
+            if !columns.iter().any(|c| c == k) {
+                columns.push(k.clone());
+            }
+        }
+        if let Some(filter) = select.filter.as_mut() {
+            match filter(&fields) {
+                Ok(true) => {}
+                Ok(false) => return ControlFlow::Continue(()),
+                Err(message) => {
+                    failure = Some(ReadError::Row {
+                        row: number,
+                        column: None,
+                        message,
+                    });
+                    return ControlFlow::Break(());
+                }
+            }
+        }
+        match select.sample {
+            Some((n, seed)) => {
+                let key = sample_key(&fields, seed);
+                sampled.push((key, number, RowBox(fields)));
+                if sampled.len() > n {
+                    sampled.pop();
+                }
+            }
+            None => kept.push(Row {
+                number,
+                fields: Arc::new(fields),
+            }),
+        }
+        match stream_limit {
+            Some(limit) if kept.len() >= limit => ControlFlow::Break(()),
+            _ => ControlFlow::Continue(()),
+        }
+    })?;
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    if select.sample.is_some() {
+        kept = sampled
+            .into_iter()
+            .map(|(_, number, RowBox(fields))| Row {
+                number,
+                fields: Arc::new(fields),
+            })
+            .collect();
+        kept.sort_by_key(|r| r.number);
+    }
+    if let Some(limit) = select.limit {
+        kept.truncate(limit);
+    }
+    kept.shrink_to_fit();
+    Ok((columns, kept))
+}
+
+/// A row in the sample heap, ordered by its key alone.
+struct RowBox(Fields);
+impl PartialEq for RowBox {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+impl Eq for RowBox {}
+impl PartialOrd for RowBox {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for RowBox {
+    fn cmp(&self, _: &Self) -> std::cmp::Ordering {
+        std::cmp::Ordering::Equal
+    }
+}
+
+fn sample_key(fields: &Fields, seed: u64) -> u64 {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(&seed.to_le_bytes());
+    hasher.update(canonical_json(&Value::Object(fields.clone())).as_bytes());
+    let bytes = hasher.finalize();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&bytes.as_bytes()[..8]);
+    u64::from_le_bytes(first)
+}
+
+/// The default row id: the first 12 hex digits of the hash of the row's content, keys
+/// sorted, so reordering rows or columns, or appending rows, changes no other row's id.
+pub fn content_id(fields: &Fields) -> String {
+    let text = canonical_json(&Value::Object(fields.clone()));
+    let hash = blake3::hash(text.as_bytes()).to_hex();
+    hash.as_str()[..12].to_string()
+}
+
+/// JSON with object keys sorted at every depth (serde_json keeps insertion order when a
+/// crate in the build turns on `preserve_order`, which would make hashes order-dependent).
+fn canonical_json(v: &Value) -> String {
+    fn sorted(v: &Value) -> Value {
+        match v {
+            Value::Object(m) => {
+                let mut keys: Vec<&String> = m.keys().collect();
+                keys.sort();
+                let mut out = Map::new();
+                for k in keys {
+                    out.insert(k.clone(), sorted(&m[k]));
+                }
+                Value::Object(out)
+            }
+            Value::Array(a) => Value::Array(a.iter().map(sorted).collect()),
+            other => other.clone(),
+        }
+    }
+    // With keys inserted in sorted order both map kinds serialize them sorted.
+    sorted(v).to_string()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Built-in formats
+
+/// CSV with a header row (the `csv` crate: quoted fields, embedded newlines, CRLF). A field
+/// is typed when it reads back the same: `42`, `-1.5`, `true`/`false`; anything else
+/// (`007`, `1.50`, an empty field) stays text, so ids with leading zeros survive.
+struct Csv;
+
+impl RowReader for Csv {
+    fn read(
+        &self,
+        path: &Path,
+        visit: &mut dyn FnMut(usize, Fields) -> ControlFlow<()>,
+    ) -> Result<(), ReadError> {
+        let file = File::open(path)?;
+        let mut rdr = csv::ReaderBuilder::new()
+            .has_headers(true)
+            .flexible(false)
+            .from_reader(BufReader::new(file));
+        let headers = rdr
+            .headers()
+            .map_err(|e| csv_error(e, &[]))?
+            .iter()
+            .map(|h| h.trim_start_matches('\u{feff}').to_string())
+            .collect::<Vec<_>>();
+        if let Some(dup) = headers
+            .iter()
+            .enumerate()
+            .find(|(i, h)| headers[..*i].contains(h))
+        {
+            return Err(ReadError::Format(format!(
+                "the header names column `{}` twice",
+                dup.1
+            )));
+        }
+        let mut record = csv::StringRecord::new();
+        let mut number = 0;
+        loop {
+            match rdr.read_record(&mut record) {
+                Ok(false) => return Ok(()),
+                Ok(true) => {}
+                Err(e) => return Err(csv_error(e, &headers)),
+            }
+            number += 1;
+            let mut fields = Map::new();
+            for (h, v) in headers.iter().zip(record.iter()) {
+                fields.insert(h.clone(), csv_value(v));
+            }
+            if visit(number, fields).is_break() {
+                return Ok(());
+            }
+        }
+    }
+}
+
+fn csv_value(text: &str) -> Value {
+    match text {
+        "true" => return Value::Bool(true),
+        "false" => return Value::Bool(false),
+        _ => {}
+    }
+    if let Ok(i) = text.parse::<i64>()
+        && i.to_string() == text
+    {
+        return Value::from(i);
+    }
+    if let Ok(f) = text.parse::<f64>()
+        && f.is_finite()
+        && f.to_string() == text
+        && let Some(n) = serde_json::Number::from_f64(f)
+    {
+        return Value::Number(n);
+    }
+    Value::String(text.to_string())
+}
+
+fn csv_error(e: csv::Error, headers: &[String]) -> ReadError {
+    // Rows as users count them: the header is not a row, data rows start at 1.
+    let row = e
+        .position()
+        .map(|p| usize::try_from(p.record()).unwrap_or(usize::MAX))
+        .unwrap_or(0);
+    match e.into_kind() {
+        csv::ErrorKind::Io(io) => ReadError::Io(io),
+        csv::ErrorKind::UnequalLengths {
+            expected_len, len, ..
+        } => ReadError::Row {
+            row,
+            column: headers
+                .get(len as usize)
+                .cloned()
+                .filter(|_| len < expected_len),
+            message: format!(
+                "{len} field{} where the header has {expected_len}",
+                if len == 1 { "" } else { "s" }
+            ),
+        },
+        csv::ErrorKind::Utf8 { err, .. } => ReadError::Row {
+            row,
+            column: headers.get(err.field()).cloned(),
+            message: "not valid UTF-8".into(),
+        },
+        other => ReadError::Format(format!("{other:?}")),
+    }
+}
+
+/// JSON Lines: one object per line; blank lines are skipped.
+struct JsonLines;
+
+impl RowReader for JsonLines {
+    fn read(
+        &self,
+        path: &Path,
+        visit: &mut dyn FnMut(usize, Fields) -> ControlFlow<()>,
+    ) -> Result<(), ReadError> {
+        let file = BufReader::new(File::open(path)?);
+        let mut number = 0;
+        for (i, line) in file.lines().enumerate() {
+            let line = line.map_err(|e| match e.kind() {
+                std::io::ErrorKind::InvalidData => ReadError::Row {
+                    row: number + 1,
+                    column: None,
+                    message: format!("line {} is not valid UTF-8", i + 1),
+                },
+                _ => ReadError::Io(e),
+            })?;
+            if line.trim().is_empty() {
+                continue;
+            }
+            number += 1;
+            let fields = match serde_json::from_str::<Value>(&line) {
+                Ok(Value::Object(m)) => m,
+                Ok(other) => {
+                    return Err(ReadError::Row {
+                        row: number,
+                        column: None,
+                        message: format!(
+                            "line {} is a JSON {}, not an object",
+                            i + 1,
+                            json_kind(&other)
+                        ),
+                    });
+                }
+                Err(e) => {
+                    return Err(ReadError::Row {
+                        row: number,
+                        column: None,
+                        message: format!("line {}: {e}", i + 1),
+                    });
+                }
+            };
+            if visit(number, fields).is_break() {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A JSON array of objects, read element by element (never the whole array at once).
+struct JsonArray;
+
+impl RowReader for JsonArray {
+    fn read(
+        &self,
+        path: &Path,
+        visit: &mut dyn FnMut(usize, Fields) -> ControlFlow<()>,
+    ) -> Result<(), ReadError> {
+        use serde::de::{Deserializer, SeqAccess, Visitor};
+
+        struct Rows<'v> {
+            visit: &'v mut dyn FnMut(usize, Fields) -> ControlFlow<()>,
+            problem: Option<ReadError>,
+        }
+        impl<'de> Visitor<'de> for &mut Rows<'_> {
+            type Value = ();
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an array of objects")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+                let mut number = 0;
+                while let Some(v) = seq.next_element::<Value>()? {
+                    number += 1;
+                    let Value::Object(fields) = v else {
+                        self.problem = Some(ReadError::Row {
+                            row: number,
+                            column: None,
+                            message: format!(
+                                "element {number} is a JSON {}, not an object",
+                                json_kind(&v)
+                            ),
+                        });
+                        return Ok(());
+                    };
+                    if (self.visit)(number, fields).is_break() {
+                        // The rest is not needed; the reader stops here.
+                        return Ok(());
+                    }
+                }
+                Ok(())
+            }
+        }
+
+        let file = BufReader::new(File::open(path)?);
+        let mut de = serde_json::Deserializer::from_reader(file);
+        let mut rows = Rows {
+            visit,
+            problem: None,
+        };
+        let result = (&mut de).deserialize_seq(&mut rows);
+        if let Some(p) = rows.problem {
+            return Err(p);
+        }
+        match result {
+            Ok(()) => Ok(()),
+            // Stopped early (limit reached): the rest of the array is never read.
+            Err(e) if e.is_io() => Err(ReadError::Io(e.into())),
+            Err(e) => Err(ReadError::Format(format!(
+                "not a JSON array of objects: {e}"
+            ))),
+        }
+    }
+}
+
+fn json_kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Conversations
+
+/// Checks and normalizes a message list: each an object with a known `role`; `content`
+/// text, `null`, or OpenAI content parts (their text joined); `tool_calls`,
+/// `tool_call_id` and `name` kept.
+pub fn messages(value: Value) -> Result<Vec<Value>, String> {
+    let list = match value {
+        Value::Array(list) => list,
+        Value::Object(mut o) => match o.remove("messages") {
+            Some(Value::Array(list)) => list,
+            _ => return Err("an object without a `messages` list".into()),
+        },
+        _ => return Err("not a list of messages".into()),
+    };
+    let mut out = Vec::with_capacity(list.len());
+    for (i, m) in list.into_iter().enumerate() {
+        let n = i + 1;
+        let Value::Object(m) = m else {
+            return Err(format!("message {n} is not an object"));
+        };
+        let role = m.get("role").and_then(Value::as_str).unwrap_or_default();
+        if !matches!(role, "system" | "developer" | "user" | "assistant" | "tool") {
+            return Err(format!(
+                "message {n} has role `{role}`; roles are system, developer, user, assistant, tool"
+            ));
+        }
+        let content = match m.get("content") {
+            None | Some(Value::Null) => Value::Null,
+            Some(Value::String(s)) => Value::String(s.clone()),
+            Some(Value::Array(parts)) => Value::String(
+                parts
+                    .iter()
+                    .filter_map(|p| p.get("text").and_then(Value::as_str))
+                    .collect::<Vec<_>>()
+                    .join(""),
+            ),
+            Some(_) => return Err(format!("message {n}'s content is not text")),
+        };
+        if role == "user" && !content.is_string() {
+            return Err(format!("message {n} (user) has no text"));
+        }
+        let mut norm = serde_json::Map::new();
+        norm.insert("role".into(), Value::String(role.into()));
+        norm.insert("content".into(), content);
+        for key in ["tool_calls", "tool_call_id", "name"] {
+            if let Some(v) = m.get(key).filter(|v| !v.is_null()) {
+                norm.insert(key.into(), v.clone());
+            }
+        }
+        out.push(Value::Object(norm));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn csv_fields_are_typed_only_when_they_read_back_the_same() {
+        assert_eq!(csv_value("42"), Value::from(42));
+        assert_eq!(csv_value("-1.5"), Value::from(-1.5));
+        assert_eq!(csv_value("007"), Value::from("007"));
+        assert_eq!(csv_value("1.50"), Value::from("1.50"));
+        assert_eq!(csv_value("true"), Value::Bool(true));
+        assert_eq!(csv_value(""), Value::from(""));
+        assert_eq!(csv_value("NaN"), Value::from("NaN"));
+    }
+
+    #[test]
+    fn content_ids_ignore_key_order() {
+        let a: Fields = serde_json::from_str(r#"{"a":1,"b":{"x":1,"y":2}}"#).unwrap();
+        let b: Fields = serde_json::from_str(r#"{"b":{"y":2,"x":1},"a":1}"#).unwrap();
+        assert_eq!(content_id(&a), content_id(&b));
+        let c: Fields = serde_json::from_str(r#"{"a":2,"b":{"x":1,"y":2}}"#).unwrap();
+        assert_ne!(content_id(&a), content_id(&c));
+    }
+}

@@ -1,0 +1,648 @@
+//! Instances: reading each `dataset` and replacing every `for-each` / `matrix` scenario by
+//! one scenario per row and combination of values.
+//!
+//! The loader reads the datasets after decoding (their columns scope `row.*` in the
+//! templates `validate` checks on the scenario as written, once, not once per row), and
+//! expands only a project without errors, so each instance is a plain scenario to the
+//! planner, the executor and the reports: its id is `ID[ROW-ID]`, `ID[NAME=VALUE,…]` or
+//! `ID[ROW-ID,NAME=VALUE,…]`, and [`Scenario::instance`] carries its row and values.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use minijinja::value::Serde;
+use minijinja::{Environment, UndefinedBehavior};
+use serde_json::Value;
+
+use crate::dataset::{self, Row, Select};
+use crate::diagnostics::{Diagnostic, Kind, suggest};
+use crate::model::*;
+use crate::validate::LoadInfo;
+
+/// The rows each dataset keeps, by id (a dataset of a format without a reader here has
+/// none).
+pub(crate) type Tables = HashMap<String, Vec<Row>>;
+
+/// Reads every dataset (filter, sample and limit applied as rows stream by), records their
+/// columns in `info` for the template checks, and reports unreadable files, bad rows and
+/// `for-each` references to no dataset.
+pub(crate) fn read_datasets(
+    project: &Project,
+    info: &mut LoadInfo,
+    diags: &mut Vec<Diagnostic>,
+) -> Tables {
+    let files = &project.files;
+    let mut tables = Tables::new();
+    let mut seen: HashMap<&str, Span> = HashMap::new();
+    for ds in &project.datasets {
+        if let Some(first) = seen.get(ds.id.value.as_str()) {
+            diags.push(
+                Diagnostic::at_span(
+                    Kind::DuplicateId,
+                    format!("dataset `{}` is declared twice", ds.id.value),
+                    files,
+                    ds.id.span,
+                    "declared again",
+                )
+                .with_other(files, *first, "first declared here")
+                .with_help("dataset ids are global across the files loaded together; rename one"),
+            );
+            continue;
+        }
+        seen.insert(&ds.id.value, ds.id.span);
+        match read_one(ds, files) {
+            Ok(Some((columns, rows))) => {
+                info.dataset_columns
+                    .insert(ds.id.value.clone(), Some(columns.clone()));
+                tables.insert(ds.id.value.clone(), fill_columns(&columns, rows));
+            }
+            Ok(None) => {
+                info.dataset_columns.insert(ds.id.value.clone(), None);
+            }
+            Err(d) => {
+                // Known but unread: `row.*` is not checked, so the one error is the file's.
+                info.dataset_columns.insert(ds.id.value.clone(), None);
+                diags.push(*d);
+            }
+        }
+    }
+    let ids: Vec<&str> = project
+        .datasets
+        .iter()
+        .map(|d| d.id.value.as_str())
+        .collect();
+    for suite in &project.suites {
+        for sc in &suite.scenarios {
+            let Some(name) = &sc.for_each else { continue };
+            if !seen.contains_key(name.value.as_str()) {
+                diags.push(
+                    Diagnostic::at_span(
+                        Kind::UndefinedReference,
+                        format!("undefined dataset `{}`", name.value),
+                        files,
+                        name.span,
+                        "no such dataset",
+                    )
+                    .with_help(suggest(
+                        &name.value,
+                        ids.iter().copied(),
+                        "declare it with `dataset \"ID\" path=\"…\"`",
+                    )),
+                );
+            }
+        }
+    }
+    tables
+}
+
+/// Rows of a heterogeneous file (JSON Lines whose objects differ) get every column, absent
+/// ones as `null`, so `row.x` means the same in every instance.
+fn fill_columns(columns: &[String], rows: Vec<Row>) -> Vec<Row> {
+    rows.into_iter()
+        .map(|row| {
+            if columns.iter().all(|c| row.fields.contains_key(c)) {
+                return row;
+            }
+            let mut fields = (*row.fields).clone();
+            for c in columns {
+                fields.entry(c.clone()).or_insert(Value::Null);
+            }
+            Row {
+                number: row.number,
+                fields: Arc::new(fields),
+            }
+        })
+        .collect()
+}
+
+/// One dataset's columns and kept rows; `None` when no reader of its format is registered.
+#[allow(clippy::type_complexity)]
+fn read_one(
+    ds: &Dataset,
+    files: &[SourceFile],
+) -> Result<Option<(Vec<String>, Vec<Row>)>, Box<Diagnostic>> {
+    let shown = crate::parse::display_name(&ds.resolved);
+    let at = |kind: Kind, message: String, label: &str| {
+        Diagnostic::at_span(kind, message, files, ds.path.span, label)
+    };
+    let reader = match dataset::reader_for(&ds.resolved) {
+        Ok(Some(r)) => r,
+        Ok(None) => return Ok(None),
+        Err(why) => {
+            return Err(Box::new(
+                at(
+                    Kind::InvalidValue,
+                    format!("dataset `{}`: {why}", ds.id.value),
+                    "unknown format",
+                )
+                .with_help(
+                    "name a .csv (header row), .jsonl, .json (array of objects) or .parquet file",
+                ),
+            ));
+        }
+    };
+    let env = row_env();
+    // `filter="{{ EXPR }}"` is evaluated as an expression (its truth, as `if` would take
+    // it); a filter with text around its expressions must render `true` or `false`.
+    enum Filter<'e> {
+        Expr(minijinja::Expression<'e, 'e>),
+        Text(minijinja::Template<'e, 'e>),
+    }
+    let filter = match &ds.filter {
+        None => None,
+        Some(t) => {
+            let src = t.source.trim();
+            let inner = src
+                .strip_prefix("{{")
+                .and_then(|s| s.strip_suffix("}}"))
+                .filter(|s| !s.contains("{{") && !s.contains("}}"));
+            let compiled = match inner {
+                Some(expr) => env.compile_expression(expr.trim()).map(Filter::Expr),
+                None => env.template_from_str(&t.source).map(Filter::Text),
+            };
+            match compiled {
+                Ok(f) => Some(f),
+                Err(e) => {
+                    return Err(Box::new(
+                        Diagnostic::at_span(
+                            Kind::TemplateSyntax,
+                            format!(
+                                "dataset `{}`: invalid filter: {}",
+                                ds.id.value,
+                                template_error(&e)
+                            ),
+                            files,
+                            t.span,
+                            "this filter",
+                        )
+                        .with_help("e.g. filter=\"{{ row.status == 'open' }}\""),
+                    ));
+                }
+            }
+        }
+    };
+    let mut filter_failed = false;
+    let mut keep = |fields: &dataset::Fields| -> Result<bool, String> {
+        let Some(f) = &filter else { return Ok(true) };
+        let ctx = minijinja::context! { row => minijinja::Value::from(Serde(fields)) };
+        let result = match f {
+            Filter::Expr(e) => e.eval(ctx).map(|v| Ok(v.is_true())),
+            Filter::Text(t) => t.render(ctx).map(|text| match text.trim() {
+                t if t.eq_ignore_ascii_case("true") => Ok(true),
+                t if t.eq_ignore_ascii_case("false") || t.is_empty() => Ok(false),
+                other => Err(format!(
+                    "the filter rendered `{other}`, not `true` or `false`"
+                )),
+            }),
+        };
+        let result = result
+            .map_err(|e| format!("the filter failed: {}", template_error(&e)))
+            .and_then(|r| r);
+        filter_failed |= result.is_err();
+        result
+    };
+    let select = Select {
+        filter: Some(&mut keep),
+        sample: ds.sample.map(|n| (n, ds.seed)),
+        limit: ds.limit,
+    };
+    match dataset::read(reader.as_ref(), &ds.resolved, select) {
+        Ok(read) => Ok(Some(read)),
+        Err(e) => {
+            let (label, help) = match &e {
+                dataset::ReadError::Io(_) => (
+                    "cannot read",
+                    "the path is relative to the suite file that declares the dataset",
+                ),
+                dataset::ReadError::Row { .. } if filter_failed => {
+                    let span = ds.filter.as_ref().map_or(ds.path.span, |f| f.span);
+                    return Err(Box::new(
+                        Diagnostic::at_span(
+                            Kind::InvalidValue,
+                            format!("dataset `{}` ({shown}): {e}", ds.id.value),
+                            files,
+                            span,
+                            "for this row",
+                        )
+                        .with_help(
+                            "the filter sees `row` (the row's fields); a column some rows lack \
+                             is an error: test it first, e.g. \"{{ row.x is defined and row.x > 1 }}\"",
+                        ),
+                    ));
+                }
+                dataset::ReadError::Row { .. } => (
+                    "bad row",
+                    "fix the row in the file, or leave it out with `filter=`",
+                ),
+                dataset::ReadError::Format(_) => (
+                    "not of its format",
+                    "CSV needs a header row; JSON a top-level array of objects; JSON Lines one object per line",
+                ),
+            };
+            Err(Box::new(
+                at(
+                    Kind::InvalidValue,
+                    format!("dataset `{}` ({shown}): {e}", ds.id.value),
+                    label,
+                )
+                .with_help(help),
+            ))
+        }
+    }
+}
+
+fn row_env() -> Environment<'static> {
+    let mut env = Environment::new();
+    // `row.orderid` for `row.order_id` is an error naming the row, not an empty id.
+    env.set_undefined_behavior(UndefinedBehavior::Strict);
+    env
+}
+
+fn template_error(e: &minijinja::Error) -> String {
+    match e.detail() {
+        Some(detail) => detail.to_string(),
+        None => e.kind().to_string(),
+    }
+}
+
+/// Replaces every `for-each` / `matrix` scenario of `project` by its instances and points
+/// `needs` on such a scenario at all of them. Reports row ids that fail to render, are empty
+/// or repeat.
+pub(crate) fn expand(project: &mut Project, tables: &Tables, diags: &mut Vec<Diagnostic>) {
+    let env = row_env();
+    // `suite/ID` and (within the suite) `ID` of an expanded scenario → its instance ids.
+    let mut expanded: HashMap<(usize, String), Vec<String>> = HashMap::new();
+    let files = std::mem::take(&mut project.files);
+    let with_filter: HashSet<String> = project
+        .datasets
+        .iter()
+        .filter(|d| d.filter.is_some())
+        .map(|d| d.id.value.clone())
+        .collect();
+    let mut empty = Vec::new();
+    for (si, suite) in project.suites.iter_mut().enumerate() {
+        if suite
+            .scenarios
+            .iter()
+            .all(|s| s.for_each.is_none() && s.matrix.is_empty())
+        {
+            continue;
+        }
+        let mut out: Vec<Arc<Scenario>> = Vec::with_capacity(suite.scenarios.len());
+        for sc in std::mem::take(&mut suite.scenarios) {
+            if sc.for_each.is_none() && sc.matrix.is_empty() {
+                out.push(sc);
+                continue;
+            }
+            let instances = instances(&sc, tables, &env, &files, diags);
+            if let Some(name) = sc.for_each.as_deref()
+                && tables.get(&name.value).is_some_and(Vec::is_empty)
+            {
+                let filtered = with_filter.contains(name.value.as_str());
+                empty.push((
+                    sc.id.clone(),
+                    format!(
+                        "dataset `{}` keeps no row{}",
+                        name.value,
+                        if filtered {
+                            " (its filter is false for every row)"
+                        } else {
+                            ""
+                        }
+                    ),
+                ));
+            }
+            expanded.insert(
+                (si, sc.id.value.clone()),
+                instances.iter().map(|i| i.id.value.clone()).collect(),
+            );
+            out.extend(instances.into_iter().map(Arc::new));
+        }
+        suite.scenarios = out;
+    }
+    project.files = files;
+    project.empty_expansions = empty;
+    histories(project, &env, diags);
+    if expanded.is_empty() {
+        return;
+    }
+    let names: HashMap<String, usize> = project
+        .suites
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (s.name.clone(), i))
+        .collect();
+    for (si, suite) in project.suites.iter_mut().enumerate() {
+        for sc in &mut suite.scenarios {
+            let touches = sc
+                .needs
+                .iter()
+                .any(|n| target(&names, si, &n.value, &expanded).is_some());
+            if !touches {
+                continue;
+            }
+            let sc = Arc::make_mut(sc);
+            let mut needs = Vec::with_capacity(sc.needs.len());
+            for need in std::mem::take(&mut sc.needs) {
+                match target(&names, si, &need.value, &expanded) {
+                    Some((prefix, ids)) => needs.extend(
+                        ids.iter()
+                            .map(|id| Spanned::new(format!("{prefix}{id}"), need.span)),
+                    ),
+                    None => needs.push(need),
+                }
+            }
+            sc.needs = needs;
+        }
+    }
+}
+
+/// The instances `need` (as written in suite `si`) stands for, with the `suite/` prefix to
+/// write them with.
+fn target<'e>(
+    names: &HashMap<String, usize>,
+    si: usize,
+    need: &str,
+    expanded: &'e HashMap<(usize, String), Vec<String>>,
+) -> Option<(String, &'e Vec<String>)> {
+    if let Some((suite, id)) = need.split_once('/') {
+        let s = *names.get(suite)?;
+        return expanded
+            .get(&(s, id.to_string()))
+            .map(|ids| (format!("{suite}/"), ids));
+    }
+    expanded
+        .get(&(si, need.to_string()))
+        .map(|ids| (String::new(), ids))
+}
+
+/// One scenario per row (or one without rows) and per combination of matrix values.
+fn instances(
+    sc: &Scenario,
+    tables: &Tables,
+    env: &Environment<'static>,
+    files: &[SourceFile],
+    diags: &mut Vec<Diagnostic>,
+) -> Vec<Scenario> {
+    let dataset = sc.for_each.as_ref().map(|d| d.value.clone());
+    // Each row with its id (`None` rows: a matrix-only scenario).
+    let mut rows: Vec<Option<(String, &Row)>> = Vec::new();
+    match &dataset {
+        None => rows.push(None),
+        Some(name) => {
+            let compiled = match &sc.row_id {
+                None => None,
+                Some(t) => match env.template_from_str(&t.source) {
+                    Ok(c) => Some((c, t.span)),
+                    Err(e) => {
+                        diags.push(Diagnostic::at_span(
+                            Kind::TemplateSyntax,
+                            format!("invalid row-id: {}", template_error(&e)),
+                            files,
+                            t.span,
+                            "this template",
+                        ));
+                        return Vec::new();
+                    }
+                },
+            };
+            // `row-id "{{ EXPR }}"` of a row where EXPR is null would render `none`: an
+            // error instead, as an id of `none` for every such row is surely not meant.
+            let expr = sc.row_id.as_ref().and_then(|t| {
+                let inner = t.source.trim().strip_prefix("{{")?.strip_suffix("}}")?;
+                if inner.contains("{{") || inner.contains("}}") {
+                    return None;
+                }
+                env.compile_expression(inner.trim()).ok()
+            });
+            let mut first: HashMap<String, usize> = HashMap::new();
+            for row in tables.get(name).map(Vec::as_slice).unwrap_or_default() {
+                let ctx =
+                    || minijinja::context! { row => minijinja::Value::from(Serde(&*row.fields)) };
+                let id = match &compiled {
+                    None => Ok(dataset::content_id(&row.fields)),
+                    Some(_)
+                        if expr
+                            .as_ref()
+                            .and_then(|e| e.eval(ctx()).ok())
+                            .is_some_and(|v| v.is_none() || v.is_undefined()) =>
+                    {
+                        Err(format!(
+                            "`{}` is null in this row",
+                            sc.row_id.as_ref().map_or("", |t| t.source.trim())
+                        ))
+                    }
+                    Some((c, _)) => c
+                        .render(ctx())
+                        .map(|s| s.trim().to_string())
+                        .map_err(|e| template_error(&e)),
+                };
+                let problem = match &id {
+                    Err(e) => Some(format!("row-id failed: {e}")),
+                    Ok(id) if id.is_empty() => Some("row-id rendered empty".to_string()),
+                    Ok(id) if id.contains(['/', '[', ']', '\n']) => Some(format!(
+                        "row-id `{id}` holds `/`, `[`, `]` or a line break, which instance ids cannot"
+                    )),
+                    Ok(id) => first
+                        .get(id)
+                        .map(|other| format!("row id `{id}` is also row {other}'s")),
+                };
+                if let Some(problem) = problem {
+                    let span = compiled.as_ref().map_or(sc.id.span, |(_, s)| *s);
+                    let help = if compiled.is_some() {
+                        "each row needs its own id: use a column that is unique, e.g. \"{{ row.id }}\""
+                    } else {
+                        "the default id is a hash of the row's content: two rows are identical; remove one or add `row-id`"
+                    };
+                    diags.push(
+                        Diagnostic::at_span(
+                            Kind::InvalidValue,
+                            format!(
+                                "scenario `{}`, row {} of dataset `{name}`: {problem}",
+                                sc.id.value, row.number
+                            ),
+                            files,
+                            span,
+                            "for this row",
+                        )
+                        .with_help(help),
+                    );
+                    continue;
+                }
+                let Ok(id) = id else { continue };
+                first.insert(id.clone(), row.number);
+                rows.push(Some((id, row)));
+            }
+        }
+    }
+    let combos = combinations(&sc.matrix);
+    let mut out = Vec::with_capacity(rows.len() * combos.len());
+    let mut seen: HashSet<String> = HashSet::new();
+    for row in &rows {
+        for combo in &combos {
+            let mut parts: Vec<String> = Vec::new();
+            if let Some((id, _)) = row {
+                parts.push(id.clone());
+            }
+            for (name, value) in combo {
+                parts.push(format!("{name}={}", display(value)));
+            }
+            let id = format!("{}[{}]", sc.id.value, parts.join(","));
+            if !seen.insert(id.clone()) {
+                // Two matrix values that read the same (`1` and `"1"`): one instance.
+                continue;
+            }
+            let mut instance = sc.clone();
+            instance.id = Spanned::new(id, sc.id.span);
+            instance.instance = Some(Arc::new(Instance {
+                base: sc.id.value.clone(),
+                dataset: dataset.clone(),
+                row_id: row.as_ref().map(|(id, _)| id.clone()),
+                row_number: row.as_ref().map(|(_, r)| r.number),
+                row: row.as_ref().map(|(_, r)| Arc::clone(&r.fields)),
+                vars: combo.clone(),
+            }));
+            out.push(instance);
+        }
+    }
+    out
+}
+
+/// Every combination of the matrix's values, the first variable varying slowest.
+fn combinations(matrix: &[MatrixVar]) -> Vec<Vec<(String, Value)>> {
+    let mut out: Vec<Vec<(String, Value)>> = vec![Vec::new()];
+    for var in matrix {
+        let mut next = Vec::with_capacity(out.len() * var.values.len());
+        for prefix in &out {
+            for v in &var.values {
+                let mut c = prefix.clone();
+                c.push((var.name.value.clone(), v.clone()));
+                next.push(c);
+            }
+        }
+        out = next;
+    }
+    out
+}
+
+/// A matrix value in an instance id: strings as written, others as JSON.
+pub fn display(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// Loads every scenario's `history`: a file once however many scenarios name it, a
+/// template once per instance (with its `row` and matrix `vars`).
+fn histories(project: &mut Project, env: &Environment<'static>, diags: &mut Vec<Diagnostic>) {
+    let Project { files, suites, .. } = project;
+    let mut read: HashMap<std::path::PathBuf, Result<Arc<Vec<Value>>, String>> = HashMap::new();
+    for suite in suites.iter_mut() {
+        for sc in &mut suite.scenarios {
+            let Some(history) = &sc.history else { continue };
+            if history.messages.is_some() {
+                continue;
+            }
+            let (result, span) = match &history.source {
+                HistorySource::File { path, resolved } => {
+                    let r = read
+                        .entry(resolved.clone())
+                        .or_insert_with(|| {
+                            let text = std::fs::read_to_string(resolved)
+                                .map_err(|e| format!("cannot read `{}`: {e}", path.value))?;
+                            let value: Value = serde_json::from_str(&text)
+                                .map_err(|e| format!("`{}` is not JSON: {e}", path.value))?;
+                            dataset::messages(value).map(Arc::new)
+                        })
+                        .clone();
+                    (r, path.span)
+                }
+                HistorySource::Template(t) => {
+                    let instance = sc.instance.as_deref();
+                    let row = instance.and_then(|i| i.row.as_deref());
+                    let vars: serde_json::Map<String, Value> = instance
+                        .map(|i| i.vars.iter().cloned().collect())
+                        .unwrap_or_default();
+                    (
+                        evaluate(env, &t.source, row, &vars)
+                            .and_then(dataset::messages)
+                            .map(Arc::new),
+                        t.span,
+                    )
+                }
+            };
+            match result {
+                Ok(list) => {
+                    if let Some(h) = &mut Arc::make_mut(sc).history {
+                        h.messages = Some(list);
+                    }
+                }
+                Err(why) => {
+                    let at = match sc.instance.as_deref() {
+                        Some(Instance {
+                            dataset: Some(d),
+                            row_number: Some(n),
+                            ..
+                        }) => format!("scenario `{}`, row {n} of dataset `{d}`", sc.id.value),
+                        _ => format!("scenario `{}`", sc.id.value),
+                    };
+                    diags.push(
+                        Diagnostic::at_span(
+                            Kind::InvalidValue,
+                            format!("{at}: invalid history: {why}"),
+                            files,
+                            span,
+                            "this history",
+                        )
+                        .with_help(
+                            "a history is an OpenAI-style message list: \
+                             [{\"role\": \"user\", \"content\": \"…\"}, {\"role\": \"assistant\", …}], \
+                             or an object with `messages`; from a column, a list or its JSON text",
+                        ),
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A history template's value: `"{{ EXPR }}"` evaluated (a list stays a list), any other
+/// template rendered; text is read as JSON.
+fn evaluate(
+    env: &Environment<'static>,
+    source: &str,
+    row: Option<&dataset::Fields>,
+    vars: &serde_json::Map<String, Value>,
+) -> Result<Value, String> {
+    let ctx = minijinja::context! {
+        row => row.map(|r| minijinja::Value::from(Serde(r))),
+        vars => minijinja::Value::from(Serde(vars)),
+    };
+    let inner = source
+        .trim()
+        .strip_prefix("{{")
+        .and_then(|s| s.strip_suffix("}}"))
+        .filter(|s| !s.contains("{{") && !s.contains("}}"));
+    let value = match inner {
+        Some(expr) => {
+            let e = env
+                .compile_expression(expr.trim())
+                .map_err(|e| template_error(&e))?;
+            let v = e.eval(ctx).map_err(|e| template_error(&e))?;
+            if v.is_undefined() || v.is_none() {
+                return Err(format!("`{}` is null", source.trim()));
+            }
+            serde_json::to_value(&v).map_err(|e| e.to_string())?
+        }
+        None => Value::String(
+            env.render_str(source, ctx)
+                .map_err(|e| template_error(&e))?,
+        ),
+    };
+    match value {
+        Value::String(text) => serde_json::from_str(&text)
+            .map_err(|e| format!("the text is not a JSON message list: {e}")),
+        other => Ok(other),
+    }
+}

@@ -1,0 +1,813 @@
+//! `dataset`, `for-each`, `row-id` and `matrix` through the binary: files of every format
+//! expand to the expected instances and ids, bad files stop everything with a diagnostic
+//! naming the file, row and column, ids survive reordering and appending, and the rows reach
+//! the agent and the result tables.
+
+use std::path::Path;
+
+use super::*;
+
+/// Writes `files` (path, content) and `suite.kdl` into a fresh directory.
+fn project(suite: &str, files: &[(&str, &[u8])]) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for (path, content) in files {
+        let path = dir.path().join(path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, content).unwrap();
+    }
+    std::fs::write(dir.path().join("suite.kdl"), suite).unwrap();
+    dir
+}
+
+/// `trellis list`'s scenario ids (`suite/ID`), in plan order.
+async fn listed(dir: &Path, extra: &[&str]) -> Vec<String> {
+    let o = trellis()
+        .arg("list")
+        .arg(dir.join("suite.kdl"))
+        .args(extra)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    stdout(&o)
+        .lines()
+        .filter(|l| l.starts_with("suite/"))
+        .map(|l| l.split_whitespace().next().unwrap().to_string())
+        .collect()
+}
+
+/// Diagnostics without miette's line wrapping: words joined by single spaces.
+fn flat(text: &str) -> String {
+    text.split_whitespace()
+        .filter(|w| *w != "|")
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+const AGENT: &str = "agent \"demo\" protocol=\"connexity\" builtin=\"booking\"\n";
+
+/// Types, nulls, unicode and an embedded newline, in CSV.
+const ORDERS_CSV: &str = "order_id,status,amount,note\n\
+A17,open,12,\"two\nlines, and a comma\"\n\
+B02,closed,5,\n\
+007,open,2.5,ünïcødé ✓\n";
+
+#[tokio::test]
+async fn csv_rows_become_instances_named_by_row_id_with_typed_fields() {
+    let suite = format!(
+        "{AGENT}dataset \"orders\" path=\"data/orders.csv\" filter=\"{{{{ row.status == 'open' }}}}\"\n\
+         scenario \"refund\" for-each=\"orders\" {{\n\
+             row-id \"{{{{ row.order_id }}}}\"\n\
+             user \"order {{{{ row.order_id }}}} amount {{{{ row.amount + 1 }}}} note {{{{ row.note }}}}\"\n\
+             expect no-error\n\
+         }}\n"
+    );
+    let dir = project(&suite, &[("data/orders.csv", ORDERS_CSV.as_bytes())]);
+    // The filter dropped the closed order; `007` kept its leading zeros (text), `12` is a
+    // number (`+ 1` works on it).
+    assert_eq!(
+        listed(dir.path(), &[]).await,
+        ["suite/refund[A17]", "suite/refund[007]"]
+    );
+
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path().join("suite.kdl"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let turns = read_parquet(&out.join("turns.parquet"));
+    let mut sent: Vec<String> = strings(&turns, "user_message")
+        .into_iter()
+        .flatten()
+        .collect();
+    sent.sort();
+    assert_eq!(
+        sent,
+        [
+            "order 007 amount 3.5 note ünïcødé ✓",
+            "order A17 amount 13 note two\nlines, and a comma",
+        ]
+    );
+    // The results join back to the rows: dataset, row id and the row itself.
+    let t = read_parquet(&out.join("trajectories.parquet"));
+    let mut rows: Vec<(String, String, String, String)> = strings(&t, "scenario")
+        .into_iter()
+        .zip(strings(&t, "dataset"))
+        .zip(strings(&t, "row_id"))
+        .zip(strings(&t, "instance_of"))
+        .map(|(((s, d), r), i)| (s.unwrap(), d.unwrap(), r.unwrap(), i.unwrap()))
+        .collect();
+    rows.sort();
+    assert_eq!(
+        rows,
+        [
+            (
+                "refund[007]".into(),
+                "orders".into(),
+                "007".into(),
+                "refund".into()
+            ),
+            (
+                "refund[A17]".into(),
+                "orders".into(),
+                "A17".into(),
+                "refund".into()
+            ),
+        ]
+    );
+    let row: serde_json::Value = serde_json::from_str(
+        strings(&t, "row")
+            .into_iter()
+            .flatten()
+            .find(|r| r.contains("A17"))
+            .unwrap()
+            .as_str(),
+    )
+    .unwrap();
+    assert_eq!(
+        row,
+        serde_json::json!({"order_id": "A17", "status": "open", "amount": 12,
+                           "note": "two\nlines, and a comma"})
+    );
+}
+
+#[tokio::test]
+async fn jsonl_json_and_parquet_keep_types_nulls_and_nesting() {
+    let jsonl = "{\"id\": 1, \"name\": \"Zoë\", \"tags\": [\"a\", \"b\"], \"meta\": {\"vip\": true}, \"note\": null}\n\
+                 \n\
+                 {\"id\": 2, \"name\": \"李\", \"tags\": [], \"meta\": {\"vip\": false}}\n";
+    let json = r#"[{"id": 1, "name": "Zoë", "tags": ["a", "b"], "meta": {"vip": true}, "note": null},
+                   {"id": 2, "name": "李", "tags": [], "meta": {"vip": false}}]"#;
+    let mut parquet = Vec::new();
+    {
+        let mut df = df!(
+            "id" => [1i64, 2],
+            "name" => ["Zoë", "李"],
+            "score" => [Some(0.5f64), None],
+        )
+        .unwrap();
+        ParquetWriter::new(&mut parquet).finish(&mut df).unwrap();
+    }
+    for (file, content, template, expected) in [
+        (
+            "data/people.jsonl",
+            jsonl.as_bytes(),
+            "{{ row.name }} vip={{ row.meta.vip }} tags={{ row.tags | length }} note={{ row.note is none }}",
+            [
+                "Zoë vip=True tags=2 note=True",
+                "李 vip=False tags=0 note=True",
+            ],
+        ),
+        (
+            "data/people.json",
+            json.as_bytes(),
+            "{{ row.name }} vip={{ row.meta.vip }} tags={{ row.tags | length }} note={{ row.note is none }}",
+            [
+                "Zoë vip=True tags=2 note=True",
+                "李 vip=False tags=0 note=True",
+            ],
+        ),
+        (
+            "data/people.parquet",
+            parquet.as_slice(),
+            "{{ row.name }} vip={{ row.id > 1 }} tags={{ row.id * 2 }} note={{ row.score is none }}",
+            [
+                "Zoë vip=False tags=2 note=False",
+                "李 vip=True tags=4 note=True",
+            ],
+        ),
+    ] {
+        let suite = format!(
+            "{AGENT}dataset \"people\" path=\"{file}\"\n\
+             scenario \"greet\" for-each=\"people\" {{\n\
+                 row-id \"p{{{{ row.id }}}}\"\n\
+                 user \"{}\"\n\
+                 expect no-error\n\
+             }}\n",
+            template.replace('"', "\\\"")
+        );
+        let dir = project(&suite, &[(file, content)]);
+        assert_eq!(
+            listed(dir.path(), &[]).await,
+            ["suite/greet[p1]", "suite/greet[p2]"],
+            "{file}"
+        );
+        let out = dir.path().join("out");
+        let o = trellis()
+            .arg("run")
+            .arg(dir.path().join("suite.kdl"))
+            .arg("--out")
+            .arg(&out)
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{file}: {}{}",
+            stdout(&o),
+            stderr(&o)
+        );
+        let turns = read_parquet(&out.join("turns.parquet"));
+        let mut sent: Vec<String> = strings(&turns, "user_message")
+            .into_iter()
+            .flatten()
+            .collect();
+        sent.sort();
+        let mut expected = expected.to_vec();
+        expected.sort();
+        assert_eq!(sent, expected, "{file}");
+    }
+}
+
+#[tokio::test]
+async fn a_malformed_row_stops_everything_naming_the_file_row_and_column() {
+    for (file, content, says) in [
+        (
+            "data/bad.csv",
+            "a,b\n1,2\n3\n4,5\n",
+            &["data/bad.csv", "row 2, column `b`: 1 field"][..],
+        ),
+        (
+            "data/bad.jsonl",
+            "{\"a\": 1}\n{\"a\": \n{\"a\": 3}\n",
+            &["data/bad.jsonl", "row 2", "line 2"][..],
+        ),
+        (
+            "data/bad.json",
+            "[{\"a\": 1}, 7]",
+            &["data/bad.json", "row 2", "not an object"][..],
+        ),
+        (
+            "data/missing.csv",
+            "",
+            &["data/missing.csv", "cannot read"][..],
+        ),
+        (
+            "data/bad.xlsx",
+            "x",
+            &["unknown dataset format `.xlsx`"][..],
+        ),
+    ] {
+        let suite = format!(
+            "{AGENT}dataset \"d\" path=\"{file}\"\n\
+             scenario \"s\" for-each=\"d\" {{\n    user \"hi\"\n    expect no-error\n}}\n"
+        );
+        // The missing file is not written.
+        let files: Vec<(&str, &[u8])> = if file.contains("missing") {
+            Vec::new()
+        } else {
+            vec![(file, content.as_bytes())]
+        };
+        let dir = project(&suite, &files);
+        for command in ["check", "run"] {
+            let mut cmd = trellis();
+            cmd.arg(command).arg(dir.path().join("suite.kdl"));
+            if command == "run" {
+                cmd.arg("--out").arg(dir.path().join("out"));
+            }
+            let o = cmd.output().await.unwrap();
+            let err = flat(&stderr(&o));
+            assert_eq!(o.status.code(), Some(2), "{command} {file}: {err}");
+            for s in says {
+                assert!(err.contains(s), "{command} {file}: no {s:?} in {err}");
+            }
+            assert!(
+                !dir.path().join("out").exists(),
+                "{command} {file}: something ran"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn hashed_row_ids_survive_reordering_and_appending() {
+    let suite = format!(
+        "{AGENT}dataset \"d\" path=\"data/d.jsonl\"\n\
+         scenario \"s\" for-each=\"d\" {{\n    user \"{{{{ row.q }}}}\"\n    expect no-error\n}}\n"
+    );
+    let rows = [
+        "{\"q\": \"one\", \"n\": 1}",
+        "{\"n\": 2, \"q\": \"two\"}",
+        "{\"q\": \"three\", \"n\": 3}",
+    ];
+    let first = project(&suite, &[("data/d.jsonl", rows.join("\n").as_bytes())]);
+    let ids = listed(first.path(), &[]).await;
+    assert_eq!(ids.len(), 3);
+    assert!(
+        ids.iter().all(|id| id.len() == "suite/s[".len() + 12 + 1),
+        "{ids:?}"
+    );
+
+    // Reordered, one row's keys reordered, one appended: the three keep their ids.
+    let reordered = format!(
+        "{}\n{}\n{{\"n\": 1, \"q\": \"one\"}}\n{{\"q\": \"four\", \"n\": 4}}\n",
+        rows[2], rows[1]
+    );
+    let second = project(&suite, &[("data/d.jsonl", reordered.as_bytes())]);
+    let again = listed(second.path(), &[]).await;
+    assert_eq!(again.len(), 4);
+    for id in &ids {
+        assert!(again.contains(id), "{id} lost in {again:?}");
+    }
+    // An edited row is another row.
+    let edited = rows.join("\n").replace("three", "THREE");
+    let third = project(&suite, &[("data/d.jsonl", edited.as_bytes())]);
+    let changed = listed(third.path(), &[]).await;
+    assert_eq!(changed.iter().filter(|id| ids.contains(id)).count(), 2);
+}
+
+#[tokio::test]
+async fn filter_sample_limit_and_the_filter_flag_select_rows_and_instances() {
+    let rows: String = (1..=50)
+        .map(|i| format!("{{\"n\": {i}, \"even\": {}}}\n", i % 2 == 0))
+        .collect();
+    let suite = |props: &str| {
+        format!(
+            "{AGENT}dataset \"d\" path=\"data/d.jsonl\" {props}\n\
+             scenario \"s\" for-each=\"d\" {{\n    row-id \"n{{{{ row.n }}}}\"\n    user \"hi\"\n    expect no-error\n}}\n"
+        )
+    };
+    let files = [("data/d.jsonl", rows.as_bytes())];
+    let ids = |v: Vec<String>| -> Vec<String> {
+        v.into_iter()
+            .map(|s| s.trim_start_matches("suite/").to_string())
+            .collect()
+    };
+    let dir = project(
+        &suite("filter=\"{{ row.even and row.n > 40 }}\" limit=3"),
+        &files,
+    );
+    assert_eq!(
+        ids(listed(dir.path(), &[]).await),
+        ["s[n42]", "s[n44]", "s[n46]"]
+    );
+
+    // A sample is the same rows whatever their order in the file.
+    let dir = project(&suite("sample=5 seed=7"), &files);
+    let sample = ids(listed(dir.path(), &[]).await);
+    assert_eq!(sample.len(), 5);
+    let reversed: String = rows.lines().rev().map(|l| format!("{l}\n")).collect();
+    let dir2 = project(
+        &suite("sample=5 seed=7"),
+        &[("data/d.jsonl", reversed.as_bytes())],
+    );
+    let mut again = ids(listed(dir2.path(), &[]).await);
+    let mut sorted = sample.clone();
+    again.sort();
+    sorted.sort();
+    assert_eq!(again, sorted);
+    let dir3 = project(&suite("sample=5 seed=8"), &files);
+    assert_ne!(ids(listed(dir3.path(), &[]).await), sample);
+
+    // `--filter`: an instance by its id as written (brackets and all), by a glob, and every
+    // instance by the scenario's id.
+    let dir = project(&suite("limit=12"), &files);
+    assert_eq!(
+        ids(listed(dir.path(), &["--filter", "s[n3]"]).await),
+        ["s[n3]"]
+    );
+    assert_eq!(
+        ids(listed(dir.path(), &["--filter", "s[[]n1?]"]).await),
+        ["s[n10]", "s[n11]", "s[n12]"]
+    );
+    assert_eq!(listed(dir.path(), &["--filter", "s"]).await.len(), 12);
+}
+
+#[tokio::test]
+async fn row_id_problems_name_the_row() {
+    let rows = "{\"id\": \"a\"}\n{\"id\": \"b\"}\n{\"id\": \"a\"}\n{\"other\": 1}\n";
+    let suite = format!(
+        "{AGENT}dataset \"d\" path=\"data/d.jsonl\"\n\
+         scenario \"s\" for-each=\"d\" {{\n    row-id \"{{{{ row.id }}}}\"\n    user \"{{{{ row.idd }}}}\"\n    expect no-error\n}}\n"
+    );
+    let dir = project(&suite, &[("data/d.jsonl", rows.as_bytes())]);
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path().join("suite.kdl"))
+        .output()
+        .await
+        .unwrap();
+    let err = flat(&stderr(&o));
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    // A column no row has is found by `check` against the dataset's columns.
+    assert!(
+        err.contains("undefined template variable `row.idd`"),
+        "{err}"
+    );
+    assert!(err.contains("did you mean `row.id`?"), "{err}");
+
+    let suite = suite.replace("row.idd", "row.id");
+    let dir = project(&suite, &[("data/d.jsonl", rows.as_bytes())]);
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path().join("suite.kdl"))
+        .output()
+        .await
+        .unwrap();
+    let err = flat(&stderr(&o));
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("row 3 of dataset `d`: row id `a` is also row 1's"),
+        "{err}"
+    );
+    // Row 4 has no `id`: it is `null` there (the row lacks a column another row has).
+    assert!(err.contains("row 4 of dataset `d`: row-id failed"), "{err}");
+    assert!(err.contains("is null in this row"), "{err}");
+}
+
+#[tokio::test]
+async fn matrix_values_are_vars_and_name_the_instances() {
+    let suite = format!(
+        "{AGENT}scenario \"m\" {{\n\
+             matrix {{\n        tone \"polite\" \"curt\"\n        n 1 2\n    }}\n\
+             user \"{{{{ vars.tone }}}} {{{{ vars.n + 1 }}}}\"\n\
+             expect no-error\n\
+         }}\n"
+    );
+    let dir = project(&suite, &[]);
+    assert_eq!(
+        listed(dir.path(), &[]).await,
+        [
+            "suite/m[tone=polite,n=1]",
+            "suite/m[tone=polite,n=2]",
+            "suite/m[tone=curt,n=1]",
+            "suite/m[tone=curt,n=2]"
+        ]
+    );
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path().join("suite.kdl"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let turns = read_parquet(&out.join("turns.parquet"));
+    let mut sent: Vec<String> = strings(&turns, "user_message")
+        .into_iter()
+        .flatten()
+        .collect();
+    sent.sort();
+    assert_eq!(sent, ["curt 2", "curt 3", "polite 2", "polite 3"]);
+    let t = read_parquet(&out.join("trajectories.parquet"));
+    assert!(
+        strings(&t, "matrix").contains(&Some(r#"{"n":2,"tone":"curt"}"#.to_string())),
+        "{:?}",
+        strings(&t, "matrix")
+    );
+}
+
+/// The `messages` a Connexity agent received in each request, in order.
+fn received(server: &support::MisbehavingServer) -> Vec<Vec<(String, String)>> {
+    server
+        .recorded()
+        .iter()
+        .map(|r| {
+            r.json()["messages"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|m| {
+                    (
+                        m["role"].as_str().unwrap_or_default().to_string(),
+                        m["content"].as_str().unwrap_or_default().to_string(),
+                    )
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
+    list.iter()
+        .map(|(r, c)| (r.to_string(), c.to_string()))
+        .collect()
+}
+
+#[tokio::test]
+async fn a_history_from_a_column_or_a_file_reaches_the_agent_as_history() {
+    let server = support::MisbehavingServer::respond(200, support::OK_BODY).await;
+    // A list in JSON Lines; JSON text in a CSV column (with an embedded newline).
+    let jsonl = r#"{"id": "j1", "messages": [{"role": "system", "content": "ignored"}, {"role": "user", "content": "my order is late"}, {"role": "assistant", "content": [{"type": "text", "text": "Sorry! Which order?"}]}]}"#;
+    // (The field spans two lines of the file; the message's own line break is JSON's `\n`.)
+    let csv = "id,messages\nc1,\"[{\"\"role\"\": \"\"user\"\", \"\"content\"\": \"\"two\\nlines\"\"},\n{\"\"role\"\": \"\"assistant\"\", \"\"content\"\": \"\"ok\"\"}]\"\n";
+    let conv = r#"{"messages": [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi, how can I help?"}, {"role": "user", "content": "where is my refund?"}]}"#;
+    let suite = format!(
+        "agent \"a\" protocol=\"connexity\" url=\"{url}\"\n\
+         dataset \"j\" path=\"data/c.jsonl\"\n\
+         dataset \"c\" path=\"data/c.csv\"\n\
+         scenario \"from-jsonl\" for-each=\"j\" {{\n    row-id \"{{{{ row.id }}}}\"\n    history \"{{{{ row.messages }}}}\"\n    user \"It is A17\"\n    expect no-error\n}}\n\
+         scenario \"from-csv\" for-each=\"c\" {{\n    row-id \"{{{{ row.id }}}}\"\n    history \"{{{{ row.messages }}}}\"\n    user \"next\"\n    expect no-error\n}}\n\
+         scenario \"from-file\" {{\n    history path=\"conv.json\"\n    expect no-error\n    user \"thanks\"\n    expect no-error\n}}\n",
+        url = server.url()
+    );
+    let dir = project(
+        &suite,
+        &[
+            ("data/c.jsonl", jsonl.as_bytes()),
+            ("data/c.csv", csv.as_bytes()),
+            ("conv.json", conv.as_bytes()),
+        ],
+    );
+    for filter in ["from-jsonl", "from-csv", "from-file"] {
+        let o = trellis()
+            .arg("run")
+            .arg(dir.path().join("suite.kdl"))
+            .args(["--filter", filter, "--out"])
+            .arg(dir.path().join(format!("out-{filter}")))
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{filter}: {}{}",
+            stdout(&o),
+            stderr(&o)
+        );
+    }
+    let got = received(&server);
+    assert_eq!(
+        got,
+        [
+            // The history is not sent by itself: it is the opening of the first request.
+            pairs(&[
+                ("user", "my order is late"),
+                ("assistant", "Sorry! Which order?"),
+                ("user", "It is A17"),
+            ]),
+            pairs(&[
+                ("user", "two\nlines"),
+                ("assistant", "ok"),
+                ("user", "next")
+            ]),
+            // A last user message without an answer is the trajectory's first turn, and
+            // the conversation goes on from the agent's answer to it.
+            pairs(&[
+                ("user", "hello"),
+                ("assistant", "hi, how can I help?"),
+                ("user", "where is my refund?"),
+            ]),
+            pairs(&[
+                ("user", "hello"),
+                ("assistant", "hi, how can I help?"),
+                ("user", "where is my refund?"),
+                ("assistant", "Hello there."),
+                ("user", "thanks"),
+            ]),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_session_bound_agent_gets_the_history_replayed_user_turn_by_user_turn() {
+    let conv = r#"[{"role": "user", "content": "Weather in Paris?"}, {"role": "assistant", "content": "Sunny."}, {"role": "user", "content": "And in Oslo?"}, {"role": "assistant", "content": "Rain."}]"#;
+    let suite = "agent \"w\" protocol=\"agentscope\" builtin=\"weather\"\n\
+                 scenario \"s\" {\n    history path=\"conv.json\"\n    user \"And tomorrow?\"\n    expect no-error\n}\n";
+    let dir = project(suite, &[("conv.json", conv.as_bytes())]);
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path().join("suite.kdl"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let turns = read_parquet(&out.join("turns.parquet"));
+    let sent: Vec<String> = strings(&turns, "user_message")
+        .into_iter()
+        .flatten()
+        .collect();
+    let replay: Vec<bool> = turns
+        .column("replay")
+        .unwrap()
+        .bool()
+        .unwrap()
+        .iter()
+        .map(|b| b.unwrap())
+        .collect();
+    assert_eq!(sent, ["Weather in Paris?", "And in Oslo?", "And tomorrow?"]);
+    assert_eq!(replay, [true, true, false]);
+}
+
+#[tokio::test]
+async fn a_bad_history_is_an_error_naming_the_row() {
+    let jsonl = "{\"m\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n{\"m\": [{\"role\": \"robot\", \"content\": \"x\"}]}\n";
+    let suite = format!(
+        "{AGENT}dataset \"d\" path=\"data/d.jsonl\"\n\
+         scenario \"s\" for-each=\"d\" {{\n    history \"{{{{ row.m }}}}\"\n    user \"x\"\n    expect no-error\n}}\n\
+         scenario \"f\" {{\n    history path=\"nope.json\"\n    user \"x\"\n    expect no-error\n}}\n"
+    );
+    let dir = project(&suite, &[("data/d.jsonl", jsonl.as_bytes())]);
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path().join("suite.kdl"))
+        .output()
+        .await
+        .unwrap();
+    let err = flat(&stderr(&o));
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("row 2 of dataset `d`: invalid history: message 1 has role `robot`"),
+        "{err}"
+    );
+    assert!(
+        err.contains("scenario `f`: invalid history: cannot read `nope.json`"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn imported_conversations_run_from_their_history() {
+    let server = support::MisbehavingServer::respond(200, support::OK_BODY).await;
+    let dir = tempfile::tempdir().unwrap();
+    let export = dir.path().join("exports/conv.jsonl");
+    std::fs::create_dir_all(export.parent().unwrap()).unwrap();
+    std::fs::write(
+        &export,
+        "{\"id\": \"t1\", \"messages\": [{\"role\": \"user\", \"content\": \"where is my refund?\"}]}\n\
+         {\"id\": \"t2\", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"Hello!\"}, {\"role\": \"user\", \"content\": \"cancel it\"}]}\n",
+    )
+    .unwrap();
+    let suite = dir.path().join("suites/conv.kdl");
+    let o = trellis()
+        .args(["import", "conversations"])
+        .arg(&export)
+        .arg("--out")
+        .arg(&suite)
+        .args(["--agent-url", &server.url()])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&suite).unwrap();
+    assert!(text.contains("path=\"../exports/conv.jsonl\""), "{text}");
+    assert!(text.contains("history \"{{ row.messages }}\""), "{text}");
+    // Written once: again without --replace is refused and changes nothing.
+    let again = trellis()
+        .args(["import", "conversations"])
+        .arg(&export)
+        .arg("--out")
+        .arg(&suite)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(again.status.code(), Some(2), "{}", stderr(&again));
+    assert!(stderr(&again).contains("--replace"), "{}", stderr(&again));
+
+    let o = trellis()
+        .arg("run")
+        .arg(&suite)
+        .arg("--out")
+        .arg(dir.path().join("out"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("conversation[t2]"), "{}", stdout(&o));
+    let mut got = received(&server);
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            pairs(&[
+                ("user", "hi"),
+                ("assistant", "Hello!"),
+                ("user", "cancel it")
+            ]),
+            pairs(&[("user", "where is my refund?")]),
+        ]
+    );
+
+    // A line that is not a conversation names the line.
+    std::fs::write(&export, "{\"messages\": []}\n[1]\n").unwrap();
+    let o = trellis()
+        .args(["import", "conversations"])
+        .arg(&export)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("line 2: not an object"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[tokio::test]
+async fn compare_takes_two_agents_of_one_run_scenario_by_scenario() {
+    let server = support::MisbehavingServer::respond(200, support::OK_BODY).await;
+    let suite = format!(
+        "agent \"a\" protocol=\"connexity\" builtin=\"booking\"\n\
+         agent \"b\" protocol=\"connexity\" url=\"{}\"\n\
+         dataset \"d\" path=\"data/d.jsonl\"\n\
+         scenario \"ask\" for-each=\"d\" {{\n    agents \"a\" \"b\"\n    row-id \"{{{{ row.id }}}}\"\n    user \"{{{{ row.q }}}}\"\n    expect reply contains=\"postal code\"\n}}\n",
+        server.url()
+    );
+    let rows = "{\"id\": \"x\", \"q\": \"Hi, I want a duct cleaning\"}\n{\"id\": \"y\", \"q\": \"Book me\"}\n";
+    let dir = project(&suite, &[("data/d.jsonl", rows.as_bytes())]);
+    let run = dir.path().join("runs/side-by-side");
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path().join("suite.kdl"))
+        .arg("--out")
+        .arg(&run)
+        .output()
+        .await
+        .unwrap();
+    // `b` answers "Hello there.": it fails where `a` asks for the postal code.
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    // The console sets the agents side by side, one row per instance.
+    let console = stdout(&o);
+    let grid = &console[console
+        .find("suite: agents side by side (pass rate, 95% CI)")
+        .unwrap_or_else(|| panic!("no grid in {console}"))..];
+    let row = grid.lines().find(|l| l.contains("ask[x]")).unwrap();
+    assert!(
+        row.contains("100% (21–100%)") && row.contains("0% (0–79%)"),
+        "{grid}"
+    );
+    // So does the report.
+    let html = std::fs::read_to_string(run.join("report.html")).unwrap();
+    let grid = &html[html
+        .find("<h2>Agents side by side: suite</h2>")
+        .unwrap_or_else(|| panic!("no grid in the report"))..];
+    let row = &grid[grid.find("title=\"ask[x]\"").unwrap()..];
+    let row = &row[..row.find("</tr>").unwrap()];
+    assert!(
+        row.contains("rate-all\" title=\"95% CI 21–100%\">100.0%")
+            && row.contains("rate-none\" title=\"95% CI 0–79%\">0.0%"),
+        "{row}"
+    );
+    let compare = |agents: [&str; 2]| {
+        let mut cmd = trellis();
+        cmd.arg("compare")
+            .arg(&run)
+            .args(["--json", "--agents", agents[0], agents[1]]);
+        cmd
+    };
+    let o = compare(["a", "b"]).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let c: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let scenarios: Vec<(String, String)> = c["scenarios"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            (
+                s["scenario"].as_str().unwrap().to_string(),
+                s["rate"]["verdict"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        scenarios,
+        [
+            ("ask[x]".to_string(), "regressed".to_string()),
+            ("ask[y]".to_string(), "regressed".to_string())
+        ],
+        "{c}"
+    );
+    let o = compare(["b", "a"]).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = compare(["a", "nobody"]).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("no trajectory of agent `nobody`"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[tokio::test]
+async fn a_dataset_that_keeps_no_row_is_a_warning_of_check() {
+    let suite = format!(
+        "{AGENT}dataset \"d\" path=\"data/d.jsonl\" filter=\"{{{{ row.n > 5 }}}}\"\n\
+         scenario \"s\" for-each=\"d\" {{\n    user \"hi\"\n    expect no-error\n}}\n"
+    );
+    let dir = project(&suite, &[("data/d.jsonl", b"{\"n\": 1}\n{\"n\": 2}\n")]);
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path().join("suite.kdl"))
+        .output()
+        .await
+        .unwrap();
+    // A warning (exit 0): the suite is valid, it just runs nothing here.
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let err = flat(&stderr(&o));
+    assert!(
+        err.contains("scenario `s` has no instance to run: dataset `d` keeps no row (its filter is false for every row)"),
+        "{err}"
+    );
+}
