@@ -631,6 +631,13 @@ pub struct Simulator {
     pub opening_prompt: Option<Template>,
     /// `retry-prompt`: the template of the note that asks again after an unusable answer.
     pub retry_prompt: Option<Template>,
+    /// `fidelity`: judge the simulated user's turns for breaks of character. `None`: the
+    /// enclosing layer's, else on whenever a judge can be resolved.
+    pub fidelity: Option<bool>,
+    /// `retries-invalid`: how many times an `invalid` trajectory is simulated again (each
+    /// attempt a fresh draw: the attempt is part of the LLM cache key). `None`: the
+    /// enclosing layer's, else 0.
+    pub retries_invalid: Option<u32>,
     /// The simulator of the enclosing branch or scenario this layer is written over (set on
     /// the copies the `simulate` steps hold; `None` on the project's).
     pub outer: Option<std::sync::Arc<Simulator>>,

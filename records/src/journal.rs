@@ -105,5 +105,12 @@ pub struct RunSummary {
     pub failed: u64,
     pub errors: u64,
     pub skipped: u64,
+    /// Trajectories whose simulated user broke character (`invalid`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub invalid: u64,
     pub turns: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }

@@ -184,6 +184,9 @@ pub struct StatusCounts {
     pub failed: u64,
     pub errors: u64,
     pub skipped: u64,
+    /// The simulated user broke character: left out of `ran` and the pass rate.
+    #[serde(default)]
+    pub invalid: u64,
 }
 
 impl StatusCounts {
@@ -194,6 +197,7 @@ impl StatusCounts {
             TrajectoryStatus::Failed => self.failed += 1,
             TrajectoryStatus::Error => self.errors += 1,
             TrajectoryStatus::Skipped => self.skipped += 1,
+            TrajectoryStatus::Invalid => self.invalid += 1,
         }
     }
 
@@ -506,7 +510,7 @@ impl StatsBuilder {
             .repetitions
             .entry(t.repetition)
             .or_insert((false, true));
-        if t.status != TrajectoryStatus::Skipped {
+        if t.status.ran() {
             repetition.0 = true;
             repetition.1 &= t.status == TrajectoryStatus::Passed;
         }
@@ -685,11 +689,7 @@ impl StatsBuilder {
                     agent.to_string(),
                 );
                 acc.outcomes.sort_by_key(|(repetition, _)| *repetition);
-                let ran = acc
-                    .outcomes
-                    .iter()
-                    .filter(|(_, s)| *s != TrajectoryStatus::Skipped)
-                    .count() as u64;
+                let ran = acc.outcomes.iter().filter(|(_, s)| s.ran()).count() as u64;
                 let passed = acc
                     .outcomes
                     .iter()

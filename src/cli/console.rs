@@ -99,6 +99,7 @@ struct Counts {
     failed: u64,
     errors: u64,
     skipped: u64,
+    invalid: u64,
 }
 
 pub struct Console {
@@ -116,6 +117,10 @@ pub struct Console {
     /// in the order they finished, so the same run always shows the same ones.
     failures: BTreeMap<FailureKey, TrajectoryRecord>,
     failures_total: u64,
+    /// The first invalid trajectories (the simulated user broke character), in stable
+    /// order, with why.
+    invalid: BTreeMap<FailureKey, String>,
+    invalid_total: u64,
     /// Distinct skip reasons with how many trajectories each skipped.
     skip_reasons: BTreeMap<String, u64>,
     /// Checks that did not run, over every trajectory.
@@ -151,6 +156,8 @@ impl Console {
             suites: Vec::new(),
             failures: BTreeMap::new(),
             failures_total: 0,
+            invalid: BTreeMap::new(),
+            invalid_total: 0,
             skip_reasons: BTreeMap::new(),
             checks_skipped: 0,
             unchecked: BTreeMap::new(),
@@ -183,6 +190,23 @@ impl Console {
             TrajectoryStatus::Passed => counts.passed += 1,
             TrajectoryStatus::Failed => counts.failed += 1,
             TrajectoryStatus::Error => counts.errors += 1,
+            TrajectoryStatus::Invalid => {
+                counts.invalid += 1;
+                self.invalid_total += 1;
+                let key = (
+                    self.suite_rank(&t.suite),
+                    t.suite.clone(),
+                    t.scenario.clone(),
+                    t.trajectory.clone(),
+                    t.agent.clone(),
+                    t.repetition,
+                );
+                let reason = t.invalid_reason().unwrap_or("no reason given").to_owned();
+                self.invalid.insert(key, reason);
+                if self.invalid.len() > FAILURES_SHOWN {
+                    self.invalid.pop_last();
+                }
+            }
             TrajectoryStatus::Skipped => {
                 counts.skipped += 1;
                 // Reasons repeat per repetition and agent; a handful of distinct ones is all
@@ -199,7 +223,8 @@ impl Console {
             self.llm.merge(llm);
         }
         let not_run = t.checks_with(CriterionStatus::Skipped);
-        if not_run > 0 {
+        // An invalid trajectory's checks were left out on purpose (listed with INVALID).
+        if not_run > 0 && t.status != TrajectoryStatus::Invalid {
             self.checks_skipped += not_run as u64;
             self.unchecked_total += 1;
             self.add_unchecked(t);
@@ -330,6 +355,7 @@ impl Console {
             "failed",
             "error",
             "skipped",
+            "invalid",
             "pass rate",
             "95% CI",
         ]);
@@ -359,6 +385,7 @@ impl Console {
                 verdict_cell(&c.failed.to_string(), c.failed > 0, false),
                 verdict_cell(&c.errors.to_string(), c.errors > 0, false),
                 Cell::new(c.skipped),
+                Cell::new(c.invalid),
                 Cell::new(rate),
                 Cell::new(interval),
             ]);
@@ -472,6 +499,19 @@ impl Console {
             );
         }
 
+        for ((_, suite, scenario, trajectory, agent, repetition), reason) in &self.invalid {
+            outln!(
+                "\n{} {suite}/{scenario} {trajectory} [{agent} #{repetition}]: the simulated user \
+                 broke character (not the agent's failure)\n    {reason}",
+                paint("INVALID", anstyle::AnsiColor::Magenta, stdout_colour()),
+            );
+        }
+        if self.invalid_total > self.invalid.len() as u64 {
+            outln!(
+                "\n… and {} more invalid: see the report",
+                self.invalid_total - self.invalid.len() as u64
+            );
+        }
         for (reason, n) in &self.skip_reasons {
             outln!(
                 "\nSKIP {}: {reason}",
@@ -522,8 +562,14 @@ impl Console {
             } else {
                 String::new()
             };
+            // Said only when there are some, so a run without simulated users reads as ever.
+            let invalid = if s.invalid > 0 {
+                format!(", {} invalid (left out of pass rates)", s.invalid)
+            } else {
+                String::new()
+            };
             outln!(
-                "\n{}{of_planned}: {} passed, {} failed, {}, {} skipped · {} in {:.1}s",
+                "\n{}{of_planned}: {} passed, {} failed, {}, {} skipped{invalid} · {} in {:.1}s",
                 count(s.trajectories, "trajectory", "trajectories"),
                 s.passed,
                 s.failed,
@@ -609,6 +655,7 @@ fn paint_status(word: &str, status: TrajectoryStatus, enabled: bool) -> String {
         TrajectoryStatus::Passed => anstyle::AnsiColor::Green,
         TrajectoryStatus::Failed | TrajectoryStatus::Error => anstyle::AnsiColor::Red,
         TrajectoryStatus::Skipped => anstyle::AnsiColor::Yellow,
+        TrajectoryStatus::Invalid => anstyle::AnsiColor::Magenta,
     };
     paint(word, colour, enabled)
 }
@@ -619,6 +666,7 @@ fn status_word(status: TrajectoryStatus) -> &'static str {
         TrajectoryStatus::Failed => "FAIL",
         TrajectoryStatus::Error => "ERROR",
         TrajectoryStatus::Skipped => "SKIP",
+        TrajectoryStatus::Invalid => "INVAL",
     }
 }
 

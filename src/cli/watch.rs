@@ -1028,6 +1028,7 @@ impl Recorder {
                             TrajectoryStatus::Failed => r.failed += 1,
                             TrajectoryStatus::Error => r.errors += 1,
                             TrajectoryStatus::Skipped => r.skipped += 1,
+                            TrajectoryStatus::Invalid => r.invalid += 1,
                         }
                         self.rerun.push(&event);
                     }

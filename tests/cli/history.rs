@@ -120,6 +120,7 @@ pub(super) fn write_run(runs_dir: &Path, name: &str, started_at: &str, samples: 
         failed,
         errors: 0,
         skipped: 0,
+        invalid: 0,
         turns: samples.len() as u64,
     }));
     let mut journal = std::fs::File::create(dir.join("journal.jsonl")).unwrap();

@@ -12,6 +12,7 @@ mod calibrate;
 mod complete;
 mod diagnostics;
 mod faults;
+mod fidelity;
 mod fmt;
 mod history;
 mod import;

@@ -164,6 +164,7 @@ pub async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSum
         failed: t.failed.load(Ordering::Relaxed),
         errors: t.errors.load(Ordering::Relaxed),
         skipped: t.skipped.load(Ordering::Relaxed),
+        invalid: t.invalid.load(Ordering::Relaxed),
         turns: t.turns.load(Ordering::Relaxed),
     };
     let _ = events.send(Event::RunFinished(summary.clone())).await;
@@ -209,6 +210,7 @@ struct Totals {
     failed: AtomicU64,
     errors: AtomicU64,
     skipped: AtomicU64,
+    invalid: AtomicU64,
     turns: AtomicU64,
 }
 
@@ -310,9 +312,65 @@ async fn run_unit(
             all_supported = false;
         }
     }
+    let Some(passed) = walk_unit(&unit).await else {
+        return false;
+    };
+    let retries = retries_invalid(shared, scenario);
+    if retries == 0 {
+        return passed && all_supported;
+    }
+    // `simulator retries-invalid=N`: the trajectories whose simulated user broke character
+    // run again (a fresh draw: the attempt is in the simulator's cache keys), each attempt
+    // recorded under its own name; what counts for `needs` is every trajectory's last.
+    let mut last = unit.outcomes();
+    for attempt in 1..=retries {
+        let again: Vec<bool> = last
+            .iter()
+            .map(|s| *s == Some(TrajectoryStatus::Invalid))
+            .collect();
+        if !again.contains(&true) || shared.stop.is_cancelled() {
+            break;
+        }
+        let rerun = unit.retry(attempt, again);
+        if walk_unit(&rerun).await.is_none() {
+            return false;
+        }
+        for (slot, status) in last.iter_mut().zip(rerun.outcomes()) {
+            if status.is_some() {
+                *slot = status;
+            }
+        }
+    }
+    all_supported
+        && last
+            .iter()
+            .all(|s| s.is_none_or(|s| s == TrajectoryStatus::Passed))
+}
+
+/// How many times an `invalid` trajectory of `scenario` runs again: the largest
+/// `retries-invalid` among its `simulate` steps' simulators.
+fn retries_invalid(shared: &Shared, scenario: &crate::plan::PlannedScenario) -> u32 {
+    let project = shared.llm.setup().simulator.as_ref();
+    scenario
+        .nodes
+        .iter()
+        .flat_map(|n| &n.steps)
+        .filter_map(|step| match step {
+            crate::plan::PlannedStep::Simulate { simulator, .. } => Some(
+                crate::llm::simulator::Layered::new(simulator.as_deref(), project).retries_invalid,
+            ),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// Walks one unit's tree; `Some(whether every trajectory passed)`, or `None` after a panic
+/// (its unrecorded trajectories are then recorded as errors).
+async fn walk_unit(unit: &Unit<'_>) -> Option<bool> {
     let walk = AssertUnwindSafe(unit.run_root());
     match walk.catch_unwind().await {
-        Ok(passed) => passed && all_supported,
+        Ok(passed) => Some(passed),
         Err(panic) => {
             // A bug in trellis must not lose the unit silently: every trajectory it had not
             // recorded yet is recorded as an error saying what happened.
@@ -326,7 +384,7 @@ async fn run_unit(
                 format!("trellis failed while running this trajectory (a bug): {message}"),
             );
             unit.fault_unrecorded(&fault).await;
-            false
+            None
         }
     }
 }
@@ -364,6 +422,7 @@ impl Shared {
             TrajectoryStatus::Failed => &t.failed,
             TrajectoryStatus::Error => &t.errors,
             TrajectoryStatus::Skipped => &t.skipped,
+            TrajectoryStatus::Invalid => &t.invalid,
         }
         .fetch_add(1, Ordering::Relaxed);
         let event = self

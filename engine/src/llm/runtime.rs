@@ -468,13 +468,23 @@ pub struct SimulateTask<'a, T> {
     pub vars: &'a std::collections::BTreeMap<String, String>,
     /// Names the call in a replay-only cache miss.
     pub call_name: String,
+    /// The attempt at the trajectory (`retries-invalid`), part of the cache key.
+    pub attempt: u32,
 }
 
 /// What the simulated user said, and the LLM calls it took (retries included).
 #[derive(Clone, Debug)]
 pub struct Simulated {
+    /// [`Said::Unusable`] only when the fidelity guards are on and every retry was
+    /// unusable (otherwise that is a `simulator` fault).
     pub said: Said,
     pub calls: Vec<LlmCall>,
+    /// Who the user is ([`Character::brief`]), for the fidelity judge.
+    pub brief: String,
+    /// The layered `fidelity` setting of this step.
+    pub fidelity: Option<bool>,
+    /// Why the answer was unusable ([`Said::Unusable`]).
+    pub note: Option<String>,
 }
 
 impl LlmRuntime {
@@ -543,6 +553,7 @@ impl LlmRuntime {
             request.max_tokens_default = Some(super::SIMULATOR_MAX_TOKENS);
             request.model = model.map(str::to_owned);
             request.temperature = temperature;
+            request.attempt = task.attempt;
             let outcome = self
                 .cache
                 .complete(
@@ -564,20 +575,148 @@ impl LlmRuntime {
             };
             match simulator::interpret(&text) {
                 Said::Unusable => last_answer = text,
-                said => return Ok(Simulated { said, calls }),
+                said => {
+                    return Ok(Simulated {
+                        said,
+                        calls,
+                        brief: character.brief(),
+                        fidelity: layered.fidelity,
+                        note: None,
+                    });
+                }
             }
         }
         let mut shown: String = last_answer.trim().chars().take(160).collect();
         if shown.is_empty() {
             shown = "(empty)".into();
         }
-        Err((
-            fault(format!(
-                "the simulator gave no usable message in {} attempts; last answer: {shown:?}",
-                SIMULATOR_RETRIES + 1
-            )),
-            calls,
-        ))
+        let why = format!(
+            "the simulator gave no usable message in {} attempts; last answer: {shown:?}",
+            SIMULATOR_RETRIES + 1
+        );
+        // With the guards on, an empty or role-only answer is the simulator breaking
+        // character (the trajectory is `invalid`), not a fault of the run.
+        if layered.fidelity != Some(false) {
+            return Ok(Simulated {
+                said: Said::Unusable,
+                calls,
+                brief: character.brief(),
+                fidelity: layered.fidelity,
+                note: Some(why),
+            });
+        }
+        Err((fault(why), calls))
+    }
+
+    /// The fidelity judge on one trajectory: the simulated user's `messages` held against
+    /// `brief`. `None` when no judge can be resolved and fidelity was not asked for
+    /// explicitly (`explicit`); a judge that fails or answers garbage leaves the check
+    /// `skipped` with why (fidelity unknown is not a verdict on anyone).
+    pub async fn judge_fidelity(
+        &self,
+        brief: &str,
+        messages: &[&str],
+        explicit: bool,
+        repetition: u32,
+        call_name: &str,
+    ) -> Option<CriterionRecord> {
+        use super::fidelity;
+        let mut record = CriterionRecord {
+            turn_index: None,
+            criterion: fidelity::CRITERION.to_owned(),
+            kind: fidelity::FIDELITY_KIND.to_owned(),
+            status: CriterionStatus::Skipped,
+            detail: None,
+            judge: None,
+        };
+        let resolved = match self.resolve(None) {
+            None if explicit => {
+                record.detail = Some(format!("not judged: {NO_JUDGE}"));
+                return Some(record);
+            }
+            None => return None,
+            Some(Err(e)) => {
+                record.detail = Some(format!("not judged: the judge is unavailable: {e}"));
+                return Some(record);
+            }
+            Some(Ok(r)) => r,
+        };
+        let mut request = fidelity::request(brief, messages);
+        request.max_tokens_default = Some(super::FIDELITY_MAX_TOKENS);
+        request.temperature_default = Some(0.0);
+        request.model = resolved.model.map(str::to_owned);
+        request.temperature = resolved.temperature;
+        if resolved.client.kind() == trellis_dsl::ProviderKind::Anthropic {
+            request.json_schema = None;
+        }
+        let mut outcome = self
+            .cache
+            .complete(
+                resolved.client,
+                &request,
+                repetition,
+                call_name,
+                None::<Instant>,
+            )
+            .await;
+        // As for judges: a server without structured output refuses the schema.
+        if request.json_schema.is_some()
+            && matches!(
+                &outcome.result,
+                Err(super::LlmError::Http {
+                    category: FaultCategory::Http4xx | FaultCategory::Http5xx,
+                    ..
+                })
+            )
+        {
+            request.json_schema = None;
+            outcome = self
+                .cache
+                .complete(
+                    resolved.client,
+                    &request,
+                    repetition,
+                    call_name,
+                    None::<Instant>,
+                )
+                .await;
+        }
+        let mut verdict = JudgeVerdict {
+            judge: resolved.name,
+            rubric: "fidelity".to_owned(),
+            threshold: 1.0,
+            call: outcome.call,
+            ..JudgeVerdict::default()
+        };
+        match outcome.result.map(|c| fidelity::parse(&c.text)) {
+            Err(e) => record.detail = Some(format!("not judged: the judge call failed: {e}")),
+            Ok(Err(garbage)) => record.detail = Some(format!("not judged: {garbage}")),
+            Ok(Ok((broke, reason))) => {
+                let reason = reason.unwrap_or_else(|| "no reason given".to_owned());
+                verdict.score = Some(if broke { 0.0 } else { 1.0 });
+                verdict.label = Some(
+                    if broke {
+                        "broke character"
+                    } else {
+                        "in character"
+                    }
+                    .into(),
+                );
+                verdict.justification = Some(reason.clone());
+                record.status = if broke {
+                    CriterionStatus::Failed
+                } else {
+                    CriterionStatus::Passed
+                };
+                record.detail = Some(if broke {
+                    format!("judge: the simulated user broke character: {reason}")
+                } else {
+                    format!("judge: in character: {reason}")
+                });
+            }
+        }
+        record.judge = Some(Box::new(verdict));
+        Some(record)
     }
 }
 

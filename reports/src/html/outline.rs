@@ -152,7 +152,7 @@ pub(crate) fn node_outcomes(outline: &ScenarioOutline) -> HashMap<String, NodeOu
     let mut out: HashMap<String, NodeOutcome> = HashMap::new();
     for (name, path) in &outline.paths {
         for run in outline.runs.get(name).into_iter().flatten() {
-            if run.status == TrajectoryStatus::Skipped {
+            if !run.status.ran() {
                 continue;
             }
             let reached = match &run.failed_at {

@@ -117,6 +117,7 @@ pub(crate) struct CountsView {
     failed: u64,
     errors: u64,
     skipped: u64,
+    invalid: u64,
     rate: String,
     /// `all` (everything that ran passed), `some`, `none`, or `na` (nothing ran).
     grade: &'static str,
@@ -146,6 +147,7 @@ impl CountsView {
             (c.failed, "f"),
             (c.errors, "e"),
             (c.skipped, "s"),
+            (c.invalid, "i"),
         ] {
             if n == 0 || drawn == 0 {
                 continue;
@@ -164,6 +166,7 @@ impl CountsView {
             failed: c.failed,
             errors: c.errors,
             skipped: c.skipped,
+            invalid: c.invalid,
             rate: c
                 .pass_rate()
                 .map_or_else(|| "–".to_owned(), |r| format!("{:.1}%", r * 100.0)),
@@ -790,6 +793,7 @@ pub(crate) fn build(page: &Page<'_>) -> PageView {
     let status_counts = [
         TrajectoryStatus::Failed,
         TrajectoryStatus::Error,
+        TrajectoryStatus::Invalid,
         TrajectoryStatus::Skipped,
         TrajectoryStatus::Passed,
     ]
@@ -1110,7 +1114,7 @@ fn leaf_view(
             if run.status == TrajectoryStatus::Passed {
                 last.passed += 1;
             }
-            if run.status != TrajectoryStatus::Skipped {
+            if run.status.ran() {
                 last.ran += 1;
             }
         }

@@ -322,6 +322,7 @@ pub fn summary() -> RunSummary {
         failed: 1,
         errors: 1,
         skipped: 1,
+        invalid: 0,
         turns: 13,
     }
 }
