@@ -238,6 +238,10 @@ pub struct RunAggregates {
     pub mean_score: Option<f64>,
     /// Wall time of the run.
     pub duration_ms: Option<f64>,
+    /// LLM use per role (`agent`, `simulator`, `judge`, `attacker`), each call counted once
+    /// where it was made; from the run's end (`run_finished.llm_roles`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub llm_roles: std::collections::BTreeMap<String, trellis_records::LlmUsage>,
 }
 
 /// One branch (trajectory) of a scenario for one agent, over its repetitions.
@@ -643,6 +647,11 @@ impl StatsBuilder {
             mean_score: (self.judge_scores.1 > 0)
                 .then(|| self.judge_scores.0 / self.judge_scores.1 as f64 * 100.0),
             duration_ms: self.summary.as_ref().map(|s| s.duration_ms),
+            llm_roles: self
+                .summary
+                .as_ref()
+                .map(|s| s.llm_roles.clone())
+                .unwrap_or_default(),
         };
 
         let mut scenarios: Vec<ScenarioStats> = self

@@ -163,6 +163,7 @@ fn measure(suite: &std::path::Path, out: &std::path::Path, jobs: usize) -> Optio
         strict: false,
         json_events: false,
         llm_cache: trellis_engine::llm::LlmCache::disabled(),
+        llm_budget: Default::default(),
     };
     let outcome = match super::run::execute_plan(plan, "bench", out, &settings) {
         Ok(o) => o,

@@ -596,6 +596,31 @@ impl Console {
                 }
             );
         }
+        // Each call once, where it was made (the line above sums trajectories, so a shared
+        // prefix's calls count in each branch).
+        if let Some(s) = summary
+            && !s.llm_roles.is_empty()
+        {
+            let roles: Vec<String> = s
+                .llm_roles
+                .iter()
+                .map(|(role, u)| {
+                    let cost = u.cost.map(|c| format!(", cost {c:.4}")).unwrap_or_default();
+                    let cached = if u.cache_hits > 0 {
+                        format!(", {} cached", u.cache_hits)
+                    } else {
+                        String::new()
+                    };
+                    format!(
+                        "{role} {} ({} in, {} out{cost}{cached})",
+                        count(u.calls, "call", "calls"),
+                        u.input_tokens,
+                        u.output_tokens
+                    )
+                })
+                .collect();
+            outln!("LLM by role: {}", roles.join("; "));
+        }
         if self.checks_skipped > 0 {
             outln!(
                 "{} did not run (on {}); --strict counts them as failures",

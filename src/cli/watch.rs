@@ -589,6 +589,7 @@ impl Session {
             transport: Some(self.transport.clone()),
             llm_cache: self.llm_cache.clone(),
             launcher: Some(self.launcher.clone()),
+            llm_budget: Default::default(),
         };
         let cancel = options.stop.clone();
         let (tx, rx) = event::channel();

@@ -121,6 +121,8 @@ pub(super) fn write_run(runs_dir: &Path, name: &str, started_at: &str, samples: 
         errors: 0,
         skipped: 0,
         invalid: 0,
+        llm_roles: Default::default(),
+        stopped_by: None,
         turns: samples.len() as u64,
     }));
     let mut journal = std::fs::File::create(dir.join("journal.jsonl")).unwrap();

@@ -20,6 +20,7 @@ mod import_connexity;
 mod import_multiagent;
 mod init;
 mod judges;
+mod llm_budget;
 mod lsp;
 mod multiagent;
 mod outputs;

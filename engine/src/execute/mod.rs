@@ -78,6 +78,9 @@ pub struct RunOptions {
     /// Starts the builtin agents (`builtin="…"`) the plan names; `None` makes each of them
     /// a setup fault on its trajectories.
     pub launcher: Option<Arc<dyn Launcher>>,
+    /// `--max-llm-calls` / `--max-llm-cost`: reaching either stops the run as `stop` does
+    /// ([`crate::llm::meter`]); the summary says why (`stopped_by`).
+    pub llm_budget: crate::llm::meter::Budget,
 }
 
 /// Runs the plan to completion, sending every event to `events`. Never fails because of an
@@ -110,6 +113,7 @@ pub async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSum
         &transport,
         options.llm_cache.clone(),
     );
+    llm.meter().arm(options.llm_budget, options.stop.clone());
     let agents = Agents::new(&plan, transport, llm.clone(), options.launcher.clone());
     let jobs = options.jobs.clamp(1, MAX_JOBS);
     let shared = Arc::new(Shared {
@@ -166,6 +170,8 @@ pub async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSum
         skipped: t.skipped.load(Ordering::Relaxed),
         invalid: t.invalid.load(Ordering::Relaxed),
         turns: t.turns.load(Ordering::Relaxed),
+        llm_roles: shared.llm.meter().by_role(),
+        stopped_by: shared.llm.meter().tripped(),
     };
     let _ = events.send(Event::RunFinished(summary.clone())).await;
     summary

@@ -38,8 +38,9 @@ pub(super) async fn judge_unless_stopped<T: AsRef<crate::record::TurnRecord>>(
         task.kind.name().to_string(),
         task.turn_index,
     );
+    // `biased`: a run already stopping (a signal, an LLM budget) starts no judge call.
     tokio::select! {
-        record = shared.llm.judge(task) => record,
+        biased;
         () = shared.stop.cancelled() => CriterionRecord {
             turn_index,
             criterion,
@@ -48,6 +49,7 @@ pub(super) async fn judge_unless_stopped<T: AsRef<crate::record::TurnRecord>>(
             detail: Some("not checked: the run was stopped while the judge was answering".into()),
             judge: None,
         },
+        record = shared.llm.judge(task) => record,
     }
 }
 
@@ -275,8 +277,9 @@ impl Unit<'_> {
             &name,
         );
         tokio::select! {
-            record = judging => record,
+            biased;
             () = self.shared.stop.cancelled() => None,
+            record = judging => record,
         }
     }
 

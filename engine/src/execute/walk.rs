@@ -1025,6 +1025,10 @@ impl<'a> Unit<'a> {
             {
                 break;
             }
+            // A stopping run (a signal, an LLM budget) starts no new simulator call.
+            if self.shared.stop.is_cancelled() {
+                return Some(Stop::Interrupted);
+            }
             let task = SimulateTask {
                 scenario: sc,
                 turns: &state.turns,
@@ -1134,6 +1138,20 @@ impl<'a> Unit<'a> {
             return Some(Stop::Interrupted);
         };
         self.shared.totals.turns.fetch_add(1, Ordering::Relaxed);
+        // The agent's own model, as the agent reports it (Fixie's LLM calls are counted
+        // where they are made); a reused turn made no call.
+        if !turn.reused
+            && turn.llm.is_empty()
+            && (turn.prompt_tokens.is_some()
+                || turn.completion_tokens.is_some()
+                || turn.cost_usd.is_some())
+        {
+            self.shared.llm.meter().record_agent_turn(
+                turn.prompt_tokens,
+                turn.completion_tokens,
+                turn.cost_usd,
+            );
+        }
         let fault = turn.fault.clone();
         let mut turn = turn;
         turn.simulator = std::mem::take(&mut state.pending_simulator);

@@ -19,7 +19,7 @@
 //! cache is [`cache`]; prompts, rubrics and answer parsing of LLM judges are [`judge`];
 //! [`runtime`] holds a run's providers, judges and cache, judges one criterion into its
 //! record and writes the simulated user's turns ([`simulator`]); whether that user stayed in
-//! character is [`fidelity`].
+//! character is [`fidelity`]; what a run spends per role, and its budget, is [`meter`].
 
 pub mod anthropic;
 pub mod cache;
@@ -28,6 +28,7 @@ pub mod codec;
 pub mod fidelity;
 pub mod fragments;
 pub mod judge;
+pub mod meter;
 pub mod openai;
 pub mod provider;
 pub mod rejudge;

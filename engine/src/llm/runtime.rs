@@ -19,6 +19,7 @@ use trellis_dsl::{
 };
 
 use super::judge::{self, JudgeContext, JudgeVerdict, PersonaInfo, Question, Rubric};
+use super::meter::{LlmMeter, Role};
 use super::simulator::{self, Character, Layered, SIMULATOR_RETRIES, Said};
 use super::{LlmCache, LlmCall, ProviderClient};
 use crate::record::{CriterionRecord, CriterionStatus, Fault, FaultCategory, TurnRecord};
@@ -93,6 +94,7 @@ pub struct LlmRuntime {
     servers: super::slots::ServerRegistry,
     transport: HttpTransport,
     cache: LlmCache,
+    meter: LlmMeter,
 }
 
 impl std::fmt::Debug for LlmRuntime {
@@ -131,6 +133,7 @@ impl LlmRuntime {
             servers,
             transport: transport.clone(),
             cache,
+            meter: LlmMeter::default(),
         })
     }
 
@@ -324,8 +327,8 @@ impl LlmRuntime {
             request.json_schema = None;
         }
         let mut outcome = self
-            .cache
-            .complete(
+            .complete_as(
+                Role::Judge,
                 resolved.client,
                 &request,
                 task.repetition,
@@ -348,8 +351,8 @@ impl LlmRuntime {
             request.json_schema = None;
             let first = outcome.call;
             outcome = self
-                .cache
-                .complete(
+                .complete_as(
+                    Role::Judge,
                     resolved.client,
                     &request,
                     task.repetition,
@@ -555,8 +558,8 @@ impl LlmRuntime {
             request.temperature = temperature;
             request.attempt = task.attempt;
             let outcome = self
-                .cache
-                .complete(
+                .complete_as(
+                    Role::Simulator,
                     client,
                     &request,
                     task.repetition,
@@ -650,8 +653,8 @@ impl LlmRuntime {
             request.json_schema = None;
         }
         let mut outcome = self
-            .cache
-            .complete(
+            .complete_as(
+                Role::Judge,
                 resolved.client,
                 &request,
                 repetition,
@@ -671,8 +674,8 @@ impl LlmRuntime {
         {
             request.json_schema = None;
             outcome = self
-                .cache
-                .complete(
+                .complete_as(
+                    Role::Judge,
                     resolved.client,
                     &request,
                     repetition,
@@ -717,6 +720,31 @@ impl LlmRuntime {
         }
         record.judge = Some(Box::new(verdict));
         Some(record)
+    }
+}
+
+impl LlmRuntime {
+    /// One call through the response cache, counted under `role` by the run's meter.
+    async fn complete_as(
+        &self,
+        role: Role,
+        client: &ProviderClient,
+        request: &super::LlmRequest,
+        repetition: u32,
+        call: &str,
+        deadline: Option<Instant>,
+    ) -> super::LlmOutcome {
+        let outcome = self
+            .cache
+            .complete(client, request, repetition, call, deadline)
+            .await;
+        self.meter.record(role, &outcome.call);
+        outcome
+    }
+
+    /// The run's LLM usage per role and its budget.
+    pub fn meter(&self) -> &LlmMeter {
+        &self.meter
     }
 }
 
@@ -909,8 +937,14 @@ impl LlmRuntime {
             ..super::LlmRequest::default()
         };
         let outcome = self
-            .cache
-            .complete(client, &request, repetition, call_name, deadline)
+            .complete_as(
+                Role::Agent,
+                client,
+                &request,
+                repetition,
+                call_name,
+                deadline,
+            )
             .await;
         Ok(AgentCompletion {
             result: outcome.result.map(|c| c.text),

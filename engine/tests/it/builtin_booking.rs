@@ -317,6 +317,7 @@ async fn run_with(
         transport: None,
         llm_cache: trellis_engine::llm::LlmCache::disabled(),
         launcher,
+        llm_budget: Default::default(),
     };
     let (tx, mut rx) = event::channel();
     let engine = tokio::spawn(trellis_engine::execute::run(plan, options, tx));

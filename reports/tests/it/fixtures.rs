@@ -323,6 +323,8 @@ pub fn summary() -> RunSummary {
         errors: 1,
         skipped: 1,
         invalid: 0,
+        llm_roles: Default::default(),
+        stopped_by: None,
         turns: 13,
     }
 }
