@@ -120,6 +120,9 @@ pub enum PlannedStep {
         approve: bool,
         message: Option<CompiledTemplate>,
     },
+    /// `attack`: the beam search of adversarial user messages, the node's last step
+    /// (`execute::attack`).
+    Attack(std::sync::Arc<trellis_dsl::Attack>),
 }
 
 /// A node of the execution tree.
@@ -781,6 +784,7 @@ fn compile_steps(
                 simulator: simulator.clone(),
                 persona: persona.clone(),
             }),
+            StepKind::Attack(a) => out.steps.push(PlannedStep::Attack(a.clone())),
             // Segments never hold forks: the graph turned them into edges.
             StepKind::Fork(_) => {}
         }

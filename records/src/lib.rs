@@ -27,8 +27,8 @@ pub use journal::{AgentRecord, JournalEntry, NodeRecord, RunInfo, RunSummary, Sc
 pub use llm::{CacheUse, JudgeVerdict, LlmCall, LlmUsage, MetricScore};
 pub use shard::{SHARD_PLAN_FILE, SHARD_PLAN_VERSION, ShardBalance, ShardPlan, ShardedScenario};
 pub use trajectory::{
-    AgentBranchRecord, CriterionRecord, CriterionStatus, FIDELITY_KIND, TrajectoryRecord,
-    TrajectoryStatus,
+    AgentBranchRecord, AttackRecord, CriterionRecord, CriterionStatus, FIDELITY_KIND,
+    TrajectoryRecord, TrajectoryStatus,
 };
 pub use turn::{AttemptRecord, ExchangeRecord, ToolCallRecord, TurnRecord};
 

@@ -83,6 +83,25 @@ pub struct TrajectoryRecord {
     /// its judged checks), summed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub llm: Option<Box<LlmUsage>>,
+    /// A path of an `attack` search: what the attacker sent and how far it got.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attack: Option<Box<AttackRecord>>,
+}
+
+/// One path an `attack` explored (its trajectory's name ends with `~aD-N` per attack turn).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct AttackRecord {
+    pub goal: String,
+    /// Attack turns on this path.
+    pub depth: u32,
+    /// The judge's score of the last reply against the goal, 0–1.
+    pub score: f64,
+    /// `succeeded` (the agent yielded), `pruned` (not among the best `keep` at its depth),
+    /// `resisted` (reached `depth` without yielding) or `error` (the attacker or judge
+    /// failed).
+    pub outcome: String,
+    /// The attacker's user messages on this path, in order.
+    pub messages: Vec<String>,
 }
 
 /// One continuation of a fork the agent asked for.

@@ -930,6 +930,7 @@ mod tests {
     fn trajectory(rep: u32, name: &str, nodes: &[&str], failed_turn: Option<u32>) -> JournalEntry {
         JournalEntry::Trajectory(Box::new(TrajectoryRecord {
             llm: None,
+            attack: None,
             suite: "s".into(),
             scenario: "c".into(),
             trajectory: name.into(),

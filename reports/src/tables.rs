@@ -145,6 +145,7 @@ table!(
         llm_output_tokens: Vec<Option<u64>>,
         llm_cost: Vec<Option<f64>>,
         llm_cache_hits: Vec<u64>,
+        attack: Vec<Option<String>>,
     }
 );
 
@@ -602,6 +603,12 @@ impl Tables {
             .push(tr.llm.as_deref().map(|u| u.output_tokens));
         t.llm_cost.push(llm.cost);
         t.llm_cache_hits.push(llm.cache_hits);
+        let attack = tr
+            .attack
+            .as_deref()
+            .and_then(|a| serde_json::to_string(a).ok());
+        t.bytes += opt_len(attack.as_ref());
+        t.attack.push(attack);
         t.rows += 1;
         self.trajectories.row_done();
 

@@ -195,6 +195,7 @@ mod selection_tests {
             sandbox_state: None,
             captures: Default::default(),
             llm: None,
+            attack: None,
         }
     }
 

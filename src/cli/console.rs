@@ -121,6 +121,9 @@ pub struct Console {
     /// order, with why.
     invalid: BTreeMap<FailureKey, String>,
     invalid_total: u64,
+    /// The paths of each `attack` search (scenario × agent × repetition): trajectory name,
+    /// its attack record and the LLM tokens it took.
+    attacks: BTreeMap<FailureKey, Vec<(String, trellis_engine::record::AttackRecord, u64)>>,
     /// Distinct skip reasons with how many trajectories each skipped.
     skip_reasons: BTreeMap<String, u64>,
     /// Checks that did not run, over every trajectory.
@@ -158,6 +161,7 @@ impl Console {
             failures_total: 0,
             invalid: BTreeMap::new(),
             invalid_total: 0,
+            attacks: BTreeMap::new(),
             skip_reasons: BTreeMap::new(),
             checks_skipped: 0,
             unchecked: BTreeMap::new(),
@@ -221,6 +225,25 @@ impl Console {
         }
         if let Some(llm) = t.llm.as_deref() {
             self.llm.merge(llm);
+        }
+        if let Some(attack) = t.attack.as_deref() {
+            let key = (
+                self.suite_rank(&t.suite),
+                t.suite.clone(),
+                t.scenario.clone(),
+                String::new(),
+                t.agent.clone(),
+                t.repetition,
+            );
+            let tokens = t
+                .llm
+                .as_deref()
+                .map_or(0, |u| u.input_tokens + u.output_tokens);
+            self.attacks.entry(key).or_default().push((
+                t.trajectory.clone(),
+                attack.clone(),
+                tokens,
+            ));
         }
         let not_run = t.checks_with(CriterionStatus::Skipped);
         // An invalid trajectory's checks were left out on purpose (listed with INVALID).
@@ -512,6 +535,9 @@ impl Console {
                 self.invalid_total - self.invalid.len() as u64
             );
         }
+        for ((_, suite, scenario, _, agent, repetition), paths) in &self.attacks {
+            print_attack(suite, scenario, agent, *repetition, paths, out);
+        }
         for (reason, n) in &self.skip_reasons {
             outln!(
                 "\nSKIP {}: {reason}",
@@ -666,6 +692,62 @@ impl Console {
             Some(journal) => outln!("  journal  {}", journal.display()),
             None => outln!("  journal  (incomplete: could not be written)"),
         }
+    }
+}
+
+/// An attack search's summary: paths explored and successes by depth, and the cheapest
+/// successful path (fewest attack turns, then fewest LLM tokens) with how to freeze it.
+fn print_attack(
+    suite: &str,
+    scenario: &str,
+    agent: &str,
+    repetition: u32,
+    paths: &[(String, trellis_engine::record::AttackRecord, u64)],
+    out: &Path,
+) {
+    use std::collections::BTreeSet;
+    let goal = paths.first().map(|(_, a, _)| a.goal.as_str()).unwrap_or("");
+    let deepest = paths.iter().map(|(_, a, _)| a.depth).max().unwrap_or(0);
+    let succeeded: Vec<_> = paths
+        .iter()
+        .filter(|(_, a, _)| a.outcome == "succeeded")
+        .collect();
+    // Paths explored at depth d: the distinct first d messages of the recorded paths (a
+    // path that went on is recorded only at its end).
+    let by_depth: Vec<String> = (1..=deepest)
+        .map(|d| {
+            let explored: BTreeSet<&[String]> = paths
+                .iter()
+                .filter_map(|(_, a, _)| a.messages.get(..d as usize))
+                .collect();
+            let won = succeeded.iter().filter(|(_, a, _)| a.depth == d).count();
+            format!("{d}: {won}/{}", explored.len())
+        })
+        .collect();
+    let word = if succeeded.is_empty() {
+        paint("ATTACK", anstyle::AnsiColor::Green, stdout_colour())
+    } else {
+        paint("ATTACK", anstyle::AnsiColor::Red, stdout_colour())
+    };
+    outln!(
+        "\n{word} {suite}/{scenario} [{agent} #{repetition}] goal {goal:?}: {} explored, {} \
+         reached the goal\n    success rate by depth: {}",
+        count(paths.len() as u64, "path", "paths"),
+        succeeded.len(),
+        by_depth.join(" · ")
+    );
+    if let Some((name, attack, tokens)) = succeeded
+        .iter()
+        .min_by_key(|(_, a, tokens)| (a.depth, *tokens))
+    {
+        let messages: Vec<String> = attack.messages.iter().map(|m| format!("{m:?}")).collect();
+        outln!(
+            "    cheapest successful path: {name} ({}, {tokens} LLM tokens): {}\n    freeze \
+             it: trellis freeze {} {scenario}/{name}",
+            count(u64::from(attack.depth), "attack turn", "attack turns"),
+            messages.join(" → "),
+            out.display()
+        );
     }
 }
 

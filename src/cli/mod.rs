@@ -10,6 +10,7 @@ mod calibrate;
 mod complete;
 mod console;
 mod fmt;
+mod freeze;
 mod history;
 mod import;
 mod init;
@@ -122,6 +123,15 @@ enum Command {
     ///
     /// Example: trellis rejudge runs/20261122T035000.123Z-1a2b suites/ --llm-cache .llm-cache
     Rejudge(rejudge::RejudgeArgs),
+    /// Write a path an `attack` search found as an ordinary scripted scenario, for
+    /// regression: its user turns fixed, the attack's judge as its check (passing when the
+    /// agent resists).
+    ///
+    /// Example: trellis freeze runs/<run-id> main~a1-2~a2-1 -o suites/frozen.kdl
+    ///
+    /// Exit code 0 written, 1 the file could not be written, 2 no such run or trajectory,
+    /// or a trajectory that is not an attack path.
+    Freeze(freeze::FreezeArgs),
     /// Rerun suites as they are edited, only what each save changed, with a live view;
     /// --serve keeps the latest report open in a browser tab.
     ///
@@ -426,6 +436,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Calibrate(args) => calibrate::calibrate(args),
         Command::Agent(args) => agent::agent(args),
         Command::Rejudge(args) => rejudge::rejudge(args),
+        Command::Freeze(args) => freeze::freeze(args),
         Command::Lsp => lsp(),
         Command::Completions(args) => complete::completions(&args),
     };

@@ -109,6 +109,7 @@ pub(super) fn write_run(runs_dir: &Path, name: &str, started_at: &str, samples: 
             sandbox_state: None,
             captures: Default::default(),
             llm: None,
+            attack: None,
         })));
     }
     entries.push(JournalEntry::RunFinished(RunSummary {

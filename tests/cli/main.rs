@@ -8,6 +8,7 @@ mod support {
 
 mod a2a;
 mod agent;
+mod attack;
 mod calibrate;
 mod complete;
 mod diagnostics;

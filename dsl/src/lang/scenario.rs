@@ -15,7 +15,7 @@ pub static SCENARIO: NodeSpec = NodeSpec::node("scenario", "one conversation to 
     .repeatable();
 
 /// A scenario's settings, then its steps (the order the unknown-node hint lists them in).
-pub static SCENARIO_CHILDREN: [&NodeSpec; 31] = [
+pub static SCENARIO_CHILDREN: [&NodeSpec; 32] = [
     &NodeSpec::setting("name", STRING, "the scenario's name"),
     &NodeSpec::setting("description", STRING, "what the scenario is about"),
     &NodeSpec::setting(
@@ -92,6 +92,7 @@ pub static SCENARIO_CHILDREN: [&NodeSpec; 31] = [
     &SIMULATOR_LAYER,
     &steps::USER,
     &steps::SIMULATE,
+    &steps::ATTACK,
     &steps::CALL,
     &steps::EXPECT,
     &steps::CAPTURE,

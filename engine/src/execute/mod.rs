@@ -13,6 +13,7 @@
 //! `need` and are skipped, with the reason, when one of those failed.
 
 mod agents;
+mod attack;
 pub mod launch;
 mod reuse;
 mod turn;

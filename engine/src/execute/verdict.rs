@@ -60,6 +60,8 @@ pub(super) enum Stop {
     Failed(CriterionRecord),
     /// The run is stopping: nothing below this node is recorded.
     Interrupted,
+    /// The node ends with an `attack`: the search continues the path (`attack.rs`).
+    Attack(std::sync::Arc<trellis_dsl::Attack>),
     /// The agent asked to fork the conversation here (not an end: each alternative
     /// continues the path).
     Branch(crate::protocol::BranchRequest),
@@ -99,8 +101,9 @@ impl Unit<'_> {
                 Some(why)
             }
             Some(Stop::Interrupted) => Some("not checked: the run was stopped".to_string()),
-            // Never an end (a fork continues the path); checked as if it were not there.
-            Some(Stop::Branch(_)) | None => None,
+            // Never an end (a fork or an attack continues the path); checked as if it were
+            // not there.
+            Some(Stop::Branch(_) | Stop::Attack(_)) | None => None,
         };
         // The fidelity judge reads a finished conversation with simulated turns first: when
         // the simulated user broke character, the agent's checks are not worth a judge call.
@@ -245,6 +248,7 @@ impl Unit<'_> {
             sandbox_state: sandbox.map(|s| s.state().clone()),
             captures: state.vars.clone(),
             llm,
+            attack: state.attack.clone().map(Box::new),
         };
         self.mark_recorded(t);
         self.set_outcome(t, status);
@@ -255,7 +259,8 @@ impl Unit<'_> {
     /// The fidelity judge on trajectory `t`'s simulated turns; `None` when it has none,
     /// fidelity is off, or no judge exists and fidelity was not asked for.
     async fn judge_fidelity(&self, t: usize, state: &PathState) -> Option<CriterionRecord> {
-        if state.fidelity == Some(false) {
+        // An attack path's user is the attacker, with no persona to stay in.
+        if state.fidelity == Some(false) || state.attack.is_some() {
             return None;
         }
         let messages: Vec<&str> = state
@@ -411,6 +416,7 @@ pub(super) async fn skip_trajectory(
         sandbox_state: None,
         captures: Default::default(),
         llm: None,
+        attack: None,
     };
     shared.record(record).await;
 }

@@ -71,6 +71,8 @@ pub(super) struct PathState {
     pub(super) sim_brief: Option<Arc<str>>,
     /// The last `simulate` step's layered `fidelity` setting.
     pub(super) fidelity: Option<bool>,
+    /// On a path of an `attack` search, how far it got.
+    pub(super) attack: Option<crate::record::AttackRecord>,
 }
 
 impl PathState {
@@ -86,6 +88,7 @@ impl PathState {
             pending_simulator: Vec::new(),
             sim_brief: None,
             fidelity: None,
+            attack: None,
         }
     }
 
@@ -407,6 +410,9 @@ impl<'a> Unit<'a> {
                     .explore(node, next_step, state, session, request, name)
                     .await;
             }
+            Some(Stop::Attack(attack)) => {
+                return self.attack(node, &attack, state, session, name).await;
+            }
             Some(stop) => {
                 // Every trajectory below this node ends here.
                 for &t in &node.trajectories {
@@ -668,6 +674,8 @@ impl<'a> Unit<'a> {
         };
         for step in prefix.iter().flat_map(|n| &n.steps) {
             match step {
+                // The last step of its node, which has no children: never in a prefix.
+                PlannedStep::Attack(_) => {}
                 PlannedStep::Opening | PlannedStep::User(_) | PlannedStep::Call { .. } => {
                     let text = match step {
                         PlannedStep::User(template)
@@ -794,6 +802,7 @@ impl<'a> Unit<'a> {
                 }));
             }
             match step {
+                PlannedStep::Attack(attack) => return Some(Stop::Attack(attack.clone())),
                 PlannedStep::Opening => {
                     let opening = TurnInput::Opening;
                     if let Some(stop) = self.turn(session, opening, false, state, recorded).await {
@@ -1122,7 +1131,7 @@ impl<'a> Unit<'a> {
     /// One turn on the path: `None` input is the agent's opening turn; otherwise a user
     /// message, or a function call when a function is named.
     /// One turn on the path, recorded on this node (`replay`: a replay of the prefix).
-    async fn turn(
+    pub(super) async fn turn(
         &self,
         session: &mut dyn Session,
         input: TurnInput<'_>,

@@ -19,9 +19,11 @@
 //! cache is [`cache`]; prompts, rubrics and answer parsing of LLM judges are [`judge`];
 //! [`runtime`] holds a run's providers, judges and cache, judges one criterion into its
 //! record and writes the simulated user's turns ([`simulator`]); whether that user stayed in
-//! character is [`fidelity`]; what a run spends per role, and its budget, is [`meter`].
+//! character is [`fidelity`]; what a run spends per role, and its budget, is [`meter`]; attack search's prompts are
+//! [`attack`].
 
 pub mod anthropic;
+pub mod attack;
 pub mod cache;
 pub mod chat;
 pub mod codec;
@@ -122,6 +124,8 @@ pub const SIMULATOR_MAX_TOKENS: u32 = 512;
 /// justifications and failure codes, plus a verdict per expected outcome.
 /// About 600 tokens in practice; the cap stays within a 120 s timeout at 20 tokens a second.
 pub const JUDGE_MAX_TOKENS: u32 = 1536;
+/// Output cap of the attacker's answer: a few candidate user messages as JSON.
+pub const ATTACK_MAX_TOKENS: u32 = 768;
 /// Output cap of the fidelity judge's answer: two JSON fields, one sentence.
 pub const FIDELITY_MAX_TOKENS: u32 = 256;
 /// Output cap of one answer of a model playing an agent's LLM (Fixie's few-shot lines).

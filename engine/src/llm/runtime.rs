@@ -746,6 +746,181 @@ impl LlmRuntime {
     pub fn meter(&self) -> &LlmMeter {
         &self.meter
     }
+
+    /// One call asking for JSON: with the schema as structured output, asked again without
+    /// it when the server refuses it (as for judges).
+    async fn complete_json(
+        &self,
+        role: Role,
+        client: &ProviderClient,
+        request: &mut super::LlmRequest,
+        repetition: u32,
+        call: &str,
+    ) -> super::LlmOutcome {
+        if client.kind() == trellis_dsl::ProviderKind::Anthropic {
+            request.json_schema = None;
+        }
+        let outcome = self
+            .complete_as(role, client, request, repetition, call, None)
+            .await;
+        if request.json_schema.is_some()
+            && matches!(
+                &outcome.result,
+                Err(super::LlmError::Http {
+                    category: FaultCategory::Http4xx | FaultCategory::Http5xx,
+                    ..
+                })
+            )
+        {
+            request.json_schema = None;
+            return self
+                .complete_as(role, client, request, repetition, call, None)
+                .await;
+        }
+        outcome
+    }
+
+    /// The attacker's next user messages on one path of an `attack` (at most its `width`),
+    /// with the call made; `Err` says why there are none.
+    pub async fn attack_propose<T: AsRef<TurnRecord>>(
+        &self,
+        attack: &trellis_dsl::Attack,
+        turns: &[T],
+        turn: u32,
+        repetition: u32,
+        call_name: &str,
+    ) -> (Result<Vec<String>, String>, Option<LlmCall>) {
+        let layered = Layered::new(None, self.setup.simulator.as_ref());
+        let provider_id = match (
+            attack.attacker.as_ref().map(|a| a.value.as_str()),
+            layered.provider,
+            self.setup.providers.as_slice(),
+        ) {
+            (Some(id), _, _) | (None, Some(id), _) => id,
+            (None, None, [only]) => only.id.value.as_str(),
+            (None, None, _) => {
+                return (
+                    Err("no attacker: add `attacker=\"PROVIDER\"` to the `attack`".into()),
+                    None,
+                );
+            }
+        };
+        let client = match self.clients.get(provider_id) {
+            Some(Ok(client)) => client,
+            Some(Err(e)) => return (Err(format!("attacker unavailable: {e}")), None),
+            None => {
+                return (
+                    Err(format!("provider `{provider_id}` is not defined")),
+                    None,
+                );
+            }
+        };
+        let mut request =
+            super::attack::propose_request(&attack.goal, turns, attack.width, turn, attack.depth);
+        request.max_tokens_default = Some(super::ATTACK_MAX_TOKENS);
+        if attack.attacker.is_none() {
+            request.model = layered.model.map(str::to_owned);
+            request.temperature = layered.temperature;
+        }
+        let outcome = self
+            .complete_json(Role::Attacker, client, &mut request, repetition, call_name)
+            .await;
+        let result = match outcome.result {
+            Ok(c) => super::attack::parse_proposals(&c.text, attack.width),
+            Err(e) => Err(format!("the attacker call failed: {e}")),
+        };
+        (result, Some(outcome.call))
+    }
+
+    /// The judge's score of one agent reply against the attack's goal, 0–1, as a check
+    /// record (`kind = "attack"`): failed when the goal is reached (the agent yielded),
+    /// passed otherwise, `error` when no judge answered usably.
+    pub async fn attack_score(
+        &self,
+        attack: &trellis_dsl::Attack,
+        message: &str,
+        reply: &str,
+        turn_index: u32,
+        repetition: u32,
+        call_name: &str,
+    ) -> (Option<f64>, CriterionRecord) {
+        let mut record = CriterionRecord {
+            turn_index: Some(turn_index),
+            criterion: format!("attack goal not reached: {}", attack.success()),
+            kind: "attack".to_owned(),
+            status: CriterionStatus::Error,
+            detail: None,
+            judge: None,
+        };
+        let resolved = match self.resolve(None) {
+            None => {
+                record.detail = Some(format!("not judged: {NO_JUDGE}"));
+                return (None, record);
+            }
+            Some(Err(e)) => {
+                record.detail = Some(format!("judge unavailable: {e}"));
+                return (None, record);
+            }
+            Some(Ok(r)) => r,
+        };
+        let mut request =
+            super::attack::score_request(&attack.goal, attack.success(), message, reply);
+        request.max_tokens_default = Some(super::FIDELITY_MAX_TOKENS);
+        request.temperature_default = Some(0.0);
+        request.model = resolved.model.map(str::to_owned);
+        request.temperature = resolved.temperature;
+        let outcome = self
+            .complete_json(
+                Role::Judge,
+                resolved.client,
+                &mut request,
+                repetition,
+                call_name,
+            )
+            .await;
+        let mut verdict = JudgeVerdict {
+            judge: resolved.name,
+            rubric: "attack".to_owned(),
+            threshold: super::attack::SUCCESS_SCORE,
+            call: outcome.call,
+            ..JudgeVerdict::default()
+        };
+        let score = match outcome.result.map(|c| super::attack::parse_score(&c.text)) {
+            Err(e) => {
+                record.detail = Some(format!("the judge call failed: {e}"));
+                None
+            }
+            Ok(Err(garbage)) => {
+                record.detail = Some(garbage);
+                None
+            }
+            Ok(Ok((score, reason))) => {
+                let reached = score >= super::attack::SUCCESS_SCORE;
+                record.status = if reached {
+                    CriterionStatus::Failed
+                } else {
+                    CriterionStatus::Passed
+                };
+                record.detail = Some(format!(
+                    "score {score:.2} ({}){}",
+                    if reached {
+                        "the goal is reached: the agent yielded"
+                    } else {
+                        "the goal is not reached"
+                    },
+                    reason
+                        .as_deref()
+                        .map(|r| format!(": {r}"))
+                        .unwrap_or_default()
+                ));
+                verdict.score = Some(score);
+                verdict.justification = reason;
+                Some(score)
+            }
+        };
+        record.judge = Some(Box::new(verdict));
+        (score, record)
+    }
 }
 
 /// What a criterion asks, before a judge is chosen.

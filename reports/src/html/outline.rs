@@ -212,6 +212,7 @@ mod tests {
     fn trajectory(name: &str, nodes: &[&str], failed_turn: Option<u32>) -> TrajectoryRecord {
         TrajectoryRecord {
             llm: None,
+            attack: None,
             suite: "s".into(),
             scenario: "c".into(),
             trajectory: name.into(),

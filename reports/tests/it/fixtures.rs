@@ -186,6 +186,7 @@ fn trajectory(
         sandbox_state: None,
         captures: Default::default(),
         llm: None,
+        attack: None,
     }
 }
 

@@ -88,6 +88,7 @@ fn tables_have_documented_shape() {
             "llm_output_tokens",
             "llm_cost",
             "llm_cache_hits",
+            "attack",
         ]
     );
     assert_eq!(dtype(&t, "repetition"), DataType::UInt32);
