@@ -179,6 +179,8 @@ fn checks_something(sc: &Scenario) -> bool {
     fn in_steps(steps: &[Step]) -> bool {
         steps.iter().any(|s| match &s.kind {
             StepKind::Expect(criteria) => !criteria.is_empty(),
+            // Every path of an attack is checked against its goal.
+            StepKind::Attack(_) => true,
             StepKind::Fork(branches) => branches.iter().any(|b| in_steps(&b.steps)),
             _ => false,
         })

@@ -739,6 +739,7 @@ fn compile_steps(
     for step in &segment.steps {
         if let Some(reason) = not_runnable::step(&step.kind, None)
             && !matches!(&step.kind, StepKind::Simulate { simulator: own, .. } if simulator || names_provider(own))
+            && !matches!(&step.kind, StepKind::Attack(a) if simulator || a.attacker.is_some())
         {
             out.unsupported.get_or_insert(reason);
         }
@@ -825,6 +826,11 @@ pub mod not_runnable {
                  provider=\"ID\"` (a lone `provider` is used as the simulator)"
                     .to_string(),
             ),
+            (StepKind::Attack(_), None) => Some(
+                "`attack` needs an attacker and a judge: add a `provider` (a lone one plays \
+                 both), or `attacker=\"ID\"` and a `judge`"
+                    .to_string(),
+            ),
             (StepKind::User(_) | StepKind::Simulate { .. }, Some(p))
                 if p.capabilities().provider_plays_llm =>
             {
@@ -886,6 +892,7 @@ pub fn warnings(project: &Project) -> Vec<Diagnostic> {
         walk_steps(&sc.steps, &mut |step| {
             if let Some(why) = not_runnable::step(&step.kind, None)
                 && !matches!(&step.kind, StepKind::Simulate { simulator: own, .. } if simulated || names_provider(own))
+                && !matches!(&step.kind, StepKind::Attack(a) if simulated || a.attacker.is_some())
             {
                 out.push(warn(
                     step.span,

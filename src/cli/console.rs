@@ -724,6 +724,14 @@ fn print_attack(
             format!("{d}: {won}/{}", explored.len())
         })
         .collect();
+    if deepest == 0 {
+        outln!(
+            "\n{} {suite}/{scenario} [{agent} #{repetition}] goal {goal:?}: the search did not \
+             get past its start (its error is above)",
+            paint("ATTACK", anstyle::AnsiColor::Red, stdout_colour())
+        );
+        return;
+    }
     let word = if succeeded.is_empty() {
         paint("ATTACK", anstyle::AnsiColor::Green, stdout_colour())
     } else {

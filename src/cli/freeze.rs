@@ -39,6 +39,13 @@ pub struct FreezeArgs {
 
 pub fn freeze(args: FreezeArgs) -> u8 {
     let path = args.run_dir.join(JOURNAL_FILE);
+    if !path.is_file() {
+        errln!(
+            "error: {} is not a run directory (it has no {JOURNAL_FILE})",
+            args.run_dir.display()
+        );
+        return EXIT_INVALID;
+    }
     let entries = match journal::read(&path) {
         Ok(entries) => entries,
         Err(e) => {
