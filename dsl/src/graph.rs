@@ -435,6 +435,10 @@ fn segment_caption(segment: &Segment) -> String {
             StepKind::Hitl { approve, .. } => {
                 format!("hitl {}", if *approve { "approve" } else { "reject" })
             }
+            StepKind::Attack(a) => format!(
+                "attack: {} (width {}, keep {}, depth {})",
+                a.goal, a.width, a.keep, a.depth
+            ),
             StepKind::Fork(_) => continue,
         };
         caption.push('\n');

@@ -636,6 +636,13 @@ pub struct Simulator {
     pub opening_prompt: Option<Template>,
     /// `retry-prompt`: the template of the note that asks again after an unusable answer.
     pub retry_prompt: Option<Template>,
+    /// `fidelity`: judge the simulated user's turns for breaks of character. `None`: the
+    /// enclosing layer's, else on whenever a judge can be resolved.
+    pub fidelity: Option<bool>,
+    /// `retries-invalid`: how many times an `invalid` trajectory is simulated again (each
+    /// attempt a fresh draw: the attempt is part of the LLM cache key). `None`: the
+    /// enclosing layer's, else 0.
+    pub retries_invalid: Option<u32>,
     /// The simulator of the enclosing branch or scenario this layer is written over (set on
     /// the copies the `simulate` steps hold; `None` on the project's).
     pub outer: Option<std::sync::Arc<Simulator>>,
@@ -910,6 +917,7 @@ fn shrink_steps(steps: &mut Vec<Step>) {
                 }
             }
             StepKind::User(_)
+            | StepKind::Attack(_)
             | StepKind::Simulate { .. }
             | StepKind::Call { .. }
             | StepKind::Capture { .. }
@@ -928,6 +936,31 @@ fn shrink_criteria(criteria: &mut Vec<Criterion>) {
             CriterionKind::ToolsInOrder(names) => names.shrink_to_fit(),
             _ => {}
         }
+    }
+}
+
+/// `attack`: an attacker LLM proposes `width` user messages per kept path and turn, a judge
+/// scores each reply against the goal, the best `keep` paths go on, up to `depth` turns.
+#[derive(Clone, Debug)]
+pub struct Attack {
+    pub goal: String,
+    /// What reaching the goal looks like (the judge's criterion); the goal when unset.
+    pub judge: Option<String>,
+    pub width: u32,
+    pub keep: u32,
+    pub depth: u32,
+    /// The provider playing the attacker; `None`: the simulator's, else the lone provider.
+    pub attacker: Option<Spanned<String>>,
+}
+
+impl Attack {
+    pub const DEFAULT_WIDTH: u32 = 3;
+    pub const DEFAULT_KEEP: u32 = 2;
+    pub const DEFAULT_DEPTH: u32 = 3;
+
+    /// The judge's criterion.
+    pub fn success(&self) -> &str {
+        self.judge.as_deref().unwrap_or(&self.goal)
     }
 }
 
@@ -970,6 +1003,8 @@ pub enum StepKind {
     },
     /// Consecutive `branch` nodes: the conversation forks, one trajectory per branch.
     Fork(Vec<Branch>),
+    /// `attack goal=… { judge "…" }`: a beam search of adversarial user messages.
+    Attack(std::sync::Arc<Attack>),
 }
 
 #[derive(Clone, Debug)]

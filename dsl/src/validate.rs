@@ -203,6 +203,8 @@ fn checks_something(sc: &Scenario) -> bool {
     fn in_steps(steps: &[Step]) -> bool {
         steps.iter().any(|s| match &s.kind {
             StepKind::Expect(criteria) => !criteria.is_empty(),
+            // Every path of an attack is checked against its goal.
+            StepKind::Attack(_) => true,
             StepKind::Fork(branches) => branches.iter().any(|b| in_steps(&b.steps)),
             _ => false,
         })
@@ -777,10 +779,30 @@ impl<'p> Validator<'p> {
         steps: &[Step],
         mut captured: BTreeSet<String>,
     ) -> BTreeSet<String> {
-        for step in steps {
+        for (i, step) in steps.iter().enumerate() {
             match &step.kind {
                 StepKind::User(t) | StepKind::Call { input: t, .. } => {
                     self.template(cx, t, &captured)
+                }
+                StepKind::Attack(attack) => {
+                    if let Some(name) = &attack.attacker {
+                        self.reference(RefKind::Provider, name);
+                    }
+                    // Every path the search explores ends the scenario: nothing can follow.
+                    if i + 1 != steps.len() {
+                        let d = Diagnostic::at_span(
+                            Kind::InvalidValue,
+                            "`attack` must be the last step",
+                            self.files(),
+                            step.span,
+                            "steps follow this attack",
+                        )
+                        .with_help(
+                            "every path the attack explores is a trajectory of its own; move \
+                             the checks into `criteria { … }` (they run on each path)",
+                        );
+                        self.diags.push(d);
+                    }
                 }
                 StepKind::Hitl {
                     message: Some(t), ..
@@ -807,6 +829,25 @@ impl<'p> Validator<'p> {
                     captured.insert(name.clone());
                 }
                 StepKind::Fork(branches) => {
+                    // Steps after a fork group run on every branch: one that attacks
+                    // cannot be followed by them.
+                    if i + 1 != steps.len()
+                        && let Some(at) = branches.iter().find_map(|b| attack_at_end(&b.steps))
+                    {
+                        let d = Diagnostic::at_span(
+                            Kind::InvalidValue,
+                            "`attack` must be the last step",
+                            self.files(),
+                            at,
+                            "steps follow the branches this attack is in",
+                        )
+                        .with_help(
+                            "every path the attack explores is a trajectory of its own; an \
+                             attacking branch ends the scenario, so nothing may follow its \
+                             group of branches",
+                        );
+                        self.diags.push(d);
+                    }
                     self.duplicate_ids(
                         branches.iter().map(|b| &b.name),
                         "branch",
@@ -1025,6 +1066,16 @@ impl<'p> Validator<'p> {
 struct StepCx<'a> {
     scenario: &'a Scenario,
     all_captures: &'a BTreeSet<String>,
+}
+
+/// Where an `attack` that ends a block (or one of its last fork group's branches) is.
+fn attack_at_end(steps: &[Step]) -> Option<Span> {
+    let last = steps.last()?;
+    match &last.kind {
+        StepKind::Attack(_) => Some(last.span),
+        StepKind::Fork(branches) => branches.iter().find_map(|b| attack_at_end(&b.steps)),
+        _ => None,
+    }
 }
 
 /// Where the first `call` step of a block is written, branches included.

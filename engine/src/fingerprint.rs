@@ -267,6 +267,14 @@ fn steps_text(steps: &[trellis_dsl::Step]) -> (String, String) {
                 });
                 conversation.push_str(&format!("simulate {turns:?} {by:?} {playing:?};"));
             }
+            StepKind::Attack(a) => {
+                calls += 1;
+                let attacker = a.attacker.as_ref().map(|s| &s.value);
+                conversation.push_str(&format!(
+                    "attack {:?};",
+                    (&a.goal, &a.judge, a.width, a.keep, a.depth, attacker)
+                ));
+            }
             StepKind::Hitl { approve, message } => {
                 calls += 1;
                 let message = message.as_ref().map(|m| &m.source);

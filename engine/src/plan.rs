@@ -120,6 +120,9 @@ pub enum PlannedStep {
         approve: bool,
         message: Option<CompiledTemplate>,
     },
+    /// `attack`: the beam search of adversarial user messages, the node's last step
+    /// (`execute::attack`).
+    Attack(std::sync::Arc<trellis_dsl::Attack>),
 }
 
 /// A node of the execution tree.
@@ -768,6 +771,7 @@ fn compile_steps(
     for step in &segment.steps {
         if let Some(reason) = not_runnable::step(&step.kind, None)
             && !matches!(&step.kind, StepKind::Simulate { simulator: own, .. } if simulator || names_provider(own))
+            && !matches!(&step.kind, StepKind::Attack(a) if simulator || a.attacker.is_some())
         {
             out.unsupported.get_or_insert(reason);
         }
@@ -813,6 +817,7 @@ fn compile_steps(
                 simulator: simulator.clone(),
                 persona: persona.clone(),
             }),
+            StepKind::Attack(a) => out.steps.push(PlannedStep::Attack(a.clone())),
             // Segments never hold forks: the graph turned them into edges.
             StepKind::Fork(_) => {}
         }
@@ -851,6 +856,11 @@ pub mod not_runnable {
             (StepKind::Simulate { .. }, None) => Some(
                 "`simulate` needs the LLM user simulator: add a `provider` and `simulator \
                  provider=\"ID\"` (a lone `provider` is used as the simulator)"
+                    .to_string(),
+            ),
+            (StepKind::Attack(_), None) => Some(
+                "`attack` needs an attacker and a judge: add a `provider` (a lone one plays \
+                 both), or `attacker=\"ID\"` and a `judge`"
                     .to_string(),
             ),
             (StepKind::User(_) | StepKind::Simulate { .. }, Some(p))
@@ -914,6 +924,7 @@ pub fn warnings(project: &Project) -> Vec<Diagnostic> {
         walk_steps(&sc.steps, &mut |step| {
             if let Some(why) = not_runnable::step(&step.kind, None)
                 && !matches!(&step.kind, StepKind::Simulate { simulator: own, .. } if simulated || names_provider(own))
+                && !matches!(&step.kind, StepKind::Attack(a) if simulated || a.attacker.is_some())
             {
                 out.push(warn(
                     step.span,

@@ -142,5 +142,19 @@ pub struct RunSummary {
     pub failed: u64,
     pub errors: u64,
     pub skipped: u64,
+    /// Trajectories whose simulated user broke character (`invalid`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub invalid: u64,
     pub turns: u64,
+    /// The run's LLM calls per role (`agent`, `simulator`, `judge`, `attacker`), each
+    /// counted once where it was made (a shared prefix's once).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub llm_roles: std::collections::BTreeMap<String, crate::llm::LlmUsage>,
+    /// Why the run stopped before its end on its own (`--max-llm-calls`, `--max-llm-cost`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stopped_by: Option<String>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }

@@ -30,7 +30,8 @@ pub use journal::{
 pub use llm::{CacheUse, JudgeVerdict, LlmCall, LlmUsage, MetricScore};
 pub use shard::{SHARD_PLAN_FILE, SHARD_PLAN_VERSION, ShardBalance, ShardPlan, ShardedScenario};
 pub use trajectory::{
-    AgentBranchRecord, CriterionRecord, CriterionStatus, TrajectoryRecord, TrajectoryStatus,
+    AgentBranchRecord, AttackRecord, CriterionRecord, CriterionStatus, FIDELITY_KIND,
+    TrajectoryRecord, TrajectoryStatus,
 };
 pub use turn::{AttemptRecord, ExchangeRecord, ToolCallRecord, TurnRecord};
 

@@ -13,15 +13,29 @@ pub enum TrajectoryStatus {
     Failed,
     Error,
     Skipped,
+    /// The simulated user broke character (a deterministic guard, a conversation cycle or
+    /// the fidelity judge said so): the conversation says nothing about the agent. Never
+    /// `failed`, left out of pass rates; why is the failed `fidelity` check in `criteria`.
+    Invalid,
 }
 
 impl TrajectoryStatus {
+    /// Whether the trajectory says something about the agent: passed, failed or error
+    /// (skipped and invalid ones are left out of pass rates and repetition counts).
+    pub fn ran(self) -> bool {
+        matches!(
+            self,
+            TrajectoryStatus::Passed | TrajectoryStatus::Failed | TrajectoryStatus::Error
+        )
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             TrajectoryStatus::Passed => "passed",
             TrajectoryStatus::Failed => "failed",
             TrajectoryStatus::Error => "error",
             TrajectoryStatus::Skipped => "skipped",
+            TrajectoryStatus::Invalid => "invalid",
         }
     }
 }
@@ -69,6 +83,25 @@ pub struct TrajectoryRecord {
     /// its judged checks), summed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub llm: Option<Box<LlmUsage>>,
+    /// A path of an `attack` search: what the attacker sent and how far it got.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attack: Option<Box<AttackRecord>>,
+}
+
+/// One path an `attack` explored (its trajectory's name ends with `~aD-N` per attack turn).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct AttackRecord {
+    pub goal: String,
+    /// Attack turns on this path.
+    pub depth: u32,
+    /// The judge's score of the last reply against the goal, 0–1.
+    pub score: f64,
+    /// `succeeded` (the agent yielded), `pruned` (not among the best `keep` at its depth),
+    /// `resisted` (reached `depth` without yielding) or `error` (the attacker or judge
+    /// failed).
+    pub outcome: String,
+    /// The attacker's user messages on this path, in order.
+    pub messages: Vec<String>,
 }
 
 /// One continuation of a fork the agent asked for.
@@ -93,11 +126,30 @@ pub struct AgentBranchRecord {
 }
 
 impl TrajectoryRecord {
+    /// Why the trajectory is `invalid`: the detail of its failed `fidelity` check.
+    pub fn invalid_reason(&self) -> Option<&str> {
+        if self.status != TrajectoryStatus::Invalid {
+            return None;
+        }
+        self.criteria
+            .iter()
+            .find(|c| c.kind == FIDELITY_KIND && c.status == CriterionStatus::Failed)
+            .map(|c| {
+                c.detail
+                    .as_deref()
+                    .unwrap_or("the simulated user broke character")
+            })
+    }
+
     /// How many of its checks ended with `status`.
     pub fn checks_with(&self, status: CriterionStatus) -> usize {
         self.criteria.iter().filter(|c| c.status == status).count()
     }
 }
+
+/// `CriterionRecord::kind` of the simulated user's fidelity check (guards, cycles, judge):
+/// failed, it makes the trajectory `invalid`; it never makes a trajectory pass.
+pub const FIDELITY_KIND: &str = "fidelity";
 
 #[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq, Hash)]
 #[serde(rename_all = "snake_case")]

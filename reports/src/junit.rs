@@ -187,6 +187,19 @@ impl JunitBuilder {
                     escape(t.skip_reason.as_deref().unwrap_or("skipped"))
                 );
             }
+            // The simulated user broke character: nothing to say about the agent, so
+            // neither a failure nor a pass; CI shows the reason on the skipped case.
+            TrajectoryStatus::Invalid => {
+                suite.counts.skipped += 1;
+                let reason = t
+                    .invalid_reason()
+                    .unwrap_or("the simulated user broke character");
+                let _ = write!(
+                    xml,
+                    ">\n      <skipped message=\"{}\"/>\n    </testcase>\n",
+                    escape(&format!("invalid: {reason}"))
+                );
+            }
         }
         suite
             .append(&xml)

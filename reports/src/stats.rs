@@ -186,6 +186,9 @@ pub struct StatusCounts {
     pub failed: u64,
     pub errors: u64,
     pub skipped: u64,
+    /// The simulated user broke character: left out of `ran` and the pass rate.
+    #[serde(default)]
+    pub invalid: u64,
 }
 
 impl StatusCounts {
@@ -196,6 +199,7 @@ impl StatusCounts {
             TrajectoryStatus::Failed => self.failed += 1,
             TrajectoryStatus::Error => self.errors += 1,
             TrajectoryStatus::Skipped => self.skipped += 1,
+            TrajectoryStatus::Invalid => self.invalid += 1,
         }
     }
 
@@ -236,6 +240,10 @@ pub struct RunAggregates {
     pub mean_score: Option<f64>,
     /// Wall time of the run.
     pub duration_ms: Option<f64>,
+    /// LLM use per role (`agent`, `simulator`, `judge`, `attacker`), each call counted once
+    /// where it was made; from the run's end (`run_finished.llm_roles`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub llm_roles: std::collections::BTreeMap<String, trellis_records::LlmUsage>,
 }
 
 /// One branch (trajectory) of a scenario for one agent, over its repetitions.
@@ -413,8 +421,8 @@ type CriterionKey = (Name, Name, Name, Name, Option<u32>, Name);
 
 #[derive(Default)]
 struct BranchAcc {
-    /// Repetitions by status: passed, failed, error, skipped.
-    by_status: [RoaringBitmap; 4],
+    /// Repetitions by status: passed, failed, error, skipped, invalid.
+    by_status: [RoaringBitmap; 5],
     duration_ms: f64,
 }
 
@@ -424,14 +432,16 @@ fn status_slot(status: TrajectoryStatus) -> usize {
         TrajectoryStatus::Failed => 1,
         TrajectoryStatus::Error => 2,
         TrajectoryStatus::Skipped => 3,
+        TrajectoryStatus::Invalid => 4,
     }
 }
 
-const SLOT_STATUS: [TrajectoryStatus; 4] = [
+const SLOT_STATUS: [TrajectoryStatus; 5] = [
     TrajectoryStatus::Passed,
     TrajectoryStatus::Failed,
     TrajectoryStatus::Error,
     TrajectoryStatus::Skipped,
+    TrajectoryStatus::Invalid,
 ];
 
 #[derive(Default)]
@@ -439,7 +449,7 @@ struct ScenarioAcc {
     counts: StatusCounts,
     /// Repetitions with a trajectory recorded.
     repetitions: RoaringBitmap,
-    /// Repetitions in which a branch ran (was not skipped).
+    /// Repetitions in which a branch ran (was neither skipped nor invalid).
     ran: RoaringBitmap,
     /// Repetitions in which a branch that ran did not pass.
     not_passed: RoaringBitmap,
@@ -609,7 +619,7 @@ impl StatsBuilder {
             scenario.skip_reason.clone_from(&t.skip_reason);
         }
         scenario.repetitions.insert(t.repetition);
-        if t.status != TrajectoryStatus::Skipped {
+        if t.status.ran() {
             scenario.ran.insert(t.repetition);
             if t.status != TrajectoryStatus::Passed {
                 scenario.not_passed.insert(t.repetition);
@@ -748,6 +758,11 @@ impl StatsBuilder {
             mean_score: (self.judge_scores.1 > 0)
                 .then(|| self.judge_scores.0 / self.judge_scores.1 as f64 * 100.0),
             duration_ms: self.summary.as_ref().map(|s| s.duration_ms),
+            llm_roles: self
+                .summary
+                .as_ref()
+                .map(|s| s.llm_roles.clone())
+                .unwrap_or_default(),
         };
 
         let mut scenarios: Vec<ScenarioStats> = self
@@ -789,8 +804,12 @@ impl StatsBuilder {
                     trajectory.to_string(),
                     agent.to_string(),
                 );
-                let [passed, failed, errors, skipped] = acc.by_status.each_ref().map(|r| r.len());
+                let [passed, failed, errors, skipped, invalid] =
+                    acc.by_status.each_ref().map(|r| r.len());
                 let ran = passed + failed + errors;
+                // An invalid trajectory says nothing about the agent: left out like a
+                // skipped one.
+                let skipped = skipped + invalid;
                 let mut outcomes: Vec<(u32, TrajectoryStatus)> = acc
                     .by_status
                     .iter()
@@ -1042,6 +1061,7 @@ mod tests {
     fn trajectory(rep: u32, name: &str, nodes: &[&str], failed_turn: Option<u32>) -> JournalEntry {
         JournalEntry::Trajectory(Box::new(TrajectoryRecord {
             llm: None,
+            attack: None,
             suite: "s".into(),
             scenario: "c".into(),
             trajectory: name.into(),

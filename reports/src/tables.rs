@@ -150,6 +150,7 @@ table!(
         row_id: Vec<Option<String>>,
         row: Vec<Option<String>>,
         matrix: Vec<Option<String>>,
+        attack: Vec<Option<String>>,
     }
 );
 
@@ -647,6 +648,12 @@ impl Tables {
         t.row_id.push(row_id);
         t.row.push(row);
         t.matrix.push(matrix);
+        let attack = tr
+            .attack
+            .as_deref()
+            .and_then(|a| serde_json::to_string(a).ok());
+        t.bytes += opt_len(attack.as_ref());
+        t.attack.push(attack);
         t.rows += 1;
         self.trajectories.row_done();
 

@@ -13,6 +13,8 @@ pub(crate) struct Counts {
     pub(crate) failed: u64,
     pub(crate) errors: u64,
     pub(crate) skipped: u64,
+    /// The simulated user broke character: neither passed nor failed.
+    pub(crate) invalid: u64,
 }
 
 impl Counts {
@@ -22,16 +24,17 @@ impl Counts {
             TrajectoryStatus::Failed => &mut self.failed,
             TrajectoryStatus::Error => &mut self.errors,
             TrajectoryStatus::Skipped => &mut self.skipped,
+            TrajectoryStatus::Invalid => &mut self.invalid,
         };
         *slot = slot.saturating_add(1);
     }
 
     pub(crate) fn total(&self) -> u64 {
-        self.passed + self.failed + self.errors + self.skipped
+        self.passed + self.failed + self.errors + self.skipped + self.invalid
     }
 
-    /// Passed over the trajectories that ran (skipped ones are left out); `None` when none
-    /// ran.
+    /// Passed over the trajectories that ran (skipped and invalid ones are left out: an
+    /// invalid one says nothing about the agent); `None` when none ran.
     pub(crate) fn pass_rate(&self) -> Option<f64> {
         let ran = self.passed + self.failed + self.errors;
         (ran > 0).then(|| self.passed as f64 / ran as f64)
@@ -91,8 +94,9 @@ pub(crate) fn status_rank(status: TrajectoryStatus) -> u8 {
     match status {
         TrajectoryStatus::Error => 0,
         TrajectoryStatus::Failed => 1,
-        TrajectoryStatus::Skipped => 2,
-        TrajectoryStatus::Passed => 3,
+        TrajectoryStatus::Invalid => 2,
+        TrajectoryStatus::Skipped => 3,
+        TrajectoryStatus::Passed => 4,
     }
 }
 
@@ -197,6 +201,7 @@ mod selection_tests {
             sandbox_state: None,
             captures: Default::default(),
             llm: None,
+            attack: None,
         }
     }
 

@@ -192,6 +192,7 @@ fn measure(suite: &std::path::Path, out: &std::path::Path, jobs: usize) -> Optio
         strict: false,
         json_events: false,
         llm_cache: trellis_engine::llm::LlmCache::disabled(),
+        llm_budget: Default::default(),
     };
     // As `trellis run` does: the journal records what each trajectory means.
     trellis_engine::fingerprint::stamp(&project, &mut plan);

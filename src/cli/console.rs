@@ -99,6 +99,7 @@ struct Counts {
     failed: u64,
     errors: u64,
     skipped: u64,
+    invalid: u64,
 }
 
 pub struct Console {
@@ -116,6 +117,13 @@ pub struct Console {
     /// in the order they finished, so the same run always shows the same ones.
     failures: BTreeMap<FailureKey, TrajectoryRecord>,
     failures_total: u64,
+    /// The first invalid trajectories (the simulated user broke character), in stable
+    /// order, with why.
+    invalid: BTreeMap<FailureKey, String>,
+    invalid_total: u64,
+    /// The paths of each `attack` search (scenario × agent × repetition): trajectory name,
+    /// its attack record and the LLM tokens it took.
+    attacks: BTreeMap<FailureKey, Vec<(String, trellis_engine::record::AttackRecord, u64)>>,
     /// Distinct skip reasons with how many trajectories each skipped.
     skip_reasons: BTreeMap<String, u64>,
     /// Checks that did not run, over every trajectory.
@@ -151,6 +159,9 @@ impl Console {
             suites: Vec::new(),
             failures: BTreeMap::new(),
             failures_total: 0,
+            invalid: BTreeMap::new(),
+            invalid_total: 0,
+            attacks: BTreeMap::new(),
             skip_reasons: BTreeMap::new(),
             checks_skipped: 0,
             unchecked: BTreeMap::new(),
@@ -231,6 +242,23 @@ impl Console {
             TrajectoryStatus::Passed => counts.passed += 1,
             TrajectoryStatus::Failed => counts.failed += 1,
             TrajectoryStatus::Error => counts.errors += 1,
+            TrajectoryStatus::Invalid => {
+                counts.invalid += 1;
+                self.invalid_total += 1;
+                let key = (
+                    self.suite_rank(&t.suite),
+                    t.suite.clone(),
+                    t.scenario.clone(),
+                    t.trajectory.clone(),
+                    t.agent.clone(),
+                    t.repetition,
+                );
+                let reason = t.invalid_reason().unwrap_or("no reason given").to_owned();
+                self.invalid.insert(key, reason);
+                if self.invalid.len() > FAILURES_SHOWN {
+                    self.invalid.pop_last();
+                }
+            }
             TrajectoryStatus::Skipped => {
                 counts.skipped += 1;
                 // Reasons repeat per repetition and agent; a handful of distinct ones is all
@@ -246,8 +274,28 @@ impl Console {
         if let Some(llm) = t.llm.as_deref() {
             self.llm.merge(llm);
         }
+        if let Some(attack) = t.attack.as_deref() {
+            let key = (
+                self.suite_rank(&t.suite),
+                t.suite.clone(),
+                t.scenario.clone(),
+                String::new(),
+                t.agent.clone(),
+                t.repetition,
+            );
+            let tokens = t
+                .llm
+                .as_deref()
+                .map_or(0, |u| u.input_tokens + u.output_tokens);
+            self.attacks.entry(key).or_default().push((
+                t.trajectory.clone(),
+                attack.clone(),
+                tokens,
+            ));
+        }
         let not_run = t.checks_with(CriterionStatus::Skipped);
-        if not_run > 0 {
+        // An invalid trajectory's checks were left out on purpose (listed with INVALID).
+        if not_run > 0 && t.status != TrajectoryStatus::Invalid {
             self.checks_skipped += not_run as u64;
             self.unchecked_total += 1;
             self.add_unchecked(t);
@@ -405,6 +453,7 @@ impl Console {
             "failed",
             "error",
             "skipped",
+            "invalid",
             "pass rate",
             "95% CI",
         ]);
@@ -434,6 +483,7 @@ impl Console {
                 verdict_cell(&c.failed.to_string(), c.failed > 0, false),
                 verdict_cell(&c.errors.to_string(), c.errors > 0, false),
                 Cell::new(c.skipped),
+                Cell::new(c.invalid),
                 Cell::new(rate),
                 Cell::new(interval),
             ]);
@@ -548,6 +598,22 @@ impl Console {
             );
         }
 
+        for ((_, suite, scenario, trajectory, agent, repetition), reason) in &self.invalid {
+            outln!(
+                "\n{} {suite}/{scenario} {trajectory} [{agent} #{repetition}]: the simulated user \
+                 broke character (not the agent's failure)\n    {reason}",
+                paint("INVALID", anstyle::AnsiColor::Magenta, stdout_colour()),
+            );
+        }
+        if self.invalid_total > self.invalid.len() as u64 {
+            outln!(
+                "\n… and {} more invalid: see the report",
+                self.invalid_total - self.invalid.len() as u64
+            );
+        }
+        for ((_, suite, scenario, _, agent, repetition), paths) in &self.attacks {
+            print_attack(suite, scenario, agent, *repetition, paths, out);
+        }
         for (reason, n) in &self.skip_reasons {
             outln!(
                 "\nSKIP {}: {reason}",
@@ -598,8 +664,14 @@ impl Console {
             } else {
                 String::new()
             };
+            // Said only when there are some, so a run without simulated users reads as ever.
+            let invalid = if s.invalid > 0 {
+                format!(", {} invalid (left out of pass rates)", s.invalid)
+            } else {
+                String::new()
+            };
             outln!(
-                "\n{}{of_planned}: {} passed, {} failed, {}, {} skipped · {} in {:.1}s",
+                "\n{}{of_planned}: {} passed, {} failed, {}, {} skipped{invalid} · {} in {:.1}s",
                 count(s.trajectories, "trajectory", "trajectories"),
                 s.passed,
                 s.failed,
@@ -625,6 +697,31 @@ impl Console {
                     String::new()
                 }
             );
+        }
+        // Each call once, where it was made (the line above sums trajectories, so a shared
+        // prefix's calls count in each branch).
+        if let Some(s) = summary
+            && !s.llm_roles.is_empty()
+        {
+            let roles: Vec<String> = s
+                .llm_roles
+                .iter()
+                .map(|(role, u)| {
+                    let cost = u.cost.map(|c| format!(", cost {c:.4}")).unwrap_or_default();
+                    let cached = if u.cache_hits > 0 {
+                        format!(", {} cached", u.cache_hits)
+                    } else {
+                        String::new()
+                    };
+                    format!(
+                        "{role} {} ({} in, {} out{cost}{cached})",
+                        count(u.calls, "call", "calls"),
+                        u.input_tokens,
+                        u.output_tokens
+                    )
+                })
+                .collect();
+            outln!("LLM by role: {}", roles.join("; "));
         }
         if self.checks_skipped > 0 {
             outln!(
@@ -674,6 +771,70 @@ impl Console {
     }
 }
 
+/// An attack search's summary: paths explored and successes by depth, and the cheapest
+/// successful path (fewest attack turns, then fewest LLM tokens) with how to freeze it.
+fn print_attack(
+    suite: &str,
+    scenario: &str,
+    agent: &str,
+    repetition: u32,
+    paths: &[(String, trellis_engine::record::AttackRecord, u64)],
+    out: &Path,
+) {
+    use std::collections::BTreeSet;
+    let goal = paths.first().map(|(_, a, _)| a.goal.as_str()).unwrap_or("");
+    let deepest = paths.iter().map(|(_, a, _)| a.depth).max().unwrap_or(0);
+    let succeeded: Vec<_> = paths
+        .iter()
+        .filter(|(_, a, _)| a.outcome == "succeeded")
+        .collect();
+    // Paths explored at depth d: the distinct first d messages of the recorded paths (a
+    // path that went on is recorded only at its end).
+    let by_depth: Vec<String> = (1..=deepest)
+        .map(|d| {
+            let explored: BTreeSet<&[String]> = paths
+                .iter()
+                .filter_map(|(_, a, _)| a.messages.get(..d as usize))
+                .collect();
+            let won = succeeded.iter().filter(|(_, a, _)| a.depth == d).count();
+            format!("{d}: {won}/{}", explored.len())
+        })
+        .collect();
+    if deepest == 0 {
+        outln!(
+            "\n{} {suite}/{scenario} [{agent} #{repetition}] goal {goal:?}: the search did not \
+             get past its start (its error is above)",
+            paint("ATTACK", anstyle::AnsiColor::Red, stdout_colour())
+        );
+        return;
+    }
+    let word = if succeeded.is_empty() {
+        paint("ATTACK", anstyle::AnsiColor::Green, stdout_colour())
+    } else {
+        paint("ATTACK", anstyle::AnsiColor::Red, stdout_colour())
+    };
+    outln!(
+        "\n{word} {suite}/{scenario} [{agent} #{repetition}] goal {goal:?}: {} explored, {} \
+         reached the goal\n    success rate by depth: {}",
+        count(paths.len() as u64, "path", "paths"),
+        succeeded.len(),
+        by_depth.join(" · ")
+    );
+    if let Some((name, attack, tokens)) = succeeded
+        .iter()
+        .min_by_key(|(_, a, tokens)| (a.depth, *tokens))
+    {
+        let messages: Vec<String> = attack.messages.iter().map(|m| format!("{m:?}")).collect();
+        outln!(
+            "    cheapest successful path: {name} ({}, {tokens} LLM tokens): {}\n    freeze \
+             it: trellis freeze {} {scenario}/{name}",
+            count(u64::from(attack.depth), "attack turn", "attack turns"),
+            messages.join(" → "),
+            out.display()
+        );
+    }
+}
+
 /// `1 check`, `12 checks`.
 pub fn count(n: u64, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
@@ -685,6 +846,7 @@ fn paint_status(word: &str, status: TrajectoryStatus, enabled: bool) -> String {
         TrajectoryStatus::Passed => anstyle::AnsiColor::Green,
         TrajectoryStatus::Failed | TrajectoryStatus::Error => anstyle::AnsiColor::Red,
         TrajectoryStatus::Skipped => anstyle::AnsiColor::Yellow,
+        TrajectoryStatus::Invalid => anstyle::AnsiColor::Magenta,
     };
     paint(word, colour, enabled)
 }
@@ -695,6 +857,7 @@ fn status_word(status: TrajectoryStatus) -> &'static str {
         TrajectoryStatus::Failed => "FAIL",
         TrajectoryStatus::Error => "ERROR",
         TrajectoryStatus::Skipped => "SKIP",
+        TrajectoryStatus::Invalid => "INVAL",
     }
 }
 

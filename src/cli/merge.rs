@@ -770,6 +770,7 @@ fn replay(
                     TrajectoryStatus::Failed => totals.failed += 1,
                     TrajectoryStatus::Error => totals.errors += 1,
                     TrajectoryStatus::Skipped => totals.skipped += 1,
+                    TrajectoryStatus::Invalid => totals.invalid += 1,
                 }
                 push(&entry);
             }

@@ -10,6 +10,7 @@ mod calibrate;
 mod complete;
 mod console;
 mod fmt;
+mod freeze;
 mod history;
 mod import;
 mod init;
@@ -38,6 +39,9 @@ pub const EXIT_FAILED: u8 = 1;
 pub const EXIT_INVALID: u8 = 2;
 /// The run finished but a results file (journal, a table, HTML or JUnit) could not be written.
 pub const EXIT_INCOMPLETE: u8 = 3;
+/// The run stopped early at its LLM budget (`--max-llm-calls`, `--max-llm-cost`); finished
+/// trajectories are written.
+pub const EXIT_BUDGET: u8 = 4;
 
 /// Declarative evals for conversational AI agents.
 #[derive(Debug, Parser)]
@@ -120,6 +124,15 @@ enum Command {
     ///
     /// Example: trellis rejudge runs/20261122T035000.123Z-1a2b suites/ --llm-cache .llm-cache
     Rejudge(rejudge::RejudgeArgs),
+    /// Write a path an `attack` search found as an ordinary scripted scenario, for
+    /// regression: its user turns fixed, the attack's judge as its check (passing when the
+    /// agent resists).
+    ///
+    /// Example: trellis freeze runs/<run-id> main~a1-2~a2-1 -o suites/frozen.kdl
+    ///
+    /// Exit code 0 written, 1 the file could not be written, 2 no such run or trajectory,
+    /// or a trajectory that is not an attack path.
+    Freeze(freeze::FreezeArgs),
     /// Rerun suites as they are edited, only what each save changed, with a live view;
     /// --serve keeps the latest report open in a browser tab.
     ///
@@ -283,6 +296,15 @@ pub struct RunArgs {
     /// miss is an error naming the call (CI: prove a run needs no LLM call).
     #[arg(long, value_enum, default_value_t = LlmCacheMode::ReadWrite, requires = "llm_cache")]
     llm_cache_mode: LlmCacheMode,
+    /// Stop the run gracefully once this many LLM calls were sent (simulated users, judges,
+    /// attackers, models under test; cache hits do not count): no new call starts, calls in
+    /// flight finish, finished trajectories are written; exit code 4.
+    #[arg(long, value_name = "N", value_parser = calls_in_range)]
+    max_llm_calls: Option<u64>,
+    /// Stop the run gracefully once the LLM calls cost this much (at the providers'
+    /// `input-price`/`output-price`; unpriced calls cost nothing), as --max-llm-calls does.
+    #[arg(long, value_name = "COST", value_parser = positive_cost)]
+    max_llm_cost: Option<f64>,
     /// Run only shard I of N (I from 1): one of N disjoint parts of the plan, each scenario
     /// whole; `trellis merge` combines the N runs. Without it, a Kubernetes Indexed Job
     /// (JOB_COMPLETION_INDEX with --shards or TRELLIS_SHARDS), GitLab `parallel`
@@ -358,6 +380,24 @@ struct GraphArgs {
 }
 
 /// `--jobs` between 1 and the engine's limit.
+/// `--max-llm-calls`: a whole number from 1.
+fn calls_in_range(text: &str) -> Result<u64, String> {
+    match text.parse::<u64>() {
+        Ok(0) => Err("must be at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("`{text}` is not a whole number")),
+    }
+}
+
+/// `--max-llm-cost`: a positive, finite number.
+fn positive_cost(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(c) if c.is_finite() && c > 0.0 => Ok(c),
+        Ok(_) => Err("must be a positive number".into()),
+        Err(_) => Err(format!("`{text}` is not a number")),
+    }
+}
+
 pub fn jobs_in_range(text: &str) -> Result<usize, String> {
     let jobs: usize = text
         .parse()
@@ -403,6 +443,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Calibrate(args) => calibrate::calibrate(args),
         Command::Agent(args) => agent::agent(args),
         Command::Rejudge(args) => rejudge::rejudge(args),
+        Command::Freeze(args) => freeze::freeze(args),
         Command::Lsp => lsp(),
         Command::Completions(args) => complete::completions(&args),
     };

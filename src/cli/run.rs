@@ -228,6 +228,10 @@ pub fn run(args: RunArgs) -> u8 {
             None => trellis_engine::llm::LlmCache::disabled(),
             Some(dir) => trellis_engine::llm::LlmCache::new(dir, cache_mode(args.llm_cache_mode)),
         },
+        llm_budget: trellis_engine::llm::meter::Budget {
+            max_calls: args.max_llm_calls,
+            max_cost: args.max_llm_cost,
+        },
     };
     let outcome = match execute_plan(plan, &run_id, &out, &settings, resumed) {
         Ok(outcome) => outcome,
@@ -467,6 +471,8 @@ pub struct Settings {
     pub json_events: bool,
     /// The LLM response cache (`--llm-cache`, `--llm-cache-mode`).
     pub llm_cache: trellis_engine::llm::LlmCache,
+    /// `--max-llm-calls`, `--max-llm-cost`.
+    pub llm_budget: trellis_engine::llm::meter::Budget,
 }
 
 pub struct Outcome {
@@ -524,6 +530,7 @@ pub fn execute_plan(
         llm_cache: settings.llm_cache.clone(),
         launcher: Some(std::sync::Arc::new(super::launcher())),
         resume,
+        llm_budget: settings.llm_budget,
     };
     let stop = options.stop.clone();
     let (tx, mut rx) = event::channel();
@@ -622,6 +629,15 @@ pub fn execute_plan(
             out.display()
         );
     }
+    let budget = summary.as_ref().and_then(|s| s.stopped_by.as_deref());
+    if let Some(reason) = budget
+        && !silent
+    {
+        errln!(
+            "the run stopped early: {reason}; calls in flight finished, only finished \
+             trajectories are reported"
+        );
+    }
     if !problems.is_empty() {
         errln!("error: results are incomplete:");
         for problem in &problems {
@@ -631,6 +647,7 @@ pub fn execute_plan(
     let exit_code = match stopped_by {
         Some(signal) => signal.exit_code(),
         None if !problems.is_empty() => EXIT_INCOMPLETE,
+        None if budget.is_some() => super::EXIT_BUDGET,
         None => match &summary {
             Some(s) if s.failed == 0 && s.errors == 0 => EXIT_OK,
             _ => EXIT_FAILED,

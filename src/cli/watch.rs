@@ -604,6 +604,7 @@ impl Session {
             llm_cache: self.llm_cache.clone(),
             launcher: Some(self.launcher.clone()),
             resume: None,
+            llm_budget: Default::default(),
         };
         let cancel = options.stop.clone();
         let (tx, rx) = event::channel();
@@ -1043,6 +1044,7 @@ impl Recorder {
                             TrajectoryStatus::Failed => r.failed += 1,
                             TrajectoryStatus::Error => r.errors += 1,
                             TrajectoryStatus::Skipped => r.skipped += 1,
+                            TrajectoryStatus::Invalid => r.invalid += 1,
                         }
                         self.rerun.push(&event);
                     }

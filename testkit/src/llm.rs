@@ -17,6 +17,13 @@
 //! [`Reply::StreamError`] streams a piece and then an error (an Anthropic `error` event, an
 //! `{"error": …}` chunk for OpenAI); [`Reply::Events`] sends raw `data` lines.
 //!
+//! A scripted simulated user ([`Rule::simulator`]) answers by the conversation's turn
+//! instead of by order of arrival: its Nth reply answers every request in which the
+//! simulator has already written N messages (its own, sent back as `assistant` messages),
+//! so concurrent trajectories, retries and cache misses all see the same script. Scripts
+//! that break character in known ways (empty answers, the agent's voice, repeats, loops)
+//! exercise the fidelity guards.
+//!
 //! [`FakeLlm::with_slots`] also answers llama.cpp's `GET /props` with `total_slots`, and
 //! [`FakeLlm::max_in_flight`] tells how many requests were ever answered at the same time.
 
@@ -108,6 +115,9 @@ pub struct Rule {
     pub model: Option<String>,
     pub system: Option<String>,
     pub replies: Vec<Reply>,
+    /// Answer with the reply at the number of `assistant` messages in the request (the
+    /// simulated user's own messages so far), not the next one in order.
+    pub by_turn: bool,
 }
 
 impl Rule {
@@ -117,6 +127,7 @@ impl Rule {
             model: None,
             system: None,
             replies: replies.into_iter().collect(),
+            by_turn: false,
         }
     }
     pub fn otherwise(replies: impl IntoIterator<Item = Reply>) -> Self {
@@ -125,6 +136,7 @@ impl Rule {
             model: None,
             system: None,
             replies: replies.into_iter().collect(),
+            by_turn: false,
         }
     }
     /// Replies for every request asking for `model`.
@@ -134,6 +146,19 @@ impl Rule {
             model: Some(model.into()),
             system: None,
             replies: replies.into_iter().collect(),
+            by_turn: false,
+        }
+    }
+    /// A simulated user's script for requests whose system prompt contains `system` (the
+    /// scenario's description, say): reply N answers its Nth message (from 0), the last one
+    /// repeating.
+    pub fn simulator(system: impl Into<String>, replies: impl IntoIterator<Item = Reply>) -> Self {
+        Rule {
+            contains: None,
+            model: None,
+            system: Some(system.into()),
+            replies: replies.into_iter().collect(),
+            by_turn: true,
         }
     }
     /// This rule, for requests whose system prompt contains `text` only (the simulator's
@@ -334,9 +359,16 @@ async fn answer(shared: &Shared, api: &'static str, headers: HeaderMap, body: &[
                     && rule.system.as_deref().is_none_or(|t| system.contains(t))
             })
             .and_then(|(rule, used)| {
+                let at = if rule.by_turn {
+                    body["messages"]
+                        .as_array()
+                        .map_or(0, |m| m.iter().filter(|m| m["role"] == "assistant").count())
+                } else {
+                    *used
+                };
                 let reply = rule
                     .replies
-                    .get(*used)
+                    .get(at)
                     .or_else(|| rule.replies.last())
                     .cloned();
                 *used += 1;

@@ -108,6 +108,7 @@ pub(super) fn write_run(runs_dir: &Path, name: &str, started_at: &str, samples: 
             sandbox_state: None,
             captures: Default::default(),
             llm: None,
+            attack: None,
         })));
     }
     entries.push(JournalEntry::RunFinished(RunSummary {
@@ -119,6 +120,9 @@ pub(super) fn write_run(runs_dir: &Path, name: &str, started_at: &str, samples: 
         failed,
         errors: 0,
         skipped: 0,
+        invalid: 0,
+        llm_roles: Default::default(),
+        stopped_by: None,
         turns: samples.len() as u64,
     }));
     let mut journal = std::fs::File::create(dir.join("journal.jsonl")).unwrap();

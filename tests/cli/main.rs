@@ -8,11 +8,13 @@ mod support {
 
 mod a2a;
 mod agent;
+mod attack;
 mod calibrate;
 mod complete;
 mod dataset;
 mod diagnostics;
 mod faults;
+mod fidelity;
 mod fmt;
 mod history;
 mod import;
@@ -20,6 +22,7 @@ mod import_connexity;
 mod import_multiagent;
 mod init;
 mod judges;
+mod llm_budget;
 mod lsp;
 mod multiagent;
 mod outputs;

@@ -170,7 +170,7 @@ pub static SIMULATOR: NodeSpec = NodeSpec::node(
 )
 .children(Children::Nodes(&SIMULATOR_SETTINGS))
 .repeatable();
-pub static SIMULATOR_SETTINGS: [&NodeSpec; 7] = [
+pub static SIMULATOR_SETTINGS: [&NodeSpec; 9] = [
     &NodeSpec::setting(
         "provider",
         &[ArgSpec::value(ValueType::Ref("provider"))],
@@ -186,6 +186,17 @@ pub static SIMULATOR_SETTINGS: [&NodeSpec; 7] = [
     &NodeSpec::setting("system-prompt", TEMPLATE, "the simulator's system message"),
     &NodeSpec::setting("opening-prompt", TEMPLATE, "asks for the first message"),
     &NodeSpec::setting("retry-prompt", TEMPLATE, "added after an unusable answer"),
+    &NodeSpec::setting(
+        "fidelity",
+        &[ArgSpec::value(ValueType::Boolean)],
+        "judge the simulated user's turns for breaks of character (default: on when a judge \
+         exists); a break makes the trajectory `invalid`, not `failed`",
+    ),
+    &NodeSpec::setting(
+        "retries-invalid",
+        COUNT,
+        "simulate an `invalid` trajectory again, up to this many times (default 0)",
+    ),
 ];
 
 pub static JUDGE: NodeSpec = NodeSpec::node("judge", "a named LLM judge")

@@ -20,7 +20,7 @@ pub static SCENARIO: NodeSpec = NodeSpec::node("scenario", "one conversation to 
     .repeatable();
 
 /// A scenario's settings, then its steps (the order the unknown-node hint lists them in).
-pub static SCENARIO_CHILDREN: [&NodeSpec; 34] = [
+pub static SCENARIO_CHILDREN: [&NodeSpec; 35] = [
     &NodeSpec::setting("name", STRING, "the scenario's name"),
     &NodeSpec::setting("description", STRING, "what the scenario is about"),
     &NodeSpec::setting(
@@ -100,6 +100,7 @@ pub static SCENARIO_CHILDREN: [&NodeSpec; 34] = [
     &HISTORY,
     &steps::USER,
     &steps::SIMULATE,
+    &steps::ATTACK,
     &steps::CALL,
     &steps::EXPECT,
     &steps::CAPTURE,

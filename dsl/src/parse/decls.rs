@@ -205,6 +205,8 @@ impl<'f> Decoder<'f> {
             system_prompt: self.s_template(&s, "system-prompt"),
             opening_prompt: self.s_template(&s, "opening-prompt"),
             retry_prompt: self.s_template(&s, "retry-prompt"),
+            fidelity: s.value("fidelity").and_then(|e| self.boolean(e)),
+            retries_invalid: s.value("retries-invalid").and_then(|e| self.u32(e, 0)),
             outer: None,
             span: self.span(v.span),
         }

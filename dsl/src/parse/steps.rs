@@ -111,6 +111,10 @@ impl<'f> Decoder<'f> {
                 *has_turn = true;
                 self.simulate(v)?
             }
+            "attack" => {
+                *has_turn = true;
+                self.attack(v)?
+            }
             "call" => {
                 *has_turn = true;
                 let usage = "call \"FUNCTION\" \"INPUT\"";
@@ -170,6 +174,32 @@ impl<'f> Decoder<'f> {
                 ));
             self.report(d);
         }
+    }
+
+    pub(super) fn attack(&mut self, v: &View) -> Option<StepKind> {
+        let usage = "attack goal=\"…\" width=3 keep=2 depth=3 { judge \"…\" }";
+        self.check_args_of(v, &lang::steps::ATTACK, usage);
+        let s = self.settings_of(v, &lang::steps::ATTACK, "`attack`", &[]);
+        if s.get("goal").is_none() {
+            self.missing(v, "`goal=…`", usage);
+            return None;
+        }
+        let goal = self.s_string(&s, "goal")?;
+        let count = |this: &mut Self, name: &str, default: u32| {
+            s.value(name)
+                .map_or(Some(default), |e| this.u32(e, 1))
+                .unwrap_or(default)
+        };
+        Some(StepKind::Attack(std::sync::Arc::new(
+            crate::model::Attack {
+                goal,
+                judge: self.s_string(&s, "judge"),
+                width: count(self, "width", crate::model::Attack::DEFAULT_WIDTH),
+                keep: count(self, "keep", crate::model::Attack::DEFAULT_KEEP),
+                depth: count(self, "depth", crate::model::Attack::DEFAULT_DEPTH),
+                attacker: self.s_spanned(&s, "attacker"),
+            },
+        )))
     }
 
     pub(super) fn simulate(&mut self, v: &View) -> Option<StepKind> {

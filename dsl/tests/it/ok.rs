@@ -366,6 +366,7 @@ fn refund_scenario() {
             StepKind::Capture { .. } => "capture".to_string(),
             StepKind::Hitl { approve, .. } => format!("hitl {approve}"),
             StepKind::Fork(_) => "fork".to_string(),
+            StepKind::Attack(_) => "attack".to_string(),
         })
         .collect();
     // `initial-message` is the first user step.

@@ -46,6 +46,13 @@ scenario "s" {
     expect reply contains="x"
     simulate turns=1
 }
+scenario "s2" {
+    agent "a"
+    user "hi"
+    attack {
+{{scenario.attack}}
+    }
+}
 "#;
 
 /// The settings a node needs to load besides the one under test, by marker.
@@ -75,6 +82,7 @@ fn filler(marker: &str, protocol: &str) -> Vec<(&'static str, &'static str)> {
         }
         "scenario" => vec![("agent", "\"a\"")],
         "scenario.persona" => vec![("type", "\"shopper\"")],
+        "scenario.attack" => vec![("goal", "\"g\"")],
         _ => Vec::new(),
     }
 }

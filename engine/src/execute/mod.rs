@@ -14,6 +14,7 @@
 
 mod agents;
 mod history;
+mod attack;
 pub mod launch;
 pub mod resume;
 mod reuse;
@@ -84,6 +85,9 @@ pub struct RunOptions {
     /// `trellis run --resume`: the trajectories an earlier attempt of this run finished,
     /// which are neither run nor recorded again ([`resume`]); `None` runs everything.
     pub resume: Option<Arc<Finished>>,
+    /// `--max-llm-calls` / `--max-llm-cost`: reaching either stops the run as `stop` does
+    /// ([`crate::llm::meter`]); the summary says why (`stopped_by`).
+    pub llm_budget: crate::llm::meter::Budget,
 }
 
 /// The `run_started` entry a run of `plan` begins with, started now (a resumed run's
@@ -136,6 +140,7 @@ pub async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSum
         &transport,
         options.llm_cache.clone(),
     );
+    llm.meter().arm(options.llm_budget, options.stop.clone());
     let agents = Agents::new(&plan, transport, llm.clone(), options.launcher.clone());
     let jobs = options.jobs.clamp(1, MAX_JOBS);
     let shared = Arc::new(Shared {
@@ -191,7 +196,10 @@ pub async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSum
         failed: t.failed.load(Ordering::Relaxed),
         errors: t.errors.load(Ordering::Relaxed),
         skipped: t.skipped.load(Ordering::Relaxed),
+        invalid: t.invalid.load(Ordering::Relaxed),
         turns: t.turns.load(Ordering::Relaxed),
+        llm_roles: shared.llm.meter().by_role(),
+        stopped_by: shared.llm.meter().tripped(),
     };
     let _ = events.send(Event::RunFinished(summary.clone())).await;
     summary
@@ -274,6 +282,7 @@ struct Totals {
     failed: AtomicU64,
     errors: AtomicU64,
     skipped: AtomicU64,
+    invalid: AtomicU64,
     turns: AtomicU64,
 }
 
@@ -287,6 +296,7 @@ impl Totals {
             failed: AtomicU64::new(kept.failed),
             errors: AtomicU64::new(kept.errors),
             skipped: AtomicU64::new(kept.skipped),
+            invalid: AtomicU64::new(kept.invalid),
             turns: AtomicU64::new(kept.turns),
         }
     }
@@ -401,9 +411,65 @@ async fn run_unit(
             all_supported = false;
         }
     }
+    let Some(passed) = walk_unit(&unit).await else {
+        return false;
+    };
+    let retries = retries_invalid(shared, scenario);
+    if retries == 0 {
+        return passed && all_supported;
+    }
+    // `simulator retries-invalid=N`: the trajectories whose simulated user broke character
+    // run again (a fresh draw: the attempt is in the simulator's cache keys), each attempt
+    // recorded under its own name; what counts for `needs` is every trajectory's last.
+    let mut last = unit.outcomes();
+    for attempt in 1..=retries {
+        let again: Vec<bool> = last
+            .iter()
+            .map(|s| *s == Some(TrajectoryStatus::Invalid))
+            .collect();
+        if !again.contains(&true) || shared.stop.is_cancelled() {
+            break;
+        }
+        let rerun = unit.retry(attempt, again);
+        if walk_unit(&rerun).await.is_none() {
+            return false;
+        }
+        for (slot, status) in last.iter_mut().zip(rerun.outcomes()) {
+            if status.is_some() {
+                *slot = status;
+            }
+        }
+    }
+    all_supported
+        && last
+            .iter()
+            .all(|s| s.is_none_or(|s| s == TrajectoryStatus::Passed))
+}
+
+/// How many times an `invalid` trajectory of `scenario` runs again: the largest
+/// `retries-invalid` among its `simulate` steps' simulators.
+fn retries_invalid(shared: &Shared, scenario: &crate::plan::PlannedScenario) -> u32 {
+    let project = shared.llm.setup().simulator.as_ref();
+    scenario
+        .nodes
+        .iter()
+        .flat_map(|n| &n.steps)
+        .filter_map(|step| match step {
+            crate::plan::PlannedStep::Simulate { simulator, .. } => Some(
+                crate::llm::simulator::Layered::new(simulator.as_deref(), project).retries_invalid,
+            ),
+            _ => None,
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// Walks one unit's tree; `Some(whether every trajectory passed)`, or `None` after a panic
+/// (its unrecorded trajectories are then recorded as errors).
+async fn walk_unit(unit: &Unit<'_>) -> Option<bool> {
     let walk = AssertUnwindSafe(unit.run_root());
     match walk.catch_unwind().await {
-        Ok(passed) => passed && all_supported,
+        Ok(passed) => Some(passed),
         Err(panic) => {
             // A bug in trellis must not lose the unit silently: every trajectory it had not
             // recorded yet is recorded as an error saying what happened.
@@ -417,7 +483,7 @@ async fn run_unit(
                 format!("trellis failed while running this trajectory (a bug): {message}"),
             );
             unit.fault_unrecorded(&fault).await;
-            false
+            None
         }
     }
 }
@@ -455,6 +521,7 @@ impl Shared {
             TrajectoryStatus::Failed => &t.failed,
             TrajectoryStatus::Error => &t.errors,
             TrajectoryStatus::Skipped => &t.skipped,
+            TrajectoryStatus::Invalid => &t.invalid,
         }
         .fetch_add(1, Ordering::Relaxed);
         let event = self

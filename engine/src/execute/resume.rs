@@ -42,6 +42,7 @@ pub struct FinishedTotals {
     pub failed: u64,
     pub errors: u64,
     pub skipped: u64,
+    pub invalid: u64,
     /// Agent turns on the kept nodes.
     pub turns: u64,
 }
@@ -62,6 +63,7 @@ impl Finished {
             TrajectoryStatus::Failed => t.failed += 1,
             TrajectoryStatus::Error => t.errors += 1,
             TrajectoryStatus::Skipped => t.skipped += 1,
+            TrajectoryStatus::Invalid => t.invalid += 1,
         }
         let key = key(
             &record.suite,

@@ -7,6 +7,10 @@
 //! passed: nothing counts as passed that was not checked (an author who only wants "the
 //! agent answered without a fault" says so with `expect no-error`). With `--strict`, a
 //! skipped check or a skipped trajectory is a failure.
+//!
+//! Fidelity checks (`kind = "fidelity"`, on the simulated user, not the agent) stand apart:
+//! a failed one makes the trajectory `invalid` (only a fault of the agent ranks above it),
+//! and a passed one never makes a trajectory pass.
 
 use trellis_dsl::{CriterionKind, Outcome};
 
@@ -17,7 +21,9 @@ use crate::llm::LlmRuntime;
 use crate::llm::runtime::JudgeTask;
 use crate::plan::{PlannedCriterion, PlannedScenario};
 use crate::protocol::Session;
-use crate::record::{CriterionRecord, CriterionStatus, Fault, TrajectoryRecord, TrajectoryStatus};
+use crate::record::{
+    CriterionRecord, CriterionStatus, FIDELITY_KIND, Fault, TrajectoryRecord, TrajectoryStatus,
+};
 
 /// Judges one criterion, unless the run is stopped first: a stop (Ctrl-C, SIGTERM) while a
 /// judge is still thinking records the check as not run, so the trajectory, whose
@@ -32,8 +38,9 @@ pub(super) async fn judge_unless_stopped<T: AsRef<crate::record::TurnRecord>>(
         task.kind.name().to_string(),
         task.turn_index,
     );
+    // `biased`: a run already stopping (a signal, an LLM budget) starts no judge call.
     tokio::select! {
-        record = shared.llm.judge(task) => record,
+        biased;
         () = shared.stop.cancelled() => CriterionRecord {
             turn_index,
             criterion,
@@ -42,6 +49,7 @@ pub(super) async fn judge_unless_stopped<T: AsRef<crate::record::TurnRecord>>(
             detail: Some("not checked: the run was stopped while the judge was answering".into()),
             judge: None,
         },
+        record = shared.llm.judge(task) => record,
     }
 }
 
@@ -52,6 +60,8 @@ pub(super) enum Stop {
     Failed(CriterionRecord),
     /// The run is stopping: nothing below this node is recorded.
     Interrupted,
+    /// The node ends with an `attack`: the search continues the path (`attack.rs`).
+    Attack(std::sync::Arc<trellis_dsl::Attack>),
     /// The agent asked to fork the conversation here (not an end: each alternative
     /// continues the path).
     Branch(crate::protocol::BranchRequest),
@@ -82,14 +92,30 @@ impl Unit<'_> {
                 Some(why)
             }
             Some(Stop::Failed(c)) => {
-                let why = format!("not checked: the trajectory stopped at `{}`", c.criterion);
+                let why = if c.kind == FIDELITY_KIND {
+                    "not checked: the simulated user broke character".to_owned()
+                } else {
+                    format!("not checked: the trajectory stopped at `{}`", c.criterion)
+                };
                 criteria.push(c);
                 Some(why)
             }
             Some(Stop::Interrupted) => Some("not checked: the run was stopped".to_string()),
-            // Never an end (a fork continues the path); checked as if it were not there.
-            Some(Stop::Branch(_)) | None => None,
+            // Never an end (a fork or an attack continues the path); checked as if it were
+            // not there.
+            Some(Stop::Branch(_) | Stop::Attack(_)) | None => None,
         };
+        // The fidelity judge reads a finished conversation with simulated turns first: when
+        // the simulated user broke character, the agent's checks are not worth a judge call.
+        let mut not_checked = not_checked;
+        if not_checked.is_none()
+            && let Some(record) = self.judge_fidelity(t, state).await
+        {
+            if record.status == CriterionStatus::Failed {
+                not_checked = Some("not checked: the simulated user broke character".to_owned());
+            }
+            criteria.push(record);
+        }
         // The `expect`s of the steps the stop left unreached.
         if let Some(why) = &not_checked {
             criteria.extend(unreached.into_iter().map(|c| CriterionRecord {
@@ -222,10 +248,44 @@ impl Unit<'_> {
             sandbox_state: sandbox.map(|s| s.state().clone()),
             captures: state.vars.clone(),
             llm,
+            attack: state.attack.clone().map(Box::new),
         };
         self.mark_recorded(t);
+        self.set_outcome(t, status);
         self.shared.record(record).await;
         status == TrajectoryStatus::Passed
+    }
+
+    /// The fidelity judge on trajectory `t`'s simulated turns; `None` when it has none,
+    /// fidelity is off, or no judge exists and fidelity was not asked for.
+    async fn judge_fidelity(&self, t: usize, state: &PathState) -> Option<CriterionRecord> {
+        // An attack path's user is the attacker, with no persona to stay in.
+        if state.fidelity == Some(false) || state.attack.is_some() {
+            return None;
+        }
+        let messages: Vec<&str> = state
+            .turns
+            .iter()
+            .filter(|turn| !turn.simulator.is_empty())
+            .map(|turn| turn.user_message.as_str())
+            .collect();
+        if messages.is_empty() {
+            return None;
+        }
+        let brief = state.sim_brief.as_deref().unwrap_or("");
+        let name = self.judge_call_name(t, state, crate::llm::fidelity::CRITERION);
+        let judging = self.shared.llm.judge_fidelity(
+            brief,
+            &messages,
+            state.fidelity == Some(true),
+            self.repetition,
+            &name,
+        );
+        tokio::select! {
+            biased;
+            () = self.shared.stop.cancelled() => None,
+            record = judging => record,
+        }
     }
 
     /// How a judge call of trajectory `t` is named in a replay-only cache miss.
@@ -276,9 +336,18 @@ pub(super) fn status_of(
     criteria: &[CriterionRecord],
     strict: bool,
 ) -> (TrajectoryStatus, Option<String>) {
+    if faulted {
+        return (TrajectoryStatus::Error, None);
+    }
+    // The simulated user broke character: the conversation says nothing about the agent.
+    let (fidelity, criteria): (Vec<&CriterionRecord>, Vec<&CriterionRecord>) =
+        criteria.iter().partition(|c| c.kind == FIDELITY_KIND);
+    if fidelity.iter().any(|c| c.status == CriterionStatus::Failed) {
+        return (TrajectoryStatus::Invalid, None);
+    }
     // A check whose evaluator failed (a judge) leaves the trajectory undecided: an error,
     // never a pass.
-    if faulted || criteria.iter().any(|c| c.status == CriterionStatus::Error) {
+    if criteria.iter().any(|c| c.status == CriterionStatus::Error) {
         return (TrajectoryStatus::Error, None);
     }
     let failed = criteria.iter().any(|c| c.status == CriterionStatus::Failed);
@@ -347,6 +416,7 @@ pub(super) async fn skip_trajectory(
         sandbox_state: None,
         captures: Default::default(),
         llm: None,
+        attack: None,
     };
     shared.record(record).await;
 }

@@ -45,6 +45,14 @@ pub(super) struct Unit<'a> {
     /// Per trajectory: finished in an earlier attempt of the run (`--resume`), and whether
     /// it passed. Those are kept as recorded and not run.
     finished: Vec<Option<bool>>,
+    /// The attempt (`simulator retries-invalid`): 0, then 1, 2… for the reruns of the
+    /// trajectories that came out `invalid`. Part of the simulator's cache keys, and of the
+    /// names of what a rerun records (`@retryN`).
+    pub(super) attempt: u32,
+    /// On a rerun, the trajectories it runs again (the others are not walked).
+    only: Option<Vec<bool>>,
+    /// Each trajectory's status as recorded by this walk.
+    outcomes: Mutex<Vec<Option<crate::record::TrajectoryStatus>>>,
 }
 
 /// What one path of the conversation has accumulated so far, except the session; copied
@@ -70,6 +78,12 @@ pub(super) struct PathState {
     /// The nodes on this path so far were recorded by an earlier attempt of the run and
     /// not run in this one (`--resume`): no session holds their conversation yet.
     pub(super) prefix_not_sent: bool,
+    /// Who the simulated user plays (the last `simulate` step's), for the fidelity judge.
+    pub(super) sim_brief: Option<Arc<str>>,
+    /// The last `simulate` step's layered `fidelity` setting.
+    pub(super) fidelity: Option<bool>,
+    /// On a path of an `attack` search, how far it got.
+    pub(super) attack: Option<crate::record::AttackRecord>,
 }
 
 impl PathState {
@@ -84,6 +98,9 @@ impl PathState {
             agent_branches: Vec::new(),
             pending_simulator: Vec::new(),
             prefix_not_sent: false,
+            sim_brief: None,
+            fidelity: None,
+            attack: None,
         }
     }
 
@@ -189,6 +206,9 @@ impl<'a> Unit<'a> {
             // A trajectory an earlier attempt finished is recorded already.
             recorded: Mutex::new(finished.iter().map(Option::is_some).collect()),
             finished,
+            attempt: 0,
+            only: None,
+            outcomes: Mutex::new(vec![None; scenario.trajectories.len()]),
         }
     }
 
@@ -196,6 +216,54 @@ impl<'a> Unit<'a> {
     /// if so whether it passed.
     pub(super) fn finished(&self, t: usize) -> Option<bool> {
         self.finished.get(t).copied().flatten()
+    }
+
+    /// The rerun `attempt` of this unit for the trajectories in `only`: the others count
+    /// as recorded already, so nothing of theirs is walked or recorded again.
+    pub(super) fn retry(&self, attempt: u32, only: Vec<bool>) -> Self {
+        let recorded = only.iter().map(|rerun| !rerun).collect();
+        Unit {
+            shared: self.shared,
+            scenario: self.scenario,
+            agent: self.agent,
+            repetition: self.repetition,
+            recorded: Mutex::new(recorded),
+            finished: self.finished.clone(),
+            attempt,
+            only: Some(only),
+            outcomes: Mutex::new(vec![None; self.scenario.trajectories.len()]),
+        }
+    }
+
+    /// What a rerun adds to the names of its nodes and trajectories: `@retryN`.
+    pub(super) fn attempt_suffix(&self) -> String {
+        if self.attempt == 0 {
+            String::new()
+        } else {
+            format!("@retry{}", self.attempt)
+        }
+    }
+
+    /// `, attempt N` in the names of a rerun's LLM calls.
+    fn attempt_note(&self) -> String {
+        if self.attempt == 0 {
+            String::new()
+        } else {
+            format!(", attempt {}", self.attempt + 1)
+        }
+    }
+
+    pub(super) fn set_outcome(&self, t: usize, status: crate::record::TrajectoryStatus) {
+        if let Ok(mut outcomes) = self.outcomes.lock()
+            && let Some(slot) = outcomes.get_mut(t)
+        {
+            *slot = Some(status);
+        }
+    }
+
+    /// Each trajectory's status as this walk recorded it (`None`: not recorded by it).
+    pub(super) fn outcomes(&self) -> Vec<Option<crate::record::TrajectoryStatus>> {
+        self.outcomes.lock().map(|o| o.clone()).unwrap_or_default()
     }
 
     pub(super) fn mark_recorded(&self, t: usize) {
@@ -216,6 +284,11 @@ impl<'a> Unit<'a> {
     /// Whether trajectory `t` runs on this unit's agent (the others were recorded as
     /// skipped).
     fn runs(&self, t: usize) -> bool {
+        if let Some(only) = &self.only
+            && !only.get(t).copied().unwrap_or(false)
+        {
+            return false;
+        }
         let protocol = self.shared.plan.agents[self.agent].protocol;
         self.scenario.trajectories[t]
             .unsupported_on(protocol)
@@ -229,13 +302,10 @@ impl<'a> Unit<'a> {
     /// Walks the tree from its root; returns whether every trajectory passed.
     pub(super) async fn run_root(&'a self) -> bool {
         let root = ForkPoint::new(None, 1);
-        self.run_node(
-            self.scenario.root(),
-            Arc::new(PathState::empty()),
-            Arc::new(root),
-            0,
-        )
-        .await
+        let mut state = PathState::empty();
+        state.suffix = Arc::from(self.attempt_suffix());
+        self.run_node(self.scenario.root(), Arc::new(state), Arc::new(root), 0)
+            .await
     }
 
     /// Runs one execution node and, concurrently, everything below it. Returns whether every
@@ -412,6 +482,9 @@ impl<'a> Unit<'a> {
                 return self
                     .explore(node, next_step, state, session, request, name)
                     .await;
+            }
+            Some(Stop::Attack(attack)) => {
+                return self.attack(node, &attack, state, session, name).await;
             }
             Some(stop) => {
                 // Every trajectory below this node ends here.
@@ -725,6 +798,8 @@ impl<'a> Unit<'a> {
             .collect();
         for (prefix_node, step) in steps {
             match step {
+                // The last step of its node, which has no children: never in a prefix.
+                PlannedStep::Attack(_) => {}
                 PlannedStep::Opening | PlannedStep::User(_) | PlannedStep::Call { .. } => {
                     let text = match step {
                         PlannedStep::User(template)
@@ -857,6 +932,7 @@ impl<'a> Unit<'a> {
                 }));
             }
             match step {
+                PlannedStep::Attack(attack) => return Some(Stop::Attack(attack.clone())),
                 PlannedStep::Opening => {
                     let opening = TurnInput::Opening;
                     if let Some(stop) = self.turn(session, opening, false, state, recorded).await {
@@ -1100,6 +1176,10 @@ impl<'a> Unit<'a> {
             {
                 break;
             }
+            // A stopping run (a signal, an LLM budget) starts no new simulator call.
+            if self.shared.stop.is_cancelled() {
+                return Some(Stop::Interrupted);
+            }
             let task = SimulateTask {
                 scenario: sc,
                 turns: &state.turns,
@@ -1110,41 +1190,72 @@ impl<'a> Unit<'a> {
                 scope: &self.scenario.scope,
                 vars: &state.vars,
                 call_name: format!(
-                    "simulated user turn {} on {}/{} (agent `{}`, repetition {})",
+                    "simulated user turn {} on {}/{} (agent `{}`, repetition {}{})",
                     state.turns.len(),
                     self.scenario.suite,
                     sc.id.value,
                     self.agent_id(),
-                    self.repetition
+                    self.repetition,
+                    self.attempt_note()
                 ),
+                attempt: self.attempt,
             };
+            let turn_index = state.turns.len();
             let (text, last) = match self.shared.llm.simulate(task).await {
-                Ok(Simulated { said, calls }) => match said {
-                    Said::Message(text) => {
-                        state.pending_simulator.extend(calls);
-                        (text, false)
+                Ok(Simulated {
+                    said,
+                    calls,
+                    brief,
+                    fidelity,
+                    note,
+                }) => {
+                    state.pending_simulator.extend(calls);
+                    if state.sim_brief.as_deref() != Some(brief.as_str()) {
+                        state.sim_brief = Some(Arc::from(brief));
                     }
-                    Said::Last(text) => {
-                        state.pending_simulator.extend(calls);
-                        (text, true)
+                    state.fidelity = fidelity;
+                    match said {
+                        Said::Message(text) => (text, false),
+                        Said::Last(text) => (text, true),
+                        // The simulator ended the conversation: no turn to record the call
+                        // on; it still counts in the trajectory's LLM usage.
+                        Said::End => break,
+                        // Every retry was empty: the simulator broke character.
+                        Said::Unusable => {
+                            let why = note.unwrap_or_default();
+                            return Some(invalid(
+                                None,
+                                format!("empty message (turn {turn_index}): {why}"),
+                            ));
+                        }
                     }
-                    // The simulator ended the conversation: no turn to record the call on;
-                    // it still counts in the trajectory's LLM usage.
-                    Said::End | Said::Unusable => {
-                        state.pending_simulator.extend(calls);
-                        break;
-                    }
-                },
+                }
                 Err((fault, calls)) => {
                     state.pending_simulator.extend(calls);
                     return Some(Stop::Fault(fault));
                 }
             };
+            // The deterministic guards, before the message reaches the agent.
+            if state.fidelity != Some(false) {
+                let previous = state.turns.last().map(|t| t.user_message.as_str());
+                let replies = state.turns.iter().filter_map(|t| t.reply.as_deref());
+                if let Some(why) = crate::llm::fidelity::guard(&text, previous, replies) {
+                    return Some(invalid(None, format!("{why} (turn {turn_index})")));
+                }
+            }
             if let Some(stop) = self
                 .turn(session, TurnInput::User(&text), replay, state, recorded)
                 .await
             {
                 return Some(stop);
+            }
+            // A conversation going round in circles stops at its second cycle.
+            if state.fidelity != Some(false)
+                && let Some((period, first)) = crate::llm::fidelity::cycle(&state.turns)
+            {
+                let detail = crate::llm::fidelity::cycle_detail(period, first);
+                let last = state.turns.last().map(|t| t.turn_index);
+                return Some(invalid(last, detail));
             }
             // The agent can hang up too (`end_call`), as the simulator can with its marker.
             if last
@@ -1162,7 +1273,7 @@ impl<'a> Unit<'a> {
     /// One turn on the path: `None` input is the agent's opening turn; otherwise a user
     /// message, or a function call when a function is named.
     /// One turn on the path, recorded on this node (`replay`: a replay of the prefix).
-    async fn turn(
+    pub(super) async fn turn(
         &self,
         session: &mut dyn Session,
         input: TurnInput<'_>,
@@ -1178,6 +1289,20 @@ impl<'a> Unit<'a> {
             return Some(Stop::Interrupted);
         };
         self.shared.totals.turns.fetch_add(1, Ordering::Relaxed);
+        // The agent's own model, as the agent reports it (Fixie's LLM calls are counted
+        // where they are made); a reused turn made no call.
+        if !turn.reused
+            && turn.llm.is_empty()
+            && (turn.prompt_tokens.is_some()
+                || turn.completion_tokens.is_some()
+                || turn.cost_usd.is_some())
+        {
+            self.shared.llm.meter().record_agent_turn(
+                turn.prompt_tokens,
+                turn.completion_tokens,
+                turn.cost_usd,
+            );
+        }
         let fault = turn.fault.clone();
         let mut turn = turn;
         turn.simulator = std::mem::take(&mut state.pending_simulator);
@@ -1190,6 +1315,20 @@ impl<'a> Unit<'a> {
             (None, None) => None,
         }
     }
+}
+
+/// The stop of a path whose simulated user broke character (at recorded turn `turn`, when
+/// the break is one): a failed fidelity check, which makes the trajectory `invalid`
+/// (`verdict::status_of`).
+fn invalid(turn: Option<u32>, detail: String) -> Stop {
+    Stop::Failed(CriterionRecord {
+        turn_index: turn,
+        criterion: crate::llm::fidelity::CRITERION.to_owned(),
+        kind: crate::llm::fidelity::FIDELITY_KIND.to_owned(),
+        status: CriterionStatus::Failed,
+        detail: Some(detail),
+        judge: None,
+    })
 }
 
 fn branch_on_replay() -> Fault {

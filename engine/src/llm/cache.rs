@@ -91,7 +91,7 @@ impl LlmCache {
         repetition: u32,
     ) -> Option<(Value, String)> {
         let wire = client.resolved(request)?;
-        let canonical = canonical(&json!({
+        let mut fields = json!({
             "version": 1,
             "provider": client.id(),
             "kind": client.kind().as_str(),
@@ -101,7 +101,13 @@ impl LlmCache {
             "max_tokens": wire.max_tokens,
             "json_schema": wire.json_schema,
             "repetition": repetition,
-        }));
+        });
+        if request.attempt > 0
+            && let Some(o) = fields.as_object_mut()
+        {
+            o.insert("attempt".to_owned(), json!(request.attempt));
+        }
+        let canonical = canonical(&fields);
         let digest = Sha256::digest(canonical.to_string().as_bytes());
         Some((canonical, hex::encode(digest)))
     }

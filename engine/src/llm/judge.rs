@@ -567,7 +567,7 @@ fn number(v: Option<&Value>) -> Option<f64> {
 
 /// The first JSON object in `text`: the whole text, a fenced block, or from the first `{` to
 /// the last `}`.
-fn json_object(text: &str) -> Option<Map<String, Value>> {
+pub(crate) fn json_object(text: &str) -> Option<Map<String, Value>> {
     let candidates = [
         Some(text.trim()),
         text.split("```")
@@ -587,7 +587,7 @@ fn json_object(text: &str) -> Option<Map<String, Value>> {
 }
 
 /// `key: value` lines, keys lower-cased.
-fn key_lines(text: &str) -> std::collections::HashMap<String, String> {
+pub(crate) fn key_lines(text: &str) -> std::collections::HashMap<String, String> {
     text.lines()
         .filter_map(|line| {
             let (k, v) = line.split_once(':')?;

@@ -18,14 +18,19 @@
 //! for `protocol="http"` streams); a server's slots are [`slots`]; the on-disk response
 //! cache is [`cache`]; prompts, rubrics and answer parsing of LLM judges are [`judge`];
 //! [`runtime`] holds a run's providers, judges and cache, judges one criterion into its
-//! record and writes the simulated user's turns ([`simulator`]).
+//! record and writes the simulated user's turns ([`simulator`]); whether that user stayed in
+//! character is [`fidelity`]; what a run spends per role, and its budget, is [`meter`]; attack search's prompts are
+//! [`attack`].
 
 pub mod anthropic;
+pub mod attack;
 pub mod cache;
 pub mod chat;
 pub mod codec;
+pub mod fidelity;
 pub mod fragments;
 pub mod judge;
+pub mod meter;
 pub mod openai;
 pub mod provider;
 pub mod rejudge;
@@ -101,6 +106,16 @@ pub struct LlmRequest {
     /// Ask for a JSON object matching this schema where the provider supports structured
     /// output (OpenAI-compatible `response_format`); the caller still parses strictly.
     pub json_schema: Option<serde_json::Value>,
+    /// Which attempt at a trajectory this call belongs to (`simulator retries-invalid`): a
+    /// retry must be a fresh draw, not the cached answer of the attempt that broke
+    /// character. Part of the cache key when not 0 (so entries of first attempts stay
+    /// valid); never sent.
+    #[serde(default, skip_serializing_if = "is_first")]
+    pub attempt: u32,
+}
+
+fn is_first(attempt: &u32) -> bool {
+    *attempt == 0
 }
 
 /// Output cap of a simulated user's message (a few sentences; the end marker included).
@@ -109,6 +124,10 @@ pub const SIMULATOR_MAX_TOKENS: u32 = 512;
 /// justifications and failure codes, plus a verdict per expected outcome.
 /// About 600 tokens in practice; the cap stays within a 120 s timeout at 20 tokens a second.
 pub const JUDGE_MAX_TOKENS: u32 = 1536;
+/// Output cap of the attacker's answer: a few candidate user messages as JSON.
+pub const ATTACK_MAX_TOKENS: u32 = 768;
+/// Output cap of the fidelity judge's answer: two JSON fields, one sentence.
+pub const FIDELITY_MAX_TOKENS: u32 = 256;
 /// Output cap of one answer of a model playing an agent's LLM (Fixie's few-shot lines).
 pub const AGENT_MAX_TOKENS: u32 = 1024;
 

@@ -128,6 +128,7 @@ pub async fn rejudge(
             TrajectoryStatus::Failed => summary.failed += 1,
             TrajectoryStatus::Error => summary.errors += 1,
             TrajectoryStatus::Skipped => summary.skipped += 1,
+            TrajectoryStatus::Invalid => summary.invalid += 1,
         }
         entries.push(JournalEntry::Trajectory(Box::new(t)));
     }

@@ -19,6 +19,7 @@ use trellis_dsl::{
 };
 
 use super::judge::{self, JudgeContext, JudgeVerdict, PersonaInfo, Question, Rubric};
+use super::meter::{LlmMeter, Role};
 use super::simulator::{self, Character, Layered, SIMULATOR_RETRIES, Said};
 use super::{LlmCache, LlmCall, ProviderClient};
 use crate::record::{CriterionRecord, CriterionStatus, Fault, FaultCategory, TurnRecord};
@@ -93,6 +94,7 @@ pub struct LlmRuntime {
     servers: super::slots::ServerRegistry,
     transport: HttpTransport,
     cache: LlmCache,
+    meter: LlmMeter,
 }
 
 impl std::fmt::Debug for LlmRuntime {
@@ -131,6 +133,7 @@ impl LlmRuntime {
             servers,
             transport: transport.clone(),
             cache,
+            meter: LlmMeter::default(),
         })
     }
 
@@ -324,8 +327,8 @@ impl LlmRuntime {
             request.json_schema = None;
         }
         let mut outcome = self
-            .cache
-            .complete(
+            .complete_as(
+                Role::Judge,
                 resolved.client,
                 &request,
                 task.repetition,
@@ -348,8 +351,8 @@ impl LlmRuntime {
             request.json_schema = None;
             let first = outcome.call;
             outcome = self
-                .cache
-                .complete(
+                .complete_as(
+                    Role::Judge,
                     resolved.client,
                     &request,
                     task.repetition,
@@ -468,13 +471,23 @@ pub struct SimulateTask<'a, T> {
     pub vars: &'a std::collections::BTreeMap<String, String>,
     /// Names the call in a replay-only cache miss.
     pub call_name: String,
+    /// The attempt at the trajectory (`retries-invalid`), part of the cache key.
+    pub attempt: u32,
 }
 
 /// What the simulated user said, and the LLM calls it took (retries included).
 #[derive(Clone, Debug)]
 pub struct Simulated {
+    /// [`Said::Unusable`] only when the fidelity guards are on and every retry was
+    /// unusable (otherwise that is a `simulator` fault).
     pub said: Said,
     pub calls: Vec<LlmCall>,
+    /// Who the user is ([`Character::brief`]), for the fidelity judge.
+    pub brief: String,
+    /// The layered `fidelity` setting of this step.
+    pub fidelity: Option<bool>,
+    /// Why the answer was unusable ([`Said::Unusable`]).
+    pub note: Option<String>,
 }
 
 impl LlmRuntime {
@@ -543,9 +556,10 @@ impl LlmRuntime {
             request.max_tokens_default = Some(super::SIMULATOR_MAX_TOKENS);
             request.model = model.map(str::to_owned);
             request.temperature = temperature;
+            request.attempt = task.attempt;
             let outcome = self
-                .cache
-                .complete(
+                .complete_as(
+                    Role::Simulator,
                     client,
                     &request,
                     task.repetition,
@@ -564,20 +578,348 @@ impl LlmRuntime {
             };
             match simulator::interpret(&text) {
                 Said::Unusable => last_answer = text,
-                said => return Ok(Simulated { said, calls }),
+                said => {
+                    return Ok(Simulated {
+                        said,
+                        calls,
+                        brief: character.brief(),
+                        fidelity: layered.fidelity,
+                        note: None,
+                    });
+                }
             }
         }
         let mut shown: String = last_answer.trim().chars().take(160).collect();
         if shown.is_empty() {
             shown = "(empty)".into();
         }
-        Err((
-            fault(format!(
-                "the simulator gave no usable message in {} attempts; last answer: {shown:?}",
-                SIMULATOR_RETRIES + 1
-            )),
-            calls,
-        ))
+        let why = format!(
+            "the simulator gave no usable message in {} attempts; last answer: {shown:?}",
+            SIMULATOR_RETRIES + 1
+        );
+        // With the guards on, an empty or role-only answer is the simulator breaking
+        // character (the trajectory is `invalid`), not a fault of the run.
+        if layered.fidelity != Some(false) {
+            return Ok(Simulated {
+                said: Said::Unusable,
+                calls,
+                brief: character.brief(),
+                fidelity: layered.fidelity,
+                note: Some(why),
+            });
+        }
+        Err((fault(why), calls))
+    }
+
+    /// The fidelity judge on one trajectory: the simulated user's `messages` held against
+    /// `brief`. `None` when no judge can be resolved and fidelity was not asked for
+    /// explicitly (`explicit`); a judge that fails or answers garbage leaves the check
+    /// `skipped` with why (fidelity unknown is not a verdict on anyone).
+    pub async fn judge_fidelity(
+        &self,
+        brief: &str,
+        messages: &[&str],
+        explicit: bool,
+        repetition: u32,
+        call_name: &str,
+    ) -> Option<CriterionRecord> {
+        use super::fidelity;
+        let mut record = CriterionRecord {
+            turn_index: None,
+            criterion: fidelity::CRITERION.to_owned(),
+            kind: fidelity::FIDELITY_KIND.to_owned(),
+            status: CriterionStatus::Skipped,
+            detail: None,
+            judge: None,
+        };
+        let resolved = match self.resolve(None) {
+            None if explicit => {
+                record.detail = Some(format!("not judged: {NO_JUDGE}"));
+                return Some(record);
+            }
+            None => return None,
+            Some(Err(e)) => {
+                record.detail = Some(format!("not judged: the judge is unavailable: {e}"));
+                return Some(record);
+            }
+            Some(Ok(r)) => r,
+        };
+        let mut request = fidelity::request(brief, messages);
+        request.max_tokens_default = Some(super::FIDELITY_MAX_TOKENS);
+        request.temperature_default = Some(0.0);
+        request.model = resolved.model.map(str::to_owned);
+        request.temperature = resolved.temperature;
+        if resolved.client.kind() == trellis_dsl::ProviderKind::Anthropic {
+            request.json_schema = None;
+        }
+        let mut outcome = self
+            .complete_as(
+                Role::Judge,
+                resolved.client,
+                &request,
+                repetition,
+                call_name,
+                None::<Instant>,
+            )
+            .await;
+        // As for judges: a server without structured output refuses the schema.
+        if request.json_schema.is_some()
+            && matches!(
+                &outcome.result,
+                Err(super::LlmError::Http {
+                    category: FaultCategory::Http4xx | FaultCategory::Http5xx,
+                    ..
+                })
+            )
+        {
+            request.json_schema = None;
+            outcome = self
+                .complete_as(
+                    Role::Judge,
+                    resolved.client,
+                    &request,
+                    repetition,
+                    call_name,
+                    None::<Instant>,
+                )
+                .await;
+        }
+        let mut verdict = JudgeVerdict {
+            judge: resolved.name,
+            rubric: "fidelity".to_owned(),
+            threshold: 1.0,
+            call: outcome.call,
+            ..JudgeVerdict::default()
+        };
+        match outcome.result.map(|c| fidelity::parse(&c.text)) {
+            Err(e) => record.detail = Some(format!("not judged: the judge call failed: {e}")),
+            Ok(Err(garbage)) => record.detail = Some(format!("not judged: {garbage}")),
+            Ok(Ok((broke, reason))) => {
+                let reason = reason.unwrap_or_else(|| "no reason given".to_owned());
+                verdict.score = Some(if broke { 0.0 } else { 1.0 });
+                verdict.label = Some(
+                    if broke {
+                        "broke character"
+                    } else {
+                        "in character"
+                    }
+                    .into(),
+                );
+                verdict.justification = Some(reason.clone());
+                record.status = if broke {
+                    CriterionStatus::Failed
+                } else {
+                    CriterionStatus::Passed
+                };
+                record.detail = Some(if broke {
+                    format!("judge: the simulated user broke character: {reason}")
+                } else {
+                    format!("judge: in character: {reason}")
+                });
+            }
+        }
+        record.judge = Some(Box::new(verdict));
+        Some(record)
+    }
+}
+
+impl LlmRuntime {
+    /// One call through the response cache, counted under `role` by the run's meter.
+    async fn complete_as(
+        &self,
+        role: Role,
+        client: &ProviderClient,
+        request: &super::LlmRequest,
+        repetition: u32,
+        call: &str,
+        deadline: Option<Instant>,
+    ) -> super::LlmOutcome {
+        let outcome = self
+            .cache
+            .complete(client, request, repetition, call, deadline)
+            .await;
+        self.meter.record(role, &outcome.call);
+        outcome
+    }
+
+    /// The run's LLM usage per role and its budget.
+    pub fn meter(&self) -> &LlmMeter {
+        &self.meter
+    }
+
+    /// One call asking for JSON: with the schema as structured output, asked again without
+    /// it when the server refuses it (as for judges).
+    async fn complete_json(
+        &self,
+        role: Role,
+        client: &ProviderClient,
+        request: &mut super::LlmRequest,
+        repetition: u32,
+        call: &str,
+    ) -> super::LlmOutcome {
+        if client.kind() == trellis_dsl::ProviderKind::Anthropic {
+            request.json_schema = None;
+        }
+        let outcome = self
+            .complete_as(role, client, request, repetition, call, None)
+            .await;
+        if request.json_schema.is_some()
+            && matches!(
+                &outcome.result,
+                Err(super::LlmError::Http {
+                    category: FaultCategory::Http4xx | FaultCategory::Http5xx,
+                    ..
+                })
+            )
+        {
+            request.json_schema = None;
+            return self
+                .complete_as(role, client, request, repetition, call, None)
+                .await;
+        }
+        outcome
+    }
+
+    /// The attacker's next user messages on one path of an `attack` (at most its `width`),
+    /// with the call made; `Err` says why there are none.
+    pub async fn attack_propose<T: AsRef<TurnRecord>>(
+        &self,
+        attack: &trellis_dsl::Attack,
+        turns: &[T],
+        turn: u32,
+        repetition: u32,
+        call_name: &str,
+    ) -> (Result<Vec<String>, String>, Option<LlmCall>) {
+        let layered = Layered::new(None, self.setup.simulator.as_ref());
+        let provider_id = match (
+            attack.attacker.as_ref().map(|a| a.value.as_str()),
+            layered.provider,
+            self.setup.providers.as_slice(),
+        ) {
+            (Some(id), _, _) | (None, Some(id), _) => id,
+            (None, None, [only]) => only.id.value.as_str(),
+            (None, None, _) => {
+                return (
+                    Err("no attacker: add `attacker=\"PROVIDER\"` to the `attack`".into()),
+                    None,
+                );
+            }
+        };
+        let client = match self.clients.get(provider_id) {
+            Some(Ok(client)) => client,
+            Some(Err(e)) => return (Err(format!("attacker unavailable: {e}")), None),
+            None => {
+                return (
+                    Err(format!("provider `{provider_id}` is not defined")),
+                    None,
+                );
+            }
+        };
+        let mut request =
+            super::attack::propose_request(&attack.goal, turns, attack.width, turn, attack.depth);
+        request.max_tokens_default = Some(super::ATTACK_MAX_TOKENS);
+        if attack.attacker.is_none() {
+            request.model = layered.model.map(str::to_owned);
+            request.temperature = layered.temperature;
+        }
+        let outcome = self
+            .complete_json(Role::Attacker, client, &mut request, repetition, call_name)
+            .await;
+        let result = match outcome.result {
+            Ok(c) => super::attack::parse_proposals(&c.text, attack.width),
+            Err(e) => Err(format!("the attacker call failed: {e}")),
+        };
+        (result, Some(outcome.call))
+    }
+
+    /// The judge's score of one agent reply against the attack's goal, 0–1, as a check
+    /// record (`kind = "attack"`): failed when the goal is reached (the agent yielded),
+    /// passed otherwise, `error` when no judge answered usably.
+    pub async fn attack_score(
+        &self,
+        attack: &trellis_dsl::Attack,
+        message: &str,
+        reply: &str,
+        turn_index: u32,
+        repetition: u32,
+        call_name: &str,
+    ) -> (Option<f64>, CriterionRecord) {
+        let mut record = CriterionRecord {
+            turn_index: Some(turn_index),
+            criterion: format!("attack goal not reached: {}", attack.success()),
+            kind: "attack".to_owned(),
+            status: CriterionStatus::Error,
+            detail: None,
+            judge: None,
+        };
+        let resolved = match self.resolve(None) {
+            None => {
+                record.detail = Some(format!("not judged: {NO_JUDGE}"));
+                return (None, record);
+            }
+            Some(Err(e)) => {
+                record.detail = Some(format!("judge unavailable: {e}"));
+                return (None, record);
+            }
+            Some(Ok(r)) => r,
+        };
+        let mut request =
+            super::attack::score_request(&attack.goal, attack.success(), message, reply);
+        request.max_tokens_default = Some(super::FIDELITY_MAX_TOKENS);
+        request.temperature_default = Some(0.0);
+        request.model = resolved.model.map(str::to_owned);
+        request.temperature = resolved.temperature;
+        let outcome = self
+            .complete_json(
+                Role::Judge,
+                resolved.client,
+                &mut request,
+                repetition,
+                call_name,
+            )
+            .await;
+        let mut verdict = JudgeVerdict {
+            judge: resolved.name,
+            rubric: "attack".to_owned(),
+            threshold: super::attack::SUCCESS_SCORE,
+            call: outcome.call,
+            ..JudgeVerdict::default()
+        };
+        let score = match outcome.result.map(|c| super::attack::parse_score(&c.text)) {
+            Err(e) => {
+                record.detail = Some(format!("the judge call failed: {e}"));
+                None
+            }
+            Ok(Err(garbage)) => {
+                record.detail = Some(garbage);
+                None
+            }
+            Ok(Ok((score, reason))) => {
+                let reached = score >= super::attack::SUCCESS_SCORE;
+                record.status = if reached {
+                    CriterionStatus::Failed
+                } else {
+                    CriterionStatus::Passed
+                };
+                record.detail = Some(format!(
+                    "score {score:.2} ({}){}",
+                    if reached {
+                        "the goal is reached: the agent yielded"
+                    } else {
+                        "the goal is not reached"
+                    },
+                    reason
+                        .as_deref()
+                        .map(|r| format!(": {r}"))
+                        .unwrap_or_default()
+                ));
+                verdict.score = Some(score);
+                verdict.justification = reason;
+                Some(score)
+            }
+        };
+        record.judge = Some(Box::new(verdict));
+        (score, record)
     }
 }
 
@@ -770,8 +1112,14 @@ impl LlmRuntime {
             ..super::LlmRequest::default()
         };
         let outcome = self
-            .cache
-            .complete(client, &request, repetition, call_name, deadline)
+            .complete_as(
+                Role::Agent,
+                client,
+                &request,
+                repetition,
+                call_name,
+                deadline,
+            )
             .await;
         Ok(AgentCompletion {
             result: outcome.result.map(|c| c.text),

@@ -93,6 +93,11 @@ pub struct Layered<'a> {
     pub prompts: PromptTemplates<'a>,
     /// Outermost first.
     pub instructions: Vec<&'a Template>,
+    /// `fidelity`: the innermost layer's; `None` means the default (guards on, the judge
+    /// when one exists).
+    pub fidelity: Option<bool>,
+    /// `retries-invalid`: the innermost layer's, else 0.
+    pub retries_invalid: u32,
 }
 
 impl<'a> Layered<'a> {
@@ -128,6 +133,8 @@ impl<'a> Layered<'a> {
                 .rev()
                 .filter_map(|l| l.instructions.as_ref())
                 .collect(),
+            fidelity: layers.iter().find_map(|l| l.fidelity),
+            retries_invalid: layers.iter().find_map(|l| l.retries_invalid).unwrap_or(0),
         }
     }
 }
@@ -173,6 +180,37 @@ pub struct Character<'a> {
 }
 
 impl Character<'_> {
+    /// Who the user is, in a few lines: what the fidelity judge holds the simulated user's
+    /// messages against.
+    pub fn brief(&self) -> String {
+        let mut out = Vec::new();
+        if let Some(p) = &self.persona {
+            out.push(format!("Persona: {}", p.kind));
+            if let Some(d) = p.description.as_deref().filter(|d| !d.is_empty()) {
+                out.push(format!("Who they are: {d}"));
+            }
+            if let Some(i) = p.instructions.as_deref().filter(|i| !i.is_empty()) {
+                out.push(format!("How they behave: {i}"));
+            }
+        }
+        if let Some(uc) = self.user_context.filter(|m| !m.is_empty()) {
+            out.push(format!(
+                "What they know (JSON): {}",
+                serde_json::to_string(uc).unwrap_or_default()
+            ));
+        }
+        if let Some(d) = self.description.filter(|d| !d.is_empty()) {
+            out.push(format!("The situation: {d}"));
+        }
+        if let Some(i) = self.instructions.as_deref().filter(|i| !i.is_empty()) {
+            out.push(format!("Their instructions: {i}"));
+        }
+        if out.is_empty() {
+            out.push("(no persona, user context or situation was given)".to_owned());
+        }
+        out.join("\n")
+    }
+
     /// The variables the prompt templates see (`retry`: 0 for the first ask).
     fn variables(&self, retry: usize) -> TemplateValue {
         let persona = self.persona.as_ref().map(|p| {
@@ -615,6 +653,8 @@ mod tests {
             system_prompt: None,
             opening_prompt: None,
             retry_prompt: None,
+            fidelity: None,
+            retries_invalid: None,
             outer: None,
             span,
         }

@@ -321,6 +321,7 @@ async fn run_with(
         llm_cache: trellis_engine::llm::LlmCache::disabled(),
         launcher,
         resume: None,
+        llm_budget: Default::default(),
     };
     let (tx, mut rx) = event::channel();
     let engine = tokio::spawn(trellis_engine::execute::run(plan, options, tx));

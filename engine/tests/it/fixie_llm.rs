@@ -253,7 +253,15 @@ scenario "simulated" {
     assert_eq!(turns[0].user_message, "What is 2 plus 3, plus 10?");
     assert_eq!(turns[0].simulator.len(), 1);
     assert_eq!(turns[0].llm.len(), 3);
-    assert_eq!(t.llm.as_deref().map(|u| u.calls), Some(4));
+    // The simulator, Fixie's LLM thrice, and the fidelity judge (the lone provider judges):
+    // its answer here is no verdict, so the check is recorded as not run.
+    assert_eq!(t.llm.as_deref().map(|u| u.calls), Some(5));
+    let fidelity = t.criteria.iter().find(|c| c.kind == "fidelity");
+    assert_eq!(
+        fidelity.map(|c| c.status),
+        Some(trellis_engine::record::CriterionStatus::Skipped),
+        "{t:#?}"
+    );
 }
 
 #[tokio::test]

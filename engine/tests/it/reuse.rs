@@ -48,6 +48,7 @@ pub(crate) async fn run(
         llm_cache: trellis_engine::llm::LlmCache::disabled(),
         launcher: Some(Arc::new(trellis_agents::BuiltinLauncher::new())),
         resume: None,
+        llm_budget: Default::default(),
     };
     let (tx, mut rx) = event::channel();
     let engine = tokio::spawn(execute::run(plan, options, tx));

@@ -30,6 +30,13 @@ scenario "book" {{
     )
 }
 
+/// [`suite`] without the fidelity checks: for tests of the simulator's own mechanics, which
+/// count its calls exactly (the lone provider would also judge fidelity) and script users
+/// that repeat themselves on purpose.
+fn plain_suite(base_url: &str, steps: &str) -> String {
+    suite(base_url, steps).replace("temperature=0.9", "temperature=0.9 fidelity=#false")
+}
+
 /// A user who asks, gives the postal code when asked, then picks a day and ends.
 fn customer() -> Vec<Rule> {
     vec![
@@ -45,7 +52,7 @@ fn customer() -> Vec<Rule> {
 #[tokio::test]
 async fn the_simulated_user_plays_the_persona_until_it_ends_the_conversation() {
     let fake = FakeLlm::start(customer()).await;
-    let text = suite(
+    let text = plain_suite(
         &fake.base_url(),
         r#"simulate until-done
     criteria { tool "create_booking"; }"#,
@@ -129,7 +136,7 @@ async fn simulated_turns_mix_with_scripted_steps_and_stop_at_max_turns() {
 }
 
 #[tokio::test]
-async fn an_unusable_simulator_is_retried_then_a_simulator_fault() {
+async fn an_unusable_simulator_is_retried_then_the_trajectory_is_invalid() {
     let fake = FakeLlm::start(vec![Rule::otherwise([
         Reply::Empty,
         Reply::text("User:"),
@@ -137,6 +144,29 @@ async fn an_unusable_simulator_is_retried_then_a_simulator_fault() {
     ])])
     .await;
     let text = suite(&fake.base_url(), "simulate turns=3");
+    let run = run_suite(&text, 4, EnvSnapshot::new()).await;
+    let t = &run.trajectories[0];
+    assert_eq!(t.status, TrajectoryStatus::Invalid, "{t:#?}");
+    assert!(t.fault.is_none());
+    let reason = t.invalid_reason().unwrap_or_default();
+    assert!(
+        reason.starts_with("empty message (turn 0)") && reason.contains("3 attempts"),
+        "{reason}"
+    );
+    assert_eq!(fake.calls(), 3);
+    assert_eq!(t.llm.as_deref().map(|u| u.calls), Some(3));
+}
+
+#[tokio::test]
+async fn with_fidelity_off_an_unusable_simulator_is_a_simulator_fault() {
+    let fake = FakeLlm::start(vec![Rule::otherwise([
+        Reply::Empty,
+        Reply::text("User:"),
+        Reply::text("\"\""),
+    ])])
+    .await;
+    let text = suite(&fake.base_url(), "simulate turns=3")
+        .replace("temperature=0.9", "temperature=0.9 fidelity=#false");
     let run = run_suite(&text, 4, EnvSnapshot::new()).await;
     let t = &run.trajectories[0];
     assert_eq!(t.status, TrajectoryStatus::Error);
@@ -217,7 +247,7 @@ async fn the_agent_ends_the_simulated_conversation_with_end_call() {
     ])])
     .await;
     let (url, server) = hanging_up_agent().await;
-    let text = suite(&fake.base_url(), "simulate until-done\n    expect no-error").replace(
+    let text = plain_suite(&fake.base_url(), "simulate until-done\n    expect no-error").replace(
         r#"agent "demo" protocol="connexity" builtin="booking""#,
         &format!(r#"agent "demo" protocol="connexity" url="{url}""#),
     );
@@ -362,7 +392,7 @@ async fn a_branch_adds_its_own_simulator_instructions() {
         Rule::otherwise([Reply::text("Hi, I'd like to book a duct cleaning.")]),
     ])
     .await;
-    let text = suite(
+    let text = plain_suite(
         &fake.base_url(),
         r#"simulate turns=1
     branch "impatient" {
@@ -417,7 +447,7 @@ async fn overridden_prompt_templates_are_what_the_simulator_receives() {
     .await;
     let text = suite(&fake.base_url(), "simulate turns=1\n    expect no-error").replace(
         r#"simulator provider="fake" temperature=0.9 instructions="Your name is {{ user_context.name }}.""#,
-        r#"simulator provider="fake" {
+        r#"simulator provider="fake" fidelity=#false {
     instructions "Be {{ persona.type }}."
     system-prompt "Play {{ persona.type }} ({{ persona.instructions }}) in {{ scenario.id }}. {{ instructions }} Facts: {{ user_context_json }} End: {{ end_marker }}"
     opening-prompt "Start, {{ user_context.name }}."
@@ -471,7 +501,7 @@ async fn overridden_prompt_templates_are_what_the_simulator_receives() {
 #[tokio::test]
 async fn a_prompt_that_fails_to_render_is_a_simulator_fault() {
     let fake = FakeLlm::start(vec![Rule::otherwise([Reply::text("Hi")])]).await;
-    let text = suite(
+    let text = plain_suite(
         &fake.base_url(),
         r#"simulate turns=1
     branch "keyed" {

@@ -23,7 +23,7 @@ pub(crate) const MAX_CHIPS: usize = 40;
 pub(crate) struct Repetitions {
     pub(crate) total: u64,
     pub(crate) passed: u64,
-    /// Not skipped.
+    /// Neither skipped nor invalid: said something about the agent.
     pub(crate) ran: u64,
     pub(crate) not_passed: u64,
     /// The first [`MAX_CHIPS`] + 1 repetitions by number: all of them when there are at
@@ -42,7 +42,7 @@ impl Repetitions {
             self.not_passed += 1;
             keep_lowest(&mut self.first_not_passed, repetition, status, MAX_CHIPS);
         }
-        if status != TrajectoryStatus::Skipped {
+        if status.ran() {
             self.ran += 1;
         }
         keep_lowest(&mut self.first, repetition, status, MAX_CHIPS + 1);
@@ -145,7 +145,8 @@ impl Outline {
                 runs.push((t.agent.clone(), reps));
             }
         }
-        if t.status == TrajectoryStatus::Skipped {
+        // Skipped and invalid runs say nothing about where the agent went wrong.
+        if !t.status.ran() {
             return;
         }
         // A run reached its path up to where it went wrong: a failure in a shared prefix
@@ -272,6 +273,7 @@ mod tests {
     fn trajectory(name: &str, nodes: &[&str], failed_turn: Option<u32>) -> TrajectoryRecord {
         TrajectoryRecord {
             llm: None,
+            attack: None,
             suite: "s".into(),
             scenario: "c".into(),
             trajectory: name.into(),

@@ -117,6 +117,7 @@ pub(crate) struct CountsView {
     failed: u64,
     errors: u64,
     skipped: u64,
+    invalid: u64,
     rate: String,
     /// `all` (everything that ran passed), `some`, `none`, or `na` (nothing ran).
     grade: &'static str,
@@ -146,6 +147,7 @@ impl CountsView {
             (c.failed, "f"),
             (c.errors, "e"),
             (c.skipped, "s"),
+            (c.invalid, "i"),
         ] {
             if n == 0 || drawn == 0 {
                 continue;
@@ -164,6 +166,7 @@ impl CountsView {
             failed: c.failed,
             errors: c.errors,
             skipped: c.skipped,
+            invalid: c.invalid,
             rate: c
                 .pass_rate()
                 .map_or_else(|| "–".to_owned(), |r| format!("{:.1}%", r * 100.0)),
@@ -601,9 +604,24 @@ pub(crate) struct StatusCount {
     count: usize,
 }
 
+/// One role's LLM use (`agent`, `simulator`, `judge`, `attacker`), from the run's summary.
+#[derive(Serialize)]
+pub(crate) struct RoleView {
+    role: String,
+    calls: u64,
+    cache_hits: u64,
+    input_tokens: u64,
+    output_tokens: u64,
+    cost: Option<String>,
+}
+
 #[derive(Serialize)]
 pub(crate) struct PageView {
     run_id: String,
+    /// LLM use per role; empty when the run made no LLM call (or did not finish).
+    llm_roles: Vec<RoleView>,
+    /// Why the run stopped early on its own (an LLM budget).
+    stopped_by: Option<String>,
     started_at: String,
     finished_at: Option<String>,
     duration: Option<String>,
@@ -873,6 +891,7 @@ pub(crate) fn build(page: &Page<'_>) -> PageView {
     let status_counts = [
         TrajectoryStatus::Failed,
         TrajectoryStatus::Error,
+        TrajectoryStatus::Invalid,
         TrajectoryStatus::Skipped,
         TrajectoryStatus::Passed,
     ]
@@ -908,6 +927,23 @@ pub(crate) fn build(page: &Page<'_>) -> PageView {
 
     PageView {
         run_id: info.run_id.clone(),
+        llm_roles: page
+            .finished
+            .map(|f| {
+                f.llm_roles
+                    .iter()
+                    .map(|(role, u)| RoleView {
+                        role: role.clone(),
+                        calls: u.calls,
+                        cache_hits: u.cache_hits,
+                        input_tokens: u.input_tokens,
+                        output_tokens: u.output_tokens,
+                        cost: u.cost.map(|c| format!("{c:.4}")),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+        stopped_by: page.finished.and_then(|f| f.stopped_by.clone()),
         started_at: info.started_at.clone(),
         finished_at: page.finished.map(|f| f.finished_at.clone()),
         duration: page.finished.map(|f| ms(f.duration_ms)),

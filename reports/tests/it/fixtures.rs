@@ -190,6 +190,7 @@ fn trajectory(
         sandbox_state: None,
         captures: Default::default(),
         llm: None,
+        attack: None,
     }
 }
 
@@ -326,6 +327,9 @@ pub fn summary() -> RunSummary {
         failed: 1,
         errors: 1,
         skipped: 1,
+        invalid: 0,
+        llm_roles: Default::default(),
+        stopped_by: None,
         turns: 13,
     }
 }

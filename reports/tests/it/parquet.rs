@@ -93,6 +93,7 @@ fn tables_have_documented_shape() {
             "row_id",
             "row",
             "matrix",
+            "attack",
         ]
     );
     assert_eq!(dtype(&t, "repetition"), DataType::UInt32);

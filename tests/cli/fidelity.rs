@@ -1,0 +1,303 @@
+//! Simulator fidelity end to end: a scripted simulated user on the fake LLM endpoint breaks
+//! character in known ways (empty answers, the agent's voice, a repeat, a loop, a break
+//! only the judge sees) against the builtin booking agent; every such trajectory is
+//! `invalid` with the right reason, never `failed`, in the console, JUnit, the tables and
+//! the pass rate; `retries-invalid` draws again (past the response cache).
+
+use serde_json::Value;
+
+use super::support::llm::{FakeLlm, Reply, Rule};
+use super::*;
+
+/// One scenario per way to break character, each recognised by its description in the
+/// simulator's system prompt (and in the fidelity judge's question).
+fn suite(dir: &Path, base_url: &str) -> PathBuf {
+    let path = dir.join("fidelity.kdl");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+agent "booking" protocol="connexity" builtin="booking"
+provider "fake" kind="openai" base-url="{base_url}" model="sim-m" api-key-env="FAKE_KEY"
+simulator provider="fake"
+
+scenario "empty" {{
+    description "SCENARIO-EMPTY: book a cleaning"
+    max-turns 6
+    simulate until-done
+    expect no-error
+}}
+scenario "voice" {{
+    description "SCENARIO-VOICE: book a cleaning"
+    max-turns 6
+    simulate until-done
+    expect no-error
+}}
+scenario "repeat" {{
+    description "SCENARIO-REPEAT: book a cleaning"
+    max-turns 6
+    simulate until-done
+    expect no-error
+}}
+scenario "loop" {{
+    description "SCENARIO-LOOP: book a cleaning"
+    max-turns 12
+    simulate until-done
+    expect no-error
+}}
+scenario "judged" {{
+    description "SCENARIO-JUDGED: book a cleaning"
+    max-turns 6
+    simulate until-done
+    expect no-error
+}}
+scenario "fine" {{
+    description "SCENARIO-FINE: book a cleaning"
+    max-turns 6
+    simulate until-done
+    expect no-error
+}}
+scenario "retried" {{
+    description "SCENARIO-RETRIED: book a cleaning"
+    simulator retries-invalid=2
+    max-turns 6
+    simulate until-done
+    expect no-error
+}}
+"#
+        ),
+    )
+    .unwrap();
+    path
+}
+
+fn script() -> Vec<Rule> {
+    let verdict = |broke: bool, reason: &str| {
+        Reply::text(format!(
+            r#"{{"broke_character": {broke}, "reason": "{reason}"}}"#
+        ))
+    };
+    vec![
+        // The fidelity judge: its question holds the scenario's description.
+        Rule::when(
+            "SCENARIO-JUDGED",
+            [verdict(
+                true,
+                "invented a second address the user never had",
+            )],
+        ),
+        Rule::when(
+            "Did it break character",
+            [verdict(false, "stayed the customer")],
+        ),
+        // A role label and nothing else, on the first try and both retries. (An answer
+        // without any text is not stored in the response cache; this one is.)
+        Rule::simulator("SCENARIO-EMPTY", [Reply::text("User:")]),
+        Rule::simulator(
+            "SCENARIO-VOICE",
+            [
+                Reply::text("Hi, I need a duct cleaning."),
+                Reply::text(
+                    "Thank you for confirming the delivery. I will proceed with the refund \
+                     process.",
+                ),
+            ],
+        ),
+        Rule::simulator(
+            "SCENARIO-REPEAT",
+            [
+                Reply::text("Hi, I need a duct cleaning."),
+                Reply::text("My postal code is V4T 0A7."),
+                Reply::text("My postal code is V4T 0A7."),
+            ],
+        ),
+        // Two messages, over and over: the conversation cycles.
+        Rule::simulator(
+            "SCENARIO-LOOP",
+            [
+                Reply::text("Hello there"),
+                Reply::text("What does a cleaning cost?"),
+                Reply::text("Hello there"),
+                Reply::text("What does a cleaning cost?"),
+                Reply::text("Hello there"),
+                Reply::text("What does a cleaning cost?"),
+                Reply::text("Hello there"),
+            ],
+        ),
+        Rule::simulator(
+            "SCENARIO-JUDGED",
+            [
+                Reply::text("Hi, I need a duct cleaning."),
+                Reply::text("It's V4T 0A7, thanks. [END]"),
+            ],
+        ),
+        Rule::simulator(
+            "SCENARIO-FINE",
+            [
+                Reply::text("Hi, I need a duct cleaning."),
+                Reply::text("It's V4T 0A7, thanks. [END]"),
+            ],
+        ),
+        // In order of arrival, not by turn: the first attempt speaks as the agent, the
+        // retry (a different cache key, so a real call) is a customer.
+        Rule::when(
+            "",
+            [
+                Reply::text("How can I help you today?"),
+                Reply::text("Hi, I need a duct cleaning. [END]"),
+            ],
+        )
+        .in_system("SCENARIO-RETRIED"),
+    ]
+}
+
+#[tokio::test]
+async fn a_simulator_that_breaks_character_makes_invalid_trajectories_never_failed_ones() {
+    let fake = FakeLlm::start(script()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = suite(dir.path(), &fake.base_url());
+    let out = dir.path().join("run");
+    let cache = dir.path().join("cache");
+    let o = trellis()
+        .args(["run", "--replace", "--out"])
+        .arg(&out)
+        .arg("--llm-cache")
+        .arg(&cache)
+        .arg(&suite)
+        .env("FAKE_KEY", "k")
+        .output()
+        .await
+        .unwrap();
+    let (console, err) = (stdout(&o), stderr(&o));
+    if std::env::var_os("SHOW_CONSOLE").is_some() {
+        eprintln!("{console}{err}");
+    }
+    // Nothing failed: invalid trajectories are not the agent's failures.
+    assert_eq!(o.status.code(), Some(0), "{console}{err}");
+
+    let trajectories = read_parquet(&out.join("trajectories.parquet"));
+    let names = strings(&trajectories, "scenario");
+    let trajectory = strings(&trajectories, "trajectory");
+    let status = strings(&trajectories, "status");
+    let of = |scenario: &str, name: &str| {
+        (0..names.len())
+            .find(|&i| {
+                names[i].as_deref() == Some(scenario) && trajectory[i].as_deref() == Some(name)
+            })
+            .and_then(|i| status[i].clone())
+            .unwrap_or_else(|| panic!("no {scenario} {name}: {names:?} {trajectory:?}"))
+    };
+    for scenario in ["empty", "voice", "repeat", "loop", "judged"] {
+        assert_eq!(of(scenario, "main"), "invalid", "{scenario}\n{console}");
+    }
+    assert_eq!(of("fine", "main"), "passed", "{console}");
+    assert_eq!(of("retried", "main"), "invalid", "{console}");
+    assert_eq!(of("retried", "main@retry1"), "passed", "{console}");
+    assert!(!status.iter().any(|s| s.as_deref() == Some("failed")));
+
+    // The reasons, as `criteria.kind = "fidelity"` rows.
+    let criteria = read_parquet(&out.join("criteria.parquet"));
+    let kinds = strings(&criteria, "kind");
+    let scenarios = strings(&criteria, "scenario");
+    let checks = strings(&criteria, "status");
+    let details = strings(&criteria, "detail");
+    let reason = |scenario: &str| -> String {
+        (0..kinds.len())
+            .find(|&i| {
+                kinds[i].as_deref() == Some("fidelity")
+                    && scenarios[i].as_deref() == Some(scenario)
+                    && checks[i].as_deref() == Some("failed")
+            })
+            .and_then(|i| details[i].clone())
+            .unwrap_or_else(|| panic!("no failed fidelity check for {scenario}"))
+    };
+    assert!(
+        reason("empty").starts_with("empty message"),
+        "{}",
+        reason("empty")
+    );
+    assert!(
+        reason("voice").starts_with("agent's voice"),
+        "{}",
+        reason("voice")
+    );
+    assert!(
+        reason("repeat").starts_with("repeat"),
+        "{}",
+        reason("repeat")
+    );
+    assert!(
+        reason("loop").starts_with("cycle: turns 2–3 repeat turns 0–1"),
+        "{}",
+        reason("loop")
+    );
+    assert!(
+        reason("judged").contains("invented a second address"),
+        "{}",
+        reason("judged")
+    );
+    // The loop stopped at its second cycle, not at max-turns.
+    let turns = trajectories.column("turns").unwrap().u32().unwrap();
+    let looped = (0..names.len())
+        .find(|&i| names[i].as_deref() == Some("loop"))
+        .unwrap();
+    assert_eq!(turns.get(looped), Some(4));
+
+    // The console counts them apart and says why.
+    assert!(
+        console.contains("6 invalid (left out of pass rates)"),
+        "{console}"
+    );
+    assert!(console.contains("INVALID"), "{console}");
+    assert!(console.contains("invented a second address"), "{console}");
+
+    // JUnit: skipped, with the reason.
+    let junit = std::fs::read_to_string(out.join("junit.xml")).unwrap();
+    assert!(
+        junit.contains("<skipped message=\"invalid: cycle: turns 2–3"),
+        "{junit}"
+    );
+    assert!(junit.contains("failures=\"0\""), "{junit}");
+
+    // The pass rate leaves them out: 2 passed of 2 that said something about the agent.
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    let aggregates = &summary["stats"]["aggregates"];
+    assert_eq!(aggregates["counts"]["invalid"], 6, "{aggregates}");
+    assert_eq!(aggregates["pass_rate"], 1.0, "{aggregates}");
+
+    // The HTML report shows them.
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(html.contains("invalid (simulated user broke character)"));
+
+    // Every answer, the retry's included, was cached under its attempt: a replay-only
+    // rerun sends nothing and comes out the same.
+    let calls = fake.calls();
+    let again = dir.path().join("again");
+    let o = trellis()
+        .args([
+            "run",
+            "--quiet",
+            "--replace",
+            "--llm-cache-mode",
+            "replay-only",
+            "--out",
+        ])
+        .arg(&again)
+        .arg("--llm-cache")
+        .arg(&cache)
+        .arg(&suite)
+        .env("FAKE_KEY", "k")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert_eq!(fake.calls(), calls);
+    let rerun = read_parquet(&again.join("trajectories.parquet"));
+    let mut first: Vec<_> = trajectory.iter().zip(&status).collect();
+    let (t2, s2) = (strings(&rerun, "trajectory"), strings(&rerun, "status"));
+    let mut second: Vec<_> = t2.iter().zip(&s2).collect();
+    first.sort();
+    second.sort();
+    assert_eq!(first, second);
+}

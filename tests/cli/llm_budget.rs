@@ -1,0 +1,158 @@
+//! LLM use per role and the run's LLM budget, through the binary: `LLM by role` in the
+//! console, `llm_roles` in `summary.json`, and `--max-llm-calls` / `--max-llm-cost`
+//! stopping a run gracefully (finished trajectories written, exit code 4).
+
+use serde_json::Value;
+
+use super::support::llm::{FakeLlm, Reply, Rule};
+use super::*;
+
+fn suite(dir: &Path, base_url: &str) -> PathBuf {
+    let path = dir.join("budget.kdl");
+    let scenarios: String = (1..=4)
+        .map(|i| {
+            format!(
+                "scenario \"s{i}\" {{\n    description \"Book a cleaning\"\n    max-turns 4\n    \
+                 simulate turns=2\n    expect no-error\n}}\n"
+            )
+        })
+        .collect();
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+agent "booking" protocol="connexity" builtin="booking"
+provider "fake" kind="openai" base-url="{base_url}" model="m" api-key-env="FAKE_KEY" \
+    input-price=1.0 output-price=1.0
+simulator provider="fake"
+{scenarios}"#
+        ),
+    )
+    .unwrap();
+    path
+}
+
+fn script() -> Vec<Rule> {
+    vec![
+        Rule::when(
+            "Did it break character",
+            [Reply::text(
+                r#"{"broke_character": false, "reason": "fine"}"#,
+            )],
+        ),
+        Rule::simulator(
+            "Book a cleaning",
+            [
+                Reply::text("Hi, I need a duct cleaning."),
+                Reply::text("It's V4T 0A7."),
+            ],
+        ),
+    ]
+}
+
+async fn run(suite: &Path, out: &Path, extra: &[&str]) -> Output {
+    trellis()
+        .args(["run", "--replace", "-j", "1", "--out"])
+        .arg(out)
+        .arg(suite)
+        .args(extra)
+        .env("FAKE_KEY", "k")
+        .output()
+        .await
+        .unwrap()
+}
+
+fn summary(out: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap()
+}
+
+#[tokio::test]
+async fn calls_are_counted_per_role_once_each() {
+    let fake = FakeLlm::start(script()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = suite(dir.path(), &fake.base_url());
+    let out = dir.path().join("all");
+    let o = run(&suite, &out, &[]).await;
+    let console = stdout(&o);
+    assert_eq!(o.status.code(), Some(0), "{console}{}", stderr(&o));
+    // Two simulated turns and one fidelity judge per scenario; the builtin booking agent
+    // reports its own tokens on each of its 8 turns.
+    let roles = &summary(&out)["stats"]["aggregates"]["llm_roles"];
+    assert_eq!(roles["simulator"]["calls"], 8, "{roles}");
+    assert_eq!(roles["judge"]["calls"], 4, "{roles}");
+    assert_eq!(roles["agent"]["calls"], 8, "{roles}");
+    assert_eq!(fake.calls(), 12);
+    assert!(
+        roles["judge"]["cost"].as_f64().is_some_and(|c| c > 0.0),
+        "{roles}"
+    );
+    assert!(
+        console.contains("LLM by role: agent 8 calls") && console.contains("judge 4 calls"),
+        "{console}"
+    );
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(html.contains("LLM calls by role"));
+}
+
+#[tokio::test]
+async fn a_call_budget_stops_the_run_gracefully_and_keeps_what_finished() {
+    let fake = FakeLlm::start(script()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = suite(dir.path(), &fake.base_url());
+    let out = dir.path().join("calls");
+    // The booking agent's own turns count too: 3 is reached within the first scenario.
+    let o = run(&suite, &out, &["--max-llm-calls", "3"]).await;
+    let (console, err) = (stdout(&o), stderr(&o));
+    assert_eq!(o.status.code(), Some(4), "{console}{err}");
+    assert!(
+        err.contains("the run stopped early: --max-llm-calls 3 reached"),
+        "{err}"
+    );
+    let s = summary(&out);
+    let counts = &s["stats"]["aggregates"]["counts"];
+    let recorded = counts["trajectories"].as_u64().unwrap();
+    assert!(recorded < 4, "{counts}");
+    assert!(
+        console.contains("of 4 planned (the run was stopped)"),
+        "{console}"
+    );
+    // No call started after the budget was reached but those already in flight (-j 1).
+    let journal = std::fs::read_to_string(out.join("journal.jsonl")).unwrap();
+    assert!(journal.contains("\"stopped_by\":\"--max-llm-calls 3 reached"));
+    let roles = &s["stats"]["aggregates"]["llm_roles"];
+    let sent: u64 = ["agent", "simulator", "judge"]
+        .iter()
+        .filter_map(|r| roles[r]["calls"].as_u64())
+        .sum();
+    assert!((3..=5).contains(&sent), "{roles}");
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(html.contains("The run stopped early: --max-llm-calls 3 reached"));
+}
+
+#[tokio::test]
+async fn a_cost_budget_stops_the_run_and_bad_budgets_are_usage_errors() {
+    let fake = FakeLlm::start(script()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = suite(dir.path(), &fake.base_url());
+    let out = dir.path().join("cost");
+    // Any priced simulator call costs more than this.
+    let o = run(&suite, &out, &["--max-llm-cost", "0.000001"]).await;
+    assert_eq!(o.status.code(), Some(4), "{}{}", stdout(&o), stderr(&o));
+    assert!(
+        stderr(&o).contains("--max-llm-cost 0.000001 reached"),
+        "{}",
+        stderr(&o)
+    );
+
+    for bad in [
+        "--max-llm-calls=0",
+        "--max-llm-calls=many",
+        "--max-llm-cost=-1",
+        "--max-llm-cost=NaN",
+    ] {
+        let o = run(&suite, &dir.path().join("bad"), &[bad]).await;
+        assert_eq!(o.status.code(), Some(2), "{bad}: {}", stderr(&o));
+        let flag = bad.split('=').next().unwrap_or_default();
+        assert!(stderr(&o).contains(flag), "{}", stderr(&o));
+    }
+}
