@@ -13,8 +13,8 @@
 //! `need` and are skipped, with the reason, when one of those failed.
 
 mod agents;
-mod history;
 mod attack;
+mod history;
 pub mod launch;
 pub mod resume;
 mod reuse;

@@ -279,6 +279,7 @@ mod tests {
             sandbox_state: None,
             captures: Default::default(),
             llm: None,
+            attack: None,
         }
     }
 
