@@ -117,7 +117,7 @@ async fn a_call_budget_stops_the_run_gracefully_and_keeps_what_finished() {
         "{console}"
     );
     // No call started after the budget was reached but those already in flight (-j 1).
-    let journal = std::fs::read_to_string(out.join("journal.jsonl")).unwrap();
+    let journal = journal_text(&out);
     assert!(journal.contains("\"stopped_by\":\"--max-llm-calls 3 reached"));
     let roles = &s["stats"]["aggregates"]["llm_roles"];
     let sent: u64 = ["agent", "simulator", "judge"]
