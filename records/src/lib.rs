@@ -18,6 +18,7 @@ mod fault;
 mod journal;
 mod llm;
 mod shard;
+mod span;
 mod trajectory;
 mod turn;
 
@@ -26,6 +27,7 @@ pub use fault::{Fault, FaultCategory};
 pub use journal::{AgentRecord, JournalEntry, NodeRecord, RunInfo, RunSummary, ScenarioInfo};
 pub use llm::{CacheUse, JudgeVerdict, LlmCall, LlmUsage, MetricScore};
 pub use shard::{SHARD_PLAN_FILE, SHARD_PLAN_VERSION, ShardBalance, ShardPlan, ShardedScenario};
+pub use span::{SpanBatch, SpanRecord};
 pub use trajectory::{
     AgentBranchRecord, CriterionRecord, CriterionStatus, TrajectoryRecord, TrajectoryStatus,
 };

@@ -163,6 +163,10 @@ fn measure(suite: &std::path::Path, out: &std::path::Path, jobs: usize) -> Optio
         strict: false,
         json_events: false,
         llm_cache: trellis_engine::llm::LlmCache::disabled(),
+        otlp_receiver: None,
+        otlp_endpoint: None,
+        spans_wait: trellis_engine::otel::DEFAULT_SPANS_WAIT,
+        spans_grace: trellis_engine::otel::DEFAULT_SPANS_WAIT,
     };
     let outcome = match super::run::execute_plan(plan, "bench", out, &settings) {
         Ok(o) => o,

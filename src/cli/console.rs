@@ -582,7 +582,8 @@ impl Console {
                 &files.tool_calls,
                 &files.criteria,
                 &files.rubric_scores,
-                &files.runs
+                &files.runs,
+                &files.spans
             ]
             .iter()
             .map(|p| shown(p, false))

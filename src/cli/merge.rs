@@ -566,7 +566,7 @@ fn survey(
                 }
                 coverage.set(bit);
             }
-            JournalEntry::Agent(_) | JournalEntry::Node(_) => {}
+            JournalEntry::Agent(_) | JournalEntry::Node(_) | JournalEntry::Spans(_) => {}
         }
     }
     Ok(())
@@ -711,6 +711,7 @@ fn replay(
     for entry in journal {
         match &entry {
             JournalEntry::RunStarted(_) | JournalEntry::RunFinished(_) => {}
+            JournalEntry::Spans(_) => push(&entry),
             JournalEntry::Agent(agent) => {
                 if agents_seen.insert(agent.agent.clone()) {
                     push(&entry);

@@ -138,6 +138,10 @@ pub fn run(args: RunArgs) -> u8 {
             None => trellis_engine::llm::LlmCache::disabled(),
             Some(dir) => trellis_engine::llm::LlmCache::new(dir, cache_mode(args.llm_cache_mode)),
         },
+        otlp_receiver: args.otlp_receiver,
+        otlp_endpoint: args.otlp_endpoint.clone(),
+        spans_wait: args.spans_wait,
+        spans_grace: args.spans_grace,
     };
     let outcome = match execute_plan(plan, &run_id, &out, &settings) {
         Ok(outcome) => outcome,
@@ -238,6 +242,39 @@ pub(super) fn cache_mode(mode: super::LlmCacheMode) -> trellis_engine::llm::Cach
     }
 }
 
+/// Starts the OTLP span receiver when `--otlp-receiver` asks for one or an agent has
+/// `spans #true` (then on a free port of 127.0.0.1), and says where it listens: real agents
+/// must be told (their OTEL_EXPORTER_OTLP_ENDPOINT); builtins are handed it.
+fn start_receiver(
+    runtime: &tokio::runtime::Runtime,
+    plan: &Plan,
+    settings: &Settings,
+) -> Result<Option<std::sync::Arc<trellis_engine::otel::SpanReceiver>>, String> {
+    let wanted = plan.agents.iter().any(|a| a.spans);
+    let addr = match settings.otlp_receiver {
+        Some(addr) => addr,
+        None if wanted => std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        None => return Ok(None),
+    };
+    let receiver = runtime
+        .block_on(trellis_engine::otel::SpanReceiver::start(addr))
+        .map_err(|e| {
+            format!("{e}\n  help: pick another address with --otlp-receiver ADDR (port 0: any free port)")
+        })?;
+    if !settings.silent {
+        errln!(
+            "OTLP receiver for agent spans: {} (set the agents' OTEL_EXPORTER_OTLP_ENDPOINT to it)",
+            receiver.endpoint()
+        );
+    }
+    Ok(Some(std::sync::Arc::new(receiver)))
+}
+
+/// Whether export warnings stay off the console (benchmarks print nothing).
+fn silent_export(settings: &Settings) -> bool {
+    settings.silent && !settings.json_events
+}
+
 /// How [`execute_plan`] runs and reports.
 pub struct Settings {
     /// Agent calls in flight at once.
@@ -252,6 +289,13 @@ pub struct Settings {
     pub json_events: bool,
     /// The LLM response cache (`--llm-cache`, `--llm-cache-mode`).
     pub llm_cache: trellis_engine::llm::LlmCache,
+    /// `--otlp-receiver`: where to receive the agents' spans.
+    pub otlp_receiver: Option<std::net::SocketAddr>,
+    /// `--otlp-endpoint`: where to export the run's own spans (else OTEL_EXPORTER_OTLP_*).
+    pub otlp_endpoint: Option<String>,
+    /// `--spans-wait`, `--spans-grace`.
+    pub spans_wait: std::time::Duration,
+    pub spans_grace: std::time::Duration,
 }
 
 pub struct Outcome {
@@ -275,19 +319,45 @@ pub fn execute_plan(
     out: &Path,
     settings: &Settings,
 ) -> Result<Outcome, String> {
-    let record = Record::create(out)?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    // Before the run directory is written: a receiver that cannot listen stops the run
+    // before anything of it exists.
+    let export = trellis_engine::otel::export::ExportConfig::resolve(
+        settings.otlp_endpoint.as_deref(),
+        |name| std::env::var(name).ok(),
+    )
+    .map_err(|e| {
+        format!("{e}\n  help: give --otlp-endpoint http://HOST:4318 (OTLP/HTTP, protobuf)")
+    })?;
+    let receiver = start_receiver(&runtime, &plan, settings)?;
+    let trace = trellis_engine::transport::trace::RunTrace::from_env();
+    let exporter = export.map(|config| {
+        let warn: std::sync::Arc<dyn Fn(&str) + Send + Sync> = if silent_export(settings) {
+            std::sync::Arc::new(|_: &str| {})
+        } else {
+            std::sync::Arc::new(|why: &str| errln!("warning: {why}"))
+        };
+        trellis_engine::otel::export::SpanExporter::start(config, trace.clone(), warn)
+    });
+    let record = Record::create(out)?;
     let silent = settings.silent;
     let reporter = Reporter {
         record,
         console: Console::new(plan.trajectory_count(), settings.quiet, silent),
         summary: None,
         json_events: settings.json_events,
+        export: exporter,
     };
     let options = RunOptions {
+        telemetry: trellis_engine::otel::Telemetry {
+            trace: Some(trace),
+            receiver: receiver.clone(),
+            spans_wait: settings.spans_wait,
+            spans_grace: settings.spans_grace,
+        },
         run_id: run_id.to_string(),
         jobs: settings.jobs,
         stop: Default::default(),
@@ -370,8 +440,23 @@ pub fn execute_plan(
         record,
         console,
         summary,
+        export,
         ..
     } = reporter;
+    if let Some(export) = export {
+        // Bounded (FLUSH_TIMEOUT): a collector that is down never holds the run's end.
+        let sent = export.finish();
+        if !silent && sent.failure.is_none() && sent.dropped == 0 {
+            errln!("OTLP export: {} spans sent", sent.sent);
+        } else if !silent {
+            // Why was said in the warning, when it happened.
+            errln!(
+                "OTLP export: {} spans sent, {} dropped",
+                sent.sent,
+                sent.dropped
+            );
+        }
+    }
 
     // What could not be written, said once at the end.
     let cpu_before_finish = super::bench::thread_cpu_time();
@@ -436,11 +521,16 @@ struct Reporter {
     console: Console,
     summary: Option<RunSummary>,
     json_events: bool,
+    /// `--otlp-endpoint`: the run's own spans, built from the same events.
+    export: Option<trellis_engine::otel::export::SpanExporter>,
 }
 
 impl Reporter {
     fn on_event(&mut self, event: &Event) {
         self.record.push(event);
+        if let Some(export) = &mut self.export {
+            export.push(event);
+        }
         if let Event::RunFinished(s) = event {
             self.summary = Some(s.clone());
         }

@@ -589,6 +589,7 @@ impl Session {
             transport: Some(self.transport.clone()),
             llm_cache: self.llm_cache.clone(),
             launcher: Some(self.launcher.clone()),
+            telemetry: Default::default(),
         };
         let cancel = options.stop.clone();
         let (tx, rx) = event::channel();
@@ -1009,7 +1010,7 @@ impl Recorder {
                     info.planned_trajectories = self.expected;
                     self.rerun.push(&Event::RunStarted(info));
                 }
-                Event::Agent(_) => self.rerun.push(&event),
+                Event::Agent(_) | Event::Spans(_) => self.rerun.push(&event),
                 Event::Node(node) => {
                     let called: Vec<_> = node.turns.iter().filter(|t| !t.reused).cloned().collect();
                     if !called.is_empty() {

@@ -483,6 +483,7 @@ pub async fn run_plan_with_cache(
         transport: None,
         llm_cache,
         launcher: Some(std::sync::Arc::new(trellis_agents::BuiltinLauncher::new())),
+        telemetry: Default::default(),
     };
     let engine = tokio::spawn(execute::run(plan, options, tx));
     let mut run = Run::default();
@@ -491,7 +492,7 @@ pub async fn run_plan_with_cache(
             Event::Node(n) => run.nodes.push(n),
             Event::Trajectory(t) => run.trajectories.push(*t),
             Event::RunFinished(s) => run.summary = s,
-            Event::RunStarted(_) | Event::Agent(_) => {}
+            Event::RunStarted(_) | Event::Agent(_) | Event::Spans(_) => {}
         }
     }
     engine.await.unwrap();

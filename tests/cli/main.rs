@@ -21,6 +21,7 @@ mod init;
 mod judges;
 mod lsp;
 mod multiagent;
+mod otel;
 mod outputs;
 mod repo;
 mod run;

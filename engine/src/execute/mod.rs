@@ -78,6 +78,8 @@ pub struct RunOptions {
     /// Starts the builtin agents (`builtin="…"`) the plan names; `None` makes each of them
     /// a setup fault on its trajectories.
     pub launcher: Option<Arc<dyn Launcher>>,
+    /// OpenTelemetry: the receiver of the agents' spans and how long to wait for them.
+    pub telemetry: crate::otel::Telemetry,
 }
 
 /// Runs the plan to completion, sending every event to `events`. Never fails because of an
@@ -110,7 +112,25 @@ pub async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSum
         &transport,
         options.llm_cache.clone(),
     );
-    let agents = Agents::new(&plan, transport, llm.clone(), options.launcher.clone());
+    // Every turn's requests carry a `traceparent` of this trace (continuing the caller's
+    // `TRACEPARENT`, if any); the receiver takes only spans of it.
+    let trace = options
+        .telemetry
+        .trace
+        .clone()
+        .unwrap_or_else(crate::transport::trace::RunTrace::from_env);
+    let trace_hex: Arc<str> = Arc::from(trace.trace_id.hex());
+    let receiver = options.telemetry.receiver.clone();
+    if let Some(receiver) = &receiver {
+        receiver.store().begin(trace_hex.to_string());
+    }
+    let agents = Agents::new(
+        &plan,
+        transport,
+        llm.clone(),
+        options.launcher.clone(),
+        receiver.as_ref().map(|r| r.endpoint()),
+    );
     let jobs = options.jobs.clamp(1, MAX_JOBS);
     let shared = Arc::new(Shared {
         plan: plan.clone(),
@@ -130,6 +150,10 @@ pub async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSum
         run_id: options.run_id.clone(),
         reuse: options.reuse.clone(),
         secrets: crate::secrets::Secrets::of_plan(&plan),
+        trace,
+        trace_hex,
+        spans: receiver.as_ref().map(|r| r.store().clone()),
+        spans_wait: options.telemetry.spans_wait,
     });
 
     let (senders, receivers): (Vec<_>, Vec<_>) = plan
@@ -153,6 +177,15 @@ pub async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSum
     while scenario_tasks.join_next().await.is_some() {}
     // Long-lived agent processes (and their process trees) end with the run, waited for.
     shared.agents.close().await;
+    // Spans that came after their turn was recorded (batch exporters), or of agents whose
+    // turns do not wait for them, after a bounded grace period for the missing ones.
+    if let Some(store) = &shared.spans {
+        let (batches, _) = store.finish(options.telemetry.spans_grace).await;
+        for batch in batches {
+            let event = shared.secrets.redact_event(Event::Spans(Box::new(batch)));
+            let _ = events.send(event).await;
+        }
+    }
 
     let t = &shared.totals;
     let summary = RunSummary {
@@ -200,6 +233,14 @@ struct Shared {
     reuse: Option<Arc<TurnMemo>>,
     /// Header secrets, replaced in every record before it is sent.
     secrets: crate::secrets::Secrets,
+    /// The run's trace: every turn's requests carry a span of it in `traceparent`.
+    trace: crate::transport::trace::RunTrace,
+    /// Its id as hex, as each turn records it.
+    trace_hex: Arc<str>,
+    /// The agents' spans, when the run has a receiver.
+    spans: Option<Arc<crate::otel::SpanStore>>,
+    /// How long a `spans #true` agent's turn waits for its spans.
+    spans_wait: Duration,
 }
 
 #[derive(Default)]

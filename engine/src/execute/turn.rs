@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 use super::ms;
 use super::walk::{PathState, Unit};
 use crate::protocol::{BranchRequest, CallContext, Session, Turn, TurnInput};
-use crate::record::{AttemptRecord, ExchangeRecord, TurnRecord};
+use crate::record::{AttemptRecord, ExchangeRecord, FaultCategory, TurnRecord};
+use crate::transport::trace::{self, SpanId, TraceContext};
 
 impl Unit<'_> {
     /// Takes one turn on `session`, with the fork the agent asked for in it, if any; `None`
@@ -58,11 +59,42 @@ impl Unit<'_> {
         };
         let vars = &state.vars;
         session.set_template_scope(&|| self.scenario.scope.with_vars(vars));
-        let mut turn = session.turn(input, &ctx).await;
+        // The turn's own span: every request of it carries it in `traceparent`.
+        let shared = &self.shared;
+        let span_id = SpanId::random();
+        let trace = TraceContext {
+            trace_id: shared.trace.trace_id,
+            span_id,
+            tracestate: shared.trace.tracestate.clone(),
+        };
+        let span_hex = span_id.hex();
+        if let Some(store) = &shared.spans {
+            store.expect_turn(&span_hex);
+        }
+        let mut turn = trace::scope(trace, session.turn(input, &ctx)).await;
         state.active += started.elapsed().saturating_sub(turn.queued());
-        let started_ms = ms(started.duration_since(self.shared.run_start));
+        let started_ms = ms(started.duration_since(shared.run_start));
         let branch = turn.branch.take();
-        Some((record(turn, input, turn_index, started_ms, replay), branch))
+        let mut record = record(turn, input, turn_index, started_ms, replay);
+        record.trace_id = Some(shared.trace_hex.to_string());
+        // The agent's spans, for checks on them: waited for with the call slots given
+        // back, so a slow exporter delays only this conversation, never other calls.
+        let unreached = record
+            .fault
+            .as_ref()
+            .is_some_and(|f| f.category == FaultCategory::Connect);
+        if let Some(store) = shared.spans.as_ref().filter(|_| unreached) {
+            store.forget_turn(&span_hex);
+        } else if let Some(store) = shared.spans.as_ref().filter(|_| self.agent_spans()) {
+            drop((_agent_permit, _call_permit, _model_slot));
+            let (spans, _) = tokio::select! {
+                taken = store.take_turn(&span_hex, shared.spans_wait) => taken,
+                () = stop.cancelled() => (Vec::new(), false),
+            };
+            record.spans = spans;
+        }
+        record.span_id = Some(span_hex);
+        Some((record, branch))
     }
 }
 
@@ -134,5 +166,8 @@ fn record(
         exchanges,
         simulator: Vec::new(),
         llm: turn.llm,
+        trace_id: None,
+        span_id: None,
+        spans: Vec::new(),
     }
 }

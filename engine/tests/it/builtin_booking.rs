@@ -264,6 +264,7 @@ async fn unknown_builtin_is_an_error() {
             "booking",
             "clerk",
             "concierge",
+            "forecast",
             "langserve",
             "numbers",
             "support",
@@ -317,6 +318,7 @@ async fn run_with(
         transport: None,
         llm_cache: trellis_engine::llm::LlmCache::disabled(),
         launcher,
+        telemetry: Default::default(),
     };
     let (tx, mut rx) = event::channel();
     let engine = tokio::spawn(trellis_engine::execute::run(plan, options, tx));

@@ -47,6 +47,7 @@ pub(crate) async fn run(
         transport: None,
         llm_cache: trellis_engine::llm::LlmCache::disabled(),
         launcher: Some(Arc::new(trellis_agents::BuiltinLauncher::new())),
+        telemetry: Default::default(),
     };
     let (tx, mut rx) = event::channel();
     let engine = tokio::spawn(execute::run(plan, options, tx));
