@@ -66,7 +66,7 @@ pub struct TurnRecord {
     pub llm: Vec<LlmCall>,
     /// The W3C trace id the turn's requests carried in `traceparent` (32 hex digits).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub trace_id: Option<String>,
+    pub trace_id: Option<std::sync::Arc<str>>,
     /// The turn's span id, the parent the agent's spans name (16 hex digits).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub span_id: Option<String>,

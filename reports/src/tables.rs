@@ -576,7 +576,7 @@ impl Tables {
                     .iter()
                     .all(|c| c.cache == trellis_records::CacheUse::Hit)
             }));
-            t.trace_id.push(turn.trace_id.clone());
+            t.trace_id.push(turn.trace_id.as_deref().map(str::to_owned));
             t.span_id.push(turn.span_id.clone());
             t.spans
                 .push(u32::try_from(turn.spans.len()).unwrap_or(u32::MAX));

@@ -71,12 +71,12 @@ impl Unit<'_> {
         if let Some(store) = &shared.spans {
             store.expect_turn(&span_hex);
         }
-        let mut turn = trace::scope(trace, session.turn(input, &ctx)).await;
+        let mut turn = trace::scope(&trace, session.turn(input, &ctx)).await;
         state.active += started.elapsed().saturating_sub(turn.queued());
         let started_ms = ms(started.duration_since(shared.run_start));
         let branch = turn.branch.take();
         let mut record = record(turn, input, turn_index, started_ms, replay);
-        record.trace_id = Some(shared.trace_hex.to_string());
+        record.trace_id = Some(shared.trace_hex.clone());
         // The agent's spans, for checks on them: waited for with the call slots given
         // back, so a slow exporter delays only this conversation, never other calls.
         let unreached = record
@@ -87,14 +87,27 @@ impl Unit<'_> {
             store.forget_turn(&span_hex);
         } else if let Some(store) = shared.spans.as_ref().filter(|_| self.agent_spans()) {
             drop((_agent_permit, _call_permit, _model_slot));
-            let (spans, _) = tokio::select! {
-                taken = store.take_turn(&span_hex, shared.spans_wait) => taken,
-                () = stop.cancelled() => (Vec::new(), false),
-            };
-            record.spans = spans;
+            // Boxed: the wait's state is then no part of every turn's future, only of
+            // the turns that wait.
+            record.spans =
+                Box::pin(wait_for_spans(store, &span_hex, shared.spans_wait, stop)).await;
         }
         record.span_id = Some(span_hex);
         Some((record, branch))
+    }
+}
+
+/// The agent's spans of the turn `span_hex`, waited for up to `wait`; what arrived when the
+/// run stops.
+async fn wait_for_spans(
+    store: &crate::otel::SpanStore,
+    span_hex: &str,
+    wait: std::time::Duration,
+    stop: &tokio_util::sync::CancellationToken,
+) -> Vec<crate::record::SpanRecord> {
+    tokio::select! {
+        (spans, _) = store.take_turn(span_hex, wait) => spans,
+        () = stop.cancelled() => Vec::new(),
     }
 }
 

@@ -268,17 +268,8 @@ impl HttpTransport {
         url: &Url,
         build: impl Fn(&reqwest::Client) -> reqwest::RequestBuilder,
     ) -> Result<Result<reqwest::Response, reqwest::Error>, Fault> {
-        // The turn's trace context, when one is in scope: the same headers on a resend.
-        let mut traced = HeaderMap::new();
-        super::trace::add_headers(&mut traced);
-        let build = |client: &reqwest::Client| {
-            let request = build(client);
-            if traced.is_empty() {
-                request
-            } else {
-                request.headers(traced.clone())
-            }
-        };
+        // The turn's trace context, when one is in scope (a resend carries it too).
+        let build = |client: &reqwest::Client| super::trace::add_headers(build(client));
         let request = build(self.client_for(url)?).send();
         let (sent, connected) = CONNECTED_FOR_REQUEST
             .scope(Cell::new(false), async {

@@ -147,34 +147,56 @@ impl TraceContext {
     }
 }
 
+/// The headers of a turn, made once per turn: each request of it (retries, tool rounds)
+/// only clones them, which shares their bytes.
+#[derive(Clone, Debug)]
+struct TurnHeaders {
+    traceparent: HeaderValue,
+    tracestate: Option<HeaderValue>,
+}
+
 tokio::task_local! {
-    static CURRENT: TraceContext;
+    static CURRENT: TurnHeaders;
 }
 
 /// Runs `future` (a turn) with `ctx` as the trace context of every request it sends.
-pub async fn scope<F: std::future::Future>(ctx: TraceContext, future: F) -> F::Output {
-    CURRENT.scope(ctx, future).await
+pub async fn scope<F: std::future::Future>(ctx: &TraceContext, future: F) -> F::Output {
+    // Hex digits and a state already checked to be a valid header value always convert.
+    let headers = HeaderValue::from_str(&ctx.traceparent())
+        .ok()
+        .map(|traceparent| TurnHeaders {
+            traceparent,
+            tracestate: ctx
+                .tracestate
+                .as_deref()
+                .and_then(|s| HeaderValue::from_str(s).ok()),
+        });
+    match headers {
+        Some(headers) => CURRENT.scope(headers, future).await,
+        None => future.await,
+    }
 }
 
-/// The current turn's trace context, if a turn is in scope.
-pub fn current() -> Option<TraceContext> {
-    CURRENT.try_with(Clone::clone).ok()
-}
-
-/// Adds `traceparent` (and `tracestate`) to `headers` when a turn is in scope; a header of
+/// Adds `traceparent` (and `tracestate`) to `request` when a turn is in scope; a header of
 /// that name the agent's own `header` nodes set is replaced, since the turn's span is the
 /// only parent the agent's spans can be matched by.
-pub(super) fn add_headers(headers: &mut HeaderMap) {
-    let _ = CURRENT.try_with(|ctx| {
-        if let Ok(value) = HeaderValue::from_str(&ctx.traceparent()) {
-            headers.insert(TRACEPARENT, value);
+pub(super) fn add_headers(request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+    let headers = CURRENT.try_with(|h| h.clone()).ok();
+    match headers {
+        None => request,
+        Some(TurnHeaders {
+            traceparent,
+            tracestate,
+        }) => {
+            let mut map = HeaderMap::with_capacity(2);
+            map.insert(TRACEPARENT, traceparent);
+            if let Some(state) = tracestate {
+                map.insert(TRACESTATE, state);
+            }
+            // `headers` replaces what the agent's own nodes set under these names.
+            request.headers(map)
         }
-        if let Some(state) = ctx.tracestate.as_deref()
-            && let Ok(value) = HeaderValue::from_str(state)
-        {
-            headers.insert(TRACESTATE, value);
-        }
-    });
+    }
 }
 
 #[cfg(test)]
