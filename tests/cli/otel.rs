@@ -274,6 +274,10 @@ async fn the_builtin_forecast_agents_tools_are_read_from_its_spans() {
         "{details:?}"
     );
     assert!(span_rows(&out).height() >= 4);
+    // The report draws each turn's spans as a waterfall under the turn.
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(html.contains(r#"<span class="span-name d1">execute_tool get_weather</span>"#));
+    assert!(html.contains(r#"<span class="span-name d0">invoke_agent forecast</span>"#));
 }
 
 /// A span check on an agent whose spans are not collected is a warning of `check` and a
