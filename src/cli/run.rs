@@ -270,8 +270,9 @@ fn start_receiver(
     Ok(Some(std::sync::Arc::new(receiver)))
 }
 
-/// Whether export warnings stay off the console (benchmarks print nothing).
-fn silent_export(settings: &Settings) -> bool {
+/// A benchmark (nothing on the console, no JSON events either): it measures the engine, so
+/// it never exports, whatever OTEL_EXPORTER_OTLP_* say.
+fn is_benchmark(settings: &Settings) -> bool {
     settings.silent && !settings.json_events
 }
 
@@ -325,21 +326,22 @@ pub fn execute_plan(
         .map_err(|e| format!("cannot start the async runtime: {e}"))?;
     // Before the run directory is written: a receiver that cannot listen stops the run
     // before anything of it exists.
-    let export = trellis_engine::otel::export::ExportConfig::resolve(
-        settings.otlp_endpoint.as_deref(),
-        |name| std::env::var(name).ok(),
-    )
-    .map_err(|e| {
-        format!("{e}\n  help: give --otlp-endpoint http://HOST:4318 (OTLP/HTTP, protobuf)")
-    })?;
+    let export = if is_benchmark(settings) {
+        None
+    } else {
+        trellis_engine::otel::export::ExportConfig::resolve(
+            settings.otlp_endpoint.as_deref(),
+            |name| std::env::var(name).ok(),
+        )
+        .map_err(|e| {
+            format!("{e}\n  help: give --otlp-endpoint http://HOST:4318 (OTLP/HTTP, protobuf)")
+        })?
+    };
     let receiver = start_receiver(&runtime, &plan, settings)?;
     let trace = trellis_engine::transport::trace::RunTrace::from_env();
     let exporter = export.map(|config| {
-        let warn: std::sync::Arc<dyn Fn(&str) + Send + Sync> = if silent_export(settings) {
-            std::sync::Arc::new(|_: &str| {})
-        } else {
-            std::sync::Arc::new(|why: &str| errln!("warning: {why}"))
-        };
+        let warn: std::sync::Arc<dyn Fn(&str) + Send + Sync> =
+            std::sync::Arc::new(|why: &str| errln!("warning: {why}"));
         trellis_engine::otel::export::SpanExporter::start(config, trace.clone(), warn)
     });
     let record = Record::create(out)?;
