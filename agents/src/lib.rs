@@ -23,6 +23,7 @@ pub mod agentscope;
 pub mod anthropic;
 pub mod booking;
 pub mod fixie;
+pub mod forecast;
 pub mod langserve;
 pub mod lines;
 pub mod model;
@@ -55,6 +56,7 @@ pub const BUILTINS: &[&str] = &[
     "booking",
     "clerk",
     "concierge",
+    "forecast",
     "langserve",
     "numbers",
     "support",
@@ -66,6 +68,7 @@ pub const BUILTINS: &[&str] = &[
 const PROTOCOLS: &[(&str, &str)] = &[
     ("connexity", "booking"),
     ("http", "langserve"),
+    ("http", "forecast"),
     ("fixie", "numbers"),
     ("multiagent", "support"),
     ("a2a", "travel"),
@@ -187,7 +190,7 @@ impl Drop for BuiltinServer {
 /// runtime: the server has a thread and a runtime of its own, so it outlives the caller's
 /// runtime.
 pub async fn serve(name: &str) -> Result<BuiltinServer, BuiltinError> {
-    start(name)
+    start(name, None)
 }
 
 impl BuiltinServer {
@@ -204,8 +207,13 @@ impl BuiltinServer {
 }
 
 /// The HTTP app of the builtin `name`: its canonical name, router and endpoint path.
-fn http_app(name: &str) -> Result<(&'static str, axum::Router, &'static str), BuiltinError> {
+/// `otlp` is where an agent that emits OpenTelemetry spans sends them (OTLP/HTTP base URL).
+fn http_app(
+    name: &str,
+    otlp: Option<&str>,
+) -> Result<(&'static str, axum::Router, &'static str), BuiltinError> {
     Ok(match name {
+        "forecast" => ("forecast", forecast::router(otlp), forecast::PATH),
         "booking" => ("booking", booking::router(), booking::PATH),
         "weather" => ("weather", agentscope::router(), agentscope::PATH),
         "numbers" => ("numbers", fixie::router(), fixie::PATH),
@@ -226,7 +234,7 @@ fn http_app(name: &str) -> Result<(&'static str, axum::Router, &'static str), Bu
 
 /// The path a client calls on the builtin `name`'s HTTP server (`""`: the server's root).
 pub fn http_path(name: &str) -> Result<&'static str, BuiltinError> {
-    http_app(name).map(|(_, _, path)| path)
+    http_app(name, None).map(|(_, _, path)| path)
 }
 
 /// Serves the builtin `name` over HTTP on `listener` until `stop` completes, letting
@@ -236,7 +244,10 @@ pub async fn serve_http_on(
     listener: TcpListener,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), BuiltinError> {
-    let (name, router, _) = http_app(name)?;
+    // As an OpenTelemetry SDK would, a served agent sends its spans where the standard
+    // variable says.
+    let otlp = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").ok();
+    let (name, router, _) = http_app(name, otlp.as_deref().filter(|e| !e.is_empty()))?;
     axum::serve(listener, router)
         .with_graceful_shutdown(stop)
         .await
@@ -247,8 +258,8 @@ pub async fn serve_http_on(
 }
 
 /// Starts the builtin agent `name` on `127.0.0.1:0`, on a thread with a runtime of its own.
-fn start(name: &str) -> Result<BuiltinServer, BuiltinError> {
-    let (name, router, path) = http_app(name)?;
+fn start(name: &str, otlp: Option<&str>) -> Result<BuiltinServer, BuiltinError> {
+    let (name, router, path) = http_app(name, otlp)?;
     let bind_error = |source| BuiltinError::Bind {
         name: name.to_owned(),
         source,
@@ -486,14 +497,24 @@ impl BuiltinLauncher {
 
     /// Starts the builtin agent `name` over HTTP (or hands out the one kept running).
     pub async fn serve(&self, name: &str) -> Result<BuiltinServer, BuiltinError> {
+        self.serve_with(name, None).await
+    }
+
+    /// As [`Self::serve`], sending OpenTelemetry spans to `otlp` (an OTLP/HTTP base URL)
+    /// for an agent that emits them.
+    pub async fn serve_with(
+        &self,
+        name: &str,
+        otlp: Option<&str>,
+    ) -> Result<BuiltinServer, BuiltinError> {
         if !self.keep_running {
-            return start(name);
+            return start(name, otlp);
         }
         let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(server) = kept.iter().find(|s| s.name == name) {
             return Ok(server.handle());
         }
-        let server = start(name)?;
+        let server = start(name, otlp)?;
         let handle = server.handle();
         kept.push(server);
         Ok(handle)
@@ -502,16 +523,18 @@ impl BuiltinLauncher {
     /// Serves the builtin `name` over `transport`: HTTP on a loopback port, a TCP port or a
     /// Unix socket ([`serve_socket`]), or a command running the trellis executable (`agent
     /// NAME --stdio` for a long-lived process, `--per-call` for one per call, as `process`
-    /// says). Must be called within a tokio runtime.
+    /// says); `otlp` is where an agent that emits spans sends them. Must be called within a
+    /// tokio runtime.
     pub async fn endpoint_for(
         &self,
         name: &str,
         transport: BuiltinTransport,
         process: ProcessMode,
+        otlp: Option<&str>,
     ) -> Result<ServedBuiltin, BuiltinError> {
         Ok(match transport {
             BuiltinTransport::Http => {
-                let server = self.serve(name).await?;
+                let server = self.serve_with(name, otlp).await?;
                 ServedBuiltin {
                     endpoint: BuiltinEndpoint::Url(server.url()),
                     guard: Some(BuiltinGuard::Http(server)),
@@ -603,7 +626,12 @@ impl Launcher for BuiltinLauncher {
                 Some(_) => {}
             }
             let served = self
-                .endpoint_for(request.name, request.transport, request.process)
+                .endpoint_for(
+                    request.name,
+                    request.transport,
+                    request.process,
+                    request.otlp_endpoint,
+                )
                 .await
                 .map_err(failed)?;
             Ok(Launched {
@@ -673,6 +701,7 @@ mod tests {
             name,
             transport: BuiltinTransport::Http,
             process: ProcessMode::PerCall,
+            otlp_endpoint: None,
         };
         let launched = launcher
             .launch(request("connexity", "booking"))

@@ -397,6 +397,9 @@ pub struct Agent {
     /// `per-shard #true`: `concurrency` is each shard's own instead of divided among the
     /// shards of a sharded run.
     pub per_shard: bool,
+    /// `spans #true`: the agent's OpenTelemetry spans are collected for its turns (an OTLP
+    /// receiver is started for the run) and checks may read them.
+    pub spans: bool,
     /// `max-response-size`: bytes read at most from one response.
     pub max_response_size: u64,
     /// `openai`: the model; others: informational.
@@ -933,7 +936,9 @@ fn shrink_criteria(criteria: &mut Vec<Criterion>) {
         criterion.templates.shrink_to_fit();
         match &mut criterion.kind {
             CriterionKind::Reply(checks) => checks.shrink_to_fit(),
-            CriterionKind::ToolsInOrder(names) => names.shrink_to_fit(),
+            CriterionKind::ToolsInOrder(names) | CriterionKind::SpansInOrder(names) => {
+                names.shrink_to_fit()
+            }
             _ => {}
         }
     }
@@ -1103,6 +1108,27 @@ pub enum CriterionKind {
     Violations {
         max: u32,
     },
+    /// `span "NAME" KEY=VALUE… count=N`: the agent reported a span of that name with those
+    /// attributes (exactly N such spans with `count`).
+    Span {
+        name: String,
+        attributes: Map<String, Value>,
+        count: Option<u32>,
+    },
+    /// `span-count "NAME" min=N max=N`: how many spans of that name the agent reported.
+    SpanCount {
+        name: String,
+        min: Option<u32>,
+        max: Option<u32>,
+    },
+    /// `spans-in-order "A" "B"…`: spans of those names, each starting after the one before
+    /// it ended (overlapping spans ran in parallel and are not in order).
+    SpansInOrder(Vec<String>),
+    /// `span-duration "NAME" max="2s"`: every span of that name took at most `max`.
+    SpanDuration {
+        name: String,
+        max: Duration,
+    },
 }
 
 /// The check of a `state` criterion (MultiAgentEval's assertion modes).
@@ -1143,6 +1169,10 @@ impl CriterionKind {
             CriterionKind::Outcome(_) => "outcome",
             CriterionKind::State { .. } => "state",
             CriterionKind::Violations { .. } => "violations",
+            CriterionKind::Span { .. } => "span",
+            CriterionKind::SpanCount { .. } => "span-count",
+            CriterionKind::SpansInOrder(_) => "spans-in-order",
+            CriterionKind::SpanDuration { .. } => "span-duration",
         }
     }
 }

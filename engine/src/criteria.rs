@@ -18,7 +18,7 @@ use serde_json::Value;
 use trellis_dsl::{Criterion, CriterionKind, ReplyCheck, ValueSlot};
 
 use crate::plan::PlannedCriterion;
-use crate::record::{CriterionRecord, CriterionStatus, ToolCallRecord, TurnRecord};
+use crate::record::{CriterionRecord, CriterionStatus, SpanRecord, ToolCallRecord, TurnRecord};
 use crate::render::Templates;
 use crate::sandbox::{
     NO_SANDBOX, Sandbox, StateExpectation, TextCase, Written, is_violation_result, written_matches,
@@ -174,13 +174,14 @@ fn evaluate<T: AsRef<TurnRecord>>(
             count,
             loose,
         } => {
-            let calls: Vec<&ToolCallRecord> = turns.iter().flat_map(|t| &t.tool_calls).collect();
+            let seen = ToolCalls::of(turns);
+            let calls: Vec<&ToolCallRecord> = seen.records();
             let named: Vec<&&ToolCallRecord> = calls.iter().filter(|c| &c.name == name).collect();
             let matching = named
                 .iter()
                 .filter(|c| arguments_match(&c.arguments, params, rendered, *loose))
                 .count();
-            match count {
+            let (status, detail) = match count {
                 Some(n) if matching as u64 != u64::from(*n) => fail(format!(
                     "expected {n} matching call(s) to `{name}`, found {matching}"
                 )),
@@ -199,27 +200,23 @@ fn evaluate<T: AsRef<TurnRecord>>(
                         .join(", "),
                     type_hint(params, rendered, &named)
                 )),
-            }
+            };
+            seen.mark(status, detail)
         }
         CriterionKind::NoTool { name: Some(name) } => {
-            let n = turns
-                .iter()
-                .flat_map(|t| &t.tool_calls)
-                .filter(|c| &c.name == name)
-                .count();
-            if n == 0 {
+            let seen = ToolCalls::of(turns);
+            let n = seen.records().iter().filter(|c| &c.name == name).count();
+            let (status, detail) = if n == 0 {
                 pass(format!("`{name}` not called"))
             } else {
                 fail(format!("`{name}` was called {n} time(s)"))
-            }
+            };
+            seen.mark(status, detail)
         }
         CriterionKind::NoTool { name: None } => {
-            let called: Vec<&str> = turns
-                .iter()
-                .flat_map(|t| &t.tool_calls)
-                .map(|c| c.name.as_str())
-                .collect();
-            if called.is_empty() {
+            let seen = ToolCalls::of(turns);
+            let called: Vec<&str> = seen.records().iter().map(|c| c.name.as_str()).collect();
+            let (status, detail) = if called.is_empty() {
                 pass("no tool called".to_owned())
             } else {
                 fail(format!(
@@ -227,22 +224,29 @@ fn evaluate<T: AsRef<TurnRecord>>(
                     called.len(),
                     called.join(", ")
                 ))
-            }
+            };
+            seen.mark(status, detail)
         }
         CriterionKind::ToolsInOrder(expected) => {
-            let calls: Vec<&str> = turns
-                .iter()
-                .flat_map(|t| &t.tool_calls)
-                .map(|c| c.name.as_str())
-                .collect();
+            let seen = ToolCalls::of(turns);
+            let records = seen.records();
+            let calls: Vec<&str> = records.iter().map(|c| c.name.as_str()).collect();
+            // A call counts as after the one matched before it only if it did not run in
+            // parallel with it (calls from spans that overlapped in time).
             let mut next = 0;
-            for name in &calls {
-                if next < expected.len() && *name == expected[next] {
+            let mut last_group = None;
+            for (i, name) in calls.iter().enumerate() {
+                let group = seen.group(i);
+                if next < expected.len()
+                    && *name == expected[next]
+                    && (group.is_none() || group != last_group)
+                {
                     next += 1;
+                    last_group = group;
                 }
             }
-            if next == expected.len() {
-                pass(format!("calls in order: {}", calls.join(", ")))
+            let (status, detail) = if next == expected.len() {
+                pass(format!("calls in order: {}", seen.describe()))
             } else {
                 fail(format!(
                     "expected `{}` after {}; calls were: {}",
@@ -255,10 +259,11 @@ fn evaluate<T: AsRef<TurnRecord>>(
                     if calls.is_empty() {
                         "none".to_string()
                     } else {
-                        calls.join(", ")
+                        seen.describe()
                     }
                 ))
-            }
+            };
+            seen.mark(status, detail)
         }
         CriterionKind::Latency { max } => {
             let limit = ms(*max);
@@ -394,6 +399,235 @@ fn evaluate<T: AsRef<TurnRecord>>(
                     plural(n)
                 ))
             }
+        }
+        CriterionKind::Span {
+            name,
+            attributes,
+            count,
+        } => {
+            let Some(spans) = spans_of(turns) else {
+                return skip(NO_SPANS);
+            };
+            let named: Vec<&SpanRecord> =
+                spans.iter().filter(|s| &s.name == name).copied().collect();
+            let matching = named
+                .iter()
+                .filter(|s| {
+                    attributes.iter().all(|(key, want)| {
+                        s.attributes.get(key).is_some_and(|got| {
+                            written_matches(got, want, TextCase::Exact, Written::Literal)
+                        })
+                    })
+                })
+                .count();
+            match count {
+                Some(n) if matching as u64 != u64::from(*n) => fail(format!(
+                    "expected {n} span(s) `{name}` with those attributes, found {matching}"
+                )),
+                Some(_) => pass(format!("{matching} span(s) `{name}`")),
+                None if matching > 0 => pass(format!("span `{name}` ({matching}x)")),
+                None if named.is_empty() => fail(format!(
+                    "no span `{name}`; the agent's spans were: {}",
+                    span_names(&spans)
+                )),
+                None => fail(format!(
+                    "span `{name}` was reported, but not with {}; attributes seen: {}",
+                    serde_json::Value::Object(attributes.clone()),
+                    named
+                        .iter()
+                        .map(|s| serde_json::Value::Object(s.attributes.clone()).to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )),
+            }
+        }
+        CriterionKind::SpanCount { name, min, max } => {
+            let Some(spans) = spans_of(turns) else {
+                return skip(NO_SPANS);
+            };
+            let n = spans.iter().filter(|s| &s.name == name).count() as u64;
+            let low = min.is_some_and(|m| n < u64::from(m));
+            let high = max.is_some_and(|m| n > u64::from(m));
+            let bounds = match (min, max) {
+                (Some(a), Some(b)) => format!("{a}–{b}"),
+                (Some(a), None) => format!("at least {a}"),
+                (None, Some(b)) => format!("at most {b}"),
+                (None, None) => "any number".to_owned(),
+            };
+            if low || high {
+                fail(format!("{n} span(s) `{name}`, expected {bounds}"))
+            } else {
+                pass(format!("{n} span(s) `{name}`"))
+            }
+        }
+        CriterionKind::SpansInOrder(expected) => {
+            let Some(spans) = spans_of(turns) else {
+                return skip(NO_SPANS);
+            };
+            // Each expected span must start after the previous match ended: spans that
+            // overlap ran in parallel, which is not an order.
+            let mut next = 0;
+            let mut after = 0u64;
+            for span in &spans {
+                if next < expected.len()
+                    && span.name == expected[next]
+                    && (next == 0 || span.start_unix_nano >= after)
+                {
+                    next += 1;
+                    after = span.end_unix_nano;
+                }
+            }
+            if next == expected.len() {
+                pass(format!("spans in order: {}", expected.join(", ")))
+            } else {
+                fail(format!(
+                    "no span `{}` starting after {} ended; the agent's spans were: {}",
+                    expected[next],
+                    if next == 0 {
+                        "the start".to_string()
+                    } else {
+                        format!("`{}`", expected[next - 1])
+                    },
+                    span_names(&spans)
+                ))
+            }
+        }
+        CriterionKind::SpanDuration { name, max } => {
+            let Some(spans) = spans_of(turns) else {
+                return skip(NO_SPANS);
+            };
+            let limit = ms(*max);
+            let named: Vec<&&SpanRecord> = spans.iter().filter(|s| &s.name == name).collect();
+            if named.is_empty() {
+                return fail(format!(
+                    "no span `{name}`; the agent's spans were: {}",
+                    span_names(&spans)
+                ));
+            }
+            match named.iter().find(|s| s.duration_ms() > limit) {
+                Some(s) => fail(format!(
+                    "span `{name}` took {} > {}",
+                    fmt_ms(s.duration_ms()),
+                    fmt_ms(limit)
+                )),
+                None => {
+                    let worst = named.iter().map(|s| s.duration_ms()).fold(0.0, f64::max);
+                    pass(format!("slowest `{name}` {}", fmt_ms(worst)))
+                }
+            }
+        }
+    }
+}
+
+/// Why a span check is skipped: no turn it looks at has any span.
+const NO_SPANS: &str = "no spans were collected for this turn: give the agent `spans #true` \
+     and point its OTEL_EXPORTER_OTLP_ENDPOINT at the run's receiver";
+
+/// The agent's spans on `turns`, in start order; `None` when there are none at all (spans
+/// were not collected: an instrumented agent reports at least its root span per turn).
+fn spans_of<'a>(turns: &[&'a TurnRecord]) -> Option<Vec<&'a SpanRecord>> {
+    let mut spans: Vec<&SpanRecord> = turns.iter().flat_map(|t| &t.spans).collect();
+    if spans.is_empty() {
+        return None;
+    }
+    spans.sort_by_key(|s| (s.start_unix_nano, s.end_unix_nano));
+    Some(spans)
+}
+
+fn span_names(spans: &[&SpanRecord]) -> String {
+    spans
+        .iter()
+        .map(|s| s.name.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The tool calls the tool criteria look at: each turn's calls on the wire, or, for a turn
+/// whose wire shows none, those in the agent's GenAI `execute_tool` (or OpenInference
+/// `TOOL`) spans, with which of them ran in parallel.
+struct ToolCalls<'a> {
+    calls: Vec<std::borrow::Cow<'a, ToolCallRecord>>,
+    /// Per call: `(turn, group)` for calls from spans (one group: ran in parallel).
+    groups: Vec<Option<(usize, u32)>>,
+    from_spans: bool,
+}
+
+impl<'a> ToolCalls<'a> {
+    fn of(turns: &[&'a TurnRecord]) -> Self {
+        let mut out = ToolCalls {
+            calls: Vec::new(),
+            groups: Vec::new(),
+            from_spans: false,
+        };
+        for (t, turn) in turns.iter().enumerate() {
+            if !turn.tool_calls.is_empty() || turn.spans.is_empty() {
+                for call in &turn.tool_calls {
+                    out.calls.push(std::borrow::Cow::Borrowed(call));
+                    out.groups.push(None);
+                }
+                continue;
+            }
+            for call in crate::otel::tools::tool_calls(&turn.spans) {
+                out.from_spans = true;
+                out.groups.push(Some((t, call.group)));
+                out.calls.push(std::borrow::Cow::Owned(ToolCallRecord {
+                    call_id: call.call_id.unwrap_or_default(),
+                    name: call.name,
+                    arguments: call.arguments.unwrap_or_else(|| "{}".to_owned()),
+                    result: call.result,
+                }));
+            }
+        }
+        out
+    }
+
+    fn records(&self) -> Vec<&ToolCallRecord> {
+        self.calls.iter().map(AsRef::as_ref).collect()
+    }
+
+    fn group(&self, i: usize) -> Option<(usize, u32)> {
+        self.groups.get(i).copied().flatten()
+    }
+
+    /// The calls, those that ran in parallel bracketed: `a, [b ‖ c], d`.
+    fn describe(&self) -> String {
+        let mut out = String::new();
+        let mut i = 0;
+        while i < self.calls.len() {
+            let group = self.group(i);
+            let mut j = i + 1;
+            while group.is_some() && j < self.calls.len() && self.group(j) == group {
+                j += 1;
+            }
+            if !out.is_empty() {
+                out.push_str(", ");
+            }
+            let names: Vec<&str> = self.calls[i..j].iter().map(|c| c.name.as_str()).collect();
+            if names.len() > 1 {
+                out.push('[');
+                out.push_str(&names.join(" ‖ "));
+                out.push(']');
+            } else {
+                out.push_str(names.join("").as_str());
+            }
+            i = j;
+        }
+        out
+    }
+
+    /// A verdict on these calls, saying so when they were read from the agent's spans.
+    fn mark(
+        &self,
+        status: CriterionStatus,
+        detail: Option<String>,
+    ) -> (CriterionStatus, Option<String>) {
+        if self.from_spans {
+            (
+                status,
+                detail.map(|d| format!("{d} (tool calls from the agent's spans)")),
+            )
+        } else {
+            (status, detail)
         }
     }
 }

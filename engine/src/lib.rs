@@ -12,6 +12,7 @@ pub mod execute;
 pub mod fingerprint;
 pub mod journal;
 pub mod llm;
+pub mod otel;
 pub mod plan;
 pub mod protocol;
 pub mod record;

@@ -210,6 +210,8 @@ pub struct PlannedAgent {
     /// `per-shard #true`: `concurrency` is each shard's own, not divided among the shards
     /// of a sharded run ([`crate::shard::divide_budgets`]).
     pub per_shard: bool,
+    /// `spans #true`: collect the agent's OpenTelemetry spans for its turns.
+    pub spans: bool,
     /// The protocol's own settings, as its module planned them
     /// ([`crate::protocol::registry::ProtocolModule::plan`]); only that module reads them.
     pub settings: Arc<dyn PlannedSettings>,
@@ -441,6 +443,7 @@ impl Plan {
                     max_response_size: agent.max_response_size,
                     retry_after_send: agent.retry_after_send,
                     per_shard: agent.per_shard,
+                    spans: agent.spans,
                     settings,
                     provider: agent.provider.as_ref().map(|p| Arc::from(p.value.as_str())),
                     unsupported,
@@ -998,7 +1001,40 @@ fn check_warnings(
         .into_iter()
         .chain(unmeasured_ttft(c, sc, agents, warn))
         .chain(without_sandbox(c, sc, agents, warn))
+        .chain(without_spans(c, sc, agents, warn))
         .collect()
+}
+
+/// A check on spans against an agent whose spans are not collected for its turns: it will
+/// be recorded as skipped there.
+fn without_spans(
+    c: &Criterion,
+    sc: &Scenario,
+    agents: &[&Agent],
+    warn: &impl Fn(Span, String, &str, &str) -> Diagnostic,
+) -> Option<Diagnostic> {
+    if !matches!(
+        c.kind,
+        CriterionKind::Span { .. }
+            | CriterionKind::SpanCount { .. }
+            | CriterionKind::SpansInOrder(_)
+            | CriterionKind::SpanDuration { .. }
+    ) {
+        return None;
+    }
+    let agent = agents.iter().find(|a| !a.spans)?;
+    Some(warn(
+        c.span,
+        format!(
+            "scenario `{}`: this `{}` check will be skipped on agent `{}`",
+            sc.id.value,
+            c.kind.name(),
+            agent.id.value
+        ),
+        "the agent's spans are not collected",
+        "add `spans #true` to the agent, and point its OTEL_EXPORTER_OTLP_ENDPOINT at the \
+         run's receiver (`trellis run` prints its address)",
+    ))
 }
 
 /// A `state` or `violations` check on an agent whose tool calls the engine does not answer:

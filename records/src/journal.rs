@@ -21,6 +21,9 @@ pub enum JournalEntry {
     Node(NodeRecord),
     /// Boxed: a trajectory record is much larger than the other entries.
     Trajectory(Box<TrajectoryRecord>),
+    /// An agent's spans that arrived after their turn was recorded (OpenTelemetry batch
+    /// exporters), written at the end of the run.
+    Spans(Box<crate::span::SpanBatch>),
     RunFinished(RunSummary),
 }
 

@@ -19,6 +19,7 @@ mod fault;
 mod journal;
 mod llm;
 mod shard;
+mod span;
 mod trajectory;
 mod turn;
 
@@ -29,6 +30,7 @@ pub use journal::{
 };
 pub use llm::{CacheUse, JudgeVerdict, LlmCall, LlmUsage, MetricScore};
 pub use shard::{SHARD_PLAN_FILE, SHARD_PLAN_VERSION, ShardBalance, ShardPlan, ShardedScenario};
+pub use span::{SpanBatch, SpanRecord};
 pub use trajectory::{
     AgentBranchRecord, AttackRecord, CriterionRecord, CriterionStatus, FIDELITY_KIND,
     TrajectoryRecord, TrajectoryStatus,

@@ -64,6 +64,16 @@ pub struct TurnRecord {
     /// loop: one per round), summed into the trajectory's `llm_*` usage.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub llm: Vec<LlmCall>,
+    /// The W3C trace id the turn's requests carried in `traceparent` (32 hex digits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<std::sync::Arc<str>>,
+    /// The turn's span id, the parent the agent's spans name (16 hex digits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub span_id: Option<String>,
+    /// The agent's own OpenTelemetry spans for this turn (agents with `spans #true`), in
+    /// start order; spans that came later are in the journal's `spans` entries.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub spans: Vec<crate::span::SpanRecord>,
 }
 
 /// Lets code that takes turns as `AsRef<TurnRecord>` (a trajectory's shared `Arc`s in the

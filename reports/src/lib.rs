@@ -57,7 +57,7 @@ pub const COMPARE_FILE: &str = "compare.json";
 pub const COMPARE_HTML_FILE: &str = "compare.html";
 /// Every file a run writes into its directory, the journal first (and the plain journal
 /// of earlier versions, which `--replace` removes too).
-pub const RESULT_FILES: [&str; 16] = [
+pub const RESULT_FILES: [&str; 17] = [
     JOURNAL_FILE,
     PLAIN_JOURNAL_FILE,
     tables::TRAJECTORIES_FILE,
@@ -66,6 +66,7 @@ pub const RESULT_FILES: [&str; 16] = [
     tables::CRITERIA_FILE,
     tables::RUBRIC_SCORES_FILE,
     tables::RUNS_FILE,
+    tables::SPANS_FILE,
     HTML_FILE,
     JUNIT_FILE,
     SUMMARY_FILE,
@@ -121,6 +122,8 @@ pub struct ReportFiles {
     /// Per-metric scores of judged checks (Connexity's rubric).
     pub rubric_scores: PathBuf,
     pub runs: PathBuf,
+    /// The agents' OpenTelemetry spans (`spans #true`, `--otlp-receiver`).
+    pub spans: PathBuf,
     pub html: PathBuf,
     pub junit: PathBuf,
     pub summary: PathBuf,
@@ -141,7 +144,7 @@ pub struct ReportFiles {
 
 impl ReportFiles {
     /// Every results file, tables first, whether written or not.
-    pub fn paths(&self) -> [&Path; 9] {
+    pub fn paths(&self) -> [&Path; 10] {
         [
             &self.trajectories,
             &self.turns,
@@ -149,6 +152,7 @@ impl ReportFiles {
             &self.criteria,
             &self.rubric_scores,
             &self.runs,
+            &self.spans,
             &self.html,
             &self.junit,
             &self.summary,
@@ -296,6 +300,7 @@ impl ReportWriter {
             // A second `run_started` can only come from concatenated journals; the first
             // one names the run.
             JournalEntry::RunStarted(_) | JournalEntry::Agent(_) => {}
+            JournalEntry::Spans(batch) => self.tables.push_spans(batch),
             JournalEntry::Node(node) => {
                 self.tally.add_node(node);
                 self.junit.add_node(node);
@@ -422,6 +427,7 @@ impl ReportWriter {
             criteria: table_paths.criteria,
             rubric_scores: table_paths.rubric_scores,
             runs: table_paths.runs,
+            spans: table_paths.spans,
             html: html_path,
             junit: junit_path,
             summary: summary_path,

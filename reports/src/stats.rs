@@ -542,7 +542,7 @@ impl StatsBuilder {
                     self.info = Some(info.clone());
                 }
             }
-            JournalEntry::Agent(_) => {}
+            JournalEntry::Agent(_) | JournalEntry::Spans(_) => {}
             JournalEntry::Node(node) => self.add_node(node),
             JournalEntry::Trajectory(trajectory) => self.add_trajectory(trajectory),
             JournalEntry::RunFinished(summary) => self.summary = Some(summary.clone()),

@@ -16,7 +16,8 @@ use std::sync::{Arc, Mutex};
 
 use polars::prelude::*;
 use trellis_records::{
-    CriterionStatus, Fault, NodeRecord, RunInfo, RunSummary, TrajectoryRecord, TrajectoryStatus,
+    CriterionStatus, Fault, NodeRecord, RunInfo, RunSummary, SpanBatch, SpanRecord,
+    TrajectoryRecord, TrajectoryStatus,
 };
 
 use crate::error::ReportError;
@@ -33,6 +34,7 @@ pub(crate) const TOOL_CALLS_FILE: &str = "tool_calls.parquet";
 pub(crate) const CRITERIA_FILE: &str = "criteria.parquet";
 pub(crate) const RUBRIC_SCORES_FILE: &str = "rubric_scores.parquet";
 pub(crate) const RUNS_FILE: &str = "runs.parquet";
+pub(crate) const SPANS_FILE: &str = "spans.parquet";
 
 /// A growable buffer for one column that can be turned into a polars [`Column`].
 trait ColumnBuffer: Default {
@@ -191,6 +193,9 @@ table!(
         simulator_output_tokens: Vec<Option<u64>>,
         simulator_cost: Vec<Option<f64>>,
         simulator_cache_hit: Vec<Option<bool>>,
+        trace_id: Vec<Option<String>>,
+        span_id: Vec<Option<String>>,
+        spans: Vec<u32>,
     }
 );
 
@@ -267,6 +272,33 @@ table!(
         label: Vec<Option<String>>,
         justification: Vec<Option<String>>,
         failure_code: Vec<Option<String>>,
+    }
+);
+
+table!(
+    /// `spans.parquet`: one row per OpenTelemetry span an agent reported for a turn.
+    SpanRows {
+        run_id: Vec<String>,
+        schema_version: Vec<u32>,
+        suite: Vec<String>,
+        scenario: Vec<String>,
+        node: Vec<String>,
+        agent: Vec<String>,
+        repetition: Vec<u32>,
+        turn_index: Vec<u32>,
+        trace_id: Vec<String>,
+        span_id: Vec<String>,
+        parent_span_id: Vec<Option<String>>,
+        name: Vec<String>,
+        kind: Vec<String>,
+        start_unix_nano: Vec<u64>,
+        end_unix_nano: Vec<u64>,
+        duration_ms: Vec<f64>,
+        status: Vec<String>,
+        status_message: Vec<Option<String>>,
+        service: Vec<Option<String>>,
+        attributes: Vec<String>,
+        late: Vec<bool>,
     }
 );
 
@@ -435,6 +467,7 @@ pub(crate) struct TablePaths {
     pub(crate) criteria: PathBuf,
     pub(crate) rubric_scores: PathBuf,
     pub(crate) runs: PathBuf,
+    pub(crate) spans: PathBuf,
 }
 
 /// Per `(suite, scenario)` of a `for-each` / `matrix` instance: its `instance_of`,
@@ -451,6 +484,7 @@ pub(crate) struct Tables {
     criteria: TableFile<CriterionRows>,
     rubric_scores: TableFile<RubricScoreRows>,
     runs: TableFile<RunRows>,
+    spans: TableFile<SpanRows>,
 }
 
 fn fault_parts(fault: Option<&Fault>) -> (Option<String>, Option<String>) {
@@ -461,6 +495,18 @@ fn fault_parts(fault: Option<&Fault>) -> (Option<String>, Option<String>) {
         ),
         None => (None, None),
     }
+}
+
+/// The turn a span row belongs to.
+struct SpanKey<'a> {
+    suite: &'a str,
+    scenario: &'a str,
+    node: &'a str,
+    agent: &'a str,
+    repetition: u32,
+    turn_index: u32,
+    /// Arrived after the turn was recorded.
+    late: bool,
 }
 
 fn opt_len(s: Option<&String>) -> usize {
@@ -478,6 +524,7 @@ impl Tables {
             criteria: TableFile::create(dir, CRITERIA_FILE, batch_rows)?,
             rubric_scores: TableFile::create(dir, RUBRIC_SCORES_FILE, batch_rows)?,
             runs: TableFile::create(dir, RUNS_FILE, batch_rows)?,
+            spans: TableFile::create(dir, SPANS_FILE, batch_rows)?,
         })
     }
 
@@ -564,6 +611,10 @@ impl Tables {
                     .iter()
                     .all(|c| c.cache == trellis_records::CacheUse::Hit)
             }));
+            t.trace_id.push(turn.trace_id.as_deref().map(str::to_owned));
+            t.span_id.push(turn.span_id.clone());
+            t.spans
+                .push(u32::try_from(turn.spans.len()).unwrap_or(u32::MAX));
             t.rows += 1;
             self.turns.row_done();
 
@@ -588,6 +639,63 @@ impl Tables {
                 c.rows += 1;
                 self.tool_calls.row_done();
             }
+            let key = SpanKey {
+                suite: &node.suite,
+                scenario: &node.scenario,
+                node: &node.node,
+                agent: &node.agent,
+                repetition: node.repetition,
+                turn_index: turn.turn_index,
+                late: false,
+            };
+            self.push_span_rows(&key, &turn.spans);
+        }
+    }
+
+    /// Spans that arrived after their turn was recorded (the journal's `spans` entries).
+    pub(crate) fn push_spans(&mut self, batch: &SpanBatch) {
+        let key = SpanKey {
+            suite: &batch.suite,
+            scenario: &batch.scenario,
+            node: &batch.node,
+            agent: &batch.agent,
+            repetition: batch.repetition,
+            turn_index: batch.turn_index,
+            late: true,
+        };
+        self.push_span_rows(&key, &batch.spans);
+    }
+
+    fn push_span_rows(&mut self, key: &SpanKey<'_>, spans: &[SpanRecord]) {
+        for span in spans {
+            let s = &mut self.spans.buf;
+            // A map of plain JSON values always serialises.
+            let attributes =
+                serde_json::to_string(&span.attributes).unwrap_or_else(|_| "{}".to_owned());
+            s.bytes += attributes.len() + span.name.len();
+            s.run_id.push(self.run_id.clone());
+            s.schema_version.push(SCHEMA_VERSION);
+            s.suite.push(key.suite.to_owned());
+            s.scenario.push(key.scenario.to_owned());
+            s.node.push(key.node.to_owned());
+            s.agent.push(key.agent.to_owned());
+            s.repetition.push(key.repetition);
+            s.turn_index.push(key.turn_index);
+            s.trace_id.push(span.trace_id.clone());
+            s.span_id.push(span.span_id.clone());
+            s.parent_span_id.push(span.parent_span_id.clone());
+            s.name.push(span.name.clone());
+            s.kind.push(span.kind.clone());
+            s.start_unix_nano.push(span.start_unix_nano);
+            s.end_unix_nano.push(span.end_unix_nano);
+            s.duration_ms.push(span.duration_ms());
+            s.status.push(span.status.clone());
+            s.status_message.push(span.status_message.clone());
+            s.service.push(span.service.clone());
+            s.attributes.push(attributes);
+            s.late.push(key.late);
+            s.rows += 1;
+            self.spans.row_done();
         }
     }
 
@@ -785,6 +893,7 @@ impl Tables {
             criteria: done(self.criteria.finish()),
             rubric_scores: done(self.rubric_scores.finish()),
             runs: done(self.runs.finish()),
+            spans: done(self.spans.finish()),
         };
         (paths, failed)
     }

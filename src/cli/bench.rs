@@ -193,6 +193,10 @@ fn measure(suite: &std::path::Path, out: &std::path::Path, jobs: usize) -> Optio
         json_events: false,
         llm_cache: trellis_engine::llm::LlmCache::disabled(),
         llm_budget: Default::default(),
+        otlp_receiver: None,
+        otlp_endpoint: None,
+        spans_wait: trellis_engine::otel::DEFAULT_SPANS_WAIT,
+        spans_grace: trellis_engine::otel::DEFAULT_SPANS_WAIT,
     };
     // As `trellis run` does: the journal records what each trajectory means.
     trellis_engine::fingerprint::stamp(&project, &mut plan);

@@ -755,7 +755,8 @@ impl Console {
                 &files.tool_calls,
                 &files.criteria,
                 &files.rubric_scores,
-                &files.runs
+                &files.runs,
+                &files.spans
             ]
             .iter()
             .map(|p| shown(p, false))

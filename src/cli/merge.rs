@@ -589,7 +589,7 @@ fn survey(
                 }
                 coverage.set(bit);
             }
-            JournalEntry::Agent(_) | JournalEntry::Node(_) => {}
+            JournalEntry::Agent(_) | JournalEntry::Node(_) | JournalEntry::Spans(_) => {}
         }
     }
     shard.skipped_lines = journal.skipped();
@@ -752,6 +752,7 @@ fn replay(
     while let Some(entry) = journal.next_entry().map_err(&read_error)? {
         match &entry {
             JournalEntry::RunStarted(_) | JournalEntry::RunFinished(_) => {}
+            JournalEntry::Spans(_) => push(&entry),
             JournalEntry::Agent(agent) => {
                 if agents_seen.insert(agent.agent.clone()) {
                     push(&entry);

@@ -51,6 +51,8 @@ pub struct Cli {
     command: Command,
 }
 
+// One `Command` is parsed per process: the size of its largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Write a new project for an agent of PROTOCOL: suites that pass at once against the
@@ -321,6 +323,27 @@ pub struct RunArgs {
     /// same suites next to --out. Every shard must use the same.
     #[arg(long, value_name = "RUN|none")]
     shard_costs: Option<String>,
+    /// Receive the agents' OpenTelemetry spans on this address (OTLP/HTTP, protobuf or
+    /// JSON, `POST /v1/traces`), e.g. 127.0.0.1:4318; point the agents'
+    /// OTEL_EXPORTER_OTLP_ENDPOINT at it. Spans land in spans.parquet. Agents with
+    /// `spans #true` get a receiver on a free port without it.
+    #[arg(long, value_name = "ADDR")]
+    otlp_receiver: Option<std::net::SocketAddr>,
+    /// Export the run's own spans (run, nodes, turns, exchanges, trajectories, judge and
+    /// simulator calls) to this OTLP/HTTP collector, e.g. http://127.0.0.1:4318 (protobuf;
+    /// `/v1/traces` is added). Without it, OTEL_EXPORTER_OTLP_ENDPOINT (or
+    /// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) turns the export on, with
+    /// OTEL_EXPORTER_OTLP_HEADERS, OTEL_EXPORTER_OTLP_TIMEOUT and OTEL_SERVICE_NAME.
+    #[arg(long, value_name = "URL")]
+    otlp_endpoint: Option<String>,
+    /// How long a turn of a `spans #true` agent waits after the answer for the agent's
+    /// spans (its root span) before its checks run.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = humantime::parse_duration)]
+    spans_wait: std::time::Duration,
+    /// How long the end of the run waits for spans that have not arrived yet (batch
+    /// exporters send late).
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = humantime::parse_duration)]
+    spans_grace: std::time::Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

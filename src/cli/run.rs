@@ -232,6 +232,10 @@ pub fn run(args: RunArgs) -> u8 {
             max_calls: args.max_llm_calls,
             max_cost: args.max_llm_cost,
         },
+        otlp_receiver: args.otlp_receiver,
+        otlp_endpoint: args.otlp_endpoint.clone(),
+        spans_wait: args.spans_wait,
+        spans_grace: args.spans_grace,
     };
     let outcome = match execute_plan(plan, &run_id, &out, &settings, resumed) {
         Ok(outcome) => outcome,
@@ -457,6 +461,40 @@ pub(super) fn cache_mode(mode: super::LlmCacheMode) -> trellis_engine::llm::Cach
     }
 }
 
+/// Starts the OTLP span receiver when `--otlp-receiver` asks for one or an agent has
+/// `spans #true` (then on a free port of 127.0.0.1), and says where it listens: real agents
+/// must be told (their OTEL_EXPORTER_OTLP_ENDPOINT); builtins are handed it.
+fn start_receiver(
+    runtime: &tokio::runtime::Runtime,
+    plan: &Plan,
+    settings: &Settings,
+) -> Result<Option<std::sync::Arc<trellis_engine::otel::SpanReceiver>>, String> {
+    let wanted = plan.agents.iter().any(|a| a.spans);
+    let addr = match settings.otlp_receiver {
+        Some(addr) => addr,
+        None if wanted => std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
+        None => return Ok(None),
+    };
+    let receiver = runtime
+        .block_on(trellis_engine::otel::SpanReceiver::start(addr))
+        .map_err(|e| {
+            format!("{e}\n  help: pick another address with --otlp-receiver ADDR (port 0: any free port)")
+        })?;
+    if !settings.silent {
+        errln!(
+            "OTLP receiver for agent spans: {} (set the agents' OTEL_EXPORTER_OTLP_ENDPOINT to it)",
+            receiver.endpoint()
+        );
+    }
+    Ok(Some(std::sync::Arc::new(receiver)))
+}
+
+/// A benchmark (nothing on the console, no JSON events either): it measures the engine, so
+/// it never exports, whatever OTEL_EXPORTER_OTLP_* say.
+fn is_benchmark(settings: &Settings) -> bool {
+    settings.silent && !settings.json_events
+}
+
 /// How [`execute_plan`] runs and reports.
 pub struct Settings {
     /// Agent calls in flight at once.
@@ -473,6 +511,13 @@ pub struct Settings {
     pub llm_cache: trellis_engine::llm::LlmCache,
     /// `--max-llm-calls`, `--max-llm-cost`.
     pub llm_budget: trellis_engine::llm::meter::Budget,
+    /// `--otlp-receiver`: where to receive the agents' spans.
+    pub otlp_receiver: Option<std::net::SocketAddr>,
+    /// `--otlp-endpoint`: where to export the run's own spans (else OTEL_EXPORTER_OTLP_*).
+    pub otlp_endpoint: Option<String>,
+    /// `--spans-wait`, `--spans-grace`.
+    pub spans_wait: std::time::Duration,
+    pub spans_grace: std::time::Duration,
 }
 
 pub struct Outcome {
@@ -497,6 +542,30 @@ pub fn execute_plan(
     settings: &Settings,
     resumed: Option<Resumed>,
 ) -> Result<Outcome, String> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    // Before the run directory is written: a receiver that cannot listen stops the run
+    // before anything of it exists.
+    let export = if is_benchmark(settings) {
+        None
+    } else {
+        trellis_engine::otel::export::ExportConfig::resolve(
+            settings.otlp_endpoint.as_deref(),
+            |name| std::env::var(name).ok(),
+        )
+        .map_err(|e| {
+            format!("{e}\n  help: give --otlp-endpoint http://HOST:4318 (OTLP/HTTP, protobuf)")
+        })?
+    };
+    let receiver = start_receiver(&runtime, &plan, settings)?;
+    let trace = trellis_engine::transport::trace::RunTrace::from_env();
+    let exporter = export.map(|config| {
+        let warn: std::sync::Arc<dyn Fn(&str) + Send + Sync> =
+            std::sync::Arc::new(|why: &str| errln!("warning: {why}"));
+        trellis_engine::otel::export::SpanExporter::start(config, trace.clone(), warn)
+    });
     let silent = settings.silent;
     let (record, console, resume) = match resumed {
         Some(r) => (
@@ -510,17 +579,20 @@ pub fn execute_plan(
             None,
         ),
     };
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
     let reporter = Reporter {
         record,
         console,
         summary: None,
         json_events: settings.json_events,
+        export: exporter,
     };
     let options = RunOptions {
+        telemetry: trellis_engine::otel::Telemetry {
+            trace: Some(trace),
+            receiver: receiver.clone(),
+            spans_wait: settings.spans_wait,
+            spans_grace: settings.spans_grace,
+        },
         run_id: run_id.to_string(),
         jobs: settings.jobs,
         stop: Default::default(),
@@ -605,8 +677,23 @@ pub fn execute_plan(
         record,
         console,
         summary,
+        export,
         ..
     } = reporter;
+    if let Some(export) = export {
+        // Bounded (FLUSH_TIMEOUT): a collector that is down never holds the run's end.
+        let sent = export.finish();
+        if !silent && sent.failure.is_none() && sent.dropped == 0 {
+            errln!("OTLP export: {} spans sent", sent.sent);
+        } else if !silent {
+            // Why was said in the warning, when it happened.
+            errln!(
+                "OTLP export: {} spans sent, {} dropped",
+                sent.sent,
+                sent.dropped
+            );
+        }
+    }
 
     // What could not be written, said once at the end.
     let cpu_before_finish = super::bench::thread_cpu_time();
@@ -683,11 +770,16 @@ struct Reporter {
     console: Console,
     summary: Option<RunSummary>,
     json_events: bool,
+    /// `--otlp-endpoint`: the run's own spans, built from the same events.
+    export: Option<trellis_engine::otel::export::SpanExporter>,
 }
 
 impl Reporter {
     fn on_event(&mut self, event: &Event) {
         self.record.push(event);
+        if let Some(export) = &mut self.export {
+            export.push(event);
+        }
         if let Event::RunFinished(s) = event {
             self.summary = Some(s.clone());
         }

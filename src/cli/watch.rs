@@ -605,6 +605,7 @@ impl Session {
             launcher: Some(self.launcher.clone()),
             resume: None,
             llm_budget: Default::default(),
+            telemetry: Default::default(),
         };
         let cancel = options.stop.clone();
         let (tx, rx) = event::channel();
@@ -1025,7 +1026,7 @@ impl Recorder {
                     info.planned_trajectories = self.expected;
                     self.rerun.push(&Event::RunStarted(info));
                 }
-                Event::Agent(_) => self.rerun.push(&event),
+                Event::Agent(_) | Event::Spans(_) => self.rerun.push(&event),
                 Event::Node(node) => {
                     let called: Vec<_> = node.turns.iter().filter(|t| !t.reused).cloned().collect();
                     if !called.is_empty() {

@@ -485,6 +485,7 @@ pub async fn run_plan_with_cache(
         launcher: Some(std::sync::Arc::new(trellis_agents::BuiltinLauncher::new())),
         resume: None,
         llm_budget: Default::default(),
+        telemetry: Default::default(),
     };
     let engine = tokio::spawn(execute::run(plan, options, tx));
     let mut run = Run::default();
@@ -493,7 +494,7 @@ pub async fn run_plan_with_cache(
             Event::Node(n) => run.nodes.push(n),
             Event::Trajectory(t) => run.trajectories.push(*t),
             Event::RunFinished(s) => run.summary = s,
-            Event::RunStarted(_) | Event::Agent(_) => {}
+            Event::RunStarted(_) | Event::Agent(_) | Event::Spans(_) => {}
         }
     }
     engine.await.unwrap();

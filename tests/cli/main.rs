@@ -25,6 +25,7 @@ mod judges;
 mod llm_budget;
 mod lsp;
 mod multiagent;
+mod otel;
 mod outputs;
 mod repo;
 mod resume;

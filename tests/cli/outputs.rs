@@ -316,7 +316,7 @@ async fn a_killed_run_leaves_no_unreadable_parquet_and_report_rebuilds_it() {
             }
         }
     }
-    assert_eq!(found, 6, "only the finished run has tables");
+    assert_eq!(found, 7, "only the finished run has tables");
 
     let o = trellis().arg("report").arg(&killed).output().await.unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));

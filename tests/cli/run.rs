@@ -40,8 +40,9 @@ async fn the_example_suites_run_offline_and_write_every_table() {
     // multiagent: 7 per agent (complaint forks into 2 by the agent's branch action,
     // credit-limit into 2) × 4 agents (the same agent over http, process, tcp, unix); a2a:
     // book-a-flight 2 × 2 agents, streamed-answer 1; langserve: weather-tool-call 2 per agent
-    // × 2, streamed-answer 1. The draft scenarios do not run by default.
-    assert_eq!(t.height(), 19 + 28 + 5 + 5);
+    // × 2, streamed-answer 1; opentelemetry: weather-and-refund 1. The draft scenarios do
+    // not run by default.
+    assert_eq!(t.height(), 19 + 28 + 5 + 5 + 1);
     let failed: Vec<(String, String)> = strings(&t, "status")
         .into_iter()
         .zip(strings(&t, "trajectory"))
@@ -72,8 +73,8 @@ async fn the_example_suites_run_offline_and_write_every_table() {
     // credit-limit's pause once and one answer per branch, complaint's branch action once
     // and one continuation per option) × 4; a2a: book-a-flight 3 + 1 + 1 + 3 replayed per
     // agent × 2, streamed-answer 2; langserve: 4 per agent (the prefix once, forks copy the
-    // history) × 2, and 1.
-    assert_eq!(turns.height(), 45 + 48 + 18 + 9);
+    // history) × 2, and 1; opentelemetry: 2.
+    assert_eq!(turns.height(), 45 + 48 + 18 + 9 + 2);
 
     let calls = read_parquet(&out.path().join("tool_calls.parquet"));
     assert!(strings(&calls, "name").contains(&Some("create_booking".to_string())));

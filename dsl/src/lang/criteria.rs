@@ -8,7 +8,7 @@ const MAX_DURATION: &[PropSpec] =
     &[PropSpec::new("max", ValueType::Duration, "within this limit").required()];
 
 /// The criteria, in the order the unknown-criterion hint lists them in.
-pub static CRITERIA: [&NodeSpec; 13] = [
+pub static CRITERIA: [&NodeSpec; 17] = [
     &NodeSpec::node("reply", "checks on the reply's text or structured data")
         .props(&[
             PropSpec::new(
@@ -89,6 +89,36 @@ pub static CRITERIA: [&NodeSpec; 13] = [
         .repeatable(),
     &NodeSpec::node("violations", "at most N policy violations")
         .props(MAX_COUNT)
+        .repeatable(),
+    &NodeSpec::node(
+        "span",
+        "the agent reported a span of that name with those attributes",
+    )
+    .args(&[ArgSpec::new("NAME", ValueType::String, Repeat::One)])
+    .props(&[
+        PropSpec::new("count", ValueType::Count, "exactly N such spans"),
+        PropSpec::new(ANY_KEY, ValueType::Any, "an attribute the span has"),
+    ])
+    .repeatable(),
+    &NodeSpec::node(
+        "span-count",
+        "how many spans of that name the agent reported",
+    )
+    .args(&[ArgSpec::new("NAME", ValueType::String, Repeat::One)])
+    .props(&[
+        PropSpec::new("min", ValueType::Count, "at least this many"),
+        PropSpec::new("max", ValueType::Count, "at most this many"),
+    ])
+    .repeatable(),
+    &NodeSpec::node(
+        "spans-in-order",
+        "spans of those names, each after the one before ended",
+    )
+    .args(&[ArgSpec::new("NAME", ValueType::String, Repeat::Many)])
+    .repeatable(),
+    &NodeSpec::node("span-duration", "every span of that name within the limit")
+        .args(&[ArgSpec::new("NAME", ValueType::String, Repeat::One)])
+        .props(MAX_DURATION)
         .repeatable(),
 ];
 

@@ -34,7 +34,7 @@ pub static AGENT: NodeSpec = NodeSpec::node("agent", "an agent under test")
     .args(ID)
     .children(Children::Nodes(&AGENT_SETTINGS))
     .repeatable();
-pub static AGENT_SETTINGS: [&NodeSpec; 15] = [
+pub static AGENT_SETTINGS: [&NodeSpec; 16] = [
     &NodeSpec::setting(
         "protocol",
         STRING,
@@ -89,6 +89,11 @@ pub static AGENT_SETTINGS: [&NodeSpec; 15] = [
         "retry-after-send",
         &[ArgSpec::value(ValueType::Boolean)],
         "also retry timeouts and connections broken after the request was sent",
+    ),
+    &NodeSpec::setting(
+        "spans",
+        &[ArgSpec::value(ValueType::Boolean)],
+        "collect the agent's OpenTelemetry spans (OTLP) for its turns",
     ),
     &PER_SHARD,
 ];

@@ -104,6 +104,10 @@ impl Decoder<'_> {
             .value("retry-after-send")
             .and_then(|e| self.boolean(e))
             .unwrap_or(false);
+        let spans = s
+            .value("spans")
+            .and_then(|e| self.boolean(e))
+            .unwrap_or(false);
         let per_shard = s
             .value("per-shard")
             .and_then(|e| self.boolean(e))
@@ -219,6 +223,7 @@ impl Decoder<'_> {
             retry_after_send,
             concurrency,
             per_shard,
+            spans,
             max_response_size,
             model,
             provider,

@@ -89,6 +89,62 @@ impl<'f> Decoder<'f> {
                 CriterionKind::NoError
             }
             "state" => self.state_criterion(v, spec)?,
+            "span" => {
+                let usage = "span \"NAME\" KEY=VALUE… count=N";
+                self.check_args_of(v, spec, usage);
+                let name = self.id_arg(v, "a span name", usage)?;
+                let mut attributes = Map::new();
+                let mut count = None;
+                for p in v.props.clone() {
+                    let key = prop_name(p);
+                    if key == "count" {
+                        count = self.u32(p, 0);
+                    } else if let Some(val) = self.json(p) {
+                        attributes.insert(key.to_string(), val);
+                    }
+                }
+                CriterionKind::Span {
+                    name: name.value,
+                    attributes,
+                    count,
+                }
+            }
+            "span-count" => {
+                let usage = "span-count \"NAME\" min=1 max=3";
+                self.check_entries(v, spec, usage);
+                let name = self.id_arg(v, "a span name", usage)?;
+                let min = v.prop("min").and_then(|e| self.u32(e, 0));
+                let max = v.prop("max").and_then(|e| self.u32(e, 0));
+                if min.is_none() && max.is_none() {
+                    self.missing(v, "`min=…` or `max=…`", usage);
+                    return None;
+                }
+                CriterionKind::SpanCount {
+                    name: name.value,
+                    min,
+                    max,
+                }
+            }
+            "spans-in-order" => {
+                let names = self.strings(v, spec, "spans-in-order \"A\" \"B\"");
+                if names.is_empty() {
+                    return None;
+                }
+                CriterionKind::SpansInOrder(names)
+            }
+            "span-duration" => {
+                let usage = "span-duration \"NAME\" max=\"2s\"";
+                self.check_entries(v, spec, usage);
+                let name = self.id_arg(v, "a span name", usage)?;
+                let Some(e) = v.prop("max") else {
+                    self.missing(v, "`max=…`", usage);
+                    return None;
+                };
+                CriterionKind::SpanDuration {
+                    name: name.value,
+                    max: self.duration(e)?,
+                }
+            }
             "violations" => {
                 let usage = "violations max=0";
                 self.check_entries(v, spec, usage);

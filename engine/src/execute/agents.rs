@@ -48,6 +48,8 @@ pub(super) struct Agents {
     llm: Arc<crate::llm::LlmRuntime>,
     /// What an agent's handshake may echo of its headers.
     secrets: crate::secrets::Secrets,
+    /// The run's OTLP receiver, handed to builtin agents so they can send their spans.
+    otlp_endpoint: Option<String>,
 }
 
 impl Agents {
@@ -56,6 +58,7 @@ impl Agents {
         transport: HttpTransport,
         llm: Arc<crate::llm::LlmRuntime>,
         launcher: Option<Arc<dyn Launcher>>,
+        otlp_endpoint: Option<String>,
     ) -> Self {
         Agents {
             slots: plan.agents.iter().map(|_| OnceCell::new()).collect(),
@@ -64,6 +67,7 @@ impl Agents {
             servers: Mutex::new(Vec::new()),
             llm,
             secrets: crate::secrets::Secrets::of_plan(plan),
+            otlp_endpoint,
         }
     }
 
@@ -120,6 +124,7 @@ impl Agents {
             agent,
             &self.transport,
             self.launcher.as_deref(),
+            self.otlp_endpoint.as_deref(),
             &self.servers,
             &self.llm,
         )
@@ -164,6 +169,7 @@ async fn start_one(
     agent: &PlannedAgent,
     transport: &HttpTransport,
     launcher: Option<&dyn Launcher>,
+    otlp_endpoint: Option<&str>,
     servers: &Mutex<Vec<Box<dyn std::any::Any + Send + Sync>>>,
     llm: &crate::llm::LlmRuntime,
 ) -> Result<Arc<dyn AgentProtocol>, Setup> {
@@ -182,6 +188,7 @@ async fn start_one(
                 name: &name.value,
                 transport,
                 process,
+                otlp_endpoint: otlp_endpoint.filter(|_| agent.spans),
             };
             let launched = match launcher {
                 Some(launcher) => launcher.launch(request).await,

@@ -35,6 +35,9 @@ pub struct LaunchRequest<'a> {
     pub transport: BuiltinTransport,
     /// For a process: one per call or one per trajectory (`process=`).
     pub process: ProcessMode,
+    /// The run's OTLP/HTTP receiver (`http://127.0.0.1:PORT`) for an agent with
+    /// `spans #true`: where a builtin that emits spans sends them.
+    pub otlp_endpoint: Option<&'a str>,
 }
 
 /// Where a started builtin is, in the form its agent's client takes.

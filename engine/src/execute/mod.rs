@@ -88,6 +88,8 @@ pub struct RunOptions {
     /// `--max-llm-calls` / `--max-llm-cost`: reaching either stops the run as `stop` does
     /// ([`crate::llm::meter`]); the summary says why (`stopped_by`).
     pub llm_budget: crate::llm::meter::Budget,
+    /// OpenTelemetry: the receiver of the agents' spans and how long to wait for them.
+    pub telemetry: crate::otel::Telemetry,
 }
 
 /// The `run_started` entry a run of `plan` begins with, started now (a resumed run's
@@ -141,7 +143,25 @@ pub async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSum
         options.llm_cache.clone(),
     );
     llm.meter().arm(options.llm_budget, options.stop.clone());
-    let agents = Agents::new(&plan, transport, llm.clone(), options.launcher.clone());
+    // Every turn's requests carry a `traceparent` of this trace (continuing the caller's
+    // `TRACEPARENT`, if any); the receiver takes only spans of it.
+    let trace = options
+        .telemetry
+        .trace
+        .clone()
+        .unwrap_or_else(crate::transport::trace::RunTrace::from_env);
+    let trace_hex: Arc<str> = Arc::from(trace.trace_id.hex());
+    let receiver = options.telemetry.receiver.clone();
+    if let Some(receiver) = &receiver {
+        receiver.store().begin(trace_hex.to_string());
+    }
+    let agents = Agents::new(
+        &plan,
+        transport,
+        llm.clone(),
+        options.launcher.clone(),
+        receiver.as_ref().map(|r| r.endpoint()),
+    );
     let jobs = options.jobs.clamp(1, MAX_JOBS);
     let shared = Arc::new(Shared {
         plan: plan.clone(),
@@ -162,6 +182,10 @@ pub async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSum
         reuse: options.reuse.clone(),
         secrets: crate::secrets::Secrets::of_plan(&plan),
         resume: options.resume.clone(),
+        trace,
+        trace_hex,
+        spans: receiver.as_ref().map(|r| r.store().clone()),
+        spans_wait: options.telemetry.spans_wait,
     });
 
     let (senders, receivers): (Vec<_>, Vec<_>) = plan
@@ -185,6 +209,15 @@ pub async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSum
     while scenario_tasks.join_next().await.is_some() {}
     // Long-lived agent processes (and their process trees) end with the run, waited for.
     shared.agents.close().await;
+    // Spans that came after their turn was recorded (batch exporters), or of agents whose
+    // turns do not wait for them, after a bounded grace period for the missing ones.
+    if let Some(store) = &shared.spans {
+        let (batches, _) = store.finish(options.telemetry.spans_grace).await;
+        for batch in batches {
+            let event = shared.secrets.redact_event(Event::Spans(Box::new(batch)));
+            let _ = events.send(event).await;
+        }
+    }
 
     let t = &shared.totals;
     let summary = RunSummary {
@@ -237,6 +270,14 @@ struct Shared {
     secrets: crate::secrets::Secrets,
     /// What an earlier attempt of this run finished (`--resume`).
     resume: Option<Arc<Finished>>,
+    /// The run's trace: every turn's requests carry a span of it in `traceparent`.
+    trace: crate::transport::trace::RunTrace,
+    /// Its id as hex, as each turn records it.
+    trace_hex: Arc<str>,
+    /// The agents' spans, when the run has a receiver.
+    spans: Option<Arc<crate::otel::SpanStore>>,
+    /// How long a `spans #true` agent's turn waits for its spans.
+    spans_wait: Duration,
 }
 
 impl Shared {

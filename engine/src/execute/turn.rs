@@ -6,7 +6,8 @@ use std::time::{Duration, Instant};
 use super::ms;
 use super::walk::{PathState, Unit};
 use crate::protocol::{BranchRequest, CallContext, Session, Turn, TurnInput};
-use crate::record::{AttemptRecord, ExchangeRecord, TurnRecord};
+use crate::record::{AttemptRecord, ExchangeRecord, FaultCategory, TurnRecord};
+use crate::transport::trace::{self, SpanId, TraceContext};
 
 impl Unit<'_> {
     /// Takes one turn on `session`, with the fork the agent asked for in it, if any; `None`
@@ -58,11 +59,55 @@ impl Unit<'_> {
         };
         let vars = &state.vars;
         session.set_template_scope(&|| self.scenario.scope.with_vars(vars));
-        let mut turn = session.turn(input, &ctx).await;
+        // The turn's own span: every request of it carries it in `traceparent`.
+        let shared = &self.shared;
+        let span_id = SpanId::random();
+        let trace = TraceContext {
+            trace_id: shared.trace.trace_id,
+            span_id,
+            tracestate: shared.trace.tracestate.clone(),
+        };
+        let span_hex = span_id.hex();
+        if let Some(store) = &shared.spans {
+            store.expect_turn(&span_hex);
+        }
+        let mut turn = trace::scope(&trace, session.turn(input, &ctx)).await;
         state.active += started.elapsed().saturating_sub(turn.queued());
-        let started_ms = ms(started.duration_since(self.shared.run_start));
+        let started_ms = ms(started.duration_since(shared.run_start));
         let branch = turn.branch.take();
-        Some((record(turn, input, turn_index, started_ms, replay), branch))
+        let mut record = record(turn, input, turn_index, started_ms, replay);
+        record.trace_id = Some(shared.trace_hex.clone());
+        // The agent's spans, for checks on them: waited for with the call slots given
+        // back, so a slow exporter delays only this conversation, never other calls.
+        let unreached = record
+            .fault
+            .as_ref()
+            .is_some_and(|f| f.category == FaultCategory::Connect);
+        if let Some(store) = shared.spans.as_ref().filter(|_| unreached) {
+            store.forget_turn(&span_hex);
+        } else if let Some(store) = shared.spans.as_ref().filter(|_| self.agent_spans()) {
+            drop((_agent_permit, _call_permit, _model_slot));
+            // Boxed: the wait's state is then no part of every turn's future, only of
+            // the turns that wait.
+            record.spans =
+                Box::pin(wait_for_spans(store, &span_hex, shared.spans_wait, stop)).await;
+        }
+        record.span_id = Some(span_hex);
+        Some((record, branch))
+    }
+}
+
+/// The agent's spans of the turn `span_hex`, waited for up to `wait`; what arrived when the
+/// run stops.
+async fn wait_for_spans(
+    store: &crate::otel::SpanStore,
+    span_hex: &str,
+    wait: std::time::Duration,
+    stop: &tokio_util::sync::CancellationToken,
+) -> Vec<crate::record::SpanRecord> {
+    tokio::select! {
+        (spans, _) = store.take_turn(span_hex, wait) => spans,
+        () = stop.cancelled() => Vec::new(),
     }
 }
 
@@ -134,5 +179,8 @@ fn record(
         exchanges,
         simulator: Vec::new(),
         llm: turn.llm,
+        trace_id: None,
+        span_id: None,
+        spans: Vec::new(),
     }
 }

@@ -299,6 +299,11 @@ impl<'a> Unit<'a> {
         &self.shared.plan.agents[self.agent].id
     }
 
+    /// Whether the agent's spans are collected for its turns (`spans #true`).
+    pub(super) fn agent_spans(&self) -> bool {
+        self.shared.plan.agents[self.agent].spans
+    }
+
     /// Walks the tree from its root; returns whether every trajectory passed.
     pub(super) async fn run_root(&'a self) -> bool {
         let root = ForkPoint::new(None, 1);
@@ -462,6 +467,24 @@ impl<'a> Unit<'a> {
         };
         drop(slot);
 
+        if let Some(store) = &self.shared.spans {
+            // Spans of these turns that arrive later are recorded under their node.
+            for turn in &recorded {
+                if let Some(span) = &turn.span_id {
+                    store.name_turn(
+                        span,
+                        crate::otel::TurnKey {
+                            suite: self.scenario.suite.to_string(),
+                            scenario: self.scenario.scenario.id.value.clone(),
+                            agent: self.agent_id().to_string(),
+                            repetition: self.repetition,
+                            node: name.to_string(),
+                            turn_index: turn.turn_index,
+                        },
+                    );
+                }
+            }
+        }
         if !recorded.is_empty() || !matches!(stop, Some(Stop::Interrupted)) {
             let event = self.shared.secrets.redact_event(Event::Node(NodeRecord {
                 suite: self.scenario.suite.to_string(),

@@ -60,6 +60,8 @@ pub async fn rejudge(
         match entry {
             JournalEntry::RunStarted(i) => info = Some(i),
             JournalEntry::Agent(a) => out.push(JournalEntry::Agent(a)),
+            // Late spans change no verdict: carried into the re-scored run as they were.
+            JournalEntry::Spans(s) => out.push(JournalEntry::Spans(s)),
             JournalEntry::Node(n) => {
                 let key = (
                     n.suite.clone(),

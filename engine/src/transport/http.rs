@@ -268,6 +268,8 @@ impl HttpTransport {
         url: &Url,
         build: impl Fn(&reqwest::Client) -> reqwest::RequestBuilder,
     ) -> Result<Result<reqwest::Response, reqwest::Error>, Fault> {
+        // The turn's trace context, when one is in scope (a resend carries it too).
+        let build = |client: &reqwest::Client| super::trace::add_headers(build(client));
         let request = build(self.client_for(url)?).send();
         let (sent, connected) = CONNECTED_FOR_REQUEST
             .scope(Cell::new(false), async {

@@ -5,7 +5,8 @@
 //! fault category, and the retry rule; [`sse`] reads server-sent events over that pool (time
 //! to first event, idle timeout, size bounds, a stream that ends early); [`line`] speaks
 //! newline-delimited JSON with a process or a socket; [`quote`] puts what a peer sent into a
-//! fault message, bounded and readable.
+//! fault message, bounded and readable; [`trace`] puts the turn's W3C trace context on every
+//! HTTP request sent for it.
 //!
 //! This layer sits just above the records (`docs/architecture.md`, "Layers"): it knows
 //! faults and attempts, never a protocol, a plan or an LLM, so both `protocol` and `llm`
@@ -23,6 +24,7 @@ pub mod line;
 pub mod quote;
 pub mod sse;
 pub mod tls;
+pub mod trace;
 
 /// One attempt of an exchange.
 #[derive(Clone, Debug)]

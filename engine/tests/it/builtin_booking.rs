@@ -267,6 +267,7 @@ async fn unknown_builtin_is_an_error() {
             "booking",
             "clerk",
             "concierge",
+            "forecast",
             "langserve",
             "numbers",
             "support",
@@ -322,6 +323,7 @@ async fn run_with(
         launcher,
         resume: None,
         llm_budget: Default::default(),
+        telemetry: Default::default(),
     };
     let (tx, mut rx) = event::channel();
     let engine = tokio::spawn(trellis_engine::execute::run(plan, options, tx));

@@ -113,7 +113,7 @@ async fn support(
     options: MultiAgentOptions,
 ) -> (ServedBuiltin, MultiAgentClient) {
     let served = builtin::BuiltinLauncher::new()
-        .endpoint_for("support", transport, builtin::ProcessMode::LongLived)
+        .endpoint_for("support", transport, builtin::ProcessMode::LongLived, None)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let client = match &served.endpoint {
@@ -407,7 +407,8 @@ async fn unix_sockets_are_removed_and_http_only_builtins_are_refused() {
             .endpoint_for(
                 "support",
                 BuiltinTransport::Process,
-                builtin::ProcessMode::PerCall
+                builtin::ProcessMode::PerCall,
+                None
             )
             .await,
         Err(BuiltinError::NoExecutable { .. })

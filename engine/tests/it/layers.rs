@@ -20,8 +20,9 @@ const LAYERS: &[&[&str]] = &[
     &["event", "journal", "render"],
     // HTTP, SSE, JSON lines and quoting peers' text: shared by protocols and the LLM client.
     &["transport"],
-    // The tool sandbox: state, mocks and policies, for protocols, the planner and criteria.
-    &["sandbox"],
+    // The sandbox (tool state, mocks, policies) and the OTLP span receiver: both on
+    // records and transports, for protocols, the planner, criteria and the executor.
+    &["sandbox", "otel"],
     // The engine's LLM client: providers, cache, judges, the simulated user.
     &["llm"],
     // Agent protocols, on transports, the LLM client (Fixie's model) and the sandbox.

@@ -49,6 +49,7 @@ pub(crate) async fn run(
         launcher: Some(Arc::new(trellis_agents::BuiltinLauncher::new())),
         resume: None,
         llm_budget: Default::default(),
+        telemetry: Default::default(),
     };
     let (tx, mut rx) = event::channel();
     let engine = tokio::spawn(execute::run(plan, options, tx));

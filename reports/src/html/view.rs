@@ -367,6 +367,71 @@ pub(crate) struct TurnView {
     reply: Option<Text>,
     fault: Option<FaultView>,
     checks: Vec<CheckView>,
+    /// The agent's OpenTelemetry spans of the turn, as a small waterfall.
+    spans: Vec<SpanBar>,
+    /// Spans of the turn not drawn ([`MAX_SPAN_BARS`]).
+    spans_hidden: usize,
+}
+
+/// Spans drawn under a turn at most.
+const MAX_SPAN_BARS: usize = 40;
+
+/// One span of a turn's waterfall: where its bar sits on the turn's time axis (0–100).
+#[derive(Serialize)]
+pub(crate) struct SpanBar {
+    name: String,
+    /// Nesting under the turn's spans (0: the agent's root), capped for layout.
+    depth: usize,
+    x: f64,
+    width: f64,
+    duration: String,
+    /// `ok`, `error` or `unset`.
+    status: String,
+    title: String,
+}
+
+/// The waterfall of a turn's spans: bars on one axis from the first start to the last end,
+/// indented by nesting.
+fn span_bars(spans: &[trellis_records::SpanRecord]) -> (Vec<SpanBar>, usize) {
+    let Some(start) = spans.iter().map(|s| s.start_unix_nano).min() else {
+        return (Vec::new(), 0);
+    };
+    let end = spans.iter().map(|s| s.end_unix_nano).max().unwrap_or(start);
+    let axis = end.saturating_sub(start).max(1) as f64;
+    let depth = |span: &trellis_records::SpanRecord| {
+        let mut depth = 0;
+        let mut parent = span.parent_span_id.as_deref();
+        while let Some(p) = parent {
+            match spans.iter().find(|s| s.span_id == p) {
+                Some(up) if depth < 6 => {
+                    depth += 1;
+                    parent = up.parent_span_id.as_deref();
+                }
+                _ => break,
+            }
+        }
+        depth
+    };
+    let round = |v: f64| (v * 10.0).round() / 10.0;
+    let bars = spans
+        .iter()
+        .take(MAX_SPAN_BARS)
+        .map(|s| {
+            let x = s.start_unix_nano.saturating_sub(start) as f64 / axis * 100.0;
+            let width = (s.duration_ms() * 1e6 / axis * 100.0).max(0.5);
+            let duration = ms(s.duration_ms());
+            SpanBar {
+                name: s.name.clone(),
+                depth: depth(s),
+                x: round(x),
+                width: round(width.min(100.0 - x).max(0.5)),
+                title: format!("{} · {duration} · {}", s.name, s.status),
+                duration,
+                status: s.status.clone(),
+            }
+        })
+        .collect();
+    (bars, spans.len().saturating_sub(MAX_SPAN_BARS))
 }
 
 #[derive(Serialize)]
@@ -1724,7 +1789,10 @@ fn turn_view(turn: &TurnRecord, criteria: &[CriterionRecord], place: Option<Stri
             });
         }
     }
+    let (spans, spans_hidden) = span_bars(&turn.spans);
     TurnView {
+        spans,
+        spans_hidden,
         label: format!("turn {}", turn.turn_index),
         place,
         meta,

@@ -134,7 +134,7 @@ fn a_file_that_cannot_be_written_does_not_stop_the_others() {
         files.not_written.iter().map(|(p, _)| p.as_path()).collect();
     assert_eq!(missing, [files.html.as_path()]);
     assert!(files.is_missing(&files.html));
-    assert_eq!(files.written().count(), 8);
+    assert_eq!(files.written().count(), 9);
     let junit = std::fs::read_to_string(&files.junit).unwrap();
     assert!(junit.trim_end().ends_with("</testsuites>"));
     assert!(std::fs::metadata(&files.trajectories).unwrap().len() > 0);

@@ -131,7 +131,7 @@ pub const SPEC: ProtocolSpec = ProtocolSpec {
         speaks_first: true,
         ..super::connexity::NO_CAPABILITIES
     },
-    builtins: &["langserve"],
+    builtins: &["langserve", "forecast"],
 
     check: Some(settings::check),
 };

@@ -1,0 +1,743 @@
+//! OpenTelemetry out: Trellis's own spans, built from the event stream and sent to a
+//! collector over OTLP/HTTP protobuf (`--otlp-endpoint`, `OTEL_EXPORTER_OTLP_*`).
+//!
+//! The spans are made from the records, not from live instrumentation: a turn's span has the
+//! very id its requests carried in `traceparent` (an SDK tracer cannot be told which ids to
+//! use), so the agent's spans join it in the backend. The tree is run → node (an execution
+//! node of a scenario × agent × repetition; nested as the nodes are) → turn → exchange, with
+//! trajectory spans under the run, and the simulator's and judges' model calls as GenAI
+//! `chat` spans (model, tokens, cost) under their turn or trajectory. Node and trajectory
+//! span ids are derived from the run's trace and their keys (BLAKE3), so a node's children
+//! can name it without any state kept between events. Faults are an `error` status and an
+//! `exception` event.
+//!
+//! Sending never slows or breaks a run: spans are batched ([`BATCH_SPANS`]) and handed to a
+//! sender thread through a queue of [`QUEUE_BATCHES`]; when it is full, batches are dropped
+//! and counted. A collector that is down costs each batch one bounded request, is reported
+//! once as a warning, and the end of the run waits at most [`FLUSH_TIMEOUT`] for what is
+//! queued.
+
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::{AnyValue, InstrumentationScope, KeyValue, any_value};
+use opentelemetry_proto::tonic::resource::v1::Resource;
+use opentelemetry_proto::tonic::trace::v1::span::{Event as SpanEvent, SpanKind};
+use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
+use opentelemetry_proto::tonic::trace::v1::{ResourceSpans, ScopeSpans, Span, Status};
+use prost::Message as _;
+
+use crate::event::Event;
+use crate::record::{Fault, LlmCall, NodeRecord, TrajectoryRecord, TurnRecord};
+use crate::transport::trace::RunTrace;
+
+/// Spans per export request (the SDKs' default `OTEL_BSP_MAX_EXPORT_BATCH_SIZE`).
+pub const BATCH_SPANS: usize = 512;
+/// Batches waiting to be sent at most: beyond, new batches are dropped (and counted).
+pub const QUEUE_BATCHES: usize = 16;
+/// How long the end of the run waits for queued batches.
+pub const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
+/// One export request's limit when `OTEL_EXPORTER_OTLP_TIMEOUT` does not say.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where and how to export.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExportConfig {
+    /// The full traces URL (`…/v1/traces`).
+    pub url: String,
+    /// Extra request headers (`OTEL_EXPORTER_OTLP_HEADERS`: `key=value,…`).
+    pub headers: Vec<(String, String)>,
+    pub timeout: Duration,
+    /// `service.name` (`OTEL_SERVICE_NAME`, default `trellis`).
+    pub service: String,
+}
+
+/// Why the export settings cannot be used.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ExportConfigError {
+    #[error("OTLP endpoint `{0}` is not an http:// or https:// URL")]
+    BadEndpoint(String),
+    #[error(
+        "OTEL_EXPORTER_OTLP_PROTOCOL={0} is not offered: Trellis exports OTLP over HTTP with protobuf (`http/protobuf`)"
+    )]
+    Protocol(String),
+}
+
+impl ExportConfig {
+    /// The export settings from `--otlp-endpoint` (a base URL, as
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT`), else the standard environment variables; `None`
+    /// when neither names an endpoint or `OTEL_SDK_DISABLED=true`.
+    pub fn resolve(
+        flag: Option<&str>,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Option<Self>, ExportConfigError> {
+        let env = |name: &str| {
+            env(name)
+                .map(|v| v.trim().to_owned())
+                .filter(|v| !v.is_empty())
+        };
+        if flag.is_none()
+            && env("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true"))
+        {
+            return Ok(None);
+        }
+        let url = match (flag, env("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")) {
+            (Some(base), _) => traces_url(base),
+            (None, Some(full)) => full,
+            (None, None) => match env("OTEL_EXPORTER_OTLP_ENDPOINT") {
+                Some(base) => traces_url(&base),
+                None => return Ok(None),
+            },
+        };
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            return Err(ExportConfigError::BadEndpoint(url));
+        }
+        let protocol = env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+            .or_else(|| env("OTEL_EXPORTER_OTLP_PROTOCOL"));
+        if let Some(p) = protocol.filter(|p| p != "http/protobuf") {
+            return Err(ExportConfigError::Protocol(p));
+        }
+        let headers = env("OTEL_EXPORTER_OTLP_TRACES_HEADERS")
+            .or_else(|| env("OTEL_EXPORTER_OTLP_HEADERS"))
+            .map(|h| {
+                h.split(',')
+                    .filter_map(|pair| pair.split_once('='))
+                    .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+                    .filter(|(k, _)| !k.is_empty())
+                    .collect()
+            })
+            .unwrap_or_default();
+        let timeout = env("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT")
+            .or_else(|| env("OTEL_EXPORTER_OTLP_TIMEOUT"))
+            .and_then(|ms| ms.parse::<u64>().ok())
+            .map_or(DEFAULT_TIMEOUT, Duration::from_millis);
+        Ok(Some(ExportConfig {
+            url,
+            headers,
+            timeout,
+            service: env("OTEL_SERVICE_NAME").unwrap_or_else(|| "trellis".to_owned()),
+        }))
+    }
+}
+
+fn traces_url(base: &str) -> String {
+    format!("{}/v1/traces", base.trim_end_matches('/'))
+}
+
+/// What the export did, for the console.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ExportSummary {
+    pub sent: u64,
+    /// Spans dropped: the queue was full, or their request failed.
+    pub dropped: u64,
+    /// The first failure, as the warning says it.
+    pub failure: Option<String>,
+}
+
+/// Builds spans from the run's events and hands them to the sender thread.
+pub struct SpanExporter {
+    trace: RunTrace,
+    trace_id: Vec<u8>,
+    /// Unix nanoseconds of the run's start (`run_started`), the origin of `started_ms`.
+    origin: u64,
+    batch: Vec<Span>,
+    queue: Option<SyncSender<Vec<Span>>>,
+    sender: Option<std::thread::JoinHandle<ExportSummary>>,
+    dropped: u64,
+    /// Warns once, as soon as the first request fails (a callback: the console is the
+    /// CLI's).
+    warn: Arc<dyn Fn(&str) + Send + Sync>,
+}
+
+impl SpanExporter {
+    /// Starts the sender thread. `warn` is called once, from that thread, on the first
+    /// failed request.
+    pub fn start(
+        config: ExportConfig,
+        trace: RunTrace,
+        warn: Arc<dyn Fn(&str) + Send + Sync>,
+    ) -> Self {
+        let (queue, batches) = sync_channel::<Vec<Span>>(QUEUE_BATCHES);
+        let resource = Resource {
+            attributes: vec![
+                text("service.name", &config.service),
+                text("service.version", env!("CARGO_PKG_VERSION")),
+            ],
+            ..Resource::default()
+        };
+        let sending = SendLoop {
+            config,
+            resource,
+            warn: warn.clone(),
+        };
+        let sender = std::thread::Builder::new()
+            .name("trellis-otlp-export".into())
+            .spawn(move || sending.run(batches))
+            .ok();
+        SpanExporter {
+            trace_id: trace.trace_id.0.to_vec(),
+            trace,
+            origin: now_nanos(),
+            batch: Vec::with_capacity(BATCH_SPANS),
+            queue: sender.as_ref().map(|_| queue),
+            sender,
+            dropped: 0,
+            warn,
+        }
+    }
+
+    /// Takes one event of the run.
+    pub fn push(&mut self, event: &Event) {
+        match event {
+            Event::RunStarted(info) => {
+                self.origin = humantime::parse_rfc3339(&info.started_at)
+                    .ok()
+                    .map_or(self.origin, system_nanos);
+            }
+            Event::Node(node) => self.node(node),
+            Event::Trajectory(t) => self.trajectory(t),
+            Event::RunFinished(summary) => {
+                let end = self.origin + ms_nanos(summary.duration_ms);
+                let mut span = self.span(
+                    self.trace.run_span.0.to_vec(),
+                    self.trace.parent.map(|p| p.0.to_vec()).unwrap_or_default(),
+                    format!("trellis run {}", summary.run_id),
+                    (self.origin, end),
+                );
+                span.kind = SpanKind::Internal as i32;
+                span.attributes = vec![
+                    text("trellis.run.id", &summary.run_id),
+                    int("trellis.run.trajectories", summary.trajectories),
+                    int("trellis.run.passed", summary.passed),
+                    int("trellis.run.failed", summary.failed),
+                    int("trellis.run.errors", summary.errors),
+                    int("trellis.run.turns", summary.turns),
+                ];
+                self.add(span);
+            }
+            Event::Agent(_) | Event::Spans(_) => {}
+        }
+    }
+
+    /// Sends what is left and waits up to [`FLUSH_TIMEOUT`] for the sender.
+    pub fn finish(mut self) -> ExportSummary {
+        self.flush();
+        drop(self.queue.take());
+        let Some(sender) = self.sender.take() else {
+            return ExportSummary {
+                dropped: self.dropped,
+                failure: Some("the export thread did not start".to_owned()),
+                ..ExportSummary::default()
+            };
+        };
+        let deadline = std::time::Instant::now() + FLUSH_TIMEOUT;
+        while !sender.is_finished() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        if !sender.is_finished() {
+            // The thread ends on its own when its request times out; nothing waits for it.
+            (self.warn)("OTLP export: queued spans not sent within 5s; the rest are dropped");
+            return ExportSummary {
+                dropped: self.dropped,
+                failure: Some("not sent in time".to_owned()),
+                ..ExportSummary::default()
+            };
+        }
+        let mut summary = sender.join().unwrap_or_else(|_| ExportSummary {
+            failure: Some("the export thread failed".to_owned()),
+            ..ExportSummary::default()
+        });
+        summary.dropped += self.dropped;
+        summary
+    }
+
+    fn node(&mut self, node: &NodeRecord) {
+        let node_id = derived_id(
+            &self.trace_id,
+            &[
+                &node.suite,
+                &node.scenario,
+                &node.agent,
+                &node.repetition.to_string(),
+                &node.node,
+            ],
+        );
+        let parent = match &node.parent {
+            Some(parent) => derived_id(
+                &self.trace_id,
+                &[
+                    &node.suite,
+                    &node.scenario,
+                    &node.agent,
+                    &node.repetition.to_string(),
+                    parent,
+                ],
+            ),
+            None => self.trace.run_span.0.to_vec(),
+        };
+        let times: Vec<(u64, u64)> = node.turns.iter().map(|t| self.turn_times(t)).collect();
+        let start = times.iter().map(|t| t.0).min().unwrap_or(self.origin);
+        let end = times.iter().map(|t| t.1).max().unwrap_or(start);
+        let name = format!(
+            "node {}/{} {} [{} #{}]",
+            node.suite, node.scenario, node.node, node.agent, node.repetition
+        );
+        let mut span = self.span(node_id.clone(), parent, name, (start, end));
+        span.attributes = vec![
+            text("trellis.suite", &node.suite),
+            text("trellis.scenario", &node.scenario),
+            text("trellis.agent", &node.agent),
+            int("trellis.repetition", u64::from(node.repetition)),
+            text("trellis.node", &node.node),
+        ];
+        self.add(span);
+        for (turn, times) in node.turns.iter().zip(times) {
+            self.turn(turn, &node_id, times, &node.agent);
+        }
+    }
+
+    fn turn_times(&self, turn: &TurnRecord) -> (u64, u64) {
+        let start = self.origin + ms_nanos(turn.started_ms);
+        (start, start + ms_nanos(turn.latency_ms))
+    }
+
+    fn turn(&mut self, turn: &TurnRecord, node_id: &[u8], times: (u64, u64), agent: &str) {
+        let Some(span_id) = turn.span_id.as_deref().and_then(|h| hex::decode(h).ok()) else {
+            return;
+        };
+        let mut span = self.span(
+            span_id.clone(),
+            node_id.to_vec(),
+            format!("turn {}", turn.turn_index),
+            times,
+        );
+        span.kind = SpanKind::Client as i32;
+        span.attributes = vec![
+            text("gen_ai.operation.name", "invoke_agent"),
+            text("gen_ai.agent.name", agent),
+            int("trellis.turn.index", u64::from(turn.turn_index)),
+            text("trellis.turn.kind", &turn.kind),
+            int("trellis.turn.attempts", u64::from(turn.attempts)),
+            int("trellis.turn.tool_calls", turn.tool_calls.len() as u64),
+            // OpenInference: what Phoenix and Langfuse show as the span's input and output.
+            text("openinference.span.kind", "AGENT"),
+            text("input.value", &turn.user_message),
+        ];
+        if let Some(reply) = &turn.reply {
+            span.attributes.push(text("output.value", reply));
+        }
+        if let Some(model) = &turn.model {
+            span.attributes.push(text("gen_ai.response.model", model));
+        }
+        if let Some(n) = turn.prompt_tokens {
+            span.attributes.push(int("gen_ai.usage.input_tokens", n));
+        }
+        if let Some(n) = turn.completion_tokens {
+            span.attributes.push(int("gen_ai.usage.output_tokens", n));
+        }
+        if let Some(ttft) = turn.ttft_ms {
+            span.attributes.push(double("trellis.turn.ttft_ms", ttft));
+        }
+        fault_status(&mut span, turn.fault.as_ref());
+        self.add(span);
+        // Exchanges are listed only when they say more than the turn; laid end to end.
+        let mut at = times.0;
+        for (i, exchange) in turn.exchanges.iter().enumerate() {
+            let end = at + ms_nanos(exchange.latency_ms);
+            let id = derived_id(&span_id, &["exchange", &i.to_string()]);
+            let mut span = self.span(id, span_id.clone(), exchange.label.clone(), (at, end));
+            span.kind = SpanKind::Client as i32;
+            span.attributes = vec![int(
+                "trellis.exchange.attempts",
+                exchange.attempts.len() as u64,
+            )];
+            fault_status(
+                &mut span,
+                exchange.attempts.last().and_then(|a| a.fault.as_ref()),
+            );
+            self.add(span);
+            at = end;
+        }
+        for (i, call) in turn.simulator.iter().chain(&turn.llm).enumerate() {
+            let id = derived_id(&span_id, &["llm", &i.to_string()]);
+            let end = times.0;
+            let span = self.chat(
+                id,
+                span_id.clone(),
+                call,
+                (end.saturating_sub(ms_nanos(call.latency_ms)), end),
+            );
+            self.add(span);
+        }
+    }
+
+    fn trajectory(&mut self, t: &TrajectoryRecord) {
+        let id = derived_id(
+            &self.trace_id,
+            &[
+                &t.suite,
+                &t.scenario,
+                &t.agent,
+                &t.repetition.to_string(),
+                "trajectory",
+                &t.trajectory,
+            ],
+        );
+        // Records carry a duration, not a start: the record is sent as the trajectory ends.
+        let end = now_nanos();
+        let start = end.saturating_sub(ms_nanos(t.duration_ms));
+        let mut span = self.span(
+            id.clone(),
+            self.trace.run_span.0.to_vec(),
+            format!("trajectory {}/{} {}", t.suite, t.scenario, t.trajectory),
+            (start, end),
+        );
+        span.attributes = vec![
+            text("trellis.suite", &t.suite),
+            text("trellis.scenario", &t.scenario),
+            text("trellis.trajectory", &t.trajectory),
+            text("trellis.agent", &t.agent),
+            text("trellis.protocol", &t.protocol),
+            int("trellis.repetition", u64::from(t.repetition)),
+            text("trellis.status", t.status.as_str()),
+            int("trellis.turns", u64::from(t.turns)),
+        ];
+        fault_status(&mut span, t.fault.as_ref());
+        if t.fault.is_none() && t.status.as_str() == "failed" {
+            span.status = Some(Status {
+                code: StatusCode::Error as i32,
+                message: "checks failed".to_owned(),
+            });
+        }
+        self.add(span);
+        for (i, c) in t.criteria.iter().enumerate() {
+            if let Some(judge) = &c.judge {
+                let cid = derived_id(&id, &["judge", &i.to_string()]);
+                let mut span = self.chat(
+                    cid,
+                    id.clone(),
+                    &judge.call,
+                    (end.saturating_sub(ms_nanos(judge.call.latency_ms)), end),
+                );
+                span.attributes
+                    .push(text("trellis.criterion", &c.criterion));
+                if let Some(score) = judge.score {
+                    span.attributes.push(double("trellis.judge.score", score));
+                }
+                self.add(span);
+            }
+        }
+    }
+
+    /// A GenAI `chat` span for one of the engine's model calls.
+    fn chat(&self, id: Vec<u8>, parent: Vec<u8>, call: &LlmCall, times: (u64, u64)) -> Span {
+        let mut span = self.span(id, parent, format!("chat {}", call.model), times);
+        span.kind = SpanKind::Client as i32;
+        span.attributes = vec![
+            text("gen_ai.operation.name", "chat"),
+            text("gen_ai.request.model", &call.model),
+            text("gen_ai.provider.name", &call.provider),
+            text("openinference.span.kind", "LLM"),
+        ];
+        if let Some(n) = call.input_tokens {
+            span.attributes.push(int("gen_ai.usage.input_tokens", n));
+        }
+        if let Some(n) = call.output_tokens {
+            span.attributes.push(int("gen_ai.usage.output_tokens", n));
+        }
+        if let Some(cost) = call.cost {
+            span.attributes.push(double("trellis.cost_usd", cost));
+        }
+        if let Some(error) = &call.error {
+            span.status = Some(Status {
+                code: StatusCode::Error as i32,
+                message: error.clone(),
+            });
+        }
+        span
+    }
+
+    fn span(&self, id: Vec<u8>, parent: Vec<u8>, name: String, (start, end): (u64, u64)) -> Span {
+        Span {
+            trace_id: self.trace_id.clone(),
+            span_id: id,
+            parent_span_id: parent,
+            trace_state: self
+                .trace
+                .tracestate
+                .as_deref()
+                .unwrap_or_default()
+                .to_owned(),
+            name,
+            kind: SpanKind::Internal as i32,
+            start_time_unix_nano: start,
+            end_time_unix_nano: end.max(start),
+            ..Span::default()
+        }
+    }
+
+    fn add(&mut self, span: Span) {
+        self.batch.push(span);
+        if self.batch.len() >= BATCH_SPANS {
+            self.flush();
+        }
+    }
+
+    fn flush(&mut self) {
+        if self.batch.is_empty() {
+            return;
+        }
+        let batch = std::mem::replace(&mut self.batch, Vec::with_capacity(BATCH_SPANS));
+        let n = batch.len() as u64;
+        match &self.queue {
+            Some(queue) => match queue.try_send(batch) {
+                Ok(()) => {}
+                Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => self.dropped += n,
+            },
+            None => self.dropped += n,
+        }
+    }
+}
+
+/// The sender thread: one request per batch, on a runtime of its own.
+struct SendLoop {
+    config: ExportConfig,
+    resource: Resource,
+    warn: Arc<dyn Fn(&str) + Send + Sync>,
+}
+
+impl SendLoop {
+    fn run(self, batches: Receiver<Vec<Span>>) -> ExportSummary {
+        let mut summary = ExportSummary::default();
+        let runtime = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(runtime) => runtime,
+            Err(e) => {
+                let why = format!("OTLP export disabled: cannot start its runtime: {e}");
+                (self.warn)(&why);
+                summary.failure = Some(why);
+                summary.dropped = batches.iter().map(|b| b.len() as u64).sum();
+                return summary;
+            }
+        };
+        let client = reqwest::Client::new();
+        for batch in batches {
+            let n = batch.len() as u64;
+            let request = ExportTraceServiceRequest {
+                resource_spans: vec![ResourceSpans {
+                    resource: Some(self.resource.clone()),
+                    scope_spans: vec![ScopeSpans {
+                        scope: Some(InstrumentationScope {
+                            name: "trellis".to_owned(),
+                            version: env!("CARGO_PKG_VERSION").to_owned(),
+                            ..InstrumentationScope::default()
+                        }),
+                        spans: batch,
+                        ..ScopeSpans::default()
+                    }],
+                    ..ResourceSpans::default()
+                }],
+            };
+            let outcome = runtime.block_on(async {
+                let mut post = client
+                    .post(&self.config.url)
+                    .header("content-type", "application/x-protobuf")
+                    .timeout(self.config.timeout)
+                    .body(request.encode_to_vec());
+                for (k, v) in &self.config.headers {
+                    post = post.header(k, v);
+                }
+                post.send().await
+            });
+            let failure = match outcome {
+                Ok(response) if response.status().is_success() => None,
+                Ok(response) => Some(format!("the collector answered {}", response.status())),
+                Err(e) => Some(format!("cannot reach the collector: {}", error_chain(&e))),
+            };
+            match failure {
+                None => summary.sent += n,
+                Some(why) => {
+                    summary.dropped += n;
+                    if summary.failure.is_none() {
+                        (self.warn)(&format!(
+                            "OTLP export to {} failed ({why}); the run goes on, its spans are dropped",
+                            self.config.url
+                        ));
+                        summary.failure = Some(why);
+                    }
+                }
+            }
+        }
+        summary
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+fn fault_status(span: &mut Span, fault: Option<&Fault>) {
+    if let Some(fault) = fault {
+        span.status = Some(Status {
+            code: StatusCode::Error as i32,
+            message: fault.message.clone(),
+        });
+        span.events.push(SpanEvent {
+            time_unix_nano: span.end_time_unix_nano,
+            name: "exception".to_owned(),
+            attributes: vec![
+                text("exception.type", fault.category.as_str()),
+                text("exception.message", &fault.message),
+            ],
+            ..SpanEvent::default()
+        });
+    }
+}
+
+/// An 8-byte span id derived from `base` and `parts`: the same keys give the same id, so a
+/// node's children name it without anything being kept between events.
+fn derived_id(base: &[u8], parts: &[&str]) -> Vec<u8> {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(base);
+    for part in parts {
+        hasher.update(&(part.len() as u64).to_le_bytes());
+        hasher.update(part.as_bytes());
+    }
+    let hash = hasher.finalize();
+    let mut id = hash.as_bytes()[..8].to_vec();
+    if id.iter().all(|b| *b == 0) {
+        id[7] = 1;
+    }
+    id
+}
+
+fn text(key: &str, value: &str) -> KeyValue {
+    KeyValue {
+        key: key.to_owned(),
+        value: Some(AnyValue {
+            value: Some(any_value::Value::StringValue(value.to_owned())),
+        }),
+        ..KeyValue::default()
+    }
+}
+
+fn int(key: &str, value: u64) -> KeyValue {
+    KeyValue {
+        key: key.to_owned(),
+        value: Some(AnyValue {
+            value: Some(any_value::Value::IntValue(
+                i64::try_from(value).unwrap_or(i64::MAX),
+            )),
+        }),
+        ..KeyValue::default()
+    }
+}
+
+fn double(key: &str, value: f64) -> KeyValue {
+    KeyValue {
+        key: key.to_owned(),
+        value: Some(AnyValue {
+            value: Some(any_value::Value::DoubleValue(value)),
+        }),
+        ..KeyValue::default()
+    }
+}
+
+fn ms_nanos(ms: f64) -> u64 {
+    if ms.is_finite() && ms > 0.0 {
+        (ms * 1e6) as u64
+    } else {
+        0
+    }
+}
+
+fn system_nanos(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+}
+
+fn now_nanos() -> u64 {
+    system_nanos(SystemTime::now())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |name| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| (*v).to_owned())
+        }
+    }
+
+    #[test]
+    fn the_standard_variables_configure_the_export() {
+        assert_eq!(ExportConfig::resolve(None, env(&[])), Ok(None));
+        let config = ExportConfig::resolve(
+            None,
+            env(&[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318/"),
+                (
+                    "OTEL_EXPORTER_OTLP_HEADERS",
+                    "authorization=Bearer x, x-team = evals",
+                ),
+                ("OTEL_EXPORTER_OTLP_TIMEOUT", "2500"),
+                ("OTEL_SERVICE_NAME", "evals"),
+            ]),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(config.url, "http://collector:4318/v1/traces");
+        assert_eq!(
+            config.headers,
+            [
+                ("authorization".to_owned(), "Bearer x".to_owned()),
+                ("x-team".to_owned(), "evals".to_owned())
+            ]
+        );
+        assert_eq!(config.timeout, Duration::from_millis(2500));
+        assert_eq!(config.service, "evals");
+        // The flag wins; a traces endpoint is used as given; grpc is refused, saying so.
+        let flagged = ExportConfig::resolve(
+            Some("http://a:1"),
+            env(&[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://b:2/x")]),
+        );
+        assert_eq!(flagged.unwrap().unwrap().url, "http://a:1/v1/traces");
+        let full = ExportConfig::resolve(
+            None,
+            env(&[("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://b:2/x")]),
+        );
+        assert_eq!(full.unwrap().unwrap().url, "http://b:2/x");
+        assert_eq!(
+            ExportConfig::resolve(
+                Some("http://a:1"),
+                env(&[("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")])
+            ),
+            Err(ExportConfigError::Protocol("grpc".to_owned()))
+        );
+        assert!(ExportConfig::resolve(Some("collector:4318"), env(&[])).is_err());
+        assert_eq!(
+            ExportConfig::resolve(
+                None,
+                env(&[
+                    ("OTEL_SDK_DISABLED", "true"),
+                    ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:1")
+                ])
+            ),
+            Ok(None)
+        );
+    }
+}

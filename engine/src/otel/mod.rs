@@ -1,0 +1,55 @@
+//! OpenTelemetry in: the agents' own spans, received over OTLP/HTTP and matched to the
+//! turns that caused them.
+//!
+//! Every turn carries a W3C `traceparent` naming a span of its own
+//! ([`crate::transport::trace`]); an instrumented agent's spans for that request name it (or
+//! a descendant of it) as their parent. [`SpanReceiver`] is the run's OTLP/HTTP endpoint
+//! (`POST /v1/traces`, protobuf or JSON); [`SpanStore`] keeps what arrived, bounded, and
+//! resolves each span to its turn through its parent chain, so an agent's spans can be put
+//! on the turn's record (agents with `spans #true`, after a bounded wait for the agent's
+//! root span) or, when they come later, handed out at the end of the run as late batches.
+//! [`tools`] reads the GenAI `execute_tool` spans of a turn as tool calls for the tool
+//! criteria. [`export`] is the other direction: Trellis's own spans, built from the run's
+//! events, sent to a collector.
+
+pub mod export;
+pub(crate) mod receiver;
+mod store;
+pub mod tools;
+
+pub use receiver::{ReceiverError, SpanReceiver};
+pub use store::{SpanStore, TurnKey};
+
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How a run deals with OpenTelemetry (`RunOptions::telemetry`).
+#[derive(Clone, Debug)]
+pub struct Telemetry {
+    /// The run's trace (the caller's `TRACEPARENT`, or a new one); `None`: the engine takes
+    /// it from the environment. Given when the exporter must know the run's span.
+    pub trace: Option<crate::transport::trace::RunTrace>,
+    /// The run's OTLP receiver (`--otlp-receiver`, or started for `spans #true` agents);
+    /// `None`: no spans are collected.
+    pub receiver: Option<Arc<SpanReceiver>>,
+    /// How long a turn of a `spans #true` agent waits for the agent's root span after the
+    /// answer (`--spans-wait`).
+    pub spans_wait: Duration,
+    /// How long the end of the run waits for spans still missing (`--spans-grace`).
+    pub spans_grace: Duration,
+}
+
+/// Five seconds: the default export delay of the OpenTelemetry SDKs' batch processors
+/// (`OTEL_BSP_SCHEDULE_DELAY`), so spans of an agent left at its defaults arrive in time.
+pub const DEFAULT_SPANS_WAIT: Duration = Duration::from_secs(5);
+
+impl Default for Telemetry {
+    fn default() -> Self {
+        Telemetry {
+            trace: None,
+            receiver: None,
+            spans_wait: DEFAULT_SPANS_WAIT,
+            spans_grace: DEFAULT_SPANS_WAIT,
+        }
+    }
+}

@@ -1,0 +1,331 @@
+//! The run's OTLP/HTTP trace receiver: `POST /v1/traces` with a protobuf
+//! (`application/x-protobuf`) or JSON (`application/json`) `ExportTraceServiceRequest`,
+//! decoded with the `opentelemetry-proto` messages and flattened into [`SpanRecord`]s for
+//! the [`SpanStore`].
+//!
+//! It answers as the OTLP spec asks (an empty `ExportTraceServiceResponse` in the request's
+//! encoding; 400 for a body that does not decode, 415 for another content type or a
+//! compressed body), so an SDK exporter never retries a request we cannot read. The server
+//! runs on the runtime that starts it and stops when the receiver is dropped.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::{AnyValue, KeyValue, any_value};
+use opentelemetry_proto::tonic::trace::v1::{span::SpanKind, status::StatusCode as OtlpStatus};
+use prost::Message as _;
+use serde_json::{Map, Value};
+use tokio_util::sync::CancellationToken;
+
+use super::SpanStore;
+use crate::record::SpanRecord;
+
+/// The largest export request taken (SDK batches are 512 spans by default, far below).
+const MAX_BODY: usize = 32 * 1024 * 1024;
+
+/// Why the receiver could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ReceiverError {
+    #[error("cannot listen for OTLP spans on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A listening receiver. Dropping it stops the server.
+pub struct SpanReceiver {
+    addr: SocketAddr,
+    store: Arc<SpanStore>,
+    stop: CancellationToken,
+}
+
+impl std::fmt::Debug for SpanReceiver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SpanReceiver")
+            .field("addr", &self.addr)
+            .finish()
+    }
+}
+
+impl Drop for SpanReceiver {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl SpanReceiver {
+    /// Listens on `addr` (port 0: any free port) and serves on the current tokio runtime.
+    pub async fn start(addr: SocketAddr) -> Result<Self, ReceiverError> {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| ReceiverError::Bind { addr, source })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|source| ReceiverError::Bind { addr, source })?;
+        let store = Arc::new(SpanStore::new(String::new()));
+        let app = Router::new()
+            .route("/v1/traces", post(export))
+            .layer(DefaultBodyLimit::max(MAX_BODY))
+            .with_state(store.clone());
+        let stop = CancellationToken::new();
+        let stopped = stop.clone();
+        tokio::spawn(async move {
+            // A failed accept loop only ends the receiver: the run goes on without spans.
+            let _ = axum::serve(listener, app)
+                .with_graceful_shutdown(stopped.cancelled_owned())
+                .await;
+        });
+        Ok(SpanReceiver { addr, store, stop })
+    }
+
+    /// Where it listens.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The base URL for `OTEL_EXPORTER_OTLP_ENDPOINT` (exporters add `/v1/traces`).
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn store(&self) -> &Arc<SpanStore> {
+        &self.store
+    }
+}
+
+enum Encoding {
+    Protobuf,
+    Json,
+}
+
+async fn export(State(store): State<Arc<SpanStore>>, headers: HeaderMap, body: Bytes) -> Response {
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let encoding = match content_type.split(';').next().map(str::trim) {
+        Some("application/x-protobuf" | "application/protobuf") => Encoding::Protobuf,
+        Some("application/json") => Encoding::Json,
+        _ => {
+            return (
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "OTLP/HTTP takes application/x-protobuf or application/json",
+            )
+                .into_response();
+        }
+    };
+    if headers
+        .get(header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|e| !e.eq_ignore_ascii_case("identity"))
+    {
+        return (
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "compressed OTLP bodies are not accepted: set OTEL_EXPORTER_OTLP_COMPRESSION=none",
+        )
+            .into_response();
+    }
+    let request = match encoding {
+        Encoding::Protobuf => ExportTraceServiceRequest::decode(body).map_err(|e| e.to_string()),
+        Encoding::Json => serde_json::from_slice(&body).map_err(|e| e.to_string()),
+    };
+    let request = match request {
+        Ok(request) => request,
+        Err(e) => {
+            return (
+                StatusCode::BAD_REQUEST,
+                format!("not an OTLP trace export: {e}"),
+            )
+                .into_response();
+        }
+    };
+    store.add(flatten(request));
+    match encoding {
+        Encoding::Protobuf => (
+            [(header::CONTENT_TYPE, "application/x-protobuf")],
+            ExportTraceServiceResponse::default().encode_to_vec(),
+        )
+            .into_response(),
+        Encoding::Json => ([(header::CONTENT_TYPE, "application/json")], "{}").into_response(),
+    }
+}
+
+/// Every span of an export request, with its resource's `service.name`.
+pub(crate) fn flatten(request: ExportTraceServiceRequest) -> Vec<SpanRecord> {
+    let mut out = Vec::new();
+    for resource_spans in request.resource_spans {
+        let service = resource_spans.resource.as_ref().and_then(|r| {
+            r.attributes
+                .iter()
+                .find(|kv| kv.key == "service.name")
+                .and_then(|kv| kv.value.as_ref())
+                .map(text_of)
+        });
+        for scope in resource_spans.scope_spans {
+            for span in scope.spans {
+                let kind = match SpanKind::try_from(span.kind) {
+                    Ok(SpanKind::Internal) => "internal",
+                    Ok(SpanKind::Server) => "server",
+                    Ok(SpanKind::Client) => "client",
+                    Ok(SpanKind::Producer) => "producer",
+                    Ok(SpanKind::Consumer) => "consumer",
+                    _ => "unspecified",
+                };
+                let (status, status_message) = match span.status {
+                    Some(s) => (
+                        match OtlpStatus::try_from(s.code) {
+                            Ok(OtlpStatus::Ok) => "ok",
+                            Ok(OtlpStatus::Error) => "error",
+                            _ => "unset",
+                        },
+                        Some(s.message).filter(|m| !m.is_empty()),
+                    ),
+                    None => ("unset", None),
+                };
+                out.push(SpanRecord {
+                    trace_id: hex::encode(&span.trace_id),
+                    span_id: hex::encode(&span.span_id),
+                    parent_span_id: (!span.parent_span_id.is_empty())
+                        .then(|| hex::encode(&span.parent_span_id)),
+                    name: span.name,
+                    kind: kind.to_owned(),
+                    start_unix_nano: span.start_time_unix_nano,
+                    end_unix_nano: span.end_time_unix_nano,
+                    status: status.to_owned(),
+                    status_message,
+                    service: service.clone(),
+                    attributes: attributes(span.attributes),
+                });
+            }
+        }
+    }
+    out
+}
+
+fn attributes(kvs: Vec<KeyValue>) -> Map<String, Value> {
+    kvs.into_iter()
+        .map(|kv| (kv.key, kv.value.map_or(Value::Null, json_of)))
+        .collect()
+}
+
+/// OTLP's typed value as plain JSON (bytes as hex).
+fn json_of(value: AnyValue) -> Value {
+    match value.value {
+        Some(any_value::Value::StringValue(s)) => Value::String(s),
+        Some(any_value::Value::BoolValue(b)) => Value::Bool(b),
+        Some(any_value::Value::IntValue(i)) => Value::from(i),
+        Some(any_value::Value::DoubleValue(d)) => Value::from(d),
+        Some(any_value::Value::ArrayValue(a)) => {
+            Value::Array(a.values.into_iter().map(json_of).collect())
+        }
+        Some(any_value::Value::KvlistValue(kv)) => Value::Object(attributes(kv.values)),
+        Some(any_value::Value::BytesValue(b)) => Value::String(hex::encode(b)),
+        _ => Value::Null,
+    }
+}
+
+fn text_of(value: &AnyValue) -> String {
+    match json_of(value.clone()) {
+        Value::String(s) => s,
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    const TRACE: &str = "5b8efff798038103d269b633813fc60c";
+
+    /// OTLP/JSON as the spec writes it: hex ids, 64-bit integers as strings, enums as
+    /// numbers.
+    fn json_export() -> String {
+        format!(
+            r#"{{"resourceSpans":[{{"resource":{{"attributes":[{{"key":"service.name","value":{{"stringValue":"js-agent"}}}}]}},
+            "scopeSpans":[{{"scope":{{"name":"x"}},"spans":[
+              {{"traceId":"{TRACE}","spanId":"eee19b7ec3c1b174","parentSpanId":"eee19b7ec3c1b173",
+                "name":"execute_tool refund","kind":1,
+                "startTimeUnixNano":"1544712660000000000","endTimeUnixNano":"1544712661000000000",
+                "attributes":[{{"key":"gen_ai.operation.name","value":{{"stringValue":"execute_tool"}}}},
+                              {{"key":"gen_ai.usage.input_tokens","value":{{"intValue":"12"}}}}],
+                "status":{{"code":2,"message":"boom"}}}}]}}]}}]}}"#
+        )
+    }
+
+    #[tokio::test]
+    async fn json_and_protobuf_exports_are_taken_and_bad_ones_refused() {
+        let receiver = SpanReceiver::start(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .await
+            .unwrap();
+        receiver.store().begin(TRACE.to_owned());
+        receiver.store().expect_turn("eee19b7ec3c1b173");
+        let url = format!("{}/v1/traces", receiver.endpoint());
+        let client = reqwest::Client::new();
+        let post = |ct: &'static str, body: Vec<u8>| {
+            client
+                .post(&url)
+                .header("content-type", ct)
+                .body(body)
+                .send()
+        };
+        let ok = post("application/json", json_export().into_bytes())
+            .await
+            .unwrap();
+        assert_eq!(ok.status(), 200);
+        assert_eq!(ok.text().await.unwrap(), "{}");
+        let (spans, rooted) = receiver
+            .store()
+            .take_turn("eee19b7ec3c1b173", Duration::from_secs(1))
+            .await;
+        assert!(rooted);
+        let span = &spans[0];
+        assert_eq!(span.name, "execute_tool refund");
+        assert_eq!(span.kind, "internal");
+        assert_eq!(span.status, "error");
+        assert_eq!(span.status_message.as_deref(), Some("boom"));
+        assert_eq!(span.service.as_deref(), Some("js-agent"));
+        assert_eq!(span.attributes["gen_ai.usage.input_tokens"], 12);
+        assert_eq!(span.end_unix_nano - span.start_unix_nano, 1_000_000_000);
+
+        // The same export as protobuf.
+        let request: ExportTraceServiceRequest = serde_json::from_str(&json_export()).unwrap();
+        let ok = post("application/x-protobuf", request.encode_to_vec())
+            .await
+            .unwrap();
+        assert_eq!(ok.status(), 200);
+        assert!(ExportTraceServiceResponse::decode(ok.bytes().await.unwrap()).is_ok());
+
+        // Field 1 says 5 bytes follow, one does: a truncated message.
+        assert_eq!(
+            post("application/x-protobuf", vec![0x0a, 0x05, 0x01])
+                .await
+                .unwrap()
+                .status(),
+            400
+        );
+        assert_eq!(
+            post("application/json", b"{\"resourceSpans\": 7".to_vec())
+                .await
+                .unwrap()
+                .status(),
+            400
+        );
+        assert_eq!(
+            post("text/plain", b"x".to_vec()).await.unwrap().status(),
+            415
+        );
+    }
+}

@@ -1,0 +1,490 @@
+//! OpenTelemetry through the `trellis` binary: a third-party agent instrumented with the
+//! OpenTelemetry Python SDK (`tests/cli/otel/agent.py`, the SDK's own OTLP/HTTP protobuf
+//! exporter and batch processor) sends its spans to `--otlp-receiver`; its tool calls are
+//! only in those spans, and the tool criteria read them. The builtin `forecast` agent does
+//! the same from inside the binary with `spans #true`. The tests fail, saying how to
+//! install it, when no Python with the SDK is found (`TRELLIS_PYTHON` names one; `.ci/run`
+//! installs it).
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use polars::prelude::*;
+
+use crate::{read_parquet, repo, stderr, stdout, strings, trellis};
+
+/// A Python that has the OpenTelemetry SDK and its OTLP/HTTP exporter.
+fn python() -> PathBuf {
+    let candidates: Vec<PathBuf> = match std::env::var_os("TRELLIS_PYTHON") {
+        Some(p) => vec![PathBuf::from(p)],
+        None => vec!["python3".into(), "python".into()],
+    };
+    for python in &candidates {
+        let ok = Command::new(python)
+            .args([
+                "-c",
+                "import opentelemetry.sdk.trace, opentelemetry.exporter.otlp.proto.http, \
+                 opentelemetry.proto",
+            ])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if ok {
+            return python.clone();
+        }
+    }
+    panic!(
+        "the OpenTelemetry tests run an agent instrumented with the OpenTelemetry Python SDK, \
+         and no Python importing it was found ({candidates:?}); install it with `python3 -m \
+         pip install opentelemetry-sdk opentelemetry-exporter-otlp-proto-http \
+         opentelemetry-proto`, or set \
+         TRELLIS_PYTHON to a Python that has it"
+    );
+}
+
+/// A free port on 127.0.0.1 for the receiver: the agent must know where to export before
+/// the run starts, as a real deployment's agent would.
+fn free_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.local_addr().unwrap().port()
+}
+
+/// The SDK-instrumented agent, exporting to `receiver`; stops when dropped.
+struct PythonAgent {
+    child: Child,
+    port: u16,
+}
+
+impl PythonAgent {
+    fn start(receiver: u16) -> Self {
+        let mut child = Command::new(python())
+            .arg(repo("tests/cli/otel/agent.py"))
+            .env(
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                format!("http://127.0.0.1:{receiver}"),
+            )
+            // Batches go out every 50 ms: late enough to be batched, soon enough for a turn.
+            .env("OTEL_BSP_SCHEDULE_DELAY", "50")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python started");
+        let mut line = String::new();
+        let stdout = child.stdout.take().expect("piped stdout");
+        BufReader::new(stdout).read_line(&mut line).unwrap();
+        let port = line
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("the agent did not print its port: {line:?}"));
+        PythonAgent { child, port }
+    }
+}
+
+impl Drop for PythonAgent {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn suite(agent_port: u16) -> String {
+    format!(
+        r##"agent "weather" protocol="http" url="http://127.0.0.1:{agent_port}/chat" {{
+    spans #true
+    request #"{{"message": {{{{ user | tojson }}}}}}"#
+    reply json-path="$.reply"
+}}
+agent "untraced" protocol="http" url="http://127.0.0.1:{agent_port}/chat" {{
+    request #"{{"message": {{{{ user | tojson }}}}}}"#
+    reply json-path="$.reply"
+}}
+
+scenario "inside" {{
+    agent "weather"
+    user "What is the weather in Paris?"
+    expect {{
+        reply contains="sunny in Paris"
+        tool "lookup_city" city="Paris"
+        tool "get_weather" city="Paris" count=1
+        tools-in-order "lookup_city" "get_weather"
+        no-tool "refund"
+        span "execute_tool get_time" gen_ai.tool.call.id="c3"
+        span-count "execute_tool get_weather" max=1
+    }}
+    user "refund A-17"
+    expect tool "refund" order="A-17"
+    criteria {{
+        spans-in-order "execute_tool lookup_city" "execute_tool get_weather" "execute_tool refund"
+        span-duration "invoke_agent weather-agent" max="5s"
+    }}
+}}
+
+// The weather and the time are fetched at once: not one after the other.
+scenario "parallel" {{
+    agent "weather"
+    user "What is the weather in Oslo?"
+    expect tools-in-order "get_weather" "get_time"
+}}
+
+// Without `spans #true` nothing waits for spans: they arrive after the turn, as late rows.
+scenario "late" {{
+    agent "untraced"
+    user "What is the weather in Rome?"
+    expect no-error
+}}
+"##
+    )
+}
+
+fn span_rows(out: &Path) -> DataFrame {
+    read_parquet(&out.join("spans.parquet"))
+}
+
+/// The hidden-acceptance shape: tool calls visible only in a third-party agent's spans,
+/// sent by the real OpenTelemetry SDK exporter, decide the tool criteria; parallel calls
+/// stay parallel; every span lands in spans.parquet under its turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_sdk_instrumented_agents_spans_decide_its_tool_checks() {
+    let receiver = free_port();
+    let agent = PythonAgent::start(receiver);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("otel.kdl"), suite(agent.port)).unwrap();
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path().join("otel.kdl"))
+        .arg("--out")
+        .arg(&out)
+        .arg("--otlp-receiver")
+        .arg(format!("127.0.0.1:{receiver}"))
+        .output()
+        .await
+        .unwrap();
+    let (console, err) = (stdout(&o), stderr(&o));
+    assert_eq!(o.status.code(), Some(1), "{console}{err}");
+    assert!(
+        err.contains(&format!(
+            "OTLP receiver for agent spans: http://127.0.0.1:{receiver}"
+        )),
+        "{err}"
+    );
+    // The one failure is the order of two calls that ran at once, decided from spans.
+    assert!(console.contains("2 passed, 1 failed"), "{console}");
+    assert!(console.contains("FAIL otel/parallel"), "{console}");
+    assert!(
+        console.contains(
+            "calls were: lookup_city, [get_weather ‖ get_time] (tool calls from the agent's spans)"
+        ),
+        "{console}"
+    );
+
+    let turns = read_parquet(&out.join("turns.parquet"));
+    let spans = span_rows(&out);
+    let trace_ids: Vec<Option<String>> = strings(&turns, "trace_id");
+    let run_trace = trace_ids[0].clone().expect("a trace id");
+    assert!(
+        trace_ids.iter().all(|t| t.as_ref() == Some(&run_trace)),
+        "{turns}"
+    );
+    assert!(
+        strings(&spans, "trace_id")
+            .iter()
+            .all(|t| t.as_ref() == Some(&run_trace))
+    );
+
+    // Every turn's traceparent reached the agent: its root span's parent is the turn span.
+    let scenario = strings(&turns, "scenario");
+    let span_ids = strings(&turns, "span_id");
+    let parents = strings(&spans, "parent_span_id");
+    let names = strings(&spans, "name");
+    for (i, span_id) in span_ids.iter().enumerate() {
+        let roots = parents
+            .iter()
+            .zip(&names)
+            .filter(|(p, n)| *p == span_id && n.as_deref() == Some("invoke_agent weather-agent"))
+            .count();
+        assert_eq!(roots, 1, "turn {i} of {:?}: {spans}", scenario[i]);
+    }
+    // Two turns with 4 and 2 spans, one with 4, all on time; the untraced agent's 4 late.
+    let late: Vec<Option<bool>> = spans
+        .column("late")
+        .unwrap()
+        .bool()
+        .unwrap()
+        .iter()
+        .collect();
+    let span_scenarios = strings(&spans, "scenario");
+    for (scenario, want_late, count) in [
+        ("inside", false, 6),
+        ("parallel", false, 4),
+        ("late", true, 4),
+    ] {
+        let rows: Vec<usize> = (0..spans.height())
+            .filter(|&r| span_scenarios[r].as_deref() == Some(scenario))
+            .collect();
+        assert_eq!(rows.len(), count, "{scenario}: {spans}");
+        assert!(
+            rows.iter().all(|&r| late[r] == Some(want_late)),
+            "{scenario}: {spans}"
+        );
+    }
+    let attributes = strings(&spans, "attributes");
+    assert!(
+        attributes
+            .iter()
+            .flatten()
+            .any(|a| a.contains(r#""gen_ai.tool.call.result":"{\"sky\": \"sunny\"}""#)),
+        "{attributes:?}"
+    );
+    assert!(
+        strings(&spans, "service")
+            .iter()
+            .all(|s| s.as_deref() == Some("weather-agent"))
+    );
+    drop(agent);
+}
+
+/// The builtin `forecast` agent gets the receiver's address handed to it (`spans #true`,
+/// no `--otlp-receiver`): its tool calls, never on the wire, pass the tool criteria.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_builtin_forecast_agents_tools_are_read_from_its_spans() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(repo("suites/opentelemetry.kdl"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(
+        stderr(&o).contains("OTLP receiver for agent spans: http://127.0.0.1:"),
+        "{}",
+        stderr(&o)
+    );
+    let criteria = read_parquet(&out.join("criteria.parquet"));
+    let details = strings(&criteria, "detail");
+    assert!(
+        details
+            .iter()
+            .flatten()
+            .any(|d| d.contains("(tool calls from the agent's spans)")),
+        "{details:?}"
+    );
+    assert!(span_rows(&out).height() >= 4);
+    // The report draws each turn's spans as a waterfall under the turn.
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(html.contains(r#"<span class="span-name d1">execute_tool get_weather</span>"#));
+    assert!(html.contains(r#"<span class="span-name d0">invoke_agent forecast</span>"#));
+}
+
+/// A span check on an agent whose spans are not collected is a warning of `check` and a
+/// skipped check, saying what to do; a taken port is an error naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn span_checks_without_spans_say_how_to_get_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("s.kdl");
+    std::fs::write(
+        &suite,
+        r##"agent "f" protocol="http" builtin="forecast" {
+    request #"{"message": {{ user | tojson }}}"#
+    reply json-path="$.reply"
+}
+scenario "s" {
+    user "weather in Oslo"
+    expect span-count "execute_tool get_weather" min=1
+}
+"##,
+    )
+    .unwrap();
+    let o = trellis().arg("check").arg(&suite).output().await.unwrap();
+    assert!(
+        stderr(&o).contains("add `spans #true` to the agent"),
+        "{}",
+        stderr(&o)
+    );
+    let o = trellis()
+        .arg("run")
+        .arg(&suite)
+        .arg("--out")
+        .arg(dir.path().join("out"))
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        stdout(&o).contains("no spans were collected for this turn"),
+        "{}",
+        stdout(&o)
+    );
+
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let o = trellis()
+        .arg("run")
+        .arg(&suite)
+        .arg("--out")
+        .arg(dir.path().join("out2"))
+        .arg("--otlp-receiver")
+        .arg(format!("127.0.0.1:{port}"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}{}", stdout(&o), stderr(&o));
+    assert!(
+        stderr(&o).contains(&format!("cannot listen for OTLP spans on 127.0.0.1:{port}")),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!dir.path().join("out2/journal.jsonl").exists());
+}
+
+/// A real OTLP collector (Python, decoding with the `opentelemetry-proto` package), started
+/// for one test; stops when dropped.
+struct Collector {
+    child: Child,
+    port: u16,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Collector {
+    fn start() -> Self {
+        let mut child = Command::new(python())
+            .arg(repo("tests/cli/otel/collector.py"))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python started");
+        let mut stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
+        let mut first = String::new();
+        stdout.read_line(&mut first).unwrap();
+        let port = first
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("the collector did not print its port: {first:?}"));
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in stdout.lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        Collector { child, port, lines }
+    }
+
+    /// Every span received so far.
+    fn spans(&self) -> Vec<serde_json::Value> {
+        self.lines
+            .try_iter()
+            .map(|l| serde_json::from_str(&l).unwrap_or_else(|e| panic!("{e}: {l}")))
+            .collect()
+    }
+}
+
+impl Drop for Collector {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Trellis's own spans reach a real OTLP collector: the run under the caller's
+/// TRACEPARENT, its nodes, turns with the very ids their requests carried, trajectories
+/// with their status; OTEL_EXPORTER_OTLP_HEADERS are sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runs_own_spans_reach_a_real_collector() {
+    let collector = Collector::start();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let caller_trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let o = trellis()
+        .arg("run")
+        .arg(repo("suites/opentelemetry.kdl"))
+        .arg("--out")
+        .arg(&out)
+        .arg("--otlp-endpoint")
+        .arg(format!("http://127.0.0.1:{}", collector.port))
+        .env(
+            "TRACEPARENT",
+            format!("00-{caller_trace}-00f067aa0ba902b7-01"),
+        )
+        .env("OTEL_EXPORTER_OTLP_HEADERS", "Authorization=Bearer t0k")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(
+        stderr(&o).contains("OTLP export: 5 spans sent"),
+        "{}",
+        stderr(&o)
+    );
+    // The collector prints as it decodes; the run has returned, so it has them all.
+    let spans = collector.spans();
+    assert_eq!(spans.len(), 5, "{spans:#?}");
+    let by_name = |prefix: &str| -> Vec<&serde_json::Value> {
+        spans
+            .iter()
+            .filter(|s| s["name"].as_str().is_some_and(|n| n.starts_with(prefix)))
+            .collect()
+    };
+    assert!(spans.iter().all(|s| s["trace_id"] == caller_trace));
+    assert!(
+        spans
+            .iter()
+            .all(|s| s["auth"] == "Bearer t0k" && s["service"] == "trellis")
+    );
+    let run = by_name("trellis run ");
+    assert_eq!(run.len(), 1);
+    assert_eq!(run[0]["parent_span_id"], "00f067aa0ba902b7");
+    let node = by_name("node opentelemetry/weather-and-refund start");
+    assert_eq!(node[0]["parent_span_id"], run[0]["span_id"]);
+    let trajectory = by_name("trajectory ");
+    assert_eq!(trajectory[0]["parent_span_id"], run[0]["span_id"]);
+    assert_eq!(trajectory[0]["attributes"]["trellis.status"], "passed");
+
+    let turns = read_parquet(&out.join("turns.parquet"));
+    let exported = by_name("turn ");
+    assert_eq!(exported.len(), 2);
+    for (span_id, exported) in strings(&turns, "span_id").iter().zip(&exported) {
+        assert_eq!(exported["span_id"].as_str(), span_id.as_deref());
+        assert_eq!(exported["parent_span_id"], node[0]["span_id"]);
+        assert_eq!(
+            exported["attributes"]["gen_ai.operation.name"],
+            "invoke_agent"
+        );
+    }
+    // The agent's own spans (in spans.parquet) name the exported turn spans as parents.
+    let parents = strings(&span_rows(&out), "parent_span_id");
+    for turn in &exported {
+        assert!(parents.iter().flatten().any(|p| turn["span_id"] == *p));
+    }
+}
+
+/// A collector that is down is one warning; the run and its exit code are unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_down_collector_is_one_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let closed = free_port();
+    let started = std::time::Instant::now();
+    let o = trellis()
+        .arg("run")
+        .arg(repo("suites/opentelemetry.kdl"))
+        .arg("--out")
+        .arg(dir.path().join("out"))
+        .env(
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            format!("http://127.0.0.1:{closed}"),
+        )
+        .output()
+        .await
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(0), "{}{err}", stdout(&o));
+    assert_eq!(err.matches("warning: OTLP export").count(), 1, "{err}");
+    assert!(
+        err.contains("OTLP export: 0 spans sent, 5 dropped"),
+        "{err}"
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(10));
+    assert!(dir.path().join("out/spans.parquet").exists());
+}
