@@ -51,7 +51,7 @@ static REFUND: LazyLock<Regex> = LazyLock::new(|| {
 #[derive(Clone)]
 struct Exporter {
     traces_url: Option<Arc<str>>,
-    client: reqwest::Client,
+    client: Option<reqwest::Client>,
 }
 
 /// The agent's routes; `otlp` is an OTLP/HTTP base URL (`http://127.0.0.1:4318`), spans
@@ -59,7 +59,11 @@ struct Exporter {
 pub fn router(otlp: Option<&str>) -> Router {
     let exporter = Exporter {
         traces_url: otlp.map(|base| Arc::from(format!("{}/v1/traces", base.trim_end_matches('/')))),
-        client: reqwest::Client::new(),
+        // Only ever a loopback http receiver; without a TLS setup the client cannot be
+        // built, and then spans are simply not sent.
+        client: trellis_engine::transport::tls::client_builder()
+            .ok()
+            .and_then(|b| b.build().ok()),
     };
     Router::new().route(PATH, post(chat)).with_state(exporter)
 }
@@ -140,7 +144,9 @@ async fn chat(State(exporter): State<Exporter>, headers: HeaderMap, body: String
             ],
             ..Span::default()
         });
-        export(&exporter.client, url, trace.spans).await;
+        if let Some(client) = &exporter.client {
+            export(client, url, trace.spans).await;
+        }
     }
     axum::Json(json!({"reply": reply})).into_response()
 }

@@ -141,7 +141,7 @@ pub(super) fn prepare(
             }
             Ok(JournalEntry::RunFinished(_)) => {}
             // Spans that arrived after the earlier attempt's work are not carried over
-            // (docs/results.md, "Resuming a run").
+            // (docs/results.md, "Resuming a run: `trellis run --resume`").
             Ok(JournalEntry::Spans(_)) => {}
             // A second `run_started` (concatenated journals) and lines that do not parse
             // (a torn last line) are not the run's records.

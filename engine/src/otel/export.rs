@@ -524,7 +524,19 @@ impl SendLoop {
                 return summary;
             }
         };
-        let client = reqwest::Client::new();
+        let client = match crate::transport::tls::client_builder()
+            .map_err(|e| e.to_string())
+            .and_then(|b| b.build().map_err(|e| e.to_string()))
+        {
+            Ok(client) => client,
+            Err(e) => {
+                let why = format!("OTLP export disabled: cannot build its HTTP client: {e}");
+                (self.warn)(&why);
+                summary.failure = Some(why);
+                summary.dropped = batches.iter().map(|b| b.len() as u64).sum();
+                return summary;
+            }
+        };
         for batch in batches {
             let n = batch.len() as u64;
             let request = ExportTraceServiceRequest {

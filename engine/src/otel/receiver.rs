@@ -273,7 +273,10 @@ mod tests {
         receiver.store().begin(TRACE.to_owned());
         receiver.store().expect_turn("eee19b7ec3c1b173");
         let url = format!("{}/v1/traces", receiver.endpoint());
-        let client = reqwest::Client::new();
+        let client = crate::transport::tls::client_builder()
+            .unwrap()
+            .build()
+            .unwrap();
         let post = |ct: &'static str, body: Vec<u8>| {
             client
                 .post(&url)
