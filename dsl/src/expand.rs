@@ -493,6 +493,35 @@ fn instances(
                 continue;
             }
             let mut instance = sc.clone();
+            let fields = row.as_ref().map(|(_, r)| &*r.fields);
+            let vars: serde_json::Map<String, Value> = combo.iter().cloned().collect();
+            if let Err(problem) =
+                render_user_context(env, &mut instance.user_context, fields, &vars)
+            {
+                let at = match row {
+                    Some((_, r)) => format!(
+                        "row {} of dataset `{}`",
+                        r.number,
+                        dataset.as_deref().unwrap_or_default()
+                    ),
+                    None => format!("instance `{id}`"),
+                };
+                diags.push(
+                    Diagnostic::at_span(
+                        Kind::InvalidValue,
+                        format!("scenario `{}`, {at}: {problem}", sc.id.value),
+                        files,
+                        sc.id.span,
+                        "in this scenario's user-context",
+                    )
+                    .with_help(
+                        "a user-context value of a `for-each` or `matrix` scenario is a \
+                         template over `row` and `vars`: check the field names against the \
+                         dataset's columns",
+                    ),
+                );
+                continue;
+            }
             instance.id = Spanned::new(id, sc.id.span);
             instance.instance = Some(Arc::new(Instance {
                 base: sc.id.value.clone(),
@@ -607,9 +636,48 @@ fn histories(project: &mut Project, env: &Environment<'static>, diags: &mut Vec<
     }
 }
 
-/// A history template's value: `"{{ EXPR }}"` evaluated (a list stays a list), any other
-/// template rendered; text is read as JSON.
-fn evaluate(
+/// Renders the `{{ … }}` templates in the string values of an instance's `user-context`
+/// (nested ones too) with its `row` and matrix `vars`: a value that is one expression keeps
+/// the expression's type (`"{{ row.amount }}"` is the number), others are text.
+fn render_user_context(
+    env: &Environment<'static>,
+    context: &mut serde_json::Map<String, Value>,
+    row: Option<&dataset::Fields>,
+    vars: &serde_json::Map<String, Value>,
+) -> Result<(), String> {
+    fn render(
+        env: &Environment<'static>,
+        value: &mut Value,
+        row: Option<&dataset::Fields>,
+        vars: &serde_json::Map<String, Value>,
+    ) -> Result<(), String> {
+        match value {
+            Value::String(text) if text.contains("{{") || text.contains("{%") => {
+                *value = evaluate_value(env, text, row, vars)?;
+            }
+            Value::Array(items) => {
+                for item in items {
+                    render(env, item, row, vars)?;
+                }
+            }
+            Value::Object(map) => {
+                for item in map.values_mut() {
+                    render(env, item, row, vars)?;
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+    for (key, value) in context.iter_mut() {
+        render(env, value, row, vars).map_err(|e| format!("user-context `{key}`: {e}"))?;
+    }
+    Ok(())
+}
+
+/// `source` rendered with `row` and `vars`: a template that is one `{{ expression }}` gives
+/// the expression's value (typed; null is an error), any other template its text.
+fn evaluate_value(
     env: &Environment<'static>,
     source: &str,
     row: Option<&dataset::Fields>,
@@ -624,7 +692,7 @@ fn evaluate(
         .strip_prefix("{{")
         .and_then(|s| s.strip_suffix("}}"))
         .filter(|s| !s.contains("{{") && !s.contains("}}"));
-    let value = match inner {
+    match inner {
         Some(expr) => {
             let e = env
                 .compile_expression(expr.trim())
@@ -633,13 +701,24 @@ fn evaluate(
             if v.is_undefined() || v.is_none() {
                 return Err(format!("`{}` is null", source.trim()));
             }
-            serde_json::to_value(&v).map_err(|e| e.to_string())?
+            serde_json::to_value(&v).map_err(|e| e.to_string())
         }
-        None => Value::String(
+        None => Ok(Value::String(
             env.render_str(source, ctx)
                 .map_err(|e| template_error(&e))?,
-        ),
-    };
+        )),
+    }
+}
+
+/// A history template's value: `"{{ EXPR }}"` evaluated (a list stays a list), any other
+/// template rendered; text is read as JSON.
+fn evaluate(
+    env: &Environment<'static>,
+    source: &str,
+    row: Option<&dataset::Fields>,
+    vars: &serde_json::Map<String, Value>,
+) -> Result<Value, String> {
+    let value = evaluate_value(env, source, row, vars)?;
     match value {
         Value::String(text) => serde_json::from_str(&text)
             .map_err(|e| format!("the text is not a JSON message list: {e}")),

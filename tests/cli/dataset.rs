@@ -811,3 +811,63 @@ async fn a_dataset_that_keeps_no_row_is_a_warning_of_check() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn user_context_values_of_an_instance_render_its_row_typed() {
+    let server = support::MisbehavingServer::respond(200, support::OK_BODY).await;
+    let suite = format!(
+        "agent \"a\" protocol=\"connexity\" url=\"{url}\"\n\
+         dataset \"orders\" path=\"orders.csv\"\n\
+         scenario \"refund\" for-each=\"orders\" {{\n    row-id \"{{{{ row.order_id }}}}\"\n    \
+         user-context {{\n        order \"{{{{ row.order_id }}}}\"\n        amount \"{{{{ row.amount }}}}\"\n        \
+         note \"order {{{{ row.order_id }}}} of {{{{ row.amount }}}}\"\n    }}\n    \
+         user \"{{{{ user_context.order }}}}: {{{{ user_context.amount + 1 }}}} / {{{{ user_context.note }}}}\"\n    \
+         expect no-error\n}}\n",
+        url = server.url()
+    );
+    let dir = project(
+        &suite,
+        &[("orders.csv", b"order_id,amount\nA17,12\nB02,5\n")],
+    );
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path().join("suite.kdl"))
+        .args(["--jobs", "1", "--out"])
+        .arg(dir.path().join("out"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let mut sent: Vec<String> = received(&server)
+        .into_iter()
+        .map(|m| m.last().unwrap().1.clone())
+        .collect();
+    sent.sort();
+    // `amount` is the number 12 (12 + 1 = 13), not the text "12".
+    assert_eq!(
+        sent,
+        ["A17: 13 / order A17 of 12", "B02: 6 / order B02 of 5"]
+    );
+
+    // A field the dataset does not have stops everything, naming the row and the value.
+    std::fs::write(
+        dir.path().join("suite.kdl"),
+        suite.replace(
+            "row.amount }}\"\n        note",
+            "row.amount_eur }}\"\n        note",
+        ),
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path().join("suite.kdl"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}{}", stdout(&o), stderr(&o));
+    let err = flat(&stderr(&o));
+    assert!(
+        err.contains("row 1 of dataset `orders`: user-context `amount`"),
+        "{err}"
+    );
+}
