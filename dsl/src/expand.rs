@@ -495,9 +495,9 @@ fn instances(
             let mut instance = sc.clone();
             let fields = row.as_ref().map(|(_, r)| &*r.fields);
             let vars: serde_json::Map<String, Value> = combo.iter().cloned().collect();
-            if let Err(problem) =
-                render_user_context(env, &mut instance.user_context, fields, &vars)
-            {
+            let rendered = render_user_context(env, &mut instance.user_context, fields, &vars)
+                .and_then(|()| render_judged(env, &mut instance, fields, &vars));
+            if let Err(problem) = rendered {
                 let at = match row {
                     Some((_, r)) => format!(
                         "row {} of dataset `{}`",
@@ -512,12 +512,12 @@ fn instances(
                         format!("scenario `{}`, {at}: {problem}", sc.id.value),
                         files,
                         sc.id.span,
-                        "in this scenario's user-context",
+                        "in this scenario",
                     )
                     .with_help(
-                        "a user-context value of a `for-each` or `matrix` scenario is a \
-                         template over `row` and `vars`: check the field names against the \
-                         dataset's columns",
+                        "user-context values, `judge` statements and `outcome`s of a \
+                         `for-each` or `matrix` scenario are templates over `row` and `vars`: \
+                         check the field names against the dataset's columns",
                     ),
                 );
                 continue;
@@ -673,6 +673,66 @@ fn render_user_context(
         render(env, value, row, vars).map_err(|e| format!("user-context `{key}`: {e}"))?;
     }
     Ok(())
+}
+
+/// Renders the `{{ … }}` templates in an instance's `judge` statements and `outcome`
+/// statements (scenario-level, in `criteria` and in every `expect`) as text, with its `row`
+/// and matrix `vars`, so the judge reads the row's values.
+fn render_judged(
+    env: &Environment<'static>,
+    sc: &mut Scenario,
+    row: Option<&dataset::Fields>,
+    vars: &serde_json::Map<String, Value>,
+) -> Result<(), String> {
+    let text = |source: &mut String| -> Result<(), String> {
+        if source.contains("{{") || source.contains("{%") {
+            let rendered = evaluate_value(env, source, row, vars)?;
+            *source = match rendered {
+                Value::String(text) => text,
+                other => other.to_string(),
+            };
+        }
+        Ok(())
+    };
+    fn criteria(
+        list: &mut [Criterion],
+        text: &dyn Fn(&mut String) -> Result<(), String>,
+    ) -> Result<(), String> {
+        for c in list {
+            let statement = match &mut c.kind {
+                CriterionKind::Judge { criterion, .. } => criterion,
+                CriterionKind::Outcome(Outcome::Statement(statement)) => statement,
+                _ => continue,
+            };
+            text(statement).map_err(|e| format!("judge statement: {e}"))?;
+            text(&mut c.text).map_err(|e| format!("judge statement: {e}"))?;
+        }
+        Ok(())
+    }
+    fn steps(
+        list: &mut [Step],
+        text: &dyn Fn(&mut String) -> Result<(), String>,
+    ) -> Result<(), String> {
+        for step in list {
+            match &mut step.kind {
+                StepKind::Expect(list) => criteria(list, text)?,
+                StepKind::Fork(branches) => {
+                    for branch in branches {
+                        steps(&mut branch.steps, text)?;
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+    for outcome in &mut sc.outcomes {
+        if let Outcome::Statement(statement) = &mut outcome.value {
+            text(statement).map_err(|e| format!("outcome: {e}"))?;
+        }
+    }
+    criteria(&mut sc.criteria, &text)?;
+    steps(&mut sc.steps, &text)
 }
 
 /// `source` rendered with `row` and `vars`: a template that is one `{{ expression }}` gives

@@ -871,3 +871,43 @@ async fn user_context_values_of_an_instance_render_its_row_typed() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn judge_statements_and_outcomes_of_an_instance_read_its_row() {
+    let suite = format!(
+        "{AGENT}dataset \"orders\" path=\"orders.csv\"\n\
+         scenario \"refund\" for-each=\"orders\" {{\n    row-id \"{{{{ row.order_id }}}}\"\n    \
+         outcome \"order {{{{ row.order_id }}}} is refunded\"\n    \
+         user \"Hi, I'd like to book a duct cleaning.\"\n    \
+         expect judge \"the agent asks about order {{{{ row.order_id }}}}\"\n}}\n"
+    );
+    let dir = project(&suite, &[("orders.csv", b"order_id\nA17\nB02\n")]);
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path().join("suite.kdl"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    // No judge is configured: the checks are skipped, and recorded with the row's values.
+    assert!(
+        matches!(o.status.code(), Some(0 | 1)),
+        "{}{}",
+        stdout(&o),
+        stderr(&o)
+    );
+    let journal = journal_text(&out);
+    for id in ["A17", "B02"] {
+        assert!(
+            journal.contains(&format!("the agent asks about order {id}")),
+            "{journal}"
+        );
+        assert!(
+            journal.contains(&format!("order {id} is refunded")),
+            "{journal}"
+        );
+    }
+    assert!(!journal.contains("row.order_id"), "{journal}");
+}
