@@ -268,6 +268,15 @@ async fn the_github_actions_recipe_merges_the_example_suites_into_the_unsharded_
             .count()
     };
     assert_eq!(junit(&merged_dir), junit(&whole_ws.join("whole")));
+    // LLM use per role (the model builtins' calls) is the shards' together.
+    let roles = |dir: &Path| -> serde_json::Value {
+        let summary: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("summary.json")).unwrap())
+                .unwrap();
+        summary["stats"]["aggregates"]["llm_roles"]["agent"]["calls"].clone()
+    };
+    assert!(roles(&whole_ws.join("whole")).as_u64().unwrap() > 0);
+    assert_eq!(roles(&merged_dir), roles(&whole_ws.join("whole")));
 
     // The merged run is a whole run of the history; the shards are not.
     let meta: serde_json::Value =
