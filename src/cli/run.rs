@@ -480,7 +480,13 @@ fn start_receiver(
         .map_err(|e| {
             format!("{e}\n  help: pick another address with --otlp-receiver ADDR (port 0: any free port)")
         })?;
-    if !settings.silent {
+    // Builtins are handed the address; only agents of the user's own need telling.
+    let told = settings.otlp_receiver.is_some()
+        || plan
+            .agents
+            .iter()
+            .any(|a| a.spans && !matches!(a.endpoint, trellis_dsl::model::Endpoint::Builtin(_)));
+    if !settings.silent && told {
         errln!(
             "OTLP receiver for agent spans: {} (set the agents' OTEL_EXPORTER_OTLP_ENDPOINT to it)",
             receiver.endpoint()
