@@ -789,15 +789,11 @@ fn finished(mut total: RunSummary, shards: &[ShardDir]) -> RunSummary {
         let Some(s) = &shard.finished else { continue };
         // LLM use per role is the shards' together.
         for (role, usage) in &s.llm_roles {
-            let sum = total.llm_roles.entry(role.clone()).or_default();
-            sum.calls += usage.calls;
-            sum.input_tokens += usage.input_tokens;
-            sum.output_tokens += usage.output_tokens;
-            sum.cache_hits += usage.cache_hits;
-            sum.cost = match (sum.cost, usage.cost) {
-                (None, None) => None,
-                (a, b) => Some(a.unwrap_or(0.0) + b.unwrap_or(0.0)),
-            };
+            total
+                .llm_roles
+                .entry(role.clone())
+                .or_default()
+                .merge(usage);
         }
         if s.finished_at > total.finished_at {
             total.finished_at.clone_from(&s.finished_at);

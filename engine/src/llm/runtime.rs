@@ -649,41 +649,15 @@ impl LlmRuntime {
         request.temperature_default = Some(0.0);
         request.model = resolved.model.map(str::to_owned);
         request.temperature = resolved.temperature;
-        if resolved.client.kind() == trellis_dsl::ProviderKind::Anthropic {
-            request.json_schema = None;
-        }
-        let mut outcome = self
-            .complete_as(
+        let outcome = self
+            .complete_json(
                 Role::Judge,
                 resolved.client,
-                &request,
+                &mut request,
                 repetition,
                 call_name,
-                None::<Instant>,
             )
             .await;
-        // As for judges: a server without structured output refuses the schema.
-        if request.json_schema.is_some()
-            && matches!(
-                &outcome.result,
-                Err(super::LlmError::Http {
-                    category: FaultCategory::Http4xx | FaultCategory::Http5xx,
-                    ..
-                })
-            )
-        {
-            request.json_schema = None;
-            outcome = self
-                .complete_as(
-                    Role::Judge,
-                    resolved.client,
-                    &request,
-                    repetition,
-                    call_name,
-                    None::<Instant>,
-                )
-                .await;
-        }
         let mut verdict = JudgeVerdict {
             judge: resolved.name,
             rubric: "fidelity".to_owned(),
