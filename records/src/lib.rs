@@ -35,7 +35,7 @@ pub use trajectory::{
     AgentBranchRecord, AttackRecord, CriterionRecord, CriterionStatus, FIDELITY_KIND,
     TrajectoryRecord, TrajectoryStatus,
 };
-pub use turn::{AttemptRecord, ExchangeRecord, ToolCallRecord, TurnRecord};
+pub use turn::{AttemptRecord, ExchangeRecord, ToolCallRecord, TurnRecord, UserSource};
 
 /// The journal's file name in a run directory: JSON lines in one zstd stream (written and
 /// read by `trellis-journal`).

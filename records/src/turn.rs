@@ -60,6 +60,11 @@ pub struct TurnRecord {
     /// A `simulate` turn: the LLM calls that wrote its user message (retries included).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub simulator: Vec<LlmCall>,
+    /// `trellis run --replay-users`: whether this simulated user message was replayed from
+    /// the recorded run or written fresh once the agent diverged from it. `None` for
+    /// scripted turns and in runs that replay nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user_source: Option<UserSource>,
     /// LLM calls made on the agent's behalf to answer the turn (a Fixie agent's few-shot
     /// loop: one per round), summed into the trajectory's `llm_*` usage.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -81,6 +86,27 @@ pub struct TurnRecord {
 impl AsRef<TurnRecord> for TurnRecord {
     fn as_ref(&self) -> &TurnRecord {
         self
+    }
+}
+
+/// Where a simulated user message of a `--replay-users` run came from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UserSource {
+    /// The recorded run's message at this turn, replayed: the conversation so far matched
+    /// the recording.
+    Recorded,
+    /// Written by the simulator now: the agent diverged from the recording earlier on this
+    /// path (or the recording had no simulated turn here).
+    Fresh,
+}
+
+impl UserSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UserSource::Recorded => "recorded",
+            UserSource::Fresh => "fresh",
+        }
     }
 }
 

@@ -38,6 +38,17 @@ pub enum ReportError {
         source: minijinja::Error,
     },
 
+    #[error("{} is not a variance report", path.display())]
+    #[diagnostic(
+        code(trellis::reports::variance),
+        help("`trellis variance RUN …` writes it again")
+    )]
+    Json {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+
     #[error("cannot write Parquet file {}", path.display())]
     #[diagnostic(code(trellis::reports::parquet))]
     Polars {

@@ -25,6 +25,7 @@ mod staged;
 pub mod stats;
 mod tables;
 mod tally;
+pub mod variance;
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -403,6 +404,9 @@ impl ReportWriter {
             None => Trends::new(),
         };
         let html_path = run_dir.join(HTML_FILE);
+        // Written by `trellis variance` after the run; a file that does not read is left
+        // out of the page rather than failing it.
+        let variance = variance::read(&run_dir).ok().flatten();
         if let Err(e) = html::write(
             &html_path,
             &html::Page {
@@ -415,6 +419,7 @@ impl ReportWriter {
                 nodes: &nodes,
                 skipped_lines,
                 transcripts_missing: transcripts_missing.as_deref(),
+                variance: variance.as_ref(),
             },
         ) {
             not_written.push((html_path.clone(), e));

@@ -188,6 +188,7 @@ table!(
         function: Vec<Option<String>>,
         replay: Vec<bool>,
         exchanges: Vec<String>,
+        user_source: Vec<Option<String>>,
         simulator_calls: Vec<u32>,
         simulator_input_tokens: Vec<Option<u64>>,
         simulator_output_tokens: Vec<Option<u64>>,
@@ -596,6 +597,8 @@ impl Tables {
             t.function.push(turn.function.clone());
             t.replay.push(turn.replay);
             t.exchanges.push(exchanges);
+            t.user_source
+                .push(turn.user_source.map(|s| s.as_str().to_owned()));
             let calls = &turn.simulator;
             let sum = |f: fn(&trellis_records::LlmCall) -> Option<u64>| {
                 calls.iter().filter_map(f).reduce(u64::saturating_add)

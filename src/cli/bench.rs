@@ -186,6 +186,7 @@ fn measure(suite: &std::path::Path, out: &std::path::Path, jobs: usize) -> Optio
         }
     };
     let settings = super::run::Settings {
+        replay_users: None,
         jobs,
         quiet: true,
         silent: true,

@@ -148,6 +148,12 @@ pub struct CompareArgs {
     agents: Option<Vec<String>>,
 }
 
+/// A run given by directory, id (or a unique prefix) or name among the runs in `runs_dir`;
+/// `Err` is the exit code, the error already said.
+pub fn resolve(runs_dir: &Path, what: &str) -> Result<RunEntry, u8> {
+    history::resolve_run(runs_dir, what).map_err(report_error)
+}
+
 fn report_error(e: HistoryError) -> u8 {
     errln!("{:?}", miette::Report::new(e));
     EXIT_INVALID

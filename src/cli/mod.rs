@@ -22,6 +22,7 @@ mod resume;
 mod run;
 mod shard;
 mod stop;
+mod variance;
 mod watch;
 
 use std::path::{Path, PathBuf};
@@ -135,6 +136,15 @@ enum Command {
     /// Exit code 0 written, 1 the file could not be written, 2 no such run or trajectory,
     /// or a trajectory that is not an attack path.
     Freeze(freeze::FreezeArgs),
+    /// Say how much of each scenario's outcome variance comes from the agent, the simulated
+    /// user and the judge: re-judge the recorded transcripts, replay the recorded users to
+    /// the agent, and rerun freely, each --repeats times (docs/simulator.md).
+    ///
+    /// Example: trellis variance runs/<run-id> suites/ --repeats 5 --llm-cache .llm-cache
+    ///
+    /// Exit code 0 measured, 2 no such run or suites, 4 an LLM budget stopped it, 130 a
+    /// signal (what finished is still decomposed and written).
+    Variance(variance::VarianceArgs),
     /// Rerun suites as they are edited, only what each save changed, with a live view;
     /// --serve keeps the latest report open in a browser tab.
     ///
@@ -269,6 +279,13 @@ pub struct RunArgs {
     /// (and so the run).
     #[arg(long)]
     strict: bool,
+    /// Replay the simulated user turns recorded in this run (directory, id or name) instead
+    /// of simulating them, for as long as the agent answers as it did then; from the first
+    /// divergence on, a path's simulated turns are written fresh. Turns are marked in
+    /// turns.parquet (`user_source`: recorded or fresh). See docs/simulator.md.
+    #[arg(long, value_name = "RUN", conflicts_with = "resume",
+          add = ArgValueCandidates::new(complete::runs))]
+    replay_users: Option<String>,
     /// Agent calls in flight at once across the run.
     #[arg(long, short = 'j', default_value_t = 32, value_parser = jobs_in_range)]
     jobs: usize,
@@ -467,6 +484,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Agent(args) => agent::agent(args),
         Command::Rejudge(args) => rejudge::rejudge(args),
         Command::Freeze(args) => freeze::freeze(args),
+        Command::Variance(args) => variance::variance(args),
         Command::Lsp => lsp(),
         Command::Completions(args) => complete::completions(&args),
     };

@@ -218,7 +218,15 @@ pub fn run(args: RunArgs) -> u8 {
             errln!("warning: {e}: {}", source(&e));
         }
     }
+    let replay_users = match &args.replay_users {
+        Some(what) => match load_user_replay(&runs_dir, what, None) {
+            Ok(replay) => Some(replay),
+            Err(code) => return code,
+        },
+        None => None,
+    };
     let settings = Settings {
+        replay_users,
         jobs: args.jobs,
         quiet: args.quiet || json,
         silent: json,
@@ -503,6 +511,8 @@ fn is_benchmark(settings: &Settings) -> bool {
 
 /// How [`execute_plan`] runs and reports.
 pub struct Settings {
+    /// `--replay-users`: the recorded simulated users to replay.
+    pub replay_users: Option<std::sync::Arc<trellis_engine::execute::UserReplay>>,
     /// Agent calls in flight at once.
     pub jobs: usize,
     /// No progress output, only the summary.
@@ -608,6 +618,7 @@ pub fn execute_plan(
         llm_cache: settings.llm_cache.clone(),
         launcher: Some(std::sync::Arc::new(super::launcher())),
         resume,
+        replay_users: settings.replay_users.clone(),
         llm_budget: settings.llm_budget,
     };
     let stop = options.stop.clone();
@@ -752,6 +763,37 @@ pub fn execute_plan(
         report_cpu,
         stats: files.map(|f| f.stats),
     })
+}
+
+/// `--replay-users RUN`: the run (directory, id or name among the runs in `runs_dir`) read
+/// for its simulated users; `pin` replays that recorded repetition for every repetition.
+/// `Err` is the exit code of a refusal, already said.
+pub fn load_user_replay(
+    runs_dir: &Path,
+    what: &str,
+    pin: Option<u32>,
+) -> Result<std::sync::Arc<trellis_engine::execute::UserReplay>, u8> {
+    let entry = history::resolve(runs_dir, what)?;
+    let path = trellis_engine::journal::path_in(&entry.dir);
+    let entries = match trellis_engine::journal::read(&path) {
+        Ok(entries) => entries,
+        Err(e) => {
+            errln!("error: {e}: {}", path.display());
+            return Err(EXIT_INVALID);
+        }
+    };
+    let mut replay = trellis_engine::execute::UserReplay::from_entries(entries);
+    if let Some(pin) = pin {
+        replay = replay.pin(pin);
+    }
+    if replay.is_empty() {
+        errln!(
+            "error: {} recorded no trajectory: there is no user to replay",
+            entry.dir.display()
+        );
+        return Err(EXIT_INVALID);
+    }
+    Ok(std::sync::Arc::new(replay))
 }
 
 fn engine_ended(finished: Result<RunSummary, tokio::task::JoinError>) {

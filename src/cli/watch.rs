@@ -604,6 +604,7 @@ impl Session {
             llm_cache: self.llm_cache.clone(),
             launcher: Some(self.launcher.clone()),
             resume: None,
+            replay_users: None,
             llm_budget: Default::default(),
             telemetry: Default::default(),
         };

@@ -484,6 +484,7 @@ pub async fn run_plan_with_cache(
         llm_cache,
         launcher: Some(std::sync::Arc::new(trellis_agents::BuiltinLauncher::new())),
         resume: None,
+        replay_users: None,
         llm_budget: Default::default(),
         telemetry: Default::default(),
     };

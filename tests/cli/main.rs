@@ -32,6 +32,7 @@ mod resume;
 mod run;
 mod shard;
 mod tls;
+mod variance;
 mod watch;
 
 use std::path::{Path, PathBuf};

@@ -16,6 +16,7 @@ mod agents;
 mod attack;
 mod history;
 pub mod launch;
+pub mod replay_users;
 pub mod resume;
 mod reuse;
 mod turn;
@@ -43,6 +44,7 @@ use verdict::skip_trajectory;
 use walk::Unit;
 
 pub use launch::{BuiltinEndpoint, LaunchError, LaunchRequest, Launched, Launcher};
+pub use replay_users::{Replayed, UserReplay};
 pub use resume::{Finished, FinishedTotals, Forks, planned_key};
 pub use reuse::{ReuseCounts, TurnMemo};
 /// The status a trajectory gets from its fault and checks (`strict`: a skipped check or
@@ -90,6 +92,9 @@ pub struct RunOptions {
     pub llm_budget: crate::llm::meter::Budget,
     /// OpenTelemetry: the receiver of the agents' spans and how long to wait for them.
     pub telemetry: crate::otel::Telemetry,
+    /// `--replay-users RUN`: the recorded run whose simulated users are replayed
+    /// ([`replay_users`]); `None` simulates every turn.
+    pub replay_users: Option<Arc<UserReplay>>,
 }
 
 /// The `run_started` entry a run of `plan` begins with, started now (a resumed run's
@@ -186,6 +191,7 @@ pub async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSum
         trace_hex,
         spans: receiver.as_ref().map(|r| r.store().clone()),
         spans_wait: options.telemetry.spans_wait,
+        replay_users: options.replay_users.clone(),
     });
 
     let (senders, receivers): (Vec<_>, Vec<_>) = plan
@@ -278,6 +284,8 @@ struct Shared {
     spans: Option<Arc<crate::otel::SpanStore>>,
     /// How long a `spans #true` agent's turn waits for its spans.
     spans_wait: Duration,
+    /// `--replay-users`: the recorded simulated users.
+    replay_users: Option<Arc<UserReplay>>,
 }
 
 impl Shared {

@@ -178,6 +178,7 @@ fn record(
         fault: turn.fault,
         exchanges,
         simulator: Vec::new(),
+        user_source: None,
         llm: turn.llm,
         trace_id: None,
         span_id: None,

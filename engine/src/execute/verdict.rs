@@ -153,6 +153,7 @@ impl Unit<'_> {
                     judge_unless_stopped(
                         self.shared,
                         JudgeTask {
+                            draw: 0,
                             criterion_text: &c.criterion.text,
                             kind: &c.criterion.kind,
                             scenario: sc,
@@ -193,6 +194,7 @@ impl Unit<'_> {
                     judge_unless_stopped(
                         self.shared,
                         JudgeTask {
+                            draw: 0,
                             criterion_text: &text,
                             kind: &kind,
                             scenario: sc,
@@ -266,7 +268,7 @@ impl Unit<'_> {
         let messages: Vec<&str> = state
             .turns
             .iter()
-            .filter(|turn| !turn.simulator.is_empty())
+            .filter(|turn| !turn.simulator.is_empty() || turn.user_source.is_some())
             .map(|turn| turn.user_message.as_str())
             .collect();
         if messages.is_empty() {

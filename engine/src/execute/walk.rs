@@ -75,6 +75,8 @@ pub(super) struct PathState {
     /// trajectory's LLM usage even when no turn follows (the simulator ended the
     /// conversation, or failed).
     pub(super) pending_simulator: Vec<crate::llm::LlmCall>,
+    /// `--replay-users`: where the next turn's simulated user message came from.
+    pub(super) pending_user_source: Option<crate::record::UserSource>,
     /// The nodes on this path so far were recorded by an earlier attempt of the run and
     /// not run in this one (`--resume`): no session holds their conversation yet.
     pub(super) prefix_not_sent: bool,
@@ -97,6 +99,7 @@ impl PathState {
             suffix: Arc::from(""),
             agent_branches: Vec::new(),
             pending_simulator: Vec::new(),
+            pending_user_source: None,
             prefix_not_sent: false,
             sim_brief: None,
             fidelity: None,
@@ -1065,6 +1068,7 @@ impl<'a> Unit<'a> {
                 super::verdict::judge_unless_stopped(
                     self.shared,
                     crate::llm::runtime::JudgeTask {
+                        draw: 0,
                         criterion_text: &c.criterion.text,
                         kind: &c.criterion.kind,
                         scenario: sc,
@@ -1189,6 +1193,7 @@ impl<'a> Unit<'a> {
         state: &mut PathState,
         recorded: &mut Vec<Arc<TurnRecord>>,
     ) -> Option<Stop> {
+        use super::replay_users::Replayed;
         use crate::llm::runtime::{SimulateTask, Simulated};
         use crate::llm::simulator::{Said, UNTIL_DONE_CAP};
         let sc = &self.scenario.scenario;
@@ -1224,7 +1229,41 @@ impl<'a> Unit<'a> {
                 attempt: self.attempt,
             };
             let turn_index = state.turns.len();
-            let (text, last) = match self.shared.llm.simulate(task).await {
+            // `--replay-users`: the recorded user's message while the agent answers as it
+            // did in the recording; a fresh one from the first divergence on.
+            let mut from_record = None;
+            if let Some(replay) = self.shared.replay_users.as_deref() {
+                let replayed = replay.next(
+                    (&self.scenario.suite, &sc.id.value, self.agent_id()),
+                    self.repetition,
+                    &state.turns,
+                );
+                state.pending_user_source = Some(super::replay_users::source_of(&replayed));
+                match replayed {
+                    Replayed::Message(text) => {
+                        let (brief, fidelity) = self.shared.llm.simulated_brief(&task);
+                        if state.sim_brief.as_deref() != Some(brief.as_str()) {
+                            state.sim_brief = Some(Arc::from(brief));
+                        }
+                        state.fidelity = fidelity;
+                        from_record = Some(text);
+                    }
+                    Replayed::End => break,
+                    Replayed::Fresh => {}
+                }
+            }
+            let replayed = from_record.is_some();
+            let simulated = match from_record {
+                Some(text) => Ok(Simulated {
+                    said: Said::Message(text),
+                    calls: Vec::new(),
+                    brief: String::new(),
+                    fidelity: state.fidelity,
+                    note: None,
+                }),
+                None => self.shared.llm.simulate(task).await,
+            };
+            let (text, last) = match simulated {
                 Ok(Simulated {
                     said,
                     calls,
@@ -1233,7 +1272,7 @@ impl<'a> Unit<'a> {
                     note,
                 }) => {
                     state.pending_simulator.extend(calls);
-                    if state.sim_brief.as_deref() != Some(brief.as_str()) {
+                    if !replayed && state.sim_brief.as_deref() != Some(brief.as_str()) {
                         state.sim_brief = Some(Arc::from(brief));
                     }
                     state.fidelity = fidelity;
@@ -1258,8 +1297,9 @@ impl<'a> Unit<'a> {
                     return Some(Stop::Fault(fault));
                 }
             };
-            // The deterministic guards, before the message reaches the agent.
-            if state.fidelity != Some(false) {
+            // The deterministic guards, before the message reaches the agent (a replayed
+            // message passed them when it was written).
+            if !replayed && state.fidelity != Some(false) {
                 let previous = state.turns.last().map(|t| t.user_message.as_str());
                 let replies = state.turns.iter().filter_map(|t| t.reply.as_deref());
                 if let Some(why) = crate::llm::fidelity::guard(&text, previous, replies) {
@@ -1290,6 +1330,8 @@ impl<'a> Unit<'a> {
                 break;
             }
         }
+        // A fresh mark left by a step the simulator ended belongs to no turn.
+        state.pending_user_source = None;
         None
     }
 
@@ -1329,6 +1371,7 @@ impl<'a> Unit<'a> {
         let fault = turn.fault.clone();
         let mut turn = turn;
         turn.simulator = std::mem::take(&mut state.pending_simulator);
+        turn.user_source = state.pending_user_source.take();
         let turn = Arc::new(turn);
         recorded.push(turn.clone());
         state.turns.push(turn);

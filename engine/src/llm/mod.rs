@@ -108,8 +108,9 @@ pub struct LlmRequest {
     pub json_schema: Option<serde_json::Value>,
     /// Which attempt at a trajectory this call belongs to (`simulator retries-invalid`): a
     /// retry must be a fresh draw, not the cached answer of the attempt that broke
-    /// character. Part of the cache key when not 0 (so entries of first attempts stay
-    /// valid); never sent.
+    /// character; for a judge, which judgment of the same transcript (`trellis variance`).
+    /// Part of the cache key when not 0 (so entries of first attempts stay valid); never
+    /// sent.
     #[serde(default, skip_serializing_if = "is_first")]
     pub attempt: u32,
 }

@@ -52,6 +52,24 @@ pub async fn rejudge(
     started_at: String,
     status_of: impl Fn(bool, &[crate::record::CriterionRecord]) -> TrajectoryStatus,
 ) -> Result<(Vec<JournalEntry>, RejudgeCounts), RejudgeError> {
+    rejudge_draw(
+        project, entries, runtime, new_run_id, started_at, 0, status_of,
+    )
+    .await
+}
+
+/// [`rejudge`] as judgment number `draw` of the same transcripts (`trellis variance`):
+/// the draw is part of every judge call's cache key when not 0, so each draw is a fresh
+/// judgment even with the response cache on.
+pub async fn rejudge_draw(
+    project: &Project,
+    entries: Vec<JournalEntry>,
+    runtime: &LlmRuntime,
+    new_run_id: &str,
+    started_at: String,
+    draw: u32,
+    status_of: impl Fn(bool, &[crate::record::CriterionRecord]) -> TrajectoryStatus,
+) -> Result<(Vec<JournalEntry>, RejudgeCounts), RejudgeError> {
     let mut info: Option<RunInfo> = None;
     let mut nodes: HashMap<(String, String, String, u32, String), Arc<NodeRecord>> = HashMap::new();
     let mut out: Vec<JournalEntry> = Vec::new();
@@ -90,7 +108,7 @@ pub async fn rejudge(
         futures::stream::iter(trajectories.into_iter().map(|t| {
             let nodes = &nodes;
             let status_of = &status_of;
-            async move { rejudge_one(project, runtime, nodes, t, status_of).await }
+            async move { rejudge_one(project, runtime, nodes, t, draw, status_of).await }
         }))
         .buffered(CONCURRENT_TRAJECTORIES)
         .collect()
@@ -143,6 +161,7 @@ async fn rejudge_one(
     runtime: &LlmRuntime,
     nodes: &HashMap<(String, String, String, u32, String), Arc<NodeRecord>>,
     mut t: TrajectoryRecord,
+    draw: u32,
     status_of: &impl Fn(bool, &[crate::record::CriterionRecord]) -> TrajectoryStatus,
 ) -> (TrajectoryRecord, RejudgeCounts) {
     let mut counts = RejudgeCounts::default();
@@ -204,6 +223,7 @@ async fn rejudge_one(
                 turns: turns.get(..upto).unwrap_or(&turns),
                 turn_index: record.turn_index,
                 repetition: t.repetition,
+                draw,
                 call_name: format!(
                     "rejudge of `{}` on {}/{} trajectory `{}` repetition {} (agent `{}`)",
                     record.criterion, t.suite, t.scenario, t.trajectory, t.repetition, t.agent

@@ -81,6 +81,9 @@ pub struct JudgeTask<'a, T> {
     /// Set for turn-level (`expect`) criteria.
     pub turn_index: Option<u32>,
     pub repetition: u32,
+    /// Which judgment of the same transcript this is (`trellis variance` judges each one
+    /// several times): part of the cache key when not 0, so every draw is a real one.
+    pub draw: u32,
     /// Names the call in a replay-only cache miss.
     pub call_name: String,
 }
@@ -322,6 +325,7 @@ impl LlmRuntime {
         request.temperature_default = Some(0.0);
         request.model = resolved.model.map(str::to_owned);
         request.temperature = resolved.temperature;
+        request.attempt = task.draw;
         if resolved.client.kind() == trellis_dsl::ProviderKind::Anthropic {
             // No structured output there: the prompt asks for JSON and parsing is strict.
             request.json_schema = None;
@@ -609,6 +613,39 @@ impl LlmRuntime {
             });
         }
         Err((fault(why), calls))
+    }
+
+    /// Who the simulated user of `task` is ([`Character::brief`]) and the step's layered
+    /// `fidelity` setting, without calling the simulator: what a replayed user message
+    /// (`--replay-users`) hands the fidelity judge, as a written one would.
+    pub fn simulated_brief<T: AsRef<TurnRecord>>(
+        &self,
+        task: &SimulateTask<'_, T>,
+    ) -> (String, Option<bool>) {
+        let layered = Layered::new(task.simulator, self.setup.simulator.as_ref());
+        let ctx = self.context(task.scenario);
+        let persona = match task.persona {
+            Some(playing) => self.resolve_persona(playing).map(|p| PersonaInfo {
+                kind: p.kind.clone(),
+                description: p.description.clone(),
+                instructions: p.instructions.clone(),
+            }),
+            None => ctx.persona,
+        };
+        // A template that does not render failed the recorded run's simulator already;
+        // the brief goes without it rather than failing a replay.
+        let instructions =
+            simulator::instructions(task.templates, &layered.instructions, task.scope, task.vars)
+                .ok()
+                .flatten();
+        let character = Character {
+            persona,
+            user_context: ctx.user_context,
+            description: ctx.description,
+            instructions,
+            scope: Some((task.scope, task.vars)),
+        };
+        (character.brief(), layered.fidelity)
     }
 
     /// The fidelity judge on one trajectory: the simulated user's `messages` held against

@@ -322,6 +322,7 @@ async fn run_with(
         llm_cache: trellis_engine::llm::LlmCache::disabled(),
         launcher,
         resume: None,
+        replay_users: None,
         llm_budget: Default::default(),
         telemetry: Default::default(),
     };

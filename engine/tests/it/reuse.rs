@@ -48,6 +48,7 @@ pub(crate) async fn run(
         llm_cache: trellis_engine::llm::LlmCache::disabled(),
         launcher: Some(Arc::new(trellis_agents::BuiltinLauncher::new())),
         resume: None,
+        replay_users: None,
         llm_budget: Default::default(),
         telemetry: Default::default(),
     };

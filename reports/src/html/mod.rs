@@ -51,6 +51,8 @@ pub(crate) struct Page<'a> {
     pub(crate) skipped_lines: usize,
     /// Why no transcript could be rendered (the journal was lost), if so.
     pub(crate) transcripts_missing: Option<&'a str>,
+    /// `variance.json` of the run directory, if any.
+    pub(crate) variance: Option<&'a crate::variance::VarianceReport>,
 }
 
 /// Writes the page as `path.partial` and moves it into place once complete.

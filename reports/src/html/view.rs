@@ -683,6 +683,8 @@ pub(crate) struct RoleView {
 #[derive(Serialize)]
 pub(crate) struct PageView {
     run_id: String,
+    /// `variance.json` (`trellis variance`), when the run directory has one.
+    variance: Option<crate::variance::VarianceReport>,
     /// LLM use per role; empty when the run made no LLM call (or did not finish).
     llm_roles: Vec<RoleView>,
     /// Why the run stopped early on its own (an LLM budget).
@@ -992,6 +994,7 @@ pub(crate) fn build(page: &Page<'_>) -> PageView {
 
     PageView {
         run_id: info.run_id.clone(),
+        variance: page.variance.cloned(),
         llm_roles: page
             .finished
             .map(|f| {

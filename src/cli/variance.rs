@@ -1,0 +1,616 @@
+//! `trellis variance RUN PATHS…`: how much of each scenario's outcome variance comes from
+//! the agent, the simulated user and the judge, measured by holding two of them fixed.
+//!
+//! Three conditions, cheapest first, each an ordinary piece of Trellis:
+//! 1. **judge**: RUN's transcripts judged again `--judge-repeats` times (`rejudge`'s
+//!    machinery, the draw in each judge call's cache key), in memory;
+//! 2. **agent**: the suites run `--repeats` times with RUN's simulated users replayed
+//!    (`run --replay-users`, every repetition replaying RUN's first), into
+//!    `RUN/variance/agent`;
+//! 3. **free**: the suites run `--repeats` times as they are, into `RUN/variance/free`.
+//!
+//! The decomposition is `trellis_reports::variance`; the result goes to the console and to
+//! `RUN/variance.json`, which the run's `report.html` shows once rebuilt. A signal or an
+//! LLM budget stops the conditions still to run; what finished is decomposed and said to
+//! be partial.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use comfy_table::{Cell, Table};
+use trellis_engine::journal;
+use trellis_engine::llm::{LlmCache, LlmRuntime, LlmSetup};
+use trellis_engine::record::{JournalEntry, TrajectoryRecord, TrajectoryStatus};
+use trellis_engine::transport::http::HttpTransport;
+use trellis_reports::variance::{
+    Decomposition, GroupKey, Samples, VARIANCE_FILE, VARIANCE_SCHEMA_VERSION, VarianceReport,
+};
+
+use super::console::{errln, outln};
+use super::history::RunsDir;
+use super::stop::{Signals, restore_default_signals};
+use super::{EXIT_BUDGET, EXIT_INCOMPLETE, EXIT_INVALID, EXIT_OK, LlmCacheMode};
+
+#[derive(Debug, Args)]
+pub struct VarianceArgs {
+    /// The recorded run: a run directory, a run id (or a unique prefix) or a name.
+    #[arg(add = clap_complete::ArgValueCandidates::new(super::complete::runs))]
+    run: String,
+    /// The suites RUN was made from (its scenarios are found by suite and id).
+    #[arg(required = true)]
+    paths: Vec<PathBuf>,
+    /// Repetitions of the agent (users replayed) and free conditions.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(2..=1000))]
+    repeats: u32,
+    /// Judgments of each recorded transcript (default: --repeats).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(2..=1000))]
+    judge_repeats: Option<u32>,
+    /// Print variance.json to stdout instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Agent calls in flight at once.
+    #[arg(long, short = 'j', default_value_t = 8)]
+    jobs: usize,
+    /// As for `trellis run`.
+    #[arg(long, value_name = "DIR")]
+    llm_cache: Option<PathBuf>,
+    /// As for `trellis run`.
+    #[arg(long, value_enum, default_value_t = LlmCacheMode::ReadWrite, requires = "llm_cache")]
+    llm_cache_mode: LlmCacheMode,
+    /// Stop once this many LLM calls were sent, across all three conditions (cache hits do
+    /// not count); what finished is decomposed.
+    #[arg(long, value_name = "N")]
+    max_llm_calls: Option<u64>,
+    /// Stop once the LLM calls cost this much, across all three conditions.
+    #[arg(long, value_name = "COST")]
+    max_llm_cost: Option<f64>,
+    #[command(flatten)]
+    runs: RunsDir,
+}
+
+/// The outcome a condition counts: passed or not; invalid and skipped say nothing.
+fn outcome(t: &TrajectoryRecord) -> Option<bool> {
+    match t.status {
+        TrajectoryStatus::Passed => Some(true),
+        TrajectoryStatus::Failed | TrajectoryStatus::Error => Some(false),
+        TrajectoryStatus::Skipped | TrajectoryStatus::Invalid => None,
+    }
+}
+
+fn scenario_key(t: &TrajectoryRecord) -> (String, String, String) {
+    (t.suite.clone(), t.scenario.clone(), t.agent.clone())
+}
+
+fn group(t: &TrajectoryRecord, repetition: u32) -> GroupKey {
+    (
+        t.suite.clone(),
+        t.scenario.clone(),
+        t.agent.clone(),
+        t.trajectory.clone(),
+        repetition,
+    )
+}
+
+/// LLM use per role, as a run's summary counts it.
+type Roles = std::collections::BTreeMap<String, trellis_engine::record::LlmUsage>;
+
+/// LLM use so far, against the whole command's budget.
+#[derive(Default)]
+struct Spent {
+    calls: u64,
+    cost: f64,
+}
+
+impl Spent {
+    fn add(&mut self, roles: &Roles) {
+        for r in roles.values() {
+            // Cache hits are not sent, so they spend nothing of the budget.
+            self.calls += r.calls.saturating_sub(r.cache_hits);
+            self.cost += r.cost.unwrap_or(0.0);
+        }
+    }
+}
+
+pub fn variance(args: VarianceArgs) -> u8 {
+    let entry = match super::history::resolve(&args.runs.dir, &args.run) {
+        Ok(entry) => entry,
+        Err(code) => return code,
+    };
+    let run_dir = entry.dir.clone();
+    let entries: Vec<JournalEntry> = match journal::read(&journal::path_in(&run_dir)) {
+        Ok(entries) => entries.collect(),
+        Err(e) => {
+            errln!("error: {e}: {}", super::recorder::source(&e));
+            return EXIT_INVALID;
+        }
+    };
+    let Some(project) = super::load(&args.paths) else {
+        return EXIT_INVALID;
+    };
+    let judge_repeats = args.judge_repeats.unwrap_or(args.repeats);
+
+    // What RUN recorded: its scenarios, whether their users were simulated and their checks
+    // judged.
+    let mut samples = Samples::default();
+    let mut recorded: HashSet<(String, String)> = HashSet::new();
+    let mut trajectories = 0u64;
+    let mut judged_checks = 0u64;
+    let mut first_repetition = u32::MAX;
+    for e in &entries {
+        match e {
+            JournalEntry::Node(n)
+                if n.turns
+                    .iter()
+                    .any(|t| trellis_engine::execute::replay_users::is_simulated(t)) =>
+            {
+                samples
+                    .simulated
+                    .insert((n.suite.clone(), n.scenario.clone(), n.agent.clone()));
+            }
+            JournalEntry::Trajectory(t) => {
+                trajectories += 1;
+                first_repetition = first_repetition.min(t.repetition);
+                recorded.insert((t.suite.clone(), t.scenario.clone()));
+                let judged = t
+                    .criteria
+                    .iter()
+                    .filter(|c| {
+                        LlmRuntime::is_judged_kind_name(&c.kind)
+                            && !c
+                                .detail
+                                .as_deref()
+                                .is_some_and(|d| d.starts_with("not checked"))
+                    })
+                    .count() as u64;
+                if judged > 0 {
+                    samples.judged.insert(scenario_key(t));
+                }
+                judged_checks += judged;
+            }
+            _ => {}
+        }
+    }
+    if trajectories == 0 {
+        errln!(
+            "error: {} recorded no trajectory: there is nothing to measure",
+            run_dir.display()
+        );
+        return EXIT_INVALID;
+    }
+    let Some(plan) = plan_of(&project, &recorded, args.repeats) else {
+        return EXIT_INVALID;
+    };
+    if plan.scenarios.is_empty() {
+        errln!(
+            "error: none of the scenarios {} recorded is in the suites given (give the \
+             suites the run was made from)",
+            run_dir.display()
+        );
+        return EXIT_INVALID;
+    }
+    let planned = plan.trajectory_count();
+
+    // The plan, before anything is spent.
+    if !args.json {
+        errln!(
+            "variance of run {} ({} recorded trajectories, {} scenarios):",
+            entry.run_id,
+            trajectories,
+            plan.scenarios.len()
+        );
+        errln!(
+            "  judge: {judged_checks} judged check(s) × {judge_repeats} = {} judge calls, no \
+             agent call",
+            judged_checks * u64::from(judge_repeats)
+        );
+        errln!(
+            "  agent: {planned} trajectories (× {} repeats), simulated users replayed from \
+             the run, into {}",
+            args.repeats,
+            run_dir.join("variance/agent").display()
+        );
+        errln!(
+            "  free:  {planned} trajectories (× {} repeats), everything fresh, into {}",
+            args.repeats,
+            run_dir.join("variance/free").display()
+        );
+        if samples.simulated.is_empty() {
+            errln!("  the run has no simulated user turns: nothing can be attributed to the user");
+        }
+    }
+
+    let cache = match &args.llm_cache {
+        None => LlmCache::disabled(),
+        Some(dir) => LlmCache::new(dir, super::run::cache_mode(args.llm_cache_mode)),
+    };
+    let mut spent = Spent::default();
+    let mut stopped: Option<(String, u8)> = None;
+
+    // 1. The judge condition.
+    if judged_checks > 0 {
+        match judge_condition(
+            &project,
+            &entries,
+            &args,
+            judge_repeats,
+            &cache,
+            &mut samples,
+        ) {
+            Ok(roles) => spent.add(&roles),
+            Err((why, roles, code)) => {
+                spent.add(&roles);
+                stopped = Some((why, code));
+            }
+        }
+    }
+
+    // 2 and 3. The agent and free conditions: ordinary runs.
+    let mut runs = std::collections::BTreeMap::new();
+    for (name, replay) in [("agent", true), ("free", false)] {
+        if stopped.is_some() {
+            break;
+        }
+        let out = run_dir.join("variance").join(name);
+        let budget = trellis_engine::llm::meter::Budget {
+            max_calls: args
+                .max_llm_calls
+                .map(|m| m.saturating_sub(spent.calls).max(1)),
+            max_cost: args
+                .max_llm_cost
+                .map(|m| (m - spent.cost).max(f64::MIN_POSITIVE)),
+        };
+        let replay_users = if replay {
+            match super::run::load_user_replay(
+                &args.runs.dir,
+                &run_dir.display().to_string(),
+                Some(first_repetition),
+            ) {
+                Ok(r) => Some(r),
+                Err(code) => return code,
+            }
+        } else {
+            None
+        };
+        // A plan is consumed by its run; planning again is cheap.
+        let Some(plan) = plan_of(&project, &recorded, args.repeats) else {
+            return EXIT_INVALID;
+        };
+        match condition_run(plan, &out, &args, &cache, budget, replay_users) {
+            Ok((summary, code)) => {
+                runs.insert(name.to_owned(), format!("variance/{name}"));
+                if let Some(s) = &summary {
+                    spent.add(&s.llm_roles);
+                }
+                add_outcomes(&out, name, &mut samples);
+                if code == EXIT_BUDGET {
+                    stopped = Some(("the LLM budget was reached".to_owned(), code));
+                } else if code >= 128 || code == EXIT_INCOMPLETE {
+                    stopped = Some((format!("the {name} run was stopped"), code));
+                }
+            }
+            Err(code) => return code,
+        }
+    }
+
+    let (scenarios, overall) = trellis_reports::variance::decompose(&samples);
+    let report = VarianceReport {
+        schema_version: VARIANCE_SCHEMA_VERSION,
+        run_id: entry.run_id.clone(),
+        repeats: args.repeats,
+        judge_repeats,
+        complete: stopped.is_none(),
+        stopped: stopped.as_ref().map(|(why, _)| why.clone()),
+        runs,
+        scenarios,
+        overall,
+    };
+    let path = run_dir.join(VARIANCE_FILE);
+    if let Err(e) = trellis_reports::write_json(&path, &report) {
+        errln!("error: {e}: {}", super::recorder::source(&e));
+        return EXIT_INCOMPLETE;
+    }
+    // The run's report gains its variance section.
+    if let Err(e) =
+        trellis_reports::write_reports(&run_dir, &trellis_reports::ReportOptions::default())
+    {
+        errln!("warning: report.html was not rebuilt: {e}");
+    }
+    if args.json {
+        match serde_json::to_string_pretty(&report) {
+            Ok(text) => outln!("{text}"),
+            Err(e) => errln!("error: {e}"),
+        }
+    } else {
+        print_table(&report);
+        outln!("variance: {}", path.display());
+    }
+    match stopped {
+        Some((why, code)) => {
+            if !args.json {
+                errln!("partial: {why}; the figures use what finished");
+            }
+            code
+        }
+        None => EXIT_OK,
+    }
+}
+
+/// The suites' plan, cut down to the scenarios RUN recorded (their `needs` renumbered).
+fn plan_of(
+    project: &trellis_dsl::Project,
+    recorded: &HashSet<(String, String)>,
+    repeats: u32,
+) -> Option<trellis_engine::plan::Plan> {
+    let selection = trellis_engine::plan::Selection {
+        filters: Vec::new(),
+        tags: Vec::new(),
+        include_inactive: true,
+    };
+    let mut plan = match trellis_engine::plan::Plan::build(project, &selection) {
+        Ok(plan) => plan,
+        Err(e) => {
+            errln!("{:?}", miette::Report::new(e));
+            return None;
+        }
+    };
+    let keep: Vec<bool> = plan
+        .scenarios
+        .iter()
+        .map(|s| recorded.contains(&(s.suite.to_string(), s.scenario.id.value.clone())))
+        .collect();
+    let mut renumber = vec![None; keep.len()];
+    let mut next = 0;
+    for (i, k) in keep.iter().enumerate() {
+        if *k {
+            renumber[i] = Some(next);
+            next += 1;
+        }
+    }
+    let scenarios = std::mem::take(&mut plan.scenarios);
+    plan.scenarios = scenarios
+        .into_iter()
+        .enumerate()
+        .filter(|(i, _)| keep[*i])
+        .map(|(_, mut s)| {
+            s.repeat = repeats;
+            s.needs = s
+                .needs
+                .iter()
+                .filter_map(|&n| renumber.get(n).copied().flatten())
+                .collect();
+            s
+        })
+        .collect();
+    Some(plan)
+}
+
+/// The judge condition: `repeats` re-judgments of the recorded transcripts, in memory.
+/// `Err` says why it stopped early (what finished is kept in `samples`).
+fn judge_condition(
+    project: &trellis_dsl::Project,
+    entries: &[JournalEntry],
+    args: &VarianceArgs,
+    repeats: u32,
+    cache: &LlmCache,
+    samples: &mut Samples,
+) -> Result<Roles, (String, Roles, u8)> {
+    let setup = LlmSetup::from_project(project);
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            return Err((
+                format!("cannot start the async runtime: {e}"),
+                Roles::new(),
+                EXIT_INVALID,
+            ));
+        }
+    };
+    let env = trellis_engine::render::snapshot_env();
+    let llm = LlmRuntime::new(setup, &env, &HttpTransport::new(), cache.clone());
+    let stop = tokio_util::sync::CancellationToken::new();
+    llm.meter().arm(
+        trellis_engine::llm::meter::Budget {
+            max_calls: args.max_llm_calls,
+            max_cost: args.max_llm_cost,
+        },
+        stop.clone(),
+    );
+    let mut outcome = Ok(());
+    runtime.block_on(async {
+        let mut signals = Signals::watch();
+        for draw in 1..=repeats {
+            let judging = trellis_engine::llm::rejudge::rejudge_draw(
+                project,
+                entries.to_vec(),
+                &llm,
+                "variance",
+                String::new(),
+                draw,
+                |faulted, criteria| {
+                    trellis_engine::execute::trajectory_status(faulted, criteria, false).0
+                },
+            );
+            // A draw is one piece: a stop ends it unrecorded, earlier draws are kept.
+            let result = tokio::select! {
+                r = judging => r,
+                signal = signals.next() => {
+                    outcome = Err((format!("{} during judge draw {draw}", signal.name()), signal.exit_code()));
+                    return;
+                }
+                () = stop.cancelled() => {
+                    outcome = Err(("the LLM budget was reached".to_owned(), EXIT_BUDGET));
+                    return;
+                }
+            };
+            let Ok((judged, _)) = result else {
+                continue;
+            };
+            for e in judged {
+                if let JournalEntry::Trajectory(t) = e
+                    && let Some(passed) = outcome_of(&t)
+                {
+                    samples
+                        .judge
+                        .entry(group(&t, t.repetition))
+                        .or_default()
+                        .push(passed);
+                }
+            }
+        }
+    });
+    restore_default_signals();
+    let roles = llm.meter().by_role();
+    match outcome {
+        Ok(()) => Ok(roles),
+        Err((why, code)) => Err((why, roles, code)),
+    }
+}
+
+fn outcome_of(t: &TrajectoryRecord) -> Option<bool> {
+    outcome(t)
+}
+
+/// One of the agent and free conditions, as an ordinary run into `out` (an earlier
+/// variance's is replaced). `Err` is the exit code of a refusal, already said.
+fn condition_run(
+    plan: trellis_engine::plan::Plan,
+    out: &Path,
+    args: &VarianceArgs,
+    cache: &LlmCache,
+    budget: trellis_engine::llm::meter::Budget,
+    replay_users: Option<std::sync::Arc<trellis_engine::execute::UserReplay>>,
+) -> Result<(Option<trellis_engine::record::RunSummary>, u8), u8> {
+    let _claim = match super::recorder::claim_out_dir(out, true) {
+        Ok(claim) => claim,
+        Err(message) => {
+            errln!("error: {message}");
+            return Err(EXIT_INVALID);
+        }
+    };
+    let run_id = super::run::new_run_id();
+    let settings = super::run::Settings {
+        replay_users,
+        jobs: args.jobs.clamp(1, trellis_engine::execute::MAX_JOBS),
+        quiet: true,
+        // The conditions' own consoles would bury the table; their runs are on disk.
+        silent: true,
+        strict: false,
+        json_events: false,
+        llm_cache: cache.clone(),
+        llm_budget: budget,
+        otlp_receiver: None,
+        otlp_endpoint: None,
+        spans_wait: std::time::Duration::from_secs(5),
+        spans_grace: std::time::Duration::from_secs(5),
+    };
+    match super::run::execute_plan(plan, &run_id, out, &settings, None) {
+        Ok(outcome) => Ok((outcome.summary, outcome.exit_code)),
+        Err(message) => {
+            errln!("error: {message}");
+            Err(EXIT_INVALID)
+        }
+    }
+}
+
+/// The outcomes a condition's run recorded, by trajectory (its repetitions one group).
+fn add_outcomes(out: &Path, name: &str, samples: &mut Samples) {
+    let path = journal::path_in(out);
+    let Ok(entries) = journal::read(&path) else {
+        return;
+    };
+    let target = if name == "agent" {
+        &mut samples.agent
+    } else {
+        &mut samples.free
+    };
+    for e in entries {
+        if let JournalEntry::Trajectory(t) = e
+            && let Some(passed) = outcome(&t)
+        {
+            target.entry(group(&t, 0)).or_default().push(passed);
+        }
+    }
+}
+
+fn fmt(v: Option<f64>) -> String {
+    v.map_or_else(|| "–".to_owned(), |v| format!("{v:.3}"))
+}
+
+fn counts(c: &trellis_reports::variance::Condition) -> String {
+    match c.variance {
+        Some(v) => format!(
+            "{v:.3} ({}/{} in {} groups)",
+            c.passed, c.outcomes, c.groups
+        ),
+        None => "–".to_owned(),
+    }
+}
+
+fn row(table: &mut Table, name: &str, d: &Decomposition) {
+    let user = if d.simulated {
+        fmt(d.user)
+    } else {
+        "n/a (no simulated turns)".to_owned()
+    };
+    table.add_row(vec![
+        Cell::new(name),
+        Cell::new(counts(&d.judge_condition)),
+        Cell::new(counts(&d.agent_condition)),
+        Cell::new(counts(&d.free_condition)),
+        Cell::new(fmt(d.judge)),
+        Cell::new(fmt(d.agent)),
+        Cell::new(user),
+        Cell::new(d.source.as_deref().unwrap_or("–")),
+    ]);
+}
+
+fn print_table(report: &VarianceReport) {
+    let mut table = Table::new();
+    table.load_preset(comfy_table::presets::UTF8_FULL_CONDENSED);
+    table.set_header(vec![
+        "scenario [agent]",
+        "v(judge only)",
+        "v(users replayed)",
+        "v(free)",
+        "judge",
+        "agent",
+        "user",
+        "source",
+    ]);
+    for s in &report.scenarios {
+        row(
+            &mut table,
+            &format!("{}/{} [{}]", s.suite, s.scenario, s.agent),
+            &s.decomposition,
+        );
+    }
+    row(&mut table, "overall", &report.overall);
+    outln!("{table}");
+    outln!(
+        "variance of the pass indicator per condition (passed/outcomes in groups of \
+         {} judgments or {} repetitions); judge = v(judge only), agent = v(users replayed) \
+         − judge, user = v(free) − v(users replayed), differences below 0 set to 0",
+        report.judge_repeats,
+        report.repeats
+    );
+    let clamped: Vec<String> = report
+        .scenarios
+        .iter()
+        .filter(|s| !s.decomposition.clamped.is_empty())
+        .map(|s| {
+            format!(
+                "{}/{}: {}",
+                s.suite,
+                s.scenario,
+                s.decomposition.clamped.join(", ")
+            )
+        })
+        .collect();
+    if !clamped.is_empty() {
+        outln!("clamped at 0 (sampling noise): {}", clamped.join("; "));
+    }
+}

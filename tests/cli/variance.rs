@@ -1,0 +1,209 @@
+//! `trellis variance` and `run --replay-users` end to end: an agent (an `openai` model on
+//! the fake LLM endpoint), a simulated user and a judge, each made noisy in turn, while the
+//! other two stay deterministic; the decomposition names the noisy one.
+
+use serde_json::Value;
+
+use super::support::llm::{FakeLlm, Reply, Rule};
+use super::*;
+
+/// Alternating answers, long enough that the last (repeating) one is never reached.
+fn alternating(a: &str, b: &str) -> Vec<Reply> {
+    (0..200)
+        .map(|i| Reply::text(if i % 2 == 0 { a } else { b }))
+        .collect()
+}
+
+fn rule_for(model: &str, contains: Option<&str>, replies: Vec<Reply>) -> Rule {
+    Rule {
+        contains: contains.map(str::to_owned),
+        model: Some(model.to_owned()),
+        system: None,
+        replies,
+        by_turn: false,
+    }
+}
+
+fn suite(dir: &Path, url: &str) -> PathBuf {
+    let path = dir.join("variance.kdl");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+agent "bot" protocol="openai" base-url="{url}" model="agent-m" system-prompt="You book cleanings."
+provider "fake" kind="openai" base-url="{url}" model="judge-m" api-key-env="FAKE_KEY"
+simulator provider="fake" model="sim-m" fidelity=#false
+judge "main" provider="fake"
+
+scenario "book" {{
+    description "A customer books a cleaning"
+    simulate turns=1
+    outcome "the agent booked a slot"
+}}
+"#
+        ),
+    )
+    .unwrap();
+    path
+}
+
+async fn run_once(dir: &Path, suite: &Path) -> PathBuf {
+    let out = dir.join("runs").join("first");
+    let o = trellis()
+        .env("FAKE_KEY", "k")
+        .args(["run", "-q", "--out"])
+        .arg(&out)
+        .arg(suite)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        matches!(o.status.code(), Some(0 | 1)),
+        "{}{}",
+        stdout(&o),
+        stderr(&o)
+    );
+    out
+}
+
+async fn variance(dir: &Path, run: &Path, suite: &Path) -> (Value, String) {
+    let o = trellis()
+        .env("FAKE_KEY", "k")
+        .args(["variance", "--repeats", "4", "--json", "--dir"])
+        .arg(dir.join("runs"))
+        .arg(run)
+        .arg(suite)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let text = std::fs::read_to_string(run.join("variance.json")).unwrap();
+    (serde_json::from_str(&text).unwrap(), stderr(&o))
+}
+
+fn judge_says(passed: bool) -> String {
+    format!(r#"{{"passed": {passed}, "justification": "read it"}}"#)
+}
+
+#[tokio::test]
+async fn a_noisy_agent_is_the_source() {
+    let fake = FakeLlm::start(vec![
+        // The judge passes exactly the confirmed bookings.
+        rule_for(
+            "judge-m",
+            Some("XYZZY"),
+            vec![Reply::text(judge_says(true))],
+        ),
+        rule_for("judge-m", None, vec![Reply::text(judge_says(false))]),
+        rule_for(
+            "sim-m",
+            None,
+            vec![Reply::text("Book me a cleaning please.")],
+        ),
+        rule_for(
+            "agent-m",
+            None,
+            alternating("Booked: slot XYZZY.", "Sorry, we are closed."),
+        ),
+    ])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = suite(dir.path(), &fake.base_url());
+    let run = run_once(dir.path(), &suite).await;
+    let (v, plan) = variance(dir.path(), &run, &suite).await;
+    assert!(plan.is_empty() || !plan.contains("panicked"), "{plan}");
+    let overall = &v["overall"];
+    assert_eq!(overall["source"], "agent", "{v:#}");
+    assert_eq!(overall["judge"].as_f64(), Some(0.0), "{v:#}");
+    assert_eq!(overall["user"].as_f64(), Some(0.0), "{v:#}");
+    assert!(overall["agent"].as_f64().unwrap() > 0.2, "{v:#}");
+    // The replayed run marks its simulated turns as recorded (the agent's first answer
+    // cannot diverge before the user's first message).
+    let turns = read_parquet(&run.join("variance/agent/turns.parquet"));
+    let sources = strings(&turns, "user_source");
+    assert!(!sources.is_empty());
+    assert!(
+        sources.iter().all(|s| s.as_deref() == Some("recorded")),
+        "{sources:?}"
+    );
+    // The HTML report shows the section.
+    let html = std::fs::read_to_string(run.join("report.html")).unwrap();
+    assert!(html.contains("Variance by source"), "no variance section");
+}
+
+#[tokio::test]
+async fn a_noisy_simulated_user_is_the_source() {
+    let fake = FakeLlm::start(vec![
+        rule_for(
+            "judge-m",
+            Some("XYZZY"),
+            vec![Reply::text(judge_says(true))],
+        ),
+        rule_for("judge-m", None, vec![Reply::text(judge_says(false))]),
+        rule_for(
+            "sim-m",
+            None,
+            alternating("Book me a cleaning please.", "Cancel my cleaning."),
+        ),
+        // A deterministic agent: its answer follows the user's request.
+        rule_for(
+            "agent-m",
+            Some("Book me"),
+            vec![Reply::text("Booked: slot XYZZY.")],
+        ),
+        rule_for("agent-m", None, vec![Reply::text("It is cancelled.")]),
+    ])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = suite(dir.path(), &fake.base_url());
+    let run = run_once(dir.path(), &suite).await;
+    let (v, _) = variance(dir.path(), &run, &suite).await;
+    let overall = &v["overall"];
+    assert_eq!(overall["source"], "user", "{v:#}");
+    assert_eq!(overall["agent"].as_f64(), Some(0.0), "{v:#}");
+    assert_eq!(overall["judge"].as_f64(), Some(0.0), "{v:#}");
+    assert!(overall["user"].as_f64().unwrap() > 0.2, "{v:#}");
+}
+
+#[tokio::test]
+async fn a_flipping_judge_is_the_source() {
+    let fake = FakeLlm::start(vec![
+        rule_for(
+            "judge-m",
+            None,
+            alternating(&judge_says(true), &judge_says(false)),
+        ),
+        rule_for(
+            "sim-m",
+            None,
+            vec![Reply::text("Book me a cleaning please.")],
+        ),
+        rule_for("agent-m", None, vec![Reply::text("Booked: slot XYZZY.")]),
+    ])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = suite(dir.path(), &fake.base_url());
+    let run = run_once(dir.path(), &suite).await;
+    let (v, _) = variance(dir.path(), &run, &suite).await;
+    let overall = &v["overall"];
+    assert_eq!(overall["source"], "judge", "{v:#}");
+    assert!(overall["judge"].as_f64().unwrap() > 0.2, "{v:#}");
+    assert_eq!(overall["agent"].as_f64(), Some(0.0), "{v:#}");
+    assert_eq!(overall["user"].as_f64(), Some(0.0), "{v:#}");
+}
+
+#[tokio::test]
+async fn a_run_that_does_not_exist_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = suite(dir.path(), "http://127.0.0.1:9/v1");
+    let o = trellis()
+        .args(["variance", "--dir"])
+        .arg(dir.path().join("runs"))
+        .arg("no-such-run")
+        .arg(&suite)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("no-such-run"), "{}", stderr(&o));
+}
