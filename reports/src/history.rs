@@ -87,6 +87,32 @@ pub struct RunMeta {
     /// Set by `trellis merge`: the shard runs this run was combined from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub merged: Option<MergeMeta>,
+    /// What the run was planned from, so it can be planned again without its paths
+    /// (`trellis variance RUN`). Absent from runs recorded before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<RunSource>,
+}
+
+/// `run.json`'s `source`: the suite files a run loaded and the selection it ran.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunSource {
+    /// Every suite file loaded (included ones too), in load order.
+    pub files: Vec<SourceFileMeta>,
+    /// `--filter` globs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub filters: Vec<String>,
+    /// `--include-inactive`. (The `--tag` selection is the run's `tags`.)
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub include_inactive: bool,
+}
+
+/// One loaded suite file: where it was and what it said.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceFileMeta {
+    /// Absolute.
+    pub path: String,
+    /// BLAKE3 (hex) of the text the run loaded, to tell an edited file from the one run.
+    pub blake3: String,
 }
 
 /// `run.json`'s `shard`: which shard of how many (the whole split is in the shard's

@@ -866,5 +866,7 @@ fn merged_meta(
             partial,
             missing,
         }),
+        // The shards were planned from the same suites and selection.
+        source: first.source.clone(),
     }
 }

@@ -1,14 +1,17 @@
 //! What `trellis run` records about itself in `run.json` before the engine starts: the
 //! suite fingerprint, the git commit the suites come from, the agents' endpoints (without
-//! secrets), the tag selection and the user's `--label`s.
+//! secrets), the tag selection, the user's `--label`s, and the suite files and selection the
+//! plan came from (`source`, which `trellis variance RUN` plans the run again from).
 
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
 use trellis_dsl::{Endpoint, Project, SocketAddress};
-use trellis_engine::plan::Plan;
-use trellis_reports::history::{AgentEndpoint, GitState, RunMeta, SCHEMA_VERSION, redact_url};
+use trellis_engine::plan::{Plan, Selection};
+use trellis_reports::history::{
+    AgentEndpoint, GitState, RunMeta, RunSource, SCHEMA_VERSION, SourceFileMeta, redact_url,
+};
 
 /// `--label key=value`: a key of letters, digits, `_`, `-` and `.`, any value.
 pub fn parse_label(text: &str) -> Result<(String, String), String> {
@@ -31,7 +34,7 @@ pub fn build(
     run_id: &str,
     project: &Project,
     plan: &Plan,
-    tags: &[String],
+    selection: &Selection,
     labels: &[(String, String)],
 ) -> RunMeta {
     let labels: BTreeMap<String, String> = labels.iter().cloned().collect();
@@ -54,14 +57,44 @@ pub fn build(
                 endpoint: endpoint(&a.endpoint),
             })
             .collect(),
-        tags: tags.to_vec(),
+        tags: selection.tags.clone(),
         labels,
         name: None,
         baseline: false,
         watch_rerun: None,
         shard: None,
         merged: None,
+        source: Some(source(project, selection)),
     }
+}
+
+/// The files `project` was loaded from (absolute) with the hash of each one's text, and the
+/// selection.
+fn source(project: &Project, selection: &Selection) -> RunSource {
+    RunSource {
+        files: project
+            .files
+            .iter()
+            .map(|f| SourceFileMeta {
+                path: absolute(&f.path).display().to_string(),
+                blake3: text_hash(&f.text),
+            })
+            .collect(),
+        filters: selection.filters.clone(),
+        include_inactive: selection.include_inactive,
+    }
+}
+
+/// `path` made absolute without resolving links: the path the user's suites are known by
+/// (canonicalising would name a symlinked checkout by its target). Unchanged if the working
+/// directory cannot be read.
+pub fn absolute(path: &Path) -> std::path::PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_owned())
+}
+
+/// BLAKE3 (hex) of one suite file's text, as `run.json`'s `source` records it.
+pub fn text_hash(text: &str) -> String {
+    blake3::hash(text.as_bytes()).to_hex().to_string()
 }
 
 /// BLAKE3 of the loaded suite files' text, sorted so the order files were found in does

@@ -16,6 +16,7 @@ mod import;
 mod init;
 mod merge;
 mod meta;
+mod recorded_suites;
 mod recorder;
 mod rejudge;
 mod resume;

@@ -203,8 +203,13 @@ pub fn run(args: RunArgs) -> u8 {
     let keep_meta = resumed.is_some()
         && trellis_reports::history::RunMeta::read(&out).is_ok_and(|m| m.is_some());
     if !keep_meta {
-        let mut meta =
-            super::meta::build(&run_id, &project, &plan, &args.select.tags, &args.labels);
+        let mut meta = super::meta::build(
+            &run_id,
+            &project,
+            &plan,
+            &args.select.selection(),
+            &args.labels,
+        );
         if let (Some(split), Some(chosen)) = (&split, &chosen) {
             meta.shard = Some(trellis_reports::history::ShardMeta {
                 index: chosen.shard.index(),

@@ -1,4 +1,4 @@
-//! `trellis variance RUN PATHS…`: how much of each scenario's outcome variance comes from
+//! `trellis variance RUN [PATHS…]`: how much of each scenario's outcome variance comes from
 //! the agent, the simulated user and the judge, measured by holding two of them fixed.
 //!
 //! Three conditions, cheapest first, each an ordinary piece of Trellis:
@@ -21,6 +21,7 @@ use clap::Args;
 use comfy_table::{Cell, Table};
 use trellis_engine::journal;
 use trellis_engine::llm::{LlmCache, LlmRuntime, LlmSetup};
+use trellis_engine::plan::Selection;
 use trellis_engine::record::{JournalEntry, TrajectoryRecord, TrajectoryStatus};
 use trellis_engine::transport::http::HttpTransport;
 use trellis_reports::variance::{
@@ -37,8 +38,8 @@ pub struct VarianceArgs {
     /// The recorded run: a run directory, a run id (or a unique prefix) or a name.
     #[arg(add = clap_complete::ArgValueCandidates::new(super::complete::runs))]
     run: String,
-    /// The suites RUN was made from (its scenarios are found by suite and id).
-    #[arg(required = true)]
+    /// The suites to plan RUN's scenarios from (found by suite and id). Default: the suite
+    /// files RUN recorded in its run.json, refused if any is gone or changed.
     paths: Vec<PathBuf>,
     /// Repetitions of the agent (users replayed) and free conditions.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(2..=1000))]
@@ -125,7 +126,23 @@ pub fn variance(args: VarianceArgs) -> u8 {
             return EXIT_INVALID;
         }
     };
-    let Some(project) = super::load(&args.paths) else {
+    // The suites: as given, else as the run recorded them (its files unchanged, its
+    // selection).
+    let (paths, selection) = if args.paths.is_empty() {
+        match super::recorded_suites::recorded(
+            &run_dir,
+            &format!("trellis variance {} PATHS…", args.run),
+        ) {
+            Ok(recorded) => recorded,
+            Err(e) => {
+                errln!("{:?}", miette::Report::new(e));
+                return EXIT_INVALID;
+            }
+        }
+    } else {
+        (args.paths.clone(), every_scenario())
+    };
+    let Some(project) = super::load(&paths) else {
         return EXIT_INVALID;
     };
     let judge_repeats = args.judge_repeats.unwrap_or(args.repeats);
@@ -178,7 +195,7 @@ pub fn variance(args: VarianceArgs) -> u8 {
         );
         return EXIT_INVALID;
     }
-    let Some(plan) = plan_of(&project, &recorded, args.repeats) else {
+    let Some(plan) = plan_of(&project, &selection, &recorded, args.repeats) else {
         return EXIT_INVALID;
     };
     if plan.scenarios.is_empty() {
@@ -273,7 +290,7 @@ pub fn variance(args: VarianceArgs) -> u8 {
             None
         };
         // A plan is consumed by its run; planning again is cheap.
-        let Some(plan) = plan_of(&project, &recorded, args.repeats) else {
+        let Some(plan) = plan_of(&project, &selection, &recorded, args.repeats) else {
             return EXIT_INVALID;
         };
         match condition_run(plan, &out, &args, &cache, budget, replay_users) {
@@ -336,18 +353,23 @@ pub fn variance(args: VarianceArgs) -> u8 {
     }
 }
 
-/// The suites' plan, cut down to the scenarios RUN recorded (their `needs` renumbered).
-fn plan_of(
-    project: &trellis_dsl::Project,
-    recorded: &HashSet<(String, String)>,
-    repeats: u32,
-) -> Option<trellis_engine::plan::Plan> {
-    let selection = trellis_engine::plan::Selection {
+/// Suites given anew: the scenarios RUN recorded are found whatever their tags or state.
+fn every_scenario() -> Selection {
+    Selection {
         filters: Vec::new(),
         tags: Vec::new(),
         include_inactive: true,
-    };
-    let mut plan = match trellis_engine::plan::Plan::build(project, &selection) {
+    }
+}
+
+/// The suites' plan, cut down to the scenarios RUN recorded (their `needs` renumbered).
+fn plan_of(
+    project: &trellis_dsl::Project,
+    selection: &Selection,
+    recorded: &HashSet<(String, String)>,
+    repeats: u32,
+) -> Option<trellis_engine::plan::Plan> {
+    let mut plan = match trellis_engine::plan::Plan::build(project, selection) {
         Ok(plan) => plan,
         Err(e) => {
             errln!("{:?}", miette::Report::new(e));

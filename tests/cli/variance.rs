@@ -66,13 +66,14 @@ async fn run_once(dir: &Path, suite: &Path) -> PathBuf {
     out
 }
 
-async fn variance(dir: &Path, run: &Path, suite: &Path) -> (Value, String) {
+/// `trellis variance RUN [SUITE]`: without SUITE, the suites RUN recorded.
+async fn variance(dir: &Path, run: &Path, suite: Option<&Path>) -> (Value, String) {
     let o = trellis()
         .env("FAKE_KEY", "k")
         .args(["variance", "--repeats", "4", "--json", "--dir"])
         .arg(dir.join("runs"))
         .arg(run)
-        .arg(suite)
+        .args(suite)
         .output()
         .await
         .unwrap();
@@ -110,7 +111,8 @@ async fn a_noisy_agent_is_the_source() {
     let dir = tempfile::tempdir().unwrap();
     let suite = suite(dir.path(), &fake.base_url());
     let run = run_once(dir.path(), &suite).await;
-    let (v, plan) = variance(dir.path(), &run, &suite).await;
+    // No suite paths: the run's own, from its run.json.
+    let (v, plan) = variance(dir.path(), &run, None).await;
     assert!(plan.is_empty() || !plan.contains("panicked"), "{plan}");
     let overall = &v["overall"];
     assert_eq!(overall["source"], "agent", "{v:#}");
@@ -157,7 +159,7 @@ async fn a_noisy_simulated_user_is_the_source() {
     let dir = tempfile::tempdir().unwrap();
     let suite = suite(dir.path(), &fake.base_url());
     let run = run_once(dir.path(), &suite).await;
-    let (v, _) = variance(dir.path(), &run, &suite).await;
+    let (v, _) = variance(dir.path(), &run, Some(&suite)).await;
     let overall = &v["overall"];
     assert_eq!(overall["source"], "user", "{v:#}");
     assert_eq!(overall["agent"].as_f64(), Some(0.0), "{v:#}");
@@ -184,7 +186,7 @@ async fn a_flipping_judge_is_the_source() {
     let dir = tempfile::tempdir().unwrap();
     let suite = suite(dir.path(), &fake.base_url());
     let run = run_once(dir.path(), &suite).await;
-    let (v, _) = variance(dir.path(), &run, &suite).await;
+    let (v, _) = variance(dir.path(), &run, Some(&suite)).await;
     let overall = &v["overall"];
     assert_eq!(overall["source"], "judge", "{v:#}");
     assert!(overall["judge"].as_f64().unwrap() > 0.2, "{v:#}");
@@ -206,4 +208,99 @@ async fn a_run_that_does_not_exist_is_refused() {
         .unwrap();
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("no-such-run"), "{}", stderr(&o));
+}
+
+/// `trellis variance RUN` plans from the suite files RUN recorded; a file edited or removed
+/// since is refused by name (with the way out), an old run.json without them asks for the
+/// paths, and given paths override the record.
+#[tokio::test]
+async fn the_recorded_suites_must_be_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let suites = dir.path().join("suites");
+    std::fs::create_dir_all(suites.join("shared")).unwrap();
+    std::fs::write(
+        suites.join("shared/agents.kdl"),
+        "agent \"demo\" protocol=\"connexity\" builtin=\"booking\"\n",
+    )
+    .unwrap();
+    let suite = suites.join("main.kdl");
+    std::fs::write(
+        &suite,
+        r#"
+include "shared/agents.kdl"
+scenario "hello" {
+    agent "demo"
+    user "Hi, I'd like to book a duct cleaning."
+    expect reply contains="postal code"
+}
+"#,
+    )
+    .unwrap();
+    let run = dir.path().join("runs").join("first");
+    let o = trellis()
+        .current_dir(dir.path())
+        .args(["run", "-q", "--out", "runs/first", "suites"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let meta: Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("run.json")).unwrap()).unwrap();
+    let files: Vec<&str> = meta["source"]["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(files.len(), 2, "{meta:#}");
+    assert!(
+        files.iter().all(|f| Path::new(f).is_absolute()),
+        "{files:?}"
+    );
+
+    let variance = |paths: Vec<PathBuf>| {
+        let mut cmd = trellis();
+        cmd.args(["variance", "--repeats", "2", "--dir"])
+            .arg(dir.path().join("runs"))
+            .arg("first")
+            .args(paths);
+        async move { cmd.output().await.unwrap() }
+    };
+    let o = variance(vec![]).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(run.join("variance.json").is_file());
+
+    // An edit: refused, naming the file.
+    let original = std::fs::read_to_string(&suite).unwrap();
+    std::fs::write(&suite, original.replace("Hi, I'd", "Hello, I'd")).unwrap();
+    let o = variance(vec![]).await;
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("main.kdl has changed since"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(stderr(&o).contains("PATHS"), "{}", stderr(&o));
+    // Given paths override the record (the edited scenario is still `hello`).
+    let o = variance(vec![suites.clone()]).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    std::fs::write(&suite, &original).unwrap();
+
+    // A file gone: refused, naming it.
+    std::fs::remove_file(suites.join("shared/agents.kdl")).unwrap();
+    let o = variance(vec![]).await;
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("agents.kdl is gone"), "{}", stderr(&o));
+
+    // A run.json from before the source was recorded: the paths are asked for.
+    let mut old = meta.clone();
+    old.as_object_mut().unwrap().remove("source");
+    std::fs::write(run.join("run.json"), old.to_string()).unwrap();
+    let o = variance(vec![]).await;
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("does not record which suites"),
+        "{}",
+        stderr(&o)
+    );
 }
