@@ -14,7 +14,14 @@
 //!
 //! Treating the sources as independent and their effects as additive, judge ≈ v(judge),
 //! agent ≈ v(agent) − v(judge), user ≈ v(free) − v(agent); a negative difference (sampling
-//! noise) is clamped at 0 and named in `clamped`. See docs/simulator.md for the limits.
+//! noise) is clamped at 0 and named in `clamped`.
+//!
+//! Each estimate gets a 95% interval from a two-stage bootstrap ([`BOOTSTRAP`]): each
+//! condition's groups are resampled with replacement, then each drawn group's outcomes,
+//! and the estimates are computed again, [`RESAMPLES`] times, with a fixed seed so the same
+//! samples always give the same interval; the interval is the resamples' 2.5th and 97.5th
+//! percentiles. Resampling the outcomes too keeps a scenario of one trajectory from getting
+//! an interval of zero width. See docs/simulator.md for the limits.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -22,10 +29,19 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::error::ReportError;
+use crate::stats::{CONFIDENCE, Interval};
 
 /// The file in a run directory.
 pub const VARIANCE_FILE: &str = "variance.json";
 pub const VARIANCE_SCHEMA_VERSION: u32 = 1;
+
+/// Resamples of the bootstrap behind every interval.
+pub const RESAMPLES: u32 = 2000;
+/// The bootstrap's seed: fixed, so an interval is a function of the samples alone.
+pub const SEED: u64 = 0x7472_656c_6c69_7321;
+/// How the intervals are made, as `variance.json` says it.
+pub const BOOTSTRAP: &str =
+    "two-stage bootstrap (groups, then outcomes within each group), percentile";
 
 /// A group of outcomes that differ only by the sources a condition lets vary: suite,
 /// scenario, agent, trajectory and (judge condition) the recorded repetition.
@@ -52,6 +68,31 @@ pub struct VarianceReport {
     pub scenarios: Vec<ScenarioVariance>,
     /// All groups of every scenario pooled.
     pub overall: Decomposition,
+    /// How the estimates' intervals were made. Absent from files written before intervals
+    /// existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub intervals: Option<IntervalMethod>,
+}
+
+/// `variance.json`'s `intervals`: the method behind every `judge_interval`,
+/// `agent_interval` and `user_interval`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct IntervalMethod {
+    pub method: String,
+    pub confidence: f64,
+    pub resamples: u32,
+    pub seed: u64,
+}
+
+impl Default for IntervalMethod {
+    fn default() -> Self {
+        Self {
+            method: BOOTSTRAP.to_owned(),
+            confidence: CONFIDENCE,
+            resamples: RESAMPLES,
+            seed: SEED,
+        }
+    }
 }
 
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -79,6 +120,14 @@ pub struct Decomposition {
     pub judge: Option<f64>,
     pub agent: Option<f64>,
     pub user: Option<f64>,
+    /// The estimates' intervals (see [`IntervalMethod`]); null when the estimate is, or
+    /// (judge) when it is 0 by construction is `[0, 0]`.
+    #[serde(default)]
+    pub judge_interval: Option<Interval>,
+    #[serde(default)]
+    pub agent_interval: Option<Interval>,
+    #[serde(default)]
+    pub user_interval: Option<Interval>,
     /// The free condition's variance: all sources together.
     pub total: Option<f64>,
     /// Each source's part of the sum of the estimates (0–1), when that sum is positive.
@@ -165,16 +214,22 @@ pub fn decompose(samples: &Samples) -> (Vec<ScenarioVariance>, Decomposition) {
     (scenarios, overall)
 }
 
-fn decomposition(
-    judge: &[Vec<bool>],
-    agent: &[Vec<bool>],
-    free: &[Vec<bool>],
+/// The three sources' estimates from the three conditions' variances, and the sources
+/// whose difference was clamped at 0.
+struct Estimates {
+    judge: Option<f64>,
+    agent: Option<f64>,
+    user: Option<f64>,
+    clamped: Vec<String>,
+}
+
+fn estimates(
+    judge: Option<f64>,
+    agent: Option<f64>,
+    free: Option<f64>,
     simulated: bool,
     judged: bool,
-) -> Decomposition {
-    let judge_condition = condition(judge);
-    let agent_condition = condition(agent);
-    let free_condition = condition(free);
+) -> Estimates {
     let mut clamped = Vec::new();
     let mut difference = |name: &str, a: Option<f64>, b: Option<f64>| {
         let (a, b) = (a?, b?);
@@ -187,17 +242,45 @@ fn decomposition(
     };
     // Without a judged check the judge cannot move an outcome: its part is 0 by
     // construction, whether or not its condition was measured.
-    let judge_v = if judged {
-        judge_condition.variance
-    } else {
-        Some(0.0)
-    };
-    let agent_v = difference("agent", agent_condition.variance, judge_v);
+    let judge_v = if judged { judge } else { Some(0.0) };
+    let agent_v = difference("agent", agent, judge_v);
     let user_v = if simulated {
-        difference("user", free_condition.variance, agent_condition.variance)
+        difference("user", free, agent)
     } else {
         None
     };
+    Estimates {
+        judge: judge_v,
+        agent: agent_v,
+        user: user_v,
+        clamped,
+    }
+}
+
+fn decomposition(
+    judge: &[Vec<bool>],
+    agent: &[Vec<bool>],
+    free: &[Vec<bool>],
+    simulated: bool,
+    judged: bool,
+) -> Decomposition {
+    let judge_condition = condition(judge);
+    let agent_condition = condition(agent);
+    let free_condition = condition(free);
+    let Estimates {
+        judge: judge_v,
+        agent: agent_v,
+        user: user_v,
+        clamped,
+    } = estimates(
+        judge_condition.variance,
+        agent_condition.variance,
+        free_condition.variance,
+        simulated,
+        judged,
+    );
+    let [judge_interval, agent_interval, user_interval] =
+        bootstrap(judge, agent, free, simulated, judged);
     let mut shares = BTreeMap::new();
     let parts: Vec<(&str, f64)> = [("judge", judge_v), ("agent", agent_v), ("user", user_v)]
         .into_iter()
@@ -226,6 +309,10 @@ fn decomposition(
         judge: judge_v,
         agent: agent_v,
         user: user_v,
+        // An estimate without a value has no interval either.
+        judge_interval: judge_interval.filter(|_| judge_v.is_some()),
+        agent_interval: agent_interval.filter(|_| agent_v.is_some()),
+        user_interval: user_interval.filter(|_| user_v.is_some()),
         total: free_condition_variance(free),
         shares,
         source,
@@ -255,6 +342,80 @@ fn condition(groups: &[Vec<bool>]) -> Condition {
         out.variance = Some(sum / out.groups as f64);
     }
     out
+}
+
+/// Outcome counts of a condition's measured groups: (passed, outcomes) per group.
+fn tallies(groups: &[Vec<bool>]) -> Vec<(u32, u32)> {
+    groups
+        .iter()
+        .filter(|g| g.len() >= 2)
+        .map(|g| (g.iter().filter(|&&p| p).count() as u32, g.len() as u32))
+        .collect()
+}
+
+/// One bootstrap draw of a condition's variance: its groups drawn with replacement, then
+/// each drawn group's outcomes drawn with replacement from it (a binomial draw of its pass
+/// rate). `None` without a measured group.
+fn resampled(groups: &[(u32, u32)], rng: &mut fastrand::Rng) -> Option<f64> {
+    if groups.is_empty() {
+        return None;
+    }
+    let mut sum = 0.0;
+    for _ in 0..groups.len() {
+        let (passed, n) = groups[rng.usize(..groups.len())];
+        let passed = (0..n).filter(|_| rng.u32(..n) < passed).count() as f64;
+        let n = f64::from(n);
+        sum += passed * (n - passed) / (n * (n - 1.0));
+    }
+    Some(sum / groups.len() as f64)
+}
+
+/// The judge, agent and user estimates' intervals ([`BOOTSTRAP`]); each `None` when no
+/// resample gave the estimate a value.
+fn bootstrap(
+    judge: &[Vec<bool>],
+    agent: &[Vec<bool>],
+    free: &[Vec<bool>],
+    simulated: bool,
+    judged: bool,
+) -> [Option<Interval>; 3] {
+    let (judge, agent, free) = (tallies(judge), tallies(agent), tallies(free));
+    // One generator per decomposition, seeded alike: a scenario's interval does not depend
+    // on which scenarios came before it.
+    let mut rng = fastrand::Rng::with_seed(SEED);
+    let mut draws: [Vec<f64>; 3] = Default::default();
+    for _ in 0..RESAMPLES {
+        let e = estimates(
+            resampled(&judge, &mut rng),
+            resampled(&agent, &mut rng),
+            resampled(&free, &mut rng),
+            simulated,
+            judged,
+        );
+        for (i, v) in [e.judge, e.agent, e.user].into_iter().enumerate() {
+            if let Some(v) = v {
+                draws[i].push(v);
+            }
+        }
+    }
+    draws.map(|mut d| percentile_interval(&mut d))
+}
+
+/// The central [`CONFIDENCE`] interval of `draws` (percentiles, nearest rank).
+fn percentile_interval(draws: &mut [f64]) -> Option<Interval> {
+    if draws.is_empty() {
+        return None;
+    }
+    draws.sort_unstable_by(f64::total_cmp);
+    let tail = (1.0 - CONFIDENCE) / 2.0;
+    let at = |q: f64| {
+        let i = ((q * draws.len() as f64).ceil() as usize).clamp(1, draws.len()) - 1;
+        draws[i]
+    };
+    Some(Interval {
+        low: at(tail),
+        high: at(1.0 - tail),
+    })
 }
 
 /// Reads `variance.json` from a run directory; `None` when there is none.
@@ -300,6 +461,48 @@ mod tests {
         assert_eq!(overall.judge, Some(0.0));
         assert_eq!(overall.user, Some(0.0));
         assert!((overall.agent.unwrap_or_default() - 1.0 / 3.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn intervals_are_reproducible_and_hold_the_estimate() {
+        let mut samples = Samples::default();
+        samples.judge.insert(key("main", 0), vec![true; 5]);
+        for (t, outcomes) in [
+            ("a", vec![true, false, true, false, true]),
+            ("b", vec![true, true, false, true, false]),
+        ] {
+            samples.agent.insert(key(t, 0), outcomes.clone());
+            samples.free.insert(key(t, 0), outcomes);
+        }
+        samples.judged.insert(("s".into(), "sc".into(), "a".into()));
+        let (_, first) = decompose(&samples);
+        let (_, again) = decompose(&samples);
+        assert_eq!(first.agent_interval, again.agent_interval);
+        let agent = first.agent.unwrap();
+        let i = first.agent_interval.unwrap();
+        // 3 of 5 is the largest variance 5 outcomes can show: the estimate is the top.
+        assert!(
+            i.low <= agent && agent <= i.high + 1e-9 && i.low < i.high,
+            "{i:?} {agent}"
+        );
+        // A judge that never varied: every resample says 0.
+        assert_eq!(
+            first.judge_interval.map(|i| (i.low, i.high)),
+            Some((0.0, 0.0))
+        );
+        // No simulated turns: no user estimate, no interval.
+        assert_eq!(first.user_interval, None);
+    }
+
+    #[test]
+    fn one_group_still_gets_a_real_interval() {
+        let mut samples = Samples::default();
+        samples
+            .agent
+            .insert(key("main", 0), vec![true, false, true, false, true, false]);
+        let (_, overall) = decompose(&samples);
+        let i = overall.agent_interval.unwrap();
+        assert!(i.low < i.high, "{i:?}");
     }
 
     #[test]

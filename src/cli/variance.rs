@@ -25,7 +25,8 @@ use trellis_engine::plan::Selection;
 use trellis_engine::record::{JournalEntry, TrajectoryRecord, TrajectoryStatus};
 use trellis_engine::transport::http::HttpTransport;
 use trellis_reports::variance::{
-    Decomposition, GroupKey, Samples, VARIANCE_FILE, VARIANCE_SCHEMA_VERSION, VarianceReport,
+    Decomposition, GroupKey, IntervalMethod, Samples, VARIANCE_FILE, VARIANCE_SCHEMA_VERSION,
+    VarianceReport,
 };
 
 use super::console::{errln, outln};
@@ -321,6 +322,7 @@ pub fn variance(args: VarianceArgs) -> u8 {
         runs,
         scenarios,
         overall,
+        intervals: Some(IntervalMethod::default()),
     };
     let path = run_dir.join(VARIANCE_FILE);
     if let Err(e) = trellis_reports::write_json(&path, &report) {
@@ -562,6 +564,14 @@ fn fmt(v: Option<f64>) -> String {
     v.map_or_else(|| "–".to_owned(), |v| format!("{v:.3}"))
 }
 
+/// An estimate with its interval: `0.250 [0.100, 0.410]`.
+fn estimate(v: Option<f64>, interval: Option<trellis_reports::stats::Interval>) -> String {
+    match (v, interval) {
+        (Some(v), Some(i)) => format!("{v:.3} [{:.3}, {:.3}]", i.low, i.high),
+        (v, _) => fmt(v),
+    }
+}
+
 fn counts(c: &trellis_reports::variance::Condition) -> String {
     match c.variance {
         Some(v) => format!(
@@ -574,7 +584,7 @@ fn counts(c: &trellis_reports::variance::Condition) -> String {
 
 fn row(table: &mut Table, name: &str, d: &Decomposition) {
     let user = if d.simulated {
-        fmt(d.user)
+        estimate(d.user, d.user_interval)
     } else {
         "n/a (no simulated turns)".to_owned()
     };
@@ -583,8 +593,8 @@ fn row(table: &mut Table, name: &str, d: &Decomposition) {
         Cell::new(counts(&d.judge_condition)),
         Cell::new(counts(&d.agent_condition)),
         Cell::new(counts(&d.free_condition)),
-        Cell::new(fmt(d.judge)),
-        Cell::new(fmt(d.agent)),
+        Cell::new(estimate(d.judge, d.judge_interval)),
+        Cell::new(estimate(d.agent, d.agent_interval)),
         Cell::new(user),
         Cell::new(d.source.as_deref().unwrap_or("–")),
     ]);
@@ -615,9 +625,12 @@ fn print_table(report: &VarianceReport) {
     outln!(
         "variance of the pass indicator per condition (passed/outcomes in groups of \
          {} judgments or {} repetitions); judge = v(judge only), agent = v(users replayed) \
-         − judge, user = v(free) − v(users replayed), differences below 0 set to 0",
+         − judge, user = v(free) − v(users replayed), differences below 0 set to 0; \
+         [95% interval: {} resamples of a two-stage bootstrap over groups and outcomes, \
+         seed fixed]",
         report.judge_repeats,
-        report.repeats
+        report.repeats,
+        trellis_reports::variance::RESAMPLES,
     );
     let clamped: Vec<String> = report
         .scenarios

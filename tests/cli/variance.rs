@@ -119,6 +119,22 @@ async fn a_noisy_agent_is_the_source() {
     assert_eq!(overall["judge"].as_f64(), Some(0.0), "{v:#}");
     assert_eq!(overall["user"].as_f64(), Some(0.0), "{v:#}");
     assert!(overall["agent"].as_f64().unwrap() > 0.2, "{v:#}");
+    // Each estimate has its interval, around it; a judge that never varied has [0, 0].
+    let agent = overall["agent"].as_f64().unwrap();
+    let (low, high) = (
+        overall["agent_interval"]["low"].as_f64().unwrap(),
+        overall["agent_interval"]["high"].as_f64().unwrap(),
+    );
+    assert!(
+        low <= agent + 1e-9 && agent <= high + 1e-9 && low < high,
+        "{v:#}"
+    );
+    assert_eq!(
+        overall["judge_interval"]["high"].as_f64(),
+        Some(0.0),
+        "{v:#}"
+    );
+    assert!(v["intervals"]["seed"].as_u64().is_some(), "{v:#}");
     // The replayed run marks its simulated turns as recorded (the agent's first answer
     // cannot diverge before the user's first message).
     let turns = read_parquet(&run.join("variance/agent/turns.parquet"));
@@ -131,6 +147,10 @@ async fn a_noisy_agent_is_the_source() {
     // The HTML report shows the section.
     let html = std::fs::read_to_string(run.join("report.html")).unwrap();
     assert!(html.contains("Variance by source"), "no variance section");
+    assert!(
+        html.contains(&format!("[{low:.3}, {high:.3}]")),
+        "the report does not show the agent's interval"
+    );
 }
 
 #[tokio::test]
