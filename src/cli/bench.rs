@@ -198,6 +198,7 @@ fn measure(suite: &std::path::Path, out: &std::path::Path, jobs: usize) -> Optio
         otlp_endpoint: None,
         spans_wait: trellis_engine::otel::DEFAULT_SPANS_WAIT,
         spans_grace: trellis_engine::otel::DEFAULT_SPANS_WAIT,
+        signals: None,
     };
     // As `trellis run` does: the journal records what each trajectory means.
     trellis_engine::fingerprint::stamp(&project, &mut plan);

@@ -249,6 +249,7 @@ pub fn run(args: RunArgs) -> u8 {
         otlp_endpoint: args.otlp_endpoint.clone(),
         spans_wait: args.spans_wait,
         spans_grace: args.spans_grace,
+        signals: None,
     };
     let outcome = match execute_plan(plan, &run_id, &out, &settings, resumed) {
         Ok(outcome) => outcome,
@@ -539,6 +540,10 @@ pub struct Settings {
     /// `--spans-wait`, `--spans-grace`.
     pub spans_wait: std::time::Duration,
     pub spans_grace: std::time::Duration,
+    /// The caller watches SIGINT/SIGTERM for a command of several runs (`variance`): the
+    /// run stops on the relay's signals and leaves the handlers installed. `None`: the run
+    /// watches for itself and restores the default dispositions at its end.
+    pub signals: Option<super::stop::SignalRelay>,
 }
 
 pub struct Outcome {
@@ -640,7 +645,10 @@ pub fn execute_plan(
         .map_err(|e| format!("cannot start the reporter thread: {e}"))?;
 
     let stopped_by = runtime.block_on(async {
-        let mut signals = Signals::watch();
+        let mut signals = settings
+            .signals
+            .as_ref()
+            .map_or_else(Signals::watch, super::stop::SignalRelay::signals);
         let mut engine = tokio::spawn(execute::run(plan, options, tx));
         let first = tokio::select! {
             finished = &mut engine => {
@@ -681,7 +689,9 @@ pub fn execute_plan(
     // Dropping the runtime drops every task still holding an event sender, which ends the
     // reporter's stream; agent tasks of an aborted run are not waited for.
     runtime.shutdown_background();
-    restore_default_signals();
+    if settings.signals.is_none() {
+        restore_default_signals();
+    }
     let Ok((reporter, mut report_cpu)) = reporter.join() else {
         errln!(
             "error: trellis failed while reporting (a bug); results are incomplete: \

@@ -2,7 +2,8 @@
 //! `agent`): SIGINT (Ctrl-C) or SIGTERM (CI cancellation, `docker stop`) asks for a graceful
 //! stop, a second one for a hard stop. What "graceful" means is the command's business
 //! (`run` lets calls in flight finish, see [`super::run`]); the exit codes are shared and
-//! documented in docs/results.md.
+//! documented in docs/results.md. A command made of several pieces watches once, through
+//! a [`SignalRelay`].
 
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
@@ -39,6 +40,67 @@ impl StopSignal {
 pub struct Signals {
     interrupt: Option<Signal>,
     terminate: Option<Signal>,
+    /// Made by [`SignalRelay::signals`]: the command's signals so far, and how many of them
+    /// this one returned.
+    relay: Option<(tokio::sync::watch::Receiver<Vec<StopSignal>>, usize)>,
+}
+
+/// One watcher of SIGINT and SIGTERM for a whole command made of several pieces, each on a
+/// runtime of its own (`variance`: a judge condition, then two runs). Tokio installs its
+/// handler once per process, so a piece that restored the default disposition
+/// ([`restore_default_signals`]) would leave the next piece's watcher deaf and a signal
+/// between pieces would go unseen; the relay watches on a thread of its own from start to
+/// end instead, and each piece reads the command's signals from it ([`Self::signals`]).
+#[derive(Clone)]
+pub struct SignalRelay {
+    received: tokio::sync::watch::Receiver<Vec<StopSignal>>,
+}
+
+impl SignalRelay {
+    /// Starts watching; returns once the handlers are installed. `announce` is said on
+    /// stderr when the first signal arrives (the piece then running may be silent).
+    pub fn start(announce: Option<String>) -> std::io::Result<SignalRelay> {
+        let (tx, received) = tokio::sync::watch::channel(Vec::new());
+        let (ready, installed) = std::sync::mpsc::channel();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        std::thread::Builder::new()
+            .name("trellis-signals".into())
+            .spawn(move || {
+                runtime.block_on(async {
+                    let mut signals = Signals::watch();
+                    let _ = ready.send(());
+                    loop {
+                        let signal = signals.next().await;
+                        let first = tx.borrow().is_empty();
+                        if first && let Some(announce) = &announce {
+                            super::console::errln!("{}: {announce}", signal.name());
+                        }
+                        tx.send_modify(|all| all.push(signal));
+                    }
+                });
+            })?;
+        // The thread only fails to say so if it died before watching: then the default
+        // dispositions stand, as for `Signals::watch` without a handler.
+        let _ = installed.recv();
+        Ok(SignalRelay { received })
+    }
+
+    /// The command's first signal, if one arrived.
+    pub fn stopped(&self) -> Option<StopSignal> {
+        self.received.borrow().first().copied()
+    }
+
+    /// The command's signals for one piece, from the first: a signal that arrived before
+    /// the piece started stops it at once, and the next one is its "again".
+    pub fn signals(&self) -> Signals {
+        Signals {
+            interrupt: None,
+            terminate: None,
+            relay: Some((self.received.clone(), 0)),
+        }
+    }
 }
 
 impl Signals {
@@ -48,12 +110,30 @@ impl Signals {
         Signals {
             interrupt: signal(SignalKind::interrupt()).ok(),
             terminate: signal(SignalKind::terminate()).ok(),
+            relay: None,
         }
     }
 
     /// The next signal. Cancel-safe: a signal that arrives while nobody waits is kept for
     /// the next call.
     pub async fn next(&mut self) -> StopSignal {
+        if let Some((received, seen)) = &mut self.relay {
+            let wanted = *seen + 1;
+            // The guard is let go before anything else is awaited (it is not `Send`).
+            let signal = received
+                .wait_for(|all| all.len() >= wanted)
+                .await
+                .ok()
+                .and_then(|all| all.get(wanted - 1).copied());
+            return match signal {
+                Some(signal) => {
+                    *seen = wanted;
+                    signal
+                }
+                // The relay's thread is gone: no signal will come this way.
+                None => std::future::pending().await,
+            };
+        }
         async fn recv(signal: &mut Option<Signal>) -> Option<()> {
             match signal {
                 Some(signal) => signal.recv().await,

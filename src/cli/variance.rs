@@ -11,8 +11,11 @@
 //!
 //! The decomposition is `trellis_reports::variance`; the result goes to the console and to
 //! `RUN/variance.json`, which the run's `report.html` shows once rebuilt. A signal or an
-//! LLM budget stops the conditions still to run; what finished is decomposed and said to
-//! be partial.
+//! LLM budget stops the condition running and those still to run; what finished is
+//! decomposed and said to be partial. Signals are watched once for the whole command
+//! ([`SignalRelay`]): each condition has a runtime of its own, and a watcher per condition
+//! would leave the moments between them (and the next condition, once one restored the
+//! default dispositions) unguarded.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -31,7 +34,7 @@ use trellis_reports::variance::{
 
 use super::console::{errln, outln};
 use super::history::RunsDir;
-use super::stop::{Signals, restore_default_signals};
+use super::stop::{SignalRelay, StopSignal};
 use super::{EXIT_BUDGET, EXIT_INCOMPLETE, EXIT_INVALID, EXIT_OK, LlmCacheMode};
 
 #[derive(Debug, Args)]
@@ -48,9 +51,12 @@ pub struct VarianceArgs {
     /// Judgments of each recorded transcript (default: --repeats).
     #[arg(long, value_parser = clap::value_parser!(u32).range(2..=1000))]
     judge_repeats: Option<u32>,
-    /// Print variance.json to stdout instead of the table.
+    /// Print variance.json to stdout instead of the table (and no progress on stderr).
     #[arg(long)]
     json: bool,
+    /// No plan or progress lines on stderr; only the table.
+    #[arg(long, short = 'q')]
+    quiet: bool,
     /// Agent calls in flight at once.
     #[arg(long, short = 'j', default_value_t = 8)]
     jobs: usize,
@@ -209,8 +215,9 @@ pub fn variance(args: VarianceArgs) -> u8 {
     }
     let planned = plan.trajectory_count();
 
+    let quiet = args.quiet || args.json;
     // The plan, before anything is spent.
-    if !args.json {
+    if !quiet {
         errln!(
             "variance of run {} ({} recorded trajectories, {} scenarios):",
             entry.run_id,
@@ -223,13 +230,13 @@ pub fn variance(args: VarianceArgs) -> u8 {
             judged_checks * u64::from(judge_repeats)
         );
         errln!(
-            "  agent: {planned} trajectories (× {} repeats), simulated users replayed from \
-             the run, into {}",
+            "  agent: {planned} trajectory runs ({} repetitions), simulated users replayed \
+             from the run, into {}",
             args.repeats,
             run_dir.join("variance/agent").display()
         );
         errln!(
-            "  free:  {planned} trajectories (× {} repeats), everything fresh, into {}",
+            "  free:  {planned} trajectory runs ({} repetitions), everything fresh, into {}",
             args.repeats,
             run_dir.join("variance/free").display()
         );
@@ -244,15 +251,39 @@ pub fn variance(args: VarianceArgs) -> u8 {
     };
     let mut spent = Spent::default();
     let mut stopped: Option<(String, u8)> = None;
+    // From here on a signal stops the conditions gracefully, whichever is running (or
+    // none: between them, or while the results are written).
+    let relay = match SignalRelay::start((!quiet).then(|| {
+        "stopping: the condition running stops as `trellis run` does (signal again to \
+         stop its calls at once); what finished is decomposed and marked partial"
+            .to_owned()
+    })) {
+        Ok(relay) => relay,
+        Err(e) => {
+            errln!("error: cannot watch for signals: {e}");
+            return EXIT_INVALID;
+        }
+    };
+    let progress = |line: std::fmt::Arguments<'_>| {
+        if !quiet {
+            errln!("variance: {line}");
+        }
+    };
 
     // 1. The judge condition.
     if judged_checks > 0 {
+        progress(format_args!(
+            "judge condition: {judged_checks} judged check(s), {judge_repeats} draws …"
+        ));
+        let started = std::time::Instant::now();
+        let before = tally(&samples.judge);
         match judge_condition(
             &project,
             &entries,
             &args,
             judge_repeats,
             &cache,
+            &relay,
             &mut samples,
         ) {
             Ok(roles) => spent.add(&roles),
@@ -261,11 +292,27 @@ pub fn variance(args: VarianceArgs) -> u8 {
                 stopped = Some((why, code));
             }
         }
+        let after = tally(&samples.judge);
+        progress(format_args!(
+            "judge condition {}: {} trajectory judgments ({} passed) in {:.1}s",
+            if stopped.is_some() { "stopped" } else { "done" },
+            after.0 - before.0,
+            after.1 - before.1,
+            started.elapsed().as_secs_f64()
+        ));
     }
 
     // 2 and 3. The agent and free conditions: ordinary runs.
     let mut runs = std::collections::BTreeMap::new();
     for (name, replay) in [("agent", true), ("free", false)] {
+        if let Some(signal) = relay.stopped()
+            && stopped.is_none()
+        {
+            stopped = Some((
+                format!("{} before the {name} condition", signal.name()),
+                signal.exit_code(),
+            ));
+        }
         if stopped.is_some() {
             break;
         }
@@ -294,23 +341,60 @@ pub fn variance(args: VarianceArgs) -> u8 {
         let Some(plan) = plan_of(&project, &selection, &recorded, args.repeats) else {
             return EXIT_INVALID;
         };
-        match condition_run(plan, &out, &args, &cache, budget, replay_users) {
+        progress(format_args!(
+            "{name} condition ({}): {} trajectory runs …",
+            if replay {
+                "users replayed"
+            } else {
+                "everything fresh"
+            },
+            plan.trajectory_count()
+        ));
+        let started = std::time::Instant::now();
+        match condition_run(plan, &out, &args, &cache, budget, replay_users, &relay) {
             Ok((summary, code)) => {
                 runs.insert(name.to_owned(), format!("variance/{name}"));
                 if let Some(s) = &summary {
                     spent.add(&s.llm_roles);
                 }
-                add_outcomes(&out, name, &mut samples);
-                if code == EXIT_BUDGET {
-                    stopped = Some(("the LLM budget was reached".to_owned(), code));
+                let counted = add_outcomes(&out, name, &mut samples);
+                if let Some(signal) = relay.stopped() {
+                    stopped = Some((
+                        format!("{} during the {name} condition", signal.name()),
+                        signal.exit_code(),
+                    ));
+                } else if code == EXIT_BUDGET {
+                    stopped = Some((
+                        format!("the LLM budget was reached during the {name} condition"),
+                        code,
+                    ));
                 } else if code >= 128 || code == EXIT_INCOMPLETE {
-                    stopped = Some((format!("the {name} run was stopped"), code));
+                    stopped = Some((format!("the {name} run did not finish"), code));
                 }
+                progress(format_args!(
+                    "{name} condition {}: {} trajectory runs finished ({} passed, {} failed \
+                     or error, {} invalid or skipped) in {:.1}s",
+                    if stopped.is_some() { "stopped" } else { "done" },
+                    counted.finished,
+                    counted.passed,
+                    counted.failed,
+                    counted.left_out,
+                    started.elapsed().as_secs_f64()
+                ));
             }
             Err(code) => return code,
         }
     }
 
+    // A signal after the last condition still marks the result partial, as `run` does.
+    if stopped.is_none()
+        && let Some(signal) = relay.stopped()
+    {
+        stopped = Some((
+            format!("{} after the conditions", signal.name()),
+            signal.exit_code(),
+        ));
+    }
     let (scenarios, overall) = trellis_reports::variance::decompose(&samples);
     let report = VarianceReport {
         schema_version: VARIANCE_SCHEMA_VERSION,
@@ -349,7 +433,8 @@ pub fn variance(args: VarianceArgs) -> u8 {
             if !args.json {
                 errln!("partial: {why}; the figures use what finished");
             }
-            code
+            // A signal decides the exit code, whatever else stopped a condition.
+            relay.stopped().map_or(code, StopSignal::exit_code)
         }
         None => EXIT_OK,
     }
@@ -417,6 +502,7 @@ fn judge_condition(
     args: &VarianceArgs,
     repeats: u32,
     cache: &LlmCache,
+    relay: &SignalRelay,
     samples: &mut Samples,
 ) -> Result<Roles, (String, Roles, u8)> {
     let setup = LlmSetup::from_project(project);
@@ -445,7 +531,7 @@ fn judge_condition(
     );
     let mut outcome = Ok(());
     runtime.block_on(async {
-        let mut signals = Signals::watch();
+        let mut signals = relay.signals();
         for draw in 1..=repeats {
             let judging = trellis_engine::llm::rejudge::rejudge_draw(
                 project,
@@ -462,7 +548,10 @@ fn judge_condition(
             let result = tokio::select! {
                 r = judging => r,
                 signal = signals.next() => {
-                    outcome = Err((format!("{} during judge draw {draw}", signal.name()), signal.exit_code()));
+                    outcome = Err((
+                        format!("{} during judge draw {draw}", signal.name()),
+                        signal.exit_code(),
+                    ));
                     return;
                 }
                 () = stop.cancelled() => {
@@ -486,7 +575,6 @@ fn judge_condition(
             }
         }
     });
-    restore_default_signals();
     let roles = llm.meter().by_role();
     match outcome {
         Ok(()) => Ok(roles),
@@ -507,6 +595,7 @@ fn condition_run(
     cache: &LlmCache,
     budget: trellis_engine::llm::meter::Budget,
     replay_users: Option<std::sync::Arc<trellis_engine::execute::UserReplay>>,
+    relay: &SignalRelay,
 ) -> Result<(Option<trellis_engine::record::RunSummary>, u8), u8> {
     let _claim = match super::recorder::claim_out_dir(out, true) {
         Ok(claim) => claim,
@@ -530,6 +619,7 @@ fn condition_run(
         otlp_endpoint: None,
         spans_wait: std::time::Duration::from_secs(5),
         spans_grace: std::time::Duration::from_secs(5),
+        signals: Some(relay.clone()),
     };
     match super::run::execute_plan(plan, &run_id, out, &settings, None) {
         Ok(outcome) => Ok((outcome.summary, outcome.exit_code)),
@@ -540,11 +630,30 @@ fn condition_run(
     }
 }
 
+/// What a condition's run finished, for its progress line.
+#[derive(Default)]
+struct Counted {
+    finished: u64,
+    passed: u64,
+    failed: u64,
+    /// Invalid or skipped: no outcome.
+    left_out: u64,
+}
+
+/// Outcomes and passes in a condition's groups so far.
+fn tally(groups: &std::collections::BTreeMap<GroupKey, Vec<bool>>) -> (u64, u64) {
+    groups
+        .values()
+        .flatten()
+        .fold((0, 0), |(n, p), &passed| (n + 1, p + u64::from(passed)))
+}
+
 /// The outcomes a condition's run recorded, by trajectory (its repetitions one group).
-fn add_outcomes(out: &Path, name: &str, samples: &mut Samples) {
+fn add_outcomes(out: &Path, name: &str, samples: &mut Samples) -> Counted {
+    let mut counted = Counted::default();
     let path = journal::path_in(out);
     let Ok(entries) = journal::read(&path) else {
-        return;
+        return counted;
     };
     let target = if name == "agent" {
         &mut samples.agent
@@ -552,12 +661,22 @@ fn add_outcomes(out: &Path, name: &str, samples: &mut Samples) {
         &mut samples.free
     };
     for e in entries {
-        if let JournalEntry::Trajectory(t) = e
-            && let Some(passed) = outcome(&t)
-        {
-            target.entry(group(&t, 0)).or_default().push(passed);
+        if let JournalEntry::Trajectory(t) = e {
+            counted.finished += 1;
+            match outcome(&t) {
+                Some(passed) => {
+                    if passed {
+                        counted.passed += 1;
+                    } else {
+                        counted.failed += 1;
+                    }
+                    target.entry(group(&t, 0)).or_default().push(passed);
+                }
+                None => counted.left_out += 1,
+            }
         }
     }
+    counted
 }
 
 fn fmt(v: Option<f64>) -> String {

@@ -324,3 +324,177 @@ scenario "hello" {
         stderr(&o)
     );
 }
+
+/// Requests the fake LLM saw for `model`.
+fn asked(fake: &FakeLlm, model: &str) -> usize {
+    fake.seen()
+        .iter()
+        .filter(|r| r.body["model"] == model)
+        .count()
+}
+
+/// SIGTERM while the users-replayed condition runs: its calls in flight are cut off as
+/// `run`'s are, the free condition never starts, and what finished (the judge condition,
+/// two repetitions) is decomposed, written and marked partial, with `run`'s exit code.
+#[tokio::test]
+async fn a_stop_signal_decomposes_what_finished() {
+    // The agent answers the recorded run and two repetitions in time, then never does.
+    let mut agent = vec![Reply::text("Booked: slot XYZZY."); 3];
+    agent.push(Reply::slow(
+        std::time::Duration::from_secs(120),
+        Reply::text("Booked, too late."),
+    ));
+    let fake = FakeLlm::start(vec![
+        rule_for("judge-m", None, vec![Reply::text(judge_says(true))]),
+        rule_for(
+            "sim-m",
+            None,
+            vec![Reply::text("Book me a cleaning please.")],
+        ),
+        rule_for("agent-m", None, agent),
+    ])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = suite(dir.path(), &fake.base_url());
+    let run = run_once(dir.path(), &suite).await;
+    let child = trellis()
+        .env("FAKE_KEY", "k")
+        .args(["variance", "--repeats", "4", "--dir"])
+        .arg(dir.path().join("runs"))
+        .arg(&run)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The run's call, then four repetitions' (two answered, two hanging); the run's
+    // judgment, four re-judgments and the two answered repetitions' judgments.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while asked(&fake, "agent-m") < 5 || asked(&fake, "judge-m") < 7 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the agent condition never got going: {} agent, {} judge calls",
+            asked(&fake, "agent-m"),
+            asked(&fake, "judge-m")
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let pid = i32::try_from(child.id().unwrap()).unwrap();
+    // SAFETY: kill(2) on a child process id this test spawned and has not reaped yet.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let o = tokio::time::timeout(std::time::Duration::from_secs(30), child.wait_with_output())
+        .await
+        .expect("variance did not stop")
+        .unwrap();
+    assert_eq!(o.status.code(), Some(143), "{}{}", stdout(&o), stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("terminated (SIGTERM): stopping"),
+        "no word of the stop: {err}"
+    );
+    assert!(
+        err.contains("agent condition stopped: 2 trajectory runs finished (2 passed"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("free condition"),
+        "the free condition ran: {err}"
+    );
+    assert!(err.contains("partial: terminated (SIGTERM)"), "{err}");
+    assert!(stdout(&o).contains("overall"), "no table: {}", stdout(&o));
+    let v: Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("variance.json")).unwrap()).unwrap();
+    assert_eq!(v["complete"], false, "{v:#}");
+    assert!(
+        v["stopped"]
+            .as_str()
+            .is_some_and(|s| s.contains("(SIGTERM) during the agent condition")),
+        "{v:#}"
+    );
+    let overall = &v["overall"];
+    assert_eq!(overall["judge_condition"]["outcomes"], 4, "{v:#}");
+    assert_eq!(overall["agent_condition"]["outcomes"], 2, "{v:#}");
+    assert_eq!(overall["free_condition"]["outcomes"], 0, "{v:#}");
+    assert!(v["runs"].get("free").is_none(), "{v:#}");
+    // No lock is left behind: the same command runs again to its end.
+    let fast = FakeLlm::start(vec![
+        rule_for("judge-m", None, vec![Reply::text(judge_says(true))]),
+        rule_for(
+            "sim-m",
+            None,
+            vec![Reply::text("Book me a cleaning please.")],
+        ),
+        rule_for("agent-m", None, vec![Reply::text("Booked: slot XYZZY.")]),
+    ])
+    .await;
+    let edited = std::fs::read_to_string(&suite)
+        .unwrap()
+        .replace(&fake.base_url(), &fast.base_url());
+    std::fs::write(&suite, edited).unwrap();
+    let o = trellis()
+        .env("FAKE_KEY", "k")
+        .args(["variance", "--repeats", "2", "-q", "--dir"])
+        .arg(dir.path().join("runs"))
+        .arg(&run)
+        .arg(&suite)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(stderr(&o).is_empty(), "--quiet said: {}", stderr(&o));
+}
+
+/// `--max-llm-calls` bounds the three conditions together: reached in the users-replayed
+/// condition, it stops there (exit 4, as `run`), and what finished is decomposed.
+#[tokio::test]
+async fn the_llm_call_budget_stops_variance_with_a_partial_result() {
+    let fake = FakeLlm::start(vec![
+        rule_for("judge-m", None, vec![Reply::text(judge_says(true))]),
+        rule_for(
+            "sim-m",
+            None,
+            vec![Reply::text("Book me a cleaning please.")],
+        ),
+        rule_for("agent-m", None, vec![Reply::text("Booked: slot XYZZY.")]),
+    ])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = suite(dir.path(), &fake.base_url());
+    let run = run_once(dir.path(), &suite).await;
+    let before = fake.calls();
+    // Four re-judgments, then two calls of the users-replayed condition's budget.
+    let o = trellis()
+        .env("FAKE_KEY", "k")
+        .args([
+            "variance",
+            "--repeats",
+            "4",
+            "--max-llm-calls",
+            "6",
+            "--dir",
+        ])
+        .arg(dir.path().join("runs"))
+        .arg(&run)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(4), "{}{}", stdout(&o), stderr(&o));
+    assert!(
+        stderr(&o).contains("partial: the LLM budget"),
+        "{}",
+        stderr(&o)
+    );
+    let v: Value =
+        serde_json::from_str(&std::fs::read_to_string(run.join("variance.json")).unwrap()).unwrap();
+    assert_eq!(v["complete"], false, "{v:#}");
+    assert!(
+        v["stopped"]
+            .as_str()
+            .is_some_and(|s| s.contains("budget") && s.contains("agent condition")),
+        "{v:#}"
+    );
+    assert_eq!(v["overall"]["judge_condition"]["outcomes"], 4, "{v:#}");
+    assert_eq!(v["overall"]["free_condition"]["outcomes"], 0, "{v:#}");
+    // The budget, plus at most the calls already in flight (--jobs) when it was reached.
+    let spent = fake.calls() - before;
+    assert!((6..=6 + 8).contains(&spent), "{spent} calls");
+}
