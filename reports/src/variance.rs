@@ -287,7 +287,10 @@ fn decomposition(
         .filter_map(|(n, v)| v.map(|v| (n, v)))
         .collect();
     let sum: f64 = parts.iter().map(|(_, v)| v).sum();
-    let source = if parts.is_empty() {
+    // A source is named only when every estimate that applies is known: a partial result
+    // (a condition stopped before it measured anything) has no "largest" and no "none".
+    let unknown = judge_v.is_none() || agent_v.is_none() || (simulated && user_v.is_none());
+    let source = if parts.is_empty() || unknown {
         None
     } else if sum <= 1e-12 {
         Some("none".to_owned())
@@ -492,6 +495,20 @@ mod tests {
         );
         // No simulated turns: no user estimate, no interval.
         assert_eq!(first.user_interval, None);
+    }
+
+    #[test]
+    fn a_partial_result_names_no_source() {
+        let mut samples = Samples::default();
+        samples.judge.insert(key("main", 0), vec![true; 4]);
+        samples.judged.insert(("s".into(), "sc".into(), "a".into()));
+        let (_, overall) = decompose(&samples);
+        assert_eq!(overall.judge, Some(0.0));
+        assert_eq!(overall.agent, None);
+        assert_eq!(
+            overall.source, None,
+            "not `none`: the agent was not measured"
+        );
     }
 
     #[test]
