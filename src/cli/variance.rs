@@ -341,14 +341,14 @@ pub fn variance(args: VarianceArgs) -> u8 {
         let Some(plan) = plan_of(&project, &selection, &recorded, args.repeats) else {
             return EXIT_INVALID;
         };
+        let planned = plan.trajectory_count();
         progress(format_args!(
-            "{name} condition ({}): {} trajectory runs …",
+            "{name} condition ({}): {planned} trajectory runs …",
             if replay {
                 "users replayed"
             } else {
                 "everything fresh"
             },
-            plan.trajectory_count()
         ));
         let started = std::time::Instant::now();
         match condition_run(plan, &out, &args, &cache, budget, replay_users, &relay) {
@@ -372,13 +372,14 @@ pub fn variance(args: VarianceArgs) -> u8 {
                     stopped = Some((format!("the {name} run did not finish"), code));
                 }
                 progress(format_args!(
-                    "{name} condition {}: {} trajectory runs finished ({} passed, {} failed \
-                     or error, {} invalid or skipped) in {:.1}s",
+                    "{name} condition {}: {} of {planned} trajectory runs recorded ({} \
+                     passed, {} failed or error, {} invalid, {} skipped) in {:.1}s",
                     if stopped.is_some() { "stopped" } else { "done" },
-                    counted.finished,
+                    counted.recorded,
                     counted.passed,
                     counted.failed,
-                    counted.left_out,
+                    counted.invalid,
+                    counted.skipped,
                     started.elapsed().as_secs_f64()
                 ));
             }
@@ -630,14 +631,15 @@ fn condition_run(
     }
 }
 
-/// What a condition's run finished, for its progress line.
+/// What a condition's run recorded, for its progress line. A stopped run records what it
+/// did not finish as skipped.
 #[derive(Default)]
 struct Counted {
-    finished: u64,
+    recorded: u64,
     passed: u64,
     failed: u64,
-    /// Invalid or skipped: no outcome.
-    left_out: u64,
+    invalid: u64,
+    skipped: u64,
 }
 
 /// Outcomes and passes in a condition's groups so far.
@@ -662,17 +664,15 @@ fn add_outcomes(out: &Path, name: &str, samples: &mut Samples) -> Counted {
     };
     for e in entries {
         if let JournalEntry::Trajectory(t) = e {
-            counted.finished += 1;
-            match outcome(&t) {
-                Some(passed) => {
-                    if passed {
-                        counted.passed += 1;
-                    } else {
-                        counted.failed += 1;
-                    }
-                    target.entry(group(&t, 0)).or_default().push(passed);
-                }
-                None => counted.left_out += 1,
+            counted.recorded += 1;
+            match t.status {
+                TrajectoryStatus::Passed => counted.passed += 1,
+                TrajectoryStatus::Failed | TrajectoryStatus::Error => counted.failed += 1,
+                TrajectoryStatus::Invalid => counted.invalid += 1,
+                TrajectoryStatus::Skipped => counted.skipped += 1,
+            }
+            if let Some(passed) = outcome(&t) {
+                target.entry(group(&t, 0)).or_default().push(passed);
             }
         }
     }

@@ -392,7 +392,10 @@ async fn a_stop_signal_decomposes_what_finished() {
         "no word of the stop: {err}"
     );
     assert!(
-        err.contains("agent condition stopped: 2 trajectory runs finished (2 passed"),
+        err.contains(
+            "agent condition stopped: 2 of 4 trajectory runs recorded (2 passed, 0 failed \
+             or error, 0 invalid, 0 skipped)"
+        ),
         "{err}"
     );
     assert!(
