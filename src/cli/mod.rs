@@ -141,10 +141,12 @@ enum Command {
     /// user and the judge: re-judge the recorded transcripts, replay the recorded users to
     /// the agent, and rerun freely, each --repeats times (docs/simulator.md).
     ///
-    /// Example: trellis variance runs/<run-id> suites/ --repeats 5 --llm-cache .llm-cache
+    /// Example: trellis variance runs/<run-id> --repeats 5 --llm-cache .llm-cache
+    /// (the suites are the files the run recorded; give PATHS to use others).
     ///
-    /// Exit code 0 measured, 2 no such run or suites, 4 an LLM budget stopped it, 130 a
-    /// signal (what finished is still decomposed and written).
+    /// Exit code 0 measured, 2 no such run, or its suites gone, changed or not recorded, 4
+    /// an LLM budget stopped it, 130/143 SIGINT/SIGTERM (what finished is still decomposed
+    /// and written).
     Variance(variance::VarianceArgs),
     /// Rerun suites as they are edited, only what each save changed, with a live view;
     /// --serve keeps the latest report open in a browser tab.
