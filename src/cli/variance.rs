@@ -25,7 +25,7 @@ use comfy_table::{Cell, Table};
 use trellis_engine::journal;
 use trellis_engine::llm::{LlmCache, LlmRuntime, LlmSetup};
 use trellis_engine::plan::Selection;
-use trellis_engine::record::{JournalEntry, TrajectoryRecord, TrajectoryStatus};
+use trellis_engine::record::{CriterionStatus, JournalEntry, TrajectoryRecord, TrajectoryStatus};
 use trellis_engine::transport::http::HttpTransport;
 use trellis_reports::variance::{
     Decomposition, GroupKey, IntervalMethod, Samples, VARIANCE_FILE, VARIANCE_SCHEMA_VERSION,
@@ -180,7 +180,10 @@ pub fn variance(args: VarianceArgs) -> u8 {
                     .criteria
                     .iter()
                     .filter(|c| {
+                        // A judged check skipped in the run (no judge configured) was not
+                        // judged, and re-judging it asks no one.
                         LlmRuntime::is_judged_kind_name(&c.kind)
+                            && c.status != CriterionStatus::Skipped
                             && !c
                                 .detail
                                 .as_deref()
@@ -224,11 +227,18 @@ pub fn variance(args: VarianceArgs) -> u8 {
             trajectories,
             plan.scenarios.len()
         );
-        errln!(
-            "  judge: {judged_checks} judged check(s) × {judge_repeats} = {} judge calls, no \
-             agent call",
-            judged_checks * u64::from(judge_repeats)
-        );
+        if judged_checks == 0 {
+            errln!(
+                "  judge: the run judged no check (none is LLM-judged, or no judge was \
+                 configured): nothing can be attributed to the judge"
+            );
+        } else {
+            errln!(
+                "  judge: {judged_checks} judged check(s) × {judge_repeats} = {} judge calls, \
+                 no agent call",
+                judged_checks * u64::from(judge_repeats)
+            );
+        }
         errln!(
             "  agent: {planned} trajectory runs ({} repetitions), simulated users replayed \
              from the run, into {}",

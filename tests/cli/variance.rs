@@ -252,6 +252,7 @@ scenario "hello" {
     agent "demo"
     user "Hi, I'd like to book a duct cleaning."
     expect reply contains="postal code"
+    outcome "the agent asks where the customer lives"
 }
 "#,
     )
@@ -289,6 +290,13 @@ scenario "hello" {
     let o = variance(vec![]).await;
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
     assert!(run.join("variance.json").is_file());
+    // The outcome check was skipped (no judge configured): there is nothing to re-judge.
+    assert!(
+        stderr(&o).contains("judge: the run judged no check"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!stderr(&o).contains("judge condition"), "{}", stderr(&o));
 
     // An edit: refused, naming the file.
     let original = std::fs::read_to_string(&suite).unwrap();
