@@ -386,6 +386,9 @@ async fn a_stop_signal_decomposes_what_finished() {
         );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
+    // The fake counts a judge call when it arrives: give the last answer time to be read
+    // (the hanging repetitions wait far longer than this).
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
     let pid = i32::try_from(child.id().unwrap()).unwrap();
     // SAFETY: kill(2) on a child process id this test spawned and has not reaped yet.
     assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
