@@ -217,6 +217,39 @@ pub fn variance(args: VarianceArgs) -> u8 {
         return EXIT_INVALID;
     }
     let planned = plan.trajectory_count();
+    let changed = replanned(&plan, &entries);
+    if !changed.is_empty() {
+        let shown = changed
+            .iter()
+            .take(5)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(", ");
+        let more = changed.len().saturating_sub(5);
+        let more = if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        };
+        if args.paths.is_empty() {
+            // The suite files are unchanged (checked above): a dataset or another file
+            // they read changed.
+            errln!(
+                "error: the suites run {} was planned from now plan {shown}{more} \
+                 differently (a file they read changed)\n  help: restore it, or give the \
+                 suites to use as they are now: `trellis variance {} PATHS…`",
+                entry.run_id,
+                args.run
+            );
+            return EXIT_INVALID;
+        }
+        errln!(
+            "warning: the suites given plan {shown}{more} differently from run {}: the \
+             users-replayed and free conditions measure them as they are now, the judge \
+             condition judges the recorded transcripts",
+            entry.run_id
+        );
+    }
 
     let quiet = args.quiet || args.json;
     // The plan, before anything is spent.
@@ -502,7 +535,43 @@ fn plan_of(
             s
         })
         .collect();
+    // As `run` does: the condition runs' journals say what each trajectory meant.
+    trellis_engine::fingerprint::stamp(project, &mut plan);
     Some(plan)
+}
+
+/// Trajectories `plan` (stamped) means differently from the run that recorded `entries`:
+/// what they send or check changed (a suite, an included file or a dataset row), as
+/// `suite/scenario `trajectory``. Runs recorded before fingerprints existed say nothing.
+fn replanned(plan: &trellis_engine::plan::Plan, entries: &[JournalEntry]) -> Vec<String> {
+    let Some(info) = entries.iter().find_map(|e| match e {
+        JournalEntry::RunStarted(info) => Some(info),
+        _ => None,
+    }) else {
+        return Vec::new();
+    };
+    let recorded: std::collections::HashMap<(&str, &str, &str), &str> = info
+        .scenarios
+        .iter()
+        .flat_map(|s| {
+            s.trajectories
+                .iter()
+                .zip(&s.fingerprints)
+                .map(move |(t, f)| ((&*s.suite, &*s.scenario, &**t), &**f))
+        })
+        .collect();
+    let mut changed = Vec::new();
+    for s in &plan.scenarios {
+        for t in &s.trajectories {
+            let key = (&*s.suite, s.scenario.id.value.as_str(), t.name.as_str());
+            if let (Some(now), Some(then)) = (t.fingerprint.as_deref(), recorded.get(&key))
+                && now != *then
+            {
+                changed.push(format!("{}/{} `{}`", key.0, key.1, key.2));
+            }
+        }
+    }
+    changed
 }
 
 /// The judge condition: `repeats` re-judgments of the recorded transcripts, in memory.

@@ -309,9 +309,15 @@ scenario "hello" {
         stderr(&o)
     );
     assert!(stderr(&o).contains("PATHS"), "{}", stderr(&o));
-    // Given paths override the record (the edited scenario is still `hello`).
+    // Given paths override the record (the edited scenario is still `hello`), with a
+    // warning that it no longer means what the run ran.
     let o = variance(vec![suites.clone()]).await;
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(
+        stderr(&o).contains("warning: the suites given plan main/hello `main` differently"),
+        "{}",
+        stderr(&o)
+    );
     std::fs::write(&suite, &original).unwrap();
 
     // A file gone: refused, naming it.
@@ -454,7 +460,13 @@ async fn a_stop_signal_decomposes_what_finished() {
         .await
         .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
-    assert!(stderr(&o).is_empty(), "--quiet said: {}", stderr(&o));
+    // --quiet: no plan and no progress (the agent's new address is a warning still).
+    let err = stderr(&o);
+    assert!(
+        !err.contains("variance of run") && !err.contains("variance:"),
+        "--quiet said: {err}"
+    );
+    assert!(err.contains("differently from run"), "{err}");
 }
 
 /// `--max-llm-calls` bounds the three conditions together: reached in the users-replayed
