@@ -254,9 +254,18 @@ scenario "hello" {
     expect reply contains="postal code"
     outcome "the agent asks where the customer lives"
 }
+dataset "people" path="data/people.csv"
+scenario "greet" for-each="people" {
+    agent "demo"
+    row-id "p{{ row.id }}"
+    user "Hi, I am {{ row.name }} and I'd like to book a duct cleaning."
+    expect reply contains="postal code"
+}
 "#,
     )
     .unwrap();
+    std::fs::create_dir_all(suites.join("data")).unwrap();
+    std::fs::write(suites.join("data/people.csv"), "id,name\n1,Ann\n").unwrap();
     let run = dir.path().join("runs").join("first");
     let o = trellis()
         .current_dir(dir.path())
@@ -297,6 +306,17 @@ scenario "hello" {
         stderr(&o)
     );
     assert!(!stderr(&o).contains("judge condition"), "{}", stderr(&o));
+
+    // A dataset row edited (not a suite file): refused, naming the trajectory.
+    std::fs::write(suites.join("data/people.csv"), "id,name\n1,Bob\n").unwrap();
+    let o = variance(vec![]).await;
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("now plan main/greet[p1] `main` differently"),
+        "{}",
+        stderr(&o)
+    );
+    std::fs::write(suites.join("data/people.csv"), "id,name\n1,Ann\n").unwrap();
 
     // An edit: refused, naming the file.
     let original = std::fs::read_to_string(&suite).unwrap();
