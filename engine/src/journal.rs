@@ -1,6 +1,7 @@
 //! The run journal: one [`JournalEntry`](crate::record::JournalEntry) per line in one zstd
 //! stream (`journal.jsonl.zst`), appended as events arrive and flushed after every finished
-//! trajectory, so a crash loses at most the trajectories still in flight. The file format
+//! trajectory or batch of them, so a crash loses at most the trajectories still in flight
+//! or queued for the recorder. The file format
 //! lives in `trellis-journal`, shared with the reports, which read journals without the
 //! engine.
 

@@ -6,9 +6,11 @@
 //! ids and texts trajectory after trajectory, so the stream is a small fraction of the JSON
 //! (about 20× smaller on one-turn trajectories, below the size of the run's Parquet tables)
 //! while staying the crash-safe source of truth: the writer flushes the stream after every
-//! entry but node entries (a node is only useful with its trajectory), which ends a zstd
-//! block without ending the frame, so later blocks still refer to earlier text and a crash
-//! loses at most the trajectories in flight. [`JournalReader`] reads up to the last whole
+//! entry but node entries (a node is only useful with its trajectory), or, for a writer
+//! that is fed faster than that ([`JournalWriter::append_unflushed`], `trellis run`'s
+//! recorder), once it has caught up with its queue; a flush ends a zstd block without
+//! ending the frame, so later blocks still refer to earlier text and a crash loses at most
+//! the trajectories in flight or queued. [`JournalReader`] reads up to the last whole
 //! block of a stream cut short (`kill -9`, a lost pod) and says it was cut short.
 //!
 //! Journals written before compression (`journal.jsonl`, plain JSON lines) are read the
@@ -91,6 +93,9 @@ pub struct JournalWriter {
     /// One entry's JSON, encoded whole before it is handed to the compressor (serde's many
     /// small writes would each be a call into zstd).
     line: Vec<u8>,
+    /// Entries written by [`append_unflushed`](JournalWriter::append_unflushed) that a
+    /// [`flush`](JournalWriter::flush) has not yet made whole on disk.
+    unflushed: bool,
 }
 
 impl JournalWriter {
@@ -116,6 +121,7 @@ impl JournalWriter {
             path: path.to_path_buf(),
             out,
             line: Vec::with_capacity(4096),
+            unflushed: false,
         })
     }
 
@@ -134,12 +140,35 @@ impl JournalWriter {
     }
 
     pub fn append(&mut self, entry: &JournalEntry) -> Result<(), JournalError> {
+        self.encode(entry, !matches!(entry, JournalEntry::Node(_)))
+    }
+
+    /// Appends `entry` without ending a block: it is on disk, readable, once
+    /// [`flush`](JournalWriter::flush) is called (or the zstd window fills, or the journal
+    /// is finished). A writer that receives entries faster than one at a time flushes once
+    /// per batch instead of once per trajectory: a zstd block and a `write` each, and
+    /// blocks of one trajectory compress worse than blocks of many.
+    pub fn append_unflushed(&mut self, entry: &JournalEntry) -> Result<(), JournalError> {
+        self.unflushed = true;
+        self.encode(entry, false)
+    }
+
+    /// Makes every entry appended so far readable from the file (ends a zstd block); a no-op
+    /// when there is nothing new.
+    pub fn flush(&mut self) -> Result<(), JournalError> {
+        if std::mem::take(&mut self.unflushed) {
+            self.out.flush().map_err(|e| self.error(e))?;
+        }
+        Ok(())
+    }
+
+    fn encode(&mut self, entry: &JournalEntry, flush: bool) -> Result<(), JournalError> {
         let mut line = std::mem::take(&mut self.line);
         line.clear();
         let encoded = serde_json::to_writer(&mut line, entry).map_err(JournalError::Encode);
         let written = encoded.and_then(|()| {
             line.push(b'\n');
-            self.write(&line, !matches!(entry, JournalEntry::Node(_)))
+            self.write(&line, flush)
         });
         self.line = line;
         written
@@ -163,6 +192,7 @@ impl JournalWriter {
         // trajectory is enough to keep every finished trajectory across a crash. A flush
         // ends a zstd block, not the frame: the next block still refers to this one.
         if flush {
+            self.unflushed = false;
             self.out.flush().map_err(|e| self.error(e))?;
         }
         Ok(())

@@ -637,7 +637,21 @@ pub fn execute_plan(
         .name("trellis-reporter".into())
         .spawn(move || {
             let mut reporter = reporter;
-            while let Some(event) = rx.blocking_recv() {
+            reporter.record.flush_when_idle();
+            loop {
+                let event = match rx.try_recv() {
+                    Ok(event) => event,
+                    Err(tokio::sync::mpsc::error::TryRecvError::Empty) => {
+                        // Caught up: what was recorded becomes readable on disk before
+                        // waiting for more.
+                        reporter.record.idle();
+                        match rx.blocking_recv() {
+                            Some(event) => event,
+                            None => break,
+                        }
+                    }
+                    Err(tokio::sync::mpsc::error::TryRecvError::Disconnected) => break,
+                };
                 reporter.on_event(&event);
             }
             (reporter, super::bench::thread_cpu_time())
