@@ -107,7 +107,8 @@ pub fn reader_for(path: &Path) -> Result<Option<Arc<dyn RowReader>>, String> {
 }
 
 /// Decides whether a row is kept; an error (why the row cannot be decided) names the row.
-pub type RowFilter<'a> = &'a mut dyn FnMut(&Fields) -> Result<bool, String>;
+/// It gets the row shared, so it can hand the row to a template without copying it.
+pub type RowFilter<'a> = &'a mut dyn FnMut(&Arc<Fields>) -> Result<bool, String>;
 
 /// What to keep of a dataset's rows.
 pub struct Select<'a> {
@@ -145,11 +146,16 @@ pub fn read(
         None
     };
     reader.read(path, &mut |number, fields| {
-        for k in fields.keys() {
-            if !columns.iter().any(|c| c == k) {
-                columns.push(k.clone());
+        // Most files give every row the same keys: only a row with a key not seen yet
+        // searches the list (a map lookup per key would cost more than it saves).
+        if columns.len() != fields.len() || !fields.keys().zip(&columns).all(|(k, c)| k == c) {
+            for k in fields.keys() {
+                if !columns.iter().any(|c| c == k) {
+                    columns.push(k.clone());
+                }
             }
         }
+        let fields = Arc::new(fields);
         if let Some(filter) = select.filter.as_mut() {
             match filter(&fields) {
                 Ok(true) => {}
@@ -172,10 +178,7 @@ pub fn read(
                     sampled.pop();
                 }
             }
-            None => kept.push(Row {
-                number,
-                fields: Arc::new(fields),
-            }),
+            None => kept.push(Row { number, fields }),
         }
         match stream_limit {
             Some(limit) if kept.len() >= limit => ControlFlow::Break(()),
@@ -188,10 +191,7 @@ pub fn read(
     if select.sample.is_some() {
         kept = sampled
             .into_iter()
-            .map(|(_, number, RowBox(fields))| Row {
-                number,
-                fields: Arc::new(fields),
-            })
+            .map(|(_, number, RowBox(fields))| Row { number, fields })
             .collect();
         kept.sort_by_key(|r| r.number);
     }
@@ -203,7 +203,7 @@ pub fn read(
 }
 
 /// A row in the sample heap, ordered by its key alone.
-struct RowBox(Fields);
+struct RowBox(Arc<Fields>);
 impl PartialEq for RowBox {
     fn eq(&self, _: &Self) -> bool {
         true
@@ -259,6 +259,40 @@ fn canonical_json(v: &Value) -> String {
     }
     // With keys inserted in sorted order both map kinds serialize them sorted.
     sorted(v).to_string()
+}
+
+/// A row as a template value (`row`): its fields are turned into template values only
+/// when a template reads them, so a `filter` over a wide table costs what it reads, not a
+/// copy of every row.
+#[derive(Debug)]
+pub struct RowObject(pub Arc<Fields>);
+
+impl minijinja::value::Object for RowObject {
+    fn repr(self: &Arc<Self>) -> minijinja::value::ObjectRepr {
+        minijinja::value::ObjectRepr::Map
+    }
+
+    fn get_value(self: &Arc<Self>, key: &minijinja::Value) -> Option<minijinja::Value> {
+        self.0
+            .get(key.as_str()?)
+            .map(|v| minijinja::Value::from(minijinja::value::Serde(v)))
+    }
+
+    fn enumerate(self: &Arc<Self>) -> minijinja::value::Enumerator {
+        minijinja::value::Enumerator::Values(
+            self.0
+                .keys()
+                .map(|k| minijinja::Value::from(k.as_str()))
+                .collect(),
+        )
+    }
+}
+
+impl RowObject {
+    /// `row` for a template.
+    pub fn value(fields: &Arc<Fields>) -> minijinja::Value {
+        minijinja::Value::from_object(RowObject(Arc::clone(fields)))
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

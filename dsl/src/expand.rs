@@ -182,9 +182,9 @@ fn read_one(
         }
     };
     let mut filter_failed = false;
-    let mut keep = |fields: &dataset::Fields| -> Result<bool, String> {
+    let mut keep = |fields: &Arc<dataset::Fields>| -> Result<bool, String> {
         let Some(f) = &filter else { return Ok(true) };
-        let ctx = minijinja::context! { row => minijinja::Value::from(Serde(fields)) };
+        let ctx = minijinja::context! { row => dataset::RowObject::value(fields) };
         let result = match f {
             Filter::Expr(e) => e.eval(ctx).map(|v| Ok(v.is_true())),
             Filter::Text(t) => t.render(ctx).map(|text| match text.trim() {
@@ -417,8 +417,7 @@ fn instances(
             });
             let mut first: HashMap<String, usize> = HashMap::new();
             for row in tables.get(name).map(Vec::as_slice).unwrap_or_default() {
-                let ctx =
-                    || minijinja::context! { row => minijinja::Value::from(Serde(&*row.fields)) };
+                let ctx = || minijinja::context! { row => dataset::RowObject::value(&row.fields) };
                 let id = match &compiled {
                     None => Ok(dataset::content_id(&row.fields)),
                     Some(_)
