@@ -911,3 +911,176 @@ async fn judge_statements_and_outcomes_of_an_instance_read_its_row() {
     }
     assert!(!journal.contains("row.order_id"), "{journal}");
 }
+
+/// Writes a Parquet file with pyarrow, the writer most Parquet files in the wild come from
+/// (`.ci/run` installs it; without it this test fails rather than passing unseen).
+fn pyarrow_parquet(dir: &Path, name: &str, script: &str) {
+    let program = format!(
+        "import datetime, decimal, sys\nimport pyarrow as pa, pyarrow.parquet as pq\n{script}\npq.write_table(t, sys.argv[1])\n"
+    );
+    let o = std::process::Command::new("python3")
+        .args(["-c", &program])
+        .arg(dir.join(name))
+        .output()
+        .expect("python3 runs (with pyarrow: `pip install pyarrow`)");
+    assert!(
+        o.status.success(),
+        "pyarrow could not write {name} (`pip install pyarrow`): {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+#[tokio::test]
+async fn parquet_structs_lists_of_structs_and_maps_come_through_nested_and_typed() {
+    let dir = project("", &[]);
+    pyarrow_parquet(
+        dir.path(),
+        "orders.parquet",
+        r#"t = pa.table({
+    "id": pa.array([1, 2, 3], pa.int64()),
+    "customer": pa.array([{"name": "Zoë", "tier": 2, "vip": True}, None, {"name": "李", "tier": None, "vip": False}]),
+    "items": pa.array([[{"sku": "A", "qty": 1}, {"sku": "B", "qty": 2}], [], None]),
+    "attrs": pa.array([[("color", "red"), ("size", "L")], [], None], pa.map_(pa.string(), pa.string())),
+    "when": pa.array([datetime.date(2024, 1, 2), None, datetime.date(2025, 12, 31)]),
+    "score": pa.array([0.5, float("nan"), None]),
+})"#,
+    );
+    let suite = format!(
+        "{AGENT}dataset \"orders\" path=\"orders.parquet\"\n\
+         scenario \"s\" for-each=\"orders\" {{\n\
+             row-id \"o{{{{ row.id }}}}\"\n\
+             user \"{{{{ row.customer.name if row.customer else 'nobody' }}}} \
+                   tier={{{{ row.customer.tier if row.customer else '-' }}}} \
+                   vip={{{{ row.customer.vip if row.customer else '-' }}}} \
+                   qty={{{{ row['items'] | map(attribute='qty') | sum if row['items'] is not none else 'none' }}}} \
+                   color={{{{ row.attrs.color if row.attrs else '-' }}}} \
+                   keys={{{{ row.attrs | length if row.attrs is not none else 'none' }}}} \
+                   when={{{{ row.when }}}} score={{{{ row.score }}}}\"\n\
+             expect no-error\n\
+         }}\n"
+    );
+    std::fs::write(dir.path().join("suite.kdl"), suite).unwrap();
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path().join("suite.kdl"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let turns = read_parquet(&out.join("turns.parquet"));
+    let mut sent: Vec<String> = strings(&turns, "user_message")
+        .into_iter()
+        .flatten()
+        .map(|s| flat(&s))
+        .collect();
+    sent.sort();
+    assert_eq!(
+        sent,
+        [
+            "Zoë tier=2 vip=True qty=3 color=red keys=2 when=2024-01-02 score=0.5",
+            "nobody tier=- vip=- qty=0 color=- keys=0 when=None score=None",
+            "李 tier=None vip=False qty=none color=- keys=none when=2025-12-31 score=None",
+        ]
+    );
+    // The results keep the row as nested JSON, so it joins back typed.
+    let t = read_parquet(&out.join("trajectories.parquet"));
+    let first = strings(&t, "row")
+        .into_iter()
+        .flatten()
+        .map(|r| serde_json::from_str::<serde_json::Value>(&r).unwrap())
+        .find(|r| r["id"] == 1)
+        .unwrap();
+    assert_eq!(
+        first["customer"],
+        serde_json::json!({"name": "Zoë", "tier": 2, "vip": true})
+    );
+    assert_eq!(
+        first["items"],
+        serde_json::json!([{"sku": "A", "qty": 1}, {"sku": "B", "qty": 2}])
+    );
+    assert_eq!(
+        first["attrs"],
+        serde_json::json!({"color": "red", "size": "L"})
+    );
+}
+
+#[tokio::test]
+async fn a_parquet_read_in_slices_keeps_row_numbers_and_stops_at_the_limit() {
+    let dir = project("", &[]);
+    // 5,000 rows in row groups of 700: the reader's slices cross row groups.
+    pyarrow_parquet(
+        dir.path(),
+        "big.parquet",
+        "t = pa.table({'id': list(range(1, 5001)), 'kind': ['odd' if i % 2 else 'even' for i in range(1, 5001)]})\n\
+         pq.write_table(t, sys.argv[1], row_group_size=700)\nsys.exit(0)",
+    );
+    for (dataset, expected) in [
+        (
+            "filter=\"{{ row.id in [3, 1500, 4999] }}\"",
+            &["suite/s[3]", "suite/s[1500]", "suite/s[4999]"][..],
+        ),
+        ("limit=2", &["suite/s[1]", "suite/s[2]"][..]),
+        (
+            "filter=\"{{ row.kind == 'even' and row.id > 4995 }}\"",
+            &["suite/s[4996]", "suite/s[4998]", "suite/s[5000]"][..],
+        ),
+    ] {
+        let suite = format!(
+            "{AGENT}dataset \"big\" path=\"big.parquet\" {dataset}\n\
+             scenario \"s\" for-each=\"big\" {{\n    row-id \"{{{{ row.id }}}}\"\n    user \"hi\"\n    expect no-error\n}}\n"
+        );
+        std::fs::write(dir.path().join("suite.kdl"), suite).unwrap();
+        assert_eq!(listed(dir.path(), &[]).await, expected, "{dataset}");
+    }
+    // A row a filter fails on is named by its number in the file, past the first slices.
+    std::fs::write(
+        dir.path().join("suite.kdl"),
+        format!(
+            "{AGENT}dataset \"big\" path=\"big.parquet\" filter=\"{{{{ row.id < 4321 or row.kind + 1 }}}}\"\n\
+             scenario \"s\" for-each=\"big\" {{\n    user \"hi\"\n    expect no-error\n}}\n"
+        ),
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path().join("suite.kdl"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(flat(&stderr(&o)).contains("row 4321"), "{}", stderr(&o));
+}
+
+#[tokio::test]
+async fn a_parquet_column_of_a_type_not_read_is_a_diagnostic_not_a_crash() {
+    let dir = project("", &[]);
+    pyarrow_parquet(
+        dir.path(),
+        "money.parquet",
+        "t = pa.table({'id': [1], 'price': pa.array([decimal.Decimal('9.99')], pa.decimal128(5, 2))})",
+    );
+    std::fs::write(
+        dir.path().join("suite.kdl"),
+        format!(
+            "{AGENT}dataset \"m\" path=\"money.parquet\"\n\
+             scenario \"s\" for-each=\"m\" {{\n    user \"hi\"\n    expect no-error\n}}\n"
+        ),
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path().join("suite.kdl"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let err = flat(&stderr(&o));
+    assert!(
+        err.contains("money.parquet") && err.contains("column `price` is a decimal column"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
