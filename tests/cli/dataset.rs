@@ -1084,3 +1084,43 @@ async fn a_parquet_column_of_a_type_not_read_is_a_diagnostic_not_a_crash() {
     );
     assert!(!err.contains("panicked"), "{err}");
 }
+
+#[tokio::test]
+async fn check_says_a_warning_shared_by_every_instance_once() {
+    let mut csv = String::from("id,q\n");
+    for i in 0..50 {
+        csv.push_str(&format!("r{i},question {i}\n"));
+    }
+    let suite = format!(
+        "{AGENT}dataset \"d\" path=\"d.csv\"\n\
+         scenario \"ask\" for-each=\"d\" {{\n    row-id \"{{{{ row.id }}}}\"\n    user \"{{{{ row.q }}}}\"\n    expect judge \"answers {{{{ row.q }}}}\"\n}}\n\
+         scenario \"tones\" {{\n    matrix {{\n        tone \"a\" \"b\"\n    }}\n    user \"hi\"\n    outcome \"fine\"\n}}\n"
+    );
+    let dir = project(&suite, &[("d.csv", csv.as_bytes())]);
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path().join("suite.kdl"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let err = flat(&stderr(&o));
+    assert_eq!(err.matches("will be skipped").count(), 4, "{err}");
+    assert!(
+        err.contains(
+            "scenario `ask` (all 50 instances: ask[r0], ask[r1], ask[r2], …): this `judge` check will be skipped"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains(
+            "scenario `tones` (all 2 instances: tones[tone=a], tones[tone=b]): this `outcome` check"
+        ),
+        "{err}"
+    );
+    assert!(
+        stdout(&o).contains("52 checks will be skipped; see the 2 warnings above"),
+        "{}",
+        stdout(&o)
+    );
+}
