@@ -136,7 +136,7 @@ fn read_one(
                     "unknown format",
                 )
                 .with_help(
-                    "name a .csv (header row), .jsonl, .json (array of objects) or .parquet file",
+                    "name a .csv or .tsv (header row), .jsonl, .json (array of objects) or .parquet file",
                 ),
             ));
         }
@@ -779,8 +779,14 @@ fn evaluate(
 ) -> Result<Value, String> {
     let value = evaluate_value(env, source, row, vars)?;
     match value {
-        Value::String(text) => serde_json::from_str(&text)
-            .map_err(|e| format!("the text is not a JSON message list: {e}")),
+        // A column holding the list as JSON text (CSV has no lists).
+        Value::String(text) if text.trim_start().starts_with(['[', '{']) => {
+            serde_json::from_str(&text)
+                .map_err(|e| format!("the text is not a JSON message list: {e}"))
+        }
+        // Plain text is one user message, as a sample's `input` is in Inspect and most
+        // exports of cases: `history "{{ row.input }}"` takes either form.
+        Value::String(text) => Ok(serde_json::json!([{"role": "user", "content": text}])),
         other => Ok(other),
     }
 }

@@ -1124,3 +1124,95 @@ async fn check_says_a_warning_shared_by_every_instance_once() {
         stdout(&o)
     );
 }
+
+#[tokio::test]
+async fn case_files_other_tools_export_load_as_datasets() {
+    let server = support::MisbehavingServer::respond(200, support::OK_BODY).await;
+    // promptfoo's tests CSV, as a spreadsheet saves it: a byte-order mark, CRLF, `vars`
+    // columns and promptfoo's `__expected` / `__description`.
+    let promptfoo = "\u{feff}question,topic,__expected,__description\r\n\
+                     \"What is 2+2?\",math,contains:4,simple-sum\r\n\
+                     \"Capital of France?\",geo,\"icontains:paris\",capital\r\n";
+    // Inspect AI samples (`json_dataset`): `input` a string or a message list.
+    let inspect = "{\"id\": \"q1\", \"input\": \"What is 2+2?\", \"target\": \"4\", \"metadata\": {\"level\": 1}}\n\
+                   {\"id\": \"q2\", \"input\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", \"content\": \"Capital of France?\"}], \"target\": [\"Paris\"], \"metadata\": {\"level\": 2}}\n";
+    // DeepEval goldens, and the same wrapped in an object as some exports write them.
+    let goldens = r#"[{"input": "Refund order A17", "expected_output": "refunded", "context": ["orders"], "additional_metadata": {"source": "prod"}},
+                      {"input": "Where is B2?", "expected_output": "shipped", "context": null, "additional_metadata": null}]"#;
+    let wrapped = format!("{{\"version\": 1, \"goldens\": {goldens}}}");
+    // A semicolon CSV (spreadsheets in many locales) and a TSV.
+    let semicolon = "q;n\r\n\"a;b\";1\r\nc;2\r\n";
+    let tsv = "q\tn\nhello\t1\nworld\t2\n";
+    let suite = format!(
+        "agent \"a\" protocol=\"connexity\" url=\"{url}\"\n\
+         dataset \"pf\" path=\"promptfoo.csv\"\n\
+         dataset \"inspect\" path=\"inspect.jsonl\"\n\
+         dataset \"goldens\" path=\"goldens.json\"\n\
+         dataset \"wrapped\" path=\"wrapped.json\" limit=1\n\
+         dataset \"semi\" path=\"semi.csv\"\n\
+         dataset \"tsv\" path=\"cases.tsv\"\n\
+         scenario \"pf\" for-each=\"pf\" {{\n    row-id \"{{{{ row.__description }}}}\"\n    user \"{{{{ row.question }}}} [{{{{ row.topic }}}}] {{{{ row.__expected }}}}\"\n    expect no-error\n}}\n\
+         scenario \"inspect\" for-each=\"inspect\" {{\n    row-id \"{{{{ row.id }}}}\"\n    history \"{{{{ row.input }}}}\"\n    expect no-error\n}}\n\
+         scenario \"goldens\" for-each=\"goldens\" {{\n    user \"{{{{ row.input }}}} ({{{{ row.context | length if row.context else 0 }}}})\"\n    expect no-error\n}}\n\
+         scenario \"wrapped\" for-each=\"wrapped\" {{\n    user \"{{{{ row.input }}}}\"\n    expect no-error\n}}\n\
+         scenario \"semi\" for-each=\"semi\" {{\n    row-id \"{{{{ row.q }}}}\"\n    user \"{{{{ row.n + 1 }}}}\"\n    expect no-error\n}}\n\
+         scenario \"tsv\" for-each=\"tsv\" {{\n    row-id \"{{{{ row.q }}}}\"\n    user \"{{{{ row.n * 10 }}}}\"\n    expect no-error\n}}\n",
+        url = server.url()
+    );
+    let dir = project(
+        &suite,
+        &[
+            ("promptfoo.csv", promptfoo.as_bytes()),
+            ("inspect.jsonl", inspect.as_bytes()),
+            ("goldens.json", goldens.as_bytes()),
+            ("wrapped.json", wrapped.as_bytes()),
+            ("semi.csv", semicolon.as_bytes()),
+            ("cases.tsv", tsv.as_bytes()),
+        ],
+    );
+    let mut ids = listed(dir.path(), &[]).await;
+    ids.retain(|id| !id.starts_with("suite/goldens"));
+    assert_eq!(
+        ids,
+        [
+            "suite/pf[simple-sum]",
+            "suite/pf[capital]",
+            "suite/inspect[q1]",
+            "suite/inspect[q2]",
+            // The first row of the array under `goldens` (its content's hash).
+            "suite/wrapped[ec0c89de19df]",
+            "suite/semi[a;b]",
+            "suite/semi[c]",
+            "suite/tsv[hello]",
+            "suite/tsv[world]",
+        ]
+    );
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path().join("suite.kdl"))
+        .args(["--jobs", "1", "--out"])
+        .arg(dir.path().join("out"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let mut first: Vec<Vec<(String, String)>> = received(&server);
+    first.sort();
+    let mut expected = vec![
+        pairs(&[("user", "What is 2+2? [math] contains:4")]),
+        pairs(&[("user", "Capital of France? [geo] icontains:paris")]),
+        // Inspect's string input is one user message; its message list is the history
+        // (the system message left out), its last user message the first turn.
+        pairs(&[("user", "What is 2+2?")]),
+        pairs(&[("user", "Capital of France?")]),
+        pairs(&[("user", "Refund order A17 (1)")]),
+        pairs(&[("user", "Where is B2? (0)")]),
+        pairs(&[("user", "Refund order A17")]),
+        pairs(&[("user", "2")]),
+        pairs(&[("user", "3")]),
+        pairs(&[("user", "10")]),
+        pairs(&[("user", "20")]),
+    ];
+    expected.sort();
+    assert_eq!(first, expected);
+}
