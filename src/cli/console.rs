@@ -113,6 +113,8 @@ pub struct Console {
     per_scenario: BTreeMap<(String, String, String), Counts>,
     /// Suites in load order (from `run_started`): the order of every list printed.
     suites: Vec<String>,
+    /// The instances of `matrix` scenarios (from `run_started`), for the matrix grid.
+    matrix_instances: Vec<trellis_engine::record::ScenarioInfo>,
     /// The first failures in stable order (suite, scenario, branch, agent, repetition), not
     /// in the order they finished, so the same run always shows the same ones.
     failures: BTreeMap<FailureKey, TrajectoryRecord>,
@@ -157,6 +159,7 @@ impl Console {
             silent,
             per_scenario: BTreeMap::new(),
             suites: Vec::new(),
+            matrix_instances: Vec::new(),
             failures: BTreeMap::new(),
             failures_total: 0,
             invalid: BTreeMap::new(),
@@ -181,6 +184,12 @@ impl Console {
     pub fn on_event(&mut self, event: &Event) {
         if let Event::RunStarted(info) = event {
             self.suites.clone_from(&info.suites);
+            self.matrix_instances = info
+                .scenarios
+                .iter()
+                .filter(|s| s.instance.as_ref().is_some_and(|i| !i.vars.is_empty()))
+                .cloned()
+                .collect();
             return;
         }
         let Event::Trajectory(t) = event else {
@@ -432,6 +441,54 @@ impl Console {
         }
     }
 
+    /// With `matrix` scenarios, their pass rates by each variable's values: one row per
+    /// scenario as written (and agent), one column per value, every instance with the value
+    /// together (`trellis_reports::pivot`).
+    fn matrix_grid(&self) {
+        let counts = self
+            .per_scenario
+            .iter()
+            .map(|((suite, scenario, agent), c)| {
+                (
+                    suite.as_str(),
+                    scenario.as_str(),
+                    agent.as_str(),
+                    c.passed,
+                    c.passed + c.failed + c.errors,
+                )
+            });
+        let grids =
+            trellis_reports::pivot::matrix_grids(&self.suites, &self.matrix_instances, counts);
+        for g in grids {
+            let mut header = vec!["scenario".to_string()];
+            header.extend(g.values.iter().map(|v| format!("{}={v}", g.var)));
+            let header: Vec<&str> = header.iter().map(String::as_str).collect();
+            let mut grid = table(&header);
+            for row in &g.rows {
+                let name = match &row.agent {
+                    Some(agent) => format!("{} [{agent}]", row.scenario),
+                    None => row.scenario.clone(),
+                };
+                let mut cells = vec![Cell::new(name)];
+                for cell in &row.cells {
+                    cells.push(Cell::new(cell.map_or_else(
+                        || "·".to_string(),
+                        |c| match trellis_reports::pivot::cell_text(c) {
+                            (rate, interval) if interval.is_empty() => rate,
+                            (rate, interval) => format!("{rate} ({interval})"),
+                        },
+                    )));
+                }
+                grid.add_row(cells);
+            }
+            outln!(
+                "{}: by matrix value `{}` (pass rate, 95% CI)\n{grid}",
+                g.suite,
+                g.var
+            );
+        }
+    }
+
     pub fn finish(
         &self,
         summary: Option<&RunSummary>,
@@ -490,6 +547,7 @@ impl Console {
         }
         outln!("{table}");
         self.agent_grid();
+        self.matrix_grid();
 
         // Branches that both passed and failed across repetitions, in stable order.
         for b in files.stats.branches.iter().filter(|b| b.repeats.flaky) {

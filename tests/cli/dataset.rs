@@ -1216,3 +1216,58 @@ async fn case_files_other_tools_export_load_as_datasets() {
     expected.sort();
     assert_eq!(first, expected);
 }
+
+#[tokio::test]
+async fn the_console_and_the_report_pivot_a_matrix_by_each_variable() {
+    let suite = format!(
+        "{AGENT}dataset \"d\" path=\"d.jsonl\"\n\
+         scenario \"ask\" for-each=\"d\" {{\n    matrix {{\n        want \"postal code\" \"zebra\"\n        n 1 2\n    }}\n    user \"I want a duct cleaning\"\n    expect reply contains=\"{{{{ vars.want }}}}\"\n}}\n"
+    );
+    let dir = project(
+        &suite,
+        &[("d.jsonl", b"{\"id\": 1}\n{\"id\": 2}\n".as_slice())],
+    );
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path().join("suite.kdl"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    let console = stdout(&o);
+    // One grid per variable, variables and values in the order written; each cell every
+    // instance with the value (2 rows × 2 values of the other variable).
+    let at = console
+        .find("suite: by matrix value `want` (pass rate, 95% CI)")
+        .unwrap_or_else(|| panic!("no grid in {console}"));
+    let grid = &console[at..];
+    let header = grid.lines().nth(2).unwrap();
+    assert!(
+        header.find("want=postal code").unwrap() < header.find("want=zebra").unwrap(),
+        "{grid}"
+    );
+    let row = grid.lines().find(|l| l.contains(" ask ")).unwrap();
+    assert!(
+        row.contains("100% (51–100%)") && row.contains("0% (0–49%)"),
+        "{grid}"
+    );
+    let n = &console[console
+        .find("suite: by matrix value `n`")
+        .unwrap_or_else(|| panic!("no grid of n in {console}"))..];
+    assert!(n.find("n=1").unwrap() < n.find("n=2").unwrap(), "{n}");
+    assert!(at < console.find("suite: by matrix value `n`").unwrap());
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    let grid = &html[html
+        .find("<h2>By matrix value: suite · want</h2>")
+        .unwrap_or_else(|| panic!("no grid in the report"))..];
+    let row = &grid[grid.find("title=\"ask\"").unwrap()..];
+    let row = &row[..row.find("</tr>").unwrap()];
+    assert!(
+        row.contains("title=\"95% CI 51–100%\">100.0%")
+            && row.contains("title=\"95% CI 0–49%\">0.0%"),
+        "{row}"
+    );
+}
