@@ -1278,3 +1278,38 @@ async fn the_console_and_the_report_pivot_a_matrix_by_each_variable() {
         "{row}"
     );
 }
+
+#[tokio::test]
+async fn the_summary_is_one_row_for_a_scenario_of_many_instances() {
+    let mut csv = String::from("id\n");
+    for i in 0..25 {
+        csv.push_str(&format!("r{i}\n"));
+    }
+    let suite = format!(
+        "{AGENT}dataset \"d\" path=\"d.csv\"\n\
+         scenario \"ask\" for-each=\"d\" {{\n    row-id \"{{{{ row.id }}}}\"\n    user \"hi {{{{ row.id }}}}\"\n    expect no-error\n}}\n\
+         scenario \"few\" {{\n    matrix {{\n        n 1 2\n    }}\n    user \"hi\"\n    expect no-error\n}}\n"
+    );
+    let dir = project(&suite, &[("d.csv", csv.as_bytes())]);
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path().join("suite.kdl"))
+        .arg("--out")
+        .arg(dir.path().join("out"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let console = stdout(&o);
+    let row = console
+        .lines()
+        .find(|l| l.contains("ask (25 instances)"))
+        .unwrap_or_else(|| panic!("no row of all instances in {console}"));
+    assert!(row.contains(" 25 ") && row.contains("100%"), "{row}");
+    assert!(!console.contains("ask[r0]"), "{console}");
+    // A scenario of a few instances keeps a row each.
+    assert!(
+        console.contains("few[n=1]") && console.contains("few[n=2]"),
+        "{console}"
+    );
+}
