@@ -26,7 +26,7 @@ pub struct ParquetRows;
 /// The first slice's rows: enough for a `limit` of a few rows without decoding more.
 const FIRST_SLICE: usize = 1024;
 /// The largest slice: bounds the columns held while their rows are handed out.
-const MAX_SLICE: usize = 32 * 1024;
+const MAX_SLICE: usize = 16 * 1024;
 
 impl RowReader for ParquetRows {
     fn read(
@@ -66,7 +66,10 @@ impl RowReader for ParquetRows {
             let len = slice.min(total - offset);
             let mut reader = ParquetReader::new(&mut file);
             reader.set_metadata(metadata.clone());
+            // One thread: slices are small, and a pool's buffers per thread cost more
+            // memory than the decoding they would share.
             let df = reader
+                .read_parallel(ParallelStrategy::None)
                 .with_slice(Some((offset, len)))
                 .finish()
                 .map_err(|e| {
