@@ -63,7 +63,7 @@ pub fn register_reader(ext: &'static str, reader: Arc<dyn RowReader>) {
 
 /// The extensions with a reader, built-in ones first (for hints).
 pub fn known_extensions() -> Vec<&'static str> {
-    let mut out = vec!["csv", "jsonl", "ndjson", "json"];
+    let mut out = vec!["csv", "tsv", "jsonl", "ndjson", "json"];
     let extra = EXTRA.read().unwrap_or_else(|e| e.into_inner());
     for (e, _) in extra.iter() {
         if !out.contains(e) {
@@ -88,7 +88,8 @@ pub fn reader_for(path: &Path) -> Result<Option<Arc<dyn RowReader>>, String> {
         }
     }
     match ext.as_str() {
-        "csv" => Ok(Some(Arc::new(Csv))),
+        "csv" => Ok(Some(Arc::new(Csv { tabs: false }))),
+        "tsv" | "tab" => Ok(Some(Arc::new(Csv { tabs: true }))),
         "jsonl" | "ndjson" => Ok(Some(Arc::new(JsonLines))),
         "json" => Ok(Some(Arc::new(JsonArray))),
         "parquet" => Ok(None),
@@ -107,7 +108,8 @@ pub fn reader_for(path: &Path) -> Result<Option<Arc<dyn RowReader>>, String> {
 }
 
 /// Decides whether a row is kept; an error (why the row cannot be decided) names the row.
-pub type RowFilter<'a> = &'a mut dyn FnMut(&Fields) -> Result<bool, String>;
+/// It gets the row shared, so it can hand the row to a template without copying it.
+pub type RowFilter<'a> = &'a mut dyn FnMut(&Arc<Fields>) -> Result<bool, String>;
 
 /// What to keep of a dataset's rows.
 pub struct Select<'a> {
@@ -145,11 +147,16 @@ pub fn read(
         None
     };
     reader.read(path, &mut |number, fields| {
-        for k in fields.keys() {
-            if !columns.iter().any(|c| c == k) {
-                columns.push(k.clone());
+        // Most files give every row the same keys: only a row with a key not seen yet
+        // searches the list (a map lookup per key would cost more than it saves).
+        if columns.len() != fields.len() || !fields.keys().zip(&columns).all(|(k, c)| k == c) {
+            for k in fields.keys() {
+                if !columns.iter().any(|c| c == k) {
+                    columns.push(k.clone());
+                }
             }
         }
+        let fields = Arc::new(fields);
         if let Some(filter) = select.filter.as_mut() {
             match filter(&fields) {
                 Ok(true) => {}
@@ -172,10 +179,7 @@ pub fn read(
                     sampled.pop();
                 }
             }
-            None => kept.push(Row {
-                number,
-                fields: Arc::new(fields),
-            }),
+            None => kept.push(Row { number, fields }),
         }
         match stream_limit {
             Some(limit) if kept.len() >= limit => ControlFlow::Break(()),
@@ -188,10 +192,7 @@ pub fn read(
     if select.sample.is_some() {
         kept = sampled
             .into_iter()
-            .map(|(_, number, RowBox(fields))| Row {
-                number,
-                fields: Arc::new(fields),
-            })
+            .map(|(_, number, RowBox(fields))| Row { number, fields })
             .collect();
         kept.sort_by_key(|r| r.number);
     }
@@ -203,7 +204,7 @@ pub fn read(
 }
 
 /// A row in the sample heap, ordered by its key alone.
-struct RowBox(Fields);
+struct RowBox(Arc<Fields>);
 impl PartialEq for RowBox {
     fn eq(&self, _: &Self) -> bool {
         true
@@ -261,13 +262,64 @@ fn canonical_json(v: &Value) -> String {
     sorted(v).to_string()
 }
 
+/// A row as a template value (`row`): its fields are turned into template values only
+/// when a template reads them, so a `filter` over a wide table costs what it reads, not a
+/// copy of every row.
+#[derive(Debug)]
+pub struct RowObject(pub Arc<Fields>);
+
+impl minijinja::value::Object for RowObject {
+    fn repr(self: &Arc<Self>) -> minijinja::value::ObjectRepr {
+        minijinja::value::ObjectRepr::Map
+    }
+
+    fn get_value(self: &Arc<Self>, key: &minijinja::Value) -> Option<minijinja::Value> {
+        self.0
+            .get(key.as_str()?)
+            .map(|v| minijinja::Value::from(minijinja::value::Serde(v)))
+    }
+
+    fn enumerate(self: &Arc<Self>) -> minijinja::value::Enumerator {
+        minijinja::value::Enumerator::Values(
+            self.0
+                .keys()
+                .map(|k| minijinja::Value::from(k.as_str()))
+                .collect(),
+        )
+    }
+}
+
+impl RowObject {
+    /// `row` for a template.
+    pub fn value(fields: &Arc<Fields>) -> minijinja::Value {
+        minijinja::Value::from_object(RowObject(Arc::clone(fields)))
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Built-in formats
 
-/// CSV with a header row (the `csv` crate: quoted fields, embedded newlines, CRLF). A field
-/// is typed when it reads back the same: `42`, `-1.5`, `true`/`false`; anything else
-/// (`007`, `1.50`, an empty field) stays text, so ids with leading zeros survive.
-struct Csv;
+/// CSV with a header row (the `csv` crate: quoted fields, embedded newlines, CRLF, a UTF-8
+/// byte-order mark). A field is typed when it reads back the same: `42`, `-1.5`,
+/// `true`/`false`; anything else (`007`, `1.50`, an empty field) stays text, so ids with
+/// leading zeros survive. `.tsv` is separated by tabs; a `.csv` whose header has no comma
+/// but a semicolon (or a tab) is separated by those, as spreadsheets in many locales write.
+struct Csv {
+    tabs: bool,
+}
+
+/// The separator of a `.csv`: a comma, unless the header line has none and has semicolons
+/// or tabs (the more of those two).
+fn sniff_delimiter(path: &Path) -> std::io::Result<u8> {
+    let mut header = String::new();
+    BufReader::new(File::open(path)?).read_line(&mut header)?;
+    let count = |c: char| header.matches(c).count();
+    Ok(match (count(','), count(';'), count('\t')) {
+        (0, s, t) if s > 0 && s >= t => b';',
+        (0, _, t) if t > 0 => b'\t',
+        _ => b',',
+    })
+}
 
 impl RowReader for Csv {
     fn read(
@@ -275,8 +327,14 @@ impl RowReader for Csv {
         path: &Path,
         visit: &mut dyn FnMut(usize, Fields) -> ControlFlow<()>,
     ) -> Result<(), ReadError> {
+        let delimiter = if self.tabs {
+            b'\t'
+        } else {
+            sniff_delimiter(path)?
+        };
         let file = File::open(path)?;
         let mut rdr = csv::ReaderBuilder::new()
+            .delimiter(delimiter)
             .has_headers(true)
             .flexible(false)
             .from_reader(BufReader::new(file));
@@ -420,8 +478,152 @@ impl RowReader for JsonLines {
     }
 }
 
-/// A JSON array of objects, read element by element (never the whole array at once).
+/// A JSON array of objects, read element by element (never the whole array at once); or an
+/// object holding that array under some key (`{"data": [...]}`, `{"version": 1, "examples":
+/// [...]}`), as many exports wrap their cases: the one member that is an array is read.
 struct JsonArray;
+
+/// The state of one `.json` read, shared by the visitors.
+struct JsonRows<'v> {
+    visit: &'v mut dyn FnMut(usize, Fields) -> ControlFlow<()>,
+    problem: Option<ReadError>,
+    /// `visit` had what it needed: what serde says of the unread rest is not an error.
+    stopped: bool,
+    /// The key of the array read from a top-level object.
+    found: Option<String>,
+}
+
+impl JsonRows<'_> {
+    fn rows<'de, A: serde::de::SeqAccess<'de>>(&mut self, mut seq: A) -> Result<(), A::Error> {
+        let mut number = 0;
+        while let Some(v) = seq.next_element::<Value>()? {
+            number += 1;
+            let Value::Object(fields) = v else {
+                self.problem = Some(ReadError::Row {
+                    row: number,
+                    column: None,
+                    message: format!(
+                        "element {number}{} is a JSON {}, not an object",
+                        self.found
+                            .as_ref()
+                            .map(|k| format!(" of `{k}`"))
+                            .unwrap_or_default(),
+                        json_kind(&v)
+                    ),
+                });
+                self.stopped = true;
+                return Ok(());
+            };
+            if (self.visit)(number, fields).is_break() {
+                // The rest is not needed; the reader stops here.
+                self.stopped = true;
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for &mut JsonRows<'_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("an array of objects, or an object holding one")
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, seq: A) -> Result<(), A::Error> {
+        self.rows(seq)
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        let mut keys = Vec::new();
+        while let Some(key) = map.next_key::<String>()? {
+            keys.push(key.clone());
+            map.next_value_seed(Member {
+                rows: &mut *self,
+                key,
+            })?;
+            if self.stopped {
+                return Ok(());
+            }
+        }
+        if self.found.is_none() {
+            self.problem = Some(ReadError::Format(format!(
+                "a JSON object without an array of cases (its keys: {}); a `.json` dataset is \
+                 an array of objects, or an object holding one",
+                if keys.is_empty() {
+                    "none".to_string()
+                } else {
+                    keys.iter()
+                        .map(|k| format!("`{k}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                }
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// A member of a top-level object: an array is the rows (the first one only), anything else
+/// is skipped without being kept.
+struct Member<'r, 'v> {
+    rows: &'r mut JsonRows<'v>,
+    key: String,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for Member<'_, '_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Member<'_, '_> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+        if let Some(first) = &self.rows.found {
+            self.rows.problem = Some(ReadError::Format(format!(
+                "the JSON object holds two arrays, `{first}` and `{}`: which are the cases is \
+                 not clear; write the cases as a top-level array",
+                self.key
+            )));
+            self.rows.stopped = true;
+            return Ok(());
+        }
+        self.rows.found = Some(self.key);
+        self.rows.rows(&mut seq)?;
+        if !self.rows.stopped {
+            while seq.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+        }
+        Ok(())
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        while map
+            .next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?
+            .is_some()
+        {}
+        Ok(())
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_str<E>(self, _: &str) -> Result<(), E> {
+        Ok(())
+    }
+    fn visit_unit<E>(self) -> Result<(), E> {
+        Ok(())
+    }
+}
 
 impl RowReader for JsonArray {
     fn read(
@@ -429,54 +631,26 @@ impl RowReader for JsonArray {
         path: &Path,
         visit: &mut dyn FnMut(usize, Fields) -> ControlFlow<()>,
     ) -> Result<(), ReadError> {
-        use serde::de::{Deserializer, SeqAccess, Visitor};
-
-        struct Rows<'v> {
-            visit: &'v mut dyn FnMut(usize, Fields) -> ControlFlow<()>,
-            problem: Option<ReadError>,
-        }
-        impl<'de> Visitor<'de> for &mut Rows<'_> {
-            type Value = ();
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("an array of objects")
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-                let mut number = 0;
-                while let Some(v) = seq.next_element::<Value>()? {
-                    number += 1;
-                    let Value::Object(fields) = v else {
-                        self.problem = Some(ReadError::Row {
-                            row: number,
-                            column: None,
-                            message: format!(
-                                "element {number} is a JSON {}, not an object",
-                                json_kind(&v)
-                            ),
-                        });
-                        return Ok(());
-                    };
-                    if (self.visit)(number, fields).is_break() {
-                        // The rest is not needed; the reader stops here.
-                        return Ok(());
-                    }
-                }
-                Ok(())
-            }
-        }
+        use serde::de::Deserializer;
 
         let file = BufReader::new(File::open(path)?);
         let mut de = serde_json::Deserializer::from_reader(file);
-        let mut rows = Rows {
+        let mut rows = JsonRows {
             visit,
             problem: None,
+            stopped: false,
+            found: None,
         };
-        let result = (&mut de).deserialize_seq(&mut rows);
+        let result = (&mut de).deserialize_any(&mut rows);
         if let Some(p) = rows.problem {
             return Err(p);
         }
         match result {
-            Ok(()) => Ok(()),
-            // Stopped early (limit reached): the rest of the array is never read.
+            // Stopped early (limit reached): the rest of the file is never read.
+            _ if rows.stopped => Ok(()),
+            Ok(()) => de
+                .end()
+                .map_err(|e| ReadError::Format(format!("not a JSON array of objects: {e}"))),
             Err(e) if e.is_io() => Err(ReadError::Io(e.into())),
             Err(e) => Err(ReadError::Format(format!(
                 "not a JSON array of objects: {e}"

@@ -136,7 +136,7 @@ fn read_one(
                     "unknown format",
                 )
                 .with_help(
-                    "name a .csv (header row), .jsonl, .json (array of objects) or .parquet file",
+                    "name a .csv or .tsv (header row), .jsonl, .json (array of objects) or .parquet file",
                 ),
             ));
         }
@@ -182,9 +182,9 @@ fn read_one(
         }
     };
     let mut filter_failed = false;
-    let mut keep = |fields: &dataset::Fields| -> Result<bool, String> {
+    let mut keep = |fields: &Arc<dataset::Fields>| -> Result<bool, String> {
         let Some(f) = &filter else { return Ok(true) };
-        let ctx = minijinja::context! { row => minijinja::Value::from(Serde(fields)) };
+        let ctx = minijinja::context! { row => dataset::RowObject::value(fields) };
         let result = match f {
             Filter::Expr(e) => e.eval(ctx).map(|v| Ok(v.is_true())),
             Filter::Text(t) => t.render(ctx).map(|text| match text.trim() {
@@ -417,8 +417,7 @@ fn instances(
             });
             let mut first: HashMap<String, usize> = HashMap::new();
             for row in tables.get(name).map(Vec::as_slice).unwrap_or_default() {
-                let ctx =
-                    || minijinja::context! { row => minijinja::Value::from(Serde(&*row.fields)) };
+                let ctx = || minijinja::context! { row => dataset::RowObject::value(&row.fields) };
                 let id = match &compiled {
                     None => Ok(dataset::content_id(&row.fields)),
                     Some(_)
@@ -780,8 +779,14 @@ fn evaluate(
 ) -> Result<Value, String> {
     let value = evaluate_value(env, source, row, vars)?;
     match value {
-        Value::String(text) => serde_json::from_str(&text)
-            .map_err(|e| format!("the text is not a JSON message list: {e}")),
+        // A column holding the list as JSON text (CSV has no lists).
+        Value::String(text) if text.trim_start().starts_with(['[', '{']) => {
+            serde_json::from_str(&text)
+                .map_err(|e| format!("the text is not a JSON message list: {e}"))
+        }
+        // Plain text is one user message, as a sample's `input` is in Inspect and most
+        // exports of cases: `history "{{ row.input }}"` takes either form.
+        Value::String(text) => Ok(serde_json::json!([{"role": "user", "content": text}])),
         other => Ok(other),
     }
 }

@@ -906,7 +906,71 @@ pub fn warnings(project: &Project) -> Vec<Diagnostic> {
         Diagnostic::at_span(Kind::NotRunnable, message, files, span, label).with_help(help)
     };
     let mut agents_warned: BTreeSet<String> = BTreeSet::new();
+    // The instances of one `for-each` / `matrix` scenario share its steps, checks and agents,
+    // so they share its warnings: the first instance's are said once for all of them, naming
+    // how many there are and the first few (10,000 rows made 10,000 identical warnings).
+    let mut instances: HashMap<(&str, Span), Vec<&str>> = HashMap::new();
     for (_, sc) in project.scenarios() {
+        if let Some(i) = &sc.instance {
+            instances
+                .entry((i.base.as_str(), sc.id.span))
+                .or_default()
+                .push(sc.id.value.as_str());
+        }
+    }
+    for (_, sc) in project.scenarios() {
+        let group = sc.instance.as_ref().and_then(|i| {
+            instances
+                .get(&(i.base.as_str(), sc.id.span))
+                .map(|ids| (i.base.as_str(), ids))
+        });
+        if group.is_some_and(|(_, ids)| ids.first() != Some(&sc.id.value.as_str())) {
+            continue;
+        }
+        let from = out.len();
+        scenario_warnings(
+            project,
+            sc,
+            judged,
+            simulated,
+            &mut agents_warned,
+            &warn,
+            &mut out,
+        );
+        if let Some((base, ids)) = group {
+            let named = format!("`{}`", sc.id.value);
+            let all = format!("`{base}` ({})", instances_shown(ids));
+            for d in &mut out[from..] {
+                d.message = d.message.replacen(&named, &all, 1);
+            }
+        }
+    }
+    out
+}
+
+/// A scenario's instances as warnings name them: how many, and the first few ids.
+fn instances_shown(ids: &[&str]) -> String {
+    const SHOWN: usize = 3;
+    let first: Vec<&str> = ids.iter().take(SHOWN).copied().collect();
+    match ids.len() {
+        1 => format!("its 1 instance: {}", first[0]),
+        n if n <= SHOWN => format!("all {n} instances: {}", first.join(", ")),
+        n => format!("all {n} instances: {}, …", first.join(", ")),
+    }
+}
+
+/// What `check` says of one scenario (every trajectory and check that will be skipped).
+#[allow(clippy::too_many_arguments)]
+fn scenario_warnings(
+    project: &Project,
+    sc: &Scenario,
+    judged: bool,
+    simulated: bool,
+    agents_warned: &mut BTreeSet<String>,
+    warn: &impl Fn(Span, String, &str, &str) -> Diagnostic,
+    out: &mut Vec<Diagnostic>,
+) {
+    {
         let agents = project.scenario_agents(sc);
         for agent in &agents {
             if let Some(why) = not_runnable::agent(agent)
@@ -975,7 +1039,6 @@ pub fn warnings(project: &Project) -> Vec<Diagnostic> {
             ));
         }
     }
-    out
 }
 
 /// What `check` says of one criterion: skipped until a feature lands, or nothing to time.

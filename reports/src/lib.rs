@@ -21,6 +21,7 @@ mod html;
 mod journal;
 mod junit;
 pub mod labels;
+pub mod pivot;
 mod staged;
 pub mod stats;
 mod tables;

@@ -8,7 +8,7 @@
 //! pipe) and go silent on a stream after its first failed write, so the run finishes and
 //! writes every results file whatever happens to the console.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::io::{IsTerminal, Write};
 use std::path::Path;
@@ -102,6 +102,9 @@ struct Counts {
     invalid: u64,
 }
 
+/// A scenario with more instances than this is one row of the summary.
+const INSTANCE_ROWS: u64 = 20;
+
 pub struct Console {
     /// Trajectories the plan has, to say how much of it a stopped run covers.
     planned: u64,
@@ -113,6 +116,12 @@ pub struct Console {
     per_scenario: BTreeMap<(String, String, String), Counts>,
     /// Suites in load order (from `run_started`): the order of every list printed.
     suites: Vec<String>,
+    /// The instances of `matrix` scenarios (from `run_started`, without their rows), for
+    /// the matrix grid.
+    matrix_instances: Vec<trellis_engine::record::ScenarioInfo>,
+    /// (suite, instance id) → the scenario as written, for every `for-each` / `matrix`
+    /// instance: a scenario with many instances is one row of the summary.
+    instance_of: HashMap<(String, String), String>,
     /// The first failures in stable order (suite, scenario, branch, agent, repetition), not
     /// in the order they finished, so the same run always shows the same ones.
     failures: BTreeMap<FailureKey, TrajectoryRecord>,
@@ -157,6 +166,8 @@ impl Console {
             silent,
             per_scenario: BTreeMap::new(),
             suites: Vec::new(),
+            matrix_instances: Vec::new(),
+            instance_of: HashMap::new(),
             failures: BTreeMap::new(),
             failures_total: 0,
             invalid: BTreeMap::new(),
@@ -181,6 +192,26 @@ impl Console {
     pub fn on_event(&mut self, event: &Event) {
         if let Event::RunStarted(info) = event {
             self.suites.clone_from(&info.suites);
+            self.matrix_instances = info
+                .scenarios
+                .iter()
+                .filter(|s| s.instance.as_ref().is_some_and(|i| !i.vars.is_empty()))
+                .map(|s| {
+                    let mut s = s.clone();
+                    if let Some(i) = &mut s.instance {
+                        i.row = None;
+                    }
+                    s
+                })
+                .collect();
+            self.instance_of = info
+                .scenarios
+                .iter()
+                .filter_map(|s| {
+                    let i = s.instance.as_ref()?;
+                    Some(((s.suite.clone(), s.scenario.clone()), i.of.clone()))
+                })
+                .collect();
             return;
         }
         let Event::Trajectory(t) = event else {
@@ -432,6 +463,96 @@ impl Console {
         }
     }
 
+    /// The summary's rows: one per scenario and agent, but a scenario with more than
+    /// [`INSTANCE_ROWS`] instances is one row, its instances' counts together (a
+    /// 10,000-row dataset would print 10,000 rows; the report and the grids show them).
+    fn summary_rows(&self) -> Vec<((String, String, String), Counts)> {
+        let base = |suite: &str, scenario: &str| {
+            self.instance_of
+                .get(&(suite.to_string(), scenario.to_string()))
+                .cloned()
+        };
+        let mut instances: HashMap<(String, String, String), u64> = HashMap::new();
+        for (suite, scenario, agent) in self.per_scenario.keys() {
+            if let Some(base) = base(suite, scenario) {
+                *instances
+                    .entry((suite.clone(), base, agent.clone()))
+                    .or_default() += 1;
+            }
+        }
+        let mut rows: BTreeMap<(String, String, String), Counts> = BTreeMap::new();
+        for ((suite, scenario, agent), c) in &self.per_scenario {
+            let many = base(suite, scenario).and_then(|b| {
+                let n = instances.get(&(suite.clone(), b.clone(), agent.clone()))?;
+                (*n > INSTANCE_ROWS).then(|| format!("{b} ({n} instances)"))
+            });
+            let row = rows
+                .entry((
+                    suite.clone(),
+                    many.unwrap_or_else(|| scenario.clone()),
+                    agent.clone(),
+                ))
+                .or_default();
+            row.passed += c.passed;
+            row.failed += c.failed;
+            row.errors += c.errors;
+            row.skipped += c.skipped;
+            row.invalid += c.invalid;
+        }
+        let mut rows: Vec<_> = rows.into_iter().collect();
+        // Already by name; a stable sort puts the suites in load order.
+        rows.sort_by_key(|((suite, _, _), _)| self.suite_rank(suite));
+        rows
+    }
+
+    /// With `matrix` scenarios, their pass rates by each variable's values: one row per
+    /// scenario as written (and agent), one column per value, every instance with the value
+    /// together (`trellis_reports::pivot`).
+    fn matrix_grid(&self) {
+        let counts = self
+            .per_scenario
+            .iter()
+            .map(|((suite, scenario, agent), c)| {
+                (
+                    suite.as_str(),
+                    scenario.as_str(),
+                    agent.as_str(),
+                    c.passed,
+                    c.passed + c.failed + c.errors,
+                )
+            });
+        let grids =
+            trellis_reports::pivot::matrix_grids(&self.suites, &self.matrix_instances, counts);
+        for g in grids {
+            let mut header = vec!["scenario".to_string()];
+            header.extend(g.values.iter().map(|v| format!("{}={v}", g.var)));
+            let header: Vec<&str> = header.iter().map(String::as_str).collect();
+            let mut grid = table(&header);
+            for row in &g.rows {
+                let name = match &row.agent {
+                    Some(agent) => format!("{} [{agent}]", row.scenario),
+                    None => row.scenario.clone(),
+                };
+                let mut cells = vec![Cell::new(name)];
+                for cell in &row.cells {
+                    cells.push(Cell::new(cell.map_or_else(
+                        || "·".to_string(),
+                        |c| match trellis_reports::pivot::cell_text(c) {
+                            (rate, interval) if interval.is_empty() => rate,
+                            (rate, interval) => format!("{rate} ({interval})"),
+                        },
+                    )));
+                }
+                grid.add_row(cells);
+            }
+            outln!(
+                "{}: by matrix value `{}` (pass rate, 95% CI)\n{grid}",
+                g.suite,
+                g.var
+            );
+        }
+    }
+
     pub fn finish(
         &self,
         summary: Option<&RunSummary>,
@@ -457,9 +578,7 @@ impl Console {
             "pass rate",
             "95% CI",
         ]);
-        let mut rows: Vec<_> = self.per_scenario.iter().collect();
-        // Already by name; a stable sort puts the suites in load order.
-        rows.sort_by_key(|((suite, _, _), _)| self.suite_rank(suite));
+        let rows = self.summary_rows();
         for ((suite, scenario, agent), c) in rows {
             let ran = c.passed + c.failed + c.errors;
             let rate = if ran == 0 {
@@ -490,6 +609,7 @@ impl Console {
         }
         outln!("{table}");
         self.agent_grid();
+        self.matrix_grid();
 
         // Branches that both passed and failed across repetitions, in stable order.
         for b in files.stats.branches.iter().filter(|b| b.repeats.flaky) {

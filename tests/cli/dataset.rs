@@ -779,8 +779,15 @@ async fn compare_takes_two_agents_of_one_run_scenario_by_scenario() {
         ],
         "{c}"
     );
-    let o = compare(["b", "a"]).output().await.unwrap();
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // The other way round only the pass rate is judged: the builtin `a` answers in-process
+    // while `b` is a canned server, so on a loaded machine `a`'s latency alone would be a
+    // regression.
+    let o = compare(["b", "a"])
+        .args(["--latency-noise-ms", "60000"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
     let o = compare(["a", "nobody"]).output().await.unwrap();
     assert_eq!(o.status.code(), Some(2));
     assert!(
@@ -910,4 +917,399 @@ async fn judge_statements_and_outcomes_of_an_instance_read_its_row() {
         );
     }
     assert!(!journal.contains("row.order_id"), "{journal}");
+}
+
+/// Writes a Parquet file with pyarrow, the writer most Parquet files in the wild come from
+/// (`.ci/run` installs it; without it this test fails rather than passing unseen).
+fn pyarrow_parquet(dir: &Path, name: &str, script: &str) {
+    let program = format!(
+        "import datetime, decimal, sys\nimport pyarrow as pa, pyarrow.parquet as pq\n{script}\npq.write_table(t, sys.argv[1])\n"
+    );
+    let o = std::process::Command::new("python3")
+        .args(["-c", &program])
+        .arg(dir.join(name))
+        .output()
+        .expect("python3 runs (with pyarrow: `pip install pyarrow`)");
+    assert!(
+        o.status.success(),
+        "pyarrow could not write {name} (`pip install pyarrow`): {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+#[tokio::test]
+async fn parquet_structs_lists_of_structs_and_maps_come_through_nested_and_typed() {
+    let dir = project("", &[]);
+    pyarrow_parquet(
+        dir.path(),
+        "orders.parquet",
+        r#"t = pa.table({
+    "id": pa.array([1, 2, 3], pa.int64()),
+    "customer": pa.array([{"name": "Zoë", "tier": 2, "vip": True}, None, {"name": "李", "tier": None, "vip": False}]),
+    "items": pa.array([[{"sku": "A", "qty": 1}, {"sku": "B", "qty": 2}], [], None]),
+    "attrs": pa.array([[("color", "red"), ("size", "L")], [], None], pa.map_(pa.string(), pa.string())),
+    "when": pa.array([datetime.date(2024, 1, 2), None, datetime.date(2025, 12, 31)]),
+    "score": pa.array([0.5, float("nan"), None]),
+})"#,
+    );
+    let suite = format!(
+        "{AGENT}dataset \"orders\" path=\"orders.parquet\"\n\
+         scenario \"s\" for-each=\"orders\" {{\n\
+             row-id \"o{{{{ row.id }}}}\"\n\
+             user \"{{{{ row.customer.name if row.customer else 'nobody' }}}} \
+                   tier={{{{ row.customer.tier if row.customer else '-' }}}} \
+                   vip={{{{ row.customer.vip if row.customer else '-' }}}} \
+                   qty={{{{ row['items'] | map(attribute='qty') | sum if row['items'] is not none else 'none' }}}} \
+                   color={{{{ row.attrs.color if row.attrs else '-' }}}} \
+                   keys={{{{ row.attrs | length if row.attrs is not none else 'none' }}}} \
+                   when={{{{ row.when }}}} score={{{{ row.score }}}}\"\n\
+             expect no-error\n\
+         }}\n"
+    );
+    std::fs::write(dir.path().join("suite.kdl"), suite).unwrap();
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path().join("suite.kdl"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let turns = read_parquet(&out.join("turns.parquet"));
+    let mut sent: Vec<String> = strings(&turns, "user_message")
+        .into_iter()
+        .flatten()
+        .map(|s| flat(&s))
+        .collect();
+    sent.sort();
+    assert_eq!(
+        sent,
+        [
+            "Zoë tier=2 vip=True qty=3 color=red keys=2 when=2024-01-02 score=0.5",
+            "nobody tier=- vip=- qty=0 color=- keys=0 when=None score=None",
+            "李 tier=None vip=False qty=none color=- keys=none when=2025-12-31 score=None",
+        ]
+    );
+    // The results keep the row as nested JSON, so it joins back typed.
+    let t = read_parquet(&out.join("trajectories.parquet"));
+    let first = strings(&t, "row")
+        .into_iter()
+        .flatten()
+        .map(|r| serde_json::from_str::<serde_json::Value>(&r).unwrap())
+        .find(|r| r["id"] == 1)
+        .unwrap();
+    assert_eq!(
+        first["customer"],
+        serde_json::json!({"name": "Zoë", "tier": 2, "vip": true})
+    );
+    assert_eq!(
+        first["items"],
+        serde_json::json!([{"sku": "A", "qty": 1}, {"sku": "B", "qty": 2}])
+    );
+    assert_eq!(
+        first["attrs"],
+        serde_json::json!({"color": "red", "size": "L"})
+    );
+}
+
+#[tokio::test]
+async fn a_parquet_read_in_slices_keeps_row_numbers_and_stops_at_the_limit() {
+    let dir = project("", &[]);
+    // 5,000 rows in row groups of 700: the reader's slices cross row groups.
+    pyarrow_parquet(
+        dir.path(),
+        "big.parquet",
+        "t = pa.table({'id': list(range(1, 5001)), 'kind': ['odd' if i % 2 else 'even' for i in range(1, 5001)]})\n\
+         pq.write_table(t, sys.argv[1], row_group_size=700)\nsys.exit(0)",
+    );
+    for (dataset, expected) in [
+        (
+            "filter=\"{{ row.id in [3, 1500, 4999] }}\"",
+            &["suite/s[3]", "suite/s[1500]", "suite/s[4999]"][..],
+        ),
+        ("limit=2", &["suite/s[1]", "suite/s[2]"][..]),
+        (
+            "filter=\"{{ row.kind == 'even' and row.id > 4995 }}\"",
+            &["suite/s[4996]", "suite/s[4998]", "suite/s[5000]"][..],
+        ),
+    ] {
+        let suite = format!(
+            "{AGENT}dataset \"big\" path=\"big.parquet\" {dataset}\n\
+             scenario \"s\" for-each=\"big\" {{\n    row-id \"{{{{ row.id }}}}\"\n    user \"hi\"\n    expect no-error\n}}\n"
+        );
+        std::fs::write(dir.path().join("suite.kdl"), suite).unwrap();
+        assert_eq!(listed(dir.path(), &[]).await, expected, "{dataset}");
+    }
+    // A row a filter fails on is named by its number in the file, past the first slices.
+    std::fs::write(
+        dir.path().join("suite.kdl"),
+        format!(
+            "{AGENT}dataset \"big\" path=\"big.parquet\" filter=\"{{{{ row.id < 4321 or row.kind + 1 }}}}\"\n\
+             scenario \"s\" for-each=\"big\" {{\n    user \"hi\"\n    expect no-error\n}}\n"
+        ),
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path().join("suite.kdl"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(flat(&stderr(&o)).contains("row 4321"), "{}", stderr(&o));
+}
+
+#[tokio::test]
+async fn a_parquet_column_of_a_type_not_read_is_a_diagnostic_not_a_crash() {
+    let dir = project("", &[]);
+    pyarrow_parquet(
+        dir.path(),
+        "money.parquet",
+        "t = pa.table({'id': [1], 'price': pa.array([decimal.Decimal('9.99')], pa.decimal128(5, 2))})",
+    );
+    std::fs::write(
+        dir.path().join("suite.kdl"),
+        format!(
+            "{AGENT}dataset \"m\" path=\"money.parquet\"\n\
+             scenario \"s\" for-each=\"m\" {{\n    user \"hi\"\n    expect no-error\n}}\n"
+        ),
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path().join("suite.kdl"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let err = flat(&stderr(&o));
+    assert!(
+        err.contains("money.parquet") && err.contains("column `price` is a decimal column"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[tokio::test]
+async fn check_says_a_warning_shared_by_every_instance_once() {
+    let mut csv = String::from("id,q\n");
+    for i in 0..50 {
+        csv.push_str(&format!("r{i},question {i}\n"));
+    }
+    let suite = format!(
+        "{AGENT}dataset \"d\" path=\"d.csv\"\n\
+         scenario \"ask\" for-each=\"d\" {{\n    row-id \"{{{{ row.id }}}}\"\n    user \"{{{{ row.q }}}}\"\n    expect judge \"answers {{{{ row.q }}}}\"\n}}\n\
+         scenario \"tones\" {{\n    matrix {{\n        tone \"a\" \"b\"\n    }}\n    user \"hi\"\n    outcome \"fine\"\n}}\n"
+    );
+    let dir = project(&suite, &[("d.csv", csv.as_bytes())]);
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path().join("suite.kdl"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let err = flat(&stderr(&o));
+    assert_eq!(err.matches("will be skipped").count(), 4, "{err}");
+    assert!(
+        err.contains(
+            "scenario `ask` (all 50 instances: ask[r0], ask[r1], ask[r2], …): this `judge` check will be skipped"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains(
+            "scenario `tones` (all 2 instances: tones[tone=a], tones[tone=b]): this `outcome` check"
+        ),
+        "{err}"
+    );
+    assert!(
+        stdout(&o).contains("52 checks will be skipped; see the 2 warnings above"),
+        "{}",
+        stdout(&o)
+    );
+}
+
+#[tokio::test]
+async fn case_files_other_tools_export_load_as_datasets() {
+    let server = support::MisbehavingServer::respond(200, support::OK_BODY).await;
+    // promptfoo's tests CSV, as a spreadsheet saves it: a byte-order mark, CRLF, `vars`
+    // columns and promptfoo's `__expected` / `__description`.
+    let promptfoo = "\u{feff}question,topic,__expected,__description\r\n\
+                     \"What is 2+2?\",math,contains:4,simple-sum\r\n\
+                     \"Capital of France?\",geo,\"icontains:paris\",capital\r\n";
+    // Inspect AI samples (`json_dataset`): `input` a string or a message list.
+    let inspect = "{\"id\": \"q1\", \"input\": \"What is 2+2?\", \"target\": \"4\", \"metadata\": {\"level\": 1}}\n\
+                   {\"id\": \"q2\", \"input\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, {\"role\": \"user\", \"content\": \"Capital of France?\"}], \"target\": [\"Paris\"], \"metadata\": {\"level\": 2}}\n";
+    // DeepEval goldens, and the same wrapped in an object as some exports write them.
+    let goldens = r#"[{"input": "Refund order A17", "expected_output": "refunded", "context": ["orders"], "additional_metadata": {"source": "prod"}},
+                      {"input": "Where is B2?", "expected_output": "shipped", "context": null, "additional_metadata": null}]"#;
+    let wrapped = format!("{{\"version\": 1, \"goldens\": {goldens}}}");
+    // A semicolon CSV (spreadsheets in many locales) and a TSV.
+    let semicolon = "q;n\r\n\"a;b\";1\r\nc;2\r\n";
+    let tsv = "q\tn\nhello\t1\nworld\t2\n";
+    let suite = format!(
+        "agent \"a\" protocol=\"connexity\" url=\"{url}\"\n\
+         dataset \"pf\" path=\"promptfoo.csv\"\n\
+         dataset \"inspect\" path=\"inspect.jsonl\"\n\
+         dataset \"goldens\" path=\"goldens.json\"\n\
+         dataset \"wrapped\" path=\"wrapped.json\" limit=1\n\
+         dataset \"semi\" path=\"semi.csv\"\n\
+         dataset \"tsv\" path=\"cases.tsv\"\n\
+         scenario \"pf\" for-each=\"pf\" {{\n    row-id \"{{{{ row.__description }}}}\"\n    user \"{{{{ row.question }}}} [{{{{ row.topic }}}}] {{{{ row.__expected }}}}\"\n    expect no-error\n}}\n\
+         scenario \"inspect\" for-each=\"inspect\" {{\n    row-id \"{{{{ row.id }}}}\"\n    history \"{{{{ row.input }}}}\"\n    expect no-error\n}}\n\
+         scenario \"goldens\" for-each=\"goldens\" {{\n    user \"{{{{ row.input }}}} ({{{{ row.context | length if row.context else 0 }}}})\"\n    expect no-error\n}}\n\
+         scenario \"wrapped\" for-each=\"wrapped\" {{\n    user \"{{{{ row.input }}}}\"\n    expect no-error\n}}\n\
+         scenario \"semi\" for-each=\"semi\" {{\n    row-id \"{{{{ row.q }}}}\"\n    user \"{{{{ row.n + 1 }}}}\"\n    expect no-error\n}}\n\
+         scenario \"tsv\" for-each=\"tsv\" {{\n    row-id \"{{{{ row.q }}}}\"\n    user \"{{{{ row.n * 10 }}}}\"\n    expect no-error\n}}\n",
+        url = server.url()
+    );
+    let dir = project(
+        &suite,
+        &[
+            ("promptfoo.csv", promptfoo.as_bytes()),
+            ("inspect.jsonl", inspect.as_bytes()),
+            ("goldens.json", goldens.as_bytes()),
+            ("wrapped.json", wrapped.as_bytes()),
+            ("semi.csv", semicolon.as_bytes()),
+            ("cases.tsv", tsv.as_bytes()),
+        ],
+    );
+    let mut ids = listed(dir.path(), &[]).await;
+    ids.retain(|id| !id.starts_with("suite/goldens"));
+    assert_eq!(
+        ids,
+        [
+            "suite/pf[simple-sum]",
+            "suite/pf[capital]",
+            "suite/inspect[q1]",
+            "suite/inspect[q2]",
+            // The first row of the array under `goldens` (its content's hash).
+            "suite/wrapped[ec0c89de19df]",
+            "suite/semi[a;b]",
+            "suite/semi[c]",
+            "suite/tsv[hello]",
+            "suite/tsv[world]",
+        ]
+    );
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path().join("suite.kdl"))
+        .args(["--jobs", "1", "--out"])
+        .arg(dir.path().join("out"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let mut first: Vec<Vec<(String, String)>> = received(&server);
+    first.sort();
+    let mut expected = vec![
+        pairs(&[("user", "What is 2+2? [math] contains:4")]),
+        pairs(&[("user", "Capital of France? [geo] icontains:paris")]),
+        // Inspect's string input is one user message; its message list is the history
+        // (the system message left out), its last user message the first turn.
+        pairs(&[("user", "What is 2+2?")]),
+        pairs(&[("user", "Capital of France?")]),
+        pairs(&[("user", "Refund order A17 (1)")]),
+        pairs(&[("user", "Where is B2? (0)")]),
+        pairs(&[("user", "Refund order A17")]),
+        pairs(&[("user", "2")]),
+        pairs(&[("user", "3")]),
+        pairs(&[("user", "10")]),
+        pairs(&[("user", "20")]),
+    ];
+    expected.sort();
+    assert_eq!(first, expected);
+}
+
+#[tokio::test]
+async fn the_console_and_the_report_pivot_a_matrix_by_each_variable() {
+    let suite = format!(
+        "{AGENT}dataset \"d\" path=\"d.jsonl\"\n\
+         scenario \"ask\" for-each=\"d\" {{\n    matrix {{\n        want \"postal code\" \"zebra\"\n        n 1 2\n    }}\n    user \"I want a duct cleaning\"\n    expect reply contains=\"{{{{ vars.want }}}}\"\n}}\n"
+    );
+    let dir = project(
+        &suite,
+        &[("d.jsonl", b"{\"id\": 1}\n{\"id\": 2}\n".as_slice())],
+    );
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path().join("suite.kdl"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    let console = stdout(&o);
+    // One grid per variable, variables and values in the order written; each cell every
+    // instance with the value (2 rows × 2 values of the other variable).
+    let at = console
+        .find("suite: by matrix value `want` (pass rate, 95% CI)")
+        .unwrap_or_else(|| panic!("no grid in {console}"));
+    let grid = &console[at..];
+    let header = grid.lines().nth(2).unwrap();
+    assert!(
+        header.find("want=postal code").unwrap() < header.find("want=zebra").unwrap(),
+        "{grid}"
+    );
+    let row = grid.lines().find(|l| l.contains(" ask ")).unwrap();
+    assert!(
+        row.contains("100% (51–100%)") && row.contains("0% (0–49%)"),
+        "{grid}"
+    );
+    let n = &console[console
+        .find("suite: by matrix value `n`")
+        .unwrap_or_else(|| panic!("no grid of n in {console}"))..];
+    assert!(n.find("n=1").unwrap() < n.find("n=2").unwrap(), "{n}");
+    assert!(at < console.find("suite: by matrix value `n`").unwrap());
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    let grid = &html[html
+        .find("<h2>By matrix value: suite · want</h2>")
+        .unwrap_or_else(|| panic!("no grid in the report"))..];
+    let row = &grid[grid.find("title=\"ask\"").unwrap()..];
+    let row = &row[..row.find("</tr>").unwrap()];
+    assert!(
+        row.contains("title=\"95% CI 51–100%\">100.0%")
+            && row.contains("title=\"95% CI 0–49%\">0.0%"),
+        "{row}"
+    );
+}
+
+#[tokio::test]
+async fn the_summary_is_one_row_for_a_scenario_of_many_instances() {
+    let mut csv = String::from("id\n");
+    for i in 0..25 {
+        csv.push_str(&format!("r{i}\n"));
+    }
+    let suite = format!(
+        "{AGENT}dataset \"d\" path=\"d.csv\"\n\
+         scenario \"ask\" for-each=\"d\" {{\n    row-id \"{{{{ row.id }}}}\"\n    user \"hi {{{{ row.id }}}}\"\n    expect no-error\n}}\n\
+         scenario \"few\" {{\n    matrix {{\n        n 1 2\n    }}\n    user \"hi\"\n    expect no-error\n}}\n"
+    );
+    let dir = project(&suite, &[("d.csv", csv.as_bytes())]);
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path().join("suite.kdl"))
+        .arg("--out")
+        .arg(dir.path().join("out"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let console = stdout(&o);
+    let row = console
+        .lines()
+        .find(|l| l.contains("ask (25 instances)"))
+        .unwrap_or_else(|| panic!("no row of all instances in {console}"));
+    assert!(row.contains(" 25 ") && row.contains("100%"), "{row}");
+    assert!(!console.contains("ask[r0]"), "{console}");
+    // A scenario of a few instances keeps a row each.
+    assert!(
+        console.contains("few[n=1]") && console.contains("few[n=2]"),
+        "{console}"
+    );
 }

@@ -602,6 +602,70 @@ pub(crate) struct GridCell {
     grade: &'static str,
 }
 
+/// A `matrix` scenario's pass rates by one variable's values (`crate::pivot`).
+#[derive(Serialize)]
+pub(crate) struct MatrixGridView {
+    suite: String,
+    var: String,
+    values: Vec<String>,
+    rows: Vec<AgentGridRow>,
+}
+
+fn matrix_grids(
+    suites: &[String],
+    scenarios: &[trellis_records::ScenarioInfo],
+    counts: &BTreeMap<(String, String, String), Counts>,
+    anchors: &BTreeMap<(String, String), String>,
+) -> Vec<MatrixGridView> {
+    let counts = counts.iter().map(|((suite, scenario, agent), c)| {
+        (
+            suite.as_str(),
+            scenario.as_str(),
+            agent.as_str(),
+            c.passed,
+            c.passed + c.failed + c.errors,
+        )
+    });
+    crate::pivot::matrix_grids(suites, scenarios, counts)
+        .into_iter()
+        .map(|g| MatrixGridView {
+            rows: g
+                .rows
+                .into_iter()
+                .map(|row| AgentGridRow {
+                    name: match &row.agent {
+                        Some(agent) => format!("{} [{agent}]", row.scenario),
+                        None => row.scenario.clone(),
+                    },
+                    anchor: anchors.get(&(g.suite.clone(), row.scenario)).cloned(),
+                    cells: row
+                        .cells
+                        .into_iter()
+                        .map(|cell| {
+                            let (passed, ran) = cell?;
+                            let (_, interval) = crate::pivot::cell_text((passed, ran));
+                            let view = CountsView::of(&Counts {
+                                passed,
+                                failed: ran - passed,
+                                ..Counts::default()
+                            });
+                            // As the agents' grid shows its cells.
+                            Some(GridCell {
+                                rate: view.rate,
+                                interval,
+                                grade: view.grade,
+                            })
+                        })
+                        .collect(),
+                })
+                .collect(),
+            suite: g.suite,
+            var: g.var,
+            values: g.values,
+        })
+        .collect()
+}
+
 /// The grids of the suites whose scenarios ran against several agents, suites in load
 /// order, agents in plan order.
 fn agent_grids(
@@ -705,6 +769,7 @@ pub(crate) struct PageView {
     by_scenario: Vec<RateRow>,
     by_agent: Vec<RateRow>,
     agent_grids: Vec<AgentGrid>,
+    matrix_grids: Vec<MatrixGridView>,
     scenarios: Vec<ScenarioView>,
     filter_suites: Vec<String>,
     filter_agents: Vec<String>,
@@ -1031,6 +1096,15 @@ pub(crate) fn build(page: &Page<'_>) -> PageView {
         agent_grids: agent_grids(
             &filter_suites,
             &filter_agents,
+            &page.tally.by_scenario_agent,
+            &scenarios
+                .iter()
+                .map(|v| ((v.suite.clone(), v.id.clone()), v.anchor.clone()))
+                .collect(),
+        ),
+        matrix_grids: matrix_grids(
+            &filter_suites,
+            &info.scenarios,
             &page.tally.by_scenario_agent,
             &scenarios
                 .iter()
