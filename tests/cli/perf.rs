@@ -91,3 +91,60 @@ scenario "one" {
     .await;
     within("one trajectory", count, TRAJECTORY_BUDGET);
 }
+
+/// `run.json`'s git state is read with both `git` commands running at once, and without
+/// starting `git` at all outside a repository (each start costs a one-trajectory run
+/// 5–15 ms): the state recorded must still be exact.
+#[tokio::test]
+async fn perf_run_records_the_git_state_with_git_started_only_in_a_repository() {
+    let git = |dir: &Path, args: &[&str]| {
+        let o = std::process::Command::new("git")
+            .current_dir(dir)
+            .args(["-c", "user.name=t", "-c", "user.email=t@example.com"])
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("this test needs `git` on the PATH: {e}"));
+        assert!(o.status.success(), "git {args:?}: {}", stderr(&o));
+        String::from_utf8_lossy(&o.stdout).trim().to_owned()
+    };
+    let suite = r#"agent "booking" protocol="connexity" builtin="booking"
+scenario "one" {
+    user "Hi, I'd like to book a duct cleaning."
+    expect reply contains="postal code"
+}
+"#;
+    let run_json = async |dir: &Path, out: &str| {
+        let o = trellis()
+            .current_dir(dir)
+            .args(["run", "one.kdl", "-q", "--out", out])
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let text = std::fs::read_to_string(dir.join(out).join("run.json")).unwrap();
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()
+    };
+
+    let repo_dir = tempfile::tempdir().unwrap();
+    let dir = repo_dir.path();
+    std::fs::write(dir.join("one.kdl"), suite).unwrap();
+    std::fs::write(dir.join(".gitignore"), "runs*/\n").unwrap();
+    git(dir, &["init", "-q"]);
+    git(dir, &["add", "."]);
+    git(dir, &["commit", "-q", "-m", "suite"]);
+    let head = git(dir, &["rev-parse", "HEAD"]);
+
+    let clean = run_json(dir, "runs-clean").await;
+    assert_eq!(clean["git"]["commit"], head.as_str(), "{clean}");
+    assert_eq!(clean["git"]["dirty"], false, "{clean}");
+
+    std::fs::write(dir.join("one.kdl"), format!("{suite}// changed\n")).unwrap();
+    let dirty = run_json(dir, "runs-dirty").await;
+    assert_eq!(dirty["git"]["commit"], head.as_str(), "{dirty}");
+    assert_eq!(dirty["git"]["dirty"], true, "{dirty}");
+
+    let plain = tempfile::tempdir().unwrap();
+    std::fs::write(plain.path().join("one.kdl"), suite).unwrap();
+    let outside = run_json(plain.path(), "runs").await;
+    assert!(outside.get("git").is_none_or(|g| g.is_null()), "{outside}");
+}
