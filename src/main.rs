@@ -2,13 +2,14 @@
 //! the engine and the reporters; the commands live in [`cli`].
 
 mod cli;
+mod counting;
 
 use std::process::ExitCode;
 
 use clap::Parser;
 
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: counting::Counting = counting::Counting;
 
 /// Stack of the thread that runs the command. Suite files are parsed and walked
 /// recursively; a generous stack (reserved, not committed) turns absurdly deep nesting into
@@ -16,6 +17,7 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 const STACK_SIZE: usize = 512 * 1024 * 1024;
 
 fn main() -> ExitCode {
+    counting::start_if_asked();
     // A completion script asking for candidates: answered, and the process exits.
     cli::answer_completion_request();
     // `dataset path="….parquet"`: the language crate reads CSV and JSON itself; Parquet

@@ -27,6 +27,7 @@ mod lsp;
 mod multiagent;
 mod otel;
 mod outputs;
+mod perf;
 mod repo;
 mod resume;
 mod run;

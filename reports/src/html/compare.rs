@@ -11,7 +11,7 @@ use std::path::Path;
 use minijinja::Value;
 use serde::Serialize;
 
-use super::{SCRIPT_COMPARE, STYLE, environment, view};
+use super::{COMPARE_TEMPLATES, SCRIPT_COMPARE, STYLE, environment, view};
 use crate::error::ReportError;
 use crate::staged::Staged;
 
@@ -101,7 +101,7 @@ pub fn write_compare(path: &Path, page: &ComparePage) -> Result<(), ReportError>
 }
 
 fn render(view: &CompareView, out: impl Write) -> Result<(), minijinja::Error> {
-    let env = environment()?;
+    let env = environment(COMPARE_TEMPLATES)?;
     let template = env.get_template("compare.html")?;
     let context = minijinja::context! {
         page => Value::from(minijinja::value::Serde(view)),

@@ -1,0 +1,150 @@
+//! The regression guard for the daily-loop figures (docs/performance.md): how many
+//! allocations `trellis check suites/` and one trajectory against a built-in agent make,
+//! counted by the binary itself (`TRELLIS_COUNT_ALLOCATIONS=FILE`).
+//!
+//! Not a timing test: the count is nearly the same on every run and machine, and a budget
+//! well above today's count (about 1.5×) only trips on a large regression, such as the KDL
+//! parser allocating per character again (that made `check` about 209,000 allocations
+//! instead of 24,300). Counts are of the binary under test (a debug build under `cargo
+//! test`). When a change legitimately needs more, measure as in the docs and raise the
+//! budget in the same commit, saying why.
+
+use super::*;
+
+/// `trellis check suites/` (measured: 24,324 allocations, the same on every run).
+const CHECK_BUDGET: u64 = 36_000;
+
+/// One trajectory against `builtin="booking"`, reports included (measured: 30,685 to
+/// 30,688; the threads' interleaving moves it by a few).
+const TRAJECTORY_BUDGET: u64 = 46_000;
+
+/// Runs `trellis` with the counter on and returns the count it wrote, after checking the
+/// command succeeded.
+async fn allocations(args: &[&std::ffi::OsStr], cwd: &Path) -> u64 {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("allocations");
+    let o = trellis()
+        .current_dir(cwd)
+        .args(args)
+        .env("TRELLIS_COUNT_ALLOCATIONS", &file)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&file).unwrap_or_else(|e| {
+        panic!(
+            "the binary wrote no allocation count to {} ({e}); stderr: {}",
+            file.display(),
+            stderr(&o)
+        )
+    });
+    text.trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("allocation count {text:?}: {e}"))
+}
+
+fn within(what: &str, count: u64, budget: u64) {
+    // A count far below the budget means the counter (not the code) broke: the guard
+    // would then pass whatever happens.
+    assert!(
+        count >= budget / 20,
+        "{what}: {count} allocations is implausibly few for a budget of {budget}: is the \
+         counter counting?"
+    );
+    assert!(
+        count <= budget,
+        "{what}: {count} allocations, over the budget of {budget}. A large regression in the \
+         work this command does; see docs/performance.md to find where (callgrind), or to \
+         raise the budget if the new work is wanted"
+    );
+}
+
+#[tokio::test]
+async fn perf_check_of_the_example_suites_stays_within_its_allocation_budget() {
+    let count = allocations(&["check".as_ref(), "suites/".as_ref()], &repo("")).await;
+    within("trellis check suites/", count, CHECK_BUDGET);
+}
+
+#[tokio::test]
+async fn perf_one_trajectory_stays_within_its_allocation_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("one.kdl"),
+        r#"agent "booking" protocol="connexity" builtin="booking"
+scenario "one" {
+    user "Hi, I'd like to book a duct cleaning."
+    expect reply contains="postal code"
+}
+"#,
+    )
+    .unwrap();
+    let count = allocations(
+        &[
+            "run".as_ref(),
+            "one.kdl".as_ref(),
+            "--out".as_ref(),
+            "out".as_ref(),
+            "-q".as_ref(),
+        ],
+        dir.path(),
+    )
+    .await;
+    within("one trajectory", count, TRAJECTORY_BUDGET);
+}
+
+/// `run.json`'s git state is read with both `git` commands running at once, and without
+/// starting `git` at all outside a repository (each start costs a one-trajectory run
+/// 5–15 ms): the state recorded must still be exact.
+#[tokio::test]
+async fn perf_run_records_the_git_state_with_git_started_only_in_a_repository() {
+    let git = |dir: &Path, args: &[&str]| {
+        let o = std::process::Command::new("git")
+            .current_dir(dir)
+            .args(["-c", "user.name=t", "-c", "user.email=t@example.com"])
+            .args(args)
+            .output()
+            .unwrap_or_else(|e| panic!("this test needs `git` on the PATH: {e}"));
+        assert!(o.status.success(), "git {args:?}: {}", stderr(&o));
+        String::from_utf8_lossy(&o.stdout).trim().to_owned()
+    };
+    let suite = r#"agent "booking" protocol="connexity" builtin="booking"
+scenario "one" {
+    user "Hi, I'd like to book a duct cleaning."
+    expect reply contains="postal code"
+}
+"#;
+    let run_json = async |dir: &Path, out: &str| {
+        let o = trellis()
+            .current_dir(dir)
+            .args(["run", "one.kdl", "-q", "--out", out])
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let text = std::fs::read_to_string(dir.join(out).join("run.json")).unwrap();
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()
+    };
+
+    let repo_dir = tempfile::tempdir().unwrap();
+    let dir = repo_dir.path();
+    std::fs::write(dir.join("one.kdl"), suite).unwrap();
+    std::fs::write(dir.join(".gitignore"), "runs*/\n").unwrap();
+    git(dir, &["init", "-q"]);
+    git(dir, &["add", "."]);
+    git(dir, &["commit", "-q", "-m", "suite"]);
+    let head = git(dir, &["rev-parse", "HEAD"]);
+
+    let clean = run_json(dir, "runs-clean").await;
+    assert_eq!(clean["git"]["commit"], head.as_str(), "{clean}");
+    assert_eq!(clean["git"]["dirty"], false, "{clean}");
+
+    std::fs::write(dir.join("one.kdl"), format!("{suite}// changed\n")).unwrap();
+    let dirty = run_json(dir, "runs-dirty").await;
+    assert_eq!(dirty["git"]["commit"], head.as_str(), "{dirty}");
+    assert_eq!(dirty["git"]["dirty"], true, "{dirty}");
+
+    let plain = tempfile::tempdir().unwrap();
+    std::fs::write(plain.path().join("one.kdl"), suite).unwrap();
+    let outside = run_json(plain.path(), "runs").await;
+    assert!(outside.get("git").is_none_or(|g| g.is_null()), "{outside}");
+}
