@@ -41,6 +41,21 @@ impl RowReader for ParquetRows {
             let metadata = reader.get_metadata().map_err(not_parquet)?.clone();
             (schema, metadata)
         };
+        // A dictionary column (pandas' `category`, what pyarrow writes for it) is only
+        // dictionary in the Arrow schema the writer stored beside the Parquet one; read
+        // without it, its values are the plain strings (or numbers) the pages hold.
+        let (schema, metadata) = if schema.iter_values().any(|f| has_dictionary(&f.dtype)) {
+            let mut plain = (*metadata).clone();
+            if let Some(pairs) = &mut plain.key_value_metadata {
+                pairs.retain(|kv| kv.key != "ARROW:schema");
+            }
+            let plain = std::sync::Arc::new(plain);
+            let mut reader = ParquetReader::new(&mut file);
+            reader.set_metadata(plain.clone());
+            (reader.schema().map_err(not_parquet)?, plain)
+        } else {
+            (schema, metadata)
+        };
         // The file's own Parquet types, which still tell maps from lists (polars reads
         // a map as a list of key/value structs, and says so in `schema` too).
         let shapes: Vec<(String, Shape)> = metadata
@@ -110,6 +125,19 @@ impl RowReader for ParquetRows {
 
 fn not_parquet(e: PolarsError) -> ReadError {
     ReadError::Format(format!("not a readable Parquet file: {e}"))
+}
+
+/// Whether a column of this type is, or holds, an Arrow dictionary.
+fn has_dictionary(dtype: &ArrowDataType) -> bool {
+    use ArrowDataType as A;
+    match dtype {
+        A::Dictionary(..) => true,
+        A::List(f) | A::LargeList(f) | A::FixedSizeList(f, _) | A::Map(f, _) => {
+            has_dictionary(&f.dtype)
+        }
+        A::Struct(fields) => fields.iter().any(|f| has_dictionary(&f.dtype)),
+        _ => false,
+    }
 }
 
 /// Why a column of this Arrow type cannot be read (this build of polars panics on them).

@@ -1093,6 +1093,44 @@ async fn a_parquet_column_of_a_type_not_read_is_a_diagnostic_not_a_crash() {
 }
 
 #[tokio::test]
+async fn a_parquet_category_column_reads_as_its_values() {
+    // pandas writes its `category` columns as Arrow dictionaries (here inside a struct too).
+    let dir = project("", &[]);
+    pyarrow_parquet(
+        dir.path(),
+        "cases.parquet",
+        "intent = pa.array(['refund', 'status', 'refund']).dictionary_encode()\n\
+         t = pa.table({'id': [1, 2, 3], 'intent': intent, \
+         'meta': pa.StructArray.from_arrays([intent], names=['kind'])})",
+    );
+    std::fs::write(
+        dir.path().join("suite.kdl"),
+        format!(
+            "{AGENT}dataset \"c\" path=\"cases.parquet\"\n\
+             scenario \"s\" for-each=\"c\" {{\n    \
+             row-id \"{{{{ row.intent }}}}-{{{{ row.meta.kind }}}}-{{{{ row.id }}}}\"\n    \
+             user \"hi\"\n    expect no-error\n}}\n"
+        ),
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("list")
+        .arg(dir.path().join("suite.kdl"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    for id in [
+        "s[refund-refund-1]",
+        "s[status-status-2]",
+        "s[refund-refund-3]",
+    ] {
+        assert!(out.contains(id), "{id} in:\n{out}");
+    }
+}
+
+#[tokio::test]
 async fn check_says_a_warning_shared_by_every_instance_once() {
     let mut csv = String::from("id,q\n");
     for i in 0..50 {
