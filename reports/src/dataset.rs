@@ -144,15 +144,11 @@ fn has_dictionary(dtype: &ArrowDataType) -> bool {
 fn unsupported(dtype: &ArrowDataType) -> Option<String> {
     use ArrowDataType as A;
     match dtype {
-        A::Decimal(..) | A::Decimal32(..) | A::Decimal64(..) | A::Decimal256(..) => {
-            Some("a decimal column".into())
-        }
+        A::Decimal256(..) => Some("a 256-bit decimal column".into()),
         A::Dictionary(..) => Some("a dictionary (categorical) column".into()),
         A::FixedSizeList(..) => Some("a fixed-size list column".into()),
         A::Int128 | A::UInt128 => Some("a 128-bit integer column".into()),
         // Types this build of polars leaves out (each costs build time in every crate of it).
-        A::Int8 | A::UInt8 => Some("an 8-bit integer column".into()),
-        A::Int16 | A::UInt16 => Some("a 16-bit integer column".into()),
         A::Float16 => Some("a 16-bit float column".into()),
         A::Interval(_) => Some("an interval column".into()),
         A::Union(_) => Some("a union column".into()),
@@ -265,6 +261,19 @@ fn json_column(s: &Series, shape: &Shape) -> Result<Vec<Value>, String> {
             .map_err(e)?
             .iter()
             // JSON has no NaN or infinity: those are `null`.
+            .map(|v| {
+                v.and_then(Number::from_f64)
+                    .map_or(Value::Null, Value::Number)
+            })
+            .collect(),
+        // A decimal (a price, most often) as the number it is; JSON numbers are doubles,
+        // so digits beyond about 15 are rounded, as any JSON reader would.
+        DataType::Decimal(..) => s
+            .cast(&DataType::Float64)
+            .map_err(e)?
+            .f64()
+            .map_err(e)?
+            .iter()
             .map(|v| {
                 v.and_then(Number::from_f64)
                     .map_or(Value::Null, Value::Number)

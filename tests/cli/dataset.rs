@@ -1067,7 +1067,7 @@ async fn a_parquet_column_of_a_type_not_read_is_a_diagnostic_not_a_crash() {
     pyarrow_parquet(
         dir.path(),
         "money.parquet",
-        "t = pa.table({'id': [1], 'price': pa.array([decimal.Decimal('9.99')], pa.decimal128(5, 2))})",
+        "t = pa.table({'id': [1], 'price': pa.array([decimal.Decimal('9.99')], pa.decimal256(40, 2))})",
     );
     std::fs::write(
         dir.path().join("suite.kdl"),
@@ -1086,10 +1086,68 @@ async fn a_parquet_column_of_a_type_not_read_is_a_diagnostic_not_a_crash() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let err = flat(&stderr(&o));
     assert!(
-        err.contains("money.parquet") && err.contains("column `price` is a decimal column"),
+        err.contains("money.parquet") && err.contains("column `price` is a 256-bit decimal column"),
         "{err}"
     );
     assert!(!err.contains("panicked"), "{err}");
+}
+
+#[tokio::test]
+async fn parquet_decimals_and_small_integers_read_as_numbers() {
+    let dir = project("", &[]);
+    pyarrow_parquet(
+        dir.path(),
+        "orders.parquet",
+        "t = pa.table({'id': pa.array([1, 2], pa.int8()), 'qty': pa.array([300, None], pa.uint16()), \
+         'price': pa.array([decimal.Decimal('9.50'), None], pa.decimal128(7, 2))})",
+    );
+    std::fs::write(
+        dir.path().join("suite.kdl"),
+        format!(
+            "{AGENT}dataset \"o\" path=\"orders.parquet\" filter=\"{{{{ row.id + 1 > 2 }}}}\"\n\
+             scenario \"s\" for-each=\"o\" {{\n    \
+             row-id \"{{{{ row.id * 10 }}}}-{{{{ row.qty }}}}-{{{{ row.price }}}}\"\n    \
+             user \"hi\"\n    expect no-error\n}}\n"
+        ),
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("list")
+        .arg(dir.path().join("suite.kdl"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    // Arithmetic works on them (numbers, not text), and the filter kept only id 2, whose
+    // quantity and price are null.
+    assert!(out.contains("s[20-None-None]"), "{out}");
+    assert!(!out.contains("s[10-"), "{out}");
+    let dir2 = project("", &[]);
+    pyarrow_parquet(
+        dir2.path(),
+        "orders.parquet",
+        "t = pa.table({'id': pa.array([1], pa.int8()), 'qty': pa.array([300], pa.uint16()), \
+         'price': pa.array([decimal.Decimal('9.50')], pa.decimal128(7, 2))})",
+    );
+    std::fs::write(
+        dir2.path().join("suite.kdl"),
+        format!(
+            "{AGENT}dataset \"o\" path=\"orders.parquet\"\n\
+             scenario \"s\" for-each=\"o\" {{\n    \
+             row-id \"{{{{ row.id * 10 }}}}-{{{{ row.qty + 1 }}}}-{{{{ row.price * 2 }}}}\"\n    \
+             user \"hi\"\n    expect no-error\n}}\n"
+        ),
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("list")
+        .arg(dir2.path().join("suite.kdl"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).contains("s[10-301-19.0]"), "{}", stdout(&o));
 }
 
 #[tokio::test]
