@@ -681,28 +681,16 @@ impl LlmRuntime {
             }
             Some(Ok(r)) => r,
         };
-        let mut request = fidelity::request(brief, messages);
-        request.max_tokens_default = Some(super::FIDELITY_MAX_TOKENS);
-        request.temperature_default = Some(0.0);
-        request.model = resolved.model.map(str::to_owned);
-        request.temperature = resolved.temperature;
-        let outcome = self
-            .complete_json(
-                Role::Judge,
-                resolved.client,
-                &mut request,
+        let (mut verdict, result) = self
+            .judge_json(
+                resolved,
+                fidelity::request(brief, messages),
+                ("fidelity", 1.0),
                 repetition,
                 call_name,
             )
             .await;
-        let mut verdict = JudgeVerdict {
-            judge: resolved.name,
-            rubric: "fidelity".to_owned(),
-            threshold: 1.0,
-            call: outcome.call,
-            ..JudgeVerdict::default()
-        };
-        match outcome.result.map(|c| fidelity::parse(&c.text)) {
+        match result.map(|c| fidelity::parse(&c.text)) {
             Err(e) => record.detail = Some(format!("not judged: the judge call failed: {e}")),
             Ok(Err(garbage)) => record.detail = Some(format!("not judged: {garbage}")),
             Ok(Ok((broke, reason))) => {
@@ -735,6 +723,41 @@ impl LlmRuntime {
 }
 
 impl LlmRuntime {
+    /// Asks `resolved` a question that wants a short JSON answer (the fidelity and attack
+    /// judges): deterministic and short unless the judge says otherwise, counted as the
+    /// judge's. The verdict carries the judge, the `(rubric, threshold)` and the call; the
+    /// caller fills in what the answer says.
+    async fn judge_json(
+        &self,
+        resolved: Resolved<'_>,
+        mut request: super::LlmRequest,
+        (rubric, threshold): (&str, f64),
+        repetition: u32,
+        call_name: &str,
+    ) -> (JudgeVerdict, Result<super::Completion, super::LlmError>) {
+        request.max_tokens_default = Some(super::FIDELITY_MAX_TOKENS);
+        request.temperature_default = Some(0.0);
+        request.model = resolved.model.map(str::to_owned);
+        request.temperature = resolved.temperature;
+        let outcome = self
+            .complete_json(
+                Role::Judge,
+                resolved.client,
+                &mut request,
+                repetition,
+                call_name,
+            )
+            .await;
+        let verdict = JudgeVerdict {
+            judge: resolved.name,
+            rubric: rubric.to_owned(),
+            threshold,
+            call: outcome.call,
+            ..JudgeVerdict::default()
+        };
+        (verdict, outcome.result)
+    }
+
     /// One call through the response cache, counted under `role` by the run's meter.
     async fn complete_as(
         &self,
@@ -874,29 +897,16 @@ impl LlmRuntime {
             }
             Some(Ok(r)) => r,
         };
-        let mut request =
-            super::attack::score_request(&attack.goal, attack.success(), message, reply);
-        request.max_tokens_default = Some(super::FIDELITY_MAX_TOKENS);
-        request.temperature_default = Some(0.0);
-        request.model = resolved.model.map(str::to_owned);
-        request.temperature = resolved.temperature;
-        let outcome = self
-            .complete_json(
-                Role::Judge,
-                resolved.client,
-                &mut request,
+        let (mut verdict, result) = self
+            .judge_json(
+                resolved,
+                super::attack::score_request(&attack.goal, attack.success(), message, reply),
+                ("attack", super::attack::SUCCESS_SCORE),
                 repetition,
                 call_name,
             )
             .await;
-        let mut verdict = JudgeVerdict {
-            judge: resolved.name,
-            rubric: "attack".to_owned(),
-            threshold: super::attack::SUCCESS_SCORE,
-            call: outcome.call,
-            ..JudgeVerdict::default()
-        };
-        let score = match outcome.result.map(|c| super::attack::parse_score(&c.text)) {
+        let score = match result.map(|c| super::attack::parse_score(&c.text)) {
             Err(e) => {
                 record.detail = Some(format!("the judge call failed: {e}"));
                 None
