@@ -34,7 +34,7 @@ const INITIAL_BODY_CAPACITY: u64 = 64 * 1024;
 /// body size limit of the agent's (servers' defaults start at 1 MB).
 const LARGE_REQUEST: u64 = 1024 * 1024;
 /// Idle keep-alive connections are dropped after this long.
-const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+pub(super) const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// A TCP connect that takes longer than this is hopeless whatever the per-call timeout.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -177,6 +177,8 @@ struct Clients {
     /// Without a pool, for a request a pooled connection lost (see [`HttpTransport::send`]).
     fresh_proxied: OnceLock<Result<reqwest::Client, String>>,
     fresh_direct: OnceLock<Result<reqwest::Client, String>>,
+    /// Plain HTTP/1.1 to agents reached directly (see [`super::plain`]).
+    plain: super::plain::PlainPool,
 }
 
 tokio::task_local! {
@@ -299,14 +301,7 @@ impl HttpTransport {
 
     /// The client for `url`: pooled, or `fresh` (a new connection for every request).
     fn client(&self, url: &Url, fresh: bool) -> Result<&reqwest::Client, Fault> {
-        let loopback = url.host_str().is_some_and(|host| {
-            host.eq_ignore_ascii_case("localhost")
-                || host
-                    .trim_start_matches('[')
-                    .trim_end_matches(']')
-                    .parse::<IpAddr>()
-                    .is_ok_and(|ip| ip.is_loopback())
-        });
+        let loopback = is_loopback(url);
         let clients = &self.clients;
         let (cell, fresh_cell) = if loopback {
             (&clients.direct, &clients.fresh_direct)
@@ -458,6 +453,11 @@ impl HttpTransport {
         progress: &mut Progress,
     ) -> Result<RawResponse, Fault> {
         progress.request_bytes = body.as_ref().map_or(0, |b| b.len() as u64);
+        if super::plain::eligible(url, is_loopback(url)) {
+            return self
+                .plain_exchange(&method, url, headers, body, max_response_size, progress)
+                .await;
+        }
         let build = |client: &reqwest::Client| {
             let request = client
                 .request(method.clone(), url.clone())
@@ -474,64 +474,214 @@ impl HttpTransport {
         let status = response.status();
         progress.status = Some(status);
         progress.content_length = response.content_length();
-
-        if status.is_success()
-            && let Some(len) = progress.content_length
-            && len > max_response_size
-        {
-            return Err(too_large(
-                max_response_size,
-                &format!("Content-Length is {len}"),
-            ));
-        }
-
-        // Error bodies are read only far enough to quote them.
-        let limit = if status.is_success() {
-            max_response_size
-        } else {
-            max_response_size.min(4096)
-        };
-        // Content-Length is the agent's word: reserve no more than a typical answer up
-        // front, and let the buffer grow with what actually arrives.
-        let capacity = progress
-            .content_length
-            .unwrap_or(0)
-            .min(limit)
-            .min(INITIAL_BODY_CAPACITY);
-        let mut buf = Vec::with_capacity(usize::try_from(capacity).unwrap_or(0));
-        let read = loop {
-            match response.chunk().await {
-                Ok(Some(chunk)) => {
-                    progress.body_bytes += chunk.len() as u64;
-                    if progress.body_bytes > limit {
-                        if status.is_success() {
-                            return Err(too_large(
-                                max_response_size,
-                                &format!("{} bytes read before giving up", progress.body_bytes),
-                            ));
-                        }
-                        let room = usize::try_from(limit)
-                            .unwrap_or(usize::MAX)
-                            .saturating_sub(buf.len());
-                        buf.extend_from_slice(chunk.get(..room.min(chunk.len())).unwrap_or(&[]));
-                        break Ok(());
-                    }
-                    buf.extend_from_slice(&chunk);
-                }
-                Ok(None) => break Ok(()),
-                Err(e) => break Err(classify(&e, url, progress)),
-            }
-        };
-
-        if status.is_success() {
-            read?;
-        }
-        // The status is what matters for a failed exchange, even when its body broke off.
+        let (body, _) = read_body(
+            status,
+            max_response_size,
+            url,
+            progress,
+            BodySource::Reqwest(&mut response),
+        )
+        .await?;
         Ok(RawResponse {
             status,
             headers: std::mem::take(response.headers_mut()),
-            body: Bytes::from(buf),
+            body,
         })
+    }
+
+    /// [`HttpTransport::exchange`] over [`super::plain`]; the connection goes back to the
+    /// pool only when its answer was read to the end.
+    async fn plain_exchange(
+        &self,
+        method: &reqwest::Method,
+        url: &Url,
+        headers: &HeaderMap,
+        body: Option<Bytes>,
+        max_response_size: u64,
+        progress: &mut Progress,
+    ) -> Result<RawResponse, Fault> {
+        let pool = &self.clients.plain;
+        let mut answer = pool
+            .send(method, url, headers, body.as_ref(), CONNECT_TIMEOUT)
+            .await
+            .map_err(|e| plain_fault(&e, url, progress))?;
+        let status = answer.response.status();
+        progress.status = Some(status);
+        progress.content_length = hyper::body::Body::size_hint(answer.response.body()).exact();
+        let (body, complete) = read_body(
+            status,
+            max_response_size,
+            url,
+            progress,
+            BodySource::Plain(pool, &mut answer),
+        )
+        .await?;
+        let headers = std::mem::take(answer.response.headers_mut());
+        if complete {
+            pool.release(answer);
+        }
+        Ok(RawResponse {
+            status,
+            headers,
+            body,
+        })
+    }
+}
+
+/// Where a response body comes from.
+enum BodySource<'a> {
+    Reqwest(&'a mut reqwest::Response),
+    Plain(&'a super::plain::PlainPool, &'a mut super::plain::Answer),
+}
+
+enum BodyError {
+    Reqwest(reqwest::Error),
+    Hyper(hyper::Error),
+}
+
+impl BodySource<'_> {
+    async fn next(&mut self) -> Result<Option<Bytes>, BodyError> {
+        match self {
+            BodySource::Reqwest(response) => response.chunk().await.map_err(BodyError::Reqwest),
+            BodySource::Plain(pool, answer) => {
+                pool.next_chunk(answer).await.map_err(BodyError::Hyper)
+            }
+        }
+    }
+}
+
+impl BodyError {
+    fn fault(&self, url: &Url, progress: &Progress) -> Fault {
+        match self {
+            BodyError::Reqwest(e) => classify(e, url, progress),
+            BodyError::Hyper(e) => classify_chain(e, Flags::default(), url, progress),
+        }
+    }
+}
+
+/// Reads a response body within `max_response_size`: a success's body in full (a fault when
+/// it runs over), an error status's only as far as a fault message quotes it. Returns the
+/// body and whether it was read to its end.
+async fn read_body(
+    status: StatusCode,
+    max_response_size: u64,
+    url: &Url,
+    progress: &mut Progress,
+    mut source: BodySource<'_>,
+) -> Result<(Bytes, bool), Fault> {
+    if status.is_success()
+        && let Some(len) = progress.content_length
+        && len > max_response_size
+    {
+        return Err(too_large(
+            max_response_size,
+            &format!("Content-Length is {len}"),
+        ));
+    }
+
+    // Error bodies are read only far enough to quote them.
+    let limit = if status.is_success() {
+        max_response_size
+    } else {
+        max_response_size.min(4096)
+    };
+    // Content-Length is the agent's word: reserve no more than a typical answer up
+    // front, and let the buffer grow with what actually arrives.
+    let capacity = progress
+        .content_length
+        .unwrap_or(0)
+        .min(limit)
+        .min(INITIAL_BODY_CAPACITY);
+    let mut buf: Vec<u8> = Vec::new();
+    let mut first = true;
+    let read = loop {
+        match source.next().await {
+            Ok(Some(chunk)) => {
+                progress.body_bytes += chunk.len() as u64;
+                if progress.body_bytes > limit {
+                    if status.is_success() {
+                        return Err(too_large(
+                            max_response_size,
+                            &format!("{} bytes read before giving up", progress.body_bytes),
+                        ));
+                    }
+                    let room = usize::try_from(limit)
+                        .unwrap_or(usize::MAX)
+                        .saturating_sub(buf.len());
+                    buf.extend_from_slice(chunk.get(..room.min(chunk.len())).unwrap_or(&[]));
+                    break Ok(false);
+                }
+                // A body that arrives in one piece (the usual answer) is kept as it came.
+                if first {
+                    first = false;
+                    if progress.content_length == Some(chunk.len() as u64) {
+                        match source.next().await {
+                            Ok(None) => return Ok((chunk, true)),
+                            Ok(Some(more)) => {
+                                progress.body_bytes += more.len() as u64;
+                                buf.reserve(chunk.len() + more.len());
+                                buf.extend_from_slice(&chunk);
+                                buf.extend_from_slice(&more);
+                                continue;
+                            }
+                            Err(e) => break Err(e.fault(url, progress)),
+                        }
+                    }
+                    buf.reserve(usize::try_from(capacity).unwrap_or(0));
+                }
+                buf.extend_from_slice(&chunk);
+            }
+            Ok(None) => break Ok(true),
+            Err(e) => break Err(e.fault(url, progress)),
+        }
+    };
+
+    let complete = match read {
+        Ok(complete) => complete,
+        // The status is what matters for a failed exchange, even when its body broke off.
+        Err(fault) if status.is_success() => return Err(fault),
+        Err(_) => false,
+    };
+    Ok((Bytes::from(buf), complete))
+}
+
+/// Whether `url` names this machine: loopback agents (builtins, local dev servers) never go
+/// through a proxy configured for the outside world.
+fn is_loopback(url: &Url) -> bool {
+    url.host_str().is_some_and(|host| {
+        host.eq_ignore_ascii_case("localhost")
+            || host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .parse::<IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+    })
+}
+
+/// The fault of an exchange on the plain path: the same categories and messages as
+/// reqwest's path gives for the same failure.
+fn plain_fault(err: &super::plain::PlainError, url: &Url, progress: &Progress) -> Fault {
+    use super::plain::PlainError;
+    match err {
+        PlainError::Resolve(e) => Fault::new(
+            FaultCategory::Connect,
+            format!(
+                "could not connect to {}: could not resolve host ({e})",
+                target(url)
+            ),
+        ),
+        PlainError::Connect(e) => {
+            let why = match e.kind() {
+                io::ErrorKind::ConnectionRefused => "connection refused".to_owned(),
+                io::ErrorKind::TimedOut => "connect timed out".to_owned(),
+                _ => e.to_string(),
+            };
+            Fault::new(
+                FaultCategory::Connect,
+                format!("could not connect to {}: {why}", target(url)),
+            )
+        }
+        PlainError::Exchange { error } => classify_chain(error, Flags::default(), url, progress),
     }
 }
 
@@ -633,19 +783,44 @@ pub(super) fn request_fault(
 /// Maps a reqwest error to a fault, looking through its source chain for the I/O error or
 /// the hyper condition that tells a refused connection from a reset or a truncated body.
 fn classify(err: &reqwest::Error, url: &Url, progress: &Progress) -> Fault {
+    let flags = Flags {
+        connect: err.is_connect(),
+        timeout: err.is_timeout(),
+        dns: err.is_dns(),
+    };
+    classify_chain(err, flags, url, progress)
+}
+
+/// What the client that failed knows about the failure beyond its error chain.
+#[derive(Clone, Copy, Debug, Default)]
+struct Flags {
+    /// No connection was made.
+    connect: bool,
+    timeout: bool,
+    /// The host did not resolve.
+    dns: bool,
+}
+
+/// Maps an HTTP client's error (reqwest's or hyper's) to a fault, from its whole chain.
+fn classify_chain(
+    err: &(dyn StdError + 'static),
+    flags: Flags,
+    url: &Url,
+    progress: &Progress,
+) -> Fault {
     let mut io_kind = None;
     let mut incomplete = false;
     let mut parse = None;
     let mut innermost = err.to_string();
-    let mut source: Option<&(dyn StdError + 'static)> = err.source();
+    let mut source: Option<&(dyn StdError + 'static)> = Some(err);
     while let Some(e) = source {
         if let Some(io) = e.downcast_ref::<io::Error>()
             && io_kind.is_none()
         {
             io_kind = Some(io.kind());
         }
-        // hyper's error kinds are only reachable through its Display without a direct
-        // dependency on hyper; these strings are its stable descriptions.
+        // hyper's stable descriptions of its conditions; matching the text also covers the
+        // I/O errors hyper makes itself (an end of file inside a body).
         let text = e.to_string();
         if text.contains("connection closed before message completed")
             || text.contains("end of file before message length reached")
@@ -658,21 +833,15 @@ fn classify(err: &reqwest::Error, url: &Url, progress: &Progress) -> Fault {
         innermost = text;
         source = e.source();
     }
-    let target = url.host_str().map_or_else(
-        || url.to_string(),
-        |host| match url.port_or_known_default() {
-            Some(port) => format!("{host}:{port}"),
-            None => host.to_owned(),
-        },
-    );
+    let target = target(url);
 
-    if err.is_connect()
+    if flags.connect
         || (progress.status.is_none() && io_kind == Some(io::ErrorKind::ConnectionRefused))
     {
         let why = match io_kind {
             Some(io::ErrorKind::ConnectionRefused) => "connection refused".to_owned(),
             Some(io::ErrorKind::TimedOut) => "connect timed out".to_owned(),
-            _ if err.is_dns() => format!("could not resolve host ({innermost})"),
+            _ if flags.dns => format!("could not resolve host ({innermost})"),
             _ => innermost,
         };
         return Fault::new(
@@ -686,7 +855,7 @@ fn classify(err: &reqwest::Error, url: &Url, progress: &Progress) -> Fault {
             format!("malformed HTTP response from {target}: {parse}"),
         );
     }
-    if err.is_timeout() && io_kind != Some(io::ErrorKind::ConnectionReset) {
+    if flags.timeout && io_kind != Some(io::ErrorKind::ConnectionReset) {
         return Fault::new(
             FaultCategory::Timeout,
             format!("timed out talking to {target}; {}", progress.describe()),
@@ -727,6 +896,17 @@ fn classify(err: &reqwest::Error, url: &Url, progress: &Progress) -> Fault {
     Fault::new(
         FaultCategory::Transport,
         format!("{what} {when} ({target})"),
+    )
+}
+
+/// `host:port` of `url`, as fault messages name an agent.
+fn target(url: &Url) -> String {
+    url.host_str().map_or_else(
+        || url.to_string(),
+        |host| match url.port_or_known_default() {
+            Some(port) => format!("{host}:{port}"),
+            None => host.to_owned(),
+        },
     )
 }
 

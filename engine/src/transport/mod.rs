@@ -2,7 +2,8 @@
 //! moving bytes to and from an agent or a model server takes, whatever the payload means.
 //!
 //! [`http`] is one pooled client per run with bounded bodies, every failure mapped to a
-//! fault category, and the retry rule; [`sse`] reads server-sent events over that pool (time
+//! fault category, and the retry rule (plain HTTP/1.1 to a directly reached agent goes over
+//! `plain`, hyper's connection API without reqwest's layers); [`sse`] reads server-sent events over that pool (time
 //! to first event, idle timeout, size bounds, a stream that ends early); [`line`] speaks
 //! newline-delimited JSON with a process or a socket; [`quote`] puts what a peer sent into a
 //! fault message, bounded and readable; [`trace`] puts the turn's W3C trace context on every
@@ -21,6 +22,7 @@ use crate::record::Fault;
 
 pub mod http;
 pub mod line;
+mod plain;
 pub mod quote;
 pub mod sse;
 pub mod tls;

@@ -199,6 +199,16 @@ pub(super) fn add_headers(request: reqwest::RequestBuilder) -> reqwest::RequestB
     }
 }
 
+/// [`add_headers`] for a request built by hand ([`super::plain`]).
+pub(super) fn insert_headers(map: &mut HeaderMap) {
+    let _ = CURRENT.try_with(|h| {
+        map.insert(TRACEPARENT, h.traceparent.clone());
+        if let Some(state) = &h.tracestate {
+            map.insert(TRACESTATE, state.clone());
+        }
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

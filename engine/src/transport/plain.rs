@@ -1,0 +1,379 @@
+//! Plain HTTP/1.1 for agents reached directly, without TLS or a proxy: local agents, a dev
+//! loop, a benchmark. hyper's connection API, driven inside the task that awaits the answer,
+//! over a keep-alive pool of Trellis's own.
+//!
+//! Why not reqwest for these: every request through it crosses its redirect and retry
+//! services, parses the URL again, clones its client several times and hands the request to
+//! a connection task over a channel; against a loopback agent that was about half of a
+//! turn's CPU (docs/performance.md, "The turn path"). Here the request is written, and the
+//! answer read, by the task that awaits it, with no task or channel hop between them.
+//! Everything else (https, proxies, credentials in the URL, streaming) stays on reqwest; the
+//! caller ([`super::http`]) chooses, and maps failures of both to the same faults.
+
+use std::collections::HashMap;
+use std::error::Error as StdError;
+use std::future::{Future, poll_fn};
+use std::io;
+use std::net::SocketAddr;
+use std::pin::{Pin, pin};
+use std::sync::{Mutex, OnceLock};
+use std::task::Poll;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::client::conn::http1::{self, Connection, SendRequest};
+use hyper_util::rt::TokioIo;
+use reqwest::header::{self, HeaderMap, HeaderValue};
+use reqwest::{Method, Url};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+/// Idle connections kept per agent address; more than the run's concurrency is never
+/// useful, and the cap bounds what a run holds open.
+const MAX_IDLE_PER_HOST: usize = 1024;
+
+/// Whether `url` can take the plain path: `http`, no credentials in it (reqwest turns those
+/// into an `Authorization` header), and no proxy that could apply to it.
+pub(super) fn eligible(url: &Url, loopback: bool) -> bool {
+    url.scheme() == "http"
+        && url.username().is_empty()
+        && url.password().is_none()
+        && url.host().is_some()
+        && (loopback || !proxy_configured())
+}
+
+/// Whether the environment names a proxy for plain HTTP (reqwest's variables). When it does,
+/// only loopback agents bypass it, as they do on reqwest's path.
+fn proxy_configured() -> bool {
+    static CONFIGURED: OnceLock<bool> = OnceLock::new();
+    *CONFIGURED.get_or_init(|| {
+        ["http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"]
+            .iter()
+            .any(|name| std::env::var_os(name).is_some_and(|v| !v.is_empty()))
+    })
+}
+
+/// Where a connection goes: the URL's host (as written, brackets and all) and port.
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct Address {
+    host: String,
+    port: u16,
+}
+
+impl Address {
+    fn of(url: &Url) -> Option<Address> {
+        Some(Address {
+            host: url.host_str()?.to_owned(),
+            port: url.port_or_known_default()?,
+        })
+    }
+}
+
+/// One keep-alive connection: the handle requests are sent through and the state machine
+/// that reads and writes the socket, polled by whichever task is using the connection.
+struct Conn {
+    sender: SendRequest<Full<Bytes>>,
+    driver: Connection<TokioIo<TcpStream>, Full<Bytes>>,
+    /// The driver finished (the peer closed, or the connection failed): never poll it again.
+    finished: bool,
+}
+
+/// Runs `work` while driving `conn`, so that whatever `work` waits for on the connection (a
+/// request written, an answer read) happens in this task. The driver is polled between two
+/// polls of `work`, so an answer it has just read is taken without another wake-up.
+async fn drive<F: Future>(
+    driver: &mut Connection<TokioIo<TcpStream>, Full<Bytes>>,
+    finished: &mut bool,
+    work: F,
+) -> F::Output {
+    let mut work = pin!(work);
+    poll_fn(|cx| {
+        if let Poll::Ready(out) = work.as_mut().poll(cx) {
+            return Poll::Ready(out);
+        }
+        if !*finished && Pin::new(&mut *driver).poll(cx).is_ready() {
+            // Its error, if any, reaches the request or the body being read.
+            *finished = true;
+        }
+        work.as_mut().poll(cx)
+    })
+    .await
+}
+
+/// How an exchange on the plain path failed.
+#[derive(Debug)]
+pub(super) enum PlainError {
+    /// The agent's address did not resolve.
+    Resolve(io::Error),
+    /// No connection could be made (refused, unreachable, timed out).
+    Connect(io::Error),
+    /// The connection failed while the request was written or the answer awaited.
+    Exchange { error: hyper::Error },
+}
+
+/// The response of an exchange on the plain path, its body still to be read.
+pub(super) struct Answer {
+    pub(super) response: hyper::Response<Incoming>,
+    conn: Conn,
+    address: Address,
+}
+
+/// The plain-HTTP connection pool of a run.
+#[derive(Default)]
+pub(super) struct PlainPool {
+    idle: Mutex<HashMap<Address, Vec<(Conn, Instant)>>>,
+}
+
+impl std::fmt::Debug for PlainPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PlainPool").finish_non_exhaustive()
+    }
+}
+
+impl PlainPool {
+    /// Sends one request and waits for the response headers. A request lost by a pooled
+    /// connection before any answer (the agent had closed it as idle) is sent again, once,
+    /// on a fresh connection, as on reqwest's path ([`super::http::HttpTransport::send`]).
+    pub(super) async fn send(
+        &self,
+        method: &Method,
+        url: &Url,
+        headers: &HeaderMap,
+        body: Option<&Bytes>,
+        connect_timeout: Duration,
+    ) -> Result<Answer, PlainError> {
+        let Some(address) = Address::of(url) else {
+            return Err(PlainError::Resolve(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "the URL has no host",
+            )));
+        };
+        let request = || build_request(method, url, &address, headers, body);
+        if let Some(mut conn) = self.take(&address) {
+            let ready = {
+                let Conn {
+                    sender,
+                    driver,
+                    finished,
+                } = &mut conn;
+                drive(driver, finished, poll_fn(|cx| sender.poll_ready(cx))).await
+            };
+            if ready.is_ok() {
+                match exchange(&mut conn, request()).await {
+                    Ok(response) => {
+                        return Ok(Answer {
+                            response,
+                            conn,
+                            address,
+                        });
+                    }
+                    Err(error) if !lost_unanswered(&error) => {
+                        return Err(PlainError::Exchange { error });
+                    }
+                    // Lost before any answer: the agent never saw it; a fresh connection.
+                    Err(_) => {}
+                }
+            }
+        }
+        let mut conn = connect(&address, connect_timeout).await?;
+        match exchange(&mut conn, request()).await {
+            Ok(response) => Ok(Answer {
+                response,
+                conn,
+                address,
+            }),
+            Err(error) => Err(PlainError::Exchange { error }),
+        }
+    }
+
+    /// Reads the next piece of `answer`'s body: `Ok(None)` at its end, when the connection
+    /// goes back to the pool.
+    pub(super) async fn next_chunk(
+        &self,
+        answer: &mut Answer,
+    ) -> Result<Option<Bytes>, hyper::Error> {
+        let Answer {
+            response,
+            conn,
+            address: _,
+        } = answer;
+        let body = response.body_mut();
+        let Conn {
+            driver, finished, ..
+        } = conn;
+        loop {
+            match drive(driver, finished, body.frame()).await {
+                None => return Ok(None),
+                Some(Err(e)) => return Err(e),
+                Some(Ok(frame)) => {
+                    if let Ok(data) = frame.into_data()
+                        && !data.is_empty()
+                    {
+                        return Ok(Some(data));
+                    }
+                    // Trailers, or an empty data frame: nothing to add.
+                }
+            }
+        }
+    }
+
+    /// Gives a connection whose answer was read to its end back to the pool.
+    pub(super) fn release(&self, answer: Answer) {
+        let Answer { conn, address, .. } = answer;
+        if conn.finished || conn.sender.is_closed() {
+            return;
+        }
+        let Ok(mut idle) = self.idle.lock() else {
+            return;
+        };
+        let conns = idle.entry(address).or_default();
+        if conns.len() < MAX_IDLE_PER_HOST {
+            conns.push((conn, Instant::now()));
+        }
+    }
+
+    /// The most recently used idle connection to `address` (the likeliest to still be
+    /// open), dropping those idle for longer than the pool keeps them.
+    fn take(&self, address: &Address) -> Option<Conn> {
+        let mut idle = self.idle.lock().ok()?;
+        let conns = idle.get_mut(address)?;
+        while let Some((conn, since)) = conns.pop() {
+            if since.elapsed() < super::http::POOL_IDLE_TIMEOUT && !conn.finished {
+                return Some(conn);
+            }
+        }
+        None
+    }
+}
+
+/// Sends `request` on `conn` and waits for the response headers, driving the connection.
+async fn exchange(
+    conn: &mut Conn,
+    request: hyper::Request<Full<Bytes>>,
+) -> Result<hyper::Response<Incoming>, hyper::Error> {
+    let Conn {
+        sender,
+        driver,
+        finished,
+    } = conn;
+    let response = sender.send_request(request);
+    drive(driver, finished, response).await
+}
+
+/// Whether a request failed before any byte of an answer in a way that means it never
+/// reached the agent on a reused connection: the connection was closed (or reset) under it,
+/// or could not take it at all.
+fn lost_unanswered(error: &hyper::Error) -> bool {
+    if error.is_canceled() || error.is_incomplete_message() {
+        return true;
+    }
+    let mut source: Option<&(dyn StdError + 'static)> = error.source();
+    while let Some(e) = source {
+        if let Some(io) = e.downcast_ref::<io::Error>() {
+            return matches!(
+                io.kind(),
+                io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe
+            );
+        }
+        source = e.source();
+    }
+    false
+}
+
+/// A new connection to `address`: every resolved address is tried in turn, within
+/// `timeout` overall.
+async fn connect(address: &Address, timeout: Duration) -> Result<Conn, PlainError> {
+    let connecting = async {
+        // An IP literal (brackets stripped for IPv6) needs no resolver round trip.
+        let literal = address
+            .host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .ok();
+        let addrs: Vec<SocketAddr> = match literal {
+            Some(ip) => vec![SocketAddr::new(ip, address.port)],
+            None => tokio::net::lookup_host((address.host.as_str(), address.port))
+                .await
+                .map_err(PlainError::Resolve)?
+                .collect(),
+        };
+        let mut last = io::Error::new(io::ErrorKind::NotFound, "no address found");
+        for addr in addrs {
+            match TcpStream::connect(addr).await {
+                Ok(stream) => return Ok(stream),
+                Err(e) => last = e,
+            }
+        }
+        Err(PlainError::Connect(last))
+    };
+    let stream = match tokio::time::timeout(timeout, connecting).await {
+        Ok(stream) => stream?,
+        Err(_) => {
+            return Err(PlainError::Connect(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "connect timed out",
+            )));
+        }
+    };
+    // Small requests go out at once rather than waiting for an acknowledgement.
+    let _ = stream.set_nodelay(true);
+    let (sender, driver) = http1::Builder::new()
+        .handshake(TokioIo::new(stream))
+        .await
+        .map_err(|error| PlainError::Exchange { error })?;
+    Ok(Conn {
+        sender,
+        driver,
+        finished: false,
+    })
+}
+
+/// The request as reqwest would send it: origin-form target, `Host`, the caller's headers,
+/// a user agent and `Accept: */*` unless the caller set them, and the turn's trace context.
+fn build_request(
+    method: &Method,
+    url: &Url,
+    address: &Address,
+    headers: &HeaderMap,
+    body: Option<&Bytes>,
+) -> hyper::Request<Full<Bytes>> {
+    let mut target =
+        String::with_capacity(url.path().len() + url.query().map_or(0, |q| q.len() + 1));
+    target.push_str(url.path());
+    if let Some(query) = url.query() {
+        target.push('?');
+        target.push_str(query);
+    }
+    let mut request = hyper::Request::new(Full::new(body.cloned().unwrap_or_default()));
+    *request.method_mut() = method.clone();
+    // A parsed `Url`'s path and query are always a valid origin-form target.
+    if let Ok(uri) = hyper::Uri::try_from(target) {
+        *request.uri_mut() = uri;
+    }
+    let map = request.headers_mut();
+    map.reserve(headers.len() + 4);
+    let host = match url.port() {
+        Some(_) => format!("{}:{}", address.host, address.port),
+        None => address.host.clone(),
+    };
+    if let Ok(host) = HeaderValue::from_str(&host) {
+        map.insert(header::HOST, host);
+    }
+    for (name, value) in headers {
+        map.append(name, value.clone());
+    }
+    if !map.contains_key(header::USER_AGENT) {
+        map.insert(
+            header::USER_AGENT,
+            HeaderValue::from_static(concat!("trellis/", env!("CARGO_PKG_VERSION"))),
+        );
+    }
+    if !map.contains_key(header::ACCEPT) {
+        map.insert(header::ACCEPT, HeaderValue::from_static("*/*"));
+    }
+    super::trace::insert_headers(map);
+    request
+}
