@@ -26,6 +26,11 @@ use super::{EXIT_FAILED, EXIT_INCOMPLETE, EXIT_INVALID, EXIT_OK, MessageFormat, 
 
 /// How long agent calls in flight may take to finish once a run is told to stop.
 const GRACE: Duration = Duration::from_secs(5);
+/// How long the recorder naps when it has caught up with the run, and how many naps in a
+/// row before it flushes and blocks until the next event: a run that is still busy hands
+/// over its next events in batches, and an idle one has them on disk 2 ms later.
+const LINGER: Duration = Duration::from_micros(500);
+const LINGER_ROUNDS: u32 = 4;
 
 pub fn run(args: RunArgs) -> u8 {
     let mut chosen = match shard::choose(args.shard, args.shards, &|name| std::env::var(name).ok())
@@ -638,9 +643,24 @@ pub fn execute_plan(
         .spawn(move || {
             let mut reporter = reporter;
             reporter.record.flush_when_idle();
+            let mut lingered = 0;
             loop {
                 let event = match rx.try_recv() {
-                    Ok(event) => event,
+                    Ok(event) => {
+                        lingered = 0;
+                        event
+                    }
+                    Err(tokio::sync::mpsc::error::TryRecvError::Empty)
+                        if lingered < LINGER_ROUNDS =>
+                    {
+                        // A busy run's next events are moments away. Napping for them lets
+                        // the executor queue them without waking this thread for each one
+                        // (a futex wake per trajectory on the run's thread) and the journal
+                        // is flushed once per batch rather than per trajectory.
+                        lingered += 1;
+                        std::thread::sleep(LINGER);
+                        continue;
+                    }
                     Err(tokio::sync::mpsc::error::TryRecvError::Empty) => {
                         // Caught up: what was recorded becomes readable on disk before
                         // waiting for more.
