@@ -5,8 +5,9 @@
 //! Why not reqwest for these: every request through it crosses its redirect and retry
 //! services, parses the URL again, clones its client several times and hands the request to
 //! a connection task over a channel; against a loopback agent that was about half of a
-//! turn's CPU (docs/performance.md, "The turn path"). Here the request is written, and the
-//! answer read, by the task that awaits it, with no task or channel hop between them.
+//! turn's CPU (docs/performance.md, "The turn path: where a turn's CPU goes"). Here the
+//! request is written, and the answer read, by the task that awaits it, with no task or
+//! channel hop between them.
 //! Everything else (https, proxies, credentials in the URL, streaming) stays on reqwest; the
 //! caller ([`super::http`]) chooses, and maps failures of both to the same faults.
 
