@@ -27,7 +27,8 @@ pub struct BenchArgs {
     /// machines vary from run to run).
     #[arg(long, default_value_t = 3)]
     runs: u32,
-    /// Keep the run directories here (run-0, run-1, …) instead of a temporary directory.
+    /// Keep the run directories here (run-0, run-1, …; with --table, one per figure and
+    /// binary) instead of a temporary directory.
     #[arg(long, value_name = "DIR")]
     out: Option<std::path::PathBuf>,
     /// Measure `trellis watch` instead: save an edit to one branch of a copy of the example
@@ -71,6 +72,7 @@ pub fn bench(args: BenchArgs) -> u8 {
             exes: args.exe,
             throughput_trajectories: args.trajectories.unwrap_or(20_000),
             suites: args.suites,
+            out: args.out,
         });
     }
     let trajectories = args.trajectories.unwrap_or(10_000);

@@ -20,6 +20,8 @@ pub struct TableArgs {
     pub exes: Vec<PathBuf>,
     pub throughput_trajectories: u32,
     pub suites: PathBuf,
+    /// Keep the suites and run directories here instead of a temporary directory.
+    pub out: Option<PathBuf>,
 }
 
 /// One measured process: wall time, peak RSS, exit code.
@@ -41,9 +43,25 @@ pub fn table(args: &TableArgs) -> u8 {
     } else {
         args.exes.clone()
     };
-    let Ok(dir) = tempfile::tempdir() else {
-        errln!("error: cannot create a temporary directory");
-        return EXIT_INVALID;
+    let temp;
+    let dir: &Path = match &args.out {
+        Some(out) => {
+            if let Err(e) = std::fs::create_dir_all(out) {
+                errln!("error: cannot create {}: {e}", out.display());
+                return EXIT_INVALID;
+            }
+            out
+        }
+        None => match tempfile::tempdir() {
+            Ok(made) => {
+                temp = made;
+                temp.path()
+            }
+            Err(e) => {
+                errln!("error: cannot create a temporary directory: {e}");
+                return EXIT_INVALID;
+            }
+        },
     };
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -81,12 +99,12 @@ pub fn table(args: &TableArgs) -> u8 {
     // Each figure is measured for every binary before the next figure, so that binaries
     // compared side by side see the same machine.
     let n = args.throughput_trajectories;
-    let suite = write_suite(dir.path(), "throughput", &url, n);
+    let suite = write_suite(dir, "throughput", &url, n);
     let wrk = wrk_requests_per_second(&url);
     let mut throughput = Vec::new();
     let mut sizes = Vec::new();
     for (i, exe) in exes.iter().enumerate() {
-        let out = dir.path().join(format!("throughput-{i}"));
+        let out = dir.join(format!("throughput-{i}"));
         let m = run(exe, &suite, &out, 256);
         throughput.push(m.map(|m| f64::from(n) / m.wall.as_secs_f64()));
         sizes.push(journal_and_parquet(&out));
@@ -124,12 +142,12 @@ pub fn table(args: &TableArgs) -> u8 {
         }),
     );
 
-    let suite = write_suite(dir.path(), "latency", &slow, 2000);
+    let suite = write_suite(dir, "latency", &slow, 2000);
     let ideal = SLOW.as_secs_f64() * (2000f64 / 256.0).ceil();
     let latency: Vec<Option<Measured>> = exes
         .iter()
         .enumerate()
-        .map(|(i, exe)| run(exe, &suite, &dir.path().join(format!("latency-{i}")), 256))
+        .map(|(i, exe)| run(exe, &suite, &dir.join(format!("latency-{i}")), 256))
         .collect();
     table.row(
         "2000 trajectories, c=256, 50 ms agent: wall ÷ ideal",
@@ -141,11 +159,11 @@ pub fn table(args: &TableArgs) -> u8 {
         }),
     );
 
-    let suite = write_suite(dir.path(), "small", &url, 2000);
+    let suite = write_suite(dir, "small", &url, 2000);
     let small: Vec<Option<Measured>> = exes
         .iter()
         .enumerate()
-        .map(|(i, exe)| run(exe, &suite, &dir.path().join(format!("small-{i}")), 64))
+        .map(|(i, exe)| run(exe, &suite, &dir.join(format!("small-{i}")), 64))
         .collect();
     table.row(
         "2000 trajectories, c=64: wall (start and reports included)",
@@ -160,7 +178,7 @@ pub fn table(args: &TableArgs) -> u8 {
             .map(|m| m.as_ref().map(|m| format!("{:.1} MiB", m.max_rss_mib))),
     );
 
-    let one = dir.path().join("one.kdl");
+    let one = dir.join("one.kdl");
     let text = "agent \"booking\" protocol=\"connexity\" builtin=\"booking\"\n\
                 scenario \"one\" {\n    user \"Hi, I'd like to book a duct cleaning.\"\n    \
                 expect reply contains=\"postal code\"\n}\n";
@@ -168,7 +186,7 @@ pub fn table(args: &TableArgs) -> u8 {
     table.row(
         "one trajectory against the builtin agent: wall (best of 5)",
         exes.iter().enumerate().map(|(i, exe)| {
-            let out = dir.path().join(format!("one-{i}"));
+            let out = dir.join(format!("one-{i}"));
             written
                 .then(|| best_of(5, || run(exe, &one, &out, 1)))
                 .flatten()
