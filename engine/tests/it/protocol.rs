@@ -558,3 +558,137 @@ async fn a_request_over_the_agents_body_limit_says_so() {
         "{fault:?}"
     );
 }
+
+/// The ways an HTTP/1.1 server may frame an answer, on one kept-alive connection: an
+/// interim `100 Continue` before the answer, a chunked body written in pieces, then an
+/// answer delimited by closing the connection; the next request opens a new one. Each
+/// request must arrive as a server expects it (origin-form target, `Host`, the length of
+/// the body, a user agent).
+#[tokio::test]
+async fn every_http1_framing_is_read_and_the_connection_reused_only_when_it_can_be() {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let body =
+        |text: &str| format!(r#"{{"messages":[{{"role":"assistant","content":"{text}"}}]}}"#);
+    let (heads_tx, mut heads) = tokio::sync::mpsc::unbounded_channel::<(usize, String)>();
+    let server_body = body;
+    tokio::spawn(async move {
+        let mut request = 0;
+        for connection in 0.. {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let mut stream = BufReader::new(stream);
+            loop {
+                let mut head = String::new();
+                loop {
+                    let mut line = String::new();
+                    if stream.read_line(&mut line).await.unwrap_or(0) == 0 {
+                        break;
+                    }
+                    head.push_str(&line);
+                    if line == "\r\n" {
+                        break;
+                    }
+                }
+                if head.is_empty() {
+                    break;
+                }
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| {
+                        l.to_ascii_lowercase()
+                            .strip_prefix("content-length:")
+                            .map(|v| v.trim().parse().unwrap())
+                    })
+                    .unwrap_or(0);
+                let mut sent = vec![0; length];
+                stream.read_exact(&mut sent).await.unwrap();
+                heads_tx.send((connection, head)).unwrap();
+                let out = stream.get_mut();
+                match request {
+                    0 => {
+                        let answer = server_body("after continue");
+                        out.write_all(b"HTTP/1.1 100 Continue\r\n\r\n")
+                            .await
+                            .unwrap();
+                        out.write_all(
+                            format!(
+                                "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{answer}",
+                                answer.len()
+                            )
+                            .as_bytes(),
+                        )
+                        .await
+                        .unwrap();
+                    }
+                    1 => {
+                        let answer = server_body("chunked");
+                        let (a, b) = answer.split_at(10);
+                        out.write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+                            .await
+                            .unwrap();
+                        out.write_all(format!("{:x}\r\n{a}\r\n", a.len()).as_bytes())
+                            .await
+                            .unwrap();
+                        out.flush().await.unwrap();
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        out.write_all(format!("{:x}\r\n{b}\r\n0\r\n\r\n", b.len()).as_bytes())
+                            .await
+                            .unwrap();
+                    }
+                    _ => {
+                        let answer = server_body("until close");
+                        out.write_all(
+                            format!("HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n{answer}")
+                                .as_bytes(),
+                        )
+                        .await
+                        .unwrap();
+                        request += 1;
+                        break;
+                    }
+                }
+                request += 1;
+            }
+        }
+    });
+
+    let url = format!("http://{addr}/agent/respond?v=1");
+    let client = client(&url, 0, limits(SHORT));
+    let mut replies = Vec::new();
+    for turn_index in 0..4 {
+        let outcome = respond(&client, &history(), &ctx(turn_index)).await;
+        let turn = outcome
+            .result
+            .unwrap_or_else(|f| panic!("turn {turn_index}: {f:?}"));
+        replies.push(turn.reply.unwrap_or_default());
+    }
+    assert_eq!(
+        replies,
+        ["after continue", "chunked", "until close", "until close"]
+    );
+    let mut seen = Vec::new();
+    while let Ok((connection, head)) = heads.try_recv() {
+        seen.push((connection, head));
+    }
+    let connections: Vec<usize> = seen.iter().map(|(c, _)| *c).collect();
+    assert_eq!(
+        connections,
+        [0, 0, 0, 1],
+        "reused until the server closed it"
+    );
+    for (_, head) in &seen {
+        let lower = head.to_ascii_lowercase();
+        assert!(
+            head.starts_with("POST /agent/respond?v=1 HTTP/1.1\r\n"),
+            "{head}"
+        );
+        assert!(lower.contains(&format!("host: {addr}\r\n")), "{head}");
+        assert!(lower.contains("content-length: "), "{head}");
+        assert!(lower.contains("user-agent: trellis/"), "{head}");
+        assert!(lower.contains("content-type: application/json"), "{head}");
+    }
+}
