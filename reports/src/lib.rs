@@ -3,7 +3,7 @@
 //! [`ReportWriter`] consumes journal entries as a run produces them; [`write_reports`]
 //! replays the journal (`journal.jsonl.zst`, or an older plain `journal.jsonl`) from a run
 //! directory through the same writer. Either way the run
-//! directory gets five zstd-compressed Parquet tables (`trajectories`, `turns`, `tool_calls`, `criteria`,
+//! directory gets five Snappy-compressed Parquet tables (`trajectories`, `turns`, `tool_calls`, `criteria`,
 //! `runs`), a self-contained `report.html` and a `junit.xml`. The journal is read line by
 //! line and the tables are flushed in bounded batches, so memory does not grow with the run;
 //! a journal cut short by a crash (no `run_finished`, a truncated last line) still yields
