@@ -134,6 +134,23 @@ pub struct NodeRecord {
     pub turns: Vec<Arc<TurnRecord>>,
 }
 
+/// Which node entry of the journal a trajectory went through: `(suite, scenario, agent,
+/// repetition, node)`, how readers of a journal join a trajectory's `nodes` to the node
+/// entries ([`NodeRecord::key`], [`crate::TrajectoryRecord::node_key`]).
+pub type NodeKey = (String, String, String, u32, String);
+
+impl NodeRecord {
+    pub fn key(&self) -> NodeKey {
+        (
+            self.suite.clone(),
+            self.scenario.clone(),
+            self.agent.clone(),
+            self.repetition,
+            self.node.clone(),
+        )
+    }
+}
+
 /// Totals written at the end of the journal.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct RunSummary {

@@ -26,7 +26,7 @@ mod turn;
 pub use chat::{ChatMessage, ToolCall, ToolCallFunction};
 pub use fault::{Fault, FaultCategory};
 pub use journal::{
-    AgentRecord, InstanceInfo, JournalEntry, NodeRecord, RunInfo, RunSummary, ScenarioInfo,
+    AgentRecord, InstanceInfo, JournalEntry, NodeKey, NodeRecord, RunInfo, RunSummary, ScenarioInfo,
 };
 pub use llm::{CacheUse, JudgeVerdict, LlmCall, LlmUsage, MetricScore};
 pub use shard::{SHARD_PLAN_FILE, SHARD_PLAN_VERSION, ShardBalance, ShardPlan, ShardedScenario};

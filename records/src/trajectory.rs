@@ -126,6 +126,17 @@ pub struct AgentBranchRecord {
 }
 
 impl TrajectoryRecord {
+    /// The key of the node entry for `node`, one of this trajectory's `nodes`.
+    pub fn node_key(&self, node: &str) -> crate::NodeKey {
+        (
+            self.suite.clone(),
+            self.scenario.clone(),
+            self.agent.clone(),
+            self.repetition,
+            node.to_owned(),
+        )
+    }
+
     /// Why the trajectory is `invalid`: the detail of its failed `fidelity` check.
     pub fn invalid_reason(&self) -> Option<&str> {
         if self.status != TrajectoryStatus::Invalid {

@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 use std::path::PathBuf;
 
 use trellis_engine::journal::{self, JOURNAL_FILE};
-use trellis_engine::record::{JournalEntry, NodeRecord, TrajectoryRecord};
+use trellis_engine::record::{JournalEntry, NodeKey, NodeRecord, TrajectoryRecord};
 
 use super::console::{errln, outln};
 use super::import::kdl_string;
@@ -59,20 +59,13 @@ pub fn freeze(args: FreezeArgs) -> u8 {
         }
         _ => (None, args.trajectory.clone()),
     };
-    let mut nodes: HashMap<(String, String, String, u32, String), NodeRecord> = HashMap::new();
+    let mut nodes: HashMap<NodeKey, NodeRecord> = HashMap::new();
     let mut found: Vec<TrajectoryRecord> = Vec::new();
     let mut names: Vec<String> = Vec::new();
     for entry in entries {
         match entry {
             JournalEntry::Node(n) => {
-                let key = (
-                    n.suite.clone(),
-                    n.scenario.clone(),
-                    n.agent.clone(),
-                    n.repetition,
-                    n.node.clone(),
-                );
-                nodes.insert(key, n);
+                nodes.insert(n.key(), n);
             }
             JournalEntry::Trajectory(t) => {
                 let matches = t.trajectory == name
@@ -130,13 +123,7 @@ pub fn freeze(args: FreezeArgs) -> u8 {
     // prefix, already among them).
     let mut users = Vec::new();
     for node in &t.nodes {
-        let key = (
-            t.suite.clone(),
-            t.scenario.clone(),
-            t.agent.clone(),
-            t.repetition,
-            node.clone(),
-        );
+        let key = t.node_key(node);
         let Some(record) = nodes.get(&key) else {
             errln!(
                 "error: the journal lacks node `{node}` of `{}/{}`: the run's transcript is \

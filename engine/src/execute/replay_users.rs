@@ -22,7 +22,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use crate::record::{JournalEntry, NodeRecord, TrajectoryStatus, TurnRecord, UserSource};
+use crate::record::{JournalEntry, NodeKey, NodeRecord, TrajectoryStatus, TurnRecord, UserSource};
 
 /// The recorded conversations of one run, ready to replay their simulated users.
 #[derive(Debug, Default)]
@@ -63,32 +63,18 @@ impl UserReplay {
     /// Reads a run's journal entries.
     pub fn from_entries(entries: impl IntoIterator<Item = JournalEntry>) -> Self {
         let mut run_id = String::new();
-        let mut nodes: HashMap<(String, String, String, u32, String), Arc<NodeRecord>> =
-            HashMap::new();
+        let mut nodes: HashMap<NodeKey, Arc<NodeRecord>> = HashMap::new();
         let mut paths: HashMap<(String, String, String), Vec<RecordedPath>> = HashMap::new();
         for entry in entries {
             match entry {
                 JournalEntry::RunStarted(info) => run_id = info.run_id,
                 JournalEntry::Node(n) => {
-                    let key = (
-                        n.suite.clone(),
-                        n.scenario.clone(),
-                        n.agent.clone(),
-                        n.repetition,
-                        n.node.clone(),
-                    );
-                    nodes.insert(key, Arc::new(n));
+                    nodes.insert(n.key(), Arc::new(n));
                 }
                 JournalEntry::Trajectory(t) => {
                     let mut turns = BTreeMap::new();
                     for node in &t.nodes {
-                        let key = (
-                            t.suite.clone(),
-                            t.scenario.clone(),
-                            t.agent.clone(),
-                            t.repetition,
-                            node.clone(),
-                        );
+                        let key = t.node_key(node);
                         if let Some(n) = nodes.get(&key) {
                             for turn in &n.turns {
                                 turns.insert(turn.turn_index, turn.clone());

@@ -17,7 +17,8 @@ use trellis_dsl::{Criterion, CriterionKind, Outcome, Project, Scenario, Step, St
 
 use super::runtime::{JudgeTask, LlmRuntime};
 use crate::record::{
-    JournalEntry, NodeRecord, RunInfo, RunSummary, TrajectoryRecord, TrajectoryStatus, TurnRecord,
+    JournalEntry, NodeKey, NodeRecord, RunInfo, RunSummary, TrajectoryRecord, TrajectoryStatus,
+    TurnRecord,
 };
 
 /// Trajectories re-judged at once.
@@ -71,7 +72,7 @@ pub async fn rejudge_draw(
     status_of: impl Fn(bool, &[crate::record::CriterionRecord]) -> TrajectoryStatus,
 ) -> Result<(Vec<JournalEntry>, RejudgeCounts), RejudgeError> {
     let mut info: Option<RunInfo> = None;
-    let mut nodes: HashMap<(String, String, String, u32, String), Arc<NodeRecord>> = HashMap::new();
+    let mut nodes: HashMap<NodeKey, Arc<NodeRecord>> = HashMap::new();
     let mut out: Vec<JournalEntry> = Vec::new();
     let mut trajectories: Vec<TrajectoryRecord> = Vec::new();
     for entry in entries {
@@ -81,14 +82,7 @@ pub async fn rejudge_draw(
             // Late spans change no verdict: carried into the re-scored run as they were.
             JournalEntry::Spans(s) => out.push(JournalEntry::Spans(s)),
             JournalEntry::Node(n) => {
-                let key = (
-                    n.suite.clone(),
-                    n.scenario.clone(),
-                    n.agent.clone(),
-                    n.repetition,
-                    n.node.clone(),
-                );
-                nodes.insert(key, Arc::new(n));
+                nodes.insert(n.key(), Arc::new(n));
             }
             JournalEntry::Trajectory(t) => trajectories.push(*t),
             JournalEntry::RunFinished(_) => {}
@@ -159,7 +153,7 @@ pub async fn rejudge_draw(
 async fn rejudge_one(
     project: &Project,
     runtime: &LlmRuntime,
-    nodes: &HashMap<(String, String, String, u32, String), Arc<NodeRecord>>,
+    nodes: &HashMap<NodeKey, Arc<NodeRecord>>,
     mut t: TrajectoryRecord,
     draw: u32,
     status_of: &impl Fn(bool, &[crate::record::CriterionRecord]) -> TrajectoryStatus,
@@ -179,13 +173,7 @@ async fn rejudge_one(
     };
     let mut turns: Vec<Arc<TurnRecord>> = Vec::new();
     for node in &t.nodes {
-        let key = (
-            t.suite.clone(),
-            t.scenario.clone(),
-            t.agent.clone(),
-            t.repetition,
-            node.clone(),
-        );
+        let key = t.node_key(node);
         if let Some(n) = nodes.get(&key) {
             if n.turns.iter().any(|turn| turn.replay) {
                 turns.clear();
