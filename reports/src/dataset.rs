@@ -254,26 +254,15 @@ fn json_column(s: &Series, shape: &Shape) -> Result<Vec<Value>, String> {
             .iter()
             .map(|v| v.map_or(Value::Null, Value::from))
             .collect(),
-        DataType::Float32 | DataType::Float64 => s
+        // A decimal (a price, most often) is the number it is; JSON numbers are doubles,
+        // so its digits beyond about 15 are rounded, as any JSON reader would.
+        DataType::Float32 | DataType::Float64 | DataType::Decimal(..) => s
             .cast(&DataType::Float64)
             .map_err(e)?
             .f64()
             .map_err(e)?
             .iter()
             // JSON has no NaN or infinity: those are `null`.
-            .map(|v| {
-                v.and_then(Number::from_f64)
-                    .map_or(Value::Null, Value::Number)
-            })
-            .collect(),
-        // A decimal (a price, most often) as the number it is; JSON numbers are doubles,
-        // so digits beyond about 15 are rounded, as any JSON reader would.
-        DataType::Decimal(..) => s
-            .cast(&DataType::Float64)
-            .map_err(e)?
-            .f64()
-            .map_err(e)?
-            .iter()
             .map(|v| {
                 v.and_then(Number::from_f64)
                     .map_or(Value::Null, Value::Number)
