@@ -525,25 +525,10 @@ impl LlmRuntime {
                 ));
             }
         };
-        let ctx = self.context(task.scenario);
-        let persona = match task.persona {
-            Some(playing) => self.resolve_persona(playing).map(|p| PersonaInfo {
-                kind: p.kind.clone(),
-                description: p.description.clone(),
-                instructions: p.instructions.clone(),
-            }),
-            None => ctx.persona,
-        };
         let instructions =
             simulator::instructions(task.templates, &layered.instructions, task.scope, task.vars)
                 .map_err(|e| (fault(e.to_string()), Vec::new()))?;
-        let character = Character {
-            persona,
-            user_context: ctx.user_context,
-            description: ctx.description,
-            instructions,
-            scope: Some((task.scope, task.vars)),
-        };
+        let character = self.character(&task, instructions);
         let mut calls = Vec::new();
         let mut last_answer = String::new();
         for retry in 0..=SIMULATOR_RETRIES {
@@ -623,6 +608,22 @@ impl LlmRuntime {
         task: &SimulateTask<'_, T>,
     ) -> (String, Option<bool>) {
         let layered = Layered::new(task.simulator, self.setup.simulator.as_ref());
+        // A template that does not render failed the recorded run's simulator already;
+        // the brief goes without it rather than failing a replay.
+        let instructions =
+            simulator::instructions(task.templates, &layered.instructions, task.scope, task.vars)
+                .ok()
+                .flatten();
+        (self.character(task, instructions).brief(), layered.fidelity)
+    }
+
+    /// The simulated user of `task`: the persona it plays (its own, else the scenario's),
+    /// the scenario's context and the simulator's rendered `instructions`.
+    fn character<'a, T>(
+        &'a self,
+        task: &SimulateTask<'a, T>,
+        instructions: Option<String>,
+    ) -> Character<'a> {
         let ctx = self.context(task.scenario);
         let persona = match task.persona {
             Some(playing) => self.resolve_persona(playing).map(|p| PersonaInfo {
@@ -632,20 +633,13 @@ impl LlmRuntime {
             }),
             None => ctx.persona,
         };
-        // A template that does not render failed the recorded run's simulator already;
-        // the brief goes without it rather than failing a replay.
-        let instructions =
-            simulator::instructions(task.templates, &layered.instructions, task.scope, task.vars)
-                .ok()
-                .flatten();
-        let character = Character {
+        Character {
             persona,
             user_context: ctx.user_context,
             description: ctx.description,
             instructions,
             scope: Some((task.scope, task.vars)),
-        };
-        (character.brief(), layered.fidelity)
+        }
     }
 
     /// The fidelity judge on one trajectory: the simulated user's `messages` held against
