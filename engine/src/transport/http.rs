@@ -224,10 +224,14 @@ impl<S: tower_service::Service<R>, R> tower_service::Service<R> for MarkingConne
 /// (closed, reset, or the request could not be written): on a pooled connection, the server
 /// had closed it as idle, so the request never reached the agent.
 fn closed_before_answer(err: &reqwest::Error) -> bool {
-    if err.is_connect() || err.is_timeout() || err.status().is_some() {
-        return false;
-    }
-    let mut source: Option<&(dyn StdError + 'static)> = err.source();
+    !(err.is_connect() || err.is_timeout() || err.status().is_some())
+        && err.source().is_some_and(connection_closed)
+}
+
+/// Whether an error chain says the connection was closed under the exchange: hyper's
+/// incomplete message, or a reset or broken pipe (the first I/O error decides).
+pub(super) fn connection_closed(err: &(dyn StdError + 'static)) -> bool {
+    let mut source = Some(err);
     while let Some(e) = source {
         if let Some(hyper) = e.downcast_ref::<hyper::Error>()
             && hyper.is_incomplete_message()

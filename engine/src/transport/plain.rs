@@ -12,7 +12,6 @@
 //! caller ([`super::http`]) chooses, and maps failures of both to the same faults.
 
 use std::collections::HashMap;
-use std::error::Error as StdError;
 use std::future::{Future, poll_fn};
 use std::io;
 use std::net::SocketAddr;
@@ -267,20 +266,7 @@ async fn exchange(
 /// reached the agent on a reused connection: the connection was closed (or reset) under it,
 /// or could not take it at all.
 fn lost_unanswered(error: &hyper::Error) -> bool {
-    if error.is_canceled() || error.is_incomplete_message() {
-        return true;
-    }
-    let mut source: Option<&(dyn StdError + 'static)> = error.source();
-    while let Some(e) = source {
-        if let Some(io) = e.downcast_ref::<io::Error>() {
-            return matches!(
-                io.kind(),
-                io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe
-            );
-        }
-        source = e.source();
-    }
-    false
+    error.is_canceled() || super::http::connection_closed(error)
 }
 
 /// A new connection to `address`: every resolved address is tried in turn, within
