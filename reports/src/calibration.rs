@@ -14,7 +14,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use polars::prelude::*;
+use polars_core::prelude::*;
+use polars_io::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::calibrate::{self, Figure};

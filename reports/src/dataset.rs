@@ -12,7 +12,8 @@ use std::fs::File;
 use std::ops::ControlFlow;
 use std::path::Path;
 
-use polars::prelude::*;
+use polars_core::prelude::*;
+use polars_io::prelude::*;
 use polars_parquet::parquet::schema::Repetition;
 use polars_parquet::parquet::schema::types::{GroupConvertedType, GroupLogicalType, ParquetType};
 use serde_json::{Map, Number, Value};

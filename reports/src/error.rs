@@ -3,7 +3,7 @@
 use std::io;
 use std::path::PathBuf;
 
-use polars::prelude::PolarsError;
+use polars_core::prelude::PolarsError;
 
 /// Why [`crate::write_reports`] failed. Journal lines that do not parse are not errors:
 /// they are skipped and counted in [`crate::ReportFiles::skipped_lines`].

@@ -12,7 +12,8 @@ use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use polars::prelude::*;
+use polars_core::prelude::*;
+use polars_io::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::JOURNAL_FILE;

@@ -14,7 +14,8 @@ use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use polars::prelude::*;
+use polars_core::prelude::*;
+use polars_io::prelude::*;
 use trellis_records::{
     CriterionStatus, Fault, NodeRecord, RunInfo, RunSummary, SpanBatch, SpanRecord,
     TrajectoryRecord, TrajectoryStatus,
@@ -365,7 +366,7 @@ struct TableFile<R: Rows> {
     staged: Staged,
     buf: R,
     file: SharedFile,
-    writer: polars::prelude::BatchedWriter<SharedFile>,
+    writer: polars_io::prelude::BatchedWriter<SharedFile>,
     batch_rows: usize,
     /// The first write error; from then on rows are dropped and [`TableFile::finish`]
     /// returns it.

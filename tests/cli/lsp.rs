@@ -422,7 +422,8 @@ fn a_suite_over_datasets_gets_diagnostics_and_completion() {
     std::fs::write(dir.path().join("data/o.csv"), "id,amount\nA1,3\nA2,4\n").expect("written");
     let mut parquet = Vec::new();
     {
-        use polars::prelude::*;
+        use polars_core::prelude::*;
+        use polars_io::prelude::*;
         let mut df = df!("id" => ["P1", "P2"], "n" => [1i64, 2]).expect("frame");
         ParquetWriter::new(&mut parquet)
             .finish(&mut df)

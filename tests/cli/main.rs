@@ -39,7 +39,8 @@ mod watch;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use polars::prelude::*;
+use polars_core::prelude::*;
+use polars_io::prelude::*;
 
 pub fn trellis() -> tokio::process::Command {
     let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_trellis"));

@@ -10,7 +10,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use polars::prelude::*;
+use polars_core::prelude::*;
 
 use crate::{read_parquet, repo, stderr, stdout, strings, trellis};
 

@@ -51,6 +51,8 @@ const NOT_UNDER_RECORDS: &[&str] = &[
     "reqwest",
     "axum",
     "polars",
+    "polars-core",
+    "polars-io",
 ];
 
 /// Crates `trellis-journal` must not depend on: readers of results take it without the
@@ -63,6 +65,8 @@ const NOT_UNDER_JOURNAL: &[&str] = &[
     "reqwest",
     "axum",
     "polars",
+    "polars-core",
+    "polars-io",
 ];
 
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]

@@ -187,7 +187,7 @@ fn replayed_and_function_call_turns_are_marked_in_the_transcript() {
     assert!(html.contains("<div class=\"turn replay\">"));
     assert!(html.contains(">replayed</span>"));
     assert!(html.contains("<span class=\"role\">call lookup_order</span>"));
-    use polars::prelude::{ParquetReader, SerReader};
+    use polars_io::prelude::{ParquetReader, SerReader};
     let turns = ParquetReader::new(std::fs::File::open(&files.turns).unwrap())
         .finish()
         .unwrap();

@@ -2,7 +2,7 @@
 
 use std::fs::File;
 
-use polars::prelude::*;
+use polars_io::prelude::*;
 use trellis_reports::{ReportError, ReportOptions, write_reports};
 
 use super::fixtures::{entries, write_journal};

@@ -4,7 +4,9 @@
 use std::fs::File;
 use std::path::Path;
 
-use polars::prelude::*;
+use polars_core::prelude::*;
+use polars_io::prelude::*;
+use polars_ops::prelude::*;
 use trellis_reports::{ReportOptions, write_reports};
 
 use super::fixtures::{XSS, write_complete_journal};
