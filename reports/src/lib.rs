@@ -356,7 +356,7 @@ impl ReportWriter {
             trend_runs,
         } = self;
         let totals = tally.total;
-        let (table_paths, mut not_written) = tables.finish(RunRow {
+        let run_row = RunRow {
             info: &info,
             finished: finished.as_ref(),
             trajectories: totals.total(),
@@ -366,8 +366,51 @@ impl ReportWriter {
             skipped: totals.skipped,
             turns: tally.turns,
             meta: meta.as_ref(),
+        };
+        let junit_path = run_dir.join(JUNIT_FILE);
+        let html_path = run_dir.join(HTML_FILE);
+        let pages = Pages {
+            run_dir: &run_dir,
+            journal_path: &journal_path,
+            info: &info,
+            finished: finished.as_ref(),
+            tally: &tally,
+            outline: &outline,
+            junit,
+            junit_failed,
+            selection,
+            paths,
+            journal_lost,
+            trends,
+            trend_runs,
+            skipped_lines,
+        };
+        // The tables (polars' Parquet writer, the larger share) and the pages (JUnit, and
+        // the HTML with its transcripts read back from the journal) share nothing but what
+        // both read: at the end of a run, when the executor's thread is idle, they are
+        // written side by side. Without a second thread, one after the other.
+        let mut pages = Some(pages);
+        let (tables_written, pages_written) = std::thread::scope(|scope| {
+            let spawned = std::thread::Builder::new()
+                .name("trellis-report".into())
+                .spawn_scoped(scope, || {
+                    pages.take().map(|p| p.write(&junit_path, &html_path))
+                });
+            let tables_written = tables.finish(run_row);
+            let pages_written = spawned.ok().and_then(|handle| {
+                handle
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            });
+            (tables_written, pages_written)
         });
+        let (table_paths, mut not_written) = tables_written;
+        let (pages_not_written, transcripts_missing) = pages_written
+            // No second thread could be started: the pages are written now.
+            .or_else(|| pages.take().map(|p| p.write(&junit_path, &html_path)))
+            .unwrap_or_default();
 
+        // After the tables: a run directory whose summary reads has its tables.
         let stats = stats.finish();
         let summary_path = run_dir.join(SUMMARY_FILE);
         let summary = Summary {
@@ -379,52 +422,7 @@ impl ReportWriter {
             not_written.push((summary_path.clone(), e));
         }
         let stats = summary.stats;
-
-        let junit_path = run_dir.join(JUNIT_FILE);
-        if let Err(e) = junit_failed.map_or_else(|| junit.write(&junit_path), Err) {
-            not_written.push((junit_path.clone(), e));
-        }
-
-        let rendered = selection.into_ordered();
-        let (nodes, transcripts_missing) = match journal_lost {
-            Some(why) => (HashMap::new(), Some(why)),
-            None => match gather_nodes(&journal_path, &rendered.trajectories, &paths) {
-                Ok(nodes) => (nodes, None),
-                // The tables and counts are still right; only the transcripts are missing.
-                Err(e) => (
-                    HashMap::new(),
-                    Some(format!("the journal could not be read back: {e}")),
-                ),
-            },
-        };
-        let trends = match trends {
-            Some(trends) => trends,
-            None if trend_runs > 0 => {
-                html::trends_from_sibling_runs(&run_dir, &info.run_id, &info.started_at, trend_runs)
-            }
-            None => Trends::new(),
-        };
-        let html_path = run_dir.join(HTML_FILE);
-        // Written by `trellis variance` after the run; a file that does not read is left
-        // out of the page rather than failing it.
-        let variance = variance::read(&run_dir).ok().flatten();
-        if let Err(e) = html::write(
-            &html_path,
-            &html::Page {
-                info: &info,
-                finished: finished.as_ref(),
-                tally: &tally,
-                outline: &outline,
-                trends: &trends,
-                rendered: &rendered,
-                nodes: &nodes,
-                skipped_lines,
-                transcripts_missing: transcripts_missing.as_deref(),
-                variance: variance.as_ref(),
-            },
-        ) {
-            not_written.push((html_path.clone(), e));
-        }
+        not_written.extend(pages_not_written);
 
         ReportFiles {
             trajectories: table_paths.trajectories,
@@ -443,6 +441,87 @@ impl ReportWriter {
             not_written,
             transcripts_missing,
         }
+    }
+}
+
+/// What `junit.xml` and `report.html` are written from at the end of a run: everything
+/// [`ReportWriter::finish`] does not also hand to the tables.
+struct Pages<'a> {
+    run_dir: &'a Path,
+    journal_path: &'a Path,
+    info: &'a RunInfo,
+    finished: Option<&'a RunSummary>,
+    tally: &'a Tally,
+    outline: &'a html::Outline,
+    junit: junit::JunitBuilder,
+    junit_failed: Option<ReportError>,
+    selection: Selection,
+    paths: HashMap<(String, String, String), HashSet<String>>,
+    journal_lost: Option<String>,
+    trends: Option<Trends>,
+    trend_runs: usize,
+    skipped_lines: usize,
+}
+
+impl Pages<'_> {
+    /// Writes `junit.xml` and `report.html`; returns the files not written and why, and why
+    /// the transcripts are missing from the HTML, if they are.
+    fn write(
+        self,
+        junit_path: &Path,
+        html_path: &Path,
+    ) -> (Vec<(PathBuf, ReportError)>, Option<String>) {
+        let mut not_written = Vec::new();
+        if let Err(e) = self
+            .junit_failed
+            .map_or_else(|| self.junit.write(junit_path), Err)
+        {
+            not_written.push((junit_path.to_path_buf(), e));
+        }
+
+        let rendered = self.selection.into_ordered();
+        let (nodes, transcripts_missing) = match self.journal_lost {
+            Some(why) => (HashMap::new(), Some(why)),
+            None => match gather_nodes(self.journal_path, &rendered.trajectories, &self.paths) {
+                Ok(nodes) => (nodes, None),
+                // The tables and counts are still right; only the transcripts are missing.
+                Err(e) => (
+                    HashMap::new(),
+                    Some(format!("the journal could not be read back: {e}")),
+                ),
+            },
+        };
+        let trends = match self.trends {
+            Some(trends) => trends,
+            None if self.trend_runs > 0 => html::trends_from_sibling_runs(
+                self.run_dir,
+                &self.info.run_id,
+                &self.info.started_at,
+                self.trend_runs,
+            ),
+            None => Trends::new(),
+        };
+        // Written by `trellis variance` after the run; a file that does not read is left
+        // out of the page rather than failing it.
+        let variance = variance::read(self.run_dir).ok().flatten();
+        if let Err(e) = html::write(
+            html_path,
+            &html::Page {
+                info: self.info,
+                finished: self.finished,
+                tally: self.tally,
+                outline: self.outline,
+                trends: &trends,
+                rendered: &rendered,
+                nodes: &nodes,
+                skipped_lines: self.skipped_lines,
+                transcripts_missing: transcripts_missing.as_deref(),
+                variance: variance.as_ref(),
+            },
+        ) {
+            not_written.push((html_path.to_path_buf(), e));
+        }
+        (not_written, transcripts_missing)
     }
 }
 
