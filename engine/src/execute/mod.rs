@@ -446,7 +446,10 @@ async fn run_unit(
             return false;
         }
         AgentRuntime::Broken(fault) => {
-            unit.fault_unrecorded(fault).await;
+            // Boxed, as below: recording a trajectory is an 8 KB state machine, and every
+            // unit's task was allocated at that size (9 KB instead of 1.3 KB) for two paths
+            // almost no unit takes; a run keeps up to twice `--jobs` units in flight.
+            Box::pin(unit.fault_unrecorded(fault)).await;
             return false;
         }
         AgentRuntime::Ready { .. } => {}
@@ -531,7 +534,7 @@ async fn walk_unit(unit: &Unit<'_>) -> Option<bool> {
                 FaultCategory::Internal,
                 format!("trellis failed while running this trajectory (a bug): {message}"),
             );
-            unit.fault_unrecorded(&fault).await;
+            Box::pin(unit.fault_unrecorded(&fault)).await;
             None
         }
     }
