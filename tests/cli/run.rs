@@ -464,3 +464,39 @@ async fn bench_table_measures_each_figure_on_a_fresh_process() {
         .unwrap();
     assert!(ratio >= 1.0, "{out}");
 }
+
+#[tokio::test]
+async fn bench_table_gives_no_figure_from_runs_against_an_agent_that_is_down() {
+    // A port that was just free: nothing listens on it, so every call is refused.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://127.0.0.1:{port}/agent/respond");
+    let o = trellis()
+        .args(["bench", "--table", "--trajectories", "50", "--url", &url])
+        .args(["--suites"])
+        .arg(repo("suites"))
+        .output()
+        .await
+        .unwrap();
+    let (out, err) = (stdout(&o), stderr(&o));
+    assert_eq!(o.status.code(), Some(1), "{out}{err}");
+    for figure in [
+        r"50 one-turn trajectories, c=256: turns/s",
+        r"journal ÷ Parquet tables",
+        r"2000 trajectories, c=64: wall \(start and reports included\)",
+    ] {
+        let row = regex::Regex::new(&format!(r"(?m)^\s*{figure}\s+failed$")).unwrap();
+        assert!(row.is_match(&out), "`{figure}` is not `failed` in\n{out}");
+    }
+    assert!(
+        err.contains("had trajectories that failed: the agent did not answer every call"),
+        "{err}"
+    );
+    // What does not call that agent is still measured.
+    let builtin =
+        regex::Regex::new(r"(?m)^one trajectory against the builtin agent: .*\s\d").unwrap();
+    assert!(builtin.is_match(&out), "{out}");
+}

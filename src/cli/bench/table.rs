@@ -106,15 +106,15 @@ pub fn table(args: &TableArgs) -> u8 {
     for (i, exe) in exes.iter().enumerate() {
         let out = dir.join(format!("throughput-{i}"));
         let m = run(exe, &suite, &out, 256);
+        sizes.push(m.as_ref().and_then(|_| journal_and_parquet(&out)));
         throughput.push(m.map(|m| f64::from(n) / m.wall.as_secs_f64()));
-        sizes.push(journal_and_parquet(&out));
     }
     table.row(
         &format!("{n} one-turn trajectories, c=256: turns/s"),
         throughput.iter().map(|t| t.map(|t| format!("{t:.0}"))),
     );
     match wrk {
-        Some(wrk) => {
+        Ok(wrk) => {
             table.row(
                 "  wrk on the same agent (c=64, 3 s): requests/s",
                 exes.iter().map(|_| Some(format!("{wrk:.0}"))),
@@ -126,7 +126,7 @@ pub fn table(args: &TableArgs) -> u8 {
                     .map(|t| t.map(|t| format!("{:.3}", t / wrk))),
             );
         }
-        None => outln!("  (install wrk to compare with the agent's own limit)"),
+        Err(why) => outln!("  ({why})"),
     }
     table.row(
         "  journal ÷ Parquet tables",
@@ -300,8 +300,10 @@ fn write_suite(dir: &Path, name: &str, url: &str, n: u32) -> PathBuf {
     path
 }
 
-/// `trellis run SUITE --out OUT --jobs J` as a user runs it; `None` (and says why) when it
-/// did not finish with a verdict.
+/// `trellis run SUITE --out OUT --jobs J` as a user runs it; `None` (and says why) unless
+/// every trajectory passed. The suites check only `no-error`: a failed trajectory is an agent
+/// that refused, dropped or garbled a call, and a figure timed on faults measures them, not
+/// the agent's answers.
 fn run(exe: &Path, suite: &Path, out: &Path, jobs: usize) -> Option<Measured> {
     let m = measure(
         Command::new(exe)
@@ -314,15 +316,25 @@ fn run(exe: &Path, suite: &Path, out: &Path, jobs: usize) -> Option<Measured> {
             .stdout(Stdio::null())
             .stderr(Stdio::null()),
     )?;
-    if !matches!(m.code, Some(0 | 1)) {
-        errln!(
-            "error: `trellis run {}` exited {:?}; run it by hand to see why",
-            suite.display(),
-            m.code
-        );
-        return None;
+    match m.code {
+        Some(0) => Some(m),
+        Some(1) => {
+            errln!(
+                "error: `trellis run {}` had trajectories that failed: the agent did not \
+                 answer every call (is it up, and does it speak Connexity?); no figure from \
+                 that run (`--out DIR` keeps it to look at)",
+                suite.display(),
+            );
+            None
+        }
+        code => {
+            errln!(
+                "error: `trellis run {}` exited {code:?}; run it by hand to see why",
+                suite.display()
+            );
+            None
+        }
     }
-    Some(m)
 }
 
 /// Runs `cmd` and measures it: wall time from spawn to exit and the child's own peak RSS.
@@ -358,10 +370,10 @@ fn measure(cmd: &mut Command) -> Option<Measured> {
     })
 }
 
-/// What wrk gets from `url` (POSTing a Connexity request, 64 connections, 3 seconds), when
-/// wrk is installed.
-fn wrk_requests_per_second(url: &str) -> Option<f64> {
-    let dir = tempfile::tempdir().ok()?;
+/// What wrk gets from `url` (POSTing a Connexity request, 64 connections, 3 seconds), or
+/// why there is no such figure.
+fn wrk_requests_per_second(url: &str) -> Result<f64, String> {
+    let dir = tempfile::tempdir().map_err(|e| format!("no temporary directory for wrk: {e}"))?;
     let script = dir.path().join("post.lua");
     std::fs::write(
         &script,
@@ -369,18 +381,39 @@ fn wrk_requests_per_second(url: &str) -> Option<f64> {
          wrk.body = '{\"messages\":[{\"role\":\"user\",\"content\":\"hello\"}]}'\n\
          wrk.headers[\"Content-Type\"] = \"application/json\"\n",
     )
-    .ok()?;
-    let out = Command::new("wrk")
+    .map_err(|e| format!("cannot write wrk's script: {e}"))?;
+    let out = match Command::new("wrk")
         .args(["-t1", "-c64", "-d3s", "-s"])
         .arg(&script)
         .arg(url)
-        .stderr(Stdio::null())
         .output()
-        .ok()?;
-    String::from_utf8_lossy(&out.stdout)
+    {
+        Ok(out) => out,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err("install wrk to compare with the agent's own limit".into());
+        }
+        Err(e) => return Err(format!("cannot start wrk: {e}")),
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let measured = stdout
         .lines()
         .find_map(|l| l.trim().strip_prefix("Requests/sec:"))
-        .and_then(|v| v.trim().parse().ok())
+        .and_then(|v| v.trim().parse::<f64>().ok());
+    // wrk counts answers of any status: an agent answering 404 or 500 is not measured.
+    let failed = stdout.contains("Non-2xx or 3xx responses");
+    match measured {
+        Some(rps) if rps > 0.0 && !failed => Ok(rps),
+        _ => {
+            let said = String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .chain(stdout.lines())
+                .map(str::trim)
+                .find(|l| !l.is_empty())
+                .unwrap_or("no output")
+                .to_string();
+            Err(format!("wrk could not measure {url}: {said}"))
+        }
+    }
 }
 
 /// A Connexity agent on 127.0.0.1 answering "Hello there." after `delay`; returns its URL.
