@@ -393,6 +393,9 @@ impl ReportWriter {
         let (tables_written, pages_written) = std::thread::scope(|scope| {
             let spawned = std::thread::Builder::new()
                 .name("trellis-report".into())
+                // The page's outline recurses once per level of a scenario's tree; reserved,
+                // not committed, like the stack of the thread this otherwise ran on.
+                .stack_size(PAGES_STACK)
                 .spawn_scoped(scope, || {
                     pages.take().map(|p| p.write(&junit_path, &html_path))
                 });
@@ -443,6 +446,9 @@ impl ReportWriter {
         }
     }
 }
+
+/// The stack of the thread writing the pages at the end of a run.
+const PAGES_STACK: usize = 64 * 1024 * 1024;
 
 /// What `junit.xml` and `report.html` are written from at the end of a run: everything
 /// [`ReportWriter::finish`] does not also hand to the tables.
