@@ -455,6 +455,15 @@ async fn bench_table_measures_each_figure_on_a_fresh_process() {
         let row = regex::Regex::new(&format!(r"(?m)^\s*{figure}\s+\d")).unwrap();
         assert!(row.is_match(&out), "no `{figure}` with a figure in\n{out}");
     }
+    // The goal is stated stripped: the row gives that size too, below the file's own.
+    #[cfg(target_os = "linux")]
+    {
+        let size =
+            regex::Regex::new(r"(?m)^binary size\s+([\d.]+) MB \(([\d.]+) MB stripped\)$").unwrap();
+        let caps = size.captures(&out).expect(&out);
+        let (whole, stripped): (f64, f64) = (caps[1].parse().unwrap(), caps[2].parse().unwrap());
+        assert!(stripped > 0.0 && stripped < whole, "{out}");
+    }
     // The latency-bound run cannot beat its agent's own delay.
     let ratio: f64 = out
         .lines()
