@@ -662,31 +662,29 @@ fn is_loopback(url: &Url) -> bool {
     })
 }
 
-/// The fault of an exchange on the plain path: the same categories and messages as
-/// reqwest's path gives for the same failure.
+/// The fault of an exchange on the plain path: [`classify_chain`], as on reqwest's path,
+/// told what reqwest's error would say about a failed resolve or connect.
 fn plain_fault(err: &super::plain::PlainError, url: &Url, progress: &Progress) -> Fault {
     use super::plain::PlainError;
-    match err {
-        PlainError::Resolve(e) => Fault::new(
-            FaultCategory::Connect,
-            format!(
-                "could not connect to {}: could not resolve host ({e})",
-                target(url)
-            ),
+    let (err, flags): (&(dyn StdError + 'static), Flags) = match err {
+        PlainError::Resolve(e) => (
+            e,
+            Flags {
+                connect: true,
+                dns: true,
+                ..Flags::default()
+            },
         ),
-        PlainError::Connect(e) => {
-            let why = match e.kind() {
-                io::ErrorKind::ConnectionRefused => "connection refused".to_owned(),
-                io::ErrorKind::TimedOut => "connect timed out".to_owned(),
-                _ => e.to_string(),
-            };
-            Fault::new(
-                FaultCategory::Connect,
-                format!("could not connect to {}: {why}", target(url)),
-            )
-        }
-        PlainError::Exchange { error } => classify_chain(error, Flags::default(), url, progress),
-    }
+        PlainError::Connect(e) => (
+            e,
+            Flags {
+                connect: true,
+                ..Flags::default()
+            },
+        ),
+        PlainError::Exchange { error } => (error, Flags::default()),
+    };
+    classify_chain(err, flags, url, progress)
 }
 
 /// What an exchange had achieved when it failed, for the fault message.

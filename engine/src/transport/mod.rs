@@ -3,11 +3,11 @@
 //!
 //! [`http`] is one pooled client per run with bounded bodies, every failure mapped to a
 //! fault category, and the retry rule (plain HTTP/1.1 to a directly reached agent goes over
-//! `plain`, hyper's connection API without reqwest's layers); [`sse`] reads server-sent events over that pool (time
-//! to first event, idle timeout, size bounds, a stream that ends early); [`line`] speaks
-//! newline-delimited JSON with a process or a socket; [`quote`] puts what a peer sent into a
-//! fault message, bounded and readable; [`trace`] puts the turn's W3C trace context on every
-//! HTTP request sent for it.
+//! `plain`, hyper's connection API without reqwest's layers); [`sse`] reads server-sent
+//! events over that pool (time to first event, idle timeout, size bounds, a stream that ends
+//! early); [`line`] speaks newline-delimited JSON with a process or a socket; [`quote`] puts
+//! what a peer sent into a fault message, bounded and readable; [`trace`] puts the turn's W3C
+//! trace context on every HTTP request sent for it.
 //!
 //! This layer sits just above the records (`docs/architecture.md`, "Layers"): it knows
 //! faults and attempts, never a protocol, a plan or an LLM, so both `protocol` and `llm`
