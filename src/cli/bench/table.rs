@@ -100,7 +100,7 @@ pub fn table(args: &TableArgs) -> u8 {
     // compared side by side see the same machine.
     let n = args.throughput_trajectories;
     let suite = write_suite(dir, "throughput", &url, n);
-    let wrk = wrk_requests_per_second(&url);
+    let wrk = wrk_requests_per_second(&url, dir);
     let mut throughput = Vec::new();
     let mut sizes = Vec::new();
     for (i, exe) in exes.iter().enumerate() {
@@ -397,10 +397,9 @@ fn measure(cmd: &mut Command) -> Option<Measured> {
 }
 
 /// What wrk gets from `url` (POSTing a Connexity request, 64 connections, 3 seconds), or
-/// why there is no such figure.
-fn wrk_requests_per_second(url: &str) -> Result<f64, String> {
-    let dir = tempfile::tempdir().map_err(|e| format!("no temporary directory for wrk: {e}"))?;
-    let script = dir.path().join("post.lua");
+/// why there is no such figure. Its script is written into `dir`.
+fn wrk_requests_per_second(url: &str, dir: &Path) -> Result<f64, String> {
+    let script = dir.join("post.lua");
     std::fs::write(
         &script,
         "wrk.method = \"POST\"\n\
