@@ -20,7 +20,8 @@
 //!   [`MAX_NODE_SIZE`];
 //! - runs the parser on a thread of its own whose stack (reserved address space, touched only
 //!   as deep as the parser really goes) is sized for the worst case of error recovery on
-//!   the largest piece it parses.
+//!   the largest piece it parses; or, for a text of one batch, on the calling thread
+//!   ([`parse_small`]), which a directory's parse-ahead threads are started with a stack for.
 //!
 //! The limits are far beyond what a suite needs (see `docs/language.md`, "Limits").
 
@@ -112,6 +113,49 @@ pub enum Parsed {
 /// Only one node's document is alive at a time (and the next one being parsed), so memory
 /// stays bounded by the largest node, not by the file.
 pub fn parse_each(text: &str, mut each: impl FnMut(KdlDocument)) -> Result<Parsed, TooDeep> {
+    let nodes = pieces(text)?;
+    let largest = nodes.iter().map(|r| r.len()).max().unwrap_or(0);
+    // Bounded: the parser runs at most one document ahead of the decoder.
+    let (tx, rx) = mpsc::sync_channel::<KdlDocument>(1);
+    let failed = on_parser_stack(
+        largest,
+        move || parse_pieces(text, nodes, |doc| tx.send(doc).is_ok()),
+        || rx.into_iter().for_each(&mut each),
+    )?;
+    finish(text, failed, |text| {
+        on_parser_stack(text.len(), || KdlDocument::parse_v2(text), || {})
+    })
+}
+
+/// Largest text [`parse_small`] takes: one batch.
+pub const SMALL_TEXT: usize = BATCH_SIZE;
+
+/// Stack (reserved bytes) of a thread that calls [`parse_small`].
+pub const SMALL_STACK: usize = STACK_BASE + SMALL_TEXT * STACK_PER_BYTE;
+
+/// A text of at most [`SMALL_TEXT`] bytes parsed as [`parse_each`] parses it, on the calling
+/// thread, whose stack must be [`SMALL_STACK`]: the documents `parse_each` would hand over,
+/// in order, and what it would return. `None` for a larger text. This is how a directory's
+/// files are parsed ahead of their decoding (see `parse/include.rs`), without a thread per
+/// file.
+pub fn parse_small(text: &str) -> Option<Result<(Vec<KdlDocument>, Parsed), TooDeep>> {
+    if text.len() > SMALL_TEXT {
+        return None;
+    }
+    let nodes = match pieces(text) {
+        Ok(nodes) => nodes,
+        Err(refused) => return Some(Err(refused)),
+    };
+    let mut docs = Vec::new();
+    let failed = parse_pieces(text, nodes, |doc| {
+        docs.push(doc);
+        true
+    });
+    Some(finish(text, failed, |text| Ok(KdlDocument::parse_v2(text))).map(|parsed| (docs, parsed)))
+}
+
+/// `text` checked against the limits and cut into the pieces parsed one at a time.
+fn pieces(text: &str) -> Result<Vec<Range<usize>>, TooDeep> {
     let nodes = scan(text)?;
     if text.len() > MAX_FILE_SIZE {
         return Err(TooDeep::Large);
@@ -119,61 +163,66 @@ pub fn parse_each(text: &str, mut each: impl FnMut(KdlDocument)) -> Result<Parse
     if let Some(big) = nodes.iter().find(|r| r.len() > MAX_NODE_SIZE) {
         return Err(TooDeep::Node { offset: big.start });
     }
-    let nodes = batches(nodes);
-    let largest = nodes.iter().map(|r| r.len()).max().unwrap_or(0);
-    // Bounded: the parser runs at most one document ahead of the decoder.
-    let (tx, rx) = mpsc::sync_channel::<KdlDocument>(1);
-    let failed = on_parser_stack(
-        largest,
-        || {
-            let mut failed: Option<KdlError> = None;
-            for range in nodes {
-                let at = range.start;
-                // A node larger than a batch: piece by piece, so that its whole parse tree
-                // (about 75 bytes per byte of text) is never alive at once.
-                if range.len() > BATCH_SIZE
-                    && failed.is_none()
-                    && let Some(doc) = parse_split(text, range.clone())
-                {
-                    if tx.send(doc).is_err() {
-                        break;
-                    }
-                    continue;
-                }
-                match KdlDocument::parse_v2(&text[range]) {
-                    Ok(mut doc) if failed.is_none() => {
-                        shift(&mut doc, at);
-                        if tx.send(doc).is_err() {
-                            break;
-                        }
-                    }
-                    Ok(_) => {}
-                    // A small file is parsed again as a whole below; a large one gets every
-                    // node's errors.
-                    Err(_) if text.len() <= MAX_NODE_SIZE => return Some(None),
-                    Err(mut err) => {
-                        for d in &mut err.diagnostics {
-                            d.span = moved(d.span, at);
-                        }
-                        match &mut failed {
-                            Some(first) => first.diagnostics.append(&mut err.diagnostics),
-                            None => failed = Some(err),
-                        }
-                    }
+    Ok(batches(nodes))
+}
+
+/// Parses each piece of `text` and hands its document to `send` (which says whether to go
+/// on). `None` when every piece parsed; `Some(None)` when a small file is to be parsed again
+/// as a whole; `Some(Some(errors))`: every piece's syntax errors, for a large file.
+fn parse_pieces(
+    text: &str,
+    nodes: Vec<Range<usize>>,
+    mut send: impl FnMut(KdlDocument) -> bool,
+) -> Option<Option<KdlError>> {
+    let mut failed: Option<KdlError> = None;
+    for range in nodes {
+        let at = range.start;
+        // A node larger than a batch: piece by piece, so that its whole parse tree
+        // (about 75 bytes per byte of text) is never alive at once.
+        if range.len() > BATCH_SIZE
+            && failed.is_none()
+            && let Some(doc) = parse_split(text, range.clone())
+        {
+            if !send(doc) {
+                break;
+            }
+            continue;
+        }
+        match KdlDocument::parse_v2(&text[range]) {
+            Ok(mut doc) if failed.is_none() => {
+                shift(&mut doc, at);
+                if !send(doc) {
+                    break;
                 }
             }
-            drop(tx);
-            failed.map(Some)
-        },
-        || rx.into_iter().for_each(&mut each),
-    )?;
+            Ok(_) => {}
+            // A small file is parsed again as a whole below; a large one gets every
+            // node's errors.
+            Err(_) if text.len() <= MAX_NODE_SIZE => return Some(None),
+            Err(mut err) => {
+                for d in &mut err.diagnostics {
+                    d.span = moved(d.span, at);
+                }
+                match &mut failed {
+                    Some(first) => first.diagnostics.append(&mut err.diagnostics),
+                    None => failed = Some(err),
+                }
+            }
+        }
+    }
+    failed.map(Some)
+}
+
+/// What [`parse_pieces`] found, as [`Parsed`]; `whole` parses a small file again as a whole.
+fn finish(
+    text: &str,
+    failed: Option<Option<KdlError>>,
+    whole: impl FnOnce(&str) -> Result<Result<KdlDocument, KdlError>, TooDeep>,
+) -> Result<Parsed, TooDeep> {
     match failed {
         None => Ok(Parsed::Nodes),
         Some(Some(errors)) => Ok(Parsed::Whole(Err(errors))),
-        Some(None) => {
-            let whole = on_parser_stack(text.len(), || KdlDocument::parse_v2(text), || {})?;
-            Ok(Parsed::Whole(whole))
-        }
+        Some(None) => Ok(Parsed::Whole(whole(text)?)),
     }
 }
 

@@ -53,20 +53,79 @@ impl Loader {
             }
         }
         self.diags.extend(problems);
-        for p in found {
-            let name = display_name(&p);
-            self.load_file(&p, name);
+        if found.len() < 2 {
+            for p in found {
+                let name = display_name(&p);
+                self.load_file(&p, name);
+            }
+            return;
         }
+        // The directory's files are read and parsed ahead, on other threads, while this one
+        // decodes them in order: parsing is most of loading, and a thread per file (as
+        // `depth::parse_each` starts) costs more than parsing a small file.
+        let overlay = self.overlay.clone();
+        std::thread::scope(|scope| {
+            let ahead: Vec<_> = (0..PARSE_AHEAD_THREADS)
+                .map(|first| {
+                    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+                    let mine: Vec<PathBuf> = found
+                        .iter()
+                        .skip(first)
+                        .step_by(PARSE_AHEAD_THREADS)
+                        .cloned()
+                        .collect();
+                    let overlay = &overlay;
+                    std::thread::Builder::new()
+                        .name("kdl-parse".into())
+                        .stack_size(depth::SMALL_STACK)
+                        .spawn_scoped(scope, move || {
+                            for path in mine {
+                                if tx.send(read_ahead(&path, overlay)).is_err() {
+                                    break;
+                                }
+                            }
+                        })
+                        .ok()
+                        .map(|thread| (rx, thread))
+                })
+                .collect();
+            for (i, p) in found.iter().enumerate() {
+                // Nothing from a thread that could not start or stopped: read and parsed
+                // here, as without threads.
+                let read = ahead[i % PARSE_AHEAD_THREADS]
+                    .as_ref()
+                    .and_then(|(rx, _)| rx.recv().ok())
+                    .flatten();
+                self.load_read(p, display_name(p), read);
+            }
+            for (rx, thread) in ahead.into_iter().flatten() {
+                drop(rx);
+                // A parser that panicked left its files to be parsed here, where the panic
+                // is reported as a refusal; it does not end the load.
+                let _ = thread.join();
+            }
+        });
     }
 
     pub(super) fn load_file(&mut self, path: &Path, name: String) {
+        self.load_read(path, name, None);
+    }
+
+    /// Loads `path`, with its text and parse when a thread read them ahead.
+    fn load_read(&mut self, path: &Path, name: String, ahead: Option<ReadAhead>) {
         let canonical = canonical(path);
         if self.by_canonical.contains_key(&canonical) {
             return;
         }
-        let read = match self.overlay.get(&canonical) {
-            Some(text) => Ok(text.to_string()),
-            None => fs::read_to_string(path),
+        let (read, parsed_ahead) = match ahead {
+            Some(ReadAhead { text, parsed }) => (Ok(text), parsed),
+            None => (
+                match self.overlay.get(&canonical) {
+                    Some(text) => Ok(text.to_string()),
+                    None => fs::read_to_string(path),
+                },
+                None,
+            ),
         };
         let text = match read {
             Ok(t) => t,
@@ -99,12 +158,20 @@ impl Loader {
         let mut includes = Vec::new();
         let mut nodes_seen = 0;
         let (files, info, decode_diags) = (&self.files, &mut self.info, &mut self.decode_diags);
-        let parsed = depth::parse_each(&text, |doc| {
+        let mut each = |doc: KdlDocument| {
             nodes_seen += doc.nodes().len();
             let mut decoder = Decoder::new(files, id, decode_diags, info);
             decoder.nodes(&doc, &mut items, &mut includes);
             decoder.finish(decode_diags, info);
-        });
+        };
+        let parsed = match parsed_ahead {
+            Some(Ok((docs, parsed))) => {
+                docs.into_iter().for_each(&mut each);
+                Ok(parsed)
+            }
+            Some(Err(refused)) => Err(refused),
+            None => depth::parse_each(&text, &mut each),
+        };
         let whole = match parsed {
             Ok(depth::Parsed::Nodes) => None,
             Ok(depth::Parsed::Whole(whole)) => Some(Ok(whole)),
@@ -282,6 +349,32 @@ impl Loader {
 }
 
 /// The path as the user wrote it, with `/` separators.
+/// Threads that read and parse a directory's files ahead of their decoding.
+const PARSE_AHEAD_THREADS: usize = 2;
+
+/// A file's text read ahead, and its parse when it is small enough to be parsed ahead
+/// (`depth::parse_small`); a parse that panicked is left to the loader.
+struct ReadAhead {
+    text: String,
+    parsed: Option<Result<(Vec<KdlDocument>, depth::Parsed), depth::TooDeep>>,
+}
+
+/// `None` when the file cannot be read: the loader reads it again and reports why.
+fn read_ahead(path: &Path, overlay: &HashMap<PathBuf, Arc<str>>) -> Option<ReadAhead> {
+    let buffer = (!overlay.is_empty())
+        .then(|| overlay.get(&canonical(path)))
+        .flatten();
+    let text = match buffer {
+        Some(text) => text.to_string(),
+        None => fs::read_to_string(path).ok()?,
+    };
+    let parsed =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| depth::parse_small(&text)))
+            .ok()
+            .flatten();
+    Some(ReadAhead { text, parsed })
+}
+
 pub(crate) fn display_name(path: &Path) -> String {
     let s = path.to_string_lossy().replace('\\', "/");
     s.strip_prefix("./").map(str::to_string).unwrap_or(s)
