@@ -67,8 +67,8 @@ unsafe impl GlobalAlloc for Counting {
 }
 
 /// Turns counting on when [`VARIABLE`] names a file, and arranges for the count to be
-/// written there however the process exits normally (returning from `main` or
-/// `std::process::exit`; not a signal or an abort).
+/// written there however the process exits normally (`main`'s end, which calls
+/// [`report_now`], or `std::process::exit`; not a signal or an abort).
 pub fn start_if_asked() {
     let Some(path) = std::env::var_os(VARIABLE).filter(|p| !p.is_empty()) else {
         return;
@@ -80,6 +80,12 @@ pub fn start_if_asked() {
     if unsafe { libc::atexit(report) } == 0 {
         COUNTING.store(true, Ordering::Relaxed);
     }
+}
+
+/// Writes the count now, for a process that ends without the C library's exit handlers
+/// (`main`'s `_exit`). Does nothing unless counting was asked for.
+pub fn report_now() {
+    report();
 }
 
 extern "C" fn report() {

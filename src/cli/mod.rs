@@ -27,7 +27,6 @@ mod variance;
 mod watch;
 
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use clap_complete::{ArgValueCandidates, ArgValueCompleter};
@@ -465,7 +464,7 @@ pub(crate) fn launcher() -> trellis_agents::BuiltinLauncher {
     }
 }
 
-pub fn main(cli: Cli) -> ExitCode {
+pub fn main(cli: Cli) -> u8 {
     let code = match cli.command {
         Command::Run(args) => run::run(args),
         Command::Check(args) => match &args.explain {
@@ -491,7 +490,7 @@ pub fn main(cli: Cli) -> ExitCode {
         Command::Lsp => lsp(),
         Command::Completions(args) => complete::completions(&args),
     };
-    ExitCode::from(code)
+    code
 }
 
 /// Loads suites, printing diagnostics; `None` means "exit 2".
