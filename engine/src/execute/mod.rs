@@ -245,16 +245,23 @@ pub async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSum
     summary
 }
 
-/// Drops the run's shared state on a thread of its own, so that the reports written after
-/// the run do not wait for it: that closes every pooled connection, each a FIN exchange with
-/// the agent that the kernel handles in the closing call (on loopback about 50 µs apiece, so
-/// 10-15 ms at `--jobs 256`). A process that exits first leaves the rest to the kernel, which
-/// closes them the same way.
+/// Drops the run's agents (and with them its connection pool) on a thread of its own, so
+/// that the reports written after the run do not wait for them: closing a pooled connection
+/// is a FIN exchange with the agent that the kernel handles in the closing call (on loopback
+/// about 50 µs apiece, so 10-15 ms at `--jobs 256`). The event sender is dropped here: the
+/// reporters' stream ends with the run, not with the last connection. A process that exits
+/// first leaves the rest to the kernel, which closes them the same way.
 fn drop_aside(shared: Arc<Shared>) {
-    // A thread that cannot start drops its closure, and `shared` with it, right here.
+    let aside: Box<dyn std::any::Any + Send> = match Arc::try_unwrap(shared) {
+        Ok(Shared { agents, llm, .. }) => Box::new((agents, llm)),
+        // Still shared by a task that outlived the run (none is expected to): all of it
+        // goes, the event sender included, once that task lets go.
+        Err(shared) => Box::new(shared),
+    };
+    // A thread that cannot start drops its closure, and the rest with it, right here.
     let _ = std::thread::Builder::new()
         .name("trellis-close".into())
-        .spawn(move || drop(shared));
+        .spawn(move || drop(aside));
 }
 
 /// Permits of [`Shared::units`]: two trajectories in flight per job keep every call slot
