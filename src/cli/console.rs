@@ -10,6 +10,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::fmt::Write as _;
 use std::io::{IsTerminal, Write};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -72,6 +73,16 @@ pub fn out_text(text: &str) {
     }
 }
 
+/// Text as is to stderr, silenced like [`errln!`] by a closed stderr.
+fn err_text(text: &str) {
+    if STDERR_GONE.load(Ordering::Relaxed) {
+        return;
+    }
+    if std::io::stderr().lock().write_all(text.as_bytes()).is_err() {
+        STDERR_GONE.store(true, Ordering::Relaxed);
+    }
+}
+
 /// One line to stderr; see [`errln!`].
 pub fn err_line(args: fmt::Arguments<'_>) {
     write_line(&STDERR_GONE, std::io::stderr().lock(), args);
@@ -112,6 +123,10 @@ struct Counts {
     invalid: u64,
 }
 
+/// Bytes of per-trajectory lines held before they are written even though the run keeps
+/// the reporter busy.
+const PENDING_LINES_MAX: usize = 16 * 1024;
+
 /// A scenario with more instances than this is one row of the summary.
 const INSTANCE_ROWS: u64 = 20;
 
@@ -121,6 +136,10 @@ pub struct Console {
     bar: Option<ProgressBar>,
     /// Print a line per trajectory (stderr is not a terminal).
     lines: bool,
+    /// Those lines not yet written: they go out together whenever the reporter catches up
+    /// with the run ([`Console::flush_lines`]), a `write` per batch rather than per
+    /// trajectory.
+    pending: String,
     /// Print nothing at all (benchmarks).
     silent: bool,
     per_scenario: BTreeMap<(String, String, String), Counts>,
@@ -173,6 +192,7 @@ impl Console {
             bar,
             planned: total,
             lines: !terminal && !quiet && !silent,
+            pending: String::new(),
             silent,
             per_scenario: BTreeMap::new(),
             suites: Vec::new(),
@@ -246,7 +266,8 @@ impl Console {
                 not_run.push_str(" · ended waiting for a human");
             }
             let word = format!("{:>5}", status_word(t.status));
-            errln!(
+            let _ = writeln!(
+                self.pending,
                 "{} {}/{} {} [{} #{}] {} {:.0}ms{not_run}",
                 paint_status(&word, t.status, stderr_colour()),
                 t.suite,
@@ -257,6 +278,17 @@ impl Console {
                 count(u64::from(t.turns), "turn", "turns"),
                 t.duration_ms
             );
+            if self.pending.len() >= PENDING_LINES_MAX {
+                self.flush_lines();
+            }
+        }
+    }
+
+    /// Writes the per-trajectory lines not yet written.
+    pub fn flush_lines(&mut self) {
+        if !self.pending.is_empty() {
+            err_text(&self.pending);
+            self.pending.clear();
         }
     }
 
@@ -994,13 +1026,22 @@ fn status_word(status: TrajectoryStatus) -> &'static str {
 
 /// Whether stdout gets colour: a terminal, and neither `NO_COLOR` nor `TERM=dumb` says
 /// otherwise (`CLICOLOR_FORCE` forces it); decided by `anstream`.
+///
+/// Decided once per process: the answer takes a system call and three environment lookups,
+/// and the console asks for every trajectory.
 pub fn stdout_colour() -> bool {
-    anstream::AutoStream::choice(&std::io::stdout()) != anstream::ColorChoice::Never
+    static CHOICE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *CHOICE.get_or_init(|| {
+        anstream::AutoStream::choice(&std::io::stdout()) != anstream::ColorChoice::Never
+    })
 }
 
 /// Whether stderr gets colour, as [`stdout_colour`].
 pub fn stderr_colour() -> bool {
-    anstream::AutoStream::choice(&std::io::stderr()) != anstream::ColorChoice::Never
+    static CHOICE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *CHOICE.get_or_init(|| {
+        anstream::AutoStream::choice(&std::io::stderr()) != anstream::ColorChoice::Never
+    })
 }
 
 fn paint(text: &str, colour: anstyle::AnsiColor, enabled: bool) -> String {

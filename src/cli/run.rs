@@ -665,6 +665,7 @@ pub fn execute_plan(
                         // Caught up: what was recorded becomes readable on disk before
                         // waiting for more.
                         reporter.record.idle();
+                        reporter.console.flush_lines();
                         match rx.blocking_recv() {
                             Some(event) => event,
                             None => break,
@@ -674,6 +675,7 @@ pub fn execute_plan(
                 };
                 reporter.on_event(&event);
             }
+            reporter.console.flush_lines();
             (reporter, super::bench::thread_cpu_time())
         })
         .map_err(|e| format!("cannot start the reporter thread: {e}"))?;
