@@ -465,7 +465,7 @@ pub(crate) fn launcher() -> trellis_agents::BuiltinLauncher {
 }
 
 pub fn main(cli: Cli) -> u8 {
-    let code = match cli.command {
+    match cli.command {
         Command::Run(args) => run::run(args),
         Command::Check(args) => match &args.explain {
             Some(node) => explain(node),
@@ -489,8 +489,7 @@ pub fn main(cli: Cli) -> u8 {
         Command::Variance(args) => variance::variance(args),
         Command::Lsp => lsp(),
         Command::Completions(args) => complete::completions(&args),
-    };
-    code
+    }
 }
 
 /// Loads suites, printing diagnostics; `None` means "exit 2".
