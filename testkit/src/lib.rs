@@ -61,6 +61,10 @@ pub enum Behavior {
         value: String,
         after: usize,
     },
+    /// Answer every request with this status and body (framed by Content-Length, without
+    /// `Connection: close`), then close the connection 20 ms later: a server that keeps no
+    /// connection alive and does not say so.
+    RespondThenClose { status: u16, body: String },
     /// Read a request's head; when it announces a body over `limit` bytes, drop the
     /// connection without reading the body or answering (as some servers with a body size
     /// limit do; the client sees the connection reset while it sends).
@@ -333,6 +337,14 @@ async fn serve_connection(
             Behavior::RefuseLargeBody { .. } => return Ok(()),
             Behavior::Respond { status, body } => {
                 write_response(&mut stream, *status, body).await?
+            }
+            Behavior::RespondThenClose { status, body } => {
+                write_response(&mut stream, *status, body).await?;
+                // After the client has taken the answer (and kept the connection), before it
+                // would send again.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                stream.shutdown().await?;
+                return Ok(());
             }
             Behavior::Sequence(answers) => {
                 let (status, body) = answers

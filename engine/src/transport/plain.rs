@@ -75,17 +75,20 @@ impl Address {
 /// that reads and writes the socket, polled by whichever task is using the connection.
 struct Conn {
     sender: SendRequest<Full<Bytes>>,
-    driver: Connection<TokioIo<TcpStream>, Full<Bytes>>,
-    /// The driver finished (the peer closed, or the connection failed): never poll it again.
-    finished: bool,
+    /// `None` once it finished (the peer closed, or the connection failed).
+    driver: Option<Connection<TokioIo<TcpStream>, Full<Bytes>>>,
 }
 
 /// Runs `work` while driving `conn`, so that whatever `work` waits for on the connection (a
 /// request written, an answer read) happens in this task. The driver is polled between two
 /// polls of `work`, so an answer it has just read is taken without another wake-up.
+///
+/// A driver that finishes is dropped at once. Its error, if any, reaches the request or the
+/// body being read; and a request it had not taken yet (sent just as the agent closed the
+/// connection) fails as canceled instead of waiting, until the turn's timeout, on a
+/// connection nothing reads any more.
 async fn drive<F: Future>(
-    driver: &mut Connection<TokioIo<TcpStream>, Full<Bytes>>,
-    finished: &mut bool,
+    driver: &mut Option<Connection<TokioIo<TcpStream>, Full<Bytes>>>,
     work: F,
 ) -> F::Output {
     let mut work = pin!(work);
@@ -93,9 +96,10 @@ async fn drive<F: Future>(
         if let Poll::Ready(out) = work.as_mut().poll(cx) {
             return Poll::Ready(out);
         }
-        if !*finished && Pin::new(&mut *driver).poll(cx).is_ready() {
-            // Its error, if any, reaches the request or the body being read.
-            *finished = true;
+        if let Some(running) = driver.as_mut()
+            && Pin::new(running).poll(cx).is_ready()
+        {
+            *driver = None;
         }
         work.as_mut().poll(cx)
     })
@@ -153,14 +157,12 @@ impl PlainPool {
         let request = || build_request(method, url, &address, headers, body);
         if let Some(mut conn) = self.take(&address) {
             let ready = {
-                let Conn {
-                    sender,
-                    driver,
-                    finished,
-                } = &mut conn;
-                drive(driver, finished, poll_fn(|cx| sender.poll_ready(cx))).await
+                let Conn { sender, driver } = &mut conn;
+                drive(driver, poll_fn(|cx| sender.poll_ready(cx))).await
             };
-            if ready.is_ok() {
+            // The agent may have closed it while it was idle: seen here, as the driver reads
+            // the end of the stream and finishes.
+            if ready.is_ok() && conn.driver.is_some() {
                 match exchange(&mut conn, request()).await {
                     Ok(response) => {
                         return Ok(Answer {
@@ -200,11 +202,9 @@ impl PlainPool {
             address: _,
         } = answer;
         let body = response.body_mut();
-        let Conn {
-            driver, finished, ..
-        } = conn;
+        let Conn { driver, .. } = conn;
         loop {
-            match drive(driver, finished, body.frame()).await {
+            match drive(driver, body.frame()).await {
                 None => return Ok(None),
                 Some(Err(e)) => return Err(e),
                 Some(Ok(frame)) => {
@@ -222,7 +222,7 @@ impl PlainPool {
     /// Gives a connection whose answer was read to its end back to the pool.
     pub(super) fn release(&self, answer: Answer) {
         let Answer { conn, address, .. } = answer;
-        if conn.finished || conn.sender.is_closed() {
+        if conn.driver.is_none() || conn.sender.is_closed() {
             return;
         }
         let Ok(mut idle) = self.idle.lock() else {
@@ -240,7 +240,7 @@ impl PlainPool {
         let mut idle = self.idle.lock().ok()?;
         let conns = idle.get_mut(address)?;
         while let Some((conn, since)) = conns.pop() {
-            if since.elapsed() < super::http::POOL_IDLE_TIMEOUT && !conn.finished {
+            if since.elapsed() < super::http::POOL_IDLE_TIMEOUT && conn.driver.is_some() {
                 return Some(conn);
             }
         }
@@ -253,13 +253,9 @@ async fn exchange(
     conn: &mut Conn,
     request: hyper::Request<Full<Bytes>>,
 ) -> Result<hyper::Response<Incoming>, hyper::Error> {
-    let Conn {
-        sender,
-        driver,
-        finished,
-    } = conn;
+    let Conn { sender, driver } = conn;
     let response = sender.send_request(request);
-    drive(driver, finished, response).await
+    drive(driver, response).await
 }
 
 /// Whether a request failed before any byte of an answer in a way that means it never
@@ -313,8 +309,7 @@ async fn connect(address: &Address, timeout: Duration) -> Result<Conn, PlainErro
         .map_err(|error| PlainError::Exchange { error })?;
     Ok(Conn {
         sender,
-        driver,
-        finished: false,
+        driver: Some(driver),
     })
 }
 

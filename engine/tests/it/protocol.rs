@@ -533,6 +533,33 @@ async fn a_request_lost_by_a_reused_connection_is_sent_again_on_a_fresh_one() {
     assert_eq!(server.requests(), 3);
 }
 
+/// An agent that answers and then closes the connection, without `Connection: close`: the
+/// client keeps the connection as if it were alive, and the retry finds it closed. Each
+/// retry goes out on a fresh connection and gets its answer, however the close and the
+/// retry interleave (a retry sent on the closed connection used to wait, unanswered, until
+/// the turn's timeout).
+#[tokio::test]
+async fn a_retry_after_an_answer_and_a_close_is_answered() {
+    let server = MisbehavingServer::start(Behavior::RespondThenClose {
+        status: 500,
+        body: "{\"error\":\"boom\"}".to_owned(),
+    })
+    .await;
+    let client = client(&server.url(), 2, limits(SHORT));
+    let history = history();
+    let contexts: Vec<_> = (0..8).map(ctx).collect();
+    let started = Instant::now();
+    let outcomes =
+        futures::future::join_all(contexts.iter().map(|c| respond(&client, &history, c))).await;
+    for outcome in &outcomes {
+        let message = fault_of(outcome, FaultCategory::Http5xx);
+        assert!(message.contains("500 Internal Server Error"), "{message}");
+        assert_eq!(outcome.attempts, 3, "{outcome:?}");
+    }
+    assert_eq!(server.requests(), 24);
+    assert!(started.elapsed() < SHORT, "{:?}", started.elapsed());
+}
+
 /// A fresh connection that closes before answering is the agent's doing: not sent again
 /// (the request may have reached it).
 #[tokio::test]
