@@ -352,20 +352,24 @@ impl Loader {
 /// Threads that read and parse a directory's files ahead of their decoding.
 const PARSE_AHEAD_THREADS: usize = 2;
 
-/// A file's text read ahead, and its parse when it is small enough to be parsed ahead
-/// (`depth::parse_small`); a parse that panicked is left to the loader.
+/// A small file's text read ahead, and its parse (`depth::parse_small`); a parse that
+/// panicked is left to the loader.
 struct ReadAhead {
     text: String,
     parsed: Option<Result<(Vec<KdlDocument>, depth::Parsed), depth::TooDeep>>,
 }
 
-/// `None` when the file cannot be read: the loader reads it again and reports why.
+/// `None` when the file cannot be read (the loader reads it again and reports why) or is
+/// larger than what is parsed ahead: the loader reads and parses a large file itself, node
+/// by node, so that no more than one large text is held at a time.
 fn read_ahead(path: &Path, overlay: &HashMap<PathBuf, Arc<str>>) -> Option<ReadAhead> {
     let buffer = (!overlay.is_empty())
         .then(|| overlay.get(&canonical(path)))
         .flatten();
     let text = match buffer {
-        Some(text) => text.to_string(),
+        Some(text) if text.len() <= depth::SMALL_TEXT => text.to_string(),
+        Some(_) => return None,
+        None if fs::metadata(path).ok()?.len() > depth::SMALL_TEXT as u64 => return None,
         None => fs::read_to_string(path).ok()?,
     };
     let parsed =
