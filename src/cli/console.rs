@@ -4,9 +4,10 @@
 //!
 //! Console output is the one thing a run may lose: `trellis run … | head -5` or quitting
 //! `less` closes stdout, and a closed terminal closes stderr. Everything printed by `run`
-//! goes through [`outln!`] and [`errln!`], which never panic (`println!` does on a closed
-//! pipe) and go silent on a stream after its first failed write, so the run finishes and
-//! writes every results file whatever happens to the console.
+//! goes through [`outln!`] and [`errln!`] (the per-trajectory lines through
+//! [`Console::flush_lines`], a batch at a time), which never panic (`println!` does on a
+//! closed pipe) and go silent on a stream after its first failed write, so the run finishes
+//! and writes every results file whatever happens to the console.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;

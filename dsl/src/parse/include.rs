@@ -348,7 +348,6 @@ impl Loader {
     }
 }
 
-/// The path as the user wrote it, with `/` separators.
 /// Threads that read and parse a directory's files ahead of their decoding.
 const PARSE_AHEAD_THREADS: usize = 2;
 
@@ -379,6 +378,7 @@ fn read_ahead(path: &Path, overlay: &HashMap<PathBuf, Arc<str>>) -> Option<ReadA
     Some(ReadAhead { text, parsed })
 }
 
+/// The path as the user wrote it, with `/` separators.
 pub(crate) fn display_name(path: &Path) -> String {
     let s = path.to_string_lossy().replace('\\', "/");
     s.strip_prefix("./").map(str::to_string).unwrap_or(s)
