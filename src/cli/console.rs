@@ -31,27 +31,30 @@ static STDOUT_GONE: AtomicBool = AtomicBool::new(false);
 /// Set once a write to stderr failed.
 static STDERR_GONE: AtomicBool = AtomicBool::new(false);
 
-fn write_line(gone: &AtomicBool, mut stream: impl Write, args: fmt::Arguments<'_>) {
+/// `text` to `stream` in one write, unless an earlier write to it failed; a failed write
+/// silences the stream from then on.
+fn write_text(gone: &AtomicBool, mut stream: impl Write, text: &str) {
+    if gone.load(Ordering::Relaxed) {
+        return;
+    }
+    let written = stream
+        .write_all(text.as_bytes())
+        .and_then(|()| stream.flush());
+    if written.is_err() {
+        gone.store(true, Ordering::Relaxed);
+    }
+}
+
+fn write_line(gone: &AtomicBool, stream: impl Write, args: fmt::Arguments<'_>) {
     if gone.load(Ordering::Relaxed) {
         return;
     }
     // Formatted into one buffer and written at once: stderr is unbuffered, and writing a
     // rendered diagnostic piece by piece made `trellis check suites/` about 1,200 `write`
     // calls.
-    let line = match args.as_str() {
-        Some(text) => format!("{text}\n"),
-        None => {
-            let mut line = args.to_string();
-            line.push('\n');
-            line
-        }
-    };
-    let written = stream
-        .write_all(line.as_bytes())
-        .and_then(|()| stream.flush());
-    if written.is_err() {
-        gone.store(true, Ordering::Relaxed);
-    }
+    let mut line = fmt::format(args);
+    line.push('\n');
+    write_text(gone, stream, &line);
 }
 
 /// One line to stdout; see [`outln!`].
@@ -61,27 +64,12 @@ pub fn out_line(args: fmt::Arguments<'_>) {
 
 /// Text as is to stdout, silenced like [`outln!`] by a closed stdout.
 pub fn out_text(text: &str) {
-    if STDOUT_GONE.load(Ordering::Relaxed) {
-        return;
-    }
-    let mut stdout = std::io::stdout().lock();
-    if stdout
-        .write_all(text.as_bytes())
-        .and_then(|()| stdout.flush())
-        .is_err()
-    {
-        STDOUT_GONE.store(true, Ordering::Relaxed);
-    }
+    write_text(&STDOUT_GONE, std::io::stdout().lock(), text);
 }
 
 /// Text as is to stderr, silenced like [`errln!`] by a closed stderr.
 fn err_text(text: &str) {
-    if STDERR_GONE.load(Ordering::Relaxed) {
-        return;
-    }
-    if std::io::stderr().lock().write_all(text.as_bytes()).is_err() {
-        STDERR_GONE.store(true, Ordering::Relaxed);
-    }
+    write_text(&STDERR_GONE, std::io::stderr().lock(), text);
 }
 
 /// One line to stderr; see [`errln!`].
