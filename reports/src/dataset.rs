@@ -7,15 +7,31 @@
 //! pass over each column's values, never a per-cell dynamic lookup. Only one slice's
 //! columns are held at a time besides the rows the dataset keeps, and reading stops as soon
 //! as the dataset has what it needs.
+//!
+//! It reads at the Arrow level (polars' Parquet decoder, polars-arrow's arrays), not through
+//! polars' frames: a frame of 8- and 16-bit integers, decimals, dates or structs needs polars
+//! built with those types, which made polars-core, the longest crate of the build, about a
+//! fifth longer to compile for this reader alone.
 
 use std::fs::File;
+use std::io::{Cursor, Read, Seek, SeekFrom};
 use std::ops::ControlFlow;
 use std::path::Path;
 
-use polars_core::prelude::*;
-use polars_io::prelude::*;
+use polars_arrow::array::{
+    Array, BinaryArray, BinaryViewArray, BooleanArray, FixedSizeBinaryArray, ListArray, MapArray,
+    PrimitiveArray, StructArray, Utf8Array, Utf8ViewArray,
+};
+use polars_arrow::datatypes::{ArrowDataType, Field, TimeUnit};
+use polars_arrow::offset::Offset;
+use polars_buffer::Buffer;
+use polars_core::error::PolarsError;
 use polars_parquet::parquet::schema::Repetition;
 use polars_parquet::parquet::schema::types::{GroupConvertedType, GroupLogicalType, ParquetType};
+use polars_parquet::read::{
+    BasicDecompressor, ColumnChunkMetadata, Filter, PageReader, column_iter_to_arrays,
+    infer_schema, read_metadata,
+};
 use serde_json::{Map, Number, Value};
 use trellis_dsl::dataset::{Fields, ReadError, RowReader};
 
@@ -36,36 +52,26 @@ impl RowReader for ParquetRows {
         visit: &mut dyn FnMut(usize, Fields) -> ControlFlow<()>,
     ) -> Result<(), ReadError> {
         let mut file = File::open(path)?;
-        let (schema, metadata) = {
-            let mut reader = ParquetReader::new(&mut file);
-            let schema = reader.schema().map_err(not_parquet)?;
-            let metadata = reader.get_metadata().map_err(not_parquet)?.clone();
-            (schema, metadata)
-        };
+        let file_len = file.metadata()?.len();
+        let mut metadata = read_metadata(&mut file).map_err(not_parquet)?;
+        let mut schema = infer_schema(&metadata).map_err(not_parquet)?;
         // A dictionary column (pandas' `category`, what pyarrow writes for it) is only
         // dictionary in the Arrow schema the writer stored beside the Parquet one; read
         // without it, its values are the plain strings (or numbers) the pages hold.
-        let (schema, metadata) = if schema.iter_values().any(|f| has_dictionary(&f.dtype)) {
-            let mut plain = (*metadata).clone();
-            if let Some(pairs) = &mut plain.key_value_metadata {
+        if schema.iter_values().any(|f| has_dictionary(&f.dtype)) {
+            if let Some(pairs) = &mut metadata.key_value_metadata {
                 pairs.retain(|kv| kv.key != "ARROW:schema");
             }
-            let plain = std::sync::Arc::new(plain);
-            let mut reader = ParquetReader::new(&mut file);
-            reader.set_metadata(plain.clone());
-            (reader.schema().map_err(not_parquet)?, plain)
-        } else {
-            (schema, metadata)
-        };
-        // The file's own Parquet types, which still tell maps from lists (polars reads
-        // a map as a list of key/value structs, and says so in `schema` too).
+            schema = infer_schema(&metadata).map_err(not_parquet)?;
+        }
+        // The file's own Parquet types, which still tell maps from lists (without the
+        // writer's Arrow schema a map reads as a list of key/value structs).
         let shapes: Vec<(String, Shape)> = metadata
             .schema()
             .fields()
             .iter()
             .map(|t| (t.name().to_string(), Shape::of(t)))
             .collect();
-        // polars panics on some Arrow types it is built without: refuse them first.
         for (name, field) in schema.iter() {
             if let Some(why) = unsupported(&field.dtype) {
                 return Err(ReadError::Format(format!(
@@ -74,54 +80,119 @@ impl RowReader for ParquetRows {
                 )));
             }
         }
-        let names: Vec<String> = schema.iter_names().map(|n| n.to_string()).collect();
-        let total = metadata.num_rows;
-        let mut offset = 0;
-        let mut slice = FIRST_SLICE;
-        while offset < total {
-            let len = slice.min(total - offset);
-            let mut reader = ParquetReader::new(&mut file);
-            reader.set_metadata(metadata.clone());
-            // One thread: slices are small, and a pool's buffers per thread cost more
-            // memory than the decoding they would share.
-            let df = reader
-                .read_parallel(ParallelStrategy::None)
-                .with_slice(Some((offset, len)))
-                .finish()
-                .map_err(|e| {
-                    ReadError::Format(format!("rows {}–{}: {e}", offset + 1, offset + len))
-                })?;
-            let mut columns = Vec::with_capacity(names.len());
-            for column in df.columns() {
-                let name = column.name();
+        let fields: Vec<(&Field, &Shape)> = schema
+            .iter_values()
+            .map(|field| {
                 let shape = shapes
                     .iter()
-                    .find(|(n, _)| n == name.as_str())
+                    .find(|(n, _)| n == field.name.as_str())
                     .map_or(&Shape::Plain, |(_, s)| s);
-                let values =
-                    json_column(column.as_materialized_series(), shape).map_err(|message| {
-                        ReadError::Row {
-                            row: offset + 1,
-                            column: Some(name.to_string()),
-                            message,
-                        }
+                (field, shape)
+            })
+            .collect();
+        // Rows of the row groups before this one.
+        let mut before = 0usize;
+        let mut slice = FIRST_SLICE;
+        for group in &metadata.row_groups {
+            let rows = group.num_rows();
+            // The group's column chunks, read once (compressed) for all of its slices.
+            let mut chunks = Vec::with_capacity(fields.len());
+            for (field, _) in &fields {
+                let columns = group
+                    .columns_under_root_iter(&field.name)
+                    .ok_or_else(|| {
+                        ReadError::Format(format!(
+                            "column `{}` is missing from a row group",
+                            field.name
+                        ))
+                    })?
+                    .map(|meta| read_chunk(&mut file, file_len, meta).map(|bytes| (meta, bytes)))
+                    .collect::<Result<Vec<_>, _>>()?;
+                chunks.push(columns);
+            }
+            let mut start = 0;
+            while start < rows {
+                let end = rows.min(start + slice);
+                let first = before + start + 1;
+                let mut columns = Vec::with_capacity(fields.len());
+                for ((field, shape), chunk) in fields.iter().zip(&chunks) {
+                    let (pages, types): (Vec<_>, Vec<_>) = chunk
+                        .iter()
+                        .map(|(meta, bytes)| {
+                            let pages = PageReader::new(
+                                Cursor::new(bytes.clone()),
+                                meta,
+                                Vec::new(),
+                                usize::MAX,
+                            );
+                            (
+                                BasicDecompressor::new(pages, Vec::new()),
+                                &meta.descriptor().descriptor.primitive_type,
+                            )
+                        })
+                        .unzip();
+                    let (arrays, _) = column_iter_to_arrays(
+                        pages,
+                        types,
+                        (*field).clone(),
+                        Some(Filter::new_ranged(start, end)),
+                    )
+                    .map_err(|e| {
+                        ReadError::Format(format!("rows {first}–{}: {e}", before + end))
                     })?;
-                columns.push(values.into_iter());
-            }
-            for i in 0..df.height() {
-                let mut fields = Map::new();
-                for (name, values) in names.iter().zip(columns.iter_mut()) {
-                    fields.insert(name.clone(), values.next().unwrap_or(Value::Null));
+                    let mut values = Vec::with_capacity(end - start);
+                    for array in &arrays {
+                        let converted = json_values(array.as_ref(), shape).map_err(|message| {
+                            ReadError::Row {
+                                row: first,
+                                column: Some(field.name.to_string()),
+                                message,
+                            }
+                        })?;
+                        values.extend(converted);
+                    }
+                    columns.push(values.into_iter());
                 }
-                if visit(offset + i + 1, fields).is_break() {
-                    return Ok(());
+                for row in first..=before + end {
+                    let mut values_of_row = Map::new();
+                    for ((field, _), values) in fields.iter().zip(columns.iter_mut()) {
+                        values_of_row
+                            .insert(field.name.to_string(), values.next().unwrap_or(Value::Null));
+                    }
+                    if visit(row, values_of_row).is_break() {
+                        return Ok(());
+                    }
                 }
+                start = end;
+                slice = (slice * 4).min(MAX_SLICE);
             }
-            offset += len;
-            slice = (slice * 4).min(MAX_SLICE);
+            before += rows;
         }
         Ok(())
     }
+}
+
+/// One column chunk's bytes, where its metadata places them in the file (checked against
+/// the file's length first: a damaged footer must not ask for a huge allocation).
+fn read_chunk(
+    file: &mut File,
+    file_len: u64,
+    meta: &ColumnChunkMetadata,
+) -> Result<Buffer<u8>, ReadError> {
+    let range = meta.byte_range();
+    if range.start > range.end || range.end > file_len {
+        return Err(ReadError::Format(format!(
+            "not a readable Parquet file: a column chunk at bytes {}–{} is outside the file \
+             ({file_len} bytes)",
+            range.start, range.end
+        )));
+    }
+    let len = usize::try_from(range.end - range.start)
+        .map_err(|_| ReadError::Format("a column chunk too large to read".into()))?;
+    let mut bytes = vec![0; len];
+    file.seek(SeekFrom::Start(range.start))?;
+    file.read_exact(&mut bytes)?;
+    Ok(Buffer::from(bytes))
 }
 
 fn not_parquet(e: PolarsError) -> ReadError {
@@ -141,7 +212,8 @@ fn has_dictionary(dtype: &ArrowDataType) -> bool {
     }
 }
 
-/// Why a column of this Arrow type cannot be read (this build of polars panics on them).
+/// Why a column of this Arrow type cannot be read (polars' decoder, built without them,
+/// panics on some).
 fn unsupported(dtype: &ArrowDataType) -> Option<String> {
     use ArrowDataType as A;
     match dtype {
@@ -149,7 +221,7 @@ fn unsupported(dtype: &ArrowDataType) -> Option<String> {
         A::Dictionary(..) => Some("a dictionary (categorical) column".into()),
         A::FixedSizeList(..) => Some("a fixed-size list column".into()),
         A::Int128 | A::UInt128 => Some("a 128-bit integer column".into()),
-        // Types this build of polars leaves out (each costs build time in every crate of it).
+        // Types the polars build leaves out (each costs build time in every crate of it).
         A::Float16 => Some("a 16-bit float column".into()),
         A::Interval(_) => Some("an interval column".into()),
         A::Union(_) => Some("a union column".into()),
@@ -162,8 +234,9 @@ fn unsupported(dtype: &ArrowDataType) -> Option<String> {
     }
 }
 
-/// Where a column's maps are, from its Parquet type: polars reads a map as a list of
-/// `{key, value}` structs, with nothing left in its own types to tell it from a list.
+/// Where a column's maps are, from its Parquet type: without the writer's Arrow schema a
+/// map reads as a list of `{key, value}` structs, with nothing left in its own types to
+/// tell it from a list.
 enum Shape {
     Plain,
     List(Box<Shape>),
@@ -230,114 +303,139 @@ impl Shape {
     }
 }
 
-/// One column's values as JSON, in row order; `shape` says which of its lists are maps.
-fn json_column(s: &Series, shape: &Shape) -> Result<Vec<Value>, String> {
-    let e = |e: PolarsError| e.to_string();
-    Ok(match s.dtype() {
-        DataType::Null => vec![Value::Null; s.len()],
-        DataType::Boolean => s
-            .bool()
-            .map_err(e)?
-            .iter()
-            .map(|v| v.map_or(Value::Null, Value::Bool))
-            .collect(),
-        DataType::UInt64 => s
-            .u64()
-            .map_err(e)?
-            .iter()
-            .map(|v| v.map_or(Value::Null, Value::from))
-            .collect(),
-        dt if dt.is_integer() => s
-            .cast(&DataType::Int64)
-            .map_err(e)?
-            .i64()
-            .map_err(e)?
-            .iter()
-            .map(|v| v.map_or(Value::Null, Value::from))
-            .collect(),
+/// One array's values as JSON, in row order; `shape` says which of its lists are maps.
+fn json_values(array: &dyn Array, shape: &Shape) -> Result<Vec<Value>, String> {
+    use ArrowDataType as A;
+    let len = array.len();
+    // Each arm is one typed pass over the array's values; a null is `null` whatever the
+    // type.
+    macro_rules! each {
+        ($array:ty, |$a:ident, $i:ident| $value:expr) => {{
+            let $a = downcast::<$array>(array)?;
+            (0..len)
+                .map(|$i| if $a.is_null($i) { Value::Null } else { $value })
+                .collect()
+        }};
+    }
+    Ok(match array.dtype().to_storage() {
+        A::Null => vec![Value::Null; len],
+        A::Boolean => each!(BooleanArray, |a, i| Value::Bool(a.value(i))),
+        A::Int8 => each!(PrimitiveArray<i8>, |a, i| Value::from(a.value(i))),
+        A::Int16 => each!(PrimitiveArray<i16>, |a, i| Value::from(a.value(i))),
+        A::Int32 => each!(PrimitiveArray<i32>, |a, i| Value::from(a.value(i))),
+        A::Int64 => each!(PrimitiveArray<i64>, |a, i| Value::from(a.value(i))),
+        A::UInt8 => each!(PrimitiveArray<u8>, |a, i| Value::from(a.value(i))),
+        A::UInt16 => each!(PrimitiveArray<u16>, |a, i| Value::from(a.value(i))),
+        A::UInt32 => each!(PrimitiveArray<u32>, |a, i| Value::from(a.value(i))),
+        A::UInt64 => each!(PrimitiveArray<u64>, |a, i| Value::from(a.value(i))),
+        A::Float32 => each!(PrimitiveArray<f32>, |a, i| float(f64::from(a.value(i)))),
+        A::Float64 => each!(PrimitiveArray<f64>, |a, i| float(a.value(i))),
         // A decimal (a price, most often) is the number it is; JSON numbers are doubles,
         // so its digits beyond about 15 are rounded, as any JSON reader would.
-        DataType::Float32 | DataType::Float64 | DataType::Decimal(..) => s
-            .cast(&DataType::Float64)
-            .map_err(e)?
-            .f64()
-            .map_err(e)?
-            .iter()
-            // JSON has no NaN or infinity: those are `null`.
-            .map(|v| {
-                v.and_then(Number::from_f64)
-                    .map_or(Value::Null, Value::Number)
-            })
-            .collect(),
-        DataType::String => strings(s)?,
-        DataType::Date | DataType::Datetime(..) | DataType::Duration(_) | DataType::Time => {
-            strings(&s.cast(&DataType::String).map_err(e)?)?
+        A::Decimal(_, scale) => {
+            let divisor = decimal_divisor(*scale);
+            each!(PrimitiveArray<i128>, |a, i| float(
+                a.value(i) as f64 / divisor
+            ))
         }
-        DataType::List(_) => {
-            let (inner_shape, is_map) = match shape {
-                Shape::List(inner) => (inner.as_ref(), false),
-                Shape::Map(inner) => (inner.as_ref(), true),
-                _ => (&Shape::Plain, false),
-            };
-            let list = s.list().map_err(e)?.rechunk();
-            let inner = list.get_inner();
-            // A map's entries are structs of two fields, the key's and the value's, named
-            // as the writer chose (`key`/`value`, `keys`/`values`).
-            let map_names = match inner.dtype() {
-                DataType::Struct(f) if is_map && f.len() == 2 => {
-                    Some((f[0].name().to_string(), f[1].name().to_string()))
-                }
-                _ => None,
-            };
-            let inner = json_column(&inner, inner_shape)?;
-            let array = list.downcast_as_array();
-            let offsets = array.offsets().as_slice();
-            let validity = array.validity();
-            let mut inner = inner.into_iter();
-            let mut at = 0usize;
-            let mut out = Vec::with_capacity(s.len());
-            for i in 0..array.len() {
-                let (start, end) = (offsets[i] as usize, offsets[i + 1] as usize);
-                // Values of the inner column are consumed in order: skip any before this
-                // list's start (a sliced array) and take its own.
-                while at < start {
-                    inner.next();
-                    at += 1;
-                }
-                let items: Vec<Value> = inner.by_ref().take(end - start).collect();
-                at = end;
-                if validity.is_some_and(|v| !v.get_bit(i)) {
-                    out.push(Value::Null);
-                } else if let Some((key, value)) = &map_names {
-                    out.push(map_entries(items, key, value));
-                } else {
-                    out.push(Value::Array(items));
-                }
-            }
-            out
+        A::Decimal32(_, scale) => {
+            let divisor = decimal_divisor(*scale);
+            each!(PrimitiveArray<i32>, |a, i| float(
+                f64::from(a.value(i)) / divisor
+            ))
         }
-        DataType::Struct(_) => {
+        A::Decimal64(_, scale) => {
+            let divisor = decimal_divisor(*scale);
+            each!(PrimitiveArray<i64>, |a, i| float(
+                a.value(i) as f64 / divisor
+            ))
+        }
+        A::Utf8View => each!(Utf8ViewArray, |a, i| Value::String(a.value(i).to_owned())),
+        A::Utf8 => each!(Utf8Array<i32>, |a, i| Value::String(a.value(i).to_owned())),
+        A::LargeUtf8 => each!(Utf8Array<i64>, |a, i| Value::String(a.value(i).to_owned())),
+        // Bytes: their text, with the replacement character where they are not UTF-8.
+        A::BinaryView => each!(BinaryViewArray, |a, i| bytes_text(a.value(i))),
+        A::Binary => each!(BinaryArray<i32>, |a, i| bytes_text(a.value(i))),
+        A::LargeBinary => each!(BinaryArray<i64>, |a, i| bytes_text(a.value(i))),
+        A::FixedSizeBinary(_) => each!(FixedSizeBinaryArray, |a, i| bytes_text(a.value(i))),
+        A::Date32 => each!(PrimitiveArray<i32>, |a, i| Value::String(iso::date(
+            i64::from(a.value(i))
+        ))),
+        A::Date64 => each!(PrimitiveArray<i64>, |a, i| Value::String(iso::datetime(
+            a.value(i),
+            TimeUnit::Millisecond,
+            false
+        ))),
+        A::Timestamp(unit, zone) => {
+            let (unit, zoned) = (*unit, zone.is_some());
+            each!(PrimitiveArray<i64>, |a, i| Value::String(iso::datetime(
+                a.value(i),
+                unit,
+                zoned
+            )))
+        }
+        A::Time32(unit) => {
+            let unit = *unit;
+            each!(PrimitiveArray<i32>, |a, i| Value::String(iso::time(
+                i64::from(a.value(i)),
+                unit
+            )))
+        }
+        A::Time64(unit) => {
+            let unit = *unit;
+            each!(PrimitiveArray<i64>, |a, i| Value::String(iso::time(
+                a.value(i),
+                unit
+            )))
+        }
+        A::Duration(unit) => {
+            let unit = *unit;
+            each!(PrimitiveArray<i64>, |a, i| Value::String(iso::duration(
+                a.value(i),
+                unit
+            )))
+        }
+        A::List(_) => list::<i32>(array, shape)?,
+        A::LargeList(_) => list::<i64>(array, shape)?,
+        A::Map(..) => {
+            let a = downcast::<MapArray>(array)?;
+            let entries = match shape {
+                Shape::Map(inner) | Shape::List(inner) => inner.as_ref(),
+                _ => &Shape::Plain,
+            };
+            let values = json_values(a.field().as_ref(), entries)?;
+            nest(
+                len,
+                values,
+                |i| a.offsets().start_end(i),
+                |i| a.is_null(i),
+                map_names(a.field().dtype()),
+            )
+        }
+        A::Struct(_) => {
+            let a = downcast::<StructArray>(array)?;
             let shapes: &[(String, Shape)] = match shape {
                 Shape::Struct(f) => f,
                 _ => &[],
             };
-            let st = s.struct_().map_err(e)?.rechunk();
-            let mut fields = Vec::new();
-            for f in st.fields_as_series() {
+            let mut fields = Vec::with_capacity(a.fields().len());
+            for (field, values) in a.fields().iter().zip(a.values()) {
                 let shape = shapes
                     .iter()
-                    .find(|(n, _)| n == f.name().as_str())
+                    .find(|(n, _)| n == field.name.as_str())
                     .map_or(&Shape::Plain, |(_, s)| s);
-                fields.push((f.name().to_string(), json_column(&f, shape)?.into_iter()));
+                fields.push((
+                    field.name.to_string(),
+                    json_values(values.as_ref(), shape)?.into_iter(),
+                ));
             }
-            let validity = st.rechunk_validity();
-            (0..s.len())
+            (0..len)
                 .map(|i| {
                     let mut object = Map::new();
                     for (name, values) in fields.iter_mut() {
                         object.insert(name.clone(), values.next().unwrap_or(Value::Null));
                     }
-                    if validity.as_ref().is_some_and(|v| !v.get_bit(i)) {
+                    if a.is_null(i) {
                         Value::Null
                     } else {
                         Value::Object(object)
@@ -345,23 +443,103 @@ fn json_column(s: &Series, shape: &Shape) -> Result<Vec<Value>, String> {
                 })
                 .collect()
         }
-        // Binary and anything rarer: their text as polars shows it.
-        _ => s
-            .iter()
-            .map(|v| match v {
-                AnyValue::Null => Value::Null,
-                other => Value::String(other.to_string()),
-            })
-            .collect(),
+        other => {
+            return Err(format!(
+                "a column of type {other:?}, which Trellis does not read"
+            ));
+        }
     })
 }
 
-fn strings(s: &Series) -> Result<Vec<Value>, String> {
-    Ok(s.str()
-        .map_err(|e| e.to_string())?
-        .iter()
-        .map(|v| v.map_or(Value::Null, |t| Value::String(t.to_string())))
-        .collect())
+/// `array` as the concrete array its type says it is.
+fn downcast<T: 'static>(array: &dyn Array) -> Result<&T, String> {
+    array.as_any().downcast_ref::<T>().ok_or_else(|| {
+        format!(
+            "an array that is not the {:?} its type says (a damaged file?)",
+            array.dtype()
+        )
+    })
+}
+
+/// What a decimal's stored integer is divided by.
+fn decimal_divisor(scale: usize) -> f64 {
+    10f64.powi(i32::try_from(scale).unwrap_or(i32::MAX))
+}
+
+/// JSON has no NaN or infinity: those are `null`.
+fn float(v: f64) -> Value {
+    Number::from_f64(v).map_or(Value::Null, Value::Number)
+}
+
+fn bytes_text(bytes: &[u8]) -> Value {
+    Value::String(String::from_utf8_lossy(bytes).into_owned())
+}
+
+/// A list array's values as JSON arrays (or objects, when `shape` says the lists are maps).
+fn list<O: Offset>(array: &dyn Array, shape: &Shape) -> Result<Vec<Value>, String> {
+    let a = downcast::<ListArray<O>>(array)?;
+    let (inner, is_map) = match shape {
+        Shape::List(inner) => (inner.as_ref(), false),
+        Shape::Map(inner) => (inner.as_ref(), true),
+        _ => (&Shape::Plain, false),
+    };
+    let names = if is_map {
+        map_names(a.values().dtype())
+    } else {
+        None
+    };
+    let values = json_values(a.values().as_ref(), inner)?;
+    Ok(nest(
+        a.len(),
+        values,
+        |i| a.offsets().start_end(i),
+        |i| a.is_null(i),
+        names,
+    ))
+}
+
+/// The key's and the value's field names of a map's entries (`key`/`value`,
+/// `keys`/`values`, as the writer chose).
+fn map_names(entries: &ArrowDataType) -> Option<(String, String)> {
+    match entries.to_storage() {
+        ArrowDataType::Struct(f) if f.len() == 2 => {
+            Some((f[0].name.to_string(), f[1].name.to_string()))
+        }
+        _ => None,
+    }
+}
+
+/// `len` lists cut from `values` at `bounds(i)` (ascending, as offsets are): each an array,
+/// or an object when `map` names its entries' key and value.
+fn nest(
+    len: usize,
+    values: Vec<Value>,
+    bounds: impl Fn(usize) -> (usize, usize),
+    is_null: impl Fn(usize) -> bool,
+    map: Option<(String, String)>,
+) -> Vec<Value> {
+    let mut values = values.into_iter();
+    let mut at = 0usize;
+    let mut out = Vec::with_capacity(len);
+    for i in 0..len {
+        let (start, end) = bounds(i);
+        // Values are consumed in order: skip any before this list's start (a sliced
+        // array) and take its own.
+        while at < start {
+            values.next();
+            at += 1;
+        }
+        let items: Vec<Value> = values.by_ref().take(end.saturating_sub(at)).collect();
+        at = at.max(end);
+        if is_null(i) {
+            out.push(Value::Null);
+        } else if let Some((key, value)) = &map {
+            out.push(map_entries(items, key, value));
+        } else {
+            out.push(Value::Array(items));
+        }
+    }
+    out
 }
 
 /// A map's entries (`{key, value}` objects) as one object when every key is text or a
@@ -388,4 +566,141 @@ fn map_entries(entries: Vec<Value>, key: &str, value: &str) -> Value {
         }
     }
     Value::Object(object)
+}
+
+/// Text of Arrow's dates, times and durations (ISO 8601; the proleptic Gregorian calendar),
+/// without a time-zone database: a timestamp is the UTC instant it stores.
+mod iso {
+    use polars_arrow::datatypes::TimeUnit;
+
+    /// Units of `unit` per second, and the digits of a fraction in it.
+    fn scale(unit: TimeUnit) -> (i64, usize) {
+        match unit {
+            TimeUnit::Second => (1, 0),
+            TimeUnit::Millisecond => (1_000, 3),
+            TimeUnit::Microsecond => (1_000_000, 6),
+            TimeUnit::Nanosecond => (1_000_000_000, 9),
+        }
+    }
+
+    /// `2024-01-02` for days since 1970-01-01 (Howard Hinnant's `civil_from_days`).
+    pub fn date(days: i64) -> String {
+        let z = days.saturating_add(719_468);
+        let era = z.div_euclid(146_097);
+        let doe = z.rem_euclid(146_097);
+        let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+        let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+        let mp = (5 * doy + 2) / 153;
+        let day = doy - (153 * mp + 2) / 5 + 1;
+        let month = if mp < 10 { mp + 3 } else { mp - 9 };
+        let year = yoe + era * 400 + i64::from(month <= 2);
+        format!("{year:04}-{month:02}-{day:02}")
+    }
+
+    /// `2024-01-02 03:04:05.000`: the fraction's digits are the unit's (none for
+    /// seconds), as polars writes a datetime as text; `+00:00` after it when the column
+    /// has a time zone (the value is the UTC instant).
+    pub fn datetime(value: i64, unit: TimeUnit, zoned: bool) -> String {
+        let (per_second, digits) = scale(unit);
+        let per_day = per_second * 86_400;
+        let days = value.div_euclid(per_day);
+        let rest = value.rem_euclid(per_day);
+        let (seconds, fraction) = (rest / per_second, rest % per_second);
+        let (h, m, s) = (seconds / 3_600, seconds / 60 % 60, seconds % 60);
+        let mut text = format!("{} {h:02}:{m:02}:{s:02}", date(days));
+        if digits > 0 {
+            text.push_str(&format!(".{fraction:0digits$}"));
+        }
+        if zoned {
+            text.push_str("+00:00");
+        }
+        text
+    }
+
+    /// `03:04:05`, with the fraction of a second when there is one.
+    pub fn time(value: i64, unit: TimeUnit) -> String {
+        let (per_second, digits) = scale(unit);
+        let seconds = value.div_euclid(per_second);
+        let fraction = value.rem_euclid(per_second);
+        let (h, m, s) = (seconds / 3_600, seconds / 60 % 60, seconds % 60);
+        let mut text = format!("{h:02}:{m:02}:{s:02}");
+        push_fraction(&mut text, fraction.unsigned_abs(), digits);
+        text
+    }
+
+    /// `P1DT2H3M4.5S`; `PT0S` for none, and a negative duration signed (`-PT1S`).
+    pub fn duration(value: i64, unit: TimeUnit) -> String {
+        let (per_second, digits) = scale(unit);
+        let per_second = per_second.unsigned_abs();
+        let sign = if value < 0 { "-" } else { "" };
+        let value = value.unsigned_abs();
+        let (seconds, fraction) = (value / per_second, value % per_second);
+        let (d, h, m, s) = (
+            seconds / 86_400,
+            seconds / 3_600 % 24,
+            seconds / 60 % 60,
+            seconds % 60,
+        );
+        let mut text = format!("{sign}P");
+        if d > 0 {
+            text.push_str(&format!("{d}D"));
+        }
+        let mut time = String::new();
+        if h > 0 {
+            time.push_str(&format!("{h}H"));
+        }
+        if m > 0 {
+            time.push_str(&format!("{m}M"));
+        }
+        if s > 0 || fraction > 0 || (d, h, m) == (0, 0, 0) {
+            time.push_str(&s.to_string());
+            push_fraction(&mut time, fraction, digits);
+            time.push('S');
+        }
+        if !time.is_empty() {
+            text.push('T');
+            text.push_str(&time);
+        }
+        text
+    }
+
+    /// `.5`, `.123`: the fraction's significant digits; nothing for none.
+    fn push_fraction(text: &mut String, fraction: u64, digits: usize) {
+        if fraction > 0 {
+            let digits = format!("{fraction:0digits$}");
+            text.push('.');
+            text.push_str(digits.trim_end_matches('0'));
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn dates_times_and_durations_read_as_iso_text() {
+            assert_eq!(date(0), "1970-01-01");
+            assert_eq!(date(19_724), "2024-01-02");
+            assert_eq!(date(20_453), "2025-12-31");
+            assert_eq!(date(-1), "1969-12-31");
+            assert_eq!(date(11_016), "2000-02-29");
+            assert_eq!(
+                datetime(1_704_164_645_500, TimeUnit::Millisecond, false),
+                "2024-01-02 03:04:05.500"
+            );
+            assert_eq!(
+                datetime(1_704_164_645_000_001, TimeUnit::Microsecond, true),
+                "2024-01-02 03:04:05.000001+00:00"
+            );
+            assert_eq!(datetime(-1, TimeUnit::Second, false), "1969-12-31 23:59:59");
+            assert_eq!(
+                time(45_296_000_001, TimeUnit::Microsecond),
+                "12:34:56.000001"
+            );
+            assert_eq!(duration(93_784_500, TimeUnit::Millisecond), "P1DT2H3M4.5S");
+            assert_eq!(duration(0, TimeUnit::Second), "PT0S");
+            assert_eq!(duration(86_400, TimeUnit::Second), "P1D");
+            assert_eq!(duration(-1, TimeUnit::Second), "-PT1S");
+        }
+    }
 }

@@ -1151,6 +1151,45 @@ async fn parquet_decimals_and_small_integers_read_as_numbers() {
 }
 
 #[tokio::test]
+async fn parquet_times_durations_zoned_timestamps_and_bytes_read_as_text() {
+    let dir = project("", &[]);
+    pyarrow_parquet(
+        dir.path(),
+        "times.parquet",
+        "t = pa.table({'id': [1, 2], \
+         'at': pa.array([datetime.datetime(2024, 1, 2, 3, 4, 5, 500000), None], pa.timestamp('ms')), \
+         'zoned': pa.array([datetime.datetime(2024, 1, 2, 3, 4, 5, tzinfo=datetime.timezone.utc)] * 2, pa.timestamp('s', tz='Europe/Paris')), \
+         'opens': pa.array([datetime.time(9, 30), datetime.time(12, 0, 0, 500000)], pa.time64('us')), \
+         'took': pa.array([datetime.timedelta(days=1, seconds=3723, milliseconds=500), datetime.timedelta(0)], pa.duration('ms')), \
+         'tag': pa.array([b'gold', None], pa.binary())})",
+    );
+    std::fs::write(
+        dir.path().join("suite.kdl"),
+        format!(
+            "{AGENT}dataset \"t\" path=\"times.parquet\"\n\
+             scenario \"s\" for-each=\"t\" {{\n    \
+             row-id \"{{{{ row.id }}}}|{{{{ row.at }}}}|{{{{ row.zoned }}}}|{{{{ row.opens }}}}|{{{{ row.took }}}}|{{{{ row.tag }}}}\"\n    \
+             user \"hi\"\n    expect no-error\n}}\n"
+        ),
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("list")
+        .arg(dir.path().join("suite.kdl"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    for id in [
+        "s[1|2024-01-02 03:04:05.500|2024-01-02 03:04:05+00:00|09:30:00|P1DT1H2M3.5S|gold]",
+        "s[2|None|2024-01-02 03:04:05+00:00|12:00:00.5|PT0S|None]",
+    ] {
+        assert!(out.contains(id), "{id} in:\n{out}");
+    }
+}
+
+#[tokio::test]
 async fn a_parquet_category_column_reads_as_its_values() {
     // pandas writes its `category` columns as Arrow dictionaries (here inside a struct too).
     let dir = project("", &[]);
