@@ -333,6 +333,13 @@ impl ReportWriter {
         }
     }
 
+    /// The run is idle (its agents are slow to answer, nothing came for a while): writes
+    /// the tables' buffered rows where there are enough for a row group, work the end of
+    /// the run then does not wait for. A run that never idles writes full batches as before.
+    pub fn flush_idle(&mut self) {
+        self.tables.flush_idle();
+    }
+
     /// Writes the last table batches, `junit.xml` and `report.html`: each file that can be
     /// written is, and [`ReportFiles::not_written`] says which could not and why.
     pub fn finish(self) -> ReportFiles {

@@ -29,6 +29,13 @@ use crate::staged::Staged;
 /// replies does not hold `batch_rows` of them at once.
 const FLUSH_BYTES: usize = 64 * 1024 * 1024;
 
+/// The fewest rows a table writes as a row group while the run is idle
+/// ([`Tables::flush_idle`]), and the share of its rows so far a row group must reach: row
+/// groups never shrink below a few hundred rows, nor below an eighth of what came before,
+/// so a long idle-rich run has a number of them logarithmic in its rows, up to the batches.
+const IDLE_MIN_ROWS: usize = 256;
+const IDLE_MIN_SHARE: usize = 8;
+
 pub(crate) const TRAJECTORIES_FILE: &str = "trajectories.parquet";
 pub(crate) const TURNS_FILE: &str = "turns.parquet";
 pub(crate) const TOOL_CALLS_FILE: &str = "tool_calls.parquet";
@@ -368,6 +375,8 @@ struct TableFile<R: Rows> {
     file: SharedFile,
     writer: polars_io::prelude::BatchedWriter<SharedFile>,
     batch_rows: usize,
+    /// Rows written as row groups so far.
+    written: usize,
     /// The first write error; from then on rows are dropped and [`TableFile::finish`]
     /// returns it.
     failed: Option<ReportError>,
@@ -402,8 +411,18 @@ impl<R: Rows> TableFile<R> {
             file,
             writer,
             batch_rows: batch_rows.max(1),
+            written: 0,
             failed: None,
         })
+    }
+
+    /// Writes what is buffered as a row group if it is large enough for one written while
+    /// the run is idle ([`IDLE_MIN_ROWS`], [`IDLE_MIN_SHARE`]).
+    fn flush_idle(&mut self) {
+        let rows = self.buf.rows();
+        if self.failed.is_none() && rows >= IDLE_MIN_ROWS.max(self.written / IDLE_MIN_SHARE) {
+            self.failed = self.flush().err();
+        }
     }
 
     /// Called after each appended row: writes a row group when the batch is full.
@@ -425,6 +444,7 @@ impl<R: Rows> TableFile<R> {
             source,
         };
         let frame = self.buf.take_frame().map_err(polars_error)?;
+        self.written += frame.height();
         self.writer.write_batch(&frame).map_err(polars_error)
     }
 
@@ -841,6 +861,18 @@ impl Tables {
                 self.rubric_scores.row_done();
             }
         }
+    }
+
+    /// Writes the rows buffered so far, table by table, where there are enough of them for
+    /// a row group: called while the run is idle (waiting on its agents), so that the end of
+    /// the run has only the last rows left to encode instead of a whole batch of each table.
+    pub(crate) fn flush_idle(&mut self) {
+        self.trajectories.flush_idle();
+        self.turns.flush_idle();
+        self.tool_calls.flush_idle();
+        self.criteria.flush_idle();
+        self.rubric_scores.flush_idle();
+        self.spans.flush_idle();
     }
 
     /// Writes the run row and closes every file; the files that could not be written are

@@ -207,10 +207,15 @@ impl Record {
         self.batched = Some(std::time::Instant::now());
     }
 
-    /// The caller has no event queued: what was appended is flushed.
+    /// The caller has no event queued: what was appended is flushed, and the tables write
+    /// the rows they buffered (when there are enough for a row group) instead of leaving
+    /// them all to the end of the run.
     pub(super) fn idle(&mut self) {
         if self.batched.is_some() {
             self.flush_journal();
+        }
+        if let Some(report) = &mut self.report {
+            report.flush_idle();
         }
     }
 
