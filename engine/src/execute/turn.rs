@@ -37,10 +37,12 @@ impl Unit<'_> {
         };
         // An agent whose own model runs on a provider's server takes one of its slots for the
         // turn: its model calls then never queue behind a judge's on a one-slot server. The
-        // wait is not the agent's time.
+        // wait is not the agent's time. Boxed: the slot's wait (a rate limiter's) is most of
+        // this future's size, and every turn's future was that large for the few agents
+        // that take one (see `docs/performance.md`, "Futures sized for their rare paths").
         let _model_slot = match self.model_server() {
             Some(server) => tokio::select! {
-                permit = server.slot() => Some(permit),
+                permit = Box::pin(server.slot()) => Some(permit),
                 () = stop.cancelled() => return None,
             },
             None => None,

@@ -150,7 +150,8 @@ impl Unit<'_> {
                     }
                 }
                 (None, _) if LlmRuntime::is_judged(&c.criterion.kind) => {
-                    judge_unless_stopped(
+                    // Boxed: a judge call is most of the verdict's size, and only judged checks make one.
+                    Box::pin(judge_unless_stopped(
                         self.shared,
                         JudgeTask {
                             draw: 0,
@@ -162,7 +163,7 @@ impl Unit<'_> {
                             repetition: self.repetition,
                             call_name: self.judge_call_name(t, state, &c.criterion.text),
                         },
-                    )
+                    ))
                     .await
                 }
                 (None, _) => criteria::check_planned(
@@ -191,7 +192,8 @@ impl Unit<'_> {
             criteria.push(match &not_checked {
                 None => {
                     let kind = CriterionKind::Outcome(outcome.value.clone());
-                    judge_unless_stopped(
+                    // Boxed: a judge call is most of the verdict's size, and only judged checks make one.
+                    Box::pin(judge_unless_stopped(
                         self.shared,
                         JudgeTask {
                             draw: 0,
@@ -203,7 +205,7 @@ impl Unit<'_> {
                             repetition: self.repetition,
                             call_name: self.judge_call_name(t, state, &text),
                         },
-                    )
+                    ))
                     .await
                 }
                 Some(why) => CriterionRecord {
@@ -276,13 +278,15 @@ impl Unit<'_> {
         }
         let brief = state.sim_brief.as_deref().unwrap_or("");
         let name = self.judge_call_name(t, state, crate::llm::fidelity::CRITERION);
-        let judging = self.shared.llm.judge_fidelity(
+        // Boxed: the judge call is most of this future's size, which every trajectory's
+        // verdict carried whether or not it had a simulated user.
+        let judging = Box::pin(self.shared.llm.judge_fidelity(
             brief,
             &messages,
             state.fidelity == Some(true),
             self.repetition,
             &name,
-        );
+        ));
         tokio::select! {
             biased;
             () = self.shared.stop.cancelled() => None,

@@ -510,7 +510,8 @@ impl<'a> Unit<'a> {
                     .await;
             }
             Some(Stop::Attack(attack)) => {
-                return self.attack(node, &attack, state, session, name).await;
+                // Boxed: an attack search is the largest state of a path, and rare.
+                return Box::pin(self.attack(node, &attack, state, session, name)).await;
             }
             Some(stop) => {
                 // Every trajectory below this node ends here.
@@ -715,10 +716,9 @@ impl<'a> Unit<'a> {
         if state.turns.is_empty() && !state.prefix_not_sent {
             // The root's session starts from the scenario's recorded history, if any.
             let stop = match node.parent {
-                None => {
-                    self.open_history(session.as_mut(), false, state, recorded)
-                        .await
-                }
+                // Boxed here and below: a history replayed or restored is most of opening
+                // a session's size, and only scenarios with a history or a fork have one.
+                None => Box::pin(self.open_history(session.as_mut(), false, state, recorded)).await,
                 Some(_) => None,
             };
             return (Some(session), stop);
@@ -726,9 +726,7 @@ impl<'a> Unit<'a> {
         // The replay redoes the whole path so far in this branch's session: its time
         // replaces the original prefix's in the branch's budget instead of adding to it.
         state.active = Duration::ZERO;
-        let stop = self
-            .replay_prefix(node, session.as_mut(), state, recorded)
-            .await;
+        let stop = Box::pin(self.replay_prefix(node, session.as_mut(), state, recorded)).await;
         (Some(session), stop)
     }
 
@@ -866,9 +864,9 @@ impl<'a> Unit<'a> {
                     persona,
                 } => {
                     let by = (simulator.as_deref(), persona.as_deref());
-                    match self
-                        .simulate(session, *turns, by, true, state, recorded)
-                        .await
+                    // Boxed here and below: a simulated user's LLM calls and a human's answer
+                    // are most of a step's size, and every step's future was that large.
+                    match Box::pin(self.simulate(session, *turns, by, true, state, recorded)).await
                     {
                         Some(Stop::Fault(fault)) => return Some(replay_fault(fault)),
                         Some(Stop::Branch(_)) => return Some(replay_fault(branch_on_replay())),
@@ -913,9 +911,15 @@ impl<'a> Unit<'a> {
                     }
                 }
                 PlannedStep::Hitl { approve, message } => {
-                    match self
-                        .answer_human(session, *approve, message.as_ref(), true, state, recorded)
-                        .await
+                    match Box::pin(self.answer_human(
+                        session,
+                        *approve,
+                        message.as_ref(),
+                        true,
+                        state,
+                        recorded,
+                    ))
+                    .await
                     {
                         Some(Stop::Fault(fault)) => return Some(replay_fault(fault)),
                         Some(Stop::Branch(_)) => return Some(replay_fault(branch_on_replay())),
@@ -1031,17 +1035,22 @@ impl<'a> Unit<'a> {
                     persona,
                 } => {
                     let by = (simulator.as_deref(), persona.as_deref());
-                    if let Some(stop) = self
-                        .simulate(session, *turns, by, false, state, recorded)
-                        .await
+                    if let Some(stop) =
+                        Box::pin(self.simulate(session, *turns, by, false, state, recorded)).await
                     {
                         return Some(stop);
                     }
                 }
                 PlannedStep::Hitl { approve, message } => {
-                    if let Some(stop) = self
-                        .answer_human(session, *approve, message.as_ref(), false, state, recorded)
-                        .await
+                    if let Some(stop) = Box::pin(self.answer_human(
+                        session,
+                        *approve,
+                        message.as_ref(),
+                        false,
+                        state,
+                        recorded,
+                    ))
+                    .await
                     {
                         return Some(stop);
                     }
@@ -1065,7 +1074,8 @@ impl<'a> Unit<'a> {
         let vars = &state.vars;
         match turn_index {
             Some(i) if crate::llm::LlmRuntime::is_judged(&c.criterion.kind) => {
-                super::verdict::judge_unless_stopped(
+                // Boxed: a judge call is most of this future's size, and only judged checks make one.
+                Box::pin(super::verdict::judge_unless_stopped(
                     self.shared,
                     crate::llm::runtime::JudgeTask {
                         draw: 0,
@@ -1087,7 +1097,7 @@ impl<'a> Unit<'a> {
                             self.agent_id()
                         ),
                     },
-                )
+                ))
                 .await
             }
             Some(_) => criteria::check_planned(
