@@ -75,9 +75,14 @@ impl Address {
 /// that reads and writes the socket, polled by whichever task is using the connection.
 struct Conn {
     sender: SendRequest<Full<Bytes>>,
-    /// `None` once it finished (the peer closed, or the connection failed).
-    driver: Option<Connection<TokioIo<TcpStream>, Full<Bytes>>>,
+    /// `None` once it finished (the peer closed, or the connection failed). Boxed: the
+    /// driver is about 700 bytes that every request's futures, from the pool up to the
+    /// protocol's turn, carried and moved at each level (one allocation per connection
+    /// instead).
+    driver: Option<Driver>,
 }
+
+type Driver = Box<Connection<TokioIo<TcpStream>, Full<Bytes>>>;
 
 /// Runs `work` while driving `conn`, so that whatever `work` waits for on the connection (a
 /// request written, an answer read) happens in this task. The driver is polled between two
@@ -87,10 +92,7 @@ struct Conn {
 /// body being read; and a request it had not taken yet (sent just as the agent closed the
 /// connection) fails as canceled instead of waiting, until the turn's timeout, on a
 /// connection nothing reads any more.
-async fn drive<F: Future>(
-    driver: &mut Option<Connection<TokioIo<TcpStream>, Full<Bytes>>>,
-    work: F,
-) -> F::Output {
+async fn drive<F: Future>(driver: &mut Option<Driver>, work: F) -> F::Output {
     let mut work = pin!(work);
     poll_fn(|cx| {
         if let Poll::Ready(out) = work.as_mut().poll(cx) {
@@ -309,7 +311,7 @@ async fn connect(address: &Address, timeout: Duration) -> Result<Conn, PlainErro
         .map_err(|error| PlainError::Exchange { error })?;
     Ok(Conn {
         sender,
-        driver: Some(driver),
+        driver: Some(Box::new(driver)),
     })
 }
 
