@@ -207,13 +207,18 @@ impl Record {
         self.batched = Some(std::time::Instant::now());
     }
 
-    /// The caller has no event queued: what was appended is flushed, and the tables write
-    /// the rows they buffered (when there are enough for a row group) instead of leaving
-    /// them all to the end of the run.
+    /// The caller has no event queued: what was appended is flushed.
     pub(super) fn idle(&mut self) {
         if self.batched.is_some() {
             self.flush_journal();
         }
+    }
+
+    /// The run has been quiet for a while (it waits on its agents): the tables write the
+    /// rows they buffered, when there are enough for a row group, instead of leaving them
+    /// all to the end of the run.
+    pub(super) fn quiet(&mut self) {
+        self.idle();
         if let Some(report) = &mut self.report {
             report.flush_idle();
         }

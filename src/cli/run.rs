@@ -31,6 +31,12 @@ const GRACE: Duration = Duration::from_secs(5);
 /// over its next events in batches, and an idle one has them on disk 2 ms later.
 const LINGER: Duration = Duration::from_micros(500);
 const LINGER_ROUNDS: u32 = 4;
+/// After the journal's flush, how much longer (in naps of [`QUIET`]) the recorder waits for
+/// the next event before it calls the run quiet and has the tables write the rows they hold
+/// ([`Record::quiet`]): long enough that a busy run whose thread was only descheduled for a
+/// moment keeps its full-size row groups, short next to an agent's answer.
+const QUIET: Duration = Duration::from_millis(1);
+const QUIET_ROUNDS: u32 = 8;
 
 pub fn run(args: RunArgs) -> u8 {
     let mut chosen = match shard::choose(args.shard, args.shards, &|name| std::env::var(name).ok())
@@ -661,11 +667,22 @@ pub fn execute_plan(
                         std::thread::sleep(LINGER);
                         continue;
                     }
+                    Err(tokio::sync::mpsc::error::TryRecvError::Empty)
+                        if lingered < LINGER_ROUNDS + QUIET_ROUNDS =>
+                    {
+                        if lingered == LINGER_ROUNDS {
+                            // Caught up: what was recorded becomes readable on disk.
+                            reporter.record.idle();
+                            reporter.console.flush_lines();
+                        }
+                        lingered += 1;
+                        std::thread::sleep(QUIET);
+                        continue;
+                    }
                     Err(tokio::sync::mpsc::error::TryRecvError::Empty) => {
-                        // Caught up: what was recorded becomes readable on disk before
-                        // waiting for more.
-                        reporter.record.idle();
-                        reporter.console.flush_lines();
+                        // Quiet: the run waits on its agents, and the tables' work is done
+                        // now rather than at its end. Then wait for more.
+                        reporter.record.quiet();
                         match rx.blocking_recv() {
                             Some(event) => event,
                             None => break,
