@@ -333,11 +333,11 @@ impl ReportWriter {
         }
     }
 
-    /// The run is idle (its agents are slow to answer, nothing came for a while): writes
-    /// the tables' buffered rows where there are enough for a row group, work the end of
-    /// the run then does not wait for. A run that never idles writes full batches as before.
-    pub fn flush_idle(&mut self) {
-        self.tables.flush_idle();
+    /// The run is quiet (it waits on its agents; nothing came for a while): writes the
+    /// tables' buffered rows where there are enough for a row group, work the end of the
+    /// run then does not wait for. A run that is never quiet writes full batches as before.
+    pub fn flush_quiet(&mut self) {
+        self.tables.flush_quiet();
     }
 
     /// Writes the last table batches, `junit.xml` and `report.html`: each file that can be

@@ -29,12 +29,12 @@ use crate::staged::Staged;
 /// replies does not hold `batch_rows` of them at once.
 const FLUSH_BYTES: usize = 64 * 1024 * 1024;
 
-/// The fewest rows a table writes as a row group while the run is idle
-/// ([`Tables::flush_idle`]), and the share of its rows so far a row group must reach: row
+/// The fewest rows a table writes as a row group while the run is quiet
+/// ([`Tables::flush_quiet`]), and the share of its rows so far a row group must reach: row
 /// groups never shrink below a few hundred rows, nor below an eighth of what came before,
-/// so a long idle-rich run has a number of them logarithmic in its rows, up to the batches.
-const IDLE_MIN_ROWS: usize = 256;
-const IDLE_MIN_SHARE: usize = 8;
+/// so a long, often quiet run has a number of them logarithmic in its rows, up to the batches.
+const QUIET_MIN_ROWS: usize = 256;
+const QUIET_MIN_SHARE: usize = 8;
 
 pub(crate) const TRAJECTORIES_FILE: &str = "trajectories.parquet";
 pub(crate) const TURNS_FILE: &str = "turns.parquet";
@@ -417,10 +417,10 @@ impl<R: Rows> TableFile<R> {
     }
 
     /// Writes what is buffered as a row group if it is large enough for one written while
-    /// the run is idle ([`IDLE_MIN_ROWS`], [`IDLE_MIN_SHARE`]).
-    fn flush_idle(&mut self) {
+    /// the run is quiet ([`QUIET_MIN_ROWS`], [`QUIET_MIN_SHARE`]).
+    fn flush_quiet(&mut self) {
         let rows = self.buf.rows();
-        if self.failed.is_none() && rows >= IDLE_MIN_ROWS.max(self.written / IDLE_MIN_SHARE) {
+        if self.failed.is_none() && rows >= QUIET_MIN_ROWS.max(self.written / QUIET_MIN_SHARE) {
             self.failed = self.flush().err();
         }
     }
@@ -864,15 +864,15 @@ impl Tables {
     }
 
     /// Writes the rows buffered so far, table by table, where there are enough of them for
-    /// a row group: called while the run is idle (waiting on its agents), so that the end of
+    /// a row group: called while the run is quiet (waiting on its agents), so that the end of
     /// the run has only the last rows left to encode instead of a whole batch of each table.
-    pub(crate) fn flush_idle(&mut self) {
-        self.trajectories.flush_idle();
-        self.turns.flush_idle();
-        self.tool_calls.flush_idle();
-        self.criteria.flush_idle();
-        self.rubric_scores.flush_idle();
-        self.spans.flush_idle();
+    pub(crate) fn flush_quiet(&mut self) {
+        self.trajectories.flush_quiet();
+        self.turns.flush_quiet();
+        self.tool_calls.flush_quiet();
+        self.criteria.flush_quiet();
+        self.rubric_scores.flush_quiet();
+        self.spans.flush_quiet();
     }
 
     /// Writes the run row and closes every file; the files that could not be written are

@@ -220,7 +220,7 @@ impl Record {
     pub(super) fn quiet(&mut self) {
         self.idle();
         if let Some(report) = &mut self.report {
-            report.flush_idle();
+            report.flush_quiet();
         }
     }
 
