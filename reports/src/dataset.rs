@@ -4,9 +4,9 @@
 //!
 //! The file is read in slices of rows (small first, so a `limit` of a few rows decodes a
 //! few rows; then larger), and each slice is turned into JSON column by column: one typed
-//! pass over each column's values, never a per-cell dynamic lookup. Only one slice's
-//! columns are held at a time besides the rows the dataset keeps, and reading stops as soon
-//! as the dataset has what it needs.
+//! pass over each column's values, never a per-cell dynamic lookup. Only one row group's
+//! compressed column chunks and one slice's columns are held at a time besides the rows the
+//! dataset keeps, and reading stops as soon as the dataset has what it needs.
 //!
 //! It reads at the Arrow level (polars' Parquet decoder, polars-arrow's arrays), not through
 //! polars' frames: a frame of 8- and 16-bit integers, decimals, dates or structs needs polars
@@ -37,7 +37,8 @@ use trellis_dsl::dataset::{Fields, ReadError, RowReader};
 
 /// Reads a Parquet file's rows as JSON objects: numbers, booleans and strings keep their
 /// types, lists become arrays, structs objects, maps objects (or a list of `{key, value}`
-/// objects when a key is not text), dates and times their ISO text, nulls `null`.
+/// objects when a key is not text), dates, times and durations text (docs/language.md),
+/// nulls `null`.
 pub struct ParquetRows;
 
 /// The first slice's rows: enough for a `limit` of a few rows without decoding more.
