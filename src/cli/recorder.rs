@@ -214,11 +214,10 @@ impl Record {
         }
     }
 
-    /// The run has been quiet for a while (it waits on its agents): the tables write the
-    /// rows they buffered, when there are enough for a row group, instead of leaving them
-    /// all to the end of the run.
+    /// The run has been quiet for a while (it waits on its agents; [`Record::idle`] came
+    /// first): the tables write the rows they buffered, when there are enough for a row
+    /// group, instead of leaving them all to the end of the run.
     pub(super) fn quiet(&mut self) {
-        self.idle();
         if let Some(report) = &mut self.report {
             report.flush_quiet();
         }

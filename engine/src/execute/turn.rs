@@ -39,7 +39,7 @@ impl Unit<'_> {
         // turn: its model calls then never queue behind a judge's on a one-slot server. The
         // wait is not the agent's time. Boxed: the slot's wait (a rate limiter's) is most of
         // this future's size, and every turn's future was that large for the few agents
-        // that take one (see `docs/performance.md`, "Futures sized for their rare paths").
+        // that take one (docs/performance.md, "What was slow, and why it is not any more").
         let _model_slot = match self.model_server() {
             Some(server) => tokio::select! {
                 permit = Box::pin(server.slot()) => Some(permit),

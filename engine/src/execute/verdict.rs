@@ -49,7 +49,9 @@ pub(super) async fn judge_unless_stopped<T: AsRef<crate::record::TurnRecord>>(
             detail: Some("not checked: the run was stopped while the judge was answering".into()),
             judge: None,
         },
-        record = shared.llm.judge(task) => record,
+        // Boxed: the judge call is most of this future's size, and the verdicts and checks
+        // that await this one were that large for every trajectory, judged or not.
+        record = Box::pin(shared.llm.judge(task)) => record,
     }
 }
 
@@ -150,8 +152,7 @@ impl Unit<'_> {
                     }
                 }
                 (None, _) if LlmRuntime::is_judged(&c.criterion.kind) => {
-                    // Boxed: a judge call is most of the verdict's size, and only judged checks make one.
-                    Box::pin(judge_unless_stopped(
+                    judge_unless_stopped(
                         self.shared,
                         JudgeTask {
                             draw: 0,
@@ -163,7 +164,7 @@ impl Unit<'_> {
                             repetition: self.repetition,
                             call_name: self.judge_call_name(t, state, &c.criterion.text),
                         },
-                    ))
+                    )
                     .await
                 }
                 (None, _) => criteria::check_planned(
@@ -192,8 +193,7 @@ impl Unit<'_> {
             criteria.push(match &not_checked {
                 None => {
                     let kind = CriterionKind::Outcome(outcome.value.clone());
-                    // Boxed: a judge call is most of the verdict's size, and only judged checks make one.
-                    Box::pin(judge_unless_stopped(
+                    judge_unless_stopped(
                         self.shared,
                         JudgeTask {
                             draw: 0,
@@ -205,7 +205,7 @@ impl Unit<'_> {
                             repetition: self.repetition,
                             call_name: self.judge_call_name(t, state, &text),
                         },
-                    ))
+                    )
                     .await
                 }
                 Some(why) => CriterionRecord {

@@ -864,8 +864,8 @@ impl<'a> Unit<'a> {
                     persona,
                 } => {
                     let by = (simulator.as_deref(), persona.as_deref());
-                    // Boxed here and below: a simulated user's LLM calls and a human's answer
-                    // are most of a step's size, and every step's future was that large.
+                    // Boxed here and below: a simulated user's LLM calls are most of a step's
+                    // size, and every step's future was that large.
                     match Box::pin(self.simulate(session, *turns, by, true, state, recorded)).await
                     {
                         Some(Stop::Fault(fault)) => return Some(replay_fault(fault)),
@@ -911,15 +911,9 @@ impl<'a> Unit<'a> {
                     }
                 }
                 PlannedStep::Hitl { approve, message } => {
-                    match Box::pin(self.answer_human(
-                        session,
-                        *approve,
-                        message.as_ref(),
-                        true,
-                        state,
-                        recorded,
-                    ))
-                    .await
+                    match self
+                        .answer_human(session, *approve, message.as_ref(), true, state, recorded)
+                        .await
                     {
                         Some(Stop::Fault(fault)) => return Some(replay_fault(fault)),
                         Some(Stop::Branch(_)) => return Some(replay_fault(branch_on_replay())),
@@ -1042,15 +1036,9 @@ impl<'a> Unit<'a> {
                     }
                 }
                 PlannedStep::Hitl { approve, message } => {
-                    if let Some(stop) = Box::pin(self.answer_human(
-                        session,
-                        *approve,
-                        message.as_ref(),
-                        false,
-                        state,
-                        recorded,
-                    ))
-                    .await
+                    if let Some(stop) = self
+                        .answer_human(session, *approve, message.as_ref(), false, state, recorded)
+                        .await
                     {
                         return Some(stop);
                     }
@@ -1074,8 +1062,7 @@ impl<'a> Unit<'a> {
         let vars = &state.vars;
         match turn_index {
             Some(i) if crate::llm::LlmRuntime::is_judged(&c.criterion.kind) => {
-                // Boxed: a judge call is most of this future's size, and only judged checks make one.
-                Box::pin(super::verdict::judge_unless_stopped(
+                super::verdict::judge_unless_stopped(
                     self.shared,
                     crate::llm::runtime::JudgeTask {
                         draw: 0,
@@ -1097,7 +1084,7 @@ impl<'a> Unit<'a> {
                             self.agent_id()
                         ),
                     },
-                ))
+                )
                 .await
             }
             Some(_) => criteria::check_planned(
