@@ -19,8 +19,8 @@ ci:
 check:
     cargo run -- check suites/
 
-# The binary to hand out: whole-program optimized for size (about 29 MB stripped instead of
-# the release profile's 42), in about 9 minutes on 2 cores; writes target/dist/trellis
+# The binary to hand out: the whole program optimized for size at link time (about 29 MB
+# stripped instead of the release profile's 42), a longer build; writes target/dist/trellis
 dist:
     cargo build --profile dist
 
