@@ -108,6 +108,10 @@ pub(crate) struct Selection {
     max_passing: usize,
     omitted_failing: u64,
     omitted_passing: u64,
+    /// Trajectories offered so far: the journal's trajectory entries, counted in order.
+    offered: u64,
+    /// How many of the journal's trajectory entries it takes to reach the last one kept.
+    through: u64,
 }
 
 /// The rendered trajectories, failures first, and what was left out.
@@ -115,6 +119,10 @@ pub(crate) struct Rendered {
     pub(crate) trajectories: Vec<TrajectoryRecord>,
     pub(crate) omitted_failing: u64,
     pub(crate) omitted_passing: u64,
+    /// Every rendered trajectory is among the journal's first `through` trajectory
+    /// entries: the transcripts' nodes come before that entry, and a reader of the journal
+    /// that has found them all can stop there.
+    pub(crate) through: u64,
 }
 
 impl Selection {
@@ -126,10 +134,13 @@ impl Selection {
             max_passing: options.max_passing_transcripts,
             omitted_failing: 0,
             omitted_passing: 0,
+            offered: 0,
+            through: 0,
         }
     }
 
     pub(crate) fn offer(&mut self, trajectory: &TrajectoryRecord) {
+        self.offered = self.offered.saturating_add(1);
         let (kept, max, omitted) = if trajectory.status == TrajectoryStatus::Passed {
             (
                 &mut self.passing,
@@ -145,6 +156,7 @@ impl Selection {
         };
         if kept.len() < max {
             kept.push(trajectory.clone());
+            self.through = self.offered;
             return;
         }
         *omitted = omitted.saturating_add(1);
@@ -157,6 +169,7 @@ impl Selection {
         {
             kept.remove(skipped);
             kept.push(trajectory.clone());
+            self.through = self.offered;
         }
     }
 
@@ -169,6 +182,7 @@ impl Selection {
             trajectories,
             omitted_failing: self.omitted_failing,
             omitted_passing: self.omitted_passing,
+            through: self.through,
         }
     }
 }

@@ -165,6 +165,66 @@ fn a_lost_journal_leaves_a_report_without_transcripts() {
     assert!(html.contains("</html>"));
 }
 
+/// The page renders the first passed trajectories and every failure: a failure that comes
+/// after the passed ones the page has room for still gets its transcript.
+#[test]
+fn a_late_failure_gets_its_transcript_past_the_capped_passed_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    write_complete_journal(dir.path());
+    let options = ReportOptions {
+        max_passing_transcripts: 1,
+        ..ReportOptions::default()
+    };
+    let files = write_reports(dir.path(), &options).unwrap();
+    assert!(files.transcripts_missing.is_none());
+    let html = std::fs::read_to_string(&files.html).unwrap();
+    // The fourth trajectory of the journal, failed, and its reply from its own node.
+    assert!(
+        html.contains("&lt;script&gt;alert(1)&lt;&#x2f;script&gt;</pre>"),
+        "{html}"
+    );
+    // The errored one after it, and the first passed one.
+    assert!(html.contains("HTTP 503 from agent"));
+    assert!(html.contains("Booked for Tuesday."));
+}
+
+/// Once the rendered trajectories' nodes are found, the journal after the last of them is
+/// not read: a node recorded again after it (journals put end to end) is not the one the
+/// trajectory went through.
+#[test]
+fn the_journal_past_the_last_rendered_trajectory_is_not_read() {
+    use trellis_records::JournalEntry;
+    let dir = tempfile::tempdir().unwrap();
+    let mut entries = super::fixtures::entries();
+    let mut again = entries
+        .iter()
+        .find_map(|e| match e {
+            JournalEntry::Node(node) if node.node == "accepts" => Some(node.clone()),
+            _ => None,
+        })
+        .unwrap();
+    let turn = again
+        .turns
+        .first_mut()
+        .map(std::sync::Arc::make_mut)
+        .unwrap();
+    turn.reply = Some("Recorded again later.".into());
+    turn.messages = vec![trellis_records::ChatMessage::assistant(
+        "Recorded again later.",
+    )];
+    entries.push(JournalEntry::Node(again));
+    super::fixtures::write_journal(dir.path(), &entries, "");
+    let options = ReportOptions {
+        max_passing_transcripts: 1,
+        max_failing_transcripts: 0,
+        ..ReportOptions::default()
+    };
+    let files = write_reports(dir.path(), &options).unwrap();
+    let html = std::fs::read_to_string(&files.html).unwrap();
+    assert!(html.contains("Booked for Tuesday."), "{html}");
+    assert!(!html.contains("Recorded again later."));
+}
+
 #[test]
 fn replayed_and_function_call_turns_are_marked_in_the_transcript() {
     use trellis_records::JournalEntry;
