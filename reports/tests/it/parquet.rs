@@ -457,3 +457,65 @@ fn empty_tables_are_valid_files() {
     assert_eq!(read(&files.tool_calls).height(), 0);
     assert_eq!(read(&files.runs).height(), 1);
 }
+
+/// Which column chunks of `path` are dictionary-encoded, by column path.
+fn dictionary_columns(path: &Path) -> Vec<String> {
+    let metadata =
+        polars_parquet::parquet::read::read_metadata(&mut File::open(path).unwrap()).unwrap();
+    metadata
+        .row_groups
+        .iter()
+        .flat_map(|group| group.parquet_columns())
+        .filter(|column| column.dictionary_page_offset().is_some())
+        .map(|column| column.descriptor().path_in_schema.join("."))
+        .collect()
+}
+
+/// A batch of a few rows is written plainly (polars' dictionary attempt costs about as
+/// much per column as writing it); a larger one keeps dictionaries where they pay. Both
+/// read back the same.
+#[test]
+fn small_batches_are_written_plainly_and_large_ones_with_dictionaries() {
+    use trellis_records::JournalEntry;
+    let small = tempfile::tempdir().unwrap();
+    write_complete_journal(small.path());
+    let files = write_reports(small.path(), &ReportOptions::default()).unwrap();
+    assert_eq!(
+        dictionary_columns(&files.trajectories),
+        Vec::<String>::new()
+    );
+    assert_eq!(read(&files.trajectories).height(), 6);
+
+    let large = tempfile::tempdir().unwrap();
+    let mut entries = super::fixtures::entries();
+    let trajectories: Vec<JournalEntry> = entries
+        .iter()
+        .filter(|e| matches!(e, JournalEntry::Trajectory(_)))
+        .cloned()
+        .collect();
+    for round in 1..=40u32 {
+        for entry in &trajectories {
+            if let JournalEntry::Trajectory(t) = entry {
+                let mut t = t.clone();
+                t.repetition += 10 * round;
+                entries.push(JournalEntry::Trajectory(t));
+            }
+        }
+    }
+    super::fixtures::write_journal(large.path(), &entries, "");
+    let files = write_reports(large.path(), &ReportOptions::default()).unwrap();
+    let trajectories = read(&files.trajectories);
+    assert_eq!(trajectories.height(), 246);
+    assert!(dictionary_columns(&files.trajectories).contains(&"suite".to_string()));
+    assert_eq!(
+        trajectories
+            .column("suite")
+            .unwrap()
+            .str()
+            .unwrap()
+            .iter()
+            .filter(|s| *s == Some("shop"))
+            .count(),
+        164
+    );
+}
