@@ -34,63 +34,12 @@ const FLUSH_BYTES: usize = 64 * 1024 * 1024;
 /// groups never shrink below a few hundred rows, nor below an eighth of what came before,
 /// so a long, often quiet run has a number of them logarithmic in its rows, up to the batches.
 const QUIET_MIN_ROWS: usize = 256;
+const QUIET_MIN_SHARE: usize = 8;
 
 /// Batches of at most this many rows are written without dictionary encoding
-/// ([`TableFile::write_plain`]). polars dictionary-encodes every column of a batch this
+/// ([`write_plain`]). polars dictionary-encodes every column of a batch this
 /// small; a file reads the same either way.
 const PLAIN_ROWS: usize = 128;
-
-/// Writes `frame` as row groups with every column plainly encoded: what polars' writer
-/// does, but without its dictionary attempt. For each string or float column chunk that
-/// attempt estimates the cardinality with a HyperLogLog of 16,384 registers, at about
-/// 73 k instructions whatever the rows (5.8 M of a one-trajectory run's 28.7 M), and at
-/// up to [`PLAIN_ROWS`] rows it dictionary-encodes whatever the estimate says.
-fn write_plain(writer: &mut BatchedWriter<SharedFile>, frame: &DataFrame) -> PolarsResult<()> {
-    use polars_parquet::write::{Encoding, array_to_columns, compress, get_dtype_encoding};
-    let fields = writer.parquet_schema().fields().to_vec();
-    let options = write_options();
-    for batch in frame.iter_chunks(CompatLevel::newest(), false) {
-        if batch.is_empty() {
-            continue;
-        }
-        let mut columns = Vec::with_capacity(fields.len());
-        for (array, type_) in batch.columns().iter().zip(&fields) {
-            let encodings: Vec<Encoding> = get_dtype_encoding(array.dtype())
-                .into_iter()
-                .map(|e| match e {
-                    Encoding::RleDictionary => Encoding::Plain,
-                    e => e,
-                })
-                .collect();
-            for pages in array_to_columns(array, type_.clone(), options, &encodings)? {
-                columns.push(
-                    pages
-                        .map(|page| {
-                            page.and_then(|page| {
-                                compress(page, Vec::new(), options.compression)
-                                    .map_err(PolarsError::from)
-                            })
-                        })
-                        .collect::<PolarsResult<Vec<_>>>()?,
-                );
-            }
-        }
-        writer.write_row_group(batch.len() as u64, &columns)?;
-    }
-    Ok(())
-}
-
-/// What `ParquetWriter` writes with (its defaults and Snappy): the same for the batches
-/// written through it and for those written plainly.
-fn write_options() -> polars_parquet::write::WriteOptions {
-    polars_parquet::write::WriteOptions {
-        statistics: polars_parquet::write::StatisticsOptions::default(),
-        version: polars_parquet::write::Version::V1,
-        compression: ParquetCompression::Snappy.into(),
-        data_page_size: None,
-    }
-}
-const QUIET_MIN_SHARE: usize = 8;
 
 pub(crate) const TRAJECTORIES_FILE: &str = "trajectories.parquet";
 pub(crate) const TURNS_FILE: &str = "turns.parquet";
@@ -421,6 +370,57 @@ impl Write for SharedFile {
             .lock()
             .map_err(|_| io::Error::other("a table writer panicked"))?
             .flush()
+    }
+}
+
+/// Writes `frame` as row groups with every column plainly encoded: what polars' writer
+/// does, but without its dictionary attempt. For each string or float column chunk that
+/// attempt estimates the cardinality with a HyperLogLog of 16,384 registers, at about
+/// 73 k instructions whatever the rows (5.8 M of a one-trajectory run's 28.7 M), and at
+/// up to [`PLAIN_ROWS`] rows it dictionary-encodes whatever the estimate says.
+fn write_plain(writer: &mut BatchedWriter<SharedFile>, frame: &DataFrame) -> PolarsResult<()> {
+    use polars_parquet::write::{Encoding, array_to_columns, compress, get_dtype_encoding};
+    let fields = writer.parquet_schema().fields().to_vec();
+    let options = write_options();
+    for batch in frame.iter_chunks(CompatLevel::newest(), false) {
+        if batch.is_empty() {
+            continue;
+        }
+        let mut columns = Vec::with_capacity(fields.len());
+        for (array, type_) in batch.columns().iter().zip(&fields) {
+            let encodings: Vec<Encoding> = get_dtype_encoding(array.dtype())
+                .into_iter()
+                .map(|e| match e {
+                    Encoding::RleDictionary => Encoding::Plain,
+                    e => e,
+                })
+                .collect();
+            for pages in array_to_columns(array, type_.clone(), options, &encodings)? {
+                columns.push(
+                    pages
+                        .map(|page| {
+                            page.and_then(|page| {
+                                compress(page, Vec::new(), options.compression)
+                                    .map_err(PolarsError::from)
+                            })
+                        })
+                        .collect::<PolarsResult<Vec<_>>>()?,
+                );
+            }
+        }
+        writer.write_row_group(batch.len() as u64, &columns)?;
+    }
+    Ok(())
+}
+
+/// What `ParquetWriter` writes with (its defaults and Snappy): the same for the batches
+/// written through it and for those written plainly.
+fn write_options() -> polars_parquet::write::WriteOptions {
+    polars_parquet::write::WriteOptions {
+        statistics: polars_parquet::write::StatisticsOptions::default(),
+        version: polars_parquet::write::Version::V1,
+        compression: ParquetCompression::Snappy.into(),
+        data_page_size: None,
     }
 }
 
