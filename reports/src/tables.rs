@@ -36,6 +36,13 @@ const FLUSH_BYTES: usize = 64 * 1024 * 1024;
 const QUIET_MIN_ROWS: usize = 256;
 const QUIET_MIN_SHARE: usize = 8;
 
+/// Snappy, not zstd: polars-parquet makes a new zstd context for every column chunk, and
+/// zstd asks the CPU for its features (CPUID) each time, which traps to the hypervisor on a
+/// VM (about 6 us, three times per context): 4 ms of a one-trajectory run's 13 ms went
+/// there. Snappy is also what pandas writes; every reader reads it. Both the batches written
+/// through polars' writer and those written plainly ([`write_options`]) use it.
+const COMPRESSION: ParquetCompression = ParquetCompression::Snappy;
+
 /// Batches of at most this many rows are written without dictionary encoding
 /// ([`write_plain`]). polars dictionary-encodes every column of a batch this
 /// small; a file reads the same either way.
@@ -413,13 +420,13 @@ fn write_plain(writer: &mut BatchedWriter<SharedFile>, frame: &DataFrame) -> Pol
     Ok(())
 }
 
-/// What `ParquetWriter` writes with (its defaults and Snappy): the same for the batches
-/// written through it and for those written plainly.
+/// What `ParquetWriter` writes with (its defaults and [`COMPRESSION`]): the same for the
+/// batches written through it and for those written plainly.
 fn write_options() -> polars_parquet::write::WriteOptions {
     polars_parquet::write::WriteOptions {
         statistics: polars_parquet::write::StatisticsOptions::default(),
         version: polars_parquet::write::Version::V1,
-        compression: ParquetCompression::Snappy.into(),
+        compression: COMPRESSION.into(),
         data_page_size: None,
     }
 }
@@ -453,12 +460,8 @@ impl<R: Rows> TableFile<R> {
             .take_frame()
             .map(|df| df.schema().as_ref().clone())
             .map_err(polars_error)?;
-        // Snappy, not zstd: polars-parquet makes a new zstd context for every column chunk,
-        // and zstd asks the CPU for its features (CPUID) each time, which traps to the
-        // hypervisor on a VM (about 6 us, three times per context): 4 ms of a one-trajectory
-        // run's 13 ms went there. Snappy is also what pandas writes; every reader reads it.
         let writer = ParquetWriter::new(file.clone())
-            .with_compression(ParquetCompression::Snappy)
+            .with_compression(COMPRESSION)
             .batched(&schema)
             .map_err(polars_error)?;
         Ok(TableFile {
