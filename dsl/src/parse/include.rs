@@ -4,6 +4,8 @@
 
 use super::*;
 
+use std::sync::{Condvar, Mutex};
+
 /// KDL syntax errors reported per file; more are counted in one last diagnostic.
 pub(super) const MAX_SYNTAX_ERRORS: usize = 20;
 
@@ -64,42 +66,54 @@ impl Loader {
         // decodes them in order: parsing is most of loading, and a thread per file (as
         // `depth::parse_each` starts) costs more than parsing a small file.
         let overlay = self.overlay.clone();
+        let queue = AheadQueue::new(found.len());
+        let (tx, rx) = std::sync::mpsc::channel();
         std::thread::scope(|scope| {
-            let ahead: Vec<_> = (0..PARSE_AHEAD_THREADS)
-                .map(|first| {
-                    let (tx, rx) = std::sync::mpsc::sync_channel(1);
-                    let mine: Vec<PathBuf> = found
-                        .iter()
-                        .skip(first)
-                        .step_by(PARSE_AHEAD_THREADS)
-                        .cloned()
-                        .collect();
-                    let overlay = &overlay;
+            let threads: Vec<_> = (0..PARSE_AHEAD_THREADS)
+                .filter_map(|_| {
+                    let (tx, queue, found, overlay) = (tx.clone(), &queue, &found, &overlay);
                     std::thread::Builder::new()
                         .name("kdl-parse".into())
                         .stack_size(depth::SMALL_STACK)
                         .spawn_scoped(scope, move || {
-                            for path in mine {
-                                if tx.send(read_ahead(&path, overlay)).is_err() {
+                            while let Some(i) = queue.take() {
+                                let read =
+                                    std::panic::catch_unwind(|| read_ahead(&found[i], overlay));
+                                // Every file taken is answered, `None` when its read
+                                // panicked, so the loader never waits on one for good.
+                                if tx.send((i, read.ok().flatten())).is_err() {
                                     break;
                                 }
                             }
                         })
                         .ok()
-                        .map(|thread| (rx, thread))
                 })
                 .collect();
+            // Only the threads' senders are left: once they are all gone, nothing more
+            // comes, and a file not read ahead is read and parsed here.
+            drop(tx);
+            // Closed however this loop ends (a panic included): the threads then stop
+            // instead of waiting, and the scope can join them.
+            let _close = CloseOnDrop(&queue);
+            let mut arrived = HashMap::new();
             for (i, p) in found.iter().enumerate() {
-                // Nothing from a thread that could not start or stopped: read and parsed
-                // here, as without threads.
-                let read = ahead[i % PARSE_AHEAD_THREADS]
-                    .as_ref()
-                    .and_then(|(rx, _)| rx.recv().ok())
-                    .flatten();
+                let read = loop {
+                    if let Some(read) = arrived.remove(&i) {
+                        break read;
+                    }
+                    match rx.recv() {
+                        Ok((j, read)) => {
+                            arrived.insert(j, read);
+                        }
+                        Err(_) => break None,
+                    }
+                };
+                queue.consumed(i + 1);
                 self.load_read(p, display_name(p), read);
             }
-            for (rx, thread) in ahead.into_iter().flatten() {
-                drop(rx);
+            drop(_close);
+            drop(rx);
+            for thread in threads {
                 // A parser that panicked left its files to be parsed here, where the panic
                 // is reported as a refusal; it does not end the load.
                 let _ = thread.join();
@@ -350,6 +364,82 @@ impl Loader {
 
 /// Threads that read and parse a directory's files ahead of their decoding.
 const PARSE_AHEAD_THREADS: usize = 2;
+
+/// How many files the threads may have taken past the last one decoded: enough to keep
+/// both busy, few enough that a directory of thousands of files is never held parsed.
+const PARSE_AHEAD_WINDOW: usize = 2 * PARSE_AHEAD_THREADS;
+
+/// The files of a directory handed out to the parsing threads one at a time, in file
+/// order. Handed out as they free up rather than dealt in turns: dealt, one thread drew
+/// `suites/`'s two largest files and parsed two thirds of the text while the other waited.
+struct AheadQueue {
+    state: Mutex<AheadState>,
+    changed: Condvar,
+}
+
+struct AheadState {
+    /// The next file to hand out.
+    next: usize,
+    /// How many files the loader has decoded.
+    consumed: usize,
+    files: usize,
+    closed: bool,
+}
+
+impl AheadQueue {
+    fn new(files: usize) -> Self {
+        AheadQueue {
+            state: Mutex::new(AheadState {
+                next: 0,
+                consumed: 0,
+                files,
+                closed: false,
+            }),
+            changed: Condvar::new(),
+        }
+    }
+
+    /// The next file to read and parse, once it is within the window; `None` when every
+    /// file was handed out or the loader is done.
+    fn take(&self) -> Option<usize> {
+        let mut state = self.state.lock().ok()?;
+        loop {
+            if state.closed || state.next >= state.files {
+                return None;
+            }
+            if state.next < state.consumed + PARSE_AHEAD_WINDOW {
+                state.next += 1;
+                return Some(state.next - 1);
+            }
+            state = self.changed.wait(state).ok()?;
+        }
+    }
+
+    /// The loader has decoded `count` files.
+    fn consumed(&self, count: usize) {
+        if let Ok(mut state) = self.state.lock() {
+            state.consumed = count;
+        }
+        self.changed.notify_all();
+    }
+
+    /// Nothing more is to be handed out.
+    fn close(&self) {
+        if let Ok(mut state) = self.state.lock() {
+            state.closed = true;
+        }
+        self.changed.notify_all();
+    }
+}
+
+/// Closes the queue when dropped.
+struct CloseOnDrop<'a>(&'a AheadQueue);
+
+impl Drop for CloseOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.close();
+    }
+}
 
 /// A small file's text read ahead, and its parse (`depth::parse_small`); a parse that
 /// panicked is left to the loader.

@@ -94,3 +94,31 @@ fn every_files_errors_are_reported_in_file_order() {
     assert!(text.contains("trellis::too_deep"), "{text}");
     assert!(text.contains("unknown node `scenaro`"), "{text}");
 }
+
+#[test]
+fn many_files_of_uneven_sizes_decode_in_file_order() {
+    // More files than the threads may take ahead of the decoder, large and small mixed so
+    // that they finish out of order.
+    let files: Vec<(String, String)> = (0..40)
+        .map(|i| {
+            let n = if i % 7 == 0 { 300 } else { 1 + i % 3 };
+            let text = scenarios(&format!("f{i:02}"), n);
+            let text = if i == 0 {
+                format!("{AGENT}{text}")
+            } else {
+                text
+            };
+            (format!("f{i:02}.kdl"), text)
+        })
+        .collect();
+    let files: Vec<(&str, String)> = files.iter().map(|(n, t)| (n.as_str(), t.clone())).collect();
+    let project = load_dir(&files).unwrap_or_else(|d| panic!("{}", d.render_plain()));
+    let names: Vec<String> = project.suites.iter().map(|s| s.name.clone()).collect();
+    let expected: Vec<String> = (0..40).map(|i| format!("f{i:02}")).collect();
+    assert_eq!(names, expected);
+    for (i, suite) in project.suites.iter().enumerate() {
+        let n = if i % 7 == 0 { 300 } else { 1 + i % 3 };
+        assert_eq!(suite.scenarios.len(), n, "{}", suite.name);
+        assert_eq!(suite.scenarios[0].id.value, format!("f{i:02}-0"));
+    }
+}
