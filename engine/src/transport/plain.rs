@@ -11,12 +11,11 @@
 //! Everything else (https, proxies, credentials in the URL, streaming) stays on reqwest; the
 //! caller ([`super::http`]) chooses, and maps failures of both to the same faults.
 
-use std::collections::HashMap;
 use std::future::{Future, poll_fn};
 use std::io;
 use std::net::SocketAddr;
 use std::pin::{Pin, pin};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -33,6 +32,10 @@ use tokio::time::Instant;
 /// Idle connections kept per agent address; more than the run's concurrency is never
 /// useful, and the cap bounds what a run holds open.
 const MAX_IDLE_PER_HOST: usize = 1024;
+
+/// URLs whose [`Endpoint`] the pool keeps. A run calls a handful; one whose URLs vary per
+/// call (a session id in the path) works the rest out at each request, as for the first.
+const MAX_ENDPOINTS: usize = 64;
 
 /// Whether `url` can take the plain path: `http`, no credentials in it (reqwest turns those
 /// into an `Authorization` header), and no proxy that could apply to it.
@@ -68,6 +71,47 @@ impl Address {
             host: url.host_str()?.to_owned(),
             port: url.port_or_known_default()?,
         })
+    }
+}
+
+/// Idle connections to one address, most recently used last, with when each went idle.
+type Idle = Arc<Mutex<Vec<(Conn, Instant)>>>;
+
+/// What every request to one URL shares, worked out at its first request rather than at
+/// each (a `Host` header formatted, a target parsed, an address allocated and hashed were
+/// about 1,500 instructions of every turn against a local agent).
+struct Endpoint {
+    url: Box<str>,
+    address: Address,
+    /// The request target: the URL's path and query, origin-form.
+    target: Option<hyper::Uri>,
+    host: Option<HeaderValue>,
+    /// Shared by every endpoint of the same address.
+    idle: Idle,
+}
+
+impl Endpoint {
+    fn new(url: &Url, address: Address, idle: Idle) -> Endpoint {
+        let mut target =
+            String::with_capacity(url.path().len() + url.query().map_or(0, |q| q.len() + 1));
+        target.push_str(url.path());
+        if let Some(query) = url.query() {
+            target.push('?');
+            target.push_str(query);
+        }
+        let host = match url.port() {
+            Some(_) => format!("{}:{}", address.host, address.port),
+            None => address.host.clone(),
+        };
+        Endpoint {
+            url: url.as_str().into(),
+            // A parsed `Url`'s path and query are always a valid origin-form target, and
+            // its host a valid header value.
+            target: hyper::Uri::try_from(target).ok(),
+            host: HeaderValue::from_str(&host).ok(),
+            address,
+            idle,
+        }
     }
 }
 
@@ -123,13 +167,14 @@ pub(super) enum PlainError {
 pub(super) struct Answer {
     pub(super) response: hyper::Response<Incoming>,
     conn: Conn,
-    address: Address,
+    endpoint: Arc<Endpoint>,
 }
 
 /// The plain-HTTP connection pool of a run.
 #[derive(Default)]
 pub(super) struct PlainPool {
-    idle: Mutex<HashMap<Address, Vec<(Conn, Instant)>>>,
+    /// By URL, in the order first called; a run calls a handful, so a scan beats hashing.
+    endpoints: Mutex<Vec<Arc<Endpoint>>>,
 }
 
 impl std::fmt::Debug for PlainPool {
@@ -150,14 +195,14 @@ impl PlainPool {
         body: Option<&Bytes>,
         connect_timeout: Duration,
     ) -> Result<Answer, PlainError> {
-        let Some(address) = Address::of(url) else {
+        let Some(endpoint) = self.endpoint(url) else {
             return Err(PlainError::Resolve(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "the URL has no host",
             )));
         };
-        let request = || build_request(method, url, &address, headers, body);
-        if let Some(mut conn) = self.take(&address) {
+        let request = || build_request(method, &endpoint, headers, body);
+        if let Some(mut conn) = take(&endpoint.idle) {
             let ready = {
                 let Conn { sender, driver } = &mut conn;
                 drive(driver, poll_fn(|cx| sender.poll_ready(cx))).await
@@ -170,7 +215,7 @@ impl PlainPool {
                         return Ok(Answer {
                             response,
                             conn,
-                            address,
+                            endpoint,
                         });
                     }
                     Err(error) if !lost_unanswered(&error) => {
@@ -181,12 +226,12 @@ impl PlainPool {
                 }
             }
         }
-        let mut conn = connect(&address, connect_timeout).await?;
+        let mut conn = connect(&endpoint.address, connect_timeout).await?;
         match exchange(&mut conn, request()).await {
             Ok(response) => Ok(Answer {
                 response,
                 conn,
-                address,
+                endpoint,
             }),
             Err(error) => Err(PlainError::Exchange { error }),
         }
@@ -201,7 +246,7 @@ impl PlainPool {
         let Answer {
             response,
             conn,
-            address: _,
+            endpoint: _,
         } = answer;
         let body = response.body_mut();
         let Conn { driver, .. } = conn;
@@ -223,31 +268,48 @@ impl PlainPool {
 
     /// Gives a connection whose answer was read to its end back to the pool.
     pub(super) fn release(&self, answer: Answer) {
-        let Answer { conn, address, .. } = answer;
+        let Answer { conn, endpoint, .. } = answer;
         if conn.driver.is_none() || conn.sender.is_closed() {
             return;
         }
-        let Ok(mut idle) = self.idle.lock() else {
+        let Ok(mut idle) = endpoint.idle.lock() else {
             return;
         };
-        let conns = idle.entry(address).or_default();
-        if conns.len() < MAX_IDLE_PER_HOST {
-            conns.push((conn, Instant::now()));
+        if idle.len() < MAX_IDLE_PER_HOST {
+            idle.push((conn, Instant::now()));
         }
     }
 
-    /// The most recently used idle connection to `address` (the likeliest to still be
-    /// open), dropping those idle for longer than the pool keeps them.
-    fn take(&self, address: &Address) -> Option<Conn> {
-        let mut idle = self.idle.lock().ok()?;
-        let conns = idle.get_mut(address)?;
-        while let Some((conn, since)) = conns.pop() {
-            if since.elapsed() < super::http::POOL_IDLE_TIMEOUT && conn.driver.is_some() {
-                return Some(conn);
-            }
+    /// `url`'s endpoint, worked out at its first request; `None` when it has no host.
+    fn endpoint(&self, url: &Url) -> Option<Arc<Endpoint>> {
+        let mut endpoints = self.endpoints.lock().ok()?;
+        if let Some(known) = endpoints.iter().find(|e| *e.url == *url.as_str()) {
+            return Some(known.clone());
         }
-        None
+        let address = Address::of(url)?;
+        // Another URL of the same address (another path) shares its connections.
+        let idle = endpoints
+            .iter()
+            .find(|e| e.address == address)
+            .map_or_else(Idle::default, |e| e.idle.clone());
+        let endpoint = Arc::new(Endpoint::new(url, address, idle));
+        if endpoints.len() < MAX_ENDPOINTS {
+            endpoints.push(endpoint.clone());
+        }
+        Some(endpoint)
     }
+}
+
+/// The most recently used idle connection of `idle` (the likeliest to still be open),
+/// dropping those idle for longer than the pool keeps them.
+fn take(idle: &Idle) -> Option<Conn> {
+    let mut conns = idle.lock().ok()?;
+    while let Some((conn, since)) = conns.pop() {
+        if since.elapsed() < super::http::POOL_IDLE_TIMEOUT && conn.driver.is_some() {
+            return Some(conn);
+        }
+    }
+    None
 }
 
 /// Sends `request` on `conn` and waits for the response headers, driving the connection.
@@ -319,32 +381,19 @@ async fn connect(address: &Address, timeout: Duration) -> Result<Conn, PlainErro
 /// a user agent and `Accept: */*` unless the caller set them, and the turn's trace context.
 fn build_request(
     method: &Method,
-    url: &Url,
-    address: &Address,
+    endpoint: &Endpoint,
     headers: &HeaderMap,
     body: Option<&Bytes>,
 ) -> hyper::Request<Full<Bytes>> {
-    let mut target =
-        String::with_capacity(url.path().len() + url.query().map_or(0, |q| q.len() + 1));
-    target.push_str(url.path());
-    if let Some(query) = url.query() {
-        target.push('?');
-        target.push_str(query);
-    }
     let mut request = hyper::Request::new(Full::new(body.cloned().unwrap_or_default()));
     *request.method_mut() = method.clone();
-    // A parsed `Url`'s path and query are always a valid origin-form target.
-    if let Ok(uri) = hyper::Uri::try_from(target) {
-        *request.uri_mut() = uri;
+    if let Some(target) = &endpoint.target {
+        *request.uri_mut() = target.clone();
     }
     let map = request.headers_mut();
     map.reserve(headers.len() + 4);
-    let host = match url.port() {
-        Some(_) => format!("{}:{}", address.host, address.port),
-        None => address.host.clone(),
-    };
-    if let Ok(host) = HeaderValue::from_str(&host) {
-        map.insert(header::HOST, host);
+    if let Some(host) = &endpoint.host {
+        map.insert(header::HOST, host.clone());
     }
     for (name, value) in headers {
         map.append(name, value.clone());
