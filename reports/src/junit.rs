@@ -10,6 +10,7 @@
 //! before the cases) in front of them. Memory stays flat however many trajectories a run
 //! has, which an in-memory report (such as `quick-junit`'s) cannot offer.
 
+use std::borrow::Cow;
 use std::fmt::Write as _;
 use std::fs::File;
 use std::io::{self, BufWriter, Seek, Write};
@@ -304,8 +305,17 @@ fn seconds(ms: f64) -> f64 {
 
 /// Escapes text for an XML attribute or element. Characters XML 1.0 cannot carry at all
 /// (most control characters, which agents do send) become U+FFFD.
-fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
+fn escape(text: &str) -> Cow<'_, str> {
+    // Names and messages rarely hold anything to escape: those are returned as they are,
+    // found by one pass over their bytes (every character escaped or replaced starts with
+    // an ASCII byte below 0x3f, or is U+FFFE/U+FFFF, which start with 0xEF).
+    let clean = text
+        .bytes()
+        .all(|b| !matches!(b, b'&' | b'<' | b'>' | b'"' | b'\'' | 0xEF) && b >= 0x20);
+    if clean {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
     for c in text.chars() {
         match c {
             '&' => out.push_str("&amp;"),
@@ -320,7 +330,7 @@ fn escape(text: &str) -> String {
             c => out.push(c),
         }
     }
-    out
+    Cow::Owned(out)
 }
 
 #[cfg(test)]
@@ -331,5 +341,17 @@ mod tests {
     fn escapes_markup_and_replaces_characters_xml_cannot_hold() {
         assert_eq!(escape("a<b>&\"c'"), "a&lt;b&gt;&amp;&quot;c&apos;");
         assert_eq!(escape("x\u{1}y\nz"), "x\u{FFFD}y&#10;z");
+        assert_eq!(escape("a\u{FFFE}b\u{FFFF}"), "a\u{FFFD}b\u{FFFD}");
+        assert_eq!(escape("tab\there"), "tab&#9;here");
+        // Nothing to escape: the text itself, not a copy.
+        assert!(matches!(
+            escape("booking / main #3 é"),
+            std::borrow::Cow::Borrowed(_)
+        ));
+        assert!(matches!(
+            escape("\u{FFFD} stays"),
+            std::borrow::Cow::Owned(_)
+        ));
+        assert_eq!(escape("\u{FFFD} stays"), "\u{FFFD} stays");
     }
 }

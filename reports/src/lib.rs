@@ -234,7 +234,7 @@ pub struct ReportWriter {
     skipped_lines: usize,
     /// Trajectory names through each (suite, scenario, node): what makes a node a shared
     /// prefix. Bounded by the size of the suites, not by repetitions.
-    paths: HashMap<(String, String, String), HashSet<String>>,
+    paths: Paths,
     /// The first error writing `junit.xml`'s cases; the other files go on without it.
     junit_failed: Option<ReportError>,
     /// Why the journal on disk cannot be read back for transcripts.
@@ -272,7 +272,7 @@ impl ReportWriter {
             junit: junit::JunitBuilder::new(info),
             finished: None,
             skipped_lines: 0,
-            paths: HashMap::new(),
+            paths: Paths::default(),
             junit_failed: None,
             journal_lost: None,
             trends: None,
@@ -318,15 +318,12 @@ impl ReportWriter {
                 }
                 self.selection.offer(trajectory);
                 for node in &trajectory.nodes {
-                    let key = (
-                        trajectory.suite.clone(),
-                        trajectory.scenario.clone(),
-                        node.clone(),
+                    self.paths.add(
+                        &trajectory.suite,
+                        &trajectory.scenario,
+                        node,
+                        &trajectory.trajectory,
                     );
-                    let names = self.paths.entry(key).or_default();
-                    if !names.contains(&trajectory.trajectory) {
-                        names.insert(trajectory.trajectory.clone());
-                    }
                 }
             }
             JournalEntry::RunFinished(summary) => self.finished = Some(summary.clone()),
@@ -469,7 +466,7 @@ struct Pages<'a> {
     junit: junit::JunitBuilder,
     junit_failed: Option<ReportError>,
     selection: Selection,
-    paths: HashMap<(String, String, String), HashSet<String>>,
+    paths: Paths,
     journal_lost: Option<String>,
     trends: Option<Trends>,
     trend_runs: usize,
@@ -591,6 +588,55 @@ pub(crate) struct NodeSlot {
     pub(crate) trajectories: u32,
 }
 
+/// The trajectory names through each (suite, scenario, node): what makes a node a shared
+/// prefix. Bounded by the size of the suites, not by repetitions.
+#[derive(Default)]
+struct Paths {
+    /// Keyed by [`Paths::key`], built in `scratch`: a trajectory's lookups then allocate
+    /// nothing once its names are known (three keys cloned and hashed per node before).
+    names: HashMap<String, HashSet<String>>,
+    scratch: String,
+}
+
+impl Paths {
+    /// The three names, each but the last after its length, so that no two triples share
+    /// a key whatever their names hold.
+    fn key(out: &mut String, suite: &str, scenario: &str, node: &str) {
+        use std::fmt::Write as _;
+        out.clear();
+        let _ = write!(
+            out,
+            "{}:{suite}{}:{scenario}{node}",
+            suite.len(),
+            scenario.len()
+        );
+    }
+
+    fn add(&mut self, suite: &str, scenario: &str, node: &str, trajectory: &str) {
+        Self::key(&mut self.scratch, suite, scenario, node);
+        match self.names.get_mut(self.scratch.as_str()) {
+            Some(names) => {
+                if !names.contains(trajectory) {
+                    names.insert(trajectory.to_owned());
+                }
+            }
+            None => {
+                let names = HashSet::from([trajectory.to_owned()]);
+                self.names.insert(self.scratch.clone(), names);
+            }
+        }
+    }
+
+    /// How many trajectories go through the node.
+    fn sharing(&self, suite: &str, scenario: &str, node: &str) -> u32 {
+        let mut key = String::new();
+        Self::key(&mut key, suite, scenario, node);
+        self.names
+            .get(&key)
+            .map_or(0, |names| u32::try_from(names.len()).unwrap_or(u32::MAX))
+    }
+}
+
 /// Second pass over the journal: the node records of the trajectories the HTML renders,
 /// and only those, so memory stays bounded by the rendering caps. Only node lines are
 /// decoded, and only their keys unless a rendered transcript needs them. The rendered
@@ -601,16 +647,14 @@ pub(crate) struct NodeSlot {
 fn gather_nodes(
     journal_path: &Path,
     rendered: &Rendered,
-    paths: &HashMap<(String, String, String), HashSet<String>>,
+    paths: &Paths,
 ) -> Result<HashMap<NodeKey, NodeSlot>, ReportError> {
     let mut nodes: HashMap<NodeKey, NodeSlot> = rendered
         .trajectories
         .iter()
         .flat_map(|t| t.nodes.iter().map(move |n| (t, n)))
         .map(|(t, n)| {
-            let sharing = paths
-                .get(&(t.suite.clone(), t.scenario.clone(), n.clone()))
-                .map_or(0, |names| u32::try_from(names.len()).unwrap_or(u32::MAX));
+            let sharing = paths.sharing(&t.suite, &t.scenario, n);
             (
                 NodeKey::of(t, n),
                 NodeSlot {
