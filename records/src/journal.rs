@@ -128,6 +128,7 @@ pub struct NodeRecord {
     pub repetition: u32,
     /// Path of segment labels from the root: `start`, `accepts`, `accepts/then`.
     pub node: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<String>,
     /// Shared with the trajectory's path in the engine: recording a turn does not copy its
     /// messages.

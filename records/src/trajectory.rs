@@ -58,8 +58,10 @@ pub struct TrajectoryRecord {
     /// Time the trajectory's own steps took (its agent calls, retries included), not the
     /// time it waited for a `--jobs` or `concurrency` slot.
     pub duration_ms: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fault: Option<Fault>,
     /// Why the trajectory did not run (status `skipped`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub skip_reason: Option<String>,
     /// Every check on this trajectory: the `expect`s of its turns and its `criteria`.
     pub criteria: Vec<CriterionRecord>,
@@ -187,12 +189,14 @@ impl CriterionStatus {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct CriterionRecord {
     /// The turn checked (`expect`); `None` for trajectory-level `criteria`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub turn_index: Option<u32>,
     /// The criterion as written.
     pub criterion: String,
     pub kind: String,
     pub status: CriterionStatus,
     /// Why it failed or was skipped; what was observed when it passed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
     /// LLM-judged criteria (`judge`, `outcome`): the judge, score, threshold, justification,
     /// per-metric scores and the call's usage.

@@ -41,18 +41,25 @@ pub struct TurnRecord {
     pub started_ms: f64,
     pub latency_ms: f64,
     /// Time to first streamed token; only for streaming protocols.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttft_ms: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub completion_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub total_tokens: Option<u64>,
     /// The turn's tokens at the prices of the provider a model under test is reached
     /// through (`provider=` with `input-price`/`output-price`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost_usd: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider: Option<String>,
     /// Attempts made over every exchange (1 for one clean request).
     pub attempts: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fault: Option<Fault>,
     /// Every request of the turn with its attempts (several for action loops, retries).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
