@@ -101,6 +101,48 @@ copied_column_buffer!(
     Option<bool>
 );
 
+/// A column of names a run repeats on every row (its id, suites, scenarios, agents,
+/// statuses, checks): a row holds the index of its name, so pushing one copies no string.
+/// Cloning each name into each row was about 2,300 instructions a trajectory, and as much
+/// again to free them. The names are kept from batch to batch: they are bounded by the
+/// suites, not by the rows.
+#[derive(Default)]
+struct Names {
+    rows: Vec<usize>,
+    names: Vec<String>,
+    index: std::collections::HashMap<String, usize, foldhash::fast::RandomState>,
+}
+
+impl Names {
+    fn push(&mut self, name: &str) {
+        // Most rows repeat the row before's name.
+        let i = match self.rows.last() {
+            Some(&last) if self.names[last] == name => last,
+            _ => match self.index.get(name) {
+                Some(&i) => i,
+                None => {
+                    self.names.push(name.to_owned());
+                    self.index.insert(name.to_owned(), self.names.len() - 1);
+                    self.names.len() - 1
+                }
+            },
+        };
+        self.rows.push(i);
+    }
+}
+
+impl ColumnBuffer for Names {
+    fn take_column(&mut self, name: &str) -> Column {
+        let names = &self.names;
+        let column = StringChunked::from_iter_values(
+            name.into(),
+            self.rows.iter().map(|&i| names[i].as_str()),
+        );
+        self.rows.clear();
+        column.into_series().into_column()
+    }
+}
+
 impl ColumnBuffer for Vec<Vec<String>> {
     fn take_column(&mut self, name: &str) -> Column {
         let values: usize = self.iter().map(Vec::len).sum();
@@ -155,15 +197,15 @@ macro_rules! table {
 table!(
     /// `trajectories.parquet`: one row per trajectory record.
     TrajectoryRows {
-        run_id: Vec<String>,
+        run_id: Names,
         schema_version: Vec<u32>,
-        suite: Vec<String>,
-        scenario: Vec<String>,
-        trajectory: Vec<String>,
-        agent: Vec<String>,
-        protocol: Vec<String>,
+        suite: Names,
+        scenario: Names,
+        trajectory: Names,
+        agent: Names,
+        protocol: Names,
         repetition: Vec<u32>,
-        status: Vec<String>,
+        status: Names,
         passed: Vec<bool>,
         turns: Vec<u32>,
         duration_ms: Vec<f64>,
@@ -196,12 +238,12 @@ table!(
 table!(
     /// `turns.parquet`: one row per agent turn of an execution node.
     TurnRows {
-        run_id: Vec<String>,
+        run_id: Names,
         schema_version: Vec<u32>,
-        suite: Vec<String>,
-        scenario: Vec<String>,
-        node: Vec<String>,
-        agent: Vec<String>,
+        suite: Names,
+        scenario: Names,
+        node: Names,
+        agent: Names,
         repetition: Vec<u32>,
         turn_index: Vec<u32>,
         user_message: Vec<String>,
@@ -221,7 +263,7 @@ table!(
         fault_message: Vec<Option<String>>,
         parent_node: Vec<Option<String>>,
         messages: Vec<String>,
-        kind: Vec<String>,
+        kind: Names,
         function: Vec<Option<String>>,
         replay: Vec<bool>,
         exchanges: Vec<String>,
@@ -260,17 +302,17 @@ table!(
 table!(
     /// `criteria.parquet`: one row per check of a trajectory.
     CriterionRows {
-        run_id: Vec<String>,
+        run_id: Names,
         schema_version: Vec<u32>,
-        suite: Vec<String>,
-        scenario: Vec<String>,
-        trajectory: Vec<String>,
-        agent: Vec<String>,
+        suite: Names,
+        scenario: Names,
+        trajectory: Names,
+        agent: Names,
         repetition: Vec<u32>,
         turn_index: Vec<Option<u32>>,
-        criterion: Vec<String>,
-        kind: Vec<String>,
-        status: Vec<String>,
+        criterion: Names,
+        kind: Names,
+        status: Names,
         passed: Vec<bool>,
         detail: Vec<Option<String>>,
         judge: Vec<Option<String>>,
@@ -673,11 +715,11 @@ impl Tables {
                 + messages.len()
                 + exchanges.len();
             t.schema_version.push(SCHEMA_VERSION);
-            t.run_id.push(self.run_id.clone());
-            t.suite.push(node.suite.clone());
-            t.scenario.push(node.scenario.clone());
-            t.node.push(node.node.clone());
-            t.agent.push(node.agent.clone());
+            t.run_id.push(&self.run_id);
+            t.suite.push(&node.suite);
+            t.scenario.push(&node.scenario);
+            t.node.push(&node.node);
+            t.agent.push(&node.agent);
             t.repetition.push(node.repetition);
             t.turn_index.push(turn.turn_index);
             t.user_message.push(turn.user_message.clone());
@@ -698,7 +740,7 @@ impl Tables {
             t.fault_message.push(fault_message);
             t.parent_node.push(node.parent.clone());
             t.messages.push(messages);
-            t.kind.push(turn.kind.clone());
+            t.kind.push(&turn.kind);
             t.function.push(turn.function.clone());
             t.replay.push(turn.replay);
             t.exchanges.push(exchanges);
@@ -815,14 +857,14 @@ impl Tables {
         let t = &mut self.trajectories.buf;
         t.bytes += opt_len(fault_message.as_ref()) + opt_len(tr.skip_reason.as_ref());
         t.schema_version.push(SCHEMA_VERSION);
-        t.run_id.push(self.run_id.clone());
-        t.suite.push(tr.suite.clone());
-        t.scenario.push(tr.scenario.clone());
-        t.trajectory.push(tr.trajectory.clone());
-        t.agent.push(tr.agent.clone());
-        t.protocol.push(tr.protocol.clone());
+        t.run_id.push(&self.run_id);
+        t.suite.push(&tr.suite);
+        t.scenario.push(&tr.scenario);
+        t.trajectory.push(&tr.trajectory);
+        t.agent.push(&tr.agent);
+        t.protocol.push(&tr.protocol);
         t.repetition.push(tr.repetition);
-        t.status.push(tr.status.as_str().to_owned());
+        t.status.push(tr.status.as_str());
         t.passed.push(tr.status == TrajectoryStatus::Passed);
         t.turns.push(tr.turns);
         t.duration_ms.push(tr.duration_ms);
@@ -877,16 +919,16 @@ impl Tables {
             let c = &mut self.criteria.buf;
             c.bytes += criterion.criterion.len() + opt_len(criterion.detail.as_ref());
             c.schema_version.push(SCHEMA_VERSION);
-            c.run_id.push(self.run_id.clone());
-            c.suite.push(tr.suite.clone());
-            c.scenario.push(tr.scenario.clone());
-            c.trajectory.push(tr.trajectory.clone());
-            c.agent.push(tr.agent.clone());
+            c.run_id.push(&self.run_id);
+            c.suite.push(&tr.suite);
+            c.scenario.push(&tr.scenario);
+            c.trajectory.push(&tr.trajectory);
+            c.agent.push(&tr.agent);
             c.repetition.push(tr.repetition);
             c.turn_index.push(criterion.turn_index);
-            c.criterion.push(criterion.criterion.clone());
-            c.kind.push(criterion.kind.clone());
-            c.status.push(criterion.status.as_str().to_owned());
+            c.criterion.push(&criterion.criterion);
+            c.kind.push(&criterion.kind);
+            c.status.push(criterion.status.as_str());
             c.passed.push(criterion.status == CriterionStatus::Passed);
             c.detail.push(criterion.detail.clone());
             let judged = criterion.judge.as_deref();
@@ -1016,5 +1058,43 @@ impl Tables {
             spans: done(self.spans.finish()),
         };
         (paths, failed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(column: &Column) -> Vec<Option<String>> {
+        column
+            .str()
+            .unwrap()
+            .iter()
+            .map(|s| s.map(str::to_owned))
+            .collect()
+    }
+
+    #[test]
+    fn names_give_each_row_its_own_name_from_batch_to_batch() {
+        let mut names = Names::default();
+        for name in ["a", "a", "b", "a", "", "c"] {
+            names.push(name);
+        }
+        let first = names.take_column("n");
+        assert_eq!(first.name().as_str(), "n");
+        assert_eq!(
+            strings(&first),
+            ["a", "a", "b", "a", "", "c"].map(|s| Some(s.to_owned()))
+        );
+        // The next batch starts empty, with the names it meets again and new ones.
+        for name in ["c", "d", "a"] {
+            names.push(name);
+        }
+        assert_eq!(
+            strings(&names.take_column("n")),
+            ["c", "d", "a"].map(|s| Some(s.to_owned()))
+        );
+        assert_eq!(names.take_column("n").len(), 0);
+        assert_eq!(names.names.len(), 5, "each name is kept once");
     }
 }
