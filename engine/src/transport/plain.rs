@@ -11,6 +11,7 @@
 //! Everything else (https, proxies, credentials in the URL, streaming) stays on reqwest; the
 //! caller ([`super::http`]) chooses, and maps failures of both to the same faults.
 
+use std::collections::HashMap;
 use std::future::{Future, poll_fn};
 use std::io;
 use std::net::SocketAddr;
@@ -173,8 +174,16 @@ pub(super) struct Answer {
 /// The plain-HTTP connection pool of a run.
 #[derive(Default)]
 pub(super) struct PlainPool {
+    known: Mutex<Known>,
+}
+
+#[derive(Default)]
+struct Known {
     /// By URL, in the order first called; a run calls a handful, so a scan beats hashing.
-    endpoints: Mutex<Vec<Arc<Endpoint>>>,
+    endpoints: Vec<Arc<Endpoint>>,
+    /// The idle connections of every address called, those of URLs past
+    /// [`MAX_ENDPOINTS`] included, so that those are reused too.
+    idle: HashMap<Address, Idle>,
 }
 
 impl std::fmt::Debug for PlainPool {
@@ -282,19 +291,16 @@ impl PlainPool {
 
     /// `url`'s endpoint, worked out at its first request; `None` when it has no host.
     fn endpoint(&self, url: &Url) -> Option<Arc<Endpoint>> {
-        let mut endpoints = self.endpoints.lock().ok()?;
-        if let Some(known) = endpoints.iter().find(|e| *e.url == *url.as_str()) {
-            return Some(known.clone());
+        let mut known = self.known.lock().ok()?;
+        if let Some(endpoint) = known.endpoints.iter().find(|e| *e.url == *url.as_str()) {
+            return Some(endpoint.clone());
         }
         let address = Address::of(url)?;
-        // Another URL of the same address (another path) shares its connections.
-        let idle = endpoints
-            .iter()
-            .find(|e| e.address == address)
-            .map_or_else(Idle::default, |e| e.idle.clone());
+        // Every URL of the same address (another path) shares its connections.
+        let idle = known.idle.entry(address.clone()).or_default().clone();
         let endpoint = Arc::new(Endpoint::new(url, address, idle));
-        if endpoints.len() < MAX_ENDPOINTS {
-            endpoints.push(endpoint.clone());
+        if known.endpoints.len() < MAX_ENDPOINTS {
+            known.endpoints.push(endpoint.clone());
         }
         Some(endpoint)
     }

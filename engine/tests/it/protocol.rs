@@ -719,3 +719,42 @@ async fn every_http1_framing_is_read_and_the_connection_reused_only_when_it_can_
         assert!(lower.contains("content-type: application/json"), "{head}");
     }
 }
+
+/// The plain HTTP path keeps what it works out per URL for a bounded number of URLs; an
+/// agent whose URLs vary per call (a session id in the path) gets its connections reused
+/// all the same, past that bound too.
+#[tokio::test]
+async fn connections_are_kept_alive_across_the_urls_of_one_address() {
+    let server = MisbehavingServer::respond(200, OK_BODY).await;
+    // An agent first called once the first one's URLs fill what the pool keeps.
+    let later = MisbehavingServer::respond(200, OK_BODY).await;
+    let transport = HttpTransport::new();
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(
+        reqwest::header::CONTENT_TYPE,
+        reqwest::header::HeaderValue::from_static("application/json"),
+    );
+    for (session, server) in (0..100)
+        .map(|s| (s, &server))
+        .chain((0..5).map(|s| (s, &later)))
+    {
+        let url: reqwest::Url = format!("{}/sessions/{session}?turn=1", server.url())
+            .parse()
+            .unwrap();
+        let answer = transport
+            .post_json(
+                &url,
+                &headers,
+                bytes::Bytes::from_static(b"{}"),
+                1 << 20,
+                SHORT,
+            )
+            .await
+            .unwrap();
+        assert_eq!(answer.status, 200);
+    }
+    assert_eq!(server.requests(), 100);
+    assert_eq!(server.connections(), 1);
+    assert_eq!(later.requests(), 5);
+    assert_eq!(later.connections(), 1);
+}
