@@ -45,14 +45,6 @@ struct SuitePart {
     cases: Option<BufWriter<File>>,
 }
 
-/// `scenario/trajectory [agent #rep]`.
-pub(crate) fn case_name(t: &TrajectoryRecord) -> String {
-    format!(
-        "{}/{} [{} #{}]",
-        t.scenario, t.trajectory, t.agent, t.repetition
-    )
-}
-
 impl JunitBuilder {
     pub(crate) fn new(info: &RunInfo) -> Self {
         JunitBuilder {
@@ -96,13 +88,24 @@ impl JunitBuilder {
         let seconds = seconds(t.duration_ms);
         suite.counts.tests += 1;
         suite.counts.seconds += seconds;
+        // The case's name is `scenario/trajectory [agent #rep]`. Written piece by piece:
+        // one `write!` of the whole line, with the name formatted first, was about a third
+        // of the recorder's junit work per trajectory. The name's pieces escape the same
+        // apart as together (its separators need none).
         let mut xml = String::with_capacity(256);
+        xml.push_str("    <testcase name=\"");
+        xml.push_str(&escape(&t.scenario));
+        xml.push('/');
+        xml.push_str(&escape(&t.trajectory));
+        xml.push_str(" [");
+        xml.push_str(&escape(&t.agent));
+        let _ = write!(xml, " #{}]\" classname=\"", t.repetition);
+        xml.push_str(&escape(&t.suite));
+        xml.push('.');
+        xml.push_str(&escape(&t.scenario));
         let _ = write!(
             xml,
-            "    <testcase name=\"{}\" classname=\"{}.{}\" time=\"{seconds:.3}\" assertions=\"{}\"",
-            escape(&case_name(t)),
-            escape(&t.suite),
-            escape(&t.scenario),
+            "\" time=\"{seconds:.3}\" assertions=\"{}\"",
             t.criteria.len()
         );
         match t.status {
