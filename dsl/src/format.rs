@@ -425,6 +425,7 @@ fn layout(text: &str) -> String {
         continued: false,
         inline_from: None,
         after_open: false,
+        prev_end: 0,
     };
     let mut lexer = Lexer::new(text);
     while let Some(token) = lexer.next() {
@@ -457,6 +458,8 @@ struct Printer<'a> {
     /// Nothing but the `{` and comments on its line printed yet in this block: no blank
     /// line goes here.
     after_open: bool,
+    /// Where the last token printed ends in the text.
+    prev_end: usize,
 }
 
 impl Printer<'_> {
@@ -522,7 +525,12 @@ impl Printer<'_> {
                 let (now, now_indent) = column_of_end(&self.out);
                 let wanted = (column - indent).saturating_sub(now - now_indent);
                 self.out.extend(std::iter::repeat_n(' ', wanted.max(1)));
-            } else if spaced(prev, kind) {
+            } else if spaced(prev, kind)
+                // Two words written together stay together: the parser reads
+                // `/-a #true"s" { … }` as `/-a #true` and a node `"s"`, and a space would
+                // make them one commented-out node.
+                && !(prev == Tok::Word && kind == Tok::Word && self.prev_end == token.start)
+            {
                 self.out.push(' ');
             }
         }
@@ -550,6 +558,7 @@ impl Printer<'_> {
         self.after_open = kind == Tok::Open || (self.after_open && comment && !line_break);
         self.newlines = 0;
         self.prev = Some(kind);
+        self.prev_end = token.end;
     }
 
     /// A `/* … */` comment; the lines after its first move as far as its first did, so
