@@ -526,10 +526,13 @@ impl Printer<'_> {
                 let wanted = (column - indent).saturating_sub(now - now_indent);
                 self.out.extend(std::iter::repeat_n(' ', wanted.max(1)));
             } else if spaced(prev, kind)
-                // Two words written together stay together: the parser reads
-                // `/-a #true"s" { … }` as `/-a #true` and a node `"s"`, and a space would
+                // A word and a word or type written right after it stay together: the
+                // parser reads `/-a #true"s" { … }` as `/-a #true` and a node `"s"` (and
+                // `/-a #true(t)"s"` as `/-a #true` and a node `(t)"s"`), and a space would
                 // make them one commented-out node.
-                && !(prev == Tok::Word && kind == Tok::Word && self.prev_end == token.start)
+                && !(prev == Tok::Word
+                    && matches!(kind, Tok::Word | Tok::OpenParen)
+                    && self.prev_end == token.start)
             {
                 self.out.push(' ');
             }

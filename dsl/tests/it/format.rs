@@ -145,6 +145,10 @@ fn words_written_together_stay_together() {
         out,
         "include \"shared/agents.kdl\"\n/-scenario #true\"s\" {\n    user \"hi\"\n}\n"
     );
+    // A type annotation after the keyword starts the node the same way.
+    let text = "/-scenario #false(t)\"s\"   {\n  user \"hi\"\n}\n";
+    let out = format_once(text).expect("the text parses");
+    assert_eq!(out, "/-scenario #false(t)\"s\" {\n    user \"hi\"\n}\n");
 }
 
 #[test]
