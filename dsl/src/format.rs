@@ -10,7 +10,9 @@
 //! hand-made layout survives: a block written on one line stays on one line
 //! (`user-context { zone "V5K" }`), a comment after code keeps its distance from the line's
 //! indentation (so aligned comments stay aligned), a `\` line continuation stays, its next
-//! line one level deeper, and the file's line endings (LF or CRLF) are kept.
+//! line one level deeper, a word and the word or type written right against it stay
+//! together (the parser reads `/-a #true"s"` as the slashdashed `a #true` and a node `"s"`),
+//! and the file's line endings (LF or CRLF) are kept.
 //!
 //! Why not `kdl`'s own `KdlDocument::autoformat`: it drops comments that follow a `}` on
 //! its line, moves a node's trailing `// comment` onto the next node, removes blank lines,
