@@ -390,6 +390,32 @@ fn slashdash_after_slashdash_is_refused_before_parsing() {
     );
 }
 
+/// Slashdashed nodes last in their block, and slashdashed children blocks, nested: the
+/// parser (kdl 6.7.1) parsed each level's twice, so 24 levels took minutes
+/// (`vendor/kdl/PATCHES.md`). Forty levels of each load at once; a hang aborts the binary
+/// through [`bounded`].
+#[test]
+fn nested_slashdashed_nodes_and_blocks_load() {
+    let dir = tempdir();
+    let path = dir.path().join("nested.kdl");
+    for commented in ["/-branch \"b\" {\n    user \"x\"\n", "user \"x\" /-{\n"] {
+        let text = format!(
+            "agent \"a\" protocol=\"connexity\" url=\"http://127.0.0.1:1/agent\"\n\
+             scenario \"s\" {{\n    user \"hi\"\n{}{}}}\n",
+            commented.repeat(40),
+            "}\n".repeat(40)
+        );
+        std::fs::write(&path, &text).unwrap();
+        let loaded = bounded(&text, || {
+            trellis_dsl::load(&[&path], &trellis_engine::protocol::registry::specs())
+                .map_err(|diags| diags.render_plain())
+        });
+        if let Err(shown) = loaded {
+            panic!("{shown}\n{text}");
+        }
+    }
+}
+
 /// Found by the million-case run of `loader_survives_mutated_suites`: a `json-path` of
 /// nested filters, each of which made the path parser about four times slower. The loader
 /// refuses paths nested over its limit before parsing them.
