@@ -392,8 +392,8 @@ fn slashdash_after_slashdash_is_refused_before_parsing() {
 
 /// Slashdashed nodes last in their block, and slashdashed children blocks, nested: the
 /// parser (kdl 6.7.1) parsed each level's twice, so 24 levels took minutes
-/// (`vendor/kdl/PATCHES.md`). Forty levels of each load at once; a hang aborts the binary
-/// through [`bounded`].
+/// (`vendor/kdl/PATCHES.md`). Forty levels of each load at once, and forty levels with a
+/// syntax error each fail at once; a hang aborts the binary through [`bounded`].
 #[test]
 fn nested_slashdashed_nodes_and_blocks_load() {
     let dir = tempdir();
@@ -414,6 +414,20 @@ fn nested_slashdashed_nodes_and_blocks_load() {
             panic!("{shown}\n{text}");
         }
     }
+    // The same nesting with a syntax error at every level, the blocks never closed: the
+    // parser's error recovery went through the same double parses.
+    let text = format!(
+        "suite \"x\"\n{}",
+        "/-scenario \"x\"\"s\" {\n    \"echo\"\n\n".repeat(40)
+    );
+    std::fs::write(&path, &text).unwrap();
+    let shown = bounded(&text, || {
+        match trellis_dsl::load(&[&path], &trellis_engine::protocol::registry::specs()) {
+            Ok(_) => panic!("loaded"),
+            Err(diags) => diags.render_plain(),
+        }
+    });
+    assert!(shown.contains("Expected quoted string"), "{shown}");
 }
 
 /// Found by the million-case run of `loader_survives_mutated_suites`: a `json-path` of
