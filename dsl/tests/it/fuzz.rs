@@ -369,6 +369,17 @@ fn tempdir() -> tempfile::TempDir {
     tempfile::tempdir().unwrap()
 }
 
+/// Writes `text` to `path` and loads it under the hang watchdog: the suite, or its
+/// diagnostics rendered.
+fn load_bounded(path: &Path, text: &str) -> Result<(), String> {
+    std::fs::write(path, text).unwrap();
+    bounded(text, || {
+        trellis_dsl::load(&[path], &trellis_engine::protocol::registry::specs())
+            .map(|_| ())
+            .map_err(|diags| diags.render_plain())
+    })
+}
+
 /// Found by the million-case run of `loader_survives_mutated_suites`: a `/-` right after
 /// another one is a syntax error the parser recovers from by rescanning the rest of the node,
 /// so a few thousand of them on one line took minutes. The loader refuses the first one.
@@ -377,13 +388,7 @@ fn slashdash_after_slashdash_is_refused_before_parsing() {
     let dir = tempdir();
     let path = dir.path().join("fuzz.kdl");
     let text = format!("suite \"x\"\n{}", "/- /- x ".repeat(2_000));
-    std::fs::write(&path, &text).unwrap();
-    let shown = bounded(&text, || {
-        match trellis_dsl::load(&[&path], &trellis_engine::protocol::registry::specs()) {
-            Ok(_) => panic!("loaded"),
-            Err(diags) => diags.render_plain(),
-        }
-    });
+    let shown = load_bounded(&path, &text).expect_err("loaded");
     assert!(
         shown.contains("`/-` right after another `/-`") && shown.contains("fuzz.kdl:2:4"),
         "{shown}"
@@ -405,12 +410,7 @@ fn nested_slashdashed_nodes_and_blocks_load() {
             commented.repeat(40),
             "}\n".repeat(40)
         );
-        std::fs::write(&path, &text).unwrap();
-        let loaded = bounded(&text, || {
-            trellis_dsl::load(&[&path], &trellis_engine::protocol::registry::specs())
-                .map_err(|diags| diags.render_plain())
-        });
-        if let Err(shown) = loaded {
+        if let Err(shown) = load_bounded(&path, &text) {
             panic!("{shown}\n{text}");
         }
     }
@@ -420,13 +420,7 @@ fn nested_slashdashed_nodes_and_blocks_load() {
         "suite \"x\"\n{}",
         "/-scenario \"x\"\"s\" {\n    \"echo\"\n\n".repeat(40)
     );
-    std::fs::write(&path, &text).unwrap();
-    let shown = bounded(&text, || {
-        match trellis_dsl::load(&[&path], &trellis_engine::protocol::registry::specs()) {
-            Ok(_) => panic!("loaded"),
-            Err(diags) => diags.render_plain(),
-        }
-    });
+    let shown = load_bounded(&path, &text).expect_err("loaded");
     assert!(shown.contains("Expected quoted string"), "{shown}");
 }
 
@@ -441,13 +435,7 @@ fn nested_json_path_filters_are_refused_before_parsing() {
         "agent \"a\" protocol=\"connexity\" builtin=\"booking\"\nscenario \"s\" {{\n  user \"hi\"\n  capture \"c\" json-path=\"$[?@.kins[0].parts{}\"\n}}\n",
         "[?@.kins[0].parts".repeat(40)
     );
-    std::fs::write(&path, &text).unwrap();
-    let shown = bounded(&text, || {
-        match trellis_dsl::load(&[&path], &trellis_engine::protocol::registry::specs()) {
-            Ok(_) => panic!("loaded"),
-            Err(diags) => diags.render_plain(),
-        }
-    });
+    let shown = load_bounded(&path, &text).expect_err("loaded");
     assert!(
         shown.contains("JSON path nested more than") && shown.contains("fuzz.kdl:4:25"),
         "{shown}"
@@ -465,13 +453,7 @@ fn unclosed_multi_line_strings_are_refused_before_parsing() {
         "scenario \"s\" {{\n  user {}}}\n",
         "#\"\"\"\n".repeat(5_000)
     );
-    std::fs::write(&path, &text).unwrap();
-    let shown = bounded(&text, || {
-        match trellis_dsl::load(&[&path], &trellis_engine::protocol::registry::specs()) {
-            Ok(_) => panic!("loaded"),
-            Err(diags) => diags.render_plain(),
-        }
-    });
+    let shown = load_bounded(&path, &text).expect_err("loaded");
     assert!(
         shown.contains("multi-line string not closed") && shown.contains("fuzz.kdl:2:8"),
         "{shown}"
