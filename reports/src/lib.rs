@@ -22,6 +22,7 @@ mod journal;
 mod junit;
 pub mod labels;
 pub mod pivot;
+mod row_groups;
 mod staged;
 pub mod stats;
 mod tables;

@@ -3,7 +3,7 @@
 //!
 //! Rows are appended to plain `Vec` column buffers; once a table holds `batch_rows` rows (or
 //! roughly [`FLUSH_BYTES`] of text) the buffers become one `DataFrame` that is written as a
-//! row group and dropped. Memory therefore depends on the batch size, never on the size of
+//! row group (its columns encoded by [`crate::row_groups`]) and dropped. Memory therefore depends on the batch size, never on the size of
 //! the journal. Each file is written as `NAME.parquet.partial` and renamed when complete
 //! (see [`crate::staged`]). A table that cannot be written (disk full) stops taking rows and
 //! reports why at the end; the other tables go on. Column names and types are documented in
@@ -42,11 +42,6 @@ const QUIET_MIN_SHARE: usize = 8;
 /// there. Snappy is also what pandas writes; every reader reads it. Both the batches written
 /// through polars' writer and those written plainly ([`write_options`]) use it.
 const COMPRESSION: ParquetCompression = ParquetCompression::Snappy;
-
-/// Batches of at most this many rows are written without dictionary encoding
-/// ([`write_plain`]). polars dictionary-encodes every column of a batch this
-/// small; a file reads the same either way.
-const PLAIN_ROWS: usize = 128;
 
 pub(crate) const TRAJECTORIES_FILE: &str = "trajectories.parquet";
 pub(crate) const TURNS_FILE: &str = "turns.parquet";
@@ -439,46 +434,6 @@ impl Write for SharedFile {
     }
 }
 
-/// Writes `frame` as row groups with every column plainly encoded: what polars' writer
-/// does, but without its dictionary attempt. For each string or float column chunk that
-/// attempt estimates the cardinality with a HyperLogLog of 16,384 registers, at about
-/// 73 k instructions whatever the rows (5.8 M of a one-trajectory run's 28.7 M), and at
-/// up to [`PLAIN_ROWS`] rows it dictionary-encodes whatever the estimate says.
-fn write_plain(writer: &mut BatchedWriter<SharedFile>, frame: &DataFrame) -> PolarsResult<()> {
-    use polars_parquet::write::{Encoding, array_to_columns, compress, get_dtype_encoding};
-    let fields = writer.parquet_schema().fields().to_vec();
-    let options = write_options();
-    for batch in frame.iter_chunks(CompatLevel::newest(), false) {
-        if batch.is_empty() {
-            continue;
-        }
-        let mut columns = Vec::with_capacity(fields.len());
-        for (array, type_) in batch.columns().iter().zip(&fields) {
-            let encodings: Vec<Encoding> = get_dtype_encoding(array.dtype())
-                .into_iter()
-                .map(|e| match e {
-                    Encoding::RleDictionary => Encoding::Plain,
-                    e => e,
-                })
-                .collect();
-            for pages in array_to_columns(array, type_.clone(), options, &encodings)? {
-                columns.push(
-                    pages
-                        .map(|page| {
-                            page.and_then(|page| {
-                                compress(page, Vec::new(), options.compression)
-                                    .map_err(PolarsError::from)
-                            })
-                        })
-                        .collect::<PolarsResult<Vec<_>>>()?,
-                );
-            }
-        }
-        writer.write_row_group(batch.len() as u64, &columns)?;
-    }
-    Ok(())
-}
-
 /// What `ParquetWriter` writes with (its defaults and [`COMPRESSION`]): the same for the
 /// batches written through it and for those written plainly.
 fn write_options() -> polars_parquet::write::WriteOptions {
@@ -563,11 +518,7 @@ impl<R: Rows> TableFile<R> {
         };
         let frame = self.buf.take_frame().map_err(polars_error)?;
         self.written += frame.height();
-        if frame.height() <= PLAIN_ROWS {
-            write_plain(&mut self.writer, &frame).map_err(polars_error)
-        } else {
-            self.writer.write_batch(&frame).map_err(polars_error)
-        }
+        crate::row_groups::write(&mut self.writer, &frame, write_options()).map_err(polars_error)
     }
 
     /// The path of the finished file, or why it could not be written.
