@@ -32,9 +32,11 @@ pub const PROVIDER: &str = "trellis";
 /// The price of a duct cleaning, in dollars.
 pub const PRICE: u32 = 249;
 
-/// A Canadian postal code (`V4T 0A7`, `v4t0a7`, `V4T-0A7`) or a US ZIP code.
+/// A Canadian postal code (`V4T 0A7`, `v4t0a7`, `V4T-0A7`) or a US ZIP code. ASCII only
+/// (`-u`), as postal codes are: Unicode case folding and word boundaries made compiling it
+/// touch about 110 fresh pages, in the first turn of every run against this agent.
 static POSTAL_CODE: LazyLock<Regex> = LazyLock::new(|| {
-    Regex::new(r"(?i)\b(?:([a-z][0-9][a-z])[ -]?([0-9][a-z][0-9])|([0-9]{5}))\b")
+    Regex::new(r"(?i-u)\b(?:([a-z][0-9][a-z])[ -]?([0-9][a-z][0-9])|([0-9]{5}))\b")
         .expect("the postal-code pattern is a valid regex")
 });
 
