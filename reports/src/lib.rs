@@ -97,6 +97,10 @@ pub struct ReportOptions {
     pub max_failing_transcripts: usize,
     /// Full transcripts rendered for passed trajectories.
     pub max_passing_transcripts: usize,
+    /// Of those, the most for repetitions of one trajectory with one agent: a scenario
+    /// repeated thousands of times shows a few of its passes, not the whole budget of them,
+    /// and leaves room for the passes of the scenarios after it.
+    pub max_passing_transcripts_per_trajectory: usize,
     /// Rows buffered per Parquet table before they are written as a row group.
     pub batch_rows: usize,
     /// Earlier runs drawn in each scenario's trend in `report.html`, read from the run
@@ -109,6 +113,7 @@ impl Default for ReportOptions {
         ReportOptions {
             max_failing_transcripts: 500,
             max_passing_transcripts: 200,
+            max_passing_transcripts_per_trajectory: 5,
             batch_rows: 8 * 1024,
             trend_runs: 10,
         }

@@ -1,6 +1,6 @@
 //! Running totals and the choice of trajectories the HTML report renders in full.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use trellis_records::{CriterionStatus, NodeRecord, TrajectoryRecord, TrajectoryStatus};
 
@@ -106,6 +106,10 @@ pub(crate) struct Selection {
     passing: Vec<TrajectoryRecord>,
     max_failing: usize,
     max_passing: usize,
+    max_passing_per_trajectory: usize,
+    /// Passed transcripts kept per trajectory and agent (suite, scenario, trajectory and
+    /// agent, joined by NUL): bounded by the suites, not by repetitions.
+    passing_per_trajectory: HashMap<String, usize>,
     omitted_failing: u64,
     omitted_passing: u64,
     /// Trajectories offered so far: the journal's trajectory entries, counted in order.
@@ -132,6 +136,8 @@ impl Selection {
             passing: Vec::new(),
             max_failing: options.max_failing_transcripts,
             max_passing: options.max_passing_transcripts,
+            max_passing_per_trajectory: options.max_passing_transcripts_per_trajectory,
+            passing_per_trajectory: HashMap::new(),
             omitted_failing: 0,
             omitted_passing: 0,
             offered: 0,
@@ -141,6 +147,21 @@ impl Selection {
 
     pub(crate) fn offer(&mut self, trajectory: &TrajectoryRecord) {
         self.offered = self.offered.saturating_add(1);
+        if trajectory.status == TrajectoryStatus::Passed && self.passing.len() < self.max_passing {
+            let key = [
+                trajectory.suite.as_str(),
+                &trajectory.scenario,
+                &trajectory.trajectory,
+                &trajectory.agent,
+            ]
+            .join("\0");
+            let kept = self.passing_per_trajectory.entry(key).or_default();
+            if *kept >= self.max_passing_per_trajectory {
+                self.omitted_passing = self.omitted_passing.saturating_add(1);
+                return;
+            }
+            *kept += 1;
+        }
         let (kept, max, omitted) = if trajectory.status == TrajectoryStatus::Passed {
             (
                 &mut self.passing,
@@ -238,5 +259,50 @@ mod selection_tests {
             .collect();
         assert_eq!(names, ["f1", "s1"]);
         assert_eq!(rendered.omitted_failing, 2);
+    }
+
+    #[test]
+    fn a_much_repeated_trajectory_leaves_room_for_the_passes_after_it() {
+        let options = ReportOptions {
+            max_passing_transcripts: 4,
+            max_passing_transcripts_per_trajectory: 2,
+            ..ReportOptions::default()
+        };
+        let mut selection = Selection::new(&options);
+        for repetition in 0..5 {
+            let mut passed = record(TrajectoryStatus::Passed, "repeated");
+            passed.repetition = repetition;
+            selection.offer(&passed);
+        }
+        let mut other_agent = record(TrajectoryStatus::Passed, "repeated");
+        other_agent.agent = "b".into();
+        selection.offer(&other_agent);
+        selection.offer(&record(TrajectoryStatus::Passed, "later"));
+        selection.offer(&record(TrajectoryStatus::Passed, "last"));
+        // Failures are not capped per trajectory.
+        for _ in 0..3 {
+            selection.offer(&record(TrajectoryStatus::Failed, "repeated"));
+        }
+        let rendered = selection.into_ordered();
+        let kept: Vec<(&str, &str, u32)> = rendered
+            .trajectories
+            .iter()
+            .map(|t| (t.trajectory.as_str(), t.agent.as_str(), t.repetition))
+            .collect();
+        assert_eq!(
+            kept,
+            [
+                ("repeated", "a", 0),
+                ("repeated", "a", 0),
+                ("repeated", "a", 0),
+                ("repeated", "a", 0),
+                ("repeated", "a", 1),
+                ("repeated", "b", 0),
+                ("later", "a", 0),
+            ]
+        );
+        // Three repetitions over the per-trajectory cap, and `last` over the page's.
+        assert_eq!(rendered.omitted_passing, 4);
+        assert_eq!(rendered.omitted_failing, 0);
     }
 }
