@@ -36,9 +36,11 @@ pub type Trends = BTreeMap<(String, String), ScenarioTrend>;
 /// `started_at`, per scenario. A directory that is not a complete run (no readable
 /// `summary.json`) is passed over: a trend is a convenience, never a reason to fail.
 ///
-/// Each sibling's `summary.json` is read, not its Parquet tables: the end of every run
-/// reads this, and a runs directory only grows (the trajectories table of one 20,000-case
-/// run took longer to read than the rest of a small run's reports).
+/// A directory named by a run id (`runs/<run-id>`) is taken to hold that run until read:
+/// only the latest of them are read. Each sibling's `summary.json` is read, not its Parquet
+/// tables: the end of every run reads this, and a runs directory only grows (the
+/// trajectories table of one 20,000-case run took longer to read than the rest of a small
+/// run's reports).
 pub(crate) fn trends_from_sibling_runs(
     run_dir: &Path,
     run_id: &str,
@@ -51,31 +53,41 @@ pub(crate) fn trends_from_sibling_runs(
     let Ok(entries) = std::fs::read_dir(parent) else {
         return Trends::new();
     };
+    let current = (started_at, run_id);
     // The `limit` latest earlier runs, by (started_at, run_id).
     let mut latest: BTreeMap<(String, String), Vec<ScenarioRow>> = BTreeMap::new();
+    // A runs directory only grows, and reading every sibling's summary made the end of a
+    // run next to 1,000 others 60 ms longer. Directories named by their run id (what
+    // `runs/` holds) sort by when they started without being read: they are read latest
+    // first, and once `limit` earlier runs are kept, the older names are passed over.
+    // Every other directory is read, and every one once a name read turns out not to be
+    // its run's id; a directory named as an older run than it holds can be passed over.
+    let mut named = Vec::new();
     for dir in entries.filter_map(Result::ok).map(|e| e.path()) {
-        // A watch rerun, watch's `latest` mirror or one shard of a run is not a whole run:
-        // its pass counts would draw a scenario's trend from part of the suite.
-        if dir.file_name() == Some(std::ffi::OsStr::new(crate::history::WATCH_LATEST))
-            || !dir.join(RUNS_FILE).is_file()
-            || crate::history::is_part_of_run(&dir)
+        match dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(run_id_key)
         {
-            continue;
+            Some(key) => named.push((key, dir)),
+            None => {
+                consider(&dir, current, limit, &mut latest);
+            }
         }
-        let Some(summary) = read_summary(&dir.join(crate::SUMMARY_FILE)) else {
-            continue;
-        };
-        let TrendStats {
-            run_id: id,
-            started_at: started,
-            scenarios,
-        } = summary.stats;
-        if id == run_id || (started.as_str(), id.as_str()) >= (started_at, run_id) {
-            continue;
+    }
+    named.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+    let mut names_hold = true;
+    for (key, dir) in &named {
+        if names_hold
+            && latest.len() >= limit
+            && latest
+                .first_key_value()
+                .is_some_and(|(oldest, _)| key < oldest)
+        {
+            break;
         }
-        latest.insert((started, id), scenarios);
-        if latest.len() > limit {
-            latest.pop_first();
+        if let Some(read) = consider(dir, current, limit, &mut latest) {
+            names_hold &= read == *key;
         }
     }
     let mut trends = Trends::new();
@@ -126,7 +138,197 @@ struct RowCounts {
     skipped: u64,
 }
 
+/// Reads the run in `dir` into `latest` (the `limit` latest runs before `current`, by
+/// `(started_at, run_id)`) if it is a whole run; returns its `(started_at, run_id)` if it
+/// has a summary.
+fn consider(
+    dir: &Path,
+    current: (&str, &str),
+    limit: usize,
+    latest: &mut BTreeMap<(String, String), Vec<ScenarioRow>>,
+) -> Option<(String, String)> {
+    // A watch rerun, watch's `latest` mirror or one shard of a run is not a whole run: its
+    // pass counts would draw a scenario's trend from part of the suite.
+    if dir.file_name() == Some(std::ffi::OsStr::new(crate::history::WATCH_LATEST))
+        || !dir.join(RUNS_FILE).is_file()
+        || crate::history::is_part_of_run(dir)
+    {
+        return None;
+    }
+    let summary = read_summary(&dir.join(crate::SUMMARY_FILE))?;
+    let TrendStats {
+        run_id: id,
+        started_at: started,
+        scenarios,
+    } = summary.stats;
+    let key = (started, id);
+    if key.1 == current.1 || (key.0.as_str(), key.1.as_str()) >= current {
+        return Some(key);
+    }
+    latest.insert(key.clone(), scenarios);
+    if latest.len() > limit {
+        latest.pop_first();
+    }
+    Some(key)
+}
+
+/// `(started_at, run_id)` as a run directory named by its run id says: `20261122T035000.123Z-1a2b`
+/// (or the older `20261122T035000Z-1a2b`) started at `2026-11-22T03:50:00Z`.
+fn run_id_key(name: &str) -> Option<(String, String)> {
+    let (stamp, salt) = name.split_once("Z-")?;
+    let (seconds, millis) = match stamp.split_once('.') {
+        Some((seconds, millis)) => (seconds, Some(millis)),
+        None => (stamp, None),
+    };
+    let (date, time) = seconds.split_once('T')?;
+    let digits = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_digit());
+    if !digits(date, 8)
+        || !digits(time, 6)
+        || millis.is_some_and(|m| !digits(m, 3))
+        || salt.len() != 4
+        || !salt.bytes().all(|b| b.is_ascii_hexdigit())
+    {
+        return None;
+    }
+    let started = format!(
+        "{}-{}-{}T{}:{}:{}Z",
+        &date[..4],
+        &date[4..6],
+        &date[6..],
+        &time[..2],
+        &time[2..4],
+        &time[4..]
+    );
+    Some((started, name.to_string()))
+}
+
 fn read_summary(path: &Path) -> Option<TrendSummary> {
     let text = std::fs::read(path).ok()?;
     serde_json::from_slice(&text).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A finished run of `run_id` started at `started_at` in `parent/name`.
+    fn run(parent: &Path, name: &str, run_id: &str, started_at: &str) {
+        let dir = parent.join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(RUNS_FILE), b"").unwrap();
+        let summary = serde_json::json!({"stats": {
+            "run_id": run_id,
+            "started_at": started_at,
+            "scenarios": [{"suite": "s", "scenario": "c",
+                "counts": {"trajectories": 1, "passed": 1, "skipped": 0}}],
+        }});
+        std::fs::write(dir.join(crate::SUMMARY_FILE), summary.to_string()).unwrap();
+    }
+
+    fn trend_runs(parent: &Path) -> Vec<String> {
+        let current = "20261104T000000.000Z-eeee";
+        trends_from_sibling_runs(&parent.join(current), current, "2026-11-04T00:00:00Z", 2)
+            .remove(&("s".to_string(), "c".to_string()))
+            .map(|t| t.points.into_iter().map(|p| p.run_id).collect())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn the_latest_earlier_runs_whether_named_by_their_id_or_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let parent = dir.path();
+        run(
+            parent,
+            "20261101T000000.000Z-aaaa",
+            "20261101T000000.000Z-aaaa",
+            "2026-11-01T00:00:00Z",
+        );
+        run(
+            parent,
+            "20261102T000000Z-bbbb",
+            "20261102T000000Z-bbbb",
+            "2026-11-02T00:00:00Z",
+        );
+        run(
+            parent,
+            "baseline",
+            "20261102T120000.000Z-dddd",
+            "2026-11-02T12:00:00Z",
+        );
+        run(
+            parent,
+            "20261103T000000.000Z-cccc",
+            "20261103T000000.000Z-cccc",
+            "2026-11-03T00:00:00Z",
+        );
+        // Started after the current run: not an earlier one.
+        run(
+            parent,
+            "20261105T000000.000Z-ffff",
+            "20261105T000000.000Z-ffff",
+            "2026-11-05T00:00:00Z",
+        );
+        assert_eq!(
+            trend_runs(parent),
+            ["20261102T120000.000Z-dddd", "20261103T000000.000Z-cccc"]
+        );
+    }
+
+    #[test]
+    fn a_directory_named_as_a_later_run_is_placed_by_the_run_it_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let parent = dir.path();
+        run(
+            parent,
+            "20261101T000000.000Z-aaaa",
+            "20261101T000000.000Z-aaaa",
+            "2026-11-01T00:00:00Z",
+        );
+        run(
+            parent,
+            "20261102T000000.000Z-bbbb",
+            "20261102T000000.000Z-bbbb",
+            "2026-11-02T00:00:00Z",
+        );
+        // Named as the latest, holding the oldest.
+        run(
+            parent,
+            "20261103T120000.000Z-0000",
+            "20261031T000000.000Z-9999",
+            "2026-10-31T00:00:00Z",
+        );
+        run(
+            parent,
+            "20261103T000000.000Z-cccc",
+            "20261103T000000.000Z-cccc",
+            "2026-11-03T00:00:00Z",
+        );
+        assert_eq!(
+            trend_runs(parent),
+            ["20261102T000000.000Z-bbbb", "20261103T000000.000Z-cccc"]
+        );
+    }
+
+    #[test]
+    fn run_ids_give_their_start() {
+        assert_eq!(
+            run_id_key("20261122T035000.123Z-1a2b"),
+            Some((
+                "2026-11-22T03:50:00Z".into(),
+                "20261122T035000.123Z-1a2b".into()
+            ))
+        );
+        assert_eq!(
+            run_id_key("20261122T035000Z-1a2b").map(|k| k.0),
+            Some("2026-11-22T03:50:00Z".into())
+        );
+        for name in [
+            "baseline",
+            "20261122T035000.12Z-1a2b",
+            "20261122T035000Z-1a2",
+            "2026112T035000Z-1a2b",
+        ] {
+            assert_eq!(run_id_key(name), None, "{name}");
+        }
+    }
 }
