@@ -82,14 +82,14 @@ pub(crate) fn write<W: std::io::Write>(
 /// plain batch are plainly encoded. An integer column keeps polars' dictionary attempt,
 /// which for integers is a cheap pass over their range.
 fn encodings_of(dtype: &ArrowDataType, plain: bool) -> Vec<Encoding> {
-    let estimated = matches!(
+    let decided = matches!(
         dtype,
         ArrowDataType::Utf8View | ArrowDataType::Float64 | ArrowDataType::Float32
     );
     get_dtype_encoding(dtype)
         .into_iter()
         .map(|e| match e {
-            Encoding::RleDictionary if plain || estimated => Encoding::Plain,
+            Encoding::RleDictionary if plain || decided => Encoding::Plain,
             e => e,
         })
         .collect()
@@ -199,8 +199,8 @@ fn dictionary(
 mod tests {
     use super::*;
 
-    /// The strings a dictionary array stands for, row by row.
-    fn strings(array: &dyn Array) -> Vec<Option<String>> {
+    /// A dictionary array's keys, row by row, and its values as a `V` array.
+    fn parts<V: Array + 'static>(array: &dyn Array) -> (Vec<Option<usize>>, &V) {
         let dictionary = array
             .as_any()
             .downcast_ref::<DictionaryArray<u32>>()
@@ -208,12 +208,17 @@ mod tests {
         let values = dictionary
             .values()
             .as_any()
-            .downcast_ref::<Utf8ViewArray>()
-            .expect("string values");
-        dictionary
-            .keys()
-            .iter()
-            .map(|key| key.map(|&k| values.value(k as usize).to_string()))
+            .downcast_ref::<V>()
+            .expect("values of the type asked for");
+        let keys = dictionary.keys().iter().map(|k| k.map(|&k| k as usize));
+        (keys.collect(), values)
+    }
+
+    /// The strings a dictionary array stands for, row by row.
+    fn strings(array: &dyn Array) -> Vec<Option<String>> {
+        let (keys, values) = parts::<Utf8ViewArray>(array);
+        keys.into_iter()
+            .map(|key| key.map(|k| values.value(k).to_string()))
             .collect()
     }
 
@@ -224,11 +229,8 @@ mod tests {
         let dictionary = dictionary_of(&array).expect("4 of 6 rows repeat");
         let expected: Vec<Option<String>> = rows.iter().map(|r| r.map(str::to_string)).collect();
         assert_eq!(strings(dictionary.as_ref()), expected);
-        let distinct = dictionary
-            .as_any()
-            .downcast_ref::<DictionaryArray<u32>>()
-            .map(|d| d.values().len());
-        assert_eq!(distinct, Some(2));
+        let (_, values) = parts::<Utf8ViewArray>(dictionary.as_ref());
+        assert_eq!(values.len(), 2);
     }
 
     #[test]
@@ -258,19 +260,10 @@ mod tests {
         ];
         let array: PrimitiveArray<f64> = rows.iter().collect();
         let dictionary = dictionary_of(&array).expect("3 of 6 values are distinct");
-        let dictionary = dictionary
-            .as_any()
-            .downcast_ref::<DictionaryArray<u32>>()
-            .expect("a dictionary");
-        let values = dictionary
-            .values()
-            .as_any()
-            .downcast_ref::<PrimitiveArray<f64>>()
-            .expect("float values");
-        let read: Vec<Option<u64>> = dictionary
-            .keys()
-            .iter()
-            .map(|k| k.map(|&k| values.value(k as usize).to_bits()))
+        let (keys, values) = parts::<PrimitiveArray<f64>>(dictionary.as_ref());
+        let read: Vec<Option<u64>> = keys
+            .into_iter()
+            .map(|k| k.map(|k| values.value(k).to_bits()))
             .collect();
         let expected: Vec<Option<u64>> = rows.iter().map(|r| r.map(f64::to_bits)).collect();
         assert_eq!(read, expected);

@@ -3,8 +3,8 @@
 //!
 //! Rows are appended to plain `Vec` column buffers; once a table holds `batch_rows` rows (or
 //! roughly [`FLUSH_BYTES`] of text) the buffers become one `DataFrame` that is written as a
-//! row group (its columns encoded by [`crate::row_groups`]) and dropped. Memory therefore depends on the batch size, never on the size of
-//! the journal. Each file is written as `NAME.parquet.partial` and renamed when complete
+//! row group (its columns encoded by [`crate::row_groups`]) and dropped. Memory therefore
+//! depends on the batch size, never on the size of the journal. Each file is written as `NAME.parquet.partial` and renamed when complete
 //! (see [`crate::staged`]). A table that cannot be written (disk full) stops taking rows and
 //! reports why at the end; the other tables go on. Column names and types are documented in
 //! `docs/results.md`.

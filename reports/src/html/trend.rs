@@ -233,43 +233,34 @@ mod tests {
             .unwrap_or_default()
     }
 
+    /// Finished runs in `parent`, each `(directory name, run id, started_at)`; a name of
+    /// `None` is the run's id.
+    fn runs(parent: &Path, runs: &[(Option<&str>, &str, &str)]) {
+        for (name, run_id, started_at) in runs {
+            run(parent, name.unwrap_or(run_id), run_id, started_at);
+        }
+    }
+
     #[test]
     fn the_latest_earlier_runs_whether_named_by_their_id_or_not() {
         let dir = tempfile::tempdir().unwrap();
-        let parent = dir.path();
-        run(
-            parent,
-            "20261101T000000.000Z-aaaa",
-            "20261101T000000.000Z-aaaa",
-            "2026-11-01T00:00:00Z",
-        );
-        run(
-            parent,
-            "20261102T000000Z-bbbb",
-            "20261102T000000Z-bbbb",
-            "2026-11-02T00:00:00Z",
-        );
-        run(
-            parent,
-            "baseline",
-            "20261102T120000.000Z-dddd",
-            "2026-11-02T12:00:00Z",
-        );
-        run(
-            parent,
-            "20261103T000000.000Z-cccc",
-            "20261103T000000.000Z-cccc",
-            "2026-11-03T00:00:00Z",
-        );
-        // Started after the current run: not an earlier one.
-        run(
-            parent,
-            "20261105T000000.000Z-ffff",
-            "20261105T000000.000Z-ffff",
-            "2026-11-05T00:00:00Z",
+        runs(
+            dir.path(),
+            &[
+                (None, "20261101T000000.000Z-aaaa", "2026-11-01T00:00:00Z"),
+                (None, "20261102T000000Z-bbbb", "2026-11-02T00:00:00Z"),
+                (
+                    Some("baseline"),
+                    "20261102T120000.000Z-dddd",
+                    "2026-11-02T12:00:00Z",
+                ),
+                (None, "20261103T000000.000Z-cccc", "2026-11-03T00:00:00Z"),
+                // Started after the current run: not an earlier one.
+                (None, "20261105T000000.000Z-ffff", "2026-11-05T00:00:00Z"),
+            ],
         );
         assert_eq!(
-            trend_runs(parent),
+            trend_runs(dir.path()),
             ["20261102T120000.000Z-dddd", "20261103T000000.000Z-cccc"]
         );
     }
@@ -277,34 +268,22 @@ mod tests {
     #[test]
     fn a_directory_named_as_a_later_run_is_placed_by_the_run_it_holds() {
         let dir = tempfile::tempdir().unwrap();
-        let parent = dir.path();
-        run(
-            parent,
-            "20261101T000000.000Z-aaaa",
-            "20261101T000000.000Z-aaaa",
-            "2026-11-01T00:00:00Z",
-        );
-        run(
-            parent,
-            "20261102T000000.000Z-bbbb",
-            "20261102T000000.000Z-bbbb",
-            "2026-11-02T00:00:00Z",
-        );
-        // Named as the latest, holding the oldest.
-        run(
-            parent,
-            "20261103T120000.000Z-0000",
-            "20261031T000000.000Z-9999",
-            "2026-10-31T00:00:00Z",
-        );
-        run(
-            parent,
-            "20261103T000000.000Z-cccc",
-            "20261103T000000.000Z-cccc",
-            "2026-11-03T00:00:00Z",
+        runs(
+            dir.path(),
+            &[
+                (None, "20261101T000000.000Z-aaaa", "2026-11-01T00:00:00Z"),
+                (None, "20261102T000000.000Z-bbbb", "2026-11-02T00:00:00Z"),
+                // Named as the latest, holding the oldest.
+                (
+                    Some("20261103T120000.000Z-0000"),
+                    "20261031T000000.000Z-9999",
+                    "2026-10-31T00:00:00Z",
+                ),
+                (None, "20261103T000000.000Z-cccc", "2026-11-03T00:00:00Z"),
+            ],
         );
         assert_eq!(
-            trend_runs(parent),
+            trend_runs(dir.path()),
             ["20261102T000000.000Z-bbbb", "20261103T000000.000Z-cccc"]
         );
     }

@@ -297,12 +297,19 @@ pub(crate) fn document(input: &mut Input<'_>) -> PResult<KdlDocument> {
     Ok(doc)
 }
 
-/// `nodes := (line-space* node)* line-space*`
-fn nodes(input: &mut Input<'_>) -> PResult<KdlDocument> {
-    let mut leading = repeat(0.., alt((line_space.void(), (slashdash, base_node).void())))
+/// PATCH(trellis): the space and slashdashed nodes before a node, or after a block's last
+/// one, as written: upstream wrote this parser out in `nodes` and `node`, and the patched
+/// `nodes` parses it in one more place.
+fn space_and_slashdashed_nodes<'i>(input: &mut Input<'i>) -> PResult<&'i str> {
+    repeat(0.., alt((line_space.void(), (slashdash, base_node).void())))
         .map(|()| ())
         .take()
-        .parse_next(input)?;
+        .parse_next(input)
+}
+
+/// `nodes := (line-space* node)* line-space*`
+fn nodes(input: &mut Input<'_>) -> PResult<KdlDocument> {
+    let mut leading = space_and_slashdashed_nodes(input)?;
     let _start = input.checkpoint();
     // PATCH(trellis): upstream parsed `separated(0.., node, node_terminator)`, then
     // `opt(node_terminator)` and the trailing space and slashdashed nodes. A `node` after a
@@ -323,10 +330,7 @@ fn nodes(input: &mut Input<'_>) -> PResult<KdlDocument> {
                 input.reset(&before_terminator);
                 break;
             }
-            let leading = repeat(0.., alt((line_space.void(), (slashdash, base_node).void())))
-                .map(|()| ())
-                .take()
-                .parse_next(input)?;
+            let leading = space_and_slashdashed_nodes(input)?;
             let before_node = input.checkpoint();
             match base_node.parse_next(input) {
                 Ok(mut nd) => {
@@ -349,10 +353,7 @@ fn nodes(input: &mut Input<'_>) -> PResult<KdlDocument> {
         Some(trailing) => trailing,
         None => {
             opt(node_terminator).parse_next(input)?;
-            repeat(0.., alt((line_space.void(), (slashdash, base_node).void())))
-                .map(|()| ())
-                .take()
-                .parse_next(input)?
+            space_and_slashdashed_nodes(input)?
         }
     };
 
@@ -385,10 +386,7 @@ fn nodes(input: &mut Input<'_>) -> PResult<KdlDocument> {
 /// node := base-node node-space* node-terminator
 /// final-node := base-node node-space* node-terminator?
 fn node(input: &mut Input<'_>) -> PResult<KdlNode> {
-    let leading = repeat(0.., alt((line_space.void(), (slashdash, base_node).void())))
-        .map(|()| ())
-        .take()
-        .parse_next(input)?;
+    let leading = space_and_slashdashed_nodes(input)?;
     let mut nd = base_node.parse_next(input)?;
     if let Some(fmt) = nd.format_mut() {
         fmt.leading = leading.into();
