@@ -404,33 +404,47 @@ table!(
     }
 );
 
-/// A `Write` handle shared between polars' writer and us: polars' batched writer never
-/// hands its writer back, and the buffered bytes must be flushed with errors reported, not
-/// silently on drop. A mutex rather than a `RefCell` so a report can be built on the
-/// reporter thread; it is never contended.
-#[derive(Clone)]
-struct SharedFile(Arc<Mutex<BufWriter<File>>>);
+/// The file polars' writer writes to, buffered, keeping what it could not write for us.
+///
+/// polars' batched writer owns its writer and never hands it back, so the buffer's last
+/// bytes are flushed when it is dropped, where an error cannot be returned: the sink keeps
+/// the first error in a slot the table reads once the writer is gone. Nothing is shared
+/// while writing: the thrift footer alone is tens of thousands of writes of a few bytes,
+/// and a lock around each was a third of its cost.
+struct FileSink {
+    file: BufWriter<File>,
+    failed: Arc<Mutex<Option<io::Error>>>,
+}
 
-impl Write for SharedFile {
+impl FileSink {
+    fn keep(&self, error: io::Error) {
+        if let Ok(mut slot) = self.failed.lock() {
+            slot.get_or_insert(error);
+        }
+    }
+}
+
+impl Write for FileSink {
+    #[inline]
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.0
-            .lock()
-            .map_err(|_| io::Error::other("a table writer panicked"))?
-            .write(buf)
+        self.file.write(buf)
     }
 
+    #[inline]
     fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
-        self.0
-            .lock()
-            .map_err(|_| io::Error::other("a table writer panicked"))?
-            .write_all(buf)
+        self.file.write_all(buf)
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        self.0
-            .lock()
-            .map_err(|_| io::Error::other("a table writer panicked"))?
-            .flush()
+        self.file.flush()
+    }
+}
+
+impl Drop for FileSink {
+    fn drop(&mut self) {
+        if let Err(e) = self.file.flush() {
+            self.keep(e);
+        }
     }
 }
 
@@ -449,8 +463,9 @@ fn write_options() -> polars_parquet::write::WriteOptions {
 struct TableFile<R: Rows> {
     staged: Staged,
     buf: R,
-    file: SharedFile,
-    writer: polars_io::prelude::BatchedWriter<SharedFile>,
+    /// Where the file's sink keeps the error of its last flush (when the writer is dropped).
+    sink_failed: Arc<Mutex<Option<io::Error>>>,
+    writer: polars_io::prelude::BatchedWriter<FileSink>,
     batch_rows: usize,
     /// Rows written as row groups so far.
     written: usize,
@@ -462,7 +477,11 @@ struct TableFile<R: Rows> {
 impl<R: Rows> TableFile<R> {
     fn create(dir: &Path, name: &str, batch_rows: usize) -> Result<Self, ReportError> {
         let (staged, file) = Staged::create(&dir.join(name))?;
-        let file = SharedFile(Arc::new(Mutex::new(BufWriter::new(file))));
+        let sink_failed = Arc::new(Mutex::new(None));
+        let file = FileSink {
+            file: BufWriter::new(file),
+            failed: sink_failed.clone(),
+        };
         let mut buf = R::default();
         let polars_error = |source| ReportError::Polars {
             path: staged.path.clone(),
@@ -474,14 +493,14 @@ impl<R: Rows> TableFile<R> {
             .take_frame()
             .map(|df| df.schema().as_ref().clone())
             .map_err(polars_error)?;
-        let writer = ParquetWriter::new(file.clone())
+        let writer = ParquetWriter::new(file)
             .with_compression(COMPRESSION)
             .batched(&schema)
             .map_err(polars_error)?;
         Ok(TableFile {
             staged,
             buf,
-            file,
+            sink_failed,
             writer,
             batch_rows: batch_rows.max(1),
             written: 0,
@@ -532,12 +551,16 @@ impl<R: Rows> TableFile<R> {
                 path: path.clone(),
                 source,
             })?;
+            // Flushes and closes the file (before the rename), keeping the flush's error.
             drop(self.writer);
-            let mut file = self.file;
-            file.flush()
-                .map_err(|e| ReportError::io("write", &path, e))?;
-            // Close before the rename: the last handle is ours.
-            drop(file);
+            let failed = self
+                .sink_failed
+                .lock()
+                .ok()
+                .and_then(|mut slot| slot.take());
+            if let Some(e) = failed {
+                return Err(ReportError::io("write", &path, e));
+            }
             self.staged.publish()
         });
         written.map_err(|e| (path, e))
@@ -1015,6 +1038,26 @@ impl Tables {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The bytes still buffered when polars drops its writer are flushed then, and an error
+    /// of that flush (a full disk) is kept for the table to report, not lost.
+    #[test]
+    fn the_last_flush_error_of_a_table_file_is_kept() {
+        let full = File::options()
+            .write(true)
+            .open("/dev/full")
+            .expect("/dev/full opens for writing");
+        let failed = Arc::new(Mutex::new(None));
+        let mut sink = FileSink {
+            file: BufWriter::new(full),
+            failed: failed.clone(),
+        };
+        sink.write_all(b"PAR1").expect("buffered, not yet written");
+        assert!(failed.lock().unwrap().is_none());
+        drop(sink);
+        let error = failed.lock().unwrap().take().expect("the flush's error");
+        assert_eq!(error.kind(), io::ErrorKind::StorageFull);
+    }
 
     fn strings(column: &Column) -> Vec<Option<String>> {
         column
