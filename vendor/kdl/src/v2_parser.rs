@@ -1,5 +1,4 @@
 use std::{
-    borrow::Cow,
     num::{ParseFloatError, ParseIntError},
     sync::Arc,
 };
@@ -57,10 +56,10 @@ pub(crate) fn failure_from_errs(errs: Vec<ErrMode<KdlParseError>>, input: &str) 
                 span: e.span.unwrap_or_else(|| (0usize..0usize).into()),
                 message: e
                     .message
-                    .map(Cow::into_owned)
+                    .map(|m| m.to_string())
                     .or_else(|| e.label.as_ref().map(|l| format!("Expected {l}"))),
                 label: e.label.map(|l| format!("not {l}")),
-                help: e.help.map(Cow::into_owned),
+                help: e.help.map(|h| h.to_string()),
                 severity: Severity::Error,
             })
             .filter(|d| {
@@ -77,8 +76,9 @@ pub(crate) fn failure_from_errs(errs: Vec<ErrMode<KdlParseError>>, input: &str) 
 }
 
 #[derive(Debug, Clone, Default, Eq, PartialEq)]
-// PATCH(trellis): `&'static str`, not `String`: a context is built (and cloned by winnow)
-// every time its parser runs, which is at nearly every byte for `newline`.
+// PATCH(trellis): `&'static str`, not `String`, and built at compile time (each parser's
+// `.context(const { &cx()… })`): an error keeps references into the static context it got
+// (see `Text`).
 struct KdlParseContext {
     message: Option<&'static str>,
     label: Option<&'static str>,
@@ -87,17 +87,17 @@ struct KdlParseContext {
 }
 
 impl KdlParseContext {
-    fn msg(mut self, txt: &'static str) -> Self {
+    const fn msg(mut self, txt: &'static str) -> Self {
         self.message = Some(txt);
         self
     }
 
-    fn lbl(mut self, txt: &'static str) -> Self {
+    const fn lbl(mut self, txt: &'static str) -> Self {
         self.label = Some(txt);
         self
     }
 
-    fn hlp(mut self, txt: &'static str) -> Self {
+    const fn hlp(mut self, txt: &'static str) -> Self {
         self.help = Some(txt);
         self
     }
@@ -108,18 +108,44 @@ impl KdlParseContext {
     // }
 }
 
-fn cx() -> KdlParseContext {
-    Default::default()
+const fn cx() -> KdlParseContext {
+    KdlParseContext {
+        message: None,
+        label: None,
+        help: None,
+        severity: None,
+    }
+}
+
+/// PATCH(trellis): an error's text, one pointer wide: a static context's field, a literal, or
+/// an interned message ([`intern`]). Errors are created and thrown away at nearly every
+/// byte while alternatives backtrack, and winnow moves them by value at each level: with
+/// three `Option<Cow<'static, str>>` the error was 104 bytes, now 56.
+pub(crate) type Text = &'static &'static str;
+
+/// A message made at run time (a number's parse error, from a handful of texts) as a
+/// [`Text`]: each distinct text is leaked once and reused.
+fn intern(text: String) -> Text {
+    use std::sync::{Mutex, OnceLock};
+    static TEXTS: OnceLock<Mutex<Vec<Text>>> = OnceLock::new();
+    let texts = TEXTS.get_or_init(Default::default);
+    let mut texts = texts.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(known) = texts.iter().find(|known| ***known == text) {
+        return known;
+    }
+    let leaked: Text = Box::leak(Box::new(&*String::leak(text)));
+    texts.push(leaked);
+    leaked
 }
 
 #[derive(Debug, Default, Clone, Eq, PartialEq)]
-// PATCH(trellis): `Cow<'static, str>`, not `String`: most errors are backtracking that is
-// thrown away, and their labels are static text, so creating one allocates nothing.
+// PATCH(trellis): `Text`, not `String`: most errors are backtracking that is thrown away,
+// and their labels are static text, so creating one allocates nothing.
 pub(crate) struct KdlParseError {
-    pub(crate) message: Option<Cow<'static, str>>,
+    pub(crate) message: Option<Text>,
     pub(crate) span: Option<SourceSpan>,
-    pub(crate) label: Option<Cow<'static, str>>,
-    pub(crate) help: Option<Cow<'static, str>>,
+    pub(crate) label: Option<Text>,
+    pub(crate) help: Option<Text>,
     pub(crate) severity: Option<Severity>,
 }
 
@@ -144,16 +170,16 @@ impl<I: Stream> ParserError<I> for KdlParseError {
     }
 }
 
-impl<I: Stream> AddContext<I, KdlParseContext> for KdlParseError {
+impl<I: Stream> AddContext<I, &'static KdlParseContext> for KdlParseError {
     fn add_context(
         mut self,
         _input: &I,
         _token_start: &<I as Stream>::Checkpoint,
-        ctx: KdlParseContext,
+        ctx: &'static KdlParseContext,
     ) -> Self {
-        self.message = ctx.message.map(Cow::Borrowed).or(self.message);
-        self.label = ctx.label.map(Cow::Borrowed).or(self.label);
-        self.help = ctx.help.map(Cow::Borrowed).or(self.help);
+        self.message = ctx.message.as_ref().or(self.message);
+        self.label = ctx.label.as_ref().or(self.label);
+        self.help = ctx.help.as_ref().or(self.help);
         self.severity = ctx.severity.or(self.severity);
         self
     }
@@ -163,8 +189,8 @@ impl<'a> FromExternalError<Input<'a>, ParseIntError> for KdlParseError {
     fn from_external_error(_: &Input<'a>, e: ParseIntError) -> Self {
         Self {
             span: None,
-            message: Some(format!("{e}").into()),
-            label: Some("invalid integer".into()),
+            message: Some(intern(format!("{e}"))),
+            label: Some(&"invalid integer"),
             help: None,
             severity: Some(Severity::Error),
         }
@@ -175,9 +201,9 @@ impl<'a> FromExternalError<Input<'a>, ParseFloatError> for KdlParseError {
     fn from_external_error(_input: &Input<'a>, e: ParseFloatError) -> Self {
         Self {
             span: None,
-            label: Some("invalid float".into()),
+            label: Some(&"invalid float"),
             help: None,
-            message: Some(format!("{e}").into()),
+            message: Some(intern(format!("{e}"))),
             severity: Some(Severity::Error),
         }
     }
@@ -189,8 +215,8 @@ impl<'a> FromExternalError<Input<'a>, NegativeUnsignedError> for KdlParseError {
     fn from_external_error(_input: &Input<'a>, _e: NegativeUnsignedError) -> Self {
         Self {
             span: None,
-            message: Some("Tried to parse a negative number as an unsigned integer".into()),
-            label: Some("negative unsigned int".into()),
+            message: Some(&"Tried to parse a negative number as an unsigned integer"),
+            label: Some(&"negative unsigned int"),
             help: None,
             severity: Some(Severity::Error),
         }
@@ -281,7 +307,7 @@ pub(crate) fn document(input: &mut Input<'_>) -> PResult<KdlDocument> {
     let bom = opt(bom.take()).parse_next(input)?;
     let mut doc = nodes.parse_next(input)?;
     let badend = resume_after_cut(
-        cut_err(eof).context(cx().lbl("EOF").msg("Expected end of document")),
+        cut_err(eof).context(const { &cx().lbl("EOF").msg("Expected end of document") }),
         any.void(),
     )
     .parse_next(input)?
@@ -398,10 +424,9 @@ fn base_node(input: &mut Input<'_>) -> PResult<KdlNode> {
     trace("children closing check", not(alt(("}".void(), eof.void())))).parse_next(input)?;
     let _start = input.checkpoint();
     let open_curly = resume_after_cut(
-        cut_err(not("{").context(
-            cx().msg("Found child block instead of node name")
+        cut_err(not("{").context(const { &cx().msg("Found child block instead of node name")
                 .lbl("node name")
-                .hlp("Did you forget to add the node name itself? Or perhaps terminated the node before its child block?"))),
+                .hlp("Did you forget to add the node name itself? Or perhaps terminated the node before its child block?") })),
         "{".void(),
     )
     .parse_next(input)?;
@@ -420,12 +445,9 @@ fn base_node(input: &mut Input<'_>) -> PResult<KdlNode> {
     let ty = opt(ty).parse_next(input)?;
     let after_ty = node_space0.take().parse_next(input)?;
     let _before_ident = input.checkpoint();
-    let name = resume_after_cut(cut_err(identifier).context(
-        cx().msg("Found invalid node name")
+    let name = resume_after_cut(cut_err(identifier).context(const { &cx().msg("Found invalid node name")
                                   .lbl("node name")
-                                  .hlp("This can be any string type, including a quoted, raw, or multiline string, as well as a plain identifier string.")
-
-    ), badval)
+                                  .hlp("This can be any string type, including a quoted, raw, or multiline string, as well as a plain identifier string.") }), badval)
         .parse_next(input)?
         .unwrap_or_else(|| KdlIdentifier::from("/BAD_IDENT\\"));
     let name_is_valid = name.repr.as_ref().map(|s| s.is_empty()) != Some(true);
@@ -441,9 +463,9 @@ fn base_node(input: &mut Input<'_>) -> PResult<KdlNode> {
                    span: Some(span_from_checkpoint(input, &_before_ident)),
                    ..Default::default()
                 }))
-            }).context(cx().msg("Found invalid node name")
+            }).context(const { &cx().msg("Found invalid node name")
                           .lbl("node name")
-                          .hlp("This can be any string type, including a quoted, raw, or multiline string, as well as a plain identifier string.")),
+                          .hlp("This can be any string type, including a quoted, raw, or multiline string, as well as a plain identifier string.") }),
         empty).parse_next(input)?;
     }
     let entries = repeat(
@@ -612,7 +634,7 @@ fn node_entry(input: &mut Input<'_>) -> PResult<Option<KdlEntry>> {
     let entry = if let Some(after_key) = after_key {
         let (after_eq, value) = (
             node_space0.take(),
-            cut_err(value.context(cx().lbl("property value"))),
+            cut_err(value.context(const { &cx().lbl("property value") })),
         )
             .parse_next(input)?;
         value.map(|mut value| {
@@ -816,7 +838,7 @@ fn node_children(input: &mut Input<'_>) -> PResult<KdlDocument> {
     let _after_nodes = input.checkpoint();
     let _after_nodes_loc = input.previous_token_end();
     let close_res: PResult<_> = cut_err("}")
-        .context(cx().msg("No closing '}' for child block").lbl("closed"))
+        .context(const { &cx().msg("No closing '}' for child block").lbl("closed") })
         .parse_next(input);
     if close_res.is_err() {
         return close_res
@@ -835,9 +857,9 @@ fn node_children(input: &mut Input<'_>) -> PResult<KdlDocument> {
                         &_after_nodes,
                         &_after_nodes,
                         ErrMode::Cut(KdlParseError {
-                            message: Some("Closing '}' was not found after nodes".into()),
+                            message: Some(&"Closing '}' was not found after nodes"),
                             span: Some((_after_open_loc.._after_nodes_loc).into()),
-                            label: Some("closed".into()),
+                            label: Some(&"closed"),
                             help: None,
                             severity: Some(Severity::Error),
                         }),
@@ -907,7 +929,7 @@ fn value_terminator(input: &mut Input<'_>) -> PResult<()> {
 }
 
 fn value_terminator_check(input: &mut Input<'_>) -> PResult<()> {
-    trace("value terminator check", cut_err(peek(value_terminator).context(cx().hlp("A valid value was partially parsed, but was not followed by a value terminator. Did you want a space here?")))).parse_next(input)
+    trace("value terminator check", cut_err(peek(value_terminator).context(const { &cx().hlp("A valid value was partially parsed, but was not followed by a value terminator. Did you want a space here?") }))).parse_next(input)
 }
 
 /// `type := '(' optional-node-space string optional-node-space ')'`
@@ -917,10 +939,8 @@ fn ty<'s>(input: &mut Input<'s>) -> PResult<(&'s str, Option<KdlIdentifier>, &'s
         node_space0.take(),
         resume_after_cut(
             cut_err(
-                (identifier, peek(alt((node_space, ")".void())))).context(
-                    cx().lbl("type name")
-                        .msg("invalid contents inside type annotation"),
-                ),
+                (identifier, peek(alt((node_space, ")".void())))).context(const { &cx().lbl("type name")
+                        .msg("invalid contents inside type annotation") }),
             ),
             repeat_till(1.., (not(badval_ty_char), any), peek(badval_ty_char)).map(|((), _)| ()),
         )
@@ -968,15 +988,15 @@ pub(crate) fn string(input: &mut Input<'_>) -> PResult<Option<KdlValue>> {
         "string",
         alt((
             resume_after_cut(
-                (identifier_string, value_terminator_check).context(cx().lbl("identifier string")),
+                (identifier_string, value_terminator_check).context(const { &cx().lbl("identifier string") }),
                 badval,
             ),
             resume_after_cut(
-                (raw_string, value_terminator_check).context(cx().lbl("raw string")),
+                (raw_string, value_terminator_check).context(const { &cx().lbl("raw string") }),
                 alt((raw_string_badval, badval)).void(),
             ),
             resume_after_cut(
-                (quoted_string, value_terminator_check).context(cx().lbl("quoted string")),
+                (quoted_string, value_terminator_check).context(const { &cx().lbl("quoted string") }),
                 alt((quoted_string_badval, badval)).void(),
             ),
         )),
@@ -1117,9 +1137,9 @@ fn quoted_string(input: &mut Input<'_>) -> PResult<KdlValue> {
         alt((
             (
                 "\"\"\"",
-                cut_err(newline).context(cx().lbl("multi-line string newline").msg(
+                cut_err(newline).context(const { &cx().lbl("multi-line string newline").msg(
                     "Multi-line string opening quotes must be immediately followed by a newline",
-                )),
+                ) }),
             )
                 .take(),
             "\"",
@@ -1165,7 +1185,7 @@ fn quoted_string(input: &mut Input<'_>) -> PResult<KdlValue> {
                     "\"\"\"",
                 ),
             )))
-            .context(cx().lbl("multi-line string"))
+            .context(const { &cx().lbl("multi-line string") })
             .parse_next(input)?,
         )
     } else {
@@ -1176,7 +1196,7 @@ fn quoted_string(input: &mut Input<'_>) -> PResult<KdlValue> {
             0..,
             (
                 cut_err(alt(((&prefix[..]).void(), peek(empty_line).void())))
-                    .context(cx().msg("matching multiline string prefix").lbl("bad prefix").hlp("Multi-line string bodies must be prefixed by the exact same whitespace as the leading whitespace before the closing '\"\"\"'")),
+                    .context(const { &cx().msg("matching multiline string prefix").lbl("bad prefix").hlp("Multi-line string bodies must be prefixed by the exact same whitespace as the leading whitespace before the closing '\"\"\"'") }),
                 alt((
                     empty_line.map(|s| s.to_string()),
                     repeat_till(
@@ -1211,17 +1231,15 @@ fn quoted_string(input: &mut Input<'_>) -> PResult<KdlValue> {
             s.truncate(s.len().saturating_sub(1));
             s
         })
-        .context(cx().lbl("multi-line quoted string"));
+        .context(const { &cx().lbl("multi-line quoted string") });
         cut_err(parser).parse_next(input)?
     } else {
         let parser = repeat_till(
             0..,
             (
                 cut_err(
-                    not(newline).context(
-                        cx().msg("Unexpected newline in single-line quoted string")
-                            .hlp("You can make a string multi-line by wrapping it in '\"\"\"', with a newline immediately after the opening quotes."),
-                    ),
+                    not(newline).context(const { &cx().msg("Unexpected newline in single-line quoted string")
+                            .hlp("You can make a string multi-line by wrapping it in '\"\"\"', with a newline immediately after the opening quotes.") }),
                 ),
                 alt((
                     ws_escape.map(|_| None),
@@ -1231,16 +1249,14 @@ fn quoted_string(input: &mut Input<'_>) -> PResult<KdlValue> {
             peek("\"")
         )
         .map(|(cs, _): (Vec<Option<char>>, _)| cs.into_iter().flatten().collect::<String>())
-        .context(cx().lbl("quoted string"));
+        .context(const { &cx().lbl("quoted string") });
         cut_err(parser).parse_next(input)?
     };
     let closing_quotes = if is_multiline {
-        "\"\"\"".context(cx().msg("missing multiline string closing quotes").hlp("Multiline strings must be closed by '\"\"\"' on a standalone line, only prefixed by whitespace."))
+        "\"\"\"".context(const { &cx().msg("missing multiline string closing quotes").hlp("Multiline strings must be closed by '\"\"\"' on a standalone line, only prefixed by whitespace.") })
     } else {
-        "\"".context(
-            cx().msg("missing string closing quote")
-                .hlp("Did you forget to escape something?"),
-        )
+        "\"".context(const { &cx().msg("missing string closing quote")
+                .hlp("Did you forget to escape something?") })
     };
     cut_err(closing_quotes).parse_next(input)?;
     Ok(KdlValue::String(body))
@@ -1332,7 +1348,7 @@ fn escaped_char(input: &mut Input<'_>) -> PResult<char> {
             cut_err(take_while(1..=6, AsChar::is_hex_digit)),
             cut_err("}"),
         )
-            .context(cx().lbl("unicode escape char"))
+            .context(const { &cx().lbl("unicode escape char") })
             .verify_map(|(_, hx, _)| {
                 let val = u32::from_str_radix(hx, 16)
                     .expect("Should have already been validated to be a hex string.");
@@ -1394,7 +1410,7 @@ fn raw_string(input: &mut Input<'_>) -> PResult<KdlValue> {
             0..,
             (
                 cut_err(alt(((&prefix[..]).void(), peek(empty_line).void())))
-                    .context(cx().lbl("matching multiline raw string prefix")),
+                    .context(const { &cx().lbl("matching multiline raw string prefix") }),
                 alt((
                     empty_line.map(|s| s.to_string()),
                     repeat_till(
@@ -1435,21 +1451,21 @@ fn raw_string(input: &mut Input<'_>) -> PResult<KdlValue> {
             peek(("\"", &hashes[..])),
         )
         .map(|(s, _): (String, _)| s)
-        .context(cx().lbl("raw string"))
+        .context(const { &cx().lbl("raw string") })
         .parse_next(input)?
     };
     let closing_quotes = if is_multiline {
-        "\"\"\"".context(cx().lbl("multiline raw string closing quotes"))
+        "\"\"\"".context(const { &cx().lbl("multiline raw string closing quotes") })
     } else {
-        "\"".context(cx().lbl("raw string closing quotes"))
+        "\"".context(const { &cx().lbl("raw string closing quotes") })
     };
     cut_err((closing_quotes, &hashes[..])).parse_next(input)?;
     if body == "\"" {
         Err(ErrMode::Cut(KdlParseError {
-            message: Some("Single-line raw strings cannot look like multi-line ones".into()),
+            message: Some(&"Single-line raw strings cannot look like multi-line ones"),
             span: Some((_start_loc..input.previous_token_end()).into()),
-            label: Some("triple quotes".into()),
-            help: Some("Consider using a regular escaped string if all you want is a single quote: \"\\\"\"".into()),
+            label: Some(&"triple quotes"),
+            help: Some(&"Consider using a regular escaped string if all you want is a single quote: \"\\\"\""),
             severity: Some(Severity::Error),
         }))
     } else {
@@ -1643,9 +1659,9 @@ fn keyword(input: &mut Input<'_>) -> PResult<KdlValue> {
         "inf".value(KdlValue::Float(f64::INFINITY)),
         "-inf".value(KdlValue::Float(f64::NEG_INFINITY)),
     )))
-    .context(cx().lbl("keyword").hlp(
+    .context(const { &cx().lbl("keyword").hlp(
         "Available keywords in KDL are '#true', '#false', '#null', '#nan', '#inf', and '#-inf'; they are case-sensitive.",
-    ))
+    ) })
     .parse_next(input)
 }
 
@@ -1739,13 +1755,13 @@ fn newline(input: &mut Input<'_>) -> PResult<()> {
     // PATCH(trellis): see `cannot_start`.
     if !input.peek_token().is_some_and(is_newline_start) {
         return Err(ErrMode::Backtrack(KdlParseError {
-            label: Some(Cow::Borrowed("newline")),
+            label: Some(&"newline"),
             ..Default::default()
         }));
     }
     alt(NEWLINES)
         .void()
-        .context(cx().lbl("newline"))
+        .context(const { &cx().lbl("newline") })
         .parse_next(input)
 }
 
@@ -1793,7 +1809,7 @@ fn single_line_comment(input: &mut Input<'_>) -> PResult<()> {
 fn multi_line_comment(input: &mut Input<'_>) -> PResult<()> {
     "/*".parse_next(input)?;
     cut_err(commented_block)
-        .context(cx().lbl("closing of multi-line comment"))
+        .context(const { &cx().lbl("closing of multi-line comment") })
         .parse_next(input)
 }
 
@@ -1885,16 +1901,12 @@ fn float<T: ParseFloat>(input: &mut Input<'_>) -> PResult<T> {
                 opt(preceded(
                     '.',
                     cut_err(
-                        udecimal::<i128>.context(
-                            cx().msg("Non-digit character found after the '.' of a float"),
-                        ),
+                        udecimal::<i128>.context(const { &cx().msg("Non-digit character found after the '.' of a float") }),
                     ),
                 )),
                 Caseless("e"),
                 opt(one_of(['-', '+'])),
-                cut_err(udecimal::<i128>.context(
-                    cx().msg("Non-digit character found in the exponent part of a float").hlp("Floats with exponent parts should look like '2.0e123', or '43.3E-4'."),
-                )),
+                cut_err(udecimal::<i128>.context(const { &cx().msg("Non-digit character found in the exponent part of a float").hlp("Floats with exponent parts should look like '2.0e123', or '43.3E-4'.") })),
             )
                 .take(),
             (
@@ -1902,7 +1914,7 @@ fn float<T: ParseFloat>(input: &mut Input<'_>) -> PResult<T> {
                 '.',
                 cut_err(
                     udecimal::<i128>
-                        .context(cx().msg("Non-digit character found after the '.' of a float")),
+                        .context(const { &cx().msg("Non-digit character found after the '.' of a float") }),
                 ),
             )
                 .take(),
@@ -1910,7 +1922,7 @@ fn float<T: ParseFloat>(input: &mut Input<'_>) -> PResult<T> {
         value_terminator_check,
     )
         .try_map(|(float_str, _)| T::parse_float(&str::replace(float_str, "_", "")))
-        .context(cx().lbl("float"))
+        .context(const { &cx().lbl("float") })
         .parse_next(input)
 }
 
@@ -1946,10 +1958,10 @@ fn float_test() {
 
 fn integer_value(input: &mut Input<'_>) -> PResult<KdlValue> {
     alt((
-        (hex, value_terminator_check).context(cx().lbl("hexadecimal number")),
-        (octal, value_terminator_check).context(cx().lbl("octal number")),
-        (binary, value_terminator_check).context(cx().lbl("binary number")),
-        (decimal, value_terminator_check).context(cx().lbl("integer")),
+        (hex, value_terminator_check).context(const { &cx().lbl("hexadecimal number") }),
+        (octal, value_terminator_check).context(const { &cx().lbl("octal number") }),
+        (binary, value_terminator_check).context(const { &cx().lbl("binary number") }),
+        (decimal, value_terminator_check).context(const { &cx().lbl("integer") }),
     ))
     .map(|(val, _)| KdlValue::Integer(val))
     .parse_next(input)
@@ -2019,7 +2031,7 @@ fn uhex<T: FromStrRadix>(input: &mut Input<'_>) -> PResult<T> {
     .try_map(|(l, r): (&str, Vec<&str>)| {
         T::from_str_radix(&format!("{l}{}", str::replace(&r.join(""), "_", "")), 16)
     })
-    .context(cx().lbl("hexadecimal"))
+    .context(const { &cx().lbl("hexadecimal") })
     .parse_next(input)
 }
 
@@ -2075,7 +2087,7 @@ fn uoctal<T: FromStrRadix>(input: &mut Input<'_>) -> PResult<T> {
     .try_map(|(l, r): (&str, Vec<&str>)| {
         T::from_str_radix(&format!("{l}{}", str::replace(&r.join(""), "_", "")), 8)
     })
-    .context(cx().lbl("octal"))
+    .context(const { &cx().lbl("octal") })
     .parse_next(input)
 }
 
@@ -2111,7 +2123,7 @@ fn ubinary<T: FromStrRadix>(input: &mut Input<'_>) -> PResult<T> {
             },
         ),
     )
-    .context(cx().lbl("binary"))
+    .context(const { &cx().lbl("binary") })
     .parse_next(input)
 }
 
