@@ -983,15 +983,7 @@ mod tests {
         ];
         let base = one_big_node(3, 300);
         assert!(base.len() > BATCH_SIZE);
-        let cases = std::env::var("TRELLIS_FUZZ_CASES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(16);
-        let config = proptest::test_runner::Config {
-            cases,
-            failure_persistence: None,
-            ..proptest::test_runner::Config::default()
-        };
+        let config = crate::fuzz_config(16);
         let edits = prop::collection::vec((0..base.len(), 0..PIECES.len()), 1..4);
         let test = std::thread::Builder::new()
             .stack_size(STACK_BASE + 256 * 1024 * STACK_PER_BYTE)

@@ -21,6 +21,21 @@ pub mod parse;
 pub mod template;
 pub mod validate;
 
+/// proptest's settings for the properties in this crate's unit tests: `TRELLIS_FUZZ_CASES`
+/// cases (as `tests/it/fuzz.rs` reads it), or `default`, few enough for CI; no failure files.
+#[cfg(test)]
+pub(crate) fn fuzz_config(default: u32) -> proptest::test_runner::Config {
+    let cases = std::env::var("TRELLIS_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default);
+    proptest::test_runner::Config {
+        cases,
+        failure_persistence: None,
+        ..proptest::test_runner::Config::default()
+    }
+}
+
 pub use diagnostics::{Diagnostic, Diagnostics};
 pub use model::*;
 pub use parse::{canonical, load, load_with_overlay};

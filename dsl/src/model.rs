@@ -1353,16 +1353,7 @@ mod tests {
             "a", "b", "\\", "\\w", "\\d", "\\b", "\\p{L}", "\\1", "(", ")", "(?i)", "(?:", "(?=",
             "[", "]", "^", "-", "{", "}", "2", "0", ",", "*", "+", "?", "|", ".", "$", "\\x", "F",
         ];
-        let cases = std::env::var("TRELLIS_FUZZ_CASES")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(256);
-        let config = proptest::test_runner::Config {
-            cases,
-            failure_persistence: None,
-            ..proptest::test_runner::Config::default()
-        };
-        proptest!(config, |(pieces in prop::collection::vec(0..PIECES.len(), 0..24))| {
+        proptest!(crate::fuzz_config(256), |(pieces in prop::collection::vec(0..PIECES.len(), 0..24))| {
             let source: String = pieces.iter().map(|&i| PIECES[i]).collect();
             prop_assert_eq!(loaded(&source), compiled(&source), "{}", source);
         });

@@ -225,65 +225,56 @@ mod tests {
         std::fs::write(dir.join(crate::SUMMARY_FILE), summary.to_string()).unwrap();
     }
 
-    fn trend_runs(parent: &Path) -> Vec<String> {
+    /// The run ids on the trend of a run started 2026-11-04 next to these finished runs, each
+    /// `(directory name, run id, started_at)`; a name of `None` is the run's id.
+    fn trend_runs(runs: &[(Option<&str>, &str, &str)]) -> Vec<String> {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, run_id, started_at) in runs {
+            run(dir.path(), name.unwrap_or(run_id), run_id, started_at);
+        }
         let current = "20261104T000000.000Z-eeee";
-        trends_from_sibling_runs(&parent.join(current), current, "2026-11-04T00:00:00Z", 2)
+        let current_dir = dir.path().join(current);
+        trends_from_sibling_runs(&current_dir, current, "2026-11-04T00:00:00Z", 2)
             .remove(&("s".to_string(), "c".to_string()))
             .map(|t| t.points.into_iter().map(|p| p.run_id).collect())
             .unwrap_or_default()
     }
 
-    /// Finished runs in `parent`, each `(directory name, run id, started_at)`; a name of
-    /// `None` is the run's id.
-    fn runs(parent: &Path, runs: &[(Option<&str>, &str, &str)]) {
-        for (name, run_id, started_at) in runs {
-            run(parent, name.unwrap_or(run_id), run_id, started_at);
-        }
-    }
-
     #[test]
     fn the_latest_earlier_runs_whether_named_by_their_id_or_not() {
-        let dir = tempfile::tempdir().unwrap();
-        runs(
-            dir.path(),
-            &[
-                (None, "20261101T000000.000Z-aaaa", "2026-11-01T00:00:00Z"),
-                (None, "20261102T000000Z-bbbb", "2026-11-02T00:00:00Z"),
-                (
-                    Some("baseline"),
-                    "20261102T120000.000Z-dddd",
-                    "2026-11-02T12:00:00Z",
-                ),
-                (None, "20261103T000000.000Z-cccc", "2026-11-03T00:00:00Z"),
-                // Started after the current run: not an earlier one.
-                (None, "20261105T000000.000Z-ffff", "2026-11-05T00:00:00Z"),
-            ],
-        );
+        let trend = trend_runs(&[
+            (None, "20261101T000000.000Z-aaaa", "2026-11-01T00:00:00Z"),
+            (None, "20261102T000000Z-bbbb", "2026-11-02T00:00:00Z"),
+            (
+                Some("baseline"),
+                "20261102T120000.000Z-dddd",
+                "2026-11-02T12:00:00Z",
+            ),
+            (None, "20261103T000000.000Z-cccc", "2026-11-03T00:00:00Z"),
+            // Started after the current run: not an earlier one.
+            (None, "20261105T000000.000Z-ffff", "2026-11-05T00:00:00Z"),
+        ]);
         assert_eq!(
-            trend_runs(dir.path()),
+            trend,
             ["20261102T120000.000Z-dddd", "20261103T000000.000Z-cccc"]
         );
     }
 
     #[test]
     fn a_directory_named_as_a_later_run_is_placed_by_the_run_it_holds() {
-        let dir = tempfile::tempdir().unwrap();
-        runs(
-            dir.path(),
-            &[
-                (None, "20261101T000000.000Z-aaaa", "2026-11-01T00:00:00Z"),
-                (None, "20261102T000000.000Z-bbbb", "2026-11-02T00:00:00Z"),
-                // Named as the latest, holding the oldest.
-                (
-                    Some("20261103T120000.000Z-0000"),
-                    "20261031T000000.000Z-9999",
-                    "2026-10-31T00:00:00Z",
-                ),
-                (None, "20261103T000000.000Z-cccc", "2026-11-03T00:00:00Z"),
-            ],
-        );
+        let trend = trend_runs(&[
+            (None, "20261101T000000.000Z-aaaa", "2026-11-01T00:00:00Z"),
+            (None, "20261102T000000.000Z-bbbb", "2026-11-02T00:00:00Z"),
+            // Named as the latest, holding the oldest.
+            (
+                Some("20261103T120000.000Z-0000"),
+                "20261031T000000.000Z-9999",
+                "2026-10-31T00:00:00Z",
+            ),
+            (None, "20261103T000000.000Z-cccc", "2026-11-03T00:00:00Z"),
+        ]);
         assert_eq!(
-            trend_runs(dir.path()),
+            trend,
             ["20261102T000000.000Z-bbbb", "20261103T000000.000Z-cccc"]
         );
     }
