@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime};
 
 use futures::FutureExt;
-use tokio::sync::{Semaphore, watch};
+use tokio::sync::{Semaphore, TryAcquireError, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -415,6 +415,9 @@ async fn run_scenario(
         .clamp(1, shared.units_capacity);
     let mut units = JoinSet::new();
     let mut all_ok = true;
+    // Until the units' permits first run out: the run's first wave.
+    let mut ramping = true;
+    let mut spawned: u32 = 0;
     for &agent in &planned.agents {
         for repetition in 0..planned.repeat {
             // Finished in an earlier attempt: kept as recorded, nothing to run.
@@ -422,12 +425,23 @@ async fn run_scenario(
                 all_ok &= passed;
                 continue;
             }
-            let permit = tokio::select! {
-                permit = shared.units.clone().acquire_many_owned(weight) => permit,
-                () = shared.stop.cancelled() => break,
-            };
-            let Ok(permit) = permit else {
+            if shared.stop.is_cancelled() {
                 break;
+            }
+            let permit = match shared.units.clone().try_acquire_many_owned(weight) {
+                Ok(permit) => permit,
+                Err(TryAcquireError::Closed) => break,
+                Err(TryAcquireError::NoPermits) => {
+                    ramping = false;
+                    let permit = tokio::select! {
+                        permit = shared.units.clone().acquire_many_owned(weight) => permit,
+                        () = shared.stop.cancelled() => break,
+                    };
+                    let Ok(permit) = permit else {
+                        break;
+                    };
+                    permit
+                }
             };
             while let Some(done) = units.try_join_next() {
                 all_ok &= done.unwrap_or(false);
@@ -442,6 +456,10 @@ async fn run_scenario(
                 drop(permit);
                 ok
             }));
+            spawned = spawned.wrapping_add(1);
+            if ramping && spawned.is_multiple_of(RAMP_BATCH) {
+                tokio::task::yield_now().await;
+            }
         }
     }
     while let Some(done) = units.join_next().await {
@@ -449,6 +467,16 @@ async fn run_scenario(
     }
     all_ok
 }
+
+/// While a scenario's first units start (until the units' permits first run out), its loop
+/// yields after spawning this many. Without it the loop spawns a coop budget's worth of units
+/// (128) in one poll; each of them connects, and their requests go out only once all 128
+/// have connected (the runtime runs woken tasks after those already queued): against a
+/// 50 ms agent at `--jobs 256` the first wave's requests left 15-45 ms after their units
+/// started. A yield after every unit spreads them best, but a fast agent's answers then
+/// come back one at a time, and the run stays in that rhythm: an `epoll_wait` per turn
+/// instead of one per batch, 10% fewer turns per second against nginx (docs/performance.md).
+const RAMP_BATCH: u32 = 16;
 
 /// Runs one unit; returns whether every one of its trajectories passed (a skipped
 /// trajectory did not pass: it cannot satisfy a `needs`).
