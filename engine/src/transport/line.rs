@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
-use tokio::net::{TcpStream, UnixStream};
+use tokio::net::UnixStream;
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
 use crate::record::{Fault, FaultCategory};
@@ -433,7 +433,7 @@ impl LineTransport {
         };
         match &self.endpoint {
             LineEndpoint::Tcp(address) => {
-                let stream = TcpStream::connect(address.as_str())
+                let stream = super::connect::connect_host(address)
                     .await
                     .map_err(connect_fault)?;
                 let _ = stream.set_nodelay(true);

@@ -355,7 +355,7 @@ async fn connect(address: &Address, timeout: Duration) -> Result<Conn, PlainErro
         };
         let mut last = io::Error::new(io::ErrorKind::NotFound, "no address found");
         for addr in addrs {
-            match TcpStream::connect(addr).await {
+            match super::connect::connect(addr).await {
                 Ok(stream) => return Ok(stream),
                 Err(e) => last = e,
             }

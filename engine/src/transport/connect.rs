@@ -1,0 +1,135 @@
+//! Opening a TCP connection to an agent, so that an agent with a small accept queue costs
+//! milliseconds, not seconds.
+//!
+//! When a listener's accept queue is full, the kernel drops the SYN of a new connection and
+//! the client's kernel sends it again only after 1 s, then 3 s, 7 s... A local agent built on
+//! Python's `http.server` listens with a queue of 5; at `--jobs 64` a run of 512 trajectories
+//! against a 50 ms agent took 14 s instead of under one, and at `--jobs 256` some
+//! connections never got through before their turn's timeout (docs/performance.md,
+//! "Agents with a small accept queue").
+//!
+//! On loopback the whole handshake runs inside `connect` (the kernel processes the SYN, the
+//! SYN-ACK and the ACK before the call returns), so a connection not made within a few
+//! milliseconds had its SYN dropped. It is abandoned and tried again, the allowance doubling
+//! each time: the agent's accept queue drains at its own pace and every retry is one SYN.
+//! A remote agent's handshake takes a round trip of unknown length: those connections are
+//! left to the kernel.
+
+use std::io;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use tokio::net::{TcpSocket, TcpStream};
+
+/// Connects to `host_port` (`host:port`, resolved), trying each address in turn as
+/// [`TcpStream::connect`] does.
+pub(crate) async fn connect_host(host_port: &str) -> io::Result<TcpStream> {
+    let mut last = io::Error::new(io::ErrorKind::NotFound, "no address found");
+    for addr in tokio::net::lookup_host(host_port).await? {
+        match connect(addr).await {
+            Ok(stream) => return Ok(stream),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+/// How long a loopback connection's first attempt may take before its SYN counts as
+/// dropped. A handshake that was not dropped takes microseconds; this leaves room for a
+/// loaded machine that defers the kernel's network processing to its softirq thread.
+const FIRST_ALLOWANCE: Duration = Duration::from_millis(5);
+
+/// The longest allowance of one attempt, reached after six doublings: an agent that accepts
+/// nothing for a while is offered a SYN four times a second, not hundreds.
+const MOST_ALLOWANCE: Duration = Duration::from_millis(250);
+
+/// Connects to `addr`. For a loopback address, an attempt not connected within its
+/// allowance is abandoned and made again; the caller bounds the whole with its connect
+/// timeout.
+pub(crate) async fn connect(addr: SocketAddr) -> io::Result<TcpStream> {
+    if !addr.ip().is_loopback() {
+        return TcpStream::connect(addr).await;
+    }
+    let mut allowance = FIRST_ALLOWANCE;
+    loop {
+        let socket = match addr {
+            SocketAddr::V4(_) => TcpSocket::new_v4()?,
+            SocketAddr::V6(_) => TcpSocket::new_v6()?,
+        };
+        // Dropping the attempt closes its socket: the SYN the agent's kernel dropped leaves
+        // nothing behind on either side.
+        if let Ok(connected) = tokio::time::timeout(allowance, socket.connect(addr)).await {
+            return connected;
+        }
+        allowance = (allowance * 2).min(MOST_ALLOWANCE);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use super::*;
+
+    /// An agent whose accept queue is full drops the next SYN; once it accepts again, the
+    /// connection is made within the retries' allowance, not at the kernel's 1 s resend.
+    #[tokio::test]
+    async fn a_full_accept_queue_costs_milliseconds() {
+        let listener = TcpSocket::new_v4().expect("socket");
+        listener
+            .bind("127.0.0.1:0".parse().expect("address"))
+            .expect("bind");
+        let addr = listener.local_addr().expect("address");
+        // Linux queues backlog + 1 connections; a backlog of 1 is full after two.
+        let listener = listener.listen(1).expect("listen");
+        let mut queued = Vec::new();
+        for _ in 0..2 {
+            queued.push(
+                tokio::time::timeout(Duration::from_millis(500), TcpStream::connect(addr))
+                    .await
+                    .expect("a connection the queue has room for is made at once")
+                    .expect("connect"),
+            );
+        }
+        // The queue is full: a plain connect's SYN is dropped and not resent for a second.
+        let dropped = TcpSocket::new_v4().expect("socket");
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), dropped.connect(addr))
+                .await
+                .is_err(),
+            "the accept queue was expected to be full"
+        );
+
+        let connecting = tokio::spawn(connect(addr));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let drained = Instant::now();
+        for _ in 0..2 {
+            listener.accept().await.expect("accept");
+        }
+        let stream = tokio::time::timeout(Duration::from_secs(5), connecting)
+            .await
+            .expect("connected")
+            .expect("task")
+            .expect("connect");
+        let waited = drained.elapsed();
+        // The allowances are 5, 10, 20, 40, 80 and 160 ms: after the queue drained, the next
+        // attempt starts within 160 ms; the kernel's own resend would come after 1 s.
+        assert!(
+            waited < Duration::from_millis(600),
+            "connected {waited:?} after the queue drained"
+        );
+        assert_eq!(stream.peer_addr().expect("peer"), addr);
+        drop(queued);
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_fails_at_once() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let addr = listener.local_addr().expect("address");
+        drop(listener);
+        let started = Instant::now();
+        let error = connect(addr).await.expect_err("nothing listens");
+        assert_eq!(error.kind(), io::ErrorKind::ConnectionRefused);
+        assert!(started.elapsed() < Duration::from_secs(1));
+    }
+}
