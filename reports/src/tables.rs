@@ -34,6 +34,9 @@ const FLUSH_BYTES: usize = 64 * 1024 * 1024;
 /// groups never shrink below a few hundred rows, nor below an eighth of what came before,
 /// so a long, often quiet run has a number of them logarithmic in its rows, up to the batches.
 const QUIET_MIN_ROWS: usize = 256;
+/// The fewest rows the turns and criteria tables must still hold at the end of a run for
+/// [`Tables::finish`] to write them on a thread of their own.
+const PARALLEL_MIN_ROWS: usize = 512;
 const QUIET_MIN_SHARE: usize = 8;
 
 /// Snappy, not zstd: polars-parquet makes a new zstd context for every column chunk, and
@@ -1022,14 +1025,73 @@ impl Tables {
                 path
             }
         };
+        let Tables {
+            trajectories,
+            turns,
+            tool_calls,
+            criteria,
+            rubric_scores,
+            runs,
+            spans,
+            ..
+        } = self;
+        // The turns and the criteria (about half of the work) are written on a thread of
+        // their own when they hold enough rows for it to pay: at the end of a run the other
+        // core is idle once the pages are written, and the tables were most of the end
+        // (docs/performance.md, "What was slow, and why it is not any more"). Whichever
+        // thread takes them from the slot writes them: if no thread could be started, this
+        // one does, after the others.
+        let parallel = turns.buf.rows() + criteria.buf.rows() >= PARALLEL_MIN_ROWS;
+        let paths_aside = (turns.staged.path.clone(), criteria.staged.path.clone());
+        let slot = Mutex::new(Some((turns, criteria)));
+        let finish_slot = || {
+            let taken = match slot.lock() {
+                Ok(mut pair) => pair.take(),
+                Err(poisoned) => poisoned.into_inner().take(),
+            };
+            taken.map(|(turns, criteria)| (turns.finish(), criteria.finish()))
+        };
+        let (first, from_thread) = std::thread::scope(|scope| {
+            let handle = parallel
+                .then(|| {
+                    std::thread::Builder::new()
+                        .name("trellis-tables".into())
+                        .spawn_scoped(scope, finish_slot)
+                        .ok()
+                })
+                .flatten();
+            let first = (
+                trajectories.finish(),
+                tool_calls.finish(),
+                rubric_scores.finish(),
+                runs.finish(),
+                spans.finish(),
+            );
+            let from_thread = handle.and_then(|handle| {
+                handle
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            });
+            (first, from_thread)
+        });
+        let (turns, criteria) = from_thread.or_else(finish_slot).unwrap_or_else(|| {
+            // Only a thread that took them and then panicked leaves the slot empty, and its
+            // panic was resumed above.
+            let lost = |path: PathBuf| {
+                let e = io::Error::other("the table was lost by the thread writing it");
+                Err((path.clone(), ReportError::io("write", &path, e)))
+            };
+            (lost(paths_aside.0), lost(paths_aside.1))
+        });
+        let (trajectories, tool_calls, rubric_scores, runs, spans) = first;
         let paths = TablePaths {
-            trajectories: done(self.trajectories.finish()),
-            turns: done(self.turns.finish()),
-            tool_calls: done(self.tool_calls.finish()),
-            criteria: done(self.criteria.finish()),
-            rubric_scores: done(self.rubric_scores.finish()),
-            runs: done(self.runs.finish()),
-            spans: done(self.spans.finish()),
+            trajectories: done(trajectories),
+            turns: done(turns),
+            tool_calls: done(tool_calls),
+            criteria: done(criteria),
+            rubric_scores: done(rubric_scores),
+            runs: done(runs),
+            spans: done(spans),
         };
         (paths, failed)
     }

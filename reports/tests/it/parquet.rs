@@ -519,3 +519,47 @@ fn small_batches_are_written_plainly_and_large_ones_with_dictionaries() {
         164
     );
 }
+
+/// Enough rows at the end for the turns and criteria to be written on a thread of their
+/// own (`Tables::finish`): every table still holds every row.
+#[test]
+fn tables_written_side_by_side_keep_every_row() {
+    use trellis_records::JournalEntry;
+    let dir = tempfile::tempdir().unwrap();
+    let mut entries = super::fixtures::entries();
+    let trajectories: Vec<JournalEntry> = entries
+        .iter()
+        .filter(|e| matches!(e, JournalEntry::Trajectory(_)))
+        .cloned()
+        .collect();
+    for round in 1..=150u32 {
+        for entry in &trajectories {
+            if let JournalEntry::Trajectory(t) = entry {
+                let mut t = t.clone();
+                t.repetition += 10 * round;
+                entries.push(JournalEntry::Trajectory(t));
+            }
+        }
+    }
+    let criteria: usize = entries
+        .iter()
+        .map(|e| match e {
+            JournalEntry::Trajectory(t) => t.criteria.len(),
+            _ => 0,
+        })
+        .sum();
+    assert!(criteria >= 512, "{criteria} criteria rows");
+    super::fixtures::write_journal(dir.path(), &entries, "");
+    let files = write_reports(dir.path(), &ReportOptions::default()).unwrap();
+    assert!(files.not_written.is_empty(), "{:?}", files.not_written);
+    assert_eq!(read(&files.trajectories).height(), 906);
+    assert_eq!(read(&files.criteria).height(), criteria);
+    let small = tempfile::tempdir().unwrap();
+    write_complete_journal(small.path());
+    let small = write_reports(small.path(), &ReportOptions::default()).unwrap();
+    assert_eq!(
+        read(&files.turns).height(),
+        read(&small.turns).height(),
+        "the turns come from the nodes, which were not repeated"
+    );
+}
