@@ -24,14 +24,8 @@ use tokio::net::{TcpSocket, TcpStream};
 /// Connects to `host_port` (`host:port`, resolved), trying each address in turn as
 /// [`TcpStream::connect`] does.
 pub(crate) async fn connect_host(host_port: &str) -> io::Result<TcpStream> {
-    let mut last = io::Error::new(io::ErrorKind::NotFound, "no address found");
-    for addr in tokio::net::lookup_host(host_port).await? {
-        match connect(addr).await {
-            Ok(stream) => return Ok(stream),
-            Err(e) => last = e,
-        }
-    }
-    Err(last)
+    let addrs: Vec<SocketAddr> = tokio::net::lookup_host(host_port).await?.collect();
+    connect(&addrs).await
 }
 
 /// How long a loopback connection's first attempt may take before its SYN counts as
@@ -43,26 +37,39 @@ const FIRST_ALLOWANCE: Duration = Duration::from_millis(5);
 /// nothing for a while is offered a SYN four times a second, not hundreds.
 const MOST_ALLOWANCE: Duration = Duration::from_millis(250);
 
-/// Connects to `addr`. For a loopback address, an attempt not connected within its
-/// allowance is abandoned and made again; the caller bounds the whole with its connect
-/// timeout.
-pub(crate) async fn connect(addr: SocketAddr) -> io::Result<TcpStream> {
-    if !addr.ip().is_loopback() {
-        return TcpStream::connect(addr).await;
-    }
-    let mut allowance = FIRST_ALLOWANCE;
-    loop {
-        let socket = match addr {
-            SocketAddr::V4(_) => TcpSocket::new_v4()?,
-            SocketAddr::V6(_) => TcpSocket::new_v6()?,
+/// Connects to the first of `addrs` that takes the connection, or returns the last error.
+/// For a loopback address, an attempt not connected within its allowance is abandoned and
+/// made again; the caller bounds the whole with its connect timeout.
+pub(crate) async fn connect(addrs: &[SocketAddr]) -> io::Result<TcpStream> {
+    let mut last = io::Error::new(io::ErrorKind::NotFound, "no address found");
+    for &addr in addrs {
+        let made = if addr.ip().is_loopback() {
+            let mut allowance = FIRST_ALLOWANCE;
+            loop {
+                let socket = match addr {
+                    SocketAddr::V4(_) => TcpSocket::new_v4(),
+                    SocketAddr::V6(_) => TcpSocket::new_v6(),
+                };
+                let socket = match socket {
+                    Ok(socket) => socket,
+                    Err(e) => break Err(e),
+                };
+                // Dropping the attempt closes its socket: the SYN the agent's kernel dropped
+                // leaves nothing behind on either side.
+                if let Ok(made) = tokio::time::timeout(allowance, socket.connect(addr)).await {
+                    break made;
+                }
+                allowance = (allowance * 2).min(MOST_ALLOWANCE);
+            }
+        } else {
+            TcpStream::connect(addr).await
         };
-        // Dropping the attempt closes its socket: the SYN the agent's kernel dropped leaves
-        // nothing behind on either side.
-        if let Ok(connected) = tokio::time::timeout(allowance, socket.connect(addr)).await {
-            return connected;
+        match made {
+            Ok(stream) => return Ok(stream),
+            Err(e) => last = e,
         }
-        allowance = (allowance * 2).min(MOST_ALLOWANCE);
     }
+    Err(last)
 }
 
 #[cfg(test)]
@@ -100,7 +107,7 @@ mod tests {
             "the accept queue was expected to be full"
         );
 
-        let connecting = tokio::spawn(connect(addr));
+        let connecting = tokio::spawn(async move { connect(&[addr]).await });
         tokio::time::sleep(Duration::from_millis(100)).await;
         let drained = Instant::now();
         for _ in 0..2 {
@@ -128,7 +135,7 @@ mod tests {
         let addr = listener.local_addr().expect("address");
         drop(listener);
         let started = Instant::now();
-        let error = connect(addr).await.expect_err("nothing listens");
+        let error = connect(&[addr]).await.expect_err("nothing listens");
         assert_eq!(error.kind(), io::ErrorKind::ConnectionRefused);
         assert!(started.elapsed() < Duration::from_secs(1));
     }

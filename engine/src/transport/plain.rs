@@ -353,14 +353,9 @@ async fn connect(address: &Address, timeout: Duration) -> Result<Conn, PlainErro
                 .map_err(PlainError::Resolve)?
                 .collect(),
         };
-        let mut last = io::Error::new(io::ErrorKind::NotFound, "no address found");
-        for addr in addrs {
-            match super::connect::connect(addr).await {
-                Ok(stream) => return Ok(stream),
-                Err(e) => last = e,
-            }
-        }
-        Err(PlainError::Connect(last))
+        super::connect::connect(&addrs)
+            .await
+            .map_err(PlainError::Connect)
     };
     let stream = match tokio::time::timeout(timeout, connecting).await {
         Ok(stream) => stream?,

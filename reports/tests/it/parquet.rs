@@ -7,6 +7,7 @@ use std::path::Path;
 use polars_core::prelude::*;
 use polars_io::prelude::*;
 use polars_ops::prelude::*;
+use trellis_records::JournalEntry;
 use trellis_reports::{ReportOptions, write_reports};
 
 use super::fixtures::{XSS, write_complete_journal};
@@ -476,7 +477,6 @@ fn dictionary_columns(path: &Path) -> Vec<String> {
 /// read back the same.
 #[test]
 fn small_batches_are_written_plainly_and_large_ones_with_dictionaries() {
-    use trellis_records::JournalEntry;
     let small = tempfile::tempdir().unwrap();
     write_complete_journal(small.path());
     let files = write_reports(small.path(), &ReportOptions::default()).unwrap();
@@ -487,21 +487,7 @@ fn small_batches_are_written_plainly_and_large_ones_with_dictionaries() {
     assert_eq!(read(&files.trajectories).height(), 6);
 
     let large = tempfile::tempdir().unwrap();
-    let mut entries = super::fixtures::entries();
-    let trajectories: Vec<JournalEntry> = entries
-        .iter()
-        .filter(|e| matches!(e, JournalEntry::Trajectory(_)))
-        .cloned()
-        .collect();
-    for round in 1..=40u32 {
-        for entry in &trajectories {
-            if let JournalEntry::Trajectory(t) = entry {
-                let mut t = t.clone();
-                t.repetition += 10 * round;
-                entries.push(JournalEntry::Trajectory(t));
-            }
-        }
-    }
+    let entries = fixture_with_repeated_trajectories(40);
     super::fixtures::write_journal(large.path(), &entries, "");
     let files = write_reports(large.path(), &ReportOptions::default()).unwrap();
     let trajectories = read(&files.trajectories);
@@ -524,23 +510,8 @@ fn small_batches_are_written_plainly_and_large_ones_with_dictionaries() {
 /// own (`Tables::finish`): every table still holds every row.
 #[test]
 fn tables_written_side_by_side_keep_every_row() {
-    use trellis_records::JournalEntry;
     let dir = tempfile::tempdir().unwrap();
-    let mut entries = super::fixtures::entries();
-    let trajectories: Vec<JournalEntry> = entries
-        .iter()
-        .filter(|e| matches!(e, JournalEntry::Trajectory(_)))
-        .cloned()
-        .collect();
-    for round in 1..=150u32 {
-        for entry in &trajectories {
-            if let JournalEntry::Trajectory(t) = entry {
-                let mut t = t.clone();
-                t.repetition += 10 * round;
-                entries.push(JournalEntry::Trajectory(t));
-            }
-        }
-    }
+    let entries = fixture_with_repeated_trajectories(150);
     let criteria: usize = entries
         .iter()
         .map(|e| match e {
@@ -562,4 +533,25 @@ fn tables_written_side_by_side_keep_every_row() {
         read(&small.turns).height(),
         "the turns come from the nodes, which were not repeated"
     );
+}
+
+/// The fixture's journal with its trajectories recorded again `rounds` times, each round
+/// under repetitions of its own.
+fn fixture_with_repeated_trajectories(rounds: u32) -> Vec<JournalEntry> {
+    let mut entries = super::fixtures::entries();
+    let trajectories: Vec<JournalEntry> = entries
+        .iter()
+        .filter(|e| matches!(e, JournalEntry::Trajectory(_)))
+        .cloned()
+        .collect();
+    for round in 1..=rounds {
+        for entry in &trajectories {
+            if let JournalEntry::Trajectory(t) = entry {
+                let mut t = t.clone();
+                t.repetition += 10 * round;
+                entries.push(JournalEntry::Trajectory(t));
+            }
+        }
+    }
+    entries
 }
