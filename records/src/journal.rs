@@ -174,6 +174,12 @@ pub struct RunSummary {
     /// Why the run stopped before its end on its own (`--max-llm-calls`, `--max-llm-cost`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stopped_by: Option<String>,
+    /// Connections to a loopback agent whose accept queue was full, made again after the
+    /// agent's kernel dropped their first attempt, by the address they went to (`host:port`).
+    /// The wait is in those turns' latencies; lowering `--jobs` or raising the agent's
+    /// listen backlog removes it.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub connections_redone: std::collections::BTreeMap<String, u64>,
 }
 
 fn is_zero(n: &u64) -> bool {

@@ -244,6 +244,10 @@ pub struct RunAggregates {
     /// where it was made; from the run's end (`run_finished.llm_roles`).
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub llm_roles: std::collections::BTreeMap<String, trellis_records::LlmUsage>,
+    /// Connection attempts to loopback agents that their full accept queues dropped, by
+    /// `host:port`; from the run's end (`run_finished.connections_redone`).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub connections_redone: std::collections::BTreeMap<String, u64>,
 }
 
 /// One branch (trajectory) of a scenario for one agent, over its repetitions.
@@ -764,6 +768,11 @@ impl StatsBuilder {
                 .summary
                 .as_ref()
                 .map(|s| s.llm_roles.clone())
+                .unwrap_or_default(),
+            connections_redone: self
+                .summary
+                .as_ref()
+                .map(|s| s.connections_redone.clone())
                 .unwrap_or_default(),
         };
 

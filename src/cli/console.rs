@@ -881,6 +881,17 @@ impl Console {
                 count(self.unchecked_total, "trajectory", "trajectories")
             );
         }
+        // An agent that could not take the run's connections as fast as they came: the
+        // turns are right, but their latencies include a wait the agent's queue caused.
+        for (address, n) in summary.iter().flat_map(|s| &s.connections_redone) {
+            outln!(
+                "{} {address} dropped {} (its accept queue was full); each was made again \
+                 within milliseconds and the wait is in those turns' latencies: lower --jobs \
+                 or raise the agent's listen backlog",
+                paint("BACKLOG", anstyle::AnsiColor::Yellow, stdout_colour()),
+                count(*n, "connection attempt", "connection attempts"),
+            );
+        }
         outln!("results: {}", out.display());
         // Tables by name (they sit next to each other); the files people open by full path.
         let shown = |path: &Path, full: bool| {

@@ -787,13 +787,16 @@ fn finished(mut total: RunSummary, shards: &[ShardDir]) -> RunSummary {
     let mut last_end: Option<SystemTime> = None;
     for shard in shards {
         let Some(s) = &shard.finished else { continue };
-        // LLM use per role is the shards' together.
+        // LLM use per role is the shards' together, and so are the connections made again.
         for (role, usage) in &s.llm_roles {
             total
                 .llm_roles
                 .entry(role.clone())
                 .or_default()
                 .merge(usage);
+        }
+        for (address, n) in &s.connections_redone {
+            *total.connections_redone.entry(address.clone()).or_default() += n;
         }
         if s.finished_at > total.finished_at {
             total.finished_at.clone_from(&s.finished_at);

@@ -305,6 +305,7 @@ pub fn run(args: RunArgs) -> u8 {
             "errors": s.map(|s| s.errors),
             "skipped": s.map(|s| s.skipped),
             "duration_ms": s.map(|s| s.duration_ms),
+            "connections_redone": s.map(|s| &s.connections_redone),
             "baseline": baseline.as_ref().map(|b| b.run_id.clone()),
             "shard": chosen.as_ref().map(|c| c.shard.to_string()),
             "regressed": comparison.as_ref().map(|c| c.regressed),

@@ -136,6 +136,25 @@ impl MisbehavingServer {
         MisbehavingServer { addr, stats, task }
     }
 
+    /// A server with an accept queue of `backlog` that accepts nothing for `accepting_after`:
+    /// connections past the queue's room have their SYN dropped until then (as an agent on
+    /// Python's `http.server`, whose queue is 5, does under load).
+    pub async fn start_late(behavior: Behavior, backlog: u32, accepting_after: Duration) -> Self {
+        let socket = TcpSocket::new_v4().unwrap();
+        socket.bind((Ipv4Addr::LOCALHOST, 0).into()).unwrap();
+        let listener = socket.listen(backlog).unwrap();
+        let addr = listener.local_addr().unwrap();
+        let stats = Arc::new(Stats::default());
+        let task = tokio::spawn({
+            let stats = stats.clone();
+            async move {
+                tokio::time::sleep(accepting_after).await;
+                accept_loop(listener, behavior, stats).await;
+            }
+        });
+        MisbehavingServer { addr, stats, task }
+    }
+
     pub async fn respond(status: u16, body: impl Into<String>) -> Self {
         Self::start(Behavior::Respond {
             status,

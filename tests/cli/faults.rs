@@ -515,3 +515,108 @@ async fn a_server_closing_reused_connections_fails_no_turn() {
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
     assert_eq!(server.requests(), 3);
 }
+
+/// An agent whose accept queue overflows (a backlog of 1, nothing accepted for 300 ms) gets
+/// every turn through, and the run's end says how many connection attempts the queue
+/// dropped: on the console, in the journal's `run_finished` and in `summary.json`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overflowing_accept_queue_is_named_at_the_end() {
+    let server = MisbehavingServer::start_late(
+        Behavior::Respond {
+            status: 200,
+            body: OK_BODY.to_owned(),
+        },
+        1,
+        Duration::from_millis(300),
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("queue.kdl"),
+        format!(
+            "agent \"a\" protocol=\"connexity\" url=\"{}\"\n\
+             scenario \"talk\" {{\n    repeat 8\n    user \"one\"\n}}\n",
+            server.url()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path())
+        .arg("--out")
+        .arg(&out)
+        .args(["--jobs", "8"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert_eq!(server.requests(), 8);
+    let address = server.addr.to_string();
+    let line = stdout(&o)
+        .lines()
+        .find(|l| l.contains("BACKLOG"))
+        .map(str::to_owned)
+        .unwrap_or_else(|| panic!("no BACKLOG line: {}", stdout(&o)));
+    assert!(
+        line.contains(&format!("{address} dropped")) && line.contains("--jobs"),
+        "{line}"
+    );
+
+    // Two connections fit the queue; the other six wait out at least one attempt each.
+    let finished = run_finished(&out);
+    let redone = finished["connections_redone"][&address]
+        .as_u64()
+        .expect("connections_redone by address");
+    assert!(redone >= 6, "{finished}");
+    let summary: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(
+        summary["stats"]["aggregates"]["connections_redone"][&address].as_u64(),
+        Some(redone)
+    );
+    let report = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(
+        report.contains(&format!("{address} dropped {redone} connection attempt")),
+        "the report names the agent"
+    );
+}
+
+/// An agent with room for every connection gets no such notice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_notice_when_the_accept_queue_keeps_up() {
+    let server = MisbehavingServer::respond(200, OK_BODY).await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("queue.kdl"),
+        format!(
+            "agent \"a\" protocol=\"connexity\" url=\"{}\"\n\
+             scenario \"talk\" {{\n    repeat 8\n    user \"one\"\n}}\n",
+            server.url()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path())
+        .arg("--out")
+        .arg(&out)
+        .args(["--jobs", "8"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(!stdout(&o).contains("BACKLOG"), "{}", stdout(&o));
+    let finished = run_finished(&out);
+    assert!(finished.get("connections_redone").is_none(), "{finished}");
+}
+
+/// The journal's `run_finished` entry.
+fn run_finished(out: &std::path::Path) -> serde_json::Value {
+    journal_text(out)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find_map(|mut e| e.get_mut("run_finished").map(serde_json::Value::take))
+        .expect("run_finished")
+}

@@ -141,6 +141,9 @@ pub async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSum
         .await;
 
     let transport = options.transport.clone().unwrap_or_default();
+    // A watch session's transport outlives its runs: each run reports what grew during it.
+    let redone = transport.connections_redone();
+    let redone_before = redone.snapshot();
     let llm = crate::llm::LlmRuntime::new(
         plan.llm.clone(),
         plan.templates.env(),
@@ -239,6 +242,11 @@ pub async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSum
         turns: t.turns.load(Ordering::Relaxed),
         llm_roles: shared.llm.meter().by_role(),
         stopped_by: shared.llm.meter().tripped(),
+        connections_redone: redone
+            .since(&redone_before)
+            .into_iter()
+            .map(|(address, n)| (address.to_string(), n))
+            .collect(),
     };
     let _ = events.send(Event::RunFinished(summary.clone())).await;
     drop_aside(shared);

@@ -14,18 +14,52 @@
 //! each time: the agent's accept queue drains at its own pace and every retry is one SYN.
 //! A remote agent's handshake takes a round trip of unknown length: those connections are
 //! left to the kernel.
+//!
+//! Each connection made again is counted by address ([`Redone`]): the run's summary says
+//! which agents' queues overflowed, since the wait is in those turns' latencies.
 
+use std::collections::BTreeMap;
 use std::io;
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::net::{TcpSocket, TcpStream};
 
+/// Connection attempts made again because the agent's accept queue was full, by the
+/// address they went to. Shared by clones: one per transport, read at the end of a run.
+#[derive(Clone, Debug, Default)]
+pub struct Redone(Arc<Mutex<BTreeMap<SocketAddr, u64>>>);
+
+impl Redone {
+    /// The counts so far, by address.
+    pub fn snapshot(&self) -> BTreeMap<SocketAddr, u64> {
+        self.0.lock().map(|m| m.clone()).unwrap_or_default()
+    }
+
+    /// The counts that grew since `before` (a [`Redone::snapshot`]), by how much.
+    pub fn since(&self, before: &BTreeMap<SocketAddr, u64>) -> BTreeMap<SocketAddr, u64> {
+        self.snapshot()
+            .into_iter()
+            .filter_map(|(addr, n)| {
+                let grown = n.saturating_sub(before.get(&addr).copied().unwrap_or(0));
+                (grown > 0).then_some((addr, grown))
+            })
+            .collect()
+    }
+
+    fn add(&self, addr: SocketAddr, attempts: u64) {
+        if let Ok(mut counts) = self.0.lock() {
+            *counts.entry(addr).or_default() += attempts;
+        }
+    }
+}
+
 /// Connects to `host_port` (`host:port`, resolved), trying each address in turn as
 /// [`TcpStream::connect`] does.
-pub(crate) async fn connect_host(host_port: &str) -> io::Result<TcpStream> {
+pub(crate) async fn connect_host(host_port: &str, redone: &Redone) -> io::Result<TcpStream> {
     let addrs: Vec<SocketAddr> = tokio::net::lookup_host(host_port).await?.collect();
-    connect(&addrs).await
+    connect(&addrs, redone).await
 }
 
 /// How long a loopback connection's first attempt may take before its SYN counts as
@@ -39,13 +73,15 @@ const MOST_ALLOWANCE: Duration = Duration::from_millis(250);
 
 /// Connects to the first of `addrs` that takes the connection, or returns the last error.
 /// For a loopback address, an attempt not connected within its allowance is abandoned and
-/// made again; the caller bounds the whole with its connect timeout.
-pub(crate) async fn connect(addrs: &[SocketAddr]) -> io::Result<TcpStream> {
+/// made again, and counted in `redone`; the caller bounds the whole with its connect
+/// timeout.
+pub(crate) async fn connect(addrs: &[SocketAddr], redone: &Redone) -> io::Result<TcpStream> {
     let mut last = io::Error::new(io::ErrorKind::NotFound, "no address found");
     for &addr in addrs {
         let made = if addr.ip().is_loopback() {
             let mut allowance = FIRST_ALLOWANCE;
-            loop {
+            let mut dropped = 0;
+            let made = loop {
                 let socket = match addr {
                     SocketAddr::V4(_) => TcpSocket::new_v4(),
                     SocketAddr::V6(_) => TcpSocket::new_v6(),
@@ -59,8 +95,15 @@ pub(crate) async fn connect(addrs: &[SocketAddr]) -> io::Result<TcpStream> {
                 if let Ok(made) = tokio::time::timeout(allowance, socket.connect(addr)).await {
                     break made;
                 }
+                dropped += 1;
                 allowance = (allowance * 2).min(MOST_ALLOWANCE);
+            };
+            // Counted once the connection is made or given up: a connect timeout that cuts
+            // the loop off drops this future and leaves the last attempts uncounted.
+            if dropped > 0 {
+                redone.add(addr, dropped);
             }
+            made
         } else {
             TcpStream::connect(addr).await
         };
@@ -107,7 +150,9 @@ mod tests {
             "the accept queue was expected to be full"
         );
 
-        let connecting = tokio::spawn(async move { connect(&[addr]).await });
+        let redone = Redone::default();
+        let counted = redone.clone();
+        let connecting = tokio::spawn(async move { connect(&[addr], &counted).await });
         tokio::time::sleep(Duration::from_millis(100)).await;
         let drained = Instant::now();
         for _ in 0..2 {
@@ -126,6 +171,13 @@ mod tests {
             "connected {waited:?} after the queue drained"
         );
         assert_eq!(stream.peer_addr().expect("peer"), addr);
+        // At least the attempts of the 100 ms the queue stayed full (5 + 10 + 20 + 40 ms).
+        let counts = redone.snapshot();
+        assert!(
+            counts.get(&addr).is_some_and(|&n| n >= 3),
+            "attempts made again: {counts:?}"
+        );
+        assert_eq!(redone.since(&counts), BTreeMap::new());
         drop(queued);
     }
 
@@ -135,8 +187,12 @@ mod tests {
         let addr = listener.local_addr().expect("address");
         drop(listener);
         let started = Instant::now();
-        let error = connect(&[addr]).await.expect_err("nothing listens");
+        let redone = Redone::default();
+        let error = connect(&[addr], &redone)
+            .await
+            .expect_err("nothing listens");
         assert_eq!(error.kind(), io::ErrorKind::ConnectionRefused);
+        assert!(redone.snapshot().is_empty(), "a refusal is not made again");
         assert!(started.elapsed() < Duration::from_secs(1));
     }
 }

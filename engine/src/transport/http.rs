@@ -255,6 +255,13 @@ impl HttpTransport {
         Self::default()
     }
 
+    /// Connections to loopback agents made again because the agent's accept queue was
+    /// full (see [`super::connect`]), counted over this transport's life: plain HTTP and
+    /// line agents on `tcp:` given it ([`super::line::LineTransport::counting_in`]).
+    pub fn connections_redone(&self) -> super::connect::Redone {
+        self.clients.plain.redone.clone()
+    }
+
     fn builder() -> reqwest::ClientBuilder {
         reqwest::Client::builder()
             .tcp_nodelay(true)

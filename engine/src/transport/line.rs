@@ -126,6 +126,8 @@ pub struct LineTransport {
     /// process regardless).
     keep_open: bool,
     open: tokio::sync::Mutex<Option<Connection>>,
+    /// Where `tcp:` connections made again are counted ([`super::connect`]).
+    redone: super::connect::Redone,
 }
 
 enum Connection {
@@ -171,7 +173,15 @@ impl LineTransport {
             limits,
             keep_open,
             open: tokio::sync::Mutex::new(None),
+            redone: super::connect::Redone::default(),
         }
+    }
+
+    /// Counts `tcp:` connections made again in `redone`, the run's
+    /// ([`super::http::HttpTransport::connections_redone`]), rather than in one of its own.
+    pub fn counting_in(mut self, redone: super::connect::Redone) -> Self {
+        self.redone = redone;
+        self
     }
 
     pub fn endpoint(&self) -> &LineEndpoint {
@@ -433,7 +443,7 @@ impl LineTransport {
         };
         match &self.endpoint {
             LineEndpoint::Tcp(address) => {
-                let stream = super::connect::connect_host(address)
+                let stream = super::connect::connect_host(address, &self.redone)
                     .await
                     .map_err(connect_fault)?;
                 let _ = stream.set_nodelay(true);

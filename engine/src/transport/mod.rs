@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::record::Fault;
 
-mod connect;
+pub mod connect;
 pub mod http;
 pub mod line;
 mod plain;

@@ -175,6 +175,8 @@ pub(super) struct Answer {
 #[derive(Default)]
 pub(super) struct PlainPool {
     known: Mutex<Known>,
+    /// Connections made again because the agent's accept queue was full.
+    pub(super) redone: super::connect::Redone,
 }
 
 #[derive(Default)]
@@ -235,7 +237,7 @@ impl PlainPool {
                 }
             }
         }
-        let mut conn = connect(&endpoint.address, connect_timeout).await?;
+        let mut conn = connect(&endpoint.address, connect_timeout, &self.redone).await?;
         match exchange(&mut conn, request()).await {
             Ok(response) => Ok(Answer {
                 response,
@@ -337,7 +339,11 @@ fn lost_unanswered(error: &hyper::Error) -> bool {
 
 /// A new connection to `address`: every resolved address is tried in turn, within
 /// `timeout` overall.
-async fn connect(address: &Address, timeout: Duration) -> Result<Conn, PlainError> {
+async fn connect(
+    address: &Address,
+    timeout: Duration,
+    redone: &super::connect::Redone,
+) -> Result<Conn, PlainError> {
     let connecting = async {
         // An IP literal (brackets stripped for IPv6) needs no resolver round trip.
         let literal = address
@@ -353,7 +359,7 @@ async fn connect(address: &Address, timeout: Duration) -> Result<Conn, PlainErro
                 .map_err(PlainError::Resolve)?
                 .collect(),
         };
-        super::connect::connect(&addrs)
+        super::connect::connect(&addrs, redone)
             .await
             .map_err(PlainError::Connect)
     };

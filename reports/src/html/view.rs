@@ -733,6 +733,13 @@ pub(crate) struct StatusCount {
     count: usize,
 }
 
+/// A loopback agent's address and the connection attempts its full accept queue dropped.
+#[derive(Serialize)]
+pub(crate) struct RedoneView {
+    address: String,
+    attempts: u64,
+}
+
 /// One role's LLM use (`agent`, `simulator`, `judge`, `attacker`), from the run's summary.
 #[derive(Serialize)]
 pub(crate) struct RoleView {
@@ -753,6 +760,8 @@ pub(crate) struct PageView {
     llm_roles: Vec<RoleView>,
     /// Why the run stopped early on its own (an LLM budget).
     stopped_by: Option<String>,
+    /// Loopback agents whose full accept queue dropped connection attempts.
+    connections_redone: Vec<RedoneView>,
     started_at: String,
     finished_at: Option<String>,
     duration: Option<String>,
@@ -1077,6 +1086,18 @@ pub(crate) fn build(page: &Page<'_>) -> PageView {
             })
             .unwrap_or_default(),
         stopped_by: page.finished.and_then(|f| f.stopped_by.clone()),
+        connections_redone: page
+            .finished
+            .map(|f| {
+                f.connections_redone
+                    .iter()
+                    .map(|(address, &attempts)| RedoneView {
+                        address: address.clone(),
+                        attempts,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
         started_at: info.started_at.clone(),
         finished_at: page.finished.map(|f| f.finished_at.clone()),
         duration: page.finished.map(|f| ms(f.duration_ms)),

@@ -295,6 +295,7 @@ pub(super) fn multiagent_client(
             trellis_dsl::ProcessMode::LongLived => crate::transport::line::ProcessMode::LongLived,
         },
         keep_open: settings.keep_open,
+        redone: setup.transport.connections_redone(),
         ..MultiAgentOptions::default()
     };
     let line_limits = crate::transport::line::LineLimits {

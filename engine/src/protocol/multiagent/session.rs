@@ -91,6 +91,8 @@ pub struct MultiAgentOptions {
     pub keep_open: bool,
     /// The tools that answer the agent's calls; every trajectory gets its own [`Sandbox`].
     pub sandbox: Arc<SandboxSpec>,
+    /// Where `tcp:` connections made again are counted (the run's transport's).
+    pub redone: crate::transport::connect::Redone,
 }
 
 impl Default for MultiAgentOptions {
@@ -102,6 +104,7 @@ impl Default for MultiAgentOptions {
             process_mode: ProcessMode::default(),
             keep_open: false,
             sandbox: Arc::new(SandboxSpec::default()),
+            redone: crate::transport::connect::Redone::default(),
         }
     }
 }
@@ -201,7 +204,8 @@ impl MultiAgentClient {
             LineEndpoint::Unix(path) => format!("unix:{}", path.display()),
             LineEndpoint::Process(spec) => spec.command.clone(),
         });
-        let transport = LineTransport::new(endpoint, limits, options.keep_open);
+        let transport = LineTransport::new(endpoint, limits, options.keep_open)
+            .counting_in(options.redone.clone());
         Ok(Self::with_wire(
             Wire::Line { transport, limits },
             retry,
