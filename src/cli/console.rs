@@ -884,13 +884,7 @@ impl Console {
         // An agent that could not take the run's connections as fast as they came: the
         // turns are right, but their latencies include a wait the agent's queue caused.
         for (address, n) in summary.iter().flat_map(|s| &s.connections_redone) {
-            outln!(
-                "{} {address} dropped {} (its accept queue was full); each was made again \
-                 within milliseconds and the wait is in those turns' latencies: lower --jobs \
-                 or raise the agent's listen backlog",
-                paint("BACKLOG", anstyle::AnsiColor::Yellow, stdout_colour()),
-                count(*n, "connection attempt", "connection attempts"),
-            );
+            outln!("{}", backlog_notice(address, *n));
         }
         outln!("results: {}", out.display());
         // Tables by name (they sit next to each other); the files people open by full path.
@@ -932,6 +926,18 @@ impl Console {
             None => outln!("  journal  (incomplete: could not be written)"),
         }
     }
+}
+
+/// The line that names a loopback agent whose full accept queue dropped `attempts`
+/// connection attempts (`RunSummary::connections_redone`), for `run` and `watch`.
+pub(super) fn backlog_notice(address: &str, attempts: u64) -> String {
+    format!(
+        "{} {address} dropped {} (its accept queue was full); each was made again within \
+         milliseconds and the wait is in those turns' latencies: lower --jobs or raise the \
+         agent's listen backlog",
+        paint("BACKLOG", anstyle::AnsiColor::Yellow, stdout_colour()),
+        count(attempts, "connection attempt", "connection attempts"),
+    )
 }
 
 /// An attack search's summary: paths explored and successes by depth, and the cheapest

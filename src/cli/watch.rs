@@ -834,6 +834,9 @@ impl RunHeader {
                 out.display()
             ),
         }
+        for (address, n) in summary.iter().flat_map(|s| &s.connections_redone) {
+            outln!("  {}", super::console::backlog_notice(address, *n));
+        }
     }
 }
 
