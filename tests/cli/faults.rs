@@ -494,31 +494,22 @@ async fn a_server_closing_reused_connections_fails_no_turn() {
         body: OK_BODY.to_owned(),
     })
     .await;
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("idle.kdl"),
-        format!(
-            "agent \"a\" protocol=\"connexity\" url=\"{}\"\n\
-             scenario \"talk\" {{\n    user \"one\"\n    user \"two\"\n    user \"three\"\n}}\n",
-            server.url()
-        ),
+    run_passing(
+        &server,
+        "user \"one\"\n    user \"two\"\n    user \"three\"",
+        1,
     )
-    .unwrap();
-    let o = trellis()
-        .arg("run")
-        .arg(dir.path())
-        .arg("--out")
-        .arg(dir.path().join("out"))
-        .output()
-        .await
-        .unwrap();
-    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    .await;
     assert_eq!(server.requests(), 3);
 }
 
+/// Eight one-turn trajectories, all started at once at `--jobs 8`.
+const EIGHT_AT_ONCE: &str = "repeat 8\n    user \"one\"";
+
 /// An agent whose accept queue overflows (a backlog of 1, nothing accepted for 300 ms) gets
 /// every turn through, and the run's end says how many connection attempts the queue
-/// dropped: on the console, in the journal's `run_finished` and in `summary.json`.
+/// dropped: on the console, in the journal's `run_finished`, in `summary.json` and in the
+/// report.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_overflowing_accept_queue_is_named_at_the_end() {
     let server = MisbehavingServer::start_late(
@@ -530,28 +521,9 @@ async fn an_overflowing_accept_queue_is_named_at_the_end() {
         Duration::from_millis(300),
     )
     .await;
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("queue.kdl"),
-        format!(
-            "agent \"a\" protocol=\"connexity\" url=\"{}\"\n\
-             scenario \"talk\" {{\n    repeat 8\n    user \"one\"\n}}\n",
-            server.url()
-        ),
-    )
-    .unwrap();
-    let out = dir.path().join("out");
-    let o = trellis()
-        .arg("run")
-        .arg(dir.path())
-        .arg("--out")
-        .arg(&out)
-        .args(["--jobs", "8"])
-        .output()
-        .await
-        .unwrap();
-    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let (o, dir) = run_passing(&server, EIGHT_AT_ONCE, 8).await;
     assert_eq!(server.requests(), 8);
+    let out = dir.path().join("out");
     let address = server.addr.to_string();
     let line = stdout(&o)
         .lines()
@@ -586,30 +558,41 @@ async fn an_overflowing_accept_queue_is_named_at_the_end() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_notice_when_the_accept_queue_keeps_up() {
     let server = MisbehavingServer::respond(200, OK_BODY).await;
+    let (o, dir) = run_passing(&server, EIGHT_AT_ONCE, 8).await;
+    assert_eq!(server.requests(), 8);
+    assert!(!stdout(&o).contains("BACKLOG"), "{}", stdout(&o));
+    let finished = run_finished(&dir.path().join("out"));
+    assert!(finished.get("connections_redone").is_none(), "{finished}");
+}
+
+/// A one-scenario suite against `server` (`steps`: the scenario's body), run at `--jobs
+/// jobs`; every trajectory must pass. The results are in `out` under the returned directory.
+async fn run_passing(
+    server: &MisbehavingServer,
+    steps: &str,
+    jobs: u32,
+) -> (std::process::Output, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
-        dir.path().join("queue.kdl"),
+        dir.path().join("suite.kdl"),
         format!(
             "agent \"a\" protocol=\"connexity\" url=\"{}\"\n\
-             scenario \"talk\" {{\n    repeat 8\n    user \"one\"\n}}\n",
+             scenario \"talk\" {{\n    {steps}\n}}\n",
             server.url()
         ),
     )
     .unwrap();
-    let out = dir.path().join("out");
     let o = trellis()
         .arg("run")
         .arg(dir.path())
         .arg("--out")
-        .arg(&out)
-        .args(["--jobs", "8"])
+        .arg(dir.path().join("out"))
+        .args(["--jobs", &jobs.to_string()])
         .output()
         .await
         .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
-    assert!(!stdout(&o).contains("BACKLOG"), "{}", stdout(&o));
-    let finished = run_finished(&out);
-    assert!(finished.get("connections_redone").is_none(), "{finished}");
+    (o, dir)
 }
 
 /// The journal's `run_finished` entry.
