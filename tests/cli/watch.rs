@@ -890,3 +890,41 @@ async fn an_edited_dataset_row_reruns_only_its_instance() {
         Some("book it now")
     );
 }
+
+/// A rerun against an agent whose accept queue overflowed says so under its footer; the
+/// next rerun, on connections already made, does not repeat what the first one saw.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_overflowing_accept_queue_is_named_under_the_rerun_it_slowed() {
+    let agent = MisbehavingServer::start_late(
+        Behavior::Respond {
+            status: 200,
+            body: OK_BODY.to_owned(),
+        },
+        1,
+        Duration::from_millis(300),
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    let text = |repeat: u32| {
+        format!(
+            "agent \"bot\" protocol=\"connexity\" url=\"{}\"\nscenario \"queue\" {{\n    \
+             repeat {repeat}\n    user \"one\"\n}}\n",
+            agent.url()
+        )
+    };
+    write(&suite, &text(8));
+    let mut watch = Watch::start(dir.path(), &["--jobs", "8"]);
+    watch.wait_for("watch: rerun 1 done").await;
+    let notice = watch
+        .wait_for(&format!("BACKLOG {} dropped", agent.addr))
+        .await;
+    assert_eq!(notice.len(), 1, "right under the footer: {}", watch.all());
+    write(&suite, &text(9));
+    watch.wait_for("watch: rerun 2 done").await;
+    assert_eq!(agent.requests(), 9, "{}", watch.all());
+    // Give a second notice the time the first one took to show, then check it did not.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let all = watch.all();
+    assert_eq!(all.matches("BACKLOG").count(), 1, "{all}");
+}
