@@ -80,8 +80,7 @@ pub(crate) async fn connect(addrs: &[SocketAddr], redone: &Redone) -> io::Result
     for &addr in addrs {
         let made = if addr.ip().is_loopback() {
             let mut allowance = FIRST_ALLOWANCE;
-            let mut dropped = 0;
-            let made = loop {
+            loop {
                 let socket = match addr {
                     SocketAddr::V4(_) => TcpSocket::new_v4(),
                     SocketAddr::V6(_) => TcpSocket::new_v6(),
@@ -95,15 +94,11 @@ pub(crate) async fn connect(addrs: &[SocketAddr], redone: &Redone) -> io::Result
                 if let Ok(made) = tokio::time::timeout(allowance, socket.connect(addr)).await {
                     break made;
                 }
-                dropped += 1;
+                // Counted as it happens, so that attempts before a connect timeout (which
+                // drops this future) count too: that is when the notice matters most.
+                redone.add(addr, 1);
                 allowance = (allowance * 2).min(MOST_ALLOWANCE);
-            };
-            // Counted once the connection is made or given up: a connect timeout that cuts
-            // the loop off drops this future and leaves the last attempts uncounted.
-            if dropped > 0 {
-                redone.add(addr, dropped);
             }
-            made
         } else {
             TcpStream::connect(addr).await
         };
@@ -178,6 +173,32 @@ mod tests {
             "attempts made again: {counts:?}"
         );
         assert_eq!(redone.since(&counts), BTreeMap::new());
+        drop(queued);
+    }
+
+    /// A connect timeout that cuts the retries off still leaves them counted: a run whose
+    /// turns fail to connect to an overflowing agent is the one that most needs the notice.
+    #[tokio::test]
+    async fn attempts_cut_off_by_a_connect_timeout_are_counted() {
+        let listener = TcpSocket::new_v4().expect("socket");
+        listener
+            .bind("127.0.0.1:0".parse().expect("address"))
+            .expect("bind");
+        let addr = listener.local_addr().expect("address");
+        let _listener = listener.listen(1).expect("listen");
+        let mut queued = Vec::new();
+        for _ in 0..2 {
+            queued.push(TcpStream::connect(addr).await.expect("connect"));
+        }
+        let redone = Redone::default();
+        // The attempts' allowances are 5, 10 and 20 ms: three are given up within 60 ms.
+        let cut = tokio::time::timeout(Duration::from_millis(60), connect(&[addr], &redone)).await;
+        assert!(cut.is_err(), "the accept queue was expected to stay full");
+        assert!(
+            redone.snapshot().get(&addr).is_some_and(|&n| n >= 2),
+            "attempts made again: {:?}",
+            redone.snapshot()
+        );
         drop(queued);
     }
 
