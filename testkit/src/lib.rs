@@ -124,23 +124,27 @@ impl Drop for MisbehavingServer {
 
 impl MisbehavingServer {
     pub async fn start(behavior: Behavior) -> Self {
+        Self::listen(behavior, 64, Duration::ZERO)
+    }
+
+    /// A healthy agent (every request answered with [`OK_BODY`]) whose accept queue holds
+    /// two connections and which accepts nothing for `accepting_after`: connections past the
+    /// queue's room have their SYN dropped until then (as an agent on Python's
+    /// `http.server`, whose queue is 5, does under load).
+    pub async fn overflowing(accepting_after: Duration) -> Self {
+        let behavior = Behavior::Respond {
+            status: 200,
+            body: OK_BODY.to_owned(),
+        };
+        // Linux queues backlog + 1 connections.
+        Self::listen(behavior, 1, accepting_after)
+    }
+
+    fn listen(behavior: Behavior, backlog: u32, accepting_after: Duration) -> Self {
         let socket = TcpSocket::new_v4().unwrap();
         // A small send buffer keeps what the kernel absorbs on behalf of a client that
         // stopped reading small, so byte counts reflect what the client actually pulled.
         socket.set_send_buffer_size(64 * 1024).unwrap();
-        socket.bind((Ipv4Addr::LOCALHOST, 0).into()).unwrap();
-        let listener = socket.listen(64).unwrap();
-        let addr = listener.local_addr().unwrap();
-        let stats = Arc::new(Stats::default());
-        let task = tokio::spawn(accept_loop(listener, behavior, stats.clone()));
-        MisbehavingServer { addr, stats, task }
-    }
-
-    /// A server with an accept queue of `backlog` that accepts nothing for `accepting_after`:
-    /// connections past the queue's room have their SYN dropped until then (as an agent on
-    /// Python's `http.server`, whose queue is 5, does under load).
-    pub async fn start_late(behavior: Behavior, backlog: u32, accepting_after: Duration) -> Self {
-        let socket = TcpSocket::new_v4().unwrap();
         socket.bind((Ipv4Addr::LOCALHOST, 0).into()).unwrap();
         let listener = socket.listen(backlog).unwrap();
         let addr = listener.local_addr().unwrap();
@@ -148,7 +152,9 @@ impl MisbehavingServer {
         let task = tokio::spawn({
             let stats = stats.clone();
             async move {
-                tokio::time::sleep(accepting_after).await;
+                if !accepting_after.is_zero() {
+                    tokio::time::sleep(accepting_after).await;
+                }
                 accept_loop(listener, behavior, stats).await;
             }
         });

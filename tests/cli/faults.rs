@@ -512,15 +512,7 @@ const EIGHT_AT_ONCE: &str = "repeat 8\n    user \"one\"";
 /// report.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_overflowing_accept_queue_is_named_at_the_end() {
-    let server = MisbehavingServer::start_late(
-        Behavior::Respond {
-            status: 200,
-            body: OK_BODY.to_owned(),
-        },
-        1,
-        Duration::from_millis(300),
-    )
-    .await;
+    let server = MisbehavingServer::overflowing(Duration::from_millis(300)).await;
     let (o, dir) = run_passing(&server, EIGHT_AT_ONCE, 8).await;
     assert_eq!(server.requests(), 8);
     let out = dir.path().join("out");

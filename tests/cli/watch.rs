@@ -895,15 +895,7 @@ async fn an_edited_dataset_row_reruns_only_its_instance() {
 /// next rerun, on connections already made, does not repeat what the first one saw.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_overflowing_accept_queue_is_named_under_the_rerun_it_slowed() {
-    let agent = MisbehavingServer::start_late(
-        Behavior::Respond {
-            status: 200,
-            body: OK_BODY.to_owned(),
-        },
-        1,
-        Duration::from_millis(300),
-    )
-    .await;
+    let agent = MisbehavingServer::overflowing(Duration::from_millis(300)).await;
     let dir = tempfile::tempdir().unwrap();
     let suite = dir.path().join("suite.kdl");
     let text = |repeat: u32| {

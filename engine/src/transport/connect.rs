@@ -116,10 +116,8 @@ mod tests {
 
     use super::*;
 
-    /// An agent whose accept queue is full drops the next SYN; once it accepts again, the
-    /// connection is made within the retries' allowance, not at the kernel's 1 s resend.
-    #[tokio::test]
-    async fn a_full_accept_queue_costs_milliseconds() {
+    /// A listener on 127.0.0.1 whose accept queue is full, with the connections filling it.
+    async fn full_listener() -> (tokio::net::TcpListener, SocketAddr, Vec<TcpStream>) {
         let listener = TcpSocket::new_v4().expect("socket");
         listener
             .bind("127.0.0.1:0".parse().expect("address"))
@@ -136,6 +134,14 @@ mod tests {
                     .expect("connect"),
             );
         }
+        (listener, addr, queued)
+    }
+
+    /// An agent whose accept queue is full drops the next SYN; once it accepts again, the
+    /// connection is made within the retries' allowance, not at the kernel's 1 s resend.
+    #[tokio::test]
+    async fn a_full_accept_queue_costs_milliseconds() {
+        let (listener, addr, queued) = full_listener().await;
         // The queue is full: a plain connect's SYN is dropped and not resent for a second.
         let dropped = TcpSocket::new_v4().expect("socket");
         assert!(
@@ -180,16 +186,7 @@ mod tests {
     /// turns fail to connect to an overflowing agent is the one that most needs the notice.
     #[tokio::test]
     async fn attempts_cut_off_by_a_connect_timeout_are_counted() {
-        let listener = TcpSocket::new_v4().expect("socket");
-        listener
-            .bind("127.0.0.1:0".parse().expect("address"))
-            .expect("bind");
-        let addr = listener.local_addr().expect("address");
-        let _listener = listener.listen(1).expect("listen");
-        let mut queued = Vec::new();
-        for _ in 0..2 {
-            queued.push(TcpStream::connect(addr).await.expect("connect"));
-        }
+        let (_listener, addr, queued) = full_listener().await;
         let redone = Redone::default();
         // The attempts' allowances are 5, 10 and 20 ms: three are given up within 60 ms.
         let cut = tokio::time::timeout(Duration::from_millis(60), connect(&[addr], &redone)).await;
