@@ -45,6 +45,7 @@ fn main() {
 /// "What was slow, and why it is not any more").
 fn exit(code: u8) -> ! {
     counting::report_now();
+    cli::write_bench_phases();
     // stdout is line-buffered: a last line without its newline may be waiting.
     let _ = std::io::Write::flush(&mut std::io::stdout());
     // SAFETY: `_exit` ends the process without returning and runs no handler.

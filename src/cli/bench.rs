@@ -12,6 +12,7 @@ use trellis_engine::plan::{Plan, Selection};
 
 use super::{EXIT_FAILED, EXIT_INVALID, EXIT_OK};
 
+pub(crate) mod phases;
 mod table;
 
 #[derive(Debug, Args)]

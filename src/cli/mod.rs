@@ -33,6 +33,7 @@ use clap_complete::{ArgValueCandidates, ArgValueCompleter};
 use trellis_dsl::graph::{GraphFormat, TrajectoryGraph};
 use trellis_engine::plan::{Plan, Selection};
 
+pub(crate) use bench::phases::write_if_asked as write_bench_phases;
 pub(crate) use complete::setup as answer_completion_request;
 
 pub const EXIT_OK: u8 = 0;

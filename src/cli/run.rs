@@ -698,6 +698,7 @@ pub fn execute_plan(
         })
         .map_err(|e| format!("cannot start the reporter thread: {e}"))?;
 
+    super::bench::phases::mark(super::bench::phases::Phase::Run);
     let stopped_by = runtime.block_on(async {
         let mut signals = settings
             .signals
@@ -740,6 +741,7 @@ pub fn execute_plan(
         }
         Some(first)
     });
+    super::bench::phases::mark(super::bench::phases::Phase::Ran);
     // Dropping the runtime drops every task still holding an event sender, which ends the
     // reporter's stream; agent tasks of an aborted run are not waited for.
     runtime.shutdown_background();
@@ -789,6 +791,7 @@ pub fn execute_plan(
         problems,
     } = record.finish();
     report_cpu += super::bench::thread_cpu_time() - cpu_before_finish;
+    super::bench::phases::mark(super::bench::phases::Phase::Reported);
     if let Some(files) = &files {
         console.finish(summary.as_ref(), out, journal_path.as_deref(), files);
     }

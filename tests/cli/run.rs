@@ -472,6 +472,30 @@ async fn bench_table_measures_each_figure_on_a_fresh_process() {
         .and_then(|w| w.trim_end_matches('×').parse().ok())
         .unwrap();
     assert!(ratio >= 1.0, "{out}");
+    // Under each timed run, its wall time in four parts that add up to it; the run's own
+    // part of the latency-bound figure holds its eight waves of 50 ms.
+    let parts = regex::Regex::new(
+        r"(?m)^  start · run · results · exit\s+([\d.]+) · ([\d.]+) · ([\d.]+) · ([\d.]+) ms$",
+    )
+    .unwrap();
+    let splits: Vec<[f64; 4]> = parts
+        .captures_iter(&out)
+        .map(|c| [1, 2, 3, 4].map(|i| c[i].parse().unwrap()))
+        .collect();
+    assert_eq!(splits.len(), 3, "{out}");
+    let latency_wall: f64 = regex::Regex::new(r"wall ÷ ideal\s+[\d.]+× \(([\d.]+) s\)")
+        .unwrap()
+        .captures(&out)
+        .and_then(|c| c[1].parse().ok())
+        .expect(&out);
+    let [start, run, results, exit] = splits[1];
+    assert!(run >= 400.0, "{out}");
+    assert!(start > 0.0 && results > 0.0 && exit > 0.0, "{out}");
+    let sum = (start + run + results + exit) / 1000.0;
+    assert!(
+        (sum - latency_wall).abs() < 0.003,
+        "{sum} s against {latency_wall} s\n{out}"
+    );
 }
 
 #[tokio::test]

@@ -8,10 +8,11 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use super::super::console::{errln, outln};
 use super::super::{EXIT_FAILED, EXIT_INVALID, EXIT_OK};
+use super::phases::{self, Phases};
 
 /// What the table runs (README.md, "Performance").
 pub struct TableArgs {
@@ -29,6 +30,12 @@ struct Measured {
     wall: Duration,
     max_rss_mib: f64,
     code: Option<i32>,
+    /// This process's wall clock at the spawn and at the reap, which the run's own marks
+    /// are read against.
+    spawned: SystemTime,
+    reaped: SystemTime,
+    /// Where a `trellis run`'s wall time went ([`run`]).
+    phases: Option<Phases>,
 }
 
 pub fn table(args: &TableArgs) -> u8 {
@@ -103,16 +110,19 @@ pub fn table(args: &TableArgs) -> u8 {
     let wrk = wrk_requests_per_second(&url, dir);
     let mut throughput = Vec::new();
     let mut sizes = Vec::new();
+    let mut splits = Vec::new();
     for (i, exe) in exes.iter().enumerate() {
         let out = dir.join(format!("throughput-{i}"));
         let m = run(exe, &suite, &out, 256);
         sizes.push(m.as_ref().and_then(|_| journal_and_parquet(&out)));
+        splits.push(m.as_ref().map(|m| m.phases));
         throughput.push(m.map(|m| f64::from(n) / m.wall.as_secs_f64()));
     }
     table.row(
         &format!("{n} one-turn trajectories, c=256: turns/s"),
         throughput.iter().map(|t| t.map(|t| format!("{t:.0}"))),
     );
+    table.split(&splits);
     match wrk {
         Ok(wrk) => {
             table.row(
@@ -158,6 +168,12 @@ pub fn table(args: &TableArgs) -> u8 {
             })
         }),
     );
+    table.split(
+        &latency
+            .iter()
+            .map(|m| m.as_ref().map(|m| m.phases))
+            .collect::<Vec<_>>(),
+    );
 
     let suite = write_suite(dir, "small", &url, 2000);
     let small: Vec<Option<Measured>> = exes
@@ -170,6 +186,12 @@ pub fn table(args: &TableArgs) -> u8 {
         small
             .iter()
             .map(|m| m.as_ref().map(|m| format!("{:.3} s", m.wall.as_secs_f64()))),
+    );
+    table.split(
+        &small
+            .iter()
+            .map(|m| m.as_ref().map(|m| m.phases))
+            .collect::<Vec<_>>(),
     );
     table.row(
         "  peak RSS",
@@ -258,6 +280,17 @@ impl Table {
         }
         outln!("{}", line.trim_end());
     }
+
+    /// Under a timed run's row: where its wall time went ([`Phases`]). A binary that leaves
+    /// no marks gets a dash, not a failure: its figure above stands.
+    fn split(&mut self, runs: &[Option<Option<Phases>>]) {
+        self.row(
+            "  start · run · results · exit",
+            runs.iter().map(|run| {
+                run.map(|phases| phases.map_or_else(|| "—".to_owned(), |p| p.to_string()))
+            }),
+        );
+    }
 }
 
 /// The journal's size and the Parquet tables' in a run directory, when both are there.
@@ -331,8 +364,13 @@ fn write_suite(dir: &Path, name: &str, url: &str, n: u32) -> PathBuf {
 /// that refused, dropped or garbled a call, and a figure timed on faults measures them, not
 /// the agent's answers.
 fn run(exe: &Path, suite: &Path, out: &Path, jobs: usize) -> Option<Measured> {
-    let m = measure(
+    // Beside the run directory, which the run replaces; a file left by an earlier bench
+    // with the same --out would pass for this run's marks.
+    let marks = out.with_extension("phases");
+    let _ = std::fs::remove_file(&marks);
+    let mut m = measure(
         Command::new(exe)
+            .env(phases::ENV, &marks)
             .arg("run")
             .arg(suite)
             .arg("--out")
@@ -342,6 +380,7 @@ fn run(exe: &Path, suite: &Path, out: &Path, jobs: usize) -> Option<Measured> {
             .stdout(Stdio::null())
             .stderr(Stdio::null()),
     )?;
+    m.phases = Phases::read(&marks, m.spawned, m.reaped);
     match m.code {
         Some(0) => Some(m),
         Some(1) => {
@@ -365,6 +404,7 @@ fn run(exe: &Path, suite: &Path, out: &Path, jobs: usize) -> Option<Measured> {
 
 /// Runs `cmd` and measures it: wall time from spawn to exit and the child's own peak RSS.
 fn measure(cmd: &mut Command) -> Option<Measured> {
+    let spawned = SystemTime::now();
     let started = Instant::now();
     let child = match cmd.spawn() {
         Ok(child) => child,
@@ -385,6 +425,7 @@ fn measure(cmd: &mut Command) -> Option<Measured> {
         usage.assume_init()
     };
     let wall = started.elapsed();
+    let reaped = SystemTime::now();
     // The child was reaped by wait4: `Child`'s own wait would find nothing.
     std::mem::forget(child);
     let code = libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status));
@@ -393,6 +434,9 @@ fn measure(cmd: &mut Command) -> Option<Measured> {
         // Linux reports ru_maxrss in KiB.
         max_rss_mib: usage.ru_maxrss as f64 / 1024.0,
         code,
+        spawned,
+        reaped,
+        phases: None,
     })
 }
 
