@@ -108,21 +108,23 @@ pub fn table(args: &TableArgs) -> u8 {
     let n = args.throughput_trajectories;
     let suite = write_suite(dir, "throughput", &url, n);
     let wrk = wrk_requests_per_second(&url, dir);
-    let mut throughput = Vec::new();
+    let mut runs = Vec::new();
     let mut sizes = Vec::new();
-    let mut splits = Vec::new();
     for (i, exe) in exes.iter().enumerate() {
         let out = dir.join(format!("throughput-{i}"));
         let m = run(exe, &suite, &out, 256);
         sizes.push(m.as_ref().and_then(|_| journal_and_parquet(&out)));
-        splits.push(m.as_ref().map(|m| m.phases));
-        throughput.push(m.map(|m| f64::from(n) / m.wall.as_secs_f64()));
+        runs.push(m);
     }
+    let throughput: Vec<Option<f64>> = runs
+        .iter()
+        .map(|m| m.as_ref().map(|m| f64::from(n) / m.wall.as_secs_f64()))
+        .collect();
     table.row(
         &format!("{n} one-turn trajectories, c=256: turns/s"),
         throughput.iter().map(|t| t.map(|t| format!("{t:.0}"))),
     );
-    table.split(&splits);
+    table.split(&runs);
     match wrk {
         Ok(wrk) => {
             table.row(
@@ -168,12 +170,7 @@ pub fn table(args: &TableArgs) -> u8 {
             })
         }),
     );
-    table.split(
-        &latency
-            .iter()
-            .map(|m| m.as_ref().map(|m| m.phases))
-            .collect::<Vec<_>>(),
-    );
+    table.split(&latency);
 
     let suite = write_suite(dir, "small", &url, 2000);
     let small: Vec<Option<Measured>> = exes
@@ -187,12 +184,7 @@ pub fn table(args: &TableArgs) -> u8 {
             .iter()
             .map(|m| m.as_ref().map(|m| format!("{:.3} s", m.wall.as_secs_f64()))),
     );
-    table.split(
-        &small
-            .iter()
-            .map(|m| m.as_ref().map(|m| m.phases))
-            .collect::<Vec<_>>(),
-    );
+    table.split(&small);
     table.row(
         "  peak RSS",
         small
@@ -283,11 +275,12 @@ impl Table {
 
     /// Under a timed run's row: where its wall time went ([`Phases`]). A binary that leaves
     /// no marks gets a dash, not a failure: its figure above stands.
-    fn split(&mut self, runs: &[Option<Option<Phases>>]) {
+    fn split(&mut self, runs: &[Option<Measured>]) {
         self.row(
             "  start · run · results · exit",
             runs.iter().map(|run| {
-                run.map(|phases| phases.map_or_else(|| "—".to_owned(), |p| p.to_string()))
+                run.as_ref()
+                    .map(|m| m.phases.map_or_else(|| "—".to_owned(), |p| p.to_string()))
             }),
         );
     }
