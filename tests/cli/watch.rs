@@ -130,6 +130,18 @@ scenario "other" {{
     )
 }
 
+/// One scenario against `url` that says `users` in turn, `repeat` times.
+fn repeated_suite(url: &str, scenario: &str, users: &[&str], repeat: u32) -> String {
+    let users: String = users
+        .iter()
+        .map(|user| format!("    user \"{user}\"\n"))
+        .collect();
+    format!(
+        "agent \"bot\" protocol=\"connexity\" url=\"{url}\"\nscenario \"{scenario}\" {{\n    \
+         repeat {repeat}\n{users}}}\n"
+    )
+}
+
 fn write(path: &Path, text: &str) {
     std::fs::write(path, text).unwrap();
 }
@@ -772,13 +784,7 @@ async fn more_repetitions_run_only_the_new_ones() {
     let agent = MisbehavingServer::respond(200, OK_BODY).await;
     let dir = tempfile::tempdir().unwrap();
     let suite = dir.path().join("suite.kdl");
-    let text = |repeat: u32| {
-        format!(
-            "agent \"bot\" protocol=\"connexity\" url=\"{}\"\nscenario \"again\" {{\n    \
-             repeat {repeat}\n    user \"one\"\n    user \"two\"\n}}\n",
-            agent.url()
-        )
-    };
+    let text = |repeat| repeated_suite(&agent.url(), "again", &["one", "two"], repeat);
     write(&suite, &text(2));
     let mut watch = Watch::start(dir.path(), &[]);
     watch.wait_for("watch: rerun 1 done").await;
@@ -898,13 +904,7 @@ async fn an_overflowing_accept_queue_is_named_under_the_rerun_it_slowed() {
     let agent = MisbehavingServer::overflowing(Duration::from_millis(300)).await;
     let dir = tempfile::tempdir().unwrap();
     let suite = dir.path().join("suite.kdl");
-    let text = |repeat: u32| {
-        format!(
-            "agent \"bot\" protocol=\"connexity\" url=\"{}\"\nscenario \"queue\" {{\n    \
-             repeat {repeat}\n    user \"one\"\n}}\n",
-            agent.url()
-        )
-    };
+    let text = |repeat| repeated_suite(&agent.url(), "queue", &["one"], repeat);
     write(&suite, &text(8));
     let mut watch = Watch::start(dir.path(), &["--jobs", "8"]);
     watch.wait_for("watch: rerun 1 done").await;
