@@ -3,6 +3,7 @@
 
 mod cli;
 mod counting;
+mod descriptors;
 
 use clap::Parser;
 
@@ -25,6 +26,9 @@ fn main() {
         std::sync::Arc::new(trellis_reports::dataset::ParquetRows),
     );
     let args = cli::Cli::parse();
+    // While this is the process's only thread: growing the table later stalls the thread
+    // that opens the descriptor (the run's, as it connects).
+    descriptors::reserve(args.descriptors_wanted());
     let code = match std::thread::Builder::new()
         .name("trellis".into())
         .stack_size(STACK_SIZE)

@@ -23,7 +23,7 @@ pub struct BenchArgs {
     trajectories: Option<u32>,
     /// Agent calls in flight at once.
     #[arg(long, short = 'j', default_value_t = 256, value_parser = super::jobs_in_range)]
-    jobs: usize,
+    pub(super) jobs: usize,
     /// Measure this many runs and print each with the median (CPU timings on shared
     /// machines vary from run to run).
     #[arg(long, default_value_t = 3)]

@@ -465,6 +465,23 @@ pub(crate) fn launcher() -> trellis_agents::BuiltinLauncher {
     }
 }
 
+impl Cli {
+    /// How many descriptors the command may hold open at once, reserved before it starts
+    /// (`crate::descriptors`): for a command that calls agents, a connection for each call
+    /// in flight, as many again idle in the pools (another agent's, a judge's), and room for
+    /// the run's files; for an agent served, its clients. Others open a handful: 0.
+    pub fn descriptors_wanted(&self) -> usize {
+        let connections = match &self.command {
+            Command::Run(args) => args.jobs.saturating_mul(2),
+            Command::Watch(args) => args.jobs.saturating_mul(2),
+            Command::Bench(args) => args.jobs.saturating_mul(2),
+            Command::Agent(_) => 256,
+            _ => return 0,
+        };
+        connections.saturating_add(128)
+    }
+}
+
 pub fn main(cli: Cli) -> u8 {
     match cli.command {
         Command::Run(args) => run::run(args),

@@ -62,7 +62,7 @@ pub struct WatchArgs {
     strict: bool,
     /// Agent calls in flight at once.
     #[arg(long, short = 'j', default_value_t = 32, value_parser = super::jobs_in_range)]
-    jobs: usize,
+    pub(super) jobs: usize,
     /// Serve the latest report on http://127.0.0.1:PORT/ and reload the open tab after each
     /// rerun. PORT defaults to 7357; 0 picks a free port (printed).
     #[arg(long, value_name = "PORT", num_args = 0..=1, default_missing_value = "7357")]

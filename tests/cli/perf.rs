@@ -148,3 +148,101 @@ scenario "one" {
     let outside = run_json(plain.path(), "runs").await;
     assert!(outside.get("git").is_none_or(|g| g.is_null()), "{outside}");
 }
+
+/// The size of the descriptor table of the process `pid` (`FDSize` in its status).
+#[cfg(target_os = "linux")]
+fn descriptor_table_size(pid: u32) -> usize {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("FDSize:"))
+        .unwrap_or_else(|| panic!("no FDSize in /proc/{pid}/status: {status}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// The descriptor table size of a `trellis run --jobs 300` of one trajectory, read while it
+/// waits for its agent's answer; `soft_limit` lowers the run's `RLIMIT_NOFILE` first.
+#[cfg(target_os = "linux")]
+async fn run_table_size(soft_limit: Option<libc::rlim_t>) -> usize {
+    use crate::support::{Behavior, MisbehavingServer, OK_BODY};
+    use std::process::Stdio;
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+
+    let agent = MisbehavingServer::start(Behavior::Delayed {
+        delay: Duration::from_secs(60),
+        body: OK_BODY.to_owned(),
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("one.kdl"),
+        format!(
+            "agent \"slow\" protocol=\"connexity\" url=\"{}\"\nscenario \"one\" {{\n    user \"hello\"\n}}\n",
+            agent.url()
+        ),
+    )
+    .unwrap();
+    let mut cmd = trellis();
+    cmd.current_dir(dir.path())
+        .args(["run", "one.kdl", "-q", "--out", "out", "--jobs", "300"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    if let Some(soft) = soft_limit {
+        // SAFETY: only `getrlimit` and `setrlimit` run in the child before it execs, both
+        // async-signal-safe.
+        unsafe {
+            cmd.pre_exec(move || {
+                let mut limit = libc::rlimit {
+                    rlim_cur: 0,
+                    rlim_max: 0,
+                };
+                if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                limit.rlim_cur = soft.min(limit.rlim_max);
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    let mut child = cmd.spawn().unwrap();
+    let pid = child.id().unwrap();
+    // Its one request reached the agent: the run's threads are all up, its files open.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while agent.stats.requests.load(Ordering::SeqCst) == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the run never called its agent"
+        );
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the run ended ({status}) before it called its agent");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let size = descriptor_table_size(pid);
+    child.kill().await.unwrap();
+    size
+}
+
+/// `trellis run` grows its descriptor table for its connections before it starts a thread
+/// (src/descriptors.rs): grown later, each doubling stalls the thread that opens the
+/// descriptor (the run's, as its first units connect) for an RCU grace period. One
+/// trajectory opens a handful of descriptors, so a table of 1,024 slots (room for 2 × 300
+/// connections and the run's files) was made up front; and it stays within a lower soft
+/// limit, which a descriptor must be below.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn perf_a_run_makes_room_for_its_connections_before_its_first_thread() {
+    let size = run_table_size(None).await;
+    assert!(size >= 2 * 300 + 128, "descriptor table of {size} slots");
+    let size = run_table_size(Some(200)).await;
+    assert!(
+        (200..=256).contains(&size),
+        "descriptor table of {size} slots under a soft limit of 200"
+    );
+}
