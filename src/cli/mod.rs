@@ -475,6 +475,7 @@ impl Cli {
             Command::Run(args) => args.jobs.saturating_mul(2),
             Command::Watch(args) => args.jobs.saturating_mul(2),
             Command::Bench(args) => args.jobs.saturating_mul(2),
+            Command::Variance(args) => args.jobs.saturating_mul(2),
             Command::Agent(_) => 256,
             _ => return 0,
         };

@@ -59,7 +59,7 @@ pub struct VarianceArgs {
     quiet: bool,
     /// Agent calls in flight at once.
     #[arg(long, short = 'j', default_value_t = 8)]
-    jobs: usize,
+    pub(super) jobs: usize,
     /// As for `trellis run`.
     #[arg(long, value_name = "DIR")]
     llm_cache: Option<PathBuf>,
