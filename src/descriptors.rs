@@ -1,9 +1,9 @@
 //! Room in the process's descriptor table for a run's connections, made before any thread
 //! starts.
 //!
-//! The kernel's table of a process's open descriptors starts with 64 slots and doubles
-//! when a new descriptor does not fit. In a process of more than one thread each doubling
-//! waits for an RCU grace period (the old table may still be read by another thread), and
+//! Linux keeps a process's open descriptors in a table that starts with 64 slots and
+//! doubles when a new descriptor does not fit. In a process of more than one thread each
+//! doubling waits for an RCU grace period (another thread may still read the old table), and
 //! the thread that opened the descriptor sleeps, uninterruptibly, until it ends: up to
 //! 27 ms on the 2-core VM. That thread is the run's: its units open their connections as
 //! they start, so a run at `--jobs 256` doubles its table three times in its first wave
