@@ -11,13 +11,21 @@
 //! waits took (docs/performance.md, "What was slow, and why it is not any more"). A
 //! process with one thread grows its table without the wait, so `main` reserves what the
 //! command will need before it starts any.
+//!
+//! The same reservation raises the soft limit on open descriptors when the command needs
+//! more than it allows (up to the hard limit, which only an administrator can raise): a
+//! shell's usual 1,024 would otherwise fail a run at `--jobs 2000` against a slow agent with
+//! `Too many open files` on a quarter of its connections. A command that needs no more
+//! leaves the limit, and so what its child processes inherit, as it was.
 
-/// Grows the descriptor table to at least `slots` (within the soft `RLIMIT_NOFILE`), by
-/// duplicating a standard descriptor onto the highest slot and closing the copy. Does
-/// nothing when the table is that large already, the limit is lower than a table's first
-/// size, or no standard descriptor is open. Call it before the process starts a thread.
+/// Makes room for `slots` open descriptors: raises the soft `RLIMIT_NOFILE` to `slots` if
+/// it is lower (within the hard limit), then grows the descriptor table to at least that,
+/// by duplicating a standard descriptor onto the highest slot and closing the copy. The
+/// table is left as it is when it is that large already, the limit is lower than a table's
+/// first size, or no standard descriptor is open. Call it before the process starts a
+/// thread.
 pub fn reserve(slots: usize) {
-    let highest = slots.min(soft_limit()).saturating_sub(1);
+    let highest = slots.min(soft_limit_raised_to(slots)).saturating_sub(1);
     // Smaller tables are the kernel's first one.
     if highest < 64 {
         return;
@@ -38,8 +46,9 @@ pub fn reserve(slots: usize) {
     }
 }
 
-/// The soft limit on open descriptors; a descriptor must be below it.
-fn soft_limit() -> usize {
+/// The soft limit on open descriptors (a descriptor must be below it), first raised to
+/// `slots` when it is lower, as far as the hard limit allows.
+fn soft_limit_raised_to(slots: usize) -> usize {
     let mut limit = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -47,6 +56,18 @@ fn soft_limit() -> usize {
     // SAFETY: `getrlimit` writes the limit into `limit`, which lives through the call.
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
         return 0;
+    }
+    let wanted = libc::rlim_t::try_from(slots).unwrap_or(libc::rlim_t::MAX);
+    if limit.rlim_cur < wanted {
+        let raised = libc::rlimit {
+            rlim_cur: wanted.min(limit.rlim_max),
+            rlim_max: limit.rlim_max,
+        };
+        // SAFETY: `setrlimit` reads `raised`, which lives through the call. Refused (a
+        // system that caps the soft limit lower), the limit stays what it was.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            limit.rlim_cur = raised.rlim_cur;
+        }
     }
     usize::try_from(limit.rlim_cur).unwrap_or(usize::MAX)
 }

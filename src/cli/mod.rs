@@ -289,7 +289,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "RUN", conflicts_with = "resume",
           add = ArgValueCandidates::new(complete::runs))]
     replay_users: Option<String>,
-    /// Agent calls in flight at once across the run.
+    /// Agent calls in flight at once across the run. A soft limit on open descriptors below
+    /// 2 × JOBS + 128 is raised to that, as far as the hard limit allows.
     #[arg(long, short = 'j', default_value_t = 32, value_parser = jobs_in_range)]
     jobs: usize,
     /// No progress output; only the summary.

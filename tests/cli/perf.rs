@@ -149,23 +149,46 @@ scenario "one" {
     assert!(outside.get("git").is_none_or(|g| g.is_null()), "{outside}");
 }
 
-/// The size of the descriptor table of the process `pid` (`FDSize` in its status).
+/// A line of the process `pid`'s `/proc` file `file` that starts with `label`, the label
+/// taken off.
 #[cfg(target_os = "linux")]
-fn descriptor_table_size(pid: u32) -> usize {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("FDSize:"))
-        .unwrap_or_else(|| panic!("no FDSize in /proc/{pid}/status: {status}"))
+fn proc_field(pid: u32, file: &str, label: &str) -> String {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/{file}")).unwrap();
+    text.lines()
+        .find_map(|line| line.strip_prefix(label))
+        .unwrap_or_else(|| panic!("no {label:?} in /proc/{pid}/{file}: {text}"))
         .trim()
-        .parse()
-        .unwrap()
+        .to_owned()
 }
 
-/// The descriptor table size of a `trellis run --jobs 300` of one trajectory, read while it
-/// waits for its agent's answer; `soft_limit` lowers the run's `RLIMIT_NOFILE` first.
+/// What the kernel says of a `trellis run` in flight.
 #[cfg(target_os = "linux")]
-async fn run_table_size(soft_limit: Option<libc::rlim_t>) -> usize {
+struct Descriptors {
+    /// The size of its descriptor table (`FDSize`).
+    table: usize,
+    /// Its soft limit on open descriptors.
+    soft_limit: usize,
+}
+
+/// The current limits on open descriptors of this process: (soft, hard).
+#[cfg(target_os = "linux")]
+fn descriptor_limits() -> (libc::rlim_t, libc::rlim_t) {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `getrlimit` writes into `limit`, which lives through the call.
+    assert_eq!(
+        unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) },
+        0
+    );
+    (limit.rlim_cur, limit.rlim_max)
+}
+
+/// The descriptors of a `trellis run --jobs 300` of one trajectory, read while it waits
+/// for its agent's answer; `limits` (soft, hard) are set in the child before it starts.
+#[cfg(target_os = "linux")]
+async fn run_descriptors(limits: Option<(libc::rlim_t, libc::rlim_t)>) -> Descriptors {
     use crate::support::{Behavior, MisbehavingServer, OK_BODY};
     use std::process::Stdio;
     use std::sync::atomic::Ordering;
@@ -190,19 +213,14 @@ async fn run_table_size(soft_limit: Option<libc::rlim_t>) -> usize {
         .args(["run", "one.kdl", "-q", "--out", "out", "--jobs", "300"])
         .stdout(Stdio::null())
         .stderr(Stdio::null());
-    if let Some(soft) = soft_limit {
-        // SAFETY: only `getrlimit` and `setrlimit` run in the child before it execs, both
-        // async-signal-safe.
+    if let Some((soft, hard)) = limits {
+        // SAFETY: only `setrlimit`, async-signal-safe, runs in the child before it execs.
         unsafe {
             cmd.pre_exec(move || {
-                let mut limit = libc::rlimit {
-                    rlim_cur: 0,
-                    rlim_max: 0,
+                let limit = libc::rlimit {
+                    rlim_cur: soft,
+                    rlim_max: hard,
                 };
-                if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                limit.rlim_cur = soft.min(limit.rlim_max);
                 if libc::setrlimit(libc::RLIMIT_NOFILE, &limit) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
@@ -224,25 +242,46 @@ async fn run_table_size(soft_limit: Option<libc::rlim_t>) -> usize {
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let size = descriptor_table_size(pid);
+    let table = proc_field(pid, "status", "FDSize:").parse().unwrap();
+    let limits = proc_field(pid, "limits", "Max open files");
+    let soft_limit = limits
+        .split_whitespace()
+        .next()
+        .and_then(|soft| soft.parse().ok())
+        .unwrap_or_else(|| panic!("Max open files: {limits}"));
     child.kill().await.unwrap();
-    size
+    Descriptors { table, soft_limit }
 }
 
-/// `trellis run` grows its descriptor table for its connections before it starts a thread
-/// (src/descriptors.rs): grown later, each doubling stalls the thread that opens the
-/// descriptor (the run's, as its first units connect) for an RCU grace period. One
-/// trajectory opens a handful of descriptors, so a table of 1,024 slots (room for 2 × 300
-/// connections and the run's files) was made up front; and it stays within a lower soft
-/// limit, which a descriptor must be below.
+/// `trellis run` makes room for its connections before it starts a thread
+/// (src/descriptors.rs): grown later, each doubling of the descriptor table stalls the
+/// thread that opens the descriptor (the run's, as its first units connect) for an RCU
+/// grace period. One trajectory opens a handful of descriptors, so a table with room for
+/// 2 × 300 connections and the run's files (728) was made up front. A soft limit lower
+/// than that is raised, as far as the hard limit allows.
 #[cfg(target_os = "linux")]
 #[tokio::test]
 async fn perf_a_run_makes_room_for_its_connections_before_its_first_thread() {
-    let size = run_table_size(None).await;
-    assert!(size >= 2 * 300 + 128, "descriptor table of {size} slots");
-    let size = run_table_size(Some(200)).await;
+    let wanted: usize = 2 * 300 + 128;
+    let (_, hard) = descriptor_limits();
+    let room = usize::try_from(hard).unwrap_or(usize::MAX).min(wanted);
+    let run = run_descriptors(None).await;
     assert!(
-        (200..=256).contains(&size),
-        "descriptor table of {size} slots under a soft limit of 200"
+        run.table >= room,
+        "descriptor table of {} slots, wanted {room}",
+        run.table
+    );
+
+    let hard = hard.min(400);
+    let run = run_descriptors(Some((200, hard))).await;
+    let hard = usize::try_from(hard).unwrap();
+    assert_eq!(
+        run.soft_limit, hard,
+        "the soft limit of 200 raised to the hard one"
+    );
+    assert!(
+        (hard..=512).contains(&run.table),
+        "descriptor table of {} slots under a hard limit of {hard}",
+        run.table
     );
 }
