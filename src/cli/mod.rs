@@ -472,15 +472,15 @@ impl Cli {
     /// in flight, as many again idle in the pools (another agent's, a judge's), and room for
     /// the run's files; for an agent served, its clients. Others open a handful: 0.
     pub fn descriptors_wanted(&self) -> usize {
-        let connections = match &self.command {
-            Command::Run(args) => args.jobs.saturating_mul(2),
-            Command::Watch(args) => args.jobs.saturating_mul(2),
-            Command::Bench(args) => args.jobs.saturating_mul(2),
-            Command::Variance(args) => args.jobs.saturating_mul(2),
-            Command::Agent(_) => 256,
+        let in_flight = match &self.command {
+            Command::Run(args) => args.jobs,
+            Command::Watch(args) => args.jobs,
+            Command::Bench(args) => args.jobs,
+            Command::Variance(args) => args.jobs,
+            Command::Agent(_) => 128,
             _ => return 0,
         };
-        connections.saturating_add(128)
+        in_flight.saturating_mul(2).saturating_add(128)
     }
 }
 

@@ -30,11 +30,7 @@ struct Measured {
     wall: Duration,
     max_rss_mib: f64,
     code: Option<i32>,
-    /// This process's wall clock at the spawn and at the reap, which the run's own marks
-    /// are read against.
-    spawned: SystemTime,
-    reaped: SystemTime,
-    /// Where a `trellis run`'s wall time went ([`run`]).
+    /// Where a `trellis run`'s wall time went, when it was asked for its marks ([`run`]).
     phases: Option<Phases>,
 }
 
@@ -219,6 +215,7 @@ pub fn table(args: &TableArgs) -> u8 {
                             .arg(&args.suites)
                             .stdout(Stdio::null())
                             .stderr(Stdio::null()),
+                        None,
                     )
                 })
                 .map(|m| format!("{:.1} ms", m.wall.as_secs_f64() * 1000.0))
@@ -357,13 +354,10 @@ fn write_suite(dir: &Path, name: &str, url: &str, n: u32) -> PathBuf {
 /// that refused, dropped or garbled a call, and a figure timed on faults measures them, not
 /// the agent's answers.
 fn run(exe: &Path, suite: &Path, out: &Path, jobs: usize) -> Option<Measured> {
-    // Beside the run directory, which the run replaces; a file left by an earlier bench
-    // with the same --out would pass for this run's marks.
+    // Beside the run directory, which the run replaces.
     let marks = out.with_extension("phases");
-    let _ = std::fs::remove_file(&marks);
-    let mut m = measure(
+    let m = measure(
         Command::new(exe)
-            .env(phases::ENV, &marks)
             .arg("run")
             .arg(suite)
             .arg("--out")
@@ -372,8 +366,8 @@ fn run(exe: &Path, suite: &Path, out: &Path, jobs: usize) -> Option<Measured> {
             .args(["--quiet", "--jobs", &jobs.to_string()])
             .stdout(Stdio::null())
             .stderr(Stdio::null()),
+        Some(&marks),
     )?;
-    m.phases = Phases::read(&marks, m.spawned, m.reaped);
     match m.code {
         Some(0) => Some(m),
         Some(1) => {
@@ -395,8 +389,15 @@ fn run(exe: &Path, suite: &Path, out: &Path, jobs: usize) -> Option<Measured> {
     }
 }
 
-/// Runs `cmd` and measures it: wall time from spawn to exit and the child's own peak RSS.
-fn measure(cmd: &mut Command) -> Option<Measured> {
+/// Runs `cmd` and measures it: wall time from spawn to exit and the child's own peak RSS;
+/// with `marks`, a `trellis run` asked to leave its marks there, read against this process's
+/// clock at the spawn and the reap.
+fn measure(cmd: &mut Command, marks: Option<&Path>) -> Option<Measured> {
+    if let Some(marks) = marks {
+        // A file left by an earlier bench with the same --out would pass for this run's.
+        let _ = std::fs::remove_file(marks);
+        cmd.env(phases::ENV, marks);
+    }
     let spawned = SystemTime::now();
     let started = Instant::now();
     let child = match cmd.spawn() {
@@ -427,9 +428,7 @@ fn measure(cmd: &mut Command) -> Option<Measured> {
         // Linux reports ru_maxrss in KiB.
         max_rss_mib: usage.ru_maxrss as f64 / 1024.0,
         code,
-        spawned,
-        reaped,
-        phases: None,
+        phases: marks.and_then(|marks| Phases::read(marks, spawned, reaped)),
     })
 }
 
