@@ -6,13 +6,15 @@
 //! diff, for CI.
 
 use std::collections::{HashSet, VecDeque};
+use std::fmt::Write as _;
 use std::fs;
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use clap::Args;
-use similar::{ChangeTag, TextDiff};
+use similar::DiffTag;
+use similar::algorithms::{Capture, Replace, myers};
 use trellis_dsl::diagnostics::Kind;
 use trellis_dsl::format::{FormatError, Formatted, format_file, format_named};
 use trellis_dsl::{Diagnostic, Diagnostics};
@@ -161,12 +163,30 @@ fn check(changed: &[Formatted], total: usize) -> u8 {
 /// The first [`DIFF_LINES`] lines of a unified diff (one line of context), then how many
 /// changed lines are not shown.
 fn print_diff(old: &str, new: &str) {
+    console::out_text(&short_diff(old, new, console::stdout_colour()));
+}
+
+/// [`print_diff`]'s text.
+fn short_diff(old: &str, new: &str, colour: bool) -> String {
+    let old: Vec<&str> = old.split_inclusive('\n').collect();
+    let new: Vec<&str> = new.split_inclusive('\n').collect();
+    // Myers on lines, called directly with one hook: similar's `TextDiff` picks its
+    // algorithm at run time, so it compiled every algorithm for every hook (a sixth of this
+    // crate's code before optimization, for one diff).
+    let mut capture = Replace::new(Capture::new());
     // A pathological file must not hold CI up: past the deadline the diff is coarser.
-    let diff = TextDiff::configure()
-        .timeout(Duration::from_secs(1))
-        .diff_lines(old, new);
-    let colour = console::stdout_colour();
+    let deadline = Instant::now().checked_add(Duration::from_secs(1));
+    let Ok(()) = myers::diff_deadline(
+        &mut capture,
+        &old,
+        0..old.len(),
+        &new,
+        0..new.len(),
+        deadline,
+    );
+    let mut text = String::new();
     let paint = |sign: char, text: &str| {
+        let text = text.trim_end_matches(['\n', '\r']);
         let hue = match sign {
             '-' => Some(anstyle::AnsiColor::Red),
             '+' => Some(anstyle::AnsiColor::Green),
@@ -182,32 +202,64 @@ fn print_diff(old: &str, new: &str) {
     };
     let mut shown = 0usize;
     let mut hidden = 0usize;
-    let mut unified = diff.unified_diff();
-    unified.context_radius(1);
-    for hunk in unified.iter_hunks() {
+    for hunk in capture.into_inner().into_grouped_ops(1) {
+        let (Some(first), Some(last)) = (hunk.first(), hunk.last()) else {
+            continue;
+        };
         if shown < DIFF_LINES {
-            outln!("{}", hunk.header());
+            let _ = writeln!(
+                text,
+                "@@ -{} +{} @@",
+                HunkRange(first.old_range().start, last.old_range().end),
+                HunkRange(first.new_range().start, last.new_range().end)
+            );
         }
-        for change in hunk.iter_changes() {
-            let sign = match change.tag() {
-                ChangeTag::Delete => '-',
-                ChangeTag::Insert => '+',
-                ChangeTag::Equal => ' ',
+        for op in &hunk {
+            let (tag, old_range, new_range) = op.as_tag_tuple();
+            let (deleted, inserted, kept) = match tag {
+                DiffTag::Equal => (0..0, 0..0, old_range),
+                DiffTag::Delete => (old_range, 0..0, 0..0),
+                DiffTag::Insert => (0..0, new_range, 0..0),
+                DiffTag::Replace => (old_range, new_range, 0..0),
             };
-            if shown < DIFF_LINES {
-                let text = change.value().trim_end_matches(['\n', '\r']);
-                outln!("{}", paint(sign, text));
-                shown += 1;
-            } else if sign != ' ' {
-                hidden += 1;
+            let lines = old[kept]
+                .iter()
+                .map(|l| (' ', l))
+                .chain(old[deleted].iter().map(|l| ('-', l)))
+                .chain(new[inserted].iter().map(|l| ('+', l)));
+            for (sign, line) in lines {
+                if shown < DIFF_LINES {
+                    text.push_str(&paint(sign, line));
+                    text.push('\n');
+                    shown += 1;
+                } else if sign != ' ' {
+                    hidden += 1;
+                }
             }
         }
     }
     if hidden > 0 {
-        outln!(
+        let _ = writeln!(
+            text,
             "… {}",
             console::count(hidden as u64, "more changed line", "more changed lines")
         );
+    }
+    text
+}
+
+/// A hunk's line range in a unified diff header: `start,length` from 1, the start alone for
+/// one line, and the line before for an empty range (as `diff -u` and similar's own writer).
+struct HunkRange(usize, usize);
+
+impl std::fmt::Display for HunkRange {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let len = self.1.saturating_sub(self.0);
+        match len {
+            1 => write!(f, "{}", self.0 + 1),
+            0 => write!(f, "{},0", self.0),
+            _ => write!(f, "{},{len}", self.0 + 1),
+        }
     }
 }
 
@@ -233,4 +285,44 @@ fn write_atomically(path: &Path, was: &str, text: &str) -> io::Result<()> {
     fs::set_permissions(temp.path(), permissions)?;
     temp.persist(&target).map_err(|e| e.error)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::short_diff;
+
+    /// The same hunks, headers and lines as `diff -U1` writes for these files.
+    #[test]
+    fn the_short_diff_is_a_unified_diff_with_one_line_of_context() {
+        let old = "a\nb\nc\nd\ne\nf\ng\nh\ni\nj\n";
+        let new = "a\nB\nc\nd\ne\nf\ng\ni\nj\nk\n";
+        assert_eq!(
+            short_diff(old, new, false),
+            "@@ -1,3 +1,3 @@\n a\n-b\n+B\n c\n@@ -7,4 +7,4 @@\n g\n-h\n i\n j\n+k\n"
+        );
+        assert_eq!(short_diff("", "x\n", false), "@@ -0,0 +1 @@\n+x\n");
+        assert_eq!(short_diff("x\n", "", false), "@@ -1 +0,0 @@\n-x\n");
+        assert_eq!(short_diff("same\n", "same\n", false), "");
+        // A missing final newline is a change of that line.
+        assert_eq!(short_diff("x", "x\n", false), "@@ -1 +1 @@\n-x\n+x\n");
+    }
+
+    #[test]
+    fn the_short_diff_stops_after_its_lines_and_counts_the_changes_it_left_out() {
+        let old: String = (0..100).map(|i| format!("line {i}\n")).collect();
+        let new: String = (0..100).map(|i| format!("LINE {i}\n")).collect();
+        let diff = short_diff(&old, &new, false);
+        let lines: Vec<&str> = diff.lines().collect();
+        assert_eq!(lines[0], "@@ -1,100 +1,100 @@");
+        assert_eq!(lines.len(), 1 + super::DIFF_LINES + 1, "{diff}");
+        assert!(
+            lines[1..=super::DIFF_LINES]
+                .iter()
+                .all(|l| l.starts_with("-line"))
+        );
+        assert_eq!(
+            lines[super::DIFF_LINES + 1],
+            format!("… {} more changed lines", 200 - super::DIFF_LINES)
+        );
+    }
 }
