@@ -19,7 +19,7 @@ ci:
 check:
     cargo run -- check suites/
 
-# The binary to hand out: the whole program optimized for size at link time (about 29 MB
+# The binary to hand out: the whole program optimized for size at link time (about 27 MB
 # stripped; the release profile's is 36), a longer build; writes target/dist/trellis
 dist:
     cargo build --profile dist
