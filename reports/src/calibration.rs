@@ -11,11 +11,9 @@
 //! documented in `docs/results.md`.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use polars_core::prelude::*;
-use polars_io::prelude::*;
+use polars_error::{PolarsError, PolarsResult};
 use serde::{Deserialize, Serialize};
 
 use crate::calibrate::{self, Figure};
@@ -211,31 +209,51 @@ pub fn read_checks(dir: &Path) -> Result<Vec<CheckRow>, CalibrationError> {
     read_checks_file(&path).map_err(|source| CalibrationError::Criteria { path, source })
 }
 
+/// The columns of `criteria.parquet` a check is read from.
+const CHECK_COLUMNS: [&str; 18] = [
+    "run_id",
+    "suite",
+    "scenario",
+    "trajectory",
+    "agent",
+    "repetition",
+    "turn_index",
+    "criterion",
+    "kind",
+    "status",
+    "detail",
+    "judge",
+    "judge_provider",
+    "judge_model",
+    "rubric",
+    "score",
+    "threshold",
+    "label",
+];
+
 fn read_checks_file(path: &Path) -> PolarsResult<Vec<CheckRow>> {
-    let df = ParquetReader::new(File::open(path)?).finish()?;
-    let height = df.height();
+    let columns = crate::columns::read(path, &CHECK_COLUMNS)?;
+    let height = columns.rows();
     let text = |name: &str| -> PolarsResult<Vec<Option<String>>> {
-        match df.column(name) {
-            Ok(c) => Ok(c.str()?.iter().map(|s| s.map(str::to_owned)).collect()),
-            Err(_) => Ok(vec![None; height]),
+        if columns.has(name) {
+            columns.strings(name)
+        } else {
+            Ok(vec![None; height])
         }
     };
-    let required = |name: &str| -> PolarsResult<Vec<Option<String>>> {
-        df.column(name)?;
-        text(name)
-    };
+    let required = |name: &str| columns.strings(name);
     let number = |name: &str| -> PolarsResult<Vec<Option<f64>>> {
-        match df.column(name) {
-            Ok(c) => Ok(c.cast(&DataType::Float64)?.f64()?.iter().collect()),
-            Err(_) => Ok(vec![None; height]),
+        if columns.has(name) {
+            columns.floats(name)
+        } else {
+            Ok(vec![None; height])
         }
     };
     let count = |name: &str| -> PolarsResult<Vec<Option<u32>>> {
-        Ok(df
-            .column(name)?
-            .cast(&DataType::UInt32)?
-            .u32()?
-            .iter()
+        Ok(columns
+            .unsigned(name)?
+            .into_iter()
+            .map(|n| n.and_then(|n| u32::try_from(n).ok()))
             .collect())
     };
     let (run_id, suite, scenario, trajectory, agent) = (

@@ -1,6 +1,6 @@
 //! Parquet rows for the suite language's `dataset` nodes: the reader the binary registers
 //! with `trellis_dsl::dataset::register_reader`, so the language crate needs no Arrow stack
-//! of its own (polars is already here for the result tables).
+//! of its own (polars' Arrow and Parquet crates are already here for the result tables).
 //!
 //! The file is read in slices of rows (small first, so a `limit` of a few rows decodes a
 //! few rows; then larger), and each slice is turned into JSON column by column: one typed
@@ -8,10 +8,9 @@
 //! compressed column chunks and one slice's columns are held at a time besides the rows the
 //! dataset keeps, and reading stops as soon as the dataset has what it needs.
 //!
-//! It reads at the Arrow level (polars' Parquet decoder, polars-arrow's arrays), not through
-//! polars' frames: a frame of 8- and 16-bit integers, decimals, dates or structs needs polars
-//! built with those types, which made polars-core, the longest crate of the build, about a
-//! fifth longer to compile for this reader alone.
+//! It reads at the Arrow level (polars' Parquet decoder, polars-arrow's arrays), as the rest
+//! of Trellis does, not through polars' frames: a frame of 8- and 16-bit integers, decimals,
+//! dates or structs needs polars-core built with those types.
 
 use std::fs::File;
 use std::io::{Cursor, Read, Seek, SeekFrom};
@@ -25,7 +24,7 @@ use polars_arrow::array::{
 use polars_arrow::datatypes::{ArrowDataType, Field, TimeUnit};
 use polars_arrow::offset::Offset;
 use polars_buffer::Buffer;
-use polars_core::error::PolarsError;
+use polars_error::PolarsError;
 use polars_parquet::parquet::schema::Repetition;
 use polars_parquet::parquet::schema::types::{GroupConvertedType, GroupLogicalType, ParquetType};
 use polars_parquet::read::{
@@ -175,7 +174,7 @@ impl RowReader for ParquetRows {
 
 /// One column chunk's bytes, where its metadata places them in the file (checked against
 /// the file's length first: a damaged footer must not ask for a huge allocation).
-fn read_chunk(
+pub(crate) fn read_chunk(
     file: &mut File,
     file_len: u64,
     meta: &ColumnChunkMetadata,

@@ -3,7 +3,7 @@
 use std::io;
 use std::path::PathBuf;
 
-use polars_core::prelude::PolarsError;
+use polars_error::PolarsError;
 
 /// Why [`crate::write_reports`] failed. Journal lines that do not parse are not errors:
 /// they are skipped and counted in [`crate::ReportFiles::skipped_lines`].

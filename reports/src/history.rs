@@ -9,11 +9,9 @@
 //! `runs/*/runs.parquet` carries it. The layout is documented in `docs/results.md`.
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use polars_core::prelude::*;
-use polars_io::prelude::*;
+use polars_error::{PolarsError, PolarsResult};
 use serde::{Deserialize, Serialize};
 
 use crate::JOURNAL_FILE;
@@ -542,33 +540,35 @@ struct RunsRow {
 }
 
 fn read_runs_row(path: &Path) -> PolarsResult<RunsRow> {
-    let file = File::open(path)?;
-    let df = ParquetReader::new(file)
-        .with_columns(Some(
-            [
-                "run_id",
-                "started_at",
-                "finished_at",
-                "duration_ms",
-                "trajectories",
-                "passed",
-                "failed",
-                "errors",
-                "skipped",
-            ]
-            .map(str::to_owned)
-            .to_vec(),
-        ))
-        .finish()?;
+    let columns = crate::columns::read(
+        path,
+        &[
+            "run_id",
+            "started_at",
+            "finished_at",
+            "duration_ms",
+            "trajectories",
+            "passed",
+            "failed",
+            "errors",
+            "skipped",
+        ],
+    )?;
     let text = |name: &str| -> PolarsResult<Option<String>> {
-        Ok(df.column(name)?.str()?.get(0).map(str::to_owned))
+        Ok(columns.strings(name)?.into_iter().next().flatten())
     };
-    let count =
-        |name: &str| -> PolarsResult<u64> { Ok(df.column(name)?.u64()?.get(0).unwrap_or(0)) };
+    let count = |name: &str| -> PolarsResult<u64> {
+        Ok(columns
+            .unsigned(name)?
+            .into_iter()
+            .next()
+            .flatten()
+            .unwrap_or(0))
+    };
     Ok(RunsRow {
         run_id: text("run_id")?.unwrap_or_default(),
         started_at: text("started_at")?.unwrap_or_default(),
-        duration_ms: df.column("duration_ms")?.f64()?.get(0),
+        duration_ms: columns.floats("duration_ms")?.into_iter().next().flatten(),
         finished: text("finished_at")?.is_some(),
         trajectories: count("trajectories")?,
         passed: count("passed")?,
@@ -749,15 +749,14 @@ fn meta_of(run: &RunEntry) -> RunMeta {
 /// `turns.parquet`, else from the journal; `None` when neither can be read.
 pub fn turn_latencies(dir: &Path) -> Option<Vec<f64>> {
     let from_table = || -> PolarsResult<Vec<f64>> {
-        let file = File::open(dir.join(crate::tables::TURNS_FILE))?;
-        let df = ParquetReader::new(file)
-            .with_columns(Some(vec!["latency_ms".to_owned(), "replay".to_owned()]))
-            .finish()?;
-        let latency = df.column("latency_ms")?.f64()?;
-        let replay = df.column("replay")?.bool()?;
-        Ok(latency
-            .iter()
-            .zip(replay.iter())
+        let columns = crate::columns::read(
+            &dir.join(crate::tables::TURNS_FILE),
+            &["latency_ms", "replay"],
+        )?;
+        Ok(columns
+            .floats("latency_ms")?
+            .into_iter()
+            .zip(columns.bools("replay")?)
             .filter(|(_, replay)| *replay != Some(true))
             .filter_map(|(ms, _)| ms)
             .filter(|ms| ms.is_finite())
@@ -791,31 +790,19 @@ pub type ScenarioCosts = BTreeMap<(String, String), u64>;
 pub fn scenario_costs(dir: &Path) -> Result<ScenarioCosts, HistoryError> {
     let path = dir.join(crate::tables::TURNS_FILE);
     let read = || -> PolarsResult<ScenarioCosts> {
-        let file = File::open(&path)?;
-        let df = ParquetReader::new(file)
-            .with_columns(Some(
-                ["suite", "scenario", "latency_ms", "replay"]
-                    .map(str::to_owned)
-                    .to_vec(),
-            ))
-            .finish()?;
-        let suites = df.column("suite")?.str()?;
-        let scenarios = df.column("scenario")?.str()?;
-        let latency = df.column("latency_ms")?.f64()?;
-        let replay = df.column("replay")?.bool()?;
+        let columns = crate::columns::read(&path, &["suite", "scenario", "latency_ms", "replay"])?;
+        let suites = columns.strings("suite")?;
+        let scenarios = columns.strings("scenario")?;
+        let latency = columns.floats("latency_ms")?;
+        let replay = columns.bools("replay")?;
         let mut costs = ScenarioCosts::new();
-        for (((suite, scenario), ms), replay) in suites
-            .iter()
-            .zip(scenarios.iter())
-            .zip(latency.iter())
-            .zip(replay.iter())
+        for (((suite, scenario), ms), replay) in
+            suites.into_iter().zip(scenarios).zip(latency).zip(replay)
         {
             let (Some(suite), Some(scenario)) = (suite, scenario) else {
                 continue;
             };
-            let slot = costs
-                .entry((suite.to_owned(), scenario.to_owned()))
-                .or_default();
+            let slot = costs.entry((suite, scenario)).or_default();
             if replay != Some(true)
                 && let Some(ms) = ms.filter(|ms| ms.is_finite() && *ms > 0.0)
             {
@@ -848,14 +835,9 @@ pub fn latest_costs(
 
 /// The suites a run ran (`runs.parquet`'s `suites`).
 fn run_suites(dir: &Path) -> Option<Vec<String>> {
-    let file = File::open(dir.join(crate::tables::RUNS_FILE)).ok()?;
-    let df = ParquetReader::new(file)
-        .with_columns(Some(vec!["suites".to_owned()]))
-        .finish()
-        .ok()?;
-    let list = df.column("suites").ok()?.list().ok()?.get_as_series(0)?;
-    let names = list.str().ok()?;
-    names.iter().map(|n| n.map(str::to_owned)).collect()
+    let columns = crate::columns::read(&dir.join(crate::tables::RUNS_FILE), &["suites"]).ok()?;
+    let names = columns.string_lists("suites").ok()?.into_iter().next()??;
+    names.into_iter().collect()
 }
 
 /// The statistics of a run: its `summary.json`, else its journal replayed.

@@ -13,6 +13,7 @@
 
 pub mod calibrate;
 pub mod calibration;
+mod columns;
 pub mod compare;
 pub mod dataset;
 mod error;

@@ -1,4 +1,4 @@
-//! Writing a batch of a table as Parquet row groups, each column chunk encoded the way
+//! Writing a batch of a table as a Parquet row group, each column chunk encoded the way
 //! polars' own writer would choose, without the work it spends choosing.
 //!
 //! polars' batched writer dictionary-encodes a string or float column chunk when its
@@ -21,10 +21,11 @@ use polars_arrow::array::{
     Array, DictionaryArray, MutableBinaryViewArray, PrimitiveArray, Utf8ViewArray,
 };
 use polars_arrow::datatypes::ArrowDataType;
-use polars_core::prelude::*;
-use polars_io::prelude::BatchedWriter;
+use polars_error::{PolarsError, PolarsResult};
+use polars_parquet::read::fallible_streaming_iterator;
 use polars_parquet::write::{
-    Encoding, WriteOptions, array_to_columns, compress, get_dtype_encoding,
+    DynIter, DynStreamingIterator, Encoding, FileWriter, WriteOptions, array_to_columns, compress,
+    get_dtype_encoding,
 };
 
 /// Batches of at most this many rows are written with every column plainly encoded. polars
@@ -36,45 +37,49 @@ pub(crate) const PLAIN_ROWS: usize = 128;
 /// (polars' threshold).
 const DICTIONARY_MAX_SHARE: f64 = 0.75;
 
-/// Writes `frame` as row groups of `writer`'s file with `options`.
+/// Writes one batch of a table, `rows` rows in `arrays` (one per column, in the file's
+/// column order), as a row group of `writer`'s file with `options`.
 pub(crate) fn write<W: std::io::Write>(
-    writer: &mut BatchedWriter<W>,
-    frame: &DataFrame,
+    writer: &mut FileWriter<W>,
+    rows: usize,
+    arrays: &[Box<dyn Array>],
     options: WriteOptions,
 ) -> PolarsResult<()> {
-    let fields = writer.parquet_schema().fields().to_vec();
-    for batch in frame.iter_chunks(CompatLevel::newest(), false) {
-        if batch.is_empty() {
-            continue;
-        }
-        let plain = batch.len() <= PLAIN_ROWS;
-        let mut columns = Vec::with_capacity(fields.len());
-        for (array, type_) in batch.columns().iter().zip(&fields) {
-            let dictionary = if plain {
-                None
-            } else {
-                dictionary_of(array.as_ref())
-            };
-            let (array, encodings): (&dyn Array, Vec<Encoding>) = match &dictionary {
-                Some(dictionary) => (dictionary.as_ref(), vec![Encoding::RleDictionary]),
-                None => (array.as_ref(), encodings_of(array.dtype(), plain)),
-            };
-            for pages in array_to_columns(array, type_.clone(), options, &encodings)? {
-                columns.push(
-                    pages
-                        .map(|page| {
-                            page.and_then(|page| {
-                                compress(page, Vec::new(), options.compression)
-                                    .map_err(PolarsError::from)
-                            })
-                        })
-                        .collect::<PolarsResult<Vec<_>>>()?,
-                );
-            }
-        }
-        writer.write_row_group(batch.len() as u64, &columns)?;
+    if rows == 0 {
+        return Ok(());
     }
-    Ok(())
+    let fields = writer.parquet_schema().fields().to_vec();
+    let plain = rows <= PLAIN_ROWS;
+    let mut columns = Vec::with_capacity(fields.len());
+    for (array, type_) in arrays.iter().zip(&fields) {
+        let dictionary = if plain {
+            None
+        } else {
+            dictionary_of(array.as_ref())
+        };
+        let (array, encodings): (&dyn Array, Vec<Encoding>) = match &dictionary {
+            Some(dictionary) => (dictionary.as_ref(), vec![Encoding::RleDictionary]),
+            None => (array.as_ref(), encodings_of(array.dtype(), plain)),
+        };
+        for pages in array_to_columns(array, type_.clone(), options, &encodings)? {
+            columns.push(
+                pages
+                    .map(|page| {
+                        page.and_then(|page| {
+                            compress(page, Vec::new(), options.compression)
+                                .map_err(PolarsError::from)
+                        })
+                    })
+                    .collect::<PolarsResult<Vec<_>>>()?,
+            );
+        }
+    }
+    let group = DynIter::new(columns.iter().map(|pages| {
+        Ok(DynStreamingIterator::new(
+            fallible_streaming_iterator::convert(pages.iter().map(PolarsResult::Ok)),
+        ))
+    }));
+    writer.write(rows as u64, group)
 }
 
 /// polars' encodings for a column of `dtype`, except that strings and floats (whose
