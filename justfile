@@ -19,8 +19,8 @@ ci:
 check:
     cargo run -- check suites/
 
-# The binary to hand out: the whole program optimized for size at link time (about 27 MB
-# stripped; the release profile's is 36), a longer build; writes target/dist/trellis
+# The binary to hand out: the whole program optimized for size at link time (about 22 MB
+# stripped; the release profile's is 30), a longer build; writes target/dist/trellis
 dist:
     cargo build --profile dist
 
