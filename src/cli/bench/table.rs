@@ -107,7 +107,7 @@ pub fn table(args: &TableArgs) -> u8 {
     let mut runs = Vec::new();
     let mut sizes = Vec::new();
     for (i, exe) in exes.iter().enumerate() {
-        let out = dir.join(format!("throughput-{i}"));
+        let out = run_dir(dir, "throughput", i);
         let m = run(exe, &suite, &out, 256);
         sizes.push(m.as_ref().and_then(|_| journal_and_parquet(&out)));
         runs.push(m);
@@ -155,7 +155,7 @@ pub fn table(args: &TableArgs) -> u8 {
     let latency: Vec<Option<Measured>> = exes
         .iter()
         .enumerate()
-        .map(|(i, exe)| run(exe, &suite, &dir.join(format!("latency-{i}")), 256))
+        .map(|(i, exe)| run(exe, &suite, &run_dir(dir, "latency", i), 256))
         .collect();
     table.row(
         "2000 trajectories, c=256, 50 ms agent: wall ÷ ideal",
@@ -172,7 +172,7 @@ pub fn table(args: &TableArgs) -> u8 {
     let small: Vec<Option<Measured>> = exes
         .iter()
         .enumerate()
-        .map(|(i, exe)| run(exe, &suite, &dir.join(format!("small-{i}")), 64))
+        .map(|(i, exe)| run(exe, &suite, &run_dir(dir, "small", i), 64))
         .collect();
     table.row(
         "2000 trajectories, c=64: wall (start and reports included)",
@@ -196,7 +196,7 @@ pub fn table(args: &TableArgs) -> u8 {
     table.row(
         "one trajectory against the builtin agent: wall (best of 5)",
         exes.iter().enumerate().map(|(i, exe)| {
-            let out = dir.join(format!("one-{i}"));
+            let out = run_dir(dir, "one", i);
             written
                 .then(|| best_of(5, || run(exe, &one, &out, 1)))
                 .flatten()
@@ -353,6 +353,13 @@ fn write_suite(dir: &Path, name: &str, url: &str, n: u32) -> PathBuf {
 /// every trajectory passed. The suites check only `no-error`: a failed trajectory is an agent
 /// that refused, dropped or garbled a call, and a figure timed on faults measures them, not
 /// the agent's answers.
+/// Where binary `i` runs `figure`: a directory of its own under `dir`. A run reads the runs
+/// beside it for its report's trends, so with every run side by side in `dir` each one read
+/// the runs of the figures and binaries before it, work the first had less of.
+fn run_dir(dir: &Path, figure: &str, i: usize) -> PathBuf {
+    dir.join(format!("{figure}-{i}")).join("run")
+}
+
 fn run(exe: &Path, suite: &Path, out: &Path, jobs: usize) -> Option<Measured> {
     // Beside the run directory, which the run replaces.
     let marks = out.with_extension("phases");
