@@ -72,17 +72,21 @@ impl Columns {
         self.rows
     }
 
-    fn arrays(&self, name: &str) -> PolarsResult<&[Box<dyn Array>]> {
+    fn find(&self, name: &str) -> Option<&[Box<dyn Array>]> {
         self.columns
             .iter()
             .find(|(n, _)| n == name)
             .map(|(_, arrays)| arrays.as_slice())
+    }
+
+    fn arrays(&self, name: &str) -> PolarsResult<&[Box<dyn Array>]> {
+        self.find(name)
             .ok_or_else(|| PolarsError::ColumnNotFound(format!("`{name}`").into()))
     }
 
     /// Whether the file has the column `name` (and it was asked for).
     pub(crate) fn has(&self, name: &str) -> bool {
-        self.arrays(name).is_ok()
+        self.find(name).is_some()
     }
 
     /// A text column's values.

@@ -23,6 +23,7 @@ use std::sync::Mutex;
 use polars_arrow::array::{Array, BooleanArray, ListArray, MutableBinaryViewArray, PrimitiveArray};
 use polars_arrow::datatypes::{ArrowDataType, ArrowSchema, Field};
 use polars_arrow::offset::Offsets;
+use polars_arrow::types::Index;
 use polars_error::PolarsResult;
 use polars_parquet::write::{CompressionOptions, FileWriter};
 use trellis_records::{
@@ -220,8 +221,7 @@ impl ColumnBuffer for Vec<Vec<String>> {
 
     fn take_array(&mut self) -> PolarsResult<Box<dyn Array>> {
         let offsets = Offsets::<i64>::try_from_lengths(self.iter().map(Vec::len))?;
-        let mut values =
-            MutableBinaryViewArray::<str>::with_capacity(self.iter().map(Vec::len).sum());
+        let mut values = MutableBinaryViewArray::<str>::with_capacity(offsets.last().to_usize());
         for list in self.drain(..) {
             for value in &list {
                 values.push_value(value);
@@ -556,7 +556,7 @@ impl<R: Rows> TableFile<R> {
     fn row_done(&mut self) {
         if self.failed.is_some() {
             // Nothing more reaches this file; keep memory flat.
-            let _ = self.buf.take_arrays();
+            self.buf = R::default();
         } else if self.buf.rows() >= self.batch_rows || self.buf.bytes() >= FLUSH_BYTES {
             self.failed = self.flush().err();
         }
