@@ -704,7 +704,7 @@ pub fn execute_plan(
             .signals
             .as_ref()
             .map_or_else(Signals::watch, super::stop::SignalRelay::signals);
-        let mut engine = tokio::spawn(execute::run(plan, options, tx));
+        let mut engine = execute::spawn(plan, options, tx);
         let first = tokio::select! {
             finished = &mut engine => {
                 engine_ended(finished);

@@ -628,7 +628,7 @@ impl Session {
                 return Executed::Finished;
             }
         };
-        let mut engine = tokio::spawn(execute::run(plan, options, tx));
+        let mut engine = execute::spawn(plan, options, tx);
         let mut ended = tokio::select! {
             _ = &mut engine => Executed::Finished,
             changed = self.next_change() => match changed {

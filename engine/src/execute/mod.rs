@@ -118,6 +118,23 @@ pub fn run_info(plan: &Plan, run_id: &str, jobs: usize, strict: bool) -> RunInfo
     }
 }
 
+/// Starts [`run`] as a task on the current tokio runtime (it panics outside one, as
+/// `tokio::spawn` does), for a caller that waits for it beside other work (signals, file
+/// changes).
+///
+/// Why a function rather than `tokio::spawn(run(…))` at the call site: an `async fn`'s body
+/// is compiled in the crate that first polls its future, with everything it awaits and
+/// spawns. Spawned here, the run's loop, the turn, the verdict and the HTTP exchange are
+/// compiled with the engine, at the engine's optimization, rather than again in each crate
+/// that starts a run (docs/performance.md, "The cold build").
+pub fn spawn(
+    plan: Plan,
+    options: RunOptions,
+    events: EventSender,
+) -> tokio::task::JoinHandle<RunSummary> {
+    tokio::spawn(run(plan, options, events))
+}
+
 /// Runs the plan to completion, sending every event to `events`. Never fails because of an
 /// agent: agent problems become faults in the records.
 pub async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSummary {

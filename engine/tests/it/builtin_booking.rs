@@ -327,7 +327,7 @@ async fn run_with(
         telemetry: Default::default(),
     };
     let (tx, mut rx) = event::channel();
-    let engine = tokio::spawn(trellis_engine::execute::run(plan, options, tx));
+    let engine = trellis_engine::execute::spawn(plan, options, tx);
     let mut trajectories = Vec::new();
     while let Some(event) = rx.recv().await {
         if let Event::Trajectory(t) = event {

@@ -53,7 +53,7 @@ pub(crate) async fn run(
         telemetry: Default::default(),
     };
     let (tx, mut rx) = event::channel();
-    let engine = tokio::spawn(execute::run(plan, options, tx));
+    let engine = execute::spawn(plan, options, tx);
     let mut nodes = Vec::new();
     let mut trajectories = Vec::new();
     while let Some(event) = rx.recv().await {
