@@ -22,6 +22,7 @@ pub mod a2a;
 pub mod agentscope;
 pub mod anthropic;
 pub mod booking;
+pub mod fixed;
 pub mod fixie;
 pub mod forecast;
 pub mod langserve;

@@ -12,6 +12,8 @@ use std::time::{Duration, Instant, SystemTime};
 
 use super::super::console::{errln, outln};
 use super::super::{EXIT_FAILED, EXIT_INVALID, EXIT_OK};
+use trellis_agents::fixed::serve;
+
 use super::phases::{self, Phases};
 
 /// What the table runs (README.md, "Performance").
@@ -76,7 +78,10 @@ pub fn table(args: &TableArgs) -> u8 {
             return EXIT_INVALID;
         }
     };
-    let served = runtime.block_on(async { (serve(Duration::ZERO).await, serve(SLOW).await) });
+    let served = {
+        let _runtime = runtime.enter();
+        (serve(Duration::ZERO), serve(SLOW))
+    };
     let (fast, slow) = match served {
         (Ok(fast), Ok(slow)) => (fast, slow),
         (Err(e), _) | (_, Err(e)) => {
@@ -482,27 +487,4 @@ fn wrk_requests_per_second(url: &str, dir: &Path) -> Result<f64, String> {
             Err(format!("wrk could not measure {url}: {said}"))
         }
     }
-}
-
-/// A Connexity agent on 127.0.0.1 answering "Hello there." after `delay`; returns its URL.
-async fn serve(delay: Duration) -> std::io::Result<String> {
-    use axum::routing::post;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let url = format!("http://{}/agent/respond", listener.local_addr()?);
-    let app = axum::Router::new().route(
-        "/agent/respond",
-        post(move || async move {
-            if !delay.is_zero() {
-                tokio::time::sleep(delay).await;
-            }
-            (
-                [(axum::http::header::CONTENT_TYPE, "application/json")],
-                r#"{"messages":[{"role":"assistant","content":"Hello there."}]}"#,
-            )
-        }),
-    );
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
-    Ok(url)
 }
