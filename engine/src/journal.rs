@@ -7,5 +7,5 @@
 
 pub use trellis_journal::{
     FILE as JOURNAL_FILE, JournalError, JournalReader, JournalWriter, PLAIN_FILE, find,
-    is_node_line, path_in, read,
+    is_node_line, parse_line, path_in, read,
 };

@@ -292,7 +292,7 @@ impl JournalReader {
             let Some(line) = self.next_line()? else {
                 return Ok(None);
             };
-            match serde_json::from_slice::<JournalEntry>(line) {
+            match parse_line(line) {
                 Ok(entry) => return Ok(Some(entry)),
                 Err(_) => self.skipped += 1,
             }
@@ -340,6 +340,14 @@ impl JournalReader {
             }
         }
     }
+}
+
+/// One journal line's entry. Readers that go through lines themselves (looking at a line's
+/// start before parsing it) parse here rather than with `serde_json::from_slice` of their
+/// own: the entry's decoder is compiled once, in this crate, not again in each crate that
+/// reads a journal.
+pub fn parse_line(line: &[u8]) -> Result<JournalEntry, serde_json::Error> {
+    serde_json::from_slice(line)
 }
 
 /// Reads every entry of the journal at `path` that parses.

@@ -694,7 +694,7 @@ fn gather_nodes(
             continue;
         };
         if let Some(slot) = nodes.get_mut(&key)
-            && let Ok(JournalEntry::Node(record)) = serde_json::from_slice::<JournalEntry>(line)
+            && let Ok(JournalEntry::Node(record)) = trellis_journal::parse_line(line)
         {
             if slot.record.is_none() {
                 missing -= 1;
