@@ -10,10 +10,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant, SystemTime};
 
-use super::super::console::{errln, outln};
-use super::super::{EXIT_FAILED, EXIT_INVALID, EXIT_OK};
 use trellis_agents::fixed::serve;
 
+use super::super::console::{errln, outln};
+use super::super::{EXIT_FAILED, EXIT_INVALID, EXIT_OK};
 use super::phases::{self, Phases};
 
 /// What the table runs (README.md, "Performance").
