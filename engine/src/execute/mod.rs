@@ -126,7 +126,7 @@ pub fn run_info(plan: &Plan, run_id: &str, jobs: usize, strict: bool) -> RunInfo
 /// is compiled in the crate that first polls its future, with everything it awaits and
 /// spawns. Spawned here, the run's loop, the turn, the verdict and the HTTP exchange are
 /// compiled with the engine, at the engine's optimization, rather than again in each crate
-/// that starts a run (docs/performance.md, "The cold build").
+/// that starts a run (docs/performance.md, "The cold build: where its CPU goes").
 pub fn spawn(
     plan: Plan,
     options: RunOptions,
