@@ -20,7 +20,7 @@ check:
     cargo run -- check suites/
 
 # The binary to hand out: the whole program optimized for size at link time (about 22 MB
-# stripped; the release profile's is 30), a longer build; writes target/dist/trellis
+# stripped; the release profile's is 28), a longer build; writes target/dist/trellis
 dist:
     cargo build --profile dist
 

@@ -354,10 +354,6 @@ fn write_suite(dir: &Path, name: &str, url: &str, n: u32) -> PathBuf {
     path
 }
 
-/// `trellis run SUITE --out OUT --jobs J` as a user runs it; `None` (and says why) unless
-/// every trajectory passed. The suites check only `no-error`: a failed trajectory is an agent
-/// that refused, dropped or garbled a call, and a figure timed on faults measures them, not
-/// the agent's answers.
 /// Where binary `i` runs `figure`: a directory of its own under `dir`. A run reads the runs
 /// beside it for its report's trends, so with every run side by side in `dir` each one read
 /// the runs of the figures and binaries before it, work the first had less of.
@@ -365,6 +361,10 @@ fn run_dir(dir: &Path, figure: &str, i: usize) -> PathBuf {
     dir.join(format!("{figure}-{i}")).join("run")
 }
 
+/// `trellis run SUITE --out OUT --jobs J` as a user runs it; `None` (and says why) unless
+/// every trajectory passed. The suites check only `no-error`: a failed trajectory is an agent
+/// that refused, dropped or garbled a call, and a figure timed on faults measures them, not
+/// the agent's answers.
 fn run(exe: &Path, suite: &Path, out: &Path, jobs: usize) -> Option<Measured> {
     // Beside the run directory, which the run replaces.
     let marks = out.with_extension("phases");
