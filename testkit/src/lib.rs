@@ -525,7 +525,7 @@ pub async fn run_plan_with_cache(
         llm_budget: Default::default(),
         telemetry: Default::default(),
     };
-    let engine = tokio::spawn(execute::run(plan, options, tx));
+    let engine = execute::spawn(plan, options, tx);
     let mut run = Run::default();
     while let Some(ev) = rx.recv().await {
         match ev {

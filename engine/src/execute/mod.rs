@@ -67,8 +67,8 @@ pub struct RunOptions {
     /// Agent calls in flight across the whole run.
     pub jobs: usize,
     /// Cancelled to stop the run gracefully (Ctrl-C, SIGTERM): no new agent call starts,
-    /// calls in flight finish, and [`run`] returns once they have. Trajectories that had
-    /// not finished are not recorded.
+    /// calls in flight finish, and the run's task ([`spawn`]) ends once they have.
+    /// Trajectories that had not finished are not recorded.
     pub stop: CancellationToken,
     /// `--strict`: a skipped check or a skipped trajectory is a failure.
     pub strict: bool,
@@ -118,9 +118,10 @@ pub fn run_info(plan: &Plan, run_id: &str, jobs: usize, strict: bool) -> RunInfo
     }
 }
 
-/// Starts [`run`] as a task on the current tokio runtime (it panics outside one, as
-/// `tokio::spawn` does), for a caller that waits for it beside other work (signals, file
-/// changes).
+/// Runs the plan as a task on the current tokio runtime (it panics outside one, as
+/// `tokio::spawn` does), sending every event to `events`, for a caller that waits for it
+/// beside other work (signals, file changes). Never fails because of an agent: agent
+/// problems become faults in the records.
 ///
 /// Why a function rather than `tokio::spawn(run(…))` at the call site: an `async fn`'s body
 /// is compiled in the crate that first polls its future, with everything it awaits and
@@ -135,9 +136,8 @@ pub fn spawn(
     tokio::spawn(run(plan, options, events))
 }
 
-/// Runs the plan to completion, sending every event to `events`. Never fails because of an
-/// agent: agent problems become faults in the records.
-pub async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSummary {
+/// The run's task ([`spawn`]); private so that every run's loop is compiled here.
+async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSummary {
     // A resumed run's clock goes on from where the earlier attempts' records end, so turn
     // times and the run's duration read as one run.
     let earlier = options
