@@ -28,7 +28,8 @@ use super::{EXIT_FAILED, EXIT_INCOMPLETE, EXIT_INVALID, EXIT_OK, MessageFormat, 
 const GRACE: Duration = Duration::from_secs(5);
 /// How long the recorder naps when it has caught up with the run, and how many naps in a
 /// row before it flushes and blocks until the next event: a run that is still busy hands
-/// over its next events in batches, and an idle one has them on disk 2 ms later.
+/// over its next events in batches, and an idle one has them on disk 2 ms later. The naps
+/// are parks: the end of the run wakes the recorder from one (`execute_plan`).
 const LINGER: Duration = Duration::from_micros(500);
 const LINGER_ROUNDS: u32 = 4;
 /// After the journal's flush, how much longer (in naps of [`QUIET`]) the recorder waits for
@@ -665,7 +666,7 @@ pub fn execute_plan(
                         // (a futex wake per trajectory on the run's thread) and the journal
                         // is flushed once per batch rather than per trajectory.
                         lingered += 1;
-                        std::thread::sleep(LINGER);
+                        std::thread::park_timeout(LINGER);
                         continue;
                     }
                     Err(tokio::sync::mpsc::error::TryRecvError::Empty)
@@ -677,7 +678,7 @@ pub fn execute_plan(
                             reporter.console.flush_lines();
                         }
                         lingered += 1;
-                        std::thread::sleep(QUIET);
+                        std::thread::park_timeout(QUIET);
                         continue;
                     }
                     Err(tokio::sync::mpsc::error::TryRecvError::Empty) => {
@@ -745,6 +746,9 @@ pub fn execute_plan(
     // Dropping the runtime drops every task still holding an event sender, which ends the
     // reporter's stream; agent tasks of an aborted run are not waited for.
     runtime.shutdown_background();
+    // The recorder may be in one of its naps: woken, it finds the stream ended instead of
+    // sleeping out the nap at the end of every run.
+    reporter.thread().unpark();
     if settings.signals.is_none() {
         restore_default_signals();
     }
