@@ -1,6 +1,6 @@
 //! The regression guard for the daily-loop figures (docs/performance.md): how many
-//! allocations `trellis check suites/` and one trajectory against a built-in agent make,
-//! counted by the binary itself (`TRELLIS_COUNT_ALLOCATIONS=FILE`).
+//! allocations `trellis check suites/`, one trajectory against a built-in agent and each
+//! turn of a run make, counted by the binary itself (`TRELLIS_COUNT_ALLOCATIONS=FILE`).
 //!
 //! Not a timing test: the count is nearly the same on every run and machine, and a budget
 //! well above today's count (about 1.5×) only trips on a large regression, such as the KDL
@@ -17,6 +17,14 @@ const CHECK_BUDGET: u64 = 31_000;
 /// One trajectory against `builtin="booking"`, reports included (measured: 27,446; the
 /// threads' interleaving moves it by a few).
 const TRAJECTORY_BUDGET: u64 = 41_000;
+
+/// A turn of one-turn trajectories, trajectory included: its records, verdict, journal
+/// entry and table rows (measured: 98 in a debug build, the same on every run).
+const ONE_TURN_BUDGET: u64 = 150;
+
+/// A turn of a 40-turn conversation (measured: 43, the same on every run; runs of 4-turn
+/// conversations measured 54 or 79, as the recorder's row groups fell).
+const LONG_TURN_BUDGET: u64 = 75;
 
 /// Runs `trellis` with the counter on and returns the count it wrote, after checking the
 /// command succeeded.
@@ -90,6 +98,56 @@ scenario "one" {
     )
     .await;
     within("one trajectory", count, TRAJECTORY_BUDGET);
+}
+
+/// Allocations per turn, for one-turn trajectories and in a long conversation, against a
+/// Connexity agent served by this test's process (`trellis_agents::fixed`), so that only the
+/// engine's and the reporters' work is counted. The one-trajectory budget above cannot see
+/// the turn path: a run's start and end are most of that count. A turn's work is the
+/// difference between two runs of the same shape, over the turns one adds; both runs are
+/// large enough that the first trajectories' extra work (the report's first transcripts)
+/// is in both.
+///
+/// The long conversation guards against a turn's work growing with its history: the history
+/// copied into each turn, for instance, makes a turn of a 40-turn conversation cost 124
+/// allocations instead of 43 (tried with a `clone` of it in the Connexity session).
+#[tokio::test]
+async fn perf_each_turn_stays_within_its_allocation_budget_however_long_its_conversation() {
+    let url = trellis_agents::fixed::serve(std::time::Duration::ZERO).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let run = async |name: &str, repeat: u32, turns: u32| {
+        let mut suite = format!(
+            "agent \"fixed\" protocol=\"connexity\" url=\"{url}\"\n\
+             scenario \"{name}\" {{\n    repeat {repeat}\n"
+        );
+        for turn in 0..turns {
+            suite.push_str(&format!(
+                "    user \"Turn {turn}: a message of about the length people type to an \
+                 agent.\"\n"
+            ));
+        }
+        suite.push_str("    criteria {\n        no-error\n    }\n}\n");
+        let file = format!("{name}.kdl");
+        std::fs::write(dir.path().join(&file), suite).unwrap();
+        let out = format!("out-{name}");
+        let args: [&std::ffi::OsStr; 5] = [
+            "run".as_ref(),
+            file.as_ref(),
+            "--out".as_ref(),
+            out.as_ref(),
+            "-q".as_ref(),
+        ];
+        allocations(&args, dir.path()).await
+    };
+    let per_turn = async |name: &str, turns: u32, fewer: u32, more: u32| {
+        let added = run(&format!("{name}-more"), more, turns).await;
+        let base = run(&format!("{name}-fewer"), fewer, turns).await;
+        added.saturating_sub(base) / u64::from((more - fewer) * turns)
+    };
+    let one_turn = per_turn("one-turn", 1, 200, 400).await;
+    within("a turn of one-turn trajectories", one_turn, ONE_TURN_BUDGET);
+    let long = per_turn("long", 40, 10, 20).await;
+    within("a turn of 40-turn conversations", long, LONG_TURN_BUDGET);
 }
 
 /// `run.json`'s git state is read with both `git` commands running at once, and without
