@@ -25,9 +25,10 @@ pub struct BenchArgs {
     #[arg(long, short = 'j', default_value_t = 256, value_parser = super::jobs_in_range)]
     pub(super) jobs: usize,
     /// Measure this many runs and print each with the median (CPU timings on shared
-    /// machines vary from run to run).
-    #[arg(long, default_value_t = 3)]
-    runs: u32,
+    /// machines vary from run to run) [default: 3; with --table, 1: each timed figure is then
+    /// the median of this many runs of every binary, taken in turns, with their range].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    runs: Option<u32>,
     /// Keep the run directories here (run-0, run-1, …; with --table, one per figure and
     /// binary) instead of a temporary directory.
     #[arg(long, value_name = "DIR")]
@@ -74,8 +75,10 @@ pub fn bench(args: BenchArgs) -> u8 {
             throughput_trajectories: args.trajectories.unwrap_or(20_000),
             suites: args.suites,
             out: args.out,
+            rounds: args.runs.unwrap_or(1),
         });
     }
+    let runs = args.runs.unwrap_or(3);
     let trajectories = args.trajectories.unwrap_or(10_000);
     let Ok(dir) = tempfile::tempdir() else {
         super::console::errln!("error: cannot create a temporary directory");
@@ -111,7 +114,7 @@ scenario "bench" {{
         "{} trajectories × {TURNS} turns against the builtin agent, --jobs {}, {}",
         trajectories,
         args.jobs,
-        super::console::count(args.runs as u64, "run", "runs")
+        super::console::count(u64::from(runs), "run", "runs")
     );
     super::console::outln!(
         "CPU is whole-process (engine, builtin agent, journal, Parquet, HTML, JUnit).\n"
@@ -125,7 +128,7 @@ scenario "bench" {{
         "reporting µs/turn"
     );
     let mut figures = Vec::new();
-    for run in 0..args.runs.max(1) {
+    for run in 0..runs {
         let out = match &args.out {
             Some(out) => out.join(format!("run-{run}")),
             None => dir.path().join(format!("run-{run}")),

@@ -498,6 +498,70 @@ async fn bench_table_measures_each_figure_on_a_fresh_process() {
     );
 }
 
+/// `--runs N`: every timed figure is the median of N runs of each binary with their range,
+/// and under it the split of the median run; the binaries take turns.
+#[tokio::test]
+async fn bench_table_with_runs_gives_each_figure_as_a_median_and_its_range() {
+    let exe = env!("CARGO_BIN_EXE_trellis");
+    let o = trellis()
+        .args(["bench", "--table", "--trajectories", "50", "--runs", "2"])
+        .args(["--exe", exe, "--exe", exe, "--suites"])
+        .arg(repo("suites"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let out = stdout(&o);
+    // `median (min–max)` in both columns, the median within the range.
+    let spread = r"([\d.]+)(?:×| s| MiB)? \(([\d.]+)–([\d.]+)\)";
+    for figure in [
+        r"50 one-turn trajectories, c=256: turns/s",
+        r"2000 trajectories, c=256, 50 ms agent: wall ÷ ideal",
+        r"2000 trajectories, c=64: wall \(start and reports included\)",
+        r"  peak RSS",
+    ] {
+        let row = regex::Regex::new(&format!(r"(?m)^{figure}\s+{spread}\s+{spread}$")).unwrap();
+        let caps = row
+            .captures(&out)
+            .unwrap_or_else(|| panic!("no `{figure}` as two medians and ranges in\n{out}"));
+        for column in [1, 4] {
+            let [median, low, high]: [f64; 3] =
+                [0, 1, 2].map(|k| caps[column + k].parse().unwrap());
+            assert!(
+                low <= median && median <= high,
+                "{figure}: {median} not in {low}–{high}\n{out}"
+            );
+        }
+    }
+    // The latency-bound run cannot beat its agent's own delay, in any round.
+    let latency = regex::Regex::new(r"wall ÷ ideal\s+[\d.]+× \(([\d.]+)–").unwrap();
+    let lowest: f64 = latency.captures(&out).expect(&out)[1].parse().unwrap();
+    assert!(lowest >= 1.0, "{out}");
+    // A split under each timed figure, for both binaries.
+    let split = regex::Regex::new(
+        r"(?m)^  start · run · results · exit\s+[\d.]+ · [\d.]+ · [\d.]+ · [\d.]+ ms\s+[\d.]+ · [\d.]+ · [\d.]+ · [\d.]+ ms$",
+    )
+    .unwrap();
+    assert_eq!(split.find_iter(&out).count(), 3, "{out}");
+    for figure in [
+        r"one trajectory against the builtin agent: wall \(best of 5\)",
+        r"trellis check \S+: wall \(best of 5\)",
+    ] {
+        let row = regex::Regex::new(&format!(r"(?m)^{figure}\s+[\d.]+ ms\s+[\d.]+ ms$")).unwrap();
+        assert!(
+            row.is_match(&out),
+            "no `{figure}` for both binaries in\n{out}"
+        );
+    }
+    // Zero runs measure nothing: a usage error, not an empty table.
+    let zero = trellis()
+        .args(["bench", "--table", "--runs", "0"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(zero.status.code(), Some(2), "{}", stderr(&zero));
+}
+
 #[tokio::test]
 async fn bench_table_gives_no_figure_from_runs_against_an_agent_that_is_down() {
     // A port that was just free: nothing listens on it, so every call is refused.

@@ -5,6 +5,10 @@
 //! for the latency-bound figure), or `--url` (an nginx returning a fixed answer is the
 //! usual limit to compare with). When `wrk` is on the PATH, the same agent is also measured
 //! with it, and throughput is given as a share of what wrk gets from the agent.
+//!
+//! One run of a figure on a shared VM says little (the same binary's throughput moves by a
+//! third from one run to the next), so `--runs N` times each run N times for every binary,
+//! the binaries taking turns, and prints the median with the range ([`Rounds`], [`spread`]).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -25,6 +29,8 @@ pub struct TableArgs {
     pub suites: PathBuf,
     /// Keep the suites and run directories here instead of a temporary directory.
     pub out: Option<PathBuf>,
+    /// How many times each timed run is measured for every binary ([`Rounds`]).
+    pub rounds: u32,
 }
 
 /// One measured process: wall time, peak RSS, exit code.
@@ -104,39 +110,59 @@ pub fn table(args: &TableArgs) -> u8 {
     };
     table.header();
 
-    // Each figure is measured for every binary before the next figure, so that binaries
-    // compared side by side see the same machine.
+    // Each figure is measured for every binary before the next figure, and with more than
+    // one round the binaries take turns within it, so that binaries compared side by side
+    // see the same moments of the machine.
+    let rounds = args.rounds.max(1);
     let n = args.throughput_trajectories;
     let suite = write_suite(dir, "throughput", &url, n);
-    let wrk = wrk_requests_per_second(&url, dir);
-    let mut runs = Vec::new();
-    let mut sizes = Vec::new();
-    for (i, exe) in exes.iter().enumerate() {
+    let mut wrk = Vec::new();
+    let mut sizes = vec![None; exes.len()];
+    let runs = Rounds::measure(&exes, rounds, |round, i, exe| {
+        // wrk once a round, before the first binary of the round.
+        if wrk.len() <= round as usize {
+            wrk.push(wrk_requests_per_second(&url, dir));
+        }
         let out = run_dir(dir, "throughput", i);
         let m = run(exe, &suite, &out, 256);
-        sizes.push(m.as_ref().and_then(|_| journal_and_parquet(&out)));
-        runs.push(m);
-    }
-    let throughput: Vec<Option<f64>> = runs
+        if round + 1 == rounds {
+            sizes[i] = m.as_ref().and_then(|_| journal_and_parquet(&out));
+        }
+        m
+    });
+    // turns/s of every round of each binary, in the order they ran.
+    let throughput: Vec<Option<Vec<f64>>> = runs
         .iter()
-        .map(|m| m.as_ref().map(|m| f64::from(n) / m.wall.as_secs_f64()))
+        .map(|r| {
+            r.as_ref().map(|r| {
+                r.iter()
+                    .map(|m| f64::from(n) / m.wall.as_secs_f64())
+                    .collect()
+            })
+        })
         .collect();
     table.row(
         &format!("{n} one-turn trajectories, c=256: turns/s"),
-        throughput.iter().map(|t| t.map(|t| format!("{t:.0}"))),
+        throughput
+            .iter()
+            .map(|t| t.as_ref().map(|t| spread(t, 0, ""))),
     );
     table.split(&runs);
-    match wrk {
+    match wrk.into_iter().collect::<Result<Vec<f64>, String>>() {
         Ok(wrk) => {
             table.row(
                 "  wrk on the same agent (c=64, 3 s): requests/s",
-                exes.iter().map(|_| Some(format!("{wrk:.0}"))),
+                exes.iter().map(|_| Some(spread(&wrk, 0, ""))),
             );
             table.row(
                 "  turns/s ÷ wrk requests/s",
-                throughput
-                    .iter()
-                    .map(|t| t.map(|t| format!("{:.3}", t / wrk))),
+                throughput.iter().map(|t| {
+                    t.as_ref().map(|t| {
+                        // Each run against the wrk figure of its own round.
+                        let ratios: Vec<f64> = t.iter().zip(&wrk).map(|(t, w)| t / w).collect();
+                        spread(&ratios, 3, "")
+                    })
+                }),
             );
         }
         Err(why) => outln!("  ({why})"),
@@ -157,40 +183,44 @@ pub fn table(args: &TableArgs) -> u8 {
 
     let suite = write_suite(dir, "latency", &slow, 2000);
     let ideal = SLOW.as_secs_f64() * (2000f64 / 256.0).ceil();
-    let latency: Vec<Option<Measured>> = exes
-        .iter()
-        .enumerate()
-        .map(|(i, exe)| run(exe, &suite, &run_dir(dir, "latency", i), 256))
-        .collect();
+    let latency = Rounds::measure(&exes, rounds, |_, i, exe| {
+        run(exe, &suite, &run_dir(dir, "latency", i), 256)
+    });
     table.row(
         "2000 trajectories, c=256, 50 ms agent: wall ÷ ideal",
-        latency.iter().map(|m| {
-            m.as_ref().map(|m| {
-                let wall = m.wall.as_secs_f64();
-                format!("{:.2}× ({wall:.3} s)", wall / ideal)
+        latency.iter().map(|r| {
+            r.as_ref().map(|r| {
+                let walls = r.walls();
+                if let [wall] = walls[..] {
+                    format!("{:.2}× ({wall:.3} s)", wall / ideal)
+                } else {
+                    let ratios: Vec<f64> = walls.iter().map(|w| w / ideal).collect();
+                    spread(&ratios, 2, "×")
+                }
             })
         }),
     );
     table.split(&latency);
 
     let suite = write_suite(dir, "small", &url, 2000);
-    let small: Vec<Option<Measured>> = exes
-        .iter()
-        .enumerate()
-        .map(|(i, exe)| run(exe, &suite, &run_dir(dir, "small", i), 64))
-        .collect();
+    let small = Rounds::measure(&exes, rounds, |_, i, exe| {
+        run(exe, &suite, &run_dir(dir, "small", i), 64)
+    });
     table.row(
         "2000 trajectories, c=64: wall (start and reports included)",
         small
             .iter()
-            .map(|m| m.as_ref().map(|m| format!("{:.3} s", m.wall.as_secs_f64()))),
+            .map(|r| r.as_ref().map(|r| spread(&r.walls(), 3, " s"))),
     );
     table.split(&small);
     table.row(
         "  peak RSS",
-        small
-            .iter()
-            .map(|m| m.as_ref().map(|m| format!("{:.1} MiB", m.max_rss_mib))),
+        small.iter().map(|r| {
+            r.as_ref().map(|r| {
+                let rss: Vec<f64> = r.iter().map(|m| m.max_rss_mib).collect();
+                spread(&rss, 1, " MiB")
+            })
+        }),
     );
 
     let one = dir.join("one.kdl");
@@ -198,33 +228,30 @@ pub fn table(args: &TableArgs) -> u8 {
                 scenario \"one\" {\n    user \"Hi, I'd like to book a duct cleaning.\"\n    \
                 expect reply contains=\"postal code\"\n}\n";
     let written = std::fs::write(&one, text).is_ok();
+    let one_runs = Rounds::measure(&exes, 5, |_, i, exe| {
+        written
+            .then(|| run(exe, &one, &run_dir(dir, "one", i), 1))
+            .flatten()
+    });
     table.row(
         "one trajectory against the builtin agent: wall (best of 5)",
-        exes.iter().enumerate().map(|(i, exe)| {
-            let out = run_dir(dir, "one", i);
-            written
-                .then(|| best_of(5, || run(exe, &one, &out, 1)))
-                .flatten()
-                .map(|m| format!("{:.1} ms", m.wall.as_secs_f64() * 1000.0))
-        }),
+        one_runs.iter().map(|r| r.as_ref().map(Rounds::best_ms)),
     );
 
     if args.suites.exists() {
+        let checks = Rounds::measure(&exes, 5, |_, _, exe| {
+            measure(
+                Command::new(exe)
+                    .arg("check")
+                    .arg(&args.suites)
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null()),
+                None,
+            )
+        });
         table.row(
             &format!("trellis check {}: wall (best of 5)", args.suites.display()),
-            exes.iter().map(|exe| {
-                best_of(5, || {
-                    measure(
-                        Command::new(exe)
-                            .arg("check")
-                            .arg(&args.suites)
-                            .stdout(Stdio::null())
-                            .stderr(Stdio::null()),
-                        None,
-                    )
-                })
-                .map(|m| format!("{:.1} ms", m.wall.as_secs_f64() * 1000.0))
-            }),
+            checks.iter().map(|r| r.as_ref().map(Rounds::best_ms)),
         );
     } else {
         outln!(
@@ -247,6 +274,9 @@ pub fn table(args: &TableArgs) -> u8 {
     if table.ok { EXIT_OK } else { EXIT_FAILED }
 }
 
+/// The width of a binary's column: a run's split, `5.6 · 847.8 · 21.7 · 8.4 ms`, fits.
+const COLUMN: usize = 28;
+
 /// The printed table: a figure per row, a column per binary.
 struct Table {
     columns: usize,
@@ -258,7 +288,7 @@ impl Table {
     fn header(&self) {
         let mut line = format!("{:<60}", "figure");
         for i in 0..self.columns {
-            line.push_str(&format!(" {:<24}", format!("[{}]", i + 1)));
+            line.push_str(&format!(" {:<COLUMN$}", format!("[{}]", i + 1)));
         }
         outln!("{}", line.trim_end());
     }
@@ -270,18 +300,20 @@ impl Table {
                 self.ok = false;
                 "failed".to_owned()
             });
-            line.push_str(&format!(" {value:<24}"));
+            line.push_str(&format!(" {value:<COLUMN$}"));
         }
         outln!("{}", line.trim_end());
     }
 
-    /// Under a timed run's row: where its wall time went ([`Phases`]). A binary that leaves
-    /// no marks gets a dash, not a failure: its figure above stands.
-    fn split(&mut self, runs: &[Option<Measured>]) {
+    /// Under a timed run's row: where its wall time went ([`Phases`]), of the median run
+    /// when there were several. A binary that leaves no marks gets a dash, not a failure:
+    /// its figure above stands.
+    fn split(&mut self, runs: &[Option<Rounds>]) {
         self.row(
             "  start · run · results · exit",
             runs.iter().map(|run| {
                 run.as_ref()
+                    .and_then(Rounds::median)
                     .map(|m| m.phases.map_or_else(|| "—".to_owned(), |p| p.to_string()))
             }),
         );
@@ -330,15 +362,69 @@ fn file_size(path: &Path) -> u64 {
     std::fs::metadata(path).map_or(0, |m| m.len())
 }
 
-fn best_of(n: u32, mut f: impl FnMut() -> Option<Measured>) -> Option<Measured> {
-    let mut best: Option<Measured> = None;
-    for _ in 0..n {
-        let m = f()?;
-        if best.as_ref().is_none_or(|b| m.wall < b.wall) {
-            best = Some(m);
+/// Every measured run of one binary for one figure, in the order they ran.
+struct Rounds(Vec<Measured>);
+
+impl Rounds {
+    /// `rounds` runs of every binary in `exes`, taken in turns (each binary once, then each
+    /// again): `each(round, i, exe)` measures binary `i` once. A binary with a run that
+    /// failed gets `None`, and is not run again for this figure (its error was said once).
+    fn measure(
+        exes: &[PathBuf],
+        rounds: u32,
+        mut each: impl FnMut(u32, usize, &Path) -> Option<Measured>,
+    ) -> Vec<Option<Rounds>> {
+        let mut all: Vec<Option<Rounds>> = exes.iter().map(|_| Some(Rounds(Vec::new()))).collect();
+        for round in 0..rounds {
+            for (i, exe) in exes.iter().enumerate() {
+                if let Some(done) = &mut all[i] {
+                    match each(round, i, exe) {
+                        Some(m) => done.0.push(m),
+                        None => all[i] = None,
+                    }
+                }
+            }
+        }
+        all
+    }
+
+    fn iter(&self) -> std::slice::Iter<'_, Measured> {
+        self.0.iter()
+    }
+
+    /// Wall times in seconds, in the order the runs ran.
+    fn walls(&self) -> Vec<f64> {
+        self.iter().map(|m| m.wall.as_secs_f64()).collect()
+    }
+
+    /// The run of median wall time (the upper of the two middle ones of an even count):
+    /// the one whose split is shown.
+    fn median(&self) -> Option<&Measured> {
+        let mut sorted: Vec<&Measured> = self.iter().collect();
+        sorted.sort_by_key(|m| m.wall);
+        sorted.get(sorted.len() / 2).copied()
+    }
+
+    /// The fastest run's wall time, in milliseconds.
+    fn best_ms(&self) -> String {
+        let best = self.iter().map(|m| m.wall).min().unwrap_or_default();
+        format!("{:.1} ms", best.as_secs_f64() * 1000.0)
+    }
+}
+
+/// One value with `decimals` decimals and its unit, or several as their median and their
+/// range: `0.065 s (0.063–0.080)`.
+fn spread(values: &[f64], decimals: usize, unit: &str) -> String {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    match sorted[..] {
+        [] => "—".to_owned(),
+        [one] => format!("{one:.decimals$}{unit}"),
+        [first, .., last] => {
+            let median = sorted[sorted.len() / 2];
+            format!("{median:.decimals$}{unit} ({first:.decimals$}–{last:.decimals$})")
         }
     }
-    best
 }
 
 /// `n` one-turn trajectories of one scenario against `url`, checked for no fault.
