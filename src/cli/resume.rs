@@ -114,7 +114,7 @@ pub(super) fn prepare(
         if journal::is_node_line(line) {
             continue;
         }
-        match trellis_engine::journal::parse_line(line) {
+        match journal::parse_line(line) {
             Ok(JournalEntry::Trajectory(t)) => {
                 checker.check(&t);
                 // A forked trajectory is kept only once every continuation is known to
@@ -257,7 +257,7 @@ fn rewrite(
             if !nodes_kept.remove(&key) {
                 continue;
             }
-            if let Ok(JournalEntry::Node(node)) = trellis_engine::journal::parse_line(line) {
+            if let Ok(JournalEntry::Node(node)) = journal::parse_line(line) {
                 let ended = node
                     .turns
                     .iter()
@@ -272,7 +272,7 @@ fn rewrite(
         let runs_again = |t: &TrajectoryRecord| {
             !t.agent_branches.is_empty() && incomplete.contains(&execute::planned_key(t))
         };
-        match trellis_engine::journal::parse_line(line) {
+        match journal::parse_line(line) {
             Ok(JournalEntry::Trajectory(t)) if runs_again(&t) => {}
             Ok(_) if kept => writer.append_line(line).map_err(write_error)?,
             _ => {}
