@@ -362,7 +362,8 @@ pub struct RunArgs {
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = humantime::parse_duration)]
     spans_wait: std::time::Duration,
     /// How long the end of the run waits for spans that have not arrived yet (batch
-    /// exporters send late).
+    /// exporters send late): for turns of `spans #true` agents, and of every agent when
+    /// `--otlp-receiver` is given.
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = humantime::parse_duration)]
     spans_grace: std::time::Duration,
 }

@@ -629,6 +629,7 @@ pub fn execute_plan(
         telemetry: trellis_engine::otel::Telemetry {
             trace: Some(trace),
             receiver: receiver.clone(),
+            receiver_given: settings.otlp_receiver.is_some(),
             spans_wait: settings.spans_wait,
             spans_grace: settings.spans_grace,
         },

@@ -281,6 +281,70 @@ async fn the_builtin_forecast_agents_tools_are_read_from_its_spans() {
     assert!(html.contains(r#"<span class="span-name d0">invoke_agent forecast</span>"#));
 }
 
+/// The end of a run waits (`--spans-grace`) only for spans an agent could send: with the
+/// receiver started for a `spans #true` agent, a turn of another agent (never told the
+/// receiver's address) does not hold the run's end; with `--otlp-receiver` given, any agent
+/// may export to it, and the end waits for its turn's root span.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_run_waits_at_its_end_only_for_spans_an_agent_could_send() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("s.kdl");
+    std::fs::write(
+        &suite,
+        r##"agent "forecast" protocol="http" builtin="forecast" {
+    spans #true
+    request #"{"message": {{ user | tojson }}}"#
+    reply json-path="$.reply"
+}
+agent "booking" protocol="connexity" builtin="booking"
+scenario "weather" {
+    agent "forecast"
+    user "What is the weather in Paris?"
+    expect tool "get_weather" city="Paris"
+}
+scenario "book" {
+    agent "booking"
+    user "Hi, I'd like to book a duct cleaning."
+    expect reply contains="postal code"
+}
+"##,
+    )
+    .unwrap();
+    let run = |out: &str, extra: &[&str]| {
+        let mut command = trellis();
+        command
+            .arg("run")
+            .arg(&suite)
+            .arg("--out")
+            .arg(dir.path().join(out))
+            .args(extra)
+            .kill_on_drop(true);
+        async move {
+            let started = std::time::Instant::now();
+            // Far longer than the run takes, far shorter than the grace it must not wait.
+            let o = tokio::time::timeout(std::time::Duration::from_secs(60), command.output())
+                .await
+                .expect("the run's end waited for spans the booking agent cannot send")
+                .unwrap();
+            (o, started.elapsed())
+        }
+    };
+    let (o, _) = run("out", &["--spans-grace", "600s"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(span_rows(&dir.path().join("out")).height() >= 2);
+
+    let (o, took) = run(
+        "given",
+        &["--spans-grace", "2s", "--otlp-receiver", "127.0.0.1:0"],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(
+        took >= std::time::Duration::from_secs(2),
+        "the booking agent may export to a given receiver: its turn is waited for ({took:?})"
+    );
+}
+
 /// A span check on an agent whose spans are not collected is a warning of `check` and a
 /// skipped check, saying what to do; a taken port is an error naming it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

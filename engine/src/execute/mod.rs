@@ -211,6 +211,7 @@ async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSummary
         trace_hex,
         spans: receiver.as_ref().map(|r| r.store().clone()),
         spans_wait: options.telemetry.spans_wait,
+        spans_from_every_agent: options.telemetry.receiver_given,
         replay_users: options.replay_users.clone(),
     });
 
@@ -329,6 +330,8 @@ struct Shared {
     spans: Option<Arc<crate::otel::SpanStore>>,
     /// How long a `spans #true` agent's turn waits for its spans.
     spans_wait: Duration,
+    /// Every agent may send spans (`Telemetry::receiver_given`), not only `spans #true` ones.
+    spans_from_every_agent: bool,
     /// `--replay-users`: the recorded simulated users.
     replay_users: Option<Arc<UserReplay>>,
 }

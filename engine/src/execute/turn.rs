@@ -71,7 +71,10 @@ impl Unit<'_> {
         };
         let span_hex = span_id.hex();
         if let Some(store) = &shared.spans {
-            store.expect_turn(&span_hex);
+            store.expect_turn(
+                &span_hex,
+                shared.spans_from_every_agent || self.agent_spans(),
+            );
         }
         let mut turn = trace::scope(&trace, session.turn(input, &ctx)).await;
         state.active += started.elapsed().saturating_sub(turn.queued());

@@ -32,6 +32,10 @@ pub struct Telemetry {
     /// The run's OTLP receiver (`--otlp-receiver`, or started for `spans #true` agents);
     /// `None`: no spans are collected.
     pub receiver: Option<Arc<SpanReceiver>>,
+    /// The receiver's address was given (`--otlp-receiver`), so any agent may have been told
+    /// it and the end of the run waits for every turn's root span. Otherwise only agents
+    /// with `spans #true` are handed the address, and only their turns are waited for.
+    pub receiver_given: bool,
     /// How long a turn of a `spans #true` agent waits for the agent's root span after the
     /// answer (`--spans-wait`).
     pub spans_wait: Duration,
@@ -48,6 +52,7 @@ impl Default for Telemetry {
         Telemetry {
             trace: None,
             receiver: None,
+            receiver_given: false,
             spans_wait: DEFAULT_SPANS_WAIT,
             spans_grace: DEFAULT_SPANS_WAIT,
         }

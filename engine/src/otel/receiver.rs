@@ -271,7 +271,7 @@ mod tests {
             .await
             .unwrap();
         receiver.store().begin(TRACE.to_owned());
-        receiver.store().expect_turn("eee19b7ec3c1b173");
+        receiver.store().expect_turn("eee19b7ec3c1b173", true);
         let url = format!("{}/v1/traces", receiver.endpoint());
         let client = crate::transport::tls::client_builder()
             .unwrap()

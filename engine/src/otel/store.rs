@@ -39,6 +39,9 @@ struct State {
     by_turn: HashMap<String, Vec<SpanRecord>>,
     /// Turns whose own root span (parent = the turn span) has arrived.
     rooted: HashSet<String>,
+    /// Turns whose agent was not told where to send spans: their spans are taken if they
+    /// come, but the end of the run does not wait for them ([`SpanStore::expect_turn`]).
+    unawaited: HashSet<String>,
     /// Spans whose parent has not been seen, by parent span id.
     orphans: HashMap<String, Vec<SpanRecord>>,
     held: usize,
@@ -92,15 +95,24 @@ impl SpanStore {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// A turn span is about to be sent: spans naming it are this run's.
-    pub fn expect_turn(&self, span_id: &str) {
-        self.lock().turns.insert(span_id.to_owned(), None);
+    /// A turn span is about to be sent: spans naming it are this run's. `awaited`: its agent
+    /// knows where to send them, so the end of the run waits for its root span
+    /// ([`Self::finish`]); an agent that was never told the receiver's address cannot send
+    /// any, and waiting for it would hold every run's end for the whole grace period.
+    pub fn expect_turn(&self, span_id: &str, awaited: bool) {
+        let mut state = self.lock();
+        state.turns.insert(span_id.to_owned(), None);
+        if !awaited {
+            state.unawaited.insert(span_id.to_owned());
+        }
     }
 
     /// A turn whose requests never reached the agent (a connect fault): no span will name
     /// it, so neither the turn nor the end of the run waits for one.
     pub fn forget_turn(&self, span_id: &str) {
-        self.lock().turns.remove(span_id);
+        let mut state = self.lock();
+        state.turns.remove(span_id);
+        state.unawaited.remove(span_id);
     }
 
     /// The recorded turn behind `span_id`, for the late batches of [`Self::finish`].
@@ -158,14 +170,19 @@ impl SpanStore {
         spans
     }
 
-    /// Whether every turn of the run has its agent root span (nothing more is expected).
+    /// Whether every awaited turn of the run has its agent root span (nothing more is
+    /// expected).
     fn settled(&self) -> bool {
         let state = self.lock();
-        state.turns.keys().all(|t| state.rooted.contains(t))
+        state
+            .turns
+            .keys()
+            .all(|t| state.rooted.contains(t) || state.unawaited.contains(t))
     }
 
-    /// The end of the run: waits up to `grace` while some turn has no root span yet (batch
-    /// exporters send late), then hands out every span not taken, per turn, and the counts.
+    /// The end of the run: waits up to `grace` while some awaited turn has no root span yet
+    /// (batch exporters send late), then hands out every span not taken, per turn, and the
+    /// counts.
     pub async fn finish(&self, grace: Duration) -> (Vec<SpanBatch>, StoreCounts) {
         let deadline = tokio::time::Instant::now() + grace;
         loop {
@@ -269,7 +286,7 @@ mod tests {
     #[tokio::test]
     async fn children_before_their_parent_still_reach_the_turn() {
         let store = SpanStore::new("t".into());
-        store.expect_turn("turn");
+        store.expect_turn("turn", true);
         store.add(vec![span("tool", Some("agent"), 2)]);
         let (spans, rooted) = store.take_turn("turn", Duration::ZERO).await;
         assert!(spans.is_empty() && !rooted);
@@ -281,9 +298,39 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_end_waits_only_for_turns_whose_agent_can_send_spans() {
+        let store = SpanStore::new("t".into());
+        store.expect_turn("told", true);
+        store.expect_turn("untold", false);
+        store.add(vec![span("agent", Some("told"), 1)]);
+        // An hour's grace: only a turn that is waited for could hold it.
+        let finished = tokio::time::timeout(
+            Duration::from_secs(30),
+            store.finish(Duration::from_secs(3600)),
+        )
+        .await;
+        assert!(
+            finished.is_ok(),
+            "the end waited for the untold agent's turn"
+        );
+
+        let store = SpanStore::new("t".into());
+        store.expect_turn("told", true);
+        let finished = tokio::time::timeout(
+            Duration::from_millis(200),
+            store.finish(Duration::from_secs(3600)),
+        )
+        .await;
+        assert!(
+            finished.is_err(),
+            "a told agent's missing root span is waited for"
+        );
+    }
+
+    #[tokio::test]
     async fn late_spans_and_other_traces() {
         let store = SpanStore::new("t".into());
-        store.expect_turn("turn");
+        store.expect_turn("turn", true);
         store.name_turn(
             "turn",
             TurnKey {
