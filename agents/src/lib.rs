@@ -473,8 +473,8 @@ pub struct BuiltinLauncher {
     executable: Option<PathBuf>,
     /// Whether HTTP servers are started once and handed out again ([`Self::keep_running`]).
     keep_running: bool,
-    /// The servers kept running, one per builtin agent.
-    kept: Mutex<Vec<BuiltinServer>>,
+    /// The servers kept running, one per builtin agent and span receiver it sends to.
+    kept: Mutex<Vec<(Option<String>, BuiltinServer)>>,
 }
 
 impl BuiltinLauncher {
@@ -512,12 +512,16 @@ impl BuiltinLauncher {
             return start(name, otlp);
         }
         let mut kept = self.kept.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(server) = kept.iter().find(|s| s.name == name) {
+        // An agent told of no receiver (or of another) is not the one this run asks for.
+        if let Some((_, server)) = kept
+            .iter()
+            .find(|(to, s)| s.name == name && to.as_deref() == otlp)
+        {
             return Ok(server.handle());
         }
         let server = start(name, otlp)?;
         let handle = server.handle();
-        kept.push(server);
+        kept.push((otlp.map(str::to_owned), server));
         Ok(handle)
     }
 
@@ -692,6 +696,26 @@ mod tests {
             launcher.agent_command("nope", ProcessMode::LongLived),
             Err(BuiltinError::Unknown { .. })
         ));
+    }
+
+    #[tokio::test]
+    async fn a_kept_builtin_is_handed_out_again_only_to_the_same_span_receiver() {
+        let launcher = BuiltinLauncher::new().keep_running();
+        let untold = launcher.serve_with("forecast", None).await.unwrap();
+        let told = launcher
+            .serve_with("forecast", Some("http://127.0.0.1:9"))
+            .await
+            .unwrap();
+        assert_ne!(untold.addr(), told.addr());
+        let again = launcher
+            .serve_with("forecast", Some("http://127.0.0.1:9"))
+            .await
+            .unwrap();
+        assert_eq!(told.addr(), again.addr());
+        assert_eq!(
+            launcher.serve_with("forecast", None).await.unwrap().addr(),
+            untold.addr()
+        );
     }
 
     #[tokio::test]

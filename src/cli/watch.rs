@@ -75,6 +75,12 @@ pub struct WatchArgs {
     /// read-write (default), off, or replay-only (a miss is an error naming the call).
     #[arg(long, value_enum, default_value_t = super::LlmCacheMode::ReadWrite)]
     llm_cache_mode: super::LlmCacheMode,
+    /// Receive the agents' OpenTelemetry spans on this address for the whole session
+    /// (OTLP/HTTP, `POST /v1/traces`), e.g. 127.0.0.1:4318; point the agents'
+    /// OTEL_EXPORTER_OTLP_ENDPOINT at it. Agents with `spans #true` get a receiver on a free
+    /// port without it.
+    #[arg(long, value_name = "ADDR")]
+    otlp_receiver: Option<std::net::SocketAddr>,
 }
 
 /// The directory under `--out` that holds the whole state after the last rerun.
@@ -154,6 +160,9 @@ struct Session {
     launcher: Arc<dyn trellis_engine::execute::Launcher>,
     /// One LLM response cache for every rerun.
     llm_cache: trellis_engine::llm::LlmCache,
+    /// The OTLP receiver for `spans #true` agents, started by the first rerun that has one
+    /// and kept for the session: the builtins kept running send to its address.
+    receiver: Option<Arc<trellis_engine::otel::SpanReceiver>>,
     /// `suite/scenario` of every scenario the last run planned.
     planned: BTreeSet<String>,
     /// Fingerprints of the last run's scenarios.
@@ -224,6 +233,29 @@ impl Session {
                 .unwrap_or_else(|| out_root.join(".llm-cache")),
             super::run::cache_mode(args.llm_cache_mode),
         );
+        // A given address is listened on from the start, and one that cannot be is a usage
+        // error, as for `trellis run`; without it the first rerun with a `spans #true`
+        // agent starts a receiver on a free port.
+        let receiver = match args.otlp_receiver {
+            Some(addr) => match trellis_engine::otel::SpanReceiver::start(addr).await {
+                Ok(receiver) => {
+                    errln!(
+                        "OTLP receiver for agent spans: {} (set the agents' \
+                         OTEL_EXPORTER_OTLP_ENDPOINT to it)",
+                        receiver.endpoint()
+                    );
+                    Some(Arc::new(receiver))
+                }
+                Err(e) => {
+                    errln!(
+                        "error: {e}\n  help: pick another address with --otlp-receiver ADDR \
+                         (port 0: any free port)"
+                    );
+                    return EXIT_INVALID;
+                }
+            },
+            None => None,
+        };
         let mut session = Session {
             args,
             roots,
@@ -239,6 +271,7 @@ impl Session {
             transport: HttpTransport::new(),
             launcher: Arc::new(super::launcher().keep_running()),
             llm_cache,
+            receiver,
             planned: BTreeSet::new(),
             last: None,
             results: HashMap::new(),
@@ -544,6 +577,44 @@ impl Session {
         out
     }
 
+    /// The session's span receiver: the one `--otlp-receiver` asked for, or, when `plan` has
+    /// a `spans #true` agent (as `trellis run` starts one), one on a free loopback port,
+    /// started the first time. One that cannot listen is a warning: the rerun goes on
+    /// without spans, as a run without a receiver does.
+    async fn span_receiver(
+        &mut self,
+        plan: &Plan,
+    ) -> Option<Arc<trellis_engine::otel::SpanReceiver>> {
+        if self.args.otlp_receiver.is_some() {
+            return self.receiver.clone();
+        }
+        if !plan.agents.iter().any(|a| a.spans) {
+            return None;
+        }
+        if self.receiver.is_none() {
+            let any_port = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+            match trellis_engine::otel::SpanReceiver::start(any_port).await {
+                Ok(receiver) => {
+                    // Builtins are handed the address; only agents of the user's own need
+                    // telling.
+                    if plan.agents.iter().any(|a| {
+                        a.spans && !matches!(a.endpoint, trellis_dsl::model::Endpoint::Builtin(_))
+                    }) {
+                        errln!(
+                            "OTLP receiver for agent spans: {} (set the agents' \
+                             OTEL_EXPORTER_OTLP_ENDPOINT to it; --otlp-receiver ADDR keeps \
+                             one address across sessions)",
+                            receiver.endpoint()
+                        );
+                    }
+                    self.receiver = Some(Arc::new(receiver));
+                }
+                Err(e) => errln!("warning: no agent spans are collected: {e}"),
+            }
+        }
+        self.receiver.clone()
+    }
+
     async fn execute(
         &mut self,
         plan: Plan,
@@ -594,6 +665,11 @@ impl Session {
             shown: HashSet::new(),
             first_result: None,
         };
+        let telemetry = trellis_engine::otel::Telemetry {
+            receiver: self.span_receiver(&plan).await,
+            receiver_given: self.args.otlp_receiver.is_some(),
+            ..Default::default()
+        };
         let options = RunOptions {
             run_id: run_id.clone(),
             jobs: self.args.jobs,
@@ -606,7 +682,7 @@ impl Session {
             resume: None,
             replay_users: None,
             llm_budget: Default::default(),
-            telemetry: Default::default(),
+            telemetry,
         };
         let cancel = options.stop.clone();
         let (tx, rx) = event::channel();

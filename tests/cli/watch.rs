@@ -920,3 +920,80 @@ async fn an_overflowing_accept_queue_is_named_under_the_rerun_it_slowed() {
     let all = watch.all();
     assert_eq!(all.matches("BACKLOG").count(), 1, "{all}");
 }
+
+/// A `spans #true` agent's spans are collected under watch as under `run` (its tool checks
+/// read them), and a turn answered again from the records keeps the spans the agent sent
+/// then, without waiting for new ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_spans_agents_spans_are_collected_and_kept_for_reused_turns() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    let text = std::fs::read_to_string(repo("suites/opentelemetry.kdl")).unwrap();
+    write(&suite, &text);
+    let mut watch = Watch::start(dir.path(), &[]);
+    let lines = watch.wait_for("watch: rerun 1 done").await.join("\n");
+    assert!(lines.contains("1 passed"), "{}", watch.all());
+
+    // Checks alone: both turns are reused, and their span and tool checks still pass.
+    write(&suite, &text.replace(r#"max="2s""#, r#"max="3s""#));
+    let done = watch.wait_for("watch: rerun 2 done").await;
+    let lines = done.join("\n");
+    assert!(
+        lines.contains("1 passed") && lines.contains("0 agent call(s), 2 turn(s) reused"),
+        "{}",
+        watch.all()
+    );
+    // A reused turn sends nothing, so it must not wait for spans (five seconds a turn).
+    let took: u64 = done
+        .last()
+        .and_then(|l| l.split("done in ").nth(1))
+        .and_then(|l| l.split(" ms").next())
+        .and_then(|ms| ms.parse().ok())
+        .unwrap_or_else(|| panic!("no duration in {lines}"));
+    assert!(took < 5_000, "{}", watch.all());
+
+    // The second step changed: its turn goes to the agent, whose spans are read again.
+    write(
+        &suite,
+        &text
+            .replace("Please refund A-17", "Please refund A-18")
+            .replace(r#"order="A-17""#, r#"order="A-18""#),
+    );
+    let lines = watch.wait_for("watch: rerun 3 done").await.join("\n");
+    assert!(
+        lines.contains("1 passed") && lines.contains("1 agent call(s), 1 turn(s) reused"),
+        "{}",
+        watch.all()
+    );
+}
+
+/// `--otlp-receiver` on a taken port is a usage error at once, naming the address, as for
+/// `trellis run`: watch does not start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_taken_otlp_receiver_port_ends_watch_with_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    write(
+        &dir.path().join("suite.kdl"),
+        &std::fs::read_to_string(repo("suites/opentelemetry.kdl")).unwrap(),
+    );
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let o = tokio::time::timeout(
+        DEADLINE,
+        trellis()
+            .current_dir(dir.path())
+            .args(["watch", "suite.kdl", "--out", "runs", "--otlp-receiver"])
+            .arg(format!("127.0.0.1:{port}"))
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("watch kept running")
+    .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}{}", stdout(&o), stderr(&o));
+    assert!(
+        stderr(&o).contains(&format!("cannot listen for OTLP spans on 127.0.0.1:{port}")),
+        "{}",
+        stderr(&o)
+    );
+}

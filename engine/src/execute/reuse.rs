@@ -340,9 +340,12 @@ impl Session for ReusingSession {
             {
                 return Turn::failed(fault);
             }
-            let turn = self.inner.turn(input, ctx).await;
+            let mut turn = self.inner.turn(input, ctx).await;
             self.memo.called(&self.name);
             self.prefix = prefix;
+            // The agent's spans come after the answer: the executor puts them here, and the
+            // turn answered again from the records carries them.
+            turn.spans_for_reuse = Some(Default::default());
             // A fault is kept too: the same conversation is answered the same way until
             // its steps change (an edit to checks alone never calls the agent).
             self.memo.store(self.unit, prefix, turn.clone());

@@ -80,6 +80,7 @@ impl Unit<'_> {
         state.active += started.elapsed().saturating_sub(turn.queued());
         let started_ms = ms(started.duration_since(shared.run_start));
         let branch = turn.branch.take();
+        let spans_for_reuse = turn.spans_for_reuse.take();
         let mut record = record(turn, input, turn_index, started_ms, replay);
         record.trace_id = Some(shared.trace_hex.clone());
         // The agent's spans, for checks on them: waited for with the call slots given
@@ -88,7 +89,15 @@ impl Unit<'_> {
             .fault
             .as_ref()
             .is_some_and(|f| f.category == FaultCategory::Connect);
-        if let Some(store) = shared.spans.as_ref().filter(|_| unreached) {
+        if record.reused {
+            // No request was sent: the spans are those the agent sent when it answered.
+            if let Some(store) = &shared.spans {
+                store.forget_turn(&span_hex);
+            }
+            if let Some(spans) = spans_for_reuse.as_ref().and_then(|s| s.get()) {
+                record.spans = spans.clone();
+            }
+        } else if let Some(store) = shared.spans.as_ref().filter(|_| unreached) {
             store.forget_turn(&span_hex);
         } else if let Some(store) = shared.spans.as_ref().filter(|_| self.agent_spans()) {
             drop((_agent_permit, _call_permit, _model_slot));
@@ -96,6 +105,9 @@ impl Unit<'_> {
             // the turns that wait.
             record.spans =
                 Box::pin(wait_for_spans(store, &span_hex, shared.spans_wait, stop)).await;
+            if let Some(kept) = &spans_for_reuse {
+                let _ = kept.set(record.spans.clone());
+            }
         }
         record.span_id = Some(span_hex);
         Some((record, branch))

@@ -225,6 +225,7 @@ impl Endpoint {
             fault: outcome.err(),
             branch: None,
             reused: false,
+            spans_for_reuse: None,
             llm: Vec::new(),
             data: None,
         }

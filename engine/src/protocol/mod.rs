@@ -259,6 +259,10 @@ pub struct Turn {
     pub branch: Option<BranchRequest>,
     /// Answered from an earlier run's records (`trellis watch`): the agent was not called.
     pub reused: bool,
+    /// For a turn kept to be reused (`trellis watch`): where its agent's spans are put once
+    /// they have arrived after the answer, so that the turn answered again from the records
+    /// has them too. `None` for every other turn.
+    pub spans_for_reuse: Option<SpansForReuse>,
     /// LLM calls the engine made to produce this turn on the agent's behalf (the model
     /// playing Fixie's LLM), with their usage and cache use.
     pub llm: Vec<crate::llm::LlmCall>,
@@ -266,6 +270,10 @@ pub struct Turn {
     /// parts and artifacts), read by `reply json-path=…` and `capture … json-path=…`.
     pub data: Option<serde_json::Value>,
 }
+
+/// The spans of a turn kept for reuse ([`Turn::spans_for_reuse`]): set once, by the run that
+/// called the agent.
+pub type SpansForReuse = std::sync::Arc<std::sync::OnceLock<Vec<crate::record::SpanRecord>>>;
 
 /// An agent's request to fork the conversation, with the alternatives it listed (none: one
 /// continuation, described by the reason).
