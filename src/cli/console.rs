@@ -940,6 +940,23 @@ pub(super) fn backlog_notice(address: &str, attempts: u64) -> String {
     )
 }
 
+/// Says, on stderr, why a run whose trajectories are all recorded has not ended: its end
+/// waits for agents' spans that have not arrived (`--spans-grace`), for `run` and `watch`.
+pub(super) fn spans_grace_notice() -> trellis_engine::otel::GraceNotice {
+    trellis_engine::otel::GraceNotice(std::sync::Arc::new(|turns, grace| {
+        errln!(
+            "waiting up to {} for the agents' spans of {} (--spans-grace; agents with \
+             `spans #true`, and every agent when --otlp-receiver is given)",
+            humantime::format_duration(grace),
+            count(
+                turns as u64,
+                "turn that has no root span yet",
+                "turns that have no root span yet"
+            ),
+        );
+    }))
+}
+
 /// An attack search's summary: paths explored and successes by depth, and the cheapest
 /// successful path (fewest attack turns, then fewest LLM tokens) with how to freeze it.
 fn print_attack(

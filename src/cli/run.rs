@@ -630,6 +630,8 @@ pub fn execute_plan(
             trace: Some(trace),
             receiver: receiver.clone(),
             receiver_given: settings.otlp_receiver.is_some(),
+            on_grace: (!settings.silent && !settings.spans_grace.is_zero())
+                .then(super::console::spans_grace_notice),
             spans_wait: settings.spans_wait,
             spans_grace: settings.spans_grace,
         },

@@ -668,6 +668,7 @@ impl Session {
         let telemetry = trellis_engine::otel::Telemetry {
             receiver: self.span_receiver(&plan).await,
             receiver_given: self.args.otlp_receiver.is_some(),
+            on_grace: Some(super::console::spans_grace_notice()),
             ..Default::default()
         };
         let options = RunOptions {

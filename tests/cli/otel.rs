@@ -332,6 +332,7 @@ scenario "book" {
     let (o, _) = run("out", &["--spans-grace", "600s"]).await;
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
     assert!(span_rows(&dir.path().join("out")).height() >= 2);
+    assert!(!stderr(&o).contains("waiting up to"), "{}", stderr(&o));
 
     let (o, took) = run(
         "given",
@@ -342,6 +343,13 @@ scenario "book" {
     assert!(
         took >= std::time::Duration::from_secs(2),
         "the booking agent may export to a given receiver: its turn is waited for ({took:?})"
+    );
+    // The pause after the last result is explained.
+    assert!(
+        stderr(&o)
+            .contains("waiting up to 2s for the agents' spans of 1 turn that has no root span yet"),
+        "{}",
+        stderr(&o)
     );
 }
 

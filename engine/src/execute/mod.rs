@@ -239,7 +239,12 @@ async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSummary
     // Spans that came after their turn was recorded (batch exporters), or of agents whose
     // turns do not wait for them, after a bounded grace period for the missing ones.
     if let Some(store) = &shared.spans {
-        let (batches, _) = store.finish(options.telemetry.spans_grace).await;
+        let grace = options.telemetry.spans_grace;
+        let missing = store.missing_roots();
+        if let Some(notice) = options.telemetry.on_grace.as_ref().filter(|_| missing > 0) {
+            (notice.0)(missing, grace);
+        }
+        let (batches, _) = store.finish(grace).await;
         for batch in batches {
             let event = shared.secrets.redact_event(Event::Spans(Box::new(batch)));
             let _ = events.send(event).await;

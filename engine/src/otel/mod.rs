@@ -41,6 +41,20 @@ pub struct Telemetry {
     pub spans_wait: Duration,
     /// How long the end of the run waits for spans still missing (`--spans-grace`).
     pub spans_grace: Duration,
+    /// Told when the end of the run starts waiting for missing spans, so that whoever shows
+    /// the run can say why it has not ended.
+    pub on_grace: Option<GraceNotice>,
+}
+
+/// Called with how many turns still lack their agent's root span and how long the end of
+/// the run waits for them at most ([`Telemetry::on_grace`]).
+#[derive(Clone)]
+pub struct GraceNotice(pub Arc<dyn Fn(usize, Duration) + Send + Sync>);
+
+impl std::fmt::Debug for GraceNotice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GraceNotice")
+    }
 }
 
 /// Five seconds: the default export delay of the OpenTelemetry SDKs' batch processors
@@ -55,6 +69,7 @@ impl Default for Telemetry {
             receiver_given: false,
             spans_wait: DEFAULT_SPANS_WAIT,
             spans_grace: DEFAULT_SPANS_WAIT,
+            on_grace: None,
         }
     }
 }

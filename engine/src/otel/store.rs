@@ -173,11 +173,18 @@ impl SpanStore {
     /// Whether every awaited turn of the run has its agent root span (nothing more is
     /// expected).
     fn settled(&self) -> bool {
+        self.missing_roots() == 0
+    }
+
+    /// How many awaited turns of the run do not have their agent's root span yet: what
+    /// the end of the run waits for ([`Self::finish`]).
+    pub fn missing_roots(&self) -> usize {
         let state = self.lock();
         state
             .turns
             .keys()
-            .all(|t| state.rooted.contains(t) || state.unawaited.contains(t))
+            .filter(|t| !state.rooted.contains(*t) && !state.unawaited.contains(*t))
+            .count()
     }
 
     /// The end of the run: waits up to `grace` while some awaited turn has no root span yet
