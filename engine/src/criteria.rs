@@ -520,8 +520,9 @@ fn evaluate<T: AsRef<TurnRecord>>(
 }
 
 /// Why a span check is skipped: no turn it looks at has any span.
-const NO_SPANS: &str = "no spans were collected for this turn: give the agent `spans #true` \
-     and point its OTEL_EXPORTER_OTLP_ENDPOINT at the run's receiver";
+const NO_SPANS: &str = "no spans were collected for this turn: the agent needs `spans #true`, \
+     and its OTEL_EXPORTER_OTLP_ENDPOINT set to the run's receiver (printed at the start; \
+     --otlp-receiver ADDR fixes its address)";
 
 /// The agent's spans on `turns`, in start order; `None` when there are none at all (spans
 /// were not collected: an instrumented agent reports at least its root span per turn).

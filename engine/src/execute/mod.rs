@@ -240,11 +240,16 @@ async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSummary
     // turns do not wait for them, after a bounded grace period for the missing ones.
     if let Some(store) = &shared.spans {
         let grace = options.telemetry.spans_grace;
-        let missing = store.missing_roots();
-        if let Some(notice) = options.telemetry.on_grace.as_ref().filter(|_| missing > 0) {
-            (notice.0)(missing, grace);
+        let waited = tokio::time::Instant::now();
+        if let Some(notice) = &options.telemetry.on_grace {
+            // A wait of moments is not worth a line (late spans usually come at once), and
+            // by then the last results are on the console.
+            let missing = store.settle(grace.min(GRACE_NOTICE_AFTER)).await;
+            if missing > 0 {
+                (notice.0)(missing, grace);
+            }
         }
-        let (batches, _) = store.finish(grace).await;
+        let (batches, _) = store.finish(grace.saturating_sub(waited.elapsed())).await;
         for batch in batches {
             let event = shared.secrets.redact_event(Event::Spans(Box::new(batch)));
             let _ = events.send(event).await;
@@ -275,6 +280,10 @@ async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSummary
     drop_aside(shared);
     summary
 }
+
+/// How long the end of the run waits for missing spans before saying so
+/// ([`crate::otel::Telemetry::on_grace`]).
+const GRACE_NOTICE_AFTER: Duration = Duration::from_millis(250);
 
 /// Drops the run's agents (and with them its connection pool) on a thread of its own, so
 /// that the reports written after the run do not wait for them: closing a pooled connection

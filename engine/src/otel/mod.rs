@@ -41,8 +41,8 @@ pub struct Telemetry {
     pub spans_wait: Duration,
     /// How long the end of the run waits for spans still missing (`--spans-grace`).
     pub spans_grace: Duration,
-    /// Told when the end of the run starts waiting for missing spans, so that whoever shows
-    /// the run can say why it has not ended.
+    /// Told when the end of the run has waited a moment for missing spans and goes on
+    /// waiting, so that whoever shows the run can say why it has not ended.
     pub on_grace: Option<GraceNotice>,
 }
 

@@ -170,10 +170,19 @@ impl SpanStore {
         spans
     }
 
-    /// Whether every awaited turn of the run has its agent root span (nothing more is
-    /// expected).
-    fn settled(&self) -> bool {
-        self.missing_roots() == 0
+    /// Waits up to `wait` for every awaited turn to have its root span; returns how many
+    /// still lack it.
+    pub async fn settle(&self, wait: Duration) -> usize {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let notified = self.arrived.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let missing = self.missing_roots();
+            if missing == 0 || tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return self.missing_roots();
+            }
+        }
     }
 
     /// How many awaited turns of the run do not have their agent's root span yet: what
@@ -191,15 +200,7 @@ impl SpanStore {
     /// (batch exporters send late), then hands out every span not taken, per turn, and the
     /// counts.
     pub async fn finish(&self, grace: Duration) -> (Vec<SpanBatch>, StoreCounts) {
-        let deadline = tokio::time::Instant::now() + grace;
-        loop {
-            let notified = self.arrived.notified();
-            tokio::pin!(notified);
-            notified.as_mut().enable();
-            if self.settled() || tokio::time::timeout_at(deadline, notified).await.is_err() {
-                break;
-            }
-        }
+        self.settle(grace).await;
         let mut state = self.lock();
         let by_turn = std::mem::take(&mut state.by_turn);
         let mut batches = Vec::new();
