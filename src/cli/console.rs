@@ -940,11 +940,28 @@ pub(super) fn backlog_notice(address: &str, attempts: u64) -> String {
     )
 }
 
-/// Says, on stderr, why a run whose trajectories are all recorded has not ended: its end
-/// waits for agents' spans that have not arrived (`--spans-grace`), for `run` and `watch`.
-pub(super) fn spans_grace_notice() -> trellis_engine::otel::GraceNotice {
-    trellis_engine::otel::GraceNotice(std::sync::Arc::new(|turns, grace| {
-        errln!(
+/// Says, on stderr, why a run sits waiting for agents' spans, for `run` and `watch`: once
+/// per agent whose turn got no span at all within `--spans-wait` (naming where the spans
+/// go, `receiver`), and when the end of the run waits for missing ones (`--spans-grace`).
+pub(super) fn spans_notices(receiver: String) -> trellis_engine::otel::SpansNotices {
+    use trellis_engine::otel::SpansNotice;
+    let told = std::sync::Mutex::new(std::collections::HashSet::<String>::new());
+    trellis_engine::otel::SpansNotices(std::sync::Arc::new(move |notice| match notice {
+        SpansNotice::TurnGotNone { agent, wait } => {
+            let first = told
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(agent.to_owned());
+            if first {
+                errln!(
+                    "no span of agent `{agent}` arrived within {} of its answer \
+                     (--spans-wait), and each of its turns waits as long: point its \
+                     OTEL_EXPORTER_OTLP_ENDPOINT at {receiver}",
+                    humantime::format_duration(wait),
+                );
+            }
+        }
+        SpansNotice::EndWaits { turns, grace } => errln!(
             "waiting up to {} for the agents' spans of {} (--spans-grace; agents with \
              `spans #true`, and every agent when --otlp-receiver is given)",
             humantime::format_duration(grace),
@@ -953,7 +970,7 @@ pub(super) fn spans_grace_notice() -> trellis_engine::otel::GraceNotice {
                 "turn that has no root span yet",
                 "turns that have no root span yet"
             ),
-        );
+        ),
     }))
 }
 

@@ -630,8 +630,10 @@ pub fn execute_plan(
             trace: Some(trace),
             receiver: receiver.clone(),
             receiver_given: settings.otlp_receiver.is_some(),
-            on_grace: (!settings.silent && !settings.spans_grace.is_zero())
-                .then(super::console::spans_grace_notice),
+            notices: receiver
+                .as_ref()
+                .filter(|_| !settings.silent)
+                .map(|r| super::console::spans_notices(r.endpoint())),
             spans_wait: settings.spans_wait,
             spans_grace: settings.spans_grace,
         },

@@ -665,10 +665,13 @@ impl Session {
             shown: HashSet::new(),
             first_result: None,
         };
+        let receiver = self.span_receiver(&plan).await;
         let telemetry = trellis_engine::otel::Telemetry {
-            receiver: self.span_receiver(&plan).await,
+            notices: receiver
+                .as_ref()
+                .map(|r| super::console::spans_notices(r.endpoint())),
+            receiver,
             receiver_given: self.args.otlp_receiver.is_some(),
-            on_grace: Some(super::console::spans_grace_notice()),
             ..Default::default()
         };
         let options = RunOptions {

@@ -353,6 +353,59 @@ scenario "book" {
     );
 }
 
+/// A `spans #true` agent that exports nothing: the first turn that waited in vain says so
+/// once, naming the receiver to point the agent at, and the end of the run says what it
+/// waits for, instead of sitting silent through both waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waits_for_spans_that_do_not_come_are_explained_once() {
+    let agent = crate::support::MisbehavingServer::respond(200, crate::support::OK_BODY).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("s.kdl");
+    std::fs::write(
+        &suite,
+        format!(
+            r#"agent "mute" protocol="connexity" url="{}" {{
+    spans #true
+}}
+scenario "s" {{
+    repeat 2
+    user "hello"
+    user "again"
+}}
+"#,
+            agent.url()
+        ),
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("run")
+        .arg(&suite)
+        .arg("--out")
+        .arg(dir.path().join("out"))
+        .args(["--spans-wait", "300ms", "--spans-grace", "400ms"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let err = stderr(&o);
+    let receiver = err
+        .lines()
+        .find_map(|l| l.strip_prefix("OTLP receiver for agent spans: "))
+        .and_then(|l| l.split(' ').next())
+        .unwrap_or_else(|| panic!("no receiver line: {err}"));
+    let told = format!(
+        "no span of agent `mute` arrived within 300ms of its answer (--spans-wait), and each \
+         of its turns waits as long: point its OTEL_EXPORTER_OTLP_ENDPOINT at {receiver}"
+    );
+    assert_eq!(err.matches(&told).count(), 1, "{err}");
+    assert!(
+        err.contains(
+            "waiting up to 400ms for the agents' spans of 4 turns that have no root span yet"
+        ),
+        "{err}"
+    );
+}
+
 /// A span check on an agent whose spans are not collected is a warning of `check` and a
 /// skipped check, saying what to do; a taken port is an error naming it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -211,6 +211,7 @@ async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSummary
         trace_hex,
         spans: receiver.as_ref().map(|r| r.store().clone()),
         spans_wait: options.telemetry.spans_wait,
+        spans_notices: options.telemetry.notices.clone(),
         spans_from_every_agent: options.telemetry.receiver_given,
         replay_users: options.replay_users.clone(),
     });
@@ -241,12 +242,17 @@ async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSummary
     if let Some(store) = &shared.spans {
         let grace = options.telemetry.spans_grace;
         let waited = tokio::time::Instant::now();
-        if let Some(notice) = &options.telemetry.on_grace {
+        if let Some(notices) = options
+            .telemetry
+            .notices
+            .as_ref()
+            .filter(|_| !grace.is_zero())
+        {
             // A wait of moments is not worth a line (late spans usually come at once), and
             // by then the last results are on the console.
-            let missing = store.settle(grace.min(GRACE_NOTICE_AFTER)).await;
-            if missing > 0 {
-                (notice.0)(missing, grace);
+            let turns = store.settle(grace.min(GRACE_NOTICE_AFTER)).await;
+            if turns > 0 {
+                (notices.0)(crate::otel::SpansNotice::EndWaits { turns, grace });
             }
         }
         let (batches, _) = store.finish(grace.saturating_sub(waited.elapsed())).await;
@@ -282,7 +288,7 @@ async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSummary
 }
 
 /// How long the end of the run waits for missing spans before saying so
-/// ([`crate::otel::Telemetry::on_grace`]).
+/// ([`crate::otel::SpansNotice::EndWaits`]).
 const GRACE_NOTICE_AFTER: Duration = Duration::from_millis(250);
 
 /// Drops the run's agents (and with them its connection pool) on a thread of its own, so
@@ -346,6 +352,8 @@ struct Shared {
     spans_wait: Duration,
     /// Every agent may send spans (`Telemetry::receiver_given`), not only `spans #true` ones.
     spans_from_every_agent: bool,
+    /// `Telemetry::notices`.
+    spans_notices: Option<crate::otel::SpansNotices>,
     /// `--replay-users`: the recorded simulated users.
     replay_users: Option<Arc<UserReplay>>,
 }

@@ -105,6 +105,15 @@ impl Unit<'_> {
             // the turns that wait.
             record.spans =
                 Box::pin(wait_for_spans(store, &span_hex, shared.spans_wait, stop)).await;
+            if record.spans.is_empty()
+                && !stop.is_cancelled()
+                && let Some(notices) = &shared.spans_notices
+            {
+                (notices.0)(crate::otel::SpansNotice::TurnGotNone {
+                    agent: self.agent_id(),
+                    wait: shared.spans_wait,
+                });
+            }
             if let Some(kept) = &spans_for_reuse {
                 let _ = kept.set(record.spans.clone());
             }

@@ -41,19 +41,29 @@ pub struct Telemetry {
     pub spans_wait: Duration,
     /// How long the end of the run waits for spans still missing (`--spans-grace`).
     pub spans_grace: Duration,
-    /// Told when the end of the run has waited a moment for missing spans and goes on
-    /// waiting, so that whoever shows the run can say why it has not ended.
-    pub on_grace: Option<GraceNotice>,
+    /// Told of waits for spans a person would otherwise sit through unexplained
+    /// ([`SpansNotice`]), so that whoever shows the run can say why.
+    pub notices: Option<SpansNotices>,
 }
 
-/// Called with how many turns still lack their agent's root span and how long the end of
-/// the run waits for them at most ([`Telemetry::on_grace`]).
-#[derive(Clone)]
-pub struct GraceNotice(pub Arc<dyn Fn(usize, Duration) + Send + Sync>);
+/// A wait for agents' spans worth telling the person watching the run about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpansNotice<'a> {
+    /// A turn of `agent` waited the whole `wait` (`--spans-wait`) after its answer and no
+    /// span of it arrived: each of its turns will wait as long.
+    TurnGotNone { agent: &'a str, wait: Duration },
+    /// The end of the run has waited a moment and goes on waiting, up to `grace`
+    /// (`--spans-grace`), for the root spans of `turns` turns.
+    EndWaits { turns: usize, grace: Duration },
+}
 
-impl std::fmt::Debug for GraceNotice {
+/// What the run calls with each [`SpansNotice`] ([`Telemetry::notices`]).
+#[derive(Clone)]
+pub struct SpansNotices(pub Arc<dyn Fn(SpansNotice<'_>) + Send + Sync>);
+
+impl std::fmt::Debug for SpansNotices {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("GraceNotice")
+        f.write_str("SpansNotices")
     }
 }
 
@@ -69,7 +79,7 @@ impl Default for Telemetry {
             receiver_given: false,
             spans_wait: DEFAULT_SPANS_WAIT,
             spans_grace: DEFAULT_SPANS_WAIT,
-            on_grace: None,
+            notices: None,
         }
     }
 }
