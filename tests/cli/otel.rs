@@ -406,6 +406,65 @@ scenario "s" {{
     );
 }
 
+/// A stop signal during the end's wait for spans ends the wait at once: the run is reported
+/// with what it finished, not after the rest of `--spans-grace`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_cuts_the_ends_wait_for_spans_short() {
+    use tokio::io::AsyncBufReadExt;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("s.kdl");
+    std::fs::write(
+        &suite,
+        r#"agent "booking" protocol="connexity" builtin="booking"
+scenario "book" {
+    repeat 2
+    user "Hi, I'd like to book a duct cleaning."
+}
+"#,
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let mut child = trellis()
+        .arg("run")
+        .arg(&suite)
+        .arg("--out")
+        .arg(&out)
+        .args(["--otlp-receiver", "127.0.0.1:0", "--spans-grace", "600s"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let waiting = tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if line.starts_with("waiting up to 10m for the agents' spans of 2 turns") {
+                return;
+            }
+        }
+        panic!("the run ended without waiting for spans");
+    });
+    waiting
+        .await
+        .expect("no line saying the end waits for spans");
+    let pid = i32::try_from(child.id().unwrap()).unwrap();
+    // SAFETY: kill(2) on a child process id this test spawned and has not reaped yet.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    let signalled = std::time::Instant::now();
+    let status = tokio::time::timeout(std::time::Duration::from_secs(30), child.wait())
+        .await
+        .expect("the signal did not end the wait for spans")
+        .unwrap();
+    assert_eq!(status.code(), Some(130));
+    // Not the 5 s after which a stopping run's calls in flight are abandoned.
+    assert!(
+        signalled.elapsed() < std::time::Duration::from_millis(4500),
+        "the wait for spans outlived the signal: {:?}",
+        signalled.elapsed()
+    );
+    assert_eq!(read_parquet(&out.join("trajectories.parquet")).height(), 2);
+}
+
 /// A span check on an agent whose spans are not collected is a warning of `check` and a
 /// skipped check, saying what to do; a taken port is an error naming it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -240,7 +240,12 @@ async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSummary
     // Spans that came after their turn was recorded (batch exporters), or of agents whose
     // turns do not wait for them, after a bounded grace period for the missing ones.
     if let Some(store) = &shared.spans {
-        let grace = options.telemetry.spans_grace;
+        // A stopped run waits for no more spans: what has arrived is kept.
+        let grace = if shared.stop.is_cancelled() {
+            Duration::ZERO
+        } else {
+            options.telemetry.spans_grace
+        };
         let waited = tokio::time::Instant::now();
         if let Some(notices) = options
             .telemetry
@@ -250,12 +255,20 @@ async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSummary
         {
             // A wait of moments is not worth a line (late spans usually come at once), and
             // by then the last results are on the console.
-            let turns = store.settle(grace.min(GRACE_NOTICE_AFTER)).await;
+            let turns = tokio::select! {
+                turns = store.settle(grace.min(GRACE_NOTICE_AFTER)) => turns,
+                () = shared.stop.cancelled() => 0,
+            };
             if turns > 0 {
                 (notices.0)(crate::otel::SpansNotice::EndWaits { turns, grace });
             }
         }
-        let (batches, _) = store.finish(grace.saturating_sub(waited.elapsed())).await;
+        // The rest of the grace, cut short by a stop signal.
+        tokio::select! {
+            _ = store.settle(grace.saturating_sub(waited.elapsed())) => {}
+            () = shared.stop.cancelled() => {}
+        }
+        let (batches, _) = store.finish(Duration::ZERO).await;
         for batch in batches {
             let event = shared.secrets.redact_event(Event::Spans(Box::new(batch)));
             let _ = events.send(event).await;
