@@ -404,6 +404,23 @@ scenario "s" {{
         ),
         "{err}"
     );
+
+    // No wait asked for: nothing waited out, nothing said.
+    let o = trellis()
+        .arg("run")
+        .arg(&suite)
+        .arg("--out")
+        .arg(dir.path().join("out0"))
+        .args(["--spans-wait", "0s", "--spans-grace", "0s"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(
+        !stderr(&o).contains("no span of agent") && !stderr(&o).contains("waiting up to"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 /// A stop signal during the end's wait for spans ends the wait at once: the run is reported

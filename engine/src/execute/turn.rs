@@ -105,8 +105,10 @@ impl Unit<'_> {
             // the turns that wait.
             record.spans =
                 Box::pin(wait_for_spans(store, &span_hex, shared.spans_wait, stop)).await;
+            // A wait of zero was asked for: nothing was waited out, nothing to explain.
             if record.spans.is_empty()
                 && !stop.is_cancelled()
+                && !shared.spans_wait.is_zero()
                 && let Some(notices) = &shared.spans_notices
             {
                 (notices.0)(crate::otel::SpansNotice::TurnGotNone {
