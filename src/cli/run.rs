@@ -489,8 +489,7 @@ pub(super) fn cache_mode(mode: super::LlmCacheMode) -> trellis_engine::llm::Cach
 }
 
 /// Starts the OTLP span receiver when `--otlp-receiver` asks for one or an agent has
-/// `spans #true` (then on a free port of 127.0.0.1), and says where it listens: real agents
-/// must be told (their OTEL_EXPORTER_OTLP_ENDPOINT); builtins are handed it.
+/// `spans #true` (then on a free port of 127.0.0.1).
 fn start_receiver(
     runtime: &tokio::runtime::Runtime,
     plan: &Plan,
@@ -502,24 +501,38 @@ fn start_receiver(
         None if wanted => std::net::SocketAddr::from(([127, 0, 0, 1], 0)),
         None => return Ok(None),
     };
-    let receiver = runtime
-        .block_on(trellis_engine::otel::SpanReceiver::start(addr))
+    // Builtins are handed the address; a given one, or agents of the user's own, need telling.
+    let tell = settings.otlp_receiver.is_some() || own_agents_send_spans(plan);
+    let receiver = runtime.block_on(start_span_receiver(addr, tell && !settings.silent))?;
+    Ok(Some(std::sync::Arc::new(receiver)))
+}
+
+/// Whether an agent of the user's own (not a builtin) has `spans #true`: it must be told
+/// where the run's span receiver listens.
+pub(super) fn own_agents_send_spans(plan: &Plan) -> bool {
+    plan.agents
+        .iter()
+        .any(|a| a.spans && !matches!(a.endpoint, trellis_dsl::model::Endpoint::Builtin(_)))
+}
+
+/// Starts a span receiver on `addr`, for `run` and `watch`, and with `tell` says where it
+/// listens (for the agents' OTEL_EXPORTER_OTLP_ENDPOINT).
+pub(super) async fn start_span_receiver(
+    addr: std::net::SocketAddr,
+    tell: bool,
+) -> Result<trellis_engine::otel::SpanReceiver, String> {
+    let receiver = trellis_engine::otel::SpanReceiver::start(addr)
+        .await
         .map_err(|e| {
             format!("{e}\n  help: pick another address with --otlp-receiver ADDR (port 0: any free port)")
         })?;
-    // Builtins are handed the address; only agents of the user's own need telling.
-    let told = settings.otlp_receiver.is_some()
-        || plan
-            .agents
-            .iter()
-            .any(|a| a.spans && !matches!(a.endpoint, trellis_dsl::model::Endpoint::Builtin(_)));
-    if !settings.silent && told {
+    if tell {
         errln!(
             "OTLP receiver for agent spans: {} (set the agents' OTEL_EXPORTER_OTLP_ENDPOINT to it)",
             receiver.endpoint()
         );
     }
-    Ok(Some(std::sync::Arc::new(receiver)))
+    Ok(receiver)
 }
 
 /// A benchmark (nothing on the console, no JSON events either): it measures the engine, so

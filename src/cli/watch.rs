@@ -237,20 +237,10 @@ impl Session {
         // error, as for `trellis run`; without it the first rerun with a `spans #true`
         // agent starts a receiver on a free port.
         let receiver = match args.otlp_receiver {
-            Some(addr) => match trellis_engine::otel::SpanReceiver::start(addr).await {
-                Ok(receiver) => {
-                    errln!(
-                        "OTLP receiver for agent spans: {} (set the agents' \
-                         OTEL_EXPORTER_OTLP_ENDPOINT to it)",
-                        receiver.endpoint()
-                    );
-                    Some(Arc::new(receiver))
-                }
+            Some(addr) => match super::run::start_span_receiver(addr, true).await {
+                Ok(receiver) => Some(Arc::new(receiver)),
                 Err(e) => {
-                    errln!(
-                        "error: {e}\n  help: pick another address with --otlp-receiver ADDR \
-                         (port 0: any free port)"
-                    );
+                    errln!("error: {e}");
                     return EXIT_INVALID;
                 }
             },
@@ -593,22 +583,9 @@ impl Session {
         }
         if self.receiver.is_none() {
             let any_port = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
-            match trellis_engine::otel::SpanReceiver::start(any_port).await {
-                Ok(receiver) => {
-                    // Builtins are handed the address; only agents of the user's own need
-                    // telling.
-                    if plan.agents.iter().any(|a| {
-                        a.spans && !matches!(a.endpoint, trellis_dsl::model::Endpoint::Builtin(_))
-                    }) {
-                        errln!(
-                            "OTLP receiver for agent spans: {} (set the agents' \
-                             OTEL_EXPORTER_OTLP_ENDPOINT to it; --otlp-receiver ADDR keeps \
-                             one address across sessions)",
-                            receiver.endpoint()
-                        );
-                    }
-                    self.receiver = Some(Arc::new(receiver));
-                }
+            let tell = super::run::own_agents_send_spans(plan);
+            match super::run::start_span_receiver(any_port, tell).await {
+                Ok(receiver) => self.receiver = Some(Arc::new(receiver)),
                 Err(e) => errln!("warning: no agent spans are collected: {e}"),
             }
         }

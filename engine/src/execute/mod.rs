@@ -240,35 +240,28 @@ async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSummary
     // Spans that came after their turn was recorded (batch exporters), or of agents whose
     // turns do not wait for them, after a bounded grace period for the missing ones.
     if let Some(store) = &shared.spans {
-        // A stopped run waits for no more spans: what has arrived is kept.
-        let grace = if shared.stop.is_cancelled() {
-            Duration::ZERO
-        } else {
-            options.telemetry.spans_grace
-        };
-        let waited = tokio::time::Instant::now();
-        if let Some(notices) = options
-            .telemetry
-            .notices
-            .as_ref()
-            .filter(|_| !grace.is_zero())
-        {
+        let grace = options.telemetry.spans_grace;
+        let wait = async {
             // A wait of moments is not worth a line (late spans usually come at once), and
             // by then the last results are on the console.
-            let turns = tokio::select! {
-                turns = store.settle(grace.min(GRACE_NOTICE_AFTER)) => turns,
-                () = shared.stop.cancelled() => 0,
-            };
-            if turns > 0 {
+            let turns = store.settle(grace.min(GRACE_NOTICE_AFTER)).await;
+            if let Some(notices) = options
+                .telemetry
+                .notices
+                .as_ref()
+                .filter(|_| turns > 0 && !grace.is_zero())
+            {
                 (notices.0)(crate::otel::SpansNotice::EndWaits { turns, grace });
             }
-        }
-        // The rest of the grace, cut short by a stop signal.
+            store.settle(grace.saturating_sub(GRACE_NOTICE_AFTER)).await;
+        };
+        // A stopped run waits for no more spans: what has arrived is kept.
         tokio::select! {
-            _ = store.settle(grace.saturating_sub(waited.elapsed())) => {}
+            biased;
             () = shared.stop.cancelled() => {}
+            () = wait => {}
         }
-        let (batches, _) = store.finish(Duration::ZERO).await;
+        let (batches, _) = store.finish();
         for batch in batches {
             let event = shared.secrets.redact_event(Event::Spans(Box::new(batch)));
             let _ = events.send(event).await;

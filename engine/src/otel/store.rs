@@ -178,15 +178,17 @@ impl SpanStore {
             let notified = self.arrived.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            let missing = self.missing_roots();
-            if missing == 0 || tokio::time::timeout_at(deadline, notified).await.is_err() {
+            if self.missing_roots() == 0 {
+                return 0;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
                 return self.missing_roots();
             }
         }
     }
 
     /// How many awaited turns of the run do not have their agent's root span yet: what
-    /// the end of the run waits for ([`Self::finish`]).
+    /// the end of the run waits for ([`Self::settle`]).
     pub fn missing_roots(&self) -> usize {
         let state = self.lock();
         state
@@ -196,11 +198,9 @@ impl SpanStore {
             .count()
     }
 
-    /// The end of the run: waits up to `grace` while some awaited turn has no root span yet
-    /// (batch exporters send late), then hands out every span not taken, per turn, and the
-    /// counts.
-    pub async fn finish(&self, grace: Duration) -> (Vec<SpanBatch>, StoreCounts) {
-        self.settle(grace).await;
+    /// The end of the run (after [`Self::settle`] waited for late spans): hands out every
+    /// span not taken, per turn, and the counts.
+    pub fn finish(&self) -> (Vec<SpanBatch>, StoreCounts) {
         let mut state = self.lock();
         let by_turn = std::mem::take(&mut state.by_turn);
         let mut batches = Vec::new();
@@ -314,7 +314,7 @@ mod tests {
         // An hour's grace: only a turn that is waited for could hold it.
         let finished = tokio::time::timeout(
             Duration::from_secs(30),
-            store.finish(Duration::from_secs(3600)),
+            store.settle(Duration::from_secs(3600)),
         )
         .await;
         assert!(
@@ -326,7 +326,7 @@ mod tests {
         store.expect_turn("told", true);
         let finished = tokio::time::timeout(
             Duration::from_millis(200),
-            store.finish(Duration::from_secs(3600)),
+            store.settle(Duration::from_secs(3600)),
         )
         .await;
         assert!(
@@ -349,7 +349,7 @@ mod tests {
         let mut other = span("x", Some("turn"), 1);
         other.trace_id = "other".into();
         store.add(vec![other, span("agent", Some("turn"), 1)]);
-        let (batches, counts) = store.finish(Duration::ZERO).await;
+        let (batches, counts) = store.finish();
         assert_eq!(batches.len(), 1);
         assert_eq!(batches[0].spans.len(), 1);
         assert_eq!(counts.foreign, 1);
