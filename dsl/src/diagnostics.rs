@@ -6,7 +6,6 @@
 //! of them. Every diagnostic carries a stable [`Kind::code`] that tests and tools can match on.
 
 use std::fmt;
-use std::sync::Arc;
 
 use miette::{
     GraphicalReportHandler, GraphicalTheme, LabeledSpan, NamedSource, Severity, SourceSpan,
@@ -129,7 +128,7 @@ pub struct Diagnostic {
     pub message: String,
     /// The file the labels point into, if any.
     pub file: Option<FileId>,
-    src: Option<NamedSource<Arc<str>>>,
+    src: Option<NamedSource<crate::model::CharColumns>>,
     labels: Vec<LabeledSpan>,
     help: Option<String>,
     related: Vec<Diagnostic>,

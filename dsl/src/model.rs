@@ -50,6 +50,47 @@ impl<T> std::ops::Deref for Spanned<T> {
     }
 }
 
+/// A file's text as miette reads it, with the column of `file:line:column` counted in
+/// characters.
+///
+/// miette counts that column in bytes, so an error after `é` on its line pointed one column
+/// too far for each such character, and an editor or terminal link jumped to the wrong place.
+/// Lines are counted as miette counts them (`\n`, `\r\n` and a lone `\r` each end one).
+#[derive(Clone, Debug)]
+pub struct CharColumns(pub Arc<str>);
+
+impl miette::SourceCode for CharColumns {
+    fn read_span<'a>(
+        &'a self,
+        span: &SourceSpan,
+        context_lines_before: usize,
+        context_lines_after: usize,
+    ) -> Result<Box<dyn miette::SpanContents<'a> + 'a>, miette::MietteError> {
+        let contents = self
+            .0
+            .read_span(span, context_lines_before, context_lines_after)?;
+        // miette reports a column only for a span read without lines before it (the
+        // `file:line:column` line); elsewhere it is 0 and stays so.
+        if context_lines_before != 0 {
+            return Ok(contents);
+        }
+        let text = &*self.0;
+        let mut offset = span.offset().min(text.len());
+        while !text.is_char_boundary(offset) {
+            offset -= 1;
+        }
+        let line_start = text[..offset].rfind(['\n', '\r']).map_or(0, |i| i + 1);
+        let column = text[line_start..offset].chars().count();
+        Ok(Box::new(miette::MietteSpanContents::new(
+            contents.data(),
+            *contents.span(),
+            contents.line(),
+            column,
+            contents.line_count(),
+        )))
+    }
+}
+
 /// One loaded `*.kdl` file.
 #[derive(Clone, Debug)]
 pub struct SourceFile {
@@ -60,8 +101,8 @@ pub struct SourceFile {
 }
 
 impl SourceFile {
-    pub fn named_source(&self) -> NamedSource<Arc<str>> {
-        NamedSource::new(self.name.clone(), self.text.clone())
+    pub fn named_source(&self) -> NamedSource<CharColumns> {
+        NamedSource::new(self.name.clone(), CharColumns(self.text.clone()))
     }
 
     /// 1-based line and column of a byte offset, for messages outside miette.

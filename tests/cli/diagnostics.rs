@@ -594,3 +594,21 @@ async fn an_unclosed_multi_line_string_is_refused_at_once() {
     assert!(err.contains("multi-line string not closed"), "{err}");
     assert!(err.contains("raw.kdl:3:8"), "{err}");
 }
+
+#[tokio::test]
+async fn a_diagnostics_column_counts_characters_not_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("accents.kdl");
+    // `é` is two bytes: a byte count would put the column 4 (then 8) too far.
+    std::fs::write(
+        &suite,
+        "agent \"a\" protocol=\"connexity\" builtin=\"booking\"\nscenario \"s\" {\n    user \"éééé\" ; expect reply contans=\"x\"\n}\n\
+         scenario \"t\" {\r\n    user \"ééééé\u{1F600}\" ; expect reply contans=\"y\"\r\n}\r\n",
+    )
+    .unwrap();
+    let o = trellis().arg("check").arg(&suite).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    assert!(err.contains("accents.kdl:3:32]"), "{err}");
+    assert!(err.contains("accents.kdl:6:34]"), "{err}");
+}
