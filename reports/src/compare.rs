@@ -232,6 +232,29 @@ pub const SPREAD_RUNS: usize = 3;
 /// Earlier runs whose spread is looked at, most recent first.
 pub const SPREAD_WINDOW: usize = 20;
 
+/// Why a run's results do not cover its plan, when they do not, as a predicate of "the head
+/// run": it never reached its end
+/// (killed), or recorded fewer trajectories than it planned (stopped by a signal or a
+/// budget). Such a head run fails the comparison, and the scenarios it did not reach are
+/// `not run`, not `removed`: a gate must not pass on what was never checked.
+pub fn incomplete(run: &RunStats) -> Option<String> {
+    let a = &run.aggregates;
+    if !a.finished {
+        Some(format!(
+            "never reached its end ({} of {} planned trajectories recorded; `trellis run \
+             --resume` finishes it)",
+            a.counts.trajectories, a.planned
+        ))
+    } else if a.counts.trajectories < a.planned {
+        Some(format!(
+            "was stopped after {} of {} planned trajectories",
+            a.counts.trajectories, a.planned
+        ))
+    } else {
+        None
+    }
+}
+
 /// Compares `head` against `base`; `latencies`, when both runs' are known, tests a latency
 /// increase (see the module documentation).
 pub fn compare(
@@ -274,6 +297,10 @@ pub fn compare(
         }
     }
 
+    let head_incomplete = incomplete(head).map(|why| format!("the head run {why}"));
+    if let Some(why) = &head_incomplete {
+        regressions.push(why.clone());
+    }
     let scenarios: Vec<ScenarioChange> = pair(
         base.scenarios
             .iter()
@@ -300,6 +327,14 @@ pub fn compare(
                         .clone()
                         .unwrap_or_else(|| "skipped".to_owned()),
                 )
+            }
+            // Missing from a head run that did not cover its plan: it may still be in the
+            // suites, and it was not run, so it cannot count as removed.
+            (Some(b), h) if b.repeats.samples > 0 && h.is_none_or(|h| h.repeats.samples == 0) => {
+                if head_incomplete.is_some() {
+                    rate.verdict = Verdict::NotRun;
+                }
+                head_incomplete.clone()
             }
             _ => None,
         };

@@ -716,3 +716,73 @@ async fn resuming_a_finished_run_that_failed_exits_with_its_verdict() {
     assert!(stderr(&o).contains("1 failed"), "{}", stderr(&o));
     assert_eq!(server.requests(), sent);
 }
+
+/// `trellis compare BASE HEAD` with runs/BASE and runs/HEAD.
+async fn compare_in(runs: &Path, base: &str, head: &str) -> std::process::Output {
+    trellis()
+        .arg("compare")
+        .args([base, head])
+        .arg("--dir")
+        .arg(runs)
+        .output()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_or_killed_run_never_passes_a_comparison() {
+    let server = agent(Duration::from_millis(100)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    std::fs::write(&suite, linear_suite(&server.url(), 6)).unwrap();
+    let runs = dir.path().join("runs");
+    let o = run_in(&suite, &["-q", "--out"])
+        .arg(runs.join("full"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+
+    assert_eq!(
+        run_until(&suite, &runs.join("stopped"), 2, libc::SIGTERM).await,
+        Some(143)
+    );
+    let o = compare_in(&runs, "full", "stopped").await;
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("the head run was stopped after"), "{out}");
+    // What it did not reach is not run, never removed from the suites.
+    assert!(out.contains("not run (the head run was stopped"), "{out}");
+    assert!(!out.contains("removed"), "{out}");
+    // Without arguments the stopped run is the latest finished one: the same verdict.
+    let o = trellis()
+        .arg("compare")
+        .arg("--dir")
+        .arg(&runs)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+
+    assert_eq!(
+        run_until(&suite, &runs.join("killed"), 2, libc::SIGKILL).await,
+        None
+    );
+    let o = compare_in(&runs, "full", "killed").await;
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    assert!(
+        stdout(&o).contains("the head run never reached its end"),
+        "{}",
+        stdout(&o)
+    );
+
+    // Finished, it compares as any run.
+    let o = run_in(&suite, &["-q", "--resume"])
+        .arg(runs.join("stopped"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = compare_in(&runs, "full", "stopped").await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+}
