@@ -739,7 +739,17 @@ fn graph(args: &GraphArgs) -> u8 {
 
 fn report(args: &ReportArgs) -> u8 {
     let out = args.out.as_deref().unwrap_or(&args.dir);
+    // A run still writing its journal would have its files replaced under it (and then
+    // fail to put its own in place): wait for it, as `--resume` and `merge` do.
+    let claims = match report_claims(&args.dir, out) {
+        Ok(claims) => claims,
+        Err(message) => {
+            console::errln!("error: {message}");
+            return EXIT_INVALID;
+        }
+    };
     let options = trellis_reports::ReportOptions::default();
+    let _claims = claims;
     match trellis_reports::write_reports_to(&args.dir, out, &options) {
         Ok(files) => {
             for path in files.written() {
@@ -780,6 +790,40 @@ fn report(args: &ReportArgs) -> u8 {
             EXIT_INVALID
         }
     }
+}
+
+/// The locks `trellis report DIR [--out OUT]` holds while it writes: DIR's (no run may be
+/// writing the journal it reads), and OUT's when it is another directory, which must not
+/// hold a different run (its tables would then describe this one next to its own journal).
+fn report_claims(dir: &Path, out: &Path) -> Result<Vec<recorder::OutClaim>, String> {
+    use trellis_reports::history;
+    if !dir.is_dir() {
+        // Said by the report writer, with its own help.
+        return Ok(Vec::new());
+    }
+    let mut claims = vec![recorder::claim_run_dir(dir)?];
+    let same = match (dir.canonicalize(), out.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    if !same {
+        if history::is_run_dir(out) {
+            let id = |d: &Path| history::read_run(d).ok().map(|r| r.run_id);
+            let (theirs, ours) = (id(out), id(dir));
+            if theirs.is_none() || theirs != ours {
+                return Err(format!(
+                    "{} holds another run ({}); choose an empty --out, or remove that run \
+                     first",
+                    out.display(),
+                    theirs.as_deref().unwrap_or("unreadable")
+                ));
+            }
+        }
+        if out.is_dir() {
+            claims.push(recorder::claim_run_dir(out)?);
+        }
+    }
+    Ok(claims)
 }
 
 /// `runs/<run-id>` relative to the working directory.

@@ -786,3 +786,62 @@ async fn a_stopped_or_killed_run_never_passes_a_comparison() {
     let o = compare_in(&runs, "full", "stopped").await;
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn report_waits_for_a_run_that_is_writing_and_keeps_to_its_own_out() {
+    let server = agent(Duration::from_millis(100)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    std::fs::write(&suite, linear_suite(&server.url(), 6)).unwrap();
+    let live = dir.path().join("live");
+    let mut child = run_in(&suite, &["--jobs", "1", "-q", "--out"])
+        .arg(&live)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while trajectory_entries(&live).is_empty() {
+        assert!(started.elapsed() < Duration::from_secs(60), "no trajectory");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let o = trellis().arg("report").arg(&live).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("another trellis"), "{}", stderr(&o));
+    // The run it left alone puts all its files in place.
+    assert_eq!(child.wait().await.unwrap().code(), Some(0));
+    assert!(live.join("trajectories.parquet").is_file());
+
+    // A rebuild into a directory that holds another run is refused, and changes nothing.
+    let other = dir.path().join("other");
+    let o = run_in(&suite, &["-q", "--out"])
+        .arg(&other)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let before = std::fs::read(other.join("summary.json")).unwrap();
+    let o = trellis()
+        .arg("report")
+        .arg(&live)
+        .arg("--out")
+        .arg(&other)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("holds another run"), "{}", stderr(&o));
+    assert_eq!(std::fs::read(other.join("summary.json")).unwrap(), before);
+    // Into its own directory, or a new one, it rebuilds.
+    for out in [&live, &dir.path().join("rebuilt")] {
+        let o = trellis()
+            .arg("report")
+            .arg(&live)
+            .arg("--out")
+            .arg(out)
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    }
+}
