@@ -110,6 +110,10 @@ pub fn run(args: RunArgs) -> u8 {
         },
         None => None,
     };
+    if let Err(message) = keeps_baseline(&out, baseline.as_ref(), &args) {
+        errln!("error: {message}");
+        return EXIT_INVALID;
+    }
     // Split before the directory is claimed, so a named cost run that cannot be read
     // leaves nothing behind.
     let split = match (&chosen, recorded) {
@@ -145,7 +149,7 @@ pub fn run(args: RunArgs) -> u8 {
     // Held until the run is over: a second run into the same directory is refused.
     let claim = match &args.resume {
         Some(dir) => super::recorder::claim_run_dir(dir),
-        None => super::recorder::claim_out_dir(&out, args.replace),
+        None => super::recorder::claim_out_dir(&out, args.replace, true),
     };
     let _claim = match claim {
         Ok(claim) => claim,
@@ -444,6 +448,46 @@ fn already_finished(dir: &Path, run_id: &str, summary: &RunSummary) -> u8 {
 }
 
 /// Compares the finished run in `out` with `base` and writes `compare.json` next to it.
+/// Refuses a run that would destroy or become its own baseline: `--replace` of the pinned
+/// run's directory deletes the baseline before the run starts, and a run recorded in the
+/// directory `--baseline` names is then compared with itself (it always "passes").
+fn keeps_baseline(
+    out: &Path,
+    baseline: Option<&trellis_reports::history::RunEntry>,
+    args: &RunArgs,
+) -> Result<(), String> {
+    let same = |dir: &Path| match (dir.canonicalize(), out.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    if let Some(base) = baseline
+        && same(&base.dir)
+    {
+        return Err(format!(
+            "{} is the baseline this run is compared with (run {}): a run recorded there \
+             would be compared with itself; choose another --out (without --out every run \
+             gets its own runs/<run-id>)",
+            out.display(),
+            base.label()
+        ));
+    }
+    if args.replace
+        && args.resume.is_none()
+        && trellis_reports::history::is_run_dir(out)
+        && let Ok(run) = trellis_reports::history::read_run(out)
+        && run.baseline
+    {
+        return Err(format!(
+            "{} holds the pinned baseline (run {}); --replace would delete it. Choose \
+             another --out, or unpin it first: trellis runs unpin {}",
+            out.display(),
+            run.label(),
+            out.display()
+        ));
+    }
+    Ok(())
+}
+
 fn compare_with(
     base: &trellis_reports::history::RunEntry,
     out: &Path,

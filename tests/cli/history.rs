@@ -1166,3 +1166,43 @@ async fn a_scenario_skipped_because_its_needs_failed_is_not_run_and_a_regression
         "{c}"
     );
 }
+
+#[tokio::test]
+async fn a_run_never_replaces_or_becomes_its_own_baseline() {
+    let runs = tempfile::tempdir().unwrap();
+    let run = |extra: &[&str]| {
+        let mut cmd = trellis();
+        cmd.args(["run", "suites/booking.kdl", "-q"])
+            .args(extra)
+            .arg("--out")
+            .arg(runs.path().join("base"));
+        cmd
+    };
+    // asks-price fails on purpose.
+    assert_eq!(run(&[]).output().await.unwrap().status.code(), Some(1));
+    let o = trellis()
+        .args(["runs", "pin", "base", "--dir"])
+        .arg(runs.path())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let journal = std::fs::read(runs.path().join("base/journal.jsonl.zst")).unwrap();
+
+    // Replaced and compared with itself it would "pass" whatever the new run found.
+    let o = run(&["--replace", "--baseline"]).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("compared with itself"),
+        "{}",
+        stderr(&o)
+    );
+    let o = run(&["--replace"]).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("runs unpin"), "{}", stderr(&o));
+    assert_eq!(
+        std::fs::read(runs.path().join("base/journal.jsonl.zst")).unwrap(),
+        journal,
+        "the baseline is untouched"
+    );
+}
