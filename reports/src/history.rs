@@ -683,8 +683,19 @@ pub fn last_two(runs_dir: &Path) -> Result<(RunEntry, RunEntry), HistoryError> {
     }
 }
 
-/// Gives `run` a name, refusing one another run of `runs_dir` already has.
-pub fn name_run(runs_dir: &Path, run: &RunEntry, name: &str) -> Result<(), HistoryError> {
+/// The runs directory `run` belongs to: the one its directory sits in. `runs pin PATH` and
+/// `runs name PATH` keep a pin and a name unique there, wherever `--dir` points.
+fn runs_dir_of(run: &RunEntry) -> PathBuf {
+    run.dir
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
+}
+
+/// Gives `run` a name, refusing one another run of its runs directory already has, and one
+/// that is another run's id (ids are looked up before names, so it could never be used).
+pub fn name_run(run: &RunEntry, name: &str) -> Result<(), HistoryError> {
+    let runs_dir = &runs_dir_of(run);
     let bad = |why| HistoryError::BadName {
         name: name.to_owned(),
         why,
@@ -706,6 +717,9 @@ pub fn name_run(runs_dir: &Path, run: &RunEntry, name: &str) -> Result<(), Histo
                     run_id: other.run_id,
                 });
             }
+            if other.run_id != run.run_id && other.run_id == name {
+                return Err(bad("it is another run's id"));
+            }
         }
     }
     let mut meta = meta_of(run);
@@ -713,8 +727,9 @@ pub fn name_run(runs_dir: &Path, run: &RunEntry, name: &str) -> Result<(), Histo
     meta.write(&run.dir)
 }
 
-/// Pins `run` as the baseline of `runs_dir`, unpinning the run that was.
-pub fn pin_run(runs_dir: &Path, run: &RunEntry) -> Result<(), HistoryError> {
+/// Pins `run` as the baseline of its runs directory, unpinning the run that was.
+pub fn pin_run(run: &RunEntry) -> Result<(), HistoryError> {
+    let runs_dir = &runs_dir_of(run);
     if runs_dir.is_dir() {
         for other in list_runs(runs_dir)? {
             if other.baseline && other.dir != run.dir {

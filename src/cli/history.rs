@@ -164,14 +164,21 @@ pub fn runs(args: RunsArgs) -> u8 {
     let result = match &args.action {
         None => return list(dir, args.json),
         Some(RunsAction::Name { run, name }) => history::resolve_run(dir, run)
-            .and_then(|entry| history::name_run(dir, &entry, name).map(|()| entry))
+            .and_then(|entry| history::name_run(&entry, name).map(|()| entry))
             .map(|entry| format!("run {} is now named `{name}`", entry.run_id)),
         Some(RunsAction::Pin { run }) => history::resolve_run(dir, run)
-            .and_then(|entry| history::pin_run(dir, &entry).map(|()| entry))
+            .and_then(|entry| history::pin_run(&entry).map(|()| entry))
             .map(|entry| format!("run {} is now the pinned baseline", entry.label())),
-        Some(RunsAction::Unpin { run }) => history::resolve_run(dir, run)
-            .and_then(|entry| history::unpin_run(&entry).map(|()| entry))
-            .map(|entry| format!("run {} is no longer pinned", entry.label())),
+        Some(RunsAction::Unpin { run }) => history::resolve_run(dir, run).and_then(|entry| {
+            if !entry.baseline {
+                return Ok(format!(
+                    "run {} was not pinned: nothing changed",
+                    entry.label()
+                ));
+            }
+            history::unpin_run(&entry)
+                .map(|()| format!("run {} is no longer pinned", entry.label()))
+        }),
     };
     match result {
         Ok(message) => {

@@ -1206,3 +1206,49 @@ async fn a_run_never_replaces_or_becomes_its_own_baseline() {
         "the baseline is untouched"
     );
 }
+
+#[tokio::test]
+async fn runs_given_by_path_keep_one_pin_and_unique_names_in_their_own_directory() {
+    let here = tempfile::tempdir().unwrap();
+    let there = tempfile::tempdir().unwrap();
+    for (name, at) in [
+        ("one", "2026-01-01T00:00:00Z"),
+        ("two", "2026-01-02T00:00:00Z"),
+    ] {
+        write_run(there.path(), name, at, &[sample("main", 0, true, 10.0)]);
+    }
+    let runs_cmd = |args: &[&str], run: &str| {
+        let mut cmd = trellis();
+        cmd.arg("runs")
+            .arg(args[0])
+            .arg(there.path().join(run))
+            .args(&args[1..])
+            .arg("--dir")
+            .arg(here.path());
+        cmd
+    };
+    for run in ["one", "two"] {
+        let o = runs_cmd(&["pin"], run).output().await.unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    }
+    let o = runs_cmd(&["name", "v1"], "one").output().await.unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = runs_cmd(&["name", "v1"], "two").output().await.unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "a name is unique where the run is"
+    );
+    let list = trellis_reports::history::list_runs(there.path()).unwrap();
+    let pinned: Vec<&str> = list
+        .iter()
+        .filter(|r| r.baseline)
+        .map(|r| r.dir.file_name().unwrap().to_str().unwrap())
+        .collect();
+    assert_eq!(pinned, ["two"], "one pin per runs directory");
+    // Another run's id can never be used as a name: ids are looked up first.
+    let id = list[1].run_id.clone();
+    let o = runs_cmd(&["name", &id], "one").output().await.unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("another run's id"), "{}", stderr(&o));
+}
