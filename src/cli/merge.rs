@@ -228,7 +228,7 @@ fn merge_inner(args: &MergeArgs) -> Result<u8, MergeError> {
     let started = humantime::parse_rfc3339_weak(&started_at).unwrap_or_else(|_| SystemTime::now());
     let run_id = super::run::run_id_at(started);
     let out = out.unwrap_or_else(|| super::default_out_dir(&run_id));
-    let _claim = match super::recorder::claim_out_dir(&out, args.replace) {
+    let _claim = match super::recorder::claim_out_dir(&out, args.replace, false) {
         Ok(claim) => claim,
         Err(message) => {
             errln!("error: {message}");

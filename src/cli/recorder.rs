@@ -33,8 +33,13 @@ impl Drop for OutClaim {
 
 /// Claims `out` for this run: refuses a directory another run is writing to, and one that
 /// holds an earlier run unless `replace` says to clear it (a new journal over an old one
-/// would silently lose the earlier results). The returned file holds the claim.
-pub(super) fn claim_out_dir(out: &Path, replace: bool) -> Result<OutClaim, String> {
+/// would silently lose the earlier results); `resumable` when the command can `--resume` it.
+/// The returned file holds the claim.
+pub(super) fn claim_out_dir(
+    out: &Path,
+    replace: bool,
+    resumable: bool,
+) -> Result<OutClaim, String> {
     std::fs::create_dir_all(out)
         .map_err(|e| format!("cannot create the output directory {}: {e}", out.display()))?;
     let claim = lock(out)?;
@@ -44,13 +49,21 @@ pub(super) fn claim_out_dir(out: &Path, replace: bool) -> Result<OutClaim, Strin
         return Ok(claim);
     };
     if !replace {
+        // Only `run` resumes; `merge` and `rejudge` write a run of their own.
+        let resume = if resumable {
+            format!(
+                ", --resume {} to finish it if it was cut short,",
+                out.display()
+            )
+        } else {
+            String::new()
+        };
         return Err(format!(
             "{} already holds a run ({} exists); pass --replace to overwrite that run's \
-             files, --resume {} to finish it if it was cut short, or choose another --out \
-             (without --out every run gets its own runs/<run-id>)",
+             files{resume} or choose another --out (without --out every run gets its own \
+             runs/<run-id>)",
             out.display(),
             journal.display(),
-            out.display()
         ));
     }
     // The earlier run's files go before the new run starts, so a new run that is killed

@@ -73,7 +73,7 @@ pub fn rejudge(args: RejudgeArgs) -> u8 {
         .out
         .clone()
         .unwrap_or_else(|| super::default_out_dir(&run_id));
-    let _claim = match super::recorder::claim_out_dir(&out, args.replace) {
+    let _claim = match super::recorder::claim_out_dir(&out, args.replace, false) {
         Ok(claim) => claim,
         Err(message) => {
             errln!("error: {message}");

@@ -677,7 +677,7 @@ fn condition_run(
     replay_users: Option<std::sync::Arc<trellis_engine::execute::UserReplay>>,
     relay: &SignalRelay,
 ) -> Result<(Option<trellis_engine::record::RunSummary>, u8), u8> {
-    let _claim = match super::recorder::claim_out_dir(out, true) {
+    let _claim = match super::recorder::claim_out_dir(out, true, false) {
         Ok(claim) => claim,
         Err(message) => {
             errln!("error: {message}");
