@@ -700,7 +700,11 @@ impl Console {
                 t.repetition
             );
             if let Some(f) = &t.fault {
-                outln!("    {} fault: {}", f.category.as_str(), f.message);
+                outln!(
+                    "    {} fault: {}",
+                    f.category.as_str(),
+                    untrusted(&f.message)
+                );
             }
             for c in t
                 .criteria
@@ -720,7 +724,7 @@ impl Console {
                 outln!(
                     "    {mark}{at}{}\n      {}",
                     c.criterion,
-                    c.detail.as_deref().unwrap_or("")
+                    untrusted(c.detail.as_deref().unwrap_or(""))
                 );
             }
             // Failed with nothing failed: `--strict` turned what did not run into a failure.
@@ -731,7 +735,7 @@ impl Console {
                     .any(|c| matches!(c.status, CriterionStatus::Failed | CriterionStatus::Error));
             if nothing_failed {
                 if let Some(reason) = &t.skip_reason {
-                    outln!("    ✗ did not run (--strict): {reason}");
+                    outln!("    ✗ did not run (--strict): {}", untrusted(reason));
                 }
                 let not_run = t.checks_with(CriterionStatus::Skipped);
                 if not_run > 0 {
@@ -752,8 +756,9 @@ impl Console {
         for ((_, suite, scenario, trajectory, agent, repetition), reason) in &self.invalid {
             outln!(
                 "\n{} {suite}/{scenario} {trajectory} [{agent} #{repetition}]: the simulated user \
-                 broke character (not the agent's failure)\n    {reason}",
+                 broke character (not the agent's failure)\n    {}",
                 paint("INVALID", anstyle::AnsiColor::Magenta, stdout_colour()),
+                untrusted(reason),
             );
         }
         if self.invalid_total > self.invalid.len() as u64 {
@@ -1131,4 +1136,28 @@ pub fn verdict_cell(text: &str, bad: bool, good: bool) -> Cell {
     } else {
         cell
     }
+}
+
+/// Text an agent or an LLM wrote (a fault's quoted body or stderr, a judge's reason, a
+/// simulated user's words), made safe to print: control characters other than newline and
+/// tab, and the bidirectional overrides, are written as escapes (`\u{1b}`). Printed raw, an
+/// agent's answer could clear the screen, set the terminal's title, or move the cursor up
+/// and overwrite a line with a fake `PASS`.
+pub(super) fn untrusted(text: &str) -> std::borrow::Cow<'_, str> {
+    let unsafe_char = |c: char| {
+        (c.is_control() && c != '\n' && c != '\t')
+            || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !text.chars().any(unsafe_char) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if unsafe_char(c) {
+            let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }

@@ -913,12 +913,18 @@ impl Standing {
         let why = t
             .fault
             .as_ref()
-            .map(|f| format!("fault ({}): {}", f.category.as_str(), f.message))
+            .map(|f| {
+                let message = super::console::untrusted(&f.message);
+                format!("fault ({}): {message}", f.category.as_str())
+            })
             .or_else(|| {
                 t.criteria
                     .iter()
                     .find(|c| c.status == CriterionStatus::Failed)
-                    .map(|c| format!("{}: {}", c.criterion, c.detail.as_deref().unwrap_or("")))
+                    .map(|c| {
+                        let detail = super::console::untrusted(c.detail.as_deref().unwrap_or(""));
+                        format!("{}: {detail}", c.criterion)
+                    })
             });
         Standing {
             status: t.status,
@@ -1009,7 +1015,7 @@ impl View {
             outln!(
                 "      fault ({}): {}",
                 fault.category.as_str(),
-                fault.message
+                super::console::untrusted(&fault.message)
             );
         }
         for c in t
@@ -1024,7 +1030,7 @@ impl View {
             outln!(
                 "      failed {turn}{}: {}",
                 c.criterion,
-                c.detail.as_deref().unwrap_or("")
+                super::console::untrusted(c.detail.as_deref().unwrap_or(""))
             );
         }
         if let Some(reason) = &t.skip_reason {

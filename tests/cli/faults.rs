@@ -595,3 +595,39 @@ fn run_finished(out: &std::path::Path) -> serde_json::Value {
         .find_map(|mut e| e.get_mut("run_finished").map(serde_json::Value::take))
         .expect("run_finished")
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agents_terminal_escapes_are_printed_as_text() {
+    // Clears the screen, sets the window title, moves up a line and overwrites it.
+    let server =
+        MisbehavingServer::respond(500, "\x1b[2J\x1b]0;pwned\x07\x1b[1A\rPASS \u{202e}txt").await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("esc.kdl");
+    std::fs::write(
+        &suite,
+        format!(
+            "agent \"esc\" protocol=\"connexity\" url=\"{}\"\n\
+             scenario \"s\" {{\n    user \"hi\"\n    expect reply contains=\"x\"\n}}\n",
+            server.url()
+        ),
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("run")
+        .arg(&suite)
+        .arg("--out")
+        .arg(dir.path().join("out"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("http_5xx fault"), "{out}");
+    assert!(
+        out.contains(r"\u{1b}[2J\u{1b}]0;pwned\u{7}\u{1b}[1A\u{d}PASS \u{202e}txt"),
+        "{out}"
+    );
+    for raw in ['\x1b', '\x07', '\r', '\u{202e}'] {
+        assert!(!out.contains(raw), "{raw:?} reached the terminal: {out:?}");
+    }
+}
