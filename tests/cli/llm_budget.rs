@@ -100,7 +100,8 @@ async fn a_call_budget_stops_the_run_gracefully_and_keeps_what_finished() {
     let dir = tempfile::tempdir().unwrap();
     let suite = suite(dir.path(), &fake.base_url());
     let out = dir.path().join("calls");
-    // The booking agent's own turns count too: 3 is reached within the first scenario.
+    // Two simulated turns and the fidelity judge: 3 is reached within the first scenario.
+    // The booking agent's report of its own model's tokens is shown, not budgeted.
     let o = run(&suite, &out, &["--max-llm-calls", "3"]).await;
     let (console, err) = (stdout(&o), stderr(&o));
     assert_eq!(o.status.code(), Some(4), "{console}{err}");
@@ -120,11 +121,12 @@ async fn a_call_budget_stops_the_run_gracefully_and_keeps_what_finished() {
     let journal = journal_text(&out);
     assert!(journal.contains("\"stopped_by\":\"--max-llm-calls 3 reached"));
     let roles = &s["stats"]["aggregates"]["llm_roles"];
-    let sent: u64 = ["agent", "simulator", "judge"]
+    let sent: u64 = ["simulator", "judge"]
         .iter()
         .filter_map(|r| roles[r]["calls"].as_u64())
         .sum();
-    assert!((3..=5).contains(&sent), "{roles}");
+    assert_eq!(sent, 3, "{roles}");
+    assert_eq!(fake.calls(), 3);
     let html = std::fs::read_to_string(out.join("report.html")).unwrap();
     assert!(html.contains("The run stopped early: --max-llm-calls 3 reached"));
 }
@@ -155,4 +157,72 @@ async fn a_cost_budget_stops_the_run_and_bad_budgets_are_usage_errors() {
         let flag = bad.split('=').next().unwrap_or_default();
         assert!(stderr(&o).contains(flag), "{}", stderr(&o));
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_started_together_never_pass_the_call_budget() {
+    // Every simulated user asks at once, and the model takes its time: counting calls only
+    // as answers came back let all of them through.
+    let fake = FakeLlm::start(vec![Rule::otherwise([Reply::slow(
+        std::time::Duration::from_millis(300),
+        Reply::text("Hi, I need a duct cleaning."),
+    )])])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("many.kdl");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+agent "booking" protocol="connexity" builtin="booking"
+provider "fake" kind="openai" base-url="{}" model="m" api-key-env="FAKE_KEY"
+simulator provider="fake"
+scenario "many" {{
+    description "Book a cleaning"
+    repeat 20
+    simulate turns=1
+    expect no-error
+}}
+"#,
+            fake.base_url()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = trellis()
+        .args(["run", "-j", "20", "--max-llm-calls", "2", "--out"])
+        .arg(&out)
+        .arg(&path)
+        .env("FAKE_KEY", "k")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(4), "{}{}", stdout(&o), stderr(&o));
+    assert_eq!(fake.calls(), 2, "calls sent past --max-llm-calls 2");
+    assert!(
+        stderr(&o).contains("--max-llm-calls 2 reached (2 calls sent)"),
+        "{}",
+        stderr(&o)
+    );
+    let roles = &summary(&out)["stats"]["aggregates"]["llm_roles"];
+    assert_eq!(roles["simulator"]["calls"], 2, "{roles}");
+}
+
+#[tokio::test]
+async fn an_agents_own_model_use_is_not_an_llm_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("plain.kdl");
+    // The builtin booking agent reports its model's tokens on every turn; the run makes no
+    // LLM call of its own.
+    std::fs::write(
+        &path,
+        "agent \"booking\" protocol=\"connexity\" builtin=\"booking\"\n\
+         scenario \"s\" {\n    repeat 3\n    user \"hi\"\n    expect no-error\n}\n",
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = run(&path, &out, &["--max-llm-calls", "1"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let roles = &summary(&out)["stats"]["aggregates"]["llm_roles"];
+    assert_eq!(roles["agent"]["calls"], 3, "{roles}");
 }

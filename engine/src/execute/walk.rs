@@ -1291,6 +1291,12 @@ impl<'a> Unit<'a> {
                 }
                 Err((fault, calls)) => {
                     state.pending_simulator.extend(calls);
+                    // The run stopped while the simulator was asked (a signal, or the LLM
+                    // budget refusing this very call): as for a call not started, nothing
+                    // below is recorded, rather than an `error` the agent never caused.
+                    if self.shared.stop.is_cancelled() {
+                        return Some(Stop::Interrupted);
+                    }
                     return Some(Stop::Fault(fault));
                 }
             };
@@ -1359,10 +1365,17 @@ impl<'a> Unit<'a> {
                 || turn.completion_tokens.is_some()
                 || turn.cost_usd.is_some())
         {
+            // Against the budget only when the engine itself sent the model call (a model
+            // API under test); what an agent says its own model used is shown, not bounded.
+            let sent_by_engine = self.shared.plan.agents[self.agent]
+                .protocol
+                .capabilities()
+                .model_api;
             self.shared.llm.meter().record_agent_turn(
                 turn.prompt_tokens,
                 turn.completion_tokens,
                 turn.cost_usd,
+                sent_by_engine,
             );
         }
         let fault = turn.fault.clone();

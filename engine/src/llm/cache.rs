@@ -18,6 +18,7 @@ use serde_json::{Map, Value, json};
 use sha2::{Digest, Sha256};
 use tokio::time::Instant;
 
+use super::meter::{LlmMeter, Role};
 use super::provider::ProviderClient;
 use super::{CacheUse, Completion, LlmCall, LlmError, LlmOutcome, LlmRequest};
 
@@ -112,8 +113,9 @@ impl LlmCache {
         Some((canonical, hex::encode(digest)))
     }
 
-    /// Answers `request` from the cache or through `client`, per the mode. `call` names the
-    /// call in a replay-only miss (`judge "…" on booking/book#0`).
+    /// Answers `request` from the cache or through `client`, per the mode, and counts the
+    /// call under `role` on `meter`, which may refuse to send it (`--max-llm-calls`). `call`
+    /// names the call in a replay-only miss (`judge "…" on booking/book#0`).
     pub async fn complete(
         &self,
         client: &ProviderClient,
@@ -121,12 +123,13 @@ impl LlmCache {
         repetition: u32,
         call: &str,
         deadline: Option<Instant>,
+        (meter, role): (&LlmMeter, Role),
     ) -> LlmOutcome {
         let (Some(dir), Some((canonical, key))) = (
             self.dir.as_deref().filter(|_| self.mode != CacheMode::Off),
             Self::key(client, request, repetition),
         ) else {
-            return client.complete(request, deadline).await;
+            return send(client, request, deadline, meter, role, None).await;
         };
         let path = entry_path(dir, &key);
         let started = Instant::now();
@@ -145,6 +148,7 @@ impl LlmCache {
                     cache: CacheUse::Hit,
                     ..LlmCall::default()
                 };
+                meter.record(role, &record);
                 return LlmOutcome {
                     result: Ok(completion),
                     call: record,
@@ -153,7 +157,7 @@ impl LlmCache {
             Ok(None) => {}
             // A damaged entry is replaced in read-write mode; replay-only cannot replace it.
             Err(e) if self.mode == CacheMode::ReplayOnly => {
-                return failed(client, request, LlmError::Cache(e));
+                return failed(client, request, LlmError::Cache(e), meter, role);
             }
             Err(_) => {}
         }
@@ -165,10 +169,11 @@ impl LlmCache {
                     call: call.to_owned(),
                     key,
                 },
+                meter,
+                role,
             );
         }
-        let mut outcome = client.complete(request, deadline).await;
-        outcome.call.cache = CacheUse::Miss;
+        let mut outcome = send(client, request, deadline, meter, role, Some(CacheUse::Miss)).await;
         if let Ok(completion) = &outcome.result {
             let entry = Entry {
                 request: canonical,
@@ -183,8 +188,49 @@ impl LlmCache {
     }
 }
 
-fn failed(client: &ProviderClient, request: &LlmRequest, error: LlmError) -> LlmOutcome {
-    LlmOutcome {
+/// Sends `request` once `--max-llm-calls` admits it, and counts it under `role` (as a
+/// cache miss with `cache`).
+async fn send(
+    client: &ProviderClient,
+    request: &LlmRequest,
+    deadline: Option<Instant>,
+    meter: &LlmMeter,
+    role: Role,
+    cache: Option<CacheUse>,
+) -> LlmOutcome {
+    let admission = match meter.admit() {
+        Ok(admission) => admission,
+        // Not made: not counted as a call either.
+        Err(reason) => {
+            let error = LlmError::Budget(reason);
+            return LlmOutcome {
+                call: LlmCall {
+                    provider: client.id().to_owned(),
+                    model: client.model_for(request).unwrap_or_default().to_owned(),
+                    error: Some(error.to_string()),
+                    ..LlmCall::default()
+                },
+                result: Err(error),
+            };
+        }
+    };
+    let mut outcome = client.complete(request, deadline).await;
+    if let Some(cache) = cache {
+        outcome.call.cache = cache;
+    }
+    meter.record_admitted(role, &outcome.call, admission);
+    outcome
+}
+
+/// A call that ended before anything was sent, counted under `role`.
+fn failed(
+    client: &ProviderClient,
+    request: &LlmRequest,
+    error: LlmError,
+    meter: &LlmMeter,
+    role: Role,
+) -> LlmOutcome {
+    let outcome = LlmOutcome {
         call: LlmCall {
             provider: client.id().to_owned(),
             model: client.model_for(request).unwrap_or_default().to_owned(),
@@ -193,7 +239,9 @@ fn failed(client: &ProviderClient, request: &LlmRequest, error: LlmError) -> Llm
             ..LlmCall::default()
         },
         result: Err(error),
-    }
+    };
+    meter.record(role, &outcome.call);
+    outcome
 }
 
 fn entry_path(dir: &Path, key: &str) -> PathBuf {

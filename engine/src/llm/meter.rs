@@ -8,9 +8,13 @@
 //!
 //! `--max-llm-calls` and `--max-llm-cost` ([`Budget`]) stop the run gracefully when reached:
 //! the meter cancels the run's stop token, as Ctrl-C does, so no new call starts, calls in
-//! flight finish (at most `--jobs` of them past the limit) and finished trajectories are
-//! recorded. Cache hits send nothing and cost nothing: they count in the usage, not against
-//! the call budget.
+//! flight finish and finished trajectories are recorded. A call the engine makes is admitted
+//! before it is sent ([`LlmMeter::admit`]): with `--max-llm-calls N`, calls sent and calls in
+//! flight together never pass N, however many trajectories ask at once (fifty simulated users
+//! starting together under `--max-llm-calls 1` sent fifty calls when the count was only
+//! taken as answers came back). A cost is known only once a call is answered, so
+//! `--max-llm-cost` can be passed by the calls in flight when it is reached. Cache hits send
+//! nothing and cost nothing: they count in the usage, not against the call budget.
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, OnceLock};
@@ -53,6 +57,8 @@ struct Spent {
     roles: BTreeMap<Role, LlmUsage>,
     /// Calls sent (not answered from the cache).
     sent: u64,
+    /// Calls admitted and not yet answered.
+    in_flight: u64,
     cost: f64,
 }
 
@@ -82,19 +88,62 @@ impl LlmMeter {
         }
     }
 
-    /// Counts one call of `role`.
+    /// Counts one call of `role` that was not admitted (answered from the cache, or failed
+    /// before anything was sent).
     pub fn record(&self, role: Role, call: &LlmCall) {
         let sent = call.cache != CacheUse::Hit && call.attempts > 0;
-        self.add(role, call, sent);
+        self.add(role, call, sent, None, true);
+    }
+
+    /// Lets one call be sent, unless `--max-llm-calls` leaves no room for it: then the run
+    /// is stopped (as when the budget is reached) and `Err` says why. The call is counted
+    /// by [`LlmMeter::record_admitted`]; an admission dropped without that (a call
+    /// abandoned in flight) counts as sent.
+    pub fn admit(&self) -> Result<Admission<'_>, String> {
+        let max = self.armed.get().and_then(|(budget, _)| budget.max_calls);
+        if let Some(max) = max {
+            let refused = {
+                let Ok(mut spent) = self.spent.lock() else {
+                    return Err("the LLM meter is unavailable".to_owned());
+                };
+                let sent = spent.sent.saturating_add(spent.in_flight);
+                if sent >= max {
+                    Some(sent)
+                } else {
+                    spent.in_flight += 1;
+                    None
+                }
+            };
+            if let Some(sent) = refused {
+                let reason = format!("--max-llm-calls {max} reached ({sent} calls sent)");
+                self.trip(reason.clone());
+                return Err(format!("not sent: {reason}"));
+            }
+        }
+        Ok(Admission {
+            meter: self,
+            counted: max.is_none(),
+        })
+    }
+
+    /// Counts a call [`LlmMeter::admit`] let through, now answered (or failed).
+    pub fn record_admitted(&self, role: Role, call: &LlmCall, mut admission: Admission<'_>) {
+        let in_flight = !admission.counted;
+        admission.counted = true;
+        let sent = call.cache != CacheUse::Hit && call.attempts > 0;
+        self.add(role, call, sent, Some(in_flight), true);
     }
 
     /// Counts an agent turn's own model use, as the agent reported it (tokens, cost): one
-    /// call.
+    /// call, against the budget when `sent_by_engine` (a model API the engine called; an
+    /// agent's report of its own model's use is shown, but Trellis cannot bound it, and a
+    /// run with no LLM of its own must not stop at `--max-llm-calls`).
     pub fn record_agent_turn(
         &self,
         input_tokens: Option<u64>,
         output_tokens: Option<u64>,
         cost: Option<f64>,
+        sent_by_engine: bool,
     ) {
         let call = LlmCall {
             input_tokens,
@@ -103,10 +152,12 @@ impl LlmMeter {
             attempts: 1,
             ..LlmCall::default()
         };
-        self.add(Role::Agent, &call, true);
+        self.add(Role::Agent, &call, sent_by_engine, None, sent_by_engine);
     }
 
-    fn add(&self, role: Role, call: &LlmCall, sent: bool) {
+    /// `admitted`: `Some(true)` when the call held a place among the calls in flight;
+    /// `costed`: its cost counts against `--max-llm-cost`.
+    fn add(&self, role: Role, call: &LlmCall, sent: bool, admitted: Option<bool>, costed: bool) {
         let (calls, cost) = {
             let Ok(mut spent) = self.spent.lock() else {
                 return;
@@ -115,10 +166,15 @@ impl LlmMeter {
             if sent {
                 spent.sent += 1;
             }
-            spent.cost += call.cost.unwrap_or(0.0);
+            if admitted == Some(true) {
+                spent.in_flight = spent.in_flight.saturating_sub(1);
+            }
+            if costed {
+                spent.cost += call.cost.unwrap_or(0.0);
+            }
             (spent.sent, spent.cost)
         };
-        let Some((budget, stop)) = self.armed.get() else {
+        let Some((budget, _)) = self.armed.get() else {
             return;
         };
         let reason = match (budget.max_calls, budget.max_cost) {
@@ -130,7 +186,14 @@ impl LlmMeter {
             }
             _ => None,
         };
-        if let Some(reason) = reason
+        if let Some(reason) = reason {
+            self.trip(reason);
+        }
+    }
+
+    /// Stops the run for `reason`, the first time.
+    fn trip(&self, reason: String) {
+        if let Some((_, stop)) = self.armed.get()
             && self.tripped.set(reason).is_ok()
         {
             stop.cancel();
@@ -154,6 +217,26 @@ impl LlmMeter {
     /// Why the budget stopped the run, if it did.
     pub fn tripped(&self) -> Option<String> {
         self.tripped.get().cloned()
+    }
+}
+
+/// A call's place under `--max-llm-calls` ([`LlmMeter::admit`]).
+pub struct Admission<'a> {
+    meter: &'a LlmMeter,
+    /// Nothing left to give back: counted, or no call budget to count against.
+    counted: bool,
+}
+
+impl Drop for Admission<'_> {
+    /// A call abandoned in flight (its trajectory cut off) may well have reached the
+    /// provider: it stays counted as sent.
+    fn drop(&mut self) {
+        if !self.counted
+            && let Ok(mut spent) = self.meter.spent.lock()
+        {
+            spent.in_flight = spent.in_flight.saturating_sub(1);
+            spent.sent += 1;
+        }
     }
 }
 
@@ -211,7 +294,7 @@ mod tests {
             },
             stop.clone(),
         );
-        meter.record_agent_turn(Some(5), Some(5), Some(0.6));
+        meter.record_agent_turn(Some(5), Some(5), Some(0.6), true);
         assert!(!stop.is_cancelled());
         meter.record(Role::Simulator, &call(0.4, CacheUse::Miss));
         assert!(stop.is_cancelled());
@@ -220,5 +303,72 @@ mod tests {
                 .tripped()
                 .is_some_and(|r| r.starts_with("--max-llm-cost 1"))
         );
+    }
+
+    #[test]
+    fn calls_in_flight_hold_their_place_under_the_call_budget() {
+        let meter = LlmMeter::default();
+        let stop = CancellationToken::new();
+        meter.arm(
+            Budget {
+                max_calls: Some(2),
+                max_cost: None,
+            },
+            stop.clone(),
+        );
+        // Two calls admitted at once, neither answered yet: a third is not sent.
+        let first = meter.admit().unwrap();
+        let second = meter.admit().unwrap();
+        let refused = meter.admit().err().unwrap();
+        assert_eq!(
+            refused,
+            "not sent: --max-llm-calls 2 reached (2 calls sent)"
+        );
+        assert!(stop.is_cancelled(), "the refusal stops the run");
+        meter.record_admitted(Role::Simulator, &call(0.1, CacheUse::Miss), first);
+        // A call abandoned in flight may have reached the provider: it stays counted.
+        drop(second);
+        assert!(meter.admit().is_err());
+        assert_eq!(meter.by_role()["simulator"].calls, 1);
+        let meter = LlmMeter::default();
+        meter.arm(
+            Budget {
+                max_calls: Some(2),
+                max_cost: None,
+            },
+            CancellationToken::new(),
+        );
+        let answered = meter.admit().unwrap();
+        meter.record_admitted(Role::Judge, &call(0.1, CacheUse::Miss), answered);
+        let last = meter.admit().expect("one place left");
+        assert!(meter.admit().is_err());
+        meter.record_admitted(Role::Judge, &call(0.1, CacheUse::Miss), last);
+        assert_eq!(meter.by_role()["judge"].calls, 2);
+
+        // Without a call budget every call is admitted.
+        let free = LlmMeter::default();
+        let admitted: Vec<_> = (0..100).map(|_| free.admit().unwrap()).collect();
+        assert_eq!(admitted.len(), 100);
+    }
+
+    #[test]
+    fn an_agents_report_of_its_own_model_is_shown_but_not_budgeted() {
+        let meter = LlmMeter::default();
+        let stop = CancellationToken::new();
+        meter.arm(
+            Budget {
+                max_calls: Some(1),
+                max_cost: Some(0.5),
+            },
+            stop.clone(),
+        );
+        for _ in 0..3 {
+            meter.record_agent_turn(Some(5), Some(5), Some(0.6), false);
+        }
+        assert!(!stop.is_cancelled());
+        assert_eq!(meter.by_role()["agent"].calls, 3);
+        // A model under test the engine called counts.
+        meter.record_agent_turn(Some(5), Some(5), None, true);
+        assert!(stop.is_cancelled());
     }
 }

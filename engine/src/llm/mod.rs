@@ -178,6 +178,9 @@ pub enum LlmError {
     /// The cache directory could not be read or written.
     #[error("LLM cache: {0}")]
     Cache(String),
+    /// `--max-llm-calls` left no room for the call: it was not sent, and the run is stopping.
+    #[error("{0}")]
+    Budget(String),
 }
 
 /// What [`ProviderClient::complete`] ended with: the answer or the error, and the call's

@@ -483,6 +483,8 @@ impl From<&LlmError> for Fault {
             LlmError::NoModel { .. } | LlmError::CacheMiss { .. } | LlmError::Cache(_) => {
                 FaultCategory::Setup
             }
+            // Only seen by a path the stopping run no longer records.
+            LlmError::Budget(_) => FaultCategory::Internal,
         };
         Fault::new(category, e.to_string())
     }

@@ -376,6 +376,14 @@ impl LlmRuntime {
             ..JudgeVerdict::default()
         };
         let completion = match outcome.result {
+            // Not sent: the run is stopping at its LLM budget, as after a signal.
+            Err(super::LlmError::Budget(reason)) => {
+                return (
+                    CriterionStatus::Skipped,
+                    format!("not checked: {reason}"),
+                    Some(verdict),
+                );
+            }
             Err(e) => {
                 return (
                     CriterionStatus::Error,
@@ -762,12 +770,18 @@ impl LlmRuntime {
         call: &str,
         deadline: Option<Instant>,
     ) -> super::LlmOutcome {
-        let outcome = self
-            .cache
-            .complete(client, request, repetition, call, deadline)
-            .await;
-        self.meter.record(role, &outcome.call);
-        outcome
+        // Boxed as a trait object: one allocation per LLM call, and the futures that await
+        // this one stay shallow enough for the compiler to prove them `Send`.
+        let call: futures::future::BoxFuture<'_, super::LlmOutcome> =
+            Box::pin(self.cache.complete(
+                client,
+                request,
+                repetition,
+                call,
+                deadline,
+                (&self.meter, role),
+            ));
+        call.await
     }
 
     /// The run's LLM usage per role and its budget.
@@ -901,6 +915,11 @@ impl LlmRuntime {
             )
             .await;
         let score = match result.map(|c| super::attack::parse_score(&c.text)) {
+            Err(super::LlmError::Budget(reason)) => {
+                record.status = CriterionStatus::Skipped;
+                record.detail = Some(format!("not checked: {reason}"));
+                None
+            }
             Err(e) => {
                 record.detail = Some(format!("the judge call failed: {e}"));
                 None

@@ -622,6 +622,8 @@ fn llm_fault(error: &LlmError) -> Fault {
         LlmError::NoModel { .. } | LlmError::CacheMiss { .. } | LlmError::Cache(_) => {
             FaultCategory::Setup
         }
+        // Only seen by a turn the stopping run no longer records.
+        LlmError::Budget(_) => FaultCategory::Internal,
     };
     Fault::new(category, format!("Fixie's LLM: {error}"))
 }

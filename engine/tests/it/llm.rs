@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use trellis_dsl::Provider;
+use trellis_engine::llm::meter::{LlmMeter, Role};
 use trellis_engine::llm::slots::ServerRegistry;
 use trellis_engine::llm::{
     CacheMode, CacheUse, LlmCache, LlmError, LlmMessage, LlmRequest, ProviderClient,
@@ -347,14 +348,28 @@ async fn the_cache_reuses_answers_per_repetition_and_replay_only_never_calls() {
     let dir = tempfile::tempdir().unwrap();
     let cache = LlmCache::new(dir.path(), CacheMode::ReadWrite);
     let a = cache
-        .complete(&client, &ask("q"), 0, "test call", None)
+        .complete(
+            &client,
+            &ask("q"),
+            0,
+            "test call",
+            None,
+            (&LlmMeter::default(), Role::Judge),
+        )
         .await;
     assert_eq!(
         (a.result.unwrap().text, a.call.cache),
         ("first".into(), CacheUse::Miss)
     );
     let b = cache
-        .complete(&client, &ask("q"), 0, "test call", None)
+        .complete(
+            &client,
+            &ask("q"),
+            0,
+            "test call",
+            None,
+            (&LlmMeter::default(), Role::Judge),
+        )
         .await;
     assert_eq!(
         (b.result.unwrap().text, b.call.cache),
@@ -363,7 +378,14 @@ async fn the_cache_reuses_answers_per_repetition_and_replay_only_never_calls() {
     assert_eq!((b.call.attempts, b.call.cost), (0, Some(0.0)));
     // Another repetition is another sample.
     let c = cache
-        .complete(&client, &ask("q"), 1, "test call", None)
+        .complete(
+            &client,
+            &ask("q"),
+            1,
+            "test call",
+            None,
+            (&LlmMeter::default(), Role::Judge),
+        )
         .await;
     assert_eq!(
         (c.result.unwrap().text, c.call.cache),
@@ -372,14 +394,30 @@ async fn the_cache_reuses_answers_per_repetition_and_replay_only_never_calls() {
     // Another temperature is another request.
     let mut hotter = ask("q");
     hotter.temperature = Some(1.0);
-    let d = cache.complete(&client, &hotter, 0, "test call", None).await;
+    let d = cache
+        .complete(
+            &client,
+            &hotter,
+            0,
+            "test call",
+            None,
+            (&LlmMeter::default(), Role::Judge),
+        )
+        .await;
     assert_eq!(d.result.unwrap().text, "third");
     assert_eq!(fake.calls(), 3);
 
     // Replay-only: hits are served, a miss names the call, and nothing is sent.
     let replay = LlmCache::new(dir.path(), CacheMode::ReplayOnly);
     let hit = replay
-        .complete(&client, &ask("q"), 1, "test call", None)
+        .complete(
+            &client,
+            &ask("q"),
+            1,
+            "test call",
+            None,
+            (&LlmMeter::default(), Role::Judge),
+        )
         .await;
     assert_eq!(hit.result.unwrap().text, "second");
     let miss = replay
@@ -389,6 +427,7 @@ async fn the_cache_reuses_answers_per_repetition_and_replay_only_never_calls() {
             0,
             "judge `tone` on s/x#0",
             None,
+            (&LlmMeter::default(), Role::Judge),
         )
         .await;
     match miss.result {
@@ -399,7 +438,16 @@ async fn the_cache_reuses_answers_per_repetition_and_replay_only_never_calls() {
 
     // Off: straight to the provider.
     let off = LlmCache::new(dir.path(), CacheMode::Off);
-    let e = off.complete(&client, &ask("q"), 0, "test call", None).await;
+    let e = off
+        .complete(
+            &client,
+            &ask("q"),
+            0,
+            "test call",
+            None,
+            (&LlmMeter::default(), Role::Judge),
+        )
+        .await;
     assert_eq!(e.call.cache, CacheUse::Off);
     assert_eq!(fake.calls(), 4);
 }
@@ -421,7 +469,14 @@ async fn runs_sharing_a_cache_directory_never_see_a_partial_entry() {
             tasks.push(tokio::spawn(async move {
                 let _ = run;
                 cache
-                    .complete(&client, &ask("same"), i % 4, "shared", None)
+                    .complete(
+                        &client,
+                        &ask("same"),
+                        i % 4,
+                        "shared",
+                        None,
+                        (&LlmMeter::default(), Role::Judge),
+                    )
                     .await
             }));
         }
@@ -451,7 +506,14 @@ async fn runs_sharing_a_cache_directory_never_see_a_partial_entry() {
     let replay = LlmCache::new(dir.path(), CacheMode::ReplayOnly);
     for i in 0..4 {
         let hit = replay
-            .complete(&client, &ask("same"), i, "shared", None)
+            .complete(
+                &client,
+                &ask("same"),
+                i,
+                "shared",
+                None,
+                (&LlmMeter::default(), Role::Judge),
+            )
             .await;
         assert_eq!(hit.call.cache, CacheUse::Hit);
     }
