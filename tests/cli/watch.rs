@@ -997,3 +997,41 @@ async fn a_taken_otlp_receiver_port_ends_watch_with_an_error() {
         stderr(&o)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_trajectory_keeps_the_duration_its_turns_took() {
+    let agent = MisbehavingServer::start(Behavior::Delayed {
+        delay: Duration::from_millis(60),
+        body: OK_BODY.to_owned(),
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    let text = |contains: &str| {
+        format!(
+            "agent \"bot\" protocol=\"connexity\" url=\"{}\"\n\
+             scenario \"two\" {{\n    user \"hello\"\n    user \"again\"\n    \
+             expect reply contains=\"{contains}\"\n}}\n",
+            agent.url()
+        )
+    };
+    write(&suite, &text("Hello"));
+    let mut watch = Watch::start(dir.path(), &[]);
+    watch.wait_for("watch: rerun 1 done").await;
+    // A check edit: both turns answered from the records.
+    write(&suite, &text("there"));
+    watch.wait_for("watch: rerun 2 done").await;
+    assert_eq!(agent.requests(), 2, "{}", watch.all());
+    let latest = crate::journal_text(&dir.path().join("runs/latest"));
+    assert!(latest.contains("\"reused\":true"), "{latest}");
+    let durations: Vec<f64> = latest
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|e| e.get("trajectory")?["duration_ms"].as_f64())
+        .collect();
+    let [duration] = durations[..] else {
+        panic!("one trajectory in latest/: {latest}")
+    };
+    // Two turns of at least 60 ms each, not the microseconds of reading the records.
+    assert!(duration >= 120.0, "duration_ms {duration}: {latest}");
+}

@@ -77,11 +77,19 @@ impl Unit<'_> {
             );
         }
         let mut turn = trace::scope(&trace, session.turn(input, &ctx)).await;
-        state.active += started.elapsed().saturating_sub(turn.queued());
+        let took = started.elapsed().saturating_sub(turn.queued());
         let started_ms = ms(started.duration_since(shared.run_start));
         let branch = turn.branch.take();
         let spans_for_reuse = turn.spans_for_reuse.take();
         let mut record = record(turn, input, turn_index, started_ms, replay);
+        // A turn answered from the records (`trellis watch`) took the agent the time it
+        // took then: the trajectory's duration and its `timeout` count that, not the
+        // microseconds of the lookup.
+        state.active += if record.reused {
+            Duration::try_from_secs_f64(record.latency_ms / 1000.0).unwrap_or(took)
+        } else {
+            took
+        };
         record.trace_id = Some(shared.trace_hex.clone());
         // The agent's spans, for checks on them: waited for with the call slots given
         // back, so a slow exporter delays only this conversation, never other calls.
