@@ -12,6 +12,7 @@ mod features;
 pub mod server;
 pub mod syntax;
 pub mod text;
+pub mod transport;
 
 use lsp_server::Connection;
 use lsp_types::{
@@ -78,17 +79,17 @@ pub fn capabilities() -> ServerCapabilities {
 }
 
 /// Serves one client on stdin/stdout until it exits.
-pub fn serve_stdio(config: Config) -> Result<(), Error> {
-    let (connection, io_threads) = Connection::stdio();
-    serve(&connection, config)?;
+pub fn serve_stdio(config: Config) -> Result<server::Ended, Error> {
+    let (connection, io_threads) = transport::stdio()?;
+    let ended = serve(&connection, config)?;
     drop(connection);
     // The client may close its end first; after a clean shutdown that is no error.
     let _ = io_threads.join();
-    Ok(())
+    Ok(ended)
 }
 
 /// Serves one client on `connection` until it exits.
-pub fn serve(connection: &Connection, config: Config) -> Result<(), Error> {
+pub fn serve(connection: &Connection, config: Config) -> Result<server::Ended, Error> {
     let caps = serde_json::to_value(capabilities())?;
     let (id, params) = connection.initialize_start()?;
     let params: InitializeParams = serde_json::from_value(params)?;

@@ -73,6 +73,17 @@ pub struct Server {
     published: HashMap<PathBuf, HashSet<PathBuf>>,
 }
 
+/// How a session with a client ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// `shutdown`, then `exit` (or the client closed its end after `shutdown`).
+    Exited,
+    /// `exit` without `shutdown` first: the protocol asks for exit code 1.
+    ExitedWithoutShutdown,
+    /// The client closed its end without either.
+    Closed,
+}
+
 impl Server {
     pub fn new(config: Config, roots: Vec<PathBuf>) -> Self {
         Server {
@@ -84,30 +95,34 @@ impl Server {
         }
     }
 
-    /// Serves until the client says `exit`.
-    pub fn run(&mut self, connection: &Connection) -> Result<(), crate::Error> {
+    /// Serves until the client says `exit`, or closes its end.
+    pub fn run(&mut self, connection: &Connection) -> Result<Ended, crate::Error> {
         while let Ok(message) = connection.receiver.recv() {
-            if self.handle(connection, message)? {
-                return Ok(());
+            if let Some(ended) = self.handle(connection, message)? {
+                return Ok(ended);
             }
             // Everything already sent is read before checking again.
             while let Ok(message) = connection.receiver.try_recv() {
-                if self.handle(connection, message)? {
-                    return Ok(());
+                if let Some(ended) = self.handle(connection, message)? {
+                    return Ok(ended);
                 }
             }
             self.publish(connection)?;
         }
-        Ok(())
+        Ok(Ended::Closed)
     }
 
-    /// Handles one message; `true` when the server should stop.
-    fn handle(&mut self, connection: &Connection, message: Message) -> Result<bool, crate::Error> {
+    /// Handles one message; how the server ended, when it should stop.
+    fn handle(
+        &mut self,
+        connection: &Connection,
+        message: Message,
+    ) -> Result<Option<Ended>, crate::Error> {
         match message {
             Message::Request(request) => {
                 if request.method == req::Shutdown::METHOD {
                     shut_down(connection, request.id)?;
-                    return Ok(true);
+                    return Ok(Some(Ended::Exited));
                 }
                 let id = request.id.clone();
                 let method = request.method.clone();
@@ -120,10 +135,14 @@ impl Server {
                 });
                 connection.sender.send(Message::Response(response))?;
             }
+            // The protocol's exit code for an exit the client did not shut down first is 1.
+            Message::Notification(n) if n.method == notif::Exit::METHOD => {
+                return Ok(Some(Ended::ExitedWithoutShutdown));
+            }
             Message::Notification(n) => self.notification(n),
             Message::Response(_) => {}
         }
-        Ok(false)
+        Ok(None)
     }
 
     fn notification(&mut self, n: Notification) {

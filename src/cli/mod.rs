@@ -570,7 +570,8 @@ fn lsp() -> u8 {
         }),
     };
     match trellis_lsp::serve_stdio(config) {
-        Ok(()) => EXIT_OK,
+        Ok(trellis_lsp::server::Ended::ExitedWithoutShutdown) => EXIT_FAILED,
+        Ok(_) => EXIT_OK,
         Err(e) => {
             console::errln!("error: {e}");
             EXIT_INVALID

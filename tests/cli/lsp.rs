@@ -379,6 +379,50 @@ fn editors_that_quit_loosely_or_never_connect_get_a_clean_stop_or_a_clear_error(
 }
 
 #[test]
+fn a_malformed_message_is_skipped_and_the_server_goes_on() {
+    let init = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"capabilities": {}}});
+    let initialized = serde_json::json!({"jsonrpc": "2.0", "method": "initialized", "params": {}});
+    let shutdown = serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "shutdown"});
+    let exit = serde_json::json!({"jsonrpc": "2.0", "method": "exit"});
+    let garbage = [
+        b"Content-Length: 10\r\n\r\n{\"bad json".to_vec(),
+        b"Content-Length: 6\r\n\r\n[1, 2]".to_vec(),
+        b"Garbage header\r\n\r\n".to_vec(),
+        frame(serde_json::json!({"jsonrpc": "2.0", "id": 9, "method": ["hover"]})),
+    ]
+    .concat();
+    let input = [
+        frame(init.clone()),
+        frame(initialized.clone()),
+        garbage,
+        frame(shutdown),
+        frame(exit.clone()),
+    ]
+    .concat();
+    let out = lsp_with_stdin(&input);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert_eq!(stderr.matches("skipped a message").count(), 4, "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    // The request with an id was answered with an error, and the shutdown after it served.
+    assert!(
+        stdout.contains(r#""id":9"#) && stdout.contains("-32600"),
+        "{stdout}"
+    );
+    assert!(stdout.contains(r#""id":2,"result":null"#), "{stdout}");
+
+    // `exit` without `shutdown`: exit code 1, as the protocol asks.
+    let input = [frame(init), frame(initialized), frame(exit)].concat();
+    let out = lsp_with_stdin(&input);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
 fn a_file_changed_on_disk_is_checked_again_and_a_buffer_is_formatted() {
     let dir = project();
     let steps = serde_json::json!([
