@@ -612,3 +612,20 @@ async fn a_diagnostics_column_counts_characters_not_bytes() {
     assert!(err.contains("accents.kdl:3:32]"), "{err}");
     assert!(err.contains("accents.kdl:6:34]"), "{err}");
 }
+
+#[tokio::test]
+async fn a_property_without_a_value_is_reported_where_the_value_was_expected() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("novalue.kdl");
+    std::fs::write(
+        &suite,
+        "agent \"a\" protocol=\"connexity\" builtin=\"booking\"\n\nscenario \"u\" {\n    user \"y\"\n    expect reply contains=\n}\n",
+    )
+    .unwrap();
+    let o = trellis().arg("check").arg(&suite).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    // Not `novalue.kdl:1:1` with a label over the whole file.
+    assert!(err.contains("novalue.kdl:5:27]"), "{err}");
+    assert!(err.contains("not property value"), "{err}");
+}

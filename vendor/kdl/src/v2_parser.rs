@@ -632,11 +632,19 @@ fn node_entry(input: &mut Input<'_>) -> PResult<Option<KdlEntry>> {
         None
     };
     let entry = if let Some(after_key) = after_key {
-        let (after_eq, value) = (
-            node_space0.take(),
-            cut_err(value.context(const { &cx().lbl("property value") })),
-        )
-            .parse_next(input)?;
+        let after_eq = node_space0.take().parse_next(input)?;
+        // PATCH(trellis): a missing value is reported where it was expected. Without a span
+        // of its own, the cut error got the recovery point's, which for `key=` at the end
+        // of a line is the start of the document: `file.kdl:1:1`, a label over every line.
+        let expected_at = input.current_token_start();
+        let value = cut_err(value.context(const { &cx().lbl("property value") }))
+            .parse_next(input)
+            .map_err(|e| {
+                e.map(|mut e: KdlParseError| {
+                    e.span.get_or_insert_with(|| (expected_at..expected_at).into());
+                    e
+                })
+            })?;
         value.map(|mut value| {
             value.name = maybe_ident;
             if let Some(fmt) = value.format_mut() {
