@@ -391,6 +391,7 @@ impl RunStats {
         let mut journal = JournalReader::open(&dir.join(crate::JOURNAL_FILE))?;
         let mut builder = StatsBuilder::default();
         let mut found = false;
+        let mut recorded = 0u64;
         while let Some(entry) = journal.next_entry()? {
             match entry {
                 JournalEntry::Node(mut node) => {
@@ -400,6 +401,7 @@ impl RunStats {
                     }
                 }
                 JournalEntry::Trajectory(mut t) => {
+                    recorded += 1;
                     if t.agent == agent {
                         found = true;
                         t.agent = label.to_owned();
@@ -410,7 +412,15 @@ impl RunStats {
                 other => builder.push(&other),
             }
         }
-        Ok(found.then(|| builder.finish()))
+        Ok(found.then(|| {
+            let mut stats = builder.finish();
+            // The plan counts every agent's trajectories. This agent's share is its own,
+            // plus whatever the whole run did not record (which agent it was is not known):
+            // a complete run's agent is complete, a stopped run's is not.
+            let missing = stats.aggregates.planned.saturating_sub(recorded);
+            stats.aggregates.planned = stats.aggregates.counts.trajectories + missing;
+            stats
+        }))
     }
 }
 
