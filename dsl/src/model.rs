@@ -422,7 +422,8 @@ pub struct Agent {
     pub id: Spanned<String>,
     pub protocol: Protocol,
     pub endpoint: Endpoint,
-    /// `header NAME TEMPLATE`, rendered once per run with `env` in scope.
+    /// `header NAME TEMPLATE`: once per run when it reads only `env`, else for each turn with
+    /// the turn's variables (`trellis_dsl::template::reads_turn_scope`).
     pub headers: Vec<(String, Template)>,
     /// Per agent call; [`DEFAULT_CALL_TIMEOUT`] when not written.
     pub timeout: Option<Duration>,

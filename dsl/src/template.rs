@@ -108,6 +108,24 @@ pub fn is_template(source: &str) -> bool {
     source.contains("{{") || source.contains("{%") || source.contains("{#")
 }
 
+/// Whether a `header` value reads more than `env`: such a header is rendered for each turn,
+/// with the turn's `user_context`, `persona`, `scenario`, `vars` and `row`; one reading only
+/// `env` (or nothing) is rendered once per run. A template that does not compile counts as
+/// per run, where its error is reported.
+pub fn reads_turn_scope(source: &str) -> bool {
+    if !is_template(source) {
+        return false;
+    }
+    let env = Environment::new();
+    let Ok(compiled) = env.template_from_str(source) else {
+        return false;
+    };
+    compiled
+        .undeclared_variables(false)
+        .iter()
+        .any(|var| var != "env")
+}
+
 /// Checks one template: syntax, then every variable against `scope`.
 pub fn check(template: &Template, scope: &Scope, files: &[SourceFile]) -> Vec<Diagnostic> {
     check_reading_env(template, scope, files, &mut Vec::new())

@@ -103,6 +103,7 @@ pub(crate) fn validate_reading_env(
         diags: Vec::new(),
         checked_simulators: HashSet::new(),
         env_reads: Vec::new(),
+        header_problems: HashSet::new(),
     };
     v.duplicates();
     v.definitions();
@@ -223,6 +224,9 @@ struct Validator<'p> {
     checked_simulators: HashSet<Span>,
     /// Every `env.NAME` a template reads, for [`warnings`].
     env_reads: Vec<Spanned<String>>,
+    /// Problems already reported in a turn-scoped `header` value (file, offset, message):
+    /// each scenario of the agent checks it again.
+    header_problems: HashSet<(FileId, usize, String)>,
 }
 
 impl<'p> Validator<'p> {
@@ -446,15 +450,13 @@ impl<'p> Validator<'p> {
                 self.reference(RefKind::Provider, name);
                 self.agent_provider(agent, name);
             }
-            let mut header_scope = Scope::env_only();
-            for root in ["user_context", "persona", "scenario", "vars"] {
-                header_scope = header_scope.with_hint(
-                    root,
-                    "header values are rendered once per run: only `env` is available",
-                );
-            }
+            // A header reading the turn's variables is checked with each scenario that runs
+            // against the agent (`Validator::turn_headers`); one reading only `env` here.
+            let header_scope = Scope::env_only();
             for (_, value) in &agent.headers {
-                self.check_template(value, &header_scope);
+                if !template::reads_turn_scope(&value.source) {
+                    self.check_template(value, &header_scope);
+                }
             }
             if !used.contains(agent.id.value.as_str()) {
                 self.env_reads.truncate(env_reads_before);
@@ -604,6 +606,7 @@ impl<'p> Validator<'p> {
         {
             self.template(&cx, t, &BTreeSet::new());
         }
+        self.turn_headers(&cx);
         let at_end = self.steps(&cx, &sc.steps, failed);
         // Trajectory criteria are checked after the last step: they see the captures made on
         // every path.
@@ -611,6 +614,35 @@ impl<'p> Validator<'p> {
             self.criterion(&cx, c, &at_end);
         }
         let _ = suite;
+    }
+
+    /// The `header` values of the scenario's agents that read the turn's variables, checked
+    /// in the scenario's scope as it is before its first step (the headers go with every
+    /// turn, the first included, so a capture is not yet there). A problem is reported once
+    /// per header, naming the first scenario it was found with.
+    fn turn_headers(&mut self, cx: &StepCx) {
+        let p = self.project;
+        for agent in p.scenario_agents(cx.scenario) {
+            for (name, value) in &agent.headers {
+                if !template::reads_turn_scope(&value.source) {
+                    continue;
+                }
+                let before = self.diags.len();
+                self.template(cx, value, &BTreeSet::new());
+                let found: Vec<Diagnostic> = self.diags.drain(before..).collect();
+                for mut d in found {
+                    let key = (value.span.file, value.span.span.offset(), d.message.clone());
+                    if self.header_problems.insert(key) {
+                        d.message = format!(
+                            "{} (header `{name}` of agent `{}`, sent with every turn of \
+                             scenario `{}`)",
+                            d.message, agent.id.value, cx.scenario.id.value
+                        );
+                        self.diags.push(d);
+                    }
+                }
+            }
+        }
     }
 
     /// Every `call` names a function the engine can send: one URL path segment.

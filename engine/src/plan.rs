@@ -200,7 +200,11 @@ pub struct PlannedAgent {
     pub id: Arc<str>,
     pub protocol: Protocol,
     pub endpoint: Endpoint,
+    /// `header` nodes reading only `env` (or nothing): rendered once per run.
     pub headers: Vec<(String, CompiledTemplate)>,
+    /// `header` nodes reading the turn's variables (`user_context`, `persona`, `scenario`,
+    /// `vars`, `row`): rendered for each turn, sent over the ones above.
+    pub turn_headers: Vec<(String, CompiledTemplate)>,
     pub timeout: Duration,
     pub retries: u32,
     pub concurrency: Option<usize>,
@@ -412,15 +416,19 @@ impl Plan {
                     scenario: sc.id.value.clone(),
                     agent: id.clone(),
                 })?;
-                let headers = agent
-                    .headers
-                    .iter()
-                    .map(|(name, t)| Ok((name.clone(), templates.compile(t)?)))
-                    .collect::<Result<Vec<_>, RenderError>>()
-                    .map_err(|error| PlanError::Template {
+                let mut headers = Vec::new();
+                let mut turn_headers = Vec::new();
+                for (name, t) in &agent.headers {
+                    let compiled = templates.compile(t).map_err(|error| PlanError::Template {
                         scenario: sc.id.value.clone(),
                         error,
                     })?;
+                    if trellis_dsl::template::reads_turn_scope(&t.source) {
+                        turn_headers.push((name.clone(), compiled));
+                    } else {
+                        headers.push((name.clone(), compiled));
+                    }
+                }
                 let unsupported = not_runnable::agent(agent);
                 let settings = match registry::module(agent.protocol) {
                     Some(module) => module.plan(project, agent, &mut templates),
@@ -437,6 +445,7 @@ impl Plan {
                     protocol: agent.protocol,
                     endpoint: agent.endpoint.clone(),
                     headers,
+                    turn_headers,
                     timeout: agent_timeout(project, agent),
                     retries: agent.retries,
                     concurrency: agent.concurrency,

@@ -53,7 +53,7 @@ impl Secrets {
         let values = plan
             .agents
             .iter()
-            .flat_map(|agent| agent.headers.iter())
+            .flat_map(|agent| agent.headers.iter().chain(&agent.turn_headers))
             .flat_map(|(_, template)| plan.templates.env_names(template))
             .filter_map(|name| env.get(&name).cloned());
         Self::new(values)

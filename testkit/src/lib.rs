@@ -273,6 +273,7 @@ pub fn ctx(turn_index: u32) -> CallContext<'static> {
         test_case_id: "case-1",
         turn_index,
         deadline: None,
+        turn_headers: None,
     }
 }
 

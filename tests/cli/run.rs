@@ -597,3 +597,81 @@ async fn bench_table_gives_no_figure_from_runs_against_an_agent_that_is_down() {
         regex::Regex::new(r"(?m)^one trajectory against the builtin agent: .*\s\d").unwrap();
     assert!(builtin.is_match(&out), "{out}");
 }
+
+#[tokio::test]
+async fn header_values_are_templates_over_the_turns_variables() {
+    use super::support::{MisbehavingServer, OK_BODY};
+    let agent = MisbehavingServer::respond(200, OK_BODY).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("headers.kdl");
+    let text = |tenant_for_b: &str| {
+        format!(
+            r#"agent "bot" protocol="connexity" url="{}" {{
+    header "X-Static" "fixed"
+    header "X-Scenario" "{{{{ scenario.id }}}}"
+    header "X-Tenant" "{{{{ user_context.tenant }}}}-{{{{ vars.size }}}}"
+}}
+scenario "a" {{
+    user-context {{ tenant "acme" }}
+    matrix {{ size "s" "m" }}
+    user "hello"
+    user "again"
+    expect reply contains="Hello"
+}}
+scenario "b" {{
+    user-context {{ {tenant_for_b} }}
+    matrix {{ size "l" }}
+    user "hi"
+    expect reply contains="Hello"
+}}
+"#,
+            agent.url()
+        )
+    };
+    // A header reading what one of the agent's scenarios does not have: check names it.
+    std::fs::write(&suite, text("other \"x\"")).unwrap();
+    let o = trellis().arg("check").arg(&suite).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("user_context.tenant"), "{err}");
+    // Said once, for the scenario that lacks it; the report wraps long lines.
+    assert!(err.contains("header `X-Tenant`"), "{err}");
+    assert!(err.contains("scenario `b`"), "{err}");
+    assert!(err.contains("1 error"), "{err}");
+    assert_eq!(agent.requests(), 0);
+
+    std::fs::write(&suite, text("tenant \"globex\"")).unwrap();
+    let o = trellis()
+        .arg("run")
+        .arg(&suite)
+        .arg("--out")
+        .arg(dir.path().join("out"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let mut seen: Vec<(String, String, String)> = agent
+        .recorded()
+        .iter()
+        .map(|r| {
+            (
+                r.header("x-static").unwrap_or_default(),
+                r.header("x-scenario").unwrap_or_default(),
+                r.header("x-tenant").unwrap_or_default(),
+            )
+        })
+        .collect();
+    seen.sort();
+    let row = |s: &str, t: &str| ("fixed".to_owned(), s.to_owned(), t.to_owned());
+    assert_eq!(
+        seen,
+        // `scenario.id` is the matrix instance's id.
+        [
+            row("a[size=m]", "acme-m"),
+            row("a[size=m]", "acme-m"),
+            row("a[size=s]", "acme-s"),
+            row("a[size=s]", "acme-s"),
+            row("b[size=l]", "globex-l"),
+        ]
+    );
+}

@@ -53,7 +53,7 @@ pub static AGENT_SETTINGS: [&NodeSpec; 16] = [
     &NodeSpec::setting("builtin", STRING, "an embedded reference agent"),
     &NodeSpec::setting("command", STRING, "a process Trellis starts"),
     &NodeSpec::setting("socket", STRING, "a TCP or Unix socket address"),
-    &NodeSpec::node("header", "a request header; only `env` is in scope")
+    &NodeSpec::node("header", "a request header: a template over `env`, and the turn's `user_context`, `persona`, `scenario`, `vars` and `row`")
         .args(&[
             ArgSpec::new("NAME", ValueType::HeaderName, Repeat::One),
             ArgSpec::new("VALUE", ValueType::Template, Repeat::One),

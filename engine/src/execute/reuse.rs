@@ -298,6 +298,7 @@ impl ReusingSession {
                 test_case_id: ctx.test_case_id,
                 turn_index: u32::try_from(index).unwrap_or(u32::MAX),
                 deadline: ctx.deadline,
+                turn_headers: ctx.turn_headers,
             };
             let turn = self.inner.turn(input.as_input(), &ctx).await;
             self.memo.called(&self.name);

@@ -5,11 +5,47 @@ use std::time::{Duration, Instant};
 
 use super::ms;
 use super::walk::{PathState, Unit};
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+
 use crate::protocol::{BranchRequest, CallContext, Session, Turn, TurnInput};
-use crate::record::{AttemptRecord, ExchangeRecord, FaultCategory, TurnRecord};
+use crate::record::{AttemptRecord, ExchangeRecord, Fault, FaultCategory, TurnRecord};
 use crate::transport::trace::{self, SpanId, TraceContext};
 
 impl Unit<'_> {
+    /// The agent's `header` values that read the turn's variables, rendered with them
+    /// (`None` when it has none); a template or a value that is no header value is the
+    /// turn's `template` fault.
+    fn turn_headers(&self, state: &PathState) -> Result<Option<HeaderMap>, Fault> {
+        let agent = &self.shared.plan.agents[self.agent];
+        if agent.turn_headers.is_empty() {
+            return Ok(None);
+        }
+        let fault = |name: &str, why: String| {
+            Fault::new(FaultCategory::Template, format!("header `{name}`: {why}"))
+        };
+        let mut headers = HeaderMap::with_capacity(agent.turn_headers.len());
+        for (name, template) in &agent.turn_headers {
+            let value = self
+                .shared
+                .plan
+                .templates
+                .render(template, || self.scenario.scope.with_vars(&state.vars))
+                .map_err(|e| fault(name, e.to_string()))?;
+            let header = HeaderName::from_bytes(name.as_bytes())
+                .map_err(|e| fault(name, format!("not a header name: {e}")))?;
+            let value = HeaderValue::from_str(&value).map_err(|_| {
+                fault(
+                    name,
+                    "the rendered value is not a header value (a line break or a control \
+                     character)"
+                        .into(),
+                )
+            })?;
+            headers.append(header, value);
+        }
+        Ok(Some(headers))
+    }
+
     /// Takes one turn on `session`, with the fork the agent asked for in it, if any; `None`
     /// when the run is stopping (nothing was sent).
     pub(super) async fn take_turn(
@@ -54,10 +90,12 @@ impl Unit<'_> {
             self.scenario.scenario.timeout.and_then(|t| {
                 tokio::time::Instant::now().checked_add(t.saturating_sub(state.active))
             });
+        let turn_headers = self.turn_headers(state);
         let ctx = CallContext {
             test_case_id: &self.scenario.scenario.id.value,
             turn_index,
             deadline,
+            turn_headers: turn_headers.as_ref().ok().and_then(Option::as_ref),
         };
         let vars = &state.vars;
         session.set_template_scope(&|| self.scenario.scope.with_vars(vars));
@@ -76,7 +114,11 @@ impl Unit<'_> {
                 shared.spans_from_every_agent || self.agent_spans(),
             );
         }
-        let mut turn = trace::scope(&trace, session.turn(input, &ctx)).await;
+        let mut turn = match turn_headers {
+            Ok(_) => trace::scope(&trace, session.turn(input, &ctx)).await,
+            // Nothing is sent with a header that could not be rendered.
+            Err(fault) => Turn::failed(fault),
+        };
         let took = started.elapsed().saturating_sub(turn.queued());
         let started_ms = ms(started.duration_since(shared.run_start));
         let branch = turn.branch.take();

@@ -187,11 +187,13 @@ impl ChatClient {
     }
 
     /// One request for `history` (after retries and 429 waits): the exchange and the
-    /// assistant message.
+    /// assistant message. `turn_headers`: the agent's `header` values rendered for this
+    /// turn, sent over its others.
     pub async fn complete(
         &self,
         history: &[ChatMessage],
         deadline: Option<tokio::time::Instant>,
+        turn_headers: Option<&HeaderMap>,
     ) -> (Exchange, Result<ChatMessage, Fault>) {
         let config = &self.inner;
         let mut exchange = Exchange {
@@ -215,9 +217,10 @@ impl ChatClient {
             (None, Some(server)) => Queue::Server(server),
             (None, None) => Queue::Open,
         };
+        let headers = crate::transport::http::headers_over(&config.headers, turn_headers);
         let request = Request {
             url: &config.url,
-            headers: &config.headers,
+            headers: &headers,
             body,
             limits: config.limits,
             retry: config.retry,

@@ -144,13 +144,15 @@ impl Endpoint {
             }
         };
         let limits = StreamLimits::from(self.limits);
+        let headers = ctx.headers(&self.headers);
+        let headers = &*headers;
         let attempted = with_retries(self.retry, self.limits.timeout, ctx.deadline, |budget| {
             let body = body.clone();
             async move {
                 sse::open(
                     &self.transport,
                     &self.url,
-                    &self.headers,
+                    headers,
                     body,
                     limits,
                     budget,

@@ -123,6 +123,8 @@ impl ConnexityClient {
             Err(fault) => return (exchange, Err(fault)),
         };
         let config = &*self.inner;
+        let headers = ctx.headers(&config.headers);
+        let headers = &*headers;
         let attempted = with_retries(
             config.retry,
             config.limits.timeout,
@@ -135,7 +137,7 @@ impl ConnexityClient {
                         .transport
                         .post_json(
                             &config.url,
-                            &config.headers,
+                            headers,
                             body,
                             config.limits.max_response_size,
                             timeout,

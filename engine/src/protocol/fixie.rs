@@ -206,19 +206,15 @@ impl FixieClient {
             Ok(body) => body,
             Err(fault) => return (exchange, Err(fault)),
         };
+        let headers = ctx.headers(&inner.call_headers);
+        let headers = &*headers;
         let attempted = with_retries(inner.retry, inner.limits.timeout, ctx.deadline, |timeout| {
             let body = body.clone();
             let url = &url;
             async move {
                 inner
                     .transport
-                    .post_json(
-                        url,
-                        &inner.call_headers,
-                        body,
-                        inner.limits.max_response_size,
-                        timeout,
-                    )
+                    .post_json(url, headers, body, inner.limits.max_response_size, timeout)
                     .await
                     .map_err(|fault| name_function(fault, function))
                     .and_then(|response| parse_reply(&response.body, function))

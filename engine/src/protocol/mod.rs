@@ -35,6 +35,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use reqwest::header::HeaderMap;
 
 pub use crate::record::{ChatMessage, ToolCall, ToolCallFunction};
 use crate::record::{Fault, FaultCategory, ToolCallRecord};
@@ -235,6 +236,17 @@ pub struct CallContext<'a> {
     pub turn_index: u32,
     /// The turn must be over by then (the trajectory's `timeout`), whatever retries remain.
     pub deadline: Option<tokio::time::Instant>,
+    /// The agent's `header` values that read the turn's variables, rendered for this turn;
+    /// every request to the agent sends them over its other headers ([`CallContext::headers`]).
+    pub turn_headers: Option<&'a HeaderMap>,
+}
+
+impl CallContext<'_> {
+    /// `agent_headers` (the agent's headers as built once per run) with this turn's own
+    /// `header` values over them; borrowed when the agent has none that change per turn.
+    pub fn headers<'h>(&self, agent_headers: &'h HeaderMap) -> std::borrow::Cow<'h, HeaderMap> {
+        crate::transport::http::headers_over(agent_headers, self.turn_headers)
+    }
 }
 
 /// What one turn produced.

@@ -282,7 +282,11 @@ impl OpenAiSession {
             // moves by it.
             let queued: Duration = turn.exchanges.iter().map(|e| e.queued).sum();
             let deadline = ctx.deadline.map(|d| d + queued);
-            let (exchange, outcome) = self.client.chat.complete(&self.history, deadline).await;
+            let (exchange, outcome) = self
+                .client
+                .chat
+                .complete(&self.history, deadline, ctx.turn_headers)
+                .await;
             turn.exchanges.push(exchange);
             let message = match outcome {
                 Ok(message) => message,

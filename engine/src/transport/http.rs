@@ -105,6 +105,27 @@ pub fn agent_url(url: &str) -> Result<Url, EndpointError> {
 /// Lays the agent's rendered `header` nodes over a protocol's default headers. Values are
 /// marked sensitive (never printed); a repeated name sends several values, and its first
 /// occurrence replaces the default of that name.
+/// `base` with `over`'s headers in place of any of the same names; borrowed when there
+/// is nothing over it (an agent's headers with a turn's own `header` values).
+pub fn headers_over<'h>(
+    base: &'h HeaderMap,
+    over: Option<&HeaderMap>,
+) -> std::borrow::Cow<'h, HeaderMap> {
+    match over {
+        None => std::borrow::Cow::Borrowed(base),
+        Some(over) => {
+            let mut headers = base.clone();
+            for name in over.keys() {
+                headers.remove(name);
+            }
+            for (name, value) in over {
+                headers.append(name, value.clone());
+            }
+            std::borrow::Cow::Owned(headers)
+        }
+    }
+}
+
 pub fn with_agent_headers(
     mut defaults: HeaderMap,
     headers: &[(String, String)],

@@ -221,6 +221,7 @@ fn ctx() -> CallContext<'static> {
         test_case_id: "sc",
         turn_index: 0,
         deadline: None,
+        turn_headers: None,
     }
 }
 

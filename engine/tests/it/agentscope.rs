@@ -237,6 +237,7 @@ async fn say(client: &AgentScopeClient, text: &str) -> Turn {
         test_case_id: "sc",
         turn_index: 0,
         deadline: None,
+        turn_headers: None,
     };
     session.turn(TurnInput::User(text), &ctx).await
 }
@@ -280,6 +281,7 @@ async fn a_streamed_answer_is_assembled_and_the_request_has_the_runtime_shape() 
         test_case_id: "sc",
         turn_index: 0,
         deadline: None,
+        turn_headers: None,
     };
     let turn = session.turn(TurnInput::User("Hi"), &ctx).await;
     assert_eq!(turn.fault, None);
@@ -662,6 +664,7 @@ async fn the_builtin_keeps_each_session_apart() {
         test_case_id: "sc",
         turn_index: 0,
         deadline: None,
+        turn_headers: None,
     };
     let mut one = client.open(&conversation());
     let mut two = client.open(&conversation());

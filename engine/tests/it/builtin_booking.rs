@@ -37,6 +37,7 @@ impl Conversation {
             test_case_id: "book-duct-cleaning",
             turn_index: self.turn_index,
             deadline: None,
+            turn_headers: None,
         };
         let (exchange, result) = self.client.respond(&self.history, &ctx).await;
         assert_eq!(exchange.attempts.len(), 1);
@@ -214,6 +215,7 @@ async fn same_history_same_answer() {
         test_case_id: "determinism",
         turn_index: 4,
         deadline: None,
+        turn_headers: None,
     };
     let first = client.respond(&history, &ctx).await.1.unwrap();
     let second = client.respond(&history, &ctx).await.1.unwrap();

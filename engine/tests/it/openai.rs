@@ -255,6 +255,7 @@ const CTX: CallContext<'static> = CallContext {
     test_case_id: "t",
     turn_index: 0,
     deadline: None,
+    turn_headers: None,
 };
 
 fn conversation(spec: &Arc<SandboxSpec>) -> Conversation<'_> {

@@ -85,6 +85,7 @@ async fn request_has_the_connexity_shape() {
         test_case_id: "book-duct-cleaning",
         turn_index: 2,
         deadline: None,
+        turn_headers: None,
     };
     respond(&client, &history, &ctx).await.result.unwrap();
 
@@ -392,6 +393,7 @@ async fn the_trajectory_deadline_caps_the_call() {
         test_case_id: "case",
         turn_index: 0,
         deadline: Some(Instant::now() + Duration::from_millis(500)),
+        turn_headers: None,
     };
     let outcome = respond(&client, &history(), &ctx).await;
     let message = fault_of(&outcome, FaultCategory::Timeout);

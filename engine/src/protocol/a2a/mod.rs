@@ -230,7 +230,7 @@ impl Inner {
             task_id,
         );
         let body = Bytes::from(request.to_string());
-        let mut headers = self.headers.clone();
+        let mut headers = ctx.headers(&self.headers).into_owned();
         // A v1.0 server takes a request without it for v0.3 (and answers v0.3 methods only
         // when it was built to).
         if resolved.version == wire::Version::V1 && !headers.contains_key("a2a-version") {

@@ -194,7 +194,7 @@ impl JsonHttpSession {
             Ok(body) => body,
             Err(fault) => return Turn::failed(fault),
         };
-        let headers = match self.headers() {
+        let headers = match self.headers(ctx) {
             Ok(headers) => headers,
             Err(fault) => return Turn::failed(fault),
         };
@@ -276,8 +276,9 @@ impl JsonHttpSession {
         codec::check_request(rendered)
     }
 
-    /// The agent's headers, with the session header once the session value is known.
-    fn headers(&self) -> Result<HeaderMap, Fault> {
+    /// The agent's headers with the turn's own over them, and the session header once the
+    /// session value is known.
+    fn headers(&self, ctx: &CallContext<'_>) -> Result<HeaderMap, Fault> {
         let config = &*self.client.inner;
         let header = config
             .settings
@@ -285,9 +286,9 @@ impl JsonHttpSession {
             .as_ref()
             .and_then(|s| s.header.as_deref());
         let (Some(name), Some(value)) = (header, self.session.as_deref()) else {
-            return Ok(config.headers.clone());
+            return Ok(ctx.headers(&config.headers).into_owned());
         };
-        let mut headers = config.headers.clone();
+        let mut headers = ctx.headers(&config.headers).into_owned();
         let name = HeaderName::from_bytes(name.as_bytes());
         let value = HeaderValue::from_str(value);
         match (name, value) {

@@ -297,8 +297,9 @@ impl MultiAgentClient {
                         limits,
                         transport,
                     } => {
+                        let headers = ctx.headers(headers);
                         let response = transport
-                            .post_json(url, headers, body, limits.max_response_size, timeout)
+                            .post_json(url, &headers, body, limits.max_response_size, timeout)
                             .await?;
                         Ok((decode_reply(&response.body)?, String::new()))
                     }
