@@ -1,6 +1,7 @@
 //! LLM use per role and the run's LLM budget, through the binary: `LLM by role` in the
 //! console, `llm_roles` in `summary.json`, and `--max-llm-calls` / `--max-llm-cost`
-//! stopping a run gracefully (finished trajectories written, exit code 4).
+//! stopping a run gracefully (finished trajectories written, exit code 4), and a scenario's
+//! `timeout` bounding its simulated user.
 
 use serde_json::Value;
 
@@ -225,4 +226,41 @@ async fn an_agents_own_model_use_is_not_an_llm_budget() {
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
     let roles = &summary(&out)["stats"]["aggregates"]["llm_roles"];
     assert_eq!(roles["agent"]["calls"], 3, "{roles}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scenarios_timeout_bounds_its_simulated_user_too() {
+    let fake = FakeLlm::start(vec![Rule::otherwise([Reply::slow(
+        std::time::Duration::from_secs(5),
+        Reply::text("Hi, I need a duct cleaning."),
+    )])])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("slow-user.kdl");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+agent "booking" protocol="connexity" builtin="booking"
+provider "fake" kind="openai" base-url="{}" model="m" api-key-env="FAKE_KEY"
+simulator provider="fake"
+scenario "slow-user" {{
+    description "Book a cleaning"
+    timeout "500ms"
+    simulate turns=3
+    expect no-error
+}}
+"#,
+            fake.base_url()
+        ),
+    )
+    .unwrap();
+    let started = std::time::Instant::now();
+    let o = run(&path, &dir.path().join("out"), &[]).await;
+    let console = stdout(&o);
+    // "Limit for the whole trajectory": not three simulated turns of 5 s each, passed.
+    assert_eq!(o.status.code(), Some(1), "{console}{}", stderr(&o));
+    assert!(started.elapsed() < std::time::Duration::from_secs(4));
+    assert!(console.contains("simulator fault"), "{console}");
+    assert!(console.contains("trajectory timeout"), "{console}");
 }

@@ -1224,6 +1224,11 @@ impl<'a> Unit<'a> {
                     self.attempt_note()
                 ),
                 attempt: self.attempt,
+                // The scenario's `timeout` is the whole trajectory's: the simulated user's
+                // time counts in it as the agent's does.
+                deadline: sc.timeout.and_then(|t| {
+                    tokio::time::Instant::now().checked_add(t.saturating_sub(state.active))
+                }),
             };
             let turn_index = state.turns.len();
             // `--replay-users`: the recorded user's message while the agent answers as it
@@ -1258,7 +1263,12 @@ impl<'a> Unit<'a> {
                     fidelity: state.fidelity,
                     note: None,
                 }),
-                None => self.shared.llm.simulate(task).await,
+                None => {
+                    let asked = std::time::Instant::now();
+                    let simulated = self.shared.llm.simulate(task).await;
+                    state.active += asked.elapsed();
+                    simulated
+                }
             };
             let (text, last) = match simulated {
                 Ok(Simulated {

@@ -485,6 +485,8 @@ pub struct SimulateTask<'a, T> {
     pub call_name: String,
     /// The attempt at the trajectory (`retries-invalid`), part of the cache key.
     pub attempt: u32,
+    /// What remains of the trajectory's `timeout`: the simulated user's calls count in it.
+    pub deadline: Option<Instant>,
 }
 
 /// What the simulated user said, and the LLM calls it took (retries included).
@@ -561,7 +563,7 @@ impl LlmRuntime {
                     &request,
                     task.repetition,
                     &task.call_name,
-                    None::<Instant>,
+                    task.deadline,
                 )
                 .await;
             calls.push(outcome.call);
