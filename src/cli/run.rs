@@ -110,6 +110,21 @@ pub fn run(args: RunArgs) -> u8 {
         },
         None => None,
     };
+    // `trellis runs`, `compare` and watch take a directory of that name for watch's state.
+    if args.resume.is_none()
+        && out
+            .file_name()
+            .is_some_and(|n| n == trellis_reports::history::WATCH_LATEST)
+    {
+        errln!(
+            "error: --out {} is named `{}`, where `trellis watch` keeps its state: a run \
+             there would be hidden from `trellis runs` and `compare`, and rewritten by watch; \
+             choose another name",
+            out.display(),
+            trellis_reports::history::WATCH_LATEST
+        );
+        return EXIT_INVALID;
+    }
     if let Err(message) = keeps_baseline(&out, baseline.as_ref(), &args) {
         errln!("error: {message}");
         return EXIT_INVALID;

@@ -193,6 +193,18 @@ impl Session {
             return EXIT_INVALID;
         }
         let out_root = args.out.clone().unwrap_or_else(|| PathBuf::from("runs"));
+        // `latest/` is rewritten on every rerun; a run `trellis run` recorded there (it has a
+        // `run.json`, which watch never writes there) would be lost.
+        let latest = out_root.join(LATEST);
+        if let Ok(Some(meta)) = trellis_reports::history::RunMeta::read(&latest) {
+            errln!(
+                "error: {} holds run {} of `trellis run`, and watch rewrites that directory \
+                 after every rerun; move the run elsewhere or give watch another --out",
+                latest.display(),
+                meta.run_id
+            );
+            return EXIT_INVALID;
+        }
         let (tx, changes) = mpsc::unbounded_channel();
         let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
             // Reading a file (our own reloads) and attribute changes are not edits.

@@ -1035,3 +1035,46 @@ async fn a_reused_trajectory_keeps_the_duration_its_turns_took() {
     // Two turns of at least 60 ms each, not the microseconds of reading the records.
     assert!(duration >= 120.0, "duration_ms {duration}: {latest}");
 }
+
+#[tokio::test]
+async fn a_run_in_latest_is_never_overwritten_by_watch() {
+    let dir = tempfile::tempdir().unwrap();
+    // `run` refuses the name watch keeps its state under.
+    let o = trellis()
+        .current_dir(dir.path())
+        .args(["run", "-q", "--out", "runs/latest"])
+        .arg(repo("suites/booking.kdl"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("trellis watch"), "{}", stderr(&o));
+    // A run put there anyway (renamed by hand) stops watch before it writes anything.
+    let o = trellis()
+        .current_dir(dir.path())
+        .args(["run", "-q", "--out", "runs/mine"])
+        .arg(repo("suites/booking.kdl"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "asks-price fails on purpose");
+    std::fs::rename(dir.path().join("runs/mine"), dir.path().join("runs/latest")).unwrap();
+    let journal = std::fs::read(dir.path().join("runs/latest").join(crate::JOURNAL)).unwrap();
+    let o = tokio::time::timeout(
+        Duration::from_secs(60),
+        trellis()
+            .current_dir(dir.path())
+            .arg("watch")
+            .arg(repo("suites/booking.kdl"))
+            .output(),
+    )
+    .await
+    .expect("watch refused at once")
+    .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("holds run"), "{}", stderr(&o));
+    assert_eq!(
+        std::fs::read(dir.path().join("runs/latest").join(crate::JOURNAL)).unwrap(),
+        journal
+    );
+}
