@@ -301,3 +301,52 @@ async fn a_simulator_that_breaks_character_makes_invalid_trajectories_never_fail
     second.sort();
     assert_eq!(first, second);
 }
+
+#[tokio::test]
+async fn a_simulated_user_that_ends_before_saying_anything_is_invalid() {
+    let fake = FakeLlm::start(vec![Rule::otherwise([Reply::text("[END]")])]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("silent.kdl");
+    let text = |fidelity: &str| {
+        format!(
+            r#"
+agent "booking" protocol="connexity" builtin="booking"
+provider "fake" kind="openai" base-url="{}" model="sim-m" api-key-env="FAKE_KEY"
+simulator provider="fake" {fidelity}
+scenario "silent" {{
+    description "Book a cleaning"
+    simulate until-done
+    expect-tool "create_booking"
+}}
+"#,
+            fake.base_url()
+        )
+    };
+    let run = |out: &str| {
+        trellis()
+            .args(["run", "--out"])
+            .arg(dir.path().join(out))
+            .arg(&path)
+            .env("FAKE_KEY", "k")
+            .output()
+    };
+    // No conversation: nothing to fail the agent on (it was a failed `create_booking`
+    // check), nor to pass it on.
+    std::fs::write(&path, text("")).unwrap();
+    let o = run("guarded").await.unwrap();
+    let console = stdout(&o);
+    assert!(console.contains("1 invalid"), "{console}{}", stderr(&o));
+    assert!(
+        console.contains("ended the conversation before saying anything"),
+        "{console}"
+    );
+    assert!(
+        !console.contains("1 failed") && !console.contains("1 passed"),
+        "{console}"
+    );
+    // With the guards off, the simulator failed.
+    std::fs::write(&path, text("fidelity=#false")).unwrap();
+    let o = run("unguarded").await.unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stdout(&o).contains("simulator fault"), "{}", stdout(&o));
+}

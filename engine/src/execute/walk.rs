@@ -1286,6 +1286,21 @@ impl<'a> Unit<'a> {
                     match said {
                         Said::Message(text) => (text, false),
                         Said::Last(text) => (text, true),
+                        // Ended before any turn at all: no conversation for the checks to
+                        // judge the agent on. The user ended without cause (breaking
+                        // character, docs/simulator.md), or, with the guards off, the
+                        // simulator failed; never a pass or a failure of the agent.
+                        Said::End if state.turns.is_empty() => {
+                            let why = "the simulated user ended the conversation before \
+                                       saying anything";
+                            if state.fidelity == Some(false) {
+                                return Some(Stop::Fault(Fault::new(
+                                    FaultCategory::Simulator,
+                                    why,
+                                )));
+                            }
+                            return Some(invalid(None, format!("{why} (turn {turn_index})")));
+                        }
                         // The simulator ended the conversation: no turn to record the call
                         // on; it still counts in the trajectory's LLM usage.
                         Said::End => break,
