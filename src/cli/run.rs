@@ -324,6 +324,7 @@ pub fn run(args: RunArgs) -> u8 {
             "failed": s.map(|s| s.failed),
             "errors": s.map(|s| s.errors),
             "skipped": s.map(|s| s.skipped),
+            "invalid": s.map(|s| s.invalid),
             "duration_ms": s.map(|s| s.duration_ms),
             "connections_redone": s.map(|s| &s.connections_redone),
             "baseline": baseline.as_ref().map(|b| b.run_id.clone()),

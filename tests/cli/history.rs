@@ -459,6 +459,12 @@ async fn run_with_a_baseline_exits_by_the_comparison_and_streams_json() {
     assert_eq!(last["type"], "run_finished");
     assert_eq!(last["regressed"], false);
     assert_eq!(last["exit_code"], 0);
+    // Every trajectory is in one of the five counts.
+    let counted: u64 = ["passed", "failed", "errors", "skipped", "invalid"]
+        .iter()
+        .map(|k| last[k].as_u64().unwrap_or_else(|| panic!("{k}: {last}")))
+        .sum();
+    assert_eq!(Some(counted), last["trajectories"].as_u64(), "{last}");
     let finished: Vec<_> = events
         .iter()
         .filter(|e| e["type"] == "trajectory_finished")
