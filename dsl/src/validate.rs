@@ -556,7 +556,15 @@ impl<'p> Validator<'p> {
             .iter()
             .filter(|(k, _)| *k == RefKind::Agent)
             .count();
-        let agent_count = self.project.agents.len() + declared_agents;
+        // Ids, not nodes: an agent defined twice is one agent (and a `duplicate_id` error
+        // of its own), not a reason to ask which agent.
+        let agent_ids: HashSet<&str> = self
+            .project
+            .agents
+            .iter()
+            .map(|a| a.id.value.as_str())
+            .collect();
+        let agent_count = agent_ids.len() + declared_agents;
         if sc.agents.is_empty() && agent_count != 1 && !self.info.broken {
             let help = if agent_count == 0 {
                 "define an agent, e.g. agent \"demo\" protocol=\"connexity\" builtin=\"booking\""

@@ -629,3 +629,26 @@ async fn a_property_without_a_value_is_reported_where_the_value_was_expected() {
     assert!(err.contains("novalue.kdl:5:27]"), "{err}");
     assert!(err.contains("not property value"), "{err}");
 }
+
+#[tokio::test]
+async fn empty_check_blocks_and_a_doubled_agent_are_each_said_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("empty.kdl");
+    std::fs::write(
+        &suite,
+        "agent \"a\" protocol=\"connexity\" builtin=\"booking\"\n\
+         agent \"a\" protocol=\"connexity\" builtin=\"booking\"\n\
+         scenario \"s\" {\n    user \"hi\"\n    expect { }\n    criteria {\n    }\n}\n",
+    )
+    .unwrap();
+    let o = trellis().arg("check").arg(&suite).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    // A block written to check something and checking nothing is a mistake, as a bare
+    // `expect` is; the doubled agent is one duplicate, not also "which agent?".
+    assert!(err.contains("`expect` needs a criterion"), "{err}");
+    assert!(err.contains("`criteria` needs a criterion"), "{err}");
+    assert!(err.contains("duplicate agent `a`"), "{err}");
+    assert!(!err.contains("does not say which agent"), "{err}");
+    assert!(err.contains("3 errors"), "{err}");
+}

@@ -262,6 +262,10 @@ impl<'f> Decoder<'f> {
                 "history" => sc.history = self.history(&cv, spec).map(Box::new),
                 "criteria" => {
                     self.check_entries(&cv, spec, "criteria { CRITERION… }");
+                    if cv.children.is_none_or(|c| c.nodes().is_empty()) {
+                        // Written to check something; an empty block checks nothing.
+                        self.missing(&cv, "a criterion", "criteria { no-error }");
+                    }
                     for child in cv.children.map(|c| c.nodes()).unwrap_or_default() {
                         let ccv = View::of(child, self.text());
                         if let Some(c) = self.criterion(&ccv, "`criteria`") {

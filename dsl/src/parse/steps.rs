@@ -307,7 +307,12 @@ impl<'f> Decoder<'f> {
     pub(super) fn expect(&mut self, v: &View) -> Option<Vec<Criterion>> {
         let usage = "expect reply contains=\"…\"` or `expect { … }";
         match (v.args.is_empty(), v.children) {
+            // An empty block checks nothing, as a bare `expect` does.
             (true, None) => {
+                self.missing(v, "a criterion", usage);
+                None
+            }
+            (true, Some(children)) if children.nodes().is_empty() => {
                 self.missing(v, "a criterion", usage);
                 None
             }
