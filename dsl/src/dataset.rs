@@ -45,6 +45,14 @@ pub trait RowReader: Send + Sync {
         path: &Path,
         visit: &mut dyn FnMut(usize, Fields) -> ControlFlow<()>,
     ) -> Result<(), ReadError>;
+
+    /// The columns the file declares whatever its rows (a CSV header, a Parquet schema);
+    /// `None` for a format whose columns are only in its rows (JSON). Read only for a file
+    /// without rows, so that `row.*` is checked against what it would hold.
+    fn declared_columns(&self, path: &Path) -> Result<Option<Vec<String>>, ReadError> {
+        let _ = path;
+        Ok(None)
+    }
 }
 
 type Registry = Vec<(&'static str, Arc<dyn RowReader>)>;
@@ -200,6 +208,11 @@ pub fn read(
         kept.truncate(limit);
     }
     kept.shrink_to_fit();
+    if columns.is_empty()
+        && let Some(declared) = reader.declared_columns(path)?
+    {
+        columns = declared;
+    }
     Ok((columns, kept))
 }
 
@@ -322,6 +335,27 @@ fn sniff_delimiter(path: &Path) -> std::io::Result<u8> {
 }
 
 impl RowReader for Csv {
+    fn declared_columns(&self, path: &Path) -> Result<Option<Vec<String>>, ReadError> {
+        let delimiter = if self.tabs {
+            b'\t'
+        } else {
+            sniff_delimiter(path)?
+        };
+        let file = File::open(path)?;
+        let mut rdr = csv::ReaderBuilder::new()
+            .delimiter(delimiter)
+            .has_headers(true)
+            .from_reader(BufReader::new(file));
+        let headers = rdr.headers().map_err(|e| csv_error(e, &[]))?;
+        Ok(Some(
+            headers
+                .iter()
+                .map(|h| h.trim_start_matches('\u{feff}').to_string())
+                .filter(|h| !h.is_empty())
+                .collect(),
+        ))
+    }
+
     fn read(
         &self,
         path: &Path,

@@ -52,8 +52,10 @@ pub(crate) fn read_datasets(
         seen.insert(&ds.id.value, ds.id.span);
         match read_one(ds, files) {
             Ok(Some((columns, rows))) => {
-                info.dataset_columns
-                    .insert(ds.id.value.clone(), Some(columns.clone()));
+                // No row and no declared column (an empty JSON array): nothing to check
+                // `row.*` against, and nothing will run.
+                let known = (!columns.is_empty()).then(|| columns.clone());
+                info.dataset_columns.insert(ds.id.value.clone(), known);
                 tables.insert(ds.id.value.clone(), fill_columns(&columns, rows));
             }
             Ok(None) => {

@@ -46,6 +46,19 @@ const FIRST_SLICE: usize = 1024;
 const MAX_SLICE: usize = 16 * 1024;
 
 impl RowReader for ParquetRows {
+    fn declared_columns(&self, path: &Path) -> Result<Option<Vec<String>>, ReadError> {
+        let mut file = File::open(path)?;
+        let metadata = read_metadata(&mut file).map_err(not_parquet)?;
+        Ok(Some(
+            metadata
+                .schema()
+                .fields()
+                .iter()
+                .map(|t| t.name().to_string())
+                .collect(),
+        ))
+    }
+
     fn read(
         &self,
         path: &Path,

@@ -1448,3 +1448,28 @@ async fn the_summary_is_one_row_for_a_scenario_of_many_instances() {
         "{console}"
     );
 }
+
+#[tokio::test]
+async fn a_dataset_with_a_header_and_no_rows_checks_row_against_its_header() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("empty.csv"), "order_id,name\n").unwrap();
+    let suite = dir.path().join("s.kdl");
+    let text = |column: &str| {
+        format!(
+            "agent \"a\" protocol=\"connexity\" builtin=\"booking\"\n\
+             dataset \"d\" path=\"empty.csv\"\n\
+             scenario \"s\" for-each=\"d\" {{\n    user \"Hi {{{{ row.{column} }}}}\"\n    \
+             expect no-error\n}}\n"
+        )
+    };
+    // The header names `name`: nothing to run, a warning, not an error.
+    std::fs::write(&suite, text("name")).unwrap();
+    let o = trellis().arg("check").arg(&suite).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stderr(&o).contains("keeps no row"), "{}", stderr(&o));
+    // A column it does not name is still caught.
+    std::fs::write(&suite, text("nmae")).unwrap();
+    let o = trellis().arg("check").arg(&suite).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("row.name"), "{}", stderr(&o));
+}
