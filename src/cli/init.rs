@@ -316,13 +316,19 @@ fn report(args: &InitArgs, spec: &ProtocolSpec, written: &[(&str, &str, bool)]) 
         outln!("  {path:width$}  {what}{replaced}");
     }
     if let Some(root) = enclosing_repository(&args.dir) {
+        let sub = relative_to(&args.dir, &root);
+        // `working-directory` applies to `run` steps only: the cache and upload steps'
+        // `path`s stay relative to the root, and without the prefix the runs cache never
+        // holds the baseline, so every build pins its own run and can never fail.
         outln!(
             "note: {} is inside the git repository {}, where GitHub reads workflows only from \
-             .github/workflows at the root: move trellis.yml there and give its steps \
-             `working-directory: {}`",
+             .github/workflows at the root: move trellis.yml there, give its job \
+             `defaults: {{ run: {{ working-directory: {sub} }} }}`, and prefix the `path:` of \
+             its cache and upload steps with `{sub}/` (`runs` becomes `{sub}/runs`, \
+             `${{{{ env.RUN_DIR }}}}` becomes `{sub}/${{{{ env.RUN_DIR }}}}`): `uses:` steps do \
+             not take `working-directory`",
             shown(&args.dir),
             root.display(),
-            relative_to(&args.dir, &root)
         );
     }
     let cd = if args.dir == Path::new(".") {

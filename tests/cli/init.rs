@@ -312,3 +312,21 @@ async fn a_missing_or_misspelt_protocol_is_a_usage_error_listing_them() {
     // Neither wrote anything.
     assert!(!root.path().join("evals").exists());
 }
+
+#[tokio::test]
+async fn a_project_in_a_repositorys_subdirectory_is_told_how_to_move_the_workflow() {
+    let repo = tempfile::tempdir().unwrap();
+    std::fs::create_dir(repo.path().join(".git")).unwrap();
+    let o = trellis_in(
+        repo.path(),
+        &["init", "evals/bot", "--protocol", "connexity"],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let out = stdout(&o);
+    // `working-directory` alone leaves the cache's `path: runs` at the root: the baseline
+    // would never be restored and the gate could never fail.
+    assert!(out.contains("working-directory: evals/bot"), "{out}");
+    assert!(out.contains("`evals/bot/runs`"), "{out}");
+    assert!(out.contains("evals/bot/${{ env.RUN_DIR }}"), "{out}");
+}
