@@ -652,3 +652,27 @@ async fn empty_check_blocks_and_a_doubled_agent_are_each_said_once() {
     assert!(!err.contains("does not say which agent"), "{err}");
     assert!(err.contains("3 errors"), "{err}");
 }
+
+#[tokio::test]
+async fn a_file_that_is_not_utf8_and_an_included_directory_are_located() {
+    let dir = tempfile::tempdir().unwrap();
+    // A Latin-1 `é` (0xe9) on line 2.
+    std::fs::write(
+        dir.path().join("latin1.kdl"),
+        b"agent \"a\" protocol=\"connexity\" builtin=\"booking\"\nscenario \"s\" {\n    user \"caf\xe9\"\n}\n",
+    )
+    .unwrap();
+    std::fs::create_dir(dir.path().join("more")).unwrap();
+    std::fs::write(dir.path().join("main.kdl"), "include \"more\"\n").unwrap();
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    assert!(err.contains("latin1.kdl:3:14]"), "{err}");
+    assert!(err.contains("not UTF-8"), "{err}");
+    assert!(err.contains("included path `more` is a directory"), "{err}");
+}

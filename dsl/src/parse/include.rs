@@ -125,6 +125,51 @@ impl Loader {
         self.load_read(path, name, None);
     }
 
+    /// A file that is not UTF-8: said where its first such byte is, on the file's text as
+    /// far as it can be shown, and not parsed.
+    fn not_utf8(&mut self, path: &Path, canonical: PathBuf, name: String) {
+        let bytes = match fs::read(path) {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                self.diags.push(Diagnostic::new(
+                    Kind::Io,
+                    format!("cannot read `{name}`: {e}"),
+                ));
+                return;
+            }
+        };
+        let (at, len) = match std::str::from_utf8(&bytes) {
+            Ok(_) => (0, 0),
+            Err(e) => (e.valid_up_to(), e.error_len().unwrap_or(1)),
+        };
+        let shown: String = bytes[at..(at + len).min(bytes.len())]
+            .iter()
+            .map(|b| format!("\\x{b:02x}"))
+            .collect();
+        // The valid prefix is the same text in the lossy copy: the span points into it.
+        let text = String::from_utf8_lossy(&bytes).into_owned();
+        let id = self.files.len();
+        self.files.push(SourceFile {
+            path: path.to_path_buf(),
+            name: name.clone(),
+            text: Arc::from(text.as_str()),
+        });
+        self.by_canonical.insert(canonical, id);
+        self.broken = true;
+        let d = Diagnostic::at(
+            Kind::Io,
+            format!("cannot read `{name}`: it is not UTF-8 text (byte {shown})"),
+            id,
+            &self.files[id],
+            SourceSpan::new(at.into(), 1),
+            "not UTF-8",
+        )
+        .with_help(
+            "suite files are UTF-8; re-save the file as UTF-8 (a Latin-1 `é` is the byte \\xe9)",
+        );
+        self.diags.push(d);
+    }
+
     /// Loads `path`, with its text and parse when a thread read them ahead.
     fn load_read(&mut self, path: &Path, name: String, ahead: Option<ReadAhead>) {
         let canonical = canonical(path);
@@ -143,6 +188,10 @@ impl Loader {
         };
         let text = match read {
             Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                self.not_utf8(path, canonical, name);
+                return;
+            }
             Err(e) => {
                 self.diags.push(Diagnostic::new(
                     Kind::Io,
@@ -320,17 +369,33 @@ impl Loader {
             .unwrap_or_else(|| Path::new(""));
         let target_name = display_name(&normalize(&shown_base.join(rel)));
         if !target.is_file() && !self.overlay.contains_key(&canonical(&target)) {
-            let diag = Diagnostic::at(
-                Kind::MissingInclude,
-                format!("included file `{rel}` not found"),
-                from,
-                file,
-                arg.span(),
-                "no such file",
-            )
-            .with_help(format!(
-                "looked for `{target_name}`; include paths are relative to the including file"
-            ));
+            let diag = if target.is_dir() {
+                Diagnostic::at(
+                    Kind::MissingInclude,
+                    format!("included path `{rel}` is a directory"),
+                    from,
+                    file,
+                    arg.span(),
+                    "a directory, not a file",
+                )
+                .with_help(format!(
+                    "`include` takes one .kdl file; name a file in `{target_name}`, or pass \
+                     the directory to the command (`trellis run DIR` loads every .kdl file in it)"
+                ))
+            } else {
+                Diagnostic::at(
+                    Kind::MissingInclude,
+                    format!("included file `{rel}` not found"),
+                    from,
+                    file,
+                    arg.span(),
+                    "no such file",
+                )
+                .with_help(format!(
+                    "looked for `{target_name}`; include paths are relative to the including \
+                     file"
+                ))
+            };
             self.diags.push(diag);
             // Its definitions are unknown, like those of an unparsable file.
             self.broken = true;
