@@ -287,6 +287,34 @@ fn content_parts_are_shown_as_text_never_loaded() {
     assert!(!html.contains("<img"), "nothing is loaded or injected");
 }
 
+#[test]
+fn control_and_bidi_characters_an_agent_sends_are_shown_escaped() {
+    use trellis_records::JournalEntry;
+    let dir = tempfile::tempdir().unwrap();
+    let mut entries = super::fixtures::entries();
+    let turn = entries
+        .iter_mut()
+        .find_map(|e| match e {
+            JournalEntry::Node(node) if !node.turns.is_empty() => node.turns.first_mut(),
+            _ => None,
+        })
+        .map(std::sync::Arc::make_mut)
+        .unwrap();
+    // A NUL makes the file "binary" to grep; a right-to-left override reverses the rest
+    // of a row (agent name, repetition) in the browser.
+    turn.reply = Some("nul\u{0} then \u{202e}reversed\u{1b}[2J".into());
+    super::fixtures::write_journal(dir.path(), &entries, "");
+    let files = write_reports(dir.path(), &ReportOptions::default()).unwrap();
+    let html = std::fs::read_to_string(&files.html).unwrap();
+    for raw in ['\u{0}', '\u{202e}', '\u{1b}'] {
+        assert!(!html.contains(raw), "{raw:?} written raw");
+    }
+    assert!(
+        html.contains(r"nul\u{0} then \u{202e}reversed\u{1b}[2J"),
+        "shown as escapes"
+    );
+}
+
 /// Each scenario's pass rate over the runs next to this one, oldest first, this run last.
 #[test]
 fn html_draws_each_scenarios_trend_from_the_runs_next_to_it() {
