@@ -62,6 +62,8 @@ pub fn freeze(args: FreezeArgs) -> u8 {
     let mut nodes: HashMap<NodeKey, NodeRecord> = HashMap::new();
     let mut found: Vec<TrajectoryRecord> = Vec::new();
     let mut names: Vec<String> = Vec::new();
+    // The agents of the paths that match but for `--agent`, to name them when it matches none.
+    let mut agents: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
     for entry in entries {
         match entry {
             JournalEntry::Node(n) => {
@@ -71,8 +73,12 @@ pub fn freeze(args: FreezeArgs) -> u8 {
                 let matches = t.trajectory == name
                     && scenario_filter.as_deref().is_none_or(|s| s == t.scenario)
                     && args.agent.as_deref().is_none_or(|a| a == t.agent);
+                let but_agent = t.trajectory == name
+                    && scenario_filter.as_deref().is_none_or(|s| s == t.scenario);
                 if matches {
                     found.push(*t);
+                } else if but_agent {
+                    agents.insert(t.agent.clone());
                 } else if t.attack.is_some() && names.len() < 200 {
                     names.push(format!("{}/{}", t.scenario, t.trajectory));
                 }
@@ -90,6 +96,19 @@ pub fn freeze(args: FreezeArgs) -> u8 {
         return EXIT_INVALID;
     }
     let Some(t) = found.into_iter().next() else {
+        if let (Some(agent), false) = (&args.agent, agents.is_empty()) {
+            errln!(
+                "error: {} has `{}` only for agent {}, not for `{agent}`",
+                args.run_dir.display(),
+                args.trajectory,
+                agents
+                    .iter()
+                    .map(|a| format!("`{a}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+            return EXIT_INVALID;
+        }
         errln!(
             "error: {} has no trajectory `{}`",
             args.run_dir.display(),

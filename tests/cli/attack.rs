@@ -244,6 +244,21 @@ async fn attack_search_finds_the_two_step_approach_and_freezes_it_into_a_regress
         "{}",
         stderr(&typo)
     );
+    // A path of another agent names the agents it has.
+    let other = trellis()
+        .arg("freeze")
+        .arg(&out)
+        .arg("main~a1-2~a2-2")
+        .args(["--agent", "nope"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(other.status.code(), Some(2));
+    assert!(
+        stderr(&other).contains("only for agent `vault`, not for `nope`"),
+        "{}",
+        stderr(&other)
+    );
 
     // The regression: a judge that fails the transcript when the code leaks.
     let judge = FakeLlm::start(vec![
