@@ -334,33 +334,10 @@ fn sniff_delimiter(path: &Path) -> std::io::Result<u8> {
     })
 }
 
-impl RowReader for Csv {
-    fn declared_columns(&self, path: &Path) -> Result<Option<Vec<String>>, ReadError> {
-        let delimiter = if self.tabs {
-            b'\t'
-        } else {
-            sniff_delimiter(path)?
-        };
-        let file = File::open(path)?;
-        let mut rdr = csv::ReaderBuilder::new()
-            .delimiter(delimiter)
-            .has_headers(true)
-            .from_reader(BufReader::new(file));
-        let headers = rdr.headers().map_err(|e| csv_error(e, &[]))?;
-        Ok(Some(
-            headers
-                .iter()
-                .map(|h| h.trim_start_matches('\u{feff}').to_string())
-                .filter(|h| !h.is_empty())
-                .collect(),
-        ))
-    }
-
-    fn read(
-        &self,
-        path: &Path,
-        visit: &mut dyn FnMut(usize, Fields) -> ControlFlow<()>,
-    ) -> Result<(), ReadError> {
+impl Csv {
+    /// The file opened at its first record, and its header's names (a byte-order mark left
+    /// out).
+    fn open(&self, path: &Path) -> Result<(csv::Reader<BufReader<File>>, Vec<String>), ReadError> {
         let delimiter = if self.tabs {
             b'\t'
         } else {
@@ -378,6 +355,23 @@ impl RowReader for Csv {
             .iter()
             .map(|h| h.trim_start_matches('\u{feff}').to_string())
             .collect::<Vec<_>>();
+        Ok((rdr, headers))
+    }
+}
+
+impl RowReader for Csv {
+    fn declared_columns(&self, path: &Path) -> Result<Option<Vec<String>>, ReadError> {
+        let (_, mut headers) = self.open(path)?;
+        headers.retain(|h| !h.is_empty());
+        Ok(Some(headers))
+    }
+
+    fn read(
+        &self,
+        path: &Path,
+        visit: &mut dyn FnMut(usize, Fields) -> ControlFlow<()>,
+    ) -> Result<(), ReadError> {
+        let (mut rdr, headers) = self.open(path)?;
         if let Some(dup) = headers
             .iter()
             .enumerate()

@@ -19,6 +19,7 @@ mod fault;
 mod journal;
 mod llm;
 mod shard;
+pub mod shown;
 mod span;
 mod trajectory;
 mod turn;

@@ -1142,22 +1142,7 @@ pub fn verdict_cell(text: &str, bad: bool, good: bool) -> Cell {
 /// simulated user's words), made safe to print: control characters other than newline and
 /// tab, and the bidirectional overrides, are written as escapes (`\u{1b}`). Printed raw, an
 /// agent's answer could clear the screen, set the terminal's title, or move the cursor up
-/// and overwrite a line with a fake `PASS`.
+/// and overwrite a line with a fake `PASS` (a carriage return does that too).
 pub(super) fn untrusted(text: &str) -> std::borrow::Cow<'_, str> {
-    let unsafe_char = |c: char| {
-        (c.is_control() && c != '\n' && c != '\t')
-            || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
-    };
-    if !text.chars().any(unsafe_char) {
-        return std::borrow::Cow::Borrowed(text);
-    }
-    let mut out = String::with_capacity(text.len() + 16);
-    for c in text.chars() {
-        if unsafe_char(c) {
-            let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
-        } else {
-            out.push(c);
-        }
-    }
-    std::borrow::Cow::Owned(out)
+    trellis_engine::record::shown::visible_controls_but(text, &['\n', '\t'])
 }

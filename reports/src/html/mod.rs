@@ -129,7 +129,7 @@ fn environment(
         // go out as they are.
         if !value.is_safe()
             && let Some(text) = value.as_str()
-            && let Some(visible) = visible_controls(text)
+            && let std::borrow::Cow::Owned(visible) = trellis_records::shown::visible_controls(text)
         {
             return minijinja::escape_formatter(out, state, &Value::from(visible));
         }
@@ -140,34 +140,6 @@ fn environment(
         env.add_template(name, source)?;
     }
     Ok(env)
-}
-
-/// `text` with its control characters (but newline, carriage return and tab) and
-/// bidirectional controls written as `\u{..}`; `None` when it has none (the common case,
-/// found without decoding: each such character starts with one of a few bytes).
-fn visible_controls(text: &str) -> Option<String> {
-    let maybe = |b: u8| {
-        (b < 0x20 && !matches!(b, b'\n' | b'\r' | b'\t')) || b == 0x7f || b == 0xc2 || b == 0xe2
-    };
-    if !text.bytes().any(maybe) {
-        return None;
-    }
-    let hidden = |c: char| {
-        (c.is_control() && !matches!(c, '\n' | '\r' | '\t'))
-            || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
-    };
-    if !text.chars().any(hidden) {
-        return None;
-    }
-    let mut out = String::with_capacity(text.len() + 16);
-    for c in text.chars() {
-        if hidden(c) {
-            out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
-        } else {
-            out.push(c);
-        }
-    }
-    Some(out)
 }
 
 fn render_to(view: &view::PageView, out: impl Write) -> Result<(), minijinja::Error> {
