@@ -3,10 +3,10 @@
 
 use std::time::{Duration, Instant};
 
-use super::ms;
-use super::walk::{PathState, Unit};
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 
+use super::ms;
+use super::walk::{PathState, Unit};
 use crate::protocol::{BranchRequest, CallContext, Session, Turn, TurnInput};
 use crate::record::{AttemptRecord, ExchangeRecord, Fault, FaultCategory, TurnRecord};
 use crate::transport::trace::{self, SpanId, TraceContext};
@@ -31,9 +31,9 @@ impl Unit<'_> {
                 .templates
                 .render(template, || self.scenario.scope.with_vars(&state.vars))
                 .map_err(|e| fault(name, e.to_string()))?;
-            let header = HeaderName::from_bytes(name.as_bytes())
+            let header = HeaderName::from_bytes(name.trim().as_bytes())
                 .map_err(|e| fault(name, format!("not a header name: {e}")))?;
-            let value = HeaderValue::from_str(&value).map_err(|_| {
+            let mut value = HeaderValue::from_str(&value).map_err(|_| {
                 fault(
                     name,
                     "the rendered value is not a header value (a line break or a control \
@@ -41,6 +41,8 @@ impl Unit<'_> {
                         .into(),
                 )
             })?;
+            // As the agent's other header values: never printed (they may hold `env`'s).
+            value.set_sensitive(true);
             headers.append(header, value);
         }
         Ok(Some(headers))

@@ -102,9 +102,6 @@ pub fn agent_url(url: &str) -> Result<Url, EndpointError> {
     Ok(parsed)
 }
 
-/// Lays the agent's rendered `header` nodes over a protocol's default headers. Values are
-/// marked sensitive (never printed); a repeated name sends several values, and its first
-/// occurrence replaces the default of that name.
 /// `base` with `over`'s headers in place of any of the same names; borrowed when there
 /// is nothing over it (an agent's headers with a turn's own `header` values).
 pub fn headers_over<'h>(
@@ -126,6 +123,9 @@ pub fn headers_over<'h>(
     }
 }
 
+/// Lays the agent's rendered `header` nodes over a protocol's default headers. Values are
+/// marked sensitive (never printed); a repeated name sends several values, and its first
+/// occurrence replaces the default of that name.
 pub fn with_agent_headers(
     mut defaults: HeaderMap,
     headers: &[(String, String)],
