@@ -515,3 +515,26 @@ scenario "pq" for-each="p" {
         out[5]
     );
 }
+
+#[test]
+fn an_unsaved_buffer_in_a_directory_not_created_yet_gets_its_own_diagnostics() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let text = "agent \"a\" protocol=\"connexity\" builtin=\"booking\"\n\
+                scenario \"s\" {\n    user \"hi\"\n    expect reply contans=\"x\"\n}\n";
+    let steps = serde_json::json!([
+        {"do": "open", "file": "fresh/new.kdl", "text": text},
+    ]);
+    let out = session(dir.path(), steps);
+    let diagnostics = out
+        .iter()
+        .find_map(|step| step["diagnostics"].as_object())
+        .unwrap_or_else(|| panic!("no diagnostics: {out:?}"));
+    let (_, diags) = diagnostics
+        .iter()
+        .find(|(file, _)| file.ends_with("new.kdl"))
+        .unwrap_or_else(|| panic!("{diagnostics:?}"));
+    let diags = diags.as_array().expect("a list");
+    // The buffer's own problem, where it is; not "cannot read `fresh`" at 0:0.
+    assert_eq!(diags.len(), 1, "{diags:?}");
+    assert_eq!(diags[0]["code"], "trellis::unknown_property", "{diags:?}");
+}

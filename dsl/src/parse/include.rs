@@ -38,7 +38,12 @@ impl Loader {
             return;
         }
         let (mut found, mut problems) = suite_files(path);
-        if path.is_dir() {
+        // A directory not created yet, holding an editor's unsaved buffers, is read as theirs.
+        let unsaved_dir = !path.exists() && {
+            let dir = canonical(path);
+            self.overlay.keys().any(|b| b.starts_with(&dir))
+        };
+        if path.is_dir() || unsaved_dir {
             // Unsaved buffers of new files under the directory belong to it too.
             let dir = canonical(path);
             for buffer in self.overlay.keys() {
@@ -51,7 +56,8 @@ impl Loader {
             }
             found.sort();
             if !found.is_empty() {
-                problems.retain(|d| d.kind != Kind::NoSuite);
+                problems
+                    .retain(|d| d.kind != Kind::NoSuite && !(unsaved_dir && d.kind == Kind::Io));
             }
         }
         self.diags.extend(problems);
