@@ -840,7 +840,10 @@ impl Console {
         if self.llm.calls > 0 {
             let llm = &self.llm;
             outln!(
-                "LLM (judges, simulated users, agents' LLMs): {}, {} tokens in, {} out{}{}",
+                // The engine's own calls, from the trajectories' records: a model under
+                // test (`openai`/`anthropic` agents) is in the `agent` role of the line below.
+                "LLM (judges, simulated users, attackers, Fixie's LLM): {}, {} tokens in, {} \
+                 out{}{}",
                 count(llm.calls, "call", "calls"),
                 llm.input_tokens,
                 llm.output_tokens,
