@@ -1266,7 +1266,15 @@ impl<'a> Unit<'a> {
                 None => {
                     let asked = std::time::Instant::now();
                     let simulated = self.shared.llm.simulate(task).await;
-                    state.active += asked.elapsed();
+                    // As for the agent's turns, time queued for the provider (its limits, a
+                    // one-slot server busy with other trajectories) is not the trajectory's.
+                    let calls = match &simulated {
+                        Ok(s) => &s.calls,
+                        Err((_, calls)) => calls,
+                    };
+                    let queued: f64 = calls.iter().map(|c| c.waited_ms).sum();
+                    let queued = Duration::try_from_secs_f64(queued / 1000.0).unwrap_or_default();
+                    state.active += asked.elapsed().saturating_sub(queued);
                     simulated
                 }
             };
