@@ -425,8 +425,13 @@ fn is_watch_latest(runs_dir: &Path, dir: &Path) -> bool {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
     };
-    match (parent.canonicalize(), runs_dir.canonicalize()) {
-        (Ok(parent), Ok(runs)) => parent == runs,
+    same_dir(parent, runs_dir)
+}
+
+/// Whether `a` and `b` name the same existing directory (however each is spelled).
+pub fn same_dir(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
         _ => false,
     }
 }

@@ -742,7 +742,7 @@ fn report(args: &ReportArgs) -> u8 {
     let out = args.out.as_deref().unwrap_or(&args.dir);
     // A run still writing its journal would have its files replaced under it (and then
     // fail to put its own in place): wait for it, as `--resume` and `merge` do.
-    let claims = match report_claims(&args.dir, out) {
+    let _claims = match report_claims(&args.dir, out) {
         Ok(claims) => claims,
         Err(message) => {
             console::errln!("error: {message}");
@@ -750,7 +750,6 @@ fn report(args: &ReportArgs) -> u8 {
         }
     };
     let options = trellis_reports::ReportOptions::default();
-    let _claims = claims;
     match trellis_reports::write_reports_to(&args.dir, out, &options) {
         Ok(files) => {
             for path in files.written() {
@@ -803,11 +802,7 @@ fn report_claims(dir: &Path, out: &Path) -> Result<Vec<recorder::OutClaim>, Stri
         return Ok(Vec::new());
     }
     let mut claims = vec![recorder::claim_run_dir(dir)?];
-    let same = match (dir.canonicalize(), out.canonicalize()) {
-        (Ok(a), Ok(b)) => a == b,
-        _ => false,
-    };
-    if !same {
+    if !history::same_dir(dir, out) {
         if history::is_run_dir(out) {
             let id = |d: &Path| history::read_run(d).ok().map(|r| r.run_id);
             let (theirs, ours) = (id(out), id(dir));

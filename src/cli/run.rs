@@ -472,12 +472,8 @@ fn keeps_baseline(
     baseline: Option<&trellis_reports::history::RunEntry>,
     args: &RunArgs,
 ) -> Result<(), String> {
-    let same = |dir: &Path| match (dir.canonicalize(), out.canonicalize()) {
-        (Ok(a), Ok(b)) => a == b,
-        _ => false,
-    };
     if let Some(base) = baseline
-        && same(&base.dir)
+        && trellis_reports::history::same_dir(&base.dir, out)
     {
         return Err(format!(
             "{} is the baseline this run is compared with (run {}): a run recorded there \

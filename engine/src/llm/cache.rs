@@ -201,18 +201,7 @@ async fn send(
     let admission = match meter.admit() {
         Ok(admission) => admission,
         // Not made: not counted as a call either.
-        Err(reason) => {
-            let error = LlmError::Budget(reason);
-            return LlmOutcome {
-                call: LlmCall {
-                    provider: client.id().to_owned(),
-                    model: client.model_for(request).unwrap_or_default().to_owned(),
-                    error: Some(error.to_string()),
-                    ..LlmCall::default()
-                },
-                result: Err(error),
-            };
-        }
+        Err(reason) => return unsent(client, request, LlmError::Budget(reason), None),
     };
     let mut outcome = client.complete(request, deadline).await;
     if let Some(cache) = cache {
@@ -230,18 +219,31 @@ fn failed(
     meter: &LlmMeter,
     role: Role,
 ) -> LlmOutcome {
-    let outcome = LlmOutcome {
-        call: LlmCall {
-            provider: client.id().to_owned(),
-            model: client.model_for(request).unwrap_or_default().to_owned(),
-            cache: CacheUse::Miss,
-            error: Some(error.to_string()),
-            ..LlmCall::default()
-        },
-        result: Err(error),
-    };
+    let outcome = unsent(client, request, error, Some(CacheUse::Miss));
     meter.record(role, &outcome.call);
     outcome
+}
+
+/// The outcome of a call that ended with `error` before anything was sent.
+fn unsent(
+    client: &ProviderClient,
+    request: &LlmRequest,
+    error: LlmError,
+    cache: Option<CacheUse>,
+) -> LlmOutcome {
+    let mut call = LlmCall {
+        provider: client.id().to_owned(),
+        model: client.model_for(request).unwrap_or_default().to_owned(),
+        error: Some(error.to_string()),
+        ..LlmCall::default()
+    };
+    if let Some(cache) = cache {
+        call.cache = cache;
+    }
+    LlmOutcome {
+        call,
+        result: Err(error),
+    }
 }
 
 fn entry_path(dir: &Path, key: &str) -> PathBuf {

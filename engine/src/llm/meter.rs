@@ -92,7 +92,7 @@ impl LlmMeter {
     /// before anything was sent).
     pub fn record(&self, role: Role, call: &LlmCall) {
         let sent = call.cache != CacheUse::Hit && call.attempts > 0;
-        self.add(role, call, sent, None, true);
+        self.add(role, call, sent, false, true);
     }
 
     /// Lets one call be sent, unless `--max-llm-calls` leaves no room for it: then the run
@@ -131,7 +131,7 @@ impl LlmMeter {
         let in_flight = !admission.counted;
         admission.counted = true;
         let sent = call.cache != CacheUse::Hit && call.attempts > 0;
-        self.add(role, call, sent, Some(in_flight), true);
+        self.add(role, call, sent, in_flight, true);
     }
 
     /// Counts an agent turn's own model use, as the agent reported it (tokens, cost): one
@@ -152,12 +152,12 @@ impl LlmMeter {
             attempts: 1,
             ..LlmCall::default()
         };
-        self.add(Role::Agent, &call, sent_by_engine, None, sent_by_engine);
+        self.add(Role::Agent, &call, sent_by_engine, false, sent_by_engine);
     }
 
-    /// `admitted`: `Some(true)` when the call held a place among the calls in flight;
+    /// `held_place`: the call held a place among the calls in flight, given back now;
     /// `costed`: its cost counts against `--max-llm-cost`.
-    fn add(&self, role: Role, call: &LlmCall, sent: bool, admitted: Option<bool>, costed: bool) {
+    fn add(&self, role: Role, call: &LlmCall, sent: bool, held_place: bool, costed: bool) {
         let (calls, cost) = {
             let Ok(mut spent) = self.spent.lock() else {
                 return;
@@ -166,7 +166,7 @@ impl LlmMeter {
             if sent {
                 spent.sent += 1;
             }
-            if admitted == Some(true) {
+            if held_place {
                 spent.in_flight = spent.in_flight.saturating_sub(1);
             }
             if costed {
