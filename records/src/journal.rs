@@ -174,6 +174,13 @@ pub struct RunSummary {
     /// Why the run stopped before its end on its own (`--max-llm-calls`, `--max-llm-cost`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stopped_by: Option<String>,
+    /// The run was stopped (a signal, a budget, a newer save in watch) before all of its
+    /// work was done: trajectories it had not finished are not in its records. Counting
+    /// trajectories cannot tell this: an agent that forks (MultiAgentEval's `branch`) adds
+    /// trajectories the plan does not count, so a stopped run can record more than it
+    /// planned. Journals from before this field read as not interrupted.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub interrupted: bool,
     /// Connections to a loopback agent whose accept queue was full, made again after the
     /// agent's kernel dropped their first attempt, by the address they went to (`host:port`).
     /// The wait is in those turns' latencies; lowering `--jobs` or raising the agent's

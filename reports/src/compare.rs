@@ -233,10 +233,11 @@ pub const SPREAD_RUNS: usize = 3;
 pub const SPREAD_WINDOW: usize = 20;
 
 /// Why a run's results do not cover its plan, when they do not, as a predicate of "the head
-/// run": it never reached its end
-/// (killed), or recorded fewer trajectories than it planned (stopped by a signal or a
-/// budget). Such a head run fails the comparison, and the scenarios it did not reach are
-/// `not run`, not `removed`: a gate must not pass on what was never checked.
+/// run": it never reached its end (killed), or was stopped before its work was done (a
+/// signal or a budget; said by the run itself, since an agent that forks makes a stopped
+/// run's count exceed its plan), or recorded fewer trajectories than it planned. Such a
+/// head run fails the comparison, and the scenarios it did not reach are `not run`, not
+/// `removed`: a gate must not pass on what was never checked.
 pub fn incomplete(run: &RunStats) -> Option<String> {
     let a = &run.aggregates;
     if !a.finished {
@@ -248,6 +249,12 @@ pub fn incomplete(run: &RunStats) -> Option<String> {
     } else if a.counts.trajectories < a.planned {
         Some(format!(
             "was stopped after {} of {} planned trajectories",
+            a.counts.trajectories, a.planned
+        ))
+    } else if a.interrupted {
+        Some(format!(
+            "was stopped before its work was done ({} trajectories recorded, with those its \
+             agents forked beyond the {} planned; `trellis run --resume` finishes it)",
             a.counts.trajectories, a.planned
         ))
     } else {

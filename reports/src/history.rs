@@ -344,6 +344,9 @@ pub struct RunEntry {
     pub skipped: Option<u64>,
     /// `runs.finished_at` is set: the run reached its end.
     pub finished: bool,
+    /// It reached its end having been stopped before its work was done (a signal, an LLM
+    /// budget): `runs.interrupted`, or fewer trajectories than `runs.planned_trajectories`.
+    pub stopped: bool,
     pub labels: BTreeMap<String, String>,
     pub meta: Option<RunMeta>,
 }
@@ -507,6 +510,7 @@ pub fn read_run(dir: &Path) -> Result<RunEntry, HistoryError> {
         errors: None,
         skipped: None,
         finished: false,
+        stopped: false,
         labels: meta.as_ref().map(|m| m.labels.clone()).unwrap_or_default(),
         meta,
     };
@@ -519,6 +523,7 @@ pub fn read_run(dir: &Path) -> Result<RunEntry, HistoryError> {
             entry.started_at = Some(row.started_at);
             entry.duration_ms = row.duration_ms;
             entry.finished = row.finished;
+            entry.stopped = row.stopped;
             entry.trajectories = Some(row.trajectories);
             entry.passed = Some(row.passed);
             entry.failed = Some(row.failed);
@@ -537,6 +542,7 @@ struct RunsRow {
     started_at: String,
     duration_ms: Option<f64>,
     finished: bool,
+    stopped: bool,
     trajectories: u64,
     passed: u64,
     failed: u64,
@@ -557,6 +563,8 @@ fn read_runs_row(path: &Path) -> PolarsResult<RunsRow> {
             "failed",
             "errors",
             "skipped",
+            "planned_trajectories",
+            "interrupted",
         ],
     )?;
     let text = |name: &str| -> PolarsResult<Option<String>> {
@@ -570,11 +578,23 @@ fn read_runs_row(path: &Path) -> PolarsResult<RunsRow> {
             .flatten()
             .unwrap_or(0))
     };
+    let finished = text("finished_at")?.is_some();
+    // Tables from before `interrupted` lack it: their stopped runs are short of their plan.
+    let interrupted = columns.has("interrupted")
+        && columns
+            .bools("interrupted")?
+            .into_iter()
+            .next()
+            .flatten()
+            .unwrap_or(false);
+    let short = columns.has("planned_trajectories")
+        && count("trajectories")? < count("planned_trajectories")?;
     Ok(RunsRow {
         run_id: text("run_id")?.unwrap_or_default(),
         started_at: text("started_at")?.unwrap_or_default(),
         duration_ms: columns.floats("duration_ms")?.into_iter().next().flatten(),
-        finished: text("finished_at")?.is_some(),
+        finished,
+        stopped: finished && (interrupted || short),
         trajectories: count("trajectories")?,
         passed: count("passed")?,
         failed: count("failed")?,

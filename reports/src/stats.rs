@@ -245,6 +245,10 @@ pub struct RunAggregates {
     pub planned: u64,
     /// The run reached its end (`run_finished` in the journal).
     pub finished: bool,
+    /// It reached its end having been stopped before all of its work was done
+    /// (`run_finished.interrupted`).
+    #[serde(default)]
+    pub interrupted: bool,
     pub pass_rate: Option<f64>,
     pub pass_rate_interval: Option<Interval>,
     pub latency: Latency,
@@ -777,6 +781,7 @@ impl StatsBuilder {
             counts: self.counts,
             planned: self.info.as_ref().map_or(0, |i| i.planned_trajectories),
             finished: self.summary.is_some(),
+            interrupted: self.summary.as_ref().is_some_and(|s| s.interrupted),
             pass_rate: self.counts.pass_rate(),
             pass_rate_interval: wilson_interval(self.counts.passed, self.counts.ran(), CONFIDENCE),
             // Every turn is in one scenario's list: the run's are all of them, gathered

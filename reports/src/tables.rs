@@ -489,6 +489,7 @@ table!(
         skipped: Vec<u64>,
         turns: Vec<u64>,
         planned_trajectories: Vec<u64>,
+        interrupted: Vec<bool>,
         suites: Vec<Vec<String>>,
         suite_fingerprint: Vec<Option<String>>,
         git_commit: Vec<Option<String>>,
@@ -1020,6 +1021,8 @@ impl Tables {
         r.skipped.push(run.skipped);
         r.turns.push(run.turns);
         r.planned_trajectories.push(run.info.planned_trajectories);
+        r.interrupted
+            .push(run.finished.is_some_and(|s| s.interrupted));
         r.suites.push(run.info.suites.clone());
         let meta = run.meta;
         r.suite_fingerprint.push(

@@ -260,6 +260,7 @@ fn state(run: &RunEntry) -> String {
         Some(m) if m.partial => parts.push(format!("partial merge of {} shards", m.shards)),
         Some(m) => parts.push(format!("merged from {} shards", m.shards)),
         None if !run.finished => parts.push("unfinished".to_owned()),
+        None if run.stopped => parts.push("stopped".to_owned()),
         None => {}
     }
     parts.join(", ")

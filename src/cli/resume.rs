@@ -36,7 +36,10 @@ const PROBLEMS_SHOWN: usize = 10;
 /// What `--resume DIR` found.
 pub(super) enum Prepared {
     /// The run reached its end: nothing to run.
-    AlreadyFinished { run_id: String, summary: RunSummary },
+    AlreadyFinished {
+        run_id: String,
+        summary: Box<RunSummary>,
+    },
     /// The journal is empty: the run was killed before it recorded anything (its
     /// `run_started` is the first thing it flushes), so it starts over.
     Empty,
@@ -128,15 +131,16 @@ pub(super) fn prepare(
             Ok(JournalEntry::Agent(agent)) => {
                 agents.insert(agent.agent);
             }
-            // A run stopped by a signal ends its journal too, having recorded fewer
-            // trajectories than it planned (each planned one gets at least one record,
-            // skipped or not, in a run that reaches its end): that one goes on.
+            // A run stopped by a signal ends its journal too, saying so (`interrupted`;
+            // one from before that field recorded fewer trajectories than it planned, as
+            // each planned one gets at least one record, skipped or not, in a run that
+            // reaches its end): that one goes on.
             Ok(JournalEntry::RunFinished(summary))
-                if summary.trajectories >= info.planned_trajectories =>
+                if !summary.interrupted && summary.trajectories >= info.planned_trajectories =>
             {
                 return Ok(Prepared::AlreadyFinished {
                     run_id: info.run_id,
-                    summary,
+                    summary: Box::new(summary),
                 });
             }
             Ok(JournalEntry::RunFinished(_)) => {}

@@ -319,6 +319,7 @@ pub fn run(args: RunArgs) -> u8 {
             "run_id": run_id,
             "out": out.display().to_string(),
             "finished": s.is_some(),
+            "interrupted": s.map(|s| s.interrupted),
             "trajectories": s.map(|s| s.trajectories),
             "passed": s.map(|s| s.passed),
             "failed": s.map(|s| s.failed),

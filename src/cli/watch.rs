@@ -1135,6 +1135,7 @@ impl Recorder {
                         run_id: s.run_id.clone(),
                         finished_at: s.finished_at.clone(),
                         duration_ms: s.duration_ms,
+                        interrupted: s.interrupted,
                         ..self.recorded.clone()
                     };
                     self.rerun.push(&Event::RunFinished(recorded));

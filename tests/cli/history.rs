@@ -123,6 +123,7 @@ pub(super) fn write_run(runs_dir: &Path, name: &str, started_at: &str, samples: 
         invalid: 0,
         llm_roles: Default::default(),
         stopped_by: None,
+        interrupted: false,
         connections_redone: Default::default(),
         turns: samples.len() as u64,
     }));

@@ -235,6 +235,11 @@ async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSummary
         });
     }
     while scenario_tasks.join_next().await.is_some() {}
+    // Stopped while work remained: what was cut off is missing from the records. (A stop
+    // that only came while the late spans below were awaited cut nothing off.) Calls in
+    // flight at the stop may all have finished: such a run is called interrupted anyway,
+    // and `--resume` finds nothing left to run and finishes it.
+    let interrupted = shared.stop.is_cancelled();
     // Long-lived agent processes (and their process trees) end with the run, waited for.
     shared.agents.close().await;
     // Spans that came after their turn was recorded (batch exporters), or of agents whose
@@ -282,6 +287,7 @@ async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSummary
         turns: t.turns.load(Ordering::Relaxed),
         llm_roles: shared.llm.meter().by_role(),
         stopped_by: shared.llm.meter().tripped(),
+        interrupted,
         connections_redone: redone
             .since(&redone_before)
             .into_iter()

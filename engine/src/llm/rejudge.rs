@@ -75,6 +75,7 @@ pub async fn rejudge_draw(
     let mut nodes: HashMap<NodeKey, Arc<NodeRecord>> = HashMap::new();
     let mut out: Vec<JournalEntry> = Vec::new();
     let mut trajectories: Vec<TrajectoryRecord> = Vec::new();
+    let mut original_end: Option<RunSummary> = None;
     for entry in entries {
         match entry {
             JournalEntry::RunStarted(i) => info = Some(i),
@@ -85,7 +86,7 @@ pub async fn rejudge_draw(
                 nodes.insert(n.key(), Arc::new(n));
             }
             JournalEntry::Trajectory(t) => trajectories.push(*t),
-            JournalEntry::RunFinished(_) => {}
+            JournalEntry::RunFinished(s) => original_end = Some(s),
         }
     }
     let original = info.ok_or(RejudgeError::NotARun)?;
@@ -129,6 +130,9 @@ pub async fn rejudge_draw(
     let mut counts = RejudgeCounts::default();
     let mut summary = RunSummary {
         run_id: new_info.run_id.clone(),
+        // Re-scoring covers what the original recorded, no more: an original that was
+        // stopped, or never reached its end, leaves the re-scored run short of its plan.
+        interrupted: original_end.is_none_or(|s| s.interrupted),
         ..RunSummary::default()
     };
     for (t, c) in results {

@@ -188,7 +188,8 @@ pub(crate) struct RateRow {
 pub(crate) struct Coverage {
     recorded: u64,
     planned: u64,
-    percent: String,
+    /// `None` when the run recorded more than it planned (its agents forked).
+    percent: Option<String>,
     /// The journal ended properly (Ctrl-C, SIGTERM) rather than being cut off.
     finished: bool,
 }
@@ -972,11 +973,17 @@ impl Anchors {
 pub(crate) fn build(page: &Page<'_>) -> PageView {
     let info = page.info;
     let total = &page.tally.total;
-    let coverage =
-        (total.total() < info.planned_trajectories || page.finished.is_none()).then(|| Coverage {
+    let interrupted = page.finished.is_some_and(|f| f.interrupted);
+    let coverage = (total.total() < info.planned_trajectories
+        || page.finished.is_none()
+        || interrupted)
+        .then(|| Coverage {
             recorded: total.total(),
             planned: info.planned_trajectories,
-            percent: percent(total.total(), info.planned_trajectories),
+            // Trajectories an agent forked are not planned: a stopped run of such an agent
+            // can record more than its plan, and a share of it would say more than 100%.
+            percent: (total.total() <= info.planned_trajectories)
+                .then(|| percent(total.total(), info.planned_trajectories)),
             finished: page.finished.is_some(),
         });
     let checks_skipped = (page.tally.checks_skipped > 0).then(|| {

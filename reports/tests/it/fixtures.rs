@@ -330,6 +330,7 @@ pub fn summary() -> RunSummary {
         invalid: 0,
         llm_roles: Default::default(),
         stopped_by: None,
+        interrupted: false,
         connections_redone: Default::default(),
         turns: 13,
     }
