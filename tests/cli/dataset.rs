@@ -1473,3 +1473,59 @@ async fn a_dataset_with_a_header_and_no_rows_checks_row_against_its_header() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("row.name"), "{}", stderr(&o));
 }
+
+#[tokio::test]
+async fn a_report_of_thousands_of_instances_draws_the_failures_and_counts_the_rest() {
+    // 260 rows, two of which expect what the agent never says: one early, one past the
+    // scenarios the page would draw in plan order.
+    let mut csv = String::from("id,word\n");
+    for i in 0..260 {
+        let word = if i == 100 || i == 250 {
+            "zebra"
+        } else {
+            "postal code"
+        };
+        csv.push_str(&format!("r{i:03},{word}\n"));
+    }
+    let suite = format!(
+        "{AGENT}dataset \"rows\" path=\"rows.csv\"\n\
+         scenario \"many\" for-each=\"rows\" {{\n\
+             row-id \"{{{{ row.id }}}}\"\n\
+             user \"Hi, I would like to book a duct cleaning.\"\n\
+             expect reply contains=\"{{{{ row.word }}}}\"\n\
+         }}\n"
+    );
+    let dir = project(&suite, &[("rows.csv", csv.as_bytes())]);
+    let out = dir.path().join("out");
+    let o = trellis()
+        .args(["run", "-q"])
+        .arg(dir.path().join("suite.kdl"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert_eq!(html.matches("<section class=\"scenario\"").count(), 200);
+    for failing in ["many[r100]", "many[r250]"] {
+        assert!(html.contains(&format!("<h3>{failing}</h3>")), "{failing}");
+    }
+    // Plan order otherwise: the first rows are drawn, the last passing ones are not.
+    assert!(html.contains("<h3>many[r000]</h3>"));
+    assert!(!html.contains("<h3>many[r259]</h3>"));
+    assert!(
+        html.contains(
+            "Not drawn here: 60 of 260 scenarios (every one of their 60 trajectories passed)"
+        ),
+        "{}",
+        &html[html.find("Not drawn").unwrap_or(0)..][..300.min(html.len())]
+    );
+    assert!(html.contains("… 60 more scenarios not drawn on this page"));
+    // The totals count every one.
+    assert!(html.contains("<b>260</b><span>trajectories</span>"));
+    assert_eq!(
+        read_parquet(&out.join("trajectories.parquet")).height(),
+        260
+    );
+}

@@ -929,6 +929,75 @@ fn scenario_order<'a>(page: &Page<'a>) -> Vec<(String, String, Option<&'a Scenar
     order
 }
 
+/// Scenario sections (and rows of the scenario tables) the page draws at most: a suite
+/// over a dataset of 10,000 rows has 10,000 scenarios, and a section for each made an 18 MB
+/// page that took seconds to open. The totals always count every scenario.
+const MAX_SCENARIO_SECTIONS: usize = 200;
+
+/// Positions in `order` of the scenarios the page draws: all of them when they are few;
+/// else, up to [`MAX_SCENARIO_SECTIONS`], those with a trajectory that did not pass, then
+/// those whose transcripts the page shows, then the rest, each group in `order`.
+fn drawn_scenarios(
+    page: &Page<'_>,
+    order: &[(String, String, Option<&ScenarioInfo>)],
+) -> BTreeSet<usize> {
+    if order.len() <= MAX_SCENARIO_SECTIONS {
+        return (0..order.len()).collect();
+    }
+    let with_transcripts: HashSet<(&str, &str)> = page
+        .rendered
+        .trajectories
+        .iter()
+        .map(|t| (t.suite.as_str(), t.scenario.as_str()))
+        .collect();
+    let rank = |(suite, scenario, _): &(String, String, Option<&ScenarioInfo>)| {
+        let counts = page
+            .tally
+            .by_scenario
+            .get(&(suite.clone(), scenario.clone()));
+        if counts.is_some_and(|c| c.total() > c.passed) {
+            0
+        } else if with_transcripts.contains(&(suite.as_str(), scenario.as_str())) {
+            1
+        } else {
+            2
+        }
+    };
+    let mut ranked: Vec<(u8, usize)> = order
+        .iter()
+        .enumerate()
+        .map(|(index, s)| (rank(s), index))
+        .collect();
+    ranked.sort_unstable();
+    ranked
+        .into_iter()
+        .take(MAX_SCENARIO_SECTIONS)
+        .map(|(_, index)| index)
+        .collect()
+}
+
+/// What the scenarios the page does not draw add up to.
+#[derive(Default)]
+struct Undrawn {
+    scenarios: u64,
+    not_passing: u64,
+    counts: Counts,
+}
+
+impl Undrawn {
+    fn add(&mut self, counts: &Counts) {
+        self.scenarios += 1;
+        if counts.total() > counts.passed {
+            self.not_passing += 1;
+        }
+        self.counts.passed += counts.passed;
+        self.counts.failed += counts.failed;
+        self.counts.errors += counts.errors;
+        self.counts.skipped += counts.skipped;
+        self.counts.invalid += counts.invalid;
+    }
+}
+
 /// `items` without repeats, first occurrence kept (a suite and its scenario may both carry
 /// a tag).
 fn distinct(items: &[String]) -> Vec<String> {
@@ -1001,20 +1070,46 @@ pub(crate) fn build(page: &Page<'_>) -> PageView {
 
     let mut scenarios = Vec::new();
     let mut by_scenario = Vec::new();
-    for (index, (suite, scenario, plan)) in scenario_order(page).into_iter().enumerate() {
+    let order = scenario_order(page);
+    let drawn = drawn_scenarios(page, &order);
+    let mut undrawn = Undrawn::default();
+    for (index, (suite, scenario, plan)) in order.into_iter().enumerate() {
+        let key = (suite, scenario);
+        let counts = page
+            .tally
+            .by_scenario
+            .get(&key)
+            .copied()
+            .unwrap_or_default();
+        if !drawn.contains(&index) {
+            undrawn.add(&counts);
+            continue;
+        }
+        let (suite, scenario) = key;
         let view = scenario_view(page, index, &suite, &scenario, plan);
         by_scenario.push(RateRow {
             name: format!("{suite} / {scenario}"),
             anchor: Some(view.anchor.clone()),
-            counts: CountsView::of(
-                page.tally
-                    .by_scenario
-                    .get(&(suite.clone(), scenario.clone()))
-                    .unwrap_or(&Counts::default()),
-            ),
+            counts: CountsView::of(&counts),
         });
         scenarios.push(view);
     }
+    if undrawn.scenarios > 0 {
+        by_scenario.push(RateRow {
+            name: format!(
+                "… {} not drawn on this page",
+                count(undrawn.scenarios, "more scenario", "more scenarios")
+            ),
+            anchor: None,
+            counts: CountsView::of(&undrawn.counts),
+        });
+    }
+    let drawn_keys: HashSet<(&str, &str)> = scenarios
+        .iter()
+        .map(|v| (v.suite.as_str(), v.id.as_str()))
+        .collect();
+    let is_drawn =
+        |t: &TrajectoryRecord| drawn_keys.contains(&(t.suite.as_str(), t.scenario.as_str()));
 
     let mut filter_agents: Vec<String> = Vec::new();
     for info in &info.scenarios {
@@ -1035,7 +1130,24 @@ pub(crate) fn build(page: &Page<'_>) -> PageView {
             filter_suites.push(suite.clone());
         }
     }
-    let rendered = &page.rendered.trajectories;
+    // Transcripts of scenarios not drawn have no section to sit in.
+    let rendered: Vec<&TrajectoryRecord> = page
+        .rendered
+        .trajectories
+        .iter()
+        .filter(|t| is_drawn(t))
+        .collect();
+    let (hidden_failing, hidden_passing) = page
+        .rendered
+        .trajectories
+        .iter()
+        .filter(|t| !is_drawn(t))
+        .fold((0, 0), |(f, p), t| match t.status {
+            TrajectoryStatus::Passed => (f, p + 1),
+            _ => (f + 1, p),
+        });
+    let omitted_failing = page.rendered.omitted_failing + hidden_failing;
+    let omitted_passing = page.rendered.omitted_passing + hidden_passing;
     let status_counts = [
         TrajectoryStatus::Failed,
         TrajectoryStatus::Error,
@@ -1049,29 +1161,54 @@ pub(crate) fn build(page: &Page<'_>) -> PageView {
         count: rendered.iter().filter(|t| t.status == status).count(),
     })
     .collect();
-    let omitted =
-        (page.rendered.omitted_failing > 0 || page.rendered.omitted_passing > 0).then(|| {
-            let mut parts = Vec::new();
-            if page.rendered.omitted_failing > 0 {
-                parts.push(count(
-                    page.rendered.omitted_failing,
-                    "non-passing trajectory",
-                    "non-passing trajectories",
-                ));
-            }
-            if page.rendered.omitted_passing > 0 {
-                parts.push(count(
-                    page.rendered.omitted_passing,
-                    "passing trajectory",
-                    "passing trajectories",
-                ));
-            }
+    let omitted_trajectories = (omitted_failing > 0 || omitted_passing > 0).then(|| {
+        let mut parts = Vec::new();
+        if omitted_failing > 0 {
+            parts.push(count(
+                omitted_failing,
+                "non-passing trajectory",
+                "non-passing trajectories",
+            ));
+        }
+        if omitted_passing > 0 {
+            parts.push(count(
+                omitted_passing,
+                "passing trajectory",
+                "passing trajectories",
+            ));
+        }
+        format!(
+            "Not listed here: {} (the page keeps to a readable size); the trees count \
+             them, trajectories.parquet has every trajectory and turns.parquet every turn.",
+            parts.join(" and ")
+        )
+    });
+    let omitted_scenarios = (undrawn.scenarios > 0).then(|| {
+        let not_passing = if undrawn.not_passing == 0 {
             format!(
-                "Not listed here: {} (the page keeps to a readable size); the trees count \
-                 them, trajectories.parquet has every trajectory and turns.parquet every turn.",
-                parts.join(" and ")
+                "every one of their {} passed",
+                count(undrawn.counts.total(), "trajectory", "trajectories")
             )
-        });
+        } else {
+            format!(
+                "{} of their {} did not pass",
+                undrawn.counts.total() - undrawn.counts.passed,
+                count(undrawn.counts.total(), "trajectory", "trajectories")
+            )
+        };
+        format!(
+            "Not drawn here: {} of {} scenarios ({not_passing}); the page draws at most {} \
+             of them, those with a trajectory that did not pass first. The totals and the \
+             last row of \"By scenario\" count them; trajectories.parquet has every one.",
+            undrawn.scenarios,
+            drawn.len() as u64 + undrawn.scenarios,
+            MAX_SCENARIO_SECTIONS
+        )
+    });
+    let omitted = match (omitted_scenarios, omitted_trajectories) {
+        (Some(s), Some(t)) => Some(format!("{s} {t}")),
+        (s, t) => s.or(t),
+    };
 
     PageView {
         run_id: info.run_id.clone(),
@@ -1124,7 +1261,16 @@ pub(crate) fn build(page: &Page<'_>) -> PageView {
         agent_grids: agent_grids(
             &filter_suites,
             &filter_agents,
-            &page.tally.by_scenario_agent,
+            // The drawn scenarios' rows: the grid is per scenario, as the tables are.
+            &page
+                .tally
+                .by_scenario_agent
+                .iter()
+                .filter(|((suite, scenario, _), _)| {
+                    drawn_keys.contains(&(suite.as_str(), scenario.as_str()))
+                })
+                .map(|(key, counts)| (key.clone(), *counts))
+                .collect(),
             &scenarios
                 .iter()
                 .map(|v| ((v.suite.clone(), v.id.clone()), v.anchor.clone()))
