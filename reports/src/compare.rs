@@ -717,20 +717,10 @@ pub fn judge_latency(
         (Some(b), Some(h)) => Some((b, h - b)),
         _ => None,
     };
-    // Head's turns slower (Greater) or faster (Less) than base's.
-    let test = |alternative| {
-        mannwhitneyu(
-            &samples.head,
-            &samples.base,
-            MannWhitneyUMethod::Automatic,
-            alternative,
-        )
-        .ok()
-        .map(|(_, p)| p)
-    };
     if past(base_mean, mean_change) {
         let typical_slower = median_change.is_some_and(|(b, d)| past(b, d));
-        let p = test(Alternative::Greater);
+        // Head's turns slower than base's.
+        let p = rank_test_greater(&samples.head, &samples.base);
         match p {
             Some(p) if p < t.alpha && typical_slower && !within_spread(head_mean, samples, t) => {
                 (Verdict::Regressed, Some(p))
@@ -739,7 +729,7 @@ pub fn judge_latency(
         }
     } else if past(base_mean, -mean_change) {
         let typical_faster = median_change.is_some_and(|(b, d)| past(b, -d));
-        let p = test(Alternative::Less);
+        let p = rank_test_greater(&samples.base, &samples.head);
         match p {
             Some(p) if p < t.alpha && typical_faster => (Verdict::Improved, Some(p)),
             _ => (Verdict::Unchanged, p),
@@ -747,6 +737,69 @@ pub fn judge_latency(
     } else {
         (Verdict::Unchanged, None)
     }
+}
+
+/// Samples up to this product of their sizes get the exact p-value (every way of ranking
+/// them, counted); larger ones, and any with ties, the normal approximation.
+const EXACT_RANKINGS: usize = 2_500;
+
+/// The one-sided Mann–Whitney U test's p-value that `x`'s values tend to be greater than
+/// `y`'s: the chance of a U at least as large as the observed one when both come from one
+/// distribution.
+///
+/// Why not statrs' exact method: statrs 0.19.1 returns the complement, `P(U < u)`, whenever
+/// `x` is not the larger sample (`calc_mwu_exact_pvalue`, `k == n1`), so 4 slower turns
+/// against 4 faster ones got p = 69/70 instead of 1/70 and a latency regression of a small
+/// run was called noise. Its normal approximation is right and is used past
+/// [`EXACT_RANKINGS`].
+fn rank_test_greater(x: &[f64], y: &[f64]) -> Option<f64> {
+    let (n1, n2) = (x.len(), y.len());
+    let (u1, asymptotic) = mannwhitneyu(
+        x,
+        y,
+        MannWhitneyUMethod::AsymptoticInclContinuityCorrection,
+        Alternative::Greater,
+    )
+    .ok()?;
+    let mut all: Vec<f64> = x.iter().chain(y).copied().collect();
+    all.sort_by(f64::total_cmp);
+    let ties = all.windows(2).any(|w| w[0] == w[1]);
+    if ties || n1 * n2 > EXACT_RANKINGS {
+        return Some(asymptotic);
+    }
+    // Without ties U is a whole number.
+    let u = u1.round() as usize;
+    let counts = u_counts(n1, n2);
+    let total: f64 = counts.iter().sum();
+    let at_least: f64 = counts.iter().skip(u).sum();
+    Some(at_least / total)
+}
+
+/// How many of the rankings of `m` values among `m + n` give U = 0, 1, …, m·n (the number
+/// of (x, y) pairs with x ranked above y): `c(m, n, u) = c(m − 1, n, u − n) + c(m, n − 1,
+/// u)`, as floating-point counts (exact up to 2^53, which the sizes it is used for stay
+/// under).
+fn u_counts(m: usize, n: usize) -> Vec<f64> {
+    // row[j] holds c(i, j, ·) for the current i.
+    let mut row: Vec<Vec<f64>> = (0..=n).map(|_| vec![1.0]).collect();
+    for i in 1..=m {
+        let mut next: Vec<Vec<f64>> = Vec::with_capacity(n + 1);
+        next.push(vec![1.0]);
+        for j in 1..=n {
+            let mut c = vec![0.0; i * j + 1];
+            // The largest value is an x (every y below it): U of the rest, plus j.
+            for (u, v) in row[j].iter().enumerate() {
+                c[u + j] += v;
+            }
+            // The largest value is a y: U of the rest.
+            for (u, v) in next[j - 1].iter().enumerate() {
+                c[u] += v;
+            }
+            next.push(c);
+        }
+        row = next;
+    }
+    row.swap_remove(n)
 }
 
 /// The head run's mean is no slower than earlier runs of the same suites have been (by
@@ -885,6 +938,47 @@ impl From<&Comparison> for crate::ComparePage {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_rank_test_takes_the_tail_it_is_asked_for() {
+        let fast = [10.0, 11.0, 12.0, 13.0];
+        let slow = [310.0, 311.0, 312.0, 313.0];
+        // Every slow turn above every fast one: 1 of the C(8, 4) = 70 rankings.
+        let p = rank_test_greater(&slow, &fast).unwrap();
+        assert!((p - 1.0 / 70.0).abs() < 1e-12, "{p}");
+        let p = rank_test_greater(&fast, &slow).unwrap();
+        assert!((p - 1.0).abs() < 1e-12, "{p}");
+        // Unequal sizes, either way round.
+        let p = rank_test_greater(&slow[..3], &fast).unwrap();
+        assert!((p - 1.0 / 35.0).abs() < 1e-12, "{p}");
+        let p = rank_test_greater(&slow, &fast[..2]).unwrap();
+        assert!((p - 1.0 / 15.0).abs() < 1e-12, "{p}");
+        // U = 4 of 2 × 3, as counted by hand: rankings with U ≥ 4 are 4 of 10.
+        let p = rank_test_greater(&[2.0, 5.0], &[1.0, 3.0, 4.0]).unwrap();
+        assert!((p - 0.4).abs() < 1e-12, "{p}");
+        let p = rank_test_greater(&[1.0, 4.0, 5.0], &[2.0, 3.0]).unwrap();
+        assert!((p - 0.4).abs() < 1e-12, "{p}");
+        // The counts are the binomial coefficient in all.
+        let counts = u_counts(8, 8);
+        assert_eq!(counts.iter().sum::<f64>(), 12_870.0);
+        assert_eq!(counts.len(), 65);
+        // The normal approximation, past the exact sizes, takes the same tail.
+        let many_fast: Vec<f64> = (0..60).map(|i| 10.0 + f64::from(i) * 0.01).collect();
+        let many_slow: Vec<f64> = (0..60).map(|i| 300.0 + f64::from(i) * 0.01).collect();
+        assert!(rank_test_greater(&many_slow, &many_fast).unwrap() < 1e-6);
+        assert!(rank_test_greater(&many_fast, &many_slow).unwrap() > 0.99);
+    }
+
+    #[test]
+    fn four_turns_each_way_slower_in_every_one_regress() {
+        let (verdict, p) = judge(&[28.0, 27.0, 29.0, 28.5], &[325.0, 326.0, 324.0, 327.0]);
+        assert_eq!(verdict, Verdict::Regressed);
+        assert!(p.unwrap() < 0.05, "{p:?}");
+        assert_eq!(
+            judge(&[325.0, 326.0, 324.0, 327.0], &[28.0, 27.0, 29.0, 28.5]).0,
+            Verdict::Improved
+        );
+    }
 
     fn t(passed: u64, samples: u64) -> Option<Tally> {
         Some(Tally { passed, samples })
