@@ -285,6 +285,12 @@ impl HttpTransport {
 
     fn builder() -> reqwest::ClientBuilder {
         reqwest::Client::builder()
+            // An agent's answer is the answer of the URL the suite names: a redirect is a
+            // fault like any other unexpected status, as on the plain path. Followed, a
+            // stream re-posted the turn (with the suite's headers but `Authorization`) to
+            // wherever the agent pointed, `/shutdown` on another host included, and the
+            // reply from there was checked as the agent's.
+            .redirect(reqwest::redirect::Policy::none())
             .tcp_nodelay(true)
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
             .connect_timeout(CONNECT_TIMEOUT)

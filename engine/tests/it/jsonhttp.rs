@@ -260,6 +260,49 @@ async fn a_stream_without_its_end_event_is_incomplete_and_a_silent_one_times_out
 }
 
 #[tokio::test]
+async fn a_redirect_is_a_fault_streamed_or_not_and_is_never_followed() {
+    // Where the redirect points: an agent that would answer, and counts what reaches it.
+    let elsewhere = MisbehavingServer::respond(
+        200,
+        "event: data\ndata: {\"content\": \"from elsewhere\"}\n\nevent: end\n\n",
+    )
+    .await;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/stream", listener.local_addr().unwrap());
+    let location = format!("{}/shutdown", elsewhere.url().trim_end_matches('/'));
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            let location = location.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 65536];
+                let _ = stream.read(&mut buf).await;
+                let head = format!(
+                    "HTTP/1.1 307 Temporary Redirect\r\nlocation: {location}\r\n\
+                     content-length: 0\r\nconnection: close\r\n\r\n"
+                );
+                let _ = stream.write_all(head.as_bytes()).await;
+            });
+        }
+    });
+    for extra in [STREAM, r#"reply json-path="$.content""#] {
+        let text = suite(&url, extra).replace(
+            "user \"hello\"",
+            "user \"hello\"\n    expect reply contains=\"elsewhere\"",
+        );
+        let t = only(&text).await;
+        assert_eq!(t.status, TrajectoryStatus::Error, "{extra}: {t:?}");
+        let fault = t.fault.as_ref().expect("a fault");
+        assert_eq!(
+            fault.category,
+            FaultCategory::Protocol,
+            "{extra}: {fault:?}"
+        );
+        assert!(fault.message.contains("307"), "{extra}: {fault:?}");
+    }
+    assert_eq!(elsewhere.requests(), 0, "a redirect was followed");
+}
+
+#[tokio::test]
 async fn a_complete_stream_joins_its_deltas() {
     let url = raw_server(
         "event: metadata\ndata: {\"run_id\": \"r\"}\n\nevent: data\ndata: {\"content\": \"Hel\"}\n\nevent: data\ndata: {\"content\": \"lo\"}\n\nevent: end\n\n",
