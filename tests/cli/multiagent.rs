@@ -282,3 +282,55 @@ async fn waiting_for_a_long_lived_agents_pipe_is_not_the_agents_time() {
         assert!(*ms >= 1000.0 && *ms < 2500.0, "{trajectories:?} {turns:?}");
     }
 }
+
+/// A long-lived agent that writes a log line on stdout before its answer when the task
+/// starts with `log`: the answer is left in the pipe behind the line that was not one.
+const STRAY_LINE: &str = r#"
+import json, os, sys
+with open(os.environ["PIDS"], "a") as f:
+    f.write(f"{os.getpid()}\n")
+for line in sys.stdin:
+    task = json.loads(line)["task_description"]
+    if task.startswith("log"):
+        print("INFO working on it")
+    print(json.dumps({"action": "final_answer", "summary": "answer to: " + task}), flush=True)
+"#;
+
+#[tokio::test]
+async fn a_stray_line_from_a_long_lived_agent_never_answers_the_next_call() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = write_agent(
+        dir.path(),
+        STRAY_LINE,
+        "long-lived",
+        r#"scenario "a-logs" { user "log please"; expect no-error }
+scenario "b-clean" { user "second"; expect reply equals="answer to: second" }
+scenario "c-clean" { user "third"; expect reply equals="answer to: third" }"#,
+    );
+    let out = dir.path().join("run");
+    let o = trellis()
+        .args(["run", "--jobs", "1", "--out"])
+        .arg(&out)
+        .arg(&suite)
+        .output()
+        .await
+        .unwrap();
+    let t = read_parquet(&out.join("trajectories.parquet"));
+    let statuses: Vec<(String, String)> = strings(&t, "scenario")
+        .into_iter()
+        .zip(strings(&t, "status"))
+        .map(|(s, st)| (s.unwrap(), st.unwrap()))
+        .collect();
+    assert_eq!(o.status.code(), Some(1), "{statuses:?} {}", stderr(&o));
+    let status_of = |name: &str| {
+        statuses
+            .iter()
+            .find(|(s, _)| s == name)
+            .map(|(_, st)| st.as_str())
+    };
+    assert_eq!(status_of("a-logs"), Some("error"), "{statuses:?}");
+    // Each later call got its own answer, from a process started afresh.
+    assert_eq!(status_of("b-clean"), Some("passed"), "{statuses:?}");
+    assert_eq!(status_of("c-clean"), Some("passed"), "{statuses:?}");
+    assert_eq!(pids(dir.path()).len(), 2);
+}

@@ -202,16 +202,41 @@ impl LineTransport {
         request: &[u8],
         timeout: Duration,
     ) -> (Duration, Result<LineReply, Fault>) {
+        let (queued, reply) = self
+            .call_decoded(request, timeout, |line| Ok(line.to_vec()))
+            .await;
+        (queued, reply.map(|(line, log)| LineReply { line, log }))
+    }
+
+    /// [`LineTransport::call_queued`], with the answer line decoded by `decode` before the
+    /// pipe or socket is free for the next call; with it, the process's stderr since the
+    /// previous call. A line `decode` refuses (other than as the agent's own report of a
+    /// failure, [`FaultCategory::AgentError`]) ends a kept pipe or socket like any failure:
+    /// an agent that wrote a stray line (a log line on stdout) still has its answer in the
+    /// pipe, and the next call, maybe another trajectory's, would read it as its own and
+    /// every answer after would be one behind.
+    pub async fn call_decoded<T>(
+        &self,
+        request: &[u8],
+        timeout: Duration,
+        decode: impl FnOnce(&[u8]) -> Result<T, Fault>,
+    ) -> (Duration, Result<(T, String), Fault>) {
         let timeout = timeout.min(self.limits.timeout);
+        let decoded = |reply: Result<LineReply, Fault>| {
+            reply.and_then(|reply| Ok((decode(&reply.line)?, reply.log)))
+        };
         match &self.endpoint {
             LineEndpoint::Process(spec) if spec.mode == ProcessMode::PerCall => {
-                return (Duration::ZERO, self.call_once(spec, request, timeout).await);
+                return (
+                    Duration::ZERO,
+                    decoded(self.call_once(spec, request, timeout).await),
+                );
             }
             LineEndpoint::Tcp(_) | LineEndpoint::Unix(_) if !self.keep_open => {
                 // A connection of its own per call: nothing to wait for.
                 return (
                     Duration::ZERO,
-                    self.locked_call(&mut None, request, timeout).await,
+                    decoded(self.locked_call(&mut None, request, timeout).await),
                 );
             }
             _ => {}
@@ -219,7 +244,14 @@ impl LineTransport {
         let waiting = tokio::time::Instant::now();
         let mut open = self.open.lock().await;
         let queued = waiting.elapsed();
-        (queued, self.locked_call(&mut open, request, timeout).await)
+        let result = decoded(self.locked_call(&mut open, request, timeout).await);
+        if let Err(fault) = &result
+            && fault.category != FaultCategory::AgentError
+            && let Some(connection) = open.take()
+        {
+            connection.kill().await;
+        }
+        (queued, result)
     }
 
     async fn locked_call(

@@ -284,6 +284,38 @@ async fn tcp_a_connection_per_call_or_kept_open() {
 }
 
 #[tokio::test]
+async fn a_kept_connection_that_sent_a_line_the_decoder_refused_is_ended() {
+    // A log line before the answer when asked to log: the answer stays behind it.
+    let (address, connections) = line_server(|line| {
+        let stray = if line.contains("log") {
+            "INFO working\n"
+        } else {
+            ""
+        };
+        Some(format!("{stray}{{\"echo\":{line}}}\n"))
+    })
+    .await;
+    let kept = LineTransport::new(LineEndpoint::Tcp(address), LIMITS, true);
+    let decode = |line: &[u8]| {
+        serde_json::from_slice::<serde_json::Value>(line)
+            .map_err(|e| Fault::new(FaultCategory::InvalidJson, e.to_string()))
+    };
+    let (_, first) = kept
+        .call_decoded(br#"{"log":1}"#, Duration::from_secs(5), decode)
+        .await;
+    assert_eq!(first.unwrap_err().category, FaultCategory::InvalidJson);
+    for i in 0..3 {
+        let request = format!("{{\"i\":{i}}}");
+        let (_, reply) = kept
+            .call_decoded(request.as_bytes(), Duration::from_secs(5), decode)
+            .await;
+        assert_eq!(reply.unwrap().0, serde_json::json!({"echo": {"i": i}}));
+    }
+    // One connection for the refused answer, one kept for the rest.
+    assert_eq!(connections.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
 async fn tcp_an_empty_reply_or_a_refused_connection_is_a_fault() {
     let (address, _) = line_server(|_| None).await;
     let agent = LineTransport::new(LineEndpoint::Tcp(address), LIMITS, false);

@@ -304,12 +304,12 @@ impl MultiAgentClient {
                         Ok((decode_reply(&response.body)?, String::new()))
                     }
                     Wire::Line { transport, .. } => {
-                        let (waited, answer) = transport.call_queued(&body, timeout).await;
+                        let (waited, answer) =
+                            transport.call_decoded(&body, timeout, decode_reply).await;
                         if let Ok(mut queued) = queued.lock() {
                             queued.push(waited);
                         }
-                        let answer = answer?;
-                        Ok((decode_reply(&answer.line)?, answer.log))
+                        answer
                     }
                 }
             }
