@@ -50,16 +50,27 @@ pub fn check<T: AsRef<TurnRecord>>(
         scope,
         turns,
         turn_index,
-        None,
+        Evidence::default(),
     )
+}
+
+/// What a check may look at besides the turns.
+#[derive(Clone, Copy, Default)]
+pub struct Evidence<'a> {
+    /// The trajectory's tool sandbox as it is at this point, for agents whose tools the
+    /// engine answers (`state`, `violations`); without one those checks are skipped,
+    /// saying why.
+    pub sandbox: Option<&'a Sandbox>,
+    /// The agent's tool calls are read from its spans (`spans #true`) when its answers
+    /// show none: a turn with neither calls nor spans then says nothing about its calls,
+    /// and a tool check that needs it is skipped rather than passed or failed.
+    pub tools_from_spans: bool,
 }
 
 /// Renders the templated values of `planned` with `ctx` (the variables a user message at the
 /// same place sees, e.g. `scenario.scope.with_vars(&vars)`), then checks it like [`check`].
 /// A value that does not render fails the criterion, saying why; `ctx` is only called when
-/// the criterion has a templated value. `sandbox` is the trajectory's tool sandbox as it is
-/// at this point, for agents whose tools the engine answers (`state`, `violations`);
-/// without one those checks are skipped, saying why.
+/// the criterion has a templated value. `evidence` is what else it may look at.
 pub fn check_planned<T: AsRef<TurnRecord>>(
     planned: &PlannedCriterion,
     templates: &Templates,
@@ -67,7 +78,7 @@ pub fn check_planned<T: AsRef<TurnRecord>>(
     scope: Scope,
     turns: &[T],
     turn_index: Option<u32>,
-    sandbox: Option<&Sandbox>,
+    evidence: Evidence<'_>,
 ) -> CriterionRecord {
     let criterion = &planned.criterion;
     let mut rendered = Rendered::default();
@@ -89,7 +100,7 @@ pub fn check_planned<T: AsRef<TurnRecord>>(
             }
         }
     }
-    check_rendered(criterion, &rendered, scope, turns, turn_index, sandbox)
+    check_rendered(criterion, &rendered, scope, turns, turn_index, evidence)
 }
 
 /// The rendered templated values of one criterion.
@@ -120,9 +131,9 @@ fn check_rendered<T: AsRef<TurnRecord>>(
     scope: Scope,
     turns: &[T],
     turn_index: Option<u32>,
-    sandbox: Option<&Sandbox>,
+    evidence: Evidence<'_>,
 ) -> CriterionRecord {
-    let (status, detail) = evaluate(&criterion.kind, rendered, scope, turns, sandbox);
+    let (status, detail) = evaluate(&criterion.kind, rendered, scope, turns, evidence);
     CriterionRecord {
         turn_index,
         criterion: criterion.text.clone(),
@@ -148,8 +159,10 @@ fn evaluate<T: AsRef<TurnRecord>>(
     rendered: &Rendered,
     scope: Scope,
     turns: &[T],
-    sandbox: Option<&Sandbox>,
+    evidence: Evidence<'_>,
 ) -> (CriterionStatus, Option<String>) {
+    let sandbox = evidence.sandbox;
+    let spans = evidence.tools_from_spans;
     let all: Vec<&TurnRecord> = turns.iter().map(AsRef::as_ref).collect();
     let turns: &[&TurnRecord] = match scope {
         Scope::Turn => all.last().map(std::slice::from_ref).unwrap_or_default(),
@@ -174,13 +187,16 @@ fn evaluate<T: AsRef<TurnRecord>>(
             count,
             loose,
         } => {
-            let seen = ToolCalls::of(turns);
+            let seen = ToolCalls::of(turns, spans);
             let calls: Vec<&ToolCallRecord> = seen.records();
             let named: Vec<&&ToolCallRecord> = calls.iter().filter(|c| &c.name == name).collect();
             let matching = named
                 .iter()
                 .filter(|c| arguments_match(&c.arguments, params, rendered, *loose))
                 .count();
+            if let Some(why) = seen.unknown().filter(|_| count.is_some() || matching == 0) {
+                return skip(why);
+            }
             let (status, detail) = match count {
                 Some(n) if matching as u64 != u64::from(*n) => fail(format!(
                     "expected {n} matching call(s) to `{name}`, found {matching}"
@@ -204,8 +220,11 @@ fn evaluate<T: AsRef<TurnRecord>>(
             seen.mark(status, detail)
         }
         CriterionKind::NoTool { name: Some(name) } => {
-            let seen = ToolCalls::of(turns);
+            let seen = ToolCalls::of(turns, spans);
             let n = seen.records().iter().filter(|c| &c.name == name).count();
+            if let Some(why) = seen.unknown().filter(|_| n == 0) {
+                return skip(why);
+            }
             let (status, detail) = if n == 0 {
                 pass(format!("`{name}` not called"))
             } else {
@@ -214,8 +233,11 @@ fn evaluate<T: AsRef<TurnRecord>>(
             seen.mark(status, detail)
         }
         CriterionKind::NoTool { name: None } => {
-            let seen = ToolCalls::of(turns);
+            let seen = ToolCalls::of(turns, spans);
             let called: Vec<&str> = seen.records().iter().map(|c| c.name.as_str()).collect();
+            if let Some(why) = seen.unknown().filter(|_| called.is_empty()) {
+                return skip(why);
+            }
             let (status, detail) = if called.is_empty() {
                 pass("no tool called".to_owned())
             } else {
@@ -228,7 +250,7 @@ fn evaluate<T: AsRef<TurnRecord>>(
             seen.mark(status, detail)
         }
         CriterionKind::ToolsInOrder(expected) => {
-            let seen = ToolCalls::of(turns);
+            let seen = ToolCalls::of(turns, spans);
             let records = seen.records();
             let calls: Vec<&str> = records.iter().map(|c| c.name.as_str()).collect();
             // A call counts as after the one matched before it only if it did not run in
@@ -244,6 +266,9 @@ fn evaluate<T: AsRef<TurnRecord>>(
                     next += 1;
                     last_group = group;
                 }
+            }
+            if let Some(why) = seen.unknown().filter(|_| next < expected.len()) {
+                return skip(why);
             }
             let (status, detail) = if next == expected.len() {
                 pass(format!("calls in order: {}", seen.describe()))
@@ -524,6 +549,10 @@ const NO_SPANS: &str = "no spans were collected for this turn: the agent needs `
      and its OTEL_EXPORTER_OTLP_ENDPOINT set to the run's receiver (printed at the start; \
      --otlp-receiver ADDR fixes its address)";
 
+/// What a turn without spans needs, for the tool checks of an agent with `spans #true`.
+const NO_SPANS_HINT: &str = "its OTEL_EXPORTER_OTLP_ENDPOINT must be set to the run's \
+     receiver (printed at the start; --otlp-receiver ADDR fixes its address)";
+
 /// The agent's spans on `turns`, in start order; `None` when there are none at all (spans
 /// were not collected: an instrumented agent reports at least its root span per turn).
 fn spans_of<'a>(turns: &[&'a TurnRecord]) -> Option<Vec<&'a SpanRecord>> {
@@ -551,16 +580,23 @@ struct ToolCalls<'a> {
     /// Per call: `(turn, group)` for calls from spans (one group: ran in parallel).
     groups: Vec<Option<(usize, u32)>>,
     from_spans: bool,
+    /// Turns whose calls are unknown: the agent's calls are read from its spans, and the
+    /// turn has neither calls in its answer nor spans.
+    unknown: Vec<u32>,
 }
 
 impl<'a> ToolCalls<'a> {
-    fn of(turns: &[&'a TurnRecord]) -> Self {
+    fn of(turns: &[&'a TurnRecord], tools_from_spans: bool) -> Self {
         let mut out = ToolCalls {
             calls: Vec::new(),
             groups: Vec::new(),
             from_spans: false,
+            unknown: Vec::new(),
         };
         for (t, turn) in turns.iter().enumerate() {
+            if tools_from_spans && turn.tool_calls.is_empty() && turn.spans.is_empty() {
+                out.unknown.push(turn.turn_index);
+            }
             if !turn.tool_calls.is_empty() || turn.spans.is_empty() {
                 for call in &turn.tool_calls {
                     out.calls.push(std::borrow::Cow::Borrowed(call));
@@ -580,6 +616,20 @@ impl<'a> ToolCalls<'a> {
             }
         }
         out
+    }
+
+    /// Why the calls are not known on every turn the check looks at, if they are not.
+    fn unknown(&self) -> Option<String> {
+        let turns: Vec<String> = self.unknown.iter().map(u32::to_string).collect();
+        (!turns.is_empty()).then(|| {
+            format!(
+                "the agent's tool calls are read from its spans, and no spans were collected \
+                 for turn{} {}: {}",
+                plural(turns.len()),
+                turns.join(", "),
+                NO_SPANS_HINT
+            )
+        })
     }
 
     fn records(&self) -> Vec<&ToolCallRecord> {
@@ -1148,6 +1198,67 @@ mod tests {
     }
 
     #[test]
+    fn tool_checks_of_an_agent_whose_calls_are_in_its_spans_skip_turns_without_spans() {
+        let spans = Evidence {
+            sandbox: None,
+            tools_from_spans: true,
+        };
+        let status = |kind: CriterionKind, turns: &[TurnRecord], evidence: Evidence<'_>| {
+            let record = check_rendered(
+                &crit(kind),
+                &Rendered::default(),
+                Scope::Trajectory,
+                turns,
+                None,
+                evidence,
+            );
+            (record.status, record.detail.unwrap_or_default())
+        };
+        let tool = |name: &str| CriterionKind::Tool {
+            name: name.into(),
+            params: serde_json::Map::new(),
+            count: None,
+            loose: false,
+        };
+        let no_tool = || CriterionKind::NoTool {
+            name: Some("get_weather".into()),
+        };
+        let in_order = || CriterionKind::ToolsInOrder(vec!["lookup".into(), "book".into()]);
+        // No calls in the answer and no spans: nothing is known about the turn's calls.
+        let silent = [turn(0, "ok", &[]), turn(1, "ok", &[])];
+        for kind in [tool("get_weather"), no_tool(), in_order()] {
+            let (status, detail) = status(kind, &silent, spans);
+            assert_eq!(status, CriterionStatus::Skipped, "{detail}");
+            assert!(
+                detail.contains("no spans were collected for turns 0, 1"),
+                "{detail}"
+            );
+        }
+        // Without spans read, the same turns are evidence of no call.
+        assert_eq!(
+            status(no_tool(), &silent, Evidence::default()).0,
+            CriterionStatus::Passed
+        );
+        // A call seen on one turn is evidence enough for `tool` and against `no-tool`.
+        let one = [turn(0, "ok", &[("get_weather", "{}")]), turn(1, "ok", &[])];
+        assert_eq!(
+            status(tool("get_weather"), &one, spans).0,
+            CriterionStatus::Passed
+        );
+        assert_eq!(status(no_tool(), &one, spans).0, CriterionStatus::Failed);
+        // Calls in the answers of every turn: checked as usual.
+        let both = [
+            turn(0, "ok", &[("lookup", "{}")]),
+            turn(1, "ok", &[("book", "{}")]),
+        ];
+        assert_eq!(status(in_order(), &both, spans).0, CriterionStatus::Passed);
+        assert_eq!(
+            status(tool("cancel"), &both, spans).0,
+            CriterionStatus::Failed
+        );
+    }
+
+    #[test]
     fn a_literal_string_that_spells_the_number_sent_says_how_to_write_it() {
         let turns = [turn(
             0,
@@ -1203,7 +1314,15 @@ mod tests {
                     .map(|(k, v)| (ValueSlot::ToolParam(k.into()), v.into()))
                     .collect(),
             };
-            check_rendered(&criterion, &rendered, Scope::Turn, &turns, Some(0), None).status
+            check_rendered(
+                &criterion,
+                &rendered,
+                Scope::Turn,
+                &turns,
+                Some(0),
+                Evidence::default(),
+            )
+            .status
         };
         use serde_json::json;
         for loose in [false, true] {

@@ -174,7 +174,10 @@ impl Unit<'_> {
                     Scope::Trajectory,
                     &state.turns,
                     None,
-                    sandbox,
+                    criteria::Evidence {
+                        sandbox,
+                        tools_from_spans: self.agent_spans(),
+                    },
                 ),
                 // Recorded anyway, so every trajectory lists the same checks and a
                 // criterion's pass rate counts the trajectories that never got to it.

@@ -899,7 +899,10 @@ impl<'a> Unit<'a> {
                             Scope::Turn,
                             &state.turns,
                             turn_index,
-                            session.sandbox(),
+                            criteria::Evidence {
+                                sandbox: session.sandbox(),
+                                tools_from_spans: self.agent_spans(),
+                            },
                         );
                         if record.status == CriterionStatus::Failed {
                             record.detail = Some(format!(
@@ -1094,7 +1097,10 @@ impl<'a> Unit<'a> {
                 Scope::Turn,
                 &state.turns,
                 turn_index,
-                session.sandbox(),
+                criteria::Evidence {
+                    sandbox: session.sandbox(),
+                    tools_from_spans: self.agent_spans(),
+                },
             ),
             // Validation rejects this; a plan built another way still must not pass a
             // check that looked at nothing.
