@@ -274,6 +274,7 @@ pub fn ctx(turn_index: u32) -> CallContext<'static> {
         turn_index,
         deadline: None,
         turn_headers: None,
+        llm_meter: None,
     }
 }
 

@@ -264,3 +264,61 @@ scenario "slow-user" {{
     assert!(console.contains("simulator fault"), "{console}");
     assert!(console.contains("trajectory timeout"), "{console}");
 }
+
+#[tokio::test]
+async fn a_model_under_test_is_budgeted_request_by_request_tool_rounds_included() {
+    // Each turn asks for a tool, then answers: two requests a turn.
+    let fake = FakeLlm::start(vec![
+        Rule::when(
+            "book please",
+            [Reply::tool_call("lookup", serde_json::json!({}))],
+        ),
+        Rule::otherwise([Reply::text("Booked.")]),
+    ])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("model.kdl");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+agent "model" protocol="openai" base-url="{}" model="m"
+scenario "s" {{
+    repeat 4
+    user "book please"
+    expect no-error
+}}
+"#,
+            fake.base_url()
+        ),
+    )
+    .unwrap();
+    // Unbounded: 8 requests, each counted.
+    let out = dir.path().join("all");
+    let o = run(&path, &out, &[]).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert_eq!(fake.calls(), 8);
+    let roles = &summary(&out)["stats"]["aggregates"]["llm_roles"];
+    assert_eq!(roles["agent"]["calls"], 8, "{roles}");
+
+    // Four requests allowed: two turns finish, and no request past the fourth is sent.
+    let out = dir.path().join("bounded");
+    let o = run(&path, &out, &["--max-llm-calls", "4"]).await;
+    assert_eq!(o.status.code(), Some(4), "{}{}", stdout(&o), stderr(&o));
+    assert_eq!(fake.calls(), 12, "requests sent past --max-llm-calls 4");
+    assert!(
+        stderr(&o).contains("--max-llm-calls 4 reached (4 calls sent)"),
+        "{}",
+        stderr(&o)
+    );
+    let roles = &summary(&out)["stats"]["aggregates"]["llm_roles"];
+    assert_eq!(roles["agent"]["calls"], 4, "{roles}");
+    // The trajectory whose request was refused is not recorded as the agent's error.
+    let t = read_parquet(&out.join("trajectories.parquet"));
+    let statuses: Vec<Option<String>> = strings(&t, "status");
+    assert_eq!(statuses.len(), 2, "{statuses:?}");
+    assert!(
+        statuses.iter().all(|s| s.as_deref() == Some("passed")),
+        "{statuses:?}"
+    );
+}

@@ -98,6 +98,11 @@ impl Unit<'_> {
             turn_index,
             deadline,
             turn_headers: turn_headers.as_ref().ok().and_then(Option::as_ref),
+            llm_meter: self.shared.plan.agents[self.agent]
+                .protocol
+                .capabilities()
+                .model_api
+                .then(|| self.shared.llm.meter()),
         };
         let vars = &state.vars;
         session.set_template_scope(&|| self.scenario.scope.with_vars(vars));
@@ -121,6 +126,9 @@ impl Unit<'_> {
             // Nothing is sent with a header that could not be rendered.
             Err(fault) => Turn::failed(fault),
         };
+        if turn.unsent {
+            return None;
+        }
         let took = started.elapsed().saturating_sub(turn.queued());
         let started_ms = ms(started.duration_since(shared.run_start));
         let branch = turn.branch.take();

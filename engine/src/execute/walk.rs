@@ -1397,24 +1397,23 @@ impl<'a> Unit<'a> {
         };
         self.shared.totals.turns.fetch_add(1, Ordering::Relaxed);
         // The agent's own model, as the agent reports it (Fixie's LLM calls are counted
-        // where they are made); a reused turn made no call.
+        // where they are made, and a model API under test request by request as it is
+        // called: `CallContext::llm_meter`); a reused turn made no call.
+        let model_api = self.shared.plan.agents[self.agent]
+            .protocol
+            .capabilities()
+            .model_api;
         if !turn.reused
+            && !model_api
             && turn.llm.is_empty()
             && (turn.prompt_tokens.is_some()
                 || turn.completion_tokens.is_some()
                 || turn.cost_usd.is_some())
         {
-            // Against the budget only when the engine itself sent the model call (a model
-            // API under test); what an agent says its own model used is shown, not bounded.
-            let sent_by_engine = self.shared.plan.agents[self.agent]
-                .protocol
-                .capabilities()
-                .model_api;
             self.shared.llm.meter().record_agent_turn(
                 turn.prompt_tokens,
                 turn.completion_tokens,
                 turn.cost_usd,
-                sent_by_engine,
             );
         }
         let fault = turn.fault.clone();

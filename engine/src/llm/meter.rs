@@ -134,16 +134,34 @@ impl LlmMeter {
         self.add(role, call, sent, in_flight, true);
     }
 
+    /// Counts one request of a model API under test ([`crate::protocol::CallContext`]'s
+    /// `llm_meter`), admitted before it was sent, with the usage it reported.
+    pub fn record_model_request(
+        &self,
+        usage: Option<crate::transport::Usage>,
+        attempts: usize,
+        admission: Admission<'_>,
+    ) {
+        let call = LlmCall {
+            input_tokens: usage.and_then(|u| u.prompt_tokens),
+            output_tokens: usage.and_then(|u| u.completion_tokens),
+            cost: usage.and_then(|u| u.cost),
+            attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
+            ..LlmCall::default()
+        };
+        self.record_admitted(Role::Agent, &call, admission);
+    }
+
     /// Counts an agent turn's own model use, as the agent reported it (tokens, cost): one
-    /// call, against the budget when `sent_by_engine` (a model API the engine called; an
-    /// agent's report of its own model's use is shown, but Trellis cannot bound it, and a
-    /// run with no LLM of its own must not stop at `--max-llm-calls`).
+    /// call, shown but not against the budget (Trellis cannot bound what an agent's own
+    /// model does, and a run with no LLM of its own must not stop at `--max-llm-calls`; a
+    /// model API under test is counted request by request instead,
+    /// [`LlmMeter::record_model_request`]).
     pub fn record_agent_turn(
         &self,
         input_tokens: Option<u64>,
         output_tokens: Option<u64>,
         cost: Option<f64>,
-        sent_by_engine: bool,
     ) {
         let call = LlmCall {
             input_tokens,
@@ -152,7 +170,7 @@ impl LlmMeter {
             attempts: 1,
             ..LlmCall::default()
         };
-        self.add(Role::Agent, &call, sent_by_engine, false, sent_by_engine);
+        self.add(Role::Agent, &call, false, false, false);
     }
 
     /// `held_place`: the call held a place among the calls in flight, given back now;
@@ -294,7 +312,13 @@ mod tests {
             },
             stop.clone(),
         );
-        meter.record_agent_turn(Some(5), Some(5), Some(0.6), true);
+        let usage = crate::transport::Usage {
+            prompt_tokens: Some(5),
+            completion_tokens: Some(5),
+            total_tokens: None,
+            cost: Some(0.6),
+        };
+        meter.record_model_request(Some(usage), 1, meter.admit().unwrap());
         assert!(!stop.is_cancelled());
         meter.record(Role::Simulator, &call(0.4, CacheUse::Miss));
         assert!(stop.is_cancelled());
@@ -363,12 +387,18 @@ mod tests {
             stop.clone(),
         );
         for _ in 0..3 {
-            meter.record_agent_turn(Some(5), Some(5), Some(0.6), false);
+            meter.record_agent_turn(Some(5), Some(5), Some(0.6));
         }
         assert!(!stop.is_cancelled());
         assert_eq!(meter.by_role()["agent"].calls, 3);
-        // A model under test the engine called counts.
-        meter.record_agent_turn(Some(5), Some(5), None, true);
+        // A model under test the engine called counts, request by request: the one
+        // admitted, and no second one.
+        meter.record_model_request(None, 1, meter.admit().unwrap());
         assert!(stop.is_cancelled());
+        assert!(
+            meter.admit().is_err(),
+            "a request past the budget is not sent"
+        );
+        assert_eq!(meter.by_role()["agent"].calls, 4);
     }
 }

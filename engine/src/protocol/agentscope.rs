@@ -230,6 +230,7 @@ impl Endpoint {
             spans_for_reuse: None,
             llm: Vec::new(),
             data: None,
+            unsent: false,
         }
     }
 }

@@ -239,6 +239,11 @@ pub struct CallContext<'a> {
     /// The agent's `header` values that read the turn's variables, rendered for this turn;
     /// every request to the agent sends them over its other headers ([`CallContext::headers`]).
     pub turn_headers: Option<&'a HeaderMap>,
+    /// The run's LLM meter, for a model API under test (`model_api`): each of the turn's
+    /// requests (a tool round is one more) is a model call the engine sends, admitted under
+    /// `--max-llm-calls` before it is sent and counted once answered. `None` for other
+    /// agents, whose own model use Trellis cannot bound.
+    pub llm_meter: Option<&'a crate::llm::meter::LlmMeter>,
 }
 
 impl CallContext<'_> {
@@ -281,6 +286,9 @@ pub struct Turn {
     /// Structured data the agent answered with besides text (an A2A task with its data
     /// parts and artifacts), read by `reply json-path=…` and `capture … json-path=…`.
     pub data: Option<serde_json::Value>,
+    /// The run's LLM budget refused the turn's next request (`--max-llm-calls`): the run is
+    /// stopping, and the turn, cut short by Trellis and not by the agent, is not recorded.
+    pub unsent: bool,
 }
 
 /// The spans of a turn kept for reuse ([`Turn::spans_for_reuse`]): set once, by the run that

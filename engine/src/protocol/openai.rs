@@ -14,6 +14,7 @@
 //! fault. Because the history lives here, [`Session::fork`] copies the session (with its
 //! sandbox), and a recorded prefix can be restored without calling the model.
 
+use crate::llm::meter::LlmMeter;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -282,11 +283,21 @@ impl OpenAiSession {
             // moves by it.
             let queued: Duration = turn.exchanges.iter().map(|e| e.queued).sum();
             let deadline = ctx.deadline.map(|d| d + queued);
+            let admission = match ctx.llm_meter.map(LlmMeter::admit).transpose() {
+                Ok(admission) => admission,
+                Err(_) => {
+                    turn.unsent = true;
+                    return turn;
+                }
+            };
             let (exchange, outcome) = self
                 .client
                 .chat
                 .complete(&self.history, deadline, ctx.turn_headers)
                 .await;
+            if let (Some(meter), Some(admission)) = (ctx.llm_meter, admission) {
+                meter.record_model_request(exchange.usage, exchange.attempts.len(), admission);
+            }
             turn.exchanges.push(exchange);
             let message = match outcome {
                 Ok(message) => message,

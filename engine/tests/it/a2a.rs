@@ -222,6 +222,7 @@ fn ctx() -> CallContext<'static> {
         turn_index: 0,
         deadline: None,
         turn_headers: None,
+        llm_meter: None,
     }
 }
 

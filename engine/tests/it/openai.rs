@@ -256,6 +256,7 @@ const CTX: CallContext<'static> = CallContext {
     turn_index: 0,
     deadline: None,
     turn_headers: None,
+    llm_meter: None,
 };
 
 fn conversation(spec: &Arc<SandboxSpec>) -> Conversation<'_> {
