@@ -197,6 +197,24 @@ fn merge_inner(args: &MergeArgs) -> Result<u8, MergeError> {
     for shard in &mut shards {
         survey(shard, &split, &mut coverage)?;
     }
+    // One verdict policy for the merged run: a skipped check fails a `--strict` shard's
+    // trajectory and not another's.
+    let strictness: Vec<(&ShardDir, bool)> = shards
+        .iter()
+        .filter_map(|s| s.started.as_ref().map(|i| (s, i.strict)))
+        .collect();
+    if let Some((strict, _)) = strictness.iter().find(|(_, strict)| *strict)
+        && let Some((lenient, _)) = strictness.iter().find(|(_, strict)| !*strict)
+    {
+        return Err(MergeError::Mismatch {
+            what: format!(
+                "{} ran with --strict and {} without: their trajectories were judged by \
+                 different rules; run every shard with the same flags",
+                strict.dir.display(),
+                lenient.dir.display()
+            ),
+        });
+    }
     let missing = missing_by_shard(&split, &shards, &coverage);
     let total_missing: u64 = missing.values().map(|m| m.runs).sum();
     let planned = coverage.planned;
@@ -263,7 +281,7 @@ fn merge_inner(args: &MergeArgs) -> Result<u8, MergeError> {
         planned_trajectories: planned,
         scenarios: split.scenarios.iter().map(|s| s.info.clone()).collect(),
         rejudged_from: None,
-        // The shards ran with the same flags; one strict shard makes its skips failures.
+        // The shards ran with the same flags (a mix is refused above).
         strict: shards
             .iter()
             .any(|s| s.started.as_ref().is_some_and(|i| i.strict)),
@@ -421,11 +439,46 @@ fn check_same(
                 plan.scenarios.len()
             )
         };
+        let balance = if first.balance == plan.balance {
+            "another selection (--filter, --tag) or other dataset rows".to_owned()
+        } else {
+            format!("{a} was balanced by {} and {b} by {}", by(first), by(plan))
+        };
         return mismatch(format!(
-            "{a} and {b} split the plan differently{selection}: {a} was balanced by {} and \
-             {b} by {}",
-            by(first),
-            by(plan)
+            "{a} and {b} split the plan differently{selection}: {balance}"
+        ));
+    }
+    // The same split of other scenarios: a dataset edited between the shards' runs keeps
+    // its row ids (`row-id`) but not its rows, and the merged tables would pair one
+    // version's rows with the other's conversations.
+    let changed: Vec<&str> = first
+        .scenarios
+        .iter()
+        .zip(&plan.scenarios)
+        .filter(|(x, y)| {
+            x.info.fingerprints != y.info.fingerprints
+                || serde_json::to_value(&x.info.instance).ok()
+                    != serde_json::to_value(&y.info.instance).ok()
+        })
+        .map(|(x, _)| x.info.scenario.as_str())
+        .collect();
+    if !changed.is_empty() {
+        let shown: Vec<&str> = changed.iter().take(5).copied().collect();
+        let more = changed.len() - shown.len();
+        return mismatch(format!(
+            "{a} and {b} planned {} differently ({}{}): their steps or dataset rows changed \
+             between the shards' runs; run every shard from the same files",
+            if changed.len() == 1 {
+                "1 scenario".to_owned()
+            } else {
+                format!("{} scenarios", changed.len())
+            },
+            shown.join(", "),
+            if more > 0 {
+                format!(", … and {more} more")
+            } else {
+                String::new()
+            }
         ));
     }
     Ok(())

@@ -913,9 +913,75 @@ async fn merge_refuses_directories_that_are_not_shards_of_one_split() {
         "split the plan differently",
     );
 
+    // Another verdict policy: a skipped check fails only the strict shard's trajectories.
+    let strict = tmp.path().join("strict");
+    let o = run_shard(
+        &suite,
+        "2/2",
+        &strict,
+        &["--shard-costs", "none", "--strict"],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+    refused(
+        &merge(vec![a.clone(), strict]).await,
+        "ran with --strict and",
+    );
+
     // The same directory named twice is one shard: a and b merge.
     let o = merge(vec![a.clone(), a.join("."), b]).await;
     assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+}
+
+#[tokio::test]
+async fn merge_refuses_shards_that_read_other_rows_of_a_dataset() {
+    let tmp = tempfile::tempdir().unwrap();
+    let suite = r#"
+agent "demo" protocol="connexity" builtin="booking"
+dataset "rows" path="rows.csv"
+scenario "ds" for-each="rows" {
+    row-id "{{ row.id }}"
+    user "Hi, I'd like to book a duct cleaning, {{ row.name }} here."
+    expect reply contains="postal code"
+}
+scenario "a" { user "Hi, I'd like to book a duct cleaning."; expect no-error }
+scenario "b" { user "Hi, I'd like to book a duct cleaning."; expect no-error }
+"#;
+    // The same suite in two checkouts whose dataset was edited in between: the row ids are
+    // the same, the rows are not.
+    for (version, rows) in [
+        ("v1", "A1,Alice\nA2,Bob\n"),
+        ("v2", "A1,Alicia\nA2,Bobby\n"),
+    ] {
+        let dir = tmp.path().join(version);
+        std::fs::create_dir(&dir).unwrap();
+        std::fs::write(dir.join("s.kdl"), suite).unwrap();
+        std::fs::write(dir.join("rows.csv"), format!("id,name\n{rows}")).unwrap();
+    }
+    for (i, version) in [(1, "v1"), (2, "v2")] {
+        let o = run_shard(
+            &tmp.path().join(version),
+            &format!("{i}/2"),
+            &tmp.path().join(format!("shard{i}")),
+            NONE,
+        )
+        .await;
+        assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+    }
+    let o = trellis()
+        .arg("merge")
+        .arg(tmp.path().join("shard1"))
+        .arg(tmp.path().join("shard2"))
+        .arg("--out")
+        .arg(tmp.path().join("out"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", said(&o));
+    let said = flat(&stderr(&o));
+    assert!(said.contains("differently (ds["), "{said}");
+    assert!(said.contains("dataset rows changed"), "{said}");
+    assert!(!tmp.path().join("out").exists());
 }
 
 #[tokio::test]
