@@ -263,6 +263,15 @@ pub enum HistoryError {
     #[diagnostic(code(trellis::history::not_enough_runs))]
     NotEnoughRuns { what: String },
 
+    #[error("run {run} {why}: as the baseline it would hold the agent to nothing")]
+    #[diagnostic(
+        code(trellis::history::empty_baseline),
+        help(
+            "every later run would compare equal to it, however broken: pin a run that checked the agent (`trellis runs` lists them), or pass --force to pin this one anyway"
+        )
+    )]
+    EmptyBaseline { run: String, why: String },
+
     #[error("no run in {} is pinned as the baseline", dir.display())]
     #[diagnostic(
         code(trellis::history::nothing_pinned),
@@ -767,6 +776,35 @@ pub fn pin_run(run: &RunEntry) -> Result<(), HistoryError> {
     let mut meta = meta_of(run);
     meta.baseline = true;
     meta.write(&run.dir)
+}
+
+/// Why `run` cannot serve as a baseline, if it cannot: it never reached its end, was
+/// stopped before its work was done, or brought no trajectory to a verdict (every one
+/// ended in an error or was skipped: an agent that was down, say).
+pub fn empty_baseline(run: &RunEntry) -> Option<HistoryError> {
+    let why = if !run.finished {
+        "never reached its end".to_owned()
+    } else if run.stopped {
+        "was stopped before its work was done".to_owned()
+    } else {
+        let decided = run.passed.unwrap_or(0) + run.failed.unwrap_or(0);
+        let total = run.trajectories.unwrap_or(0);
+        if decided > 0 {
+            return None;
+        }
+        match (total, run.errors.unwrap_or(0)) {
+            (0, _) => "recorded no trajectory".to_owned(),
+            (n, e) if e == n => format!(
+                "checked nothing: all {n} of its trajectories ended in an error (was the agent \
+                 down?)"
+            ),
+            (n, _) => format!("checked nothing: none of its {n} trajectories passed or failed"),
+        }
+    };
+    Some(HistoryError::EmptyBaseline {
+        run: run.label().to_owned(),
+        why,
+    })
 }
 
 /// Unpins `run`.

@@ -58,6 +58,10 @@ enum RunsAction {
         /// Run directory, run id (or a unique prefix) or name.
         #[arg(add = ArgValueCandidates::new(complete::runs))]
         run: String,
+        /// Pin it even if it checked nothing (every trajectory an error, say) or did not
+        /// cover its plan.
+        #[arg(long)]
+        force: bool,
     },
     /// Unpin a run.
     Unpin {
@@ -166,8 +170,11 @@ pub fn runs(args: RunsArgs) -> u8 {
         Some(RunsAction::Name { run, name }) => history::resolve_run(dir, run)
             .and_then(|entry| history::name_run(&entry, name).map(|()| entry))
             .map(|entry| format!("run {} is now named `{name}`", entry.run_id)),
-        Some(RunsAction::Pin { run }) => history::resolve_run(dir, run)
-            .and_then(|entry| history::pin_run(&entry).map(|()| entry))
+        Some(RunsAction::Pin { run, force }) => history::resolve_run(dir, run)
+            .and_then(|entry| match history::empty_baseline(&entry) {
+                Some(refused) if !*force => Err(refused),
+                _ => history::pin_run(&entry).map(|()| entry),
+            })
             .map(|entry| format!("run {} is now the pinned baseline", entry.label())),
         Some(RunsAction::Unpin { run }) => history::resolve_run(dir, run).and_then(|entry| {
             if !entry.baseline {

@@ -1259,3 +1259,64 @@ async fn runs_given_by_path_keep_one_pin_and_unique_names_in_their_own_directory
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("another run's id"), "{}", stderr(&o));
 }
+
+#[tokio::test]
+async fn a_run_that_checked_nothing_is_not_pinned_unless_forced() {
+    let dir = tempfile::tempdir().unwrap();
+    let down = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/", down.local_addr().unwrap());
+    drop(down);
+    let suite = dir.path().join("down.kdl");
+    std::fs::write(
+        &suite,
+        format!(
+            "agent \"gone\" protocol=\"connexity\" url=\"{url}\"\n\
+             scenario \"a\" {{ user \"hi\"; expect no-error }}\n\
+             scenario \"b\" {{ user \"hi\"; expect no-error }}\n"
+        ),
+    )
+    .unwrap();
+    let runs = dir.path().join("runs");
+    let o = trellis()
+        .args(["run", "-q", "--out"])
+        .arg(runs.join("first"))
+        .arg(&suite)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let pin = |extra: &'static [&'static str]| {
+        let runs = runs.clone();
+        async move {
+            trellis()
+                .args(["runs", "pin", "first", "--dir"])
+                .arg(&runs)
+                .args(extra)
+                .output()
+                .await
+                .unwrap()
+        }
+    };
+    let o = pin(&[]).await;
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let said = stderr(&o)
+        .split_whitespace()
+        .filter(|w| *w != "|")
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        said.contains("all 2 of its trajectories ended in an error"),
+        "{said}"
+    );
+    assert!(said.contains("--force"), "{said}");
+    let listed = trellis()
+        .args(["runs", "--json", "--dir"])
+        .arg(&runs)
+        .output()
+        .await
+        .unwrap();
+    let listed: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(listed[0]["baseline"], false, "{listed}");
+    let o = pin(&["--force"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+}
