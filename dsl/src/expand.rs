@@ -689,6 +689,7 @@ fn render_judged(
         if source.contains("{{") || source.contains("{%") {
             let rendered = evaluate_value(env, source, row, vars)?;
             *source = match rendered {
+                Value::Null => return Err(format!("`{}` is null", source.trim())),
                 Value::String(text) => text,
                 other => other.to_string(),
             };
@@ -737,7 +738,8 @@ fn render_judged(
 }
 
 /// `source` rendered with `row` and `vars`: a template that is one `{{ expression }}` gives
-/// the expression's value (typed; null is an error), any other template its text.
+/// the expression's value (typed: a null column is `Value::Null`, an undefined value an
+/// error), any other template its text.
 fn evaluate_value(
     env: &Environment<'static>,
     source: &str,
@@ -759,8 +761,11 @@ fn evaluate_value(
                 .compile_expression(expr.trim())
                 .map_err(|e| template_error(&e))?;
             let v = e.eval(ctx).map_err(|e| template_error(&e))?;
-            if v.is_undefined() || v.is_none() {
-                return Err(format!("`{}` is null", source.trim()));
+            if v.is_undefined() {
+                return Err(format!("`{}` is undefined", source.trim()));
+            }
+            if v.is_none() {
+                return Ok(Value::Null);
             }
             serde_json::to_value(&v).map_err(|e| e.to_string())
         }
@@ -781,6 +786,7 @@ fn evaluate(
 ) -> Result<Value, String> {
     let value = evaluate_value(env, source, row, vars)?;
     match value {
+        Value::Null => Err(format!("`{}` is null", source.trim())),
         // A column holding the list as JSON text (CSV has no lists).
         Value::String(text) if text.trim_start().starts_with(['[', '{']) => {
             serde_json::from_str(&text)

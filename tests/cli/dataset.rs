@@ -1529,3 +1529,39 @@ async fn a_report_of_thousands_of_instances_draws_the_failures_and_counts_the_re
         260
     );
 }
+
+#[tokio::test]
+async fn a_null_column_in_user_context_is_null_not_an_error() {
+    let server = support::MisbehavingServer::respond(200, support::OK_BODY).await;
+    let suite = format!(
+        "agent \"a\" protocol=\"connexity\" url=\"{url}\"\n\
+         dataset \"orders\" path=\"orders.jsonl\"\n\
+         scenario \"s\" for-each=\"orders\" {{\n    row-id \"{{{{ row.id }}}}\"\n    \
+         user-context {{\n        coupon \"{{{{ row.coupon }}}}\"\n    }}\n    \
+         user \"coupon: {{{{ user_context.coupon or 'none' }}}}\"\n    expect no-error\n}}\n",
+        url = server.url()
+    );
+    // The second row's coupon is null, the third lacks it (null as well).
+    let dir = project(
+        &suite,
+        &[(
+            "orders.jsonl",
+            b"{\"id\":\"a\",\"coupon\":\"SAVE10\"}\n{\"id\":\"b\",\"coupon\":null}\n{\"id\":\"c\"}\n",
+        )],
+    );
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path().join("suite.kdl"))
+        .args(["--jobs", "1", "--out"])
+        .arg(dir.path().join("out"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let mut sent: Vec<String> = received(&server)
+        .into_iter()
+        .map(|m| m.last().unwrap().1.clone())
+        .collect();
+    sent.sort();
+    assert_eq!(sent, ["coupon: SAVE10", "coupon: none", "coupon: none"]);
+}
