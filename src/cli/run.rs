@@ -665,7 +665,13 @@ pub fn execute_plan(
             |name| std::env::var(name).ok(),
         )
         .map_err(|e| {
-            format!("{e}\n  help: give --otlp-endpoint http://HOST:4318 (OTLP/HTTP, protobuf)")
+            use trellis_engine::otel::export::ExportConfigError as E;
+            match e {
+                E::BadEndpoint(_) | E::Protocol(_) => format!(
+                    "{e}\n  help: give --otlp-endpoint http://HOST:4318 (OTLP/HTTP, protobuf)"
+                ),
+                E::BadHeader { .. } | E::BadTimeout { .. } => e.to_string(),
+            }
         })?
     };
     let receiver = start_receiver(&runtime, &plan, settings)?;
@@ -852,6 +858,13 @@ pub fn execute_plan(
         let sent = export.finish();
         if !silent && sent.failure.is_none() && sent.dropped == 0 {
             errln!("OTLP export: {} spans sent", sent.sent);
+        } else if !silent && sent.unconfirmed > 0 {
+            errln!(
+                "OTLP export: {} spans sent, {} dropped, {} not confirmed",
+                sent.sent,
+                sent.dropped,
+                sent.unconfirmed
+            );
         } else if !silent {
             // Why was said in the warning, when it happened.
             errln!(

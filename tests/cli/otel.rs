@@ -592,7 +592,7 @@ impl Drop for Collector {
 
 /// Trellis's own spans reach a real OTLP collector: the run under the caller's
 /// TRACEPARENT, its nodes, turns with the very ids their requests carried, trajectories
-/// with their status; OTEL_EXPORTER_OTLP_HEADERS are sent.
+/// with their status; OTEL_EXPORTER_OTLP_HEADERS are sent, percent-decoded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_runs_own_spans_reach_a_real_collector() {
     let collector = Collector::start();
@@ -610,7 +610,7 @@ async fn the_runs_own_spans_reach_a_real_collector() {
             "TRACEPARENT",
             format!("00-{caller_trace}-00f067aa0ba902b7-01"),
         )
-        .env("OTEL_EXPORTER_OTLP_HEADERS", "Authorization=Bearer t0k")
+        .env("OTEL_EXPORTER_OTLP_HEADERS", "Authorization=Bearer%20t0k")
         .output()
         .await
         .unwrap();
@@ -689,4 +689,36 @@ async fn a_down_collector_is_one_warning() {
     );
     assert!(started.elapsed() < std::time::Duration::from_secs(10));
     assert!(dir.path().join("out/spans.parquet").exists());
+}
+
+/// A collector that takes the spans and does not answer in time: the run ends after its
+/// bounded wait and says the spans are unconfirmed, never "0 sent, 0 dropped".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collector_that_does_not_answer_leaves_its_spans_unconfirmed() {
+    let slow = crate::support::MisbehavingServer::start(crate::support::Behavior::Delayed {
+        delay: std::time::Duration::from_secs(30),
+        body: String::new(),
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let started = std::time::Instant::now();
+    let o = trellis()
+        .arg("run")
+        .arg(repo("suites/opentelemetry.kdl"))
+        .arg("--out")
+        .arg(dir.path().join("out"))
+        .arg("--otlp-endpoint")
+        .arg(slow.url())
+        .output()
+        .await
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(0), "{}{err}", stdout(&o));
+    assert!(
+        err.contains("OTLP export: 0 spans sent, 0 dropped, 5 not confirmed"),
+        "{err}"
+    );
+    assert!(err.contains("did not confirm 5 spans"), "{err}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
+    assert_eq!(slow.requests(), 1);
 }

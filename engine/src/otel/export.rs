@@ -18,6 +18,7 @@
 //! queued.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -63,6 +64,12 @@ pub enum ExportConfigError {
         "OTEL_EXPORTER_OTLP_PROTOCOL={0} is not offered: Trellis exports OTLP over HTTP with protobuf (`http/protobuf`)"
     )]
     Protocol(String),
+    #[error(
+        "{var}: `{entry}` is not `key=value` (entries are separated by commas; a comma or an equals sign inside a value is written %2C or %3D)"
+    )]
+    BadHeader { var: &'static str, entry: String },
+    #[error("{var}={value} is not a whole number of milliseconds")]
+    BadTimeout { var: &'static str, value: String },
 }
 
 impl ExportConfig {
@@ -99,20 +106,28 @@ impl ExportConfig {
         if let Some(p) = protocol.filter(|p| p != "http/protobuf") {
             return Err(ExportConfigError::Protocol(p));
         }
-        let headers = env("OTEL_EXPORTER_OTLP_TRACES_HEADERS")
-            .or_else(|| env("OTEL_EXPORTER_OTLP_HEADERS"))
-            .map(|h| {
-                h.split(',')
-                    .filter_map(|pair| pair.split_once('='))
-                    .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
-                    .filter(|(k, _)| !k.is_empty())
-                    .collect()
-            })
-            .unwrap_or_default();
-        let timeout = env("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT")
-            .or_else(|| env("OTEL_EXPORTER_OTLP_TIMEOUT"))
-            .and_then(|ms| ms.parse::<u64>().ok())
-            .map_or(DEFAULT_TIMEOUT, Duration::from_millis);
+        let first = |names: [&'static str; 2]| {
+            names
+                .into_iter()
+                .find_map(|name| env(name).map(|value| (name, value)))
+        };
+        let headers = match first([
+            "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+            "OTEL_EXPORTER_OTLP_HEADERS",
+        ]) {
+            Some((var, value)) => parse_headers(var, &value)?,
+            None => Vec::new(),
+        };
+        let timeout = match first([
+            "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+            "OTEL_EXPORTER_OTLP_TIMEOUT",
+        ]) {
+            Some((var, value)) => value
+                .parse::<u64>()
+                .map(Duration::from_millis)
+                .map_err(|_| ExportConfigError::BadTimeout { var, value })?,
+            None => DEFAULT_TIMEOUT,
+        };
         Ok(Some(ExportConfig {
             url,
             headers,
@@ -120,6 +135,36 @@ impl ExportConfig {
             service: env("OTEL_SERVICE_NAME").unwrap_or_else(|| "trellis".to_owned()),
         }))
     }
+}
+
+/// `OTEL_EXPORTER_OTLP_HEADERS`: `key=value` entries separated by commas, keys and values
+/// percent-encoded (the OpenTelemetry specification's format, the W3C baggage one):
+/// `Authorization=Basic%20dXNlcjpwYXNz` is sent as `Authorization: Basic dXNlcjpwYXNz`, as
+/// every OpenTelemetry SDK sends it. Empty entries (a trailing comma) are skipped.
+fn parse_headers(
+    var: &'static str,
+    value: &str,
+) -> Result<Vec<(String, String)>, ExportConfigError> {
+    let decode = |text: &str| {
+        percent_encoding::percent_decode_str(text.trim())
+            .decode_utf8_lossy()
+            .into_owned()
+    };
+    let mut headers = Vec::new();
+    for entry in value.split(',').filter(|e| !e.trim().is_empty()) {
+        match entry.split_once('=') {
+            Some((key, value)) if !key.trim().is_empty() => {
+                headers.push((decode(key), decode(value)));
+            }
+            _ => {
+                return Err(ExportConfigError::BadHeader {
+                    var,
+                    entry: entry.trim().to_owned(),
+                });
+            }
+        }
+    }
+    Ok(headers)
 }
 
 fn traces_url(base: &str) -> String {
@@ -132,6 +177,9 @@ pub struct ExportSummary {
     pub sent: u64,
     /// Spans dropped: the queue was full, or their request failed.
     pub dropped: u64,
+    /// Spans queued or in flight when the export stopped waiting for a collector that had
+    /// not answered: it may or may not have them.
+    pub unconfirmed: u64,
     /// The first failure, as the warning says it.
     pub failure: Option<String>,
 }
@@ -146,6 +194,10 @@ pub struct SpanExporter {
     queue: Option<SyncSender<Vec<Span>>>,
     sender: Option<std::thread::JoinHandle<ExportSummary>>,
     dropped: u64,
+    /// Spans handed to the sender thread.
+    queued: u64,
+    /// What the sender thread has settled so far, readable while it still waits.
+    progress: Arc<Progress>,
     /// Warns once, as soon as the first request fails (a callback: the console is the
     /// CLI's).
     warn: Arc<dyn Fn(&str) + Send + Sync>,
@@ -167,10 +219,12 @@ impl SpanExporter {
             ],
             ..Resource::default()
         };
+        let progress = Arc::new(Progress::default());
         let sending = SendLoop {
             config,
             resource,
             warn: warn.clone(),
+            progress: progress.clone(),
         };
         let sender = std::thread::Builder::new()
             .name("trellis-otlp-export".into())
@@ -184,6 +238,8 @@ impl SpanExporter {
             queue: sender.as_ref().map(|_| queue),
             sender,
             dropped: 0,
+            queued: 0,
+            progress,
             warn,
         }
     }
@@ -238,11 +294,18 @@ impl SpanExporter {
         }
         if !sender.is_finished() {
             // The thread ends on its own when its request times out; nothing waits for it.
-            (self.warn)("OTLP export: queued spans not sent within 5s; the rest are dropped");
+            let sent = self.progress.sent.load(Ordering::Relaxed);
+            let failed = self.progress.dropped.load(Ordering::Relaxed);
+            let unconfirmed = self.queued.saturating_sub(sent + failed);
+            (self.warn)(&format!(
+                "OTLP export: the collector did not confirm {unconfirmed} spans within 5s; \
+                 the run does not wait for them"
+            ));
             return ExportSummary {
-                dropped: self.dropped,
-                failure: Some("not sent in time".to_owned()),
-                ..ExportSummary::default()
+                sent,
+                dropped: self.dropped + failed,
+                unconfirmed,
+                failure: Some("not confirmed in time".to_owned()),
             };
         }
         let mut summary = sender.join().unwrap_or_else(|_| ExportSummary {
@@ -493,7 +556,7 @@ impl SpanExporter {
         let n = batch.len() as u64;
         match &self.queue {
             Some(queue) => match queue.try_send(batch) {
-                Ok(()) => {}
+                Ok(()) => self.queued += n,
                 Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => self.dropped += n,
             },
             None => self.dropped += n,
@@ -501,11 +564,19 @@ impl SpanExporter {
     }
 }
 
+/// Spans the sender thread has sent or dropped so far.
+#[derive(Default)]
+struct Progress {
+    sent: AtomicU64,
+    dropped: AtomicU64,
+}
+
 /// The sender thread: one request per batch, on a runtime of its own.
 struct SendLoop {
     config: ExportConfig,
     resource: Resource,
     warn: Arc<dyn Fn(&str) + Send + Sync>,
+    progress: Arc<Progress>,
 }
 
 impl SendLoop {
@@ -571,9 +642,13 @@ impl SendLoop {
                 Err(e) => Some(format!("cannot reach the collector: {}", error_chain(&e))),
             };
             match failure {
-                None => summary.sent += n,
+                None => {
+                    summary.sent += n;
+                    self.progress.sent.fetch_add(n, Ordering::Relaxed);
+                }
                 Some(why) => {
                     summary.dropped += n;
+                    self.progress.dropped.fetch_add(n, Ordering::Relaxed);
                     if summary.failure.is_none() {
                         (self.warn)(&format!(
                             "OTLP export to {} failed ({why}); the run goes on, its spans are dropped",
@@ -741,6 +816,36 @@ mod tests {
             Err(ExportConfigError::Protocol("grpc".to_owned()))
         );
         assert!(ExportConfig::resolve(Some("collector:4318"), env(&[])).is_err());
+        // Percent-encoded, as the specification writes them and every SDK reads them.
+        let encoded = ExportConfig::resolve(
+            Some("http://a:1"),
+            env(&[(
+                "OTEL_EXPORTER_OTLP_HEADERS",
+                "Authorization=Basic%20dXNlcjpwYXNz,x-list=a%2Cb%3Dc,",
+            )]),
+        );
+        assert_eq!(
+            encoded.unwrap().unwrap().headers,
+            [
+                ("Authorization".to_owned(), "Basic dXNlcjpwYXNz".to_owned()),
+                ("x-list".to_owned(), "a,b=c".to_owned())
+            ]
+        );
+        // Malformed settings are said, not ignored.
+        assert!(matches!(
+            ExportConfig::resolve(
+                Some("http://a:1"),
+                env(&[("OTEL_EXPORTER_OTLP_HEADERS", "garbage")])
+            ),
+            Err(ExportConfigError::BadHeader { .. })
+        ));
+        assert!(matches!(
+            ExportConfig::resolve(
+                Some("http://a:1"),
+                env(&[("OTEL_EXPORTER_OTLP_TIMEOUT", "abc")])
+            ),
+            Err(ExportConfigError::BadTimeout { .. })
+        ));
         assert_eq!(
             ExportConfig::resolve(
                 None,
