@@ -116,6 +116,16 @@ async fn every_protocol_gets_a_project_that_passes_at_once() {
             "{protocol} warns: {}",
             stderr(&check)
         );
+        // What init writes is already laid out as `trellis fmt` would (the CI gate README
+        // recommends).
+        let fmt = trellis_in(&dir, &["fmt", "--check"]).await;
+        assert_eq!(
+            fmt.status.code(),
+            Some(0),
+            "{protocol}: {}{}",
+            stdout(&fmt),
+            stderr(&fmt)
+        );
 
         // No arguments: `run` finds suites/ by itself.
         let run = trellis_in(&dir, &["run", "--quiet"]).await;
