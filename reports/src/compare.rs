@@ -442,10 +442,10 @@ pub fn compare(
         }
     }
 
-    let criteria: Vec<CriterionChange> = pair(
+    let criteria: Vec<CriterionChange> = unreached_on_their_turns(pair(
         base.criteria.iter().map(|c| (criterion_key(c), c)),
         head.criteria.iter().map(|c| (criterion_key(c), c)),
-    )
+    ))
     .into_iter()
     .map(
         |((suite, scenario, trajectory, agent, turn_index, criterion), (b, h))| CriterionChange {
@@ -512,6 +512,56 @@ fn criterion_key(c: &crate::stats::CriterionStats) -> CriterionKey {
         c.turn_index,
         c.criterion.clone(),
     )
+}
+
+/// A check a trajectory never reached (a fault stopped it first) is recorded without a turn,
+/// having none: one that the other run checked on its turns is that same check, not one
+/// "removed" beside another "added". Each such turnless entry that never ran is given as the
+/// other side of the same check's entries on turns (same branch, agent and text) that only
+/// the other run has, and is then not listed on its own.
+fn unreached_on_their_turns(
+    mut entries: Vec<(CriterionKey, Sides<'_, crate::stats::CriterionStats>)>,
+) -> Vec<(CriterionKey, Sides<'_, crate::stats::CriterionStats>)> {
+    let same_check = |a: &CriterionKey, b: &CriterionKey| {
+        a.0 == b.0 && a.1 == b.1 && a.2 == b.2 && a.3 == b.3 && a.5 == b.5
+    };
+    let never_ran = |c: &crate::stats::CriterionStats| c.passed + c.failed == 0;
+    let mut adopted = vec![false; entries.len()];
+    for i in 0..entries.len() {
+        let (key, (base, head)) = &entries[i];
+        if key.4.is_some() {
+            continue;
+        }
+        // Which side holds the turnless entry that never ran, alone.
+        let (unreached, in_head) = match (base, head) {
+            (None, Some(h)) if never_ran(h) => (*h, true),
+            (Some(b), None) if never_ran(b) => (*b, false),
+            _ => continue,
+        };
+        let key = key.clone();
+        let mut taken = false;
+        for (other_key, (b, h)) in entries.iter_mut() {
+            let only_other = if in_head {
+                b.is_some() && h.is_none()
+            } else {
+                h.is_some() && b.is_none()
+            };
+            if other_key.4.is_some() && only_other && same_check(other_key, &key) {
+                if in_head {
+                    *h = Some(unreached);
+                } else {
+                    *b = Some(unreached);
+                }
+                taken = true;
+            }
+        }
+        adopted[i] = taken;
+    }
+    entries
+        .into_iter()
+        .zip(adopted)
+        .filter_map(|(entry, adopted)| (!adopted).then_some(entry))
+        .collect()
 }
 
 fn tally(passed: u64, samples: u64) -> Tally {

@@ -1320,3 +1320,63 @@ async fn a_run_that_checked_nothing_is_not_pinned_unless_forced() {
     let o = pin(&["--force"]).await;
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
 }
+
+#[tokio::test]
+async fn checks_a_faulted_trajectory_never_reached_are_the_same_checks_not_added_and_removed() {
+    let agent = support::MisbehavingServer::respond(200, support::OK_BODY).await;
+    let down = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let down_url = format!("http://{}/", down.local_addr().unwrap());
+    drop(down);
+    let dir = tempfile::tempdir().unwrap();
+    let runs = dir.path().join("runs");
+    for (name, url) in [("up", agent.url()), ("down", down_url)] {
+        // One suite name (the file's) for both: only the agent's address differs.
+        std::fs::create_dir_all(dir.path().join(name)).unwrap();
+        let suite = dir.path().join(name).join("s.kdl");
+        std::fs::write(
+            &suite,
+            format!(
+                "agent \"bot\" protocol=\"connexity\" url=\"{url}\"\n\
+                 scenario \"s\" {{\n    user \"one\"\n    expect no-error\n    user \"two\"\n    \
+                 expect reply contains=\"Hello\"\n    user \"three\"\n    \
+                 expect reply contains=\"there\"\n}}\n"
+            ),
+        )
+        .unwrap();
+        let o = trellis()
+            .args(["run", "-q", "--out"])
+            .arg(runs.join(name))
+            .arg(&suite)
+            .output()
+            .await
+            .unwrap();
+        assert!(o.status.code().is_some(), "{}", stderr(&o));
+    }
+    let o = trellis()
+        .args(["compare", "up", "down", "--json", "--dir"])
+        .arg(&runs)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let c: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let checks = c["criteria"].as_array().unwrap();
+    // Three checks on their three turns, whichever run reached them.
+    assert_eq!(checks.len(), 3, "{checks:#?}");
+    for check in checks {
+        assert!(check["turn_index"].is_u64(), "{check}");
+        let verdict = check["rate"]["verdict"].as_str().unwrap();
+        assert!(!["added", "removed"].contains(&verdict), "{check}");
+    }
+    let o = trellis()
+        .args(["compare", "up", "down", "--dir"])
+        .arg(&runs)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        !stdout(&o).contains("in only one of the runs"),
+        "{}",
+        stdout(&o)
+    );
+}
