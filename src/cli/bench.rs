@@ -19,7 +19,7 @@ mod table;
 pub struct BenchArgs {
     /// Trajectories to run (repetitions of one 4-turn scenario) [default: 10000; with
     /// --table, the one-turn trajectories of the throughput figure: 20000].
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     trajectories: Option<u32>,
     /// Agent calls in flight at once.
     #[arg(long, short = 'j', default_value_t = 256, value_parser = super::jobs_in_range)]

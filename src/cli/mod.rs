@@ -348,7 +348,7 @@ pub struct RunArgs {
     /// JSON, `POST /v1/traces`), e.g. 127.0.0.1:4318; point the agents'
     /// OTEL_EXPORTER_OTLP_ENDPOINT at it. Spans land in spans.parquet. Agents with
     /// `spans #true` get a receiver on a free port without it.
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", value_parser = receiver_address)]
     otlp_receiver: Option<std::net::SocketAddr>,
     /// Export the run's own spans (run, nodes, turns, exchanges, trajectories, judge and
     /// simulator calls) to this OTLP/HTTP collector, e.g. http://127.0.0.1:4318 (protobuf;
@@ -441,6 +441,24 @@ fn positive_cost(text: &str) -> Result<f64, String> {
         Ok(_) => Err("must be a positive number".into()),
         Err(_) => Err(format!("`{text}` is not a number")),
     }
+}
+/// `--otlp-receiver ADDR`: an address to listen on, `IP:PORT`; `localhost:PORT` is the
+/// loopback address, and an `http://` written as for the agents' endpoint is left off.
+fn receiver_address(text: &str) -> Result<std::net::SocketAddr, String> {
+    let bare = text
+        .trim()
+        .trim_start_matches("http://")
+        .trim_end_matches('/');
+    let bare = match bare.strip_prefix("localhost:") {
+        Some(port) => format!("127.0.0.1:{port}"),
+        None => bare.to_owned(),
+    };
+    bare.parse().map_err(|_| {
+        format!(
+            "`{text}` is not an address to listen on: give IP:PORT, e.g. 127.0.0.1:4318 \
+             (0.0.0.0:4318 for agents on other machines)"
+        )
+    })
 }
 
 pub fn jobs_in_range(text: &str) -> Result<usize, String> {

@@ -72,6 +72,24 @@ async fn usage_errors_exit_2() {
         .await
         .unwrap();
     assert_eq!(o.status.code(), Some(2));
+    let o = trellis()
+        .args(["run", "suites/", "--otlp-receiver", "collector:4318"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        stderr(&o).contains("give IP:PORT, e.g. 127.0.0.1:4318"),
+        "{}",
+        stderr(&o)
+    );
+    for bad in [
+        &["bench", "--trajectories", "0"][..],
+        &["bench", "--table", "--exe", "/no/such/trellis"],
+    ] {
+        let o = trellis().args(bad).output().await.unwrap();
+        assert_eq!(o.status.code(), Some(2), "{bad:?}: {}", stderr(&o));
+    }
 }
 
 #[tokio::test]

@@ -155,8 +155,9 @@ async fn an_sdk_instrumented_agents_spans_decide_its_tool_checks() {
         .arg(dir.path().join("otel.kdl"))
         .arg("--out")
         .arg(&out)
+        // Written as people write it: `localhost` is the loopback address.
         .arg("--otlp-receiver")
-        .arg(format!("127.0.0.1:{receiver}"))
+        .arg(format!("localhost:{receiver}"))
         .output()
         .await
         .unwrap();

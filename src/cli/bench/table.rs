@@ -52,6 +52,16 @@ pub fn table(args: &TableArgs) -> u8 {
             }
         }
     } else {
+        // A binary that cannot be started would only give a column of failures.
+        for exe in &args.exes {
+            if !exe.is_file() {
+                errln!(
+                    "error: --exe {}: no such file (give the path to a trellis binary)",
+                    exe.display()
+                );
+                return EXIT_INVALID;
+            }
+        }
         args.exes.clone()
     };
     let temp;
