@@ -1691,11 +1691,21 @@ fn success_criteria(criteria: &Value, keywords: Option<&Value>, step: &mut StepO
             ));
             continue;
         }
-        if metric == "keyword_match"
-            && let Some(criterion) = keyword_match(c, keywords, step)
-        {
-            step.expects.push(criterion);
-            continue;
+        if metric == "keyword_match" {
+            match keyword_match(c, keywords) {
+                Ok(Some(criterion)) => {
+                    step.expects.push(criterion);
+                    continue;
+                }
+                Ok(None) => {}
+                Err(why) => {
+                    step.unmapped.push(format!(
+                        "`success_criteria` entry {} ({why})",
+                        brief(criterion)
+                    ));
+                    continue;
+                }
+            }
         }
         match classify_metric(metric, Some(c), &step.expects) {
             Metric::Judged => {}
@@ -1730,28 +1740,29 @@ fn success_criteria(criteria: &Value, keywords: Option<&Value>, step: &mut StepO
 }
 
 /// `keyword_match` scored `>= 1`: every keyword appears (case-insensitively) in the reply.
-/// Any lower threshold (a share of the keywords) has no deterministic counterpart: `None`.
+/// The keywords are the criterion's `expected` (a list, or one string), else the node's
+/// `keywords`; `Ok(None)` when there are none. A lower threshold over several keywords (a
+/// share of them) has no deterministic counterpart: `Err` says so.
 fn keyword_match(
     c: &Map<String, Value>,
     keywords: Option<&Value>,
-    step: &mut StepOut,
-) -> Option<String> {
+) -> Result<Option<String>, String> {
     let threshold = c.get("threshold").and_then(Value::as_f64).unwrap_or(1.0);
-    let words: Vec<&str> = c
-        .get("expected")
-        .or(keywords)
-        .and_then(Value::as_array)
-        .map(|list| list.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default();
+    let words: Vec<&str> = match c.get("expected").filter(|e| !e.is_null()).or(keywords) {
+        Some(Value::Array(list)) => list.iter().filter_map(Value::as_str).collect(),
+        Some(Value::String(word)) => vec![word.as_str()],
+        _ => Vec::new(),
+    };
+    let words: Vec<&str> = words.into_iter().filter(|w| !w.trim().is_empty()).collect();
     if words.is_empty() {
-        return None;
+        return Ok(None);
     }
     if threshold < 1.0 && words.len() > 1 {
-        step.notes.push(format!(
-            "keyword_match needs {threshold} of the keywords: judged (trellis checks all or \
-             one)"
+        return Err(format!(
+            "keyword_match needs {threshold} of the {} keywords: trellis checks all of them or \
+             one, not a share",
+            words.len()
         ));
-        return None;
     }
     let checks: Vec<String> = words
         .iter()
@@ -1762,7 +1773,7 @@ fn keyword_match(
             )
         })
         .collect();
-    Some(format!("reply {}", checks.join(" ")))
+    Ok(Some(format!("reply {}", checks.join(" "))))
 }
 
 /// `{metric, threshold, judge_config?}` as `judge "METRIC" threshold=… rubric=…`, plus what
@@ -1876,6 +1887,41 @@ mod tests {
             criterion(json!({"target": "message", "mode": "regex", "expected": "(?<=a)b"}))
                 .is_err_and(|e| e.contains("not valid"))
         );
+    }
+
+    #[test]
+    fn keyword_match_takes_a_list_or_one_word_and_refuses_a_share() {
+        let map = |c: Value, keywords: Option<Value>| {
+            let Value::Object(c) = c else { panic!() };
+            keyword_match(&c, keywords.as_ref())
+        };
+        assert_eq!(
+            map(
+                json!({"metric": "keyword_match", "expected": "Refunded"}),
+                None
+            ),
+            Ok(Some("reply matches=\"(?i)Refunded\"".into()))
+        );
+        assert_eq!(
+            map(
+                json!({"metric": "keyword_match", "threshold": 1, "expected": ["a", "b"]}),
+                None
+            ),
+            Ok(Some("reply matches=\"(?i)a\" matches=\"(?i)b\"".into()))
+        );
+        // Without `expected`, the node's keywords.
+        assert_eq!(
+            map(json!({"metric": "keyword_match"}), Some(json!(["refund"]))),
+            Ok(Some("reply matches=\"(?i)refund\"".into()))
+        );
+        assert!(
+            map(
+                json!({"metric": "keyword_match", "threshold": 0.5, "expected": ["a", "b"]}),
+                None
+            )
+            .is_err_and(|why| why.contains("0.5 of the 2 keywords"))
+        );
+        assert_eq!(map(json!({"metric": "keyword_match"}), None), Ok(None));
     }
 
     #[test]
