@@ -455,7 +455,19 @@ impl Assembly {
                 "a task status has no `state`",
             ));
         };
-        let state = TaskState::parse(state);
+        let parsed = TaskState::parse(state);
+        if parsed == TaskState::Unknown {
+            // Not a state to wait out or to end on: said as what it is, not as a task that
+            // is still working.
+            return Err(Fault::new(
+                FaultCategory::Protocol,
+                format!(
+                    "the task's state `{state}` is not one A2A defines (submitted, working, \
+                     input-required, auth-required, completed, failed, rejected, canceled)"
+                ),
+            ));
+        }
+        let state = parsed;
         self.state = Some(state);
         // The latest status speaks for the task: a final status without a message does not
         // leave a progress note ("working…") as the reply.
@@ -714,6 +726,17 @@ mod tests {
         assert_eq!(answer.reply.as_deref(), Some("new\nold"));
         assert_eq!(answer.context_id.as_deref(), Some("c"));
         assert_eq!(answer.data.unwrap()["parts"][2]["data"]["n"], 1);
+    }
+
+    #[test]
+    fn a_state_a2a_does_not_define_is_named_as_a_protocol_fault() {
+        let mut a = Assembly::new();
+        let fault = a
+            .apply(json!({"kind": "task", "id": "t", "contextId": "c",
+                "status": {"state": "pondering"}}))
+            .unwrap_err();
+        assert_eq!(fault.category, FaultCategory::Protocol);
+        assert!(fault.message.contains("`pondering`"), "{}", fault.message);
     }
 
     #[test]
