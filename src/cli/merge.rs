@@ -322,11 +322,13 @@ fn merge_inner(args: &MergeArgs) -> Result<u8, MergeError> {
     if let Some(files) = &files {
         console.finish(summary.as_ref(), &out, journal_path.as_deref(), files);
     }
+    // A shard whose journal gave nothing (`--allow-partial`) was not merged.
+    let merged: Vec<&ShardDir> = shards.iter().filter(|s| s.started.is_some()).collect();
     outln!(
         "merged {} of {} ({}) into run {run_id}{}",
-        count(shards.len() as u64, "shard", "shards"),
+        count(merged.len() as u64, "shard", "shards"),
         split.count,
-        shards
+        merged
             .iter()
             .map(|s| format!("{}: {}", s.index, s.meta.run_id))
             .collect::<Vec<_>>()
@@ -748,8 +750,17 @@ fn say_missing(
         };
         let why = if shard.running {
             "its run is still going (another trellis holds its directory)".to_owned()
+        } else if shard.started.is_none() && (shard.skipped_lines > 0 || shard.cut_short) {
+            // A journal is there, and none of it reads: not a run that never started.
+            "its journal could not be read (damaged, or cut short while it was written or \
+             copied); copy the shard's directory again, or `trellis run SUITES --resume` it"
+                .to_owned()
+        } else if shard.started.is_none() && journal_path(&shard.dir).is_some() {
+            "its journal has no `run_started` entry (empty: the run was stopped before it \
+             recorded anything)"
+                .to_owned()
         } else if shard.started.is_none() {
-            "its run never started (no journal, or no `run_started` in it)".to_owned()
+            "its run never started (no journal)".to_owned()
         } else if shard.finished.is_none() {
             let torn = if shard.skipped_lines > 0 {
                 format!(

@@ -1295,3 +1295,40 @@ async fn rate_budgets_are_divided_among_shards_unless_per_shard() {
         .unwrap();
     assert!(stdout(&explain).contains("per-shard"), "{}", said(&explain));
 }
+
+#[tokio::test]
+async fn a_shard_whose_journal_is_damaged_is_said_so_and_not_counted_as_merged() {
+    let tmp = tempfile::tempdir().unwrap();
+    let suite = small_suite(tmp.path());
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    for (i, dir) in [(1, &a), (2, &b)] {
+        let o = run_shard(&suite, &format!("{i}/2"), dir, NONE).await;
+        assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+    }
+    // An artifact damaged on its way down.
+    let journal = trellis_engine::journal::find(&b).unwrap();
+    std::fs::write(&journal, b"garbage\n").unwrap();
+    let merge = |extra: &'static [&'static str]| {
+        let (a, b, out) = (a.clone(), b.clone(), tmp.path().join("out"));
+        async move {
+            trellis()
+                .arg("merge")
+                .args([&a, &b])
+                .arg("--out")
+                .arg(out)
+                .args(extra)
+                .output()
+                .await
+                .unwrap()
+        }
+    };
+    let o = merge(&[]).await;
+    assert_eq!(o.status.code(), Some(1), "{}", said(&o));
+    assert!(
+        flat(&stderr(&o)).contains("its journal could not be read"),
+        "{}",
+        said(&o)
+    );
+    let o = merge(&["--allow-partial"]).await;
+    assert!(stdout(&o).contains("merged 1 shard of 2"), "{}", said(&o));
+}
