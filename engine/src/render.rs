@@ -29,10 +29,13 @@ pub enum RenderError {
         #[source]
         error: minijinja::Error,
     },
-    #[error("{}", describe(.error))]
+    #[error("{}{}", describe(.error), .at.as_ref().map(|at| format!(" in `{at}`")).unwrap_or_default())]
     Render {
         #[source]
         error: minijinja::Error,
+        /// The variable that is undefined (`row.o.typo`), when the error is one: minijinja's
+        /// "undefined value" names nothing by itself.
+        at: Option<String>,
     },
     /// Names the unset variables, quoted and comma-separated.
     #[error("environment variable not set: {0}")]
@@ -147,9 +150,11 @@ impl Templates {
                     source_text: source.to_owned(),
                     error,
                 })?;
+        // Kept (a reference count) to name what was undefined, should the render fail.
+        let ctx = ctx();
         template
-            .render(ctx())
-            .map_err(|error| self.render_error(&template, error))
+            .render(ctx.clone())
+            .map_err(|error| self.render_error(&template, error, &ctx))
     }
 
     /// Renders `template`; `ctx` is only built when the template has something to render.
@@ -183,6 +188,7 @@ impl Templates {
         &self,
         template: &minijinja::Template<'_, '_>,
         error: minijinja::Error,
+        ctx: &Value,
     ) -> RenderError {
         // The only undefined values validation cannot rule out are unset environment
         // variables: name them instead of minijinja's position.
@@ -194,11 +200,31 @@ impl Templates {
             .map(|name| format!("`{name}`"))
             .collect();
         if missing.is_empty() {
-            RenderError::Render { error }
+            let at = (error.kind() == minijinja::ErrorKind::UndefinedError)
+                .then(|| first_undefined(template, ctx))
+                .flatten();
+            RenderError::Render { error, at }
         } else {
             RenderError::MissingEnv(missing.join(", "))
         }
     }
+}
+
+/// The first variable path `template` reads (`row.o.typo`, attribute by attribute) that is
+/// undefined in `ctx`.
+fn first_undefined(template: &minijinja::Template<'_, '_>, ctx: &Value) -> Option<String> {
+    let mut paths: Vec<String> = template.undeclared_variables(true).into_iter().collect();
+    paths.sort();
+    paths.into_iter().find(|path| {
+        let mut value = ctx.clone();
+        for part in path.split('.') {
+            value = value.get_attr(part).unwrap_or(Value::UNDEFINED);
+            if value.is_undefined() {
+                return true;
+            }
+        }
+        false
+    })
 }
 
 /// An environment snapshot as a template object: a lookup per name a template reads, without
@@ -364,4 +390,27 @@ fn scenario_base(
     }
     base.insert("env".into(), Value::from_object(EnvVars(env.clone())));
     base
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_undefined_value_is_named_by_its_path() {
+        let templates = Templates::new(Arc::new(EnvSnapshot::new()));
+        let ctx = || minijinja::context! { row => minijinja::context! { o => minijinja::context! { k => 1 } } };
+        let error = templates
+            .render_source("hi {{ row.o.typo }}", ctx)
+            .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "undefined value in `row.o.typo`",
+            "{error:?}"
+        );
+        assert_eq!(
+            templates.render_source("hi {{ row.o.k }}", ctx).unwrap(),
+            "hi 1"
+        );
+    }
 }
