@@ -85,11 +85,14 @@ pub(crate) fn read_datasets(
                         name.span,
                         "no such dataset",
                     )
-                    .with_help(suggest(
-                        &name.value,
-                        ids.iter().copied(),
-                        "declare it with `dataset \"ID\" path=\"…\"`",
-                    )),
+                    .with_help(if ids.is_empty() {
+                        "declare it with `dataset \"ID\" path=\"…\"`".to_owned()
+                    } else {
+                        format!(
+                            "{}, or declare it with `dataset \"ID\" path=\"…\"`",
+                            suggest(&name.value, ids.iter().copied(), "the datasets")
+                        )
+                    }),
                 );
             }
         }
@@ -438,23 +441,39 @@ fn instances(
                         .map(|s| s.trim().to_string())
                         .map_err(|e| template_error(&e)),
                 };
+                // Each problem with the help that fits it.
                 let problem = match &id {
-                    Err(e) => Some(format!("row-id failed: {e}")),
-                    Ok(id) if id.is_empty() => Some("row-id rendered empty".to_string()),
-                    Ok(id) if id.contains(['/', '[', ']', '\n']) => Some(format!(
-                        "row-id `{id}` holds `/`, `[`, `]` or a line break, which instance ids cannot"
+                    Err(e) => Some((
+                        format!("row-id failed: {e}"),
+                        "each row needs an id from its own values: check the columns the \
+                         template reads against the dataset's, and that this row has them",
                     )),
-                    Ok(id) => first
-                        .get(id)
-                        .map(|other| format!("row id `{id}` is also row {other}'s")),
+                    Ok(id) if id.is_empty() => Some((
+                        "row-id rendered empty".to_string(),
+                        "the column is empty in this row: use one every row fills",
+                    )),
+                    Ok(id) if id.contains(['/', '[', ']', '\n']) => Some((
+                        format!(
+                            "row-id `{id}` holds `/`, `[`, `]` or a line break, which instance \
+                             ids cannot"
+                        ),
+                        "replace them in the template, e.g. \"{{ row.id | replace('/', '-') }}\"",
+                    )),
+                    Ok(id) => first.get(id).map(|other| {
+                        (
+                            format!("row id `{id}` is also row {other}'s"),
+                            if compiled.is_some() {
+                                "two rows give this id: use a column whose values are unique, \
+                                 or join two (\"{{ row.customer }}-{{ row.order }}\")"
+                            } else {
+                                "the default id is a hash of the row's content: two rows are \
+                                 identical; remove one or add `row-id`"
+                            },
+                        )
+                    }),
                 };
-                if let Some(problem) = problem {
+                if let Some((problem, help)) = problem {
                     let span = compiled.as_ref().map_or(sc.id.span, |(_, s)| *s);
-                    let help = if compiled.is_some() {
-                        "each row needs its own id: use a column that is unique, e.g. \"{{ row.id }}\""
-                    } else {
-                        "the default id is a hash of the row's content: two rows are identical; remove one or add `row-id`"
-                    };
                     diags.push(
                         Diagnostic::at_span(
                             Kind::InvalidValue,

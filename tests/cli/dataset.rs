@@ -419,6 +419,25 @@ async fn row_id_problems_name_the_row() {
     // Row 4 has no `id`: it is `null` there (the row lacks a column another row has).
     assert!(err.contains("row 4 of dataset `d`: row-id failed"), "{err}");
     assert!(err.contains("is null in this row"), "{err}");
+    // Each problem gets the help that fits it: not the id it already uses.
+    assert!(err.contains("two rows give this id"), "{err}");
+    assert!(!err.contains("e.g. \"{{ row.id }}\""), "{err}");
+
+    // An unknown dataset, with one declared: the closest, or how to declare it.
+    let suite = suite.replace("for-each=\"d\"", "for-each=\"tickets\"");
+    let dir = project(&suite, &[("data/d.jsonl", rows.as_bytes())]);
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path().join("suite.kdl"))
+        .output()
+        .await
+        .unwrap();
+    let err = flat(&stderr(&o));
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("expected one of the datasets: `d`, or declare it with"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
