@@ -130,6 +130,29 @@ fn read_one(
     let at = |kind: Kind, message: String, label: &str| {
         Diagnostic::at_span(kind, message, files, ds.path.span, label)
     };
+    // Said before the format, which a directory or an empty path has none of.
+    if ds.path.value.trim().is_empty() {
+        return Err(Box::new(
+            at(
+                Kind::InvalidValue,
+                format!("dataset `{}`: the path is empty", ds.id.value),
+                "no file named",
+            )
+            .with_help(
+                "name the dataset's file, relative to this suite file: path=\"data/cases.csv\"",
+            ),
+        ));
+    }
+    if ds.resolved.is_dir() {
+        return Err(Box::new(
+            at(
+                Kind::InvalidValue,
+                format!("dataset `{}`: {shown} is a directory", ds.id.value),
+                "a directory, not a file",
+            )
+            .with_help("name one .csv, .tsv, .jsonl, .json or .parquet file in it"),
+        ));
+    }
     let reader = match dataset::reader_for(&ds.resolved) {
         Ok(Some(r)) => r,
         Ok(None) => return Ok(None),

@@ -1584,3 +1584,24 @@ async fn a_null_column_in_user_context_is_null_not_an_error() {
     sent.sort();
     assert_eq!(sent, ["coupon: SAVE10", "coupon: none", "coupon: none"]);
 }
+
+#[tokio::test]
+async fn a_dataset_path_that_is_a_directory_or_empty_says_so() {
+    let suite = format!(
+        "{AGENT}dataset \"d\" path=\"data\"\ndataset \"e\" path=\"\"\n\
+         scenario \"s\" for-each=\"d\" {{ row-id \"{{{{ row.id }}}}\"; user \"hi\" }}\n\
+         scenario \"t\" for-each=\"e\" {{ row-id \"{{{{ row.id }}}}\"; user \"hi\" }}\n"
+    );
+    let dir = project(&suite, &[("data/a.csv", b"id\n1\n")]);
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path().join("suite.kdl"))
+        .output()
+        .await
+        .unwrap();
+    let err = flat(&stderr(&o));
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("data is a directory"), "{err}");
+    assert!(err.contains("dataset `e`: the path is empty"), "{err}");
+    assert!(!err.contains("unknown dataset format"), "{err}");
+}
