@@ -361,6 +361,13 @@ fn read_shard(dir: &Path) -> Result<(RunMeta, ShardPlan), MergeError> {
         dir: dir.to_path_buf(),
         why,
     };
+    if dir.exists() && !dir.is_dir() {
+        return Err(not_a_shard(
+            "it is a file; give the shard's run directory (where its run.json and shard.json \
+             are)"
+                .to_owned(),
+        ));
+    }
     if !dir.is_dir() {
         return Err(not_a_shard("no such directory".to_owned()));
     }

@@ -355,7 +355,7 @@ fn resumed_shard(
         {
             errln!(
                 "error: {} holds shard {}/{} of its run, and {} says shard {}; resume it as \
-                 the shard it is (leave out --shard)",
+                 the shard it is (leave out --shard, or unset the runner's variables)",
                 dir.display(),
                 split.index,
                 split.count,
