@@ -327,3 +327,30 @@ async fn thousands_of_files_import_in_well_under_a_few_seconds() {
         assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
     }
 }
+
+#[tokio::test]
+async fn an_empty_file_says_so_and_an_odd_id_is_made_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.json");
+    std::fs::write(&empty, "").unwrap();
+    let out = dir.path().join("out.kdl");
+    let o = import(&[empty.to_str().unwrap(), "--out", out.to_str().unwrap()]).await;
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("the file is empty"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("nothing imported"), "{}", stderr(&o));
+    assert!(!out.exists());
+
+    // An id with a line break and brackets: one line, no instance brackets.
+    let odd = dir.path().join("odd.json");
+    std::fs::write(
+        &odd,
+        r#"{"scenario_id": "refund\nfor [vip]",
+            "tasks": [{"id": "t1", "description": "Refund order A-1", "expected_outcome": "refunded"}]}"#,
+    )
+    .unwrap();
+    let o = import(&[odd.to_str().unwrap(), "--out", out.to_str().unwrap()]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let suite = std::fs::read_to_string(&out).unwrap();
+    assert!(suite.contains("scenario \"refund for -vip-\""), "{suite}");
+    assert_eq!(check(&out).await.status.code(), Some(0));
+}

@@ -324,6 +324,18 @@ pub fn import_multiagent(args: &MultiAgentImportArgs) -> u8 {
         .out
         .as_deref()
         .map_or_else(|| "standard output".to_owned(), |p| p.display().to_string());
+    if imported == 0 {
+        errln!(
+            "nothing imported: none of {} could be read{}",
+            count(jobs.len() as u64, "file", "files"),
+            if args.out.is_some() {
+                format!("; nothing was written to {target}")
+            } else {
+                String::new()
+            }
+        );
+        return EXIT_FAILED;
+    }
     errln!(
         "imported {imported} of {} into {target} in {:.2}s; {unmapped_files} with \
          unmapped parts (listed in each suite's header){}",

@@ -26,7 +26,9 @@ const DEFAULT_NODE_TIMEOUT: f64 = 30.0;
 /// Why a file could not be imported at all (the other files of a directory still are).
 #[derive(Debug, thiserror::Error)]
 pub enum ScenarioError {
-    #[error("not JSON: {0}")]
+    #[error("the file is empty: a scenario file is one JSON object")]
+    EmptyFile,
+    #[error("not JSON: {0} (a scenario file is one JSON object)")]
     NotJson(#[from] serde_json::Error),
     #[error("the file holds {0}, not a JSON object")]
     NotAnObject(&'static str),
@@ -154,6 +156,9 @@ impl ScenarioFile {
     pub fn parse(text: &[u8], fallback_id: &str) -> Result<ScenarioFile, ScenarioError> {
         // Editors on Windows save JSON with a byte order mark, which JSON parsers refuse.
         let text = text.strip_prefix(b"\xef\xbb\xbf").unwrap_or(text);
+        if text.iter().all(u8::is_ascii_whitespace) {
+            return Err(ScenarioError::EmptyFile);
+        }
         let value: Value = serde_json::from_slice(text)?;
         let Value::Object(file) = value else {
             return Err(ScenarioError::NotAnObject(json_kind(&value)));
@@ -339,9 +344,20 @@ fn brief(value: &Value) -> String {
     value.to_string()
 }
 
-/// `text` as a scenario id: `/` (which separates suite and scenario) becomes `-`.
+/// `text` as a scenario id: `/` (which separates suite and scenario) becomes `-`, and so do
+/// `[` and `]` (which name an instance); line breaks, tabs and other control characters
+/// (which would break every console line and report row naming it) become one space.
 fn scenario_id(text: &str) -> Option<String> {
-    let id = text.trim().replace('/', "-");
+    let id: String = text
+        .trim()
+        .chars()
+        .map(|c| match c {
+            '/' | '[' | ']' => '-',
+            c if c.is_control() => ' ',
+            c => c,
+        })
+        .collect();
+    let id = id.split_whitespace().collect::<Vec<_>>().join(" ");
     (!id.is_empty()).then_some(id)
 }
 
@@ -1887,6 +1903,16 @@ mod tests {
             criterion(json!({"target": "message", "mode": "regex", "expected": "(?<=a)b"}))
                 .is_err_and(|e| e.contains("not valid"))
         );
+    }
+
+    #[test]
+    fn scenario_ids_lose_separators_and_control_characters() {
+        assert_eq!(scenario_id(" a/b "), Some("a-b".into()));
+        assert_eq!(
+            scenario_id("we\"ird\nid\t[x]"),
+            Some("we\"ird id -x-".into())
+        );
+        assert_eq!(scenario_id(" \n "), None);
     }
 
     #[test]
