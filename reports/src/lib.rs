@@ -395,6 +395,7 @@ impl ReportWriter {
             trends,
             trend_runs,
             skipped_lines,
+            provenance: provenance(meta.as_ref()),
         };
         // The tables (polars' Parquet writer, the larger share) and the pages (JUnit, and
         // the HTML with its transcripts read back from the journal) share nothing but what
@@ -478,6 +479,34 @@ struct Pages<'a> {
     trends: Option<Trends>,
     trend_runs: usize,
     skipped_lines: usize,
+    /// What the run is a part or a combination of, for the page to say.
+    provenance: Option<String>,
+}
+
+/// What a shard run, or a run merged from shards, is (`run.json`), said on its page: a
+/// shard's report reads like a whole run otherwise.
+fn provenance(meta: Option<&history::RunMeta>) -> Option<String> {
+    let meta = meta?;
+    if let Some(shard) = &meta.shard {
+        return Some(format!(
+            "Shard {} of {} of a sharded run: this report covers only the scenarios the split \
+             gave this shard. Merge the shards' directories (trellis merge) for the whole \
+             run.",
+            shard.index, shard.count
+        ));
+    }
+    let merged = meta.merged.as_ref()?;
+    Some(if merged.partial {
+        format!(
+            "Merged from {} of {} shards (trellis merge --allow-partial): {} planned \
+             trajectory runs are missing.",
+            merged.runs.len(),
+            merged.shards,
+            merged.missing
+        )
+    } else {
+        format!("Merged from {} shards (trellis merge).", merged.shards)
+    })
 }
 
 impl Pages<'_> {
@@ -534,6 +563,7 @@ impl Pages<'_> {
                 skipped_lines: self.skipped_lines,
                 transcripts_missing: transcripts_missing.as_deref(),
                 variance: variance.as_ref(),
+                provenance: self.provenance.as_deref(),
             },
         ) {
             not_written.push((html_path.to_path_buf(), e));

@@ -931,6 +931,10 @@ async fn merge_refuses_directories_that_are_not_shards_of_one_split() {
     // The same directory named twice is one shard: a and b merge.
     let o = merge(vec![a.clone(), a.join("."), b]).await;
     assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+    // Each report says what it covers: a shard its share, the merged run its shards.
+    let page = |dir: &Path| std::fs::read_to_string(dir.join("report.html")).unwrap();
+    assert!(page(&a).contains("Shard 1 of 2 of a sharded run"));
+    assert!(page(&tmp.path().join("out")).contains("Merged from 2 shards"));
 }
 
 #[tokio::test]

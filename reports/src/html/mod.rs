@@ -53,6 +53,8 @@ pub(crate) struct Page<'a> {
     pub(crate) transcripts_missing: Option<&'a str>,
     /// `variance.json` of the run directory, if any.
     pub(crate) variance: Option<&'a crate::variance::VarianceReport>,
+    /// What the run is a part or a combination of (a shard, a merge), said as a sentence.
+    pub(crate) provenance: Option<&'a str>,
 }
 
 /// Writes the page as `path.partial` and moves it into place once complete.

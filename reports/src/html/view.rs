@@ -769,6 +769,8 @@ pub(crate) struct PageView {
     version: String,
     suites: Vec<String>,
     coverage: Option<Coverage>,
+    /// A shard's, or a merged run's, sentence about what it covers.
+    provenance: Option<String>,
     skipped_lines: usize,
     transcripts_missing: Option<String>,
     checks_skipped: Option<String>,
@@ -1248,6 +1250,7 @@ pub(crate) fn build(page: &Page<'_>) -> PageView {
         version: info.trellis_version.clone(),
         suites: info.suites.clone(),
         coverage,
+        provenance: page.provenance.map(str::to_owned),
         skipped_lines: page.skipped_lines,
         transcripts_missing: page.transcripts_missing.map(str::to_owned),
         checks_skipped,
