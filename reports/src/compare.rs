@@ -253,8 +253,8 @@ pub fn incomplete(run: &RunStats) -> Option<String> {
         ))
     } else if a.interrupted {
         Some(format!(
-            "was stopped before its work was done ({} trajectories recorded, with those its \
-             agents forked beyond the {} planned; `trellis run --resume` finishes it)",
+            "was stopped before its work was done ({} trajectories recorded, {} planned, \
+             some cut short; `trellis run --resume` finishes it)",
             a.counts.trajectories, a.planned
         ))
     } else {

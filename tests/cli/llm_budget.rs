@@ -301,11 +301,21 @@ scenario "s" {{
     let roles = &summary(&out)["stats"]["aggregates"]["llm_roles"];
     assert_eq!(roles["agent"]["calls"], 8, "{roles}");
 
+    // Exactly the requests the run needs: reached with the last one, which cut nothing
+    // off, so the run is complete and its verdict is its checks'.
+    let out = dir.path().join("exact");
+    let o = run(&path, &out, &["--max-llm-calls", "8"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert_eq!(fake.calls(), 16);
+    let aggregates = &summary(&out)["stats"]["aggregates"];
+    assert_eq!(aggregates["interrupted"], false, "{aggregates}");
+    assert!(!stderr(&o).contains("stopped early"), "{}", stderr(&o));
+
     // Four requests allowed: two turns finish, and no request past the fourth is sent.
     let out = dir.path().join("bounded");
     let o = run(&path, &out, &["--max-llm-calls", "4"]).await;
     assert_eq!(o.status.code(), Some(4), "{}{}", stdout(&o), stderr(&o));
-    assert_eq!(fake.calls(), 12, "requests sent past --max-llm-calls 4");
+    assert_eq!(fake.calls(), 20, "requests sent past --max-llm-calls 4");
     assert!(
         stderr(&o).contains("--max-llm-calls 4 reached (4 calls sent)"),
         "{}",
@@ -313,6 +323,7 @@ scenario "s" {{
     );
     let roles = &summary(&out)["stats"]["aggregates"]["llm_roles"];
     assert_eq!(roles["agent"]["calls"], 4, "{roles}");
+    assert_eq!(summary(&out)["stats"]["aggregates"]["interrupted"], true);
     // The trajectory whose request was refused is not recorded as the agent's error.
     let t = read_parquet(&out.join("trajectories.parquet"));
     let statuses: Vec<Option<String>> = strings(&t, "status");

@@ -88,6 +88,7 @@ impl<'a> Unit<'a> {
             let mut label = 0;
             for parent in &beam {
                 if self.shared.stop.is_cancelled() {
+                    self.shared.note_cut_short();
                     return false;
                 }
                 let call_name = format!(
@@ -195,7 +196,10 @@ impl<'a> Unit<'a> {
                         messages,
                     });
                     match stop {
-                        Some(Stop::Interrupted) => return false,
+                        Some(Stop::Interrupted) => {
+                            self.shared.note_cut_short();
+                            return false;
+                        }
                         Some(Stop::Fault(fault)) => {
                             mark(&mut state, attack, "error");
                             let stop = Some(Stop::Fault(fault));

@@ -202,6 +202,7 @@ async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSummary
         run_start: started,
         totals: Totals::of(options.resume.as_deref()),
         stop: options.stop.clone(),
+        cut_short: std::sync::atomic::AtomicBool::new(false),
         strict: options.strict,
         run_id: options.run_id.clone(),
         reuse: options.reuse.clone(),
@@ -236,10 +237,9 @@ async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSummary
     }
     while scenario_tasks.join_next().await.is_some() {}
     // Stopped while work remained: what was cut off is missing from the records. (A stop
-    // that only came while the late spans below were awaited cut nothing off.) Calls in
-    // flight at the stop may all have finished: such a run is called interrupted anyway,
-    // and `--resume` finds nothing left to run and finishes it.
-    let interrupted = shared.stop.is_cancelled();
+    // that came once every call had answered, or while the late spans below were awaited,
+    // cut nothing off.)
+    let interrupted = shared.cut_short.load(Ordering::Relaxed);
     // Long-lived agent processes (and their process trees) end with the run, waited for.
     shared.agents.close().await;
     // Spans that came after their turn was recorded (batch exporters), or of agents whose
@@ -286,7 +286,8 @@ async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSummary
         invalid: t.invalid.load(Ordering::Relaxed),
         turns: t.turns.load(Ordering::Relaxed),
         llm_roles: shared.llm.meter().by_role(),
-        stopped_by: shared.llm.meter().tripped(),
+        // A budget reached with the last call cut nothing: the run did not stop early.
+        stopped_by: shared.llm.meter().tripped().filter(|_| interrupted),
         interrupted,
         connections_redone: redone
             .since(&redone_before)
@@ -347,6 +348,10 @@ struct Shared {
     run_start: Instant,
     totals: Totals,
     stop: CancellationToken,
+    /// The stop cut some work off: a unit not started, a turn or simulator call not made,
+    /// a check not judged. What `run_finished.interrupted` says; a stop that came when
+    /// everything was done (calls in flight all answered) cut nothing.
+    cut_short: std::sync::atomic::AtomicBool,
     strict: bool,
     run_id: String,
     reuse: Option<Arc<TurnMemo>>,
@@ -371,6 +376,11 @@ struct Shared {
 }
 
 impl Shared {
+    /// The run's stop cut some work off ([`Shared::cut_short`]).
+    fn note_cut_short(&self) {
+        self.cut_short.store(true, Ordering::Relaxed);
+    }
+
     /// Whether trajectory `t` of the unit finished in an earlier attempt of the run, and if
     /// so whether it passed.
     fn finished(
@@ -488,18 +498,26 @@ async fn run_scenario(
                 continue;
             }
             if shared.stop.is_cancelled() {
+                shared.note_cut_short();
                 break;
             }
             let permit = match shared.units.clone().try_acquire_many_owned(weight) {
                 Ok(permit) => permit,
-                Err(TryAcquireError::Closed) => break,
+                Err(TryAcquireError::Closed) => {
+                    shared.note_cut_short();
+                    break;
+                }
                 Err(TryAcquireError::NoPermits) => {
                     ramping = false;
                     let permit = tokio::select! {
                         permit = shared.units.clone().acquire_many_owned(weight) => permit,
-                        () = shared.stop.cancelled() => break,
+                        () = shared.stop.cancelled() => {
+                            shared.note_cut_short();
+                            break;
+                        }
                     };
                     let Ok(permit) = permit else {
+                        shared.note_cut_short();
                         break;
                     };
                     permit
@@ -593,7 +611,11 @@ async fn run_unit(
             .iter()
             .map(|s| *s == Some(TrajectoryStatus::Invalid))
             .collect();
-        if !again.contains(&true) || shared.stop.is_cancelled() {
+        if !again.contains(&true) {
+            break;
+        }
+        if shared.stop.is_cancelled() {
+            shared.note_cut_short();
             break;
         }
         let rerun = unit.retry(attempt, again);

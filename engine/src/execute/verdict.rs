@@ -41,13 +41,18 @@ pub(super) async fn judge_unless_stopped<T: AsRef<crate::record::TurnRecord>>(
     // `biased`: a run already stopping (a signal, an LLM budget) starts no judge call.
     tokio::select! {
         biased;
-        () = shared.stop.cancelled() => CriterionRecord {
-            turn_index,
-            criterion,
-            kind,
-            status: CriterionStatus::Skipped,
-            detail: Some("not checked: the run was stopped while the judge was answering".into()),
-            judge: None,
+        () = shared.stop.cancelled() => {
+            shared.note_cut_short();
+            CriterionRecord {
+                turn_index,
+                criterion,
+                kind,
+                status: CriterionStatus::Skipped,
+                detail: Some(
+                    "not checked: the run was stopped before the judge answered".into(),
+                ),
+                judge: None,
+            }
         },
         // Boxed: the judge call is most of this future's size, and the verdicts and checks
         // that await this one were that large for every trajectory, judged or not.
@@ -102,7 +107,10 @@ impl Unit<'_> {
                 criteria.push(c);
                 Some(why)
             }
-            Some(Stop::Interrupted) => Some("not checked: the run was stopped".to_string()),
+            Some(Stop::Interrupted) => {
+                self.shared.note_cut_short();
+                Some("not checked: the run was stopped".to_string())
+            }
             // Never an end (a fork or an attack continues the path); checked as if it were
             // not there.
             Some(Stop::Branch(_) | Stop::Attack(_)) | None => None,
@@ -292,7 +300,10 @@ impl Unit<'_> {
         ));
         tokio::select! {
             biased;
-            () = self.shared.stop.cancelled() => None,
+            () = self.shared.stop.cancelled() => {
+                self.shared.note_cut_short();
+                None
+            }
             record = judging => record,
         }
     }

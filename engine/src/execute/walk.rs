@@ -503,7 +503,10 @@ impl<'a> Unit<'a> {
 
         match stop {
             None => {}
-            Some(Stop::Interrupted) => return false,
+            Some(Stop::Interrupted) => {
+                self.shared.note_cut_short();
+                return false;
+            }
             Some(Stop::Branch(request)) => {
                 return self
                     .explore(node, next_step, state, session, request, name)
