@@ -508,8 +508,18 @@ fn value_items(
             } else {
                 &[kind]
             };
+            // A scenario does not need itself (`needs` inside it names others).
+            let own_scenario = chain
+                .iter()
+                .find(|n| n.name == "scenario")
+                .and_then(|n| n.arg(0))
+                .filter(|_| node_name == "needs")
+                .map(|a| a.text.as_str());
             for k in kinds {
                 for (id, _) in index.ids(k) {
+                    if *k == "scenario" && Some(id) == own_scenario {
+                        continue;
+                    }
                     items.push(word(id, k, CompletionItemKind::REFERENCE));
                 }
             }

@@ -293,6 +293,8 @@ for line in sys.stdin:
     task = json.loads(line)["task_description"]
     if task.startswith("log"):
         print("INFO working on it")
+    if task.startswith("err"):
+        print(json.dumps({"action": "error", "message": "a stray error report"}))
     print(json.dumps({"action": "final_answer", "summary": "answer to: " + task}), flush=True)
 "#;
 
@@ -304,6 +306,7 @@ async fn a_stray_line_from_a_long_lived_agent_never_answers_the_next_call() {
         STRAY_LINE,
         "long-lived",
         r#"scenario "a-logs" { user "log please"; expect no-error }
+scenario "a2-errs" { user "err please"; expect no-error }
 scenario "b-clean" { user "second"; expect reply equals="answer to: second" }
 scenario "c-clean" { user "third"; expect reply equals="answer to: third" }"#,
     );
@@ -329,8 +332,9 @@ scenario "c-clean" { user "third"; expect reply equals="answer to: third" }"#,
             .map(|(_, st)| st.as_str())
     };
     assert_eq!(status_of("a-logs"), Some("error"), "{statuses:?}");
+    assert_eq!(status_of("a2-errs"), Some("error"), "{statuses:?}");
     // Each later call got its own answer, from a process started afresh.
     assert_eq!(status_of("b-clean"), Some("passed"), "{statuses:?}");
     assert_eq!(status_of("c-clean"), Some("passed"), "{statuses:?}");
-    assert_eq!(pids(dir.path()).len(), 2);
+    assert_eq!(pids(dir.path()).len(), 3);
 }

@@ -203,23 +203,26 @@ impl LineTransport {
         timeout: Duration,
     ) -> (Duration, Result<LineReply, Fault>) {
         let (queued, reply) = self
-            .call_decoded(request, timeout, |line| Ok(line.to_vec()))
+            .call_decoded(request, timeout, |line| Ok(line.to_vec()), |_| false)
             .await;
         (queued, reply.map(|(line, log)| LineReply { line, log }))
     }
 
     /// [`LineTransport::call_queued`], with the answer line decoded by `decode` before the
     /// pipe or socket is free for the next call; with it, the process's stderr since the
-    /// previous call. A line `decode` refuses (other than as the agent's own report of a
-    /// failure, [`FaultCategory::AgentError`]) ends a kept pipe or socket like any failure:
-    /// an agent that wrote a stray line (a log line on stdout) still has its answer in the
-    /// pipe, and the next call, maybe another trajectory's, would read it as its own and
-    /// every answer after would be one behind.
+    /// previous call. A line `decode` refuses ends a kept pipe or socket like any failure:
+    /// an agent that wrote a stray line (a log line on stdout, or an error report before its
+    /// real answer) may still have its answer in the pipe, and the next call, maybe another
+    /// trajectory's, would read it as its own and every answer after would be one behind.
+    /// An answer `ends` says ends it too (an agent's own error report: which of the two it
+    /// was cannot be told from the line, and a wrong answer checked as right is worse than a
+    /// process started again), though it is returned as decoded.
     pub async fn call_decoded<T>(
         &self,
         request: &[u8],
         timeout: Duration,
         decode: impl FnOnce(&[u8]) -> Result<T, Fault>,
+        ends: impl FnOnce(&T) -> bool,
     ) -> (Duration, Result<(T, String), Fault>) {
         let timeout = timeout.min(self.limits.timeout);
         let decoded = |reply: Result<LineReply, Fault>| {
@@ -245,8 +248,7 @@ impl LineTransport {
         let mut open = self.open.lock().await;
         let queued = waiting.elapsed();
         let result = decoded(self.locked_call(&mut open, request, timeout).await);
-        if let Err(fault) = &result
-            && fault.category != FaultCategory::AgentError
+        if result.as_ref().map_or(true, |(value, _)| ends(value))
             && let Some(connection) = open.take()
         {
             connection.kill().await;

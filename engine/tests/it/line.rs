@@ -301,13 +301,15 @@ async fn a_kept_connection_that_sent_a_line_the_decoder_refused_is_ended() {
             .map_err(|e| Fault::new(FaultCategory::InvalidJson, e.to_string()))
     };
     let (_, first) = kept
-        .call_decoded(br#"{"log":1}"#, Duration::from_secs(5), decode)
+        .call_decoded(br#"{"log":1}"#, Duration::from_secs(5), decode, |_| false)
         .await;
     assert_eq!(first.unwrap_err().category, FaultCategory::InvalidJson);
     for i in 0..3 {
         let request = format!("{{\"i\":{i}}}");
         let (_, reply) = kept
-            .call_decoded(request.as_bytes(), Duration::from_secs(5), decode)
+            .call_decoded(request.as_bytes(), Duration::from_secs(5), decode, |_| {
+                false
+            })
             .await;
         assert_eq!(reply.unwrap().0, serde_json::json!({"echo": {"i": i}}));
     }

@@ -304,8 +304,12 @@ impl MultiAgentClient {
                         Ok((decode_reply(&response.body)?, String::new()))
                     }
                     Wire::Line { transport, .. } => {
-                        let (waited, answer) =
-                            transport.call_decoded(&body, timeout, decode_reply).await;
+                        // An error report may come before the real answer on the same pipe.
+                        let (waited, answer) = transport
+                            .call_decoded(&body, timeout, decode_reply, |reply| {
+                                matches!(reply.action, Action::Error { .. })
+                            })
+                            .await;
                         if let Ok(mut queued) = queued.lock() {
                             queued.push(waited);
                         }
