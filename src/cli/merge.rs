@@ -218,6 +218,30 @@ fn merge_inner(args: &MergeArgs) -> Result<u8, MergeError> {
     let missing = missing_by_shard(&split, &shards, &coverage);
     let total_missing: u64 = missing.values().map(|m| m.runs).sum();
     let planned = coverage.planned;
+    // A line lost inside a journal (a turn, a node) leaves its trajectory counted but its
+    // records short, which coverage cannot see: said, and the merge is then partial.
+    let damaged: Vec<&ShardDir> = shards
+        .iter()
+        .filter(|s| s.started.is_some() && s.skipped_lines > 0)
+        .collect();
+    for shard in &damaged {
+        errln!(
+            "shard {}/{} ({}): {} of its journal could not be read (damaged, or cut while \
+             copied): what they recorded is missing from the merge",
+            shard.index,
+            split.count,
+            shard.dir.display(),
+            count(shard.skipped_lines as u64, "line", "lines")
+        );
+    }
+    if !damaged.is_empty() && !args.allow_partial {
+        errln!(
+            "error: a shard's records are incomplete; nothing was written\n\
+             help: copy the shard's directory again, or pass --allow-partial to merge what \
+             reads (the merged run is marked partial)"
+        );
+        return Ok(EXIT_FAILED);
+    }
     if total_missing > 0 {
         say_missing(&split, &shards, &missing, args.verbose);
         if !args.allow_partial {
@@ -253,7 +277,7 @@ fn merge_inner(args: &MergeArgs) -> Result<u8, MergeError> {
             return Ok(EXIT_INVALID);
         }
     };
-    let partial = total_missing > 0;
+    let partial = total_missing > 0 || !damaged.is_empty();
     let meta = merged_meta(&run_id, &split, &shards, partial, total_missing);
     if let Err(e) = meta.write(&out) {
         errln!("warning: {e}: {}", source(&e));

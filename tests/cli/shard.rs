@@ -1335,4 +1335,30 @@ async fn a_shard_whose_journal_is_damaged_is_said_so_and_not_counted_as_merged()
     );
     let o = merge(&["--allow-partial"]).await;
     assert!(stdout(&o).contains("merged 1 shard of 2"), "{}", said(&o));
+
+    // One line lost inside a finished shard's journal (a node: a turn's records), the rest
+    // intact: coverage cannot see it, and the merge says so instead of dropping it.
+    let o = run_shard(&suite, "2/2", &b, &["--shard-costs", "none", "--replace"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+    let lines: Vec<String> = journal_text(&b).lines().map(str::to_owned).collect();
+    let node = lines
+        .iter()
+        .position(|l| l.starts_with("{\"node\""))
+        .expect("a node line");
+    let journal = trellis_engine::journal::find(&b).unwrap();
+    let mut writer = trellis_engine::journal::JournalWriter::create_at(&journal).unwrap();
+    for (i, line) in lines.iter().enumerate() {
+        let line = if i == node { "GARBAGE" } else { line.as_str() };
+        writer.append_line(line.as_bytes()).unwrap();
+    }
+    writer.finish().unwrap();
+    let o = merge(&[]).await;
+    assert_eq!(o.status.code(), Some(1), "{}", said(&o));
+    assert!(
+        flat(&stderr(&o)).contains("1 line of its journal could not be read"),
+        "{}",
+        said(&o)
+    );
+    let o = merge(&["--allow-partial", "--replace"]).await;
+    assert!(stdout(&o).contains("partial"), "{}", said(&o));
 }
