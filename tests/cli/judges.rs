@@ -322,3 +322,48 @@ async fn the_llm_example_is_valid_and_fully_runnable() {
     // Judges and a simulator are configured: nothing is reported as unable to run.
     assert!(!stderr(&o).contains("not_runnable"), "{}", stderr(&o));
 }
+
+#[tokio::test]
+async fn an_unusable_judge_answer_is_not_kept_in_the_response_cache() {
+    // The judge answers prose once, then what it should.
+    let fake = FakeLlm::start(vec![Rule::when(
+        "PROSE-CHECK",
+        [
+            Reply::text("I think it is fine."),
+            Reply::text(r#"{"score": 1.0, "justification": "polite"}"#),
+        ],
+    )])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("prose.kdl");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+agent "demo" protocol="connexity" builtin="booking"
+provider "fake" kind="openai" base-url="{}" model="judge-m" api-key-env="FAKE_KEY"
+judge "main" provider="fake"
+scenario "greet" {{
+    user "Hi, I'd like to book a duct cleaning."
+    expect judge "PROSE-CHECK the agent is polite"
+}}
+"#,
+            fake.base_url()
+        ),
+    )
+    .unwrap();
+    let cache = dir.path().join("cache");
+    let cache_arg = ["--llm-cache", cache.to_str().unwrap()];
+    let o = run(&path, &dir.path().join("first"), &cache_arg).await;
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let sent = fake.calls();
+    // The next run asks again, rather than replaying the unusable answer for ever.
+    let o = run(&path, &dir.path().join("second"), &cache_arg).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(fake.calls() > sent);
+    // And keeps the good answer: a third run sends nothing.
+    let sent = fake.calls();
+    let o = run(&path, &dir.path().join("third"), &cache_arg).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert_eq!(fake.calls(), sent);
+}

@@ -85,6 +85,22 @@ impl LlmCache {
         self.mode
     }
 
+    /// Removes the stored answer to `request`, if any: one its caller could not use (a
+    /// judge's answer that does not parse), which replayed would be the same error on every
+    /// later run. Read-write mode only: replay-only never changes the cache.
+    pub async fn forget(&self, client: &ProviderClient, request: &LlmRequest, repetition: u32) {
+        if self.mode != CacheMode::ReadWrite {
+            return;
+        }
+        let (Some(dir), Some((_, key))) =
+            (self.dir.as_deref(), Self::key(client, request, repetition))
+        else {
+            return;
+        };
+        // Gone already, or never written: nothing to forget either way.
+        let _ = tokio::fs::remove_file(entry_path(dir, &key)).await;
+    }
+
     /// The canonical request of a call (`None` when no model is known) and its key.
     pub fn key(
         client: &ProviderClient,

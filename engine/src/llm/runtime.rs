@@ -394,7 +394,13 @@ impl LlmRuntime {
             Ok(completion) => completion,
         };
         match judge::parse_answer(&rubric, &completion.text) {
-            Err(garbage) => (CriterionStatus::Error, garbage.to_string(), Some(verdict)),
+            Err(garbage) => {
+                // Not kept: replayed, the same unusable answer would be every later run's.
+                self.cache
+                    .forget(resolved.client, &request, task.repetition)
+                    .await;
+                (CriterionStatus::Error, garbage.to_string(), Some(verdict))
+            }
             Ok(answer) => {
                 let passed = answer.score >= threshold;
                 let detail = format!(
