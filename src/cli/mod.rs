@@ -773,7 +773,13 @@ fn report(args: &ReportArgs) -> u8 {
             for path in files.written() {
                 console::outln!("{}", path.display());
             }
-            if !files.complete {
+            if !files.complete && trellis_reports::history::is_watch_rerun(&args.dir) {
+                // Watch's next save reruns it; a rerun is not resumed.
+                console::outln!(
+                    "note: the journal has no end: this rerun of `trellis watch` was stopped \
+                     before it finished"
+                );
+            } else if !files.complete {
                 console::outln!(
                     "note: the journal has no end: the run did not finish (`trellis run … \
                      --resume {}` finishes it)",

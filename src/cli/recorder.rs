@@ -91,6 +91,21 @@ pub(super) fn claim_run_dir(dir: &Path) -> Result<OutClaim, String> {
     }
 }
 
+/// `trellis watch`'s hold on `latest` (created if missing) for its whole session: another
+/// watch of the same `--out` would rewrite the same files under it, each moving its own
+/// into place over the other's.
+pub(super) fn claim_watch_dir(latest: &Path) -> Result<OutClaim, String> {
+    std::fs::create_dir_all(latest)
+        .map_err(|e| format!("cannot create {}: {e}", latest.display()))?;
+    lock(latest).map_err(|_| {
+        format!(
+            "another trellis is writing to {} (a `trellis watch` of the same --out?); stop it \
+             or give this one another --out",
+            latest.display()
+        )
+    })
+}
+
 /// Takes `out`'s lock file, refusing when another trellis holds it.
 fn lock(out: &Path) -> Result<OutClaim, String> {
     let lock_path = out.join(OUT_LOCK);

@@ -178,6 +178,8 @@ struct Session {
     reruns: u64,
     tty: bool,
     server: Option<serve::Server>,
+    /// The hold on `latest/` for the session ([`super::recorder::claim_watch_dir`]).
+    _claim: super::recorder::OutClaim,
 }
 
 impl Session {
@@ -205,6 +207,13 @@ impl Session {
             );
             return EXIT_INVALID;
         }
+        let claim = match super::recorder::claim_watch_dir(&latest) {
+            Ok(claim) => claim,
+            Err(e) => {
+                errln!("error: {e}");
+                return EXIT_INVALID;
+            }
+        };
         let (tx, changes) = mpsc::unbounded_channel();
         let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
             // Reading a file (our own reloads) and attribute changes are not edits.
@@ -259,6 +268,7 @@ impl Session {
             None => None,
         };
         let mut session = Session {
+            _claim: claim,
             args,
             roots,
             out_root,

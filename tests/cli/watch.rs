@@ -1078,3 +1078,33 @@ async fn a_run_in_latest_is_never_overwritten_by_watch() {
         journal
     );
 }
+
+#[tokio::test]
+async fn a_second_watch_of_the_same_out_is_refused() {
+    let server = MisbehavingServer::respond(200, OK_BODY).await;
+    let dir = tempfile::tempdir().unwrap();
+    write(
+        &dir.path().join("suite.kdl"),
+        &repeated_suite(&server.url(), "s", &["hi"], 1),
+    );
+    let mut first = Watch::start(dir.path(), &[]);
+    first.wait_for("watch: rerun 1 done").await;
+    let o = tokio::time::timeout(
+        Duration::from_secs(60),
+        trellis()
+            .current_dir(dir.path())
+            .args(["watch", "suite.kdl", "--out", "runs"])
+            .output(),
+    )
+    .await
+    .expect("refused at once")
+    .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("another trellis is writing to"),
+        "{}",
+        stderr(&o)
+    );
+    // The first goes on.
+    assert!(first.child.try_wait().unwrap().is_none(), "{}", first.all());
+}
