@@ -538,3 +538,45 @@ fn an_unsaved_buffer_in_a_directory_not_created_yet_gets_its_own_diagnostics() {
     assert_eq!(diags.len(), 1, "{diags:?}");
     assert_eq!(diags[0]["code"], "trellis::unknown_property", "{diags:?}");
 }
+
+#[test]
+fn renaming_a_tool_renames_every_check_that_names_it() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let suite = r##"agent "bot" protocol="openai" base-url="http://127.0.0.1:9/v1" model="m" {
+    tools "lookup"
+}
+tool "lookup" { description "x"; mock returns=#"{"ok": true}"#; }
+scenario "s" {
+    agent "bot"
+    expect-tool "lookup"
+    user "hi"
+    expect tool "lookup"
+    expect no-tool "lookup"
+    criteria {
+        tool "lookup"
+        no-tool "lookup"
+        tools-in-order "lookup" "lookup"
+    }
+}
+"##;
+    std::fs::write(dir.path().join("t.kdl"), suite).expect("written");
+    let steps = serde_json::json!([
+        {"do": "open", "file": "t.kdl"},
+        {"do": "rename", "file": "t.kdl", "line": 3, "character": 8, "to": "find"},
+        {"do": "references", "file": "t.kdl", "line": 3, "character": 8},
+    ]);
+    let out = session(dir.path(), steps);
+    // The declaration, the agent's `tools`, and each of the seven places a check names it.
+    assert_eq!(
+        out[2]["edits"],
+        serde_json::json!({"t.kdl": 9}),
+        "{}",
+        out[2]
+    );
+    assert_eq!(
+        out[3]["locations"].as_array().map(Vec::len),
+        Some(9),
+        "{}",
+        out[3]
+    );
+}

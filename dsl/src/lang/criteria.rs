@@ -38,10 +38,14 @@ pub static CRITERIA: [&NodeSpec; 17] = [
         ])
         .repeatable(),
     &NodeSpec::node("no-tool", "no call to the tool (no name: no call at all)")
-        .args(&[ArgSpec::new("NAME", ValueType::String, Repeat::Optional)])
+        .args(&[ArgSpec::new(
+            "NAME",
+            ValueType::Ref("tool"),
+            Repeat::Optional,
+        )])
         .repeatable(),
     &NodeSpec::node("tools-in-order", "those calls happen in that order")
-        .args(&[ArgSpec::new("NAME", ValueType::String, Repeat::Many)])
+        .args(&[ArgSpec::new("NAME", ValueType::Ref("tool"), Repeat::Many)])
         .repeatable(),
     &NodeSpec::node("latency", "the turn answered within the limit")
         .props(MAX_DURATION)

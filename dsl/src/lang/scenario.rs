@@ -153,7 +153,7 @@ pub static EXPECT_TOOL: NodeSpec = NodeSpec::node(
     "expect-tool",
     "an expected tool call on the whole trajectory",
 )
-.args(&[ArgSpec::new("NAME", ValueType::String, Repeat::One)])
+.args(&[ArgSpec::new("NAME", ValueType::Ref("tool"), Repeat::One)])
 .props(&[
     PropSpec::new("count", ValueType::Count, "exactly N such calls"),
     PropSpec::new(ANY_KEY, ValueType::Any, "a parameter the call has"),
