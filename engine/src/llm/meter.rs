@@ -59,7 +59,18 @@ struct Spent {
     sent: u64,
     /// Calls admitted and not yet answered.
     in_flight: u64,
+    /// Of `sent`, calls admitted and then abandoned unanswered (their trajectory cut off as
+    /// the run stopped): counted as sent, since they may have reached the provider.
+    abandoned: u64,
     cost: f64,
+}
+
+/// Which limit stopped the run; said with the counts at the run's end
+/// ([`LlmMeter::tripped`]).
+#[derive(Clone, Copy, Debug)]
+enum Trip {
+    Calls(u64),
+    Cost(f64),
 }
 
 /// The run's LLM usage per role, and its budget once armed.
@@ -67,8 +78,8 @@ struct Spent {
 pub struct LlmMeter {
     spent: Mutex<Spent>,
     armed: OnceLock<(Budget, CancellationToken)>,
-    /// Why the budget stopped the run, once it did.
-    tripped: OnceLock<String>,
+    /// Which limit stopped the run, once one did.
+    tripped: OnceLock<Trip>,
 }
 
 impl std::fmt::Debug for LlmMeter {
@@ -106,17 +117,24 @@ impl LlmMeter {
                 let Ok(mut spent) = self.spent.lock() else {
                     return Err("the LLM meter is unavailable".to_owned());
                 };
-                let sent = spent.sent.saturating_add(spent.in_flight);
-                if sent >= max {
-                    Some(sent)
+                if spent.sent.saturating_add(spent.in_flight) >= max {
+                    Some((spent.sent, spent.in_flight))
                 } else {
                     spent.in_flight += 1;
                     None
                 }
             };
-            if let Some(sent) = refused {
-                let reason = format!("--max-llm-calls {max} reached ({sent} calls sent)");
-                self.trip(reason.clone());
+            if let Some((sent, in_flight)) = refused {
+                // Calls in flight hold their place; said apart, as they may yet be abandoned
+                // unsent (a judge the stopping run no longer waits for).
+                let reason = if in_flight == 0 {
+                    format!("--max-llm-calls {max} reached ({sent} calls sent)")
+                } else {
+                    format!(
+                        "--max-llm-calls {max} reached ({sent} calls sent, {in_flight} in flight)"
+                    )
+                };
+                self.trip(Trip::Calls(max));
                 return Err(format!("not sent: {reason}"));
             }
         }
@@ -195,24 +213,20 @@ impl LlmMeter {
         let Some((budget, _)) = self.armed.get() else {
             return;
         };
-        let reason = match (budget.max_calls, budget.max_cost) {
-            (Some(max), _) if calls >= max => Some(format!(
-                "--max-llm-calls {max} reached ({calls} calls sent)"
-            )),
-            (_, Some(max)) if cost >= max => {
-                Some(format!("--max-llm-cost {max} reached (cost {cost:.4})"))
-            }
+        let trip = match (budget.max_calls, budget.max_cost) {
+            (Some(max), _) if calls >= max => Some(Trip::Calls(max)),
+            (_, Some(max)) if cost >= max => Some(Trip::Cost(max)),
             _ => None,
         };
-        if let Some(reason) = reason {
-            self.trip(reason);
+        if let Some(trip) = trip {
+            self.trip(trip);
         }
     }
 
-    /// Stops the run for `reason`, the first time.
-    fn trip(&self, reason: String) {
+    /// Stops the run for `trip`, the first time.
+    fn trip(&self, trip: Trip) {
         if let Some((_, stop)) = self.armed.get()
-            && self.tripped.set(reason).is_ok()
+            && self.tripped.set(trip).is_ok()
         {
             stop.cancel();
         }
@@ -232,9 +246,23 @@ impl LlmMeter {
             .unwrap_or_default()
     }
 
-    /// Why the budget stopped the run, if it did.
+    /// Why the budget stopped the run, if it did, with what was spent by now.
     pub fn tripped(&self) -> Option<String> {
-        self.tripped.get().cloned()
+        let trip = *self.tripped.get()?;
+        let (sent, abandoned, cost) = self
+            .spent
+            .lock()
+            .map(|s| (s.sent, s.abandoned, s.cost))
+            .unwrap_or_default();
+        Some(match trip {
+            Trip::Calls(max) if abandoned > 0 => format!(
+                "--max-llm-calls {max} reached ({} answered, {abandoned} abandoned \
+                 unanswered as the run stopped)",
+                sent - abandoned
+            ),
+            Trip::Calls(max) => format!("--max-llm-calls {max} reached ({sent} calls sent)"),
+            Trip::Cost(max) => format!("--max-llm-cost {max} reached (cost {cost:.4})"),
+        })
     }
 }
 
@@ -254,6 +282,7 @@ impl Drop for Admission<'_> {
         {
             spent.in_flight = spent.in_flight.saturating_sub(1);
             spent.sent += 1;
+            spent.abandoned += 1;
         }
     }
 }
@@ -346,14 +375,22 @@ mod tests {
         let refused = meter.admit().err().unwrap();
         assert_eq!(
             refused,
-            "not sent: --max-llm-calls 2 reached (2 calls sent)"
+            "not sent: --max-llm-calls 2 reached (0 calls sent, 2 in flight)"
         );
         assert!(stop.is_cancelled(), "the refusal stops the run");
         meter.record_admitted(Role::Simulator, &call(0.1, CacheUse::Miss), first);
-        // A call abandoned in flight may have reached the provider: it stays counted.
+        // A call abandoned in flight may have reached the provider: it stays counted, and
+        // the end says which were answered.
         drop(second);
         assert!(meter.admit().is_err());
         assert_eq!(meter.by_role()["simulator"].calls, 1);
+        assert_eq!(
+            meter.tripped().as_deref(),
+            Some(
+                "--max-llm-calls 2 reached (1 answered, 1 abandoned unanswered as the run \
+                 stopped)"
+            )
+        );
         let meter = LlmMeter::default();
         meter.arm(
             Budget {
