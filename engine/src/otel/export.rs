@@ -65,7 +65,7 @@ pub enum ExportConfigError {
     )]
     Protocol(String),
     #[error(
-        "{var}: `{entry}` is not `key=value` (entries are separated by commas; a comma or an equals sign inside a value is written %2C or %3D)"
+        "{var}: `{entry}` is not `key=value` with a header name and value HTTP can carry (entries are separated by commas; a comma or an equals sign inside a value is written %2C or %3D, and percent escapes must spell UTF-8)"
     )]
     BadHeader { var: &'static str, entry: String },
     #[error("{var}={value} is not a whole number of milliseconds")]
@@ -147,22 +147,27 @@ fn parse_headers(
 ) -> Result<Vec<(String, String)>, ExportConfigError> {
     let decode = |text: &str| {
         percent_encoding::percent_decode_str(text.trim())
-            .decode_utf8_lossy()
-            .into_owned()
+            .decode_utf8()
+            .ok()
+            .map(|t| t.into_owned())
     };
     let mut headers = Vec::new();
     for entry in value.split(',').filter(|e| !e.trim().is_empty()) {
-        match entry.split_once('=') {
-            Some((key, value)) if !key.trim().is_empty() => {
-                headers.push((decode(key), decode(value)));
-            }
-            _ => {
-                return Err(ExportConfigError::BadHeader {
-                    var,
-                    entry: entry.trim().to_owned(),
-                });
-            }
+        let bad = || ExportConfigError::BadHeader {
+            var,
+            entry: entry.trim().to_owned(),
+        };
+        let (key, value) = entry.split_once('=').ok_or_else(bad)?;
+        let (Some(key), Some(value)) = (decode(key), decode(value)) else {
+            return Err(bad());
+        };
+        // What HTTP can carry: said now rather than as a collector that cannot be reached.
+        if reqwest::header::HeaderName::from_bytes(key.as_bytes()).is_err()
+            || reqwest::header::HeaderValue::from_str(&value).is_err()
+        {
+            return Err(bad());
         }
+        headers.push((key, value));
     }
     Ok(headers)
 }
@@ -832,13 +837,18 @@ mod tests {
             ]
         );
         // Malformed settings are said, not ignored.
-        assert!(matches!(
-            ExportConfig::resolve(
-                Some("http://a:1"),
-                env(&[("OTEL_EXPORTER_OTLP_HEADERS", "garbage")])
-            ),
-            Err(ExportConfigError::BadHeader { .. })
-        ));
+        for bad in ["garbage", "bad key=v", "a=%e9", "a=x%0Ay"] {
+            assert!(
+                matches!(
+                    ExportConfig::resolve(
+                        Some("http://a:1"),
+                        env(&[("OTEL_EXPORTER_OTLP_HEADERS", bad)])
+                    ),
+                    Err(ExportConfigError::BadHeader { .. })
+                ),
+                "{bad}"
+            );
+        }
         assert!(matches!(
             ExportConfig::resolve(
                 Some("http://a:1"),
