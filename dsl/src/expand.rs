@@ -802,7 +802,14 @@ fn evaluate_value(
             let e = env
                 .compile_expression(expr.trim())
                 .map_err(|e| template_error(&e))?;
-            let v = e.eval(ctx).map_err(|e| template_error(&e))?;
+            let v = e.eval(ctx).map_err(|e| {
+                // minijinja's "undefined value" names nothing: the expression does.
+                if e.kind() == minijinja::ErrorKind::UndefinedError {
+                    format!("`{}` is undefined", source.trim())
+                } else {
+                    template_error(&e)
+                }
+            })?;
             if v.is_undefined() {
                 return Err(format!("`{}` is undefined", source.trim()));
             }

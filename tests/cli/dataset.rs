@@ -1583,6 +1583,25 @@ async fn a_null_column_in_user_context_is_null_not_an_error() {
         .collect();
     sent.sort();
     assert_eq!(sent, ["coupon: SAVE10", "coupon: none", "coupon: none"]);
+
+    // An attribute no row has, below a column: undefined, and named.
+    std::fs::write(
+        dir.path().join("suite.kdl"),
+        suite.replace("{{ row.coupon }}", "{{ row.coupon.code }}"),
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path().join("suite.kdl"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let err = flat(&stderr(&o));
+    assert!(
+        err.contains("`{{ row.coupon.code }}` is undefined"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
