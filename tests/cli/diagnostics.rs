@@ -694,3 +694,29 @@ async fn a_file_that_is_not_utf8_and_an_included_directory_are_located() {
     assert!(err.contains("not UTF-8"), "{err}");
     assert!(err.contains("included path `more` is a directory"), "{err}");
 }
+
+#[tokio::test]
+async fn a_bare_reply_check_gets_a_readable_hint() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("s.kdl");
+    std::fs::write(
+        &suite,
+        "agent \"a\" protocol=\"connexity\" builtin=\"booking\"\n\
+         scenario \"s\" {\n    user \"hi\"\n    expect reply\n}\n",
+    )
+    .unwrap();
+    let o = trellis().arg("check").arg(&suite).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let said: String = stderr(&o)
+        .split_whitespace()
+        .filter(|w| *w != "|")
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        said.contains(
+            "help: write `reply contains=\"…\"`, or `not-contains=`, `matches=`, `equals=`"
+        ),
+        "{said}"
+    );
+    assert!(!said.contains("``"), "{said}");
+}

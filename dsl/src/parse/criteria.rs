@@ -381,11 +381,11 @@ impl<'f> Decoder<'f> {
         }
         if out.is_empty() {
             if !failed && v.props.is_empty() {
-                self.missing(
-                    v,
-                    "a check",
-                    "reply contains=\"…\"` (or `not-contains=`, `matches=`, `equals=`",
-                );
+                let mut p = check::missing(v.name, v.name_span, "a check", "");
+                p.help = "write `reply contains=\"…\"`, or `not-contains=`, `matches=`, \
+                          `equals=` (with `json-path=` to check a part of the structured answer)"
+                    .to_owned();
+                self.problem(p);
             }
             return None;
         }
