@@ -88,6 +88,37 @@ pub fn serve_stdio(config: Config) -> Result<server::Ended, Error> {
     Ok(ended)
 }
 
+/// Answers `initialize` and waits for `initialized`, as `lsp_server`'s
+/// `initialize_finish` does, except that a request sent in between gets the protocol's
+/// "server not initialized" error and another notification (`$/setTrace`) is let by:
+/// `initialize_finish` gave up on either and left the server answering nothing until its
+/// stdin closed, which an editor shows as a hung server.
+fn finish_initialize(
+    connection: &Connection,
+    id: lsp_server::RequestId,
+    result: serde_json::Value,
+) -> Result<(), Error> {
+    use lsp_server::{ErrorCode, Message, Response};
+    connection
+        .sender
+        .send(Message::Response(Response::new_ok(id, result)))?;
+    loop {
+        match connection.receiver.recv() {
+            Err(_) => return Err(Error::Disconnected),
+            Ok(Message::Notification(n)) if n.method == "initialized" => return Ok(()),
+            Ok(Message::Notification(n)) if n.method == "exit" => return Err(Error::Disconnected),
+            Ok(Message::Notification(_) | Message::Response(_)) => {}
+            Ok(Message::Request(r)) => {
+                connection.sender.send(Message::Response(Response::new_err(
+                    r.id,
+                    ErrorCode::ServerNotInitialized as i32,
+                    "the server waits for the `initialized` notification".into(),
+                )))?;
+            }
+        }
+    }
+}
+
 /// Serves one client on `connection` until it exits.
 pub fn serve(connection: &Connection, config: Config) -> Result<server::Ended, Error> {
     let caps = serde_json::to_value(capabilities())?;
@@ -100,7 +131,7 @@ pub fn serve(connection: &Connection, config: Config) -> Result<server::Ended, E
             version: Some(env!("CARGO_PKG_VERSION").into()),
         },
     });
-    connection.initialize_finish(id, result)?;
+    finish_initialize(connection, id, result)?;
     let mut roots: Vec<std::path::PathBuf> = params
         .workspace_folders
         .iter()

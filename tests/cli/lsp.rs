@@ -580,3 +580,69 @@ scenario "s" {
         out[3]
     );
 }
+
+/// One LSP message, framed.
+fn framed(message: &Value) -> Vec<u8> {
+    let body = message.to_string();
+    format!("Content-Length: {}\r\n\r\n{body}", body.len()).into_bytes()
+}
+
+/// Reads one framed message.
+fn read_message(out: &mut impl std::io::BufRead) -> Value {
+    let mut length = 0usize;
+    loop {
+        let mut line = String::new();
+        assert!(
+            out.read_line(&mut line).expect("read") > 0,
+            "the server closed"
+        );
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        if let Some(n) = line.strip_prefix("Content-Length: ") {
+            length = n.parse().expect("a length");
+        }
+    }
+    let mut body = vec![0u8; length];
+    std::io::Read::read_exact(out, &mut body).expect("a body");
+    serde_json::from_slice(&body).expect("JSON")
+}
+
+#[test]
+fn a_request_before_initialized_is_answered_and_the_server_goes_on() {
+    use std::io::Write;
+    let dir = project();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_trellis"))
+        .arg("lsp")
+        .current_dir(dir.path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("trellis lsp");
+    let mut stdin = child.stdin.take().expect("stdin");
+    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let mut send = |m: Value| stdin.write_all(&framed(&m)).expect("written");
+    send(
+        serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"processId": null, "rootUri": null, "capabilities": {}}}),
+    );
+    assert!(read_message(&mut stdout)["result"]["capabilities"].is_object());
+    // Too early: a notification is let by, a request gets "server not initialized".
+    send(serde_json::json!({"jsonrpc": "2.0", "method": "$/setTrace", "params": {"value": "off"}}));
+    send(
+        serde_json::json!({"jsonrpc": "2.0", "id": 2, "method": "textDocument/hover",
+        "params": {"textDocument": {"uri": "file:///x.kdl"}, "position": {"line": 0, "character": 0}}}),
+    );
+    let early = read_message(&mut stdout);
+    assert_eq!(early["id"], 2, "{early}");
+    assert_eq!(early["error"]["code"], -32002, "{early}");
+    send(serde_json::json!({"jsonrpc": "2.0", "method": "initialized", "params": {}}));
+    send(serde_json::json!({"jsonrpc": "2.0", "id": 3, "method": "shutdown", "params": null}));
+    let shutdown = read_message(&mut stdout);
+    assert_eq!(shutdown["id"], 3, "{shutdown}");
+    send(serde_json::json!({"jsonrpc": "2.0", "method": "exit", "params": null}));
+    drop(stdin);
+    assert_eq!(child.wait().expect("exited").code(), Some(0));
+}
