@@ -263,11 +263,11 @@ pub enum HistoryError {
     #[diagnostic(code(trellis::history::not_enough_runs))]
     NotEnoughRuns { what: String },
 
-    #[error("run {run} {why}: as the baseline it would hold the agent to nothing")]
+    #[error("run {run} {why}")]
     #[diagnostic(
         code(trellis::history::empty_baseline),
         help(
-            "every later run would compare equal to it, however broken: pin a run that checked the agent (`trellis runs` lists them), or pass --force to pin this one anyway"
+            "pin a run that covered its plan and checked the agent (`trellis runs` lists them), or pass --force to pin this one anyway"
         )
     )]
     EmptyBaseline { run: String, why: String },
@@ -782,23 +782,29 @@ pub fn pin_run(run: &RunEntry) -> Result<(), HistoryError> {
 /// stopped before its work was done, or brought no trajectory to a verdict (every one
 /// ended in an error or was skipped: an agent that was down, say).
 pub fn empty_baseline(run: &RunEntry) -> Option<HistoryError> {
+    // What each case would make of later comparisons.
+    let part = "as the baseline it would hold the agent to only part of its plan";
     let why = if !run.finished {
-        "never reached its end".to_owned()
+        format!("never reached its end: {part}")
     } else if run.stopped {
-        "was stopped before its work was done".to_owned()
+        format!("was stopped before its work was done: {part}")
     } else {
         let decided = run.passed.unwrap_or(0) + run.failed.unwrap_or(0);
         let total = run.trajectories.unwrap_or(0);
         if decided > 0 {
             return None;
         }
+        let nothing = "as the baseline it would hold the agent to nothing: every later run \
+                       would compare equal to it, however broken";
         match (total, run.errors.unwrap_or(0)) {
-            (0, _) => "recorded no trajectory".to_owned(),
+            (0, _) => format!("recorded no trajectory: {nothing}"),
             (n, e) if e == n => format!(
                 "checked nothing: all {n} of its trajectories ended in an error (was the agent \
-                 down?)"
+                 down?); {nothing}"
             ),
-            (n, _) => format!("checked nothing: none of its {n} trajectories passed or failed"),
+            (n, _) => {
+                format!("checked nothing: none of its {n} trajectories passed or failed; {nothing}")
+            }
         }
     };
     Some(HistoryError::EmptyBaseline {

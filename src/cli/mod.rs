@@ -455,8 +455,8 @@ fn receiver_address(text: &str) -> Result<std::net::SocketAddr, String> {
     };
     bare.parse().map_err(|_| {
         format!(
-            "`{text}` is not an address to listen on: give IP:PORT, e.g. 127.0.0.1:4318 \
-             (0.0.0.0:4318 for agents on other machines)"
+            "`{text}` is not an address to listen on: give IP:PORT or localhost:PORT, e.g. \
+             127.0.0.1:4318 (0.0.0.0:4318 for agents on other machines)"
         )
     })
 }

@@ -79,7 +79,7 @@ async fn usage_errors_exit_2() {
         .unwrap();
     assert_eq!(o.status.code(), Some(2));
     assert!(
-        stderr(&o).contains("give IP:PORT, e.g. 127.0.0.1:4318"),
+        stderr(&o).contains("give IP:PORT or localhost:PORT"),
         "{}",
         stderr(&o)
     );
