@@ -890,12 +890,20 @@ pub fn execute_plan(
     if let Some(signal) = stopped_by
         && !silent
     {
-        errln!(
-            "the run was {} before its end: only finished trajectories are reported; \
-             `trellis run … --resume {}` finishes it",
-            signal.name(),
-            out.display()
-        );
+        if summary.as_ref().is_some_and(|s| !s.interrupted) {
+            // The signal came as the last calls answered: nothing was cut off.
+            errln!(
+                "the run was {} as it ended: every trajectory finished and is reported",
+                signal.name()
+            );
+        } else {
+            errln!(
+                "the run was {} before its end: only finished trajectories are reported; \
+                 `trellis run … --resume {}` finishes it",
+                signal.name(),
+                out.display()
+            );
+        }
     }
     let budget = summary.as_ref().and_then(|s| s.stopped_by.as_deref());
     if let Some(reason) = budget
