@@ -367,3 +367,40 @@ scenario "greet" {{
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
     assert_eq!(fake.calls(), sent);
 }
+
+#[tokio::test]
+async fn a_judge_that_fails_with_and_without_its_schema_says_both() {
+    let fake = FakeLlm::start(vec![Rule::when(
+        "DOWN-CHECK",
+        [Reply::Status(500, "overloaded".into())],
+    )])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("down.kdl");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+agent "demo" protocol="connexity" builtin="booking"
+provider "fake" kind="openai" base-url="{}" model="judge-m" api-key-env="FAKE_KEY"
+judge "main" provider="fake"
+scenario "greet" {{
+    user "Hi, I'd like to book a duct cleaning."
+    expect judge "DOWN-CHECK the agent is polite"
+}}
+"#,
+            fake.base_url()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = run(&path, &out, &[]).await;
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let text = journal_text(&out);
+    assert!(
+        text.contains("the judge call failed with its JSON schema and again without it"),
+        "{text}"
+    );
+    // With the schema and without it, each with the provider's retries of a 5xx.
+    assert_eq!(fake.calls(), 6);
+}

@@ -343,6 +343,7 @@ impl LlmRuntime {
         // A server without structured output refuses the request (4xx), and llama.cpp
         // answers 500 for a schema its grammar converter does not take: ask again without
         // it; the prompt already asks for JSON and parsing is strict.
+        let mut asked_twice = false;
         if request.json_schema.is_some()
             && matches!(
                 &outcome.result,
@@ -353,6 +354,7 @@ impl LlmRuntime {
             )
         {
             request.json_schema = None;
+            asked_twice = true;
             let first = outcome.call;
             outcome = self
                 .complete_as(
@@ -381,6 +383,14 @@ impl LlmRuntime {
                 return (
                     CriterionStatus::Skipped,
                     format!("not checked: {reason}"),
+                    Some(verdict),
+                );
+            }
+            // The record's attempts add up both calls; the error is the second's.
+            Err(e) if asked_twice => {
+                return (
+                    CriterionStatus::Error,
+                    format!("the judge call failed with its JSON schema and again without it: {e}"),
                     Some(verdict),
                 );
             }
