@@ -270,6 +270,8 @@ fn an_editor_gets_checks_completion_hover_navigation_and_rename() {
         scenarios.contains(&"first".to_string()) && scenarios.contains(&"second".to_string()),
         "{scenarios:?}"
     );
+    // A scenario does not need itself.
+    assert!(!scenarios.contains(&"draft".to_string()), "{scenarios:?}");
     let criteria = labels(&out[23]);
     for want in ["reply", "tool", "no-error", "latency"] {
         assert!(
