@@ -350,3 +350,75 @@ scenario "silent" {{
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(stdout(&o).contains("simulator fault"), "{}", stdout(&o));
 }
+
+#[tokio::test]
+async fn a_fidelity_judge_answer_that_does_not_parse_is_asked_again_next_run() {
+    // Prose once, then the verdict it should have given.
+    let fake = FakeLlm::start(vec![
+        Rule::when(
+            "Did it break character",
+            [
+                Reply::text("Looks fine to me."),
+                Reply::text(r#"{"broke_character": false, "reason": "stayed the customer"}"#),
+            ],
+        ),
+        Rule::simulator(
+            "SCENARIO-FINE",
+            [
+                Reply::text("Hi, I need a duct cleaning."),
+                Reply::text("It's V4T 0A7, thanks. [END]"),
+            ],
+        ),
+    ])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fine.kdl");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+agent "booking" protocol="connexity" builtin="booking"
+provider "fake" kind="openai" base-url="{}" model="sim-m" api-key-env="FAKE_KEY"
+simulator provider="fake"
+scenario "fine" {{
+    description "SCENARIO-FINE: book a cleaning"
+    max-turns 6
+    simulate until-done
+    expect no-error
+}}
+"#,
+            fake.base_url()
+        ),
+    )
+    .unwrap();
+    let cache = dir.path().join("cache");
+    let fidelity_detail = |out: &Path| -> String {
+        let criteria = read_parquet(&out.join("criteria.parquet"));
+        let kinds = strings(&criteria, "kind");
+        let details = strings(&criteria, "detail");
+        let statuses = strings(&criteria, "status");
+        (0..kinds.len())
+            .find(|&i| kinds[i].as_deref() == Some("fidelity"))
+            .map(|i| format!("{:?} {:?}", statuses[i], details[i]))
+            .unwrap_or_default()
+    };
+    let mut seen = Vec::new();
+    for name in ["first", "second"] {
+        let out = dir.path().join(name);
+        let o = trellis()
+            .args(["run", "--replace", "--out"])
+            .arg(&out)
+            .arg("--llm-cache")
+            .arg(&cache)
+            .arg(&path)
+            .env("FAKE_KEY", "k")
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+        seen.push(fidelity_detail(&out));
+    }
+    // The first run could not use the answer; the second asked again and could.
+    assert!(seen[0].contains("not judged"), "{seen:?}");
+    assert!(seen[1].contains("passed"), "{seen:?}");
+}

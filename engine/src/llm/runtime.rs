@@ -708,6 +708,7 @@ impl LlmRuntime {
                 ("fidelity", 1.0),
                 repetition,
                 call_name,
+                |text| fidelity::parse(text).is_ok(),
             )
             .await;
         match result.map(|c| fidelity::parse(&c.text)) {
@@ -747,6 +748,9 @@ impl LlmRuntime {
     /// judges): deterministic and short unless the judge says otherwise, counted as the
     /// judge's. The verdict carries the judge, the `(rubric, threshold)` and the call; the
     /// caller fills in what the answer says.
+    ///
+    /// An answer `usable` refuses is not kept in the response cache: replayed, it would be
+    /// the same unusable answer on every later run.
     async fn judge_json(
         &self,
         resolved: Resolved<'_>,
@@ -754,6 +758,7 @@ impl LlmRuntime {
         (rubric, threshold): (&str, f64),
         repetition: u32,
         call_name: &str,
+        usable: fn(&str) -> bool,
     ) -> (JudgeVerdict, Result<super::Completion, super::LlmError>) {
         request.max_tokens_default = Some(super::FIDELITY_MAX_TOKENS);
         request.temperature_default = Some(0.0);
@@ -768,6 +773,12 @@ impl LlmRuntime {
                 call_name,
             )
             .await;
+        if outcome.result.as_ref().is_ok_and(|c| !usable(&c.text)) {
+            // `request` is what was last sent (without the schema, if it fell back).
+            self.cache
+                .forget(resolved.client, &request, repetition)
+                .await;
+        }
         let verdict = JudgeVerdict {
             judge: resolved.name,
             rubric: rubric.to_owned(),
@@ -930,6 +941,7 @@ impl LlmRuntime {
                 ("attack", super::attack::SUCCESS_SCORE),
                 repetition,
                 call_name,
+                |text| super::attack::parse_score(text).is_ok(),
             )
             .await;
         let score = match result.map(|c| super::attack::parse_score(&c.text)) {
