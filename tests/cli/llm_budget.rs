@@ -333,3 +333,47 @@ scenario "s" {{
         "{statuses:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_judge_the_budget_refused_leaves_the_run_stopped_not_complete() {
+    // Two trajectories judged at once, the judge slow: the first call holds the one place,
+    // the second is refused. Every unit started; the refused check is work not done.
+    let fake = FakeLlm::start(vec![Rule::otherwise([Reply::slow(
+        std::time::Duration::from_millis(300),
+        Reply::text(r#"{"score": 1.0, "justification": "polite"}"#),
+    )])])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("judged.kdl");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+agent "booking" protocol="connexity" builtin="booking"
+provider "fake" kind="openai" base-url="{}" model="m" api-key-env="FAKE_KEY"
+judge "main" provider="fake"
+scenario "s" {{
+    repeat 2
+    user "Hi, I'd like to book a duct cleaning."
+    expect judge "the agent is polite"
+}}
+"#,
+            fake.base_url()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = trellis()
+        .args(["run", "-j", "2", "--max-llm-calls", "1", "--out"])
+        .arg(&out)
+        .arg(&path)
+        .env("FAKE_KEY", "k")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(4), "{}{}", stdout(&o), stderr(&o));
+    // The admitted call may itself be abandoned as the run stops; never more than one.
+    assert!(fake.calls() <= 1, "{}", fake.calls());
+    let aggregates = &summary(&out)["stats"]["aggregates"];
+    assert_eq!(aggregates["interrupted"], true, "{aggregates}");
+}

@@ -239,7 +239,9 @@ async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSummary
     // Stopped while work remained: what was cut off is missing from the records. (A stop
     // that came once every call had answered, or while the late spans below were awaited,
     // cut nothing off.)
-    let interrupted = shared.cut_short.load(Ordering::Relaxed);
+    // A call the budget refused is work not done too, wherever it was turned into a record
+    // (a judge's "not checked", a simulator fault).
+    let interrupted = shared.cut_short.load(Ordering::Relaxed) || shared.llm.meter().refused_any();
     // Long-lived agent processes (and their process trees) end with the run, waited for.
     shared.agents.close().await;
     // Spans that came after their turn was recorded (batch exporters), or of agents whose

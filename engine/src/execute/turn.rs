@@ -165,6 +165,10 @@ impl Unit<'_> {
             // the turns that wait.
             record.spans =
                 Box::pin(wait_for_spans(store, &span_hex, shared.spans_wait, stop)).await;
+            // The stop cut the wait short: checks on the spans do without them.
+            if record.spans.is_empty() && stop.is_cancelled() {
+                shared.note_cut_short();
+            }
             // A wait of zero was asked for: nothing was waited out, nothing to explain.
             if record.spans.is_empty()
                 && !stop.is_cancelled()

@@ -80,6 +80,8 @@ pub struct LlmMeter {
     armed: OnceLock<(Budget, CancellationToken)>,
     /// Which limit stopped the run, once one did.
     tripped: OnceLock<Trip>,
+    /// A call was refused (`--max-llm-calls`): work the run did not do.
+    refused: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for LlmMeter {
@@ -125,6 +127,8 @@ impl LlmMeter {
                 }
             };
             if let Some((sent, in_flight)) = refused {
+                self.refused
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
                 // Calls in flight hold their place; said apart, as they may yet be abandoned
                 // unsent (a judge the stopping run no longer waits for).
                 let reason = if in_flight == 0 {
@@ -244,6 +248,12 @@ impl LlmMeter {
                     .collect()
             })
             .unwrap_or_default()
+    }
+
+    /// Whether a call was refused: a check, a simulated turn or an attack step the run
+    /// then did without.
+    pub fn refused_any(&self) -> bool {
+        self.refused.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Why the budget stopped the run, if it did, with what was spent by now.
@@ -378,6 +388,10 @@ mod tests {
             "not sent: --max-llm-calls 2 reached (0 calls sent, 2 in flight)"
         );
         assert!(stop.is_cancelled(), "the refusal stops the run");
+        assert!(
+            meter.refused_any(),
+            "a refused call is work the run did not do"
+        );
         meter.record_admitted(Role::Simulator, &call(0.1, CacheUse::Miss), first);
         // A call abandoned in flight may have reached the provider: it stays counted, and
         // the end says which were answered.
