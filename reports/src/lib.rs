@@ -496,13 +496,20 @@ fn provenance(meta: Option<&history::RunMeta>) -> Option<String> {
         ));
     }
     let merged = meta.merged.as_ref()?;
-    Some(if merged.partial {
+    Some(if merged.partial && merged.missing > 0 {
         format!(
             "Merged from {} of {} shards (trellis merge --allow-partial): {} planned \
              trajectory runs are missing.",
             merged.runs.len(),
             merged.shards,
             merged.missing
+        )
+    } else if merged.partial {
+        format!(
+            "Merged from {} of {} shards (trellis merge --allow-partial): some of their \
+             records could not be read.",
+            merged.runs.len(),
+            merged.shards
         )
     } else {
         format!("Merged from {} shards (trellis merge).", merged.shards)

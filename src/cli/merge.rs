@@ -961,7 +961,12 @@ fn merged_meta(
         shard: None,
         merged: Some(MergeMeta {
             shards: split.count,
-            runs: shards.iter().map(|s| s.meta.run_id.clone()).collect(),
+            // The shards whose records are in the merge (`--allow-partial` may leave some out).
+            runs: shards
+                .iter()
+                .filter(|s| s.started.is_some())
+                .map(|s| s.meta.run_id.clone())
+                .collect(),
             partial,
             missing,
         }),

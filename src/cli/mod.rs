@@ -444,7 +444,7 @@ fn positive_cost(text: &str) -> Result<f64, String> {
 }
 /// `--otlp-receiver ADDR`: an address to listen on, `IP:PORT`; `localhost:PORT` is the
 /// loopback address, and an `http://` written as for the agents' endpoint is left off.
-fn receiver_address(text: &str) -> Result<std::net::SocketAddr, String> {
+pub(crate) fn receiver_address(text: &str) -> Result<std::net::SocketAddr, String> {
     let bare = text
         .trim()
         .trim_start_matches("http://")

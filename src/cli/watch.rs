@@ -79,7 +79,7 @@ pub struct WatchArgs {
     /// (OTLP/HTTP, `POST /v1/traces`), e.g. 127.0.0.1:4318; point the agents'
     /// OTEL_EXPORTER_OTLP_ENDPOINT at it. Agents with `spans #true` get a receiver on a free
     /// port without it.
-    #[arg(long, value_name = "ADDR")]
+    #[arg(long, value_name = "ADDR", value_parser = super::receiver_address)]
     otlp_receiver: Option<std::net::SocketAddr>,
 }
 

@@ -78,6 +78,14 @@ async fn usage_errors_exit_2() {
         .await
         .unwrap();
     assert_eq!(o.status.code(), Some(2));
+    // Watch takes `localhost:PORT` as run does (here it goes on to the missing path).
+    let w = trellis()
+        .args(["watch", "/no/such/suites", "--otlp-receiver", "localhost:4318"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(w.status.code(), Some(2), "{}", stderr(&w));
+    assert!(stderr(&w).contains("does not exist"), "{}", stderr(&w));
     assert!(
         stderr(&o).contains("give IP:PORT or localhost:PORT"),
         "{}",

@@ -336,5 +336,7 @@ scenario "c-clean" { user "third"; expect reply equals="answer to: third" }"#,
     // Each later call got its own answer, from a process started afresh.
     assert_eq!(status_of("b-clean"), Some("passed"), "{statuses:?}");
     assert_eq!(status_of("c-clean"), Some("passed"), "{statuses:?}");
-    assert_eq!(pids(dir.path()).len(), 3);
+    // Started again after each refused line that a later call followed (the order the
+    // scenarios take the one call slot decides whether the last call was one of them).
+    assert!(pids(dir.path()).len() >= 2, "{:?}", pids(dir.path()));
 }

@@ -65,7 +65,7 @@ pub enum ExportConfigError {
     )]
     Protocol(String),
     #[error(
-        "{var}: `{entry}` is not `key=value` with a header name and value HTTP can carry (entries are separated by commas; a comma or an equals sign inside a value is written %2C or %3D, and percent escapes must spell UTF-8)"
+        "{var}: {entry} is not `key=value` with a header name and value HTTP can carry (entries are separated by commas; a comma or an equals sign inside a value is written %2C or %3D, and percent escapes must spell UTF-8)"
     )]
     BadHeader { var: &'static str, entry: String },
     #[error("{var}={value} is not a whole number of milliseconds")]
@@ -153,9 +153,13 @@ fn parse_headers(
     };
     let mut headers = Vec::new();
     for entry in value.split(',').filter(|e| !e.trim().is_empty()) {
+        // Only the name is said: the value may be a credential, and this goes to CI logs.
         let bad = || ExportConfigError::BadHeader {
             var,
-            entry: entry.trim().to_owned(),
+            entry: match entry.split_once('=') {
+                Some((key, _)) => format!("{}=…", key.trim()),
+                None => "an entry without `=`".to_owned(),
+            },
         };
         let (key, value) = entry.split_once('=').ok_or_else(bad)?;
         let (Some(key), Some(value)) = (decode(key), decode(value)) else {
@@ -837,6 +841,20 @@ mod tests {
             ]
         );
         // Malformed settings are said, not ignored.
+        // A value that does not pass is not repeated: it may be a credential.
+        let said = ExportConfig::resolve(
+            Some("http://a:1"),
+            env(&[(
+                "OTEL_EXPORTER_OTLP_HEADERS",
+                "Authorization=Basic%20s3cret%0A",
+            )]),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            said.contains("Authorization=…") && !said.contains("s3cret"),
+            "{said}"
+        );
         for bad in ["garbage", "bad key=v", "a=%e9", "a=x%0Ay"] {
             assert!(
                 matches!(
