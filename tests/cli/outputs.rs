@@ -692,7 +692,7 @@ scenario "book" {{
         strings(&c, "detail")[at]
             .as_deref()
             .unwrap_or_default()
-            .contains("stopped while the judge"),
+            .contains("stopped before the judge answered"),
         "{c:?}"
     );
 }
