@@ -80,7 +80,12 @@ async fn usage_errors_exit_2() {
     assert_eq!(o.status.code(), Some(2));
     // Watch takes `localhost:PORT` as run does (here it goes on to the missing path).
     let w = trellis()
-        .args(["watch", "/no/such/suites", "--otlp-receiver", "localhost:4318"])
+        .args([
+            "watch",
+            "/no/such/suites",
+            "--otlp-receiver",
+            "localhost:4318",
+        ])
         .output()
         .await
         .unwrap();
