@@ -36,14 +36,6 @@ async fn listed(dir: &Path, extra: &[&str]) -> Vec<String> {
         .collect()
 }
 
-/// Diagnostics without miette's line wrapping: words joined by single spaces.
-fn flat(text: &str) -> String {
-    text.split_whitespace()
-        .filter(|w| *w != "|")
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 const AGENT: &str = "agent \"demo\" protocol=\"connexity\" builtin=\"booking\"\n";
 
 /// Types, nulls, unicode and an embedded newline, in CSV.

@@ -720,11 +720,7 @@ async fn a_bare_reply_check_gets_a_readable_hint() {
     .unwrap();
     let o = trellis().arg("check").arg(&suite).output().await.unwrap();
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    let said: String = stderr(&o)
-        .split_whitespace()
-        .filter(|w| *w != "|")
-        .collect::<Vec<_>>()
-        .join(" ");
+    let said = flat(&stderr(&o));
     assert!(
         said.contains(
             "help: write `reply contains=\"…\"`, or `not-contains=`, `matches=`, `equals=`"

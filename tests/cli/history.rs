@@ -1299,11 +1299,7 @@ async fn a_run_that_checked_nothing_is_not_pinned_unless_forced() {
     };
     let o = pin(&[]).await;
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    let said = stderr(&o)
-        .split_whitespace()
-        .filter(|w| *w != "|")
-        .collect::<Vec<_>>()
-        .join(" ");
+    let said = flat(&stderr(&o));
     assert!(
         said.contains("all 2 of its trajectories ended in an error"),
         "{said}"

@@ -323,6 +323,28 @@ async fn the_llm_example_is_valid_and_fully_runnable() {
     assert!(!stderr(&o).contains("not_runnable"), "{}", stderr(&o));
 }
 
+/// A suite of one scenario whose one check is `expect judge "{check} the agent is polite"`,
+/// judged on `base_url`.
+fn one_judged_check(dir: &std::path::Path, base_url: &str, check: &str) -> std::path::PathBuf {
+    let path = dir.join("judged-once.kdl");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+agent "demo" protocol="connexity" builtin="booking"
+provider "fake" kind="openai" base-url="{base_url}" model="judge-m" api-key-env="FAKE_KEY"
+judge "main" provider="fake"
+scenario "greet" {{
+    user "Hi, I'd like to book a duct cleaning."
+    expect judge "{check} the agent is polite"
+}}
+"#
+        ),
+    )
+    .unwrap();
+    path
+}
+
 #[tokio::test]
 async fn an_unusable_judge_answer_is_not_kept_in_the_response_cache() {
     // The judge answers prose once, then what it should.
@@ -335,23 +357,7 @@ async fn an_unusable_judge_answer_is_not_kept_in_the_response_cache() {
     )])
     .await;
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("prose.kdl");
-    std::fs::write(
-        &path,
-        format!(
-            r#"
-agent "demo" protocol="connexity" builtin="booking"
-provider "fake" kind="openai" base-url="{}" model="judge-m" api-key-env="FAKE_KEY"
-judge "main" provider="fake"
-scenario "greet" {{
-    user "Hi, I'd like to book a duct cleaning."
-    expect judge "PROSE-CHECK the agent is polite"
-}}
-"#,
-            fake.base_url()
-        ),
-    )
-    .unwrap();
+    let path = one_judged_check(dir.path(), &fake.base_url(), "PROSE-CHECK");
     let cache = dir.path().join("cache");
     let cache_arg = ["--llm-cache", cache.to_str().unwrap()];
     let o = run(&path, &dir.path().join("first"), &cache_arg).await;
@@ -376,23 +382,7 @@ async fn a_judge_that_fails_with_and_without_its_schema_says_both() {
     )])
     .await;
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("down.kdl");
-    std::fs::write(
-        &path,
-        format!(
-            r#"
-agent "demo" protocol="connexity" builtin="booking"
-provider "fake" kind="openai" base-url="{}" model="judge-m" api-key-env="FAKE_KEY"
-judge "main" provider="fake"
-scenario "greet" {{
-    user "Hi, I'd like to book a duct cleaning."
-    expect judge "DOWN-CHECK the agent is polite"
-}}
-"#,
-            fake.base_url()
-        ),
-    )
-    .unwrap();
+    let path = one_judged_check(dir.path(), &fake.base_url(), "DOWN-CHECK");
     let out = dir.path().join("out");
     let o = run(&path, &out, &[]).await;
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));

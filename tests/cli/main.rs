@@ -80,6 +80,14 @@ pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// Diagnostics without miette's line wrapping: words joined by single spaces.
+pub fn flat(text: &str) -> String {
+    text.split_whitespace()
+        .filter(|w| *w != "|")
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// A run directory's journal as plain JSON lines (it is written zstd-compressed); empty when
 /// the directory holds none. A journal still being written reads up to its last flush.
 pub fn journal_text(dir: &Path) -> String {

@@ -166,15 +166,6 @@ fn recipe(marker: &str) -> String {
         .to_owned()
 }
 
-/// `text` with miette's line wrapping undone: words joined by single spaces, its `|`
-/// continuation marks left out.
-fn flat(text: &str) -> String {
-    text.split_whitespace()
-        .filter(|w| *w != "|")
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
 fn said(o: &Output) -> String {
     format!("stdout:\n{}\nstderr:\n{}", stdout(o), stderr(o))
 }
