@@ -501,11 +501,7 @@ fn check_same(
         return mismatch(format!(
             "{a} and {b} planned {} differently ({}{}): their steps or dataset rows changed \
              between the shards' runs; run every shard from the same files",
-            if changed.len() == 1 {
-                "1 scenario".to_owned()
-            } else {
-                format!("{} scenarios", changed.len())
-            },
+            count(changed.len() as u64, "scenario", "scenarios"),
             shown.join(", "),
             if more > 0 {
                 format!(", … and {more} more")

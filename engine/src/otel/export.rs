@@ -201,7 +201,8 @@ pub struct SpanExporter {
     origin: u64,
     batch: Vec<Span>,
     queue: Option<SyncSender<Vec<Span>>>,
-    sender: Option<std::thread::JoinHandle<ExportSummary>>,
+    /// The sender thread; it ends with its first failure, if any.
+    sender: Option<std::thread::JoinHandle<Option<String>>>,
     dropped: u64,
     /// Spans handed to the sender thread.
     queued: u64,
@@ -301,28 +302,30 @@ impl SpanExporter {
         while !sender.is_finished() && std::time::Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
         }
-        if !sender.is_finished() {
+        let failure = if sender.is_finished() {
+            sender
+                .join()
+                .unwrap_or_else(|_| Some("the export thread failed".to_owned()))
+        } else {
             // The thread ends on its own when its request times out; nothing waits for it.
-            let sent = self.progress.sent.load(Ordering::Relaxed);
-            let failed = self.progress.dropped.load(Ordering::Relaxed);
-            let unconfirmed = self.queued.saturating_sub(sent + failed);
+            Some("not confirmed in time".to_owned())
+        };
+        // The counts are the thread's, read as it left them: all of them once it ended.
+        let sent = self.progress.sent.load(Ordering::Relaxed);
+        let failed = self.progress.dropped.load(Ordering::Relaxed);
+        let unconfirmed = self.queued.saturating_sub(sent + failed);
+        if unconfirmed > 0 {
             (self.warn)(&format!(
                 "OTLP export: the collector did not confirm {unconfirmed} spans within 5s; \
                  the run does not wait for them"
             ));
-            return ExportSummary {
-                sent,
-                dropped: self.dropped + failed,
-                unconfirmed,
-                failure: Some("not confirmed in time".to_owned()),
-            };
         }
-        let mut summary = sender.join().unwrap_or_else(|_| ExportSummary {
-            failure: Some("the export thread failed".to_owned()),
-            ..ExportSummary::default()
-        });
-        summary.dropped += self.dropped;
-        summary
+        ExportSummary {
+            sent,
+            dropped: self.dropped + failed,
+            unconfirmed,
+            failure,
+        }
     }
 
     fn node(&mut self, node: &NodeRecord) {
@@ -589,8 +592,12 @@ struct SendLoop {
 }
 
 impl SendLoop {
-    fn run(self, batches: Receiver<Vec<Span>>) -> ExportSummary {
-        let mut summary = ExportSummary::default();
+    /// Sends every batch, counting into `progress`; returns the first failure.
+    fn run(self, batches: Receiver<Vec<Span>>) -> Option<String> {
+        let drop_all = |batches: Receiver<Vec<Span>>| {
+            let n = batches.iter().map(|b| b.len() as u64).sum();
+            self.progress.dropped.fetch_add(n, Ordering::Relaxed);
+        };
         let runtime = match tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -599,9 +606,8 @@ impl SendLoop {
             Err(e) => {
                 let why = format!("OTLP export disabled: cannot start its runtime: {e}");
                 (self.warn)(&why);
-                summary.failure = Some(why);
-                summary.dropped = batches.iter().map(|b| b.len() as u64).sum();
-                return summary;
+                drop_all(batches);
+                return Some(why);
             }
         };
         let client = match crate::transport::tls::client_builder()
@@ -612,11 +618,11 @@ impl SendLoop {
             Err(e) => {
                 let why = format!("OTLP export disabled: cannot build its HTTP client: {e}");
                 (self.warn)(&why);
-                summary.failure = Some(why);
-                summary.dropped = batches.iter().map(|b| b.len() as u64).sum();
-                return summary;
+                drop_all(batches);
+                return Some(why);
             }
         };
+        let mut first_failure = None;
         for batch in batches {
             let n = batch.len() as u64;
             let request = ExportTraceServiceRequest {
@@ -652,23 +658,21 @@ impl SendLoop {
             };
             match failure {
                 None => {
-                    summary.sent += n;
                     self.progress.sent.fetch_add(n, Ordering::Relaxed);
                 }
                 Some(why) => {
-                    summary.dropped += n;
                     self.progress.dropped.fetch_add(n, Ordering::Relaxed);
-                    if summary.failure.is_none() {
+                    if first_failure.is_none() {
                         (self.warn)(&format!(
                             "OTLP export to {} failed ({why}); the run goes on, its spans are dropped",
                             self.config.url
                         ));
-                        summary.failure = Some(why);
+                        first_failure = Some(why);
                     }
                 }
             }
         }
-        summary
+        first_failure
     }
 }
 
