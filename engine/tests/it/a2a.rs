@@ -133,10 +133,38 @@ async fn serve(
     }
     let body = serde_json::from_slice(&buf[head_end..]).unwrap_or(Value::Null);
     let request = Request { head, body };
-    let answer = script(&request, &base);
+    let mut answer = script(&request, &base);
+    if let Some(id) = request.body.get("id") {
+        answer = answer_to(answer, id);
+    }
     seen.lock().unwrap().push(request);
     stream.write_all(&answer).await?;
     stream.shutdown().await
+}
+
+/// `answer` with the JSON-RPC id the scripts write (`1`) made the request's own, as a server
+/// echoes it (the client numbers its requests across the process), and its
+/// `Content-Length` made to fit. Scripts that answer another request on purpose use an id
+/// other than `1`.
+fn answer_to(answer: Vec<u8>, id: &Value) -> Vec<u8> {
+    let text = String::from_utf8_lossy(&answer);
+    let Some((head, body)) = text.split_once("\r\n\r\n") else {
+        return answer;
+    };
+    let own = format!("\"id\":{id}");
+    let body = body
+        .replace("\"id\":1,", &format!("{own},"))
+        .replace("\"id\":1}", &format!("{own}}}"));
+    let head: Vec<String> = head
+        .split("\r\n")
+        .map(|line| match line.split_once(':') {
+            Some((name, _)) if name.eq_ignore_ascii_case("content-length") => {
+                format!("{name}: {}", body.len())
+            }
+            _ => line.to_owned(),
+        })
+        .collect();
+    format!("{}\r\n\r\n{body}", head.join("\r\n")).into_bytes()
 }
 
 fn http(status: u16, content_type: &str, body: &str) -> Vec<u8> {
@@ -458,6 +486,11 @@ async fn malformed_answers_are_faults_with_their_category() {
             "event 1",
         ),
         (http(503, "text/plain", "down"), FaultCategory::Http5xx, "503"),
+        (
+            json_body(&json!({"jsonrpc": "2.0", "id": "another-request", "result": message("not yours")})),
+            FaultCategory::Protocol,
+            "answers request id \"another-request\"",
+        ),
     ];
     for (answer, category, needle) in cases {
         let streamed = answer.windows(17).any(|w| w == b"text/event-stream");

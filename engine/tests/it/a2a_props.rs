@@ -74,13 +74,13 @@ proptest! {
 
     #[test]
     fn bytes_never_panic(body in prop::collection::vec(any::<u8>(), 0..256)) {
-        let _ = wire::response_result(&body);
+        let _ = wire::response_result(&body, 1);
         let _ = wire::parse_card(&body);
     }
 
     #[test]
     fn json_envelopes_never_panic(value in any_json()) {
-        let _ = wire::response_result(value.to_string().as_bytes());
+        let _ = wire::response_result(value.to_string().as_bytes(), 1);
         let _ = wire::parse_card(value.to_string().as_bytes());
         let mut assembly = Assembly::new();
         let _ = assembly.apply(value);
@@ -92,7 +92,7 @@ proptest! {
         let mut assembly = Assembly::new();
         for result in results {
             let envelope = json!({"jsonrpc": "2.0", "id": 1, "result": result});
-            match wire::response_result(envelope.to_string().as_bytes()) {
+            match wire::response_result(envelope.to_string().as_bytes(), 1) {
                 Ok(result) => { let _ = assembly.apply(result); }
                 Err(fault) => prop_assert!(!fault.message.is_empty()),
             }

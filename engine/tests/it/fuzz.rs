@@ -126,7 +126,7 @@ const DECODERS: &[Decoder] = &[
     }),
     ("a2a answer", |body| {
         let _ = a2a::wire::parse_card(body);
-        match a2a::wire::response_result(body) {
+        match a2a::wire::response_result(body, 1) {
             Ok(result) => {
                 let mut assembly = a2a::wire::Assembly::new();
                 let _ = assembly.apply(result);

@@ -267,10 +267,10 @@ impl Inner {
                 Ok(Opened::RateLimited(_)) => {
                     Err(status_fault(reqwest::StatusCode::TOO_MANY_REQUESTS, b""))
                 }
-                Ok(Opened::Json(body)) => apply_body(&mut assembly, &body),
+                Ok(Opened::Json(body)) => apply_body(&mut assembly, &body, n),
                 Ok(Opened::Events(mut stream)) => {
                     stream.set_deadline(ctx.deadline);
-                    let outcome = read_events(&mut stream, &mut assembly).await;
+                    let outcome = read_events(&mut stream, &mut assembly, n).await;
                     exchange.ttft = stream.ttft();
                     // The attempt lasted until the stream was over.
                     if let Some(last) = exchange.attempts.last_mut() {
@@ -294,7 +294,7 @@ impl Inner {
             exchange.attempts = attempted.attempts;
             attempted
                 .result
-                .and_then(|response| apply_body(&mut assembly, &response.body))
+                .and_then(|response| apply_body(&mut assembly, &response.body, n))
         };
         // A fault in the answer the last attempt received is that attempt's own.
         if let (Err(fault), Some(last)) = (&outcome, exchange.attempts.last_mut())
@@ -323,8 +323,8 @@ impl Inner {
 }
 
 /// Applies a whole JSON-RPC response body: the answer must be complete in it.
-fn apply_body(assembly: &mut Assembly, body: &[u8]) -> Result<(), Fault> {
-    let result = wire::response_result(body)?;
+fn apply_body(assembly: &mut Assembly, body: &[u8], id: u64) -> Result<(), Fault> {
+    let result = wire::response_result(body, id)?;
     assembly.apply(result)?;
     if assembly.is_done() {
         Ok(())
@@ -342,7 +342,11 @@ fn apply_body(assembly: &mut Assembly, body: &[u8]) -> Result<(), Fault> {
 
 /// Reads events until the answer is complete (a Message, a final status update, or a task
 /// in a terminal or interrupted state).
-async fn read_events(stream: &mut sse::EventStream, assembly: &mut Assembly) -> Result<(), Fault> {
+async fn read_events(
+    stream: &mut sse::EventStream,
+    assembly: &mut Assembly,
+    id: u64,
+) -> Result<(), Fault> {
     while !assembly.is_done() {
         let Some(event) = stream.next().await? else {
             return Err(stream.ended_early("a final status update"));
@@ -361,7 +365,7 @@ async fn read_events(stream: &mut sse::EventStream, assembly: &mut Assembly) -> 
                 ),
             )
         })?;
-        assembly.apply(wire::envelope_result(value)?)?;
+        assembly.apply(wire::envelope_result(value, id)?)?;
     }
     Ok(())
 }

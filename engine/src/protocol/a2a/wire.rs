@@ -178,21 +178,22 @@ pub fn request(
     })
 }
 
-/// The `result` of one JSON-RPC response (a whole body, or one streamed event), or the
-/// fault it amounts to: a JSON-RPC error is the agent's (`agent_error`, with its code and
-/// message), an envelope without `result` breaks the protocol.
-pub fn response_result(body: &[u8]) -> Result<Value, Fault> {
+/// The `result` of one JSON-RPC response to request `id` (a whole body, or one streamed
+/// event), or the fault it amounts to: a JSON-RPC error is the agent's (`agent_error`, with
+/// its code and message), an envelope without `result`, or answering another request,
+/// breaks the protocol.
+pub fn response_result(body: &[u8], id: u64) -> Result<Value, Fault> {
     let value: Value = serde_json::from_slice(body).map_err(|e| {
         Fault::new(
             FaultCategory::InvalidJson,
             format!("the response is not JSON ({e}): {}", preview(body)),
         )
     })?;
-    envelope_result(value)
+    envelope_result(value, id)
 }
 
 /// [`response_result`] of an already parsed envelope.
-pub fn envelope_result(value: Value) -> Result<Value, Fault> {
+pub fn envelope_result(value: Value, id: u64) -> Result<Value, Fault> {
     let Value::Object(mut envelope) = value else {
         return Err(Fault::new(
             FaultCategory::Protocol,
@@ -202,6 +203,21 @@ pub fn envelope_result(value: Value) -> Result<Value, Fault> {
             ),
         ));
     };
+    // An answer to another request (a proxy or a server mixing up its connections) is not
+    // this turn's, however well formed. A missing or null id is let through: JSON-RPC
+    // gives an error the server could not tie to a request a null id, and some servers
+    // leave the id out of streamed events.
+    if let Some(answered) = envelope.get("id").filter(|v| !v.is_null())
+        && !same_id(answered, id)
+    {
+        return Err(Fault::new(
+            FaultCategory::Protocol,
+            format!(
+                "the JSON-RPC response answers request id {}, but this turn's request was id {id}",
+                preview(answered.to_string().as_bytes())
+            ),
+        ));
+    }
     if let Some(error) = envelope.get("error").filter(|e| !e.is_null()) {
         let code = error
             .get("code")
@@ -229,6 +245,16 @@ pub fn envelope_result(value: Value) -> Result<Value, Fault> {
             FaultCategory::Protocol,
             "the JSON-RPC response has neither `result` nor `error`",
         )),
+    }
+}
+
+/// Whether a response's `id` is `sent`: the number itself, or its decimal string (some
+/// servers echo ids as strings).
+fn same_id(answered: &Value, sent: u64) -> bool {
+    match answered {
+        Value::Number(n) => n.as_u64() == Some(sent),
+        Value::String(s) => s.parse::<u64>().ok() == Some(sent),
+        _ => false,
     }
 }
 
@@ -853,24 +879,53 @@ mod tests {
     fn envelopes_map_to_faults() {
         let err = response_result(
             br#"{"jsonrpc":"2.0","id":1,"error":{"code":-32601,"message":"Method not found"}}"#,
+            1,
         )
         .unwrap_err();
         assert_eq!(err.category, FaultCategory::AgentError);
         assert!(err.message.contains("-32601"), "{}", err.message);
         assert_eq!(
-            response_result(b"{\"jsonrpc\":\"2.0\",\"id\":1}")
+            response_result(b"{\"jsonrpc\":\"2.0\",\"id\":1}", 1)
                 .unwrap_err()
                 .category,
             FaultCategory::Protocol
         );
         assert_eq!(
-            response_result(b"{nope").unwrap_err().category,
+            response_result(b"{nope", 1).unwrap_err().category,
             FaultCategory::InvalidJson
         );
         assert_eq!(
-            response_result(b"[1]").unwrap_err().category,
+            response_result(b"[1]", 1).unwrap_err().category,
             FaultCategory::Protocol
         );
+    }
+
+    #[test]
+    fn an_answer_to_another_request_is_a_protocol_fault() {
+        let result = br#"{"kind":"message","role":"agent","parts":[{"kind":"text","text":"hi"}]}"#;
+        let envelope = |id: &str| {
+            format!(
+                r#"{{"jsonrpc":"2.0","id":{id},"result":{}}}"#,
+                String::from_utf8_lossy(result)
+            )
+        };
+        let fault = response_result(envelope("6").as_bytes(), 7).unwrap_err();
+        assert_eq!(fault.category, FaultCategory::Protocol);
+        assert!(
+            fault.message.contains("request id 6") && fault.message.contains("id 7"),
+            "{}",
+            fault.message
+        );
+        assert!(response_result(envelope("\"req-1\"").as_bytes(), 1).is_err());
+        // The same id, as a number or its string; no id; a null one.
+        assert!(response_result(envelope("7").as_bytes(), 7).is_ok());
+        assert!(response_result(envelope("\"7\"").as_bytes(), 7).is_ok());
+        assert!(response_result(envelope("null").as_bytes(), 7).is_ok());
+        let without = format!(
+            r#"{{"jsonrpc":"2.0","result":{}}}"#,
+            String::from_utf8_lossy(result)
+        );
+        assert!(response_result(without.as_bytes(), 7).is_ok());
     }
 
     #[test]
