@@ -149,92 +149,87 @@ impl Outline {
         if !t.status.ran() {
             return;
         }
-        // A run reached its path up to where it went wrong: a failure in a shared prefix
-        // is counted at that prefix only, not in the branches below it.
-        let failed_at = failure_node(outline, t);
-        let reached = match &failed_at {
-            Some(at) => t
-                .nodes
-                .iter()
-                .position(|n| n == at)
-                .map_or(t.nodes.len(), |i| i + 1),
-            None => t.nodes.len(),
-        };
-        for node in t.nodes.iter().take(reached) {
-            match outline.outcomes.get_mut(node) {
-                Some(outcome) => outcome.reached += 1,
-                None => {
-                    outline.outcomes.insert(
-                        node.clone(),
-                        NodeOutcome {
-                            reached: 1,
-                            ..NodeOutcome::default()
-                        },
-                    );
-                }
+        // A run goes through every node of its path (a failed `expect` does not stop the
+        // walk): it passed a node before the one where it first went wrong, went wrong
+        // there, and ran the nodes after it with the failure already decided above them,
+        // as summary.json's `nodes` count them (crate::stats).
+        let failed_at =
+            failure_node(outline, t).and_then(|at| t.nodes.iter().position(|n| *n == at));
+        for (position, node) in t.nodes.iter().enumerate() {
+            if !outline.outcomes.contains_key(node) {
+                outline
+                    .outcomes
+                    .insert(node.clone(), NodeOutcome::default());
             }
-        }
-        if let Some(at) = failed_at {
-            let slot = outline.outcomes.entry(at).or_default();
-            if t.status == TrajectoryStatus::Error {
-                slot.errors_here += 1;
-            } else {
-                slot.failed_here += 1;
+            let Some(outcome) = outline.outcomes.get_mut(node) else {
+                continue;
+            };
+            outcome.reached += 1;
+            match failed_at {
+                Some(at) if position == at && t.status == TrajectoryStatus::Error => {
+                    outcome.errors_here += 1;
+                }
+                Some(at) if position == at => outcome.failed_here += 1,
+                Some(at) if position > at => outcome.failed_above += 1,
+                _ => {}
             }
         }
     }
 }
 
-/// Where a failed or errored trajectory went wrong: the node of its first failed `expect`,
-/// or the last node it reached (a fault, a trajectory-level criterion).
+/// Where a failed or errored trajectory first went wrong: the earliest node of a failed
+/// check (a trajectory-level check belongs to the last node) or of its fault (the last node
+/// reached), as crate::stats places it.
 pub(crate) fn failure_node(outline: &ScenarioOutline, t: &TrajectoryRecord) -> Option<String> {
     if !matches!(t.status, TrajectoryStatus::Failed | TrajectoryStatus::Error) {
         return None;
     }
-    let last = t.nodes.last().cloned();
-    if t.fault.is_some() {
-        return last;
-    }
-    let first_failed_turn = t
+    let last = t.nodes.len().checked_sub(1)?;
+    let node_of_turn = |turn: u32| {
+        t.nodes.iter().position(|node| {
+            outline
+                .turns
+                .get(&(t.agent.clone(), node.clone()))
+                .is_some_and(|&(first, last)| first <= turn && turn <= last)
+        })
+    };
+    let earliest_check = t
         .criteria
         .iter()
         .filter(|c| c.status == CriterionStatus::Failed)
-        .find_map(|c| c.turn_index);
-    let Some(turn) = first_failed_turn else {
-        return last;
-    };
-    t.nodes
-        .iter()
-        .find(|node| {
-            outline
-                .turns
-                .get(&(t.agent.clone(), (*node).clone()))
-                .is_some_and(|&(first, last)| first <= turn && turn <= last)
-        })
-        .cloned()
-        .or(last)
+        .map(|c| c.turn_index.and_then(node_of_turn).unwrap_or(last))
+        .min();
+    let fault = t.fault.is_some().then_some(last);
+    let at = [earliest_check, fault]
+        .into_iter()
+        .flatten()
+        .min()
+        .unwrap_or(last);
+    t.nodes.get(at).cloned()
 }
 
-/// Per node of a scenario's tree: how many runs reached it, and how many of them failed
-/// or faulted there.
+/// Per node of a scenario's tree: how many runs went through it, how many of them first
+/// failed or faulted there, and how many had already failed above it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct NodeOutcome {
     pub(crate) reached: u64,
     pub(crate) failed_here: u64,
     pub(crate) errors_here: u64,
+    pub(crate) failed_above: u64,
 }
 
 impl NodeOutcome {
-    /// Runs that went through the node without going wrong in it.
+    /// Runs that went through the node with nothing gone wrong by its end.
     pub(crate) fn passed(&self) -> u64 {
         self.reached
             .saturating_sub(self.failed_here)
             .saturating_sub(self.errors_here)
+            .saturating_sub(self.failed_above)
     }
 }
 
-/// Counts per node: a failure in a shared prefix is counted at that prefix only, not in
-/// the branches below it (which those runs never reached).
+/// Counts per node: a failure in a shared prefix is counted there, and as failed above in
+/// the branches below it, which those runs still ran.
 pub(crate) fn node_outcomes(outline: &ScenarioOutline) -> &HashMap<String, NodeOutcome> {
     &outline.outcomes
 }
@@ -323,7 +318,8 @@ mod tests {
             NodeOutcome {
                 reached: 2,
                 failed_here: 2,
-                errors_here: 0
+                errors_here: 0,
+                failed_above: 0
             }
         );
         assert_eq!(
@@ -347,9 +343,42 @@ mod tests {
         assert_eq!(counts["start"].passed(), 2);
         assert_eq!(counts["x"].failed_here, 1);
         assert_eq!(counts["y"].passed(), 1);
-        assert!(
-            !counts.contains_key("x/then"),
-            "after the failure: not reached"
+        // The walk went on after the failed expect: the node after it ran, with the
+        // trajectory already failed above it.
+        assert_eq!(
+            counts["x/then"],
+            NodeOutcome {
+                reached: 1,
+                failed_here: 0,
+                errors_here: 0,
+                failed_above: 1
+            }
         );
+    }
+
+    #[test]
+    fn a_failed_prefix_check_comes_before_a_later_fault() {
+        // Turn 0 (the shared start) failed its expect in both trajectories; one branch
+        // then faulted. Both first went wrong at the start, as summary.json counts it.
+        let mut outline = Outline::default();
+        outline.add_node(&node("start", &[0]));
+        outline.add_node(&node("x", &[1]));
+        outline.add_node(&node("y", &[1]));
+        let mut faulted = trajectory("x", &["start", "x"], Some(0));
+        faulted.status = TrajectoryStatus::Error;
+        faulted.fault = Some(trellis_records::Fault::new(
+            trellis_records::FaultCategory::Http5xx,
+            "HTTP 500",
+        ));
+        outline.add_trajectory(&faulted);
+        outline.add_trajectory(&trajectory("y", &["start", "y"], Some(0)));
+        let scenario = &outline.scenarios[&("s".to_owned(), "c".to_owned())];
+        let counts = node_outcomes(scenario);
+        assert_eq!(counts["start"].passed(), 0);
+        assert_eq!(counts["start"].failed_here + counts["start"].errors_here, 2);
+        assert_eq!(counts["x"].failed_above, 1);
+        assert_eq!(counts["x"].errors_here, 0);
+        assert_eq!(counts["y"].failed_above, 1);
+        assert_eq!(counts["y"].passed(), 0);
     }
 }

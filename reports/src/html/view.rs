@@ -290,6 +290,7 @@ pub(crate) struct TreeNode {
     reached: u64,
     passed: u64,
     failed_here: u64,
+    failed_above: u64,
     errors_here: u64,
     rate: String,
     grade: &'static str,
@@ -1671,6 +1672,7 @@ fn tree_view(
                     passed,
                     failed_here: outcome.failed_here,
                     errors_here: outcome.errors_here,
+                    failed_above: outcome.failed_above,
                     rate: percent(passed, outcome.reached),
                     grade,
                     ends: paths
