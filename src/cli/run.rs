@@ -312,6 +312,16 @@ pub fn run(args: RunArgs) -> u8 {
             }
         }
     }
+    // A signal while the results of a run that ended by itself were written: they are
+    // complete, and the exit code says the command was asked to stop.
+    if let Some(signal) = super::stop::late_signal() {
+        errln!(
+            "the run was {} while its results were written: every trajectory finished, and \
+             the results are complete",
+            signal.name()
+        );
+        exit_code = signal.exit_code();
+    }
     if json {
         let s = outcome.summary.as_ref();
         let event = serde_json::json!({
@@ -831,7 +841,11 @@ pub fn execute_plan(
     // sleeping out the nap at the end of every run.
     reporter.thread().unpark();
     if settings.signals.is_none() {
-        restore_default_signals();
+        match stopped_by {
+            // Stopped once already: the next signal is the "again" that stops at once.
+            Some(_) => restore_default_signals(),
+            None => super::stop::finish_results_through_signals(),
+        }
     }
     let Ok((reporter, mut report_cpu)) = reporter.join() else {
         errln!(

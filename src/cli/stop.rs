@@ -5,6 +5,8 @@
 //! documented in docs/results.md. A command made of several pieces watches once, through
 //! a [`SignalRelay`].
 
+use std::sync::atomic::{AtomicI32, Ordering};
+
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 /// Exit code when Ctrl-C (SIGINT) stopped the command; finished work is still reported.
@@ -157,5 +159,51 @@ pub fn restore_default_signals() {
     unsafe {
         libc::signal(libc::SIGINT, libc::SIG_DFL);
         libc::signal(libc::SIGTERM, libc::SIG_DFL);
+    }
+}
+
+/// The signal that arrived while a run that was not stopped wrote its results (0: none).
+static LATE_SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+/// After a run that ended by itself: its results are being written (tables, the report,
+/// the comparison with a baseline). A CI cancelled at that moment must not leave a run that
+/// lists as finished without its results, so a first SIGINT or SIGTERM lets them finish (it
+/// is said, and [`late_signal`] gives it for the exit code); a second stops the process at
+/// once, as [`restore_default_signals`] would.
+pub fn finish_results_through_signals() {
+    extern "C" fn on_signal(signal: libc::c_int) {
+        if LATE_SIGNAL
+            .compare_exchange(0, signal, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+        {
+            const SAID: &[u8] = b"\nsignal received while the results are written: finishing \
+                them (signal again to stop at once)\n";
+            // SAFETY: write(2) is async-signal-safe; the buffer is a static.
+            unsafe {
+                libc::write(2, SAID.as_ptr().cast(), SAID.len());
+            }
+        } else {
+            // SAFETY: signal(2) and raise(3) are async-signal-safe.
+            unsafe {
+                libc::signal(signal, libc::SIG_DFL);
+                libc::raise(signal);
+            }
+        }
+    }
+    let handler = on_signal as extern "C" fn(libc::c_int);
+    // SAFETY: the handler only touches an atomic and async-signal-safe calls. glibc's
+    // signal(2) restarts interrupted system calls, so a file being written is not cut.
+    unsafe {
+        libc::signal(libc::SIGINT, handler as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, handler as libc::sighandler_t);
+    }
+}
+
+/// The signal [`finish_results_through_signals`] held off, if one came.
+pub fn late_signal() -> Option<StopSignal> {
+    match LATE_SIGNAL.load(Ordering::SeqCst) {
+        libc::SIGINT => Some(StopSignal::Interrupt),
+        libc::SIGTERM => Some(StopSignal::Terminate),
+        _ => None,
     }
 }

@@ -253,6 +253,54 @@ async fn sigterm_stops_the_run_and_reports_what_finished() {
     assert_eq!(stuck.requests.load(Ordering::SeqCst), 1);
 }
 
+/// A CI cancelled as a run that ended by itself writes its results (the tables, the report)
+/// must not leave a run that lists as finished without them: the signal lets them finish,
+/// and the exit code says the command was stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_while_the_results_are_written_lets_them_finish() {
+    let agent = SlowAgent::start(Some(Duration::ZERO)).await;
+    let dir = tempfile::tempdir().unwrap();
+    suite(&dir.path().join("suites"), &[("many", &agent.url, 3000)]);
+    let out = dir.path().join("out");
+    let log = std::fs::File::create(dir.path().join("stderr")).unwrap();
+    let mut child = trellis()
+        .arg("run")
+        .arg(dir.path().join("suites"))
+        .arg("--out")
+        .arg(&out)
+        .args(["--jobs", "64"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    // The page is written last, under its temporary name, once every trajectory is done.
+    let page = out.join("report.html.partial");
+    let started = Instant::now();
+    while !page.exists() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the run ended before the test saw its report being written: make the run larger"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "no report was written"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    send(&child, libc::SIGTERM);
+    let status = wait(&mut child, Duration::from_secs(60)).await;
+    let said = std::fs::read_to_string(dir.path().join("stderr")).unwrap();
+    assert_eq!(status.code(), Some(143), "{said}");
+    assert!(
+        said.contains("while its results were written") && said.contains("results are complete"),
+        "{said}"
+    );
+    assert!(journal_has_end(&out));
+    assert_complete(&out, 3000);
+    assert!(out.join("summary.json").is_file());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_signal_stops_at_once() {
     let stuck = SlowAgent::start(None).await;
