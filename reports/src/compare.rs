@@ -262,6 +262,33 @@ pub fn incomplete(run: &RunStats) -> Option<String> {
     }
 }
 
+/// Why a run can hold nothing to account, when it cannot: it recorded no trajectory, or
+/// brought none to a verdict because they ended in an error (an agent that was down, say):
+/// none passed or failed. A comparison in which either run checked nothing fails: a head
+/// run that checked nothing certifies nothing, whatever its pass rate's test says of a
+/// small sample, and a base run that checked nothing holds the head to nothing (`trellis
+/// runs pin` refuses such a run for the same reason, crate::history). A run whose
+/// trajectories were all skipped without an error (a suite with no checks, compared for its
+/// latency) is compared as usual: its pass rate is not comparable.
+pub fn checked_nothing(run: &RunStats) -> Option<String> {
+    let c = &run.aggregates.counts;
+    if c.passed + c.failed > 0 {
+        return None;
+    }
+    match (c.trajectories, c.errors) {
+        (0, _) => Some("checked nothing: it recorded no trajectory".to_owned()),
+        (_, 0) => None,
+        (n, e) if e == n => Some(format!(
+            "checked nothing: all {n} of its trajectories ended in an error (was the agent \
+             down?)"
+        )),
+        (n, e) => Some(format!(
+            "checked nothing: none of its {n} trajectories passed or failed ({e} ended in an \
+             error, the rest were skipped or invalid)"
+        )),
+    }
+}
+
 /// Compares `head` against `base`; `latencies`, when both runs' are known, tests a latency
 /// increase (see the module documentation).
 pub fn compare(
@@ -307,6 +334,15 @@ pub fn compare(
     let head_incomplete = incomplete(head).map(|why| format!("the head run {why}"));
     if let Some(why) = &head_incomplete {
         regressions.push(why.clone());
+    }
+    if let Some(why) = checked_nothing(head) {
+        regressions.push(format!("the head run {why}"));
+    }
+    if let Some(why) = checked_nothing(base) {
+        regressions.push(format!(
+            "the base run {why}: it holds the head run to nothing; compare with a run that \
+             checked something"
+        ));
     }
     let scenarios: Vec<ScenarioChange> = pair(
         base.scenarios
@@ -370,7 +406,22 @@ pub fn compare(
             rate.verdict = Verdict::NotRun;
         }
     };
+    // A failure the base run did not have fails the build, as any other: a scenario new in
+    // the head run (or renamed) that does not pass is one.
+    let added: std::collections::BTreeSet<(&str, &str, &str)> = scenarios
+        .iter()
+        .filter(|s| s.rate.verdict == Verdict::Added)
+        .map(|s| (s.suite.as_str(), s.scenario.as_str(), s.agent.as_str()))
+        .collect();
     for s in &scenarios {
+        if let (Verdict::Added, Some(h)) = (s.rate.verdict, s.rate.head)
+            && h.passed < h.samples
+        {
+            regressions.push(format!(
+                "scenario {}/{} [{}]: new in the head run, and failing: {}/{} passed",
+                s.suite, s.scenario, s.agent, h.passed, h.samples
+            ));
+        }
         if let Some(why) = &s.not_run {
             regressions.push(format!(
                 "scenario {}/{} [{}]: not run ({why})",
@@ -430,6 +481,22 @@ pub fn compare(
     })
     .collect();
     for b in &branches {
+        // A branch the base run did not check (new in a scenario both ran, or skipped in the
+        // base) that fails now. Names the agent or an attack chose (`NAME~…`) differ from
+        // run to run: their failures are the scenario's and its checks'.
+        let unchecked_before = matches!(b.rate.verdict, Verdict::Added | Verdict::NotComparable)
+            && b.rate.base.is_none_or(|t| t.samples == 0);
+        if unchecked_before
+            && !b.trajectory.contains('~')
+            && !added.contains(&(b.suite.as_str(), b.scenario.as_str(), b.agent.as_str()))
+            && let Some(h) = b.rate.head
+            && h.passed < h.samples
+        {
+            regressions.push(format!(
+                "branch {}/{} {} [{}]: not checked in the base run, and failing: {}/{} passed",
+                b.suite, b.scenario, b.trajectory, b.agent, h.passed, h.samples
+            ));
+        }
         if b.rate.verdict == Verdict::Regressed {
             regressions.push(format!(
                 "branch {}/{} {} [{}]: {}",

@@ -1376,3 +1376,83 @@ async fn checks_a_faulted_trajectory_never_reached_are_the_same_checks_not_added
         stdout(&o)
     );
 }
+
+/// The gate never passes on nothing: a head run whose agent was down for every trajectory
+/// (two repetitions each, too few for the pass rate's test to call 2/2 → 0/2 anything but
+/// noise), a base run that checked nothing, and a scenario new in the head run that fails.
+#[tokio::test]
+async fn the_gate_fails_a_run_that_checked_nothing_and_a_new_failure() {
+    let dir = tempfile::tempdir().unwrap();
+    let runs = dir.path().join("runs");
+    // A port nothing listens on: every call is refused.
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let scenario = "scenario \"hello\" {\n    agent \"a\"\n    repeat 2\n    \
+                    user \"Hi, I'd like to book a duct cleaning.\"\n    \
+                    expect reply contains=\"postal code\"\n}\n";
+    let up = format!("agent \"a\" protocol=\"connexity\" builtin=\"booking\"\n{scenario}");
+    let down = format!(
+        "agent \"a\" protocol=\"connexity\" url=\"http://127.0.0.1:{closed}/agent/respond\" \
+         {{ retries 0 }}\n{scenario}"
+    );
+    let new_failing = format!(
+        "{up}scenario \"new-one\" {{\n    agent \"a\"\n    user \"Hi\"\n    \
+         expect reply contains=\"no agent says this\"\n}}\n"
+    );
+    let run = |name: &'static str, suite: String, baseline: Option<&'static str>| {
+        let (dir, runs) = (dir.path().to_owned(), runs.clone());
+        async move {
+            let file = dir.join(format!("{name}.kdl"));
+            std::fs::write(&file, suite).unwrap();
+            let mut cmd = trellis();
+            cmd.arg("run")
+                .arg(&file)
+                .args(["-q", "--out"])
+                .arg(runs.join(name));
+            if let Some(base) = baseline {
+                cmd.args(["--baseline", base, "--max-latency-increase", "100000"]);
+            }
+            cmd.output().await.unwrap()
+        }
+    };
+    let o = run("base", up.clone(), None).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+
+    let o = run("down", down, Some("base")).await;
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    assert!(
+        stdout(&o)
+            .contains("the head run checked nothing: all 2 of its trajectories ended in an error"),
+        "{}",
+        stdout(&o)
+    );
+
+    // Held against the run that checked nothing, a healthy run is not passed either.
+    let o = trellis()
+        .args(["compare", "--dir"])
+        .arg(&runs)
+        .args(["down", "base", "--max-latency-increase", "100000"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    assert!(
+        stdout(&o).contains("the base run checked nothing"),
+        "{}",
+        stdout(&o)
+    );
+
+    let o = run("added", new_failing, Some("base")).await;
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    assert!(
+        stdout(&o).contains("new-one [a]: new in the head run, and failing: 0/1 passed"),
+        "{}",
+        stdout(&o)
+    );
+
+    // The same suite again passes the gate: the rules add nothing to an unchanged run.
+    let o = run("again", up, Some("base")).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+}
