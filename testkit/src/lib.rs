@@ -223,6 +223,8 @@ pub fn client(url: &str, retries: u32, limits: CallLimits) -> ConnexityClient {
     )
 }
 
+/// A Connexity client for `url` with its own transport, which sends a request lost after it
+/// was written again only when `retry.after_send` says so, as a run sets it up.
 pub fn client_with(url: &str, retry: RetryPolicy, limits: CallLimits) -> ConnexityClient {
     ConnexityClient::new(
         url,
@@ -230,7 +232,7 @@ pub fn client_with(url: &str, retry: RetryPolicy, limits: CallLimits) -> Connexi
         limits,
         retry,
         HistoryMode::Messages,
-        HttpTransport::new(),
+        HttpTransport::new().replaying_lost(retry.after_send),
     )
     .unwrap()
 }

@@ -486,21 +486,52 @@ scenario "fails" {{
     assert!(!texts.iter().any(|t| t.contains(&format!("{start}…"))));
 }
 
-/// A server that closes a kept-alive connection when it is reused (as llama.cpp may, just
-/// as a request goes out) fails no trajectory: the lost request goes again on a fresh one.
+/// A server that closes a kept-alive connection when a request arrives on it (as llama.cpp
+/// may, just as a request goes out; or an agent that read it and crashed) fails no turn of
+/// an agent with `retry-after-send #true`: the lost request goes again on a fresh one. An
+/// agent without it gets a `transport` fault on that turn, the request sent once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_server_closing_reused_connections_fails_no_turn() {
+async fn a_server_closing_reused_connections_fails_no_turn_when_resending_is_allowed() {
     let server = MisbehavingServer::start(Behavior::CloseReused {
         body: OK_BODY.to_owned(),
     })
     .await;
-    run_passing(
-        &server,
-        "user \"one\"\n    user \"two\"\n    user \"three\"",
-        1,
-    )
-    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = |resend: bool| {
+        format!(
+            "agent \"a\" protocol=\"connexity\" url=\"{}\" {{ retry-after-send #{resend} }}\n\
+             scenario \"talk\" {{\n    user \"one\"\n    user \"two\"\n    \
+             user \"three\"\n}}\n",
+            server.url()
+        )
+    };
+    let run = |name: &'static str, resend: bool| {
+        let dir = dir.path().to_owned();
+        let text = suite(resend);
+        async move {
+            let file = dir.join(format!("{name}.kdl"));
+            std::fs::write(&file, text).unwrap();
+            trellis()
+                .arg("run")
+                .arg(&file)
+                .arg("--out")
+                .arg(dir.join(name))
+                .output()
+                .await
+                .unwrap()
+        }
+    };
+    let o = run("resend", true).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
     assert_eq!(server.requests(), 3);
+
+    let o = run("once", false).await;
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    let turns = read_parquet(&dir.path().join("once/turns.parquet"));
+    let faults = strings(&turns, "fault_category");
+    assert_eq!(faults, [None, Some("transport".to_owned())], "{turns}");
+    // Its first turn answered; the second, lost, was not sent again.
+    assert_eq!(server.requests(), 4);
 }
 
 /// Eight one-turn trajectories, all started at once at `--jobs 8`.

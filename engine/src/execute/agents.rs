@@ -294,7 +294,11 @@ async fn start_one(
             retries: agent.retries,
             after_send: agent.retry_after_send,
         },
-        transport: transport.clone(),
+        // A request lost after it was written goes again only where a second sending is
+        // harmless: a model API (asking again has no side effect) or an agent that says so.
+        transport: transport
+            .clone()
+            .replaying_lost(agent.retry_after_send || agent.protocol.capabilities().model_api),
         line,
         system_prompt,
         provider,

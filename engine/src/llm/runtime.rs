@@ -124,7 +124,8 @@ impl LlmRuntime {
             .map(|p| {
                 (
                     p.id.value.clone(),
-                    ProviderClient::new(p, env, transport.clone(), &servers)
+                    // Asking a model again has no side effect.
+                    ProviderClient::new(p, env, transport.clone().replaying_lost(true), &servers)
                         .map(Arc::new)
                         .map_err(|e| e.to_string()),
                 )
@@ -134,7 +135,7 @@ impl LlmRuntime {
             setup,
             clients,
             servers,
-            transport: transport.clone(),
+            transport: transport.clone().replaying_lost(true),
             cache,
             meter: LlmMeter::default(),
         })

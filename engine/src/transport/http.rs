@@ -186,6 +186,9 @@ impl RawResponse {
 #[derive(Clone, Debug, Default)]
 pub struct HttpTransport {
     clients: Arc<Clients>,
+    /// Whether a request a kept-alive connection lost after it was written, before any byte
+    /// of an answer, is sent again on a fresh connection ([`Self::replaying_lost`]).
+    replay_lost: bool,
 }
 
 #[derive(Debug, Default)]
@@ -276,6 +279,19 @@ impl HttpTransport {
         Self::default()
     }
 
+    /// This transport, sharing its pool, sending again (once, on a fresh connection, within
+    /// the same attempt) a request a kept-alive connection lost after it was written and
+    /// before any byte of an answer: a server closes idle connections when it likes,
+    /// possibly just as a request goes out (llama.cpp does), but an agent that read the
+    /// request and then reset the connection looks the same, and may have acted on it.
+    /// So only callers for which a second sending is harmless say `true`: model requests,
+    /// and agents with `retry-after-send #true`. A request the connection could not take at
+    /// all (closed before it was written) is sent again in every case.
+    pub fn replaying_lost(mut self, replay: bool) -> Self {
+        self.replay_lost = replay;
+        self
+    }
+
     /// Connections to loopback agents made again because the agent's accept queue was
     /// full (see [`super::connect`]), counted over this transport's life: plain HTTP and
     /// line agents on `tcp:` given it ([`super::line::LineTransport::counting_in`]).
@@ -299,9 +315,9 @@ impl HttpTransport {
     }
 
     /// Sends the request `build` makes on the client for `url`. A request lost by a pooled
-    /// connection before any byte of an answer (a server closes idle keep-alive connections
-    /// when it likes, possibly just as a request goes out: llama.cpp does) never reached
-    /// the agent, so it is sent again, once, on a fresh connection, within the same attempt.
+    /// connection before any byte of an answer is sent again, once, on a fresh connection,
+    /// within the same attempt, when this transport replays lost requests
+    /// ([`Self::replaying_lost`]; hyper's pool already sends again what it could not write).
     /// A fresh connection closing that way is the agent's doing and is returned as is.
     pub(super) async fn send(
         &self,
@@ -318,7 +334,7 @@ impl HttpTransport {
             })
             .await;
         match sent {
-            Err(e) if !connected && closed_before_answer(&e) => {
+            Err(e) if self.replay_lost && !connected && closed_before_answer(&e) => {
                 Ok(build(self.client(url, true)?).send().await)
             }
             sent => Ok(sent),
@@ -544,7 +560,14 @@ impl HttpTransport {
     ) -> Result<RawResponse, Fault> {
         let pool = &self.clients.plain;
         let mut answer = pool
-            .send(method, url, headers, body.as_ref(), CONNECT_TIMEOUT)
+            .send(
+                method,
+                url,
+                headers,
+                body.as_ref(),
+                CONNECT_TIMEOUT,
+                self.replay_lost,
+            )
             .await
             .map_err(|e| plain_fault(&e, url, progress))?;
         let status = answer.response.status();

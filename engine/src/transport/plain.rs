@@ -195,9 +195,12 @@ impl std::fmt::Debug for PlainPool {
 }
 
 impl PlainPool {
-    /// Sends one request and waits for the response headers. A request lost by a pooled
-    /// connection before any answer (the agent had closed it as idle) is sent again, once,
-    /// on a fresh connection, as on reqwest's path ([`super::http::HttpTransport::send`]).
+    /// Sends one request and waits for the response headers. A pooled connection the agent
+    /// closed while it was idle is found closed before the request goes out, and a fresh
+    /// one is made. A request a pooled connection could not take (closed before it was
+    /// written) is sent again, once, on a fresh connection; one lost after it was written,
+    /// before any answer, only when `replay_lost` (see
+    /// [`super::http::HttpTransport::replaying_lost`]): the agent may have read it.
     pub(super) async fn send(
         &self,
         method: &Method,
@@ -205,6 +208,7 @@ impl PlainPool {
         headers: &HeaderMap,
         body: Option<&Bytes>,
         connect_timeout: Duration,
+        replay_lost: bool,
     ) -> Result<Answer, PlainError> {
         let Some(endpoint) = self.endpoint(url) else {
             return Err(PlainError::Resolve(io::Error::new(
@@ -214,12 +218,21 @@ impl PlainPool {
         };
         let request = || build_request(method, &endpoint, headers, body);
         if let Some(mut conn) = take(&endpoint.idle) {
+            // The agent may have closed it while it was idle: the driver, polled before
+            // anything is sent, reads the end of the stream and finishes.
+            poll_fn(|cx| {
+                if let Some(running) = conn.driver.as_mut()
+                    && Pin::new(running).poll(cx).is_ready()
+                {
+                    conn.driver = None;
+                }
+                Poll::Ready(())
+            })
+            .await;
             let ready = {
                 let Conn { sender, driver } = &mut conn;
                 drive(driver, poll_fn(|cx| sender.poll_ready(cx))).await
             };
-            // The agent may have closed it while it was idle: seen here, as the driver reads
-            // the end of the stream and finishes.
             if ready.is_ok() && conn.driver.is_some() {
                 match exchange(&mut conn, request()).await {
                     Ok(response) => {
@@ -229,10 +242,11 @@ impl PlainPool {
                             endpoint,
                         });
                     }
-                    Err(error) if !lost_unanswered(&error) => {
+                    Err(error) if !lost_unanswered(&error, replay_lost) => {
                         return Err(PlainError::Exchange { error });
                     }
-                    // Lost before any answer: the agent never saw it; a fresh connection.
+                    // Not taken, or lost before any answer by a caller that may send it
+                    // again: a fresh connection.
                     Err(_) => {}
                 }
             }
@@ -330,11 +344,11 @@ async fn exchange(
     drive(driver, response).await
 }
 
-/// Whether a request failed before any byte of an answer in a way that means it never
-/// reached the agent on a reused connection: the connection was closed (or reset) under it,
-/// or could not take it at all.
-fn lost_unanswered(error: &hyper::Error) -> bool {
-    error.is_canceled() || super::http::connection_closed(error)
+/// Whether a request a reused connection failed before any byte of an answer may go again
+/// on a fresh one: the connection could not take it at all (it was never written), or, for
+/// a caller that may send it twice (`replay_lost`), it was closed (or reset) under it.
+fn lost_unanswered(error: &hyper::Error, replay_lost: bool) -> bool {
+    error.is_canceled() || (replay_lost && super::http::connection_closed(error))
 }
 
 /// A new connection to `address`: every resolved address is tried in turn, within

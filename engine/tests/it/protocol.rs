@@ -520,11 +520,60 @@ fn a_reused_call_id_pairs_results_by_function_name() {
     assert_eq!(result("b").as_deref(), Some("from b"));
 }
 
-/// A server closed an idle kept-alive connection just as it was reused: the request never
-/// reached it, so it goes again on a fresh connection, inside the same attempt.
+/// A server that closes a kept-alive connection as a request arrives on it (as one that
+/// times out idle connections just then, or an agent that read the request and crashed):
+/// for an agent that tolerates a second sending (`retry-after-send`), the request goes
+/// again on a fresh connection, inside the same attempt.
 #[tokio::test]
-async fn a_request_lost_by_a_reused_connection_is_sent_again_on_a_fresh_one() {
+async fn a_request_lost_by_a_reused_connection_is_sent_again_when_the_agent_allows_it() {
     let server = MisbehavingServer::start(Behavior::CloseReused {
+        body: OK_BODY.to_owned(),
+    })
+    .await;
+    let retry = RetryPolicy {
+        retries: 0,
+        after_send: true,
+    };
+    let client = client_with(&server.url(), retry, limits(SHORT));
+    for turn_index in 0..3 {
+        let outcome = respond(&client, &history(), &ctx(turn_index)).await;
+        assert!(outcome.result.is_ok(), "turn {turn_index}: {outcome:?}");
+        assert_eq!(outcome.attempts, 1);
+    }
+    assert_eq!(server.requests(), 3);
+    assert_eq!(server.connections(), 3);
+}
+
+/// The same server, for an agent that does not say a second sending is harmless: the
+/// request it lost was written, and may have been read and acted on (a booking made twice),
+/// so it is a `transport` fault of that turn, not sent again; the next turn goes out on a
+/// fresh connection.
+#[tokio::test]
+async fn a_request_lost_after_it_was_written_is_not_sent_twice_by_default() {
+    let server = MisbehavingServer::start(Behavior::CloseReused {
+        body: OK_BODY.to_owned(),
+    })
+    .await;
+    let client = client(&server.url(), 2, limits(SHORT));
+    let first = respond(&client, &history(), &ctx(0)).await;
+    assert!(first.result.is_ok(), "{first:?}");
+    let lost = respond(&client, &history(), &ctx(1)).await;
+    let why = fault_of(&lost, FaultCategory::Transport);
+    assert!(why.contains("may have reached the agent"), "{why}");
+    assert_eq!(lost.attempts, 1, "{lost:?}");
+    let next = respond(&client, &history(), &ctx(2)).await;
+    assert!(next.result.is_ok(), "{next:?}");
+    // One connection per answered request; the lost one was sent once, on the first.
+    assert_eq!(server.requests(), 2);
+    assert_eq!(server.connections(), 2);
+}
+
+/// A server that closed an idle kept-alive connection before it was reused: found closed
+/// before anything is written, so the request goes on a fresh connection for every agent.
+#[tokio::test]
+async fn a_connection_closed_while_idle_is_not_used() {
+    let server = MisbehavingServer::start(Behavior::RespondThenClose {
+        status: 200,
         body: OK_BODY.to_owned(),
     })
     .await;
@@ -533,8 +582,11 @@ async fn a_request_lost_by_a_reused_connection_is_sent_again_on_a_fresh_one() {
         let outcome = respond(&client, &history(), &ctx(turn_index)).await;
         assert!(outcome.result.is_ok(), "turn {turn_index}: {outcome:?}");
         assert_eq!(outcome.attempts, 1);
+        // Past the server's close (20 ms after its answer).
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(server.requests(), 3);
+    assert_eq!(server.connections(), 3);
 }
 
 /// An agent that answers and then closes the connection, without `Connection: close`: the
@@ -549,7 +601,13 @@ async fn a_retry_after_an_answer_and_a_close_is_answered() {
         body: "{\"error\":\"boom\"}".to_owned(),
     })
     .await;
-    let client = client(&server.url(), 2, limits(SHORT));
+    // A retry can go out on the connection before the server's close: sent again on a
+    // fresh one because this agent allows it (without, that retry is a `transport` fault).
+    let retry = RetryPolicy {
+        retries: 2,
+        after_send: true,
+    };
+    let client = client_with(&server.url(), retry, limits(SHORT));
     let history = history();
     let contexts: Vec<_> = (0..8).map(ctx).collect();
     let started = Instant::now();
