@@ -518,6 +518,42 @@ fn instances(
             }
         }
     }
+    // Counted before anything is built: a matrix of eight variables of ten values is a
+    // hundred million instances, which took every byte of memory before any error.
+    let count = sc.matrix.iter().fold(rows.len() as u64, |n, var| {
+        n.saturating_mul(var.values.len() as u64)
+    });
+    if count > crate::validate::MAX_TRAJECTORIES {
+        let (span, what) = match sc.matrix.first() {
+            Some(var) => (var.name.span, "the matrix starts here"),
+            None => (sc.id.span, "in this scenario"),
+        };
+        let shown = if count == u64::MAX {
+            "more than 18 quintillion".to_owned()
+        } else {
+            count.to_string()
+        };
+        diags.push(
+            Diagnostic::at_span(
+                Kind::OutOfRange,
+                format!(
+                    "scenario `{}` has {shown} instances (at most {})",
+                    sc.id.value,
+                    crate::validate::MAX_TRAJECTORIES
+                ),
+                files,
+                span,
+                what,
+            )
+            .with_help(
+                "a matrix makes one instance per combination of its values, times the \
+                 dataset's rows: its variables' value counts multiply (8 variables of 10 \
+                 values are 100,000,000); use fewer values, or `limit=`/`sample=` on the \
+                 dataset",
+            ),
+        );
+        return Vec::new();
+    }
     let combos = combinations(&sc.matrix);
     let mut out = Vec::with_capacity(rows.len() * combos.len());
     let mut seen: HashSet<String> = HashSet::new();

@@ -433,6 +433,33 @@ async fn row_id_problems_name_the_row() {
 }
 
 #[tokio::test]
+async fn a_matrix_past_the_instance_limit_is_an_error_not_a_crash() {
+    // Eight variables of ten values: 100,000,000 instances, built before this check (and
+    // every byte of memory taken) before it was counted first.
+    let vars: String = (0..8)
+        .map(|i| format!("        v{i} 0 1 2 3 4 5 6 7 8 9\n"))
+        .collect();
+    let suite = format!(
+        "{AGENT}scenario \"m\" {{\n    matrix {{\n{vars}    }}\n    user \"hi\"\n    \
+         expect no-error\n}}\n"
+    );
+    let dir = project(&suite, &[]);
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path().join("suite.kdl"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let said = crate::flat(&stderr(&o));
+    assert!(
+        said.contains("scenario `m` has 100000000 instances (at most 100000)"),
+        "{said}"
+    );
+    assert!(said.contains("suite.kdl:"), "{said}");
+}
+
+#[tokio::test]
 async fn matrix_values_are_vars_and_name_the_instances() {
     let suite = format!(
         "{AGENT}scenario \"m\" {{\n\
