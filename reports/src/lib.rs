@@ -375,6 +375,7 @@ impl ReportWriter {
             failed: totals.failed,
             errors: totals.errors,
             skipped: totals.skipped,
+            invalid: totals.invalid,
             turns: tally.turns,
             meta: meta.as_ref(),
         };

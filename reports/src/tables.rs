@@ -428,6 +428,7 @@ table!(
     /// multi-metric rubric (Connexity's eight metrics).
     RubricScoreRows {
         run_id: Vec<String>,
+        schema_version: Vec<u32>,
         suite: Vec<String>,
         scenario: Vec<String>,
         trajectory: Vec<String>,
@@ -487,6 +488,7 @@ table!(
         failed: Vec<u64>,
         errors: Vec<u64>,
         skipped: Vec<u64>,
+        invalid: Vec<u64>,
         turns: Vec<u64>,
         planned_trajectories: Vec<u64>,
         interrupted: Vec<bool>,
@@ -608,6 +610,9 @@ pub(crate) struct RunRow<'a> {
     pub(crate) failed: u64,
     pub(crate) errors: u64,
     pub(crate) skipped: u64,
+    /// The simulated user broke character: with the four counts above, they add up to
+    /// `trajectories`.
+    pub(crate) invalid: u64,
     pub(crate) turns: u64,
     /// `run.json`, when the run has one.
     pub(crate) meta: Option<&'a RunMeta>,
@@ -968,6 +973,7 @@ impl Tables {
                 r.bytes +=
                     m.metric.len() + opt_len(m.justification.as_ref()) + opt_len(m.label.as_ref());
                 r.run_id.push(self.run_id.clone());
+                r.schema_version.push(SCHEMA_VERSION);
                 r.suite.push(tr.suite.clone());
                 r.scenario.push(tr.scenario.clone());
                 r.trajectory.push(tr.trajectory.clone());
@@ -1019,6 +1025,7 @@ impl Tables {
         r.failed.push(run.failed);
         r.errors.push(run.errors);
         r.skipped.push(run.skipped);
+        r.invalid.push(run.invalid);
         r.turns.push(run.turns);
         r.planned_trajectories.push(run.info.planned_trajectories);
         r.interrupted
