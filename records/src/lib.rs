@@ -33,7 +33,7 @@ pub use llm::{CacheUse, JudgeVerdict, LlmCall, LlmUsage, MetricScore};
 pub use shard::{SHARD_PLAN_FILE, SHARD_PLAN_VERSION, ShardBalance, ShardPlan, ShardedScenario};
 pub use span::{SpanBatch, SpanRecord};
 pub use trajectory::{
-    AgentBranchRecord, AttackRecord, CriterionRecord, CriterionStatus, FIDELITY_KIND,
+    AgentBranchRecord, AttackRecord, CUT_BY_STOP, CriterionRecord, CriterionStatus, FIDELITY_KIND,
     TrajectoryRecord, TrajectoryStatus,
 };
 pub use turn::{AttemptRecord, ExchangeRecord, ToolCallRecord, TurnRecord, UserSource};

@@ -186,6 +186,12 @@ impl CriterionStatus {
     }
 }
 
+/// The detail of a check a stop (a signal, an LLM budget) left unjudged: its judge was
+/// still answering, or not asked yet. The trajectory's conversation is kept, but it has no
+/// verdict: it is `skipped` ([`CriterionRecord::cut_by_stop`]), and `trellis run --resume`
+/// runs it again.
+pub const CUT_BY_STOP: &str = "not checked: the run was stopped before the judge answered";
+
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct CriterionRecord {
     /// The turn checked (`expect`); `None` for trajectory-level `criteria`.
@@ -202,4 +208,11 @@ pub struct CriterionRecord {
     /// per-metric scores and the call's usage.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub judge: Option<Box<JudgeVerdict>>,
+}
+
+impl CriterionRecord {
+    /// Whether a stop left this check unjudged ([`CUT_BY_STOP`]).
+    pub fn cut_by_stop(&self) -> bool {
+        self.status == CriterionStatus::Skipped && self.detail.as_deref() == Some(CUT_BY_STOP)
+    }
 }

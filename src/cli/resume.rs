@@ -113,6 +113,9 @@ pub(super) fn prepare(
     let mut agents = HashSet::new();
     let mut forks = Forks::new();
     let mut forked = Vec::new();
+    // Trajectories a stop left with a check unjudged: recorded without a verdict
+    // (`skipped`), they run again (every record under their planned name is dropped).
+    let mut cut: HashSet<u128> = HashSet::new();
     while let Some(line) = reader.next_line().map_err(read_error)? {
         if journal::is_node_line(line) {
             continue;
@@ -120,6 +123,10 @@ pub(super) fn prepare(
         match journal::parse_line(line) {
             Ok(JournalEntry::Trajectory(t)) => {
                 checker.check(&t);
+                if t.criteria.iter().any(|c| c.cut_by_stop()) {
+                    cut.insert(execute::planned_key(&t));
+                    continue;
+                }
                 // A forked trajectory is kept only once every continuation is known to
                 // be in the journal (few are forked: they wait for the end of the pass).
                 if forks.add(&t) {
@@ -153,7 +160,8 @@ pub(super) fn prepare(
         }
     }
     drop(reader);
-    let incomplete = forks.incomplete();
+    let mut incomplete = forks.incomplete();
+    incomplete.extend(cut);
     for t in forked {
         if !incomplete.contains(&execute::planned_key(&t)) {
             keep(&t, &mut finished, &mut nodes_kept, &mut console);
@@ -217,8 +225,9 @@ fn keep(
 
 /// Writes the resumed run's journal: `started`, then the old journal's setup records,
 /// finished trajectories and the nodes on their paths (`nodes_kept`), byte for byte. The
-/// kept nodes' turns are counted into `finished`. The records of forked trajectories that
-/// run again (`incomplete`) are left out.
+/// kept nodes' turns are counted into `finished`. The records of trajectories that run
+/// again (`incomplete`: forks not wholly recorded, checks a stop left unjudged) are left
+/// out.
 fn rewrite(
     dir: &Path,
     old: &Path,
@@ -273,9 +282,7 @@ fn rewrite(
             continue;
         }
         let kept = line.starts_with(br#"{"trajectory":"#) || line.starts_with(br#"{"agent":"#);
-        let runs_again = |t: &TrajectoryRecord| {
-            !t.agent_branches.is_empty() && incomplete.contains(&execute::planned_key(t))
-        };
+        let runs_again = |t: &TrajectoryRecord| incomplete.contains(&execute::planned_key(t));
         match journal::parse_line(line) {
             Ok(JournalEntry::Trajectory(t)) if runs_again(&t) => {}
             Ok(_) if kept => writer.append_line(line).map_err(write_error)?,

@@ -683,14 +683,16 @@ async fn a_second_run_into_a_directory_in_use_is_refused() {
 }
 
 /// A judge on a slow model is still answering when the run is stopped: the conversation is
-/// complete, so the trajectory is kept, with the unanswered check recorded as not run.
+/// complete, so the trajectory is kept, with the unanswered check recorded as not run, and
+/// without a verdict (`skipped`, not passed); `--resume` runs it again, judge included.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_while_a_judge_answers_keeps_the_trajectory() {
     use super::support::llm::{FakeLlm, Reply, Rule};
-    let fake = FakeLlm::start(vec![Rule::otherwise([Reply::slow(
-        Duration::from_secs(120),
-        Reply::text(r#"{"score": 1, "label": "pass", "justification": "late"}"#),
-    )])])
+    let pass = r#"{"score": 1, "label": "pass", "justification": "greets"}"#;
+    let fake = FakeLlm::start(vec![Rule::otherwise([
+        Reply::slow(Duration::from_secs(120), Reply::text(pass)),
+        Reply::text(pass),
+    ])])
     .await;
     let dir = tempfile::tempdir().unwrap();
     let suites = dir.path().join("suites");
@@ -743,6 +745,23 @@ scenario "book" {{
             .contains("stopped before the judge answered"),
         "{c:?}"
     );
+    let t = read_parquet(&out.join("trajectories.parquet"));
+    assert_eq!(strings(&t, "status"), [Some("skipped".to_owned())], "{t}");
+
+    let o = trellis()
+        .arg("run")
+        .arg(&suites)
+        .arg("--resume")
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert_eq!(fake.calls(), 2, "the resumed run asks the judge again");
+    let t = read_parquet(&out.join("trajectories.parquet"));
+    assert_eq!(strings(&t, "status"), [Some("passed".to_owned())], "{t}");
+    let c = read_parquet(&out.join("criteria.parquet"));
+    assert_eq!(strings(&c, "status"), [Some("passed".to_owned())], "{c}");
 }
 
 /// The journal is the crash-safe source of truth but no longer 28 times the tables:

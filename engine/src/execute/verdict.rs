@@ -48,9 +48,7 @@ pub(super) async fn judge_unless_stopped<T: AsRef<crate::record::TurnRecord>>(
                 criterion,
                 kind,
                 status: CriterionStatus::Skipped,
-                detail: Some(
-                    "not checked: the run was stopped before the judge answered".into(),
-                ),
+                detail: Some(crate::record::CUT_BY_STOP.into()),
                 judge: None,
             }
         },
@@ -300,9 +298,17 @@ impl Unit<'_> {
         ));
         tokio::select! {
             biased;
+            // Recorded as not judged: the trajectory has no verdict until it is run again.
             () = self.shared.stop.cancelled() => {
                 self.shared.note_cut_short();
-                None
+                Some(CriterionRecord {
+                    turn_index: None,
+                    criterion: crate::llm::fidelity::CRITERION.to_owned(),
+                    kind: FIDELITY_KIND.to_owned(),
+                    status: CriterionStatus::Skipped,
+                    detail: Some(crate::record::CUT_BY_STOP.into()),
+                    judge: None,
+                })
             }
             record = judging => record,
         }
@@ -373,6 +379,18 @@ pub(super) fn status_of(
     let failed = criteria.iter().any(|c| c.status == CriterionStatus::Failed);
     if failed {
         return (TrajectoryStatus::Failed, None);
+    }
+    // A stop left a check unjudged: nothing failed, but not everything was checked, so
+    // not a pass either (`trellis run --resume` runs it again).
+    if fidelity.iter().chain(&criteria).any(|c| c.cut_by_stop()) {
+        return (
+            TrajectoryStatus::Skipped,
+            Some(
+                "the run was stopped before all its checks were judged (`trellis run \
+                 --resume` runs it again)"
+                    .to_owned(),
+            ),
+        );
     }
     if criteria.is_empty() {
         let status = if strict {
