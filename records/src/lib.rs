@@ -33,8 +33,8 @@ pub use llm::{CacheUse, JudgeVerdict, LlmCall, LlmUsage, MetricScore};
 pub use shard::{SHARD_PLAN_FILE, SHARD_PLAN_VERSION, ShardBalance, ShardPlan, ShardedScenario};
 pub use span::{SpanBatch, SpanRecord};
 pub use trajectory::{
-    AgentBranchRecord, AttackRecord, CUT_BY_STOP, CriterionRecord, CriterionStatus, FIDELITY_KIND,
-    TrajectoryRecord, TrajectoryStatus,
+    AgentBranchRecord, AttackRecord, CUT_BY_BUDGET, CUT_BY_STOP, CUT_MID_WALK, CriterionRecord,
+    CriterionStatus, FIDELITY_KIND, TrajectoryRecord, TrajectoryStatus,
 };
 pub use turn::{AttemptRecord, ExchangeRecord, ToolCallRecord, TurnRecord, UserSource};
 

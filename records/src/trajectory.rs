@@ -192,6 +192,13 @@ impl CriterionStatus {
 /// runs it again.
 pub const CUT_BY_STOP: &str = "not checked: the run was stopped before the judge answered";
 
+/// The detail of the checks a stop left unreached on a trajectory it cut mid-walk.
+pub const CUT_MID_WALK: &str = "not checked: the run was stopped";
+
+/// How the detail of a check `--max-llm-calls` left unjudged begins (its judge call was
+/// refused unsent); the meter's words follow (`calls 10 reached (10 calls sent)`).
+pub const CUT_BY_BUDGET: &str = "not checked: not sent: --max-llm-";
+
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct CriterionRecord {
     /// The turn checked (`expect`); `None` for trajectory-level `criteria`.
@@ -211,8 +218,12 @@ pub struct CriterionRecord {
 }
 
 impl CriterionRecord {
-    /// Whether a stop left this check unjudged ([`CUT_BY_STOP`]).
+    /// Whether a stop (a signal, an LLM budget) left this check unjudged or unreached
+    /// ([`CUT_BY_STOP`], [`CUT_MID_WALK`], [`CUT_BY_BUDGET`]).
     pub fn cut_by_stop(&self) -> bool {
-        self.status == CriterionStatus::Skipped && self.detail.as_deref() == Some(CUT_BY_STOP)
+        self.status == CriterionStatus::Skipped
+            && self.detail.as_deref().is_some_and(|d| {
+                d == CUT_BY_STOP || d == CUT_MID_WALK || d.starts_with(CUT_BY_BUDGET)
+            })
     }
 }

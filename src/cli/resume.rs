@@ -106,6 +106,13 @@ pub(super) fn prepare(
         ));
     }
 
+    // The planned trajectories that run again whole, whatever else of them was recorded:
+    // one a stop left with a check unjudged (recorded `skipped`, without a verdict), and an
+    // attack search (one piece of work: which of its paths the stop cut off is not in the
+    // records). Read first, since their other records (an earlier retry, a path of the
+    // same search) may come before them.
+    let cut = runs_again_whole(&path).map_err(read_error)?;
+
     // First pass: what finished, and whether the plan still agrees with it.
     let mut checker = Checker::new(&info, plan);
     let mut finished = Finished::new();
@@ -113,9 +120,6 @@ pub(super) fn prepare(
     let mut agents = HashSet::new();
     let mut forks = Forks::new();
     let mut forked = Vec::new();
-    // Trajectories a stop left with a check unjudged: recorded without a verdict
-    // (`skipped`), they run again (every record under their planned name is dropped).
-    let mut cut: HashSet<u128> = HashSet::new();
     while let Some(line) = reader.next_line().map_err(read_error)? {
         if journal::is_node_line(line) {
             continue;
@@ -123,8 +127,7 @@ pub(super) fn prepare(
         match journal::parse_line(line) {
             Ok(JournalEntry::Trajectory(t)) => {
                 checker.check(&t);
-                if t.criteria.iter().any(|c| c.cut_by_stop()) {
-                    cut.insert(execute::planned_key(&t));
+                if cut.contains(&execute::planned_key(&t)) {
                     continue;
                 }
                 // A forked trajectory is kept only once every continuation is known to
@@ -201,6 +204,25 @@ pub(super) fn prepare(
         agents,
         console,
     })))
+}
+
+/// The keys ([`execute::planned_key`]) of the planned trajectories of the journal at `path`
+/// that run again whole: those with a record a stop left a check of unjudged, and attack
+/// searches.
+fn runs_again_whole(path: &Path) -> Result<HashSet<u128>, journal::JournalError> {
+    let mut reader = JournalReader::open(path)?;
+    let mut keys = HashSet::new();
+    while let Some(line) = reader.next_line()? {
+        if !line.starts_with(br#"{"trajectory":"#) {
+            continue;
+        }
+        if let Ok(JournalEntry::Trajectory(t)) = journal::parse_line(line)
+            && (t.attack.is_some() || t.criteria.iter().any(|c| c.cut_by_stop()))
+        {
+            keys.insert(execute::planned_key(&t));
+        }
+    }
+    Ok(keys)
 }
 
 /// Keeps a finished trajectory record of the journal: counted, its nodes kept, shown.

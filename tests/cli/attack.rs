@@ -327,3 +327,54 @@ scenario "t" {
     assert!(err.contains("`attack` must be the last step"), "{err}");
     assert!(err.contains("goal"), "{err}");
 }
+
+/// An attack search cut by `--max-llm-calls` is run again whole by `--resume`: the records
+/// cannot say which paths the stop cut off, and a search resumed in part would be another
+/// search. The resumed run holds every path once, as a run never cut does.
+#[tokio::test]
+async fn an_attack_search_cut_by_the_budget_is_resumed_whole() {
+    let (url, _requests, server) = vault_agent(true).await;
+    let fake = FakeLlm::start(attacker_and_judge()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = attack_suite(dir.path(), &url, &fake.base_url());
+    let out = dir.path().join("attack");
+    let o = trellis()
+        .args(["run", "--max-llm-calls", "6", "--out"])
+        .arg(&out)
+        .arg(&suite)
+        .env("FAKE_KEY", "k")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(4), "{}{}", stdout(&o), stderr(&o));
+    let cut = read_parquet(&out.join("trajectories.parquet")).height();
+    assert!(cut < 11, "the budget cut the search: {cut} paths");
+
+    let o = trellis()
+        .arg("run")
+        .arg(&suite)
+        .arg("--resume")
+        .arg(&out)
+        .env("FAKE_KEY", "k")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    let trajectories = read_parquet(&out.join("trajectories.parquet"));
+    let mut names: Vec<String> = strings(&trajectories, "trajectory")
+        .into_iter()
+        .flatten()
+        .collect();
+    names.sort();
+    assert_eq!(names.len(), 11, "{names:?}");
+    names.dedup();
+    assert_eq!(names.len(), 11, "every path once: {names:?}");
+    let failed: Vec<_> = strings(&trajectories, "status")
+        .iter()
+        .zip(strings(&trajectories, "trajectory"))
+        .filter(|(s, _)| s.as_deref() == Some("failed"))
+        .map(|(_, n)| n.unwrap_or_default())
+        .collect();
+    assert_eq!(failed, ["main~a1-2~a2-2"]);
+    server.abort();
+}

@@ -226,18 +226,40 @@ pub fn planned_key(record: &TrajectoryRecord) -> u128 {
     )
 }
 
-/// The name of the planned trajectory a record belongs to: its name without the `~LABEL`
-/// suffixes of the forks the agent asked for.
+/// The name of the planned trajectory a record belongs to: its name without what the run
+/// added to it, from the end: the `~aD-K` segments of an `attack` search's path (one per
+/// attack turn, its record's `depth`), the `~LABEL` suffixes of the forks the agent asked
+/// for, and the `@retryN` of a simulated user's retry.
 pub fn planned_name(record: &TrajectoryRecord) -> &str {
-    let suffix: String = record
+    let mut name = record.trajectory.as_str();
+    if let Some(attack) = &record.attack {
+        for _ in 0..attack.depth {
+            match name.rfind("~a") {
+                Some(at) if is_attack_segment(&name[at + 2..]) => name = &name[..at],
+                _ => break,
+            }
+        }
+    }
+    let forks: String = record
         .agent_branches
         .iter()
         .map(|b| format!("~{}", b.label))
         .collect();
-    record
-        .trajectory
-        .strip_suffix(suffix.as_str())
-        .unwrap_or(&record.trajectory)
+    name = name.strip_suffix(forks.as_str()).unwrap_or(name);
+    match name.rfind("@retry") {
+        Some(at) if is_number(&name[at + "@retry".len()..]) => &name[..at],
+        _ => name,
+    }
+}
+
+/// `D-K` of an attack path's `~aD-K` segment.
+fn is_attack_segment(s: &str) -> bool {
+    s.split_once('-')
+        .is_some_and(|(d, k)| is_number(d) && is_number(k))
+}
+
+fn is_number(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())
 }
 
 fn key(suite: &str, scenario: &str, agent: &str, repetition: u32, trajectory: &str) -> u128 {
@@ -281,6 +303,26 @@ mod tests {
             llm: None,
             attack: None,
         }
+    }
+
+    #[test]
+    fn what_a_run_adds_to_a_name_is_taken_off_for_the_planned_one() {
+        let mut retried = record("main@retry2", 0, TrajectoryStatus::Passed);
+        assert_eq!(planned_name(&retried), "main");
+        retried.trajectory = "ask@retry".into();
+        assert_eq!(planned_name(&retried), "ask@retry", "not a retry's suffix");
+
+        let mut attacked = record("x/y~a1-3~a2-1", 0, TrajectoryStatus::Failed);
+        attacked.attack = Some(Box::new(crate::record::AttackRecord {
+            depth: 2,
+            ..Default::default()
+        }));
+        assert_eq!(planned_name(&attacked), "x/y");
+        // A branch name of its own with `~a` in it stays.
+        attacked.trajectory = "try~again~a1-2".into();
+        attacked.attack.as_mut().unwrap().depth = 1;
+        assert_eq!(planned_name(&attacked), "try~again");
+        assert_eq!(planned_key(&attacked), key("s", "c", "a", 0, "try~again"));
     }
 
     #[test]

@@ -107,7 +107,7 @@ impl Unit<'_> {
             }
             Some(Stop::Interrupted) => {
                 self.shared.note_cut_short();
-                Some("not checked: the run was stopped".to_string())
+                Some(crate::record::CUT_MID_WALK.to_string())
             }
             // Never an end (a fork or an attack continues the path); checked as if it were
             // not there.
@@ -479,6 +479,47 @@ mod tests {
             detail: None,
             judge: None,
         }
+    }
+
+    #[test]
+    fn a_check_a_stop_left_unjudged_leaves_the_trajectory_without_a_verdict() {
+        let check = |status, detail: &str| CriterionRecord {
+            turn_index: None,
+            criterion: "judge \"x\"".into(),
+            kind: "judge".into(),
+            status,
+            detail: Some(detail.into()),
+            judge: None,
+        };
+        let passed = check(CriterionStatus::Passed, "score 1.00");
+        for cut in [
+            crate::record::CUT_BY_STOP.to_owned(),
+            crate::record::CUT_MID_WALK.to_owned(),
+            "not checked: not sent: --max-llm-calls 10 reached (10 calls sent)".to_owned(),
+        ] {
+            let criteria = [passed.clone(), check(CriterionStatus::Skipped, &cut)];
+            let (status, why) = status_of(false, &criteria, false);
+            assert_eq!(status, TrajectoryStatus::Skipped, "{cut}");
+            assert!(why.is_some_and(|w| w.contains("--resume")));
+        }
+        // A failure is a verdict, stop or not.
+        let criteria = [
+            check(CriterionStatus::Failed, "no"),
+            check(CriterionStatus::Skipped, crate::record::CUT_BY_STOP),
+        ];
+        assert_eq!(
+            status_of(false, &criteria, false).0,
+            TrajectoryStatus::Failed
+        );
+        // A check skipped for another reason (no judge configured) does not.
+        let criteria = [
+            passed,
+            check(CriterionStatus::Skipped, "no judge is configured"),
+        ];
+        assert_eq!(
+            status_of(false, &criteria, false).0,
+            TrajectoryStatus::Passed
+        );
     }
 
     #[test]
