@@ -27,6 +27,16 @@ pub enum ReportError {
     )]
     MissingRunStarted { path: PathBuf },
 
+    #[error("{} holds more than one run: a second `run_started` on line {line}", path.display())]
+    #[diagnostic(
+        code(trellis::reports::two_runs),
+        help(
+            "a journal is one run's; this one looks like two journals joined (`cat a b`): \
+             report each run from its own directory, or combine shards with `trellis merge`"
+        )
+    )]
+    SecondRun { path: PathBuf, line: u64 },
+
     #[error("cannot render {}", path.display())]
     #[diagnostic(
         code(trellis::reports::template),

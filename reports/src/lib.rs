@@ -197,6 +197,20 @@ pub fn write_reports_to(
 ) -> Result<ReportFiles, ReportError> {
     std::fs::create_dir_all(out_dir).map_err(|e| ReportError::io("create", out_dir, e))?;
     let journal_path = trellis_journal::path_in(run_dir);
+    // A second run's records would be counted as this one's (duplicate trajectories,
+    // totals of both): refused before any file is started.
+    let mut scan = JournalReader::open(&journal_path)?;
+    let mut line_number = 0u64;
+    while let Some(line) = scan.next_line()? {
+        line_number += 1;
+        if line_number > 1 && line.starts_with(br#"{"run_started":"#) {
+            return Err(ReportError::SecondRun {
+                path: journal_path,
+                line: line_number,
+            });
+        }
+    }
+    drop(scan);
     let mut journal = JournalReader::open(&journal_path)?;
     let info = match journal.next_entry()? {
         Some(JournalEntry::RunStarted(info)) => info,

@@ -810,3 +810,39 @@ scenario "one-turn" {
         .count();
     assert_eq!(trajectories, 2000);
 }
+
+/// Two journals joined into one (`cat a b`): `trellis report` refuses it, naming where the
+/// second run starts, instead of reporting both runs' trajectories as one run's.
+#[tokio::test]
+async fn a_journal_holding_two_runs_is_refused_by_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut journals = Vec::new();
+    for name in ["a", "b"] {
+        let out = dir.path().join(name);
+        let o = trellis()
+            .args([
+                "run",
+                "suites/booking.kdl",
+                "--filter",
+                "price-first",
+                "-q",
+                "--out",
+            ])
+            .arg(&out)
+            .output()
+            .await
+            .unwrap();
+        assert!(matches!(o.status.code(), Some(0 | 1)), "{}", stderr(&o));
+        journals.push(std::fs::read(out.join("journal.jsonl.zst")).unwrap());
+    }
+    let joined = dir.path().join("joined");
+    std::fs::create_dir_all(&joined).unwrap();
+    // zstd frames concatenate into one stream: the joined file reads as both journals.
+    std::fs::write(joined.join("journal.jsonl.zst"), journals.concat()).unwrap();
+    let o = trellis().arg("report").arg(&joined).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}{}", stdout(&o), stderr(&o));
+    let said = crate::flat(&stderr(&o));
+    assert!(said.contains("holds more than one run"), "{said}");
+    assert!(!joined.join("trajectories.parquet").exists());
+    assert_no_partial_files(&joined);
+}
