@@ -39,6 +39,25 @@ pub struct Interval {
 /// The Wilson score interval for `successes` out of `samples` at `confidence` (0 < c < 1);
 /// `None` without samples. Unlike the normal approximation it stays within [0, 1] and is
 /// honest for small samples and rates near 0 or 1.
+/// A share (0–1) as a percentage for people: whole percents, except that a share that is
+/// not exactly 0 or 1 never reads as `0` or `100` (2999 of 3000 is `99.97`, a Wilson bound
+/// of 0.0013 is `0.1`): a rounded `100%–100%` interval reads as a certainty it is not. The
+/// `%` is the caller's.
+pub fn percent_label(share: f64) -> String {
+    let percent = share * 100.0;
+    if !(0.0..=100.0).contains(&percent) || percent == 0.0 || percent == 100.0 {
+        return format!("{percent:.0}");
+    }
+    for decimals in 0..4 {
+        let shown = format!("{percent:.decimals$}");
+        let value: f64 = shown.parse().unwrap_or(percent);
+        if value > 0.0 && value < 100.0 {
+            return shown;
+        }
+    }
+    format!("{percent:.4}")
+}
+
 pub fn wilson_interval(successes: u64, samples: u64, confidence: f64) -> Option<Interval> {
     if samples == 0 || successes > samples || !(confidence > 0.0 && confidence < 1.0) {
         return None;
@@ -992,6 +1011,17 @@ mod tests {
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() < 1e-4
+    }
+
+    #[test]
+    fn shares_near_the_ends_never_read_as_the_ends() {
+        assert_eq!(percent_label(1.0), "100");
+        assert_eq!(percent_label(0.0), "0");
+        assert_eq!(percent_label(0.67), "67");
+        assert_eq!(percent_label(2999.0 / 3000.0), "99.97");
+        assert_eq!(percent_label(0.998_7), "99.9");
+        assert_eq!(percent_label(0.001_3), "0.1");
+        assert_eq!(percent_label(0.000_001), "0.0001");
     }
 
     #[test]

@@ -482,9 +482,16 @@ impl Console {
                                 trellis_reports::stats::CONFIDENCE,
                             )
                             .map_or_else(String::new, |i| {
-                                format!(" ({:.0}–{:.0}%)", i.low * 100.0, i.high * 100.0)
+                                format!(
+                                    " ({}–{}%)",
+                                    trellis_reports::stats::percent_label(i.low),
+                                    trellis_reports::stats::percent_label(i.high)
+                                )
                             });
-                            format!("{:.0}%{interval}", 100.0 * c.passed as f64 / ran as f64)
+                            format!(
+                                "{}%{interval}",
+                                trellis_reports::stats::percent_label(c.passed as f64 / ran as f64)
+                            )
                         },
                     )));
                 }
@@ -615,7 +622,10 @@ impl Console {
             let rate = if ran == 0 {
                 "-".to_string()
             } else {
-                format!("{:.0}%", 100.0 * c.passed as f64 / ran as f64)
+                format!(
+                    "{}%",
+                    trellis_reports::stats::percent_label(c.passed as f64 / ran as f64)
+                )
             };
             let interval = trellis_reports::stats::wilson_interval(
                 c.passed,
@@ -623,7 +633,11 @@ impl Console {
                 trellis_reports::stats::CONFIDENCE,
             )
             .map_or_else(String::new, |i| {
-                format!("{:.0}–{:.0}%", i.low * 100.0, i.high * 100.0)
+                format!(
+                    "{}–{}%",
+                    trellis_reports::stats::percent_label(i.low),
+                    trellis_reports::stats::percent_label(i.high)
+                )
             });
             table.add_row(vec![
                 Cell::new(suite),

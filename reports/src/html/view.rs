@@ -249,7 +249,7 @@ impl Estimate {
         }
         let rate = passed as f64 / ran as f64;
         let interval = wilson_interval(passed, ran, 0.95)?;
-        let pct = |x: f64| format!("{:.0}%", x * 100.0);
+        let pct = |x: f64| format!("{}%", crate::stats::percent_label(x));
         let text = format!(
             "pass@1 {} (95% CI {}–{})",
             pct(rate),
@@ -709,7 +709,11 @@ fn agent_grids(
                         let ran = c.passed + c.failed + c.errors;
                         let interval = crate::stats::wilson_interval(c.passed, ran, 0.95)
                             .map_or_else(String::new, |i| {
-                                format!("{:.0}–{:.0}%", i.low * 100.0, i.high * 100.0)
+                                format!(
+                                    "{}–{}%",
+                                    crate::stats::percent_label(i.low),
+                                    crate::stats::percent_label(i.high)
+                                )
                             });
                         Some(GridCell {
                             rate: view.rate,
