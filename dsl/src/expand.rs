@@ -765,6 +765,22 @@ fn render_judged(
 ) -> Result<(), String> {
     let text = |source: &mut String| -> Result<(), String> {
         if source.contains("{{") || source.contains("{%") {
+            // A statement that reads more than the instance's `row` and `vars` (its
+            // `user_context`, `persona`, a capture…) is rendered at run time, in the scope
+            // of the trajectory, with the row and matrix values too.
+            let only_instance = env.template_from_str(source).is_ok_and(|t| {
+                t.undeclared_variables(true).iter().all(|var| {
+                    let mut parts = var.splitn(3, '.');
+                    match (parts.next(), parts.next()) {
+                        (Some("row"), _) => true,
+                        (Some("vars"), Some(name)) => vars.contains_key(name),
+                        _ => false,
+                    }
+                })
+            });
+            if !only_instance {
+                return Ok(());
+            }
             let rendered = evaluate_value(env, source, row, vars)?;
             *source = match rendered {
                 Value::Null => return Err(format!("`{}` is null", source.trim())),

@@ -1098,6 +1098,8 @@ pub enum ValueSlot {
     ReplyCheck(usize),
     /// A top-level string parameter of `tool` / `expect-tool`.
     ToolParam(String),
+    /// The statement of a `judge` or `outcome "…"` criterion: the judge reads it rendered.
+    JudgeStatement,
 }
 
 #[derive(Clone, Debug)]

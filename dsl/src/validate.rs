@@ -621,6 +621,18 @@ impl<'p> Validator<'p> {
         for c in sc.criteria.iter().chain(&sc.expect_tools) {
             self.criterion(&cx, c, &at_end);
         }
+        // The scenario's `outcome "…"` statements are judged at the end, with its captures.
+        for outcome in &sc.outcomes {
+            if let Outcome::Statement(statement) = &outcome.value
+                && template::is_template(statement)
+            {
+                let t = Template {
+                    source: statement.clone(),
+                    span: outcome.span,
+                };
+                self.template(&cx, &t, &at_end);
+            }
+        }
         let _ = suite;
     }
 

@@ -103,6 +103,50 @@ pub fn check_planned<T: AsRef<TurnRecord>>(
     check_rendered(criterion, &rendered, scope, turns, turn_index, evidence)
 }
 
+/// The kind of a judged criterion (`judge`, `outcome "…"`) with its statement rendered in
+/// `ctx` when it is a template ([`ValueSlot::JudgeStatement`]), so the judge reads the
+/// values; borrowed as written otherwise. The record keeps the statement as written.
+pub fn judged_kind<'c>(
+    planned: &'c PlannedCriterion,
+    templates: &Templates,
+    ctx: impl FnOnce() -> minijinja::Value,
+) -> Result<std::borrow::Cow<'c, CriterionKind>, crate::render::RenderError> {
+    let Some((_, template)) = planned
+        .templates
+        .iter()
+        .find(|(slot, _)| *slot == ValueSlot::JudgeStatement)
+    else {
+        return Ok(std::borrow::Cow::Borrowed(&planned.criterion.kind));
+    };
+    let text = templates.render(template, ctx)?;
+    let mut kind = planned.criterion.kind.clone();
+    match &mut kind {
+        CriterionKind::Judge { criterion, .. } => *criterion = text,
+        CriterionKind::Outcome(trellis_dsl::Outcome::Statement(statement)) => *statement = text,
+        _ => {}
+    }
+    Ok(std::borrow::Cow::Owned(kind))
+}
+
+/// The record of a judged check whose statement could not be rendered: an error of the
+/// check (its judge was never asked), as a judge that failed is.
+pub fn unrendered_statement(
+    criterion: &Criterion,
+    turn_index: Option<u32>,
+    error: &crate::render::RenderError,
+) -> CriterionRecord {
+    CriterionRecord {
+        turn_index,
+        criterion: criterion.text.clone(),
+        kind: criterion.kind.name().to_string(),
+        status: CriterionStatus::Error,
+        detail: Some(format!(
+            "the judge statement could not be rendered: {error}"
+        )),
+        judge: None,
+    }
+}
+
 /// The rendered templated values of one criterion.
 #[derive(Debug, Default)]
 struct Rendered {

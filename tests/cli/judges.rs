@@ -394,3 +394,84 @@ async fn a_judge_that_fails_with_and_without_its_schema_says_both() {
     // With the schema and without it, each with the provider's retries of a 5xx.
     assert_eq!(fake.calls(), 6);
 }
+
+/// Judge and outcome statements are templates, as user messages are: the judge reads them
+/// rendered in the trajectory's scope (user context, captures), the list of expected
+/// outcomes in every judge's prompt included, and `check` reports an undefined variable in
+/// one at its place.
+#[tokio::test]
+async fn judge_statements_are_rendered_for_the_judge_and_checked() {
+    let pass = r#"{"score": 1, "passed": true, "label": "pass", "justification": "ok"}"#;
+    let fake = FakeLlm::start(vec![Rule::otherwise([Reply::text(pass)])]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = |judge: &str| {
+        format!(
+            r#"
+agent "demo" protocol="connexity" builtin="booking"
+provider "fake" kind="openai" base-url="{}" model="judge-m" api-key-env="FAKE_KEY"
+judge "main" provider="fake"
+scenario "greet" {{
+    user-context {{ day "Tuesday" }}
+    outcome "SCENARIO-OUTCOME booked for {{{{ user_context.day }}}}"
+    user "Hi, I'd like to book a duct cleaning."
+    capture "asked" regex="(postal code)"
+    expect judge "{judge}"
+    criteria {{
+        outcome "CRITERIA-OUTCOME it asked for the {{{{ vars.asked }}}}"
+    }}
+}}
+"#,
+            fake.base_url()
+        )
+    };
+    let good = dir.path().join("good.kdl");
+    std::fs::write(
+        &good,
+        suite("EXPECT-JUDGE greets on {{ user_context.day }}"),
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("run")
+        .arg(&good)
+        .arg("--out")
+        .arg(dir.path().join("out"))
+        .env("FAKE_KEY", "k")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let sent: String = fake
+        .seen()
+        .iter()
+        .map(|r| r.body.to_string())
+        .collect::<Vec<_>>()
+        .join("\n");
+    for rendered in [
+        "EXPECT-JUDGE greets on Tuesday",
+        "SCENARIO-OUTCOME booked for Tuesday",
+        "CRITERIA-OUTCOME it asked for the postal code",
+    ] {
+        assert!(sent.contains(rendered), "{rendered} not in: {sent}");
+    }
+    assert!(!sent.contains("{{"), "a template reached the judge: {sent}");
+    // The record keeps the statement as written: the same check in every run.
+    let c = read_parquet(&dir.path().join("out/criteria.parquet"));
+    assert!(
+        strings(&c, "criterion")
+            .iter()
+            .flatten()
+            .any(|s| s.contains("{{ user_context.day }}")),
+        "{c}"
+    );
+
+    let bad = dir.path().join("bad.kdl");
+    std::fs::write(&bad, suite("EXPECT-JUDGE greets on {{ user_context.dya }}")).unwrap();
+    let o = trellis().arg("check").arg(&bad).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let said = crate::flat(&stderr(&o));
+    assert!(
+        said.contains("undefined template variable `user_context.dya`")
+            && said.contains("bad.kdl:"),
+        "{said}"
+    );
+}

@@ -160,6 +160,15 @@ impl<'f> Decoder<'f> {
                 let usage = "judge \"CRITERION\" threshold=0.7 judge=\"ID\" rubric=\"…\"";
                 self.check_entries(v, spec, usage);
                 let criterion = self.id_arg(v, "a criterion", usage)?;
+                if template::is_template(&criterion.value) {
+                    templates.push(CriterionTemplate {
+                        slot: ValueSlot::JudgeStatement,
+                        template: Template {
+                            source: criterion.value.clone(),
+                            span: criterion.span,
+                        },
+                    });
+                }
                 let threshold = v
                     .prop("threshold")
                     .and_then(|e| self.number(e, Some((0.0, 1.0))));
@@ -172,7 +181,21 @@ impl<'f> Decoder<'f> {
                     rubric,
                 }
             }
-            _ => CriterionKind::Outcome(self.outcome(v)?),
+            _ => {
+                let outcome = self.outcome(v)?;
+                if let (Outcome::Statement(statement), Some(arg)) = (&outcome, v.args.first())
+                    && template::is_template(statement)
+                {
+                    templates.push(CriterionTemplate {
+                        slot: ValueSlot::JudgeStatement,
+                        template: Template {
+                            source: statement.clone(),
+                            span: self.span(value_span(arg)),
+                        },
+                    });
+                }
+                CriterionKind::Outcome(outcome)
+            }
         };
         Some(Criterion {
             kind,

@@ -158,20 +158,27 @@ impl Unit<'_> {
                     }
                 }
                 (None, _) if LlmRuntime::is_judged(&c.criterion.kind) => {
-                    judge_unless_stopped(
-                        self.shared,
-                        JudgeTask {
-                            draw: 0,
-                            criterion_text: &c.criterion.text,
-                            kind: &c.criterion.kind,
-                            scenario: sc,
-                            turns: &state.turns,
-                            turn_index: None,
-                            repetition: self.repetition,
-                            call_name: self.judge_call_name(t, state, &c.criterion.text),
-                        },
-                    )
-                    .await
+                    match criteria::judged_kind(c, &self.shared.plan.templates, || {
+                        self.scenario.scope.with_vars(&state.vars)
+                    }) {
+                        Err(e) => criteria::unrendered_statement(&c.criterion, None, &e),
+                        Ok(kind) => {
+                            judge_unless_stopped(
+                                self.shared,
+                                JudgeTask {
+                                    draw: 0,
+                                    criterion_text: &c.criterion.text,
+                                    kind: &kind,
+                                    scenario: sc,
+                                    turns: &state.turns,
+                                    turn_index: None,
+                                    repetition: self.repetition,
+                                    call_name: self.judge_call_name(t, state, &c.criterion.text),
+                                },
+                            )
+                            .await
+                        }
+                    }
                 }
                 (None, _) => criteria::check_planned(
                     c,
@@ -201,21 +208,43 @@ impl Unit<'_> {
             let text = outcome_text(&outcome.value);
             criteria.push(match &not_checked {
                 None => {
-                    let kind = CriterionKind::Outcome(outcome.value.clone());
-                    judge_unless_stopped(
-                        self.shared,
-                        JudgeTask {
-                            draw: 0,
-                            criterion_text: &text,
-                            kind: &kind,
-                            scenario: sc,
-                            turns: &state.turns,
+                    // A statement written as a template is read by the judge rendered, in
+                    // the trajectory's scope at its end.
+                    let rendered = match &outcome.value {
+                        trellis_dsl::Outcome::Statement(statement) => self
+                            .shared
+                            .plan
+                            .templates
+                            .render_source(statement, || self.scenario.scope.with_vars(&state.vars))
+                            .map(|s| CriterionKind::Outcome(trellis_dsl::Outcome::Statement(s))),
+                        labeled => Ok(CriterionKind::Outcome(labeled.clone())),
+                    };
+                    match rendered {
+                        Err(e) => CriterionRecord {
                             turn_index: None,
-                            repetition: self.repetition,
-                            call_name: self.judge_call_name(t, state, &text),
+                            criterion: text,
+                            kind: "outcome".into(),
+                            status: CriterionStatus::Error,
+                            detail: Some(format!("the judge statement could not be rendered: {e}")),
+                            judge: None,
                         },
-                    )
-                    .await
+                        Ok(kind) => {
+                            judge_unless_stopped(
+                                self.shared,
+                                JudgeTask {
+                                    draw: 0,
+                                    criterion_text: &text,
+                                    kind: &kind,
+                                    scenario: sc,
+                                    turns: &state.turns,
+                                    turn_index: None,
+                                    repetition: self.repetition,
+                                    call_name: self.judge_call_name(t, state, &text),
+                                },
+                            )
+                            .await
+                        }
+                    }
                 }
                 Some(why) => CriterionRecord {
                     turn_index: None,

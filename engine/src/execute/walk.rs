@@ -1068,12 +1068,18 @@ impl<'a> Unit<'a> {
         let vars = &state.vars;
         match turn_index {
             Some(i) if crate::llm::LlmRuntime::is_judged(&c.criterion.kind) => {
+                let kind = match criteria::judged_kind(c, &self.shared.plan.templates, || {
+                    scope.with_vars(vars)
+                }) {
+                    Ok(kind) => kind,
+                    Err(e) => return criteria::unrendered_statement(&c.criterion, Some(i), &e),
+                };
                 super::verdict::judge_unless_stopped(
                     self.shared,
                     crate::llm::runtime::JudgeTask {
                         draw: 0,
                         criterion_text: &c.criterion.text,
-                        kind: &c.criterion.kind,
+                        kind: &kind,
                         scenario: sc,
                         turns: &state.turns,
                         turn_index: Some(i),
