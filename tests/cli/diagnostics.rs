@@ -729,3 +729,31 @@ async fn a_bare_reply_check_gets_a_readable_hint() {
     );
     assert!(!said.contains("``"), "{said}");
 }
+
+/// `history` opens the trajectory: written after a step, it is an error at its place (it
+/// used to be accepted and sent first all the same).
+#[tokio::test]
+async fn a_history_after_the_first_step_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("conv.json"),
+        r#"[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]"#,
+    )
+    .unwrap();
+    let suite = dir.path().join("s.kdl");
+    std::fs::write(
+        &suite,
+        "agent \"demo\" protocol=\"connexity\" builtin=\"booking\"\n\
+         scenario \"late\" {\n    user \"Hi, I'd like to book a duct cleaning.\"\n    \
+         history path=\"conv.json\"\n    expect no-error\n}\n",
+    )
+    .unwrap();
+    let o = trellis().arg("check").arg(&suite).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let said = crate::flat(&stderr(&o));
+    assert!(
+        said.contains("`history` must come before the scenario's steps")
+            && said.contains("s.kdl:4:5"),
+        "{said}"
+    );
+}

@@ -259,7 +259,27 @@ impl<'f> Decoder<'f> {
                     }
                 }
                 "matrix" => sc.matrix = self.matrix(&cv, spec),
-                "history" => sc.history = self.history(&cv, spec).map(Box::new),
+                "history" => {
+                    // It opens the trajectory: written after a step, it would read as
+                    // happening there, and the run would still send it first.
+                    if let Some(first) = step_nodes.first() {
+                        let first = View::of(first, self.text());
+                        let d = self
+                            .diag(
+                                Kind::InvalidValue,
+                                "`history` must come before the scenario's steps",
+                                cv.span,
+                                "written after a step",
+                            )
+                            .with_help(format!(
+                                "a history opens every trajectory as if it had happened; \
+                                 move it above the first step (`{}`)",
+                                first.name
+                            ));
+                        self.report(d);
+                    }
+                    sc.history = self.history(&cv, spec).map(Box::new);
+                }
                 "criteria" => {
                     self.check_entries(&cv, spec, "criteria { CRITERION… }");
                     if cv.children.is_none_or(|c| c.nodes().is_empty()) {
