@@ -91,10 +91,11 @@ pub fn load_with_overlay<P: AsRef<Path>>(
     let (problems, env_reads) = validate::validate_reading_env(&project, &info);
     diags.extend(problems);
     project.env_reads = env_reads;
-    // Validated as written (once per scenario, not per row); expanded only when sound.
-    if diags.is_empty() {
-        crate::expand::expand(&mut project, &tables, &mut diags);
-    }
+    // Validated as written (once per scenario, not per row), and expanded even when
+    // something else is wrong, so that every problem is reported at once (a row or history
+    // error used to show only once the rest was fixed). A dataset that could not be read has
+    // no table: its scenarios expand to nothing and add no error of their own.
+    crate::expand::expand(&mut project, &tables, &mut diags);
     drop(tables);
 
     if diags.is_empty() {

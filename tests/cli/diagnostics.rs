@@ -757,3 +757,48 @@ async fn a_history_after_the_first_step_is_an_error() {
         "{said}"
     );
 }
+
+/// Every problem at once: a dataset that cannot be read and a typo no longer hide a bad
+/// history and an instance's undefined variable until they are fixed.
+#[tokio::test]
+async fn dataset_schema_history_and_instance_errors_are_reported_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("s.kdl");
+    std::fs::write(
+        &suite,
+        r##"agent "demo" protocol="connexity" builtin="booking"
+dataset "d" path="nope.csv"
+scenario "a" {
+    user "Hi"
+    expect reply contain="x"
+}
+scenario "u" {
+    history #"[{"role":"bogus","content":"x"}]"#
+    user "Hi"
+    expect no-error
+}
+scenario "m" {
+    matrix { tone "a" }
+    user "Hi {{ vars.tone }}"
+    expect judge "{{ vars.nope }}"
+}
+scenario "f" for-each="d" {
+    user "Hi"
+    expect no-error
+}
+"##,
+    )
+    .unwrap();
+    let o = trellis().arg("check").arg(&suite).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let said = crate::flat(&stderr(&o));
+    for problem in [
+        "4 errors in suite files",
+        "nope.csv): cannot read the file",
+        "unknown property `contain` on `reply`",
+        "invalid history: message 1 has role `bogus`",
+        "undefined template variable `vars.nope`",
+    ] {
+        assert!(said.contains(problem), "{problem}: {said}");
+    }
+}
