@@ -329,10 +329,20 @@ impl Turn {
         self.exchanges.iter().map(|e| e.queued).sum()
     }
 
-    /// Tokens summed over the exchanges that reported usage.
+    /// Tokens summed over the exchanges that reported usage. A count past
+    /// [`MOST_TOKENS`] is not a count (an agent's `2^64 - 1`, or a negative number read as
+    /// one): left out, as unreported, rather than stored for every sum over the tables to
+    /// wrap around.
     pub fn usage(&self) -> Option<Usage> {
         let mut total: Option<Usage> = None;
         for usage in self.exchanges.iter().filter_map(|e| e.usage) {
+            let plausible = |n: Option<u64>| n.filter(|&n| n <= MOST_TOKENS);
+            let usage = Usage {
+                prompt_tokens: plausible(usage.prompt_tokens),
+                completion_tokens: plausible(usage.completion_tokens),
+                total_tokens: plausible(usage.total_tokens),
+                ..usage
+            };
             let t = total.get_or_insert_with(Usage::default);
             t.prompt_tokens = add(t.prompt_tokens, usage.prompt_tokens);
             t.completion_tokens = add(t.completion_tokens, usage.completion_tokens);
@@ -354,9 +364,41 @@ impl Turn {
     }
 }
 
+/// The most tokens one exchange can plausibly report: a trillion, a thousand times the
+/// largest context windows.
+pub const MOST_TOKENS: u64 = 1_000_000_000_000;
+
 fn add(a: Option<u64>, b: Option<u64>) -> Option<u64> {
     match (a, b) {
         (Some(a), Some(b)) => Some(a.saturating_add(b)),
         (a, b) => a.or(b),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_token_count_past_any_plausible_one_is_left_out() {
+        let exchange = |prompt, completion| Exchange {
+            usage: Some(Usage {
+                prompt_tokens: Some(prompt),
+                completion_tokens: Some(completion),
+                total_tokens: None,
+                cost: None,
+            }),
+            ..Default::default()
+        };
+        let turn = Turn {
+            exchanges: vec![exchange(u64::MAX, 3), exchange(20, 2)],
+            ..Default::default()
+        };
+        let usage = turn.usage().unwrap();
+        assert_eq!(usage.prompt_tokens, Some(20));
+        assert_eq!(usage.completion_tokens, Some(5));
+        // The first exchange's total is unknown (its prompt count was not one): the total
+        // is the second's.
+        assert_eq!(usage.total_tokens, Some(22));
     }
 }
