@@ -35,7 +35,21 @@ pub(super) fn script_hash(script: &str) -> String {
     )
 }
 
-/// A text block, clipped to [`MAX_TEXT_CHARS`].
+/// Characters of text one page shows in all, before each text is cut much shorter
+/// ([`MAX_TEXT_CHARS_PAST_BUDGET`]): 600 repetitions of three 100 KB replies, each cut to
+/// [`MAX_TEXT_CHARS`], made a 32 MB page that took 430 MB to write.
+const PAGE_TEXT_BUDGET: usize = 4_000_000;
+
+/// Longest text block once the page's budget is spent.
+const MAX_TEXT_CHARS_PAST_BUDGET: usize = 400;
+
+thread_local! {
+    /// Characters the page being built may still show in full ([`build`] sets it).
+    static TEXT_BUDGET: std::cell::Cell<usize> = const { std::cell::Cell::new(PAGE_TEXT_BUDGET) };
+}
+
+/// A text block, clipped to [`MAX_TEXT_CHARS`], and shorter once the page has shown
+/// [`PAGE_TEXT_BUDGET`] characters.
 #[derive(Serialize)]
 pub(crate) struct Text {
     text: String,
@@ -45,7 +59,14 @@ pub(crate) struct Text {
 
 impl Text {
     fn new(text: &str) -> Self {
-        let (shown, cut) = clip(text, MAX_TEXT_CHARS);
+        let left = TEXT_BUDGET.with(std::cell::Cell::get);
+        let max = if left == 0 {
+            MAX_TEXT_CHARS_PAST_BUDGET
+        } else {
+            MAX_TEXT_CHARS.min(left)
+        };
+        let (shown, cut) = clip(text, max);
+        TEXT_BUDGET.with(|b| b.set(left.saturating_sub(shown.chars().count())));
         Text {
             text: shown.to_owned(),
             cut,
@@ -1047,6 +1068,7 @@ impl Anchors {
 }
 
 pub(crate) fn build(page: &Page<'_>) -> PageView {
+    TEXT_BUDGET.with(|b| b.set(PAGE_TEXT_BUDGET));
     let info = page.info;
     let total = &page.tally.total;
     let interrupted = page.finished.is_some_and(|f| f.interrupted);
@@ -2082,6 +2104,23 @@ fn turn_view(turn: &TurnRecord, criteria: &[CriterionRecord], place: Option<Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_page_past_its_text_budget_shows_short_texts() {
+        TEXT_BUDGET.with(|b| b.set(PAGE_TEXT_BUDGET));
+        let big = "x".repeat(MAX_TEXT_CHARS * 2);
+        let mut shown = 0;
+        while TEXT_BUDGET.with(std::cell::Cell::get) > 0 {
+            let t = Text::new(&big);
+            assert!(t.text.len() <= MAX_TEXT_CHARS);
+            shown += t.text.len();
+        }
+        assert_eq!(shown, PAGE_TEXT_BUDGET);
+        let t = Text::new(&big);
+        assert_eq!(t.text.len(), MAX_TEXT_CHARS_PAST_BUDGET);
+        assert_eq!(t.cut, big.len() - MAX_TEXT_CHARS_PAST_BUDGET);
+        TEXT_BUDGET.with(|b| b.set(PAGE_TEXT_BUDGET));
+    }
 
     #[test]
     fn clips_on_character_boundaries() {
