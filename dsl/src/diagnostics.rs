@@ -74,6 +74,10 @@ pub enum Kind {
     /// A warning of `trellis check`: a template reads `env.NAME` and `NAME` is not set in the
     /// environment `check` runs in, so rendering it would fail at run time.
     UnsetEnv,
+    /// A warning of `trellis check`: a tool check names a tool, or a parameter, the suite
+    /// does not declare but is a typo away from one it does (`no-tool "aply_refund"` would
+    /// pass whatever the agent does).
+    UnknownTool,
     /// Nothing to load: a directory without `.kdl` files, or a file with no nodes at all.
     NoSuite,
 }
@@ -111,6 +115,7 @@ impl Kind {
             Kind::NotRunnable => "trellis::not_runnable",
             Kind::NoChecks => "trellis::no_checks",
             Kind::UnsetEnv => "trellis::unset_env",
+            Kind::UnknownTool => "trellis::unknown_tool",
             Kind::NoSuite => "trellis::no_suite",
         }
     }
@@ -148,7 +153,9 @@ impl Diagnostic {
             related: Vec::new(),
             severity: match kind {
                 Kind::Note => Severity::Advice,
-                Kind::NotRunnable | Kind::NoChecks | Kind::UnsetEnv => Severity::Warning,
+                Kind::NotRunnable | Kind::NoChecks | Kind::UnsetEnv | Kind::UnknownTool => {
+                    Severity::Warning
+                }
                 _ => Severity::Error,
             },
         }

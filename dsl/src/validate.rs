@@ -165,6 +165,7 @@ pub fn warnings(project: &Project, is_set: impl Fn(&str) -> bool) -> Vec<Diagnos
             .with_help("check the dataset's file and its `filter`, `sample` and `limit`"),
         );
     }
+    out.extend(tool_typos(project, &mut warned));
     let mut uses: Vec<(&str, Span, usize)> = Vec::new();
     let mut index: HashMap<&str, usize> = HashMap::new();
     for read in project.env_reads.iter().filter(|r| !is_set(&r.value)) {
@@ -1137,6 +1138,128 @@ fn first_call(steps: &[Step]) -> Option<Span> {
         StepKind::Fork(branches) => branches.iter().find_map(|b| first_call(&b.steps)),
         _ => None,
     })
+}
+
+/// Tool checks naming a tool, or a parameter of one, that the suite does not declare but
+/// that is a typo away from one it declares: `no-tool "aply_refund"` passes whatever the
+/// agent does, and `expect tool "refund" amout=20` fails against a correct agent. An
+/// undeclared name with nothing close is left alone (the agent's own tools are not the
+/// suite's to declare). Once per check as written, for instances of one scenario.
+fn tool_typos<'p>(project: &'p Project, warned: &mut HashSet<(Span, &'p str)>) -> Vec<Diagnostic> {
+    let mut out = Vec::new();
+    for (_, sc) in project.scenarios() {
+        let declared: Vec<&Tool> = sc.tools.iter().chain(&project.tools).collect();
+        if declared.is_empty() {
+            continue;
+        }
+        let names: Vec<&str> = declared.iter().map(|t| t.name.value.as_str()).collect();
+        let mut criteria: Vec<&Criterion> = sc.criteria.iter().chain(&sc.expect_tools).collect();
+        collect_expects(&sc.steps, &mut criteria);
+        for c in criteria {
+            if !warned.insert((c.span, "tool")) {
+                continue;
+            }
+            let (written, params): (
+                Vec<&str>,
+                Option<&serde_json::Map<String, serde_json::Value>>,
+            ) = match &c.kind {
+                CriterionKind::Tool { name, params, .. } => (vec![name.as_str()], Some(params)),
+                CriterionKind::NoTool { name: Some(name) } => (vec![name.as_str()], None),
+                CriterionKind::ToolsInOrder(list) => {
+                    (list.iter().map(String::as_str).collect(), None)
+                }
+                _ => continue,
+            };
+            for name in &written {
+                if names.contains(name) {
+                    continue;
+                }
+                if let Some(best) = typo_of(name, names.iter().copied()) {
+                    out.push(
+                        Diagnostic::at_span(
+                            Kind::UnknownTool,
+                            format!(
+                                "`{}` names a tool `{name}` the suite does not declare",
+                                c.text
+                            ),
+                            &project.files,
+                            c.span,
+                            "no such tool",
+                        )
+                        .with_help(format!(
+                            "did you mean `{best}`? A check on a tool no call can have passes \
+                             (`no-tool`) or fails (`tool`) whatever the agent does"
+                        )),
+                    );
+                }
+            }
+            let (Some(params), Some(tool)) = (
+                params,
+                written
+                    .first()
+                    .and_then(|n| declared.iter().find(|t| t.name.value == *n)),
+            ) else {
+                continue;
+            };
+            if tool.params.is_empty() {
+                continue;
+            }
+            let known: Vec<&str> = tool.params.iter().map(|p| p.name.as_str()).collect();
+            for key in params.keys().filter(|k| !known.contains(&k.as_str())) {
+                let help = match typo_of(key, known.iter().copied()) {
+                    Some(best) => format!("did you mean `{best}`?"),
+                    // `count=N` is the check's own: how many calls.
+                    None if typo_of(key, ["count"]).is_some() => {
+                        "did you mean `count=` (how many calls the check wants)?".to_owned()
+                    }
+                    None => format!("`{}` takes: {}", tool.name.value, known.join(", ")),
+                };
+                out.push(
+                    Diagnostic::at_span(
+                        Kind::UnknownTool,
+                        format!(
+                            "`{}` checks a parameter `{key}` that tool `{}` does not declare",
+                            c.text, tool.name.value
+                        ),
+                        &project.files,
+                        c.span,
+                        "no such parameter",
+                    )
+                    .with_help(help),
+                );
+            }
+        }
+    }
+    out
+}
+
+/// The declared name `word` is a typo of, when it is one: a few edits away (Damerau–
+/// Levenshtein, at most one per five characters, at least one). Stricter than
+/// [`did_you_mean`]: a warning on a name that may be the agent's own tool (`get_weather`
+/// beside a declared `get_order`) must be a near miss, not a likeness.
+fn typo_of<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    let most = (word.chars().count() / 5).max(1);
+    candidates
+        .into_iter()
+        .map(|c| (strsim::damerau_levenshtein(word, c), c))
+        .filter(|&(d, _)| d > 0 && d <= most)
+        .min_by_key(|&(d, _)| d)
+        .map(|(_, c)| c)
+}
+
+/// The criteria of every `expect` step, forks included.
+fn collect_expects<'s>(steps: &'s [Step], out: &mut Vec<&'s Criterion>) {
+    for step in steps {
+        match &step.kind {
+            StepKind::Expect(list) => out.extend(list),
+            StepKind::Fork(branches) => {
+                for b in branches {
+                    collect_expects(&b.steps, out);
+                }
+            }
+            _ => {}
+        }
+    }
 }
 
 fn collect_captures(steps: &[Step], out: &mut BTreeSet<String>) {

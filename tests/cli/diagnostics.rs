@@ -802,3 +802,44 @@ scenario "f" for-each="d" {
         assert!(said.contains(problem), "{problem}: {said}");
     }
 }
+
+/// A tool check that names a near miss of a declared tool, or a parameter the declared
+/// tool lacks, is a warning with the name it means (`no-tool "aply_refund"` passes whatever
+/// the agent does); a name nothing declared is close to is the agent's own tool, left
+/// alone; the example suites have none.
+#[tokio::test]
+async fn tool_checks_naming_near_misses_of_declared_tools_are_warned() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("s.kdl");
+    std::fs::write(
+        &suite,
+        r#"agent "s" protocol="multiagent" builtin="support"
+tool "apply_refund" {
+    param "order_id" required=#true
+    param "amount" type="number" required=#true
+}
+scenario "s" {
+    user "Refund $20 for order A-1001"
+    expect tool "apply_refund" amout=20 cont=1
+    expect tool "get_weather" city="Paris"
+    criteria { no-tool "aply_refund"; }
+}
+"#,
+    )
+    .unwrap();
+    let o = trellis().arg("check").arg(&suite).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let said = crate::flat(&stderr(&o));
+    for warning in [
+        "names a tool `aply_refund` the suite does not declare",
+        "did you mean `apply_refund`?",
+        "checks a parameter `amout` that tool `apply_refund` does not declare",
+        "did you mean `amount`?",
+        "did you mean `count=`",
+    ] {
+        assert!(said.contains(warning), "{warning}: {said}");
+    }
+    assert!(!said.contains("a tool `get_weather`"), "{said}");
+    let o = trellis().args(["check", "suites/"]).output().await.unwrap();
+    assert!(!stderr(&o).contains("unknown_tool"), "{}", stderr(&o));
+}
