@@ -843,3 +843,26 @@ scenario "s" {
     let o = trellis().args(["check", "suites/"]).output().await.unwrap();
     assert!(!stderr(&o).contains("unknown_tool"), "{}", stderr(&o));
 }
+
+/// KDL v1's forms (bare `false`/`null`, `r"…"` raw strings) say how v2 writes them, not
+/// only that an identifier was expected.
+#[tokio::test]
+async fn kdl_v1_forms_get_their_v2_spelling_as_the_hint() {
+    let dir = tempfile::tempdir().unwrap();
+    for (written, hint) in [
+        ("stream=false", "`false` is written `#false`"),
+        ("x=null", "`null` is written `#null`"),
+        (r#"matches=r"\d+""#, r##"a raw string is written #"…"#"##),
+    ] {
+        let suite = dir.path().join("s.kdl");
+        std::fs::write(
+            &suite,
+            format!("agent \"a\" protocol=\"connexity\" builtin=\"booking\"\nnode {written}\n"),
+        )
+        .unwrap();
+        let o = trellis().arg("check").arg(&suite).output().await.unwrap();
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        let said = crate::flat(&stderr(&o));
+        assert!(said.contains(hint), "{written}: {said}");
+    }
+}

@@ -732,8 +732,25 @@ pub(crate) fn syntax_diagnostics(
         let snippet = text
             .get(d.span.offset()..d.span.offset() + d.span.len())
             .unwrap_or("");
+        // KDL v1 wrote keywords bare and raw strings as r"…": in v2 these read as
+        // identifiers, and the parser says only that one was expected.
+        let rest = text.get(d.span.offset()..).unwrap_or("");
+        let word: String = rest
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '-' || *c == '_')
+            .collect();
+        let v1_raw = rest.starts_with("r\"") || rest.starts_with("r#");
         let help = if snippet.starts_with('"') && snippet.contains('\\') {
             "a backslash starts an escape in a quoted KDL string (`\\d` is not one); write regexes as raw strings: #\"\\d+\"#".to_string()
+        } else if matches!(word.as_str(), "true" | "false" | "null" | "inf" | "nan") {
+            format!(
+                "suite files are KDL v2, where `{word}` is written `#{word}` (KDL v1 wrote it \
+                 bare)"
+            )
+        } else if v1_raw {
+            "suite files are KDL v2, where a raw string is written #\"…\"# (KDL v1 wrote \
+             r\"…\"): matches=#\"\\d+\"#"
+                .to_string()
         } else {
             d.help
                 .unwrap_or_else(|| "suite files are KDL v2 documents (https://kdl.dev)".into())
