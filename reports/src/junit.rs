@@ -210,12 +210,27 @@ impl JunitBuilder {
             .map_err(|e| ReportError::io("write", Path::new("junit.xml (spill file)"), e))
     }
 
-    /// Writes `path.partial` and moves it into place once complete.
-    pub(crate) fn write(self, path: &Path) -> Result<(), ReportError> {
+    /// Writes `path.partial` and moves it into place once complete. `incomplete` says why
+    /// the run did not cover its plan, when it did not: written as a test case in error of
+    /// its own (suite `trellis`), so that a CI reading only JUnit does not show green what
+    /// was never run.
+    pub(crate) fn write(self, path: &Path, incomplete: Option<&str>) -> Result<(), ReportError> {
         let io_err = |e| ReportError::io("write", path, e);
         let (staged, file) = Staged::create(path)?;
         let mut out = BufWriter::new(file);
         let mut suites = self.suites;
+        if let Some(why) = incomplete {
+            let mut run = SuitePart::new("trellis");
+            run.counts.tests = 1;
+            run.counts.errors = 1;
+            run.append(&format!(
+                "    <testcase name=\"the run covers its plan\" classname=\"trellis\" \
+                 time=\"0.000\">\n      <error message=\"{}\"/>\n    </testcase>\n",
+                escape(why)
+            ))
+            .map_err(io_err)?;
+            suites.push(run);
+        }
         for suite in &mut suites {
             if let Some((start, end)) = suite.span {
                 suite.counts.seconds = seconds(end - start);

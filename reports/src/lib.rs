@@ -540,9 +540,22 @@ impl Pages<'_> {
         html_path: &Path,
     ) -> (Vec<(PathBuf, ReportError)>, Option<String>) {
         let mut not_written = Vec::new();
+        let planned = self.info.planned_trajectories;
+        let recorded = self.tally.total.total();
+        let incomplete = match self.finished {
+            None => Some(format!(
+                "the run never reached its end: {recorded} of {planned} planned trajectories \
+                 recorded (`trellis run --resume` finishes it)"
+            )),
+            Some(f) if f.interrupted || recorded < planned => Some(format!(
+                "the run was stopped before its work was done: {recorded} of {planned} \
+                 planned trajectories recorded (`trellis run --resume` finishes it)"
+            )),
+            Some(_) => None,
+        };
         if let Err(e) = self
             .junit_failed
-            .map_or_else(|| self.junit.write(junit_path), Err)
+            .map_or_else(|| self.junit.write(junit_path, incomplete.as_deref()), Err)
         {
             not_written.push((junit_path.to_path_buf(), e));
         }

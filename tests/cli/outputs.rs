@@ -250,6 +250,21 @@ async fn sigterm_stops_the_run_and_reports_what_finished() {
     assert_complete(&out, 1);
     let t = read_parquet(&out.join("trajectories.parquet"));
     assert_eq!(strings(&t, "scenario"), [Some("quick".to_string())]);
+    // A CI that reads only JUnit sees the run was cut short: one test case in error says so.
+    let junit = std::fs::read_to_string(out.join("junit.xml")).unwrap();
+    assert!(
+        junit.contains(r#"<testcase name="the run covers its plan" classname="trellis""#)
+            && junit.contains("1 of 2 planned trajectories recorded"),
+        "{junit}"
+    );
+    let totals = junit
+        .lines()
+        .find(|l| l.starts_with("<testsuites"))
+        .unwrap();
+    assert!(
+        totals.contains(r#"tests="2""#) && totals.contains(r#"errors="1""#),
+        "{totals}"
+    );
     assert_eq!(stuck.requests.load(Ordering::SeqCst), 1);
 }
 
