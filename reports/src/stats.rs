@@ -393,12 +393,21 @@ pub struct RunStats {
 impl RunStats {
     /// Replays `dir/journal.jsonl`.
     pub fn from_run_dir(dir: &Path) -> Result<RunStats, ReportError> {
-        let mut journal = JournalReader::open(&trellis_journal::path_in(dir))?;
-        let mut builder = StatsBuilder::default();
-        while let Some(entry) = journal.next_entry()? {
-            builder.push(&entry);
+        let path = trellis_journal::path_in(dir);
+        let mut journal = JournalReader::open(&path)?;
+        // A journal that does not start with its run (damaged, or not a journal) is not a
+        // run of nothing: compared as one, it read "0 of 0 planned trajectories".
+        match journal.next_entry()? {
+            Some(entry @ JournalEntry::RunStarted(_)) => {
+                let mut builder = StatsBuilder::default();
+                builder.push(&entry);
+                while let Some(entry) = journal.next_entry()? {
+                    builder.push(&entry);
+                }
+                Ok(builder.finish())
+            }
+            _ => Err(ReportError::MissingRunStarted { path }),
         }
-        Ok(builder.finish())
     }
 
     /// One agent's share of the run in `dir` (its nodes and trajectories replayed alone, so

@@ -1456,3 +1456,42 @@ async fn the_gate_fails_a_run_that_checked_nothing_and_a_new_failure() {
     let o = run("again", up, Some("base")).await;
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
 }
+
+/// A run whose journal cannot be read (and no summary.json to read instead) is refused by
+/// `compare`, as by `report`, instead of compared as a run of "0 of 0 planned trajectories".
+#[tokio::test]
+async fn compare_refuses_a_run_whose_journal_cannot_be_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let runs = dir.path().join("runs");
+    let o = trellis()
+        .args([
+            "run",
+            "suites/booking.kdl",
+            "--filter",
+            "price-first",
+            "-q",
+            "--out",
+        ])
+        .arg(runs.join("base"))
+        .output()
+        .await
+        .unwrap();
+    assert!(matches!(o.status.code(), Some(0 | 1)), "{}", stderr(&o));
+    let damaged = runs.join("damaged");
+    std::fs::create_dir_all(&damaged).unwrap();
+    std::fs::copy(runs.join("base/run.json"), damaged.join("run.json")).unwrap();
+    std::fs::write(damaged.join("journal.jsonl.zst"), b"not a journal at all").unwrap();
+    let o = trellis()
+        .arg("compare")
+        .arg(runs.join("base"))
+        .arg(&damaged)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}{}", stdout(&o), stderr(&o));
+    assert!(
+        stderr(&o).contains("no `run_started` entry"),
+        "{}",
+        stderr(&o)
+    );
+}
