@@ -851,11 +851,20 @@ impl Console {
                 s.duration_ms / 1000.0
             );
         }
-        if self.llm.calls > 0 {
-            let llm = &self.llm;
+        // The engine's own calls (a model under test, `openai`/`anthropic` agents, is the
+        // `agent` role of the line below), each counted once where it was made: the run's
+        // role totals. The trajectories' records count a shared prefix's calls in each of
+        // its branches, so their sum is the fallback of a run that did not say.
+        let from_roles = summary.filter(|s| !s.llm_roles.is_empty()).map(|s| {
+            let mut engine = trellis_engine::llm::LlmUsage::default();
+            for (_, usage) in s.llm_roles.iter().filter(|(role, _)| *role != "agent") {
+                engine.merge(usage);
+            }
+            engine
+        });
+        let llm = from_roles.as_ref().unwrap_or(&self.llm);
+        if llm.calls > 0 {
             outln!(
-                // The engine's own calls, from the trajectories' records: a model under
-                // test (`openai`/`anthropic` agents) is in the `agent` role of the line below.
                 "LLM (judges, simulated users, attackers, Fixie's LLM): {}, {} tokens in, {} \
                  out{}{}",
                 count(llm.calls, "call", "calls"),
@@ -871,8 +880,7 @@ impl Console {
                 }
             );
         }
-        // Each call once, where it was made (the line above sums trajectories, so a shared
-        // prefix's calls count in each branch).
+        // Each call once, by role.
         if let Some(s) = summary
             && !s.llm_roles.is_empty()
         {

@@ -475,3 +475,55 @@ scenario "greet" {{
         "{said}"
     );
 }
+
+/// A judged check in a shared prefix is one call, however many branches share it: the
+/// console's engine-calls line counts each call once, as the endpoint sees them and as the
+/// per-role line does (it summed the trajectories' records, a call per branch).
+#[tokio::test]
+async fn the_console_counts_a_shared_prefixs_judge_call_once() {
+    let pass = r#"{"score": 1, "label": "pass", "justification": "ok"}"#;
+    let fake = FakeLlm::start(vec![Rule::otherwise([Reply::text(pass)])]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("shared.kdl");
+    std::fs::write(
+        &suite,
+        format!(
+            r#"
+agent "demo" protocol="connexity" builtin="booking"
+provider "fake" kind="openai" base-url="{}" model="judge-m" api-key-env="FAKE_KEY"
+judge "main" provider="fake"
+scenario "greet" {{
+    user "Hi, I'd like to book a duct cleaning."
+    expect judge "the agent is polite"
+    branch "a" {{
+        user "It's V4T 0A7."
+        expect no-error
+    }}
+    branch "b" {{
+        user "Never mind."
+        expect no-error
+    }}
+}}
+"#,
+            fake.base_url()
+        ),
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("run")
+        .arg(&suite)
+        .arg("--out")
+        .arg(dir.path().join("out"))
+        .env("FAKE_KEY", "k")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert_eq!(fake.calls(), 1);
+    let line = stdout(&o)
+        .lines()
+        .find(|l| l.starts_with("LLM (judges"))
+        .map(str::to_owned)
+        .unwrap_or_else(|| panic!("{}", stdout(&o)));
+    assert!(line.contains(": 1 call,"), "{line}");
+}
