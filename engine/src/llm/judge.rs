@@ -565,25 +565,30 @@ fn number(v: Option<&Value>) -> Option<f64> {
     .filter(|n: &f64| n.is_finite())
 }
 
-/// The first JSON object in `text`: the whole text, a fenced block, or from the first `{` to
-/// the last `}`.
+/// The JSON object `text` answers with: the whole text, else the one object written in it
+/// (fenced or not). Two different objects are no answer (a fenced `{"score": 0.2}` then
+/// "Actually {"score": 0.95}"): which one the judge meant is not for the parser to guess.
 pub(crate) fn json_object(text: &str) -> Option<Map<String, Value>> {
-    let candidates = [
-        Some(text.trim()),
-        text.split("```")
-            .nth(1)
-            .map(|block| block.trim_start_matches("json").trim()),
-        text.find('{')
-            .zip(text.rfind('}'))
-            .and_then(|(a, b)| text.get(a..=b)),
-    ];
-    candidates
-        .into_iter()
-        .flatten()
-        .find_map(|c| match serde_json::from_str::<Value>(c) {
-            Ok(Value::Object(o)) => Some(o),
-            _ => None,
-        })
+    if let Ok(Value::Object(o)) = serde_json::from_str::<Value>(text.trim()) {
+        return Some(o);
+    }
+    let mut found: Option<Map<String, Value>> = None;
+    let mut at = 0;
+    while let Some(offset) = text.get(at..).and_then(|rest| rest.find('{')) {
+        let start = at + offset;
+        let mut values = serde_json::Deserializer::from_str(&text[start..]).into_iter::<Value>();
+        match values.next() {
+            Some(Ok(Value::Object(o))) => {
+                match &found {
+                    Some(first) if *first != o => return None,
+                    _ => found = Some(o),
+                }
+                at = start + values.byte_offset().max(1);
+            }
+            _ => at = start + 1,
+        }
+    }
+    found
 }
 
 /// `key: value` lines, keys lower-cased.
@@ -604,6 +609,21 @@ pub(crate) fn key_lines(text: &str) -> std::collections::HashMap<String, String>
 mod tests {
     use super::*;
     use crate::record::ToolCallRecord;
+
+    #[test]
+    fn two_different_answers_in_one_text_are_no_answer() {
+        let generic = Rubric::from_setting(None);
+        let changed_mind = "```json\n{\"score\": 0.2, \"label\": \"fail\"}\n```\nActually \
+                            {\"score\": 0.95, \"label\": \"pass\"}";
+        assert!(parse_answer(&generic, changed_mind).is_err());
+        // The same object twice (fenced, then repeated) is one answer; an object inside
+        // another's string or value is part of it.
+        let repeated = "```json\n{\"score\": 1, \"label\": \"pass\"}\n```\n\
+                        {\"score\": 1, \"label\": \"pass\"}";
+        assert_eq!(parse_answer(&generic, repeated).unwrap().score, 1.0);
+        let nested = r#"Verdict: {"score": 0.5, "label": "partial", "justification": "it sent {\"a\": 1}", "extra": {"b": 2}}"#;
+        assert_eq!(parse_answer(&generic, nested).unwrap().score, 0.5);
+    }
 
     #[test]
     fn answers_are_found_in_json_fences_and_lines_and_garbage_is_refused() {
