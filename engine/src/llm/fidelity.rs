@@ -196,7 +196,12 @@ pub fn parse(text: &str) -> Result<(bool, Option<String>), String> {
         return Ok((broke, lines.get("reason").cloned()));
     }
     let first = text.split_whitespace().next().unwrap_or("");
-    if let Some(broke) = word(first) {
+    // "No, yes." says both: which one is not for the parser to guess.
+    let both = {
+        let said: Vec<bool> = text.split_whitespace().filter_map(word).collect();
+        said.contains(&true) && said.contains(&false)
+    };
+    if let Some(broke) = word(first).filter(|_| !both) {
         let rest = text.trim()[first.len()..].trim();
         let rest = rest.trim_start_matches([',', '.', ':', '-', ' ']).trim();
         return Ok((broke, (!rest.is_empty()).then(|| rest.to_owned())));
@@ -299,6 +304,9 @@ mod tests {
             Ok((false, Some("it stayed in character.".into())))
         );
         assert!(parse("I think the agent did fine").is_err());
+        // Both ways at once is no answer.
+        assert!(parse("No, yes.").is_err());
+        assert!(parse("Yes. No wait, no.").is_err());
     }
 
     #[test]
