@@ -329,6 +329,36 @@ pub struct ScenarioStats {
     pub skip_reason: Option<String>,
 }
 
+/// The position, among the `nodes` nodes of failed or errored trajectory `t`'s path, of the
+/// node where it first went wrong: that of its earliest failed check (`node_of_turn` places
+/// a turn; a trajectory-level check belongs to the last node), or the last node reached
+/// for a fault (a fault stops the walk where it happened), whichever comes first. The one
+/// rule of summary.json's `nodes` and the report's tree (crate::html::outline).
+pub(crate) fn failure_position(
+    t: &TrajectoryRecord,
+    nodes: usize,
+    node_of_turn: impl Fn(u32) -> Option<usize>,
+) -> Option<usize> {
+    if !matches!(t.status, TrajectoryStatus::Failed | TrajectoryStatus::Error) {
+        return None;
+    }
+    let last = nodes.checked_sub(1)?;
+    let earliest_check = t
+        .criteria
+        .iter()
+        .filter(|c| c.status == CriterionStatus::Failed)
+        .map(|c| c.turn_index.and_then(&node_of_turn).unwrap_or(last))
+        .min();
+    let fault = t.fault.is_some().then_some(last);
+    Some(
+        [earliest_check, fault]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(last),
+    )
+}
+
 /// One node of a scenario's trajectory tree for one agent. Each trajectory that reached the
 /// node is counted once: it either got through it (`passed`), failed at it (`failed_here`:
 /// its first failing check, fault or stop is on this node) or had already failed at a node
@@ -772,30 +802,14 @@ impl StatsBuilder {
         if !matches!(t.status, TrajectoryStatus::Failed | TrajectoryStatus::Error) {
             return None;
         }
-        let last = nodes.len().checked_sub(1)?;
-        let node_of_turn = |turn: u32| {
+        failure_position(t, nodes.len(), |turn| {
             nodes.iter().position(|node| {
                 self.nodes
                     .get(&(suite.clone(), scenario.clone(), agent.clone(), node.clone()))
                     .and_then(|acc| acc.turns.get(t.repetition))
                     .is_some_and(|(low, high)| (low..=high).contains(&turn))
             })
-        };
-        let earliest_check = t
-            .criteria
-            .iter()
-            .filter(|c| c.status == CriterionStatus::Failed)
-            .map(|c| c.turn_index.and_then(node_of_turn).unwrap_or(last))
-            .min();
-        // A fault stops the walk on the node it happened in: the last one reached.
-        let fault = t.fault.is_some().then_some(last);
-        Some(
-            [earliest_check, fault]
-                .into_iter()
-                .flatten()
-                .min()
-                .unwrap_or(last),
-        )
+        })
     }
 
     pub fn finish(self) -> RunStats {

@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use trellis_records::{CriterionStatus, NodeRecord, TrajectoryRecord, TrajectoryStatus};
+use trellis_records::{NodeRecord, TrajectoryRecord, TrajectoryStatus};
 
 /// Repetitions drawn as chips per trajectory and agent; past this, only those that did not
 /// pass are drawn (this many at most) and the rest are counted.
@@ -177,34 +177,18 @@ impl Outline {
     }
 }
 
-/// Where a failed or errored trajectory first went wrong: the earliest node of a failed
-/// check (a trajectory-level check belongs to the last node) or of its fault (the last node
-/// reached), as crate::stats places it.
+/// Where a failed or errored trajectory first went wrong, by the rule summary.json counts
+/// nodes with ([`crate::stats::failure_position`]), turns placed by the first repetition
+/// recorded.
 pub(crate) fn failure_node(outline: &ScenarioOutline, t: &TrajectoryRecord) -> Option<String> {
-    if !matches!(t.status, TrajectoryStatus::Failed | TrajectoryStatus::Error) {
-        return None;
-    }
-    let last = t.nodes.len().checked_sub(1)?;
-    let node_of_turn = |turn: u32| {
+    let at = crate::stats::failure_position(t, t.nodes.len(), |turn| {
         t.nodes.iter().position(|node| {
             outline
                 .turns
                 .get(&(t.agent.clone(), node.clone()))
                 .is_some_and(|&(first, last)| first <= turn && turn <= last)
         })
-    };
-    let earliest_check = t
-        .criteria
-        .iter()
-        .filter(|c| c.status == CriterionStatus::Failed)
-        .map(|c| c.turn_index.and_then(node_of_turn).unwrap_or(last))
-        .min();
-    let fault = t.fault.is_some().then_some(last);
-    let at = [earliest_check, fault]
-        .into_iter()
-        .flatten()
-        .min()
-        .unwrap_or(last);
+    })?;
     t.nodes.get(at).cloned()
 }
 
