@@ -1203,7 +1203,7 @@ impl PlannedSettings for NoModule {
 /// scenario's scope before any capture: the judge reads `{{ user_context.day }}` as
 /// `Tuesday`. A text that reads a capture cannot render before the run and stays as
 /// written (an outcome's own check renders it at the trajectory's end).
-fn judge_texts_rendered(
+pub(crate) fn judge_texts_rendered(
     sc: &Arc<Scenario>,
     templates: &Templates,
     scope: &ScenarioScope,

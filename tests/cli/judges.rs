@@ -454,6 +454,35 @@ scenario "greet" {{
         assert!(sent.contains(rendered), "{rendered} not in: {sent}");
     }
     assert!(!sent.contains("{{"), "a template reached the judge: {sent}");
+    // Re-scored later, the statements reach the judge rendered again, each found by the
+    // text the run recorded.
+    let before = fake.calls();
+    let o = trellis()
+        .arg("rejudge")
+        .arg(dir.path().join("out"))
+        .arg(&good)
+        .arg("--out")
+        .arg(dir.path().join("rejudged"))
+        .env("FAKE_KEY", "k")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let again: String = fake.seen()[before..]
+        .iter()
+        .map(|r| r.body.to_string())
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert_eq!(fake.calls() - before, 3, "{}", stdout(&o));
+    assert!(again.contains("EXPECT-JUDGE greets on Tuesday"), "{again}");
+    assert!(
+        again.contains("CRITERIA-OUTCOME it asked for the postal code"),
+        "{again}"
+    );
+    assert!(
+        !again.contains("{{"),
+        "a template reached the judge: {again}"
+    );
     // The record keeps the statement as written: the same check in every run.
     let c = read_parquet(&dir.path().join("out/criteria.parquet"));
     assert!(

@@ -185,6 +185,23 @@ async fn rejudge_one(
             turns.extend(n.turns.iter().cloned());
         }
     }
+    // Statements written as templates are read by the judge rendered, as in the run: the
+    // scenario's outcomes when the run was planned (so they are found by the text the run
+    // recorded), the rest in the trajectory's scope with the captures it recorded.
+    let env = crate::render::snapshot_env();
+    let templates = crate::render::Templates::new(Arc::clone(&env));
+    let persona = match &scenario.persona {
+        Some(trellis_dsl::PersonaRef::Named(id)) => project
+            .personas
+            .iter()
+            .find(|p| p.id.value == id.value)
+            .map(|p| Arc::new(p.clone())),
+        Some(trellis_dsl::PersonaRef::Inline(p)) => Some(Arc::new(trellis_dsl::Persona::clone(p))),
+        None => None,
+    };
+    let scenario = Arc::new(scenario.clone());
+    let scope = crate::render::ScenarioScope::new(Arc::clone(&scenario), persona, &env);
+    let scenario = &*crate::plan::judge_texts_rendered(&scenario, &templates, &scope);
     let judged = judged_criteria(scenario);
     let mut criteria = std::mem::take(&mut t.criteria);
     for record in &mut criteria {
@@ -207,10 +224,42 @@ async fn rejudge_one(
                 .map_or(turns.len(), |p| p + 1),
             None => turns.len(),
         };
+        let statement = match kind {
+            CriterionKind::Judge { criterion, .. } => Some(criterion),
+            CriterionKind::Outcome(Outcome::Statement(statement)) => Some(statement),
+            _ => None,
+        };
+        let rendered = match statement.filter(|s| s.contains("{{") || s.contains("{%")) {
+            None => Ok(std::borrow::Cow::Borrowed(kind)),
+            Some(statement) => templates
+                .render_source(statement, || scope.with_vars(&t.captures))
+                .map(|text| {
+                    let mut kind = kind.clone();
+                    match &mut kind {
+                        CriterionKind::Judge { criterion, .. } => *criterion = text,
+                        CriterionKind::Outcome(Outcome::Statement(s)) => *s = text,
+                        _ => {}
+                    }
+                    std::borrow::Cow::Owned(kind)
+                }),
+        };
+        let kind = match rendered {
+            Ok(kind) => kind,
+            Err(e) => {
+                counts.rejudged += 1;
+                *record = crate::record::CriterionRecord {
+                    status: crate::record::CriterionStatus::Error,
+                    detail: Some(format!("the judge statement could not be rendered: {e}")),
+                    judge: None,
+                    ..record.clone()
+                };
+                continue;
+            }
+        };
         let fresh = runtime
             .judge(JudgeTask {
                 criterion_text: text,
-                kind,
+                kind: &kind,
                 scenario,
                 turns: turns.get(..upto).unwrap_or(&turns),
                 turn_index: record.turn_index,
