@@ -493,7 +493,7 @@ impl Plan {
             let mut tags = suite.tags.clone();
             tags.extend(sc.tags.iter().cloned());
             let scope = ScenarioScope::new(Arc::clone(sc), persona, &env);
-            let scenario = judge_texts_rendered(sc, &templates, &scope);
+            let scenario = crate::render::judge_texts_rendered(sc, &templates, &scope);
             let planned = PlannedScenario {
                 suite: Arc::from(suite.name.as_str()),
                 scope,
@@ -1196,43 +1196,4 @@ impl PlannedSettings for NoModule {
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
-}
-
-/// `sc` with the texts every judge of it reads (its `outcome "…"` statements, listed in each
-/// judge's prompt, and its `criteria-override`) rendered when they are templates, in the
-/// scenario's scope before any capture: the judge reads `{{ user_context.day }}` as
-/// `Tuesday`. A text that reads a capture cannot render before the run and stays as
-/// written (an outcome's own check renders it at the trajectory's end).
-pub(crate) fn judge_texts_rendered(
-    sc: &Arc<Scenario>,
-    templates: &Templates,
-    scope: &ScenarioScope,
-) -> Arc<Scenario> {
-    let is_template = |text: &str| text.contains("{{") || text.contains("{%");
-    let outcome_templates = sc
-        .outcomes
-        .iter()
-        .any(|o| matches!(&o.value, trellis_dsl::Outcome::Statement(s) if is_template(s)));
-    let override_template = sc.criteria_override.as_deref().is_some_and(is_template);
-    if !outcome_templates && !override_template {
-        return Arc::clone(sc);
-    }
-    let render = |text: &str| {
-        templates
-            .render_source(text, || scope.with_vars(&std::collections::BTreeMap::new()))
-            .ok()
-    };
-    let mut rendered = Scenario::clone(sc);
-    for outcome in &mut rendered.outcomes {
-        if let trellis_dsl::Outcome::Statement(statement) = &mut outcome.value
-            && is_template(statement)
-            && let Some(text) = render(statement)
-        {
-            *statement = text;
-        }
-    }
-    if let Some(text) = rendered.criteria_override.as_deref().and_then(render) {
-        rendered.criteria_override = Some(text);
-    }
-    Arc::new(rendered)
 }

@@ -201,7 +201,7 @@ async fn rejudge_one(
     };
     let scenario = Arc::new(scenario.clone());
     let scope = crate::render::ScenarioScope::new(Arc::clone(&scenario), persona, &env);
-    let scenario = &*crate::plan::judge_texts_rendered(&scenario, &templates, &scope);
+    let scenario = &*crate::render::judge_texts_rendered(&scenario, &templates, &scope);
     let judged = judged_criteria(scenario);
     let mut criteria = std::mem::take(&mut t.criteria);
     for record in &mut criteria {
