@@ -866,3 +866,26 @@ async fn kdl_v1_forms_get_their_v2_spelling_as_the_hint() {
         assert!(said.contains(hint), "{written}: {said}");
     }
 }
+
+/// A timeout of zero ends every call (or the trajectory) before it starts: an error at its
+/// place, not a run of errors.
+#[tokio::test]
+async fn a_timeout_of_zero_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("s.kdl");
+    std::fs::write(
+        &suite,
+        "agent \"demo\" protocol=\"connexity\" builtin=\"booking\" timeout=\"0s\"\n\
+         scenario \"s\" {\n    timeout \"0ms\"\n    user \"Hi\"\n    expect no-error\n}\n",
+    )
+    .unwrap();
+    let o = trellis().arg("check").arg(&suite).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let said = crate::flat(&stderr(&o));
+    assert!(
+        said.contains("2 errors")
+            && said.contains("a timeout of zero")
+            && said.contains("s.kdl:3:13"),
+        "{said}"
+    );
+}

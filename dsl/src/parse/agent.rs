@@ -88,7 +88,7 @@ impl Decoder<'_> {
             Self::template,
             |t| &t.source,
         );
-        let timeout = s.value("timeout").and_then(|e| self.duration(e));
+        let timeout = s.value("timeout").and_then(|e| self.timeout(e));
         let retries = s.value("retries").and_then(|e| self.u32(e, 0)).unwrap_or(0);
         let concurrency = s
             .value("concurrency")

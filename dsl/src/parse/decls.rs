@@ -144,7 +144,7 @@ impl<'f> Decoder<'f> {
             Self::string,
             String::as_str,
         );
-        let timeout = s.value("timeout").and_then(|e| self.duration(e));
+        let timeout = s.value("timeout").and_then(|e| self.timeout(e));
         let retries = s.value("retries").and_then(|e| self.u32(e, 0));
         let concurrency = s
             .value("concurrency")

@@ -191,7 +191,7 @@ impl<'f> Decoder<'f> {
                 "timeout" => {
                     sc.timeout = self
                         .single(&cv, spec, "timeout \"2m\"")
-                        .and_then(|e| self.duration(e))
+                        .and_then(|e| self.timeout(e))
                 }
                 "simulator" => scenario_simulator = self.nested_simulator(&cv),
                 "first-turn" => {

@@ -280,6 +280,25 @@ impl<'f> Decoder<'f> {
         }
     }
 
+    /// A `timeout`: a duration longer than zero (`"0s"` would end every call, or the whole
+    /// trajectory, before it started: every one an error at run time).
+    pub(super) fn timeout(&mut self, e: &KdlEntry) -> Option<Duration> {
+        let d = self.duration(e)?;
+        if d.is_zero() {
+            let diag = self
+                .diag(
+                    Kind::OutOfRange,
+                    "a timeout of zero",
+                    value_span(e),
+                    "ends everything before it starts",
+                )
+                .with_help("give the time a call (or the trajectory) may take, e.g. \"30s\"");
+            self.report(diag);
+            return None;
+        }
+        Some(d)
+    }
+
     pub(super) fn size(&mut self, e: &KdlEntry) -> Option<u64> {
         let s = match e.value() {
             KdlValue::Integer(_) => return self.u64(e, 1),
