@@ -119,13 +119,10 @@ pub fn judged_kind<'c>(
         return Ok(std::borrow::Cow::Borrowed(&planned.criterion.kind));
     };
     let text = templates.render(template, ctx)?;
-    let mut kind = planned.criterion.kind.clone();
-    match &mut kind {
-        CriterionKind::Judge { criterion, .. } => *criterion = text,
-        CriterionKind::Outcome(trellis_dsl::Outcome::Statement(statement)) => *statement = text,
-        _ => {}
-    }
-    Ok(std::borrow::Cow::Owned(kind))
+    Ok(std::borrow::Cow::Owned(crate::render::with_statement(
+        &planned.criterion.kind,
+        text,
+    )))
 }
 
 /// The record of a judged check whose statement could not be rendered: an error of the
@@ -140,9 +137,7 @@ pub fn unrendered_statement(
         criterion: criterion.text.clone(),
         kind: criterion.kind.name().to_string(),
         status: CriterionStatus::Error,
-        detail: Some(format!(
-            "the judge statement could not be rendered: {error}"
-        )),
+        detail: Some(crate::render::unrendered_detail(error)),
         judge: None,
     }
 }

@@ -19,7 +19,7 @@ use std::sync::{Arc, OnceLock};
 
 use minijinja::value::{Object, Serde, Value};
 use minijinja::{Environment, UndefinedBehavior};
-use trellis_dsl::{Persona, Scenario, Template};
+use trellis_dsl::{CriterionKind, Persona, Scenario, Template};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RenderError {
@@ -429,6 +429,43 @@ pub fn judge_texts_rendered(
         rendered.criteria_override = Some(text);
     }
     Arc::new(rendered)
+}
+
+/// `kind`, a judged criterion, with its statement rendered by `render` when it is written
+/// as a template; borrowed as written otherwise. For statements not compiled into a plan:
+/// a scenario's own `outcome`s and a rejudged run's checks.
+pub fn statement_rendered<'k>(
+    kind: &'k CriterionKind,
+    render: impl FnOnce(&str) -> Result<String, RenderError>,
+) -> Result<std::borrow::Cow<'k, CriterionKind>, RenderError> {
+    let statement = match kind {
+        CriterionKind::Judge { criterion, .. } => criterion,
+        CriterionKind::Outcome(trellis_dsl::Outcome::Statement(statement)) => statement,
+        _ => return Ok(std::borrow::Cow::Borrowed(kind)),
+    };
+    if !trellis_dsl::template::is_template(statement) {
+        return Ok(std::borrow::Cow::Borrowed(kind));
+    }
+    Ok(std::borrow::Cow::Owned(with_statement(
+        kind,
+        render(statement)?,
+    )))
+}
+
+/// `kind` with `text` as its judged statement.
+pub fn with_statement(kind: &CriterionKind, text: String) -> CriterionKind {
+    let mut kind = kind.clone();
+    match &mut kind {
+        CriterionKind::Judge { criterion, .. } => *criterion = text,
+        CriterionKind::Outcome(trellis_dsl::Outcome::Statement(statement)) => *statement = text,
+        _ => {}
+    }
+    kind
+}
+
+/// Why a judged check was not judged when its statement could not be rendered.
+pub fn unrendered_detail(error: &RenderError) -> String {
+    format!("the judge statement could not be rendered: {error}")
 }
 
 #[cfg(test)]

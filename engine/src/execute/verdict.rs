@@ -210,22 +210,20 @@ impl Unit<'_> {
                 None => {
                     // A statement written as a template is read by the judge rendered, in
                     // the trajectory's scope at its end.
-                    let rendered = match &outcome.value {
-                        trellis_dsl::Outcome::Statement(statement) => self
-                            .shared
+                    let kind = CriterionKind::Outcome(outcome.value.clone());
+                    let rendered = crate::render::statement_rendered(&kind, |statement| {
+                        self.shared
                             .plan
                             .templates
                             .render_source(statement, || self.scenario.scope.with_vars(&state.vars))
-                            .map(|s| CriterionKind::Outcome(trellis_dsl::Outcome::Statement(s))),
-                        labeled => Ok(CriterionKind::Outcome(labeled.clone())),
-                    };
+                    });
                     match rendered {
                         Err(e) => CriterionRecord {
                             turn_index: None,
                             criterion: text,
                             kind: "outcome".into(),
                             status: CriterionStatus::Error,
-                            detail: Some(format!("the judge statement could not be rendered: {e}")),
+                            detail: Some(crate::render::unrendered_detail(&e)),
                             judge: None,
                         },
                         Ok(kind) => {

@@ -224,32 +224,16 @@ async fn rejudge_one(
                 .map_or(turns.len(), |p| p + 1),
             None => turns.len(),
         };
-        let statement = match kind {
-            CriterionKind::Judge { criterion, .. } => Some(criterion),
-            CriterionKind::Outcome(Outcome::Statement(statement)) => Some(statement),
-            _ => None,
-        };
-        let rendered = match statement.filter(|s| s.contains("{{") || s.contains("{%")) {
-            None => Ok(std::borrow::Cow::Borrowed(kind)),
-            Some(statement) => templates
-                .render_source(statement, || scope.with_vars(&t.captures))
-                .map(|text| {
-                    let mut kind = kind.clone();
-                    match &mut kind {
-                        CriterionKind::Judge { criterion, .. } => *criterion = text,
-                        CriterionKind::Outcome(Outcome::Statement(s)) => *s = text,
-                        _ => {}
-                    }
-                    std::borrow::Cow::Owned(kind)
-                }),
-        };
+        let rendered = crate::render::statement_rendered(kind, |statement| {
+            templates.render_source(statement, || scope.with_vars(&t.captures))
+        });
         let kind = match rendered {
             Ok(kind) => kind,
             Err(e) => {
                 counts.rejudged += 1;
                 *record = crate::record::CriterionRecord {
                     status: crate::record::CriterionStatus::Error,
-                    detail: Some(format!("the judge statement could not be rendered: {e}")),
+                    detail: Some(crate::render::unrendered_detail(&e)),
                     judge: None,
                     ..record.clone()
                 };
