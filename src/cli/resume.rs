@@ -213,7 +213,12 @@ fn runs_again_whole(path: &Path) -> Result<HashSet<u128>, journal::JournalError>
     let mut reader = JournalReader::open(path)?;
     let mut keys = HashSet::new();
     while let Some(line) = reader.next_line()? {
-        if !line.starts_with(br#"{"trajectory":"#) {
+        // Parsed only when it can hold an attack or a check a stop left: most lines are
+        // passed over without reading their JSON.
+        let may_run_again = line.starts_with(br#"{"trajectory":"#)
+            && std::str::from_utf8(line)
+                .is_ok_and(|l| l.contains(r#""attack":"#) || l.contains("not checked: "));
+        if !may_run_again {
             continue;
         }
         if let Ok(JournalEntry::Trajectory(t)) = journal::parse_line(line)
