@@ -421,6 +421,38 @@ async fn a_journal_that_cannot_be_written_still_leaves_every_other_file() {
 }
 
 #[tokio::test]
+async fn a_results_file_that_cannot_be_written_leaves_no_partial_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    // The report is written under `report.html.partial` first: on /dev/full every write of
+    // it fails with ENOSPC, as on a full disk.
+    std::os::unix::fs::symlink("/dev/full", out.join("report.html.partial")).unwrap();
+    let o = trellis()
+        .args(["run", "suites/", "--filter", "price-first", "--out"])
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(err.contains("report.html"), "{err}");
+    let left: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        !left.iter().any(|name| name.ends_with(".partial")),
+        "{left:?}"
+    );
+    assert!(!out.join("report.html").exists(), "{left:?}");
+    // Every other file is complete.
+    let t = read_parquet(&out.join("trajectories.parquet"));
+    assert_eq!(strings(&t, "status"), [Some("passed".to_string())]);
+    assert!(out.join("junit.xml").is_file(), "{left:?}");
+}
+
+#[tokio::test]
 async fn out_refuses_an_earlier_run_unless_told_to_replace_it() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
