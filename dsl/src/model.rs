@@ -610,8 +610,9 @@ pub struct Provider {
     pub kind: ProviderKind,
     pub base_url: Option<String>,
     pub model: Option<String>,
-    /// The environment variable holding the API key (the key itself is never in a suite).
-    pub api_key_env: Option<String>,
+    /// The environment variable holding the API key (the key itself is never in a suite),
+    /// where the suite names it.
+    pub api_key_env: Option<Spanned<String>>,
     /// Default sampling temperature of calls through this provider (0–2).
     pub temperature: Option<f64>,
     /// Default cap on generated tokens per call.

@@ -166,6 +166,28 @@ pub fn warnings(project: &Project, is_set: impl Fn(&str) -> bool) -> Vec<Diagnos
         );
     }
     out.extend(tool_typos(project, &mut warned));
+    for p in &project.providers {
+        let Some(var) = p.api_key_env.as_ref().filter(|var| !is_set(&var.value)) else {
+            continue;
+        };
+        out.push(
+            Diagnostic::at_span(
+                Kind::UnsetEnv,
+                format!(
+                    "environment variable `{}` (the API key of provider `{}`) is not set",
+                    var.value, p.id.value
+                ),
+                files,
+                var.span,
+                "read when the run starts",
+            )
+            .with_help(format!(
+                "export `{}` before `trellis run`: every call through `{}` fails without it \
+                 (remove `api-key-env` for a local server that needs no key)",
+                var.value, p.id.value
+            )),
+        );
+    }
     let mut uses: Vec<(&str, Span, usize)> = Vec::new();
     let mut index: HashMap<&str, usize> = HashMap::new();
     for read in project.env_reads.iter().filter(|r| !is_set(&r.value)) {

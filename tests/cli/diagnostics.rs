@@ -319,6 +319,47 @@ async fn check_warns_about_an_env_variable_that_is_not_set() {
     assert!(!stderr(&o).contains("unset_env"), "{}", stderr(&o));
 }
 
+/// A provider's `api-key-env` unset where `check` runs: every call through it would fail at
+/// run time, so `check` says so at the variable's name (a warning: CI may set it later).
+#[tokio::test]
+async fn an_unset_api_key_variable_is_a_warning_at_its_name() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("key.kdl"),
+        "provider \"hosted\" kind=\"openai\" model=\"m\" api-key-env=\"TRELLIS_TEST_UNSET_KEY\"\n\
+         judge \"j\" provider=\"hosted\"\n\
+         agent \"c\" protocol=\"connexity\" builtin=\"booking\"\n\
+         scenario \"s\" {\n    user \"hi\"\n    criteria {\n        judge \"is polite\"\n    }\n}\n",
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path())
+        .env_remove("TRELLIS_TEST_UNSET_KEY")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "a warning, not an error");
+    let err = stderr(&o);
+    assert!(err.contains("trellis::unset_env"), "{err}");
+    assert!(
+        err.contains("`TRELLIS_TEST_UNSET_KEY` (the API key of provider"),
+        "{err}"
+    );
+    assert!(err.contains("through `hosted` fails without it"), "{err}");
+    assert!(err.contains("key.kdl:1:"), "located at the name: {err}");
+
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path())
+        .env("TRELLIS_TEST_UNSET_KEY", "sk-test")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0));
+    assert!(!stderr(&o).contains("unset_env"), "{}", stderr(&o));
+}
+
 /// A read of an unset variable with a fallback (`| default(…)`, `is defined`) renders without
 /// it: `check` does not warn that it fails at run time, and the run renders the fallback.
 #[tokio::test]

@@ -162,6 +162,9 @@ impl<'f> Decoder<'f> {
             self.info.declare(RefKind::Provider, &id.value);
             return None;
         };
+        let api_key_env = api_key_env
+            .zip(s.value("api-key-env"))
+            .map(|(var, e)| Spanned::new(var, self.span(value_span(e))));
         Some(Provider {
             id,
             kind,

@@ -136,7 +136,10 @@ fn shared_definitions() {
 
     let provider = p.provider("oai").unwrap();
     assert_eq!(provider.kind, ProviderKind::OpenAi);
-    assert_eq!(provider.api_key_env.as_deref(), Some("OPENAI_API_KEY"));
+    assert_eq!(
+        provider.api_key_env.as_ref().map(|v| v.value.as_str()),
+        Some("OPENAI_API_KEY")
+    );
 
     let sim = p.simulator.as_ref().unwrap();
     assert_eq!(sim.provider.as_ref().map(|p| p.value.as_str()), Some("oai"));

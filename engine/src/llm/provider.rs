@@ -187,12 +187,12 @@ impl ProviderClient {
         })?;
         let key = match &provider.api_key_env {
             None => None,
-            Some(var) => match env.get(var) {
+            Some(var) => match env.get(&var.value) {
                 Some(value) if !value.is_empty() => Some(Secret(Arc::from(value.as_str()))),
                 _ => {
                     return Err(ProviderSetupError::MissingKey {
                         provider: id,
-                        var: var.clone(),
+                        var: var.value.clone(),
                     });
                 }
             },
@@ -215,7 +215,11 @@ impl ProviderClient {
             let mut value =
                 HeaderValue::from_str(&text).map_err(|_| ProviderSetupError::InvalidKey {
                     provider: id.clone(),
-                    var: provider.api_key_env.clone().unwrap_or_default(),
+                    var: provider
+                        .api_key_env
+                        .as_ref()
+                        .map(|var| var.value.clone())
+                        .unwrap_or_default(),
                 })?;
             value.set_sensitive(true);
             headers.insert(name, value);
