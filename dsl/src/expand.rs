@@ -283,6 +283,7 @@ fn row_env() -> Environment<'static> {
     let mut env = Environment::new();
     // `row.orderid` for `row.order_id` is an error naming the row, not an empty id.
     env.set_undefined_behavior(UndefinedBehavior::Strict);
+    env.set_formatter(crate::template::write_value);
     env
 }
 

@@ -8,7 +8,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use miette::SourceSpan;
-use minijinja::Environment;
+use minijinja::value::ValueKind;
+use minijinja::{Environment, Output, State, Value};
 
 use crate::diagnostics::{Diagnostic, Kind, did_you_mean};
 use crate::model::{Scenario, SourceFile, Span, Spanned, Template};
@@ -106,6 +107,71 @@ fn names(list: &[&str]) -> Names {
 /// without template syntax verbatim).
 pub fn is_template(source: &str) -> bool {
     source.contains("{{") || source.contains("{%") || source.contains("{#")
+}
+
+/// How a suite's templates write a value into text, set on every environment that renders
+/// one (`env.set_formatter`): as JSON writes it. minijinja follows Python (`True`, `False`,
+/// `None`, lists of `True`), but suites are read next to JSON: a dataset's `true` must reach
+/// the agent as `true`, and a rendered `"{{ row.flag }}"` must equal the boolean an agent sends
+/// (`Written::Rendered` in the engine's sandbox). Booleans are `true`/`false`, a null is
+/// `null`; lists and maps are their JSON text with Python's `json.dumps` spacing (`["a",
+/// 1]`, `{"k": true}`), which is what minijinja writes for them without booleans or nulls.
+/// Everything else (strings, numbers, undefined) is written as minijinja writes it.
+pub fn write_value(
+    out: &mut Output<'_>,
+    state: &mut State<'_, '_>,
+    value: &Value,
+) -> Result<(), minijinja::Error> {
+    let text = match value.kind() {
+        ValueKind::Bool => Some(if value.is_true() { "true" } else { "false" }.to_owned()),
+        ValueKind::None => Some("null".to_owned()),
+        ValueKind::Seq | ValueKind::Map => json_text(value),
+        _ => None,
+    };
+    match text {
+        Some(text) => Ok(out.write_str(&text)?),
+        None => minijinja::escape_formatter(out, state, value),
+    }
+}
+
+/// `value` as JSON with `", "` and `": "` between items, or `None` when it has no JSON form
+/// (a map with keys that are not text).
+fn json_text(value: &Value) -> Option<String> {
+    struct Spaced;
+    impl serde_json::ser::Formatter for Spaced {
+        fn begin_array_value<W: ?Sized + std::io::Write>(
+            &mut self,
+            writer: &mut W,
+            first: bool,
+        ) -> std::io::Result<()> {
+            if first {
+                Ok(())
+            } else {
+                writer.write_all(b", ")
+            }
+        }
+        fn begin_object_key<W: ?Sized + std::io::Write>(
+            &mut self,
+            writer: &mut W,
+            first: bool,
+        ) -> std::io::Result<()> {
+            if first {
+                Ok(())
+            } else {
+                writer.write_all(b", ")
+            }
+        }
+        fn begin_object_value<W: ?Sized + std::io::Write>(
+            &mut self,
+            writer: &mut W,
+        ) -> std::io::Result<()> {
+            writer.write_all(b": ")
+        }
+    }
+    let mut buf = Vec::new();
+    let mut ser = serde_json::Serializer::with_formatter(&mut buf, Spaced);
+    serde::Serialize::serialize(value, &mut ser).ok()?;
+    String::from_utf8(buf).ok()
 }
 
 /// Whether a `header` value reads more than `env`: such a header is rendered for each turn,

@@ -108,6 +108,8 @@ impl Templates {
         env.set_fuel(Some(TEMPLATE_FUEL));
         // Messages are plain text, not HTML.
         env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
+        // `true`, `null` and lists as JSON writes them, not as Python does.
+        env.set_formatter(trellis_dsl::template::write_value);
         Templates { env, vars }
     }
 
@@ -488,5 +490,27 @@ mod tests {
             templates.render_source("hi {{ row.o.k }}", ctx).unwrap(),
             "hi 1"
         );
+    }
+
+    /// minijinja writes values as Python does; suites read them as JSON (a dataset's `true`
+    /// reaches the agent as `true`).
+    #[test]
+    fn values_are_written_as_json_writes_them() {
+        let templates = Templates::new(Arc::new(EnvSnapshot::new()));
+        let row: serde_json::Value = serde_json::json!({
+            "on": true, "off": false, "gone": null, "n": 2, "x": 1.5, "s": "é\"",
+            "list": [true, null, "a", 1], "map": {"k": false, "s": "v"},
+        });
+        let ctx =
+            || minijinja::context! { row => minijinja::Value::from(minijinja::value::Serde(&row)) };
+        let rendered = |source: &str| templates.render_source(source, ctx).unwrap();
+        assert_eq!(
+            rendered("{{ row.on }} {{ row.off }} {{ row.gone }}"),
+            "true false null"
+        );
+        assert_eq!(rendered("{{ row.n }} {{ row.x }} {{ row.s }}"), "2 1.5 é\"");
+        assert_eq!(rendered("{{ row.list }}"), r#"[true, null, "a", 1]"#);
+        assert_eq!(rendered("{{ row.map }}"), r#"{"k": false, "s": "v"}"#);
+        assert_eq!(rendered("{% if row.on %}yes{% endif %}"), "yes");
     }
 }

@@ -1161,7 +1161,7 @@ pub enum Written {
     /// sends `2`.
     Literal,
     /// A template's rendered text, which has no type (captures are strings): text that
-    /// equals a string holding it, or a number or boolean that reads as it (`"{{ vars.n }}"`
+    /// equals a string holding it, or a number, boolean or null that reads as it (`"{{ vars.n }}"`
     /// rendering `2` matches `2` and `2.0`; `"\"2\""` does not).
     Rendered,
 }
@@ -1171,7 +1171,9 @@ pub enum Written {
 pub fn written_matches(actual: &Value, written: &Value, case: TextCase, how: Written) -> bool {
     match (actual, written) {
         (Value::String(a), Value::String(w)) => case.same(a, w),
-        (Value::Number(_) | Value::Bool(_), Value::String(w)) if how == Written::Rendered => {
+        (Value::Number(_) | Value::Bool(_) | Value::Null, Value::String(w))
+            if how == Written::Rendered =>
+        {
             serde_json::from_str::<Value>(w.trim())
                 .is_ok_and(|parsed| !parsed.is_string() && json_eq(actual, &parsed))
         }
@@ -1283,7 +1285,10 @@ mod tests {
         // Text that reads as a JSON string is still text, not the number inside it.
         assert!(!rendered(json!(42), "\"42\""));
         assert!(!rendered(json!({"a": 1}), r#"{"a": 1}"#));
-        assert!(!rendered(Value::Null, "null"));
+        // A dataset's null renders as `null` and equals the null an agent sends.
+        assert!(rendered(Value::Null, "null"));
+        assert!(!rendered(Value::Null, ""));
+        assert!(!rendered(Value::Null, "None"));
         // A literal is JSON: the string "42" and the number 42 differ both ways.
         let literal = |actual: Value, written: Value| {
             written_matches(&actual, &written, TextCase::Exact, Written::Literal)

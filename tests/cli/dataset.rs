@@ -151,8 +151,8 @@ async fn jsonl_json_and_parquet_keep_types_nulls_and_nesting() {
             jsonl.as_bytes(),
             "{{ row.name }} vip={{ row.meta.vip }} tags={{ row.tags | length }} note={{ row.note is none }}",
             [
-                "Zoë vip=True tags=2 note=True",
-                "李 vip=False tags=0 note=True",
+                "Zoë vip=true tags=2 note=true",
+                "李 vip=false tags=0 note=true",
             ],
         ),
         (
@@ -160,8 +160,8 @@ async fn jsonl_json_and_parquet_keep_types_nulls_and_nesting() {
             json.as_bytes(),
             "{{ row.name }} vip={{ row.meta.vip }} tags={{ row.tags | length }} note={{ row.note is none }}",
             [
-                "Zoë vip=True tags=2 note=True",
-                "李 vip=False tags=0 note=True",
+                "Zoë vip=true tags=2 note=true",
+                "李 vip=false tags=0 note=true",
             ],
         ),
         (
@@ -169,8 +169,8 @@ async fn jsonl_json_and_parquet_keep_types_nulls_and_nesting() {
             parquet.as_slice(),
             "{{ row.name }} vip={{ row.id > 1 }} tags={{ row.id * 2 }} note={{ row.score is none }}",
             [
-                "Zoë vip=False tags=2 note=False",
-                "李 vip=True tags=4 note=True",
+                "Zoë vip=false tags=2 note=false",
+                "李 vip=true tags=4 note=true",
             ],
         ),
     ] {
@@ -1025,9 +1025,9 @@ async fn parquet_structs_lists_of_structs_and_maps_come_through_nested_and_typed
     assert_eq!(
         sent,
         [
-            "Zoë tier=2 vip=True qty=3 color=red keys=2 when=2024-01-02 score=0.5",
-            "nobody tier=- vip=- qty=0 color=- keys=0 when=None score=None",
-            "李 tier=None vip=False qty=none color=- keys=none when=2025-12-31 score=None",
+            "Zoë tier=2 vip=true qty=3 color=red keys=2 when=2024-01-02 score=0.5",
+            "nobody tier=- vip=- qty=0 color=- keys=0 when=null score=null",
+            "李 tier=null vip=false qty=none color=- keys=none when=2025-12-31 score=null",
         ]
     );
     // The results keep the row as nested JSON, so it joins back typed.
@@ -1159,7 +1159,7 @@ async fn parquet_decimals_and_small_integers_read_as_numbers() {
     let out = stdout(&o);
     // Arithmetic works on them (numbers, not text), and the filter kept only id 2, whose
     // quantity and price are null.
-    assert!(out.contains("s[20-None-None]"), "{out}");
+    assert!(out.contains("s[20-null-null]"), "{out}");
     assert!(!out.contains("s[10-"), "{out}");
     let dir2 = project("", &[]);
     pyarrow_parquet(
@@ -1221,7 +1221,7 @@ async fn parquet_times_durations_zoned_timestamps_and_bytes_read_as_text() {
     let out = stdout(&o);
     for id in [
         "s[1|2024-01-02 03:04:05.500|2024-01-02 03:04:05+00:00|09:30:00|P1DT1H2M3.5S|gold]",
-        "s[2|None|2024-01-02 03:04:05+00:00|12:00:00.5|PT0S|None]",
+        "s[2|null|2024-01-02 03:04:05+00:00|12:00:00.5|PT0S|null]",
     ] {
         assert!(out.contains(id), "{id} in:\n{out}");
     }
