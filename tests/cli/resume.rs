@@ -961,3 +961,60 @@ async fn report_waits_for_a_run_that_is_writing_and_keeps_to_its_own_out() {
         assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     }
 }
+
+/// An AgentScope server keeps each conversation under its `session_id`, across processes: a
+/// `--resume` must not give a trajectory the id of one the killed attempt already talked in
+/// (the run id is the same and each process numbers its sessions from 1).
+#[tokio::test]
+async fn a_resumed_trajectory_gets_a_fresh_server_session() {
+    let mut server = trellis()
+        .args(["agent", "weather"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines =
+        tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(server.stdout.take().unwrap()));
+    let url = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("s.kdl");
+    std::fs::write(
+        &suite,
+        format!(
+            "agent \"w\" protocol=\"agentscope\" url=\"{url}\"\n\
+             scenario \"a\" {{\n    user \"What's the weather in Paris today?\"\n    \
+             expect no-error\n}}\n\
+             scenario \"b\" {{\n    user \"And the forecast for Tokyo?\"\n    \
+             user \"Which cities did I ask about?\"\n    \
+             expect reply contains=\"Tokyo\" not-contains=\"Paris\"\n}}\n"
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = run_in(&suite, &["--jobs", "1", "-q", "--out"])
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // As if killed after `a`: `b` runs again in a new process, against the same server.
+    cut_journal(&out, |e| !of_scenario(e, "b"));
+    let o = run_in(&suite, &["-q", "--resume"])
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert_eq!(
+        trajectory_rows(&out)
+            .keys()
+            .map(|k| k.0.as_str())
+            .collect::<Vec<_>>(),
+        ["a", "b"]
+    );
+}

@@ -57,6 +57,19 @@ const COLLISION: &str = "is already in RUNNING state";
 /// their sessions must not meet there.
 static SESSIONS: AtomicU64 = AtomicU64::new(0);
 
+/// What tells this process's sessions from those of an earlier process of the same run: a
+/// `--resume` keeps the run id and numbers its sessions from 1 again, and the server still
+/// holds the killed attempt's conversations under those ids.
+fn process_tag() -> &'static str {
+    static TAG: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    TAG.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        format!("{:x}{:x}", std::process::id(), nanos)
+    })
+}
+
 /// An AgentScope agent could not be configured.
 pub type AgentScopeError = EndpointError;
 
@@ -303,7 +316,7 @@ impl AgentProtocol for AgentScopeClient {
         let n = SESSIONS.fetch_add(1, Ordering::Relaxed) + 1;
         Box::new(AgentScopeSession {
             endpoint: Arc::clone(&self.endpoint),
-            session_id: format!("trellis-{}-{n}", conversation.run_id),
+            session_id: format!("trellis-{}-{}-{n}", conversation.run_id, process_tag()),
         })
     }
 }
