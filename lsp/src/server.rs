@@ -246,6 +246,7 @@ impl Server {
 
     pub(crate) fn project_files(&self, project: &Path) -> Vec<PathBuf> {
         let mut files: Vec<PathBuf> = walkdir::WalkDir::new(project)
+            .follow_links(true)
             .into_iter()
             .filter_map(Result::ok)
             .filter(|e| e.file_type().is_file() && e.path().extension().is_some_and(|x| x == "kdl"))
@@ -257,6 +258,8 @@ impl Server {
             }
         }
         files.sort();
+        // A file linked into the project and also in it is one file.
+        files.dedup();
         files
     }
 

@@ -675,3 +675,60 @@ scenario "b" {{
         ]
     );
 }
+
+/// Suites linked into the directory (a file, a directory of them) run like the others: a
+/// failing scenario behind a link must not go unrun while the run exits 0. A file reached
+/// by its link and by its place is loaded once.
+#[tokio::test]
+async fn linked_suite_files_and_directories_are_loaded_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let suites = dir.path().join("suites");
+    let team = dir.path().join("team");
+    std::fs::create_dir_all(&suites).unwrap();
+    std::fs::create_dir_all(team.join("more")).unwrap();
+    let scenario = |name: &str, expected: &str| {
+        format!(
+            "scenario \"{name}\" {{\n    agent \"demo\"\n    user \"Hi\"\n    \
+             expect reply contains=\"{expected}\"\n}}\n"
+        )
+    };
+    std::fs::write(
+        suites.join("main.kdl"),
+        format!(
+            "agent \"demo\" protocol=\"connexity\" builtin=\"booking\"\n{}",
+            scenario("here", "")
+        ),
+    )
+    .unwrap();
+    std::fs::write(team.join("team.kdl"), scenario("linked", "no such words")).unwrap();
+    std::fs::write(team.join("more/deep.kdl"), scenario("deep", "")).unwrap();
+    std::os::unix::fs::symlink(team.join("team.kdl"), suites.join("team.kdl")).unwrap();
+    std::os::unix::fs::symlink(team.join("more"), suites.join("more")).unwrap();
+    // The same file again, by a second link: still one suite.
+    std::os::unix::fs::symlink(team.join("team.kdl"), suites.join("zz-again.kdl")).unwrap();
+
+    let o = trellis().arg("check").arg(&suites).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("3 files, 3 suites, 3 scenarios"),
+        "{}",
+        stdout(&o)
+    );
+    let o = trellis()
+        .args(["run", "-q", "--out"])
+        .arg(dir.path().join("out"))
+        .arg(&suites)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "the linked scenario fails: {}",
+        stdout(&o)
+    );
+    let t = read_parquet(&dir.path().join("out/trajectories.parquet"));
+    let mut ran: Vec<_> = strings(&t, "scenario").into_iter().flatten().collect();
+    ran.sort();
+    assert_eq!(ran, ["deep", "here", "linked"]);
+}

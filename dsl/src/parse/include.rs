@@ -610,7 +610,8 @@ pub fn canonical(path: &Path) -> PathBuf {
 }
 
 /// The suite files a path given on the command line stands for: the file itself, or every
-/// `*.kdl` below a directory (sorted by name, as `run` and `check` load them), with the
+/// `*.kdl` below a directory, symbolic links followed (sorted by name, as `run` and `check`
+/// load them), with the
 /// problems met on the way (a path that cannot be read, a directory without suite files).
 pub fn suite_files(path: &Path) -> (Vec<PathBuf>, Vec<Diagnostic>) {
     let name = display_name(path);
@@ -622,11 +623,20 @@ pub fn suite_files(path: &Path) -> (Vec<PathBuf>, Vec<Diagnostic>) {
                 .with_help("give a `.kdl` suite file or a directory of them"),
         ),
         Ok(meta) if meta.is_dir() => {
-            for entry in walkdir::WalkDir::new(path).sort_by_file_name() {
+            // Linked files and directories are suite files like the others (a team's shared
+            // suites linked in): skipping them would run less than was written, silently. A
+            // file reached twice (by its link and by its place) is loaded once.
+            let mut seen = std::collections::HashSet::new();
+            for entry in walkdir::WalkDir::new(path)
+                .follow_links(true)
+                .sort_by_file_name()
+            {
                 match entry {
                     Ok(entry) => {
                         let p = entry.path();
-                        if entry.file_type().is_file() && p.extension().is_some_and(|e| e == "kdl")
+                        if entry.file_type().is_file()
+                            && p.extension().is_some_and(|e| e == "kdl")
+                            && seen.insert(canonical(p))
                         {
                             found.push(p.to_path_buf());
                         }
