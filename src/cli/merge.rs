@@ -586,7 +586,7 @@ impl Coverage {
             .iter()
             .position(|a| *a == t.agent)
             .ok_or("names an agent the scenario does not run on")?;
-        let trajectory = planned_name(&self.trajectories[scenario], &t.trajectory)
+        let trajectory = planned_name(&self.trajectories[scenario], t)
             .ok_or("is not a trajectory of the scenario")?;
         if t.repetition >= info.repeat {
             return Err(format!(
@@ -616,8 +616,14 @@ fn runs_of(info: &trellis_engine::record::ScenarioInfo) -> u64 {
 
 /// The planned trajectory a recorded name belongs to: the name itself, or, for a path the
 /// agent forked (`accepts~refund~late`), the longest planned name before a `~`.
-fn planned_name(names: &HashMap<String, usize>, recorded: &str) -> Option<usize> {
+fn planned_name(names: &HashMap<String, usize>, record: &TrajectoryRecord) -> Option<usize> {
+    let recorded = record.trajectory.as_str();
     if let Some(&t) = names.get(recorded) {
+        return Some(t);
+    }
+    // What the run added to the name, as resume reads it (a simulated user's `@retryN`
+    // included).
+    if let Some(&t) = names.get(trellis_engine::execute::resume::planned_name(record)) {
         return Some(t);
     }
     let mut end = recorded.len();

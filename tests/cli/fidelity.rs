@@ -422,3 +422,40 @@ scenario "fine" {{
     assert!(seen[0].contains("not judged"), "{seen:?}");
     assert!(seen[1].contains("passed"), "{seen:?}");
 }
+
+/// Shards whose simulated users were drawn again (`main@retry1`) merge: the retry counts for
+/// its planned trajectory, as in a run that was not split.
+#[tokio::test]
+async fn shards_with_simulated_user_retries_merge() {
+    let fake = FakeLlm::start(script()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = suite(dir.path(), &fake.base_url());
+    let mut shards = Vec::new();
+    for shard in ["1/2", "2/2"] {
+        let out = dir.path().join(format!("shard-{}", &shard[..1]));
+        let o = trellis()
+            .args(["run", "-q", "--shard", shard, "--out"])
+            .arg(&out)
+            .arg(&suite)
+            .env("FAKE_KEY", "k")
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+        shards.push(out);
+    }
+    let merged = dir.path().join("merged");
+    let o = trellis()
+        .arg("merge")
+        .args(&shards)
+        .arg("--out")
+        .arg(&merged)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let t = read_parquet(&merged.join("trajectories.parquet"));
+    let names: Vec<_> = strings(&t, "trajectory").into_iter().flatten().collect();
+    assert!(names.iter().any(|n| n == "main@retry1"), "{names:?}");
+    assert_eq!(names.len(), 8, "{names:?}");
+}
