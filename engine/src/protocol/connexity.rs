@@ -359,10 +359,14 @@ fn finish_turn(
                 .to_owned(),
         ));
     }
+    // The answer is the last assistant text after the last tool result. A reply that ends
+    // with a `tool` message (the agent's tool-round cap hit) has no answer: the text written
+    // before its tool calls ("Let me check…") is not one, and a check of the reply must see
+    // it missing rather than pass on the preamble.
     let reply = messages
         .iter()
         .rev()
-        .filter(|m| m.role == "assistant")
+        .take_while(|m| m.role == "assistant")
         .find_map(|m| m.content.as_deref().filter(|c| !c.trim().is_empty()))
         .map(str::to_owned);
     let tool_calls = pair_tool_calls(&messages);

@@ -274,6 +274,26 @@ async fn wrong_shapes_are_protocol_faults() {
     }
 }
 
+/// A reply that ends with a `tool` message (a reference agent's tool-round cap hit) has no
+/// answer: the text written before the tool calls is not one, so `reply contains` fails.
+#[tokio::test]
+async fn a_reply_ending_with_a_tool_message_has_no_answer() {
+    let body = serde_json::json!({
+        "messages": [
+            {"role": "assistant", "content": "Let me check if we service your area.", "tool_calls": [
+                {"id": "call_a", "type": "function",
+                 "function": {"name": "check_service_area", "arguments": "{}"}},
+            ]},
+            {"role": "tool", "tool_call_id": "call_a", "content": "{\"serviced\":true}"},
+        ],
+    })
+    .to_string();
+    let server = MisbehavingServer::respond(200, body).await;
+    let turn = call(&server.url(), 0, limits(SHORT)).await.result.unwrap();
+    assert_eq!(turn.reply, None);
+    assert_eq!(turn.tool_calls.len(), 1);
+}
+
 #[tokio::test]
 async fn tool_calls_pair_with_their_results() {
     let body = serde_json::json!({
