@@ -183,13 +183,21 @@ async fn no_error_fails_on_the_fault_that_stopped_the_trajectory() {
 /// An AgentScope agent never speaks first: `first-turn "agent"` against one is a suite
 /// error, reported before anything runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_agentscope_agent_asked_to_speak_first_is_a_suite_error() {
+async fn an_agent_that_cannot_speak_first_asked_to_is_a_suite_error() {
+    for (protocol, builtin) in [("agentscope", "weather"), ("multiagent", "support")] {
+        an_agent_asked_to_speak_first_is_a_suite_error(protocol, builtin).await;
+    }
+}
+
+async fn an_agent_asked_to_speak_first_is_a_suite_error(protocol: &str, builtin: &str) {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("first.kdl"),
-        "agent \"weather\" protocol=\"agentscope\" builtin=\"weather\"\n\
-         scenario \"greets\" {\n    agent \"weather\"\n    first-turn \"agent\"\n    \
-         user \"Hi\"\n    criteria { turns max=3 }\n}\n",
+        format!(
+            "agent \"a\" protocol=\"{protocol}\" builtin=\"{builtin}\"\n\
+             scenario \"greets\" {{\n    agent \"a\"\n    first-turn \"agent\"\n    \
+             user \"Hi\"\n    criteria {{ turns max=3 }}\n}}\n"
+        ),
     )
     .unwrap();
     let out = dir.path().join("out");
@@ -201,7 +209,7 @@ async fn an_agentscope_agent_asked_to_speak_first_is_a_suite_error() {
         .output()
         .await
         .unwrap();
-    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert_eq!(o.status.code(), Some(2), "{protocol}: {}", stderr(&o));
     let err = stderr(&o);
     assert!(err.contains("cannot speak"), "{err}");
     assert!(err.contains("first.kdl:2:"), "{err}");

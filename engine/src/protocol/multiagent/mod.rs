@@ -90,7 +90,7 @@ pub const SPEC: ProtocolSpec = ProtocolSpec {
     capabilities: Capabilities {
         forks: true,
         engine_runs_tools: true,
-        speaks_first: true,
+        speaks_first: false,
         pauses: true,
         agent_branches: true,
         ..super::connexity::NO_CAPABILITIES
