@@ -241,7 +241,7 @@ pub(super) fn streamed_answer(
     model: Option<String>,
     finish_reason: Option<String>,
 ) -> Result<Answer, Fault> {
-    if text.is_none() && tool_calls.is_empty() {
+    if text.as_deref().is_none_or(str::is_empty) && tool_calls.is_empty() {
         return Err(Fault::new(
             FaultCategory::Protocol,
             "the model streamed neither text nor tool calls",

@@ -218,7 +218,9 @@ fn decode_tool_call(call: &Value, index: usize) -> Result<ToolCall, DecodeError>
             DecodeError::Malformed(format!("tool call {index} has no `function.name`"))
         })?;
     let arguments = match function.and_then(|f| f.get("arguments")) {
+        // No arguments, as a stream whose call got no argument fragments reads them.
         None | Some(Value::Null) => "{}".to_owned(),
+        Some(Value::String(text)) if text.trim().is_empty() => "{}".to_owned(),
         Some(Value::String(text)) => text.clone(),
         // Some servers send the arguments as an object instead of a JSON string.
         Some(other) => other.to_string(),

@@ -160,6 +160,14 @@ async fn garbage_server_errors_and_timeouts_are_faults_of_the_turn() {
             FaultCategory::Protocol,
         ),
         (Reply::Status(500, "boom".into()), FaultCategory::Http5xx),
+        // An empty answer says nothing, as a stream of no text deltas does.
+        (
+            Reply::Raw(
+                r#"{"choices":[{"message":{"role":"assistant","content":""},"finish_reason":"stop"}]}"#
+                    .into(),
+            ),
+            FaultCategory::Protocol,
+        ),
         (
             Reply::slow(Duration::from_secs(5), Reply::text("late")),
             FaultCategory::Timeout,
