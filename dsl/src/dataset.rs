@@ -473,11 +473,17 @@ impl RowReader for JsonLines {
                 },
                 _ => ReadError::Io(e),
             })?;
+            // Editors on Windows start the file with a byte order mark.
+            let line = if i == 0 {
+                line.trim_start_matches('\u{feff}')
+            } else {
+                &line
+            };
             if line.trim().is_empty() {
                 continue;
             }
             number += 1;
-            let fields = match serde_json::from_str::<Value>(&line) {
+            let fields = match serde_json::from_str::<Value>(line) {
                 Ok(Value::Object(m)) => m,
                 Ok(other) => {
                     return Err(ReadError::Row {
@@ -661,7 +667,11 @@ impl RowReader for JsonArray {
     ) -> Result<(), ReadError> {
         use serde::de::Deserializer;
 
-        let file = BufReader::new(File::open(path)?);
+        let mut file = BufReader::new(File::open(path)?);
+        // A byte order mark (editors on Windows) is not JSON; skip it.
+        if std::io::BufRead::fill_buf(&mut file)?.starts_with(b"\xef\xbb\xbf") {
+            std::io::BufRead::consume(&mut file, 3);
+        }
         let mut de = serde_json::Deserializer::from_reader(file);
         let mut rows = JsonRows {
             visit,

@@ -390,6 +390,11 @@ fn evaluate<T: AsRef<TurnRecord>>(
             }
         }
         CriterionKind::NoError => {
+            // No agent call, nothing that could fault: not a pass (a recorded conversation
+            // that ends with the agent's answer runs no turn).
+            if turns.is_empty() {
+                return skip("no turn was taken: the agent was never called");
+            }
             if let Some((t, f)) = turns.iter().find_map(|t| t.fault.as_ref().map(|f| (t, f))) {
                 return fail(format!(
                     "turn {}: {} fault: {}",

@@ -743,6 +743,53 @@ async fn imported_conversations_run_from_their_history() {
     );
 }
 
+/// An export as Windows tools write it (a byte order mark), with ids that differ only in
+/// whitespace, and a conversation that ends with the agent's answer: it imports, and the
+/// conversation that runs no turn is skipped, never passed on `no-error` alone.
+#[tokio::test]
+async fn imported_conversations_with_a_bom_odd_ids_and_no_turn_to_run() {
+    let server = support::MisbehavingServer::respond(200, support::OK_BODY).await;
+    let dir = tempfile::tempdir().unwrap();
+    let export = dir.path().join("conv.jsonl");
+    std::fs::write(
+        &export,
+        "\u{feff}{\"id\": \"a\", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\r\n\
+         {\"id\": \"a \", \"messages\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", \"content\": \"Hello!\"}]}\r\n",
+    )
+    .unwrap();
+    let suite = dir.path().join("conv.kdl");
+    let o = trellis()
+        .args(["import", "conversations"])
+        .arg(&export)
+        .arg("--out")
+        .arg(&suite)
+        .args(["--agent-url", &server.url()])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&suite).unwrap();
+    assert!(
+        !text.contains("row-id"),
+        "ids not unique once trimmed: {text}"
+    );
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(&suite)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let t = read_parquet(&out.join("trajectories.parquet"));
+    let mut status: Vec<_> = strings(&t, "status").into_iter().flatten().collect();
+    status.sort();
+    assert_eq!(status, ["passed", "skipped"], "{}", stdout(&o));
+    assert_eq!(received(&server).len(), 1);
+}
+
 #[tokio::test]
 async fn compare_takes_two_agents_of_one_run_scenario_by_scenario() {
     let server = support::MisbehavingServer::respond(200, support::OK_BODY).await;

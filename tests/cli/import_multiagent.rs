@@ -354,3 +354,69 @@ async fn an_empty_file_says_so_and_an_odd_id_is_made_one_line() {
     assert!(suite.contains("scenario \"refund for -vip-\""), "{suite}");
     assert_eq!(check(&out).await.status.code(), Some(0));
 }
+
+/// What the importer cannot carry over exactly is said, never weakened or dropped: a call
+/// named by its position (`0.tool_name`) is not `tool "X"` anywhere; a number among the
+/// keywords is looked for as its text; template syntax in a statement stays text.
+#[tokio::test]
+async fn positions_number_keywords_and_braces_are_carried_over_or_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    let tools = json!({
+        "get_order": {"output": {"order_id": "A-1001", "total": 20}},
+        "apply_refund": {"output": {"status": "success", "refunded": 20}},
+    });
+    let aes = |id: &str, node: serde_json::Value| {
+        json!({"aes_version": 1.4, "metadata": {"id": id, "name": id}, "tools": tools,
+               "workflow": {"nodes": [node]}})
+    };
+    let files = [
+        (
+            "position.json",
+            aes(
+                "position",
+                json!({"id": "a", "task_description": "Refund $20 for order A-1001",
+                       "expected_outcome": [{"target": "tool_calls", "property": "0.tool_name",
+                                             "expected": "apply_refund", "mode": "exact"}]}),
+            ),
+        ),
+        (
+            "keywords.json",
+            aes(
+                "keywords",
+                json!({"id": "a", "task_description": "Refund $20 for order A-1001",
+                       "success_criteria": [{"metric": "keyword_match", "threshold": 1.0,
+                                             "expected": ["refund", 9999]}]}),
+            ),
+        ),
+        (
+            "braces.json",
+            json!({"scenario_id": "braces", "tasks": [{"task_id": "t1",
+                   "description": "How do I return an item?",
+                   "expected_outcome": "Reply keeps the {{order_id}} placeholder"}]}),
+        ),
+    ];
+    for (name, value) in &files {
+        std::fs::write(src.join(name), value.to_string()).unwrap();
+    }
+    let out = dir.path().join("out");
+    let o = import(&[src.to_str().unwrap(), "--out", out.to_str().unwrap()]).await;
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("property `0.tool_name` names a call by its position"),
+        "{err}"
+    );
+    let position = std::fs::read_to_string(out.join("position.kdl")).unwrap();
+    assert!(!position.contains("tool \"apply_refund\"\n"), "{position}");
+    let keywords = std::fs::read_to_string(out.join("keywords.kdl")).unwrap();
+    assert!(
+        keywords.contains(r#"matches="(?i)refund" matches="(?i)9999""#),
+        "{keywords}"
+    );
+    let braces = std::fs::read_to_string(out.join("braces.kdl")).unwrap();
+    assert!(braces.contains("placeholder"), "{braces}");
+    let o = check(&out).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+}

@@ -97,6 +97,8 @@ struct Case {
 
 impl CaseFile {
     fn parse(bytes: &[u8], stem: &str) -> Result<CaseFile, String> {
+        // Editors on Windows save JSON with a byte order mark, which JSON parsers refuse.
+        let bytes = bytes.strip_prefix(b"\xef\xbb\xbf").unwrap_or(bytes);
         let value: Value = serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
         let mut file = CaseFile::default();
         let cases: Vec<Value> = match value {
@@ -321,11 +323,12 @@ impl Case {
                     for (label, value) in outcomes {
                         match value {
                             Value::Bool(_) | Value::Number(_) | Value::String(_) | Value::Null => {
-                                case.settings.push(format!(
-                                    "outcome {}={}",
-                                    kdl_key(&label),
-                                    kdl_value(&value)
-                                ));
+                                let value = match &value {
+                                    Value::String(text) => kdl_string(&literal_template(text)),
+                                    other => kdl_value(other),
+                                };
+                                case.settings
+                                    .push(format!("outcome {}={value}", kdl_key(&label),));
                             }
                             other => {
                                 // A KDL property holds no object or array: the judge reads
@@ -336,7 +339,7 @@ impl Case {
                                 ));
                                 case.settings.push(format!(
                                     "outcome {}",
-                                    kdl_string(&format!("{label}: {other}"))
+                                    kdl_string(&literal_template(&format!("{label}: {other}")))
                                 ));
                             }
                         }
@@ -346,7 +349,10 @@ impl Case {
                     for statement in statements {
                         match statement {
                             Value::String(text) => {
-                                case.settings.push(format!("outcome {}", kdl_string(&text)));
+                                case.settings.push(format!(
+                                    "outcome {}",
+                                    kdl_string(&literal_template(&text))
+                                ));
                             }
                             other => lost(format!(
                                 "an expected outcome that is {}, not a statement",
@@ -366,8 +372,10 @@ impl Case {
                     }
                 }
                 ("evaluation_criteria_override", Value::String(text)) => {
-                    case.settings
-                        .push(format!("criteria-override {}", kdl_string(&text)));
+                    case.settings.push(format!(
+                        "criteria-override {}",
+                        kdl_string(&literal_template(&text))
+                    ));
                 }
                 ("id" | "created_at" | "updated_at", value) => {
                     case.notes.push(format!("{key}: {}", scalar_text(&value)));

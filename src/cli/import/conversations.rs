@@ -56,11 +56,17 @@ fn survey(path: &Path) -> Result<Survey, String> {
     for (i, line) in BufReader::new(file).lines().enumerate() {
         let at = format!("{} line {}", path.display(), i + 1);
         let line = line.map_err(|e| format!("{at}: {e}"))?;
+        // Editors on Windows start the file with a byte order mark.
+        let line = if i == 0 {
+            line.trim_start_matches('\u{feff}')
+        } else {
+            &line
+        };
         if line.trim().is_empty() {
             continue;
         }
         let value: Value =
-            serde_json::from_str(&line).map_err(|e| format!("{at}: not JSON: {e}"))?;
+            serde_json::from_str(line).map_err(|e| format!("{at}: not JSON: {e}"))?;
         let Value::Object(object) = value else {
             return Err(format!(
                 "{at}: not an object; write each conversation as {{\"messages\": […]}}"
@@ -86,8 +92,11 @@ fn survey(path: &Path) -> Result<Survey, String> {
             Some(Value::Number(n)) => Some(n.to_string()),
             _ => None,
         };
+        // `row-id` trims what it renders: ids that differ only in surrounding whitespace
+        // would be one instance's id twice.
         ids_unique &= id.is_some_and(|id| {
-            !id.is_empty() && !id.contains(['/', '[', ']', '\n']) && ids.insert(id)
+            let id = id.trim();
+            !id.is_empty() && !id.contains(['/', '[', ']', '\n']) && ids.insert(id.to_owned())
         });
     }
     Ok(Survey {

@@ -809,9 +809,10 @@ impl Reader {
                 }
             }
             Some(Value::Object(typed)) => typed_outcome(typed, &mut step),
-            Some(Value::String(sentence)) => step
-                .expects
-                .push(format!("outcome {}", kdl_string(sentence))),
+            Some(Value::String(sentence)) => step.expects.push(format!(
+                "outcome {}",
+                kdl_string(&literal_template(sentence))
+            )),
             Some(other) => step
                 .unmapped
                 .push(format!("`expected_outcome` {}", brief(other))),
@@ -878,9 +879,10 @@ impl Reader {
         match task.get("expected_outcome") {
             None | Some(Value::Null) => {}
             Some(Value::String(sentence)) if sentence.trim().is_empty() => {}
-            Some(Value::String(sentence)) => step
-                .expects
-                .push(format!("outcome {}", kdl_string(sentence))),
+            Some(Value::String(sentence)) => step.expects.push(format!(
+                "outcome {}",
+                kdl_string(&literal_template(sentence))
+            )),
             Some(Value::Array(assertions)) => {
                 for assertion in assertions {
                     match assertion_criterion(assertion) {
@@ -1118,7 +1120,8 @@ impl Reader {
                                     "`evaluation.metrics` entry {} ({why})",
                                     brief(metric)
                                 )),
-                                None => criteria.push(format!("judge {}", kdl_string(name))),
+                                None => criteria
+                                    .push(format!("judge {}", kdl_string(&literal_template(name)))),
                             },
                             Metric::NoViolations => criteria.push("violations max=0".into()),
                             Metric::CoveredBy(what) => self
@@ -1336,7 +1339,8 @@ fn typed_outcome(typed: &Map<String, Value>, step: &mut StepOut) {
             step.notes.push(format!(
                 "expected outcome: a typed value ({data_type}), judged as a statement"
             ));
-            step.expects.push(format!("outcome {}", kdl_string(text)));
+            step.expects
+                .push(format!("outcome {}", kdl_string(&literal_template(text))));
         }
         (Some("typed_value"), _, Value::Null) => step.unmapped.push(format!(
             "`expected_outcome` {} (a typed value without a `value`)",
@@ -1506,6 +1510,17 @@ fn state_criterion(
 }
 
 fn tool_call_criterion(mode: &str, expected: &Value, property: &str) -> Result<String, String> {
+    // `0.tool_name`, `calls[1].name`: the call at a position, which `tool "NAME"` (a call
+    // anywhere) would check more loosely than written: not carried over, and said so.
+    if property
+        .split(['.', '[', ']'])
+        .any(|segment| !segment.is_empty() && segment.bytes().all(|b| b.is_ascii_digit()))
+    {
+        return Err(format!(
+            "property `{property}` names a call by its position: trellis checks which tools \
+             were called, not in which order"
+        ));
+    }
     let last = property.rsplit('.').next().unwrap_or("");
     if !matches!(
         last,
@@ -1675,7 +1690,9 @@ fn success_criteria(criteria: &Value, keywords: Option<&Value>, step: &mut StepO
             match criterion {
                 Value::String(name) if !name.trim().is_empty() => {
                     match classify_metric(name, None, &step.expects) {
-                        Metric::Judged => step.expects.push(format!("judge {}", kdl_string(name))),
+                        Metric::Judged => step
+                            .expects
+                            .push(format!("judge {}", kdl_string(&literal_template(name)))),
                         Metric::NoViolations => step.expects.push("violations max=0".into()),
                         Metric::CoveredBy(what) => step
                             .notes
@@ -1764,12 +1781,21 @@ fn keyword_match(
     keywords: Option<&Value>,
 ) -> Result<Option<String>, String> {
     let threshold = c.get("threshold").and_then(Value::as_f64).unwrap_or(1.0);
-    let words: Vec<&str> = match c.get("expected").filter(|e| !e.is_null()).or(keywords) {
-        Some(Value::Array(list)) => list.iter().filter_map(Value::as_str).collect(),
-        Some(Value::String(word)) => vec![word.as_str()],
+    // A number in the list is looked for as its text (`9999`), as the harness's `str(kw)`
+    // does; any other value cannot be, and is not dropped silently.
+    let word = |v: &Value| match v {
+        Value::String(word) => Ok(word.clone()),
+        Value::Number(n) => Ok(n.to_string()),
+        Value::Bool(b) => Ok(b.to_string()),
+        other => Err(format!("keyword_match keyword {}", brief(other))),
+    };
+    let words: Vec<String> = match c.get("expected").filter(|e| !e.is_null()).or(keywords) {
+        Some(Value::Array(list)) => list.iter().map(word).collect::<Result<_, _>>()?,
+        Some(Value::String(w)) => vec![w.clone()],
+        Some(v @ (Value::Number(_) | Value::Bool(_))) => vec![word(v)?],
         _ => Vec::new(),
     };
-    let words: Vec<&str> = words.into_iter().filter(|w| !w.trim().is_empty()).collect();
+    let words: Vec<String> = words.into_iter().filter(|w| !w.trim().is_empty()).collect();
     if words.is_empty() {
         return Ok(None);
     }
@@ -1804,7 +1830,7 @@ fn judge_criterion(
         .filter(|m| !m.trim().is_empty())
         .ok_or("no `metric` name")?;
     let mut remarks = Vec::new();
-    let mut out = format!("judge {}", kdl_string(metric));
+    let mut out = format!("judge {}", kdl_string(&literal_template(metric)));
     match c.get("threshold") {
         None | Some(Value::Null) => {}
         Some(t) => {
