@@ -356,3 +356,32 @@ provider "fake" kind="openai" base-url="{url}" model="sim" api-key-env="FAKE_KEY
     let turns = read_parquet(&out.join("turns.parquet"));
     assert_eq!(turns.height(), 1, "{turns:?}");
 }
+
+/// A case file saved with a byte order mark, whose statements hold template syntax: it
+/// imports, and the statements stay text (a judge reads `{{reset_token}}` as written).
+#[tokio::test]
+async fn a_bom_and_template_syntax_in_statements_import_as_text() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("braces.json");
+    let case = json!({
+        "name": "Braces in outcome",
+        "first_message": "Reset my password",
+        "expected_outcomes": ["Agent MUST NOT echo the {{reset_token}} placeholder"],
+        "evaluation_criteria_override": "Focus on {% raw %}",
+    });
+    let mut bytes = b"\xef\xbb\xbf".to_vec();
+    bytes.extend(case.to_string().as_bytes());
+    std::fs::write(&src, bytes).unwrap();
+    let out = dir.path().join("out");
+    let o = import(&[src.to_str().unwrap(), "--out", out.to_str().unwrap()]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = trellis().arg("check").arg(&out).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = trellis()
+        .args(["list", "--verbose"])
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+}
