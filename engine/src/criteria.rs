@@ -474,8 +474,9 @@ fn evaluate<T: AsRef<TurnRecord>>(
             attributes,
             count,
         } => {
-            let Some(spans) = spans_of(turns) else {
-                return skip(NO_SPANS);
+            let spans = match spans_of(turns) {
+                Ok(spans) => spans,
+                Err(why) => return skip(why),
             };
             let named: Vec<&SpanRecord> =
                 spans.iter().filter(|s| &s.name == name).copied().collect();
@@ -511,8 +512,9 @@ fn evaluate<T: AsRef<TurnRecord>>(
             }
         }
         CriterionKind::SpanCount { name, min, max } => {
-            let Some(spans) = spans_of(turns) else {
-                return skip(NO_SPANS);
+            let spans = match spans_of(turns) {
+                Ok(spans) => spans,
+                Err(why) => return skip(why),
             };
             let n = spans.iter().filter(|s| &s.name == name).count() as u64;
             let low = min.is_some_and(|m| n < u64::from(m));
@@ -530,8 +532,9 @@ fn evaluate<T: AsRef<TurnRecord>>(
             }
         }
         CriterionKind::SpansInOrder(expected) => {
-            let Some(spans) = spans_of(turns) else {
-                return skip(NO_SPANS);
+            let spans = match spans_of(turns) {
+                Ok(spans) => spans,
+                Err(why) => return skip(why),
             };
             // Each expected span must start after the previous match ended: spans that
             // overlap ran in parallel, which is not an order.
@@ -562,8 +565,9 @@ fn evaluate<T: AsRef<TurnRecord>>(
             }
         }
         CriterionKind::SpanDuration { name, max } => {
-            let Some(spans) = spans_of(turns) else {
-                return skip(NO_SPANS);
+            let spans = match spans_of(turns) {
+                Ok(spans) => spans,
+                Err(why) => return skip(why),
             };
             let limit = ms(*max);
             let named: Vec<&&SpanRecord> = spans.iter().filter(|s| &s.name == name).collect();
@@ -597,15 +601,30 @@ const NO_SPANS: &str = "no spans were collected for this turn: the agent needs `
 const NO_SPANS_HINT: &str = "its OTEL_EXPORTER_OTLP_ENDPOINT must be set to the run's \
      receiver (printed at the start; --otlp-receiver ADDR fixes its address)";
 
-/// The agent's spans on `turns`, in start order; `None` when there are none at all (spans
-/// were not collected: an instrumented agent reports at least its root span per turn).
-fn spans_of<'a>(turns: &[&'a TurnRecord]) -> Option<Vec<&'a SpanRecord>> {
-    let mut spans: Vec<&SpanRecord> = turns.iter().flat_map(|t| &t.spans).collect();
-    if spans.is_empty() {
-        return None;
+/// The agent's spans on `turns`, in start order; why not, when some turn has none. An
+/// instrumented agent reports at least its root span per turn, so a turn without any was
+/// not collected (its export failed, or arrived after the wait): counting, ordering or
+/// timing the spans of the others would decide on part of the trajectory.
+fn spans_of<'a>(turns: &[&'a TurnRecord]) -> Result<Vec<&'a SpanRecord>, String> {
+    let missing: Vec<String> = turns
+        .iter()
+        .filter(|t| t.spans.is_empty())
+        .map(|t| t.turn_index.to_string())
+        .collect();
+    if missing.len() == turns.len() {
+        return Err(NO_SPANS.to_owned());
     }
+    if !missing.is_empty() {
+        return Err(format!(
+            "no spans were collected for turn {} of the {} this check reads, so it would \
+             decide on part of them; {NO_SPANS_HINT}",
+            missing.join(", "),
+            turns.len()
+        ));
+    }
+    let mut spans: Vec<&SpanRecord> = turns.iter().flat_map(|t| &t.spans).collect();
     spans.sort_by_key(|s| (s.start_unix_nano, s.end_unix_nano));
-    Some(spans)
+    Ok(spans)
 }
 
 fn span_names(spans: &[&SpanRecord]) -> String {
@@ -1062,6 +1081,41 @@ mod tests {
                 .collect(),
             ..Default::default()
         }
+    }
+
+    /// A turn whose spans were not collected leaves a span check undecided: on the others
+    /// alone, `span-count max=1` would pass and `min=2` fail on part of the trajectory.
+    #[test]
+    fn span_checks_over_a_turn_without_spans_are_skipped() {
+        let span = |name: &str, start: u64| SpanRecord {
+            name: name.into(),
+            start_unix_nano: start,
+            end_unix_nano: start + 10,
+            ..Default::default()
+        };
+        let mut turns = [turn(0, "a", &[]), turn(1, "b", &[])];
+        turns[0].spans = vec![span("invoke_agent", 0), span("execute_tool lookup", 1)];
+        let count = |min, max| {
+            crit(CriterionKind::SpanCount {
+                name: "execute_tool lookup".into(),
+                min,
+                max,
+            })
+        };
+        for c in [count(None, Some(1)), count(Some(2), None)] {
+            let r = check(&c, Scope::Trajectory, &turns, None);
+            assert_eq!(r.status, CriterionStatus::Skipped, "{r:?}");
+            assert!(
+                r.detail
+                    .as_deref()
+                    .unwrap_or_default()
+                    .contains("turn 1 of the 2"),
+                "{r:?}"
+            );
+        }
+        turns[1].spans = vec![span("invoke_agent", 20), span("execute_tool lookup", 21)];
+        let r = check(&count(Some(2), Some(2)), Scope::Trajectory, &turns, None);
+        assert_eq!(r.status, CriterionStatus::Passed, "{r:?}");
     }
 
     #[test]
