@@ -246,9 +246,17 @@ fn sample_key(fields: &Fields, seed: u64) -> u64 {
 }
 
 /// The default row id: the first 12 hex digits of the hash of the row's content, keys
-/// sorted, so reordering rows or columns, or appending rows, changes no other row's id.
+/// sorted, so reordering rows or columns, or appending rows, changes no other row's id. A
+/// field that is `null` counts as absent: rows of a file whose objects differ get every
+/// column (`null` where they lack it), and a row appended with a new key must not change
+/// the others' ids.
 pub fn content_id(fields: &Fields) -> String {
-    let text = canonical_json(&Value::Object(fields.clone()));
+    let present: Fields = fields
+        .iter()
+        .filter(|(_, v)| !v.is_null())
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let text = canonical_json(&Value::Object(present));
     let hash = blake3::hash(text.as_bytes()).to_hex();
     hash.as_str()[..12].to_string()
 }
@@ -785,5 +793,8 @@ mod tests {
         assert_eq!(content_id(&a), content_id(&b));
         let c: Fields = serde_json::from_str(r#"{"a":2,"b":{"x":1,"y":2}}"#).unwrap();
         assert_ne!(content_id(&a), content_id(&c));
+        // A column another row brought in (`null` here) changes nothing.
+        let filled: Fields = serde_json::from_str(r#"{"a":1,"b":{"x":1,"y":2},"z":null}"#).unwrap();
+        assert_eq!(content_id(&a), content_id(&filled));
     }
 }
