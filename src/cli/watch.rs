@@ -149,6 +149,10 @@ struct Session {
     pending_since: Option<Instant>,
     /// Directories watched with everything below them.
     recursive: BTreeSet<PathBuf>,
+    /// The directories given on the command line (canonical), watched again when one is
+    /// removed and comes back (`git checkout` away and back): the kernel drops a watch with
+    /// its directory.
+    root_dirs: BTreeSet<PathBuf>,
     /// Directories watched for their own files.
     watched: BTreeSet<PathBuf>,
     /// Files the last good load read (canonical paths).
@@ -277,6 +281,7 @@ impl Session {
             pending: Vec::new(),
             pending_since: None,
             recursive: BTreeSet::new(),
+            root_dirs: BTreeSet::new(),
             watched: BTreeSet::new(),
             known: BTreeSet::new(),
             memo: Arc::new(TurnMemo::new()),
@@ -306,6 +311,11 @@ impl Session {
         let path = std::fs::canonicalize(root).unwrap_or_else(|_| root.to_path_buf());
         if path.is_dir() {
             self.watch_dir(&path, RecursiveMode::Recursive);
+            // Its parent, for its own removal and return.
+            if let Some(parent) = path.parent() {
+                self.watch_dir(parent, RecursiveMode::NonRecursive);
+            }
+            self.root_dirs.insert(path);
         } else if let Some(parent) = path.parent() {
             self.watch_dir(parent, RecursiveMode::NonRecursive);
         }
@@ -373,7 +383,21 @@ impl Session {
             }
             let mut paths = std::mem::take(&mut self.pending);
             let at = self.pending_since.take().unwrap_or_else(Instant::now);
-            paths.retain(|p| self.relevant(p));
+            // A root directory that was removed and is back: its old watch went with it.
+            let back: Vec<PathBuf> = self
+                .root_dirs
+                .iter()
+                .filter(|root| paths.contains(root) && root.is_dir())
+                .cloned()
+                .collect();
+            for root in &back {
+                // The old watch may still be registered (a rename away and back).
+                let _ = self.watcher.unwatch(root);
+                self.recursive.remove(root);
+                self.watch_dir(root, RecursiveMode::Recursive);
+            }
+            // A root directory gone or back changes what loads, either way.
+            paths.retain(|p| self.relevant(p) || self.root_dirs.contains(p));
             if !paths.is_empty() {
                 paths.sort();
                 paths.dedup();

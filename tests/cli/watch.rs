@@ -26,9 +26,14 @@ struct Watch {
 
 impl Watch {
     fn start(dir: &Path, extra: &[&str]) -> Watch {
+        Watch::start_on(dir, "suite.kdl", extra)
+    }
+
+    /// `trellis watch ROOT` in `dir`.
+    fn start_on(dir: &Path, root: &str, extra: &[&str]) -> Watch {
         let mut cmd = trellis();
         cmd.current_dir(dir)
-            .args(["watch", "suite.kdl", "--out", "runs"])
+            .args(["watch", root, "--out", "runs"])
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -1107,4 +1112,44 @@ async fn a_second_watch_of_the_same_out_is_refused() {
     );
     // The first goes on.
     assert!(first.child.try_wait().unwrap().is_none(), "{}", first.all());
+}
+
+/// A suites directory removed and brought back (`git checkout` of a branch without it and
+/// back): the kernel dropped the watch with the directory, and watch must watch it again,
+/// not go quiet for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_suites_directory_removed_and_brought_back_is_watched_again() {
+    let agent = MisbehavingServer::respond(200, OK_BODY).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suites = dir.path().join("suites");
+    std::fs::create_dir(&suites).unwrap();
+    let good = branching_suite(&agent.url(), "go right", 5);
+    write(&suites.join("suite.kdl"), &good);
+    let mut watch = Watch::start_on(dir.path(), "suites", &[]);
+    watch.wait_for("watch: rerun 1 done").await;
+
+    let away = dir.path().join("away");
+    std::fs::rename(&suites, &away).unwrap();
+    watch.wait_for("the last results stay").await;
+    std::fs::rename(&away, &suites).unwrap();
+    // Back as it was: valid again.
+    watch.wait_for("valid again").await;
+    // And an edit inside it is seen.
+    write(
+        &suites.join("suite.kdl"),
+        &good.replace("go left", "go west"),
+    );
+    watch.wait_for("watch: rerun 2 done").await;
+    assert_eq!(last_user_messages(&agent).last().unwrap(), "go west");
+
+    // Removed and created anew, files and all.
+    std::fs::remove_dir_all(&suites).unwrap();
+    watch.wait_for("the last results stay").await;
+    std::fs::create_dir(&suites).unwrap();
+    write(
+        &suites.join("suite.kdl"),
+        &good.replace("go left", "go east"),
+    );
+    watch.wait_for("watch: rerun 3 done").await;
+    assert_eq!(last_user_messages(&agent).last().unwrap(), "go east");
 }
