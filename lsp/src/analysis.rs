@@ -144,20 +144,58 @@ pub struct Occurrence {
     pub content: Range<usize>,
     /// The node that defines it (for a definition), from its name to its block's end.
     pub node: Range<usize>,
+    /// Written without quotes (`agent demo`): a new name that is not a bare identifier
+    /// must be quoted there.
+    pub bare: bool,
 }
 
-/// Every id the project defines and every place it is used, by kind (`agent`, `scenario`…)
-/// and id.
+/// The namespace an id of `kind` lives in: panels are judges to whoever names one.
+pub fn namespace(kind: &str) -> &str {
+    if kind == "panel" { "judge" } else { kind }
+}
+
+/// Every id the project defines and every place it is used, by namespace (`agent`,
+/// `judge` for judges and panels, `scenario`…) and id. Scenario ids are per suite: their
+/// key is `SUITE/ID`, as `needs` across suites writes it.
 #[derive(Default, Debug)]
 pub struct Index {
     pub defs: BTreeMap<(String, String), Vec<Occurrence>>,
     pub refs: BTreeMap<(String, String), Vec<Occurrence>>,
     /// `include "PATH"`s: the file each names (canonical) and where it is written.
     pub includes: Vec<(PathBuf, Occurrence)>,
+    /// Each file's suite name: its `suite "NAME"`, or its file stem.
+    pub suites: BTreeMap<PathBuf, String>,
 }
 
 impl Index {
+    /// The suite `file` belongs to.
+    pub fn suite_of(&self, file: &Path) -> &str {
+        self.suites.get(file).map_or("", String::as_str)
+    }
+
+    /// An id of `kind` as written in `file`: a scenario's without its suite when it is
+    /// `file`'s own.
+    pub fn written_in<'a>(&self, file: &Path, kind: &str, id: &'a str) -> &'a str {
+        match id.split_once('/') {
+            Some((suite, scenario)) if kind == "scenario" && suite == self.suite_of(file) => {
+                scenario
+            }
+            _ => id,
+        }
+    }
+
     pub fn add_file(&mut self, file: &Path, nodes: &[Node], protocols: &[&'static ProtocolSpec]) {
+        let suite = nodes
+            .iter()
+            .find(|n| !n.commented && n.name == "suite")
+            .and_then(|n| n.arg(0))
+            .map(|a| a.text.clone())
+            .unwrap_or_else(|| {
+                file.file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_default()
+            });
+        self.suites.insert(file.to_path_buf(), suite.clone());
         for node in nodes.iter().filter(|n| !n.commented) {
             let Some(spec) = lang::top(&node.name) else {
                 continue;
@@ -172,26 +210,35 @@ impl Index {
                         file: file.to_path_buf(),
                         content: arg.content.clone(),
                         node: node.span.clone(),
+                        bare: arg.content == arg.span,
                     },
                 ));
             }
             if let Some(id) = node.arg(0).filter(|_| DECLARATIONS.contains(&spec.name)) {
+                let key = if spec.name == "scenario" {
+                    format!("{suite}/{}", id.text)
+                } else {
+                    id.text.clone()
+                };
                 self.defs
-                    .entry((spec.name.to_string(), id.text.clone()))
+                    .entry((namespace(spec.name).to_string(), key))
                     .or_default()
                     .push(Occurrence {
                         file: file.to_path_buf(),
                         content: id.content.clone(),
                         node: node.span.clone(),
+                        bare: id.content == id.span,
                     });
             }
-            self.refs_in(file, node, spec, protocols, 0);
+            self.refs_in(file, &suite, node, spec, protocols, 0);
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn refs_in(
         &mut self,
         file: &Path,
+        suite: &str,
         node: &Node,
         spec: &'static NodeSpec,
         protocols: &[&'static ProtocolSpec],
@@ -200,25 +247,30 @@ impl Index {
         for entry in node.entries.iter().filter(|e| !e.commented) {
             let Some(value) = &entry.value else { continue };
             if let Some(ValueType::Ref(kind)) = value_type(node, spec, value, protocols) {
-                // `needs "suite/scenario"`: the scenario part names the scenario.
+                // `needs "suite/scenario"`: the scenario part names the scenario, of that
+                // suite; `needs "scenario"`: of this one.
                 let (id, content) = match value.text.rsplit_once('/') {
-                    Some((_, id))
+                    Some((other, id))
                         if kind == "scenario" && value.content.len() == value.text.len() =>
                     {
                         (
-                            id.to_string(),
+                            format!("{other}/{id}"),
                             value.content.end - id.len()..value.content.end,
                         )
+                    }
+                    _ if kind == "scenario" => {
+                        (format!("{suite}/{}", value.text), value.content.clone())
                     }
                     _ => (value.text.clone(), value.content.clone()),
                 };
                 self.refs
-                    .entry((kind.to_string(), id))
+                    .entry((namespace(kind).to_string(), id))
                     .or_default()
                     .push(Occurrence {
                         file: file.to_path_buf(),
                         content,
                         node: node.span.clone(),
+                        bare: value.content == value.span,
                     });
             }
         }
@@ -228,7 +280,7 @@ impl Index {
         let children = child_specs(node, spec, protocols);
         for child in node.children() {
             if let Some(child_spec) = children.iter().find(|s| s.name == child.name) {
-                self.refs_in(file, child, child_spec, protocols, depth + 1);
+                self.refs_in(file, suite, child, child_spec, protocols, depth + 1);
             }
         }
     }

@@ -187,11 +187,13 @@ impl Server {
                     .get(&(kind.clone(), id.clone()))
                     .and_then(|d| d.first())
                 else {
+                    let id = index.written_in(&trellis_dsl::canonical(&path), &kind, &id);
                     return Ok(Some(markdown(
                         format!("{kind} `{id}`: not defined in this project"),
                         value.span.clone(),
                     )));
                 };
+                let id = index.written_in(&trellis_dsl::canonical(&path), &kind, &id);
                 let head = views
                     .get(&def.file)
                     .map(|v| {
@@ -360,15 +362,19 @@ impl Server {
         let Some(key) = index.at(&file, offset) else {
             return Ok(None);
         };
-        if index
-            .defs
-            .contains_key(&(key.0.clone(), p.new_name.clone()))
-        {
+        // A scenario's id is its suite's: another suite's scenario of that name is not in
+        // the way.
+        let new_key = match key.1.rsplit_once('/') {
+            Some((suite, _)) if key.0 == "scenario" => format!("{suite}/{}", p.new_name),
+            _ => p.new_name.clone(),
+        };
+        if index.defs.contains_key(&(key.0.clone(), new_key)) {
             return Err(format!(
                 "the project already has a {} `{}`",
                 key.0, p.new_name
             ));
         }
+        let quoted = format!("\"{}\"", p.new_name);
         let mut changes: HashMap<Url, Vec<TextEdit>> = HashMap::new();
         for o in index
             .defs
@@ -378,10 +384,16 @@ impl Server {
             .flatten()
         {
             if let Some(loc) = location(&views, &o.file, o.content.clone()) {
+                // An id written bare (`agent demo`) stays bare only if the new name can be.
+                let text = if o.bare && !is_bare_identifier(&p.new_name) {
+                    quoted.clone()
+                } else {
+                    p.new_name.clone()
+                };
                 changes
                     .entry(loc.uri)
                     .or_default()
-                    .push(TextEdit::new(loc.range, p.new_name.clone()));
+                    .push(TextEdit::new(loc.range, text));
             }
         }
         Ok(Some(WorkspaceEdit {
@@ -503,11 +515,6 @@ fn value_items(
     };
     match ty {
         Some(ValueType::Ref(kind)) => {
-            let kinds: &[&str] = if kind == "judge" {
-                &["judge", "panel"]
-            } else {
-                &[kind]
-            };
             // A scenario does not need itself (`needs` inside it names others).
             let own_scenario = chain
                 .iter()
@@ -515,13 +522,15 @@ fn value_items(
                 .and_then(|n| n.arg(0))
                 .filter(|_| node_name == "needs")
                 .map(|a| a.text.as_str());
-            for k in kinds {
-                for (id, _) in index.ids(k) {
-                    if *k == "scenario" && Some(id) == own_scenario {
-                        continue;
-                    }
-                    items.push(word(id, k, CompletionItemKind::REFERENCE));
+            let file = trellis_dsl::canonical(file);
+            let k = crate::analysis::namespace(kind);
+            for (id, _) in index.ids(k) {
+                // Another suite's scenario is written `SUITE/ID`.
+                let id = index.written_in(&file, k, id);
+                if k == "scenario" && Some(id) == own_scenario {
+                    continue;
                 }
+                items.push(word(id, k, CompletionItemKind::REFERENCE));
             }
         }
         Some(ValueType::OneOf(words)) => {
@@ -731,4 +740,15 @@ fn location(
         to_uri(file)?,
         view.lines.range(&view.text, span),
     ))
+}
+
+/// Whether `name` can be written without quotes in KDL 2: an identifier that is not a
+/// keyword and reads as no number (else a rename writes it quoted).
+fn is_bare_identifier(name: &str) -> bool {
+    let mut chars = name.chars();
+    chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+        && !matches!(name, "true" | "false" | "null" | "inf" | "nan")
 }

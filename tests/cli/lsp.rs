@@ -265,9 +265,11 @@ fn an_editor_gets_checks_completion_hover_navigation_and_rename() {
         !files.contains(&"draft.kdl".to_string()),
         "itself: {files:?}"
     );
+    // Another suite's scenarios, as `needs` must name them there.
     let scenarios = labels(&out[22]);
     assert!(
-        scenarios.contains(&"first".to_string()) && scenarios.contains(&"second".to_string()),
+        scenarios.contains(&"main/first".to_string())
+            && scenarios.contains(&"main/second".to_string()),
         "{scenarios:?}"
     );
     // A scenario does not need itself.
@@ -580,6 +582,70 @@ scenario "s" {
         Some(9),
         "{}",
         out[3]
+    );
+}
+
+/// Scenario ids are per suite: renaming `smoke` in one file leaves another suite's `smoke`
+/// and its `needs` alone. Panels are judges to `judge="ID"`: renaming one renames those.
+/// An id written bare stays valid KDL when the new name needs quotes.
+#[test]
+fn renames_keep_to_the_ids_namespace_and_write_valid_kdl() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let suite = |other: &str| {
+        format!(
+            "agent \"bot\" protocol=\"connexity\" builtin=\"booking\"\n\
+             scenario \"smoke\" {{\n    agent \"bot\"\n    user \"hi\"\n    expect no-error\n}}\n\
+             scenario \"{other}\" {{\n    agent \"bot\"\n    needs \"smoke\"\n    user \"hi\"\n    expect no-error\n}}\n"
+        )
+    };
+    std::fs::write(dir.path().join("a.kdl"), suite("second")).expect("written");
+    std::fs::write(
+        dir.path().join("b.kdl"),
+        suite("third").replace(
+            "agent \"bot\" protocol=\"connexity\" builtin=\"booking\"\n",
+            "",
+        ),
+    )
+    .expect("written");
+    let judges = "provider \"p\" kind=\"openai\" base-url=\"http://127.0.0.1:9/v1\" model=\"m\"\n\
+                  judge \"j1\" provider=\"p\"\njudge \"j2\" provider=\"p\"\n\
+                  panel \"pn\" consensus=\"mean\" {\n    judges \"j1\" \"j2\"\n}\n\
+                  agent demo protocol=\"connexity\" builtin=\"booking\"\n\
+                  scenario \"c\" {\n    agent demo\n    user \"hi\"\n    criteria {\n        \
+                  judge \"polite\" judge=\"pn\"\n    }\n}\n";
+    std::fs::write(dir.path().join("c.kdl"), judges).expect("written");
+    let steps = serde_json::json!([
+        {"do": "open", "file": "a.kdl"},
+        {"do": "rename", "file": "a.kdl", "line": 1, "character": 11, "to": "smoke-test"},
+        // `second` to `smoke`: taken in a.kdl only (b.kdl's `smoke` is another suite's).
+        {"do": "rename", "file": "b.kdl", "line": 5, "character": 11, "to": "second"},
+        {"do": "rename", "file": "c.kdl", "line": 3, "character": 8, "to": "the-panel"},
+        {"do": "rename", "file": "c.kdl", "line": 6, "character": 7, "to": "my agent"},
+    ]);
+    let out = session(dir.path(), steps);
+    assert_eq!(
+        out[2]["edits"],
+        serde_json::json!({"a.kdl": 2}),
+        "{}",
+        out[2]
+    );
+    assert_eq!(
+        out[3]["edits"],
+        serde_json::json!({"b.kdl": 1}),
+        "{}",
+        out[3]
+    );
+    assert_eq!(
+        out[4]["edits"],
+        serde_json::json!({"c.kdl": 2}),
+        "{}",
+        out[4]
+    );
+    assert_eq!(
+        out[5]["texts"],
+        serde_json::json!({"c.kdl": ["\"my agent\"", "\"my agent\""]}),
+        "{}",
+        out[5]
     );
 }
 

@@ -112,10 +112,11 @@ async def main(binary, project, script):
         elif kind == "rename":
             r = await client.text_document_rename_async(t.RenameParams(
                 text_document=ident, position=pos, new_name=step["to"]))
-            edits = {}
+            edits, texts = {}, {}
             for u, es in ((r.changes or {}) if r else {}).items():
                 edits[Path(u.removeprefix("file://")).name] = len(es)
-            print(json.dumps({"step": kind, "edits": edits}), flush=True)
+                texts[Path(u.removeprefix("file://")).name] = sorted(e.new_text for e in es)
+            print(json.dumps({"step": kind, "edits": edits, "texts": texts}), flush=True)
         elif kind == "format":
             r = await client.text_document_formatting_async(t.DocumentFormattingParams(
                 text_document=ident, options=t.FormattingOptions(tab_size=4, insert_spaces=True)))
