@@ -139,6 +139,18 @@ enum Connection {
 trait Duplex: AsyncRead + AsyncWrite + Send + Unpin {}
 impl<T: AsyncRead + AsyncWrite + Send + Unpin> Duplex for T {}
 
+/// Whether the agent closed (or broke) an idle kept connection: its end of stream is
+/// readable now. Bytes it sent ahead stay in the buffer for the next answer.
+fn closed_by_peer(stream: &mut BufReader<Box<dyn Duplex>>) -> bool {
+    use futures::FutureExt;
+    match stream.fill_buf().now_or_never() {
+        Some(Ok(buffered)) => buffered.is_empty(),
+        Some(Err(_)) => true,
+        // Nothing to read yet: open and quiet.
+        None => false,
+    }
+}
+
 struct LiveProcess {
     child: Child,
     stdin: ChildStdin,
@@ -262,12 +274,24 @@ impl LineTransport {
         request: &[u8],
         timeout: Duration,
     ) -> Result<LineReply, Fault> {
-        let result = self.exchange(open, request, timeout).await;
-        if result.is_err() {
-            // After a failure the pipe or socket is in an unknown state: end it (the whole
-            // process tree, for a process) and start afresh on the next call.
-            if let Some(connection) = open.take() {
-                connection.kill().await;
+        let reused = open.is_some();
+        let mut result = self.exchange(open, request, timeout).await;
+        for attempt in 0..2 {
+            if result.is_err() {
+                // After a failure the pipe or socket is in an unknown state: end it (the
+                // whole process tree, for a process) and start afresh on the next call.
+                if let Some(connection) = open.take() {
+                    connection.kill().await;
+                }
+            }
+            // A kept process or connection that ended after its last answer, before it read
+            // this request (it exited, or closed, between calls, racing the check in
+            // `exchange`): started afresh and asked once more, as a long-lived agent is
+            // restarted when it dies. Not when it may have read the request.
+            if attempt == 0 && reused && result.as_ref().is_err_and(never_read) {
+                result = self.exchange(open, request, timeout).await;
+            } else {
+                break;
             }
         }
         result
@@ -295,6 +319,14 @@ impl LineTransport {
                 self.call_once(spec, request, timeout).await
             }
             LineEndpoint::Process(spec) => {
+                // One that ended since its last answer is started again, not sent a request
+                // it can never read.
+                if let Some(Connection::Process(process)) = open.as_mut()
+                    && matches!(process.child.try_wait(), Ok(Some(_)))
+                    && let Some(ended) = open.take()
+                {
+                    ended.kill().await;
+                }
                 if open.is_none() {
                     *open = Some(Connection::Process(Box::new(spawn(spec)?)));
                 }
@@ -351,6 +383,13 @@ impl LineTransport {
         open: &mut Option<Connection>,
         request: &[u8],
     ) -> Result<LineReply, Fault> {
+        // A kept connection the agent closed since its last answer (a server that closes
+        // after each one) is opened again, not written to.
+        if let Some(Connection::Socket(stream)) = open.as_mut()
+            && closed_by_peer(stream)
+        {
+            *open = None;
+        }
         if open.is_none() {
             *open = Some(Connection::Socket(BufReader::new(self.connect().await?)));
         }
@@ -573,7 +612,7 @@ pub async fn read_line<R: AsyncBufReadExt + Unpin>(
         let available = read.fill_buf().await.map_err(|e| io_fault(&e, describe))?;
         if available.is_empty() {
             let what = if line.is_empty() {
-                "closed the connection without answering"
+                NO_ANSWER
             } else {
                 "closed the connection in the middle of its answer line"
             };
@@ -746,11 +785,23 @@ fn could_not_start(status: std::process::ExitStatus) -> bool {
 fn io_fault(e: &io::Error, describe: &str) -> Fault {
     let what = match e.kind() {
         io::ErrorKind::ConnectionReset => "reset the connection".to_owned(),
-        io::ErrorKind::BrokenPipe => "closed its input before reading the request".to_owned(),
+        io::ErrorKind::BrokenPipe => NOT_READ.to_owned(),
         io::ErrorKind::UnexpectedEof => "closed the connection early".to_owned(),
         _ => format!("failed: {e}"),
     };
     Fault::new(FaultCategory::Transport, format!("{describe} {what}"))
+}
+
+/// An agent that closed its end with nothing of an answer written.
+const NO_ANSWER: &str = "closed the connection without answering";
+/// An agent whose input was closed when the request was written.
+const NOT_READ: &str = "closed its input before reading the request";
+
+/// Whether `fault` says the agent ended before it answered anything: on a kept process or
+/// connection, one that ended between calls.
+fn never_read(fault: &Fault) -> bool {
+    fault.category == FaultCategory::Transport
+        && (fault.message.contains(NO_ANSWER) || fault.message.contains(NOT_READ))
 }
 
 fn internal(message: &str) -> Fault {

@@ -574,6 +574,21 @@ async fn python_process_agents_run_the_loop_in_both_modes() {
     }
 }
 
+/// A long-lived agent that answers one line and exits: restarted for the next call of the
+/// turn (the tool loop's feedback), not a fault.
+#[tokio::test]
+async fn a_long_lived_process_that_exits_after_an_answer_is_started_again() {
+    let command = python_command(
+        "print(json.dumps(answer(json.loads(sys.stdin.readline()))), flush=True)\nsys.exit(0)",
+    );
+    let client = process_client(&command, ProcessMode::LongLived);
+    let mut session = client.session();
+    let turn = user(&mut session, "Identify the customer.").await;
+    assert!(turn.fault.is_none(), "{:?}", turn.fault);
+    assert_eq!(turn.reply.as_deref(), Some("Jane Doe"));
+    client.close().await;
+}
+
 #[tokio::test]
 async fn a_process_that_logs_on_stdout_is_a_fault_naming_the_line() {
     let client = process_client(
@@ -645,6 +660,49 @@ async fn a_tcp_agent_runs_the_loop_per_call_or_on_one_connection() {
         assert_eq!(connections.load(Ordering::SeqCst), expected, "{keep_open}");
         client.close().await;
     }
+}
+
+/// A kept connection the agent closes after each answer (as harness-style servers do) is
+/// opened again for the next call, not a fault.
+#[tokio::test]
+async fn a_kept_connection_the_agent_closes_after_each_answer_is_opened_again() {
+    let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .await
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let connections = Arc::new(AtomicUsize::new(0));
+    let count = connections.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let (read, mut write) = stream.into_split();
+                let mut lines = BufReader::new(read).lines();
+                if let Ok(Some(line)) = lines.next_line().await {
+                    let request: Value = serde_json::from_str(&line).unwrap_or(Value::Null);
+                    let mut answer = customer_agent(&request).to_string();
+                    answer.push('\n');
+                    let _ = write.write_all(answer.as_bytes()).await;
+                }
+                // Closed after one answer.
+            });
+        }
+    });
+    let client = MultiAgentClient::socket(
+        &format!("tcp://{addr}"),
+        LINE_LIMITS,
+        RetryPolicy::default(),
+        MultiAgentOptions {
+            keep_open: true,
+            ..customer_tools()
+        },
+    )
+    .unwrap();
+    let turn = user(&mut client.session(), "Identify the customer.").await;
+    assert!(turn.fault.is_none(), "{:?}", turn.fault);
+    assert_eq!(turn.reply.as_deref(), Some("Jane Doe, 100 Mbps"));
+    assert_eq!(connections.load(Ordering::SeqCst), 2);
+    client.close().await;
 }
 
 #[test]
