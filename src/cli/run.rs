@@ -1084,7 +1084,8 @@ pub fn new_run_id() -> String {
 /// A run id for a run that started at `now` (`trellis merge`: when its first shard
 /// started), in [`new_run_id`]'s form.
 pub fn run_id_at(now: SystemTime) -> String {
-    let seconds: String = execute::rfc3339(now)
+    let seconds: String = humantime::format_rfc3339_seconds(now)
+        .to_string()
         .chars()
         .filter(|c| c.is_ascii_digit() || *c == 'T')
         .collect();

@@ -656,10 +656,39 @@ async fn the_runs_own_spans_reach_a_real_collector() {
             "invoke_agent"
         );
     }
-    // The agent's own spans (in spans.parquet) name the exported turn spans as parents.
-    let parents = strings(&span_rows(&out), "parent_span_id");
+    // The agent's own spans (in spans.parquet) name the exported turn spans as parents,
+    // and start inside them: the turns are placed from the run's start to the millisecond
+    // (to the second, they came up to a second early and ended before their agent's span).
+    let rows = span_rows(&out);
+    let parents = strings(&rows, "parent_span_id");
+    let starts: Vec<u64> = rows
+        .column("start_unix_nano")
+        .unwrap()
+        .u64()
+        .unwrap()
+        .iter()
+        .map(Option::unwrap)
+        .collect();
+    let nanos = |v: &serde_json::Value| {
+        v.as_u64()
+            .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+            .unwrap()
+    };
+    const SLACK: u64 = 5_000_000;
     for turn in &exported {
-        assert!(parents.iter().flatten().any(|p| turn["span_id"] == *p));
+        let children: Vec<u64> = parents
+            .iter()
+            .zip(&starts)
+            .filter(|(p, _)| p.as_deref() == turn["span_id"].as_str())
+            .map(|(_, start)| *start)
+            .collect();
+        assert!(!children.is_empty(), "{turn}");
+        for child in children {
+            assert!(
+                nanos(&turn["start"]) <= child + SLACK && child <= nanos(&turn["end"]) + SLACK,
+                "the agent's span at {child} is outside its turn {turn}"
+            );
+        }
     }
 }
 

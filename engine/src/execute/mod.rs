@@ -727,5 +727,7 @@ pub(crate) fn ms(d: Duration) -> f64 {
 
 /// RFC 3339 in UTC, second precision.
 pub fn rfc3339(t: SystemTime) -> String {
-    humantime::format_rfc3339_seconds(t).to_string()
+    // To the millisecond: runs started within one second are ordered by it, and a trace's
+    // spans are placed from it (docs/results.md, `started_at`).
+    humantime::format_rfc3339_millis(t).to_string()
 }

@@ -258,6 +258,8 @@ impl SpanExporter {
     pub fn push(&mut self, event: &Event) {
         match event {
             Event::RunStarted(info) => {
+                // To the millisecond (`execute::rfc3339`): the times of nodes and turns
+                // count from it.
                 self.origin = humantime::parse_rfc3339(&info.started_at)
                     .ok()
                     .map_or(self.origin, system_nanos);
