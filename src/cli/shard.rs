@@ -274,14 +274,16 @@ pub fn recorded(dir: &Path) -> Result<Option<ShardPlan>, String> {
     };
     let split: ShardPlan = serde_json::from_str(&text).map_err(|e| {
         format!(
-            "{} is not a shard plan ({e}); the shard cannot be resumed as the shard it was:              run it again with `trellis run --shard I/N --out {} --replace`",
+            "{} is not a shard plan ({e}); the shard cannot be resumed as the shard it was: \
+             run it again with `trellis run --shard I/N --out {} --replace`",
             path.display(),
             dir.display()
         )
     })?;
     if split.version != trellis_engine::record::SHARD_PLAN_VERSION {
         return Err(format!(
-            "{} is version {}, and this trellis reads version {}: run the shard again with              `--replace`",
+            "{} is version {}, and this trellis reads version {}: run the shard again with \
+             `--replace`",
             path.display(),
             split.version,
             trellis_engine::record::SHARD_PLAN_VERSION

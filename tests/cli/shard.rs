@@ -384,28 +384,46 @@ async fn the_kubernetes_recipe_shards_3000_trajectories_with_a_pod_killed_and_re
     assert_eq!(shard_shell, ["sh", "-c"]);
     let work_dir = shard_container["workingDir"].as_str().unwrap();
     assert_eq!(work_dir, "/work");
-    let env: Vec<(String, String)> = shard_container["env"]
-        .as_sequence()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            (
-                e["name"].as_str().unwrap().to_owned(),
-                e["value"].as_str().unwrap().to_owned(),
-            )
-        })
-        .collect();
-    assert_eq!(env, [("TRELLIS_SHARDS".to_owned(), "3".to_owned())]);
+    let env_of = |c: &Yaml| -> Vec<(String, String)> {
+        c["env"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                (
+                    e["name"].as_str().unwrap().to_owned(),
+                    e["value"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect()
+    };
+    let env = env_of(&shard_container);
+    let run_results = "/results/run-PIPELINE_ID".to_owned();
+    assert_eq!(
+        env,
+        [
+            ("TRELLIS_SHARDS".to_owned(), "3".to_owned()),
+            ("RESULTS".to_owned(), run_results.clone())
+        ]
+    );
     let merge_container = container(&docs[1]);
     assert_eq!(shell(&merge_container), ["sh", "-c"]);
+    // Both Jobs of a run write and read one directory of that run.
+    assert_eq!(
+        env_of(&merge_container),
+        [("RESULTS".to_owned(), run_results.clone())]
+    );
 
     // `/results` is the volume every pod mounts; `/work` the image's working directory.
     let tmp = tempfile::tempdir().unwrap();
-    let results_dir = tmp.path().join("results");
+    let volume = tmp.path().join("results");
+    let local = |line: &str| line.replace("/results", volume.to_str().unwrap());
+    let results_dir = PathBuf::from(local(&run_results));
     std::fs::create_dir_all(&results_dir).unwrap();
-    let local = |line: &str| line.replace("/results", results_dir.to_str().unwrap());
-    let shard_line = local(shard_container["args"][0].as_str().unwrap());
-    let merge_line = local(merge_container["args"][0].as_str().unwrap());
+    let env: Vec<(String, String)> = env.iter().map(|(k, v)| (k.clone(), local(v))).collect();
+    let merge_env = [("RESULTS", local(&run_results))];
+    let shard_line = shard_container["args"][0].as_str().unwrap().to_owned();
+    let merge_line = merge_container["args"][0].as_str().unwrap().to_owned();
 
     // The agent: answers every call, counted by the tag of the process that made it, and
     // stalls the first attempt of pod 1 after 300 calls, to be killed there.
@@ -473,7 +491,7 @@ async fn the_kubernetes_recipe_shards_3000_trajectories_with_a_pod_killed_and_re
     // Merged now, the killed shard's unfinished trajectories are missing, by name.
     let merge_shell: Vec<String> = shell(&merge_container);
     let merge_shell: Vec<&str> = merge_shell.iter().map(String::as_str).collect();
-    let early = runner_command(&merge_shell, &merge_line, &work, &[])
+    let early = runner_command(&merge_shell, &merge_line, &work, &merge_env)
         .output()
         .await
         .unwrap();
@@ -601,7 +619,7 @@ async fn the_kubernetes_recipe_shards_3000_trajectories_with_a_pod_killed_and_re
     assert_eq!(resumed_meta["shard"]["index"], 2);
     assert_eq!(resumed_meta["run_id"], killed_meta["run_id"]);
 
-    let merged = runner_command(&merge_shell, &merge_line, &work, &[])
+    let merged = runner_command(&merge_shell, &merge_line, &work, &merge_env)
         .output()
         .await
         .unwrap();
