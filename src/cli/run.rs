@@ -282,10 +282,16 @@ pub fn run(args: RunArgs) -> u8 {
         spans_grace: args.spans_grace,
         signals: None,
     };
+    let fresh = resumed.is_none();
     let outcome = match execute_plan(plan, &run_id, &out, &settings, resumed) {
         Ok(outcome) => outcome,
         Err(message) => {
             errln!("error: {message}");
+            if fresh {
+                // Nothing ran (a receiver port taken, an OTLP setting refused): the
+                // directory must not be listed as a run that never finished.
+                abandon(&out, _claim);
+            }
             return EXIT_INVALID;
         }
     };
@@ -654,6 +660,20 @@ pub struct Outcome {
 /// The engine runs on this thread's runtime; every reporter (journal, tables, console) runs
 /// on a thread of its own fed by the event stream, so writing results never delays an agent
 /// call and never inflates a measured latency.
+/// Removes what a run that never started wrote in `out` (its `run.json`, a shard's
+/// `shard.json`), then `out` itself when nothing else is in it.
+fn abandon(out: &Path, claim: super::recorder::OutClaim) {
+    for name in [
+        trellis_reports::history::RUN_META_FILE,
+        trellis_engine::record::SHARD_PLAN_FILE,
+    ] {
+        let _ = std::fs::remove_file(out.join(name));
+    }
+    // The lock file goes with the claim; a directory with anything else in it stays.
+    drop(claim);
+    let _ = std::fs::remove_dir(out);
+}
+
 pub fn execute_plan(
     plan: Plan,
     run_id: &str,

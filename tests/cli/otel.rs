@@ -540,7 +540,34 @@ scenario "s" {
         "{}",
         stderr(&o)
     );
-    assert!(!dir.path().join("out2/journal.jsonl").exists());
+    // Nothing of the run is left: no directory to list as a run that never finished.
+    assert!(!dir.path().join("out2").exists());
+    // Into the runs directory too, with an OTLP setting refused.
+    let o = trellis()
+        .current_dir(dir.path())
+        .arg("run")
+        .arg(&suite)
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}{}", stdout(&o), stderr(&o));
+    let listed = trellis()
+        .current_dir(dir.path())
+        .arg("runs")
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        !stdout(&listed).contains("unfinished"),
+        "{}",
+        stdout(&listed)
+    );
+    let runs: Vec<_> = std::fs::read_dir(dir.path().join("runs"))
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(runs.is_empty(), "{runs:?}");
 }
 
 /// A real OTLP collector (Python, decoding with the `opentelemetry-proto` package), started
