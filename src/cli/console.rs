@@ -977,12 +977,27 @@ pub(super) fn spans_notices(receiver: String) -> trellis_engine::otel::SpansNoti
     use trellis_engine::otel::SpansNotice;
     let told = std::sync::Mutex::new(std::collections::HashSet::<String>::new());
     trellis_engine::otel::SpansNotices(std::sync::Arc::new(move |notice| match notice {
-        SpansNotice::TurnGotNone { agent, wait } => {
+        SpansNotice::TurnGotNone {
+            agent,
+            wait,
+            foreign,
+        } => {
             let first = told
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .insert(agent.to_owned());
-            if first {
+            if first && foreign > 0 {
+                // Spans arrive, but in traces of their own: the endpoint is right.
+                errln!(
+                    "no span of agent `{agent}` arrived within {} of its answer \
+                     (--spans-wait), and each of its turns waits as long: the receiver at \
+                     {receiver} got {} of other traces, dropped: the agent must continue \
+                     the `traceparent` header of each request in its spans (extract it, \
+                     or use an instrumented HTTP server)",
+                    humantime::format_duration(wait),
+                    count(foreign, "span", "spans"),
+                );
+            } else if first {
                 errln!(
                     "no span of agent `{agent}` arrived within {} of its answer \
                      (--spans-wait), and each of its turns waits as long: point its \

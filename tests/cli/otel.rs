@@ -57,8 +57,13 @@ struct PythonAgent {
 
 impl PythonAgent {
     fn start(receiver: u16) -> Self {
+        PythonAgent::start_with(receiver, &[])
+    }
+
+    fn start_with(receiver: u16, env: &[(&str, &str)]) -> Self {
         let mut child = Command::new(python())
             .arg(repo("tests/cli/otel/agent.py"))
+            .envs(env.iter().copied())
             .env(
                 "OTEL_EXPORTER_OTLP_ENDPOINT",
                 format!("http://127.0.0.1:{receiver}"),
@@ -481,6 +486,32 @@ scenario "book" {
         signalled.elapsed()
     );
     assert_eq!(read_parquet(&out.join("trajectories.parquet")).height(), 2);
+}
+
+/// An agent that exports to the receiver but does not continue the `traceparent` it is
+/// sent: its spans arrive in traces of their own and are dropped, and the notice says so
+/// instead of telling the user to point an endpoint that is already right.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_of_another_trace_are_named_as_such() {
+    let receiver = free_port();
+    let agent = PythonAgent::start_with(receiver, &[("AGENT_NO_PROPAGATION", "1")]);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("otel.kdl"), suite(agent.port)).unwrap();
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path().join("otel.kdl"))
+        .arg("--out")
+        .arg(dir.path().join("out"))
+        .arg("--otlp-receiver")
+        .arg(format!("127.0.0.1:{receiver}"))
+        .args(["--spans-wait", "400ms", "--spans-grace", "0s"])
+        .output()
+        .await
+        .unwrap();
+    let err = stderr(&o);
+    assert!(err.contains("of other traces, dropped"), "{err}");
+    assert!(err.contains("`traceparent`"), "{err}");
+    assert!(!err.contains("point its"), "{err}");
 }
 
 /// A span check on an agent whose spans are not collected is a warning of `check` and a

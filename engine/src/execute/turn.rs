@@ -178,6 +178,7 @@ impl Unit<'_> {
                 (notices.0)(crate::otel::SpansNotice::TurnGotNone {
                     agent: self.agent_id(),
                     wait: shared.spans_wait,
+                    foreign: store.foreign(),
                 });
             }
             if let Some(kept) = &spans_for_reuse {

@@ -51,7 +51,13 @@ pub struct Telemetry {
 pub enum SpansNotice<'a> {
     /// A turn of `agent` waited the whole `wait` (`--spans-wait`) after its answer and no
     /// span of it arrived: each of its turns will wait as long.
-    TurnGotNone { agent: &'a str, wait: Duration },
+    /// `foreign`: spans of other traces the receiver took in (and dropped) so far, which
+    /// says the agent's spans arrive but do not continue the `traceparent` it was sent.
+    TurnGotNone {
+        agent: &'a str,
+        wait: Duration,
+        foreign: u64,
+    },
     /// The end of the run has waited a moment and goes on waiting, up to `grace`
     /// (`--spans-grace`), for the root spans of `turns` turns.
     EndWaits { turns: usize, grace: Duration },

@@ -122,6 +122,12 @@ impl SpanStore {
         }
     }
 
+    /// Spans of other traces taken in so far (and dropped): an agent that exports to the
+    /// receiver without continuing the `traceparent` it was sent.
+    pub fn foreign(&self) -> u64 {
+        self.lock().foreign
+    }
+
     /// Takes in spans decoded from one export request.
     pub fn add(&self, spans: Vec<SpanRecord>) {
         {

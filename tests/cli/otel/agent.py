@@ -12,6 +12,7 @@ Prints its port on the first line of stdout.
 """
 
 import json
+import os
 import sys
 import threading
 import time
@@ -73,7 +74,9 @@ def answer(message):
 class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
-        parent = extract(dict(self.headers))
+        # AGENT_NO_PROPAGATION=1: an agent that does not continue the caller's trace (its
+        # spans arrive in traces of their own).
+        parent = None if os.environ.get("AGENT_NO_PROPAGATION") else extract(dict(self.headers))
         with tracer.start_as_current_span(
             "invoke_agent weather-agent", context=parent, kind=trace.SpanKind.SERVER
         ) as span:
