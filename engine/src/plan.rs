@@ -955,7 +955,50 @@ pub fn warnings(project: &Project) -> Vec<Diagnostic> {
             }
         }
     }
+    out.extend(
+        project
+            .agents
+            .iter()
+            .filter_map(|a| spans_unmatchable(a, &warn)),
+    );
     out
+}
+
+/// `spans #true` on an agent reached over stdio, TCP or a Unix socket: newline-delimited
+/// JSON carries no `traceparent` (docs/opentelemetry.md), so its spans can never be matched
+/// to its turns, and each turn would wait out `--spans-wait` for them.
+fn spans_unmatchable(
+    agent: &Agent,
+    warn: &impl Fn(Span, String, &str, &str) -> Diagnostic,
+) -> Option<Diagnostic> {
+    if !agent.spans {
+        return None;
+    }
+    let over = match &agent.endpoint {
+        Endpoint::Command(_) => "its process's stdin and stdout",
+        Endpoint::Socket(_) => "its socket",
+        Endpoint::Builtin(_) => match agent
+            .settings
+            .setting("transport")
+            .and_then(|t| t.value.value.as_str())
+        {
+            Some("process") => "its process's stdin and stdout",
+            Some("tcp" | "unix") => "its socket",
+            _ => return None,
+        },
+        _ => return None,
+    };
+    Some(warn(
+        agent.id.span,
+        format!(
+            "agent `{}` has `spans #true`, but no `traceparent` reaches it over {over}: \
+             its spans cannot be matched to its turns",
+            agent.id.value
+        ),
+        "its spans cannot be collected",
+        "reach it over HTTP (`url=`), where each request carries its turn's `traceparent`, \
+         or remove `spans #true`",
+    ))
 }
 
 /// A scenario's instances as warnings name them: how many, and the first few ids.

@@ -488,6 +488,29 @@ scenario "book" {
     assert_eq!(read_parquet(&out.join("trajectories.parquet")).height(), 2);
 }
 
+/// `spans #true` on an agent reached over a socket or a process's pipes, which carry no
+/// `traceparent`: `check` warns at the agent instead of every turn waiting in vain.
+#[tokio::test]
+async fn spans_on_an_agent_no_traceparent_reaches_is_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("s.kdl");
+    std::fs::write(
+        &suite,
+        "agent \"s\" protocol=\"multiagent\" builtin=\"support\" transport=\"tcp\" {\n    \
+         spans #true\n}\nagent \"h\" protocol=\"multiagent\" builtin=\"support\" {\n    \
+         spans #true\n}\nscenario \"x\" {\n    agents \"s\" \"h\"\n    user \"hi\"\n    \
+         expect no-error\n}\n",
+    )
+    .unwrap();
+    let o = trellis().arg("check").arg(&suite).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("agent `s` has `spans #true`"), "{err}");
+    assert!(err.contains("s.kdl:1:7"), "{err}");
+    // Over HTTP the header is there: nothing to say.
+    assert!(!err.contains("agent `h`"), "{err}");
+}
+
 /// An agent that exports to the receiver but does not continue the `traceparent` it is
 /// sent: its spans arrive in traces of their own and are dropped, and the notice says so
 /// instead of telling the user to point an endpoint that is already right.
