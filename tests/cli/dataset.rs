@@ -459,6 +459,30 @@ async fn a_matrix_past_the_instance_limit_is_an_error_not_a_crash() {
     assert!(said.contains("suite.kdl:"), "{said}");
 }
 
+/// Matrix values that an instance id writes the same (`1` and `"1"`) would be one instance,
+/// the other never run: an error at the repeat, not a silent drop.
+#[tokio::test]
+async fn matrix_values_that_read_the_same_are_an_error() {
+    let suite = format!(
+        "{AGENT}scenario \"m\" {{\n    matrix {{\n        n 1 \"1\" 2\n    }}\n    user \"hi\"\n    \
+         expect no-error\n}}\n"
+    );
+    let dir = project(&suite, &[]);
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path().join("suite.kdl"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let said = crate::flat(&stderr(&o));
+    assert!(
+        said.contains("matrix value `1` of `n` is given twice"),
+        "{said}"
+    );
+    assert!(said.contains("suite.kdl:"), "{said}");
+}
+
 #[tokio::test]
 async fn matrix_values_are_vars_and_name_the_instances() {
     let suite = format!(

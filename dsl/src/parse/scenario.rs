@@ -384,7 +384,34 @@ impl<'f> Decoder<'f> {
                 self.problem(p);
                 continue;
             }
-            let values: Vec<Value> = cv.args.iter().filter_map(|e| self.json(e)).collect();
+            let mut values: Vec<Value> = Vec::new();
+            for e in cv.args.iter() {
+                let Some(value) = self.json(e) else { continue };
+                // An instance is named by its values as written in its id (`1` and `"1"`
+                // both `n=1`): two that read the same would be one instance, the other
+                // never run.
+                let shown = crate::expand::display(&value);
+                if values.iter().any(|v| crate::expand::display(v) == shown) {
+                    let d = self
+                        .diag(
+                            Kind::InvalidValue,
+                            format!(
+                                "matrix value `{shown}` of `{}` is given twice (as the \
+                                 instance id writes it)",
+                                cv.name
+                            ),
+                            value_span(e),
+                            "the same as an earlier value",
+                        )
+                        .with_help(
+                            "each value makes one instance, named by the value as written: \
+                             remove the repeat (`1` and `\"1\"` are both `=1`)",
+                        );
+                    self.report(d);
+                    continue;
+                }
+                values.push(value);
+            }
             out.push(MatrixVar {
                 name: Spanned::new(cv.name.to_string(), self.span(cv.name_span)),
                 values,
