@@ -132,6 +132,15 @@ async fn an_imported_case_runs_end_to_end_against_the_booking_agent() {
                 r#"{"passed": true, "justification": "booked"}"#,
             )],
         ),
+        // The case's evaluation_criteria_override, judged as its rubric: the judge's
+        // system prompt holds its text.
+        Rule::when(
+            "",
+            [Reply::text(
+                r#"{"score": 1.0, "label": "good", "justification": "booked and confirmed"}"#,
+            )],
+        )
+        .in_system("Score only whether the booking was made"),
         Rule::otherwise([
             Reply::text("I'd like a duct cleaning. My postal code is V4T 0A7."),
             Reply::text("Tuesday works."),
@@ -179,6 +188,7 @@ async fn an_imported_case_runs_end_to_end_against_the_booking_agent() {
         "check_service_area",
         "create_booking",
         "Agent MUST book the appointment for Tuesday",
+        "this test case's evaluation criteria",
     ] {
         assert!(
             rows.iter()

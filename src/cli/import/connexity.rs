@@ -376,6 +376,15 @@ impl Case {
                         "criteria-override {}",
                         kdl_string(&literal_template(&text))
                     ));
+                    // The platform's judge scores every case, with this text instead of its
+                    // default rubric: a `judge` check (whose rubric the override is) does
+                    // that here; without it the override would be read by no judge.
+                    if !text.trim().is_empty() {
+                        case.criteria.push(
+                            "judge \"The agent meets this test case's evaluation criteria\""
+                                .to_owned(),
+                        );
+                    }
                 }
                 ("id" | "created_at" | "updated_at", value) => {
                     case.notes.push(format!("{key}: {}", scalar_text(&value)));
