@@ -725,6 +725,34 @@ impl<'p> Validator<'p> {
             return;
         }
         let agents = self.project.scenario_agents(sc);
+        // A model asked to open with no system prompt gets an empty conversation, which
+        // OpenAI-compatible servers refuse.
+        if let Some(bare) = agents.iter().find(|a| {
+            a.protocol.capabilities().model_api
+                && a.protocol.capabilities().speaks_first
+                && a.settings.setting("system-prompt").is_none()
+        }) {
+            let d = Diagnostic::at_span(
+                Kind::InvalidValue,
+                format!(
+                    "scenario `{}` has `first-turn \"agent\"`, but agent `{}` ({}) has no \
+                     `system-prompt`: the model would be sent an empty conversation",
+                    sc.id.value,
+                    bare.id.value,
+                    bare.protocol.as_str()
+                ),
+                self.files(),
+                sc.id.span,
+                "the agent is asked to speak first here",
+            )
+            .with_other(self.files(), bare.id.span, "no `system-prompt`")
+            .with_help(
+                "give the agent a `system-prompt` that tells it to open the conversation, or \
+                 start this scenario with a `user` step",
+            );
+            self.diags.push(d);
+            return;
+        }
         let Some(silent) = agents
             .into_iter()
             .find(|a| !a.protocol.capabilities().speaks_first)

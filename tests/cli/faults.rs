@@ -184,9 +184,45 @@ async fn no_error_fails_on_the_fault_that_stopped_the_trajectory() {
 /// error, reported before anything runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_that_cannot_speak_first_asked_to_is_a_suite_error() {
-    for (protocol, builtin) in [("agentscope", "weather"), ("multiagent", "support")] {
+    for (protocol, builtin) in [
+        ("agentscope", "weather"),
+        ("multiagent", "support"),
+        ("anthropic", "concierge\" model=\"c-1"),
+    ] {
         an_agent_asked_to_speak_first_is_a_suite_error(protocol, builtin).await;
     }
+    // An OpenAI-compatible model opens only when a system prompt asks it to: without one
+    // it would be sent no message at all.
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("first.kdl");
+    let text = "agent \"a\" protocol=\"openai\" builtin=\"clerk\" model=\"clerk-1\"\n\
+                scenario \"greets\" {\n    agent \"a\"\n    first-turn \"agent\"\n    \
+                expect no-error\n}\n";
+    std::fs::write(&suite, text).unwrap();
+    let o = trellis().arg("check").arg(&suite).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        crate::flat(&stderr(&o)).contains("has no `system-prompt`"),
+        "{}",
+        stderr(&o)
+    );
+    std::fs::write(
+        &suite,
+        text.replace(
+            "model=\"clerk-1\"",
+            "model=\"clerk-1\" system-prompt=\"Greet the caller first.\"",
+        ),
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("run")
+        .arg(&suite)
+        .arg("--out")
+        .arg(dir.path().join("out"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
 }
 
 async fn an_agent_asked_to_speak_first_is_a_suite_error(protocol: &str, builtin: &str) {

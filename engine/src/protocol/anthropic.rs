@@ -36,7 +36,7 @@ pub fn client(
 
 use std::sync::Arc;
 
-use trellis_dsl::lang::ProtocolSpec;
+use trellis_dsl::lang::{Capabilities, ProtocolSpec};
 use trellis_dsl::{Agent, Project};
 
 use super::AgentProtocol;
@@ -49,7 +49,11 @@ pub const SPEC: ProtocolSpec = ProtocolSpec {
     help: "A model behind Anthropic Messages, with the same tool loop as `openai`",
     endpoints: MODEL_ENDPOINTS,
     settings: MODEL_SETTINGS,
-    capabilities: MODEL_CAPABILITIES,
+    // Messages must start with a user message: the model cannot be asked to open.
+    capabilities: Capabilities {
+        speaks_first: false,
+        ..MODEL_CAPABILITIES
+    },
     // `trellis-agents`' deterministic order-desk model behind Anthropic Messages.
     builtins: &["concierge"],
 
