@@ -105,6 +105,11 @@ fn function_definition(name: &str, tool: Option<&trellis_dsl::Tool>) -> Value {
     for param in tool.map(|t| t.params.as_slice()).unwrap_or_default() {
         let mut property = Map::new();
         property.insert("type".into(), Value::String(param.ty.clone()));
+        // OpenAI refuses an array schema without `items` ("array schema missing items");
+        // a `param` does not say what the elements are, so any element is allowed.
+        if param.ty == "array" {
+            property.insert("items".into(), json!({}));
+        }
         if let Some(description) = &param.description {
             property.insert("description".into(), Value::String(description.clone()));
         }

@@ -26,6 +26,7 @@ agent "bot" protocol="openai" base-url="{base_url}" model="agent-model" \
 tool "check_area" {{
     description "Whether a postal code is served"
     param "postal_code" type="string" required=#true description="Canadian postal code"
+    param "days" type="array" description="Preferred days"
     mock returns=#"{{"served": true}}"# postal_code="V4T 0A7"
     mock returns=#"{{"served": false}}"#
 }}
@@ -109,6 +110,11 @@ async fn the_engine_answers_the_models_tool_calls_from_the_mocks_until_it_answer
     assert_eq!(
         tool["parameters"]["properties"]["postal_code"]["type"],
         "string"
+    );
+    // OpenAI refuses an array without `items`.
+    assert_eq!(
+        tool["parameters"]["properties"]["days"],
+        json!({"type": "array", "items": {}, "description": "Preferred days"})
     );
     assert!(first.get("stream").is_none(), "not streamed unless asked");
     // The second request carries the call and its result.
