@@ -178,8 +178,23 @@ fn check_rendered<T: AsRef<TurnRecord>>(
         criterion: criterion.text.clone(),
         kind: criterion.kind.name().to_string(),
         status,
-        detail,
+        detail: detail.map(bounded_detail),
         judge: None,
+    }
+}
+
+/// A detail quotes what the agent sent (a reply, a call's arguments): bounded, so a 200 KB
+/// argument does not make a 200 KB console line and `criteria.detail` cell. The turn's own
+/// record keeps the whole text.
+const MAX_DETAIL_CHARS: usize = 2_000;
+
+fn bounded_detail(detail: String) -> String {
+    match detail.char_indices().nth(MAX_DETAIL_CHARS) {
+        None => detail,
+        Some((cut, _)) => {
+            let more = detail[cut..].chars().count();
+            format!("{}… ({more} more characters)", &detail[..cut])
+        }
     }
 }
 
@@ -1081,6 +1096,29 @@ mod tests {
                 .collect(),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_detail_quoting_a_huge_argument_is_bounded() {
+        let args = format!(r#"{{"note": "{}"}}"#, "é".repeat(200_000));
+        let turns = [turn(0, "ok", &[("pay", &args)])];
+        let mut params = serde_json::Map::new();
+        params.insert("note".into(), serde_json::json!("x"));
+        let c = crit(CriterionKind::Tool {
+            name: "pay".into(),
+            params,
+            count: None,
+            loose: false,
+        });
+        let r = check(&c, Scope::Turn, &turns, Some(0));
+        assert_eq!(r.status, CriterionStatus::Failed);
+        let detail = r.detail.unwrap();
+        assert!(detail.chars().count() < 2_100, "{}", detail.len());
+        assert!(
+            detail.ends_with("more characters)"),
+            "{}",
+            &detail[detail.len() - 40..]
+        );
     }
 
     /// A turn whose spans were not collected leaves a span check undecided: on the others
