@@ -395,3 +395,26 @@ async fn a_bom_and_template_syntax_in_statements_import_as_text() {
         .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
 }
+
+/// `sub/refund.json` and `sub.refund.json` both read as suite `sub.refund`: the second gets
+/// `sub.refund-2`, and the imported suites load together.
+#[tokio::test]
+async fn files_whose_paths_read_as_one_suite_name_get_distinct_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    let case = |name: &str| json!({"name": name, "first_message": "Hi"}).to_string();
+    std::fs::write(src.join("sub/refund.json"), case("One")).unwrap();
+    std::fs::write(src.join("sub.refund.json"), case("Two")).unwrap();
+    let out = dir.path().join("out");
+    let o = import(&[src.to_str().unwrap(), "--out", out.to_str().unwrap()]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = trellis().arg("check").arg(&out).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = trellis().arg("list").arg(&out).output().await.unwrap();
+    let listed = stdout(&o);
+    assert!(
+        listed.contains("sub.refund/") && listed.contains("sub.refund-2/"),
+        "{listed}"
+    );
+}

@@ -808,11 +808,33 @@ pub fn import_connexity(args: &ConnexityImportArgs) -> u8 {
             errln!("error: could not write the agents file: {e}");
             return EXIT_INVALID;
         }
+        // `sub/refund.json` and `sub.refund.json` both read `sub.refund`: suite names must
+        // differ (`-2`, `-3`… on a clash), or the suites do not load together.
+        let mut seen: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+        let suites: Vec<String> = inputs
+            .iter()
+            .map(|(_, relative)| {
+                let name = relative
+                    .with_extension("")
+                    .components()
+                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                    .collect::<Vec<_>>()
+                    .join(".");
+                let count = seen.entry(name.clone()).or_insert(0);
+                *count += 1;
+                if *count > 1 {
+                    format!("{name}-{count}")
+                } else {
+                    name
+                }
+            })
+            .collect();
         inputs
             .par_iter()
             .zip(&parsed)
             .zip(&targets)
-            .map(|(((input, relative), file), target)| {
+            .zip(&suites)
+            .map(|((((input, relative), file), target), suite)| {
                 let Ok(file) = file else {
                     return Ok(());
                 };
@@ -824,14 +846,9 @@ pub fn import_connexity(args: &ConnexityImportArgs) -> u8 {
                 }
                 let depth = relative.components().count().saturating_sub(1);
                 let include = format!("{}{AGENTS_FILE}", "../".repeat(depth));
-                let suite = relative
-                    .with_extension("")
-                    .components()
-                    .map(|c| c.as_os_str().to_string_lossy().into_owned())
-                    .collect::<Vec<_>>()
-                    .join(".");
+
                 let text = file.render(
-                    &suite,
+                    suite,
                     &args.agent_id,
                     &input.display().to_string(),
                     &format!("include {}\n\n", kdl_string(&include)),
