@@ -1064,17 +1064,24 @@ impl View {
                 super::console::untrusted(&fault.message)
             );
         }
+        // A check whose evaluator failed (a judge that could not be asked) is what made an
+        // `error` trajectory without a fault: said under it, as `run` does.
         for c in t
             .criteria
             .iter()
-            .filter(|c| c.status == CriterionStatus::Failed)
+            .filter(|c| matches!(c.status, CriterionStatus::Failed | CriterionStatus::Error))
         {
             let turn = c
                 .turn_index
                 .map(|i| format!("turn {i}: "))
                 .unwrap_or_default();
+            let what = if c.status == CriterionStatus::Error {
+                "error"
+            } else {
+                "failed"
+            };
             outln!(
-                "      failed {turn}{}: {}",
+                "      {what} {turn}{}: {}",
                 c.criterion,
                 super::console::untrusted(c.detail.as_deref().unwrap_or(""))
             );

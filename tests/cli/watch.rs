@@ -1153,3 +1153,28 @@ async fn a_suites_directory_removed_and_brought_back_is_watched_again() {
     watch.wait_for("watch: rerun 3 done").await;
     assert_eq!(last_user_messages(&agent).last().unwrap(), "go east");
 }
+
+/// A trajectory that is `error` because a check's evaluator failed (a judge that cannot be
+/// reached), not because of a fault: watch says why under it, as `run` does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_from_a_check_is_explained_under_its_trajectory() {
+    let agent = MisbehavingServer::respond(200, OK_BODY).await;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let dir = tempfile::tempdir().unwrap();
+    write(
+        &dir.path().join("suite.kdl"),
+        &format!(
+            "agent \"bot\" protocol=\"connexity\" url=\"{}\"\n\
+             provider \"p\" kind=\"openai\" base-url=\"http://127.0.0.1:{port}/v1\" model=\"m\" retries=0\n\
+             scenario \"judged\" {{\n    agent \"bot\"\n    user \"hi\"\n    criteria {{\n        \
+             judge \"GOOD answer\"\n    }}\n}}\n",
+            agent.url()
+        ),
+    );
+    let mut watch = Watch::start(dir.path(), &[]);
+    let lines = watch.wait_for("watch: rerun 1 done").await.join("\n");
+    assert!(lines.contains("error judge"), "{lines}");
+    assert!(lines.contains("GOOD answer"), "{lines}");
+}
