@@ -418,3 +418,35 @@ async fn files_whose_paths_read_as_one_suite_name_get_distinct_ones() {
         "{listed}"
     );
 }
+
+/// Persona fields that are not text are kept as their JSON text and said, and a persona
+/// with a type alone is written as `trellis fmt` writes it.
+#[tokio::test]
+async fn persona_fields_of_any_type_are_kept_and_the_output_is_formatted() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("src");
+    std::fs::create_dir_all(&src).unwrap();
+    let cases = json!([
+        {"name": "Listed", "first_message": "Hi",
+         "persona": {"type": "terse", "instructions": ["be brief", "no small talk"]}},
+        {"name": "Bare", "first_message": "Hi", "persona": {"type": "terse"}},
+    ]);
+    std::fs::write(src.join("cases.json"), cases.to_string()).unwrap();
+    let out = dir.path().join("out");
+    let o = import(&[src.to_str().unwrap(), "--out", out.to_str().unwrap()]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("`persona.instructions` is an array: written as its JSON text"),
+        "{}",
+        stderr(&o)
+    );
+    let text = std::fs::read_to_string(out.join("cases.kdl")).unwrap();
+    assert!(text.contains("no small talk"), "{text}");
+    let o = trellis()
+        .args(["fmt", "--check"])
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+}

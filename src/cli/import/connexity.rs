@@ -196,14 +196,19 @@ impl CaseFile {
                 let _ = writeln!(out, "    {line}");
             }
             if let Some((kind, description, instructions)) = &case.persona {
-                let _ = writeln!(out, "    persona type={} {{", kdl_string(kind));
-                if let Some(d) = description {
-                    let _ = writeln!(out, "        description {}", kdl_string(d));
+                if description.is_none() && instructions.is_none() {
+                    // No empty block: `trellis fmt` would rewrite one.
+                    let _ = writeln!(out, "    persona type={}", kdl_string(kind));
+                } else {
+                    let _ = writeln!(out, "    persona type={} {{", kdl_string(kind));
+                    if let Some(d) = description {
+                        let _ = writeln!(out, "        description {}", kdl_string(d));
+                    }
+                    if let Some(i) = instructions {
+                        let _ = writeln!(out, "        instructions {}", kdl_string(i));
+                    }
+                    out.push_str("    }\n");
                 }
-                if let Some(i) = instructions {
-                    let _ = writeln!(out, "        instructions {}", kdl_string(i));
-                }
-                out.push_str("    }\n");
             }
             if !case.mock_tools.is_empty() {
                 out.push('\n');
@@ -396,16 +401,26 @@ impl Case {
 
         match (persona, persona_context) {
             (Some(Value::Object(mut p)), context) => {
-                let text = |p: &mut Map<String, Value>, key: &str| match p.remove(key) {
+                // A persona field that is not text (a list of instructions, a number) is
+                // written as its JSON text, and said: never lost silently.
+                let mut text = |p: &mut Map<String, Value>, key: &str| match p.remove(key) {
                     Some(Value::String(s)) => Some(s),
-                    _ => None,
+                    None | Some(Value::Null) => None,
+                    Some(other) => {
+                        lost(format!(
+                            "`persona.{key}` is {}: written as its JSON text",
+                            json_kind(&other)
+                        ));
+                        Some(other.to_string())
+                    }
                 };
-                let kind = text(&mut p, "type").unwrap_or_else(|| {
+                let kind = text(&mut p, "type");
+                let description = text(&mut p, "description");
+                let instructions = text(&mut p, "instructions");
+                let kind = kind.unwrap_or_else(|| {
                     lost("`persona.type` missing; written as `user`".into());
                     "user".to_owned()
                 });
-                let description = text(&mut p, "description");
-                let instructions = text(&mut p, "instructions");
                 for (key, value) in p {
                     lost(format!("`persona.{key}` {}", brief(&value)));
                 }
