@@ -295,6 +295,15 @@ pub fn run(args: RunArgs) -> u8 {
             return EXIT_INVALID;
         }
     };
+    // A partial merge finished with --resume covers its plan now: its run.json says so.
+    if !fresh
+        && outcome
+            .stats
+            .as_ref()
+            .is_some_and(|s| s.aggregates.finished && !s.aggregates.interrupted)
+    {
+        complete_partial_merge(&out);
+    }
     let mut exit_code = outcome.exit_code;
     let mut comparison = None;
     if let Some(base) = &baseline {
@@ -660,6 +669,23 @@ pub struct Outcome {
 /// The engine runs on this thread's runtime; every reporter (journal, tables, console) runs
 /// on a thread of its own fed by the event stream, so writing results never delays an agent
 /// call and never inflates a measured latency.
+/// A run `trellis merge --allow-partial` made, and `--resume` has just finished: it is no
+/// longer missing anything (`trellis runs` stops calling it a partial merge).
+fn complete_partial_merge(out: &Path) {
+    use trellis_reports::history::RunMeta;
+    let Ok(Some(mut meta)) = RunMeta::read(out) else {
+        return;
+    };
+    let Some(merged) = meta.merged.as_mut().filter(|m| m.partial) else {
+        return;
+    };
+    merged.partial = false;
+    merged.missing = 0;
+    if let Err(e) = meta.write(out) {
+        errln!("warning: {e}: {}", source(&e));
+    }
+}
+
 /// Removes what a run that never started wrote in `out` (its `run.json`, a shard's
 /// `shard.json`), then `out` itself when nothing else is in it.
 fn abandon(out: &Path, claim: super::recorder::OutClaim) {

@@ -827,6 +827,28 @@ async fn shards_split_by_scenario_with_needs_together_and_empty_shards_still_mer
     .unwrap();
     assert_eq!(meta["merged"]["partial"], true);
     assert_eq!(meta["merged"]["missing"], 2);
+
+    // Finished with --resume, it misses nothing any more, and says so.
+    let resumed = trellis()
+        .arg("run")
+        .arg(&suite)
+        .arg("--resume")
+        .arg(tmp.path().join("partial"))
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        matches!(resumed.status.code(), Some(0 | 1)),
+        "{}",
+        said(&resumed)
+    );
+    let meta: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(tmp.path().join("partial/run.json")).unwrap(),
+    )
+    .unwrap();
+    assert!(meta["merged"]["partial"].is_null(), "{meta}");
+    assert!(meta["merged"]["missing"].is_null(), "{meta}");
+    assert_eq!(meta["merged"]["shards"], 4, "{meta}");
 }
 
 #[tokio::test]
