@@ -161,6 +161,58 @@ scenario "s" {{
     assert_eq!(sent[1].header("x-session-id").as_deref(), Some("abc-1"));
 }
 
+/// The agent ran its own tools: the next requests' `messages` carry its answer's text, not
+/// its `tool_calls` (whose results Trellis never saw, and which an OpenAI-compatible model
+/// refuses without them); the turn's record keeps the calls.
+#[tokio::test]
+async fn the_agents_own_tool_calls_are_not_replayed_in_the_history() {
+    let server = MisbehavingServer::respond(
+        200,
+        r#"{"answer": "Booked.", "calls": [{"id": "c1", "type": "function", "function": {"name": "book", "arguments": "{}"}}]}"#,
+    )
+    .await;
+    let text = format!(
+        r##"
+agent "bot" protocol="http" url="{}" {{
+    request #"{{"history": {{{{ messages | tojson }}}}, "lc": {{{{ langchain_messages | tojson }}}}}}"#
+    reply json-path="$.answer"
+    tool-calls json-path="$.calls"
+}}
+scenario "s" {{
+    user "book it"
+    expect tool "book"
+    user "thanks"
+}}
+"##,
+        server.url()
+    );
+    let run = run_suite(&text, 1, EnvSnapshot::new()).await;
+    assert_eq!(
+        run.trajectories[0].status,
+        TrajectoryStatus::Passed,
+        "{run:?}"
+    );
+    let sent = server.recorded();
+    let later = sent[1].json();
+    let history = later["history"].as_array().unwrap();
+    assert_eq!(history.len(), 3, "{history:?}");
+    assert_eq!(history[1]["role"], "assistant");
+    assert_eq!(history[1]["content"], "Booked.");
+    assert!(
+        history[1]["tool_calls"]
+            .as_array()
+            .is_none_or(|calls| calls.is_empty()),
+        "{history:?}"
+    );
+    let lc = later["lc"].as_array().unwrap();
+    assert!(
+        lc[1]["tool_calls"]
+            .as_array()
+            .is_none_or(|calls| calls.is_empty()),
+        "{lc:?}"
+    );
+}
+
 #[tokio::test]
 async fn the_answer_body_is_the_turns_structured_data_for_checks_and_captures() {
     let server = MisbehavingServer::respond(

@@ -160,7 +160,8 @@ impl Session for JsonHttpSession {
             if let TurnInput::User(text) = input {
                 self.history.push(ChatMessage::user(*text));
             }
-            self.history.extend(turn.messages.iter().cloned());
+            self.history
+                .extend(turn.messages.iter().map(replayed_in_history));
         }
         true
     }
@@ -445,8 +446,24 @@ impl JsonHttpSession {
             .collect();
         turn.reply = answer.reply;
         turn.data = answer.data;
-        self.history.push(message.clone());
+        self.history.push(replayed_in_history(&message));
         turn.messages = vec![message];
+    }
+}
+
+/// An answer as the next requests' `messages` carry it: its text, without the tool calls
+/// the agent made and answered itself. Their results never reached Trellis, and an
+/// assistant message with `tool_calls` not followed by their `tool` results is refused by
+/// OpenAI-compatible models (and the LangChain chains in front of them) on the next turn.
+/// The turn's record keeps the calls.
+fn replayed_in_history(message: &ChatMessage) -> ChatMessage {
+    if message.tool_calls.is_empty() {
+        return message.clone();
+    }
+    ChatMessage {
+        content: Some(message.content.clone().unwrap_or_default()),
+        tool_calls: Vec::new(),
+        ..message.clone()
     }
 }
 
