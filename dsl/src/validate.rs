@@ -424,7 +424,24 @@ impl<'p> Validator<'p> {
         found || self.info.declared.contains(&(kind, name.to_string()))
     }
 
+    /// The ids of `kind` a reference may name: those defined, and those declared by a node
+    /// that has errors of its own (a typo naming such an agent still gets `did you mean`).
     fn names(&self, kind: RefKind) -> Vec<&'p str> {
+        let mut names = self.defined_names(kind);
+        let info: &'p LoadInfo = self.info;
+        let mut broken: Vec<&'p str> = info
+            .declared
+            .iter()
+            .filter(|(k, id)| *k == kind && !names.contains(&id.as_str()))
+            .map(|(_, id)| id.as_str())
+            .collect();
+        // A set's order is not the suite's: sorted, so the help reads the same every time.
+        broken.sort_unstable();
+        names.extend(broken);
+        names
+    }
+
+    fn defined_names(&self, kind: RefKind) -> Vec<&'p str> {
         let p = self.project;
         match kind {
             RefKind::Agent => p.agents.iter().map(|a| a.id.value.as_str()).collect(),

@@ -930,3 +930,27 @@ async fn a_timeout_of_zero_is_an_error() {
         "{said}"
     );
 }
+
+/// A typo naming an agent that exists but has an error of its own still gets `did you
+/// mean`, not "no agent is defined".
+#[tokio::test]
+async fn a_typo_naming_a_broken_agent_is_still_suggested() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("t.kdl"),
+        "agent \"demo\" protocol=\"connexity\" builtin=\"bookng\"\n\
+         scenario \"s\" {\n    agent \"dmeo\"\n    user \"hi\"\n    expect no-error\n}\n",
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("did you mean `booking`?"), "{err}");
+    assert!(err.contains("did you mean `demo`?"), "{err}");
+    assert!(!err.contains("no agent is defined"), "{err}");
+}
