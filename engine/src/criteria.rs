@@ -189,6 +189,11 @@ fn check_rendered<T: AsRef<TurnRecord>>(
 const MAX_DETAIL_CHARS: usize = 2_000;
 
 fn bounded_detail(detail: String) -> String {
+    // Every check of every turn comes here: a detail of no more bytes than the bound has
+    // no more characters either, and is not walked.
+    if detail.len() <= MAX_DETAIL_CHARS {
+        return detail;
+    }
     match detail.char_indices().nth(MAX_DETAIL_CHARS) {
         None => detail,
         Some((cut, _)) => {
