@@ -284,10 +284,12 @@ impl LineTransport {
                     connection.kill().await;
                 }
             }
-            // A kept process or connection that ended after its last answer, before it read
-            // this request (it exited, or closed, between calls, racing the check in
-            // `exchange`): started afresh and asked once more, as a long-lived agent is
-            // restarted when it dies. Not when it may have read the request.
+            // A kept process or connection that ended without answering anything (most
+            // likely it exited, or closed, after its last answer, racing the check in
+            // `exchange`, and never read this request): started afresh and asked once more,
+            // as a long-lived agent is restarted when it dies. An agent that read the request
+            // and then died is sent it twice (docs/language.md says so); one that answered
+            // part of it is not.
             if attempt == 0 && reused && result.as_ref().is_err_and(never_read) {
                 result = self.exchange(open, request, timeout).await;
             } else {
