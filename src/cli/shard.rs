@@ -243,6 +243,22 @@ pub fn costs(
                 .map_err(|e| format!("{:?}", miette::Report::new(e)))?;
             let costs = history::scenario_costs(&run.dir)
                 .map_err(|e| format!("{:?}", miette::Report::new(e)))?;
+            // A run of other suites measures none of these scenarios: the split would
+            // silently fall back to counts while the user asked for costs.
+            let covered = plan
+                .scenarios
+                .iter()
+                .filter(|s| costs.contains_key(&(s.suite.to_string(), s.scenario.id.value.clone())))
+                .count();
+            if covered == 0 {
+                errln!(
+                    "warning: --shard-costs {what}: run {} measured none of the {} planned \
+                     scenarios (a run of other suites?); balancing by trajectory count",
+                    run.run_id,
+                    plan.scenarios.len()
+                );
+                return Ok(None);
+            }
             Ok(Some(measured(run.run_id, costs)))
         }
         None => match history::latest_costs(runs_dir, &plan.suites) {

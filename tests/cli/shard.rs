@@ -1228,6 +1228,38 @@ async fn shards_are_balanced_by_the_latest_whole_run_and_agree_on_the_split() {
         shard_plan(&tmp.path().join("named"))["digest"],
         plan["digest"]
     );
+    // A named run of other suites measured none of these scenarios: said, and counted.
+    let other = tmp.path().join("other.kdl");
+    std::fs::write(
+        &other,
+        "agent \"a\" protocol=\"connexity\" builtin=\"booking\"\n\
+         scenario \"elsewhere\" {\n    user \"hi\"\n    expect no-error\n}\n",
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("run")
+        .arg(&other)
+        .args(["--quiet", "--out"])
+        .arg(runs.join("other"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+    let o = run_shard(
+        &suite,
+        "1/2",
+        &tmp.path().join("named-other"),
+        &["--shard-costs", runs.join("other").to_str().unwrap()],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+    let said_o = flat(&stderr(&o));
+    assert!(said_o.contains("measured none of the"), "{}", said(&o));
+    assert!(
+        said_o.contains("balanced by trajectory count"),
+        "{}",
+        said(&o)
+    );
 }
 
 #[tokio::test]
