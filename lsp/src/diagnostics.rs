@@ -43,6 +43,12 @@ impl Server {
                 (files, diags.iter().cloned().collect())
             }
         };
+        // Every file the project loaded, an include outside its directory too: its entry
+        // clears what an earlier check said there, and tells the server which projects an
+        // edit of it makes stale.
+        for (path, _) in &files {
+            out.entry(path.clone()).or_default();
+        }
         let indexes: Vec<LineIndex> = files.iter().map(|(_, t)| LineIndex::new(t)).collect();
         for d in &diags {
             let (file, diagnostic) = match d.file.and_then(|f| files.get(f).map(|x| (f, x))) {

@@ -205,6 +205,14 @@ impl Server {
     fn set_buffer(&mut self, path: PathBuf, text: String) {
         let key = trellis_dsl::canonical(&path);
         self.dirty.insert(self.project_of(&key));
+        // Projects that include the file from outside its directory are stale too.
+        let including: Vec<PathBuf> = self
+            .published
+            .iter()
+            .filter(|(_, files)| files.contains(&key))
+            .map(|(project, _)| project.clone())
+            .collect();
+        self.dirty.extend(including);
         self.buffers.insert(
             key,
             Buffer {

@@ -649,6 +649,38 @@ fn renames_keep_to_the_ids_namespace_and_write_valid_kdl() {
     );
 }
 
+/// An include outside the project's directory: an unsaved edit of it checks the project
+/// that includes it again (its diagnostics were stale until that project's own file was
+/// edited).
+#[test]
+fn an_edit_of_an_include_outside_the_project_checks_the_includer_again() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    std::fs::create_dir_all(dir.path().join("suites")).unwrap();
+    std::fs::create_dir_all(dir.path().join("shared")).unwrap();
+    let agents = "agent \"demo\" protocol=\"connexity\" builtin=\"booking\"\n";
+    std::fs::write(dir.path().join("shared/agents.kdl"), agents).unwrap();
+    std::fs::write(
+        dir.path().join("suites/main.kdl"),
+        "include \"../shared/agents.kdl\"\nscenario \"s\" {\n    agent \"demo\"\n    \
+         user \"hi\"\n    expect no-error\n}\n",
+    )
+    .unwrap();
+    let steps = serde_json::json!([
+        {"do": "open", "file": "suites/main.kdl"},
+        {"do": "open", "file": "shared/agents.kdl"},
+        {"do": "change", "file": "shared/agents.kdl", "text": agents.replace("demo", "renamed")},
+    ]);
+    let out = session(dir.path(), steps);
+    assert_eq!(
+        out[1]["diagnostics"]["main.kdl"],
+        serde_json::json!([]),
+        "{}",
+        out[1]
+    );
+    let main = out[3]["diagnostics"]["main.kdl"].to_string();
+    assert!(main.contains("undefined agent"), "{}", out[3]);
+}
+
 /// One LSP message, framed.
 fn framed(message: &Value) -> Vec<u8> {
     let body = message.to_string();
