@@ -954,3 +954,39 @@ async fn a_typo_naming_a_broken_agent_is_still_suggested() {
     assert!(err.contains("did you mean `demo`?"), "{err}");
     assert!(!err.contains("no agent is defined"), "{err}");
 }
+
+/// Syntax slips people make in KDL, each with a hint that names the fix: a `#` comment, a
+/// raw string not closed, a `}` too many and one too few.
+#[tokio::test]
+async fn common_kdl_slips_get_a_hint_naming_the_fix() {
+    let scenario = "scenario \"s\" {\n    user \"hi\"\n    expect no-error\n}\n";
+    for (text, hint) in [
+        (
+            format!("# a comment\n{scenario}"),
+            "comments in KDL are `// …`",
+        ),
+        (
+            "scenario \"s\" {\n    user \"hi\"\n    expect reply matches=#\"\\d+\"\n}\n".to_owned(),
+            "this raw string is not closed",
+        ),
+        (format!("{scenario}}}\n"), "this `}` closes no block"),
+        (
+            scenario.trim_end().trim_end_matches('}').to_owned(),
+            "a `{` opened a block that is never closed",
+        ),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("s.kdl"), &text).unwrap();
+        let o = trellis()
+            .arg("check")
+            .arg(dir.path())
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{text}: {}", stderr(&o));
+        let said = crate::flat(&stderr(&o));
+        assert!(said.contains("trellis::kdl_syntax"), "{text}: {said}");
+        assert!(said.contains(hint), "{text}: {said}");
+        assert!(said.contains("s.kdl:"), "{text}: {said}");
+    }
+}

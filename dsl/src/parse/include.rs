@@ -761,6 +761,26 @@ pub(crate) fn syntax_diagnostics(
             "suite files are KDL v2, where a raw string is written #\"…\"# (KDL v1 wrote \
              r\"…\"): matches=#\"\\d+\"#"
                 .to_string()
+        } else if rest.starts_with('#') && rest[1..].starts_with(char::is_whitespace) {
+            // `# a comment`, as in shell, YAML or TOML.
+            "comments in KDL are `// …` to the end of the line or `/* … */`; `/-` before a \
+             node comments the whole node out (`#` starts a keyword such as `#true`, or a raw \
+             string)"
+                .to_string()
+        } else if let Some(raw) = rest.strip_prefix('#')
+            && raw.trim_start_matches('#').starts_with('"')
+            && !rest.lines().next().unwrap_or("").contains("\"#")
+        {
+            "this raw string is not closed: one opened with #\" ends with \"# (as many `#` \
+             as it opened with): matches=#\"\\d+\"#"
+                .to_string()
+        } else if snippet.starts_with('}')
+            || (message.contains("end of document") && rest.starts_with('}'))
+        {
+            "this `}` closes no block: remove it, or add the `{` it was meant to close".to_string()
+        } else if message.to_lowercase().contains("closing '}'") {
+            "a `{` opened a block that is never closed: add `}` after the block's last node"
+                .to_string()
         } else {
             d.help
                 .unwrap_or_else(|| "suite files are KDL v2 documents (https://kdl.dev)".into())
