@@ -60,6 +60,19 @@ type Registry = Vec<(&'static str, Arc<dyn RowReader>)>;
 /// Readers added by the program (by file extension, without the dot).
 static EXTRA: RwLock<Registry> = RwLock::new(Vec::new());
 
+/// The byte order mark editors on Windows start a text file with: part of neither its first
+/// line nor any JSON in it.
+pub const BOM: &str = "\u{feff}";
+
+/// Line `i` (from 0) of a file, without the [`BOM`] the first one may start with.
+pub fn without_bom(i: usize, line: &str) -> &str {
+    if i == 0 {
+        line.strip_prefix(BOM).unwrap_or(line)
+    } else {
+        line
+    }
+}
+
 /// Adds (or replaces) the reader of files ending in `.EXT`: the binary registers Parquet,
 /// which this crate does not read itself.
 pub fn register_reader(ext: &'static str, reader: Arc<dyn RowReader>) {
@@ -481,12 +494,7 @@ impl RowReader for JsonLines {
                 },
                 _ => ReadError::Io(e),
             })?;
-            // Editors on Windows start the file with a byte order mark.
-            let line = if i == 0 {
-                line.trim_start_matches('\u{feff}')
-            } else {
-                &line
-            };
+            let line = without_bom(i, &line);
             if line.trim().is_empty() {
                 continue;
             }
@@ -677,8 +685,8 @@ impl RowReader for JsonArray {
 
         let mut file = BufReader::new(File::open(path)?);
         // A byte order mark (editors on Windows) is not JSON; skip it.
-        if std::io::BufRead::fill_buf(&mut file)?.starts_with(b"\xef\xbb\xbf") {
-            std::io::BufRead::consume(&mut file, 3);
+        if std::io::BufRead::fill_buf(&mut file)?.starts_with(BOM.as_bytes()) {
+            std::io::BufRead::consume(&mut file, BOM.len());
         }
         let mut de = serde_json::Deserializer::from_reader(file);
         let mut rows = JsonRows {

@@ -404,7 +404,7 @@ pub fn judge_texts_rendered(
     templates: &Templates,
     scope: &ScenarioScope,
 ) -> Arc<Scenario> {
-    let is_template = |text: &str| text.contains("{{") || text.contains("{%");
+    let is_template = trellis_dsl::template::is_template;
     let outcome_templates = sc
         .outcomes
         .iter()

@@ -234,7 +234,6 @@ impl Index {
         }
     }
 
-    #[allow(clippy::too_many_arguments)]
     fn refs_in(
         &mut self,
         file: &Path,

@@ -799,9 +799,6 @@ impl StatsBuilder {
         (suite, scenario, agent): (&Name, &Name, &Name),
         nodes: &[Name],
     ) -> Option<usize> {
-        if !matches!(t.status, TrajectoryStatus::Failed | TrajectoryStatus::Error) {
-            return None;
-        }
         failure_position(t, nodes.len(), |turn| {
             nodes.iter().position(|node| {
                 self.nodes

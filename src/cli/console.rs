@@ -986,22 +986,22 @@ pub(super) fn spans_notices(receiver: String) -> trellis_engine::otel::SpansNoti
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .insert(agent.to_owned());
-            if first && foreign > 0 {
-                // Spans arrive, but in traces of their own: the endpoint is right.
+            if first {
+                // Spans that arrive in traces of their own say the endpoint is right and
+                // the agent does not continue the `traceparent` it is sent.
+                let fix = if foreign > 0 {
+                    format!(
+                        "the receiver at {receiver} got {} of other traces, dropped: the \
+                         agent must continue the `traceparent` header of each request in its \
+                         spans (extract it, or use an instrumented HTTP server)",
+                        count(foreign, "span", "spans")
+                    )
+                } else {
+                    format!("point its OTEL_EXPORTER_OTLP_ENDPOINT at {receiver}")
+                };
                 errln!(
                     "no span of agent `{agent}` arrived within {} of its answer \
-                     (--spans-wait), and each of its turns waits as long: the receiver at \
-                     {receiver} got {} of other traces, dropped: the agent must continue \
-                     the `traceparent` header of each request in its spans (extract it, \
-                     or use an instrumented HTTP server)",
-                    humantime::format_duration(wait),
-                    count(foreign, "span", "spans"),
-                );
-            } else if first {
-                errln!(
-                    "no span of agent `{agent}` arrived within {} of its answer \
-                     (--spans-wait), and each of its turns waits as long: point its \
-                     OTEL_EXPORTER_OTLP_ENDPOINT at {receiver}",
+                     (--spans-wait), and each of its turns waits as long: {fix}",
                     humantime::format_duration(wait),
                 );
             }

@@ -276,25 +276,15 @@ impl LineTransport {
     ) -> Result<LineReply, Fault> {
         let reused = open.is_some();
         let mut result = self.exchange(open, request, timeout).await;
-        for attempt in 0..2 {
-            if result.is_err() {
-                // After a failure the pipe or socket is in an unknown state: end it (the
-                // whole process tree, for a process) and start afresh on the next call.
-                if let Some(connection) = open.take() {
-                    connection.kill().await;
-                }
-            }
-            // A kept process or connection that ended without answering anything (most
-            // likely it exited, or closed, after its last answer, racing the check in
-            // `exchange`, and never read this request): started afresh and asked once more,
-            // as a long-lived agent is restarted when it dies. An agent that read the request
-            // and then died is sent it twice (docs/language.md says so); one that answered
-            // part of it is not.
-            if attempt == 0 && reused && result.as_ref().is_err_and(never_read) {
-                result = self.exchange(open, request, timeout).await;
-            } else {
-                break;
-            }
+        end_after_failure(open, &result).await;
+        // A kept process or connection that ended without answering anything (most likely
+        // it exited, or closed, after its last answer, racing the check in `exchange`, and
+        // never read this request): started afresh and asked once more, as a long-lived
+        // agent is restarted when it dies. An agent that read the request and then died is
+        // sent it twice (docs/language.md says so); one that answered part of it is not.
+        if reused && result.as_ref().is_err_and(never_read) {
+            result = self.exchange(open, request, timeout).await;
+            end_after_failure(open, &result).await;
         }
         result
     }
@@ -792,6 +782,16 @@ fn io_fault(e: &io::Error, describe: &str) -> Fault {
         _ => format!("failed: {e}"),
     };
     Fault::new(FaultCategory::Transport, format!("{describe} {what}"))
+}
+
+/// After a failure the pipe or socket is in an unknown state: ends it (the whole process
+/// tree, for a process), so the next call starts afresh.
+async fn end_after_failure<T>(open: &mut Option<Connection>, result: &Result<T, Fault>) {
+    if result.is_err()
+        && let Some(connection) = open.take()
+    {
+        connection.kill().await;
+    }
 }
 
 /// An agent that closed its end with nothing of an answer written.

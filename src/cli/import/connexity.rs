@@ -97,8 +97,7 @@ struct Case {
 
 impl CaseFile {
     fn parse(bytes: &[u8], stem: &str) -> Result<CaseFile, String> {
-        // Editors on Windows save JSON with a byte order mark, which JSON parsers refuse.
-        let bytes = bytes.strip_prefix(b"\xef\xbb\xbf").unwrap_or(bytes);
+        let bytes = super::without_bom(bytes);
         let value: Value = serde_json::from_slice(bytes).map_err(|e| format!("not JSON: {e}"))?;
         let mut file = CaseFile::default();
         let cases: Vec<Value> = match value {

@@ -56,12 +56,7 @@ fn survey(path: &Path) -> Result<Survey, String> {
     for (i, line) in BufReader::new(file).lines().enumerate() {
         let at = format!("{} line {}", path.display(), i + 1);
         let line = line.map_err(|e| format!("{at}: {e}"))?;
-        // Editors on Windows start the file with a byte order mark.
-        let line = if i == 0 {
-            line.trim_start_matches('\u{feff}')
-        } else {
-            &line
-        };
+        let line = trellis_dsl::dataset::without_bom(i, &line);
         if line.trim().is_empty() {
             continue;
         }

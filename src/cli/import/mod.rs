@@ -153,6 +153,14 @@ fn needs_escape(c: char) -> bool {
         )
 }
 
+/// A file's bytes without the byte order mark editors on Windows save JSON with, which JSON
+/// parsers refuse.
+pub fn without_bom(bytes: &[u8]) -> &[u8] {
+    bytes
+        .strip_prefix(trellis_dsl::dataset::BOM.as_bytes())
+        .unwrap_or(bytes)
+}
+
 /// `text` as a template that renders to exactly `text`: every `{` that would open a
 /// minijinja tag (`{{`, `{%`, `{#`) is written as `{{ "{" }}`.
 pub fn literal_template(text: &str) -> String {

@@ -154,8 +154,7 @@ impl ScenarioFile {
     /// Reads `text` (a whole file). `fallback_id` (the file's stem) is the scenario id when
     /// the file names none.
     pub fn parse(text: &[u8], fallback_id: &str) -> Result<ScenarioFile, ScenarioError> {
-        // Editors on Windows save JSON with a byte order mark, which JSON parsers refuse.
-        let text = text.strip_prefix(b"\xef\xbb\xbf").unwrap_or(text);
+        let text = super::without_bom(text);
         if text.iter().all(u8::is_ascii_whitespace) {
             return Err(ScenarioError::EmptyFile);
         }
