@@ -519,6 +519,9 @@ fn instances(
             }
         }
     }
+    if let Some(name) = &dataset {
+        missing_nested_fields(sc, &rows, name, files, diags);
+    }
     // Counted before anything is built: a matrix of eight variables of ten values is a
     // hundred million instances, which took every byte of memory before any error.
     let count = sc.matrix.iter().fold(rows.len() as u64, |n, var| {
@@ -615,6 +618,104 @@ fn instances(
         }
     }
     out
+}
+
+/// Reports each nested row field (`row.customer.name`) that a step of `sc` reads and some
+/// rows lack: the turn would fault at run time, so it is an error now, at the read, naming
+/// the first such row.
+fn missing_nested_fields(
+    sc: &Scenario,
+    rows: &[Option<(String, &Row)>],
+    dataset: &str,
+    files: &[SourceFile],
+    diags: &mut Vec<Diagnostic>,
+) {
+    fn step_templates<'s>(steps: &'s [Step], out: &mut Vec<&'s Template>) {
+        for step in steps {
+            match &step.kind {
+                StepKind::User(t)
+                | StepKind::Call { input: t, .. }
+                | StepKind::Hitl {
+                    message: Some(t), ..
+                } => out.push(t),
+                StepKind::Expect(criteria) => {
+                    out.extend(criteria.iter().flat_map(|c| &c.templates).map(|t| &t.template))
+                }
+                StepKind::Fork(branches) => {
+                    for b in branches {
+                        step_templates(&b.steps, out);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    let mut templates = Vec::new();
+    step_templates(&sc.steps, &mut templates);
+    templates.extend(sc.criteria.iter().flat_map(|c| &c.templates).map(|t| &t.template));
+    let mut reported = HashSet::new();
+    for read in templates
+        .into_iter()
+        .flat_map(|t| crate::template::nested_row_reads(t, files))
+    {
+        let path: Vec<&str> = read.value.split('.').skip(1).collect();
+        let lacking: Vec<usize> = rows
+            .iter()
+            .flatten()
+            .filter(|(_, row)| lacks(&row.fields, &path))
+            .map(|(_, row)| row.number)
+            .collect();
+        let Some(first) = lacking.first() else { continue };
+        if !reported.insert((read.value.clone(), read.span)) {
+            continue;
+        }
+        let more = match lacking.len() - 1 {
+            0 => String::new(),
+            1 => " (and 1 more row)".to_string(),
+            n => format!(" (and {n} more rows)"),
+        };
+        diags.push(
+            Diagnostic::at_span(
+                Kind::UndefinedVariable,
+                format!(
+                    "scenario `{}`: `{}` is missing in row {first} of dataset `{dataset}`{more}",
+                    sc.id.value, read.value
+                ),
+                files,
+                read.span,
+                "read here",
+            )
+            .with_help(format!(
+                "that turn would fail at run time: give every row the field, guard the read \
+                 (`{{{{ {} | default('') }}}}`), or leave those rows out with `filter=`",
+                read.value
+            )),
+        );
+    }
+}
+
+/// Whether `fields` lacks the nested field at `path`: an object on the way has no such key,
+/// or a value on the way is null. A path through text, a number or a list is left alone, as
+/// it may name a method (`row.name.upper`).
+fn lacks(fields: &dataset::Fields, path: &[&str]) -> bool {
+    let Some((first, rest)) = path.split_first() else {
+        return false;
+    };
+    let mut value = match fields.get(*first) {
+        Some(v) => v,
+        None => return true,
+    };
+    for key in rest {
+        value = match value {
+            Value::Object(map) => match map.get(*key) {
+                Some(v) => v,
+                None => return true,
+            },
+            Value::Null => return true,
+            _ => return false,
+        };
+    }
+    false
 }
 
 /// Every combination of the matrix's values, the first variable varying slowest.

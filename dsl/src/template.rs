@@ -304,6 +304,36 @@ pub fn check_reading_env(
     out
 }
 
+/// The fields two or more levels into `row` (`row.customer.name`) that `template` reads
+/// without a `default` or `is defined` guard, each with where it is written. Validation
+/// checks `row.COLUMN` against the dataset's columns; a nested field can be missing in some
+/// rows only, which only a look at each row finds. A template with `{% … %}` or an inline
+/// `if` may guard its reads in ways this does not follow, so it is left out.
+pub fn nested_row_reads(template: &Template, files: &[SourceFile]) -> Vec<Spanned<String>> {
+    let source = &template.source;
+    if !is_template(source) || source.contains("{%") || source.contains(" if ") {
+        return Vec::new();
+    }
+    let env = Environment::new();
+    let Ok(compiled) = env.template_from_str(source) else {
+        return Vec::new();
+    };
+    let mut reads: Vec<String> = compiled
+        .undeclared_variables(true)
+        .into_iter()
+        .filter(|var| var.starts_with("row.") && var.matches('.').count() >= 2)
+        .filter(|var| !every_read_guarded(source, var))
+        .collect();
+    reads.sort();
+    reads
+        .into_iter()
+        .map(|var| Spanned {
+            span: locate(template, &var, files).unwrap_or(template.span),
+            value: var,
+        })
+        .collect()
+}
+
 /// Whether every place `source` reads `var` (`env.NAME`) gives a value when it is unset: it
 /// is piped into `default` (or `d`), or tested with `is defined` / `is undefined` / `is not
 /// defined`. Such a read renders without the variable, so an unset one is nothing to warn
