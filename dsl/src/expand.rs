@@ -638,9 +638,12 @@ fn missing_nested_fields(
                 | StepKind::Hitl {
                     message: Some(t), ..
                 } => out.push(t),
-                StepKind::Expect(criteria) => {
-                    out.extend(criteria.iter().flat_map(|c| &c.templates).map(|t| &t.template))
-                }
+                StepKind::Expect(criteria) => out.extend(
+                    criteria
+                        .iter()
+                        .flat_map(|c| &c.templates)
+                        .map(|t| &t.template),
+                ),
                 StepKind::Fork(branches) => {
                     for b in branches {
                         step_templates(&b.steps, out);
@@ -652,7 +655,12 @@ fn missing_nested_fields(
     }
     let mut templates = Vec::new();
     step_templates(&sc.steps, &mut templates);
-    templates.extend(sc.criteria.iter().flat_map(|c| &c.templates).map(|t| &t.template));
+    templates.extend(
+        sc.criteria
+            .iter()
+            .flat_map(|c| &c.templates)
+            .map(|t| &t.template),
+    );
     let mut reported = HashSet::new();
     for read in templates
         .into_iter()
@@ -665,7 +673,9 @@ fn missing_nested_fields(
             .filter(|(_, row)| lacks(&row.fields, &path))
             .map(|(_, row)| row.number)
             .collect();
-        let Some(first) = lacking.first() else { continue };
+        let Some(first) = lacking.first() else {
+            continue;
+        };
         if !reported.insert((read.value.clone(), read.span)) {
             continue;
         }

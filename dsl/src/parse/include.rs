@@ -4,6 +4,7 @@
 
 use super::*;
 
+use std::ops::Range;
 use std::sync::{Condvar, Mutex};
 
 /// KDL syntax errors reported per file; more are counted in one last diagnostic.
@@ -723,6 +724,39 @@ pub(crate) fn refused_diagnostic(
     .with_help(help)
 }
 
+/// Where the quoted string that starts at `start` in `text` closes (the index of its closing
+/// `"`), reading `\\` escapes; `None` when the line ends first.
+fn closing_quote(text: &str, start: usize) -> Option<usize> {
+    let mut chars = text.get(start..)?.char_indices().skip(1);
+    while let Some((i, c)) = chars.next() {
+        match c {
+            '\\' => {
+                chars.next();
+            }
+            '"' => return Some(start + i),
+            '\n' => return None,
+            _ => {}
+        }
+    }
+    None
+}
+
+/// When the error at `start` is a quoted string closed early by a quote meant to be inside it
+/// (text follows the closing quote directly, and the line holds another `"` after it): the
+/// error's offset and the byte range of its line.
+fn stray_quote(text: &str, start: usize) -> Option<(usize, Range<usize>)> {
+    if !text.get(start..)?.starts_with('"') || text[..start].ends_with('#') {
+        return None;
+    }
+    let close = closing_quote(text, start)?;
+    let line_start = text[..start].rfind('\n').map_or(0, |i| i + 1);
+    let line_end = text[close..].find('\n').map_or(text.len(), |i| close + i);
+    let after = &text[close + 1..line_end];
+    let next = after.chars().next()?;
+    let ends_value = next.is_whitespace() || matches!(next, ';' | '}' | '/' | ')');
+    (!ends_value && after.contains('"')).then_some((start, line_start..line_end))
+}
+
 /// The diagnostics of a file that is not valid KDL: the parser's errors (the first
 /// [`MAX_SYNTAX_ERRORS`], then how many more), each with a hint.
 pub(crate) fn syntax_diagnostics(
@@ -731,12 +765,57 @@ pub(crate) fn syntax_diagnostics(
     file: &SourceFile,
 ) -> Vec<Diagnostic> {
     let text = &*file.text;
-    let found = err.diagnostics.len();
     let mut diags = Vec::new();
+    // A `"` inside a quoted string (`"{{ x | default("y") }}"`) ends it early, and the
+    // parser then reports every piece of the rest of the line and every `}` after it: one
+    // error, named at the inner quote, stands for them.
+    let stray: Vec<(usize, Range<usize>)> = err
+        .diagnostics
+        .iter()
+        .filter_map(|d| stray_quote(text, d.span.offset()))
+        .collect();
+    let errors: Vec<_> = err
+        .diagnostics
+        .into_iter()
+        .filter(|d| {
+            let at = d.span.offset();
+            let cascade = d.message.as_deref().is_some_and(|m| {
+                m.to_lowercase().contains("closing '}'") || m.contains("end of document")
+            });
+            // A block "not closed" before the quote is one the rest of the line was
+            // read into, so brace errors anywhere go with it.
+            stray.is_empty()
+                || !cascade
+                    && stray
+                        .iter()
+                        .all(|(start, line)| at == *start || !line.contains(&at))
+                || stray.iter().any(|(start, _)| at == *start)
+        })
+        .collect();
+    let found = errors.len();
     // The parser's error recovery can report one error per byte of a garbled
     // line, and each is shown with that line: past the first few they bury the
     // cause and make the report quadratic in the file's size.
-    for d in err.diagnostics.into_iter().take(MAX_SYNTAX_ERRORS) {
+    for d in errors.into_iter().take(MAX_SYNTAX_ERRORS) {
+        if let Some(&(start, _)) = stray.iter().find(|(start, _)| *start == d.span.offset()) {
+            let inner = closing_quote(text, start).unwrap_or(start);
+            diags.push(
+                Diagnostic::at(
+                    Kind::Syntax,
+                    "a `\"` inside a quoted string ends it",
+                    id,
+                    file,
+                    SourceSpan::from(inner..inner + 1),
+                    "this quote ends the string",
+                )
+                .with_help(
+                    "write a quote inside a string as `\\\"`; in a template, use single quotes \
+                     (`default('none')`); or write the whole value as a raw string: \
+                     #\"… \"quoted\" …\"#",
+                ),
+            );
+            continue;
+        }
         let message = d.message.unwrap_or_else(|| "invalid KDL".to_string());
         let label = d.label.unwrap_or_else(|| "here".to_string());
         let snippet = text

@@ -421,7 +421,10 @@ fn nested_slashdashed_nodes_and_blocks_load() {
         "/-scenario \"x\"\"s\" {\n    \"echo\"\n\n".repeat(40)
     );
     let shown = load_bounded(&path, &text).expect_err("loaded");
-    assert!(shown.contains("Expected quoted string"), "{shown}");
+    assert!(
+        shown.contains("a `\"` inside a quoted string ends it"),
+        "{shown}"
+    );
 }
 
 /// Found by the million-case run of `loader_survives_mutated_suites`: a `json-path` of
