@@ -180,6 +180,110 @@ async fn no_error_fails_on_the_fault_that_stopped_the_trajectory() {
     assert!(stdout(&o).contains("1 check did not run"), "{}", stdout(&o));
 }
 
+/// A Connexity reply that stops before the agent answered (it ends with a `tool` message,
+/// as at a reference agent's tool-round cap, or with tool calls left without results) is a
+/// protocol fault on its turn: `no-error` and `not-contains` do not pass it, and the tool
+/// calls it made are kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_that_stops_before_answering_is_a_protocol_fault() {
+    let call = serde_json::json!({"id": "call_a", "type": "function",
+        "function": {"name": "check_service_area", "arguments": "{\"zone\":\"V4T0A7\"}"}});
+    let ends_with_tool = serde_json::json!({"messages": [
+        {"role": "assistant", "content": "Let me check.", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_a", "content": "{\"serviced\":true}"},
+    ]});
+    let ends_with_calls = serde_json::json!({"messages": [
+        {"role": "assistant", "content": "Let me check.", "tool_calls": [call]},
+    ]});
+    let tool_end = MisbehavingServer::respond(200, ends_with_tool.to_string()).await;
+    let calls_end = MisbehavingServer::respond(200, ends_with_calls.to_string()).await;
+    let healthy = MisbehavingServer::respond(200, OK_BODY).await;
+    let suite = format!(
+        "agent \"tool-end\" protocol=\"connexity\" url=\"{}\"\n\
+         agent \"calls-end\" protocol=\"connexity\" url=\"{}\"\n\
+         agent \"healthy\" protocol=\"connexity\" url=\"{}\"\n\
+         scenario \"area\" {{\n    agents \"tool-end\" \"calls-end\" \"healthy\"\n    \
+         user \"hi\"\n    expect no-error\n    \
+         criteria {{ no-error; reply not-contains=\"sorry\" }}\n}}\n",
+        tool_end.url(),
+        calls_end.url(),
+        healthy.url()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("cap.kdl"), suite).unwrap();
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path())
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+
+    let t = read_parquet(&out.join("trajectories.parquet"));
+    let rows: Vec<(String, Option<String>, String)> = strings(&t, "agent")
+        .into_iter()
+        .zip(strings(&t, "fault_category"))
+        .zip(strings(&t, "status"))
+        .map(|((a, f), s)| (a.unwrap(), f, s.unwrap()))
+        .collect();
+    for agent in ["tool-end", "calls-end"] {
+        let row = rows.iter().find(|r| r.0 == agent).unwrap();
+        assert_eq!(
+            (row.1.as_deref(), row.2.as_str()),
+            (Some("protocol"), "error"),
+            "{agent}: {rows:?}"
+        );
+    }
+    let healthy_row = rows.iter().find(|r| r.0 == "healthy").unwrap();
+    assert_eq!(healthy_row.2, "passed", "{rows:?}");
+    let turns = read_parquet(&out.join("turns.parquet"));
+    let messages: Vec<String> = strings(&turns, "fault_message")
+        .into_iter()
+        .flatten()
+        .collect();
+    assert!(
+        messages
+            .iter()
+            .any(|m| m.contains("ends with a `tool` message")),
+        "{messages:?}"
+    );
+    assert!(
+        messages
+            .iter()
+            .any(|m| m.contains("tool calls that have no results")),
+        "{messages:?}"
+    );
+    // The call the agent made before stopping is recorded.
+    let calls = read_parquet(&out.join("tool_calls.parquet"));
+    let called: Vec<(Option<String>, Option<String>)> = strings(&calls, "agent")
+        .into_iter()
+        .zip(strings(&calls, "name"))
+        .collect();
+    assert!(
+        called.contains(&(Some("tool-end".into()), Some("check_service_area".into()))),
+        "{called:?}"
+    );
+    let c = read_parquet(&out.join("criteria.parquet"));
+    let verdicts: Vec<(Option<String>, Option<String>, Option<String>)> = strings(&c, "agent")
+        .into_iter()
+        .zip(strings(&c, "criterion"))
+        .zip(strings(&c, "status"))
+        .map(|((a, cr), st)| (a, cr, st))
+        .collect();
+    for (agent, criterion, status) in &verdicts {
+        if agent.as_deref() != Some("healthy") {
+            assert_ne!(
+                status.as_deref(),
+                Some("passed"),
+                "{criterion:?}: {verdicts:?}"
+            );
+        }
+    }
+}
+
 /// An AgentScope agent never speaks first: `first-turn "agent"` against one is a suite
 /// error, reported before anything runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -202,6 +202,7 @@ impl Session for ConnexitySession {
             match result {
                 Ok(reply) => {
                     self.remember(reply.reply.as_deref(), &reply.messages);
+                    turn.fault = unanswered(&reply.messages);
                     turn.messages = reply.messages;
                     turn.reply = reply.reply;
                     turn.tool_calls = reply.tool_calls;
@@ -251,6 +252,23 @@ impl ConnexitySession {
             ),
         }
     }
+}
+
+/// The fault of a reply that ends before the agent answered: with a `tool` message (a
+/// reference agent's tool-round cap ends a reply this way) or with tool calls that have no
+/// results. Its messages and tool calls are kept on the turn; as for a model agent that hits
+/// `max-tool-rounds`, the turn is a protocol fault, not an answer that checks could pass.
+fn unanswered(messages: &[ChatMessage]) -> Option<Fault> {
+    let last = messages.last()?;
+    let why = if last.role == "tool" {
+        "the reply ends with a `tool` message and no assistant answer after it (the agent's \
+         tool-round cap?)"
+    } else if last.role == "assistant" && !last.tool_calls.is_empty() {
+        "the reply ends with tool calls that have no results and no answer after them"
+    } else {
+        return None;
+    };
+    Some(Fault::new(FaultCategory::Protocol, why))
 }
 
 /// One decoded `AgentResponse`.

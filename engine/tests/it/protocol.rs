@@ -275,7 +275,8 @@ async fn wrong_shapes_are_protocol_faults() {
 }
 
 /// A reply that ends with a `tool` message (a reference agent's tool-round cap hit) has no
-/// answer: the text written before the tool calls is not one, so `reply contains` fails.
+/// answer: the text written before the tool calls is not one (the session makes the turn a
+/// protocol fault: `tests/cli/faults.rs`).
 #[tokio::test]
 async fn a_reply_ending_with_a_tool_message_has_no_answer() {
     let body = serde_json::json!({
