@@ -253,6 +253,22 @@ pub fn check_props(
     report: &mut impl FnMut(Problem),
 ) {
     if spec.any_key() {
+        // Any key (a tool call's params), but each once: a second `zone=` would replace the
+        // first, and the check would hold on a value the suite never meant alone.
+        let mut seen: HashMap<&str, SourceSpan> = HashMap::new();
+        for p in node.props {
+            let name = prop_name(p);
+            match seen.get(name) {
+                Some(first) if !repeatable.contains(&name) => {
+                    let suffix = format!(" on `{}`", node.name);
+                    report(setting_twice(name, &suffix, p.span(), *first));
+                }
+                Some(_) => {}
+                None => {
+                    seen.insert(name, p.span());
+                }
+            }
+        }
         return;
     }
     let allowed: Vec<&str> = spec.props.iter().map(|p| p.name).collect();

@@ -92,6 +92,7 @@ impl<'f> Decoder<'f> {
             "span" => {
                 let usage = "span \"NAME\" KEY=VALUE… count=N";
                 self.check_args_of(v, spec, usage);
+                self.check_props_of(v, spec);
                 let name = self.id_arg(v, "a span name", usage)?;
                 let mut attributes = Map::new();
                 let mut count = None;
@@ -452,6 +453,7 @@ impl<'f> Decoder<'f> {
     ) -> Option<CriterionKind> {
         let usage = format!("{} \"NAME\" KEY=VALUE… count=N", v.name);
         self.check_args_of(v, spec, &usage);
+        self.check_props_of(v, spec);
         let name = self.id_arg(v, "a tool name", &usage)?;
         let mut params = Map::new();
         let mut count = None;
