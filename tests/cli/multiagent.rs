@@ -284,7 +284,8 @@ async fn waiting_for_a_long_lived_agents_pipe_is_not_the_agents_time() {
 }
 
 /// A long-lived agent that writes a log line on stdout before its answer when the task
-/// starts with `log`: the answer is left in the pipe behind the line that was not one.
+/// starts with `log` (the answer is left in the pipe behind the line that was not one), and
+/// its answer twice when it starts with `dup`.
 const STRAY_LINE: &str = r#"
 import json, os, sys
 with open(os.environ["PIDS"], "a") as f:
@@ -295,7 +296,13 @@ for line in sys.stdin:
         print("INFO working on it")
     if task.startswith("err"):
         print(json.dumps({"action": "error", "message": "a stray error report"}))
-    print(json.dumps({"action": "final_answer", "summary": "answer to: " + task}), flush=True)
+    answer = json.dumps({"action": "final_answer", "summary": "answer to: " + task})
+    if task.startswith("dup"):
+        # Twice, in one write: the second line is in the pipe as the first is read.
+        sys.stdout.write(answer + "\n" + answer + "\n")
+        sys.stdout.flush()
+        continue
+    print(answer, flush=True)
 "#;
 
 #[tokio::test]
@@ -307,6 +314,7 @@ async fn a_stray_line_from_a_long_lived_agent_never_answers_the_next_call() {
         "long-lived",
         r#"scenario "a-logs" { user "log please"; expect no-error }
 scenario "a2-errs" { user "err please"; expect no-error }
+scenario "a3-dup" { user "dup please"; expect no-error }
 scenario "b-clean" { user "second"; expect reply equals="answer to: second" }
 scenario "c-clean" { user "third"; expect reply equals="answer to: third" }"#,
     );
@@ -333,6 +341,19 @@ scenario "c-clean" { user "third"; expect reply equals="answer to: third" }"#,
     };
     assert_eq!(status_of("a-logs"), Some("error"), "{statuses:?}");
     assert_eq!(status_of("a2-errs"), Some("error"), "{statuses:?}");
+    // An answer written twice: the second line would answer the next call.
+    assert_eq!(status_of("a3-dup"), Some("error"), "{statuses:?}");
+    let turns = read_parquet(&out.join("turns.parquet"));
+    let faults: Vec<String> = strings(&turns, "fault_message")
+        .into_iter()
+        .flatten()
+        .collect();
+    assert!(
+        faults
+            .iter()
+            .any(|f| f.contains("wrote another line after its answer")),
+        "{faults:?}"
+    );
     // Each later call got its own answer, from a process started afresh.
     assert_eq!(status_of("b-clean"), Some("passed"), "{statuses:?}");
     assert_eq!(status_of("c-clean"), Some("passed"), "{statuses:?}");

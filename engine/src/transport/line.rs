@@ -18,6 +18,7 @@
 
 use std::collections::VecDeque;
 use std::io;
+use std::os::fd::{AsRawFd, RawFd};
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -136,19 +137,86 @@ enum Connection {
     Socket(BufReader<Box<dyn Duplex>>),
 }
 
-trait Duplex: AsyncRead + AsyncWrite + Send + Unpin {}
-impl<T: AsyncRead + AsyncWrite + Send + Unpin> Duplex for T {}
+trait Duplex: AsyncRead + AsyncWrite + AsRawFd + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + AsRawFd + Send + Unpin> Duplex for T {}
 
-/// Whether the agent closed (or broke) an idle kept connection: its end of stream is
-/// readable now. Bytes it sent ahead stay in the buffer for the next answer.
-fn closed_by_peer(stream: &mut BufReader<Box<dyn Duplex>>) -> bool {
-    use futures::FutureExt;
-    match stream.fill_buf().now_or_never() {
-        Some(Ok(buffered)) => buffered.is_empty(),
-        Some(Err(_)) => true,
-        // Nothing to read yet: open and quiet.
-        None => false,
+/// What an idle kept pipe or connection holds before a request is written, or right after
+/// an answer was read.
+enum Ahead {
+    /// Nothing to read yet: open and quiet.
+    Quiet,
+    /// The agent closed (or broke) its end.
+    Closed,
+    /// The agent wrote something no request asked for (its first line, cut): the next
+    /// answer read would be that, one behind, maybe another trajectory's.
+    Sent(String),
+}
+
+/// Reads what `reader` holds without waiting for the agent; blank lines it wrote are
+/// dropped. Whether `fd` has bytes is asked of the kernel: the runtime learns of them only
+/// when its driver next runs, and a line that arrived after the answer's last read would
+/// otherwise look like nothing until the next request had read it as its answer.
+async fn ahead<R: AsyncRead + Unpin>(reader: &mut BufReader<R>, fd: RawFd) -> Ahead {
+    loop {
+        if reader.buffer().is_empty() && !readable_now(fd) {
+            return Ahead::Quiet;
+        }
+        // Readable now: the read returns at once, once the runtime has seen it.
+        let filled = tokio::time::timeout(Duration::from_millis(200), reader.fill_buf()).await;
+        match filled {
+            Err(_) => return Ahead::Quiet,
+            Ok(Err(_)) | Ok(Ok([])) => return Ahead::Closed,
+            Ok(Ok(buffered)) => {
+                let blank = buffered
+                    .iter()
+                    .take_while(|b| b.is_ascii_whitespace())
+                    .count();
+                if blank < buffered.len() {
+                    let line: Vec<u8> = buffered[blank..]
+                        .iter()
+                        .take_while(|&&b| b != b'\n')
+                        .take(200)
+                        .copied()
+                        .collect();
+                    return Ahead::Sent(String::from_utf8_lossy(&line).into_owned());
+                }
+                reader.consume(blank);
+            }
+        }
     }
+}
+
+/// Whether reading `fd` would not block now: bytes, end of stream or an error wait.
+fn readable_now(fd: RawFd) -> bool {
+    let mut poll = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd, a zero timeout; `fd` is open for as long as its reader.
+    let ready = unsafe { libc::poll(&mut poll, 1, 0) };
+    ready > 0 && poll.revents != 0
+}
+
+/// The fault of an answer followed at once by another line: which of the two answers the
+/// request cannot be told, and the second would answer the next request.
+fn answered_twice(line: &str, describe: &str) -> Fault {
+    Fault::new(
+        FaultCategory::Protocol,
+        format!(
+            "{describe} wrote another line after its answer: {line:?} (one line answers one \
+             request; logs belong on stderr)"
+        ),
+    )
+}
+
+/// The note on a call whose kept pipe or connection held a line from before its request:
+/// that line was dropped with the connection, and the call went to a fresh one.
+fn stale_note(line: &str) -> String {
+    format!(
+        "trellis: the agent had written {line:?} after its previous answer, unasked; that \
+         connection was closed and this request sent on a new one\n"
+    )
 }
 
 struct LiveProcess {
@@ -259,7 +327,16 @@ impl LineTransport {
         let waiting = tokio::time::Instant::now();
         let mut open = self.open.lock().await;
         let queued = waiting.elapsed();
-        let result = decoded(self.locked_call(&mut open, request, timeout).await);
+        let mut result = decoded(self.locked_call(&mut open, request, timeout).await);
+        // An answer followed at once by another line: which of the two answers the request
+        // cannot be told, and the second would answer the next call. (A line the decoder
+        // refused, a log line before the answer, is reported as such above.)
+        if result.is_ok()
+            && let Some(connection) = open.as_mut()
+            && let Ahead::Sent(extra) = connection.ahead().await
+        {
+            result = Err(answered_twice(&extra, &self.describe()));
+        }
         if result.as_ref().map_or(true, |(value, _)| ends(value))
             && let Some(connection) = open.take()
         {
@@ -319,6 +396,14 @@ impl LineTransport {
                 {
                     ended.kill().await;
                 }
+                let mut stale = None;
+                if let Some(connection) = open.as_mut()
+                    && let Ahead::Sent(line) = connection.ahead().await
+                    && let Some(behind) = open.take()
+                {
+                    behind.kill().await;
+                    stale = Some(stale_note(&line));
+                }
                 if open.is_none() {
                     *open = Some(Connection::Process(Box::new(spawn(spec)?)));
                 }
@@ -342,7 +427,10 @@ impl LineTransport {
                 for _ in 0..4 {
                     tokio::task::yield_now().await;
                 }
-                let log = process.stderr.take_new();
+                let mut log = process.stderr.take_new();
+                if let Some(note) = stale {
+                    log.insert_str(0, &note);
+                }
                 match result {
                     Ok(line) => Ok(LineReply { line, log }),
                     Err(mut fault) => {
@@ -376,11 +464,18 @@ impl LineTransport {
         request: &[u8],
     ) -> Result<LineReply, Fault> {
         // A kept connection the agent closed since its last answer (a server that closes
-        // after each one) is opened again, not written to.
-        if let Some(Connection::Socket(stream)) = open.as_mut()
-            && closed_by_peer(stream)
-        {
-            *open = None;
+        // after each one) is opened again, not written to; so is one holding a line nobody
+        // asked for.
+        let mut stale = None;
+        if let Some(connection) = open.as_mut() {
+            match connection.ahead().await {
+                Ahead::Quiet => {}
+                Ahead::Closed => *open = None,
+                Ahead::Sent(line) => {
+                    stale = Some(stale_note(&line));
+                    *open = None;
+                }
+            }
         }
         if open.is_none() {
             *open = Some(Connection::Socket(BufReader::new(self.connect().await?)));
@@ -404,7 +499,7 @@ impl LineTransport {
         }
         line.map(|line| LineReply {
             line,
-            log: String::new(),
+            log: stale.unwrap_or_default(),
         })
     }
 
@@ -539,6 +634,20 @@ impl LineTransport {
 }
 
 impl Connection {
+    /// What the agent wrote that no request asked for yet ([`ahead`]).
+    async fn ahead(&mut self) -> Ahead {
+        match self {
+            Connection::Process(process) => {
+                let fd = process.stdout.get_ref().as_raw_fd();
+                ahead(&mut process.stdout, fd).await
+            }
+            Connection::Socket(stream) => {
+                let fd = stream.get_ref().as_raw_fd();
+                ahead(stream, fd).await
+            }
+        }
+    }
+
     /// Ends the connection at once; a process is killed with everything it started.
     async fn kill(self) {
         match self {

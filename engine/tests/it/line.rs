@@ -317,6 +317,65 @@ async fn a_kept_connection_that_sent_a_line_the_decoder_refused_is_ended() {
     assert_eq!(connections.load(Ordering::SeqCst), 2);
 }
 
+/// A kept connection's answer followed by another line, in the same write (the answer is
+/// refused: the second line would answer the next call) or after it (that line is dropped
+/// with the connection before the next request, which gets its own answer on a new one).
+#[tokio::test]
+async fn a_line_after_the_answer_never_answers_the_next_call() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let connections = Arc::new(AtomicUsize::new(0));
+    let counted = connections.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            counted.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let (read, mut write) = stream.into_split();
+                let mut lines = BufReader::new(read).lines();
+                while let Ok(Some(line)) = lines.next_line().await {
+                    let answer = format!("{{\"echo\":{line}}}\n");
+                    let sent = if line.contains("twice") {
+                        write
+                            .write_all(format!("{answer}{answer}").as_bytes())
+                            .await
+                    } else if line.contains("late") {
+                        let first = write.write_all(answer.as_bytes()).await;
+                        tokio::time::sleep(Duration::from_millis(30)).await;
+                        first.and(write.write_all(answer.as_bytes()).await)
+                    } else {
+                        write.write_all(answer.as_bytes()).await
+                    };
+                    if sent.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let kept = LineTransport::new(LineEndpoint::Tcp(address), LIMITS, true);
+    let message = fault(call(&kept, r#"{"twice":1}"#).await, FaultCategory::Protocol);
+    assert!(
+        message.contains("wrote another line after its answer"),
+        "{message}"
+    );
+    assert_eq!(
+        text(&call(&kept, r#"{"i":1}"#).await.unwrap()),
+        r#"{"echo":{"i":1}}"#
+    );
+    // The late line arrives after its answer was taken.
+    call(&kept, r#"{"late":1}"#).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let reply = call(&kept, r#"{"i":2}"#).await.unwrap();
+    assert_eq!(text(&reply), r#"{"echo":{"i":2}}"#);
+    assert!(
+        reply.log.contains("after its previous answer"),
+        "{}",
+        reply.log
+    );
+    // The first connection ended with the refused answer, the second with the late line.
+    assert_eq!(connections.load(Ordering::SeqCst), 3);
+}
+
 #[tokio::test]
 async fn tcp_an_empty_reply_or_a_refused_connection_is_a_fault() {
     let (address, _) = line_server(|_| None).await;
