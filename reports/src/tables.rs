@@ -12,8 +12,9 @@
 //!
 //! The arrays are those polars' frames would hold for the same columns, and the writer is the
 //! one polars' own `ParquetWriter` hands a frame's arrays to, so the files are what polars
-//! writes, byte for byte; without frames in between, the build and the binary leave out
-//! polars-core (docs/architecture.md, docs/performance.md).
+//! writes, except for the Arrow schema in their metadata ([`reader_schema`]); without frames
+//! in between, the build and the binary leave out polars-core (docs/architecture.md,
+//! docs/performance.md).
 
 use std::fs::File;
 use std::io::{self, BufWriter};
@@ -513,6 +514,45 @@ fn write_options() -> polars_parquet::write::WriteOptions {
     }
 }
 
+/// The Arrow schema the file's metadata carries (`ARROW:schema`), which pyarrow (and
+/// pandas through it) reads the columns as: text as `large_string`, not polars' in-memory
+/// `string_view`, which pandas cannot convert inside a list and pyarrow's compute functions
+/// (filter, sort, join keys) refuse. The Parquet columns are the same either way, and polars
+/// reads both as its `String`.
+fn reader_schema(schema: &ArrowSchema) -> polars_parquet::write::KeyValue {
+    fn plain(dtype: &ArrowDataType) -> ArrowDataType {
+        match dtype {
+            ArrowDataType::Utf8View => ArrowDataType::LargeUtf8,
+            ArrowDataType::BinaryView => ArrowDataType::LargeBinary,
+            ArrowDataType::LargeList(field) => ArrowDataType::LargeList(Box::new(Field {
+                dtype: plain(&field.dtype),
+                ..(**field).clone()
+            })),
+            ArrowDataType::Struct(fields) => ArrowDataType::Struct(
+                fields
+                    .iter()
+                    .map(|f| Field {
+                        dtype: plain(&f.dtype),
+                        ..f.clone()
+                    })
+                    .collect(),
+            ),
+            other => other.clone(),
+        }
+    }
+    let schema: ArrowSchema = schema
+        .iter_values()
+        .map(|f| {
+            let field = Field {
+                dtype: plain(&f.dtype),
+                ..f.clone()
+            };
+            (field.name.clone(), field)
+        })
+        .collect();
+    polars_parquet::write::schema_to_metadata_key(&schema)
+}
+
 /// One Parquet file being written batch by batch.
 struct TableFile<R: Rows> {
     staged: Staged,
@@ -589,7 +629,7 @@ impl<R: Rows> TableFile<R> {
             // Writes the footer and flushes the file's buffer (an error of either is the
             // writer's), then closes the file before the rename.
             self.writer
-                .end(None)
+                .end(Some(vec![reader_schema(&R::schema())]))
                 .map_err(|source| ReportError::Polars {
                     path: path.clone(),
                     source,

@@ -105,6 +105,49 @@ async fn the_example_suites_run_offline_and_write_every_table() {
     assert!(out.path().join(crate::JOURNAL).exists());
 }
 
+/// The tables read with pyarrow, where pandas reads Parquet through: text columns are
+/// `large_string` (polars' in-memory `string_view` is neither convertible to pandas inside a
+/// list nor taken by pyarrow's compute functions), and filtering and sorting on them work.
+#[tokio::test]
+async fn the_tables_read_with_pyarrow_as_plain_text_columns() {
+    let out = tempfile::tempdir().unwrap();
+    let o = trellis()
+        .args(["run", "suites/", "--out"])
+        .arg(out.path())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let script = r#"
+import glob, os, sys
+import pyarrow.compute as pc, pyarrow.parquet as pq
+tables = sorted(glob.glob(os.path.join(sys.argv[1], "*.parquet")))
+assert len(tables) == 7, tables
+for path in tables:
+    schema = pq.read_schema(path)
+    views = [f"{f.name}: {f.type}" for f in schema if "view" in str(f.type)]
+    assert not views, (path, views)
+t = pq.read_table(os.path.join(sys.argv[1], "trajectories.parquet"))
+assert str(t.schema.field("nodes").type) == "large_list<element: large_string>", t.schema
+failed = t.filter(pc.equal(t["status"], "failed"))
+assert failed.num_rows >= 1, failed.num_rows
+assert t.sort_by("scenario").num_rows == t.num_rows
+turns = pq.read_table(os.path.join(sys.argv[1], "turns.parquet"), filters=[("agent", "=", "demo")])
+assert turns.num_rows >= 1
+print("ok", t.num_rows, failed.num_rows)
+"#;
+    let py = std::process::Command::new("python3")
+        .args(["-c", script])
+        .arg(out.path())
+        .output()
+        .expect("python3 runs (with pyarrow: `pip install pyarrow`)");
+    assert!(
+        py.status.success(),
+        "pyarrow could not use the tables (`pip install pyarrow`): {}",
+        String::from_utf8_lossy(&py.stderr)
+    );
+}
+
 #[tokio::test]
 async fn filter_and_tag_select_scenarios() {
     let out = tempfile::tempdir().unwrap();
