@@ -231,13 +231,45 @@ fn evaluate<T: AsRef<TurnRecord>>(
         CriterionKind::Reply(checks) => {
             for (i, check) in checks.iter().enumerate() {
                 let value = rendered.get(&ValueSlot::ReplyCheck(i));
+                // Every reply contains the empty text (and so none passes `not-contains`):
+                // a value that rendered empty (an empty dataset cell, a capture of nothing)
+                // would check nothing.
+                if let (ReplyCheck::Contains(_) | ReplyCheck::NotContains(_), Some("")) =
+                    (check, value)
+                {
+                    return (
+                        CriterionStatus::Error,
+                        Some(
+                            "the text to look for rendered empty, and every reply contains \
+                             the empty text: nothing was checked"
+                                .to_string(),
+                        ),
+                    );
+                }
                 if let Some(failure) = reply_check(check, value, scope, turns) {
                     return fail(failure);
                 }
             }
-            pass(match turns.last().and_then(|t| t.reply.as_deref()) {
-                Some(reply) => format!("reply: {}", excerpt(reply, 120)),
-                None => "no reply".to_string(),
+            // On the whole trajectory, the reply quoted is one that holds the first check
+            // (the last such), not merely the last reply.
+            let shown = match (scope, checks.first()) {
+                (Scope::Trajectory, Some(first)) => turns.iter().rev().find(|t| {
+                    t.reply.as_deref().is_some_and(|r| {
+                        holds(first, rendered.get(&ValueSlot::ReplyCheck(0)), r) == Some(true)
+                    })
+                }),
+                _ => None,
+            };
+            pass(match shown {
+                Some(turn) => format!(
+                    "turn {} reply: {}",
+                    turn.turn_index,
+                    excerpt(turn.reply.as_deref().unwrap_or_default(), 120)
+                ),
+                None => match turns.last().and_then(|t| t.reply.as_deref()) {
+                    Some(reply) => format!("reply: {}", excerpt(reply, 120)),
+                    None => "no reply".to_string(),
+                },
             })
         }
         CriterionKind::Tool {
@@ -885,6 +917,17 @@ fn reply_check(
     }
 }
 
+/// Whether `reply` holds a check that a reply can hold by itself (`contains`, `matches`,
+/// `equals`, with its rendered `value`); `None` for the others.
+fn holds(check: &ReplyCheck, value: Option<&str>, reply: &str) -> Option<bool> {
+    match check {
+        ReplyCheck::Contains(needle) => Some(reply.contains(value.unwrap_or(needle))),
+        ReplyCheck::Matches(re) => Some(re.is_match(reply)),
+        ReplyCheck::Equals(expected) => Some(reply == value.unwrap_or(expected)),
+        ReplyCheck::NotContains(_) | ReplyCheck::JsonPath { .. } => None,
+    }
+}
+
 /// `reply json-path=…` on one turn (see [`json_path_node`]).
 fn json_path_check(
     turn: &TurnRecord,
@@ -1269,6 +1312,52 @@ mod tests {
             check(&c, Scope::Trajectory, &turns, None).status,
             CriterionStatus::Failed
         );
+    }
+
+    #[test]
+    fn a_passing_trajectory_reply_check_quotes_the_turn_that_holds_it() {
+        let turns = [turn(0, "hello postal code", &[]), turn(1, "bye", &[])];
+        let c = crit(CriterionKind::Reply(vec![ReplyCheck::Contains(
+            "postal".into(),
+        )]));
+        let record = check(&c, Scope::Trajectory, &turns, None);
+        assert_eq!(record.status, CriterionStatus::Passed);
+        assert_eq!(
+            record.detail.as_deref(),
+            Some("turn 0 reply: \"hello postal code\"")
+        );
+    }
+
+    #[test]
+    fn a_text_to_look_for_that_rendered_empty_is_an_error_not_a_pass() {
+        let turns = [turn(0, "anything at all", &[])];
+        for check in [
+            ReplyCheck::Contains("{{ row.expected }}".into()),
+            ReplyCheck::NotContains("{{ row.expected }}".into()),
+        ] {
+            let rendered = Rendered {
+                values: vec![(ValueSlot::ReplyCheck(0), String::new())],
+            };
+            for scope in [Scope::Turn, Scope::Trajectory] {
+                let record = check_rendered(
+                    &crit(CriterionKind::Reply(vec![check.clone()])),
+                    &rendered,
+                    scope,
+                    &turns,
+                    Some(0),
+                    Evidence::default(),
+                );
+                assert_eq!(record.status, CriterionStatus::Error, "{check:?}");
+                assert!(
+                    record
+                        .detail
+                        .as_deref()
+                        .unwrap_or("")
+                        .contains("rendered empty"),
+                    "{record:?}"
+                );
+            }
+        }
     }
 
     #[test]

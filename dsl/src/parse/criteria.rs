@@ -390,6 +390,22 @@ impl<'f> Decoder<'f> {
                     },
                 });
             }
+            if matches!(name, "contains" | "not-contains") && p.value().as_string() == Some("") {
+                let d = self
+                    .diag(
+                        Kind::InvalidValue,
+                        format!("an empty `{name}` checks nothing"),
+                        p.span(),
+                        "empty",
+                    )
+                    .with_help(
+                        "every reply contains the empty text: write the text to look for, or \
+                         `equals=\"\"` for an empty reply",
+                    );
+                self.report(d);
+                failed = true;
+                continue;
+            }
             let check = match name {
                 "contains" => self.string(p).map(ReplyCheck::Contains),
                 "not-contains" => self.string(p).map(ReplyCheck::NotContains),
