@@ -572,7 +572,26 @@ fn instances(
             }
             let id = format!("{}[{}]", sc.id.value, parts.join(","));
             if !seen.insert(id.clone()) {
-                // Two matrix values that read the same (`1` and `"1"`): one instance.
+                // Values of one variable that read the same (`1` and `"1"`) are refused
+                // where they are written; here two combinations read as one because a value
+                // holds `,` or `=` (`"p,b=q"`): one of them would silently never run.
+                diags.push(
+                    Diagnostic::at_span(
+                        Kind::InvalidValue,
+                        format!(
+                            "scenario `{}`: two instances have the id `{id}`",
+                            sc.id.value
+                        ),
+                        files,
+                        sc.matrix.first().map_or(sc.id.span, |var| var.name.span),
+                        "the matrix starts here",
+                    )
+                    .with_help(
+                        "an instance id joins the row id and the matrix values with `,` and \
+                         `=`: a value (or row id) holding them reads like another \
+                         combination; write the values without `,` and `=`",
+                    ),
+                );
                 continue;
             }
             let mut instance = sc.clone();
