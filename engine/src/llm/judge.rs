@@ -567,18 +567,21 @@ fn number(v: Option<&Value>) -> Option<f64> {
 
 /// The JSON object `text` answers with: the whole text, else the one object written in it
 /// (fenced or not). Two different objects are no answer (a fenced `{"score": 0.2}` then
-/// "Actually {"score": 0.95}"): which one the judge meant is not for the parser to guess.
+/// "Actually {"score": 0.95}"): which one the judge meant is not for the parser to guess;
+/// nor is an object that gives one key two values (`{"score": 0.1, …, "score": 0.9}`).
+/// Keys are read case-insensitively (`{"Score": 0.9}`).
 pub(crate) fn json_object(text: &str) -> Option<Map<String, Value>> {
-    if let Ok(Value::Object(o)) = serde_json::from_str::<Value>(text.trim()) {
-        return Some(o);
+    if let Ok(members) = serde_json::from_str::<Members>(text.trim()) {
+        return members.object();
     }
     let mut found: Option<Map<String, Value>> = None;
     let mut at = 0;
     while let Some(offset) = text.get(at..).and_then(|rest| rest.find('{')) {
         let start = at + offset;
-        let mut values = serde_json::Deserializer::from_str(&text[start..]).into_iter::<Value>();
+        let mut values = serde_json::Deserializer::from_str(&text[start..]).into_iter::<Members>();
         match values.next() {
-            Some(Ok(Value::Object(o))) => {
+            Some(Ok(members)) => {
+                let o = members.object()?;
                 match &found {
                     Some(first) if *first != o => return None,
                     _ => found = Some(o),
@@ -591,18 +594,72 @@ pub(crate) fn json_object(text: &str) -> Option<Map<String, Value>> {
     found
 }
 
-/// `key: value` lines, keys lower-cased.
+/// A JSON object's members in order, a repeated key kept (serde_json's map keeps the last).
+struct Members(Vec<(String, Value)>);
+
+impl Members {
+    /// The object with its keys lower-cased; `None` when a key has two different values.
+    fn object(self) -> Option<Map<String, Value>> {
+        let mut out = Map::new();
+        for (key, value) in self.0 {
+            match out.insert(key.to_lowercase(), value.clone()) {
+                Some(before) if before != value => return None,
+                _ => {}
+            }
+        }
+        Some(out)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Members {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = Members;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Members, A::Error> {
+                let mut members = Vec::new();
+                while let Some(member) = map.next_entry::<String, Value>()? {
+                    members.push(member);
+                }
+                Ok(Members(members))
+            }
+        }
+        d.deserialize_map(Visit)
+    }
+}
+
+/// `key: value` lines, keys lower-cased, markdown emphasis around them dropped
+/// (`**Score:** 0.8`). A key given two different values (`Score: 0.1` … `Score: 0.9`) is
+/// left out: which one the judge meant is not for the parser to guess.
 pub(crate) fn key_lines(text: &str) -> std::collections::HashMap<String, String> {
-    text.lines()
-        .filter_map(|line| {
-            let (k, v) = line.split_once(':')?;
-            let k = k
-                .trim()
-                .trim_matches(['*', '-', '#', ' '])
-                .to_ascii_lowercase();
-            Some((k, v.trim().to_owned()))
-        })
-        .collect()
+    let mut out = std::collections::HashMap::new();
+    let mut ambiguous = std::collections::HashSet::new();
+    for line in text.lines() {
+        let Some((k, v)) = line.split_once(':') else {
+            continue;
+        };
+        let k = k
+            .trim()
+            .trim_matches(['*', '_', '-', '#', ' '])
+            .to_ascii_lowercase();
+        let v = v.trim().trim_start_matches(['*', '_']).trim().to_owned();
+        match out.get(&k) {
+            Some(before) if *before != v => {
+                ambiguous.insert(k);
+            }
+            _ => {
+                out.insert(k, v);
+            }
+        }
+    }
+    out.retain(|k, _| !ambiguous.contains(k));
+    out
 }
 
 #[cfg(test)]
@@ -623,6 +680,38 @@ mod tests {
         assert_eq!(parse_answer(&generic, repeated).unwrap().score, 1.0);
         let nested = r#"Verdict: {"score": 0.5, "label": "partial", "justification": "it sent {\"a\": 1}", "extra": {"b": 2}}"#;
         assert_eq!(parse_answer(&generic, nested).unwrap().score, 0.5);
+    }
+
+    #[test]
+    fn one_key_given_two_values_is_no_answer() {
+        let generic = Rubric::from_setting(None);
+        for two in [
+            "Score: 0.1\nLabel: fail\nJustification: no\nScore: 0.9",
+            r#"{"score": 0.1, "label": "fail", "score": 0.9}"#,
+            "Sure: ```json\n{\"score\": 0.1, \"Score\": 0.9}\n```",
+        ] {
+            assert!(parse_answer(&generic, two).is_err(), "{two:?}");
+        }
+        let outcome = Rubric::Outcome;
+        let changed = "passed: false\njustification: the refund was never issued.\npassed: true";
+        assert!(parse_answer(&outcome, changed).is_err());
+        // The same value twice is one answer.
+        assert_eq!(
+            parse_answer(&generic, "Score: 0.5\nScore: 0.5")
+                .unwrap()
+                .score,
+            0.5
+        );
+    }
+
+    #[test]
+    fn markdown_emphasis_and_capitalised_json_keys_are_read() {
+        let generic = Rubric::from_setting(None);
+        let bold = "**Score:** 0.8\n**Label:** pass\n**Justification:** fine";
+        let a = parse_answer(&generic, bold).unwrap();
+        assert_eq!((a.score, a.justification.as_deref()), (0.8, Some("fine")));
+        let json = r#"{"Score": 0.9, "Label": "pass"}"#;
+        assert_eq!(parse_answer(&generic, json).unwrap().score, 0.9);
     }
 
     #[test]
