@@ -267,24 +267,30 @@ pub fn incomplete(run: &RunStats) -> Option<String> {
 /// none passed or failed. A comparison in which either run checked nothing fails: a head
 /// run that checked nothing certifies nothing, whatever its pass rate's test says of a
 /// small sample, and a base run that checked nothing holds the head to nothing (`trellis
-/// runs pin` refuses such a run for the same reason, crate::history). A run whose
-/// trajectories were all skipped without an error (a suite with no checks, compared for its
-/// latency) is compared as usual: its pass rate is not comparable.
+/// runs pin` refuses such a run for the same reason, crate::history). So does one whose
+/// trajectories are all `invalid` (a simulated user that broke character: the agent was not
+/// checked). A run whose trajectories were all skipped without an error or an invalid one
+/// (a suite with no checks, compared for its latency) is compared as usual: its pass rate
+/// is not comparable.
 pub fn checked_nothing(run: &RunStats) -> Option<String> {
     let c = &run.aggregates.counts;
     if c.passed + c.failed > 0 {
         return None;
     }
-    match (c.trajectories, c.errors) {
-        (0, _) => Some("checked nothing: it recorded no trajectory".to_owned()),
-        (_, 0) => None,
-        (n, e) if e == n => Some(format!(
+    match (c.trajectories, c.errors, c.invalid) {
+        (0, ..) => Some("checked nothing: it recorded no trajectory".to_owned()),
+        (_, 0, 0) => None,
+        (n, e, 0) if e == n => Some(format!(
             "checked nothing: all {n} of its trajectories ended in an error (was the agent \
              down?)"
         )),
-        (n, e) => Some(format!(
+        (n, 0, i) if i == n => Some(format!(
+            "checked nothing: all {n} of its trajectories are invalid (the simulated user \
+             broke character, so nothing of the agent was checked)"
+        )),
+        (n, e, i) => Some(format!(
             "checked nothing: none of its {n} trajectories passed or failed ({e} ended in an \
-             error, the rest were skipped or invalid)"
+             error, {i} invalid, the rest skipped)"
         )),
     }
 }
@@ -1095,6 +1101,32 @@ mod tests {
             judge(&[325.0, 326.0, 324.0, 327.0], &[28.0, 27.0, 29.0, 28.5]).0,
             Verdict::Improved
         );
+    }
+
+    #[test]
+    fn a_run_of_only_invalid_or_errored_trajectories_checked_nothing() {
+        let run = |passed, errors, skipped, invalid| {
+            let mut run = RunStats::default();
+            run.aggregates.counts = crate::stats::StatusCounts {
+                trajectories: passed + errors + skipped + invalid,
+                passed,
+                errors,
+                skipped,
+                invalid,
+                ..Default::default()
+            };
+            run
+        };
+        let why = checked_nothing(&run(0, 0, 0, 3)).unwrap();
+        assert!(
+            why.contains("all 3 of its trajectories are invalid"),
+            "{why}"
+        );
+        assert!(checked_nothing(&run(0, 2, 0, 0)).is_some());
+        assert!(checked_nothing(&run(0, 1, 1, 1)).is_some());
+        // Skipped only (a suite compared for its latency), or anything decided: compared.
+        assert!(checked_nothing(&run(0, 0, 4, 0)).is_none());
+        assert!(checked_nothing(&run(1, 0, 0, 3)).is_none());
     }
 
     fn t(passed: u64, samples: u64) -> Option<Tally> {
