@@ -692,9 +692,12 @@ impl StatsBuilder {
     }
 
     pub fn add_trajectory(&mut self, t: &TrajectoryRecord) {
+        // The agent's judged checks only: a fidelity judge scores the simulated user, and an
+        // attack judge how close the attacker came (higher is worse for the agent).
         for score in t
             .criteria
             .iter()
+            .filter(|c| !matches!(c.kind.as_str(), "fidelity" | "attack"))
             .filter_map(|c| c.judge.as_ref().and_then(|j| j.score))
             .filter(|s| s.is_finite())
         {
@@ -1231,6 +1234,36 @@ mod tests {
             sandbox_state: None,
             captures: Default::default(),
         }))
+    }
+
+    #[test]
+    fn mean_score_is_the_agents_judged_checks_only() {
+        let judged = |kind: &str, score: f64| CriterionRecord {
+            judge: Some(Box::new(trellis_records::JudgeVerdict {
+                score: Some(score),
+                ..Default::default()
+            })),
+            turn_index: None,
+            criterion: kind.into(),
+            kind: kind.into(),
+            status: CriterionStatus::Passed,
+            detail: None,
+        };
+        let mut entry = trajectory(0, "main", &["start"], None);
+        if let JournalEntry::Trajectory(t) = &mut entry {
+            t.criteria = vec![
+                judged("judge", 0.9),
+                judged("outcome", 0.5),
+                // The simulated user's judgement and an attacker's progress are not the
+                // agent's score.
+                judged("fidelity", 0.0),
+                judged("attack", 1.0),
+            ];
+        }
+        let mut b = StatsBuilder::default();
+        b.push(&entry);
+        let score = b.finish().aggregates.mean_score.unwrap();
+        assert!((score - 70.0).abs() < 1e-9, "{score}");
     }
 
     #[test]
