@@ -3,7 +3,7 @@
 //!
 //! A pass-rate drop counts when it exceeds its threshold and, when either side has more
 //! than one sample (repetitions, or many trajectories at run level), when a one-sided
-//! Fisher exact test finds it unlikely to be noise (p < `alpha`). With one sample on each
+//! Fisher exact test finds it unlikely to be noise (p ≤ `alpha`). With one sample on each
 //! side there is nothing to test: a pass that became a failure is a regression. Latency
 //! counts when the mean turn latency grows by more than its percentage and by more than
 //! `latency_noise_ms`, the median turn grows by as much, *and* a one-sided Mann–Whitney U
@@ -73,7 +73,8 @@ impl Default for Thresholds {
 pub enum Verdict {
     /// Worse past the threshold (and significant, where tested): fails the comparison.
     Regressed,
-    /// Worse past the threshold, but the test says it may be noise (p ≥ alpha).
+    /// Worse past the threshold, but the test says it may be noise (pass rates: p > alpha;
+    /// latency: p ≥ alpha).
     Noise,
     Unchanged,
     Improved,
@@ -710,9 +711,13 @@ pub fn judge_rate(base: Option<Tally>, head: Option<Tally>, t: &Thresholds) -> R
     };
     const EPSILON: f64 = 1e-9;
     let (verdict, p_value) = if -delta > t.max_pass_rate_drop + EPSILON {
+        // p ≤ alpha, within rounding: 3/3 passes falling to 0/3 has an exact p of 1/20,
+        // which the test computes as 0.04999…96 or 0.05000…01 depending on its sums; at
+        // alpha 0.05 that collapse is a regression, decided by the rule and not by the last
+        // bit of a float.
         let p = test(Alternative::Greater);
         match p {
-            Some(p) if p >= t.alpha => (Verdict::Noise, Some(p)),
+            Some(p) if p > t.alpha * (1.0 + EPSILON) => (Verdict::Noise, Some(p)),
             _ => (Verdict::Regressed, p),
         }
     } else if delta > EPSILON {
@@ -1151,6 +1156,29 @@ mod tests {
         assert_eq!(r.verdict, Verdict::Regressed);
         // [[10,0],[2,8]] greater: C(12,10)·C(8,0)/C(20,10) = 66/184756.
         assert!((r.p_value.unwrap() - 66.0 / 184_756.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_p_value_of_exactly_alpha_regresses_whichever_way_it_rounds() {
+        // 3/3 to 0/3: p = 1/20 exactly, alpha 0.05.
+        let r = judge_rate(t(3, 3), t(0, 3), &Thresholds::default());
+        assert_eq!(r.verdict, Verdict::Regressed, "{r:?}");
+        assert!((r.p_value.unwrap() - 0.05).abs() < 1e-12);
+        for alpha in [0.05 * (1.0 - 1e-15), 0.05 * (1.0 + 1e-15)] {
+            let thresholds = Thresholds {
+                alpha,
+                ..Thresholds::default()
+            };
+            assert_eq!(
+                judge_rate(t(3, 3), t(0, 3), &thresholds).verdict,
+                Verdict::Regressed
+            );
+        }
+        // 2/2 to 0/2: p = 1/6, noise.
+        assert_eq!(
+            judge_rate(t(2, 2), t(0, 2), &Thresholds::default()).verdict,
+            Verdict::Noise
+        );
     }
 
     fn latency_of(values: &[f64]) -> crate::stats::Latency {
