@@ -117,8 +117,18 @@ impl Unit<'_> {
         // the simulated user broke character, the agent's checks are not worth a judge call.
         let mut not_checked = not_checked;
         if not_checked.is_none()
-            && let Some(record) = self.judge_fidelity(t, state).await
+            && let Some(mut record) = self.judge_fidelity(t, state).await
         {
+            // The judge reads the simulated turns as a whole: the break is placed at the
+            // first of them, so a check that failed on a scripted turn before it stays the
+            // agent's failure (`status_of`).
+            if record.turn_index.is_none() {
+                record.turn_index = state
+                    .turns
+                    .iter()
+                    .find(|turn| !turn.simulator.is_empty() || turn.user_source.is_some())
+                    .map(|turn| turn.turn_index);
+            }
             if record.status == CriterionStatus::Failed {
                 not_checked = Some("not checked: the simulated user broke character".to_owned());
             }
@@ -395,8 +405,21 @@ pub(super) fn status_of(
     // The simulated user broke character: the conversation says nothing about the agent.
     let (fidelity, criteria): (Vec<&CriterionRecord>, Vec<&CriterionRecord>) =
         criteria.iter().partition(|c| c.kind == FIDELITY_KIND);
-    if fidelity.iter().any(|c| c.status == CriterionStatus::Failed) {
-        return (TrajectoryStatus::Invalid, None);
+    if let Some(broken) = fidelity
+        .iter()
+        .find(|c| c.status == CriterionStatus::Failed)
+    {
+        // Unless the agent had already failed a check on a turn before the break (a
+        // scripted turn, or one a guard found in character): that failure is the agent's,
+        // whatever the simulated user did after it.
+        let failed_before = broken.turn_index.is_some_and(|at| {
+            criteria.iter().any(|c| {
+                c.status == CriterionStatus::Failed && c.turn_index.is_some_and(|i| i < at)
+            })
+        });
+        if !failed_before {
+            return (TrajectoryStatus::Invalid, None);
+        }
     }
     // A check whose evaluator failed (a judge) leaves the trajectory undecided: an error,
     // never a pass.
@@ -547,6 +570,47 @@ mod tests {
             status_of(false, &criteria, false).0,
             TrajectoryStatus::Passed
         );
+    }
+
+    #[test]
+    fn a_check_failed_before_the_simulated_user_broke_character_is_the_agents_failure() {
+        let at = |kind: &str, status, turn: Option<u32>| CriterionRecord {
+            turn_index: turn,
+            kind: kind.into(),
+            status,
+            ..check(status)
+        };
+        let broken_at_2 = at(FIDELITY_KIND, CriterionStatus::Failed, Some(2));
+        // A scripted turn 0 failed its `expect`: failed.
+        let criteria = [
+            at("reply", CriterionStatus::Failed, Some(0)),
+            broken_at_2.clone(),
+        ];
+        assert_eq!(
+            status_of(false, &criteria, false).0,
+            TrajectoryStatus::Failed
+        );
+        // Failed only at or after the break, or passed before it: invalid.
+        for criteria in [
+            [
+                at("reply", CriterionStatus::Failed, Some(2)),
+                broken_at_2.clone(),
+            ],
+            [
+                at("reply", CriterionStatus::Passed, Some(0)),
+                broken_at_2.clone(),
+            ],
+            [
+                at("reply", CriterionStatus::Failed, Some(0)),
+                at(FIDELITY_KIND, CriterionStatus::Failed, None),
+            ],
+        ] {
+            assert_eq!(
+                status_of(false, &criteria, false).0,
+                TrajectoryStatus::Invalid,
+                "{criteria:?}"
+            );
+        }
     }
 
     #[test]

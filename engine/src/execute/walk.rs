@@ -1331,7 +1331,7 @@ impl<'a> Unit<'a> {
                         Said::Unusable => {
                             let why = note.unwrap_or_default();
                             return Some(invalid(
-                                None,
+                                u32::try_from(turn_index).ok(),
                                 format!("empty message (turn {turn_index}): {why}"),
                             ));
                         }
@@ -1354,7 +1354,10 @@ impl<'a> Unit<'a> {
                 let previous = state.turns.last().map(|t| t.user_message.as_str());
                 let replies = state.turns.iter().filter_map(|t| t.reply.as_deref());
                 if let Some(why) = crate::llm::fidelity::guard(&text, previous, replies) {
-                    return Some(invalid(None, format!("{why} (turn {turn_index})")));
+                    return Some(invalid(
+                        u32::try_from(turn_index).ok(),
+                        format!("{why} (turn {turn_index})"),
+                    ));
                 }
             }
             if let Some(stop) = self
@@ -1440,9 +1443,9 @@ impl<'a> Unit<'a> {
     }
 }
 
-/// The stop of a path whose simulated user broke character (at recorded turn `turn`, when
-/// the break is one): a failed fidelity check, which makes the trajectory `invalid`
-/// (`verdict::status_of`).
+/// The stop of a path whose simulated user broke character at turn `turn` (a message a
+/// guard refused is the turn it would have been): a failed fidelity check, which makes the
+/// trajectory `invalid` unless a check failed on a turn before it (`verdict::status_of`).
 fn invalid(turn: Option<u32>, detail: String) -> Stop {
     Stop::Failed(CriterionRecord {
         turn_index: turn,
