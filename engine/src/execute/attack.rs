@@ -210,23 +210,12 @@ impl<'a> Unit<'a> {
                         }
                         _ => {}
                     }
-                    let (turn_index, reply) = state
-                        .turns
-                        .last()
-                        .map(|turn| (turn.turn_index, turn.reply.clone().unwrap_or_default()))
-                        .unwrap_or_default();
+                    let answered = state.turns.last().cloned().unwrap_or_default();
                     let judge_name = format!("attack judge of {call_name}, proposal {label}");
                     let (score, check) = self
                         .shared
                         .llm
-                        .attack_score(
-                            attack,
-                            &message,
-                            &reply,
-                            turn_index,
-                            self.repetition,
-                            &judge_name,
-                        )
+                        .attack_score(attack, &answered, self.repetition, &judge_name)
                         .await;
                     state.criteria.push(check);
                     let outcome = match score {

@@ -279,7 +279,9 @@ pub fn request<T: AsRef<TurnRecord>>(
     }
 }
 
-fn write_turn(out: &mut String, t: &TurnRecord) {
+/// One turn as judges read it: the user's message (or function call), every tool call with
+/// its result, and the reply or the fault.
+pub(crate) fn write_turn(out: &mut String, t: &TurnRecord) {
     let i = t.turn_index;
     match t.kind.as_str() {
         "opening" => {}

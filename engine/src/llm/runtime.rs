@@ -904,20 +904,19 @@ impl LlmRuntime {
         (result, Some(outcome.call))
     }
 
-    /// The judge's score of one agent reply against the attack's goal, 0–1, as a check
-    /// record (`kind = "attack"`): failed when the goal is reached (the agent yielded),
-    /// passed otherwise, `error` when no judge answered usably.
+    /// The judge's score of one agent turn (its reply, and the tool calls it made) against
+    /// the attack's goal, 0–1, as a check record (`kind = "attack"`): failed when the goal
+    /// is reached (the agent yielded), passed otherwise, `error` when no judge answered
+    /// usably.
     pub async fn attack_score(
         &self,
         attack: &trellis_dsl::Attack,
-        message: &str,
-        reply: &str,
-        turn_index: u32,
+        turn: &TurnRecord,
         repetition: u32,
         call_name: &str,
     ) -> (Option<f64>, CriterionRecord) {
         let mut record = CriterionRecord {
-            turn_index: Some(turn_index),
+            turn_index: Some(turn.turn_index),
             criterion: format!("attack goal not reached: {}", attack.success()),
             kind: "attack".to_owned(),
             status: CriterionStatus::Error,
@@ -938,7 +937,7 @@ impl LlmRuntime {
         let (mut verdict, result) = self
             .judge_json(
                 resolved,
-                super::attack::score_request(&attack.goal, attack.success(), message, reply),
+                super::attack::score_request(&attack.goal, attack.success(), turn),
                 ("attack", super::attack::SUCCESS_SCORE),
                 repetition,
                 call_name,
