@@ -176,6 +176,10 @@ pub struct PlannedScenario {
     pub trajectories: Vec<PlannedTrajectory>,
     /// Scenarios (indices into [`Plan::scenarios`]) that must finish first.
     pub needs: Vec<usize>,
+    /// Scenarios it needs that do not run: `draft` or `archived` ones, which a selection
+    /// does not pull in without `--include-inactive`. Each is `(id, its status)`; the
+    /// scenario is skipped, saying so, as when a need did not pass.
+    pub inactive_needs: Vec<(String, &'static str)>,
     /// Checked on the whole trajectory after its last step: `criteria { }`, then
     /// `expect-tool`, in source order.
     pub criteria: Vec<PlannedCriterion>,
@@ -348,7 +352,12 @@ impl Plan {
                     .neighbors_directed(node, petgraph::Direction::Incoming)
                 {
                     let dep_key = needs.graph[dep];
-                    if selected.insert(dep_key) {
+                    // A draft or archived need stays out, as it would unselected: the
+                    // scenario that needs it is skipped, saying why.
+                    let (dsi, dci) = dep_key;
+                    let dep_active = selection.include_inactive
+                        || project.suites[dsi].scenarios[dci].status == Status::Active;
+                    if dep_active && selected.insert(dep_key) {
                         stack.push(dep_key);
                     }
                 }
@@ -503,6 +512,7 @@ impl Plan {
                 nodes,
                 trajectories,
                 needs: Vec::new(),
+                inactive_needs: Vec::new(),
                 criteria,
                 repeat: sc.repeat.max(1),
                 sandbox: sandbox(sc),
@@ -519,11 +529,27 @@ impl Plan {
 
         for (&(si, ci), &i) in &scenario_index {
             let sc = &project.suites[si].scenarios[ci];
-            scenarios[i].needs = sc
+            let resolved: Vec<(usize, usize)> = sc
                 .needs
                 .iter()
                 .filter_map(|n| graph::resolve_need(project, si, &n.value).ok())
-                .filter_map(|key| scenario_index.get(&key).copied())
+                .collect();
+            scenarios[i].needs = resolved
+                .iter()
+                .filter_map(|key| scenario_index.get(key).copied())
+                .collect();
+            scenarios[i].inactive_needs = resolved
+                .iter()
+                .filter(|key| !scenario_index.contains_key(key))
+                .map(|&(dsi, dci)| {
+                    let dep = &project.suites[dsi].scenarios[dci];
+                    let status = match dep.status {
+                        Status::Draft => "a draft",
+                        Status::Archived => "archived",
+                        Status::Active => "not selected",
+                    };
+                    (dep.id.value.clone(), status)
+                })
                 .collect();
         }
 

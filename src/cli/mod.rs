@@ -558,6 +558,50 @@ fn plan(project: &trellis_dsl::Project, select: &SelectArgs) -> Option<Plan> {
     }
 }
 
+/// What to say when `selection` selects nothing: which draft or archived scenarios it would
+/// have selected, since `--include-inactive` runs them.
+fn nothing_selected(
+    project: &trellis_dsl::Project,
+    selection: &trellis_engine::plan::Selection,
+) -> String {
+    let said = "no scenario matches the selection";
+    if selection.include_inactive {
+        return said.to_owned();
+    }
+    let wider = trellis_engine::plan::Selection {
+        include_inactive: true,
+        ..selection.clone()
+    };
+    let Ok(plan) = Plan::build(project, &wider) else {
+        return said.to_owned();
+    };
+    let inactive: Vec<String> = plan
+        .scenarios
+        .iter()
+        .take(5)
+        .map(|s| {
+            let status = match s.scenario.status {
+                trellis_dsl::Status::Archived => "archived",
+                _ => "a draft",
+            };
+            format!("`{}/{}` is {status}", s.suite, s.scenario.id.value)
+        })
+        .collect();
+    if inactive.is_empty() {
+        return said.to_owned();
+    }
+    let more = plan.scenarios.len().saturating_sub(inactive.len());
+    format!(
+        "no active scenario matches the selection: {}{} (`--include-inactive` runs them)",
+        inactive.join(", "),
+        if more > 0 {
+            format!(", and {more} more")
+        } else {
+            String::new()
+        }
+    )
+}
+
 /// Validates; warns (exit 0) about what is valid but cannot run yet, with the reasons the
 /// planner records when it skips them.
 /// `trellis check --explain NODE`: the language table's entry for NODE.

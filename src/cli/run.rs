@@ -87,7 +87,10 @@ pub fn run(args: RunArgs) -> u8 {
         return EXIT_INVALID;
     };
     if plan.scenarios.is_empty() {
-        errln!("error: no scenario matches the selection");
+        errln!(
+            "error: {}",
+            super::nothing_selected(&project, &args.select.selection())
+        );
         return EXIT_INVALID;
     }
     // What each trajectory means goes into the journal, for `--resume` to compare.

@@ -459,7 +459,10 @@ impl Session {
         };
         if plan.scenarios.is_empty() {
             self.broken = true;
-            errln!("watch: {what}: no scenario matches the selection");
+            errln!(
+                "watch: {what}: {}",
+                super::nothing_selected(&project, &self.args.select.selection())
+            );
             return Rerun::Done;
         }
         let prints = fingerprint::project(&project);

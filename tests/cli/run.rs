@@ -148,6 +148,69 @@ print("ok", t.num_rows, failed.num_rows)
     );
 }
 
+/// A draft stays out of a run even when an active scenario needs it: the scenario that
+/// needs it is skipped, saying so, and a selection that matches only drafts names them.
+#[tokio::test]
+async fn a_needed_draft_does_not_run_and_its_dependent_is_skipped_saying_why() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("drafts.kdl"),
+        r#"agent "demo" protocol="connexity" builtin="booking"
+scenario "wip" {
+    status "draft"
+    user "Hi"
+    expect reply contains="this will fail"
+}
+scenario "main" {
+    needs "wip"
+    user "Hi"
+    expect no-error
+}
+"#,
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path())
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let t = read_parquet(&out.join("trajectories.parquet"));
+    assert_eq!(strings(&t, "scenario"), vec![Some("main".to_string())]);
+    assert_eq!(strings(&t, "status"), vec![Some("skipped".to_string())]);
+    let reason = strings(&t, "skip_reason").remove(0).unwrap_or_default();
+    assert!(
+        reason.contains("needs `wip`, which is a draft") && reason.contains("--include-inactive"),
+        "{reason}"
+    );
+
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path())
+        .args(["--filter", "wip", "--out"])
+        .arg(dir.path().join("wip"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let said = stderr(&o);
+    assert!(said.contains("`drafts/wip` is a draft"), "{said}");
+
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path())
+        .args(["--include-inactive", "--out"])
+        .arg(dir.path().join("all"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "the draft runs, and fails");
+}
+
 #[tokio::test]
 async fn filter_and_tag_select_scenarios() {
     let out = tempfile::tempdir().unwrap();

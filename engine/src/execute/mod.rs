@@ -462,15 +462,18 @@ async fn run_scenario(
             failed_needs.push(shared.plan.scenarios[need].scenario.id.value.clone());
         }
     }
-    if !failed_needs.is_empty() {
-        let reason = format!(
-            "needs {}, which did not pass",
-            failed_needs
-                .iter()
-                .map(|n| format!("`{n}`"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
+    if !failed_needs.is_empty() || !planned.inactive_needs.is_empty() {
+        let mut reasons = Vec::new();
+        if !failed_needs.is_empty() {
+            let listed: Vec<String> = failed_needs.iter().map(|n| format!("`{n}`")).collect();
+            reasons.push(format!("needs {}, which did not pass", listed.join(", ")));
+        }
+        for (id, status) in &planned.inactive_needs {
+            reasons.push(format!(
+                "needs `{id}`, which is {status} and does not run (`--include-inactive` runs it)"
+            ));
+        }
+        let reason = reasons.join("; ");
         for &agent in &planned.agents {
             for repetition in 0..planned.repeat {
                 for t in 0..planned.trajectories.len() {
