@@ -1542,8 +1542,22 @@ fn capture(
                     reply.chars().take(160).collect::<String>()
                 )
             })?;
-            let m = caps.get(1).or_else(|| caps.get(0));
-            Ok(m.map(|m| m.as_str().to_string()).unwrap_or_default())
+            // The first group when the regex has one: an optional group that took no part
+            // in the match captured nothing (the whole match is not what was asked for).
+            if re.captures_len() > 1 {
+                return match caps.get(1) {
+                    Some(m) => Ok(m.as_str().to_string()),
+                    None => Err(format!(
+                        "/{}/ matched the last reply, but its first group took no part: {:?}",
+                        re.as_str(),
+                        reply.chars().take(160).collect::<String>()
+                    )),
+                };
+            }
+            Ok(caps
+                .get(0)
+                .map(|m| m.as_str().to_string())
+                .unwrap_or_default())
         }
         CaptureSource::JsonPath { path, source } => {
             Ok(match criteria::json_path_node(data, reply, path, source)? {

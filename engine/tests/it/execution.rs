@@ -235,6 +235,73 @@ scenario "checks" {
     assert_eq!(sent, "order 42 is A-17");
 }
 
+/// A capture is the regex's first group when it has one: an optional group that took no
+/// part in the match captured nothing, and the capture fails rather than take the whole
+/// match. Without a group, it is the whole match.
+#[tokio::test]
+async fn a_capture_whose_group_took_no_part_captured_nothing() {
+    let (url, seen) = echo_agent().await;
+    let suite = r##"
+agent "echo" protocol="connexity" url="URL"
+scenario "optional" {
+    user "look up"
+    capture "n" regex=#"(?:zzz(\d+))?#A-17"#
+    user "n is {{ vars.n }}"
+    expect no-error
+}
+"##;
+    let run = run_suite(&suite.replace("URL", &url), 1).await;
+    let optional = run
+        .trajectories
+        .iter()
+        .find(|t| t.scenario == "optional")
+        .unwrap();
+    assert_eq!(optional.status, TrajectoryStatus::Failed);
+    let capture = optional
+        .criteria
+        .iter()
+        .find(|c| c.criterion.starts_with("capture"))
+        .unwrap();
+    assert!(
+        capture
+            .detail
+            .as_deref()
+            .is_some_and(|d| d.contains("first group took no part")),
+        "{capture:?}"
+    );
+    // Nothing was sent with the capture.
+    let sent: Vec<String> = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|r| {
+            r["messages"].as_array()?.last()?["content"]
+                .as_str()
+                .map(String::from)
+        })
+        .collect();
+    assert!(!sent.iter().any(|m| m.starts_with("n is")), "{sent:?}");
+}
+
+#[tokio::test]
+async fn a_capture_without_a_group_is_the_whole_match() {
+    let (url, seen) = echo_agent().await;
+    let suite = r##"
+agent "echo" protocol="connexity" url="URL"
+scenario "whole" {
+    user "look up"
+    capture "ref" regex=#"#[A-Z]-\d+"#
+    user "ref is {{ vars.ref }}"
+    expect no-error
+}
+"##;
+    let run = run_suite(&suite.replace("URL", &url), 1).await;
+    assert_eq!(run.trajectories[0].status, TrajectoryStatus::Passed);
+    let last = seen.lock().unwrap().last().unwrap().clone();
+    let sent = last["messages"].as_array().unwrap().last().unwrap()["content"].clone();
+    assert_eq!(sent, "ref is #A-17");
+}
+
 #[tokio::test]
 async fn needs_skip_dependents_of_a_failed_scenario() {
     let (url, _) = echo_agent().await;
