@@ -137,8 +137,8 @@ async fn no_error_fails_on_the_fault_that_stopped_the_trajectory() {
     let suite = format!(
         "agent \"down\" protocol=\"connexity\" url=\"http://{down}/agent/respond\"\n\
          agent \"fixie-down\" protocol=\"fixie\" url=\"http://{down}\"\n\
-         scenario \"chat\" {{\n    agent \"down\"\n    user \"hi\"\n    user \"again\"\n    \
-         criteria {{ no-error; turns max=5 }}\n}}\n\
+         scenario \"chat\" {{\n    agent \"down\"\n    user \"hi\"\n    expect no-error\n    \
+         user \"again\"\n    expect no-error\n    criteria {{ no-error; turns max=5 }}\n}}\n\
          scenario \"calls\" {{\n    agent \"fixie-down\"\n    call \"add\" \"1, 2\"\n    \
          criteria {{ no-error }}\n}}\n"
     );
@@ -169,15 +169,37 @@ async fn no_error_fails_on_the_fault_that_stopped_the_trajectory() {
             .unwrap_or_else(|| panic!("no {criterion} row for {scenario}: {rows:?}"))
             .clone()
     };
-    let chat = find("chat", "no-error");
-    assert_eq!(chat.2, "failed", "{chat:?}");
-    assert!(chat.3.contains("turn 0: connect fault"), "{chat:?}");
+    // Both the `expect` of the turn the fault stopped and the trajectory's check fail on
+    // it; the `expect` of the turn never taken did not run.
+    let no_errors: Vec<&(String, String, String, String)> = rows
+        .iter()
+        .filter(|r| r.0 == "chat" && r.1 == "no-error")
+        .collect();
+    assert_eq!(no_errors.len(), 3, "{rows:?}");
+    let verdicts: Vec<&str> = no_errors.iter().map(|r| r.2.as_str()).collect();
+    assert_eq!(
+        verdicts.iter().filter(|v| **v == "failed").count(),
+        2,
+        "{no_errors:?}"
+    );
+    assert_eq!(
+        verdicts.iter().filter(|v| **v == "skipped").count(),
+        1,
+        "{no_errors:?}"
+    );
+    for chat in no_errors.iter().filter(|r| r.2 == "failed") {
+        assert!(chat.3.contains("turn 0: connect fault"), "{chat:?}");
+    }
     let calls = find("calls", "no-error");
     assert_eq!(calls.2, "failed", "{calls:?}");
     assert!(calls.3.starts_with("setup fault"), "{calls:?}");
     // What the fault does not answer still did not run.
     assert_eq!(find("chat", "turns max=5").2, "skipped");
-    assert!(stdout(&o).contains("1 check did not run"), "{}", stdout(&o));
+    assert!(
+        stdout(&o).contains("2 checks did not run"),
+        "{}",
+        stdout(&o)
+    );
 }
 
 /// A Connexity reply that stops before the agent answered (it ends with a `tool` message,

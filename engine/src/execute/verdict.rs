@@ -58,6 +58,14 @@ pub(super) async fn judge_unless_stopped<T: AsRef<crate::record::TurnRecord>>(
     }
 }
 
+/// An `expect` check a stop left unreached.
+pub(super) struct Unreached<'a> {
+    pub criterion: &'a PlannedCriterion,
+    /// In the `expect` steps right after the step that stopped the path: a check of the turn
+    /// that step took (or failed to take).
+    pub on_stopped_turn: bool,
+}
+
 /// Why a path stopped before its last step.
 #[derive(Clone)]
 pub(super) enum Stop {
@@ -79,7 +87,7 @@ impl Unit<'_> {
         t: usize,
         state: &PathState,
         stop: Option<Stop>,
-        unreached: Vec<&PlannedCriterion>,
+        unreached: Vec<Unreached<'_>>,
         session: Option<&dyn Session>,
     ) -> bool {
         let sc = &self.scenario.scenario;
@@ -134,15 +142,32 @@ impl Unit<'_> {
             }
             criteria.push(record);
         }
-        // The `expect`s of the steps the stop left unreached.
+        // The `expect`s of the steps the stop left unreached. An `expect no-error` of the
+        // turn a fault stopped is answered by that fault, as in `criteria { }` below.
         if let Some(why) = &not_checked {
-            criteria.extend(unreached.into_iter().map(|c| CriterionRecord {
-                turn_index: None,
-                criterion: c.criterion.text.clone(),
-                kind: c.criterion.kind.name().to_string(),
-                status: CriterionStatus::Skipped,
-                detail: Some(why.clone()),
-                judge: None,
+            let faulted_turn = state.turns.iter().find(|t| t.fault.is_some());
+            criteria.extend(unreached.into_iter().map(|u| {
+                let c = &u.criterion.criterion;
+                match &fault {
+                    Some(f) if u.on_stopped_turn && matches!(c.kind, CriterionKind::NoError) => {
+                        CriterionRecord {
+                            turn_index: faulted_turn.map(|t| t.turn_index),
+                            criterion: c.text.clone(),
+                            kind: c.kind.name().to_string(),
+                            status: CriterionStatus::Failed,
+                            detail: Some(fault_detail(faulted_turn.map(|t| &**t), f)),
+                            judge: None,
+                        }
+                    }
+                    _ => CriterionRecord {
+                        turn_index: None,
+                        criterion: c.text.clone(),
+                        kind: c.kind.name().to_string(),
+                        status: CriterionStatus::Skipped,
+                        detail: Some(why.clone()),
+                        judge: None,
+                    },
+                }
             }));
         }
         for c in &self.scenario.criteria {
@@ -155,15 +180,10 @@ impl Unit<'_> {
                         criterion: c.criterion.text.clone(),
                         kind: c.criterion.kind.name().to_string(),
                         status: CriterionStatus::Failed,
-                        detail: Some(match state.turns.iter().find(|t| t.fault.is_some()) {
-                            Some(t) => format!(
-                                "turn {}: {} fault: {}",
-                                t.turn_index,
-                                f.category.as_str(),
-                                f.message
-                            ),
-                            None => format!("{} fault: {}", f.category.as_str(), f.message),
-                        }),
+                        detail: Some(fault_detail(
+                            state.turns.iter().find(|t| t.fault.is_some()).map(|t| &**t),
+                            f,
+                        )),
                         judge: None,
                     }
                 }
@@ -389,6 +409,20 @@ impl Unit<'_> {
             reason,
         )
         .await;
+    }
+}
+
+/// What `no-error` says of the fault that stopped a trajectory (on `turn`, when a turn took
+/// it).
+fn fault_detail(turn: Option<&crate::record::TurnRecord>, f: &Fault) -> String {
+    match turn {
+        Some(t) => format!(
+            "turn {}: {} fault: {}",
+            t.turn_index,
+            f.category.as_str(),
+            f.message
+        ),
+        None => format!("{} fault: {}", f.category.as_str(), f.message),
     }
 }
 

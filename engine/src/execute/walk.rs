@@ -24,7 +24,7 @@ use std::time::Duration;
 use trellis_dsl::CaptureSource;
 
 use super::Shared;
-use super::verdict::Stop;
+use super::verdict::{Stop, Unreached};
 use crate::criteria::{self, Scope};
 use crate::event::Event;
 use crate::plan::{ExecNode, PlannedCriterion, PlannedScenario, PlannedStep};
@@ -661,16 +661,25 @@ impl<'a> Unit<'a> {
         node: &'a ExecNode,
         from: usize,
         t: usize,
-    ) -> Vec<&'a PlannedCriterion> {
+    ) -> Vec<Unreached<'a>> {
         let mut unreached = Vec::new();
         let mut current = node;
         let mut steps = current.steps.get(from..).unwrap_or_default();
+        // The `expect`s right after the step that stopped the path check the turn it took.
+        let mut next_to_stop = true;
         loop {
             for step in steps {
-                if let PlannedStep::Expect(checks) = step {
-                    unreached.extend(checks.iter());
+                match step {
+                    PlannedStep::Expect(checks) => {
+                        unreached.extend(checks.iter().map(|criterion| Unreached {
+                            criterion,
+                            on_stopped_turn: next_to_stop,
+                        }));
+                    }
+                    _ => next_to_stop = false,
                 }
             }
+            next_to_stop = false;
             let below = current
                 .children
                 .iter()
