@@ -177,6 +177,9 @@ pub struct JudgeContext<'a> {
     pub no_tools: bool,
     /// The scenario's `outcome`s, as statements.
     pub outcomes: Vec<String>,
+    /// The scenario's `history`: the conversation recorded before its first turn, which the
+    /// agent was sent and the judge reads as part of the transcript.
+    pub history: &'a [Value],
 }
 
 /// One question put to the judge.
@@ -236,6 +239,10 @@ pub fn request<T: AsRef<TurnRecord>>(
     }
     let _ = writeln!(user, "\n# Transcript");
     let turns: Vec<&TurnRecord> = turns.iter().map(AsRef::as_ref).collect();
+    if !ctx.history.is_empty() {
+        let _ = writeln!(user, "(recorded before the first turn)");
+        write_history(&mut user, ctx.history);
+    }
     if turns.is_empty() {
         let _ = writeln!(user, "(no turns)");
     }
@@ -276,6 +283,48 @@ pub fn request<T: AsRef<TurnRecord>>(
         messages: vec![LlmMessage::system(system), LlmMessage::user(user)],
         json_schema: Some(schema(question.rubric)),
         ..LlmRequest::default()
+    }
+}
+
+/// A scenario's recorded `history` (OpenAI-style messages) as judges read turns.
+fn write_history(out: &mut String, history: &[Value]) {
+    for message in history {
+        let text = |key: &str| message.get(key).and_then(Value::as_str).unwrap_or("");
+        match text("role") {
+            "user" => {
+                let _ = writeln!(out, "[history] USER: {}", text("content"));
+            }
+            "assistant" => {
+                for call in message
+                    .get("tool_calls")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                {
+                    let function = call.get("function");
+                    let name = function
+                        .and_then(|f| f.get("name"))
+                        .and_then(Value::as_str)
+                        .unwrap_or("?");
+                    let arguments = match function.and_then(|f| f.get("arguments")) {
+                        Some(Value::String(a)) => a.clone(),
+                        Some(other) => other.to_string(),
+                        None => "{}".to_owned(),
+                    };
+                    let _ = writeln!(out, "[history] AGENT CALLS TOOL {name} with {arguments}");
+                }
+                if !text("content").is_empty() {
+                    let _ = writeln!(out, "[history] AGENT: {}", text("content"));
+                }
+            }
+            "tool" => {
+                let _ = writeln!(out, "[history] TOOL RESULT: {}", text("content"));
+            }
+            "system" | "developer" => {
+                let _ = writeln!(out, "[history] SYSTEM: {}", text("content"));
+            }
+            _ => {}
+        }
     }
 }
 
@@ -812,6 +861,7 @@ mod tests {
             expected_tools: vec![("check_service_area".into(), Map::new())],
             no_tools: false,
             outcomes: vec!["Agent confirms the day".into()],
+            history: &[],
         };
         let rubric = Rubric::Outcome;
         let question = Question {
@@ -834,5 +884,51 @@ mod tests {
             assert!(prompt.contains(needle), "{needle} missing from:\n{prompt}");
         }
         assert!(r.json_schema.is_some());
+    }
+
+    #[test]
+    fn the_transcript_opens_with_the_recorded_history() {
+        let history = vec![
+            json!({"role": "user", "content": "My order number is A-1."}),
+            json!({"role": "assistant", "content": null, "tool_calls": [
+                {"id": "c", "type": "function",
+                 "function": {"name": "get_order", "arguments": "{\"id\":\"A-1\"}"}}]}),
+            json!({"role": "tool", "tool_call_id": "c", "content": "{\"status\":\"shipped\"}"}),
+            json!({"role": "assistant", "content": "Got it."}),
+        ];
+        let ctx = JudgeContext {
+            scenario: "status",
+            description: None,
+            persona: None,
+            user_context: None,
+            expected_tools: Vec::new(),
+            no_tools: false,
+            outcomes: Vec::new(),
+            history: &history,
+        };
+        let turn = TurnRecord {
+            turn_index: 0,
+            kind: "user".into(),
+            user_message: "What is its status?".into(),
+            reply: Some("Shipped.".into()),
+            ..TurnRecord::default()
+        };
+        let rubric = Rubric::from_setting(None);
+        let question = Question {
+            criterion: "uses the order number the user gave earlier",
+            rubric: &rubric,
+            turn: None,
+        };
+        let prompt = request(&ctx, &question, &[turn]).messages[1]
+            .content
+            .clone();
+        let expected = "(recorded before the first turn)\n\
+                        [history] USER: My order number is A-1.\n\
+                        [history] AGENT CALLS TOOL get_order with {\"id\":\"A-1\"}\n\
+                        [history] TOOL RESULT: {\"status\":\"shipped\"}\n\
+                        [history] AGENT: Got it.\n\
+                        [turn 0] USER: What is its status?\n\
+                        [turn 0] AGENT: Shipped.";
+        assert!(prompt.contains(expected), "{prompt}");
     }
 }

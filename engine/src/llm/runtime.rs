@@ -475,11 +475,19 @@ impl LlmRuntime {
                 .criteria
                 .iter()
                 .any(|c| matches!(c.kind, CriterionKind::NoTool { name: None })),
+            // A statement still written as a template reads captures: it is rendered only
+            // where it is asked itself, and left out of the others' context.
             outcomes: scenario
                 .outcomes
                 .iter()
                 .map(|o| outcome_statement(&o.value))
+                .filter(|o| !trellis_dsl::template::is_template(o))
                 .collect(),
+            history: scenario
+                .history
+                .as_ref()
+                .and_then(|h| h.messages.as_deref())
+                .map_or(&[], Vec::as_slice),
         }
     }
 }
@@ -666,6 +674,7 @@ impl LlmRuntime {
             description: ctx.description,
             instructions,
             scope: Some((task.scope, task.vars)),
+            history: ctx.history,
         }
     }
 

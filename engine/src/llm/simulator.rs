@@ -177,6 +177,22 @@ pub struct Character<'a> {
     pub instructions: Option<String>,
     /// The scenario's template scope and the captures so far (`scenario`, `env`, `vars`).
     pub scope: Option<(&'a ScenarioScope, &'a BTreeMap<String, String>)>,
+    /// The scenario's recorded `history`: the conversation so far, before its first turn.
+    pub history: &'a [Value],
+}
+
+/// The recorded `history` with the roles turned around, as the simulator reads turns: the
+/// user's messages are its own (assistant), the agent's answers what it reads (user). Tool
+/// calls and results are the agent's business, not the user's.
+fn history_messages(history: &[Value]) -> impl Iterator<Item = LlmMessage> + '_ {
+    history.iter().filter_map(|m| {
+        let content = m.get("content").and_then(Value::as_str)?;
+        match m.get("role").and_then(Value::as_str)? {
+            "user" => Some(LlmMessage::assistant(content.to_owned())),
+            "assistant" if !content.is_empty() => Some(LlmMessage::user(content.to_owned())),
+            _ => None,
+        }
+    })
 }
 
 impl Character<'_> {
@@ -264,6 +280,7 @@ pub fn request<T: AsRef<TurnRecord>>(
             .map_err(|error| PromptError { prompt, error })
     };
     let mut messages = vec![LlmMessage::system(render("system-prompt", prompts.system)?)];
+    messages.extend(history_messages(character.history));
     for t in turns.iter().map(AsRef::as_ref) {
         if !t.user_message.is_empty() {
             messages.push(LlmMessage::assistant(t.user_message.clone()));
@@ -444,6 +461,30 @@ mod tests {
     }
 
     #[test]
+    fn the_recorded_history_opens_the_simulators_conversation_roles_turned_around() {
+        let history = vec![
+            serde_json::json!({"role": "user", "content": "My order is A-1."}),
+            serde_json::json!({"role": "tool", "content": "{}"}),
+            serde_json::json!({"role": "assistant", "content": "Got it."}),
+        ];
+        let character = Character {
+            history: &history,
+            ..Character::default()
+        };
+        let r = built_in(&character, &[] as &[TurnRecord], 0);
+        // No "the conversation starts" prompt: it is under way.
+        assert_eq!(
+            r.messages[1..],
+            [
+                LlmMessage::assistant("My order is A-1."),
+                LlmMessage::user("Got it.")
+            ],
+            "{:?}",
+            r.messages
+        );
+    }
+
+    #[test]
     fn roles_are_turned_around_and_a_retry_is_another_request() {
         let turn = TurnRecord {
             user_message: "Hi".into(),
@@ -510,6 +551,7 @@ mod tests {
              at the end of your last message)."
         );
         let mut messages = vec![LlmMessage::system(system)];
+        messages.extend(history_messages(character.history));
         for t in turns.iter().map(AsRef::as_ref) {
             if !t.user_message.is_empty() {
                 messages.push(LlmMessage::assistant(t.user_message.clone()));
@@ -571,6 +613,7 @@ mod tests {
                             description,
                             instructions,
                             scope: None,
+                            history: &[],
                         };
                         for turns in [&[][..], std::slice::from_ref(&turn)] {
                             for retry in [0, 2] {
@@ -609,6 +652,7 @@ mod tests {
             description: Some("d"),
             instructions: Some("i".into()),
             scope: None,
+            history: &[],
         };
         let templates = Templates::default();
         let got = request(&templates, &prompts, &character, &[] as &[TurnRecord], 1)
