@@ -414,11 +414,10 @@ impl LlmRuntime {
             }
             Ok(answer) => {
                 let passed = answer.score >= threshold;
+                let (shown, against) = score_and_threshold(answer.score, threshold);
                 let detail = format!(
-                    "score {:.2} {} {:.2}{}",
-                    answer.score,
+                    "score {shown} {} {against}{}",
                     if passed { ">=" } else { "<" },
-                    threshold,
                     answer
                         .justification
                         .as_deref()
@@ -490,6 +489,19 @@ impl LlmRuntime {
                 .map_or(&[], Vec::as_slice),
         }
     }
+}
+
+/// A score and its threshold as a detail shows them: two decimals, or as many more as it
+/// takes for the two to read as different when they are (0.699 against 0.7 is not
+/// "0.70 < 0.70").
+fn score_and_threshold(score: f64, threshold: f64) -> (String, String) {
+    for digits in 2..=6 {
+        let (a, b) = (format!("{score:.digits$}"), format!("{threshold:.digits$}"));
+        if a != b || score == threshold {
+            return (a, b);
+        }
+    }
+    (score.to_string(), threshold.to_string())
 }
 
 /// One `simulate` turn to write.
@@ -1198,5 +1210,22 @@ impl LlmRuntime {
             result: outcome.result.map(|c| c.text),
             call: outcome.call,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::score_and_threshold;
+
+    #[test]
+    fn a_score_just_under_its_threshold_never_reads_as_equal() {
+        let shown = |s, t| {
+            let (a, b) = score_and_threshold(s, t);
+            format!("{a} {b}")
+        };
+        assert_eq!(shown(0.699, 0.7), "0.699 0.700");
+        assert_eq!(shown(0.8, 0.7), "0.80 0.70");
+        assert_eq!(shown(0.7, 0.7), "0.70 0.70");
+        assert_eq!(shown(0.699_999_9, 0.7), "0.6999999 0.7");
     }
 }
