@@ -513,6 +513,29 @@ impl<'p> Validator<'p> {
         }
         for panel in &p.panels {
             for member in &panel.judges {
+                // A panel's members are judges: a panel among them (itself, or another)
+                // has no judge of its own to ask.
+                if p.judge(&member.value).is_none()
+                    && let Some(named) = p.panel(&member.value)
+                {
+                    let d = Diagnostic::at_span(
+                        Kind::InvalidValue,
+                        format!(
+                            "panel `{}` lists `{}`, which is a panel, not a judge",
+                            panel.id.value, member.value
+                        ),
+                        self.files(),
+                        member.span,
+                        "a panel",
+                    )
+                    .with_other(self.files(), named.id.span, "defined as a panel here")
+                    .with_help(
+                        "a panel's `judges` are `judge` ids; list that panel's judges \
+                         instead",
+                    );
+                    self.diags.push(d);
+                    continue;
+                }
                 self.reference(RefKind::Judge, member);
             }
         }
