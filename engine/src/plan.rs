@@ -1105,6 +1105,25 @@ fn scenario_warnings(
                     out.extend(check_warnings(c, sc, &agents, judged, &warn));
                 }
             }
+            // A human's answer to an agent that never waits for one is never given.
+            if let StepKind::Hitl { .. } = &step.kind
+                && let Some(agent) = agents.iter().find(|a| !a.protocol.capabilities().pauses)
+            {
+                out.push(warn(
+                    step.span,
+                    format!(
+                        "scenario `{}`: this `hitl` step has no effect on agent `{}`",
+                        sc.id.value, agent.id.value
+                    ),
+                    "never answered",
+                    &format!(
+                        "a `{}` agent never pauses for a human: only `multiagent` agents \
+                         (`hitl_pause`) do; remove the step, or run the scenario against \
+                         one",
+                        agent.protocol.as_str()
+                    ),
+                ));
+            }
         });
         for c in sc.criteria.iter().chain(&sc.expect_tools) {
             out.extend(check_warnings(c, sc, &agents, judged, &warn));

@@ -222,6 +222,35 @@ async fn check_warns_about_sandbox_checks_on_agents_without_a_sandbox() {
     assert!(!err.contains("`state` check"), "{err}");
 }
 
+/// A `hitl` step answers an agent waiting for a human, which only MultiAgentEval agents do:
+/// `check` says so where it is written on another agent, and is quiet on a multiagent one.
+#[tokio::test]
+async fn check_warns_about_hitl_on_agents_that_never_pause() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("t.kdl"),
+        "agent \"c\" protocol=\"connexity\" builtin=\"booking\"\n\
+         agent \"m\" protocol=\"multiagent\" builtin=\"support\"\n\
+         scenario \"s\" {\n    agent \"c\"\n    user \"hi\"\n    hitl approve\n    expect no-error\n}\n\
+         scenario \"t\" {\n    agent \"m\"\n    user \"hi\"\n    hitl approve\n    expect no-error\n}\n",
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path())
+        .output()
+        .await
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("scenario `s`: this `hitl` step has no effect on agent `c`"),
+        "{err}"
+    );
+    assert!(err.contains("t.kdl:6:"), "{err}");
+    assert!(!err.contains("scenario `t`"), "{err}");
+}
+
 /// The simulator's prompt templates are checked like every other template: a syntax error in
 /// a branch's `system-prompt` and an unknown variable in the project's `opening-prompt` are
 /// located diagnostics, exit code 2.
