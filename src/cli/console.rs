@@ -31,6 +31,11 @@ static STDOUT_GONE: AtomicBool = AtomicBool::new(false);
 /// Set once a write to stderr failed.
 static STDERR_GONE: AtomicBool = AtomicBool::new(false);
 
+/// Why stdout could not be written, when that was not a reader going away: a full disk or
+/// an I/O error under `… --message-format json > events.jsonl` loses output a program
+/// reads, which the exit code must say ([`stdout_lost`]).
+static STDOUT_LOST: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+
 /// `text` to `stream` in one write, unless an earlier write to it failed; a failed write
 /// silences the stream from then on.
 fn write_text(gone: &AtomicBool, mut stream: impl Write, text: &str) {
@@ -40,9 +45,19 @@ fn write_text(gone: &AtomicBool, mut stream: impl Write, text: &str) {
     let written = stream
         .write_all(text.as_bytes())
         .and_then(|()| stream.flush());
-    if written.is_err() {
+    if let Err(e) = written {
         gone.store(true, Ordering::Relaxed);
+        // A closed pipe is a reader that has seen enough (`| head`); anything else lost
+        // what was written.
+        if std::ptr::eq(gone, &STDOUT_GONE) && e.kind() != std::io::ErrorKind::BrokenPipe {
+            let _ = STDOUT_LOST.set(e.to_string());
+        }
     }
+}
+
+/// Why output to stdout was lost, other than its reader closing it (see [`STDOUT_LOST`]).
+pub fn stdout_lost() -> Option<&'static str> {
+    STDOUT_LOST.get().map(String::as_str)
 }
 
 fn write_line(gone: &AtomicBool, stream: impl Write, args: fmt::Arguments<'_>) {

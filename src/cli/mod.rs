@@ -504,6 +504,23 @@ impl Cli {
 }
 
 pub fn main(cli: Cli) -> u8 {
+    let code = command(cli);
+    // Output lost to a full disk or an I/O error (not a closed pipe): a program reading it
+    // would read part of it, so the command did not do all it was asked to.
+    match console::stdout_lost() {
+        Some(why) => {
+            console::errln!("error: could not write to stdout ({why}): its output is incomplete");
+            if code <= EXIT_FAILED {
+                EXIT_INCOMPLETE
+            } else {
+                code
+            }
+        }
+        None => code,
+    }
+}
+
+fn command(cli: Cli) -> u8 {
     match cli.command {
         Command::Run(args) => run::run(args),
         Command::Check(args) => match &args.explain {

@@ -222,6 +222,51 @@ async fn a_console_closed_early_loses_no_result() {
     assert_complete(&out, 6);
 }
 
+/// Output lost to a full disk (`/dev/full`) is not a reader that went away: the command
+/// says so and exits 3, as for a results file it could not write; the run's results are
+/// still written.
+#[tokio::test]
+async fn stdout_on_a_full_disk_exits_3_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    // `output()` would capture stdout whatever it is set to: spawned, with stderr piped.
+    let on_full_disk = |cmd: &mut tokio::process::Command| {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        cmd.stdout(full)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap()
+            .wait_with_output()
+    };
+    let out = dir.path().join("out");
+    let o = on_full_disk(
+        trellis()
+            .args([
+                "run",
+                "suites/booking.kdl",
+                "--message-format",
+                "json",
+                "--out",
+            ])
+            .arg(&out),
+    )
+    .await
+    .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(3), "{err}");
+    assert!(err.contains("could not write to stdout"), "{err}");
+    assert_complete(
+        &out,
+        read_parquet(&out.join("trajectories.parquet")).height(),
+    );
+    let o = on_full_disk(trellis().args(["runs", "--json", "--dir"]).arg(dir.path()))
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(3), "{}", stderr(&o));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_stops_the_run_and_reports_what_finished() {
     let fast = SlowAgent::start(Some(Duration::ZERO)).await;
