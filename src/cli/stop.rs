@@ -1,6 +1,6 @@
 //! The one stop signal of the commands that run for a while (`run`, `watch`, `rejudge`,
-//! `agent`): SIGINT (Ctrl-C) or SIGTERM (CI cancellation, `docker stop`) asks for a graceful
-//! stop, a second one for a hard stop. What "graceful" means is the command's business
+//! `agent`): SIGINT (Ctrl-C), SIGTERM (CI cancellation, `docker stop`) or SIGHUP (the
+//! terminal or SSH session closed) asks for a graceful stop, a second one for a hard stop. What "graceful" means is the command's business
 //! (`run` lets calls in flight finish, see [`super::run`]); the exit codes are shared and
 //! documented in docs/results.md. A command made of several pieces watches once, through
 //! a [`SignalRelay`].
@@ -13,12 +13,18 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 pub const EXIT_INTERRUPTED: u8 = 130;
 /// Exit code when SIGTERM stopped the command.
 pub const EXIT_TERMINATED: u8 = 143;
+/// Exit code when SIGHUP stopped the command.
+pub const EXIT_HUNG_UP: u8 = 129;
 
 /// What stopped a command before its end.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StopSignal {
     Interrupt,
     Terminate,
+    /// The controlling terminal went away. Stopped as for SIGTERM: the default action would
+    /// kill the run without its results, and leave agent processes (each in a process
+    /// group of its own, which the hangup does not reach) running.
+    Hangup,
 }
 
 impl StopSignal {
@@ -26,6 +32,7 @@ impl StopSignal {
         match self {
             StopSignal::Interrupt => "interrupted (SIGINT)",
             StopSignal::Terminate => "terminated (SIGTERM)",
+            StopSignal::Hangup => "hung up (SIGHUP)",
         }
     }
 
@@ -33,15 +40,17 @@ impl StopSignal {
         match self {
             StopSignal::Interrupt => EXIT_INTERRUPTED,
             StopSignal::Terminate => EXIT_TERMINATED,
+            StopSignal::Hangup => EXIT_HUNG_UP,
         }
     }
 }
 
-/// SIGINT and SIGTERM, watched from when this is made: make it before starting the work a
-/// signal should stop, so an early signal is not lost.
+/// SIGINT, SIGTERM and SIGHUP, watched from when this is made: make it before starting the
+/// work a signal should stop, so an early signal is not lost.
 pub struct Signals {
     interrupt: Option<Signal>,
     terminate: Option<Signal>,
+    hangup: Option<Signal>,
     /// Made by [`SignalRelay::signals`]: the command's signals so far, and how many of them
     /// this one returned.
     relay: Option<(tokio::sync::watch::Receiver<Vec<StopSignal>>, usize)>,
@@ -100,6 +109,7 @@ impl SignalRelay {
         Signals {
             interrupt: None,
             terminate: None,
+            hangup: None,
             relay: Some((self.received.clone(), 0)),
         }
     }
@@ -112,6 +122,7 @@ impl Signals {
         Signals {
             interrupt: signal(SignalKind::interrupt()).ok(),
             terminate: signal(SignalKind::terminate()).ok(),
+            hangup: signal(SignalKind::hangup()).ok(),
             relay: None,
         }
     }
@@ -145,6 +156,7 @@ impl Signals {
         tokio::select! {
             Some(()) = recv(&mut self.interrupt) => StopSignal::Interrupt,
             Some(()) = recv(&mut self.terminate) => StopSignal::Terminate,
+            Some(()) = recv(&mut self.hangup) => StopSignal::Hangup,
             else => std::future::pending().await,
         }
     }
@@ -159,6 +171,7 @@ pub fn restore_default_signals() {
     unsafe {
         libc::signal(libc::SIGINT, libc::SIG_DFL);
         libc::signal(libc::SIGTERM, libc::SIG_DFL);
+        libc::signal(libc::SIGHUP, libc::SIG_DFL);
     }
 }
 
@@ -196,6 +209,7 @@ pub fn finish_results_through_signals() {
     unsafe {
         libc::signal(libc::SIGINT, handler as libc::sighandler_t);
         libc::signal(libc::SIGTERM, handler as libc::sighandler_t);
+        libc::signal(libc::SIGHUP, handler as libc::sighandler_t);
     }
 }
 
@@ -204,6 +218,7 @@ pub fn late_signal() -> Option<StopSignal> {
     match LATE_SIGNAL.load(Ordering::SeqCst) {
         libc::SIGINT => Some(StopSignal::Interrupt),
         libc::SIGTERM => Some(StopSignal::Terminate),
+        libc::SIGHUP => Some(StopSignal::Hangup),
         _ => None,
     }
 }

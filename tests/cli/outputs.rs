@@ -313,6 +313,29 @@ async fn sigterm_stops_the_run_and_reports_what_finished() {
     assert_eq!(stuck.requests.load(Ordering::SeqCst), 1);
 }
 
+/// A closed terminal or SSH session (SIGHUP) stops the run as SIGTERM does: what finished
+/// is written, and the exit code says which signal it was. Its default action killed the
+/// run without results and left agent processes running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_stops_the_run_as_sigterm_does() {
+    let agent = SlowAgent::start(Some(Duration::from_millis(200))).await;
+    let dir = tempfile::tempdir().unwrap();
+    suite(&dir.path().join("suites"), &[("slow", &agent.url, 20)]);
+    let out = dir.path().join("out");
+    let child = spawn_run(&dir.path().join("suites"), &out, &["--jobs", "1"]);
+    wait_for_trajectories(&out, 1).await;
+    send(&child, libc::SIGHUP);
+    let o = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+        .await
+        .expect("trellis did not exit after SIGHUP")
+        .unwrap();
+    assert_eq!(o.status.code(), Some(129), "{}", stderr(&o));
+    assert!(stderr(&o).contains("SIGHUP"), "{}", stderr(&o));
+    let recorded = read_parquet(&out.join("trajectories.parquet")).height();
+    assert!((1..20).contains(&recorded), "{recorded}");
+    assert_complete(&out, recorded);
+}
+
 /// A CI cancelled as a run that ended by itself writes its results (the tables, the report)
 /// must not leave a run that lists as finished without them: the signal lets them finish,
 /// and the exit code says the command was stopped.
