@@ -250,6 +250,30 @@ async fn rejudge_rescores_a_recorded_run_with_the_current_judges_without_any_age
     // The transcript is the recorded one: no agent was called.
     let turns = |d: &std::path::Path| strings(&read_parquet(&d.join("turns.parquet")), "reply");
     assert_eq!(turns(&first), turns(&again));
+    // The re-scored run's end is a run's end: when it finished, how long it took, the
+    // original's agent turns, and its own judge calls by role.
+    let row = |d: &std::path::Path, column: &str| {
+        read_parquet(&d.join("runs.parquet"))
+            .column(column)
+            .unwrap()
+            .get(0)
+            .unwrap()
+            .to_string()
+    };
+    let finished = row(&again, "finished_at");
+    assert!(
+        finished.contains('T') && finished.contains('Z'),
+        "{finished}"
+    );
+    assert_ne!(row(&again, "duration_ms"), "0.0");
+    assert_eq!(row(&again, "turns"), row(&first, "turns"));
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(again.join("summary.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        summary["stats"]["aggregates"]["llm_roles"]["judge"]["calls"], 3,
+        "{summary}"
+    );
 }
 
 #[tokio::test]

@@ -71,6 +71,7 @@ pub async fn rejudge_draw(
     draw: u32,
     status_of: impl Fn(bool, &[crate::record::CriterionRecord]) -> TrajectoryStatus,
 ) -> Result<(Vec<JournalEntry>, RejudgeCounts), RejudgeError> {
+    let started = std::time::Instant::now();
     let mut info: Option<RunInfo> = None;
     let mut nodes: HashMap<NodeKey, Arc<NodeRecord>> = HashMap::new();
     let mut out: Vec<JournalEntry> = Vec::new();
@@ -128,8 +129,18 @@ pub async fn rejudge_draw(
             .map(|n| JournalEntry::Node(Arc::unwrap_or_clone(n))),
     );
     let mut counts = RejudgeCounts::default();
+    // The agent turns are the original's (a shared prefix's turns once, as the run counted
+    // them); the LLM calls by role are this re-scoring's own, its judges'.
+    let turns = match &original_end {
+        Some(end) => end.turns,
+        None => node_list_turns(&entries),
+    };
     let mut summary = RunSummary {
         run_id: new_info.run_id.clone(),
+        finished_at: crate::execute::rfc3339(std::time::SystemTime::now()),
+        duration_ms: started.elapsed().as_secs_f64() * 1000.0,
+        turns,
+        llm_roles: runtime.meter().by_role(),
         // Re-scoring covers what the original recorded, no more: an original that was
         // stopped, or never reached its end, leaves the re-scored run short of its plan.
         interrupted: original_end.is_none_or(|s| s.interrupted),
@@ -140,7 +151,6 @@ pub async fn rejudge_draw(
         counts.changed += c.changed;
         counts.not_in_suite += c.not_in_suite;
         summary.trajectories += 1;
-        summary.turns += u64::from(t.turns);
         match t.status {
             TrajectoryStatus::Passed => summary.passed += 1,
             TrajectoryStatus::Failed => summary.failed += 1,
@@ -152,6 +162,17 @@ pub async fn rejudge_draw(
     }
     entries.push(JournalEntry::RunFinished(summary));
     Ok((entries, counts))
+}
+
+/// The agent turns the nodes among `entries` took, each once.
+fn node_list_turns(entries: &[JournalEntry]) -> u64 {
+    entries
+        .iter()
+        .map(|e| match e {
+            JournalEntry::Node(n) => n.turns.len() as u64,
+            _ => 0,
+        })
+        .sum()
 }
 
 async fn rejudge_one(
