@@ -209,6 +209,55 @@ scenario "many" {{
     assert_eq!(roles["simulator"]["calls"], 2, "{roles}");
 }
 
+/// Judge calls admitted before the budget ran out finish: they were sent and paid for, and
+/// abandoning them (the run stops as the next call is refused) left every check unjudged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn judge_calls_in_flight_at_the_budget_finish_and_count() {
+    let fake = FakeLlm::start(vec![Rule::otherwise([Reply::slow(
+        std::time::Duration::from_millis(300),
+        Reply::text(r#"{"score": 0.9, "label": "ok", "justification": "fine"}"#),
+    )])])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("judged.kdl");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+agent "booking" protocol="connexity" builtin="booking"
+provider "fake" kind="openai" base-url="{}" model="m" api-key-env="FAKE_KEY"
+judge "j" provider="fake"
+scenario "many" {{
+    repeat 12
+    user "Hi, I'd like to book a duct cleaning."
+    expect judge "The agent asks for the postal code"
+}}
+"#,
+            fake.base_url()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = trellis()
+        .args(["run", "-j", "12", "--max-llm-calls", "4", "--out"])
+        .arg(&out)
+        .arg(&path)
+        .env("FAKE_KEY", "k")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(4), "{}{}", stdout(&o), stderr(&o));
+    assert_eq!(fake.calls(), 4);
+    let c = read_parquet(&out.join("criteria.parquet"));
+    let passed = strings(&c, "status")
+        .iter()
+        .filter(|s| s.as_deref() == Some("passed"))
+        .count();
+    assert_eq!(passed, 4, "every admitted judge call answered its check");
+    let roles = &summary(&out)["stats"]["aggregates"]["llm_roles"];
+    assert_eq!(roles["judge"]["calls"], 4, "{roles}");
+}
+
 #[tokio::test]
 async fn an_agents_own_model_use_is_not_an_llm_budget() {
     let dir = tempfile::tempdir().unwrap();

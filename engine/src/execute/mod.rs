@@ -378,6 +378,17 @@ struct Shared {
 }
 
 impl Shared {
+    /// Completes when a judge call already under way must be abandoned: the run was stopped
+    /// by a signal. A stop at the LLM budget never completes it: a call admitted before the
+    /// budget ran out was paid for, and finishes (README, exit code 4); calls not started
+    /// yet are refused by the budget itself.
+    async fn abandon_judging(&self) {
+        self.stop.cancelled().await;
+        if self.llm.meter().tripped().is_some() {
+            std::future::pending::<()>().await;
+        }
+    }
+
     /// The run's stop cut some work off ([`Shared::cut_short`]).
     fn note_cut_short(&self) {
         self.cut_short.store(true, Ordering::Relaxed);

@@ -38,10 +38,16 @@ pub(super) async fn judge_unless_stopped<T: AsRef<crate::record::TurnRecord>>(
         task.kind.name().to_string(),
         task.turn_index,
     );
-    // `biased`: a run already stopping (a signal, an LLM budget) starts no judge call.
+    // A run already stopping (a signal, an LLM budget) starts no judge call; one under way
+    // is abandoned for a signal only.
+    let stopping = async {
+        if !shared.stop.is_cancelled() {
+            shared.abandon_judging().await;
+        }
+    };
     tokio::select! {
         biased;
-        () = shared.stop.cancelled() => {
+        () = stopping => {
             shared.note_cut_short();
             CriterionRecord {
                 turn_index,
@@ -353,10 +359,15 @@ impl Unit<'_> {
             self.repetition,
             &name,
         ));
+        let stopping = async {
+            if !self.shared.stop.is_cancelled() {
+                self.shared.abandon_judging().await;
+            }
+        };
         tokio::select! {
             biased;
             // Recorded as not judged: the trajectory has no verdict until it is run again.
-            () = self.shared.stop.cancelled() => {
+            () = stopping => {
                 self.shared.note_cut_short();
                 Some(CriterionRecord {
                     turn_index: None,
