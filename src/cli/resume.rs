@@ -153,7 +153,9 @@ pub(super) fn prepare(
                     summary: Box::new(summary),
                 });
             }
-            Ok(JournalEntry::RunFinished(_)) => {}
+            // An attempt stopped by a signal or a budget: its LLM calls were made, and count
+            // in the resumed run's.
+            Ok(JournalEntry::RunFinished(summary)) => finished.set_llm_roles(summary.llm_roles),
             // Spans that arrived after the earlier attempt's work are not carried over
             // (docs/results.md, "Resuming a run: `trellis run --resume`").
             Ok(JournalEntry::Spans(_)) => {}

@@ -256,6 +256,20 @@ scenario "many" {{
     assert_eq!(passed, 4, "every admitted judge call answered its check");
     let roles = &summary(&out)["stats"]["aggregates"]["llm_roles"];
     assert_eq!(roles["judge"]["calls"], 4, "{roles}");
+
+    // Resumed, the run judges the rest; its calls by role count the first attempt's too.
+    let o = trellis()
+        .args(["run", "-j", "12", "--resume"])
+        .arg(&out)
+        .arg(&path)
+        .env("FAKE_KEY", "k")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert_eq!(fake.calls(), 12);
+    let roles = &summary(&out)["stats"]["aggregates"]["llm_roles"];
+    assert_eq!(roles["judge"]["calls"], 12, "{roles}");
 }
 
 #[tokio::test]

@@ -287,7 +287,18 @@ async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSummary
         skipped: t.skipped.load(Ordering::Relaxed),
         invalid: t.invalid.load(Ordering::Relaxed),
         turns: t.turns.load(Ordering::Relaxed),
-        llm_roles: shared.llm.meter().by_role(),
+        llm_roles: {
+            // A resumed run's calls add to those its earlier attempts recorded.
+            let mut roles = options
+                .resume
+                .as_ref()
+                .map(|f| f.llm_roles().clone())
+                .unwrap_or_default();
+            for (role, usage) in shared.llm.meter().by_role() {
+                roles.entry(role).or_default().merge(&usage);
+            }
+            roles
+        },
         // A budget reached with the last call cut nothing: the run did not stop early.
         stopped_by: shared.llm.meter().tripped().filter(|_| interrupted),
         interrupted,

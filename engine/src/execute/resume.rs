@@ -32,6 +32,9 @@ pub struct Finished {
     trajectories: HashSet<u128>,
     totals: FinishedTotals,
     elapsed: Duration,
+    /// The LLM calls by role of the earlier attempts that ended their journal (each
+    /// `run_finished` holds those before it too): the resumed run's totals add to them.
+    llm_roles: std::collections::BTreeMap<String, crate::llm::LlmUsage>,
 }
 
 /// The run totals the kept records contribute.
@@ -131,6 +134,20 @@ impl Finished {
 
     pub fn totals(&self) -> FinishedTotals {
         self.totals
+    }
+
+    /// Keeps the LLM calls by role an earlier attempt's `run_finished` recorded; the last
+    /// one read wins, as it counts the attempts before it.
+    pub fn set_llm_roles(
+        &mut self,
+        roles: std::collections::BTreeMap<String, crate::llm::LlmUsage>,
+    ) {
+        self.llm_roles = roles;
+    }
+
+    /// The earlier attempts' LLM calls by role ([`Finished::set_llm_roles`]).
+    pub fn llm_roles(&self) -> &std::collections::BTreeMap<String, crate::llm::LlmUsage> {
+        &self.llm_roles
     }
 
     /// How long the earlier attempts ran, up to the end of the last turn they recorded: the
