@@ -754,6 +754,11 @@ pub fn name_run(run: &RunEntry, name: &str) -> Result<(), HistoryError> {
             if other.run_id != run.run_id && other.run_id == name {
                 return Err(bad("it is another run's id"));
             }
+            // `runs/NAME` is looked up as a directory first: the name would never reach
+            // this run.
+            if other.dir != run.dir && other.dir.file_name().is_some_and(|d| d == name) {
+                return Err(bad("it is another run's directory name"));
+            }
         }
     }
     let mut meta = meta_of(run);

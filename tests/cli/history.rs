@@ -319,6 +319,14 @@ async fn runs_are_listed_named_and_pinned() {
     let o = runs_cmd(&["name", "two", "v1"]).output().await.unwrap();
     assert_eq!(o.status.code(), Some(2), "a name is unique");
     assert!(stderr(&o).contains("already used"), "{}", stderr(&o));
+    // `runs/one` is found as a directory before any name: it cannot name another run.
+    let o = runs_cmd(&["name", "two", "one"]).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("another run's directory name"),
+        "{}",
+        stderr(&o)
+    );
     for pin in ["two", "v1"] {
         let o = runs_cmd(&["pin", pin]).output().await.unwrap();
         assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
