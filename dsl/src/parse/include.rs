@@ -194,7 +194,7 @@ impl Loader {
             ),
         };
         let text = match read {
-            Ok(t) => t,
+            Ok(t) => without_bom(t),
             Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
                 self.not_utf8(path, canonical, name);
                 return;
@@ -533,11 +533,21 @@ fn read_ahead(path: &Path, overlay: &HashMap<PathBuf, Arc<str>>) -> Option<ReadA
         None if fs::metadata(path).ok()?.len() > depth::SMALL_TEXT as u64 => return None,
         None => fs::read_to_string(path).ok()?,
     };
+    let text = without_bom(text);
     let parsed =
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| depth::parse_small(&text)))
             .ok()
             .flatten();
     Some(ReadAhead { text, parsed })
+}
+
+/// A suite file's text without the byte order mark an editor on Windows may start it with:
+/// editors do not count it as a column, so neither do the diagnostics.
+fn without_bom(text: String) -> String {
+    match text.strip_prefix(crate::dataset::BOM) {
+        Some(rest) => rest.to_owned(),
+        None => text,
+    }
 }
 
 /// The path as the user wrote it, with `/` separators.
