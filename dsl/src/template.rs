@@ -29,6 +29,9 @@ pub struct Scope {
     roots: BTreeMap<String, Names>,
     /// Extra help for specific undefined variables (`vars.x` captured too late).
     hints: BTreeMap<String, String>,
+    /// Roots whose values are known when the suite is checked (`user_context`): a read
+    /// deeper than their first level (`user_context.address.city`) is checked against them.
+    values: BTreeMap<String, serde_json::Map<String, serde_json::Value>>,
 }
 
 impl Scope {
@@ -57,8 +60,11 @@ impl Scope {
     /// User messages of `scenario`, with `vars` holding the captures available at that step.
     pub fn scenario(scenario: &Scenario, has_persona: bool, vars: &BTreeSet<String>) -> Self {
         let keys = scenario.user_context.keys().cloned().collect();
-        let mut scope = Scope::env_only()
-            .with("user_context", Names::Only(keys))
+        let mut scope = Scope::env_only().with("user_context", Names::Only(keys));
+        scope
+            .values
+            .insert("user_context".to_owned(), scenario.user_context.clone());
+        let mut scope = scope
             .with(
                 "scenario",
                 names(&["id", "name", "description", "difficulty", "tags", "status"]),
@@ -234,6 +240,39 @@ pub fn check_reading_env(
             ];
         }
     };
+    // A filter, test or function that does not exist fails only when rendered: the template
+    // is rendered once here with every variable undefined (and lookups through it allowed),
+    // and such an error is reported now rather than on every turn of the run.
+    let mut trial = Environment::new();
+    trial.set_undefined_behavior(minijinja::UndefinedBehavior::Chainable);
+    if let Ok(t) = trial.template_from_str(&template.source)
+        && let Err(err) = t.render(())
+        && matches!(
+            err.kind(),
+            minijinja::ErrorKind::UnknownFilter
+                | minijinja::ErrorKind::UnknownTest
+                | minijinja::ErrorKind::UnknownFunction
+        )
+    {
+        let detail = err
+            .detail()
+            .map(str::to_string)
+            .unwrap_or_else(|| err.kind().to_string());
+        return vec![
+            Diagnostic::at_span(
+                Kind::TemplateSyntax,
+                format!("invalid template: {detail}"),
+                files,
+                template.span,
+                detail.clone(),
+            )
+            .with_help(
+                "templates have minijinja's built-in filters, tests and functions: `upper`, \
+                 `lower`, `default`, `replace`, `trim`, `join`, `length`, `tojson`, `int`, \
+                 `float`, … (https://docs.rs/minijinja/latest/minijinja/filters/)",
+            ),
+        ];
+    }
     let globals: BTreeSet<String> = env.globals().map(|(k, _)| k.to_string()).collect();
     let mut used: Vec<String> = compiled.undeclared_variables(true).into_iter().collect();
     used.sort();
@@ -247,6 +286,35 @@ pub fn check_reading_env(
             (Some(Names::Only(set)), Some(attr)) => set.contains(attr),
             (None, _) => globals.contains(root),
         };
+        if defined
+            && let Some(known) = scope.values.get(root)
+            && let Some((missing, there)) = missing_below(known, &var)
+            && !every_read_guarded(&template.source, &var)
+        {
+            let help = match did_you_mean(&missing, there.iter().map(String::as_str)) {
+                Some(best) => format!("did you mean `{best}`?"),
+                None if there.is_empty() => "it holds no fields".to_owned(),
+                None => format!(
+                    "it has: {}",
+                    there
+                        .iter()
+                        .map(|k| format!("`{k}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            };
+            out.push(
+                Diagnostic::at_span(
+                    Kind::UndefinedVariable,
+                    format!("undefined template variable `{var}`"),
+                    files,
+                    locate(template, &var, files).unwrap_or(template.span),
+                    "not defined here",
+                )
+                .with_help(help),
+            );
+            continue;
+        }
         if defined {
             if let ("env", Some(name)) = (root, attr)
                 && scope.roots.contains_key("env")
@@ -332,6 +400,28 @@ pub fn nested_row_reads(template: &Template, files: &[SourceFile]) -> Vec<Spanne
             value: var,
         })
         .collect()
+}
+
+/// The first field of the dotted path `var` (`user_context.address.cty`, its root and first
+/// level already known to exist) that `known` lacks, with the fields there: `None` when the
+/// path is there, or goes through a value that is not an object (text has methods, a list
+/// is indexed), which is not checked.
+fn missing_below(
+    known: &serde_json::Map<String, serde_json::Value>,
+    var: &str,
+) -> Option<(String, Vec<String>)> {
+    let mut parts = var.split('.').skip(1);
+    let mut value = known.get(parts.next()?)?;
+    for part in parts {
+        let serde_json::Value::Object(map) = value else {
+            return None;
+        };
+        match map.get(part) {
+            Some(next) => value = next,
+            None => return Some((part.to_owned(), map.keys().cloned().collect())),
+        }
+    }
+    None
 }
 
 /// Whether every place `source` reads `var` (`env.NAME`) gives a value when it is unset: it
@@ -488,7 +578,28 @@ mod tests {
         assert_eq!(reads("{{ env.A | default('x') }} {{ env.A }}"), ["A"]);
         assert_eq!(reads("{{ env.AB }} {{ env.A | default('x') }}"), ["AB"]);
         assert_eq!(reads("{{ env.A | upper }}"), ["A"]);
-        assert_eq!(reads("{{ env.A | defaults }}"), ["A"]);
+    }
+
+    #[test]
+    fn a_filter_test_or_function_that_does_not_exist_is_reported() {
+        for src in [
+            "{{ env.A | defaults }}",
+            "{{ user_context.postal_code | uppercase }}",
+            "{% if env.A is blank %}x{% endif %}",
+            "{{ nowish() }}",
+        ] {
+            let (files, t) = setup(src);
+            let diags = check(&t, &scope().with("env", Names::Any), &files);
+            assert_eq!(diags.len(), 1, "{src}: {diags:?}");
+            assert_eq!(diags[0].kind, Kind::TemplateSyntax, "{src}");
+            assert!(
+                diags[0].message.contains("unknown"),
+                "{src}: {}",
+                diags[0].message
+            );
+        }
+        let (files, t) = setup("{{ user_context.postal_code | upper | replace(' ', '') }}");
+        assert!(check(&t, &scope(), &files).is_empty());
     }
 
     #[test]
