@@ -401,7 +401,9 @@ impl<'p> Validator<'p> {
         self.duplicate_ids(
             suites.iter(),
             "suite",
-            "suite names (from `suite \"NAME\"` or the file name) must be unique; rename one",
+            "suite names are unique across the files loaded together, and a file without \
+             `suite \"NAME\"` is named after its file name (in whatever directory): give one \
+             of them a name of its own, e.g. `suite \"billing-smoke\"` as its first node",
         );
         for suite in &p.suites {
             self.duplicate_ids(
