@@ -335,9 +335,16 @@ pub enum HistoryError {
     Report(#[from] ReportError),
 }
 
+fn path_text<S: serde::Serializer>(path: &Path, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&path.to_string_lossy())
+}
+
 /// One run of a runs directory, as `trellis runs` lists it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct RunEntry {
+    /// As text in `--json` (a directory name that is not UTF-8 lossily, rather than
+    /// failing the whole list).
+    #[serde(serialize_with = "path_text")]
     pub dir: PathBuf,
     pub run_id: String,
     pub name: Option<String>,

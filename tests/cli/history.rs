@@ -688,6 +688,44 @@ async fn colour_follows_clicolor_force_and_no_color() {
     assert!(!stdout(&o).contains('\u{1b}'), "{}", stdout(&o));
 }
 
+/// A run directory whose name is not UTF-8 is listed by `runs --json` as text (its bytes
+/// read lossily), not a reason to refuse the whole list.
+#[tokio::test]
+async fn runs_json_lists_a_run_whose_directory_name_is_not_utf8() {
+    use std::os::unix::ffi::OsStrExt;
+    let runs = tempfile::tempdir().unwrap();
+    write_run(
+        runs.path(),
+        "plain",
+        "2026-01-01T00:00:00Z",
+        &[sample("main", 0, true, 10.0)],
+    );
+    write_run(
+        runs.path(),
+        "odd",
+        "2026-01-02T00:00:00Z",
+        &[sample("main", 0, true, 10.0)],
+    );
+    let odd = runs.path().join(std::ffi::OsStr::from_bytes(b"odd-\xff"));
+    std::fs::rename(runs.path().join("odd"), &odd).unwrap();
+    let o = trellis()
+        .args(["runs", "--json", "--dir"])
+        .arg(runs.path())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let list: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let dirs: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["dir"].as_str())
+        .collect();
+    assert_eq!(dirs.len(), 2, "{list}");
+    assert!(dirs.iter().any(|d| d.ends_with("odd-\u{fffd}")), "{dirs:?}");
+}
+
 #[tokio::test]
 async fn runs_in_a_missing_directory_is_an_empty_history() {
     let dir = tempfile::tempdir().unwrap();
