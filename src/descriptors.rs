@@ -25,7 +25,9 @@
 /// first size, or no standard descriptor is open. Call it before the process starts a
 /// thread.
 pub fn reserve(slots: usize) {
-    let highest = slots.min(soft_limit_raised_to(slots)).saturating_sub(1);
+    let limit = soft_limit_raised_to(slots);
+    let _ = LIMIT.set(limit);
+    let highest = slots.min(limit).saturating_sub(1);
     // Smaller tables are the kernel's first one.
     if highest < 64 {
         return;
@@ -44,6 +46,35 @@ pub fn reserve(slots: usize) {
             return;
         }
     }
+}
+
+/// The soft limit on open descriptors once [`reserve`] raised it as far as it could.
+static LIMIT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+
+/// Descriptors a call in flight may hold: a connection, or an agent process's three pipes
+/// and its pidfd; and those the process holds besides (listeners, builtin agents, files).
+const PER_CALL: usize = 4;
+const BESIDES: usize = 48;
+
+/// `jobs` as the descriptor limit allows it, with a notice when that is fewer: past the
+/// limit a call's connection fails with "Too many open files", recorded as the agent's
+/// `connect` or `setup` fault, though the agent did nothing wrong.
+pub fn jobs_within_limit(jobs: usize) -> (usize, Option<String>) {
+    let Some(&limit) = LIMIT.get().filter(|&&l| l > 0) else {
+        return (jobs, None);
+    };
+    let fits = (limit.saturating_sub(BESIDES) / PER_CALL).max(1);
+    if jobs <= fits {
+        return (jobs, None);
+    }
+    (
+        fits,
+        Some(format!(
+            "--jobs {jobs} lowered to {fits}: this process may open {limit} files at most (the \
+             hard limit, `ulimit -Hn`), and more calls in flight would fail as the agents' \
+             faults; raise the hard limit to run more at once"
+        )),
+    )
 }
 
 /// The soft limit on open descriptors (a descriptor must be below it), first raised to

@@ -290,7 +290,8 @@ pub struct RunArgs {
           add = ArgValueCandidates::new(complete::runs))]
     replay_users: Option<String>,
     /// Agent calls in flight at once across the run. A soft limit on open descriptors below
-    /// 2 × JOBS + 128 is raised to that, as far as the hard limit allows.
+    /// 2 × JOBS + 128 is raised to that, as far as the hard limit allows; under a hard limit
+    /// too low for JOBS, JOBS is lowered to what fits (it is said).
     #[arg(long, short = 'j', default_value_t = 32, value_parser = jobs_in_range)]
     jobs: usize,
     /// No progress output; only the summary.

@@ -264,9 +264,13 @@ pub fn run(args: RunArgs) -> u8 {
         },
         None => None,
     };
+    let (jobs, lowered) = crate::descriptors::jobs_within_limit(args.jobs);
+    if let Some(why) = lowered {
+        errln!("warning: {why}");
+    }
     let settings = Settings {
         replay_users,
-        jobs: args.jobs,
+        jobs,
         quiet: args.quiet || json,
         silent: json,
         strict: args.strict,

@@ -687,7 +687,9 @@ fn condition_run(
     let run_id = super::run::new_run_id();
     let settings = super::run::Settings {
         replay_users,
-        jobs: args.jobs.clamp(1, trellis_engine::execute::MAX_JOBS),
+        jobs: crate::descriptors::jobs_within_limit(args.jobs)
+            .0
+            .clamp(1, trellis_engine::execute::MAX_JOBS),
         quiet: true,
         // The conditions' own consoles would bury the table; their runs are on disk.
         silent: true,

@@ -90,6 +90,9 @@ pub const LATEST: &str = trellis_reports::history::WATCH_LATEST;
 const EXIT_STOPPED: u8 = super::stop::EXIT_INTERRUPTED;
 
 pub fn watch(args: WatchArgs) -> u8 {
+    if let (_, Some(why)) = crate::descriptors::jobs_within_limit(args.jobs) {
+        errln!("warning: {why}");
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -702,7 +705,8 @@ impl Session {
         };
         let options = RunOptions {
             run_id: run_id.clone(),
-            jobs: self.args.jobs,
+            // Said once, when the session starts.
+            jobs: crate::descriptors::jobs_within_limit(self.args.jobs).0,
             stop: Default::default(),
             strict: self.args.strict,
             reuse: Some(self.memo.clone()),

@@ -211,6 +211,30 @@ scenario "main" {
     assert_eq!(o.status.code(), Some(1), "the draft runs, and fails");
 }
 
+/// Under a hard limit on open files too low for `--jobs`, the run lowers `--jobs` to what
+/// fits and says so: past the limit, connections failed with "Too many open files", recorded
+/// as the agents' faults.
+#[tokio::test]
+async fn jobs_beyond_the_open_file_limit_are_lowered_and_said() {
+    let out = tempfile::tempdir().unwrap();
+    let o = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -n 96 && exec \"$0\" \"$@\"")
+        .arg(env!("CARGO_BIN_EXE_trellis"))
+        .args(["run", "suites/booking.kdl", "--jobs", "500", "--out"])
+        .arg(out.path().join("run"))
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .await
+        .unwrap();
+    let err = stderr(&o);
+    assert!(err.contains("--jobs 500 lowered to 12"), "{err}");
+    // The example's failure on purpose; no fault of a connection.
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    let t = read_parquet(&out.path().join("run").join("trajectories.parquet"));
+    assert!(strings(&t, "fault_category").iter().all(Option::is_none));
+}
+
 #[tokio::test]
 async fn filter_and_tag_select_scenarios() {
     let out = tempfile::tempdir().unwrap();
