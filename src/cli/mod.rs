@@ -620,8 +620,6 @@ fn nothing_selected(
     )
 }
 
-/// Validates; warns (exit 0) about what is valid but cannot run yet, with the reasons the
-/// planner records when it skips them.
 /// `trellis check --explain NODE`: the language table's entry for NODE.
 fn explain(node: &str) -> u8 {
     match trellis_dsl::lang::explain::find(node) {
@@ -659,6 +657,8 @@ fn lsp() -> u8 {
     }
 }
 
+/// Validates; warns (exit 0) about what is valid but cannot run yet, with the reasons the
+/// planner records when it skips them.
 fn check(args: &PathArgs) -> u8 {
     let Some(project) = load(&args.paths) else {
         return EXIT_INVALID;

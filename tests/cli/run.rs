@@ -826,12 +826,12 @@ async fn linked_suite_files_and_directories_are_loaded_once() {
         suites.join("main.kdl"),
         format!(
             "agent \"demo\" protocol=\"connexity\" builtin=\"booking\"\n{}",
-            scenario("here", "")
+            scenario("here", "postal")
         ),
     )
     .unwrap();
     std::fs::write(team.join("team.kdl"), scenario("linked", "no such words")).unwrap();
-    std::fs::write(team.join("more/deep.kdl"), scenario("deep", "")).unwrap();
+    std::fs::write(team.join("more/deep.kdl"), scenario("deep", "postal")).unwrap();
     std::os::unix::fs::symlink(team.join("team.kdl"), suites.join("team.kdl")).unwrap();
     std::os::unix::fs::symlink(team.join("more"), suites.join("more")).unwrap();
     // The same file again, by a second link: still one suite.

@@ -794,20 +794,22 @@ pub(crate) fn syntax_diagnostics(
             });
             // A block "not closed" before the quote is one the rest of the line was
             // read into, so brace errors anywhere go with it.
-            stray.is_empty()
-                || !cascade
-                    && stray
-                        .iter()
-                        .all(|(start, line)| at == *start || !line.contains(&at))
-                || stray.iter().any(|(start, _)| at == *start)
+            let at_a_stray = stray.iter().any(|(start, _)| at == *start);
+            let on_a_stray_line = stray.iter().any(|(_, line)| line.contains(&at));
+            stray.is_empty() || at_a_stray || (!cascade && !on_a_stray_line)
         })
         .collect();
+    let mut said_stray = std::collections::HashSet::new();
     let found = errors.len();
     // The parser's error recovery can report one error per byte of a garbled
     // line, and each is shown with that line: past the first few they bury the
     // cause and make the report quadratic in the file's size.
     for d in errors.into_iter().take(MAX_SYNTAX_ERRORS) {
         if let Some(&(start, _)) = stray.iter().find(|(start, _)| *start == d.span.offset()) {
+            // Said once, however many of the parser's errors start at that string.
+            if !said_stray.insert(start) {
+                continue;
+            }
             let inner = closing_quote(text, start).unwrap_or(start);
             diags.push(
                 Diagnostic::at(

@@ -750,9 +750,5 @@ pub(crate) fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-/// RFC 3339 in UTC, second precision.
-pub fn rfc3339(t: SystemTime) -> String {
-    // To the millisecond: runs started within one second are ordered by it, and a trace's
-    // spans are placed from it (docs/results.md, `started_at`).
-    humantime::format_rfc3339_millis(t).to_string()
-}
+/// [`crate::journal::rfc3339`], where the command line has long found it.
+pub use crate::journal::rfc3339;

@@ -137,7 +137,7 @@ pub async fn rejudge_draw(
     };
     let mut summary = RunSummary {
         run_id: new_info.run_id.clone(),
-        finished_at: crate::execute::rfc3339(std::time::SystemTime::now()),
+        finished_at: crate::journal::rfc3339(std::time::SystemTime::now()),
         duration_ms: started.elapsed().as_secs_f64() * 1000.0,
         turns,
         llm_roles: runtime.meter().by_role(),
