@@ -973,13 +973,15 @@ impl Console {
     }
 }
 
-/// The line that names a loopback agent whose full accept queue dropped `attempts`
-/// connection attempts (`RunSummary::connections_redone`), for `run` and `watch`.
+/// The line that names a loopback server (an agent, or an LLM provider) whose full accept
+/// queue dropped `attempts` connection attempts (`RunSummary::connections_redone`), for
+/// `run` and `watch`.
 pub(super) fn backlog_notice(address: &str, attempts: u64) -> String {
     format!(
         "{} {address} dropped {} (its accept queue was full); each was made again within \
-         milliseconds and the wait is in those turns' latencies: lower --jobs or raise the \
-         agent's listen backlog",
+         milliseconds and the wait is in the latencies of the calls to it (an agent's turns, \
+         or an LLM provider's judge and simulator calls): lower --jobs, or the provider's \
+         concurrency, or raise that server's listen backlog",
         paint("BACKLOG", anstyle::AnsiColor::Yellow, stdout_colour()),
         count(attempts, "connection attempt", "connection attempts"),
     )
