@@ -272,6 +272,73 @@ scenario "many" {{
     assert_eq!(roles["judge"]["calls"], 12, "{roles}");
 }
 
+/// `rejudge` of a run the budget stopped judges the checks it left unjudged: their turns are
+/// all in the journal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejudge_judges_the_checks_a_budget_left_unjudged() {
+    let fake = FakeLlm::start(vec![Rule::otherwise([Reply::text(
+        r#"{"score": 0.9, "label": "ok", "justification": "fine"}"#,
+    )])])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("judged.kdl");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+agent "booking" protocol="connexity" builtin="booking"
+provider "fake" kind="openai" base-url="{}" model="m" api-key-env="FAKE_KEY"
+judge "j" provider="fake"
+scenario "many" {{
+    repeat 6
+    user "Hi, I'd like to book a duct cleaning."
+    expect judge "The agent asks for the postal code"
+}}
+"#,
+            fake.base_url()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = trellis()
+        .args(["run", "-j", "6", "--max-llm-calls", "2", "--out"])
+        .arg(&out)
+        .arg(&path)
+        .env("FAKE_KEY", "k")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(4), "{}{}", stdout(&o), stderr(&o));
+    let again = dir.path().join("again");
+    let o = trellis()
+        .arg("rejudge")
+        .arg(&out)
+        .arg(&path)
+        .arg("--out")
+        .arg(&again)
+        .env("FAKE_KEY", "k")
+        .output()
+        .await
+        .unwrap();
+    let recorded = read_parquet(&out.join("trajectories.parquet")).height();
+    let unjudged = strings(&read_parquet(&out.join("criteria.parquet")), "status")
+        .iter()
+        .filter(|s| s.as_deref() == Some("skipped"))
+        .count();
+    assert!(unjudged > 0, "the budget left some check unjudged");
+    let statuses = strings(&read_parquet(&again.join("criteria.parquet")), "status");
+    assert_eq!(
+        statuses
+            .iter()
+            .filter(|s| s.as_deref() == Some("passed"))
+            .count(),
+        recorded,
+        "{statuses:?} {}{}",
+        stdout(&o),
+        stderr(&o)
+    );
+}
+
 #[tokio::test]
 async fn an_agents_own_model_use_is_not_an_llm_budget() {
     let dir = tempfile::tempdir().unwrap();

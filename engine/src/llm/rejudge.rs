@@ -226,11 +226,18 @@ async fn rejudge_one(
     let judged = judged_criteria(scenario);
     let mut criteria = std::mem::take(&mut t.criteria);
     for record in &mut criteria {
+        // A check the trajectory never reached (it stopped at a fault) is not judged now
+        // either; one whose judge a stop or the budget left unasked is: its turns are all
+        // there.
+        let unasked = record.detail.as_deref().is_some_and(|d| {
+            d == crate::record::CUT_BY_STOP || d.starts_with(crate::record::CUT_BY_BUDGET)
+        });
         if !LlmRuntime::is_judged_kind_name(&record.kind)
-            || record
-                .detail
-                .as_deref()
-                .is_some_and(|d| d.starts_with("not checked"))
+            || (!unasked
+                && record
+                    .detail
+                    .as_deref()
+                    .is_some_and(|d| d.starts_with("not checked")))
         {
             continue;
         }
