@@ -209,6 +209,28 @@ scenario "many" {{
     assert_eq!(roles["simulator"]["calls"], 2, "{roles}");
 }
 
+/// A suite of one scenario run `repeat` times, each turn judged by the fake endpoint.
+fn judged_suite(dir: &Path, base_url: &str, repeat: u32) -> PathBuf {
+    let path = dir.join("judged.kdl");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+agent "booking" protocol="connexity" builtin="booking"
+provider "fake" kind="openai" base-url="{base_url}" model="m" api-key-env="FAKE_KEY"
+judge "j" provider="fake"
+scenario "many" {{
+    repeat {repeat}
+    user "Hi, I'd like to book a duct cleaning."
+    expect judge "The agent asks for the postal code"
+}}
+"#
+        ),
+    )
+    .unwrap();
+    path
+}
+
 /// Judge calls admitted before the budget ran out finish: they were sent and paid for, and
 /// abandoning them (the run stops as the next call is refused) left every check unjudged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -219,24 +241,7 @@ async fn judge_calls_in_flight_at_the_budget_finish_and_count() {
     )])])
     .await;
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("judged.kdl");
-    std::fs::write(
-        &path,
-        format!(
-            r#"
-agent "booking" protocol="connexity" builtin="booking"
-provider "fake" kind="openai" base-url="{}" model="m" api-key-env="FAKE_KEY"
-judge "j" provider="fake"
-scenario "many" {{
-    repeat 12
-    user "Hi, I'd like to book a duct cleaning."
-    expect judge "The agent asks for the postal code"
-}}
-"#,
-            fake.base_url()
-        ),
-    )
-    .unwrap();
+    let path = judged_suite(dir.path(), &fake.base_url(), 12);
     let out = dir.path().join("out");
     let o = trellis()
         .args(["run", "-j", "12", "--max-llm-calls", "4", "--out"])
@@ -281,24 +286,7 @@ async fn rejudge_judges_the_checks_a_budget_left_unjudged() {
     )])])
     .await;
     let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("judged.kdl");
-    std::fs::write(
-        &path,
-        format!(
-            r#"
-agent "booking" protocol="connexity" builtin="booking"
-provider "fake" kind="openai" base-url="{}" model="m" api-key-env="FAKE_KEY"
-judge "j" provider="fake"
-scenario "many" {{
-    repeat 6
-    user "Hi, I'd like to book a duct cleaning."
-    expect judge "The agent asks for the postal code"
-}}
-"#,
-            fake.base_url()
-        ),
-    )
-    .unwrap();
+    let path = judged_suite(dir.path(), &fake.base_url(), 6);
     let out = dir.path().join("out");
     let o = trellis()
         .args(["run", "-j", "6", "--max-llm-calls", "2", "--out"])
