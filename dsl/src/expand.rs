@@ -649,31 +649,21 @@ fn missing_nested_fields(
     files: &[SourceFile],
     diags: &mut Vec<Diagnostic>,
 ) {
-    fn step_templates<'s>(steps: &'s [Step], out: &mut Vec<&'s Template>) {
-        for step in steps {
-            match &step.kind {
-                StepKind::User(t)
-                | StepKind::Call { input: t, .. }
-                | StepKind::Hitl {
-                    message: Some(t), ..
-                } => out.push(t),
-                StepKind::Expect(criteria) => out.extend(
-                    criteria
-                        .iter()
-                        .flat_map(|c| &c.templates)
-                        .map(|t| &t.template),
-                ),
-                StepKind::Fork(branches) => {
-                    for b in branches {
-                        step_templates(&b.steps, out);
-                    }
-                }
-                _ => {}
-            }
-        }
-    }
-    let mut templates = Vec::new();
-    step_templates(&sc.steps, &mut templates);
+    let mut templates: Vec<&Template> = Vec::new();
+    walk_steps(&sc.steps, &mut |step| match &step.kind {
+        StepKind::User(t)
+        | StepKind::Call { input: t, .. }
+        | StepKind::Hitl {
+            message: Some(t), ..
+        } => templates.push(t),
+        StepKind::Expect(criteria) => templates.extend(
+            criteria
+                .iter()
+                .flat_map(|c| &c.templates)
+                .map(|t| &t.template),
+        ),
+        _ => {}
+    });
     templates.extend(
         sc.criteria
             .iter()
@@ -685,11 +675,10 @@ fn missing_nested_fields(
         .into_iter()
         .flat_map(|t| crate::template::nested_row_reads(t, files))
     {
-        let path: Vec<&str> = read.value.split('.').skip(1).collect();
         let lacking: Vec<usize> = rows
             .iter()
             .flatten()
-            .filter(|(_, row)| lacks(&row.fields, &path))
+            .filter(|(_, row)| crate::template::missing_below(&row.fields, &read.value).is_some())
             .map(|(_, row)| row.number)
             .collect();
         let Some(first) = lacking.first() else {
@@ -721,30 +710,6 @@ fn missing_nested_fields(
             )),
         );
     }
-}
-
-/// Whether `fields` lacks the nested field at `path`: an object on the way has no such key,
-/// or a value on the way is null. A path through text, a number or a list is left alone, as
-/// it may name a method (`row.name.upper`).
-fn lacks(fields: &dataset::Fields, path: &[&str]) -> bool {
-    let Some((first, rest)) = path.split_first() else {
-        return false;
-    };
-    let mut value = match fields.get(*first) {
-        Some(v) => v,
-        None => return true,
-    };
-    for key in rest {
-        value = match value {
-            Value::Object(map) => match map.get(*key) {
-                Some(v) => v,
-                None => return true,
-            },
-            Value::Null => return true,
-            _ => return false,
-        };
-    }
-    false
 }
 
 /// Every combination of the matrix's values, the first variable varying slowest.

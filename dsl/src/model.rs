@@ -951,6 +951,18 @@ impl Tool {
     }
 }
 
+/// Calls `f` on every step, branches included, in source order.
+pub fn walk_steps<'a>(steps: &'a [Step], f: &mut impl FnMut(&'a Step)) {
+    for step in steps {
+        f(step);
+        if let StepKind::Fork(branches) = &step.kind {
+            for b in branches {
+                walk_steps(&b.steps, f);
+            }
+        }
+    }
+}
+
 fn shrink_steps(steps: &mut Vec<Step>) {
     steps.shrink_to_fit();
     for step in steps {

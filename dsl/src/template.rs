@@ -214,7 +214,10 @@ pub fn check_reading_env(
     if !is_template(&template.source) {
         return Vec::new();
     }
-    let env = Environment::new();
+    // Chainable: the trial render below reads every variable as undefined, lookups through
+    // it included; compiling is the same under any behaviour.
+    let mut env = Environment::new();
+    env.set_undefined_behavior(minijinja::UndefinedBehavior::Chainable);
     let compiled = match env.template_from_str(&template.source) {
         Ok(t) => t,
         Err(err) => {
@@ -243,10 +246,7 @@ pub fn check_reading_env(
     // A filter, test or function that does not exist fails only when rendered: the template
     // is rendered once here with every variable undefined (and lookups through it allowed),
     // and such an error is reported now rather than on every turn of the run.
-    let mut trial = Environment::new();
-    trial.set_undefined_behavior(minijinja::UndefinedBehavior::Chainable);
-    if let Ok(t) = trial.template_from_str(&template.source)
-        && let Err(err) = t.render(())
+    if let Err(err) = compiled.render(())
         && matches!(
             err.kind(),
             minijinja::ErrorKind::UnknownFilter
@@ -288,20 +288,25 @@ pub fn check_reading_env(
         };
         if defined
             && let Some(known) = scope.values.get(root)
-            && let Some((missing, there)) = missing_below(known, &var)
+            && let Some(missing) = missing_below(known, &var)
             && !every_read_guarded(&template.source, &var)
         {
-            let help = match did_you_mean(&missing, there.iter().map(String::as_str)) {
-                Some(best) => format!("did you mean `{best}`?"),
-                None if there.is_empty() => "it holds no fields".to_owned(),
-                None => format!(
-                    "it has: {}",
-                    there
-                        .iter()
-                        .map(|k| format!("`{k}`"))
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                ),
+            let help = match missing {
+                Missing::Null { path } => format!("`{path}` is null"),
+                Missing::Field { name, there } => {
+                    match did_you_mean(name, there.iter().map(String::as_str)) {
+                        Some(best) => format!("did you mean `{best}`?"),
+                        None if there.is_empty() => "it holds no fields".to_owned(),
+                        None => format!(
+                            "it has: {}",
+                            there
+                                .iter()
+                                .map(|k| format!("`{k}`"))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        ),
+                    }
+                }
             };
             out.push(
                 Diagnostic::at_span(
@@ -402,26 +407,50 @@ pub fn nested_row_reads(template: &Template, files: &[SourceFile]) -> Vec<Spanne
         .collect()
 }
 
-/// The first field of the dotted path `var` (`user_context.address.cty`, its root and first
-/// level already known to exist) that `known` lacks, with the fields there: `None` when the
-/// path is there, or goes through a value that is not an object (text has methods, a list
-/// is indexed), which is not checked.
-fn missing_below(
+/// Where the dotted path `var` (`user_context.address.cty`, `row.customer.name`) leaves what
+/// `known` holds below its first level: an object on the way without the next field, or a
+/// `null` on the way. `None` when the path is there, when its first level is not (that is
+/// checked against the names in scope), or when it goes through a value that is neither
+/// (text has methods, a list is indexed), which is not checked.
+pub(crate) fn missing_below<'v>(
     known: &serde_json::Map<String, serde_json::Value>,
-    var: &str,
-) -> Option<(String, Vec<String>)> {
-    let mut parts = var.split('.').skip(1);
-    let mut value = known.get(parts.next()?)?;
-    for part in parts {
-        let serde_json::Value::Object(map) = value else {
-            return None;
-        };
-        match map.get(part) {
-            Some(next) => value = next,
-            None => return Some((part.to_owned(), map.keys().cloned().collect())),
+    var: &'v str,
+) -> Option<Missing<'v>> {
+    let mut segments = var.split('.');
+    let root = segments.next()?;
+    let first = segments.next()?;
+    let mut value = known.get(first)?;
+    // `var[..path_len]` names `value`.
+    let mut path_len = root.len() + 1 + first.len();
+    for part in segments {
+        match value {
+            serde_json::Value::Object(map) => match map.get(part) {
+                Some(next) => value = next,
+                None => {
+                    return Some(Missing::Field {
+                        name: part,
+                        there: map.keys().cloned().collect(),
+                    });
+                }
+            },
+            serde_json::Value::Null => {
+                return Some(Missing::Null {
+                    path: &var[..path_len],
+                });
+            }
+            _ => return None,
         }
+        path_len += 1 + part.len();
     }
     None
+}
+
+/// What [`missing_below`] found missing.
+pub(crate) enum Missing<'v> {
+    /// An object on the way has no field `name`; it has `there`.
+    Field { name: &'v str, there: Vec<String> },
+    /// The value at `path` is `null`.
+    Null { path: &'v str },
 }
 
 /// Whether every place `source` reads `var` (`env.NAME`) gives a value when it is unset: it

@@ -20,7 +20,7 @@ use globset::{Glob, GlobMatcher};
 use trellis_dsl::graph::{self, NeedsGraph, SegmentKind, TrajectoryGraph};
 use trellis_dsl::{
     Agent, CaptureSource, Criterion, CriterionKind, Diagnostic, Endpoint, Project, Protocol,
-    Scenario, Span, Status, Step, StepKind, ValueSlot,
+    Scenario, Span, Status, StepKind, ValueSlot, walk_steps,
 };
 
 use crate::protocol::registry::{self, PlannedSettings};
@@ -1261,18 +1261,6 @@ fn skipped_check(sc: &Scenario, kind: &str) -> String {
         "scenario `{}`: this `{kind}` check will be skipped",
         sc.id.value
     )
-}
-
-/// Calls `f` on every step, branches included, in source order.
-fn walk_steps<'a>(steps: &'a [Step], f: &mut impl FnMut(&'a Step)) {
-    for step in steps {
-        f(step);
-        if let StepKind::Fork(branches) = &step.kind {
-            for b in branches {
-                walk_steps(&b.steps, f);
-            }
-        }
-    }
 }
 
 /// The settings of an agent whose protocol has no module (never planned to run: see

@@ -389,11 +389,15 @@ struct Shared {
 }
 
 impl Shared {
-    /// Completes when a judge call already under way must be abandoned: the run was stopped
-    /// by a signal. A stop at the LLM budget never completes it: a call admitted before the
-    /// budget ran out was paid for, and finishes (README, exit code 4); calls not started
-    /// yet are refused by the budget itself.
+    /// Completes when a judge call must not go on: at once when the run is already stopping
+    /// (no judge call starts then), and for a call under way when a signal stops the run. A
+    /// stop at the LLM budget never completes it: a call admitted before the budget ran out
+    /// was paid for, and finishes (README, exit code 4); calls not started yet are refused
+    /// by the budget itself.
     async fn abandon_judging(&self) {
+        if self.stop.is_cancelled() {
+            return;
+        }
         self.stop.cancelled().await;
         if self.llm.meter().tripped().is_some() {
             std::future::pending::<()>().await;

@@ -40,14 +40,9 @@ pub(super) async fn judge_unless_stopped<T: AsRef<crate::record::TurnRecord>>(
     );
     // A run already stopping (a signal, an LLM budget) starts no judge call; one under way
     // is abandoned for a signal only.
-    let stopping = async {
-        if !shared.stop.is_cancelled() {
-            shared.abandon_judging().await;
-        }
-    };
     tokio::select! {
         biased;
-        () = stopping => {
+        () = shared.abandon_judging() => {
             shared.note_cut_short();
             CriterionRecord {
                 turn_index,
@@ -140,7 +135,7 @@ impl Unit<'_> {
                 record.turn_index = state
                     .turns
                     .iter()
-                    .find(|turn| !turn.simulator.is_empty() || turn.user_source.is_some())
+                    .find(|turn| written_by_simulator(turn))
                     .map(|turn| turn.turn_index);
             }
             if record.status == CriterionStatus::Failed {
@@ -150,8 +145,8 @@ impl Unit<'_> {
         }
         // The `expect`s of the steps the stop left unreached. An `expect no-error` of the
         // turn a fault stopped is answered by that fault, as in `criteria { }` below.
+        let faulted_turn = state.turns.iter().find(|t| t.fault.is_some()).map(|t| &**t);
         if let Some(why) = &not_checked {
-            let faulted_turn = state.turns.iter().find(|t| t.fault.is_some());
             criteria.extend(unreached.into_iter().map(|u| {
                 let c = &u.criterion.criterion;
                 match &fault {
@@ -161,7 +156,7 @@ impl Unit<'_> {
                             criterion: c.text.clone(),
                             kind: c.kind.name().to_string(),
                             status: CriterionStatus::Failed,
-                            detail: Some(fault_detail(faulted_turn.map(|t| &**t), f)),
+                            detail: Some(fault_detail(faulted_turn, f)),
                             judge: None,
                         }
                     }
@@ -186,10 +181,7 @@ impl Unit<'_> {
                         criterion: c.criterion.text.clone(),
                         kind: c.criterion.kind.name().to_string(),
                         status: CriterionStatus::Failed,
-                        detail: Some(fault_detail(
-                            state.turns.iter().find(|t| t.fault.is_some()).map(|t| &**t),
-                            f,
-                        )),
+                        detail: Some(fault_detail(faulted_turn, f)),
                         judge: None,
                     }
                 }
@@ -342,7 +334,7 @@ impl Unit<'_> {
         let messages: Vec<&str> = state
             .turns
             .iter()
-            .filter(|turn| !turn.simulator.is_empty() || turn.user_source.is_some())
+            .filter(|turn| written_by_simulator(turn))
             .map(|turn| turn.user_message.as_str())
             .collect();
         if messages.is_empty() {
@@ -359,15 +351,10 @@ impl Unit<'_> {
             self.repetition,
             &name,
         ));
-        let stopping = async {
-            if !self.shared.stop.is_cancelled() {
-                self.shared.abandon_judging().await;
-            }
-        };
         tokio::select! {
             biased;
             // Recorded as not judged: the trajectory has no verdict until it is run again.
-            () = stopping => {
+            () = self.shared.abandon_judging() => {
                 self.shared.note_cut_short();
                 Some(CriterionRecord {
                     turn_index: None,
@@ -421,6 +408,12 @@ impl Unit<'_> {
         )
         .await;
     }
+}
+
+/// A turn whose user message the simulated user wrote (or a `--replay-users` replay of one):
+/// what the fidelity judge reads.
+fn written_by_simulator(turn: &crate::record::TurnRecord) -> bool {
+    !turn.simulator.is_empty() || turn.user_source.is_some()
 }
 
 /// What `no-error` says of the fault that stopped a trajectory (on `turn`, when a turn took

@@ -653,9 +653,12 @@ impl Members {
     fn object(self) -> Option<Map<String, Value>> {
         let mut out = Map::new();
         for (key, value) in self.0 {
-            match out.insert(key.to_lowercase(), value.clone()) {
-                Some(before) if before != value => return None,
-                _ => {}
+            match out.entry(key.to_lowercase()) {
+                serde_json::map::Entry::Vacant(e) => {
+                    e.insert(value);
+                }
+                serde_json::map::Entry::Occupied(e) if *e.get() != value => return None,
+                serde_json::map::Entry::Occupied(_) => {}
             }
         }
         Some(out)
