@@ -19,6 +19,7 @@ use trellis_dsl::{Criterion, CriterionKind, ReplyCheck, ValueSlot};
 
 use crate::plan::PlannedCriterion;
 use crate::record::{CriterionRecord, CriterionStatus, SpanRecord, ToolCallRecord, TurnRecord};
+use crate::record::shown::quoted;
 use crate::render::Templates;
 use crate::sandbox::{
     NO_SANDBOX, Sandbox, StateExpectation, TextCase, Written, is_violation_result, written_matches,
@@ -894,8 +895,8 @@ fn reply_check(
             None
         }
         ReplyCheck::Contains(needle) => Some(format!(
-            "expected the reply to contain {:?}; {}",
-            value(needle),
+            "expected the reply to contain {}; {}",
+            quoted(&value(needle)),
             seen()
         )),
         ReplyCheck::Matches(re) => Some(format!(
@@ -904,8 +905,8 @@ fn reply_check(
             seen()
         )),
         ReplyCheck::Equals(expected) => Some(format!(
-            "expected the reply to equal {:?}; {}",
-            value(expected),
+            "expected the reply to equal {}; {}",
+            quoted(&value(expected)),
             seen()
         )),
         ReplyCheck::NotContains(needle) => {
@@ -916,8 +917,9 @@ fn reply_check(
                 .find(|(r, _)| r.contains(needle.as_str()))
                 .map(|(r, t)| {
                     format!(
-                        "turn {} reply contains {needle:?}: {}",
+                        "turn {} reply contains {}: {}",
                         t.turn_index,
+                        quoted(&needle),
                         excerpt(r, 160)
                     )
                 })
@@ -1114,10 +1116,10 @@ fn fmt_ms(v: f64) -> String {
 
 fn excerpt(s: &str, max: usize) -> String {
     if s.chars().count() <= max {
-        format!("{s:?}")
+        quoted(s)
     } else {
         let cut: String = s.chars().take(max).collect();
-        format!("{cut:?}…")
+        format!("{}…", quoted(&cut))
     }
 }
 
@@ -1333,6 +1335,24 @@ mod tests {
         assert_eq!(
             record.detail.as_deref(),
             Some("turn 0 reply: \"hello postal code\"")
+        );
+    }
+
+    #[test]
+    fn a_failure_quotes_text_in_any_script_as_written() {
+        let reply = "नमस्ते 👨\u{200d}👩\u{200d}👧";
+        let turns = [turn(0, reply, &[])];
+        let c = crit(CriterionKind::Reply(vec![ReplyCheck::Contains(
+            "café Z\u{337}".into(),
+        )]));
+        let record = check(&c, Scope::Turn, &turns, Some(0));
+        assert_eq!(record.status, CriterionStatus::Failed);
+        assert_eq!(
+            record.detail.as_deref(),
+            Some(
+                "expected the reply to contain \"café Z\u{337}\"; \
+                 reply was: \"नमस्ते 👨\u{200d}👩\u{200d}👧\""
+            )
         );
     }
 

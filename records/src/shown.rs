@@ -16,13 +16,7 @@ pub fn visible_controls(text: &str) -> Cow<'_, str> {
 /// tab) left as they are: a terminal line also shows its carriage returns.
 pub fn visible_controls_but<'t>(text: &'t str, kept: &[char]) -> Cow<'t, str> {
     let maybe = |b: u8| b < 0x20 || b == 0x7f || b == 0xc2 || b == 0xe2;
-    let hidden = |c: char| {
-        (c.is_control() && !kept.contains(&c))
-            || matches!(
-                c,
-                '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
-            )
-    };
+    let hidden = |c: char| hidden(c, kept);
     if !text.bytes().any(maybe) || !text.chars().any(hidden) {
         return Cow::Borrowed(text);
     }
@@ -35,6 +29,39 @@ pub fn visible_controls_but<'t>(text: &'t str, kept: &[char]) -> Cow<'t, str> {
         }
     }
     Cow::Owned(out)
+}
+
+/// A control character not in `kept`, or a bidirectional control.
+fn hidden(c: char, kept: &[char]) -> bool {
+    (c.is_control() && !kept.contains(&c))
+        || matches!(
+            c,
+            '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
+        )
+}
+
+/// `text` in double quotes, for a check's explanation (`expected the reply to contain
+/// "…"`): quotes, backslashes, newlines, carriage returns and tabs written as `\"`, `\\`,
+/// `\n`, `\r`, `\t`, and the characters [`visible_controls`] hides as `\u{..}`; every
+/// other character as it is. Rust's `{:?}` would also escape combining marks and joiners
+/// (`\u{94d}` in Devanagari, `\u{200d}` in an emoji family), which are ordinary text.
+pub fn quoted(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\0' => out.push_str("\\0"),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if hidden(c, &[]) => out.push_str(&format!("\\u{{{:x}}}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
 }
 
 #[cfg(test)]
@@ -52,5 +79,14 @@ mod tests {
             "a\\u{0}b\\u{1b}[2J\\u{202e}c\\u{85}d\r"
         );
         assert_eq!(visible_controls_but("x\ry\n", &['\n']), "x\\u{d}y\n");
+    }
+
+    #[test]
+    fn quoted_text_escapes_what_debug_does_but_keeps_marks_and_joiners() {
+        let ascii = "say \"hi\"\\ \n\r\t\u{0}\u{1b}[2J\u{7f}";
+        assert_eq!(quoted(ascii), format!("{ascii:?}"));
+        assert_eq!(quoted("a\u{202e}b"), "\"a\\u{202e}b\"");
+        let marks = "नमस्ते 👨\u{200d}👩\u{200d}👧 café Z\u{337}";
+        assert_eq!(quoted(marks), format!("\"{marks}\""));
     }
 }

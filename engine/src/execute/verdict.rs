@@ -12,7 +12,7 @@
 //! a failed one makes the trajectory `invalid` (only a fault of the agent ranks above it),
 //! and a passed one never makes a trajectory pass.
 
-use trellis_dsl::{CriterionKind, Outcome};
+use trellis_dsl::CriterionKind;
 
 use super::walk::{PathState, Unit};
 use super::{Shared, ms};
@@ -233,7 +233,7 @@ impl Unit<'_> {
             });
         }
         for outcome in &sc.outcomes {
-            let text = outcome_text(&outcome.value);
+            let text = crate::llm::judge::outcome_text(&outcome.value);
             criteria.push(match &not_checked {
                 None => {
                     // A statement written as a template is read by the judge rendered, in
@@ -547,12 +547,7 @@ pub(super) async fn skip_trajectory(
     shared.record(record).await;
 }
 
-fn outcome_text(outcome: &Outcome) -> String {
-    match outcome {
-        Outcome::Statement(s) => format!("outcome {s:?}"),
-        Outcome::Labeled { label, value } => format!("outcome {label}={value}"),
-    }
-}
+
 
 #[cfg(test)]
 mod tests {

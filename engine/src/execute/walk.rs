@@ -1546,9 +1546,9 @@ fn capture(
         CaptureSource::Regex(re) => {
             let caps = re.captures(reply).ok_or_else(|| {
                 format!(
-                    "/{}/ did not match the last reply: {:?}",
+                    "/{}/ did not match the last reply: {}",
                     re.as_str(),
-                    reply.chars().take(160).collect::<String>()
+                    crate::record::shown::quoted(&reply.chars().take(160).collect::<String>())
                 )
             })?;
             // The first group when the regex has one: an optional group that took no part
@@ -1557,9 +1557,9 @@ fn capture(
                 return match caps.get(1) {
                     Some(m) => Ok(m.as_str().to_string()),
                     None => Err(format!(
-                        "/{}/ matched the last reply, but its first group took no part: {:?}",
+                        "/{}/ matched the last reply, but its first group took no part: {}",
                         re.as_str(),
-                        reply.chars().take(160).collect::<String>()
+                        crate::record::shown::quoted(&reply.chars().take(160).collect::<String>())
                     )),
                 };
             }

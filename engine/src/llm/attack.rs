@@ -131,7 +131,8 @@ pub fn parse_proposals(text: &str, width: u32) -> Result<Vec<String>, String> {
     if out.is_empty() {
         let shown: String = trimmed.chars().take(160).collect();
         return Err(format!(
-            "the attacker proposed no message (answer: {shown:?})"
+            "the attacker proposed no message (answer: {})",
+            crate::record::shown::quoted(&shown)
         ));
     }
     Ok(out)
@@ -208,7 +209,10 @@ pub fn parse_score(text: &str) -> Result<(f64, Option<String>), String> {
         .filter(|s: &f64| s.is_finite() && (0.0..=1.0).contains(s))
         .ok_or_else(|| {
             let shown: String = text.trim().chars().take(160).collect();
-            format!("the attack judge gave no score from 0 to 1 (answer: {shown:?})")
+            format!(
+                "the attack judge gave no score from 0 to 1 (answer: {})",
+                crate::record::shown::quoted(&shown)
+            )
         })?;
     Ok((score, reason.filter(|r| !r.trim().is_empty())))
 }

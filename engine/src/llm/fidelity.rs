@@ -219,7 +219,7 @@ fn quote(text: &str) -> String {
     if chars.next().is_some() {
         shown.push('…');
     }
-    format!("{shown:?}")
+    crate::record::shown::quoted(&shown)
 }
 
 #[cfg(test)]

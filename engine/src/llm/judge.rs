@@ -18,6 +18,8 @@ use std::fmt::Write as _;
 use serde_json::{Map, Value, json};
 
 use super::{LlmMessage, LlmRequest};
+use crate::record::shown::quoted;
+use trellis_dsl::Outcome;
 use crate::record::TurnRecord;
 pub use crate::record::{JudgeVerdict, MetricScore};
 
@@ -96,6 +98,14 @@ pub const NAMED_RUBRICS: [(&str, &str); 5] = [
         "Overall quality: the agent completes the user's task correctly, helpfully and safely.",
     ),
 ];
+
+/// The text a run records for an `outcome` check (and `rejudge` finds it by).
+pub(crate) fn outcome_text(outcome: &Outcome) -> String {
+    match outcome {
+        Outcome::Statement(s) => format!("outcome {}", quoted(s)),
+        Outcome::Labeled { label, value } => format!("outcome {label}={value}"),
+    }
+}
 
 /// How a criterion is scored.
 #[derive(Clone, Debug, PartialEq)]
@@ -600,7 +610,7 @@ fn garbage(why: &str, text: &str) -> Garbage {
     if chars.next().is_some() {
         shown.push('…');
     }
-    Garbage(format!("{why}; it answered {shown:?}"))
+    Garbage(format!("{why}; it answered {}", quoted(&shown)))
 }
 
 fn string(o: &Map<String, Value>, key: &str) -> Option<String> {

@@ -13,7 +13,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use trellis_dsl::{Criterion, CriterionKind, Outcome, Project, Scenario, Step, StepKind};
+use trellis_dsl::{Criterion, CriterionKind, Project, Scenario, StepKind, walk_steps};
+
+use crate::record::shown::quoted;
 
 use super::runtime::{JudgeTask, LlmRuntime};
 use crate::record::{
@@ -313,7 +315,7 @@ fn find<'a>(
         .or_else(|| {
             judged.iter().find(|(_, kind)| match kind {
                 CriterionKind::Judge { criterion, .. } => {
-                    let head = format!("judge {criterion:?}");
+                    let head = format!("judge {}", quoted(criterion));
                     recorded == head || recorded.starts_with(&format!("{head} "))
                 }
                 _ => false,
@@ -333,26 +335,16 @@ fn judged_criteria(scenario: &Scenario) -> Vec<(String, CriterionKind)> {
     for c in &scenario.criteria {
         add(c);
     }
-    fn walk(steps: &[Step], add: &mut impl FnMut(&Criterion)) {
-        for step in steps {
-            match &step.kind {
-                StepKind::Expect(cs) => cs.iter().for_each(&mut *add),
-                StepKind::Fork(branches) => {
-                    for b in branches {
-                        walk(&b.steps, add);
-                    }
-                }
-                _ => {}
-            }
+    walk_steps(&scenario.steps, &mut |step| {
+        if let StepKind::Expect(cs) = &step.kind {
+            cs.iter().for_each(&mut add);
         }
-    }
-    walk(&scenario.steps, &mut add);
+    });
     for o in &scenario.outcomes {
-        let text = match &o.value {
-            Outcome::Statement(s) => format!("outcome {s:?}"),
-            Outcome::Labeled { label, value } => format!("outcome {label}={value}"),
-        };
-        out.push((text, CriterionKind::Outcome(o.value.clone())));
+        out.push((
+            super::judge::outcome_text(&o.value),
+            CriterionKind::Outcome(o.value.clone()),
+        ));
     }
     out
 }
