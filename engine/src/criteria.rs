@@ -18,8 +18,8 @@ use serde_json::Value;
 use trellis_dsl::{Criterion, CriterionKind, ReplyCheck, ValueSlot};
 
 use crate::plan::PlannedCriterion;
-use crate::record::{CriterionRecord, CriterionStatus, SpanRecord, ToolCallRecord, TurnRecord};
 use crate::record::shown::quoted;
+use crate::record::{CriterionRecord, CriterionStatus, SpanRecord, ToolCallRecord, TurnRecord};
 use crate::render::Templates;
 use crate::sandbox::{
     NO_SANDBOX, Sandbox, StateExpectation, TextCase, Written, is_violation_result, written_matches,

@@ -779,6 +779,7 @@ pub fn execute_plan(
         run_id: run_id.to_string(),
         jobs: settings.jobs,
         stop: Default::default(),
+        abandon: Default::default(),
         strict: settings.strict,
         reuse: None,
         transport: None,
@@ -789,6 +790,7 @@ pub fn execute_plan(
         llm_budget: settings.llm_budget,
     };
     let stop = options.stop.clone();
+    let abandon = options.abandon.clone();
     let (tx, mut rx) = event::channel();
     let reporter = std::thread::Builder::new()
         .name("trellis-reporter".into())
@@ -875,13 +877,13 @@ pub fn execute_plan(
                 if !silent {
                     errln!("calls still in flight after {}s are abandoned", GRACE.as_secs());
                 }
-                abort(engine).await;
+                abandon_calls(engine, &abandon).await;
             }
             again = signals.next() => {
                 if !silent {
                     errln!("{} again: stopping now", again.name());
                 }
-                abort(engine).await;
+                abandon_calls(engine, &abandon).await;
             }
         }
         Some(first)
@@ -1045,10 +1047,26 @@ fn engine_ended(finished: Result<RunSummary, tokio::task::JoinError>) {
     }
 }
 
-async fn abort(engine: JoinHandle<RunSummary>) {
-    engine.abort();
-    let _ = engine.await;
+/// Drops the calls still in flight: the engine ends at once with what finished and records
+/// the run's end (`interrupted`), so the stop reads as a stop and not as a crash. An engine
+/// that does not end soon after (an agent process that will not die) is aborted, and the
+/// journal is left without an end, as after a kill.
+async fn abandon_calls(
+    mut engine: JoinHandle<RunSummary>,
+    abandon: &tokio_util::sync::CancellationToken,
+) {
+    abandon.cancel();
+    tokio::select! {
+        finished = &mut engine => engine_ended(finished),
+        () = tokio::time::sleep(ABANDON_GRACE) => {
+            engine.abort();
+            let _ = engine.await;
+        }
+    }
 }
+
+/// How long an engine told to drop its calls may take to record the run's end.
+const ABANDON_GRACE: Duration = Duration::from_secs(3);
 
 /// Everything that consumes the event stream: the run's [`Record`] (journal first, then the
 /// result tables), then the console.

@@ -708,6 +708,7 @@ impl Session {
             // Said once, when the session starts.
             jobs: crate::descriptors::jobs_within_limit(self.args.jobs).0,
             stop: Default::default(),
+            abandon: Default::default(),
             strict: self.args.strict,
             reuse: Some(self.memo.clone()),
             transport: Some(self.transport.clone()),
@@ -719,6 +720,7 @@ impl Session {
             telemetry,
         };
         let cancel = options.stop.clone();
+        let abandon = options.abandon.clone();
         let (tx, rx) = event::channel();
         let recorder = Recorder {
             rerun,
@@ -756,8 +758,16 @@ impl Session {
                 _ = signals.next() => false,
             };
             if !finished {
-                engine.abort();
-                let _ = engine.await;
+                // The calls left are dropped and the rerun ends with what finished; an
+                // engine that does not end soon after is aborted.
+                abandon.cancel();
+                if tokio::time::timeout(CANCEL_GRACE, &mut engine)
+                    .await
+                    .is_err()
+                {
+                    engine.abort();
+                    let _ = engine.await;
+                }
             }
         }
         let finished = tokio::task::spawn_blocking(move || reporter.join()).await;

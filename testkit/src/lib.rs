@@ -519,6 +519,7 @@ pub async fn run_plan_with_cache(
         run_id: "test".into(),
         jobs,
         stop: Default::default(),
+        abandon: Default::default(),
         strict: false,
         reuse: None,
         transport: None,

@@ -313,6 +313,80 @@ async fn a_run_stopped_by_sigterm_goes_on_where_it_stopped() {
     assert_eq!(ends, 1, "the stopped attempt's end is not kept");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_that_drops_calls_in_flight_still_records_the_runs_end() {
+    let fast = agent(Duration::ZERO).await;
+    let stuck = agent(Duration::from_secs(120)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    std::fs::write(
+        &suite,
+        format!(
+            "agent \"fast\" protocol=\"connexity\" url=\"{}\"\n\
+             agent \"stuck\" protocol=\"connexity\" url=\"{}\" {{ timeout \"300s\" }}\n\
+             scenario \"quick\" {{\n    agent \"fast\"\n    user \"hi\"\n    \
+             expect reply contains=\"Hello\"\n}}\n\
+             scenario \"hung\" {{\n    agent \"stuck\"\n    user \"hi\"\n    \
+             expect reply contains=\"Hello\"\n}}\n",
+            fast.url(),
+            stuck.url()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let child = run_in(&suite, &["--jobs", "2", "--out"])
+        .arg(&out)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while trajectory_entries(&out).is_empty() || stuck.requests() == 0 {
+        assert!(started.elapsed() < Duration::from_secs(60), "never ran");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let pid = i32::try_from(child.id().unwrap()).unwrap();
+    // The second SIGTERM drops the call still waiting on the stuck agent at once, as the
+    // end of the grace period would.
+    for _ in 0..2 {
+        // SAFETY: kill(2) on a child process this test spawned and has not reaped yet.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let o = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+        .await
+        .expect("the run ended")
+        .unwrap();
+    assert_eq!(o.status.code(), Some(143), "{}", stderr(&o));
+    assert!(stderr(&o).contains("again: stopping now"), "{}", stderr(&o));
+    // A stop, not a crash: the journal has its end, which says the run was cut short.
+    let end = entries(&out)
+        .into_iter()
+        .find_map(|e| e.get("run_finished").cloned())
+        .expect("the journal records the run's end");
+    assert_eq!(end["interrupted"], true, "{end}");
+    assert_eq!(end["passed"], 1, "{end}");
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(
+        summary["stats"]["aggregates"]["finished"], true,
+        "{summary}"
+    );
+    assert_eq!(
+        summary["stats"]["aggregates"]["interrupted"], true,
+        "{summary}"
+    );
+    // The console's table lists what finished.
+    assert!(stdout(&o).contains("quick"), "{}", stdout(&o));
+    let runs = trellis()
+        .args(["runs", "--dir"])
+        .arg(dir.path())
+        .output()
+        .await
+        .unwrap();
+    assert!(stdout(&runs).contains("stopped"), "{}", stdout(&runs));
+}
+
 const TREE: &str = r#"
 scenario "tree" {
     user "tree start"

@@ -70,6 +70,11 @@ pub struct RunOptions {
     /// calls in flight finish, and the run's task ([`spawn`]) ends once they have.
     /// Trajectories that had not finished are not recorded.
     pub stop: CancellationToken,
+    /// Cancelled after `stop` when the calls still in flight are not waited for any longer
+    /// (the grace period ran out, or a second signal): they are dropped with their
+    /// trajectories, which are not recorded, and the run ends at once with what finished,
+    /// its `run_finished` entry included (`interrupted`).
+    pub abandon: CancellationToken,
     /// `--strict`: a skipped check or a skipped trajectory is a failure.
     pub strict: bool,
     /// Turns recorded by earlier runs to answer from where a conversation repeats one
@@ -235,7 +240,18 @@ async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSummary
             let _ = done.send(Some(ok));
         });
     }
-    while scenario_tasks.join_next().await.is_some() {}
+    let all_done = async { while scenario_tasks.join_next().await.is_some() {} };
+    let abandoned = tokio::select! {
+        biased;
+        () = all_done => false,
+        () = options.abandon.cancelled() => true,
+    };
+    if abandoned {
+        // Dropping a scenario's task drops its units' set, which aborts them.
+        shared.note_cut_short();
+        scenario_tasks.abort_all();
+        while scenario_tasks.join_next().await.is_some() {}
+    }
     // Stopped while work remained: what was cut off is missing from the records. (A stop
     // that came once every call had answered, or while the late spans below were awaited,
     // cut nothing off.)

@@ -547,8 +547,6 @@ pub(super) async fn skip_trajectory(
     shared.record(record).await;
 }
 
-
-
 #[cfg(test)]
 mod tests {
     use super::*;

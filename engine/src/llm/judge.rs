@@ -18,10 +18,10 @@ use std::fmt::Write as _;
 use serde_json::{Map, Value, json};
 
 use super::{LlmMessage, LlmRequest};
-use crate::record::shown::quoted;
-use trellis_dsl::Outcome;
 use crate::record::TurnRecord;
+use crate::record::shown::quoted;
 pub use crate::record::{JudgeVerdict, MetricScore};
+use trellis_dsl::Outcome;
 
 /// Connexity's metrics and weights (docs/wire.md, "Connexity test cases"), with what each one
 /// grades.

@@ -320,6 +320,7 @@ async fn run_with(
         run_id: "launcher".into(),
         jobs: 2,
         stop: Default::default(),
+        abandon: Default::default(),
         strict: false,
         reuse: None,
         transport: None,

@@ -42,6 +42,7 @@ pub(crate) async fn run(
         run_id: "reuse".into(),
         jobs: 4,
         stop: Default::default(),
+        abandon: Default::default(),
         strict: false,
         reuse: Some(memo.clone()),
         transport: None,
