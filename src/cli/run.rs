@@ -1113,11 +1113,16 @@ fn json_event(event: &Event, out: &Path) {
             let failed: Vec<_> = t
                 .criteria
                 .iter()
-                .filter(|c| c.status == trellis_engine::record::CriterionStatus::Failed)
+                // A check whose evaluator failed is what makes its trajectory `error`.
+                .filter(|c| {
+                    use trellis_engine::record::CriterionStatus;
+                    matches!(c.status, CriterionStatus::Failed | CriterionStatus::Error)
+                })
                 .map(|c| {
                     serde_json::json!({
                         "criterion": c.criterion,
                         "kind": c.kind,
+                        "status": c.status.as_str(),
                         "turn_index": c.turn_index,
                         "detail": c.detail,
                     })

@@ -417,6 +417,29 @@ async fn a_judge_that_fails_with_and_without_its_schema_says_both() {
     );
     // With the schema and without it, each with the provider's retries of a 5xx.
     assert_eq!(fake.calls(), 6);
+    // The JSON stream says why the trajectory is `error`: the check whose judge failed.
+    let o = run(
+        &path,
+        &dir.path().join("json"),
+        &["--message-format", "json"],
+    )
+    .await;
+    let finished: serde_json::Value = stdout(&o)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|e| e["type"] == "trajectory_finished")
+        .expect("a trajectory_finished event");
+    assert_eq!(finished["status"], "error", "{finished}");
+    let checks = finished["failed_criteria"].as_array().unwrap();
+    assert_eq!(checks.len(), 1, "{finished}");
+    assert_eq!(checks[0]["status"], "error", "{finished}");
+    assert!(
+        checks[0]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("the judge call failed"),
+        "{finished}"
+    );
 }
 
 /// Judge and outcome statements are templates, as user messages are: the judge reads them

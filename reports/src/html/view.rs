@@ -1749,7 +1749,14 @@ fn run_view(
             .map(|c| check_view(c, &place))
             .collect()
     };
-    let failed_checks = checks(Some(CriterionStatus::Failed));
+    // A check whose evaluator failed (a judge that gave no verdict) is listed with the
+    // failures: it is what makes its trajectory `error`.
+    let failed_checks: Vec<CheckView> = t
+        .criteria
+        .iter()
+        .filter(|c| matches!(c.status, CriterionStatus::Failed | CriterionStatus::Error))
+        .map(|c| check_view(c, &place))
+        .collect();
     let skipped_checks = checks(Some(CriterionStatus::Skipped));
     let headline = if let Some(fault) = &t.fault {
         Some(Headline {
@@ -1759,7 +1766,12 @@ fn run_view(
     } else if let Some(first) = t
         .criteria
         .iter()
-        .find(|c| c.status == CriterionStatus::Failed)
+        .find(|c| c.status == CriterionStatus::Error)
+        .or_else(|| {
+            t.criteria
+                .iter()
+                .find(|c| c.status == CriterionStatus::Failed)
+        })
     {
         let where_ = first
             .turn_index
@@ -1768,8 +1780,13 @@ fn run_view(
                 None => format!(" (turn {i})"),
             })
             .unwrap_or_default();
+        let error = if first.status == CriterionStatus::Error {
+            "check error · "
+        } else {
+            ""
+        };
         Some(Headline {
-            what: format!("{}{where_}", first.criterion),
+            what: format!("{error}{}{where_}", first.criterion),
             why: first.detail.as_deref().map(Text::new),
         })
     } else {
@@ -1780,6 +1797,7 @@ fn run_view(
     };
     let passed = t.checks_with(CriterionStatus::Passed) as u64;
     let failed = t.checks_with(CriterionStatus::Failed) as u64;
+    let errors = t.checks_with(CriterionStatus::Error) as u64;
     let not_run = t.checks_with(CriterionStatus::Skipped) as u64;
     let check_summary = if t.criteria.is_empty() {
         "no checks".to_owned()
@@ -1787,6 +1805,9 @@ fn run_view(
         let mut parts = vec![format!("{passed} passed")];
         if failed > 0 {
             parts.push(format!("{failed} failed"));
+        }
+        if errors > 0 {
+            parts.push(count(errors, "error", "errors"));
         }
         if not_run > 0 {
             parts.push(format!("{not_run} not run"));

@@ -315,6 +315,55 @@ fn control_and_bidi_characters_an_agent_sends_are_shown_escaped() {
     );
 }
 
+#[test]
+fn a_check_whose_judge_failed_is_what_its_error_row_says_went_wrong() {
+    use trellis_records::{CriterionRecord, CriterionStatus, JournalEntry, TrajectoryStatus};
+    let dir = tempfile::tempdir().unwrap();
+    let mut entries = super::fixtures::entries();
+    let t = entries
+        .iter_mut()
+        .find_map(|e| match e {
+            JournalEntry::Trajectory(t) => Some(t),
+            _ => None,
+        })
+        .unwrap();
+    t.status = TrajectoryStatus::Error;
+    t.fault = None;
+    let check = |text: &str, status, detail: &str| CriterionRecord {
+        turn_index: Some(0),
+        criterion: text.into(),
+        kind: text.split_whitespace().next().unwrap().into(),
+        status,
+        detail: Some(detail.into()),
+        judge: None,
+    };
+    // The failed reply check comes first: the row still names the judge that failed, as
+    // that is what makes it `error`.
+    t.criteria = vec![
+        check(
+            "reply contains=\"x\"",
+            CriterionStatus::Failed,
+            "expected the reply to contain \"x\"",
+        ),
+        check(
+            "judge \"is fine\"",
+            CriterionStatus::Error,
+            "the judge gave no verdict: it answered \"maybe\"",
+        ),
+    ];
+    super::fixtures::write_journal(dir.path(), &entries, "");
+    let files = write_reports(dir.path(), &ReportOptions::default()).unwrap();
+    let html = std::fs::read_to_string(&files.html).unwrap();
+    assert!(
+        html.contains("check error · judge &quot;is fine&quot; (turn 0"),
+        "the headline names the check that erred"
+    );
+    assert!(html.contains("2 checks: 0 passed, 1 failed, 1 error"));
+    let failed = html.split("<h5>Failed checks</h5>").nth(1).unwrap();
+    let failed = failed.split("</ul>").next().unwrap();
+    assert!(failed.contains("the judge gave no verdict"), "{failed}");
+}
+
 /// Each scenario's pass rate over the runs next to this one, oldest first, this run last.
 #[test]
 fn html_draws_each_scenarios_trend_from_the_runs_next_to_it() {
