@@ -33,11 +33,16 @@ pub fn visible_controls_but<'t>(text: &'t str, kept: &[char]) -> Cow<'t, str> {
 
 /// A control character not in `kept`, or a bidirectional control.
 fn hidden(c: char, kept: &[char]) -> bool {
-    (c.is_control() && !kept.contains(&c))
-        || matches!(
-            c,
-            '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
-        )
+    (c.is_control() && !kept.contains(&c)) || bidi_control(c)
+}
+
+/// A character that changes the direction of the text after it (marks, embeddings,
+/// overrides, isolates). Each is encoded starting with the byte 0xE2.
+pub fn bidi_control(c: char) -> bool {
+    matches!(
+        c,
+        '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
+    )
 }
 
 /// `text` in double quotes, for a check's explanation (`expected the reply to contain

@@ -322,14 +322,17 @@ fn seconds(ms: f64) -> f64 {
 }
 
 /// Escapes text for an XML attribute or element. Characters XML 1.0 cannot carry at all
-/// (most control characters, which agents do send) become U+FFFD.
+/// (most control characters, which agents do send) become U+FFFD; the bidirectional
+/// controls, which would reverse the rest of a line in a CI's test viewer, are written
+/// as `\u{..}`, as the report and the console show them.
 fn escape(text: &str) -> Cow<'_, str> {
     // Names and messages rarely hold anything to escape: those are returned as they are,
     // found by one pass over their bytes (every character escaped or replaced starts with
-    // an ASCII byte below 0x3f, or is U+FFFE/U+FFFF, which start with 0xEF).
+    // an ASCII byte below 0x3f, is U+FFFE/U+FFFF, which start with 0xEF, or is a
+    // bidirectional control, which starts with 0xE2).
     let clean = text
         .bytes()
-        .all(|b| !matches!(b, b'&' | b'<' | b'>' | b'"' | b'\'' | 0xEF) && b >= 0x20);
+        .all(|b| !matches!(b, b'&' | b'<' | b'>' | b'"' | b'\'' | 0xEF | 0xE2) && b >= 0x20);
     if clean {
         return Cow::Borrowed(text);
     }
@@ -345,6 +348,9 @@ fn escape(text: &str) -> Cow<'_, str> {
             '\r' => out.push_str("&#13;"),
             '\t' => out.push_str("&#9;"),
             c if (c as u32) < 0x20 || c == '\u{FFFE}' || c == '\u{FFFF}' => out.push('\u{FFFD}'),
+            c if trellis_records::shown::bidi_control(c) => {
+                out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
+            }
             c => out.push(c),
         }
     }
@@ -361,6 +367,7 @@ mod tests {
         assert_eq!(escape("x\u{1}y\nz"), "x\u{FFFD}y&#10;z");
         assert_eq!(escape("a\u{FFFE}b\u{FFFF}"), "a\u{FFFD}b\u{FFFD}");
         assert_eq!(escape("tab\there"), "tab&#9;here");
+        assert_eq!(escape("a\u{202e}evil “b”"), "a\\u{202e}evil “b”");
         // Nothing to escape: the text itself, not a copy.
         assert!(matches!(
             escape("booking / main #3 é"),
