@@ -106,6 +106,17 @@ pub(super) fn prepare(
         ));
     }
 
+    // Refused for a finished run too: its verdicts were decided without (or with) the
+    // --strict asked for now, and a gate that asks for it must not pass on them.
+    if info.strict != strict {
+        let flag = if info.strict { "with" } else { "without" };
+        return Err(format!(
+            "cannot resume run {}: it was recorded {flag} --strict, which decided its \
+             finished trajectories; resume it {flag} --strict",
+            info.run_id
+        ));
+    }
+
     // The planned trajectories that run again whole, whatever else of them was recorded:
     // one a stop left with a check unjudged (recorded `skipped`, without a verdict), and an
     // attack search (one piece of work: which of its paths the stop cut off is not in the
@@ -171,14 +182,6 @@ pub(super) fn prepare(
         if !incomplete.contains(&execute::planned_key(&t)) {
             keep(&t, &mut finished, &mut nodes_kept, &mut console);
         }
-    }
-    if info.strict != strict {
-        let flag = if info.strict { "with" } else { "without" };
-        return Err(format!(
-            "cannot resume run {}: it was recorded {flag} --strict, which decided its \
-             finished trajectories; resume it {flag} --strict",
-            info.run_id
-        ));
     }
     if !finished.is_empty() && info.scenarios.iter().all(|s| s.fingerprints.is_empty()) {
         return Err(format!(

@@ -264,6 +264,18 @@ async fn a_run_killed_halfway_resumes_and_no_finished_trajectory_is_sent_again()
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(stderr(&o).contains("already finished"), "{}", stderr(&o));
     assert_eq!(server.requests(), sent);
+    // A gate that asks for --strict does not pass on verdicts decided without it.
+    let o = run_in(&suite, &["--strict", "--resume"])
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("recorded without --strict"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
