@@ -204,6 +204,9 @@ pub fn freeze(args: FreezeArgs) -> u8 {
         kdl_string(&format!("Regression for an attack path: {}", attack.goal))
     );
     let _ = writeln!(text, "    tags \"attack\" \"frozen\"");
+    // The agent the attack broke: in a project with several agents, a scenario without one
+    // does not check.
+    let _ = writeln!(text, "    agent {}", kdl_string(&t.agent));
     for user in &users {
         // Sent as written: the attacker's `{{ … }}` is text, not a template to render.
         let _ = writeln!(text, "    user {}", kdl_string(&literal_template(user)));

@@ -120,6 +120,7 @@ fn frozen_suite(dir: &Path, frozen: &str, agent: &str, llm: &str) -> PathBuf {
         suite.join("agents.kdl"),
         format!(
             r#"agent "vault" protocol="connexity" url="{agent}"
+agent "bystander" protocol="connexity" url="{agent}"
 provider "fake" kind="openai" base-url="{llm}" model="m" api-key-env="FAKE_KEY"
 "#
         ),
@@ -219,6 +220,9 @@ async fn attack_search_finds_the_two_step_approach_and_freezes_it_into_a_regress
         ),
         "{frozen}"
     );
+    // Against the agent the attack broke, named: a project with more agents (the
+    // `bystander` below) would not know which one to run it against.
+    assert!(frozen.contains("    agent \"vault\"\n"), "{frozen}");
     // Running it twice is refused rather than overwriting.
     let again = trellis()
         .arg("freeze")
