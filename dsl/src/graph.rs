@@ -370,7 +370,7 @@ pub fn render_trajectories<'a>(
     out
 }
 
-/// Renders the scenario `needs` DAG.
+/// The `needs` graph of a whole project, as DOT or Mermaid ([`render_needs_of`]).
 pub fn render_needs(project: &Project, format: GraphFormat) -> String {
     let needs = NeedsGraph::build(project);
     let name = |(si, ci): (usize, usize)| {
@@ -379,37 +379,43 @@ pub fn render_needs(project: &Project, format: GraphFormat) -> String {
             project.suites[si].name, project.suites[si].scenarios[ci].id.value
         )
     };
+    let names: Vec<String> = needs
+        .graph
+        .node_indices()
+        .map(|i| name(needs.graph[i]))
+        .collect();
+    let edges: Vec<(usize, usize)> = needs
+        .graph
+        .edge_references()
+        .map(|e| (e.source().index(), e.target().index()))
+        .collect();
+    render_needs_of(&names, &edges, format)
+}
+
+/// A `needs` graph as DOT or Mermaid: scenario `names` (`suite/scenario`), and `edges` from
+/// each scenario (its index in `names`) to one that needs it.
+pub fn render_needs_of(names: &[String], edges: &[(usize, usize)], format: GraphFormat) -> String {
     let mut out = String::new();
     match format {
         GraphFormat::Dot => {
             out.push_str(
                 "digraph needs {\n  rankdir=LR;\n  node [shape=box, fontname=\"Helvetica\"];\n",
             );
-            for i in needs.graph.node_indices() {
-                let _ = writeln!(
-                    out,
-                    "  n{} [label={}];",
-                    i.index(),
-                    dot_quote(&name(needs.graph[i]))
-                );
+            for (i, name) in names.iter().enumerate() {
+                let _ = writeln!(out, "  n{i} [label={}];", dot_quote(name));
             }
-            for e in needs.graph.edge_references() {
-                let _ = writeln!(out, "  n{} -> n{};", e.source().index(), e.target().index());
+            for (from, to) in edges {
+                let _ = writeln!(out, "  n{from} -> n{to};");
             }
             out.push_str("}\n");
         }
         GraphFormat::Mermaid => {
             out.push_str("flowchart LR\n");
-            for i in needs.graph.node_indices() {
-                let _ = writeln!(
-                    out,
-                    "  n{}[{}]",
-                    i.index(),
-                    mermaid_quote(&name(needs.graph[i]))
-                );
+            for (i, name) in names.iter().enumerate() {
+                let _ = writeln!(out, "  n{i}[{}]", mermaid_quote(name));
             }
-            for e in needs.graph.edge_references() {
-                let _ = writeln!(out, "  n{} --> n{}", e.source().index(), e.target().index());
+            for (from, to) in edges {
+                let _ = writeln!(out, "  n{from} --> n{to}");
             }
         }
     }

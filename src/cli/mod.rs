@@ -803,13 +803,25 @@ fn graph(args: &GraphArgs) -> u8 {
         Format::Dot => GraphFormat::Dot,
         Format::Mermaid => GraphFormat::Mermaid,
     };
-    if args.needs {
-        console::out_text(&trellis_dsl::graph::render_needs(&project, format));
-        return EXIT_OK;
-    }
     let Some(plan) = plan(&project, &args.select) else {
         return EXIT_INVALID;
     };
+    if args.needs {
+        // The selection, with the scenarios it needs (which the plan pulls in).
+        let names: Vec<String> = plan
+            .scenarios
+            .iter()
+            .map(|s| format!("{}/{}", s.suite, s.scenario.id.value))
+            .collect();
+        let edges: Vec<(usize, usize)> = plan
+            .scenarios
+            .iter()
+            .enumerate()
+            .flat_map(|(i, s)| s.needs.iter().map(move |&n| (n, i)))
+            .collect();
+        console::out_text(&trellis_dsl::graph::render_needs_of(&names, &edges, format));
+        return EXIT_OK;
+    }
     let scenarios = plan
         .scenarios
         .iter()

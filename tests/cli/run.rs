@@ -294,6 +294,16 @@ async fn list_and_graph_describe_the_trajectories() {
         1,
         "book-and-cancel needs price-first"
     );
+    // The selection applies, with what it needs pulled in as a run would.
+    let o = trellis()
+        .args(["graph", "suites/", "--needs", "--filter", "book-and-cancel"])
+        .output()
+        .await
+        .unwrap();
+    let dot = stdout(&o);
+    assert_eq!(dot.matches("[label=").count(), 2, "{dot}");
+    assert!(dot.contains("booking/price-first"), "{dot}");
+    assert_eq!(dot.matches(" -> ").count(), 1, "{dot}");
 }
 
 #[tokio::test]
