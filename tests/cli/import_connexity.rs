@@ -120,6 +120,37 @@ async fn a_single_file_goes_to_standard_output_with_its_agent() {
     }
 }
 
+#[tokio::test]
+async fn a_case_that_is_not_an_object_loses_only_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("cases.json");
+    std::fs::write(
+        &file,
+        r#"[{"name": "A"}, {"name": "B"}, "oops", {"name": "C"}]"#,
+    )
+    .unwrap();
+    let o = import(&[file.to_str().unwrap()]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("test case 3 is a string, not an object (not imported)"),
+        "{}",
+        stderr(&o)
+    );
+    let text = stdout(&o);
+    for id in ["\"a\"", "\"b\"", "\"c\""] {
+        assert!(text.contains(&format!("scenario {id}")), "{text}");
+    }
+    // Nothing left to import is still an error.
+    std::fs::write(&file, r#"["oops", 2]"#).unwrap();
+    let o = import(&[file.to_str().unwrap()]).await;
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("no test case that is an object"),
+        "{}",
+        stderr(&o)
+    );
+}
+
 /// The reference-shaped case (agent speaks first, persona_context, outcome statements,
 /// expected tool calls with case-insensitive params) runs against the builtin booking agent:
 /// the fake LLM plays the caller and judges the outcomes.

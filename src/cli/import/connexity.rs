@@ -132,12 +132,15 @@ impl CaseFile {
         let many = cases.len() > 1;
         let mut ids: Vec<String> = Vec::with_capacity(cases.len());
         for (index, case) in cases.into_iter().enumerate() {
+            // One case that is not an object loses only itself: the file's other cases
+            // are still imported.
             let Value::Object(map) = case else {
-                return Err(format!(
-                    "test case {} is {}, not an object",
+                file.unmapped.push(format!(
+                    "test case {} is {}, not an object (not imported)",
                     index + 1,
                     json_kind(&case)
                 ));
+                continue;
             };
             let mut case = Case::from_map(map, stem, index, many, &mut file.unmapped);
             // Scenario ids are unique per suite.
@@ -149,6 +152,12 @@ impl CaseFile {
             }
             ids.push(case.id.clone());
             file.cases.push(case);
+        }
+        if file.cases.is_empty() {
+            return Err(format!(
+                "the file holds no test case that is an object: {}",
+                file.unmapped.join("; ")
+            ));
         }
         Ok(file)
     }
