@@ -42,7 +42,8 @@ async fn check_and_run(suite: &Path, out: &Path) -> String {
 async fn imported_from_the_agents_url_the_suite_passes_against_it() {
     let agent = numbers().await;
     let dir = tempfile::tempdir().unwrap();
-    let suite = dir.path().join("numbers.kdl");
+    // README's example writes into a `suites/` that need not exist yet.
+    let suite = dir.path().join("suites").join("numbers.kdl");
     let o = import(&[
         &agent.url(),
         "--out",

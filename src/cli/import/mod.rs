@@ -75,7 +75,11 @@ pub fn json_kind(value: &serde_json::Value) -> &'static str {
     }
 }
 
+/// [`write_text`], with the directories `path` is in created first.
 pub fn write_file(path: &Path, text: &str, replace: bool) -> Result<(), String> {
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
+    }
     write_text(path, text, replace).map_err(|e| format!("{}: {e}", path.display()))
 }
 

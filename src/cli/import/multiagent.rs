@@ -571,9 +571,6 @@ pub(super) fn write_checked(
     replace: bool,
     check: bool,
 ) -> Result<(), String> {
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent).map_err(|e| format!("{}: {e}", parent.display()))?;
-    }
     write_file(path, text, replace)?;
     if check
         && let Err(diagnostics) =
