@@ -420,3 +420,36 @@ async fn positions_number_keywords_and_braces_are_carried_over_or_reported() {
     let o = check(&out).await;
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
 }
+
+/// A scenario file whose text is over what one suite node may hold is reported as such, not
+/// as an importer bug, and nothing unloadable is written.
+#[tokio::test]
+async fn a_scenario_too_big_for_a_suite_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("doc.json");
+    let text = format!("Summarise: {}", "lorem ipsum ".repeat(100_000));
+    std::fs::write(
+        &source,
+        json!({
+            "aes_version": 1.4,
+            "metadata": {"id": "doc"},
+            "workflow": {"nodes": [{"id": "a", "task_description": text}]}
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let out = dir.path().join("doc.kdl");
+    for extra in [&[][..], &["--no-check"][..]] {
+        let mut args = vec![source.to_str().unwrap(), "--out", out.to_str().unwrap()];
+        args.extend(extra);
+        let o = import(&args).await;
+        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+        let err = stderr(&o);
+        assert!(
+            err.contains("over the 1024 KiB one top-level node"),
+            "{err}"
+        );
+        assert!(!err.contains("internal"), "{err}");
+        assert!(!out.exists());
+    }
+}

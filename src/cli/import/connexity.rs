@@ -28,7 +28,7 @@ use serde_json::{Map, Value};
 
 use super::super::console::{count, errln};
 use super::super::{EXIT_FAILED, EXIT_INVALID, EXIT_OK};
-use super::multiagent::{check_text, collect_json, write_checked};
+use super::multiagent::{check_text, collect_json, fits, write_checked};
 use super::{AGENTS_FILE, comment, is_simple_id, json_kind, kdl_string, literal_template};
 
 /// The agent id used when none is given.
@@ -913,12 +913,14 @@ pub fn import_connexity(args: &ConnexityImportArgs) -> u8 {
                 );
                 vec![match &args.out {
                     Some(out) => write_checked(out, &text, args.replace, !args.no_check),
-                    None => check_text(&text)
-                        .map_err(|e| {
-                            format!(
-                                "internal: the suite written for it does not check; please \
-                                 report:\n{e}"
-                            )
+                    None => fits(&text)
+                        .and_then(|()| {
+                            check_text(&text).map_err(|e| {
+                                format!(
+                                    "internal: the suite written for it does not check; \
+                                     please report:\n{e}"
+                                )
+                            })
                         })
                         .and_then(|()| {
                             std::io::stdout()

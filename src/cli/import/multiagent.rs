@@ -326,7 +326,7 @@ pub fn import_multiagent(args: &MultiAgentImportArgs) -> u8 {
         .map_or_else(|| "standard output".to_owned(), |p| p.display().to_string());
     if imported == 0 {
         errln!(
-            "nothing imported: none of {} could be read{}",
+            "nothing imported: none of {} could be imported{}",
             count(jobs.len() as u64, "file", "files"),
             if args.out.is_some() {
                 format!("; nothing was written to {target}")
@@ -549,9 +549,13 @@ fn write_single(
     });
     let result = match &args.out {
         Some(out) => write_checked(out, &text, args.replace, !args.no_check),
-        None => check_text(&text)
-            .map_err(|e| {
-                format!("internal: the suite written for it does not check; please report:\n{e}")
+        None => fits(&text)
+            .and_then(|()| {
+                check_text(&text).map_err(|e| {
+                    format!(
+                        "internal: the suite written for it does not check; please report:\n{e}"
+                    )
+                })
             })
             .and_then(|()| {
                 std::io::stdout()
@@ -571,6 +575,7 @@ pub(super) fn write_checked(
     replace: bool,
     check: bool,
 ) -> Result<(), String> {
+    fits(text)?;
     write_file(path, text, replace)?;
     if check
         && let Err(diagnostics) =
@@ -584,6 +589,43 @@ pub(super) fn write_checked(
         ));
     }
     Ok(())
+}
+
+/// Whether every top-level node of `text` (as the importers write it: a node starts on a
+/// line of its own at column 0) is within the size the suite loader parses
+/// (`trellis_dsl::depth::MAX_NODE_SIZE`, docs/language.md "Limits"). A scenario holding a
+/// whole document in its text is bigger, and no suite could load it.
+pub(super) fn fits(text: &str) -> Result<(), String> {
+    let limit = trellis_dsl::depth::MAX_NODE_SIZE;
+    let mut node: Option<(&str, usize)> = None;
+    let check = |node: Option<(&str, usize)>| match node {
+        Some((head, size)) if size > limit => Err(format!(
+            "`{}` would be {} KiB of KDL, over the {} KiB one top-level node of a suite may \
+             hold (docs/language.md, \"Limits\"): its text is too long to import",
+            head.chars()
+                .take(60)
+                .collect::<String>()
+                .trim_end_matches(" {"),
+            size.div_ceil(1024),
+            limit / 1024
+        )),
+        _ => Ok(()),
+    };
+    for line in text.split_inclusive('\n') {
+        let starts_node = line
+            .chars()
+            .next()
+            .is_some_and(|c| !c.is_whitespace() && c != '}')
+            && !line.starts_with("//");
+        if starts_node {
+            check(node.take())?;
+            node = Some((line.trim_end(), 0));
+        }
+        if let Some((_, size)) = &mut node {
+            *size += line.len();
+        }
+    }
+    check(node)
 }
 
 /// Checks KDL that is not written to a file (standard output, the agents alone) through a
