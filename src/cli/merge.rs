@@ -332,7 +332,15 @@ fn merge_inner(args: &MergeArgs) -> Result<u8, MergeError> {
         ..RunSummary::default()
     };
     for shard in &shards {
-        replay(shard, &mut agents_seen, &mut totals, &mut push)?;
+        // Turn times count from the shard's own start: moved to count from the merged
+        // run's, which is the earliest shard's.
+        let offset_ms = shard
+            .started
+            .as_ref()
+            .and_then(|i| humantime::parse_rfc3339_weak(&i.started_at).ok())
+            .and_then(|at| at.duration_since(started).ok())
+            .map_or(0.0, |d| d.as_secs_f64() * 1000.0);
+        replay(shard, offset_ms, &mut agents_seen, &mut totals, &mut push)?;
     }
     let summary = (!partial).then(|| finished(totals, &shards));
     if let Some(summary) = &summary {
@@ -834,9 +842,11 @@ fn say_missing(
 }
 
 /// Second pass: a shard's entries into the merged run (its own start and end left out,
-/// an agent's setup recorded once).
+/// an agent's setup recorded once, its turns' start times moved by `offset_ms`, how much
+/// later than the merged run it started).
 fn replay(
     shard: &ShardDir,
+    offset_ms: f64,
     agents_seen: &mut HashSet<String>,
     totals: &mut RunSummary,
     push: &mut impl FnMut(&Event),
@@ -859,7 +869,15 @@ fn replay(
                 // Every turn the engine takes is recorded on a node, replays included: the
                 // count its summary gives.
                 totals.turns += node.turns.len() as u64;
-                push(&entry);
+                if offset_ms > 0.0 {
+                    let mut node = node.clone();
+                    for turn in &mut node.turns {
+                        std::sync::Arc::make_mut(turn).started_ms += offset_ms;
+                    }
+                    push(&JournalEntry::Node(node));
+                } else {
+                    push(&entry);
+                }
             }
             JournalEntry::Trajectory(t) => {
                 totals.trajectories += 1;

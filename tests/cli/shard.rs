@@ -779,6 +779,36 @@ async fn shards_split_by_scenario_with_needs_together_and_empty_shards_still_mer
         results(&tmp.path().join("merged")),
         results(&tmp.path().join("whole"))
     );
+    // The shards ran one after the other, and the merged run's clock says so: a turn's
+    // `started_ms` counts from the merged run's start, not from its shard's.
+    let turns = read_parquet(&tmp.path().join("merged/turns.parquet"));
+    let scenarios = strings(&turns, "scenario");
+    let column = |name: &str| -> Vec<f64> {
+        turns
+            .column(name)
+            .unwrap()
+            .f64()
+            .unwrap()
+            .iter()
+            .map(Option::unwrap)
+            .collect()
+    };
+    let (started, latency) = (column("started_ms"), column("latency_ms"));
+    let span = |scenario: &str| {
+        let rows = || (0..started.len()).filter(|&i| scenarios[i].as_deref() == Some(scenario));
+        let first = rows().map(|i| started[i]).fold(f64::INFINITY, f64::min);
+        let last = rows().map(|i| started[i] + latency[i]).fold(0.0, f64::max);
+        (first, last)
+    };
+    let (earlier, later) = if shard_of("one") < shard_of("three") {
+        (span("one"), span("three"))
+    } else {
+        (span("three"), span("one"))
+    };
+    assert!(
+        later.0 > earlier.1,
+        "the later shard's turns start after the earlier shard's end: {earlier:?} {later:?}"
+    );
 
     // Merging twice into one directory is refused unless --replace, as for runs.
     let twice = trellis()
