@@ -78,6 +78,9 @@ pub enum Kind {
     /// does not declare but is a typo away from one it does (`no-tool "aply_refund"` would
     /// pass whatever the agent does).
     UnknownTool,
+    /// A warning of `trellis check`: the same check written twice for the same turn (or
+    /// twice for the whole trajectory), whose two results could not be told apart.
+    DuplicateCheck,
     /// Nothing to load: a directory without `.kdl` files, or a file with no nodes at all.
     NoSuite,
 }
@@ -116,6 +119,7 @@ impl Kind {
             Kind::NoChecks => "trellis::no_checks",
             Kind::UnsetEnv => "trellis::unset_env",
             Kind::UnknownTool => "trellis::unknown_tool",
+            Kind::DuplicateCheck => "trellis::duplicate_check",
             Kind::NoSuite => "trellis::no_suite",
         }
     }
@@ -153,9 +157,11 @@ impl Diagnostic {
             related: Vec::new(),
             severity: match kind {
                 Kind::Note => Severity::Advice,
-                Kind::NotRunnable | Kind::NoChecks | Kind::UnsetEnv | Kind::UnknownTool => {
-                    Severity::Warning
-                }
+                Kind::NotRunnable
+                | Kind::NoChecks
+                | Kind::UnsetEnv
+                | Kind::UnknownTool
+                | Kind::DuplicateCheck => Severity::Warning,
                 _ => Severity::Error,
             },
         }

@@ -116,6 +116,75 @@ pub(crate) fn validate_reading_env(
     (v.diags, v.env_reads)
 }
 
+/// Warns of a check written twice where it is evaluated once: in the `expect`s of one turn,
+/// or among the trajectory's own checks (`criteria { }`, `expect-tool`). A run records both
+/// with the same turn and text, so nothing tells their results apart (criteria.parquet's key
+/// is the turn and the check's text) and a join on them doubles rows.
+fn duplicate_checks(sc: &Scenario, files: &[SourceFile], out: &mut Vec<Diagnostic>) {
+    fn warn<'s>(
+        seen: &mut HashMap<&'s str, Span>,
+        c: &'s Criterion,
+        files: &[SourceFile],
+        out: &mut Vec<Diagnostic>,
+    ) {
+        if let Some(first) = seen.get(c.text.as_str()) {
+            out.push(
+                Diagnostic::at_span(
+                    Kind::DuplicateCheck,
+                    format!("`{}` is checked twice at the same place", c.text),
+                    files,
+                    c.span,
+                    "written again here",
+                )
+                .with_related(Diagnostic::at_span(
+                    Kind::Note,
+                    "first written here".to_owned(),
+                    files,
+                    *first,
+                    "first",
+                ))
+                .with_help(
+                    "both results are recorded with the same turn and text, so nothing tells \
+                     them apart; remove one",
+                ),
+            );
+        } else {
+            seen.insert(&c.text, c.span);
+        }
+    }
+    fn along<'s>(
+        steps: &'s [Step],
+        mut seen: HashMap<&'s str, Span>,
+        files: &[SourceFile],
+        out: &mut Vec<Diagnostic>,
+    ) {
+        for step in steps {
+            match &step.kind {
+                StepKind::Expect(criteria) => {
+                    for c in criteria {
+                        warn(&mut seen, c, files, out);
+                    }
+                }
+                StepKind::Capture { .. } => {}
+                // Each branch goes on from the same turn.
+                StepKind::Fork(branches) => {
+                    for b in branches {
+                        along(&b.steps, seen.clone(), files, out);
+                    }
+                    return;
+                }
+                // A new turn.
+                _ => seen.clear(),
+            }
+        }
+    }
+    let mut whole = HashMap::new();
+    for c in sc.criteria.iter().chain(&sc.expect_tools) {
+        warn(&mut whole, c, files, out);
+    }
+    along(&sc.steps, HashMap::new(), files, out);
+}
+
 /// What `trellis check` warns about in a valid project: scenarios that check nothing (their
 /// trajectories are recorded as skipped, not passed) and `env` variables a template reads
 /// that `is_set` says are unset (rendering fails at run time). One warning per variable, at
@@ -130,6 +199,9 @@ pub fn warnings(project: &Project, is_set: impl Fn(&str) -> bool) -> Vec<Diagnos
             .instance
             .as_ref()
             .is_none_or(|i| warned.insert((sc.id.span, i.base.as_str())));
+        if first_instance {
+            duplicate_checks(sc, files, &mut out);
+        }
         if first_instance && !checks_something(sc) {
             let shown = match &sc.instance {
                 Some(i) => format!("{} (every instance)", i.base),

@@ -914,6 +914,53 @@ scenario "s" {
     assert!(!stderr(&o).contains("unknown_tool"), "{}", stderr(&o));
 }
 
+/// A check written twice for one turn (or twice for the whole trajectory) is a warning: its
+/// two results would be recorded alike. The same check on another turn, or in each branch
+/// after a fork, is not.
+#[tokio::test]
+async fn a_check_written_twice_for_one_turn_is_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("s.kdl");
+    std::fs::write(
+        &suite,
+        r#"agent "demo" protocol="connexity" builtin="booking"
+scenario "d" {
+    user "Hi"
+    expect {
+        reply contains="postal"
+        reply contains="postal"
+    }
+    user "again"
+    expect reply contains="postal"
+    branch "a" {
+        expect no-error
+    }
+    branch "b" {
+        expect no-error
+    }
+    criteria {
+        tool "x"
+        tool "x"
+    }
+}
+"#,
+    )
+    .unwrap();
+    let o = trellis().arg("check").arg(&suite).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let said = stderr(&o);
+    assert_eq!(
+        said.matches("trellis::duplicate_check").count(),
+        2,
+        "{said}"
+    );
+    assert!(
+        said.contains("[s.kdl:6:9]") || said.contains("s.kdl:6:9"),
+        "{said}"
+    );
+    assert!(said.contains("s.kdl:18:9"), "{said}");
+}
+
 /// KDL v1's forms (bare `false`/`null`, `r"…"` raw strings) say how v2 writes them, not
 /// only that an identifier was expected.
 #[tokio::test]
