@@ -522,6 +522,7 @@ impl LineTransport {
         let describe = self.describe();
         let limit = self.limits.max_line;
         let mut out = Vec::new();
+        let mut stdout_closed = false;
         let run = async {
             // An agent that exits without reading its input closes the pipe: what it
             // printed still decides, so a failed write is not the end. Dropping stdin
@@ -533,6 +534,7 @@ impl LineTransport {
                 .take(limit.saturating_add(1))
                 .read_to_end(&mut out)
                 .await;
+            stdout_closed = true;
             if out.len() as u64 > limit {
                 return (read, None);
             }
@@ -543,8 +545,32 @@ impl LineTransport {
             (read, Some(status))
         };
         let Ok((read, status)) = tokio::time::timeout(timeout, run).await else {
+            // An agent that printed its answer but did not end is told apart from one that
+            // never answered: the fix is in how it exits, not in how fast it thinks.
+            let exited = child.try_wait().ok().flatten();
             let _ = kill_group(&mut child).await;
             let mut fault = self.timed_out(timeout);
+            if !out.is_empty() {
+                let printed = format!("{describe} printed {} bytes", out.len());
+                fault.message = match (stdout_closed, exited) {
+                    (_, Some(status)) => format!(
+                        "{printed} and exited ({status}), but a process it started still held \
+                         its stdout open {}ms later: a per-call agent's answer ends when its \
+                         stdout closes",
+                        timeout.as_millis()
+                    ),
+                    (true, None) => format!(
+                        "{printed} and closed its stdout, but had not exited {}ms later: a \
+                         per-call agent exits once it has answered",
+                        timeout.as_millis()
+                    ),
+                    (false, None) => format!(
+                        "{printed}, but neither closed its stdout nor exited within {}ms: a \
+                         per-call agent exits once it has answered",
+                        timeout.as_millis()
+                    ),
+                };
+            }
             append_log(&mut fault, &stderr.take_new());
             return Err(fault);
         };

@@ -107,6 +107,43 @@ async fn a_process_per_call_has_all_of_its_stderr_in_the_log() {
     }
 }
 
+/// A per-call agent that printed its answer and then did not end is told apart from one
+/// that never answered: how it fails to end says what to fix.
+#[tokio::test]
+async fn a_per_call_process_that_answers_but_does_not_end_says_so() {
+    let call_briefly = |agent: LineTransport| async move {
+        agent
+            .call(b"{}", Duration::from_millis(600))
+            .await
+            .map(|r| text(&r).to_owned())
+    };
+    for (command, said) in [
+        (
+            r#"cat >/dev/null; echo '{"ok":true}'; sleep 30"#,
+            "printed 12 bytes, but neither closed its stdout nor exited",
+        ),
+        (
+            r#"cat >/dev/null; echo '{"ok":true}'; exec 1>&-; sleep 30"#,
+            "printed 12 bytes and closed its stdout, but had not exited",
+        ),
+        (
+            r#"cat >/dev/null; echo '{"ok":true}'; sleep 30 & exit 0"#,
+            "printed 12 bytes and exited (exit status: 0), but a process it started",
+        ),
+        ("cat >/dev/null; sleep 30", "no answer within 600ms"),
+    ] {
+        let result = call_briefly(process(command, ProcessMode::PerCall)).await;
+        let message = match result {
+            Err(fault) => {
+                assert_eq!(fault.category, FaultCategory::Timeout, "{fault:?}");
+                fault.message
+            }
+            Ok(reply) => panic!("{command}: expected a timeout, got {reply:?}"),
+        };
+        assert!(message.contains(said), "{command}: {message}");
+    }
+}
+
 #[tokio::test]
 async fn a_crashing_process_is_a_fault_with_its_stderr() {
     let per_call = process("echo 'Traceback: boom' >&2; exit 3", ProcessMode::PerCall);
