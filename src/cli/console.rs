@@ -1172,6 +1172,22 @@ pub fn table(header: &[&str]) -> Table {
         .load_preset(UTF8_FULL_CONDENSED)
         .set_content_arrangement(ContentArrangement::Dynamic)
         .set_header(header.to_vec());
+    // A pseudo-terminal that reports no size (`script`, some CI runners) reads as 0 columns,
+    // which would wrap every cell to one character: `COLUMNS` then, else full rows.
+    if table.width().is_some_and(|w| w < 20) {
+        match std::env::var("COLUMNS")
+            .ok()
+            .and_then(|c| c.trim().parse::<u16>().ok())
+            .filter(|&c| c >= 20)
+        {
+            Some(columns) => {
+                table.set_width(columns);
+            }
+            None => {
+                table.set_content_arrangement(ContentArrangement::Disabled);
+            }
+        }
+    }
     // comfy-table colours only on a terminal of its own judging; the colour decision is
     // ours (`NO_COLOR`, `CLICOLOR_FORCE`), and cells only get colours when it says yes.
     if stdout_colour() {

@@ -961,3 +961,73 @@ async fn a_journal_holding_two_runs_is_refused_by_report() {
     assert!(!joined.join("trajectories.parquet").exists());
     assert_no_partial_files(&joined);
 }
+
+/// A pseudo-terminal that reports no size (`script`, some CI runners) gets full rows, not
+/// cells wrapped to one character; `COLUMNS` gives the width when set.
+#[tokio::test]
+async fn a_terminal_without_a_size_gets_readable_tables() {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let dir = tempfile::tempdir().unwrap();
+    for columns in [None, Some("100")] {
+        let (mut master, mut slave) = (0, 0);
+        // SAFETY: openpty writes two new descriptors into the given ints; the name,
+        // termios and window size pointers may be null (a 0x0 window).
+        let opened = unsafe {
+            libc::openpty(
+                &mut master,
+                &mut slave,
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(opened, 0, "openpty");
+        // SAFETY: both were just opened by openpty and are owned here alone.
+        let (master, slave) =
+            unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+        let mut cmd = trellis();
+        cmd.args(["run", "suites/booking.kdl", "--replace", "--out"])
+            .arg(dir.path().join("out"))
+            .env_remove("COLUMNS")
+            .stdout(Stdio::from(slave))
+            .stderr(Stdio::null());
+        if let Some(columns) = columns {
+            cmd.env("COLUMNS", columns);
+        }
+        let mut child = cmd.spawn().unwrap();
+        // The command holds its copy of the slave end until dropped: the reads below end
+        // only once no slave end is left open.
+        drop(cmd);
+        // Drain the terminal while the run writes (the child holds the only slave end).
+        let reader = std::thread::spawn(move || {
+            use std::io::Read as _;
+            let mut file = std::fs::File::from(master);
+            let mut out = Vec::new();
+            let mut buf = [0u8; 4096];
+            // Linux ends a pty's reads with EIO once the last slave end is closed.
+            while let Ok(n) = file.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                out.extend_from_slice(&buf[..n]);
+            }
+            String::from_utf8_lossy(&out).into_owned()
+        });
+        let status = wait(&mut child, Duration::from_secs(60)).await;
+        assert_eq!(
+            status.code(),
+            Some(1),
+            "one branch of booking fails on purpose"
+        );
+        let out = reader.join().unwrap();
+        let row = |words: &[&str]| out.lines().any(|l| words.iter().all(|w| l.contains(w)));
+        assert!(
+            row(&["suite", "scenario", "pass rate"]),
+            "the header on one line: {columns:?}: {out}"
+        );
+        assert!(
+            row(&["booking", "book-duct-cleaning"]),
+            "a row on one line: {columns:?}: {out}"
+        );
+    }
+}
