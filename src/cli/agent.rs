@@ -30,8 +30,8 @@ use super::{EXIT_FAILED, EXIT_INVALID, EXIT_OK, console};
 #[command(group = clap::ArgGroup::new("mode").multiple(false))]
 pub struct AgentArgs {
     /// The builtin agent: booking (connexity), weather (agentscope), numbers (fixie),
-    /// support (multiagent), travel (a2a), langserve (http), clerk (openai), concierge
-    /// (anthropic).
+    /// support (multiagent), travel (a2a), langserve (http), forecast (http, with
+    /// OpenTelemetry spans), clerk (openai), concierge (anthropic).
     name: String,
     /// Serve newline-delimited JSON on stdin/stdout, one request per line (support only).
     #[arg(long, group = "mode")]

@@ -49,7 +49,8 @@
       if (!sec.hidden) { sectionsShown++; }
     });
     if (shown) { shown.textContent = count + ' of ' + runs.length + ' shown'; }
-    if (none) { none.hidden = sectionsShown > 0; }
+    // A run with no trajectory says so already; "nothing matches" is for a filter.
+    if (none) { none.hidden = sectionsShown > 0 || sections.length === 0; }
   }
 
   statusButtons.forEach(function (b) {
