@@ -697,12 +697,24 @@ fn check(args: &PathArgs) -> u8 {
         console::count(project.agents.len() as u64, "agent", "agents")
     );
     if counts.skipped_trajectories > 0 || counts.skipped_checks > 0 {
+        // Checks of the trajectories that cannot run are not counted again.
+        let mut parts = Vec::new();
+        if counts.skipped_trajectories > 0 {
+            parts.push(format!(
+                "{} of {} (per agent) cannot run yet",
+                counts.skipped_trajectories,
+                console::count(counts.trajectories, "trajectory run", "trajectory runs"),
+            ));
+        }
+        if counts.skipped_checks > 0 {
+            parts.push(format!(
+                "{} will be skipped",
+                console::count(counts.skipped_checks, "check", "checks")
+            ));
+        }
         console::outln!(
-            "warning: {} of {} (per agent) cannot run yet and {} will be skipped; see the {} \
-             above",
-            counts.skipped_trajectories,
-            console::count(counts.trajectories, "trajectory run", "trajectory runs"),
-            console::count(counts.skipped_checks, "check", "checks"),
+            "warning: {}; see the {} above",
+            parts.join(" and "),
             console::count(warnings.len() as u64, "warning", "warnings")
         );
     }

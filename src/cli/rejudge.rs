@@ -156,7 +156,7 @@ pub fn rejudge(args: RejudgeArgs) -> u8 {
     if let Some(s) = summary {
         outln!(
             "rejudged {} check(s) of {} trajectories ({} changed status{}): {} passed, {} failed, \
-             {} error, {} skipped",
+             {} error, {} skipped{}",
             counts.rejudged,
             s.trajectories,
             counts.changed,
@@ -171,7 +171,12 @@ pub fn rejudge(args: RejudgeArgs) -> u8 {
             s.passed,
             s.failed,
             s.errors,
-            s.skipped
+            s.skipped,
+            if s.invalid > 0 {
+                format!(", {} invalid", s.invalid)
+            } else {
+                String::new()
+            }
         );
     }
     outln!(

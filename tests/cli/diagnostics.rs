@@ -162,6 +162,30 @@ scenario "llm" {
         out.contains("warning: 3 of 6 trajectory runs (per agent) cannot run yet and 2 checks will be skipped"),
         "{out}"
     );
+    // Trajectories that cannot run, and no check of a runnable one skipped: no "0 checks".
+    std::fs::write(
+        dir.path().join("s.kdl"),
+        r#"agent "demo" protocol="connexity" builtin="booking"
+scenario "s" {
+    simulate until-done
+    expect no-error
+}
+"#,
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path())
+        .output()
+        .await
+        .unwrap();
+    let out = stdout(&o);
+    assert!(
+        out.contains(
+            "warning: 1 of 1 trajectory run (per agent) cannot run yet; see the 1 warning above"
+        ),
+        "{out}"
+    );
 }
 
 /// A `ttft` check against an agent that never streams can only be skipped: `check` says so
