@@ -19,9 +19,12 @@ use super::{EXIT_FAILED, EXIT_INVALID, EXIT_OK};
 
 #[derive(clap::Args, Debug)]
 pub struct FreezeArgs {
-    /// The recorded run: a directory holding journal.jsonl.
+    /// The recorded run: a run directory, or a run id (or a unique prefix) or a name in
+    /// --dir.
     #[arg(add = clap_complete::ArgValueCompleter::new(super::complete::run_dirs))]
-    run_dir: PathBuf,
+    run: String,
+    #[command(flatten)]
+    runs: super::history::RunsDir,
     /// The path to freeze: its trajectory name (`main~a1-2~a2-1`, as the console's ATTACK
     /// summary and trajectories.parquet name it), or SCENARIO/NAME when several scenarios
     /// have one of that name.
@@ -38,11 +41,15 @@ pub struct FreezeArgs {
 }
 
 pub fn freeze(args: FreezeArgs) -> u8 {
-    let path = args.run_dir.join(JOURNAL_FILE);
+    let run_dir = match super::history::run_dir(&args.runs.dir, &args.run) {
+        Ok(dir) => dir,
+        Err(code) => return code,
+    };
+    let path = run_dir.join(JOURNAL_FILE);
     if !path.is_file() {
         errln!(
             "error: {} is not a run directory (it has no {JOURNAL_FILE})",
-            args.run_dir.display()
+            run_dir.display()
         );
         return EXIT_INVALID;
     }
@@ -99,7 +106,7 @@ pub fn freeze(args: FreezeArgs) -> u8 {
         if let (Some(agent), false) = (&args.agent, agents.is_empty()) {
             errln!(
                 "error: {} has `{}` only for agent {}, not for `{agent}`",
-                args.run_dir.display(),
+                run_dir.display(),
                 args.trajectory,
                 agents
                     .iter()
@@ -111,7 +118,7 @@ pub fn freeze(args: FreezeArgs) -> u8 {
         }
         errln!(
             "error: {} has no trajectory `{}`",
-            args.run_dir.display(),
+            run_dir.display(),
             args.trajectory
         );
         let close: Vec<&String> = names
@@ -179,7 +186,7 @@ pub fn freeze(args: FreezeArgs) -> u8 {
     let _ = writeln!(
         text,
         "// Frozen by `trellis freeze` from {} trajectory {}/{} [{} #{}]:",
-        args.run_dir.display(),
+        run_dir.display(),
         t.scenario,
         t.trajectory,
         t.agent,

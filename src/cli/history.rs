@@ -158,6 +158,16 @@ pub fn resolve(runs_dir: &Path, what: &str) -> Result<RunEntry, u8> {
     history::resolve_run(runs_dir, what).map_err(report_error)
 }
 
+/// A run named as a directory (taken as it is, whatever it holds: the command says what it
+/// lacks) or, when no such directory exists, as a run id, prefix or name in `runs_dir`.
+/// `Err` is the exit code of a refusal, already said.
+pub fn run_dir(runs_dir: &Path, what: &str) -> Result<PathBuf, u8> {
+    if Path::new(what).is_dir() {
+        return Ok(PathBuf::from(what));
+    }
+    resolve(runs_dir, what).map(|entry| entry.dir)
+}
+
 fn report_error(e: HistoryError) -> u8 {
     errln!("{:?}", miette::Report::new(e));
     EXIT_INVALID

@@ -18,9 +18,12 @@ use super::{EXIT_FAILED, EXIT_INCOMPLETE, EXIT_INVALID, EXIT_OK, LlmCacheMode};
 
 #[derive(Debug, Args)]
 pub struct RejudgeArgs {
-    /// The recorded run: a directory holding its journal.
+    /// The recorded run: a run directory, or a run id (or a unique prefix) or a name in
+    /// --dir.
     #[arg(add = clap_complete::ArgValueCompleter::new(super::complete::run_dirs))]
-    run_dir: PathBuf,
+    run: String,
+    #[command(flatten)]
+    runs: super::history::RunsDir,
     /// The suites whose judges, panels and providers score the checks now (the scenarios'
     /// checks are found by their text).
     #[arg(required = true)]
@@ -40,20 +43,24 @@ pub struct RejudgeArgs {
 }
 
 pub fn rejudge(args: RejudgeArgs) -> u8 {
+    let run_dir = match super::history::run_dir(&args.runs.dir, &args.run) {
+        Ok(dir) => dir,
+        Err(code) => return code,
+    };
     // A shard's transcripts are part of a plan: re-scored alone they would enter the
     // history as a whole run.
-    if trellis_reports::history::is_shard_run(&args.run_dir) {
+    if trellis_reports::history::is_shard_run(&run_dir) {
         errln!(
             "error: {} holds one shard of a run; merge the shards first (`trellis merge \
              SHARD_DIR… --out DIR`) and rejudge the merged run",
-            args.run_dir.display()
+            run_dir.display()
         );
         return EXIT_INVALID;
     }
     let Some(project) = super::load(&args.paths) else {
         return EXIT_INVALID;
     };
-    let entries: Vec<_> = match journal::read(&journal::path_in(&args.run_dir)) {
+    let entries: Vec<_> = match journal::read(&journal::path_in(&run_dir)) {
         Ok(entries) => entries.collect(),
         Err(e) => {
             errln!("error: {e}: {}", super::recorder::source(&e));
@@ -119,7 +126,7 @@ pub fn rejudge(args: RejudgeArgs) -> u8 {
     let (entries, counts) = match result {
         Ok(Ok(r)) => r,
         Ok(Err(e)) => {
-            errln!("error: {}: {e}", args.run_dir.display());
+            errln!("error: {}: {e}", run_dir.display());
             return EXIT_INVALID;
         }
         Err(signal) => {
@@ -182,7 +189,7 @@ pub fn rejudge(args: RejudgeArgs) -> u8 {
     outln!(
         "results: {} (rejudged from {})",
         out.display(),
-        args.run_dir.display()
+        run_dir.display()
     );
     if !problems.is_empty() {
         errln!("error: results are incomplete:");

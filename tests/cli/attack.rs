@@ -234,6 +234,16 @@ async fn attack_search_finds_the_two_step_approach_and_freezes_it_into_a_regress
         .await
         .unwrap();
     assert_eq!(again.status.code(), Some(1), "{}", stderr(&again));
+    // The run named by its directory in a runs directory, as `compare` and `variance` take it.
+    let by_name = trellis()
+        .args(["freeze", "--dir"])
+        .arg(dir.path())
+        .args(["attack", "main~a1-2~a2-2"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(by_name.status.code(), Some(0), "{}", stderr(&by_name));
+    assert!(stdout(&by_name).contains("    agent \"vault\""));
     // A typo names the paths there are.
     let typo = trellis()
         .arg("freeze")
