@@ -809,7 +809,12 @@ pub(crate) fn status_fault(status: StatusCode, body: &[u8]) -> Fault {
     } else {
         FaultCategory::Protocol
     };
-    let mut message = format!("HTTP {status}");
+    // Statuses the HTTP registry does not name, which model providers send.
+    let mut message = match (status.canonical_reason(), status.as_u16()) {
+        (Some(_), _) => format!("HTTP {status}"),
+        (None, 529) => "HTTP 529 (overloaded)".to_owned(),
+        (None, code) => format!("HTTP {code}"),
+    };
     if !status.is_client_error() && !status.is_server_error() {
         message.insert_str(0, "unexpected status ");
     }
@@ -1252,5 +1257,23 @@ mod rate_limit_tests {
         assert_eq!(answers, MAX_RATE_LIMIT_ANSWERS);
         assert!(total <= MAX_RATE_LIMIT_WAIT);
         assert!(waits.gave_up().message.contains("429"));
+    }
+}
+
+#[cfg(test)]
+mod status_tests {
+    use super::*;
+
+    #[test]
+    fn a_status_the_registry_does_not_name_reads_as_its_number() {
+        let message = |code: u16| {
+            status_fault(StatusCode::from_u16(code).unwrap(), b"{\"type\":\"error\"}").message
+        };
+        assert_eq!(message(529), "HTTP 529 (overloaded): {\"type\":\"error\"}");
+        assert_eq!(message(599), "HTTP 599: {\"type\":\"error\"}");
+        assert_eq!(
+            message(503),
+            "HTTP 503 Service Unavailable: {\"type\":\"error\"}"
+        );
     }
 }
