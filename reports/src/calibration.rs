@@ -308,9 +308,42 @@ fn read_checks_file(path: &Path) -> PolarsResult<Vec<CheckRow>> {
 }
 
 fn matches(label: &HumanLabel, row: &CheckRow) -> bool {
+    label.criterion == row.criterion.trim() && matches_but_criterion(label, row)
+}
+
+/// A `judge` label whose check's text differs from the run's only after the statement (a
+/// threshold, judge or rubric tuned since the label was written, then `rejudge`): matched
+/// by the statement, as `rejudge` finds the check.
+fn matches_statement(label: &HumanLabel, row: &CheckRow) -> bool {
+    judge_statement(&label.criterion)
+        .is_some_and(|head| judge_statement(row.criterion.trim()) == Some(head))
+        && matches_but_criterion(label, row)
+}
+
+/// `judge "…"` (or `judge #"…"#`) at the start of a check's text: the check up to the end
+/// of its statement.
+fn judge_statement(text: &str) -> Option<&str> {
+    let rest = text.strip_prefix("judge ")?;
+    let hashes = rest.len() - rest.trim_start_matches('#').len();
+    let body = rest[hashes..].strip_prefix('"')?;
+    let start = text.len() - body.len();
+    let end = if hashes == 0 {
+        let mut escaped = false;
+        body.char_indices().find_map(|(i, c)| {
+            let closes = c == '"' && !escaped;
+            escaped = c == '\\' && !escaped;
+            closes.then_some(i + 1)
+        })?
+    } else {
+        let close = format!("\"{}", "#".repeat(hashes));
+        body.find(&close)? + close.len()
+    };
+    Some(&text[..start + end])
+}
+
+fn matches_but_criterion(label: &HumanLabel, row: &CheckRow) -> bool {
     label.scenario == row.scenario
         && label.trajectory == row.trajectory
-        && label.criterion == row.criterion.trim()
         && label.suite.as_ref().is_none_or(|s| *s == row.suite)
         && label.agent.as_ref().is_none_or(|a| *a == row.agent)
         && label.repetition.is_none_or(|r| r == row.repetition)
@@ -365,12 +398,18 @@ pub fn calibrate(
         why,
     };
     for (index, label) in labels.iter().enumerate() {
-        let hits: Vec<usize> = judged
-            .iter()
-            .enumerate()
-            .filter(|(_, row)| matches(label, row))
-            .map(|(i, _)| i)
-            .collect();
+        let hits_by = |matches: fn(&HumanLabel, &CheckRow) -> bool| -> Vec<usize> {
+            judged
+                .iter()
+                .enumerate()
+                .filter(|(_, row)| matches(label, row))
+                .map(|(i, _)| i)
+                .collect()
+        };
+        let mut hits = hits_by(matches);
+        if hits.is_empty() {
+            hits = hits_by(matches_statement);
+        }
         match hits.as_slice() {
             [] => {
                 let why = match checks.iter().find(|row| matches(label, row)) {
@@ -683,6 +722,38 @@ mod tests {
             label: label.map(str::to_owned),
             ..HumanLabel::default()
         }
+    }
+
+    #[test]
+    fn a_judge_label_matches_its_check_after_the_threshold_changed() {
+        let tuned = |trajectory: &str, criterion: &str| CheckRow {
+            criterion: criterion.into(),
+            ..check(trajectory, "good", "passed", 0.9, "pass")
+        };
+        let checks = vec![
+            tuned("t1", r#"judge "is \"polite\"" threshold=0.95"#),
+            tuned("t2", r##"judge #"is "kind""# judge="strict""##),
+            tuned("t3", r#"judge "is polite, really" threshold=0.95"#),
+        ];
+        let label = |line: usize, trajectory: &str, criterion: &str| HumanLabel {
+            criterion: criterion.into(),
+            ..human(line, trajectory, 1.0, None)
+        };
+        let labels = vec![
+            label(2, "t1", r#"judge "is \"polite\"" threshold=0.8"#),
+            label(3, "t2", r##"judge #"is "kind""#"##),
+            // Another statement: not the check.
+            label(4, "t3", r#"judge "is polite" threshold=0.95"#),
+        ];
+        let c = calibrate("r", "l.csv", &checks, &labels, Floors::default()).unwrap();
+        assert_eq!(c.matched, 2, "{:?}", c.unmatched_labels);
+        assert_eq!(c.unmatched_labels.len(), 1);
+        assert_eq!(c.unmatched_labels[0].line, 4);
+        assert_eq!(judge_statement("judge polite"), None);
+        assert_eq!(
+            judge_statement(r#"judge "a\\" x=1"#),
+            Some(r#"judge "a\\""#)
+        );
     }
 
     #[test]
