@@ -290,6 +290,10 @@ pub fn check_reading_env(
             && let Some(known) = scope.values.get(root)
             && let Some(missing) = missing_below(known, &var)
             && !every_read_guarded(&template.source, &var)
+            // A read through a null is usually guarded by a condition on it (`{% if
+            // user_context.address.street %}`), which renders fine: as for row fields
+            // ([`nested_row_reads`]), a conditional template is not judged.
+            && !(matches!(missing, Missing::Null { .. }) && is_conditional(&template.source))
         {
             let help = match missing {
                 Missing::Null { path } => format!("`{path}` is null"),
@@ -384,7 +388,7 @@ pub fn check_reading_env(
 /// `if` may guard its reads in ways this does not follow, so it is left out.
 pub fn nested_row_reads(template: &Template, files: &[SourceFile]) -> Vec<Spanned<String>> {
     let source = &template.source;
-    if !is_template(source) || source.contains("{%") || source.contains(" if ") {
+    if !is_template(source) || is_conditional(source) {
         return Vec::new();
     }
     let env = Environment::new();
@@ -405,6 +409,12 @@ pub fn nested_row_reads(template: &Template, files: &[SourceFile]) -> Vec<Spanne
             value: var,
         })
         .collect()
+}
+
+/// Whether a template has a condition (`{% … %}` or an inline `… if … else …`), whose
+/// branches a read may be guarded by.
+fn is_conditional(source: &str) -> bool {
+    source.contains("{%") || source.contains(" if ")
 }
 
 /// Where the dotted path `var` (`user_context.address.cty`, `row.customer.name`) leaves what
