@@ -819,18 +819,30 @@ fn graph(args: &GraphArgs) -> u8 {
         return EXIT_INVALID;
     };
     if args.needs {
-        // The selection, with the scenarios it needs (which the plan pulls in).
-        let names: Vec<String> = plan
+        // The selection, with the scenarios it needs (which the plan pulls in), and the
+        // drafts and archived ones it needs, which do not run (so their dependents are
+        // skipped), named as such.
+        let mut names: Vec<String> = plan
             .scenarios
             .iter()
             .map(|s| format!("{}/{}", s.suite, s.scenario.id.value))
             .collect();
-        let edges: Vec<(usize, usize)> = plan
+        let mut edges: Vec<(usize, usize)> = plan
             .scenarios
             .iter()
             .enumerate()
             .flat_map(|(i, s)| s.needs.iter().map(move |&n| (n, i)))
             .collect();
+        for (i, s) in plan.scenarios.iter().enumerate() {
+            for (id, status) in &s.inactive_needs {
+                let name = format!("{id} ({status}, not run)");
+                let n = names.iter().position(|x| *x == name).unwrap_or_else(|| {
+                    names.push(name);
+                    names.len() - 1
+                });
+                edges.push((n, i));
+            }
+        }
         console::out_text(&trellis_dsl::graph::render_needs_of(&names, &edges, format));
         return EXIT_OK;
     }

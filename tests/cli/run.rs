@@ -209,6 +209,17 @@ scenario "main" {
         .await
         .unwrap();
     assert_eq!(o.status.code(), Some(1), "the draft runs, and fails");
+
+    // The needs graph shows the draft the selection needs, and that it does not run.
+    let o = trellis()
+        .args(["graph", "--needs"])
+        .arg(dir.path())
+        .output()
+        .await
+        .unwrap();
+    let dot = stdout(&o);
+    assert!(dot.contains("wip (a draft, not run)"), "{dot}");
+    assert_eq!(dot.matches(" -> ").count(), 1, "{dot}");
 }
 
 /// Under a hard limit on open files too low for `--jobs`, the run lowers `--jobs` to what
