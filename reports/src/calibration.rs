@@ -326,6 +326,10 @@ fn judge_statement(text: &str) -> Option<&str> {
     let rest = text.strip_prefix("judge ")?;
     let hashes = rest.len() - rest.trim_start_matches('#').len();
     let body = rest[hashes..].strip_prefix('"')?;
+    // A multi-line string (`"""`), joined onto one line in the check's text: not read.
+    if body.starts_with("\"\"") {
+        return None;
+    }
     let start = text.len() - body.len();
     let end = if hashes == 0 {
         let mut escaped = false;
@@ -750,6 +754,8 @@ mod tests {
         assert_eq!(c.unmatched_labels.len(), 1);
         assert_eq!(c.unmatched_labels[0].line, 4);
         assert_eq!(judge_statement("judge polite"), None);
+        assert_eq!(judge_statement(r#"judge """ is polite """ x=1"#), None);
+        assert_eq!(judge_statement(r##"judge #""" is polite """# x=1"##), None);
         assert_eq!(
             judge_statement(r#"judge "a\\" x=1"#),
             Some(r#"judge "a\\""#)
