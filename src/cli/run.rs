@@ -877,13 +877,13 @@ pub fn execute_plan(
                 if !silent {
                     errln!("calls still in flight after {}s are abandoned", GRACE.as_secs());
                 }
-                abandon_calls(engine, &abandon).await;
+                abandon_calls(engine, &abandon, &mut signals).await;
             }
             again = signals.next() => {
                 if !silent {
                     errln!("{} again: stopping now", again.name());
                 }
-                abandon_calls(engine, &abandon).await;
+                abandon_calls(engine, &abandon, &mut signals).await;
             }
         }
         Some(first)
@@ -1054,10 +1054,16 @@ fn engine_ended(finished: Result<RunSummary, tokio::task::JoinError>) {
 async fn abandon_calls(
     mut engine: JoinHandle<RunSummary>,
     abandon: &tokio_util::sync::CancellationToken,
+    signals: &mut Signals,
 ) {
     abandon.cancel();
     tokio::select! {
         finished = &mut engine => engine_ended(finished),
+        // One more signal does not wait for the run's end to be recorded.
+        _ = signals.next() => {
+            engine.abort();
+            let _ = engine.await;
+        }
         () = tokio::time::sleep(ABANDON_GRACE) => {
             engine.abort();
             let _ = engine.await;

@@ -346,7 +346,7 @@ async fn a_stop_that_drops_calls_in_flight_still_records_the_runs_end() {
     )
     .unwrap();
     let out = dir.path().join("out");
-    let child = run_in(&suite, &["--jobs", "2", "--out"])
+    let mut child = run_in(&suite, &["--jobs", "2", "--out"])
         .arg(&out)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -359,18 +359,34 @@ async fn a_stop_that_drops_calls_in_flight_still_records_the_runs_end() {
     }
     let pid = i32::try_from(child.id().unwrap()).unwrap();
     // The second SIGTERM drops the call still waiting on the stuck agent at once, as the
-    // end of the grace period would.
-    for _ in 0..2 {
-        // SAFETY: kill(2) on a child process this test spawned and has not reaped yet.
-        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
-        tokio::time::sleep(Duration::from_millis(300)).await;
+    // end of the grace period would. It is sent once the first has been taken (said on
+    // stderr): two sent at once can arrive as one.
+    use tokio::io::AsyncBufReadExt as _;
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut said = String::new();
+    // SAFETY: kill(2) on a child process this test spawned and has not reaped yet.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    while !said.contains("stopping:") {
+        let line = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .expect("the stop is said")
+            .unwrap()
+            .expect("stderr open until the stop is said");
+        said.push_str(&line);
+        said.push('\n');
+    }
+    // SAFETY: as above; the child has not exited (it waits for its stuck call).
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    while let Some(line) = lines.next_line().await.unwrap() {
+        said.push_str(&line);
+        said.push('\n');
     }
     let o = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
         .await
         .expect("the run ended")
         .unwrap();
-    assert_eq!(o.status.code(), Some(143), "{}", stderr(&o));
-    assert!(stderr(&o).contains("again: stopping now"), "{}", stderr(&o));
+    assert_eq!(o.status.code(), Some(143), "{said}");
+    assert!(said.contains("again: stopping now"), "{said}");
     // A stop, not a crash: the journal has its end, which says the run was cut short.
     let end = entries(&out)
         .into_iter()

@@ -207,6 +207,7 @@ async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSummary
         run_start: started,
         totals: Totals::of(options.resume.as_deref()),
         stop: options.stop.clone(),
+        abandon: options.abandon.clone(),
         cut_short: std::sync::atomic::AtomicBool::new(false),
         strict: options.strict,
         run_id: options.run_id.clone(),
@@ -377,6 +378,8 @@ struct Shared {
     run_start: Instant,
     totals: Totals,
     stop: CancellationToken,
+    /// [`RunOptions::abandon`]: a trajectory finished after it is not recorded.
+    abandon: CancellationToken,
     /// The stop cut some work off: a unit not started, a turn or simulator call not made,
     /// a check not judged. What `run_finished.interrupted` says; a stop that came when
     /// everything was done (calls in flight all answered) cut nothing.
@@ -749,6 +752,15 @@ impl Unit<'_> {
 
 impl Shared {
     async fn record(&self, record: TrajectoryRecord) {
+        // The room in the stream first, then the totals and the send with nothing awaited
+        // between: a unit dropped while it waits for room (the run's calls abandoned) is
+        // neither counted nor recorded, and one past this point is both.
+        let Ok(permit) = self.events.reserve().await else {
+            return;
+        };
+        if self.abandon.is_cancelled() {
+            return;
+        }
         let t = &self.totals;
         t.trajectories.fetch_add(1, Ordering::Relaxed);
         match record.status {
@@ -759,10 +771,10 @@ impl Shared {
             TrajectoryStatus::Invalid => &t.invalid,
         }
         .fetch_add(1, Ordering::Relaxed);
-        let event = self
-            .secrets
-            .redact_event(Event::Trajectory(Box::new(record)));
-        let _ = self.events.send(event).await;
+        permit.send(
+            self.secrets
+                .redact_event(Event::Trajectory(Box::new(record))),
+        );
     }
 }
 
