@@ -968,7 +968,7 @@ async fn a_journal_holding_two_runs_is_refused_by_report() {
 async fn a_terminal_without_a_size_gets_readable_tables() {
     use std::os::fd::{FromRawFd, OwnedFd};
     let dir = tempfile::tempdir().unwrap();
-    for columns in [None, Some("100")] {
+    for columns in [None, Some("160")] {
         let (mut master, mut slave) = (0, 0);
         // SAFETY: openpty writes two new descriptors into the given ints; the name,
         // termios and window size pointers may be null (a 0x0 window).
@@ -993,6 +993,15 @@ async fn a_terminal_without_a_size_gets_readable_tables() {
             .stderr(Stdio::null());
         if let Some(columns) = columns {
             cmd.env("COLUMNS", columns);
+        }
+        // SAFETY: setsid is async-signal-safe. In a session of its own the child has no
+        // controlling terminal, so the size it reads is the pty's, not that of a terminal
+        // the test may have been started from.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::setsid();
+                Ok(())
+            });
         }
         let mut child = cmd.spawn().unwrap();
         // The command holds its copy of the slave end until dropped: the reads below end
@@ -1026,7 +1035,7 @@ async fn a_terminal_without_a_size_gets_readable_tables() {
             "the header on one line: {columns:?}: {out}"
         );
         assert!(
-            row(&["booking", "book-duct-cleaning"]),
+            row(&["booking", "┆", "book-duct-cleaning", "┆", "demo"]),
             "a row on one line: {columns:?}: {out}"
         );
     }
