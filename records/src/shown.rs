@@ -15,7 +15,7 @@ pub fn visible_controls(text: &str) -> Cow<'_, str> {
 /// [`visible_controls`] with `kept` (control characters among newline, carriage return and
 /// tab) left as they are: a terminal line also shows its carriage returns.
 pub fn visible_controls_but<'t>(text: &'t str, kept: &[char]) -> Cow<'t, str> {
-    let maybe = |b: u8| b < 0x20 || b == 0x7f || b == 0xc2 || b == 0xe2;
+    let maybe = |b: u8| b < 0x20 || b == 0x7f || b == 0xc2 || b == 0xd8 || b == 0xe2;
     let hidden = |c: char| hidden(c, kept);
     if !text.bytes().any(maybe) || !text.chars().any(hidden) {
         return Cow::Borrowed(text);
@@ -37,11 +37,12 @@ fn hidden(c: char, kept: &[char]) -> bool {
 }
 
 /// A character that changes the direction of the text after it (marks, embeddings,
-/// overrides, isolates). Each is encoded starting with the byte 0xE2.
+/// overrides, isolates). Each is encoded starting with the byte 0xE2, but the Arabic
+/// letter mark (U+061C), which starts with 0xD8.
 pub fn bidi_control(c: char) -> bool {
     matches!(
         c,
-        '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
+        '\u{61c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}'
     )
 }
 
@@ -91,6 +92,7 @@ mod tests {
         let ascii = "say \"hi\"\\ \n\r\t\u{0}\u{1b}[2J\u{7f}";
         assert_eq!(quoted(ascii), format!("{ascii:?}"));
         assert_eq!(quoted("a\u{202e}b"), "\"a\\u{202e}b\"");
+        assert_eq!(visible_controls("a\u{61c}b"), "a\\u{61c}b");
         let marks = "नमस्ते 👨\u{200d}👩\u{200d}👧 café Z\u{337}";
         assert_eq!(quoted(marks), format!("\"{marks}\""));
     }

@@ -329,10 +329,10 @@ fn escape(text: &str) -> Cow<'_, str> {
     // Names and messages rarely hold anything to escape: those are returned as they are,
     // found by one pass over their bytes (every character escaped or replaced starts with
     // an ASCII byte below 0x3f, is U+FFFE/U+FFFF, which start with 0xEF, or is a
-    // bidirectional control, which starts with 0xE2).
+    // bidirectional control, which starts with 0xE2 or 0xD8).
     let clean = text
         .bytes()
-        .all(|b| !matches!(b, b'&' | b'<' | b'>' | b'"' | b'\'' | 0xEF | 0xE2) && b >= 0x20);
+        .all(|b| !matches!(b, b'&' | b'<' | b'>' | b'"' | b'\'' | 0xEF | 0xE2 | 0xD8) && b >= 0x20);
     if clean {
         return Cow::Borrowed(text);
     }
