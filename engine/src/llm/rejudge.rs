@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use futures::StreamExt;
-use trellis_dsl::{Criterion, CriterionKind, Project, Scenario, StepKind, walk_steps};
+use trellis_dsl::{Criterion, CriterionKind, Outcome, Project, Scenario, StepKind, walk_steps};
 
 use crate::record::shown::quoted;
 
@@ -304,19 +304,25 @@ async fn rejudge_one(
 }
 
 /// The current check a recorded one is: the same text, else the `judge` check with the same
-/// statement (its threshold, judge or rubric may have changed since).
+/// statement (its threshold, judge or rubric may have changed since). Statements are also
+/// matched as runs before this version recorded them (quoted by Rust's `{:?}`, which
+/// escapes combining marks and joiners).
 fn find<'a>(
     judged: &'a [(String, CriterionKind)],
     recorded: &str,
 ) -> Option<(&'a str, &'a CriterionKind)> {
+    let as_statement = |head: String| recorded == head || recorded.starts_with(&format!("{head} "));
     judged
         .iter()
         .find(|(text, _)| text == recorded)
         .or_else(|| {
             judged.iter().find(|(_, kind)| match kind {
                 CriterionKind::Judge { criterion, .. } => {
-                    let head = format!("judge {}", quoted(criterion));
-                    recorded == head || recorded.starts_with(&format!("{head} "))
+                    as_statement(format!("judge {}", quoted(criterion)))
+                        || as_statement(format!("judge {criterion:?}"))
+                }
+                CriterionKind::Outcome(Outcome::Statement(s)) => {
+                    recorded == format!("outcome {s:?}")
                 }
                 _ => false,
             })
@@ -353,5 +359,27 @@ impl LlmRuntime {
     /// Whether a recorded check's `kind` is LLM-judged.
     pub fn is_judged_kind_name(kind: &str) -> bool {
         matches!(kind, "judge" | "outcome")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_statement_is_found_as_written_now_and_as_earlier_runs_recorded_it() {
+        let statement = "नमस्ते 👨\u{200d}👩";
+        let outcome = Outcome::Statement(statement.into());
+        let judged = vec![(
+            super::super::judge::outcome_text(&outcome),
+            CriterionKind::Outcome(outcome),
+        )];
+        for recorded in [
+            format!("outcome \"{statement}\""),
+            format!("outcome {statement:?}"),
+        ] {
+            assert!(find(&judged, &recorded).is_some(), "{recorded}");
+        }
+        assert!(find(&judged, "outcome \"something else\"").is_none());
     }
 }
