@@ -145,10 +145,39 @@ async fn a_case_that_is_not_an_object_loses_only_itself() {
     let o = import(&[file.to_str().unwrap()]).await;
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(
-        stderr(&o).contains("no test case that is an object"),
+        stderr(&o).contains("no test case of the file can be imported"),
         "{}",
         stderr(&o)
     );
+}
+
+#[tokio::test]
+async fn a_case_too_big_for_a_suite_loses_only_itself() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("cases.json");
+    let doc = "lorem ipsum ".repeat(100_000);
+    std::fs::write(
+        &file,
+        serde_json::json!([
+            {"name": "Small A"},
+            {"name": "Big context", "user_context": {"doc": doc}},
+            {"name": "Small B"}
+        ])
+        .to_string(),
+    )
+    .unwrap();
+    let out = dir.path().join("out.kdl");
+    let o = import(&[file.to_str().unwrap(), "--out", out.to_str().unwrap()]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("test case 2 (`big-context`) would be"),
+        "{}",
+        stderr(&o)
+    );
+    let text = std::fs::read_to_string(&out).unwrap();
+    assert!(text.contains("scenario \"small-a\""), "{text}");
+    assert!(text.contains("scenario \"small-b\""), "{text}");
+    assert!(!text.contains("scenario \"big-context\""));
 }
 
 /// The reference-shaped case (agent speaks first, persona_context, outcome statements,

@@ -143,6 +143,23 @@ impl CaseFile {
                 continue;
             };
             let mut case = Case::from_map(map, stem, index, many, &mut file.unmapped);
+            // A case whose scenario would be over what one suite node may hold (a document
+            // in its context) loses only itself; the agent's id, not known here, is a line
+            // the margin covers.
+            let mut block = String::new();
+            case.render(&mut block, "");
+            let limit = trellis_dsl::depth::MAX_NODE_SIZE - 1024;
+            if block.len() > limit {
+                file.unmapped.push(format!(
+                    "test case {} (`{}`) would be {} KiB of KDL, over the {} KiB one top-level \
+                     node of a suite may hold (docs/language.md, \"Limits\"); not imported",
+                    index + 1,
+                    case.id,
+                    block.len().div_ceil(1024),
+                    trellis_dsl::depth::MAX_NODE_SIZE / 1024
+                ));
+                continue;
+            }
             // Scenario ids are unique per suite.
             let base = case.id.clone();
             let mut n = 1;
@@ -155,7 +172,7 @@ impl CaseFile {
         }
         if file.cases.is_empty() {
             return Err(format!(
-                "the file holds no test case that is an object: {}",
+                "no test case of the file can be imported: {}",
                 file.unmapped.join("; ")
             ));
         }
@@ -192,66 +209,72 @@ impl CaseFile {
         );
         for case in &self.cases {
             out.push('\n');
-            let _ = writeln!(out, "scenario {} {{", kdl_string(&case.id));
-            for note in &case.notes {
-                comment(&mut out, "    ", note);
-            }
-            let _ = writeln!(out, "    agent {}", kdl_string(agent));
-            // The schema's field order, whatever order the file had.
-            let mut settings: Vec<&String> = case.settings.iter().collect();
-            settings.sort_by_key(|line| setting_rank(line));
-            for line in settings {
-                let _ = writeln!(out, "    {line}");
-            }
-            if let Some((kind, description, instructions)) = &case.persona {
-                if description.is_none() && instructions.is_none() {
-                    // No empty block: `trellis fmt` would rewrite one.
-                    let _ = writeln!(out, "    persona type={}", kdl_string(kind));
-                } else {
-                    let _ = writeln!(out, "    persona type={} {{", kdl_string(kind));
-                    if let Some(d) = description {
-                        let _ = writeln!(out, "        description {}", kdl_string(d));
-                    }
-                    if let Some(i) = instructions {
-                        let _ = writeln!(out, "        instructions {}", kdl_string(i));
-                    }
-                    out.push_str("    }\n");
-                }
-            }
-            if !case.mock_tools.is_empty() {
-                out.push('\n');
-                comment(
-                    &mut out,
-                    "    ",
-                    "The case's `mock_responses`: the answers to an agent under test whose tools the\n\
-                     engine runs (`openai`, `anthropic`), in order, each taken by the first call\n\
-                     matching its params. A Connexity agent under test runs its own tools and\n\
-                     ignores them (not an error).",
-                );
-                for (tool, outputs) in &case.mock_tools {
-                    let _ = writeln!(out, "    tool {} {{", kdl_string(tool));
-                    out.push_str("        sequence when-exhausted=\"error\" {\n");
-                    for line in outputs {
-                        let _ = writeln!(out, "            {line}");
-                    }
-                    out.push_str("        }\n    }\n");
-                }
-            }
-            out.push_str("\n    simulate until-done\n");
-            if !case.criteria.is_empty() {
-                out.push_str("\n    criteria {\n");
-                for line in &case.criteria {
-                    let _ = writeln!(out, "        {line}");
-                }
-                out.push_str("    }\n");
-            }
-            out.push_str("}\n");
+            case.render(&mut out, agent);
         }
         out
     }
 }
 
 impl Case {
+    /// The case's `scenario` node, against `agent`.
+    fn render(&self, out: &mut String, agent: &str) {
+        let case = self;
+        let _ = writeln!(out, "scenario {} {{", kdl_string(&case.id));
+        for note in &case.notes {
+            comment(out, "    ", note);
+        }
+        let _ = writeln!(out, "    agent {}", kdl_string(agent));
+        // The schema's field order, whatever order the file had.
+        let mut settings: Vec<&String> = case.settings.iter().collect();
+        settings.sort_by_key(|line| setting_rank(line));
+        for line in settings {
+            let _ = writeln!(out, "    {line}");
+        }
+        if let Some((kind, description, instructions)) = &case.persona {
+            if description.is_none() && instructions.is_none() {
+                // No empty block: `trellis fmt` would rewrite one.
+                let _ = writeln!(out, "    persona type={}", kdl_string(kind));
+            } else {
+                let _ = writeln!(out, "    persona type={} {{", kdl_string(kind));
+                if let Some(d) = description {
+                    let _ = writeln!(out, "        description {}", kdl_string(d));
+                }
+                if let Some(i) = instructions {
+                    let _ = writeln!(out, "        instructions {}", kdl_string(i));
+                }
+                out.push_str("    }\n");
+            }
+        }
+        if !case.mock_tools.is_empty() {
+            out.push('\n');
+            comment(
+                out,
+                "    ",
+                "The case's `mock_responses`: the answers to an agent under test whose tools the\n\
+             engine runs (`openai`, `anthropic`), in order, each taken by the first call\n\
+             matching its params. A Connexity agent under test runs its own tools and\n\
+             ignores them (not an error).",
+            );
+            for (tool, outputs) in &case.mock_tools {
+                let _ = writeln!(out, "    tool {} {{", kdl_string(tool));
+                out.push_str("        sequence when-exhausted=\"error\" {\n");
+                for line in outputs {
+                    let _ = writeln!(out, "            {line}");
+                }
+                out.push_str("        }\n    }\n");
+            }
+        }
+        out.push_str("\n    simulate until-done\n");
+        if !case.criteria.is_empty() {
+            out.push_str("\n    criteria {\n");
+            for line in &case.criteria {
+                let _ = writeln!(out, "        {line}");
+            }
+            out.push_str("    }\n");
+        }
+        out.push_str("}\n");
+    }
+
     fn from_map(
         mut map: Map<String, Value>,
         stem: &str,
