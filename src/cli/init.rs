@@ -10,8 +10,9 @@
 //! accepts, and the builtin agent each project runs against, are the registry's.
 //!
 //! Nothing that exists is overwritten without `--force`: every file that would be is listed
-//! and nothing is written (exit 2). `.gitignore` is the exception either way: `runs/` is
-//! appended to an existing one (once), as `cargo init` does with its `target/`.
+//! and nothing is written (exit 2). Two exceptions: `.gitignore`, where `runs/` is appended
+//! to an existing one (once), as `cargo init` does with its `target/`; and an existing
+//! `README.md`, which is left as it is while the project's goes to `suites/README.md`.
 
 use std::io::{self, Write as _};
 use std::path::{Path, PathBuf};
@@ -160,10 +161,19 @@ fn run(args: &InitArgs) -> Result<(), InitError> {
             list: protocol_list(),
         });
     };
-    let files = project(spec)?;
+    let mut files = project(spec)?;
     let dir = &args.dir;
     if dir.exists() && !dir.is_dir() {
         return Err(InitError::NotADirectory { path: dir.clone() });
+    }
+    // A repository's own README stays as it is (init runs in `.` by default, which is
+    // usually a repository's root): the project's goes next to the suites instead.
+    if !args.force
+        && dir.join("README.md").symlink_metadata().is_ok()
+        && let Some(readme) = files.iter_mut().find(|f| f.path == "README.md")
+    {
+        readme.path = "suites/README.md";
+        readme.what = "what these files are, and the commands (README.md is yours: left as it was)";
     }
     // Every file that would be overwritten, listed at once, before anything is written.
     let existing: Vec<&ProjectFile> = files

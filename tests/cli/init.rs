@@ -244,13 +244,16 @@ async fn existing_files_are_listed_and_kept_unless_forced() {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("README.md"), "# mine\n").unwrap();
     std::fs::write(dir.join(".gitignore"), "target").unwrap();
+    std::fs::create_dir_all(dir.join(".github/workflows")).unwrap();
+    std::fs::write(dir.join(".github/workflows/trellis.yml"), "mine").unwrap();
 
     let refused = trellis_in(&dir, &["init", "--protocol", "connexity"]).await;
     assert_eq!(refused.status.code(), Some(2), "{}", stdout(&refused));
     let err = stderr(&refused);
     assert!(
         err.contains("a file of the project already exists in the current directory")
-            && err.contains("README.md")
+            && err.contains(".github/workflows/trellis.yml")
+            && !err.contains("README.md")
             && err.contains("--force"),
         "{err}"
     );
@@ -258,6 +261,19 @@ async fn existing_files_are_listed_and_kept_unless_forced() {
     assert!(!dir.join("suites").exists());
     assert_eq!(read(&dir.join("README.md")), "# mine\n");
     assert_eq!(read(&dir.join(".gitignore")), "target");
+
+    // A repository's own README is not in the way: the project's goes next to the suites.
+    std::fs::remove_file(dir.join(".github/workflows/trellis.yml")).unwrap();
+    let kept = trellis_in(&dir, &["init", "--protocol", "connexity"]).await;
+    assert_eq!(kept.status.code(), Some(0), "{}", stderr(&kept));
+    assert_eq!(read(&dir.join("README.md")), "# mine\n");
+    assert!(read(&dir.join("suites/README.md")).contains("trellis init --protocol connexity"));
+    assert!(
+        stdout(&kept).contains("suites/README.md"),
+        "{}",
+        stdout(&kept)
+    );
+    std::fs::remove_file(dir.join("suites/README.md")).unwrap();
 
     let forced = trellis_in(&dir, &["init", "--protocol", "connexity", "--force"]).await;
     assert_eq!(forced.status.code(), Some(0), "{}", stderr(&forced));
@@ -288,7 +304,6 @@ async fn existing_files_are_listed_and_kept_unless_forced() {
         "suites/agents.kdl",
         "suites/smoke.kdl",
         ".github/workflows/trellis.yml",
-        "README.md",
     ] {
         assert!(err.contains(file), "{file}: {err}");
     }
