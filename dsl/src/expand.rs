@@ -678,7 +678,7 @@ fn missing_nested_fields(
         let lacking: Vec<usize> = rows
             .iter()
             .flatten()
-            .filter(|(_, row)| crate::template::missing_below(&row.fields, &read.value).is_some())
+            .filter(|(_, row)| lacks(&row.fields, &read.value))
             .map(|(_, row)| row.number)
             .collect();
         let Some(first) = lacking.first() else {
@@ -710,6 +710,13 @@ fn missing_nested_fields(
             )),
         );
     }
+}
+
+/// Whether a row lacks the nested field `var` (`row.customer.name`) reads: its first level
+/// (which other rows have, so the dataset's columns do not catch it), or a field below it.
+fn lacks(fields: &dataset::Fields, var: &str) -> bool {
+    let first = var.split('.').nth(1).unwrap_or_default();
+    !fields.contains_key(first) || crate::template::missing_below(fields, var).is_some()
 }
 
 /// Every combination of the matrix's values, the first variable varying slowest.
