@@ -23,12 +23,18 @@ pub fn visible_controls_but<'t>(text: &'t str, kept: &[char]) -> Cow<'t, str> {
     let mut out = String::with_capacity(text.len() + 16);
     for c in text.chars() {
         if hidden(c) {
-            out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
+            push_escaped(&mut out, c);
         } else {
             out.push(c);
         }
     }
     Cow::Owned(out)
+}
+
+/// Writes `c` as the escape `\u{..}` (lower-case hex), as Rust's `{:?}` does.
+pub fn push_escaped(out: &mut String, c: char) {
+    use std::fmt::Write as _;
+    let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
 }
 
 /// A control character not in `kept`, or a bidirectional control.
@@ -62,7 +68,7 @@ pub fn quoted(text: &str) -> String {
             '\n' => out.push_str("\\n"),
             '\r' => out.push_str("\\r"),
             '\t' => out.push_str("\\t"),
-            c if hidden(c, &[]) => out.push_str(&format!("\\u{{{:x}}}", u32::from(c))),
+            c if hidden(c, &[]) => push_escaped(&mut out, c),
             c => out.push(c),
         }
     }

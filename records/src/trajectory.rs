@@ -176,6 +176,11 @@ pub enum CriterionStatus {
 }
 
 impl CriterionStatus {
+    /// Failed, or its evaluator failed (`error`): what a trajectory's failures list.
+    pub fn is_failure(self) -> bool {
+        matches!(self, CriterionStatus::Failed | CriterionStatus::Error)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             CriterionStatus::Passed => "passed",

@@ -315,9 +315,9 @@ fn matches(label: &HumanLabel, row: &CheckRow) -> bool {
 /// threshold, judge or rubric tuned since the label was written, then `rejudge`): matched
 /// by the statement, as `rejudge` finds the check.
 fn matches_statement(label: &HumanLabel, row: &CheckRow) -> bool {
-    judge_statement(&label.criterion)
-        .is_some_and(|head| judge_statement(row.criterion.trim()) == Some(head))
-        && matches_but_criterion(label, row)
+    matches_but_criterion(label, row)
+        && judge_statement(&label.criterion)
+            .is_some_and(|head| judge_statement(row.criterion.trim()) == Some(head))
 }
 
 /// `judge "…"` (or `judge #"…"#`) at the start of a check's text: the check up to the end

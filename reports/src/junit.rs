@@ -349,7 +349,7 @@ fn escape(text: &str) -> Cow<'_, str> {
             '\t' => out.push_str("&#9;"),
             c if (c as u32) < 0x20 || c == '\u{FFFE}' || c == '\u{FFFF}' => out.push('\u{FFFD}'),
             c if trellis_records::shown::bidi_control(c) => {
-                out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
+                trellis_records::shown::push_escaped(&mut out, c);
             }
             c => out.push(c),
         }

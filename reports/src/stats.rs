@@ -697,7 +697,7 @@ impl StatsBuilder {
         for score in t
             .criteria
             .iter()
-            .filter(|c| !matches!(c.kind.as_str(), "fidelity" | "attack"))
+            .filter(|c| c.kind != trellis_records::FIDELITY_KIND && c.kind != "attack")
             .filter_map(|c| c.judge.as_ref().and_then(|j| j.score))
             .filter(|s| s.is_finite())
         {

@@ -735,11 +735,7 @@ impl Console {
                     untrusted(&f.message)
                 );
             }
-            for c in t
-                .criteria
-                .iter()
-                .filter(|c| matches!(c.status, CriterionStatus::Failed | CriterionStatus::Error))
-            {
+            for c in t.criteria.iter().filter(|c| c.status.is_failure()) {
                 let at = c
                     .turn_index
                     .map(|i| format!("turn {i}: "))
@@ -757,11 +753,8 @@ impl Console {
                 );
             }
             // Failed with nothing failed: `--strict` turned what did not run into a failure.
-            let nothing_failed = t.fault.is_none()
-                && !t
-                    .criteria
-                    .iter()
-                    .any(|c| matches!(c.status, CriterionStatus::Failed | CriterionStatus::Error));
+            let nothing_failed =
+                t.fault.is_none() && !t.criteria.iter().any(|c| c.status.is_failure());
             if nothing_failed {
                 if let Some(reason) = &t.skip_reason {
                     outln!("    ✗ did not run (--strict): {}", untrusted(reason));

@@ -856,8 +856,8 @@ fn replay(
     };
     let read_error = read_error(&shard.dir);
     let mut journal = JournalReader::open(&path).map_err(&read_error)?;
-    while let Some(entry) = journal.next_entry().map_err(&read_error)? {
-        match &entry {
+    while let Some(mut entry) = journal.next_entry().map_err(&read_error)? {
+        match &mut entry {
             JournalEntry::RunStarted(_) | JournalEntry::RunFinished(_) => {}
             JournalEntry::Spans(_) => push(&entry),
             JournalEntry::Agent(agent) => {
@@ -869,15 +869,11 @@ fn replay(
                 // Every turn the engine takes is recorded on a node, replays included: the
                 // count its summary gives.
                 totals.turns += node.turns.len() as u64;
-                if offset_ms > 0.0 {
-                    let mut node = node.clone();
-                    for turn in &mut node.turns {
-                        std::sync::Arc::make_mut(turn).started_ms += offset_ms;
-                    }
-                    push(&JournalEntry::Node(node));
-                } else {
-                    push(&entry);
+                // Turns just read are held once: moved in place, not copied.
+                for turn in &mut node.turns {
+                    std::sync::Arc::make_mut(turn).started_ms += offset_ms;
                 }
+                push(&entry);
             }
             JournalEntry::Trajectory(t) => {
                 totals.trajectories += 1;

@@ -1120,10 +1120,7 @@ fn json_event(event: &Event, out: &Path) {
                 .criteria
                 .iter()
                 // A check whose evaluator failed is what makes its trajectory `error`.
-                .filter(|c| {
-                    use trellis_engine::record::CriterionStatus;
-                    matches!(c.status, CriterionStatus::Failed | CriterionStatus::Error)
-                })
+                .filter(|c| c.status.is_failure())
                 .map(|c| {
                     serde_json::json!({
                         "criterion": c.criterion,

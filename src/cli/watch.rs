@@ -1083,11 +1083,7 @@ impl View {
         }
         // A check whose evaluator failed (a judge that could not be asked) is what made an
         // `error` trajectory without a fault: said under it, as `run` does.
-        for c in t
-            .criteria
-            .iter()
-            .filter(|c| matches!(c.status, CriterionStatus::Failed | CriterionStatus::Error))
-        {
+        for c in t.criteria.iter().filter(|c| c.status.is_failure()) {
             let turn = c
                 .turn_index
                 .map(|i| format!("turn {i}: "))

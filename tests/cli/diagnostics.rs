@@ -42,12 +42,7 @@ scenario "s" {
     assert!(err.contains("nobody"), "{err}");
     assert!(err.contains("missing"), "{err}");
 
-    let o = trellis()
-        .arg("check")
-        .arg(dir.path())
-        .output()
-        .await
-        .unwrap();
+    let o = check(dir.path()).await;
     assert_eq!(o.status.code(), Some(2));
 }
 
@@ -129,12 +124,7 @@ scenario "llm" {
 "#,
     )
     .unwrap();
-    let o = trellis()
-        .arg("check")
-        .arg(dir.path())
-        .output()
-        .await
-        .unwrap();
+    let o = check(dir.path()).await;
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(0), "{err}");
     for expected in [
@@ -173,12 +163,7 @@ scenario "s" {
 "#,
     )
     .unwrap();
-    let o = trellis()
-        .arg("check")
-        .arg(dir.path())
-        .output()
-        .await
-        .unwrap();
+    let o = check(dir.path()).await;
     let out = stdout(&o);
     assert!(
         out.contains(
@@ -199,12 +184,7 @@ async fn check_warns_about_ttft_on_an_agent_that_does_not_stream() {
          scenario \"s\" {\n    user \"hi\"\n    expect ttft max=\"1s\"\n}\n",
     )
     .unwrap();
-    let o = trellis()
-        .arg("check")
-        .arg(dir.path())
-        .output()
-        .await
-        .unwrap();
+    let o = check(dir.path()).await;
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(0), "{err}");
     assert!(
@@ -227,12 +207,7 @@ async fn check_warns_about_sandbox_checks_on_agents_without_a_sandbox() {
          scenario \"t\" {\n    agent \"m\"\n    user \"hi\"\n    criteria { state path=\"a\" exists=#true }\n}\n",
     )
     .unwrap();
-    let o = trellis()
-        .arg("check")
-        .arg(dir.path())
-        .output()
-        .await
-        .unwrap();
+    let o = check(dir.path()).await;
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(0), "{err}");
     assert!(
@@ -259,12 +234,7 @@ async fn check_warns_about_hitl_on_agents_that_never_pause() {
          scenario \"t\" {\n    agent \"m\"\n    user \"hi\"\n    hitl approve\n    expect no-error\n}\n",
     )
     .unwrap();
-    let o = trellis()
-        .arg("check")
-        .arg(dir.path())
-        .output()
-        .await
-        .unwrap();
+    let o = check(dir.path()).await;
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(0), "{err}");
     assert!(
@@ -299,12 +269,7 @@ scenario "s" {
 "#,
     )
     .unwrap();
-    let o = trellis()
-        .arg("check")
-        .arg(dir.path())
-        .output()
-        .await
-        .unwrap();
+    let o = check(dir.path()).await;
     assert_eq!(o.status.code(), Some(2));
     let err = stderr(&o);
     assert!(err.contains("template_syntax"), "{err}");
@@ -647,7 +612,7 @@ scenario "s" {
 "#,
     )
     .unwrap();
-    let o = trellis().arg("check").arg(&suite).output().await.unwrap();
+    let o = check(&suite).await;
     assert_eq!(o.status.code(), Some(2), "{}", stdout(&o));
     let err = stderr(&o);
     // The report wraps the message at the terminal's width.
@@ -731,7 +696,7 @@ async fn a_diagnostics_column_counts_characters_not_bytes() {
          scenario \"t\" {\r\n    user \"ééééé\u{1F600}\" ; expect reply contans=\"y\"\r\n}\r\n",
     )
     .unwrap();
-    let o = trellis().arg("check").arg(&suite).output().await.unwrap();
+    let o = check(&suite).await;
     assert_eq!(o.status.code(), Some(2));
     let err = stderr(&o);
     assert!(err.contains("accents.kdl:3:32]"), "{err}");
@@ -747,7 +712,7 @@ async fn a_property_without_a_value_is_reported_where_the_value_was_expected() {
         "agent \"a\" protocol=\"connexity\" builtin=\"booking\"\n\nscenario \"u\" {\n    user \"y\"\n    expect reply contains=\n}\n",
     )
     .unwrap();
-    let o = trellis().arg("check").arg(&suite).output().await.unwrap();
+    let o = check(&suite).await;
     assert_eq!(o.status.code(), Some(2));
     let err = stderr(&o);
     // Not `novalue.kdl:1:1` with a label over the whole file.
@@ -766,7 +731,7 @@ async fn empty_check_blocks_and_a_doubled_agent_are_each_said_once() {
          scenario \"s\" {\n    user \"hi\"\n    expect { }\n    criteria {\n    }\n}\n",
     )
     .unwrap();
-    let o = trellis().arg("check").arg(&suite).output().await.unwrap();
+    let o = check(&suite).await;
     assert_eq!(o.status.code(), Some(2));
     let err = stderr(&o);
     // A block written to check something and checking nothing is a mistake, as a bare
@@ -789,12 +754,7 @@ async fn a_file_that_is_not_utf8_and_an_included_directory_are_located() {
     .unwrap();
     std::fs::create_dir(dir.path().join("more")).unwrap();
     std::fs::write(dir.path().join("main.kdl"), "include \"more\"\n").unwrap();
-    let o = trellis()
-        .arg("check")
-        .arg(dir.path())
-        .output()
-        .await
-        .unwrap();
+    let o = check(dir.path()).await;
     assert_eq!(o.status.code(), Some(2));
     let err = stderr(&o);
     assert!(err.contains("latin1.kdl:3:14]"), "{err}");
@@ -812,7 +772,7 @@ async fn a_bare_reply_check_gets_a_readable_hint() {
          scenario \"s\" {\n    user \"hi\"\n    expect reply\n}\n",
     )
     .unwrap();
-    let o = trellis().arg("check").arg(&suite).output().await.unwrap();
+    let o = check(&suite).await;
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let said = flat(&stderr(&o));
     assert!(
@@ -842,7 +802,7 @@ async fn a_history_after_the_first_step_is_an_error() {
          history path=\"conv.json\"\n    expect no-error\n}\n",
     )
     .unwrap();
-    let o = trellis().arg("check").arg(&suite).output().await.unwrap();
+    let o = check(&suite).await;
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let said = crate::flat(&stderr(&o));
     assert!(
@@ -883,7 +843,7 @@ scenario "f" for-each="d" {
 "##,
     )
     .unwrap();
-    let o = trellis().arg("check").arg(&suite).output().await.unwrap();
+    let o = check(&suite).await;
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let said = crate::flat(&stderr(&o));
     for problem in [
@@ -921,7 +881,7 @@ scenario "s" {
 "#,
     )
     .unwrap();
-    let o = trellis().arg("check").arg(&suite).output().await.unwrap();
+    let o = check(&suite).await;
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let said = crate::flat(&stderr(&o));
     for warning in [
@@ -970,7 +930,7 @@ scenario "d" {
 "#,
     )
     .unwrap();
-    let o = trellis().arg("check").arg(&suite).output().await.unwrap();
+    let o = check(&suite).await;
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let said = stderr(&o);
     assert_eq!(
@@ -1001,7 +961,7 @@ async fn kdl_v1_forms_get_their_v2_spelling_as_the_hint() {
             format!("agent \"a\" protocol=\"connexity\" builtin=\"booking\"\nnode {written}\n"),
         )
         .unwrap();
-        let o = trellis().arg("check").arg(&suite).output().await.unwrap();
+        let o = check(&suite).await;
         assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
         let said = crate::flat(&stderr(&o));
         assert!(said.contains(hint), "{written}: {said}");
@@ -1020,7 +980,7 @@ async fn a_timeout_of_zero_is_an_error() {
          scenario \"s\" {\n    timeout \"0ms\"\n    user \"Hi\"\n    expect no-error\n}\n",
     )
     .unwrap();
-    let o = trellis().arg("check").arg(&suite).output().await.unwrap();
+    let o = check(&suite).await;
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let said = crate::flat(&stderr(&o));
     assert!(
@@ -1042,12 +1002,7 @@ async fn a_typo_naming_a_broken_agent_is_still_suggested() {
          scenario \"s\" {\n    agent \"dmeo\"\n    user \"hi\"\n    expect no-error\n}\n",
     )
     .unwrap();
-    let o = trellis()
-        .arg("check")
-        .arg(dir.path())
-        .output()
-        .await
-        .unwrap();
+    let o = check(dir.path()).await;
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     let err = stderr(&o);
     assert!(err.contains("did you mean `booking`?"), "{err}");

@@ -25,10 +25,6 @@ async fn import(args: &[&str]) -> Output {
         .unwrap()
 }
 
-async fn check(path: &Path) -> Output {
-    trellis().arg("check").arg(path).output().await.unwrap()
-}
-
 /// Every file below `dir`, by path relative to it.
 fn tree(dir: &Path) -> BTreeMap<PathBuf, String> {
     fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<PathBuf, String>) {

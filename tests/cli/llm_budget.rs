@@ -63,6 +63,25 @@ async fn run(suite: &Path, out: &Path, extra: &[&str]) -> Output {
         .unwrap()
 }
 
+/// `trellis run -j JOBS --max-llm-calls CALLS --out OUT SUITE`, with the fake provider's key.
+async fn budgeted(jobs: u32, calls: u32, out: &Path, suite: &Path) -> Output {
+    trellis()
+        .arg("run")
+        .args([
+            "-j",
+            &jobs.to_string(),
+            "--max-llm-calls",
+            &calls.to_string(),
+            "--out",
+        ])
+        .arg(out)
+        .arg(suite)
+        .env("FAKE_KEY", "k")
+        .output()
+        .await
+        .unwrap()
+}
+
 fn summary(out: &Path) -> Value {
     serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap()
 }
@@ -190,14 +209,7 @@ scenario "many" {{
     )
     .unwrap();
     let out = dir.path().join("out");
-    let o = trellis()
-        .args(["run", "-j", "20", "--max-llm-calls", "2", "--out"])
-        .arg(&out)
-        .arg(&path)
-        .env("FAKE_KEY", "k")
-        .output()
-        .await
-        .unwrap();
+    let o = budgeted(20, 2, &out, &path).await;
     assert_eq!(o.status.code(), Some(4), "{}{}", stdout(&o), stderr(&o));
     assert_eq!(fake.calls(), 2, "calls sent past --max-llm-calls 2");
     assert!(
@@ -243,14 +255,7 @@ async fn judge_calls_in_flight_at_the_budget_finish_and_count() {
     let dir = tempfile::tempdir().unwrap();
     let path = judged_suite(dir.path(), &fake.base_url(), 12);
     let out = dir.path().join("out");
-    let o = trellis()
-        .args(["run", "-j", "12", "--max-llm-calls", "4", "--out"])
-        .arg(&out)
-        .arg(&path)
-        .env("FAKE_KEY", "k")
-        .output()
-        .await
-        .unwrap();
+    let o = budgeted(12, 4, &out, &path).await;
     assert_eq!(o.status.code(), Some(4), "{}{}", stdout(&o), stderr(&o));
     assert_eq!(fake.calls(), 4);
     let c = read_parquet(&out.join("criteria.parquet"));
@@ -288,14 +293,7 @@ async fn rejudge_judges_the_checks_a_budget_left_unjudged() {
     let dir = tempfile::tempdir().unwrap();
     let path = judged_suite(dir.path(), &fake.base_url(), 6);
     let out = dir.path().join("out");
-    let o = trellis()
-        .args(["run", "-j", "6", "--max-llm-calls", "2", "--out"])
-        .arg(&out)
-        .arg(&path)
-        .env("FAKE_KEY", "k")
-        .output()
-        .await
-        .unwrap();
+    let o = budgeted(6, 2, &out, &path).await;
     assert_eq!(o.status.code(), Some(4), "{}{}", stdout(&o), stderr(&o));
     let again = dir.path().join("again");
     let o = trellis()
@@ -481,14 +479,7 @@ scenario "s" {{
     )
     .unwrap();
     let out = dir.path().join("out");
-    let o = trellis()
-        .args(["run", "-j", "2", "--max-llm-calls", "1", "--out"])
-        .arg(&out)
-        .arg(&path)
-        .env("FAKE_KEY", "k")
-        .output()
-        .await
-        .unwrap();
+    let o = budgeted(2, 1, &out, &path).await;
     assert_eq!(o.status.code(), Some(4), "{}{}", stdout(&o), stderr(&o));
     // The admitted call may itself be abandoned as the run stops; never more than one.
     assert!(fake.calls() <= 1, "{}", fake.calls());

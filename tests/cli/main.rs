@@ -72,6 +72,11 @@ pub fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
 }
 
+/// `trellis check PATH`.
+pub async fn check(path: &Path) -> Output {
+    trellis().arg("check").arg(path).output().await.unwrap()
+}
+
 pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }

@@ -1742,22 +1742,17 @@ fn run_view(
             .get(&turn)
             .and_then(|node| node_place(node, forks))
     };
-    let checks = |status: Option<CriterionStatus>| -> Vec<CheckView> {
+    let checks = |listed: fn(CriterionStatus) -> bool| -> Vec<CheckView> {
         t.criteria
             .iter()
-            .filter(|c| status.is_none_or(|s| c.status == s))
+            .filter(|c| listed(c.status))
             .map(|c| check_view(c, &place))
             .collect()
     };
     // A check whose evaluator failed (a judge that gave no verdict) is listed with the
     // failures: it is what makes its trajectory `error`.
-    let failed_checks: Vec<CheckView> = t
-        .criteria
-        .iter()
-        .filter(|c| matches!(c.status, CriterionStatus::Failed | CriterionStatus::Error))
-        .map(|c| check_view(c, &place))
-        .collect();
-    let skipped_checks = checks(Some(CriterionStatus::Skipped));
+    let failed_checks = checks(CriterionStatus::is_failure);
+    let skipped_checks = checks(|s| s == CriterionStatus::Skipped);
     let headline = if let Some(fault) = &t.fault {
         Some(Headline {
             what: format!("fault · {}", fault.category.as_str()),
@@ -1901,7 +1896,7 @@ fn run_view(
             .and_then(|state| serde_json::to_string_pretty(state).ok()),
         failed_checks,
         skipped_checks,
-        all_checks: checks(None),
+        all_checks: checks(|_| true),
         transcript,
         transcript_note,
         open: false,
