@@ -513,7 +513,9 @@ impl Printer<'_> {
             if blank {
                 self.out.push_str(self.newline);
             }
-            let level = self.depth + usize::from(self.continued);
+            // A `\` continues the node onto the next line only: a line break after that
+            // (a blank line) ended the node, and what follows is the next one.
+            let level = self.depth + usize::from(self.continued && self.newlines <= 1);
             self.continued = false;
             self.out.extend(std::iter::repeat_n(' ', level * INDENT));
         } else if let Some(prev) = prev {
@@ -696,6 +698,17 @@ mod tests {
             fmt(text),
             "a {\n    x 1        // one\n    yy 22      // two\n}\nagent \"a\" \\\n    url=\"u\" \\ // why\n    b=1\n"
         );
+    }
+
+    #[test]
+    fn a_blank_line_after_a_continuation_ends_the_node() {
+        // The node ends at the line break after the continued line, so `b` is a node of
+        // its own at the block's level, not a continuation.
+        assert_eq!(
+            fmt("s {\n    a 1 \\ // c\n    \n\n    b\n}\n"),
+            "s {\n    a 1 \\ // c\n\n    b\n}\n"
+        );
+        assert_eq!(fmt("a \\\n\nb\n"), "a \\\n\nb\n");
     }
 
     #[test]
