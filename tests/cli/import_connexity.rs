@@ -510,3 +510,47 @@ async fn persona_fields_of_any_type_are_kept_and_the_output_is_formatted() {
         .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
 }
+
+/// A second import with `--replace` keeps the agent the user pointed at their endpoint in
+/// `agents.kdl`; `--agent-url` rewrites it.
+#[tokio::test]
+async fn replace_keeps_an_edited_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let agents = out.join("agents.kdl");
+    let source = format!("{CASES}/reference");
+    let run = |extra: &'static [&'static str]| {
+        let mut args = vec![source.clone(), "--out".into(), out.display().to_string()];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args
+    };
+    let args = run(&["-q"]);
+    let o = import(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let edited = std::fs::read_to_string(&agents).unwrap().replace(
+        "builtin=\"booking\"",
+        "url=\"http://127.0.0.1:9/agent/respond\"",
+    );
+    assert!(edited.contains("127.0.0.1:9"), "{edited}");
+    std::fs::write(&agents, &edited).unwrap();
+
+    let args = run(&["-q", "--replace"]);
+    let o = import(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(std::fs::read_to_string(&agents).unwrap(), edited);
+    assert!(
+        stderr(&o).contains("kept `connexity` as written there"),
+        "{}",
+        stderr(&o)
+    );
+
+    let args = run(&["-q", "--replace", "--agent-url", "http://127.0.0.1:9/new"]);
+    let o = import(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let rewritten = std::fs::read_to_string(&agents).unwrap();
+    assert!(
+        rewritten.contains("url=\"http://127.0.0.1:9/new\""),
+        "{rewritten}"
+    );
+    assert!(!rewritten.contains("agent/respond"), "{rewritten}");
+}

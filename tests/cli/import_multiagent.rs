@@ -449,3 +449,133 @@ async fn a_scenario_too_big_for_a_suite_says_so() {
         assert!(!out.exists());
     }
 }
+
+/// `--replace` rewrites the suites but not the agents the user pointed elsewhere in
+/// `agents.kdl`: an edited endpoint is kept (the suites would otherwise run against the
+/// builtin and pass), another import's agents stay, an endpoint the file has keeps its id,
+/// and only an explicit `--agent-*` option rewrites the agent it names.
+#[tokio::test]
+async fn replace_keeps_the_agents_file_as_the_user_left_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let scenario = |id: &str, endpoint: Option<&str>| {
+        let mut file = json!({
+            "aes_version": 1.4,
+            "metadata": {"id": id},
+            "workflow": {"nodes": [{"id": "a", "task_description": "Refund order 7"}]}
+        });
+        if let Some(endpoint) = endpoint {
+            file["metadata"]["agent"] = json!({"protocol": "http", "endpoint": endpoint});
+        }
+        file.to_string()
+    };
+    let (first, second) = (dir.path().join("first"), dir.path().join("second"));
+    for d in [&first, &second] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    std::fs::write(first.join("plain.json"), scenario("plain", None)).unwrap();
+    std::fs::write(
+        first.join("reached.json"),
+        scenario("reached", Some("http://127.0.0.1:9/a")),
+    )
+    .unwrap();
+    std::fs::write(
+        second.join("other.json"),
+        scenario("other", Some("http://127.0.0.1:9/b")),
+    )
+    .unwrap();
+    std::fs::write(
+        second.join("again.json"),
+        scenario("again", Some("http://127.0.0.1:9/a")),
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let agents = out.join("agents.kdl");
+    let import_into = |source: &Path, extra: &[&str]| {
+        let mut args = vec![
+            source.to_str().unwrap().to_owned(),
+            "--out".into(),
+            out.to_str().unwrap().to_owned(),
+            "-q".into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args
+    };
+
+    let args = import_into(&first, &[]);
+    let o = import(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let written = std::fs::read_to_string(&agents).unwrap();
+    assert!(
+        written.contains(
+            "agent \"multiagent-2\" protocol=\"multiagent\" url=\"http://127.0.0.1:9/a\""
+        ),
+        "{written}"
+    );
+    // The user points the default agent at theirs.
+    let edited = written.replace(
+        "builtin=\"support\"",
+        "url=\"http://127.0.0.1:9/mine\" /* mine */",
+    );
+    std::fs::write(&agents, &edited).unwrap();
+
+    // The same files again: the file is left as the user wrote it.
+    let args = import_into(&first, &["--replace"]);
+    let o = import(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(std::fs::read_to_string(&agents).unwrap(), edited);
+    let err = stderr(&o);
+    assert!(
+        err.contains("kept `multiagent`, `multiagent-2` as written there"),
+        "{err}"
+    );
+    assert!(
+        err.contains("`multiagent` differs from what this import would write"),
+        "{err}"
+    );
+
+    // Other files into the same directory: the endpoint already there keeps its id, a new
+    // one gets a new id, and the first import's suites still check.
+    let args = import_into(&second, &["--replace"]);
+    let o = import(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let merged = std::fs::read_to_string(&agents).unwrap();
+    assert!(merged.starts_with(&edited), "{merged}");
+    assert!(
+        merged.contains(
+            "agent \"multiagent-3\" protocol=\"multiagent\" url=\"http://127.0.0.1:9/b\""
+        ),
+        "{merged}"
+    );
+    let again = std::fs::read_to_string(out.join("again.kdl")).unwrap();
+    assert!(again.contains("agent \"multiagent-2\""), "{again}");
+    let o = check(&out).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+
+    // An explicit endpoint is the user saying where the agent is now.
+    let args = import_into(
+        &first,
+        &["--replace", "--agent-url", "http://127.0.0.1:9/new"],
+    );
+    let o = import(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let rewritten = std::fs::read_to_string(&agents).unwrap();
+    assert!(
+        rewritten.contains(
+            "agent \"multiagent\" protocol=\"multiagent\" url=\"http://127.0.0.1:9/new\""
+        ),
+        "{rewritten}"
+    );
+    assert!(rewritten.contains("multiagent-3"), "{rewritten}");
+
+    // A file that does not parse is not guessed at: nothing is written.
+    std::fs::write(&agents, "agent \"x\" {").unwrap();
+    let before = std::fs::read_to_string(out.join("plain.kdl")).unwrap();
+    let args = import_into(&first, &["--replace"]);
+    let o = import(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("is not valid KDL"), "{}", stderr(&o));
+    assert_eq!(
+        std::fs::read_to_string(out.join("plain.kdl")).unwrap(),
+        before
+    );
+}

@@ -28,6 +28,7 @@ use serde_json::{Map, Value};
 
 use super::super::console::{count, errln};
 use super::super::{EXIT_FAILED, EXIT_INVALID, EXIT_OK};
+use super::agents_file::{AgentsFile, WantedAgent};
 use super::multiagent::{check_text, collect_json, fits, write_checked};
 use super::{AGENTS_FILE, comment, is_simple_id, json_kind, kdl_string, literal_template};
 
@@ -843,16 +844,45 @@ pub fn import_connexity(args: &ConnexityImportArgs) -> u8 {
             errln!("error: {}: {e}", out.display());
             return EXIT_INVALID;
         }
-        let mut header = String::new();
-        comment(
-            &mut header,
-            "",
-            "The agent the suites imported by `trellis import connexity` run against; edit its\n\
-             endpoint here (url= or builtin=), and add a `provider` for the simulator and judge.",
-        );
-        if let Err(e) = super::write_file(&agents_path, &format!("{header}\n{agents_text}"), true) {
+        // `--replace` keeps the agents file's agents (agents_file.rs).
+        let existing = if args.replace {
+            match AgentsFile::read(&agents_path) {
+                Ok(existing) => existing,
+                Err(e) => {
+                    errln!("error: {e}");
+                    return EXIT_INVALID;
+                }
+            }
+        } else {
+            None
+        };
+        let merged = existing.map(|file| {
+            file.merge(&[WantedAgent {
+                id: args.agent_id.clone(),
+                text: agents_text.clone(),
+                explicit: args.agent_url.is_some() || args.agent_builtin.is_some(),
+            }])
+        });
+        let agents_file = match &merged {
+            Some(merged) => merged.text.clone(),
+            None => {
+                let mut header = String::new();
+                comment(
+                    &mut header,
+                    "",
+                    "The agent the suites imported by `trellis import connexity` run against; \
+                     edit its\nendpoint here (url= or builtin=), and add a `provider` for the \
+                     simulator and judge.",
+                );
+                format!("{header}\n{agents_text}")
+            }
+        };
+        if let Err(e) = super::write_file(&agents_path, &agents_file, true) {
             errln!("error: could not write the agents file: {e}");
             return EXIT_INVALID;
+        }
+        if let Some(merged) = &merged {
+            errln!("{}", merged.note(&agents_path));
         }
         // `sub/refund.json` and `sub.refund.json` both read `sub.refund`: suite names must
         // differ (`-2`, `-3`… on a clash), or the suites do not load together.

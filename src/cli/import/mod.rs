@@ -2,6 +2,7 @@
 //! Fixie agent's few-shots, MultiAgentEval scenario files, Connexity test cases), and the helpers both importers
 //! share to write KDL that loads back exactly as the source said.
 
+mod agents_file;
 mod connexity;
 mod conversations;
 mod fixie;
@@ -57,8 +58,6 @@ pub fn import(args: ImportArgs) -> u8 {
     }
 }
 
-/// Writes `text` to `path`, which must not exist unless `replace` (checked when the file is
-/// created, so a file appearing meanwhile is not clobbered either).
 /// The shared agents file of a directory import, which every written suite `include`s.
 pub const AGENTS_FILE: &str = "agents.kdl";
 

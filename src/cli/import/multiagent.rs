@@ -26,6 +26,7 @@ use rayon::prelude::*;
 
 use super::super::console::{count, errln};
 use super::super::{EXIT_FAILED, EXIT_INVALID, EXIT_OK};
+use super::agents_file::{AgentsFile, WantedAgent};
 use super::scenario_file::{FileAgent, Generation, RenderOptions, ScenarioFile};
 use super::{AGENTS_FILE, is_simple_id, kdl_string, write_file};
 
@@ -212,9 +213,25 @@ pub fn import_multiagent(args: &MultiAgentImportArgs) -> u8 {
     });
 
     let explicit = explicit_agent(args);
+    // `--replace` into a directory keeps the agents file's agents (agents_file.rs).
+    let existing = match args.out.as_deref().filter(|_| is_dir && args.replace) {
+        Some(out) => match AgentsFile::read(&out.join(AGENTS_FILE)) {
+            Ok(existing) => existing,
+            Err(e) => {
+                errln!("error: {e}");
+                return EXIT_INVALID;
+            }
+        },
+        None => None,
+    };
     // Per endpoint and request form: AES and transitional files are what the AgentV harness
     // runs, calling agents with the task text only; legacy files are the MultiAgentEval
     // harness's, which sends the history too.
+    let endpoint_ids = if explicit.is_none() {
+        endpoint_agent_ids(args, &jobs, existing.as_ref())
+    } else {
+        BTreeMap::new()
+    };
     let mut agents: BTreeMap<(FileAgent, bool), AgentNode> = BTreeMap::new();
     let mut default_agents: BTreeMap<bool, AgentNode> = BTreeMap::new();
     let mut agent_of: Vec<Option<String>> = Vec::with_capacity(jobs.len());
@@ -226,11 +243,14 @@ pub fn import_multiagent(args: &MultiAgentImportArgs) -> u8 {
         let task_only = scenario.generation != Generation::Legacy;
         let node = match (&explicit, &scenario.agent) {
             (None, Some(endpoint)) => {
-                let next = agents.len() + 2;
+                let id = endpoint_ids
+                    .get(&(endpoint.clone(), task_only))
+                    .cloned()
+                    .unwrap_or_else(|| args.agent_id.clone());
                 agents
                     .entry((endpoint.clone(), task_only))
                     .or_insert_with(|| AgentNode {
-                        id: format!("{}-{next}", args.agent_id),
+                        id,
                         endpoint: Endpoint::Reached(endpoint.clone()),
                         max_actions: None,
                         task_only,
@@ -266,6 +286,20 @@ pub fn import_multiagent(args: &MultiAgentImportArgs) -> u8 {
     }
     let agent_nodes: Vec<&AgentNode> = default_agents.values().chain(agents.values()).collect();
     let agents_text: String = agent_nodes.iter().map(|a| a.render()).collect();
+    let merged = existing.map(|file| {
+        file.merge(
+            &agent_nodes
+                .iter()
+                .map(|agent| WantedAgent {
+                    id: agent.id.clone(),
+                    text: agent.render(),
+                    // With an --agent-* option every agent is reached there: the user
+                    // saying where it is now.
+                    explicit: explicit.is_some(),
+                })
+                .collect::<Vec<_>>(),
+        )
+    });
 
     // A bad --agent-url (or a file's endpoint) would make every suite fail its check: say so
     // once, as a usage error, before writing anything.
@@ -280,7 +314,26 @@ pub fn import_multiagent(args: &MultiAgentImportArgs) -> u8 {
         let Some(out) = args.out.as_deref() else {
             return EXIT_INVALID;
         };
-        write_directory(args, out, &jobs, &agent_of, &suite_names, &agents_text)
+        let agents_file = match &merged {
+            Some(merged) => merged.text.clone(),
+            None => {
+                let mut header = String::new();
+                super::comment(
+                    &mut header,
+                    "",
+                    "The agents the suites imported by `trellis import multiagent` run against; \
+                     edit the\nendpoints here (url=, command=, socket= or builtin=).",
+                );
+                format!("{header}\n{agents_text}")
+            }
+        };
+        let written = write_directory(args, out, &jobs, &agent_of, &suite_names, &agents_file);
+        if written.is_some()
+            && let Some(merged) = &merged
+        {
+            errln!("{}", merged.note(&out.join(AGENTS_FILE)));
+        }
+        written
     } else {
         write_single(args, &jobs, &agent_of, &suite_names, &agents_text)
     };
@@ -368,6 +421,54 @@ fn explicit_agent(args: &MultiAgentImportArgs) -> Option<Endpoint> {
     }
 }
 
+/// The id of the agent of each endpoint the files name, per request form: the existing
+/// agents file's agent at that endpoint, else `ID-N`, numbered from 2 in the order the
+/// files name them, skipping the ids the first rule took. So the same files get the same
+/// ids again, and an agent whose endpoint the user edited in the file keeps its suites.
+fn endpoint_agent_ids(
+    args: &MultiAgentImportArgs,
+    jobs: &[Job],
+    existing: Option<&AgentsFile>,
+) -> BTreeMap<(FileAgent, bool), String> {
+    let mut wanted: Vec<(FileAgent, bool)> = Vec::new();
+    for job in jobs {
+        if let Some(Ok(scenario)) = &job.parsed
+            && let Some(endpoint) = &scenario.agent
+        {
+            let key = (endpoint.clone(), scenario.generation != Generation::Legacy);
+            if !wanted.contains(&key) {
+                wanted.push(key);
+            }
+        }
+    }
+    let mut ids = BTreeMap::new();
+    for key @ (endpoint, task_only) in &wanted {
+        let (field, value) = match endpoint {
+            FileAgent::Url(url) => ("url", url),
+            FileAgent::Command(command) => ("command", command),
+            FileAgent::Socket(socket) => ("socket", socket),
+        };
+        if let Some(id) = existing.and_then(|file| file.id_at(field, value, *task_only)) {
+            ids.insert(key.clone(), id.to_owned());
+        }
+    }
+    let mut n = 2usize;
+    for key in wanted {
+        if ids.contains_key(&key) {
+            continue;
+        }
+        let id = loop {
+            let id = format!("{}-{n}", args.agent_id);
+            n += 1;
+            if !ids.values().any(|taken| *taken == id) {
+                break id;
+            }
+        };
+        ids.insert(key, id);
+    }
+    ids
+}
+
 /// Every `*.json` below `dir`, not following symbolic links to directories (which could
 /// loop); other files are counted in `ignored`.
 pub(super) fn collect_json(
@@ -431,7 +532,7 @@ fn write_directory(
     jobs: &[Job],
     agent_of: &[Option<String>],
     suite_names: &[String],
-    agents_text: &str,
+    agents_file: &str,
 ) -> Option<Vec<Result<(), String>>> {
     let agents_path = out.join(AGENTS_FILE);
     let targets: Vec<PathBuf> = jobs
@@ -460,14 +561,7 @@ fn write_directory(
         errln!("error: {}: {e}", out.display());
         return None;
     }
-    let mut header = String::new();
-    super::comment(
-        &mut header,
-        "",
-        "The agents the suites imported by `trellis import multiagent` run against; edit the\n\
-         endpoints here (url=, command=, socket= or builtin=).",
-    );
-    if let Err(e) = write_file(&agents_path, &format!("{header}\n{agents_text}"), true) {
+    if let Err(e) = write_file(&agents_path, agents_file, true) {
         errln!("error: could not write the agents file: {e}");
         return None;
     }

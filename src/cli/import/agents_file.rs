@@ -1,0 +1,293 @@
+//! The agents file of a directory import (`OUT/agents.kdl`) when one is already there.
+//!
+//! That file is where a user points the imported suites at their agent (its header says
+//! "edit the endpoints here"), so `--replace`, which rewrites the suites, must not undo that
+//! edit: the suites would then run against the builtin reference agent and pass. The agents
+//! it holds are kept as they are, byte for byte, and the import appends only the agents it
+//! lacks. An agent the import reaches at an endpoint the file already has takes that
+//! agent's id. An agent kept though the import would write it otherwise (an edited
+//! endpoint, or another import's agent of the same id) is named, with what the import
+//! would have written, so neither goes unnoticed. The one agent replaced is one the
+//! command line names explicitly (`--agent-url` and the like), which is the user saying
+//! where it is now.
+
+use std::fmt::Write as _;
+use std::ops::Range;
+use std::path::Path;
+
+/// An `agents.kdl` as the import found it.
+pub struct AgentsFile {
+    text: String,
+    agents: Vec<KnownAgent>,
+}
+
+/// One `agent` node of the file.
+struct KnownAgent {
+    id: String,
+    /// `url=`, `command=`, `socket=` or `builtin=`, and its value.
+    endpoint: Option<(String, String)>,
+    /// Whether it has `request "task-only"` (MultiAgentEval's AgentV form).
+    task_only: bool,
+    /// The node's text in the file.
+    span: Range<usize>,
+}
+
+/// An agent the import would write, and whether the command line named its endpoint.
+pub struct WantedAgent {
+    pub id: String,
+    pub text: String,
+    pub explicit: bool,
+}
+
+/// What became of each wanted agent in the merged file.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Merged {
+    pub text: String,
+    /// Already in the file and kept as written there.
+    pub kept: Vec<String>,
+    /// Of those, the ones the import would have written otherwise, with that text.
+    pub kept_otherwise: Vec<(String, String)>,
+    /// Already in the file, rewritten as the command line asked.
+    pub replaced: Vec<String>,
+    /// Not in the file: appended.
+    pub added: Vec<String>,
+}
+
+impl AgentsFile {
+    /// The file at `path`; `None` when there is none. A file that does not parse is an
+    /// error: the import will not guess which agents it held.
+    pub fn read(path: &Path) -> Result<Option<AgentsFile>, String> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(format!("{}: {e}", path.display())),
+        };
+        AgentsFile::parse(text).map(Some).map_err(|e| {
+            format!(
+                "{} is not valid KDL ({e}); fix it (`trellis check {}` shows where) or \
+                 remove it, and import again",
+                path.display(),
+                path.display()
+            )
+        })
+    }
+
+    fn parse(text: String) -> Result<AgentsFile, kdl::KdlError> {
+        let document: kdl::KdlDocument = text.parse()?;
+        let agents = document
+            .nodes()
+            .iter()
+            .filter(|node| node.name().value() == "agent")
+            .filter_map(|node| {
+                let id = node.get(0)?.as_string()?.to_owned();
+                let endpoint = ["url", "command", "socket", "builtin"]
+                    .into_iter()
+                    .find_map(|key| {
+                        let value = node.get(key)?.as_string()?;
+                        Some((key.to_owned(), value.to_owned()))
+                    });
+                let task_only = node.children().is_some_and(|children| {
+                    children.nodes().iter().any(|child| {
+                        child.name().value() == "request"
+                            && child.get(0).and_then(kdl::KdlValue::as_string) == Some("task-only")
+                    })
+                });
+                let span = node.span();
+                let span = span.offset()..span.offset() + span.len();
+                text.get(span.clone())?;
+                Some(KnownAgent {
+                    id,
+                    endpoint,
+                    task_only,
+                    span,
+                })
+            })
+            .collect();
+        Ok(AgentsFile { text, agents })
+    }
+
+    /// The id of the file's agent reached at `key=value` in the same request form.
+    pub fn id_at(&self, key: &str, value: &str, task_only: bool) -> Option<&str> {
+        self.agents
+            .iter()
+            .find(|agent| {
+                agent.task_only == task_only
+                    && agent
+                        .endpoint
+                        .as_ref()
+                        .is_some_and(|(k, v)| k == key && v == value)
+            })
+            .map(|agent| agent.id.as_str())
+    }
+
+    /// The file with `wanted` merged in (see the module documentation).
+    pub fn merge(&self, wanted: &[WantedAgent]) -> Merged {
+        let mut merged = Merged::default();
+        let mut replacements: Vec<(Range<usize>, &str)> = Vec::new();
+        let mut appended = String::new();
+        for agent in wanted {
+            match self.agents.iter().find(|known| known.id == agent.id) {
+                Some(known) => {
+                    let written = self.text.get(known.span.clone()).unwrap_or_default();
+                    if agent.explicit && !same_node(written, &agent.text) {
+                        replacements.push((known.span.clone(), agent.text.trim_end()));
+                        merged.replaced.push(agent.id.clone());
+                    } else {
+                        if !same_node(written, &agent.text) {
+                            merged
+                                .kept_otherwise
+                                .push((agent.id.clone(), agent.text.trim_end().to_owned()));
+                        }
+                        merged.kept.push(agent.id.clone());
+                    }
+                }
+                None => {
+                    appended.push_str(agent.text.trim_end());
+                    appended.push('\n');
+                    merged.added.push(agent.id.clone());
+                }
+            }
+        }
+        let mut text = self.text.clone();
+        replacements.sort_by_key(|(span, _)| std::cmp::Reverse(span.start));
+        for (span, with) in replacements {
+            // A node's span ends after its last token, spaces included: keep the one
+            // before a comment on its line.
+            let trailing = self
+                .text
+                .get(span.clone())
+                .map_or(0, |node| node.len() - node.trim_end().len());
+            text.replace_range(span.start..span.end - trailing, with);
+        }
+        if !appended.is_empty() {
+            if !text.is_empty() && !text.ends_with('\n') {
+                text.push('\n');
+            }
+            text.push_str(&appended);
+        }
+        merged.text = text;
+        merged
+    }
+}
+
+impl Merged {
+    /// One line for the console about what an existing agents file kept, or `None` when
+    /// the file was written from nothing.
+    pub fn note(&self, path: &Path) -> String {
+        let list = |ids: &[String]| {
+            ids.iter()
+                .map(|id| format!("`{id}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        let mut parts = Vec::new();
+        if !self.kept.is_empty() {
+            parts.push(format!("kept {} as written there", list(&self.kept)));
+        }
+        if !self.replaced.is_empty() {
+            parts.push(format!(
+                "rewrote {} with the endpoint given",
+                list(&self.replaced)
+            ));
+        }
+        if !self.added.is_empty() {
+            parts.push(format!("added {}", list(&self.added)));
+        }
+        if parts.is_empty() {
+            parts.push("left it as it was".to_owned());
+        }
+        let mut note = format!(
+            "note: {} existed: {}; its other agents stay",
+            path.display(),
+            parts.join("; ")
+        );
+        for (id, text) in &self.kept_otherwise {
+            let _ = write!(
+                note,
+                "\n  `{id}` differs from what this import would write, `{text}`: edit the \
+                 file if the suites should run there"
+            );
+        }
+        note
+    }
+}
+
+/// Whether two agent nodes are written the same, spaces aside (a node's span holds no
+/// comment after it).
+fn same_node(written: &str, text: &str) -> bool {
+    written.split_whitespace().eq(text.split_whitespace())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(text: &str) -> AgentsFile {
+        match AgentsFile::parse(text.to_owned()) {
+            Ok(file) => file,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    fn wanted(id: &str, text: &str, explicit: bool) -> WantedAgent {
+        WantedAgent {
+            id: id.into(),
+            text: text.into(),
+            explicit,
+        }
+    }
+
+    const EDITED: &str = "// header\n\nagent \"a\" protocol=\"multiagent\" url=\"http://mine\" // edited\nagent \"a-2\" protocol=\"multiagent\" url=\"http://x\" {\n    request \"task-only\"\n}\n";
+
+    #[test]
+    fn keeps_edited_agents_and_adds_missing_ones() {
+        let merged = file(EDITED).merge(&[
+            wanted(
+                "a",
+                "agent \"a\" protocol=\"multiagent\" builtin=\"support\"\n",
+                false,
+            ),
+            wanted(
+                "b",
+                "agent \"b\" protocol=\"multiagent\" url=\"http://b\"\n",
+                false,
+            ),
+        ]);
+        assert_eq!(
+            merged.text,
+            format!("{EDITED}agent \"b\" protocol=\"multiagent\" url=\"http://b\"\n")
+        );
+        assert_eq!(merged.kept, ["a"]);
+        assert_eq!(merged.added, ["b"]);
+        assert_eq!(merged.kept_otherwise.len(), 1, "the edited url is named");
+        assert!(merged.note(Path::new("x")).contains("builtin=\"support\""));
+        assert!(merged.replaced.is_empty());
+    }
+
+    #[test]
+    fn an_explicit_endpoint_rewrites_its_agent_only() {
+        let merged = file(EDITED).merge(&[wanted(
+            "a",
+            "agent \"a\" protocol=\"multiagent\" url=\"http://new\"\n",
+            true,
+        )]);
+        assert_eq!(
+            merged.text,
+            EDITED.replace("url=\"http://mine\"", "url=\"http://new\"")
+        );
+        assert_eq!(merged.replaced, ["a"]);
+    }
+
+    #[test]
+    fn finds_agents_by_endpoint_and_form() {
+        let file = file(EDITED);
+        assert_eq!(file.id_at("url", "http://x", true), Some("a-2"));
+        assert_eq!(file.id_at("url", "http://x", false), None);
+        assert_eq!(file.id_at("url", "http://mine", false), Some("a"));
+    }
+
+    #[test]
+    fn a_file_that_does_not_parse_is_refused() {
+        assert!(AgentsFile::parse("agent \"a\" {".to_owned()).is_err());
+    }
+}
