@@ -69,6 +69,9 @@ pub enum Behavior {
     /// connection without reading the body or answering (as some servers with a body size
     /// limit do; the client sees the connection reset while it sends).
     RefuseLargeBody { limit: usize },
+    /// Answer every request with a 200 whose body is `body` as given, with
+    /// `Content-Encoding: coding` (a server that compresses unasked).
+    Encoded { coding: String, body: Vec<u8> },
 }
 
 /// One request as received.
@@ -366,6 +369,15 @@ async fn serve_connection(
             Behavior::RefuseLargeBody { .. } => return Ok(()),
             Behavior::Respond { status, body } => {
                 write_response(&mut stream, *status, body).await?
+            }
+            Behavior::Encoded { coding, body } => {
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-encoding: \
+                     {coding}\r\ncontent-length: {}\r\n\r\n",
+                    body.len()
+                );
+                stream.write_all(head.as_bytes()).await?;
+                stream.write_all(body).await?;
             }
             Behavior::RespondThenClose { status, body } => {
                 write_response(&mut stream, *status, body).await?;

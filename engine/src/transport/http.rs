@@ -165,6 +165,23 @@ pub struct RawResponse {
 }
 
 impl RawResponse {
+    /// The response with its body's `Content-Encoding` undone (`super::encoding`). An error
+    /// status's body, read only far enough to quote, is quoted as it came when it does not
+    /// decode.
+    fn decoded(mut self, max_response_size: u64) -> Result<RawResponse, Fault> {
+        if !self.headers.contains_key(reqwest::header::CONTENT_ENCODING) {
+            return Ok(self);
+        }
+        match super::encoding::decoded(&self.headers, self.body.clone(), max_response_size) {
+            Ok(body) => {
+                self.body = body;
+                Ok(self)
+            }
+            Err(fault) if self.status.is_success() => Err(fault),
+            Err(_) => Ok(self),
+        }
+    }
+
     /// The 2xx response, or the fault an error status maps to.
     pub fn success(self) -> Result<HttpResponse, Fault> {
         if self.status.is_success() {
@@ -489,7 +506,7 @@ impl HttpTransport {
         let exchange =
             Box::pin(self.exchange(method, url, headers, body, max_response_size, &mut progress));
         match tokio::time::timeout(timeout, exchange).await {
-            Ok(result) => result,
+            Ok(result) => result.and_then(|response| response.decoded(max_response_size)),
             Err(_elapsed) => Err(Fault::new(
                 FaultCategory::Timeout,
                 format!(

@@ -5,7 +5,7 @@
 //! fault category, and the retry rule (plain HTTP/1.1 to a directly reached agent goes over
 //! `plain`, hyper's connection API without reqwest's layers); [`sse`] reads server-sent
 //! events over that pool (time to first event, idle timeout, size bounds, a stream that ends
-//! early); [`line`] speaks newline-delimited JSON with a process or a socket; [`quote`] puts
+//! early); `encoding` undoes the gzip or deflate some servers apply unasked; [`line`] speaks newline-delimited JSON with a process or a socket; [`quote`] puts
 //! what a peer sent into a fault message, bounded and readable; [`trace`] puts the turn's W3C
 //! trace context on every HTTP request sent for it.
 //!
@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 use crate::record::Fault;
 
 pub mod connect;
+mod encoding;
 pub mod http;
 pub mod line;
 mod plain;

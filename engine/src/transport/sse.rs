@@ -29,7 +29,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use reqwest::Url;
-use reqwest::header::{CONTENT_TYPE, HeaderMap};
+use reqwest::header::{CONTENT_ENCODING, CONTENT_TYPE, HeaderMap};
 use sse_stream::{ByteStreamBody, SseStream};
 use tokio::time::Instant;
 
@@ -143,7 +143,26 @@ pub async fn open(
             .unwrap_or_default();
         return Err(status_fault(status, &preview));
     }
+    let compressed = response
+        .headers()
+        .get(CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|v| !v.is_empty() && !v.eq_ignore_ascii_case("identity"))
+        .map(str::to_owned);
     if media_type == "text/event-stream" {
+        if let Some(coding) = compressed {
+            // Events are read as they arrive; a compressed stream would need its codec's
+            // state kept across reads, for a server that compresses what it was not asked to.
+            return Err(Fault::new(
+                FaultCategory::Protocol,
+                format!(
+                    "the event stream is compressed with `{coding}` (Content-Encoding), which \
+                     Trellis does not decode in a stream; Trellis sends no Accept-Encoding, so \
+                     turn compression off on the agent or the proxy in front of it"
+                ),
+            ));
+        }
         return Ok(Opened::Events(Box::new(EventStream::new(
             response,
             url.clone(),
@@ -153,7 +172,9 @@ pub async fn open(
         ))));
     }
     if media_type == "application/json" || media_type.ends_with("+json") {
+        let headers = response.headers().clone();
         let body = read_body(response, url, limits.max_total, first_event_by, true).await?;
+        let body = super::encoding::decoded(&headers, body, limits.max_total)?;
         return Ok(Opened::Json(body));
     }
     let preview = read_body(response, url, PREVIEW_BYTES as u64, first_event_by, false)

@@ -237,6 +237,48 @@ async fn non_json_body_is_invalid_json() {
     assert_eq!(server.requests(), 1);
 }
 
+/// Servers and gateways that compress unasked: gzip and deflate answers are read, a bomb
+/// stops at the agent's response limit, and a coding Trellis does not read is named.
+#[tokio::test]
+async fn compressed_answers_are_decoded_or_named() {
+    use std::io::Write as _;
+    let gzip = |text: &[u8]| {
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        encoder.write_all(text).unwrap();
+        encoder.finish().unwrap()
+    };
+    let server = MisbehavingServer::start(Behavior::Encoded {
+        coding: "gzip".into(),
+        body: gzip(OK_BODY.as_bytes()),
+    })
+    .await;
+    let outcome = call(&server.url(), 0, limits(SHORT)).await;
+    assert_eq!(
+        outcome.result.unwrap().reply.as_deref(),
+        Some("Hello there.")
+    );
+
+    let bomb = MisbehavingServer::start(Behavior::Encoded {
+        coding: "gzip".into(),
+        body: gzip(&vec![b' '; 4 << 20]),
+    })
+    .await;
+    let mut small = limits(SHORT);
+    small.max_response_size = 1 << 20;
+    let outcome = call(&bomb.url(), 0, small).await;
+    let message = fault_of(&outcome, FaultCategory::TooLarge);
+    assert!(message.contains("decodes to more"), "{message}");
+
+    let brotli = MisbehavingServer::start(Behavior::Encoded {
+        coding: "br".into(),
+        body: b"\x1b\x00".to_vec(),
+    })
+    .await;
+    let outcome = call(&brotli.url(), 0, limits(SHORT)).await;
+    let message = fault_of(&outcome, FaultCategory::Protocol);
+    assert!(message.contains("`br`"), "{message}");
+}
+
 #[tokio::test]
 async fn wrong_shapes_are_protocol_faults() {
     let cases = [
