@@ -1,8 +1,9 @@
 //! Compressed answers. Trellis asks for none (it sends no `Accept-Encoding`), yet some
 //! servers, gateways and middleware compress whatever they send. A body whose
 //! `Content-Encoding` is gzip or deflate is decoded, within the agent's response size limit
-//! (so a small compressed answer cannot expand past it); any other coding is a fault that
-//! names it, instead of a JSON error quoting compressed bytes.
+//! (so a small compressed answer cannot expand past it), and an event stream's chunk by
+//! chunk as it arrives; any other coding is a fault that names it, instead of a JSON error
+//! quoting compressed bytes.
 
 use std::io::Read as _;
 
@@ -34,6 +35,73 @@ pub fn decoded(headers: &HeaderMap, body: Bytes, max: u64) -> Result<Bytes, Faul
         };
     }
     Ok(body)
+}
+
+/// The codings of a streamed body, undone chunk by chunk as it arrives.
+pub struct StreamDecoder {
+    coding: &'static str,
+    inflate: Inflate,
+}
+
+enum Inflate {
+    Gzip(flate2::write::MultiGzDecoder<Vec<u8>>),
+    Zlib(flate2::write::ZlibDecoder<Vec<u8>>),
+}
+
+impl StreamDecoder {
+    /// The decoder for `headers`' `Content-Encoding`: `None` without one (or `identity`);
+    /// a fault for a coding it does not read, or several stacked.
+    pub fn for_headers(headers: &HeaderMap) -> Result<Option<StreamDecoder>, Fault> {
+        let Some(value) = headers.get(CONTENT_ENCODING) else {
+            return Ok(None);
+        };
+        let value = String::from_utf8_lossy(value.as_bytes()).to_ascii_lowercase();
+        let codings: Vec<&str> = value
+            .split(',')
+            .map(str::trim)
+            .filter(|c| !c.is_empty() && *c != "identity")
+            .collect();
+        let inflate = match codings[..] {
+            [] => return Ok(None),
+            ["gzip" | "x-gzip"] => Inflate::Gzip(flate2::write::MultiGzDecoder::new(Vec::new())),
+            ["deflate"] => Inflate::Zlib(flate2::write::ZlibDecoder::new(Vec::new())),
+            _ => return Err(unknown(&value)),
+        };
+        let coding = match inflate {
+            Inflate::Gzip(_) => "gzip",
+            Inflate::Zlib(_) => "deflate",
+        };
+        Ok(Some(StreamDecoder { coding, inflate }))
+    }
+
+    /// What `chunk` decodes to (possibly nothing yet).
+    pub fn feed(&mut self, chunk: &[u8]) -> Result<Bytes, Fault> {
+        use std::io::Write as _;
+        let written = match &mut self.inflate {
+            Inflate::Gzip(decoder) => decoder.write_all(chunk).and_then(|()| decoder.flush()),
+            Inflate::Zlib(decoder) => decoder.write_all(chunk).and_then(|()| decoder.flush()),
+        };
+        written.map_err(|e| broken(self.coding, &Decode::Broken(e)))?;
+        Ok(self.take())
+    }
+
+    /// What is left once the body ended.
+    pub fn finish(&mut self) -> Result<Bytes, Fault> {
+        let finished = match &mut self.inflate {
+            Inflate::Gzip(decoder) => decoder.try_finish(),
+            Inflate::Zlib(decoder) => decoder.try_finish(),
+        };
+        finished.map_err(|e| broken(self.coding, &Decode::Broken(e)))?;
+        Ok(self.take())
+    }
+
+    fn take(&mut self) -> Bytes {
+        let out = match &mut self.inflate {
+            Inflate::Gzip(decoder) => decoder.get_mut(),
+            Inflate::Zlib(decoder) => decoder.get_mut(),
+        };
+        Bytes::from(std::mem::take(out))
+    }
 }
 
 /// What `reader` decodes, no more than `max` bytes of it.
@@ -125,6 +193,27 @@ mod tests {
                 .as_deref(),
             Some(&b"x"[..])
         );
+    }
+
+    #[test]
+    fn a_stream_decodes_chunk_by_chunk() {
+        let text = b"data: {\"a\":1}\n\ndata: {\"b\":2}\n\n".repeat(50);
+        let compressed = gzip(&text);
+        let mut decoder = match StreamDecoder::for_headers(&with("gzip")) {
+            Ok(Some(decoder)) => decoder,
+            _ => panic!("gzip is read"),
+        };
+        let mut out = Vec::new();
+        for chunk in compressed.chunks(7) {
+            out.extend_from_slice(&decoder.feed(chunk).unwrap());
+        }
+        out.extend_from_slice(&decoder.finish().unwrap());
+        assert_eq!(out, text);
+        assert!(matches!(
+            StreamDecoder::for_headers(&with("identity")),
+            Ok(None)
+        ));
+        assert!(StreamDecoder::for_headers(&with("gzip, br")).is_err());
     }
 
     #[test]

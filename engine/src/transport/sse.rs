@@ -29,7 +29,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use reqwest::Url;
-use reqwest::header::{CONTENT_ENCODING, CONTENT_TYPE, HeaderMap};
+use reqwest::header::{CONTENT_TYPE, HeaderMap};
 use sse_stream::{ByteStreamBody, SseStream};
 use tokio::time::Instant;
 
@@ -143,28 +143,11 @@ pub async fn open(
             .unwrap_or_default();
         return Err(status_fault(status, &preview));
     }
-    let compressed = response
-        .headers()
-        .get(CONTENT_ENCODING)
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
-        .filter(|v| !v.is_empty() && !v.eq_ignore_ascii_case("identity"))
-        .map(str::to_owned);
     if media_type == "text/event-stream" {
-        if let Some(coding) = compressed {
-            // Events are read as they arrive; a compressed stream would need its codec's
-            // state kept across reads, for a server that compresses what it was not asked to.
-            return Err(Fault::new(
-                FaultCategory::Protocol,
-                format!(
-                    "the event stream is compressed with `{coding}` (Content-Encoding), which \
-                     Trellis does not decode in a stream; Trellis sends no Accept-Encoding, so \
-                     turn compression off on the agent or the proxy in front of it"
-                ),
-            ));
-        }
+        let decoder = super::encoding::StreamDecoder::for_headers(response.headers())?;
         return Ok(Opened::Events(Box::new(EventStream::new(
             response,
+            decoder,
             url.clone(),
             limits,
             started,
@@ -327,6 +310,7 @@ pub struct EventStream {
 impl EventStream {
     fn new(
         response: reqwest::Response,
+        decoder: Option<super::encoding::StreamDecoder>,
         url: Url,
         limits: StreamLimits,
         started: Instant,
@@ -337,15 +321,33 @@ impl EventStream {
         let counter = Arc::clone(&received);
         let chunk_url = url.clone();
         let chunks = futures::stream::unfold(
-            (response, EventSizer::default(), false),
-            move |(mut response, mut sizer, failed)| {
+            (response, EventSizer::default(), false, decoder),
+            move |(mut response, mut sizer, failed, mut decoder)| {
                 let counter = Arc::clone(&counter);
                 let url = chunk_url.clone();
                 async move {
                     if failed {
                         return None;
                     }
-                    let error = match response.chunk().await {
+                    // Sizes and limits count the events as decoded.
+                    let read = match (response.chunk().await, decoder.as_mut()) {
+                        (Ok(Some(chunk)), Some(decoder)) => decoder.feed(&chunk).map(Some),
+                        (Ok(None), Some(decoder)) => match decoder.finish() {
+                            Ok(rest) if !rest.is_empty() => {
+                                return Some((Ok(rest), (response, sizer, false, None)));
+                            }
+                            Ok(_) => Ok(None),
+                            Err(fault) => Err(fault),
+                        },
+                        (Ok(read), None) => Ok(read),
+                        (Err(e), _) => Err(request_fault(
+                            &e,
+                            &url,
+                            Some(status),
+                            counter.total.load(Ordering::Relaxed),
+                        )),
+                    };
+                    let error = match read {
                         Ok(Some(chunk)) => {
                             let total = counter
                                 .total
@@ -367,18 +369,13 @@ impl EventStream {
                                     ),
                                 )
                             } else {
-                                return Some((Ok(chunk), (response, sizer, false)));
+                                return Some((Ok(chunk), (response, sizer, false, decoder)));
                             }
                         }
                         Ok(None) => return None,
-                        Err(e) => request_fault(
-                            &e,
-                            &url,
-                            Some(status),
-                            counter.total.load(Ordering::Relaxed),
-                        ),
+                        Err(fault) => fault,
                     };
-                    Some((Err(BodyError(error)), (response, sizer, true)))
+                    Some((Err(BodyError(error)), (response, sizer, true, None)))
                 }
             },
         );

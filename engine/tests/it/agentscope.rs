@@ -262,6 +262,51 @@ fn fault(turn: &Turn, category: FaultCategory) -> String {
     }
 }
 
+/// A server that compresses its event stream unasked (aiohttp's `enable_compression(force
+/// =True)`, gateways): the stream is decoded as it arrives, pieces split anywhere.
+#[tokio::test]
+async fn a_gzip_compressed_stream_is_read_as_it_arrives() {
+    use std::io::Write as _;
+    let server = ScriptedServer::start(|r| {
+        let mut plain = Vec::new();
+        let mut steps = opening("Hello there.");
+        steps.push(completed(&r.session()));
+        for step in steps.drain(1..) {
+            if let Step::Write(bytes) = step {
+                plain.extend_from_slice(&bytes);
+            }
+        }
+        let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        encoder.write_all(&plain).unwrap();
+        let compressed = encoder.finish().unwrap();
+        let mut out = vec![raw(
+            "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: text/event-stream\r\n\
+             Content-Encoding: gzip\r\n\r\n",
+        )];
+        for piece in compressed.chunks(9) {
+            out.push(Step::Write(piece.to_vec()));
+            out.push(Step::Sleep(Duration::from_millis(1)));
+        }
+        out
+    })
+    .await;
+    let turn = say_to(&server.url, "Hi").await;
+    assert_eq!(turn.fault, None, "{turn:?}");
+    assert_eq!(turn.reply.as_deref(), Some("Hello there."));
+
+    let brotli = ScriptedServer::steps(vec![
+        raw(
+            "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: text/event-stream\r\n\
+             Content-Encoding: br\r\n\r\n",
+        ),
+        raw("\u{1b}"),
+    ])
+    .await;
+    let turn = say_to(&brotli.url, "Hi").await;
+    let message = fault(&turn, FaultCategory::Protocol);
+    assert!(message.contains("`br`"), "{message}");
+}
+
 #[tokio::test]
 async fn a_streamed_answer_is_assembled_and_the_request_has_the_runtime_shape() {
     let server = ScriptedServer::start(|r| {
