@@ -4,7 +4,7 @@
 //! Each fingerprint has two halves. The *conversation* half covers what the agent sees or
 //! what shapes its answers: the steps that call the agent (`user`, `call`, `hitl`,
 //! `simulate`), `capture`s (their values feed later messages), and the scenario's setup: its
-//! agents, persona, the project's tools and providers, the simulator, `user-context`,
+//! agents, persona, the project's and its own tools and providers, the simulator, `user-context`,
 //! `initial-state`, `first-turn`, `max-turns`, `timeout` (the *setup*), and `repeat`. The *checks* half covers
 //! what only judges the answers: `expect`s (with the position of the turn they check),
 //! `criteria`, `expect-tool`, `outcome`s and the judges they use. A change to the checks
@@ -201,6 +201,7 @@ fn setup_text(project: &Project, sc: &Scenario) -> String {
         &sc.user_context,
         &sc.initial_state,
         &sc.undeclared_tools,
+        &sc.tools,
         &sc.max_turns,
         &sc.agent_branches,
         &sc.timeout,
@@ -455,6 +456,25 @@ scenario "s" {{
                 .nodes
                 .iter()
                 .all(|(id, fp)| fp.conversation == before.nodes[id].conversation)
+        );
+    }
+
+    #[test]
+    fn a_scenario_tool_is_part_of_its_setup() {
+        let with = |answer: &str| {
+            suite("hi", "go left", "turns max=5").replace(
+                "    user \"hi\"\n",
+                &format!(
+                    "    tool \"lookup\" {{\n        mock returns=\"{answer}\"\n    }}\n    user \"hi\"\n"
+                ),
+            )
+        };
+        let before = prints(&[("a.kdl", &with("shipped"))]);
+        let after = prints(&[("a.kdl", &with("lost"))]);
+        assert_ne!(before.setup, after.setup);
+        assert_eq!(
+            after.scenario.change_from(&before.scenario),
+            Change::Conversation
         );
     }
 

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use trellis_dsl::{Endpoint, Project, SocketAddress};
+use trellis_dsl::{Endpoint, HistorySource, Project, SocketAddress};
 use trellis_engine::plan::{Plan, Selection};
 use trellis_reports::history::{
     AgentEndpoint, GitState, RunMeta, RunSource, SCHEMA_VERSION, SourceFileMeta, redact_url,
@@ -98,7 +98,9 @@ pub fn text_hash(text: &str) -> String {
 }
 
 /// BLAKE3 of the loaded suite files' text, sorted so the order files were found in does
-/// not matter, each prefixed by its length so no two sets of files hash alike.
+/// not matter, each prefixed by its length so no two sets of files hash alike; then of the
+/// files the suites read their cases from (datasets, recorded histories), by path: an
+/// edited CSV row runs other cases, so the suites are not the same.
 pub fn fingerprint(project: &Project) -> String {
     let mut texts: Vec<&str> = project.files.iter().map(|f| &*f.text).collect();
     texts.sort_unstable();
@@ -106,6 +108,25 @@ pub fn fingerprint(project: &Project) -> String {
     for text in texts {
         hasher.update(&(text.len() as u64).to_le_bytes());
         hasher.update(text.as_bytes());
+    }
+    let mut read: Vec<&Path> = project
+        .datasets
+        .iter()
+        .map(|d| d.resolved.as_path())
+        .chain(project.scenarios().filter_map(|(_, sc)| {
+            match sc.history.as_deref().map(|h| &h.source) {
+                Some(HistorySource::File { resolved, .. }) => Some(resolved.as_path()),
+                _ => None,
+            }
+        }))
+        .collect();
+    read.sort_unstable();
+    read.dedup();
+    for path in read {
+        // The run has just read them; one that is gone since hashes as gone.
+        let bytes = std::fs::read(path).unwrap_or_default();
+        hasher.update(&(bytes.len() as u64).to_le_bytes());
+        hasher.update(&bytes);
     }
     hasher.finalize().to_hex().to_string()
 }
