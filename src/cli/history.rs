@@ -493,7 +493,8 @@ pub fn turn_latencies(base: &Path, head: &Path) -> Option<compare::TurnLatencies
 }
 
 /// The mean turn latency of the most recent finished runs (watch reruns are not listed)
-/// with the head run's suite fingerprint that started before it, most recent first.
+/// with the head run's suite fingerprint that started before it, most recent first, but
+/// for those whose own `--baseline` comparison found their latency regressed.
 fn earlier_latency_means(head: &Path) -> Vec<f64> {
     let Ok(head_entry) = history::read_run(head) else {
         return Vec::new();
@@ -520,11 +521,31 @@ fn earlier_latency_means(head: &Path) -> Vec<f64> {
                 .as_ref()
                 .is_some_and(|m| m.suite_fingerprint == fingerprint)
     });
+    // A run that failed its own gate on latency (`run --baseline` wrote its comparison
+    // next to it) was a slower agent, not a busier machine: counting it would let every
+    // later run as slow pass.
+    runs.retain(|r| !latency_regressed(&r.dir));
     runs.sort_by(|a, b| b.started_at.cmp(&a.started_at));
     runs.iter()
         .take(compare::SPREAD_WINDOW)
         .filter_map(|r| history::run_stats(&r.dir).ok()?.aggregates.latency.mean_ms)
         .collect()
+}
+
+/// Whether the comparison recorded in `dir` (`compare.json`) found its mean latency
+/// regressed.
+fn latency_regressed(dir: &Path) -> bool {
+    let Ok(text) = std::fs::read(dir.join(trellis_reports::COMPARE_FILE)) else {
+        return false;
+    };
+    let Ok(comparison) = serde_json::from_slice::<serde_json::Value>(&text) else {
+        return false;
+    };
+    comparison["metrics"].as_array().is_some_and(|metrics| {
+        metrics
+            .iter()
+            .any(|m| m["metric"] == "latency_mean_ms" && m["verdict"] == "regressed")
+    })
 }
 
 /// The judges the runs' `calibration.json` files mark below the agreement floor.

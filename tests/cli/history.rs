@@ -1087,7 +1087,8 @@ async fn identical_runs_pass_and_an_agent_twice_as_slow_is_a_latency_regression(
 
 /// A run made while the machine was busier is slower in every turn, which the rank test
 /// alone calls a regression. With three earlier runs of the same suites, one of them as
-/// slow, it is the spread runs have here: `noise`, exit 0. Runs of other suites do not count.
+/// slow, it is the spread runs have here: `noise`, exit 0. Runs of other suites do not count,
+/// nor runs whose own comparison found their latency regressed.
 #[tokio::test]
 async fn a_run_no_slower_than_earlier_runs_of_the_same_suites_is_not_a_latency_regression() {
     let runs = tempfile::tempdir().unwrap();
@@ -1143,6 +1144,21 @@ async fn a_run_no_slower_than_earlier_runs_of_the_same_suites_is_not_a_latency_r
         .find(|m| m["metric"] == "latency_mean_ms")
         .unwrap();
     assert_eq!(latency["verdict"], "noise", "{latency}");
+
+    // The slow earlier run failed its own gate on latency (`run --baseline` wrote that
+    // next to it): a slower agent, not a busier machine. Counting it let every later run
+    // as slow pass; it no longer counts, and two earlier runs are too few to say.
+    std::fs::write(
+        runs.path().join("busy/compare.json"),
+        serde_json::json!({"metrics": [
+            {"metric": "latency_mean_ms", "verdict": "regressed"}
+        ]})
+        .to_string(),
+    )
+    .unwrap();
+    let o = compare(runs.path(), &["base", "head"]).await;
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(stdout(&o).contains("latency_mean_ms"), "{}", stdout(&o));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
