@@ -716,7 +716,15 @@ pub fn judge_rate(base: Option<Tally>, head: Option<Tally>, t: &Thresholds) -> R
         // alpha 0.05 that collapse is a regression, decided by the rule and not by the last
         // bit of a float.
         let p = test(Alternative::Greater);
+        // Too few samples for the test ever to reach alpha (2 against 2 at 0.05: its
+        // smallest p is 1/6): a collapse from always passing to never is then the strongest
+        // evidence these samples can give, and regresses, as one pass turned into one
+        // failure does. Otherwise more repetitions would make a gate weaker than one.
+        let ways = statrs::function::factorial::binomial(b.samples + h.samples, b.samples);
+        let testable = 1.0 / ways <= t.alpha * (1.0 + EPSILON);
+        let collapsed = b.passed >= b.samples && h.passed == 0;
         match p {
+            Some(p) if !testable && collapsed => (Verdict::Regressed, Some(p)),
             Some(p) if p > t.alpha * (1.0 + EPSILON) => (Verdict::Noise, Some(p)),
             _ => (Verdict::Regressed, p),
         }
@@ -1174,10 +1182,42 @@ mod tests {
                 Verdict::Regressed
             );
         }
-        // 2/2 to 0/2: p = 1/6, noise.
+        // 2/2 to 1/2: p = 1/2, noise (one flake).
         assert_eq!(
-            judge_rate(t(2, 2), t(0, 2), &Thresholds::default()).verdict,
+            judge_rate(t(2, 2), t(1, 2), &Thresholds::default()).verdict,
             Verdict::Noise
+        );
+    }
+
+    /// 2 against 2 repetitions can never reach alpha 0.05 (the smallest p is 1/6): a
+    /// collapse from always to never regresses, as one pass turned into one failure does,
+    /// so that repeating a scenario never makes the gate weaker than running it once.
+    #[test]
+    fn a_collapse_too_small_to_test_regresses() {
+        let r = judge_rate(t(2, 2), t(0, 2), &Thresholds::default());
+        assert_eq!(r.verdict, Verdict::Regressed, "{r:?}");
+        assert!((r.p_value.unwrap() - 1.0 / 6.0).abs() < 1e-9);
+        assert_eq!(
+            judge_rate(t(1, 1), t(0, 1), &Thresholds::default()).verdict,
+            Verdict::Regressed
+        );
+        assert_eq!(
+            judge_rate(t(1, 1), t(0, 2), &Thresholds::default()).verdict,
+            Verdict::Regressed
+        );
+        // A scenario that already failed half the time and now always does: noise.
+        assert_eq!(
+            judge_rate(t(1, 2), t(0, 2), &Thresholds::default()).verdict,
+            Verdict::Noise
+        );
+        // Enough samples to test: the test decides.
+        let lenient = Thresholds {
+            alpha: 0.01,
+            ..Thresholds::default()
+        };
+        assert_eq!(
+            judge_rate(t(10, 10), t(0, 10), &lenient).verdict,
+            Verdict::Regressed
         );
     }
 
