@@ -83,6 +83,10 @@ impl LoadInfo {
 /// row of results per repetition; past this the suite is almost certainly a mistake.
 pub const MAX_TRAJECTORIES: u64 = 100_000;
 
+/// Runs of one scenario (its trajectories times its `repeat`). Each is at least a row of
+/// every table and a journal entry: `repeat 1000000000` would fill a disk, not measure.
+pub const MAX_EXECUTIONS: u64 = 1_000_000;
+
 pub fn validate(project: &Project) -> Vec<Diagnostic> {
     validate_loaded(project, &LoadInfo::default())
 }
@@ -681,6 +685,29 @@ impl<'p> Validator<'p> {
             .with_help(
                 "consecutive fork groups multiply: 2 branches in each of 20 groups make a million \
                  trajectories; nest branches or split the scenario",
+            );
+            self.diags.push(d);
+        } else if trajectories.saturating_mul(u64::from(sc.repeat)) > MAX_EXECUTIONS {
+            let d = Diagnostic::at_span(
+                Kind::OutOfRange,
+                format!(
+                    "scenario `{}` runs {} times: {} × `repeat {}` (at most {MAX_EXECUTIONS})",
+                    sc.id.value,
+                    trajectories.saturating_mul(u64::from(sc.repeat)),
+                    if trajectories == 1 {
+                        "1 trajectory".to_owned()
+                    } else {
+                        format!("{trajectories} trajectories")
+                    },
+                    sc.repeat
+                ),
+                self.files(),
+                sc.id.span,
+                "too many runs",
+            )
+            .with_help(
+                "every run of a trajectory is a row of each results table and an entry of the \
+                 journal; lower `repeat` (pass^k and Wilson intervals need tens, not millions)",
             );
             self.diags.push(d);
         }
