@@ -99,10 +99,12 @@ impl TooDeep {
 pub enum Parsed {
     /// Every top-level node parsed; each was handed over in its own document.
     Nodes,
-    /// Some node did not parse. What was handed over is to be discarded: this is the result
-    /// of parsing the file as a whole (so syntax errors are reported exactly as the parser
-    /// reports them in context), or, for a file larger than [`MAX_NODE_SIZE`], the syntax
-    /// errors of every node, at their places in the file.
+    /// Some node did not parse: this is the result of parsing the file as a whole (so syntax
+    /// errors are reported exactly as the parser reports them in context), or, for a file
+    /// larger than [`MAX_NODE_SIZE`], the syntax errors of every node, at their places in
+    /// the file. What was handed over is every node that parsed on its own: to be discarded
+    /// when the whole parsed after all, and to be checked alongside the syntax errors when it
+    /// did not (so one syntax error does not hide the other nodes' mistakes).
     Whole(Result<KdlDocument, KdlError>),
 }
 
@@ -166,21 +168,22 @@ fn pieces(text: &str) -> Result<Vec<Range<usize>>, TooDeep> {
     Ok(batches(nodes))
 }
 
-/// Parses each piece of `text` and hands its document to `send` (which says whether to go
-/// on). `None` when every piece parsed; `Some(None)` when a small file is to be parsed again
-/// as a whole; `Some(Some(errors))`: every piece's syntax errors, for a large file.
+/// Parses each piece of `text` and hands the document of every one that parses to `send`
+/// (which says whether to go on). `None` when every piece parsed; `Some(None)` when a small
+/// file is to be parsed again as a whole; `Some(Some(errors))`: every piece's syntax errors,
+/// for a large file.
 fn parse_pieces(
     text: &str,
     nodes: Vec<Range<usize>>,
     mut send: impl FnMut(KdlDocument) -> bool,
 ) -> Option<Option<KdlError>> {
     let mut failed: Option<KdlError> = None;
+    let mut reparse = false;
     for range in nodes {
         let at = range.start;
         // A node larger than a batch: piece by piece, so that its whole parse tree
         // (about 75 bytes per byte of text) is never alive at once.
         if range.len() > BATCH_SIZE
-            && failed.is_none()
             && let Some(doc) = parse_split(text, range.clone())
         {
             if !send(doc) {
@@ -188,17 +191,20 @@ fn parse_pieces(
             }
             continue;
         }
-        match KdlDocument::parse_v2(&text[range]) {
-            Ok(mut doc) if failed.is_none() => {
+        match KdlDocument::parse_v2(&text[range.clone()]) {
+            Ok(mut doc) => {
                 shift(&mut doc, at);
                 if !send(doc) {
                     break;
                 }
             }
-            Ok(_) => {}
+            Err(err) if !send_each_node(text, range, &mut send) => {
+                drop(err);
+                break;
+            }
             // A small file is parsed again as a whole below; a large one gets every
             // node's errors.
-            Err(_) if text.len() <= MAX_NODE_SIZE => return Some(None),
+            Err(_) if text.len() <= MAX_NODE_SIZE => reparse = true,
             Err(mut err) => {
                 for d in &mut err.diagnostics {
                     d.span = moved(d.span, at);
@@ -210,7 +216,35 @@ fn parse_pieces(
             }
         }
     }
+    if reparse {
+        return Some(None);
+    }
     failed.map(Some)
+}
+
+/// The nodes of a batch that did not parse, each that parses on its own handed to `send`;
+/// whether to go on.
+fn send_each_node(
+    text: &str,
+    batch: Range<usize>,
+    send: &mut impl FnMut(KdlDocument) -> bool,
+) -> bool {
+    let Ok(nodes) = scan(&text[batch.clone()]) else {
+        return true;
+    };
+    if nodes.len() < 2 {
+        return true;
+    }
+    for node in nodes {
+        let range = node.start + batch.start..node.end + batch.start;
+        if let Ok(mut doc) = KdlDocument::parse_v2(&text[range.clone()]) {
+            shift(&mut doc, range.start);
+            if !send(doc) {
+                return false;
+            }
+        }
+    }
+    true
 }
 
 /// What [`parse_pieces`] found, as [`Parsed`]; `whole` parses a small file again as a whole.

@@ -218,8 +218,11 @@ impl Loader {
         // Through `depth::parse_each`: the parser recurses per block, comment piece and
         // syntax error, and a file beyond what it can take would abort the process instead
         // of getting a diagnostic; and a whole file's parse tree takes about 75 times its
-        // size. Each node is decoded as soon as it is parsed; what a file that turns out not
-        // to parse decoded is taken back, as if it had never been decoded.
+        // size. Each node is decoded as soon as it is parsed. When a file does not parse, the
+        // nodes that parsed on their own stay decoded, so their mistakes are reported with
+        // its syntax errors (the file marks the project broken, which keeps references to
+        // what the broken node defined from being reported); when it parses only as a whole,
+        // what they decoded is taken back and the whole is decoded instead.
         let before = (self.info.clone(), self.decode_diags.len());
         let mut items = FileItems {
             file: id,
@@ -247,9 +250,9 @@ impl Loader {
             Ok(depth::Parsed::Whole(whole)) => Some(Ok(whole)),
             Err(refused) => Some(Err(refused)),
         };
-        let parsed = match whole {
-            None => Ok(None),
-            Some(whole) => {
+        let doc = match whole {
+            None => None,
+            Some(Ok(Ok(doc))) => {
                 self.info = before.0;
                 self.decode_diags.truncate(before.1);
                 items = FileItems {
@@ -257,26 +260,20 @@ impl Loader {
                     ..FileItems::default()
                 };
                 includes.clear();
-                whole.map(Some)
+                Some(doc)
             }
-        };
-        let parsed = match parsed {
-            Ok(None) => Ok(None),
-            Ok(Some(Ok(doc))) => Ok(Some(doc)),
-            Ok(Some(Err(err))) => Err(err),
-            Err(refused) => {
-                self.broken = true;
-                let diag = refused_diagnostic(refused, id, &self.files[id]);
-                self.diags.push(diag);
-                return;
-            }
-        };
-        let doc = match parsed {
-            Ok(doc) => doc,
-            Err(err) => {
+            Some(Ok(Err(err))) => {
                 self.broken = true;
                 self.diags
                     .extend(syntax_diagnostics(err, id, &self.files[id]));
+                // Keep what parsed: its own mistakes are reported too.
+                nodes_seen = nodes_seen.max(1);
+                None
+            }
+            Some(Err(refused)) => {
+                self.broken = true;
+                let diag = refused_diagnostic(refused, id, &self.files[id]);
+                self.diags.push(diag);
                 return;
             }
         };
