@@ -453,7 +453,7 @@ fn check_same(
     if meta.suite_fingerprint != first_dir.meta.suite_fingerprint {
         return mismatch(format!(
             "{a} ran suites with fingerprint {} and {b} suites with fingerprint {}: the suite \
-             files differ",
+             files differ, or the dataset and history files they read",
             short(&first_dir.meta.suite_fingerprint),
             short(&meta.suite_fingerprint)
         ));
