@@ -422,14 +422,31 @@ impl IntoIterator for Diagnostics {
     }
 }
 
-/// The closest candidate to `word`, if it is close enough to be a plausible typo.
+/// The closest candidate to `word`, if it is close enough to be a plausible typo: the same
+/// but for case and `_` against `-`; one letter added, dropped, changed or two swapped (for
+/// names of three letters or more, where Jaro–Winkler is too coarse: `mxa`, `Tcp`, `ul`);
+/// else Jaro–Winkler similarity of at least 0.8.
 pub fn did_you_mean<'a, I>(word: &str, candidates: I) -> Option<&'a str>
 where
     I: IntoIterator<Item = &'a str>,
 {
+    let normal = |s: &str| s.to_lowercase().replace('_', "-");
+    let word = normal(word);
     candidates
         .into_iter()
-        .map(|c| (strsim::jaro_winkler(word, c), c))
+        .map(|c| {
+            let candidate = normal(c);
+            let score = if candidate == word {
+                3.0
+            } else if word.chars().count().max(candidate.chars().count()) >= 3
+                && strsim::osa_distance(&word, &candidate) <= 1
+            {
+                2.0 + strsim::jaro_winkler(&word, &candidate)
+            } else {
+                strsim::jaro_winkler(&word, &candidate)
+            };
+            (score, c)
+        })
         .filter(|(score, _)| *score >= 0.8)
         .max_by(|a, b| a.0.total_cmp(&b.0))
         .map(|(_, c)| c)
@@ -462,6 +479,12 @@ mod tests {
             Some("contains")
         );
         assert_eq!(did_you_mean("zzz", ["contains"]), None);
+        assert_eq!(did_you_mean("mxa", ["max"]), Some("max"));
+        assert_eq!(did_you_mean("Tcp", ["tcp", "unix"]), Some("tcp"));
+        assert_eq!(did_you_mean("ul", ["url", "cwd"]), Some("url"));
+        assert_eq!(did_you_mean("A2a", ["a2a", "http"]), Some("a2a"));
+        assert_eq!(did_you_mean("json_path", ["json-path"]), Some("json-path"));
+        assert_eq!(did_you_mean("b", ["a"]), None);
         assert_eq!(
             suggest("zzz", ["a-b", "c-d"], "properties"),
             "expected one of properties: `a-b`, `c-d`"

@@ -162,7 +162,58 @@ struct Decoder<'f> {
     files: &'f [SourceFile],
     file: FileId,
     diags: Vec<Diagnostic>,
+    /// Where this decoder's own diagnostics start in `diags`.
+    first_diag: usize,
     info: LoadInfo,
+}
+
+/// Drops a "needs `NAME`" of a node whose line also has an unknown property answered with
+/// "did you mean `NAME`?": one typo (`protcol=`) is one mistake, and the typo's diagnostic,
+/// pointing at it, is the one that says what to do.
+fn drop_missing_explained_by_typos(diags: &mut Vec<Diagnostic>, from: usize, text: &str) {
+    let line_of = |d: &Diagnostic| {
+        let at = d.labels().first()?.offset();
+        Some(text.get(..at)?.matches('\n').count())
+    };
+    let typos: Vec<(usize, String)> = diags
+        .get(from..)
+        .unwrap_or_default()
+        .iter()
+        .filter(|d| d.kind == Kind::UnknownProperty)
+        .filter_map(|d| {
+            let meant = d
+                .help_text()?
+                .strip_prefix("did you mean `")?
+                .split('`')
+                .next()?
+                .trim_end_matches('=')
+                .to_owned();
+            Some((line_of(d)?, meant))
+        })
+        .collect();
+    if typos.is_empty() {
+        return;
+    }
+    let mut index = 0;
+    diags.retain(|d| {
+        index += 1;
+        if index <= from || d.kind != Kind::Missing {
+            return true;
+        }
+        // "agent `demo` needs a `protocol`", "`latency` needs `max=…`".
+        let Some(needed) = d
+            .message
+            .split_once(" needs ")
+            .and_then(|(_, what)| what.split('`').nth(1))
+            .map(|name| name.split('=').next().unwrap_or(name))
+        else {
+            return true;
+        };
+        let line = line_of(d);
+        !typos
+            .iter()
+            .any(|(at, meant)| Some(*at) == line && meant == needed)
+    });
 }
 
 impl<'f> Decoder<'f> {
@@ -177,12 +228,15 @@ impl<'f> Decoder<'f> {
         Decoder {
             files,
             file,
+            first_diag: diags.len(),
             diags: std::mem::take(diags),
             info: std::mem::take(info),
         }
     }
 
-    fn finish(self, diags: &mut Vec<Diagnostic>, info: &mut LoadInfo) {
+    fn finish(mut self, diags: &mut Vec<Diagnostic>, info: &mut LoadInfo) {
+        let text = self.text();
+        drop_missing_explained_by_typos(&mut self.diags, self.first_diag, text);
         *diags = self.diags;
         *info = self.info;
     }
