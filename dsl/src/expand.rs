@@ -76,7 +76,10 @@ pub(crate) fn read_datasets(
     for suite in &project.suites {
         for sc in &suite.scenarios {
             let Some(name) = &sc.for_each else { continue };
-            if !seen.contains_key(name.value.as_str()) {
+            let misspelled = info
+                .declared
+                .contains(&(crate::validate::RefKind::Dataset, name.value.clone()));
+            if !seen.contains_key(name.value.as_str()) && !misspelled && !info.broken {
                 diags.push(
                     Diagnostic::at_span(
                         Kind::UndefinedReference,

@@ -84,7 +84,7 @@ pub fn load_with_overlay<P: AsRef<Path>>(
         ..
     } = loader;
     diags.extend(decode_diags);
-    info.broken = broken;
+    info.broken |= broken;
 
     let mut project = assemble(files, decoded, &mut info, &mut diags);
     let tables = crate::expand::read_datasets(&project, &mut info, &mut diags);

@@ -23,6 +23,9 @@ pub enum RefKind {
     Tool,
     Provider,
     Judge,
+    /// Named by `for-each=`; declared only by a misspelled `dataset` node (datasets are
+    /// checked when they are read, `expand.rs`).
+    Dataset,
 }
 
 impl RefKind {
@@ -46,6 +49,7 @@ impl RefKind {
             RefKind::Tool => "tool",
             RefKind::Provider => "provider",
             RefKind::Judge => "judge",
+            RefKind::Dataset => "dataset",
         }
     }
 }
@@ -498,6 +502,7 @@ impl<'p> Validator<'p> {
             RefKind::Tool => p.tool(name).is_some(),
             RefKind::Provider => p.provider(name).is_some(),
             RefKind::Judge => p.judge(name).is_some() || p.panel(name).is_some(),
+            RefKind::Dataset => p.datasets.iter().any(|d| d.id.value == name),
         };
         found || self.info.declared.contains(&(kind, name.to_string()))
     }
@@ -532,6 +537,7 @@ impl<'p> Validator<'p> {
                 .map(|a| a.id.value.as_str())
                 .chain(p.panels.iter().map(|a| a.id.value.as_str()))
                 .collect(),
+            RefKind::Dataset => p.datasets.iter().map(|d| d.id.value.as_str()).collect(),
         }
     }
 

@@ -32,9 +32,39 @@ impl<'f> Decoder<'f> {
                     .extend(self.scenario(&v).map(std::sync::Arc::new)),
                 other => {
                     let known = lang::top_level().iter().map(|s| s.name);
-                    self.unknown_node(other, v.name_span, "a suite file", known)
+                    self.unknown_node(other, v.name_span, "a suite file", known);
+                    self.misspelled_definition(other, &v);
                 }
             }
+        }
+    }
+
+    /// A top-level node misspelling a definition (`agnt "demo"`, `incude "…"`) is one
+    /// mistake, reported as an unknown node: what it meant to define is declared, so that its
+    /// uses are not also reported undefined (before the typo, as they sort), as for a
+    /// definition with errors of its own; a misspelled `include` makes the project's
+    /// definitions unknown, as a missing include does.
+    fn misspelled_definition(&mut self, name: &str, v: &View) {
+        let meant = crate::diagnostics::did_you_mean(
+            name,
+            ["agent", "persona", "tool", "provider", "judge", "panel", "dataset", "include"],
+        );
+        let id = v.args.first().and_then(|a| a.value().as_string());
+        let kind = match meant {
+            Some("include") => {
+                self.info.broken = true;
+                return;
+            }
+            Some("agent") => RefKind::Agent,
+            Some("persona") => RefKind::Persona,
+            Some("tool") => RefKind::Tool,
+            Some("provider") => RefKind::Provider,
+            Some("judge" | "panel") => RefKind::Judge,
+            Some("dataset") => RefKind::Dataset,
+            _ => return,
+        };
+        if let Some(id) = id {
+            self.info.declare(kind, id);
         }
     }
 
