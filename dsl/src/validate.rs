@@ -1346,9 +1346,6 @@ fn tool_typos<'p>(project: &'p Project, warned: &mut HashSet<(Span, &'p str)>) -
     let mut out = Vec::new();
     for (_, sc) in project.scenarios() {
         let declared: Vec<&Tool> = sc.tools.iter().chain(&project.tools).collect();
-        if declared.is_empty() {
-            continue;
-        }
         let names: Vec<&str> = declared.iter().map(|t| t.name.value.as_str()).collect();
         let mut criteria: Vec<&Criterion> = sc.criteria.iter().chain(&sc.expect_tools).collect();
         collect_expects(&sc.steps, &mut criteria);
@@ -1390,17 +1387,40 @@ fn tool_typos<'p>(project: &'p Project, warned: &mut HashSet<(Span, &'p str)>) -
                     );
                 }
             }
-            let (Some(params), Some(tool)) = (
-                params,
-                written
-                    .first()
-                    .and_then(|n| declared.iter().find(|t| t.name.value == *n)),
-            ) else {
+            let tool = written
+                .first()
+                .and_then(|n| declared.iter().find(|t| t.name.value == *n));
+            let Some(params) = params else {
                 continue;
             };
-            if tool.params.is_empty() {
+            let Some(tool) = tool.filter(|t| !t.params.is_empty()) else {
+                // A tool the suite does not describe (the agent's own): any key is an
+                // argument to match, so `cont=1` is matched, not counted. Only a near miss
+                // of the check's own `count=` is worth a word.
+                for key in params
+                    .keys()
+                    .filter(|k| *k != "count" && typo_of(k, ["count"]).is_some())
+                {
+                    out.push(
+                        Diagnostic::at_span(
+                            Kind::UnknownTool,
+                            format!(
+                                "`{}` matches an argument `{key}` of the call; the number of \
+                                 calls is `count=`",
+                                c.text
+                            ),
+                            &project.files,
+                            c.span,
+                            "an argument, not the count",
+                        )
+                        .with_help(format!(
+                            "did you mean `count=`? As written, only a call with an argument \
+                             `{key}` passes"
+                        )),
+                    );
+                }
                 continue;
-            }
+            };
             let known: Vec<&str> = tool.params.iter().map(|p| p.name.as_str()).collect();
             for key in params.keys().filter(|k| !known.contains(&k.as_str())) {
                 let help = match typo_of(key, known.iter().copied()) {

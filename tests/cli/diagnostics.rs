@@ -876,6 +876,7 @@ scenario "s" {
     user "Refund $20 for order A-1001"
     expect tool "apply_refund" amout=20 cont=1
     expect tool "get_weather" city="Paris"
+    expect tool "get_weather" city="Paris" Count=2
     criteria { no-tool "aply_refund"; }
 }
 "#,
@@ -890,10 +891,14 @@ scenario "s" {
         "checks a parameter `amout` that tool `apply_refund` does not declare",
         "did you mean `amount`?",
         "did you mean `count=`",
+        // The agent's own tool: any key is an argument, but a near miss of `count=` is
+        // not one.
+        "matches an argument `Count` of the call; the number of calls is `count=`",
     ] {
         assert!(said.contains(warning), "{warning}: {said}");
     }
     assert!(!said.contains("a tool `get_weather`"), "{said}");
+    assert!(!said.contains("argument `city`"), "{said}");
     let o = trellis().args(["check", "suites/"]).output().await.unwrap();
     assert!(!stderr(&o).contains("unknown_tool"), "{}", stderr(&o));
 }
