@@ -124,7 +124,31 @@ impl<'f> Decoder<'f> {
             }
         }
         let Some(returns) = v.prop("returns") else {
-            self.missing(v, "`returns=…`", usage);
+            // Every other key is an argument to match, so a misspelled `returns` is one of
+            // them: point at it rather than at `mock`.
+            let typo = v.props.iter().find(|p| {
+                p.name().is_some_and(|n| {
+                    crate::diagnostics::did_you_mean(n.value(), ["returns"]).is_some()
+                })
+            });
+            match typo {
+                Some(typo) => {
+                    let name = typo.name().map_or("", |n| n.value());
+                    let d = self
+                        .diag(
+                            Kind::Missing,
+                            format!("`mock` needs `returns=…`; `{name}=` is an argument to match"),
+                            typo.span(),
+                            "did you mean `returns`?",
+                        )
+                        .with_help(format!(
+                            "write `returns=` for the answer; as written, `{name}` is matched \
+                             against the call's arguments"
+                        ));
+                    self.report(d);
+                }
+                None => self.missing(v, "`returns=…`", usage),
+            }
             return None;
         };
         let returns = match returns.value() {
