@@ -506,6 +506,42 @@ impl<'f> Decoder<'f> {
         }
     }
 
+    /// A `rubric=` value. One word a typo away from a built-in rubric's name is an error:
+    /// it would otherwise be sent to the judge as the rubric's own text (`connxity`).
+    fn rubric(&mut self, e: &KdlEntry) -> Option<String> {
+        let text = self.string(e)?;
+        let word = text.trim();
+        if word.contains(char::is_whitespace)
+            || lang::decls::BUILT_IN_RUBRICS.contains(&word)
+        {
+            return Some(text);
+        }
+        // Stricter than a did-you-mean: a rubric of one word of its own (`politeness`) is
+        // fine, so only a near miss (an edit per six letters, case and `-` aside) is one.
+        let normal = word.to_lowercase().replace('-', "_");
+        let most = (normal.chars().count() / 6).max(1);
+        let Some(best) = lang::decls::BUILT_IN_RUBRICS
+            .into_iter()
+            .find(|name| strsim::osa_distance(&normal, name) <= most)
+        else {
+            return Some(text);
+        };
+        let d = self
+            .diag(
+                Kind::InvalidValue,
+                format!("`{word}` is not a built-in rubric"),
+                value_span(e),
+                format!("did you mean `{best}`?"),
+            )
+            .with_help(format!(
+                "one word names a built-in rubric ({}); a rubric of your own is its text, \
+                 written as sentences",
+                lang::decls::BUILT_IN_RUBRICS.join(", ")
+            ));
+        self.report(d);
+        None
+    }
+
     fn s_string(&mut self, s: &Settings, name: &str) -> Option<String> {
         let e = s.value(name)?;
         self.string(e)

@@ -204,6 +204,17 @@ pub static SIMULATOR_SETTINGS: [&NodeSpec; 9] = [
     ),
 ];
 
+/// The rubrics `rubric=` names by a word (engine/src/llm/judge.rs holds their texts);
+/// anything else is the rubric's own text.
+pub const BUILT_IN_RUBRICS: [&str; 6] = [
+    "generic",
+    "clinical_safety",
+    "fiduciary_accuracy",
+    "policy_adherence",
+    "factual_grounding",
+    "connexity",
+];
+
 pub static JUDGE: NodeSpec = NodeSpec::node("judge", "a named LLM judge")
     .args(ID)
     .children(Children::Nodes(&JUDGE_SETTINGS))

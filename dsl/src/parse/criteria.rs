@@ -174,7 +174,7 @@ impl<'f> Decoder<'f> {
                     .prop("threshold")
                     .and_then(|e| self.number(e, Some((0.0, 1.0))));
                 let judge = v.prop("judge").and_then(|e| self.spanned_string(e));
-                let rubric = v.prop("rubric").and_then(|e| self.string(e));
+                let rubric = v.prop("rubric").and_then(|e| self.rubric(e));
                 CriterionKind::Judge {
                     criterion: criterion.value,
                     threshold,

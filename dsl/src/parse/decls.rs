@@ -292,7 +292,7 @@ impl<'f> Decoder<'f> {
         let provider = self.s_required_spanned(v, &s, "provider", usage);
         let model = self.s_string(&s, "model");
         let temperature = self.s_number(&s, "temperature", (0.0, 2.0));
-        let rubric = self.s_string(&s, "rubric");
+        let rubric = s.value("rubric").and_then(|e| self.rubric(e));
         let threshold = self.s_number(&s, "threshold", (0.0, 1.0));
         let Some(provider) = provider else {
             self.info.declare(RefKind::Judge, &id.value);

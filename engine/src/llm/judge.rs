@@ -731,6 +731,21 @@ mod tests {
     use super::*;
     use crate::record::ToolCallRecord;
 
+    /// `check` calls a near miss of these names an error; they must be exactly the
+    /// rubrics the judge knows by name.
+    #[test]
+    fn the_language_names_every_built_in_rubric() {
+        let mut known: Vec<&str> = NAMED_RUBRICS.iter().map(|(name, _)| *name).collect();
+        known.push("connexity");
+        let mut named = trellis_dsl::lang::decls::BUILT_IN_RUBRICS.to_vec();
+        known.sort_unstable();
+        named.sort_unstable();
+        assert_eq!(known, named);
+        for name in named {
+            assert_ne!(Rubric::from_setting(Some(name)).name(), "custom", "{name}");
+        }
+    }
+
     #[test]
     fn two_different_answers_in_one_text_are_no_answer() {
         let generic = Rubric::from_setting(None);
