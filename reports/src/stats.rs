@@ -36,9 +36,6 @@ pub struct Interval {
     pub high: f64,
 }
 
-/// The Wilson score interval for `successes` out of `samples` at `confidence` (0 < c < 1);
-/// `None` without samples. Unlike the normal approximation it stays within [0, 1] and is
-/// honest for small samples and rates near 0 or 1.
 /// A share (0–1) as a percentage for people: whole percents, except that a share that is
 /// not exactly 0 or 1 never reads as `0` or `100` (2999 of 3000 is `99.97`, a Wilson bound
 /// of 0.0013 is `0.1`): a rounded `100%–100%` interval reads as a certainty it is not. The
@@ -58,6 +55,9 @@ pub fn percent_label(share: f64) -> String {
     format!("{percent:.4}")
 }
 
+/// The Wilson score interval for `successes` out of `samples` at `confidence` (0 < c < 1);
+/// `None` without samples. Unlike the normal approximation it stays within [0, 1] and is
+/// honest for small samples and rates near 0 or 1.
 pub fn wilson_interval(successes: u64, samples: u64, confidence: f64) -> Option<Interval> {
     if samples == 0 || successes > samples || !(confidence > 0.0 && confidence < 1.0) {
         return None;
@@ -69,9 +69,19 @@ pub fn wilson_interval(successes: u64, samples: u64, confidence: f64) -> Option<
     let denominator = 1.0 + z2 / n;
     let centre = (p + z2 / (2.0 * n)) / denominator;
     let half = z * (p * (1.0 - p) / n + z2 / (4.0 * n * n)).sqrt() / denominator;
+    // At p = 0 or 1 one bound is 0 or 1 exactly; computed, it can land a rounding error
+    // short (0.9999999999999999 for 5 of 5), which reads as `100.0000%`.
     Some(Interval {
-        low: (centre - half).max(0.0),
-        high: (centre + half).min(1.0),
+        low: if successes == 0 {
+            0.0
+        } else {
+            (centre - half).max(0.0)
+        },
+        high: if successes == samples {
+            1.0
+        } else {
+            (centre + half).min(1.0)
+        },
     })
 }
 
@@ -1054,6 +1064,11 @@ mod tests {
         assert!(close(i.low, 0.2553) && close(i.high, 0.3662), "{i:?}");
         let i = wilson_interval(15, 148, 0.95).unwrap();
         assert!(close(i.low, 0.0624) && close(i.high, 0.1605), "{i:?}");
+        // Every one passing: the upper bound is 1 exactly, for any count.
+        for n in 1..=40 {
+            assert_eq!(wilson_interval(n, n, 0.95).unwrap().high, 1.0, "{n}");
+            assert_eq!(wilson_interval(0, n, 0.95).unwrap().low, 0.0, "{n}");
+        }
         // 0/10 and 10/10 stay within [0, 1].
         let i = wilson_interval(0, 10, 0.95).unwrap();
         assert!(close(i.low, 0.0) && close(i.high, 0.2775), "{i:?}");
