@@ -84,8 +84,9 @@ pub enum Verdict {
     Removed,
     /// Nothing to compare (no sample ran on one side, or the metric is not measured).
     NotComparable,
-    /// The mean judge score of a run whose calibration marks a judge below the agreement
-    /// floor: shown, never a regression.
+    /// Shown, never a regression: the latency percentiles and tokens (only the mean
+    /// latency is gated), and the mean judge score of a run whose calibration marks a judge
+    /// below the agreement floor.
     Ungated,
     /// Ran in the base run, skipped in the head run (such as a scenario whose `needs`
     /// failed): a regression of the scenario; its branches and checks say so too.
@@ -782,8 +783,9 @@ fn run_metrics(
         ("latency_p95_ms", b.p95_ms, h.p95_ms),
         ("latency_max_ms", b.max_ms, h.max_ms),
     ] {
+        // Shown beside the gated mean; "unchanged" at +128% would read as a verdict.
         let verdict = if b.is_some() && h.is_some() {
-            Verdict::Unchanged
+            Verdict::Ungated
         } else {
             Verdict::NotComparable
         };
@@ -808,7 +810,7 @@ fn run_metrics(
     let tokens = |s: &RunStats| s.aggregates.total_tokens.map(|n| n as f64);
     let (b, h) = (tokens(base), tokens(head));
     let verdict = if b.is_some() && h.is_some() {
-        Verdict::Unchanged
+        Verdict::Ungated
     } else {
         Verdict::NotComparable
     };

@@ -259,9 +259,16 @@ fn metric_row(index: usize, m: &CompareMetric) -> RowView {
     RowView {
         anchor: format!("m{index}"),
         what: m.metric.trim_end_matches("_ms").replace('_', " "),
+        // Thresholds are in the gate's own terms: a percentage of the base's mean for
+        // latency, points for the pass rate.
         context: m
             .threshold
-            .map(|t| format!("threshold {}", metric_value(&m.metric, Some(t))))
+            .map(|t| match m.metric.as_str() {
+                "latency_mean_ms" => format!("threshold +{t}%"),
+                "pass_rate" => format!("threshold −{:.1} pts", t * 100.0),
+                "mean_score" => format!("threshold −{t}"),
+                _ => format!("threshold {}", metric_value(&m.metric, Some(t))),
+            })
             .unwrap_or_default(),
         cell: CellView {
             base: metric_value(&m.metric, m.base),
