@@ -356,13 +356,27 @@ impl Session {
                         Some(changed) => changed,
                         None => return EXIT_STOPPED,
                     },
-                    _ = signals.next() => return EXIT_STOPPED,
+                    _ = signals.next() => {
+                        errln!(
+                            "stopped; the last results stay in {}",
+                            self.latest_dir().display()
+                        );
+                        return EXIT_STOPPED;
+                    }
                 },
             };
             match self.rerun(changed, &mut signals).await {
                 Rerun::Done => {}
                 Rerun::Superseded(changed) => next = Some(changed),
-                Rerun::Stopped => return EXIT_STOPPED,
+                Rerun::Stopped => {
+                    // As `trellis run` says it: the session ends, and what the cut rerun
+                    // finished is recorded, its report marked as stopped.
+                    errln!(
+                        "stopped during a rerun; what it finished is in {} (marked stopped)",
+                        self.latest_dir().display()
+                    );
+                    return EXIT_STOPPED;
+                }
             }
         }
     }

@@ -476,6 +476,13 @@ async fn a_second_signal_ends_a_stopping_rerun_at_once() {
         .expect("watch did not exit")
         .unwrap();
     assert_eq!(status.code(), Some(130), "{}", watch.all());
+    // Said, as `trellis run` says it.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        watch.all().contains("stopped during a rerun; what it finished is in"),
+        "{}",
+        watch.all()
+    );
     // The first signal alone would wait out the 2 s grace period for the stuck call.
     assert!(
         first.elapsed() < Duration::from_millis(1900),
