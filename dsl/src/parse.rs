@@ -511,9 +511,7 @@ impl<'f> Decoder<'f> {
     fn rubric(&mut self, e: &KdlEntry) -> Option<String> {
         let text = self.string(e)?;
         let word = text.trim();
-        if word.contains(char::is_whitespace)
-            || lang::decls::BUILT_IN_RUBRICS.contains(&word)
-        {
+        if word.contains(char::is_whitespace) || lang::decls::BUILT_IN_RUBRICS.contains(&word) {
             return Some(text);
         }
         // Stricter than a did-you-mean: a rubric of one word of its own (`politeness`) is

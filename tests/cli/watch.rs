@@ -479,7 +479,9 @@ async fn a_second_signal_ends_a_stopping_rerun_at_once() {
     // Said, as `trellis run` says it.
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(
-        watch.all().contains("stopped during a rerun; what it finished is in"),
+        watch
+            .all()
+            .contains("stopped during a rerun; what it finished is in"),
         "{}",
         watch.all()
     );

@@ -47,7 +47,9 @@ impl<'f> Decoder<'f> {
     fn misspelled_definition(&mut self, name: &str, v: &View) {
         let meant = crate::diagnostics::did_you_mean(
             name,
-            ["agent", "persona", "tool", "provider", "judge", "panel", "dataset", "include"],
+            [
+                "agent", "persona", "tool", "provider", "judge", "panel", "dataset", "include",
+            ],
         );
         let id = v.args.first().and_then(|a| a.value().as_string());
         let kind = match meant {

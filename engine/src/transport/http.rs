@@ -190,7 +190,11 @@ impl RawResponse {
                 body: self.body,
             })
         } else {
-            Err(status_fault(self.status, &self.body))
+            Err(status_fault_with(
+                self.status,
+                Some(&self.headers),
+                &self.body,
+            ))
         }
     }
 }
@@ -819,6 +823,17 @@ pub(super) fn too_large(max: u64, detail: &str) -> Fault {
 }
 
 pub(crate) fn status_fault(status: StatusCode, body: &[u8]) -> Fault {
+    status_fault_with(status, None, body)
+}
+
+/// [`status_fault`], with the answer's headers when they are at hand: a redirect names
+/// where it points, and an HTML error page (a proxy's 502) is named by its title instead of
+/// quoted line by line.
+pub(crate) fn status_fault_with(
+    status: StatusCode,
+    headers: Option<&HeaderMap>,
+    body: &[u8],
+) -> Fault {
     let category = if status.is_client_error() {
         FaultCategory::Http4xx
     } else if status.is_server_error() {
@@ -835,17 +850,70 @@ pub(crate) fn status_fault(status: StatusCode, body: &[u8]) -> Fault {
     if !status.is_client_error() && !status.is_server_error() {
         message.insert_str(0, "unexpected status ");
     }
+    let header = |name: reqwest::header::HeaderName| {
+        headers
+            .and_then(|h| h.get(name))
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+    };
+    if status.is_redirection() {
+        match header(reqwest::header::LOCATION) {
+            Some(to) => message.push_str(&format!(
+                " to {}: Trellis does not follow redirects (the turn and the suite's headers \
+                 would go wherever the agent points); put that address in the agent's url=",
+                super::quote::cut(to, 300)
+            )),
+            None => message.push_str(": Trellis does not follow redirects"),
+        }
+        return Fault::new(category, message);
+    }
     let text = String::from_utf8_lossy(body);
     let text = text.trim();
+    let html = header(reqwest::header::CONTENT_TYPE)
+        .is_some_and(|t| t.to_ascii_lowercase().starts_with("text/html"))
+        || text.get(..15).is_some_and(|start| {
+            let start = start.to_ascii_lowercase();
+            start.starts_with("<!doctype html") || start.starts_with("<html")
+        });
+    if html {
+        message.push_str(": an HTML page");
+        if let Some(title) = html_title(text) {
+            message.push_str(&format!(" ({title})"));
+        }
+        return Fault::new(category, message);
+    }
     if !text.is_empty() {
         message.push_str(": ");
-        let mut chars = text.chars();
-        message.extend(chars.by_ref().take(ERROR_BODY_PREVIEW_CHARS));
-        if chars.next().is_some() {
+        // One line: a multi-line error body (a stack trace, pretty-printed JSON) would
+        // otherwise be quoted with its line breaks escaped.
+        let mut words = text
+            .split_whitespace()
+            .flat_map(|w| " ".chars().chain(w.chars()))
+            .skip(1);
+        message.extend(words.by_ref().take(ERROR_BODY_PREVIEW_CHARS));
+        if words.next().is_some() {
             message.push('…');
         }
     }
     Fault::new(category, message)
+}
+
+/// The `<title>` of an HTML page (else its first `<h1>`), its spaces collapsed.
+fn html_title(page: &str) -> Option<String> {
+    let lower = page.to_ascii_lowercase();
+    let inside = |open: &str, close: &str| {
+        let start = lower.find(open)?;
+        let start = start + lower[start..].find('>')? + 1;
+        let end = start + lower[start..].find(close)?;
+        let text = page
+            .get(start..end)?
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        (!text.is_empty()).then(|| super::quote::cut(&text, 120))
+    };
+    inside("<title", "</title>").or_else(|| inside("<h1", "</h1>"))
 }
 
 /// The fault of a request or body read that failed, for the other transports on this
@@ -1252,7 +1320,11 @@ pub fn answer_or_fault(response: RawResponse) -> Result<RawResponse, Fault> {
     if response.status.is_success() || response.status == StatusCode::TOO_MANY_REQUESTS {
         Ok(response)
     } else {
-        Err(status_fault(response.status, &response.body))
+        Err(status_fault_with(
+            response.status,
+            Some(&response.headers),
+            &response.body,
+        ))
     }
 }
 

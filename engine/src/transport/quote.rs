@@ -20,6 +20,16 @@ pub fn kind_of(value: &Value) -> &'static str {
     }
 }
 
+/// `text` cut to `max` characters, with `…` when it was longer.
+pub fn cut(text: &str, max: usize) -> String {
+    let mut chars = text.chars();
+    let mut out: String = chars.by_ref().take(max).collect();
+    if chars.next().is_some() {
+        out.push('…');
+    }
+    out
+}
+
 /// The start of `body` (at most [`PREVIEW_CHARS`] characters, trimmed), with `…` when
 /// there is more. Decodes only the bytes it can show: a UTF-8 character is at most four
 /// bytes, and a character cut at that edge is past what is shown.

@@ -34,7 +34,7 @@ use sse_stream::{ByteStreamBody, SseStream};
 use tokio::time::Instant;
 
 use super::http::{
-    CallLimits, DisplayDuration, HttpTransport, request_fault, status_fault, too_large,
+    CallLimits, DisplayDuration, HttpTransport, request_fault, status_fault_with, too_large,
 };
 use crate::record::{Fault, FaultCategory};
 
@@ -138,10 +138,11 @@ pub async fn open(
         return Ok(Opened::RateLimited(asked));
     }
     if !status.is_success() {
+        let headers = response.headers().clone();
         let preview = read_body(response, url, PREVIEW_BYTES as u64, first_event_by, false)
             .await
             .unwrap_or_default();
-        return Err(status_fault(status, &preview));
+        return Err(status_fault_with(status, Some(&headers), &preview));
     }
     if media_type == "text/event-stream" {
         let decoder = super::encoding::StreamDecoder::for_headers(response.headers())?;

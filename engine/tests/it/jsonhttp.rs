@@ -350,6 +350,13 @@ async fn a_redirect_is_a_fault_streamed_or_not_and_is_never_followed() {
             "{extra}: {fault:?}"
         );
         assert!(fault.message.contains("307"), "{extra}: {fault:?}");
+        // Where it points, so the user can put that in `url=`.
+        assert!(
+            fault
+                .message
+                .contains("/shutdown: Trellis does not follow redirects"),
+            "{extra}: {fault:?}"
+        );
     }
     assert_eq!(elsewhere.requests(), 0, "a redirect was followed");
 }

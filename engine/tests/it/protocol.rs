@@ -279,6 +279,26 @@ async fn compressed_answers_are_decoded_or_named() {
     assert!(message.contains("`br`"), "{message}");
 }
 
+/// A proxy's HTML error page is named by its title, not quoted tag by tag; a multi-line
+/// body is quoted on one line.
+#[tokio::test]
+async fn an_html_error_page_is_named_by_its_title() {
+    let page = "<html>\r\n<head><title>502 Bad Gateway</title></head>\r\n<body>\r\n\
+                <center><h1>502 Bad Gateway</h1></center>\r\n<hr><center>nginx</center>\r\n\
+                </body>\r\n</html>\r\n";
+    let server = MisbehavingServer::respond(502, page).await;
+    let outcome = call(&server.url(), 0, limits(SHORT)).await;
+    let message = fault_of(&outcome, FaultCategory::Http5xx);
+    assert_eq!(
+        message,
+        "HTTP 502 Bad Gateway: an HTML page (502 Bad Gateway)"
+    );
+    let trace = MisbehavingServer::respond(500, "Traceback:\r\n  File \"x\"\r\n    boom\r\n").await;
+    let outcome = call(&trace.url(), 0, limits(SHORT)).await;
+    let message = fault_of(&outcome, FaultCategory::Http5xx);
+    assert!(message.ends_with("Traceback: File \"x\" boom"), "{message}");
+}
+
 #[tokio::test]
 async fn wrong_shapes_are_protocol_faults() {
     let cases = [
