@@ -748,6 +748,7 @@ fn is_loopback(url: &Url) -> bool {
 /// told what reqwest's error would say about a failed resolve or connect.
 fn plain_fault(err: &super::plain::PlainError, url: &Url, progress: &Progress) -> Fault {
     use super::plain::PlainError;
+    let err_kind = err;
     let (err, flags): (&(dyn StdError + 'static), Flags) = match err {
         PlainError::Resolve(e) => (
             e,
@@ -764,9 +765,24 @@ fn plain_fault(err: &super::plain::PlainError, url: &Url, progress: &Progress) -
                 ..Flags::default()
             },
         ),
-        PlainError::Exchange { error } => (error, Flags::default()),
+        PlainError::Exchange { error, .. } => (error, Flags::default()),
     };
-    classify_chain(err, flags, url, progress)
+    let mut fault = classify_chain(err, flags, url, progress);
+    if let PlainError::Exchange {
+        error,
+        reused: true,
+    } = err_kind
+        && connection_closed(error)
+        && progress.status.is_none()
+    {
+        // Not sent again by default: the agent may have read it (see `RetryPolicy`).
+        fault.message.push_str(
+            " (on a kept-alive connection the agent closed as the request went out: servers \
+             that close idle connections or restart their workers do this; \
+             `retry-after-send #true` sends such a request again on a new connection)",
+        );
+    }
+    fault
 }
 
 /// What an exchange had achieved when it failed, for the fault message.
@@ -1169,7 +1185,10 @@ where
             break Attempted { result, attempts };
         }
         if !policy.allows(fault.category) {
-            if policy.retries > 0 && fault.category.is_retryable() {
+            if policy.retries > 0
+                && fault.category.is_retryable()
+                && !fault.message.contains("retry-after-send")
+            {
                 fault.message.push_str(
                     " (not retried: the request may have reached the agent; \
                      `retry-after-send #true` allows it)",

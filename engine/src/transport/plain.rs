@@ -160,8 +160,9 @@ pub(super) enum PlainError {
     Resolve(io::Error),
     /// No connection could be made (refused, unreachable, timed out).
     Connect(io::Error),
-    /// The connection failed while the request was written or the answer awaited.
-    Exchange { error: hyper::Error },
+    /// The connection failed while the request was written or the answer awaited;
+    /// `reused`: it was a kept-alive connection that had served earlier requests.
+    Exchange { error: hyper::Error, reused: bool },
 }
 
 /// The response of an exchange on the plain path, its body still to be read.
@@ -243,7 +244,10 @@ impl PlainPool {
                         });
                     }
                     Err(error) if !lost_unanswered(&error, replay_lost) => {
-                        return Err(PlainError::Exchange { error });
+                        return Err(PlainError::Exchange {
+                            error,
+                            reused: true,
+                        });
                     }
                     // Not taken, or lost before any answer by a caller that may send it
                     // again: a fresh connection.
@@ -258,7 +262,10 @@ impl PlainPool {
                 conn,
                 endpoint,
             }),
-            Err(error) => Err(PlainError::Exchange { error }),
+            Err(error) => Err(PlainError::Exchange {
+                error,
+                reused: false,
+            }),
         }
     }
 
@@ -391,7 +398,10 @@ async fn connect(
     let (sender, driver) = http1::Builder::new()
         .handshake(TokioIo::new(stream))
         .await
-        .map_err(|error| PlainError::Exchange { error })?;
+        .map_err(|error| PlainError::Exchange {
+            error,
+            reused: false,
+        })?;
     Ok(Conn {
         sender,
         driver: Some(Box::new(driver)),

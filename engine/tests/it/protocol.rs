@@ -642,7 +642,12 @@ async fn a_request_lost_after_it_was_written_is_not_sent_twice_by_default() {
     assert!(first.result.is_ok(), "{first:?}");
     let lost = respond(&client, &history(), &ctx(1)).await;
     let why = fault_of(&lost, FaultCategory::Transport);
-    assert!(why.contains("may have reached the agent"), "{why}");
+    // Why it happened and what to do, said once.
+    assert!(
+        why.contains("on a kept-alive connection the agent closed as the request went out"),
+        "{why}"
+    );
+    assert_eq!(why.matches("retry-after-send").count(), 1, "{why}");
     assert_eq!(lost.attempts, 1, "{lost:?}");
     let next = respond(&client, &history(), &ctx(2)).await;
     assert!(next.result.is_ok(), "{next:?}");
