@@ -114,8 +114,22 @@ pub fn unknown_property<'a>(
     known: impl IntoIterator<Item = &'a str>,
 ) -> Problem {
     let known: Vec<&str> = known.into_iter().collect();
+    // Names other tools give these properties: not typos, so no likeness finds them.
+    const OTHER_NAMES: [(&str, &str); 6] = [
+        ("regex", "matches"),
+        ("regexp", "matches"),
+        ("pattern", "matches"),
+        ("match", "matches"),
+        ("includes", "contains"),
+        ("jsonpath", "json-path"),
+    ];
+    let other_name = OTHER_NAMES
+        .iter()
+        .find(|(other, meant)| name.eq_ignore_ascii_case(other) && known.contains(meant));
     let help = if known.is_empty() {
         format!("`{node}` takes no properties")
+    } else if let Some((_, meant)) = other_name {
+        format!("did you mean `{meant}`?")
     } else {
         suggest(name, known.iter().copied(), "the properties")
     };

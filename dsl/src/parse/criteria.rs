@@ -372,7 +372,12 @@ impl<'f> Decoder<'f> {
         if let Some(p) = v.prop("json-path") {
             return self.reply_json_path(v, p, templates);
         }
-        self.check_props(v, &checks, &checks);
+        // `json-path` is read above; listed here so a misspelling of it is suggested.
+        self.check_props(
+            v,
+            &["contains", "not-contains", "matches", "equals", "json-path"],
+            &checks,
+        );
         self.check_args(v, 0, usage);
         let mut out = Vec::new();
         let mut failed = false;
@@ -513,6 +518,30 @@ impl<'f> Decoder<'f> {
                 None
             }
             _ => {
+                // A judge's settings written on an outcome: it takes none, and saying so
+                // beats "one statement or one LABEL=VALUE".
+                let judge_setting = v.props.iter().find(|p| {
+                    let name = prop_name(p);
+                    ["threshold", "judge", "rubric"].iter().any(|s| {
+                        *s == name || crate::diagnostics::did_you_mean(name, [*s]).is_some()
+                    })
+                });
+                if let (Some(p), [_]) = (judge_setting, v.args.as_slice()) {
+                    let d = self
+                        .diag(
+                            Kind::UnknownProperty,
+                            format!("`outcome` takes no `{}`", prop_name(p)),
+                            p.span(),
+                            "not a setting of `outcome`",
+                        )
+                        .with_help(
+                            "an outcome is judged as holding or not (pass mark 1) by the \
+                             scenario's judge; for a scored check with its own threshold, judge \
+                             or rubric write `judge \"STATEMENT\" threshold=… judge=… rubric=…`",
+                        );
+                    self.report(d);
+                    return None;
+                }
                 let extra = v
                     .args
                     .get(1)

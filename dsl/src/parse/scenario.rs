@@ -227,7 +227,13 @@ impl<'f> Decoder<'f> {
                     }
                 }
                 "agent" => {
-                    if let Some(e) = self.single(&cv, spec, "agent \"ID\"")
+                    // Several ids: the plural is what was meant, and its usage says so.
+                    let usage = if cv.args.len() > 1 {
+                        "agents \"ID\" \"ID\""
+                    } else {
+                        "agent \"ID\""
+                    };
+                    if let Some(e) = self.single(&cv, spec, usage)
                         && let Some(a) = self.spanned_string(e)
                     {
                         self.push_scenario_agent(&mut sc.agents, a);
