@@ -448,7 +448,12 @@ fn instances(
                 env.compile_expression(inner.trim()).ok()
             });
             let mut first: HashMap<String, usize> = HashMap::new();
-            for row in tables.get(name).map(Vec::as_slice).unwrap_or_default() {
+            // A template wrong for every row would otherwise give one error per row: the
+            // first few are shown, the rest counted in one more.
+            const SHOWN_ROW_ERRORS: usize = 3;
+            let mut row_errors = 0usize;
+            let all_rows = tables.get(name).map(Vec::as_slice).unwrap_or_default();
+            for row in all_rows {
                 let ctx = || minijinja::context! { row => dataset::RowObject::value(&row.fields) };
                 let id = match &compiled {
                     None => Ok(dataset::content_id(&row.fields)),
@@ -501,6 +506,10 @@ fn instances(
                 };
                 if let Some((problem, help)) = problem {
                     let span = compiled.as_ref().map_or(sc.id.span, |(_, s)| *s);
+                    row_errors += 1;
+                    if row_errors > SHOWN_ROW_ERRORS {
+                        continue;
+                    }
                     diags.push(
                         Diagnostic::at_span(
                             Kind::InvalidValue,
@@ -519,6 +528,26 @@ fn instances(
                 let Ok(id) = id else { continue };
                 first.insert(id.clone(), row.number);
                 rows.push(Some((id, row)));
+            }
+            if row_errors > SHOWN_ROW_ERRORS {
+                let span = sc.row_id.as_ref().map_or(sc.id.span, |t| t.span);
+                diags.push(
+                    Diagnostic::at_span(
+                        Kind::InvalidValue,
+                        format!(
+                            "scenario `{}`: row-id failed for {} more rows of dataset `{name}` \
+                             ({} of its {} rows in all)",
+                            sc.id.value,
+                            row_errors - SHOWN_ROW_ERRORS,
+                            row_errors,
+                            all_rows.len()
+                        ),
+                        files,
+                        span,
+                        "for those rows",
+                    )
+                    .with_help("the rows above show why; one fix is likely to fix them all"),
+                );
             }
         }
     }

@@ -717,6 +717,15 @@ impl<'p> Validator<'p> {
             );
             self.diags.push(d);
         }
+        // `row-id` reads the row's columns only; a column no row has is one mistake, said
+        // once with the columns' names (rendering it would fail on every row).
+        if let (Some(t), Some(ds)) = (&sc.row_id, &sc.for_each) {
+            let names = match self.info.dataset_columns.get(&ds.value) {
+                Some(Some(columns)) => Names::Only(columns.iter().cloned().collect()),
+                _ => Names::Any,
+            };
+            self.check_template(t, &Scope::env_only().with("row", names));
+        }
         for agent in &sc.agents {
             self.reference(RefKind::Agent, agent);
         }

@@ -430,6 +430,30 @@ async fn row_id_problems_name_the_row() {
         err.contains("expected one of the datasets: `d`, or declare it with"),
         "{err}"
     );
+
+    // A row-id reading a column no row has: said once against the columns, and its failure
+    // on each of 500 rows shown for the first few, the rest counted.
+    let many: String = (0..500)
+        .map(|i| format!("{{\"id\": \"r{i}\"}}\n"))
+        .collect();
+    let suite = suite
+        .replace("for-each=\"tickets\"", "for-each=\"d\"")
+        .replace("row-id \"{{ row.id }}\"", "row-id \"{{ row.idd }}\"");
+    let dir = project(&suite, &[("data/d.jsonl", many.as_bytes())]);
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path().join("suite.kdl"))
+        .output()
+        .await
+        .unwrap();
+    let err = flat(&stderr(&o));
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("5 errors in suite files"), "{err}");
+    assert!(err.contains("did you mean `row.id`?"), "{err}");
+    assert!(
+        err.contains("row-id failed for 497 more rows of dataset `d` (500 of its 500 rows in all)"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
