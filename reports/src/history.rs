@@ -77,6 +77,10 @@ pub struct RunMeta {
     /// comparisons and trends leave it out ([`is_watch_rerun`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub watch_rerun: Option<u64>,
+    /// Set by `trellis watch` on its `latest/` mirror: the whole current state, under the
+    /// last rerun's run id, so it is neither a run nor a rerun of its own.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub watch_latest: bool,
     /// Set by `trellis run --shard I/N`: the directory holds one shard of a run, not a
     /// whole run, so history listings, comparisons, trends and the costs shards are
     /// balanced by leave it out ([`is_part_of_run`]) until `trellis merge` combines it with
@@ -465,6 +469,39 @@ pub fn mark_watch_rerun(dir: &Path, run_id: &str, number: u64) -> Result<(), His
         ..RunMeta::default()
     }
     .write(dir)
+}
+
+/// Marks `dir` as the `latest/` mirror of a `trellis watch` session, holding rerun
+/// `run_id`'s state.
+pub fn mark_watch_latest(dir: &Path, run_id: &str) -> Result<(), HistoryError> {
+    RunMeta {
+        schema_version: SCHEMA_VERSION,
+        run_id: run_id.to_owned(),
+        trellis_version: env!("CARGO_PKG_VERSION").to_owned(),
+        watch_latest: true,
+        ..RunMeta::default()
+    }
+    .write(dir)
+}
+
+impl RunMeta {
+    /// What kind of directory holds the run (`runs.parquet`'s `kind`): `shard`, `merged`,
+    /// `watch_rerun`, `watch_latest`, `rejudge` or an ordinary `run`.
+    pub fn kind(&self, rejudged: bool) -> &'static str {
+        if self.watch_latest {
+            "watch_latest"
+        } else if self.watch_rerun.is_some() {
+            "watch_rerun"
+        } else if self.shard.is_some() {
+            "shard"
+        } else if self.merged.is_some() {
+            "merged"
+        } else if rejudged {
+            "rejudge"
+        } else {
+            "run"
+        }
+    }
 }
 
 /// Every run directly below `runs_dir`, oldest first (by start time, then id: ids carry the

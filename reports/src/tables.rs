@@ -501,6 +501,7 @@ table!(
         tags: Vec<Vec<String>>,
         labels: Vec<Vec<String>>,
         rejudged_from: Vec<Option<String>>,
+        kind: Vec<String>,
     }
 );
 
@@ -1093,6 +1094,11 @@ impl Tables {
         r.labels
             .push(meta.map(RunMeta::label_pairs).unwrap_or_default());
         r.rejudged_from.push(run.info.rejudged_from.clone());
+        let rejudged = run.info.rejudged_from.is_some();
+        r.kind.push(
+            meta.map_or(if rejudged { "rejudge" } else { "run" }, |m| m.kind(rejudged))
+                .to_owned(),
+        );
         r.rows += 1;
 
         let mut failed = Vec::new();

@@ -974,6 +974,7 @@ fn merged_meta(
         name: None,
         baseline: false,
         watch_rerun: None,
+        watch_latest: false,
         shard: None,
         merged: Some(MergeMeta {
             shards: split.count,

@@ -62,6 +62,7 @@ pub fn build(
         name: None,
         baseline: false,
         watch_rerun: None,
+        watch_latest: false,
         shard: None,
         merged: None,
         source: Some(source(project, selection)),

@@ -202,10 +202,12 @@ impl Session {
             return EXIT_INVALID;
         }
         let out_root = args.out.clone().unwrap_or_else(|| PathBuf::from("runs"));
-        // `latest/` is rewritten on every rerun; a run `trellis run` recorded there (it has a
-        // `run.json`, which watch never writes there) would be lost.
+        // `latest/` is rewritten on every rerun; a run `trellis run` recorded there (its
+        // `run.json` is not watch's own mark) would be lost.
         let latest = out_root.join(LATEST);
-        if let Ok(Some(meta)) = trellis_reports::history::RunMeta::read(&latest) {
+        if let Ok(Some(meta)) = trellis_reports::history::RunMeta::read(&latest)
+            && !meta.watch_latest
+        {
             errln!(
                 "error: {} holds run {} of `trellis run`, and watch rewrites that directory \
                  after every rerun; move the run elsewhere or give watch another --out",
@@ -683,7 +685,7 @@ impl Session {
         if let Err(e) = trellis_reports::history::mark_watch_rerun(&out, &run_id, header.number) {
             errln!("warning: {e}: {}", source(&e));
         }
-        let latest = match self.start_latest() {
+        let latest = match self.start_latest(&run_id) {
             Ok(record) => Some(record),
             Err(e) => {
                 errln!(
@@ -845,12 +847,16 @@ impl Session {
         self.out_root.join(LATEST)
     }
 
-    /// Clears `latest/` of the last rerun's files and starts recording into it.
-    fn start_latest(&self) -> Result<Record, String> {
+    /// Clears `latest/` of the last rerun's files and starts recording rerun `run_id`'s
+    /// whole state into it, marked so its tables say what it is (`runs.parquet`'s `kind`).
+    fn start_latest(&self, run_id: &str) -> Result<Record, String> {
         let dir = self.latest_dir();
         clear_results(&dir)
             .map_err(|(path, e)| format!("cannot remove {}: {e}", path.display()))?;
-        Record::create(&dir)
+        let record = Record::create(&dir)?;
+        trellis_reports::history::mark_watch_latest(&dir, run_id)
+            .map_err(|e| format!("{e}: {}", source(&e)))?;
+        Ok(record)
     }
 }
 

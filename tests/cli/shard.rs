@@ -248,6 +248,21 @@ async fn the_github_actions_recipe_merges_the_example_suites_into_the_unsharded_
     let sharded = results(&merged_dir);
     let unsharded = results(&whole_ws.join("whole"));
     assert_eq!(sharded, unsharded);
+    // What each directory holds, for whoever reads the tables alone.
+    let kind = |dir: &Path| {
+        strings(&read_parquet(&dir.join("runs.parquet")), "kind")[0]
+            .clone()
+            .unwrap()
+    };
+    assert_eq!(kind(&merged_dir), "merged");
+    assert_eq!(kind(&whole_ws.join("whole")), "run");
+    let a_shard = std::fs::read_dir(merge_ws.join("shards"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    assert_eq!(kind(&a_shard), "shard");
     assert!(unsharded.trajectories.len() > 50, "{unsharded:?}");
     for file in ["report.html", "junit.xml", "summary.json"] {
         assert!(merged_dir.join(file).is_file(), "{file}");

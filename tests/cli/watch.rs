@@ -250,6 +250,19 @@ async fn reruns_only_the_edited_branch_and_rechecks_without_calls() {
         latest.contains("\"reused\":true"),
         "reused turns are marked"
     );
+    // The tables say what each directory holds: `latest/` shares the last rerun's run id.
+    let kind = |run: &Path| {
+        crate::strings(
+            &crate::read_parquet(&run.join("runs.parquet")),
+            "kind",
+        )[0]
+        .clone()
+        .unwrap()
+    };
+    assert_eq!(kind(&dir.path().join("runs/latest")), "watch_latest");
+    for run in run_dirs(dir.path()) {
+        assert_eq!(kind(&run), "watch_rerun", "{}", run.display());
+    }
 }
 
 /// The rerun directories under `runs/`, oldest first (their names sort by time and rerun).
