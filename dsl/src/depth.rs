@@ -191,29 +191,43 @@ fn parse_pieces(
             }
             continue;
         }
-        match KdlDocument::parse_v2(&text[range.clone()]) {
-            Ok(mut doc) => {
+        let broken = reparse || failed.is_some();
+        let mut err = match KdlDocument::parse_v2(&text[range.clone()]) {
+            // Until a piece fails, the cut into nodes is sound: the batch goes whole.
+            Ok(mut doc) if !broken => {
                 shift(&mut doc, at);
                 if !send(doc) {
                     break;
                 }
+                continue;
             }
-            Err(err) if !send_each_node(text, range, &mut send) => {
-                drop(err);
-                break;
-            }
-            // A small file is parsed again as a whole below; a large one gets every
-            // node's errors.
-            Err(_) if text.len() <= MAX_NODE_SIZE => reparse = true,
-            Err(mut err) => {
-                for d in &mut err.diagnostics {
-                    d.span = moved(d.span, at);
+            // Once one failed, the cut may be off (a missing `{` makes a block's children
+            // look top-level): node by node, as `send_each_node` keeps them.
+            Ok(_) => {
+                if !send_each_node(text, range, &mut send) {
+                    break;
                 }
-                match &mut failed {
-                    Some(first) => first.diagnostics.append(&mut err.diagnostics),
-                    None => failed = Some(err),
-                }
+                continue;
             }
+            Err(err) => {
+                if !send_each_node(text, range, &mut send) {
+                    break;
+                }
+                err
+            }
+        };
+        // A small file is parsed again as a whole below; a large one gets every node's
+        // errors.
+        if text.len() <= MAX_NODE_SIZE {
+            reparse = true;
+            continue;
+        }
+        for d in &mut err.diagnostics {
+            d.span = moved(d.span, at);
+        }
+        match &mut failed {
+            Some(first) => first.diagnostics.append(&mut err.diagnostics),
+            None => failed = Some(err),
         }
     }
     if reparse {
@@ -222,8 +236,10 @@ fn parse_pieces(
     failed.map(Some)
 }
 
-/// The nodes of a batch that did not parse, each that parses on its own handed to `send`;
-/// whether to go on.
+/// The nodes of a batch of a file that does not parse, each that parses on its own and
+/// starts a line handed to `send`; whether to go on. An indented one is left out: it is
+/// most likely a child of a block whose `{` or `}` is what broke the file, and decoded at
+/// the top level it would be reported as a mistake of its own.
 fn send_each_node(
     text: &str,
     batch: Range<usize>,
@@ -232,11 +248,24 @@ fn send_each_node(
     let Ok(nodes) = scan(&text[batch.clone()]) else {
         return true;
     };
-    if nodes.len() < 2 {
-        return true;
-    }
     for node in nodes {
         let range = node.start + batch.start..node.end + batch.start;
+        // A piece starts where the last one ended: after a line break, its first line's
+        // indentation is its own.
+        let line_start = text[..range.start]
+            .rfind(['\n', '\r'])
+            .map_or(0, |i| i + 1);
+        let written = text[line_start..range.end]
+            .trim_start_matches(['\n', '\r', '\u{feff}'])
+            .trim_start_matches(|c: char| c.is_whitespace() && c != '\n' && c != '\r');
+        let first_line_start = range.end - written.len();
+        let indented = text[..first_line_start]
+            .chars()
+            .next_back()
+            .is_some_and(|c| c != '\n' && c != '\r' && c != '\u{feff}');
+        if indented {
+            continue;
+        }
         if let Ok(mut doc) = KdlDocument::parse_v2(&text[range.clone()]) {
             shift(&mut doc, range.start);
             if !send(doc) {

@@ -1264,7 +1264,13 @@ impl<'p> Validator<'p> {
             Err(NeedError::UnknownScenario { suite, .. }) => Some(suite),
         };
         let cross = need.value.contains('/');
-        if cross && self.info.broken {
+        // A file that did not parse may hold the scenario, in this suite or another; a
+        // scenario of that id in another suite is still worth naming.
+        let elsewhere_exists = !cross
+            && p.suites
+                .iter()
+                .any(|s| s.scenarios.iter().any(|sc| sc.id.value == need.value));
+        if self.info.broken && !elsewhere_exists {
             return None;
         }
         let candidates: Vec<String> = match (target_suite, cross) {
