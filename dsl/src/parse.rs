@@ -167,14 +167,12 @@ struct Decoder<'f> {
     info: LoadInfo,
 }
 
-/// Drops a "needs `NAME`" of a node whose line also has an unknown property answered with
-/// "did you mean `NAME`?": one typo (`protcol=`) is one mistake, and the typo's diagnostic,
-/// pointing at it, is the one that says what to do.
+/// Drops a "needs `NAME`" of a node that has, after its name and before anything ends it
+/// (a line break, `;`, `{` or `}`), an unknown property answered with "did you mean
+/// `NAME`?": one typo (`protcol=`) is one mistake, and the typo's diagnostic, pointing at
+/// it, is the one that says what to do.
 fn drop_missing_explained_by_typos(diags: &mut Vec<Diagnostic>, from: usize, text: &str) {
-    let line_of = |d: &Diagnostic| {
-        let at = d.labels().first()?.offset();
-        Some(text.get(..at)?.matches('\n').count())
-    };
+    let at = |d: &Diagnostic| d.labels().first().map(|l| l.offset());
     let typos: Vec<(usize, String)> = diags
         .get(from..)
         .unwrap_or_default()
@@ -188,12 +186,19 @@ fn drop_missing_explained_by_typos(diags: &mut Vec<Diagnostic>, from: usize, tex
                 .next()?
                 .trim_end_matches('=')
                 .to_owned();
-            Some((line_of(d)?, meant))
+            Some((at(d)?, meant))
         })
         .collect();
     if typos.is_empty() {
         return;
     }
+    // The typo is a property of the node whose name the "needs" points at.
+    let same_node = |name_at: usize, typo_at: usize| {
+        typo_at > name_at
+            && text
+                .get(name_at..typo_at)
+                .is_some_and(|between| !between.contains(['\n', '\r', ';', '{', '}']))
+    };
     let mut index = 0;
     diags.retain(|d| {
         index += 1;
@@ -209,10 +214,12 @@ fn drop_missing_explained_by_typos(diags: &mut Vec<Diagnostic>, from: usize, tex
         else {
             return true;
         };
-        let line = line_of(d);
+        let Some(name_at) = at(d) else {
+            return true;
+        };
         !typos
             .iter()
-            .any(|(at, meant)| Some(*at) == line && meant == needed)
+            .any(|(typo_at, meant)| meant == needed && same_node(name_at, *typo_at))
     });
 }
 
