@@ -252,9 +252,7 @@ fn send_each_node(
         let range = node.start + batch.start..node.end + batch.start;
         // A piece starts where the last one ended: after a line break, its first line's
         // indentation is its own.
-        let line_start = text[..range.start]
-            .rfind(['\n', '\r'])
-            .map_or(0, |i| i + 1);
+        let line_start = text[..range.start].rfind(['\n', '\r']).map_or(0, |i| i + 1);
         let written = text[line_start..range.end]
             .trim_start_matches(['\n', '\r', '\u{feff}'])
             .trim_start_matches(|c: char| c.is_whitespace() && c != '\n' && c != '\r');

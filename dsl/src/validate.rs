@@ -1412,9 +1412,11 @@ fn tool_typos<'p>(project: &'p Project, warned: &mut HashSet<(Span, &'p str)>) -
                 // A tool the suite does not describe (the agent's own): any key is an
                 // argument to match, so `cont=1` is matched, not counted. Only a near miss
                 // of the check's own `count=` is worth a word.
+                // `county="Kent"` is an argument; `cont=1` reads as a count.
                 for key in params
-                    .keys()
-                    .filter(|k| *k != "count" && typo_of(k, ["count"]).is_some())
+                    .iter()
+                    .filter(|(k, v)| *k != "count" && v.is_u64() && typo_of(k, ["count"]).is_some())
+                    .map(|(k, _)| k)
                 {
                     out.push(
                         Diagnostic::at_span(

@@ -1096,8 +1096,10 @@ impl Tables {
         r.rejudged_from.push(run.info.rejudged_from.clone());
         let rejudged = run.info.rejudged_from.is_some();
         r.kind.push(
-            meta.map_or(if rejudged { "rejudge" } else { "run" }, |m| m.kind(rejudged))
-                .to_owned(),
+            meta.map_or(if rejudged { "rejudge" } else { "run" }, |m| {
+                m.kind(rejudged)
+            })
+            .to_owned(),
         );
         r.rows += 1;
 

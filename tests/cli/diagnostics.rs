@@ -877,6 +877,7 @@ scenario "s" {
     expect tool "apply_refund" amout=20 cont=1
     expect tool "get_weather" city="Paris"
     expect tool "get_weather" city="Paris" Count=2
+    expect tool "lookup_address" county="Kent"
     criteria { no-tool "aply_refund"; }
 }
 "#,
@@ -899,6 +900,7 @@ scenario "s" {
     }
     assert!(!said.contains("a tool `get_weather`"), "{said}");
     assert!(!said.contains("argument `city`"), "{said}");
+    assert!(!said.contains("argument `county`"), "{said}");
     let o = trellis().args(["check", "suites/"]).output().await.unwrap();
     assert!(!stderr(&o).contains("unknown_tool"), "{}", stderr(&o));
 }

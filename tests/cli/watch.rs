@@ -252,12 +252,9 @@ async fn reruns_only_the_edited_branch_and_rechecks_without_calls() {
     );
     // The tables say what each directory holds: `latest/` shares the last rerun's run id.
     let kind = |run: &Path| {
-        crate::strings(
-            &crate::read_parquet(&run.join("runs.parquet")),
-            "kind",
-        )[0]
-        .clone()
-        .unwrap()
+        crate::strings(&crate::read_parquet(&run.join("runs.parquet")), "kind")[0]
+            .clone()
+            .unwrap()
     };
     assert_eq!(kind(&dir.path().join("runs/latest")), "watch_latest");
     for run in run_dirs(dir.path()) {
