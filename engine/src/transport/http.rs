@@ -178,7 +178,14 @@ impl RawResponse {
                 Ok(self)
             }
             Err(fault) if self.status.is_success() => Err(fault),
-            Err(_) => Ok(self),
+            Err(_) => {
+                // Read only far enough to quote, so usually cut mid-stream: what decodes.
+                if let Some(start) = super::encoding::decoded_start(&self.headers, &self.body, 4096)
+                {
+                    self.body = start;
+                }
+                Ok(self)
+            }
         }
     }
 

@@ -142,10 +142,13 @@ pub async fn open(
         let preview = read_body(response, url, PREVIEW_BYTES as u64, first_event_by, false)
             .await
             .unwrap_or_default();
+        let preview =
+            super::encoding::decoded_start(&headers, &preview, PREVIEW_BYTES).unwrap_or(preview);
         return Err(status_fault_with(status, Some(&headers), &preview));
     }
     if media_type == "text/event-stream" {
-        let decoder = super::encoding::StreamDecoder::for_headers(response.headers())?;
+        let decoder =
+            super::encoding::StreamDecoder::for_headers(response.headers(), limits.max_total)?;
         return Ok(Opened::Events(Box::new(EventStream::new(
             response,
             decoder,
@@ -155,15 +158,25 @@ pub async fn open(
             first_event_by,
         ))));
     }
+    let headers = response
+        .headers()
+        .contains_key(reqwest::header::CONTENT_ENCODING)
+        .then(|| response.headers().clone());
     if media_type == "application/json" || media_type.ends_with("+json") {
-        let headers = response.headers().clone();
         let body = read_body(response, url, limits.max_total, first_event_by, true).await?;
-        let body = super::encoding::decoded(&headers, body, limits.max_total)?;
+        let body = match &headers {
+            Some(headers) => super::encoding::decoded(headers, body, limits.max_total)?,
+            None => body,
+        };
         return Ok(Opened::Json(body));
     }
     let preview = read_body(response, url, PREVIEW_BYTES as u64, first_event_by, false)
         .await
         .unwrap_or_default();
+    let preview = headers
+        .as_ref()
+        .and_then(|h| super::encoding::decoded_start(h, &preview, PREVIEW_BYTES))
+        .unwrap_or(preview);
     let mut message = match content_type.as_deref() {
         Some(given) => format!(
             "expected a stream of server-sent events (Content-Type: text/event-stream), got \
@@ -330,16 +343,19 @@ impl EventStream {
                     if failed {
                         return None;
                     }
-                    // Sizes and limits count the events as decoded.
+                    // Sizes and limits count the events as decoded, what the decoder
+                    // still held when the body ended included.
+                    let mut finished = false;
                     let read = match (response.chunk().await, decoder.as_mut()) {
                         (Ok(Some(chunk)), Some(decoder)) => decoder.feed(&chunk).map(Some),
-                        (Ok(None), Some(decoder)) => match decoder.finish() {
-                            Ok(rest) if !rest.is_empty() => {
-                                return Some((Ok(rest), (response, sizer, false, None)));
+                        (Ok(None), Some(decoder)) => {
+                            finished = true;
+                            match decoder.finish() {
+                                Ok(rest) if !rest.is_empty() => Ok(Some(rest)),
+                                Ok(_) => Ok(None),
+                                Err(fault) => Err(fault),
                             }
-                            Ok(_) => Ok(None),
-                            Err(fault) => Err(fault),
-                        },
+                        }
                         (Ok(read), None) => Ok(read),
                         (Err(e), _) => Err(request_fault(
                             &e,
@@ -348,6 +364,10 @@ impl EventStream {
                             counter.total.load(Ordering::Relaxed),
                         )),
                     };
+                    // The body ended: the next read finds its end without a decoder.
+                    if finished {
+                        decoder = None;
+                    }
                     let error = match read {
                         Ok(Some(chunk)) => {
                             let total = counter
