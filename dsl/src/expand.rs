@@ -408,6 +408,28 @@ fn target<'e>(
         .map(|ids| (String::new(), ids))
 }
 
+/// The `row.NAME` columns a template reads by name (`{{ row.id }}`, `row.id | upper`).
+fn row_reads(template: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = template;
+    while let Some(at) = rest.find("row.") {
+        let before = rest[..at].chars().next_back();
+        let after = &rest[at + 4..];
+        let name: String = after
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        // `row.x` itself, not `borrow.x` or `vars.row.x`.
+        if !name.is_empty()
+            && before.is_none_or(|c| !(c.is_ascii_alphanumeric() || c == '_' || c == '.'))
+        {
+            out.push(name.clone());
+        }
+        rest = &after[name.len()..];
+    }
+    out
+}
+
 /// One scenario per row (or one without rows) and per combination of matrix values.
 fn instances(
     sc: &Scenario,
@@ -453,6 +475,19 @@ fn instances(
             const SHOWN_ROW_ERRORS: usize = 3;
             let mut row_errors = 0usize;
             let all_rows = tables.get(name).map(Vec::as_slice).unwrap_or_default();
+            // A column no row has is `check`'s error on the template (with the columns'
+            // names): its failure on every row says nothing more.
+            let reads_no_column = sc.row_id.as_ref().is_some_and(|t| {
+                row_reads(&t.source).iter().any(|column| {
+                    !all_rows.is_empty()
+                        && all_rows
+                            .iter()
+                            .all(|row| !row.fields.contains_key(column.as_str()))
+                })
+            });
+            if reads_no_column {
+                return Vec::new();
+            }
             for row in all_rows {
                 let ctx = || minijinja::context! { row => dataset::RowObject::value(&row.fields) };
                 let id = match &compiled {
@@ -506,9 +541,13 @@ fn instances(
                 };
                 if let Some((problem, help)) = problem {
                     let span = compiled.as_ref().map_or(sc.id.span, |(_, s)| *s);
-                    row_errors += 1;
-                    if row_errors > SHOWN_ROW_ERRORS {
-                        continue;
+                    // Only a failing template is counted together: ids that clash or hold
+                    // a `/` are each a row of their own to fix.
+                    if id.is_err() {
+                        row_errors += 1;
+                        if row_errors > SHOWN_ROW_ERRORS {
+                            continue;
+                        }
                     }
                     diags.push(
                         Diagnostic::at_span(
@@ -546,7 +585,7 @@ fn instances(
                         span,
                         "for those rows",
                     )
-                    .with_help("the rows above show why; one fix is likely to fix them all"),
+                    .with_help("the rows above show why the template fails"),
                 );
             }
         }
