@@ -551,6 +551,48 @@ async fn replace_keeps_the_agents_file_as_the_user_left_it() {
     let o = check(&out).await;
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
 
+    // Files naming only an endpoint new to the directory: a new id, never one the file
+    // already gives another endpoint.
+    let third = dir.path().join("third");
+    std::fs::create_dir_all(&third).unwrap();
+    std::fs::write(
+        third.join("solo.json"),
+        scenario("solo", Some("http://127.0.0.1:9/c")),
+    )
+    .unwrap();
+    let args = import_into(&third, &["--replace"]);
+    let o = import(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let solo = std::fs::read_to_string(out.join("solo.kdl")).unwrap();
+    assert!(solo.contains("agent \"multiagent-4\""), "{solo}");
+
+    // An endpoint agent the user pointed elsewhere keeps its suites on re-import.
+    let file = std::fs::read_to_string(&agents).unwrap();
+    let edited_endpoint = file.replace("http://127.0.0.1:9/a", "http://127.0.0.1:9/a-moved");
+    std::fs::write(&agents, &edited_endpoint).unwrap();
+    let args = import_into(&first, &["--replace"]);
+    let o = import(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(std::fs::read_to_string(&agents).unwrap(), edited_endpoint);
+    let reached = std::fs::read_to_string(out.join("reached.kdl")).unwrap();
+    assert!(reached.contains("agent \"multiagent-2\""), "{reached}");
+
+    // A file whose endpoint is the one the user gave the default agent: not the default's
+    // id (which the import's own default agent takes), so no agent is defined twice.
+    let fourth = dir.path().join("fourth");
+    std::fs::create_dir_all(&fourth).unwrap();
+    std::fs::write(fourth.join("plain.json"), scenario("plain", None)).unwrap();
+    std::fs::write(
+        fourth.join("mine.json"),
+        scenario("mine", Some("http://127.0.0.1:9/mine")),
+    )
+    .unwrap();
+    let args = import_into(&fourth, &["--replace"]);
+    let o = import(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = check(&out).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+
     // An explicit endpoint is the user saying where the agent is now.
     let args = import_into(
         &first,

@@ -4,8 +4,10 @@
 //! "edit the endpoints here"), so `--replace`, which rewrites the suites, must not undo that
 //! edit: the suites would then run against the builtin reference agent and pass. The agents
 //! it holds are kept as they are, byte for byte, and the import appends only the agents it
-//! lacks. An agent the import reaches at an endpoint the file already has takes that
-//! agent's id. An agent kept though the import would write it otherwise (an edited
+//! lacks. An agent the import reaches at an endpoint keeps the id the suite written for it
+//! last time names (so an endpoint the user edited in the file stays theirs), else takes
+//! the id of the file's agent at that endpoint, else a new id no agent of the file has (so
+//! another import's agent is never reused for other files). An agent kept though the import would write it otherwise (an edited
 //! endpoint, or another import's agent of the same id) is named, with what the import
 //! would have written, so neither goes unnoticed. The one agent replaced is one the
 //! command line names explicitly (`--agent-url` and the like), which is the user saying
@@ -104,6 +106,11 @@ impl AgentsFile {
             })
             .collect();
         Ok(AgentsFile { text, agents })
+    }
+
+    /// Whether the file has an agent `id`.
+    pub fn has(&self, id: &str) -> bool {
+        self.agents.iter().any(|agent| agent.id == id)
     }
 
     /// The id of the file's agent reached at `key=value` in the same request form.

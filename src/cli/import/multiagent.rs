@@ -421,52 +421,99 @@ fn explicit_agent(args: &MultiAgentImportArgs) -> Option<Endpoint> {
     }
 }
 
-/// The id of the agent of each endpoint the files name, per request form: the existing
-/// agents file's agent at that endpoint, else `ID-N`, numbered from 2 in the order the
-/// files name them, skipping the ids the first rule took. So the same files get the same
-/// ids again, and an agent whose endpoint the user edited in the file keeps its suites.
+/// The id of the agent of each endpoint the files name, per request form (see
+/// agents_file.rs): the id the suite an earlier import wrote for one of its files names,
+/// when the agents file still has it; else the agents file's agent at that endpoint; else
+/// `ID-N`, numbered from 2 in the order the files name them, skipping ids taken. The
+/// default agents' ids are never given to an endpoint.
 fn endpoint_agent_ids(
     args: &MultiAgentImportArgs,
     jobs: &[Job],
     existing: Option<&AgentsFile>,
 ) -> BTreeMap<(FileAgent, bool), String> {
-    let mut wanted: Vec<(FileAgent, bool)> = Vec::new();
+    let defaults = [
+        args.agent_id.clone(),
+        format!("{}-task-only", args.agent_id),
+        format!("{}-full", args.agent_id),
+    ];
+    let usable = |id: &str| !defaults.iter().any(|d| d == id);
+    let mut wanted: Vec<((FileAgent, bool), Option<String>)> = Vec::new();
     for job in jobs {
         if let Some(Ok(scenario)) = &job.parsed
             && let Some(endpoint) = &scenario.agent
         {
             let key = (endpoint.clone(), scenario.generation != Generation::Legacy);
-            if !wanted.contains(&key) {
-                wanted.push(key);
+            // The agent the suite written for this file last time runs against.
+            let before = existing.zip(args.out.as_deref()).and_then(|(file, out)| {
+                let id = suite_agent(&out.join(job.relative.with_extension("kdl")))?;
+                (file.has(&id) && usable(&id)).then_some(id)
+            });
+            match wanted.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, id)) => {
+                    if id.is_none() {
+                        *id = before;
+                    }
+                }
+                None => wanted.push((key, before)),
             }
         }
     }
-    let mut ids = BTreeMap::new();
-    for key @ (endpoint, task_only) in &wanted {
+    let mut ids: BTreeMap<(FileAgent, bool), String> = BTreeMap::new();
+    for (key, before) in &wanted {
+        let (endpoint, task_only) = key;
         let (field, value) = match endpoint {
             FileAgent::Url(url) => ("url", url),
             FileAgent::Command(command) => ("command", command),
             FileAgent::Socket(socket) => ("socket", socket),
         };
-        if let Some(id) = existing.and_then(|file| file.id_at(field, value, *task_only)) {
-            ids.insert(key.clone(), id.to_owned());
+        let at_endpoint = existing
+            .and_then(|file| file.id_at(field, value, *task_only))
+            .filter(|id| usable(id))
+            .map(str::to_owned);
+        if let Some(id) = before.clone().or(at_endpoint)
+            && !ids.values().any(|taken| *taken == id)
+        {
+            ids.insert(key.clone(), id);
         }
     }
     let mut n = 2usize;
-    for key in wanted {
+    for (key, _) in wanted {
         if ids.contains_key(&key) {
             continue;
         }
         let id = loop {
             let id = format!("{}-{n}", args.agent_id);
             n += 1;
-            if !ids.values().any(|taken| *taken == id) {
+            if !ids.values().any(|taken| *taken == id)
+                && !existing.is_some_and(|file| file.has(&id))
+            {
                 break id;
             }
         };
         ids.insert(key, id);
     }
     ids
+}
+
+/// The agent the scenario of an imported suite file runs against (`agent "ID"` in its
+/// `scenario`), when the file is there and reads.
+fn suite_agent(path: &Path) -> Option<String> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let document: kdl::KdlDocument = text.parse().ok()?;
+    document
+        .nodes()
+        .iter()
+        .filter(|node| node.name().value() == "scenario")
+        .find_map(|scenario| {
+            scenario
+                .children()?
+                .nodes()
+                .iter()
+                .find(|node| node.name().value() == "agent")?
+                .get(0)?
+                .as_string()
+                .map(str::to_owned)
+        })
 }
 
 /// Every `*.json` below `dir`, not following symbolic links to directories (which could
