@@ -423,8 +423,8 @@ impl IntoIterator for Diagnostics {
 }
 
 /// The closest candidate to `word`, if it is close enough to be a plausible typo: the same
-/// but for case and `_` against `-`; one letter added, dropped, changed or two swapped (for
-/// names of three letters or more, where Jaro–Winkler is too coarse: `mxa`, `Tcp`, `ul`);
+/// but for case and `_` against `-`; one letter added, dropped, changed or two swapped
+/// (both names of two letters or more; where Jaro–Winkler is too coarse: `mxa`, `Tcp`, `ul`);
 /// else Jaro–Winkler similarity of at least 0.8.
 pub fn did_you_mean<'a, I>(word: &str, candidates: I) -> Option<&'a str>
 where
@@ -438,7 +438,7 @@ where
             let candidate = normal(c);
             let score = if candidate == word {
                 3.0
-            } else if word.chars().count().max(candidate.chars().count()) >= 3
+            } else if word.chars().count().min(candidate.chars().count()) >= 2
                 && strsim::osa_distance(&word, &candidate) <= 1
             {
                 2.0 + strsim::jaro_winkler(&word, &candidate)

@@ -524,9 +524,9 @@ fn earlier_latency_means(head: &Path) -> Vec<f64> {
     // A run that failed its own gate on latency (`run --baseline` wrote its comparison
     // next to it) was a slower agent, not a busier machine: counting it would let every
     // later run as slow pass.
-    runs.retain(|r| !latency_regressed(&r.dir));
     runs.sort_by(|a, b| b.started_at.cmp(&a.started_at));
     runs.iter()
+        .filter(|r| !latency_regressed(&r.dir))
         .take(compare::SPREAD_WINDOW)
         .filter_map(|r| history::run_stats(&r.dir).ok()?.aggregates.latency.mean_ms)
         .collect()

@@ -893,16 +893,26 @@ pub(crate) fn status_fault_with(
     }
     let text = String::from_utf8_lossy(body);
     let text = text.trim();
+    let start: String = text
+        .chars()
+        .take(15)
+        .collect::<String>()
+        .to_ascii_lowercase();
     let html = header(reqwest::header::CONTENT_TYPE)
         .is_some_and(|t| t.to_ascii_lowercase().starts_with("text/html"))
-        || text.get(..15).is_some_and(|start| {
-            let start = start.to_ascii_lowercase();
-            start.starts_with("<!doctype html") || start.starts_with("<html")
-        });
+        || start.starts_with("<!doctype html")
+        || start.starts_with("<html");
     if html {
         message.push_str(": an HTML page");
-        if let Some(title) = html_title(text) {
-            message.push_str(&format!(" ({title})"));
+        match html_title(text) {
+            Some(title) => message.push_str(&format!(" ({title})")),
+            // No title: its text, tags left out (`<body>Invalid API key</body>`).
+            None => {
+                let words = html_text(text);
+                if !words.is_empty() {
+                    message.push_str(&format!(": {}", super::quote::cut(&words, 200)));
+                }
+            }
         }
         return Fault::new(category, message);
     }
@@ -920,6 +930,34 @@ pub(crate) fn status_fault_with(
         }
     }
     Fault::new(category, message)
+}
+
+/// The text of an HTML page without its tags (and what `<script>`/`<style>` hold), its
+/// spaces collapsed.
+fn html_text(page: &str) -> String {
+    let mut out = String::new();
+    let mut rest = page;
+    while let Some(open) = rest.find('<') {
+        out.push_str(&rest[..open]);
+        out.push(' ');
+        let tag = &rest[open..];
+        let lower: String = tag.chars().take(7).collect::<String>().to_ascii_lowercase();
+        let skip_to = if lower.starts_with("<script") {
+            tag.to_ascii_lowercase()
+                .find("</script")
+                .unwrap_or(tag.len())
+        } else if lower.starts_with("<style") {
+            tag.to_ascii_lowercase()
+                .find("</style")
+                .unwrap_or(tag.len())
+        } else {
+            0
+        };
+        let after = &tag[skip_to..];
+        rest = after.find('>').map_or("", |close| &after[close + 1..]);
+    }
+    out.push_str(rest);
+    out.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 /// The `<title>` of an HTML page (else its first `<h1>`), its spaces collapsed.

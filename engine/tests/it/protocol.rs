@@ -293,6 +293,17 @@ async fn an_html_error_page_is_named_by_its_title() {
         message,
         "HTTP 502 Bad Gateway: an HTML page (502 Bad Gateway)"
     );
+    let bare = MisbehavingServer::respond(
+        401,
+        "<html><head><style>b { color: red }</style></head><body>Invalid <b>API</b> key</body></html>",
+    )
+    .await;
+    let outcome = call(&bare.url(), 0, limits(SHORT)).await;
+    let message = fault_of(&outcome, FaultCategory::Http4xx);
+    assert_eq!(
+        message,
+        "HTTP 401 Unauthorized: an HTML page: Invalid API key"
+    );
     let trace = MisbehavingServer::respond(500, "Traceback:\r\n  File \"x\"\r\n    boom\r\n").await;
     let outcome = call(&trace.url(), 0, limits(SHORT)).await;
     let message = fault_of(&outcome, FaultCategory::Http5xx);

@@ -179,7 +179,7 @@ fn verdict_class(verdict: &str) -> String {
 }
 
 fn is_change(verdict: &str) -> bool {
-    !matches!(verdict, "unchanged" | "not comparable")
+    !matches!(verdict, "unchanged" | "not comparable" | "not gated")
 }
 
 fn tally(t: Option<CompareTally>) -> String {

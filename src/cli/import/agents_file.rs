@@ -167,10 +167,16 @@ impl AgentsFile {
             text.replace_range(span.start..span.end - trailing, with);
         }
         if !appended.is_empty() {
+            // In the file's own line endings.
+            let newline = if self.text.contains("\r\n") {
+                "\r\n"
+            } else {
+                "\n"
+            };
             if !text.is_empty() && !text.ends_with('\n') {
-                text.push('\n');
+                text.push_str(newline);
             }
-            text.push_str(&appended);
+            text.push_str(&appended.replace('\n', newline));
         }
         merged.text = text;
         merged
