@@ -61,8 +61,10 @@ pub fn unknown_node<'a>(
     known: impl IntoIterator<Item = &'a str>,
 ) -> Problem {
     let known: Vec<&str> = known.into_iter().collect();
-    let help = match did_you_mean(name, known.iter().copied()) {
-        Some(best) => format!("did you mean `{best}`?"),
+    let help = match placement(name, &known).or_else(|| {
+        did_you_mean(name, known.iter().copied()).map(|best| format!("did you mean `{best}`?"))
+    }) {
+        Some(help) => help,
         None => format!(
             "{context} accepts: {}",
             known
@@ -82,6 +84,44 @@ pub fn unknown_node<'a>(
     }
 }
 
+/// Where a node of the language written in the wrong place belongs, told from what the
+/// place takes (`known`): a check written as a step, a step outside a scenario or inside a
+/// check, a top-level definition inside a block. A right name in the wrong place is not a
+/// typo, so this comes before any did-you-mean (`persona` inside an `agent` is not
+/// `per-shard`).
+fn placement(name: &str, known: &[&str]) -> Option<String> {
+    let named = |specs: &[&NodeSpec]| specs.iter().any(|s| s.name == name);
+    let at_top = known.contains(&"scenario");
+    let in_steps = known.contains(&"user");
+    let in_checks = known.contains(&"no-error");
+    if in_steps && named(&super::criteria::CRITERIA) {
+        return Some(format!(
+            "`{name}` is a check: write `expect {name}` to check the turn just taken, or put it \
+             in `criteria {{ }}` to check the whole trajectory"
+        ));
+    }
+    // A branch takes steps only; the scenario's own settings are the scenario's.
+    if in_steps && !known.contains(&"criteria") && super::scenario::SCENARIO.child(name).is_some() {
+        return Some(format!(
+            "`{name}` belongs to the scenario, not to a branch: write it in the `scenario` \
+             block (it applies to every branch)"
+        ));
+    }
+    if (at_top || in_checks) && named(&super::steps::STEPS) {
+        return Some(if at_top {
+            format!("`{name}` is a step: write it inside a `scenario \"ID\" {{ … }}`")
+        } else {
+            format!("`{name}` is a step, not a check: write it in the scenario, after the `expect`")
+        });
+    }
+    if !at_top && named(super::top_level()) {
+        return Some(format!(
+            "`{name}` is written at the top level of a suite file, outside any block"
+        ));
+    }
+    None
+}
+
 /// A criterion name that is none of the criteria.
 pub fn unknown_criterion<'a>(
     name: &str,
@@ -90,8 +130,10 @@ pub fn unknown_criterion<'a>(
     known: impl IntoIterator<Item = &'a str>,
 ) -> Problem {
     let known: Vec<&str> = known.into_iter().collect();
-    let help = match did_you_mean(name, known.iter().copied()) {
-        Some(best) => format!("did you mean `{best}`?"),
+    let help = match placement(name, &known).or_else(|| {
+        did_you_mean(name, known.iter().copied()).map(|best| format!("did you mean `{best}`?"))
+    }) {
+        Some(help) => help,
         None => format!("criteria are: {}", known.join(", ")),
     };
     Problem {
