@@ -467,6 +467,20 @@ impl<'f> Decoder<'f> {
     /// A required first argument (an id or name).
     pub(super) fn id_arg(&mut self, v: &View, what: &str, usage: &str) -> Option<Spanned<String>> {
         match v.args.first() {
+            // An empty name names nothing: a capture no template can read, a tool no call
+            // has, an agent no scenario can pick.
+            Some(e) if e.value().as_string().is_some_and(|s| s.trim().is_empty()) => {
+                let d = self
+                    .diag(
+                        Kind::InvalidValue,
+                        format!("`{}` needs {what}, not an empty one", v.name),
+                        e.span(),
+                        "empty",
+                    )
+                    .with_help(format!("write `{usage}`"));
+                self.report(d);
+                None
+            }
             Some(e) => self.spanned_string(e),
             None => {
                 self.missing(v, what, usage);
