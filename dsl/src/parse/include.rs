@@ -395,10 +395,35 @@ impl Loader {
                     arg.span(),
                     "no such file",
                 )
-                .with_help(format!(
-                    "looked for `{target_name}`; include paths are relative to the including \
-                     file"
-                ))
+                .with_help({
+                    // A near miss in the directory it looked in (`agnets.kdl`).
+                    let near = target
+                        .parent()
+                        .zip(target.file_name().and_then(|n| n.to_str()))
+                        .and_then(|(dir, wanted)| {
+                            let names: Vec<String> = std::fs::read_dir(dir)
+                                .ok()?
+                                .filter_map(|e| e.ok()?.file_name().into_string().ok())
+                                .filter(|n| n.ends_with(".kdl"))
+                                .collect();
+                            crate::diagnostics::did_you_mean(
+                                wanted,
+                                names.iter().map(String::as_str),
+                            )
+                            .map(str::to_owned)
+                        });
+                    match near {
+                        Some(name) => format!(
+                            "did you mean `{}`? Include paths are relative to the including \
+                             file",
+                            Path::new(rel).with_file_name(name).display()
+                        ),
+                        None => format!(
+                            "looked for `{target_name}`; include paths are relative to the \
+                             including file"
+                        ),
+                    }
+                })
             };
             self.diags.push(diag);
             // Its definitions are unknown, like those of an unparsable file.
