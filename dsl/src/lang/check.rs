@@ -61,7 +61,23 @@ pub fn unknown_node<'a>(
     known: impl IntoIterator<Item = &'a str>,
 ) -> Problem {
     let known: Vec<&str> = known.into_iter().collect();
-    let help = match placement(name, &known).or_else(|| {
+    // The names Connexity test cases and MultiAgentEval files give these nodes: no likeness
+    // finds them (`expected_outcomes` reads like `expect`).
+    const OTHER_NAMES: [(&str, &str); 6] = [
+        ("expected_outcomes", "outcome"),
+        ("expected_outcome", "outcome"),
+        ("persona_context", "persona"),
+        ("first_message", "user"),
+        ("initial_message", "user"),
+        ("expected_tool_calls", "expect-tool"),
+    ];
+    let other_name = OTHER_NAMES
+        .iter()
+        .find(|(other, meant)| {
+            name.replace('-', "_").eq_ignore_ascii_case(other) && known.contains(meant)
+        })
+        .map(|(_, meant)| format!("did you mean `{meant}`?"));
+    let help = match placement(name, &known).or(other_name).or_else(|| {
         did_you_mean(name, known.iter().copied()).map(|best| format!("did you mean `{best}`?"))
     }) {
         Some(help) => help,
