@@ -474,6 +474,7 @@ fn instances(
             // first few are shown, the rest counted in one more.
             const SHOWN_ROW_ERRORS: usize = 3;
             let mut row_errors = 0usize;
+            let mut clashes = 0usize;
             let all_rows = tables.get(name).map(Vec::as_slice).unwrap_or_default();
             // A column no row has is `check`'s error on the template (with the columns'
             // names): its failure on every row says nothing more.
@@ -541,11 +542,14 @@ fn instances(
                 };
                 if let Some((problem, help)) = problem {
                     let span = compiled.as_ref().map_or(sc.id.span, |(_, s)| *s);
-                    // Only a failing template is counted together: ids that clash or hold
-                    // a `/` are each a row of their own to fix.
-                    if id.is_err() {
-                        row_errors += 1;
-                        if row_errors > SHOWN_ROW_ERRORS {
+                    // A failing template and ids that clash are each counted together
+                    // past the first few (`row-id "{{ row.status }}"` clashes on nearly
+                    // every row); an id holding a `/` is a row of its own to fix.
+                    let clash = id.as_ref().is_ok_and(|id| first.contains_key(id));
+                    if id.is_err() || clash {
+                        let counter = if clash { &mut clashes } else { &mut row_errors };
+                        *counter += 1;
+                        if *counter > SHOWN_ROW_ERRORS {
                             continue;
                         }
                     }
@@ -567,6 +571,28 @@ fn instances(
                 let Ok(id) = id else { continue };
                 first.insert(id.clone(), row.number);
                 rows.push(Some((id, row)));
+            }
+            if clashes > SHOWN_ROW_ERRORS {
+                let span = sc.row_id.as_ref().map_or(sc.id.span, |t| t.span);
+                diags.push(
+                    Diagnostic::at_span(
+                        Kind::InvalidValue,
+                        format!(
+                            "scenario `{}`: {} more rows of dataset `{name}` have an id an \
+                             earlier row has ({} in all)",
+                            sc.id.value,
+                            clashes - SHOWN_ROW_ERRORS,
+                            clashes
+                        ),
+                        files,
+                        span,
+                        "for those rows",
+                    )
+                    .with_help(
+                        "row ids must be unique: use a column whose values are, or join two \
+                         (\"{{ row.customer }}-{{ row.order }}\")",
+                    ),
+                );
             }
             if row_errors > SHOWN_ROW_ERRORS {
                 let span = sc.row_id.as_ref().map_or(sc.id.span, |t| t.span);
@@ -624,6 +650,34 @@ fn instances(
                 "a matrix makes one instance per combination of its values, times the \
                  dataset's rows: its variables' value counts multiply (8 variables of 10 \
                  values are 100,000,000); use fewer values, or `limit=`/`sample=` on the \
+                 dataset",
+            ),
+        );
+        return Vec::new();
+    }
+    // Runs of the whole scenario: its instances' trajectories, each `repeat` times (the
+    // cap `check` applies to one instance, `validate::MAX_EXECUTIONS`).
+    let runs = count
+        .saturating_mul(crate::graph::TrajectoryGraph::count(sc))
+        .saturating_mul(u64::from(sc.repeat));
+    if count > 1 && runs > crate::validate::MAX_EXECUTIONS {
+        diags.push(
+            Diagnostic::at_span(
+                Kind::OutOfRange,
+                format!(
+                    "scenario `{}` runs {runs} times: {count} instances × their trajectories × \
+                     `repeat {}` (at most {})",
+                    sc.id.value,
+                    sc.repeat,
+                    crate::validate::MAX_EXECUTIONS
+                ),
+                files,
+                sc.id.span,
+                "too many runs",
+            )
+            .with_help(
+                "every run of a trajectory is a row of each results table and an entry of the \
+                 journal: lower `repeat`, or take fewer rows with `limit=`/`sample=` on the \
                  dataset",
             ),
         );

@@ -1760,3 +1760,35 @@ async fn a_dataset_path_that_is_a_directory_or_empty_says_so() {
     assert!(err.contains("dataset `e`: the path is empty"), "{err}");
     assert!(!err.contains("unknown dataset format"), "{err}");
 }
+
+/// A row-id that clashes on nearly every row is shown for a few rows and counted for the
+/// rest; and a scenario's runs are capped over all its instances, not per row.
+#[tokio::test]
+async fn clashing_row_ids_are_counted_and_runs_capped_over_every_instance() {
+    let rows: String = std::iter::once("id,status\n".to_owned())
+        .chain((0..500).map(|i| format!("{i},open\n")))
+        .collect();
+    let suite = format!(
+        "{AGENT}dataset \"d\" path=\"d.csv\"\n\
+         scenario \"s\" for-each=\"d\" {{\n    row-id \"{{{{ row.status }}}}\"\n    user \"{{{{ row.id }}}}\"\n    expect no-error\n}}\n\
+         scenario \"r\" for-each=\"d\" {{\n    repeat 5000\n    user \"{{{{ row.id }}}}\"\n    expect no-error\n}}\n"
+    );
+    let dir = project(&suite, &[("d.csv", rows.as_bytes())]);
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path().join("suite.kdl"))
+        .output()
+        .await
+        .unwrap();
+    let err = flat(&stderr(&o));
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("5 errors in suite files"), "{err}");
+    assert!(
+        err.contains("496 more rows of dataset `d` have an id an earlier row has (499 in all)"),
+        "{err}"
+    );
+    assert!(
+        err.contains("scenario `r` runs 2500000 times: 500 instances"),
+        "{err}"
+    );
+}
