@@ -488,17 +488,21 @@ pub fn turn_latencies(base: &Path, head: &Path) -> Option<compare::TurnLatencies
     Some(compare::TurnLatencies {
         base: history::turn_latencies(base)?,
         head: history::turn_latencies(head)?,
-        earlier_means: earlier_latency_means(head),
+        earlier_means: earlier_latency_means(base, head),
     })
 }
 
 /// The mean turn latency of the most recent finished runs (watch reruns are not listed)
-/// with the head run's suite fingerprint that started before it, most recent first, but
-/// for those whose own `--baseline` comparison found their latency regressed.
-fn earlier_latency_means(head: &Path) -> Vec<f64> {
+/// with the head run's suite fingerprint that started before it, most recent first: those
+/// that started no later than the base (how runs varied up to it), and later ones only when
+/// they passed a `--baseline` comparison on latency themselves. A run after the base that
+/// was never gated, or failed its gate on latency, may be the slower agent under test, not
+/// a busier machine: counting it would let every later run as slow pass.
+fn earlier_latency_means(base: &Path, head: &Path) -> Vec<f64> {
     let Ok(head_entry) = history::read_run(head) else {
         return Vec::new();
     };
+    let base_started = history::read_run(base).ok().and_then(|b| b.started_at);
     let fingerprint = head_entry
         .meta
         .as_ref()
@@ -521,31 +525,41 @@ fn earlier_latency_means(head: &Path) -> Vec<f64> {
                 .as_ref()
                 .is_some_and(|m| m.suite_fingerprint == fingerprint)
     });
-    // A run that failed its own gate on latency (`run --baseline` wrote its comparison
-    // next to it) was a slower agent, not a busier machine: counting it would let every
-    // later run as slow pass.
     runs.sort_by(|a, b| b.started_at.cmp(&a.started_at));
     runs.iter()
-        .filter(|r| !latency_regressed(&r.dir))
+        .filter(|r| {
+            let before_base = match (&r.started_at, &base_started) {
+                (Some(run), Some(base)) => run <= base,
+                _ => false,
+            };
+            (before_base && !latency_gate_failed(&r.dir)) || latency_gate_passed(&r.dir)
+        })
         .take(compare::SPREAD_WINDOW)
         .filter_map(|r| history::run_stats(&r.dir).ok()?.aggregates.latency.mean_ms)
         .collect()
 }
 
-/// Whether the comparison recorded in `dir` (`compare.json`) found its mean latency
-/// regressed.
-fn latency_regressed(dir: &Path) -> bool {
-    let Ok(text) = std::fs::read(dir.join(trellis_reports::COMPARE_FILE)) else {
-        return false;
-    };
-    let Ok(comparison) = serde_json::from_slice::<serde_json::Value>(&text) else {
-        return false;
-    };
-    comparison["metrics"].as_array().is_some_and(|metrics| {
-        metrics
-            .iter()
-            .any(|m| m["metric"] == "latency_mean_ms" && m["verdict"] == "regressed")
-    })
+/// Whether the comparison recorded in `dir` (`compare.json`, written by `run --baseline`)
+/// found its mean latency regressed.
+fn latency_gate_failed(dir: &Path) -> bool {
+    latency_verdict(dir).is_some_and(|v| v == "regressed")
+}
+
+/// Whether the comparison recorded in `dir` found its mean latency not regressed.
+fn latency_gate_passed(dir: &Path) -> bool {
+    latency_verdict(dir).is_some_and(|v| v != "regressed" && v != "not_comparable")
+}
+
+/// The verdict on the mean latency of the comparison recorded in `dir`.
+fn latency_verdict(dir: &Path) -> Option<String> {
+    let text = std::fs::read(dir.join(trellis_reports::COMPARE_FILE)).ok()?;
+    let comparison: serde_json::Value = serde_json::from_slice(&text).ok()?;
+    comparison["metrics"]
+        .as_array()?
+        .iter()
+        .find(|m| m["metric"] == "latency_mean_ms")?["verdict"]
+        .as_str()
+        .map(str::to_owned)
 }
 
 /// The judges the runs' `calibration.json` files mark below the agreement floor.

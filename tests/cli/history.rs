@@ -1161,6 +1161,57 @@ async fn a_run_no_slower_than_earlier_runs_of_the_same_suites_is_not_a_latency_r
     assert!(stdout(&o).contains("latency_mean_ms"), "{}", stdout(&o));
 }
 
+/// Runs made after the base without a gate may be the slower agent itself: three plain runs
+/// of it do not make the next one noise. A later run that passed its own latency gate does
+/// count.
+#[tokio::test]
+async fn ungated_runs_after_the_base_do_not_widen_the_latency_spread() {
+    let runs = tempfile::tempdir().unwrap();
+    let turns = |ms: f64| -> Vec<Sample> {
+        (0..40)
+            .map(|i| sample("main", i, true, ms + f64::from(i % 7)))
+            .collect()
+    };
+    for (name, day, ms) in [
+        ("base", 1, 15.0),
+        ("slow1", 2, 50.0),
+        ("slow2", 3, 50.0),
+        ("slow3", 4, 50.0),
+        ("head", 5, 50.0),
+    ] {
+        write_run(
+            runs.path(),
+            name,
+            &format!("2026-01-0{day}T00:00:00Z"),
+            &turns(ms),
+        );
+        let dir = runs.path().join(name);
+        let mut meta: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("run.json")).unwrap_or_default())
+                .unwrap_or_else(|_| serde_json::json!({}));
+        meta["run_id"] = serde_json::json!(name);
+        meta["suite_fingerprint"] = serde_json::json!("same suites");
+        std::fs::write(dir.join("run.json"), meta.to_string()).unwrap();
+    }
+    let o = compare(runs.path(), &["base", "head"]).await;
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(stdout(&o).contains("latency_mean_ms"), "{}", stdout(&o));
+
+    // Gated and passed (a busier machine the gate let through): they count.
+    for name in ["slow1", "slow2", "slow3"] {
+        std::fs::write(
+            runs.path().join(name).join("compare.json"),
+            serde_json::json!({"metrics": [
+                {"metric": "latency_mean_ms", "verdict": "noise"}
+            ]})
+            .to_string(),
+        )
+        .unwrap();
+    }
+    let o = compare(runs.path(), &["base", "head"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_scenario_skipped_because_its_needs_failed_is_not_run_and_a_regression() {
     use super::support::MisbehavingServer;
