@@ -249,8 +249,9 @@ fn unknown(coding: &str) -> Fault {
         FaultCategory::Protocol,
         format!(
             "the answer is compressed with `{coding}` (Content-Encoding), which Trellis does \
-             not decode (gzip and deflate are); Trellis sends no Accept-Encoding, so turn \
-             compression off on the agent or the proxy in front of it"
+             not decode (gzip and deflate are): leave it out of the suite's Accept-Encoding \
+             header if it asks for it (Trellis asks for none), or turn that compression off \
+             on the agent or the proxy in front of it"
         ),
     )
 }

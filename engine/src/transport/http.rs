@@ -775,19 +775,19 @@ fn plain_fault(err: &super::plain::PlainError, url: &Url, progress: &Progress) -
         PlainError::Exchange { error, .. } => (error, Flags::default()),
     };
     let mut fault = classify_chain(err, flags, url, progress);
-    if let PlainError::Exchange {
-        error,
-        reused: true,
-    } = err_kind
+    if let PlainError::Exchange { error, reused } = err_kind
         && connection_closed(error)
         && progress.status.is_none()
     {
         // Not sent again by default: the agent may have read it (see `RetryPolicy`).
-        fault.message.push_str(
+        fault.message.push_str(if *reused {
             " (on a kept-alive connection the agent closed as the request went out: servers \
              that close idle connections or restart their workers do this; \
-             `retry-after-send #true` sends such a request again on a new connection)",
-        );
+             `retry-after-send #true` sends such a request again on a new connection)"
+        } else {
+            " (closed before any answer: when the agent restarts its workers or sheds \
+             connections under load, `retry-after-send #true` sends such a request again)"
+        });
     }
     fault
 }
@@ -884,8 +884,14 @@ pub(crate) fn status_fault_with(
         match header(reqwest::header::LOCATION) {
             Some(to) => message.push_str(&format!(
                 " to {}: Trellis does not follow redirects (the turn and the suite's headers \
-                 would go wherever the agent points); put that address in the agent's url=",
-                super::quote::cut(to, 300)
+                 would go wherever the agent points); put that address in the agent's url={}",
+                super::quote::cut(to, 300),
+                // Starlette and Werkzeug send a path alone.
+                if to.starts_with('/') {
+                    " (on the same host and port)"
+                } else {
+                    ""
+                }
             )),
             None => message.push_str(": Trellis does not follow redirects"),
         }

@@ -513,6 +513,9 @@ async fn connection_reset_is_transport_and_retried_only_when_allowed() {
     let message = fault_of(&outcome, FaultCategory::Transport);
     assert!(message.contains("reset"), "{message}");
     assert!(message.contains("before the response headers"), "{message}");
+    // What to do about it, once (a restarting worker resets fresh connections too).
+    assert!(message.contains("closed before any answer"), "{message}");
+    assert_eq!(message.matches("retry-after-send").count(), 1, "{message}");
     assert_eq!(
         outcome.attempts, 1,
         "the request was sent: not retried by default"

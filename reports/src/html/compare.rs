@@ -266,7 +266,7 @@ fn metric_row(index: usize, m: &CompareMetric) -> RowView {
             .map(|t| match m.metric.as_str() {
                 "latency_mean_ms" => format!("threshold +{t}%"),
                 "pass_rate" => format!("threshold −{:.1} pts", t * 100.0),
-                "mean_score" => format!("threshold −{t}"),
+                "mean_score" => format!("threshold −{t} pts"),
                 _ => format!("threshold {}", metric_value(&m.metric, Some(t))),
             })
             .unwrap_or_default(),
