@@ -58,8 +58,29 @@ impl Redone {
 /// Connects to `host_port` (`host:port`, resolved), trying each address in turn as
 /// [`TcpStream::connect`] does.
 pub(crate) async fn connect_host(host_port: &str, redone: &Redone) -> io::Result<TcpStream> {
-    let addrs: Vec<SocketAddr> = tokio::net::lookup_host(host_port).await?.collect();
+    let addrs: Vec<SocketAddr> = match host_port
+        .rsplit_once(':')
+        .and_then(|(host, port)| Some((host, port.parse::<u16>().ok()?)))
+    {
+        Some((host, port)) if is_localhost(host) => loopbacks(port),
+        _ => tokio::net::lookup_host(host_port).await?.collect(),
+    };
     connect(&addrs, redone).await
+}
+
+/// Whether `host` is `localhost`, which names this machine whatever the resolver says
+/// (RFC 6761): an agent listening on `::1` alone is reached through it too, as curl and
+/// browsers reach it, even where `/etc/hosts` maps it to 127.0.0.1 only.
+pub(crate) fn is_localhost(host: &str) -> bool {
+    host.trim_end_matches('.').eq_ignore_ascii_case("localhost")
+}
+
+/// Both loopback addresses at `port`, IPv4 first (where local servers most often listen).
+pub(crate) fn loopbacks(port: u16) -> Vec<SocketAddr> {
+    vec![
+        SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, port)),
+        SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, port)),
+    ]
 }
 
 /// How long a loopback connection's first attempt may take before its SYN counts as

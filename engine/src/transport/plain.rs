@@ -375,6 +375,9 @@ async fn connect(
             .ok();
         let addrs: Vec<SocketAddr> = match literal {
             Some(ip) => vec![SocketAddr::new(ip, address.port)],
+            None if super::connect::is_localhost(&address.host) => {
+                super::connect::loopbacks(address.port)
+            }
             None => tokio::net::lookup_host((address.host.as_str(), address.port))
                 .await
                 .map_err(PlainError::Resolve)?

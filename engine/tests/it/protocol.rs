@@ -279,6 +279,71 @@ async fn compressed_answers_are_decoded_or_named() {
     assert!(message.contains("`br`"), "{message}");
 }
 
+/// `localhost` is this machine whatever `/etc/hosts` says: an agent listening on `::1`
+/// alone is reached through it (this project's machines map `localhost` to 127.0.0.1 only).
+#[tokio::test]
+async fn localhost_reaches_an_agent_on_the_ipv6_loopback() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = match tokio::net::TcpListener::bind("[::1]:0").await {
+        Ok(listener) => listener,
+        Err(e) => {
+            // No IPv6 loopback here: `localhost` must still reach 127.0.0.1.
+            eprintln!("no IPv6 loopback ({e}): checking the IPv4 one only");
+            let server = MisbehavingServer::respond(200, OK_BODY).await;
+            let url = server.url().replace("127.0.0.1", "localhost");
+            let outcome = call(&url, 0, limits(SHORT)).await;
+            assert!(outcome.result.is_ok(), "{outcome:?}");
+            return;
+        }
+    };
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 65536];
+                let mut seen = Vec::new();
+                loop {
+                    let Ok(n) = stream.read(&mut buf).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    seen.extend_from_slice(&buf[..n]);
+                    let text = String::from_utf8_lossy(&seen);
+                    if let Some(head_end) = text.find("\r\n\r\n") {
+                        let length: usize = text[..head_end]
+                            .lines()
+                            .find_map(|l| {
+                                l.to_ascii_lowercase()
+                                    .strip_prefix("content-length:")
+                                    .and_then(|v| v.trim().parse().ok())
+                            })
+                            .unwrap_or(0);
+                        if seen.len() >= head_end + 4 + length {
+                            break;
+                        }
+                    }
+                }
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: \
+                     {}\r\n\r\n{OK_BODY}",
+                    OK_BODY.len()
+                );
+                let _ = stream.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    let outcome = call(
+        &format!("http://localhost:{port}/agent/respond"),
+        0,
+        limits(SHORT),
+    )
+    .await;
+    let turn = outcome.result.expect("localhost reached ::1");
+    assert_eq!(turn.reply.as_deref(), Some("Hello there."));
+}
+
 /// A proxy's HTML error page is named by its title, not quoted tag by tag; a multi-line
 /// body is quoted on one line.
 #[tokio::test]
