@@ -657,15 +657,23 @@ fn instances(
     }
     // Runs of the whole scenario: its instances' trajectories, each `repeat` times (the
     // cap `check` applies to one instance, `validate::MAX_EXECUTIONS`).
-    let runs = count
-        .saturating_mul(crate::graph::TrajectoryGraph::count(sc))
-        .saturating_mul(u64::from(sc.repeat));
-    if count > 1 && runs > crate::validate::MAX_EXECUTIONS {
+    let per_instance =
+        crate::graph::TrajectoryGraph::count(sc).saturating_mul(u64::from(sc.repeat));
+    let runs = count.saturating_mul(per_instance);
+    // One instance past the caps is `check`'s error already (validate.rs).
+    let within_one = crate::graph::TrajectoryGraph::count(sc) <= crate::validate::MAX_TRAJECTORIES
+        && per_instance <= crate::validate::MAX_EXECUTIONS;
+    if count > 1 && within_one && runs > crate::validate::MAX_EXECUTIONS {
+        let shown = if runs == u64::MAX {
+            "more than 18 quintillion".to_owned()
+        } else {
+            runs.to_string()
+        };
         diags.push(
             Diagnostic::at_span(
                 Kind::OutOfRange,
                 format!(
-                    "scenario `{}` runs {runs} times: {count} instances × their trajectories × \
+                    "scenario `{}` runs {shown} times: {count} instances × their trajectories × \
                      `repeat {}` (at most {})",
                     sc.id.value,
                     sc.repeat,
@@ -675,11 +683,14 @@ fn instances(
                 sc.id.span,
                 "too many runs",
             )
-            .with_help(
+            .with_help(if sc.for_each.is_some() {
                 "every run of a trajectory is a row of each results table and an entry of the \
                  journal: lower `repeat`, or take fewer rows with `limit=`/`sample=` on the \
-                 dataset",
-            ),
+                 dataset"
+            } else {
+                "every run of a trajectory is a row of each results table and an entry of the \
+                 journal: lower `repeat`, or give the matrix fewer values"
+            }),
         );
         return Vec::new();
     }

@@ -554,3 +554,26 @@ async fn replace_keeps_an_edited_agent() {
     );
     assert!(!rewritten.contains("agent/respond"), "{rewritten}");
 }
+
+/// An expected tool call with an empty name names no tool: it is reported as not mapped,
+/// and the rest of the case still imports and checks.
+#[tokio::test]
+async fn an_empty_tool_name_is_reported_not_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let case = dir.path().join("t.json");
+    std::fs::write(
+        &case,
+        r#"{"test_cases":[{"name":"t","expected_tool_calls":[{"tool":"","mock_responses":[{"response":"x"}]},{"tool":"lookup"}]}]}"#,
+    )
+    .unwrap();
+    let o = import(&[case.to_str().unwrap()]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("`expected_tool_calls[0]` has an empty tool name"),
+        "{}",
+        stderr(&o)
+    );
+    let suite = stdout(&o);
+    assert!(suite.contains("expect-tool \"lookup\""), "{suite}");
+    assert!(!suite.contains("\"\""), "{suite}");
+}

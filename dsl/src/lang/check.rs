@@ -63,12 +63,11 @@ pub fn unknown_node<'a>(
     let known: Vec<&str> = known.into_iter().collect();
     // The names Connexity test cases and MultiAgentEval files give these nodes: no likeness
     // finds them (`expected_outcomes` reads like `expect`).
-    const OTHER_NAMES: [(&str, &str); 6] = [
+    // (`first_message` and `initial_message` are `initial-message`, which the likeness
+    // finds.)
+    const OTHER_NAMES: [(&str, &str); 3] = [
         ("expected_outcomes", "outcome"),
         ("expected_outcome", "outcome"),
-        ("persona_context", "persona"),
-        ("first_message", "user"),
-        ("initial_message", "user"),
         ("expected_tool_calls", "expect-tool"),
     ];
     let other_name = OTHER_NAMES
@@ -110,30 +109,43 @@ fn placement(name: &str, known: &[&str]) -> Option<String> {
     let at_top = known.contains(&"scenario");
     let in_steps = known.contains(&"user");
     let in_checks = known.contains(&"no-error");
-    if in_steps && named(&super::criteria::CRITERIA) {
+    let scenario_setting = super::scenario::SCENARIO.child(name).is_some();
+    let a_check = named(&super::criteria::CRITERIA);
+    // A branch takes steps only; the scenario's own settings are the scenario's (a `tool`
+    // or an `outcome` there may also have been meant as this branch's check).
+    if in_steps && !known.contains(&"criteria") && scenario_setting {
+        let also = if a_check {
+            format!(" (to check this branch, write `expect {name}`)")
+        } else {
+            String::new()
+        };
+        return Some(format!(
+            "`{name}` belongs to the scenario, not to a branch: write it in the `scenario` \
+             block, where it applies to every branch{also}"
+        ));
+    }
+    if in_steps && a_check {
         return Some(format!(
             "`{name}` is a check: write `expect {name}` to check the turn just taken, or put it \
              in `criteria {{ }}` to check the whole trajectory"
-        ));
-    }
-    // A branch takes steps only; the scenario's own settings are the scenario's.
-    if in_steps && !known.contains(&"criteria") && super::scenario::SCENARIO.child(name).is_some() {
-        return Some(format!(
-            "`{name}` belongs to the scenario, not to a branch: write it in the `scenario` \
-             block (it applies to every branch)"
         ));
     }
     if (at_top || in_checks) && named(&super::steps::STEPS) {
         return Some(if at_top {
             format!("`{name}` is a step: write it inside a `scenario \"ID\" {{ … }}`")
         } else {
-            format!("`{name}` is a step, not a check: write it in the scenario, after the `expect`")
+            format!("`{name}` is a step, not a check: write it among the scenario's steps")
         });
     }
     if !at_top && named(super::top_level()) {
-        return Some(format!(
-            "`{name}` is written at the top level of a suite file, outside any block"
-        ));
+        return Some(if scenario_setting {
+            format!(
+                "`{name}` is set in the `scenario` block, or defined at the top level of a \
+                 suite file, not here"
+            )
+        } else {
+            format!("`{name}` is written at the top level of a suite file, outside any block")
+        });
     }
     None
 }

@@ -401,10 +401,19 @@ impl Loader {
                         .parent()
                         .zip(target.file_name().and_then(|n| n.to_str()))
                         .and_then(|(dir, wanted)| {
+                            // Loadable files only, not the one that failed nor the one
+                            // including it; a bounded look in a large directory.
+                            let including = Path::new(&file.name).file_name();
                             let names: Vec<String> = std::fs::read_dir(dir)
                                 .ok()?
+                                .take(1000)
                                 .filter_map(|e| e.ok()?.file_name().into_string().ok())
-                                .filter(|n| n.ends_with(".kdl"))
+                                .filter(|n| {
+                                    n.ends_with(".kdl")
+                                        && n != wanted
+                                        && Some(std::ffi::OsStr::new(n)) != including
+                                        && dir.join(n).is_file()
+                                })
                                 .collect();
                             crate::diagnostics::did_you_mean(
                                 wanted,

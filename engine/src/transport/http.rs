@@ -887,7 +887,7 @@ pub(crate) fn status_fault_with(
                  would go wherever the agent points); put that address in the agent's url={}",
                 super::quote::cut(to, 300),
                 // Starlette and Werkzeug send a path alone.
-                if to.starts_with('/') {
+                if to.starts_with('/') && !to.starts_with("//") {
                     " (on the same host and port)"
                 } else {
                     ""

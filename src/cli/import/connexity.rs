@@ -548,6 +548,12 @@ fn expected_tool_call(case: &mut Case, index: usize, call: Value, lost: &mut imp
         lost(format!("`expected_tool_calls[{index}]` names no `tool`"));
         return;
     };
+    if tool.trim().is_empty() {
+        lost(format!(
+            "`expected_tool_calls[{index}]` has an empty tool name"
+        ));
+        return;
+    }
     let mut line = format!("expect-tool {}", kdl_string(&tool));
     for (key, value) in call {
         match (key.as_str(), value) {
