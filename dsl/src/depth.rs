@@ -245,6 +245,18 @@ fn send_each_node(
     batch: Range<usize>,
     send: &mut impl FnMut(KdlDocument) -> bool,
 ) -> bool {
+    send_each_node_within(text, batch, send, 0)
+}
+
+/// How many open blocks [`send_each_node`] looks past, one inside the other.
+const MAX_RECOVERIES: usize = 16;
+
+fn send_each_node_within(
+    text: &str,
+    batch: Range<usize>,
+    send: &mut impl FnMut(KdlDocument) -> bool,
+    depth: usize,
+) -> bool {
     let Ok(nodes) = scan(&text[batch.clone()]) else {
         return true;
     };
@@ -264,14 +276,47 @@ fn send_each_node(
         if indented {
             continue;
         }
-        if let Ok(mut doc) = KdlDocument::parse_v2(&text[range.clone()]) {
-            shift(&mut doc, range.start);
-            if !send(doc) {
-                return false;
+        match KdlDocument::parse_v2(&text[range.clone()]) {
+            Ok(mut doc) => {
+                shift(&mut doc, range.start);
+                if !send(doc) {
+                    return false;
+                }
             }
+            // A block left open (a missing `}`) takes the rest of the file into this node:
+            // the nodes in it written at a line's start, as top-level nodes are, are
+            // checked on their own.
+            Err(_) if depth < MAX_RECOVERIES => {
+                if let Some(next) = next_node_at_line_start(text, range.clone())
+                    && !send_each_node_within(text, next..range.end, send, depth + 1)
+                {
+                    return false;
+                }
+            }
+            Err(_) => {}
         }
     }
     true
+}
+
+/// Where the first line after the first of `range` starts with a top-level node of the
+/// language (`scenario`, `agent`, …) at its first column: not text of a multi-line string
+/// that happens to start a line.
+fn next_node_at_line_start(text: &str, range: Range<usize>) -> Option<usize> {
+    let piece = text.get(range.clone())?;
+    let mut at = piece.find(['\n', '\r'])?;
+    while at < piece.len() {
+        let line = at + 1;
+        let word: &str = piece[line..]
+            .split(|c: char| c.is_whitespace() || c == '{' || c == ';')
+            .next()
+            .unwrap_or_default();
+        if crate::lang::top_level().iter().any(|spec| spec.name == word) {
+            return Some(range.start + line);
+        }
+        at = line + piece[line..].find(['\n', '\r'])?;
+    }
+    None
 }
 
 /// What [`parse_pieces`] found, as [`Parsed`]; `whole` parses a small file again as a whole.

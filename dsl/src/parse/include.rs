@@ -830,6 +830,22 @@ pub(crate) fn syntax_diagnostics(
             stray.is_empty() || at_a_stray || (!cascade && !on_a_stray_line)
         })
         .collect();
+    // An unclosed block is reported twice by the parser ("No closing '}' for child
+    // block", then "Closing '}' was not found after nodes"): one mistake, one error.
+    let unclosed_block = errors.iter().any(|d| {
+        d.message
+            .as_deref()
+            .is_some_and(|m| m.starts_with("No closing '}'"))
+    });
+    let errors: Vec<_> = errors
+        .into_iter()
+        .filter(|d| {
+            !(unclosed_block
+                && d.message
+                    .as_deref()
+                    .is_some_and(|m| m.starts_with("Closing '}' was not found")))
+        })
+        .collect();
     let mut said_stray = std::collections::HashSet::new();
     let found = errors.len();
     // The parser's error recovery can report one error per byte of a garbled
