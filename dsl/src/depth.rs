@@ -311,7 +311,10 @@ fn next_node_at_line_start(text: &str, range: Range<usize>) -> Option<usize> {
             .split(|c: char| c.is_whitespace() || c == '{' || c == ';')
             .next()
             .unwrap_or_default();
-        if crate::lang::top_level().iter().any(|spec| spec.name == word) {
+        if crate::lang::top_level()
+            .iter()
+            .any(|spec| spec.name == word)
+        {
             return Some(range.start + line);
         }
         at = line + piece[line..].find(['\n', '\r'])?;

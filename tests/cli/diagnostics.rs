@@ -717,7 +717,7 @@ async fn a_property_without_a_value_is_reported_where_the_value_was_expected() {
     let err = stderr(&o);
     // Not `novalue.kdl:1:1` with a label over the whole file.
     assert!(err.contains("novalue.kdl:5:27]"), "{err}");
-    assert!(err.contains("not property value"), "{err}");
+    assert!(err.contains("a value must follow `=`"), "{err}");
 }
 
 #[tokio::test]

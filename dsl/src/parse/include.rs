@@ -800,6 +800,26 @@ fn stray_quote(text: &str, start: usize) -> Option<(usize, Range<usize>)> {
 
 /// The diagnostics of a file that is not valid KDL: the parser's errors (the first
 /// [`MAX_SYNTAX_ERRORS`], then how many more), each with a hint.
+/// Where the first `/*` that is never closed opens, if one is (outside `//` comments).
+fn unclosed_comment(text: &str) -> Option<usize> {
+    let bytes = text.as_bytes();
+    let mut from = 0;
+    while let Some(found) = text.get(from..)?.find("/*") {
+        let at = from + found;
+        let line_start = text[..at].rfind('\n').map_or(0, |i| i + 1);
+        if !text[line_start..at].contains("//") {
+            let end = crate::depth::skip_comment(bytes, at).ok()?;
+            if end >= bytes.len() && !text.ends_with("*/") {
+                return Some(at);
+            }
+            from = end.max(at + 2);
+        } else {
+            from = at + 2;
+        }
+    }
+    None
+}
+
 pub(crate) fn syntax_diagnostics(
     err: kdl::KdlError,
     id: FileId,
@@ -847,6 +867,7 @@ pub(crate) fn syntax_diagnostics(
         })
         .collect();
     let mut said_stray = std::collections::HashSet::new();
+    let mut said_unclosed_comment = false;
     let found = errors.len();
     // The parser's error recovery can report one error per byte of a garbled
     // line, and each is shown with that line: past the first few they bury the
@@ -876,7 +897,43 @@ pub(crate) fn syntax_diagnostics(
             continue;
         }
         let message = d.message.unwrap_or_else(|| "invalid KDL".to_string());
-        let label = d.label.unwrap_or_else(|| "here".to_string());
+        // A `/*` never closed swallows the rest of the file: the parser reports the whole
+        // file (or the value before it on its line); point at the comment instead.
+        if let Some(open) = unclosed_comment(text) {
+            let line_of = |at: usize| text.get(..at).map_or(0, |t| t.matches('\n').count());
+            if message.contains("multi-line comment") || line_of(open) == line_of(d.span.offset()) {
+                if std::mem::replace(&mut said_unclosed_comment, true) {
+                    continue;
+                }
+                diags.push(
+                    Diagnostic::at(
+                        Kind::Syntax,
+                        "a `/*` comment is never closed",
+                        id,
+                        file,
+                        miette::SourceSpan::new(open.into(), 2),
+                        "opened here",
+                    )
+                    .with_help(
+                        "close it with `*/`; KDL comments nest, so each `/*` inside it needs \
+                         its own `*/` too",
+                    ),
+                );
+                continue;
+            }
+        }
+        let label = match d.label.as_deref() {
+            // The parser's own words for what it expected, as a person reads them.
+            Some("not quoted string")
+                if message == "Unexpected newline in single-line quoted string" =>
+            {
+                "this string is not closed on its line".to_string()
+            }
+            Some("not EOF") => "unexpected here".to_string(),
+            Some("not property value") => "a value must follow `=`".to_string(),
+            Some(other) => other.to_string(),
+            None => "here".to_string(),
+        };
         let snippet = text
             .get(d.span.offset()..d.span.offset() + d.span.len())
             .unwrap_or("");
@@ -916,6 +973,10 @@ pub(crate) fn syntax_diagnostics(
             || (message.contains("end of document") && rest.starts_with('}'))
         {
             "this `}` closes no block: remove it, or add the `{` it was meant to close".to_string()
+        } else if message == "Unexpected newline in single-line quoted string" {
+            "end the string with `\"` on its line; a string of several lines is written \
+             between `\"\"\"` lines"
+                .to_string()
         } else if message.to_lowercase().contains("closing '}'") {
             "a `{` opened a block that is never closed: add `}` after the block's last node"
                 .to_string()
