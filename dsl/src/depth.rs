@@ -299,25 +299,96 @@ fn send_each_node_within(
     true
 }
 
-/// Where the first line after the first of `range` starts with a top-level node of the
-/// language (`scenario`, `agent`, …) at its first column: not text of a multi-line string
-/// that happens to start a line.
+/// Where, in a node whose block is never closed (`range`), the first line at the block's
+/// own level starts with a top-level node of the language (`scenario`, `agent`, …) at its
+/// first column: the node the open block swallowed. Strings and comments are skipped, so
+/// neither commented-out code nor a multi-line string's text is taken for one; a node
+/// whose braces balance (another syntax error) gets `None`.
 fn next_node_at_line_start(text: &str, range: Range<usize>) -> Option<usize> {
-    let piece = text.get(range.clone())?;
-    let mut at = piece.find(['\n', '\r'])?;
-    while at < piece.len() {
-        let line = at + 1;
-        let word: &str = piece[line..]
-            .split(|c: char| c.is_whitespace() || c == '{' || c == ';')
-            .next()
-            .unwrap_or_default();
-        if crate::lang::top_level()
-            .iter()
-            .any(|spec| spec.name == word)
-        {
-            return Some(range.start + line);
+    let b = text.as_bytes();
+    let mut depth = 0usize;
+    let mut found = None;
+    let mut i = range.start;
+    while i < range.end {
+        match b[i] {
+            b'{' => {
+                depth += 1;
+                i += 1;
+            }
+            b'}' => {
+                depth = depth.saturating_sub(1);
+                i += 1;
+            }
+            b'\n' | b'\r' => {
+                i += 1;
+                if depth == 1 && found.is_none() {
+                    let word = text[i..range.end]
+                        .split(|c: char| c.is_whitespace() || c == '{' || c == ';')
+                        .next()
+                        .unwrap_or_default();
+                    if crate::lang::top_level()
+                        .iter()
+                        .any(|spec| spec.name == word)
+                    {
+                        found = Some(i);
+                    }
+                }
+            }
+            b'/' if b.get(i + 1) == Some(&b'/') => i = skip_line(b, i + 2),
+            b'/' if b.get(i + 1) == Some(&b'*') => i = comment_end(b, i).0,
+            b'"' => i = skip_quoted(b, i).ok()?,
+            b'#' if matches!(b.get(i + 1), Some(b'"' | b'#')) => i = skip_raw(b, i).ok()?,
+            _ => i += 1,
         }
-        at = line + piece[line..].find(['\n', '\r'])?;
+    }
+    // Only a block left open swallowed what follows it.
+    if depth == 0 {
+        return None;
+    }
+    found
+}
+
+/// Where the comment opening at `start` (on `/*`) ends, and whether it is closed: comments
+/// nest, so `/* a /* b */` at the end of the text is not.
+pub(crate) fn comment_end(b: &[u8], start: usize) -> (usize, bool) {
+    let mut open = 0usize;
+    let mut i = start;
+    while i < b.len() {
+        match (b[i], b.get(i + 1)) {
+            (b'/', Some(b'*')) => {
+                open += 1;
+                i += 2;
+            }
+            (b'*', Some(b'/')) => {
+                open -= 1;
+                i += 2;
+                if open == 0 {
+                    return (i, true);
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    (b.len(), false)
+}
+
+/// Where the first `/*` that is never closed opens, if one is: strings, raw strings and
+/// `//` comments are skipped as the parser reads them.
+pub(crate) fn unclosed_comment(text: &str) -> Option<usize> {
+    let b = text.as_bytes();
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'/' if b.get(i + 1) == Some(&b'/') => i = skip_line(b, i + 2),
+            b'/' if b.get(i + 1) == Some(&b'*') => match comment_end(b, i) {
+                (_, false) => return Some(i),
+                (end, true) => i = end,
+            },
+            // An unclosed string is the parser's error to report, not a comment's.
+            b'"' => i = skip_quoted(b, i).ok()?,
+            b'#' if matches!(b.get(i + 1), Some(b'"' | b'#')) => i = skip_raw(b, i).ok()?,
+            _ => i += 1,
+        }
     }
     None
 }

@@ -663,7 +663,11 @@ fn instances(
     // One instance past the caps is `check`'s error already (validate.rs).
     let within_one = crate::graph::TrajectoryGraph::count(sc) <= crate::validate::MAX_TRAJECTORIES
         && per_instance <= crate::validate::MAX_EXECUTIONS;
-    if count > 1 && within_one && runs > crate::validate::MAX_EXECUTIONS {
+    if count > 1 && !within_one {
+        // Refused already; building its instances would only take the time.
+        return Vec::new();
+    }
+    if count > 1 && runs > crate::validate::MAX_EXECUTIONS {
         let shown = if runs == u64::MAX {
             "more than 18 quintillion".to_owned()
         } else {

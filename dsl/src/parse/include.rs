@@ -800,26 +800,6 @@ fn stray_quote(text: &str, start: usize) -> Option<(usize, Range<usize>)> {
 
 /// The diagnostics of a file that is not valid KDL: the parser's errors (the first
 /// [`MAX_SYNTAX_ERRORS`], then how many more), each with a hint.
-/// Where the first `/*` that is never closed opens, if one is (outside `//` comments).
-fn unclosed_comment(text: &str) -> Option<usize> {
-    let bytes = text.as_bytes();
-    let mut from = 0;
-    while let Some(found) = text.get(from..)?.find("/*") {
-        let at = from + found;
-        let line_start = text[..at].rfind('\n').map_or(0, |i| i + 1);
-        if !text[line_start..at].contains("//") {
-            let end = crate::depth::skip_comment(bytes, at).ok()?;
-            if end >= bytes.len() && !text.ends_with("*/") {
-                return Some(at);
-            }
-            from = end.max(at + 2);
-        } else {
-            from = at + 2;
-        }
-    }
-    None
-}
-
 pub(crate) fn syntax_diagnostics(
     err: kdl::KdlError,
     id: FileId,
@@ -868,6 +848,7 @@ pub(crate) fn syntax_diagnostics(
         .collect();
     let mut said_stray = std::collections::HashSet::new();
     let mut said_unclosed_comment = false;
+    let unclosed = crate::depth::unclosed_comment(text);
     let found = errors.len();
     // The parser's error recovery can report one error per byte of a garbled
     // line, and each is shown with that line: past the first few they bury the
@@ -899,7 +880,7 @@ pub(crate) fn syntax_diagnostics(
         let message = d.message.unwrap_or_else(|| "invalid KDL".to_string());
         // A `/*` never closed swallows the rest of the file: the parser reports the whole
         // file (or the value before it on its line); point at the comment instead.
-        if let Some(open) = unclosed_comment(text) {
+        if let Some(open) = unclosed {
             let line_of = |at: usize| text.get(..at).map_or(0, |t| t.matches('\n').count());
             if message.contains("multi-line comment") || line_of(open) == line_of(d.span.offset()) {
                 if std::mem::replace(&mut said_unclosed_comment, true) {

@@ -125,6 +125,13 @@ pub(crate) async fn connect(addrs: &[SocketAddr], redone: &Redone) -> io::Result
         };
         match made {
             Ok(stream) => return Ok(stream),
+            // `localhost` tries `::1` after 127.0.0.1: on a machine without IPv6 that
+            // address is unavailable, which says less than the first one's refusal.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::AddrNotAvailable | io::ErrorKind::Unsupported
+                ) && last.kind() != io::ErrorKind::NotFound => {}
             Err(e) => last = e,
         }
     }

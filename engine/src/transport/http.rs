@@ -742,7 +742,7 @@ async fn read_body(
 /// through a proxy configured for the outside world.
 fn is_loopback(url: &Url) -> bool {
     url.host_str().is_some_and(|host| {
-        host.eq_ignore_ascii_case("localhost")
+        super::connect::is_localhost(host)
             || host
                 .trim_start_matches('[')
                 .trim_end_matches(']')
