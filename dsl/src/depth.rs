@@ -283,11 +283,19 @@ fn send_each_node_within(
                     return false;
                 }
             }
-            // A block left open (a missing `}`) takes the rest of the file into this node:
-            // the nodes in it written at a line's start, as top-level nodes are, are
-            // checked on their own.
             Err(_) if depth < MAX_RECOVERIES => {
-                if let Some(next) = next_node_at_line_start(text, range.clone())
+                let lines = block_lines(text, range.clone());
+                // The node as far as it parses, cut before the child where it stops: the
+                // mistakes above the one being typed are still shown.
+                if let Some(doc) = lines.as_ref().and_then(|l| parse_prefix(text, &range, l))
+                    && !send(doc)
+                {
+                    return false;
+                }
+                // A block left open (a missing `}`) takes the rest of the file into this
+                // node: the nodes in it written at a line's start, as top-level nodes are,
+                // are checked on their own.
+                if let Some(next) = lines.and_then(|l| l.swallowed)
                     && !send_each_node_within(text, next..range.end, send, depth + 1)
                 {
                     return false;
@@ -299,15 +307,25 @@ fn send_each_node_within(
     true
 }
 
-/// Where, in a node whose block is never closed (`range`), the first line at the block's
-/// own level starts with a top-level node of the language (`scenario`, `agent`, …) at its
-/// first column: the node the open block swallowed. Strings and comments are skipped, so
-/// neither commented-out code nor a multi-line string's text is taken for one; a node
-/// whose braces balance (another syntax error) gets `None`.
-fn next_node_at_line_start(text: &str, range: Range<usize>) -> Option<usize> {
+/// The lines of a failing node's block, read as the parser reads them (strings and
+/// comments skipped).
+struct BlockLines {
+    /// Where each line at the block's own level starts: where one of its children may.
+    starts: Vec<usize>,
+    /// In a node whose block is never closed, where the first of those lines starts with a
+    /// top-level node of the language (`scenario`, `agent`, …) at its first column: the
+    /// node the open block swallowed (neither commented-out code nor a multi-line string's
+    /// text is taken for one).
+    swallowed: Option<usize>,
+}
+
+/// [`BlockLines`] of the node in `range`; `None` when its text cannot be followed (an
+/// unclosed string).
+fn block_lines(text: &str, range: Range<usize>) -> Option<BlockLines> {
     let b = text.as_bytes();
     let mut depth = 0usize;
-    let mut found = None;
+    let mut starts = Vec::new();
+    let mut swallowed = None;
     let mut i = range.start;
     while i < range.end {
         match b[i] {
@@ -321,16 +339,19 @@ fn next_node_at_line_start(text: &str, range: Range<usize>) -> Option<usize> {
             }
             b'\n' | b'\r' => {
                 i += 1;
-                if depth == 1 && found.is_none() {
-                    let word = text[i..range.end]
-                        .split(|c: char| c.is_whitespace() || c == '{' || c == ';')
-                        .next()
-                        .unwrap_or_default();
-                    if crate::lang::top_level()
-                        .iter()
-                        .any(|spec| spec.name == word)
-                    {
-                        found = Some(i);
+                if depth == 1 && i < range.end {
+                    starts.push(i);
+                    if swallowed.is_none() {
+                        let word = text[i..range.end]
+                            .split(|c: char| c.is_whitespace() || c == '{' || c == ';')
+                            .next()
+                            .unwrap_or_default();
+                        if crate::lang::top_level()
+                            .iter()
+                            .any(|spec| spec.name == word)
+                        {
+                            swallowed = Some(i);
+                        }
                     }
                 }
             }
@@ -343,9 +364,43 @@ fn next_node_at_line_start(text: &str, range: Range<usize>) -> Option<usize> {
     }
     // Only a block left open swallowed what follows it.
     if depth == 0 {
+        swallowed = None;
+    }
+    Some(BlockLines { starts, swallowed })
+}
+
+/// Largest node [`parse_prefix`] cuts.
+const MAX_PREFIX_NODE: usize = 64 * 1024;
+
+/// Most cuts [`parse_prefix`] tries, from the longest.
+const MAX_PREFIX_TRIES: usize = 64;
+
+/// The failing node in `range`, closed after the longest run of its children that parses
+/// (before what its block swallowed, if anything): `None` when no cut parses.
+fn parse_prefix(text: &str, range: &Range<usize>, lines: &BlockLines) -> Option<KdlDocument> {
+    // Each try parses the node again: a large one is not worth it on every keystroke of an
+    // editor.
+    if range.len() > MAX_PREFIX_NODE {
         return None;
     }
-    found
+    let end = lines.swallowed.unwrap_or(range.end);
+    let cuts: Vec<usize> = lines
+        .starts
+        .iter()
+        .copied()
+        .filter(|&at| at <= end)
+        .collect();
+    for &cut in cuts.iter().rev().take(MAX_PREFIX_TRIES) {
+        let candidate = format!("{}}}", &text[range.start..cut]);
+        if let Ok(mut doc) = KdlDocument::parse_v2(&candidate) {
+            if doc.nodes().len() != 1 {
+                return None;
+            }
+            shift(&mut doc, range.start);
+            return Some(doc);
+        }
+    }
+    None
 }
 
 /// Where the comment opening at `start` (on `/*`) ends, and whether it is closed: comments
