@@ -283,11 +283,19 @@ fn send_each_node_within(
                     return false;
                 }
             }
-            Err(_) if depth < MAX_RECOVERIES => {
+            Err(err) if depth < MAX_RECOVERIES => {
                 let lines = block_lines(text, range.clone());
+                // Where the parser first stumbled, in the file.
+                let stumbled = err
+                    .diagnostics
+                    .iter()
+                    .map(|d| range.start + d.span.offset())
+                    .min();
                 // The node as far as it parses, cut before the child where it stops: the
                 // mistakes above the one being typed are still shown.
-                if let Some(doc) = lines.as_ref().and_then(|l| parse_prefix(text, &range, l))
+                if let Some(doc) = lines
+                    .as_ref()
+                    .and_then(|l| parse_prefix(text, &range, l, stumbled))
                     && !send(doc)
                 {
                     return false;
@@ -326,6 +334,8 @@ fn block_lines(text: &str, range: Range<usize>) -> Option<BlockLines> {
     let mut depth = 0usize;
     let mut starts = Vec::new();
     let mut swallowed = None;
+    // After a `\` the node goes on on the next line: no child starts there.
+    let mut continued = false;
     let mut i = range.start;
     while i < range.end {
         match b[i] {
@@ -337,8 +347,17 @@ fn block_lines(text: &str, range: Range<usize>) -> Option<BlockLines> {
                 depth = depth.saturating_sub(1);
                 i += 1;
             }
+            b'\\' => {
+                continued = true;
+                i += 1;
+            }
+            // One line break, `\r\n` included.
+            b'\r' if b.get(i + 1) == Some(&b'\n') => i += 1,
             b'\n' | b'\r' => {
                 i += 1;
+                if std::mem::take(&mut continued) {
+                    continue;
+                }
                 if depth == 1 && i < range.end {
                     starts.push(i);
                     if swallowed.is_none() {
@@ -369,21 +388,51 @@ fn block_lines(text: &str, range: Range<usize>) -> Option<BlockLines> {
     Some(BlockLines { starts, swallowed })
 }
 
-/// Largest node [`parse_prefix`] cuts.
+/// Largest part of a node [`parse_prefix`] parses again.
 const MAX_PREFIX_NODE: usize = 64 * 1024;
 
-/// Most cuts [`parse_prefix`] tries, from the longest.
-const MAX_PREFIX_TRIES: usize = 64;
+/// Cuts [`parse_prefix`] tries: the last line before where the parser stumbled, and a few
+/// before it (a child may span lines).
+const MAX_PREFIX_TRIES: usize = 3;
 
-/// The failing node in `range`, closed after the longest run of its children that parses
-/// (before what its block swallowed, if anything): `None` when no cut parses.
-fn parse_prefix(text: &str, range: &Range<usize>, lines: &BlockLines) -> Option<KdlDocument> {
-    // Each try parses the node again: a large one is not worth it on every keystroke of an
-    // editor.
-    if range.len() > MAX_PREFIX_NODE {
+/// Settings of a scenario that apply wherever they are written (the turn it starts with,
+/// the captures and contexts templates read, its rows and values): a cut before one of
+/// them would check what is above it without it, and report mistakes that are not there.
+const REACHING_BACK: [&str; 9] = [
+    "first-turn",
+    "initial-message",
+    "history",
+    "capture",
+    "user-context",
+    "matrix",
+    "persona",
+    "simulator",
+    "row-id",
+];
+
+/// The failing node in `range`, closed before the line where the parser first stumbled
+/// (`stumbled`), as far as that parses: `None` when no cut parses, when a setting that
+/// applies to the whole node comes after the cut, or when the part to parse is large.
+fn parse_prefix(
+    text: &str,
+    range: &Range<usize>,
+    lines: &BlockLines,
+    stumbled: Option<usize>,
+) -> Option<KdlDocument> {
+    let end = lines
+        .swallowed
+        .unwrap_or(range.end)
+        .min(stumbled.unwrap_or(range.end));
+    if end - range.start > MAX_PREFIX_NODE {
         return None;
     }
-    let end = lines.swallowed.unwrap_or(range.end);
+    let word_at = |at: usize| {
+        text[at..range.end]
+            .trim_start()
+            .split(|c: char| c.is_whitespace() || c == '{' || c == ';' || c == '=')
+            .next()
+            .unwrap_or_default()
+    };
     let cuts: Vec<usize> = lines
         .starts
         .iter()
@@ -391,8 +440,19 @@ fn parse_prefix(text: &str, range: &Range<usize>, lines: &BlockLines) -> Option<
         .filter(|&at| at <= end)
         .collect();
     for &cut in cuts.iter().rev().take(MAX_PREFIX_TRIES) {
+        let later = lines
+            .starts
+            .iter()
+            .filter(|&&at| at >= cut && lines.swallowed.is_none_or(|s| at < s));
+        if later
+            .clone()
+            .any(|&at| REACHING_BACK.contains(&word_at(at)))
+        {
+            return None;
+        }
         let candidate = format!("{}}}", &text[range.start..cut]);
         if let Ok(mut doc) = KdlDocument::parse_v2(&candidate) {
+            // A slashdashed node parses to none: nothing to check.
             if doc.nodes().len() != 1 {
                 return None;
             }
