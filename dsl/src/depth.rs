@@ -464,27 +464,10 @@ fn parse_prefix(
 }
 
 /// Where the comment opening at `start` (on `/*`) ends, and whether it is closed: comments
-/// nest, so `/* a /* b */` at the end of the text is not.
+/// nest, so `/* a /* b */` at the end of the text is not. For text [`scan`] accepted, whose
+/// comments are within [`MAX_COMMENT_PIECES`].
 pub(crate) fn comment_end(b: &[u8], start: usize) -> (usize, bool) {
-    let mut open = 0usize;
-    let mut i = start;
-    while i < b.len() {
-        match (b[i], b.get(i + 1)) {
-            (b'/', Some(b'*')) => {
-                open += 1;
-                i += 2;
-            }
-            (b'*', Some(b'/')) => {
-                open -= 1;
-                i += 2;
-                if open == 0 {
-                    return (i, true);
-                }
-            }
-            _ => i += 1,
-        }
-    }
-    (b.len(), false)
+    comment_extent(b, start).unwrap_or((b.len(), false))
 }
 
 /// Where the first `/*` that is never closed opens, if one is: strings, raw strings and
@@ -829,6 +812,11 @@ fn skip_line(b: &[u8], mut i: usize) -> usize {
 /// an unclosed comment is counted to the end of the text (the parser recurses through it
 /// before it reports the missing `*/`).
 pub(crate) fn skip_comment(b: &[u8], start: usize) -> Result<usize, TooDeep> {
+    comment_extent(b, start).map(|(end, _)| end)
+}
+
+/// [`skip_comment`], also saying whether the comment was closed.
+fn comment_extent(b: &[u8], start: usize) -> Result<(usize, bool), TooDeep> {
     let mut open = 0usize;
     let mut pieces = 0usize;
     let mut i = start;
@@ -842,7 +830,7 @@ pub(crate) fn skip_comment(b: &[u8], start: usize) -> Result<usize, TooDeep> {
                 open -= 1;
                 i += 2;
                 if open == 0 {
-                    return Ok(i);
+                    return Ok((i, true));
                 }
             }
             (b'*' | b'/', _) => i += 1,
@@ -857,7 +845,7 @@ pub(crate) fn skip_comment(b: &[u8], start: usize) -> Result<usize, TooDeep> {
             return Err(TooDeep::Comment { offset: start });
         }
     }
-    Ok(i)
+    Ok((i, false))
 }
 
 /// Whether `c` ends a line for KDL (its other newlines are not ASCII).

@@ -629,11 +629,7 @@ fn instances(
             Some(var) => (var.name.span, "the matrix starts here"),
             None => (sc.id.span, "in this scenario"),
         };
-        let shown = if count == u64::MAX {
-            "more than 18 quintillion".to_owned()
-        } else {
-            count.to_string()
-        };
+        let shown = crate::validate::count_label(count);
         diags.push(
             Diagnostic::at_span(
                 Kind::OutOfRange,
@@ -668,11 +664,7 @@ fn instances(
         return Vec::new();
     }
     if count > 1 && runs > crate::validate::MAX_EXECUTIONS {
-        let shown = if runs == u64::MAX {
-            "more than 18 quintillion".to_owned()
-        } else {
-            runs.to_string()
-        };
+        let shown = crate::validate::count_label(runs);
         diags.push(
             Diagnostic::at_span(
                 Kind::OutOfRange,

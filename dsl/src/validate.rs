@@ -91,6 +91,15 @@ pub const MAX_TRAJECTORIES: u64 = 100_000;
 /// every table and a journal entry: `repeat 1000000000` would fill a disk, not measure.
 pub const MAX_EXECUTIONS: u64 = 1_000_000;
 
+/// A count as a diagnostic says it: `u64::MAX` is where a saturating product stopped.
+pub(crate) fn count_label(count: u64) -> String {
+    if count == u64::MAX {
+        "more than 18 quintillion".to_owned()
+    } else {
+        count.to_string()
+    }
+}
+
 pub fn validate(project: &Project) -> Vec<Diagnostic> {
     validate_loaded(project, &LoadInfo::default())
 }
@@ -673,11 +682,7 @@ impl<'p> Validator<'p> {
     fn scenario(&mut self, suite: usize, sc: &Scenario) {
         let trajectories = crate::graph::TrajectoryGraph::count(sc);
         if trajectories > MAX_TRAJECTORIES {
-            let count = if trajectories == u64::MAX {
-                "more than 18 quintillion".to_string()
-            } else {
-                trajectories.to_string()
-            };
+            let count = count_label(trajectories);
             let d = Diagnostic::at_span(
                 Kind::OutOfRange,
                 format!(

@@ -532,25 +532,20 @@ fn earlier_latency_means(base: &Path, head: &Path) -> Vec<f64> {
                 (Some(run), Some(base)) => run <= base,
                 _ => false,
             };
-            (before_base && !latency_gate_failed(&r.dir)) || latency_gate_passed(&r.dir)
+            match latency_verdict(&r.dir).as_deref() {
+                Some("regressed") => false,
+                // Not gated on latency: counted when it came no later than the base.
+                None | Some("not_comparable") => before_base,
+                Some(_) => true,
+            }
         })
         .take(compare::SPREAD_WINDOW)
         .filter_map(|r| history::run_stats(&r.dir).ok()?.aggregates.latency.mean_ms)
         .collect()
 }
 
-/// Whether the comparison recorded in `dir` (`compare.json`, written by `run --baseline`)
-/// found its mean latency regressed.
-fn latency_gate_failed(dir: &Path) -> bool {
-    latency_verdict(dir).is_some_and(|v| v == "regressed")
-}
-
-/// Whether the comparison recorded in `dir` found its mean latency not regressed.
-fn latency_gate_passed(dir: &Path) -> bool {
-    latency_verdict(dir).is_some_and(|v| v != "regressed" && v != "not_comparable")
-}
-
-/// The verdict on the mean latency of the comparison recorded in `dir`.
+/// The verdict on the mean latency of the comparison recorded in `dir` (`compare.json`,
+/// written by `run --baseline`), if one is.
 fn latency_verdict(dir: &Path) -> Option<String> {
     let text = std::fs::read(dir.join(trellis_reports::COMPARE_FILE)).ok()?;
     let comparison: serde_json::Value = serde_json::from_slice(&text).ok()?;

@@ -1085,6 +1085,23 @@ async fn identical_runs_pass_and_an_agent_twice_as_slow_is_a_latency_regression(
     assert!(latency["p_value"].as_f64().unwrap() < 0.001, "{latency}");
 }
 
+/// 40 turns of about `ms` milliseconds each (`ms` to `ms + 6`).
+fn turns(ms: f64) -> Vec<Sample> {
+    (0..40)
+        .map(|i| sample("main", i, true, ms + f64::from(i % 7)))
+        .collect()
+}
+
+/// Gives the run in `dir` the id `name` and the suite fingerprint `fingerprint`.
+fn set_fingerprint(dir: &Path, name: &str, fingerprint: &str) {
+    let mut meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("run.json")).unwrap_or_default())
+            .unwrap_or_else(|_| serde_json::json!({}));
+    meta["run_id"] = serde_json::json!(name);
+    meta["suite_fingerprint"] = serde_json::json!(fingerprint);
+    std::fs::write(dir.join("run.json"), meta.to_string()).unwrap();
+}
+
 /// A run made while the machine was busier is slower in every turn, which the rank test
 /// alone calls a regression. With three earlier runs of the same suites, one of them as
 /// slow, it is the spread runs have here: `noise`, exit 0. Runs of other suites do not count,
@@ -1092,19 +1109,8 @@ async fn identical_runs_pass_and_an_agent_twice_as_slow_is_a_latency_regression(
 #[tokio::test]
 async fn a_run_no_slower_than_earlier_runs_of_the_same_suites_is_not_a_latency_regression() {
     let runs = tempfile::tempdir().unwrap();
-    let turns = |ms: f64| -> Vec<Sample> {
-        (0..40)
-            .map(|i| sample("main", i, true, ms + f64::from(i % 7)))
-            .collect()
-    };
     let fingerprint = |name: &str, fingerprint: &str| {
-        let dir = runs.path().join(name);
-        let mut meta: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(dir.join("run.json")).unwrap_or_default())
-                .unwrap_or_else(|_| serde_json::json!({}));
-        meta["run_id"] = serde_json::json!(name);
-        meta["suite_fingerprint"] = serde_json::json!(fingerprint);
-        std::fs::write(dir.join("run.json"), meta.to_string()).unwrap();
+        set_fingerprint(&runs.path().join(name), name, fingerprint);
     };
     for (name, day, ms) in [
         ("e1", 1, 15.0),
@@ -1167,11 +1173,6 @@ async fn a_run_no_slower_than_earlier_runs_of_the_same_suites_is_not_a_latency_r
 #[tokio::test]
 async fn ungated_runs_after_the_base_do_not_widen_the_latency_spread() {
     let runs = tempfile::tempdir().unwrap();
-    let turns = |ms: f64| -> Vec<Sample> {
-        (0..40)
-            .map(|i| sample("main", i, true, ms + f64::from(i % 7)))
-            .collect()
-    };
     for (name, day, ms) in [
         ("base", 1, 15.0),
         ("slow1", 2, 50.0),
@@ -1185,13 +1186,7 @@ async fn ungated_runs_after_the_base_do_not_widen_the_latency_spread() {
             &format!("2026-01-0{day}T00:00:00Z"),
             &turns(ms),
         );
-        let dir = runs.path().join(name);
-        let mut meta: serde_json::Value =
-            serde_json::from_slice(&std::fs::read(dir.join("run.json")).unwrap_or_default())
-                .unwrap_or_else(|_| serde_json::json!({}));
-        meta["run_id"] = serde_json::json!(name);
-        meta["suite_fingerprint"] = serde_json::json!("same suites");
-        std::fs::write(dir.join("run.json"), meta.to_string()).unwrap();
+        set_fingerprint(&runs.path().join(name), name, "same suites");
     }
     let o = compare(runs.path(), &["base", "head"]).await;
     assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));

@@ -268,6 +268,19 @@ mod tests {
         Bytes::from(encoder.finish().unwrap())
     }
 
+    fn zlib(text: &[u8]) -> Vec<u8> {
+        let mut encoder = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
+        encoder.write_all(text).unwrap();
+        encoder.finish().unwrap()
+    }
+
+    fn raw_deflate(text: &[u8]) -> Vec<u8> {
+        let mut encoder =
+            flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::fast());
+        encoder.write_all(text).unwrap();
+        encoder.finish().unwrap()
+    }
+
     fn with(coding: &str) -> HeaderMap {
         let mut headers = HeaderMap::new();
         headers.insert(CONTENT_ENCODING, coding.parse().unwrap());
@@ -281,20 +294,14 @@ mod tests {
             decoded(&with("GZIP"), gzip(body), 1000).ok().as_deref(),
             Some(&body[..])
         );
-        let mut zlib = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
-        zlib.write_all(body).unwrap();
-        let zlib = Bytes::from(zlib.finish().unwrap());
-        assert_eq!(
-            decoded(&with("deflate"), zlib, 1000).ok().as_deref(),
-            Some(&body[..])
-        );
-        let mut raw = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::fast());
-        raw.write_all(body).unwrap();
-        let raw = Bytes::from(raw.finish().unwrap());
-        assert_eq!(
-            decoded(&with("deflate"), raw, 1000).ok().as_deref(),
-            Some(&body[..])
-        );
+        for compressed in [zlib(body), raw_deflate(body)] {
+            assert_eq!(
+                decoded(&with("deflate"), Bytes::from(compressed), 1000)
+                    .ok()
+                    .as_deref(),
+                Some(&body[..])
+            );
+        }
         assert_eq!(
             decoded(&HeaderMap::new(), Bytes::from_static(b"x"), 1)
                 .ok()
@@ -338,11 +345,7 @@ mod tests {
         assert_eq!(fault.category, FaultCategory::TooLarge, "{fault:?}");
 
         let text = b"data: {\"a\": 1}\n\n".repeat(20);
-        let mut zlib = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::fast());
-        zlib.write_all(&text).unwrap();
-        let mut raw = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::fast());
-        raw.write_all(&text).unwrap();
-        for compressed in [zlib.finish().unwrap(), raw.finish().unwrap()] {
+        for compressed in [zlib(&text), raw_deflate(&text)] {
             let mut decoder = match StreamDecoder::for_headers(&with("deflate"), 1 << 20) {
                 Ok(Some(decoder)) => decoder,
                 _ => panic!("deflate is read"),
