@@ -90,6 +90,10 @@ pub struct RunMeta {
     /// Set by `trellis merge`: the shard runs this run was combined from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub merged: Option<MergeMeta>,
+    /// Set by `trellis run --baseline`: the run (its name, or id) this one is compared with
+    /// in `compare.html`, so the run's own page can link the comparison.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compared_with: Option<String>,
     /// What the run was planned from, so it can be planned again without its paths
     /// (`trellis variance RUN`). Absent from runs recorded before it existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -411,6 +411,7 @@ impl ReportWriter {
             trend_runs,
             skipped_lines,
             provenance: provenance(meta.as_ref()),
+            compared_with: meta.as_ref().and_then(|m| m.compared_with.clone()),
         };
         // The tables (polars' Parquet writer, the larger share) and the pages (JUnit, and
         // the HTML with its transcripts read back from the journal) share nothing but what
@@ -496,6 +497,8 @@ struct Pages<'a> {
     skipped_lines: usize,
     /// What the run is a part or a combination of, for the page to say.
     provenance: Option<String>,
+    /// The run `run --baseline` compared this one with, for the page to link `compare.html`.
+    compared_with: Option<String>,
 }
 
 /// What a shard run, or a run merged from shards, is (`run.json`), said on its page: a
@@ -599,6 +602,7 @@ impl Pages<'_> {
                 transcripts_missing: transcripts_missing.as_deref(),
                 variance: variance.as_ref(),
                 provenance: self.provenance.as_deref(),
+                compared_with: self.compared_with.as_deref(),
             },
         ) {
             not_written.push((html_path.to_path_buf(), e));

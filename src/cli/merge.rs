@@ -988,6 +988,7 @@ fn merged_meta(
         baseline: false,
         watch_rerun: None,
         watch_latest: false,
+        compared_with: None,
         shard: None,
         merged: Some(MergeMeta {
             shards: split.count,

@@ -63,6 +63,7 @@ pub fn build(
         baseline: false,
         watch_rerun: None,
         watch_latest: false,
+        compared_with: None,
         shard: None,
         merged: None,
         source: Some(source(project, selection)),

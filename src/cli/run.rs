@@ -251,9 +251,20 @@ pub fn run(args: RunArgs) -> u8 {
                 digest: split.digest.clone(),
             });
         }
+        meta.compared_with = baseline.as_ref().map(|b| b.label().to_owned());
         if let Err(e) = meta.write(&out) {
             // The run is still worth having without its metadata (a shard's is needed to
             // merge it, which says so then).
+            errln!("warning: {e}: {}", source(&e));
+        }
+    } else if let Some(base) = &baseline
+        && let Ok(Some(mut meta)) = trellis_reports::history::RunMeta::read(&out)
+        && meta.compared_with.as_deref() != Some(base.label())
+    {
+        // A resumed run compared with another baseline than its first part was: its page
+        // links the comparison it ends with.
+        meta.compared_with = Some(base.label().to_owned());
+        if let Err(e) = meta.write(&out) {
             errln!("warning: {e}: {}", source(&e));
         }
     }

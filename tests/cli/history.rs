@@ -494,6 +494,21 @@ async fn run_with_a_baseline_exits_by_the_comparison_and_streams_json() {
     .unwrap();
     assert!(!comparison.regressed);
     assert!(runs.path().join("head/compare.html").is_file());
+    // Each run's page links the comparison it has, and only that.
+    let page =
+        |run: &str| std::fs::read_to_string(runs.path().join(run).join("report.html")).unwrap();
+    let head_page = page("head");
+    assert!(
+        head_page.contains(r#"<a href="compare.html">"#),
+        "the head's page does not link its comparison"
+    );
+    let base_label = comparison
+        .base
+        .name
+        .as_deref()
+        .unwrap_or(&comparison.base.run_id);
+    assert!(head_page.contains(&format!("run <code>{base_label}</code>")));
+    assert!(!page("base").contains(r#"href="compare.html""#));
     assert_eq!(
         comparison.base.dir,
         runs.path().join("base").display().to_string()

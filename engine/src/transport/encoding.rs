@@ -111,6 +111,11 @@ impl StreamDecoder {
         Ok(Some(StreamDecoder { coding, state, max }))
     }
 
+    /// The coding decoded: `gzip` or `deflate`.
+    pub fn coding(&self) -> &'static str {
+        self.coding
+    }
+
     /// What `chunk` decodes to (possibly nothing yet).
     pub fn feed(&mut self, chunk: &[u8]) -> Result<Bytes, Fault> {
         use std::io::Write as _;

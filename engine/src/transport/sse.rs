@@ -334,11 +334,17 @@ impl EventStream {
         let status = response.status();
         let counter = Arc::clone(&received);
         let chunk_url = url.clone();
+        // A limit reached by a small compressed stream (a bomb) is said to be after decoding.
+        let decoded = decoder
+            .as_ref()
+            .map(|d| format!(", decoded from its {}-compressed body", d.coding()))
+            .unwrap_or_default();
         let chunks = futures::stream::unfold(
             (response, EventSizer::default(), false, decoder),
             move |(mut response, mut sizer, failed, mut decoder)| {
                 let counter = Arc::clone(&counter);
                 let url = chunk_url.clone();
+                let decoded = decoded.clone();
                 async move {
                     if failed {
                         return None;
@@ -378,14 +384,15 @@ impl EventStream {
                             if total > limits.max_total {
                                 too_large(
                                     limits.max_total,
-                                    &format!("the event stream reached {total} bytes"),
+                                    &format!("the event stream reached {total} bytes{decoded}"),
                                 )
                             } else if event > limits.max_event {
                                 Fault::new(
                                     FaultCategory::TooLarge,
                                     format!(
-                                        "one event exceeded {} bytes (the limit of one \
-                                         streamed event: {} or max-response-size if smaller)",
+                                        "one event exceeded {} bytes{decoded} (the limit of \
+                                         one streamed event: {} or max-response-size if \
+                                         smaller)",
                                         limits.max_event, MAX_EVENT_SIZE
                                     ),
                                 )

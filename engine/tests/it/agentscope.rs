@@ -305,6 +305,28 @@ async fn a_gzip_compressed_stream_is_read_as_it_arrives() {
     let turn = say_to(&brotli.url, "Hi").await;
     let message = fault(&turn, FaultCategory::Protocol);
     assert!(message.contains("`br`"), "{message}");
+
+    // A bomb: 5 MiB of one event's data in a few KiB of gzip stops at the event's limit,
+    // and the fault says the size is the decoded one.
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    encoder.write_all(b"data: ").unwrap();
+    encoder.write_all(&vec![b'x'; 5 << 20]).unwrap();
+    let bomb = encoder.finish().unwrap();
+    assert!(bomb.len() < 64 * 1024);
+    let bomb = ScriptedServer::steps(vec![
+        raw(
+            "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: text/event-stream\r\n\
+             Content-Encoding: gzip\r\n\r\n",
+        ),
+        Step::Write(bomb),
+    ])
+    .await;
+    let turn = say_to(&bomb.url, "Hi").await;
+    let message = fault(&turn, FaultCategory::TooLarge);
+    assert!(
+        message.contains("decoded from its gzip-compressed body"),
+        "{message}"
+    );
 }
 
 #[tokio::test]

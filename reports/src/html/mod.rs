@@ -55,6 +55,8 @@ pub(crate) struct Page<'a> {
     pub(crate) variance: Option<&'a crate::variance::VarianceReport>,
     /// What the run is a part or a combination of (a shard, a merge), said as a sentence.
     pub(crate) provenance: Option<&'a str>,
+    /// The baseline run `compare.html`, next to the page, compares this one with.
+    pub(crate) compared_with: Option<&'a str>,
 }
 
 /// Writes the page as `path.partial` and moves it into place once complete.

@@ -797,6 +797,8 @@ pub(crate) struct PageView {
     coverage: Option<Coverage>,
     /// A shard's, or a merged run's, sentence about what it covers.
     provenance: Option<String>,
+    /// The baseline run (`run --baseline`) whose comparison is in `compare.html`.
+    compared_with: Option<String>,
     skipped_lines: usize,
     transcripts_missing: Option<String>,
     checks_skipped: Option<String>,
@@ -1278,6 +1280,7 @@ pub(crate) fn build(page: &Page<'_>) -> PageView {
         suites: info.suites.clone(),
         coverage,
         provenance: page.provenance.map(str::to_owned),
+        compared_with: page.compared_with.map(str::to_owned),
         skipped_lines: page.skipped_lines,
         transcripts_missing: page.transcripts_missing.map(str::to_owned),
         checks_skipped,
