@@ -84,11 +84,12 @@ pub(crate) fn send_diagnostics(
     connection: &Connection,
     file: &Path,
     diagnostics: Vec<lsp_types::Diagnostic>,
+    version: Option<i32>,
 ) -> Result<(), crate::Error> {
     let Some(uri) = to_uri(file) else {
         return Ok(());
     };
-    let params = PublishDiagnosticsParams::new(uri, diagnostics, None);
+    let params = PublishDiagnosticsParams::new(uri, diagnostics, version);
     connection
         .sender
         .send(Message::Notification(Notification::new(

@@ -24,6 +24,10 @@ impl Server {
             return Ok(None);
         };
         let offset = view.lines.offset(&view.text, pos.position);
+        // Words typed in a comment are prose, not nodes.
+        if syntax::in_comment(&view.text, offset) {
+            return Ok(None);
+        }
         let protocols = &self.config.protocols;
         let mut items = Vec::new();
         match analysis::place(&view.nodes, &view.text, offset) {
@@ -120,6 +124,9 @@ impl Server {
             return Ok(None);
         };
         let offset = view.lines.offset(&view.text, pos.position);
+        if syntax::in_comment(&view.text, offset) {
+            return Ok(None);
+        }
         let protocols = &self.config.protocols;
         let chain = syntax::chain(&view.nodes, offset);
         let Some(&node) = chain.last() else {

@@ -35,6 +35,8 @@ pub struct Config {
 
 pub(crate) struct Buffer {
     pub(crate) text: Arc<str>,
+    /// The editor's version of the text, sent back with its diagnostics.
+    pub(crate) version: i32,
 }
 
 /// One file's text, its forgiving tree and its line index.
@@ -71,6 +73,9 @@ pub struct Server {
     dirty: BTreeSet<PathBuf>,
     /// The files each project's last check published diagnostics for (to clear them).
     published: HashMap<PathBuf, HashSet<PathBuf>>,
+    /// What was last sent for each file, and for which version of its buffer: a check that
+    /// finds the same for a file the edit did not touch sends nothing for it.
+    sent: HashMap<PathBuf, (Option<i32>, Vec<lsp_types::Diagnostic>)>,
 }
 
 /// How a session with a client ended.
@@ -92,6 +97,7 @@ impl Server {
             buffers: HashMap::new(),
             dirty: BTreeSet::new(),
             published: HashMap::new(),
+            sent: HashMap::new(),
         }
     }
 
@@ -151,7 +157,7 @@ impl Server {
                 if let Ok(p) = serde_json::from_value::<DidOpenTextDocumentParams>(n.params)
                     && let Some(path) = to_path(&p.text_document.uri)
                 {
-                    self.set_buffer(path, p.text_document.text);
+                    self.set_buffer(path, p.text_document.text, p.text_document.version);
                 }
             }
             notif::DidChangeTextDocument::METHOD => {
@@ -174,7 +180,7 @@ impl Server {
                             }
                         }
                     }
-                    self.set_buffer(path, text);
+                    self.set_buffer(path, text, p.text_document.version);
                 }
             }
             notif::DidSaveTextDocument::METHOD => {
@@ -202,7 +208,7 @@ impl Server {
         }
     }
 
-    fn set_buffer(&mut self, path: PathBuf, text: String) {
+    fn set_buffer(&mut self, path: PathBuf, text: String, version: i32) {
         let key = trellis_dsl::canonical(&path);
         self.dirty.insert(self.project_of(&key));
         // Projects that include the file from outside its directory are stale too.
@@ -217,6 +223,7 @@ impl Server {
             key,
             Buffer {
                 text: Arc::from(text),
+                version,
             },
         );
     }
@@ -236,10 +243,17 @@ impl Server {
                 .insert(project.clone(), files)
                 .unwrap_or_default();
             for gone in before.iter().filter(|f| !by_file.contains_key(*f)) {
-                crate::diagnostics::send_diagnostics(connection, gone, Vec::new())?;
+                self.sent.remove(gone);
+                crate::diagnostics::send_diagnostics(connection, gone, Vec::new(), None)?;
             }
             for (file, diags) in by_file {
-                crate::diagnostics::send_diagnostics(connection, &file, diags)?;
+                let version = self.buffers.get(&file).map(|b| b.version);
+                let last = (version, diags);
+                if self.sent.get(&file) == Some(&last) {
+                    continue;
+                }
+                crate::diagnostics::send_diagnostics(connection, &file, last.1.clone(), version)?;
+                self.sent.insert(file, last);
             }
         }
         Ok(())

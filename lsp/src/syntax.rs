@@ -100,7 +100,7 @@ struct Token {
 
 /// Reads `text` into its top-level nodes; never fails.
 pub fn parse(text: &str) -> Vec<Node> {
-    let tokens = tokenize(text);
+    let (tokens, _) = tokenize(text);
     let mut parser = Parser {
         tokens,
         at: 0,
@@ -282,9 +282,29 @@ fn is_word_char(c: char) -> bool {
         ))
 }
 
-fn tokenize(text: &str) -> Vec<Token> {
+/// Whether `offset` is inside a comment (`//` to the line's end, `/* … */`), where the editor
+/// should offer nothing: the cursor right after a line comment's last character, or in a
+/// block comment never closed, is still in it.
+pub fn in_comment(text: &str, offset: usize) -> bool {
+    let (_, comments) = tokenize(text);
+    comments.iter().any(|c| {
+        c.span.start < offset && (offset < c.span.end || c.open_ended && offset == c.span.end)
+    })
+}
+
+/// A comment's extent, for [`in_comment`].
+struct Comment {
+    span: Range<usize>,
+    /// A line comment, or a block comment the text does not close: the position at its end
+    /// is still inside it.
+    open_ended: bool,
+}
+
+/// The tokens of `text`, and the comments between them.
+fn tokenize(text: &str) -> (Vec<Token>, Vec<Comment>) {
     let b = text.as_bytes();
     let mut out = Vec::new();
+    let mut comments = Vec::new();
     let mut i = 0;
     while i < b.len() {
         let c = b[i];
@@ -307,9 +327,14 @@ fn tokenize(text: &str) -> Vec<Token> {
                 i += 1;
                 while i < b.len() && b[i] != b'\n' {
                     if b[i] == b'/' && b.get(i + 1) == Some(&b'/') {
+                        let start = i;
                         while i < b.len() && b[i] != b'\n' {
                             i += 1;
                         }
+                        comments.push(Comment {
+                            span: start..i,
+                            open_ended: true,
+                        });
                         break;
                     }
                     i += 1;
@@ -317,11 +342,17 @@ fn tokenize(text: &str) -> Vec<Token> {
                 i += 1;
             }
             b'/' if b.get(i + 1) == Some(&b'/') => {
+                let start = i;
                 while i < b.len() && b[i] != b'\n' {
                     i += 1;
                 }
+                comments.push(Comment {
+                    span: start..i,
+                    open_ended: true,
+                });
             }
             b'/' if b.get(i + 1) == Some(&b'*') => {
+                let start = i;
                 let mut depth = 0usize;
                 while i < b.len() {
                     if b[i] == b'/' && b.get(i + 1) == Some(&b'*') {
@@ -337,6 +368,10 @@ fn tokenize(text: &str) -> Vec<Token> {
                         i += 1;
                     }
                 }
+                comments.push(Comment {
+                    span: start..i.min(b.len()),
+                    open_ended: depth > 0,
+                });
             }
             b'/' if b.get(i + 1) == Some(&b'-') => {
                 out.push(Token {
@@ -393,7 +428,7 @@ fn tokenize(text: &str) -> Vec<Token> {
             }
         }
     }
-    out
+    (out, comments)
 }
 
 fn word_end(text: &str, from: usize) -> usize {
@@ -512,6 +547,24 @@ mod tests {
         let at = text.len();
         let c: Vec<&str> = chain(&nodes, at).iter().map(|n| n.name.as_str()).collect();
         assert_eq!(c, ["scenario", "branch"]);
+    }
+
+    #[test]
+    fn knows_when_the_cursor_is_in_a_comment() {
+        let text = "agent \"a\" // the agent\n/* one /* nested */ still */ scenario \"s\" {\n  user \"x\" \\ // cont\n  /* open";
+        let at = |needle: &str| text.find(needle).unwrap();
+        assert!(!in_comment(text, at("agent")));
+        assert!(in_comment(text, at("the agent")));
+        // Right after a line comment's last character, still in it; at the next line, not.
+        assert!(in_comment(text, at("\n/*")));
+        assert!(!in_comment(text, at("\n/*") + 1));
+        assert!(in_comment(text, at("nested")));
+        assert!(in_comment(text, at("still")));
+        assert!(!in_comment(text, at(" scenario")));
+        assert!(!in_comment(text, at("user")));
+        assert!(in_comment(text, at("cont")));
+        assert!(in_comment(text, at("open")));
+        assert!(in_comment(text, text.len()));
     }
 
     #[test]

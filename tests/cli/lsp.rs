@@ -155,6 +155,12 @@ fn an_editor_gets_checks_completion_hover_navigation_and_rename() {
         {"do": "complete", "file": "draft.kdl", "line": 4, "character": 11},
         {"do": "definition", "file": "draft.kdl", "line": 0, "character": 10},
         {"do": "references", "file": "draft.kdl", "line": 0, "character": 10},
+        // Words typed in a comment get no completion and no hover.
+        {"do": "change", "file": "draft.kdl", "text": COMMENTED},
+        {"do": "complete", "file": "draft.kdl", "line": 1, "character": 7},
+        {"do": "complete", "file": "draft.kdl", "line": 2, "character": 25},
+        {"do": "hover", "file": "draft.kdl", "line": 2, "character": 22},
+        {"do": "complete", "file": "draft.kdl", "line": 3, "character": 4},
     ]);
     let out = session(dir.path(), steps);
     assert_eq!(out[0]["server"], "trellis");
@@ -163,6 +169,14 @@ fn an_editor_gets_checks_completion_hover_navigation_and_rename() {
     let open = &out[1]["diagnostics"];
     assert_eq!(open["main.kdl"], serde_json::json!([]), "{open}");
     assert_eq!(open["agents.kdl"], serde_json::json!([]), "{open}");
+
+    // Diagnostics say which version of a buffer they are for; a file not open, none.
+    assert_eq!(out[1]["versions"]["main.kdl"], 1, "{}", out[1]);
+    assert_eq!(out[1]["versions"]["agents.kdl"], Value::Null, "{}", out[1]);
+    assert_eq!(out[2]["versions"]["main.kdl"], 2, "{}", out[2]);
+    // Edits of main.kdl leave agents.kdl's diagnostics as they were: sent once, at the open.
+    assert_eq!(out[4]["published"]["main.kdl"], 4, "{}", out[4]);
+    assert_eq!(out[4]["published"]["agents.kdl"], 1, "{}", out[4]);
 
     // The unsaved typo: `check`'s message, at the typo's line and column.
     let typo_diags = out[2]["diagnostics"]["main.kdl"]
@@ -283,8 +297,21 @@ fn an_editor_gets_checks_completion_hover_navigation_and_rename() {
     }
     assert_eq!(out[24]["locations"][0]["file"], "agents.kdl");
     assert_eq!(out[25]["locations"].as_array().map(Vec::len), Some(1));
+    // In the comments: nothing; on the line after them, the scenario's nodes.
+    assert_eq!(labels(&out[27]), Vec::<String>::new(), "{}", out[27]);
+    assert_eq!(labels(&out[28]), Vec::<String>::new(), "{}", out[28]);
+    assert_eq!(out[29]["text"], Value::Null, "{}", out[29]);
+    assert!(
+        labels(&out[30]).contains(&"user".to_string()),
+        "{}",
+        out[30]
+    );
     assert_eq!(out.last().map(|s| s["step"].clone()), Some("exit".into()));
 }
+
+/// The draft with comments: a line comment, a block comment after a node, and a new line.
+const COMMENTED: &str =
+    "include \"agents.kdl\"\n// scen\nscenario \"draft\" { /* agent */\n    \n}\n";
 
 /// A file being written: an include, and a scenario with half-typed lines.
 const DRAFT: &str = "include \"agents.kdl\"\nscenario \"draft\" {\n    agent \"shop\"\n    needs \"\n    expect \n}\n";

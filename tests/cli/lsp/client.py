@@ -22,11 +22,17 @@ def uri(path):
 async def main(binary, project, script):
     client = LanguageClient("trellis-test", "1")
     diagnostics = {}
+    # The document version each file's last diagnostics were for (None: not an open buffer's).
+    diagnostic_versions = {}
+    # How many times each file's diagnostics were published.
+    publish_counts = {}
     published = asyncio.Event()
 
     @client.feature(t.TEXT_DOCUMENT_PUBLISH_DIAGNOSTICS)
     def on_diagnostics(params):
         diagnostics[params.uri] = params.diagnostics
+        diagnostic_versions[params.uri] = params.version
+        publish_counts[params.uri] = publish_counts.get(params.uri, 0) + 1
         published.set()
 
     await client.start_io(binary, "lsp")
@@ -85,7 +91,11 @@ async def main(binary, project, script):
                     {"line": d.range.start.line, "character": d.range.start.character,
                      "severity": int(d.severity) if d.severity else None,
                      "code": d.code, "message": d.message} for d in ds]
-            print(json.dumps({"step": kind, "diagnostics": got}), flush=True)
+            versions_seen = {Path(u.removeprefix("file://")).name: v
+                             for u, v in diagnostic_versions.items()}
+            counts = {Path(u.removeprefix("file://")).name: n for u, n in publish_counts.items()}
+            print(json.dumps({"step": kind, "diagnostics": got, "versions": versions_seen,
+                              "published": counts}), flush=True)
         elif kind == "complete":
             r = await client.text_document_completion_async(
                 t.CompletionParams(text_document=ident, position=pos))
