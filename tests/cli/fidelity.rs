@@ -50,6 +50,7 @@ scenario "judged" {{
     max-turns 6
     simulate until-done
     expect no-error
+    expect reply contains="NEVER-SAID"
 }}
 scenario "fine" {{
     description "SCENARIO-FINE: book a cleaning"
@@ -235,6 +236,26 @@ async fn a_simulator_that_breaks_character_makes_invalid_trajectories_never_fail
         reason("judged").contains("invented a second address"),
         "{}",
         reason("judged")
+    );
+    // Every other check of an invalid trajectory is skipped, whichever way it went: the
+    // judged one's `no-error` (it held) and `reply contains` (it did not).
+    let criterion = strings(&criteria, "criterion");
+    for i in 0..kinds.len() {
+        let invalid = ["empty", "voice", "repeat", "loop", "judged"]
+            .contains(&scenarios[i].as_deref().unwrap_or_default());
+        if invalid && kinds[i].as_deref() != Some("fidelity") {
+            assert_eq!(checks[i].as_deref(), Some("skipped"), "{:?}", criterion[i]);
+            assert_eq!(
+                details[i].as_deref(),
+                Some("not checked: the simulated user broke character")
+            );
+        }
+    }
+    assert!(
+        (0..kinds.len())
+            .any(|i| scenarios[i].as_deref() == Some("judged")
+                && kinds[i].as_deref() == Some("reply")),
+        "the judged scenario's reply check is recorded"
     );
     // The loop stopped at its second cycle, not at max-turns.
     let turns = trajectories.column("turns").unwrap().u32().unwrap();

@@ -143,6 +143,22 @@ impl Unit<'_> {
             }
             criteria.push(record);
         }
+        // The agent's checks of the turns from the break on answered a user who was not the
+        // scenario's: they are not about the agent, whichever way they went.
+        if let Some(at) = criteria
+            .iter()
+            .find(|c| c.kind == FIDELITY_KIND && c.status == CriterionStatus::Failed)
+            .map(|c| c.turn_index)
+        {
+            for c in criteria.iter_mut().filter(|c| {
+                c.kind != FIDELITY_KIND
+                    && c.status != CriterionStatus::Skipped
+                    && at.is_none_or(|at| c.turn_index.is_none_or(|i| i >= at))
+            }) {
+                c.status = CriterionStatus::Skipped;
+                c.detail = Some("not checked: the simulated user broke character".to_owned());
+            }
+        }
         // The `expect`s of the steps the stop left unreached. An `expect no-error` of the
         // turn a fault stopped is answered by that fault, as in `criteria { }` below.
         let faulted_turn = state.turns.iter().find(|t| t.fault.is_some()).map(|t| &**t);
