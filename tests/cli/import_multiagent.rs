@@ -621,3 +621,102 @@ async fn replace_keeps_the_agents_file_as_the_user_left_it() {
         before
     );
 }
+
+/// `--replace` rewrites only the suites still as imported: one edited by hand (a check
+/// added, a single file's agent pointed at a real endpoint) is kept and named; suites an
+/// earlier import wrote whose source is gone, or failed this time, are named too.
+#[tokio::test]
+async fn replace_keeps_edited_suites_and_names_those_left_from_earlier() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("scenarios");
+    std::fs::create_dir_all(source.join("sub")).unwrap();
+    let scenario = |id: &str, task: &str| {
+        json!({
+            "aes_version": 1.4,
+            "metadata": {"id": id},
+            "workflow": {"nodes": [{"id": "a", "task_description": task}]}
+        })
+        .to_string()
+    };
+    for (file, id) in [
+        ("a.json", "a"),
+        ("b.json", "b"),
+        ("sub/c.json", "c"),
+        ("d.json", "d"),
+    ] {
+        std::fs::write(source.join(file), scenario(id, "Refund order 7")).unwrap();
+    }
+    let out = dir.path().join("out");
+    let run = |extra: &[&str]| {
+        let mut args = vec![source.to_str().unwrap(), "--out", out.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        async move { import(&args.iter().map(String::as_str).collect::<Vec<_>>()).await }
+    };
+    let o = run(&[]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+
+    // The user adds a check to a.kdl; the sources change; d.json goes, c.json breaks.
+    let a = out.join("a.kdl");
+    let edited = std::fs::read_to_string(&a)
+        .unwrap()
+        .replace("    user ", "    // mine\n    user ");
+    std::fs::write(&a, &edited).unwrap();
+    for (file, id) in [("a.json", "a"), ("b.json", "b")] {
+        std::fs::write(source.join(file), scenario(id, "Refund order 8")).unwrap();
+    }
+    std::fs::remove_file(source.join("d.json")).unwrap();
+    std::fs::write(source.join("sub/c.json"), "{ not json").unwrap();
+
+    let o = run(&["--replace"]).await;
+    let err = stderr(&o);
+    // c.json could not be imported: exit 1, the others written.
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(&a).unwrap(),
+        edited,
+        "the edit was lost"
+    );
+    assert!(
+        err.contains(&format!(
+            "kept {}: it was edited since it was imported",
+            a.display()
+        )),
+        "{err}"
+    );
+    assert!(err.contains("1 kept as edited"), "{err}");
+    let b = std::fs::read_to_string(out.join("b.kdl")).unwrap();
+    assert!(
+        b.contains("Refund order 8"),
+        "an unedited suite is rewritten: {b}"
+    );
+    assert!(
+        err.contains("2 suites in") && err.contains("d.kdl") && err.contains("sub/c.kdl"),
+        "{err}"
+    );
+    assert!(!err.contains("b.kdl,"), "{err}");
+    // The kept and left suites still check with the rest.
+    let check = trellis().arg("check").arg(&out).output().await.unwrap();
+    assert_eq!(check.status.code(), Some(0), "{}", stderr(&check));
+
+    // A single file's suite holds its agent: pointing it elsewhere is an edit, kept.
+    let single = dir.path().join("single.kdl");
+    let one = source.join("b.json");
+    let args = |extra: &[&str]| {
+        let mut v = vec![one.to_str().unwrap(), "--out", single.to_str().unwrap()];
+        v.extend_from_slice(extra);
+        v.iter().map(|s| s.to_string()).collect::<Vec<_>>()
+    };
+    let first = args(&[]);
+    let o = import(&first.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let pointed = std::fs::read_to_string(&single)
+        .unwrap()
+        .replace("builtin=\"support\"", "url=\"http://127.0.0.1:9/mine\"");
+    std::fs::write(&single, &pointed).unwrap();
+    let again = args(&["--replace"]);
+    let o = import(&again.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(std::fs::read_to_string(&single).unwrap(), pointed);
+    assert!(stderr(&o).contains("kept "), "{}", stderr(&o));
+}

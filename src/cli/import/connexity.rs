@@ -29,7 +29,7 @@ use serde_json::{Map, Value};
 use super::super::console::{count, errln};
 use super::super::{EXIT_FAILED, EXIT_INVALID, EXIT_OK};
 use super::agents_file::{AgentsFile, WantedAgent};
-use super::multiagent::{check_text, collect_json, fits, write_checked};
+use super::multiagent::{Written, check_text, collect_json, fits, write_checked};
 use super::{AGENTS_FILE, comment, is_simple_id, json_kind, kdl_string, literal_template};
 
 /// The agent id used when none is given.
@@ -819,7 +819,9 @@ pub fn import_connexity(args: &ConnexityImportArgs) -> u8 {
         })
         .collect();
 
-    let results: Vec<Result<(), String>> = if is_dir {
+    // Suites of an earlier import into the directory that this one did not write.
+    let mut left = Vec::new();
+    let results: Vec<Result<Written, String>> = if is_dir {
         let Some(out) = args.out.as_deref() else {
             return EXIT_INVALID;
         };
@@ -911,14 +913,14 @@ pub fn import_connexity(args: &ConnexityImportArgs) -> u8 {
                 }
             })
             .collect();
-        inputs
+        let results: Vec<Result<Written, String>> = inputs
             .par_iter()
             .zip(&parsed)
             .zip(&targets)
             .zip(&suites)
             .map(|((((input, relative), file), target), suite)| {
                 let Ok(file) = file else {
-                    return Ok(());
+                    return Ok(Written::Written);
                 };
                 if *target == agents_path {
                     return Err(format!(
@@ -937,13 +939,25 @@ pub fn import_connexity(args: &ConnexityImportArgs) -> u8 {
                 );
                 write_checked(target, &text, args.replace, !args.no_check)
             })
-            .collect()
+            .collect();
+        if args.replace {
+            let imported: std::collections::HashSet<PathBuf> = results
+                .iter()
+                .zip(&parsed)
+                .zip(&targets)
+                .filter(|((r, p), _)| r.is_ok() && p.is_ok())
+                .map(|(_, t)| t.clone())
+                .chain([agents_path])
+                .collect();
+            left = super::edits::left_from_earlier(out, &imported);
+        }
+        results
     } else {
         let (Some((input, relative)), Some(file)) = (inputs.first(), parsed.first()) else {
             return EXIT_INVALID;
         };
         match file {
-            Err(_) => vec![Ok(())],
+            Err(_) => vec![Ok(Written::Written)],
             Ok(file) => {
                 if let Some(out) = &args.out
                     && out.exists()
@@ -983,9 +997,10 @@ pub fn import_connexity(args: &ConnexityImportArgs) -> u8 {
                         })
                         .and_then(|()| {
                             std::io::stdout()
-                                .write_all(text.as_bytes())
+                                .write_all(super::edits::stamped(&text).as_bytes())
                                 .map_err(|e| format!("standard output: {e}"))
-                        }),
+                        })
+                        .map(|()| Written::Written),
                 }]
             }
         }
@@ -994,13 +1009,15 @@ pub fn import_connexity(args: &ConnexityImportArgs) -> u8 {
     let mut failed = 0usize;
     let mut unmapped_files = 0usize;
     let mut cases = 0usize;
+    let mut kept = 0usize;
     for (((input, _), file), result) in inputs.iter().zip(&parsed).zip(&results) {
         match (file, result) {
             (Err(e), _) | (_, Err(e)) => {
                 failed += 1;
                 errln!("error: {}: {e}", input.display());
             }
-            (Ok(file), Ok(())) => {
+            (Ok(_), Ok(written)) if written.report(input) => kept += 1,
+            (Ok(file), Ok(_)) => {
                 cases += file.cases.len();
                 if !file.unmapped.is_empty() {
                     unmapped_files += 1;
@@ -1018,17 +1035,25 @@ pub fn import_connexity(args: &ConnexityImportArgs) -> u8 {
             }
         }
     }
-    let imported = inputs.len() - failed;
+    let imported = inputs.len() - failed - kept;
     let target = args
         .out
         .as_deref()
         .map_or_else(|| "standard output".to_owned(), |p| p.display().to_string());
+    if let Some(out) = &args.out {
+        super::edits::report_left(out, &left);
+    }
     errln!(
         "imported {} from {imported} of {} into {target} in {:.2}s; {unmapped_files} with \
-         unmapped parts (listed in each suite's header){}",
+         unmapped parts (listed in each suite's header){}{}",
         count(cases as u64, "test case", "test cases"),
         count(inputs.len() as u64, "file", "files"),
         started.elapsed().as_secs_f64(),
+        if kept > 0 {
+            format!("; {kept} kept as edited")
+        } else {
+            String::new()
+        },
         if failed > 0 {
             format!("; {failed} could not be imported")
         } else {
@@ -1036,7 +1061,7 @@ pub fn import_connexity(args: &ConnexityImportArgs) -> u8 {
         }
     );
     if let Some(out) = &args.out
-        && imported > 0
+        && imported + kept > 0
     {
         errln!("check them with `trellis check {}`", out.display());
     }

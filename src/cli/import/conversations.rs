@@ -208,9 +208,13 @@ pub fn import_conversations(args: &ConversationsImportArgs) -> u8 {
                 );
                 return EXIT_INVALID;
             }
-            if let Err(e) = write_checked(out, &text, args.replace, true) {
-                errln!("error: {e}");
-                return EXIT_INVALID;
+            match write_checked(out, &text, args.replace, true) {
+                Err(e) => {
+                    errln!("error: {e}");
+                    return EXIT_INVALID;
+                }
+                Ok(written) if written.report(&args.source) => return EXIT_OK,
+                Ok(_) => {}
             }
             errln!(
                 "imported {} conversation{} into {}",
@@ -235,7 +239,7 @@ pub fn import_conversations(args: &ConversationsImportArgs) -> u8 {
                 errln!("error: internal: the written suite does not check:\n{e}");
                 return EXIT_INVALID;
             }
-            print!("{text}");
+            print!("{}", super::edits::stamped(&text));
         }
     }
     EXIT_OK

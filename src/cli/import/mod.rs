@@ -5,6 +5,7 @@
 mod agents_file;
 mod connexity;
 mod conversations;
+mod edits;
 mod fixie;
 mod multiagent;
 mod scenario_file;

@@ -310,6 +310,8 @@ pub fn import_multiagent(args: &MultiAgentImportArgs) -> u8 {
         return EXIT_INVALID;
     }
     let suite_names = suite_names(&jobs);
+    // Suites of an earlier import into the directory that this one did not write.
+    let mut left = Vec::new();
     let outcome = if is_dir {
         let Some(out) = args.out.as_deref() else {
             return EXIT_INVALID;
@@ -327,7 +329,15 @@ pub fn import_multiagent(args: &MultiAgentImportArgs) -> u8 {
                 format!("{header}\n{agents_text}")
             }
         };
-        let written = write_directory(args, out, &jobs, &agent_of, &suite_names, &agents_file);
+        let written = write_directory(
+            args,
+            out,
+            &jobs,
+            &agent_of,
+            &suite_names,
+            &agents_file,
+            &mut left,
+        );
         if written.is_some()
             && let Some(merged) = &merged
         {
@@ -344,6 +354,7 @@ pub fn import_multiagent(args: &MultiAgentImportArgs) -> u8 {
     // Report per file: errors always, unmapped parts unless --quiet.
     let mut failed = 0usize;
     let mut unmapped_files = 0usize;
+    let mut kept = 0usize;
     for (job, result) in jobs.iter().zip(&written) {
         match (&job.parsed, result) {
             (Some(Err(e)), _) => {
@@ -354,7 +365,8 @@ pub fn import_multiagent(args: &MultiAgentImportArgs) -> u8 {
                 failed += 1;
                 errln!("error: {}: {e}", job.input.display());
             }
-            (Some(Ok(scenario)), Ok(())) => {
+            (Some(Ok(_)), Ok(written)) if written.report(&job.input) => kept += 1,
+            (Some(Ok(scenario)), Ok(_)) => {
                 if !scenario.unmapped.is_empty() {
                     unmapped_files += 1;
                     if !args.quiet {
@@ -369,15 +381,18 @@ pub fn import_multiagent(args: &MultiAgentImportArgs) -> u8 {
                     }
                 }
             }
-            (None, Ok(())) => {}
+            (None, Ok(_)) => {}
         }
     }
-    let imported = jobs.len() - failed;
+    let imported = jobs.len() - failed - kept;
     let target = args
         .out
         .as_deref()
         .map_or_else(|| "standard output".to_owned(), |p| p.display().to_string());
-    if imported == 0 {
+    if let Some(out) = &args.out {
+        super::edits::report_left(out, &left);
+    }
+    if imported + kept == 0 {
         errln!(
             "nothing imported: none of {} could be imported{}",
             count(jobs.len() as u64, "file", "files"),
@@ -391,9 +406,14 @@ pub fn import_multiagent(args: &MultiAgentImportArgs) -> u8 {
     }
     errln!(
         "imported {imported} of {} into {target} in {:.2}s; {unmapped_files} with \
-         unmapped parts (listed in each suite's header){}",
+         unmapped parts (listed in each suite's header){}{}",
         count(jobs.len() as u64, "file", "files"),
         started.elapsed().as_secs_f64(),
+        if kept > 0 {
+            format!("; {kept} kept as edited")
+        } else {
+            String::new()
+        },
         if failed > 0 {
             format!("; {failed} could not be imported")
         } else {
@@ -401,7 +421,7 @@ pub fn import_multiagent(args: &MultiAgentImportArgs) -> u8 {
         }
     );
     if let Some(out) = &args.out
-        && imported > 0
+        && imported + kept > 0
     {
         errln!("check them with `trellis check {}`", out.display());
     }
@@ -580,7 +600,8 @@ fn write_directory(
     agent_of: &[Option<String>],
     suite_names: &[String],
     agents_file: &str,
-) -> Option<Vec<Result<(), String>>> {
+    left: &mut Vec<PathBuf>,
+) -> Option<Vec<Result<Written, String>>> {
     let agents_path = out.join(AGENTS_FILE);
     let targets: Vec<PathBuf> = jobs
         .iter()
@@ -612,8 +633,8 @@ fn write_directory(
         errln!("error: could not write the agents file: {e}");
         return None;
     }
-    let mut results: Vec<(usize, Result<(), String>)> =
-        (0..jobs.len()).map(|i| (i, Ok(()))).collect();
+    let mut results: Vec<(usize, Result<Written, String>)> =
+        (0..jobs.len()).map(|i| (i, Ok(Written::Written))).collect();
     results.par_iter_mut().for_each(|(i, result)| {
         let (Some(job), Some(target)) = (jobs.get(*i), targets.get(*i)) else {
             return;
@@ -642,6 +663,21 @@ fn write_directory(
         });
         *result = write_checked(target, &text, args.replace, !args.no_check);
     });
+    // Suites an earlier import wrote here whose source this one did not import.
+    let imported: std::collections::HashSet<PathBuf> = results
+        .iter()
+        .filter(|(i, r)| {
+            r.is_ok()
+                && jobs
+                    .get(*i)
+                    .is_some_and(|j| matches!(j.parsed, Some(Ok(_))))
+        })
+        .filter_map(|(i, _)| targets.get(*i).cloned())
+        .chain([agents_path])
+        .collect();
+    if args.replace {
+        *left = super::edits::left_from_earlier(out, &imported);
+    }
     Some(results.into_iter().map(|(_, r)| r).collect())
 }
 
@@ -652,12 +688,12 @@ fn write_single(
     agent_of: &[Option<String>],
     suite_names: &[String],
     agents_text: &str,
-) -> Option<Vec<Result<(), String>>> {
+) -> Option<Vec<Result<Written, String>>> {
     let Some(job) = jobs.first() else {
         return Some(Vec::new());
     };
     let Some(Ok(scenario)) = &job.parsed else {
-        return Some(vec![Ok(())]);
+        return Some(vec![Ok(Written::Written)]);
     };
     if let Some(out) = &args.out
         && out.exists()
@@ -700,9 +736,10 @@ fn write_single(
             })
             .and_then(|()| {
                 std::io::stdout()
-                    .write_all(text.as_bytes())
+                    .write_all(super::edits::stamped(&text).as_bytes())
                     .map_err(|e| format!("standard output: {e}"))
-            }),
+            })
+            .map(|()| Written::Written),
     };
     Some(vec![result])
 }
@@ -715,9 +752,12 @@ pub(super) fn write_checked(
     text: &str,
     replace: bool,
     check: bool,
-) -> Result<(), String> {
+) -> Result<Written, String> {
     fits(text)?;
-    write_file(path, text, replace)?;
+    if replace && path.exists() && super::edits::edited_since_import(path) {
+        return Ok(Written::KeptEdited(path.to_path_buf()));
+    }
+    write_file(path, &super::edits::stamped(text), replace)?;
     if check
         && let Err(diagnostics) =
             trellis_dsl::load(&[path], &trellis_engine::protocol::registry::specs())
@@ -729,7 +769,32 @@ pub(super) fn write_checked(
             miette::Report::new(diagnostics)
         ));
     }
-    Ok(())
+    Ok(Written::Written)
+}
+
+/// What [`write_checked`] did with a suite's file.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(super) enum Written {
+    #[default]
+    Written,
+    /// `--replace` found the file edited since it was imported, and left it as it is.
+    KeptEdited(PathBuf),
+}
+
+impl Written {
+    /// Names a file kept as edited, on the console; whether it was one.
+    pub(super) fn report(&self, input: &Path) -> bool {
+        let Written::KeptEdited(path) = self else {
+            return false;
+        };
+        errln!(
+            "kept {}: it was edited since it was imported, so {} was not imported into it; \
+             delete it (or import into another file) to take this import",
+            path.display(),
+            input.display()
+        );
+        true
+    }
 }
 
 /// Whether every top-level node of `text` (as the importers write it: a node starts on a
