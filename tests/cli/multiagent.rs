@@ -148,6 +148,45 @@ async fn sigterm_ends_a_hanging_agent_process_tree() {
     .await;
 }
 
+/// `kill -9` (or the OOM killer) runs none of Trellis's shutdown: the kernel ends the agent
+/// process it started instead of leaving it running.
+#[tokio::test]
+async fn an_agent_process_dies_with_a_killed_trellis() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = write_agent(
+        dir.path(),
+        LONG_LIVED,
+        "long-lived",
+        r#"scenario "stuck" { user "please hang" }"#,
+    );
+    let mut child = trellis()
+        .args(["run", "--out"])
+        .arg(dir.path().join("run"))
+        .arg(&suite)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pids_dir = dir.path().to_owned();
+    wait_until("the agent to start", Duration::from_secs(30), || {
+        pids(&pids_dir).len() == 2
+    })
+    .await;
+    let (agent, grandchild) = (pids(dir.path())[0], pids(dir.path())[1]);
+    assert!(running(agent));
+    child.kill().await.unwrap();
+    wait_until(
+        "the agent to end with trellis",
+        Duration::from_secs(5),
+        || !running(agent),
+    )
+    .await;
+    // What the agent started itself outlives it (nothing is left to end its group): the
+    // test ends it.
+    // SAFETY: kill(2) of a pid this test's agent reported; at worst it is already gone.
+    unsafe { libc::kill(grandchild, libc::SIGKILL) };
+}
+
 #[tokio::test]
 async fn per_call_processes_are_reaped_as_the_run_goes() {
     let dir = tempfile::tempdir().unwrap();

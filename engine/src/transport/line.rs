@@ -526,15 +526,32 @@ impl LineTransport {
         let run = async {
             // An agent that exits without reading its input closes the pipe: what it
             // printed still decides, so a failed write is not the end. Dropping stdin
-            // closes it: the agent reads to the end of its input.
-            let mut stdin = stdin;
-            let _ = stdin.write_all(request).await;
-            drop(stdin);
-            let read = (&mut stdout)
-                .take(limit.saturating_add(1))
-                .read_to_end(&mut out)
-                .await;
-            stdout_closed = true;
+            // closes it: the agent reads to the end of its input. Written while stdout is
+            // read, as `subprocess.communicate` does: an agent that prints more than a
+            // pipe holds before it reads a request larger than one would otherwise wait on
+            // Trellis while Trellis waits on it.
+            let write = async move {
+                let mut stdin = stdin;
+                let _ = stdin.write_all(request).await;
+                drop(stdin);
+            };
+            let read = {
+                let read = async {
+                    let read = (&mut stdout)
+                        .take(limit.saturating_add(1))
+                        .read_to_end(&mut out)
+                        .await;
+                    stdout_closed = true;
+                    read
+                };
+                let (mut write, mut read) = (std::pin::pin!(write), std::pin::pin!(read));
+                // The answer read (or over the limit) first: the rest of the request is
+                // not waited for; dropping it closes stdin.
+                tokio::select! {
+                    read = &mut read => read,
+                    () = &mut write => read.await,
+                }
+            };
             if out.len() as u64 > limit {
                 return (read, None);
             }
@@ -781,7 +798,7 @@ fn spawn(spec: &ProcessSpec) -> Result<LiveProcess, Fault> {
     let mut command = Command::new("sh");
     command
         .arg("-c")
-        .arg(&spec.command)
+        .arg(&*shell_command(&spec.command))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -794,11 +811,18 @@ fn spawn(spec: &ProcessSpec) -> Result<LiveProcess, Fault> {
     if let Some(cwd) = &spec.cwd {
         command.current_dir(cwd);
     }
+    die_with_trellis(&mut command);
     let mut child = command.spawn().map_err(|e| {
-        Fault::new(
-            FaultCategory::Setup,
-            format!("could not start agent process `{}`: {e}", spec.command),
-        )
+        let message = match &spec.cwd {
+            Some(cwd) if !std::path::Path::new(cwd).is_dir() => format!(
+                "could not start agent process `{}`: its working directory {} (`cwd`) is not \
+                 a directory: {e}",
+                spec.command,
+                std::path::Path::new(cwd).display()
+            ),
+            _ => format!("could not start agent process `{}`: {e}", spec.command),
+        };
+        Fault::new(FaultCategory::Setup, message)
     })?;
     let (Some(stdin), Some(stdout), Some(stderr)) =
         (child.stdin.take(), child.stdout.take(), child.stderr.take())
@@ -819,6 +843,54 @@ fn spawn(spec: &ProcessSpec) -> Result<LiveProcess, Fault> {
 }
 
 /// Ends a process and everything it started, and reaps it.
+/// The text `sh -c` runs for `command`: a single simple command (`python3 -u agent.py`) is
+/// run with `exec`, so the agent is the shell's process rather than its child, and dies
+/// with Trellis ([`die_with_trellis`]; dash, Debian's `sh`, keeps itself as the parent
+/// otherwise). Anything else (lists, pipelines, redirections, assignments, compound
+/// commands) is run as written.
+fn shell_command(command: &str) -> std::borrow::Cow<'_, str> {
+    const RESERVED: &[&str] = &[
+        "if", "then", "else", "elif", "fi", "do", "done", "case", "esac", "while", "until", "for",
+        "in", "{", "}", "!", "[[", "]]", "function", "select", "time", "exec",
+    ];
+    let compound = command.chars().any(|c| {
+        matches!(
+            c,
+            ';' | '&' | '|' | '(' | ')' | '`' | '\n' | '<' | '>' | '$'
+        )
+    });
+    let first = command.split_whitespace().next().unwrap_or_default();
+    if compound || first.is_empty() || first.contains('=') || RESERVED.contains(&first) {
+        return std::borrow::Cow::Borrowed(command);
+    }
+    std::borrow::Cow::Owned(format!("exec {command}"))
+}
+
+/// Asks the kernel to kill the agent process when Trellis dies without ending it (`kill -9`,
+/// the OOM killer, `docker kill`): the run's own shutdown ends its whole process group, but a
+/// process that is killed runs no shutdown, and its agents would be left running.
+#[cfg(target_os = "linux")]
+fn die_with_trellis(command: &mut Command) {
+    // SAFETY: between fork and exec the closure calls only `prctl` and `getppid`, which
+    // are async-signal-safe, and allocates nothing.
+    let trellis = std::process::id();
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
+                return Err(io::Error::last_os_error());
+            }
+            // Trellis died before the request took effect: nothing would kill this one.
+            if u32::try_from(libc::getppid()).ok() != Some(trellis) {
+                return Err(io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn die_with_trellis(_command: &mut Command) {}
+
 async fn kill_group(child: &mut Child) -> io::Result<()> {
     if let Some(pid) = child.id()
         && let Ok(pid) = i32::try_from(pid)
@@ -943,4 +1015,34 @@ fn never_read(fault: &Fault) -> bool {
 
 fn internal(message: &str) -> Fault {
     Fault::new(FaultCategory::Internal, message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shell_command;
+
+    #[test]
+    fn only_a_single_simple_command_is_run_with_exec() {
+        assert_eq!(
+            shell_command("python3 -u agent.py"),
+            "exec python3 -u agent.py"
+        );
+        assert_eq!(
+            shell_command(r#"node agent.js --name "a b""#),
+            r#"exec node agent.js --name "a b""#
+        );
+        for as_written in [
+            "cd agents && python3 agent.py",
+            "python3 a.py | tee log",
+            "python3 a.py; echo done",
+            "python3 a.py 2>log",
+            "PORT=1 python3 a.py",
+            "while read -r l; do echo \"$l\"; done",
+            "exec python3 a.py",
+            "python3 $HOME/a.py",
+            "",
+        ] {
+            assert_eq!(shell_command(as_written), as_written);
+        }
+    }
 }

@@ -91,6 +91,24 @@ async fn a_process_per_call_gets_the_payload_without_newline_and_stdin_closed() 
     assert_ne!(a["pid"], b["pid"], "a fresh process per call");
 }
 
+/// An agent that prints more than a pipe holds before reading a request larger than one
+/// (valid for the harness, which writes and reads at once) answers instead of deadlocking.
+#[tokio::test]
+async fn a_per_call_process_that_answers_before_reading_a_large_request_answers() {
+    let agent = process(
+        r#"head -c 100000 /dev/zero | tr '\0' x | sed 's/.*/{"a":"&"}/'; cat >/dev/null"#,
+        ProcessMode::PerCall,
+    );
+    let request = format!(r#"{{"task":"{}"}}"#, "y".repeat(200_000));
+    let started = Instant::now();
+    let reply = agent
+        .call(request.as_bytes(), Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(reply.line.len(), 100_008);
+    assert!(started.elapsed() < Duration::from_secs(4));
+}
+
 #[tokio::test]
 async fn a_process_per_call_has_all_of_its_stderr_in_the_log() {
     // The log written just before exiting (60 KB: several reads of the pipe) is all there,
@@ -226,6 +244,11 @@ async fn a_process_that_cannot_start_is_a_setup_fault() {
     );
     let message = fault(call(&agent, "{}").await, FaultCategory::Setup);
     assert!(message.contains("could not start"), "{message}");
+    // The directory is what is missing, not the command.
+    assert!(
+        message.contains("working directory /nonexistent/trellis/dir (`cwd`) is not a directory"),
+        "{message}"
+    );
 }
 
 /// The shell starts, but the command it is asked to run does not exist or cannot be run.
