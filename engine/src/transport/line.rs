@@ -114,6 +114,9 @@ pub struct LineReply {
     pub line: Vec<u8>,
     /// What the process wrote on stderr since the previous call (processes only).
     pub log: String,
+    /// A line a connection of the call's own carried after the answer (its first 200
+    /// bytes): the request was answered twice.
+    pub extra: Option<String>,
 }
 
 /// A connection to one line-speaking agent. Calls on one pipe or socket are exclusive: a
@@ -285,7 +288,14 @@ impl LineTransport {
         let (queued, reply) = self
             .call_decoded(request, timeout, |line| Ok(line.to_vec()), |_| false)
             .await;
-        (queued, reply.map(|(line, log)| LineReply { line, log }))
+        (
+            queued,
+            reply.map(|(line, log)| LineReply {
+                line,
+                log,
+                extra: None,
+            }),
+        )
     }
 
     /// [`LineTransport::call_queued`], with the answer line decoded by `decode` before the
@@ -305,8 +315,15 @@ impl LineTransport {
         ends: impl FnOnce(&T) -> bool,
     ) -> (Duration, Result<(T, String), Fault>) {
         let timeout = timeout.min(self.limits.timeout);
+        let describe = self.describe();
         let decoded = |reply: Result<LineReply, Fault>| {
-            reply.and_then(|reply| Ok((decode(&reply.line)?, reply.log)))
+            reply.and_then(|reply| {
+                let value = decode(&reply.line)?;
+                match reply.extra {
+                    Some(extra) => Err(answered_twice(&extra, &describe)),
+                    None => Ok((value, reply.log)),
+                }
+            })
         };
         match &self.endpoint {
             LineEndpoint::Process(spec) if spec.mode == ProcessMode::PerCall => {
@@ -432,7 +449,11 @@ impl LineTransport {
                     log.insert_str(0, &note);
                 }
                 match result {
-                    Ok(line) => Ok(LineReply { line, log }),
+                    Ok(line) => Ok(LineReply {
+                        line,
+                        log,
+                        extra: None,
+                    }),
                     Err(mut fault) => {
                         // A process that closed stdout has usually exited: say how.
                         if fault.category != FaultCategory::Timeout
@@ -494,12 +515,22 @@ impl LineTransport {
         .await;
         sent.map_err(|e| io_fault(&e, &describe))?;
         let line = read_line(stream, self.limits.max_line, &describe).await;
+        let mut extra = None;
         if !self.keep_open {
+            // The connection is the call's own: a line after the answer is the agent
+            // answering twice, not a stale line for the next call.
+            if line.is_ok()
+                && let Some(connection) = open.as_mut()
+                && let Ahead::Sent(line) = connection.ahead().await
+            {
+                extra = Some(line);
+            }
             *open = None;
         }
         line.map(|line| LineReply {
             line,
             log: stale.unwrap_or_default(),
+            extra,
         })
     }
 
@@ -632,7 +663,11 @@ impl LineTransport {
                     append_log(&mut fault, &log);
                     return Err(fault);
                 }
-                Ok(LineReply { line, log })
+                Ok(LineReply {
+                    line,
+                    log,
+                    extra: None,
+                })
             }
         }
     }
@@ -755,6 +790,11 @@ pub async fn read_line<R: AsyncBufReadExt + Unpin>(
     loop {
         let available = read.fill_buf().await.map_err(|e| io_fault(&e, describe))?;
         if available.is_empty() {
+            // A whole JSON document and then the end, without the newline: a server that
+            // answers one request per connection and closes it has said all it will.
+            if !line.is_empty() && serde_json::from_slice::<serde::de::IgnoredAny>(&line).is_ok() {
+                return Ok(trim_line_end(line));
+            }
             let what = if line.is_empty() {
                 NO_ANSWER
             } else {

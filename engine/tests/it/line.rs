@@ -343,6 +343,65 @@ async fn tcp_a_connection_per_call_or_kept_open() {
     assert_eq!(connections.load(Ordering::SeqCst), 4);
 }
 
+/// A connection of the call's own: a second line after the answer is the agent answering
+/// twice (a fault, as on a kept connection, not silently dropped); a whole JSON answer
+/// without its newline, then the connection closed, is the answer.
+#[tokio::test]
+async fn a_connection_per_call_answered_twice_or_closed_after_its_answer() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let (read, mut write) = stream.into_split();
+                let mut lines = BufReader::new(read).lines();
+                let Ok(Some(line)) = lines.next_line().await else {
+                    return;
+                };
+                let answer = if line.contains("twice") {
+                    format!("{{\"first\":{line}}}\n{{\"second\":{line}}}\n")
+                } else if line.contains("cut") {
+                    r#"{"half":"#.to_owned()
+                } else {
+                    format!("{{\"echo\":{line}}}")
+                };
+                let _ = write.write_all(answer.as_bytes()).await;
+                let _ = write.shutdown().await;
+            });
+        }
+    });
+    let per_call = LineTransport::new(LineEndpoint::Tcp(address), LIMITS, false);
+    let decode = |line: &[u8]| {
+        serde_json::from_slice::<serde_json::Value>(line)
+            .map_err(|e| Fault::new(FaultCategory::InvalidJson, e.to_string()))
+    };
+    let (_, twice) = per_call
+        .call_decoded(br#"{"twice":1}"#, Duration::from_secs(5), decode, |_| false)
+        .await;
+    let twice = twice.unwrap_err();
+    assert_eq!(twice.category, FaultCategory::Protocol, "{twice:?}");
+    assert!(
+        twice
+            .message
+            .contains("wrote another line after its answer")
+            && twice.message.contains("second"),
+        "{twice:?}"
+    );
+    let (_, closed) = per_call
+        .call_decoded(br#"{"i":1}"#, Duration::from_secs(5), decode, |_| false)
+        .await;
+    assert_eq!(closed.unwrap().0, serde_json::json!({"echo": {"i": 1}}));
+    // Cut short is still cut short.
+    let message = fault(
+        call(&per_call, r#"{"cut":1}"#).await,
+        FaultCategory::Transport,
+    );
+    assert!(
+        message.contains("in the middle of its answer line"),
+        "{message}"
+    );
+}
+
 #[tokio::test]
 async fn a_kept_connection_that_sent_a_line_the_decoder_refused_is_ended() {
     // A log line before the answer when asked to log: the answer stays behind it.
