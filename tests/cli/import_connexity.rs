@@ -140,6 +140,29 @@ async fn a_case_that_is_not_an_object_loses_only_itself() {
     for id in ["\"a\"", "\"b\"", "\"c\""] {
         assert!(text.contains(&format!("scenario {id}")), "{text}");
     }
+    // A file of one object that is not a case (a `package.json` beside the cases, a
+    // MultiAgentEval scenario) is reported, not imported as an empty scenario.
+    for (name, text) in [
+        (
+            "package.json",
+            r#"{"name": "my-tools", "version": "1.0.0", "dependencies": {}}"#,
+        ),
+        (
+            "scenario.json",
+            r#"{"aes_version": 1.4, "metadata": {"id": "x"}, "workflow": {"nodes": []}}"#,
+        ),
+    ] {
+        let other = dir.path().join(name);
+        std::fs::write(&other, text).unwrap();
+        let o = import(&[other.to_str().unwrap()]).await;
+        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+        assert!(
+            stderr(&o).contains("not a Connexity test case"),
+            "{}",
+            stderr(&o)
+        );
+        assert_eq!(stdout(&o), "", "{name}");
+    }
     // Nothing left to import is still an error.
     std::fs::write(&file, r#"["oops", 2]"#).unwrap();
     let o = import(&[file.to_str().unwrap()]).await;

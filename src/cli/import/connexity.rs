@@ -96,6 +96,23 @@ struct Case {
     mock_tools: Vec<(String, Vec<String>)>,
 }
 
+/// The fields that make an object a test case, in either shape the importer reads: what the
+/// simulator plays or the judge checks (`name`, `description`, `tags` and `status` alone
+/// are any JSON file's: a `package.json` has a `name`).
+const CASE_FIELDS: &[&str] = &[
+    "difficulty",
+    "persona",
+    "persona_context",
+    "initial_message",
+    "first_message",
+    "first_turn",
+    "user_context",
+    "max_turns",
+    "expected_outcomes",
+    "expected_tool_calls",
+    "evaluation_criteria_override",
+];
+
 impl CaseFile {
     fn parse(bytes: &[u8], stem: &str) -> Result<CaseFile, String> {
         let bytes = super::without_bom(bytes);
@@ -115,6 +132,24 @@ impl CaseFile {
                     return Err(format!(
                         "`test_cases` is {}, not an array of test cases",
                         json_kind(&other)
+                    ));
+                }
+                // A file of one case: any JSON object would otherwise become an empty
+                // scenario (a `package.json` in the directory, a MultiAgentEval file given
+                // to this importer).
+                None if !map.keys().any(|k| CASE_FIELDS.contains(&k.as_str())) => {
+                    let mut fields: Vec<&str> = map.keys().map(String::as_str).take(5).collect();
+                    if map.len() > fields.len() {
+                        fields.push("…");
+                    }
+                    return Err(format!(
+                        "not a Connexity test case: none of its fields ({}) says what to play \
+                         or check (`persona`, `initial_message`, `expected_outcomes`, …)",
+                        if fields.is_empty() {
+                            "it has none".to_owned()
+                        } else {
+                            fields.join(", ")
+                        }
                     ));
                 }
                 None => vec![Value::Object(map)],
