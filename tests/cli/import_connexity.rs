@@ -600,3 +600,70 @@ async fn an_empty_tool_name_is_reported_not_written() {
     assert!(suite.contains("expect-tool \"lookup\""), "{suite}");
     assert!(!suite.contains("\"\""), "{suite}");
 }
+
+/// Importing again keeps each case's scenario id by its database `id`: a case inserted
+/// before another of the same name, or a case renamed, does not move the others' ids (their
+/// history and comparisons go by the id).
+#[tokio::test]
+async fn importing_again_keeps_each_cases_scenario_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("cases.json");
+    let case = |id: &str, name: &str| serde_json::json!({"id": id, "name": name, "initial_message": "Hi", "expected_outcomes": ["ok"]});
+    let write = |cases: Vec<serde_json::Value>| {
+        std::fs::write(&file, serde_json::Value::Array(cases).to_string()).unwrap();
+    };
+    write(vec![
+        case("a1", "Same Name"),
+        case("a2", "Same Name"),
+        case("b1", "Other"),
+    ]);
+    let out = dir.path().join("out.kdl");
+    let o = import(&[file.to_str().unwrap(), "--out", out.to_str().unwrap()]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let ids = |text: &str| -> Vec<(String, String)> {
+        let mut found = Vec::new();
+        let mut scenario = None;
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("scenario \"") {
+                scenario = rest.split('"').next().map(str::to_owned);
+            } else if let Some(id) = line.strip_prefix("    // id: ") {
+                found.push((id.to_owned(), scenario.take().unwrap()));
+            }
+        }
+        found.sort();
+        found
+    };
+    let pairs = |list: &[(&str, &str)]| {
+        list.iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        ids(&std::fs::read_to_string(&out).unwrap()),
+        pairs(&[("a1", "same-name"), ("a2", "same-name-2"), ("b1", "other")])
+    );
+    // A new case of the same name first, and `b1` renamed.
+    write(vec![
+        case("a0", "Same Name"),
+        case("a1", "Same Name"),
+        case("a2", "Same Name"),
+        case("b1", "Renamed"),
+    ]);
+    let o = import(&[
+        file.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--replace",
+    ])
+    .await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(
+        ids(&std::fs::read_to_string(&out).unwrap()),
+        pairs(&[
+            ("a0", "same-name-3"),
+            ("a1", "same-name"),
+            ("a2", "same-name-2"),
+            ("b1", "other")
+        ])
+    );
+}

@@ -82,6 +82,10 @@ struct CaseFile {
 #[derive(Debug, Default)]
 struct Case {
     id: String,
+    /// The id its name gives, before `-2`, `-3`… made it unique in its file.
+    base_id: String,
+    /// The case's own `id` (the platform's database id), when it has one.
+    case_id: Option<String>,
     /// Settings, one KDL line each (without indentation).
     settings: Vec<String>,
     /// `persona type=… { … }`, written as a block.
@@ -94,6 +98,29 @@ struct Case {
     /// `output …` lines in order (several `expected_tool_calls` of one tool share one queue,
     /// as the reference's `MockToolExecutor` builds it).
     mock_tools: Vec<(String, Vec<String>)>,
+}
+
+/// `(scenario id, case id)` of each scenario of a suite this importer wrote that notes its
+/// case's `id` (`    // id: …`, right after the `scenario` line and its other notes).
+fn scenario_case_ids(text: &str) -> Vec<(String, String)> {
+    let mut found = Vec::new();
+    let mut scenario: Option<String> = None;
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("scenario ") {
+            scenario = rest
+                .trim_end()
+                .strip_suffix('{')
+                .map(str::trim)
+                .and_then(|id| serde_json::from_str::<String>(id).ok());
+        } else if let Some(case_id) = line.strip_prefix("    // id: ") {
+            if let Some(id) = scenario.take() {
+                found.push((id, case_id.trim().to_owned()));
+            }
+        } else if !line.starts_with("    //") {
+            scenario = None;
+        }
+    }
+    found
 }
 
 /// The fields that make an object a test case, in either shape the importer reads: what the
@@ -197,11 +224,11 @@ impl CaseFile {
                 continue;
             }
             // Scenario ids are unique per suite.
-            let base = case.id.clone();
+            case.base_id = case.id.clone();
             let mut n = 1;
             while ids.contains(&case.id) {
                 n += 1;
-                case.id = format!("{base}-{n}");
+                case.id = format!("{}-{n}", case.base_id);
             }
             ids.push(case.id.clone());
             file.cases.push(case);
@@ -213,6 +240,46 @@ impl CaseFile {
             ));
         }
         Ok(file)
+    }
+
+    /// Gives each case with a database `id` the scenario id it had in `previous`, the suite
+    /// an earlier import wrote from this file: a case renamed, or another inserted before
+    /// one of the same name, keeps its scenario id, and with it its history and comparisons.
+    /// The other cases take their own ids around those (`-2`, `-3`… on a clash).
+    fn keep_ids(&mut self, previous: &str) {
+        let earlier = scenario_case_ids(previous);
+        if earlier.is_empty() {
+            return;
+        }
+        let mut taken: Vec<String> = Vec::with_capacity(self.cases.len());
+        let mut kept = vec![false; self.cases.len()];
+        for (case, kept) in self.cases.iter_mut().zip(&mut kept) {
+            let Some(id) = case
+                .case_id
+                .as_ref()
+                .and_then(|c| earlier.iter().find(|(_, e)| e == c))
+                .map(|(scenario, _)| scenario.clone())
+            else {
+                continue;
+            };
+            if !taken.contains(&id) {
+                case.id = id.clone();
+                taken.push(id);
+                *kept = true;
+            }
+        }
+        for (case, kept) in self.cases.iter_mut().zip(&kept) {
+            if *kept {
+                continue;
+            }
+            case.id = case.base_id.clone();
+            let mut n = 1;
+            while taken.contains(&case.id) {
+                n += 1;
+                case.id = format!("{}-{n}", case.base_id);
+            }
+            taken.push(case.id.clone());
+        }
     }
 
     fn render(&self, suite: &str, agent: &str, source: &str, preamble: &str) -> String {
@@ -459,6 +526,9 @@ impl Case {
                     }
                 }
                 ("id" | "created_at" | "updated_at", value) => {
+                    if key == "id" {
+                        case.case_id = Some(scalar_text(&value));
+                    }
                     case.notes.push(format!("{key}: {}", scalar_text(&value)));
                     lost(format!("`{key}` (a database field; kept as a comment)"));
                 }
@@ -842,15 +912,26 @@ pub fn import_connexity(args: &ConnexityImportArgs) -> u8 {
 
     let parsed: Vec<Result<CaseFile, String>> = inputs
         .par_iter()
-        .map(|(input, _)| {
+        .map(|(input, relative)| {
             let stem = input
                 .file_stem()
                 .and_then(|s| s.to_str())
                 .unwrap_or("case")
                 .to_owned();
-            std::fs::read(input)
+            let mut file = std::fs::read(input)
                 .map_err(|e| e.to_string())
-                .and_then(|bytes| CaseFile::parse(&bytes, &stem))
+                .and_then(|bytes| CaseFile::parse(&bytes, &stem))?;
+            // Importing again: each case keeps the scenario id it was given before.
+            let target = match &args.out {
+                Some(out) if is_dir => Some(out.join(relative.with_extension("kdl"))),
+                out => out.clone(),
+            };
+            if args.replace
+                && let Some(previous) = target.and_then(|t| std::fs::read_to_string(t).ok())
+            {
+                file.keep_ids(&previous);
+            }
+            Ok(file)
         })
         .collect();
 
