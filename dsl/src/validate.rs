@@ -1478,10 +1478,21 @@ fn tool_typos<'p>(project: &'p Project, warned: &mut HashSet<(Span, &'p str)>) -
 /// beside a declared `get_order`) must be a near miss, not a likeness.
 fn typo_of<'a>(word: &str, candidates: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
     let most = (word.chars().count() / 5).max(1);
+    // Names of one numbered family (`tool_1`, `tool_2`) differ by design, not by a slip.
+    let letters = |s: &str| {
+        s.chars()
+            .filter(|c| !c.is_ascii_digit())
+            .collect::<String>()
+    };
+    let numbered = |c: &str| {
+        word.chars().any(|ch| ch.is_ascii_digit())
+            && c.chars().any(|ch| ch.is_ascii_digit())
+            && letters(word) == letters(c)
+    };
     candidates
         .into_iter()
         .map(|c| (strsim::damerau_levenshtein(word, c), c))
-        .filter(|&(d, _)| d > 0 && d <= most)
+        .filter(|&(d, c)| d > 0 && d <= most && !numbered(c))
         .min_by_key(|&(d, _)| d)
         .map(|(_, c)| c)
 }

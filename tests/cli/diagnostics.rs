@@ -880,6 +880,11 @@ scenario "s" {
     expect tool "lookup_address" county="Kent"
     criteria { no-tool "aply_refund"; }
 }
+tool "step_1" { mock returns="{}" }
+scenario "numbered" {
+    user "Go"
+    expect tool "step_2"
+}
 "#,
     )
     .unwrap();
@@ -901,6 +906,8 @@ scenario "s" {
     assert!(!said.contains("a tool `get_weather`"), "{said}");
     assert!(!said.contains("argument `city`"), "{said}");
     assert!(!said.contains("argument `county`"), "{said}");
+    // Another member of a numbered family (`step_1`, `step_2`) is not a typo of it.
+    assert!(!said.contains("a tool `step_2`"), "{said}");
     let o = trellis().args(["check", "suites/"]).output().await.unwrap();
     assert!(!stderr(&o).contains("unknown_tool"), "{}", stderr(&o));
 }
