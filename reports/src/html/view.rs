@@ -834,12 +834,49 @@ fn agent_fork_text(labels: &[&str]) -> String {
         .join(" › ")
 }
 
+/// Whether a runtime fork's label is an attack search's (`a2-1`: depth 2, proposal 1; see
+/// `engine/src/execute/attack.rs`) rather than an alternative the agent named.
+fn is_attack_label(label: &str) -> bool {
+    label
+        .strip_prefix('a')
+        .and_then(|rest| rest.split_once('-'))
+        .is_some_and(|(depth, n)| {
+            [depth, n]
+                .iter()
+                .all(|part| !part.is_empty() && part.bytes().all(|b| b.is_ascii_digit()))
+        })
+}
+
+/// The runtime forks of a node, each run of the same kind introduced by its words: the
+/// agent's branches by `agent`, the attack search's by `attack`.
+fn forks_text(labels: &[&str], agent: &str, attack: &str) -> String {
+    let mut groups: Vec<(bool, Vec<&str>)> = Vec::new();
+    for label in labels {
+        let kind = is_attack_label(label);
+        match groups.last_mut() {
+            Some((last, group)) if *last == kind => group.push(label),
+            _ => groups.push((kind, vec![label])),
+        }
+    }
+    groups
+        .iter()
+        .map(|(kind, group)| {
+            let words = if *kind { attack } else { agent };
+            format!("{words} {}", agent_fork_text(group))
+        })
+        .collect::<Vec<_>>()
+        .join(" › ")
+}
+
 /// Where a node sits in the conversation, for people: `None` for the root of a scenario
 /// that never forks.
 fn node_place(id: &str, forks: bool) -> Option<String> {
     let (planned, labels) = agent_forks(id);
     if !labels.is_empty() {
-        let fork = format!("after the agent's fork {}", agent_fork_text(&labels));
+        let fork = format!(
+            "after {}",
+            forks_text(&labels, "the agent's fork", "the attacker's message")
+        );
         return Some(match planned_place(planned, true) {
             Some(place) if planned != ROOT_LABEL => format!("{place}, {fork}"),
             _ => fork,
@@ -870,7 +907,7 @@ fn planned_place(id: &str, forks: bool) -> Option<String> {
 fn node_label(id: &str, forks: bool) -> String {
     let (planned, labels) = agent_forks(id);
     if !labels.is_empty() {
-        let fork = format!("agent's branch {}", agent_fork_text(&labels));
+        let fork = forks_text(&labels, "agent's branch", "attack");
         return if planned == ROOT_LABEL {
             fork
         } else {
@@ -908,9 +945,9 @@ fn trajectory_label(name: &str) -> String {
     let (planned, labels) = agent_forks(name);
     if !labels.is_empty() {
         return format!(
-            "{} → agent's branch {}",
+            "{} → {}",
             trajectory_label(planned),
-            agent_fork_text(&labels)
+            forks_text(&labels, "agent's branch", "attack")
         );
     }
     if name == "main" {
@@ -2178,5 +2215,17 @@ mod tests {
             "main → agent's branch «refund»"
         );
         assert_eq!(trajectory_label("y/y1"), "«y» → «y1»");
+        // An attack search's forks are the attacker's, not the agent's.
+        assert_eq!(
+            trajectory_label("main~a1-2~a2-1"),
+            "main → attack «a1-2» › «a2-1»"
+        );
+        assert_eq!(node_label("start~a1-3", true), "attack «a1-3»");
+        assert_eq!(
+            node_place("start~refund~a1-1", true).as_deref(),
+            Some("after the agent's fork «refund» › the attacker's message «a1-1»")
+        );
+        assert!(!is_attack_label("a1"));
+        assert!(!is_attack_label("area-51"));
     }
 }
