@@ -653,8 +653,15 @@ async fn replace_keeps_edited_suites_and_names_those_left_from_earlier() {
         let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
         async move { import(&args.iter().map(String::as_str).collect::<Vec<_>>()).await }
     };
+    std::fs::write(source.join("sub/scenario.yaml"), "id: y").unwrap();
     let o = run(&[]).await;
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // A file not read is named, so a scenario in another format is not lost unseen.
+    assert!(
+        stderr(&o).contains("1 file without the .json extension was not read: sub/scenario.yaml"),
+        "{}",
+        stderr(&o)
+    );
 
     // The user adds a check to a.kdl; the sources change; d.json goes, c.json breaks.
     let a = out.join("a.kdl");

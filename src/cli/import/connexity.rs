@@ -873,18 +873,14 @@ pub fn import_connexity(args: &ConnexityImportArgs) -> u8 {
             return EXIT_INVALID;
         };
         let mut files = Vec::new();
-        let mut ignored = 0usize;
+        let mut ignored = Vec::new();
         if let Err(e) = collect_json(&args.source, &mut files, &mut ignored) {
             errln!("error: {e}");
             return EXIT_INVALID;
         }
         files.sort();
-        if ignored > 0 && !args.quiet {
-            errln!(
-                "note: {} without the .json extension {} not read",
-                count(ignored as u64, "file", "files"),
-                if ignored == 1 { "was" } else { "were" }
-            );
+        if !args.quiet {
+            super::multiagent::report_ignored(&args.source, &mut ignored);
         }
         files
             .into_iter()
@@ -1144,7 +1140,7 @@ pub fn import_connexity(args: &ConnexityImportArgs) -> u8 {
                             count(file.unmapped.len() as u64, "item", "items")
                         );
                         for item in &file.unmapped {
-                            errln!("  - {item}");
+                            errln!("  - {}", super::one_line(item));
                         }
                     }
                 }

@@ -98,6 +98,26 @@ pub fn write_text(path: &Path, text: &str, replace: bool) -> std::io::Result<()>
         .and_then(|mut file| file.write_all(text.as_bytes()))
 }
 
+/// `text` on one console line: line breaks and other control characters (a case's name
+/// with a newline, an escape sequence) written as escapes, so a report line stays one line
+/// and the terminal is not driven by a file's content.
+pub fn one_line(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    std::borrow::Cow::Owned(
+        text.chars()
+            .map(|c| {
+                if c.is_control() {
+                    c.escape_default().to_string()
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect(),
+    )
+}
+
 pub fn is_simple_id(id: &str) -> bool {
     !id.is_empty()
         && id
@@ -204,6 +224,12 @@ mod tests {
                 .map(str::to_owned);
             assert_eq!(value.as_deref(), Some(text), "{doc}");
         }
+    }
+
+    #[test]
+    fn console_lines_stay_one_line() {
+        assert_eq!(one_line("Refund — été"), "Refund — été");
+        assert_eq!(one_line("line\ntask\u{1b}[31m"), "line\\ntask\\u{1b}[31m");
     }
 
     #[test]

@@ -159,18 +159,14 @@ pub fn import_multiagent(args: &MultiAgentImportArgs) -> u8 {
     }
     let mut jobs = if is_dir {
         let mut files = Vec::new();
-        let mut ignored = 0usize;
+        let mut ignored = Vec::new();
         if let Err(e) = collect_json(&args.source, &mut files, &mut ignored) {
             errln!("error: {e}");
             return EXIT_INVALID;
         }
         files.sort();
-        if ignored > 0 && !args.quiet {
-            errln!(
-                "note: {} without the .json extension {} not read",
-                count(ignored as u64, "file", "files"),
-                if ignored == 1 { "was" } else { "were" }
-            );
+        if !args.quiet {
+            report_ignored(&args.source, &mut ignored);
         }
         files
             .into_iter()
@@ -376,7 +372,7 @@ pub fn import_multiagent(args: &MultiAgentImportArgs) -> u8 {
                             count(scenario.unmapped.len() as u64, "item", "items")
                         );
                         for item in &scenario.unmapped {
-                            errln!("  - {item}");
+                            errln!("  - {}", super::one_line(item));
                         }
                     }
                 }
@@ -538,10 +534,34 @@ fn suite_agent(path: &Path) -> Option<String> {
 
 /// Every `*.json` below `dir`, not following symbolic links to directories (which could
 /// loop); other files are counted in `ignored`.
+/// Names the files [`collect_json`] did not read (the first few of them).
+pub(super) fn report_ignored(source: &Path, ignored: &mut [PathBuf]) {
+    if ignored.is_empty() {
+        return;
+    }
+    ignored.sort();
+    let shown: Vec<String> = ignored
+        .iter()
+        .take(5)
+        .map(|p| p.strip_prefix(source).unwrap_or(p).display().to_string())
+        .collect();
+    errln!(
+        "note: {} without the .json extension {} not read: {}{}",
+        count(ignored.len() as u64, "file", "files"),
+        if ignored.len() == 1 { "was" } else { "were" },
+        super::one_line(&shown.join(", ")),
+        if ignored.len() > shown.len() {
+            format!(" and {} more", ignored.len() - shown.len())
+        } else {
+            String::new()
+        }
+    );
+}
+
 pub(super) fn collect_json(
     dir: &Path,
     files: &mut Vec<PathBuf>,
-    ignored: &mut usize,
+    ignored: &mut Vec<PathBuf>,
 ) -> Result<(), String> {
     let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     for entry in entries {
@@ -559,7 +579,7 @@ pub(super) fn collect_json(
         {
             files.push(path);
         } else {
-            *ignored += 1;
+            ignored.push(path);
         }
     }
     Ok(())
