@@ -58,8 +58,12 @@ impl RefKind {
 /// errors already reported.
 #[derive(Clone, Debug, Default)]
 pub struct LoadInfo {
-    /// Some file had a KDL syntax error: its definitions are unknown.
+    /// Some file's definitions are unknown: an include that could not be loaded, a file
+    /// that is not text, or a syntax error in a file that includes others.
     pub broken: bool,
+    /// Scenario ids written in files with a syntax error (their `scenario` nodes may not
+    /// have decoded): a `needs` naming one is not reported undefined.
+    pub unparsed_scenarios: HashSet<String>,
     /// Definitions that were written but failed to decode.
     pub declared: HashSet<(RefKind, String)>,
     /// Per scenario (by its id span): captures that failed to decode.
@@ -734,12 +738,6 @@ impl<'p> Validator<'p> {
         for agent in &sc.agents {
             self.reference(RefKind::Agent, agent);
         }
-        let declared_agents = self
-            .info
-            .declared
-            .iter()
-            .filter(|(k, _)| *k == RefKind::Agent)
-            .count();
         // Ids, not nodes: an agent defined twice is one agent (and a `duplicate_id` error
         // of its own), not a reason to ask which agent.
         let agent_ids: HashSet<&str> = self
@@ -748,6 +746,12 @@ impl<'p> Validator<'p> {
             .iter()
             .map(|a| a.id.value.as_str())
             .collect();
+        let declared_agents = self
+            .info
+            .declared
+            .iter()
+            .filter(|(k, id)| *k == RefKind::Agent && !agent_ids.contains(id.as_str()))
+            .count();
         let agent_count = agent_ids.len() + declared_agents;
         if sc.agents.is_empty() && agent_count != 1 && !self.info.broken {
             let help = if agent_count == 0 {
@@ -1275,7 +1279,11 @@ impl<'p> Validator<'p> {
             && p.suites
                 .iter()
                 .any(|s| s.scenarios.iter().any(|sc| sc.id.value == need.value));
-        if self.info.broken && !elsewhere_exists {
+        let unparsed = self
+            .info
+            .unparsed_scenarios
+            .contains(need.value.rsplit('/').next().unwrap_or(&need.value));
+        if (self.info.broken || unparsed) && !elsewhere_exists {
             return None;
         }
         let candidates: Vec<String> = match (target_suite, cross) {

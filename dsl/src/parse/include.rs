@@ -263,7 +263,7 @@ impl Loader {
                 Some(doc)
             }
             Some(Ok(Err(err))) => {
-                self.broken = true;
+                self.unparsed_definitions(id);
                 self.diags
                     .extend(syntax_diagnostics(err, id, &self.files[id]));
                 // Keep what parsed: its own mistakes are reported too.
@@ -302,6 +302,46 @@ impl Loader {
             self.include(id, node);
         }
         self.stack.pop();
+    }
+
+    /// What a file with a syntax error may define without it having decoded: each line that
+    /// starts like a definition (`agent "ID"`, `tool "ID"`, `scenario "ID"`…; a scenario's
+    /// own `agent "ID"` reads alike, and is declared too, which only keeps quiet a report
+    /// that might have been right) declares its id, so references to it are not reported
+    /// undefined while references to anything else still are. A file with an `include`
+    /// line makes every definition unknown, as a missing include does.
+    fn unparsed_definitions(&mut self, id: FileId) {
+        use crate::validate::RefKind;
+        let text = self.files[id].text.clone();
+        for line in text.lines() {
+            let line = line.trim_start();
+            let Some(keyword_end) = line.find(|c: char| c.is_whitespace() || c == '"') else {
+                continue;
+            };
+            let (keyword, rest) = line.split_at(keyword_end);
+            let kind = match keyword {
+                "include" => {
+                    self.broken = true;
+                    return;
+                }
+                "agent" => RefKind::Agent,
+                "persona" => RefKind::Persona,
+                "tool" => RefKind::Tool,
+                "provider" => RefKind::Provider,
+                "judge" | "panel" => RefKind::Judge,
+                "dataset" => RefKind::Dataset,
+                "scenario" => {
+                    if let Some(scenario) = first_id(rest) {
+                        self.info.unparsed_scenarios.insert(scenario.to_owned());
+                    }
+                    continue;
+                }
+                _ => continue,
+            };
+            if let Some(name) = first_id(rest) {
+                self.info.declare(kind, name);
+            }
+        }
     }
 
     pub(super) fn include(&mut self, from: FileId, node: &KdlNode) {
@@ -981,4 +1021,20 @@ pub(crate) fn syntax_diagnostics(
         );
     }
     diags
+}
+
+/// The id a definition's line starts with after its name: a quoted string (its text up to
+/// the closing quote, raw `#"…"#` too) or a bare word; `None` for a property or nothing.
+fn first_id(rest: &str) -> Option<&str> {
+    let rest = rest.trim_start();
+    let hashes = rest.bytes().take_while(|&b| b == b'#').count();
+    if let Some(quoted) = rest[hashes..].strip_prefix('"') {
+        let close = format!("\"{}", "#".repeat(hashes));
+        return quoted.find(&close).map(|end| &quoted[..end]);
+    }
+    let word_end = rest
+        .find(|c: char| c.is_whitespace() || matches!(c, '{' | '}' | ';' | '(' | ')'))
+        .unwrap_or(rest.len());
+    let word = &rest[..word_end];
+    (!word.is_empty() && !word.contains('=') && !word.starts_with("//")).then_some(word)
 }
