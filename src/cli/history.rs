@@ -772,8 +772,8 @@ pub fn resolve_baseline(runs_dir: &Path, what: &str) -> Result<RunEntry, u8> {
         if is_suite_path {
             errln!(
                 "hint: `{what}` was taken as the value of --baseline; put --baseline after \
-                 the suite paths (`trellis run {what} --baseline`) or give the run as \
-                 --baseline=RUN"
+                 the paths (`trellis run {what} --baseline`, `trellis merge SHARD_DIR… \
+                 --baseline`) or give the run as --baseline=RUN"
             );
         }
         code

@@ -55,6 +55,14 @@ pub struct MergeArgs {
     /// List every missing trajectory run, not only the first few of each shard.
     #[arg(long, short = 'v')]
     verbose: bool,
+    /// Compare the merged run with this run (directory, id, name; without a value the
+    /// pinned baseline) and exit by the comparison, as `trellis run --baseline` does: 1 on
+    /// a regression past the thresholds, 0 otherwise.
+    #[arg(long, value_name = "RUN", num_args = 0..=1, default_missing_value = "pinned",
+          add = clap_complete::engine::ArgValueCandidates::new(super::complete::runs))]
+    baseline: Option<String>,
+    #[command(flatten)]
+    thresholds: super::history::ThresholdArgs,
 }
 
 /// Why shard directories cannot be merged at all (exit 2).
@@ -140,6 +148,21 @@ struct ShardDir {
 }
 
 fn merge_inner(args: &MergeArgs) -> Result<u8, MergeError> {
+    // Resolved first, among the runs next to the merged one, so a typo fails at once.
+    let runs_dir = match &args.out {
+        Some(out) => out
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .map_or_else(|| PathBuf::from("."), Path::to_path_buf),
+        None => PathBuf::from("runs"),
+    };
+    let baseline = match &args.baseline {
+        Some(what) => match super::history::resolve_baseline(&runs_dir, what) {
+            Ok(entry) => Some(entry),
+            Err(code) => return Ok(code),
+        },
+        None => None,
+    };
     // The same directory named twice (a glob and a path) is one shard.
     let mut seen = HashSet::new();
     let dirs: Vec<&PathBuf> = args
@@ -270,6 +293,10 @@ fn merge_inner(args: &MergeArgs) -> Result<u8, MergeError> {
     let started = humantime::parse_rfc3339_weak(&started_at).unwrap_or_else(|_| SystemTime::now());
     let run_id = super::run::run_id_at(started);
     let out = out.unwrap_or_else(|| super::default_out_dir(&run_id));
+    if let Err(message) = super::run::keeps_baseline(&out, baseline.as_ref(), args.replace) {
+        errln!("error: {message}");
+        return Ok(EXIT_INVALID);
+    }
     let _claim = match super::recorder::claim_out_dir(&out, args.replace, false) {
         Ok(claim) => claim,
         Err(message) => {
@@ -278,7 +305,8 @@ fn merge_inner(args: &MergeArgs) -> Result<u8, MergeError> {
         }
     };
     let partial = total_missing > 0 || !damaged.is_empty();
-    let meta = merged_meta(&run_id, &split, &shards, partial, total_missing);
+    let mut meta = merged_meta(&run_id, &split, &shards, partial, total_missing);
+    meta.compared_with = baseline.as_ref().map(|b| b.label().to_owned());
     if let Err(e) = meta.write(&out) {
         errln!("warning: {e}: {}", source(&e));
     }
@@ -381,10 +409,37 @@ fn merge_inner(args: &MergeArgs) -> Result<u8, MergeError> {
         }
         return Ok(EXIT_INCOMPLETE);
     }
-    Ok(match &summary {
+    let verdict = match &summary {
         Some(s) if s.failed == 0 && s.errors == 0 => EXIT_OK,
         _ => EXIT_FAILED,
-    })
+    };
+    let Some(base) = &baseline else {
+        return Ok(verdict);
+    };
+    if partial {
+        errln!(
+            "not compared with the baseline (run {}): the merged run is partial, and a \
+             comparison of part of a plan would read the missing scenarios as removed",
+            base.label()
+        );
+        return Ok(EXIT_FAILED);
+    }
+    // As `run --baseline`: the comparison decides.
+    match super::run::compare_with(base, &out, None, &args.thresholds) {
+        Ok(comparison) => {
+            outln!("");
+            super::history::print_comparison(&comparison);
+            Ok(if comparison.regressed {
+                EXIT_FAILED
+            } else {
+                EXIT_OK
+            })
+        }
+        Err(message) => {
+            errln!("error: cannot compare with the baseline: {message}");
+            Ok(EXIT_INCOMPLETE)
+        }
+    }
 }
 
 /// A shard directory's `run.json` and `shard.json`.

@@ -128,7 +128,11 @@ pub fn run(args: RunArgs) -> u8 {
         );
         return EXIT_INVALID;
     }
-    if let Err(message) = keeps_baseline(&out, baseline.as_ref(), &args) {
+    if let Err(message) = keeps_baseline(
+        &out,
+        baseline.as_ref(),
+        args.replace && args.resume.is_none(),
+    ) {
         errln!("error: {message}");
         return EXIT_INVALID;
     }
@@ -325,7 +329,7 @@ pub fn run(args: RunArgs) -> u8 {
     let mut exit_code = outcome.exit_code;
     let mut comparison = None;
     if let Some(base) = &baseline {
-        match compare_with(base, &out, outcome.stats.as_ref(), &args) {
+        match compare_with(base, &out, outcome.stats.as_ref(), &args.thresholds) {
             Ok(c) => {
                 if !json {
                     outln!("");
@@ -511,10 +515,10 @@ fn already_finished(dir: &Path, run_id: &str, summary: &RunSummary) -> u8 {
 /// Refuses a run that would destroy or become its own baseline: `--replace` of the pinned
 /// run's directory deletes the baseline before the run starts, and a run recorded in the
 /// directory `--baseline` names is then compared with itself (it always "passes").
-fn keeps_baseline(
+pub(super) fn keeps_baseline(
     out: &Path,
     baseline: Option<&trellis_reports::history::RunEntry>,
-    args: &RunArgs,
+    replacing: bool,
 ) -> Result<(), String> {
     if let Some(base) = baseline
         && trellis_reports::history::same_dir(&base.dir, out)
@@ -527,8 +531,7 @@ fn keeps_baseline(
             base.label()
         ));
     }
-    if args.replace
-        && args.resume.is_none()
+    if replacing
         && trellis_reports::history::is_run_dir(out)
         && let Ok(run) = trellis_reports::history::read_run(out)
         && run.baseline
@@ -544,11 +547,11 @@ fn keeps_baseline(
     Ok(())
 }
 
-fn compare_with(
+pub(super) fn compare_with(
     base: &trellis_reports::history::RunEntry,
     out: &Path,
     head_stats: Option<&trellis_reports::stats::RunStats>,
-    args: &RunArgs,
+    thresholds: &history::ThresholdArgs,
 ) -> Result<trellis_reports::compare::Comparison, String> {
     let head = trellis_reports::history::read_run(out).map_err(|e| e.to_string())?;
     let base_stats = trellis_reports::history::run_stats(&base.dir)
@@ -563,7 +566,7 @@ fn compare_with(
         history::run_ref(base),
         &head_stats,
         history::run_ref(&head),
-        args.thresholds.thresholds(),
+        thresholds.thresholds(),
         history::untrusted_judges(&[&base.dir, out])?,
         history::turn_latencies(&base.dir, out).as_ref(),
     );

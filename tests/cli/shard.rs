@@ -1470,3 +1470,81 @@ async fn a_shard_whose_journal_is_damaged_is_said_so_and_not_counted_as_merged()
     let o = merge(&["--allow-partial", "--replace"]).await;
     assert!(stdout(&o).contains("partial"), "{}", said(&o));
 }
+
+/// `merge --baseline` gates like `run --baseline`: the merged run is compared with the
+/// baseline, `compare.json`/`compare.html` are written next to it (its page links them),
+/// and the exit code is the comparison's: 0 for the same results (failures the baseline
+/// had too), 1 on a regression.
+#[tokio::test]
+async fn merge_with_a_baseline_exits_by_the_comparison() {
+    let tmp = tempfile::tempdir().unwrap();
+    let runs = tmp.path().join("runs");
+    let suite = small_suite(tmp.path());
+    let base = runs.join("base");
+    let o = trellis()
+        .arg("run")
+        .arg(&suite)
+        .args(["--quiet", "--out"])
+        .arg(&base)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+    let merge = |suite: PathBuf, name: &'static str| {
+        let tmp = tmp.path().to_owned();
+        let runs = runs.clone();
+        let base = base.clone();
+        async move {
+            let mut dirs = Vec::new();
+            for i in 1..=2 {
+                let out = tmp.join(format!("{name}/{i}"));
+                let o = run_shard(&suite, &format!("{i}/2"), &out, NONE).await;
+                assert!(o.status.code().is_some_and(|c| c <= 1), "{}", said(&o));
+                dirs.push(out);
+            }
+            trellis()
+                .arg("merge")
+                .args(&dirs)
+                .arg("--out")
+                .arg(runs.join(name))
+                .arg("--baseline")
+                .arg(&base)
+                .output()
+                .await
+                .unwrap()
+        }
+    };
+    let same = merge(suite.clone(), "same").await;
+    assert_eq!(same.status.code(), Some(0), "{}", said(&same));
+    let merged = runs.join("same");
+    assert!(merged.join("compare.json").is_file());
+    let page = std::fs::read_to_string(merged.join("report.html")).unwrap();
+    assert!(page.contains(r#"<a href="compare.html">"#));
+
+    // `three` now fails where the baseline passed it: a regression.
+    let worse = tmp.path().join("worse.kdl");
+    std::fs::write(
+        &worse,
+        SMALL.replace("contains=\"$249\"", "contains=\"$999\""),
+    )
+    .unwrap();
+    let regressed = merge(worse, "worse").await;
+    assert_eq!(regressed.status.code(), Some(1), "{}", said(&regressed));
+    let comparison: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(runs.join("worse/compare.json")).unwrap())
+            .unwrap();
+    assert_eq!(comparison["regressed"], true, "{comparison}");
+
+    // A typo in the baseline fails before anything is merged.
+    let o = trellis()
+        .arg("merge")
+        .arg(tmp.path().join("same/1"))
+        .arg(tmp.path().join("same/2"))
+        .args(["--baseline=no-such-run", "--out"])
+        .arg(runs.join("never"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", said(&o));
+    assert!(!runs.join("never").exists());
+}
