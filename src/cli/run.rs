@@ -190,7 +190,19 @@ pub fn run(args: RunArgs) -> u8 {
         let console = Console::new(plan.trajectory_count(), args.quiet || json, json);
         match super::resume::prepare(dir, &plan, args.jobs, args.strict, console) {
             Ok(Prepared::AlreadyFinished { run_id, summary }) => {
-                return already_finished(dir, &run_id, &summary);
+                let code = already_finished(dir, &run_id, &summary);
+                // Nothing of the edit would run: said, so it is not taken for a run of it.
+                if let Ok(Some(meta)) = trellis_reports::history::RunMeta::read(dir)
+                    && !meta.suite_fingerprint.is_empty()
+                    && meta.suite_fingerprint != super::meta::fingerprint(&project)
+                {
+                    errln!(
+                        "note: the suites (or the files they read) changed since this run; a \
+                         finished run is not run again: start a new run (without --resume) \
+                         to run them as they are now"
+                    );
+                }
+                return code;
             }
             Ok(Prepared::Empty) => {
                 if let Err((path, e)) = super::recorder::clear_results(dir) {

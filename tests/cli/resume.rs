@@ -263,7 +263,24 @@ async fn a_run_killed_halfway_resumes_and_no_finished_trajectory_is_sent_again()
         .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(stderr(&o).contains("already finished"), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("changed since"), "{}", stderr(&o));
     assert_eq!(server.requests(), sent);
+    // Edited since: still nothing runs, and it says the edit did not run.
+    let text = std::fs::read_to_string(&suite).unwrap();
+    std::fs::write(&suite, format!("{text}\n// edited\n")).unwrap();
+    let o = run_in(&suite, &["--resume"])
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("changed since this run"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(server.requests(), sent);
+    std::fs::write(&suite, text).unwrap();
     // A gate that asks for --strict does not pass on verdicts decided without it.
     let o = run_in(&suite, &["--strict", "--resume"])
         .arg(&out)
