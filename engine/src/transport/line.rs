@@ -376,9 +376,29 @@ impl LineTransport {
         // never read this request): started afresh and asked once more, as a long-lived
         // agent is restarted when it dies. An agent that read the request and then died is
         // sent it twice (docs/language.md says so); one that answered part of it is not.
-        if reused && result.as_ref().is_err_and(never_read) {
+        if reused
+            && let Err(first) = &result
+            && never_read(first)
+        {
+            // Said on the turn, so the agent's log showing the request twice is explained.
+            let note = format!(
+                "trellis: the request was sent again on a new {}: the first ended without \
+                 answering ({})\n",
+                match self.endpoint {
+                    LineEndpoint::Process(_) => "process",
+                    _ => "connection",
+                },
+                first.message
+            );
             result = self.exchange(open, request, timeout).await;
             end_after_failure(open, &result).await;
+            match &mut result {
+                Ok(reply) => reply.log.insert_str(0, &note),
+                Err(fault) => {
+                    fault.message.push_str("; ");
+                    fault.message.push_str(note.trim_end());
+                }
+            }
         }
         result
     }

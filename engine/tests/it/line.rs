@@ -182,6 +182,34 @@ async fn a_crashing_process_is_a_fault_with_its_stderr() {
     assert!(message.contains("dying"), "{message}");
 }
 
+/// A long-lived agent that dies on a request without answering is started again and sent
+/// the request once more; the turn's log says so (its own log shows the request twice).
+#[tokio::test]
+async fn a_request_sent_again_to_a_restarted_process_is_said_on_the_turn() {
+    let dir = tempfile::tempdir().unwrap();
+    let mark = dir.path().join("died");
+    let agent = process(
+        &format!(
+            r#"while read -r line; do if [ -e {m} ]; then echo '{{"ok":2}}'; else case "$line" in *second*) touch {m}; exit 1;; esac; echo '{{"ok":1}}'; fi; done"#,
+            m = mark.display()
+        ),
+        ProcessMode::LongLived,
+    );
+    let first = call(&agent, r#"{"first":1}"#).await.unwrap();
+    assert_eq!(text(&first), r#"{"ok":1}"#);
+    assert!(!first.log.contains("sent again"), "{}", first.log);
+    let second = call(&agent, r#"{"second":1}"#).await.unwrap();
+    assert_eq!(text(&second), r#"{"ok":2}"#);
+    assert!(
+        second
+            .log
+            .contains("the request was sent again on a new process"),
+        "{}",
+        second.log
+    );
+    agent.close().await;
+}
+
 fn alive(pid: u32) -> bool {
     PathBuf::from(format!("/proc/{pid}")).exists()
         && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
