@@ -812,7 +812,10 @@ pub async fn read_line<R: AsyncBufReadExt + Unpin>(
         if available.is_empty() {
             // A whole JSON document and then the end, without the newline: a server that
             // answers one request per connection and closes it has said all it will.
-            if !line.is_empty() && serde_json::from_slice::<serde::de::IgnoredAny>(&line).is_ok() {
+            if !line.is_empty()
+                && line.len() as u64 <= max_line
+                && serde_json::from_slice::<serde::de::IgnoredAny>(&line).is_ok()
+            {
                 return Ok(trim_line_end(line));
             }
             let what = if line.is_empty() {
@@ -902,16 +905,38 @@ fn spawn(spec: &ProcessSpec) -> Result<LiveProcess, Fault> {
     })
 }
 
-/// Ends a process and everything it started, and reaps it.
 /// The text `sh -c` runs for `command`: a single simple command (`python3 -u agent.py`) is
 /// run with `exec`, so the agent is the shell's process rather than its child, and dies
 /// with Trellis ([`die_with_trellis`]; dash, Debian's `sh`, keeps itself as the parent
 /// otherwise). Anything else (lists, pipelines, redirections, assignments, compound
 /// commands) is run as written.
 fn shell_command(command: &str) -> std::borrow::Cow<'_, str> {
-    const RESERVED: &[&str] = &[
+    // `cd agent && python3 main.py`, `. .venv/bin/activate && python3 main.py`: the last
+    // command of an `&&` chain of simple steps is the agent.
+    if let Some((steps, last)) = command.rsplit_once("&&")
+        && is_simple(last)
+        && !steps
+            .replace("&&", "")
+            .chars()
+            .any(|c| matches!(c, ';' | '&' | '|' | '(' | ')' | '`' | '\n'))
+    {
+        return std::borrow::Cow::Owned(format!("{steps}&& exec {}", last.trim_start()));
+    }
+    if is_simple(command) {
+        return std::borrow::Cow::Owned(format!("exec {command}"));
+    }
+    std::borrow::Cow::Borrowed(command)
+}
+
+/// Whether `command` is one simple command naming a program (no list, pipeline,
+/// redirection, expansion or assignment; not a reserved word or a shell builtin, which
+/// `exec` could not run).
+fn is_simple(command: &str) -> bool {
+    const NOT_PROGRAMS: &[&str] = &[
         "if", "then", "else", "elif", "fi", "do", "done", "case", "esac", "while", "until", "for",
-        "in", "{", "}", "!", "[[", "]]", "function", "select", "time", "exec",
+        "in", "{", "}", "!", "[[", "]]", "function", "select", "time", "exec", ".", ":", "source",
+        "eval", "cd", "export", "set", "unset", "read", "wait", "trap", "exit", "return", "shift",
+        "alias", "command", "builtin", "local", "readonly", "ulimit", "umask", "type", "hash",
     ];
     let compound = command.chars().any(|c| {
         matches!(
@@ -920,15 +945,15 @@ fn shell_command(command: &str) -> std::borrow::Cow<'_, str> {
         )
     });
     let first = command.split_whitespace().next().unwrap_or_default();
-    if compound || first.is_empty() || first.contains('=') || RESERVED.contains(&first) {
-        return std::borrow::Cow::Borrowed(command);
-    }
-    std::borrow::Cow::Owned(format!("exec {command}"))
+    !compound && !first.is_empty() && !first.contains('=') && !NOT_PROGRAMS.contains(&first)
 }
 
 /// Asks the kernel to kill the agent process when Trellis dies without ending it (`kill -9`,
 /// the OOM killer, `docker kill`): the run's own shutdown ends its whole process group, but a
-/// process that is killed runs no shutdown, and its agents would be left running.
+/// process that is killed runs no shutdown, and its agents would be left running. The signal
+/// comes when the *thread* that started the process ends: agents are started from the
+/// run's own thread or watch's runtime workers, which live as long as the command; never
+/// start one from `spawn_blocking`, whose threads end after a few idle seconds.
 #[cfg(target_os = "linux")]
 fn die_with_trellis(command: &mut Command) {
     // SAFETY: between fork and exec the closure calls only `prctl` and `getppid`, which
@@ -951,6 +976,7 @@ fn die_with_trellis(command: &mut Command) {
 #[cfg(not(target_os = "linux"))]
 fn die_with_trellis(_command: &mut Command) {}
 
+/// Ends a process and everything it started, and reaps it.
 async fn kill_group(child: &mut Child) -> io::Result<()> {
     if let Some(pid) = child.id()
         && let Ok(pid) = i32::try_from(pid)
@@ -1091,8 +1117,19 @@ mod tests {
             shell_command(r#"node agent.js --name "a b""#),
             r#"exec node agent.js --name "a b""#
         );
+        assert_eq!(
+            shell_command("cd agents && python3 main.py"),
+            "cd agents && exec python3 main.py"
+        );
+        assert_eq!(
+            shell_command(". .venv/bin/activate && cd $HOME/a && python3 main.py"),
+            ". .venv/bin/activate && cd $HOME/a && exec python3 main.py"
+        );
         for as_written in [
-            "cd agents && python3 agent.py",
+            "cd agents && python3 agent.py | tee log",
+            "make build; cd agents && python3 agent.py",
+            "cd agents && eval python3 agent.py",
+            "eval python3 agent.py",
             "python3 a.py | tee log",
             "python3 a.py; echo done",
             "python3 a.py 2>log",

@@ -532,8 +532,6 @@ fn suite_agent(path: &Path) -> Option<String> {
         })
 }
 
-/// Every `*.json` below `dir`, not following symbolic links to directories (which could
-/// loop); other files are counted in `ignored`.
 /// Names the files [`collect_json`] did not read (the first few of them).
 pub(super) fn report_ignored(source: &Path, ignored: &mut [PathBuf]) {
     if ignored.is_empty() {
@@ -558,6 +556,9 @@ pub(super) fn report_ignored(source: &Path, ignored: &mut [PathBuf]) {
     );
 }
 
+/// Every `*.json` below `dir`, not following symbolic links to directories (which could
+/// loop), nor into hidden directories (`.git`, `.venv`); other files are listed in
+/// `ignored`.
 pub(super) fn collect_json(
     dir: &Path,
     files: &mut Vec<PathBuf>,
@@ -570,6 +571,9 @@ pub(super) fn collect_json(
         let file_type = entry
             .file_type()
             .map_err(|e| format!("{}: {e}", path.display()))?;
+        if file_type.is_dir() && entry.file_name().to_string_lossy().starts_with('.') {
+            continue;
+        }
         if file_type.is_dir() {
             collect_json(&path, files, ignored)?;
         } else if path
