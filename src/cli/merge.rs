@@ -306,7 +306,11 @@ fn merge_inner(args: &MergeArgs) -> Result<u8, MergeError> {
     };
     let partial = total_missing > 0 || !damaged.is_empty();
     let mut meta = merged_meta(&run_id, &split, &shards, partial, total_missing);
-    meta.compared_with = baseline.as_ref().map(|b| b.label().to_owned());
+    // A partial merge is not compared (below).
+    meta.compared_with = baseline
+        .as_ref()
+        .filter(|_| !partial)
+        .map(|b| b.label().to_owned());
     if let Err(e) = meta.write(&out) {
         errln!("warning: {e}: {}", source(&e));
     }
@@ -437,6 +441,7 @@ fn merge_inner(args: &MergeArgs) -> Result<u8, MergeError> {
         }
         Err(message) => {
             errln!("error: cannot compare with the baseline: {message}");
+            super::run::forget_comparison(&out);
             Ok(EXIT_INCOMPLETE)
         }
     }

@@ -273,13 +273,12 @@ pub fn run(args: RunArgs) -> u8 {
             // merge it, which says so then).
             errln!("warning: {e}: {}", source(&e));
         }
-    } else if let Some(base) = &baseline
-        && let Ok(Some(mut meta)) = trellis_reports::history::RunMeta::read(&out)
-        && meta.compared_with.as_deref() != Some(base.label())
+    } else if let Ok(Some(mut meta)) = trellis_reports::history::RunMeta::read(&out)
+        && meta.compared_with.as_deref() != baseline.as_ref().map(|b| b.label())
     {
-        // A resumed run compared with another baseline than its first part was: its page
-        // links the comparison it ends with.
-        meta.compared_with = Some(base.label().to_owned());
+        // A resumed run links the comparison it ends with: another baseline's, or none
+        // when it is resumed without --baseline.
+        meta.compared_with = baseline.as_ref().map(|b| b.label().to_owned());
         if let Err(e) = meta.write(&out) {
             errln!("warning: {e}: {}", source(&e));
         }
@@ -358,6 +357,7 @@ pub fn run(args: RunArgs) -> u8 {
                 if matches!(exit_code, EXIT_OK | EXIT_FAILED) {
                     exit_code = EXIT_INCOMPLETE;
                 }
+                forget_comparison(&out);
             }
         }
     }
@@ -592,6 +592,18 @@ pub(super) fn compare_with(
         errln!("warning: {e}: {}", source(&e));
     }
     Ok(comparison)
+}
+
+/// A comparison that could not be made is not linked by a report rebuilt later
+/// (`trellis report`); the page written with the run links a missing `compare.html`, as the
+/// console's exit code 3 says.
+pub(super) fn forget_comparison(out: &Path) {
+    if let Ok(Some(mut meta)) = trellis_reports::history::RunMeta::read(out)
+        && meta.compared_with.take().is_some()
+        && let Err(e) = meta.write(out)
+    {
+        errln!("warning: {e}: {}", source(&e));
+    }
 }
 
 /// `--llm-cache-mode` as the engine's cache mode.

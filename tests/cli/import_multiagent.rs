@@ -674,6 +674,12 @@ async fn replace_keeps_edited_suites_and_names_those_left_from_earlier() {
     }
     std::fs::remove_file(source.join("d.json")).unwrap();
     std::fs::write(source.join("sub/c.json"), "{ not json").unwrap();
+    // Another importer's suite in the same directory is not this import's to name.
+    std::fs::write(
+        out.join("theirs.kdl"),
+        "// Imported by `trellis import connexity` from elsewhere/x.json.\nscenario \"x\" {\n}\n",
+    )
+    .unwrap();
 
     let o = run(&["--replace"]).await;
     let err = stderr(&o);
@@ -691,7 +697,7 @@ async fn replace_keeps_edited_suites_and_names_those_left_from_earlier() {
         )),
         "{err}"
     );
-    assert!(err.contains("1 kept as edited"), "{err}");
+    assert!(err.contains("1 kept as they were"), "{err}");
     let b = std::fs::read_to_string(out.join("b.kdl")).unwrap();
     assert!(
         b.contains("Refund order 8"),
@@ -702,6 +708,8 @@ async fn replace_keeps_edited_suites_and_names_those_left_from_earlier() {
         "{err}"
     );
     assert!(!err.contains("b.kdl,"), "{err}");
+    assert!(!err.contains("theirs.kdl"), "{err}");
+    std::fs::remove_file(out.join("theirs.kdl")).unwrap();
     // The kept and left suites still check with the rest.
     let check = trellis().arg("check").arg(&out).output().await.unwrap();
     assert_eq!(check.status.code(), Some(0), "{}", stderr(&check));

@@ -254,8 +254,18 @@ impl CaseFile {
         let mut taken: Vec<String> = Vec::with_capacity(self.cases.len());
         let mut kept = vec![false; self.cases.len()];
         for (case, kept) in self.cases.iter_mut().zip(&mut kept) {
-            let Some(id) = case
-                .case_id
+            // As the note wrote it (escaped, trimmed).
+            let noted = case.case_id.as_ref().map(|c| {
+                let mut line = String::new();
+                comment(&mut line, "    ", &format!("id: {c}"));
+                line.lines()
+                    .next()
+                    .and_then(|l| l.strip_prefix("    // id: "))
+                    .unwrap_or_default()
+                    .trim()
+                    .to_owned()
+            });
+            let Some(id) = noted
                 .as_ref()
                 .and_then(|c| earlier.iter().find(|(_, e)| e == c))
                 .map(|(scenario, _)| scenario.clone())
@@ -1061,7 +1071,7 @@ pub fn import_connexity(args: &ConnexityImportArgs) -> u8 {
                 .map(|(_, t)| t.clone())
                 .chain([agents_path])
                 .collect();
-            left = super::edits::left_from_earlier(out, &imported);
+            left = super::edits::left_from_earlier(out, &imported, "connexity", &args.source);
         }
         results
     } else {
@@ -1128,7 +1138,7 @@ pub fn import_connexity(args: &ConnexityImportArgs) -> u8 {
                 failed += 1;
                 errln!("error: {}: {e}", input.display());
             }
-            (Ok(_), Ok(written)) if written.report(input) => kept += 1,
+            (Ok(_), Ok(written)) if written.report(input, kept) => kept += 1,
             (Ok(file), Ok(_)) => {
                 cases += file.cases.len();
                 if !file.unmapped.is_empty() {
@@ -1162,7 +1172,7 @@ pub fn import_connexity(args: &ConnexityImportArgs) -> u8 {
         count(inputs.len() as u64, "file", "files"),
         started.elapsed().as_secs_f64(),
         if kept > 0 {
-            format!("; {kept} kept as edited")
+            format!("; {kept} kept as they were (edited since imported)")
         } else {
             String::new()
         },

@@ -213,7 +213,7 @@ pub fn import_conversations(args: &ConversationsImportArgs) -> u8 {
                     errln!("error: {e}");
                     return EXIT_INVALID;
                 }
-                Ok(written) if written.report(&args.source) => return EXIT_OK,
+                Ok(written) if written.report(&args.source, 0) => return EXIT_OK,
                 Ok(_) => {}
             }
             errln!(

@@ -30,12 +30,20 @@ pub fn stamped(text: &str) -> String {
     format!("{head}{line}{rest}")
 }
 
-/// Whether the file at `path` was changed since an import wrote it: its text no longer
-/// matches its digest, or it has none (written by hand, or by an import from before
-/// digests). A file that cannot be read is not kept for that: writing it reports why.
-pub fn edited_since_import(path: &Path) -> bool {
+/// Why a file is kept rather than imported into again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kept {
+    /// Its text no longer matches its digest.
+    Edited,
+    /// It has no digest: written by hand, or imported by a trellis from before digests.
+    NoDigest,
+}
+
+/// Whether the file at `path` may have been changed since an import wrote it, and why. A
+/// file that cannot be read is not kept for that: writing it reports why.
+pub fn edited_since_import(path: &Path) -> Option<Kept> {
     let Ok(text) = std::fs::read_to_string(path) else {
-        return false;
+        return None;
     };
     let text = text.replace("\r\n", "\n");
     let mut recorded = None;
@@ -48,18 +56,29 @@ pub fn edited_since_import(path: &Path) -> bool {
             _ => rest.push_str(line),
         }
     }
-    recorded.is_none_or(|recorded| recorded != digest(&rest))
+    match recorded {
+        None => Some(Kept::NoDigest),
+        Some(recorded) if recorded != digest(&rest) => Some(Kept::Edited),
+        Some(_) => None,
+    }
 }
 
-/// The suites below `out` an import wrote (they start with an importer's header) that are
-/// not in `written`: left from an earlier import whose source is gone or failed this time.
-pub fn left_from_earlier(out: &Path, written: &HashSet<PathBuf>) -> Vec<PathBuf> {
+/// The suites below `out` that `importer` wrote from a file below `source` (their header
+/// says so) and that are not in `written`: left from an earlier import whose source is gone
+/// or failed this time. Suites of another importer or another source are not this import's.
+pub fn left_from_earlier(
+    out: &Path,
+    written: &HashSet<PathBuf>,
+    importer: &str,
+    source: &Path,
+) -> Vec<PathBuf> {
     let mut found = Vec::new();
     kdl_files(out, &mut found);
+    let from = format!("{IMPORTED_HEADER}{importer}` from {}", source.display());
     let mut left: Vec<PathBuf> = found
         .into_iter()
         .filter(|p| !written.contains(p))
-        .filter(|p| std::fs::read_to_string(p).is_ok_and(|text| text.starts_with(IMPORTED_HEADER)))
+        .filter(|p| std::fs::read_to_string(p).is_ok_and(|text| text.starts_with(&from)))
         .collect();
     left.sort();
     left
@@ -133,20 +152,20 @@ mod tests {
         );
         assert!(text.starts_with(IMPORTED_HEADER));
         std::fs::write(&path, &text).unwrap();
-        assert!(!edited_since_import(&path));
+        assert_eq!(edited_since_import(&path), None);
         // Line endings converted by a checkout are not an edit.
         std::fs::write(&path, text.replace('\n', "\r\n")).unwrap();
-        assert!(!edited_since_import(&path));
+        assert_eq!(edited_since_import(&path), None);
         std::fs::write(
             &path,
             text.replace("scenario \"s\" {\n", "scenario \"s\" {\n    // mine\n"),
         )
         .unwrap();
-        assert!(edited_since_import(&path));
+        assert_eq!(edited_since_import(&path), Some(Kept::Edited));
         // No digest: a file of the user's own, or from before digests.
         std::fs::write(&path, "scenario \"s\" {\n}\n").unwrap();
-        assert!(edited_since_import(&path));
+        assert_eq!(edited_since_import(&path), Some(Kept::NoDigest));
         // A missing file is not "edited".
-        assert!(!edited_since_import(&dir.path().join("none.kdl")));
+        assert_eq!(edited_since_import(&dir.path().join("none.kdl")), None);
     }
 }

@@ -361,7 +361,7 @@ pub fn import_multiagent(args: &MultiAgentImportArgs) -> u8 {
                 failed += 1;
                 errln!("error: {}: {e}", job.input.display());
             }
-            (Some(Ok(_)), Ok(written)) if written.report(&job.input) => kept += 1,
+            (Some(Ok(_)), Ok(written)) if written.report(&job.input, kept) => kept += 1,
             (Some(Ok(scenario)), Ok(_)) => {
                 if !scenario.unmapped.is_empty() {
                     unmapped_files += 1;
@@ -406,7 +406,7 @@ pub fn import_multiagent(args: &MultiAgentImportArgs) -> u8 {
         count(jobs.len() as u64, "file", "files"),
         started.elapsed().as_secs_f64(),
         if kept > 0 {
-            format!("; {kept} kept as edited")
+            format!("; {kept} kept as they were (edited since imported)")
         } else {
             String::new()
         },
@@ -700,7 +700,7 @@ fn write_directory(
         .chain([agents_path])
         .collect();
     if args.replace {
-        *left = super::edits::left_from_earlier(out, &imported);
+        *left = super::edits::left_from_earlier(out, &imported, "multiagent", &args.source);
     }
     Some(results.into_iter().map(|(_, r)| r).collect())
 }
@@ -778,8 +778,11 @@ pub(super) fn write_checked(
     check: bool,
 ) -> Result<Written, String> {
     fits(text)?;
-    if replace && path.exists() && super::edits::edited_since_import(path) {
-        return Ok(Written::KeptEdited(path.to_path_buf()));
+    if replace
+        && path.exists()
+        && let Some(why) = super::edits::edited_since_import(path)
+    {
+        return Ok(Written::Kept(path.to_path_buf(), why));
     }
     write_file(path, &super::edits::stamped(text), replace)?;
     if check
@@ -801,22 +804,38 @@ pub(super) fn write_checked(
 pub(super) enum Written {
     #[default]
     Written,
-    /// `--replace` found the file edited since it was imported, and left it as it is.
-    KeptEdited(PathBuf),
+    /// `--replace` found the file edited since it was imported (or could not tell), and
+    /// left it as it is.
+    Kept(PathBuf, super::edits::Kept),
 }
 
+/// Files kept named one by one, before the rest are only counted.
+const KEPT_NAMED: usize = 10;
+
 impl Written {
-    /// Names a file kept as edited, on the console; whether it was one.
-    pub(super) fn report(&self, input: &Path) -> bool {
-        let Written::KeptEdited(path) = self else {
+    /// Names a file kept, on the console (the first [`KEPT_NAMED`] of `kept_before` + 1);
+    /// whether it was one.
+    pub(super) fn report(&self, input: &Path, kept_before: usize) -> bool {
+        let Written::Kept(path, why) = self else {
             return false;
         };
-        errln!(
-            "kept {}: it was edited since it was imported, so {} was not imported into it; \
-             delete it (or import into another file) to take this import",
-            path.display(),
-            input.display()
-        );
+        if kept_before < KEPT_NAMED {
+            let why = match why {
+                super::edits::Kept::Edited => "it was edited since it was imported",
+                super::edits::Kept::NoDigest => {
+                    "it has no import digest (written by hand, or imported by an earlier \
+                     trellis), so it may hold edits"
+                }
+            };
+            errln!(
+                "kept {}: {why}, so {} was not imported into it; delete it (or import into \
+                 another file) to take this import",
+                path.display(),
+                input.display()
+            );
+        } else if kept_before == KEPT_NAMED {
+            errln!("kept more files for the same reason: the summary counts them");
+        }
         true
     }
 }
