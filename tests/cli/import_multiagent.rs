@@ -58,7 +58,7 @@ async fn every_generation_imports_as_the_golden_suites_and_they_check() {
         "imported 5 of 8 files",
         "3 could not be imported",
         // Unmapped parts are reported per file, naming the field and why.
-        "awkward/odd-values.json: 19 items not mapped:",
+        "awkward/odd-values.json: 20 items not mapped:",
         "(unknown assertion mode `fuzzy`)",
         "`evaluation.consensus`",
         "`ground_truth_history` (2 entries",

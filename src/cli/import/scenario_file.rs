@@ -1845,8 +1845,21 @@ fn judge_criterion(
                 Some(f) if percent && (0.0..=100.0).contains(&f) => {
                     let _ = write!(out, " threshold={}", kdl::KdlValue::Float(f / 100.0));
                 }
+                // A score out of 100 without a unit (`luna_judge_score` 85): left out, the
+                // check would run at the default threshold, another bar than the file's. Up
+                // to 10 it may as well be a 0–10 scale: that is not guessed.
+                Some(f) if f > 10.0 && f <= 100.0 => {
+                    let _ = write!(out, " threshold={}", kdl::KdlValue::Float(f / 100.0));
+                    remarks.push(format!(
+                        "{metric}: threshold {} read as a percentage ({}: a judge's threshold \
+                         is a score from 0 to 1)",
+                        brief(t),
+                        f / 100.0
+                    ));
+                }
                 _ => remarks.push(format!(
-                    "{metric}: threshold {} (a judge's threshold is a score from 0 to 1)",
+                    "{metric}: threshold {} (a judge's threshold is a score from 0 to 1; the \
+                     check is scored against the judge's default threshold)",
                     brief(t)
                 )),
             }
