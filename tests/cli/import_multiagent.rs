@@ -734,4 +734,9 @@ async fn replace_keeps_edited_suites_and_names_those_left_from_earlier() {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(std::fs::read_to_string(&single).unwrap(), pointed);
     assert!(stderr(&o).contains("kept "), "{}", stderr(&o));
+
+    // A directory into a file: said, not "File exists (os error 17)".
+    let o = import(&[source.to_str().unwrap(), "--out", single.to_str().unwrap()]).await;
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("is a file"), "{}", stderr(&o));
 }

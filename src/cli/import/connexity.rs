@@ -874,14 +874,9 @@ pub fn import_connexity(args: &ConnexityImportArgs) -> u8 {
     }
 
     let inputs: Vec<(PathBuf, PathBuf)> = if is_dir {
-        let Some(_) = &args.out else {
-            errln!(
-                "error: importing a directory needs --out DIR (one suite per file is written \
-                 there, mirroring {})",
-                args.source.display()
-            );
+        if !super::multiagent::directory_out(&args.source, args.out.as_deref()) {
             return EXIT_INVALID;
-        };
+        }
         let mut files = Vec::new();
         let mut ignored = Vec::new();
         if let Err(e) = collect_json(&args.source, &mut files, &mut ignored) {

@@ -149,12 +149,7 @@ pub fn import_multiagent(args: &MultiAgentImportArgs) -> u8 {
         }
     };
     let is_dir = metadata.is_dir();
-    if is_dir && args.out.is_none() {
-        errln!(
-            "error: importing a directory needs --out DIR (one suite per file is written \
-             there, mirroring {})",
-            args.source.display()
-        );
+    if is_dir && !directory_out(&args.source, args.out.as_deref()) {
         return EXIT_INVALID;
     }
     let mut jobs = if is_dir {
@@ -530,6 +525,25 @@ fn suite_agent(path: &Path) -> Option<String> {
                 .as_string()
                 .map(str::to_owned)
         })
+}
+
+/// Whether `out` can take a directory import of `source`; says why not.
+pub(super) fn directory_out(source: &Path, out: Option<&Path>) -> bool {
+    match out {
+        None => errln!(
+            "error: importing a directory needs --out DIR (one suite per file is written \
+             there, mirroring {})",
+            source.display()
+        ),
+        Some(out) if out.exists() && !out.is_dir() => errln!(
+            "error: --out {} is a file; importing a directory writes one suite per file into \
+             a directory (mirroring {}): name a directory",
+            out.display(),
+            source.display()
+        ),
+        Some(_) => return true,
+    }
+    false
 }
 
 /// Names the files [`collect_json`] did not read (the first few of them).
