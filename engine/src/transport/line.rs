@@ -819,9 +819,13 @@ pub async fn read_line<R: AsyncBufReadExt + Unpin>(
                 return Ok(trim_line_end(line));
             }
             let what = if line.is_empty() {
-                NO_ANSWER
+                NO_ANSWER.to_owned()
             } else {
-                "closed the connection in the middle of its answer line"
+                format!(
+                    "closed the connection in the middle of its answer line: {} bytes and no \
+                     newline, which are not one whole JSON document",
+                    line.len()
+                )
             };
             return Err(Fault::new(
                 FaultCategory::Transport,

@@ -1131,7 +1131,10 @@ pub fn import_connexity(args: &ConnexityImportArgs) -> u8 {
         match (file, result) {
             (Err(e), _) | (_, Err(e)) => {
                 failed += 1;
-                errln!("error: {}: {e}", input.display());
+                errln!(
+                    "error: {}: {e}",
+                    super::one_line(&input.display().to_string())
+                );
             }
             (Ok(_), Ok(written)) if written.report(input, kept) => kept += 1,
             (Ok(file), Ok(_)) => {

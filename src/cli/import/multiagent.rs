@@ -350,11 +350,17 @@ pub fn import_multiagent(args: &MultiAgentImportArgs) -> u8 {
         match (&job.parsed, result) {
             (Some(Err(e)), _) => {
                 failed += 1;
-                errln!("error: {}: {e}", job.input.display());
+                errln!(
+                    "error: {}: {e}",
+                    super::one_line(&job.input.display().to_string())
+                );
             }
             (_, Err(e)) => {
                 failed += 1;
-                errln!("error: {}: {e}", job.input.display());
+                errln!(
+                    "error: {}: {e}",
+                    super::one_line(&job.input.display().to_string())
+                );
             }
             (Some(Ok(_)), Ok(written)) if written.report(&job.input, kept) => kept += 1,
             (Some(Ok(scenario)), Ok(_)) => {
