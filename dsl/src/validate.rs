@@ -259,6 +259,7 @@ pub fn warnings(project: &Project, is_set: impl Fn(&str) -> bool) -> Vec<Diagnos
         );
     }
     out.extend(tool_typos(project, &mut warned));
+    out.extend(missing_paths(project));
     for p in &project.providers {
         let Some(var) = p.api_key_env.as_ref().filter(|var| !is_set(&var.value)) else {
             continue;
@@ -1363,6 +1364,48 @@ fn first_call(steps: &[Step]) -> Option<Span> {
         StepKind::Fork(branches) => branches.iter().find_map(|b| first_call(&b.steps)),
         _ => None,
     })
+}
+
+/// Agent settings naming a path (`cwd`) that is not there. Resolved against the suite file
+/// when decoded; every call would fail as a `setup` fault, so `check` says it first. A
+/// warning, not an error: a directory a pipeline creates before the run is not a mistake.
+fn missing_paths(project: &Project) -> Vec<Diagnostic> {
+    let mut out = Vec::new();
+    for agent in &project.agents {
+        for setting in &agent.settings.0 {
+            let is_path = agent
+                .protocol
+                .spec()
+                .settings
+                .iter()
+                .find(|s| s.name == setting.name)
+                .and_then(|s| s.args.first())
+                .is_some_and(|a| a.ty == ValueType::Path);
+            let Some(path) = setting.value.value.as_str().filter(|_| is_path) else {
+                continue;
+            };
+            if std::path::Path::new(path).exists() {
+                continue;
+            }
+            out.push(
+                Diagnostic::at_span(
+                    Kind::NotRunnable,
+                    format!(
+                        "agent `{}`'s `{}` is not there: {path}",
+                        agent.id.value, setting.name
+                    ),
+                    &project.files,
+                    setting.value.span,
+                    "no such file or directory",
+                )
+                .with_help(
+                    "paths are relative to the suite file; every call to this agent fails \
+                     (`setup`) until it exists",
+                ),
+            );
+        }
+    }
+    out
 }
 
 /// Tool checks naming a tool, or a parameter of one, that the suite does not declare but

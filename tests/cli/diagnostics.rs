@@ -1059,3 +1059,25 @@ async fn common_kdl_slips_get_a_hint_naming_the_fix() {
         assert!(said.contains("s.kdl:"), "{text}: {said}");
     }
 }
+
+/// An agent's `cwd` that is not there is a warning at `check` (every call would fail as a
+/// `setup` fault); one that is there says nothing.
+#[tokio::test]
+async fn an_agent_working_directory_that_is_not_there_is_warned() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("agent")).unwrap();
+    let suite = dir.path().join("s.kdl");
+    std::fs::write(
+        &suite,
+        r#"agent "here" protocol="multiagent" command="python3 a.py" cwd="agent"
+agent "gone" protocol="multiagent" command="python3 a.py" cwd="agnet"
+scenario "s" { agents "here" "gone"; user "hi"; expect no-error; }
+"#,
+    )
+    .unwrap();
+    let o = check(&suite).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let said = crate::flat(&stderr(&o));
+    assert!(said.contains("agent `gone`'s `cwd` is not there"), "{said}");
+    assert!(!said.contains("agent `here`'s"), "{said}");
+}
