@@ -515,6 +515,15 @@ impl<'a> StreamDecoder<'a> {
             None => matches!(name, "" | "data" | "message"),
         };
         if !carries_data || data.is_empty() {
+            // The session id may come only in an event that carries no text: LangGraph's
+            // and LangServe's `metadata` (`run_id`, `thread_id`) opens the stream with it.
+            if !data.is_empty()
+                && self.answer.session.is_none()
+                && let Some(session) = &self.settings.session
+                && let Ok(value) = serde_json::from_str::<Value>(data)
+            {
+                self.answer.session = session_at(&value, &session.json_path);
+            }
             return Ok(Progress::Ignored);
         }
         self.data_events += 1;
@@ -679,6 +688,31 @@ mod tests {
         assert_eq!(fault.category, FaultCategory::Template);
         assert!(fault.message.contains(r#"say "hi""#), "{}", fault.message);
         assert!(check_request(r#"{"input": 1}"#.to_owned()).is_ok());
+    }
+
+    /// LangGraph's and LangServe's streams name the run's thread in their opening
+    /// `metadata` event only: the session is found there, and the event adds no text.
+    #[test]
+    fn a_session_id_in_a_metadata_event_is_found() {
+        let s = settings("$.x", None, Some("$.content"));
+        let stream = s.stream.as_ref().unwrap();
+        let mut decoder = StreamDecoder::new(stream, &s);
+        let event = |name: &str, data: &str| SseEvent {
+            event: Some(name.to_owned()),
+            data: data.to_owned(),
+        };
+        let opening = event("metadata", r#"{"run_id": "r", "session": "thread-9"}"#);
+        assert_eq!(decoder.apply(&opening).unwrap(), Progress::Ignored);
+        // A later one does not replace it.
+        let later = event("data", r#"{"content": "Hi", "session": "other"}"#);
+        assert_eq!(
+            decoder.apply(&later).unwrap(),
+            Progress::Data { text: true }
+        );
+        assert_eq!(decoder.apply(&event("end", "")).unwrap(), Progress::Done);
+        let answer = decoder.finish().unwrap();
+        assert_eq!(answer.session.as_deref(), Some("thread-9"));
+        assert_eq!(answer.reply.as_deref(), Some("Hi"));
     }
 
     #[test]
