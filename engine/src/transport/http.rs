@@ -775,22 +775,38 @@ fn plain_fault(err: &super::plain::PlainError, url: &Url, progress: &Progress) -
         PlainError::Exchange { error, .. } => (error, Flags::default()),
     };
     let mut fault = classify_chain(err, flags, url, progress);
-    if let PlainError::Exchange { error, reused } = err_kind
+    if let PlainError::Exchange {
+        error,
+        reused,
+        after,
+    } = err_kind
         && connection_closed(error)
         && progress.status.is_none()
     {
-        // Not sent again by default: the agent may have read it (see `RetryPolicy`).
-        fault.message.push_str(if *reused {
+        // Not sent again by default: the agent may have read it (see `RetryPolicy`). A
+        // kept-alive connection closed as the request went out is the server's idle close
+        // racing it; one closed later is an agent that stopped while it worked.
+        let raced = *reused && *after < KEEP_ALIVE_RACE;
+        fault.message.push_str(&if raced {
             " (on a kept-alive connection the agent closed as the request went out: servers \
              that close idle connections or restart their workers do this; \
              `retry-after-send #true` sends such a request again on a new connection)"
+                .to_owned()
         } else {
-            " (closed before any answer: when the agent restarts its workers or sheds \
-             connections under load, `retry-after-send #true` sends such a request again)"
+            format!(
+                " (closed {} after the request went out, before any answer: an agent that \
+                 crashed, restarted its workers or shed connections under load; it may have \
+                 acted on the request. `retry-after-send #true` sends such a request again)",
+                DisplayDuration(*after)
+            )
         });
     }
     fault
 }
+
+/// How soon after a request goes out a kept-alive connection's close is taken for the
+/// server's idle close racing it, rather than an agent that stopped while it worked.
+const KEEP_ALIVE_RACE: Duration = Duration::from_millis(50);
 
 /// What an exchange had achieved when it failed, for the fault message.
 #[derive(Debug, Default)]

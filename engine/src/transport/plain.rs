@@ -161,8 +161,14 @@ pub(super) enum PlainError {
     /// No connection could be made (refused, unreachable, timed out).
     Connect(io::Error),
     /// The connection failed while the request was written or the answer awaited;
-    /// `reused`: it was a kept-alive connection that had served earlier requests.
-    Exchange { error: hyper::Error, reused: bool },
+    /// `reused`: it was a kept-alive connection that had served earlier requests; `after`:
+    /// how long after the request started to go out (a kept-alive race takes moments, an
+    /// agent that dies while working takes longer).
+    Exchange {
+        error: hyper::Error,
+        reused: bool,
+        after: Duration,
+    },
 }
 
 /// The response of an exchange on the plain path, its body still to be read.
@@ -235,6 +241,7 @@ impl PlainPool {
                 drive(driver, poll_fn(|cx| sender.poll_ready(cx))).await
             };
             if ready.is_ok() && conn.driver.is_some() {
+                let sent = std::time::Instant::now();
                 match exchange(&mut conn, request()).await {
                     Ok(response) => {
                         return Ok(Answer {
@@ -247,26 +254,42 @@ impl PlainPool {
                         return Err(PlainError::Exchange {
                             error,
                             reused: true,
+                            after: sent.elapsed(),
                         });
                     }
-                    // Not taken, or lost before any answer by a caller that may send it
-                    // again: a fresh connection.
-                    Err(_) => {}
+                    // Never written: a fresh connection, whose own failure is the answer.
+                    Err(error) if error.is_canceled() => {}
+                    // Lost before any answer, by a caller that may send it again: a fresh
+                    // connection. Should that fail too, this loss is what the attempt
+                    // reports: the agent may have run the request (a server that died
+                    // under it), which a refused connect alone would hide.
+                    Err(error) => {
+                        let lost = PlainError::Exchange {
+                            error,
+                            reused: true,
+                            after: sent.elapsed(),
+                        };
+                        let Ok(mut conn) =
+                            connect(&endpoint.address, connect_timeout, &self.redone).await
+                        else {
+                            return Err(lost);
+                        };
+                        return fresh(&mut conn, request()).await.map(|response| Answer {
+                            response,
+                            conn,
+                            endpoint,
+                        });
+                    }
                 }
             }
         }
         let mut conn = connect(&endpoint.address, connect_timeout, &self.redone).await?;
-        match exchange(&mut conn, request()).await {
-            Ok(response) => Ok(Answer {
-                response,
-                conn,
-                endpoint,
-            }),
-            Err(error) => Err(PlainError::Exchange {
-                error,
-                reused: false,
-            }),
-        }
+        let response = fresh(&mut conn, request()).await?;
+        Ok(Answer {
+            response,
+            conn,
+            endpoint,
+        })
     }
 
     /// Reads the next piece of `answer`'s body: `Ok(None)` at its end, when the connection
@@ -342,6 +365,21 @@ fn take(idle: &Idle) -> Option<Conn> {
 }
 
 /// Sends `request` on `conn` and waits for the response headers, driving the connection.
+/// [`exchange`] on a connection just made: its failure is the attempt's.
+async fn fresh(
+    conn: &mut Conn,
+    request: hyper::Request<Full<Bytes>>,
+) -> Result<hyper::Response<Incoming>, PlainError> {
+    let sent = std::time::Instant::now();
+    exchange(conn, request)
+        .await
+        .map_err(|error| PlainError::Exchange {
+            error,
+            reused: false,
+            after: sent.elapsed(),
+        })
+}
+
 async fn exchange(
     conn: &mut Conn,
     request: hyper::Request<Full<Bytes>>,
@@ -404,6 +442,7 @@ async fn connect(
         .map_err(|error| PlainError::Exchange {
             error,
             reused: false,
+            after: Duration::ZERO,
         })?;
     Ok(Conn {
         sender,

@@ -579,7 +579,7 @@ async fn connection_reset_is_transport_and_retried_only_when_allowed() {
     assert!(message.contains("reset"), "{message}");
     assert!(message.contains("before the response headers"), "{message}");
     // What to do about it, once (a restarting worker resets fresh connections too).
-    assert!(message.contains("closed before any answer"), "{message}");
+    assert!(message.contains("before any answer"), "{message}");
     assert_eq!(message.matches("retry-after-send").count(), 1, "{message}");
     assert_eq!(
         outcome.attempts, 1,
@@ -986,4 +986,95 @@ async fn connections_are_kept_alive_across_the_urls_of_one_address() {
     assert_eq!(server.connections(), 1);
     assert_eq!(later.requests(), 5);
     assert_eq!(later.connections(), 1);
+}
+
+/// A server that answers the first request on its connection, and on the second reads it,
+/// works on it for 200 ms and dies: it closes the connection and stops listening.
+async fn dies_while_working() -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/agent/respond", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let Ok((mut stream, _)) = listener.accept().await else {
+            return;
+        };
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut seen = 0;
+        for request in 0..2 {
+            // One request: headers and a body of Content-Length bytes.
+            let mut have = Vec::new();
+            loop {
+                let n = stream.read(&mut buf).await.unwrap_or(0);
+                if n == 0 {
+                    return;
+                }
+                have.extend_from_slice(&buf[..n]);
+                let text = String::from_utf8_lossy(&have).to_string();
+                if let Some(end) = text.find("\r\n\r\n") {
+                    let length: usize = text
+                        .lines()
+                        .find_map(|l| {
+                            l.to_ascii_lowercase()
+                                .strip_prefix("content-length:")
+                                .map(|v| v.trim().parse().unwrap_or(0))
+                        })
+                        .unwrap_or(0);
+                    if have.len() >= end + 4 + length {
+                        break;
+                    }
+                }
+            }
+            seen += 1;
+            if request == 0 {
+                let body = OK_BODY;
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                stream.write_all(answer.as_bytes()).await.unwrap();
+            } else {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                drop(listener);
+                drop(stream);
+                assert_eq!(seen, 2);
+                return;
+            }
+        }
+    });
+    url
+}
+
+/// An agent that dies while it works on a request (not an idle close racing the request):
+/// the fault says how long after the request it closed, not "as the request went out"; and
+/// with `retry-after-send`, the attempt is the lost request (`transport`, it may have been
+/// acted on), not the refused connect of the retry that followed.
+#[tokio::test]
+async fn an_agent_that_dies_while_working_is_told_apart_from_an_idle_close() {
+    let url = dies_while_working().await;
+    let client = client(&url, 0, limits(SHORT));
+    respond(&client, &history(), &ctx(0)).await.result.unwrap();
+    let lost = respond(&client, &history(), &ctx(1)).await;
+    let why = fault_of(&lost, FaultCategory::Transport);
+    assert!(!why.contains("as the request went out"), "{why}");
+    assert!(
+        why.contains("after the request went out, before any answer"),
+        "{why}"
+    );
+
+    let url = dies_while_working().await;
+    let retrying = client_with(
+        &url,
+        RetryPolicy {
+            retries: 0,
+            after_send: true,
+        },
+        limits(SHORT),
+    );
+    respond(&retrying, &history(), &ctx(0))
+        .await
+        .result
+        .unwrap();
+    let lost = respond(&retrying, &history(), &ctx(1)).await;
+    let why = fault_of(&lost, FaultCategory::Transport);
+    assert!(why.contains("after the request went out"), "{why}");
 }
