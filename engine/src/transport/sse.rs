@@ -363,12 +363,21 @@ impl EventStream {
                             }
                         }
                         (Ok(read), None) => Ok(read),
-                        (Err(e), _) => Err(request_fault(
-                            &e,
-                            &url,
-                            Some(status),
-                            counter.total.load(Ordering::Relaxed),
-                        )),
+                        (Err(e), _) => {
+                            let received = counter.total.load(Ordering::Relaxed);
+                            let mut fault = request_fault(&e, &url, Some(status), received);
+                            // Cut once it had started (a server that died, a handler that
+                            // raised mid-stream): the stream is what ended early, as one
+                            // closed cleanly before its end is.
+                            if received > 0 && fault.category == FaultCategory::Transport {
+                                fault.category = FaultCategory::Incomplete;
+                                fault.message = format!(
+                                    "the event stream broke off before its end: {}",
+                                    fault.message
+                                );
+                            }
+                            Err(fault)
+                        }
                     };
                     // The body ended: the next read finds its end without a decoder.
                     if finished {
@@ -486,8 +495,8 @@ impl EventStream {
             Some(Err(error)) => Err(Fault::new(
                 FaultCategory::Protocol,
                 format!(
-                    "malformed server-sent events after {} events from {}: {error}",
-                    self.count,
+                    "malformed server-sent events after {} from {}: {error}",
+                    events(self.count),
                     self.url.path()
                 ),
             )),
@@ -503,7 +512,7 @@ impl EventStream {
     }
 
     fn timed_out(&self, first: bool, trajectory: bool) -> Fault {
-        let received = format!("{} events, {} bytes received", self.count, self.bytes());
+        let received = format!("{}, {} bytes received", events(self.count), self.bytes());
         let message = if trajectory {
             format!("trajectory timeout reached while streaming ({received})")
         } else if first {
@@ -526,11 +535,19 @@ impl EventStream {
         Fault::new(
             FaultCategory::Incomplete,
             format!(
-                "the stream ended before {awaited} ({} events, {} bytes received)",
-                self.count,
+                "the stream ended before {awaited} ({}, {} bytes received)",
+                events(self.count),
                 self.bytes()
             ),
         )
+    }
+}
+
+/// `n` events, for a message: `1 event`, `3 events`.
+fn events(n: impl Into<u64>) -> String {
+    match n.into() {
+        1 => "1 event".to_owned(),
+        n => format!("{n} events"),
     }
 }
 

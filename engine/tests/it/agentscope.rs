@@ -541,6 +541,32 @@ async fn a_stream_that_closes_before_the_completed_response_is_incomplete() {
     assert_eq!(turn.messages[0].content.as_deref(), Some("Half an ans"));
 }
 
+/// A chunked stream cut mid-body (the server died, or its handler raised after a few
+/// events) is the stream ending early, as a clean close is: `incomplete`, the text so far
+/// kept.
+#[tokio::test]
+async fn a_chunked_stream_cut_mid_body_is_incomplete() {
+    let mut body = Vec::new();
+    for step in opening("Half an ans").into_iter().skip(1) {
+        if let Step::Write(bytes) = step {
+            body.extend_from_slice(&bytes);
+        }
+    }
+    let chunk = format!("{:x}\r\n", body.len());
+    let server = ScriptedServer::steps(vec![
+        raw("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\
+             Transfer-Encoding: chunked\r\n\r\n"),
+        Step::Write([chunk.into_bytes(), body, b"\r\n".to_vec()].concat()),
+        // The next chunk announced, never sent: the connection closes.
+        raw("40\r\ndata: {"),
+    ])
+    .await;
+    let turn = say_to(&server.url, "Hi").await;
+    let message = fault(&turn, FaultCategory::Incomplete);
+    assert!(message.contains("broke off before its end"), "{message}");
+    assert_eq!(turn.messages[0].content.as_deref(), Some("Half an ans"));
+}
+
 #[tokio::test]
 async fn invalid_json_in_one_event_is_invalid_json() {
     let mut steps = opening("Hello");
