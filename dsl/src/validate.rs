@@ -64,6 +64,10 @@ pub struct LoadInfo {
     /// Scenario ids written in files with a syntax error (their `scenario` nodes may not
     /// have decoded): a `needs` naming one is not reported undefined.
     pub unparsed_scenarios: HashSet<String>,
+    /// Some file has a syntax error: how many agents the project has is not known (a
+    /// scenario's `agent "ID"` reads like a definition), so a scenario naming none is not
+    /// asked which.
+    pub unparsed: bool,
     /// Definitions that were written but failed to decode.
     pub declared: HashSet<(RefKind, String)>,
     /// Per scenario (by its id span): captures that failed to decode.
@@ -754,7 +758,7 @@ impl<'p> Validator<'p> {
             .filter(|(k, id)| *k == RefKind::Agent && !agent_ids.contains(id.as_str()))
             .count();
         let agent_count = agent_ids.len() + declared_agents;
-        if sc.agents.is_empty() && agent_count != 1 && !self.info.broken {
+        if sc.agents.is_empty() && agent_count != 1 && !self.info.broken && !self.info.unparsed {
             let help = if agent_count == 0 {
                 "define an agent, e.g. agent \"demo\" protocol=\"connexity\" builtin=\"booking\""
                     .to_string()

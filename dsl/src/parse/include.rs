@@ -220,8 +220,9 @@ impl Loader {
         // of getting a diagnostic; and a whole file's parse tree takes about 75 times its
         // size. Each node is decoded as soon as it is parsed. When a file does not parse, the
         // nodes that parsed on their own stay decoded, so their mistakes are reported with
-        // its syntax errors (the file marks the project broken, which keeps references to
-        // what the broken node defined from being reported); when it parses only as a whole,
+        // its syntax errors (what the broken part may define is declared, which keeps
+        // references to it from being reported: `unparsed_definitions`); when it parses only
+        // as a whole,
         // what they decoded is taken back and the whole is decoded instead.
         let before = (self.info.clone(), self.decode_diags.len());
         let mut items = FileItems {
@@ -304,42 +305,62 @@ impl Loader {
         self.stack.pop();
     }
 
-    /// What a file with a syntax error may define without it having decoded: each line that
-    /// starts like a definition (`agent "ID"`, `tool "ID"`, `scenario "ID"`…; a scenario's
-    /// own `agent "ID"` reads alike, and is declared too, which only keeps quiet a report
-    /// that might have been right) declares its id, so references to it are not reported
-    /// undefined while references to anything else still are. A file with an `include`
-    /// line makes every definition unknown, as a missing include does.
+    /// What a file with a syntax error may define without it having decoded: each node
+    /// that starts like a definition (`agent "ID"`, `tool "ID"`, `scenario "ID"`…, at the
+    /// start of a line or after `;`, a type annotation allowed; a scenario's own `agent
+    /// "ID"` reads alike, and is declared too, which only keeps quiet a report that might
+    /// have been right) declares its id, so references to it are not reported undefined
+    /// while references to anything else still are. Where that reading cannot be trusted,
+    /// every definition is unknown, as for a missing include: an `include` anywhere in the
+    /// file, or a definition whose id is itself broken (`agent "demo protocol="…"`, an id
+    /// continued on the next line).
     fn unparsed_definitions(&mut self, id: FileId) {
         use crate::validate::RefKind;
+        self.info.unparsed = true;
         let text = self.files[id].text.clone();
-        for line in text.lines() {
-            let line = line.trim_start();
-            let Some(keyword_end) = line.find(|c: char| c.is_whitespace() || c == '"') else {
+        if text.lines().any(|line| {
+            line.split(|c: char| c.is_whitespace() || c == ';' || c == ')')
+                .any(|word| word == "include" || word.starts_with("include\""))
+        }) {
+            self.broken = true;
+            return;
+        }
+        for segment in text.lines().flat_map(|line| line.split(';')) {
+            let mut node = segment.trim_start();
+            // `/-` comments the node out: it defines nothing.
+            if node.starts_with("/-") {
+                continue;
+            }
+            // A type annotation, `(t)agent "x"`.
+            if let Some(rest) = node.strip_prefix('(')
+                && let Some((_, after)) = rest.split_once(')')
+            {
+                node = after.trim_start();
+            }
+            let Some(keyword_end) = node.find(|c: char| c.is_whitespace() || c == '"') else {
                 continue;
             };
-            let (keyword, rest) = line.split_at(keyword_end);
+            let (keyword, rest) = node.split_at(keyword_end);
             let kind = match keyword {
-                "include" => {
+                "agent" => Some(RefKind::Agent),
+                "persona" => Some(RefKind::Persona),
+                "tool" => Some(RefKind::Tool),
+                "provider" => Some(RefKind::Provider),
+                "judge" | "panel" => Some(RefKind::Judge),
+                "dataset" => Some(RefKind::Dataset),
+                "scenario" => None,
+                _ => continue,
+            };
+            match (first_id(rest), kind) {
+                (DefinedId::Broken, _) => {
                     self.broken = true;
                     return;
                 }
-                "agent" => RefKind::Agent,
-                "persona" => RefKind::Persona,
-                "tool" => RefKind::Tool,
-                "provider" => RefKind::Provider,
-                "judge" | "panel" => RefKind::Judge,
-                "dataset" => RefKind::Dataset,
-                "scenario" => {
-                    if let Some(scenario) = first_id(rest) {
-                        self.info.unparsed_scenarios.insert(scenario.to_owned());
-                    }
-                    continue;
+                (DefinedId::None, _) => {}
+                (DefinedId::Id(name), Some(kind)) => self.info.declare(kind, name),
+                (DefinedId::Id(name), None) => {
+                    self.info.unparsed_scenarios.insert(name.to_owned());
                 }
-                _ => continue,
-            };
-            if let Some(name) = first_id(rest) {
-                self.info.declare(kind, name);
             }
         }
     }
@@ -1023,18 +1044,36 @@ pub(crate) fn syntax_diagnostics(
     diags
 }
 
-/// The id a definition's line starts with after its name: a quoted string (its text up to
-/// the closing quote, raw `#"…"#` too) or a bare word; `None` for a property or nothing.
-fn first_id(rest: &str) -> Option<&str> {
+/// The id a definition's line starts with after its name.
+enum DefinedId<'t> {
+    Id(&'t str),
+    /// No id: a property, or nothing.
+    None,
+    /// An id the syntax error may have cut or swallowed: a string never closed, one that
+    /// swallowed a property (`"demo protocol="`), an escape or a line continuation.
+    Broken,
+}
+
+/// The id after a definition's name: a quoted string (raw `#"…"#` too) or a bare word.
+fn first_id(rest: &str) -> DefinedId<'_> {
     let rest = rest.trim_start();
     let hashes = rest.bytes().take_while(|&b| b == b'#').count();
     if let Some(quoted) = rest[hashes..].strip_prefix('"') {
         let close = format!("\"{}", "#".repeat(hashes));
-        return quoted.find(&close).map(|end| &quoted[..end]);
+        return match quoted.find(&close).map(|end| &quoted[..end]) {
+            Some(id) if !id.ends_with('=') && !id.contains('\\') => DefinedId::Id(id),
+            _ => DefinedId::Broken,
+        };
     }
     let word_end = rest
         .find(|c: char| c.is_whitespace() || matches!(c, '{' | '}' | ';' | '(' | ')'))
         .unwrap_or(rest.len());
     let word = &rest[..word_end];
-    (!word.is_empty() && !word.contains('=') && !word.starts_with("//")).then_some(word)
+    if word.is_empty() || word.contains('=') || word.starts_with("//") || word.starts_with("/*") {
+        DefinedId::None
+    } else if word.contains(['"', '\\']) {
+        DefinedId::Broken
+    } else {
+        DefinedId::Id(word)
+    }
 }
