@@ -1375,7 +1375,12 @@ fn first_call(steps: &[Step]) -> Option<Span> {
 /// warning, not an error: a directory a pipeline creates before the run is not a mistake.
 fn missing_paths(project: &Project) -> Vec<Diagnostic> {
     let mut out = Vec::new();
-    for agent in &project.agents {
+    // On another endpoint the setting is an error of its own (the protocol's rules).
+    for agent in project
+        .agents
+        .iter()
+        .filter(|a| matches!(a.endpoint, crate::Endpoint::Command(_)))
+    {
         for setting in &agent.settings.0 {
             let is_path = agent
                 .protocol
@@ -1388,19 +1393,19 @@ fn missing_paths(project: &Project) -> Vec<Diagnostic> {
             let Some(path) = setting.value.value.as_str().filter(|_| is_path) else {
                 continue;
             };
-            if std::path::Path::new(path).exists() {
+            if std::path::Path::new(path).is_dir() {
                 continue;
             }
             out.push(
                 Diagnostic::at_span(
                     Kind::NotRunnable,
                     format!(
-                        "agent `{}`'s `{}` is not there: {path}",
+                        "agent `{}`'s `{}` is not a directory: {path}",
                         agent.id.value, setting.name
                     ),
                     &project.files,
                     setting.value.span,
-                    "no such file or directory",
+                    "no such directory",
                 )
                 .with_help(
                     "paths are relative to the suite file; every call to this agent fails \

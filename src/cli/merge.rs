@@ -411,6 +411,10 @@ fn merge_inner(args: &MergeArgs) -> Result<u8, MergeError> {
         for problem in &problems {
             errln!("  - {problem}");
         }
+        if baseline.is_some() {
+            errln!("not compared with the baseline: the merged run's results are incomplete");
+            super::run::forget_comparison(&out);
+        }
         return Ok(EXIT_INCOMPLETE);
     }
     let verdict = match &summary {

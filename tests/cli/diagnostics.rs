@@ -1078,6 +1078,9 @@ scenario "s" { agents "here" "gone"; user "hi"; expect no-error; }
     let o = check(&suite).await;
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let said = crate::flat(&stderr(&o));
-    assert!(said.contains("agent `gone`'s `cwd` is not there"), "{said}");
+    assert!(
+        said.contains("agent `gone`'s `cwd` is not a directory"),
+        "{said}"
+    );
     assert!(!said.contains("agent `here`'s"), "{said}");
 }

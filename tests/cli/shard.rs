@@ -1473,8 +1473,7 @@ async fn a_shard_whose_journal_is_damaged_is_said_so_and_not_counted_as_merged()
 
 /// `merge --baseline` gates like `run --baseline`: the merged run is compared with the
 /// baseline, `compare.json`/`compare.html` are written next to it (its page links them),
-/// and the exit code is the comparison's: 0 for the same results (failures the baseline
-/// had too), 1 on a regression.
+/// and the exit code is the comparison's: 0 for the same results, 1 on a regression.
 #[tokio::test]
 async fn merge_with_a_baseline_exits_by_the_comparison() {
     let tmp = tempfile::tempdir().unwrap();

@@ -368,8 +368,11 @@ impl LineTransport {
         request: &[u8],
         timeout: Duration,
     ) -> Result<LineReply, Fault> {
-        let reused = open.is_some();
-        let mut result = self.exchange(open, request, timeout).await;
+        // Whether the call went to a process or connection that served an earlier one:
+        // `exchange` starts a fresh one when the kept one ended since.
+        let mut fresh = false;
+        let mut result = self.exchange(open, request, timeout, &mut fresh).await;
+        let reused = !fresh;
         end_after_failure(open, &result).await;
         // A kept process or connection that ended without answering anything (most likely
         // it exited, or closed, after its last answer, racing the check in `exchange`, and
@@ -390,7 +393,7 @@ impl LineTransport {
                 },
                 first.message
             );
-            result = self.exchange(open, request, timeout).await;
+            result = self.exchange(open, request, timeout, &mut fresh).await;
             end_after_failure(open, &result).await;
             match &mut result {
                 Ok(reply) => reply.log.insert_str(0, &note),
@@ -414,14 +417,18 @@ impl LineTransport {
         )
     }
 
+    /// Sends `request` on the kept process or connection, or a fresh one (`fresh` is then
+    /// set).
     async fn exchange(
         &self,
         open: &mut Option<Connection>,
         request: &[u8],
         timeout: Duration,
+        fresh: &mut bool,
     ) -> Result<LineReply, Fault> {
         match &self.endpoint {
             LineEndpoint::Process(spec) if spec.mode == ProcessMode::PerCall => {
+                *fresh = true;
                 self.call_once(spec, request, timeout).await
             }
             LineEndpoint::Process(spec) => {
@@ -442,6 +449,7 @@ impl LineTransport {
                     stale = Some(stale_note(&line));
                 }
                 if open.is_none() {
+                    *fresh = true;
                     *open = Some(Connection::Process(Box::new(spawn(spec)?)));
                 }
                 let Some(Connection::Process(process)) = open.as_mut() else {
@@ -492,7 +500,7 @@ impl LineTransport {
                 }
             }
             LineEndpoint::Tcp(_) | LineEndpoint::Unix(_) => {
-                tokio::time::timeout(timeout, self.socket_exchange(open, request))
+                tokio::time::timeout(timeout, self.socket_exchange(open, request, fresh))
                     .await
                     .unwrap_or_else(|_| Err(self.timed_out(timeout)))
             }
@@ -503,6 +511,7 @@ impl LineTransport {
         &self,
         open: &mut Option<Connection>,
         request: &[u8],
+        fresh: &mut bool,
     ) -> Result<LineReply, Fault> {
         // A kept connection the agent closed since its last answer (a server that closes
         // after each one) is opened again, not written to; so is one holding a line nobody
@@ -519,6 +528,7 @@ impl LineTransport {
             }
         }
         if open.is_none() {
+            *fresh = true;
             *open = Some(Connection::Socket(BufReader::new(self.connect().await?)));
         }
         let Some(Connection::Socket(stream)) = open.as_mut() else {
@@ -812,10 +822,16 @@ pub async fn read_line<R: AsyncBufReadExt + Unpin>(
         if available.is_empty() {
             // A whole JSON document and then the end, without the newline: a server that
             // answers one request per connection and closes it has said all it will.
-            if !line.is_empty()
-                && line.len() as u64 <= max_line
-                && serde_json::from_slice::<serde::de::IgnoredAny>(&line).is_ok()
-            {
+            if line.len() as u64 > max_line {
+                return Err(Fault::new(
+                    FaultCategory::TooLarge,
+                    format!(
+                        "{describe} sent an answer longer than {max_line} bytes \
+                         (max-response-size)"
+                    ),
+                ));
+            }
+            if !line.is_empty() && serde_json::from_slice::<serde::de::IgnoredAny>(&line).is_ok() {
                 return Ok(trim_line_end(line));
             }
             let what = if line.is_empty() {
@@ -917,7 +933,9 @@ fn spawn(spec: &ProcessSpec) -> Result<LiveProcess, Fault> {
 fn shell_command(command: &str) -> std::borrow::Cow<'_, str> {
     // `cd agent && python3 main.py`, `. .venv/bin/activate && python3 main.py`: the last
     // command of an `&&` chain of simple steps is the agent.
+    // A quoted `&&` is an argument's text, not a list: quoted chains run as written.
     if let Some((steps, last)) = command.rsplit_once("&&")
+        && !command.contains(['"', '\'', '\\'])
         && is_simple(last)
         && !steps
             .replace("&&", "")
@@ -1133,6 +1151,8 @@ mod tests {
             "cd agents && python3 agent.py | tee log",
             "make build; cd agents && python3 agent.py",
             "cd agents && eval python3 agent.py",
+            r#"node a.js --banner "R&&D""#,
+            "cd a && python3 m.py --x 'a && b'",
             "eval python3 agent.py",
             "python3 a.py | tee log",
             "python3 a.py; echo done",

@@ -210,6 +210,30 @@ async fn a_request_sent_again_to_a_restarted_process_is_said_on_the_turn() {
     agent.close().await;
 }
 
+/// A fresh process that dies on its first request is a fault, not started again for it,
+/// even when the process before it (which had answered) ended since.
+#[tokio::test]
+async fn a_fresh_process_that_dies_on_its_first_request_is_not_sent_it_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mark, started) = (dir.path().join("answered"), dir.path().join("started"));
+    let agent = process(
+        &format!(
+            r#"echo x >> {s}; if [ -e {m} ]; then read -r l; exit 1; fi; touch {m}; read -r line; echo '{{"ok":1}}'"#,
+            s = started.display(),
+            m = mark.display()
+        ),
+        ProcessMode::LongLived,
+    );
+    assert_eq!(text(&call(&agent, "{}").await.unwrap()), r#"{"ok":1}"#);
+    // The first process exits once it has answered.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let message = fault(call(&agent, "{}").await, FaultCategory::Transport);
+    assert!(!message.contains("sent again"), "{message}");
+    let count = std::fs::read_to_string(&started).unwrap().lines().count();
+    assert_eq!(count, 2, "a process for each call, none for a resend");
+    agent.close().await;
+}
+
 fn alive(pid: u32) -> bool {
     PathBuf::from(format!("/proc/{pid}")).exists()
         && !std::fs::read_to_string(format!("/proc/{pid}/stat"))

@@ -74,7 +74,12 @@ pub fn left_from_earlier(
 ) -> Vec<PathBuf> {
     let mut found = Vec::new();
     kdl_files(out, &mut found);
-    let from = format!("{IMPORTED_HEADER}{importer}` from {}", source.display());
+    // The source's own files: `scenarios/…`, not `scenarios-old/…`.
+    let from = format!(
+        "{IMPORTED_HEADER}{importer}` from {}{}",
+        source.display(),
+        std::path::MAIN_SEPARATOR
+    );
     let mut left: Vec<PathBuf> = found
         .into_iter()
         .filter(|p| !written.contains(p))

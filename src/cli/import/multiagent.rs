@@ -407,7 +407,7 @@ pub fn import_multiagent(args: &MultiAgentImportArgs) -> u8 {
         count(jobs.len() as u64, "file", "files"),
         started.elapsed().as_secs_f64(),
         if kept > 0 {
-            format!("; {kept} kept as they were (edited since imported)")
+            format!("; {kept} kept as they were (edited, or without an import digest)")
         } else {
             String::new()
         },

@@ -1848,7 +1848,7 @@ fn judge_criterion(
                 // A score out of 100 without a unit (`luna_judge_score` 85): left out, the
                 // check would run at the default threshold, another bar than the file's. Up
                 // to 10 it may as well be a 0–10 scale: that is not guessed.
-                Some(f) if f > 10.0 && f <= 100.0 => {
+                Some(f) if unit.is_empty() && f > 10.0 && f <= 100.0 => {
                     let _ = write!(out, " threshold={}", kdl::KdlValue::Float(f / 100.0));
                     remarks.push(format!(
                         "{metric}: threshold {} read as a percentage ({}: a judge's threshold \
