@@ -111,7 +111,7 @@ pub(crate) use {errln, outln};
 /// The checks of one trajectory and agent that did not run.
 struct Unchecked {
     repetitions: Vec<u32>,
-    /// `turn N: criterion` and why it did not run, from the first repetition seen.
+    /// `turn N: criterion` and why it did not run: the same for every repetition listed.
     checks: Vec<(String, String)>,
 }
 
@@ -172,7 +172,9 @@ pub struct Console {
     checks_skipped: u64,
     /// Trajectories with checks that did not run, the repetitions of one trajectory and
     /// agent together: the first few, kept for the summary.
-    unchecked: BTreeMap<(String, String, String, String), Unchecked>,
+    /// Per trajectory and agent, its repetitions grouped by the checks that did not run and
+    /// why (one repetition's fault is not another's).
+    unchecked: BTreeMap<(String, String, String, String), Vec<Unchecked>>,
     unchecked_total: u64,
     /// Trajectories with checks that did not run that are not in `unchecked`.
     unchecked_not_shown: u64,
@@ -409,22 +411,7 @@ impl Console {
             t.trajectory.clone(),
             t.agent.clone(),
         );
-        if let Some(entry) = self.unchecked.get_mut(&key) {
-            entry.repetitions.push(t.repetition);
-            return;
-        }
-        // The first few in stable order, not the first few to finish.
-        let full = self.unchecked.len() >= UNCHECKED_SHOWN;
-        if full
-            && self
-                .unchecked
-                .last_key_value()
-                .is_none_or(|(last, _)| key > *last)
-        {
-            self.unchecked_not_shown += 1;
-            return;
-        }
-        let checks = t
+        let checks: Vec<(String, String)> = t
             .criteria
             .iter()
             .filter(|c| c.status == CriterionStatus::Skipped)
@@ -439,17 +426,41 @@ impl Console {
                 )
             })
             .collect();
+        if let Some(groups) = self.unchecked.get_mut(&key) {
+            match groups.iter_mut().find(|g| g.checks == checks) {
+                Some(group) => group.repetitions.push(t.repetition),
+                None => groups.push(Unchecked {
+                    repetitions: vec![t.repetition],
+                    checks,
+                }),
+            }
+            return;
+        }
+        // The first few in stable order, not the first few to finish.
+        let full = self.unchecked.len() >= UNCHECKED_SHOWN;
+        if full
+            && self
+                .unchecked
+                .last_key_value()
+                .is_none_or(|(last, _)| key > *last)
+        {
+            self.unchecked_not_shown += 1;
+            return;
+        }
         self.unchecked.insert(
             key,
-            Unchecked {
+            vec![Unchecked {
                 repetitions: vec![t.repetition],
                 checks,
-            },
+            }],
         );
         if self.unchecked.len() > UNCHECKED_SHOWN
             && let Some((_, dropped)) = self.unchecked.pop_last()
         {
-            self.unchecked_not_shown += dropped.repetitions.len() as u64;
+            self.unchecked_not_shown += dropped
+                .iter()
+                .map(|g| g.repetitions.len() as u64)
+                .sum::<u64>();
         }
     }
 
@@ -798,7 +809,11 @@ impl Console {
                 count(*n, "trajectory", "trajectories")
             );
         }
-        for ((suite, scenario, trajectory, agent), u) in &self.unchecked {
+        for ((suite, scenario, trajectory, agent), u) in self
+            .unchecked
+            .iter()
+            .flat_map(|(key, groups)| groups.iter().map(move |g| (key, g)))
+        {
             let mut repetitions = u.repetitions.clone();
             repetitions.sort_unstable();
             let repetitions: Vec<String> = repetitions.iter().map(|r| format!("#{r}")).collect();

@@ -563,6 +563,50 @@ async fn out_refuses_an_earlier_run_unless_told_to_replace_it() {
     assert_complete(&out, 1);
 }
 
+/// Repetitions whose checks did not run for different reasons are listed apart: two that
+/// answered (only the judged check skipped, no judge) are not said to have lost their
+/// reply check to the fault two others had.
+#[tokio::test]
+async fn unchecked_repetitions_are_grouped_by_what_did_not_run() {
+    let ok = (200, support::OK_BODY.to_owned());
+    let down = (500, "down".to_owned());
+    let server =
+        support::MisbehavingServer::start(support::Behavior::Sequence(vec![ok.clone(), ok, down]))
+            .await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("s.kdl");
+    std::fs::write(
+        &suite,
+        format!(
+            r#"agent "a" protocol="connexity" url="{}"
+scenario "s" {{
+    repeat 4
+    user "Hi"
+    expect reply contains="Hello"
+    outcome "The agent greets the caller."
+}}
+"#,
+            server.url()
+        ),
+    )
+    .unwrap();
+    let o = trellis()
+        .args(["run", "--jobs", "1", "--out"])
+        .arg(dir.path().join("r"))
+        .arg(&suite)
+        .output()
+        .await
+        .unwrap();
+    let text = stdout(&o);
+    assert!(text.contains("UNCHECKED s/s main [a #0 #1]"), "{text}");
+    assert!(text.contains("UNCHECKED s/s main [a #2 #3]"), "{text}");
+    let first = text.find("[a #0 #1]").unwrap();
+    let second = text.find("[a #2 #3]").unwrap();
+    // The two that answered lost only the judged check.
+    assert!(!text[first..second].contains("reply contains"), "{text}");
+    assert!(text[second..].contains("reply contains"), "{text}");
+}
+
 #[tokio::test]
 async fn checks_that_did_not_run_are_shown_and_counted() {
     let out = tempfile::tempdir().unwrap();
