@@ -35,7 +35,7 @@ use crate::transport::http::{
 };
 
 /// The assistant message of one request and its usage, or the fault.
-type Answer = Result<(ChatMessage, Option<crate::transport::Usage>), Fault>;
+type Answer = Result<codec::Answer, Fault>;
 
 /// `{base}/chat/completions` (or `/messages`), unless the base already ends with it.
 fn completions_url(base: &str, api: ProviderKind) -> Result<Url, EndpointError> {
@@ -238,9 +238,7 @@ impl ChatClient {
             Ok(Received::Events(mut stream, _held)) => {
                 stream.set_deadline(deadline);
                 let mut first_content = None;
-                let outcome = codec::read_stream(config.api, &mut stream, &mut first_content)
-                    .await
-                    .map(|answer| (answer.message, answer.usage));
+                let outcome = codec::read_stream(config.api, &mut stream, &mut first_content).await;
                 exchange.ttft = first_content.or(stream.ttft());
                 // From the request to the end of the stream (the stream started after the
                 // queue).
@@ -258,12 +256,20 @@ impl ChatClient {
             last.fault = Some(fault.clone());
         }
         match outcome {
-            Ok((message, mut usage)) => {
+            Ok(answer) => {
+                let mut usage = answer.usage;
                 if let (Some(provider), Some(usage)) = (&config.provider, usage.as_mut()) {
                     usage.cost = provider.cost(usage.prompt_tokens, usage.completion_tokens);
                 }
+                // Spent whether or not the answer is whole.
                 exchange.usage = usage;
-                (exchange, Ok(message))
+                if let Some(fault) = cut_short(&answer) {
+                    if let Some(last) = exchange.attempts.last_mut() {
+                        last.fault = Some(fault.clone());
+                    }
+                    return (exchange, Err(fault));
+                }
+                (exchange, Ok(answer.message))
             }
             Err(fault) => (exchange, Err(fault)),
         }
@@ -278,11 +284,26 @@ impl ChatClient {
     }
 }
 
-/// A whole (non-streamed) answer of `api`, as an agent's message and usage.
+/// A whole (non-streamed) answer of `api`.
 fn decode(api: ProviderKind, body: &[u8]) -> Answer {
-    codec::decode(api, body)
-        .map(|answer| (answer.message, answer.usage))
-        .map_err(codec::DecodeError::into_fault)
+    codec::decode(api, body).map_err(codec::DecodeError::into_fault)
+}
+
+/// Why an answer that stopped at the model's output token limit (`length`, Anthropic's
+/// `max_tokens`) is not the agent's reply: it is cut mid-way, and checking it would pass or
+/// fail it on half a sentence. (A content filter's stop is an answer: a refusal is what a
+/// jailbreak scenario checks for.)
+fn cut_short(answer: &codec::Answer) -> Option<Fault> {
+    let reason = answer.finish_reason.as_deref()?;
+    matches!(reason, "length" | "max_tokens").then(|| {
+        Fault::new(
+            FaultCategory::Incomplete,
+            format!(
+                "the model stopped at its output token limit (finish reason `{reason}`): its \
+                 answer is cut short; raise the agent's `max-tokens` (or the server's limit)"
+            ),
+        )
+    })
 }
 
 #[cfg(test)]

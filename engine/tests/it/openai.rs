@@ -178,6 +178,14 @@ async fn garbage_server_errors_and_timeouts_are_faults_of_the_turn() {
             Reply::slow(Duration::from_secs(5), Reply::text("late")),
             FaultCategory::Timeout,
         ),
+        // Cut at the model's output token limit: half an answer is not the reply.
+        (
+            Reply::Raw(
+                r#"{"choices":[{"message":{"role":"assistant","content":"The answer was cut off because"},"finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":5}}"#
+                    .into(),
+            ),
+            FaultCategory::Incomplete,
+        ),
     ] {
         let fake = FakeLlm::start(vec![Rule::otherwise([reply])]).await;
         let run = run_suite(
@@ -190,6 +198,11 @@ async fn garbage_server_errors_and_timeouts_are_faults_of_the_turn() {
         assert_eq!(t.status, TrajectoryStatus::Error, "{t:#?}");
         let fault = turns(&run)[0].fault.clone().expect("a fault on the turn");
         assert_eq!(fault.category, category, "{fault:?}");
+        if category == FaultCategory::Incomplete {
+            assert!(fault.message.contains("finish reason `length`"), "{fault:?}");
+            // The tokens were spent all the same.
+            assert_eq!(turns(&run)[0].completion_tokens, Some(5));
+        }
     }
 }
 
