@@ -294,7 +294,7 @@ async fn an_unknown_action_and_an_error_end_the_turn_with_faults() {
     )
     .await;
     let fault = turn.fault.unwrap();
-    assert_eq!(fault.category, FaultCategory::Protocol);
+    assert_eq!(fault.category, FaultCategory::AgentError);
     assert!(fault.message.contains("dance"), "{}", fault.message);
 
     let (url, _) = http_agent(refuser).await;

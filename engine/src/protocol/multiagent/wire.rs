@@ -23,8 +23,9 @@
 //! `provide_instructions`, `hitl_pause` (`prompt` or `reason`), `branch` and `error`. The
 //! reply object is kept as received ([`Reply::raw`]) for the records. A reply that is not
 //! JSON is an `invalid_json` fault naming the offending line (agents that print logs on
-//! stdout); an unknown action or a known one missing what it needs is a `protocol` fault
-//! that says what is wrong and quotes the start of the reply. Nothing an agent sends can
+//! stdout); a known action missing what it needs is a `protocol` fault (an unknown one is
+//! the agent's error, `agent_error`, as the harness counts it) that says what is wrong and
+//! quotes the start of the reply. Nothing an agent sends can
 //! panic the decoder.
 
 use serde::ser::{Serialize, SerializeMap, Serializer};
@@ -484,15 +485,19 @@ pub fn decode_reply(body: &[u8]) -> Result<Reply, Fault> {
         "error" => Action::Error {
             message: fields.error_message()?,
         },
+        // The harness counts an action it does not know as the agent's error, as it does
+        // `action: "error"` (docs/wire.md).
         unknown => {
-            return Err(protocol(
+            let mut fault = protocol(
                 body,
                 format!(
                     "unknown action `{}` (expected one of {})",
                     preview(unknown.as_bytes()),
                     ACTIONS.join(", ")
                 ),
-            ));
+            );
+            fault.category = FaultCategory::AgentError;
+            return Err(fault);
         }
     };
     let agent_name = agent_name(&raw);
@@ -1192,9 +1197,9 @@ mod tests {
     // ---- replies: faults ----
 
     #[test]
-    fn an_unknown_action_is_a_protocol_fault_quoting_the_reply() {
+    fn an_unknown_action_is_an_agent_error_quoting_the_reply() {
         let f = fault(br#"{"action":"dance","tempo":120}"#);
-        assert_eq!(f.category, FaultCategory::Protocol);
+        assert_eq!(f.category, FaultCategory::AgentError);
         assert!(
             f.message.contains("unknown action `dance`"),
             "{}",
@@ -1209,7 +1214,7 @@ mod tests {
         // Names are case-sensitive on the wire, as in the harness.
         assert_eq!(
             fault(br#"{"action":"FINAL_ANSWER"}"#).category,
-            FaultCategory::Protocol
+            FaultCategory::AgentError
         );
     }
 
