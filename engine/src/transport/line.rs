@@ -318,7 +318,11 @@ impl LineTransport {
         let describe = self.describe();
         let decoded = |reply: Result<LineReply, Fault>| {
             reply.and_then(|reply| {
-                let value = decode(&reply.line)?;
+                // What the process logged (and a resend's note) stays with a refused answer.
+                let value = decode(&reply.line).map_err(|mut fault| {
+                    append_log(&mut fault, &reply.log);
+                    fault
+                })?;
                 match reply.extra {
                     Some(extra) => Err(answered_twice(&extra, &describe)),
                     None => Ok((value, reply.log)),

@@ -234,6 +234,29 @@ async fn a_fresh_process_that_dies_on_its_first_request_is_not_sent_it_again() {
     agent.close().await;
 }
 
+/// An answer the decoder refuses keeps what the process logged on stderr before it.
+#[tokio::test]
+async fn a_refused_answer_keeps_the_process_log() {
+    let agent = process(
+        r#"while read -r line; do echo "traceback: KeyError task" >&2; sleep 0.05; echo 'not json'; done"#,
+        ProcessMode::LongLived,
+    );
+    let decode = |line: &[u8]| {
+        serde_json::from_slice::<serde_json::Value>(line)
+            .map_err(|e| Fault::new(FaultCategory::InvalidJson, e.to_string()))
+    };
+    let (_, refused) = agent
+        .call_decoded(b"{}", Duration::from_secs(5), decode, |_| false)
+        .await;
+    let fault = refused.unwrap_err();
+    assert_eq!(fault.category, FaultCategory::InvalidJson);
+    assert!(
+        fault.message.contains("traceback: KeyError task"),
+        "{fault:?}"
+    );
+    agent.close().await;
+}
+
 fn alive(pid: u32) -> bool {
     PathBuf::from(format!("/proc/{pid}")).exists()
         && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
