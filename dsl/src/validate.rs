@@ -758,7 +758,10 @@ impl<'p> Validator<'p> {
             .filter(|(k, id)| *k == RefKind::Agent && !agent_ids.contains(id.as_str()))
             .count();
         let agent_count = agent_ids.len() + declared_agents;
-        if sc.agents.is_empty() && agent_count != 1 && !self.info.broken && !self.info.unparsed {
+        // A broken file's agent lines may be a scenario's references, not definitions: the
+        // count is only known when none was read from one.
+        let count_unknown = self.info.unparsed && declared_agents > 0;
+        if sc.agents.is_empty() && agent_count != 1 && !self.info.broken && !count_unknown {
             let help = if agent_count == 0 {
                 "define an agent, e.g. agent \"demo\" protocol=\"connexity\" builtin=\"booking\""
                     .to_string()

@@ -809,10 +809,13 @@ impl Console {
                 count(*n, "trajectory", "trajectories")
             );
         }
-        for ((suite, scenario, trajectory, agent), u) in self
-            .unchecked
-            .iter()
-            .flat_map(|(key, groups)| groups.iter().map(move |g| (key, g)))
+        for ((suite, scenario, trajectory, agent), u) in
+            self.unchecked.iter().flat_map(|(key, groups)| {
+                // In repetition order, whichever finished first.
+                let mut groups: Vec<&Unchecked> = groups.iter().collect();
+                groups.sort_by_key(|g| g.repetitions.iter().min().copied());
+                groups.into_iter().map(move |g| (key, g))
+            })
         {
             let mut repetitions = u.repetitions.clone();
             repetitions.sort_unstable();

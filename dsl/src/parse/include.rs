@@ -307,59 +307,49 @@ impl Loader {
 
     /// What a file with a syntax error may define without it having decoded: each node
     /// that starts like a definition (`agent "ID"`, `tool "ID"`, `scenario "ID"`…, at the
-    /// start of a line or after `;`, a type annotation allowed; a scenario's own `agent
-    /// "ID"` reads alike, and is declared too, which only keeps quiet a report that might
-    /// have been right) declares its id, so references to it are not reported undefined
-    /// while references to anything else still are. Where that reading cannot be trusted,
-    /// every definition is unknown, as for a missing include: an `include` anywhere in the
-    /// file, or a definition whose id is itself broken (`agent "demo protocol="…"`, an id
-    /// continued on the next line).
+    /// start of a line or after `;`, `{` or `}`, a type annotation or a comment allowed; a
+    /// scenario's own `agent "ID"` reads alike, and is declared too, which only keeps quiet
+    /// a report that might have been right) declares its id, so references to it are not
+    /// reported undefined while references to anything else still are. Where that reading
+    /// cannot be trusted, every definition is unknown, as for a missing include: an
+    /// `include` anywhere in the file, or a definition whose id cannot be read whole (the
+    /// error cut it, `agent "demo protocol="…`; a property or an unclosed comment where
+    /// the id goes; a name run into punctuation, `agent("demo")`).
     fn unparsed_definitions(&mut self, id: FileId) {
-        use crate::validate::RefKind;
         self.info.unparsed = true;
         let text = self.files[id].text.clone();
-        if text.lines().any(|line| {
-            line.split(|c: char| c.is_whitespace() || c == ';' || c == ')')
-                .any(|word| word == "include" || word.starts_with("include\""))
+        // A node named `include` (not the word in a message): what it brings is unknown.
+        if text.split(['\n', '\r', ';', '{', '}']).any(|segment| {
+            let node = segment.trim_start();
+            !node.starts_with("/-")
+                && !node.starts_with("//")
+                // Past a comment not closed on its line there is only comment.
+                && past_comments_and_annotation(node).is_some_and(|node| {
+                    node.strip_prefix("include").is_some_and(|rest| {
+                        rest.is_empty() || rest.starts_with([' ', '\t', '"', '('])
+                    }) || node.starts_with("\"include\"")
+                })
         }) {
             self.broken = true;
             return;
         }
-        for segment in text.lines().flat_map(|line| line.split(';')) {
-            let mut node = segment.trim_start();
-            // `/-` comments the node out: it defines nothing.
-            if node.starts_with("/-") {
-                continue;
-            }
-            // A type annotation, `(t)agent "x"`.
-            if let Some(rest) = node.strip_prefix('(')
-                && let Some((_, after)) = rest.split_once(')')
-            {
-                node = after.trim_start();
-            }
-            let Some(keyword_end) = node.find(|c: char| c.is_whitespace() || c == '"') else {
-                continue;
-            };
-            let (keyword, rest) = node.split_at(keyword_end);
-            let kind = match keyword {
-                "agent" => Some(RefKind::Agent),
-                "persona" => Some(RefKind::Persona),
-                "tool" => Some(RefKind::Tool),
-                "provider" => Some(RefKind::Provider),
-                "judge" | "panel" => Some(RefKind::Judge),
-                "dataset" => Some(RefKind::Dataset),
-                "scenario" => None,
-                _ => continue,
-            };
-            match (first_id(rest), kind) {
-                (DefinedId::Broken, _) => {
-                    self.broken = true;
-                    return;
-                }
-                (DefinedId::None, _) => {}
-                (DefinedId::Id(name), Some(kind)) => self.info.declare(kind, name),
-                (DefinedId::Id(name), None) => {
-                    self.info.unparsed_scenarios.insert(name.to_owned());
+        for line in text.split(['\n', '\r']) {
+            for (n, segment) in line.split([';', '{', '}']).enumerate() {
+                // Where a top-level node is written: a definition there whose id cannot be
+                // read leaves the file's definitions unknown. Elsewhere (a scenario's own
+                // `agent`, an inline `persona type=…`) it defines nothing.
+                let top_level = n == 0 && !line.starts_with(char::is_whitespace);
+                match definition(segment) {
+                    Definition::None => {}
+                    Definition::Unreadable if top_level => {
+                        self.broken = true;
+                        return;
+                    }
+                    Definition::Unreadable => {}
+                    Definition::Of(Some(kind), name) => self.info.declare(kind, name),
+                    Definition::Of(None, name) => {
+                        self.info.unparsed_scenarios.insert(name.to_owned());
+                    }
                 }
             }
         }
@@ -1044,36 +1034,104 @@ pub(crate) fn syntax_diagnostics(
     diags
 }
 
-/// The id a definition's line starts with after its name.
-enum DefinedId<'t> {
-    Id(&'t str),
-    /// No id: a property, or nothing.
+/// What one node's text, as far as it goes, says it defines.
+enum Definition<'t> {
+    /// Not a definition (another node, a comment, a string's words).
     None,
-    /// An id the syntax error may have cut or swallowed: a string never closed, one that
-    /// swallowed a property (`"demo protocol="`), an escape or a line continuation.
-    Broken,
+    /// A definition (`Some` kind; `None` for a scenario) and its id.
+    Of(Option<crate::validate::RefKind>, &'t str),
+    /// A definition whose id cannot be read whole: the syntax error may have cut or
+    /// swallowed it (a string never closed, or closed inside the id; one that swallowed a
+    /// property, `"demo protocol="`; an escape), or something else stands where it goes (a
+    /// property, an unclosed comment, punctuation run into the name, `agent("demo")`).
+    Unreadable,
 }
 
-/// The id after a definition's name: a quoted string (raw `#"…"#` too) or a bare word.
-fn first_id(rest: &str) -> DefinedId<'_> {
-    let rest = rest.trim_start();
+/// Reads `segment` (a line, or the part of one after `;`, `{` or `}`) as the start of a
+/// node: `/-` and line comments define nothing; `/* … */` comments and a `(type)`
+/// annotation before the name or the id are passed over; the name may be quoted.
+fn definition(segment: &str) -> Definition<'_> {
+    use crate::validate::RefKind;
+    let node = segment.trim_start();
+    if node.starts_with("/-") || node.starts_with("//") {
+        return Definition::None;
+    }
+    // A comment not closed on its line: the rest of it is comment.
+    let Some(node) = past_comments_and_annotation(node) else {
+        return Definition::None;
+    };
+    let (keyword, rest) = match node.strip_prefix('"') {
+        Some(quoted) => match quoted.split_once('"') {
+            Some(split) => split,
+            None => return Definition::None,
+        },
+        None => node.split_at(
+            node.find(|c: char| !(c.is_alphanumeric() || c == '-' || c == '_'))
+                .unwrap_or(node.len()),
+        ),
+    };
+    let kind = match keyword {
+        "agent" => Some(RefKind::Agent),
+        "persona" => Some(RefKind::Persona),
+        "tool" => Some(RefKind::Tool),
+        "provider" => Some(RefKind::Provider),
+        "judge" | "panel" => Some(RefKind::Judge),
+        "dataset" => Some(RefKind::Dataset),
+        "scenario" => None,
+        _ => return Definition::None,
+    };
+    match first_id(rest) {
+        Some(id) => Definition::Of(kind, id),
+        None => Definition::Unreadable,
+    }
+}
+
+/// `text` past leading `/* … */` comments and one `(type)` annotation, trimmed; `None` when
+/// a comment is not closed there.
+fn past_comments_and_annotation(mut text: &str) -> Option<&str> {
+    loop {
+        text = text.trim_start();
+        match text.strip_prefix("/*") {
+            Some(comment) => text = comment.split_once("*/")?.1,
+            None => break,
+        }
+    }
+    if let Some(annotated) = text.strip_prefix('(')
+        && let Some((_, after)) = annotated.split_once(')')
+    {
+        text = after;
+    }
+    Some(text.trim_start())
+}
+
+/// The id after a definition's name: a quoted string (raw `#"…"#` too) or a bare word,
+/// ending where the node's next entry or its block begins; `None` when it cannot be read
+/// whole.
+fn first_id(rest: &str) -> Option<&str> {
+    // The name ends at whitespace, a quote or an annotation: `agent# "x"` is not one.
+    if !(rest.is_empty()
+        || rest.starts_with(|c: char| c.is_whitespace() || matches!(c, '"' | '(' | '/')))
+    {
+        return None;
+    }
+    let rest = past_comments_and_annotation(rest)?;
+    let ends_value = |after: &str| {
+        after.is_empty()
+            || after.starts_with(|c: char| c.is_whitespace() || matches!(c, ';' | '{' | '}'))
+            || after.starts_with("//")
+            || after.starts_with("/*")
+    };
     let hashes = rest.bytes().take_while(|&b| b == b'#').count();
     if let Some(quoted) = rest[hashes..].strip_prefix('"') {
         let close = format!("\"{}", "#".repeat(hashes));
-        return match quoted.find(&close).map(|end| &quoted[..end]) {
-            Some(id) if !id.ends_with('=') && !id.contains('\\') => DefinedId::Id(id),
-            _ => DefinedId::Broken,
-        };
+        return quoted.split_once(&close).and_then(|(id, after)| {
+            (!id.is_empty() && !id.ends_with('=') && !id.contains('\\') && ends_value(after))
+                .then_some(id)
+        });
     }
     let word_end = rest
-        .find(|c: char| c.is_whitespace() || matches!(c, '{' | '}' | ';' | '(' | ')'))
+        .find(|c: char| c.is_whitespace() || matches!(c, '{' | '}' | ';'))
         .unwrap_or(rest.len());
     let word = &rest[..word_end];
-    if word.is_empty() || word.contains('=') || word.starts_with("//") || word.starts_with("/*") {
-        DefinedId::None
-    } else if word.contains(['"', '\\']) {
-        DefinedId::Broken
-    } else {
-        DefinedId::Id(word)
-    }
+    (!word.is_empty() && !word.contains(['=', '"', '\\', '(', ')', '#', '/'])).then_some(word)
 }

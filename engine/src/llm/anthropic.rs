@@ -213,7 +213,8 @@ pub fn decode(value: &Value, body: &[u8]) -> Result<Answer, DecodeError> {
         .get("stop_reason")
         .and_then(Value::as_str)
         .map(str::to_owned);
-    if text.is_none() && tool_calls.is_empty() {
+    if text.is_none() && tool_calls.is_empty() && !codec::cut_at_token_limit(stop_reason.as_deref())
+    {
         return Err(DecodeError::Malformed(format!(
             "the model answered with neither text nor tool calls (stop reason {})",
             stop_reason.as_deref().unwrap_or("missing")

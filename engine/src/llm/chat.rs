@@ -295,7 +295,7 @@ fn decode(api: ProviderKind, body: &[u8]) -> Answer {
 /// jailbreak scenario checks for.)
 fn cut_short(answer: &codec::Answer) -> Option<Fault> {
     let reason = answer.finish_reason.as_deref()?;
-    matches!(reason, "length" | "max_tokens").then(|| {
+    codec::cut_at_token_limit(Some(reason)).then(|| {
         Fault::new(
             FaultCategory::Incomplete,
             format!(

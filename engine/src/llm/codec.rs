@@ -241,7 +241,10 @@ pub(super) fn streamed_answer(
     model: Option<String>,
     finish_reason: Option<String>,
 ) -> Result<Answer, Fault> {
-    if text.as_deref().is_none_or(str::is_empty) && tool_calls.is_empty() {
+    if text.as_deref().is_none_or(str::is_empty)
+        && tool_calls.is_empty()
+        && !cut_at_token_limit(finish_reason.as_deref())
+    {
         return Err(Fault::new(
             FaultCategory::Protocol,
             "the model streamed neither text nor tool calls",
@@ -253,6 +256,17 @@ pub(super) fn streamed_answer(
         model,
         finish_reason,
     })
+}
+
+/// Whether a finish reason says the model stopped at its output token limit (OpenAI's
+/// `length`, Anthropic's `max_tokens` and `model_context_window_exceeded`): an answer then
+/// is cut, perhaps before any text (a reasoning model that spent its budget thinking), and
+/// is a fault of its own rather than an empty answer.
+pub(crate) fn cut_at_token_limit(reason: Option<&str>) -> bool {
+    matches!(
+        reason,
+        Some("length" | "max_tokens" | "model_context_window_exceeded")
+    )
 }
 
 /// An assistant message with `text` and `tool_calls`.

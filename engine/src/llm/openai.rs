@@ -194,7 +194,10 @@ pub fn decode(value: &Value, body: &[u8]) -> Result<Answer, DecodeError> {
         .and_then(|c| c.get("finish_reason"))
         .and_then(Value::as_str)
         .map(str::to_owned);
-    if content.is_none() && tool_calls.is_empty() {
+    if content.is_none()
+        && tool_calls.is_empty()
+        && !codec::cut_at_token_limit(finish_reason.as_deref())
+    {
         return Err(DecodeError::Malformed(format!(
             "the model answered with neither text nor tool calls (finish reason {})",
             finish_reason.as_deref().unwrap_or("missing")

@@ -186,6 +186,14 @@ async fn garbage_server_errors_and_timeouts_are_faults_of_the_turn() {
             ),
             FaultCategory::Incomplete,
         ),
+        // A reasoning model that spent its budget before any text: cut, not empty.
+        (
+            Reply::Raw(
+                r#"{"choices":[{"message":{"role":"assistant","content":null,"reasoning_content":"Let me think"},"finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":5}}"#
+                    .into(),
+            ),
+            FaultCategory::Incomplete,
+        ),
     ] {
         let fake = FakeLlm::start(vec![Rule::otherwise([reply])]).await;
         let run = run_suite(

@@ -75,9 +75,10 @@ pub fn left_from_earlier(
     let mut found = Vec::new();
     kdl_files(out, &mut found);
     // The source's own files: `scenarios/…`, not `scenarios-old/…`.
+    let source = source.display().to_string();
     let from = format!(
         "{IMPORTED_HEADER}{importer}` from {}{}",
-        source.display(),
+        source.trim_end_matches(std::path::MAIN_SEPARATOR),
         std::path::MAIN_SEPARATOR
     );
     let mut left: Vec<PathBuf> = found
