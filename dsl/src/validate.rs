@@ -758,9 +758,10 @@ impl<'p> Validator<'p> {
             .filter(|(k, id)| *k == RefKind::Agent && !agent_ids.contains(id.as_str()))
             .count();
         let agent_count = agent_ids.len() + declared_agents;
-        // A broken file's agent lines may be a scenario's references, not definitions: the
-        // count is only known when none was read from one.
-        let count_unknown = self.info.unparsed && declared_agents > 0;
+        // With a file that did not parse, a scenario may have lost its `agent` line to the
+        // error, and a broken file's agent lines may be references, not definitions: only a
+        // project with no agent at all is told so.
+        let count_unknown = self.info.unparsed && agent_count > 0;
         if sc.agents.is_empty() && agent_count != 1 && !self.info.broken && !count_unknown {
             let help = if agent_count == 0 {
                 "define an agent, e.g. agent \"demo\" protocol=\"connexity\" builtin=\"booking\""
