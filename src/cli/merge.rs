@@ -245,7 +245,9 @@ fn merge_inner(args: &MergeArgs) -> Result<u8, MergeError> {
     // records short, which coverage cannot see: said, and the merge is then partial.
     let damaged: Vec<&ShardDir> = shards
         .iter()
-        .filter(|s| s.started.is_some() && s.skipped_lines > 0)
+        // A finished shard's: an unfinished one's torn last line is its kill, said with
+        // what it did not finish (docs/sharding.md).
+        .filter(|s| s.started.is_some() && s.finished.is_some() && s.skipped_lines > 0)
         .collect();
     for shard in &damaged {
         errln!(

@@ -1469,6 +1469,27 @@ async fn a_shard_whose_journal_is_damaged_is_said_so_and_not_counted_as_merged()
     );
     let o = merge(&["--allow-partial", "--replace"]).await;
     assert!(stdout(&o).contains("partial"), "{}", said(&o));
+
+    // A shard killed while it wrote: no `run_finished`, its last line torn. That is what
+    // it did not finish, said as such, not damage.
+    let kept: Vec<&String> = lines
+        .iter()
+        .filter(|l| !l.starts_with("{\"run_finished\""))
+        .collect();
+    let mut writer = trellis_engine::journal::JournalWriter::create_at(&journal).unwrap();
+    for line in &kept[..kept.len() - 1] {
+        writer.append_line(line.as_bytes()).unwrap();
+    }
+    let last = kept[kept.len() - 1];
+    writer
+        .append_line(&last.as_bytes()[..last.len() / 2])
+        .unwrap();
+    writer.finish().unwrap();
+    let o = merge(&["--replace"]).await;
+    assert_eq!(o.status.code(), Some(1), "{}", said(&o));
+    let said_now = flat(&stderr(&o));
+    assert!(said_now.contains("its run did not finish"), "{}", said(&o));
+    assert!(!said_now.contains("records are incomplete"), "{}", said(&o));
 }
 
 /// `merge --baseline` gates like `run --baseline`: the merged run is compared with the
