@@ -360,14 +360,7 @@ impl<'p> Validator<'p> {
     /// rendered (once per run, with the scenario's `user_context`, `persona` and `scenario`).
     fn protocol_settings(&mut self, agent: &Agent) {
         for setting in agent.settings.0.iter().filter(|s| !s.checked) {
-            let Some(arg) = agent
-                .protocol
-                .spec()
-                .settings
-                .iter()
-                .find(|s| s.name == setting.name)
-                .and_then(|s| s.args.first())
-            else {
+            let Some(arg) = setting_value(agent, setting.name) else {
                 continue;
             };
             let texts: Vec<(&str, Span)> = match &setting.value.value {
@@ -1374,6 +1367,17 @@ fn first_call(steps: &[Step]) -> Option<Span> {
     })
 }
 
+/// What the protocol's spec says the value of `agent`'s setting `name` is.
+fn setting_value(agent: &Agent, name: &str) -> Option<&'static crate::lang::ArgSpec> {
+    agent
+        .protocol
+        .spec()
+        .settings
+        .iter()
+        .find(|s| s.name == name)
+        .and_then(|s| s.args.first())
+}
+
 /// Agent settings naming a path (`cwd`) that is not there. Resolved against the suite file
 /// when decoded; every call would fail as a `setup` fault, so `check` says it first. A
 /// warning, not an error: a directory a pipeline creates before the run is not a mistake.
@@ -1386,14 +1390,8 @@ fn missing_paths(project: &Project) -> Vec<Diagnostic> {
         .filter(|a| matches!(a.endpoint, crate::Endpoint::Command(_)))
     {
         for setting in &agent.settings.0 {
-            let is_path = agent
-                .protocol
-                .spec()
-                .settings
-                .iter()
-                .find(|s| s.name == setting.name)
-                .and_then(|s| s.args.first())
-                .is_some_and(|a| a.ty == ValueType::Path);
+            let is_path =
+                setting_value(agent, setting.name).is_some_and(|a| a.ty == ValueType::Path);
             let Some(path) = setting.value.value.as_str().filter(|_| is_path) else {
                 continue;
             };

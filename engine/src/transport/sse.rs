@@ -335,16 +335,12 @@ impl EventStream {
         let counter = Arc::clone(&received);
         let chunk_url = url.clone();
         // A limit reached by a small compressed stream (a bomb) is said to be after decoding.
-        let decoded = decoder
-            .as_ref()
-            .map(|d| format!(", decoded from its {}-compressed body", d.coding()))
-            .unwrap_or_default();
+        let coding = decoder.as_ref().map(|d| d.coding());
         let chunks = futures::stream::unfold(
             (response, EventSizer::default(), false, decoder),
             move |(mut response, mut sizer, failed, mut decoder)| {
                 let counter = Arc::clone(&counter);
                 let url = chunk_url.clone();
-                let decoded = decoded.clone();
                 async move {
                     if failed {
                         return None;
@@ -390,19 +386,26 @@ impl EventStream {
                                 .fetch_add(chunk.len() as u64, Ordering::Relaxed)
                                 + chunk.len() as u64;
                             let event = sizer.feed(&chunk);
+                            // Said only when a limit is reached: no text per chunk.
+                            let decoded = || {
+                                coding.map_or_else(String::new, |c| {
+                                    format!(", decoded from its {c}-compressed body")
+                                })
+                            };
                             if total > limits.max_total {
                                 too_large(
                                     limits.max_total,
-                                    &format!("the event stream reached {total} bytes{decoded}"),
+                                    &format!("the event stream reached {total} bytes{}", decoded()),
                                 )
                             } else if event > limits.max_event {
                                 Fault::new(
                                     FaultCategory::TooLarge,
                                     format!(
-                                        "one event exceeded {} bytes{decoded} (the limit of \
-                                         one streamed event: {} or max-response-size if \
-                                         smaller)",
-                                        limits.max_event, MAX_EVENT_SIZE
+                                        "one event exceeded {} bytes{} (the limit of one \
+                                         streamed event: {} or max-response-size if smaller)",
+                                        limits.max_event,
+                                        decoded(),
+                                        MAX_EVENT_SIZE
                                     ),
                                 )
                             } else {

@@ -40,6 +40,11 @@ fn text(reply: &LineReply) -> &str {
     std::str::from_utf8(&reply.line).unwrap()
 }
 
+/// An answer line decoded as JSON, refused as `invalid_json`.
+fn json(line: &[u8]) -> Result<serde_json::Value, Fault> {
+    serde_json::from_slice(line).map_err(|e| Fault::new(FaultCategory::InvalidJson, e.to_string()))
+}
+
 #[track_caller]
 fn fault(result: Result<LineReply, Fault>, category: FaultCategory) -> String {
     match result {
@@ -241,10 +246,7 @@ async fn a_refused_answer_keeps_the_process_log() {
         r#"while read -r line; do echo "traceback: KeyError task" >&2; sleep 0.05; echo 'not json'; done"#,
         ProcessMode::LongLived,
     );
-    let decode = |line: &[u8]| {
-        serde_json::from_slice::<serde_json::Value>(line)
-            .map_err(|e| Fault::new(FaultCategory::InvalidJson, e.to_string()))
-    };
+    let decode = json;
     let (_, refused) = agent
         .call_decoded(b"{}", Duration::from_secs(5), decode, |_| false)
         .await;
@@ -446,10 +448,7 @@ async fn a_connection_per_call_answered_twice_or_closed_after_its_answer() {
         }
     });
     let per_call = LineTransport::new(LineEndpoint::Tcp(address), LIMITS, false);
-    let decode = |line: &[u8]| {
-        serde_json::from_slice::<serde_json::Value>(line)
-            .map_err(|e| Fault::new(FaultCategory::InvalidJson, e.to_string()))
-    };
+    let decode = json;
     let (_, twice) = per_call
         .call_decoded(br#"{"twice":1}"#, Duration::from_secs(5), decode, |_| false)
         .await;
@@ -490,10 +489,7 @@ async fn a_kept_connection_that_sent_a_line_the_decoder_refused_is_ended() {
     })
     .await;
     let kept = LineTransport::new(LineEndpoint::Tcp(address), LIMITS, true);
-    let decode = |line: &[u8]| {
-        serde_json::from_slice::<serde_json::Value>(line)
-            .map_err(|e| Fault::new(FaultCategory::InvalidJson, e.to_string()))
-    };
+    let decode = json;
     let (_, first) = kept
         .call_decoded(br#"{"log":1}"#, Duration::from_secs(5), decode, |_| false)
         .await;
