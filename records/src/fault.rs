@@ -7,6 +7,18 @@ use serde::{Deserialize, Serialize};
 pub struct Fault {
     pub category: FaultCategory,
     pub message: String,
+    /// Set only on the fault of an HTTP 429 answer, for the call's retry loop to wait it
+    /// out (`with_retries` in engine/src/transport/http.rs); never recorded.
+    #[serde(skip)]
+    pub rate_limited: Option<RateLimited>,
+}
+
+/// An HTTP 429 answer: the server did not take the request, and asks to be called again
+/// later.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RateLimited {
+    /// The wait its `Retry-After` asked for, when it sent a readable one.
+    pub retry_after: Option<std::time::Duration>,
 }
 
 impl Fault {
@@ -14,6 +26,7 @@ impl Fault {
         Fault {
             category,
             message: message.into(),
+            rate_limited: None,
         }
     }
 }

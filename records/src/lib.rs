@@ -25,7 +25,7 @@ mod trajectory;
 mod turn;
 
 pub use chat::{ChatMessage, ToolCall, ToolCallFunction};
-pub use fault::{Fault, FaultCategory};
+pub use fault::{Fault, FaultCategory, RateLimited};
 pub use journal::{
     AgentRecord, InstanceInfo, JournalEntry, NodeKey, NodeRecord, RunInfo, RunSummary, ScenarioInfo,
 };

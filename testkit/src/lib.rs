@@ -72,6 +72,14 @@ pub enum Behavior {
     /// Answer every request with a 200 whose body is `body` as given, with
     /// `Content-Encoding: coding` (a server that compresses unasked).
     Encoded { coding: String, body: Vec<u8> },
+    /// Answer the first `times` requests with HTTP 429 (with `Retry-After: retry_after` when
+    /// given, and `body`, which may be an HTML page), the later ones with a 200 and
+    /// [`OK_BODY`]: a gateway's rate limit in front of an agent.
+    RateLimited {
+        times: usize,
+        retry_after: Option<String>,
+        body: String,
+    },
 }
 
 /// One request as received.
@@ -394,6 +402,32 @@ async fn serve_connection(
                     .cloned()
                     .unwrap_or((200, OK_BODY.to_owned()));
                 write_response(&mut stream, status, &body).await?;
+            }
+            Behavior::RateLimited {
+                times,
+                retry_after,
+                body,
+            } => {
+                if n < *times {
+                    let content_type = if body.trim_start().starts_with('<') {
+                        "text/html"
+                    } else {
+                        "application/json"
+                    };
+                    let retry_after = retry_after
+                        .as_ref()
+                        .map(|v| format!("retry-after: {v}\r\n"))
+                        .unwrap_or_default();
+                    let head = format!(
+                        "HTTP/1.1 429 Too Many Requests\r\ncontent-type: {content_type}\r\n\
+                         {retry_after}content-length: {}\r\n\r\n",
+                        body.len()
+                    );
+                    stream.write_all(head.as_bytes()).await?;
+                    stream.write_all(body.as_bytes()).await?;
+                } else {
+                    write_response(&mut stream, 200, OK_BODY).await?;
+                }
             }
             Behavior::Delayed { delay, body } => {
                 tokio::time::sleep(*delay).await;

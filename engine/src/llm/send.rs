@@ -108,7 +108,11 @@ pub(super) async fn send(
         };
         match waits.next(asked, request.deadline) {
             Some(wait) => tokio::time::sleep(wait).await,
-            None => return Err(SendError::RateLimited(waits.gave_up())),
+            None => {
+                return Err(SendError::RateLimited(
+                    waits.gave_up("`concurrency`, `requests-per-minute`"),
+                ));
+            }
         }
     }
 }

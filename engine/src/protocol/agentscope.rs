@@ -162,15 +162,9 @@ impl Endpoint {
         let attempted = with_retries(self.retry, self.limits.timeout, ctx.deadline, |budget| {
             let body = body.clone();
             async move {
-                sse::open(
-                    &self.transport,
-                    &self.url,
-                    headers,
-                    body,
-                    limits,
-                    budget,
-                )
-                .await
+                sse::open(&self.transport, &self.url, headers, body, limits, budget)
+                    .await
+                    .and_then(Opened::or_rate_limited)
             }
         })
         .await;
@@ -178,11 +172,10 @@ impl Endpoint {
         let mut assembler = Assembler::new(session_id);
         let outcome = match attempted.result {
             Err(fault) => Err(fault),
-            // An agent is not a rate-limited API: a 429 is its answer.
-            Ok(Opened::RateLimited(_)) => Err(crate::transport::http::status_fault(
-                reqwest::StatusCode::TOO_MANY_REQUESTS,
-                b"",
-            )),
+            // Waited out in the attempts; what is left of it is that fault.
+            Ok(Opened::RateLimited(asked)) => {
+                Err(crate::transport::http::rate_limited_fault(asked))
+            }
             Ok(Opened::Json(body)) => match serde_json::from_slice::<Value>(&body) {
                 Ok(value) => assembler.apply(value).and_then(|()| {
                     if assembler.is_done() {

@@ -24,7 +24,7 @@ use reqwest::{StatusCode, Url};
 use tokio::time::Instant;
 
 use super::Attempt;
-use crate::record::{Fault, FaultCategory};
+use crate::record::{Fault, FaultCategory, RateLimited};
 
 /// How much of an error body goes into a fault message.
 const ERROR_BODY_PREVIEW_CHARS: usize = 200;
@@ -873,6 +873,16 @@ pub(crate) fn status_fault_with(
     headers: Option<&HeaderMap>,
     body: &[u8],
 ) -> Fault {
+    let mut fault = described_status(status, headers, body);
+    if status == StatusCode::TOO_MANY_REQUESTS {
+        fault.rate_limited = Some(RateLimited {
+            retry_after: headers.and_then(|h| retry_after(h, std::time::SystemTime::now())),
+        });
+    }
+    fault
+}
+
+fn described_status(status: StatusCode, headers: Option<&HeaderMap>, body: &[u8]) -> Fault {
     let category = if status.is_client_error() {
         FaultCategory::Http4xx
     } else if status.is_server_error() {
@@ -952,6 +962,13 @@ pub(crate) fn status_fault_with(
         }
     }
     Fault::new(category, message)
+}
+
+/// The fault of an HTTP 429 answer whose body was not read (an event stream's opening).
+pub(crate) fn rate_limited_fault(retry_after: Option<Duration>) -> Fault {
+    let mut fault = status_fault(StatusCode::TOO_MANY_REQUESTS, b"");
+    fault.rate_limited = Some(RateLimited { retry_after });
+    fault
 }
 
 /// The text of an HTML page without its tags (and what `<script>`/`<style>` hold), its
@@ -1186,7 +1203,9 @@ pub struct Attempted<T> {
 ///
 /// `attempt` receives the timeout it must respect: `timeout`, shrunk when the deadline is
 /// closer. A timeout fault of an attempt cut short by the deadline is reported as the
-/// trajectory timeout it really is.
+/// trajectory timeout it really is. An attempt answered HTTP 429 (its fault marked
+/// [`RateLimited`]) is waited out ([`RateLimitWaits`]) and sent again without spending a
+/// retry.
 pub async fn with_retries<T, F, Fut>(
     policy: RetryPolicy,
     timeout: Duration,
@@ -1206,6 +1225,7 @@ where
         .with_jitter_seed(jitter_seed())
         .build();
     let mut attempts: Vec<Attempt> = Vec::new();
+    let mut rate_limits = RateLimitWaits::default();
     loop {
         let started = Instant::now();
         let (budget, cut_by_deadline) = match deadline {
@@ -1240,6 +1260,25 @@ where
             }
             Err(fault) => fault,
         };
+        // A 429: the agent did not take the request. It is waited out as a model provider's
+        // is, without spending a retry: a rate limit in front of an agent says nothing of
+        // the agent.
+        if let Some(limited) = fault.rate_limited.take() {
+            attempts.push(Attempt {
+                latency,
+                fault: Some(fault.clone()),
+            });
+            match rate_limits.next(limited.retry_after, deadline) {
+                Some(wait) => {
+                    tokio::time::sleep(wait).await;
+                    continue;
+                }
+                None => {
+                    *fault = rate_limits.gave_up("the agent's `concurrency`");
+                    break Attempted { result, attempts };
+                }
+            }
+        }
         let n = attempts.len() + 1;
         if cut_by_deadline && fault.category == FaultCategory::Timeout {
             *fault = trajectory_timeout(n, &fault.message);
@@ -1319,6 +1358,8 @@ pub struct RateLimitWaits {
     waited: Duration,
     next: Duration,
     count: u32,
+    /// The wait refused because it would have passed the deadline.
+    past_deadline: Option<Duration>,
 }
 
 impl Default for RateLimitWaits {
@@ -1327,6 +1368,7 @@ impl Default for RateLimitWaits {
             waited: Duration::ZERO,
             next: FIRST_RATE_LIMIT_WAIT,
             count: 0,
+            past_deadline: None,
         }
     }
 }
@@ -1344,11 +1386,11 @@ impl RateLimitWaits {
             .unwrap_or(self.next)
             .clamp(MIN_RATE_LIMIT_WAIT, MAX_SINGLE_RATE_LIMIT_WAIT);
         self.next = (self.next * 2).min(MAX_SINGLE_RATE_LIMIT_WAIT);
-        let past_deadline = deadline.is_some_and(|d| Instant::now() + wait >= d);
-        if self.waited + wait > MAX_RATE_LIMIT_WAIT
-            || self.count > MAX_RATE_LIMIT_ANSWERS
-            || past_deadline
-        {
+        if deadline.is_some_and(|d| Instant::now() + wait >= d) {
+            self.past_deadline = Some(wait);
+            return None;
+        }
+        if self.waited + wait > MAX_RATE_LIMIT_WAIT || self.count > MAX_RATE_LIMIT_ANSWERS {
             return None;
         }
         self.waited += wait;
@@ -1365,17 +1407,27 @@ impl RateLimitWaits {
         self.waited
     }
 
-    /// The fault of a call that gave up.
-    pub fn gave_up(&self) -> Fault {
-        Fault::new(
-            FaultCategory::Http4xx,
-            format!(
-                "HTTP 429 Too Many Requests: still rate limited after {} answers and {:.0} s of \
-                 waiting; lower the load (`concurrency`, `requests-per-minute`) or retry later",
-                self.count,
+    /// The fault of a call that gave up; `load` names the settings that lower the load.
+    pub fn gave_up(&self, load: &str) -> Fault {
+        let answers = match self.count {
+            1 => "1 answer".to_owned(),
+            n => format!("{n} answers"),
+        };
+        let message = match self.past_deadline {
+            Some(wait) => format!(
+                "HTTP 429 Too Many Requests: still rate limited after {answers} and {:.0} s of \
+                 waiting, and the next wait ({:.1} s) would pass the trajectory's timeout; \
+                 lower the load ({load}) or raise the `timeout`",
+                self.waited.as_secs_f64(),
+                wait.as_secs_f64()
+            ),
+            None => format!(
+                "HTTP 429 Too Many Requests: still rate limited after {answers} and {:.0} s of \
+                 waiting; lower the load ({load}) or retry later",
                 self.waited.as_secs_f64()
             ),
-        )
+        };
+        Fault::new(FaultCategory::Http4xx, message)
     }
 }
 
@@ -1431,7 +1483,7 @@ mod rate_limit_tests {
         }
         assert_eq!(answers, MAX_RATE_LIMIT_ANSWERS);
         assert!(total <= MAX_RATE_LIMIT_WAIT);
-        assert!(waits.gave_up().message.contains("429"));
+        assert!(waits.gave_up("`concurrency`").message.contains("429"));
     }
 }
 

@@ -78,6 +78,16 @@ pub enum Opened {
     RateLimited(Option<Duration>),
 }
 
+impl Opened {
+    /// For an agent under test: a 429 as the fault [`super::http::with_retries`] waits out.
+    pub fn or_rate_limited(self) -> Result<Opened, Fault> {
+        match self {
+            Opened::RateLimited(asked) => Err(super::http::rate_limited_fault(asked)),
+            opened => Ok(opened),
+        }
+    }
+}
+
 /// One server-sent event.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SseEvent {

@@ -376,6 +376,45 @@ async fn a_complete_stream_joins_its_deltas() {
     assert_eq!(t.status, TrajectoryStatus::Passed, "{t:?}");
 }
 
+#[tokio::test]
+async fn a_rate_limited_stream_is_waited_out_and_then_read() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/stream", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let mut served = 0;
+        while let Ok((mut stream, _)) = listener.accept().await {
+            served += 1;
+            let limited = served == 1;
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 65536];
+                let _ = stream.read(&mut buf).await;
+                let answer = if limited {
+                    "HTTP/1.1 429 Too Many Requests\r\nretry-after: 0\r\ncontent-length: 0\r\n\
+                     connection: close\r\n\r\n"
+                } else {
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n\
+                     event: data\ndata: {\"content\": \"Hello\"}\n\nevent: end\n\n"
+                };
+                let _ = stream.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    let text = suite(&url, STREAM).replace(
+        "user \"hello\"",
+        "user \"hello\"\n    expect reply equals=\"Hello\"",
+    );
+    let run: Run = run_suite(&text, 2, EnvSnapshot::new()).await;
+    let t = &run.trajectories[0];
+    assert_eq!(t.status, TrajectoryStatus::Passed, "{t:?}");
+    let turn = &run.nodes[0].turns[0];
+    assert_eq!(turn.attempts, 2, "{turn:?}");
+    let first = turn.exchanges[0].attempts[0]
+        .fault
+        .as_ref()
+        .expect("the 429");
+    assert!(first.message.contains("429"), "{first:?}");
+}
+
 /// What LangServe's `/stream` sends for a chat model that says a few words and calls a
 /// tool (langserve 0.3, langchain-core 1.x): AIMessageChunks whose `tool_call_chunks` are
 /// fragments merged by `index`, next to the partial `tool_calls` LangChain parsed from each

@@ -203,6 +203,61 @@ async fn unavailable_then_ok_succeeds_on_the_third_attempt() {
 }
 
 #[tokio::test]
+async fn a_rate_limited_agent_is_waited_out_without_spending_a_retry() {
+    // A gateway's HTML page, as Cloudflare and nginx's limit_req send them.
+    let server = MisbehavingServer::start(Behavior::RateLimited {
+        times: 2,
+        retry_after: Some("0".into()),
+        body: "<html><title>429 Too Many Requests</title></html>".into(),
+    })
+    .await;
+    let started = Instant::now();
+    let outcome = call(&server.url(), 0, limits(SHORT)).await;
+    let turn = outcome.result.expect("the answer after the waits");
+    assert_eq!(turn.reply.as_deref(), Some("Hello there."));
+    assert_eq!(server.requests(), 3);
+    assert_eq!(outcome.attempts, 3, "each 429 is an attempt on the record");
+    assert!(
+        outcome
+            .faults
+            .iter()
+            .all(|f| f.category == FaultCategory::Http4xx
+                && f.message.contains("429")
+                && f.message.contains("an HTML page")),
+        "{:?}",
+        outcome.faults
+    );
+    // `Retry-After: 0` must not make a tight loop.
+    assert!(started.elapsed() >= Duration::from_millis(400));
+}
+
+#[tokio::test]
+async fn a_rate_limit_past_the_trajectory_deadline_is_the_agents_429() {
+    let server = MisbehavingServer::start(Behavior::RateLimited {
+        times: 100,
+        retry_after: Some("30".into()),
+        body: r#"{"detail":"slow down"}"#.into(),
+    })
+    .await;
+    let client = client(&server.url(), 2, limits(SHORT));
+    let ctx = CallContext {
+        deadline: Some(Instant::now() + Duration::from_secs(2)),
+        ..ctx(0)
+    };
+    let started = Instant::now();
+    let outcome = respond(&client, &history(), &ctx).await;
+    assert!(started.elapsed() < Duration::from_secs(1), "no 30 s wait");
+    let message = fault_of(&outcome, FaultCategory::Http4xx);
+    assert!(
+        message.contains("still rate limited after 1 answer and 0 s")
+            && message.contains("would pass the trajectory's timeout"),
+        "{message}"
+    );
+    assert_eq!(server.requests(), 1, "neither waited nor retried");
+    assert!(outcome.faults[0].message.contains("slow down"));
+}
+
+#[tokio::test]
 async fn retries_run_out() {
     let server = MisbehavingServer::start(Behavior::Sequence(vec![
         (503, "busy".into()),

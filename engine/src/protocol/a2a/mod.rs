@@ -34,7 +34,7 @@ use super::{
 };
 use crate::record::{Fault, FaultCategory};
 use crate::transport::http::{
-    CallLimits, EndpointError, HttpTransport, RetryPolicy, agent_url, status_fault,
+    CallLimits, EndpointError, HttpTransport, RetryPolicy, agent_url, rate_limited_fault,
     with_agent_headers, with_retries,
 };
 use crate::transport::quote::preview;
@@ -257,16 +257,18 @@ impl Inner {
                 let body = body.clone();
                 let headers = &headers;
                 let rpc = &resolved.rpc;
-                async move { sse::open(&self.transport, rpc, headers, body, limits, budget).await }
+                async move {
+                    sse::open(&self.transport, rpc, headers, body, limits, budget)
+                        .await
+                        .and_then(Opened::or_rate_limited)
+                }
             })
             .await;
             exchange.attempts = attempted.attempts;
             match attempted.result {
                 Err(fault) => Err(fault),
-                // An agent is not a rate-limited API: a 429 is its answer.
-                Ok(Opened::RateLimited(_)) => {
-                    Err(status_fault(reqwest::StatusCode::TOO_MANY_REQUESTS, b""))
-                }
+                // Waited out in the attempts; what is left of it is that fault.
+                Ok(Opened::RateLimited(asked)) => Err(rate_limited_fault(asked)),
                 Ok(Opened::Json(body)) => apply_body(&mut assembly, &body, n),
                 Ok(Opened::Events(mut stream)) => {
                     stream.set_deadline(ctx.deadline);

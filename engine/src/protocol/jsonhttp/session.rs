@@ -17,7 +17,7 @@ use crate::protocol::{
 use crate::record::{Fault, FaultCategory, ToolCallRecord};
 use crate::render::{CompiledTemplate, RenderError, Templates};
 use crate::transport::http::{
-    CallLimits, EndpointError, HttpTransport, RetryPolicy, agent_url, status_fault,
+    CallLimits, EndpointError, HttpTransport, RetryPolicy, agent_url, rate_limited_fault,
     with_agent_headers, with_retries,
 };
 use crate::transport::sse::{self, Opened, StreamLimits};
@@ -341,6 +341,7 @@ impl JsonHttpSession {
                         budget,
                     )
                     .await
+                    .and_then(Opened::or_rate_limited)
                 }
             },
         )
@@ -349,10 +350,8 @@ impl JsonHttpSession {
         let mut partial = None;
         let outcome = match attempted.result {
             Err(fault) => Err(fault),
-            // An agent is not a rate-limited API: a 429 is its answer.
-            Ok(Opened::RateLimited(_)) => {
-                Err(status_fault(reqwest::StatusCode::TOO_MANY_REQUESTS, b""))
-            }
+            // Waited out in the attempts; what is left of it is that fault.
+            Ok(Opened::RateLimited(asked)) => Err(rate_limited_fault(asked)),
             // A server that answers one JSON body although asked for a stream.
             Ok(Opened::Json(body)) => {
                 let reply = config
