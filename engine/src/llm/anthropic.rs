@@ -258,11 +258,12 @@ enum StreamedBlock {
 /// when the block stops. `first_content` is the time to the first event carrying text or
 /// starting a `tool_use` block (`message_start` and `ping` are not tokens). Usage:
 /// `input_tokens` from `message_start`, `output_tokens` from the last `message_delta`.
+/// `text` collects the text deltas, so a stream cut short leaves what it said there.
 pub async fn read_events(
     stream: &mut sse::EventStream,
     first_content: &mut Option<Duration>,
+    text: &mut Option<String>,
 ) -> Result<Answer, Fault> {
-    let mut text: Option<String> = None;
     let mut blocks: Vec<StreamedBlock> = Vec::new();
     let mut input_tokens = None;
     let mut output_tokens = None;
@@ -470,7 +471,7 @@ pub async fn read_events(
             .zip(output_tokens)
             .map(|(i, o)| i.saturating_add(o)),
     });
-    codec::streamed_answer(text, tool_calls, usage, model, stop_reason)
+    codec::streamed_answer(text.take(), tool_calls, usage, model, stop_reason)
 }
 
 /// The joined `input_json_delta` fragments of a `tool_use` block (none: no input).

@@ -194,7 +194,7 @@ impl ChatClient {
         history: &[ChatMessage],
         deadline: Option<tokio::time::Instant>,
         turn_headers: Option<&HeaderMap>,
-    ) -> (Exchange, Result<ChatMessage, Fault>) {
+    ) -> (Exchange, Result<ChatMessage, NoAnswer>) {
         let config = &self.inner;
         let mut exchange = Exchange {
             label: config.label.clone(),
@@ -207,7 +207,7 @@ impl ChatClient {
                     FaultCategory::Internal,
                     format!("could not encode the request: {e}"),
                 );
-                return (exchange, Err(fault));
+                return (exchange, Err(NoAnswer::from(fault)));
             }
         };
         // Charged against a provider's token limit, as the provider's own calls are.
@@ -231,6 +231,8 @@ impl ChatClient {
             provider: config.provider.as_deref(),
         };
         let mut waits = RateLimitWaits::default();
+        // What a stream said before it was cut.
+        let mut said = None;
         let outcome = match send(&request, &mut exchange, &mut waits).await {
             Err(SendError::Failed(fault) | SendError::RateLimited(fault)) => Err(fault),
             Ok(Received::Body(body)) => decode(config.api, &body),
@@ -238,7 +240,9 @@ impl ChatClient {
             Ok(Received::Events(mut stream, _held)) => {
                 stream.set_deadline(deadline);
                 let mut first_content = None;
-                let outcome = codec::read_stream(config.api, &mut stream, &mut first_content).await;
+                let outcome =
+                    codec::read_stream(config.api, &mut stream, &mut first_content, &mut said)
+                        .await;
                 exchange.ttft = first_content.or(stream.ttft());
                 // From the request to the end of the stream (the stream started after the
                 // queue).
@@ -267,11 +271,18 @@ impl ChatClient {
                     if let Some(last) = exchange.attempts.last_mut() {
                         last.fault = Some(fault.clone());
                     }
-                    return (exchange, Err(fault));
+                    let said = answer.message.content.filter(|text| !text.is_empty());
+                    return (exchange, Err(NoAnswer { fault, said }));
                 }
                 (exchange, Ok(answer.message))
             }
-            Err(fault) => (exchange, Err(fault)),
+            Err(fault) => (
+                exchange,
+                Err(NoAnswer {
+                    fault,
+                    said: said.filter(|text| !text.is_empty()),
+                }),
+            ),
         }
     }
 
@@ -281,6 +292,20 @@ impl ChatClient {
             fault.message = provider.redact(&fault.message);
         }
         fault
+    }
+}
+
+/// Why a request gave no answer to check, with the text the model had said by then (a stream
+/// cut short, an answer stopped at the token limit): kept on the turn to read, not checked.
+#[derive(Debug)]
+pub struct NoAnswer {
+    pub fault: Fault,
+    pub said: Option<String>,
+}
+
+impl From<Fault> for NoAnswer {
+    fn from(fault: Fault) -> Self {
+        NoAnswer { fault, said: None }
     }
 }
 

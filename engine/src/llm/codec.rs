@@ -195,10 +195,11 @@ pub async fn read_stream(
     api: ProviderKind,
     stream: &mut sse::EventStream,
     first_content: &mut Option<Duration>,
+    text: &mut Option<String>,
 ) -> Result<Answer, Fault> {
     match api {
-        ProviderKind::OpenAi => openai::read_chunks(stream, first_content).await,
-        ProviderKind::Anthropic => anthropic::read_events(stream, first_content).await,
+        ProviderKind::OpenAi => openai::read_chunks(stream, first_content, text).await,
+        ProviderKind::Anthropic => anthropic::read_events(stream, first_content, text).await,
     }
 }
 

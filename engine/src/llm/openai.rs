@@ -256,12 +256,13 @@ fn decode_usage(usage: Option<&Value>) -> Option<Usage> {
 
 /// Reads chat-completion chunks until `[DONE]` (or the end of a stream that saw a finish
 /// reason) and assembles the message. `first_content` is the time to the first chunk with
-/// content or a tool call (a role-only first chunk is not a token).
+/// content or a tool call (a role-only first chunk is not a token). `text` collects the
+/// text deltas, so a stream cut short leaves what it said there.
 pub async fn read_chunks(
     stream: &mut sse::EventStream,
     first_content: &mut Option<Duration>,
+    text: &mut Option<String>,
 ) -> Result<Answer, Fault> {
-    let mut text: Option<String> = None;
     let mut calls = StreamedCalls::default();
     let mut usage = None;
     let mut model = None;
@@ -375,7 +376,7 @@ pub async fn read_chunks(
             },
         });
     }
-    codec::streamed_answer(text, tool_calls, usage, model, finish_reason)
+    codec::streamed_answer(text.take(), tool_calls, usage, model, finish_reason)
 }
 
 #[cfg(test)]

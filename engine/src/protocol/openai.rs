@@ -23,7 +23,7 @@ use serde_json::{Map, Value, json};
 use trellis_dsl::{Agent, Project, ProviderKind, Template};
 
 use super::{AgentProtocol, CallContext, ChatMessage, Conversation, Session, Turn, TurnInput};
-use crate::llm::chat::{ChatClient, ChatOptions};
+use crate::llm::chat::{ChatClient, ChatOptions, NoAnswer};
 use crate::llm::codec::arguments_value;
 use crate::record::{Fault, FaultCategory, ToolCallRecord};
 use crate::render::{CompiledTemplate, RenderError, Templates};
@@ -306,7 +306,12 @@ impl OpenAiSession {
             turn.exchanges.push(exchange);
             let message = match outcome {
                 Ok(message) => message,
-                Err(fault) => {
+                Err(NoAnswer { fault, said }) => {
+                    // What the model said before it was cut is there to read; it is not the
+                    // reply (nothing checks it).
+                    if let Some(text) = said {
+                        turn.messages.push(ChatMessage::assistant(text));
+                    }
                     turn.fault = Some(fault);
                     return turn;
                 }

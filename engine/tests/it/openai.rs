@@ -155,6 +155,7 @@ async fn a_model_that_keeps_calling_tools_past_the_cap_is_a_protocol_fault() {
 
 #[tokio::test]
 async fn garbage_server_errors_and_timeouts_are_faults_of_the_turn() {
+    let mut said_when_cut = Vec::new();
     for (reply, category) in [
         (Reply::Raw("<html>oops".into()), FaultCategory::InvalidJson),
         (
@@ -210,8 +211,21 @@ async fn garbage_server_errors_and_timeouts_are_faults_of_the_turn() {
             assert!(fault.message.contains("finish reason `length`"), "{fault:?}");
             // The tokens were spent all the same.
             assert_eq!(turns(&run)[0].completion_tokens, Some(5));
+            // What it said is there to read, and is not the reply.
+            let turn = &turns(&run)[0];
+            assert_eq!(turn.reply, None);
+            said_when_cut.push(
+                turn.messages
+                    .iter()
+                    .filter_map(|m| m.content.clone())
+                    .collect::<Vec<_>>(),
+            );
         }
     }
+    assert_eq!(
+        said_when_cut,
+        [vec!["The answer was cut off because".to_owned()], vec![]]
+    );
 }
 
 #[tokio::test]
@@ -354,6 +368,10 @@ async fn streamed_answers_are_assembled_with_their_time_to_first_token() {
     let cut = session.turn(TurnInput::User("cut"), &CTX).await;
     let fault = cut.fault.expect("a cut stream is a fault");
     assert_eq!(fault.category, FaultCategory::Incomplete, "{fault:?}");
+    // What it said is there to read, and is not the reply.
+    assert_eq!(cut.reply, None);
+    assert_eq!(cut.messages.len(), 1, "{:?}", cut.messages);
+    assert_eq!(cut.messages[0].content.as_deref(), Some("half"));
 }
 
 #[tokio::test]
@@ -600,6 +618,14 @@ async fn anthropic_streams_that_break_are_faults_of_the_turn() {
         let fault = turns(&run)[0].fault.clone().expect("a fault on the turn");
         assert_eq!(fault.category, category, "{fault:?}");
         assert!(fault.message.contains(needle), "{}", fault.message);
+        if category == FaultCategory::Incomplete {
+            let said: Vec<_> = turns(&run)[0]
+                .messages
+                .iter()
+                .filter_map(|m| m.content.clone())
+                .collect();
+            assert_eq!(said, ["We ser"]);
+        }
     }
 }
 
