@@ -324,23 +324,13 @@ pub async fn read_chunks(
             let index = call
                 .get("index")
                 .and_then(Value::as_u64)
-                .and_then(|i| usize::try_from(i).ok())
-                .unwrap_or(position);
-            // Indices come in order; one far past the calls seen is a broken stream, not a
-            // reason to allocate.
-            if index > calls.len() {
-                return Err(Fault::new(
-                    FaultCategory::Protocol,
-                    format!(
-                        "chunk {} continues tool call {index}, but only {} began",
-                        stream.count(),
-                        calls.len()
-                    ),
-                ));
-            }
+                .unwrap_or(position as u64);
+            // Indices need not start at 0 nor follow each other: proxies in front of Claude
+            // number the first call 1 after a text block. Calls are merged by index and
+            // kept in the order they began, whatever the numbers.
             let function = call.get("function");
             calls.add(
-                index as u64,
+                index,
                 Fragment {
                     id: call.get("id").and_then(Value::as_str),
                     name: function.and_then(|f| f.get("name")).and_then(Value::as_str),

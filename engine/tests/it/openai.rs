@@ -451,6 +451,73 @@ async fn anthropic_models_run_the_same_tool_loop_over_messages() {
 }
 
 /// [`suite`] for an `anthropic` agent that streams.
+#[tokio::test]
+async fn streamed_tool_calls_numbered_from_one_are_calls() {
+    // A Claude model behind an OpenAI-compatible proxy: a text block, then its first tool
+    // call at index 1, and a second at index 3.
+    let call = |index: u32, id: &str, arguments: &str| {
+        json!({"choices": [{"index": 0, "delta": {"tool_calls": [{
+            "index": index,
+            "id": id,
+            "type": "function",
+            "function": {"name": "check_area", "arguments": arguments}
+        }]}}]})
+        .to_string()
+    };
+    let fragment = |index: u32, arguments: &str| {
+        json!({"choices": [{"index": 0, "delta": {"tool_calls": [{
+            "index": index, "function": {"arguments": arguments}
+        }]}}]})
+        .to_string()
+    };
+    let fake = FakeLlm::start(vec![
+        Rule::when("served", [Reply::text("We serve both.")]),
+        Rule::otherwise([Reply::Events(vec![
+            json!({"choices": [{"index": 0, "delta": {"role": "assistant", "content": "Checking."}}]})
+                .to_string(),
+            call(1, "toolu_1", ""),
+            fragment(1, r#"{"postal_code": "V4T 0A7"}"#),
+            call(3, "toolu_2", r#"{"postal_code": "H2X 1Y4"}"#),
+            json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+                .to_string(),
+            "[DONE]".to_owned(),
+        ])]),
+    ])
+    .await;
+    let run = run_suite(
+        &suite(
+            &fake.base_url(),
+            "stream=#true",
+            r#"user "Do you serve V4T and H2X?"
+    expect tool "check_area" postal_code="V4T 0A7"
+    expect reply contains="both""#,
+        ),
+        1,
+        env(),
+    )
+    .await;
+    let t = &run.trajectories[0];
+    assert_eq!(t.status, TrajectoryStatus::Passed, "{t:#?}");
+    let calls: Vec<_> = turns(&run)[0]
+        .tool_calls
+        .iter()
+        .map(|c| (c.call_id.clone(), c.arguments.clone()))
+        .collect();
+    assert_eq!(
+        calls,
+        [
+            (
+                "toolu_1".to_owned(),
+                r#"{"postal_code": "V4T 0A7"}"#.to_owned()
+            ),
+            (
+                "toolu_2".to_owned(),
+                r#"{"postal_code": "H2X 1Y4"}"#.to_owned()
+            ),
+        ]
+    );
+}
+
 fn anthropic_streaming_suite(base_url: &str, agent_extra: &str, steps: &str) -> String {
     suite(base_url, &format!("stream=#true {agent_extra}"), steps)
         .replace(r#"protocol="openai""#, r#"protocol="anthropic""#)
