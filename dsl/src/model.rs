@@ -613,6 +613,9 @@ pub struct Provider {
     /// The environment variable holding the API key (the key itself is never in a suite),
     /// where the suite names it.
     pub api_key_env: Option<Spanned<String>>,
+    /// The header the key is sent in, as is, instead of the API's own (`Authorization:
+    /// Bearer …`, `x-api-key`): Azure OpenAI's `api-key`.
+    pub api_key_header: Option<String>,
     /// Default sampling temperature of calls through this provider (0–2).
     pub temperature: Option<f64>,
     /// Default cap on generated tokens per call.

@@ -570,8 +570,7 @@ impl<'f> Decoder<'f> {
             let (Some(name), Some(v)) = (self.string(n), value(self, val)) else {
                 continue;
             };
-            let token = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
-            let problem = if name.is_empty() || !name.chars().all(token) {
+            let problem = if !is_header_name(&name) {
                 Some((n, "not a valid header name"))
             } else if text(&v).contains(['\r', '\n']) {
                 Some((val, "a header value cannot contain a line break"))
@@ -798,4 +797,12 @@ mod tests {
         let kinds: Vec<Kind> = diags.iter().map(|d| d.kind).collect();
         assert_eq!(kinds, vec![Kind::DuplicateId, Kind::UnexpectedArgument]);
     }
+}
+
+/// An HTTP header name: an RFC 9110 token.
+pub(crate) fn is_header_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c))
 }

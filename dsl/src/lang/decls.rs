@@ -123,7 +123,7 @@ pub static PROVIDER: NodeSpec = NodeSpec::node(
 .args(ID)
 .children(Children::Nodes(&PROVIDER_SETTINGS))
 .repeatable();
-pub static PROVIDER_SETTINGS: [&NodeSpec; 15] = [
+pub static PROVIDER_SETTINGS: [&NodeSpec; 16] = [
     &NodeSpec::setting(
         "kind",
         &[ArgSpec::value(ValueType::OneOf(&["openai", "anthropic"]))],
@@ -139,6 +139,11 @@ pub static PROVIDER_SETTINGS: [&NodeSpec; 15] = [
         "api-key-env",
         STRING,
         "the environment variable holding the API key",
+    ),
+    &NodeSpec::setting(
+        "api-key-header",
+        STRING,
+        "the header the key is sent in, as is (Azure OpenAI: `api-key`)",
     ),
     &NodeSpec::setting("temperature", TEMPERATURE, "default sampling temperature"),
     &NodeSpec::setting("max-tokens", POSITIVE, "cap on generated tokens per call"),

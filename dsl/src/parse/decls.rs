@@ -168,12 +168,61 @@ impl<'f> Decoder<'f> {
                 );
             self.report(d);
         }
+        let api_key_header = self.s_string(&s, "api-key-header");
+        if let (Some(e), Some(name)) = (s.value("api-key-header"), &api_key_header) {
+            if !is_header_name(name) {
+                let d = self
+                    .diag(
+                        Kind::InvalidValue,
+                        format!("`{name}` is not an HTTP header name"),
+                        value_span(e),
+                        "not a header name",
+                    )
+                    .with_help("e.g. api-key-header=\"api-key\" (Azure OpenAI)");
+                self.report(d);
+            } else if api_key_env.is_none() {
+                let d = self
+                    .diag(
+                        Kind::InvalidValue,
+                        "`api-key-header` names where the key goes, but no key is read".to_string(),
+                        value_span(e),
+                        "no `api-key-env` beside it",
+                    )
+                    .with_help(format!(
+                        "add the variable holding the key: api-key-env=\"AZURE_OPENAI_API_KEY\" \
+                         api-key-header=\"{name}\""
+                    ));
+                self.report(d);
+            }
+        }
         let temperature = self.s_number(&s, "temperature", (0.0, 2.0));
         let max_tokens = s.value("max-tokens").and_then(|e| self.u32(e, 1));
         let headers = self.headers(
             &s,
             "header \"NAME\" \"VALUE\"; secrets belong in `api-key-env`",
-            Self::string,
+            |d, e| {
+                let text = d.string(e)?;
+                // Sent as written: a template here would reach the server as its text (and
+                // a key read from `env` belongs in `api-key-env`, where it is redacted).
+                if text.contains("{{") || text.contains("{%") {
+                    let diag = d
+                        .diag(
+                            Kind::InvalidValue,
+                            "a provider's header is sent as written, not rendered as a template"
+                                .to_string(),
+                            value_span(e),
+                            "sent as this text",
+                        )
+                        .with_help(
+                            "read a key with api-key-env=\"VAR\", and add api-key-header=\"NAME\" \
+                             when it goes in another header than the API's own (Azure OpenAI: \
+                             api-key-header=\"api-key\")",
+                        );
+                    d.report(diag);
+                    return None;
+                }
+                Some(text)
+            },
             String::as_str,
         );
         let timeout = s.value("timeout").and_then(|e| self.timeout(e));
@@ -203,6 +252,7 @@ impl<'f> Decoder<'f> {
             base_url,
             model,
             api_key_env,
+            api_key_header,
             temperature,
             max_tokens,
             headers,

@@ -233,6 +233,7 @@ const NOT_ALONE: &[&str] = &[
     "agent.provider",
     "agent:multiagent.transport",
     "agent:multiagent.keep-open",
+    "provider.api-key-header",
     // A scenario id: the base has one scenario, which cannot need itself.
     "scenario.needs",
 ];

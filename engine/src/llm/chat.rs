@@ -355,5 +355,22 @@ mod tests {
                 .ok(),
             Some("http://h/v1/messages".to_owned())
         );
+        // Azure OpenAI: the deployment's URL with its API version.
+        for base in [
+            "https://r.openai.azure.com/openai/deployments/gpt4o?api-version=2024-06-01",
+            "https://r.openai.azure.com/openai/deployments/gpt4o/?api-version=2024-06-01",
+            "https://r.openai.azure.com/openai/deployments/gpt4o/chat/completions?api-version=2024-06-01",
+        ] {
+            assert_eq!(
+                completions_url(base, ProviderKind::OpenAi)
+                    .map(|u| u.to_string())
+                    .ok()
+                    .as_deref(),
+                Some(
+                    "https://r.openai.azure.com/openai/deployments/gpt4o/chat/completions?api-version=2024-06-01"
+                ),
+                "{base}"
+            );
+        }
     }
 }

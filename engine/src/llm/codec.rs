@@ -131,14 +131,16 @@ pub fn default_base(api: ProviderKind) -> &'static str {
     }
 }
 
-/// `{base}{path}`, unless the base already ends with the path.
+/// `{base}{path}`, unless the base already ends with the path. A query stays at the end
+/// (Azure OpenAI's `?api-version=…`).
 pub fn endpoint_text(api: ProviderKind, base: &str) -> String {
     let path = path(api);
+    let (base, query) = base.split_at(base.find(['?', '#']).unwrap_or(base.len()));
     let base = base.trim_end_matches('/');
     if base.ends_with(path) {
-        base.to_owned()
+        format!("{base}{query}")
     } else {
-        format!("{base}{path}")
+        format!("{base}{path}{query}")
     }
 }
 

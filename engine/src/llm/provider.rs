@@ -211,7 +211,18 @@ impl ProviderClient {
             headers.append(name, value);
         }
         if let Some(key) = &key {
-            let (name, text) = codec::key_header(provider.kind, &key.0);
+            let (name, text) = match &provider.api_key_header {
+                Some(name) => (
+                    HeaderName::from_bytes(name.as_bytes()).map_err(|_| {
+                        ProviderSetupError::InvalidHeader {
+                            provider: id.clone(),
+                            name: name.clone(),
+                        }
+                    })?,
+                    key.0.to_string(),
+                ),
+                None => codec::key_header(provider.kind, &key.0),
+            };
             let mut value =
                 HeaderValue::from_str(&text).map_err(|_| ProviderSetupError::InvalidKey {
                     provider: id.clone(),

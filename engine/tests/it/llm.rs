@@ -92,6 +92,29 @@ async fn openai_call_sends_parameters_and_records_usage_and_cost() {
 }
 
 #[tokio::test]
+async fn an_azure_style_provider_keeps_its_query_and_sends_the_key_in_its_header() {
+    let fake = FakeLlm::always("hello").await;
+    let client = client(&format!(
+        r#"provider "azure" kind="openai" base-url="{}?api-version=2024-06-01" model="m" \
+            api-key-env="FAKE_LLM_KEY" api-key-header="api-key""#,
+        fake.base_url()
+    ));
+    let outcome = client.complete(&ask("hi"), None).await;
+    assert_eq!(outcome.result.unwrap().text, "hello");
+    let seen = &fake.seen()[0];
+    assert_eq!(seen.headers["api-key"], KEY);
+    assert!(seen.headers.get("authorization").is_none());
+    assert!(
+        client
+            .url()
+            .as_str()
+            .ends_with("/v1/chat/completions?api-version=2024-06-01"),
+        "{}",
+        client.url()
+    );
+}
+
+#[tokio::test]
 async fn anthropic_messages_use_their_own_headers_and_shape() {
     let fake = FakeLlm::always("bonjour").await;
     let client = client(&format!(
