@@ -431,15 +431,35 @@ fn evaluate<T: AsRef<TurnRecord>>(
             }
         }
         CriterionKind::Tokens { max } => {
-            let reported: Vec<u64> = turns.iter().filter_map(|t| turn_tokens(t)).collect();
+            // Turns that sent a request, whose tokens were spent whether reported or not.
+            let sent: Vec<&TurnRecord> = turns
+                .iter()
+                .copied()
+                .filter(|t| t.attempts > 0 || turn_tokens(t).is_some())
+                .collect();
+            let reported: Vec<u64> = sent.iter().filter_map(|t| turn_tokens(t)).collect();
             if reported.is_empty() {
                 return skip("the agent reported no token usage");
             }
             let total = reported.iter().fold(0u64, |sum, &t| sum.saturating_add(t));
-            if total <= *max {
-                pass(format!("{total} tokens"))
-            } else {
+            let unreported = sent.len() - reported.len();
+            let partial = sent.iter().filter(|t| t.tokens_partial).count();
+            if total > *max {
                 fail(format!("{total} tokens > {max}"))
+            } else if unreported > 0 || partial > 0 {
+                // Under the bar on what was reported; what was not may be over it.
+                let what = if unreported > 0 {
+                    format!("{unreported} of {} turns reported no usage", sent.len())
+                } else if sent.len() == 1 {
+                    "some of the turn's requests reported no usage".to_owned()
+                } else {
+                    format!("some requests of {partial} turn(s) reported no usage")
+                };
+                skip(format!(
+                    "at least {total} tokens, but {what}: the total is not known"
+                ))
+            } else {
+                pass(format!("{total} tokens"))
             }
         }
         CriterionKind::NoError => {
@@ -1441,6 +1461,39 @@ mod tests {
             check(&c, Scope::Turn, &turns, Some(2)).status,
             CriterionStatus::Failed
         );
+    }
+
+    #[test]
+    fn tokens_under_the_bar_with_usage_missing_are_not_a_pass() {
+        let c = crit(CriterionKind::Tokens { max: 150 });
+        let reported = |tokens: Option<u64>| {
+            let mut t = turn(0, "", &[]);
+            t.attempts = 1;
+            t.total_tokens = tokens;
+            t
+        };
+        // A turn of two requests, one of which reported nothing.
+        let mut partial = reported(Some(107));
+        partial.tokens_partial = true;
+        let r = check(&c, Scope::Turn, std::slice::from_ref(&partial), Some(0));
+        assert_eq!(r.status, CriterionStatus::Skipped, "{r:?}");
+        assert!(r.detail.as_deref().unwrap_or("").contains("at least 107"));
+        // Two turns, the first without usage.
+        let turns = [reported(None), reported(Some(107))];
+        let r = check(&c, Scope::Trajectory, &turns, None);
+        assert_eq!(r.status, CriterionStatus::Skipped, "{r:?}");
+        assert!(
+            r.detail.as_deref().unwrap_or("").contains("1 of 2 turns"),
+            "{r:?}"
+        );
+        // Over the bar on what was reported: failed, whatever was not.
+        let turns = [reported(None), reported(Some(151))];
+        let r = check(&c, Scope::Trajectory, &turns, None);
+        assert_eq!(r.status, CriterionStatus::Failed, "{r:?}");
+        // Everything reported, under the bar: passed.
+        let turns = [reported(Some(40)), reported(Some(107))];
+        let r = check(&c, Scope::Trajectory, &turns, None);
+        assert_eq!(r.status, CriterionStatus::Passed, "{r:?}");
     }
 
     #[test]

@@ -49,6 +49,10 @@ pub struct TurnRecord {
     pub completion_tokens: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub total_tokens: Option<u64>,
+    /// Some of the turn's requests reported no usage while others did: the counts are what
+    /// those reported, a floor of what the turn spent.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub tokens_partial: bool,
     /// The turn's tokens at the prices of the provider a model under test is reached
     /// through (`provider=` with `input-price`/`output-price`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

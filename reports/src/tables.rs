@@ -345,6 +345,7 @@ table!(
         prompt_tokens: Vec<Option<u64>>,
         completion_tokens: Vec<Option<u64>>,
         total_tokens: Vec<Option<u64>>,
+        tokens_partial: Vec<bool>,
         cost_usd: Vec<Option<f64>>,
         model: Vec<Option<String>>,
         provider: Vec<Option<String>>,
@@ -781,6 +782,7 @@ impl Tables {
             t.prompt_tokens.push(turn.prompt_tokens);
             t.completion_tokens.push(turn.completion_tokens);
             t.total_tokens.push(turn.total_tokens);
+            t.tokens_partial.push(turn.tokens_partial);
             t.cost_usd.push(turn.cost_usd);
             t.model.push(turn.model.clone());
             t.provider.push(turn.provider.clone());

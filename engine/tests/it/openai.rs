@@ -452,6 +452,50 @@ async fn anthropic_models_run_the_same_tool_loop_over_messages() {
 
 /// [`suite`] for an `anthropic` agent that streams.
 #[tokio::test]
+async fn a_turn_whose_tool_round_reported_no_usage_is_not_under_a_token_bar() {
+    let fake = FakeLlm::start(vec![
+        Rule::when(
+            "served",
+            [Reply::Raw(
+                r#"{"choices":[{"message":{"role":"assistant","content":"We serve it."},"finish_reason":"stop"}],"usage":{"prompt_tokens":100,"completion_tokens":7,"total_tokens":107}}"#
+                    .into(),
+            )],
+        ),
+        // The tool round: no usage at all.
+        Rule::otherwise([Reply::Raw(
+            r#"{"choices":[{"message":{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"check_area","arguments":"{\"postal_code\": \"V4T 0A7\"}"}}]},"finish_reason":"tool_calls"}]}"#
+                .into(),
+        )]),
+    ])
+    .await;
+    let run = run_suite(
+        &suite(
+            &fake.base_url(),
+            "",
+            r#"user "Do you serve V4T?"
+    expect tokens max=150"#,
+        ),
+        1,
+        env(),
+    )
+    .await;
+    let turn = &turns(&run)[0];
+    assert_eq!(turn.total_tokens, Some(107));
+    assert!(turn.tokens_partial, "{turn:#?}");
+    let t = &run.trajectories[0];
+    let check = &t.criteria[0];
+    assert_eq!(check.status, CriterionStatus::Skipped, "{check:#?}");
+    assert!(
+        check
+            .detail
+            .as_deref()
+            .unwrap_or("")
+            .contains("at least 107 tokens"),
+        "{check:#?}"
+    );
+}
+
+#[tokio::test]
 async fn streamed_tool_calls_numbered_from_one_are_calls() {
     // A Claude model behind an OpenAI-compatible proxy: a text block, then its first tool
     // call at index 1, and a second at index 3.
