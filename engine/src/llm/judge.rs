@@ -592,16 +592,16 @@ pub fn parse_answer(rubric: &Rubric, text: &str) -> Result<Answer, Garbage> {
     }
 }
 
-/// `Σ(score/5)·w·100` over the weights of the metrics scored, renormalised.
+/// `Σ(score/5)·w·100` over the weights of the metrics scored, renormalised: weighted sums
+/// of the scores over the sum of the weights, so all fives give exactly 100 (dividing each
+/// term first rounded a perfect answer to 100.00000000000003, over the documented range).
 pub fn connexity_overall(scores: &[MetricScore]) -> f64 {
     let total: f64 = scores.iter().map(|m| m.weight).sum();
     if total <= 0.0 {
         return 0.0;
     }
-    scores
-        .iter()
-        .map(|m| m.score / 5.0 * m.weight / total * 100.0)
-        .sum()
+    let weighted: f64 = scores.iter().map(|m| m.score * m.weight).sum();
+    (weighted / total / 5.0 * 100.0).clamp(0.0, 100.0)
 }
 
 fn garbage(why: &str, text: &str) -> Garbage {
@@ -847,6 +847,18 @@ mod tests {
         let text = json!({"metrics": metrics, "justification": "mostly fine"}).to_string();
         let a = parse_answer(&Rubric::Connexity, &text).unwrap();
         assert!((a.score - 0.85).abs() < 1e-9, "{}", a.score);
+        // A perfect answer is exactly 1, never over it.
+        let all_fives: Map<String, Value> = CONNEXITY_METRICS
+            .iter()
+            .map(|(name, _, _)| {
+                (
+                    (*name).to_owned(),
+                    json!({"score": 5, "label": "x", "justification": "y", "failure_code": null}),
+                )
+            })
+            .collect();
+        let text = json!({"metrics": all_fives}).to_string();
+        assert_eq!(parse_answer(&Rubric::Connexity, &text).unwrap().score, 1.0);
         let routing = a
             .metrics
             .iter()
