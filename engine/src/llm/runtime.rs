@@ -1070,6 +1070,12 @@ fn decide(
             Some((*status == CriterionStatus::Passed, v.score?, v.threshold))
         })
         .collect();
+    // The bar the panel holds answers to, as below: also on a panel that could not decide
+    // (0 would read as a panel that passes anything).
+    verdict.threshold = members
+        .iter()
+        .filter_map(|(_, _, v)| v.as_ref().map(|v| v.threshold))
+        .fold(0.0, f64::max);
     verdict.members = members.into_iter().filter_map(|(_, _, v)| v).collect();
     if !unusable.is_empty() || scored.is_empty() {
         return (

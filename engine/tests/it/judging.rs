@@ -330,6 +330,8 @@ async fn a_panel_decides_by_its_consensus_rule_and_records_its_agreement() {
     let c = criterion(&run, "PANEL-CHECK");
     assert_eq!(c.status, CriterionStatus::Error);
     assert!(c.detail.as_deref().unwrap().contains("`c`"), "{c:?}");
+    // Its bar is still the members', not 0.
+    assert_eq!(c.judge.as_deref().unwrap().threshold, 0.5, "{c:?}");
 }
 
 #[tokio::test]
