@@ -597,7 +597,7 @@ impl HttpTransport {
                 self.replay_lost,
             )
             .await
-            .map_err(|e| plain_fault(&e, url, progress))?;
+            .map_err(|e| plain_fault(&e, url, progress, self.replay_lost))?;
         let status = answer.response.status();
         progress.status = Some(status);
         progress.content_length = hyper::body::Body::size_hint(answer.response.body()).exact();
@@ -752,8 +752,15 @@ fn is_loopback(url: &Url) -> bool {
 }
 
 /// The fault of an exchange on the plain path: [`classify_chain`], as on reqwest's path,
-/// told what reqwest's error would say about a failed resolve or connect.
-fn plain_fault(err: &super::plain::PlainError, url: &Url, progress: &Progress) -> Fault {
+/// told what reqwest's error would say about a failed resolve or connect. `replayed`: lost
+/// requests are already sent again ([`HttpTransport::replaying_lost`]), so the hint to allow
+/// it is left out.
+fn plain_fault(
+    err: &super::plain::PlainError,
+    url: &Url,
+    progress: &Progress,
+    replayed: bool,
+) -> Fault {
     use super::plain::PlainError;
     let err_kind = err;
     let (err, flags): (&(dyn StdError + 'static), Flags) = match err {
@@ -787,16 +794,23 @@ fn plain_fault(err: &super::plain::PlainError, url: &Url, progress: &Progress) -
         // kept-alive connection closed as the request went out is the server's idle close
         // racing it; one closed later is an agent that stopped while it worked.
         let raced = *reused && *after < KEEP_ALIVE_RACE;
+        let allow = if replayed {
+            ""
+        } else if raced {
+            "; `retry-after-send #true` sends such a request again on a new connection"
+        } else {
+            ". `retry-after-send #true` sends such a request again"
+        };
         fault.message.push_str(&if raced {
-            " (on a kept-alive connection the agent closed as the request went out: servers \
-             that close idle connections or restart their workers do this; \
-             `retry-after-send #true` sends such a request again on a new connection)"
-                .to_owned()
+            format!(
+                " (on a kept-alive connection the agent closed as the request went out: servers \
+                 that close idle connections or restart their workers do this{allow})"
+            )
         } else {
             format!(
                 " (closed {} after the request went out, before any answer: an agent that \
                  crashed, restarted its workers or shed connections under load; it may have \
-                 acted on the request. `retry-after-send #true` sends such a request again)",
+                 acted on the request{allow})",
                 DisplayDuration(*after)
             )
         });

@@ -452,6 +452,26 @@ async fn anthropic_models_run_the_same_tool_loop_over_messages() {
 
 /// [`suite`] for an `anthropic` agent that streams.
 #[tokio::test]
+async fn a_model_whose_connection_resets_is_not_told_to_allow_what_it_already_does() {
+    let server = crate::support::MisbehavingServer::start(crate::support::Behavior::Reset).await;
+    let run = run_suite(
+        &suite(
+            server.url().trim_end_matches('/'),
+            "retries=1",
+            r#"user "hi""#,
+        ),
+        1,
+        env(),
+    )
+    .await;
+    let fault = turns(&run)[0].fault.clone().expect("a fault");
+    assert_eq!(fault.category, FaultCategory::Transport, "{fault:?}");
+    // A model agent sends a lost request again already (and retries it): no hint to allow it.
+    assert!(!fault.message.contains("retry-after-send"), "{fault:?}");
+    assert!(server.requests() >= 2, "sent again: {}", server.requests());
+}
+
+#[tokio::test]
 async fn a_turn_whose_tool_round_reported_no_usage_is_not_under_a_token_bar() {
     let fake = FakeLlm::start(vec![
         Rule::when(
