@@ -1009,6 +1009,7 @@ pub(super) fn spans_notices(receiver: String) -> trellis_engine::otel::SpansNoti
             agent,
             wait,
             foreign,
+            refused,
         } => {
             let first = told
                 .lock()
@@ -1017,7 +1018,12 @@ pub(super) fn spans_notices(receiver: String) -> trellis_engine::otel::SpansNoti
             if first {
                 // Spans that arrive in traces of their own say the endpoint is right and
                 // the agent does not continue the `traceparent` it is sent.
-                let fix = if foreign > 0 {
+                let fix = if let Some((n, why)) = refused {
+                    format!(
+                        "the receiver at {receiver} refused {}: {why}",
+                        count(n, "export request", "export requests")
+                    )
+                } else if foreign > 0 {
                     format!(
                         "the receiver at {receiver} got {} of other traces, dropped: the \
                          agent must continue the `traceparent` header of each request in its \

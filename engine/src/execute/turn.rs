@@ -175,10 +175,12 @@ impl Unit<'_> {
                 && !shared.spans_wait.is_zero()
                 && let Some(notices) = &shared.spans_notices
             {
+                let refused = store.refused();
                 (notices.0)(crate::otel::SpansNotice::TurnGotNone {
                     agent: self.agent_id(),
                     wait: shared.spans_wait,
                     foreign: store.foreign(),
+                    refused: refused.as_ref().map(|(n, why)| (*n, why.as_str())),
                 });
             }
             if let Some(kept) = &spans_for_reuse {

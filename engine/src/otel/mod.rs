@@ -57,6 +57,9 @@ pub enum SpansNotice<'a> {
         agent: &'a str,
         wait: Duration,
         foreign: u64,
+        /// Export requests the receiver refused so far, and the last one's reason: spans
+        /// sent where they should go, in a form it cannot read.
+        refused: Option<(u64, &'a str)>,
     },
     /// The end of the run has waited a moment and goes on waiting, up to `grace`
     /// (`--spans-grace`), for the root spans of `turns` turns.

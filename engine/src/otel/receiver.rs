@@ -4,8 +4,11 @@
 //! the [`SpanStore`].
 //!
 //! It answers as the OTLP spec asks (an empty `ExportTraceServiceResponse` in the request's
-//! encoding; 400 for a body that does not decode, 415 for another content type or a
-//! compressed body), so an SDK exporter never retries a request we cannot read. The server
+//! encoding; 400 for a body that does not decode, 415 for another content type or a coding
+//! other than gzip and deflate), so an SDK exporter never retries a request we cannot read.
+//! A gzip body (`OTEL_EXPORTER_OTLP_COMPRESSION=gzip`, which the OTLP spec has every
+//! receiver take) is decompressed first. Each refusal is counted in the store with its
+//! reason, so the run can say why an agent's spans never arrived. The server
 //! runs on the runtime that starts it and stops when the receiver is dropped.
 
 use std::net::SocketAddr;
@@ -110,6 +113,10 @@ enum Encoding {
 }
 
 async fn export(State(store): State<Arc<SpanStore>>, headers: HeaderMap, body: Bytes) -> Response {
+    let refuse = |status: StatusCode, why: String| {
+        store.refuse(&why);
+        (status, why).into_response()
+    };
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -118,24 +125,45 @@ async fn export(State(store): State<Arc<SpanStore>>, headers: HeaderMap, body: B
         Some("application/x-protobuf" | "application/protobuf") => Encoding::Protobuf,
         Some("application/json") => Encoding::Json,
         _ => {
-            return (
+            return refuse(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "OTLP/HTTP takes application/x-protobuf or application/json",
-            )
-                .into_response();
+                format!(
+                    "OTLP/HTTP takes application/x-protobuf or application/json, not `{}`",
+                    crate::transport::quote::cut(content_type, 80)
+                ),
+            );
         }
     };
-    if headers
+    let coding = headers
         .get(header::CONTENT_ENCODING)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|e| !e.eq_ignore_ascii_case("identity"))
-    {
-        return (
+        .map(|v| {
+            String::from_utf8_lossy(v.as_bytes())
+                .trim()
+                .to_ascii_lowercase()
+        })
+        .unwrap_or_default();
+    if !matches!(
+        coding.as_str(),
+        "" | "identity" | "gzip" | "x-gzip" | "deflate"
+    ) {
+        return refuse(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "compressed OTLP bodies are not accepted: set OTEL_EXPORTER_OTLP_COMPRESSION=none",
-        )
-            .into_response();
+            format!(
+                "OTLP bodies compressed with `{}` are not accepted, only gzip: set \
+                 OTEL_EXPORTER_OTLP_COMPRESSION=gzip or none",
+                crate::transport::quote::cut(&coding, 40)
+            ),
+        );
     }
+    let body = match crate::transport::encoding::decoded(&headers, body, MAX_BODY as u64) {
+        Ok(body) => body,
+        Err(fault) => {
+            return refuse(
+                StatusCode::BAD_REQUEST,
+                format!("the OTLP body does not decompress: {}", fault.message),
+            );
+        }
+    };
     let request = match encoding {
         Encoding::Protobuf => ExportTraceServiceRequest::decode(body).map_err(|e| e.to_string()),
         Encoding::Json => serde_json::from_slice(&body).map_err(|e| e.to_string()),
@@ -143,11 +171,10 @@ async fn export(State(store): State<Arc<SpanStore>>, headers: HeaderMap, body: B
     let request = match request {
         Ok(request) => request,
         Err(e) => {
-            return (
+            return refuse(
                 StatusCode::BAD_REQUEST,
                 format!("not an OTLP trace export: {e}"),
-            )
-                .into_response();
+            );
         }
     };
     store.add(flatten(request));
@@ -330,5 +357,35 @@ mod tests {
             post("text/plain", b"x".to_vec()).await.unwrap().status(),
             415
         );
+
+        // OTEL_EXPORTER_OTLP_COMPRESSION=gzip: taken.
+        receiver.store().expect_turn("eee19b7ec3c1b173", true);
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        std::io::Write::write_all(&mut gz, &request.encode_to_vec()).unwrap();
+        let compressed = |coding: &'static str, body: Vec<u8>| {
+            client
+                .post(&url)
+                .header("content-type", "application/x-protobuf")
+                .header("content-encoding", coding)
+                .body(body)
+                .send()
+        };
+        let ok = compressed("gzip", gz.finish().unwrap()).await.unwrap();
+        assert_eq!(ok.status(), 200);
+        let (spans, _) = receiver
+            .store()
+            .take_turn("eee19b7ec3c1b173", Duration::from_secs(1))
+            .await;
+        assert_eq!(
+            spans.len(),
+            2,
+            "the protobuf export's span and the gzip one's"
+        );
+        // A coding it does not take is refused, and the store says why.
+        let refused = compressed("zstd", vec![1, 2, 3]).await.unwrap();
+        assert_eq!(refused.status(), 415);
+        let (n, why) = receiver.store().refused().expect("counted");
+        assert_eq!(n, 4, "the two bad bodies, the content type and zstd");
+        assert!(why.contains("`zstd`") && why.contains("gzip"), "{why}");
     }
 }

@@ -48,6 +48,10 @@ struct State {
     dropped_full: u64,
     foreign: u64,
     received: u64,
+    /// Export requests the receiver refused (a body it cannot read), with the last one's
+    /// reason.
+    refused: u64,
+    refusal: Option<String>,
 }
 
 /// The spans the receiver took in, for one run.
@@ -126,6 +130,19 @@ impl SpanStore {
     /// receiver without continuing the `traceparent` it was sent.
     pub fn foreign(&self) -> u64 {
         self.lock().foreign
+    }
+
+    /// An export request the receiver refused, and why (as its answer said).
+    pub fn refuse(&self, why: &str) {
+        let mut state = self.lock();
+        state.refused += 1;
+        state.refusal = Some(why.to_owned());
+    }
+
+    /// Export requests refused so far, with the last one's reason.
+    pub fn refused(&self) -> Option<(u64, String)> {
+        let state = self.lock();
+        state.refusal.clone().map(|why| (state.refused, why))
     }
 
     /// Takes in spans decoded from one export request.

@@ -21,7 +21,7 @@ use serde::{Deserialize, Serialize};
 use crate::record::Fault;
 
 pub mod connect;
-mod encoding;
+pub(crate) mod encoding;
 pub mod http;
 pub mod line;
 mod plain;
