@@ -355,7 +355,8 @@ pub struct RunArgs {
     /// simulator calls) to this OTLP/HTTP collector, e.g. http://127.0.0.1:4318 (protobuf;
     /// `/v1/traces` is added). Without it, OTEL_EXPORTER_OTLP_ENDPOINT (or
     /// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT) turns the export on, with
-    /// OTEL_EXPORTER_OTLP_HEADERS, OTEL_EXPORTER_OTLP_TIMEOUT and OTEL_SERVICE_NAME.
+    /// OTEL_EXPORTER_OTLP_HEADERS, OTEL_EXPORTER_OTLP_TIMEOUT, OTEL_EXPORTER_OTLP_COMPRESSION
+    /// and OTEL_SERVICE_NAME.
     #[arg(long, value_name = "URL")]
     otlp_endpoint: Option<String>,
     /// How long a turn of a `spans #true` agent waits after the answer for the agent's

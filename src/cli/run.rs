@@ -768,10 +768,12 @@ pub fn execute_plan(
         .map_err(|e| {
             use trellis_engine::otel::export::ExportConfigError as E;
             match e {
-                E::BadEndpoint(_) | E::Protocol(_) => format!(
+                E::BadEndpoint(_) | E::Protocol { .. } => format!(
                     "{e}\n  help: give --otlp-endpoint http://HOST:4318 (OTLP/HTTP, protobuf)"
                 ),
-                E::BadHeader { .. } | E::BadTimeout { .. } => e.to_string(),
+                E::BadHeader { .. } | E::BadTimeout { .. } | E::BadCompression { .. } => {
+                    e.to_string()
+                }
             }
         })?
     };

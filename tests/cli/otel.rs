@@ -773,6 +773,30 @@ async fn the_runs_own_spans_reach_a_real_collector() {
     }
 }
 
+/// OTEL_EXPORTER_OTLP_COMPRESSION=gzip: the collector gets gzip bodies, and every span.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gzip_export_reaches_the_collector_whole() {
+    let collector = Collector::start();
+    let dir = tempfile::tempdir().unwrap();
+    let o = trellis()
+        .arg("run")
+        .arg(repo("suites/opentelemetry.kdl"))
+        .arg("--out")
+        .arg(dir.path().join("out"))
+        .env(
+            "OTEL_EXPORTER_OTLP_ENDPOINT",
+            format!("http://127.0.0.1:{}", collector.port),
+        )
+        .env("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let spans = collector.spans();
+    assert_eq!(spans.len(), 5, "{spans:?}");
+    assert!(spans.iter().all(|s| s["encoding"] == "gzip"), "{spans:?}");
+}
+
 /// A collector that is down is one warning; the run and its exit code are unchanged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_down_collector_is_one_warning() {

@@ -53,6 +53,8 @@ pub struct ExportConfig {
     pub timeout: Duration,
     /// `service.name` (`OTEL_SERVICE_NAME`, default `trellis`).
     pub service: String,
+    /// Bodies sent gzip-compressed (`OTEL_EXPORTER_OTLP_COMPRESSION=gzip`).
+    pub gzip: bool,
 }
 
 /// Why the export settings cannot be used.
@@ -61,9 +63,11 @@ pub enum ExportConfigError {
     #[error("OTLP endpoint `{0}` is not an http:// or https:// URL")]
     BadEndpoint(String),
     #[error(
-        "OTEL_EXPORTER_OTLP_PROTOCOL={0} is not offered: Trellis exports OTLP over HTTP with protobuf (`http/protobuf`)"
+        "{var}={value} is not offered: Trellis exports OTLP over HTTP with protobuf (`http/protobuf`)"
     )]
-    Protocol(String),
+    Protocol { var: &'static str, value: String },
+    #[error("{var}={value} is not a compression Trellis sends: `gzip` or `none`")]
+    BadCompression { var: &'static str, value: String },
     #[error(
         "{var}: {entry} is not `key=value` with a header name and value HTTP can carry (entries are separated by commas; a comma or an equals sign inside a value is written %2C or %3D, and percent escapes must spell UTF-8)"
     )]
@@ -101,15 +105,27 @@ impl ExportConfig {
         if !(url.starts_with("http://") || url.starts_with("https://")) {
             return Err(ExportConfigError::BadEndpoint(url));
         }
-        let protocol = env("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-            .or_else(|| env("OTEL_EXPORTER_OTLP_PROTOCOL"));
-        if let Some(p) = protocol.filter(|p| p != "http/protobuf") {
-            return Err(ExportConfigError::Protocol(p));
-        }
         let first = |names: [&'static str; 2]| {
             names
                 .into_iter()
                 .find_map(|name| env(name).map(|value| (name, value)))
+        };
+        if let Some((var, value)) = first([
+            "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+        ])
+        .filter(|(_, p)| p != "http/protobuf")
+        {
+            return Err(ExportConfigError::Protocol { var, value });
+        }
+        let gzip = match first([
+            "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
+            "OTEL_EXPORTER_OTLP_COMPRESSION",
+        ]) {
+            None => false,
+            Some((_, value)) if value.eq_ignore_ascii_case("none") => false,
+            Some((_, value)) if value.eq_ignore_ascii_case("gzip") => true,
+            Some((var, value)) => return Err(ExportConfigError::BadCompression { var, value }),
         };
         let headers = match first([
             "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
@@ -133,7 +149,18 @@ impl ExportConfig {
             headers,
             timeout,
             service: env("OTEL_SERVICE_NAME").unwrap_or_else(|| "trellis".to_owned()),
+            gzip,
         }))
+    }
+}
+
+/// `body` gzip-compressed (writing to memory cannot fail; the body is sent as is if it did).
+fn gzipped(body: &[u8]) -> Vec<u8> {
+    use std::io::Write as _;
+    let mut encoder = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    match encoder.write_all(body).and_then(|()| encoder.finish()) {
+        Ok(compressed) => compressed,
+        Err(_) => body.to_vec(),
     }
 }
 
@@ -642,12 +669,21 @@ impl SendLoop {
                     ..ResourceSpans::default()
                 }],
             };
+            let body = request.encode_to_vec();
+            let body = if self.config.gzip {
+                gzipped(&body)
+            } else {
+                body
+            };
             let outcome = runtime.block_on(async {
                 let mut post = client
                     .post(&self.config.url)
                     .header("content-type", "application/x-protobuf")
                     .timeout(self.config.timeout)
-                    .body(request.encode_to_vec());
+                    .body(body);
+                if self.config.gzip {
+                    post = post.header("content-encoding", "gzip");
+                }
                 for (k, v) in &self.config.headers {
                     post = post.header(k, v);
                 }
@@ -828,8 +864,33 @@ mod tests {
                 Some("http://a:1"),
                 env(&[("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")])
             ),
-            Err(ExportConfigError::Protocol("grpc".to_owned()))
+            Err(ExportConfigError::Protocol {
+                var: "OTEL_EXPORTER_OTLP_PROTOCOL",
+                value: "grpc".to_owned()
+            })
         );
+        // The variable named is the one set.
+        let traces_only = ExportConfig::resolve(
+            Some("http://a:1"),
+            env(&[("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "grpc")]),
+        );
+        assert!(
+            traces_only
+                .unwrap_err()
+                .to_string()
+                .starts_with("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=grpc")
+        );
+        // Compression: gzip or none.
+        let gzip = |value: &str| {
+            ExportConfig::resolve(
+                Some("http://a:1"),
+                env(&[("OTEL_EXPORTER_OTLP_COMPRESSION", value)]),
+            )
+            .map(|c| c.unwrap().gzip)
+        };
+        assert_eq!(gzip("gzip"), Ok(true));
+        assert_eq!(gzip("none"), Ok(false));
+        assert!(gzip("zstd").is_err());
         assert!(ExportConfig::resolve(Some("collector:4318"), env(&[])).is_err());
         // Percent-encoded, as the specification writes them and every SDK reads them.
         let encoded = ExportConfig::resolve(

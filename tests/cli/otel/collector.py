@@ -6,6 +6,7 @@ OpenTelemetry Python SDK itself encodes with) and prints one JSON line per span 
 Prints its port first. Runs until stdin closes.
 """
 
+import gzip
 import json
 import sys
 import threading
@@ -40,6 +41,13 @@ class Handler(BaseHTTPRequestHandler):
             self.send_response(415)
             self.end_headers()
             return
+        encoding = self.headers.get("Content-Encoding")
+        if encoding == "gzip":
+            body = gzip.decompress(body)
+        elif encoding is not None:
+            self.send_response(415)
+            self.end_headers()
+            return
         request = ExportTraceServiceRequest()
         request.ParseFromString(body)
         lines = []
@@ -60,6 +68,7 @@ class Handler(BaseHTTPRequestHandler):
                         "attributes": {kv.key: value(kv.value) for kv in span.attributes},
                         "service": resource.get("service.name"),
                         "auth": self.headers.get("Authorization"),
+                        "encoding": encoding,
                     }))
         with lock:
             for line in lines:
