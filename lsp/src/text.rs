@@ -3,16 +3,40 @@
 
 use lsp_types::{Position, Range};
 
-/// Where each line of one text starts.
+/// Where each line of one text starts and ends. Lines end at `\n`, `\r\n` and a lone `\r`,
+/// as the LSP specification counts them (a file saved with classic Mac line ends is one
+/// line to a count of `\n` alone).
 pub struct LineIndex {
     starts: Vec<usize>,
+    /// Where each line's text ends: its terminator's first byte, or the end of the text.
+    ends: Vec<usize>,
 }
 
 impl LineIndex {
     pub fn new(text: &str) -> Self {
+        let bytes = text.as_bytes();
         let mut starts = vec![0];
-        starts.extend(text.match_indices('\n').map(|(i, _)| i + 1));
-        LineIndex { starts }
+        let mut ends = Vec::new();
+        let mut i = 0;
+        while i < bytes.len() {
+            match bytes[i] {
+                b'\n' => {
+                    ends.push(i);
+                    starts.push(i + 1);
+                }
+                b'\r' => {
+                    ends.push(i);
+                    if bytes.get(i + 1) == Some(&b'\n') {
+                        i += 1;
+                    }
+                    starts.push(i + 1);
+                }
+                _ => {}
+            }
+            i += 1;
+        }
+        ends.push(text.len());
+        LineIndex { starts, ends }
     }
 
     /// The position of byte `offset` (clamped to the text, moved back to a char boundary).
@@ -36,13 +60,12 @@ impl LineIndex {
 
     /// The byte offset of `pos`; past the end of its line is the line's end.
     pub fn offset(&self, text: &str, pos: Position) -> usize {
-        let Some(&start) = self.starts.get(pos.line as usize) else {
+        let (Some(&start), Some(&end)) = (
+            self.starts.get(pos.line as usize),
+            self.ends.get(pos.line as usize),
+        ) else {
             return text.len();
         };
-        let end = self
-            .starts
-            .get(pos.line as usize + 1)
-            .map_or(text.len(), |&next| next - 1);
         let mut units = 0u32;
         for (i, c) in text[start..end].char_indices() {
             if units >= pos.character {
@@ -67,5 +90,17 @@ mod tests {
         assert_eq!(index.offset(text, Position::new(1, 3)), x);
         assert_eq!(index.offset(text, Position::new(1, 99)), text.len() - 1);
         assert_eq!(index.offset(text, Position::new(9, 0)), text.len());
+    }
+
+    #[test]
+    fn lines_end_at_lf_crlf_and_a_lone_cr() {
+        for text in ["a\nbc x\n", "a\r\nbc x\r\n", "a\rbc x\r"] {
+            let index = LineIndex::new(text);
+            let x = text.find('x').unwrap();
+            assert_eq!(index.position(text, x), Position::new(1, 3), "{text:?}");
+            assert_eq!(index.offset(text, Position::new(1, 3)), x, "{text:?}");
+            // Past the end of the line is its end, before its terminator.
+            assert_eq!(index.offset(text, Position::new(1, 99)), x + 1, "{text:?}");
+        }
     }
 }
