@@ -143,6 +143,20 @@ impl Unit<'_> {
             took
         };
         record.trace_id = Some(shared.trace_hex.clone());
+        let mut span_id = span_hex.clone();
+        match &spans_for_reuse {
+            // The ids its requests carried when the agent answered it, as its spans name.
+            Some(kept) if record.reused => {
+                if let Some((trace, span)) = kept.ids.get() {
+                    record.trace_id = Some(trace.clone());
+                    span_id.clone_from(span);
+                }
+            }
+            Some(kept) => {
+                let _ = kept.ids.set((shared.trace_hex.clone(), span_hex.clone()));
+            }
+            None => {}
+        }
         // The agent's spans, for checks on them: waited for with the call slots given
         // back, so a slow exporter delays only this conversation, never other calls.
         let unreached = record
@@ -154,7 +168,7 @@ impl Unit<'_> {
             if let Some(store) = &shared.spans {
                 store.forget_turn(&span_hex);
             }
-            if let Some(spans) = spans_for_reuse.as_ref().and_then(|s| s.get()) {
+            if let Some(spans) = spans_for_reuse.as_ref().and_then(|s| s.spans.get()) {
                 record.spans = spans.clone();
             }
         } else if let Some(store) = shared.spans.as_ref().filter(|_| unreached) {
@@ -184,10 +198,10 @@ impl Unit<'_> {
                 });
             }
             if let Some(kept) = &spans_for_reuse {
-                let _ = kept.set(record.spans.clone());
+                let _ = kept.spans.set(record.spans.clone());
             }
         }
-        record.span_id = Some(span_hex);
+        record.span_id = Some(span_id);
         Some((record, branch))
     }
 }

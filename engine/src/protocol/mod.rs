@@ -276,9 +276,9 @@ pub struct Turn {
     pub branch: Option<BranchRequest>,
     /// Answered from an earlier run's records (`trellis watch`): the agent was not called.
     pub reused: bool,
-    /// For a turn kept to be reused (`trellis watch`): where its agent's spans are put once
-    /// they have arrived after the answer, so that the turn answered again from the records
-    /// has them too. `None` for every other turn.
+    /// For a turn kept to be reused (`trellis watch`): where the ids its requests carried
+    /// and its agent's spans (once they have arrived after the answer) are put, so that the
+    /// turn answered again from the records has them too. `None` for every other turn.
     pub spans_for_reuse: Option<SpansForReuse>,
     /// LLM calls the engine made to produce this turn on the agent's behalf (the model
     /// playing Fixie's LLM), with their usage and cache use.
@@ -291,9 +291,19 @@ pub struct Turn {
     pub unsent: bool,
 }
 
-/// The spans of a turn kept for reuse ([`Turn::spans_for_reuse`]): set once, by the run that
-/// called the agent.
-pub type SpansForReuse = std::sync::Arc<std::sync::OnceLock<Vec<crate::record::SpanRecord>>>;
+/// What a turn kept for reuse ([`Turn::spans_for_reuse`]) holds besides its answer: set
+/// once each, by the run that called the agent.
+pub type SpansForReuse = std::sync::Arc<KeptTelemetry>;
+
+/// The telemetry of a turn kept for reuse.
+#[derive(Debug, Default)]
+pub struct KeptTelemetry {
+    /// The trace and span ids its requests carried in `traceparent` (hex): the turn answered
+    /// again from the records keeps them, so it still joins the spans the agent sent.
+    pub ids: std::sync::OnceLock<(std::sync::Arc<str>, String)>,
+    /// The agent's spans of it.
+    pub spans: std::sync::OnceLock<Vec<crate::record::SpanRecord>>,
+}
 
 /// An agent's request to fork the conversation, with the alternatives it listed (none: one
 /// continuation, described by the reason).

@@ -93,14 +93,44 @@ scenario "s" {{
 async fn a_changed_branch_calls_the_agent_from_its_first_changed_step_only() {
     let agent = MisbehavingServer::respond(200, OK_BODY).await;
     let memo = Arc::new(TurnMemo::new());
-    let (_, first) = run(plan(&suite(&agent.url(), "go right", 5)), &memo, 1).await;
+    let (first_nodes, first) = run(plan(&suite(&agent.url(), "go right", 5)), &memo, 1).await;
     assert_eq!(agent.requests(), 4);
     assert_eq!(first.len(), 2);
+    let ids = |nodes: &[NodeRecord]| {
+        let mut ids: Vec<(String, u32, Option<Arc<str>>, Option<String>)> = nodes
+            .iter()
+            .flat_map(|n| {
+                n.turns.iter().map(|t| {
+                    (
+                        n.node.clone(),
+                        t.turn_index,
+                        t.trace_id.clone(),
+                        t.span_id.clone(),
+                    )
+                })
+            })
+            .collect();
+        ids.sort();
+        ids
+    };
+    // Each turn's ids are those its request carried.
+    for (_, _, trace, span) in ids(&first_nodes) {
+        let traceparent = format!("00-{}-{}-01", trace.unwrap(), span.unwrap());
+        assert!(
+            agent
+                .recorded()
+                .iter()
+                .any(|r| r.header("traceparent").as_deref() == Some(traceparent.as_str())),
+            "{traceparent}"
+        );
+    }
 
-    // Nothing changed: nothing is called, every turn is marked reused.
+    // Nothing changed: nothing is called, every turn is marked reused, and keeps the ids
+    // its request carried (its spans name them).
     let (nodes, again) = run(plan(&suite(&agent.url(), "go right", 5)), &memo, 1).await;
     assert_eq!(agent.requests(), 4);
     assert!(nodes.iter().flat_map(|n| &n.turns).all(|t| t.reused));
+    assert_eq!(ids(&nodes), ids(&first_nodes));
     assert_eq!(memo.calls(), 0);
     for t in &again {
         assert_eq!(
