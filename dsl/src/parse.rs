@@ -709,6 +709,14 @@ fn assemble(
     project
 }
 
+/// An HTTP header name: an RFC 9110 token.
+pub(crate) fn is_header_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -797,12 +805,4 @@ mod tests {
         let kinds: Vec<Kind> = diags.iter().map(|d| d.kind).collect();
         assert_eq!(kinds, vec![Kind::DuplicateId, Kind::UnexpectedArgument]);
     }
-}
-
-/// An HTTP header name: an RFC 9110 token.
-pub(crate) fn is_header_name(name: &str) -> bool {
-    !name.is_empty()
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c))
 }

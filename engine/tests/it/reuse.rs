@@ -97,7 +97,8 @@ async fn a_changed_branch_calls_the_agent_from_its_first_changed_step_only() {
     assert_eq!(agent.requests(), 4);
     assert_eq!(first.len(), 2);
     let ids = |nodes: &[NodeRecord]| {
-        let mut ids: Vec<(String, u32, Option<Arc<str>>, Option<String>)> = nodes
+        type Ids = (String, u32, Option<Arc<str>>, Option<String>);
+        let mut ids: Vec<Ids> = nodes
             .iter()
             .flat_map(|n| {
                 n.turns.iter().map(|t| {
