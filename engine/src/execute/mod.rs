@@ -755,7 +755,11 @@ impl Shared {
         // The room in the stream first, then the totals and the send with nothing awaited
         // between: a unit dropped while it waits for room (the run's calls abandoned) is
         // neither counted nor recorded, and one past this point is both.
-        let Ok(permit) = self.events.reserve().await else {
+        let status = record.status;
+        let event = self
+            .secrets
+            .redact_event(Event::Trajectory(Box::new(record)));
+        let Some(permit) = self.events.reserve(&event).await else {
             return;
         };
         if self.abandon.is_cancelled() {
@@ -763,7 +767,7 @@ impl Shared {
         }
         let t = &self.totals;
         t.trajectories.fetch_add(1, Ordering::Relaxed);
-        match record.status {
+        match status {
             TrajectoryStatus::Passed => &t.passed,
             TrajectoryStatus::Failed => &t.failed,
             TrajectoryStatus::Error => &t.errors,
@@ -771,10 +775,7 @@ impl Shared {
             TrajectoryStatus::Invalid => &t.invalid,
         }
         .fetch_add(1, Ordering::Relaxed);
-        permit.send(
-            self.secrets
-                .redact_event(Event::Trajectory(Box::new(record))),
-        );
+        permit.send(event);
     }
 }
 
