@@ -1100,3 +1100,42 @@ async fn a_terminal_without_a_size_gets_readable_tables() {
         );
     }
 }
+
+/// A fork of many branches: each transcript shown links a dozen of its node's siblings and
+/// counts the rest, so the page grows with the transcripts, not with transcripts × siblings.
+#[tokio::test]
+async fn a_wide_fork_lists_a_dozen_siblings_per_transcript_and_counts_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let branches: String = (0..40)
+        .map(|i| format!("    branch \"b{i}\" {{ user \"option {i}\"; expect reply contains=\"never said\"; }}\n"))
+        .collect();
+    let suite = dir.path().join("wide.kdl");
+    std::fs::write(
+        &suite,
+        format!(
+            "agent \"demo\" protocol=\"connexity\" builtin=\"booking\"\nscenario \"wide\" {{\n    user \"hi\"\n{branches}}}\n"
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(&suite)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    let lists: Vec<&str> = html
+        .split("<span class=\"siblings\">")
+        .skip(1)
+        .map(|s| &s[..s.find("</span>").unwrap_or(s.len())])
+        .collect();
+    assert_eq!(lists.len(), 40, "one per transcript");
+    for list in lists {
+        assert_eq!(list.matches("<a href=").count(), 12, "{list}");
+        assert!(list.ends_with(", and 27 more"), "{list}");
+    }
+}

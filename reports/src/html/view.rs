@@ -463,6 +463,11 @@ pub(crate) struct Link {
     anchor: Option<String>,
 }
 
+/// Other branches a transcript's node links to at most; the rest are counted. Every
+/// transcript shown lists its node's siblings, so without a cap a fork of 5,000 branches
+/// made a page of transcripts × siblings (143 MB).
+const MAX_SIBLING_LINKS: usize = 12;
+
 #[derive(Serialize)]
 pub(crate) struct NodeBlock {
     anchor: String,
@@ -470,6 +475,8 @@ pub(crate) struct NodeBlock {
     label: String,
     shared_by: u32,
     siblings: Vec<Link>,
+    /// Siblings past [`MAX_SIBLING_LINKS`], not listed.
+    more_siblings: usize,
     turns: Vec<TurnView>,
     missing: bool,
 }
@@ -1956,10 +1963,13 @@ fn transcript(
     let mut parent: Option<&str> = None;
     for node in &t.nodes {
         let slot = page.nodes.get(&NodeKey::of(t, node));
-        // Other branches from the same fork, in this agent's same repetition.
+        // Other branches from the same fork, in this agent's same repetition: those shown
+        // in the page first (they link), at most MAX_SIBLING_LINKS, the rest counted.
         let mut siblings = Vec::new();
+        let mut more_siblings = 0;
         if let Some(parent) = parent {
-            let mut seen: Vec<&str> = Vec::new();
+            let mut seen: HashSet<&str> = HashSet::new();
+            let mut unshown = Vec::new();
             for (name, path) in paths {
                 let Some(other) = path
                     .iter()
@@ -1968,17 +1978,35 @@ fn transcript(
                 else {
                     continue;
                 };
-                if other == node || seen.contains(&other.as_str()) {
+                if other == node || !seen.insert(other.as_str()) {
                     continue;
                 }
-                seen.push(other.as_str());
-                let target = rendered
-                    .contains(&(name.as_str(), t.agent.as_str(), t.repetition))
-                    .then(|| anchors.node(&anchors.run(name, &t.agent, t.repetition), other));
-                siblings.push(Link {
-                    label: node_label(other, forks),
-                    anchor: target,
-                });
+                if rendered.contains(&(name.as_str(), t.agent.as_str(), t.repetition)) {
+                    if siblings.len() < MAX_SIBLING_LINKS {
+                        siblings.push(Link {
+                            label: node_label(other, forks),
+                            anchor: Some(
+                                anchors.node(&anchors.run(name, &t.agent, t.repetition), other),
+                            ),
+                        });
+                    } else {
+                        more_siblings += 1;
+                    }
+                } else if unshown.len() < MAX_SIBLING_LINKS {
+                    unshown.push(other.as_str());
+                } else {
+                    more_siblings += 1;
+                }
+            }
+            for other in unshown {
+                if siblings.len() < MAX_SIBLING_LINKS {
+                    siblings.push(Link {
+                        label: node_label(other, forks),
+                        anchor: None,
+                    });
+                } else {
+                    more_siblings += 1;
+                }
             }
         }
         let turns = slot
@@ -1997,6 +2025,7 @@ fn transcript(
             label: node_label(node, forks),
             shared_by: slot.map_or(0, |s| s.trajectories),
             siblings,
+            more_siblings,
             turns,
             missing: slot.and_then(|s| s.record.as_ref()).is_none(),
         });
