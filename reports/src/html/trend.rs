@@ -4,8 +4,8 @@
 //! to fill it (the run directories next to this one, read from their `summary.json`). A
 //! history module that knows named runs and baselines can fill it instead.
 
-use std::collections::BTreeMap;
-use std::path::Path;
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
@@ -36,9 +36,13 @@ pub type Trends = BTreeMap<(String, String), ScenarioTrend>;
 /// `started_at`, per scenario. A directory that is not a complete run (no readable
 /// `summary.json`) is passed over: a trend is a convenience, never a reason to fail.
 ///
-/// A directory named by a run id (`runs/<run-id>`) is taken to hold that run until read:
-/// only the latest of them are read. Each sibling's `summary.json` is read, not its Parquet
-/// tables: the end of every run reads this, and a runs directory only grows (the
+/// Only runs of the same suite files count (as `run.json`'s `source` says; a run that does
+/// not say is counted): an unrelated suite's runs draw no point, and reading their summaries
+/// (hundreds of MB for a large dataset's) made a one-trajectory run take seconds.
+///
+/// Runs are taken latest first, by the run id (its directory's name, else its `run.json`'s),
+/// and only the `limit` latest are read. Each sibling's `summary.json` is read, not its
+/// Parquet tables: the end of every run reads this, and a runs directory only grows (the
 /// trajectories table of one 20,000-case run took longer to read than the rest of a small
 /// run's reports).
 pub(crate) fn trends_from_sibling_runs(
@@ -54,40 +58,52 @@ pub(crate) fn trends_from_sibling_runs(
         return Trends::new();
     };
     let current = (started_at, run_id);
+    let ours = suite_files(crate::history::RunMeta::read(run_dir).ok().flatten());
     // The `limit` latest earlier runs, by (started_at, run_id).
     let mut latest: BTreeMap<(String, String), Vec<ScenarioRow>> = BTreeMap::new();
     // A runs directory only grows, and reading every sibling's summary made the end of a
     // run next to 1,000 others 60 ms longer. Directories named by their run id (what
-    // `runs/` holds) sort by when they started without being read: they are read latest
-    // first, and once `limit` earlier runs are kept, the older names are passed over.
-    // Every other directory is read, and every one once a name read turns out not to be
-    // its run's id; a directory named as an older run than it holds can be passed over.
-    let mut named = Vec::new();
+    // `runs/` holds) sort by when they started without being read; others are dated by
+    // their `run.json`'s run id. They are read latest first, and once `limit` earlier runs
+    // are kept, the older ones are passed over. A directory whose run id says nothing of
+    // when it started is read; and every one once a name read turns out not to be its
+    // run's id (a directory named as an older run than it holds can be passed over).
+    let mut dated: Vec<((String, String), PathBuf, Option<crate::history::RunMeta>)> = Vec::new();
     for dir in entries.filter_map(Result::ok).map(|e| e.path()) {
-        match dir
+        if let Some(key) = dir
             .file_name()
             .and_then(|n| n.to_str())
             .and_then(run_id_key)
         {
-            Some(key) => named.push((key, dir)),
-            None => {
+            dated.push((key, dir, None));
+            continue;
+        }
+        let meta = crate::history::RunMeta::read(&dir).ok().flatten();
+        match meta.as_ref().and_then(|m| run_id_key(&m.run_id)) {
+            Some(key) => dated.push((key, dir, meta)),
+            None if same_suites(ours.as_ref(), meta) => {
                 consider(&dir, current, limit, &mut latest);
             }
+            None => {}
         }
     }
-    named.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+    dated.sort_unstable_by(|a, b| b.0.cmp(&a.0));
     let mut names_hold = true;
-    for (key, dir) in &named {
+    for (key, dir, meta) in dated {
         if names_hold
             && latest.len() >= limit
             && latest
                 .first_key_value()
-                .is_some_and(|(oldest, _)| key < oldest)
+                .is_some_and(|(oldest, _)| key < *oldest)
         {
             break;
         }
-        if let Some(read) = consider(dir, current, limit, &mut latest) {
-            names_hold &= read == *key;
+        let meta = meta.or_else(|| crate::history::RunMeta::read(&dir).ok().flatten());
+        if !same_suites(ours.as_ref(), meta) {
+            continue;
+        }
+        if let Some(read) = consider(&dir, current, limit, &mut latest) {
+            names_hold &= read == key;
         }
     }
     let mut trends = Trends::new();
@@ -108,6 +124,20 @@ pub(crate) fn trends_from_sibling_runs(
         }
     }
     trends
+}
+
+/// The suite files a run loaded, as its `run.json` says (`None`: it does not say).
+fn suite_files(meta: Option<crate::history::RunMeta>) -> Option<HashSet<String>> {
+    Some(meta?.source?.files.into_iter().map(|f| f.path).collect())
+}
+
+/// Whether a run of `theirs` ran any suite file of `ours`; a run that does not say (or
+/// this one does not) is taken to.
+fn same_suites(ours: Option<&HashSet<String>>, theirs: Option<crate::history::RunMeta>) -> bool {
+    match (ours, suite_files(theirs)) {
+        (Some(ours), Some(theirs)) => theirs.iter().any(|f| ours.contains(f)),
+        _ => true,
+    }
 }
 
 /// What a trend needs of a `summary.json` (the rest of the file is skipped unread).
@@ -276,6 +306,64 @@ mod tests {
         assert_eq!(
             trend,
             ["20261102T000000.000Z-bbbb", "20261103T000000.000Z-cccc"]
+        );
+    }
+
+    #[test]
+    fn only_runs_of_the_same_suite_files_are_read_and_drawn() {
+        use crate::history::{RunMeta, RunSource, SourceFileMeta};
+        let dir = tempfile::tempdir().unwrap();
+        let meta = |run_id: &str, file: &str| RunMeta {
+            run_id: run_id.to_owned(),
+            source: Some(RunSource {
+                files: vec![SourceFileMeta {
+                    path: file.to_owned(),
+                    blake3: String::new(),
+                }],
+                ..RunSource::default()
+            }),
+            ..RunMeta::default()
+        };
+        let current = "20261104T000000.000Z-eeee";
+        let current_dir = dir.path().join("now");
+        std::fs::create_dir_all(&current_dir).unwrap();
+        meta(current, "/s/shop.kdl").write(&current_dir).unwrap();
+        // Custom names, dated by their run.json: the same suite, an unrelated one (the latest,
+        // and with the scenario's name too), and one that does not say.
+        for (name, run_id, file) in [
+            ("same", "20261101T000000.000Z-aaaa", Some("/s/shop.kdl")),
+            (
+                "other",
+                "20261103T000000.000Z-bbbb",
+                Some("/elsewhere/big.kdl"),
+            ),
+            ("unsaid", "20261102T000000.000Z-cccc", None),
+        ] {
+            run(
+                dir.path(),
+                name,
+                run_id,
+                &format!("2026-11-0{}T00:00:00Z", &run_id[7..8]),
+            );
+            let d = dir.path().join(name);
+            match file {
+                Some(file) => meta(run_id, file).write(&d).unwrap(),
+                None => RunMeta {
+                    run_id: run_id.to_owned(),
+                    ..RunMeta::default()
+                }
+                .write(&d)
+                .unwrap(),
+            }
+        }
+        let trend: Vec<String> =
+            trends_from_sibling_runs(&current_dir, current, "2026-11-04T00:00:00Z", 5)
+                .remove(&("s".to_string(), "c".to_string()))
+                .map(|t| t.points.into_iter().map(|p| p.run_id).collect())
+                .unwrap_or_default();
+        assert_eq!(
+            trend,
+            ["20261101T000000.000Z-aaaa", "20261102T000000.000Z-cccc"]
         );
     }
 
