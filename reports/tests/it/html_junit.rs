@@ -430,6 +430,47 @@ fn the_compare_page_shows_regressions_first_and_escapes_everything() {
     assert!(html.contains("shop &#x2f; booking &#x2f; asks-price · demo · turn 2"));
 }
 
+/// Two runs of many unchanged scenarios: the page lists what changed and a bounded number
+/// of the rest, and says how many it left to compare.json.
+#[test]
+fn the_compare_page_lists_what_changed_and_only_some_of_what_did_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("compare.html");
+    let mut page = super::fixtures::compare_page("why");
+    let template = page.scenarios[0].clone();
+    let regressed = {
+        let mut r = template.clone();
+        r.scenario = "the-regressed-one".into();
+        r.rate.verdict = "regressed".into();
+        r
+    };
+    page.scenarios = (0..2_000)
+        .map(|i| {
+            let mut r = template.clone();
+            r.scenario = format!("case-{i}");
+            r.rate.verdict = "unchanged".into();
+            r
+        })
+        .chain(std::iter::once(regressed))
+        .collect();
+    trellis_reports::write_compare(&path, &page).unwrap();
+    let html = std::fs::read_to_string(&path).unwrap();
+    assert!(
+        html.contains("1 changed of 2001"),
+        "the counts are the whole comparison"
+    );
+    assert!(
+        html.contains("the-regressed-one"),
+        "what changed is listed, past the cap"
+    );
+    assert!(
+        html.contains("id=\"s2000\""),
+        "anchored by its place in the comparison"
+    );
+    assert!(html.contains(">case-499<") && !html.contains(">case-500<"));
+    assert!(html.contains("1500 more that did not"));
+}
+
 /// A run that stopped early says how much of the plan it covers, in the header and per
 /// scenario, instead of reading like a complete run.
 #[test]
