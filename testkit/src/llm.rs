@@ -65,6 +65,10 @@ pub enum Reply {
     /// Like `NoStructuredOutput`, answering a request with `response_format` with this
     /// status (llama.cpp: 500 for a schema its grammar converter does not take).
     SchemaRejected(u16, Box<Reply>),
+    /// As api.openai.com answers for its reasoning models (o-series, gpt-5): a request with
+    /// `max_tokens`, or a `temperature` other than 1, gets the 400 that names the parameter;
+    /// any other gets the reply.
+    ReasoningModel(Box<Reply>),
     /// The model calls these tools (name, arguments object), in order: OpenAI `tool_calls`,
     /// Anthropic `tool_use` blocks.
     ToolCalls(Vec<(String, Value)>),
@@ -401,6 +405,24 @@ async fn render(mut reply: Reply, api: &str, headers: &HeaderMap, request: &Valu
                 return (status_code(status), "JSON schema conversion failed").into_response();
             }
             Reply::SchemaRejected(_, then) => reply = *then,
+            Reply::ReasoningModel(_) if request.get("max_tokens").is_some() => {
+                return json_response(
+                    400,
+                    json!({"error": {"message": "Unsupported parameter: 'max_tokens' is not supported with this model. Use 'max_completion_tokens' instead.", "type": "invalid_request_error", "param": "max_tokens", "code": "unsupported_parameter"}}),
+                );
+            }
+            Reply::ReasoningModel(_)
+                if request
+                    .get("temperature")
+                    .and_then(Value::as_f64)
+                    .is_some_and(|t| t != 1.0) =>
+            {
+                return json_response(
+                    400,
+                    json!({"error": {"message": "Unsupported value: 'temperature' does not support 0 with this model. Only the default (1) value is supported.", "type": "invalid_request_error", "param": "temperature", "code": "unsupported_value"}}),
+                );
+            }
+            Reply::ReasoningModel(then) => reply = *then,
             Reply::Unstreamed(then) => {
                 streamed = false;
                 reply = *then;
@@ -516,6 +538,7 @@ async fn render(mut reply: Reply, api: &str, headers: &HeaderMap, request: &Valu
         Reply::Slow(..)
         | Reply::NoStructuredOutput(_)
         | Reply::SchemaRejected(..)
+        | Reply::ReasoningModel(_)
         | Reply::Unstreamed(_) => {
             unreachable!("unwrapped above")
         }

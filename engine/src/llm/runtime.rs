@@ -345,13 +345,16 @@ impl LlmRuntime {
         // answers 500 for a schema its grammar converter does not take: ask again without
         // it; the prompt already asks for JSON and parsing is strict.
         let mut asked_twice = false;
+        // Not for an answer that says who may call or where (401, 403, 404): asking without
+        // the schema would only fail the same way, twice the calls.
         if request.json_schema.is_some()
             && matches!(
                 &outcome.result,
                 Err(super::LlmError::Http {
                     category: FaultCategory::Http4xx | FaultCategory::Http5xx,
+                    message,
                     ..
-                })
+                }) if !["HTTP 401", "HTTP 403", "HTTP 404"].iter().any(|s| message.starts_with(s))
             )
         {
             request.json_schema = None;

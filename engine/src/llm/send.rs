@@ -58,6 +58,7 @@ impl Queue<'_> {
 }
 
 /// One request to a model.
+#[derive(Clone)]
 pub(super) struct Request<'a> {
     pub url: &'a Url,
     pub headers: &'a HeaderMap,
@@ -96,14 +97,41 @@ fn rate_limited() -> Fault {
 
 /// Sends `request` until an answer that is not a 429, recording every attempt, its fault
 /// and its queue time on `exchange`; `waits` counts the 429s and the time waited for them.
+/// A parameter the model refuses by name ([`adapted`]) is changed and the request sent again.
 pub(super) async fn send(
     request: &Request<'_>,
     exchange: &mut Exchange,
     waits: &mut RateLimitWaits,
 ) -> Result<Received, SendError> {
+    // What this endpoint's model refused before is changed before it is sent.
+    let endpoint = format!("{} {}", request.url, model_of(&request.body));
+    let changed = learned(&endpoint)
+        .into_iter()
+        .fold(request.body.clone(), |body, change| {
+            change.apply(&body).unwrap_or(body)
+        });
+    let mut changed: Option<Request<'_>> =
+        Some(changed)
+            .filter(|body| *body != request.body)
+            .map(|body| Request {
+                body,
+                ..request.clone()
+            });
     loop {
-        let (outcome, asked) = round(request, exchange).await;
+        let current = changed.as_ref().unwrap_or(request);
+        let (outcome, asked) = round(current, exchange).await;
         let Some(asked) = asked else {
+            if let Err(fault) = &outcome
+                && let Some(change) = Change::refused_in(fault)
+                && let Some(body) = change.apply(&current.body)
+            {
+                learn(&endpoint, change);
+                changed = Some(Request {
+                    body,
+                    ..current.clone()
+                });
+                continue;
+            }
             return outcome.map_err(SendError::Failed);
         };
         match waits.next(asked, request.deadline) {
@@ -115,6 +143,89 @@ pub(super) async fn send(
             }
         }
     }
+}
+
+/// A parameter a model refused by name, with a 400, the way OpenAI's reasoning models
+/// (o-series, gpt-5) refuse them: the request is changed and sent again, and the endpoint's
+/// later requests are sent changed ([`learn`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Change {
+    /// `max_tokens` sent as `max_completion_tokens`.
+    CompletionTokens,
+    /// A `temperature` they do not take left out (their only one is the default).
+    NoTemperature,
+}
+
+impl Change {
+    fn refused_in(fault: &Fault) -> Option<Change> {
+        let message = &fault.message;
+        if fault.category != FaultCategory::Http4xx || !message.starts_with("HTTP 400") {
+            return None;
+        }
+        if message.contains("max_completion_tokens") && message.contains("'max_tokens'") {
+            Some(Change::CompletionTokens)
+        } else if message.contains("'temperature'")
+            && (message.contains("Unsupported") || message.contains("not supported"))
+        {
+            Some(Change::NoTemperature)
+        } else {
+            None
+        }
+    }
+
+    /// `body` changed; `None` when it has nothing to change (so a request is changed at most
+    /// once per parameter).
+    fn apply(self, body: &Bytes) -> Option<Bytes> {
+        let mut json: serde_json::Value = serde_json::from_slice(body).ok()?;
+        let object = json.as_object_mut()?;
+        match self {
+            Change::CompletionTokens => {
+                let cap = object.remove("max_tokens")?;
+                object.insert("max_completion_tokens".into(), cap);
+            }
+            Change::NoTemperature => {
+                object.remove("temperature")?;
+            }
+        }
+        serde_json::to_vec(&json).ok().map(Bytes::from)
+    }
+}
+
+/// What each endpoint (URL and model) refused so far in this process.
+static LEARNED: std::sync::LazyLock<Mutex<Vec<(String, Change)>>> =
+    std::sync::LazyLock::new(Mutex::default);
+
+fn learned(endpoint: &str) -> Vec<Change> {
+    LEARNED.lock().map_or_else(
+        |_| Vec::new(),
+        |learned| {
+            learned
+                .iter()
+                .filter(|(e, _)| e == endpoint)
+                .map(|(_, c)| *c)
+                .collect()
+        },
+    )
+}
+
+fn learn(endpoint: &str, change: Change) {
+    if let Ok(mut learned) = LEARNED.lock()
+        && !learned.iter().any(|(e, c)| e == endpoint && *c == change)
+    {
+        learned.push((endpoint.to_owned(), change));
+    }
+}
+
+/// The `model` a request body asks for (empty when it names none).
+fn model_of(body: &[u8]) -> String {
+    #[derive(serde::Deserialize)]
+    struct Model {
+        #[serde(default)]
+        model: String,
+    }
+    serde_json::from_slice::<Model>(body)
+        .map(|m| m.model)
+        .unwrap_or_default()
 }
 
 /// One round of attempts (with retries): the answer, and `Some(Retry-After)` when it was a

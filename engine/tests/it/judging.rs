@@ -372,3 +372,38 @@ async fn a_schema_the_server_fails_on_is_dropped_after_the_retries() {
     );
     assert!(seen[3].body.get("response_format").is_none());
 }
+
+/// A judge on an OpenAI reasoning model (o-series, gpt-5), which refuses `max_tokens` and a
+/// temperature of 0 by name: each is changed as the answer asks, and the judge answers.
+#[tokio::test]
+async fn a_judge_on_a_reasoning_model_sends_what_it_takes() {
+    let fake = FakeLlm::start(vec![Rule::otherwise([Reply::ReasoningModel(Box::new(
+        score(0.9),
+    ))])])
+    .await;
+    let suite = format!(
+        r#"
+agent "demo" protocol="connexity" builtin="booking"
+provider "o" kind="openai" base-url="{}" model="gpt-5-reasoning-test"
+judge "strict" provider="o"
+scenario "book" {{
+    user "Hi, I'd like to book a duct cleaning."
+    criteria {{ judge "REASONING-CHECK helpful"; judge "REASONING-AGAIN polite"; }}
+}}
+"#,
+        fake.base_url()
+    );
+    let run = run_suite(&suite, 1, EnvSnapshot::new()).await;
+    for needle in ["REASONING-CHECK", "REASONING-AGAIN"] {
+        let c = criterion(&run, needle);
+        assert_eq!(c.status, CriterionStatus::Passed, "{c:?}");
+    }
+    let seen = fake.seen();
+    let last = &seen.last().unwrap().body;
+    assert!(last.get("max_tokens").is_none(), "{last}");
+    assert!(last.get("max_completion_tokens").is_some(), "{last}");
+    assert!(last.get("temperature").is_none(), "{last}");
+    // Learned once: the first check paid two refusals, the second none (the calls may
+    // overlap, so up to two each).
+    assert!(seen.len() <= 6, "{} requests", seen.len());
+}
