@@ -220,16 +220,7 @@ pub fn decode(value: &Value, body: &[u8]) -> Result<Answer, DecodeError> {
             stop_reason.as_deref().unwrap_or("missing")
         )));
     }
-    let usage = value.get("usage").filter(|u| u.is_object()).map(|u| {
-        let input = u.get("input_tokens").and_then(Value::as_u64);
-        let output = u.get("output_tokens").and_then(Value::as_u64);
-        Usage {
-            cost: Default::default(),
-            prompt_tokens: input,
-            completion_tokens: output,
-            total_tokens: input.zip(output).map(|(i, o)| i.saturating_add(o)),
-        }
-    });
+    let usage = usage_of(value);
     Ok(Answer {
         message: codec::assistant(text, tool_calls),
         usage,
@@ -253,6 +244,33 @@ enum StreamedBlock {
     Other,
 }
 
+/// A whole answer's `usage`, when it has one.
+pub(super) fn usage_of(value: &Value) -> Option<Usage> {
+    value.get("usage").filter(|u| u.is_object()).map(|u| {
+        let input = u.get("input_tokens").and_then(Value::as_u64);
+        let output = u.get("output_tokens").and_then(Value::as_u64);
+        Usage {
+            cost: Default::default(),
+            prompt_tokens: input,
+            completion_tokens: output,
+            total_tokens: input.zip(output).map(|(i, o)| i.saturating_add(o)),
+        }
+    })
+}
+
+/// The usage of a stream's `input_tokens` (from `message_start`) and `output_tokens` (the
+/// last `message_delta`), when either was given.
+fn tokens(input_tokens: Option<u64>, output_tokens: Option<u64>) -> Option<Usage> {
+    (input_tokens.is_some() || output_tokens.is_some()).then(|| Usage {
+        cost: Default::default(),
+        prompt_tokens: input_tokens,
+        completion_tokens: output_tokens,
+        total_tokens: input_tokens
+            .zip(output_tokens)
+            .map(|(i, o)| i.saturating_add(o)),
+    })
+}
+
 /// Reads Anthropic Messages stream events until `message_stop` and assembles the message:
 /// text deltas joined, each `tool_use` block's `input_json_delta` fragments joined and parsed
 /// when the block stops. `first_content` is the time to the first event carrying text or
@@ -262,7 +280,7 @@ enum StreamedBlock {
 pub async fn read_events(
     stream: &mut sse::EventStream,
     first_content: &mut Option<Duration>,
-    text: &mut Option<String>,
+    heard: &mut codec::Heard,
 ) -> Result<Answer, Fault> {
     let mut blocks: Vec<StreamedBlock> = Vec::new();
     let mut input_tokens = None;
@@ -320,6 +338,7 @@ pub async fn read_events(
                 let field = |name: &str| usage.and_then(|u| u.get(name)).and_then(Value::as_u64);
                 input_tokens = field("input_tokens").or(input_tokens);
                 output_tokens = field("output_tokens").or(output_tokens);
+                heard.usage = tokens(input_tokens, output_tokens);
             }
             "content_block_start" => {
                 let index = index()?;
@@ -348,7 +367,7 @@ pub async fn read_events(
                         if !piece.is_empty() {
                             first_content.get_or_insert_with(|| stream.started().elapsed());
                         }
-                        text.get_or_insert_with(String::new).push_str(piece);
+                        heard.text.get_or_insert_with(String::new).push_str(piece);
                         StreamedBlock::Text
                     }
                     "tool_use" => {
@@ -395,7 +414,7 @@ pub async fn read_events(
                         let piece = field("text");
                         if !piece.is_empty() {
                             first_content.get_or_insert_with(|| stream.started().elapsed());
-                            text.get_or_insert_with(String::new).push_str(piece);
+                            heard.text.get_or_insert_with(String::new).push_str(piece);
                         }
                     }
                     (StreamedBlock::ToolUse { input, .. }, "input_json_delta") => {
@@ -432,6 +451,7 @@ pub async fn read_events(
                     .and_then(Value::as_u64)
                 {
                     output_tokens = Some(tokens);
+                    heard.usage = self::tokens(input_tokens, output_tokens);
                 }
             }
             "message_stop" => break,
@@ -463,15 +483,13 @@ pub async fn read_events(
             });
         }
     }
-    let usage = (input_tokens.is_some() || output_tokens.is_some()).then(|| Usage {
-        cost: Default::default(),
-        prompt_tokens: input_tokens,
-        completion_tokens: output_tokens,
-        total_tokens: input_tokens
-            .zip(output_tokens)
-            .map(|(i, o)| i.saturating_add(o)),
-    });
-    codec::streamed_answer(text.take(), tool_calls, usage, model, stop_reason)
+    codec::streamed_answer(
+        heard.text.take(),
+        tool_calls,
+        heard.usage,
+        model,
+        stop_reason,
+    )
 }
 
 /// The joined `input_json_delta` fragments of a `tool_use` block (none: no input).

@@ -231,17 +231,19 @@ impl ChatClient {
             provider: config.provider.as_deref(),
         };
         let mut waits = RateLimitWaits::default();
-        // What a stream said before it was cut.
-        let mut said = None;
+        // What a stream said (and spent) before it was cut.
+        let mut heard = codec::Heard::default();
         let outcome = match send(&request, &mut exchange, &mut waits).await {
             Err(SendError::Failed(fault) | SendError::RateLimited(fault)) => Err(fault),
-            Ok(Received::Body(body)) => decode(config.api, &body),
+            Ok(Received::Body(body)) => decode(config.api, &body).inspect_err(|_| {
+                heard.usage = codec::usage_in(config.api, &body);
+            }),
             // The queue's slot stays taken while the stream is read.
             Ok(Received::Events(mut stream, _held)) => {
                 stream.set_deadline(deadline);
                 let mut first_content = None;
                 let outcome =
-                    codec::read_stream(config.api, &mut stream, &mut first_content, &mut said)
+                    codec::read_stream(config.api, &mut stream, &mut first_content, &mut heard)
                         .await;
                 exchange.ttft = first_content.or(stream.ttft());
                 // From the request to the end of the stream (the stream started after the
@@ -276,13 +278,21 @@ impl ChatClient {
                 }
                 (exchange, Ok(answer.message))
             }
-            Err(fault) => (
-                exchange,
-                Err(NoAnswer {
-                    fault,
-                    said: said.filter(|text| !text.is_empty()),
-                }),
-            ),
+            Err(fault) => {
+                // Spent whether or not the answer is whole.
+                let mut usage = heard.usage;
+                if let (Some(provider), Some(usage)) = (&config.provider, usage.as_mut()) {
+                    usage.cost = provider.cost(usage.prompt_tokens, usage.completion_tokens);
+                }
+                exchange.usage = usage;
+                (
+                    exchange,
+                    Err(NoAnswer {
+                        fault,
+                        said: heard.text.filter(|text| !text.is_empty()),
+                    }),
+                )
+            }
         }
     }
 

@@ -191,17 +191,35 @@ pub fn decode(api: ProviderKind, body: &[u8]) -> Result<Answer, DecodeError> {
     }
 }
 
+/// What a stream said as it went, kept when it ends in a fault: the text so far (shown on
+/// the turn) and the usage reported so far (spent all the same).
+#[derive(Debug, Default)]
+pub struct Heard {
+    pub text: Option<String>,
+    pub usage: Option<Usage>,
+}
+
+/// The usage a whole answer reports, read apart from the answer: an answer that is not one
+/// (no choices, no text) may still report what it spent.
+pub fn usage_in(api: ProviderKind, body: &[u8]) -> Option<Usage> {
+    let value: Value = serde_json::from_slice(body).ok()?;
+    match api {
+        ProviderKind::OpenAi => openai::decode_usage(value.get("usage")),
+        ProviderKind::Anthropic => anthropic::usage_of(&value),
+    }
+}
+
 /// Reads a streamed answer to its end. `first_content` is set to the time to the first
 /// event that carries text or a tool call: the time to first token.
 pub async fn read_stream(
     api: ProviderKind,
     stream: &mut sse::EventStream,
     first_content: &mut Option<Duration>,
-    text: &mut Option<String>,
+    heard: &mut Heard,
 ) -> Result<Answer, Fault> {
     match api {
-        ProviderKind::OpenAi => openai::read_chunks(stream, first_content, text).await,
-        ProviderKind::Anthropic => anthropic::read_events(stream, first_content, text).await,
+        ProviderKind::OpenAi => openai::read_chunks(stream, first_content, heard).await,
+        ProviderKind::Anthropic => anthropic::read_events(stream, first_content, heard).await,
     }
 }
 
@@ -293,4 +311,24 @@ pub(super) fn model_of(value: &Value) -> Option<String> {
 /// Recorded tool-call arguments as a JSON value (not JSON: no parameters).
 pub fn arguments_value(arguments: &str) -> Value {
     serde_json::from_str(arguments).unwrap_or_else(|_| Value::Object(Map::new()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_that_is_not_one_still_reports_what_it_spent() {
+        let body = br#"{"choices": [], "usage": {"prompt_tokens": 100, "completion_tokens": 7, "total_tokens": 107}}"#;
+        assert!(decode(ProviderKind::OpenAi, body).is_err());
+        let usage = usage_in(ProviderKind::OpenAi, body).unwrap();
+        assert_eq!(usage.total_tokens, Some(107));
+        let body = br#"{"content": [], "usage": {"input_tokens": 30, "output_tokens": 0}}"#;
+        assert_eq!(
+            usage_in(ProviderKind::Anthropic, body)
+                .unwrap()
+                .prompt_tokens,
+            Some(30)
+        );
+    }
 }

@@ -243,7 +243,7 @@ fn decode_tool_call(call: &Value, index: usize) -> Result<ToolCall, DecodeError>
     })
 }
 
-fn decode_usage(usage: Option<&Value>) -> Option<Usage> {
+pub(super) fn decode_usage(usage: Option<&Value>) -> Option<Usage> {
     let usage = usage.filter(|u| u.is_object())?;
     let field = |name: &str| usage.get(name).and_then(Value::as_u64);
     Some(Usage {
@@ -256,15 +256,14 @@ fn decode_usage(usage: Option<&Value>) -> Option<Usage> {
 
 /// Reads chat-completion chunks until `[DONE]` (or the end of a stream that saw a finish
 /// reason) and assembles the message. `first_content` is the time to the first chunk with
-/// content or a tool call (a role-only first chunk is not a token). `text` collects the
-/// text deltas, so a stream cut short leaves what it said there.
+/// content or a tool call (a role-only first chunk is not a token). `heard` collects the
+/// text deltas and the usage, so a stream cut short leaves what it said there.
 pub async fn read_chunks(
     stream: &mut sse::EventStream,
     first_content: &mut Option<Duration>,
-    text: &mut Option<String>,
+    heard: &mut codec::Heard,
 ) -> Result<Answer, Fault> {
     let mut calls = StreamedCalls::default();
-    let mut usage = None;
     let mut model = None;
     let mut finished = false;
     let mut finish_reason = None;
@@ -291,7 +290,7 @@ pub async fn read_chunks(
         }
         model = codec::model_of(&chunk).or(model);
         if let Some(u) = decode_usage(chunk.get("usage")) {
-            usage = Some(u);
+            heard.usage = Some(u);
         }
         let Some(choice) = chunk
             .get("choices")
@@ -311,7 +310,7 @@ pub async fn read_chunks(
             && !piece.is_empty()
         {
             first_content.get_or_insert_with(|| stream.started().elapsed());
-            text.get_or_insert_with(String::new).push_str(piece);
+            heard.text.get_or_insert_with(String::new).push_str(piece);
         }
         for (position, call) in delta
             .get("tool_calls")
@@ -366,7 +365,13 @@ pub async fn read_chunks(
             },
         });
     }
-    codec::streamed_answer(text.take(), tool_calls, usage, model, finish_reason)
+    codec::streamed_answer(
+        heard.text.take(),
+        tool_calls,
+        heard.usage,
+        model,
+        finish_reason,
+    )
 }
 
 #[cfg(test)]
