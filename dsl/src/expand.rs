@@ -642,12 +642,16 @@ fn instances(
                 span,
                 what,
             )
-            .with_help(
+            .with_help(if sc.matrix.is_empty() {
+                "one instance per dataset row: split the rows over several scenarios (each \
+                 with its own `filter` on the dataset), or take part of them with \
+                 `limit=`/`sample=`"
+            } else {
                 "a matrix makes one instance per combination of its values, times the \
                  dataset's rows: its variables' value counts multiply (8 variables of 10 \
                  values are 100,000,000); use fewer values, or `limit=`/`sample=` on the \
-                 dataset",
-            ),
+                 dataset"
+            }),
         );
         return Vec::new();
     }
