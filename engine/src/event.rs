@@ -102,6 +102,14 @@ impl EventSender {
     }
 }
 
+impl Drop for EventReceiver {
+    /// A sender waiting for room that will never be given back (the reporter is gone) is
+    /// told so, as the channel tells one waiting for a slot.
+    fn drop(&mut self) {
+        self.room.close();
+    }
+}
+
 impl EventReceiver {
     fn taken(&self, weighed: Weighed) -> Event {
         self.room.add_permits(weighed.units as usize);
@@ -216,6 +224,19 @@ mod tests {
         }
         tx.send(node(EVENT_BYTES * 2)).await.unwrap();
         assert!(matches!(rx.recv().await, Some(Event::Node(_))));
+    }
+
+    #[tokio::test]
+    async fn a_sender_waiting_for_room_is_told_when_the_receiver_is_gone() {
+        let (tx, rx) = channel();
+        tx.send(node(EVENT_BYTES)).await.unwrap();
+        let waiting = tokio::spawn(async move { tx.send(node(10)).await.is_err() });
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        drop(rx);
+        assert!(
+            waiting.await.unwrap(),
+            "the send failed instead of waiting forever"
+        );
     }
 
     #[tokio::test]
