@@ -88,13 +88,17 @@ pub(crate) fn trends_from_sibling_runs(
         }
     }
     dated.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+    // A run id is made before its run starts (its `started_at` is a few ms later), so runs
+    // are compared by their ids' times: once `limit` runs are kept, a directory whose id is
+    // older than the oldest kept one's is passed over, and so is every one after it.
     let mut names_hold = true;
     for (key, dir, meta) in dated {
         if names_hold
             && latest.len() >= limit
             && latest
                 .first_key_value()
-                .is_some_and(|(oldest, _)| key < *oldest)
+                .and_then(|((_, oldest), _)| run_id_key(oldest))
+                .is_some_and(|oldest| key < oldest)
         {
             break;
         }
@@ -103,7 +107,7 @@ pub(crate) fn trends_from_sibling_runs(
             continue;
         }
         if let Some(read) = consider(&dir, current, limit, &mut latest) {
-            names_hold &= read == key;
+            names_hold &= read.1 == key.1;
         }
     }
     let mut trends = Trends::new();
@@ -203,7 +207,8 @@ fn consider(
 }
 
 /// `(started_at, run_id)` as a run directory named by its run id says: `20261122T035000.123Z-1a2b`
-/// (or the older `20261122T035000Z-1a2b`) started at `2026-11-22T03:50:00Z`.
+/// (or the older `20261122T035000Z-1a2b`) was made at `2026-11-22T03:50:00.123Z` (or `…:00Z`),
+/// a few ms before its run started.
 fn run_id_key(name: &str) -> Option<(String, String)> {
     let (stamp, salt) = name.split_once("Z-")?;
     let (seconds, millis) = match stamp.split_once('.') {
@@ -221,13 +226,14 @@ fn run_id_key(name: &str) -> Option<(String, String)> {
         return None;
     }
     let started = format!(
-        "{}-{}-{}T{}:{}:{}Z",
+        "{}-{}-{}T{}:{}:{}{}Z",
         &date[..4],
         &date[4..6],
         &date[6..],
         &time[..2],
         &time[2..4],
-        &time[4..]
+        &time[4..],
+        millis.map(|m| format!(".{m}")).unwrap_or_default()
     );
     Some((started, name.to_string()))
 }
@@ -310,6 +316,33 @@ mod tests {
     }
 
     #[test]
+    fn reading_stops_once_the_latest_are_kept_though_runs_start_after_their_ids() {
+        // Each run started 4 ms after its id was made, as runs do. The oldest one's summary
+        // claims a later start than any: it is drawn only if it is read, and it is not read.
+        let trend = trend_runs(&[
+            (
+                None,
+                "20261101T000000.000Z-aaaa",
+                "2026-11-03T06:00:00.000Z",
+            ),
+            (
+                None,
+                "20261102T000000.000Z-bbbb",
+                "2026-11-02T00:00:00.004Z",
+            ),
+            (
+                None,
+                "20261103T000000.000Z-cccc",
+                "2026-11-03T00:00:00.004Z",
+            ),
+        ]);
+        assert_eq!(
+            trend,
+            ["20261102T000000.000Z-bbbb", "20261103T000000.000Z-cccc"]
+        );
+    }
+
+    #[test]
     fn only_runs_of_the_same_suite_files_are_read_and_drawn() {
         use crate::history::{RunMeta, RunSource, SourceFileMeta};
         let dir = tempfile::tempdir().unwrap();
@@ -372,7 +405,7 @@ mod tests {
         assert_eq!(
             run_id_key("20261122T035000.123Z-1a2b"),
             Some((
-                "2026-11-22T03:50:00Z".into(),
+                "2026-11-22T03:50:00.123Z".into(),
                 "20261122T035000.123Z-1a2b".into()
             ))
         );
