@@ -134,20 +134,59 @@ impl EventReceiver {
 }
 
 /// What an event weighs against [`EVENT_BYTES`], in [`UNIT`]s: the text of its turns
-/// (messages sent and answered, tool arguments and results, structured data), which is
-/// nearly all of a large event; at least one, at most the whole budget (so one event larger
-/// than it still goes, alone).
+/// (messages sent and answered, tool arguments and results, structured data, the agent's
+/// spans), its checks' details and judges' justifications, and late spans, which is nearly
+/// all of a large event; at least one, at most the whole budget (so one event larger than it
+/// still goes, alone).
 pub fn weight(event: &Event) -> u32 {
     let bytes = match event {
         Event::Node(node) => node.turns.iter().map(|t| turn_bytes(t)).sum(),
         Event::Trajectory(t) => t
             .criteria
             .iter()
-            .map(|c| c.detail.as_ref().map_or(0, String::len))
+            .map(|c| {
+                c.detail.as_ref().map_or(0, String::len)
+                    + c.judge.as_deref().map_or(0, verdict_bytes)
+            })
             .sum(),
+        Event::Spans(batch) => batch.spans.iter().map(span_bytes).sum(),
         _ => 0,
     };
     u32::try_from(bytes / UNIT + 1).map_or(UNITS, |u| u.min(UNITS))
+}
+
+fn verdict_bytes(verdict: &trellis_records::JudgeVerdict) -> usize {
+    verdict.justification.as_ref().map_or(0, String::len)
+        + verdict.members.iter().map(verdict_bytes).sum::<usize>()
+}
+
+/// A span's size, about: an instrumented agent's spans may carry every prompt and answer
+/// of its model calls in their attributes (OpenInference's `input.value`), far more than
+/// its reply.
+fn span_bytes(span: &trellis_records::SpanRecord) -> usize {
+    span.name.len()
+        + span.status_message.as_ref().map_or(0, String::len)
+        + span
+            .attributes
+            .iter()
+            .map(|(k, v)| k.len() + json_bytes(v))
+            .sum::<usize>()
+}
+
+/// A JSON value's size, about, without writing it out.
+fn json_bytes(value: &serde_json::Value) -> usize {
+    use serde_json::Value;
+    match value {
+        Value::String(s) => s.len() + 2,
+        Value::Array(items) => items.iter().map(|v| json_bytes(v) + 1).sum::<usize>() + 2,
+        Value::Object(map) => {
+            map.iter()
+                .map(|(k, v)| k.len() + 4 + json_bytes(v))
+                .sum::<usize>()
+                + 2
+        }
+        _ => 8,
+    }
 }
 
 fn turn_bytes(turn: &crate::record::TurnRecord) -> usize {
@@ -171,7 +210,8 @@ fn turn_bytes(turn: &crate::record::TurnRecord) -> usize {
             .map(|c| c.arguments.len() + text(&c.result))
             .sum::<usize>()
         // Structured data is kept as parsed JSON: about its text's size.
-        + turn.data.as_ref().map_or(0, |d| d.to_string().len())
+        + turn.data.as_ref().map_or(0, json_bytes)
+        + turn.spans.iter().map(span_bytes).sum::<usize>()
 }
 
 #[cfg(test)]
@@ -237,6 +277,50 @@ mod tests {
             waiting.await.unwrap(),
             "the send failed instead of waiting forever"
         );
+    }
+
+    #[test]
+    fn spans_and_judges_words_weigh_what_they_carry() {
+        let mb = 1024 * 1024;
+        let span = || trellis_records::SpanRecord {
+            attributes: serde_json::json!({"input.value": "x".repeat(mb)})
+                .as_object()
+                .cloned()
+                .unwrap_or_default(),
+            ..Default::default()
+        };
+        let units = |bytes: usize| (bytes / UNIT) as u32;
+        let Event::Node(mut with_spans) = node(10) else {
+            unreachable!()
+        };
+        with_spans.turns[0] = std::sync::Arc::new(TurnRecord {
+            spans: vec![span(), span()],
+            ..Default::default()
+        });
+        assert!(weight(&Event::Node(with_spans)) >= units(2 * mb));
+        let late = trellis_records::SpanBatch {
+            spans: vec![span(); 3],
+            ..Default::default()
+        };
+        assert!(weight(&Event::Spans(Box::new(late))) >= units(3 * mb));
+        let verdict = trellis_records::JudgeVerdict {
+            justification: Some("y".repeat(mb)),
+            ..Default::default()
+        };
+        let panel = trellis_records::JudgeVerdict {
+            members: vec![verdict.clone(), verdict],
+            ..Default::default()
+        };
+        let trajectory: trellis_records::TrajectoryRecord =
+            serde_json::from_value(serde_json::json!({
+                "suite": "s", "scenario": "c", "trajectory": "t", "agent": "a",
+                "protocol": "p", "repetition": 0, "nodes": [], "status": "passed",
+                "turns": 1, "duration_ms": 1.0, "tags": [],
+                "criteria": [{"criterion": "judge", "kind": "judge", "status": "passed",
+                    "judge": panel}],
+            }))
+            .unwrap();
+        assert!(weight(&Event::Trajectory(Box::new(trajectory))) >= units(2 * mb));
     }
 
     #[tokio::test]
