@@ -103,6 +103,9 @@ pub(super) async fn send(
     exchange: &mut Exchange,
     waits: &mut RateLimitWaits,
 ) -> Result<Received, SendError> {
+    // Only OpenAI's chat form is changed: an Anthropic request behind a proxy that passes
+    // OpenAI's words on must keep the `max_tokens` Anthropic requires.
+    let speaks_openai = request.url.path().ends_with(super::openai::PATH);
     // What this endpoint's model refused before is changed before it is sent.
     let endpoint = format!("{} {}", request.url, model_of(&request.body));
     let changed = learned(&endpoint)
@@ -122,6 +125,7 @@ pub(super) async fn send(
         let (outcome, asked) = round(current, exchange).await;
         let Some(asked) = asked else {
             if let Err(fault) = &outcome
+                && speaks_openai
                 && let Some(change) = Change::refused_in(fault)
                 && let Some(body) = change.apply(&current.body)
             {

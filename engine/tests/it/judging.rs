@@ -381,29 +381,55 @@ async fn a_judge_on_a_reasoning_model_sends_what_it_takes() {
         score(0.9),
     ))])])
     .await;
-    let suite = format!(
-        r#"
+    let suite = |first: &str, second: &str| {
+        format!(
+            r#"
 agent "demo" protocol="connexity" builtin="booking"
 provider "o" kind="openai" base-url="{}" model="gpt-5-reasoning-test"
 judge "strict" provider="o"
 scenario "book" {{
     user "Hi, I'd like to book a duct cleaning."
-    criteria {{ judge "REASONING-CHECK helpful"; judge "REASONING-AGAIN polite"; }}
+    criteria {{ judge "{first} helpful"; judge "{second} polite"; }}
 }}
 "#,
-        fake.base_url()
-    );
-    let run = run_suite(&suite, 1, EnvSnapshot::new()).await;
+            fake.base_url()
+        )
+    };
+    let run = run_suite(
+        &suite("REASONING-CHECK", "REASONING-AGAIN"),
+        1,
+        EnvSnapshot::new(),
+    )
+    .await;
     for needle in ["REASONING-CHECK", "REASONING-AGAIN"] {
         let c = criterion(&run, needle);
         assert_eq!(c.status, CriterionStatus::Passed, "{c:?}");
     }
-    let seen = fake.seen();
-    let last = &seen.last().unwrap().body;
+    let first = fake.seen();
+    let last = &first.last().unwrap().body;
     assert!(last.get("max_tokens").is_none(), "{last}");
     assert!(last.get("max_completion_tokens").is_some(), "{last}");
     assert!(last.get("temperature").is_none(), "{last}");
-    // Learned once: the first check paid two refusals, the second none (the calls may
-    // overlap, so up to two each).
-    assert!(seen.len() <= 6, "{} requests", seen.len());
+    // Learned: a later run's checks on the same URL and model are sent changed from the
+    // start, one request each.
+    let run = run_suite(
+        &suite("REASONING-LATER", "REASONING-LAST"),
+        1,
+        EnvSnapshot::new(),
+    )
+    .await;
+    for needle in ["REASONING-LATER", "REASONING-LAST"] {
+        let c = criterion(&run, needle);
+        assert_eq!(c.status, CriterionStatus::Passed, "{c:?}");
+    }
+    let later = &fake.seen()[first.len()..];
+    assert_eq!(later.len(), 2, "{later:?}");
+    for request in later {
+        assert!(request.body.get("max_tokens").is_none(), "{}", request.body);
+        assert!(
+            request.body.get("temperature").is_none(),
+            "{}",
+            request.body
+        );
+    }
 }

@@ -135,6 +135,30 @@ async fn anthropic_messages_use_their_own_headers_and_shape() {
     assert_eq!(outcome.call.cost, None, "no price configured");
 }
 
+/// A proxy in front of Claude that passes OpenAI's refusal of `max_tokens` on: Anthropic
+/// requires `max_tokens`, so the request is not changed, not now and not later.
+#[tokio::test]
+async fn an_anthropic_request_keeps_max_tokens_whatever_a_400_says() {
+    let fake = FakeLlm::start(vec![Rule::otherwise([Reply::ReasoningModel(Box::new(
+        Reply::text("never"),
+    ))])])
+    .await;
+    let client = client(&format!(
+        r#"provider "claude" kind="anthropic" base-url="{}" model="claude-behind-proxy" api-key-env="FAKE_LLM_KEY" retries=0"#,
+        fake.base_url()
+    ));
+    for _ in 0..2 {
+        let outcome = client.complete(&ask("Greet me"), None).await;
+        assert!(outcome.result.is_err());
+    }
+    let seen = fake.seen();
+    assert_eq!(seen.len(), 2, "sent again changed");
+    for request in seen {
+        assert_eq!(request.body["max_tokens"], 1024, "{}", request.body);
+        assert!(request.body.get("max_completion_tokens").is_none());
+    }
+}
+
 #[tokio::test]
 async fn a_429_is_waited_out_for_its_retry_after_and_is_not_a_failure() {
     let fake = FakeLlm::start(vec![Rule::otherwise([
