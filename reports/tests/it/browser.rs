@@ -319,3 +319,60 @@ fn base64_decode(text: &str) -> Vec<u8> {
         .decode(text)
         .unwrap()
 }
+
+/// The compare page's filter, driven as a user does: with "only what changed" (the
+/// default) a section where nothing changed is hidden whole, the note counting its unlisted
+/// rows too; the count of rows shown is out of every row compared, not of those listed.
+#[test]
+fn the_compare_page_hides_sections_where_nothing_changed_with_their_notes() {
+    let binary = chromium();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("compare.html");
+    let mut page = fixtures::compare_page("why");
+    // 600 criteria, none changed: 500 listed, a note for the other 100.
+    let template = page.criteria[0].clone();
+    page.criteria = (0..600)
+        .map(|i| {
+            let mut r = template.clone();
+            r.criterion = format!("check-{i}");
+            r.rate.verdict = "unchanged".into();
+            r
+        })
+        .collect();
+    trellis_reports::write_compare(&path, &page).unwrap();
+    let url = format!("file://{}", path.canonicalize().unwrap().display());
+
+    let mut browser = Browser::launch(&binary);
+    browser.page("Page.navigate", json!({"url": url}));
+    browser.wait_for_event("Page.loadEventFired");
+    assert_eq!(
+        browser.eval("document.documentElement.dataset.ready"),
+        "yes"
+    );
+    let visible_notes = "Array.from(document.querySelectorAll('p.note')).filter(p => p.offsetParent !== null).map(p => p.textContent)";
+    let visible_titles = "Array.from(document.querySelectorAll('section.rows h2')).filter(h => h.offsetParent !== null).map(h => h.textContent)";
+    assert_eq!(browser.eval(visible_notes), json!([]));
+    assert_eq!(
+        browser.eval(visible_titles),
+        json!(["Scenarios 1 changed of 1", "Branches 1 changed of 2"])
+    );
+    assert_eq!(
+        browser.eval("document.getElementById('shown').textContent"),
+        "2 of 603 rows shown"
+    );
+    // Every row: the criteria come back with their note.
+    browser.eval("document.getElementById('only-changes').click()");
+    let notes = browser.eval(visible_notes);
+    assert_eq!(notes.as_array().map(Vec::len), Some(1), "{notes}");
+    assert!(
+        notes[0]
+            .as_str()
+            .unwrap_or("")
+            .contains("100 more that did not"),
+        "{notes}"
+    );
+    assert_eq!(
+        browser.eval("document.getElementById('shown').textContent"),
+        "503 of 603 rows shown"
+    );
+}

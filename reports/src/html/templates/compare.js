@@ -13,13 +13,15 @@
       tr.hidden = !ok;
       if (ok) { count++; }
     });
-    document.querySelectorAll('table.rows').forEach(function (table) {
-      var any = table.querySelector('tr[data-changed]:not([hidden])') !== null;
-      table.hidden = !any;
-      var title = table.previousElementSibling;
-      if (title && title.tagName === 'H2') { title.hidden = !any; }
+    // A section with nothing to show is hidden whole: its title, table and the note of
+    // rows not listed, which would otherwise read as the previous section's.
+    var total = 0;
+    document.querySelectorAll('section.rows').forEach(function (section) {
+      section.hidden = section.querySelector('tr[data-changed]:not([hidden])') === null;
+      total += Number(section.getAttribute('data-total')) || 0;
     });
-    if (shown) { shown.textContent = count + ' of ' + rows.length + ' rows shown'; }
+    // Of every row compared, not only of those the page lists.
+    if (shown) { shown.textContent = count + ' of ' + total + ' rows shown'; }
     if (nothing) { nothing.hidden = count > 0 || !only; }
   }
   if (box) { box.addEventListener('change', apply); }
