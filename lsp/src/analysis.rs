@@ -359,7 +359,7 @@ pub fn place<'a>(nodes: &'a [Node], text: &str, offset: usize) -> Place<'a> {
     // A newline between the node's line and the cursor: a new node of the same block.
     let line_break = text
         .get(innermost.head.end.min(offset)..offset)
-        .is_some_and(|between| between.contains('\n'));
+        .is_some_and(|between| between.contains(['\n', '\r']));
     if offset > innermost.head.end && line_break {
         let mut parent_chain = chain.clone();
         parent_chain.pop();

@@ -300,6 +300,16 @@ struct Comment {
     open_ended: bool,
 }
 
+/// Whether a line ends at `b[i]`: at `\n`, and at a lone `\r` (classic Mac line ends, which
+/// KDL and the LSP specification count as line ends too); a CRLF ends at its `\n`.
+fn ends_line(b: &[u8], i: usize) -> bool {
+    match b.get(i) {
+        Some(b'\n') => true,
+        Some(b'\r') => b.get(i + 1) != Some(&b'\n'),
+        _ => false,
+    }
+}
+
 /// The tokens of `text`, and the comments between them.
 fn tokenize(text: &str) -> (Vec<Token>, Vec<Comment>) {
     let b = text.as_bytes();
@@ -309,7 +319,7 @@ fn tokenize(text: &str) -> (Vec<Token>, Vec<Comment>) {
     while i < b.len() {
         let c = b[i];
         match c {
-            b'\n' | b';' | b'{' | b'}' | b'=' => {
+            b'\n' | b'\r' | b';' | b'{' | b'}' | b'=' if c != b'\r' || ends_line(b, i) => {
                 let tok = match c {
                     b'{' => Tok::Open,
                     b'}' => Tok::Close,
@@ -325,10 +335,10 @@ fn tokenize(text: &str) -> (Vec<Token>, Vec<Comment>) {
             b'\\' => {
                 // A line continuation: the newline after it does not end the node.
                 i += 1;
-                while i < b.len() && b[i] != b'\n' {
+                while i < b.len() && !ends_line(b, i) {
                     if b[i] == b'/' && b.get(i + 1) == Some(&b'/') {
                         let start = i;
-                        while i < b.len() && b[i] != b'\n' {
+                        while i < b.len() && !ends_line(b, i) {
                             i += 1;
                         }
                         comments.push(Comment {
@@ -343,7 +353,7 @@ fn tokenize(text: &str) -> (Vec<Token>, Vec<Comment>) {
             }
             b'/' if b.get(i + 1) == Some(&b'/') => {
                 let start = i;
-                while i < b.len() && b[i] != b'\n' {
+                while i < b.len() && !ends_line(b, i) {
                     i += 1;
                 }
                 comments.push(Comment {
@@ -382,7 +392,7 @@ fn tokenize(text: &str) -> (Vec<Token>, Vec<Comment>) {
             }
             b'(' => {
                 // A type annotation: not part of the language Trellis reads.
-                while i < b.len() && b[i] != b')' && b[i] != b'\n' {
+                while i < b.len() && b[i] != b')' && !ends_line(b, i) {
                     i += 1;
                 }
                 i += 1;
@@ -467,7 +477,7 @@ fn quoted(text: &str, start: usize, hashes: usize) -> (Token, usize) {
             };
             return (token, b.len());
         }
-        if !multi && b[i] == b'\n' {
+        if !multi && ends_line(b, i) {
             let token = Token {
                 tok: Tok::Str(value, content_start..i),
                 span: start..i,
@@ -568,6 +578,25 @@ mod tests {
     }
 
     #[test]
+    fn classic_mac_line_ends_end_nodes_comments_and_strings() {
+        let lf = "agent \"a\" protocol=\"connexity\" // the agent\nscenario \"s\" {\n    user \"hi\n    expect reply contains=\"x\"\n}\n";
+        for text in [
+            lf.to_string(),
+            lf.replace('\n', "\r"),
+            lf.replace('\n', "\r\n"),
+        ] {
+            let nodes = parse(&text);
+            let names: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+            assert_eq!(names, ["agent", "scenario"], "{text:?}");
+            let children: Vec<&str> = nodes[1].children().map(|n| n.name.as_str()).collect();
+            assert_eq!(children, ["user", "expect"], "{text:?}");
+            let at = |needle: &str| text.find(needle).unwrap();
+            assert!(in_comment(&text, at("the agent")), "{text:?}");
+            assert!(!in_comment(&text, at("scenario")), "{text:?}");
+        }
+    }
+
+    #[test]
     fn strings_comments_and_slashdash() {
         let text = "/- agent \"x\"\n// agent \"y\"\n/* a { */ tool #\"raw \"q\" \"# k=#true\n";
         let nodes = parse(text);
@@ -619,6 +648,7 @@ mod props {
             "reply",
             "contains=",
             "\r\n",
+            "\r",
         ]);
         prop::collection::vec(piece, 0..60).prop_map(|p| p.concat())
     }
