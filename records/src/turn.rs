@@ -40,6 +40,12 @@ pub struct TurnRecord {
     /// Milliseconds since the run started.
     pub started_ms: f64,
     pub latency_ms: f64,
+    /// Milliseconds since the run started when the turn ended: after its retries, its
+    /// rate-limit waits and its waits for a call slot, so `started_ms..ended_ms` is its
+    /// wall time where `latency_ms` is only its answers'. `None` in journals written before
+    /// it was recorded: [`TurnRecord::end_ms`] then counts its latency.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_ms: Option<f64>,
     /// Time to first streamed token; only for streaming protocols.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttft_ms: Option<f64>,
@@ -123,6 +129,15 @@ impl UserSource {
 
 fn user_kind() -> String {
     "user".to_owned()
+}
+
+impl TurnRecord {
+    /// When the turn ended, in ms since the run started (see [`TurnRecord::ended_ms`]).
+    pub fn end_ms(&self) -> f64 {
+        self.ended_ms
+            .unwrap_or(self.started_ms + self.latency_ms)
+            .max(self.started_ms)
+    }
 }
 
 /// One request of a turn.

@@ -72,7 +72,7 @@ impl JunitBuilder {
     pub(crate) fn add_node(&mut self, node: &NodeRecord) {
         let suite = self.suite(&node.suite);
         for turn in &node.turns {
-            let (start, end) = (turn.started_ms, turn.started_ms + turn.latency_ms);
+            let (start, end) = (turn.started_ms, turn.end_ms());
             if !(start.is_finite() && end.is_finite()) {
                 continue;
             }

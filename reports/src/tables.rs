@@ -352,6 +352,7 @@ table!(
         attempts: Vec<u32>,
         tool_calls: Vec<u32>,
         started_ms: Vec<f64>,
+        ended_ms: Vec<f64>,
         fault_category: Vec<Option<String>>,
         fault_message: Vec<Option<String>>,
         parent_node: Vec<Option<String>>,
@@ -790,6 +791,7 @@ impl Tables {
             t.tool_calls
                 .push(u32::try_from(turn.tool_calls.len()).unwrap_or(u32::MAX));
             t.started_ms.push(turn.started_ms);
+            t.ended_ms.push(turn.end_ms());
             t.fault_category.push(fault_category);
             t.fault_message.push(fault_message);
             t.parent_node.push(node.parent.clone());

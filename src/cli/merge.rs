@@ -950,7 +950,11 @@ fn replay(
                 totals.turns += node.turns.len() as u64;
                 // Turns just read are held once: moved in place, not copied.
                 for turn in &mut node.turns {
-                    std::sync::Arc::make_mut(turn).started_ms += offset_ms;
+                    let turn = std::sync::Arc::make_mut(turn);
+                    turn.started_ms += offset_ms;
+                    if let Some(ended) = &mut turn.ended_ms {
+                        *ended += offset_ms;
+                    }
                 }
                 push(&entry);
             }

@@ -303,11 +303,7 @@ fn rewrite(
                 continue;
             }
             if let Ok(JournalEntry::Node(node)) = journal::parse_line(line) {
-                let ended = node
-                    .turns
-                    .iter()
-                    .map(|t| t.started_ms + t.latency_ms)
-                    .fold(0.0, f64::max);
+                let ended = node.turns.iter().map(|t| t.end_ms()).fold(0.0, f64::max);
                 finished.add_turns(node.turns.len() as u64, ended);
             }
             writer.append_line(line).map_err(write_error)?;

@@ -832,3 +832,55 @@ async fn an_agents_terminal_escapes_are_printed_as_text() {
         assert!(!out.contains(raw), "{raw:?} reached the terminal: {out:?}");
     }
 }
+
+/// A turn that waited out a rate limit took the run that long: `turns.ended_ms`, the JUnit
+/// suite's wall time and the case's time all count the wait, which `latency_ms` (the
+/// answer's) does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limit_wait_is_in_the_turns_wall_time_and_the_junit_suites() {
+    let server = MisbehavingServer::start(Behavior::RateLimited {
+        times: 1,
+        retry_after: Some("1".into()),
+        body: "slow down".into(),
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("limited.kdl"),
+        format!(
+            "agent \"gated\" protocol=\"connexity\" url=\"{}\"\n\
+             scenario \"hello\" {{\n    user \"hi\"\n    expect no-error\n}}\n",
+            server.url()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path())
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let turns = read_parquet(&out.join("turns.parquet"));
+    let column = |name: &str| turns.column(name).unwrap().f64().unwrap().get(0).unwrap();
+    let (started, ended, latency) = (
+        column("started_ms"),
+        column("ended_ms"),
+        column("latency_ms"),
+    );
+    assert!(latency < 500.0, "the wait is in no latency: {latency}");
+    assert!(ended - started >= 1000.0, "{started}..{ended}");
+    let junit = std::fs::read_to_string(out.join("junit.xml")).unwrap();
+    let seconds = |tag: &str| -> f64 {
+        let at = junit.find(tag).unwrap_or_else(|| panic!("{tag}: {junit}"));
+        let time = &junit[at..];
+        let time = &time[time.find("time=\"").unwrap() + 6..];
+        time[..time.find('"').unwrap()].parse().unwrap()
+    };
+    for tag in ["<testsuites", "<testsuite ", "<testcase"] {
+        assert!(seconds(tag) >= 1.0, "{tag} time under the wait: {junit}");
+    }
+}

@@ -797,6 +797,65 @@ async fn a_gzip_export_reaches_the_collector_whole() {
     assert!(spans.iter().all(|s| s["encoding"] == "gzip"), "{spans:?}");
 }
 
+/// A turn that waited out a rate limit: its exported span runs from its start to its end,
+/// the wait included, so the request that got the answer (and carried the turn's span id)
+/// falls inside it; its exchange (two attempts) ends with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turns_span_covers_its_wait_out_of_a_rate_limit() {
+    use super::support::{Behavior, MisbehavingServer};
+    let server = MisbehavingServer::start(Behavior::RateLimited {
+        times: 1,
+        retry_after: Some("1".into()),
+        body: "slow down".into(),
+    })
+    .await;
+    let collector = Collector::start();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("limited.kdl"),
+        format!(
+            "agent \"gated\" protocol=\"connexity\" url=\"{}\"\n\
+             scenario \"hello\" {{\n    user \"hi\"\n}}\n",
+            server.url()
+        ),
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path())
+        .arg("--out")
+        .arg(dir.path().join("out"))
+        .arg("--otlp-endpoint")
+        .arg(format!("http://127.0.0.1:{}", collector.port))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let spans = collector.spans();
+    let named = |prefix: &str| {
+        spans
+            .iter()
+            .find(|s| s["name"].as_str().is_some_and(|n| n.starts_with(prefix)))
+            .unwrap_or_else(|| panic!("no {prefix} span: {spans:#?}"))
+    };
+    let nanos = |v: &serde_json::Value| {
+        v.as_u64()
+            .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+            .unwrap()
+    };
+    let (turn, exchange) = (named("turn "), named("POST "));
+    let lasted = nanos(&turn["end"]) - nanos(&turn["start"]);
+    assert!(lasted >= 1_000_000_000, "{turn}");
+    assert_eq!(exchange["parent_span_id"], turn["span_id"]);
+    assert_eq!(nanos(&exchange["end"]), nanos(&turn["end"]), "{exchange}");
+    assert!(
+        nanos(&exchange["start"]) >= nanos(&turn["start"]),
+        "{exchange}"
+    );
+    let node = named("node ");
+    assert!(nanos(&node["end"]) >= nanos(&turn["end"]), "{node}");
+}
+
 /// A collector that is down is one warning; the run and its exit code are unchanged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_down_collector_is_one_warning() {

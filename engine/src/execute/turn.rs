@@ -129,11 +129,16 @@ impl Unit<'_> {
         if turn.unsent {
             return None;
         }
-        let took = started.elapsed().saturating_sub(turn.queued());
+        let elapsed = started.elapsed();
+        let took = elapsed.saturating_sub(turn.queued());
         let started_ms = ms(started.duration_since(shared.run_start));
         let branch = turn.branch.take();
         let spans_for_reuse = turn.spans_for_reuse.take();
         let mut record = record(turn, input, turn_index, started_ms, replay);
+        // Retries and rate-limit waits are in no latency; the turn's wall time has them.
+        if !record.reused {
+            record.ended_ms = Some(started_ms + ms(elapsed));
+        }
         // A turn answered from the records (`trellis watch`) took the agent the time it
         // took then: the trajectory's duration and its `timeout` count that, not the
         // microseconds of the lookup.
@@ -283,6 +288,7 @@ fn record(
         tool_calls: turn.tool_calls,
         started_ms,
         latency_ms: ms(latency),
+        ended_ms: None,
         ttft_ms: ttft.map(ms),
         prompt_tokens: usage.prompt_tokens,
         completion_tokens: usage.completion_tokens,

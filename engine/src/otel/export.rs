@@ -402,9 +402,11 @@ impl SpanExporter {
         }
     }
 
+    /// From the turn's start to its end, its retries and rate-limit waits included: the
+    /// requests that carried its span id all fall inside it.
     fn turn_times(&self, turn: &TurnRecord) -> (u64, u64) {
         let start = self.origin + ms_nanos(turn.started_ms);
-        (start, start + ms_nanos(turn.latency_ms))
+        (start, (self.origin + ms_nanos(turn.end_ms())).max(start))
     }
 
     fn turn(&mut self, turn: &TurnRecord, node_id: &[u8], times: (u64, u64), agent: &str) {
@@ -446,10 +448,17 @@ impl SpanExporter {
         }
         fault_status(&mut span, turn.fault.as_ref());
         self.add(span);
-        // Exchanges are listed only when they say more than the turn; laid end to end.
-        let mut at = times.0;
+        // Exchanges are listed only when they say more than the turn; laid end to end, each
+        // as long as its attempts, the last ending with the turn (waits between attempts
+        // are not recorded where they fell, and the answer that counted came last).
+        let lasted: u64 = turn
+            .exchanges
+            .iter()
+            .map(|e| ms_nanos(exchange_ms(e)))
+            .sum();
+        let mut at = times.1.saturating_sub(lasted).max(times.0);
         for (i, exchange) in turn.exchanges.iter().enumerate() {
-            let end = at + ms_nanos(exchange.latency_ms);
+            let end = (at + ms_nanos(exchange_ms(exchange))).min(times.1.max(at));
             let id = derived_id(&span_id, &["exchange", &i.to_string()]);
             let mut span = self.span(id, span_id.clone(), exchange.label.clone(), (at, end));
             span.kind = SpanKind::Client as i32;
@@ -789,6 +798,15 @@ fn double(key: &str, value: f64) -> KeyValue {
             value: Some(any_value::Value::DoubleValue(value)),
         }),
         ..KeyValue::default()
+    }
+}
+
+/// How long an exchange's attempts took, together (its `latency_ms` is the last one's).
+fn exchange_ms(exchange: &crate::record::ExchangeRecord) -> f64 {
+    if exchange.attempts.is_empty() {
+        exchange.latency_ms
+    } else {
+        exchange.attempts.iter().map(|a| a.latency_ms).sum()
     }
 }
 

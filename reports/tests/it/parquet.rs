@@ -193,6 +193,7 @@ fn tables_have_documented_shape() {
         "attempts",
         "tool_calls",
         "started_ms",
+        "ended_ms",
         "fault_category",
         "fault_message",
         "kind",
