@@ -141,9 +141,13 @@ pub(super) async fn send(
         match waits.next(asked, request.deadline) {
             Some(wait) => tokio::time::sleep(wait).await,
             None => {
-                return Err(SendError::RateLimited(
-                    waits.gave_up("`concurrency`, `requests-per-minute`"),
-                ));
+                // A model agent reached by `base-url` has no provider's settings to lower.
+                let load = if request.provider.is_some() {
+                    "the provider's `concurrency`, `requests-per-minute`"
+                } else {
+                    "the agent's `concurrency`"
+                };
+                return Err(SendError::RateLimited(waits.gave_up(load)));
             }
         }
     }

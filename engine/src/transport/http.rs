@@ -1404,7 +1404,7 @@ impl RateLimitWaits {
             self.past_deadline = Some(wait);
             return None;
         }
-        if self.waited + wait > MAX_RATE_LIMIT_WAIT || self.count > MAX_RATE_LIMIT_ANSWERS {
+        if self.waited + wait > MAX_RATE_LIMIT_WAIT || self.count >= MAX_RATE_LIMIT_ANSWERS {
             return None;
         }
         self.waited += wait;
@@ -1495,9 +1495,14 @@ mod rate_limit_tests {
             answers += 1;
             assert!(answers <= MAX_RATE_LIMIT_ANSWERS, "never gives up");
         }
-        assert_eq!(answers, MAX_RATE_LIMIT_ANSWERS);
+        // The last answer is not waited out: the call gives up on it, "30 answers in all".
+        assert_eq!(answers, MAX_RATE_LIMIT_ANSWERS - 1);
         assert!(total <= MAX_RATE_LIMIT_WAIT);
-        assert!(waits.gave_up("`concurrency`").message.contains("429"));
+        let message = waits.gave_up("`concurrency`").message;
+        assert!(
+            message.contains("429") && message.contains("after 30 answers"),
+            "{message}"
+        );
     }
 }
 
