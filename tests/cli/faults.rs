@@ -884,3 +884,61 @@ async fn a_rate_limit_wait_is_in_the_turns_wall_time_and_the_junit_suites() {
         assert!(seconds(tag) >= 1.0, "{tag} time under the wait: {junit}");
     }
 }
+
+/// A stop while a call waits out a long rate limit ends the run at once, not after the
+/// grace period: nothing of that call is in flight. Its trajectory is left unfinished (for
+/// `--resume`), and the other agent's finished one is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_during_a_rate_limit_wait_does_not_sit_out_the_grace_period() {
+    let gated = MisbehavingServer::start(Behavior::RateLimited {
+        times: 100,
+        retry_after: Some("60".into()),
+        body: "slow down".into(),
+    })
+    .await;
+    let healthy = MisbehavingServer::respond(200, OK_BODY).await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("limited.kdl"),
+        format!(
+            "agent \"gated\" protocol=\"connexity\" url=\"{}\"\n\
+             agent \"healthy\" protocol=\"connexity\" url=\"{}\"\n\
+             scenario \"hello\" {{\n    agents \"gated\" \"healthy\"\n    user \"hi\"\n}}\n",
+            gated.url(),
+            healthy.url()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let child = trellis()
+        .arg("run")
+        .arg(dir.path())
+        .arg("--out")
+        .arg(&out)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while gated.requests() == 0 || healthy.requests() == 0 {
+        assert!(std::time::Instant::now() < deadline, "no call was made");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The healthy agent's trajectory is recorded as it answers.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pid = i32::try_from(child.id().unwrap()).unwrap();
+    let signalled = std::time::Instant::now();
+    // SAFETY: kill(2) on a child process id this test spawned and has not reaped yet.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let o = tokio::time::timeout(Duration::from_secs(20), child.wait_with_output())
+        .await
+        .expect("trellis did not exit after SIGTERM")
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(143), "{err}");
+    assert!(!err.contains("are abandoned"), "sat out the grace: {err}");
+    assert!(signalled.elapsed() < Duration::from_secs(5), "{err}");
+    assert_eq!(gated.requests(), 1, "sent again after the stop");
+    let t = read_parquet(&out.join("trajectories.parquet"));
+    assert_eq!(strings(&t, "agent"), [Some("healthy".to_string())]);
+}

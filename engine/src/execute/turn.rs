@@ -9,6 +9,7 @@ use super::ms;
 use super::walk::{PathState, Unit};
 use crate::protocol::{BranchRequest, CallContext, Session, Turn, TurnInput};
 use crate::record::{AttemptRecord, ExchangeRecord, Fault, FaultCategory, TurnRecord};
+use crate::transport::http::droppable_while_rate_limited;
 use crate::transport::trace::{self, SpanId, TraceContext};
 
 impl Unit<'_> {
@@ -122,7 +123,20 @@ impl Unit<'_> {
             );
         }
         let mut turn = match turn_headers {
-            Ok(_) => trace::scope(&trace, session.turn(input, &ctx)).await,
+            Ok(_) => match droppable_while_rate_limited(
+                stop,
+                trace::scope(&trace, session.turn(input, &ctx)),
+            )
+            .await
+            {
+                Some(turn) => turn,
+                None => {
+                    if let Some(store) = &shared.spans {
+                        store.forget_turn(&span_hex);
+                    }
+                    return None;
+                }
+            },
             // Nothing is sent with a header that could not be rendered.
             Err(fault) => Turn::failed(fault),
         };

@@ -139,7 +139,7 @@ pub(super) async fn send(
             return outcome.map_err(SendError::Failed);
         };
         match waits.next(asked, request.deadline) {
-            Some(wait) => tokio::time::sleep(wait).await,
+            Some(wait) => crate::transport::http::wait_out_rate_limit(wait).await,
             None => {
                 // A model agent reached by `base-url` has no provider's settings to lower.
                 let load = if request.provider.is_some() {

@@ -1284,7 +1284,7 @@ where
             });
             match rate_limits.next(limited.retry_after, deadline) {
                 Some(wait) => {
-                    tokio::time::sleep(wait).await;
+                    wait_out_rate_limit(wait).await;
                     continue;
                 }
                 None => {
@@ -1350,6 +1350,41 @@ fn jitter_seed() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos() as u64);
     nanos ^ COUNTER.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
+}
+
+tokio::task_local! {
+    /// Around a turn ([`droppable_while_rate_limited`]): told whether the turn's call is
+    /// waiting out a 429 now.
+    static IN_RATE_LIMIT_WAIT: tokio::sync::watch::Sender<bool>;
+}
+
+/// Waits `wait` out of an HTTP 429, telling the turn around it (if any) that nothing of it is
+/// in flight meanwhile.
+pub async fn wait_out_rate_limit(wait: Duration) {
+    let _ = IN_RATE_LIMIT_WAIT.try_with(|waiting| waiting.send_replace(true));
+    tokio::time::sleep(wait).await;
+    let _ = IN_RATE_LIMIT_WAIT.try_with(|waiting| waiting.send_replace(false));
+}
+
+/// Runs a turn's `call`; `None`, with the call dropped, when `stop` comes while (or once)
+/// the call waits out a rate limit. A stop lets calls in flight finish for a grace period,
+/// but a call waiting up to a minute for a `Retry-After` has nothing in flight to finish:
+/// the run would only sit out the grace period, and the agent has not taken the request,
+/// so the trajectory is as unfinished as one never started.
+pub async fn droppable_while_rate_limited<F: Future>(
+    stop: &tokio_util::sync::CancellationToken,
+    call: F,
+) -> Option<F::Output> {
+    let (waiting, mut watched) = tokio::sync::watch::channel(false);
+    let call = IN_RATE_LIMIT_WAIT.scope(waiting, call);
+    tokio::select! {
+        output = call => Some(output),
+        () = async {
+            stop.cancelled().await;
+            // The sender lives in `call`, which outlives this branch.
+            let _ = watched.wait_for(|w| *w).await;
+        } => None,
+    }
 }
 
 /// The longest a call waits out HTTP 429 answers in total before it gives up.
