@@ -451,9 +451,9 @@ fn evaluate<T: AsRef<TurnRecord>>(
                 let what = if unreported > 0 {
                     format!("{unreported} of {} turns reported no usage", sent.len())
                 } else if sent.len() == 1 {
-                    "some of the turn's requests reported no usage".to_owned()
+                    "the turn's usage was reported only in part".to_owned()
                 } else {
-                    format!("some requests of {partial} turn(s) reported no usage")
+                    format!("{partial} turn(s) reported their usage only in part")
                 };
                 skip(format!(
                     "at least {total} tokens, but {what}: the total is not known"
@@ -1477,7 +1477,11 @@ mod tests {
         partial.tokens_partial = true;
         let r = check(&c, Scope::Turn, std::slice::from_ref(&partial), Some(0));
         assert_eq!(r.status, CriterionStatus::Skipped, "{r:?}");
-        assert!(r.detail.as_deref().unwrap_or("").contains("at least 107"));
+        let detail = r.detail.as_deref().unwrap_or("");
+        assert!(
+            detail.contains("at least 107") && detail.contains("reported only in part"),
+            "{detail}"
+        );
         // Two turns, the first without usage.
         let turns = [reported(None), reported(Some(107))];
         let r = check(&c, Scope::Trajectory, &turns, None);

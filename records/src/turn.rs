@@ -55,7 +55,9 @@ pub struct TurnRecord {
     pub completion_tokens: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub total_tokens: Option<u64>,
-    /// Some of the turn's requests reported no usage while others did: the counts are what
+    /// Usage reported only in part: some of the turn's requests reported none while others
+    /// did, or a request reported prompt tokens without completion ones (or the reverse),
+    /// as a stream cut after its start does. The counts are what
     /// those reported, a floor of what the turn spent.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub tokens_partial: bool,
