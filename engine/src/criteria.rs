@@ -668,11 +668,13 @@ fn evaluate<T: AsRef<TurnRecord>>(
 /// Why a span check is skipped: no turn it looks at has any span.
 const NO_SPANS: &str = "no spans were collected for this turn: the agent needs `spans #true`, \
      and its OTEL_EXPORTER_OTLP_ENDPOINT set to the run's receiver (printed at the start; \
-     --otlp-receiver ADDR fixes its address)";
+     --otlp-receiver ADDR fixes its address), exporting OTLP/HTTP the receiver takes (the \
+     console names why it refused an export, if it did)";
 
 /// What a turn without spans needs, for the tool checks of an agent with `spans #true`.
 const NO_SPANS_HINT: &str = "its OTEL_EXPORTER_OTLP_ENDPOINT must be set to the run's \
-     receiver (printed at the start; --otlp-receiver ADDR fixes its address)";
+     receiver (printed at the start; --otlp-receiver ADDR fixes its address), exporting \
+     OTLP/HTTP the receiver takes (the console names why it refused an export, if it did)";
 
 /// The agent's spans on `turns`, in start order; why not, when some turn has none. An
 /// instrumented agent reports at least its root span per turn, so a turn without any was

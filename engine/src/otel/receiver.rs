@@ -149,7 +149,7 @@ async fn export(State(store): State<Arc<SpanStore>>, headers: HeaderMap, body: B
         return refuse(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             format!(
-                "OTLP bodies compressed with `{}` are not accepted, only gzip: set \
+                "OTLP bodies compressed with `{}` are not accepted, only gzip or deflate: set \
                  OTEL_EXPORTER_OTLP_COMPRESSION=gzip or none",
                 crate::transport::quote::cut(&coding, 40)
             ),
