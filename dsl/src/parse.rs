@@ -351,7 +351,8 @@ impl<'f> Decoder<'f> {
 
     fn check_args(&mut self, v: &View, max: usize, usage: &str) {
         if let Some(extra) = v.args.get(max) {
-            let p = check::unexpected_argument(v.name, max, extra.span(), usage);
+            let entries: Vec<&KdlEntry> = v.args.iter().chain(&v.props).copied().collect();
+            let p = check::unexpected_argument(v.name, max, extra.span(), usage, &entries);
             self.problem(p);
         }
     }

@@ -225,12 +225,35 @@ pub fn not_a_property(name: &str, span: SourceSpan) -> Problem {
     }
 }
 
-/// More arguments than the node takes; `max` is how many it takes.
-pub fn unexpected_argument(node: &str, max: usize, span: SourceSpan, usage: &str) -> Problem {
+/// More arguments than the node takes; `max` is how many it takes. `entries` are the node's
+/// arguments and properties: an argument right after a property is most likely a second
+/// value meant for it (`tools="a" "b"`), and the help says so.
+pub fn unexpected_argument(
+    node: &str,
+    max: usize,
+    span: SourceSpan,
+    usage: &str,
+    entries: &[&KdlEntry],
+) -> Problem {
     let message = match max {
         0 => format!("`{node}` takes no arguments"),
         1 => format!("`{node}` takes one argument"),
         n => format!("`{node}` takes {n} arguments"),
+    };
+    let before = entries
+        .iter()
+        .filter(|e| e.span().offset() < span.offset())
+        .max_by_key(|e| e.span().offset());
+    let help = match before.and_then(|e| e.name()) {
+        Some(property) => {
+            let property = property.value();
+            format!(
+                "a property takes one value, so this is read as another argument of `{node}`; \
+                 for several values write a child node in its block, `{property} \"…\" \"…\"`, \
+                 where `{property}` takes several (see docs/language.md), else write `{usage}`"
+            )
+        }
+        None => format!("write `{usage}`"),
     };
     Problem {
         kind: Kind::UnexpectedArgument,
@@ -238,7 +261,7 @@ pub fn unexpected_argument(node: &str, max: usize, span: SourceSpan, usage: &str
         span,
         label: "unexpected argument".into(),
         also: None,
-        help: format!("write `{usage}`"),
+        help,
     }
 }
 
@@ -324,7 +347,14 @@ pub fn check_args(node: &Node, spec: &NodeSpec, usage: &str, report: &mut impl F
     if let Some(max) = max_args(spec)
         && let Some(extra) = node.args.get(max)
     {
-        report(unexpected_argument(node.name, max, extra.span(), usage));
+        let entries: Vec<&KdlEntry> = node.args.iter().chain(node.props).copied().collect();
+        report(unexpected_argument(
+            node.name,
+            max,
+            extra.span(),
+            usage,
+            &entries,
+        ));
     }
 }
 
