@@ -135,20 +135,26 @@ impl EventReceiver {
 
 /// What an event weighs against [`EVENT_BYTES`], in [`UNIT`]s: the text of its turns
 /// (messages sent and answered, tool arguments and results, structured data, the agent's
-/// spans), its checks' details and judges' justifications, and late spans, which is nearly
-/// all of a large event; at least one, at most the whole budget (so one event larger than it
-/// still goes, alone).
+/// spans), its checks' details, judges' justifications, captures, sandbox state and attack
+/// messages, and late spans, which is nearly all of a large event; at least one, at most the
+/// whole budget (so one event larger than it still goes, alone).
 pub fn weight(event: &Event) -> u32 {
     let bytes = match event {
         Event::Node(node) => node.turns.iter().map(|t| turn_bytes(t)).sum(),
-        Event::Trajectory(t) => t
-            .criteria
-            .iter()
-            .map(|c| {
-                c.detail.as_ref().map_or(0, String::len)
-                    + c.judge.as_deref().map_or(0, verdict_bytes)
-            })
-            .sum(),
+        Event::Trajectory(t) => {
+            t.criteria
+                .iter()
+                .map(|c| {
+                    c.detail.as_ref().map_or(0, String::len)
+                        + c.judge.as_deref().map_or(0, verdict_bytes)
+                })
+                .sum::<usize>()
+                + t.sandbox_state.as_ref().map_or(0, json_bytes)
+                + t.captures.values().map(String::len).sum::<usize>()
+                + t.attack
+                    .as_ref()
+                    .map_or(0, |a| a.messages.iter().map(String::len).sum())
+        }
         Event::Spans(batch) => batch.spans.iter().map(span_bytes).sum(),
         _ => 0,
     };

@@ -41,7 +41,7 @@ pub struct TurnRecord {
     pub started_ms: f64,
     pub latency_ms: f64,
     /// Milliseconds since the run started when the turn ended: after its retries, its
-    /// rate-limit waits and its waits for a call slot, so `started_ms..ended_ms` is its
+    /// rate-limit waits and its waits for a provider's slot, so `started_ms..ended_ms` is its
     /// wall time where `latency_ms` is only its answers'. `None` in journals written before
     /// it was recorded: [`TurnRecord::end_ms`] then counts its latency.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -820,6 +820,7 @@ pub fn execute_plan(
         jobs: settings.jobs,
         stop: Default::default(),
         abandon: Default::default(),
+        grace_end: Default::default(),
         strict: settings.strict,
         reuse: None,
         transport: None,
@@ -831,6 +832,7 @@ pub fn execute_plan(
     };
     let stop = options.stop.clone();
     let abandon = options.abandon.clone();
+    let grace_end = options.grace_end.clone();
     let (tx, mut rx) = event::channel();
     let reporter = std::thread::Builder::new()
         .name("trellis-reporter".into())
@@ -902,6 +904,7 @@ pub fn execute_plan(
         // Graceful first: no new agent call starts, calls in flight may finish and their
         // trajectories are recorded. A second signal or the end of the grace period cuts
         // the rest off.
+        grace_end.set(tokio::time::Instant::now() + GRACE);
         stop.cancel();
         if !silent {
             errln!(

@@ -725,6 +725,7 @@ impl Session {
             jobs: crate::descriptors::jobs_within_limit(self.args.jobs).0,
             stop: Default::default(),
             abandon: Default::default(),
+            grace_end: Default::default(),
             strict: self.args.strict,
             reuse: Some(self.memo.clone()),
             transport: Some(self.transport.clone()),

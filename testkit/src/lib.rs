@@ -566,6 +566,7 @@ pub async fn run_plan_with_cache(
         jobs,
         stop: Default::default(),
         abandon: Default::default(),
+        grace_end: Default::default(),
         strict: false,
         reuse: None,
         transport: None,

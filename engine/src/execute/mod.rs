@@ -61,6 +61,28 @@ pub fn trajectory_status(
 /// what a tokio semaphore can count.
 pub const MAX_JOBS: usize = 1 << 20;
 
+/// When the grace period of a stop ends ([`RunOptions::grace_end`]); unset, a stop lets
+/// calls in flight finish.
+#[derive(Clone, Debug)]
+pub struct GraceEnd(Arc<watch::Sender<Option<tokio::time::Instant>>>);
+
+impl Default for GraceEnd {
+    fn default() -> Self {
+        GraceEnd(Arc::new(watch::Sender::new(None)))
+    }
+}
+
+impl GraceEnd {
+    /// The stop about to come drops the calls still in flight at `at`.
+    pub fn set(&self, at: tokio::time::Instant) {
+        self.0.send_replace(Some(at));
+    }
+
+    pub(crate) fn watch(&self) -> watch::Receiver<Option<tokio::time::Instant>> {
+        self.0.subscribe()
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct RunOptions {
     pub run_id: String,
@@ -75,6 +97,10 @@ pub struct RunOptions {
     /// trajectories, which are not recorded, and the run ends at once with what finished,
     /// its `run_finished` entry included (`interrupted`).
     pub abandon: CancellationToken,
+    /// When a stop's grace period ends and `abandon` follows: set before `stop` is
+    /// cancelled by a stop that has one (a signal's). A call waiting out a rate limit past
+    /// it is dropped at the stop, not at the grace's end.
+    pub grace_end: GraceEnd,
     /// `--strict`: a skipped check or a skipped trajectory is a failure.
     pub strict: bool,
     /// Turns recorded by earlier runs to answer from where a conversation repeats one
@@ -208,6 +234,7 @@ async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSummary
         totals: Totals::of(options.resume.as_deref()),
         stop: options.stop.clone(),
         abandon: options.abandon.clone(),
+        grace_end: options.grace_end.clone(),
         cut_short: std::sync::atomic::AtomicBool::new(false),
         strict: options.strict,
         run_id: options.run_id.clone(),
@@ -380,6 +407,7 @@ struct Shared {
     stop: CancellationToken,
     /// [`RunOptions::abandon`]: a trajectory finished after it is not recorded.
     abandon: CancellationToken,
+    grace_end: GraceEnd,
     /// The stop cut some work off: a unit not started, a turn or simulator call not made,
     /// a check not judged. What `run_finished.interrupted` says; a stop that came when
     /// everything was done (calls in flight all answered) cut nothing.

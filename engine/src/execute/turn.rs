@@ -50,7 +50,8 @@ impl Unit<'_> {
     }
 
     /// Takes one turn on `session`, with the fork the agent asked for in it, if any; `None`
-    /// when the run is stopping (nothing was sent).
+    /// when the run is stopping (nothing was sent, or the call was dropped while it waited
+    /// out a rate limit past the stop's grace period).
     pub(super) async fn take_turn(
         &self,
         session: &mut dyn Session,
@@ -125,6 +126,7 @@ impl Unit<'_> {
         let mut turn = match turn_headers {
             Ok(_) => match droppable_while_rate_limited(
                 stop,
+                || shared.grace_end.watch(),
                 trace::scope(&trace, session.turn(input, &ctx)),
             )
             .await

@@ -451,14 +451,19 @@ impl SpanExporter {
         // Exchanges are listed only when they say more than the turn; laid end to end, each
         // as long as its attempts, the last ending with the turn (waits between attempts
         // are not recorded where they fell, and the answer that counted came last).
-        let lasted: u64 = turn
-            .exchanges
-            .iter()
-            .map(|e| ms_nanos(exchange_ms(e)))
-            .sum();
+        // A turn recorded without its end (a journal from before `ended_ms`, a turn watch
+        // reused) lasts its answers' latencies: its exchanges are those, as they were.
+        let took = |e: &crate::record::ExchangeRecord| {
+            ms_nanos(if turn.ended_ms.is_some() {
+                exchange_ms(e)
+            } else {
+                e.latency_ms
+            })
+        };
+        let lasted: u64 = turn.exchanges.iter().map(took).sum();
         let mut at = times.1.saturating_sub(lasted).max(times.0);
         for (i, exchange) in turn.exchanges.iter().enumerate() {
-            let end = (at + ms_nanos(exchange_ms(exchange))).min(times.1.max(at));
+            let end = (at + took(exchange)).min(times.1.max(at));
             let id = derived_id(&span_id, &["exchange", &i.to_string()]);
             let mut span = self.span(id, span_id.clone(), exchange.label.clone(), (at, end));
             span.kind = SpanKind::Client as i32;

@@ -1353,37 +1353,65 @@ fn jitter_seed() -> u64 {
 }
 
 tokio::task_local! {
-    /// Around a turn ([`droppable_while_rate_limited`]): told whether the turn's call is
-    /// waiting out a 429 now.
-    static IN_RATE_LIMIT_WAIT: tokio::sync::watch::Sender<bool>;
+    /// Around a turn ([`droppable_while_rate_limited`]): when the turn's call ends its wait
+    /// out of a 429, while it waits.
+    static RATE_LIMIT_WAIT: tokio::sync::watch::Sender<Option<Instant>>;
 }
 
 /// Waits `wait` out of an HTTP 429, telling the turn around it (if any) that nothing of it is
-/// in flight meanwhile.
+/// in flight until then.
 pub async fn wait_out_rate_limit(wait: Duration) {
-    let _ = IN_RATE_LIMIT_WAIT.try_with(|waiting| waiting.send_replace(true));
+    /// Says the wait is over however it ends (a caller that stops waiting included), so a
+    /// stop never takes a call in flight for one in a wait.
+    struct Waiting;
+    impl Drop for Waiting {
+        fn drop(&mut self) {
+            let _ = RATE_LIMIT_WAIT.try_with(|waiting| waiting.send_replace(None));
+        }
+    }
+    let _ = RATE_LIMIT_WAIT.try_with(|waiting| waiting.send_replace(Some(Instant::now() + wait)));
+    let _waiting = Waiting;
     tokio::time::sleep(wait).await;
-    let _ = IN_RATE_LIMIT_WAIT.try_with(|waiting| waiting.send_replace(false));
 }
 
-/// Runs a turn's `call`; `None`, with the call dropped, when `stop` comes while (or once)
-/// the call waits out a rate limit. A stop lets calls in flight finish for a grace period,
-/// but a call waiting up to a minute for a `Retry-After` has nothing in flight to finish:
-/// the run would only sit out the grace period, and the agent has not taken the request,
-/// so the trajectory is as unfinished as one never started.
+/// Runs a turn's `call`; `None`, with the call dropped, when a stop comes (`stop`) that drops
+/// calls in flight at a time (`grace_end`: a signal's grace period) before the call's wait
+/// out of a rate limit ends. Such a call has nothing in flight to finish: the run would
+/// only sit out the grace period to drop it then, and the agent has not taken its request,
+/// so its trajectory is as unfinished as one never started. A wait that ends within the
+/// grace, or a stop that lets calls finish (an LLM budget's), keeps the call.
 pub async fn droppable_while_rate_limited<F: Future>(
     stop: &tokio_util::sync::CancellationToken,
+    grace_end: impl FnOnce() -> tokio::sync::watch::Receiver<Option<Instant>>,
     call: F,
 ) -> Option<F::Output> {
-    let (waiting, mut watched) = tokio::sync::watch::channel(false);
-    let call = IN_RATE_LIMIT_WAIT.scope(waiting, call);
+    let (waiting, mut wait_end) = tokio::sync::watch::channel(None);
+    let call = RATE_LIMIT_WAIT.scope(waiting, call);
+    let outlasts_the_grace = async {
+        stop.cancelled().await;
+        let mut grace_end = grace_end();
+        loop {
+            let (wait, grace) = (
+                *wait_end.borrow_and_update(),
+                *grace_end.borrow_and_update(),
+            );
+            if let (Some(wait), Some(grace)) = (wait, grace)
+                && wait > grace
+            {
+                return;
+            }
+            // A closed channel says nothing more: wait on the other (the call's sender lives
+            // as long as the call, the grace's as long as the run).
+            tokio::select! {
+                Ok(()) = wait_end.changed() => {}
+                Ok(()) = grace_end.changed() => {}
+                else => std::future::pending::<()>().await,
+            }
+        }
+    };
     tokio::select! {
         output = call => Some(output),
-        () = async {
-            stop.cancelled().await;
-            // The sender lives in `call`, which outlives this branch.
-            let _ = watched.wait_for(|w| *w).await;
-        } => None,
+        () = outlasts_the_grace => None,
     }
 }
 

@@ -321,6 +321,7 @@ async fn run_with(
         jobs: 2,
         stop: Default::default(),
         abandon: Default::default(),
+        grace_end: Default::default(),
         strict: false,
         reuse: None,
         transport: None,

@@ -43,6 +43,7 @@ pub(crate) async fn run(
         jobs: 4,
         stop: Default::default(),
         abandon: Default::default(),
+        grace_end: Default::default(),
         strict: false,
         reuse: Some(memo.clone()),
         transport: None,
