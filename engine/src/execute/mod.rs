@@ -78,8 +78,8 @@ impl GraceEnd {
         self.0.send_replace(Some(at));
     }
 
-    pub(crate) fn watch(&self) -> watch::Receiver<Option<tokio::time::Instant>> {
-        self.0.subscribe()
+    pub(crate) fn sender(&self) -> &Arc<watch::Sender<Option<tokio::time::Instant>>> {
+        &self.0
     }
 }
 

@@ -126,7 +126,7 @@ impl Unit<'_> {
         let mut turn = match turn_headers {
             Ok(_) => match droppable_while_rate_limited(
                 stop,
-                || shared.grace_end.watch(),
+                shared.grace_end.sender(),
                 trace::scope(&trace, session.turn(input, &ctx)),
             )
             .await

@@ -1352,26 +1352,62 @@ fn jitter_seed() -> u64 {
     nanos ^ COUNTER.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
 }
 
-tokio::task_local! {
-    /// Around a turn ([`droppable_while_rate_limited`]): when the turn's call ends its wait
-    /// out of a 429, while it waits.
-    static RATE_LIMIT_WAIT: tokio::sync::watch::Sender<Option<Instant>>;
+/// What a turn's call needs to know, in a wait out of a 429, of the stop of its run
+/// ([`droppable_while_rate_limited`]).
+struct StopWatch {
+    stop: tokio_util::sync::CancellationToken,
+    /// When the stop's grace period ends, for a stop that has one.
+    grace_end: Arc<tokio::sync::watch::Sender<Option<Instant>>>,
 }
 
-/// Waits `wait` out of an HTTP 429, telling the turn around it (if any) that nothing of it is
-/// in flight until then.
-pub async fn wait_out_rate_limit(wait: Duration) {
-    /// Says the wait is over however it ends (a caller that stops waiting included), so a
-    /// stop never takes a call in flight for one in a wait.
-    struct Waiting;
-    impl Drop for Waiting {
-        fn drop(&mut self) {
-            let _ = RATE_LIMIT_WAIT.try_with(|waiting| waiting.send_replace(None));
+impl StopWatch {
+    /// Ends once the run is stopping and its calls in flight are dropped before `ends`.
+    async fn outlasted_by(&self, ends: Instant) {
+        self.stop.cancelled().await;
+        let mut grace_end = self.grace_end.subscribe();
+        loop {
+            if grace_end
+                .borrow_and_update()
+                .is_some_and(|grace| ends > grace)
+            {
+                return;
+            }
+            if grace_end.changed().await.is_err() {
+                // The run is over: nothing will drop the call.
+                std::future::pending::<()>().await;
+            }
         }
     }
-    let _ = RATE_LIMIT_WAIT.try_with(|waiting| waiting.send_replace(Some(Instant::now() + wait)));
-    let _waiting = Waiting;
-    tokio::time::sleep(wait).await;
+}
+
+tokio::task_local! {
+    /// Around a turn ([`droppable_while_rate_limited`]).
+    static STOP_WATCH: StopWatch;
+}
+
+thread_local! {
+    /// Set by a wait out of a 429, in the poll of the turn's call, when the call is to be
+    /// dropped; read and cleared by the turn right after that poll, on the same thread.
+    static DROP_THE_CALL: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Waits `wait` out of an HTTP 429. In a turn ([`droppable_while_rate_limited`]), a stop
+/// that drops calls in flight before the wait would end drops this call at once.
+pub async fn wait_out_rate_limit(wait: Duration) {
+    let ends = Instant::now() + wait;
+    let outlasted = async {
+        match STOP_WATCH.try_with(|watch| (watch.stop.clone(), watch.grace_end.clone())) {
+            Ok((stop, grace_end)) => StopWatch { stop, grace_end }.outlasted_by(ends).await,
+            Err(_) => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        () = tokio::time::sleep(wait) => {}
+        () = outlasted => {
+            DROP_THE_CALL.with(|drop| drop.set(true));
+            std::future::pending::<()>().await;
+        }
+    }
 }
 
 /// Runs a turn's `call`; `None`, with the call dropped, when a stop comes (`stop`) that drops
@@ -1380,39 +1416,29 @@ pub async fn wait_out_rate_limit(wait: Duration) {
 /// only sit out the grace period to drop it then, and the agent has not taken its request,
 /// so its trajectory is as unfinished as one never started. A wait that ends within the
 /// grace, or a stop that lets calls finish (an LLM budget's), keeps the call.
+///
+/// Only the wait watches the stop: a turn pays two reference counts and a flag read per
+/// poll (docs/performance.md counts a turn's instructions).
 pub async fn droppable_while_rate_limited<F: Future>(
     stop: &tokio_util::sync::CancellationToken,
-    grace_end: impl FnOnce() -> tokio::sync::watch::Receiver<Option<Instant>>,
+    grace_end: &Arc<tokio::sync::watch::Sender<Option<Instant>>>,
     call: F,
 ) -> Option<F::Output> {
-    let (waiting, mut wait_end) = tokio::sync::watch::channel(None);
-    let call = RATE_LIMIT_WAIT.scope(waiting, call);
-    let outlasts_the_grace = async {
-        stop.cancelled().await;
-        let mut grace_end = grace_end();
-        loop {
-            let (wait, grace) = (
-                *wait_end.borrow_and_update(),
-                *grace_end.borrow_and_update(),
-            );
-            if let (Some(wait), Some(grace)) = (wait, grace)
-                && wait > grace
-            {
-                return;
-            }
-            // A closed channel says nothing more: wait on the other (the call's sender lives
-            // as long as the call, the grace's as long as the run).
-            tokio::select! {
-                Ok(()) = wait_end.changed() => {}
-                Ok(()) = grace_end.changed() => {}
-                else => std::future::pending::<()>().await,
-            }
-        }
+    let watch = StopWatch {
+        stop: stop.clone(),
+        grace_end: grace_end.clone(),
     };
-    tokio::select! {
-        output = call => Some(output),
-        () = outlasts_the_grace => None,
-    }
+    let mut call = std::pin::pin!(STOP_WATCH.scope(watch, call));
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(output) = call.as_mut().poll(cx) {
+            return Poll::Ready(Some(output));
+        }
+        if DROP_THE_CALL.with(|drop| drop.replace(false)) {
+            return Poll::Ready(None);
+        }
+        Poll::Pending
+    })
+    .await
 }
 
 /// The longest a call waits out HTTP 429 answers in total before it gives up.
