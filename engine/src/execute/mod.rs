@@ -77,9 +77,15 @@ impl GraceEnd {
     pub fn set(&self, at: tokio::time::Instant) {
         self.0.send_replace(Some(at));
     }
+}
 
-    pub(crate) fn sender(&self) -> &Arc<watch::Sender<Option<tokio::time::Instant>>> {
-        &self.0
+impl crate::transport::http::RunStop for Shared {
+    fn stop(&self) -> &CancellationToken {
+        &self.stop
+    }
+
+    fn grace_end(&self) -> &watch::Sender<Option<tokio::time::Instant>> {
+        &self.grace_end.0
     }
 }
 

@@ -1,6 +1,7 @@
 //! Driving one turn of a session: wait for a call slot, take the turn within the
 //! trajectory's time budget, and record what the protocol reported.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
@@ -9,7 +10,7 @@ use super::ms;
 use super::walk::{PathState, Unit};
 use crate::protocol::{BranchRequest, CallContext, Session, Turn, TurnInput};
 use crate::record::{AttemptRecord, ExchangeRecord, Fault, FaultCategory, TurnRecord};
-use crate::transport::http::droppable_while_rate_limited;
+use crate::transport::http::{RunStop, droppable_while_rate_limited};
 use crate::transport::trace::{self, SpanId, TraceContext};
 
 impl Unit<'_> {
@@ -125,8 +126,7 @@ impl Unit<'_> {
         }
         let mut turn = match turn_headers {
             Ok(_) => match droppable_while_rate_limited(
-                stop,
-                shared.grace_end.sender(),
+                Arc::clone(shared) as Arc<dyn RunStop>,
                 trace::scope(&trace, session.turn(input, &ctx)),
             )
             .await

@@ -1352,37 +1352,37 @@ fn jitter_seed() -> u64 {
     nanos ^ COUNTER.fetch_add(0x9E37_79B9_7F4A_7C15, Ordering::Relaxed)
 }
 
-/// What a turn's call needs to know, in a wait out of a 429, of the stop of its run
-/// ([`droppable_while_rate_limited`]).
-struct StopWatch {
-    stop: tokio_util::sync::CancellationToken,
-    /// When the stop's grace period ends, for a stop that has one.
-    grace_end: Arc<tokio::sync::watch::Sender<Option<Instant>>>,
+/// What a wait out of a 429 needs of its run's stop ([`droppable_while_rate_limited`]):
+/// the executor's shared state, behind one reference count per turn.
+pub trait RunStop: Send + Sync {
+    /// Cancelled when the run stops.
+    fn stop(&self) -> &tokio_util::sync::CancellationToken;
+    /// When the stop's grace period ends, for a stop that has one: calls still in flight
+    /// then are dropped.
+    fn grace_end(&self) -> &tokio::sync::watch::Sender<Option<Instant>>;
 }
 
-impl StopWatch {
-    /// Ends once the run is stopping and its calls in flight are dropped before `ends`.
-    async fn outlasted_by(&self, ends: Instant) {
-        self.stop.cancelled().await;
-        let mut grace_end = self.grace_end.subscribe();
-        loop {
-            if grace_end
-                .borrow_and_update()
-                .is_some_and(|grace| ends > grace)
-            {
-                return;
-            }
-            if grace_end.changed().await.is_err() {
-                // The run is over: nothing will drop the call.
-                std::future::pending::<()>().await;
-            }
+/// Ends once the run is stopping and its calls in flight are dropped before `ends`.
+async fn outlasted_by(run: &dyn RunStop, ends: Instant) {
+    run.stop().cancelled().await;
+    let mut grace_end = run.grace_end().subscribe();
+    loop {
+        if grace_end
+            .borrow_and_update()
+            .is_some_and(|grace| ends > grace)
+        {
+            return;
+        }
+        if grace_end.changed().await.is_err() {
+            // The run is over: nothing will drop the call.
+            std::future::pending::<()>().await;
         }
     }
 }
 
 tokio::task_local! {
     /// Around a turn ([`droppable_while_rate_limited`]).
-    static STOP_WATCH: StopWatch;
+    static RUN_STOP: Arc<dyn RunStop>;
 }
 
 thread_local! {
@@ -1396,8 +1396,8 @@ thread_local! {
 pub async fn wait_out_rate_limit(wait: Duration) {
     let ends = Instant::now() + wait;
     let outlasted = async {
-        match STOP_WATCH.try_with(|watch| (watch.stop.clone(), watch.grace_end.clone())) {
-            Ok((stop, grace_end)) => StopWatch { stop, grace_end }.outlasted_by(ends).await,
+        match RUN_STOP.try_with(Arc::clone) {
+            Ok(run) => outlasted_by(&*run, ends).await,
             Err(_) => std::future::pending().await,
         }
     };
@@ -1410,25 +1410,20 @@ pub async fn wait_out_rate_limit(wait: Duration) {
     }
 }
 
-/// Runs a turn's `call`; `None`, with the call dropped, when a stop comes (`stop`) that drops
-/// calls in flight at a time (`grace_end`: a signal's grace period) before the call's wait
+/// Runs a turn's `call`; `None`, with the call dropped, when its run stops (`run`) and drops
+/// calls in flight at a time (a signal's grace period) before the call's wait
 /// out of a rate limit ends. Such a call has nothing in flight to finish: the run would
 /// only sit out the grace period to drop it then, and the agent has not taken its request,
 /// so its trajectory is as unfinished as one never started. A wait that ends within the
 /// grace, or a stop that lets calls finish (an LLM budget's), keeps the call.
 ///
-/// Only the wait watches the stop: a turn pays two reference counts and a flag read per
-/// poll (docs/performance.md counts a turn's instructions).
+/// Only the wait watches the stop: a turn pays a reference count, a task-local and a flag
+/// read per poll (docs/architecture.md, "Graceful stop").
 pub async fn droppable_while_rate_limited<F: Future>(
-    stop: &tokio_util::sync::CancellationToken,
-    grace_end: &Arc<tokio::sync::watch::Sender<Option<Instant>>>,
+    run: Arc<dyn RunStop>,
     call: F,
 ) -> Option<F::Output> {
-    let watch = StopWatch {
-        stop: stop.clone(),
-        grace_end: grace_end.clone(),
-    };
-    let mut call = std::pin::pin!(STOP_WATCH.scope(watch, call));
+    let mut call = std::pin::pin!(RUN_STOP.scope(run, call));
     std::future::poll_fn(|cx| {
         if let Poll::Ready(output) = call.as_mut().poll(cx) {
             return Poll::Ready(Some(output));
