@@ -1418,7 +1418,7 @@ pub async fn wait_out_rate_limit(wait: Duration) {
 /// grace, or a stop that lets calls finish (an LLM budget's), keeps the call.
 ///
 /// Only the wait watches the stop: a turn pays a reference count, a task-local and a flag
-/// read per poll (docs/architecture.md, "Graceful stop").
+/// read per poll (docs/architecture.md, "Key decisions", the graceful stop).
 pub async fn droppable_while_rate_limited<F: Future>(
     run: Arc<dyn RunStop>,
     call: F,
