@@ -42,7 +42,8 @@ pub struct TurnRecord {
     pub latency_ms: f64,
     /// Milliseconds since the run started when the turn ended: after its retries, its
     /// rate-limit waits and its waits for a provider's slot, so `started_ms..ended_ms` is its
-    /// wall time where `latency_ms` is only its answers'. `None` in journals written before
+    /// wall time where `latency_ms` is only its answers' (a turn `reused` from the records
+    /// took none: it ends as it starts). `None` in journals written before
     /// it was recorded: [`TurnRecord::end_ms`] then counts its latency.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended_ms: Option<f64>,

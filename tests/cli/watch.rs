@@ -1060,6 +1060,51 @@ async fn a_reused_trajectory_keeps_the_duration_its_turns_took() {
     assert!(duration >= 120.0, "duration_ms {duration}: {latest}");
 }
 
+/// A turn that waited out a rate limit when it was called: answered from the records, its
+/// trajectory keeps the wait in its duration, and the turn itself takes no time of the
+/// rerun (so `latest/`'s JUnit and timeline stay within the rerun's wall time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_turn_keeps_its_wait_in_the_duration_and_takes_no_time_itself() {
+    let agent = MisbehavingServer::start(Behavior::RateLimited {
+        times: 1,
+        retry_after: Some("1".into()),
+        body: "slow down".into(),
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    let text = |contains: &str| {
+        format!(
+            "agent \"bot\" protocol=\"connexity\" url=\"{}\"\n\
+             scenario \"one\" {{\n    user \"hello\"\n    \
+             expect reply contains=\"{contains}\"\n}}\n",
+            agent.url()
+        )
+    };
+    write(&suite, &text("Hello"));
+    let mut watch = Watch::start(dir.path(), &[]);
+    watch.wait_for("watch: rerun 1 done").await;
+    write(&suite, &text("there"));
+    watch.wait_for("watch: rerun 2 done").await;
+    assert_eq!(agent.requests(), 2, "{}", watch.all());
+    let latest = crate::journal_text(&dir.path().join("runs/latest"));
+    let entries: Vec<serde_json::Value> = latest
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let duration = entries
+        .iter()
+        .find_map(|e| e.get("trajectory")?["duration_ms"].as_f64())
+        .unwrap_or_else(|| panic!("no trajectory in latest/: {latest}"));
+    assert!(duration >= 1000.0, "duration_ms {duration}: {latest}");
+    let turn = entries
+        .iter()
+        .find_map(|e| e.get("node")?["turns"].get(0).cloned())
+        .unwrap_or_else(|| panic!("no turn in latest/: {latest}"));
+    assert_eq!(turn["reused"], true, "{turn}");
+    assert_eq!(turn["ended_ms"], turn["started_ms"], "{turn}");
+}
+
 #[tokio::test]
 async fn a_run_in_latest_is_never_overwritten_by_watch() {
     let dir = tempfile::tempdir().unwrap();

@@ -151,15 +151,22 @@ impl Unit<'_> {
         let branch = turn.branch.take();
         let spans_for_reuse = turn.spans_for_reuse.take();
         let mut record = record(turn, input, turn_index, started_ms, replay);
-        // Retries and rate-limit waits are in no latency; the turn's wall time has them.
-        if !record.reused {
-            record.ended_ms = Some(started_ms + ms(elapsed));
-        }
-        // A turn answered from the records (`trellis watch`) took the agent the time it
-        // took then: the trajectory's duration and its `timeout` count that, not the
+        // Retries and rate-limit waits are in no latency; the turn's wall time has them. A
+        // turn answered from the records (`trellis watch`) took no time of this run.
+        record.ended_ms = Some(if record.reused {
+            started_ms
+        } else {
+            started_ms + ms(elapsed)
+        });
+        // A turn answered from the records took the agent the time it took then, its waits
+        // included: the trajectory's duration and its `timeout` count that, not the
         // microseconds of the lookup.
         state.active += if record.reused {
-            Duration::try_from_secs_f64(record.latency_ms / 1000.0).unwrap_or(took)
+            spans_for_reuse
+                .as_ref()
+                .and_then(|kept| kept.took.get().copied())
+                .or_else(|| Duration::try_from_secs_f64(record.latency_ms / 1000.0).ok())
+                .unwrap_or(took)
         } else {
             took
         };
@@ -175,6 +182,7 @@ impl Unit<'_> {
             }
             Some(kept) => {
                 let _ = kept.ids.set((shared.trace_hex.clone(), span_hex.clone()));
+                let _ = kept.took.set(took);
             }
             None => {}
         }

@@ -303,6 +303,9 @@ pub struct KeptTelemetry {
     pub ids: std::sync::OnceLock<(std::sync::Arc<str>, String)>,
     /// The agent's spans of it.
     pub spans: std::sync::OnceLock<Vec<crate::record::SpanRecord>>,
+    /// How long the agent took for it, its retries and waits out of rate limits included:
+    /// what the trajectory's duration counts for it when it is answered again.
+    pub took: std::sync::OnceLock<std::time::Duration>,
 }
 
 /// An agent's request to fork the conversation, with the alternatives it listed (none: one
