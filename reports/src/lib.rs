@@ -550,9 +550,16 @@ impl Pages<'_> {
                 "the run never reached its end: {recorded} of {planned} planned trajectories \
                  recorded (`trellis run --resume` finishes it)"
             )),
-            Some(f) if f.interrupted || recorded < planned => Some(format!(
+            Some(_) if recorded < planned => Some(format!(
                 "the run was stopped before its work was done: {recorded} of {planned} \
                  planned trajectories recorded (`trellis run --resume` finishes it)"
+            )),
+            // Agents that fork record more than the plan: the count alone cannot say what
+            // the stop cut off.
+            Some(f) if f.interrupted => Some(format!(
+                "the run was stopped before its work was done: {recorded} trajectories \
+                 recorded, with those its agents forked beyond the {planned} planned; the \
+                 ones it did not reach are missing (`trellis run --resume` finishes it)"
             )),
             Some(_) => None,
         };

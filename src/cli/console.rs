@@ -857,6 +857,14 @@ impl Console {
         if let Some(s) = summary {
             let of_planned = if s.trajectories < self.planned {
                 format!(" of {} planned (the run was stopped)", self.planned)
+            } else if s.interrupted {
+                // Agents that fork record more than the plan: the count alone cannot say
+                // what the stop cut off.
+                format!(
+                    ", with those its agents forked beyond the {} planned (the run was \
+                     stopped: some were not reached)",
+                    self.planned
+                )
             } else {
                 String::new()
             };

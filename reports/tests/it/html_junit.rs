@@ -471,6 +471,29 @@ fn the_compare_page_lists_what_changed_and_only_some_of_what_did_not() {
     assert!(html.contains("1500 more that did not"));
 }
 
+/// A stopped run whose agents forked records more trajectories than it planned: its JUnit
+/// says so instead of "8 of 6 planned trajectories recorded".
+#[test]
+fn a_stopped_run_whose_agents_forked_says_so_in_junit() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut entries = super::fixtures::entries();
+    if let Some(trellis_records::JournalEntry::RunStarted(info)) = entries.first_mut() {
+        info.planned_trajectories = 4;
+    }
+    let mut summary = super::fixtures::summary();
+    summary.interrupted = true;
+    entries.push(trellis_records::JournalEntry::RunFinished(summary));
+    super::fixtures::write_journal(dir.path(), &entries, "");
+    let files = write_reports(dir.path(), &ReportOptions::default()).unwrap();
+    let junit = std::fs::read_to_string(&files.junit).unwrap();
+    assert!(
+        junit
+            .contains("6 trajectories recorded, with those its agents forked beyond the 4 planned"),
+        "{junit}"
+    );
+    assert!(!junit.contains("6 of 4 planned"), "{junit}");
+}
+
 /// A run that stopped early says how much of the plan it covers, in the header and per
 /// scenario, instead of reading like a complete run.
 #[test]
