@@ -106,20 +106,22 @@ pub(super) async fn send(
     // Only OpenAI's chat form is changed: an Anthropic request behind a proxy that passes
     // OpenAI's words on must keep the `max_tokens` Anthropic requires.
     let speaks_openai = request.url.path().ends_with(super::openai::PATH);
+    // The endpoint a refusal is learned for: read from the body only when something was
+    // refused, in this call or before, not for every request.
+    let endpoint = || format!("{} {}", request.url, model_of(&request.body));
     // What this endpoint's model refused before is changed before it is sent.
-    let endpoint = format!("{} {}", request.url, model_of(&request.body));
-    let changed = learned(&endpoint)
-        .into_iter()
-        .fold(request.body.clone(), |body, change| {
-            change.apply(&body).unwrap_or(body)
-        });
-    let mut changed: Option<Request<'_>> =
-        Some(changed)
-            .filter(|body| *body != request.body)
-            .map(|body| Request {
-                body,
-                ..request.clone()
-            });
+    let mut body: Option<Bytes> = None;
+    if speaks_openai {
+        for change in learned(endpoint) {
+            if let Some(changed) = change.apply(body.as_ref().unwrap_or(&request.body)) {
+                body = Some(changed);
+            }
+        }
+    }
+    let mut changed: Option<Request<'_>> = body.map(|body| Request {
+        body,
+        ..request.clone()
+    });
     loop {
         let current = changed.as_ref().unwrap_or(request);
         let (outcome, asked) = round(current, exchange).await;
@@ -129,7 +131,7 @@ pub(super) async fn send(
                 && let Some(change) = Change::refused_in(fault)
                 && let Some(body) = change.apply(&current.body)
             {
-                learn(&endpoint, change);
+                learn(&endpoint(), change);
                 changed = Some(Request {
                     body,
                     ..current.clone()
@@ -203,17 +205,21 @@ impl Change {
 static LEARNED: std::sync::LazyLock<Mutex<Vec<(String, Change)>>> =
     std::sync::LazyLock::new(Mutex::default);
 
-fn learned(endpoint: &str) -> Vec<Change> {
-    LEARNED.lock().map_or_else(
-        |_| Vec::new(),
-        |learned| {
-            learned
-                .iter()
-                .filter(|(e, _)| e == endpoint)
-                .map(|(_, c)| *c)
-                .collect()
-        },
-    )
+/// What the endpoint `endpoint` names refused before; it is asked for only once anything was
+/// refused in this process.
+fn learned(endpoint: impl FnOnce() -> String) -> Vec<Change> {
+    let Ok(learned) = LEARNED.lock() else {
+        return Vec::new();
+    };
+    if learned.is_empty() {
+        return Vec::new();
+    }
+    let endpoint = endpoint();
+    learned
+        .iter()
+        .filter(|(e, _)| *e == endpoint)
+        .map(|(_, c)| *c)
+        .collect()
 }
 
 fn learn(endpoint: &str, change: Change) {
