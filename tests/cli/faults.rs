@@ -844,26 +844,8 @@ async fn a_rate_limit_wait_is_in_the_turns_wall_time_and_the_junit_suites() {
         body: "slow down".into(),
     })
     .await;
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("limited.kdl"),
-        format!(
-            "agent \"gated\" protocol=\"connexity\" url=\"{}\"\n\
-             scenario \"hello\" {{\n    user \"hi\"\n    expect no-error\n}}\n",
-            server.url()
-        ),
-    )
-    .unwrap();
+    let (_, dir) = run_passing(&server, "user \"hi\"\n    expect no-error", 4).await;
     let out = dir.path().join("out");
-    let o = trellis()
-        .arg("run")
-        .arg(dir.path())
-        .arg("--out")
-        .arg(&out)
-        .output()
-        .await
-        .unwrap();
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let turns = read_parquet(&out.join("turns.parquet"));
     let column = |name: &str| turns.column(name).unwrap().f64().unwrap().get(0).unwrap();
     let (started, ended, latency) = (

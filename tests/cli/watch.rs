@@ -1022,6 +1022,26 @@ async fn a_taken_otlp_receiver_port_ends_watch_with_an_error() {
     );
 }
 
+/// A one-scenario suite against `url` (`users`: its user steps, then a reply check),
+/// watched in `dir` through its first run and an edit of its check alone, which answers
+/// every turn from the records. The watch, and `latest/`'s journal after the edit.
+async fn watched_through_a_check_edit(dir: &Path, url: &str, users: &str) -> (Watch, String) {
+    let suite = dir.join("suite.kdl");
+    let text = |contains: &str| {
+        format!(
+            "agent \"bot\" protocol=\"connexity\" url=\"{url}\"\n\
+             scenario \"talk\" {{\n    {users}\n    expect reply contains=\"{contains}\"\n}}\n"
+        )
+    };
+    write(&suite, &text("Hello"));
+    let mut watch = Watch::start(dir, &[]);
+    watch.wait_for("watch: rerun 1 done").await;
+    write(&suite, &text("there"));
+    watch.wait_for("watch: rerun 2 done").await;
+    let latest = crate::journal_text(&dir.join("runs/latest"));
+    (watch, latest)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reused_trajectory_keeps_the_duration_its_turns_took() {
     let agent = MisbehavingServer::start(Behavior::Delayed {
@@ -1030,23 +1050,13 @@ async fn a_reused_trajectory_keeps_the_duration_its_turns_took() {
     })
     .await;
     let dir = tempfile::tempdir().unwrap();
-    let suite = dir.path().join("suite.kdl");
-    let text = |contains: &str| {
-        format!(
-            "agent \"bot\" protocol=\"connexity\" url=\"{}\"\n\
-             scenario \"two\" {{\n    user \"hello\"\n    user \"again\"\n    \
-             expect reply contains=\"{contains}\"\n}}\n",
-            agent.url()
-        )
-    };
-    write(&suite, &text("Hello"));
-    let mut watch = Watch::start(dir.path(), &[]);
-    watch.wait_for("watch: rerun 1 done").await;
-    // A check edit: both turns answered from the records.
-    write(&suite, &text("there"));
-    watch.wait_for("watch: rerun 2 done").await;
+    let (watch, latest) = watched_through_a_check_edit(
+        dir.path(),
+        &agent.url(),
+        "user \"hello\"\n    user \"again\"",
+    )
+    .await;
     assert_eq!(agent.requests(), 2, "{}", watch.all());
-    let latest = crate::journal_text(&dir.path().join("runs/latest"));
     assert!(latest.contains("\"reused\":true"), "{latest}");
     let durations: Vec<f64> = latest
         .lines()
@@ -1072,22 +1082,9 @@ async fn a_reused_turn_keeps_its_wait_in_the_duration_and_takes_no_time_itself()
     })
     .await;
     let dir = tempfile::tempdir().unwrap();
-    let suite = dir.path().join("suite.kdl");
-    let text = |contains: &str| {
-        format!(
-            "agent \"bot\" protocol=\"connexity\" url=\"{}\"\n\
-             scenario \"one\" {{\n    user \"hello\"\n    \
-             expect reply contains=\"{contains}\"\n}}\n",
-            agent.url()
-        )
-    };
-    write(&suite, &text("Hello"));
-    let mut watch = Watch::start(dir.path(), &[]);
-    watch.wait_for("watch: rerun 1 done").await;
-    write(&suite, &text("there"));
-    watch.wait_for("watch: rerun 2 done").await;
+    let (watch, latest) =
+        watched_through_a_check_edit(dir.path(), &agent.url(), "user \"hello\"").await;
     assert_eq!(agent.requests(), 2, "{}", watch.all());
-    let latest = crate::journal_text(&dir.path().join("runs/latest"));
     let entries: Vec<serde_json::Value> = latest
         .lines()
         .filter_map(|l| serde_json::from_str(l).ok())
