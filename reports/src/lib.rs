@@ -276,7 +276,7 @@ impl ReportWriter {
         // The run's start is given here, not pushed: the statistics need it too (the
         // planned trajectories, the suites' order).
         let mut stats = stats::StatsBuilder::default();
-        stats.push(&JournalEntry::RunStarted(info.clone()));
+        stats.start(info);
         let mut tables = Tables::create(run_dir, &info.run_id, options.batch_rows)?;
         tables.set_instances(&info.scenarios);
         Ok(ReportWriter {

@@ -646,15 +646,31 @@ pub struct StatsBuilder {
 impl StatsBuilder {
     pub fn push(&mut self, entry: &JournalEntry) {
         match entry {
-            JournalEntry::RunStarted(info) => {
-                if self.info.is_none() {
-                    self.info = Some(info.clone());
-                }
-            }
+            JournalEntry::RunStarted(info) => self.start(info),
             JournalEntry::Agent(_) | JournalEntry::Spans(_) => {}
             JournalEntry::Node(node) => self.add_node(node),
             JournalEntry::Trajectory(trajectory) => self.add_trajectory(trajectory),
             JournalEntry::RunFinished(summary) => self.summary = Some(summary.clone()),
+        }
+    }
+
+    /// Takes the run's start: its id, suites and planned count. Its scenario list, the
+    /// larger part of a dataset run's start (a row per instance), is not kept: nothing here
+    /// reads it, and the report writer holds it already.
+    pub fn start(&mut self, info: &RunInfo) {
+        if self.info.is_none() {
+            self.info = Some(RunInfo {
+                run_id: info.run_id.clone(),
+                started_at: info.started_at.clone(),
+                trellis_version: info.trellis_version.clone(),
+                suites: info.suites.clone(),
+                jobs: info.jobs,
+                planned_trajectories: info.planned_trajectories,
+                scenarios: Vec::new(),
+                rejudged_from: info.rejudged_from.clone(),
+                strict: info.strict,
+                resumed_at: info.resumed_at.clone(),
+            });
         }
     }
 
