@@ -679,7 +679,7 @@ async fn a_history_from_a_column_or_a_file_reaches_the_agent_as_history() {
 async fn a_session_bound_agent_gets_the_history_replayed_user_turn_by_user_turn() {
     let conv = r#"[{"role": "user", "content": "Weather in Paris?"}, {"role": "assistant", "content": "Sunny."}, {"role": "user", "content": "And in Oslo?"}, {"role": "assistant", "content": "Rain."}]"#;
     let suite = "agent \"w\" protocol=\"agentscope\" builtin=\"weather\"\n\
-                 scenario \"s\" {\n    history path=\"conv.json\"\n    user \"And tomorrow?\"\n    expect no-error\n}\n";
+                 scenario \"s\" {\n    history path=\"conv.json\"\n    max-turns 1\n    criteria {\n        turns max=1\n    }\n    user \"And tomorrow?\"\n    expect no-error\n}\n";
     let dir = project(suite, &[("conv.json", conv.as_bytes())]);
     let out = dir.path().join("out");
     let o = trellis()
@@ -706,6 +706,18 @@ async fn a_session_bound_agent_gets_the_history_replayed_user_turn_by_user_turn(
         .collect();
     assert_eq!(sent, ["Weather in Paris?", "And in Oslo?", "And tomorrow?"]);
     assert_eq!(replay, [true, true, false]);
+    // The replayed history did not happen in this run: `max-turns 1` and `turns max=1` see
+    // the one turn after it, as on a protocol that resends the history.
+    let trajectories = read_parquet(&out.join("trajectories.parquet"));
+    let counted: Vec<u32> = trajectories
+        .column("turns")
+        .unwrap()
+        .u32()
+        .unwrap()
+        .iter()
+        .map(|n| n.unwrap())
+        .collect();
+    assert_eq!(counted, [1]);
 }
 
 #[tokio::test]

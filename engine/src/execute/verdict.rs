@@ -229,7 +229,7 @@ impl Unit<'_> {
                     &self.shared.plan.templates,
                     || self.scenario.scope.with_vars(&state.vars),
                     Scope::Trajectory,
-                    &state.turns,
+                    state.taken(),
                     None,
                     criteria::Evidence {
                         sandbox,
@@ -321,7 +321,7 @@ impl Unit<'_> {
             repetition: self.repetition,
             nodes: state.nodes.iter().map(|n| n.to_string()).collect(),
             status,
-            turns: u32::try_from(state.turns.len()).unwrap_or(u32::MAX),
+            turns: u32::try_from(state.taken().len()).unwrap_or(u32::MAX),
             duration_ms: ms(state.active),
             fault,
             skip_reason,

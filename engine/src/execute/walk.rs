@@ -61,6 +61,11 @@ pub(super) struct Unit<'a> {
 pub(super) struct PathState {
     pub(super) vars: BTreeMap<String, String>,
     pub(super) turns: Vec<Arc<TurnRecord>>,
+    /// How many of `turns`, from the first, replay the scenario's `history` into a session
+    /// bound to server state: they did not happen in this run, so `max-turns`, `turns max`
+    /// and the other checks see only the turns after them, as on a protocol that resends
+    /// the history with its first request.
+    pub(super) history_turns: usize,
     pub(super) criteria: Vec<CriterionRecord>,
     pub(super) nodes: Vec<Arc<str>>,
     /// Time this path's own steps took (agent calls with their retries), excluding waits
@@ -93,6 +98,7 @@ impl PathState {
         PathState {
             vars: BTreeMap::new(),
             turns: Vec::new(),
+            history_turns: 0,
             criteria: Vec::new(),
             nodes: Vec::new(),
             active: Duration::ZERO,
@@ -105,6 +111,11 @@ impl PathState {
             fidelity: None,
             attack: None,
         }
+    }
+
+    /// The turns this run took on this path: `turns` without the history's replay.
+    pub(super) fn taken(&self) -> &[Arc<TurnRecord>] {
+        self.turns.get(self.history_turns..).unwrap_or_default()
     }
 
     /// The name node `id` is recorded under on this path.
@@ -765,13 +776,15 @@ impl<'a> Unit<'a> {
             _ => None,
         };
         if !super::history::restore(session, &turns) {
+            let before = state.turns.len();
             for (input, _) in &turns {
                 // The agent's own opening cannot be asked for again; the user turns can.
                 let Some(text) = input else { continue };
-                if let Some(stop) = self
+                let stop = self
                     .turn(session, TurnInput::User(text), true, state, recorded)
-                    .await
-                {
+                    .await;
+                state.history_turns = state.turns.len() - before;
+                if let Some(stop) = stop {
                     return Some(match stop {
                         Stop::Fault(fault) => Stop::Fault(Fault::new(
                             fault.category,
@@ -815,6 +828,7 @@ impl<'a> Unit<'a> {
         prefix.reverse();
         let judge_all = std::mem::take(&mut state.prefix_not_sent);
         state.turns.clear();
+        state.history_turns = 0;
         state.vars.clear();
         // A session bound to server state: the history is replayed first, as in the root.
         if let Some(stop) = self.open_history(session, true, state, recorded).await {
@@ -983,7 +997,7 @@ impl<'a> Unit<'a> {
                     input: template, ..
                 } => {
                     if let Some(max) = sc.max_turns
-                        && state.turns.len() as u64 >= u64::from(max)
+                        && state.taken().len() as u64 >= u64::from(max)
                     {
                         return Some(Stop::Failed(CriterionRecord {
                             turn_index: None,
@@ -1221,7 +1235,7 @@ impl<'a> Unit<'a> {
         let limit = turns.unwrap_or_else(|| sc.max_turns.unwrap_or(UNTIL_DONE_CAP));
         for _ in 0..limit {
             if let Some(max) = sc.max_turns
-                && state.turns.len() as u64 >= u64::from(max)
+                && state.taken().len() as u64 >= u64::from(max)
             {
                 break;
             }
