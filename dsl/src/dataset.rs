@@ -405,13 +405,30 @@ impl RowReader for Csv {
         }
         let mut record = csv::StringRecord::new();
         let mut number = 0;
+        // Whether the last field of the row last read spans lines, and its column.
+        let mut last_spans_lines = false;
+        let mut last_column = 0;
         loop {
             match rdr.read_record(&mut record) {
+                Ok(false) if last_spans_lines && !ends_closing_a_quote(path)? => {
+                    return Err(ReadError::Row {
+                        row: number,
+                        column: headers.get(last_column).cloned(),
+                        message: "a quoted field is never closed: the file ends inside it, \
+                                  and the rows after its opening quote were read as its text"
+                            .into(),
+                    });
+                }
                 Ok(false) => return Ok(()),
                 Ok(true) => {}
                 Err(e) => return Err(csv_error(e, &headers)),
             }
             number += 1;
+            last_column = record.len().saturating_sub(1);
+            last_spans_lines = record
+                .iter()
+                .next_back()
+                .is_some_and(|field| field.contains(['\n', '\r']));
             let mut fields = Map::new();
             for (h, v) in headers.iter().zip(record.iter()) {
                 fields.insert(h.clone(), csv_value(v));
@@ -421,6 +438,19 @@ impl RowReader for Csv {
             }
         }
     }
+}
+
+/// Whether the file's last character other than white space is a quote: where a quoted
+/// field that spans lines ends the file, its closing quote. The `csv` crate takes a quote
+/// left open as a field that runs to the end of the file, silently.
+fn ends_closing_a_quote(path: &Path) -> Result<bool, ReadError> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut file = File::open(path)?;
+    let len = file.seek(SeekFrom::End(0))?;
+    let mut tail = Vec::new();
+    file.seek(SeekFrom::Start(len.saturating_sub(4096)))?;
+    file.read_to_end(&mut tail)?;
+    Ok(tail.trim_ascii_end().last() == Some(&b'"'))
 }
 
 fn csv_value(text: &str) -> Value {
@@ -782,6 +812,34 @@ pub fn messages(value: Value) -> Result<Vec<Value>, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn csv_rows(text: &str) -> Result<Vec<Fields>, ReadError> {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("d.csv");
+        std::fs::write(&path, text).unwrap();
+        let mut rows = Vec::new();
+        Csv { tabs: false }.read(&path, &mut |_, fields| {
+            rows.push(fields);
+            ControlFlow::Continue(())
+        })?;
+        Ok(rows)
+    }
+
+    #[test]
+    fn a_quote_left_open_is_an_error_and_a_closed_one_spanning_lines_is_not() {
+        for closed in [
+            "a,b\n1,\"two\nlines\"",
+            "a,b\n1,\"two\nlines\"\r\n\n",
+            "a,b\n1,\"two\nlines \"\"quoted\"\"\"\n",
+        ] {
+            let rows = csv_rows(closed).unwrap();
+            assert_eq!(rows.len(), 1, "{closed:?}");
+        }
+        let Err(ReadError::Row { row, column, .. }) = csv_rows("a,b\n0,x\n1,\"open\n2,y\n") else {
+            panic!("an open quote read as rows");
+        };
+        assert_eq!((row, column.as_deref()), (2, Some("b")));
+    }
 
     #[test]
     fn csv_fields_are_typed_only_when_they_read_back_the_same() {

@@ -263,7 +263,7 @@ fn read_one(
                 }
                 dataset::ReadError::Row { .. } => (
                     "bad row",
-                    "fix the row in the file, or leave it out with `filter=`",
+                    "fix the row in the file (`filter=` sees only rows that read)",
                 ),
                 dataset::ReadError::Format(_) => (
                     "not of its format",

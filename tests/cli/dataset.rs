@@ -226,6 +226,12 @@ async fn a_malformed_row_stops_everything_naming_the_file_row_and_column() {
             &["data/bad.csv", "row 2, column `b`: 1 field"][..],
         ),
         (
+            // A quote left open: the `csv` crate reads the rest of the file into the field.
+            "data/open.csv",
+            "a,b\n1,\"never closed\n2,B\n3,C\n",
+            &["data/open.csv", "row 1, column `b`", "never closed"][..],
+        ),
+        (
             "data/bad.jsonl",
             "{\"a\": 1}\n{\"a\": \n{\"a\": 3}\n",
             &["data/bad.jsonl", "row 2", "line 2"][..],
