@@ -793,7 +793,7 @@ pub fn messages(value: Value) -> Result<Vec<Value>, String> {
             ),
             Some(_) => return Err(format!("message {n}'s content is not text")),
         };
-        if role == "user" && !content.is_string() {
+        if role == "user" && !content.as_str().is_some_and(|t| !t.trim().is_empty()) {
             return Err(format!("message {n} (user) has no text"));
         }
         let mut norm = serde_json::Map::new();

@@ -1127,6 +1127,11 @@ fn evaluate(
     let value = evaluate_value(env, source, row, vars)?;
     match value {
         Value::Null => Err(format!("`{}` is null", source.trim())),
+        // An empty cell is no message to send; a row without a history says `[]`.
+        Value::String(text) if text.trim().is_empty() => Err(format!(
+            "`{}` is empty (a row without a history holds `[]`)",
+            source.trim()
+        )),
         // A column holding the list as JSON text (CSV has no lists).
         Value::String(text) if text.trim_start().starts_with(['[', '{']) => {
             serde_json::from_str(&text)

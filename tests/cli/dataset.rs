@@ -728,7 +728,8 @@ async fn a_session_bound_agent_gets_the_history_replayed_user_turn_by_user_turn(
 
 #[tokio::test]
 async fn a_bad_history_is_an_error_naming_the_row() {
-    let jsonl = "{\"m\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n{\"m\": [{\"role\": \"robot\", \"content\": \"x\"}]}\n";
+    let jsonl = "{\"m\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n{\"m\": [{\"role\": \"robot\", \"content\": \"x\"}]}\n\
+                 {\"m\": \"  \"}\n{\"m\": [{\"role\": \"user\", \"content\": \" \"}]}\n{\"m\": []}\n";
     let suite = format!(
         "{AGENT}dataset \"d\" path=\"data/d.jsonl\"\n\
          scenario \"s\" for-each=\"d\" {{\n    history \"{{{{ row.m }}}}\"\n    user \"x\"\n    expect no-error\n}}\n\
@@ -751,6 +752,16 @@ async fn a_bad_history_is_an_error_naming_the_row() {
         err.contains("scenario `f`: invalid history: cannot read `nope.json`"),
         "{err}"
     );
+    // Empty text is no message to send, whether a cell or a message's content.
+    assert!(
+        err.contains("row 3 of dataset `d`: invalid history: `{{ row.m }}` is empty"),
+        "{err}"
+    );
+    assert!(
+        err.contains("row 4 of dataset `d`: invalid history: message 1 (user) has no text"),
+        "{err}"
+    );
+    assert!(!err.contains("row 5 "), "{err}");
 }
 
 #[tokio::test]
