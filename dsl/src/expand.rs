@@ -697,6 +697,9 @@ fn instances(
     let combos = combinations(&sc.matrix);
     let mut out = Vec::with_capacity(rows.len() * combos.len());
     let mut seen: HashSet<String> = HashSet::new();
+    // Each problem once, at the first instance that has it, with how many more do: a
+    // misspelt column in a `user-context` value fails every row the same way.
+    let mut problems = RowProblems::default();
     for row in &rows {
         for combo in &combos {
             let mut parts: Vec<String> = Vec::new();
@@ -744,20 +747,7 @@ fn instances(
                     ),
                     None => format!("instance `{id}`"),
                 };
-                diags.push(
-                    Diagnostic::at_span(
-                        Kind::InvalidValue,
-                        format!("scenario `{}`, {at}: {problem}", sc.id.value),
-                        files,
-                        sc.id.span,
-                        "in this scenario",
-                    )
-                    .with_help(
-                        "user-context values, `judge` statements and `outcome`s of a \
-                         `for-each` or `matrix` scenario are templates over `row` and `vars`: \
-                         check the field names against the dataset's columns",
-                    ),
-                );
+                problems.add(problem, || format!("scenario `{}`, {at}", sc.id.value));
                 continue;
             }
             instance.id = Spanned::new(id, sc.id.span);
@@ -772,7 +762,45 @@ fn instances(
             out.push(instance);
         }
     }
+    for (problem, at, more) in problems.0 {
+        diags.push(
+            Diagnostic::at_span(
+                Kind::InvalidValue,
+                format!("{at}{}: {problem}", more_rows(more)),
+                files,
+                sc.id.span,
+                "in this scenario",
+            )
+            .with_help(
+                "user-context values, `judge` statements and `outcome`s of a \
+                 `for-each` or `matrix` scenario are templates over `row` and `vars`: \
+                 check the field names against the dataset's columns",
+            ),
+        );
+    }
     out
+}
+
+/// Problems of instances, each with where it first happened and how many more instances
+/// had it, in the order first seen.
+#[derive(Default)]
+struct RowProblems(Vec<(String, String, usize)>);
+
+impl RowProblems {
+    fn add(&mut self, problem: String, at: impl FnOnce() -> String) {
+        match self.0.iter_mut().find(|(p, ..)| *p == problem) {
+            Some((_, _, more)) => *more += 1,
+            None => self.0.push((problem, at(), 0)),
+        }
+    }
+}
+
+fn more_rows(more: usize) -> String {
+    match more {
+        0 => String::new(),
+        1 => " (and 1 more instance)".to_string(),
+        n => format!(" (and {n} more instances)"),
+    }
 }
 
 /// Reports each nested row field (`row.customer.name`) that a step of `sc` reads and some
@@ -885,6 +913,8 @@ pub fn display(v: &Value) -> String {
 fn histories(project: &mut Project, env: &Environment<'static>, diags: &mut Vec<Diagnostic>) {
     let Project { files, suites, .. } = project;
     let mut read: HashMap<std::path::PathBuf, Result<Arc<Vec<Value>>, String>> = HashMap::new();
+    // Per history as written (its span): each problem once, as [`RowProblems`].
+    let mut problems: Vec<(Span, RowProblems)> = Vec::new();
     for suite in suites.iter_mut() {
         for sc in &mut suite.scenarios {
             let Some(history) = &sc.history else { continue };
@@ -926,7 +956,7 @@ fn histories(project: &mut Project, env: &Environment<'static>, diags: &mut Vec<
                     }
                 }
                 Err(why) => {
-                    let at = match sc.instance.as_deref() {
+                    let at = || match sc.instance.as_deref() {
                         Some(Instance {
                             dataset: Some(d),
                             row_number: Some(n),
@@ -934,22 +964,34 @@ fn histories(project: &mut Project, env: &Environment<'static>, diags: &mut Vec<
                         }) => format!("scenario `{}`, row {n} of dataset `{d}`", sc.id.value),
                         _ => format!("scenario `{}`", sc.id.value),
                     };
-                    diags.push(
-                        Diagnostic::at_span(
-                            Kind::InvalidValue,
-                            format!("{at}: invalid history: {why}"),
-                            files,
-                            span,
-                            "this history",
-                        )
-                        .with_help(
-                            "a history is an OpenAI-style message list: \
-                             [{\"role\": \"user\", \"content\": \"…\"}, {\"role\": \"assistant\", …}], \
-                             or an object with `messages`; from a column, a list or its JSON text",
-                        ),
-                    );
+                    let index = match problems.iter().position(|(s, _)| *s == span) {
+                        Some(index) => index,
+                        None => {
+                            problems.push((span, RowProblems::default()));
+                            problems.len() - 1
+                        }
+                    };
+                    problems[index].1.add(why, at);
                 }
             }
+        }
+    }
+    for (span, problems) in problems {
+        for (why, at, more) in problems.0 {
+            diags.push(
+                Diagnostic::at_span(
+                    Kind::InvalidValue,
+                    format!("{at}{}: invalid history: {why}", more_rows(more)),
+                    files,
+                    span,
+                    "this history",
+                )
+                .with_help(
+                    "a history is an OpenAI-style message list: \
+                     [{\"role\": \"user\", \"content\": \"…\"}, {\"role\": \"assistant\", …}], \
+                     or an object with `messages`; from a column, a list or its JSON text",
+                ),
+            );
         }
     }
 }

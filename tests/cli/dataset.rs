@@ -765,6 +765,38 @@ async fn a_bad_history_is_an_error_naming_the_row() {
 }
 
 #[tokio::test]
+async fn a_problem_every_row_shares_is_said_once_with_a_count() {
+    let csv = "id,amount,m\n1,5,\n2,6,\n3,7,\n";
+    let suite = format!(
+        "{AGENT}dataset \"d\" path=\"data/d.csv\"\n\
+         scenario \"s\" for-each=\"d\" {{\n    row-id \"{{{{ row.id }}}}\"\n    \
+         user-context {{\n        amt \"{{{{ row.amout }}}}\"\n    }}\n    user \"x\"\n    expect no-error\n}}\n\
+         scenario \"h\" for-each=\"d\" {{\n    row-id \"{{{{ row.id }}}}\"\n    history \"{{{{ row.m }}}}\"\n    \
+         user \"x\"\n    expect no-error\n}}\n"
+    );
+    let dir = project(&suite, &[("data/d.csv", csv.as_bytes())]);
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path().join("suite.kdl"))
+        .output()
+        .await
+        .unwrap();
+    let err = flat(&stderr(&o));
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("2 errors in suite files"), "{err}");
+    assert!(
+        err.contains("scenario `s`, row 1 of dataset `d` (and 2 more instances): user-context"),
+        "{err}"
+    );
+    assert!(
+        err.contains(
+            "scenario `h[1]`, row 1 of dataset `d` (and 2 more instances): invalid history"
+        ),
+        "{err}"
+    );
+}
+
+#[tokio::test]
 async fn imported_conversations_run_from_their_history() {
     let server = support::MisbehavingServer::respond(200, support::OK_BODY).await;
     let dir = tempfile::tempdir().unwrap();
