@@ -613,6 +613,7 @@ impl Plan {
                     .map(|r| serde_json::Value::Object((**r).clone())),
                 vars: i.vars.iter().cloned().collect(),
             }),
+            history: sc.history.as_ref().and_then(|h| h.messages.clone()),
         }
     }
 

@@ -89,6 +89,11 @@ pub struct ScenarioInfo {
     /// other scenarios and from journals written before datasets existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub instance: Option<InstanceInfo>,
+    /// The scenario's `history` as the run sent it (OpenAI-style messages): `trellis
+    /// rejudge` shows the judge this one, whatever the file or row says now. Absent without
+    /// a history and from journals written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub history: Option<std::sync::Arc<Vec<serde_json::Value>>>,
 }
 
 /// What one instance of a `for-each` / `matrix` scenario ran with, so results join back to

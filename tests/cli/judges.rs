@@ -277,6 +277,67 @@ async fn rejudge_rescores_a_recorded_run_with_the_current_judges_without_any_age
 }
 
 #[tokio::test]
+async fn rejudge_shows_the_judge_the_history_the_run_sent_not_the_file_as_it_is_now() {
+    let fake = FakeLlm::start(vec![Rule::when(
+        "HISTORY-CHECK",
+        [Reply::text(r#"{"score": 1, "label": "ok"}"#)],
+    )])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let conv = dir.path().join("conv.json");
+    std::fs::write(
+        &conv,
+        r#"[{"role": "user", "content": "ORIGINAL order A-1"}, {"role": "assistant", "content": "Got it."}]"#,
+    )
+    .unwrap();
+    let suite = dir.path().join("history.kdl");
+    std::fs::write(
+        &suite,
+        format!(
+            r#"
+agent "demo" protocol="connexity" builtin="booking"
+provider "fake" kind="openai" base-url="{}" model="judge-m" api-key-env="FAKE_KEY"
+judge "main" provider="fake"
+scenario "s" {{
+    history path="conv.json"
+    user "Hi, I'd like to book a duct cleaning."
+    criteria {{
+        judge "HISTORY-CHECK the agent remembers the order"
+    }}
+}}
+"#,
+            fake.base_url()
+        ),
+    )
+    .unwrap();
+    let first = dir.path().join("first");
+    let o = run(&suite, &first, &[]).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    std::fs::write(
+        &conv,
+        r#"[{"role": "user", "content": "EDITED since"}, {"role": "assistant", "content": "Sure."}]"#,
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("rejudge")
+        .arg(&first)
+        .arg(&suite)
+        .arg("--out")
+        .arg(dir.path().join("rejudged"))
+        .env("FAKE_KEY", KEY)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let prompts: Vec<String> = fake.seen().iter().map(|r| r.body.to_string()).collect();
+    assert_eq!(prompts.len(), 2, "{prompts:?}");
+    for prompt in &prompts {
+        assert!(prompt.contains("ORIGINAL order A-1"), "{prompt}");
+        assert!(!prompt.contains("EDITED since"), "{prompt}");
+    }
+}
+
+#[tokio::test]
 async fn a_stop_signal_ends_a_rejudge_with_its_exit_code_and_leaves_no_lock() {
     let fast = FakeLlm::start(vec![Rule::otherwise([Reply::text(
         r#"{"score": 1, "label": "ok", "passed": true, "justification": "quoted"}"#,

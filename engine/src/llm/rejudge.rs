@@ -5,7 +5,8 @@
 //! a node holding replayed turns replaces the prefix before it, as in the run). Every
 //! `judge`/`outcome` check that the run reached is judged again against the scenario as the
 //! suite now defines it (found by its text; a check the suite no longer has is kept as it
-//! was), and the trajectory's status follows from its checks by the run's own rule. The
+//! was), with the `history` the run sent (recorded in `run_started`), and the trajectory's
+//! status follows from its checks by the run's own rule. The
 //! result is a new journal: the original's agent and node entries, the updated
 //! trajectories, and a `run_started` naming the original run (`rejudged_from`).
 
@@ -93,6 +94,16 @@ pub async fn rejudge_draw(
         }
     }
     let original = info.ok_or(RejudgeError::NotARun)?;
+    // The histories the run sent: the judge reads the transcript as it happened, whatever
+    // the history's file or row says now.
+    let histories: Histories = original
+        .scenarios
+        .iter()
+        .filter_map(|s| {
+            let history = s.history.clone()?;
+            Some(((s.suite.clone(), s.scenario.clone()), history))
+        })
+        .collect();
     let new_info = RunInfo {
         run_id: new_run_id.to_owned(),
         started_at,
@@ -105,8 +116,9 @@ pub async fn rejudge_draw(
     let results: Vec<(TrajectoryRecord, RejudgeCounts)> =
         futures::stream::iter(trajectories.into_iter().map(|t| {
             let nodes = &nodes;
+            let histories = &histories;
             let status_of = &status_of;
-            async move { rejudge_one(project, runtime, nodes, t, draw, status_of).await }
+            async move { rejudge_one(project, runtime, nodes, histories, t, draw, status_of).await }
         }))
         .buffered(CONCURRENT_TRAJECTORIES)
         .collect()
@@ -177,10 +189,14 @@ fn node_list_turns(entries: &[JournalEntry]) -> u64 {
         .sum()
 }
 
+/// The history each scenario of the run sent, by suite and scenario id.
+type Histories = HashMap<(String, String), Arc<Vec<serde_json::Value>>>;
+
 async fn rejudge_one(
     project: &Project,
     runtime: &LlmRuntime,
     nodes: &HashMap<NodeKey, Arc<NodeRecord>>,
+    histories: &Histories,
     mut t: TrajectoryRecord,
     draw: u32,
     status_of: &impl Fn(bool, &[crate::record::CriterionRecord]) -> TrajectoryStatus,
@@ -222,7 +238,14 @@ async fn rejudge_one(
         Some(trellis_dsl::PersonaRef::Inline(p)) => Some(Arc::new(trellis_dsl::Persona::clone(p))),
         None => None,
     };
-    let scenario = Arc::new(scenario.clone());
+    let mut scenario = scenario.clone();
+    if let (Some(history), Some(sent)) = (
+        &mut scenario.history,
+        histories.get(&(t.suite.clone(), t.scenario.clone())),
+    ) {
+        history.messages = Some(Arc::clone(sent));
+    }
+    let scenario = Arc::new(scenario);
     let scope = crate::render::ScenarioScope::new(Arc::clone(&scenario), persona, &env);
     let scenario = &*crate::render::judge_texts_rendered(&scenario, &templates, &scope);
     let judged = judged_criteria(scenario);

@@ -38,6 +38,7 @@ pub fn run_info() -> RunInfo {
             fingerprints: Vec::new(),
             repeat: 2,
             instance: None,
+            history: None,
         }],
         rejudged_from: None,
         strict: false,
