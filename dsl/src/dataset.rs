@@ -464,8 +464,11 @@ fn csv_value(text: &str) -> Value {
     {
         return Value::from(i);
     }
+    // A float has a point or an exponent: `-0`, which reads back as itself, would be
+    // written `-0.0`.
     if let Ok(f) = text.parse::<f64>()
         && f.is_finite()
+        && text.contains(['.', 'e', 'E'])
         && f.to_string() == text
         && let Some(n) = serde_json::Number::from_f64(f)
     {
@@ -850,6 +853,7 @@ mod tests {
         assert_eq!(csv_value("true"), Value::Bool(true));
         assert_eq!(csv_value(""), Value::from(""));
         assert_eq!(csv_value("NaN"), Value::from("NaN"));
+        assert_eq!(csv_value("-0"), Value::from("-0"));
     }
 
     #[test]
