@@ -164,6 +164,16 @@ impl PlannedTrajectory {
                 .map(|(_, why)| why.as_str())
         })
     }
+
+    /// Why this trajectory cannot run yet on `agent`, if it cannot: as
+    /// [`unsupported_on`](Self::unsupported_on) its protocol, except that an agent whose
+    /// own `provider` plays its LLM (Fixie) lacks no provider.
+    pub fn unsupported_for(&self, agent: &PlannedAgent) -> Option<&str> {
+        if agent.provider.is_some() && agent.protocol.capabilities().provider_plays_llm {
+            return self.unsupported.as_deref();
+        }
+        self.unsupported_on(agent.protocol)
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -654,7 +664,7 @@ fn count_scenario(
         };
         for (ti, t) in s.trajectories.iter().enumerate() {
             counts.trajectories += 1;
-            if agent.unsupported.is_some() || t.unsupported_on(agent.protocol).is_some() {
+            if agent.unsupported.is_some() || t.unsupported_for(agent).is_some() {
                 counts.skipped_trajectories += 1;
                 continue;
             }
@@ -1085,7 +1095,8 @@ fn scenario_warnings(
             }
             for agent in &agents {
                 if let Some(why) = not_runnable::step(&step.kind, Some(agent.protocol))
-                    && !(simulated && agent.protocol.capabilities().provider_plays_llm)
+                    && !((simulated || agent.provider.is_some())
+                        && agent.protocol.capabilities().provider_plays_llm)
                     && !user_warned
                 {
                     user_warned = true;

@@ -782,7 +782,7 @@ fn list(args: &ListArgs) -> u8 {
                 let reason = agent
                     .unsupported
                     .as_deref()
-                    .or_else(|| t.unsupported_on(agent.protocol));
+                    .or_else(|| t.unsupported_for(agent));
                 if let Some(reason) = reason {
                     let line = if s.agents.len() == 1 {
                         format!("  skipped: {reason}")

@@ -431,6 +431,27 @@ async fn list_names_the_agent_a_trajectory_is_skipped_on() {
         "{out}"
     );
     assert!(!out.contains("skipped on `c`"), "{out}");
+
+    // A Fixie agent's own provider plays its LLM, however many providers the project has.
+    std::fs::write(
+        dir.path().join("mixed.kdl"),
+        "provider \"llm\" kind=\"openai\" base-url=\"http://127.0.0.1:1/v1\" model=\"m\"\n\
+         provider \"other\" kind=\"openai\" base-url=\"http://127.0.0.1:1/v1\" model=\"m\"\n\
+         agent \"o\" protocol=\"fixie\" url=\"http://127.0.0.1:1/\" provider=\"llm\"\n\
+         scenario \"s\" {\n    user \"hi\"\n    expect no-error\n}\n",
+    )
+    .unwrap();
+    for command in ["list", "check"] {
+        let o = trellis()
+            .arg(command)
+            .arg(dir.path())
+            .output()
+            .await
+            .unwrap();
+        let said = format!("{}{}", stdout(&o), stderr(&o));
+        assert_eq!(o.status.code(), Some(0), "{command}: {said}");
+        assert!(!said.contains("skipped"), "{command}: {said}");
+    }
 }
 
 #[tokio::test]

@@ -672,7 +672,7 @@ async fn run_unit(
     }
     let mut all_supported = true;
     for (t, trajectory) in scenario.trajectories.iter().enumerate() {
-        if let Some(reason) = trajectory.unsupported_on(shared.plan.agents[agent].protocol) {
+        if let Some(reason) = trajectory.unsupported_for(&shared.plan.agents[agent]) {
             if unit.finished(t).is_none() {
                 unit.skip(t, reason).await;
             }

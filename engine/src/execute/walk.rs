@@ -303,9 +303,8 @@ impl<'a> Unit<'a> {
         {
             return false;
         }
-        let protocol = self.shared.plan.agents[self.agent].protocol;
         self.scenario.trajectories[t]
-            .unsupported_on(protocol)
+            .unsupported_for(&self.shared.plan.agents[self.agent])
             .is_none()
     }
 
