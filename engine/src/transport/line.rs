@@ -231,7 +231,17 @@ struct LiveProcess {
     stderr_closed: tokio::task::JoinHandle<()>,
     /// Ends whatever the agent started when the process is dropped without `close`.
     _group: ProcessGroup,
+    /// When a kept process's last answer was read ([`SETTLE`]).
+    answered_at: Option<tokio::time::Instant>,
 }
+
+/// How long after a kept process's answer a line it writes is still taken as written
+/// after that answer, not as the next request's: a request is written no sooner. An agent
+/// that prints a log line right after its answer (`print(answer, flush=True)`, then
+/// `print("handled")`) writes it microseconds later, but on a busy machine the next
+/// request went out first and read it as its own answer, another trajectory's turn. Paid
+/// only by a request that follows its process's previous answer closer than this.
+const SETTLE: Duration = Duration::from_millis(2);
 
 /// A process group that is killed when dropped: `kill_on_drop` ends only the direct child,
 /// and an agent started by `sh -c` usually is a grandchild.
@@ -445,6 +455,11 @@ impl LineTransport {
                     ended.kill().await;
                 }
                 let mut stale = None;
+                if let Some(Connection::Process(process)) = open.as_ref()
+                    && let Some(answered) = process.answered_at
+                {
+                    tokio::time::sleep_until(answered + SETTLE).await;
+                }
                 if let Some(connection) = open.as_mut()
                     && let Ahead::Sent(line) = connection.ahead().await
                     && let Some(behind) = open.take()
@@ -471,6 +486,7 @@ impl LineTransport {
                 )
                 .await
                 .unwrap_or_else(|_| Err(self.timed_out(timeout)));
+                process.answered_at = Some(tokio::time::Instant::now());
                 // What the agent wrote on stderr before its answer is already in the pipe:
                 // let the collector read it before the log is taken.
                 for _ in 0..4 {
@@ -583,6 +599,7 @@ impl LineTransport {
             stderr,
             stderr_closed,
             _group,
+            answered_at: _,
         } = spawn(spec)?;
         let describe = self.describe();
         let limit = self.limits.max_line;
@@ -926,6 +943,7 @@ fn spawn(spec: &ProcessSpec) -> Result<LiveProcess, Fault> {
         stderr: log,
         stderr_closed,
         _group: group,
+        answered_at: None,
     })
 }
 

@@ -566,6 +566,53 @@ async fn a_line_after_the_answer_never_answers_the_next_call() {
     assert_eq!(connections.load(Ordering::SeqCst), 3);
 }
 
+/// A kept process that logs to stdout right after its answer, in a write of its own
+/// (`print(answer, flush=True)` then `print("handled")`): the log line is the process's,
+/// not the answer to the next request, however soon that request follows.
+#[tokio::test]
+async fn a_log_line_right_after_an_answer_never_answers_the_next_call() {
+    let agent = process(
+        r#"exec python3 -u -c '
+import json, os, sys
+for line in sys.stdin:
+    os.write(1, (json.dumps({"echo": json.loads(line)}) + "\n").encode())
+    os.write(1, b"handled request\n")
+'"#,
+        ProcessMode::LongLived,
+    );
+    // Each call gets its own answer, refused when the log line came with it (a `protocol`
+    // fault), or with the line dropped before the next call, which says so.
+    let mut dropped = 0;
+    for i in 0..40 {
+        let request = format!(r#"{{"i":{i}}}"#);
+        match call(&agent, &request).await {
+            Ok(reply) => {
+                let answer: serde_json::Value = serde_json::from_slice(&reply.line).unwrap();
+                assert_eq!(answer, serde_json::json!({"echo": {"i": i}}), "call {i}");
+                dropped += usize::from(
+                    reply
+                        .log
+                        .contains("\"handled request\" after its previous answer"),
+                );
+            }
+            Err(fault) => {
+                assert_eq!(
+                    fault.category,
+                    FaultCategory::Protocol,
+                    "call {i}: {fault:?}"
+                );
+                assert!(
+                    fault
+                        .message
+                        .contains("wrote another line after its answer"),
+                    "call {i}: {fault:?}"
+                );
+            }
+        }
+    }
+    assert!(dropped > 0, "no call said that a line was dropped");
+}
+
 #[tokio::test]
 async fn tcp_an_empty_reply_or_a_refused_connection_is_a_fault() {
     let (address, _) = line_server(|_| None).await;
