@@ -217,18 +217,25 @@ async fn a_reply_that_stops_before_answering_is_a_protocol_fault() {
     let ends_with_calls = serde_json::json!({"messages": [
         {"role": "assistant", "content": "Let me check.", "tool_calls": [call]},
     ]});
+    // Nothing at all: an answer without text or a tool call.
+    let empty = serde_json::json!({"messages": [
+        {"role": "assistant", "content": null, "tool_calls": null},
+    ]});
     let tool_end = MisbehavingServer::respond(200, ends_with_tool.to_string()).await;
     let calls_end = MisbehavingServer::respond(200, ends_with_calls.to_string()).await;
+    let empty_end = MisbehavingServer::respond(200, empty.to_string()).await;
     let healthy = MisbehavingServer::respond(200, OK_BODY).await;
     let suite = format!(
         "agent \"tool-end\" protocol=\"connexity\" url=\"{}\"\n\
          agent \"calls-end\" protocol=\"connexity\" url=\"{}\"\n\
+         agent \"empty\" protocol=\"connexity\" url=\"{}\"\n\
          agent \"healthy\" protocol=\"connexity\" url=\"{}\"\n\
-         scenario \"area\" {{\n    agents \"tool-end\" \"calls-end\" \"healthy\"\n    \
+         scenario \"area\" {{\n    agents \"tool-end\" \"calls-end\" \"empty\" \"healthy\"\n    \
          user \"hi\"\n    expect no-error\n    \
          criteria {{ no-error; reply not-contains=\"sorry\" }}\n}}\n",
         tool_end.url(),
         calls_end.url(),
+        empty_end.url(),
         healthy.url()
     );
     let dir = tempfile::tempdir().unwrap();
@@ -251,7 +258,7 @@ async fn a_reply_that_stops_before_answering_is_a_protocol_fault() {
         .zip(strings(&t, "status"))
         .map(|((a, f), s)| (a.unwrap(), f, s.unwrap()))
         .collect();
-    for agent in ["tool-end", "calls-end"] {
+    for agent in ["tool-end", "calls-end", "empty"] {
         let row = rows.iter().find(|r| r.0 == agent).unwrap();
         assert_eq!(
             (row.1.as_deref(), row.2.as_str()),
@@ -277,6 +284,21 @@ async fn a_reply_that_stops_before_answering_is_a_protocol_fault() {
             .iter()
             .any(|m| m.contains("tool calls that have no results")),
         "{messages:?}"
+    );
+    assert!(
+        messages
+            .iter()
+            .any(|m| m.contains("has no text and no tool call")),
+        "{messages:?}"
+    );
+    // What the agent wrote before its unanswered tool calls is not its reply.
+    let replies: Vec<(Option<String>, Option<String>)> = strings(&turns, "agent")
+        .into_iter()
+        .zip(strings(&turns, "reply"))
+        .collect();
+    assert!(
+        replies.contains(&(Some("calls-end".into()), None)),
+        "{replies:?}"
     );
     // The call the agent made before stopping is recorded.
     let calls = read_parquet(&out.join("tool_calls.parquet"));

@@ -202,7 +202,16 @@ impl Session for ConnexitySession {
             match result {
                 Ok(reply) => {
                     self.remember(reply.reply.as_deref(), &reply.messages);
-                    turn.fault = unanswered(&reply.messages);
+                    turn.fault = unanswered(&reply.messages).or_else(|| {
+                        // As for a model agent: nothing a check of the reply could read.
+                        reply.reply.is_none().then(|| {
+                            Fault::new(
+                                FaultCategory::Protocol,
+                                "the answer has no text and no tool call (its last assistant \
+                                 message is empty)",
+                            )
+                        })
+                    });
                     turn.messages = reply.messages;
                     turn.reply = reply.reply;
                     turn.tool_calls = reply.tool_calls;
@@ -386,7 +395,9 @@ fn finish_turn(
         .rev()
         .take_while(|m| m.role == "assistant")
         .find_map(|m| m.content.as_deref().filter(|c| !c.trim().is_empty()))
-        .map(str::to_owned);
+        .map(str::to_owned)
+        // Ending with tool calls that have no results, it has not answered yet.
+        .filter(|_| messages.last().is_none_or(|m| m.tool_calls.is_empty()));
     let tool_calls = pair_tool_calls(&messages);
     Ok(ParsedReply {
         messages,
