@@ -90,8 +90,10 @@ impl JournalError {
 pub struct JournalWriter {
     path: PathBuf,
     out: zstd::stream::write::Encoder<'static, File>,
-    /// One entry's JSON, encoded whole before it is handed to the compressor (serde's many
-    /// small writes would each be a call into zstd).
+    /// An entry's JSON as it is encoded, handed to the compressor in pieces of at most
+    /// [`PIECE`] bytes (serde's many small writes would each be a call into zstd; an entry
+    /// encoded whole first would hold twice its size, a huge answer's, for the rest of the
+    /// run).
     line: Vec<u8>,
     /// Entries written by [`append_unflushed`](JournalWriter::append_unflushed) that a
     /// [`flush`](JournalWriter::flush) has not yet made whole on disk.
@@ -165,7 +167,17 @@ impl JournalWriter {
     fn encode(&mut self, entry: &JournalEntry, flush: bool) -> Result<(), JournalError> {
         let mut line = std::mem::take(&mut self.line);
         line.clear();
-        let encoded = serde_json::to_writer(&mut line, entry).map_err(JournalError::Encode);
+        let mut pieces = Pieces {
+            piece: &mut line,
+            out: &mut self.out,
+        };
+        // Only a write can fail here (every map key is text, every number finite or null):
+        // an error leaves the journal with a cut line, which its readers skip and count.
+        let encoded =
+            serde_json::to_writer(&mut pieces, entry).map_err(|e| match e.io_error_kind() {
+                Some(_) => self.error(io::Error::other(e)),
+                None => JournalError::Encode(e),
+            });
         let written = encoded.and_then(|()| {
             line.push(b'\n');
             self.write(&line, flush)
@@ -215,6 +227,35 @@ impl JournalWriter {
             path: self.path.clone(),
             source,
         }
+    }
+}
+
+/// The most of an entry's JSON [`JournalWriter`] holds before handing it on.
+const PIECE: usize = 64 * 1024;
+
+/// Gathers serde's small writes into pieces of at most [`PIECE`] bytes for `out`; what is
+/// left in `piece` at the end is the caller's to write.
+struct Pieces<'a, W: Write> {
+    piece: &'a mut Vec<u8>,
+    out: &'a mut W,
+}
+
+impl<W: Write> Write for Pieces<'_, W> {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        if self.piece.len() + bytes.len() > PIECE {
+            self.out.write_all(self.piece)?;
+            self.piece.clear();
+            if bytes.len() > PIECE {
+                self.out.write_all(bytes)?;
+                return Ok(bytes.len());
+            }
+        }
+        self.piece.extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
     }
 }
 

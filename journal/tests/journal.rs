@@ -128,3 +128,34 @@ fn a_directory_without_a_journal_names_the_file_a_run_writes() {
     let error = JournalReader::open(&path).err().unwrap();
     assert!(error.to_string().contains("journal.jsonl.zst"), "{error}");
 }
+
+/// An entry far larger than the writer's pieces (an agent's huge answer, with text that
+/// needs escaping across the pieces' edges) comes back as written, between small ones.
+#[test]
+fn a_huge_entry_written_in_pieces_comes_back_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut writer = JournalWriter::create(dir.path()).unwrap();
+    let reply = "line \"quoted\"\n\tünïcødé ✓ \\ ".repeat(40_000);
+    let huge = JournalEntry::Node(NodeRecord {
+        turns: vec![std::sync::Arc::new(trellis_records::TurnRecord {
+            reply: Some(reply),
+            ..Default::default()
+        })],
+        ..match node(7) {
+            JournalEntry::Node(n) => n,
+            _ => unreachable!(),
+        }
+    });
+    let entries = [node(1), huge, finished(2)];
+    for entry in &entries {
+        writer.append(entry).unwrap();
+    }
+    let path = writer.finish().unwrap();
+    let (lines, reader) = read_all(&path);
+    let written: Vec<String> = entries
+        .iter()
+        .map(|e| serde_json::to_string(e).unwrap())
+        .collect();
+    assert_eq!(lines, written);
+    assert_eq!(reader.skipped(), 0);
+}
