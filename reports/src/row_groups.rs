@@ -24,8 +24,8 @@ use polars_arrow::datatypes::ArrowDataType;
 use polars_error::{PolarsError, PolarsResult};
 use polars_parquet::read::fallible_streaming_iterator;
 use polars_parquet::write::{
-    DynIter, DynStreamingIterator, Encoding, FileWriter, WriteOptions, array_to_columns, compress,
-    get_dtype_encoding,
+    DynIter, DynStreamingIterator, Encoding, FileWriter, StatisticsOptions, WriteOptions,
+    array_to_columns, compress, get_dtype_encoding,
 };
 
 /// Batches of at most this many rows are written with every column plainly encoded. polars
@@ -57,6 +57,18 @@ pub(crate) fn write<W: std::io::Write>(
         } else {
             dictionary_of(array.as_ref())
         };
+        let options = if longest_text(array.as_ref()) > MAX_STATISTICS_TEXT {
+            WriteOptions {
+                statistics: StatisticsOptions {
+                    min_value: false,
+                    max_value: false,
+                    ..options.statistics
+                },
+                ..options
+            }
+        } else {
+            options
+        };
         let (array, encodings): (&dyn Array, Vec<Encoding>) = match &dictionary {
             Some(dictionary) => (dictionary.as_ref(), vec![Encoding::RleDictionary]),
             None => (array.as_ref(), encodings_of(array.dtype(), plain)),
@@ -80,6 +92,20 @@ pub(crate) fn write<W: std::io::Write>(
         ))
     }));
     writer.write(rows as u64, group)
+}
+
+/// A text column chunk holding a value longer than this is written without its minimum and
+/// maximum: polars copies both whole before truncating them to the 64 bytes the file keeps,
+/// twice an agent's largest answer for a statistic nobody filters free text on.
+const MAX_STATISTICS_TEXT: usize = 64 * 1024;
+
+/// The length of the longest value of a text column (0 for other columns).
+fn longest_text(array: &dyn Array) -> usize {
+    array
+        .as_any()
+        .downcast_ref::<Utf8ViewArray>()
+        .and_then(|text| text.views().iter().map(|view| view.length).max())
+        .map_or(0, |length| length as usize)
 }
 
 /// polars' encodings for a column of `dtype`, except that strings and floats (whose

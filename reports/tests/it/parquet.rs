@@ -473,6 +473,49 @@ fn dictionary_columns(path: &Path) -> Vec<String> {
         .collect()
 }
 
+/// A text column chunk holding a huge value (an agent's 100 KB answer) is written without
+/// its minimum and maximum, which polars would copy whole first; the others keep theirs,
+/// and the value reads back whole.
+#[test]
+fn a_huge_answer_has_no_min_max_statistics_and_reads_back_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let huge = "x".repeat(100 * 1024);
+    let mut entries = super::fixtures::entries();
+    let node = entries
+        .iter_mut()
+        .find_map(|e| match e {
+            JournalEntry::Node(n) if !n.turns.is_empty() => Some(n),
+            _ => None,
+        })
+        .unwrap();
+    std::sync::Arc::make_mut(&mut node.turns[0]).reply = Some(huge.clone());
+    entries.push(JournalEntry::RunFinished(super::fixtures::summary()));
+    super::fixtures::write_journal(dir.path(), &entries, "");
+    let files = write_reports(dir.path(), &ReportOptions::default()).unwrap();
+    let metadata =
+        polars_parquet::parquet::read::read_metadata(&mut File::open(&files.turns).unwrap())
+            .unwrap();
+    let min_max = |name: &str| {
+        let column = metadata
+            .row_groups
+            .iter()
+            .flat_map(|group| group.parquet_columns())
+            .find(|column| column.descriptor().path_in_schema.join(".") == name)
+            .unwrap();
+        match column.statistics(&metadata.footer_buf) {
+            Some(Ok(polars_parquet::parquet::statistics::Statistics::Binary(s))) => {
+                (s.min_value.is_some(), s.max_value.is_some())
+            }
+            other => panic!("{name}: {other:?}"),
+        }
+    };
+    assert_eq!(min_max("reply"), (false, false));
+    assert_eq!(min_max("user_message"), (true, true));
+    let turns = read(&files.turns);
+    let replies = turns.column("reply").unwrap().str().unwrap();
+    assert!(replies.iter().any(|r| r == Some(huge.as_str())));
+}
+
 /// A batch of a few rows is written plainly (polars' dictionary attempt costs about as
 /// much per column as writing it); a larger one keeps dictionaries where they pay. Both
 /// read back the same.
