@@ -826,6 +826,9 @@ pub struct Scenario {
     /// by side each declare their own `process_refund`).
     pub tools: Vec<Tool>,
     pub max_turns: Option<u32>,
+    /// `stop-on-failure #true`: a failed `expect` ends the trajectory at that step (an AES
+    /// workflow's failing node stops the scenario).
+    pub stop_on_failure: bool,
     /// `agent-branches breadth=N depth=N`: how far the engine explores the forks an agent
     /// asks for (MultiAgentEval `branch` actions).
     pub agent_branches: AgentBranches,

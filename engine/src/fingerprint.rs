@@ -207,6 +207,10 @@ fn setup_text(project: &Project, sc: &Scenario) -> String {
         &sc.timeout,
         &sc.first_turn,
     )));
+    // Written only when set, so that the fingerprints of runs from before it are the same.
+    if sc.stop_on_failure {
+        text.push_str("stop-on-failure;");
+    }
     // A dataset row or matrix value changes what the steps render, so an edited row reruns
     // that row's instance (and only it).
     text.push_str(&canonical(&sc.instance));

@@ -1090,9 +1090,10 @@ async fn user_context_values_of_an_instance_render_its_row_typed() {
     assert_eq!(o.status.code(), Some(2), "{}{}", stdout(&o), stderr(&o));
     let err = flat(&stderr(&o));
     assert!(
-        err.contains("row 1 of dataset `orders`: user-context `amount`"),
+        err.contains("row 1 of dataset `orders` (and 1 more instance)"),
         "{err}"
     );
+    assert!(err.contains("`{{ row.amount_eur }}` is undefined"), "{err}");
 }
 
 #[tokio::test]

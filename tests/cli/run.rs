@@ -536,6 +536,62 @@ fn journal_trajectories(out: &Path) -> Vec<serde_json::Value> {
         .collect()
 }
 
+/// `stop-on-failure #true`: the first failed `expect` ends the trajectory there, and the
+/// steps after it are never sent; without it every step runs.
+#[tokio::test]
+async fn stop_on_failure_sends_no_step_after_a_failed_check() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("s.kdl"),
+        "agent \"c\" protocol=\"connexity\" builtin=\"booking\"\n\
+         scenario \"stops\" {\n    stop-on-failure #true\n    criteria {\n        no-error\n    }\n    \
+         user \"hi\"\n    expect reply contains=\"NOT SAID\"\n    expect no-error\n    user \"refund me\"\n    expect no-error\n}\n\
+         scenario \"goes-on\" {\n    user \"hi\"\n    expect reply contains=\"NOT SAID\"\n    \
+         user \"refund me\"\n    expect no-error\n}\n",
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path().join("s.kdl"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    let trajectories = journal_trajectories(&out);
+    let of = |id: &str| {
+        trajectories
+            .iter()
+            .find(|t| t["scenario"] == id)
+            .unwrap_or_else(|| panic!("no trajectory of `{id}`"))
+    };
+    assert_eq!(of("stops")["status"], "failed");
+    assert_eq!(of("stops")["turns"], 1, "{}", of("stops"));
+    let checks: Vec<(String, String)> = of("stops")["criteria"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["criterion"].as_str().unwrap().to_string(),
+                c["status"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert!(
+        checks.contains(&("reply contains=\"NOT SAID\"".into(), "failed".into())),
+        "{checks:?}"
+    );
+    assert!(
+        !checks.iter().any(|(_, status)| status == "passed"),
+        "nothing after the stop passed: {checks:?}"
+    );
+    assert_eq!(of("goes-on")["status"], "failed");
+    assert_eq!(of("goes-on")["turns"], 2, "{}", of("goes-on"));
+}
+
 #[tokio::test]
 async fn a_scenario_that_checks_nothing_is_skipped_not_passed_and_check_warns() {
     let dir = tempfile::tempdir().unwrap();

@@ -20,7 +20,7 @@ pub static SCENARIO: NodeSpec = NodeSpec::node("scenario", "one conversation to 
     .repeatable();
 
 /// A scenario's settings, then its steps (the order the unknown-node hint lists them in).
-pub static SCENARIO_CHILDREN: [&NodeSpec; 35] = [
+pub static SCENARIO_CHILDREN: [&NodeSpec; 36] = [
     &NodeSpec::setting("name", STRING, "the scenario's name"),
     &NodeSpec::setting("description", STRING, "what the scenario is about"),
     &NodeSpec::setting(
@@ -54,6 +54,11 @@ pub static SCENARIO_CHILDREN: [&NodeSpec; 35] = [
         "max-turns",
         &[ArgSpec::value(ValueType::Positive)],
         "agent turns at most",
+    ),
+    &NodeSpec::setting(
+        "stop-on-failure",
+        &[ArgSpec::value(ValueType::Boolean)],
+        "a failed `expect` ends the trajectory there: no later step is sent",
     ),
     &AGENT_BRANCHES,
     &OUTCOME,

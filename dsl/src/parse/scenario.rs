@@ -31,6 +31,7 @@ impl<'f> Decoder<'f> {
             undeclared_tools: UndeclaredTools::default(),
             tools: Vec::new(),
             max_turns: None,
+            stop_on_failure: false,
             agent_branches: AgentBranches::default(),
             outcomes: Vec::new(),
             expect_tools: Vec::new(),
@@ -166,6 +167,14 @@ impl<'f> Decoder<'f> {
                     sc.max_turns = self
                         .single(&cv, spec, "max-turns 8")
                         .and_then(|e| self.u32(e, 1))
+                }
+                "stop-on-failure" => {
+                    if let Some(stop) = self
+                        .single(&cv, spec, "stop-on-failure #true")
+                        .and_then(|e| self.boolean(e))
+                    {
+                        sc.stop_on_failure = stop;
+                    }
                 }
                 "agent-branches" => {
                     let usage = "agent-branches breadth=5 depth=3";

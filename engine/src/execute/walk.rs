@@ -1043,6 +1043,9 @@ impl<'a> Unit<'a> {
                 PlannedStep::Expect(checks) => {
                     for c in checks {
                         let record = self.check_expect(c, node, &*session, state).await;
+                        if sc.stop_on_failure && record.status == CriterionStatus::Failed {
+                            return Some(Stop::Failed(record));
+                        }
                         state.criteria.push(record);
                     }
                 }

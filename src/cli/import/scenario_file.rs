@@ -226,6 +226,10 @@ impl ScenarioFile {
             }
             out.push('\n');
         }
+        // A workflow's failing node stops the scenario: the nodes after it are not sent.
+        if self.generation != Generation::Legacy && self.steps.len() > 1 {
+            out.push_str("    stop-on-failure #true\n");
+        }
         if let Some(state) = &self.initial_state {
             let json = Value::Object(state.clone()).to_string();
             let _ = writeln!(out, "    initial-state json={}", kdl_string(&json));
