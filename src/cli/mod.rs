@@ -583,7 +583,19 @@ fn nothing_selected(
     project: &trellis_dsl::Project,
     selection: &trellis_engine::plan::Selection,
 ) -> String {
-    let said = "no scenario matches the selection";
+    // A `for-each` over a dataset that keeps no row has no instance to select.
+    let empty: Vec<String> = project
+        .empty_expansions
+        .iter()
+        .take(3)
+        .map(|(id, why)| format!("scenario `{}` has no instance: {why}", id.value))
+        .collect();
+    let said = if empty.is_empty() {
+        "no scenario matches the selection".to_owned()
+    } else {
+        format!("no scenario matches the selection; {}", empty.join("; "))
+    };
+    let said = said.as_str();
     if selection.include_inactive {
         return said.to_owned();
     }

@@ -1033,6 +1033,21 @@ async fn a_dataset_that_keeps_no_row_is_a_warning_of_check() {
         err.contains("scenario `s` has no instance to run: dataset `d` keeps no row (its filter is false for every row)"),
         "{err}"
     );
+    // `run` has nothing to run, and says why rather than blame a selection nobody made.
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path().join("suite.kdl"))
+        .arg("--out")
+        .arg(dir.path().join("out"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let err = flat(&stderr(&o));
+    assert!(
+        err.contains("scenario `s` has no instance: dataset `d` keeps no row"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
