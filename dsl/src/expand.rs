@@ -212,6 +212,17 @@ fn read_one(
             }
         }
     };
+    // A column the file does not declare is one mistake, said once where it is written
+    // (with the columns' names), not a failure of the first row.
+    if let (Some(t), Ok(Some(columns))) = (&ds.filter, reader.declared_columns(&ds.resolved)) {
+        let scope = crate::template::Scope::empty().with(
+            "row",
+            crate::template::Names::Only(columns.into_iter().collect()),
+        );
+        if let Some(first) = crate::template::check(t, &scope, files).into_iter().next() {
+            return Err(Box::new(first));
+        }
+    }
     let mut filter_failed = false;
     let mut keep = |fields: &Arc<dataset::Fields>| -> Result<bool, String> {
         let Some(f) = &filter else { return Ok(true) };

@@ -1013,6 +1013,32 @@ async fn compare_takes_two_agents_of_one_run_scenario_by_scenario() {
     );
 }
 
+/// A filter reading a column the file's header does not have is an error at the name, with
+/// the column meant, not a failure of the first row.
+#[tokio::test]
+async fn a_filter_on_a_column_the_header_lacks_is_said_where_it_is_written() {
+    let suite = format!(
+        "{AGENT}dataset \"d\" path=\"data/d.csv\" filter=\"{{{{ row.statuz == 'open' }}}}\"\n\
+         scenario \"s\" for-each=\"d\" {{\n    user \"hi\"\n    expect no-error\n}}\n"
+    );
+    let dir = project(&suite, &[("data/d.csv", b"id,status\n1,open\n2,closed\n")]);
+    let o = trellis()
+        .arg("check")
+        .arg(dir.path().join("suite.kdl"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let err = flat(&stderr(&o));
+    assert!(
+        err.contains("undefined template variable `row.statuz`"),
+        "{err}"
+    );
+    assert!(err.contains("suite.kdl:2:"), "{err}");
+    assert!(err.contains("did you mean `row.status`?"), "{err}");
+    assert!(!err.contains("row 1"), "{err}");
+}
+
 #[tokio::test]
 async fn a_dataset_that_keeps_no_row_is_a_warning_of_check() {
     let suite = format!(
