@@ -400,3 +400,69 @@ scenario "c-clean" { user "third"; expect reply equals="answer to: third" }"#,
     // scenarios take the one call slot decides whether the last call was one of them).
     assert!(pids(dir.path()).len() >= 2, "{:?}", pids(dir.path()));
 }
+
+/// A stop starts no agent call: calls queued behind a long-lived process's one call at a
+/// time are not sent once the run stops; the call in flight is finished within the grace,
+/// and `--resume` runs the rest.
+#[tokio::test]
+async fn calls_queued_at_a_long_lived_process_are_not_sent_after_a_stop() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("requests.log");
+    let agent = dir.path().join("slow.py");
+    std::fs::write(
+        &agent,
+        format!(
+            "import json, sys, time\n\
+             for line in sys.stdin:\n\
+             \x20   with open({log:?}, 'a') as f: f.write(line)\n\
+             \x20   time.sleep(0.6)\n\
+             \x20   print(json.dumps({{\"action\": \"final_answer\", \"summary\": \"done\"}}), flush=True)\n",
+            log = log.display().to_string()
+        ),
+    )
+    .unwrap();
+    let suite = dir.path().join("s.kdl");
+    std::fs::write(
+        &suite,
+        format!(
+            "agent \"slow\" protocol=\"multiagent\" command=\"python3 -u {}\" process=\"long-lived\"\n\
+             scenario \"s\" {{\n    repeat 4\n    user \"hi\"\n    expect no-error\n}}\n",
+            agent.display()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("run");
+    let mut child = trellis()
+        .args(["run", "--out"])
+        .arg(&out)
+        .arg(&suite)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let sent = || {
+        std::fs::read_to_string(&log)
+            .map(|text| text.lines().count())
+            .unwrap_or(0)
+    };
+    wait_until("the first request", Duration::from_secs(30), || sent() == 1).await;
+    let pid = i32::try_from(child.id().unwrap()).unwrap();
+    // SAFETY: kill(2) on the child this test spawned and has not reaped.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    let status = tokio::time::timeout(Duration::from_secs(20), child.wait())
+        .await
+        .expect("trellis did not exit after SIGINT")
+        .unwrap();
+    assert_eq!(status.code(), Some(130));
+    assert_eq!(sent(), 1, "a queued call was sent after the stop");
+
+    let o = trellis()
+        .args(["run", "--resume"])
+        .arg(&out)
+        .arg(&suite)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert_eq!(sent(), 4, "the resumed run sent the three calls left");
+}

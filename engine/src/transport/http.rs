@@ -1391,6 +1391,20 @@ thread_local! {
     static DROP_THE_CALL: Cell<bool> = const { Cell::new(false) };
 }
 
+/// In a turn ([`droppable_while_rate_limited`]) of a run that is stopping, drops the call:
+/// for a call that waited its turn at an agent that takes one call at a time (a kept
+/// process or connection) and has sent nothing yet, as the run starts no agent call once
+/// it stops. Outside a turn, or before the stop, returns at once.
+pub(crate) async fn drop_if_stopping() {
+    if RUN_STOP
+        .try_with(|run| run.stop().is_cancelled())
+        .unwrap_or(false)
+    {
+        DROP_THE_CALL.with(|drop| drop.set(true));
+        std::future::pending::<()>().await;
+    }
+}
+
 /// Waits `wait` out of an HTTP 429. In a turn ([`droppable_while_rate_limited`]), a stop
 /// that drops calls in flight before the wait would end drops this call at once.
 pub async fn wait_out_rate_limit(wait: Duration) {
@@ -1417,8 +1431,9 @@ pub async fn wait_out_rate_limit(wait: Duration) {
 /// so its trajectory is as unfinished as one never started. A wait that ends within the
 /// grace, or a stop that lets calls finish (an LLM budget's), keeps the call.
 ///
-/// Only the wait watches the stop: a turn pays a reference count, a task-local and a flag
-/// read per poll (docs/architecture.md, "Key decisions", the graceful stop).
+/// Only the wait and a call queued at a one-call-at-a-time agent ([`drop_if_stopping`])
+/// watch the stop: a turn pays a reference count, a task-local and a flag read per poll
+/// (docs/architecture.md, "Key decisions", the graceful stop).
 pub async fn droppable_while_rate_limited<F: Future>(
     run: Arc<dyn RunStop>,
     call: F,
