@@ -167,17 +167,16 @@ impl JournalWriter {
     fn encode(&mut self, entry: &JournalEntry, flush: bool) -> Result<(), JournalError> {
         let mut line = std::mem::take(&mut self.line);
         line.clear();
-        let mut pieces = Pieces {
+        let pieces = Pieces {
             piece: &mut line,
             out: &mut self.out,
         };
         // Only a write can fail here (every map key is text, every number finite or null):
         // an error leaves the journal with a cut line, which its readers skip and count.
-        let encoded =
-            serde_json::to_writer(&mut pieces, entry).map_err(|e| match e.io_error_kind() {
-                Some(_) => self.error(io::Error::other(e)),
-                None => JournalError::Encode(e),
-            });
+        let encoded = serde_json::to_writer(pieces, entry).map_err(|e| match e.io_error_kind() {
+            Some(_) => self.error(io::Error::other(e)),
+            None => JournalError::Encode(e),
+        });
         let written = encoded.and_then(|()| {
             line.push(b'\n');
             self.write(&line, flush)
@@ -240,18 +239,37 @@ struct Pieces<'a, W: Write> {
     out: &'a mut W,
 }
 
-impl<W: Write> Write for Pieces<'_, W> {
-    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
-        if self.piece.len() + bytes.len() > PIECE {
-            self.out.write_all(self.piece)?;
-            self.piece.clear();
-            if bytes.len() > PIECE {
-                self.out.write_all(bytes)?;
-                return Ok(bytes.len());
-            }
+impl<W: Write> Pieces<'_, W> {
+    /// Hands on what is gathered, then `bytes` too when it is a piece by itself.
+    #[cold]
+    fn spill(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.out.write_all(self.piece)?;
+        self.piece.clear();
+        if bytes.len() > PIECE {
+            self.out.write_all(bytes)
+        } else {
+            self.piece.extend_from_slice(bytes);
+            Ok(())
         }
-        self.piece.extend_from_slice(bytes);
-        Ok(bytes.len())
+    }
+}
+
+impl<W: Write> Write for Pieces<'_, W> {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        self.write_all(bytes).map(|()| bytes.len())
+    }
+
+    /// serde_json writes through this, a few bytes at a time: the common case is one
+    /// `extend_from_slice`, as when it wrote into a `Vec`.
+    #[inline]
+    fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
+        if self.piece.len() + bytes.len() <= PIECE {
+            self.piece.extend_from_slice(bytes);
+            Ok(())
+        } else {
+            self.spill(bytes)
+        }
     }
 
     fn flush(&mut self) -> io::Result<()> {
