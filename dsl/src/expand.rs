@@ -515,9 +515,15 @@ fn instances(
                             sc.row_id.as_ref().map_or("", |t| t.source.trim())
                         ))
                     }
+                    // In NFC, as ids are compared: `café` typed precomposed in one row and
+                    // with a combining accent in another is one id, not two instances that
+                    // look the same.
                     Some((c, _)) => c
                         .render(ctx())
-                        .map(|s| s.trim().to_string())
+                        .map(|s| {
+                            use unicode_normalization::UnicodeNormalization;
+                            s.trim().nfc().collect::<String>()
+                        })
                         .map_err(|e| template_error(&e)),
                 };
                 // Each problem with the help that fits it.

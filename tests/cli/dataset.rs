@@ -379,7 +379,8 @@ async fn filter_sample_limit_and_the_filter_flag_select_rows_and_instances() {
 
 #[tokio::test]
 async fn row_id_problems_name_the_row() {
-    let rows = "{\"id\": \"a\"}\n{\"id\": \"b\"}\n{\"id\": \"a\"}\n{\"other\": 1}\n";
+    // Row 5 is row 2's `café` with a combining accent: the same id, compared in NFC.
+    let rows = "{\"id\": \"a\"}\n{\"id\": \"caf\u{e9}\"}\n{\"id\": \"a\"}\n{\"other\": 1}\n{\"id\": \"cafe\u{301}\"}\n";
     let suite = format!(
         "{AGENT}dataset \"d\" path=\"data/d.jsonl\"\n\
          scenario \"s\" for-each=\"d\" {{\n    row-id \"{{{{ row.id }}}}\"\n    user \"{{{{ row.idd }}}}\"\n    expect no-error\n}}\n"
@@ -416,6 +417,10 @@ async fn row_id_problems_name_the_row() {
     );
     // Row 4 has no `id`: it is `null` there (the row lacks a column another row has).
     assert!(err.contains("row 4 of dataset `d`: row-id failed"), "{err}");
+    assert!(
+        err.contains("row 5 of dataset `d`: row id `caf\u{e9}` is also row 2's"),
+        "{err}"
+    );
     assert!(err.contains("is null in this row"), "{err}");
     // Each problem gets the help that fits it: not the id it already uses.
     assert!(err.contains("two rows give this id"), "{err}");
