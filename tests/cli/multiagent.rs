@@ -401,9 +401,9 @@ scenario "c-clean" { user "third"; expect reply equals="answer to: third" }"#,
     assert!(pids(dir.path()).len() >= 2, "{:?}", pids(dir.path()));
 }
 
-/// A stop starts no agent call: calls queued behind a long-lived process's one call at a
-/// time are not sent once the run stops; the call in flight is finished within the grace,
-/// and `--resume` runs the rest.
+/// A stop starts no agent call: turns queued behind a long-lived process's one call at a
+/// time are not sent once the run stops; the turn in flight is finished within the grace,
+/// the request that sends its tool's result included, and `--resume` runs the rest.
 #[tokio::test]
 async fn calls_queued_at_a_long_lived_process_are_not_sent_after_a_stop() {
     let dir = tempfile::tempdir().unwrap();
@@ -415,8 +415,11 @@ async fn calls_queued_at_a_long_lived_process_are_not_sent_after_a_stop() {
             "import json, sys, time\n\
              for line in sys.stdin:\n\
              \x20   with open({log:?}, 'a') as f: f.write(line)\n\
-             \x20   time.sleep(0.6)\n\
-             \x20   print(json.dumps({{\"action\": \"final_answer\", \"summary\": \"done\"}}), flush=True)\n",
+             \x20   if json.loads(line).get('task_description', '').startswith('Tool'):\n\
+             \x20       print(json.dumps({{\"action\": \"final_answer\", \"summary\": \"done\"}}), flush=True)\n\
+             \x20   else:\n\
+             \x20       time.sleep(0.6)\n\
+             \x20       print(json.dumps({{\"action\": \"call_tool\", \"tool_name\": \"lookup\", \"tool_params\": {{}}}}), flush=True)\n",
             log = log.display().to_string()
         ),
     )
@@ -426,7 +429,8 @@ async fn calls_queued_at_a_long_lived_process_are_not_sent_after_a_stop() {
         &suite,
         format!(
             "agent \"slow\" protocol=\"multiagent\" command=\"python3 -u {}\" process=\"long-lived\"\n\
-             scenario \"s\" {{\n    repeat 4\n    user \"hi\"\n    expect no-error\n}}\n",
+             scenario \"s\" {{\n    repeat 4\n    tool \"lookup\" {{ mock returns=\"{{\\\"status\\\":\\\"success\\\"}}\" }}\n    \
+             user \"hi\"\n    expect no-error\n}}\n",
             agent.display()
         ),
     )
@@ -454,7 +458,13 @@ async fn calls_queued_at_a_long_lived_process_are_not_sent_after_a_stop() {
         .expect("trellis did not exit after SIGINT")
         .unwrap();
     assert_eq!(status.code(), Some(130));
-    assert_eq!(sent(), 1, "a queued call was sent after the stop");
+    // The turn in flight sent its tool's result and was recorded; no queued turn started.
+    assert_eq!(
+        sent(),
+        2,
+        "a queued turn was sent after the stop, or the one in flight cut"
+    );
+    assert_eq!(read_parquet(&out.join("trajectories.parquet")).height(), 1);
 
     let o = trellis()
         .args(["run", "--resume"])
@@ -464,5 +474,5 @@ async fn calls_queued_at_a_long_lived_process_are_not_sent_after_a_stop() {
         .await
         .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
-    assert_eq!(sent(), 4, "the resumed run sent the three calls left");
+    assert_eq!(sent(), 8, "the resumed run sent the three turns left");
 }

@@ -1383,6 +1383,9 @@ async fn outlasted_by(run: &dyn RunStop, ends: Instant) {
 tokio::task_local! {
     /// Around a turn ([`droppable_while_rate_limited`]).
     static RUN_STOP: Arc<dyn RunStop>;
+    /// Around a turn: whether it wrote a request to a one-call-at-a-time agent yet
+    /// ([`drop_unsent_turn_if_stopping`]).
+    static TURN_SENT: Cell<bool>;
 }
 
 thread_local! {
@@ -1391,15 +1394,21 @@ thread_local! {
     static DROP_THE_CALL: Cell<bool> = const { Cell::new(false) };
 }
 
-/// In a turn ([`droppable_while_rate_limited`]) of a run that is stopping, drops the call:
-/// for a call that waited its turn at an agent that takes one call at a time (a kept
-/// process or connection) and has sent nothing yet, as the run starts no agent call once
-/// it stops. Outside a turn, or before the stop, returns at once.
-pub(crate) async fn drop_if_stopping() {
-    if RUN_STOP
-        .try_with(|run| run.stop().is_cancelled())
+/// Called right before a request of a turn ([`droppable_while_rate_limited`]) is written
+/// to an agent that takes one call at a time (a kept process or connection), after the
+/// turn waited for it: when the run was stopped by a signal (a stop with a grace) before
+/// the turn sent anything, drops the turn, as the run starts no agent call once it stops.
+/// A turn that already sent a request is in flight and goes on; so does every turn of a
+/// stop without a grace (an LLM budget's, which lets calls finish). Outside a turn, returns
+/// at once.
+pub(crate) async fn drop_unsent_turn_if_stopping() {
+    let unsent_and_stopping = TURN_SENT
+        .try_with(|sent| !sent.replace(true))
         .unwrap_or(false)
-    {
+        && RUN_STOP
+            .try_with(|run| run.stop().is_cancelled() && run.grace_end().borrow().is_some())
+            .unwrap_or(false);
+    if unsent_and_stopping {
         DROP_THE_CALL.with(|drop| drop.set(true));
         std::future::pending::<()>().await;
     }
@@ -1431,14 +1440,15 @@ pub async fn wait_out_rate_limit(wait: Duration) {
 /// so its trajectory is as unfinished as one never started. A wait that ends within the
 /// grace, or a stop that lets calls finish (an LLM budget's), keeps the call.
 ///
-/// Only the wait and a call queued at a one-call-at-a-time agent ([`drop_if_stopping`])
-/// watch the stop: a turn pays a reference count, a task-local and a flag read per poll
-/// (docs/architecture.md, "Key decisions", the graceful stop).
+/// Only the wait and a turn queued at a one-call-at-a-time agent
+/// ([`drop_unsent_turn_if_stopping`]) watch the stop: a turn pays a reference count, two
+/// task-locals and a flag read per poll (docs/architecture.md, "Key decisions", the
+/// graceful stop).
 pub async fn droppable_while_rate_limited<F: Future>(
     run: Arc<dyn RunStop>,
     call: F,
 ) -> Option<F::Output> {
-    let mut call = std::pin::pin!(RUN_STOP.scope(run, call));
+    let mut call = std::pin::pin!(RUN_STOP.scope(run, TURN_SENT.scope(Cell::new(false), call)));
     std::future::poll_fn(|cx| {
         if let Poll::Ready(output) = call.as_mut().poll(cx) {
             return Poll::Ready(Some(output));

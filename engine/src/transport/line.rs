@@ -357,8 +357,8 @@ impl LineTransport {
         }
         let waiting = tokio::time::Instant::now();
         let mut open = self.open.lock().await;
-        // A call queued behind others is not sent once the run stops.
-        super::http::drop_if_stopping().await;
+        // A turn queued behind others is not sent once the run stops.
+        super::http::drop_unsent_turn_if_stopping().await;
         let queued = waiting.elapsed();
         let mut result = decoded(self.locked_call(&mut open, request, timeout).await);
         // An answer followed at once by another line: which of the two answers the request
