@@ -9,6 +9,7 @@
 //! what only judges the answers: `expect`s (with the position of the turn they check),
 //! `criteria`, `expect-tool`, `outcome`s and the judges they use. A change to the checks
 //! half alone can be re-checked against recorded transcripts without calling the agent.
+//! Under `stop-on-failure` an `expect` decides which steps are sent: it is in both halves.
 //!
 //! Hashes are taken over the resolved model, never the source text: spans, comments,
 //! formatting and where a definition lives (which included file) do not count. An
@@ -140,7 +141,8 @@ pub fn scenario(project: &Project, sc: &Scenario) -> ScenarioFingerprints {
             let fingerprint = match nodes.get(&id) {
                 Some(&known) => known,
                 None => {
-                    let (conversation, checks) = steps_text(&tg.segment(segment).steps);
+                    let (conversation, checks) =
+                        steps_text(&tg.segment(segment).steps, sc.stop_on_failure);
                     let fingerprint = Fingerprint {
                         conversation: chain(parent.conversation, &conversation),
                         checks: chain(parent.checks, &checks),
@@ -241,8 +243,9 @@ fn checks_setup_text(project: &Project, sc: &Scenario) -> String {
 
 /// The conversation and checks text of a segment's steps. An `expect` is tied to the
 /// number of agent-calling steps before it in the segment: moving it to another turn is a
-/// change of what it checks.
-fn steps_text(steps: &[trellis_dsl::Step]) -> (String, String) {
+/// change of what it checks. Under `stop-on-failure` (`expects_steer`) an `expect` decides
+/// whether the steps after it are sent, so it is part of the conversation half too.
+fn steps_text(steps: &[trellis_dsl::Step], expects_steer: bool) -> (String, String) {
     let mut conversation = String::new();
     let mut checks = String::new();
     let mut calls = 0usize;
@@ -293,10 +296,14 @@ fn steps_text(steps: &[trellis_dsl::Step]) -> (String, String) {
                 conversation.push_str(&format!("capture {name:?} {source};"));
             }
             StepKind::Expect(criteria) => {
+                let start = checks.len();
                 checks.push_str(&format!("@{calls}:"));
                 for c in criteria {
                     checks.push_str(&criterion_text(c));
                     checks.push(';');
+                }
+                if expects_steer {
+                    conversation.push_str(&checks[start..]);
                 }
             }
             // The graph turned forks into edges; a segment holds none.
@@ -460,6 +467,31 @@ scenario "s" {{
                 .nodes
                 .iter()
                 .all(|(id, fp)| fp.conversation == before.nodes[id].conversation)
+        );
+    }
+
+    /// Under `stop-on-failure` an `expect` decides what is sent after it: editing one is a
+    /// change of the conversation, and setting it is one too.
+    #[test]
+    fn under_stop_on_failure_an_expect_edit_changes_the_conversation() {
+        let stopping = |text: &str| {
+            text.replace(
+                "    user \"hi\"",
+                "    stop-on-failure #true\n    user \"hi\"",
+            )
+        };
+        let plain = prints(&[("a.kdl", &suite("hi", "go left", "turns max=5"))]);
+        let before = prints(&[("a.kdl", &stopping(&suite("hi", "go left", "turns max=5")))]);
+        assert_eq!(
+            before.scenario.change_from(&plain.scenario),
+            Change::Conversation
+        );
+        let expect =
+            suite("hi", "go left", "turns max=5").replace("contains=\"a\"", "contains=\"b\"");
+        let after = prints(&[("a.kdl", &stopping(&expect))]);
+        assert_eq!(
+            after.scenario.change_from(&before.scenario),
+            Change::Conversation
         );
     }
 

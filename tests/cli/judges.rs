@@ -337,6 +337,65 @@ scenario "s" {{
     }
 }
 
+/// A trajectory that `stop-on-failure` ended at a judged check is not passed by a rejudge
+/// that finds the check holds: the steps after it were never sent.
+#[tokio::test]
+async fn rejudge_does_not_pass_a_trajectory_stopped_at_a_check_that_now_holds() {
+    let fake = FakeLlm::start(vec![Rule::when(
+        "STOP-CHECK",
+        [
+            Reply::text(r#"{"score": 0, "label": "no"}"#),
+            Reply::text(r#"{"score": 1, "label": "ok"}"#),
+        ],
+    )])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("stops.kdl");
+    std::fs::write(
+        &suite,
+        format!(
+            r#"
+agent "demo" protocol="connexity" builtin="booking"
+provider "fake" kind="openai" base-url="{}" model="judge-m" api-key-env="FAKE_KEY"
+judge "main" provider="fake"
+scenario "s" {{
+    stop-on-failure #true
+    user "Hi, I'd like to book a duct cleaning."
+    expect judge "STOP-CHECK the agent asks for the postal code"
+    user "It's V4T 0A7."
+    expect reply contains="NEVER SAID"
+}}
+"#,
+            fake.base_url()
+        ),
+    )
+    .unwrap();
+    let first = dir.path().join("first");
+    let o = run(&suite, &first, &[]).await;
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    let again = dir.path().join("rejudged");
+    let o = trellis()
+        .arg("rejudge")
+        .arg(&first)
+        .arg(&suite)
+        .arg("--out")
+        .arg(&again)
+        .env("FAKE_KEY", KEY)
+        .output()
+        .await
+        .unwrap();
+    let said = format!("{}{}", stdout(&o), stderr(&o));
+    assert_eq!(fake.calls(), 2, "{said}");
+    let t = read_parquet(&again.join("trajectories.parquet"));
+    assert_eq!(
+        strings(&t, "status")[0].as_deref(),
+        Some("skipped"),
+        "{said}"
+    );
+    let reason = strings(&t, "skip_reason")[0].clone().unwrap_or_default();
+    assert!(reason.contains("stop-on-failure"), "{reason}");
+}
+
 #[tokio::test]
 async fn a_stop_signal_ends_a_rejudge_with_its_exit_code_and_leaves_no_lock() {
     let fast = FakeLlm::start(vec![Rule::otherwise([Reply::text(

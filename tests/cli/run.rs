@@ -536,16 +536,20 @@ fn journal_trajectories(out: &Path) -> Vec<serde_json::Value> {
         .collect()
 }
 
-/// `stop-on-failure #true`: the first failed `expect` ends the trajectory there, and the
-/// steps after it are never sent; without it every step runs.
+/// `stop-on-failure #true`: a failed `expect` ends the trajectory before its next step is
+/// sent, the checks of the same turn made; at the end of the path, the trajectory ends as
+/// any other. Without it every step runs.
 #[tokio::test]
 async fn stop_on_failure_sends_no_step_after_a_failed_check() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(
         dir.path().join("s.kdl"),
         "agent \"c\" protocol=\"connexity\" builtin=\"booking\"\n\
-         scenario \"stops\" {\n    stop-on-failure #true\n    criteria {\n        no-error\n    }\n    \
-         user \"hi\"\n    expect reply contains=\"NOT SAID\"\n    expect no-error\n    user \"refund me\"\n    expect no-error\n}\n\
+         scenario \"stops\" {\n    stop-on-failure #true\n    criteria {\n        turns max=9\n    }\n    \
+         user \"hi\"\n    expect {\n        reply contains=\"NOT SAID\"\n        no-error\n    }\n    \
+         expect reply not-contains=\"ZZZ\"\n    user \"refund me\"\n    expect reply contains=\"AFTER\"\n}\n\
+         scenario \"last\" {\n    stop-on-failure #true\n    criteria {\n        turns max=9\n    }\n    \
+         user \"hi\"\n    expect reply contains=\"NOT SAID\"\n}\n\
          scenario \"goes-on\" {\n    user \"hi\"\n    expect reply contains=\"NOT SAID\"\n    \
          user \"refund me\"\n    expect no-error\n}\n",
     )
@@ -567,27 +571,37 @@ async fn stop_on_failure_sends_no_step_after_a_failed_check() {
             .find(|t| t["scenario"] == id)
             .unwrap_or_else(|| panic!("no trajectory of `{id}`"))
     };
+    let checks = |id: &str| -> Vec<(String, String)> {
+        of(id)["criteria"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                (
+                    c["criterion"].as_str().unwrap().to_string(),
+                    c["status"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    };
+    let status = |id: &str, criterion: &str| {
+        checks(id)
+            .into_iter()
+            .find(|(c, _)| c == criterion)
+            .map(|(_, s)| s)
+            .unwrap_or_else(|| panic!("{id}: no `{criterion}` in {:?}", checks(id)))
+    };
     assert_eq!(of("stops")["status"], "failed");
     assert_eq!(of("stops")["turns"], 1, "{}", of("stops"));
-    let checks: Vec<(String, String)> = of("stops")["criteria"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|c| {
-            (
-                c["criterion"].as_str().unwrap().to_string(),
-                c["status"].as_str().unwrap().to_string(),
-            )
-        })
-        .collect();
-    assert!(
-        checks.contains(&("reply contains=\"NOT SAID\"".into(), "failed".into())),
-        "{checks:?}"
-    );
-    assert!(
-        !checks.iter().any(|(_, status)| status == "passed"),
-        "nothing after the stop passed: {checks:?}"
-    );
+    // The turn's checks are all made; what follows its next step is not.
+    assert_eq!(status("stops", "reply contains=\"NOT SAID\""), "failed");
+    assert_eq!(status("stops", "no-error"), "passed");
+    assert_eq!(status("stops", "reply not-contains=\"ZZZ\""), "passed");
+    assert_eq!(status("stops", "reply contains=\"AFTER\""), "skipped");
+    assert_eq!(status("stops", "turns max=9"), "skipped");
+    // Nothing was left to send: the trajectory's own checks are made.
+    assert_eq!(of("last")["status"], "failed");
+    assert_eq!(status("last", "turns max=9"), "passed");
     assert_eq!(of("goes-on")["status"], "failed");
     assert_eq!(of("goes-on")["turns"], 2, "{}", of("goes-on"));
 }

@@ -908,12 +908,17 @@ impl<'a> Unit<'a> {
                     }
                 }
                 PlannedStep::Expect(checks) if judge_all => {
+                    let before = state.criteria.len();
                     for c in checks {
                         let record = self.check_expect(c, prefix_node, session, state).await;
                         state.criteria.push(record);
                     }
+                    if let Some(stop) = stop_on_failure(&self.scenario.scenario, state, before) {
+                        return Some(stop);
+                    }
                 }
                 PlannedStep::Expect(checks) => {
+                    let before = state.criteria.len();
                     let turn_index = state.turns.last().map(|t| t.turn_index);
                     let vars = &state.vars;
                     for c in checks {
@@ -936,6 +941,9 @@ impl<'a> Unit<'a> {
                             ));
                             state.criteria.push(record);
                         }
+                    }
+                    if let Some(stop) = stop_on_failure(&self.scenario.scenario, state, before) {
+                        return Some(stop);
                     }
                 }
                 PlannedStep::Hitl { approve, message } => {
@@ -963,8 +971,17 @@ impl<'a> Unit<'a> {
         next_step: &mut usize,
     ) -> Option<Stop> {
         let sc = &self.scenario.scenario;
+        // `stop-on-failure`: where in `state.criteria` the first failed check of the turn is.
+        // The turn's other checks are still made; the path stops before it sends anything
+        // more.
+        let mut failed_here: Option<usize> = None;
         for (i, step) in node.steps.iter().enumerate().skip(*next_step) {
             *next_step = i + 1;
+            if let Some(at) = failed_here
+                && !matches!(step, PlannedStep::Expect(_) | PlannedStep::Capture { .. })
+            {
+                return Some(Stop::Failed(state.criteria.remove(at)));
+            }
             if matches!(
                 step,
                 PlannedStep::User(_) | PlannedStep::Call { .. } | PlannedStep::Simulate { .. }
@@ -1043,8 +1060,11 @@ impl<'a> Unit<'a> {
                 PlannedStep::Expect(checks) => {
                     for c in checks {
                         let record = self.check_expect(c, node, &*session, state).await;
-                        if sc.stop_on_failure && record.status == CriterionStatus::Failed {
-                            return Some(Stop::Failed(record));
+                        if sc.stop_on_failure
+                            && failed_here.is_none()
+                            && record.status == CriterionStatus::Failed
+                        {
+                            failed_here = Some(state.criteria.len());
                         }
                         state.criteria.push(record);
                     }
@@ -1076,7 +1096,12 @@ impl<'a> Unit<'a> {
                 }
             }
         }
-        None
+        // Nor do the nodes below it run. At the end of the path nothing more would be sent:
+        // the trajectory ends as any other, its own checks made.
+        if node.children.is_empty() {
+            return None;
+        }
+        failed_here.map(|at| Stop::Failed(state.criteria.remove(at)))
     }
 
     /// One check of an `expect` step of `node`, on the path's last turn.
@@ -1480,6 +1505,25 @@ fn invalid(turn: Option<u32>, detail: String) -> Stop {
         detail: Some(detail),
         judge: None,
     })
+}
+
+/// `stop-on-failure` on a replayed prefix: the first check recorded since `before` that
+/// failed ends the path there, before the replay sends the rest of the prefix.
+fn stop_on_failure(
+    sc: &trellis_dsl::Scenario,
+    state: &mut PathState,
+    before: usize,
+) -> Option<Stop> {
+    if !sc.stop_on_failure {
+        return None;
+    }
+    let at = before
+        + state
+            .criteria
+            .get(before..)?
+            .iter()
+            .position(|c| c.status == CriterionStatus::Failed)?;
+    Some(Stop::Failed(state.criteria.remove(at)))
 }
 
 fn branch_on_replay() -> Fault {

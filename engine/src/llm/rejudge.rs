@@ -322,8 +322,35 @@ async fn rejudge_one(
     if t.status != TrajectoryStatus::Skipped {
         t.skip_reason = None;
     }
+    // A trajectory that stopped at a judged check (`stop-on-failure`) which no longer fails:
+    // the steps after it were never sent, so nothing says how it would have gone.
+    if let Some(at) = stopped_at_a_check_that_now_holds(&criteria) {
+        t.status = TrajectoryStatus::Skipped;
+        t.skip_reason = Some(format!(
+            "it stopped at `{at}` (stop-on-failure), which no longer fails: the steps after \
+             it were never sent; run it again"
+        ));
+    }
     t.criteria = criteria;
     (t, counts)
+}
+
+/// The judged check a trajectory's unchecked criteria say it stopped at, when that check no
+/// longer failed.
+fn stopped_at_a_check_that_now_holds(
+    criteria: &[crate::record::CriterionRecord],
+) -> Option<String> {
+    let at = criteria.iter().find_map(|c| {
+        c.detail
+            .as_deref()?
+            .strip_prefix("not checked: the trajectory stopped at `")?
+            .strip_suffix('`')
+    })?;
+    criteria
+        .iter()
+        .find(|c| c.criterion == at && LlmRuntime::is_judged_kind_name(&c.kind))
+        .filter(|c| c.status != crate::record::CriterionStatus::Failed)
+        .map(|c| c.criterion.clone())
 }
 
 /// The current check a recorded one is: the same text, else the `judge` check with the same
