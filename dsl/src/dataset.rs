@@ -784,8 +784,13 @@ pub fn messages(value: Value) -> Result<Vec<Value>, String> {
                 "message {n} has role `{role}`; roles are system, developer, user, assistant, tool"
             ));
         }
+        // A user message of text must say something; one of content parts may hold only an
+        // image (exports of real conversations do), and keeps its (empty) text.
         let content = match m.get("content") {
             None | Some(Value::Null) => Value::Null,
+            Some(Value::String(s)) if role == "user" && s.trim().is_empty() => {
+                return Err(format!("message {n} (user) has no text"));
+            }
             Some(Value::String(s)) => Value::String(s.clone()),
             Some(Value::Array(parts)) => Value::String(
                 parts
@@ -796,7 +801,7 @@ pub fn messages(value: Value) -> Result<Vec<Value>, String> {
             ),
             Some(_) => return Err(format!("message {n}'s content is not text")),
         };
-        if role == "user" && !content.as_str().is_some_and(|t| !t.trim().is_empty()) {
+        if role == "user" && !content.is_string() {
             return Err(format!("message {n} (user) has no text"));
         }
         let mut norm = serde_json::Map::new();

@@ -734,7 +734,8 @@ async fn a_session_bound_agent_gets_the_history_replayed_user_turn_by_user_turn(
 #[tokio::test]
 async fn a_bad_history_is_an_error_naming_the_row() {
     let jsonl = "{\"m\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n{\"m\": [{\"role\": \"robot\", \"content\": \"x\"}]}\n\
-                 {\"m\": \"  \"}\n{\"m\": [{\"role\": \"user\", \"content\": \" \"}]}\n{\"m\": []}\n";
+                 {\"m\": \"  \"}\n{\"m\": [{\"role\": \"user\", \"content\": \" \"}]}\n{\"m\": []}\n\
+                 {\"m\": [{\"role\": \"user\", \"content\": [{\"type\": \"image_url\", \"image_url\": {\"url\": \"x\"}}]}, {\"role\": \"assistant\", \"content\": \"A cat.\"}]}\n";
     let suite = format!(
         "{AGENT}dataset \"d\" path=\"data/d.jsonl\"\n\
          scenario \"s\" for-each=\"d\" {{\n    history \"{{{{ row.m }}}}\"\n    user \"x\"\n    expect no-error\n}}\n\
@@ -766,7 +767,9 @@ async fn a_bad_history_is_an_error_naming_the_row() {
         err.contains("row 4 of dataset `d`: invalid history: message 1 (user) has no text"),
         "{err}"
     );
+    // `[]`, and a message holding only an image, are histories.
     assert!(!err.contains("row 5 "), "{err}");
+    assert!(!err.contains("row 6 "), "{err}");
 }
 
 #[tokio::test]
