@@ -446,11 +446,20 @@ impl RowReader for Csv {
 fn ends_closing_a_quote(path: &Path) -> Result<bool, ReadError> {
     use std::io::{Read, Seek, SeekFrom};
     let mut file = File::open(path)?;
-    let len = file.seek(SeekFrom::End(0))?;
-    let mut tail = Vec::new();
-    file.seek(SeekFrom::Start(len.saturating_sub(4096)))?;
-    file.read_to_end(&mut tail)?;
-    Ok(tail.trim_ascii_end().last() == Some(&b'"'))
+    let mut end = file.seek(SeekFrom::End(0))?;
+    let mut chunk = vec![0u8; 4096];
+    // Back from the end, past any amount of trailing white space.
+    while end > 0 {
+        let start = end.saturating_sub(chunk.len() as u64);
+        let piece = &mut chunk[..usize::try_from(end - start).unwrap_or(0)];
+        file.seek(SeekFrom::Start(start))?;
+        file.read_exact(piece)?;
+        if let Some(&last) = piece.trim_ascii_end().last() {
+            return Ok(last == b'"');
+        }
+        end = start;
+    }
+    Ok(false)
 }
 
 fn csv_value(text: &str) -> Value {
@@ -839,6 +848,7 @@ mod tests {
             "a,b\n1,\"two\nlines\"",
             "a,b\n1,\"two\nlines\"\r\n\n",
             "a,b\n1,\"two\nlines \"\"quoted\"\"\"\n",
+            &format!("a,b\n1,\"two\nlines\"{}", "\n".repeat(5000)),
         ] {
             let rows = csv_rows(closed).unwrap();
             assert_eq!(rows.len(), 1, "{closed:?}");
