@@ -581,15 +581,18 @@ for line in sys.stdin:
         ProcessMode::LongLived,
     );
     // Each call gets its own answer, refused when the log line came with it (a `protocol`
-    // fault), or with the line dropped before the next call, which says so.
-    let mut dropped = 0;
-    for i in 0..40 {
+    // fault), or with the line dropped before the next call, which says so; never the log
+    // line as its answer. (Which of the first two happens is the machine's timing; the
+    // misreading this guards against needs the line to arrive just after the next request
+    // was written, which an idle machine rarely shows here.)
+    let mut seen = 0;
+    for i in 0..10 {
         let request = format!(r#"{{"i":{i}}}"#);
         match call(&agent, &request).await {
             Ok(reply) => {
                 let answer: serde_json::Value = serde_json::from_slice(&reply.line).unwrap();
                 assert_eq!(answer, serde_json::json!({"echo": {"i": i}}), "call {i}");
-                dropped += usize::from(
+                seen += usize::from(
                     reply
                         .log
                         .contains("\"handled request\" after its previous answer"),
@@ -607,10 +610,12 @@ for line in sys.stdin:
                         .contains("wrote another line after its answer"),
                     "call {i}: {fault:?}"
                 );
+                seen += 1;
             }
         }
     }
-    assert!(dropped > 0, "no call said that a line was dropped");
+    // The first call's line is seen by the second call at the latest.
+    assert!(seen > 0, "no call saw a log line");
 }
 
 #[tokio::test]
