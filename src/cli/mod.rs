@@ -583,13 +583,22 @@ fn nothing_selected(
     project: &trellis_dsl::Project,
     selection: &trellis_engine::plan::Selection,
 ) -> String {
-    // A `for-each` over a dataset that keeps no row has no instance to select.
-    let empty: Vec<String> = project
-        .empty_expansions
+    // A `for-each` over a dataset that keeps no row has no instance to select: said when
+    // nothing narrowed the selection, which would otherwise be blamed.
+    let unselective = selection.filters.is_empty() && selection.tags.is_empty();
+    let empties = if unselective {
+        project.empty_expansions.as_slice()
+    } else {
+        &[]
+    };
+    let mut empty: Vec<String> = empties
         .iter()
         .take(3)
         .map(|(id, why)| format!("scenario `{}` has no instance: {why}", id.value))
         .collect();
+    if empties.len() > empty.len() {
+        empty.push(format!("and {} more", empties.len() - empty.len()));
+    }
     let said = if empty.is_empty() {
         "no scenario matches the selection".to_owned()
     } else {
