@@ -146,7 +146,18 @@ fn a_huge_entry_written_in_pieces_comes_back_whole() {
             _ => unreachable!(),
         }
     });
-    let entries = [node(1), huge, finished(2)];
+    // A plain answer of 200 KB: serde hands it over in one write, larger than a piece.
+    let plain = JournalEntry::Node(NodeRecord {
+        turns: vec![std::sync::Arc::new(trellis_records::TurnRecord {
+            reply: Some("x".repeat(200_000)),
+            ..Default::default()
+        })],
+        ..match node(8) {
+            JournalEntry::Node(n) => n,
+            _ => unreachable!(),
+        }
+    });
+    let entries = [node(1), huge, plain, finished(2)];
     for entry in &entries {
         writer.append(entry).unwrap();
     }
