@@ -731,6 +731,40 @@ async fn a_session_bound_agent_gets_the_history_replayed_user_turn_by_user_turn(
     assert_eq!(counted, [1]);
 }
 
+/// report.html shows an instance's row and the history its trajectories opened with,
+/// escaped, so a reviewer sees the case and not only the user messages.
+#[tokio::test]
+async fn the_report_shows_an_instances_row_and_history() {
+    let jsonl = "{\"id\": \"A1\", \"note\": \"<b>bold</b>\", \"m\": [{\"role\": \"user\", \"content\": \"I ordered a LAMP-7\"}, {\"role\": \"assistant\", \"content\": \"Which order?\"}]}\n";
+    let suite = format!(
+        "{AGENT}dataset \"d\" path=\"data/d.jsonl\"\n\
+         scenario \"r\" for-each=\"d\" {{\n    row-id \"{{{{ row.id }}}}\"\n    history \"{{{{ row.m }}}}\"\n    \
+         user \"It is A1\"\n    expect no-error\n}}\n"
+    );
+    let dir = project(&suite, &[("data/d.jsonl", jsonl.as_bytes())]);
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path().join("suite.kdl"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(html.contains("dataset d, row id A1"), "no row source");
+    assert!(
+        html.contains("&lt;b&gt;bold&lt;&#x2f;b&gt;"),
+        "the row's note, escaped"
+    );
+    assert!(!html.contains("<b>bold</b>"));
+    assert!(
+        html.contains("<span class=\"meta\">user:</span> I ordered a LAMP-7"),
+        "no history"
+    );
+}
+
 #[tokio::test]
 async fn a_bad_history_is_an_error_naming_the_row() {
     let jsonl = "{\"m\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n{\"m\": [{\"role\": \"robot\", \"content\": \"x\"}]}\n\

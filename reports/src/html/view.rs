@@ -74,6 +74,18 @@ impl Text {
     }
 }
 
+/// Messages of a scenario's `history` shown with it; the earlier ones are counted.
+const MAX_HISTORY_SHOWN: usize = 12;
+
+/// A row field or history message as a scenario's facts show it: its first 200 characters,
+/// and how many more there were.
+fn clipped(text: &str) -> String {
+    match clip(text, 200) {
+        (shown, 0) => shown.to_owned(),
+        (shown, cut) => format!("{shown}… ({cut} more characters)"),
+    }
+}
+
 /// The first `max` characters of `text` and how many characters were cut.
 fn clip(text: &str, max: usize) -> (&str, usize) {
     match text.char_indices().nth(max) {
@@ -595,6 +607,14 @@ pub(crate) struct ScenarioView {
     description: Option<String>,
     persona: Option<PersonaView>,
     user_context: Vec<KeyValue>,
+    /// An instance's dataset row (`for-each`), its fields clipped.
+    row: Vec<KeyValue>,
+    /// Where the row comes from: `dataset D, row id R`.
+    row_of: Option<String>,
+    /// The `history` the trajectories opened with, as sent: role and text, clipped, at
+    /// most [`MAX_HISTORY_SHOWN`] messages (the last ones), and how many more.
+    history: Vec<KeyValue>,
+    history_more: u64,
     agents: Vec<String>,
     tags: Vec<String>,
     repeat: u32,
@@ -1556,6 +1576,53 @@ fn scenario_view(
                     .collect()
             })
             .unwrap_or_default(),
+        row: plan
+            .and_then(|p| p.instance.as_ref()?.row.as_ref()?.as_object())
+            .map(|fields| {
+                fields
+                    .iter()
+                    .map(|(k, v)| KeyValue {
+                        key: k.clone(),
+                        value: clipped(&match v {
+                            serde_json::Value::String(s) => s.clone(),
+                            other => other.to_string(),
+                        }),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+        row_of: plan.and_then(|p| p.instance.as_ref()).and_then(|i| {
+            match (&i.dataset, &i.row_id) {
+                (Some(d), Some(id)) => Some(format!("dataset {d}, row id {id}")),
+                (Some(d), None) => Some(format!("dataset {d}")),
+                _ => None,
+            }
+        }),
+        history: plan
+            .and_then(|p| p.history.as_deref())
+            .map(|messages| {
+                let skip = messages.len().saturating_sub(MAX_HISTORY_SHOWN);
+                messages
+                    .iter()
+                    .skip(skip)
+                    .map(|m| KeyValue {
+                        key: m
+                            .get("role")
+                            .and_then(serde_json::Value::as_str)
+                            .unwrap_or("?")
+                            .to_owned(),
+                        value: clipped(
+                            m.get("content")
+                                .and_then(serde_json::Value::as_str)
+                                .unwrap_or(""),
+                        ),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default(),
+        history_more: plan
+            .and_then(|p| p.history.as_deref())
+            .map_or(0, |m| m.len().saturating_sub(MAX_HISTORY_SHOWN) as u64),
         agents: anchors.agents.clone(),
         tags: rows.first().map(|t| distinct(&t.tags)).unwrap_or_default(),
         repeat: plan.map_or(1, |p| p.repeat),
