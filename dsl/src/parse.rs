@@ -35,9 +35,9 @@ use crate::lang::check::{self, Problem};
 use crate::lang::{self, NodeSpec};
 
 pub use include::canonical;
-pub use include::suite_files;
 use include::*;
 pub(crate) use include::{display_name, normalize, refused_diagnostic, syntax_diagnostics};
+pub use include::{editor_lock, suite_files};
 use scenario::*;
 use values::*;
 pub use values::{parse_duration, parse_size};

@@ -590,6 +590,7 @@ fn value_items(
         {
             let p = entry.path();
             if p.extension().is_some_and(|e| e == "kdl")
+                && !trellis_dsl::parse::editor_lock(p)
                 && trellis_dsl::canonical(p) != trellis_dsl::canonical(file)
                 && let Ok(rel) = p.strip_prefix(dir)
             {

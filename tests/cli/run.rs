@@ -948,6 +948,8 @@ async fn linked_suite_files_and_directories_are_loaded_once() {
     std::os::unix::fs::symlink(team.join("more"), suites.join("more")).unwrap();
     // The same file again, by a second link: still one suite.
     std::os::unix::fs::symlink(team.join("team.kdl"), suites.join("zz-again.kdl")).unwrap();
+    // Emacs's lock on a buffer with unsaved changes: a link to nowhere, not a suite file.
+    std::os::unix::fs::symlink("user@host.1234:1700000000", suites.join(".#main.kdl")).unwrap();
 
     let o = trellis().arg("check").arg(&suites).output().await.unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));

@@ -729,11 +729,13 @@ pub fn suite_files(path: &Path) -> (Vec<PathBuf>, Vec<Diagnostic>) {
                         let p = entry.path();
                         if entry.file_type().is_file()
                             && p.extension().is_some_and(|e| e == "kdl")
+                            && !editor_lock(p)
                             && seen.insert(canonical(p))
                         {
                             found.push(p.to_path_buf());
                         }
                     }
+                    Err(e) if e.path().is_some_and(editor_lock) => {}
                     Err(e) => problems.push(Diagnostic::new(
                         Kind::Io,
                         format!("cannot read directory `{name}`: {e}"),
@@ -753,6 +755,15 @@ pub fn suite_files(path: &Path) -> (Vec<PathBuf>, Vec<Diagnostic>) {
         Ok(_) => found.push(path.to_path_buf()),
     }
     (found, problems)
+}
+
+/// Whether `path` is an editor's lock on a file being edited, not a suite file: Emacs keeps
+/// `.#NAME.kdl` (a symbolic link to nowhere) beside every buffer with unsaved changes, and
+/// following it failed the whole directory while the user typed.
+pub fn editor_lock(path: &Path) -> bool {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with(".#"))
 }
 
 /// The diagnostic of a file `depth` refuses to hand to the parser.
