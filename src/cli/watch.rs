@@ -772,7 +772,12 @@ impl Session {
             cancel.cancel();
             let finished = tokio::select! {
                 finished = tokio::time::timeout(CANCEL_GRACE, &mut engine) => finished.is_ok(),
-                _ = signals.next() => false,
+                // A signal while a newer save stops this rerun ends the session, not only
+                // the grace: the next rerun must not start.
+                _ = signals.next() => {
+                    ended = Executed::Stopped;
+                    false
+                }
             };
             if !finished {
                 // The calls left are dropped and the rerun ends with what finished; an

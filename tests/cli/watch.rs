@@ -454,6 +454,50 @@ async fn a_save_during_a_rerun_stops_it_and_starts_the_next() {
     assert_eq!(last_user_messages(&fast), ["hi", "hello"]);
 }
 
+/// A signal that arrives while a newer save is stopping a rerun ends the session: the
+/// rerun the save asked for does not start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_while_a_save_stops_a_rerun_ends_the_session() {
+    // Answers one byte at a time, for ever: the call in flight never finishes by itself.
+    let slow = MisbehavingServer::start(Behavior::SlowDrip {
+        interval: Duration::from_millis(200),
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    let text = |message: &str| {
+        format!(
+            "agent \"slow\" protocol=\"connexity\" url=\"{}\" timeout=\"120s\"\nscenario \"stuck\" {{\n    user \"{message}\"\n}}\n",
+            slow.url()
+        )
+    };
+    write(&suite, &text("hi"));
+    let mut watch = Watch::start(dir.path(), &[]);
+    watch.wait_for("watch: rerun 1").await;
+    while slow.requests() == 0 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The save stops rerun 1, whose call in flight has 2 s to finish; the signal comes
+    // within them.
+    write(&suite, &text("hello"));
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let pid = i32::try_from(watch.child.id().unwrap()).unwrap();
+    // SAFETY: kill(2) on a child process id this test spawned and has not reaped yet.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    // Without the stop, the next rerun would wait on the slow agent for 120 s.
+    let status = tokio::time::timeout(Duration::from_secs(20), watch.child.wait())
+        .await
+        .expect("watch did not exit after SIGTERM")
+        .unwrap();
+    assert_eq!(status.code(), Some(130), "{}", watch.all());
+    assert_eq!(
+        slow.requests(),
+        1,
+        "the next rerun called the agent: {}",
+        watch.all()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_signal_ends_a_stopping_rerun_at_once() {
     // Answers one byte at a time, for ever: the call in flight never finishes by itself.
