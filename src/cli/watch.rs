@@ -834,7 +834,8 @@ impl Session {
                 }
             }
             Executed::Superseded(_) => outln!(
-                "watch: rerun {} stopped by a newer save ({} agent call(s) made); starting over",
+                // What comes next is the newer save's: a rerun, or its errors.
+                "watch: rerun {} stopped by a newer save ({} agent call(s) made)",
                 header.number,
                 called
             ),
