@@ -108,6 +108,21 @@ impl Server {
                         let ty = analysis::value_type(node, spec, value, protocols);
                         let (_, index) = self.project_index(&path);
                         items = value_items(&chain, value, spec.name, ty, &index, protocols, &path);
+                        // The whole string's text is replaced: editors pick the word to
+                        // replace by their own rules, which stop at `/` and `-`, and accepting
+                        // `shared/agents.kdl` after `shared/ag` gave `shared/shared/agents.kdl`.
+                        let range = view.lines.range(&view.text, value.content.clone());
+                        if range.start.line == range.end.line {
+                            for item in &mut items {
+                                let new_text = item
+                                    .insert_text
+                                    .take()
+                                    .unwrap_or_else(|| item.label.clone());
+                                item.filter_text = Some(new_text.clone());
+                                item.text_edit =
+                                    Some(CompletionTextEdit::Edit(TextEdit { range, new_text }));
+                            }
+                        }
                     }
                 }
             }

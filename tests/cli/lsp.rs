@@ -275,6 +275,14 @@ fn an_editor_gets_checks_completion_hover_navigation_and_rename() {
     // An unsaved new file: include paths, scenario ids for `needs`, inline criteria.
     let files = labels(&out[21]);
     assert!(files.contains(&"agents.kdl".to_string()), "{files:?}");
+    // Accepting one replaces the string's whole text, not the word an editor would pick
+    // (which stops at `/` and `-`).
+    assert_eq!(
+        out[21]["edits"]["agents.kdl"],
+        serde_json::json!({"text": "agents.kdl", "start": [0, 9], "end": [0, 19]}),
+        "{}",
+        out[21]
+    );
     assert!(
         !files.contains(&"draft.kdl".to_string()),
         "itself: {files:?}"

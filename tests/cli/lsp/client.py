@@ -100,7 +100,15 @@ async def main(binary, project, script):
             r = await client.text_document_completion_async(
                 t.CompletionParams(text_document=ident, position=pos))
             items = r if isinstance(r, list) else (r.items if r else [])
-            print(json.dumps({"step": kind, "labels": [i.label for i in items]}), flush=True)
+            edits = {}
+            for i in items:
+                e = i.text_edit
+                if isinstance(e, t.TextEdit):
+                    edits[i.label] = {"text": e.new_text,
+                                      "start": [e.range.start.line, e.range.start.character],
+                                      "end": [e.range.end.line, e.range.end.character]}
+            print(json.dumps({"step": kind, "labels": [i.label for i in items],
+                              "edits": edits}), flush=True)
         elif kind == "hover":
             r = await client.text_document_hover_async(
                 t.HoverParams(text_document=ident, position=pos))
