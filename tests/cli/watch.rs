@@ -566,6 +566,20 @@ async fn serve_reloads_the_open_tab_after_each_rerun() {
     let page = http_get(&url, "/").await;
     assert!(page.contains("<html"), "{page}");
     assert!(page.contains("new EventSource(\"/events\")"), "{page}");
+    // A page of another site that rebinds its name to 127.0.0.1 names itself in `Host`: it
+    // gets no transcripts.
+    let mut foreign = tokio::net::TcpStream::connect(&url).await.unwrap();
+    foreign
+        .write_all(b"GET / HTTP/1.1\r\nHost: evil.example:7357\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(DEADLINE, foreign.read_to_string(&mut answer))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 421"), "{answer}");
+    assert!(!answer.contains("<html"), "{answer}");
     // Only the served page has the script, not the report on disk.
     let run = std::fs::read_dir(dir.path().join("runs"))
         .unwrap()

@@ -51,6 +51,7 @@ impl Server {
             .route("/", get(report))
             .route("/report.html", get(report))
             .route("/events", get(events))
+            .layer(axum::middleware::from_fn(local_host_only))
             .with_state(shared.clone());
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
@@ -81,6 +82,39 @@ impl Server {
         // No open tab is not an error.
         let _ = self.shared.reloads.send(*published);
     }
+}
+
+/// Answers only requests addressed to this machine by name or address. The report holds
+/// the run's transcripts: a web page on another site that rebinds its own host name to
+/// 127.0.0.1 (DNS rebinding) reaches the port, but names its own host in `Host`.
+async fn local_host_only(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let host = request
+        .headers()
+        .get(axum::http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("");
+    if is_local_host(host) {
+        next.run(request).await
+    } else {
+        (
+            axum::http::StatusCode::MISDIRECTED_REQUEST,
+            "trellis watch --serve answers http://127.0.0.1:PORT/ and http://localhost:PORT/ only\n",
+        )
+            .into_response()
+    }
+}
+
+/// Whether a `Host` header names this machine: `127.0.0.1`, `localhost` or `[::1]`, with
+/// any port.
+fn is_local_host(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    matches!(name, "127.0.0.1" | "::1") || name.eq_ignore_ascii_case("localhost")
 }
 
 async fn report(State(shared): State<Shared>) -> impl IntoResponse {
@@ -129,6 +163,28 @@ async fn events(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_this_machine_is_a_local_host() {
+        for host in [
+            "127.0.0.1:7357",
+            "localhost:7357",
+            "LOCALHOST",
+            "[::1]:80",
+            "127.0.0.1",
+        ] {
+            assert!(is_local_host(host), "{host}");
+        }
+        for host in [
+            "evil.example",
+            "evil.example:7357",
+            "127.0.0.1.evil.example",
+            "",
+            "[::2]:1",
+        ] {
+            assert!(!is_local_host(host), "{host}");
+        }
+    }
 
     #[test]
     fn the_script_goes_before_the_end_of_the_body() {
