@@ -415,8 +415,30 @@ impl Session {
                 self.recursive.remove(root);
                 self.watch_dir(root, RecursiveMode::Recursive);
             }
+            // A directory made, moved or copied in, or back after it was removed: what it
+            // holds may load now (an include's directory outside the roots, a suite
+            // directory moved into one), and its old watch, if any, went with it.
+            let dirs: Vec<PathBuf> = paths
+                .iter()
+                .filter(|p| !self.root_dirs.contains(*p) && p.is_dir())
+                .filter(|p| {
+                    self.watched.contains(*p) || self.recursive.iter().any(|r| p.starts_with(r))
+                })
+                .cloned()
+                .collect();
+            for dir in &dirs {
+                let _ = self.watcher.unwatch(dir);
+                let mode = if self.watched.contains(dir) {
+                    RecursiveMode::NonRecursive
+                } else {
+                    RecursiveMode::Recursive
+                };
+                if let Err(e) = self.watcher.watch(dir, mode) {
+                    errln!("warning: cannot watch {}: {e}", dir.display());
+                }
+            }
             // A root directory gone or back changes what loads, either way.
-            paths.retain(|p| self.relevant(p) || self.root_dirs.contains(p));
+            paths.retain(|p| self.relevant(p) || self.root_dirs.contains(p) || dirs.contains(p));
             if !paths.is_empty() {
                 paths.sort();
                 paths.dedup();
@@ -464,6 +486,11 @@ impl Session {
             if let Some(dir) = path.parent() {
                 let dir = dir.to_path_buf();
                 self.watch_dir(&dir, RecursiveMode::NonRecursive);
+                // Its parent too, for the directory's own removal and return (`rm -r` of an
+                // included directory, then putting it back).
+                if let Some(parent) = dir.parent() {
+                    self.watch_dir(parent, RecursiveMode::NonRecursive);
+                }
             }
             self.known.insert(path);
         }

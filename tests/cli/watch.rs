@@ -454,6 +454,61 @@ async fn a_save_during_a_rerun_stops_it_and_starts_the_next() {
     assert_eq!(last_user_messages(&fast), ["hi", "hello"]);
 }
 
+/// An included file's directory outside the watched one, removed and put back (`rm -r`,
+/// then a checkout), is watched again; so is a suite directory moved into the watched one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn directories_that_go_and_come_back_are_watched_again() {
+    let agent = MisbehavingServer::respond(200, OK_BODY).await;
+    let dir = tempfile::tempdir().unwrap();
+    let agents = format!(
+        "agent \"a\" protocol=\"connexity\" url=\"{}\"\n",
+        agent.url()
+    );
+    let scenario = |id: &str, message: &str| {
+        format!("scenario \"{id}\" {{\n    user \"{message}\"\n    expect no-error\n}}\n")
+    };
+    std::fs::create_dir_all(dir.path().join("suites")).unwrap();
+    std::fs::create_dir_all(dir.path().join("common")).unwrap();
+    write(&dir.path().join("common/agents.kdl"), &agents);
+    write(
+        &dir.path().join("suites/main.kdl"),
+        &format!("include \"../common/agents.kdl\"\n{}", scenario("s", "hi")),
+    );
+    let mut watch = Watch::start_on(dir.path(), "suites", &[]);
+    watch.wait_for("watch: rerun 1 done").await;
+
+    std::fs::remove_dir_all(dir.path().join("common")).unwrap();
+    watch.wait_for("the suite is invalid").await;
+    std::fs::create_dir_all(dir.path().join("common")).unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    write(&dir.path().join("common/agents.kdl"), &agents);
+    watch.wait_for("valid again").await;
+    // Edits of it are seen again.
+    write(
+        &dir.path().join("common/agents.kdl"),
+        &agents.replace("protocol=", "timeout=\"9s\" protocol="),
+    );
+    watch.wait_for("watch: rerun 2 done").await;
+
+    // A directory of suites moved in whole.
+    let elsewhere = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(elsewhere.path().join("more")).unwrap();
+    write(
+        &elsewhere.path().join("more/more.kdl"),
+        &format!(
+            "include \"../../common/agents.kdl\"\n{}",
+            scenario("moved", "hello")
+        ),
+    );
+    std::fs::rename(
+        elsewhere.path().join("more"),
+        dir.path().join("suites/more"),
+    )
+    .unwrap();
+    let lines = watch.wait_for("watch: rerun 3 done").await;
+    assert!(lines.join("\n").contains("more/moved"), "{}", watch.all());
+}
+
 /// A signal that arrives while a newer save is stopping a rerun ends the session: the
 /// rerun the save asked for does not start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
