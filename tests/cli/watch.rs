@@ -827,6 +827,16 @@ scenario "alone" {{
     let lines = watch.wait_for("watch: rerun 3 done").await.join("\n");
     assert!(lines.contains("0 agent call(s)"), "{lines}");
     assert_eq!(agent.requests(), 5);
+
+    // Its check fails: the dependant is skipped, and is not run. Put back, the dependant
+    // runs again from the turns recorded two reruns before.
+    let failing = text("create it now", 4).replace("turns max=4", "reply contains=\"NOPE\"");
+    write(&suite, &failing);
+    watch.wait_for("watch: rerun 4 done").await;
+    write(&suite, &text("create it now", 4));
+    let lines = watch.wait_for("watch: rerun 5 done").await.join("\n");
+    assert!(lines.contains("0 agent call(s)"), "{}", watch.all());
+    assert_eq!(agent.requests(), 5, "{}", watch.all());
 }
 
 /// AgentScope keeps the conversation on the server: a changed branch cannot be rebuilt

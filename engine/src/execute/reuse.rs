@@ -48,8 +48,11 @@ pub struct TurnMemo {
 struct MemoState {
     /// Per `suite/scenario`; a scenario without one reuses nothing.
     salts: HashMap<String, u64>,
-    /// Each turn with the run that recorded it.
-    turns: HashMap<(u64, u64), (u64, Arc<Turn>)>,
+    /// Each turn with the run that recorded it, and its scenario (`suite/scenario`) with the
+    /// salt it was recorded under.
+    turns: HashMap<(u64, u64), Recorded>,
+    /// Scenarios a unit of the current run was started for.
+    ran: HashSet<Arc<str>>,
     /// Counts [`TurnMemo::begin_run`]s: only turns of earlier runs are reused, so within a
     /// run every conversation goes to the agent as in `trellis run` (a session-bound
     /// protocol's replayed prefix included).
@@ -57,6 +60,14 @@ struct MemoState {
     /// Entries used or stored by the current run: what the next run may still need.
     touched: HashSet<(u64, u64)>,
     counts: HashMap<String, ReuseCounts>,
+}
+
+/// A turn kept for later runs.
+struct Recorded {
+    run: u64,
+    turn: Arc<Turn>,
+    scenario: Arc<str>,
+    salt: Option<u64>,
 }
 
 impl std::fmt::Debug for TurnMemo {
@@ -85,17 +96,28 @@ impl TurnMemo {
         state.salts = salts;
         state.run += 1;
         state.touched.clear();
+        state.ran.clear();
         state.counts.clear();
     }
 
-    /// Ends a run. A run that finished keeps only what it used or recorded (the rest
-    /// belongs to versions of the suite that no longer exist); a cancelled run keeps
+    /// Ends a run. A run that finished keeps what it used or recorded, and the turns of
+    /// scenarios it did not run that are still as they were recorded (an unchanged scenario
+    /// is not rerun, and a later edit of what it `needs` may want its turns again); the
+    /// rest belongs to versions of the suite that no longer exist. A cancelled run keeps
     /// everything, since the next run may still need what it did not reach.
     pub fn finish_run(&self, finished: bool) {
         let mut state = self.lock();
         if finished {
             let touched = std::mem::take(&mut state.touched);
-            state.turns.retain(|key, _| touched.contains(key));
+            let ran = std::mem::take(&mut state.ran);
+            let salts = std::mem::take(&mut state.salts);
+            state.turns.retain(|key, kept| {
+                touched.contains(key)
+                    || (!ran.contains(&kept.scenario)
+                        && kept.salt.is_some()
+                        && salts.get(&*kept.scenario) == kept.salt.as_ref())
+            });
+            state.salts = salts;
         }
     }
 
@@ -128,7 +150,11 @@ impl TurnMemo {
         repetition: u32,
     ) -> Box<dyn Session> {
         let name: Arc<str> = Arc::from(format!("{suite}/{scenario}"));
-        let salt = self.lock().salts.get(&*name).copied();
+        let salt = {
+            let mut state = self.lock();
+            state.ran.insert(name.clone());
+            state.salts.get(&*name).copied()
+        };
         let unit = {
             let mut h = DefaultHasher::new();
             (salt, suite, scenario, agent, repetition).hash(&mut h);
@@ -150,7 +176,7 @@ impl TurnMemo {
     fn reused(&self, unit: u64, prefix: u64, name: &str) -> Option<Arc<Turn>> {
         let mut state = self.lock();
         let turn = match state.turns.get(&(unit, prefix)) {
-            Some((recorded_in, turn)) if *recorded_in < state.run => turn.clone(),
+            Some(kept) if kept.run < state.run => kept.turn.clone(),
             _ => return None,
         };
         state.touched.insert((unit, prefix));
@@ -166,11 +192,16 @@ impl TurnMemo {
             .called += 1;
     }
 
-    fn store(&self, unit: u64, prefix: u64, turn: Turn) {
+    fn store(&self, unit: u64, prefix: u64, turn: Turn, scenario: &Arc<str>) {
         let mut state = self.lock();
         state.touched.insert((unit, prefix));
-        let run = state.run;
-        state.turns.insert((unit, prefix), (run, Arc::new(turn)));
+        let recorded = Recorded {
+            run: state.run,
+            turn: Arc::new(turn),
+            scenario: scenario.clone(),
+            salt: state.salts.get(&**scenario).copied(),
+        };
+        state.turns.insert((unit, prefix), recorded);
     }
 }
 
@@ -350,7 +381,7 @@ impl Session for ReusingSession {
             turn.spans_for_reuse = Some(Default::default());
             // A fault is kept too: the same conversation is answered the same way until
             // its steps change (an edit to checks alone never calls the agent).
-            self.memo.store(self.unit, prefix, turn.clone());
+            self.memo.store(self.unit, prefix, turn.clone(), &self.name);
             turn
         })
     }
