@@ -88,6 +88,34 @@ pub fn serve_stdio(config: Config) -> Result<server::Ended, Error> {
     Ok(ended)
 }
 
+/// Waits for the client's `initialize` request, as `lsp_server`'s `initialize_start`
+/// does, except that a request sent before it is told so in words (that function's error
+/// quoted the request as a Rust debug string) and `exit` ends the wait.
+fn start_initialize(
+    connection: &Connection,
+) -> Result<(lsp_server::RequestId, serde_json::Value), Error> {
+    use lsp_server::{ErrorCode, Message, Response};
+    loop {
+        match connection.receiver.recv() {
+            Err(_) => return Err(Error::Disconnected),
+            Ok(Message::Request(r)) if r.method == "initialize" => return Ok((r.id, r.params)),
+            Ok(Message::Request(r)) => {
+                connection.sender.send(Message::Response(Response::new_err(
+                    r.id,
+                    ErrorCode::ServerNotInitialized as i32,
+                    format!(
+                        "`{}` before `initialize`: the server waits for the `initialize` \
+                         request first",
+                        r.method
+                    ),
+                )))?;
+            }
+            Ok(Message::Notification(n)) if n.method == "exit" => return Err(Error::Disconnected),
+            Ok(Message::Notification(_) | Message::Response(_)) => {}
+        }
+    }
+}
+
 /// Answers `initialize` and waits for `initialized`, as `lsp_server`'s
 /// `initialize_finish` does, except that a request sent in between gets the protocol's
 /// "server not initialized" error and another notification (`$/setTrace`) is let by:
@@ -122,7 +150,7 @@ fn finish_initialize(
 /// Serves one client on `connection` until it exits.
 pub fn serve(connection: &Connection, config: Config) -> Result<server::Ended, Error> {
     let caps = serde_json::to_value(capabilities())?;
-    let (id, params) = connection.initialize_start()?;
+    let (id, params) = start_initialize(connection)?;
     let params: InitializeParams = serde_json::from_value(params)?;
     let result = serde_json::json!({
         "capabilities": caps,

@@ -759,6 +759,19 @@ fn a_request_before_initialized_is_answered_and_the_server_goes_on() {
     let mut stdin = child.stdin.take().expect("stdin");
     let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
     let mut send = |m: Value| stdin.write_all(&framed(&m)).expect("written");
+    // Before `initialize`: the request is refused in words, and the server waits on.
+    send(
+        serde_json::json!({"jsonrpc": "2.0", "id": 0, "method": "textDocument/hover",
+        "params": {"textDocument": {"uri": "file:///x.kdl"}, "position": {"line": 0, "character": 0}}}),
+    );
+    let first = read_message(&mut stdout);
+    assert_eq!(first["error"]["code"], -32002, "{first}");
+    let said = first["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        said.contains("`textDocument/hover` before `initialize`"),
+        "{said}"
+    );
+    assert!(!said.contains("Request {"), "{said}");
     send(
         serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
         "params": {"processId": null, "rootUri": null, "capabilities": {}}}),
