@@ -1380,12 +1380,18 @@ async fn outlasted_by(run: &dyn RunStop, ends: Instant) {
     }
 }
 
-tokio::task_local! {
-    /// Around a turn ([`droppable_while_rate_limited`]).
-    static RUN_STOP: Arc<dyn RunStop>;
-    /// Around a turn: whether it wrote a request to a one-call-at-a-time agent yet
+/// What a turn's call knows of its run ([`droppable_while_rate_limited`]).
+struct TurnScope {
+    run: Arc<dyn RunStop>,
+    /// Whether it wrote a request to a one-call-at-a-time agent yet
     /// ([`drop_unsent_turn_if_stopping`]).
-    static TURN_SENT: Cell<bool>;
+    sent: Cell<bool>,
+}
+
+tokio::task_local! {
+    /// Around a turn ([`droppable_while_rate_limited`]): one scope, since each wraps (and
+    /// moves) the whole call's future.
+    static RUN_STOP: TurnScope;
 }
 
 thread_local! {
@@ -1402,12 +1408,13 @@ thread_local! {
 /// stop without a grace (an LLM budget's, which lets calls finish). Outside a turn, returns
 /// at once.
 pub(crate) async fn drop_unsent_turn_if_stopping() {
-    let unsent_and_stopping = TURN_SENT
-        .try_with(|sent| !sent.replace(true))
-        .unwrap_or(false)
-        && RUN_STOP
-            .try_with(|run| run.stop().is_cancelled() && run.grace_end().borrow().is_some())
-            .unwrap_or(false);
+    let unsent_and_stopping = RUN_STOP
+        .try_with(|turn| {
+            !turn.sent.replace(true)
+                && turn.run.stop().is_cancelled()
+                && turn.run.grace_end().borrow().is_some()
+        })
+        .unwrap_or(false);
     if unsent_and_stopping {
         DROP_THE_CALL.with(|drop| drop.set(true));
         std::future::pending::<()>().await;
@@ -1419,7 +1426,7 @@ pub(crate) async fn drop_unsent_turn_if_stopping() {
 pub async fn wait_out_rate_limit(wait: Duration) {
     let ends = Instant::now() + wait;
     let outlasted = async {
-        match RUN_STOP.try_with(Arc::clone) {
+        match RUN_STOP.try_with(|turn| Arc::clone(&turn.run)) {
             Ok(run) => outlasted_by(&*run, ends).await,
             Err(_) => std::future::pending().await,
         }
@@ -1441,14 +1448,18 @@ pub async fn wait_out_rate_limit(wait: Duration) {
 /// grace, or a stop that lets calls finish (an LLM budget's), keeps the call.
 ///
 /// Only the wait and a turn queued at a one-call-at-a-time agent
-/// ([`drop_unsent_turn_if_stopping`]) watch the stop: a turn pays a reference count, two
-/// task-locals and a flag read per poll (docs/architecture.md, "Key decisions", the
+/// ([`drop_unsent_turn_if_stopping`]) watch the stop: a turn pays a reference count, a
+/// task-local and a flag read per poll (docs/architecture.md, "Key decisions", the
 /// graceful stop).
 pub async fn droppable_while_rate_limited<F: Future>(
     run: Arc<dyn RunStop>,
     call: F,
 ) -> Option<F::Output> {
-    let mut call = std::pin::pin!(RUN_STOP.scope(run, TURN_SENT.scope(Cell::new(false), call)));
+    let scope = TurnScope {
+        run,
+        sent: Cell::new(false),
+    };
+    let mut call = std::pin::pin!(RUN_STOP.scope(scope, call));
     std::future::poll_fn(|cx| {
         if let Poll::Ready(output) = call.as_mut().poll(cx) {
             return Poll::Ready(Some(output));
