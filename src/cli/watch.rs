@@ -415,26 +415,28 @@ impl Session {
                 self.recursive.remove(root);
                 self.watch_dir(root, RecursiveMode::Recursive);
             }
-            // A directory made, moved or copied in, or back after it was removed: what it
-            // holds may load now (an include's directory outside the roots, a suite
-            // directory moved into one), and its old watch, if any, went with it.
+            // A directory back after it was removed (an include's directory outside the
+            // roots: its old watch went with it), or one made, moved or copied into a root
+            // that holds suite files: what it holds may load now. Any other new directory
+            // (the reruns' own under `--out`, `.git`'s, a build's) changes nothing.
+            let out = std::fs::canonicalize(&self.out_root).ok();
             let dirs: Vec<PathBuf> = paths
                 .iter()
                 .filter(|p| !self.root_dirs.contains(*p) && p.is_dir())
+                .filter(|p| out.as_ref().is_none_or(|out| !p.starts_with(out)))
                 .filter(|p| {
-                    self.watched.contains(*p) || self.recursive.iter().any(|r| p.starts_with(r))
+                    self.watched.contains(*p)
+                        || (self.recursive.iter().any(|r| p.starts_with(r)) && holds_suite_files(p))
                 })
                 .cloned()
                 .collect();
             for dir in &dirs {
-                let _ = self.watcher.unwatch(dir);
-                let mode = if self.watched.contains(dir) {
-                    RecursiveMode::NonRecursive
-                } else {
-                    RecursiveMode::Recursive
-                };
-                if let Err(e) = self.watcher.watch(dir, mode) {
-                    errln!("warning: cannot watch {}: {e}", dir.display());
+                // Below a recursive root the watcher watches new directories itself.
+                if self.watched.contains(dir) {
+                    let _ = self.watcher.unwatch(dir);
+                    if let Err(e) = self.watcher.watch(dir, RecursiveMode::NonRecursive) {
+                        errln!("warning: cannot watch {}: {e}", dir.display());
+                    }
                 }
             }
             // A root directory gone or back changes what loads, either way.
@@ -447,9 +449,11 @@ impl Session {
         }
     }
 
-    /// A file the project loaded, or any suite file (a new include, a new suite).
+    /// A file the project loaded, or any suite file (a new include, a new suite), but not an
+    /// editor's lock on one (Emacs makes it at the first keystroke after a save).
     fn relevant(&self, path: &Path) -> bool {
-        path.extension().is_some_and(|e| e == "kdl") || self.known.contains(path)
+        (path.extension().is_some_and(|e| e == "kdl") && !trellis_dsl::parse::editor_lock(path))
+            || self.known.contains(path)
     }
 
     async fn rerun(&mut self, changed: Changed, signals: &mut Signals) -> Rerun {
@@ -1261,6 +1265,12 @@ impl Recorder {
 }
 
 /// `suites/booking.kdl changed`, `3 files changed`, or the first run.
+
+/// Whether a directory that appeared under a watched root holds a suite file, as loading
+/// it would find them.
+fn holds_suite_files(dir: &Path) -> bool {
+    !trellis_dsl::parse::suite_files(dir).0.is_empty()
+}
 fn describe(paths: &[PathBuf]) -> String {
     let cwd = std::env::current_dir().ok();
     let show = |p: &PathBuf| {

@@ -509,6 +509,36 @@ async fn directories_that_go_and_come_back_are_watched_again() {
     assert!(lines.join("\n").contains("more/moved"), "{}", watch.all());
 }
 
+/// A directory that appears and holds no suite file changes nothing: the reruns' own under
+/// an `--out` inside the watched one (which made every rerun stop the one before, for
+/// ever), or any other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_directory_without_suites_reruns_nothing() {
+    let agent = MisbehavingServer::start(Behavior::Delayed {
+        delay: Duration::from_millis(600),
+        body: OK_BODY.to_string(),
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    write(
+        &dir.path().join("main.kdl"),
+        &format!(
+            "agent \"a\" protocol=\"connexity\" url=\"{}\"\nscenario \"s\" {{\n    user \"hi\"\n    expect no-error\n}}\n",
+            agent.url()
+        ),
+    );
+    // `--out runs` is inside the watched `.`.
+    let mut watch = Watch::start_on(dir.path(), ".", &[]);
+    watch.wait_for("watch: rerun 1 done").await;
+    std::fs::create_dir_all(dir.path().join("scratch/deeper")).unwrap();
+    std::fs::write(dir.path().join("scratch/deeper/notes.txt"), "x").unwrap();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let all = watch.all();
+    assert!(!all.contains("stopped by a newer save"), "{all}");
+    assert!(!all.contains("rerun 2"), "{all}");
+    assert_eq!(agent.requests(), 1, "{all}");
+}
+
 /// A signal that arrives while a newer save is stopping a rerun ends the session: the
 /// rerun the save asked for does not start.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
