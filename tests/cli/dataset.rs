@@ -735,7 +735,9 @@ async fn a_session_bound_agent_gets_the_history_replayed_user_turn_by_user_turn(
 /// escaped, so a reviewer sees the case and not only the user messages.
 #[tokio::test]
 async fn the_report_shows_an_instances_row_and_history() {
-    let jsonl = "{\"id\": \"A1\", \"note\": \"<b>bold</b>\", \"m\": [{\"role\": \"user\", \"content\": \"I ordered a LAMP-7\"}, {\"role\": \"assistant\", \"content\": \"Which order?\"}]}\n";
+    let jsonl = "{\"id\": \"A1\", \"note\": \"<b>bold</b>\", \"m\": [{\"role\": \"user\", \"content\": \"I ordered a LAMP-7\"}, \
+                 {\"role\": \"assistant\", \"content\": null, \"tool_calls\": [{\"id\": \"c1\", \"type\": \"function\", \"function\": {\"name\": \"lookup_order\", \"arguments\": \"{}\"}}]}, \
+                 {\"role\": \"tool\", \"tool_call_id\": \"c1\", \"content\": \"found\"}, {\"role\": \"assistant\", \"content\": \"Which order?\"}]}\n";
     let suite = format!(
         "{AGENT}dataset \"d\" path=\"data/d.jsonl\"\n\
          scenario \"r\" for-each=\"d\" {{\n    row-id \"{{{{ row.id }}}}\"\n    history \"{{{{ row.m }}}}\"\n    \
@@ -762,6 +764,11 @@ async fn the_report_shows_an_instances_row_and_history() {
     assert!(
         html.contains("<span class=\"meta\">user:</span> I ordered a LAMP-7"),
         "no history"
+    );
+    // A turn of tool calls has no text: the tools it called stand for it.
+    assert!(
+        html.contains("<span class=\"meta\">assistant:</span> [calls lookup_order]"),
+        "no tool call in the history"
     );
 }
 

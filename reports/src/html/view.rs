@@ -74,6 +74,36 @@ impl Text {
     }
 }
 
+/// A history message's text as the report shows it: its content, else the tools it
+/// called (an assistant turn of tool calls has no text).
+fn history_text(message: &serde_json::Value) -> String {
+    if let Some(text) = message
+        .get("content")
+        .and_then(serde_json::Value::as_str)
+        .filter(|t| !t.is_empty())
+    {
+        return text.to_owned();
+    }
+    let calls: Vec<&str> = message
+        .get("tool_calls")
+        .and_then(serde_json::Value::as_array)
+        .map(|calls| {
+            calls
+                .iter()
+                .filter_map(|c| {
+                    c.pointer("/function/name")
+                        .and_then(serde_json::Value::as_str)
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    if calls.is_empty() {
+        String::new()
+    } else {
+        format!("[calls {}]", calls.join(", "))
+    }
+}
+
 /// Messages of a scenario's `history` shown with it; the earlier ones are counted.
 const MAX_HISTORY_SHOWN: usize = 12;
 
@@ -1611,11 +1641,7 @@ fn scenario_view(
                             .and_then(serde_json::Value::as_str)
                             .unwrap_or("?")
                             .to_owned(),
-                        value: clipped(
-                            m.get("content")
-                                .and_then(serde_json::Value::as_str)
-                                .unwrap_or(""),
-                        ),
+                        value: clipped(&history_text(m)),
                     })
                     .collect()
             })
