@@ -111,7 +111,15 @@ impl Server {
                         // The whole string's text is replaced: editors pick the word to
                         // replace by their own rules, which stop at `/` and `-`, and accepting
                         // `shared/agents.kdl` after `shared/ag` gave `shared/shared/agents.kdl`.
-                        let range = view.lines.range(&view.text, value.content.clone());
+                        // A string not closed yet runs to the line's end as lexed: only
+                        // what is before the cursor is its text so far.
+                        let closed = value.span.end > value.content.end;
+                        let end = if closed {
+                            value.content.end
+                        } else {
+                            offset.clamp(value.content.start, value.content.end)
+                        };
+                        let range = view.lines.range(&view.text, value.content.start..end);
                         if range.start.line == range.end.line {
                             for item in &mut items {
                                 let new_text = item
