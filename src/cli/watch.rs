@@ -1264,13 +1264,13 @@ impl Recorder {
     }
 }
 
-/// `suites/booking.kdl changed`, `3 files changed`, or the first run.
-
 /// Whether a directory that appeared under a watched root holds a suite file, as loading
 /// it would find them.
 fn holds_suite_files(dir: &Path) -> bool {
     !trellis_dsl::parse::suite_files(dir).0.is_empty()
 }
+
+/// `suites/booking.kdl changed`, `3 files changed`, or the first run.
 fn describe(paths: &[PathBuf]) -> String {
     let cwd = std::env::current_dir().ok();
     let show = |p: &PathBuf| {
