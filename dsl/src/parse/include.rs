@@ -877,6 +877,16 @@ pub(crate) fn syntax_diagnostics(
         .iter()
         .filter_map(|d| stray_quote(text, d.span.offset()))
         .collect();
+    // Looked up once per error: a file of thousands of such lines has thousands of strays
+    // and more errors, and a scan of every stray per error took minutes.
+    let stray_starts: std::collections::HashSet<usize> = stray.iter().map(|(s, _)| *s).collect();
+    let mut stray_lines: Vec<Range<usize>> = stray.iter().map(|(_, l)| l.clone()).collect();
+    stray_lines.sort_by_key(|l| (l.start, l.end));
+    let on_a_stray_line = |at: usize| {
+        // Lines do not overlap: only the last one starting at or before `at` can hold it.
+        let after = stray_lines.partition_point(|l| l.start <= at);
+        after > 0 && stray_lines.get(after - 1).is_some_and(|l| l.contains(&at))
+    };
     let errors: Vec<_> = err
         .diagnostics
         .into_iter()
@@ -887,9 +897,8 @@ pub(crate) fn syntax_diagnostics(
             });
             // A block "not closed" before the quote is one the rest of the line was
             // read into, so brace errors anywhere go with it.
-            let at_a_stray = stray.iter().any(|(start, _)| at == *start);
-            let on_a_stray_line = stray.iter().any(|(_, line)| line.contains(&at));
-            stray.is_empty() || at_a_stray || (!cascade && !on_a_stray_line)
+            let at_a_stray = stray_starts.contains(&at);
+            stray.is_empty() || at_a_stray || (!cascade && !on_a_stray_line(at))
         })
         .collect();
     // An unclosed block is reported twice by the parser ("No closing '}' for child
