@@ -779,22 +779,18 @@ fn instances(
             out.push(instance);
         }
     }
-    for (problem, at, more) in problems.0 {
-        diags.push(
-            Diagnostic::at_span(
-                Kind::InvalidValue,
-                format!("{at}{}: {problem}", more_rows(more)),
-                files,
-                sc.id.span,
-                "in this scenario",
-            )
-            .with_help(
-                "user-context values, `judge` statements and `outcome`s of a \
-                 `for-each` or `matrix` scenario are templates over `row` and `vars`: \
-                 check the field names against the dataset's columns",
-            ),
-        );
-    }
+    problems.report(
+        Said {
+            what: "",
+            span: sc.id.span,
+            label: "in this scenario",
+            help: "user-context values, `judge` statements and `outcome`s of a `for-each` or \
+                   `matrix` scenario are templates over `row` and `vars`: check the field \
+                   names against the dataset's columns",
+        },
+        files,
+        diags,
+    );
     out
 }
 
@@ -803,6 +799,14 @@ fn instances(
 #[derive(Default)]
 struct RowProblems(Vec<(String, String, usize)>);
 
+/// How [`RowProblems::report`] says its problems: after `what`, at `span`.
+struct Said<'a> {
+    what: &'a str,
+    span: Span,
+    label: &'a str,
+    help: &'a str,
+}
+
 impl RowProblems {
     fn add(&mut self, problem: String, at: impl FnOnce() -> String) {
         match self.0.iter_mut().find(|(p, ..)| *p == problem) {
@@ -810,13 +814,26 @@ impl RowProblems {
             None => self.0.push((problem, at(), 0)),
         }
     }
-}
 
-fn more_rows(more: usize) -> String {
-    match more {
-        0 => String::new(),
-        1 => " (and 1 more instance)".to_string(),
-        n => format!(" (and {n} more instances)"),
+    /// One diagnostic per problem, at its first instance, with how many more had it.
+    fn report(self, said: Said<'_>, files: &[SourceFile], diags: &mut Vec<Diagnostic>) {
+        for (problem, at, more) in self.0 {
+            let more = match more {
+                0 => String::new(),
+                1 => " (and 1 more instance)".to_string(),
+                n => format!(" (and {n} more instances)"),
+            };
+            diags.push(
+                Diagnostic::at_span(
+                    Kind::InvalidValue,
+                    format!("{at}{more}: {}{problem}", said.what),
+                    files,
+                    said.span,
+                    said.label,
+                )
+                .with_help(said.help),
+            );
+        }
     }
 }
 
@@ -994,22 +1011,18 @@ fn histories(project: &mut Project, env: &Environment<'static>, diags: &mut Vec<
         }
     }
     for (span, problems) in problems {
-        for (why, at, more) in problems.0 {
-            diags.push(
-                Diagnostic::at_span(
-                    Kind::InvalidValue,
-                    format!("{at}{}: invalid history: {why}", more_rows(more)),
-                    files,
-                    span,
-                    "this history",
-                )
-                .with_help(
-                    "a history is an OpenAI-style message list: \
-                     [{\"role\": \"user\", \"content\": \"…\"}, {\"role\": \"assistant\", …}], \
-                     or an object with `messages`; from a column, a list or its JSON text",
-                ),
-            );
-        }
+        problems.report(
+            Said {
+                what: "invalid history: ",
+                span,
+                label: "this history",
+                help: "a history is an OpenAI-style message list: \
+                       [{\"role\": \"user\", \"content\": \"…\"}, {\"role\": \"assistant\", …}], \
+                       or an object with `messages`; from a column, a list or its JSON text",
+            },
+            files,
+            diags,
+        );
     }
 }
 

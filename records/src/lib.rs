@@ -34,7 +34,8 @@ pub use shard::{SHARD_PLAN_FILE, SHARD_PLAN_VERSION, ShardBalance, ShardPlan, Sh
 pub use span::{SpanBatch, SpanRecord};
 pub use trajectory::{
     AgentBranchRecord, AttackRecord, CUT_BY_BUDGET, CUT_BY_STOP, CUT_MID_WALK, CriterionRecord,
-    CriterionStatus, FIDELITY_KIND, TrajectoryRecord, TrajectoryStatus,
+    CriterionStatus, FIDELITY_KIND, TrajectoryRecord, TrajectoryStatus, stopped_at,
+    stopped_at_detail,
 };
 pub use turn::{AttemptRecord, ExchangeRecord, ToolCallRecord, TurnRecord, UserSource};
 

@@ -200,6 +200,19 @@ pub const CUT_BY_STOP: &str = "not checked: the run was stopped before the judge
 /// The detail of the checks a stop left unreached on a trajectory it cut mid-walk.
 pub const CUT_MID_WALK: &str = "not checked: the run was stopped";
 
+/// The detail of the checks a trajectory never reached because it stopped at `criterion`
+/// (`max-turns`, a capture, `stop-on-failure`), read back by [`stopped_at`].
+pub fn stopped_at_detail(criterion: &str) -> String {
+    format!("not checked: the trajectory stopped at `{criterion}`")
+}
+
+/// The criterion a [`stopped_at_detail`] names.
+pub fn stopped_at(detail: &str) -> Option<&str> {
+    detail
+        .strip_prefix("not checked: the trajectory stopped at `")?
+        .strip_suffix('`')
+}
+
 /// How the detail of a check `--max-llm-calls` left unjudged begins (its judge call was
 /// refused unsent); the meter's words follow (`calls 10 reached (10 calls sent)`).
 pub const CUT_BY_BUDGET: &str = "not checked: not sent: --max-llm-";

@@ -58,6 +58,24 @@ scenario "book" {{
     path
 }
 
+/// `trellis rejudge RUN SUITE --out OUT`, with the fake provider's key.
+async fn rejudge(
+    run: &std::path::Path,
+    suite: &std::path::Path,
+    out: impl AsRef<std::path::Path>,
+) -> Output {
+    trellis()
+        .arg("rejudge")
+        .arg(run)
+        .arg(suite)
+        .arg("--out")
+        .arg(out.as_ref())
+        .env("FAKE_KEY", KEY)
+        .output()
+        .await
+        .unwrap()
+}
+
 async fn run(suite: &std::path::Path, out: &std::path::Path, extra: &[&str]) -> Output {
     trellis()
         .args(["run", "--quiet", "--replace", "--out"])
@@ -227,16 +245,7 @@ async fn rejudge_rescores_a_recorded_run_with_the_current_judges_without_any_age
     );
     std::fs::write(&suite, text).unwrap();
     let again = dir.path().join("rejudged");
-    let o = trellis()
-        .arg("rejudge")
-        .arg(&first)
-        .arg(&suite)
-        .arg("--out")
-        .arg(&again)
-        .env("FAKE_KEY", KEY)
-        .output()
-        .await
-        .unwrap();
+    let o = rejudge(&first, &suite, &again).await;
     assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
     assert!(stdout(&o).contains("rejudged 3 check(s)"), "{}", stdout(&o));
     assert!(stdout(&o).contains("1 changed status"), "{}", stdout(&o));
@@ -318,16 +327,7 @@ scenario "s" {{
         r#"[{"role": "user", "content": "EDITED since"}, {"role": "assistant", "content": "Sure."}]"#,
     )
     .unwrap();
-    let o = trellis()
-        .arg("rejudge")
-        .arg(&first)
-        .arg(&suite)
-        .arg("--out")
-        .arg(dir.path().join("rejudged"))
-        .env("FAKE_KEY", KEY)
-        .output()
-        .await
-        .unwrap();
+    let o = rejudge(&first, &suite, dir.path().join("rejudged")).await;
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
     let prompts: Vec<String> = fake.seen().iter().map(|r| r.body.to_string()).collect();
     assert_eq!(prompts.len(), 2, "{prompts:?}");
@@ -374,16 +374,7 @@ scenario "s" {{
     let o = run(&suite, &first, &[]).await;
     assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
     let again = dir.path().join("rejudged");
-    let o = trellis()
-        .arg("rejudge")
-        .arg(&first)
-        .arg(&suite)
-        .arg("--out")
-        .arg(&again)
-        .env("FAKE_KEY", KEY)
-        .output()
-        .await
-        .unwrap();
+    let o = rejudge(&first, &suite, &again).await;
     let said = format!("{}{}", stdout(&o), stderr(&o));
     assert_eq!(fake.calls(), 2, "{said}");
     let t = read_parquet(&again.join("trajectories.parquet"));

@@ -109,7 +109,7 @@ impl Unit<'_> {
                 let why = if c.kind == FIDELITY_KIND {
                     "not checked: the simulated user broke character".to_owned()
                 } else {
-                    format!("not checked: the trajectory stopped at `{}`", c.criterion)
+                    crate::record::stopped_at_detail(&c.criterion)
                 };
                 criteria.push(c);
                 Some(why)

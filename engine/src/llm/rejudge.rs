@@ -340,12 +340,9 @@ async fn rejudge_one(
 fn stopped_at_a_check_that_now_holds(
     criteria: &[crate::record::CriterionRecord],
 ) -> Option<String> {
-    let at = criteria.iter().find_map(|c| {
-        c.detail
-            .as_deref()?
-            .strip_prefix("not checked: the trajectory stopped at `")?
-            .strip_suffix('`')
-    })?;
+    let at = criteria
+        .iter()
+        .find_map(|c| crate::record::stopped_at(c.detail.as_deref()?))?;
     criteria
         .iter()
         .find(|c| c.criterion == at && LlmRuntime::is_judged_kind_name(&c.kind))

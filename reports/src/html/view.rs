@@ -1585,6 +1585,11 @@ fn scenario_view(
         .collect();
     let omitted_runs = counts.total().saturating_sub(runs.len() as u64);
 
+    // The last messages of the history; the earlier ones are counted.
+    let history: &[serde_json::Value] = plan
+        .and_then(|p| p.history.as_deref())
+        .map_or(&[], Vec::as_slice);
+    let history_more = history.len().saturating_sub(MAX_HISTORY_SHOWN);
     ScenarioView {
         anchor: anchors.scenario.clone(),
         suite: suite.to_owned(),
@@ -1628,27 +1633,20 @@ fn scenario_view(
                 _ => None,
             }
         }),
-        history: plan
-            .and_then(|p| p.history.as_deref())
-            .map(|messages| {
-                let skip = messages.len().saturating_sub(MAX_HISTORY_SHOWN);
-                messages
-                    .iter()
-                    .skip(skip)
-                    .map(|m| KeyValue {
-                        key: m
-                            .get("role")
-                            .and_then(serde_json::Value::as_str)
-                            .unwrap_or("?")
-                            .to_owned(),
-                        value: clipped(&history_text(m)),
-                    })
-                    .collect()
+        history: history
+            .get(history_more..)
+            .unwrap_or_default()
+            .iter()
+            .map(|m| KeyValue {
+                key: m
+                    .get("role")
+                    .and_then(serde_json::Value::as_str)
+                    .unwrap_or("?")
+                    .to_owned(),
+                value: clipped(&history_text(m)),
             })
-            .unwrap_or_default(),
-        history_more: plan
-            .and_then(|p| p.history.as_deref())
-            .map_or(0, |m| m.len().saturating_sub(MAX_HISTORY_SHOWN) as u64),
+            .collect(),
+        history_more: history_more as u64,
         agents: anchors.agents.clone(),
         tags: rows.first().map(|t| distinct(&t.tags)).unwrap_or_default(),
         repeat: plan.map_or(1, |p| p.repeat),
