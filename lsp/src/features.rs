@@ -122,11 +122,13 @@ impl Server {
                         let range = view.lines.range(&view.text, value.content.start..end);
                         if range.start.line == range.end.line {
                             for item in &mut items {
-                                let new_text = item
+                                let plain = item
                                     .insert_text
                                     .take()
                                     .unwrap_or_else(|| item.label.clone());
-                                item.filter_text = Some(new_text.clone());
+                                item.filter_text = Some(plain.clone());
+                                // A file name holding a quote, in a quoted string.
+                                let new_text = syntax::written_in(&view.text, value, &plain);
                                 item.text_edit =
                                     Some(CompletionTextEdit::Edit(TextEdit { range, new_text }));
                             }

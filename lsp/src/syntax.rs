@@ -48,6 +48,33 @@ pub struct Value {
     pub is_string: bool,
 }
 
+/// `plain` as it must be written in place of `value`'s text: escaped inside quotes; as it
+/// is in a raw or multi-line string.
+pub fn written_in(text: &str, value: &Value, plain: &str) -> String {
+    let token = text.get(value.span.clone()).unwrap_or_default();
+    if value.is_string && token.starts_with('"') && !token.starts_with("\"\"\"") {
+        escape(plain)
+    } else {
+        plain.to_owned()
+    }
+}
+
+/// `plain` as the inside of a quoted string: the escapes [`quoted`] resolves, put back.
+pub fn escape(plain: &str) -> String {
+    let mut out = String::with_capacity(plain.len());
+    for c in plain.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 impl Node {
     /// The `n`th argument.
     pub fn arg(&self, n: usize) -> Option<&Value> {

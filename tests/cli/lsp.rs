@@ -794,3 +794,30 @@ fn a_request_before_initialized_is_answered_and_the_server_goes_on() {
     drop(stdin);
     assert_eq!(child.wait().expect("exited").code(), Some(0));
 }
+
+/// A completion is written as the string it goes into needs: a file name holding a quote
+/// comes escaped (it was inserted as it is, which ended the string early).
+#[test]
+fn completions_are_written_as_the_value_they_go_into_needs() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    std::fs::write(
+        dir.path().join("q\"s.kdl"),
+        "agent \"my bot\" protocol=\"connexity\" builtin=\"booking\"\n",
+    )
+    .expect("written");
+    let main = "include \"q\"\n\
+                scenario \"t\" {\n    agent \"my\"\n    user \"hi\"\n    expect no-error\n}\n";
+    std::fs::write(dir.path().join("main.kdl"), main).expect("written");
+    let steps = serde_json::json!([
+        {"do": "open", "file": "main.kdl"},
+        {"do": "complete", "file": "main.kdl", "line": 2, "character": 13},
+        {"do": "complete", "file": "main.kdl", "line": 0, "character": 10},
+    ]);
+    let out = session(dir.path(), steps);
+    assert_eq!(out[2]["edits"]["my bot"]["text"], "my bot", "{}", out[2]);
+    assert_eq!(
+        out[3]["edits"]["q\"s.kdl"]["text"], "q\\\"s.kdl",
+        "{}",
+        out[3]
+    );
+}
