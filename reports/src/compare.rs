@@ -367,17 +367,12 @@ pub fn compare(
             h.map(|s| tally(s.repeats.passed, s.repeats.samples)),
             &thresholds,
         );
-        // Ran in the base, only skipped in the head: lost, not "not comparable".
+        // Checked in the base, in the head but with nothing checked (skipped, or every
+        // trajectory invalid): lost, not "not comparable".
         let not_run = match (b, h) {
-            (Some(b), Some(h))
-                if b.repeats.samples > 0 && h.repeats.samples == 0 && h.counts.skipped > 0 =>
-            {
+            (Some(b), Some(h)) if b.repeats.samples > 0 && h.repeats.samples == 0 => {
                 rate.verdict = Verdict::NotRun;
-                Some(
-                    h.skip_reason
-                        .clone()
-                        .unwrap_or_else(|| "skipped".to_owned()),
-                )
+                Some(unchecked_reason(h))
             }
             // Missing from a head run that did not cover its plan: it may still be in the
             // suites, and it was not run, so it cannot count as removed.
@@ -479,6 +474,7 @@ pub fn compare(
             &thresholds,
         );
         skipped_in_head(&suite, &scenario, &agent, &mut rate);
+        unchecked_in_head(&mut rate);
         BranchChange {
             rate,
             suite,
@@ -503,6 +499,19 @@ pub fn compare(
             regressions.push(format!(
                 "branch {}/{} {} [{}]: not checked in the base run, and failing: {}/{} passed",
                 b.suite, b.scenario, b.trajectory, b.agent, h.passed, h.samples
+            ));
+        }
+        if b.rate.verdict == Verdict::NotRun
+            && !not_run.contains(&(b.suite.as_str(), b.scenario.as_str(), b.agent.as_str()))
+        {
+            regressions.push(format!(
+                "branch {}/{} {} [{}]: not run (checked in {} of the base run's repetitions, \
+                 skipped in the head run)",
+                b.suite,
+                b.scenario,
+                b.trajectory,
+                b.agent,
+                b.rate.base.map_or(0, |t| t.samples)
             ));
         }
         if b.rate.verdict == Verdict::Regressed {
@@ -531,6 +540,7 @@ pub fn compare(
                     &thresholds,
                 );
                 skipped_in_head(&suite, &scenario, &agent, &mut rate);
+                unchecked_in_head(&mut rate);
                 rate
             },
             head_failure: h.and_then(|c| c.first_failure.clone()),
@@ -543,18 +553,55 @@ pub fn compare(
         },
     )
     .collect();
+    // A branch that regressed or was not run says so for its checks (a fault in the head run
+    // leaves the checks after it unreached).
+    let branches_reported: std::collections::BTreeSet<(&str, &str, &str, &str)> = branches
+        .iter()
+        .filter(|b| matches!(b.rate.verdict, Verdict::NotRun | Verdict::Regressed))
+        .map(|b| {
+            (
+                b.suite.as_str(),
+                b.scenario.as_str(),
+                b.trajectory.as_str(),
+                b.agent.as_str(),
+            )
+        })
+        .collect();
     for c in &criteria {
-        if c.rate.verdict == Verdict::Regressed {
-            let at = c
-                .turn_index
+        let at = || {
+            c.turn_index
                 .map(|i| format!(" (turn {i})"))
-                .unwrap_or_default();
+                .unwrap_or_default()
+        };
+        if c.rate.verdict == Verdict::NotRun
+            && !branches_reported.contains(&(
+                c.suite.as_str(),
+                c.scenario.as_str(),
+                c.trajectory.as_str(),
+                c.agent.as_str(),
+            ))
+            && !not_run.contains(&(c.suite.as_str(), c.scenario.as_str(), c.agent.as_str()))
+        {
             regressions.push(format!(
-                "check {}/{} {} [{}]{at} `{}`: {}",
+                "check {}/{} {} [{}]{} `{}`: not checked in the head run (checked in {} of \
+                 the base run's trajectories)",
                 c.suite,
                 c.scenario,
                 c.trajectory,
                 c.agent,
+                at(),
+                c.criterion,
+                c.rate.base.map_or(0, |t| t.samples)
+            ));
+        }
+        if c.rate.verdict == Verdict::Regressed {
+            regressions.push(format!(
+                "check {}/{} {} [{}]{} `{}`: {}",
+                c.suite,
+                c.scenario,
+                c.trajectory,
+                c.agent,
+                at(),
                 c.criterion,
                 describe(&c.rate)
             ));
@@ -573,6 +620,34 @@ pub fn compare(
         regressions,
         untrusted_judges,
         score_gate_refused,
+    }
+}
+
+/// Why a scenario the head run has checked nothing of, in the head run's words.
+fn unchecked_reason(h: &crate::stats::ScenarioStats) -> String {
+    if let Some(why) = &h.skip_reason {
+        why.clone()
+    } else if h.counts.invalid > 0 {
+        format!(
+            "{} of its trajectories invalid: the simulated user broke character, so the agent \
+             was not checked",
+            h.counts.invalid
+        )
+    } else {
+        "skipped".to_owned()
+    }
+}
+
+/// A branch or check that the base run checked and the head run has but checked none of
+/// (skipped: a judge with no provider, a trajectory whose user broke character) is not run:
+/// a gate must not pass on what it no longer checks. One missing from the head run is
+/// `removed` (the suite no longer has it), as before.
+fn unchecked_in_head(rate: &mut RateChange) {
+    if rate.verdict == Verdict::NotComparable
+        && rate.base.is_some_and(|t| t.samples > 0)
+        && rate.head.is_some_and(|t| t.samples == 0)
+    {
+        rate.verdict = Verdict::NotRun;
     }
 }
 
@@ -1140,6 +1215,61 @@ mod tests {
         // Skipped only (a suite compared for its latency), or anything decided: compared.
         assert!(checked_nothing(&run(0, 0, 4, 0)).is_none());
         assert!(checked_nothing(&run(1, 0, 0, 3)).is_none());
+    }
+
+    /// A scenario whose head trajectories are all invalid (its simulated user broke
+    /// character) beside one that passed: not run, and a regression, where it was "not
+    /// comparable" and left out of the console's list.
+    #[test]
+    fn a_scenario_the_head_run_checked_nothing_of_is_not_run() {
+        let scenario = |name: &str, passed, samples, invalid| crate::stats::ScenarioStats {
+            suite: "s".into(),
+            scenario: name.into(),
+            agent: "a".into(),
+            counts: crate::stats::StatusCounts {
+                trajectories: samples + invalid,
+                passed,
+                failed: samples - passed,
+                invalid,
+                ..Default::default()
+            },
+            repeats: crate::stats::Repeats::from_counts(samples, passed, 0),
+            latency: Default::default(),
+            skip_reason: None,
+        };
+        let run = |scenarios: Vec<crate::stats::ScenarioStats>| {
+            let mut run = RunStats::default();
+            run.aggregates.finished = true;
+            for s in &scenarios {
+                run.aggregates.counts.trajectories += s.counts.trajectories;
+                run.aggregates.counts.passed += s.counts.passed;
+                run.aggregates.counts.invalid += s.counts.invalid;
+            }
+            run.aggregates.planned = run.aggregates.counts.trajectories;
+            run.scenarios = scenarios;
+            run
+        };
+        let base = run(vec![scenario("kept", 1, 1, 0), scenario("simmed", 3, 3, 0)]);
+        let head = run(vec![scenario("kept", 1, 1, 0), scenario("simmed", 0, 0, 3)]);
+        let c = compare(
+            &base,
+            RunRef::default(),
+            &head,
+            RunRef::default(),
+            Thresholds::default(),
+            Vec::new(),
+            None,
+        );
+        assert!(c.regressed, "{:?}", c.regressions);
+        let simmed = c.scenarios.iter().find(|s| s.scenario == "simmed").unwrap();
+        assert_eq!(simmed.rate.verdict, Verdict::NotRun);
+        assert!(
+            c.regressions
+                .iter()
+                .any(|r| r.contains("s/simmed [a]: not run (3 of its trajectories invalid")),
+            "{:?}",
+            c.regressions
+        );
     }
 
     fn t(passed: u64, samples: u64) -> Option<Tally> {

@@ -679,21 +679,30 @@ pub fn print_comparison(c: &Comparison) {
     // A check only in one run belongs to a branch or scenario only in one run (listed
     // above) or was added to or removed from the suite: counted, not listed.
     let one_sided = |v: Verdict| matches!(v, Verdict::Added | Verdict::Removed);
-    // Checks of a scenario the head run skipped are that scenario's line above.
+    // Checks of a scenario the head run skipped are that scenario's line above; a check the
+    // head run skipped in a scenario it ran is listed.
+    let scenarios_not_run: std::collections::BTreeSet<(&str, &str, &str)> = c
+        .scenarios
+        .iter()
+        .filter(|s| s.rate.verdict == Verdict::NotRun)
+        .map(|s| (s.suite.as_str(), s.scenario.as_str(), s.agent.as_str()))
+        .collect();
+    let of_scenario_not_run = |k: &trellis_reports::compare::CriterionChange| {
+        k.rate.verdict == Verdict::NotRun
+            && scenarios_not_run.contains(&(
+                k.suite.as_str(),
+                k.scenario.as_str(),
+                k.agent.as_str(),
+            ))
+    };
     let criteria: Vec<_> = c
         .criteria
         .iter()
         .filter(|k| {
-            changed(k.rate.verdict)
-                && !one_sided(k.rate.verdict)
-                && k.rate.verdict != Verdict::NotRun
+            changed(k.rate.verdict) && !one_sided(k.rate.verdict) && !of_scenario_not_run(k)
         })
         .collect();
-    let not_run = c
-        .criteria
-        .iter()
-        .filter(|k| k.rate.verdict == Verdict::NotRun)
-        .count();
+    let not_run = c.criteria.iter().filter(|k| of_scenario_not_run(k)).count();
     let only_one_side = c
         .criteria
         .iter()

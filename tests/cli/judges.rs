@@ -714,3 +714,75 @@ scenario "greet" {{
         .unwrap_or_else(|| panic!("{}", stdout(&o)));
     assert!(line.contains(": 1 call,"), "{line}");
 }
+
+/// A judged check the base run scored and the head run skipped (its provider taken out of
+/// the suite) fails the comparison: the gate passed on it, listed as "not comparable".
+#[tokio::test]
+async fn a_check_the_head_run_no_longer_judges_fails_the_comparison() {
+    let fake = FakeLlm::start(vec![Rule::when(
+        "GATE-CHECK",
+        [Reply::text(r#"{"score": 1.0, "justification": "polite"}"#)],
+    )])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let judged = format!(
+        r#"
+agent "demo" protocol="connexity" builtin="booking"
+provider "fake" kind="openai" base-url="{}" model="judge-m" api-key-env="FAKE_KEY"
+judge "main" provider="fake"
+scenario "greet" {{
+    user "Hi, I'd like to book a duct cleaning."
+    branch "plain" {{
+        user "Thanks."
+        expect no-error
+    }}
+    branch "judged" {{
+        user "Bye."
+        expect judge "GATE-CHECK the agent is polite"
+    }}
+}}
+scenario "solo" {{
+    user "Hi."
+    expect no-error
+    criteria {{
+        judge "GATE-CHECK the agent is kind"
+    }}
+}}
+"#,
+        fake.base_url()
+    );
+    let path = dir.path().join("gate.kdl");
+    std::fs::write(&path, &judged).unwrap();
+    let runs = dir.path().join("runs");
+    let o = run(&path, &runs.join("base"), &[]).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let unjudged: String = judged
+        .lines()
+        .filter(|l| !l.starts_with("provider") && !l.starts_with("judge"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&path, unjudged).unwrap();
+    let o = run(&path, &runs.join("head"), &[]).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+
+    let o = super::history::compare(&runs, &["base", "head"]).await;
+    let text = stdout(&o);
+    assert_eq!(o.status.code(), Some(1), "{text}{}", stderr(&o));
+    assert!(text.contains("REGRESSED"), "{text}");
+    assert!(
+        text.contains(
+            "branch gate/greet judged [demo]: not run (checked in 1 of the base run's \
+             repetitions, skipped in the head run)"
+        ),
+        "{text}"
+    );
+    // The branch's own check is said once, by its branch.
+    assert!(
+        !text.contains("`judge \"GATE-CHECK the agent is polite\"`: not checked"),
+        "{text}"
+    );
+    assert!(
+        text.contains("`judge \"GATE-CHECK the agent is kind\"`: not checked"),
+        "{text}"
+    );
+}
