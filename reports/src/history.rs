@@ -259,6 +259,20 @@ pub enum HistoryError {
     )]
     NoSuchRun { what: String, dir: PathBuf },
 
+    #[error(
+        "`{}` is both the name of run {named} and the run directory {}",
+        dir.file_name().unwrap_or_default().display(),
+        dir.display()
+    )]
+    #[diagnostic(
+        code(trellis::history::ambiguous),
+        help(
+            "give the run id or the directory's path instead; `trellis runs name` moves the \
+             name to another run"
+        )
+    )]
+    NameAndDirectory { named: String, dir: PathBuf },
+
     #[error("`{what}` matches several runs in {}: {}", dir.display(), matches.join(", "))]
     #[diagnostic(code(trellis::history::ambiguous), help("use the full run id"))]
     Ambiguous {
@@ -693,6 +707,18 @@ pub fn resolve_run(runs_dir: &Path, what: &str) -> Result<RunEntry, HistoryError
             read_run(dir)
         }
     };
+    // The keywords mean the pinned run whatever directories are called: a run written to
+    // `--out runs/baseline` must not become the gate's baseline by its name (a path to it,
+    // `runs/baseline`, still names it).
+    if what == "pinned" || what == "baseline" {
+        if !runs_dir.is_dir() {
+            // A first `run --baseline`: nothing to compare with yet, and nothing pinned.
+            return Err(HistoryError::NothingPinned {
+                dir: runs_dir.to_path_buf(),
+            });
+        }
+        return pinned(list_runs(runs_dir)?, runs_dir);
+    }
     let as_path = Path::new(what);
     if as_path.is_dir() && is_run_dir(as_path) {
         return whole(as_path);
@@ -702,22 +728,25 @@ pub fn resolve_run(runs_dir: &Path, what: &str) -> Result<RunEntry, HistoryError
         dir: runs_dir.to_path_buf(),
     };
     if !runs_dir.is_dir() {
-        // A first `run --baseline`: nothing to compare with yet, and nothing pinned.
-        if what == "pinned" || what == "baseline" {
-            return Err(HistoryError::NothingPinned {
-                dir: runs_dir.to_path_buf(),
-            });
-        }
         return Err(not_found());
     }
     let below = runs_dir.join(what);
     if !what.contains(['/', '\\']) && below.is_dir() && is_run_dir(&below) {
-        return whole(&below);
+        let run = whole(&below)?;
+        // `trellis runs name` refuses a name a directory has, but a later `--out` may take
+        // it: which run is meant cannot be told, and a gate must not guess.
+        if let Some(named) = list_runs(runs_dir)?
+            .into_iter()
+            .find(|r| r.name.as_deref() == Some(what) && r.run_id != run.run_id)
+        {
+            return Err(HistoryError::NameAndDirectory {
+                named: named.run_id,
+                dir: below,
+            });
+        }
+        return Ok(run);
     }
     let runs = list_runs(runs_dir)?;
-    if what == "pinned" || what == "baseline" {
-        return pinned(runs, runs_dir);
-    }
     if let Some(run) = runs
         .iter()
         .find(|r| r.run_id == what || r.name.as_deref() == Some(what))

@@ -293,6 +293,67 @@ async fn compare_gates_on_mean_latency_past_its_threshold() {
     assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
 }
 
+/// `baseline` is the pinned run even beside a directory called `baseline`, and a name that a
+/// later `--out` gave to another run's directory is refused, not guessed: both made a gate
+/// compare with the wrong run, silently.
+#[tokio::test]
+async fn the_baseline_keyword_and_names_are_never_taken_by_a_directory() {
+    let runs = tempfile::tempdir().unwrap();
+    write_run(
+        runs.path(),
+        "good",
+        "2026-01-01T00:00:00Z",
+        &[sample("main", 0, true, 10.0)],
+    );
+    write_run(
+        runs.path(),
+        "head",
+        "2026-01-03T00:00:00Z",
+        &[sample("main", 0, false, 10.0)],
+    );
+    let runs_cmd = |args: &[&str]| {
+        let mut cmd = trellis();
+        cmd.arg("runs").args(args).arg("--dir").arg(runs.path());
+        cmd
+    };
+    for args in [&["pin", "good"][..], &["name", "good", "nightly"]] {
+        let o = runs_cmd(args).output().await.unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    }
+    // Later runs written to directories with those names, failing like the head.
+    for dir in ["baseline", "nightly"] {
+        write_run(
+            runs.path(),
+            dir,
+            "2026-01-02T00:00:00Z",
+            &[sample("main", 0, false, 10.0)],
+        );
+    }
+    for base in ["baseline", "pinned"] {
+        let o = compare(runs.path(), &[base, "head"]).await;
+        assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+        assert!(
+            stdout(&o).contains("20260101T000000Z-good"),
+            "{}",
+            stdout(&o)
+        );
+    }
+    let o = compare(runs.path(), &["nightly", "head"]).await;
+    assert_eq!(o.status.code(), Some(2), "{}{}", stdout(&o), stderr(&o));
+    assert!(
+        stderr(&o).contains("is both the name of run 20260101T000000Z-good"),
+        "{}",
+        stderr(&o)
+    );
+    // Its path names the directory's run.
+    let o = compare(
+        runs.path(),
+        &[runs.path().join("nightly").to_str().unwrap(), "head"],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+}
+
 #[tokio::test]
 async fn runs_are_listed_named_and_pinned() {
     let runs = tempfile::tempdir().unwrap();
