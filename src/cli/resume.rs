@@ -384,6 +384,17 @@ fn node_key(suite: &str, scenario: &str, agent: &str, repetition: u32, node: &st
     u128::from_le_bytes(first)
 }
 
+/// Appends the first [`PROBLEMS_SHOWN`] of `items` to `text` as a list, counting the rest.
+fn list(text: &mut String, items: impl ExactSizeIterator<Item = String>) {
+    let total = items.len();
+    for item in items.take(PROBLEMS_SHOWN) {
+        text.push_str(&format!("\n  - {item}"));
+    }
+    if total > PROBLEMS_SHOWN {
+        text.push_str(&format!("\n  … and {} more", total - PROBLEMS_SHOWN));
+    }
+}
+
 /// What a planned scenario looks like now.
 struct Planned<'a> {
     agents: HashSet<&'a str>,
@@ -401,11 +412,14 @@ struct Checker<'a> {
     /// `suite/scenario trajectory [agent]` → why it cannot be kept (one per trajectory,
     /// however many repetitions finished).
     problems: BTreeMap<String, String>,
+    /// `suite/scenario [agent]` the run planned that this plan does not: resumed, the run
+    /// would end "finished" without ever checking them (a narrower `--filter`, say).
+    dropped: Vec<String>,
 }
 
 impl<'a> Checker<'a> {
     fn new(info: &'a RunInfo, plan: &'a Plan) -> Self {
-        let planned = plan
+        let planned: HashMap<(&str, &str), Planned<'a>> = plan
             .scenarios
             .iter()
             .map(|s| {
@@ -445,10 +459,22 @@ impl<'a> Checker<'a> {
                     })
             })
             .collect();
+        let dropped = info
+            .scenarios
+            .iter()
+            .flat_map(|s| {
+                let now = planned.get(&(s.suite.as_str(), s.scenario.as_str()));
+                s.agents
+                    .iter()
+                    .filter(move |a| now.is_none_or(|p| !p.agents.contains(a.as_str())))
+                    .map(move |a| format!("{}/{} [{a}]", s.suite, s.scenario))
+            })
+            .collect();
         Checker {
             planned,
             recorded,
             problems: BTreeMap::new(),
+            dropped,
         }
     }
 
@@ -512,20 +538,33 @@ impl<'a> Checker<'a> {
 
     /// `Err` with the refusal when any finished trajectory cannot be kept.
     fn refusal(self, run_id: &str, dir: &Path) -> Result<(), String> {
-        if self.problems.is_empty() {
+        let mut text = format!("cannot resume run {run_id}: ");
+        if !self.problems.is_empty() {
+            let total = self.problems.len();
+            text.push_str(&format!(
+                "the suites changed the plan of {total} finished trajector{}, so the run \
+                 would mix results of two versions of the suites:",
+                if total == 1 { "y" } else { "ies" }
+            ));
+            list(
+                &mut text,
+                self.problems
+                    .iter()
+                    .map(|(what, why)| format!("{what}: {why}")),
+            );
+        } else if !self.dropped.is_empty() {
+            let total = self.dropped.len();
+            text.push_str(&format!(
+                "{total} scenario{} it planned {} not in this plan (removed, renamed, or not \
+                 selected by these paths, --filter, --tag or status), so the run would end \
+                 as finished without checking {}:",
+                if total == 1 { "" } else { "s" },
+                if total == 1 { "is" } else { "are" },
+                if total == 1 { "it" } else { "them" }
+            ));
+            list(&mut text, self.dropped.iter().cloned());
+        } else {
             return Ok(());
-        }
-        let total = self.problems.len();
-        let mut text = format!(
-            "cannot resume run {run_id}: the suites changed the plan of {total} finished \
-             trajector{}, so the run would mix results of two versions of the suites:",
-            if total == 1 { "y" } else { "ies" }
-        );
-        for (what, why) in self.problems.iter().take(PROBLEMS_SHOWN) {
-            text.push_str(&format!("\n  - {what}: {why}"));
-        }
-        if total > PROBLEMS_SHOWN {
-            text.push_str(&format!("\n  … and {} more", total - PROBLEMS_SHOWN));
         }
         text.push_str(&format!(
             "\nhint: resume with the suites, paths and selection the run started with, or \

@@ -576,6 +576,14 @@ async fn an_edit_to_a_finished_trajectory_is_refused_and_other_edits_resume() {
         "suite/s0 main [bot]: its scenario is not in this plan",
     )
     .await;
+    // A selection that leaves out a scenario nothing of which finished: the run would end
+    // "finished" without ever checking it.
+    refused(
+        original.clone(),
+        &["--filter", "s0", "--filter", "s1", "--filter", "s3"],
+        "1 scenario it planned is not in this plan",
+    )
+    .await;
     refused(original.clone(), &["--strict"], "recorded without --strict").await;
     assert_eq!(
         server.requests(),
