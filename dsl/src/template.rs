@@ -290,6 +290,7 @@ pub fn check_reading_env(
             && let Some(known) = scope.values.get(root)
             && let Some(missing) = missing_below(known, &var)
             && !every_read_guarded(&template.source, &var)
+            && !tested_for_definition(&template.source, &var)
             // A read through a null is usually guarded by a condition on it (`{% if
             // user_context.address.street %}`), which renders fine: as for row fields
             // ([`nested_row_reads`]), a conditional template is not judged.
@@ -340,6 +341,15 @@ pub fn check_reading_env(
             Some(a) => format!("{root}.{a}"),
             None => root.to_string(),
         };
+        // A field the scope does not have, of a variable it has, read only where it may be
+        // missing (`{{ user_context.zip | default('') }}`): it renders. An unknown variable
+        // is reported however it is read (a typo guarded by `default` would never show).
+        if scope.roots.contains_key(root)
+            && (every_read_guarded(&template.source, &shown)
+                || tested_for_definition(&template.source, &shown))
+        {
+            continue;
+        }
         let help = if let Some(h) = scope.hints.get(&shown).or(scope.hints.get(root)) {
             h.clone()
         } else if let (Some(Names::Only(set)), Some(attr)) = (scope.roots.get(root), attr) {
@@ -468,6 +478,29 @@ pub(crate) enum Missing<'v> {
 /// defined`. Such a read renders without the variable, so an unset one is nothing to warn
 /// about. A read this cannot find (written `env["NAME"]`) counts as unguarded.
 fn every_read_guarded(source: &str, var: &str) -> bool {
+    let guards = read_guards(source, var);
+    !guards.is_empty() && guards.iter().all(|g| *g != Guard::None)
+}
+
+/// Whether `source` tests `var` with `is defined` (or `undefined`) anywhere: a template that
+/// does (`{% if user_context.zip is defined %}{{ user_context.zip }}{% endif %}`) reads it
+/// where that test allows, which this does not follow into the blocks.
+fn tested_for_definition(source: &str, var: &str) -> bool {
+    read_guards(source, var).contains(&Guard::Test)
+}
+
+/// What follows a read of a variable.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Guard {
+    /// `| default(…)` or `| d`.
+    Default,
+    /// `is defined`, `is undefined`, `is not defined`.
+    Test,
+    None,
+}
+
+/// How each read of `var` in `source` is guarded, in order.
+fn read_guards(source: &str, var: &str) -> Vec<Guard> {
     fn ident(c: char) -> bool {
         c.is_alphanumeric() || c == '_'
     }
@@ -477,33 +510,40 @@ fn every_read_guarded(source: &str, var: &str) -> bool {
             .filter(|after| !after.starts_with(ident))
             .map(str::trim_start)
     }
-    let mut found = false;
+    let mut guards = Vec::new();
     for (at, _) in source.match_indices(var) {
         let before = source[..at].chars().next_back();
         let after = &source[at + var.len()..];
         if before.is_some_and(|c| ident(c) || c == '.') || after.starts_with(ident) {
             continue;
         }
-        found = true;
         let after = after.trim_start();
-        let guarded = if let Some(filter) = after.strip_prefix('|') {
+        let guard = if let Some(filter) = after.strip_prefix('|') {
             let filter = filter.trim_start();
-            word(filter, "default")
+            if word(filter, "default")
                 .or_else(|| word(filter, "d"))
                 .is_some()
+            {
+                Guard::Default
+            } else {
+                Guard::None
+            }
         } else if let Some(test) = word(after, "is") {
             let test = word(test, "not").unwrap_or(test);
-            word(test, "defined")
+            if word(test, "defined")
                 .or_else(|| word(test, "undefined"))
                 .is_some()
+            {
+                Guard::Test
+            } else {
+                Guard::None
+            }
         } else {
-            false
+            Guard::None
         };
-        if !guarded {
-            return false;
-        }
+        guards.push(guard);
     }
-    found
+    guards
 }
 
 /// The span of `needle` inside the template's string literal, when the literal is written
@@ -575,6 +615,33 @@ mod tests {
         );
         // `user "` is 6 bytes, `code {{ ` is 8.
         assert_eq!(diags[0].offset(), 14);
+    }
+
+    /// Reads guarded by `default` or by an `is defined` test render without the field, as
+    /// docs/language.md says; they were errors, and a valid suite did not load.
+    #[test]
+    fn guarded_reads_of_a_missing_field_are_accepted() {
+        for src in [
+            "{{ user_context.zip | default('z') }}",
+            "{% if user_context.zip is defined %}{{ user_context.zip }}{% endif %}",
+            "{% if user_context.zip is not defined %}none{% else %}{{ user_context.zip }}{% endif %}",
+        ] {
+            let (files, t) = setup(src);
+            let diags = check(&t, &scope(), &files);
+            assert!(diags.is_empty(), "{src}: {diags:?}");
+        }
+        // Unguarded, or a variable the scope does not have at all (a typo a default would
+        // hide for ever): reported.
+        for (src, var) in [
+            ("{{ user_context.zip }}", "user_context.zip"),
+            ("{{ user_context.zip | upper }}", "user_context.zip"),
+            ("{{ user_contxt.zip | default('z') }}", "user_contxt"),
+        ] {
+            let (files, t) = setup(src);
+            let diags = check(&t, &scope(), &files);
+            assert_eq!(diags.len(), 1, "{src}: {diags:?}");
+            assert!(diags[0].message.contains(var), "{src}: {diags:?}");
+        }
     }
 
     #[test]
