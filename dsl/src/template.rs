@@ -64,25 +64,17 @@ impl Scope {
         scope
             .values
             .insert("user_context".to_owned(), scenario.user_context.clone());
-        let mut scope = scope
-            .with(
-                "scenario",
-                names(&["id", "name", "description", "difficulty", "tags", "status"]),
-            )
-            .with(
-                "vars",
-                Names::Only({
-                    // Matrix values are variables from the first step on.
-                    let mut vars = vars.clone();
-                    vars.extend(scenario.matrix.iter().map(|m| m.name.value.clone()));
-                    vars
-                }),
-            );
+        let mut scope = scope.with("scenario", names(SCENARIO_FIELDS)).with(
+            "vars",
+            Names::Only({
+                // Matrix values are variables from the first step on.
+                let mut vars = vars.clone();
+                vars.extend(scenario.matrix.iter().map(|m| m.name.value.clone()));
+                vars
+            }),
+        );
         if has_persona {
-            scope = scope.with(
-                "persona",
-                names(&["id", "type", "description", "instructions"]),
-            );
+            scope = scope.with("persona", names(PERSONA_FIELDS));
         } else {
             scope = scope.with_hint(
                 "persona",
@@ -105,7 +97,13 @@ impl Scope {
     }
 }
 
-fn names(list: &[&str]) -> Names {
+/// The fields templates see in `scenario`.
+pub const SCENARIO_FIELDS: &[&str] = &["id", "name", "description", "difficulty", "tags", "status"];
+
+/// The fields templates see in `persona`.
+pub const PERSONA_FIELDS: &[&str] = &["id", "type", "description", "instructions"];
+
+pub fn names(list: &[&str]) -> Names {
     Names::Only(list.iter().map(|s| s.to_string()).collect())
 }
 

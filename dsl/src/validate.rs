@@ -598,10 +598,10 @@ impl<'p> Validator<'p> {
             }
         }
         if let Some(sim) = &p.simulator {
-            self.simulator(sim);
+            self.simulator(sim, None);
         }
         for sim in &self.info.unused_simulators {
-            self.simulator(sim);
+            self.simulator(sim, None);
         }
         for judge in &p.judges {
             self.reference(RefKind::Provider, &judge.provider);
@@ -1081,8 +1081,9 @@ impl<'p> Validator<'p> {
                     simulator, persona, ..
                 } if simulator.is_some() || persona.is_some() => {
                     if let Some(sim) = simulator {
+                        let has_persona = cx.scenario.persona.is_some() || persona.is_some();
                         for layer in sim.layers() {
-                            self.simulator(layer);
+                            self.simulator(layer, Some((cx, &captured, has_persona)));
                         }
                     }
                     if let Some(PersonaRef::Named(name)) = persona.as_deref() {
@@ -1142,19 +1143,30 @@ impl<'p> Validator<'p> {
 
     /// One simulator layer: its provider exists, its templates compile and use only the
     /// variables they are given (`trellis check` reports them once per layer).
-    fn simulator(&mut self, sim: &Simulator) {
+    /// A simulator's provider and templates. Written in a scenario (`in_scenario`: the step
+    /// that first uses it, and the values captured before it), its templates see that
+    /// scenario's names; the project's is shared by every scenario, whose `user_context`,
+    /// `vars` and `row` differ, so only the names every scenario has are checked there.
+    fn simulator(
+        &mut self,
+        sim: &Simulator,
+        in_scenario: Option<(&StepCx, &BTreeSet<String>, bool)>,
+    ) {
         if !self.checked_simulators.insert(sim.span) {
             return;
         }
         if let Some(provider) = &sim.provider {
             self.reference(RefKind::Provider, provider);
         }
-        let instructions_scope = Scope::env_only()
-            .with("user_context", Names::Any)
-            .with("persona", Names::Any)
-            .with("scenario", Names::Any)
-            .with("vars", Names::Any)
-            .with("row", Names::Any);
+        let instructions_scope = match in_scenario {
+            Some((cx, captured, has_persona)) => self.step_scope(cx, captured, has_persona),
+            None => Scope::env_only()
+                .with("user_context", Names::Any)
+                .with("persona", template::names(template::PERSONA_FIELDS))
+                .with("scenario", template::names(template::SCENARIO_FIELDS))
+                .with("vars", Names::Any)
+                .with("row", Names::Any),
+        };
         let prompt_scope = instructions_scope
             .clone()
             .with("user_context_json", Names::Any)
@@ -1174,7 +1186,14 @@ impl<'p> Validator<'p> {
     }
 
     fn template(&mut self, cx: &StepCx, t: &Template, captured: &BTreeSet<String>) {
-        let mut scope = Scope::scenario(cx.scenario, cx.scenario.persona.is_some(), captured);
+        let scope = self.step_scope(cx, captured, cx.scenario.persona.is_some());
+        self.check_template(t, &scope);
+    }
+
+    /// What a template of a step of `cx`'s scenario sees, `captured` being the values
+    /// captured before it (and `has_persona`, whether the step has a persona).
+    fn step_scope(&self, cx: &StepCx, captured: &BTreeSet<String>, has_persona: bool) -> Scope {
+        let mut scope = Scope::scenario(cx.scenario, has_persona, captured);
         match &cx.scenario.for_each {
             Some(ds) => {
                 let names = match self.info.dataset_columns.get(&ds.value) {
@@ -1198,7 +1217,7 @@ impl<'p> Validator<'p> {
                 ),
             );
         }
-        self.check_template(t, &scope);
+        scope
     }
 
     fn needs(&mut self) {

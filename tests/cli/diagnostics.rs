@@ -279,7 +279,55 @@ scenario "s" {
         "{err}"
     );
     assert!(err.contains("sim.kdl:4:"), "{err}");
-    assert!(err.contains("did you mean `persona`"), "{err}");
+    assert!(err.contains("did you mean `persona.type`"), "{err}");
+}
+
+/// A simulator's templates see the names of the scenario it is written in, and the
+/// project's see the fields every persona and scenario has: a misspelt field passed `check`
+/// and failed every simulated turn of the run.
+#[tokio::test]
+async fn simulator_templates_are_checked_against_the_names_they_will_see() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("sim.kdl"),
+        r#"agent "a" protocol="connexity" builtin="booking"
+provider "p" kind="openai" base-url="http://127.0.0.1:9/v1" model="m"
+persona "pp" type="t"
+simulator provider="p" system-prompt="{{ user_context.anything }} {{ scenario.nme }}" opening-prompt="{{ persona.bogus }}"
+scenario "s" {
+    persona "pp"
+    user-context {
+        city "X"
+    }
+    simulator instructions="{{ persona.typo }} {{ user_context.bar }} {{ persona.type }} {{ user_context.city }}"
+    user "hi"
+    simulate turns=1
+    expect reply contains="x"
+}
+"#,
+    )
+    .unwrap();
+    let o = check(dir.path()).await;
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    for (var, help) in [
+        ("scenario.nme", "did you mean `scenario.name`?"),
+        ("persona.bogus", "`persona` has:"),
+        ("persona.typo", "did you mean `persona.type`?"),
+        ("user_context.bar", "`user_context` has: `city`"),
+    ] {
+        assert!(
+            err.contains(&format!("undefined template variable `{var}`")),
+            "{var}: {err}"
+        );
+        assert!(err.contains(help), "{help}: {err}");
+    }
+    // The project's simulator serves scenarios with other contexts: not judged there.
+    assert!(
+        !err.contains("undefined template variable `user_context.anything`"),
+        "{err}"
+    );
+    assert!(err.contains("4 errors"), "{err}");
 }
 
 #[tokio::test]
