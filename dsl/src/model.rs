@@ -836,7 +836,8 @@ pub struct Scenario {
     pub outcomes: Vec<Spanned<Outcome>>,
     /// `expect-tool NAME key=value…`: checked deterministically on the whole trajectory.
     pub expect_tools: Vec<Criterion>,
-    pub criteria_override: Option<String>,
+    /// `criteria-override "…"`: the rubric of the scenario's judged checks (a template).
+    pub criteria_override: Option<Spanned<String>>,
     pub repeat: u32,
     /// Scenario ids (same suite, or `suite/scenario`) that must finish first.
     pub needs: Vec<Spanned<String>>,

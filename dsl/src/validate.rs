@@ -811,6 +811,17 @@ impl<'p> Validator<'p> {
         for c in sc.criteria.iter().chain(&sc.expect_tools) {
             self.criterion(&cx, c, &at_end);
         }
+        // Its `criteria-override` is rendered for the judge before the run, in the
+        // scenario's scope without captures (engine/src/render.rs, `judge_texts_rendered`).
+        if let Some(o) = &sc.criteria_override
+            && template::is_template(&o.value)
+        {
+            let t = Template {
+                source: o.value.clone(),
+                span: o.span,
+            };
+            self.template(&cx, &t, &BTreeSet::new());
+        }
         // The scenario's `outcome "…"` statements are judged at the end, with its captures.
         for outcome in &sc.outcomes {
             if let Outcome::Statement(statement) = &outcome.value

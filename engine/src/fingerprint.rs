@@ -230,7 +230,10 @@ fn checks_setup_text(project: &Project, sc: &Scenario) -> String {
     for outcome in &sc.outcomes {
         text.push_str(&canonical(&outcome.value));
     }
-    text.push_str(&canonical(&sc.criteria_override));
+    // The text alone, written as before it kept its span: earlier runs' fingerprints hold.
+    text.push_str(&canonical(
+        &sc.criteria_override.as_ref().map(|s| s.value.clone()),
+    ));
     // Judges decide `judge` criteria and outcomes; their providers serve them.
     for judge in &project.judges {
         text.push_str(&canonical(judge));

@@ -409,7 +409,10 @@ pub fn judge_texts_rendered(
         .outcomes
         .iter()
         .any(|o| matches!(&o.value, trellis_dsl::Outcome::Statement(s) if is_template(s)));
-    let override_template = sc.criteria_override.as_deref().is_some_and(is_template);
+    let override_template = sc
+        .criteria_override
+        .as_ref()
+        .is_some_and(|o| is_template(&o.value));
     if !outcome_templates && !override_template {
         return Arc::clone(sc);
     }
@@ -427,8 +430,10 @@ pub fn judge_texts_rendered(
             *statement = text;
         }
     }
-    if let Some(text) = rendered.criteria_override.as_deref().and_then(render) {
-        rendered.criteria_override = Some(text);
+    if let Some(o) = &mut rendered.criteria_override
+        && let Some(text) = render(&o.value)
+    {
+        o.value = text;
     }
     Arc::new(rendered)
 }

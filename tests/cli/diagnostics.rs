@@ -1132,3 +1132,33 @@ scenario "s" { agents "here" "gone"; user "hi"; expect no-error; }
     );
     assert!(!said.contains("agent `here`'s"), "{said}");
 }
+
+/// `criteria-override` is a template the judge reads rendered: a variable it cannot read is
+/// an error at `check`, where the judge was sent the text as written.
+#[tokio::test]
+async fn a_criteria_override_reading_an_undefined_variable_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("co.kdl"),
+        r#"agent "a" protocol="connexity" builtin="booking"
+scenario "s" {
+    user-context {
+        city "X"
+    }
+    criteria-override "Override {{ user_context.nope }} {{ user_context.city }}"
+    user "x"
+    expect judge "ok"
+}
+"#,
+    )
+    .unwrap();
+    let o = check(dir.path()).await;
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    assert!(
+        err.contains("undefined template variable `user_context.nope`"),
+        "{err}"
+    );
+    assert!(err.contains("co.kdl:6:36"), "{err}");
+    assert!(err.contains("`user_context` has: `city`"), "{err}");
+}

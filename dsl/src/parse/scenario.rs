@@ -100,7 +100,7 @@ impl<'f> Decoder<'f> {
                 "criteria-override" => {
                     sc.criteria_override = self
                         .single(&cv, spec, "criteria-override \"…\"")
-                        .and_then(|e| self.string(e))
+                        .and_then(|e| self.spanned_string(e))
                 }
                 "difficulty" => {
                     if let Some(d) = self

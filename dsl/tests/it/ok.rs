@@ -349,7 +349,7 @@ fn refund_scenario() {
         matches!(&sc.expect_tools[0].kind, CriterionKind::Tool { name, .. } if name == "refund")
     );
     assert_eq!(
-        sc.criteria_override.as_deref(),
+        sc.criteria_override.as_ref().map(|s| s.value.as_str()),
         Some("Only judge the refund handling.")
     );
     assert_eq!(sc.difficulty, Difficulty::Hard);

@@ -307,7 +307,11 @@ impl LlmRuntime {
             _ => Rubric::from_setting(
                 question
                     .rubric
-                    .or(task.scenario.criteria_override.as_deref())
+                    .or(task
+                        .scenario
+                        .criteria_override
+                        .as_ref()
+                        .map(|s| s.value.as_str()))
                     .or(resolved.rubric),
             ),
         };
