@@ -497,7 +497,8 @@ pub fn turn_latencies(base: &Path, head: &Path) -> Option<compare::TurnLatencies
 /// that started no later than the base (how runs varied up to it), and later ones only when
 /// they passed a `--baseline` comparison on latency themselves. A run after the base that
 /// was never gated, or failed its gate on latency, may be the slower agent under test, not
-/// a busier machine: counting it would let every later run as slow pass.
+/// a busier machine: counting it would let every later run as slow pass. Nor are runs with a
+/// trajectory in error counted.
 fn earlier_latency_means(base: &Path, head: &Path) -> Vec<f64> {
     let Ok(head_entry) = history::read_run(head) else {
         return Vec::new();
@@ -539,8 +540,17 @@ fn earlier_latency_means(base: &Path, head: &Path) -> Vec<f64> {
                 Some(_) => true,
             }
         })
+        .filter_map(|r| {
+            let stats = history::run_stats(&r.dir).ok()?;
+            let a = &stats.aggregates;
+            // A run with faulted turns measured its faults (a hung agent's turns are its
+            // timeouts), not how busy the machine was: counted, its mean would excuse any
+            // slower agent after it for the next runs.
+            (a.counts.errors == 0)
+                .then_some(a.latency.mean_ms)
+                .flatten()
+        })
         .take(compare::SPREAD_WINDOW)
-        .filter_map(|r| history::run_stats(&r.dir).ok()?.aggregates.latency.mean_ms)
         .collect()
 }
 

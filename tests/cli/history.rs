@@ -19,6 +19,8 @@ pub(super) struct Sample {
     repetition: u32,
     passed: bool,
     latency_ms: f64,
+    /// The trajectory ended in an error (its agent call timed out), not a verdict.
+    error: bool,
 }
 
 pub(super) fn sample(
@@ -32,6 +34,7 @@ pub(super) fn sample(
         repetition,
         passed,
         latency_ms,
+        error: false,
     }
 }
 
@@ -50,7 +53,7 @@ pub(super) fn write_run(runs_dir: &Path, name: &str, started_at: &str, samples: 
         planned_trajectories: samples.len() as u64,
         ..RunInfo::default()
     })];
-    let (mut passed, mut failed) = (0, 0);
+    let (mut passed, mut failed, mut errors) = (0, 0, 0);
     for s in samples {
         entries.push(JournalEntry::Node(NodeRecord {
             suite: "s".into(),
@@ -70,7 +73,10 @@ pub(super) fn write_run(runs_dir: &Path, name: &str, started_at: &str, samples: 
                 ..TurnRecord::default()
             })],
         }));
-        let status = if s.passed {
+        let status = if s.error {
+            errors += 1;
+            CriterionStatus::Skipped
+        } else if s.passed {
             passed += 1;
             CriterionStatus::Passed
         } else {
@@ -85,7 +91,9 @@ pub(super) fn write_run(runs_dir: &Path, name: &str, started_at: &str, samples: 
             protocol: "connexity".into(),
             repetition: s.repetition,
             nodes: vec![s.branch.into()],
-            status: if s.passed {
+            status: if s.error {
+                TrajectoryStatus::Error
+            } else if s.passed {
                 TrajectoryStatus::Passed
             } else {
                 TrajectoryStatus::Failed
@@ -118,7 +126,7 @@ pub(super) fn write_run(runs_dir: &Path, name: &str, started_at: &str, samples: 
         trajectories: samples.len() as u64,
         passed,
         failed,
-        errors: 0,
+        errors,
         skipped: 0,
         invalid: 0,
         llm_roles: Default::default(),
@@ -1241,6 +1249,35 @@ async fn a_run_no_slower_than_earlier_runs_of_the_same_suites_is_not_a_latency_r
     let o = compare(runs.path(), &["base", "head"]).await;
     assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
     assert!(stdout(&o).contains("latency_mean_ms"), "{}", stdout(&o));
+}
+
+/// An earlier run whose agent hung (every turn a 1 s timeout) measured its faults, not the
+/// machine: counted, it made a head run 8 times slower than the base "noise".
+#[tokio::test]
+async fn an_earlier_run_of_timeouts_does_not_widen_the_latency_spread() {
+    let runs = tempfile::tempdir().unwrap();
+    for (name, day, ms, error) in [
+        ("e1", 1, 50.0, false),
+        ("e2", 2, 50.0, false),
+        ("hung", 3, 1000.0, true),
+        ("base", 4, 50.0, false),
+        ("head", 5, 400.0, false),
+    ] {
+        let mut samples = turns(ms);
+        for s in &mut samples {
+            s.error = error;
+        }
+        write_run(
+            runs.path(),
+            name,
+            &format!("2026-01-0{day}T00:00:00Z"),
+            &samples,
+        );
+        set_fingerprint(&runs.path().join(name), name, "same suites");
+    }
+    let o = compare(runs.path(), &["base", "head"]).await;
+    assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
+    assert!(stdout(&o).contains("run latency_mean_ms"), "{}", stdout(&o));
 }
 
 /// Runs made after the base without a gate may be the slower agent itself: three plain runs
