@@ -190,7 +190,26 @@ pub fn run(args: RunArgs) -> u8 {
         let console = Console::new(plan.trajectory_count(), args.quiet || json, json);
         match super::resume::prepare(dir, &plan, args.jobs, args.strict, console) {
             Ok(Prepared::AlreadyFinished { run_id, summary }) => {
-                let code = already_finished(dir, &run_id, &summary);
+                let mut code = already_finished(dir, &run_id, &summary);
+                // With --baseline, the verdict is the comparison's, as when a run ends: a
+                // CI step retried with `--resume` must give the gate's answer again.
+                if let Some(base) = &baseline
+                    && matches!(code, EXIT_OK | EXIT_FAILED)
+                {
+                    code = match compare_with(base, dir, None, &args.thresholds) {
+                        Ok(c) => {
+                            if !json {
+                                outln!("");
+                                history::print_comparison(&c);
+                            }
+                            if c.regressed { EXIT_FAILED } else { EXIT_OK }
+                        }
+                        Err(message) => {
+                            errln!("error: cannot compare with the baseline: {message}");
+                            EXIT_INCOMPLETE
+                        }
+                    };
+                }
                 // Nothing of the edit would run: said, so it is not taken for a run of it.
                 if let Ok(Some(meta)) = trellis_reports::history::RunMeta::read(dir)
                     && !meta.suite_fingerprint.is_empty()

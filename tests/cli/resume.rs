@@ -842,6 +842,31 @@ async fn resuming_a_finished_run_that_failed_exits_with_its_verdict() {
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(stderr(&o).contains("1 failed"), "{}", stderr(&o));
     assert_eq!(server.requests(), sent);
+
+    // Gated on a baseline that failed the same way, the run passed its gate: resumed with
+    // that --baseline (a CI step retried), it passes again rather than failing on its
+    // own failures.
+    let runs = dir.path().join("runs");
+    let gated = runs.join("gated");
+    let o = run_in(&suite, &["--out"])
+        .arg(runs.join("base"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let o = run_in(&suite, &["--baseline", "base", "--out"])
+        .arg(&gated)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let o = run_in(&suite, &["--baseline", "base", "--resume"])
+        .arg(&gated)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("no regression"), "{}", stdout(&o));
 }
 
 /// `trellis compare BASE HEAD` with runs/BASE and runs/HEAD.
