@@ -395,6 +395,21 @@ pub fn compare(
         }
     })
     .collect();
+    // Runs of unrelated suites (or a head run selecting none of the base's scenarios) share
+    // nothing to compare: every base scenario "removed", every head one "added", and the
+    // gate passed having compared nothing.
+    if !scenarios.is_empty()
+        && scenarios
+            .iter()
+            .all(|s| matches!(s.rate.verdict, Verdict::Added | Verdict::Removed))
+        && scenarios.iter().any(|s| s.rate.verdict == Verdict::Removed)
+    {
+        regressions.push(
+            "the runs share no scenario: nothing of the base run was compared (runs of other \
+             suites, or a head run whose selection left out every scenario of the base)"
+                .to_owned(),
+        );
+    }
     // The scenarios the head run skipped: their branches and checks were not run either,
     // not removed from the suite.
     let not_run: std::collections::BTreeSet<(&str, &str, &str)> = scenarios
@@ -1270,6 +1285,47 @@ mod tests {
             "{:?}",
             c.regressions
         );
+    }
+
+    /// Runs with no scenario in common compared nothing: that fails, where it passed.
+    #[test]
+    fn runs_that_share_no_scenario_fail_the_comparison() {
+        let run = |name: &str| {
+            let mut run = RunStats::default();
+            run.aggregates.finished = true;
+            run.aggregates.planned = 1;
+            run.aggregates.counts.trajectories = 1;
+            run.aggregates.counts.passed = 1;
+            run.scenarios = vec![crate::stats::ScenarioStats {
+                suite: "s".into(),
+                scenario: name.into(),
+                agent: "a".into(),
+                counts: run.aggregates.counts,
+                repeats: crate::stats::Repeats::from_counts(1, 1, 0),
+                latency: Default::default(),
+                skip_reason: None,
+            }];
+            run
+        };
+        let c = |base: &RunStats, head: &RunStats| {
+            compare(
+                base,
+                RunRef::default(),
+                head,
+                RunRef::default(),
+                Thresholds::default(),
+                Vec::new(),
+                None,
+            )
+        };
+        let other = c(&run("one"), &run("two"));
+        assert!(other.regressed);
+        assert!(
+            other.regressions[0].contains("the runs share no scenario"),
+            "{:?}",
+            other.regressions
+        );
+        assert!(!c(&run("one"), &run("one")).regressed);
     }
 
     fn t(passed: u64, samples: u64) -> Option<Tally> {
