@@ -916,3 +916,45 @@ async fn a_collector_that_does_not_answer_leaves_its_spans_unconfirmed() {
     assert!(started.elapsed() < std::time::Duration::from_secs(20));
     assert_eq!(slow.requests(), 1);
 }
+
+/// A trajectory in `error` because its judge gave no usable answer (no fault of the agent)
+/// is exported with an error status, as a failed or faulted one is: it was `unset`, which
+/// trace viewers show as fine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trajectory_whose_judge_failed_is_exported_with_an_error_status() {
+    use super::support::llm::{FakeLlm, Reply, Rule};
+    let collector = Collector::start();
+    let fake = FakeLlm::start(vec![Rule::otherwise([Reply::text("no idea")])]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("judged.kdl");
+    std::fs::write(
+        &suite,
+        format!(
+            "agent \"a\" protocol=\"connexity\" builtin=\"booking\"\n\
+             provider \"fake\" kind=\"openai\" base-url=\"{}\" model=\"m\"\n\
+             judge \"main\" provider=\"fake\"\n\
+             scenario \"judged\" {{\n    user \"Hi\"\n    expect judge \"the agent is polite\"\n}}\n",
+            fake.base_url()
+        ),
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("run")
+        .arg(&suite)
+        .arg("--out")
+        .arg(dir.path().join("out"))
+        .arg("--otlp-endpoint")
+        .arg(format!("http://127.0.0.1:{}", collector.port))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    let spans = collector.spans();
+    let trajectory = spans
+        .iter()
+        .find(|s| s["name"] == "trajectory judged/judged main")
+        .unwrap_or_else(|| panic!("{spans:#?}"));
+    assert_eq!(trajectory["attributes"]["trellis.status"], "error");
+    // `STATUS_CODE_ERROR`.
+    assert_eq!(trajectory["status"], 2, "{trajectory}");
+}

@@ -523,10 +523,19 @@ impl SpanExporter {
             int("trellis.turns", u64::from(t.turns)),
         ];
         fault_status(&mut span, t.fault.as_ref());
-        if t.fault.is_none() && t.status.as_str() == "failed" {
+        // A trajectory in error without a fault of its agent: a check could not be decided
+        // (its judge failed). Not `ok`: nothing certified it.
+        let unfaulted = match t.status.as_str() {
+            "failed" => Some("checks failed"),
+            "error" => Some("a check ended in an error"),
+            _ => None,
+        };
+        if t.fault.is_none()
+            && let Some(message) = unfaulted
+        {
             span.status = Some(Status {
                 code: StatusCode::Error as i32,
-                message: "checks failed".to_owned(),
+                message: message.to_owned(),
             });
         }
         self.add(span);
