@@ -554,6 +554,11 @@ impl Pages<'_> {
                 "the run was stopped before its work was done: {recorded} of {planned} \
                  planned trajectories recorded (`trellis run --resume` finishes it)"
             )),
+            Some(f) if f.interrupted && recorded == planned => Some(format!(
+                "the run was stopped before its work was done: all {planned} planned \
+                 trajectories recorded, some of them cut short (a check not judged, calls \
+                 not made); `trellis run --resume` finishes it"
+            )),
             // Agents that fork record more than the plan: the count alone cannot say what
             // the stop cut off.
             Some(f) if f.interrupted => Some(format!(

@@ -857,6 +857,10 @@ impl Console {
         if let Some(s) = summary {
             let of_planned = if s.trajectories < self.planned {
                 format!(" of {} planned (the run was stopped)", self.planned)
+            } else if s.interrupted && s.trajectories == self.planned {
+                // Every planned trajectory has a record, but the stop cut some short (a
+                // check left unjudged, say).
+                " (the run was stopped: some were cut short)".to_owned()
             } else if s.interrupted {
                 // Agents that fork record more than the plan: the count alone cannot say
                 // what the stop cut off.

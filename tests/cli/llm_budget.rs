@@ -485,4 +485,21 @@ scenario "s" {{
     assert!(fake.calls() <= 1, "{}", fake.calls());
     let aggregates = &summary(&out)["stats"]["aggregates"];
     assert_eq!(aggregates["interrupted"], true, "{aggregates}");
+    // Every planned trajectory has its record: the stop cut one short, and no agent forked
+    // (the console and JUnit said "with those its agents forked beyond the 2 planned").
+    let said = format!(
+        "{}{}{}",
+        stdout(&o),
+        stderr(&o),
+        std::fs::read_to_string(out.join("junit.xml")).unwrap()
+    );
+    assert!(!said.contains("forked"), "{said}");
+    assert!(
+        said.contains("(the run was stopped: some were cut short)"),
+        "{said}"
+    );
+    assert!(
+        said.contains("all 2 planned trajectories recorded, some of them cut short"),
+        "{said}"
+    );
 }
