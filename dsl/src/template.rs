@@ -97,6 +97,96 @@ impl Scope {
     }
 }
 
+/// minijinja's built-in filters (its `builtins` feature), for "did you mean".
+const BUILTIN_FILTERS: &[&str] = &[
+    "abs",
+    "attr",
+    "batch",
+    "bool",
+    "capitalize",
+    "count",
+    "d",
+    "default",
+    "dictsort",
+    "e",
+    "escape",
+    "first",
+    "float",
+    "groupby",
+    "indent",
+    "int",
+    "items",
+    "join",
+    "last",
+    "length",
+    "lines",
+    "list",
+    "lower",
+    "map",
+    "max",
+    "min",
+    "pprint",
+    "reject",
+    "rejectattr",
+    "replace",
+    "reverse",
+    "round",
+    "safe",
+    "select",
+    "selectattr",
+    "slice",
+    "sort",
+    "split",
+    "string",
+    "sum",
+    "title",
+    "tojson",
+    "trim",
+    "unique",
+    "upper",
+    "urlencode",
+];
+
+/// minijinja's built-in tests.
+const BUILTIN_TESTS: &[&str] = &[
+    "boolean",
+    "defined",
+    "divisibleby",
+    "endingwith",
+    "eq",
+    "equalto",
+    "escaped",
+    "even",
+    "false",
+    "filter",
+    "float",
+    "ge",
+    "gt",
+    "in",
+    "integer",
+    "iterable",
+    "le",
+    "lower",
+    "lt",
+    "mapping",
+    "ne",
+    "none",
+    "number",
+    "odd",
+    "safe",
+    "sameas",
+    "sequence",
+    "startingwith",
+    "string",
+    "test",
+    "true",
+    "undefined",
+    "upper",
+];
+
+/// minijinja's built-in functions.
+const BUILTIN_FUNCTIONS: &[&str] = &["debug", "dict", "namespace", "range"];
+
 /// The fields templates see in `scenario`.
 pub const SCENARIO_FIELDS: &[&str] = &["id", "name", "description", "difficulty", "tags", "status"];
 
@@ -243,39 +333,59 @@ pub fn check_reading_env(
     };
     // A filter, test or function that does not exist fails only when rendered: the template
     // is rendered once here with every variable undefined (and lookups through it allowed),
-    // and such an error is reported now rather than on every turn of the run.
+    // and such an error is reported now rather than on every turn of the run. The variables
+    // are checked all the same: one misspelt filter hid every other problem of the text.
+    let mut out = Vec::new();
+    // An unknown function is a name nothing defines, said once, as the function.
+    let mut unknown_function = None;
     if let Err(err) = compiled.render(())
-        && matches!(
-            err.kind(),
-            minijinja::ErrorKind::UnknownFilter
-                | minijinja::ErrorKind::UnknownTest
-                | minijinja::ErrorKind::UnknownFunction
-        )
+        && let Some(known) = match err.kind() {
+            minijinja::ErrorKind::UnknownFilter => Some(BUILTIN_FILTERS),
+            minijinja::ErrorKind::UnknownTest => Some(BUILTIN_TESTS),
+            minijinja::ErrorKind::UnknownFunction => Some(BUILTIN_FUNCTIONS),
+            _ => None,
+        }
     {
         let detail = err
             .detail()
             .map(str::to_string)
             .unwrap_or_else(|| err.kind().to_string());
-        return vec![
+        // minijinja says `filter NAME is unknown`, `test NAME is unknown`, `NAME is unknown`.
+        let name = detail
+            .strip_suffix(" is unknown")
+            .map(|d| d.trim_start_matches("filter ").trim_start_matches("test "))
+            .filter(|n| !n.is_empty() && !n.contains(' '));
+        let help = match name.and_then(|n| did_you_mean(n, known.iter().copied())) {
+            Some(best) => format!("did you mean `{best}`?"),
+            None => "templates have minijinja's built-in filters, tests and functions: `upper`, \
+                     `lower`, `default`, `replace`, `trim`, `join`, `length`, `tojson`, `int`, \
+                     `float`, … (https://docs.rs/minijinja/latest/minijinja/filters/)"
+                .to_owned(),
+        };
+        if err.kind() == minijinja::ErrorKind::UnknownFunction {
+            unknown_function = name.map(str::to_owned);
+        }
+        let span = name
+            .and_then(|n| locate(template, n, files))
+            .unwrap_or(template.span);
+        out.push(
             Diagnostic::at_span(
                 Kind::TemplateSyntax,
                 format!("invalid template: {detail}"),
                 files,
-                template.span,
+                span,
                 detail.clone(),
             )
-            .with_help(
-                "templates have minijinja's built-in filters, tests and functions: `upper`, \
-                 `lower`, `default`, `replace`, `trim`, `join`, `length`, `tojson`, `int`, \
-                 `float`, … (https://docs.rs/minijinja/latest/minijinja/filters/)",
-            ),
-        ];
+            .with_help(help),
+        );
     }
     let globals: BTreeSet<String> = env.globals().map(|(k, _)| k.to_string()).collect();
     let mut used: Vec<String> = compiled.undeclared_variables(true).into_iter().collect();
     used.sort();
-    let mut out = Vec::new();
     for var in used {
+        if unknown_function.as_deref() == Some(var.as_str()) {
+            continue;
+        }
         let mut parts = var.splitn(3, '.');
         let root = parts.next().unwrap_or("");
         let attr = parts.next();
@@ -704,6 +814,18 @@ mod tests {
         }
         let (files, t) = setup("{{ user_context.postal_code | upper | replace(' ', '') }}");
         assert!(check(&t, &scope(), &files).is_empty());
+        // Said at the filter's name, with the name meant; and the text's other problems are
+        // said too.
+        let (files, t) = setup("{{ user_context.postl_code }} {{ vars.quote | uppr }}");
+        let diags = check(&t, &scope(), &files);
+        assert_eq!(diags.len(), 2, "{diags:?}");
+        assert_eq!(diags[0].help_text(), Some("did you mean `upper`?"));
+        // `user "` is 6 bytes, and the filter starts 46 bytes into the text.
+        assert_eq!(diags[0].offset(), 6 + 46);
+        assert_eq!(
+            diags[1].message,
+            "undefined template variable `user_context.postl_code`"
+        );
     }
 
     #[test]
