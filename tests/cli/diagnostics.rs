@@ -1162,3 +1162,31 @@ scenario "s" {
     assert!(err.contains("co.kdl:6:36"), "{err}");
     assert!(err.contains("`user_context` has: `city`"), "{err}");
 }
+
+/// A definition without its id (or with an empty one) still has its body read: its typos
+/// were said only once the id was fixed, one round of `check` later.
+#[tokio::test]
+async fn a_definition_without_an_id_still_has_its_body_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("ids.kdl"),
+        "scenario \"\" {\n    usr \"x\"\n}\nagent \"\" protocol=\"conexity\"\ntool \"\" { parm \"x\" }\n\
+         scenario {\n    user \"hi\"\n    expect reply contans=\"x\"\n}\n",
+    )
+    .unwrap();
+    let o = check(dir.path()).await;
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    for said in [
+        "`scenario` needs an id, not an empty one",
+        "unknown node `usr`",
+        "`agent` needs an id, not an empty one",
+        "invalid protocol `conexity`",
+        "`tool` needs a name, not an empty one",
+        "unknown node `parm`",
+        "`scenario` needs an id",
+        "unknown property `contans`",
+    ] {
+        assert!(err.contains(said), "{said}: {err}");
+    }
+}

@@ -33,8 +33,11 @@ const ENDPOINTS: &[&str] = &["url", "base-url", "builtin", "command", "socket"];
 impl Decoder<'_> {
     pub(super) fn agent(&mut self, v: &View) -> Option<Agent> {
         let usage = "agent \"ID\" protocol=\"connexity\" url=\"https://…\"";
-        let id = self.id_arg(v, "an id", usage)?;
+        let (id, has_id) = self.id_or_stand_in(v, "an id", usage);
         let agent = self.agent_body(v, &id, usage);
+        if !has_id {
+            return None;
+        }
         if agent.is_none() {
             self.info.declare(RefKind::Agent, &id.value);
         }

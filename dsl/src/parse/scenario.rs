@@ -14,9 +14,22 @@ pub(super) struct ScenarioState {
 impl<'f> Decoder<'f> {
     pub(super) fn scenario(&mut self, v: &View) -> Option<Scenario> {
         let usage = "scenario \"ID\" { … }";
-        let id = self.id_arg(v, "an id", usage)?;
+        let (id, has_id) = self.id_or_stand_in(v, "an id", usage);
+        let scenario = self.scenario_body(v, id, has_id, usage);
+        scenario.filter(|_| has_id)
+    }
+
+    fn scenario_body(
+        &mut self,
+        v: &View,
+        id: Spanned<String>,
+        has_id: bool,
+        usage: &str,
+    ) -> Option<Scenario> {
         self.check_entries(v, &lang::scenario::SCENARIO, usage);
-        self.scenario_id_ok(&id);
+        if has_id {
+            self.scenario_id_ok(&id);
+        }
         let mut sc = Scenario {
             id: id.clone(),
             name: None,

@@ -6,7 +6,12 @@ use super::*;
 impl<'f> Decoder<'f> {
     pub(super) fn tool(&mut self, v: &View) -> Option<Tool> {
         let usage = "tool \"NAME\" { description \"…\"; param …; mock …; sequence { … }; state …; policy … }";
-        let name = self.id_arg(v, "a name", usage)?;
+        let (name, has_name) = self.id_or_stand_in(v, "a name", usage);
+        let tool = self.tool_body(v, name, usage);
+        tool.filter(|_| has_name)
+    }
+
+    fn tool_body(&mut self, v: &View, name: Spanned<String>, usage: &str) -> Option<Tool> {
         self.check_args_of(v, &lang::tool::TOOL, usage);
         let s = self.settings_of(
             v,

@@ -489,6 +489,22 @@ impl<'f> Decoder<'f> {
         }
     }
 
+    /// [`Decoder::id_arg`] of a definition whose body is read either way: without an id (or
+    /// with an empty one, said), a stand-in (empty, at the node's name) and `false`, so that
+    /// the body's own problems are said now rather than once the id is fixed; the caller
+    /// then drops the definition.
+    pub(super) fn id_or_stand_in(
+        &mut self,
+        v: &View,
+        what: &str,
+        usage: &str,
+    ) -> (Spanned<String>, bool) {
+        match self.id_arg(v, what, usage) {
+            Some(id) => (id, true),
+            None => (Spanned::new(String::new(), self.span(v.name_span)), false),
+        }
+    }
+
     /// The one value of a setting or a one-argument node, checked against its `spec`.
     pub(super) fn single<'a>(
         &mut self,
