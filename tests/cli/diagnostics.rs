@@ -1190,3 +1190,32 @@ async fn a_definition_without_an_id_still_has_its_body_checked() {
         assert!(err.contains(said), "{said}: {err}");
     }
 }
+
+/// A branch's `persona` or `simulator` written twice is an error (the second replaced the
+/// first without a word), and a misspelt one is offered as what a branch takes.
+#[tokio::test]
+async fn a_branch_setting_written_twice_or_misspelt_is_said() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("b.kdl"),
+        "agent \"a\" protocol=\"connexity\" builtin=\"booking\"\n\
+         persona \"p\" type=\"t\"\npersona \"q\" type=\"u\"\n\
+         scenario \"s\" {\n    user \"hi\"\n    expect no-error\n    branch \"b\" {\n        \
+         personna \"p\"\n        persona \"p\"\n        persona \"q\"\n        user \"x\"\n        \
+         expect no-error\n    }\n    branch \"c\" {\n        user \"y\"\n        expect no-error\n    }\n}\n",
+    )
+    .unwrap();
+    let o = check(dir.path()).await;
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    assert!(
+        err.contains("`persona` is set twice in this branch"),
+        "{err}"
+    );
+    assert!(err.contains("b.kdl:10:9"), "{err}");
+    assert!(
+        err.contains("unknown node `personna` in a `branch`")
+            && err.contains("did you mean `persona`?"),
+        "{err}"
+    );
+}

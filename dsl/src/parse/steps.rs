@@ -46,26 +46,37 @@ impl<'f> Decoder<'f> {
                 let mut inner = Vec::new();
                 let mut simulator = None;
                 let mut persona = None;
+                // Where each of the branch's two settings was first written: a second one
+                // replaced the first without a word.
+                let mut settings: HashMap<&str, SourceSpan> = HashMap::new();
                 for child in v.children.map(|c| c.nodes()).unwrap_or_default() {
-                    if lang::steps::STEPS
-                        .iter()
-                        .any(|s| s.name == child.name().value())
-                    {
+                    let name = child.name().value();
+                    if lang::steps::STEPS.iter().any(|s| s.name == name) {
                         inner.push(child);
-                    } else if child.name().value() == "simulator" {
-                        let cv = View::of(child, self.text());
-                        simulator = self.nested_simulator(&cv);
-                    } else if child.name().value() == "persona" {
-                        let cv = View::of(child, self.text());
-                        persona = self.persona_ref(&cv);
-                    } else {
-                        let cv = View::of(child, self.text());
-                        self.unknown_node(
+                        continue;
+                    }
+                    let cv = View::of(child, self.text());
+                    if matches!(name, "simulator" | "persona") {
+                        if let Some(first) = settings.get(name) {
+                            let p =
+                                check::setting_twice(name, " in this branch", cv.name_span, *first);
+                            self.problem(p);
+                            continue;
+                        }
+                        settings.insert(cv.name, cv.name_span);
+                    }
+                    match name {
+                        "simulator" => simulator = self.nested_simulator(&cv),
+                        "persona" => persona = self.persona_ref(&cv),
+                        _ => self.unknown_node(
                             cv.name,
                             cv.name_span,
-                            "a `branch` (steps only)",
-                            lang::steps::STEPS.iter().map(|s| s.name),
-                        );
+                            "a `branch`",
+                            lang::steps::STEPS
+                                .iter()
+                                .map(|s| s.name)
+                                .chain(["persona", "simulator"]),
+                        ),
                     }
                 }
                 let (mut steps, turn) = self.steps(&inner, has_turn, st);
