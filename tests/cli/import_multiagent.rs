@@ -351,6 +351,45 @@ async fn an_empty_file_says_so_and_an_odd_id_is_made_one_line() {
     assert_eq!(check(&out).await.status.code(), Some(0));
 }
 
+/// A `judge_rubric` trellis has (or a rubric's text) is written as `rubric=`; any other name
+/// (a misspelt one, a plugin's) is reported and judged with the default rubric. The misspelt one failed the
+/// whole file as "internal"; an unknown one reached the judge as the rubric's text.
+#[tokio::test]
+async fn a_judge_rubric_trellis_does_not_have_is_reported_not_sent_or_fatal() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("ds.json");
+    std::fs::write(
+        &file,
+        r#"{"aes_version": 1.4, "metadata": {"name": "DS", "id": "ds-1"},
+ "workflow": {"nodes": [{"id": "a", "task_description": "hi",
+   "success_criteria": [
+     {"metric": "typo_score", "threshold": 0.85, "judge_config": {"judge_rubric": "policy_adherance"}},
+     {"metric": "plugin_score", "threshold": 0.5, "judge_config": {"judge_rubric": "hipaa_custom"}},
+     {"metric": "known_score", "threshold": 0.5, "judge_config": {"judge_rubric": "policy_adherence"}}]}],
+   "edges": []},
+ "evaluation": {}}"#,
+    )
+    .unwrap();
+    let out = dir.path().join("out.kdl");
+    let o = import(&[file.to_str().unwrap(), "--out", out.to_str().unwrap()]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let suite = std::fs::read_to_string(&out).unwrap();
+    assert!(
+        suite.contains("expect judge \"known_score\" threshold=0.5 rubric=\"policy_adherence\""),
+        "{suite}"
+    );
+    for name in ["policy_adherance", "hipaa_custom"] {
+        assert!(!suite.contains(&format!("rubric=\"{name}\"")), "{suite}");
+        assert!(
+            suite.contains(&format!(
+                "judge_config.judge_rubric `{name}` names no rubric trellis has"
+            )),
+            "{suite}"
+        );
+    }
+    assert_eq!(check(&out).await.status.code(), Some(0));
+}
+
 /// What the importer cannot carry over exactly is said, never weakened or dropped: a call
 /// named by its position (`0.tool_name`) is not `tool "X"` anywhere; a number among the
 /// keywords is looked for as its text; template syntax in a statement stays text.

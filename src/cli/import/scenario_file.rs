@@ -1877,9 +1877,21 @@ fn judge_criterion(
             Value::Object(config) => {
                 for (key, value) in config {
                     match (key.as_str(), value) {
-                        ("judge_rubric", Value::String(rubric)) => {
-                            let _ = write!(out, " rubric={}", kdl_string(rubric));
+                        // A rubric's text (sentences), or the name of one: a name trellis
+                        // has is written; any other (a misspelt one, a plugin's) would reach
+                        // the judge as the rubric's own text, or fail the suite's check.
+                        ("judge_rubric", Value::String(rubric))
+                            if rubric.trim().contains(char::is_whitespace)
+                                || trellis_dsl::lang::decls::BUILT_IN_RUBRICS
+                                    .contains(&rubric.trim()) =>
+                        {
+                            let _ = write!(out, " rubric={}", kdl_string(rubric.trim()));
                         }
+                        ("judge_rubric", Value::String(rubric)) => remarks.push(format!(
+                            "{metric}: judge_config.judge_rubric `{rubric}` names no rubric \
+                             trellis has ({}); judged with the default rubric",
+                            trellis_dsl::lang::decls::BUILT_IN_RUBRICS.join(", ")
+                        )),
                         (key, value) => remarks.push(format!(
                             "{metric}: judge_config.{key} {} (set it on a `judge` node)",
                             brief(value)
