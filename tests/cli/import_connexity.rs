@@ -60,7 +60,8 @@ async fn both_shapes_import_as_the_golden_suites_and_they_check() {
         "`expected_tool_calls[0].mock_responses[1]` is a string, not an object",
         "`expected_tool_calls[0].mock_responses[2]` has no `response`",
         "`expected_tool_calls[0].mock_responses[3].weight` (2)",
-        "`expected_tool_calls[1].expected_params.slot` ({\"from\":9}) (not checked)",
+        "`expected_tool_calls[1].expected_params.slot` ({\"from\":9}) (not checked: an object \
+         or a list cannot be written as a parameter of `expect-tool`)",
         "`source` next to `test_cases`",
         "test case 2 (Out of area): `priority` (3)",
         "test case 2 (Out of area): `persona.mood` (\"calm\")",

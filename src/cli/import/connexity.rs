@@ -685,8 +685,14 @@ fn expected_tool_call(case: &mut Case, index: usize, call: Value, lost: &mut imp
                         }
                         _ => lost(format!(
                             "`expected_tool_calls[{index}].expected_params.{param}` {} \
-                             (not checked)",
-                            brief(&value)
+                             (not checked: {})",
+                            brief(&value),
+                            if param == "count" {
+                                "`count=` is `expect-tool`'s own number of calls"
+                            } else {
+                                "an object or a list cannot be written as a parameter of \
+                                 `expect-tool`"
+                            }
                         )),
                     }
                 }
