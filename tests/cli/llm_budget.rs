@@ -503,3 +503,50 @@ scenario "s" {{
         "{said}"
     );
 }
+
+/// Once the budget is spent, a judge whose answer is in the LLM cache still answers: a cache
+/// hit is no call ("cache hits do not count"). The check was left "not checked" and the run
+/// exited 4, though nothing more would have been sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn judge_answers_in_the_cache_are_used_after_the_budget_is_spent() {
+    let fake = FakeLlm::start(vec![
+        Rule::when(
+            "The agent answers",
+            [Reply::text(
+                r#"{"score": 0.9, "label": "ok", "justification": "fine"}"#,
+            )],
+        ),
+        Rule::otherwise([Reply::text("Booked.")]),
+    ])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cached.kdl");
+    std::fs::write(
+        &path,
+        format!(
+            "provider \"fake\" kind=\"openai\" base-url=\"{0}\" model=\"m\" api-key-env=\"FAKE_KEY\"\n\
+             judge \"j\" provider=\"fake\"\n\
+             agent \"model\" protocol=\"openai\" base-url=\"{0}\" model=\"m\"\n\
+             scenario \"s\" {{\n    user \"book please\"\n    expect judge \"The agent answers\"\n}}\n",
+            fake.base_url()
+        ),
+    )
+    .unwrap();
+    let cache = dir.path().join("cache");
+    let cache_args = ["--llm-cache", cache.to_str().unwrap()];
+    let o = run(&path, &dir.path().join("first"), &cache_args).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    // The agent's call and the judge's.
+    assert_eq!(fake.calls(), 2);
+
+    // The agent (never answered from the cache) spends the one call allowed; the judge's
+    // answer is the cache's.
+    let mut args = cache_args.to_vec();
+    args.extend(["--max-llm-calls", "1"]);
+    let out = dir.path().join("second");
+    let o = run(&path, &out, &args).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert_eq!(fake.calls(), 3);
+    let c = read_parquet(&out.join("criteria.parquet"));
+    assert_eq!(strings(&c, "status"), [Some("passed".to_owned())], "{c}");
+}

@@ -442,16 +442,15 @@ struct Shared {
 }
 
 impl Shared {
-    /// Completes when a judge call must not go on: at once when the run is already stopping
-    /// (no judge call starts then), and for a call under way when a signal stops the run. A
-    /// stop at the LLM budget never completes it: a call admitted before the budget ran out
-    /// was paid for, and finishes (README, exit code 4); calls not started yet are refused
-    /// by the budget itself.
+    /// Completes when a judge call must not go on: at once when a signal has stopped the run
+    /// (no judge call starts then), and for a call under way when one comes. A stop at the
+    /// LLM budget never completes it: a call admitted before the budget ran out was paid
+    /// for, and finishes (README, exit code 4); a call not sent yet is refused by the budget
+    /// itself, after the cache, whose answers cost nothing, was asked.
     async fn abandon_judging(&self) {
-        if self.stop.is_cancelled() {
-            return;
-        }
         self.stop.cancelled().await;
+        // After the budget's stop too: the meter itself refuses a call that would be sent,
+        // and an answer the cache holds costs nothing ("cache hits do not count").
         if self.llm.meter().tripped().is_some() {
             std::future::pending::<()>().await;
         }
