@@ -565,15 +565,25 @@ pub(super) fn keeps_baseline(
     if replacing
         && trellis_reports::history::is_run_dir(out)
         && let Ok(run) = trellis_reports::history::read_run(out)
-        && run.baseline
     {
-        return Err(format!(
-            "{} holds the pinned baseline (run {}); --replace would delete it. Choose \
-             another --out, or unpin it first: trellis runs unpin {}",
-            out.display(),
-            run.label(),
-            out.display()
-        ));
+        if run.baseline {
+            return Err(format!(
+                "{} holds the pinned baseline (run {}); --replace would delete it. Choose \
+                 another --out, or unpin it first: trellis runs unpin {}",
+                out.display(),
+                run.label(),
+                out.display()
+            ));
+        }
+        // A name is what `--baseline NAME` and `compare NAME` find the run by: said, so a
+        // gate that names it later is not left wondering where it went.
+        if let Some(name) = &run.name {
+            errln!(
+                "warning: --replace deletes run {} named `{name}`; the name goes with it \
+                 (`trellis runs name RUN {name}` gives it to another run)",
+                run.run_id
+            );
+        }
     }
     Ok(())
 }

@@ -1719,3 +1719,46 @@ async fn compare_refuses_a_run_whose_journal_cannot_be_read() {
         stderr(&o)
     );
 }
+
+/// `--replace` of a named run's directory says that the name goes with it: a later
+/// `--baseline NAME` found nothing, and nothing had said why.
+#[tokio::test]
+async fn replacing_a_named_run_says_its_name_goes() {
+    let dir = tempfile::tempdir().unwrap();
+    let runs = dir.path().join("runs");
+    let run = |extra: &'static [&'static str]| {
+        let out = runs.join("nightly");
+        async move {
+            trellis()
+                .args([
+                    "run",
+                    "suites/booking.kdl",
+                    "--filter",
+                    "price-first",
+                    "-q",
+                    "--out",
+                ])
+                .arg(out)
+                .args(extra)
+                .output()
+                .await
+                .unwrap()
+        }
+    };
+    let o = run(&[]).await;
+    assert!(matches!(o.status.code(), Some(0 | 1)), "{}", stderr(&o));
+    let o = trellis()
+        .args(["runs", "name", "nightly", "release-1.0", "--dir"])
+        .arg(&runs)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = run(&["--replace"]).await;
+    assert!(matches!(o.status.code(), Some(0 | 1)), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("named `release-1.0`; the name goes with it"),
+        "{}",
+        stderr(&o)
+    );
+}
