@@ -976,3 +976,36 @@ async fn linked_suite_files_and_directories_are_loaded_once() {
     ran.sort();
     assert_eq!(ran, ["deep", "here", "linked"]);
 }
+
+/// A trajectory that passed the checks that ran, with one that did not (a judge with no
+/// provider), says so in its JUnit case: the case was a bare pass, and only the console
+/// listed what went unchecked.
+#[tokio::test]
+async fn a_passing_junit_case_says_which_checks_did_not_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("mixed.kdl");
+    std::fs::write(
+        &suite,
+        "agent \"a\" protocol=\"connexity\" builtin=\"booking\"\n\
+         scenario \"mixed\" {\n    user \"Hi, I'd like to book a duct cleaning.\"\n    \
+         expect no-error\n    expect judge \"The agent is polite & <kind>\"\n}\n",
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = trellis()
+        .args(["run", "-q", "--out"])
+        .arg(&out)
+        .arg(&suite)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let junit = std::fs::read_to_string(out.join("junit.xml")).unwrap();
+    assert!(
+        junit.contains(
+            "<system-out>passed the checks that ran; not checked:&#10;judge &quot;The agent is \
+             polite &amp; &lt;kind&gt;&quot; [judge]: no judge configured"
+        ),
+        "{junit}"
+    );
+}
