@@ -786,3 +786,59 @@ scenario "solo" {{
         "{text}"
     );
 }
+
+/// A run a signal stopped while its judge was thinking (every trajectory recorded, one check
+/// left unjudged) is complete once `rejudge` has judged that check: its JUnit and `compare`
+/// said "stopped before its work was done" for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejudging_the_checks_a_signal_left_unjudged_completes_the_run() {
+    let fake = FakeLlm::start(vec![Rule::otherwise([
+        Reply::slow(
+            std::time::Duration::from_secs(120),
+            Reply::text(r#"{"score": 1.0, "justification": "polite"}"#),
+        ),
+        Reply::text(r#"{"score": 1.0, "justification": "polite"}"#),
+    ])])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = one_judged_check(dir.path(), &fake.base_url(), "STOP-CHECK");
+    let runs = dir.path().join("runs");
+    let child = trellis()
+        .args(["run", "-q", "--out"])
+        .arg(runs.join("stopped"))
+        .arg(&path)
+        .env("FAKE_KEY", KEY)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while fake.calls() == 0 {
+        assert!(std::time::Instant::now() < deadline, "no judge was asked");
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let pid = i32::try_from(child.id().unwrap()).unwrap();
+    // SAFETY: kill(2) on a child process id this test spawned and has not reaped yet.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let o = tokio::time::timeout(std::time::Duration::from_secs(20), child.wait_with_output())
+        .await
+        .expect("the run did not exit after the signal")
+        .unwrap();
+    assert_eq!(o.status.code(), Some(143), "{}", stderr(&o));
+
+    let o = rejudge(&runs.join("stopped"), &path, runs.join("rejudged")).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let junit = std::fs::read_to_string(runs.join("rejudged/junit.xml")).unwrap();
+    assert!(!junit.contains("the run covers its plan"), "{junit}");
+    let o = trellis()
+        .args(["compare", "stopped", "rejudged", "--dir"])
+        .arg(&runs)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        !stdout(&o).contains("the head run was stopped"),
+        "{}",
+        stdout(&o)
+    );
+}

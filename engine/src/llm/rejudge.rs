@@ -156,10 +156,22 @@ pub async fn rejudge_draw(
         turns,
         llm_roles: runtime.meter().by_role(),
         // Re-scoring covers what the original recorded, no more: an original that was
-        // stopped, or never reached its end, leaves the re-scored run short of its plan.
-        interrupted: original_end.is_none_or(|s| s.interrupted),
+        // stopped, or never reached its end, leaves the re-scored run short of its plan,
+        // unless what the stop cut off was only judging, now done (below).
+        interrupted: original_end.as_ref().is_none_or(|s| s.interrupted),
         ..RunSummary::default()
     };
+    // A stop that left only checks unjudged (every planned trajectory recorded, none more:
+    // an agent that forks makes the count say nothing) is made good by judging them: the
+    // re-scored run covers its plan when none is left cut short.
+    let only_judging_cut = original_end.as_ref().is_some_and(|s| {
+        s.interrupted && s.stopped_by.is_none() && s.trajectories == new_info.planned_trajectories
+    }) && results
+        .iter()
+        .all(|(t, _)| !t.criteria.iter().any(|c| c.cut_by_stop()));
+    if only_judging_cut {
+        summary.interrupted = false;
+    }
     for (t, c) in results {
         counts.rejudged += c.rejudged;
         counts.changed += c.changed;
