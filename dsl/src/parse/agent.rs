@@ -450,7 +450,24 @@ impl Decoder<'_> {
                     }
                 }
             }
-            "command" => self.string(e).map(Endpoint::Command),
+            "command" => {
+                let command = self.string(e)?;
+                if command.trim().is_empty() {
+                    let d = self
+                        .diag(
+                            Kind::InvalidValue,
+                            "an empty `command` starts no agent",
+                            value_span(e),
+                            "empty",
+                        )
+                        .with_help(
+                            "write the command that runs the agent, e.g. \"python3 -u agent.py\"",
+                        );
+                    self.report(d);
+                    return None;
+                }
+                Some(Endpoint::Command(command))
+            }
             "socket" => self.socket_address(e).map(Endpoint::Socket),
             _ => {
                 let name = self.spanned_string(e)?;

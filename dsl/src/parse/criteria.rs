@@ -120,6 +120,21 @@ impl<'f> Decoder<'f> {
                     self.missing(v, "`min=…` or `max=…`", usage);
                     return None;
                 }
+                // No count is both: the check could never pass.
+                if let (Some(lo), Some(hi), Some(e)) = (min, max, v.prop("max"))
+                    && hi < lo
+                {
+                    let d = self
+                        .diag(
+                            Kind::InvalidValue,
+                            format!("`max={hi}` is below `min={lo}`: no count passes"),
+                            e.span(),
+                            "below min",
+                        )
+                        .with_help("swap them, or write the one bound meant");
+                    self.report(d);
+                    return None;
+                }
                 CriterionKind::SpanCount {
                     name: name.value,
                     min,
@@ -406,6 +421,22 @@ impl<'f> Decoder<'f> {
                     .with_help(
                         "every reply contains the empty text: write the text to look for, or \
                          `equals=\"\"` for an empty reply",
+                    );
+                self.report(d);
+                failed = true;
+                continue;
+            }
+            if name == "matches" && p.value().as_string() == Some("") {
+                let d = self
+                    .diag(
+                        Kind::InvalidValue,
+                        "an empty `matches` checks nothing",
+                        p.span(),
+                        "empty",
+                    )
+                    .with_help(
+                        "the empty pattern matches every reply: write the pattern to look for, \
+                         or `equals=\"\"` for an empty reply",
                     );
                 self.report(d);
                 failed = true;
