@@ -1092,9 +1092,8 @@ impl<'p> Validator<'p> {
                     simulator, persona, ..
                 } if simulator.is_some() || persona.is_some() => {
                     if let Some(sim) = simulator {
-                        let has_persona = cx.scenario.persona.is_some() || persona.is_some();
                         for layer in sim.layers() {
-                            self.simulator(layer, Some((cx, &captured, has_persona)));
+                            self.simulator(layer, Some((cx, &captured)));
                         }
                     }
                     if let Some(PersonaRef::Named(name)) = persona.as_deref() {
@@ -1158,11 +1157,7 @@ impl<'p> Validator<'p> {
     /// that first uses it, and the values captured before it), its templates see that
     /// scenario's names; the project's is shared by every scenario, whose `user_context`,
     /// `vars` and `row` differ, so only the names every scenario has are checked there.
-    fn simulator(
-        &mut self,
-        sim: &Simulator,
-        in_scenario: Option<(&StepCx, &BTreeSet<String>, bool)>,
-    ) {
+    fn simulator(&mut self, sim: &Simulator, in_scenario: Option<(&StepCx, &BTreeSet<String>)>) {
         if !self.checked_simulators.insert(sim.span) {
             return;
         }
@@ -1170,7 +1165,12 @@ impl<'p> Validator<'p> {
             self.reference(RefKind::Provider, provider);
         }
         let instructions_scope = match in_scenario {
-            Some((cx, captured, has_persona)) => self.step_scope(cx, captured, has_persona),
+            // `persona` is `none` in a simulator's prompts when the scenario has none (the
+            // builtin prompt guards it, `{% if persona is not none %}`), and which branch
+            // has one is not followed here: its fields are checked, not its presence.
+            Some((cx, captured)) => self
+                .step_scope(cx, captured, true)
+                .with("persona", template::names(template::PERSONA_FIELDS)),
             None => Scope::env_only()
                 .with("user_context", Names::Any)
                 .with("persona", template::names(template::PERSONA_FIELDS))

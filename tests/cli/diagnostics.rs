@@ -304,6 +304,14 @@ scenario "s" {
     simulate turns=1
     expect reply contains="x"
 }
+scenario "no-persona" {
+    simulator {
+        system-prompt "{% if persona is not none %}You are {{ persona.type }}.{% endif %} End with {{ end_marker }}."
+    }
+    user "hi"
+    simulate turns=1
+    expect reply contains="x"
+}
 "#,
     )
     .unwrap();
@@ -322,7 +330,8 @@ scenario "s" {
         );
         assert!(err.contains(help), "{help}: {err}");
     }
-    // The project's simulator serves scenarios with other contexts: not judged there.
+    // The project's simulator serves scenarios with other contexts: not judged there. And
+    // `persona` is `none` in a scenario without one: a prompt may guard it.
     assert!(
         !err.contains("undefined template variable `user_context.anything`"),
         "{err}"
