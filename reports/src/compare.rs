@@ -395,18 +395,22 @@ pub fn compare(
         }
     })
     .collect();
-    // Runs of unrelated suites (or a head run selecting none of the base's scenarios) share
-    // nothing to compare: every base scenario "removed", every head one "added", and the
-    // gate passed having compared nothing.
-    if !scenarios.is_empty()
-        && scenarios
+    // Runs of unrelated suites share nothing to compare: every base scenario "removed",
+    // every head one "added", and the gate passed having compared nothing. (A head run of
+    // the same suites that selected only new scenarios, or whose agent was renamed, shares
+    // its suites: its new scenarios are gated as new ones.)
+    let base_suites: std::collections::BTreeSet<&str> =
+        base.scenarios.iter().map(|s| s.suite.as_str()).collect();
+    if !base_suites.is_empty()
+        && !head.scenarios.is_empty()
+        && !head
+            .scenarios
             .iter()
-            .all(|s| matches!(s.rate.verdict, Verdict::Added | Verdict::Removed))
-        && scenarios.iter().any(|s| s.rate.verdict == Verdict::Removed)
+            .any(|s| base_suites.contains(s.suite.as_str()))
     {
         regressions.push(
-            "the runs share no scenario: nothing of the base run was compared (runs of other \
-             suites, or a head run whose selection left out every scenario of the base)"
+            "the runs share no suite: nothing of the base run was compared (a suite's name is \
+             its file's: runs of other suites, or of a renamed file)"
                 .to_owned(),
         );
     }
@@ -521,7 +525,7 @@ pub fn compare(
         {
             regressions.push(format!(
                 "branch {}/{} {} [{}]: not run (checked in {} of the base run's repetitions, \
-                 skipped in the head run)",
+                 in none of the head run's)",
                 b.suite,
                 b.scenario,
                 b.trajectory,
@@ -555,7 +559,12 @@ pub fn compare(
                     &thresholds,
                 );
                 skipped_in_head(&suite, &scenario, &agent, &mut rate);
-                unchecked_in_head(&mut rate);
+                // A fidelity check rates the simulated user, not the agent: one its judge
+                // could not answer says nothing of the agent (docs/simulator.md).
+                let of_the_agent = h.is_none_or(|c| c.kind != trellis_records::FIDELITY_KIND);
+                if of_the_agent {
+                    unchecked_in_head(&mut rate);
+                }
                 rate
             },
             head_failure: h.and_then(|c| c.first_failure.clone()),
@@ -1287,17 +1296,63 @@ mod tests {
         );
     }
 
-    /// Runs with no scenario in common compared nothing: that fails, where it passed.
+    /// A check the head run did not evaluate is `not run`, unless it rates the simulated
+    /// user (`fidelity`), whose unusable judge answer says nothing of the agent.
     #[test]
-    fn runs_that_share_no_scenario_fail_the_comparison() {
-        let run = |name: &str| {
+    fn an_unevaluated_check_is_not_run_unless_it_is_the_users_fidelity() {
+        let criterion = |kind: &str, passed, skipped| crate::stats::CriterionStats {
+            suite: "s".into(),
+            scenario: "c".into(),
+            trajectory: "main".into(),
+            agent: "a".into(),
+            turn_index: Some(1),
+            criterion: kind.into(),
+            kind: kind.into(),
+            passed,
+            failed: 0,
+            skipped,
+            first_failure: None,
+        };
+        let run = |passed, skipped| {
+            let mut run = RunStats::default();
+            run.aggregates.finished = true;
+            run.criteria = vec![
+                criterion("fidelity", passed, skipped),
+                criterion("reply", passed, skipped),
+            ];
+            run
+        };
+        let c = compare(
+            &run(1, 0),
+            RunRef::default(),
+            &run(0, 1),
+            RunRef::default(),
+            Thresholds::default(),
+            Vec::new(),
+            None,
+        );
+        let verdict = |kind: &str| {
+            c.criteria
+                .iter()
+                .find(|k| k.criterion == kind)
+                .map(|k| k.rate.verdict)
+        };
+        assert_eq!(verdict("reply"), Some(Verdict::NotRun));
+        assert_eq!(verdict("fidelity"), Some(Verdict::NotComparable));
+    }
+
+    /// Runs of no suite in common compared nothing: that fails, where it passed. Another
+    /// scenario of the same suite (a head run that selected only a new one) is gated as new.
+    #[test]
+    fn runs_that_share_no_suite_fail_the_comparison() {
+        let run = |suite: &str, name: &str| {
             let mut run = RunStats::default();
             run.aggregates.finished = true;
             run.aggregates.planned = 1;
             run.aggregates.counts.trajectories = 1;
             run.aggregates.counts.passed = 1;
             run.scenarios = vec![crate::stats::ScenarioStats {
-                suite: "s".into(),
+                suite: suite.into(),
                 scenario: name.into(),
                 agent: "a".into(),
                 counts: run.aggregates.counts,
@@ -1318,14 +1373,15 @@ mod tests {
                 None,
             )
         };
-        let other = c(&run("one"), &run("two"));
+        let other = c(&run("s", "one"), &run("t", "one"));
         assert!(other.regressed);
         assert!(
-            other.regressions[0].contains("the runs share no scenario"),
+            other.regressions[0].contains("the runs share no suite"),
             "{:?}",
             other.regressions
         );
-        assert!(!c(&run("one"), &run("one")).regressed);
+        assert!(!c(&run("s", "one"), &run("s", "one")).regressed);
+        assert!(!c(&run("s", "one"), &run("s", "new")).regressed);
     }
 
     fn t(passed: u64, samples: u64) -> Option<Tally> {

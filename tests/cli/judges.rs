@@ -772,7 +772,7 @@ scenario "solo" {{
     assert!(
         text.contains(
             "branch gate/greet judged [demo]: not run (checked in 1 of the base run's \
-             repetitions, skipped in the head run)"
+             repetitions, in none of the head run's)"
         ),
         "{text}"
     );
