@@ -914,17 +914,41 @@ fn meta_of(run: &RunEntry) -> RunMeta {
 /// run's statistics): what `compare` ranks to tell a slower agent from noise. Read from
 /// `turns.parquet`, else from the journal; `None` when neither can be read.
 pub fn turn_latencies(dir: &Path) -> Option<Vec<f64>> {
+    latencies_of(dir, false)
+}
+
+/// [`turn_latencies`] of the turns the agent answered: a faulted turn's latency is its fault
+/// (a hung agent's is its timeout), which says nothing of how fast the agent answers or how
+/// busy the machine was. What an earlier run's spread is taken from.
+pub fn answered_turn_latencies(dir: &Path) -> Option<Vec<f64>> {
+    latencies_of(dir, true)
+}
+
+fn latencies_of(dir: &Path, answered_only: bool) -> Option<Vec<f64>> {
     let from_table = || -> PolarsResult<Vec<f64>> {
-        let columns = crate::columns::read(
-            &dir.join(crate::tables::TURNS_FILE),
-            &["latency_ms", "replay"],
-        )?;
+        let mut names = vec!["latency_ms", "replay"];
+        if answered_only {
+            names.push("fault_category");
+        }
+        let columns = crate::columns::read(&dir.join(crate::tables::TURNS_FILE), &names)?;
+        let faulted = if answered_only {
+            columns
+                .strings("fault_category")?
+                .into_iter()
+                .map(|f| f.is_some())
+                .collect()
+        } else {
+            Vec::new()
+        };
         Ok(columns
             .floats("latency_ms")?
             .into_iter()
             .zip(columns.bools("replay")?)
-            .filter(|(_, replay)| *replay != Some(true))
-            .filter_map(|(ms, _)| ms)
+            .enumerate()
+            .filter(|(i, (_, replay))| {
+                *replay != Some(true) && !faulted.get(*i).copied().unwrap_or(false)
+            })
+            .filter_map(|(_, (ms, _))| ms)
             .filter(|ms| ms.is_finite())
             .collect())
     };
@@ -938,7 +962,11 @@ pub fn turn_latencies(dir: &Path) -> Option<Vec<f64>> {
             latencies.extend(
                 node.turns
                     .iter()
-                    .filter(|t| !t.replay && t.latency_ms.is_finite())
+                    .filter(|t| {
+                        !t.replay
+                            && t.latency_ms.is_finite()
+                            && !(answered_only && t.fault.is_some())
+                    })
                     .map(|t| t.latency_ms),
             );
         }

@@ -497,8 +497,8 @@ pub fn turn_latencies(base: &Path, head: &Path) -> Option<compare::TurnLatencies
 /// that started no later than the base (how runs varied up to it), and later ones only when
 /// they passed a `--baseline` comparison on latency themselves. A run after the base that
 /// was never gated, or failed its gate on latency, may be the slower agent under test, not
-/// a busier machine: counting it would let every later run as slow pass. Nor are runs with a
-/// trajectory in error counted.
+/// a busier machine: counting it would let every later run as slow pass. A run's mean is that
+/// of the turns its agent answered.
 fn earlier_latency_means(base: &Path, head: &Path) -> Vec<f64> {
     let Ok(head_entry) = history::read_run(head) else {
         return Vec::new();
@@ -541,14 +541,11 @@ fn earlier_latency_means(base: &Path, head: &Path) -> Vec<f64> {
             }
         })
         .filter_map(|r| {
-            let stats = history::run_stats(&r.dir).ok()?;
-            let a = &stats.aggregates;
-            // A run with faulted turns measured its faults (a hung agent's turns are its
-            // timeouts), not how busy the machine was: counted, its mean would excuse any
-            // slower agent after it for the next runs.
-            (a.counts.errors == 0)
-                .then_some(a.latency.mean_ms)
-                .flatten()
+            // The turns the agent answered: a faulted turn's latency is its fault (a hung
+            // agent's turns are its timeouts), not how busy the machine was; counted, a run
+            // of timeouts would excuse any slower agent after it for the next runs.
+            let answered = history::answered_turn_latencies(&r.dir)?;
+            (!answered.is_empty()).then(|| answered.iter().sum::<f64>() / answered.len() as f64)
         })
         .take(compare::SPREAD_WINDOW)
         .collect()

@@ -65,11 +65,16 @@ pub(super) fn write_run(runs_dir: &Path, name: &str, started_at: &str, samples: 
             turns: vec![Arc::new(TurnRecord {
                 turn_index: 0,
                 user_message: "hi".into(),
-                reply: Some("hello".into()),
                 // Every sample runs at once, as `--jobs` runs them.
                 started_ms: 0.0,
                 latency_ms: s.latency_ms,
                 attempts: 1,
+                reply: (!s.error).then(|| "hello".into()),
+                fault: s.error.then(|| trellis_engine::record::Fault {
+                    category: trellis_engine::record::FaultCategory::Timeout,
+                    message: "no answer within 1s".into(),
+                    rate_limited: None,
+                }),
                 ..TurnRecord::default()
             })],
         }));
