@@ -260,15 +260,15 @@ pub enum HistoryError {
     NoSuchRun { what: String, dir: PathBuf },
 
     #[error(
-        "`{}` is both the name of run {named} and the run directory {}",
+        "`{}` names both run {named} and the run directory {}",
         dir.file_name().unwrap_or_default().display(),
         dir.display()
     )]
     #[diagnostic(
         code(trellis::history::ambiguous),
         help(
-            "give the run id or the directory's path instead; `trellis runs name` moves the \
-             name to another run"
+            "give the run id, or the directory as a path (`./NAME`, `runs/NAME`) instead; \
+             `trellis runs name` moves a name to another run"
         )
     )]
     NameAndDirectory { named: String, dir: PathBuf },
@@ -707,9 +707,20 @@ pub fn resolve_run(runs_dir: &Path, what: &str) -> Result<RunEntry, HistoryError
             read_run(dir)
         }
     };
-    // The keywords mean the pinned run whatever directories are called: a run written to
-    // `--out runs/baseline` must not become the gate's baseline by its name (a path to it,
-    // `runs/baseline`, still names it).
+    // A bare word that is also a run directory (here, or in `runs_dir`): which run is meant
+    // cannot be told when the word also names another run, a keyword's pinned run or a
+    // name (`trellis runs name` refuses a name a directory has, but a later `--out` may take
+    // it), and a gate must not guess. A path (`./baseline`, `runs/nightly`) names the
+    // directory alone.
+    let bare = !what.contains(['/', '\\']);
+    let as_path = Path::new(what);
+    let directory = [as_path.to_path_buf(), runs_dir.join(what)]
+        .into_iter()
+        .find(|dir| bare && dir.is_dir() && is_run_dir(dir));
+    let clash = |run: &RunEntry, dir: PathBuf| HistoryError::NameAndDirectory {
+        named: run.run_id.clone(),
+        dir,
+    };
     if what == "pinned" || what == "baseline" {
         if !runs_dir.is_dir() {
             // A first `run --baseline`: nothing to compare with yet, and nothing pinned.
@@ -717,34 +728,34 @@ pub fn resolve_run(runs_dir: &Path, what: &str) -> Result<RunEntry, HistoryError
                 dir: runs_dir.to_path_buf(),
             });
         }
-        return pinned(list_runs(runs_dir)?, runs_dir);
+        let pinned = pinned(list_runs(runs_dir)?, runs_dir)?;
+        if let Some(dir) = directory
+            && read_run(&dir).is_ok_and(|r| r.run_id != pinned.run_id)
+        {
+            return Err(clash(&pinned, dir));
+        }
+        return Ok(pinned);
     }
-    let as_path = Path::new(what);
-    if as_path.is_dir() && is_run_dir(as_path) {
+    if as_path.is_dir() && is_run_dir(as_path) && !(bare && directory.is_some()) {
         return whole(as_path);
     }
     let not_found = || HistoryError::NoSuchRun {
         what: what.to_owned(),
         dir: runs_dir.to_path_buf(),
     };
-    if !runs_dir.is_dir() {
-        return Err(not_found());
-    }
-    let below = runs_dir.join(what);
-    if !what.contains(['/', '\\']) && below.is_dir() && is_run_dir(&below) {
-        let run = whole(&below)?;
-        // `trellis runs name` refuses a name a directory has, but a later `--out` may take
-        // it: which run is meant cannot be told, and a gate must not guess.
-        if let Some(named) = list_runs(runs_dir)?
-            .into_iter()
-            .find(|r| r.name.as_deref() == Some(what) && r.run_id != run.run_id)
+    if let Some(dir) = directory {
+        let run = whole(&dir)?;
+        if runs_dir.is_dir()
+            && let Some(named) = list_runs(runs_dir)?
+                .into_iter()
+                .find(|r| r.name.as_deref() == Some(what) && r.run_id != run.run_id)
         {
-            return Err(HistoryError::NameAndDirectory {
-                named: named.run_id,
-                dir: below,
-            });
+            return Err(clash(&named, dir));
         }
         return Ok(run);
+    }
+    if !runs_dir.is_dir() {
+        return Err(not_found());
     }
     let runs = list_runs(runs_dir)?;
     if let Some(run) = runs

@@ -306,9 +306,9 @@ async fn compare_gates_on_mean_latency_past_its_threshold() {
     assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
 }
 
-/// `baseline` is the pinned run even beside a directory called `baseline`, and a name that a
-/// later `--out` gave to another run's directory is refused, not guessed: both made a gate
-/// compare with the wrong run, silently.
+/// `baseline` beside a directory called `baseline` that holds another run, and a name that a
+/// later `--out` gave to another run's directory, are refused, not guessed: the directory
+/// won, and a gate compared with the wrong run, silently. `pinned` and paths are plain.
 #[tokio::test]
 async fn the_baseline_keyword_and_names_are_never_taken_by_a_directory() {
     let runs = tempfile::tempdir().unwrap();
@@ -342,22 +342,22 @@ async fn the_baseline_keyword_and_names_are_never_taken_by_a_directory() {
             &[sample("main", 0, false, 10.0)],
         );
     }
-    for base in ["baseline", "pinned"] {
-        let o = compare(runs.path(), &[base, "head"]).await;
-        assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    let o = compare(runs.path(), &["pinned", "head"]).await;
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    assert!(
+        stdout(&o).contains("20260101T000000Z-good"),
+        "{}",
+        stdout(&o)
+    );
+    for word in ["baseline", "nightly"] {
+        let o = compare(runs.path(), &[word, "head"]).await;
+        assert_eq!(o.status.code(), Some(2), "{}{}", stdout(&o), stderr(&o));
         assert!(
-            stdout(&o).contains("20260101T000000Z-good"),
+            stderr(&o).contains(&format!("`{word}` names both run 20260101T000000Z-good")),
             "{}",
-            stdout(&o)
+            stderr(&o)
         );
     }
-    let o = compare(runs.path(), &["nightly", "head"]).await;
-    assert_eq!(o.status.code(), Some(2), "{}{}", stdout(&o), stderr(&o));
-    assert!(
-        stderr(&o).contains("is both the name of run 20260101T000000Z-good"),
-        "{}",
-        stderr(&o)
-    );
     // Its path names the directory's run.
     let o = compare(
         runs.path(),
