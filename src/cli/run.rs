@@ -198,6 +198,15 @@ pub fn run(args: RunArgs) -> u8 {
                 {
                     code = match compare_with(base, dir, None, &args.thresholds) {
                         Ok(c) => {
+                            // `report.html` links the comparison `compare.json` now holds.
+                            if let Ok(Some(mut meta)) = trellis_reports::history::RunMeta::read(dir)
+                                && meta.compared_with.as_deref() != Some(base.label())
+                            {
+                                meta.compared_with = Some(base.label().to_owned());
+                                if let Err(e) = meta.write(dir) {
+                                    errln!("warning: {e}: {}", source(&e));
+                                }
+                            }
                             if !json {
                                 outln!("");
                                 history::print_comparison(&c);

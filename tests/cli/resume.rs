@@ -867,6 +867,25 @@ async fn resuming_a_finished_run_that_failed_exits_with_its_verdict() {
         .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
     assert!(stdout(&o).contains("no regression"), "{}", stdout(&o));
+    // Against another baseline, `run.json` links the comparison `compare.json` holds.
+    let o = run_in(&suite, &["--out"])
+        .arg(runs.join("other"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let o = run_in(&suite, &["--baseline", "other", "--resume"])
+        .arg(&gated)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(gated.join("run.json")).unwrap()).unwrap();
+    let compared: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(gated.join("compare.json")).unwrap())
+            .unwrap();
+    assert_eq!(meta["compared_with"], compared["base"]["run_id"], "{meta}");
 }
 
 /// `trellis compare BASE HEAD` with runs/BASE and runs/HEAD.
