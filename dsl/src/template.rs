@@ -397,8 +397,7 @@ pub fn check_reading_env(
         if defined
             && let Some(known) = scope.values.get(root)
             && let Some(missing) = missing_below(known, &var)
-            && !every_read_guarded(&template.source, &var)
-            && !tested_for_definition(&template.source, &var)
+            && !every_read_guarded_in_blocks(&template.source, &var)
             // A read through a null is usually guarded by a condition on it (`{% if
             // user_context.address.street %}`), which renders fine: as for row fields
             // ([`nested_row_reads`]), a conditional template is not judged.
@@ -452,9 +451,7 @@ pub fn check_reading_env(
         // A field the scope does not have, of a variable it has, read only where it may be
         // missing (`{{ user_context.zip | default('') }}`): it renders. An unknown variable
         // is reported however it is read (a typo guarded by `default` would never show).
-        if scope.roots.contains_key(root)
-            && (every_read_guarded(&template.source, &shown)
-                || tested_for_definition(&template.source, &shown))
+        if scope.roots.contains_key(root) && every_read_guarded_in_blocks(&template.source, &shown)
         {
             continue;
         }
@@ -590,11 +587,84 @@ fn every_read_guarded(source: &str, var: &str) -> bool {
     !guards.is_empty() && guards.iter().all(|g| *g != Guard::None)
 }
 
-/// Whether `source` tests `var` with `is defined` (or `undefined`) anywhere: a template that
-/// does (`{% if user_context.zip is defined %}{{ user_context.zip }}{% endif %}`) reads it
-/// where that test allows, which this does not follow into the blocks.
-fn tested_for_definition(source: &str, var: &str) -> bool {
-    read_guards(source, var).contains(&Guard::Test)
+/// Whether every read of `var` in `source` renders when `var` is missing: piped into
+/// `default`, tested with `is defined`, or inside a block only entered when it is defined
+/// (`{% if user_context.zip is defined %}…{% endif %}`, or the `else` of an `is not defined`
+/// test). A read outside such a block is not guarded by a test elsewhere: strict rendering
+/// fails on it.
+fn every_read_guarded_in_blocks(source: &str, var: &str) -> bool {
+    let reads = read_guards_at(source, var);
+    !reads.is_empty()
+        && reads
+            .iter()
+            .all(|(at, g)| *g != Guard::None || inside_defined_block(source, var, *at))
+}
+
+/// Whether byte `at` of `source` is inside an `if` branch entered only when `var` is
+/// defined. Tags are followed as written (`{% if %}`, `elif`, `else`, `endif`, with `-`
+/// trimming); any other block is passed through.
+fn inside_defined_block(source: &str, var: &str, at: usize) -> bool {
+    /// One `if` being read: whether its current branch needs `var` defined, and whether its
+    /// `else` does (its `if` tested `var is not defined`).
+    struct Branch {
+        defined: bool,
+        else_defined: bool,
+    }
+    let mut open: Vec<Branch> = Vec::new();
+    let mut rest = 0;
+    while let Some(start) = source[rest..].find("{%").map(|i| rest + i) {
+        if start >= at {
+            break;
+        }
+        let Some(end) = source[start..].find("%}").map(|i| start + i) else {
+            break;
+        };
+        let tag = source[start + 2..end]
+            .trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace());
+        let (keyword, condition) = tag.split_once(char::is_whitespace).unwrap_or((tag, ""));
+        match keyword {
+            "if" => open.push(Branch {
+                defined: tests(condition, var, true),
+                else_defined: tests(condition, var, false),
+            }),
+            "elif" => {
+                if let Some(b) = open.last_mut() {
+                    b.defined = tests(condition, var, true);
+                }
+            }
+            "else" => {
+                if let Some(b) = open.last_mut() {
+                    b.defined = b.else_defined;
+                }
+            }
+            "endif" => {
+                open.pop();
+            }
+            _ => {}
+        }
+        rest = end + 2;
+    }
+    open.iter().any(|b| b.defined)
+}
+
+/// Whether `condition` tests `var` as defined (`var is defined`, `var is not undefined`;
+/// `defined` true) or as missing (`var is not defined`, `var is undefined`; false).
+fn tests(condition: &str, var: &str, defined: bool) -> bool {
+    condition.match_indices(var).any(|(at, _)| {
+        let before = condition[..at].chars().next_back();
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '.') {
+            return false;
+        }
+        let words: Vec<&str> = condition[at + var.len()..]
+            .split_whitespace()
+            .take(3)
+            .collect();
+        match words.as_slice() {
+            ["is", "defined", ..] | ["is", "not", "undefined", ..] => defined,
+            ["is", "not", "defined", ..] | ["is", "undefined", ..] => !defined,
+            _ => false,
+        }
+    })
 }
 
 /// What follows a read of a variable.
@@ -609,6 +679,14 @@ enum Guard {
 
 /// How each read of `var` in `source` is guarded, in order.
 fn read_guards(source: &str, var: &str) -> Vec<Guard> {
+    read_guards_at(source, var)
+        .into_iter()
+        .map(|(_, g)| g)
+        .collect()
+}
+
+/// [`read_guards`], each with the byte offset of its read.
+fn read_guards_at(source: &str, var: &str) -> Vec<(usize, Guard)> {
     fn ident(c: char) -> bool {
         c.is_alphanumeric() || c == '_'
     }
@@ -649,7 +727,7 @@ fn read_guards(source: &str, var: &str) -> Vec<Guard> {
         } else {
             Guard::None
         };
-        guards.push(guard);
+        guards.push((at, guard));
     }
     guards
 }
@@ -733,6 +811,8 @@ mod tests {
             "{{ user_context.zip | default('z') }}",
             "{% if user_context.zip is defined %}{{ user_context.zip }}{% endif %}",
             "{% if user_context.zip is not defined %}none{% else %}{{ user_context.zip }}{% endif %}",
+            "{%- if vars.quote %}{% elif user_context.zip is defined -%}{{ user_context.zip }}{% endif %}",
+            "{% if user_context.zip is defined %}{% if vars.quote %}{{ user_context.zip }}{% endif %}{% endif %}",
         ] {
             let (files, t) = setup(src);
             let diags = check(&t, &scope(), &files);
@@ -744,6 +824,15 @@ mod tests {
             ("{{ user_context.zip }}", "user_context.zip"),
             ("{{ user_context.zip | upper }}", "user_context.zip"),
             ("{{ user_contxt.zip | default('z') }}", "user_contxt"),
+            // Tested in one place, read unguarded in another: strict rendering fails there.
+            (
+                "{% if user_context.zip is defined %}{{ user_context.zip }}{% endif %} {{ user_context.zip }}",
+                "user_context.zip",
+            ),
+            (
+                "{% if user_context.zip is defined %}a{% else %}{{ user_context.zip }}{% endif %}",
+                "user_context.zip",
+            ),
         ] {
             let (files, t) = setup(src);
             let diags = check(&t, &scope(), &files);
