@@ -145,6 +145,9 @@ const BUILTIN_FILTERS: &[&str] = &[
     "unique",
     "upper",
     "urlencode",
+    "chain",
+    "zip",
+    "format",
 ];
 
 /// minijinja's built-in tests.
@@ -182,6 +185,8 @@ const BUILTIN_TESTS: &[&str] = &[
     "true",
     "undefined",
     "upper",
+    "lessthan",
+    "greaterthan",
 ];
 
 /// minijinja's built-in functions.
@@ -365,8 +370,18 @@ pub fn check_reading_env(
         if err.kind() == minijinja::ErrorKind::UnknownFunction {
             unknown_function = name.map(str::to_owned);
         }
+        // Where it is used as one: the same word may be text before it.
+        let kind = err.kind();
+        let used_as = |before: &str, after: &str| match kind {
+            minijinja::ErrorKind::UnknownFilter => before.trim_end().ends_with('|'),
+            minijinja::ErrorKind::UnknownTest => {
+                let before = before.trim_end();
+                before.ends_with(" is") || before.ends_with(" not")
+            }
+            _ => after.trim_start().starts_with('('),
+        };
         let span = name
-            .and_then(|n| locate(template, n, files))
+            .and_then(|n| locate_where(template, n, files, used_as))
             .unwrap_or(template.span);
         out.push(
             Diagnostic::at_span(
@@ -735,6 +750,16 @@ fn read_guards_at(source: &str, var: &str) -> Vec<(usize, Guard)> {
 /// The span of `needle` inside the template's string literal, when the literal is written
 /// without escapes (so offsets in the value equal offsets in the source).
 fn locate(template: &Template, needle: &str, files: &[SourceFile]) -> Option<Span> {
+    locate_where(template, needle, files, |_, _| true)
+}
+
+/// [`locate`] of the first `needle` that `fits` (given the text before it and after it).
+fn locate_where(
+    template: &Template,
+    needle: &str,
+    files: &[SourceFile],
+    fits: impl Fn(&str, &str) -> bool,
+) -> Option<Span> {
     let file = files.get(template.span.file)?;
     let start = template.span.span.offset();
     let raw = file.text.get(start..start + template.span.span.len())?;
@@ -744,7 +769,9 @@ fn locate(template: &Template, needle: &str, files: &[SourceFile]) -> Option<Spa
     if inner != template.source {
         return None;
     }
-    let at = inner.find(needle)?;
+    let (at, _) = inner
+        .match_indices(needle)
+        .find(|(at, _)| fits(&inner[..*at], &inner[at + needle.len()..]))?;
     let offset = start + hashes + 1 + at;
     Some(Span::new(
         template.span.file,
@@ -905,12 +932,12 @@ mod tests {
         assert!(check(&t, &scope(), &files).is_empty());
         // Said at the filter's name, with the name meant; and the text's other problems are
         // said too.
-        let (files, t) = setup("{{ user_context.postl_code }} {{ vars.quote | uppr }}");
+        let (files, t) = setup("uppr {{ user_context.postl_code }} {{ vars.quote | uppr }}");
         let diags = check(&t, &scope(), &files);
         assert_eq!(diags.len(), 2, "{diags:?}");
         assert_eq!(diags[0].help_text(), Some("did you mean `upper`?"));
-        // `user "` is 6 bytes, and the filter starts 46 bytes into the text.
-        assert_eq!(diags[0].offset(), 6 + 46);
+        // `user "` is 6 bytes, and the filter (not the word before) starts 51 bytes in.
+        assert_eq!(diags[0].offset(), 6 + 51);
         assert_eq!(
             diags[1].message,
             "undefined template variable `user_context.postl_code`"
