@@ -365,7 +365,8 @@ async fn a_judge_rubric_trellis_does_not_have_is_reported_not_sent_or_fatal() {
    "success_criteria": [
      {"metric": "typo_score", "threshold": 0.85, "judge_config": {"judge_rubric": "policy_adherance"}},
      {"metric": "plugin_score", "threshold": 0.5, "judge_config": {"judge_rubric": "hipaa_custom"}},
-     {"metric": "known_score", "threshold": 0.5, "judge_config": {"judge_rubric": "policy_adherence"}}]}],
+     {"metric": "known_score", "threshold": 0.5, "judge_config": {"judge_rubric": "policy_adherence"}},
+     {"metric": "spelt_score", "threshold": 0.5, "judge_config": {"judge_rubric": "Policy-Adherence"}}]}],
    "edges": []},
  "evaluation": {}}"#,
     )
@@ -376,6 +377,10 @@ async fn a_judge_rubric_trellis_does_not_have_is_reported_not_sent_or_fatal() {
     let suite = std::fs::read_to_string(&out).unwrap();
     assert!(
         suite.contains("expect judge \"known_score\" threshold=0.5 rubric=\"policy_adherence\""),
+        "{suite}"
+    );
+    assert!(
+        suite.contains("expect judge \"spelt_score\" threshold=0.5 rubric=\"policy_adherence\""),
         "{suite}"
     );
     for name in ["policy_adherance", "hipaa_custom"] {

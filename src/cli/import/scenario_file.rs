@@ -1881,11 +1881,17 @@ fn judge_criterion(
                         // has is written; any other (a misspelt one, a plugin's) would reach
                         // the judge as the rubric's own text, or fail the suite's check.
                         ("judge_rubric", Value::String(rubric))
-                            if rubric.trim().contains(char::is_whitespace)
-                                || trellis_dsl::lang::decls::BUILT_IN_RUBRICS
-                                    .contains(&rubric.trim()) =>
+                            if rubric.trim().contains(char::is_whitespace) =>
                         {
                             let _ = write!(out, " rubric={}", kdl_string(rubric.trim()));
+                        }
+                        // A name as the harness spells it: case and `-` aside.
+                        ("judge_rubric", Value::String(rubric))
+                            if let Some(name) = trellis_dsl::lang::decls::BUILT_IN_RUBRICS
+                                .into_iter()
+                                .find(|n| *n == rubric.trim().to_lowercase().replace('-', "_")) =>
+                        {
+                            let _ = write!(out, " rubric={}", kdl_string(name));
                         }
                         ("judge_rubric", Value::String(rubric)) => remarks.push(format!(
                             "{metric}: judge_config.judge_rubric `{rubric}` names no rubric \
