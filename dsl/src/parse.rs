@@ -350,9 +350,21 @@ impl<'f> Decoder<'f> {
     }
 
     fn check_args(&mut self, v: &View, max: usize, usage: &str) {
+        self.check_args_several(v, max, usage, &|_| false);
+    }
+
+    /// [`Decoder::check_args`] of a node whose block has child nodes taking several values
+    /// (`several` says which), offered when a property was given two.
+    fn check_args_several(
+        &mut self,
+        v: &View,
+        max: usize,
+        usage: &str,
+        several: &dyn Fn(&str) -> bool,
+    ) {
         if let Some(extra) = v.args.get(max) {
             let entries: Vec<&KdlEntry> = v.args.iter().chain(&v.props).copied().collect();
-            let p = check::unexpected_argument(v.name, max, extra.span(), usage, &entries);
+            let p = check::unexpected_argument(v.name, max, extra.span(), usage, &entries, several);
             self.problem(p);
         }
     }

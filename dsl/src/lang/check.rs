@@ -234,6 +234,7 @@ pub fn unexpected_argument(
     span: SourceSpan,
     usage: &str,
     entries: &[&KdlEntry],
+    several: &dyn Fn(&str) -> bool,
 ) -> Problem {
     let message = match max {
         0 => format!("`{node}` takes no arguments"),
@@ -245,14 +246,19 @@ pub fn unexpected_argument(
         .filter(|e| e.span().offset() < span.offset())
         .max_by_key(|e| e.span().offset());
     let help = match before.and_then(|e| e.name()) {
-        Some(property) => {
+        // Offered only where the block has such a child taking several values.
+        Some(property) if several(property.value()) => {
             let property = property.value();
             format!(
                 "a property takes one value, so this is read as another argument of `{node}`; \
                  for several values write a child node in its block, `{property} \"…\" \"…\"`, \
-                 where `{property}` takes several (see docs/language.md), else write `{usage}`"
+                 else write `{usage}`"
             )
         }
+        Some(_) => format!(
+            "a property takes one value, so this is read as another argument of `{node}`: \
+             write `{usage}`"
+        ),
         None => format!("write `{usage}`"),
     };
     Problem {
@@ -354,6 +360,10 @@ pub fn check_args(node: &Node, spec: &NodeSpec, usage: &str, report: &mut impl F
             extra.span(),
             usage,
             &entries,
+            &|property| {
+                spec.child(property)
+                    .is_some_and(|c| max_args(c).is_none_or(|m| m > 1))
+            },
         ));
     }
 }

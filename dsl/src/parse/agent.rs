@@ -45,7 +45,12 @@ impl Decoder<'_> {
     }
 
     fn agent_body(&mut self, v: &View, id: &Spanned<String>, usage: &str) -> Option<Agent> {
-        self.check_args(v, 1, usage);
+        let settings = agent_settings(&self.info.protocols);
+        self.check_args_several(v, 1, usage, &|property| {
+            settings
+                .iter()
+                .any(|(name, arity)| *name == property && matches!(arity, Arity::Many))
+        });
         // `http` agents' answer nodes take properties, so they are decoded in `http.rs`.
         let named = v
             .prop("protocol")
