@@ -1684,6 +1684,13 @@ fn reference_help(name: &str, defined: &[&str], noun: &str) -> String {
     if defined.is_empty() {
         format!("no {noun} is defined in the loaded files")
     } else {
-        format!("defined {noun}s: {}", quoted(defined))
+        // Once each: two suites may each define a scenario `smoke`.
+        let mut names: Vec<&str> = Vec::with_capacity(defined.len());
+        for name in defined {
+            if !names.contains(name) {
+                names.push(name);
+            }
+        }
+        format!("defined {noun}s: {}", quoted(&names))
     }
 }
