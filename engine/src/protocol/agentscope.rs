@@ -482,10 +482,22 @@ impl Assembler {
                     ),
                     _ => (FaultCategory::AgentError, "the agent's run was canceled"),
                 };
-                let detail = match event.get("error").filter(|e| !e.is_null()) {
+                let mut detail = match event.get("error").filter(|e| !e.is_null()) {
                     Some(error) => format!(": {}", error_text(error)),
                     None => String::new(),
                 };
+                // The run's own error messages (`type: "error"`, their `code` and
+                // `message`) say what failed inside it: a tool, a model call.
+                let inner: Vec<String> = self
+                    .messages
+                    .values()
+                    .filter(|m| m.kind == "error")
+                    .filter_map(PendingMessage::text)
+                    .filter(|t| !t.trim().is_empty() && !detail.contains(t.as_str()))
+                    .collect();
+                if !inner.is_empty() {
+                    detail.push_str(&format!(" (its error messages: {})", inner.join("; ")));
+                }
                 return Err(Fault::new(category, format!("{what}{detail}")));
             }
             _ => {}
@@ -1066,6 +1078,18 @@ mod tests {
             fault.message
         );
         assert_eq!(a.messages[0].content.as_deref(), Some("Checking"));
+
+        // The run's own error message (what failed inside it) is in the fault too.
+        let (_, fault) = assemble(&[
+            json!({"object": "message", "id": "e", "type": "error", "status": "failed", "code": "TOOL_ERR", "message": "tool blew up"}),
+            json!({"object": "response", "status": "failed", "error": {"code": "AGENT_UNKNOWN_ERROR", "message": "x"}}),
+        ]);
+        let fault = fault.unwrap_or_else(|| Fault::new(FaultCategory::Internal, "none"));
+        assert_eq!(
+            fault.message,
+            "the agent's run failed: AGENT_UNKNOWN_ERROR: x (its error messages: TOOL_ERR: tool \
+             blew up)"
+        );
     }
 
     #[test]
