@@ -290,6 +290,16 @@ async fn a_simulator_that_breaks_character_makes_invalid_trajectories_never_fail
     // The HTML report shows them.
     let html = std::fs::read_to_string(out.join("report.html")).unwrap();
     assert!(html.contains("invalid (simulated user broke character)"));
+    // The summary tables count them in a column of their own, so a row's statuses add up
+    // to its total.
+    assert!(
+        html.contains("<th class=\"n\" title=\"the simulated user broke character\">invalid</th>"),
+        "the summary tables have no invalid column"
+    );
+    assert!(
+        html.contains("<td class=\"n\">6</td>"),
+        "no row counts the 6 invalid"
+    );
 
     // Every answer, the retry's included, was cached under its attempt: a replay-only
     // rerun sends nothing and comes out the same.
