@@ -90,6 +90,11 @@ pub struct RunMeta {
     /// Set by `trellis merge`: the shard runs this run was combined from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub merged: Option<MergeMeta>,
+    /// Set by `trellis variance RUN` on the runs of its conditions (`RUN/variance/agent`,
+    /// `…/free`): the condition. Repetitions of RUN's scenarios made to measure variance,
+    /// not runs of their own: `runs.parquet` says `variance`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub variance_condition: Option<String>,
     /// Set by `trellis run --baseline`: the run (its name, or id) this one is compared with
     /// in `compare.html`, so the run's own page can link the comparison.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -504,9 +509,11 @@ pub fn mark_watch_latest(dir: &Path, run_id: &str) -> Result<(), HistoryError> {
 
 impl RunMeta {
     /// What kind of directory holds the run (`runs.parquet`'s `kind`): `shard`, `merged`,
-    /// `watch_rerun`, `watch_latest`, `rejudge` or an ordinary `run`.
+    /// `watch_rerun`, `watch_latest`, `rejudge`, `variance` or an ordinary `run`.
     pub fn kind(&self, rejudged: bool) -> &'static str {
-        if self.watch_latest {
+        if self.variance_condition.is_some() {
+            "variance"
+        } else if self.watch_latest {
             "watch_latest"
         } else if self.watch_rerun.is_some() {
             "watch_rerun"

@@ -1060,6 +1060,7 @@ fn merged_meta(
         watch_latest: false,
         compared_with: None,
         shard: None,
+        variance_condition: None,
         merged: Some(MergeMeta {
             shards: split.count,
             // The shards whose records are in the merge (`--allow-partial` may leave some out).

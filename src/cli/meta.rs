@@ -66,6 +66,7 @@ pub fn build(
         compared_with: None,
         shard: None,
         merged: None,
+        variance_condition: None,
         source: Some(source(project, selection)),
     }
 }

@@ -144,6 +144,12 @@ async fn a_noisy_agent_is_the_source() {
         sources.iter().all(|s| s.as_deref() == Some("recorded")),
         "{sources:?}"
     );
+    // The conditions' runs say what they are: a glob over every run's tables that keeps the
+    // runs (`kind` `run` or `merged`, docs/results.md) leaves them out.
+    for condition in ["agent", "free"] {
+        let runs = read_parquet(&run.join(format!("variance/{condition}/runs.parquet")));
+        assert_eq!(strings(&runs, "kind"), [Some("variance".to_owned())]);
+    }
     // The HTML report shows the section.
     let html = std::fs::read_to_string(run.join("report.html")).unwrap();
     assert!(html.contains("Variance by source"), "no variance section");
