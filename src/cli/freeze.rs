@@ -41,6 +41,16 @@ pub struct FreezeArgs {
 }
 
 pub fn freeze(args: FreezeArgs) -> u8 {
+    // Refused before anything is read: the suite written with it would not load.
+    if let Some(id) = &args.id
+        && (id.trim().is_empty() || id.contains('/') || id.contains(['\n', '\r']))
+    {
+        errln!(
+            "error: `--id {id:?}` cannot be a scenario id: it must be non-empty, on one line, \
+             and hold no `/` (which `needs` reads as SUITE/ID)"
+        );
+        return EXIT_INVALID;
+    }
     let run_dir = match super::history::run_dir(&args.runs.dir, &args.run) {
         Ok(dir) => dir,
         Err(code) => return code,

@@ -258,6 +258,24 @@ async fn attack_search_finds_the_two_step_approach_and_freezes_it_into_a_regress
         "{}",
         stderr(&typo)
     );
+    // An id the suite could not load is refused, nothing written (it wrote `scenario
+    // "bad id/x"`, exit 0, which `check` then refused).
+    for id in ["bad id/x", " "] {
+        let bad = trellis()
+            .arg("freeze")
+            .arg(&out)
+            .arg("main~a1-2~a2-2")
+            .args(["--id", id])
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(bad.status.code(), Some(2), "{}", stderr(&bad));
+        assert!(
+            stderr(&bad).contains("cannot be a scenario id"),
+            "{}",
+            stderr(&bad)
+        );
+    }
     // A path of another agent names the agents it has.
     let other = trellis()
         .arg("freeze")
