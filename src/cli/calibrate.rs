@@ -27,10 +27,21 @@ pub struct CalibrateArgs {
     labels: PathBuf,
     /// A judge whose Cohen's kappa with the human labels is below this, on any rubric, is
     /// below the floor.
-    #[arg(long, value_name = "KAPPA", default_value_t = 0.6, value_parser = coefficient)]
+    #[arg(
+        long,
+        value_name = "KAPPA",
+        default_value_t = 0.6,
+        value_parser = coefficient,
+        allow_negative_numbers = true
+    )]
     min_kappa: f64,
     /// Also mark a judge whose Pearson correlation with the human scores is below this.
-    #[arg(long, value_name = "R", value_parser = coefficient)]
+    #[arg(
+        long,
+        value_name = "R",
+        value_parser = coefficient,
+        allow_negative_numbers = true
+    )]
     min_correlation: Option<f64>,
     #[command(flatten)]
     runs: RunsDir,

@@ -285,7 +285,14 @@ async fn calibrate_marks_a_judge_below_the_floor_and_compare_will_not_gate_on_it
     assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
     assert!(stdout(&o).contains("gates anyway"), "{}", stdout(&o));
 
-    // A lower floor trusts both: exit 0, and compare gates again.
+    // A lower floor trusts both: exit 0, and compare gates again. A negative floor is taken
+    // as the flag's value, written either way (`-0.5` alone was read as another flag).
+    let o = calibrate(
+        runs.path(),
+        &["head", labels, "--min-kappa", "-0.5", "--json"],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
     let o = calibrate(runs.path(), &["head", labels, "--min-kappa=-0.5", "--json"]).await;
     assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
     let json: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
