@@ -355,3 +355,28 @@ async fn a_project_in_a_repositorys_subdirectory_is_told_how_to_move_the_workflo
     assert!(out.contains("`evals/bot/runs`"), "{out}");
     assert!(out.contains("evals/bot/${{ env.RUN_DIR }}"), "{out}");
 }
+
+/// `trellis run` in a directory not set up yet says how to start: the default `suites` is
+/// missing, and `trellis init` writes it.
+#[tokio::test]
+async fn a_run_where_there_are_no_suites_says_init_starts_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = trellis()
+        .arg("run")
+        .current_dir(dir.path())
+        .env("NO_COLOR", "1")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let err = stderr(&o)
+        .replace('\n', " ")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(err.contains("cannot read `suites`"), "{err}");
+    assert!(
+        err.contains("`trellis init` writes an example project"),
+        "{err}"
+    );
+}

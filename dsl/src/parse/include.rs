@@ -712,8 +712,15 @@ pub fn suite_files(path: &Path) -> (Vec<PathBuf>, Vec<Diagnostic>) {
     let mut problems = Vec::new();
     match fs::metadata(path) {
         Err(e) => problems.push(
-            Diagnostic::new(Kind::Io, format!("cannot read `{name}`: {e}"))
-                .with_help("give a `.kdl` suite file or a directory of them"),
+            Diagnostic::new(Kind::Io, format!("cannot read `{name}`: {e}")).with_help(
+                if e.kind() == std::io::ErrorKind::NotFound {
+                    // Most often the default `suites` of a directory not set up yet.
+                    "give a `.kdl` suite file or a directory of them; `trellis init` writes \
+                     an example project (`suites/`) to start from"
+                } else {
+                    "give a `.kdl` suite file or a directory of them"
+                },
+            ),
         ),
         Ok(meta) if meta.is_dir() => {
             // Linked files and directories are suite files like the others (a team's shared
