@@ -599,7 +599,12 @@ fn nothing_selected(
     if empties.len() > empty.len() {
         empty.push(format!("and {} more", empties.len() - empty.len()));
     }
-    let said = if empty.is_empty() {
+    let none_written = project.suites.iter().all(|s| s.scenarios.is_empty())
+        && project.empty_expansions.is_empty();
+    let said = if none_written && unselective {
+        // Agents, tools or providers alone: there is no selection to blame.
+        "the suites hold no scenario: add a `scenario \"ID\" { user \"…\"; expect … }`".to_owned()
+    } else if empty.is_empty() {
         "no scenario matches the selection".to_owned()
     } else {
         format!("no scenario matches the selection; {}", empty.join("; "))

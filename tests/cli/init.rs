@@ -380,3 +380,40 @@ async fn a_run_where_there_are_no_suites_says_init_starts_one() {
         "{err}"
     );
 }
+
+/// Suites holding agents alone: `run` says there is no scenario, not that a selection that
+/// was never given matched nothing.
+#[tokio::test]
+async fn a_run_of_suites_without_scenarios_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("suites")).unwrap();
+    std::fs::write(
+        dir.path().join("suites/agents.kdl"),
+        "agent \"a\" protocol=\"connexity\" builtin=\"booking\"\n",
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("run")
+        .current_dir(dir.path())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("the suites hold no scenario"),
+        "{}",
+        stderr(&o)
+    );
+    // With a selection, that is what is said.
+    let o = trellis()
+        .args(["run", "--filter", "zz"])
+        .current_dir(dir.path())
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        stderr(&o).contains("no scenario matches the selection"),
+        "{}",
+        stderr(&o)
+    );
+}
