@@ -66,7 +66,9 @@ impl Tally {
     pub(crate) fn add_trajectory(&mut self, t: &TrajectoryRecord) {
         self.total.add(t.status);
         let skipped = t.checks_with(CriterionStatus::Skipped) as u64;
-        if skipped > 0 {
+        // An invalid trajectory's checks were left out on purpose: it says nothing of the
+        // agent (as the console counts them).
+        if skipped > 0 && t.status != TrajectoryStatus::Invalid {
             self.checks_skipped = self.checks_skipped.saturating_add(skipped);
             self.trajectories_with_skipped_checks += 1;
         }

@@ -300,6 +300,12 @@ async fn a_simulator_that_breaks_character_makes_invalid_trajectories_never_fail
         html.contains("<td class=\"n\">6</td>"),
         "no row counts the 6 invalid"
     );
+    // Their checks were left out on purpose: not "checks that did not run" (the console
+    // does not count them either).
+    assert!(
+        !html.contains("did not run, on"),
+        "the banner counts invalid trajectories"
+    );
 
     // Every answer, the retry's included, was cached under its attempt: a replay-only
     // rerun sends nothing and comes out the same.

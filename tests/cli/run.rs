@@ -1008,4 +1008,22 @@ async fn a_passing_junit_case_says_which_checks_did_not_run() {
         ),
         "{junit}"
     );
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(html.contains("(see --strict)"), "the report's banner");
+
+    // Under --strict the same trajectory failed, and the report's banner says so rather
+    // than pointing at --strict.
+    let o = trellis()
+        .args(["run", "-q", "--strict", "--replace", "--out"])
+        .arg(&out)
+        .arg(&suite)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(
+        html.contains("this run was made with --strict: those trajectories failed"),
+        "the report's banner under --strict"
+    );
 }

@@ -1183,13 +1183,18 @@ pub(crate) fn build(page: &Page<'_>) -> PageView {
     let checks_skipped = (page.tally.checks_skipped > 0).then(|| {
         format!(
             "{} did not run, on {}: a trajectory whose checks did not run is not evidence \
-             that the agent passes them (see --strict).",
+             that the agent passes them ({}).",
             count(page.tally.checks_skipped, "check", "checks"),
             count(
                 page.tally.trajectories_with_skipped_checks,
                 "trajectory",
                 "trajectories"
-            )
+            ),
+            if info.strict {
+                "this run was made with --strict: those trajectories failed"
+            } else {
+                "see --strict"
+            }
         )
     });
 
