@@ -523,10 +523,14 @@ async fn a_judge_that_fails_with_and_without_its_schema_says_both() {
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let text = journal_text(&out);
     assert!(
-        text.contains("the judge call failed with its JSON schema and again without it"),
+        text.contains(
+            "the judge call failed with its JSON schema and again without it (6 attempts in \
+             all)"
+        ),
         "{text}"
     );
-    // With the schema and without it, each with the provider's retries of a 5xx.
+    // With the schema and without it, each with the provider's retries of a 5xx: the
+    // detail counts them all (it said the second call's 3).
     assert_eq!(fake.calls(), 6);
     // The JSON stream says why the trajectory is `error`: the check whose judge failed.
     let o = run(

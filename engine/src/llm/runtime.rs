@@ -398,7 +398,11 @@ impl LlmRuntime {
             Err(e) if asked_twice => {
                 return (
                     CriterionStatus::Error,
-                    format!("the judge call failed with its JSON schema and again without it: {e}"),
+                    format!(
+                        "the judge call failed with its JSON schema and again without it \
+                         ({} attempts in all): {e}",
+                        verdict.call.attempts
+                    ),
                     Some(verdict),
                 );
             }
