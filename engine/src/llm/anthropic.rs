@@ -285,6 +285,7 @@ pub async fn read_events(
     let mut blocks: Vec<StreamedBlock> = Vec::new();
     let mut input_tokens = None;
     let mut output_tokens = None;
+    let mut start_output = None;
     let mut model = None;
     let mut stop_reason = None;
     loop {
@@ -337,8 +338,12 @@ pub async fn read_events(
                 let usage = value.get("message").and_then(|m| m.get("usage"));
                 let field = |name: &str| usage.and_then(|u| u.get(name)).and_then(Value::as_u64);
                 input_tokens = field("input_tokens").or(input_tokens);
-                output_tokens = field("output_tokens").or(output_tokens);
-                heard.usage = tokens(input_tokens, output_tokens);
+                // Its `output_tokens` is a placeholder (1) until the closing `message_delta`
+                // says how many: a stream cut before that reported its prompt tokens only,
+                // which the turn marks partial (`tokens_partial`). Kept for a stream that
+                // ends without saying.
+                start_output = field("output_tokens").or(start_output);
+                heard.usage = tokens(input_tokens, None);
             }
             "content_block_start" => {
                 let index = index()?;
@@ -458,6 +463,10 @@ pub async fn read_events(
             // Event types added later are skipped, as the API asks of clients.
             _ => {}
         }
+    }
+    // Ended as it should: a stream that never said its output tokens keeps the placeholder.
+    if output_tokens.is_none() && start_output.is_some() {
+        heard.usage = tokens(input_tokens, start_output);
     }
     let mut tool_calls = Vec::new();
     for (index, block) in blocks.into_iter().enumerate() {
