@@ -266,6 +266,18 @@ async fn judge_calls_in_flight_at_the_budget_finish_and_count() {
     assert_eq!(passed, 4, "every admitted judge call answered its check");
     let roles = &summary(&out)["stats"]["aggregates"]["llm_roles"];
     assert_eq!(roles["judge"]["calls"], 4, "{roles}");
+    // The trajectories count the calls made, as the run does: a call the budget refused
+    // is none (each refused check counted one).
+    let t = read_parquet(&out.join("trajectories.parquet"));
+    let calls: u64 = t
+        .column("llm_calls")
+        .unwrap()
+        .u64()
+        .unwrap()
+        .iter()
+        .flatten()
+        .sum();
+    assert_eq!(calls, 4, "{t}");
 
     // Resumed, the run judges the rest; its calls by role count the first attempt's too.
     let o = trellis()

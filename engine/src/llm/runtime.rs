@@ -386,12 +386,14 @@ impl LlmRuntime {
             ..JudgeVerdict::default()
         };
         let completion = match outcome.result {
-            // Not sent: the run is stopping at its LLM budget, as after a signal.
+            // Not sent: the run is stopping at its LLM budget, as after a signal. A call
+            // the budget refused is no call (the meter counts none): not recorded as one,
+            // unless the first ask, with the schema, was sent.
             Err(super::LlmError::Budget(reason)) => {
                 return (
                     CriterionStatus::Skipped,
                     format!("not checked: {reason}"),
-                    Some(verdict),
+                    (verdict.call.attempts > 0).then_some(verdict),
                 );
             }
             // The record's attempts add up both calls; the error is the second's.
