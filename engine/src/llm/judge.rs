@@ -579,6 +579,22 @@ pub fn parse_answer(rubric: &Rubric, text: &str) -> Result<Answer, Garbage> {
                     )
                 }
             };
+            // A JSON object and a `score:` line beside it that disagree: which one the judge
+            // meant is not for the parser to guess, as for two objects.
+            if object.is_some()
+                && let (Some(said), Some(line)) = (
+                    score,
+                    key_lines(text)
+                        .get("score")
+                        .and_then(|s| s.parse::<f64>().ok()),
+                )
+                && said != line
+            {
+                return Err(garbage(
+                    "two scores (a JSON object and a `score:` line that disagree)",
+                    text,
+                ));
+            }
             let score = score
                 .filter(|s| (0.0..=1.0).contains(s))
                 .ok_or_else(|| garbage("no score from 0 to 1", text))?;
@@ -759,6 +775,16 @@ mod tests {
         assert_eq!(parse_answer(&generic, repeated).unwrap().score, 1.0);
         let nested = r#"Verdict: {"score": 0.5, "label": "partial", "justification": "it sent {\"a\": 1}", "extra": {"b": 2}}"#;
         assert_eq!(parse_answer(&generic, nested).unwrap().score, 0.5);
+        // An object and a `score:` line that disagree, either way round; one that agrees
+        // is one answer.
+        for two in [
+            "Score: 0.2\n{\"score\": 0.9, \"label\": \"pass\"}",
+            "{\"score\": 0.9, \"label\": \"pass\"}\nScore: 0.1",
+        ] {
+            assert!(parse_answer(&generic, two).is_err(), "{two:?}");
+        }
+        let agreeing = "Score: 0.9\n{\"score\": 0.9, \"label\": \"pass\"}";
+        assert_eq!(parse_answer(&generic, agreeing).unwrap().score, 0.9);
     }
 
     #[test]
