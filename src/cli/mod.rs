@@ -950,7 +950,19 @@ fn report_claims(dir: &Path, out: &Path) -> Result<Vec<recorder::OutClaim>, Stri
         // Said by the report writer, with its own help.
         return Ok(Vec::new());
     }
-    let mut claims = vec![recorder::claim_run_dir(dir)?];
+    // The run being reported on is still being written: what to wait for is that run, not
+    // this report's --out.
+    let mut claims = vec![recorder::claim_run_dir(dir).map_err(|e| {
+        if e.starts_with("another trellis run is writing") {
+            format!(
+                "{} is still being written by the trellis run recording it; report it once \
+                 that run has ended",
+                dir.display()
+            )
+        } else {
+            e
+        }
+    })?];
     if !history::same_dir(dir, out) {
         if history::is_run_dir(out) {
             let id = |d: &Path| history::read_run(d).ok().map(|r| r.run_id);

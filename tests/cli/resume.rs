@@ -1094,7 +1094,23 @@ async fn report_waits_for_a_run_that_is_writing_and_keeps_to_its_own_out() {
     }
     let o = trellis().arg("report").arg(&live).output().await.unwrap();
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
-    assert!(stderr(&o).contains("another trellis"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("is still being written by the trellis run recording it"),
+        "{}",
+        stderr(&o)
+    );
+    // Into another --out too: the run is what to wait for, not the --out (which said
+    // "choose another --out").
+    let o = trellis()
+        .arg("report")
+        .arg(&live)
+        .arg("--out")
+        .arg(dir.path().join("copy"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("another --out"), "{}", stderr(&o));
     // The run it left alone puts all its files in place.
     assert_eq!(child.wait().await.unwrap().code(), Some(0));
     assert!(live.join("trajectories.parquet").is_file());
