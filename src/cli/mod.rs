@@ -655,11 +655,49 @@ fn explain(node: &str) -> u8 {
             console::outln!("{}", text.trim_end());
             0
         }
-        Err(message) => {
-            console::errln!("error: {message}");
-            EXIT_INVALID
+        // An agent setting of some protocols (`agent.request`, `agent.model`): the common
+        // table does not have it, the protocols' own tables do.
+        Err(message) => match protocol_setting(node) {
+            Some(text) => {
+                console::outln!("{}", text.trim_end());
+                0
+            }
+            None => {
+                console::errln!("error: {message}");
+                EXIT_INVALID
+            }
+        },
+    }
+}
+
+/// `--explain agent.NAME` for a setting the agent's protocol takes: its entry in each
+/// protocol that takes it (the same name may mean another thing in another protocol).
+fn protocol_setting(path: &str) -> Option<String> {
+    let name = path.strip_prefix("agent.")?.trim();
+    let mut entries: Vec<(Vec<&str>, String)> = Vec::new();
+    for protocol in trellis_engine::protocol::registry::specs() {
+        let Some(spec) = protocol.settings.iter().find(|s| s.name == name) else {
+            continue;
+        };
+        let text = trellis_dsl::lang::explain::explain(spec)
+            .trim_end()
+            .to_owned();
+        match entries.iter_mut().find(|(_, t)| *t == text) {
+            Some((owners, _)) => owners.push(protocol.name),
+            None => entries.push((vec![protocol.name], text)),
         }
     }
+    if entries.is_empty() {
+        return None;
+    }
+    let shown: Vec<String> = entries
+        .into_iter()
+        .map(|(owners, text)| {
+            let owners: Vec<String> = owners.iter().map(|o| format!("`{o}`")).collect();
+            format!("agent setting of protocol {}:\n{text}", owners.join(", "))
+        })
+        .collect();
+    Some(shown.join("\n\n"))
 }
 
 fn lsp() -> u8 {

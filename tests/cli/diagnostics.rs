@@ -648,6 +648,24 @@ async fn check_explains_a_node_of_the_language_from_its_table() {
         "{}",
         stderr(&o)
     );
+
+    // An agent setting some protocols take is explained from their tables, each protocol's
+    // meaning apart (it was "`agent` takes no node `request`").
+    let o = trellis()
+        .args(["check", "--explain", "agent.request"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = stdout(&o);
+    for said in [
+        "agent setting of protocol `multiagent`:",
+        "one of `full`, `task-only`",
+        "agent setting of protocol `http`:",
+        "the request body",
+    ] {
+        assert!(text.contains(said), "{said}: {text}");
+    }
 }
 
 /// A setting only another protocol takes is an error naming the protocols that take it (from
