@@ -725,6 +725,7 @@ async fn the_runs_own_spans_reach_a_real_collector() {
     let trajectory = by_name("trajectory ");
     assert_eq!(trajectory[0]["parent_span_id"], run[0]["span_id"]);
     assert_eq!(trajectory[0]["attributes"]["trellis.status"], "passed");
+    assert_nested(&spans);
 
     let turns = read_parquet(&out.join("turns.parquet"));
     let exported = by_name("turn ");
@@ -957,4 +958,32 @@ async fn a_trajectory_whose_judge_failed_is_exported_with_an_error_status() {
     assert_eq!(trajectory["attributes"]["trellis.status"], "error");
     // `STATUS_CODE_ERROR`.
     assert_eq!(trajectory["status"], 2, "{trajectory}");
+    assert_nested(&spans);
+}
+
+/// Every span lies within its parent's time (a millisecond of slack for the clocks' rounding):
+/// trace viewers draw a child outside its parent as broken. Trajectory spans ended at the
+/// recorder's clock, after the run's; judge spans began before their trajectory.
+fn assert_nested(spans: &[serde_json::Value]) {
+    let nanos = |v: &serde_json::Value| {
+        v.as_u64()
+            .or_else(|| v.as_str().and_then(|s| s.parse().ok()))
+            .unwrap()
+    };
+    const SLACK: u64 = 1_000_000;
+    for span in spans {
+        let Some(parent) = spans
+            .iter()
+            .find(|p| p["span_id"] == span["parent_span_id"] && !span["parent_span_id"].is_null())
+        else {
+            continue;
+        };
+        assert!(
+            nanos(&parent["start"]) <= nanos(&span["start"]) + SLACK
+                && nanos(&span["end"]) <= nanos(&parent["end"]) + SLACK,
+            "{} lies outside its parent {}",
+            span["name"],
+            parent["name"]
+        );
+    }
 }

@@ -238,6 +238,12 @@ pub struct SpanExporter {
     /// Warns once, as soon as the first request fails (a callback: the console is the
     /// CLI's).
     warn: Arc<dyn Fn(&str) + Send + Sync>,
+    /// Each execution node's span (start, end), by node span id: a trajectory's span runs
+    /// over its path's nodes, in the run's clock. A node is on every path below it, so kept
+    /// for the run (16 bytes a node, and only when spans are exported).
+    node_times: std::collections::HashMap<Vec<u8>, (u64, u64)>,
+    /// The latest end of any span so far: the run's span ends no earlier.
+    latest_end: u64,
 }
 
 impl SpanExporter {
@@ -278,6 +284,8 @@ impl SpanExporter {
             queued: 0,
             progress,
             warn,
+            node_times: std::collections::HashMap::new(),
+            latest_end: 0,
         }
     }
 
@@ -294,7 +302,8 @@ impl SpanExporter {
             Event::Node(node) => self.node(node),
             Event::Trajectory(t) => self.trajectory(t),
             Event::RunFinished(summary) => {
-                let end = self.origin + ms_nanos(summary.duration_ms);
+                // Its trajectories' judges may end after the run's clock stopped.
+                let end = (self.origin + ms_nanos(summary.duration_ms)).max(self.latest_end);
                 let mut span = self.span(
                     self.trace.run_span.0.to_vec(),
                     self.trace.parent.map(|p| p.0.to_vec()).unwrap_or_default(),
@@ -384,6 +393,7 @@ impl SpanExporter {
         let times: Vec<(u64, u64)> = node.turns.iter().map(|t| self.turn_times(t)).collect();
         let start = times.iter().map(|t| t.0).min().unwrap_or(self.origin);
         let end = times.iter().map(|t| t.1).max().unwrap_or(start);
+        self.node_times.insert(node_id.clone(), (start, end));
         let name = format!(
             "node {}/{} {} [{} #{}]",
             node.suite, node.scenario, node.node, node.agent, node.repetition
@@ -406,7 +416,13 @@ impl SpanExporter {
     /// requests that carried its span id all fall inside it.
     fn turn_times(&self, turn: &TurnRecord) -> (u64, u64) {
         let start = self.origin + ms_nanos(turn.started_ms);
-        (start, (self.origin + ms_nanos(turn.end_ms())).max(start))
+        // The simulated user wrote the turn's message before it was sent: its calls are
+        // the turn's first part, so their spans lie inside it.
+        let simulated: u64 = turn.simulator.iter().map(|c| ms_nanos(c.latency_ms)).sum();
+        (
+            start.saturating_sub(simulated),
+            (self.origin + ms_nanos(turn.end_ms())).max(start),
+        )
     }
 
     fn turn(&mut self, turn: &TurnRecord, node_id: &[u8], times: (u64, u64), agent: &str) {
@@ -478,15 +494,14 @@ impl SpanExporter {
             self.add(span);
             at = end;
         }
+        // The simulated user's calls, one after another from the turn's start; then the
+        // turn's other model calls, ending as the agent was called.
+        let mut at = times.0;
         for (i, call) in turn.simulator.iter().chain(&turn.llm).enumerate() {
             let id = derived_id(&span_id, &["llm", &i.to_string()]);
-            let end = times.0;
-            let span = self.chat(
-                id,
-                span_id.clone(),
-                call,
-                (end.saturating_sub(ms_nanos(call.latency_ms)), end),
-            );
+            let took = ms_nanos(call.latency_ms);
+            let span = self.chat(id, span_id.clone(), call, (at, (at + took).min(times.1)));
+            at = (at + took).min(times.1);
             self.add(span);
         }
     }
@@ -503,9 +518,44 @@ impl SpanExporter {
                 &t.trajectory,
             ],
         );
-        // Records carry a duration, not a start: the record is sent as the trajectory ends.
-        let end = now_nanos();
-        let start = end.saturating_sub(ms_nanos(t.duration_ms));
+        // Over its path's nodes, in the run's clock, then its judges one after another. A
+        // path whose nodes were not seen (a journal without them) ends as the record came,
+        // lasting its duration.
+        let path: Vec<(u64, u64)> = t
+            .nodes
+            .iter()
+            .filter_map(|node| {
+                let node_id = derived_id(
+                    &self.trace_id,
+                    &[
+                        &t.suite,
+                        &t.scenario,
+                        &t.agent,
+                        &t.repetition.to_string(),
+                        node,
+                    ],
+                );
+                self.node_times.get(&node_id).copied()
+            })
+            .collect();
+        let (start, walked) = match (
+            path.iter().map(|p| p.0).min(),
+            path.iter().map(|p| p.1).max(),
+        ) {
+            (Some(start), Some(end)) => (start, end),
+            _ => {
+                let end = now_nanos();
+                (end.saturating_sub(ms_nanos(t.duration_ms)), end)
+            }
+        };
+        let judging: u64 = t
+            .criteria
+            .iter()
+            .filter_map(|c| c.judge.as_ref())
+            .map(|j| ms_nanos(j.call.latency_ms))
+            .sum();
+        let end = walked + judging;
+        self.latest_end = self.latest_end.max(end);
         let mut span = self.span(
             id.clone(),
             self.trace.run_span.0.to_vec(),
@@ -539,15 +589,13 @@ impl SpanExporter {
             });
         }
         self.add(span);
+        let mut at = walked;
         for (i, c) in t.criteria.iter().enumerate() {
             if let Some(judge) = &c.judge {
                 let cid = derived_id(&id, &["judge", &i.to_string()]);
-                let mut span = self.chat(
-                    cid,
-                    id.clone(),
-                    &judge.call,
-                    (end.saturating_sub(ms_nanos(judge.call.latency_ms)), end),
-                );
+                let took = ms_nanos(judge.call.latency_ms);
+                let mut span = self.chat(cid, id.clone(), &judge.call, (at, at + took));
+                at += took;
                 span.attributes
                     .push(text("trellis.criterion", &c.criterion));
                 if let Some(score) = judge.score {
