@@ -987,3 +987,63 @@ fn assert_nested(spans: &[serde_json::Value]) {
         );
     }
 }
+
+/// A simulated user's calls are exported inside the turn whose message they wrote (they lay
+/// wholly before it), and the whole tree nests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_simulated_users_calls_lie_inside_their_turn() {
+    use super::support::llm::{FakeLlm, Reply, Rule};
+    let collector = Collector::start();
+    let fake = FakeLlm::start(vec![
+        Rule::when(
+            "Did it break character",
+            [Reply::text(
+                r#"{"broke_character": false, "reason": "fine"}"#,
+            )],
+        ),
+        Rule::simulator(
+            "Book a cleaning",
+            [
+                Reply::slow(
+                    std::time::Duration::from_millis(60),
+                    Reply::text("Hi, I need a duct cleaning."),
+                ),
+                Reply::text("It's V4T 0A7."),
+            ],
+        ),
+    ])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("sim.kdl");
+    std::fs::write(
+        &suite,
+        format!(
+            "agent \"booking\" protocol=\"connexity\" builtin=\"booking\"\n\
+             provider \"fake\" kind=\"openai\" base-url=\"{}\" model=\"m\"\n\
+             simulator provider=\"fake\"\n\
+             scenario \"s\" {{\n    description \"Book a cleaning\"\n    simulate turns=2\n    \
+             expect no-error\n}}\n",
+            fake.base_url()
+        ),
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("run")
+        .arg(&suite)
+        .arg("--out")
+        .arg(dir.path().join("out"))
+        .arg("--otlp-endpoint")
+        .arg(format!("http://127.0.0.1:{}", collector.port))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let spans = collector.spans();
+    assert!(
+        spans.iter().any(|s| s["name"] == "chat m"
+            && spans.iter().any(|t| t["span_id"] == s["parent_span_id"]
+                && t["name"].as_str().is_some_and(|n| n.starts_with("turn ")))),
+        "{spans:#?}"
+    );
+    assert_nested(&spans);
+}
