@@ -631,7 +631,21 @@ impl<'p> Validator<'p> {
                     self.diags.push(d);
                     continue;
                 }
-                self.reference(RefKind::Judge, member);
+                if self.defined(RefKind::Judge, &member.value) || self.info.broken {
+                    continue;
+                }
+                // Offered among the judges only: a panel (this one included) cannot be a
+                // member.
+                let judges: Vec<&str> = p.judges.iter().map(|j| j.id.value.as_str()).collect();
+                let d = Diagnostic::at_span(
+                    Kind::UndefinedReference,
+                    format!("undefined judge `{}`", member.value),
+                    self.files(),
+                    member.span,
+                    "no judge with this id",
+                )
+                .with_help(reference_help(&member.value, &judges, "judge"));
+                self.diags.push(d);
             }
         }
     }

@@ -327,7 +327,9 @@ impl<'f> Decoder<'f> {
         }
         // Declared even when broken, so criteria naming it are not reported again.
         self.info.declare(RefKind::Judge, &id.value);
-        let consensus = consensus?;
+        // A `consensus` that is not one (said already, so nothing runs) leaves the panel in
+        // for its members to be checked too, instead of only once it is fixed.
+        let consensus = consensus.unwrap_or_default();
         (!judges.is_empty()).then(|| Panel {
             id,
             judges,
