@@ -206,6 +206,13 @@ pub fn run(args: RunArgs) -> u8 {
                                 if let Err(e) = meta.write(dir) {
                                     errln!("warning: {e}: {}", source(&e));
                                 }
+                                // Its page names the baseline it links: written again.
+                                if let Err(e) = trellis_reports::write_reports(
+                                    dir,
+                                    &trellis_reports::ReportOptions::default(),
+                                ) {
+                                    errln!("warning: {e}: {}", source(&e));
+                                }
                             }
                             if !json {
                                 outln!("");

@@ -886,6 +886,13 @@ async fn resuming_a_finished_run_that_failed_exits_with_its_verdict() {
         serde_json::from_str(&std::fs::read_to_string(gated.join("compare.json")).unwrap())
             .unwrap();
     assert_eq!(meta["compared_with"], compared["base"]["run_id"], "{meta}");
+    // And its page names that baseline, not the one it was first compared with.
+    let html = std::fs::read_to_string(gated.join("report.html")).unwrap();
+    let base_id = compared["base"]["run_id"].as_str().unwrap();
+    assert!(
+        html.contains(base_id),
+        "report.html does not name {base_id}"
+    );
 }
 
 /// `trellis compare BASE HEAD` with runs/BASE and runs/HEAD.
