@@ -42,6 +42,10 @@ pub struct LlmCall {
     pub cache: CacheUse,
     /// Why the call failed, if it did.
     pub error: Option<String>,
+    /// Refused by the run's LLM budget (`--max-llm-calls`, `--max-llm-cost`): never sent,
+    /// and no call in any count.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub refused: bool,
 }
 
 /// LLM calls summed: per trajectory (`trajectories.llm_*`) and per run.
@@ -59,6 +63,10 @@ pub struct LlmUsage {
 impl LlmUsage {
     /// Adds one call.
     pub fn add(&mut self, call: &LlmCall) {
+        // A call the budget refused is none, as the run's meter counts it.
+        if call.refused {
+            return;
+        }
         // A cache hit is a call not sent; a failed call before sending is still counted.
         self.calls += 1;
         self.input_tokens = self

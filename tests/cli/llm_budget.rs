@@ -278,6 +278,13 @@ async fn judge_calls_in_flight_at_the_budget_finish_and_count() {
         .flatten()
         .sum();
     assert_eq!(calls, 4, "{t}");
+    // A refused check keeps its judge's settings, as any judged check (only its call is
+    // none).
+    let c = read_parquet(&out.join("criteria.parquet"));
+    assert!(
+        strings(&c, "judge").iter().all(Option::is_some),
+        "a refused check lost its judge: {c}"
+    );
 
     // Resumed, the run judges the rest; its calls by role count the first attempt's too.
     let o = trellis()
@@ -335,6 +342,11 @@ async fn rejudge_judges_the_checks_a_budget_left_unjudged() {
         stdout(&o),
         stderr(&o)
     );
+    // Every planned trajectory was recorded and only judging was cut: once rejudged, the
+    // run covers its plan (it said "stopped before its work was done" for ever).
+    assert_eq!(recorded, 6);
+    let junit = std::fs::read_to_string(again.join("junit.xml")).unwrap();
+    assert!(!junit.contains("the run covers its plan"), "{junit}");
 }
 
 #[tokio::test]

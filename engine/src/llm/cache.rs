@@ -251,6 +251,7 @@ fn unsent(
         provider: client.id().to_owned(),
         model: client.model_for(request).unwrap_or_default().to_owned(),
         error: Some(error.to_string()),
+        refused: matches!(error, LlmError::Budget(_)),
         ..LlmCall::default()
     };
     if let Some(cache) = cache {

@@ -164,11 +164,18 @@ pub async fn rejudge_draw(
     // A stop that left only checks unjudged (every planned trajectory recorded, none more:
     // an agent that forks makes the count say nothing) is made good by judging them: the
     // re-scored run covers its plan when none is left cut short.
-    let only_judging_cut = original_end.as_ref().is_some_and(|s| {
-        s.interrupted && s.stopped_by.is_none() && s.trajectories == new_info.planned_trajectories
-    }) && results
-        .iter()
-        .all(|(t, _)| !t.criteria.iter().any(|c| c.cut_by_stop()));
+    // A budget's stop may have refused a simulated user's call too: that trajectory's fault
+    // says so, and its conversation stays cut.
+    let only_judging_cut = original_end
+        .as_ref()
+        .is_some_and(|s| s.interrupted && s.trajectories == new_info.planned_trajectories)
+        && results.iter().all(|(t, _)| {
+            !t.criteria.iter().any(|c| c.cut_by_stop())
+                && !t
+                    .fault
+                    .as_ref()
+                    .is_some_and(|f| f.message.contains("not sent: --max-llm-"))
+        });
     if only_judging_cut {
         summary.interrupted = false;
     }

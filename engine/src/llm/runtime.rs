@@ -375,6 +375,8 @@ impl LlmRuntime {
                 )
                 .await;
             outcome.call.attempts = outcome.call.attempts.saturating_add(first.attempts);
+            // The first ask was sent: a refused second one leaves a call made.
+            outcome.call.refused &= outcome.call.attempts == 0;
             outcome.call.latency_ms += first.latency_ms;
             outcome.call.waited_ms += first.waited_ms;
         }
@@ -386,14 +388,13 @@ impl LlmRuntime {
             ..JudgeVerdict::default()
         };
         let completion = match outcome.result {
-            // Not sent: the run is stopping at its LLM budget, as after a signal. A call
-            // the budget refused is no call (the meter counts none): not recorded as one,
-            // unless the first ask, with the schema, was sent.
+            // Not sent: the run is stopping at its LLM budget, as after a signal. The call
+            // is marked refused (`LlmCall::refused`): no call in the trajectory's counts.
             Err(super::LlmError::Budget(reason)) => {
                 return (
                     CriterionStatus::Skipped,
                     format!("not checked: {reason}"),
-                    (verdict.call.attempts > 0).then_some(verdict),
+                    Some(verdict),
                 );
             }
             // The record's attempts add up both calls; the error is the second's.
