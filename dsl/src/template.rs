@@ -616,69 +616,110 @@ fn every_read_guarded_in_blocks(source: &str, var: &str) -> bool {
 }
 
 /// Whether byte `at` of `source` is inside an `if` branch entered only when `var` is
-/// defined. Tags are followed as written (`{% if %}`, `elif`, `else`, `endif`, with `-`
-/// trimming); any other block is passed through.
+/// defined, or inside a tag whose own expression tests it (`{{ var if var is defined else
+/// "" }}`). Tags are followed as written (`if`, `elif`, `else`, `endif`, and `for` blocks,
+/// whose `else` is theirs), with `-` trimming; comments are not read.
 fn inside_defined_block(source: &str, var: &str, at: usize) -> bool {
-    /// One `if` being read: whether its current branch needs `var` defined, and whether its
-    /// `else` does (its `if` tested `var is not defined`).
-    struct Branch {
-        defined: bool,
-        else_defined: bool,
+    /// One block being read: for an `if`, whether its current branch needs `var` defined,
+    /// and whether a later branch does (its `if` tested `var is not defined`).
+    enum Block {
+        If { defined: bool, later_defined: bool },
+        For,
     }
-    let mut open: Vec<Branch> = Vec::new();
+    // Comments blanked out, offsets kept: an `{% if %}` inside one guards nothing.
+    let mut text = source.to_owned();
+    let mut from = 0;
+    while let Some(open) = text[from..].find("{#").map(|i| from + i) {
+        let close = text[open..].find("#}").map_or(text.len(), |i| open + i + 2);
+        text.replace_range(open..close, &" ".repeat(close - open));
+        from = close;
+    }
+    // The tag `at` is in, read alone: an inline `if`, a `set`.
+    let opened = text[..at].rfind("{{").max(text[..at].rfind("{%"));
+    if let Some(open) = opened
+        && let Some(close) = text[at..].find(['}', '%']).map(|i| at + i)
+        && tests(&text[open + 2..close.max(open + 2)], var, true)
+        && !text[open..at].contains("}}")
+        && !text[open..at].contains("%}")
+    {
+        return true;
+    }
+    let mut open: Vec<Block> = Vec::new();
     let mut rest = 0;
-    while let Some(start) = source[rest..].find("{%").map(|i| rest + i) {
+    while let Some(start) = text[rest..].find("{%").map(|i| rest + i) {
         if start >= at {
             break;
         }
-        let Some(end) = source[start..].find("%}").map(|i| start + i) else {
+        let Some(end) = text[start..].find("%}").map(|i| start + i) else {
             break;
         };
-        let tag = source[start + 2..end]
-            .trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace());
+        let tag =
+            text[start + 2..end].trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace());
         let (keyword, condition) = tag.split_once(char::is_whitespace).unwrap_or((tag, ""));
         match keyword {
-            "if" => open.push(Branch {
+            "if" => open.push(Block::If {
                 defined: tests(condition, var, true),
-                else_defined: tests(condition, var, false),
+                later_defined: tests(condition, var, false),
             }),
+            "for" => open.push(Block::For),
             "elif" => {
-                if let Some(b) = open.last_mut() {
-                    b.defined = tests(condition, var, true);
+                if let Some(Block::If {
+                    defined,
+                    later_defined,
+                }) = open.last_mut()
+                {
+                    *defined = *later_defined || tests(condition, var, true);
                 }
             }
             "else" => {
-                if let Some(b) = open.last_mut() {
-                    b.defined = b.else_defined;
+                if let Some(Block::If {
+                    defined,
+                    later_defined,
+                }) = open.last_mut()
+                {
+                    *defined = *later_defined;
                 }
             }
-            "endif" => {
+            "endif" | "endfor" => {
                 open.pop();
             }
             _ => {}
         }
         rest = end + 2;
     }
-    open.iter().any(|b| b.defined)
+    open.iter()
+        .any(|b| matches!(b, Block::If { defined: true, .. }))
 }
 
 /// Whether `condition` tests `var` as defined (`var is defined`, `var is not undefined`;
-/// `defined` true) or as missing (`var is not defined`, `var is undefined`; false).
+/// `defined` true) or as missing (`var is not defined`, `var is undefined`, `not var is
+/// defined`; false). A condition with `or` guards nothing: its branch may be entered either
+/// way.
 fn tests(condition: &str, var: &str, defined: bool) -> bool {
+    let condition = condition.replace(['(', ')'], " ");
+    if condition.split_whitespace().any(|w| w == "or") {
+        return false;
+    }
     condition.match_indices(var).any(|(at, _)| {
-        let before = condition[..at].chars().next_back();
-        if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '.') {
+        let before = &condition[..at];
+        if before
+            .chars()
+            .next_back()
+            .is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '.')
+        {
             return false;
         }
+        let negated = before.split_whitespace().next_back() == Some("not");
         let words: Vec<&str> = condition[at + var.len()..]
             .split_whitespace()
             .take(3)
             .collect();
-        match words.as_slice() {
-            ["is", "defined", ..] | ["is", "not", "undefined", ..] => defined,
-            ["is", "not", "defined", ..] | ["is", "undefined", ..] => !defined,
-            _ => false,
-        }
+        let positive = match words.as_slice() {
+            ["is", "defined", ..] | ["is", "not", "undefined", ..] => true,
+            ["is", "not", "defined", ..] | ["is", "undefined", ..] => false,
+            _ => return false,
+        };
+        (positive != negated) == defined
     })
 }
 
@@ -840,6 +881,11 @@ mod tests {
             "{% if user_context.zip is not defined %}none{% else %}{{ user_context.zip }}{% endif %}",
             "{%- if vars.quote %}{% elif user_context.zip is defined -%}{{ user_context.zip }}{% endif %}",
             "{% if user_context.zip is defined %}{% if vars.quote %}{{ user_context.zip }}{% endif %}{% endif %}",
+            "{{ user_context.zip if user_context.zip is defined else 'none' }}",
+            "{% if (user_context.zip is defined) %}{{ user_context.zip }}{% endif %}",
+            "{% if user_context.postal_code and (user_context.zip is defined) %}{{ user_context.zip }}{% endif %}",
+            "{% if user_context.zip is defined %}{% for c in vars.quote %}{{ c }}{% else %}none{% endfor %}{{ user_context.zip }}{% endif %}",
+            "{% if user_context.zip is not defined %}none{% elif vars.quote %}{{ user_context.zip }}{% endif %}",
         ] {
             let (files, t) = setup(src);
             let diags = check(&t, &scope(), &files);
@@ -858,6 +904,18 @@ mod tests {
             ),
             (
                 "{% if user_context.zip is defined %}a{% else %}{{ user_context.zip }}{% endif %}",
+                "user_context.zip",
+            ),
+            (
+                "{% if not user_context.zip is defined %}{{ user_context.zip }}{% endif %}",
+                "user_context.zip",
+            ),
+            (
+                "{% if user_context.zip is defined or vars.quote %}{{ user_context.zip }}{% endif %}",
+                "user_context.zip",
+            ),
+            (
+                "{# {% if user_context.zip is defined %} #}{{ user_context.zip }}",
                 "user_context.zip",
             ),
         ] {
