@@ -723,6 +723,62 @@ fn tests(condition: &str, var: &str, defined: bool) -> bool {
     })
 }
 
+/// The offset of the first read of a field of `var` (`persona.type`) in `source` that is
+/// not inside a block entered only when `var` is something (`{% if persona %}`, `{% if
+/// persona is not none %}`, `{% if persona is defined %}`): where `var` is `none`, such a
+/// read fails when rendered.
+pub fn unguarded_field_of_none(source: &str, var: &str) -> Option<usize> {
+    let field = format!("{var}.");
+    source.match_indices(&field).map(|(at, _)| at).find(|&at| {
+        let before = source[..at].chars().next_back();
+        !before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '.')
+            && !inside_defined_block(source, var, at)
+            && !inside_something_block(source, var, at)
+    })
+}
+
+/// Whether `at` is inside an `if` whose condition is `var` itself or `var is not none` (the
+/// other guard of a value that may be `none`).
+fn inside_something_block(source: &str, var: &str, at: usize) -> bool {
+    let mut depth_guarded: Vec<bool> = Vec::new();
+    let mut rest = 0;
+    while let Some(start) = source[rest..].find("{%").map(|i| rest + i) {
+        if start >= at {
+            break;
+        }
+        let Some(end) = source[start..].find("%}").map(|i| start + i) else {
+            break;
+        };
+        let tag = source[start + 2..end]
+            .trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace());
+        let (keyword, condition) = tag.split_once(char::is_whitespace).unwrap_or((tag, ""));
+        let something = |c: &str| {
+            let words: Vec<&str> = c.split_whitespace().collect();
+            !words.contains(&"or")
+                && (words.windows(4).any(|w| w == [var, "is", "not", "none"])
+                    || words.first() == Some(&var) && words.get(1).is_none_or(|w| *w == "and")
+                    || words
+                        .windows(3)
+                        .any(|w| w[0] == "and" && w[1] == var && w[2] != "is"))
+        };
+        match keyword {
+            "if" => depth_guarded.push(something(condition)),
+            "for" => depth_guarded.push(false),
+            "elif" | "else" => {
+                if let Some(last) = depth_guarded.last_mut() {
+                    *last = keyword == "elif" && something(condition);
+                }
+            }
+            "endif" | "endfor" => {
+                depth_guarded.pop();
+            }
+            _ => {}
+        }
+        rest = end + 2;
+    }
+    depth_guarded.iter().any(|g| *g)
+}
+
 /// What follows a read of a variable.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Guard {
@@ -790,6 +846,13 @@ fn read_guards_at(source: &str, var: &str) -> Vec<(usize, Guard)> {
 
 /// The span of `needle` inside the template's string literal, when the literal is written
 /// without escapes (so offsets in the value equal offsets in the source).
+/// The span of the `len` bytes at `at` in the template's text, when its literal is written
+/// without escapes.
+pub fn locate_at(template: &Template, at: usize, len: usize, files: &[SourceFile]) -> Option<Span> {
+    let needle = template.source.get(at..at + len)?;
+    locate_where(template, needle, files, |before, _| before.len() == at)
+}
+
 fn locate(template: &Template, needle: &str, files: &[SourceFile]) -> Option<Span> {
     locate_where(template, needle, files, |_, _| true)
 }

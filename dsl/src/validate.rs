@@ -127,6 +127,7 @@ pub(crate) fn validate_reading_env(
         info,
         diags: Vec::new(),
         checked_simulators: HashSet::new(),
+        persona_checked: HashSet::new(),
         env_reads: Vec::new(),
         header_problems: HashSet::new(),
     };
@@ -343,6 +344,9 @@ struct Validator<'p> {
     diags: Vec<Diagnostic>,
     /// Simulator layers already checked (a scenario's is shared by all its `simulate` steps).
     checked_simulators: HashSet<Span>,
+    /// Simulator layers looked at for `persona` reads where a step without a persona uses
+    /// them ([`Validator::persona_reads`]).
+    persona_checked: HashSet<Span>,
     /// Every `env.NAME` a template reads, for [`warnings`].
     env_reads: Vec<Spanned<String>>,
     /// Problems already reported in a turn-scoped `header` value (file, offset, message):
@@ -1106,8 +1110,9 @@ impl<'p> Validator<'p> {
                     simulator, persona, ..
                 } if simulator.is_some() || persona.is_some() => {
                     if let Some(sim) = simulator {
+                        let has_persona = cx.scenario.persona.is_some() || persona.is_some();
                         for layer in sim.layers() {
-                            self.simulator(layer, Some((cx, &captured)));
+                            self.simulator(layer, Some((cx, &captured, has_persona)));
                         }
                     }
                     if let Some(PersonaRef::Named(name)) = persona.as_deref() {
@@ -1171,7 +1176,19 @@ impl<'p> Validator<'p> {
     /// that first uses it, and the values captured before it), its templates see that
     /// scenario's names; the project's is shared by every scenario, whose `user_context`,
     /// `vars` and `row` differ, so only the names every scenario has are checked there.
-    fn simulator(&mut self, sim: &Simulator, in_scenario: Option<(&StepCx, &BTreeSet<String>)>) {
+    fn simulator(
+        &mut self,
+        sim: &Simulator,
+        in_scenario: Option<(&StepCx, &BTreeSet<String>, bool)>,
+    ) {
+        // Where the simulate step using it has no persona, `persona` is `none`: a field read
+        // of it fails every simulated turn unless it is guarded. Looked at for each layer
+        // once a step without a persona uses it (a branch with one may have used it first).
+        if let Some((_, _, false)) = in_scenario
+            && self.persona_checked.insert(sim.span)
+        {
+            self.persona_reads(sim);
+        }
         if !self.checked_simulators.insert(sim.span) {
             return;
         }
@@ -1182,7 +1199,7 @@ impl<'p> Validator<'p> {
             // `persona` is `none` in a simulator's prompts when the scenario has none (the
             // builtin prompt guards it, `{% if persona is not none %}`), and which branch
             // has one is not followed here: its fields are checked, not its presence.
-            Some((cx, captured)) => self
+            Some((cx, captured, _)) => self
                 .step_scope(cx, captured, true)
                 .with("persona", template::names(template::PERSONA_FIELDS)),
             None => Scope::env_only()
@@ -1207,6 +1224,35 @@ impl<'p> Validator<'p> {
             .flatten()
         {
             self.check_template(prompt, &prompt_scope);
+        }
+    }
+
+    /// A simulator layer's field reads of `persona` that no guard keeps from a `none`.
+    fn persona_reads(&mut self, sim: &Simulator) {
+        let templates = [
+            &sim.instructions,
+            &sim.system_prompt,
+            &sim.opening_prompt,
+            &sim.retry_prompt,
+        ];
+        for t in templates.into_iter().flatten() {
+            if let Some(at) = template::unguarded_field_of_none(&t.source, "persona") {
+                let span =
+                    template::locate_at(t, at, "persona".len(), self.files()).unwrap_or(t.span);
+                let d = Diagnostic::at_span(
+                    Kind::UndefinedVariable,
+                    "this scenario (or branch) has no persona: `persona` is none in its \
+                     simulated user's prompts",
+                    self.files(),
+                    span,
+                    "read of a persona's field",
+                )
+                .with_help(
+                    "give it a `persona`, or guard the read: `{% if persona is not none \
+                     %}…{% endif %}`",
+                );
+                self.diags.push(d);
+            }
         }
     }
 

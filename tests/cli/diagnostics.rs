@@ -312,6 +312,19 @@ scenario "no-persona" {
     simulate turns=1
     expect reply contains="x"
 }
+scenario "unguarded" {
+    simulator instructions="Play {{ persona.type }}."
+    user "hi"
+    branch "with" {
+        persona "pp"
+        simulate turns=1
+        expect reply contains="x"
+    }
+    branch "without" {
+        simulate turns=1
+        expect reply contains="x"
+    }
+}
 "#,
     )
     .unwrap();
@@ -336,7 +349,12 @@ scenario "no-persona" {
         !err.contains("undefined template variable `user_context.anything`"),
         "{err}"
     );
-    assert!(err.contains("4 errors"), "{err}");
+    // Unguarded where a branch has no persona (a branch with one used the layer first).
+    assert!(
+        err.contains("this scenario (or branch) has no persona") && err.contains("sim.kdl:24:37"),
+        "{err}"
+    );
+    assert!(err.contains("5 errors"), "{err}");
 }
 
 #[tokio::test]
