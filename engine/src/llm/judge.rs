@@ -523,6 +523,23 @@ pub fn parse_answer(rubric: &Rubric, text: &str) -> Result<Answer, Garbage> {
                     (passed, lines.get("justification").cloned())
                 }
             };
+            // A JSON object and a `passed:` line beside it that disagree: no answer.
+            if object.is_some()
+                && let Some(line) = key_lines(text)
+                    .get("passed")
+                    .map(|s| s.to_ascii_lowercase())
+                && let Some(said) = match line.as_str() {
+                    "true" | "yes" => Some(true),
+                    "false" | "no" => Some(false),
+                    _ => None,
+                }
+                && said != passed
+            {
+                return Err(garbage(
+                    "two verdicts (a JSON object and a `passed:` line that disagree)",
+                    text,
+                ));
+            }
             Ok(Answer {
                 score: if passed { 1.0 } else { 0.0 },
                 label: Some(if passed { "holds" } else { "does not hold" }.to_owned()),
@@ -785,6 +802,12 @@ mod tests {
         }
         let agreeing = "Score: 0.9\n{\"score\": 0.9, \"label\": \"pass\"}";
         assert_eq!(parse_answer(&generic, agreeing).unwrap().score, 0.9);
+        // The same for an outcome's verdict.
+        let outcome = Rubric::Outcome;
+        let two = "Passed: no\n{\"passed\": true, \"justification\": \"x\"}";
+        assert!(parse_answer(&outcome, two).is_err(), "{two:?}");
+        let agreeing = "Passed: yes\n{\"passed\": true, \"justification\": \"x\"}";
+        assert_eq!(parse_answer(&outcome, agreeing).unwrap().score, 1.0);
     }
 
     #[test]
