@@ -372,13 +372,20 @@ pub fn check_reading_env(
         }
         // Where it is used as one: the same word may be text before it.
         let kind = err.kind();
-        let used_as = |before: &str, after: &str| match kind {
-            minijinja::ErrorKind::UnknownFilter => before.trim_end().ends_with('|'),
-            minijinja::ErrorKind::UnknownTest => {
-                let before = before.trim_end();
-                before.ends_with(" is") || before.ends_with(" not")
-            }
-            _ => after.trim_start().starts_with('('),
+        let used_as = |before: &str, after: &str| {
+            // The whole name (`low` is not the start of `lower`).
+            !after.starts_with(|c: char| c.is_alphanumeric() || c == '_')
+                && match kind {
+                    minijinja::ErrorKind::UnknownFilter => {
+                        let before = before.trim_end();
+                        before.ends_with('|') || before.ends_with("{% filter")
+                    }
+                    minijinja::ErrorKind::UnknownTest => {
+                        let before = before.trim_end();
+                        before.ends_with(" is") || before.ends_with(" not")
+                    }
+                    _ => after.trim_start().starts_with('('),
+                }
         };
         let span = name
             .and_then(|n| locate_where(template, n, files, used_as))
@@ -1063,6 +1070,17 @@ mod tests {
             diags[1].message,
             "undefined template variable `user_context.postl_code`"
         );
+        // The whole name, where it is a filter: not inside a longer one, and in a filter
+        // block too.
+        for (src, at) in [
+            ("{{ vars.quote | lower }} {{ vars.quote | low }}", 41),
+            ("{% filter uppr %}x{% endfilter %}", 10),
+        ] {
+            let (files, t) = setup(src);
+            let diags = check(&t, &scope(), &files);
+            assert_eq!(diags.len(), 1, "{src}: {diags:?}");
+            assert_eq!(diags[0].offset(), 6 + at, "{src}");
+        }
     }
 
     #[test]
