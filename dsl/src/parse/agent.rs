@@ -45,7 +45,17 @@ impl Decoder<'_> {
     }
 
     fn agent_body(&mut self, v: &View, id: &Spanned<String>, usage: &str) -> Option<Agent> {
-        let settings = agent_settings(&self.info.protocols);
+        // The agent's own protocol's settings when it names one it has: a child form
+        // another protocol takes would be refused here.
+        let own: Vec<&'static ProtocolSpec> = match v
+            .prop("protocol")
+            .and_then(|e| e.value().as_string())
+            .and_then(|name| self.info.protocols.iter().find(|p| p.name == name))
+        {
+            Some(p) => vec![*p],
+            None => self.info.protocols.clone(),
+        };
+        let settings = agent_settings(&own);
         self.check_args_several(v, 1, usage, &|property| {
             settings
                 .iter()
