@@ -993,8 +993,8 @@ fn report_claims(dir: &Path, out: &Path) -> Result<Vec<recorder::OutClaim>, Stri
     let mut claims = vec![recorder::claim_run_dir(dir).map_err(|e| {
         if e.starts_with("another trellis run is writing") {
             format!(
-                "{} is still being written by the trellis run recording it; report it once \
-                 that run has ended",
+                "{} is in use by another trellis command (the run recording it, or a report \
+                 of it); report it once that has ended",
                 dir.display()
             )
         } else {

@@ -1102,7 +1102,7 @@ async fn report_waits_for_a_run_that_is_writing_and_keeps_to_its_own_out() {
     let o = trellis().arg("report").arg(&live).output().await.unwrap();
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(
-        stderr(&o).contains("is still being written by the trellis run recording it"),
+        stderr(&o).contains("is in use by another trellis command (the run recording it"),
         "{}",
         stderr(&o)
     );
