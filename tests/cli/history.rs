@@ -21,6 +21,9 @@ pub(super) struct Sample {
     latency_ms: f64,
     /// The trajectory ended in an error (its agent call timed out), not a verdict.
     error: bool,
+    /// With `error`: the agent answered, and a check's evaluator failed (a judge), not the
+    /// turn.
+    answered: bool,
 }
 
 pub(super) fn sample(
@@ -35,6 +38,7 @@ pub(super) fn sample(
         passed,
         latency_ms,
         error: false,
+        answered: false,
     }
 }
 
@@ -69,8 +73,8 @@ pub(super) fn write_run(runs_dir: &Path, name: &str, started_at: &str, samples: 
                 started_ms: 0.0,
                 latency_ms: s.latency_ms,
                 attempts: 1,
-                reply: (!s.error).then(|| "hello".into()),
-                fault: s.error.then(|| trellis_engine::record::Fault {
+                reply: (!s.error || s.answered).then(|| "hello".into()),
+                fault: (s.error && !s.answered).then(|| trellis_engine::record::Fault {
                     category: trellis_engine::record::FaultCategory::Timeout,
                     message: "no answer within 1s".into(),
                     rate_limited: None,
@@ -1283,6 +1287,37 @@ async fn an_earlier_run_of_timeouts_does_not_widen_the_latency_spread() {
     let o = compare(runs.path(), &["base", "head"]).await;
     assert_eq!(o.status.code(), Some(1), "{}", stdout(&o));
     assert!(stdout(&o).contains("run latency_mean_ms"), "{}", stdout(&o));
+}
+
+/// An earlier run whose judge failed (trajectories in error, every turn answered) measured
+/// the machine as any other: it counts in the spread, where dropping it switched the spread
+/// off with fewer than three runs left.
+#[tokio::test]
+async fn an_earlier_run_whose_judge_failed_still_counts_in_the_latency_spread() {
+    let runs = tempfile::tempdir().unwrap();
+    for (name, day, ms, judge_failed) in [
+        ("e1", 1, 100.0, false),
+        ("busy", 2, 160.0, true),
+        ("e3", 3, 100.0, false),
+        ("base", 4, 100.0, false),
+        ("head", 5, 150.0, false),
+    ] {
+        let mut samples = turns(ms);
+        for s in &mut samples {
+            s.error = judge_failed;
+            s.answered = judge_failed;
+        }
+        write_run(
+            runs.path(),
+            name,
+            &format!("2026-01-0{day}T00:00:00Z"),
+            &samples,
+        );
+        set_fingerprint(&runs.path().join(name), name, "same suites");
+    }
+    // No slower than the busy run was: noise.
+    let o = compare(runs.path(), &["base", "head"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stdout(&o));
 }
 
 /// Runs made after the base without a gate may be the slower agent itself: three plain runs
