@@ -470,6 +470,16 @@ pub fn compare_runs(
     };
     let base_stats = stats(base)?;
     let head_stats = stats(head)?;
+    // A run against itself (or a copy of it: `trellis report --out`) always "passes": it
+    // certifies nothing, and is most likely a mistyped id in a gate.
+    if base.run_id == head.run_id {
+        return Err(format!(
+            "run {} would be compared with itself ({} and {}); give two different runs",
+            base.label(),
+            base.dir.display(),
+            head.dir.display()
+        ));
+    }
     Ok(compare::compare(
         &base_stats,
         run_ref(base),

@@ -1760,6 +1760,25 @@ async fn compare_refuses_a_run_whose_journal_cannot_be_read() {
     );
 }
 
+/// A run compared with itself (by two of its names) is refused: it always "passed".
+#[tokio::test]
+async fn a_run_compared_with_itself_is_refused() {
+    let runs = tempfile::tempdir().unwrap();
+    write_run(
+        runs.path(),
+        "only",
+        "2026-01-01T00:00:00Z",
+        &[sample("main", 0, true, 10.0)],
+    );
+    let o = compare(runs.path(), &["only", "20260101T000000Z-only"]).await;
+    assert_eq!(o.status.code(), Some(2), "{}{}", stdout(&o), stderr(&o));
+    assert!(
+        stderr(&o).contains("would be compared with itself"),
+        "{}",
+        stderr(&o)
+    );
+}
+
 /// `--replace` of a named run's directory says that the name goes with it: a later
 /// `--baseline NAME` found nothing, and nothing had said why.
 #[tokio::test]
