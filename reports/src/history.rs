@@ -95,6 +95,10 @@ pub struct RunMeta {
     /// not runs of their own: `runs.parquet` says `variance`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub variance_condition: Option<String>,
+    /// Set by `trellis rejudge`: the run whose transcripts this one re-scored. Not another
+    /// point of a trend (the same transcripts, judged again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rejudged_from: Option<String>,
     /// Set by `trellis run --baseline`: the run (its name, or id) this one is compared with
     /// in `compare.html`, so the run's own page can link the comparison.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -1061,6 +1061,7 @@ fn merged_meta(
         compared_with: None,
         shard: None,
         variance_condition: None,
+        rejudged_from: None,
         merged: Some(MergeMeta {
             shards: split.count,
             // The shards whose records are in the merge (`--allow-partial` may leave some out).

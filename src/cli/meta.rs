@@ -67,6 +67,7 @@ pub fn build(
         shard: None,
         merged: None,
         variance_condition: None,
+        rejudged_from: None,
         source: Some(source(project, selection)),
     }
 }

@@ -148,6 +148,22 @@ pub fn rejudge(args: RejudgeArgs) -> u8 {
             return EXIT_INVALID;
         }
     };
+    // Says what the directory is before its tables are written: `report.html` trends leave
+    // a re-scoring of another run's transcripts out.
+    let original = entries.iter().find_map(|e| match e {
+        trellis_engine::record::JournalEntry::RunStarted(info) => info.rejudged_from.clone(),
+        _ => None,
+    });
+    let meta = trellis_reports::history::RunMeta {
+        schema_version: trellis_reports::history::SCHEMA_VERSION,
+        run_id: run_id.clone(),
+        trellis_version: env!("CARGO_PKG_VERSION").to_owned(),
+        rejudged_from: original,
+        ..trellis_reports::history::RunMeta::default()
+    };
+    if let Err(e) = meta.write(&out) {
+        errln!("warning: {e}: {}", super::recorder::source(&e));
+    }
     let mut failed = false;
     let mut summary = None;
     for entry in &entries {

@@ -846,3 +846,41 @@ async fn rejudging_the_checks_a_signal_left_unjudged_completes_the_run() {
         stdout(&o)
     );
 }
+
+/// A rejudged run re-scores an earlier run's transcripts: a later run's report does not draw
+/// it as a point of its trends (the same conversations would count twice). It has a
+/// `run.json` naming the run it re-scored.
+#[tokio::test]
+async fn a_rejudged_run_is_not_a_point_of_later_trends() {
+    let fake = FakeLlm::start(vec![Rule::when(
+        "TREND-CHECK",
+        [Reply::text(r#"{"score": 1.0, "justification": "polite"}"#)],
+    )])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = one_judged_check(dir.path(), &fake.base_url(), "TREND-CHECK");
+    let runs = dir.path().join("runs");
+    let o = run(&path, &runs.join("first"), &[]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = rejudge(&runs.join("first"), &path, runs.join("rejudged")).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let meta: Value =
+        serde_json::from_str(&std::fs::read_to_string(runs.join("rejudged/run.json")).unwrap())
+            .unwrap();
+    let first: Value =
+        serde_json::from_str(&std::fs::read_to_string(runs.join("first/run.json")).unwrap())
+            .unwrap();
+    assert_eq!(meta["rejudged_from"], first["run_id"], "{meta}");
+    let o = run(&path, &runs.join("later"), &[]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let html = std::fs::read_to_string(runs.join("later/report.html")).unwrap();
+    let rejudged_id = meta["run_id"].as_str().unwrap();
+    assert!(
+        html.contains(first["run_id"].as_str().unwrap()),
+        "no trend point for the first run"
+    );
+    assert!(
+        !html.contains(rejudged_id),
+        "the rejudged run is drawn in the trend"
+    );
+}

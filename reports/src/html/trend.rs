@@ -189,6 +189,15 @@ fn consider(
     {
         return None;
     }
+    // A re-scoring of an earlier run's transcripts is not a run of its own: the same
+    // conversations would count twice.
+    if crate::history::RunMeta::read(dir)
+        .ok()
+        .flatten()
+        .is_some_and(|m| m.rejudged_from.is_some())
+    {
+        return None;
+    }
     let summary = read_summary(&dir.join(crate::SUMMARY_FILE))?;
     let TrendStats {
         run_id: id,
