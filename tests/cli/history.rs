@@ -1646,10 +1646,7 @@ async fn the_gate_fails_a_run_that_checked_nothing_and_a_new_failure() {
     let dir = tempfile::tempdir().unwrap();
     let runs = dir.path().join("runs");
     // A port nothing listens on: every call is refused.
-    let closed = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.local_addr().unwrap().port()
-    };
+    let (_held, closed) = refused_port();
     let scenario = "scenario \"hello\" {\n    agent \"a\"\n    repeat 2\n    \
                     user \"Hi, I'd like to book a duct cleaning.\"\n    \
                     expect reply contains=\"postal code\"\n}\n";

@@ -68,6 +68,19 @@ pub fn without_runner_shards(cmd: &mut tokio::process::Command) {
     }
 }
 
+/// A loopback port nothing listens on, held for as long as the returned socket lives: it is
+/// bound but not listening, so connections to it are refused, and no other test's server can
+/// take it meanwhile (a port merely freed was, once, by a server of a test running beside,
+/// and the "down" agent answered).
+pub fn refused_port() -> (tokio::net::TcpSocket, u16) {
+    let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+    socket
+        .bind("127.0.0.1:0".parse().expect("an address"))
+        .expect("bound");
+    let port = socket.local_addr().expect("its address").port();
+    (socket, port)
+}
+
 pub fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
 }

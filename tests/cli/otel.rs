@@ -861,7 +861,7 @@ async fn a_turns_span_covers_its_wait_out_of_a_rate_limit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_down_collector_is_one_warning() {
     let dir = tempfile::tempdir().unwrap();
-    let closed = free_port();
+    let (_held, closed) = crate::refused_port();
     let started = std::time::Instant::now();
     let o = trellis()
         .arg("run")

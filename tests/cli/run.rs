@@ -806,12 +806,8 @@ async fn bench_table_with_runs_gives_each_figure_as_a_median_and_its_range() {
 
 #[tokio::test]
 async fn bench_table_gives_no_figure_from_runs_against_an_agent_that_is_down() {
-    // A port that was just free: nothing listens on it, so every call is refused.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // Nothing listens on it, so every call is refused.
+    let (_held, port) = refused_port();
     let url = format!("http://127.0.0.1:{port}/agent/respond");
     let o = trellis()
         .args(["bench", "--table", "--trajectories", "50", "--url", &url])

@@ -1373,9 +1373,7 @@ async fn a_suites_directory_removed_and_brought_back_is_watched_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_error_from_a_check_is_explained_under_its_trajectory() {
     let agent = MisbehavingServer::respond(200, OK_BODY).await;
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = closed.local_addr().unwrap().port();
-    drop(closed);
+    let (_held, port) = super::refused_port();
     let dir = tempfile::tempdir().unwrap();
     write(
         &dir.path().join("suite.kdl"),
