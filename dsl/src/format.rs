@@ -2,7 +2,8 @@
 //!
 //! The layout is four spaces per block level, one space between a node's name, arguments and
 //! properties, `key=value` without spaces, one node per line (a `;` between nodes becomes a
-//! line break), at most one blank line in a row, none right after `{` or before `}`, and
+//! line break), at most one blank line in a row, none right after `{` or before `}` (but
+//! one that ends a `\`-continued node is kept: it is what ends the node), and
 //! a newline at the end. What is not layout is never touched: strings stay as written (raw
 //! strings raw, multi-line strings byte for byte), numbers and keywords as written,
 //! properties in their order, and every comment (`//`, `/* … */`, slashdashed `/-` nodes,
@@ -509,7 +510,11 @@ impl Printer<'_> {
         };
         if line_break {
             self.out.push_str(self.newline);
-            let blank = self.newlines >= 2 && !self.after_open && kind != Tok::Close;
+            // None before a `}`, unless a `\` came before it: that blank line is what ends
+            // the continued node (without it the `}` would be read as the node's next line,
+            // and formatting again would indent it).
+            let blank =
+                self.newlines >= 2 && !self.after_open && (kind != Tok::Close || self.continued);
             if blank {
                 self.out.push_str(self.newline);
             }
@@ -709,6 +714,11 @@ mod tests {
             "s {\n    a 1 \\ // c\n\n    b\n}\n"
         );
         assert_eq!(fmt("a \\\n\nb\n"), "a \\\n\nb\n");
+        // Before a `}` too, so that formatting again changes nothing (a random case of
+        // `tests/it/format.rs` found the `}` indented on the second pass).
+        let once = fmt("s {\n    user \"hi\"\\\n\n}\n");
+        assert_eq!(once, "s {\n    user \"hi\" \\\n\n}\n");
+        assert_eq!(fmt(&once), once);
     }
 
     #[test]
