@@ -5,6 +5,7 @@
 //! `{{ user_context.postl_code }}` fails `trellis check` instead of rendering as an error at
 //! run time.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 
 use miette::SourceSpan;
@@ -624,23 +625,9 @@ fn every_read_guarded_in_blocks(source: &str, var: &str) -> bool {
 
 /// Whether byte `at` of `source` is inside an `if` branch entered only when `var` is
 /// defined, or inside a tag whose own expression tests it (`{{ var if var is defined else
-/// "" }}`). Tags are followed as written (`if`, `elif`, `else`, `endif`, and `for` blocks,
-/// whose `else` is theirs), with `-` trimming; comments are not read.
+/// "" }}`).
 fn inside_defined_block(source: &str, var: &str, at: usize) -> bool {
-    /// One block being read: for an `if`, whether its current branch needs `var` defined,
-    /// and whether a later branch does (its `if` tested `var is not defined`).
-    enum Block {
-        If { defined: bool, later_defined: bool },
-        For,
-    }
-    // Comments blanked out, offsets kept: an `{% if %}` inside one guards nothing.
-    let mut text = source.to_owned();
-    let mut from = 0;
-    while let Some(open) = text[from..].find("{#").map(|i| from + i) {
-        let close = text[open..].find("#}").map_or(text.len(), |i| open + i + 2);
-        text.replace_range(open..close, &" ".repeat(close - open));
-        from = close;
-    }
+    let text = without_comments(source);
     // The tag `at` is in, read alone: an inline `if`, a `set`.
     let opened = text[..at].rfind("{{").max(text[..at].rfind("{%"));
     if let Some(open) = opened
@@ -650,6 +637,39 @@ fn inside_defined_block(source: &str, var: &str, at: usize) -> bool {
         && !text[open..at].contains("%}")
     {
         return true;
+    }
+    inside_branch_where(&text, at, |condition| {
+        (tests(condition, var, true), tests(condition, var, false))
+    })
+}
+
+/// `source` with its `{# … #}` comments blanked out, offsets kept: an `{% if %}` inside one
+/// guards nothing.
+fn without_comments(source: &str) -> Cow<'_, str> {
+    if !source.contains("{#") {
+        return Cow::Borrowed(source);
+    }
+    let mut text = source.to_owned();
+    let mut from = 0;
+    while let Some(open) = text[from..].find("{#").map(|i| from + i) {
+        let close = text[open..].find("#}").map_or(text.len(), |i| open + i + 2);
+        text.replace_range(open..close, &" ".repeat(close - open));
+        from = close;
+    }
+    Cow::Owned(text)
+}
+
+/// Whether byte `at` of `text` is inside an `if` branch that `guards` says is a guard. For
+/// each `if`/`elif` condition, `guards` says whether its branch is entered only when guarded
+/// and whether every later branch is (an `if` that tested the opposite). Tags are followed
+/// as written (`if`, `elif`, `else`, `endif`, and `for` blocks, whose `else` is theirs),
+/// with `-` trimming.
+fn inside_branch_where(text: &str, at: usize, guards: impl Fn(&str) -> (bool, bool)) -> bool {
+    /// One block being read: for an `if`, whether its current branch is guarded, and
+    /// whether a later one is.
+    enum Block {
+        If { guarded: bool, later: bool },
+        For,
     }
     let mut open: Vec<Block> = Vec::new();
     let mut rest = 0;
@@ -663,31 +683,17 @@ fn inside_defined_block(source: &str, var: &str, at: usize) -> bool {
         let tag =
             text[start + 2..end].trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace());
         let (keyword, condition) = tag.split_once(char::is_whitespace).unwrap_or((tag, ""));
-        match keyword {
-            "if" => open.push(Block::If {
-                defined: tests(condition, var, true),
-                later_defined: tests(condition, var, false),
-            }),
-            "for" => open.push(Block::For),
-            "elif" => {
-                if let Some(Block::If {
-                    defined,
-                    later_defined,
-                }) = open.last_mut()
-                {
-                    *defined = *later_defined || tests(condition, var, true);
-                }
+        match (keyword, open.last_mut()) {
+            ("if", _) => {
+                let (guarded, later) = guards(condition);
+                open.push(Block::If { guarded, later });
             }
-            "else" => {
-                if let Some(Block::If {
-                    defined,
-                    later_defined,
-                }) = open.last_mut()
-                {
-                    *defined = *later_defined;
-                }
+            ("for", _) => open.push(Block::For),
+            ("elif", Some(Block::If { guarded, later })) => {
+                *guarded = *later || guards(condition).0;
             }
-            "endif" | "endfor" => {
+            ("else", Some(Block::If { guarded, later })) => *guarded = *later,
+            ("endif" | "endfor", _) => {
                 open.pop();
             }
             _ => {}
@@ -695,7 +701,7 @@ fn inside_defined_block(source: &str, var: &str, at: usize) -> bool {
         rest = end + 2;
     }
     open.iter()
-        .any(|b| matches!(b, Block::If { defined: true, .. }))
+        .any(|b| matches!(b, Block::If { guarded: true, .. }))
 }
 
 /// Whether `condition` tests `var` as defined (`var is defined`, `var is not undefined`;
@@ -740,50 +746,22 @@ pub fn unguarded_field_of_none(source: &str, var: &str) -> Option<usize> {
         let before = source[..at].chars().next_back();
         !before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '.')
             && !inside_defined_block(source, var, at)
-            && !inside_something_block(source, var, at)
+            && !inside_branch_where(&without_comments(source), at, |condition| {
+                (is_something(condition, var), false)
+            })
     })
 }
 
-/// Whether `at` is inside an `if` whose condition is `var` itself or `var is not none` (the
-/// other guard of a value that may be `none`).
-fn inside_something_block(source: &str, var: &str, at: usize) -> bool {
-    let mut depth_guarded: Vec<bool> = Vec::new();
-    let mut rest = 0;
-    while let Some(start) = source[rest..].find("{%").map(|i| rest + i) {
-        if start >= at {
-            break;
-        }
-        let Some(end) = source[start..].find("%}").map(|i| start + i) else {
-            break;
-        };
-        let tag = source[start + 2..end]
-            .trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace());
-        let (keyword, condition) = tag.split_once(char::is_whitespace).unwrap_or((tag, ""));
-        let something = |c: &str| {
-            let words: Vec<&str> = c.split_whitespace().collect();
-            !words.contains(&"or")
-                && (words.windows(4).any(|w| w == [var, "is", "not", "none"])
-                    || words.first() == Some(&var) && words.get(1).is_none_or(|w| *w == "and")
-                    || words
-                        .windows(3)
-                        .any(|w| w[0] == "and" && w[1] == var && w[2] != "is"))
-        };
-        match keyword {
-            "if" => depth_guarded.push(something(condition)),
-            "for" => depth_guarded.push(false),
-            "elif" | "else" => {
-                if let Some(last) = depth_guarded.last_mut() {
-                    *last = keyword == "elif" && something(condition);
-                }
-            }
-            "endif" | "endfor" => {
-                depth_guarded.pop();
-            }
-            _ => {}
-        }
-        rest = end + 2;
-    }
-    depth_guarded.iter().any(|g| *g)
+/// Whether `condition` is `var` itself or `var is not none` (alone or joined by `and`): the
+/// other guard of a value that may be `none`.
+fn is_something(condition: &str, var: &str) -> bool {
+    let words: Vec<&str> = condition.split_whitespace().collect();
+    !words.contains(&"or")
+        && (words.windows(4).any(|w| w == [var, "is", "not", "none"])
+            || words.first() == Some(&var) && words.get(1).is_none_or(|w| *w == "and")
+            || words
+                .windows(3)
+                .any(|w| w[0] == "and" && w[1] == var && w[2] != "is"))
 }
 
 /// What follows a read of a variable.

@@ -489,11 +489,8 @@ pub fn same_dir(a: &Path, b: &Path) -> bool {
 /// Marks `dir` as rerun `number` of a `trellis watch` session (see [`is_watch_rerun`]).
 pub fn mark_watch_rerun(dir: &Path, run_id: &str, number: u64) -> Result<(), HistoryError> {
     RunMeta {
-        schema_version: SCHEMA_VERSION,
-        run_id: run_id.to_owned(),
-        trellis_version: env!("CARGO_PKG_VERSION").to_owned(),
         watch_rerun: Some(number),
-        ..RunMeta::default()
+        ..RunMeta::marker(run_id)
     }
     .write(dir)
 }
@@ -502,16 +499,24 @@ pub fn mark_watch_rerun(dir: &Path, run_id: &str, number: u64) -> Result<(), His
 /// `run_id`'s state.
 pub fn mark_watch_latest(dir: &Path, run_id: &str) -> Result<(), HistoryError> {
     RunMeta {
-        schema_version: SCHEMA_VERSION,
-        run_id: run_id.to_owned(),
-        trellis_version: env!("CARGO_PKG_VERSION").to_owned(),
         watch_latest: true,
-        ..RunMeta::default()
+        ..RunMeta::marker(run_id)
     }
     .write(dir)
 }
 
 impl RunMeta {
+    /// The header of run `run_id`'s `run.json` and nothing else: for a directory marked as
+    /// what it is (a watch rerun, a rejudge, a variance condition) rather than described.
+    pub fn marker(run_id: &str) -> RunMeta {
+        RunMeta {
+            schema_version: SCHEMA_VERSION,
+            run_id: run_id.to_owned(),
+            trellis_version: env!("CARGO_PKG_VERSION").to_owned(),
+            ..RunMeta::default()
+        }
+    }
+
     /// What kind of directory holds the run (`runs.parquet`'s `kind`): `shard`, `merged`,
     /// `watch_rerun`, `watch_latest`, `rejudge`, `variance` or an ordinary `run`.
     pub fn kind(&self, rejudged: bool) -> &'static str {

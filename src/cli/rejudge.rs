@@ -155,11 +155,8 @@ pub fn rejudge(args: RejudgeArgs) -> u8 {
         _ => None,
     });
     let meta = trellis_reports::history::RunMeta {
-        schema_version: trellis_reports::history::SCHEMA_VERSION,
-        run_id: run_id.clone(),
-        trellis_version: env!("CARGO_PKG_VERSION").to_owned(),
         rejudged_from: original,
-        ..trellis_reports::history::RunMeta::default()
+        ..trellis_reports::history::RunMeta::marker(&run_id)
     };
     if let Err(e) = meta.write(&out) {
         errln!("warning: {e}: {}", super::recorder::source(&e));

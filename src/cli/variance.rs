@@ -688,13 +688,10 @@ fn condition_run(
     // Marked as a condition of the variance, not a run: `runs.parquet` says `variance`, so a
     // glob over every run's tables can leave it out.
     let meta = trellis_reports::history::RunMeta {
-        schema_version: trellis_reports::history::SCHEMA_VERSION,
-        run_id: run_id.clone(),
-        trellis_version: env!("CARGO_PKG_VERSION").to_owned(),
         variance_condition: out
             .file_name()
             .map(|name| name.to_string_lossy().into_owned()),
-        ..trellis_reports::history::RunMeta::default()
+        ..trellis_reports::history::RunMeta::marker(&run_id)
     };
     if let Err(e) = meta.write(out) {
         errln!("warning: {e}: {}", super::recorder::source(&e));
