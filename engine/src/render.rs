@@ -438,6 +438,34 @@ pub fn judge_texts_rendered(
     Arc::new(rendered)
 }
 
+/// `sc`'s `expect-tool` calls as a judge is shown them: a string parameter written as a
+/// template rendered by `render` (in the trajectory's scope where the judge is asked, as the
+/// call's own check renders it), so the judge reads `A-1002`, not `{{ user_context.order }}`.
+/// One that does not render is shown as written.
+pub fn expected_tools_rendered(
+    sc: &Scenario,
+    render: impl Fn(&str) -> Option<String>,
+) -> Vec<(String, serde_json::Map<String, serde_json::Value>)> {
+    sc.expect_tools
+        .iter()
+        .filter_map(|c| match &c.kind {
+            CriterionKind::Tool { name, params, .. } => {
+                let mut params = params.clone();
+                for value in params.values_mut() {
+                    if let serde_json::Value::String(text) = value
+                        && trellis_dsl::template::is_template(text)
+                        && let Some(rendered) = render(text)
+                    {
+                        *text = rendered;
+                    }
+                }
+                Some((name.clone(), params))
+            }
+            _ => None,
+        })
+        .collect()
+}
+
 /// `kind`, a judged criterion, with its statement rendered by `render` when it is written
 /// as a template; borrowed as written otherwise. For statements not compiled into a plan:
 /// a scenario's own `outcome`s and a rejudged run's checks.

@@ -667,6 +667,83 @@ scenario "greet" {{
     );
 }
 
+/// The judge is shown the tool calls `expect-tool` expects with their parameters rendered,
+/// as the checks compare them: user context and captures, in the run and in a rejudge (it
+/// read `{"order_id":"{{ user_context.order }}"}`).
+#[tokio::test]
+async fn expected_tool_calls_reach_the_judge_rendered() {
+    let pass = r#"{"score": 1, "passed": true, "label": "pass", "justification": "ok"}"#;
+    let fake = FakeLlm::start(vec![Rule::otherwise([Reply::text(pass)])]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("refund.kdl");
+    std::fs::write(
+        &suite,
+        format!(
+            r##"
+agent "sup" protocol="multiagent" builtin="support"
+provider "fake" kind="openai" base-url="{}" model="judge-m" api-key-env="FAKE_KEY"
+judge "main" provider="fake"
+scenario "refund" {{
+    user-context {{ order "A-1002" }}
+    user "Refund $30 for order {{{{ user_context.order }}}}"
+    capture "oid" regex=#"order (A-\d+)"#
+    expect-tool "apply_refund" order_id="{{{{ user_context.order }}}}"
+    expect-tool "get_order" order_id="{{{{ vars.oid }}}}"
+    outcome "the order is refunded"
+}}
+"##,
+            fake.base_url()
+        ),
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("run")
+        .arg(&suite)
+        .arg("--out")
+        .arg(dir.path().join("out"))
+        .env("FAKE_KEY", "k")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let prompts = |from: usize| {
+        fake.seen()[from..]
+            .iter()
+            .map(|r| r.body.to_string())
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let sent = prompts(0);
+    for rendered in [
+        r#"apply_refund {\"order_id\":\"A-1002\"}"#,
+        r#"get_order {\"order_id\":\"A-1002\"}"#,
+    ] {
+        assert!(sent.contains(rendered), "{rendered} not in: {sent}");
+    }
+    assert!(!sent.contains("{{"), "a template reached the judge: {sent}");
+    let before = fake.calls();
+    let o = trellis()
+        .arg("rejudge")
+        .arg(dir.path().join("out"))
+        .arg(&suite)
+        .arg("--out")
+        .arg(dir.path().join("rejudged"))
+        .env("FAKE_KEY", "k")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let again = prompts(before);
+    assert!(
+        again.contains(r#"get_order {\"order_id\":\"A-1002\"}"#),
+        "{again}"
+    );
+    assert!(
+        !again.contains("{{"),
+        "a template reached the judge: {again}"
+    );
+}
+
 /// A judged check in a shared prefix is one call, however many branches share it: the
 /// console's engine-calls line counts each call once, as the endpoint sees them and as the
 /// per-role line does (it summed the trajectories' records, a call per branch).

@@ -218,6 +218,7 @@ impl Unit<'_> {
                                     turn_index: None,
                                     repetition: self.repetition,
                                     call_name: self.judge_call_name(t, state, &c.criterion.text),
+                                    expected_tools: self.expected_tools(state),
                                 },
                             )
                             .await
@@ -282,6 +283,7 @@ impl Unit<'_> {
                                     turn_index: None,
                                     repetition: self.repetition,
                                     call_name: self.judge_call_name(t, state, &text),
+                                    expected_tools: self.expected_tools(state),
                                 },
                             )
                             .await
@@ -383,6 +385,21 @@ impl Unit<'_> {
             }
             record = judging => record,
         }
+    }
+
+    /// The scenario's `expect-tool` calls as a judge asked on `state`'s path is shown them:
+    /// rendered in the path's scope, captures included, as their checks are.
+    pub(super) fn expected_tools(
+        &self,
+        state: &PathState,
+    ) -> Vec<(String, serde_json::Map<String, serde_json::Value>)> {
+        crate::render::expected_tools_rendered(&self.scenario.scenario, |text| {
+            self.shared
+                .plan
+                .templates
+                .render_source(text, || self.scenario.scope.with_vars(&state.vars))
+                .ok()
+        })
     }
 
     /// How a judge call of trajectory `t` is named in a replay-only cache miss.

@@ -1145,6 +1145,7 @@ impl<'a> Unit<'a> {
                             self.repetition,
                             self.agent_id()
                         ),
+                        expected_tools: self.expected_tools(state),
                     },
                 )
                 .await

@@ -325,6 +325,11 @@ async fn rejudge_one(
                     "rejudge of `{}` on {}/{} trajectory `{}` repetition {} (agent `{}`)",
                     record.criterion, t.suite, t.scenario, t.trajectory, t.repetition, t.agent
                 ),
+                expected_tools: crate::render::expected_tools_rendered(scenario, |text| {
+                    templates
+                        .render_source(text, || scope.with_vars(&t.captures))
+                        .ok()
+                }),
             })
             .await;
         counts.rejudged += 1;

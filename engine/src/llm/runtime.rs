@@ -9,6 +9,7 @@
 //! as holds / does not hold. The pass mark: the criterion's `threshold`, else the judge's,
 //! else the rubric's default (Connexity 0.75, outcomes 1, others 0.5).
 
+use serde_json::{Map, Value};
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -86,6 +87,9 @@ pub struct JudgeTask<'a, T> {
     pub draw: u32,
     /// Names the call in a replay-only cache miss.
     pub call_name: String,
+    /// The scenario's `expect-tool` calls as the judge is shown them, their templated
+    /// parameters rendered where it is asked ([`crate::render::expected_tools_rendered`]).
+    pub expected_tools: Vec<(String, Map<String, Value>)>,
 }
 
 /// The providers, judges and cache of a run.
@@ -319,7 +323,7 @@ impl LlmRuntime {
             .threshold
             .or(resolved.threshold)
             .unwrap_or_else(|| rubric.default_threshold());
-        let ctx = self.context(task.scenario);
+        let ctx = self.context(task.scenario, task.expected_tools.clone());
         let asked = Question {
             criterion: question.text,
             rubric: &rubric,
@@ -460,7 +464,11 @@ impl LlmRuntime {
         }
     }
 
-    fn context<'a>(&'a self, scenario: &'a Scenario) -> JudgeContext<'a> {
+    fn context<'a>(
+        &'a self,
+        scenario: &'a Scenario,
+        expected_tools: Vec<(String, Map<String, Value>)>,
+    ) -> JudgeContext<'a> {
         let persona = scenario
             .persona
             .as_ref()
@@ -474,16 +482,7 @@ impl LlmRuntime {
                 instructions: p.instructions.clone(),
             }),
             user_context: Some(&scenario.user_context),
-            expected_tools: scenario
-                .expect_tools
-                .iter()
-                .filter_map(|c| match &c.kind {
-                    CriterionKind::Tool { name, params, .. } => {
-                        Some((name.clone(), params.clone()))
-                    }
-                    _ => None,
-                })
-                .collect(),
+            expected_tools,
             no_tools: scenario
                 .criteria
                 .iter()
@@ -685,7 +684,7 @@ impl LlmRuntime {
         task: &SimulateTask<'a, T>,
         instructions: Option<String>,
     ) -> Character<'a> {
-        let ctx = self.context(task.scenario);
+        let ctx = self.context(task.scenario, Vec::new());
         let persona = match task.persona {
             Some(playing) => self.resolve_persona(playing).map(|p| PersonaInfo {
                 kind: p.kind.clone(),
