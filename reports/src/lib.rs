@@ -775,11 +775,12 @@ fn gather_nodes(
             continue;
         };
         if let Some(slot) = nodes.get_mut(&key)
-            && let Ok(JournalEntry::Node(record)) = trellis_journal::parse_line(line)
+            && let Ok(JournalEntry::Node(mut record)) = trellis_journal::parse_line(line)
         {
             if slot.record.is_none() {
                 missing -= 1;
             }
+            html::keep_for_page(&mut record);
             slot.record = Some(record);
         }
     }

@@ -25,6 +25,7 @@ pub use compare::{
 pub(crate) use outline::Outline;
 pub(crate) use trend::trends_from_sibling_runs;
 pub use trend::{ScenarioTrend, TrendPoint, Trends};
+pub(crate) use view::keep_for_page;
 
 use crate::error::ReportError;
 use crate::staged::Staged;

@@ -12,8 +12,8 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 use trellis_dsl::graph::{MERGE_LABEL, ROOT_LABEL};
 use trellis_records::{
-    CriterionRecord, CriterionStatus, Fault, ScenarioInfo, TrajectoryRecord, TrajectoryStatus,
-    TurnRecord,
+    CriterionRecord, CriterionStatus, Fault, NodeRecord, ScenarioInfo, TrajectoryRecord,
+    TrajectoryStatus, TurnRecord,
 };
 
 use super::Page;
@@ -59,6 +59,7 @@ pub(crate) struct Text {
 
 impl Text {
     fn new(text: &str) -> Self {
+        let (text, cut_before) = kept(text);
         let left = TEXT_BUDGET.with(std::cell::Cell::get);
         let max = if left == 0 {
             MAX_TEXT_CHARS_PAST_BUDGET
@@ -69,9 +70,63 @@ impl Text {
         TEXT_BUDGET.with(|b| b.set(left.saturating_sub(shown.chars().count())));
         Text {
             text: shown.to_owned(),
-            cut,
+            cut: cut + cut_before,
         }
     }
+}
+
+/// Ends a text [`keep_for_page`] shortened, before the count of characters it left out.
+const KEPT_CUT: &str = "\u{0}trellis-cut:";
+
+/// Shortens the texts of `record`, kept for a transcript the page draws, to what the page
+/// can show of each ([`MAX_TEXT_CHARS`] characters), noting how many characters were left
+/// out for [`Text::new`] to say. The page holds the node records of every transcript it
+/// draws until it is written: kept whole, 150 replies cut at an agent's 8 MiB
+/// `max-response-size` took 1.2 GB at the end of the run. What the page never shows (an
+/// answer's structured `data`, a message's parts) is dropped.
+pub(crate) fn keep_for_page(record: &mut NodeRecord) {
+    fn shorten(text: &mut String) {
+        let (shown, cut) = clip(text, MAX_TEXT_CHARS);
+        if cut > 0 {
+            let at = shown.len();
+            text.truncate(at);
+            text.push_str(KEPT_CUT);
+            text.push_str(&cut.to_string());
+            text.shrink_to_fit();
+        }
+    }
+    for turn in &mut record.turns {
+        // Just parsed, so the record's own: nothing is copied.
+        let turn = std::sync::Arc::make_mut(turn);
+        shorten(&mut turn.user_message);
+        if let Some(reply) = &mut turn.reply {
+            shorten(reply);
+        }
+        turn.data = None;
+        for message in &mut turn.messages {
+            if let Some(content) = &mut message.content {
+                shorten(content);
+            }
+            message.parts = Vec::new();
+            for call in &mut message.tool_calls {
+                shorten(&mut call.function.arguments);
+            }
+        }
+        for call in &mut turn.tool_calls {
+            shorten(&mut call.arguments);
+            if let Some(result) = &mut call.result {
+                shorten(result);
+            }
+        }
+    }
+}
+
+/// A text as [`keep_for_page`] kept it, and how many characters it left out.
+fn kept(text: &str) -> (&str, usize) {
+    text.rsplit_once(KEPT_CUT)
+        .and_then(|(body, cut)| Some((body, cut.parse().ok()?)))
+        .filter(|(body, _)| body.chars().count() == MAX_TEXT_CHARS)
+        .unwrap_or((text, 0))
 }
 
 /// A history message's text as the report shows it: its content, else the tools it
@@ -2301,6 +2356,61 @@ mod tests {
         assert_eq!(t.text.len(), MAX_TEXT_CHARS_PAST_BUDGET);
         assert_eq!(t.cut, big.len() - MAX_TEXT_CHARS_PAST_BUDGET);
         TEXT_BUDGET.with(|b| b.set(PAGE_TEXT_BUDGET));
+    }
+
+    /// A transcript's record is kept at what the page can show of it, and the page still
+    /// says how much of each text it left out.
+    #[test]
+    fn records_kept_for_the_page_hold_what_it_shows_and_count_the_rest() {
+        let long = "é".repeat(3 * MAX_TEXT_CHARS);
+        let turn = TurnRecord {
+            user_message: long.clone(),
+            reply: Some(long.clone()),
+            messages: vec![trellis_records::ChatMessage {
+                role: "assistant".into(),
+                content: Some(long.clone()),
+                ..Default::default()
+            }],
+            data: Some(serde_json::json!({ "big": long.clone() })),
+            ..Default::default()
+        };
+        let node = |turn: TurnRecord| NodeRecord {
+            suite: "s".into(),
+            scenario: "c".into(),
+            agent: "a".into(),
+            repetition: 0,
+            node: "start".into(),
+            parent: None,
+            turns: vec![std::sync::Arc::new(turn)],
+        };
+        let mut record = node(turn);
+        keep_for_page(&mut record);
+        let kept = &record.turns[0];
+        let reply = kept.reply.as_deref().unwrap_or_default();
+        assert!(reply.len() < 2 * MAX_TEXT_CHARS + 64, "{}", reply.len());
+        assert_eq!(kept.messages[0].content.as_deref(), Some(reply));
+        assert!(kept.data.is_none());
+        TEXT_BUDGET.with(|b| b.set(PAGE_TEXT_BUDGET));
+        let shown = Text::new(reply);
+        assert_eq!(shown.text, "é".repeat(MAX_TEXT_CHARS));
+        assert_eq!(shown.cut, 2 * MAX_TEXT_CHARS);
+        // Past the page's budget, the count is of the whole text still.
+        TEXT_BUDGET.with(|b| b.set(0));
+        let shown = Text::new(&kept.user_message);
+        assert_eq!(shown.text.chars().count(), MAX_TEXT_CHARS_PAST_BUDGET);
+        assert_eq!(shown.cut, 3 * MAX_TEXT_CHARS - MAX_TEXT_CHARS_PAST_BUDGET);
+        // A text short enough is kept as it is, a marker-like ending included.
+        let mut short = node(TurnRecord {
+            reply: Some(format!("ok{KEPT_CUT}12")),
+            ..Default::default()
+        });
+        keep_for_page(&mut short);
+        TEXT_BUDGET.with(|b| b.set(PAGE_TEXT_BUDGET));
+        let shown = Text::new(short.turns[0].reply.as_deref().unwrap_or_default());
+        assert_eq!(
+            (shown.text.as_str(), shown.cut),
+            (format!("ok{KEPT_CUT}12").as_str(), 0)
+        );
     }
 
     #[test]
