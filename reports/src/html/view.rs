@@ -107,7 +107,14 @@ pub(crate) fn keep_for_page(record: &mut NodeRecord) {
             if let Some(content) = &mut message.content {
                 shorten(content);
             }
-            message.parts = Vec::new();
+            for part in &mut message.parts {
+                let mut text = part_text(part);
+                if text.len() > MAX_TEXT_CHARS {
+                    shorten(&mut text);
+                    let kind = part.get("type").cloned().unwrap_or_default();
+                    *part = serde_json::json!({ "type": kind, KEPT_PART: text });
+                }
+            }
             for call in &mut message.tool_calls {
                 shorten(&mut call.function.arguments);
             }
@@ -118,6 +125,18 @@ pub(crate) fn keep_for_page(record: &mut NodeRecord) {
                 shorten(result);
             }
         }
+    }
+}
+
+/// The key of a part [`keep_for_page`] shortened, holding its text as the page shows it.
+const KEPT_PART: &str = "\u{0}trellis-kept";
+
+/// A message part (AgentScope data and images, Fixie embeds) as the page shows it: its
+/// JSON, pretty-printed.
+fn part_text(part: &serde_json::Value) -> String {
+    match part.get(KEPT_PART).and_then(serde_json::Value::as_str) {
+        Some(kept) => kept.to_owned(),
+        None => serde_json::to_string_pretty(part).unwrap_or_default(),
     }
 }
 
@@ -2286,7 +2305,7 @@ fn turn_view(turn: &TurnRecord, criteria: &[CriterionRecord], place: Option<Stri
                     .and_then(serde_json::Value::as_str)
                     .unwrap_or("")
                     .to_owned(),
-                text: Text::new(&serde_json::to_string_pretty(part).unwrap_or_default()),
+                text: Text::new(&part_text(part)),
             });
         }
     }
@@ -2369,6 +2388,10 @@ mod tests {
             messages: vec![trellis_records::ChatMessage {
                 role: "assistant".into(),
                 content: Some(long.clone()),
+                parts: vec![
+                    serde_json::json!({ "type": "data", "data": long.clone() }),
+                    serde_json::json!({ "type": "image", "url": "https://x/y.png" }),
+                ],
                 ..Default::default()
             }],
             data: Some(serde_json::json!({ "big": long.clone() })),
@@ -2390,6 +2413,13 @@ mod tests {
         assert!(reply.len() < 2 * MAX_TEXT_CHARS + 64, "{}", reply.len());
         assert_eq!(kept.messages[0].content.as_deref(), Some(reply));
         assert!(kept.data.is_none());
+        let part = part_text(&kept.messages[0].parts[0]);
+        assert!(part.starts_with("{\n  \"data\": \"éé"), "{part:.40}");
+        assert_eq!(kept.messages[0].parts[0]["type"], "data");
+        assert_eq!(
+            kept.messages[0].parts[1],
+            serde_json::json!({ "type": "image", "url": "https://x/y.png" })
+        );
         TEXT_BUDGET.with(|b| b.set(PAGE_TEXT_BUDGET));
         let shown = Text::new(reply);
         assert_eq!(shown.text, "é".repeat(MAX_TEXT_CHARS));
