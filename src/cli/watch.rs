@@ -439,8 +439,16 @@ impl Session {
                     }
                 }
             }
-            // A root directory gone or back changes what loads, either way.
-            paths.retain(|p| self.relevant(p) || self.root_dirs.contains(p) || dirs.contains(p));
+            // A root directory gone or back changes what loads, either way. So does a
+            // directory that held loaded files and is gone: moved out of a watched one, it
+            // is reported once, by its own name (its files are not removed, so they say
+            // nothing), where `rm -r` reports every file.
+            paths.retain(|p| {
+                self.relevant(p)
+                    || self.root_dirs.contains(p)
+                    || dirs.contains(p)
+                    || (!p.exists() && self.known.iter().any(|k| k.starts_with(p)))
+            });
             if !paths.is_empty() {
                 paths.sort();
                 paths.dedup();

@@ -1390,3 +1390,47 @@ async fn an_error_from_a_check_is_explained_under_its_trajectory() {
     assert!(lines.contains("error judge"), "{lines}");
     assert!(lines.contains("GOOD answer"), "{lines}");
 }
+
+/// A directory of suites moved out of the watched one (`mv suites/extra ../away`) takes its
+/// scenarios out of the results, and moved back brings them in: the kernel reports only the
+/// directory's own rename, not one event per file it holds, as `rm -r` does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_of_suites_moved_out_and_back_is_seen_both_ways() {
+    let agent = MisbehavingServer::respond(200, OK_BODY).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suites = dir.path().join("suites");
+    std::fs::create_dir_all(suites.join("extra")).unwrap();
+    write(
+        &suites.join("main.kdl"),
+        &repeated_suite(&agent.url(), "kept", &["hi"], 1),
+    );
+    write(
+        &suites.join("extra/extra.kdl"),
+        "scenario \"moving\" {\n    user \"hello\"\n}\n",
+    );
+    let mut watch = Watch::start_on(dir.path(), "suites", &[]);
+    watch.wait_for("watch: rerun 1 done").await;
+
+    let away = dir.path().join("extra-away");
+    std::fs::rename(suites.join("extra"), &away).unwrap();
+    let lines = watch.wait_for("watch: rerun 2 done").await.join("\n");
+    assert!(
+        lines.contains("watch: rerun 2: suites/extra changed"),
+        "{}",
+        watch.all()
+    );
+    assert!(lines.contains("removed extra/moving"), "{}", watch.all());
+    let (trajectories, _) = journal(&dir.path().join("runs/latest"));
+    assert_eq!(trajectories, ["main/kept/main"], "{}", watch.all());
+
+    std::fs::rename(&away, suites.join("extra")).unwrap();
+    let lines = watch.wait_for("watch: rerun 3 done").await.join("\n");
+    assert!(lines.contains("rerun extra/moving"), "{}", watch.all());
+    let (trajectories, _) = journal(&dir.path().join("runs/latest"));
+    assert_eq!(
+        trajectories,
+        ["extra/moving/main", "main/kept/main"],
+        "{}",
+        watch.all()
+    );
+}
