@@ -85,8 +85,9 @@ pub enum Verdict {
     /// Nothing to compare (no sample ran on one side, or the metric is not measured).
     NotComparable,
     /// Shown, never a regression: the latency percentiles and tokens (only the mean
-    /// latency is gated), and the mean judge score of a run whose calibration marks a judge
-    /// below the agreement floor.
+    /// latency is gated), the mean judge score of a run whose calibration marks a judge
+    /// below the agreement floor, and a `fidelity` check's pass rate (it rates the simulated
+    /// user).
     Ungated,
     /// Ran in the base run, skipped in the head run (such as a scenario whose `needs`
     /// failed): a regression of the scenario; its branches and checks say so too.
@@ -564,6 +565,10 @@ pub fn compare(
                 let of_the_agent = h.is_none_or(|c| c.kind != trellis_records::FIDELITY_KIND);
                 if of_the_agent {
                     unchecked_in_head(&mut rate);
+                } else if rate.verdict == Verdict::Regressed {
+                    // Nor does it regress when the simulated user broke character more
+                    // often: those trajectories are invalid, left out of every rate.
+                    rate.verdict = Verdict::Ungated;
                 }
                 rate
             },
@@ -1339,6 +1344,45 @@ mod tests {
         };
         assert_eq!(verdict("reply"), Some(Verdict::NotRun));
         assert_eq!(verdict("fidelity"), Some(Verdict::NotComparable));
+    }
+
+    /// A simulated user that broke character more often in the head run is shown, not a
+    /// regression of the agent: its trajectories are invalid, left out of every rate.
+    #[test]
+    fn a_fidelity_check_that_fails_more_is_shown_not_gated() {
+        let run = |passed, failed| {
+            let mut run = RunStats::default();
+            run.aggregates.finished = true;
+            run.criteria = vec![crate::stats::CriterionStats {
+                suite: "s".into(),
+                scenario: "c".into(),
+                trajectory: "main".into(),
+                agent: "a".into(),
+                turn_index: None,
+                criterion: "simulator fidelity".into(),
+                kind: trellis_records::FIDELITY_KIND.into(),
+                passed,
+                failed,
+                skipped: 0,
+                first_failure: None,
+            }];
+            run
+        };
+        let c = compare(
+            &run(20, 0),
+            RunRef::default(),
+            &run(0, 20),
+            RunRef::default(),
+            Thresholds::default(),
+            Vec::new(),
+            None,
+        );
+        assert_eq!(c.criteria[0].rate.verdict, Verdict::Ungated);
+        assert!(
+            !c.regressions.iter().any(|r| r.contains("fidelity")),
+            "{:?}",
+            c.regressions
+        );
     }
 
     /// Runs of no suite in common compared nothing: that fails, where it passed. Another

@@ -719,11 +719,14 @@ impl StatsBuilder {
 
     pub fn add_trajectory(&mut self, t: &TrajectoryRecord) {
         // The agent's judged checks only: a fidelity judge scores the simulated user, and an
-        // attack judge how close the attacker came (higher is worse for the agent).
+        // attack judge how close the attacker came (higher is worse for the agent). A check
+        // recorded skipped counted for nothing, though its judge may have answered (an
+        // invalid trajectory's: the simulated user broke character).
         for score in t
             .criteria
             .iter()
             .filter(|c| c.kind != trellis_records::FIDELITY_KIND && c.kind != "attack")
+            .filter(|c| matches!(c.status, CriterionStatus::Passed | CriterionStatus::Failed))
             .filter_map(|c| c.judge.as_ref().and_then(|j| j.score))
             .filter(|s| s.is_finite())
         {
@@ -1289,6 +1292,12 @@ mod tests {
                 // agent's score.
                 judged("fidelity", 0.0),
                 judged("attack", 1.0),
+                // A check of an invalid trajectory, recorded skipped though its judge
+                // answered, counted for nothing.
+                CriterionRecord {
+                    status: CriterionStatus::Skipped,
+                    ..judged("judge", 0.1)
+                },
             ];
         }
         let mut b = StatsBuilder::default();
