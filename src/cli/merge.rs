@@ -625,6 +625,12 @@ struct Coverage {
     /// Per scenario: the first bit of its runs in `bits`.
     offsets: Vec<u64>,
     bits: Vec<u64>,
+    /// The bits of trajectory runs recorded under their planned name: a second record of
+    /// one is a duplicate.
+    recorded: Vec<u64>,
+    /// The runs recorded under a name the run gave (an agent's fork `accepts~refund`, a
+    /// simulated user's `@retry1`), several of which share a planned run's bit.
+    recorded_named: HashSet<(u64, String)>,
     planned: u64,
 }
 
@@ -655,7 +661,22 @@ impl Coverage {
             trajectories,
             offsets,
             bits: vec![0; planned.div_ceil(64) as usize],
+            recorded: vec![0; planned.div_ceil(64) as usize],
+            recorded_named: HashSet::new(),
             planned,
+        }
+    }
+
+    /// Notes that `t`, the run at `bit`, was recorded; false when it already was (a
+    /// journal that holds one trajectory twice would count it twice in the merged run).
+    fn record_once(&mut self, scenario: usize, bit: u64, t: &TrajectoryRecord) -> bool {
+        if self.trajectories[scenario].contains_key(&t.trajectory) {
+            let (word, mask) = ((bit / 64) as usize, 1 << (bit % 64));
+            let first = self.recorded[word] & mask == 0;
+            self.recorded[word] |= mask;
+            first
+        } else {
+            self.recorded_named.insert((bit, t.trajectory.clone()))
         }
     }
 
@@ -761,6 +782,12 @@ fn survey(
                     return Err(foreign(format!(
                         "the split gives to shard {owner}: the shards overlap"
                     )));
+                }
+                if !coverage.record_once(scenario, bit, &t) {
+                    return Err(foreign(
+                        "is recorded twice in its journal: the merged run would count it twice"
+                            .to_owned(),
+                    ));
                 }
                 coverage.set(bit);
             }

@@ -1492,6 +1492,49 @@ async fn a_shard_whose_journal_is_damaged_is_said_so_and_not_counted_as_merged()
     assert!(!said_now.contains("records are incomplete"), "{}", said(&o));
 }
 
+/// A shard's journal that records one trajectory twice (written twice by hand, or two
+/// journals put end to end) is refused: merged, it counted the trajectory twice, more than
+/// the plan holds, and passed.
+#[tokio::test]
+async fn merge_refuses_a_shard_that_records_a_trajectory_twice() {
+    let tmp = tempfile::tempdir().unwrap();
+    let suite = small_suite(tmp.path());
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    for (i, dir) in [(1, &a), (2, &b)] {
+        let o = run_shard(&suite, &format!("{i}/2"), dir, NONE).await;
+        assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+    }
+    let lines: Vec<String> = journal_text(&a).lines().map(str::to_owned).collect();
+    let trajectory = lines
+        .iter()
+        .position(|l| l.starts_with("{\"trajectory\""))
+        .expect("a trajectory line");
+    let journal = trellis_engine::journal::find(&a).unwrap();
+    let mut writer = trellis_engine::journal::JournalWriter::create_at(&journal).unwrap();
+    for (i, line) in lines.iter().enumerate() {
+        writer.append_line(line.as_bytes()).unwrap();
+        if i == trajectory {
+            writer.append_line(line.as_bytes()).unwrap();
+        }
+    }
+    writer.finish().unwrap();
+    let o = trellis()
+        .arg("merge")
+        .args([&a, &b])
+        .arg("--out")
+        .arg(tmp.path().join("out"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", said(&o));
+    assert!(
+        flat(&stderr(&o)).contains("is recorded twice in its journal"),
+        "{}",
+        said(&o)
+    );
+    assert!(!tmp.path().join("out/runs.parquet").exists());
+}
+
 /// `merge --baseline` gates like `run --baseline`: the merged run is compared with the
 /// baseline, `compare.json`/`compare.html` are written next to it (its page links them),
 /// and the exit code is the comparison's: 0 for the same results, 1 on a regression.
