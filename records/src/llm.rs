@@ -42,8 +42,9 @@ pub struct LlmCall {
     pub cache: CacheUse,
     /// Why the call failed, if it did.
     pub error: Option<String>,
-    /// Refused by the run's LLM budget (`--max-llm-calls`, `--max-llm-cost`): never sent,
-    /// and no call in any count.
+    /// Ended by the run's LLM budget (`--max-llm-calls`, `--max-llm-cost`) refusing one of
+    /// its requests, first or retry: unanswered; only the requests sent before it (its
+    /// `attempts`) count.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub refused: bool,
 }
@@ -61,14 +62,16 @@ pub struct LlmUsage {
 }
 
 impl LlmUsage {
-    /// Adds one call.
+    /// Adds one call: `calls` counts the HTTP requests it sent (`attempts`: retries, the
+    /// schema fallback's second ask and 429 re-sends each one more; none for a call the
+    /// budget refused or that failed before sending), or one for an answer from the cache,
+    /// as the run's meter counts them.
     pub fn add(&mut self, call: &LlmCall) {
-        // A call the budget refused is none, as the run's meter counts it.
-        if call.refused {
-            return;
-        }
-        // A cache hit is a call not sent; a failed call before sending is still counted.
-        self.calls += 1;
+        self.calls += if call.cache == CacheUse::Hit {
+            1
+        } else {
+            u64::from(call.attempts)
+        };
         self.input_tokens = self
             .input_tokens
             .saturating_add(call.input_tokens.unwrap_or(0));

@@ -320,9 +320,10 @@ pub struct RunArgs {
     /// miss is an error naming the call (CI: prove a run needs no LLM call).
     #[arg(long, value_enum, default_value_t = LlmCacheMode::ReadWrite, requires = "llm_cache")]
     llm_cache_mode: LlmCacheMode,
-    /// Stop the run gracefully once this many LLM calls were sent (simulated users, judges,
-    /// attackers, models under test; cache hits do not count): no new call starts, calls in
-    /// flight finish, finished trajectories are written; exit code 4.
+    /// Stop the run gracefully once this many LLM requests were sent (simulated users,
+    /// judges, attackers, models under test; each retry counts, cache hits do not): no new
+    /// request is sent, requests in flight finish, finished trajectories are written; exit
+    /// code 4.
     #[arg(long, value_name = "N", value_parser = calls_in_range)]
     max_llm_calls: Option<u64>,
     /// Stop the run gracefully once the LLM calls cost this much (at the providers'

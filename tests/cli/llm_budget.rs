@@ -574,3 +574,105 @@ async fn judge_answers_in_the_cache_are_used_after_the_budget_is_spent() {
     let c = read_parquet(&out.join("criteria.parquet"));
     assert_eq!(strings(&c, "status"), [Some("passed".to_owned())], "{c}");
 }
+
+/// Every request sent is one against `--max-llm-calls`: a judge's schema fallback (a 400 to
+/// `response_format`, then asked without it) and another's retried 500s sent 8 requests
+/// under `--max-llm-calls 4`, and the console said "judge 4 calls". The run's count by role
+/// and the trajectories' `llm_calls` now both count requests sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_and_the_schema_fallback_count_against_the_call_budget() {
+    let verdict = r#"{"score": 0.9, "label": "ok", "justification": "fine"}"#;
+    let fake = FakeLlm::start(vec![
+        Rule::when(
+            "JH-400 first",
+            [Reply::NoStructuredOutput(Box::new(Reply::text(verdict)))],
+        ),
+        Rule::when(
+            "JF-500 second",
+            [Reply::Status(500, "overloaded".to_owned())],
+        ),
+    ])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("retried.kdl");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+agent "booking" protocol="connexity" builtin="booking"
+provider "fake" kind="openai" base-url="{}" model="m" api-key-env="FAKE_KEY" retries=2
+judge "j" provider="fake" threshold=0.5
+scenario "a" {{
+    user "Hi, I'd like to book a duct cleaning."
+    expect judge "JH-400 first"
+    expect judge "JF-500 second"
+}}
+"#,
+            fake.base_url()
+        ),
+    )
+    .unwrap();
+    let llm_calls = |out: &Path| -> u64 {
+        let t = read_parquet(&out.join("trajectories.parquet"));
+        t.column("llm_calls")
+            .unwrap()
+            .u64()
+            .unwrap()
+            .iter()
+            .flatten()
+            .sum()
+    };
+
+    // Unbounded: 2 requests for the first judge, 3 + 3 for the second; every count says 8.
+    let all = dir.path().join("all");
+    let o = run(&path, &all, &[]).await;
+    let console = stdout(&o);
+    assert_eq!(o.status.code(), Some(1), "{console}{}", stderr(&o));
+    assert_eq!(fake.calls(), 8);
+    let roles = &summary(&all)["stats"]["aggregates"]["llm_roles"];
+    assert_eq!(roles["judge"]["calls"], 8, "{roles}");
+    assert_eq!(llm_calls(&all), 8);
+    assert!(console.contains("judge 8 calls"), "{console}");
+
+    // Four allowed: the fifth request, whichever judge's retry it is, is not sent.
+    let out = dir.path().join("bounded");
+    let o = run(&path, &out, &["--max-llm-calls", "4"]).await;
+    let (console, err) = (stdout(&o), stderr(&o));
+    assert_eq!(o.status.code(), Some(4), "{console}{err}");
+    assert_eq!(fake.calls(), 8 + 4, "requests sent past --max-llm-calls 4");
+    assert!(
+        err.contains("the run stopped early: --max-llm-calls 4 reached (4 calls sent)"),
+        "{err}"
+    );
+    let roles = &summary(&out)["stats"]["aggregates"]["llm_roles"];
+    assert_eq!(roles["judge"]["calls"], 4, "{roles}");
+    assert_eq!(llm_calls(&out), 4);
+    // The judge whose retry was refused ends as a refused call does: not checked.
+    let c = read_parquet(&out.join("criteria.parquet"));
+    let details = strings(&c, "detail");
+    assert!(
+        details
+            .iter()
+            .flatten()
+            .any(|d| d.contains("not checked: not sent: --max-llm-calls 4 reached")),
+        "{details:?}"
+    );
+}
+
+/// A 429 waited out is sent again: that request is one more against the budget.
+#[tokio::test]
+async fn a_rate_limited_resend_counts_against_the_call_budget() {
+    let fake = FakeLlm::start(vec![Rule::otherwise([
+        Reply::rate_limited("0"),
+        Reply::text(r#"{"score": 0.9, "label": "ok", "justification": "fine"}"#),
+    ])])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = judged_suite(dir.path(), &fake.base_url(), 1);
+    let out = dir.path().join("out");
+    let o = run(&path, &out, &["--max-llm-calls", "1"]).await;
+    assert_eq!(o.status.code(), Some(4), "{}{}", stdout(&o), stderr(&o));
+    assert_eq!(fake.calls(), 1, "the re-send went past --max-llm-calls 1");
+    let roles = &summary(&out)["stats"]["aggregates"]["llm_roles"];
+    assert_eq!(roles["judge"]["calls"], 1, "{roles}");
+}

@@ -204,8 +204,9 @@ impl LlmCache {
     }
 }
 
-/// Sends `request` once `--max-llm-calls` admits it, and counts it under `role` (as a
-/// cache miss with `cache`).
+/// Sends `request`, each of its HTTP requests once the run's LLM budget admits it, and
+/// counts it under `role` (as a cache miss with `cache`). A request the budget refuses,
+/// first or retry, ends the call as refused; the requests sent before it count.
 async fn send(
     client: &ProviderClient,
     request: &LlmRequest,
@@ -214,16 +215,13 @@ async fn send(
     role: Role,
     cache: Option<CacheUse>,
 ) -> LlmOutcome {
-    let admission = match meter.admit() {
-        Ok(admission) => admission,
-        // Not made: not counted as a call either.
-        Err(reason) => return unsent(client, request, LlmError::Budget(reason), None),
-    };
-    let mut outcome = client.complete(request, deadline).await;
+    let tab = meter.tab();
+    let mut outcome = client.complete_within(request, deadline, Some(&tab)).await;
+    outcome.call.refused = matches!(outcome.result, Err(LlmError::Budget(_)));
     if let Some(cache) = cache {
         outcome.call.cache = cache;
     }
-    meter.record_admitted(role, &outcome.call, admission);
+    meter.record_admitted(role, &outcome.call, tab);
     outcome
 }
 

@@ -23,6 +23,7 @@ use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderValue};
 use trellis_dsl::ProviderKind;
 
 use super::codec::{self, ChatRequest};
+use super::meter::Tab;
 use super::provider::ProviderClient;
 use super::send::{Queue, Received, Request, SendError, send};
 use super::slots::ServerSlots;
@@ -188,12 +189,14 @@ impl ChatClient {
 
     /// One request for `history` (after retries and 429 waits): the exchange and the
     /// assistant message. `turn_headers`: the agent's `header` values rendered for this
-    /// turn, sent over its others.
+    /// turn, sent over its others. `tab`: the run's LLM budget, which admits each HTTP
+    /// request first; one it refuses ends the request unanswered ([`NoAnswer::refused`]).
     pub async fn complete(
         &self,
         history: &[ChatMessage],
         deadline: Option<tokio::time::Instant>,
         turn_headers: Option<&HeaderMap>,
+        tab: Option<&Tab<'_>>,
     ) -> (Exchange, Result<ChatMessage, NoAnswer>) {
         let config = &self.inner;
         let mut exchange = Exchange {
@@ -212,6 +215,11 @@ impl ChatClient {
         };
         // Charged against a provider's token limit, as the provider's own calls are.
         let estimate = super::provider::token_estimate(body.len(), config.max_tokens);
+        // Priced only through a provider: a model reached by `base-url` reserves nothing.
+        let reservation = config
+            .provider
+            .as_ref()
+            .map_or(0.0, |p| p.reservation(body.len(), config.max_tokens));
         let queue = match (&config.provider, &config.server_slots) {
             (Some(provider), _) => Queue::Provider(provider, estimate),
             (None, Some(server)) => Queue::Server(server),
@@ -229,12 +237,24 @@ impl ChatClient {
             stream: config.stream,
             deadline,
             provider: config.provider.as_deref(),
+            budget: tab.map(|tab| (tab, reservation)),
         };
         let mut waits = RateLimitWaits::default();
         // What a stream said (and spent) before it was cut.
         let mut heard = codec::Heard::default();
         let outcome = match send(&request, &mut exchange, &mut waits).await {
             Err(SendError::Failed(fault) | SendError::RateLimited(fault)) => Err(fault),
+            Err(SendError::Refused(reason)) => {
+                let fault = Fault::new(FaultCategory::Internal, reason);
+                return (
+                    exchange,
+                    Err(NoAnswer {
+                        fault,
+                        said: None,
+                        refused: true,
+                    }),
+                );
+            }
             Ok(Received::Body(body)) => decode(config.api, &body).inspect_err(|_| {
                 heard.usage = codec::usage_in(config.api, &body);
             }),
@@ -274,7 +294,14 @@ impl ChatClient {
                         last.fault = Some(fault.clone());
                     }
                     let said = answer.message.content.filter(|text| !text.is_empty());
-                    return (exchange, Err(NoAnswer { fault, said }));
+                    return (
+                        exchange,
+                        Err(NoAnswer {
+                            fault,
+                            said,
+                            refused: false,
+                        }),
+                    );
                 }
                 (exchange, Ok(answer.message))
             }
@@ -290,6 +317,7 @@ impl ChatClient {
                     Err(NoAnswer {
                         fault,
                         said: heard.text.filter(|text| !text.is_empty()),
+                        refused: false,
                     }),
                 )
             }
@@ -311,11 +339,18 @@ impl ChatClient {
 pub struct NoAnswer {
     pub fault: Fault,
     pub said: Option<String>,
+    /// The run's LLM budget refused a request (first or retry): no answer to record, and
+    /// the run is stopping.
+    pub refused: bool,
 }
 
 impl From<Fault> for NoAnswer {
     fn from(fault: Fault) -> Self {
-        NoAnswer { fault, said: None }
+        NoAnswer {
+            fault,
+            said: None,
+            refused: false,
+        }
     }
 }
 

@@ -4,17 +4,25 @@
 //! (the simulated user), `judge` (judged checks, panels' members, the fidelity judge),
 //! `agent` (a model under test as its turns report it, Fixie's LLM) and `attacker`
 //! (attack search). Counting at the source, not from trajectories, counts a shared prefix's
-//! calls once however many branches continue it.
+//! calls once however many branches continue it. A call's `calls` are the HTTP requests it
+//! sent (a retry, the schema fallback's second ask, a 429's re-send and a refused
+//! parameter's re-send each one more), and one for an answer from the cache: the same count
+//! as the trajectories' `llm_calls` ([`LlmUsage::add`]) and what `--max-llm-calls` bounds.
 //!
 //! `--max-llm-calls` and `--max-llm-cost` ([`Budget`]) stop the run gracefully when reached:
 //! the meter cancels the run's stop token, as Ctrl-C does, so no new call starts, calls in
-//! flight finish and finished trajectories are recorded. A call the engine makes is admitted
-//! before it is sent ([`LlmMeter::admit`]): with `--max-llm-calls N`, calls sent and calls in
-//! flight together never pass N, however many trajectories ask at once (fifty simulated users
-//! starting together under `--max-llm-calls 1` sent fifty calls when the count was only
-//! taken as answers came back). A cost is known only once a call is answered, so
-//! `--max-llm-cost` can be passed by the calls in flight when it is reached. Cache hits send
-//! nothing and cost nothing: they count in the usage, not against the call budget.
+//! flight finish and finished trajectories are recorded. Every HTTP request the engine sends
+//! to a model is admitted before it is sent, through the [`Tab`] of its call
+//! ([`Tab::admit`], in the call loop, `send.rs`), retries included:
+//! - with `--max-llm-calls N`, requests sent and requests in flight together never pass N,
+//!   however many trajectories ask at once (fifty simulated users starting together under
+//!   `--max-llm-calls 1` sent fifty calls when the count was only taken as answers came back;
+//!   retries went unbudgeted when calls were admitted once each);
+//! - a cost is known only once a request is answered, so `--max-llm-cost` can be passed by
+//!   the requests in flight when it is reached.
+//!
+//! Cache hits send nothing and cost nothing: they count in the usage, not against the
+//! budget.
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, OnceLock};
@@ -46,7 +54,7 @@ impl Role {
 /// The run's limits on LLM use (`--max-llm-calls`, `--max-llm-cost`); none by default.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Budget {
-    /// Calls sent to a provider (cache hits excluded).
+    /// HTTP requests sent to a provider (cache hits excluded).
     pub max_calls: Option<u64>,
     /// Cost in the providers' price unit (`input-price`/`output-price`).
     pub max_cost: Option<f64>,
@@ -55,22 +63,66 @@ pub struct Budget {
 #[derive(Default)]
 struct Spent {
     roles: BTreeMap<Role, LlmUsage>,
-    /// Calls sent (not answered from the cache).
+    /// Requests sent and ended (answered, failed, or abandoned).
     sent: u64,
-    /// Calls admitted and not yet answered.
+    /// Requests admitted and not yet ended.
     in_flight: u64,
-    /// Of `sent`, calls admitted and then abandoned unanswered (their trajectory cut off as
-    /// the run stopped): counted as sent, since they may have reached the provider.
+    /// What the requests in flight may cost, by their reservations.
+    reserved: f64,
+    /// Of `sent`, requests admitted and then abandoned unanswered (their trajectory cut off
+    /// as the run stopped): counted as sent, since they may have reached the provider.
     abandoned: u64,
     cost: f64,
 }
 
+impl Spent {
+    /// A request admitted with `reservation` has ended: counted as sent, its place and its
+    /// reservation given back.
+    fn end_request(&mut self, reservation: f64) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        self.sent += 1;
+        // Sums of floats drift: with nothing in flight nothing is reserved, exactly.
+        self.reserved = if self.in_flight == 0 {
+            0.0
+        } else {
+            (self.reserved - reservation).max(0.0)
+        };
+    }
+}
+
 /// Which limit stopped the run; said with the counts at the run's end
 /// ([`LlmMeter::tripped`]).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 enum Trip {
     Calls(u64),
     Cost(f64),
+}
+
+/// What the budget says to a request about to be sent.
+#[derive(Debug, PartialEq)]
+enum Decision {
+    Send,
+    /// Not at all: a limit is reached (the reason, said on the call's record, and the
+    /// limit, which stops the run).
+    Refuse(String, Option<Trip>),
+}
+
+/// Whether a request can be sent now under `budget`.
+fn decide(spent: &Spent, budget: Budget) -> Decision {
+    if let Some(max) = budget.max_calls
+        && spent.sent.saturating_add(spent.in_flight) >= max
+    {
+        // Requests in flight hold their place; said apart, as they may yet be abandoned
+        // unsent (a judge the stopping run no longer waits for).
+        let (sent, in_flight) = (spent.sent, spent.in_flight);
+        let reason = if in_flight == 0 {
+            format!("--max-llm-calls {max} reached ({sent} calls sent)")
+        } else {
+            format!("--max-llm-calls {max} reached ({sent} calls sent, {in_flight} in flight)")
+        };
+        return Decision::Refuse(reason, Some(Trip::Calls(max)));
+    }
+    Decision::Send
 }
 
 /// The run's LLM usage per role, and its budget once armed.
@@ -80,7 +132,7 @@ pub struct LlmMeter {
     armed: OnceLock<(Budget, CancellationToken)>,
     /// Which limit stopped the run, once one did.
     tripped: OnceLock<Trip>,
-    /// A call was refused (`--max-llm-calls`): work the run did not do.
+    /// A request was refused: work the run did not do.
     refused: std::sync::atomic::AtomicBool,
 }
 
@@ -101,77 +153,57 @@ impl LlmMeter {
         }
     }
 
-    /// Counts one call of `role` that was not admitted (answered from the cache, or failed
+    fn budget(&self) -> Budget {
+        self.armed
+            .get()
+            .map(|(budget, _)| *budget)
+            .unwrap_or_default()
+    }
+
+    /// Counts one call of `role` that sent nothing (answered from the cache, or failed
     /// before anything was sent).
     pub fn record(&self, role: Role, call: &LlmCall) {
-        let sent = call.cache != CacheUse::Hit && call.attempts > 0;
-        self.add(role, call, sent, false, true);
+        self.add(role, call, None, true);
     }
 
-    /// Lets one call be sent, unless `--max-llm-calls` leaves no room for it: then the run
-    /// is stopped (as when the budget is reached) and `Err` says why. The call is counted
-    /// by [`LlmMeter::record_admitted`]; an admission dropped without that (a call
-    /// abandoned in flight) counts as sent.
-    pub fn admit(&self) -> Result<Admission<'_>, String> {
-        let max = self.armed.get().and_then(|(budget, _)| budget.max_calls);
-        if let Some(max) = max {
-            let refused = {
-                let Ok(mut spent) = self.spent.lock() else {
-                    return Err("the LLM meter is unavailable".to_owned());
-                };
-                if spent.sent.saturating_add(spent.in_flight) >= max {
-                    Some((spent.sent, spent.in_flight))
-                } else {
-                    spent.in_flight += 1;
-                    None
-                }
-            };
-            if let Some((sent, in_flight)) = refused {
-                self.refused
-                    .store(true, std::sync::atomic::Ordering::Relaxed);
-                // Calls in flight hold their place; said apart, as they may yet be abandoned
-                // unsent (a judge the stopping run no longer waits for).
-                let reason = if in_flight == 0 {
-                    format!("--max-llm-calls {max} reached ({sent} calls sent)")
-                } else {
-                    format!(
-                        "--max-llm-calls {max} reached ({sent} calls sent, {in_flight} in flight)"
-                    )
-                };
-                self.trip(Trip::Calls(max));
-                return Err(format!("not sent: {reason}"));
-            }
-        }
-        Ok(Admission {
+    /// A new call's tab: each of its requests is admitted through it ([`Tab::admit`]), and
+    /// the call is counted with it ([`LlmMeter::record_admitted`]).
+    pub fn tab(&self) -> Tab<'_> {
+        Tab {
             meter: self,
-            counted: max.is_none(),
-        })
+            state: Mutex::new(TabState::default()),
+        }
     }
 
-    /// Counts a call [`LlmMeter::admit`] let through, now answered (or failed).
-    pub fn record_admitted(&self, role: Role, call: &LlmCall, mut admission: Admission<'_>) {
-        let in_flight = !admission.counted;
-        admission.counted = true;
-        let sent = call.cache != CacheUse::Hit && call.attempts > 0;
-        self.add(role, call, sent, in_flight, true);
+    /// Counts a call whose requests `tab` admitted, now answered, failed or refused.
+    pub fn record_admitted(&self, role: Role, call: &LlmCall, tab: Tab<'_>) {
+        let held = tab
+            .state
+            .lock()
+            .ok()
+            .and_then(|mut state| state.holding.take());
+        self.add(role, call, held, true);
     }
 
     /// Counts one request of a model API under test ([`crate::protocol::CallContext`]'s
-    /// `llm_meter`), admitted before it was sent, with the usage it reported.
+    /// `llm_meter`), its HTTP requests admitted through `tab`, with the usage it reported.
+    /// `refused`: the budget refused one of its requests.
     pub fn record_model_request(
         &self,
         usage: Option<crate::transport::Usage>,
         attempts: usize,
-        admission: Admission<'_>,
+        refused: bool,
+        tab: Tab<'_>,
     ) {
         let call = LlmCall {
             input_tokens: usage.and_then(|u| u.prompt_tokens),
             output_tokens: usage.and_then(|u| u.completion_tokens),
             cost: usage.and_then(|u| u.cost),
             attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
+            refused,
             ..LlmCall::default()
         };
-        self.record_admitted(Role::Agent, &call, admission);
+        self.record_admitted(Role::Agent, &call, tab);
     }
 
     /// Counts an agent turn's own model use, as the agent reported it (tokens, cost): one
@@ -192,31 +224,30 @@ impl LlmMeter {
             attempts: 1,
             ..LlmCall::default()
         };
-        self.add(Role::Agent, &call, false, false, false);
+        self.add(Role::Agent, &call, None, false);
     }
 
-    /// `held_place`: the call held a place among the calls in flight, given back now;
+    /// `held`: the reservation of the call's last request, still in flight until now;
     /// `costed`: its cost counts against `--max-llm-cost`.
-    fn add(&self, role: Role, call: &LlmCall, sent: bool, held_place: bool, costed: bool) {
+    fn add(&self, role: Role, call: &LlmCall, held: Option<f64>, costed: bool) {
         let (calls, cost) = {
             let Ok(mut spent) = self.spent.lock() else {
                 return;
             };
-            spent.roles.entry(role).or_default().add(call);
-            if sent {
-                spent.sent += 1;
+            // A call that sent nothing and was no cache hit (refused, or failed before
+            // sending) is no call: its role is not listed for it.
+            if call.attempts > 0 || call.cache == CacheUse::Hit {
+                spent.roles.entry(role).or_default().add(call);
             }
-            if held_place {
-                spent.in_flight = spent.in_flight.saturating_sub(1);
+            if let Some(reservation) = held {
+                spent.end_request(reservation);
             }
             if costed {
                 spent.cost += call.cost.unwrap_or(0.0);
             }
             (spent.sent, spent.cost)
         };
-        let Some((budget, _)) = self.armed.get() else {
-            return;
-        };
+        let budget = self.budget();
         let trip = match (budget.max_calls, budget.max_cost) {
             (Some(max), _) if calls >= max => Some(Trip::Calls(max)),
             (_, Some(max)) if cost >= max => Some(Trip::Cost(max)),
@@ -250,7 +281,7 @@ impl LlmMeter {
             .unwrap_or_default()
     }
 
-    /// Whether a call was refused: a check, a simulated turn or an attack step the run
+    /// Whether a request was refused: a check, a simulated turn or an attack step the run
     /// then did without.
     pub fn refused_any(&self) -> bool {
         self.refused.load(std::sync::atomic::Ordering::Relaxed)
@@ -276,22 +307,74 @@ impl LlmMeter {
     }
 }
 
-/// A call's place under `--max-llm-calls` ([`LlmMeter::admit`]).
-pub struct Admission<'a> {
+/// One call's requests under the budget ([`LlmMeter::tab`]). A call's requests go one
+/// after another, so it has at most one in flight.
+pub struct Tab<'a> {
     meter: &'a LlmMeter,
-    /// Nothing left to give back: counted, or no call budget to count against.
-    counted: bool,
+    state: Mutex<TabState>,
 }
 
-impl Drop for Admission<'_> {
-    /// A call abandoned in flight (its trajectory cut off) may well have reached the
+#[derive(Default)]
+struct TabState {
+    /// The reservation of the request in flight, once one was admitted.
+    holding: Option<f64>,
+}
+
+impl Tab<'_> {
+    /// Lets the call's next HTTP request be sent, or never (`Err`, why) when a limit is
+    /// reached, which stops the run. `reservation`: the most it is expected to cost, held
+    /// while it is in flight. The call's request before this one has ended by now.
+    pub async fn admit(&self, reservation: f64) -> Result<(), String> {
+        match self.try_admit(reservation) {
+            Decision::Send => Ok(()),
+            Decision::Refuse(reason, _) => Err(format!("not sent: {reason}")),
+        }
+    }
+
+    fn try_admit(&self, reservation: f64) -> Decision {
+        let meter = self.meter;
+        let budget = meter.budget();
+        let decision = {
+            let (Ok(mut state), Ok(mut spent)) = (self.state.lock(), meter.spent.lock()) else {
+                return Decision::Refuse("the LLM meter is unavailable".to_owned(), None);
+            };
+            let ended = state.holding.take();
+            if let Some(reservation) = ended {
+                spent.end_request(reservation);
+            }
+            let decision = decide(&spent, budget);
+            if decision == Decision::Send {
+                spent.in_flight += 1;
+                spent.reserved += reservation;
+                state.holding = Some(reservation);
+            }
+            decision
+        };
+        if let Decision::Refuse(_, trip) = &decision {
+            meter
+                .refused
+                .store(true, std::sync::atomic::Ordering::Relaxed);
+            if let Some(trip) = trip {
+                meter.trip(*trip);
+            }
+        }
+        decision
+    }
+}
+
+impl Drop for Tab<'_> {
+    /// A request abandoned in flight (its trajectory cut off) may well have reached the
     /// provider: it stays counted as sent.
     fn drop(&mut self) {
-        if !self.counted
+        let held = self
+            .state
+            .get_mut()
+            .ok()
+            .and_then(|state| state.holding.take());
+        if let Some(reservation) = held
             && let Ok(mut spent) = self.meter.spent.lock()
         {
-            spent.in_flight = spent.in_flight.saturating_sub(1);
-            spent.sent += 1;
+            spent.end_request(reservation);
             spent.abandoned += 1;
         }
     }
@@ -312,22 +395,34 @@ mod tests {
         }
     }
 
-    #[test]
-    fn roles_are_counted_apart_and_the_call_budget_stops_the_run_once() {
+    fn armed(max_calls: Option<u64>, max_cost: Option<f64>) -> (LlmMeter, CancellationToken) {
         let meter = LlmMeter::default();
         let stop = CancellationToken::new();
         meter.arm(
             Budget {
-                max_calls: Some(2),
-                max_cost: None,
+                max_calls,
+                max_cost,
             },
             stop.clone(),
         );
-        meter.record(Role::Simulator, &call(0.5, CacheUse::Miss));
+        (meter, stop)
+    }
+
+    /// A call of one request costing `cost`, sent and answered.
+    async fn one(meter: &LlmMeter, role: Role, cost: f64) {
+        let tab = meter.tab();
+        tab.admit(cost).await.unwrap();
+        meter.record_admitted(role, &call(cost, CacheUse::Miss), tab);
+    }
+
+    #[tokio::test]
+    async fn roles_are_counted_apart_and_the_call_budget_stops_the_run_once() {
+        let (meter, stop) = armed(Some(2), None);
+        one(&meter, Role::Simulator, 0.5).await;
         // A cache hit sends nothing: not against the budget.
         meter.record(Role::Judge, &call(0.0, CacheUse::Hit));
         assert!(!stop.is_cancelled());
-        meter.record(Role::Judge, &call(0.5, CacheUse::Miss));
+        one(&meter, Role::Judge, 0.5).await;
         assert!(stop.is_cancelled());
         assert_eq!(
             meter.tripped().as_deref(),
@@ -340,26 +435,20 @@ mod tests {
         assert!(!roles.contains_key("agent"));
     }
 
-    #[test]
-    fn the_cost_budget_counts_every_role() {
-        let meter = LlmMeter::default();
-        let stop = CancellationToken::new();
-        meter.arm(
-            Budget {
-                max_calls: None,
-                max_cost: Some(1.0),
-            },
-            stop.clone(),
-        );
+    #[tokio::test]
+    async fn the_cost_budget_counts_every_role() {
+        let (meter, stop) = armed(None, Some(1.0));
         let usage = crate::transport::Usage {
             prompt_tokens: Some(5),
             completion_tokens: Some(5),
             total_tokens: None,
             cost: Some(0.6),
         };
-        meter.record_model_request(Some(usage), 1, meter.admit().unwrap());
+        let tab = meter.tab();
+        tab.admit(0.6).await.unwrap();
+        meter.record_model_request(Some(usage), 1, false, tab);
         assert!(!stop.is_cancelled());
-        meter.record(Role::Simulator, &call(0.4, CacheUse::Miss));
+        one(&meter, Role::Simulator, 0.4).await;
         assert!(stop.is_cancelled());
         assert!(
             meter
@@ -368,21 +457,14 @@ mod tests {
         );
     }
 
-    #[test]
-    fn calls_in_flight_hold_their_place_under_the_call_budget() {
-        let meter = LlmMeter::default();
-        let stop = CancellationToken::new();
-        meter.arm(
-            Budget {
-                max_calls: Some(2),
-                max_cost: None,
-            },
-            stop.clone(),
-        );
-        // Two calls admitted at once, neither answered yet: a third is not sent.
-        let first = meter.admit().unwrap();
-        let second = meter.admit().unwrap();
-        let refused = meter.admit().err().unwrap();
+    #[tokio::test]
+    async fn requests_in_flight_hold_their_place_under_the_call_budget() {
+        let (meter, stop) = armed(Some(2), None);
+        // Two requests admitted at once, neither answered yet: a third is not sent.
+        let (first, second) = (meter.tab(), meter.tab());
+        first.admit(0.0).await.unwrap();
+        second.admit(0.0).await.unwrap();
+        let refused = meter.tab().admit(0.0).await.err().unwrap();
         assert_eq!(
             refused,
             "not sent: --max-llm-calls 2 reached (0 calls sent, 2 in flight)"
@@ -390,13 +472,13 @@ mod tests {
         assert!(stop.is_cancelled(), "the refusal stops the run");
         assert!(
             meter.refused_any(),
-            "a refused call is work the run did not do"
+            "a refused request is work the run did not do"
         );
         meter.record_admitted(Role::Simulator, &call(0.1, CacheUse::Miss), first);
-        // A call abandoned in flight may have reached the provider: it stays counted, and
-        // the end says which were answered.
+        // A request abandoned in flight may have reached the provider: it stays counted,
+        // and the end says which were answered.
         drop(second);
-        assert!(meter.admit().is_err());
+        assert!(meter.tab().admit(0.0).await.is_err());
         assert_eq!(meter.by_role()["simulator"].calls, 1);
         assert_eq!(
             meter.tripped().as_deref(),
@@ -405,38 +487,58 @@ mod tests {
                  stopped)"
             )
         );
-        let meter = LlmMeter::default();
-        meter.arm(
-            Budget {
-                max_calls: Some(2),
-                max_cost: None,
-            },
-            CancellationToken::new(),
-        );
-        let answered = meter.admit().unwrap();
-        meter.record_admitted(Role::Judge, &call(0.1, CacheUse::Miss), answered);
-        let last = meter.admit().expect("one place left");
-        assert!(meter.admit().is_err());
-        meter.record_admitted(Role::Judge, &call(0.1, CacheUse::Miss), last);
-        assert_eq!(meter.by_role()["judge"].calls, 2);
 
-        // Without a call budget every call is admitted.
+        // Without a budget every request is admitted.
         let free = LlmMeter::default();
-        let admitted: Vec<_> = (0..100).map(|_| free.admit().unwrap()).collect();
-        assert_eq!(admitted.len(), 100);
+        let tabs: Vec<_> = (0..100).map(|_| free.tab()).collect();
+        for tab in &tabs {
+            tab.admit(1.0).await.unwrap();
+        }
     }
 
-    #[test]
-    fn an_agents_report_of_its_own_model_is_shown_but_not_budgeted() {
-        let meter = LlmMeter::default();
-        let stop = CancellationToken::new();
-        meter.arm(
-            Budget {
-                max_calls: Some(1),
-                max_cost: Some(0.5),
-            },
-            stop.clone(),
+    #[tokio::test]
+    async fn every_retry_is_a_request_against_the_call_budget() {
+        let (meter, stop) = armed(Some(3), None);
+        // A call retried twice: three requests, the budget's three.
+        let tab = meter.tab();
+        for _ in 0..3 {
+            tab.admit(0.0).await.unwrap();
+        }
+        assert!(!stop.is_cancelled());
+        // The fourth request, a retry of the same call, is refused and stops the run.
+        let refused = tab.admit(0.0).await.err().unwrap();
+        assert_eq!(
+            refused,
+            "not sent: --max-llm-calls 3 reached (3 calls sent)"
         );
+        assert!(stop.is_cancelled());
+        let record = LlmCall {
+            attempts: 3,
+            refused: true,
+            ..LlmCall::default()
+        };
+        meter.record_admitted(Role::Judge, &record, tab);
+        assert_eq!(meter.by_role()["judge"].calls, 3);
+        assert_eq!(
+            meter.tripped().as_deref(),
+            Some("--max-llm-calls 3 reached (3 calls sent)")
+        );
+        // A call refused before it sent anything is no call of its role.
+        let (meter, _) = armed(Some(1), None);
+        one(&meter, Role::Judge, 0.0).await;
+        let tab = meter.tab();
+        assert!(tab.admit(0.0).await.is_err());
+        let record = LlmCall {
+            refused: true,
+            ..LlmCall::default()
+        };
+        meter.record_admitted(Role::Simulator, &record, tab);
+        assert!(!meter.by_role().contains_key("simulator"));
+    }
+
+    #[tokio::test]
+    async fn an_agents_report_of_its_own_model_is_shown_but_not_budgeted() {
+        let (meter, stop) = armed(Some(1), Some(0.5));
         for _ in 0..3 {
             meter.record_agent_turn(Some(5), Some(5), Some(0.6));
         }
@@ -444,10 +546,12 @@ mod tests {
         assert_eq!(meter.by_role()["agent"].calls, 3);
         // A model under test the engine called counts, request by request: the one
         // admitted, and no second one.
-        meter.record_model_request(None, 1, meter.admit().unwrap());
+        let tab = meter.tab();
+        tab.admit(0.0).await.unwrap();
+        meter.record_model_request(None, 1, false, tab);
         assert!(stop.is_cancelled());
         assert!(
-            meter.admit().is_err(),
+            meter.tab().admit(0.0).await.is_err(),
             "a request past the budget is not sent"
         );
         assert_eq!(meter.by_role()["agent"].calls, 4);

@@ -31,6 +31,7 @@ use tokio::time::Instant;
 use trellis_dsl::{DEFAULT_PROVIDER_RETRIES, Provider, ProviderKind};
 
 use super::codec::{self, DecodeError, WireRequest};
+use super::meter::Tab;
 use super::send::{Queue, Received, Request, SendError, send};
 use super::slots::{ServerRegistry, ServerSlots};
 use super::{CacheUse, LlmCall, LlmError, LlmOutcome, LlmRequest};
@@ -358,10 +359,31 @@ impl ProviderClient {
         Some(part(input, self.input_price) + part(output, self.output_price))
     }
 
+    /// The most a request of `prompt_chars` characters of prompt that may write `max_tokens`
+    /// is expected to cost at the provider's prices ([`token_estimate`]'s prompt and output
+    /// apart): what it reserves under `--max-llm-cost` while in flight ([`super::meter`]).
+    /// Nothing without prices.
+    pub fn reservation(&self, prompt_chars: usize, max_tokens: Option<u32>) -> f64 {
+        let prompt = u64::try_from(prompt_chars / 4).unwrap_or(u64::MAX);
+        let output = u64::from(max_tokens.unwrap_or(ASSUMED_OUTPUT_TOKENS));
+        self.cost(Some(prompt), Some(output)).unwrap_or(0.0)
+    }
+
     /// Sends `request` and reads the answer, within the provider's limits, retrying what is
     /// transient and waiting out 429s, never past `deadline`. Never panics on what the
     /// server sends; the record is filled either way.
     pub async fn complete(&self, request: &LlmRequest, deadline: Option<Instant>) -> LlmOutcome {
+        self.complete_within(request, deadline, None).await
+    }
+
+    /// [`ProviderClient::complete`], each HTTP request admitted by the run's LLM budget
+    /// through `tab` first; a request it refuses ends the call with [`LlmError::Budget`].
+    pub(crate) async fn complete_within(
+        &self,
+        request: &LlmRequest,
+        deadline: Option<Instant>,
+        tab: Option<&Tab<'_>>,
+    ) -> LlmOutcome {
         let started = Instant::now();
         let mut call = LlmCall {
             provider: self.id.clone(),
@@ -369,7 +391,7 @@ impl ProviderClient {
             cache: CacheUse::Off,
             ..LlmCall::default()
         };
-        let result = self.call(request, deadline, &mut call).await;
+        let result = self.call(request, deadline, &mut call, tab).await;
         call.latency_ms = started.elapsed().as_secs_f64() * 1000.0;
         if let Ok(completion) = &result {
             call.input_tokens = completion.input_tokens;
@@ -387,12 +409,15 @@ impl ProviderClient {
         request: &LlmRequest,
         deadline: Option<Instant>,
         call: &mut LlmCall,
+        tab: Option<&Tab<'_>>,
     ) -> Result<super::Completion, LlmError> {
         let wire_request = self.resolved(request).ok_or_else(|| LlmError::NoModel {
             provider: self.id.clone(),
         })?;
         let body = Bytes::from(codec::encode(self.kind, &wire_request).to_string());
         let estimate = estimate_tokens(&wire_request);
+        let chars: usize = wire_request.messages.iter().map(|m| m.content.len()).sum();
+        let reservation = self.reservation(chars, wire_request.max_tokens);
         let request = Request {
             url: &self.url,
             headers: &self.headers,
@@ -404,6 +429,7 @@ impl ProviderClient {
             stream: false,
             deadline,
             provider: Some(self),
+            budget: tab.map(|tab| (tab, reservation)),
         };
         let mut exchange = Exchange::default();
         let mut waits = RateLimitWaits::default();
@@ -421,6 +447,7 @@ impl ProviderClient {
                 });
             }
             Err(SendError::Failed(fault)) => return Err(self.http_error(fault)),
+            Err(SendError::Refused(reason)) => return Err(LlmError::Budget(reason)),
             Err(SendError::RateLimited(_)) => {
                 return Err(LlmError::RateLimited {
                     provider: self.id.clone(),

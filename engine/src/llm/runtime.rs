@@ -378,9 +378,9 @@ impl LlmRuntime {
                     None::<Instant>,
                 )
                 .await;
+            // One check's call of two asks: its requests are both asks' (as the run's meter
+            // counted them).
             outcome.call.attempts = outcome.call.attempts.saturating_add(first.attempts);
-            // The first ask was sent: a refused second one leaves a call made.
-            outcome.call.refused &= outcome.call.attempts == 0;
             outcome.call.latency_ms += first.latency_ms;
             outcome.call.waited_ms += first.waited_ms;
         }
@@ -879,9 +879,16 @@ impl LlmRuntime {
             )
         {
             request.json_schema = None;
-            return self
+            let first = outcome.call;
+            let mut outcome = self
                 .complete_as(role, client, request, repetition, call, None)
                 .await;
+            // The first ask's requests were sent too: the record counts them, as the run's
+            // meter does (a trajectory's `llm_calls` left them out).
+            outcome.call.attempts = outcome.call.attempts.saturating_add(first.attempts);
+            outcome.call.latency_ms += first.latency_ms;
+            outcome.call.waited_ms += first.waited_ms;
+            return outcome;
         }
         outcome
     }

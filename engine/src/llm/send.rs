@@ -8,6 +8,13 @@
 //! starts, so a rate-limited model is never failed for it until the waits run out. The time
 //! each attempt queued is taken off its latency and summed in [`Exchange::queued`]: it is
 //! neither the model's latency nor (for an agent) the trajectory's time.
+//!
+//! Every attempt is admitted by the run's LLM budget before it queues ([`Request::budget`],
+//! [`Tab::admit`]): each HTTP request sent is one against `--max-llm-calls`, retries, 429
+//! re-sends and refused parameters' re-sends included. An attempt the budget refuses ends the
+//! request unsent ([`SendError::Refused`]) and is not recorded as an attempt. It is admitted
+//! before it queues so that nothing waiting for the budget holds a provider's slot, which the
+//! requests in flight it waits for may need for their own retries.
 
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
@@ -18,6 +25,7 @@ use reqwest::header::HeaderMap;
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
+use super::meter::Tab;
 use super::provider::{Admitted, ProviderClient};
 use super::slots::ServerSlots;
 use crate::record::{Fault, FaultCategory};
@@ -72,6 +80,9 @@ pub(super) struct Request<'a> {
     pub deadline: Option<Instant>,
     /// Cuts the key out of fault messages (servers echo request headers in error bodies).
     pub provider: Option<&'a ProviderClient>,
+    /// The run's LLM budget, which admits each attempt, with what one may cost at most
+    /// (its reservation, [`super::meter`]); `None` sends without asking.
+    pub budget: Option<(&'a Tab<'a>, f64)>,
 }
 
 /// A 2xx answer other than a 429.
@@ -88,6 +99,8 @@ pub(super) enum SendError {
     Failed(Fault),
     /// 429 answers kept coming past what the request may wait.
     RateLimited(Fault),
+    /// The run's LLM budget refused an attempt (why): not sent, and the run is stopping.
+    Refused(String),
 }
 
 /// The fault of a 429 answer on its attempt.
@@ -124,7 +137,10 @@ pub(super) async fn send(
     });
     loop {
         let current = changed.as_ref().unwrap_or(request);
-        let (outcome, asked) = round(current, exchange).await;
+        let (outcome, asked) = match round(current, exchange).await {
+            Round::Refused(reason) => return Err(SendError::Refused(reason)),
+            Round::Ended(outcome, asked) => (outcome, asked),
+        };
         let Some(asked) = asked else {
             if let Err(fault) = &outcome
                 && speaks_openai
@@ -242,17 +258,35 @@ fn model_of(body: &[u8]) -> String {
         .unwrap_or_default()
 }
 
-/// One round of attempts (with retries): the answer, and `Some(Retry-After)` when it was a
-/// 429 to wait out.
-async fn round(
-    request: &Request<'_>,
-    exchange: &mut Exchange,
-) -> (Result<Received, Fault>, Option<Option<Duration>>) {
+/// How a round of attempts ended.
+enum Round {
+    /// The answer, and `Some(Retry-After)` when it was a 429 to wait out.
+    Ended(Result<Received, Fault>, Option<Option<Duration>>),
+    /// The budget refused an attempt (why).
+    Refused(String),
+}
+
+/// One round of attempts (with retries).
+async fn round(request: &Request<'_>, exchange: &mut Exchange) -> Round {
     let redact = |mut fault: Fault| {
         if let Some(provider) = request.provider {
             fault.message = provider.redact(&fault.message);
         }
         fault
+    };
+    // Why the budget refused the last attempt, if it did: such an attempt ends the round as
+    // a fault no retry policy allows, and is taken out of the attempts below.
+    let refused: Mutex<Option<String>> = Mutex::new(None);
+    let admit = || async {
+        let Some((tab, reservation)) = request.budget else {
+            return Ok(());
+        };
+        tab.admit(reservation).await.map_err(|reason| {
+            if let Ok(mut refused) = refused.lock() {
+                *refused = Some(reason.clone());
+            }
+            Fault::new(FaultCategory::Internal, reason)
+        })
     };
     // Time queued per attempt: taken off that attempt's latency below.
     let queued = Mutex::new(Vec::new());
@@ -273,6 +307,7 @@ async fn round(
             |budget| {
                 let body = request.body.clone();
                 async move {
+                    admit().await?;
                     let held = queue().await;
                     sse::open(
                         request.transport,
@@ -304,6 +339,7 @@ async fn round(
             |budget| {
                 let body = request.body.clone();
                 async move {
+                    admit().await?;
                     let _held = queue().await;
                     request
                         .transport
@@ -331,6 +367,11 @@ async fn round(
             Ok(response) => (Ok(Received::Body(response.body)), None),
         }
     };
+    let refused = refused.into_inner().ok().flatten();
+    if refused.is_some() {
+        // Not sent, and it never queued: no attempt of the exchange.
+        exchange.attempts.pop();
+    }
     // The round's attempts are the last ones recorded.
     let queued = queued.into_inner().unwrap_or_default();
     exchange.queued += queued.iter().sum::<Duration>();
@@ -343,5 +384,8 @@ async fn round(
     {
         last.fault = Some(rate_limited());
     }
-    (outcome, asked)
+    match refused {
+        Some(reason) => Round::Refused(reason),
+        None => Round::Ended(outcome, asked),
+    }
 }

@@ -288,25 +288,26 @@ impl OpenAiSession {
             // moves by it.
             let queued: Duration = turn.exchanges.iter().map(|e| e.queued).sum();
             let deadline = ctx.deadline.map(|d| d + queued);
-            let admission = match ctx.llm_meter.map(LlmMeter::admit).transpose() {
-                Ok(admission) => admission,
-                Err(_) => {
-                    turn.unsent = true;
-                    return turn;
-                }
-            };
+            let tab = ctx.llm_meter.map(LlmMeter::tab);
             let (exchange, outcome) = self
                 .client
                 .chat
-                .complete(&self.history, deadline, ctx.turn_headers)
+                .complete(&self.history, deadline, ctx.turn_headers, tab.as_ref())
                 .await;
-            if let (Some(meter), Some(admission)) = (ctx.llm_meter, admission) {
-                meter.record_model_request(exchange.usage, exchange.attempts.len(), admission);
+            let refused = matches!(&outcome, Err(NoAnswer { refused: true, .. }));
+            if let (Some(meter), Some(tab)) = (ctx.llm_meter, tab) {
+                let attempts = exchange.attempts.len();
+                meter.record_model_request(exchange.usage, attempts, refused, tab);
+            }
+            if refused {
+                // A retry refused is as a first request refused: the turn is not recorded.
+                turn.unsent = true;
+                return turn;
             }
             turn.exchanges.push(exchange);
             let message = match outcome {
                 Ok(message) => message,
-                Err(NoAnswer { fault, said }) => {
+                Err(NoAnswer { fault, said, .. }) => {
                     // What the model said before it was cut is there to read; it is not the
                     // reply (nothing checks it).
                     if let Some(text) = said {

@@ -254,8 +254,11 @@ scenario "simulated" {
     assert_eq!(turns[0].simulator.len(), 1);
     assert_eq!(turns[0].llm.len(), 3);
     // The simulator, Fixie's LLM thrice, and the fidelity judge (the lone provider judges):
-    // its answer here is no verdict, so the check is recorded as not run.
-    assert_eq!(t.llm.as_deref().map(|u| u.calls), Some(5));
+    // its answer here is no verdict, so the check is recorded as not run. The calls are the
+    // requests sent: the judge's unscripted 500 is retried and asked again without its
+    // schema, six requests.
+    assert_eq!(t.llm.as_deref().map(|u| u.calls), Some(10));
+    assert_eq!(fake.calls(), 10);
     let fidelity = t.criteria.iter().find(|c| c.kind == "fidelity");
     assert_eq!(
         fidelity.map(|c| c.status),
