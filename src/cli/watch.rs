@@ -182,6 +182,10 @@ struct Session {
     complete: bool,
     /// The last load failed: the next good one says so.
     broken: bool,
+    /// Files changed since the last finished rerun (or since the session started): what
+    /// the next rerun covers, so its header names them all, not only the save that started
+    /// it after a broken save or a stopped rerun.
+    since_finished: BTreeSet<PathBuf>,
     reruns: u64,
     tty: bool,
     server: Option<serve::Server>,
@@ -300,6 +304,7 @@ impl Session {
             generations: HashMap::new(),
             complete: false,
             broken: false,
+            since_finished: BTreeSet::new(),
             reruns: 0,
             tty: std::io::stdout().is_terminal(),
             server,
@@ -465,7 +470,10 @@ impl Session {
     }
 
     async fn rerun(&mut self, changed: Changed, signals: &mut Signals) -> Rerun {
+        // Diagnostics are about this save; a rerun is about every save since the last
+        // finished one.
         let what = describe(&changed.paths);
+        self.since_finished.extend(changed.paths.iter().cloned());
         let project =
             match trellis_dsl::load(&self.roots, &trellis_engine::protocol::registry::specs()) {
                 Ok(project) => project,
@@ -538,6 +546,8 @@ impl Session {
             if was_broken {
                 outln!("watch: {what}: valid again; nothing changed since the last run");
             }
+            // The suites are as the last finished rerun left them: those saves are covered.
+            self.since_finished.clear();
             return Rerun::Done;
         }
         for (key, why) in &whys {
@@ -559,7 +569,7 @@ impl Session {
         self.reruns += 1;
         let header = RunHeader {
             number: self.reruns,
-            what,
+            what: describe(&self.since_finished.iter().cloned().collect::<Vec<_>>()),
             changed_at: changed.at,
             whys: whys.clone(),
             removed,
@@ -572,6 +582,7 @@ impl Session {
                 self.planned = planned;
                 self.last = Some(prints);
                 self.complete = true;
+                self.since_finished.clear();
                 Rerun::Done
             }
             Executed::Superseded(changed) => {

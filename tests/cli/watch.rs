@@ -1434,3 +1434,73 @@ async fn a_directory_of_suites_moved_out_and_back_is_seen_both_ways() {
         watch.all()
     );
 }
+
+/// A rerun reruns what changed since the last finished rerun, and its header names those
+/// files: not only the save that started it, after a broken save or a rerun a save stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_header_names_every_file_changed_since_the_last_finished_rerun() {
+    let fast = MisbehavingServer::respond(200, OK_BODY).await;
+    // Answers one byte at a time, for ever: a rerun that would never end by itself.
+    let slow = MisbehavingServer::start(Behavior::SlowDrip {
+        interval: Duration::from_millis(200),
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let suites = dir.path().join("suites");
+    std::fs::create_dir(&suites).unwrap();
+    let a = |message: &str| {
+        format!(
+            "agent \"fast\" protocol=\"connexity\" url=\"{}\"\n\
+             agent \"slow\" protocol=\"connexity\" url=\"{}\" timeout=\"120s\"\n\
+             scenario \"one\" {{\n    agent \"fast\"\n    user \"{message}\"\n    expect no-error\n}}\n",
+            fast.url(),
+            slow.url()
+        )
+    };
+    let b = |agent: &str, message: &str| {
+        format!(
+            "scenario \"two\" {{\n    agent \"{agent}\"\n    user \"{message}\"\n    expect no-error\n}}\n"
+        )
+    };
+    write(&suites.join("a.kdl"), &a("hi"));
+    write(&suites.join("b.kdl"), &b("fast", "hi"));
+    let mut watch = Watch::start_on(dir.path(), "suites", &[]);
+    watch.wait_for("watch: rerun 1 done").await;
+
+    // a.kdl broken, then b.kdl edited while it is (invalid still), then a.kdl mended: the
+    // rerun covers b.kdl's edit.
+    atomic_write(&suites.join("a.kdl"), &a("hi").replace("\"hi\"", "\"hi"));
+    watch.wait_for("the suite is invalid").await;
+    atomic_write(&suites.join("b.kdl"), &b("fast", "hello"));
+    watch.wait_for("the suite is invalid").await;
+    atomic_write(&suites.join("a.kdl"), &a("hi"));
+    let lines = watch.wait_for("watch: rerun 2 done").await.join("\n");
+    assert!(
+        lines.contains("watch: rerun 2: suites/a.kdl and suites/b.kdl changed"),
+        "{}",
+        watch.all()
+    );
+    assert!(
+        lines.contains("rerun b/two (steps changed)"),
+        "{}",
+        watch.all()
+    );
+
+    // b.kdl's scenario now waits on the slow agent; a save to a.kdl stops that rerun, and
+    // the next one still covers b.kdl.
+    atomic_write(&suites.join("b.kdl"), &b("slow", "hello"));
+    watch.wait_for("watch: rerun 3:").await;
+    while slow.requests() == 0 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    atomic_write(&suites.join("a.kdl"), &a("hello"));
+    watch
+        .wait_for("watch: rerun 3 stopped by a newer save")
+        .await;
+    let lines = watch.wait_for("watch: rerun 4:").await.join("\n");
+    assert!(
+        lines.contains("watch: rerun 4: suites/a.kdl and suites/b.kdl changed"),
+        "{}",
+        watch.all()
+    );
+}
