@@ -189,6 +189,17 @@ pub fn choose(
     ];
     for (index_name, count_name, runner, base) in pairs {
         let Some(value) = read(index_name) else {
+            // A count of more than one without its index would run the whole plan in each
+            // of those jobs. GitLab sets `CI_NODE_TOTAL=1` on a job that is not parallel.
+            if let Some(total) = read(count_name)
+                && count_of(count_name, &total)? > 1
+            {
+                return Err(ShardEnvError::HalfSet {
+                    index_name: count_name,
+                    count_name: index_name,
+                    runner,
+                });
+            }
             continue;
         };
         let Some(total) = read(count_name) else {
@@ -459,6 +470,17 @@ mod tests {
             err(None, &[(KUBERNETES_INDEX, "0")]),
             ShardEnvError::NoCount
         ));
+        // A count without its index: every job would run the whole plan. One (GitLab's
+        // value for a job that is not parallel) is no sharding.
+        for (count, runner) in [(GITLAB_TOTAL, "GitLab"), (BUILDKITE_COUNT, "Buildkite")] {
+            let e = err(None, &[(count, "3")]);
+            assert!(
+                matches!(e, ShardEnvError::HalfSet { .. }),
+                "{runner}: {e:?}"
+            );
+            assert!(e.to_string().starts_with(&format!("{count} is set")), "{e}");
+            assert_eq!(pick(None, None, &[(count, "1")]), None);
+        }
         assert!(matches!(
             err(None, &[(KUBERNETES_INDEX, "3"), (SHARDS_VAR, "3")]),
             ShardEnvError::Shard { .. }
