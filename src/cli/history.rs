@@ -266,7 +266,8 @@ fn list(dir: &Path, json: bool) -> u8 {
 }
 
 /// A run's `state` in `trellis runs`: pinned, unfinished, and how it was made when that
-/// is not one `trellis run` (a merge of shards, partial when shards were missing).
+/// is not one `trellis run` (a merge of shards, partial when shards were missing). A merge
+/// stopped while it wrote is unfinished like any run.
 fn state(run: &RunEntry) -> String {
     let merged = run.meta.as_ref().and_then(|m| m.merged.as_ref());
     let mut parts: Vec<String> = Vec::new();
@@ -274,9 +275,9 @@ fn state(run: &RunEntry) -> String {
         parts.push("pinned".to_owned());
     }
     match merged {
+        _ if !run.finished => parts.push("unfinished".to_owned()),
         Some(m) if m.partial => parts.push(format!("partial merge of {} shards", m.shards)),
         Some(m) => parts.push(format!("merged from {} shards", m.shards)),
-        None if !run.finished => parts.push("unfinished".to_owned()),
         None if run.stopped => parts.push("stopped".to_owned()),
         None => {}
     }

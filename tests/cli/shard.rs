@@ -1535,6 +1535,50 @@ async fn merge_refuses_a_shard_that_records_a_trajectory_twice() {
     assert!(!tmp.path().join("out/runs.parquet").exists());
 }
 
+/// `trellis runs` says a merge is one, and a merge stopped before it finished writing
+/// (killed: no `runs.parquet`) unfinished, as it says of any run; it said "merged from 2
+/// shards" of one that never finished.
+#[tokio::test]
+async fn runs_lists_a_merge_stopped_while_it_wrote_as_unfinished() {
+    let tmp = tempfile::tempdir().unwrap();
+    let suite = small_suite(tmp.path());
+    let (a, b) = (tmp.path().join("a"), tmp.path().join("b"));
+    for (i, dir) in [(1, &a), (2, &b)] {
+        let o = run_shard(&suite, &format!("{i}/2"), dir, NONE).await;
+        assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+    }
+    let runs = tmp.path().join("runs");
+    let o = trellis()
+        .arg("merge")
+        .args([&a, &b])
+        .arg("--out")
+        .arg(runs.join("merged"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+    let listed = || {
+        let runs = runs.clone();
+        async move {
+            let o = trellis()
+                .arg("runs")
+                .arg("--dir")
+                .arg(&runs)
+                .output()
+                .await
+                .unwrap();
+            assert_eq!(o.status.code(), Some(0), "{}", said(&o));
+            stdout(&o)
+        }
+    };
+    let shown = listed().await;
+    assert!(shown.contains("merged from 2 shards"), "{shown}");
+    std::fs::remove_file(runs.join("merged/runs.parquet")).unwrap();
+    let shown = listed().await;
+    assert!(shown.contains("unfinished"), "{shown}");
+    assert!(!shown.contains("merged from"), "{shown}");
+}
+
 /// `merge --baseline` gates like `run --baseline`: the merged run is compared with the
 /// baseline, `compare.json`/`compare.html` are written next to it (its page links them),
 /// and the exit code is the comparison's: 0 for the same results, 1 on a regression.
