@@ -328,6 +328,8 @@ pub struct RunArgs {
     max_llm_calls: Option<u64>,
     /// Stop the run gracefully once the LLM calls cost this much (at the providers'
     /// `input-price`/`output-price`; unpriced calls cost nothing), as --max-llm-calls does.
+    /// Requests in flight reserve what they may cost, so it is passed by at most one
+    /// request's cost.
     #[arg(long, value_name = "COST", value_parser = positive_cost)]
     max_llm_cost: Option<f64>,
     /// Run only shard I of N (I from 1): one of N disjoint parts of the plan, each scenario

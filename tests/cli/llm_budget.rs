@@ -575,6 +575,119 @@ async fn judge_answers_in_the_cache_are_used_after_the_budget_is_spent() {
     assert_eq!(strings(&c, "status"), [Some("passed".to_owned())], "{c}");
 }
 
+/// `count` scenarios of one user turn each, judged once, by a provider whose every input
+/// token costs 1 (so a judge call costs a few hundred).
+fn priced_suite(dir: &Path, base_url: &str, count: u32) -> PathBuf {
+    let path = dir.join("priced.kdl");
+    let scenarios: String = (1..=count)
+        .map(|i| {
+            format!(
+                "scenario \"c{i}\" {{\n    user \"Hi, I'd like to book a duct cleaning.\"\n    \
+                 criteria {{\n        judge \"The agent asks for the postal code\"\n    }}\n}}\n"
+            )
+        })
+        .collect();
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+agent "booking" protocol="connexity" builtin="booking"
+provider "fake" kind="openai" base-url="{base_url}" model="m" api-key-env="FAKE_KEY" \
+    input-price=1000000 output-price=0
+judge "j" provider="fake"
+{scenarios}"#
+        ),
+    )
+    .unwrap();
+    path
+}
+
+fn slow_verdict() -> Vec<Rule> {
+    vec![Rule::otherwise([Reply::slow(
+        std::time::Duration::from_millis(300),
+        Reply::text(r#"{"score": 0.9, "label": "ok", "justification": "fine"}"#),
+    )])]
+}
+
+/// Thirty judges asked at once, each dearer than the whole `--max-llm-cost`: all thirty were
+/// sent before the first answer said what they cost, and the run, nothing refused, exited 0
+/// saying nothing of the limit it passed thirty times over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cost_budget_holds_calls_started_together_and_stops_the_run() {
+    let fake = FakeLlm::start(slow_verdict()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = priced_suite(dir.path(), &fake.base_url(), 30);
+    let out = dir.path().join("out");
+    let o = trellis()
+        .args(["run", "-j", "30", "--max-llm-cost", "5", "--out"])
+        .arg(&out)
+        .arg(&path)
+        .env("FAKE_KEY", "k")
+        .output()
+        .await
+        .unwrap();
+    let (console, err) = (stdout(&o), stderr(&o));
+    assert_eq!(o.status.code(), Some(4), "{console}{err}");
+    // Alone, the first call goes whatever it may cost; it spends the budget, and no call
+    // is sent after it.
+    assert_eq!(fake.calls(), 1, "{console}{err}");
+    assert!(
+        err.contains("the run stopped early: --max-llm-cost 5 reached"),
+        "{err}"
+    );
+    assert!(journal_text(&out).contains("\"stopped_by\":\"--max-llm-cost 5 reached"));
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(html.contains("The run stopped early: --max-llm-cost 5 reached"));
+    let roles = &summary(&out)["stats"]["aggregates"]["llm_roles"];
+    assert_eq!(roles["judge"]["calls"], 1, "{roles}");
+}
+
+/// Calls in flight reserve what they may cost: with room for three and a half calls, three
+/// go at once, a fourth alone once they have answered, and the run stops having passed the
+/// limit by less than one call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cost_budget_is_passed_by_at_most_one_call() {
+    let fake = FakeLlm::start(slow_verdict()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = priced_suite(dir.path(), &fake.base_url(), 12);
+    // What one call costs (the scenarios' judge requests are alike).
+    let all = dir.path().join("all");
+    let o = run(&path, &all, &[]).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let judge = &summary(&all)["stats"]["aggregates"]["llm_roles"]["judge"];
+    assert_eq!(judge["calls"], 12, "{judge}");
+    let one = judge["cost"].as_f64().unwrap() / 12.0;
+    assert!(one > 1.0, "{judge}");
+
+    let limit = one * 3.5;
+    let out = dir.path().join("out");
+    let o = trellis()
+        .args([
+            "run",
+            "-j",
+            "12",
+            "--max-llm-cost",
+            &limit.to_string(),
+            "--out",
+        ])
+        .arg(&out)
+        .arg(&path)
+        .env("FAKE_KEY", "k")
+        .output()
+        .await
+        .unwrap();
+    let (console, err) = (stdout(&o), stderr(&o));
+    assert_eq!(o.status.code(), Some(4), "{console}{err}");
+    assert_eq!(fake.calls(), 12 + 4, "{console}{err}");
+    let judge = &summary(&out)["stats"]["aggregates"]["llm_roles"]["judge"];
+    let spent = judge["cost"].as_f64().unwrap();
+    assert!(
+        spent < limit + one,
+        "spent {spent} of {limit}, one call {one}"
+    );
+    assert!(err.contains("--max-llm-cost"), "{err}");
+}
+
 /// Every request sent is one against `--max-llm-calls`: a judge's schema fallback (a 400 to
 /// `response_format`, then asked without it) and another's retried 500s sent 8 requests
 /// under `--max-llm-calls 4`, and the console said "judge 4 calls". The run's count by role

@@ -18,15 +18,24 @@
 //!   however many trajectories ask at once (fifty simulated users starting together under
 //!   `--max-llm-calls 1` sent fifty calls when the count was only taken as answers came back;
 //!   retries went unbudgeted when calls were admitted once each);
-//! - a cost is known only once a request is answered, so `--max-llm-cost` can be passed by
-//!   the requests in flight when it is reached.
+//! - with `--max-llm-cost COST`, no request is sent once the cost spent reaches COST. A cost is
+//!   known only once a request is answered, so each request in flight holds a reservation of
+//!   what it may cost (its prompt at four bytes a token plus its output cap, 512 tokens when
+//!   uncapped, at its provider's prices), and a request is sent while others are in flight
+//!   only if the spent cost and the reservations, its own included, stay within COST; one
+//!   that does not fit waits for those in flight to answer. A request is sent alone whatever
+//!   its reservation, so COST is passed by at most one request's cost, as long as requests
+//!   cost no more than their reservations (thirty judges sent at once under `--max-llm-cost`
+//!   all went out before the first answer said the budget was spent).
 //!
 //! Cache hits send nothing and cost nothing: they count in the usage, not against the
-//! budget.
+//! budget. A model under test reached without a `provider` has no prices to reserve with: its
+//! requests reserve nothing.
 
 use std::collections::BTreeMap;
 use std::sync::{Mutex, OnceLock};
 
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::record::{CacheUse, LlmCall, LlmUsage};
@@ -102,13 +111,15 @@ enum Trip {
 #[derive(Debug, PartialEq)]
 enum Decision {
     Send,
+    /// Not yet: what is in flight may spend the rest of `--max-llm-cost`.
+    Wait,
     /// Not at all: a limit is reached (the reason, said on the call's record, and the
     /// limit, which stops the run).
     Refuse(String, Option<Trip>),
 }
 
-/// Whether a request can be sent now under `budget`.
-fn decide(spent: &Spent, budget: Budget) -> Decision {
+/// Whether a request that may cost `reservation` can be sent now under `budget`.
+fn decide(spent: &Spent, budget: Budget, reservation: f64) -> Decision {
     if let Some(max) = budget.max_calls
         && spent.sent.saturating_add(spent.in_flight) >= max
     {
@@ -122,6 +133,17 @@ fn decide(spent: &Spent, budget: Budget) -> Decision {
         };
         return Decision::Refuse(reason, Some(Trip::Calls(max)));
     }
+    if let Some(max) = budget.max_cost {
+        if spent.cost >= max {
+            let reason = format!("--max-llm-cost {max} reached (cost {:.4})", spent.cost);
+            return Decision::Refuse(reason, Some(Trip::Cost(max)));
+        }
+        // Alone it goes whatever it may cost: waiting would never end, and refusing it
+        // would leave a budget below one request's reservation unusable.
+        if spent.in_flight > 0 && spent.cost + spent.reserved + reservation > max {
+            return Decision::Wait;
+        }
+    }
     Decision::Send
 }
 
@@ -134,6 +156,9 @@ pub struct LlmMeter {
     tripped: OnceLock<Trip>,
     /// A request was refused: work the run did not do.
     refused: std::sync::atomic::AtomicBool,
+    /// Told when a request ends or the budget trips: requests waiting for room under
+    /// `--max-llm-cost` look again.
+    changed: Notify,
 }
 
 impl std::fmt::Debug for LlmMeter {
@@ -247,6 +272,9 @@ impl LlmMeter {
             }
             (spent.sent, spent.cost)
         };
+        if held.is_some() {
+            self.changed.notify_waiters();
+        }
         let budget = self.budget();
         let trip = match (budget.max_calls, budget.max_cost) {
             (Some(max), _) if calls >= max => Some(Trip::Calls(max)),
@@ -264,6 +292,8 @@ impl LlmMeter {
             && self.tripped.set(trip).is_ok()
         {
             stop.cancel();
+            // Requests waiting for room are refused now.
+            self.changed.notify_waiters();
         }
     }
 
@@ -321,20 +351,27 @@ struct TabState {
 }
 
 impl Tab<'_> {
-    /// Lets the call's next HTTP request be sent, or never (`Err`, why) when a limit is
-    /// reached, which stops the run. `reservation`: the most it is expected to cost, held
-    /// while it is in flight. The call's request before this one has ended by now.
+    /// Lets the call's next HTTP request be sent, `reservation` being the most it is
+    /// expected to cost: at once, after the requests in flight have answered when they may
+    /// spend what is left of `--max-llm-cost`, or never (`Err`, why) when a limit is
+    /// reached, which stops the run. The call's request before this one has ended by now.
     pub async fn admit(&self, reservation: f64) -> Result<(), String> {
-        match self.try_admit(reservation) {
-            Decision::Send => Ok(()),
-            Decision::Refuse(reason, _) => Err(format!("not sent: {reason}")),
+        loop {
+            // Registered before looking, so a request ending in between is not missed.
+            let mut changed = std::pin::pin!(self.meter.changed.notified());
+            changed.as_mut().enable();
+            match self.try_admit(reservation) {
+                Decision::Send => return Ok(()),
+                Decision::Refuse(reason, _) => return Err(format!("not sent: {reason}")),
+                Decision::Wait => changed.await,
+            }
         }
     }
 
     fn try_admit(&self, reservation: f64) -> Decision {
         let meter = self.meter;
         let budget = meter.budget();
-        let decision = {
+        let (decision, ended) = {
             let (Ok(mut state), Ok(mut spent)) = (self.state.lock(), meter.spent.lock()) else {
                 return Decision::Refuse("the LLM meter is unavailable".to_owned(), None);
             };
@@ -342,14 +379,17 @@ impl Tab<'_> {
             if let Some(reservation) = ended {
                 spent.end_request(reservation);
             }
-            let decision = decide(&spent, budget);
+            let decision = decide(&spent, budget, reservation);
             if decision == Decision::Send {
                 spent.in_flight += 1;
                 spent.reserved += reservation;
                 state.holding = Some(reservation);
             }
-            decision
+            (decision, ended.is_some())
         };
+        if ended {
+            meter.changed.notify_waiters();
+        }
         if let Decision::Refuse(_, trip) = &decision {
             meter
                 .refused
@@ -371,11 +411,12 @@ impl Drop for Tab<'_> {
             .get_mut()
             .ok()
             .and_then(|state| state.holding.take());
-        if let Some(reservation) = held
-            && let Ok(mut spent) = self.meter.spent.lock()
-        {
-            spent.end_request(reservation);
-            spent.abandoned += 1;
+        if let Some(reservation) = held {
+            if let Ok(mut spent) = self.meter.spent.lock() {
+                spent.end_request(reservation);
+                spent.abandoned += 1;
+            }
+            self.meter.changed.notify_waiters();
         }
     }
 }
@@ -454,6 +495,12 @@ mod tests {
             meter
                 .tripped()
                 .is_some_and(|r| r.starts_with("--max-llm-cost 1"))
+        );
+        // Spent: nothing more is sent.
+        let refused = meter.tab().admit(0.0).await.err().unwrap();
+        assert!(
+            refused.starts_with("not sent: --max-llm-cost 1 reached"),
+            "{refused}"
         );
     }
 
@@ -534,6 +581,51 @@ mod tests {
         };
         meter.record_admitted(Role::Simulator, &record, tab);
         assert!(!meter.by_role().contains_key("simulator"));
+    }
+
+    #[tokio::test]
+    async fn the_cost_budget_holds_requests_while_those_in_flight_may_spend_it() {
+        let (meter, stop) = armed(None, Some(10.0));
+        // Reservations of 4 each: two fit under 10 together, a third waits.
+        let (a, b, c) = (meter.tab(), meter.tab(), meter.tab());
+        a.admit(4.0).await.unwrap();
+        b.admit(4.0).await.unwrap();
+        {
+            let mut waiting = std::pin::pin!(c.admit(4.0));
+            assert!(
+                futures::poll!(waiting.as_mut()).is_pending(),
+                "sent while those in flight may spend the rest"
+            );
+            // One answers at 2: 2 spent + 4 reserved + 4 fits.
+            meter.record_admitted(Role::Judge, &call(2.0, CacheUse::Miss), a);
+            assert!(futures::poll!(waiting.as_mut()).is_ready());
+        }
+        // Both answer dear: 2 + 5 + 5 = 12, the limit passed by less than one request.
+        meter.record_admitted(Role::Judge, &call(5.0, CacheUse::Miss), b);
+        assert!(!stop.is_cancelled());
+        meter.record_admitted(Role::Judge, &call(5.0, CacheUse::Miss), c);
+        assert!(stop.is_cancelled());
+        assert!(meter.tab().admit(0.0).await.is_err());
+
+        // A request waiting for room is refused when the budget trips meanwhile.
+        let (meter, _) = armed(None, Some(5.0));
+        let (a, b) = (meter.tab(), meter.tab());
+        a.admit(4.0).await.unwrap();
+        let mut waiting = std::pin::pin!(b.admit(4.0));
+        assert!(futures::poll!(waiting.as_mut()).is_pending());
+        meter.record_admitted(Role::Judge, &call(6.0, CacheUse::Miss), a);
+        match futures::poll!(waiting.as_mut()) {
+            std::task::Poll::Ready(Err(reason)) => {
+                assert_eq!(reason, "not sent: --max-llm-cost 5 reached (cost 6.0000)");
+            }
+            other => panic!("{other:?}"),
+        }
+
+        // Alone, a request goes whatever its reservation: the limit is passed by one.
+        let (meter, stop) = armed(None, Some(5.0));
+        one(&meter, Role::Judge, 10.0).await;
+        assert!(stop.is_cancelled());
+        assert!(meter.tab().admit(0.0).await.is_err());
     }
 
     #[tokio::test]
