@@ -90,15 +90,17 @@ pub fn serve_stdio(config: Config) -> Result<server::Ended, Error> {
 
 /// Waits for the client's `initialize` request, as `lsp_server`'s `initialize_start`
 /// does, except that a request sent before it is told so in words (that function's error
-/// quoted the request as a Rust debug string) and `exit` ends the wait.
+/// quoted the request as a Rust debug string) and `exit` ends the wait (`None`).
 fn start_initialize(
     connection: &Connection,
-) -> Result<(lsp_server::RequestId, serde_json::Value), Error> {
+) -> Result<Option<(lsp_server::RequestId, serde_json::Value)>, Error> {
     use lsp_server::{ErrorCode, Message, Response};
     loop {
         match connection.receiver.recv() {
             Err(_) => return Err(Error::Disconnected),
-            Ok(Message::Request(r)) if r.method == "initialize" => return Ok((r.id, r.params)),
+            Ok(Message::Request(r)) if r.method == "initialize" => {
+                return Ok(Some((r.id, r.params)));
+            }
             Ok(Message::Request(r)) => {
                 connection.sender.send(Message::Response(Response::new_err(
                     r.id,
@@ -110,7 +112,7 @@ fn start_initialize(
                     ),
                 )))?;
             }
-            Ok(Message::Notification(n)) if n.method == "exit" => return Err(Error::Disconnected),
+            Ok(Message::Notification(n)) if n.method == "exit" => return Ok(None),
             Ok(Message::Notification(_) | Message::Response(_)) => {}
         }
     }
@@ -120,12 +122,13 @@ fn start_initialize(
 /// `initialize_finish` does, except that a request sent in between gets the protocol's
 /// "server not initialized" error and another notification (`$/setTrace`) is let by:
 /// `initialize_finish` gave up on either and left the server answering nothing until its
-/// stdin closed, which an editor shows as a hung server.
+/// stdin closed, which an editor shows as a hung server. False when the client said `exit`
+/// instead.
 fn finish_initialize(
     connection: &Connection,
     id: lsp_server::RequestId,
     result: serde_json::Value,
-) -> Result<(), Error> {
+) -> Result<bool, Error> {
     use lsp_server::{ErrorCode, Message, Response};
     connection
         .sender
@@ -133,8 +136,8 @@ fn finish_initialize(
     loop {
         match connection.receiver.recv() {
             Err(_) => return Err(Error::Disconnected),
-            Ok(Message::Notification(n)) if n.method == "initialized" => return Ok(()),
-            Ok(Message::Notification(n)) if n.method == "exit" => return Err(Error::Disconnected),
+            Ok(Message::Notification(n)) if n.method == "initialized" => return Ok(true),
+            Ok(Message::Notification(n)) if n.method == "exit" => return Ok(false),
             Ok(Message::Notification(_) | Message::Response(_)) => {}
             Ok(Message::Request(r)) => {
                 connection.sender.send(Message::Response(Response::new_err(
@@ -150,7 +153,10 @@ fn finish_initialize(
 /// Serves one client on `connection` until it exits.
 pub fn serve(connection: &Connection, config: Config) -> Result<server::Ended, Error> {
     let caps = serde_json::to_value(capabilities())?;
-    let (id, params) = start_initialize(connection)?;
+    // An `exit` before the handshake ends is one without `shutdown`: exit code 1.
+    let Some((id, params)) = start_initialize(connection)? else {
+        return Ok(server::Ended::ExitedWithoutShutdown);
+    };
     let params: InitializeParams = serde_json::from_value(params)?;
     let result = serde_json::json!({
         "capabilities": caps,
@@ -159,7 +165,9 @@ pub fn serve(connection: &Connection, config: Config) -> Result<server::Ended, E
             version: Some(env!("CARGO_PKG_VERSION").into()),
         },
     });
-    finish_initialize(connection, id, result)?;
+    if !finish_initialize(connection, id, result)? {
+        return Ok(server::Ended::ExitedWithoutShutdown);
+    }
     let mut roots: Vec<std::path::PathBuf> = params
         .workspace_folders
         .iter()

@@ -450,15 +450,21 @@ fn a_malformed_message_is_skipped_and_the_server_goes_on() {
     );
     assert!(stdout.contains(r#""id":2,"result":null"#), "{stdout}");
 
-    // `exit` without `shutdown`: exit code 1, as the protocol asks.
-    let input = [frame(init), frame(initialized), frame(exit)].concat();
-    let out = lsp_with_stdin(&input);
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    // `exit` without `shutdown`: exit code 1, as the protocol asks; also before or during
+    // the handshake (it was 2, "closed the connection").
+    for input in [
+        [frame(init.clone()), frame(initialized), frame(exit.clone())].concat(),
+        [frame(init), frame(exit.clone())].concat(),
+        frame(exit),
+    ] {
+        let out = lsp_with_stdin(&input);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 }
 
 #[test]
