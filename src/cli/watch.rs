@@ -47,6 +47,9 @@ mod serve;
 const DEBOUNCE: Duration = Duration::from_millis(25);
 /// How long calls in flight may finish once a newer save stops a rerun.
 const CANCEL_GRACE: Duration = Duration::from_secs(2);
+/// How many scenarios gone from the suites keep their recorded turns, for when they come
+/// back: a dataset suite deleted whole must not keep every row's turns for the session.
+const GONE_KEPT: usize = 1024;
 
 #[derive(Debug, Args)]
 pub struct WatchArgs {
@@ -113,6 +116,8 @@ pub fn watch(args: WatchArgs) -> u8 {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Why {
     Unchanged,
+    /// Gone from an earlier rerun and back as it was: answered from the records.
+    Back,
     /// Only its checks changed: re-checked against the recorded turns.
     Checks,
     /// A scenario it `needs` changed what it says to the agent.
@@ -127,12 +132,23 @@ impl Why {
     fn label(self) -> &'static str {
         match self {
             Why::Unchanged => "unchanged",
+            Why::Back => "back",
             Why::Checks => "checks changed",
             Why::Dependency => "dependency changed",
             Why::Steps => "steps changed",
             Why::New => "new",
         }
     }
+}
+
+/// A scenario that was planned and is gone from the suites or the selection.
+struct Gone {
+    /// Its fingerprints when last planned.
+    prints: ScenarioFingerprints,
+    /// The salt its recorded turns are kept under.
+    salt: u64,
+    /// The rerun that dropped it: the oldest are forgotten first.
+    rerun: u64,
 }
 
 /// A change notification, with when it arrived.
@@ -174,6 +190,12 @@ struct Session {
     planned: BTreeSet<String>,
     /// Fingerprints of the last run's scenarios.
     last: Option<BTreeMap<String, ScenarioFingerprints>>,
+    /// The salt of each planned scenario's recorded turns in the last run.
+    salts: HashMap<String, u64>,
+    /// Scenarios planned before and gone since (removed, or out of the selection), at most
+    /// [`GONE_KEPT`]: their salts keep their turns in the memo, so one that comes back as
+    /// it was (a save in two writes, `git stash` and `pop`) is answered from the records.
+    gone: BTreeMap<String, Gone>,
     /// Every trajectory's last result: a line is shown when it changes.
     results: HashMap<ResultKey, Standing>,
     /// Bumped when a scenario must talk to its agent afresh (a dependency changed).
@@ -300,6 +322,8 @@ impl Session {
             receiver,
             planned: BTreeSet::new(),
             last: None,
+            salts: HashMap::new(),
+            gone: BTreeMap::new(),
             results: HashMap::new(),
             generations: HashMap::new(),
             complete: false,
@@ -555,7 +579,7 @@ impl Session {
                 *self.generations.entry(key.clone()).or_default() += 1;
             }
         }
-        let salts = whys
+        let salts: HashMap<String, u64> = whys
             .keys()
             .filter_map(|key| {
                 let setup = prints.get(key)?.setup;
@@ -564,6 +588,16 @@ impl Session {
                 Some((key.clone(), h.finish()))
             })
             .collect();
+        // The memo keeps the turns of a scenario that did not run only under the salt it
+        // is given: those going now and those gone before keep theirs, for their return.
+        let mut memo_salts = salts.clone();
+        let going = removed
+            .iter()
+            .filter_map(|key| Some((key, *self.salts.get(key)?)));
+        let gone = self.gone.iter().map(|(key, gone)| (key, gone.salt));
+        for (key, salt) in going.chain(gone) {
+            memo_salts.entry(key.clone()).or_insert(salt);
+        }
         let trajectory_whys = self.trajectory_reasons(&plan, &prints, &whys);
         let planned: BTreeSet<String> = whys.keys().cloned().collect();
         self.reruns += 1;
@@ -575,10 +609,12 @@ impl Session {
             removed,
         };
         let outcome = self
-            .execute(plan, salts, header, trajectory_whys, signals)
+            .execute(plan, memo_salts, header, trajectory_whys, signals)
             .await;
         match outcome {
             Executed::Finished => {
+                self.forget_gone(&planned);
+                self.salts = salts;
                 self.planned = planned;
                 self.last = Some(prints);
                 self.complete = true;
@@ -592,6 +628,47 @@ impl Session {
                 Rerun::Superseded(changed)
             }
             Executed::Stopped => Rerun::Stopped,
+        }
+    }
+
+    /// What `key` was when last planned: in the last finished run, or before it went.
+    /// The last run's fingerprints cover every scenario of the suites, but one it did not
+    /// plan (out of the selection) is not in its results, nor are its turns kept.
+    fn previous(&self, key: &str) -> Option<&ScenarioFingerprints> {
+        if self.planned.contains(key) {
+            self.last.as_ref().and_then(|last| last.get(key))
+        } else {
+            self.gone.get(key).map(|gone| &gone.prints)
+        }
+    }
+
+    /// After a finished run that planned `planned`: the scenarios it dropped are
+    /// remembered, those it planned again are no longer gone, and the oldest gone are
+    /// forgotten beyond [`GONE_KEPT`] (the next finished run drops their turns).
+    fn forget_gone(&mut self, planned: &BTreeSet<String>) {
+        self.gone.retain(|key, _| !planned.contains(key));
+        for key in self.planned.difference(planned) {
+            let prints = self.last.as_ref().and_then(|last| last.get(key));
+            if let (Some(prints), Some(&salt)) = (prints, self.salts.get(key)) {
+                let gone = Gone {
+                    prints: prints.clone(),
+                    salt,
+                    rerun: self.reruns,
+                };
+                self.gone.insert(key.clone(), gone);
+            }
+        }
+        if self.gone.len() > GONE_KEPT {
+            let mut oldest: Vec<(u64, String)> = self
+                .gone
+                .iter()
+                .map(|(key, gone)| (gone.rerun, key.clone()))
+                .collect();
+            oldest.sort_unstable();
+            let excess = self.gone.len() - GONE_KEPT;
+            for (_, key) in oldest.into_iter().take(excess) {
+                self.gone.remove(&key);
+            }
         }
     }
 
@@ -609,14 +686,14 @@ impl Session {
         let mut whys: Vec<Why> = keys
             .iter()
             .map(|key| {
-                let (Some(last), Some(now)) =
-                    (self.last.as_ref().and_then(|l| l.get(key)), prints.get(key))
-                else {
+                let (Some(last), Some(now)) = (self.previous(key), prints.get(key)) else {
                     return Why::New;
                 };
                 match now.scenario.change_from(&last.scenario) {
                     Change::Conversation => Why::Steps,
                     Change::Checks => Why::Checks,
+                    // Unchanged, but not in the last results: it must be added to them.
+                    Change::None if !self.planned.contains(key) => Why::Back,
                     Change::None => Why::Unchanged,
                 }
             })
@@ -657,7 +734,7 @@ impl Session {
         for s in &plan.scenarios {
             let key = format!("{}/{}", s.suite, s.scenario.id.value);
             let why = whys.get(&key).copied().unwrap_or(Why::New);
-            let last = self.last.as_ref().and_then(|l| l.get(&key));
+            let last = self.previous(&key);
             let now = prints.get(&key);
             for t in &s.trajectories {
                 let leaf = t.nodes.last();

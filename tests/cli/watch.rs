@@ -1504,3 +1504,83 @@ async fn the_header_names_every_file_changed_since_the_last_finished_rerun() {
         watch.all()
     );
 }
+
+/// A scenario that goes and comes back as it was (a save in two writes, `git stash` and
+/// `stash pop`, a file deleted and put back, a scenario made a draft and active again)
+/// reuses the turns recorded before it went: the agent is not called again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scenario_that_goes_and_comes_back_unchanged_reuses_its_turns() {
+    let agent = MisbehavingServer::respond(200, OK_BODY).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suites = dir.path().join("suites");
+    std::fs::create_dir(&suites).unwrap();
+    let main = repeated_suite(&agent.url(), "kept", &["hi"], 1);
+    let going =
+        "scenario \"going\" {\n    user \"bye\"\n    user \"and more\"\n    expect no-error\n}\n";
+    write(&suites.join("main.kdl"), &format!("{main}{going}"));
+    let other = "scenario \"other\" {\n    user \"other\"\n    expect no-error\n}\n";
+    write(&suites.join("other.kdl"), other);
+    let mut watch = Watch::start_on(dir.path(), "suites", &[]);
+    watch.wait_for("watch: rerun 1 done").await;
+    let calls = agent.requests();
+    assert_eq!(calls, 4, "{}", watch.all());
+
+    // Gone from its file, then back.
+    write(&suites.join("main.kdl"), &main);
+    let lines = watch.wait_for("watch: rerun 2 done").await.join("\n");
+    assert!(lines.contains("removed main/going"), "{}", watch.all());
+    write(&suites.join("main.kdl"), &format!("{main}{going}"));
+    let lines = watch.wait_for("watch: rerun 3 done").await.join("\n");
+    assert!(lines.contains("rerun main/going (back)"), "{}", watch.all());
+    assert!(lines.contains("0 agent call(s)"), "{}", watch.all());
+    assert_eq!(agent.requests(), calls, "{}", watch.all());
+    // `latest/` has it whole, from the records.
+    let latest = crate::journal_text(&dir.path().join("runs/latest"));
+    let going_turns = latest
+        .lines()
+        .filter(|l| l.contains("\"user_message\":\"bye\"") && l.contains("\"reused\":true"))
+        .count();
+    assert_eq!(going_turns, 1, "{latest}");
+
+    // Its file deleted, then put back.
+    std::fs::remove_file(suites.join("other.kdl")).unwrap();
+    let lines = watch.wait_for("watch: rerun 4 done").await.join("\n");
+    assert!(lines.contains("removed other/other"), "{}", watch.all());
+    write(&suites.join("other.kdl"), other);
+    let lines = watch.wait_for("watch: rerun 5 done").await.join("\n");
+    assert!(
+        lines.contains("rerun other/other (back)"),
+        "{}",
+        watch.all()
+    );
+    assert_eq!(agent.requests(), calls, "{}", watch.all());
+
+    // Out of the selection (a draft), then back in.
+    let draft = other.replace("{\n", "{\n    status \"draft\"\n");
+    write(&suites.join("other.kdl"), &draft);
+    let lines = watch.wait_for("watch: rerun 6 done").await.join("\n");
+    assert!(lines.contains("removed other/other"), "{}", watch.all());
+    write(&suites.join("other.kdl"), other);
+    let lines = watch.wait_for("watch: rerun 7 done").await.join("\n");
+    assert!(
+        lines.contains("rerun other/other (back)"),
+        "{}",
+        watch.all()
+    );
+    assert_eq!(agent.requests(), calls, "{}", watch.all());
+
+    // Back with a changed step: only the changed turn calls the agent.
+    write(&suites.join("main.kdl"), &main);
+    watch.wait_for("watch: rerun 8 done").await;
+    write(
+        &suites.join("main.kdl"),
+        &format!("{main}{}", going.replace("and more", "and less")),
+    );
+    let lines = watch.wait_for("watch: rerun 9 done").await.join("\n");
+    assert!(
+        lines.contains("rerun main/going (steps changed)"),
+        "{}",
+        watch.all()
+    );
+    assert_eq!(last_user_messages(&agent)[calls..], ["and less"]);
+}
