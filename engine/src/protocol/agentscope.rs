@@ -199,9 +199,10 @@ impl Endpoint {
                 stream.set_deadline(ctx.deadline);
                 let mut first_content = None;
                 let outcome = read_events(&mut stream, &mut assembler, &mut first_content).await;
-                // An answer without content (an error frame, a failed run) has only the
-                // time to its first event.
-                exchange.ttft = first_content.or(stream.ttft());
+                // An answer without content (an error frame, a failed run, only the
+                // response's `created`) had no first token: no time to it, rather than the
+                // time to its first event, which a `ttft` check would have passed.
+                exchange.ttft = first_content;
                 // The attempt lasted until the stream was over (it is never retried: the
                 // agent was already at work).
                 if let Some(last) = exchange.attempts.last_mut() {

@@ -633,6 +633,24 @@ async fn an_error_frame_is_an_agent_error() {
         message.contains("Input should be a valid list"),
         "{message}"
     );
+    // No first token came: no time to it (a `ttft` check then has nothing to pass).
+    assert_eq!(turn.exchanges[0].ttft, None);
+}
+
+/// A response that is `created` and then fails had no first token either: its `ttft` is
+/// not the time to its `created` event.
+#[tokio::test]
+async fn a_response_that_fails_before_any_content_has_no_ttft() {
+    let server = ScriptedServer::steps(vec![
+        sse_head(),
+        event(json!({"sequence_number": 0, "object": "response", "status": "created", "id": "r1"})),
+        event(json!({"object": "response", "status": "failed",
+            "error": {"code": "X", "message": "boom"}})),
+    ])
+    .await;
+    let turn = say_to(&server.url, "Hi").await;
+    fault(&turn, FaultCategory::AgentError);
+    assert_eq!(turn.exchanges[0].ttft, None);
 }
 
 #[tokio::test]
