@@ -1047,3 +1047,85 @@ async fn a_simulated_users_calls_lie_inside_their_turn() {
     );
     assert_nested(&spans);
 }
+
+/// Branches run after their parent node's turns: the parent's span reaches over them, so the
+/// branch nodes, named under it, lie within it (a scripted and a simulated branch; the
+/// simulated user's slow reply makes the branch end well after its parent's own turn).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn branch_nodes_lie_within_their_parent_nodes_span() {
+    use super::support::llm::{FakeLlm, Reply, Rule};
+    let collector = Collector::start();
+    let fake = FakeLlm::start(vec![
+        Rule::when(
+            "Did it break character",
+            [Reply::text(
+                r#"{"broke_character": false, "reason": "fine"}"#,
+            )],
+        ),
+        Rule::simulator(
+            "Book a cleaning",
+            [Reply::slow(
+                std::time::Duration::from_millis(60),
+                Reply::text("It's V4T 0A7."),
+            )],
+        ),
+    ])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("branches.kdl");
+    std::fs::write(
+        &suite,
+        format!(
+            "agent \"booking\" protocol=\"connexity\" builtin=\"booking\"\n\
+             provider \"fake\" kind=\"openai\" base-url=\"{}\" model=\"m\"\n\
+             simulator provider=\"fake\"\n\
+             scenario \"s\" {{\n    description \"Book a cleaning\"\n    \
+             user \"Hi, I'd like to book a duct cleaning.\"\n    \
+             branch \"b1\" {{\n        simulate turns=1\n    }}\n    \
+             branch \"b2\" {{\n        user \"It's V4T 0A7.\"\n        \
+             user \"Tuesday works.\"\n    }}\n    expect no-error\n}}\n",
+            fake.base_url()
+        ),
+    )
+    .unwrap();
+    let o = trellis()
+        .arg("run")
+        .arg(&suite)
+        .arg("--out")
+        .arg(dir.path().join("out"))
+        .arg("--otlp-endpoint")
+        .arg(format!("http://127.0.0.1:{}", collector.port))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let spans = collector.spans();
+    let node = |name: &str| {
+        spans
+            .iter()
+            .find(|s| s["name"].as_str().is_some_and(|n| n.starts_with(name)))
+            .unwrap_or_else(|| panic!("no span {name}: {spans:#?}"))
+    };
+    // The check after the branches is a node of each branch's path: a grandchild.
+    let start = node("node branches/s start ");
+    for branch in ["b1", "b2"] {
+        let child = node(&format!("node branches/s {branch} "));
+        assert_eq!(child["parent_span_id"], start["span_id"], "{spans:#?}");
+        let merged = node(&format!("node branches/s {branch}/then "));
+        assert_eq!(merged["parent_span_id"], child["span_id"], "{spans:#?}");
+    }
+    // Each node is sent once, with its final range.
+    let names: Vec<_> = spans.iter().filter_map(|s| s["name"].as_str()).collect();
+    assert_eq!(
+        names.iter().filter(|n| n.starts_with("node ")).count(),
+        5,
+        "{names:?}"
+    );
+    for s in &spans {
+        eprintln!(
+            "DBG {} {} {} {} {}",
+            s["name"], s["span_id"], s["parent_span_id"], s["start"], s["end"]
+        );
+    }
+    assert_nested(&spans);
+}

@@ -8,8 +8,9 @@
 //! trajectory spans under the run, and the simulator's and judges' model calls as GenAI
 //! `chat` spans (model, tokens, cost) under their turn or trajectory. Node and trajectory
 //! span ids are derived from the run's trace and their keys (BLAKE3), so a node's children
-//! can name it without any state kept between events. Faults are an `error` status and an
-//! `exception` event.
+//! can name it by its key. A node's span is held until no child node can come (its branches
+//! run after it, and each widens it), so every span lies within its parent. Faults are an
+//! `error` status and an `exception` event.
 //!
 //! Sending never slows or breaks a run: spans are batched ([`BATCH_SPANS`]) and handed to a
 //! sender thread through a queue of [`QUEUE_BATCHES`]; when it is full, batches are dropped
@@ -244,6 +245,14 @@ pub struct SpanExporter {
     node_times: std::collections::HashMap<Vec<u8>, (u64, u64)>,
     /// The latest end of any span so far: the run's span ends no earlier.
     latest_end: u64,
+    /// Node spans not sent yet, by span id: a node's branches run after its own turns, so
+    /// its span is widened over each child node as it comes, and sent once no child can
+    /// come any more (a trajectory ended at it: a leaf; else at the end of the run). A
+    /// span cannot be changed once sent, and every span lies within its parent.
+    open_nodes: std::collections::HashMap<Vec<u8>, Span>,
+    /// Set when the run has finished: what was held to its end goes out at once, so a full
+    /// queue is waited on (until then) instead of dropping it; `finish` waits no later.
+    deadline: Option<std::time::Instant>,
 }
 
 impl SpanExporter {
@@ -286,6 +295,8 @@ impl SpanExporter {
             warn,
             node_times: std::collections::HashMap::new(),
             latest_end: 0,
+            open_nodes: std::collections::HashMap::new(),
+            deadline: None,
         }
     }
 
@@ -302,6 +313,8 @@ impl SpanExporter {
             Event::Node(node) => self.node(node),
             Event::Trajectory(t) => self.trajectory(t),
             Event::RunFinished(summary) => {
+                self.deadline = Some(std::time::Instant::now() + FLUSH_TIMEOUT);
+                self.close_nodes();
                 // Its trajectories' judges may end after the run's clock stopped.
                 let end = (self.origin + ms_nanos(summary.duration_ms)).max(self.latest_end);
                 let mut span = self.span(
@@ -327,6 +340,10 @@ impl SpanExporter {
 
     /// Sends what is left and waits up to [`FLUSH_TIMEOUT`] for the sender.
     pub fn finish(mut self) -> ExportSummary {
+        let deadline = *self
+            .deadline
+            .get_or_insert_with(|| std::time::Instant::now() + FLUSH_TIMEOUT);
+        self.close_nodes();
         self.flush();
         drop(self.queue.take());
         let Some(sender) = self.sender.take() else {
@@ -336,7 +353,6 @@ impl SpanExporter {
                 ..ExportSummary::default()
             };
         };
-        let deadline = std::time::Instant::now() + FLUSH_TIMEOUT;
         while !sender.is_finished() && std::time::Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
         }
@@ -391,13 +407,20 @@ impl SpanExporter {
             None => self.trace.run_span.0.to_vec(),
         };
         let times: Vec<(u64, u64)> = node.turns.iter().map(|t| self.turn_times(t)).collect();
-        let start = times.iter().map(|t| t.0).min().unwrap_or(self.origin);
+        // A node without turns (checks after a branch) came as its parent's turns ended;
+        // placed at the run's start it would lie outside its parent.
+        let at = self
+            .node_times
+            .get(&parent)
+            .map_or(self.origin, |(_, end)| *end);
+        let start = times.iter().map(|t| t.0).min().unwrap_or(at);
         let end = times.iter().map(|t| t.1).max().unwrap_or(start);
         self.node_times.insert(node_id.clone(), (start, end));
         let name = format!(
             "node {}/{} {} [{} #{}]",
             node.suite, node.scenario, node.node, node.agent, node.repetition
         );
+        self.widen_ancestors(&parent, (start, end));
         let mut span = self.span(node_id.clone(), parent, name, (start, end));
         span.attributes = vec![
             text("trellis.suite", &node.suite),
@@ -406,9 +429,48 @@ impl SpanExporter {
             int("trellis.repetition", u64::from(node.repetition)),
             text("trellis.node", &node.node),
         ];
-        self.add(span);
+        self.open_nodes.insert(node_id.clone(), span);
         for (turn, times) in node.turns.iter().zip(times) {
             self.turn(turn, &node_id, times, &node.agent);
+        }
+    }
+
+    /// Widens the open node span `id` and its open ancestors over a child's `(start, end)`.
+    /// A node whose span was sent already (a leaf) gets no children.
+    fn widen_ancestors(&mut self, id: &[u8], (start, end): (u64, u64)) {
+        let mut id = id.to_vec();
+        // Bounded by the open nodes: ids are hashes of distinct paths, but a loop must not
+        // hang the reporter whatever the records say.
+        for _ in 0..=self.open_nodes.len() {
+            let Some(span) = self.open_nodes.get_mut(&id) else {
+                return;
+            };
+            if span.start_time_unix_nano <= start && end <= span.end_time_unix_nano {
+                // Its ancestors already hold it.
+                return;
+            }
+            span.start_time_unix_nano = span.start_time_unix_nano.min(start);
+            span.end_time_unix_nano = span.end_time_unix_nano.max(end);
+            id = span.parent_span_id.clone();
+        }
+    }
+
+    /// Sends the open node span `id`, if it is open.
+    fn close_node(&mut self, id: &[u8]) {
+        if let Some(span) = self.open_nodes.remove(id) {
+            self.add(span);
+        }
+    }
+
+    /// Sends every open node span, by start (parents first, as widened); a hash map's order
+    /// would differ from one run to the next.
+    fn close_nodes(&mut self) {
+        let mut open: Vec<Span> = self.open_nodes.drain().map(|(_, span)| span).collect();
+        open.sort_by(|a, b| {
+            (a.start_time_unix_nano, &a.span_id).cmp(&(b.start_time_unix_nano, &b.span_id))
+        });
+        for span in open {
+            self.add(span);
         }
     }
 
@@ -507,6 +569,20 @@ impl SpanExporter {
     }
 
     fn trajectory(&mut self, t: &TrajectoryRecord) {
+        // A path ends at its last node: no branch runs below it, so its span is final.
+        if let Some(last) = t.nodes.last() {
+            let leaf = derived_id(
+                &self.trace_id,
+                &[
+                    &t.suite,
+                    &t.scenario,
+                    &t.agent,
+                    &t.repetition.to_string(),
+                    last,
+                ],
+            );
+            self.close_node(&leaf);
+        }
         let id = derived_id(
             &self.trace_id,
             &[
@@ -664,14 +740,31 @@ impl SpanExporter {
         if self.batch.is_empty() {
             return;
         }
-        let batch = std::mem::replace(&mut self.batch, Vec::with_capacity(BATCH_SPANS));
+        let mut batch = std::mem::replace(&mut self.batch, Vec::with_capacity(BATCH_SPANS));
         let n = batch.len() as u64;
-        match &self.queue {
-            Some(queue) => match queue.try_send(batch) {
-                Ok(()) => self.queued += n,
-                Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => self.dropped += n,
-            },
-            None => self.dropped += n,
+        let Some(queue) = &self.queue else {
+            self.dropped += n;
+            return;
+        };
+        loop {
+            match queue.try_send(batch) {
+                Ok(()) => {
+                    self.queued += n;
+                    return;
+                }
+                // Once the run has finished nothing else is slowed by waiting, and the
+                // spans held to its end come at once.
+                Err(TrySendError::Full(back))
+                    if self.deadline.is_some_and(|d| std::time::Instant::now() < d) =>
+                {
+                    batch = back;
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                    self.dropped += n;
+                    return;
+                }
+            }
         }
     }
 }
