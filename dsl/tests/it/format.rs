@@ -114,6 +114,31 @@ fn the_example_suites_still_load_the_same_once_formatted() {
     assert_eq!(before, after);
 }
 
+/// A slashdashed node ended by `;` is a node commented out, as KDL v2 has it (`node :=
+/// base-node node-terminator`): the parser left its `;` to the next node and refused the
+/// file. Formatting keeps it commented out.
+#[test]
+fn a_slashdashed_node_ended_by_a_semicolon_is_commented_out() {
+    let text = "/-a \"x\"; agent \"a\" protocol=\"connexity\" builtin=\"booking\"\nscenario \"s\" {\n    user \"hi\"\n    /-user \"skipped\"; expect no-error\n    criteria { no-error; /-tool \"x\"; turns max=3 }\n}\n";
+    let load = |text: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.kdl");
+        std::fs::write(&path, text).unwrap();
+        trellis_dsl::load(&[&path], &trellis_engine::protocol::registry::specs())
+            .unwrap_or_else(|d| panic!("{}", d.render_plain()))
+    };
+    let project = load(text);
+    let fingerprint = trellis_engine::fingerprint::project(&project);
+    let scenario = &project.suites[0].scenarios[0];
+    assert_eq!(scenario.criteria.len(), 2, "{:?}", scenario.criteria);
+    let formatted = format_once(text).unwrap();
+    assert!(formatted.contains("/-user \"skipped\""), "{formatted}");
+    assert_eq!(
+        trellis_engine::fingerprint::project(&load(&formatted)),
+        fingerprint
+    );
+}
+
 #[test]
 fn comments_of_every_kind_are_kept() {
     let text = "// line\n/* block\n     inside */\nscenario \"s\" /-x=1 { // after the brace\n  user \"hi\" /* mid */\n  /-user \"off\"\n  /- branch \"b\" {\n      user \"deep\"\n  }\n} // after the block\n/-scenario \"t\"\n";

@@ -325,9 +325,17 @@ pub(crate) fn document(input: &mut Input<'_>) -> PResult<KdlDocument> {
 
 /// PATCH(trellis): the space and slashdashed nodes before a node, or after a block's last
 /// one, as written: upstream wrote this parser out in `nodes` and `node`, and the patched
-/// `nodes` parses it in one more place.
+/// `nodes` parses it in one more place. A slashdashed node is a node (`node := base-node
+/// node-terminator`): its `;` is its own. Upstream left the `;` of `/-a; b` to the next
+/// node, which failed on it ("Found invalid node name").
 fn space_and_slashdashed_nodes<'i>(input: &mut Input<'i>) -> PResult<&'i str> {
-    repeat(0.., alt((line_space.void(), (slashdash, base_node).void())))
+    repeat(
+        0..,
+        alt((
+            line_space.void(),
+            (slashdash, base_node, opt(node_terminator)).void(),
+        )),
+    )
         .map(|()| ())
         .take()
         .parse_next(input)
