@@ -50,7 +50,7 @@ pub(crate) fn read_datasets(
             continue;
         }
         seen.insert(&ds.id.value, ds.id.span);
-        match read_one(ds, files) {
+        match read_one(ds, files, diags) {
             Ok(Some((columns, rows))) => {
                 // No row and no declared column (an empty JSON array): nothing to check
                 // `row.*` against, and nothing will run.
@@ -128,6 +128,7 @@ fn fill_columns(columns: &[String], rows: Vec<Row>) -> Vec<Row> {
 fn read_one(
     ds: &Dataset,
     files: &[SourceFile],
+    diags: &mut Vec<Diagnostic>,
 ) -> Result<Option<(Vec<String>, Vec<Row>)>, Box<Diagnostic>> {
     let shown = crate::parse::display_name(&ds.resolved);
     let at = |kind: Kind, message: String, label: &str| {
@@ -213,14 +214,16 @@ fn read_one(
         }
     };
     // A column the file does not declare is one mistake, said once where it is written
-    // (with the columns' names), not a failure of the first row.
+    // (with the columns' names), not a failure of the first row. The dataset then keeps no
+    // row, but its columns, so the scenarios over it are checked too: every error at once.
     if let (Some(t), Ok(Some(columns))) = (&ds.filter, reader.declared_columns(&ds.resolved)) {
         let scope = crate::template::Scope::empty().with(
             "row",
-            crate::template::Names::Only(columns.into_iter().collect()),
+            crate::template::Names::Only(columns.iter().cloned().collect()),
         );
         if let Some(first) = crate::template::check(t, &scope, files).into_iter().next() {
-            return Err(Box::new(first));
+            diags.push(first);
+            return Ok(Some((columns, Vec::new())));
         }
     }
     let mut filter_failed = false;

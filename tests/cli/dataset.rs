@@ -1063,12 +1063,13 @@ async fn compare_takes_two_agents_of_one_run_scenario_by_scenario() {
 }
 
 /// A filter reading a column the file's header does not have is an error at the name, with
-/// the column meant, not a failure of the first row.
+/// the column meant, not a failure of the first row; the scenarios over the dataset are
+/// still checked against its columns (the filter's error hid theirs).
 #[tokio::test]
 async fn a_filter_on_a_column_the_header_lacks_is_said_where_it_is_written() {
     let suite = format!(
         "{AGENT}dataset \"d\" path=\"data/d.csv\" filter=\"{{{{ row.statuz == 'open' }}}}\"\n\
-         scenario \"s\" for-each=\"d\" {{\n    user \"hi\"\n    expect no-error\n}}\n"
+         scenario \"s\" for-each=\"d\" {{\n    user \"hi {{{{ row.idd }}}}\"\n    expect no-error\n}}\n"
     );
     let dir = project(&suite, &[("data/d.csv", b"id,status\n1,open\n2,closed\n")]);
     let o = trellis()
@@ -1086,6 +1087,11 @@ async fn a_filter_on_a_column_the_header_lacks_is_said_where_it_is_written() {
     assert!(err.contains("suite.kdl:2:"), "{err}");
     assert!(err.contains("did you mean `row.status`?"), "{err}");
     assert!(!err.contains("row 1"), "{err}");
+    assert!(
+        err.contains("undefined template variable `row.idd`"),
+        "{err}"
+    );
+    assert!(err.contains("did you mean `row.id`?"), "{err}");
 }
 
 #[tokio::test]
