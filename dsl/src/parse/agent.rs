@@ -74,7 +74,12 @@ impl Decoder<'_> {
                 let d = self
                     .diag(
                         Kind::Missing,
-                        format!("agent `{}` needs a `protocol`", id.value),
+                        if id.value.is_empty() {
+                            // Its missing id is said already; "agent ``" names nothing.
+                            "the agent needs a `protocol` too".to_owned()
+                        } else {
+                            format!("agent `{}` needs a `protocol`", id.value)
+                        },
                         id.span.span,
                         "no protocol",
                     )
