@@ -496,3 +496,125 @@ async fn shards_with_simulated_user_retries_merge() {
     assert!(names.iter().any(|n| n == "main@retry1"), "{names:?}");
     assert_eq!(names.len(), 8, "{names:?}");
 }
+
+/// A fidelity judge the LLM budget refused left the simulated user unchecked: the
+/// trajectory is not passed (as for a judge the budget refused, `--resume` runs it again),
+/// and a rejudge, which judges the `judge` checks left but not fidelity, neither passes it
+/// nor calls the run complete. It passed, with the fidelity row "not judged", and the
+/// rejudged run said it covered its plan.
+#[tokio::test]
+async fn a_fidelity_judge_the_budget_refused_leaves_the_trajectory_unpassed_and_rejudge_short() {
+    let fake = FakeLlm::start(vec![
+        Rule::when(
+            "Did it break character",
+            [Reply::text(
+                r#"{"broke_character": false, "reason": "stayed the customer"}"#,
+            )],
+        ),
+        Rule::simulator(
+            "SCENARIO-FINE",
+            [
+                Reply::text("Hi, I need a duct cleaning."),
+                Reply::text("It's V4T 0A7, thanks."),
+                Reply::text("[END]"),
+            ],
+        ),
+        Rule::otherwise([Reply::text(r#"{"score": 1.0, "justification": "fine"}"#)]),
+    ])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("budget.kdl");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+agent "booking" protocol="connexity" builtin="booking"
+provider "fake" kind="openai" base-url="{}" model="sim-m" api-key-env="FAKE_KEY"
+judge "main" provider="fake"
+simulator provider="fake"
+scenario "fine" {{
+    description "SCENARIO-FINE: book a cleaning"
+    max-turns 6
+    simulate until-done
+    expect no-error
+    criteria {{
+        judge "JUDGE-CHECK the agent is polite"
+    }}
+}}
+"#,
+            fake.base_url()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("bounded");
+    // The simulated user's three calls (the last ends the conversation), then nothing: the fidelity judge is refused.
+    let o = trellis()
+        .args(["run", "--max-llm-calls", "3", "--out"])
+        .arg(&out)
+        .arg(&path)
+        .env("FAKE_KEY", "k")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(4), "{}{}", stdout(&o), stderr(&o));
+    assert_eq!(fake.calls(), 3);
+    let row = |out: &Path, kind: &str| -> String {
+        let criteria = read_parquet(&out.join("criteria.parquet"));
+        let kinds = strings(&criteria, "kind");
+        let details = strings(&criteria, "detail");
+        let statuses = strings(&criteria, "status");
+        (0..kinds.len())
+            .find(|&i| kinds[i].as_deref() == Some(kind))
+            .map(|i| format!("{:?} {:?}", statuses[i], details[i]))
+            .unwrap_or_default()
+    };
+    let status = |out: &Path| strings(&read_parquet(&out.join("trajectories.parquet")), "status");
+    assert!(
+        row(&out, "fidelity").contains("not checked: not sent: --max-llm-calls 3 reached"),
+        "{}",
+        row(&out, "fidelity")
+    );
+    assert_eq!(status(&out), [Some("skipped".to_owned())]);
+
+    let again = dir.path().join("rejudged");
+    let o = trellis()
+        .arg("rejudge")
+        .arg(&out)
+        .arg(&path)
+        .arg("--out")
+        .arg(&again)
+        .env("FAKE_KEY", "k")
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        matches!(o.status.code(), Some(0 | 4)),
+        "{}{}",
+        stdout(&o),
+        stderr(&o)
+    );
+    // The judge check was judged now; the fidelity check was not, and says so.
+    assert!(
+        row(&again, "judge").contains("passed"),
+        "{}",
+        row(&again, "judge")
+    );
+    assert!(
+        row(&again, "fidelity").contains("not checked: not sent: --max-llm-calls 3"),
+        "{}",
+        row(&again, "fidelity")
+    );
+    assert_eq!(status(&again), [Some("skipped".to_owned())]);
+    let summary: Value =
+        serde_json::from_str(&std::fs::read_to_string(again.join("summary.json")).unwrap())
+            .unwrap();
+    assert_eq!(
+        summary["stats"]["aggregates"]["interrupted"], true,
+        "{summary}"
+    );
+    let junit = std::fs::read_to_string(again.join("junit.xml")).unwrap();
+    assert!(
+        junit.contains("stopped before its work was done"),
+        "{junit}"
+    );
+}

@@ -269,6 +269,23 @@ async fn rejudge_one(
     let scenario = &*crate::render::judge_texts_rendered(&scenario, &templates, &scope);
     let judged = judged_criteria(scenario);
     let mut criteria = std::mem::take(&mut t.criteria);
+    // The simulated user's fidelity check is not judged again (its brief is not recorded):
+    // one the budget refused stays cut, so its trajectory is not passed and the rejudged
+    // run not complete. Runs before such a refusal was recorded as a cut said it as a
+    // failed call, which read as "fidelity unknown" and let the trajectory pass.
+    for c in criteria
+        .iter_mut()
+        .filter(|c| c.kind == crate::record::FIDELITY_KIND)
+    {
+        if let Some(reason) = c
+            .detail
+            .as_deref()
+            .and_then(|d| d.strip_prefix("not judged: the judge call failed: "))
+            .filter(|r| r.starts_with("not sent: --max-llm-"))
+        {
+            c.detail = Some(format!("not checked: {reason}"));
+        }
+    }
     for record in &mut criteria {
         // A check the trajectory never reached (it stopped at a fault) is not judged now
         // either; one whose judge a stop or the budget left unasked is: its turns are all
@@ -345,6 +362,12 @@ async fn rejudge_one(
     };
     if t.status != TrajectoryStatus::Skipped {
         t.skip_reason = None;
+    } else if t.skip_reason.is_none() && criteria.iter().any(|c| c.cut_by_stop()) {
+        t.skip_reason = Some(
+            "the run was stopped before all its checks were judged (`trellis run --resume` \
+             runs it again)"
+                .to_owned(),
+        );
     }
     // A trajectory that stopped at a judged check (`stop-on-failure`) which no longer fails:
     // the steps after it were never sent, so nothing says how it would have gone.

@@ -747,6 +747,12 @@ impl LlmRuntime {
             )
             .await;
         match result.map(|c| fidelity::parse(&c.text)) {
+            // Not sent: the run is stopping at its LLM budget. As for any judge, the check is
+            // left for `--resume` (`CriterionRecord::cut_by_stop`), not unknown for good: a
+            // trajectory whose simulated user was never checked is not passed.
+            Err(super::LlmError::Budget(reason)) => {
+                record.detail = Some(format!("not checked: {reason}"));
+            }
             Err(e) => record.detail = Some(format!("not judged: the judge call failed: {e}")),
             Ok(Err(garbage)) => record.detail = Some(format!("not judged: {garbage}")),
             Ok(Ok((broke, reason))) => {
