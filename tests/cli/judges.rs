@@ -961,3 +961,70 @@ async fn a_rejudged_run_is_not_a_point_of_later_trends() {
         "the rejudged run is drawn in the trend"
     );
 }
+
+/// A rejudged directory's `trajectories.llm_*` columns are its own calls, as its
+/// `llm_roles` are: the checks judged now, not the original's simulated user, fidelity
+/// judge and judges (they were the original run's, kept in its directory).
+#[tokio::test]
+async fn a_rejudged_trajectorys_llm_columns_count_the_rejudges_own_calls() {
+    let fake = FakeLlm::start(vec![
+        Rule::when(
+            "Did it break character",
+            [Reply::text(
+                r#"{"broke_character": false, "reason": "fine"}"#,
+            )],
+        ),
+        Rule::simulator(
+            "Book a cleaning",
+            [Reply::text("Hi, I need a duct cleaning.")],
+        ),
+        Rule::otherwise([Reply::text(r#"{"score": 1.0, "justification": "polite"}"#)]),
+    ])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("sim.kdl");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+agent "demo" protocol="connexity" builtin="booking"
+provider "fake" kind="openai" base-url="{}" model="judge-m" api-key-env="FAKE_KEY"
+judge "main" provider="fake"
+simulator provider="fake"
+scenario "greet" {{
+    description "Book a cleaning"
+    simulate turns=1
+    criteria {{
+        judge "LLM-COLUMNS-CHECK the agent is polite"
+    }}
+}}
+"#,
+            fake.base_url()
+        ),
+    )
+    .unwrap();
+    let first = dir.path().join("first");
+    let o = run(&path, &first, &[]).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let again = dir.path().join("rejudged");
+    let o = rejudge(&first, &path, &again).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let calls = |d: &std::path::Path| -> Vec<Option<u64>> {
+        read_parquet(&d.join("trajectories.parquet"))
+            .column("llm_calls")
+            .unwrap()
+            .u64()
+            .unwrap()
+            .iter()
+            .collect()
+    };
+    // The simulated user, the fidelity judge and the judge; then the judge alone.
+    assert_eq!(calls(&first), [Some(3)]);
+    assert_eq!(calls(&again), [Some(1)]);
+    let summary: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(again.join("summary.json")).unwrap())
+            .unwrap();
+    let roles = &summary["stats"]["aggregates"]["llm_roles"];
+    assert_eq!(roles["judge"]["calls"], 1, "{roles}");
+    assert!(roles.get("simulator").is_none(), "{roles}");
+}

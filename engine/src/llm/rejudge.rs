@@ -231,6 +231,8 @@ async fn rejudge_one(
             .iter()
             .filter(|c| LlmRuntime::is_judged_kind_name(&c.kind))
             .count() as u64;
+        // Nothing judged now: none of the directory's calls were this trajectory's.
+        t.llm = None;
         return (t, counts);
     };
     let mut turns: Vec<Arc<TurnRecord>> = Vec::new();
@@ -269,6 +271,9 @@ async fn rejudge_one(
     let scenario = &*crate::render::judge_texts_rendered(&scenario, &templates, &scope);
     let judged = judged_criteria(scenario);
     let mut criteria = std::mem::take(&mut t.criteria);
+    // The checks judged by this rejudge: their calls are this directory's own, the ones
+    // its `llm_roles` count (the rest, and the simulated user's, were the original run's).
+    let mut judged_now: Vec<crate::record::CriterionRecord> = Vec::new();
     // The simulated user's fidelity check is not judged again (its brief is not recorded):
     // one the budget refused stays cut, so its trajectory is not passed and the rejudged
     // run not complete. Runs before such a refusal was recorded as a cut said it as a
@@ -353,6 +358,7 @@ async fn rejudge_one(
         if fresh.status != record.status {
             counts.changed += 1;
         }
+        judged_now.push(fresh.clone());
         *record = fresh;
     }
     t.status = if t.status == TrajectoryStatus::Skipped && t.skip_reason.is_some() && t.turns == 0 {
@@ -378,6 +384,7 @@ async fn rejudge_one(
              it were never sent; run it again"
         ));
     }
+    t.llm = crate::record::LlmUsage::of(std::iter::empty(), &judged_now).map(Box::new);
     t.criteria = criteria;
     (t, counts)
 }
