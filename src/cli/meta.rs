@@ -74,7 +74,7 @@ pub fn build(
 
 /// The files `project` was loaded from (absolute) with the hash of each one's text, and the
 /// selection.
-fn source(project: &Project, selection: &Selection) -> RunSource {
+pub fn source(project: &Project, selection: &Selection) -> RunSource {
     RunSource {
         files: project
             .files

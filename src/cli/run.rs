@@ -308,14 +308,23 @@ pub fn run(args: RunArgs) -> u8 {
             // merge it, which says so then).
             errln!("warning: {e}: {}", source(&e));
         }
-    } else if let Ok(Some(mut meta)) = trellis_reports::history::RunMeta::read(&out)
-        && meta.compared_with.as_deref() != baseline.as_ref().map(|b| b.label())
-    {
+    } else if let Ok(Some(mut meta)) = trellis_reports::history::RunMeta::read(&out) {
         // A resumed run links the comparison it ends with: another baseline's, or none
         // when it is resumed without --baseline.
-        meta.compared_with = baseline.as_ref().map(|b| b.label().to_owned());
-        if let Err(e) = meta.write(&out) {
-            errln!("warning: {e}: {}", source(&e));
+        let compared_with = baseline.as_ref().map(|b| b.label().to_owned());
+        // And it is a run of the files as they are now: a resume may take rows appended
+        // to a dataset, and the fingerprint the history matches runs by must change with
+        // them (the resumed run of 2,420 rows read as one of the 2,400 it started with).
+        let fingerprint = super::meta::fingerprint(&project);
+        if meta.compared_with != compared_with || meta.suite_fingerprint != fingerprint {
+            meta.compared_with = compared_with;
+            if meta.suite_fingerprint != fingerprint {
+                meta.suite_fingerprint = fingerprint;
+                meta.source = Some(super::meta::source(&project, &args.select.selection()));
+            }
+            if let Err(e) = meta.write(&out) {
+                errln!("warning: {e}: {}", source(&e));
+            }
         }
     }
     let replay_users = match &args.replay_users {

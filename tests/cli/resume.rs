@@ -531,6 +531,12 @@ async fn an_edit_to_a_finished_trajectory_is_refused_and_other_edits_resume() {
     let out = dir.path().join("out");
     let o = run_in(&suite, &["--out"]).arg(&out).output().await.unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let fingerprint = || {
+        let meta: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(out.join("run.json")).unwrap()).unwrap();
+        meta["suite_fingerprint"].as_str().unwrap().to_owned()
+    };
+    let started_as = fingerprint();
     // Killed when s0 and s1 had finished.
     cut_journal(&out, |e| !of_scenario(e, "s2") && !of_scenario(e, "s3"));
     let journal = std::fs::read(out.join(JOURNAL)).unwrap();
@@ -614,6 +620,12 @@ async fn an_edit_to_a_finished_trajectory_is_refused_and_other_edits_resume() {
         rows.keys().map(|(s, _, _)| s.as_str()).collect::<Vec<_>>(),
         ["s0", "s1", "s2", "s3", "s4"]
     );
+    // The run is one of the suite as it is now: the history does not take it for a run of
+    // the suite it started with.
+    let now = fingerprint();
+    assert_ne!(now, started_as);
+    let runs = read_parquet(&out.join("runs.parquet"));
+    assert_eq!(strings(&runs, "suite_fingerprint"), [Some(now)]);
 }
 
 #[tokio::test]
