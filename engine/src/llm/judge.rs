@@ -492,24 +492,28 @@ pub struct Garbage(pub String);
 /// the outermost braces), else `score:`/`label:`/`justification:` lines (not for Connexity's
 /// metrics). Scores out of range, missing fields and anything else are [`Garbage`].
 pub fn parse_answer(rubric: &Rubric, text: &str) -> Result<Answer, Garbage> {
-    let object = json_object(text);
+    let object = match json_answer(text) {
+        Ok(object) => object,
+        Err(two) => {
+            let said = match rubric {
+                Rubric::Outcome => two.said("passed", "verdicts"),
+                Rubric::Connexity => two.said("metrics", "sets of metrics"),
+                Rubric::Named(..) | Rubric::Custom(_) => two.said("score", "scores"),
+            };
+            return Err(garbage(&said, text));
+        }
+    };
     match rubric {
         Rubric::Outcome => {
             let (passed, justification) = match &object {
                 Some(o) => (
                     match o.get("passed") {
                         Some(Value::Bool(b)) => *b,
-                        Some(Value::String(s))
-                            if s.eq_ignore_ascii_case("true") || s.eq_ignore_ascii_case("yes") =>
-                        {
-                            true
+                        _ => {
+                            let why = not_a(o, "passed", "a boolean");
+                            let why = why.as_deref().unwrap_or("no boolean `passed`");
+                            return Err(garbage(why, text));
                         }
-                        Some(Value::String(s))
-                            if s.eq_ignore_ascii_case("false") || s.eq_ignore_ascii_case("no") =>
-                        {
-                            false
-                        }
-                        _ => return Err(garbage("no boolean `passed`", text)),
                     },
                     string(o, "justification"),
                 ),
@@ -558,12 +562,15 @@ pub fn parse_answer(rubric: &Rubric, text: &str) -> Result<Answer, Garbage> {
                 let Some(m) = metrics.get(name) else {
                     return Err(garbage(&format!("metric `{name}` missing"), text));
                 };
-                let score = number(m.get("score"))
-                    .filter(|s| (0.0..=5.0).contains(s))
-                    .ok_or_else(|| garbage(&format!("`{name}` has no score from 0 to 5"), text))?;
                 let Value::Object(m) = m else {
                     return Err(garbage(&format!("`{name}` is not an object"), text));
                 };
+                if let Some(why) = not_a(m, "score", "a number") {
+                    return Err(garbage(&format!("`{name}`: {why}"), text));
+                }
+                let score = number(m.get("score"))
+                    .filter(|s| (0.0..=5.0).contains(s))
+                    .ok_or_else(|| garbage(&format!("`{name}` has no score from 0 to 5"), text))?;
                 scores.push(MetricScore {
                     metric: name.to_owned(),
                     weight,
@@ -581,6 +588,9 @@ pub fn parse_answer(rubric: &Rubric, text: &str) -> Result<Answer, Garbage> {
             })
         }
         Rubric::Named(..) | Rubric::Custom(_) => {
+            if let Some(why) = object.as_ref().and_then(|o| not_a(o, "score", "a number")) {
+                return Err(garbage(&why, text));
+            }
             let (score, label, justification) = match &object {
                 Some(o) => (
                     number(o.get("score")),
@@ -650,13 +660,26 @@ fn string(o: &Map<String, Value>, key: &str) -> Option<String> {
     o.get(key).and_then(Value::as_str).map(str::to_owned)
 }
 
+/// A JSON number. A string (`"0.8"`) is not one: the answer was asked for with a number,
+/// and a judge that writes it otherwise is not read by guessing (as `1` is no boolean).
 fn number(v: Option<&Value>) -> Option<f64> {
     match v? {
         Value::Number(n) => n.as_f64(),
-        Value::String(s) => s.trim().parse().ok(),
         _ => None,
     }
     .filter(|n: &f64| n.is_finite())
+}
+
+/// Why `key`'s value is not the JSON `wanted` (`a number`, `a boolean`), when it is a
+/// string: said as such, so the detail does not read as if the key were missing.
+fn not_a(o: &Map<String, Value>, key: &str, wanted: &str) -> Option<String> {
+    match o.get(key)? {
+        Value::String(s) => Some(format!(
+            "`{key}` is the string {}, not {wanted}",
+            Value::String(s.clone())
+        )),
+        _ => None,
+    }
 }
 
 /// The JSON object `text` answers with: the whole text, else the one object written in it
@@ -665,8 +688,58 @@ fn number(v: Option<&Value>) -> Option<f64> {
 /// nor is an object that gives one key two values (`{"score": 0.1, …, "score": 0.9}`).
 /// Keys are read case-insensitively (`{"Score": 0.9}`).
 pub(crate) fn json_object(text: &str) -> Option<Map<String, Value>> {
+    json_answer(text).ok().flatten()
+}
+
+/// Why a text holds no one JSON answer though it holds JSON: which of two it meant is not
+/// for the parser to guess, and the judge's error should say which two.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Ambiguity {
+    /// One object gives a key (lower-cased) two different values.
+    Key(String, Value, Value),
+    /// Two different objects.
+    Objects(Map<String, Value>, Map<String, Value>),
+}
+
+impl Ambiguity {
+    /// What was wrong, for an answer whose verdict is `key` (`score`, `passed`), which
+    /// `what` names (`scores`, `verdicts`).
+    fn said(&self, key: &str, what: &str) -> String {
+        let short = |v: &Value| {
+            let mut chars = v.to_string().chars().collect::<Vec<_>>();
+            if chars.len() > 40 {
+                chars.truncate(40);
+                chars.push('…');
+            }
+            chars.into_iter().collect::<String>()
+        };
+        match self {
+            Ambiguity::Key(k, a, b) if k == key => format!(
+                "two {what} in one JSON object (`{key}` is {} and {})",
+                short(a),
+                short(b)
+            ),
+            Ambiguity::Key(k, a, b) => format!(
+                "a JSON object that gives `{k}` two values ({} and {})",
+                short(a),
+                short(b)
+            ),
+            Ambiguity::Objects(a, b) => match (a.get(key), b.get(key)) {
+                (Some(x), Some(y)) if x != y => format!(
+                    "two {what} in two JSON objects (`{key}` is {} and {})",
+                    short(x),
+                    short(y)
+                ),
+                _ => "two different JSON objects".to_owned(),
+            },
+        }
+    }
+}
+
+/// [`json_object`], saying why when the text's JSON is not one answer.
+pub(crate) fn json_answer(text: &str) -> Result<Option<Map<String, Value>>, Ambiguity> {
     if let Ok(members) = serde_json::from_str::<Members>(text.trim()) {
-        return members.object();
+        return members.object().map(Some);
     }
     let mut found: Option<Map<String, Value>> = None;
     let mut at = 0;
@@ -676,8 +749,8 @@ pub(crate) fn json_object(text: &str) -> Option<Map<String, Value>> {
         match values.next() {
             Some(Ok(members)) => {
                 let o = members.object()?;
-                match &found {
-                    Some(first) if *first != o => return None,
+                match found {
+                    Some(first) if first != o => return Err(Ambiguity::Objects(first, o)),
                     _ => found = Some(o),
                 }
                 at = start + values.byte_offset().max(1);
@@ -685,26 +758,28 @@ pub(crate) fn json_object(text: &str) -> Option<Map<String, Value>> {
             _ => at = start + 1,
         }
     }
-    found
+    Ok(found)
 }
 
 /// A JSON object's members in order, a repeated key kept (serde_json's map keeps the last).
 struct Members(Vec<(String, Value)>);
 
 impl Members {
-    /// The object with its keys lower-cased; `None` when a key has two different values.
-    fn object(self) -> Option<Map<String, Value>> {
+    /// The object with its keys lower-cased; an error when a key has two different values.
+    fn object(self) -> Result<Map<String, Value>, Ambiguity> {
         let mut out = Map::new();
         for (key, value) in self.0 {
             match out.entry(key.to_lowercase()) {
                 serde_json::map::Entry::Vacant(e) => {
                     e.insert(value);
                 }
-                serde_json::map::Entry::Occupied(e) if *e.get() != value => return None,
+                serde_json::map::Entry::Occupied(e) if *e.get() != value => {
+                    return Err(Ambiguity::Key(e.key().clone(), e.get().clone(), value));
+                }
                 serde_json::map::Entry::Occupied(_) => {}
             }
         }
-        Some(out)
+        Ok(out)
     }
 }
 
@@ -851,7 +926,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!((a.score, a.label.as_deref()), (0.8, Some("pass")));
-        let fenced = "Here you go:\n```json\n{\"score\": \"0.25\", \"label\": \"fail\"}\n```";
+        let fenced = "Here you go:\n```json\n{\"score\": 0.25, \"label\": \"fail\"}\n```";
         assert_eq!(parse_answer(&generic, fenced).unwrap().score, 0.25);
         let lines = "Score: 1\nLabel: pass\nJustification: did it";
         let a = parse_answer(&generic, lines).unwrap();
@@ -872,12 +947,57 @@ mod tests {
             0.0
         );
         assert!(parse_answer(&outcome, r#"{"passed": "maybe"}"#).is_err());
-        assert_eq!(
-            parse_answer(&outcome, r#"{"passed": "Yes"}"#)
-                .unwrap()
-                .score,
-            1.0
+        // A `passed:` line is text: yes and no are its words.
+        assert_eq!(parse_answer(&outcome, "Passed: Yes").unwrap().score, 1.0);
+    }
+
+    /// The answer is asked for with a JSON number or boolean: a string in its place is no
+    /// answer, whatever it spells, as `1` for a boolean is; each says what it was.
+    #[test]
+    fn strings_where_numbers_or_booleans_are_asked_for_are_no_answer() {
+        let generic = Rubric::from_setting(None);
+        let outcome = Rubric::Outcome;
+        let said = |rubric: &Rubric, text: &str| parse_answer(rubric, text).unwrap_err().0;
+        let e = said(&generic, r#"{"score": "0.8", "label": "pass"}"#);
+        assert!(
+            e.contains(r#"`score` is the string "0.8", not a number"#),
+            "{e}"
         );
+        for text in [r#"{"passed": "true"}"#, r#"{"passed": "yes"}"#] {
+            let e = said(&outcome, text);
+            assert!(e.contains("`passed` is the string"), "{e}");
+        }
+        assert!(said(&outcome, r#"{"passed": 1}"#).contains("no boolean `passed`"));
+        let metrics: Map<String, Value> = CONNEXITY_METRICS
+            .iter()
+            .map(|(name, _, _)| ((*name).to_owned(), json!({"score": "5", "label": "x"})))
+            .collect();
+        let e = said(&Rubric::Connexity, &json!({"metrics": metrics}).to_string());
+        assert!(
+            e.contains("`score` is the string \"5\", not a number"),
+            "{e}"
+        );
+    }
+
+    /// Two answers are no answer, and the error says so rather than "no score".
+    #[test]
+    fn two_answers_are_said_to_be_two() {
+        let generic = Rubric::from_setting(None);
+        let said = |rubric: &Rubric, text: &str| parse_answer(rubric, text).unwrap_err().0;
+        let e = said(&generic, r#"{"score": 0.1, "score": 0.9}"#);
+        assert!(
+            e.contains("two scores in one JSON object (`score` is 0.1 and 0.9)"),
+            "{e}"
+        );
+        let e = said(&generic, r#"{"score": 0.2} Actually {"score": 0.95}"#);
+        assert!(
+            e.contains("two scores in two JSON objects (`score` is 0.2 and 0.95)"),
+            "{e}"
+        );
+        let e = said(&Rubric::Outcome, r#"{"passed": false, "passed": true}"#);
+        assert!(e.contains("two verdicts in one JSON object"), "{e}");
+        let e = said(&generic, r#"{"score": 0.5, "label": "a", "label": "b"}"#);
+        assert!(e.contains("gives `label` two values"), "{e}");
     }
 
     #[test]
