@@ -419,7 +419,36 @@ impl<'f> Decoder<'f> {
                 // both `n=1`): two that read the same would be one instance, the other
                 // never run.
                 let shown = crate::expand::display(&value);
-                if values.iter().any(|v| crate::expand::display(v) == shown) {
+                // Said as a row id's are: an id holding them breaks how instances are named
+                // and selected (`--filter`, `needs`), and a line break the console's tables.
+                if shown.contains(['/', '[', ']', '\n', '\r']) {
+                    let d = self
+                        .diag(
+                            Kind::InvalidValue,
+                            format!(
+                                "matrix value `{}` of `{}` holds `/`, `[`, `]` or a line break, \
+                                 which instance ids cannot",
+                                shown.escape_debug(),
+                                cv.name
+                            ),
+                            value_span(e),
+                            "in the instance's id",
+                        )
+                        .with_help(
+                            "each value names its instance (`scenario[NAME=VALUE]`): write it \
+                             without them, and map it to the text it stands for in a template \
+                             if needed",
+                        );
+                    self.report(d);
+                    continue;
+                }
+                // In NFC, as ids are compared: `é` precomposed and with a combining accent
+                // would be two instances that read the same.
+                let same = |v: &Value| {
+                    use unicode_normalization::UnicodeNormalization;
+                    crate::expand::display(v).nfc().eq(shown.nfc())
+                };
+                if values.iter().any(same) {
                     let d = self
                         .diag(
                             Kind::InvalidValue,
