@@ -176,23 +176,38 @@ pub fn parse(text: &str) -> Result<(bool, Option<String>), String> {
             _ => None,
         }
     }
-    if let Some(o) = super::judge::json_object(text) {
+    let unusable = |why: &str| {
+        format!(
+            "the fidelity judge's answer is unusable ({why}): {}",
+            quote(text)
+        )
+    };
+    // Two answers are none, as for judges (`judge::parse_answer`): which one the judge meant
+    // is not for the parser to guess.
+    let object =
+        super::judge::json_answer(text).map_err(|_| unusable("two different JSON answers"))?;
+    let lines = super::judge::key_lines(text);
+    let line = lines
+        .get("broke_character")
+        .or_else(|| lines.get("broke character"))
+        .and_then(|v| word(v));
+    if let Some(o) = object {
         let broke = o
             .get("broke_character")
             .or_else(|| o.get("broken"))
             .and_then(truth)
             .or_else(|| o.get("valid").and_then(truth).map(|v| !v));
         if let Some(broke) = broke {
+            if line.is_some_and(|said| said != broke) {
+                return Err(unusable(
+                    "a JSON object and a `broke_character:` line that disagree",
+                ));
+            }
             let reason = o.get("reason").and_then(Value::as_str).map(str::to_owned);
             return Ok((broke, reason.filter(|r| !r.trim().is_empty())));
         }
     }
-    let lines = super::judge::key_lines(text);
-    if let Some(broke) = lines
-        .get("broke_character")
-        .or_else(|| lines.get("broke character"))
-        .and_then(|v| word(v))
-    {
+    if let Some(broke) = line {
         return Ok((broke, lines.get("reason").cloned()));
     }
     let first = text.split_whitespace().next().unwrap_or("");
@@ -307,6 +322,24 @@ mod tests {
         // Both ways at once is no answer.
         assert!(parse("No, yes.").is_err());
         assert!(parse("Yes. No wait, no.").is_err());
+    }
+
+    /// An object and a line that disagree are no answer, as for judges; agreeing, one.
+    #[test]
+    fn a_json_verdict_and_a_line_that_disagree_are_no_answer() {
+        for two in [
+            "{\"broke_character\": false, \"reason\": \"fine\"}\nbroke_character: yes",
+            "Broke character: no\n{\"broke_character\": true}",
+            r#"{"broke_character": false, "broke_character": true}"#,
+            r#"{"broke_character": false} then {"broke_character": true}"#,
+        ] {
+            let e = parse(two).unwrap_err();
+            assert!(e.contains("unusable"), "{two:?}: {e}");
+        }
+        assert_eq!(
+            parse("{\"broke_character\": true, \"reason\": \"x\"}\nbroke_character: yes"),
+            Ok((true, Some("x".into())))
+        );
     }
 
     #[test]
