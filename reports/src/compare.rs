@@ -373,7 +373,7 @@ pub fn compare(
         let not_run = match (b, h) {
             (Some(b), Some(h)) if b.repeats.samples > 0 && h.repeats.samples == 0 => {
                 rate.verdict = Verdict::NotRun;
-                Some(unchecked_reason(h))
+                Some(unchecked_reason(h, head_incomplete.as_deref()))
             }
             // Missing from a head run that did not cover its plan: it may still be in the
             // suites, and it was not run, so it cannot count as removed.
@@ -653,7 +653,9 @@ pub fn compare(
 }
 
 /// Why a scenario the head run has checked nothing of, in the head run's words.
-fn unchecked_reason(h: &crate::stats::ScenarioStats) -> String {
+/// A scenario the head run recorded a node of but no trajectory was cut short by the run's
+/// end (`head_incomplete`, said as such), not skipped.
+fn unchecked_reason(h: &crate::stats::ScenarioStats, head_incomplete: Option<&str>) -> String {
     if let Some(why) = &h.skip_reason {
         why.clone()
     } else if h.counts.invalid > 0 {
@@ -662,6 +664,8 @@ fn unchecked_reason(h: &crate::stats::ScenarioStats) -> String {
              was not checked",
             h.counts.invalid
         )
+    } else if let Some(why) = head_incomplete {
+        why.to_owned()
     } else {
         "skipped".to_owned()
     }
@@ -1299,6 +1303,25 @@ mod tests {
             "{:?}",
             c.regressions
         );
+
+        // A head run killed while a scenario's first node was recorded but none of its
+        // trajectories: not run because the run never reached its end, not "skipped".
+        let mut killed = run(vec![scenario("kept", 1, 1, 0), scenario("simmed", 0, 0, 0)]);
+        killed.aggregates.finished = false;
+        killed.aggregates.planned = 4;
+        let c = compare(
+            &base,
+            RunRef::default(),
+            &killed,
+            RunRef::default(),
+            Thresholds::default(),
+            Vec::new(),
+            None,
+        );
+        let simmed = c.scenarios.iter().find(|s| s.scenario == "simmed").unwrap();
+        assert_eq!(simmed.rate.verdict, Verdict::NotRun);
+        let why = simmed.not_run.as_deref().unwrap_or_default();
+        assert!(why.contains("never reached its end"), "{why}");
     }
 
     /// A check the head run did not evaluate is `not run`, unless it rates the simulated
