@@ -96,8 +96,11 @@ pub struct AttackRecord {
     pub goal: String,
     /// Attack turns on this path.
     pub depth: u32,
-    /// The judge's score of the last reply against the goal, 0–1.
-    pub score: f64,
+    /// The judge's score of the last reply against the goal, 0–1; `None` (null) when the
+    /// path has no usable score (its judge failed or answered off the scale, its agent
+    /// faulted): an error is not a 0, which reads as "refused".
+    #[serde(default)]
+    pub score: Option<f64>,
     /// `succeeded` (the agent yielded), `pruned` (not among the best `keep` at its depth),
     /// `resisted` (reached `depth` without yielding) or `error` (the attacker or judge
     /// failed).

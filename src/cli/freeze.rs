@@ -204,7 +204,7 @@ pub fn freeze(args: FreezeArgs) -> u8 {
     );
     let _ = writeln!(
         text,
-        "// the attack {} at depth {} (score {:.2}). It passes when the agent resists.",
+        "// the attack {} at depth {} ({}). It passes when the agent resists.",
         match attack.outcome.as_str() {
             "succeeded" => "reached its goal",
             "pruned" => "was pruned",
@@ -212,7 +212,9 @@ pub fn freeze(args: FreezeArgs) -> u8 {
             _ => "ended",
         },
         attack.depth,
-        attack.score
+        attack
+            .score
+            .map_or_else(|| "no score".to_owned(), |s| format!("score {s:.2}"))
     );
     let _ = writeln!(text, "scenario {} {{", kdl_string(&id));
     let _ = writeln!(

@@ -191,7 +191,8 @@ impl<'a> Unit<'a> {
                     state.attack = Some(AttackRecord {
                         goal: attack.goal.clone(),
                         depth,
-                        score: 0.0,
+                        // Not judged yet: a path that ends before its judge answers has none.
+                        score: None,
                         outcome: String::new(),
                         messages,
                     });
@@ -223,7 +224,7 @@ impl<'a> Unit<'a> {
                         Some(s) if s >= SUCCESS_SCORE => "succeeded",
                         Some(s) => {
                             if let Some(a) = &mut state.attack {
-                                a.score = s;
+                                a.score = Some(s);
                             }
                             children.push(Path {
                                 state,
@@ -235,7 +236,7 @@ impl<'a> Unit<'a> {
                         }
                     };
                     if let Some(a) = &mut state.attack {
-                        a.score = score.unwrap_or(0.0);
+                        a.score = score;
                         a.outcome = outcome.to_owned();
                     }
                     all_passed &= self
