@@ -908,6 +908,34 @@ pub(crate) fn syntax_diagnostics(
             stray.is_empty() || at_a_stray || (!cascade && !on_a_stray_line(at))
         })
         .collect();
+    // `branch "x" { … } branch "y" { … }` on one line: KDL ends a node at a new line or
+    // `;`, so the parser takes the second node for text after the document's end, then
+    // reports the block around it never closed and that block's `}` closing nothing. One
+    // mistake, said where it is: the node after the `}`.
+    let after_brace: Vec<usize> = errors
+        .iter()
+        .filter(|d| {
+            d.message
+                .as_deref()
+                .is_some_and(|m| m.contains("end of document"))
+                && node_after_brace(text, d.span.offset())
+        })
+        .map(|d| d.span.offset())
+        .collect();
+    let errors: Vec<_> = errors
+        .into_iter()
+        .filter(|d| {
+            let at = d.span.offset();
+            let message = d.message.as_deref().unwrap_or_default();
+            let unclosed_around = message.starts_with("No closing '}'")
+                || message.starts_with("Closing '}' was not found");
+            let closing_after = message.contains("end of document")
+                && text.get(at..).is_some_and(|rest| rest.starts_with('}'));
+            !after_brace
+                .iter()
+                .any(|&p| (unclosed_around && at < p) || (closing_after && at > p))
+        })
+        .collect();
     // An unclosed block is reported twice by the parser ("No closing '}' for child
     // block", then "Closing '}' was not found after nodes"): one mistake, one error.
     let unclosed_block = errors.iter().any(|d| {
@@ -951,6 +979,23 @@ pub(crate) fn syntax_diagnostics(
                     "write a quote inside a string as `\\\"`; in a template, use single quotes \
                      (`default('none')`); or write the whole value as a raw string: \
                      #\"… \"quoted\" …\"#",
+                ),
+            );
+            continue;
+        }
+        if after_brace.contains(&d.span.offset()) {
+            diags.push(
+                Diagnostic::at(
+                    Kind::Syntax,
+                    "a node after a block's `}` on the same line needs a `;` before it",
+                    id,
+                    file,
+                    d.span,
+                    "this node follows `}` on its line",
+                )
+                .with_help(
+                    "a KDL node ends at a new line or `;`: put `;` after the `}`, or start \
+                     the next node on a line of its own",
                 ),
             );
             continue;
@@ -1059,6 +1104,18 @@ pub(crate) fn syntax_diagnostics(
         );
     }
     diags
+}
+
+/// Whether a node starts at `at` on a line whose text before it ends with a block's `}`
+/// (`… } branch "y" {`).
+fn node_after_brace(text: &str, at: usize) -> bool {
+    let Some((before, rest)) = text.get(..at).zip(text.get(at..)) else {
+        return false;
+    };
+    let line = before.rsplit('\n').next().unwrap_or(before);
+    line.trim_end().ends_with('}')
+        && line.len() > line.trim_end().len()
+        && rest.starts_with(|c: char| c.is_alphanumeric() || c == '"' || c == '_' || c == '(')
 }
 
 /// What one node's text, as far as it goes, says it defines.
