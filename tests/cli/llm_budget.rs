@@ -789,3 +789,78 @@ async fn a_rate_limited_resend_counts_against_the_call_budget() {
     let roles = &summary(&out)["stats"]["aggregates"]["llm_roles"];
     assert_eq!(roles["judge"]["calls"], 1, "{roles}");
 }
+
+/// Ctrl-C while simulated users waited for room under `--max-llm-cost`: the console said no
+/// new call starts, yet once the request in flight answered, the next waiting one was sent
+/// (3.5 s after the signal in the reviewer's run). A request waiting for room now wakes at the
+/// stop and is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_refuses_requests_waiting_for_cost_room() {
+    let fake = FakeLlm::start(vec![Rule::otherwise([Reply::slow(
+        std::time::Duration::from_secs(2),
+        Reply::text("Hi, I need a duct cleaning."),
+    )])])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("waiting.kdl");
+    // Each simulator request reserves most of 1 (its prompt and output cap at 1000 per
+    // million): under 1.5 a few are in flight and the others wait.
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+agent "booking" protocol="connexity" builtin="booking"
+provider "fake" kind="openai" base-url="{}" model="m" api-key-env="FAKE_KEY" \
+    input-price=1000 output-price=1000
+simulator provider="fake"
+scenario "s" {{
+    description "Book a cleaning"
+    repeat 8
+    simulate turns=2
+    expect no-error
+}}
+"#,
+            fake.base_url()
+        ),
+    )
+    .unwrap();
+    let child = trellis()
+        .args(["run", "-j", "8", "--max-llm-cost", "1.5", "--out"])
+        .arg(dir.path().join("out"))
+        .arg(&path)
+        .env("FAKE_KEY", "k")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while fake.calls() == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no simulator was asked"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // Whatever was admitted together has arrived; the first answer is well over a second
+    // away.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let before = fake.calls();
+    let pid = i32::try_from(child.id().unwrap()).unwrap();
+    // SAFETY: kill(2) on a child process id this test spawned and has not reaped yet.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    let o = tokio::time::timeout(std::time::Duration::from_secs(30), child.wait_with_output())
+        .await
+        .expect("the run did not end after the signal")
+        .unwrap();
+    assert_eq!(o.status.code(), Some(130), "{}{}", stdout(&o), stderr(&o));
+    assert_eq!(
+        fake.calls(),
+        before,
+        "requests sent after the stop: {}",
+        stderr(&o)
+    );
+    assert!(
+        before < 8,
+        "no request waited for room: {before} sent at once"
+    );
+}

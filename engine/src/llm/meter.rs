@@ -28,6 +28,11 @@
 //!   cost no more than their reservations (thirty judges sent at once under `--max-llm-cost`
 //!   all went out before the first answer said the budget was spent).
 //!
+//! Once the run stops (a signal, or the budget itself), a call that has sent nothing yet is
+//! refused, including one waiting for room, which the stop wakes: the console promises that
+//! no new call starts after Ctrl-C, and a waiting request was sent once those in flight had
+//! answered. A call in flight (its retries, a model agent's next tool round) goes on.
+//!
 //! Cache hits send nothing and cost nothing: they count in the usage, not against the
 //! budget. A model under test reached without a `provider` has no prices to reserve with: its
 //! requests reserve nothing.
@@ -200,6 +205,19 @@ impl LlmMeter {
         }
     }
 
+    /// The tab of a request that continues a call already under way (a model agent's
+    /// turn's next tool round): as [`LlmMeter::tab`], but the run's stop does not refuse
+    /// it, since the call it belongs to is in flight and calls in flight finish.
+    pub fn tab_continuing(&self) -> Tab<'_> {
+        Tab {
+            meter: self,
+            state: Mutex::new(TabState {
+                started: true,
+                ..TabState::default()
+            }),
+        }
+    }
+
     /// Counts a call whose requests `tab` admitted, now answered, failed or refused.
     pub fn record_admitted(&self, role: Role, call: &LlmCall, tab: Tab<'_>) {
         let held = tab
@@ -348,6 +366,9 @@ pub struct Tab<'a> {
 struct TabState {
     /// The reservation of the request in flight, once one was admitted.
     holding: Option<f64>,
+    /// The call has sent a request (or continues one that did): it is in flight, and its
+    /// next requests (retries) are not refused for the run's stop.
+    started: bool,
 }
 
 impl Tab<'_> {
@@ -355,7 +376,12 @@ impl Tab<'_> {
     /// expected to cost: at once, after the requests in flight have answered when they may
     /// spend what is left of `--max-llm-cost`, or never (`Err`, why) when a limit is
     /// reached, which stops the run. The call's request before this one has ended by now.
+    ///
+    /// The run's stop (a signal's, or the budget's own) refuses a call that has not sent
+    /// anything yet, waiting or not: no new call starts once the run stops. A call already
+    /// in flight goes on (its retries wait for room as before), as calls in flight finish.
     pub async fn admit(&self, reservation: f64) -> Result<(), String> {
+        let stop = self.meter.armed.get().map(|(_, stop)| stop);
         loop {
             // Registered before looking, so a request ending in between is not missed.
             let mut changed = std::pin::pin!(self.meter.changed.notified());
@@ -363,9 +389,23 @@ impl Tab<'_> {
             match self.try_admit(reservation) {
                 Decision::Send => return Ok(()),
                 Decision::Refuse(reason, _) => return Err(format!("not sent: {reason}")),
-                Decision::Wait => changed.await,
+                Decision::Wait => match stop {
+                    // Nothing else wakes it at a signal: requests in flight may take long
+                    // to end, and it would be sent once they had, after the stop. (A call
+                    // in flight does not watch the stop: it would wake at once, again and
+                    // again, the stop being for good.)
+                    Some(stop) if !self.started() => tokio::select! {
+                        () = changed => {}
+                        () = stop.cancelled() => {}
+                    },
+                    _ => changed.await,
+                },
             }
         }
+    }
+
+    fn started(&self) -> bool {
+        self.state.lock().map(|state| state.started).unwrap_or(true)
     }
 
     fn try_admit(&self, reservation: f64) -> Decision {
@@ -379,11 +419,21 @@ impl Tab<'_> {
             if let Some(reservation) = ended {
                 spent.end_request(reservation);
             }
-            let decision = decide(&spent, budget, reservation);
+            let mut decision = decide(&spent, budget, reservation);
+            // Stopped (Ctrl-C, SIGTERM): the console promises no new call starts. A stop
+            // at the budget refuses with its own reason, in `decide`.
+            let stopping = meter
+                .armed
+                .get()
+                .is_some_and(|(_, stop)| stop.is_cancelled());
+            if stopping && !state.started && !matches!(decision, Decision::Refuse(..)) {
+                decision = Decision::Refuse("the run is stopping".to_owned(), None);
+            }
             if decision == Decision::Send {
                 spent.in_flight += 1;
                 spent.reserved += reservation;
                 state.holding = Some(reservation);
+                state.started = true;
             }
             (decision, ended.is_some())
         };
@@ -626,6 +676,38 @@ mod tests {
         one(&meter, Role::Judge, 10.0).await;
         assert!(stop.is_cancelled());
         assert!(meter.tab().admit(0.0).await.is_err());
+    }
+
+    /// Ctrl-C while a request waited for cost room: once the requests in flight ended it
+    /// was sent, seconds after the stop, though the console had said no new call starts.
+    #[tokio::test]
+    async fn the_runs_stop_refuses_a_request_waiting_for_room_and_any_new_call() {
+        let (meter, stop) = armed(None, Some(5.0));
+        let (a, b) = (meter.tab(), meter.tab());
+        a.admit(4.0).await.unwrap();
+        {
+            let mut waiting = std::pin::pin!(b.admit(4.0));
+            assert!(futures::poll!(waiting.as_mut()).is_pending());
+            // A signal: nothing in flight has ended, nothing was spent.
+            stop.cancel();
+            match futures::poll!(waiting.as_mut()) {
+                std::task::Poll::Ready(Err(reason)) => {
+                    assert_eq!(reason, "not sent: the run is stopping");
+                }
+                other => panic!("still waiting after the stop: {other:?}"),
+            }
+        }
+        // A call not started yet is refused, room or not; the budget did not stop the run.
+        assert_eq!(
+            meter.tab().admit(0.0).await,
+            Err("not sent: the run is stopping".to_owned())
+        );
+        assert_eq!(meter.tripped(), None);
+        // The call in flight goes on: its retry is admitted once there is room, as is a
+        // model agent's next tool round.
+        assert!(a.admit(4.0).await.is_ok());
+        assert!(meter.tab_continuing().admit(0.5).await.is_ok());
+        meter.record_admitted(Role::Judge, &call(1.0, CacheUse::Miss), a);
     }
 
     #[tokio::test]

@@ -14,7 +14,6 @@
 //! fault. Because the history lives here, [`Session::fork`] copies the session (with its
 //! sandbox), and a recorded prefix can be restored without calling the model.
 
-use crate::llm::meter::LlmMeter;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -288,7 +287,15 @@ impl OpenAiSession {
             // moves by it.
             let queued: Duration = turn.exchanges.iter().map(|e| e.queued).sum();
             let deadline = ctx.deadline.map(|d| d + queued);
-            let tab = ctx.llm_meter.map(LlmMeter::tab);
+            // A tool round continues a turn in flight: a stop lets it finish, as it does the
+            // turn's first request once sent.
+            let tab = ctx.llm_meter.map(|meter| {
+                if turn.exchanges.is_empty() {
+                    meter.tab()
+                } else {
+                    meter.tab_continuing()
+                }
+            });
             let (exchange, outcome) = self
                 .client
                 .chat
