@@ -87,6 +87,16 @@ pub fn check_planned<T: AsRef<TurnRecord>>(
         let ctx = ctx();
         for (slot, template) in &planned.templates {
             match templates.render(template, || ctx.clone()) {
+                // A text to look for that is a missing or `null` field is no text: checked
+                // as one that rendered empty (an error: nothing would be checked), not as
+                // the word `null`.
+                Ok(text)
+                    if text == "null"
+                        && matches!(slot, ValueSlot::ReplyCheck(_))
+                        && templates.is_null_alone(template, ctx.clone()) =>
+                {
+                    rendered.values.push((slot.clone(), String::new()));
+                }
                 Ok(text) => rendered.values.push((slot.clone(), text)),
                 Err(e) => {
                     return CriterionRecord {
@@ -241,8 +251,9 @@ fn evaluate<T: AsRef<TurnRecord>>(
                     return (
                         CriterionStatus::Error,
                         Some(
-                            "the text to look for rendered empty, and every reply contains \
-                             the empty text: nothing was checked"
+                            "the text to look for rendered empty (an empty field, a `null` or \
+                             missing one, a capture of nothing), and every reply contains the \
+                             empty text: nothing was checked"
                                 .to_string(),
                         ),
                     );

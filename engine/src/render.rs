@@ -132,6 +132,30 @@ impl Templates {
         Ok(CompiledTemplate::Compiled(Arc::from(source.as_str())))
     }
 
+    /// Whether `template` is one expression alone (`{{ row.want }}`) whose value in `ctx` is
+    /// `null` or missing: it renders the text `null`, which a check would then look for
+    /// (and `not-contains` pass on every reply) though the value meant was not there.
+    pub fn is_null_alone(&self, template: &CompiledTemplate, ctx: Value) -> bool {
+        let CompiledTemplate::Compiled(source) = template else {
+            return false;
+        };
+        let Some(inner) = source
+            .trim()
+            .strip_prefix("{{")
+            .and_then(|s| s.strip_suffix("}}"))
+            .map(|s| s.trim_matches(|c: char| c == '-' || c == '+' || c.is_whitespace()))
+        else {
+            return false;
+        };
+        if inner.contains("{{") || inner.contains("}}") || inner.contains("{%") {
+            return false;
+        }
+        self.env
+            .compile_expression(inner)
+            .and_then(|e| e.eval(ctx))
+            .is_ok_and(|v| v.is_none() || v.is_undefined())
+    }
+
     /// Renders a template given as source (the simulator's prompts, chosen per trajectory from
     /// the layers of simulators): compiled on each call in the plan's environment (strict,
     /// fuelled, unescaped), which costs microseconds next to the LLM call it writes. Syntax

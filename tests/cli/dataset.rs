@@ -1062,6 +1062,55 @@ async fn compare_takes_two_agents_of_one_run_scenario_by_scenario() {
     );
 }
 
+/// A check's text that is a missing or `null` JSON Lines field is no text: an error
+/// ("nothing was checked"), as an empty CSV cell is. It rendered the word `null`, so
+/// `not-contains` passed on every reply.
+#[tokio::test]
+async fn a_check_text_that_is_a_null_field_checks_nothing() {
+    let suite = format!(
+        "{AGENT}dataset \"d\" path=\"data/d.jsonl\"\n\
+         scenario \"s\" for-each=\"d\" {{\n    row-id \"{{{{ row.id }}}}\"\n    \
+         user \"hi\"\n    expect reply not-contains=\"{{{{ row.bad }}}}\"\n}}\n"
+    );
+    let dir = project(
+        &suite,
+        &[(
+            "data/d.jsonl",
+            b"{\"id\": \"set\", \"bad\": \"zzz-never-said\"}\n{\"id\": \"missing\"}\n{\"id\": \"null\", \"bad\": null}\n",
+        )],
+    );
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path().join("suite.kdl"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    let t = read_parquet(&out.join("trajectories.parquet"));
+    let scenarios = strings(&t, "scenario");
+    let statuses = strings(&t, "status");
+    let status_of = |id: &str| {
+        scenarios
+            .iter()
+            .position(|s| s.as_deref() == Some(&format!("s[{id}]")))
+            .and_then(|i| statuses[i].clone())
+    };
+    assert_eq!(status_of("set").as_deref(), Some("passed"), "{t}");
+    assert_eq!(status_of("missing").as_deref(), Some("error"), "{t}");
+    assert_eq!(status_of("null").as_deref(), Some("error"), "{t}");
+    let c = read_parquet(&out.join("criteria.parquet"));
+    assert!(
+        strings(&c, "detail")
+            .iter()
+            .flatten()
+            .any(|d| d.contains("nothing was checked")),
+        "{c}"
+    );
+}
+
 /// A filter reading a column the file's header does not have is an error at the name, with
 /// the column meant, not a failure of the first row; the scenarios over the dataset are
 /// still checked against its columns (the filter's error hid theirs).
