@@ -19,6 +19,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::io::IsTerminal;
+use std::ops::Bound;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -476,7 +477,7 @@ impl Session {
                 self.relevant(p)
                     || self.root_dirs.contains(p)
                     || dirs.contains(p)
-                    || (!p.exists() && self.known.iter().any(|k| k.starts_with(p)))
+                    || (!p.exists() && self.held_known(p))
             });
             if !paths.is_empty() {
                 paths.sort();
@@ -484,6 +485,15 @@ impl Session {
                 return Some(Changed { paths, at });
             }
         }
+    }
+
+    /// Whether `dir` held a loaded file. A range lookup, not a walk of `known`: `rm -r` of a
+    /// big directory is one event per file, and each of them asks.
+    fn held_known(&self, dir: &Path) -> bool {
+        self.known
+            .range::<Path, _>((Bound::Included(dir), Bound::Unbounded))
+            .next()
+            .is_some_and(|k| k.starts_with(dir))
     }
 
     /// A file the project loaded, or any suite file (a new include, a new suite), but not an
@@ -525,6 +535,9 @@ impl Session {
                     }
                 }));
         let paths: BTreeSet<&PathBuf> = project.files.iter().map(|f| &f.path).chain(read).collect();
+        // What this load read, not every file any load did: a file dropped from the suite
+        // no longer matters, and the set does not grow over a long session.
+        self.known.clear();
         for file in paths {
             let path = std::fs::canonicalize(file).unwrap_or_else(|_| file.clone());
             if let Some(dir) = path.parent() {

@@ -1584,3 +1584,76 @@ async fn a_scenario_that_goes_and_comes_back_unchanged_reuses_its_turns() {
     );
     assert_eq!(last_user_messages(&agent)[calls..], ["and less"]);
 }
+
+/// `rm -r` of a big directory under a watched root (a build's, a cache's) is one event per
+/// file. Telling which of them held loaded files must not cost every event a walk of every
+/// loaded file: the save after it reruns promptly, and a signal during the flood ends the
+/// session promptly. Many loaded files (draft scenarios, out of the selection, cost no
+/// agent call) times many deleted ones took minutes of CPU in a debug build.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_deleted_files_delays_neither_a_rerun_nor_a_signal() {
+    const LOADED: usize = 6_000;
+    const JUNK: usize = 20_000;
+    // Generous: the point is that it does not grow with events × loaded files.
+    const PROMPT: Duration = Duration::from_secs(10);
+    let agent = MisbehavingServer::respond(200, OK_BODY).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suites = dir.path().join("suites");
+    std::fs::create_dir(&suites).unwrap();
+    write(
+        &suites.join("main.kdl"),
+        &repeated_suite(&agent.url(), "kept", &["hi"], 1),
+    );
+    for i in 0..LOADED {
+        write(
+            &suites.join(format!("draft{i}.kdl")),
+            &format!("scenario \"draft{i}\" {{\n    status \"draft\"\n    user \"x\"\n}}\n"),
+        );
+    }
+    let junk = |name: &str| {
+        let junk = suites.join(name);
+        std::fs::create_dir(&junk).unwrap();
+        for i in 0..JUNK {
+            write(&junk.join(format!("{i}.tmp")), "");
+        }
+        junk
+    };
+    let (first, second) = (junk("junk"), junk("more-junk"));
+    let mut watch = Watch::start_on(dir.path(), "suites", &[]);
+    watch.wait_for("watch: rerun 1 done").await;
+
+    std::fs::remove_dir_all(&first).unwrap();
+    write(
+        &suites.join("new.kdl"),
+        "scenario \"added\" {\n    user \"hello\"\n}\n",
+    );
+    let saved = std::time::Instant::now();
+    let lines = watch.wait_for("watch: rerun 2 done").await.join("\n");
+    assert!(
+        saved.elapsed() < PROMPT,
+        "the rerun came {:?} after the save: {}",
+        saved.elapsed(),
+        watch.all()
+    );
+    assert!(lines.contains("rerun new/added (new)"), "{}", watch.all());
+
+    std::fs::remove_dir_all(&second).unwrap();
+    // Once the events have been taken in (the files have been quiet for the debounce), in
+    // the middle of telling them apart.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let pid = i32::try_from(watch.child.id().unwrap()).unwrap();
+    // SAFETY: kill(2) on a child process id this test spawned and has not reaped yet.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    let signalled = std::time::Instant::now();
+    let status = tokio::time::timeout(DEADLINE, watch.child.wait())
+        .await
+        .expect("watch did not exit after SIGINT")
+        .unwrap();
+    assert_eq!(status.code(), Some(130), "{}", watch.all());
+    assert!(
+        signalled.elapsed() < PROMPT,
+        "watch took {:?} to stop: {}",
+        signalled.elapsed(),
+        watch.all()
+    );
+}
