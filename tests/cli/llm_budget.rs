@@ -864,3 +864,65 @@ scenario "s" {{
         "no request waited for room: {before} sent at once"
     );
 }
+
+/// Two turns of a priced model agent, the second held for cost room until the first had
+/// answered: its wait counted as the model's latency (a turn of a one-second model failed
+/// `expect latency max="1500ms"` at two seconds) and against the scenario's `timeout`.
+/// Waiting for the budget is as waiting for a provider's limits: not the agent's time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_for_cost_room_is_neither_latency_nor_the_trajectorys_time() {
+    let fake = FakeLlm::start(vec![Rule::otherwise([Reply::slow(
+        std::time::Duration::from_secs(1),
+        Reply::text("Hello, how can I help?"),
+    )])])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("agent.kdl");
+    // Each request reserves a little over 1 (its output cap of 1000 tokens and its prompt at
+    // 1000 per million) and costs a few hundredths: under 1.5 the second waits for the first.
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+provider "fake" kind="openai" base-url="{}" model="m" api-key-env="FAKE_KEY" \
+    max-tokens=1000 input-price=1000 output-price=1000
+agent "bot" protocol="openai" provider="fake" system-prompt="You book duct cleanings."
+scenario "s" {{
+    repeat 2
+    timeout "1800ms"
+    user "hi"
+    expect latency max="1500ms"
+}}
+"#,
+            fake.base_url()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = trellis()
+        .args(["run", "-j", "2", "--max-llm-cost", "1.5", "--out"])
+        .arg(&out)
+        .arg(&path)
+        .env("FAKE_KEY", "k")
+        .output()
+        .await
+        .unwrap();
+    let (console, err) = (stdout(&o), stderr(&o));
+    assert_eq!(o.status.code(), Some(0), "{console}{err}");
+    assert_eq!(fake.calls(), 2);
+    assert_eq!(fake.max_in_flight(), 1, "the second did not wait for room");
+    let turns = read_parquet(&out.join("turns.parquet"));
+    let latencies: Vec<f64> = turns
+        .column("latency_ms")
+        .unwrap()
+        .f64()
+        .unwrap()
+        .iter()
+        .flatten()
+        .collect();
+    assert_eq!(latencies.len(), 2, "{turns}");
+    assert!(
+        latencies.iter().all(|ms| *ms < 1500.0),
+        "{latencies:?}: the wait for room counted"
+    );
+}

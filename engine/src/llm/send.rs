@@ -277,24 +277,31 @@ async fn round(request: &Request<'_>, exchange: &mut Exchange) -> Round {
     // Why the budget refused the last attempt, if it did: such an attempt ends the round as
     // a fault no retry policy allows, and is taken out of the attempts below.
     let refused: Mutex<Option<String>> = Mutex::new(None);
+    // Returns how long the attempt waited for room under the budget: as time queued for a
+    // provider's slot, it is neither the model's latency nor the trajectory's time.
     let admit = || async {
         let Some((tab, reservation)) = request.budget else {
-            return Ok(());
+            return Ok(Duration::ZERO);
         };
-        tab.admit(reservation).await.map_err(|reason| {
-            if let Ok(mut refused) = refused.lock() {
-                *refused = Some(reason.clone());
-            }
-            Fault::new(FaultCategory::Internal, reason)
-        })
+        let started = Instant::now();
+        tab.admit(reservation)
+            .await
+            .map(|()| started.elapsed())
+            .map_err(|reason| {
+                if let Ok(mut refused) = refused.lock() {
+                    *refused = Some(reason.clone());
+                }
+                Fault::new(FaultCategory::Internal, reason)
+            })
     };
     // Time queued per attempt: taken off that attempt's latency below.
     let queued = Mutex::new(Vec::new());
-    let queue = || async {
+    let queued_ref = &queued;
+    let queue = move |admitted: Duration| async move {
         let started = Instant::now();
         let held = request.queue.wait().await;
-        if let Ok(mut queued) = queued.lock() {
-            queued.push(started.elapsed());
+        if let Ok(mut queued) = queued_ref.lock() {
+            queued.push(admitted + started.elapsed());
         }
         held
     };
@@ -307,8 +314,8 @@ async fn round(request: &Request<'_>, exchange: &mut Exchange) -> Round {
             |budget| {
                 let body = request.body.clone();
                 async move {
-                    admit().await?;
-                    let held = queue().await;
+                    let admitted = admit().await?;
+                    let held = queue(admitted).await;
                     sse::open(
                         request.transport,
                         request.url,
@@ -339,8 +346,8 @@ async fn round(request: &Request<'_>, exchange: &mut Exchange) -> Round {
             |budget| {
                 let body = request.body.clone();
                 async move {
-                    admit().await?;
-                    let _held = queue().await;
+                    let admitted = admit().await?;
+                    let _held = queue(admitted).await;
                     request
                         .transport
                         .post_json_raw(
