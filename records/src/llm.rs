@@ -32,7 +32,8 @@ pub struct LlmCall {
     pub cost: Option<f64>,
     /// Wall time of the whole call: queueing for the limits, attempts, waits.
     pub latency_ms: f64,
-    /// HTTP attempts sent (0 for a cache hit).
+    /// HTTP attempts sent (0 for a cache hit, unless an ask before it was sent: the ask
+    /// with the schema of a schema fallback).
     pub attempts: u32,
     /// HTTP 429 answers waited out.
     pub rate_limited: u32,
@@ -64,14 +65,11 @@ pub struct LlmUsage {
 impl LlmUsage {
     /// Adds one call: `calls` counts the HTTP requests it sent (`attempts`: retries, the
     /// schema fallback's second ask and 429 re-sends each one more; none for a call the
-    /// budget refused or that failed before sending), or one for an answer from the cache,
-    /// as the run's meter counts them.
+    /// budget refused or that failed before sending), plus one for an answer from the cache,
+    /// as the run's meter counts them. A call can be both: its ask with the schema sent and
+    /// refused, its ask without it answered from the cache.
     pub fn add(&mut self, call: &LlmCall) {
-        self.calls += if call.cache == CacheUse::Hit {
-            1
-        } else {
-            u64::from(call.attempts)
-        };
+        self.calls += u64::from(call.attempts) + u64::from(call.cache == CacheUse::Hit);
         self.input_tokens = self
             .input_tokens
             .saturating_add(call.input_tokens.unwrap_or(0));

@@ -772,6 +772,75 @@ scenario "a" {{
     );
 }
 
+/// A judge whose ask with its schema is refused (400) and whose ask without it is the
+/// cache's: one request sent and one answer from the cache, two in the run's count by role.
+/// The trajectory counted the call as one (a cache hit, its request sent forgotten), so
+/// `trajectories.llm_calls` summed to less than `llm_roles`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schema_fallback_answered_from_the_cache_counts_its_request_too() {
+    let verdict = r#"{"score": 0.9, "label": "ok", "justification": "fine"}"#;
+    let fake = FakeLlm::start(vec![Rule::otherwise([Reply::NoStructuredOutput(
+        Box::new(Reply::text(verdict)),
+    )])])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fallback.kdl");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+agent "booking" protocol="connexity" builtin="booking"
+provider "fake" kind="openai" base-url="{}" model="m" api-key-env="FAKE_KEY"
+judge "j" provider="fake" threshold=0.5
+scenario "a" {{
+    user "Hi, I'd like to book a duct cleaning."
+    expect judge "The agent answers"
+}}
+"#,
+            fake.base_url()
+        ),
+    )
+    .unwrap();
+    let cache = dir.path().join("cache");
+    let cache_args = ["--llm-cache", cache.to_str().unwrap()];
+    let counts = |out: &Path| -> (u64, u64, serde_json::Value) {
+        let t = read_parquet(&out.join("trajectories.parquet"));
+        let sum = |column: &str| -> u64 {
+            t.column(column)
+                .unwrap()
+                .u64()
+                .unwrap()
+                .iter()
+                .flatten()
+                .sum()
+        };
+        let judge = summary(out)["stats"]["aggregates"]["llm_roles"]["judge"].clone();
+        (sum("llm_calls"), sum("llm_cache_hits"), judge)
+    };
+
+    let first = dir.path().join("first");
+    let o = run(&path, &first, &cache_args).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert_eq!(fake.calls(), 2, "the ask with the schema, then without");
+    let (calls, hits, judge) = counts(&first);
+    assert_eq!((calls, hits), (2, 0));
+    assert_eq!(judge["calls"], 2, "{judge}");
+
+    // The ask with the schema is sent again (a refusal is not cached); the one without it
+    // is the cache's.
+    let second = dir.path().join("second");
+    let o = run(&path, &second, &cache_args).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert_eq!(fake.calls(), 3);
+    let (calls, hits, judge) = counts(&second);
+    assert_eq!(judge["calls"], 2, "{judge}");
+    assert_eq!(
+        (calls, hits),
+        (2, 1),
+        "trajectories.llm_calls against llm_roles {judge}"
+    );
+}
+
 /// A 429 waited out is sent again: that request is one more against the budget.
 #[tokio::test]
 async fn a_rate_limited_resend_counts_against_the_call_budget() {
