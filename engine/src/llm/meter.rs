@@ -23,8 +23,8 @@
 //!   what it may cost (its prompt at four bytes a token plus its output cap, 512 tokens when
 //!   uncapped, at its provider's prices), and a request is sent while others are in flight
 //!   only if the spent cost and the reservations, its own included, stay within COST; one
-//!   that does not fit waits for those in flight to answer. A request is sent alone whatever
-//!   its reservation, so COST is passed by at most one request's cost, as long as requests
+//!   that does not fit waits for those in flight to answer. A request is sent alone (no
+//!   other request with a reservation in flight) whatever its reservation, so COST is passed by at most one request's cost, as long as requests
 //!   cost no more than their reservations (thirty judges sent at once under `--max-llm-cost`
 //!   all went out before the first answer said the budget was spent).
 //!
@@ -83,6 +83,9 @@ struct Spent {
     in_flight: u64,
     /// What the requests in flight may cost, by their reservations.
     reserved: f64,
+    /// Of `in_flight`, those with a reservation (a priced provider's): only they may spend
+    /// the cost budget.
+    priced_in_flight: u64,
     /// Of `sent`, requests admitted and then abandoned unanswered (their trajectory cut off
     /// as the run stopped): counted as sent, since they may have reached the provider.
     abandoned: u64,
@@ -94,9 +97,12 @@ impl Spent {
     /// reservation given back.
     fn end_request(&mut self, reservation: f64) {
         self.in_flight = self.in_flight.saturating_sub(1);
+        if reservation > 0.0 {
+            self.priced_in_flight = self.priced_in_flight.saturating_sub(1);
+        }
         self.sent += 1;
-        // Sums of floats drift: with nothing in flight nothing is reserved, exactly.
-        self.reserved = if self.in_flight == 0 {
+        // Sums of floats drift: with nothing priced in flight nothing is reserved, exactly.
+        self.reserved = if self.priced_in_flight == 0 {
             0.0
         } else {
             (self.reserved - reservation).max(0.0)
@@ -144,8 +150,10 @@ fn decide(spent: &Spent, budget: Budget, reservation: f64) -> Decision {
             return Decision::Refuse(reason, Some(Trip::Cost(max)));
         }
         // Alone it goes whatever it may cost: waiting would never end, and refusing it
-        // would leave a budget below one request's reservation unusable.
-        if spent.in_flight > 0 && spent.cost + spent.reserved + reservation > max {
+        // would leave a budget below one request's reservation unusable. Requests that
+        // reserve nothing (a model under test without prices) cannot spend it: they do not
+        // make it wait.
+        if spent.priced_in_flight > 0 && spent.cost + spent.reserved + reservation > max {
             return Decision::Wait;
         }
     }
@@ -431,6 +439,9 @@ impl Tab<'_> {
             }
             if decision == Decision::Send {
                 spent.in_flight += 1;
+                if reservation > 0.0 {
+                    spent.priced_in_flight += 1;
+                }
                 spent.reserved += reservation;
                 state.holding = Some(reservation);
                 state.started = true;
@@ -670,6 +681,16 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+
+        // Requests that reserve nothing (unpriced) in flight do not hold back one that may
+        // cost more than the budget: they cannot spend it, so it is as alone.
+        let (meter, _) = armed(None, Some(5.0));
+        let (a, b) = (meter.tab(), meter.tab());
+        a.admit(0.0).await.unwrap();
+        assert!(
+            futures::poll!(std::pin::pin!(b.admit(10.0))).is_ready(),
+            "an unpriced request in flight held back a priced one"
+        );
 
         // Alone, a request goes whatever its reservation: the limit is passed by one.
         let (meter, stop) = armed(None, Some(5.0));
