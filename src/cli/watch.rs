@@ -123,6 +123,9 @@ enum Why {
     Checks,
     /// A scenario it `needs` changed what it says to the agent.
     Dependency,
+    /// Gone and back as it was, but it `needs` scenarios that may have talked to the agent
+    /// afresh while it was away (no finished run compared them for it): it talks afresh.
+    BackAfterNeeds,
     /// Its steps (or its agent, persona, tools…) changed.
     Steps,
     /// First run of it.
@@ -136,6 +139,7 @@ impl Why {
             Why::Back => "back",
             Why::Checks => "checks changed",
             Why::Dependency => "dependency changed",
+            Why::BackAfterNeeds => "back, talking afresh after what it needs",
             Why::Steps => "steps changed",
             Why::New => "new",
         }
@@ -588,7 +592,7 @@ impl Session {
             return Rerun::Done;
         }
         for (key, why) in &whys {
-            if *why == Why::Dependency {
+            if matches!(why, Why::Dependency | Why::BackAfterNeeds) {
                 *self.generations.entry(key.clone()).or_default() += 1;
             }
         }
@@ -698,7 +702,8 @@ impl Session {
             .collect();
         let mut whys: Vec<Why> = keys
             .iter()
-            .map(|key| {
+            .zip(&plan.scenarios)
+            .map(|(key, s)| {
                 let (Some(last), Some(now)) = (self.previous(key), prints.get(key)) else {
                     return Why::New;
                 };
@@ -706,6 +711,9 @@ impl Session {
                     Change::Conversation => Why::Steps,
                     Change::Checks => Why::Checks,
                     // Unchanged, but not in the last results: it must be added to them.
+                    Change::None if !self.planned.contains(key) && !s.needs.is_empty() => {
+                        Why::BackAfterNeeds
+                    }
                     Change::None if !self.planned.contains(key) => Why::Back,
                     Change::None => Why::Unchanged,
                 }

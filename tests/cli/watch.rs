@@ -804,6 +804,59 @@ async fn http_get(host: &str, path: &str) -> String {
         .unwrap_or(response)
 }
 
+/// A scenario that `needs` another went out of the selection; the one it needs changed its
+/// conversation while it was away; it came back unchanged and was answered from the turns it
+/// had recorded after the old conversation (`(back)`, no agent call). Back with `needs`, it
+/// talks to the agent afresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dependant_back_after_what_it_needs_changed_talks_afresh() {
+    let agent = MisbehavingServer::respond(200, OK_BODY).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    let text = |first: &str, status: &str| {
+        format!(
+            r#"agent "bot" protocol="connexity" url="{}"
+scenario "setup" {{
+    user "{first}"
+    expect no-error
+}}
+scenario "after" {{
+    {status}
+    needs "setup"
+    user "then this"
+    expect no-error
+}}
+"#,
+            agent.url()
+        )
+    };
+    write(&suite, &text("create it", ""));
+    let mut watch = Watch::start(dir.path(), &[]);
+    watch.wait_for("watch: rerun 1 done").await;
+    assert_eq!(agent.requests(), 2, "{}", watch.all());
+
+    write(&suite, &text("create it", "status \"draft\""));
+    let lines = watch.wait_for("watch: rerun 2 done").await.join("\n");
+    assert!(lines.contains("removed suite/after"), "{}", watch.all());
+    write(&suite, &text("create it now", "status \"draft\""));
+    watch.wait_for("watch: rerun 3 done").await;
+    assert_eq!(last_user_messages(&agent)[2..], ["create it now"]);
+
+    write(&suite, &text("create it now", ""));
+    let lines = watch.wait_for("watch: rerun 4 done").await.join("\n");
+    assert!(
+        lines.contains("rerun suite/after (back, talking afresh after what it needs)"),
+        "{}",
+        watch.all()
+    );
+    assert_eq!(
+        last_user_messages(&agent)[3..],
+        ["then this"],
+        "{}",
+        watch.all()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scenarios_that_need_a_changed_one_talk_to_the_agent_again() {
     let agent = MisbehavingServer::respond(200, OK_BODY).await;
