@@ -87,15 +87,27 @@ pub fn check_planned<T: AsRef<TurnRecord>>(
         let ctx = ctx();
         for (slot, template) in &planned.templates {
             match templates.render(template, || ctx.clone()) {
-                // A text to look for that is a missing or `null` field is no text: checked
-                // as one that rendered empty (an error: nothing would be checked), not as
-                // the word `null`.
+                // A value to check against that is a missing or `null` field is no value:
+                // nothing would be checked (an error), whatever the check. Read as the word
+                // `null`, `not-contains` passed on every reply; read as the empty text,
+                // `equals` passed on an empty reply.
                 Ok(text)
                     if text == "null"
                         && matches!(slot, ValueSlot::ReplyCheck(_))
                         && templates.is_null_alone(template, ctx.clone()) =>
                 {
-                    rendered.values.push((slot.clone(), String::new()));
+                    return CriterionRecord {
+                        turn_index,
+                        criterion: criterion.text.clone(),
+                        kind: criterion.kind.name().to_string(),
+                        status: CriterionStatus::Error,
+                        detail: Some(format!(
+                            "`{}` is a `null` or missing field: there is no value to check \
+                             against, so nothing was checked",
+                            template.source().trim()
+                        )),
+                        judge: None,
+                    };
                 }
                 Ok(text) => rendered.values.push((slot.clone(), text)),
                 Err(e) => {
@@ -251,9 +263,9 @@ fn evaluate<T: AsRef<TurnRecord>>(
                     return (
                         CriterionStatus::Error,
                         Some(
-                            "the text to look for rendered empty (an empty field, a `null` or \
-                             missing one, a capture of nothing), and every reply contains the \
-                             empty text: nothing was checked"
+                            "the text to look for rendered empty (an empty field, a capture of \
+                             nothing), and every reply contains the empty text: nothing was \
+                             checked"
                                 .to_string(),
                         ),
                     );

@@ -77,6 +77,15 @@ pub enum CompiledTemplate {
     Compiled(Arc<str>),
 }
 
+impl CompiledTemplate {
+    /// The text as written in the suite.
+    pub fn source(&self) -> &str {
+        match self {
+            CompiledTemplate::Literal(s) | CompiledTemplate::Compiled(s) => s,
+        }
+    }
+}
+
 /// The environment every template of a plan renders in.
 pub struct Templates {
     env: Environment<'static>,

@@ -1070,7 +1070,9 @@ async fn a_check_text_that_is_a_null_field_checks_nothing() {
     let suite = format!(
         "{AGENT}dataset \"d\" path=\"data/d.jsonl\"\n\
          scenario \"s\" for-each=\"d\" {{\n    row-id \"{{{{ row.id }}}}\"\n    \
-         user \"hi\"\n    expect reply not-contains=\"{{{{ row.bad }}}}\"\n}}\n"
+         user \"hi\"\n    expect reply not-contains=\"{{{{ row.bad }}}}\"\n}}\n\
+         scenario \"e\" for-each=\"d\" {{\n    row-id \"{{{{ row.id }}}}\"\n    \
+         user \"hi\"\n    expect reply equals=\"{{{{ row.bad }}}}\"\n}}\n"
     );
     let dir = project(
         &suite,
@@ -1101,6 +1103,12 @@ async fn a_check_text_that_is_a_null_field_checks_nothing() {
     assert_eq!(status_of("set").as_deref(), Some("passed"), "{t}");
     assert_eq!(status_of("missing").as_deref(), Some("error"), "{t}");
     assert_eq!(status_of("null").as_deref(), Some("error"), "{t}");
+    // Whatever the check: `equals` compared with the empty text (an empty reply passed).
+    for id in ["e[missing]", "e[null]"] {
+        let i = scenarios.iter().position(|s| s.as_deref() == Some(id));
+        let status = i.and_then(|i| statuses[i].as_deref());
+        assert_eq!(status, Some("error"), "{id}: {t}");
+    }
     let c = read_parquet(&out.join("criteria.parquet"));
     assert!(
         strings(&c, "detail")
