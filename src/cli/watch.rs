@@ -123,8 +123,9 @@ enum Why {
     Checks,
     /// A scenario it `needs` changed what it says to the agent.
     Dependency,
-    /// Gone and back as it was, but it `needs` scenarios that may have talked to the agent
-    /// afresh while it was away (no finished run compared them for it): it talks afresh.
+    /// Gone and back (as it was or edited), but it `needs` scenarios that may have talked to
+    /// the agent afresh while it was away (no finished run compared them for it): it talks
+    /// afresh.
     BackAfterNeeds,
     /// Its steps (or its agent, persona, tools…) changed.
     Steps,
@@ -707,14 +708,16 @@ impl Session {
                 let (Some(last), Some(now)) = (self.previous(key), prints.get(key)) else {
                     return Why::New;
                 };
+                let back = !self.planned.contains(key);
+                // Whatever else changed in it: none of its recorded turns can be trusted.
+                if back && !s.needs.is_empty() {
+                    return Why::BackAfterNeeds;
+                }
                 match now.scenario.change_from(&last.scenario) {
                     Change::Conversation => Why::Steps,
                     Change::Checks => Why::Checks,
                     // Unchanged, but not in the last results: it must be added to them.
-                    Change::None if !self.planned.contains(key) && !s.needs.is_empty() => {
-                        Why::BackAfterNeeds
-                    }
-                    Change::None if !self.planned.contains(key) => Why::Back,
+                    Change::None if back => Why::Back,
                     Change::None => Why::Unchanged,
                 }
             })

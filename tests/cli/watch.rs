@@ -855,6 +855,32 @@ scenario "after" {{
         "{}",
         watch.all()
     );
+
+    // Away again while what it needs changes, and back with its checks edited: its
+    // recorded turns were re-checked, not talked afresh.
+    write(&suite, &text("create it now", "status \"draft\""));
+    watch.wait_for("watch: rerun 5 done").await;
+    write(&suite, &text("create it again", "status \"draft\""));
+    watch.wait_for("watch: rerun 6 done").await;
+    let calls = agent.requests();
+    let edited = text("create it again", "").replace(
+        "user \"then this\"\n    expect no-error",
+        "user \"then this\"\n    expect turns max=9",
+    );
+    assert_ne!(edited, text("create it again", ""));
+    write(&suite, &edited);
+    let lines = watch.wait_for("watch: rerun 7 done").await.join("\n");
+    assert!(
+        lines.contains("rerun suite/after (back, talking afresh after what it needs)"),
+        "{}",
+        watch.all()
+    );
+    assert_eq!(
+        last_user_messages(&agent)[calls..],
+        ["then this"],
+        "{}",
+        watch.all()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
