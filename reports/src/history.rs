@@ -312,6 +312,13 @@ pub enum HistoryError {
     )]
     NothingPinned { dir: PathBuf },
 
+    #[error("no run is pinned as the baseline (`{word}` names the pinned run)")]
+    #[diagnostic(
+        code(trellis::history::nothing_pinned),
+        help("to name that directory, write it as a path: `{}`", dir.display())
+    )]
+    NothingPinnedButDirectory { word: &'static str, dir: PathBuf },
+
     #[error("{} is a rerun of `trellis watch`, not a whole run", dir.display())]
     #[diagnostic(
         code(trellis::history::watch_rerun),
@@ -744,7 +751,20 @@ pub fn resolve_run(runs_dir: &Path, what: &str) -> Result<RunEntry, HistoryError
                 dir: runs_dir.to_path_buf(),
             });
         }
-        let pinned = pinned(list_runs(runs_dir)?, runs_dir)?;
+        let pinned = match (pinned(list_runs(runs_dir)?, runs_dir), &directory) {
+            (Err(HistoryError::NothingPinned { .. }), Some(dir)) => {
+                let word = if what == "pinned" {
+                    "pinned"
+                } else {
+                    "baseline"
+                };
+                return Err(HistoryError::NothingPinnedButDirectory {
+                    word,
+                    dir: dir.clone(),
+                });
+            }
+            (pinned, _) => pinned?,
+        };
         if let Some(dir) = directory
             && read_run(&dir).is_ok_and(|r| r.run_id != pinned.run_id)
         {

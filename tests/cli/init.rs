@@ -417,3 +417,88 @@ async fn a_run_of_suites_without_scenarios_says_so() {
         stderr(&o)
     );
 }
+
+/// The workflow's first build, as GitHub runs it: the step that pins a baseline when none is
+/// pinned, then the gated run. The step said `trellis runs pin baseline`, which names the
+/// pinned run (none yet), not the directory it had just written: it failed on the first
+/// build, and, as nothing was ever pinned, on every build after it.
+#[tokio::test]
+async fn the_workflows_first_build_pins_its_baseline_and_the_gate_compares_with_it() {
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("evals");
+    let init = ["init", dir.to_str().unwrap(), "--protocol", "connexity"];
+    let out = trellis_in(root.path(), &init).await;
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let workflow = read(&dir.join(".github/workflows/trellis.yml"));
+    let step = workflow
+        .split("- name: Pin a baseline on the first build")
+        .nth(1)
+        .expect("the workflow has no step pinning a baseline");
+    // The branch taken when nothing is pinned.
+    let first_build: Vec<&str> = step
+        .lines()
+        .skip_while(|l| l.trim() != "else")
+        .skip(1)
+        .take_while(|l| l.trim() != "fi")
+        .filter(|l| !l.trim_start().starts_with('#'))
+        .collect();
+    assert!(
+        first_build.iter().any(|l| l.contains("runs pin")),
+        "{first_build:?}"
+    );
+    let script = first_build
+        .join("\n")
+        .replace("${{ github.sha }}", "abc123");
+    let bin = Path::new(env!("CARGO_BIN_EXE_trellis")).parent().unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    // The word names the pinned run, not the directory: with nothing pinned it says so.
+    let made = trellis_in(&dir, &["run", "--out", "runs/baseline"]).await;
+    assert_eq!(made.status.code(), Some(0), "{}", stderr(&made));
+    let word = trellis_in(&dir, &["runs", "pin", "baseline"]).await;
+    assert_eq!(word.status.code(), Some(2));
+    assert!(
+        stderr(&word).contains("write it as a path: `runs/baseline`"),
+        "{}",
+        stderr(&word)
+    );
+
+    let mut bash = tokio::process::Command::new("bash");
+    bash.current_dir(&dir)
+        .env("PATH", path)
+        .args(["-euo", "pipefail", "-c", &script]);
+    without_runner_shards(&mut bash);
+    let o = bash.output().await.unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{script}\n{}{}",
+        stdout(&o),
+        stderr(&o)
+    );
+
+    let head = trellis_in(&dir, &["run", "--out", "runs/head", "--baseline"]).await;
+    assert_eq!(
+        head.status.code(),
+        Some(0),
+        "{}{}",
+        stdout(&head),
+        stderr(&head)
+    );
+    let listed = trellis_in(&dir, &["runs", "--json"]).await;
+    let runs: Value = serde_json::from_slice(&listed.stdout).unwrap();
+    let pinned: Vec<&Value> = runs
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["baseline"] == true)
+        .collect();
+    assert_eq!(pinned.len(), 1, "{runs}");
+    assert!(
+        pinned[0]["dir"].as_str().unwrap().ends_with("baseline"),
+        "{runs}"
+    );
+}
