@@ -411,7 +411,7 @@ fn target<'e>(
     need: &str,
     expanded: &'e HashMap<(usize, String), Vec<String>>,
 ) -> Option<(String, &'e Vec<String>)> {
-    if let Some((suite, id)) = need.split_once('/') {
+    if let Some((suite, id)) = crate::graph::split_reference(need) {
         let s = *names.get(suite)?;
         return expanded
             .get(&(s, id.to_string()))

@@ -270,17 +270,33 @@ pub enum NeedError {
     UnknownScenario { suite: usize, id: String },
 }
 
+/// Splits a reference `SUITE/ID` at its last `/` outside an instance's `[…]`: a scenario id
+/// never holds `/` (the parser rejects it), but a suite name may (`sub/booking`) and so may a
+/// matrix value in an instance's id (`s[model=openai/gpt-4o]`). `None` for a bare `ID`.
+pub fn split_reference(reference: &str) -> Option<(&str, &str)> {
+    let mut depth = 0usize;
+    let mut at = None;
+    for (i, c) in reference.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth = depth.saturating_sub(1),
+            '/' if depth == 0 => at = Some(i),
+            _ => {}
+        }
+    }
+    at.map(|at| (&reference[..at], &reference[at + 1..]))
+}
+
 /// Resolves a `needs` reference written in suite `from_suite`: `ID` is a scenario of the same
-/// suite, `SUITE/ID` a scenario of suite `SUITE`. Validation, the needs graph and the planner
-/// all resolve through here, so a reference cannot mean one scenario when the suite is checked
-/// and another when it runs. Scenario ids never hold `/` (the parser rejects it), so the last
-/// `/` splits the suite from the id even when a suite name holds one.
+/// suite, `SUITE/ID` a scenario of suite `SUITE` ([`split_reference`]). Validation, the needs
+/// graph and the planner all resolve through here, so a reference cannot mean one scenario
+/// when the suite is checked and another when it runs.
 pub fn resolve_need(
     project: &Project,
     from_suite: usize,
     reference: &str,
 ) -> Result<(usize, usize), NeedError> {
-    let (suite, id) = match reference.rsplit_once('/') {
+    let (suite, id) = match split_reference(reference) {
         Some((suite, id)) => {
             let si = project
                 .suites

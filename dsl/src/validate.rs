@@ -1371,10 +1371,9 @@ impl<'p> Validator<'p> {
             && p.suites
                 .iter()
                 .any(|s| s.scenarios.iter().any(|sc| sc.id.value == need.value));
-        let unparsed = self
-            .info
-            .unparsed_scenarios
-            .contains(need.value.rsplit('/').next().unwrap_or(&need.value));
+        let unparsed = self.info.unparsed_scenarios.contains(
+            crate::graph::split_reference(&need.value).map_or(need.value.as_str(), |(_, id)| id),
+        );
         if (self.info.broken || unparsed) && !elsewhere_exists {
             return None;
         }

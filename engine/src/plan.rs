@@ -302,16 +302,18 @@ impl Plan {
         env: Arc<EnvSnapshot>,
         mut counts: Option<&mut NotRunnableCounts>,
     ) -> Result<Plan, PlanError> {
+        // An instance's id written out (`m[model=meta/llama-3]`) is rarely a valid glob (`a-3`
+        // is no class range): such a pattern is matched literally, below, not refused.
         let matchers = selection
             .filters
             .iter()
-            .map(|p| {
-                Glob::new(p)
-                    .map(|g| g.compile_matcher())
-                    .map_err(|error| PlanError::Filter {
-                        pattern: p.clone(),
-                        error,
-                    })
+            .filter_map(|p| match Glob::new(p) {
+                Ok(g) => Some(Ok(g.compile_matcher())),
+                Err(_) if p.contains('[') && p.ends_with(']') => None,
+                Err(error) => Some(Err(PlanError::Filter {
+                    pattern: p.clone(),
+                    error,
+                })),
             })
             .collect::<Result<Vec<GlobMatcher>, _>>()?;
 
@@ -334,7 +336,7 @@ impl Plan {
                 // An instance (`refund[A17]`) is selected by its own id (also written
                 // literally, although `[…]` is a glob class) and by its scenario's id.
                 let base = sc.instance.as_ref().map(|i| i.base.as_str());
-                let by_filter = matchers.is_empty()
+                let by_filter = selection.filters.is_empty()
                     || matchers.iter().any(|m| {
                         m.is_match(&sc.id.value)
                             || m.is_match(&full)

@@ -70,7 +70,7 @@ pub fn freeze(args: FreezeArgs) -> u8 {
             return EXIT_INVALID;
         }
     };
-    let (scenario_filter, name) = match args.trajectory.split_once('/') {
+    let (scenario_filter, name) = match trellis_dsl::graph::split_reference(&args.trajectory) {
         Some((s, n)) if !s.is_empty() && !n.contains('/') && !s.contains('~') => {
             (Some(s.to_owned()), n.to_owned())
         }

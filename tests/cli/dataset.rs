@@ -584,6 +584,51 @@ async fn matrix_values_are_vars_and_name_the_instances() {
     );
 }
 
+/// Model names and URLs hold `/`, and are what a matrix is most often over: such a value
+/// names its instance (`m[model=openai/gpt-4o-mini]`), is selected by `--filter`, and a
+/// scenario that `needs` the matrix waits for each instance. 7c52210 refused them.
+#[tokio::test]
+async fn matrix_values_with_a_slash_name_instances_that_filters_and_needs_reach() {
+    let suite = format!(
+        "{AGENT}scenario \"m\" {{\n\
+             matrix {{\n        model \"openai/gpt-4o-mini\" \"meta/llama-3\"\n    }}\n\
+             user \"{{{{ vars.model }}}}\"\n\
+             expect no-error\n\
+         }}\n\
+         scenario \"after\" {{\n    needs \"m\"\n    user \"hi\"\n    expect no-error\n}}\n"
+    );
+    let dir = project(&suite, &[]);
+    assert_eq!(
+        listed(dir.path(), &[]).await,
+        [
+            "suite/m[model=openai/gpt-4o-mini]",
+            "suite/m[model=meta/llama-3]",
+            "suite/after",
+        ]
+    );
+    assert_eq!(
+        listed(dir.path(), &["--filter", "m[model=meta/llama-3]"]).await,
+        ["suite/m[model=meta/llama-3]"]
+    );
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path().join("suite.kdl"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let t = read_parquet(&out.join("trajectories.parquet"));
+    let statuses: Vec<Option<String>> = strings(&t, "status");
+    assert_eq!(statuses.len(), 3, "{t}");
+    assert!(
+        statuses.iter().all(|s| s.as_deref() == Some("passed")),
+        "{t}"
+    );
+}
+
 /// The `messages` a Connexity agent received in each request, in order.
 fn received(server: &support::MisbehavingServer) -> Vec<Vec<(String, String)>> {
     server

@@ -421,12 +421,12 @@ impl<'f> Decoder<'f> {
                 let shown = crate::expand::display(&value);
                 // Said as a row id's are: an id holding them breaks how instances are named
                 // and selected (`--filter`, `needs`), and a line break the console's tables.
-                if shown.contains(['/', '[', ']', '\n', '\r']) {
+                if shown.contains(['[', ']', '\n', '\r']) {
                     let d = self
                         .diag(
                             Kind::InvalidValue,
                             format!(
-                                "matrix value `{}` of `{}` holds `/`, `[`, `]` or a line break, \
+                                "matrix value `{}` of `{}` holds `[`, `]` or a line break, \
                                  which instance ids cannot",
                                 shown.escape_debug(),
                                 cv.name
