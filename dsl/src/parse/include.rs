@@ -922,6 +922,14 @@ pub(crate) fn syntax_diagnostics(
         })
         .map(|d| d.span.offset())
         .collect();
+    // The parser stops at such a node: every block open there is 'not closed' and every
+    // `}` after it 'closes no block'. Which of them really are is what the text's own braces
+    // say; those are kept (every error at once), the others dropped.
+    let (really_unclosed, really_stray) = if after_brace.is_empty() {
+        (Vec::new(), Vec::new())
+    } else {
+        unmatched_braces(text)
+    };
     let errors: Vec<_> = errors
         .into_iter()
         .filter(|d| {
@@ -931,9 +939,12 @@ pub(crate) fn syntax_diagnostics(
                 || message.starts_with("Closing '}' was not found");
             let closing_after = message.contains("end of document")
                 && text.get(at..).is_some_and(|rest| rest.starts_with('}'));
-            !after_brace
+            let cascade = after_brace
                 .iter()
-                .any(|&p| (unclosed_around && at < p) || (closing_after && at > p))
+                .any(|&p| (unclosed_around && at < p) || (closing_after && at > p));
+            !cascade
+                || (unclosed_around && really_unclosed.contains(&at))
+                || (closing_after && really_stray.contains(&at))
         })
         .collect();
     // An unclosed block is reported twice by the parser ("No closing '}' for child
@@ -1104,6 +1115,65 @@ pub(crate) fn syntax_diagnostics(
         );
     }
     diags
+}
+
+/// The text's braces, strings and comments skipped: the offsets of `{` never closed, and of
+/// `}` that close no block. Rough where the parser is exact, but it goes on where the parser
+/// stopped.
+fn unmatched_braces(text: &str) -> (Vec<usize>, Vec<usize>) {
+    let bytes = text.as_bytes();
+    let (mut open, mut stray) = (Vec::new(), Vec::new());
+    let mut i = 0;
+    while let Some(&b) = bytes.get(i) {
+        match b {
+            b'{' => open.push(i),
+            b'}' => stray.extend(open.pop().is_none().then_some(i)),
+            b'/' if bytes.get(i + 1) == Some(&b'/') => {
+                while bytes.get(i).is_some_and(|&c| c != b'\n') {
+                    i += 1;
+                }
+            }
+            b'/' if bytes.get(i + 1) == Some(&b'*') => {
+                let mut depth = 1;
+                i += 2;
+                while depth > 0 && i < bytes.len() {
+                    match (bytes[i], bytes.get(i + 1)) {
+                        (b'/', Some(b'*')) => (depth, i) = (depth + 1, i + 1),
+                        (b'*', Some(b'/')) => (depth, i) = (depth - 1, i + 1),
+                        _ => {}
+                    }
+                    i += 1;
+                }
+                continue;
+            }
+            b'#' | b'"' => {
+                // `"…"` with escapes, or raw `#"…"#` (as many `#` to close as opened).
+                let hashes = bytes[i..].iter().take_while(|&&c| c == b'#').count();
+                if bytes.get(i + hashes) != Some(&b'"') {
+                    i += hashes.max(1);
+                    continue;
+                }
+                i += hashes + 1;
+                while let Some(&c) = bytes.get(i) {
+                    if hashes == 0 && c == b'\\' {
+                        i += 2;
+                        continue;
+                    }
+                    if c == b'"'
+                        && bytes[i + 1..].iter().take(hashes).all(|&h| h == b'#')
+                        && bytes.len() > i + hashes
+                    {
+                        i += hashes;
+                        break;
+                    }
+                    i += 1;
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    (open, stray)
 }
 
 /// Whether a node starts at `at` on a line whose text before it ends with a block's `}`
