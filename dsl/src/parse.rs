@@ -311,7 +311,7 @@ impl<'f> Decoder<'f> {
     /// Checks `v`'s arguments and properties against `spec` (its block is the caller's).
     fn check_entries(&mut self, v: &View, spec: &NodeSpec, usage: &str) {
         self.check_args_of(v, spec, usage);
-        self.check_props_of(v, spec);
+        let _ = self.check_props_of(v, spec);
     }
 
     /// Reports arguments past those `spec` takes.
@@ -322,12 +322,15 @@ impl<'f> Decoder<'f> {
         found.into_iter().for_each(|p| self.problem(p));
     }
 
-    /// Reports properties `spec` does not take, and properties given twice.
-    fn check_props_of(&mut self, v: &View, spec: &NodeSpec) {
+    /// Reports properties `spec` does not take, and properties given twice; whether there
+    /// were any (what the node then lacks may be the misspelt one: not said again).
+    fn check_props_of(&mut self, v: &View, spec: &NodeSpec) -> bool {
         let node = self.node(v);
         let mut found = Vec::new();
         check::check_props(&node, spec, &[], &mut |p| found.push(p));
+        let any = !found.is_empty();
         found.into_iter().for_each(|p| self.problem(p));
+        any
     }
 
     /// Reports a block on a node whose spec takes none.

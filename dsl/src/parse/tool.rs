@@ -325,7 +325,9 @@ impl<'f> Decoder<'f> {
     /// `amount` unless `param="…"` names another parameter).
     pub(super) fn tool_policy(&mut self, v: &View) -> Option<ToolPolicy> {
         let usage = "policy \"PARAM\" max=3, policy \"PARAM\" allowed=\"EUR\" \"USD\" or policy max-limit=50";
-        self.check_props_of(v, &lang::tool::POLICY);
+        // `policy max-limt=50`: the misspelt property is the one error, not also the
+        // parameter and the rule it would have given.
+        let misspelt = self.check_props_of(v, &lang::tool::POLICY);
         self.check_block_of(v, &lang::tool::POLICY);
         let allowed = v.prop("allowed");
         if allowed.is_none() {
@@ -350,7 +352,9 @@ impl<'f> Decoder<'f> {
             // The harness's `max_limit` always checks `amount`.
             (None, None) if v.prop("max-limit").is_some() => Some("amount".to_string()),
             (None, None) => {
-                self.missing(v, "a parameter", usage);
+                if !misspelt {
+                    self.missing(v, "a parameter", usage);
+                }
                 None
             }
         };
@@ -358,7 +362,9 @@ impl<'f> Decoder<'f> {
         let rules: Vec<&KdlEntry> = maximum.iter().flatten().copied().chain(allowed).collect();
         let rule = match rules.as_slice() {
             [] => {
-                self.missing(v, "a rule (`max=…` or `allowed=…`)", usage);
+                if !misspelt {
+                    self.missing(v, "a rule (`max=…` or `allowed=…`)", usage);
+                }
                 None
             }
             [e] if allowed.is_some_and(|a| std::ptr::eq(a, *e)) => {
