@@ -784,3 +784,122 @@ async fn replace_keeps_edited_suites_and_names_those_left_from_earlier() {
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(stderr(&o).contains("is a file"), "{}", stderr(&o));
 }
+
+/// A MultiAgentEval agent over HTTP that needs five actions for every task: it answers
+/// `processing` four times per task description, then `completed`.
+async fn five_action_agent() -> (String, tokio::task::JoinHandle<()>) {
+    use axum::routing::post;
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(BTreeMap::<String, usize>::new()));
+    let respond = move |axum::Json(request): axum::Json<serde_json::Value>| {
+        let seen = seen.clone();
+        async move {
+            let task = request["task_description"]
+                .as_str()
+                .unwrap_or("")
+                .to_owned();
+            let n = {
+                let mut seen = seen.lock().unwrap();
+                let n = seen.entry(task).or_insert(0);
+                *n += 1;
+                *n
+            };
+            axum::Json(if n < 5 {
+                json!({"action": "processing"})
+            } else {
+                json!({"action": "completed", "result": "Done."})
+            })
+        }
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let app = axum::Router::new().route("/execute_task", post(respond));
+    let server = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (format!("http://{address}/execute_task"), server)
+}
+
+/// Each file's `max_turns` is its own action cap: a directory of files with caps 3, 9 and
+/// none (the harness's 20) imports as one agent per cap, each scenario naming its own, and
+/// an agent that needs five actions fails the file capped at 3 and passes the others, as
+/// under the harness. (The importer once gave every file the largest cap.)
+#[tokio::test]
+async fn each_files_max_turns_caps_its_own_scenario() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("scenarios");
+    std::fs::create_dir_all(&source).unwrap();
+    for (name, cap) in [("m3", Some(3)), ("m9", Some(9)), ("m0", None)] {
+        let mut file = json!({
+            "aes_version": 1.4,
+            "metadata": {"id": name},
+            "workflow": {"nodes": [{
+                "id": "a",
+                "task_description": format!("Task {name}"),
+                "expected_outcome": [{"target": "message", "mode": "contains", "expected": "Done"}]
+            }]}
+        });
+        if let Some(cap) = cap {
+            file["max_turns"] = json!(cap);
+        }
+        std::fs::write(source.join(format!("{name}.json")), file.to_string()).unwrap();
+    }
+    let (url, _server) = five_action_agent().await;
+    let suites = dir.path().join("suites");
+    let o = import(&[
+        source.to_str().unwrap(),
+        "--out",
+        suites.to_str().unwrap(),
+        "--agent-url",
+        &url,
+    ])
+    .await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let agents = std::fs::read_to_string(suites.join("agents.kdl")).unwrap();
+    for (id, cap) in [
+        ("multiagent", 20),
+        ("multiagent-max-3", 3),
+        ("multiagent-max-9", 9),
+    ] {
+        assert!(
+            agents.contains(&format!(
+                "agent \"{id}\" protocol=\"multiagent\" url=\"{url}\" max-actions={cap} {{"
+            )),
+            "{id}: {agents}"
+        );
+    }
+    for (name, id) in [
+        ("m3", "multiagent-max-3"),
+        ("m9", "multiagent-max-9"),
+        ("m0", "multiagent"),
+    ] {
+        let suite = std::fs::read_to_string(suites.join(format!("{name}.kdl"))).unwrap();
+        assert!(suite.contains(&format!("    agent \"{id}\"\n")), "{suite}");
+    }
+    let o = check(&suites).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+
+    let out = dir.path().join("run");
+    let o = trellis()
+        .args(["run", "--quiet", "--out"])
+        .arg(&out)
+        .arg(&suites)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    let trajectories = read_parquet(&out.join("trajectories.parquet"));
+    let outcome: BTreeMap<String, String> = strings(&trajectories, "scenario")
+        .into_iter()
+        .zip(strings(&trajectories, "status"))
+        .map(|(s, t)| (s.unwrap_or_default(), t.unwrap_or_default()))
+        .collect();
+    assert_eq!(outcome.len(), 3, "{outcome:?}");
+    for (scenario, status) in &outcome {
+        let expected = if scenario.contains("m3") {
+            "error"
+        } else {
+            "passed"
+        };
+        assert_eq!(status, expected, "{scenario}: {outcome:?}");
+    }
+}

@@ -39,6 +39,12 @@ pub struct WantedAgent {
     pub id: String,
     pub text: String,
     pub explicit: bool,
+    /// For an agent that is another with a different `max-actions` (MultiAgentEval's
+    /// per-cap agents): that agent's id, the text the import writes for it, and this one's
+    /// cap. When the file has no agent `id` but holds that one edited, the agent added is
+    /// the file's, with this id and cap: the suites of every cap run where the user pointed
+    /// them.
+    pub like: Option<(String, String, Option<u64>)>,
 }
 
 /// What became of each wanted agent in the merged file.
@@ -53,6 +59,9 @@ pub struct Merged {
     pub replaced: Vec<String>,
     /// Not in the file: appended.
     pub added: Vec<String>,
+    /// Of those, the ones written as a copy of the file's agent of another cap (edited
+    /// there): `(id, that agent's id)`.
+    pub derived: Vec<(String, String)>,
 }
 
 impl AgentsFile {
@@ -113,6 +122,54 @@ impl AgentsFile {
         self.agents.iter().any(|agent| agent.id == id)
     }
 
+    /// The ids of the file's agents.
+    pub fn ids(&self) -> impl Iterator<Item = &str> {
+        self.agents.iter().map(|agent| agent.id.as_str())
+    }
+
+    /// The file's agent `like` as it is written there, when it differs from `written` (what
+    /// the import writes for it), as agent `id` with `max-actions` set to `max_actions`
+    /// (removed for `None`); `None` when the file has no such agent or has it as written.
+    fn variant(
+        &self,
+        like: &str,
+        written: &str,
+        id: &str,
+        max_actions: Option<u64>,
+    ) -> Option<String> {
+        let known = self.agents.iter().find(|known| known.id == like)?;
+        let text = self.text.get(known.span.clone())?;
+        if same_node(text, written) {
+            return None;
+        }
+        // Edited in the node's text, so everything else stays as the user wrote it.
+        let document: kdl::KdlDocument = text.parse().ok()?;
+        let node = document.nodes().first()?;
+        let range = |entry: &kdl::KdlEntry| {
+            let span = entry.span();
+            span.offset()..span.offset() + span.len()
+        };
+        let name = range(node.entry(0)?);
+        let cap = max_actions.map(|max| format!("max-actions={max}"));
+        let mut edits: Vec<(Range<usize>, String)> = vec![(name, super::kdl_string(id))];
+        match (node.entry("max-actions").map(range), cap) {
+            (Some(at), Some(cap)) => edits.push((at, cap)),
+            (Some(at), None) => edits.push((at, String::new())),
+            (None, Some(cap)) => {
+                let end = node.entries().iter().map(|e| range(e).end).max()?;
+                edits.push((end..end, format!(" {cap}")));
+            }
+            (None, None) => {}
+        }
+        edits.sort_by_key(|(at, _)| std::cmp::Reverse(at.start));
+        let mut out = text.to_owned();
+        for (at, with) in edits {
+            out.get(at.clone())?;
+            out.replace_range(at, &with);
+        }
+        Some(out)
+    }
+
     /// The id of the file's agent reached at `key=value` in the same request form.
     pub fn id_at(&self, key: &str, value: &str, task_only: bool) -> Option<&str> {
         self.agents
@@ -149,7 +206,18 @@ impl AgentsFile {
                     }
                 }
                 None => {
-                    appended.push_str(agent.text.trim_end());
+                    let derived = agent.like.as_ref().filter(|_| !agent.explicit).and_then(
+                        |(like, written, max_actions)| {
+                            self.variant(like, written, &agent.id, *max_actions)
+                        },
+                    );
+                    if derived.is_some()
+                        && let Some((like, _, _)) = &agent.like
+                    {
+                        merged.derived.push((agent.id.clone(), like.clone()));
+                    }
+                    let text = derived.as_deref().unwrap_or(&agent.text);
+                    appended.push_str(text.trim_end());
                     appended.push('\n');
                     merged.added.push(agent.id.clone());
                 }
@@ -206,6 +274,11 @@ impl Merged {
         if !self.added.is_empty() {
             parts.push(format!("added {}", list(&self.added)));
         }
+        for (id, like) in &self.derived {
+            parts.push(format!(
+                "wrote `{id}` as `{like}` is written there, with its own max-actions"
+            ));
+        }
         if parts.is_empty() {
             parts.push("left it as it was".to_owned());
         }
@@ -247,6 +320,7 @@ mod tests {
             id: id.into(),
             text: text.into(),
             explicit,
+            like: None,
         }
     }
 
@@ -297,6 +371,41 @@ mod tests {
         assert_eq!(file.id_at("url", "http://x", true), Some("a-2"));
         assert_eq!(file.id_at("url", "http://x", false), None);
         assert_eq!(file.id_at("url", "http://mine", false), Some("a"));
+    }
+
+    #[test]
+    fn an_agent_of_another_cap_copies_the_edited_one() {
+        let like = (
+            "a".to_owned(),
+            "agent \"a\" protocol=\"multiagent\" builtin=\"support\"\n".to_owned(),
+            Some(3),
+        );
+        let merged = file(EDITED).merge(&[WantedAgent {
+            id: "a-max-3".into(),
+            text: "agent \"a-max-3\" protocol=\"multiagent\" builtin=\"support\" max-actions=3\n"
+                .into(),
+            explicit: false,
+            like: Some(like.clone()),
+        }]);
+        assert!(
+            merged.text.ends_with(
+                "agent \"a-max-3\" protocol=\"multiagent\" url=\"http://mine\" max-actions=3\n"
+            ),
+            "{}",
+            merged.text
+        );
+        assert_eq!(merged.added, ["a-max-3"]);
+        assert_eq!(merged.derived, [("a-max-3".to_owned(), "a".to_owned())]);
+        // An agent the file holds as the import writes it is not copied.
+        let plain = file("agent \"a\" protocol=\"multiagent\" builtin=\"support\"\n");
+        let merged = plain.merge(&[WantedAgent {
+            id: "a-max-3".into(),
+            text: "agent \"a-max-3\" protocol=\"multiagent\" builtin=\"support\" max-actions=3\n"
+                .into(),
+            explicit: false,
+            like: Some(like),
+        }]);
+        assert!(merged.derived.is_empty());
     }
 
     #[test]

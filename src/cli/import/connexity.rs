@@ -992,6 +992,7 @@ pub fn import_connexity(args: &ConnexityImportArgs) -> u8 {
                 id: args.agent_id.clone(),
                 text: agents_text.clone(),
                 explicit: args.agent_url.is_some() || args.agent_builtin.is_some(),
+                like: None,
             }])
         });
         let agents_file = match &merged {

@@ -90,6 +90,9 @@ enum Endpoint {
 #[derive(Debug)]
 struct AgentNode {
     id: String,
+    /// The id of the agent at the same endpoint with the default cap (`id` itself when this
+    /// is that agent).
+    base: String,
     endpoint: Endpoint,
     max_actions: Option<u64>,
     /// `request "task-only"`: the agent is called as the AgentV harness (which reads AES
@@ -98,6 +101,17 @@ struct AgentNode {
 }
 
 impl AgentNode {
+    /// The agent at the same endpoint, in the same form, with the default cap.
+    fn base_node(&self) -> AgentNode {
+        AgentNode {
+            id: self.base.clone(),
+            base: self.base.clone(),
+            endpoint: self.endpoint.clone(),
+            max_actions: cap_of_default(self.task_only),
+            task_only: self.task_only,
+        }
+    }
+
     fn render(&self) -> String {
         let endpoint = match &self.endpoint {
             Endpoint::Builtin(name) => format!("builtin={}", kdl_string(name)),
@@ -121,6 +135,30 @@ impl AgentNode {
         }
         out.push('\n');
         out
+    }
+}
+
+/// The action cap files of a request form get when they give no `max_turns`: the AgentV
+/// harness's default for AES and transitional files (task-only), none (the protocol's own
+/// default) for legacy ones.
+fn cap_of_default(task_only: bool) -> Option<u64> {
+    task_only.then_some(super::scenario_file::HARNESS_MAX_TURNS)
+}
+
+/// The id of the agent `base` with the action cap `cap` other than its default.
+fn capped_id(base: &str, cap: u64) -> String {
+    format!("{base}-max-{cap}")
+}
+
+/// `id` without a `-max-N` suffix [`capped_id`] gave it.
+fn base_id(id: &str) -> &str {
+    match id.rsplit_once("-max-") {
+        Some((base, cap))
+            if !base.is_empty() && !cap.is_empty() && cap.bytes().all(|b| b.is_ascii_digit()) =>
+        {
+            base
+        }
+        _ => id,
     }
 }
 
@@ -204,6 +242,7 @@ pub fn import_multiagent(args: &MultiAgentImportArgs) -> u8 {
     });
 
     let explicit = explicit_agent(args);
+    let agent_id = args.agent_id.clone();
     // `--replace` into a directory keeps the agents file's agents (agents_file.rs).
     let existing = match args.out.as_deref().filter(|_| is_dir && args.replace) {
         Some(out) => match AgentsFile::read(&out.join(AGENTS_FILE)) {
@@ -219,60 +258,72 @@ pub fn import_multiagent(args: &MultiAgentImportArgs) -> u8 {
     // runs, calling agents with the task text only; legacy files are the MultiAgentEval
     // harness's, which sends the history too.
     let endpoint_ids = if explicit.is_none() {
-        endpoint_agent_ids(args, &jobs, existing.as_ref())
+        endpoint_agent_ids(args, &agent_id, &jobs, existing.as_ref())
     } else {
         BTreeMap::new()
     };
-    let mut agents: BTreeMap<(FileAgent, bool), AgentNode> = BTreeMap::new();
-    let mut default_agents: BTreeMap<bool, AgentNode> = BTreeMap::new();
+    // One agent per endpoint, request form and action cap: the harness runs each file with
+    // its own `max_turns`, and `max-actions` is an agent's setting. The agent of the cap a
+    // form's files get when they give none (the harness's 20 for AES and transitional files,
+    // the protocol's own for legacy ones) keeps the base id; another cap N is `BASE-max-N`.
+    // A single file's suite has one agent, the base id. An id so always names one cap, so a
+    // directory imported again finds each agent's cap where it was.
+    let mut agents: BTreeMap<(FileAgent, bool, Option<u64>), AgentNode> = BTreeMap::new();
+    let mut default_agents: BTreeMap<(bool, Option<u64>), AgentNode> = BTreeMap::new();
+    // The base id of the default agents of each request form.
+    let mut default_bases: BTreeMap<bool, String> = BTreeMap::new();
     let mut agent_of: Vec<Option<String>> = Vec::with_capacity(jobs.len());
+    let capped = |base: &str, task_only: bool, cap: Option<u64>| match cap {
+        Some(cap) if is_dir && cap_of_default(task_only) != Some(cap) => capped_id(base, cap),
+        _ => base.to_owned(),
+    };
     for job in &jobs {
         let Some(Ok(scenario)) = &job.parsed else {
             agent_of.push(None);
             continue;
         };
         let task_only = scenario.generation != Generation::Legacy;
+        let cap = scenario.max_turns;
         let node = match (&explicit, &scenario.agent) {
             (None, Some(endpoint)) => {
-                let id = endpoint_ids
+                let base = endpoint_ids
                     .get(&(endpoint.clone(), task_only))
                     .cloned()
-                    .unwrap_or_else(|| args.agent_id.clone());
+                    .unwrap_or_else(|| agent_id.clone());
                 agents
-                    .entry((endpoint.clone(), task_only))
+                    .entry((endpoint.clone(), task_only, cap))
                     .or_insert_with(|| AgentNode {
-                        id,
+                        id: capped(&base, task_only, cap),
+                        base,
                         endpoint: Endpoint::Reached(endpoint.clone()),
-                        max_actions: None,
+                        max_actions: cap,
                         task_only,
                     })
             }
             _ => {
-                // The first default agent keeps the chosen id; one for the other form (a
-                // directory mixing generations) is named after its form.
-                let id = if default_agents.is_empty() {
-                    args.agent_id.clone()
+                // The first form's default agents keep the chosen id; those of the other
+                // form (a directory mixing generations) are named after their form.
+                let next = if default_bases.is_empty() {
+                    agent_id.clone()
                 } else if task_only {
-                    format!("{}-task-only", args.agent_id)
+                    format!("{agent_id}-task-only")
                 } else {
-                    format!("{}-full", args.agent_id)
+                    format!("{agent_id}-full")
                 };
+                let base = default_bases.entry(task_only).or_insert(next).clone();
                 default_agents
-                    .entry(task_only)
+                    .entry((task_only, cap))
                     .or_insert_with(|| AgentNode {
-                        id,
+                        id: capped(&base, task_only, cap),
+                        base,
                         endpoint: explicit
                             .clone()
                             .unwrap_or_else(|| Endpoint::Builtin(DEFAULT_BUILTIN.to_owned())),
-                        max_actions: None,
+                        max_actions: cap,
                         task_only,
                     })
             }
         };
-        // The agent's action cap is the largest any of its files asks for.
-        if let Some(turns) = scenario.max_turns {
-            node.max_actions = Some(node.max_actions.map_or(turns, |m| m.max(turns)));
-        }
         agent_of.push(Some(node.id.clone()));
     }
     let agent_nodes: Vec<&AgentNode> = default_agents.values().chain(agents.values()).collect();
@@ -287,6 +338,13 @@ pub fn import_multiagent(args: &MultiAgentImportArgs) -> u8 {
                     // With an --agent-* option every agent is reached there: the user
                     // saying where it is now.
                     explicit: explicit.is_some(),
+                    like: (agent.base != agent.id).then(|| {
+                        (
+                            agent.base.clone(),
+                            agent.base_node().render(),
+                            agent.max_actions,
+                        )
+                    }),
                 })
                 .collect::<Vec<_>>(),
         )
@@ -445,13 +503,14 @@ fn explicit_agent(args: &MultiAgentImportArgs) -> Option<Endpoint> {
 /// default agents' ids are never given to an endpoint.
 fn endpoint_agent_ids(
     args: &MultiAgentImportArgs,
+    agent_id: &str,
     jobs: &[Job],
     existing: Option<&AgentsFile>,
 ) -> BTreeMap<(FileAgent, bool), String> {
     let defaults = [
-        args.agent_id.clone(),
-        format!("{}-task-only", args.agent_id),
-        format!("{}-full", args.agent_id),
+        agent_id.to_owned(),
+        format!("{agent_id}-task-only"),
+        format!("{agent_id}-full"),
     ];
     let usable = |id: &str| !defaults.iter().any(|d| d == id);
     let mut wanted: Vec<((FileAgent, bool), Option<String>)> = Vec::new();
@@ -463,7 +522,8 @@ fn endpoint_agent_ids(
             // The agent the suite written for this file last time runs against.
             let before = existing.zip(args.out.as_deref()).and_then(|(file, out)| {
                 let id = suite_agent(&out.join(job.relative.with_extension("kdl")))?;
-                (file.has(&id) && usable(&id)).then_some(id)
+                let base = base_id(&id).to_owned();
+                (file.has(&id) && usable(&base)).then_some(base)
             });
             match wanted.iter_mut().find(|(k, _)| *k == key) {
                 Some((_, id)) => {
@@ -485,6 +545,7 @@ fn endpoint_agent_ids(
         };
         let at_endpoint = existing
             .and_then(|file| file.id_at(field, value, *task_only))
+            .map(base_id)
             .filter(|id| usable(id))
             .map(str::to_owned);
         if let Some(id) = before.clone().or(at_endpoint)
@@ -499,10 +560,10 @@ fn endpoint_agent_ids(
             continue;
         }
         let id = loop {
-            let id = format!("{}-{n}", args.agent_id);
+            let id = format!("{agent_id}-{n}");
             n += 1;
             if !ids.values().any(|taken| *taken == id)
-                && !existing.is_some_and(|file| file.has(&id))
+                && !existing.is_some_and(|file| file.ids().any(|known| base_id(known) == id))
             {
                 break id;
             }
