@@ -6,8 +6,11 @@
 //! must still be planned (its scenario selected, its agent and repetition in the plan) with
 //! the same fingerprint (`ScenarioInfo::fingerprints`: what it sends and checks). Any
 //! difference refuses the resume, naming the trajectories, since their results would no
-//! longer be results of these suites; edits that leave finished trajectories alone (another
-//! scenario, a branch that did not finish, more repetitions) resume. The second pass writes
+//! longer be results of these suites. So does a plan that leaves out anything the run
+//! planned (`run_started`'s scenarios, agents, trajectories and repetitions), finished or
+//! not, since the run would end as finished without it; edits that leave finished
+//! trajectories alone and drop nothing (another scenario's steps, a branch that did not
+//! finish, more repetitions, a new scenario) resume. The second pass writes
 //! the journal the resumed run appends to: a `run_started` for the plan as it is now (the
 //! first attempt's run id and start, `resumed_at` extended), then the finished
 //! trajectories and the nodes on their paths, as they were written; nodes of trajectories
@@ -395,6 +398,50 @@ fn list(text: &mut String, items: impl ExactSizeIterator<Item = String>) {
     }
 }
 
+/// Trajectory names of a dropped branch named in a refusal; the rest are counted.
+const NAMES_SHOWN: usize = 5;
+
+/// What of scenario `then`'s planned trajectories (per agent) the plan `now` of the same
+/// scenario leaves out, said for a refusal: its repetitions past `now`'s `repeat`, and its
+/// trajectories `now` does not have. `None` when `now` plans all of them (or more).
+fn left_out(then: &trellis_engine::record::ScenarioInfo, now: &Planned) -> Option<String> {
+    let mut parts = Vec::new();
+    let gone: Vec<&str> = then
+        .trajectories
+        .iter()
+        .map(String::as_str)
+        .filter(|t| !now.trajectories.contains_key(t))
+        .collect();
+    if !gone.is_empty() {
+        let mut names = gone
+            .iter()
+            .take(NAMES_SHOWN)
+            .map(|t| format!("`{t}`"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        if gone.len() > NAMES_SHOWN {
+            names.push_str(&format!(" and {} more", gone.len() - NAMES_SHOWN));
+        }
+        parts.push(format!(
+            "trajector{} {names} (no longer in the scenario)",
+            if gone.len() == 1 { "y" } else { "ies" }
+        ));
+    }
+    if now.repeat < then.repeat {
+        let (first, last) = (now.repeat, then.repeat - 1);
+        let reps = if first == last {
+            format!("repetition {first}")
+        } else {
+            format!("repetitions {first}–{last}")
+        };
+        parts.push(format!(
+            "{reps} (`repeat` {} now, {} planned)",
+            now.repeat, then.repeat
+        ));
+    }
+    (!parts.is_empty()).then(|| parts.join("; "))
+}
+
 /// What a planned scenario looks like now.
 struct Planned<'a> {
     agents: HashSet<&'a str>,
@@ -415,6 +462,10 @@ struct Checker<'a> {
     /// `suite/scenario [agent]` the run planned that this plan does not: resumed, the run
     /// would end "finished" without ever checking them (a narrower `--filter`, say).
     dropped: Vec<String>,
+    /// `suite/scenario [agent]: what` of the trajectories of a scenario still planned that
+    /// this plan does not run (a lower `repeat`, a branch removed or renamed), finished or
+    /// not: the same "finished" without them.
+    shrunk: Vec<String>,
 }
 
 impl<'a> Checker<'a> {
@@ -459,22 +510,29 @@ impl<'a> Checker<'a> {
                     })
             })
             .collect();
-        let dropped = info
-            .scenarios
-            .iter()
-            .flat_map(|s| {
-                let now = planned.get(&(s.suite.as_str(), s.scenario.as_str()));
-                s.agents
-                    .iter()
-                    .filter(move |a| now.is_none_or(|p| !p.agents.contains(a.as_str())))
-                    .map(move |a| format!("{}/{} [{a}]", s.suite, s.scenario))
-            })
-            .collect();
+        let mut dropped = Vec::new();
+        let mut shrunk = Vec::new();
+        for s in &info.scenarios {
+            let now = planned.get(&(s.suite.as_str(), s.scenario.as_str()));
+            let part = now.and_then(|p| left_out(s, p));
+            for a in &s.agents {
+                let what = format!("{}/{} [{a}]", s.suite, s.scenario);
+                match now {
+                    Some(p) if p.agents.contains(a.as_str()) => {
+                        if let Some(part) = &part {
+                            shrunk.push(format!("{what}: {part}"));
+                        }
+                    }
+                    _ => dropped.push(what),
+                }
+            }
+        }
         Checker {
             planned,
             recorded,
             problems: BTreeMap::new(),
             dropped,
+            shrunk,
         }
     }
 
@@ -552,17 +610,30 @@ impl<'a> Checker<'a> {
                     .iter()
                     .map(|(what, why)| format!("{what}: {why}")),
             );
-        } else if !self.dropped.is_empty() {
-            let total = self.dropped.len();
-            text.push_str(&format!(
-                "{total} scenario{} it planned {} not in this plan (removed, renamed, or not \
-                 selected by these paths, --filter, --tag or status), so the run would end \
-                 as finished without checking {}:",
-                if total == 1 { "" } else { "s" },
-                if total == 1 { "is" } else { "are" },
-                if total == 1 { "it" } else { "them" }
-            ));
-            list(&mut text, self.dropped.iter().cloned());
+        } else if !self.dropped.is_empty() || !self.shrunk.is_empty() {
+            if !self.dropped.is_empty() {
+                let total = self.dropped.len();
+                text.push_str(&format!(
+                    "{total} scenario{} it planned {} not in this plan (removed, renamed, or \
+                     not selected by these paths, --filter, --tag or status), so the run \
+                     would end as finished without checking {}:",
+                    if total == 1 { "" } else { "s" },
+                    if total == 1 { "is" } else { "are" },
+                    if total == 1 { "it" } else { "them" }
+                ));
+                list(&mut text, self.dropped.iter().cloned());
+            }
+            if !self.shrunk.is_empty() {
+                if !self.dropped.is_empty() {
+                    text.push_str("\nand ");
+                }
+                text.push_str(
+                    "this plan leaves out trajectories the run planned (a lower `repeat`, a \
+                     branch removed or renamed), so the run would end as finished without \
+                     running them:",
+                );
+                list(&mut text, self.shrunk.iter().cloned());
+            }
         } else {
             return Ok(());
         }

@@ -628,6 +628,149 @@ async fn an_edit_to_a_finished_trajectory_is_refused_and_other_edits_resume() {
     assert_eq!(strings(&runs, "suite_fingerprint"), [Some(now)]);
 }
 
+/// One two-turn scenario `s` repeated `repeat` times, against `url`.
+fn repeated_suite(url: &str, repeat: u32) -> String {
+    format!(
+        "{}scenario \"s\" {{\n    repeat {repeat}\n    user \"hello\"\n    expect reply \
+         contains=\"Hello\"\n    user \"again\"\n    expect reply contains=\"Hello\"\n}}\n",
+        linear_suite(url, 0)
+    )
+}
+
+/// Runs `suite` with `--resume out` and checks it is refused with `why`, leaving the journal
+/// as it was.
+async fn refused_resume(suite: &Path, out: &Path, why: &str) {
+    let journal = std::fs::read(out.join(JOURNAL)).unwrap();
+    let o = run_in(suite, &["--resume"])
+        .arg(out)
+        .output()
+        .await
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("cannot resume run"), "{err}");
+    assert!(err.contains(why), "{err}");
+    assert_eq!(std::fs::read(out.join(JOURNAL)).unwrap(), journal, "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lower_repeat_is_refused_naming_the_repetitions_it_would_drop_and_a_higher_resumes() {
+    let server = agent(Duration::from_millis(100)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    std::fs::write(&suite, repeated_suite(&server.url(), 20)).unwrap();
+    let out = dir.path().join("out");
+    assert_eq!(run_until(&suite, &out, 3, libc::SIGTERM).await, Some(143));
+    let finished = trajectory_entries(&out);
+    assert!(
+        finished
+            .iter()
+            .all(|t| t["repetition"].as_u64().unwrap() < 8),
+        "{finished:?}"
+    );
+    let sent_before = server.requests();
+
+    // Repetitions 8 to 19 never ran: resumed with `repeat 8`, the run would end finished
+    // without them.
+    std::fs::write(&suite, repeated_suite(&server.url(), 8)).unwrap();
+    refused_resume(
+        &suite,
+        &out,
+        "suite/s [bot]: repetitions 8–19 (`repeat` 8 now, 20 planned)",
+    )
+    .await;
+    std::fs::write(&suite, repeated_suite(&server.url(), 19)).unwrap();
+    refused_resume(
+        &suite,
+        &out,
+        "suite/s [bot]: repetition 19 (`repeat` 19 now",
+    )
+    .await;
+    assert_eq!(
+        server.requests(),
+        sent_before,
+        "a refused resume calls nothing"
+    );
+
+    // More repetitions than planned: the plan only grows, and the new ones run.
+    std::fs::write(&suite, repeated_suite(&server.url(), 22)).unwrap();
+    let o = run_in(&suite, &["--resume"])
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let rows = trajectory_rows(&out);
+    assert_eq!(rows.len(), 22, "{rows:?}");
+    assert!(rows.values().all(|&n| n == 1));
+}
+
+#[tokio::test]
+async fn a_branch_taken_out_or_renamed_is_refused_finished_or_not() {
+    let server = agent(Duration::ZERO).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    let original = format!("{}{TREE}", linear_suite(&server.url(), 0));
+    std::fs::write(&suite, &original).unwrap();
+    let out = dir.path().join("out");
+    let o = run_in(&suite, &["--jobs", "1", "--out"])
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // Killed after branch `a` was recorded, before `b`.
+    cut_journal(&out, |e| {
+        let node = e.get("node").map(|n| n["node"].as_str().unwrap());
+        let trajectory = e
+            .get("trajectory")
+            .map(|t| t["trajectory"].as_str().unwrap());
+        node != Some("b") && trajectory != Some("b")
+    });
+    let sent_before = server.requests();
+    let without_b = original.replace(
+        "    branch \"b\" {\n        user \"tree branch b\"\n        expect reply \
+         contains=\"Hello\"\n    }\n",
+        "",
+    );
+    assert_ne!(without_b, original);
+    std::fs::write(&suite, &without_b).unwrap();
+    refused_resume(
+        &suite,
+        &out,
+        "suite/tree [bot]: trajectory `b` (no longer in the scenario)",
+    )
+    .await;
+    std::fs::write(&suite, original.replace("branch \"b\"", "branch \"b2\"")).unwrap();
+    refused_resume(&suite, &out, "trajectory `b` (no longer in the scenario)").await;
+    assert_eq!(
+        server.requests(),
+        sent_before,
+        "a refused resume calls nothing"
+    );
+
+    // A branch added: the plan only grows.
+    std::fs::write(
+        &suite,
+        original.replace(
+            "    branch \"b\" {",
+            "    branch \"c\" {\n        user \"tree branch c\"\n    }\n    branch \"b\" {",
+        ),
+    )
+    .unwrap();
+    let o = run_in(&suite, &["--resume"])
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let rows = trajectory_rows(&out);
+    assert_eq!(
+        rows.keys().map(|(_, t, _)| t.as_str()).collect::<Vec<_>>(),
+        ["a", "b", "c"]
+    );
+}
+
 #[tokio::test]
 async fn a_plain_journal_of_an_earlier_version_resumes_only_before_anything_finished() {
     let server = agent(Duration::ZERO).await;
