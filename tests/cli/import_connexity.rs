@@ -668,3 +668,98 @@ async fn importing_again_keeps_each_cases_scenario_id() {
         ])
     );
 }
+
+/// A Connexity agent on 127.0.0.1 that records every request's `messages` and answers
+/// `Booked.`. Returns its URL and what it received.
+async fn recording_agent() -> (
+    String,
+    std::sync::Arc<std::sync::Mutex<Vec<serde_json::Value>>>,
+    tokio::task::JoinHandle<()>,
+) {
+    use axum::routing::post;
+    let received = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = received.clone();
+    let respond = move |axum::Json(request): axum::Json<serde_json::Value>| {
+        let seen = seen.clone();
+        async move {
+            seen.lock().unwrap().push(request["messages"].clone());
+            axum::Json(json!({"messages": [{"role": "assistant", "content": "Booked."}]}))
+        }
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let app = axum::Router::new().route("/agent/respond", post(respond));
+    let server = tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (format!("http://{address}/agent/respond"), received, server)
+}
+
+/// `first_turn: "agent"` with a `first_message`: the scripted greeting opens the
+/// conversation as the agent's message, so the agent's first request carries it before the
+/// caller's answer; it is never called with `messages: []` for a greeting of its own. (The
+/// importer once dropped the greeting and wrote `first-turn "agent"`.)
+#[tokio::test]
+async fn a_scripted_greeting_opens_the_conversation_the_agent_is_sent() {
+    let fake = FakeLlm::start(vec![Rule::otherwise([
+        Reply::text("Hi, I'd like a duct cleaning."),
+        Reply::text("[END]"),
+    ])])
+    .await;
+    let (url, received, _server) = recording_agent().await;
+    let dir = tempfile::tempdir().unwrap();
+    let case = dir.path().join("greeting.json");
+    let greeting = "Hello, this is Acme, how can I help? {{ not a template }}";
+    std::fs::write(
+        &case,
+        json!({
+            "name": "Scripted greeting",
+            "first_turn": "agent",
+            "first_message": greeting,
+            "persona_context": "A homeowner.\n\nAsk for a duct cleaning."
+        })
+        .to_string(),
+    )
+    .unwrap();
+    let suite = dir.path().join("greeting.kdl");
+    let o = import(&[
+        case.to_str().unwrap(),
+        "--out",
+        suite.to_str().unwrap(),
+        "--agent-url",
+        &url,
+    ])
+    .await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("not mapped"), "{}", stderr(&o));
+    let mut text = std::fs::read_to_string(&suite).unwrap();
+    assert!(!text.contains("first-turn"), "{text}");
+    text.push_str(&format!(
+        "provider \"fake\" kind=\"openai\" base-url=\"{}\" model=\"sim\" api-key-env=\"FAKE_KEY\"\n",
+        fake.base_url()
+    ));
+    std::fs::write(&suite, text).unwrap();
+    let out = dir.path().join("run");
+    let o = trellis()
+        .args(["run", "--quiet", "--out"])
+        .arg(&out)
+        .arg(&suite)
+        .env("FAKE_KEY", "k")
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        matches!(o.status.code(), Some(0 | 1)),
+        "{}{}",
+        stdout(&o),
+        stderr(&o)
+    );
+    let received = received.lock().unwrap().clone();
+    let first = received.first().expect("the agent was called");
+    let first = first.as_array().unwrap();
+    assert_eq!(first.len(), 2, "{received:#?}");
+    assert_eq!(first[0]["role"], "assistant");
+    assert_eq!(first[0]["content"], greeting);
+    assert_eq!(first[1]["role"], "user");
+    assert_eq!(first[1]["content"], "Hi, I'd like a duct cleaning.");
+}

@@ -602,10 +602,7 @@ impl Case {
         let agent_first = match first_turn {
             None | Some(Value::Null) => false,
             Some(Value::String(who)) if who == "user" => false,
-            Some(Value::String(who)) if who == "agent" => {
-                case.settings.push("first-turn \"agent\"".to_owned());
-                true
-            }
+            Some(Value::String(who)) if who == "agent" => true,
             Some(other) => {
                 lost(format!("`first_turn` {}", brief(&other)));
                 false
@@ -622,11 +619,14 @@ impl Case {
                 Some(text)
             }
             (_, Some(Value::String(text))) if agent_first => {
-                // Trellis calls the agent for its greeting rather than scripting it.
-                lost(format!(
-                    "`first_message` {} (the agent's scripted greeting: Trellis calls the agent \
-                     for its own)",
-                    brief(&Value::String(text))
+                // The agent's scripted greeting opens the conversation as the agent's
+                // message: the first request carries it before the user's answer, and the
+                // agent is not asked for a greeting of its own (`messages: []` is for a
+                // case without one).
+                let opening = serde_json::json!([{"role": "assistant", "content": text}]);
+                case.settings.push(format!(
+                    "history {}",
+                    kdl_string(&literal_template(&opening.to_string()))
                 ));
                 None
             }
@@ -640,6 +640,15 @@ impl Case {
                 None
             }
         };
+        // The agent speaks first and is asked for its greeting (no scripted one).
+        if agent_first
+            && !case
+                .settings
+                .iter()
+                .any(|line| line.starts_with("history "))
+        {
+            case.settings.push("first-turn \"agent\"".to_owned());
+        }
         if let Some(text) = opener {
             case.settings.push(format!(
                 "initial-message {}",
@@ -770,13 +779,14 @@ fn mock_outputs(index: usize, mocks: Vec<Value>, lost: &mut impl FnMut(String)) 
 
 /// Where a setting line goes among the scenario's settings (stable for equal ranks).
 fn setting_rank(line: &str) -> usize {
-    const ORDER: [&str; 13] = [
+    const ORDER: [&str; 14] = [
         "name",
         "description",
         "difficulty",
         "tags",
         "status",
         "first-turn",
+        "history",
         "initial-message",
         "user-context",
         "max-turns",
