@@ -850,8 +850,12 @@ fn runs_dir_of(run: &RunEntry) -> PathBuf {
         .map_or_else(|| PathBuf::from("."), Path::to_path_buf)
 }
 
-/// Gives `run` a name, refusing one another run of its runs directory already has, and one
-/// that is another run's id (ids are looked up before names, so it could never be used).
+/// Gives `run` a name, refusing one another run of its runs directory already has, one
+/// that is another run's id (ids are looked up before names, so it could never be used),
+/// and one that is the name of another directory of the runs directory, or `latest`:
+/// [`resolve_run`] looks a bare word up as a directory first, so the name would reach that
+/// directory (watch's [`WATCH_LATEST`] mirror, a shard, a watch rerun, a run `--out` wrote
+/// there) and never this run.
 pub fn name_run(run: &RunEntry, name: &str) -> Result<(), HistoryError> {
     let runs_dir = &runs_dir_of(run);
     let bad = |why| HistoryError::BadName {
@@ -866,6 +870,12 @@ pub fn name_run(run: &RunEntry, name: &str) -> Result<(), HistoryError> {
     }
     if name == "pinned" || name == "baseline" {
         return Err(bad("`pinned` and `baseline` refer to the pinned run"));
+    }
+    if name == WATCH_LATEST {
+        return Err(bad(
+            "`latest` is the directory where `trellis watch` mirrors its current state, \
+             which `compare` and `runs` look the word up as first",
+        ));
     }
     if runs_dir.is_dir() {
         for other in list_runs(runs_dir)? {
@@ -884,10 +894,23 @@ pub fn name_run(run: &RunEntry, name: &str) -> Result<(), HistoryError> {
                 return Err(bad("it is another run's directory name"));
             }
         }
+        if other_directory(runs_dir, run, name) {
+            return Err(bad(
+                "it is the name of another directory of the runs directory (a shard, a \
+                 `trellis watch` rerun, or a run that is not listed), which `compare` and \
+                 `runs` look the word up as first",
+            ));
+        }
     }
     let mut meta = meta_of(run);
     meta.name = Some(name.to_owned());
     meta.write(&run.dir)
+}
+
+/// Whether `runs_dir/name` is a directory other than `run`'s own.
+fn other_directory(runs_dir: &Path, run: &RunEntry, name: &str) -> bool {
+    let dir = runs_dir.join(name);
+    dir.is_dir() && !same_dir(&dir, &run.dir)
 }
 
 /// Pins `run` as the baseline of its runs directory, unpinning the run that was.

@@ -442,6 +442,75 @@ async fn runs_are_listed_named_and_pinned() {
     assert_eq!(o.status.code(), Some(1));
 }
 
+/// `compare`, `runs` and `--baseline` look a bare word up as a directory of the runs
+/// directory before any name: a name that is the directory of watch's mirror, a shard, a
+/// watch rerun, or anything else there would resolve to that directory, never to the run.
+#[tokio::test]
+async fn a_name_is_never_taken_by_a_directory_the_runs_list_leaves_out() {
+    let runs = tempfile::tempdir().unwrap();
+    let whole = [sample("main", 0, true, 10.0)];
+    write_run(runs.path(), "base", "2026-01-01T00:00:00Z", &whole);
+    write_run(runs.path(), "head", "2026-01-02T00:00:00Z", &whole);
+    // Watch's mirror, one shard of a run, a watch rerun, and a directory with no run yet.
+    write_run(runs.path(), "latest", "2026-01-03T00:00:00Z", &whole);
+    trellis_reports::history::mark_watch_latest(&runs.path().join("latest"), "r").unwrap();
+    write_run(runs.path(), "part-1", "2026-01-04T00:00:00Z", &whole);
+    trellis_reports::history::RunMeta {
+        run_id: "20260104T000000Z-part-1".into(),
+        shard: Some(trellis_reports::history::ShardMeta {
+            index: 1,
+            count: 2,
+            digest: "d".into(),
+        }),
+        ..Default::default()
+    }
+    .write(&runs.path().join("part-1"))
+    .unwrap();
+    write_run(
+        runs.path(),
+        "20260105T000000Z-r0001-beef",
+        "2026-01-05T00:00:00Z",
+        &whole,
+    );
+    std::fs::create_dir(runs.path().join("scratch")).unwrap();
+    let runs_cmd = |args: &[&str]| {
+        let mut cmd = trellis();
+        cmd.arg("runs").args(args).arg("--dir").arg(runs.path());
+        cmd
+    };
+    for name in ["latest", "part-1", "20260105T000000Z-r0001-beef", "scratch"] {
+        let o = runs_cmd(&["name", "base", name]).output().await.unwrap();
+        assert_eq!(o.status.code(), Some(2), "{name}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains(&format!("`{name}` cannot be a run name")),
+            "{name}: {}",
+            stderr(&o)
+        );
+    }
+    // `latest` is watch's before any watch ran.
+    let fresh = tempfile::tempdir().unwrap();
+    write_run(fresh.path(), "only", "2026-01-01T00:00:00Z", &whole);
+    let o = trellis()
+        .args(["runs", "name", "only", "latest", "--dir"])
+        .arg(fresh.path())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    // The run's own directory name is still a name it can have.
+    let o = runs_cmd(&["name", "base", "base"]).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = runs_cmd(&["--json"]).output().await.unwrap();
+    let listed: Vec<serde_json::Value> = serde_json::from_str(&stdout(&o)).unwrap();
+    let names: Vec<&serde_json::Value> = listed.iter().map(|r| &r["name"]).collect();
+    assert_eq!(
+        names,
+        [&serde_json::json!("base"), &serde_json::Value::Null]
+    );
+    let o = compare(runs.path(), &["base", "head"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+}
+
 #[tokio::test]
 async fn every_run_reads_as_one_dataset_from_polars_and_duckdb() {
     let root = tempfile::tempdir().unwrap();
