@@ -128,6 +128,26 @@ pub fn run(args: RunArgs) -> u8 {
         );
         return EXIT_INVALID;
     }
+    // Watch's mirror is not a run either: it holds the last rerun's whole state under that
+    // rerun's id, and watch clears it at its next rerun, so a run finished there would be
+    // hidden from `trellis runs` and lost.
+    if let Some(dir) = &args.resume
+        && (dir
+            .file_name()
+            .is_some_and(|n| n == trellis_reports::history::WATCH_LATEST)
+            || matches!(
+                trellis_reports::history::RunMeta::read(dir),
+                Ok(Some(meta)) if meta.watch_latest
+            ))
+    {
+        errln!(
+            "error: {} is where `trellis watch` mirrors its current state, not a run: it \
+             cannot be resumed (watch rewrites it after every rerun); run `trellis watch` \
+             again, or start a run with `trellis run --out DIR`",
+            dir.display()
+        );
+        return EXIT_INVALID;
+    }
     if let Err(message) = keeps_baseline(
         &out,
         baseline.as_ref(),

@@ -771,6 +771,65 @@ async fn a_branch_taken_out_or_renamed_is_refused_finished_or_not() {
     );
 }
 
+/// `runs/latest` is watch's mirror of its last rerun, under that rerun's id: finished there,
+/// a run would be hidden from `trellis runs` and cleared by the next watch, as `--out
+/// runs/latest` would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_s_mirror_killed_during_a_rerun_is_not_resumed() {
+    let server = agent(Duration::from_secs(2)).await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("suite.kdl"), linear_suite(&server.url(), 2)).unwrap();
+    let mut watch = trellis()
+        .current_dir(dir.path())
+        .args(["watch", "suite.kdl", "--out", "runs"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Killed during its first rerun, before anything finished: the mirror's journal has
+    // the rerun's `run_started` and nothing else, so nothing but its name and run.json says
+    // it is not a run cut short.
+    let latest = dir.path().join("runs").join("latest");
+    let started = Instant::now();
+    while !journal_text(&latest).contains("\"run_started\"") || server.requests() < 2 {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "watch never started its rerun in {}",
+            latest.display()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    watch.kill().await.unwrap();
+    assert!(
+        trajectory_entries(&latest).is_empty(),
+        "a trajectory finished"
+    );
+    let journal = std::fs::read(latest.join(JOURNAL)).unwrap();
+    let sent = server.requests();
+
+    // By its name, and by its run.json wherever it is copied.
+    let copy = dir.path().join("runs").join("copy");
+    for (mirror, spelled) in [(&latest, "runs/latest"), (&copy, "runs/copy")] {
+        if mirror == &copy {
+            std::fs::rename(&latest, &copy).unwrap();
+        }
+        let o = trellis()
+            .current_dir(dir.path())
+            .args(["run", "suite.kdl", "--resume", spelled])
+            .output()
+            .await
+            .unwrap();
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{spelled}: {err}");
+        assert!(
+            err.contains("is where `trellis watch` mirrors its current state, not a run"),
+            "{spelled}: {err}"
+        );
+        assert_eq!(std::fs::read(mirror.join(JOURNAL)).unwrap(), journal);
+    }
+    assert_eq!(server.requests(), sent, "a refused resume calls nothing");
+}
+
 #[tokio::test]
 async fn a_plain_journal_of_an_earlier_version_resumes_only_before_anything_finished() {
     let server = agent(Duration::ZERO).await;
