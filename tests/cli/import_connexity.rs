@@ -763,3 +763,53 @@ async fn a_scripted_greeting_opens_the_conversation_the_agent_is_sent() {
     assert_eq!(first[1]["role"], "user");
     assert_eq!(first[1]["content"], "Hi, I'd like a duct cleaning.");
 }
+
+/// Single files imported one at a time into one directory each name their agent after
+/// their `--out` file, so the directory checks as a whole (they once all defined agent
+/// `connexity`: `duplicate agent`); `--agent-id` still names it, and standard output keeps
+/// `connexity`.
+#[tokio::test]
+async fn single_files_imported_side_by_side_check_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let suites = dir.path().join("s");
+    std::fs::create_dir_all(&suites).unwrap();
+    for (name, out) in [("refund-schema", "ref"), ("array", "arr")] {
+        let target = suites.join(format!("{out}.kdl"));
+        let o = import(&[
+            &format!("{CASES}/{name}.json"),
+            "--out",
+            target.to_str().unwrap(),
+        ])
+        .await;
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let text = std::fs::read_to_string(&target).unwrap();
+        assert!(
+            text.contains(&format!(
+                "agent \"{out}\" protocol=\"connexity\" builtin=\"booking\""
+            )),
+            "{text}"
+        );
+        assert!(text.contains(&format!("    agent \"{out}\"\n")), "{text}");
+    }
+    let o = check(&suites).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+
+    let named = suites.join("named.kdl");
+    let o = import(&[
+        &format!("{CASES}/refund-schema.json"),
+        "--out",
+        named.to_str().unwrap(),
+        "--agent-id",
+        "prod",
+    ])
+    .await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&named).unwrap();
+    assert!(text.contains("agent \"prod\" protocol="), "{text}");
+    let o = import(&[&format!("{CASES}/refund-schema.json")]).await;
+    assert!(
+        stdout(&o).contains("agent \"connexity\" protocol="),
+        "{}",
+        stdout(&o)
+    );
+}

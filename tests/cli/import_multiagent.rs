@@ -903,3 +903,36 @@ async fn each_files_max_turns_caps_its_own_scenario() {
         assert_eq!(status, expected, "{scenario}: {outcome:?}");
     }
 }
+
+/// Single files imported one at a time into one directory each name their agent after
+/// their `--out` file, so the directory checks as a whole (they once all defined agent
+/// `multiagent`: `duplicate agent`).
+#[tokio::test]
+async fn single_files_imported_side_by_side_check_together() {
+    let dir = tempfile::tempdir().unwrap();
+    let suites = dir.path().join("s");
+    std::fs::create_dir_all(&suites).unwrap();
+    for (source, out) in [
+        ("legacy/billing-dispute.json", "billing"),
+        ("aes/refund-workflow.json", "refund"),
+    ] {
+        let target = suites.join(format!("{out}.kdl"));
+        let o = import(&[
+            &format!("{SCENARIOS}/{source}"),
+            "--out",
+            target.to_str().unwrap(),
+        ])
+        .await;
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let text = std::fs::read_to_string(&target).unwrap();
+        assert!(
+            text.contains(&format!(
+                "agent \"{out}\" protocol=\"multiagent\" builtin=\"support\""
+            )),
+            "{text}"
+        );
+        assert!(text.contains(&format!("    agent \"{out}\"\n")), "{text}");
+    }
+    let o = check(&suites).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+}

@@ -50,9 +50,11 @@ pub struct ConnexityImportArgs {
     /// Replace files that already exist where the suites are written.
     #[arg(long)]
     replace: bool,
-    /// The id of the agent every scenario runs against.
-    #[arg(long, value_name = "ID", default_value = DEFAULT_AGENT_ID)]
-    agent_id: String,
+    /// The id of the agent every scenario runs against. Default: for a file imported to
+    /// `--out FILE`, that file's name without its extension (so suites imported side by side
+    /// do not define the same agent), else `connexity`.
+    #[arg(long, value_name = "ID")]
+    agent_id: Option<String>,
     /// Run every suite against the Connexity agent served at this URL (`POST URL`, e.g.
     /// http://127.0.0.1:8000/agent/respond).
     #[arg(long, value_name = "URL", group = "endpoint")]
@@ -859,11 +861,10 @@ fn slug(name: &str) -> String {
 
 pub fn import_connexity(args: &ConnexityImportArgs) -> u8 {
     let started = Instant::now();
-    if !is_simple_id(&args.agent_id) {
-        errln!(
-            "error: --agent-id `{}` must be letters, digits, `_` or `-`",
-            args.agent_id
-        );
+    if let Some(id) = &args.agent_id
+        && !is_simple_id(id)
+    {
+        errln!("error: --agent-id `{id}` must be letters, digits, `_` or `-`");
         return EXIT_INVALID;
     }
     let is_dir = match std::fs::metadata(&args.source) {
@@ -873,6 +874,9 @@ pub fn import_connexity(args: &ConnexityImportArgs) -> u8 {
             return EXIT_INVALID;
         }
     };
+    let agent_id = args.agent_id.clone().unwrap_or_else(|| {
+        super::multiagent::default_agent_id(is_dir, args.out.as_deref(), DEFAULT_AGENT_ID)
+    });
     let endpoint = match &args.agent_url {
         Some(url) => format!("url={}", kdl_string(url)),
         None => format!(
@@ -882,7 +886,7 @@ pub fn import_connexity(args: &ConnexityImportArgs) -> u8 {
     };
     let agents_text = format!(
         "agent {} protocol=\"connexity\" {endpoint}\n",
-        kdl_string(&args.agent_id)
+        kdl_string(&agent_id)
     );
     if let Err(e) = check_text(&agents_text) {
         errln!("error: the agent options do not make a valid agent:\n{e}");
@@ -999,7 +1003,7 @@ pub fn import_connexity(args: &ConnexityImportArgs) -> u8 {
         };
         let merged = existing.map(|file| {
             file.merge(&[WantedAgent {
-                id: args.agent_id.clone(),
+                id: agent_id.clone(),
                 text: agents_text.clone(),
                 explicit: args.agent_url.is_some() || args.agent_builtin.is_some(),
                 like: None,
@@ -1067,7 +1071,7 @@ pub fn import_connexity(args: &ConnexityImportArgs) -> u8 {
 
                 let text = file.render(
                     suite,
-                    &args.agent_id,
+                    &agent_id,
                     &input.display().to_string(),
                     &format!("include {}\n\n", kdl_string(&include)),
                 );
@@ -1114,7 +1118,7 @@ pub fn import_connexity(args: &ConnexityImportArgs) -> u8 {
                     .to_owned();
                 let text = file.render(
                     &suite,
-                    &args.agent_id,
+                    &agent_id,
                     &input.display().to_string(),
                     &format!("{agents_text}\n"),
                 );

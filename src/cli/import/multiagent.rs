@@ -49,9 +49,11 @@ pub struct MultiAgentImportArgs {
     #[arg(long)]
     replace: bool,
     /// The id of the agent every suite runs against (when the files name no agent of their
-    /// own, or one of the --agent-* options is given).
-    #[arg(long, value_name = "ID", default_value = DEFAULT_AGENT_ID)]
-    agent_id: String,
+    /// own, or one of the --agent-* options is given). Default: for a file imported to
+    /// `--out FILE`, that file's name without its extension (so suites imported side by side
+    /// do not define the same agent), else `multiagent`.
+    #[arg(long, value_name = "ID")]
+    agent_id: Option<String>,
     /// Run every suite against the agent served at this URL (`POST URL`, e.g.
     /// http://127.0.0.1:8000/execute_task), instead of `metadata.agent` or the builtin.
     #[arg(long, value_name = "URL", group = "endpoint")]
@@ -162,6 +164,18 @@ fn base_id(id: &str) -> &str {
     }
 }
 
+/// The agent id when `--agent-id` is not given: a single file's `--out` file's stem, when
+/// it is an id (so suites imported one file at a time into one directory do not define
+/// the same agent twice; `import fixie` does the same), else the importer's default.
+pub(super) fn default_agent_id(is_dir: bool, out: Option<&Path>, default: &str) -> String {
+    out.filter(|_| !is_dir)
+        .and_then(Path::file_stem)
+        .and_then(|stem| stem.to_str())
+        .filter(|stem| is_simple_id(stem))
+        .unwrap_or(default)
+        .to_owned()
+}
+
 /// One input file and what became of it.
 struct Job {
     input: PathBuf,
@@ -172,11 +186,10 @@ struct Job {
 
 pub fn import_multiagent(args: &MultiAgentImportArgs) -> u8 {
     let started = Instant::now();
-    if !is_simple_id(&args.agent_id) {
-        errln!(
-            "error: --agent-id `{}` must be letters, digits, `_` or `-`",
-            args.agent_id
-        );
+    if let Some(id) = &args.agent_id
+        && !is_simple_id(id)
+    {
+        errln!("error: --agent-id `{id}` must be letters, digits, `_` or `-`");
         return EXIT_INVALID;
     }
     let metadata = match std::fs::metadata(&args.source) {
@@ -242,7 +255,10 @@ pub fn import_multiagent(args: &MultiAgentImportArgs) -> u8 {
     });
 
     let explicit = explicit_agent(args);
-    let agent_id = args.agent_id.clone();
+    let agent_id = args
+        .agent_id
+        .clone()
+        .unwrap_or_else(|| default_agent_id(is_dir, args.out.as_deref(), DEFAULT_AGENT_ID));
     // `--replace` into a directory keeps the agents file's agents (agents_file.rs).
     let existing = match args.out.as_deref().filter(|_| is_dir && args.replace) {
         Some(out) => match AgentsFile::read(&out.join(AGENTS_FILE)) {
