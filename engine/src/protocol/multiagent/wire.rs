@@ -554,15 +554,17 @@ fn not_json(body: &[u8], error: &serde_json::Error) -> Fault {
                 .err()
                 .map(|e| (index, line, !e.is_eof()))
         });
+    // A line that is not JSON and does not start an object is output that is not an
+    // answer at all (a log line, a banner): the agent broke the protocol, and that line is
+    // named. One that starts an object and is cut or garbled is an answer that is not JSON.
+    let logged = offending
+        .is_some_and(|(_, line, garbled)| garbled && !line.trim_ascii_start().starts_with(b"{"));
+    const LOGS: &str = " (an agent must print only its answer on stdout, logs go to stderr)";
     let message = match offending {
         Some((index, line, garbled)) if lines.len() > 1 => format!(
             "the agent's reply is not JSON: line {} is not JSON{}: {}",
             index + 1,
-            if garbled {
-                " (an agent must print only its answer on stdout, logs go to stderr)"
-            } else {
-                ""
-            },
+            if garbled { LOGS } else { "" },
             preview(line)
         ),
         None if lines.len() > 1 => format!(
@@ -570,9 +572,18 @@ fn not_json(body: &[u8], error: &serde_json::Error) -> Fault {
             lines.len(),
             preview(body)
         ),
+        _ if logged => format!(
+            "the agent wrote a line that is not JSON where its answer was due{LOGS}: {}",
+            preview(body)
+        ),
         _ => format!("the agent's reply is not JSON ({error}): {}", preview(body)),
     };
-    Fault::new(FaultCategory::InvalidJson, message)
+    let category = if logged {
+        FaultCategory::Protocol
+    } else {
+        FaultCategory::InvalidJson
+    };
+    Fault::new(category, message)
 }
 
 fn protocol(body: &[u8], what: String) -> Fault {
@@ -1345,12 +1356,15 @@ mod tests {
         );
     }
 
+    /// FIELD-NOTES.md: an agent that prints logs on stdout breaks the protocol, a protocol
+    /// fault naming the line; an answer cut or garbled is one that is not JSON.
     #[test]
-    fn a_log_line_on_stdout_is_invalid_json_naming_the_line() {
+    fn a_log_line_on_stdout_is_a_protocol_fault_naming_the_line() {
         // A long-lived process: the line read is a log line.
         let f = fault(b"Loading model weights from /models/agent.bin");
-        assert_eq!(f.category, FaultCategory::InvalidJson);
+        assert_eq!(f.category, FaultCategory::Protocol);
         assert!(f.message.contains("not JSON"), "{}", f.message);
+        assert!(f.message.contains("logs go to stderr"), "{}", f.message);
         assert!(
             f.message
                 .contains("Loading model weights from /models/agent.bin"),
@@ -1359,7 +1373,7 @@ mod tests {
         );
         // A process per call: stdout holds logs, then the answer. Line 2 is the culprit.
         let f = fault(b"\n[agent] ready\n{\"action\":\"final_answer\",\"summary\":\"Done\"}\n");
-        assert_eq!(f.category, FaultCategory::InvalidJson);
+        assert_eq!(f.category, FaultCategory::Protocol);
         assert!(f.message.contains("line 2 is not JSON"), "{}", f.message);
         assert!(f.message.contains("[agent] ready"), "{}", f.message);
         assert!(f.message.contains("logs go to stderr"), "{}", f.message);
@@ -1378,7 +1392,7 @@ mod tests {
         assert!(!f.message.contains("logs"), "{}", f.message);
         // Bytes that are not UTF-8 are quoted, not refused.
         let f = fault(b"\xff\xfe garbage");
-        assert_eq!(f.category, FaultCategory::InvalidJson);
+        assert_eq!(f.category, FaultCategory::Protocol);
         assert!(f.message.contains("garbage"), "{}", f.message);
     }
 
@@ -1654,10 +1668,40 @@ mod tests {
         let Err(fault) = outcome else {
             panic!("{outcome:?}");
         };
-        assert_eq!(fault.category, FaultCategory::InvalidJson);
+        assert_eq!(fault.category, FaultCategory::Protocol);
         assert!(
             fault.message.contains("line 1 is not JSON")
                 && fault.message.contains("[agent] loading model"),
+            "{}",
+            fault.message
+        );
+        agent.close().await;
+    }
+
+    /// A long-lived process that prints a banner on stdout before reading requests: the
+    /// banner is read where the first answer was due. It was `invalid_json`, without the
+    /// hint a process per call got.
+    #[tokio::test]
+    async fn a_long_lived_process_that_logs_on_stdout_is_a_protocol_fault() {
+        let agent = process(
+            r#"echo 'INFO starting agent'; while read -r line; do echo '{"action":"final_answer","summary":"Done"}'; done"#,
+            ProcessMode::LongLived,
+        );
+        let mut dialogue = Dialogue::new(RequestForm::TaskOnly);
+        dialogue.begin_user("Say done.");
+        // Decoded as the protocol does, in the call: the line is refused there, before the
+        // transport looks for a line after it.
+        let request = dialogue.request().expect("a request");
+        let (_, outcome) = agent
+            .call_decoded(&request, Duration::from_secs(10), decode_reply, |_| false)
+            .await;
+        let Err(fault) = outcome else {
+            panic!("{outcome:?}");
+        };
+        assert_eq!(fault.category, FaultCategory::Protocol, "{}", fault.message);
+        assert!(
+            fault.message.contains("INFO starting agent")
+                && fault.message.contains("logs go to stderr"),
             "{}",
             fault.message
         );
