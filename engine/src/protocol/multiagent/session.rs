@@ -46,7 +46,9 @@ use reqwest::Url;
 use reqwest::header::{ACCEPT, CONTENT_TYPE, HeaderMap, HeaderValue};
 use serde_json::Value;
 
-use super::wire::{Action, Dialogue, Reply, RequestForm, ToolCall, decode_reply};
+use super::wire::{
+    Action, Dialogue, Reply, RequestForm, ToolCall, decode_line_reply, decode_reply,
+};
 use crate::protocol::{
     AgentProtocol, BranchRequest, CallContext, ChatMessage, Conversation, Exchange, Session,
     ToolCallFunction, Turn, TurnInput,
@@ -306,7 +308,7 @@ impl MultiAgentClient {
                     Wire::Line { transport, .. } => {
                         // An error report may come before the real answer on the same pipe.
                         let (waited, answer) = transport
-                            .call_decoded(&body, timeout, decode_reply, |reply| {
+                            .call_decoded(&body, timeout, decode_line_reply, |reply| {
                                 matches!(reply.action, Action::Error { .. })
                             })
                             .await;

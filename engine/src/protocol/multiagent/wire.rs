@@ -396,15 +396,25 @@ pub fn agent_name(reply: &Map<String, Value>) -> Option<String> {
         .or_else(|| metadata.and_then(|m| named(m, "model")))
 }
 
-/// Decodes one reply: a line from a process or socket, or an HTTP body.
+/// Decodes one reply: an HTTP body (or a message's text).
 pub fn decode_reply(body: &[u8]) -> Result<Reply, Fault> {
+    decode(body, false)
+}
+
+/// Decodes one reply read from a process's stdout or a socket: output there that is not JSON
+/// and starts no object is a log line or a banner, the agent breaking the protocol.
+pub fn decode_line_reply(body: &[u8]) -> Result<Reply, Fault> {
+    decode(body, true)
+}
+
+fn decode(body: &[u8], from_line: bool) -> Result<Reply, Fault> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(Fault::new(
             FaultCategory::Protocol,
             "the agent sent an empty reply, expected a JSON object with an `action`",
         ));
     }
-    let value: Value = serde_json::from_slice(body).map_err(|e| not_json(body, &e))?;
+    let value: Value = serde_json::from_slice(body).map_err(|e| not_json(body, &e, from_line))?;
     let Value::Object(raw) = value else {
         return Err(protocol(
             body,
@@ -538,7 +548,7 @@ pub fn branch_options(object: &Map<String, Value>) -> Option<Vec<String>> {
 
 /// A reply that is not JSON. An agent that logs on stdout sends lines that are not JSON
 /// before (or instead of) its answer: name the first such line, not just a byte offset.
-fn not_json(body: &[u8], error: &serde_json::Error) -> Fault {
+fn not_json(body: &[u8], error: &serde_json::Error, from_line: bool) -> Fault {
     let lines: Vec<&[u8]> = body
         .split(|&b| b == b'\n')
         .filter(|line| !line.iter().all(u8::is_ascii_whitespace))
@@ -557,14 +567,17 @@ fn not_json(body: &[u8], error: &serde_json::Error) -> Fault {
     // A line that is not JSON and does not start an object is output that is not an
     // answer at all (a log line, a banner): the agent broke the protocol, and that line is
     // named. One that starts an object and is cut or garbled is an answer that is not JSON.
-    let logged = offending
-        .is_some_and(|(_, line, garbled)| garbled && !line.trim_ascii_start().starts_with(b"{"));
+    // An HTTP body is no stdout: what is not JSON there is only that (`invalid_json`).
+    let logged = from_line
+        && offending.is_some_and(|(_, line, garbled)| {
+            garbled && !line.trim_ascii_start().starts_with(b"{")
+        });
     const LOGS: &str = " (an agent must print only its answer on stdout, logs go to stderr)";
     let message = match offending {
         Some((index, line, garbled)) if lines.len() > 1 => format!(
             "the agent's reply is not JSON: line {} is not JSON{}: {}",
             index + 1,
-            if garbled { LOGS } else { "" },
+            if garbled && from_line { LOGS } else { "" },
             preview(line)
         ),
         None if lines.len() > 1 => format!(
@@ -817,7 +830,7 @@ mod tests {
     }
 
     fn fault(body: &[u8]) -> Fault {
-        match decode_reply(body) {
+        match decode_line_reply(body) {
             Ok(reply) => panic!("{body:?} decoded to {reply:?}"),
             Err(fault) => fault,
         }
@@ -1394,6 +1407,12 @@ mod tests {
         let f = fault(b"\xff\xfe garbage");
         assert_eq!(f.category, FaultCategory::Protocol);
         assert!(f.message.contains("garbage"), "{}", f.message);
+        // An HTTP body is no stdout: a page where JSON was due is `invalid_json`, unhinted.
+        let Err(f) = decode_reply(b"<html><title>Service warming up</title></html>") else {
+            panic!("an HTML page decoded");
+        };
+        assert_eq!(f.category, FaultCategory::InvalidJson);
+        assert!(!f.message.contains("stdout"), "{}", f.message);
     }
 
     #[test]
@@ -1608,7 +1627,7 @@ mod tests {
     async fn exchange(agent: &LineTransport, dialogue: &Dialogue) -> Result<Reply, Fault> {
         let request = dialogue.request()?;
         let answer = agent.call(&request, Duration::from_secs(10)).await?;
-        decode_reply(&answer.line)
+        decode_line_reply(&answer.line)
     }
 
     #[tokio::test]
@@ -1693,7 +1712,9 @@ mod tests {
         // transport looks for a line after it.
         let request = dialogue.request().expect("a request");
         let (_, outcome) = agent
-            .call_decoded(&request, Duration::from_secs(10), decode_reply, |_| false)
+            .call_decoded(&request, Duration::from_secs(10), decode_line_reply, |_| {
+                false
+            })
             .await;
         let Err(fault) = outcome else {
             panic!("{outcome:?}");
