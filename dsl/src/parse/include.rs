@@ -1147,23 +1147,31 @@ fn unmatched_braces(text: &str) -> (Vec<usize>, Vec<usize>) {
                 continue;
             }
             b'#' | b'"' => {
-                // `"…"` with escapes, or raw `#"…"#` (as many `#` to close as opened).
+                // `"…"` or multi-line `"""…"""` with escapes, or raw `#"…"#` / `#"""…"""#`
+                // (as many `#` to close as opened).
                 let hashes = bytes[i..].iter().take_while(|&&c| c == b'#').count();
                 if bytes.get(i + hashes) != Some(&b'"') {
                     i += hashes.max(1);
                     continue;
                 }
-                i += hashes + 1;
+                let quotes = if bytes[i + hashes..].starts_with(b"\"\"\"") {
+                    3
+                } else {
+                    1
+                };
+                i += hashes + quotes;
                 while let Some(&c) = bytes.get(i) {
                     if hashes == 0 && c == b'\\' {
                         i += 2;
                         continue;
                     }
-                    if c == b'"'
-                        && bytes[i + 1..].iter().take(hashes).all(|&h| h == b'#')
-                        && bytes.len() > i + hashes
-                    {
-                        i += hashes;
+                    let closes = bytes[i..].len() >= quotes + hashes
+                        && bytes[i..i + quotes].iter().all(|&q| q == b'"')
+                        && bytes[i + quotes..i + quotes + hashes]
+                            .iter()
+                            .all(|&h| h == b'#');
+                    if closes {
+                        i += quotes + hashes - 1;
                         break;
                     }
                     i += 1;
