@@ -270,21 +270,31 @@ pub enum NeedError {
     UnknownScenario { suite: usize, id: String },
 }
 
-/// Splits a reference `SUITE/ID` at its last `/` outside an instance's `[…]`: a scenario id
-/// never holds `/` (the parser rejects it), but a suite name may (`sub/booking`) and so may a
-/// matrix value in an instance's id (`s[model=openai/gpt-4o]`). `None` for a bare `ID`.
+/// Splits a reference `SUITE/ID` at its last `/` before an instance's trailing `[…]`: a
+/// scenario id never holds `/` (the parser rejects it), but a suite name may (`sub/booking`,
+/// even `x[1`) and so may a matrix value in an instance's id (`s[model=openai/gpt-4o]`).
+/// `None` for a bare `ID`.
 pub fn split_reference(reference: &str) -> Option<(&str, &str)> {
-    let mut depth = 0usize;
-    let mut at = None;
-    for (i, c) in reference.char_indices() {
-        match c {
-            '[' => depth += 1,
-            ']' => depth = depth.saturating_sub(1),
-            '/' if depth == 0 => at = Some(i),
-            _ => {}
+    let mut head = reference;
+    if reference.ends_with(']') {
+        // The `[` that opens the trailing `[…]`.
+        let mut depth = 0usize;
+        for (i, c) in reference.char_indices().rev() {
+            match c {
+                ']' => depth += 1,
+                '[' => {
+                    depth = depth.saturating_sub(1);
+                    if depth == 0 {
+                        head = &reference[..i];
+                        break;
+                    }
+                }
+                _ => {}
+            }
         }
     }
-    at.map(|at| (&reference[..at], &reference[at + 1..]))
+    let at = head.rfind('/')?;
+    Some((&reference[..at], &reference[at + 1..]))
 }
 
 /// Resolves a `needs` reference written in suite `from_suite`: `ID` is a scenario of the same
@@ -500,6 +510,25 @@ fn mermaid_quote(s: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn references_split_their_suite_before_an_instances_values() {
+        assert_eq!(split_reference("refund"), None);
+        assert_eq!(split_reference("sub/booking/s"), Some(("sub/booking", "s")));
+        // A matrix value holding `/` in the trailing `[…]`.
+        assert_eq!(
+            split_reference("suite/m[model=openai/gpt-4o]"),
+            Some(("suite", "m[model=openai/gpt-4o]"))
+        );
+        assert_eq!(split_reference("m[model=openai/gpt-4o]"), None);
+        // A suite named with an unmatched `[` (its file `x[1.kdl`).
+        assert_eq!(split_reference("x[1/s"), Some(("x[1", "s")));
+        // `trellis freeze`'s SCENARIO/TRAJECTORY.
+        assert_eq!(
+            split_reference("m[model=a/b]/main"),
+            Some(("m[model=a/b]", "main"))
+        );
+    }
 
     /// The one protocol these tests' agents speak (the engine's registry is not a dependency
     /// of this crate's unit tests).
