@@ -1369,8 +1369,8 @@ mod tests {
         );
     }
 
-    /// FIELD-NOTES.md: an agent that prints logs on stdout breaks the protocol, a protocol
-    /// fault naming the line; an answer cut or garbled is one that is not JSON.
+    /// docs/wire.md (MultiAgentEval): an agent that prints logs on stdout breaks the protocol,
+    /// a protocol fault naming the line; an answer cut or garbled is one that is not JSON.
     #[test]
     fn a_log_line_on_stdout_is_a_protocol_fault_naming_the_line() {
         // A long-lived process: the line read is a log line.
