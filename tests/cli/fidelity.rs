@@ -439,25 +439,56 @@ scenario "fine" {{
             .map(|i| format!("{:?} {:?}", statuses[i], details[i]))
             .unwrap_or_default()
     };
+    let status = |out: &Path| {
+        strings(&read_parquet(&out.join("trajectories.parquet")), "status")
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>()
+    };
     let mut seen = Vec::new();
-    for name in ["first", "second"] {
+    // The first under --strict: the fidelity check did not run, so it fails (it passed).
+    // Then a replay of the cache, which has no usable fidelity answer: an error, as the
+    // replay-only mode promises for a miss (it was skipped, and the run passed). Then a
+    // run that asks again.
+    for (name, extra, code, want) in [
+        ("first", &["--strict"][..], 1, "failed"),
+        (
+            "replay",
+            &["--llm-cache-mode", "replay-only"][..],
+            1,
+            "error",
+        ),
+        ("second", &[][..], 0, "passed"),
+    ] {
         let out = dir.path().join(name);
         let o = trellis()
             .args(["run", "--replace", "--out"])
             .arg(&out)
             .arg("--llm-cache")
             .arg(&cache)
+            .args(extra)
             .arg(&path)
             .env("FAKE_KEY", "k")
             .output()
             .await
             .unwrap();
-        assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+        assert_eq!(
+            o.status.code(),
+            Some(code),
+            "{name}: {}{}",
+            stdout(&o),
+            stderr(&o)
+        );
+        assert_eq!(status(&out), [want], "{name}");
         seen.push(fidelity_detail(&out));
     }
     // The first run could not use the answer; the second asked again and could.
     assert!(seen[0].contains("not judged"), "{seen:?}");
-    assert!(seen[1].contains("passed"), "{seen:?}");
+    assert!(
+        seen[1].contains("error") && seen[1].contains("cache miss"),
+        "{seen:?}"
+    );
+    assert!(seen[2].contains("passed"), "{seen:?}");
 }
 
 /// Shards whose simulated users were drawn again (`main@retry1`) merge: the retry counts for

@@ -492,9 +492,13 @@ pub(super) fn status_of(
             return (TrajectoryStatus::Invalid, None);
         }
     }
-    // A check whose evaluator failed (a judge) leaves the trajectory undecided: an error,
-    // never a pass.
-    if criteria.iter().any(|c| c.status == CriterionStatus::Error) {
+    // A check whose evaluator failed (a judge; the fidelity judge missing from a replay-only
+    // cache) leaves the trajectory undecided: an error, never a pass.
+    if fidelity
+        .iter()
+        .chain(&criteria)
+        .any(|c| c.status == CriterionStatus::Error)
+    {
         return (TrajectoryStatus::Error, None);
     }
     let failed = criteria.iter().any(|c| c.status == CriterionStatus::Failed);
@@ -525,7 +529,12 @@ pub(super) fn status_of(
         .iter()
         .filter(|c| c.status == CriterionStatus::Skipped)
         .count();
-    if skipped > 0 && strict {
+    // Under --strict a check that did not run fails, the simulated user's fidelity check
+    // too: whether the conversation says anything about the agent is then unknown.
+    let fidelity_unknown = fidelity
+        .iter()
+        .any(|c| c.status == CriterionStatus::Skipped);
+    if (skipped > 0 || fidelity_unknown) && strict {
         return (TrajectoryStatus::Failed, None);
     }
     if skipped > 0 && skipped == criteria.len() {
@@ -704,5 +713,26 @@ mod tests {
             status_of(false, &[check(Failed)], false).0,
             TrajectoryStatus::Failed
         );
+    }
+
+    /// The simulated user's fidelity check not run (an unusable answer) leaves the
+    /// trajectory to its other checks, but under --strict it fails it, as any check that
+    /// did not run; the fidelity judge missing from a replay-only cache is an error. Both
+    /// passed.
+    #[test]
+    fn a_fidelity_check_not_run_fails_under_strict_and_a_replay_miss_is_an_error() {
+        use CriterionStatus::*;
+        let fidelity = |status| CriterionRecord {
+            kind: FIDELITY_KIND.into(),
+            ..check(status)
+        };
+        let unknown = [check(Passed), fidelity(Skipped)];
+        assert_eq!(
+            status_of(false, &unknown, false).0,
+            TrajectoryStatus::Passed
+        );
+        assert_eq!(status_of(false, &unknown, true).0, TrajectoryStatus::Failed);
+        let missed = [check(Passed), fidelity(Error)];
+        assert_eq!(status_of(false, &missed, false).0, TrajectoryStatus::Error);
     }
 }

@@ -753,6 +753,12 @@ impl LlmRuntime {
             Err(super::LlmError::Budget(reason)) => {
                 record.detail = Some(format!("not checked: {reason}"));
             }
+            // `--llm-cache-mode replay-only` promises a miss is an error: a replay that
+            // could not check the simulated user proves nothing about the run.
+            Err(e @ super::LlmError::CacheMiss { .. }) => {
+                record.status = CriterionStatus::Error;
+                record.detail = Some(format!("the fidelity judge could not answer: {e}"));
+            }
             Err(e) => record.detail = Some(format!("not judged: the judge call failed: {e}")),
             Ok(Err(garbage)) => record.detail = Some(format!("not judged: {garbage}")),
             Ok(Ok((broke, reason))) => {
