@@ -42,3 +42,14 @@ pub fn validate_function_name(name: &str) -> Result<(), FunctionNameError> {
     }
     Ok(())
 }
+
+/// `text` in Unicode NFC, the form ids are compared in: `café` typed precomposed on one
+/// keyboard and with a combining accent on another (macOS terminals and file names give the
+/// latter) is one id. Borrowed when it already is.
+pub fn nfc(text: &str) -> std::borrow::Cow<'_, str> {
+    use unicode_normalization::{IsNormalized, UnicodeNormalization, is_nfc_quick};
+    match is_nfc_quick(text.chars()) {
+        IsNormalized::Yes => std::borrow::Cow::Borrowed(text),
+        _ => std::borrow::Cow::Owned(text.nfc().collect()),
+    }
+}

@@ -304,8 +304,13 @@ impl Plan {
     ) -> Result<Plan, PlanError> {
         // An instance's id written out (`m[model=meta/llama-3]`) is rarely a valid glob (`a-3`
         // is no class range): such a pattern is matched literally, below, not refused.
-        let matchers = selection
+        // In NFC, as ids are compared (a filter typed in a macOS terminal arrives in NFD).
+        let filters: Vec<String> = selection
             .filters
+            .iter()
+            .map(|f| trellis_dsl::names::nfc(f).into_owned())
+            .collect();
+        let matchers = filters
             .iter()
             .filter_map(|p| match Glob::new(p) {
                 Ok(g) => Some(Ok(g.compile_matcher())),
@@ -332,22 +337,23 @@ impl Plan {
                 let suite = &project.suites[si];
                 let sc = &suite.scenarios[ci];
                 let active = selection.include_inactive || sc.status == Status::Active;
-                let full = format!("{}/{}", suite.name, sc.id.value);
+                let id = trellis_dsl::names::nfc(&sc.id.value);
+                let full = format!("{}/{id}", suite.name);
                 // An instance (`refund[A17]`) is selected by its own id (also written
                 // literally, although `[…]` is a glob class) and by its scenario's id.
-                let base = sc.instance.as_ref().map(|i| i.base.as_str());
-                let by_filter = selection.filters.is_empty()
+                let base = sc
+                    .instance
+                    .as_ref()
+                    .map(|i| trellis_dsl::names::nfc(&i.base));
+                let by_filter = filters.is_empty()
                     || matchers.iter().any(|m| {
-                        m.is_match(&sc.id.value)
+                        m.is_match(id.as_ref())
                             || m.is_match(&full)
-                            || base.is_some_and(|b| {
+                            || base.as_deref().is_some_and(|b| {
                                 m.is_match(b) || m.is_match(format!("{}/{b}", suite.name))
                             })
                     })
-                    || selection
-                        .filters
-                        .iter()
-                        .any(|f| *f == sc.id.value || *f == full);
+                    || filters.iter().any(|f| *f == id || *f == full);
                 let by_tag = selection.tags.is_empty()
                     || selection
                         .tags

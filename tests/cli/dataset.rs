@@ -629,6 +629,30 @@ async fn matrix_values_with_a_slash_name_instances_that_filters_and_needs_reach(
     );
 }
 
+/// Ids are compared in NFC: a filter typed in NFD (a macOS terminal's `ü`, `u` and a
+/// combining diaeresis) selects the scenario written precomposed, and its instances.
+#[tokio::test]
+async fn a_filter_typed_in_nfd_selects_the_id_written_in_nfc() {
+    let suite = format!(
+        "{AGENT}scenario \"grüße\" {{\n    user \"hi\"\n    expect no-error\n}}\n\
+         scenario \"m\" {{\n    matrix {{\n        w \"über\" \"x\"\n    }}\n    \
+         user \"{{{{ vars.w }}}}\"\n    expect no-error\n}}\n"
+    );
+    let dir = project(&suite, &[]);
+    assert_eq!(
+        listed(dir.path(), &["--filter", "gru\u{308}ße"]).await,
+        ["suite/grüße"]
+    );
+    assert_eq!(
+        listed(dir.path(), &["--filter", "m[w=u\u{308}ber]"]).await,
+        ["suite/m[w=über]"]
+    );
+    assert_eq!(
+        listed(dir.path(), &["--filter", "gru\u{308}*"]).await,
+        ["suite/grüße"]
+    );
+}
+
 /// The `messages` a Connexity agent received in each request, in order.
 fn received(server: &support::MisbehavingServer) -> Vec<Vec<(String, String)>> {
     server
