@@ -157,6 +157,17 @@ async fn export(State(store): State<Arc<SpanStore>>, headers: HeaderMap, body: B
     }
     let body = match crate::transport::encoding::decoded(&headers, body, MAX_BODY as u64) {
         Ok(body) => body,
+        // The decoder's words are an agent's answer's (`max-response-size`); this is a
+        // request to the receiver, whose own limit it passed.
+        Err(fault) if fault.category == crate::record::FaultCategory::TooLarge => {
+            return refuse(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "the OTLP body decompresses to more than the receiver's limit of {MAX_BODY} \
+                     bytes: export fewer spans per request (a smaller batch)"
+                ),
+            );
+        }
         Err(fault) => {
             return refuse(
                 StatusCode::BAD_REQUEST,
@@ -387,5 +398,17 @@ mod tests {
         let (n, why) = receiver.store().refused().expect("counted");
         assert_eq!(n, 4, "the two bad bodies, the content type and zstd");
         assert!(why.contains("`zstd`") && why.contains("gzip"), "{why}");
+
+        // A gzip body that inflates past the receiver's limit: 413, said of the receiver's
+        // limit, not of an agent's `max-response-size`.
+        let mut bomb = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        std::io::Write::write_all(&mut bomb, &vec![0u8; MAX_BODY + 1024]).unwrap();
+        let refused = compressed("gzip", bomb.finish().unwrap()).await.unwrap();
+        assert_eq!(refused.status(), 413);
+        let said = refused.text().await.unwrap();
+        assert!(
+            said.contains("receiver's limit") && !said.contains("max-response-size"),
+            "{said}"
+        );
     }
 }
