@@ -457,7 +457,16 @@ impl ProviderClient {
         };
         codec::decode(self.kind, &body)
             .and_then(codec::Answer::into_completion)
-            .map_err(|e| self.decode_error(e))
+            .map_err(|e| {
+                // An answer that is not one (no text) may still say what it spent, and was
+                // billed all the same.
+                if let Some(usage) = codec::usage_in(self.kind, &body) {
+                    call.input_tokens = usage.prompt_tokens;
+                    call.output_tokens = usage.completion_tokens;
+                    call.cost = self.cost(usage.prompt_tokens, usage.completion_tokens);
+                }
+                self.decode_error(e)
+            })
     }
 
     fn decode_error(&self, e: DecodeError) -> LlmError {

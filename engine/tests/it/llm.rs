@@ -91,6 +91,27 @@ async fn openai_call_sends_parameters_and_records_usage_and_cost() {
     assert_eq!(call.error, None);
 }
 
+/// An answer with no text is no answer, but the provider billed it and said so in its
+/// usage: the call's tokens and cost are kept (they were dropped, so the judge's spend was
+/// missing from every table).
+#[tokio::test]
+async fn an_empty_answer_keeps_the_usage_it_reports() {
+    let fake = FakeLlm::always("").await;
+    let client = client(&format!(
+        r#"provider "local" kind="openai" base-url="{}" model="tiny" api-key-env="FAKE_LLM_KEY" \
+            input-price=2.0 output-price=10.0"#,
+        fake.base_url()
+    ));
+    let outcome = client.complete(&ask("Say hi"), None).await;
+    assert!(outcome.result.is_err(), "an empty answer was taken");
+    let call = outcome.call;
+    assert!(call.error.is_some(), "{call:?}");
+    let input = call.input_tokens.expect("the reported usage was dropped");
+    assert!(input > 0, "{call:?}");
+    let expected = input as f64 * 2.0 / 1e6;
+    assert!((call.cost.unwrap() - expected).abs() < 1e-12, "{call:?}");
+}
+
 #[tokio::test]
 async fn an_azure_style_provider_keeps_its_query_and_sends_the_key_in_its_header() {
     let fake = FakeLlm::always("hello").await;
