@@ -67,6 +67,11 @@ pub fn rejudge(args: RejudgeArgs) -> u8 {
             return EXIT_INVALID;
         }
     };
+    // Decided as the run was: under `--strict` a check that did not run still fails its
+    // trajectory (re-scoring must not turn it into a pass).
+    let strict = entries.iter().any(
+        |e| matches!(e, trellis_engine::record::JournalEntry::RunStarted(info) if info.strict),
+    );
     let setup = LlmSetup::from_project(&project);
     if !setup.has_judge() {
         errln!(
@@ -116,7 +121,7 @@ pub fn rejudge(args: RejudgeArgs) -> u8 {
                 &run_id,
                 started_at,
                 |faulted, criteria| {
-                    trellis_engine::execute::trajectory_status(faulted, criteria, false).0
+                    trellis_engine::execute::trajectory_status(faulted, criteria, strict).0
                 },
             ) => Ok(result),
             signal = signals.next() => Err(signal),

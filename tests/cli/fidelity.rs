@@ -482,6 +482,26 @@ scenario "fine" {{
         assert_eq!(status(&out), [want], "{name}");
         seen.push(fidelity_detail(&out));
     }
+    // Re-scoring the --strict run decides as it did: its fidelity check still did not run,
+    // so the trajectory stays failed (rejudge decided without --strict, and passed it).
+    let rejudged = dir.path().join("rejudged");
+    let o = trellis()
+        .arg("rejudge")
+        .arg(dir.path().join("first"))
+        .arg(&path)
+        .arg("--out")
+        .arg(&rejudged)
+        .env("FAKE_KEY", "k")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(
+        status(&rejudged),
+        ["failed"],
+        "{}{}",
+        stdout(&o),
+        stderr(&o)
+    );
     // The first run could not use the answer; the second asked again and could.
     assert!(seen[0].contains("not judged"), "{seen:?}");
     assert!(
