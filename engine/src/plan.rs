@@ -338,7 +338,9 @@ impl Plan {
                 let sc = &suite.scenarios[ci];
                 let active = selection.include_inactive || sc.status == Status::Active;
                 let id = trellis_dsl::names::nfc(&sc.id.value);
-                let full = format!("{}/{id}", suite.name);
+                // The suite's name is its file's (macOS gives file names in NFD).
+                let suite_name = trellis_dsl::names::nfc(&suite.name);
+                let full = format!("{suite_name}/{id}");
                 // An instance (`refund[A17]`) is selected by its own id (also written
                 // literally, although `[…]` is a glob class) and by its scenario's id.
                 let base = sc
@@ -350,7 +352,7 @@ impl Plan {
                         m.is_match(id.as_ref())
                             || m.is_match(&full)
                             || base.as_deref().is_some_and(|b| {
-                                m.is_match(b) || m.is_match(format!("{}/{b}", suite.name))
+                                m.is_match(b) || m.is_match(format!("{suite_name}/{b}"))
                             })
                     })
                     || filters.iter().any(|f| *f == id || *f == full);

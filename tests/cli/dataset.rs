@@ -651,6 +651,28 @@ async fn a_filter_typed_in_nfd_selects_the_id_written_in_nfc() {
         listed(dir.path(), &["--filter", "gru\u{308}*"]).await,
         ["suite/grüße"]
     );
+    // A suite is named after its file, which macOS names in NFD: either spelling of
+    // `müll/s` selects it.
+    std::fs::write(
+        dir.path().join("mu\u{308}ll.kdl"),
+        "scenario \"s\" {\n    agent \"demo\"\n    user \"hi\"\n    expect no-error\n}\n",
+    )
+    .unwrap();
+    for filter in ["mu\u{308}ll/s", "müll/s", "mu\u{308}ll/*"] {
+        let o = trellis()
+            .arg("list")
+            .arg(dir.path())
+            .args(["--filter", filter])
+            .output()
+            .await
+            .unwrap();
+        let listed: Vec<String> = stdout(&o)
+            .lines()
+            .filter(|l| l.starts_with("m"))
+            .map(|l| l.split_whitespace().next().unwrap_or_default().to_string())
+            .collect();
+        assert_eq!(listed.len(), 1, "{filter}: {}{}", stdout(&o), stderr(&o));
+    }
 }
 
 /// The `messages` a Connexity agent received in each request, in order.
