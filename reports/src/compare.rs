@@ -284,8 +284,8 @@ pub fn checked_nothing(run: &RunStats) -> Option<String> {
         (0, ..) => Some("checked nothing: it recorded no trajectory".to_owned()),
         (_, 0, 0) => None,
         (n, e, 0) if e == n => Some(format!(
-            "checked nothing: all {n} of its trajectories ended in an error (was the agent \
-             down?)"
+            "checked nothing: all {n} of its trajectories ended in an error (an agent down, or \
+             the checks' judge or cache failing?)"
         )),
         (n, 0, i) if i == n => Some(format!(
             "checked nothing: all {n} of its trajectories are invalid (the simulated user \

@@ -951,8 +951,8 @@ pub fn empty_baseline(run: &RunEntry) -> Option<HistoryError> {
         match (total, run.errors.unwrap_or(0)) {
             (0, _) => format!("recorded no trajectory: {nothing}"),
             (n, e) if e == n => format!(
-                "checked nothing: all {n} of its trajectories ended in an error (was the agent \
-                 down?); {nothing}"
+                "checked nothing: all {n} of its trajectories ended in an error (an agent down, or \
+                 the checks' judge or cache failing?); {nothing}"
             ),
             (n, _) => {
                 format!("checked nothing: none of its {n} trajectories passed or failed; {nothing}")
