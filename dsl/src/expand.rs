@@ -523,10 +523,7 @@ fn instances(
                     // look the same.
                     Some((c, _)) => c
                         .render(ctx())
-                        .map(|s| {
-                            use unicode_normalization::UnicodeNormalization;
-                            s.trim().nfc().collect::<String>()
-                        })
+                        .map(|s| crate::names::nfc(s.trim()).into_owned())
                         .map_err(|e| template_error(&e)),
                 };
                 // Each problem with the help that fits it.

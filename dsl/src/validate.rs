@@ -424,12 +424,11 @@ impl<'p> Validator<'p> {
         noun: &str,
         help: &str,
     ) {
-        use unicode_normalization::UnicodeNormalization;
         // Keyed by the NFC form: "café" typed on two keyboards (one precomposed `é`, one `e`
         // and a combining accent) looks the same everywhere, so it is one id.
         let mut first: HashMap<String, (&str, Span)> = HashMap::new();
         for id in ids {
-            let key: String = id.value.nfc().collect();
+            let key = crate::names::nfc(&id.value).into_owned();
             if let Some(&(spelling, prev)) = first.get(&key) {
                 let (message, help) = if spelling == id.value {
                     (format!("duplicate {noun} `{}`", id.value), help.to_string())

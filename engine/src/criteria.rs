@@ -82,6 +82,14 @@ pub fn check_planned<T: AsRef<TurnRecord>>(
     evidence: Evidence<'_>,
 ) -> CriterionRecord {
     let criterion = &planned.criterion;
+    let unchecked = |status, detail| CriterionRecord {
+        turn_index,
+        criterion: criterion.text.clone(),
+        kind: criterion.kind.name().to_string(),
+        status,
+        detail: Some(detail),
+        judge: None,
+    };
     let mut rendered = Rendered::default();
     if !planned.templates.is_empty() {
         let ctx = ctx();
@@ -96,29 +104,18 @@ pub fn check_planned<T: AsRef<TurnRecord>>(
                         && matches!(slot, ValueSlot::ReplyCheck(_))
                         && templates.is_null_alone(template, ctx.clone()) =>
                 {
-                    return CriterionRecord {
-                        turn_index,
-                        criterion: criterion.text.clone(),
-                        kind: criterion.kind.name().to_string(),
-                        status: CriterionStatus::Error,
-                        detail: Some(format!(
+                    return unchecked(
+                        CriterionStatus::Error,
+                        format!(
                             "`{}` is a `null` or missing field: there is no value to check \
                              against, so nothing was checked",
                             template.source().trim()
-                        )),
-                        judge: None,
-                    };
+                        ),
+                    );
                 }
                 Ok(text) => rendered.values.push((slot.clone(), text)),
                 Err(e) => {
-                    return CriterionRecord {
-                        turn_index,
-                        criterion: criterion.text.clone(),
-                        kind: criterion.kind.name().to_string(),
-                        status: CriterionStatus::Failed,
-                        detail: Some(format!("criterion value: {e}")),
-                        judge: None,
-                    };
+                    return unchecked(CriterionStatus::Failed, format!("criterion value: {e}"));
                 }
             }
         }

@@ -322,6 +322,12 @@ impl Plan {
             })
             .collect::<Result<Vec<GlobMatcher>, _>>()?;
 
+        // In NFC once per suite: a suite is named after its file (macOS names files in NFD).
+        let suite_names: Vec<_> = project
+            .suites
+            .iter()
+            .map(|s| trellis_dsl::names::nfc(&s.name))
+            .collect();
         // Select, then pull in everything selected scenarios need.
         let keys: Vec<(usize, usize)> = project
             .suites
@@ -338,8 +344,7 @@ impl Plan {
                 let sc = &suite.scenarios[ci];
                 let active = selection.include_inactive || sc.status == Status::Active;
                 let id = trellis_dsl::names::nfc(&sc.id.value);
-                // The suite's name is its file's (macOS gives file names in NFD).
-                let suite_name = trellis_dsl::names::nfc(&suite.name);
+                let suite_name = &suite_names[si];
                 let full = format!("{suite_name}/{id}");
                 // An instance (`refund[A17]`) is selected by its own id (also written
                 // literally, although `[…]` is a glob class) and by its scenario's id.

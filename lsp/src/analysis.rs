@@ -248,7 +248,7 @@ impl Index {
             if let Some(ValueType::Ref(kind)) = value_type(node, spec, value, protocols) {
                 // `needs "suite/scenario"`: the scenario part names the scenario, of that
                 // suite; `needs "scenario"`: of this one.
-                let (id, content) = match value.text.rsplit_once('/') {
+                let (id, content) = match trellis_dsl::graph::split_reference(&value.text) {
                     Some((other, id))
                         if kind == "scenario" && value.content.len() == value.text.len() =>
                     {

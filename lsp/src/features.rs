@@ -396,7 +396,7 @@ impl Server {
         };
         // A scenario's id is its suite's: another suite's scenario of that name is not in
         // the way.
-        let new_key = match key.1.rsplit_once('/') {
+        let new_key = match trellis_dsl::graph::split_reference(&key.1) {
             Some((suite, _)) if key.0 == "scenario" => format!("{suite}/{}", p.new_name),
             _ => p.new_name.clone(),
         };
