@@ -561,6 +561,7 @@ async fn run_scenario(
                 }
             }
         }
+        planned.scope.release();
         // A skipped scenario does not satisfy the scenarios that need it.
         return false;
     }
@@ -628,6 +629,8 @@ async fn run_scenario(
     while let Some(done) = units.join_next().await {
         all_ok &= done.unwrap_or(false);
     }
+    // Every trajectory is recorded: nothing renders in its scope any more.
+    planned.scope.release();
     all_ok
 }
 
