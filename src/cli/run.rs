@@ -380,6 +380,9 @@ pub fn run(args: RunArgs) -> u8 {
         signals: None,
     };
     let fresh = resumed.is_none();
+    // The plan holds what the run needs of the suites; the rest (the files' text, the
+    // datasets' rows) would be held for nothing until the process exits.
+    drop(project);
     let outcome = match execute_plan(plan, &run_id, &out, &settings, resumed) {
         Ok(outcome) => outcome,
         Err(message) => {
