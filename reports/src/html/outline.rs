@@ -8,7 +8,8 @@
 //! of a hundred. Per-node counts are taken as runs arrive ([`node_outcomes`] reads them); a
 //! fuller statistics module can replace them without touching the templates.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 
 use trellis_records::{NodeRecord, TrajectoryRecord, TrajectoryStatus};
 
@@ -69,29 +70,65 @@ fn keep_lowest(
     }
 }
 
+/// An agent or node name, shared by every scenario that has it: a dataset's 20,000
+/// instances all go through a node `main` on agent `demo`, and a string of each per
+/// instance was a fifth of the outline's memory.
+type Name = Arc<str>;
+
 /// One scenario's trajectories as the journal recorded them.
 #[derive(Debug, Default)]
 pub(crate) struct ScenarioOutline {
     /// Each trajectory's nodes, root first, in the order trajectories were first seen.
     pub(crate) paths: Vec<(String, Vec<String>)>,
-    /// Each trajectory's repetitions per agent, by trajectory name, agents in the order
-    /// they were first seen.
-    pub(crate) runs: HashMap<String, Vec<(String, Repetitions)>>,
-    /// Per node: runs that reached it, failed or faulted there.
-    outcomes: HashMap<String, NodeOutcome>,
+    /// Each trajectory's repetitions per agent, by position in `paths`, agents in the order
+    /// they were first seen. (Beside `paths` rather than in a map by name: a scenario's
+    /// trajectories are found by their position there already, and a map each was a
+    /// third of a one-trajectory scenario's outline.)
+    pub(crate) runs: Vec<Vec<(Name, Repetitions)>>,
+    /// Per node: runs that reached it, failed or faulted there, and the turns it took.
+    nodes: HashMap<Name, NodeOutline>,
     /// For trajectories that continue forks the agent asked for (`NAME~LABEL…`): the
     /// position of each alternative among those the agent listed, outermost first, so they
     /// are shown in the agent's order rather than finishing order.
     pub(crate) fork_positions: HashMap<String, Vec<u32>>,
-    /// Turn indices each (agent, node) took, from the first repetition recorded, so a
+}
+
+impl ScenarioOutline {
+    /// The repetitions of trajectory `name` per agent.
+    pub(crate) fn runs_of(&self, name: &str) -> &[(Name, Repetitions)] {
+        self.paths
+            .iter()
+            .position(|(n, _)| n == name)
+            .and_then(|at| self.runs.get(at))
+            .map_or(&[], Vec::as_slice)
+    }
+}
+
+/// What the outline keeps of one node of a scenario.
+#[derive(Debug, Default)]
+struct NodeOutline {
+    outcome: NodeOutcome,
+    /// Turn indices the node took on each agent, from the first repetition recorded, so a
     /// failed `expect` can be placed at the node that took its turn.
-    turns: HashMap<(String, String), (u32, u32)>,
+    turns: Vec<(Name, (u32, u32))>,
 }
 
 /// Every scenario's outline, by (suite, scenario).
 #[derive(Debug, Default)]
 pub(crate) struct Outline {
     pub(crate) scenarios: BTreeMap<(String, String), ScenarioOutline>,
+    /// Agent and node names, interned.
+    names: HashSet<Name>,
+}
+
+/// `text` as an interned name.
+fn intern(names: &mut HashSet<Name>, text: &str) -> Name {
+    if let Some(name) = names.get(text) {
+        return Arc::clone(name);
+    }
+    let name: Name = Arc::from(text);
+    names.insert(Arc::clone(&name));
+    name
 }
 
 impl Outline {
@@ -100,8 +137,14 @@ impl Outline {
             .scenarios
             .entry((node.suite.clone(), node.scenario.clone()))
             .or_default();
-        let key = (node.agent.clone(), node.node.clone());
-        if outline.turns.contains_key(&key) {
+        let entry = match outline.nodes.get_mut(node.node.as_str()) {
+            Some(entry) => entry,
+            None => outline
+                .nodes
+                .entry(intern(&mut self.names, &node.node))
+                .or_default(),
+        };
+        if entry.turns.iter().any(|(agent, _)| **agent == *node.agent) {
             return;
         }
         // A replayed turn repeats a prefix turn's index: it belongs to the prefix.
@@ -111,7 +154,8 @@ impl Outline {
             .filter(|t| !t.replay)
             .map(|t| t.turn_index);
         if let (Some(first), Some(last)) = (own.clone().min(), own.max()) {
-            outline.turns.insert(key, (first, last));
+            let agent = intern(&mut self.names, &node.agent);
+            entry.turns.push((agent, (first, last)));
         }
     }
 
@@ -120,29 +164,40 @@ impl Outline {
             .scenarios
             .entry((t.suite.clone(), t.scenario.clone()))
             .or_default();
-        match outline
+        let at = match outline
             .paths
-            .iter_mut()
-            .find(|(name, _)| name == &t.trajectory)
+            .iter()
+            .position(|(name, _)| name == &t.trajectory)
         {
-            // A run that stopped early lists fewer nodes: keep the longest path seen.
-            Some((_, nodes)) if nodes.len() < t.nodes.len() => nodes.clone_from(&t.nodes),
-            Some(_) => {}
-            None => outline.paths.push((t.trajectory.clone(), t.nodes.clone())),
-        }
+            Some(at) => {
+                // A run that stopped early lists fewer nodes: keep the longest path seen.
+                let nodes = &mut outline.paths[at].1;
+                if nodes.len() < t.nodes.len() {
+                    nodes.clone_from(&t.nodes);
+                }
+                at
+            }
+            None => {
+                outline.paths.push((t.trajectory.clone(), t.nodes.clone()));
+                outline.runs.push(Vec::new());
+                outline.paths.len() - 1
+            }
+        };
         if !t.agent_branches.is_empty() {
             outline
                 .fork_positions
                 .entry(t.trajectory.clone())
                 .or_insert_with(|| t.agent_branches.iter().map(|b| b.index).collect());
         }
-        let runs = outline.runs.entry(t.trajectory.clone()).or_default();
-        match runs.iter_mut().find(|(agent, _)| *agent == t.agent) {
+        let Some(runs) = outline.runs.get_mut(at) else {
+            return;
+        };
+        match runs.iter_mut().find(|(agent, _)| **agent == *t.agent) {
             Some((_, reps)) => reps.add(t.repetition, t.status),
             None => {
                 let mut reps = Repetitions::default();
                 reps.add(t.repetition, t.status);
-                runs.push((t.agent.clone(), reps));
+                runs.push((intern(&mut self.names, &t.agent), reps));
             }
         }
         // Skipped and invalid runs say nothing about where the agent went wrong.
@@ -156,14 +211,14 @@ impl Outline {
         let failed_at =
             failure_node(outline, t).and_then(|at| t.nodes.iter().position(|n| *n == at));
         for (position, node) in t.nodes.iter().enumerate() {
-            if !outline.outcomes.contains_key(node) {
-                outline
-                    .outcomes
-                    .insert(node.clone(), NodeOutcome::default());
-            }
-            let Some(outcome) = outline.outcomes.get_mut(node) else {
-                continue;
+            let entry = match outline.nodes.get_mut(node.as_str()) {
+                Some(entry) => entry,
+                None => outline
+                    .nodes
+                    .entry(intern(&mut self.names, node))
+                    .or_default(),
             };
+            let outcome = &mut entry.outcome;
             outcome.reached += 1;
             match failed_at {
                 Some(at) if position == at && t.status == TrajectoryStatus::Error => {
@@ -184,9 +239,10 @@ pub(crate) fn failure_node(outline: &ScenarioOutline, t: &TrajectoryRecord) -> O
     let at = crate::stats::failure_position(t, t.nodes.len(), |turn| {
         t.nodes.iter().position(|node| {
             outline
-                .turns
-                .get(&(t.agent.clone(), node.clone()))
-                .is_some_and(|&(first, last)| first <= turn && turn <= last)
+                .nodes
+                .get(node.as_str())
+                .and_then(|n| n.turns.iter().find(|(agent, _)| **agent == *t.agent))
+                .is_some_and(|&(_, (first, last))| first <= turn && turn <= last)
         })
     })?;
     t.nodes.get(at).cloned()
@@ -214,8 +270,14 @@ impl NodeOutcome {
 
 /// Counts per node: a failure in a shared prefix is counted there, and as failed above in
 /// the branches below it, which those runs still ran.
-pub(crate) fn node_outcomes(outline: &ScenarioOutline) -> &HashMap<String, NodeOutcome> {
-    &outline.outcomes
+pub(crate) fn node_outcomes(outline: &ScenarioOutline) -> HashMap<&str, NodeOutcome> {
+    outline
+        .nodes
+        .iter()
+        // A node only seen in a `node` record (its runs were skipped) has no outcome.
+        .filter(|(_, n)| n.outcome.reached > 0)
+        .map(|(name, n)| (&**name, n.outcome))
+        .collect()
 }
 
 #[cfg(test)]

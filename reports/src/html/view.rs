@@ -1561,10 +1561,10 @@ fn scenario_view(
         trajectories.insert(at, name);
     }
     let mut agents: Vec<String> = plan.map(|p| p.agents.clone()).unwrap_or_default();
-    for runs in outline.runs.values() {
+    for runs in &outline.runs {
         for (agent, _) in runs {
-            if !agents.contains(agent) {
-                agents.push(agent.clone());
+            if !agents.iter().any(|a| *a == **agent) {
+                agents.push(agent.to_string());
             }
         }
     }
@@ -1785,7 +1785,7 @@ fn leaf_view(
     anchors: &Anchors,
     rendered: &HashSet<(&str, &str, u32)>,
 ) -> Leaf {
-    let mut runs: Vec<_> = outline.runs.get(trajectory).into_iter().flatten().collect();
+    let mut runs: Vec<_> = outline.runs_of(trajectory).iter().collect();
     runs.sort_by_key(|(agent, _)| rank(&anchors.agents, agent));
     let mut agents: Vec<AgentReps> = Vec::new();
     for (agent, reps) in runs {
@@ -1800,7 +1800,7 @@ fn leaf_view(
             .map(|(&repetition, status)| {
                 let status = status.as_str();
                 let anchor = rendered
-                    .contains(&(trajectory, agent.as_str(), repetition))
+                    .contains(&(trajectory, &**agent, repetition))
                     .then(|| anchors.run(trajectory, agent, repetition));
                 Chip {
                     label: format!("#{repetition}"),
@@ -1814,7 +1814,7 @@ fn leaf_view(
             })
             .collect();
         agents.push(AgentReps {
-            agent: agent.clone(),
+            agent: agent.to_string(),
             more: total.saturating_sub(chips.len()),
             more_passed: total > MAX_CHIPS
                 && usize::try_from(reps.not_passed).is_ok_and(|n| n <= MAX_CHIPS),
@@ -1888,7 +1888,7 @@ fn tree_view(
     fn build(
         parent: Option<&str>,
         children: &HashMap<Option<&str>, Vec<&str>>,
-        outcomes: &HashMap<String, NodeOutcome>,
+        outcomes: &HashMap<&str, NodeOutcome>,
         paths: &[(&String, &Vec<String>)],
         leaf: &dyn Fn(&str) -> Leaf,
         link_for: &dyn Fn(&str) -> Option<String>,
@@ -1929,7 +1929,7 @@ fn tree_view(
             .collect()
     }
     let leaf = |name: &str| leaf_view(outline, name, anchors, rendered);
-    build(None, &children, outcomes, paths, &leaf, &link_for, forks)
+    build(None, &children, &outcomes, paths, &leaf, &link_for, forks)
 }
 
 fn run_view(
