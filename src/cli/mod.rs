@@ -796,6 +796,9 @@ fn list(args: &ListArgs) -> u8 {
     let Some(plan) = plan(&project, &args.select) else {
         return EXIT_INVALID;
     };
+    let fingerprinter = args
+        .verbose
+        .then(|| trellis_engine::fingerprint::Fingerprinter::of(&project));
     for s in &plan.scenarios {
         let agents: Vec<&str> = s.agents.iter().map(|&a| &*plan.agents[a].id).collect();
         // The agent decides at run time whether to fork: say how far that is explored.
@@ -831,8 +834,8 @@ fn list(args: &ListArgs) -> u8 {
                 )
             }
         );
-        if args.verbose {
-            let prints = trellis_engine::fingerprint::scenario(&project, &s.scenario);
+        if let Some(fingerprinter) = &fingerprinter {
+            let prints = fingerprinter.scenario(&s.scenario);
             console::outln!("  fingerprint: {}  setup {}", prints.scenario, prints.setup);
             // In tree order, root first.
             for node in &s.nodes {
