@@ -127,39 +127,18 @@ impl Templates {
         &self.vars
     }
 
-    /// Compiles `template` once per distinct source: the environment keeps it, named by its
-    /// source, and every render of it (each turn of each scenario that sends it) uses that.
-    /// Compiled again for each render, the one `user "{{ row.q }}"` of a 20,000-row
-    /// dataset's instances was compiled 40,000 times, about 5,000 instructions each.
     pub fn compile(&mut self, template: &Template) -> Result<CompiledTemplate, RenderError> {
         let source = &template.source;
         if !source.contains("{{") && !source.contains("{%") && !source.contains("{#") {
             return Ok(CompiledTemplate::Literal(Arc::from(source.as_str())));
         }
-        if self.env.get_template(source).is_err() {
-            // Compiled as a one-off first: its error is the one `trellis check` describes,
-            // without a template name.
-            self.env
-                .template_from_str(source)
-                .map_err(|error| RenderError::Compile {
-                    source_text: source.clone(),
-                    error,
-                })?;
-            // It compiled just now, so it compiles again.
-            let _ = self.env.add_template_owned(source.clone(), source.clone());
-        }
+        self.env
+            .template_from_str(source)
+            .map_err(|error| RenderError::Compile {
+                source_text: source.clone(),
+                error,
+            })?;
         Ok(CompiledTemplate::Compiled(Arc::from(source.as_str())))
-    }
-
-    /// `source` compiled: the plan's compiled template when it is one, else compiled now.
-    fn template<'a>(
-        &'a self,
-        source: &'a str,
-    ) -> Result<minijinja::Template<'a, 'a>, minijinja::Error> {
-        match self.env.get_template(source) {
-            Ok(template) => Ok(template),
-            Err(_) => self.env.template_from_str(source),
-        }
     }
 
     /// Whether `template` is one expression alone (`{{ row.want }}`) whose value in `ctx` is
@@ -199,12 +178,13 @@ impl Templates {
         if !source.contains("{{") && !source.contains("{%") && !source.contains("{#") {
             return Ok(source.to_owned());
         }
-        let template = self
-            .template(source)
-            .map_err(|error| RenderError::Compile {
-                source_text: source.to_owned(),
-                error,
-            })?;
+        let template =
+            self.env
+                .template_from_str(source)
+                .map_err(|error| RenderError::Compile {
+                    source_text: source.to_owned(),
+                    error,
+                })?;
         // Kept (a reference count) to name what was undefined, should the render fail.
         let ctx = ctx();
         template
@@ -229,7 +209,7 @@ impl Templates {
         let CompiledTemplate::Compiled(source) = template else {
             return Vec::new();
         };
-        let Ok(template) = self.template(source) else {
+        let Ok(template) = self.env.template_from_str(source) else {
             return Vec::new();
         };
         template
@@ -629,39 +609,6 @@ mod tests {
             templates.render_source("hi {{ row.o.k }}", ctx).unwrap(),
             "hi 1"
         );
-    }
-
-    /// A template is compiled once, by the plan, and every render uses that compilation;
-    /// a source the plan never compiled (a simulator's prompt) still renders, and a
-    /// template that does not compile is described as before, with no internal name.
-    #[test]
-    fn a_planned_template_is_compiled_once_and_others_still_render() {
-        let mut templates = Templates::new(Arc::new(EnvSnapshot::new()));
-        let template = |source: &str| trellis_dsl::Template {
-            source: source.to_owned(),
-            span: trellis_dsl::Span::new(
-                trellis_dsl::FileId::default(),
-                miette::SourceSpan::from(0..0),
-            ),
-        };
-        let compiled = templates.compile(&template("Hi {{ row.q }}")).unwrap();
-        assert!(templates.env.get_template("Hi {{ row.q }}").is_ok());
-        let again = templates.compile(&template("Hi {{ row.q }}")).unwrap();
-        assert_eq!(compiled.source(), again.source());
-        let ctx = || minijinja::context! { row => minijinja::context! { q => "there" } };
-        assert_eq!(templates.render(&compiled, ctx).unwrap(), "Hi there");
-        assert_eq!(
-            templates.render_source("Bye {{ row.q }}", ctx).unwrap(),
-            "Bye there"
-        );
-        assert!(templates.env.get_template("Bye {{ row.q }}").is_err());
-        let error = templates.compile(&template("Hi {{ row.q ")).unwrap_err();
-        let text = error.to_string();
-        assert!(
-            text.starts_with("template `Hi {{ row.q `: syntax error"),
-            "{text}"
-        );
-        assert!(templates.env.get_template("Hi {{ row.q ").is_err());
     }
 
     /// minijinja writes values as Python does; suites read them as JSON (a dataset's `true`
