@@ -14,7 +14,7 @@
 //! rendering never reads the process environment, which other threads (and tests) may be
 //! changing, and a run sees one consistent environment from start to end.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use minijinja::value::{Object, Serde, Value};
@@ -91,6 +91,11 @@ pub struct Templates {
     env: Environment<'static>,
     /// What `env.NAME` reads, for naming unset variables in errors.
     vars: Arc<EnvSnapshot>,
+    /// Sources that compiled when planned, each once: a dataset's instances all send the
+    /// same `user "{{ row.q }}"`, which was compiled again for each of them (about 5,000
+    /// instructions) and held as a copy each. Only the text is kept, which the plan holds
+    /// anyway, shared (the module docs say why the compiled form is not).
+    planned: HashSet<Arc<str>>,
 }
 
 impl Default for Templates {
@@ -119,7 +124,11 @@ impl Templates {
         env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
         // `true`, `null` and lists as JSON writes them, not as Python does.
         env.set_formatter(trellis_dsl::template::write_value);
-        Templates { env, vars }
+        Templates {
+            env,
+            vars,
+            planned: HashSet::new(),
+        }
     }
 
     /// The environment snapshot `env` renders from.
@@ -132,13 +141,18 @@ impl Templates {
         if !source.contains("{{") && !source.contains("{%") && !source.contains("{#") {
             return Ok(CompiledTemplate::Literal(Arc::from(source.as_str())));
         }
+        if let Some(known) = self.planned.get(source.as_str()) {
+            return Ok(CompiledTemplate::Compiled(Arc::clone(known)));
+        }
         self.env
             .template_from_str(source)
             .map_err(|error| RenderError::Compile {
                 source_text: source.clone(),
                 error,
             })?;
-        Ok(CompiledTemplate::Compiled(Arc::from(source.as_str())))
+        let source: Arc<str> = Arc::from(source.as_str());
+        self.planned.insert(Arc::clone(&source));
+        Ok(CompiledTemplate::Compiled(source))
     }
 
     /// Whether `template` is one expression alone (`{{ row.want }}`) whose value in `ctx` is
@@ -609,6 +623,35 @@ mod tests {
             templates.render_source("hi {{ row.o.k }}", ctx).unwrap(),
             "hi 1"
         );
+    }
+
+    /// A source planned twice is compiled and held once; nothing is registered in the
+    /// environment (a template's `{% include %}` cannot find another by its text), and a
+    /// source that does not compile is described as before.
+    #[test]
+    fn a_source_planned_twice_is_compiled_and_held_once() {
+        let mut templates = Templates::new(Arc::new(EnvSnapshot::new()));
+        let template = |source: &str| trellis_dsl::Template {
+            source: source.to_owned(),
+            span: trellis_dsl::Span::new(0, miette::SourceSpan::from(0..0)),
+        };
+        let first = templates.compile(&template("Hi {{ row.q }}")).unwrap();
+        let again = templates.compile(&template("Hi {{ row.q }}")).unwrap();
+        let (CompiledTemplate::Compiled(a), CompiledTemplate::Compiled(b)) = (&first, &again)
+        else {
+            panic!("not compiled: {first:?} {again:?}");
+        };
+        assert!(Arc::ptr_eq(a, b), "the second instance holds its own copy");
+        assert!(templates.env.get_template("Hi {{ row.q }}").is_err());
+        let ctx = || minijinja::context! { row => minijinja::context! { q => "there" } };
+        assert_eq!(templates.render(&again, ctx).unwrap(), "Hi there");
+        let error = templates.compile(&template("Hi {{ row.q ")).unwrap_err();
+        let text = error.to_string();
+        assert!(
+            text.starts_with("template `Hi {{ row.q `: syntax error"),
+            "{text}"
+        );
+        assert!(templates.compile(&template("Hi {{ row.q ")).is_err());
     }
 
     /// minijinja writes values as Python does; suites read them as JSON (a dataset's `true`
