@@ -491,7 +491,25 @@ impl Console {
             let mut header = vec!["scenario"];
             header.extend(agents.iter().copied());
             let mut grid = table(&header);
-            for scenario in scenarios.keys() {
+            // A matrix's instances in the order the matrix lists its values (`n=2` before
+            // `n=10`, `n=-3` before `n=1`), each scenario's beside its base's name; others
+            // by name.
+            let matrix_rank: HashMap<&str, usize> = self
+                .matrix_instances
+                .iter()
+                .filter(|s| s.suite == suite)
+                .enumerate()
+                .map(|(rank, s)| (s.scenario.as_str(), rank))
+                .collect();
+            let mut rows: Vec<&str> = scenarios.keys().copied().collect();
+            rows.sort_by_cached_key(|scenario| {
+                let base = self
+                    .instance_of
+                    .get(&(suite.to_string(), (*scenario).to_string()))
+                    .map_or(*scenario, String::as_str);
+                (base, matrix_rank.get(scenario).copied(), *scenario)
+            });
+            for scenario in rows {
                 let mut row = vec![Cell::new(scenario)];
                 for agent in &agents {
                     let key = (suite.to_string(), scenario.to_string(), agent.to_string());

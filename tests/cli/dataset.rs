@@ -587,6 +587,57 @@ async fn matrix_values_are_vars_and_name_the_instances() {
 /// Model names and URLs hold `/`, and are what a matrix is most often over: such a value
 /// names its instance (`m[model=openai/gpt-4o-mini]`), is selected by `--filter`, and a
 /// scenario that `needs` the matrix waits for each instance. 7c52210 refused them.
+/// The agents' side-by-side grids (console and report) list a matrix's instances as the
+/// matrix lists its values, not as their ids sort as text (`m[n=-3]` before `m[n=10]`).
+#[tokio::test]
+async fn the_agents_grids_keep_the_matrix_order() {
+    let dir = project(
+        "agent \"a\" protocol=\"connexity\" builtin=\"booking\"\n\
+         agent \"b\" protocol=\"connexity\" builtin=\"booking\"\n\
+         scenario \"m\" {\n    agents \"a\" \"b\"\n    matrix {\n        n 2 10 -3\n    }\n    \
+         user \"Hi {{ vars.n }}\"\n    expect no-error\n}\n",
+        &[],
+    );
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path().join("suite.kdl"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let expected = ["m[n=2]", "m[n=10]", "m[n=-3]"];
+    let console = stdout(&o);
+    let grid = &console[console
+        .find("suite: agents side by side")
+        .unwrap_or_else(|| panic!("no grid in {console}"))..];
+    let rows: Vec<&str> = grid
+        .lines()
+        .filter_map(|l| {
+            expected
+                .iter()
+                .copied()
+                .find(|id| l.contains(&format!(" {id} ")))
+        })
+        .take(3)
+        .collect();
+    assert_eq!(rows, expected, "{grid}");
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    let grid = &html[html
+        .find("<h2>Agents side by side: suite</h2>")
+        .unwrap_or_else(|| panic!("no grid in the report"))..];
+    let grid = &grid[..grid.find("</table>").unwrap()];
+    let mut found: Vec<(usize, &str)> = expected
+        .iter()
+        .map(|id| (grid.find(&format!("title=\"{id}\"")).unwrap(), *id))
+        .collect();
+    found.sort();
+    let rows: Vec<&str> = found.into_iter().map(|(_, id)| id).collect();
+    assert_eq!(rows, expected);
+}
+
 #[tokio::test]
 async fn matrix_values_with_a_slash_name_instances_that_filters_and_needs_reach() {
     let suite = format!(

@@ -827,9 +827,18 @@ fn agent_grids(
     agents: &[String],
     counts: &BTreeMap<(String, String, String), Counts>,
     anchors: &BTreeMap<(String, String), String>,
+    planned: &[ScenarioInfo],
 ) -> Vec<AgentGrid> {
     let mut grids = Vec::new();
     for suite in suites {
+        // Rows in plan order, as the page's other tables: a matrix's instances as the
+        // matrix lists its values (`n=2` before `n=10`), not as text sorts them.
+        let rank: HashMap<&str, usize> = planned
+            .iter()
+            .filter(|s| s.suite == *suite)
+            .enumerate()
+            .map(|(rank, s)| (s.scenario.as_str(), rank))
+            .collect();
         let mut scenarios: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
         for (s, scenario, agent) in counts.keys() {
             if s == suite {
@@ -845,8 +854,11 @@ fn agent_grids(
         if columns.len() < 2 {
             continue;
         }
-        let rows = scenarios
-            .keys()
+        let mut ordered: Vec<&str> = scenarios.keys().copied().collect();
+        ordered
+            .sort_by_key(|scenario| (rank.get(scenario).copied().unwrap_or(usize::MAX), *scenario));
+        let rows = ordered
+            .iter()
             .map(|scenario| AgentGridRow {
                 name: (*scenario).to_string(),
                 anchor: anchors
@@ -1481,6 +1493,7 @@ pub(crate) fn build(page: &Page<'_>) -> PageView {
                 .iter()
                 .map(|v| ((v.suite.clone(), v.id.clone()), v.anchor.clone()))
                 .collect(),
+            &info.scenarios,
         ),
         matrix_grids: matrix_grids(
             &filter_suites,
