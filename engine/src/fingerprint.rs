@@ -96,17 +96,61 @@ pub struct ScenarioFingerprints {
 /// so `trellis run --resume` can tell which finished trajectories an edit invalidated.
 pub fn stamp(project: &Project, plan: &mut crate::plan::Plan) {
     let shared = Fingerprinter::of(project);
-    for planned in &mut plan.scenarios {
-        let prints = shared.scenario(&planned.scenario);
-        for trajectory in &mut planned.trajectories {
-            trajectory.fingerprint = trajectory
-                .nodes
-                .last()
-                .and_then(|leaf| prints.nodes.get(leaf))
-                .map(|f| Arc::from(format!("{}:{}", f.conversation, f.checks)));
+    let stamp_all = |scenarios: &mut [crate::plan::PlannedScenario]| {
+        for planned in scenarios {
+            let prints = shared.scenario(&planned.scenario);
+            for trajectory in &mut planned.trajectories {
+                trajectory.fingerprint = trajectory
+                    .nodes
+                    .last()
+                    .and_then(|leaf| prints.nodes.get(leaf))
+                    .map(|f| Arc::from(format!("{}:{}", f.conversation, f.checks)));
+            }
         }
+    };
+    // A dataset's thousands of instances: their fingerprints are independent of each other,
+    // and nothing else runs yet (this is the run's start), so they are split over the cores.
+    let threads = if plan.scenarios.len() >= PARALLEL_FROM {
+        std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_THREADS))
+    } else {
+        1
+    };
+    if threads <= 1 {
+        stamp_all(&mut plan.scenarios);
+        return;
     }
+    // Parts taken from a shared list: a thread that cannot start leaves its parts to the
+    // others, this one included.
+    let chunk = plan.scenarios.len().div_ceil(threads * 4);
+    let parts = std::sync::Mutex::new(plan.scenarios.chunks_mut(chunk).collect::<Vec<_>>());
+    let work = || {
+        loop {
+            let part = parts
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .pop();
+            match part {
+                Some(part) => stamp_all(part),
+                None => break,
+            }
+        }
+    };
+    std::thread::scope(|scope| {
+        for _ in 1..threads {
+            let _ = std::thread::Builder::new()
+                .name("trellis-fingerprint".into())
+                .spawn_scoped(scope, work);
+        }
+        work();
+    });
 }
+
+/// Scenarios from which [`stamp`] uses more than one thread: starting one costs about what
+/// fingerprinting a hundred scenarios does.
+const PARALLEL_FROM: usize = 1024;
+
+/// At most this many threads for [`stamp`].
+const MAX_THREADS: usize = 4;
 
 /// `suite/scenario` → its fingerprints, for every scenario of the project.
 pub fn project(project: &Project) -> BTreeMap<String, ScenarioFingerprints> {
@@ -136,8 +180,8 @@ pub struct Fingerprinter<'p> {
     project: &'p Project,
     /// By the address of the project's agent: `Project::scenario_agents` hands out
     /// references into `project.agents`.
-    agents: HashMap<*const Agent, String>,
-    personas: HashMap<*const Persona, String>,
+    agents: HashMap<usize, String>,
+    personas: HashMap<usize, String>,
     /// The project's tools, providers and simulator, as the setup half writes them.
     sandbox: String,
     /// The project's judges and providers, as the checks half writes them.
@@ -170,12 +214,12 @@ impl<'p> Fingerprinter<'p> {
             agents: project
                 .agents
                 .iter()
-                .map(|a| (std::ptr::from_ref(a), canonical(a)))
+                .map(|a| (address(a), canonical(a)))
                 .collect(),
             personas: project
                 .personas
                 .iter()
-                .map(|p| (std::ptr::from_ref(p), canonical(p)))
+                .map(|p| (address(p), canonical(p)))
                 .collect(),
             sandbox,
             judges,
@@ -188,18 +232,23 @@ impl<'p> Fingerprinter<'p> {
     }
 
     fn agent(&self, agent: &Agent) -> Cow<'_, str> {
-        match self.agents.get(&std::ptr::from_ref(agent)) {
+        match self.agents.get(&address(agent)) {
             Some(text) => Cow::Borrowed(text),
             None => Cow::Owned(canonical(agent)),
         }
     }
 
     fn persona(&self, persona: &Persona) -> Cow<'_, str> {
-        match self.personas.get(&std::ptr::from_ref(persona)) {
+        match self.personas.get(&address(persona)) {
             Some(text) => Cow::Borrowed(text),
             None => Cow::Owned(canonical(persona)),
         }
     }
+}
+
+/// Where `value` lives: the cache's key for the project's own agents and personas.
+fn address<T>(value: &T) -> usize {
+    std::ptr::from_ref(value).addr()
 }
 
 fn scenario_with(shared: &Fingerprinter<'_>, sc: &Scenario) -> ScenarioFingerprints {
@@ -524,6 +573,46 @@ scenario "s" {{
                 "start: conv 71fbaa3eb413 checks 6514c8731c86",
             ]
         );
+    }
+
+    /// A plan of a dataset's many instances is stamped on several threads: every
+    /// trajectory gets what fingerprinting its scenario alone gives.
+    #[test]
+    fn many_instances_are_stamped_as_one_at_a_time_would() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut rows = String::from("id,q\n");
+        for i in 0..(PARALLEL_FROM + 77) {
+            rows.push_str(&format!("r{i},question {i}\n"));
+        }
+        std::fs::write(dir.path().join("rows.csv"), rows).unwrap();
+        let suite = format!(
+            "{AGENT}\ndataset \"d\" path=\"rows.csv\"\nscenario \"s\" for-each=\"d\" {{\n    \
+             row-id \"{{{{ row.id }}}}\"\n    user \"{{{{ row.q }}}}\"\n    \
+             expect no-error\n    branch \"a\" {{\n        user \"more\"\n    }}\n    \
+             branch \"b\" {{\n        user \"else\"\n    }}\n}}\n"
+        );
+        let project = load(dir.path(), &[("s.kdl", &suite)]);
+        let mut plan = crate::plan::Plan::build_with_env(
+            &project,
+            &crate::plan::Selection::default(),
+            Arc::new(Default::default()),
+        )
+        .unwrap();
+        assert_eq!(plan.scenarios.len(), PARALLEL_FROM + 77);
+        stamp(&project, &mut plan);
+        let mut seen = std::collections::HashSet::new();
+        for planned in &plan.scenarios {
+            let prints = scenario(&project, &planned.scenario);
+            for t in &planned.trajectories {
+                let leaf = t.nodes.last().unwrap();
+                let f = prints.nodes[leaf];
+                let want = format!("{}:{}", f.conversation, f.checks);
+                assert_eq!(t.fingerprint.as_deref(), Some(want.as_str()), "{}", t.name);
+                seen.insert(want);
+            }
+        }
+        // Each instance's row makes its fingerprints its own.
+        assert_eq!(seen.len(), 2 * (PARALLEL_FROM + 77));
     }
 
     #[test]
