@@ -139,6 +139,7 @@ pub fn stamp(project: &Project, plan: &mut crate::plan::Plan) {
         for _ in 1..threads {
             let _ = std::thread::Builder::new()
                 .name("trellis-fingerprint".into())
+                .stack_size(STACK_SIZE)
                 .spawn_scoped(scope, work);
         }
         work();
@@ -151,6 +152,12 @@ const PARALLEL_FROM: usize = 1024;
 
 /// At most this many threads for [`stamp`].
 const MAX_THREADS: usize = 4;
+
+/// The stack of [`stamp`]'s threads: a fingerprint writes the model's `Debug` text, which
+/// recurses once per level of a nested value (a dataset row, a `user-context`), and the
+/// loader accepts nesting as deep as the command thread's stack (src/main.rs) allows.
+/// Reserved, not committed: pages are only used as deep values need them.
+const STACK_SIZE: usize = 512 * 1024 * 1024;
 
 /// `suite/scenario` → its fingerprints, for every scenario of the project.
 pub fn project(project: &Project) -> BTreeMap<String, ScenarioFingerprints> {
