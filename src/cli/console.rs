@@ -155,6 +155,9 @@ pub struct Console {
     /// (suite, instance id) → the scenario as written, for every `for-each` / `matrix`
     /// instance: a scenario with many instances is one row of the summary.
     instance_of: HashMap<(String, String), String>,
+    /// (suite, scenario) → its position in the plan, for the scenarios planned against
+    /// several agents: the rows of the agents' grid, in the order the report lists them.
+    grid_rank: HashMap<(String, String), usize>,
     /// The first failures in stable order (suite, scenario, branch, agent, repetition), not
     /// in the order they finished, so the same run always shows the same ones.
     failures: BTreeMap<FailureKey, TrajectoryRecord>,
@@ -204,6 +207,7 @@ impl Console {
             suites: Vec::new(),
             matrix_instances: Vec::new(),
             instance_of: HashMap::new(),
+            grid_rank: HashMap::new(),
             failures: BTreeMap::new(),
             failures_total: 0,
             invalid: BTreeMap::new(),
@@ -247,6 +251,13 @@ impl Console {
                     let i = s.instance.as_ref()?;
                     Some(((s.suite.clone(), s.scenario.clone()), i.of.clone()))
                 })
+                .collect();
+            self.grid_rank = info
+                .scenarios
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.agents.len() > 1)
+                .map(|(rank, s)| ((s.suite.clone(), s.scenario.clone()), rank))
                 .collect();
             return;
         }
@@ -491,23 +502,17 @@ impl Console {
             let mut header = vec!["scenario"];
             header.extend(agents.iter().copied());
             let mut grid = table(&header);
-            // A matrix's instances in the order the matrix lists its values (`n=2` before
-            // `n=10`, `n=-3` before `n=1`), each scenario's beside its base's name; others
-            // by name.
-            let matrix_rank: HashMap<&str, usize> = self
-                .matrix_instances
-                .iter()
-                .filter(|s| s.suite == suite)
-                .enumerate()
-                .map(|(rank, s)| (s.scenario.as_str(), rank))
-                .collect();
+            // In plan order, as the report lists them (a matrix's instances as the matrix
+            // lists its values, `n=2` before `n=10`); a scenario the plan did not list, by
+            // name after them.
             let mut rows: Vec<&str> = scenarios.keys().copied().collect();
             rows.sort_by_cached_key(|scenario| {
-                let base = self
-                    .instance_of
+                let rank = self
+                    .grid_rank
                     .get(&(suite.to_string(), (*scenario).to_string()))
-                    .map_or(*scenario, String::as_str);
-                (base, matrix_rank.get(scenario).copied(), *scenario)
+                    .copied()
+                    .unwrap_or(usize::MAX);
+                (rank, *scenario)
             });
             for scenario in rows {
                 let mut row = vec![Cell::new(scenario)];

@@ -587,13 +587,15 @@ async fn matrix_values_are_vars_and_name_the_instances() {
 /// Model names and URLs hold `/`, and are what a matrix is most often over: such a value
 /// names its instance (`m[model=openai/gpt-4o-mini]`), is selected by `--filter`, and a
 /// scenario that `needs` the matrix waits for each instance. 7c52210 refused them.
-/// The agents' side-by-side grids (console and report) list a matrix's instances as the
-/// matrix lists its values, not as their ids sort as text (`m[n=-3]` before `m[n=10]`).
+/// The agents' side-by-side grids (console and report) list scenarios in plan order, a
+/// matrix's instances as the matrix lists its values, not as their ids sort as text
+/// (`m[n=-3]` before `m[n=10]`), and both grids the same way.
 #[tokio::test]
 async fn the_agents_grids_keep_the_matrix_order() {
     let dir = project(
         "agent \"a\" protocol=\"connexity\" builtin=\"booking\"\n\
          agent \"b\" protocol=\"connexity\" builtin=\"booking\"\n\
+         scenario \"zeta\" {\n    agents \"a\" \"b\"\n    user \"Hi\"\n    expect no-error\n}\n\
          scenario \"m\" {\n    agents \"a\" \"b\"\n    matrix {\n        n 2 10 -3\n    }\n    \
          user \"Hi {{ vars.n }}\"\n    expect no-error\n}\n",
         &[],
@@ -608,7 +610,7 @@ async fn the_agents_grids_keep_the_matrix_order() {
         .await
         .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
-    let expected = ["m[n=2]", "m[n=10]", "m[n=-3]"];
+    let expected = ["zeta", "m[n=2]", "m[n=10]", "m[n=-3]"];
     let console = stdout(&o);
     let grid = &console[console
         .find("suite: agents side by side")
@@ -621,7 +623,7 @@ async fn the_agents_grids_keep_the_matrix_order() {
                 .copied()
                 .find(|id| l.contains(&format!(" {id} ")))
         })
-        .take(3)
+        .take(expected.len())
         .collect();
     assert_eq!(rows, expected, "{grid}");
     let html = std::fs::read_to_string(out.join("report.html")).unwrap();
