@@ -826,19 +826,10 @@ fn agent_grids(
     suites: &[String],
     agents: &[String],
     counts: &BTreeMap<(String, String, String), Counts>,
-    anchors: &BTreeMap<(String, String), String>,
-    planned: &[ScenarioInfo],
+    drawn: &[ScenarioView],
 ) -> Vec<AgentGrid> {
     let mut grids = Vec::new();
     for suite in suites {
-        // Rows in plan order, as the page's other tables: a matrix's instances as the
-        // matrix lists its values (`n=2` before `n=10`), not as text sorts them.
-        let rank: HashMap<&str, usize> = planned
-            .iter()
-            .filter(|s| s.suite == *suite)
-            .enumerate()
-            .map(|(rank, s)| (s.scenario.as_str(), rank))
-            .collect();
         let mut scenarios: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
         for (s, scenario, agent) in counts.keys() {
             if s == suite {
@@ -854,21 +845,18 @@ fn agent_grids(
         if columns.len() < 2 {
             continue;
         }
-        let mut ordered: Vec<&str> = scenarios.keys().copied().collect();
-        ordered
-            .sort_by_key(|scenario| (rank.get(scenario).copied().unwrap_or(usize::MAX), *scenario));
-        let rows = ordered
+        // Rows in the order the page draws its scenarios (`scenario_order`: the plan's, so
+        // a matrix's instances as the matrix lists its values, `n=2` before `n=10`).
+        let rows = drawn
             .iter()
-            .map(|scenario| AgentGridRow {
-                name: (*scenario).to_string(),
-                anchor: anchors
-                    .get(&(suite.clone(), (*scenario).to_string()))
-                    .cloned(),
+            .filter(|v| v.suite == *suite && scenarios.contains_key(v.id.as_str()))
+            .map(|v| AgentGridRow {
+                name: v.id.clone(),
+                anchor: Some(v.anchor.clone()),
                 cells: columns
                     .iter()
                     .map(|agent| {
-                        let c =
-                            counts.get(&(suite.clone(), (*scenario).to_string(), agent.clone()))?;
+                        let c = counts.get(&(suite.clone(), v.id.clone(), agent.clone()))?;
                         let view = CountsView::of(c);
                         let ran = c.passed + c.failed + c.errors;
                         let interval = crate::stats::wilson_interval(c.passed, ran, 0.95)
@@ -1489,11 +1477,7 @@ pub(crate) fn build(page: &Page<'_>) -> PageView {
                 })
                 .map(|(key, counts)| (key.clone(), *counts))
                 .collect(),
-            &scenarios
-                .iter()
-                .map(|v| ((v.suite.clone(), v.id.clone()), v.anchor.clone()))
-                .collect(),
-            &info.scenarios,
+            &scenarios,
         ),
         matrix_grids: matrix_grids(
             &filter_suites,
