@@ -515,7 +515,24 @@ fn outcome_runs(outcomes: &[(u32, TrajectoryStatus)]) -> Vec<(u32, u32, Trajecto
 
 /// A suite, scenario, branch, agent, node or criterion name, interned: a run repeats the
 /// same few names for every record, and keys of shared names cost no allocation.
-type Name = Arc<str>;
+pub(crate) type Name = Arc<str>;
+
+/// Names interned: each distinct text allocated once, handed out as shared [`Name`]s.
+/// foldhash: ten names are interned per trajectory, and hashing them with std's SipHash
+/// was 2.4% of the reporter's instructions; names come from the suites, not an attacker.
+#[derive(Debug, Default)]
+pub(crate) struct Interner(HashSet<Name, foldhash::fast::RandomState>);
+
+impl Interner {
+    pub(crate) fn get(&mut self, text: &str) -> Name {
+        if let Some(name) = self.0.get(text) {
+            return Arc::clone(name);
+        }
+        let name: Name = text.into();
+        self.0.insert(Arc::clone(&name));
+        name
+    }
+}
 type ScenarioKey = (Name, Name, Name);
 type BranchKey = (Name, Name, Name, Name);
 type NodeKey = (Name, Name, Name, Name);
@@ -699,9 +716,7 @@ pub struct StatsBuilder {
     branches: BTreeMap<BranchKey, BranchAcc>,
     nodes: BTreeMap<NodeKey, NodeAcc>,
     criteria: BTreeMap<CriterionKey, CriterionAcc>,
-    /// foldhash: ten names are interned per trajectory, and hashing them with std's SipHash
-    /// was 2.4% of the reporter's instructions; names come from the suites, not an attacker.
-    names: HashSet<Name, foldhash::fast::RandomState>,
+    names: Interner,
     /// Sum and count of the scores LLM judges gave (0–1).
     judge_scores: (f64, u64),
     /// The engine's own LLM cost (judges, simulated users), when a provider has prices.
@@ -742,12 +757,7 @@ impl StatsBuilder {
     }
 
     fn name(&mut self, text: &str) -> Name {
-        if let Some(name) = self.names.get(text) {
-            return name.clone();
-        }
-        let name: Name = text.into();
-        self.names.insert(name.clone());
-        name
+        self.names.get(text)
     }
 
     pub fn add_node(&mut self, node: &NodeRecord) {

@@ -8,10 +8,11 @@
 //! of a hundred. Per-node counts are taken as runs arrive ([`node_outcomes`] reads them); a
 //! fuller statistics module can replace them without touching the templates.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
 
 use trellis_records::{NodeRecord, TrajectoryRecord, TrajectoryStatus};
+
+use crate::stats::{Interner, Name};
 
 /// Repetitions drawn as chips per trajectory and agent; past this, only those that did not
 /// pass are drawn (this many at most) and the rest are counted.
@@ -70,10 +71,9 @@ fn keep_lowest(
     }
 }
 
-/// An agent or node name, shared by every scenario that has it: a dataset's 20,000
-/// instances all go through a node `main` on agent `demo`, and a string of each per
-/// instance was a fifth of the outline's memory.
-type Name = Arc<str>;
+// Agent and node names are interned (`stats::Interner`), shared by every scenario that has
+// them: a dataset's 20,000 instances all go through a node `main` on agent `demo`, and a
+// string of each per instance was a fifth of the outline's memory.
 
 /// One scenario's trajectories as the journal recorded them.
 #[derive(Debug, Default)]
@@ -118,17 +118,7 @@ struct NodeOutline {
 pub(crate) struct Outline {
     pub(crate) scenarios: BTreeMap<(String, String), ScenarioOutline>,
     /// Agent and node names, interned.
-    names: HashSet<Name>,
-}
-
-/// `text` as an interned name.
-fn intern(names: &mut HashSet<Name>, text: &str) -> Name {
-    if let Some(name) = names.get(text) {
-        return Arc::clone(name);
-    }
-    let name: Name = Arc::from(text);
-    names.insert(Arc::clone(&name));
-    name
+    names: Interner,
 }
 
 impl Outline {
@@ -139,10 +129,7 @@ impl Outline {
             .or_default();
         let entry = match outline.nodes.get_mut(node.node.as_str()) {
             Some(entry) => entry,
-            None => outline
-                .nodes
-                .entry(intern(&mut self.names, &node.node))
-                .or_default(),
+            None => outline.nodes.entry(self.names.get(&node.node)).or_default(),
         };
         if entry.turns.iter().any(|(agent, _)| **agent == *node.agent) {
             return;
@@ -154,7 +141,7 @@ impl Outline {
             .filter(|t| !t.replay)
             .map(|t| t.turn_index);
         if let (Some(first), Some(last)) = (own.clone().min(), own.max()) {
-            let agent = intern(&mut self.names, &node.agent);
+            let agent = self.names.get(&node.agent);
             entry.turns.push((agent, (first, last)));
         }
     }
@@ -197,7 +184,7 @@ impl Outline {
             None => {
                 let mut reps = Repetitions::default();
                 reps.add(t.repetition, t.status);
-                runs.push((intern(&mut self.names, &t.agent), reps));
+                runs.push((self.names.get(&t.agent), reps));
             }
         }
         // Skipped and invalid runs say nothing about where the agent went wrong.
@@ -213,10 +200,7 @@ impl Outline {
         for (position, node) in t.nodes.iter().enumerate() {
             let entry = match outline.nodes.get_mut(node.as_str()) {
                 Some(entry) => entry,
-                None => outline
-                    .nodes
-                    .entry(intern(&mut self.names, node))
-                    .or_default(),
+                None => outline.nodes.entry(self.names.get(node)).or_default(),
             };
             let outcome = &mut entry.outcome;
             outcome.reached += 1;
