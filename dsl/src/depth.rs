@@ -801,7 +801,7 @@ pub fn scan(text: &str) -> Result<Vec<Range<usize>>, TooDeep> {
     Ok(nodes)
 }
 
-fn skip_line(b: &[u8], mut i: usize) -> usize {
+pub(crate) fn skip_line(b: &[u8], mut i: usize) -> usize {
     while i < b.len() && b[i] != b'\n' && b[i] != b'\r' {
         i += 1;
     }

@@ -1119,67 +1119,29 @@ pub(crate) fn syntax_diagnostics(
 
 /// The text's braces, strings and comments skipped: the offsets of `{` never closed, and of
 /// `}` that close no block. Rough where the parser is exact, but it goes on where the parser
-/// stopped.
+/// stopped. Strings and comments are skipped as the nesting check reads them
+/// (`crate::depth`); one the parser cannot close takes the rest of the text.
 fn unmatched_braces(text: &str) -> (Vec<usize>, Vec<usize>) {
     let bytes = text.as_bytes();
     let (mut open, mut stray) = (Vec::new(), Vec::new());
     let mut i = 0;
     while let Some(&b) = bytes.get(i) {
-        match b {
-            b'{' => open.push(i),
-            b'}' => stray.extend(open.pop().is_none().then_some(i)),
-            b'/' if bytes.get(i + 1) == Some(&b'/') => {
-                while bytes.get(i).is_some_and(|&c| c != b'\n') {
-                    i += 1;
-                }
+        let next = match b {
+            b'{' => {
+                open.push(i);
+                Ok(i + 1)
             }
-            b'/' if bytes.get(i + 1) == Some(&b'*') => {
-                let mut depth = 1;
-                i += 2;
-                while depth > 0 && i < bytes.len() {
-                    match (bytes[i], bytes.get(i + 1)) {
-                        (b'/', Some(b'*')) => (depth, i) = (depth + 1, i + 1),
-                        (b'*', Some(b'/')) => (depth, i) = (depth - 1, i + 1),
-                        _ => {}
-                    }
-                    i += 1;
-                }
-                continue;
+            b'}' => {
+                stray.extend(open.pop().is_none().then_some(i));
+                Ok(i + 1)
             }
-            b'#' | b'"' => {
-                // `"…"` or multi-line `"""…"""` with escapes, or raw `#"…"#` / `#"""…"""#`
-                // (as many `#` to close as opened).
-                let hashes = bytes[i..].iter().take_while(|&&c| c == b'#').count();
-                if bytes.get(i + hashes) != Some(&b'"') {
-                    i += hashes.max(1);
-                    continue;
-                }
-                let quotes = if bytes[i + hashes..].starts_with(b"\"\"\"") {
-                    3
-                } else {
-                    1
-                };
-                i += hashes + quotes;
-                while let Some(&c) = bytes.get(i) {
-                    if hashes == 0 && c == b'\\' {
-                        i += 2;
-                        continue;
-                    }
-                    let closes = bytes[i..].len() >= quotes + hashes
-                        && bytes[i..i + quotes].iter().all(|&q| q == b'"')
-                        && bytes[i + quotes..i + quotes + hashes]
-                            .iter()
-                            .all(|&h| h == b'#');
-                    if closes {
-                        i += quotes + hashes - 1;
-                        break;
-                    }
-                    i += 1;
-                }
-            }
-            _ => {}
-        }
-        i += 1;
+            b'/' if bytes.get(i + 1) == Some(&b'/') => Ok(crate::depth::skip_line(bytes, i)),
+            b'/' if bytes.get(i + 1) == Some(&b'*') => crate::depth::skip_comment(bytes, i),
+            b'"' => crate::depth::skip_quoted(bytes, i),
+            b'#' => crate::depth::skip_raw(bytes, i),
+            _ => Ok(i + 1),
+        };
+        i = next.unwrap_or(bytes.len()).max(i + 1);
     }
     (open, stray)
 }
