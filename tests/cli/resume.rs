@@ -447,12 +447,21 @@ scenario "tree" {
 }
 "#;
 
-#[tokio::test]
-async fn an_unfinished_branch_sends_the_shared_prefix_again_and_a_finished_one_nothing() {
-    let server = agent(Duration::ZERO).await;
+/// The tree suite run to its end against `server`, then its journal cut as if the run was
+/// killed just after branch `a` was recorded: the shared `start` is in the journal on `a`'s
+/// path, branch `b` is not. The directory, the suite file, its text and the run's `--out`.
+async fn tree_cut_after_a(
+    server: &MisbehavingServer,
+) -> (
+    tempfile::TempDir,
+    std::path::PathBuf,
+    String,
+    std::path::PathBuf,
+) {
     let dir = tempfile::tempdir().unwrap();
     let suite = dir.path().join("suite.kdl");
-    std::fs::write(&suite, format!("{}{TREE}", linear_suite(&server.url(), 0))).unwrap();
+    let text = format!("{}{TREE}", linear_suite(&server.url(), 0));
+    std::fs::write(&suite, &text).unwrap();
     let out = dir.path().join("out");
     let o = run_in(&suite, &["--jobs", "1", "--out"])
         .arg(&out)
@@ -460,8 +469,6 @@ async fn an_unfinished_branch_sends_the_shared_prefix_again_and_a_finished_one_n
         .await
         .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    // Killed just after branch `a` was recorded: the shared `start` is in the journal on
-    // `a`'s path, branch `b` is not.
     cut_journal(&out, |e| {
         let node = e.get("node").map(|n| n["node"].as_str().unwrap());
         let trajectory = e
@@ -469,6 +476,13 @@ async fn an_unfinished_branch_sends_the_shared_prefix_again_and_a_finished_one_n
             .map(|t| t["trajectory"].as_str().unwrap());
         node != Some("b") && trajectory != Some("b")
     });
+    (dir, suite, text, out)
+}
+
+#[tokio::test]
+async fn an_unfinished_branch_sends_the_shared_prefix_again_and_a_finished_one_nothing() {
+    let server = agent(Duration::ZERO).await;
+    let (_dir, suite, _, out) = tree_cut_after_a(&server).await;
     let sent_before = server.requests();
 
     let o = run_in(&suite, &["--resume"])
@@ -708,25 +722,8 @@ async fn a_lower_repeat_is_refused_naming_the_repetitions_it_would_drop_and_a_hi
 #[tokio::test]
 async fn a_branch_taken_out_or_renamed_is_refused_finished_or_not() {
     let server = agent(Duration::ZERO).await;
-    let dir = tempfile::tempdir().unwrap();
-    let suite = dir.path().join("suite.kdl");
-    let original = format!("{}{TREE}", linear_suite(&server.url(), 0));
-    std::fs::write(&suite, &original).unwrap();
-    let out = dir.path().join("out");
-    let o = run_in(&suite, &["--jobs", "1", "--out"])
-        .arg(&out)
-        .output()
-        .await
-        .unwrap();
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     // Killed after branch `a` was recorded, before `b`.
-    cut_journal(&out, |e| {
-        let node = e.get("node").map(|n| n["node"].as_str().unwrap());
-        let trajectory = e
-            .get("trajectory")
-            .map(|t| t["trajectory"].as_str().unwrap());
-        node != Some("b") && trajectory != Some("b")
-    });
+    let (_dir, suite, original, out) = tree_cut_after_a(&server).await;
     let sent_before = server.requests();
     let without_b = original.replace(
         "    branch \"b\" {\n        user \"tree branch b\"\n        expect reply \
