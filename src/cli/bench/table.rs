@@ -211,6 +211,13 @@ pub fn table(args: &TableArgs) -> u8 {
         }),
     );
     table.split(&latency);
+    match wrk_median_latency_ms(&slow, dir) {
+        Ok(ms) => table.row(
+            "  the agent alone (wrk, c=256): median latency",
+            exes.iter().map(|_| Some(format!("{ms:.1} ms"))),
+        ),
+        Err(why) => outln!("  ({why})"),
+    }
 
     let suite = write_suite(dir, "small", &url, 2000);
     let small = Rounds::measure(&exes, rounds, |_, i, exe| {
@@ -541,8 +548,46 @@ fn measure(cmd: &mut Command, marks: Option<&Path>) -> Option<Measured> {
 }
 
 /// What wrk gets from `url` (POSTing a Connexity request, 64 connections, 3 seconds), or
-/// why there is no such figure. Its script is written into `dir`.
+/// why there is no such figure.
 fn wrk_requests_per_second(url: &str, dir: &Path) -> Result<f64, String> {
+    let stdout = wrk(url, dir, &["-c64", "-d3s"])?;
+    stdout
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("Requests/sec:"))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|rps| *rps > 0.0)
+        .ok_or_else(|| format!("wrk gave no requests/s for {url}"))
+}
+
+/// The median latency in ms that wrk sees from `url` at 256 connections over 2 seconds:
+/// what the slow agent itself takes at the latency figure's concurrency.
+fn wrk_median_latency_ms(url: &str, dir: &Path) -> Result<f64, String> {
+    let stdout = wrk(url, dir, &["-c256", "-d2s", "--latency"])?;
+    stdout
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("50%"))
+        .and_then(|v| parse_wrk_duration_ms(v.trim()))
+        .ok_or_else(|| format!("wrk gave no median latency for {url}"))
+}
+
+/// A duration as wrk prints it (`812.00us`, `52.30ms`, `1.02s`, `2.00m`), in ms.
+fn parse_wrk_duration_ms(text: &str) -> Option<f64> {
+    let split = text.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
+    let (number, unit) = text.split_at(split);
+    let number: f64 = number.parse().ok()?;
+    let scale = match unit {
+        "us" => 1e-3,
+        "ms" => 1.0,
+        "s" => 1e3,
+        "m" => 60e3,
+        _ => return None,
+    };
+    Some(number * scale)
+}
+
+/// wrk's output for one run against `url` (one thread, POSTing a Connexity request, with
+/// `args`), or why there is none. Its script is written into `dir`.
+fn wrk(url: &str, dir: &Path, args: &[&str]) -> Result<String, String> {
     let script = dir.join("post.lua");
     std::fs::write(
         &script,
@@ -552,7 +597,9 @@ fn wrk_requests_per_second(url: &str, dir: &Path) -> Result<f64, String> {
     )
     .map_err(|e| format!("cannot write wrk's script: {e}"))?;
     let out = match Command::new("wrk")
-        .args(["-t1", "-c64", "-d3s", "-s"])
+        .arg("-t1")
+        .args(args)
+        .arg("-s")
         .arg(&script)
         .arg(url)
         .output()
@@ -563,24 +610,33 @@ fn wrk_requests_per_second(url: &str, dir: &Path) -> Result<f64, String> {
         }
         Err(e) => return Err(format!("cannot start wrk: {e}")),
     };
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let measured = stdout
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("Requests/sec:"))
-        .and_then(|v| v.trim().parse::<f64>().ok());
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     // wrk counts answers of any status: an agent answering 404 or 500 is not measured.
-    let failed = stdout.contains("Non-2xx or 3xx responses");
-    match measured {
-        Some(rps) if rps > 0.0 && !failed => Ok(rps),
-        _ => {
-            let said = String::from_utf8_lossy(&out.stderr)
-                .lines()
-                .chain(stdout.lines())
-                .map(str::trim)
-                .find(|l| !l.is_empty())
-                .unwrap_or("no output")
-                .to_string();
-            Err(format!("wrk could not measure {url}: {said}"))
-        }
+    if out.status.success() && !stdout.contains("Non-2xx or 3xx responses") {
+        return Ok(stdout);
+    }
+    let said = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .chain(stdout.lines())
+        .map(str::trim)
+        .find(|l| !l.is_empty())
+        .unwrap_or("no output")
+        .to_string();
+    Err(format!("wrk could not measure {url}: {said}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_wrk_duration_ms;
+
+    #[test]
+    fn wrk_durations_are_read_in_every_unit_it_prints() {
+        assert_eq!(parse_wrk_duration_ms("52.30ms"), Some(52.3));
+        assert_eq!(parse_wrk_duration_ms("812.00us"), Some(0.812));
+        assert_eq!(parse_wrk_duration_ms("1.50s"), Some(1500.0));
+        assert_eq!(parse_wrk_duration_ms("2.00m"), Some(120_000.0));
+        assert_eq!(parse_wrk_duration_ms("52.30"), None);
+        assert_eq!(parse_wrk_duration_ms("ms"), None);
+        assert_eq!(parse_wrk_duration_ms("5h"), None);
     }
 }
