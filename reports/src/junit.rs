@@ -8,12 +8,19 @@
 //! Written as trajectories stream by: each suite's test cases go to an anonymous temporary
 //! file, and [`JunitBuilder::write`] puts the header with the totals (which JUnit wants
 //! before the cases) in front of them. Memory stays flat however many trajectories a run
-//! has, which an in-memory report (such as `quick-junit`'s) cannot offer.
+//! has, which an in-memory report (such as `quick-junit`'s) cannot offer: what is kept per
+//! case is its place in the plan and where its XML lies in the file (24 bytes).
+//!
+//! Cases are written in the plan's order (scenario, agent, repetition, branch), as the
+//! report and the console list them, not in the order they finished: two runs of the same
+//! suites give files that differ only where their results do.
 
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::fs::File;
-use std::io::{self, BufWriter, Seek, Write};
+use std::hash::BuildHasher;
+use std::io::{self, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::Path;
 
 use trellis_records::{CriterionStatus, NodeRecord, RunInfo, TrajectoryRecord, TrajectoryStatus};
@@ -25,6 +32,78 @@ pub(crate) struct JunitBuilder {
     run_id: String,
     /// Suites in the run's load order; suites the run did not announce are appended.
     suites: Vec<SuitePart>,
+    /// Each planned scenario's index in `RunInfo::scenarios`, by a hash of its suite and
+    /// id: a hash rather than the names, which a dataset run has tens of thousands of. A
+    /// hash that two scenarios share is checked against the names and only costs the
+    /// second its place in the order.
+    ranks: HashMap<u64, u32, foldhash::fast::RandomState>,
+}
+
+/// foldhash, as for the statistics' names (`stats::Interner`): names come from the suites,
+/// and std's SipHash was most of what finding a case's place cost.
+fn scenario_key(suite: &str, scenario: &str) -> u64 {
+    foldhash::fast::FixedState::default().hash_one((suite, scenario))
+}
+
+/// A case's place in the plan. Cases the plan does not name (an agent's fork, a journal
+/// without the plan) come after those it does, in the order they finished.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Place {
+    scenario: u32,
+    agent: u32,
+    repetition: u32,
+    trajectory: u32,
+}
+
+impl Place {
+    fn of(
+        t: &TrajectoryRecord,
+        info: &RunInfo,
+        ranks: &HashMap<u64, u32, foldhash::fast::RandomState>,
+    ) -> Place {
+        let planned = ranks
+            .get(&scenario_key(&t.suite, &t.scenario))
+            .and_then(|&rank| Some((rank, info.scenarios.get(rank as usize)?)))
+            .filter(|(_, s)| s.suite == t.suite && s.scenario == t.scenario);
+        let Some((scenario, planned)) = planned else {
+            return Place {
+                scenario: u32::MAX,
+                agent: u32::MAX,
+                repetition: u32::MAX,
+                trajectory: u32::MAX,
+            };
+        };
+        let position = |names: &[String], name: &str| {
+            names
+                .iter()
+                .position(|n| n == name)
+                .map_or(u32::MAX, |i| u32::try_from(i).unwrap_or(u32::MAX))
+        };
+        // A retry (`main@retry1`) or an agent's fork (`main~2`) goes with the trajectory it
+        // comes from, after it.
+        let trajectory = match position(&planned.trajectories, &t.trajectory) {
+            u32::MAX => t
+                .trajectory
+                .split(['@', '~'])
+                .next()
+                .map_or(u32::MAX, |base| position(&planned.trajectories, base)),
+            found => found,
+        };
+        Place {
+            scenario,
+            agent: position(&planned.agents, &t.agent),
+            repetition: t.repetition,
+            trajectory,
+        }
+    }
+}
+
+/// Where one case's XML lies in its suite's spill file.
+#[derive(Clone, Copy)]
+struct CaseAt {
+    place: Place,
+    offset: u64,
+    len: u32,
 }
 
 #[derive(Default)]
@@ -41,12 +120,29 @@ struct SuitePart {
     counts: Counts,
     /// First start and last end of an agent call, in ms since the run started.
     span: Option<(f64, f64)>,
-    /// The `<testcase>` elements written so far; created on the first case.
+    /// The `<testcase>` elements written so far, in the order they finished; created on
+    /// the first case.
     cases: Option<BufWriter<File>>,
+    /// Where each of them lies in `cases`, in the same order.
+    index: Vec<CaseAt>,
+    /// Bytes written to `cases`.
+    written: u64,
 }
+
+/// Up to this many bytes of a suite's cases are read back whole to be put in the plan's
+/// order; past it, case by case, so that memory stays bounded.
+const REORDER_IN_MEMORY: u64 = 64 << 20;
 
 impl JunitBuilder {
     pub(crate) fn new(info: &RunInfo) -> Self {
+        let mut ranks = HashMap::with_capacity_and_hasher(info.scenarios.len(), Default::default());
+        for (rank, s) in info.scenarios.iter().enumerate() {
+            if let Ok(rank) = u32::try_from(rank) {
+                ranks
+                    .entry(scenario_key(&s.suite, &s.scenario))
+                    .or_insert(rank);
+            }
+        }
         JunitBuilder {
             run_id: info.run_id.clone(),
             suites: info
@@ -54,6 +150,7 @@ impl JunitBuilder {
                 .iter()
                 .map(|name| SuitePart::new(name))
                 .collect(),
+            ranks,
         }
     }
 
@@ -83,7 +180,9 @@ impl JunitBuilder {
         }
     }
 
-    pub(crate) fn add(&mut self, t: &TrajectoryRecord) -> Result<(), ReportError> {
+    /// Writes the trajectory's case; `info` is the run's plan, which gives its place.
+    pub(crate) fn add(&mut self, t: &TrajectoryRecord, info: &RunInfo) -> Result<(), ReportError> {
+        let place = Place::of(t, info, &self.ranks);
         let suite = self.suite(&t.suite);
         let seconds = seconds(t.duration_ms);
         suite.counts.tests += 1;
@@ -229,7 +328,7 @@ impl JunitBuilder {
             }
         }
         suite
-            .append(&xml)
+            .append(&xml, place)
             .map_err(|e| ReportError::io("write", Path::new("junit.xml (spill file)"), e))
     }
 
@@ -246,11 +345,19 @@ impl JunitBuilder {
             let mut run = SuitePart::new("trellis");
             run.counts.tests = 1;
             run.counts.errors = 1;
-            run.append(&format!(
-                "    <testcase name=\"the run covers its plan\" classname=\"trellis\" \
+            run.append(
+                &format!(
+                    "    <testcase name=\"the run covers its plan\" classname=\"trellis\" \
                  time=\"0.000\">\n      <error message=\"{}\"/>\n    </testcase>\n",
-                escape(why)
-            ))
+                    escape(why)
+                ),
+                Place {
+                    scenario: 0,
+                    agent: 0,
+                    repetition: 0,
+                    trajectory: 0,
+                },
+            )
             .map_err(io_err)?;
             suites.push(run);
         }
@@ -295,9 +402,10 @@ impl JunitBuilder {
                 None => writeln!(out, "/>").map_err(io_err)?,
                 Some(cases) => {
                     writeln!(out, ">").map_err(io_err)?;
-                    let mut file = cases.into_inner().map_err(|e| io_err(e.into_error()))?;
-                    file.rewind().map_err(io_err)?;
-                    io::copy(&mut file, &mut out).map_err(io_err)?;
+                    let file = cases.into_inner().map_err(|e| io_err(e.into_error()))?;
+                    let (index, written) = (suite.index, suite.written);
+                    copy_in_plan_order(file, index, written, REORDER_IN_MEMORY, &mut out)
+                        .map_err(io_err)?;
                     writeln!(out, "  </testsuite>").map_err(io_err)?;
                 }
             }
@@ -316,16 +424,68 @@ impl SuitePart {
             counts: Counts::default(),
             span: None,
             cases: None,
+            index: Vec::new(),
+            written: 0,
         }
     }
 
-    fn append(&mut self, xml: &str) -> io::Result<()> {
+    fn append(&mut self, xml: &str, place: Place) -> io::Result<()> {
         let cases = match &mut self.cases {
             Some(cases) => cases,
             None => self.cases.insert(BufWriter::new(tempfile::tempfile()?)),
         };
-        cases.write_all(xml.as_bytes())
+        cases.write_all(xml.as_bytes())?;
+        let len =
+            u32::try_from(xml.len()).map_err(|_| io::Error::other("a test case of over 4 GiB"))?;
+        self.index.push(CaseAt {
+            place,
+            offset: self.written,
+            len,
+        });
+        self.written += u64::from(len);
+        Ok(())
     }
+}
+
+/// Copies a suite's spilled cases (`written` bytes, laid out as `index` says) to `out` in
+/// the plan's order, reading them back whole when they are at most `in_memory` bytes.
+/// Cases that finished in that order (one scenario run alone, a sequential run) are copied
+/// as they lie.
+fn copy_in_plan_order(
+    mut file: File,
+    mut index: Vec<CaseAt>,
+    written: u64,
+    in_memory: u64,
+    out: &mut impl Write,
+) -> io::Result<()> {
+    file.rewind()?;
+    if index.is_sorted_by_key(|c| c.place) {
+        io::copy(&mut file, out)?;
+        return Ok(());
+    }
+    // Stable: cases at the same place (a journal without the plan) keep their order.
+    index.sort_by_key(|c| c.place);
+    if written <= in_memory {
+        let mut all = Vec::with_capacity(usize::try_from(written).unwrap_or(0));
+        file.read_to_end(&mut all)?;
+        for case in &index {
+            let range = usize::try_from(case.offset).ok().and_then(|start| {
+                all.get(start..start.checked_add(usize::try_from(case.len).ok()?)?)
+            });
+            out.write_all(range.ok_or_else(|| io::Error::other("a test case beyond its file"))?)?;
+        }
+        return Ok(());
+    }
+    let mut buffer = Vec::new();
+    for case in &index {
+        file.seek(SeekFrom::Start(case.offset))?;
+        buffer.clear();
+        (&mut file)
+            .take(u64::from(case.len))
+            .read_to_end(&mut buffer)?;
+        out.write_all(&buffer)?;
+    }
+    Ok(())
 }
 
 fn attributes(c: &Counts) -> String {
@@ -382,7 +542,47 @@ fn escape(text: &str) -> Cow<'_, str> {
 
 #[cfg(test)]
 mod tests {
-    use super::escape;
+    use super::*;
+
+    /// Cases spilled out of order come back in the plan's, read whole or one by one.
+    #[test]
+    fn spilled_cases_are_copied_in_the_plans_order_either_way() {
+        let place = |scenario, repetition| Place {
+            scenario,
+            agent: 0,
+            repetition,
+            trajectory: 0,
+        };
+        let mut suite = SuitePart::new("s");
+        for (text, at) in [
+            ("c", place(1, 0)),
+            ("a", place(0, 0)),
+            ("d-unplanned", place(u32::MAX, 0)),
+            ("b", place(0, 1)),
+            ("c2", place(1, 0)),
+        ] {
+            suite.append(&format!("<{text}>\n"), at).unwrap();
+        }
+        let file = suite.cases.take().unwrap().into_inner().unwrap();
+        for in_memory in [u64::MAX, 0] {
+            let mut out = Vec::new();
+            let copy = file.try_clone().unwrap();
+            copy_in_plan_order(
+                copy,
+                suite.index.clone(),
+                suite.written,
+                in_memory,
+                &mut out,
+            )
+            .unwrap();
+            assert_eq!(
+                String::from_utf8(out).unwrap(),
+                "<a>\n<b>\n<c>\n<c2>\n<d-unplanned>\n",
+                "read back whole: {}",
+                in_memory > 0
+            );
+        }
+    }
 
     #[test]
     fn escapes_markup_and_replaces_characters_xml_cannot_hold() {

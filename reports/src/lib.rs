@@ -335,7 +335,7 @@ impl ReportWriter {
                 self.outline.add_trajectory(trajectory);
                 self.tables.push_trajectory(trajectory);
                 if self.junit_failed.is_none() {
-                    self.junit_failed = self.junit.add(trajectory).err();
+                    self.junit_failed = self.junit.add(trajectory, &self.info).err();
                 }
                 self.selection.offer(trajectory);
                 for node in &trajectory.nodes {

@@ -1139,3 +1139,68 @@ async fn a_wide_fork_lists_a_dozen_siblings_per_transcript_and_counts_the_rest()
         assert!(list.ends_with(", and 27 more"), "{list}");
     }
 }
+
+/// junit.xml lists its cases in the plan's order, not in the order they finished: the
+/// first planned scenario answers last here, and the repetitions and branches of the
+/// second finish in whatever order the machine gives.
+#[tokio::test]
+async fn junit_lists_cases_in_the_plans_order_not_as_they_finished() {
+    use super::support::{Behavior, MisbehavingServer, OK_BODY};
+    let slow = MisbehavingServer::start(Behavior::Delayed {
+        delay: Duration::from_millis(400),
+        body: OK_BODY.to_owned(),
+    })
+    .await;
+    let fast = MisbehavingServer::start(Behavior::Delayed {
+        delay: Duration::ZERO,
+        body: OK_BODY.to_owned(),
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("order.kdl"),
+        format!(
+            "agent \"slow\" protocol=\"connexity\" url=\"{}\"\n\
+             agent \"fast\" protocol=\"connexity\" url=\"{}\"\n\
+             scenario \"first\" {{\n    agent \"slow\"\n    user \"hi\"\n    expect no-error\n}}\n\
+             scenario \"second\" {{\n    agents \"fast\" \"slow\"\n    repeat 3\n    \
+             user \"hi\"\n    branch \"b\" {{\n        user \"b\"\n    }}\n    \
+             branch \"a\" {{\n        user \"a\"\n    }}\n    expect no-error\n}}\n",
+            slow.url(),
+            fast.url()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path())
+        .args(["-q", "--out"])
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let junit = std::fs::read_to_string(out.join("junit.xml")).unwrap();
+    let names: Vec<&str> = junit
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("<testcase name=\""))
+        .filter_map(|l| l.split('"').next())
+        .collect();
+    let mut expected = vec!["first/main [slow #0]".to_owned()];
+    for agent in ["fast", "slow"] {
+        for rep in 0..3 {
+            for branch in ["b", "a"] {
+                expected.push(format!("second/{branch} [{agent} #{rep}]"));
+            }
+        }
+    }
+    assert_eq!(names, expected, "{junit}");
+    // The journal has them as they finished: the slow scenario after the fast agent's.
+    let finished: Vec<String> = journal_text(&out)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|e| Some(e.get("trajectory")?["scenario"].as_str()?.to_owned()))
+        .collect();
+    assert_ne!(finished.first().map(String::as_str), Some("first"));
+}
