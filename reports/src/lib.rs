@@ -587,15 +587,13 @@ impl Pages<'_> {
                 ),
             },
         };
-        let trends = match self.trends {
-            Some(trends) => trends,
-            None if self.trend_runs > 0 => html::trends_from_sibling_runs(
-                self.run_dir,
-                &self.info.run_id,
-                &self.info.started_at,
-                self.trend_runs,
-            ),
-            None => Trends::new(),
+        let trends = match &self.trends {
+            Some(trends) => html::TrendSource::Given(trends),
+            None if self.trend_runs > 0 => html::TrendSource::Siblings {
+                run_dir: self.run_dir,
+                limit: self.trend_runs,
+            },
+            None => html::TrendSource::None,
         };
         // Written by `trellis variance` after the run; a file that does not read is left
         // out of the page rather than failing it.
@@ -607,7 +605,7 @@ impl Pages<'_> {
                 finished: self.finished,
                 tally: self.tally,
                 outline: self.outline,
-                trends: &trends,
+                trends,
                 rendered: &rendered,
                 nodes: &nodes,
                 skipped_lines: self.skipped_lines,

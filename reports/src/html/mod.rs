@@ -23,7 +23,7 @@ pub use compare::{
     CompareMetric, ComparePage, CompareRate, CompareRow, CompareRun, CompareTally, write_compare,
 };
 pub(crate) use outline::Outline;
-pub(crate) use trend::trends_from_sibling_runs;
+pub(crate) use trend::TrendSource;
 pub use trend::{ScenarioTrend, TrendPoint, Trends};
 pub(crate) use view::keep_for_page;
 
@@ -45,8 +45,9 @@ pub(crate) struct Page<'a> {
     pub(crate) finished: Option<&'a RunSummary>,
     pub(crate) tally: &'a Tally,
     pub(crate) outline: &'a Outline,
-    /// Earlier runs per scenario, oldest first.
-    pub(crate) trends: &'a Trends,
+    /// Where the earlier runs per scenario come from: read only for the scenarios the page
+    /// draws.
+    pub(crate) trends: TrendSource<'a>,
     pub(crate) rendered: &'a Rendered,
     pub(crate) nodes: &'a HashMap<NodeKey, NodeSlot>,
     pub(crate) skipped_lines: usize,

@@ -18,7 +18,7 @@ use trellis_records::{
 
 use super::Page;
 use super::outline::{MAX_CHIPS, NodeOutcome, ScenarioOutline, failure_node, node_outcomes};
-use super::trend::TrendPoint;
+use super::trend::{TrendPoint, Trends};
 use crate::NodeKey;
 use crate::tally::Counts;
 
@@ -1276,6 +1276,14 @@ pub(crate) fn build(page: &Page<'_>) -> PageView {
     let mut by_scenario = Vec::new();
     let order = scenario_order(page);
     let drawn = drawn_scenarios(page, &order);
+    let trends = page.trends.load(
+        page.info,
+        &drawn
+            .iter()
+            .filter_map(|&i| order.get(i))
+            .map(|(suite, scenario, _)| (suite.as_str(), scenario.as_str()))
+            .collect(),
+    );
     let mut undrawn = Undrawn::default();
     for (index, (suite, scenario, plan)) in order.into_iter().enumerate() {
         let key = (suite, scenario);
@@ -1290,7 +1298,7 @@ pub(crate) fn build(page: &Page<'_>) -> PageView {
             continue;
         }
         let (suite, scenario) = key;
-        let view = scenario_view(page, index, &suite, &scenario, plan);
+        let view = scenario_view(page, &trends, index, &suite, &scenario, plan);
         by_scenario.push(RateRow {
             name: format!("{suite} / {scenario}"),
             anchor: Some(view.anchor.clone()),
@@ -1513,6 +1521,7 @@ fn rate_rows(order: &[String], counts: &BTreeMap<String, Counts>) -> Vec<RateRow
 
 fn scenario_view(
     page: &Page<'_>,
+    trends: &Trends,
     index: usize,
     suite: &str,
     scenario: &str,
@@ -1727,8 +1736,7 @@ fn scenario_view(
         tags: rows.first().map(|t| distinct(&t.tags)).unwrap_or_default(),
         repeat: plan.map_or(1, |p| p.repeat),
         counts: CountsView::of(&counts),
-        trend: page
-            .trends
+        trend: trends
             .get(&(suite.to_owned(), scenario.to_owned()))
             .and_then(|trend| {
                 trend_view(
