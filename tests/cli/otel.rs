@@ -738,6 +738,13 @@ async fn the_runs_own_spans_reach_a_real_collector() {
             "invoke_agent"
         );
     }
+    // The forecast agent's tool calls are only in its spans: counted from them, as the
+    // tool checks read them: the lookup, the weather and the time, then the refund.
+    let calls: Vec<&serde_json::Value> = exported
+        .iter()
+        .map(|t| &t["attributes"]["trellis.turn.tool_calls"])
+        .collect();
+    assert_eq!(calls, [3, 1], "{exported:#?}");
     // The agent's own spans (in spans.parquet) name the exported turn spans as parents,
     // and start inside them: the turns are placed from the run's start to the millisecond
     // (to the second, they came up to a second early and ended before their agent's span).

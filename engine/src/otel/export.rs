@@ -504,7 +504,16 @@ impl SpanExporter {
             int("trellis.turn.index", u64::from(turn.turn_index)),
             text("trellis.turn.kind", &turn.kind),
             int("trellis.turn.attempts", u64::from(turn.attempts)),
-            int("trellis.turn.tool_calls", turn.tool_calls.len() as u64),
+            // As the tool checks read them: the wire's calls, else those of the agent's
+            // spans that arrived with the turn.
+            int(
+                "trellis.turn.tool_calls",
+                if turn.tool_calls.is_empty() {
+                    super::tools::tool_calls(&turn.spans).len()
+                } else {
+                    turn.tool_calls.len()
+                } as u64,
+            ),
             // OpenInference: what Phoenix and Langfuse show as the span's input and output.
             text("openinference.span.kind", "AGENT"),
             text("input.value", &turn.user_message),
