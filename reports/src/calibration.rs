@@ -87,7 +87,11 @@ pub struct CheckRef {
     pub turn_index: Option<u32>,
     pub criterion: String,
     pub judge: String,
-    /// For judged checks whose judge failed: the `detail`.
+    /// The check's status in the run (`error` when its judge failed, `skipped` when it was
+    /// never judged).
+    #[serde(default)]
+    pub status: String,
+    /// For judged checks their judge did not answer: the `detail` (why).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
 }
@@ -124,7 +128,8 @@ pub struct Calibration {
     pub unmatched_labels: Vec<UnusedLabel>,
     /// Judged checks no label matched.
     pub unlabeled_checks: Vec<CheckRef>,
-    /// Labelled checks whose judge gave no usable answer (`status = 'error'`): left out.
+    /// Labelled checks their judge did not answer: it failed (`status = 'error'`) or was
+    /// never asked (`skipped` without a score). Left out.
     pub judge_errors: Vec<CheckRef>,
 }
 
@@ -364,16 +369,31 @@ fn check_ref(row: &CheckRow, detail: Option<String>) -> CheckRef {
         turn_index: row.turn_index,
         criterion: row.criterion.clone(),
         judge: row.judge.clone().unwrap_or_default(),
+        status: row.status.clone(),
         detail,
     }
 }
 
 /// The judge's verdict on a check as a category: `pass` or `fail`.
 fn verdict(row: &CheckRow) -> &'static str {
-    if row.status == "passed" {
-        "pass"
-    } else {
-        "fail"
+    let passed = match (row.status.as_str(), row.score) {
+        ("passed", _) => true,
+        // Skipped with the judge's answer kept (its trajectory turned out invalid): the
+        // verdict the answer gave.
+        ("skipped", Some(score)) => score >= row.threshold.unwrap_or(0.5),
+        _ => false,
+    };
+    if passed { "pass" } else { "fail" }
+}
+
+/// Whether the check's judge gave it an answer to compare: it passed or failed, or it was
+/// skipped after the judge answered (a trajectory whose simulated user broke character
+/// keeps its judges' answers). An error, or a skip the judge never answered, has none.
+fn answered(row: &CheckRow) -> bool {
+    match row.status.as_str() {
+        "error" => false,
+        "skipped" => row.score.is_some(),
+        _ => true,
     }
 }
 
@@ -479,7 +499,7 @@ pub fn calibrate(
             unlabeled_checks.push(check_ref(row, None));
             continue;
         };
-        if row.status == "error" || row.status == "skipped" {
+        if !answered(row) {
             judge_errors.push(check_ref(row, row.detail.clone()));
             continue;
         }
@@ -726,6 +746,47 @@ mod tests {
             label: label.map(str::to_owned),
             ..HumanLabel::default()
         }
+    }
+
+    /// A check skipped after its judge answered (its trajectory was invalid) is compared
+    /// by the answer's verdict; one skipped unjudged, or in error, is listed as unanswered.
+    #[test]
+    fn a_skipped_check_counts_when_its_judge_answered() {
+        let checks = vec![
+            check("t1", "j", "passed", 0.9, "pass"),
+            check("t2", "j", "failed", 0.1, "fail"),
+            check("t3", "j", "skipped", 0.8, "pass"),
+            check("t4", "j", "skipped", 0.2, "fail"),
+            CheckRow {
+                score: None,
+                label: None,
+                detail: Some("not checked: not sent: --max-llm-calls 3".into()),
+                ..check("t5", "j", "skipped", 0.0, "")
+            },
+            CheckRow {
+                score: None,
+                label: None,
+                ..check("t6", "j", "error", 0.0, "")
+            },
+        ];
+        let labels = vec![
+            human(2, "t1", 1.0, Some("pass")),
+            human(3, "t2", 0.0, Some("fail")),
+            human(4, "t3", 1.0, Some("pass")),
+            human(5, "t4", 0.0, Some("fail")),
+            human(6, "t5", 1.0, Some("pass")),
+            human(7, "t6", 1.0, Some("pass")),
+        ];
+        let c = calibrate("r", "l.csv", &checks, &labels, Floors::default()).unwrap();
+        let j = &c.judges[0];
+        assert_eq!((j.n, j.scored), (4, 4));
+        assert_eq!(j.agreement.value, Some(1.0));
+        let unanswered: Vec<(&str, &str)> = c
+            .judge_errors
+            .iter()
+            .map(|k| (k.trajectory.as_str(), k.status.as_str()))
+            .collect();
+        assert_eq!(unanswered, [("t5", "skipped"), ("t6", "error")]);
     }
 
     #[test]

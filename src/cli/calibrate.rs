@@ -160,7 +160,7 @@ fn print(c: &Calibration) {
         outln!("  {} / {}: {}", j.judge, j.rubric, j.reasons.join("; "));
     }
     outln!(
-        "{}: {} matched, {} not used; {}: {} without a label, {} whose judge failed",
+        "{}: {} matched, {} not used; {}: {} without a label, {} their judge did not answer",
         console::count(c.labels as u64, "label", "labels"),
         c.matched,
         c.unmatched_labels.len(),
@@ -195,7 +195,12 @@ fn print(c: &Calibration) {
     }
     for k in c.judge_errors.iter().take(LISTED) {
         outln!(
-            "  judge failed: {}/{} {} `{}`: {}",
+            "  {}: {}/{} {} `{}`: {}",
+            if k.status == "skipped" {
+                "not judged"
+            } else {
+                "judge failed"
+            },
             k.suite,
             k.scenario,
             k.trajectory,
