@@ -50,11 +50,21 @@ impl Server {
             out.entry(path.clone()).or_default();
         }
         let indexes: Vec<LineIndex> = files.iter().map(|(_, t)| LineIndex::new(t)).collect();
+        // The loader reads a file without its byte order mark; an editor that keeps the mark
+        // in the buffer it sent counts it as the first line's first column.
+        let marked: Vec<bool> = files
+            .iter()
+            .map(|(path, _)| {
+                self.buffers
+                    .get(path)
+                    .is_some_and(|b| b.text.starts_with(crate::server::BOM))
+            })
+            .collect();
         for d in &diags {
             let (file, diagnostic) = match d.file.and_then(|f| files.get(f).map(|x| (f, x))) {
                 Some((id, (path, text))) => (
                     path.clone(),
-                    to_lsp(d, text, &indexes[id], &files, &indexes),
+                    to_lsp(d, text, &indexes[id], &files, &indexes, &marked),
                 ),
                 // Nothing to point at (an unreadable path, an empty directory): shown at the
                 // top of every open buffer of the project.
@@ -117,17 +127,37 @@ fn message(d: &DslDiagnostic) -> String {
     }
 }
 
+/// `range` in the editor's buffer: one column later on the first line when the buffer
+/// starts with a byte order mark (`marked`) that the loader's text does not have.
+fn in_buffer(mut range: Range, marked: bool) -> Range {
+    if marked {
+        for position in [&mut range.start, &mut range.end] {
+            if position.line == 0 {
+                position.character += 1;
+            }
+        }
+    }
+    range
+}
+
 fn to_lsp(
     d: &DslDiagnostic,
     text: &str,
     lines: &LineIndex,
     files: &[(PathBuf, Arc<str>)],
     indexes: &[LineIndex],
+    marked: &[bool],
 ) -> lsp_types::Diagnostic {
     let labels = d.labels();
+    let own_mark = d.file.is_some_and(|f| marked.get(f) == Some(&true));
     let range = labels
         .first()
-        .map(|l| lines.range(text, l.offset()..l.offset() + l.len()))
+        .map(|l| {
+            in_buffer(
+                lines.range(text, l.offset()..l.offset() + l.len()),
+                own_mark,
+            )
+        })
         .unwrap_or_default();
     let mut message = message(d);
     if let Some(label) = labels.first().and_then(|l| l.label()) {
@@ -140,7 +170,10 @@ fn to_lsp(
                 related.push(DiagnosticRelatedInformation {
                     location: Location::new(
                         uri,
-                        lines.range(text, l.offset()..l.offset() + l.len()),
+                        in_buffer(
+                            lines.range(text, l.offset()..l.offset() + l.len()),
+                            own_mark,
+                        ),
                     ),
                     message: l.label().unwrap_or_default().to_string(),
                 });
@@ -154,7 +187,13 @@ fn to_lsp(
         };
         if let (Some(l), Some(uri)) = (r.labels().first(), to_uri(path)) {
             related.push(DiagnosticRelatedInformation {
-                location: Location::new(uri, rlines.range(rtext, l.offset()..l.offset() + l.len())),
+                location: Location::new(
+                    uri,
+                    in_buffer(
+                        rlines.range(rtext, l.offset()..l.offset() + l.len()),
+                        marked.get(id) == Some(&true),
+                    ),
+                ),
                 message: r.message.clone(),
             });
         }

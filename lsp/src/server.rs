@@ -33,6 +33,9 @@ pub struct Config {
     pub warnings: Warnings,
 }
 
+/// The byte order mark an editor on Windows may start a file with.
+pub(crate) const BOM: &str = "\u{feff}";
+
 pub(crate) struct Buffer {
     pub(crate) text: Arc<str>,
     /// The editor's version of the text, sent back with its diagnostics.
@@ -290,7 +293,12 @@ impl Server {
         let key = trellis_dsl::canonical(path);
         let text: Arc<str> = match self.buffers.get(&key) {
             Some(b) => b.text.clone(),
-            None => Arc::from(std::fs::read_to_string(&key).ok()?),
+            // A file the editor has not opened, as editors show it once opened: without the
+            // byte order mark, which they do not count as a column (nor does the loader).
+            None => {
+                let text = std::fs::read_to_string(&key).ok()?;
+                Arc::from(text.strip_prefix(BOM).unwrap_or(&text))
+            }
         };
         Some(FileView::new(text))
     }

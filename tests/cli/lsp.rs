@@ -827,3 +827,41 @@ fn completions_are_written_as_the_value_they_go_into_needs() {
         out[3]
     );
 }
+
+/// A buffer the editor sent with its byte order mark gets its first line's diagnostics
+/// where the editor counts them (the mark is a column to it); a file on disk with a mark,
+/// which editors open without it, gets definitions where the editor shows them.
+#[test]
+fn a_byte_order_mark_moves_nothing_the_editor_sees() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    std::fs::write(dir.path().join("agents.kdl"), format!("\u{feff}{AGENTS}")).expect("written");
+    let text = "\u{feff}scenario \"s\" colour=\"red\" {\n    agent \"shop\"\n    user \"hi\"\n    \
+                expect no-error\n}\n";
+    let steps = serde_json::json!([
+        {"do": "open", "file": "main.kdl", "text": text},
+        {"do": "definition", "file": "main.kdl", "line": 1, "character": 12},
+    ]);
+    let out = session(dir.path(), steps);
+    let diags = out[1]["diagnostics"]["main.kdl"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{out:?}"));
+    assert_eq!(diags.len(), 1, "{diags:?}");
+    assert_eq!(diags[0]["code"], "trellis::unknown_property", "{diags:?}");
+    // Where `colour` is in the buffer, the mark counted as its first character.
+    let expected = text
+        .char_indices()
+        .position(|(i, _)| text[i..].starts_with("colour"))
+        .expect("in the text");
+    assert_eq!(
+        (diags[0]["line"].as_u64(), diags[0]["character"].as_u64()),
+        (Some(0), Some(expected as u64)),
+        "{diags:?}"
+    );
+    let definition = &out[2]["locations"];
+    assert_eq!(
+        definition,
+        // `shop` in `agent "shop"`, counted without the mark.
+        &serde_json::json!([{"file": "agents.kdl", "line": 0, "character": 7}]),
+        "{out:?}"
+    );
+}
