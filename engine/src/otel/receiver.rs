@@ -7,16 +7,18 @@
 //! encoding; 400 for a body that does not decode, 415 for another content type or a coding
 //! other than gzip and deflate), so an SDK exporter never retries a request we cannot read.
 //! A gzip body (`OTEL_EXPORTER_OTLP_COMPRESSION=gzip`, which the OTLP spec has every
-//! receiver take) is decompressed first. Each refusal is counted in the store with its
-//! reason, so the run can say why an agent's spans never arrived. The server
+//! receiver take) is decompressed first. A body over the receiver's limit is refused with
+//! 413: at once when its `content-length` says so, else once the limit is passed. Each
+//! refusal is counted in the store with its reason, so the run can say why an agent's spans
+//! never arrived. The server
 //! runs on the runtime that starts it and stops when the receiver is dropped.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::body::Body;
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -79,7 +81,6 @@ impl SpanReceiver {
         let store = Arc::new(SpanStore::new(String::new()));
         let app = Router::new()
             .route("/v1/traces", post(export))
-            .layer(DefaultBodyLimit::max(MAX_BODY))
             .with_state(store.clone());
         let stop = CancellationToken::new();
         let stopped = stop.clone();
@@ -112,10 +113,42 @@ enum Encoding {
     Json,
 }
 
-async fn export(State(store): State<Arc<SpanStore>>, headers: HeaderMap, body: Bytes) -> Response {
+async fn export(State(store): State<Arc<SpanStore>>, headers: HeaderMap, body: Body) -> Response {
     let refuse = |status: StatusCode, why: String| {
         store.refuse(&why);
         (status, why).into_response()
+    };
+    // The body is read here rather than by an extractor, so that a body over the limit is
+    // refused and counted like every other refusal (axum's own limit answered it unseen).
+    let too_large = || {
+        refuse(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!(
+                "an OTLP export of more than the receiver's limit of {MAX_BODY} bytes: export \
+                 fewer spans per request (a smaller batch)"
+            ),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY as u64) {
+        return too_large();
+    }
+    let body = match axum::body::to_bytes(body, MAX_BODY).await {
+        Ok(body) => body,
+        Err(e) => {
+            let limited = std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>());
+            if limited {
+                return too_large();
+            }
+            return refuse(
+                StatusCode::BAD_REQUEST,
+                format!("the OTLP body could not be read: {e}"),
+            );
+        }
     };
     let content_type = headers
         .get(header::CONTENT_TYPE)
@@ -303,6 +336,26 @@ mod tests {
         )
     }
 
+    /// Writes `head` and then `chunks` chunks of 1 MiB (chunked encoding) to the receiver at
+    /// `address`, and reads its answer; a write the receiver cut short by answering ends the
+    /// writing.
+    async fn raw_exchange(address: SocketAddr, head: &[u8], chunks: usize) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+        let mut written = stream.write_all(head).await.is_ok();
+        let chunk = [b"100000\r\n".as_slice(), &vec![b' '; 1 << 20], b"\r\n"].concat();
+        for _ in 0..chunks {
+            if !written {
+                break;
+            }
+            written = stream.write_all(&chunk).await.is_ok();
+        }
+        let mut answer = Vec::new();
+        let _ =
+            tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer)).await;
+        String::from_utf8_lossy(&answer).into_owned()
+    }
+
     #[tokio::test]
     async fn json_and_protobuf_exports_are_taken_and_bad_ones_refused() {
         let receiver = SpanReceiver::start(SocketAddr::from(([127, 0, 0, 1], 0)))
@@ -398,6 +451,25 @@ mod tests {
         let (n, why) = receiver.store().refused().expect("counted");
         assert_eq!(n, 4, "the two bad bodies, the content type and zstd");
         assert!(why.contains("`zstd`") && why.contains("gzip"), "{why}");
+
+        // A body over the limit: refused before it is read when its length is declared,
+        // once the limit is passed when it is chunked; counted either way.
+        let (before, _) = receiver.store().refused().expect("counted");
+        let address = receiver.addr();
+        let declared = format!(
+            "POST /v1/traces HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+             content-length: {}\r\n\r\n{{",
+            MAX_BODY + 1
+        );
+        let answer = raw_exchange(address, declared.as_bytes(), 0).await;
+        assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+        let chunked = "POST /v1/traces HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+                       transfer-encoding: chunked\r\n\r\n";
+        let answer = raw_exchange(address, chunked.as_bytes(), MAX_BODY / (1 << 20) + 2).await;
+        assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+        let (after, why) = receiver.store().refused().expect("counted");
+        assert_eq!(after, before + 2);
+        assert!(why.contains("receiver's limit"), "{why}");
 
         // A gzip body that inflates past the receiver's limit: 413, said of the receiver's
         // limit, not of an agent's `max-response-size`.
