@@ -442,12 +442,43 @@ fn left_out(then: &trellis_engine::record::ScenarioInfo, now: &Planned) -> Optio
     (!parts.is_empty()).then(|| parts.join("; "))
 }
 
+/// The columns whose values differ between a dataset row as recorded and as it is now,
+/// in the order of the row now (then any it lost), as `` `NAME` ``; at most a few, and how
+/// many more.
+fn changed_columns(
+    then: &serde_json::Map<String, serde_json::Value>,
+    now: &serde_json::Map<String, serde_json::Value>,
+) -> Vec<String> {
+    const SHOWN: usize = 5;
+    let changed: Vec<&str> = now
+        .iter()
+        .filter(|(name, value)| then.get(name.as_str()) != Some(value))
+        .map(|(name, _)| name.as_str())
+        .chain(
+            then.keys()
+                .filter(|name| !now.contains_key(name.as_str()))
+                .map(String::as_str),
+        )
+        .collect();
+    let mut shown: Vec<String> = changed
+        .iter()
+        .take(SHOWN)
+        .map(|name| format!("`{name}`"))
+        .collect();
+    if changed.len() > SHOWN {
+        shown.push(format!("{} more", changed.len() - SHOWN));
+    }
+    shown
+}
+
 /// What a planned scenario looks like now.
 struct Planned<'a> {
     agents: HashSet<&'a str>,
     repeat: u32,
     /// Trajectory name → its fingerprint now.
     trajectories: HashMap<&'a str, Option<&'a str>>,
+    /// A dataset instance's row now.
+    row: Option<&'a serde_json::Map<String, serde_json::Value>>,
 }
 
 /// Checks finished trajectories against the plan, collecting why each cannot be kept.
@@ -456,6 +487,8 @@ struct Checker<'a> {
     planned: HashMap<(&'a str, &'a str), Planned<'a>>,
     /// (suite, scenario, trajectory) → its fingerprint when the run started.
     recorded: HashMap<(&'a str, &'a str, &'a str), &'a str>,
+    /// (suite, scenario) → a dataset instance's row when the run started.
+    recorded_rows: HashMap<(&'a str, &'a str), &'a serde_json::Value>,
     /// `suite/scenario trajectory [agent]` → why it cannot be kept (one per trajectory,
     /// however many repetitions finished).
     problems: BTreeMap<String, String>,
@@ -491,6 +524,7 @@ impl<'a> Checker<'a> {
                         agents,
                         repeat: s.repeat,
                         trajectories,
+                        row: s.scenario.instance.as_ref().and_then(|i| i.row.as_deref()),
                     },
                 )
             })
@@ -508,6 +542,14 @@ impl<'a> Checker<'a> {
                             f.as_str(),
                         )
                     })
+            })
+            .collect();
+        let recorded_rows = info
+            .scenarios
+            .iter()
+            .filter_map(|s| {
+                let row = s.instance.as_ref()?.row.as_ref()?;
+                Some(((s.suite.as_str(), s.scenario.as_str()), row))
             })
             .collect();
         let mut dropped = Vec::new();
@@ -530,6 +572,7 @@ impl<'a> Checker<'a> {
         Checker {
             planned,
             recorded,
+            recorded_rows,
             problems: BTreeMap::new(),
             dropped,
             shrunk,
@@ -585,7 +628,21 @@ impl<'a> Checker<'a> {
         }
         let halves = |f: &'a str| f.split_once(':').unwrap_or((f, ""));
         let ((conv_then, _), (conv_now, _)) = (halves(then), halves(now));
-        Some(if conv_then != conv_now {
+        let row_then = self
+            .recorded_rows
+            .get(&(t.suite.as_str(), t.scenario.as_str()));
+        let columns = match (row_then.and_then(|r| r.as_object()), planned.row) {
+            (Some(then), Some(now)) => changed_columns(then, now),
+            _ => Vec::new(),
+        };
+        Some(if !columns.is_empty() {
+            // Every column is in the scope of every template (a judge's prompt too), so a
+            // change to one no step names still changes what the instance is.
+            format!(
+                "its dataset row changed ({}); every column is in its templates' scope",
+                columns.join(", ")
+            )
+        } else if conv_then != conv_now {
             "what it sends changed (its steps, the scenario's setup, an agent, persona, \
              tool or provider)"
                 .into()

@@ -1423,3 +1423,37 @@ async fn a_resumed_trajectory_gets_a_fresh_server_session() {
         ["a", "b"]
     );
 }
+
+/// A finished instance whose dataset row changed is refused naming the columns, one no
+/// step names among them; an instance whose steps changed with the same row keeps the
+/// general reason.
+#[tokio::test]
+async fn a_changed_dataset_row_is_named_by_its_columns() {
+    let server = agent(Duration::ZERO).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    let rows = dir.path().join("rows.csv");
+    std::fs::write(&rows, "id,q,notes\n1,hello,first\n2,hi,second\n").unwrap();
+    let text = format!(
+        "{}dataset \"d\" path=\"rows.csv\"\nscenario \"s\" for-each=\"d\" {{\n    \
+         row-id \"{{{{ row.id }}}}\"\n    user \"{{{{ row.q }}}}\"\n    \
+         expect reply contains=\"Hello\"\n}}\n",
+        linear_suite(&server.url(), 0)
+    );
+    std::fs::write(&suite, &text).unwrap();
+    let out = dir.path().join("out");
+    let o = run_in(&suite, &["--out"]).arg(&out).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    cut_journal(&out, |e| !of_scenario(e, "s[2]"));
+
+    std::fs::write(&rows, "id,q,notes\n1,hello,edited\n2,hi,second\n").unwrap();
+    refused_resume(
+        &suite,
+        &out,
+        "suite/s[1] main [bot]: its dataset row changed (`notes`)",
+    )
+    .await;
+    std::fs::write(&rows, "id,q,notes\n1,hello,first\n2,hi,second\n").unwrap();
+    std::fs::write(&suite, text.replace("{{ row.q }}", "{{ row.q }}!")).unwrap();
+    refused_resume(&suite, &out, "suite/s[1] main [bot]: what it sends changed").await;
+}
