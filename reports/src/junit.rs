@@ -11,9 +11,10 @@
 //! has, which an in-memory report (such as `quick-junit`'s) cannot offer: what is kept per
 //! case is its place in the plan and where its XML lies in the file (24 bytes).
 //!
-//! Cases are written in the plan's order (scenario, agent, repetition, branch), as the
-//! report and the console list them, not in the order they finished: two runs of the same
-//! suites give files that differ only where their results do.
+//! Cases are written in the plan's order (scenario, agent, repetition, branch; an agent's
+//! forks and retries after their trajectory, by name), as the report and the console list
+//! them, not in the order they finished: two runs of the same suites give files that differ
+//! only where their results do.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -37,6 +38,9 @@ pub(crate) struct JunitBuilder {
     /// hash that two scenarios share is checked against the names and only costs the
     /// second its place in the order.
     ranks: HashMap<u64, u32, foldhash::fast::RandomState>,
+    /// The suffixes of the forks' and retries' names, each with its id (from 1): the cases
+    /// of one place are ordered by them, so that forks come in the same order in every run.
+    suffixes: HashMap<Box<str>, u32, foldhash::fast::RandomState>,
 }
 
 /// foldhash, as for the statistics' names (`stats::Interner`): names come from the suites,
@@ -45,33 +49,40 @@ fn scenario_key(suite: &str, scenario: &str) -> u64 {
     foldhash::fast::FixedState::default().hash_one((suite, scenario))
 }
 
-/// A case's place in the plan. Cases the plan does not name (an agent's fork, a journal
-/// without the plan) come after those it does, in the order they finished.
+/// A case's place in the plan. A retry or an agent's fork comes after the trajectory it
+/// comes from, by its name's suffix; cases the plan does not name (a journal without the
+/// plan) come after those it does, in the order they finished.
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 struct Place {
     scenario: u32,
     agent: u32,
     repetition: u32,
     trajectory: u32,
+    /// 0 for a planned trajectory; else its name's suffix (`~refund`, `@retry1`) as an id
+    /// of [`JunitBuilder::suffixes`], made that suffix's rank in text order before sorting.
+    suffix: u32,
 }
 
 impl Place {
-    fn of(
-        t: &TrajectoryRecord,
+    /// The case's place, and the suffix its name has past a planned trajectory's.
+    fn of<'t>(
+        t: &'t TrajectoryRecord,
         info: &RunInfo,
         ranks: &HashMap<u64, u32, foldhash::fast::RandomState>,
-    ) -> Place {
+    ) -> (Place, Option<&'t str>) {
         let planned = ranks
             .get(&scenario_key(&t.suite, &t.scenario))
             .and_then(|&rank| Some((rank, info.scenarios.get(rank as usize)?)))
             .filter(|(_, s)| s.suite == t.suite && s.scenario == t.scenario);
         let Some((scenario, planned)) = planned else {
-            return Place {
+            let unplanned = Place {
                 scenario: u32::MAX,
                 agent: u32::MAX,
                 repetition: u32::MAX,
                 trajectory: u32::MAX,
+                suffix: 0,
             };
+            return (unplanned, None);
         };
         let position = |names: &[String], name: &str| {
             names
@@ -79,22 +90,26 @@ impl Place {
                 .position(|n| n == name)
                 .map_or(u32::MAX, |i| u32::try_from(i).unwrap_or(u32::MAX))
         };
-        // A retry (`main@retry1`) or an agent's fork (`main~2`) goes with the trajectory it
-        // comes from, after it.
-        let trajectory = match position(&planned.trajectories, &t.trajectory) {
-            u32::MAX => t
-                .trajectory
-                .split(['@', '~'])
-                .next()
-                .map_or(u32::MAX, |base| position(&planned.trajectories, base)),
-            found => found,
+        // A retry (`main@retry1`) or an agent's fork (`main~refund`) goes with the
+        // trajectory it comes from, after it.
+        let (trajectory, suffix) = match position(&planned.trajectories, &t.trajectory) {
+            u32::MAX => {
+                let base = t.trajectory.find(['@', '~']).unwrap_or(t.trajectory.len());
+                (
+                    position(&planned.trajectories, &t.trajectory[..base]),
+                    Some(&t.trajectory[base..]),
+                )
+            }
+            found => (found, None),
         };
-        Place {
+        let place = Place {
             scenario,
             agent: position(&planned.agents, &t.agent),
             repetition: t.repetition,
             trajectory,
-        }
+            suffix: 0,
+        };
+        (place, suffix.filter(|s| !s.is_empty()))
     }
 }
 
@@ -151,6 +166,7 @@ impl JunitBuilder {
                 .map(|name| SuitePart::new(name))
                 .collect(),
             ranks,
+            suffixes: HashMap::default(),
         }
     }
 
@@ -182,7 +198,14 @@ impl JunitBuilder {
 
     /// Writes the trajectory's case; `info` is the run's plan, which gives its place.
     pub(crate) fn add(&mut self, t: &TrajectoryRecord, info: &RunInfo) -> Result<(), ReportError> {
-        let place = Place::of(t, info, &self.ranks);
+        let (mut place, suffix) = Place::of(t, info, &self.ranks);
+        if let Some(suffix) = suffix {
+            let next = u32::try_from(self.suffixes.len() + 1).unwrap_or(u32::MAX);
+            place.suffix = match self.suffixes.get(suffix) {
+                Some(&id) => id,
+                None => *self.suffixes.entry(suffix.into()).or_insert(next),
+            };
+        }
         let suite = self.suite(&t.suite);
         let seconds = seconds(t.duration_ms);
         suite.counts.tests += 1;
@@ -341,6 +364,24 @@ impl JunitBuilder {
         let (staged, file) = Staged::create(path)?;
         let mut out = BufWriter::new(file);
         let mut suites = self.suites;
+        // Suffix ids in the order their first case finished, made ranks in text order.
+        let mut by_text: Vec<(&str, u32)> =
+            self.suffixes.iter().map(|(s, &id)| (&**s, id)).collect();
+        by_text.sort_unstable();
+        let mut rank_of = vec![0u32; by_text.len() + 1];
+        for (rank, (_, id)) in by_text.iter().enumerate() {
+            if let Some(slot) = rank_of.get_mut(*id as usize) {
+                *slot = u32::try_from(rank + 1).unwrap_or(u32::MAX);
+            }
+        }
+        for suite in &mut suites {
+            for case in &mut suite.index {
+                case.place.suffix = rank_of
+                    .get(case.place.suffix as usize)
+                    .copied()
+                    .unwrap_or(0);
+            }
+        }
         if let Some(why) = incomplete {
             let mut run = SuitePart::new("trellis");
             run.counts.tests = 1;
@@ -356,6 +397,7 @@ impl JunitBuilder {
                     agent: 0,
                     repetition: 0,
                     trajectory: 0,
+                    suffix: 0,
                 },
             )
             .map_err(io_err)?;
@@ -552,6 +594,7 @@ mod tests {
             agent: 0,
             repetition,
             trajectory: 0,
+            suffix: 0,
         };
         let mut suite = SuitePart::new("s");
         for (text, at) in [

@@ -1204,3 +1204,38 @@ async fn junit_lists_cases_in_the_plans_order_not_as_they_finished() {
         .collect();
     assert_ne!(finished.first().map(String::as_str), Some("first"));
 }
+
+/// An agent's forks come after the trajectory they fork from, ordered by their names, so
+/// that they are listed alike in every run whichever finished first.
+#[tokio::test]
+async fn junit_lists_an_agents_forks_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(repo("suites/multiagent.kdl"))
+        .args(["-q", "--filter", "complaint", "--out"])
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let junit = std::fs::read_to_string(out.join("junit.xml")).unwrap();
+    let names: Vec<&str> = junit
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("<testcase name=\""))
+        .filter_map(|l| l.split('"').next())
+        .collect();
+    let expected: Vec<String> = [
+        "support-http",
+        "support-process",
+        "support-tcp",
+        "support-unix",
+    ]
+    .iter()
+    .flat_map(|agent| {
+        ["main~refund", "main~replacement"].map(|t| format!("complaint/{t} [{agent} #0]"))
+    })
+    .collect();
+    assert_eq!(names, expected, "{junit}");
+}
