@@ -131,6 +131,34 @@ pub struct AgentBranchRecord {
 }
 
 impl TrajectoryRecord {
+    /// The name of the planned trajectory this record belongs to: its name without what the
+    /// run added to it, from the end: the `~aD-K` segments of an `attack` search's path (one
+    /// per attack turn, its record's `depth`), the `~LABEL` suffixes of the forks the agent
+    /// asked for, and the `@retryN` of a simulated user's retry.
+    pub fn planned_name(&self) -> &str {
+        let mut name = self.trajectory.as_str();
+        if let Some(attack) = &self.attack {
+            for _ in 0..attack.depth {
+                match name.rfind("~a") {
+                    Some(at) if is_attack_segment(&name[at + 2..]) => name = &name[..at],
+                    _ => break,
+                }
+            }
+        }
+        // The forks' `~LABEL`s, all of them or none.
+        let mut forked = Some(name);
+        for branch in self.agent_branches.iter().rev() {
+            forked = forked
+                .and_then(|n| n.strip_suffix(branch.label.as_str()))
+                .and_then(|n| n.strip_suffix('~'));
+        }
+        name = forked.unwrap_or(name);
+        match name.rfind("@retry") {
+            Some(at) if is_number(&name[at + "@retry".len()..]) => &name[..at],
+            _ => name,
+        }
+    }
+
     /// The key of the node entry for `node`, one of this trajectory's `nodes`.
     pub fn node_key(&self, node: &str) -> crate::NodeKey {
         (
@@ -247,4 +275,14 @@ impl CriterionRecord {
                 d == CUT_BY_STOP || d == CUT_MID_WALK || d.starts_with(CUT_BY_BUDGET)
             })
     }
+}
+
+/// `D-K` of an attack path's `~aD-K` segment.
+fn is_attack_segment(s: &str) -> bool {
+    s.split_once('-')
+        .is_some_and(|(d, k)| is_number(d) && is_number(k))
+}
+
+fn is_number(s: &str) -> bool {
+    !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())
 }

@@ -731,7 +731,7 @@ fn planned_name(names: &HashMap<String, usize>, record: &TrajectoryRecord) -> Op
     }
     // What the run added to the name, as resume reads it (a simulated user's `@retryN`
     // included).
-    if let Some(&t) = names.get(trellis_engine::execute::resume::planned_name(record)) {
+    if let Some(&t) = names.get(record.planned_name()) {
         return Some(t);
     }
     let mut end = recorded.len();

@@ -580,7 +580,7 @@ impl<'a> Checker<'a> {
     }
 
     fn check(&mut self, t: &TrajectoryRecord) {
-        let name = execute::resume::planned_name(t);
+        let name = t.planned_name();
         let what = format!("{}/{} {} [{}]", t.suite, t.scenario, name, t.agent);
         if self.problems.contains_key(&what) {
             return;

@@ -73,7 +73,7 @@ impl Finished {
             &record.scenario,
             &record.agent,
             record.repetition,
-            planned_name(record),
+            record.planned_name(),
         );
         let passed = record.status == TrajectoryStatus::Passed;
         let had_passed = self.trajectories.contains(&(key | 1));
@@ -239,44 +239,8 @@ pub fn planned_key(record: &TrajectoryRecord) -> u128 {
         &record.scenario,
         &record.agent,
         record.repetition,
-        planned_name(record),
+        record.planned_name(),
     )
-}
-
-/// The name of the planned trajectory a record belongs to: its name without what the run
-/// added to it, from the end: the `~aD-K` segments of an `attack` search's path (one per
-/// attack turn, its record's `depth`), the `~LABEL` suffixes of the forks the agent asked
-/// for, and the `@retryN` of a simulated user's retry.
-pub fn planned_name(record: &TrajectoryRecord) -> &str {
-    let mut name = record.trajectory.as_str();
-    if let Some(attack) = &record.attack {
-        for _ in 0..attack.depth {
-            match name.rfind("~a") {
-                Some(at) if is_attack_segment(&name[at + 2..]) => name = &name[..at],
-                _ => break,
-            }
-        }
-    }
-    let forks: String = record
-        .agent_branches
-        .iter()
-        .map(|b| format!("~{}", b.label))
-        .collect();
-    name = name.strip_suffix(forks.as_str()).unwrap_or(name);
-    match name.rfind("@retry") {
-        Some(at) if is_number(&name[at + "@retry".len()..]) => &name[..at],
-        _ => name,
-    }
-}
-
-/// `D-K` of an attack path's `~aD-K` segment.
-fn is_attack_segment(s: &str) -> bool {
-    s.split_once('-')
-        .is_some_and(|(d, k)| is_number(d) && is_number(k))
-}
-
-fn is_number(s: &str) -> bool {
-    !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())
 }
 
 fn key(suite: &str, scenario: &str, agent: &str, repetition: u32, trajectory: &str) -> u128 {
@@ -325,20 +289,20 @@ mod tests {
     #[test]
     fn what_a_run_adds_to_a_name_is_taken_off_for_the_planned_one() {
         let mut retried = record("main@retry2", 0, TrajectoryStatus::Passed);
-        assert_eq!(planned_name(&retried), "main");
+        assert_eq!(retried.planned_name(), "main");
         retried.trajectory = "ask@retry".into();
-        assert_eq!(planned_name(&retried), "ask@retry", "not a retry's suffix");
+        assert_eq!(retried.planned_name(), "ask@retry", "not a retry's suffix");
 
         let mut attacked = record("x/y~a1-3~a2-1", 0, TrajectoryStatus::Failed);
         attacked.attack = Some(Box::new(crate::record::AttackRecord {
             depth: 2,
             ..Default::default()
         }));
-        assert_eq!(planned_name(&attacked), "x/y");
+        assert_eq!(attacked.planned_name(), "x/y");
         // A branch name of its own with `~a` in it stays.
         attacked.trajectory = "try~again~a1-2".into();
         attacked.attack.as_mut().unwrap().depth = 1;
-        assert_eq!(planned_name(&attacked), "try~again");
+        assert_eq!(attacked.planned_name(), "try~again");
         assert_eq!(planned_key(&attacked), key("s", "c", "a", 0, "try~again"));
     }
 
