@@ -9,12 +9,13 @@
 //! file, and [`JunitBuilder::write`] puts the header with the totals (which JUnit wants
 //! before the cases) in front of them. Memory stays flat however many trajectories a run
 //! has, which an in-memory report (such as `quick-junit`'s) cannot offer: what is kept per
-//! case is its place in the plan and where its XML lies in the file (24 bytes).
+//! case is its place in the plan and where its XML lies in the file (40 bytes, and as much
+//! again for a moment while they are sorted at the end: 80 MB for two million cases).
 //!
-//! Cases are written in the plan's order (scenario, agent, repetition, branch; an agent's
-//! forks and retries after their trajectory, by name), as the report and the console list
-//! them, not in the order they finished: two runs of the same suites give files that differ
-//! only where their results do.
+//! Cases are written in the plan's order (scenario, agent, repetition, branch; a simulated
+//! user's retries after their first attempt, by number; an agent's forks after what they
+//! fork from, by name), as the report and the console list them, not in the order they
+//! finished: two runs of the same suites give files that differ only where their results do.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -41,6 +42,7 @@ pub(crate) struct JunitBuilder {
     /// The suffixes of the forks' and retries' names, each with its id (from 1): the cases
     /// of one place are ordered by them, so that forks come in the same order in every run.
     suffixes: HashMap<Box<str>, u32, foldhash::fast::RandomState>,
+    wide: WideScenarios,
 }
 
 /// foldhash, as for the statistics' names (`stats::Interner`): names come from the suites,
@@ -58,17 +60,21 @@ struct Place {
     agent: u32,
     repetition: u32,
     trajectory: u32,
-    /// 0 for a planned trajectory; else its name's suffix (`~refund`, `@retry1`) as an id
-    /// of [`JunitBuilder::suffixes`], made that suffix's rank in text order before sorting.
+    /// A simulated user's retry (`@retry2`): 2; 0 for the first attempt.
+    attempt: u32,
+    /// 0 for the planned trajectory or its retry; else the rest of its name (an agent's
+    /// forks, `~refund`; an attack's path, `~a1-2`) as an id of
+    /// [`JunitBuilder::suffixes`], made that text's rank before sorting.
     suffix: u32,
 }
 
 impl Place {
-    /// The case's place, and the suffix its name has past a planned trajectory's.
+    /// The case's place, and the rest of its name past its planned trajectory and retry.
     fn of<'t>(
         t: &'t TrajectoryRecord,
         info: &RunInfo,
         ranks: &HashMap<u64, u32, foldhash::fast::RandomState>,
+        wide: &mut WideScenarios,
     ) -> (Place, Option<&'t str>) {
         let planned = ranks
             .get(&scenario_key(&t.suite, &t.scenario))
@@ -80,36 +86,61 @@ impl Place {
                 agent: u32::MAX,
                 repetition: u32::MAX,
                 trajectory: u32::MAX,
+                attempt: 0,
                 suffix: 0,
             };
             return (unplanned, None);
         };
-        let position = |names: &[String], name: &str| {
-            names
-                .iter()
-                .position(|n| n == name)
-                .map_or(u32::MAX, |i| u32::try_from(i).unwrap_or(u32::MAX))
-        };
-        // A retry (`main@retry1`) or an agent's fork (`main~refund`) goes with the
-        // trajectory it comes from, after it.
-        let (trajectory, suffix) = match position(&planned.trajectories, &t.trajectory) {
-            u32::MAX => {
-                let base = t.trajectory.find(['@', '~']).unwrap_or(t.trajectory.len());
-                (
-                    position(&planned.trajectories, &t.trajectory[..base]),
-                    Some(&t.trajectory[base..]),
-                )
+        let index = |i: Option<usize>| i.map_or(u32::MAX, |i| u32::try_from(i).unwrap_or(u32::MAX));
+        let base = t.planned_name();
+        // What the run added to the planned name: `@retryN` first, then forks and an
+        // attack's path (`TrajectoryRecord::planned_name` takes them off in that order).
+        let added = t.trajectory.get(base.len()..).unwrap_or_default();
+        let (attempt, rest) = match added.strip_prefix("@retry") {
+            Some(retry) => {
+                let digits = retry.bytes().take_while(u8::is_ascii_digit).count();
+                let attempt = retry[..digits].parse().unwrap_or(u32::MAX);
+                (attempt, &retry[digits..])
             }
-            found => (found, None),
+            None => (0, added),
         };
         let place = Place {
             scenario,
-            agent: position(&planned.agents, &t.agent),
+            agent: index(planned.agents.iter().position(|a| *a == t.agent)),
             repetition: t.repetition,
-            trajectory,
+            trajectory: index(wide.position(scenario, &planned.trajectories, base)),
+            attempt,
             suffix: 0,
         };
-        (place, suffix.filter(|s| !s.is_empty()))
+        (place, (!rest.is_empty()).then_some(rest))
+    }
+}
+
+/// The trajectories of a scenario are found in its list by a scan; past this many, by a map
+/// made the first time: a scenario may have up to 100,000 trajectories, and a scan for each
+/// of its cases would take its square.
+const SCANNED: usize = 32;
+
+/// Name → position maps of the scenarios with more than [`SCANNED`] trajectories.
+#[derive(Default)]
+struct WideScenarios(HashMap<u32, HashMap<Box<str>, usize, foldhash::fast::RandomState>>);
+
+impl WideScenarios {
+    fn position(&mut self, scenario: u32, names: &[String], name: &str) -> Option<usize> {
+        if names.len() <= SCANNED {
+            return names.iter().position(|n| n == name);
+        }
+        self.0
+            .entry(scenario)
+            .or_insert_with(|| {
+                let mut map = HashMap::with_capacity_and_hasher(names.len(), Default::default());
+                for (i, n) in names.iter().enumerate() {
+                    map.entry(n.as_str().into()).or_insert(i);
+                }
+                map
+            })
+            .get(name)
+            .copied()
     }
 }
 
@@ -167,6 +198,7 @@ impl JunitBuilder {
                 .collect(),
             ranks,
             suffixes: HashMap::default(),
+            wide: WideScenarios::default(),
         }
     }
 
@@ -198,7 +230,7 @@ impl JunitBuilder {
 
     /// Writes the trajectory's case; `info` is the run's plan, which gives its place.
     pub(crate) fn add(&mut self, t: &TrajectoryRecord, info: &RunInfo) -> Result<(), ReportError> {
-        let (mut place, suffix) = Place::of(t, info, &self.ranks);
+        let (mut place, suffix) = Place::of(t, info, &self.ranks, &mut self.wide);
         if let Some(suffix) = suffix {
             let next = u32::try_from(self.suffixes.len() + 1).unwrap_or(u32::MAX);
             place.suffix = match self.suffixes.get(suffix) {
@@ -397,6 +429,7 @@ impl JunitBuilder {
                     agent: 0,
                     repetition: 0,
                     trajectory: 0,
+                    attempt: 0,
                     suffix: 0,
                 },
             )
@@ -586,6 +619,78 @@ fn escape(text: &str) -> Cow<'_, str> {
 mod tests {
     use super::*;
 
+    /// A trajectory named `name` of scenario `c`, forked by the agent along `forks`.
+    fn record(name: &str, forks: &[&str]) -> TrajectoryRecord {
+        let branches: Vec<serde_json::Value> = forks
+            .iter()
+            .map(|label| {
+                serde_json::json!({"label": label, "option": label, "reason": null,
+                    "index": 1, "count": 2, "depth": 1})
+            })
+            .collect();
+        serde_json::from_value(serde_json::json!({
+            "suite": "s", "scenario": "c", "trajectory": name, "agent": "a",
+            "protocol": "multiagent", "repetition": 0, "nodes": ["start"],
+            "status": "passed", "turns": 1, "duration_ms": 1.0, "criteria": [], "tags": [],
+            "agent_branches": branches,
+        }))
+        .unwrap()
+    }
+
+    /// Retries after their first attempt, in the order of their numbers; forks after the
+    /// trajectory or attempt they fork from; a branch name holding `@` or `~` of its own is
+    /// its own trajectory.
+    #[test]
+    fn forks_and_retries_go_after_what_they_come_from() {
+        let info = RunInfo {
+            scenarios: vec![trellis_records::ScenarioInfo {
+                suite: "s".into(),
+                scenario: "c".into(),
+                agents: vec!["a".into()],
+                trajectories: vec!["z@1".into(), "m".into(), "z".into()],
+                repeat: 1,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let mut junit = JunitBuilder::new(&info);
+        let finished = [
+            ("z@retry10", &[][..]),
+            ("z@1~refund", &["refund"][..]),
+            ("m", &[][..]),
+            ("z@retry2~refund", &["refund"][..]),
+            ("z", &[][..]),
+            ("z@retry2", &[][..]),
+            ("z@1", &[][..]),
+            ("z~refund", &["refund"][..]),
+        ];
+        for (name, forks) in finished {
+            junit.add(&record(name, forks), &info).unwrap();
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("junit.xml");
+        junit.write(&path, None).unwrap();
+        let xml = std::fs::read_to_string(&path).unwrap();
+        let names: Vec<&str> = xml
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("<testcase name=\"c/"))
+            .filter_map(|l| l.split(' ').next())
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "z@1",
+                "z@1~refund",
+                "m",
+                "z",
+                "z~refund",
+                "z@retry2",
+                "z@retry2~refund",
+                "z@retry10"
+            ]
+        );
+    }
+
     /// Cases spilled out of order come back in the plan's, read whole or one by one.
     #[test]
     fn spilled_cases_are_copied_in_the_plans_order_either_way() {
@@ -594,6 +699,7 @@ mod tests {
             agent: 0,
             repetition,
             trajectory: 0,
+            attempt: 0,
             suffix: 0,
         };
         let mut suite = SuitePart::new("s");
