@@ -379,8 +379,13 @@ fn verdict(row: &CheckRow) -> &'static str {
     let passed = match (row.status.as_str(), row.score) {
         ("passed", _) => true,
         // Skipped with the judge's answer kept (its trajectory turned out invalid): the
-        // verdict the answer gave.
-        ("skipped", Some(score)) => score >= row.threshold.unwrap_or(0.5),
+        // verdict the answer gave. A panel's is its label (its score is the share of its
+        // members that passed, which its rule, not its threshold, turns into a verdict).
+        ("skipped", Some(score)) => match row.label.as_deref().map(str::trim) {
+            Some(label) if label.eq_ignore_ascii_case("pass") => true,
+            Some(label) if label.eq_ignore_ascii_case("fail") => false,
+            _ => score >= row.threshold.unwrap_or(0.5),
+        },
         _ => false,
     };
     if passed { "pass" } else { "fail" }
@@ -769,6 +774,13 @@ mod tests {
                 ..check("t6", "j", "error", 0.0, "")
             },
         ];
+        // A panel's score is the share of its members that passed: 2 of 3 under a 0.7
+        // threshold, and its label says it passed.
+        let mut checks = checks;
+        checks.push(CheckRow {
+            threshold: Some(0.7),
+            ..check("t7", "j", "skipped", 2.0 / 3.0, "pass")
+        });
         let labels = vec![
             human(2, "t1", 1.0, Some("pass")),
             human(3, "t2", 0.0, Some("fail")),
@@ -776,10 +788,11 @@ mod tests {
             human(5, "t4", 0.0, Some("fail")),
             human(6, "t5", 1.0, Some("pass")),
             human(7, "t6", 1.0, Some("pass")),
+            human(8, "t7", 1.0, Some("pass")),
         ];
         let c = calibrate("r", "l.csv", &checks, &labels, Floors::default()).unwrap();
         let j = &c.judges[0];
-        assert_eq!((j.n, j.scored), (4, 4));
+        assert_eq!((j.n, j.scored), (5, 5));
         assert_eq!(j.agreement.value, Some(1.0));
         let unanswered: Vec<(&str, &str)> = c
             .judge_errors
