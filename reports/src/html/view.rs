@@ -1219,7 +1219,32 @@ struct Anchors {
     scenario: String,
     trajectories: Vec<String>,
     agents: Vec<String>,
-    nodes: Vec<String>,
+    /// Where each of `trajectories` and of the nodes is: a scenario may have 100,000
+    /// trajectories and twice as many nodes, and finding each by a scan of its list took
+    /// the square of that.
+    trajectory_at: Positions,
+    node_at: Positions,
+}
+
+/// The distinct names of a sequence, each at its position among them in the order they
+/// first come; a name not among them is past their end, as [`rank`] has it.
+struct Positions(HashMap<Box<str>, usize>);
+
+impl Positions {
+    fn of<'n>(names: impl IntoIterator<Item = &'n str>) -> Self {
+        let mut at: HashMap<Box<str>, usize> = HashMap::new();
+        for name in names {
+            if !at.contains_key(name) {
+                let next = at.len();
+                at.insert(name.into(), next);
+            }
+        }
+        Positions(at)
+    }
+
+    fn rank(&self, name: &str) -> usize {
+        self.0.get(name).copied().unwrap_or(self.0.len())
+    }
 }
 
 impl Anchors {
@@ -1227,13 +1252,13 @@ impl Anchors {
         format!(
             "{}-t{}-a{}-r{repetition}",
             self.scenario,
-            rank(&self.trajectories, trajectory),
+            self.trajectory_at.rank(trajectory),
             rank(&self.agents, agent)
         )
     }
 
     fn node(&self, run: &str, node: &str) -> String {
-        format!("{run}-n{}", rank(&self.nodes, node))
+        format!("{run}-n{}", self.node_at.rank(node))
     }
 }
 
@@ -1574,6 +1599,7 @@ fn scenario_view(
             }
         }
     }
+    let trajectory_at = Positions::of(trajectories.iter().map(String::as_str));
     let paths: Vec<(&String, &Vec<String>)> = {
         let mut paths: Vec<(&String, &Vec<String>)> = outline
             .paths
@@ -1581,23 +1607,22 @@ fn scenario_view(
             .filter(|(_, nodes)| !nodes.is_empty())
             .map(|(name, nodes)| (name, nodes))
             .collect();
-        paths.sort_by_key(|(name, _)| rank(&trajectories, name));
+        paths.sort_by_key(|(name, _)| trajectory_at.rank(name));
         paths
     };
-    let mut nodes: Vec<String> = Vec::new();
-    for (_, path) in &paths {
-        for node in path.iter() {
-            if !nodes.contains(node) {
-                nodes.push(node.clone());
-            }
-        }
-    }
+    // Every node of the paths, in the order they first come.
+    let node_at = Positions::of(
+        paths
+            .iter()
+            .flat_map(|(_, path)| path.iter().map(String::as_str)),
+    );
     let forks = paths.len() > 1 || trajectories.len() > 1;
     let anchors = Anchors {
         scenario: format!("s{index}"),
         trajectories,
         agents,
-        nodes,
+        trajectory_at,
+        node_at,
     };
 
     // The rows: rendered trajectories of this scenario, in stable order.
@@ -1609,7 +1634,7 @@ fn scenario_view(
         .collect();
     rows.sort_by_key(|t| {
         (
-            rank(&anchors.trajectories, &t.trajectory),
+            anchors.trajectory_at.rank(&t.trajectory),
             rank(&anchors.agents, &t.agent),
             t.repetition,
         )
@@ -1630,15 +1655,20 @@ fn scenario_view(
         })
         .collect();
     let tree = tree_view(outline, &paths, &anchors, &rendered, &rendered_runs, forks);
-    // A planned trajectory the agent forked ran as its continuations (`NAME~LABEL`).
+    let next = next_nodes(&paths);
+    // A planned trajectory the agent forked ran as its continuations (`NAME~LABEL`): a
+    // name ran when a path is it, or is it followed by `~`.
+    let mut ran: HashSet<&str> = HashSet::new();
+    for (p, _) in &paths {
+        ran.insert(p.as_str());
+        for (at, _) in p.match_indices('~') {
+            ran.insert(&p[..at]);
+        }
+    }
     let unrun: Vec<Leaf> = anchors
         .trajectories
         .iter()
-        .filter(|name| {
-            !paths.iter().any(|(p, _)| {
-                p == name || (p.starts_with(name.as_str()) && p[name.len()..].starts_with('~'))
-            })
-        })
+        .filter(|name| !ran.contains(name.as_str()))
         .map(|name| {
             let mut leaf = leaf_view(outline, name, &anchors, &rendered);
             if leaf.agents.is_empty() {
@@ -1666,7 +1696,7 @@ fn scenario_view(
     });
     let runs: Vec<RunView> = rows
         .iter()
-        .map(|t| run_view(page, t, &anchors, &paths, &rendered, forks))
+        .map(|t| run_view(page, t, &anchors, &next, &rendered, forks))
         .collect();
     let omitted_runs = counts.total().saturating_sub(runs.len() as u64);
 
@@ -1868,33 +1898,53 @@ fn tree_view(
             parent = Some(node.as_str());
         }
     }
-    // The transcript a node links to: a run that went wrong there, else any run through it.
-    let link_for = |node: &str| -> Option<String> {
-        let mut fallback = None;
-        for (name, path) in paths {
-            if !path.iter().any(|n| n == node) {
-                continue;
-            }
-            let mut runs: Vec<_> = rendered_runs
-                .iter()
-                .filter(|r| r.trajectory == name.as_str())
-                .collect();
-            runs.sort_by_key(|r| (rank(&anchors.agents, r.agent), r.repetition));
-            for run in runs {
-                let anchor = anchors.node(&anchors.run(name, run.agent, run.repetition), node);
-                if run.failed_at.as_deref() == Some(node) {
-                    return Some(anchor);
+    // The transcript a node links to: a run that went wrong there, else any run through it;
+    // the first such in the order of the paths, then of agents and repetitions. Found for
+    // every node at once from the paths that have rendered runs: a scenario of 100,000
+    // trajectories has some 220,000 nodes, and a scan of every path for each node took
+    // hours.
+    let mut runs_of: HashMap<&str, Vec<&RenderedRun<'_>>> = HashMap::new();
+    for run in rendered_runs {
+        runs_of.entry(run.trajectory).or_default().push(run);
+    }
+    for runs in runs_of.values_mut() {
+        runs.sort_by_key(|r| (rank(&anchors.agents, r.agent), r.repetition));
+    }
+    // node → (a run that went wrong there, the first run through it)
+    let mut links: HashMap<&str, (Option<String>, Option<String>)> = HashMap::new();
+    for (name, path) in paths {
+        let Some(runs) = runs_of.get(name.as_str()) else {
+            continue;
+        };
+        for run in runs {
+            let at = anchors.run(name, run.agent, run.repetition);
+            for node in path.iter() {
+                let (failed, first) = links.entry(node.as_str()).or_default();
+                if failed.is_none() && run.failed_at.as_deref() == Some(node.as_str()) {
+                    *failed = Some(anchors.node(&at, node));
                 }
-                fallback.get_or_insert(anchor);
+                if first.is_none() {
+                    *first = Some(anchors.node(&at, node));
+                }
             }
         }
-        fallback
+    }
+    let link_for = |node: &str| -> Option<String> {
+        let (failed, first) = links.get(node)?;
+        failed.clone().or_else(|| first.clone())
     };
+    // The paths that end at each node, in order.
+    let mut ending: HashMap<&str, Vec<&str>> = HashMap::new();
+    for (name, path) in paths {
+        if let Some(last) = path.last() {
+            ending.entry(last.as_str()).or_default().push(name.as_str());
+        }
+    }
     fn build(
         parent: Option<&str>,
         children: &HashMap<Option<&str>, Vec<&str>>,
         outcomes: &HashMap<&str, NodeOutcome>,
-        paths: &[(&String, &Vec<String>)],
+        ending: &HashMap<&str, Vec<&str>>,
         leaf: &dyn Fn(&str) -> Leaf,
         link_for: &dyn Fn(&str) -> Option<String>,
         forks: bool,
@@ -1923,25 +1973,52 @@ fn tree_view(
                     failed_above: outcome.failed_above,
                     rate: percent(passed, outcome.reached),
                     grade,
-                    ends: paths
-                        .iter()
-                        .filter(|(_, path)| path.last().is_some_and(|n| n == node))
-                        .map(|(name, _)| leaf(name))
+                    ends: ending
+                        .get(node)
+                        .into_iter()
+                        .flatten()
+                        .map(|name| leaf(name))
                         .collect(),
-                    children: build(Some(node), children, outcomes, paths, leaf, link_for, forks),
+                    children: build(
+                        Some(node),
+                        children,
+                        outcomes,
+                        ending,
+                        leaf,
+                        link_for,
+                        forks,
+                    ),
                 }
             })
             .collect()
     }
     let leaf = |name: &str| leaf_view(outline, name, anchors, rendered);
-    build(None, &children, &outcomes, paths, &leaf, &link_for, forks)
+    build(None, &children, &outcomes, &ending, &leaf, &link_for, forks)
+}
+
+/// Per node, the nodes that follow it on some path, in the order of the paths, each with
+/// the first path through it: a transcript's links to the other branches of a fork.
+type NextNodes<'a> = HashMap<&'a str, Vec<(&'a str, &'a str)>>;
+
+fn next_nodes<'a>(paths: &[(&'a String, &'a Vec<String>)]) -> NextNodes<'a> {
+    let mut next: NextNodes<'a> = HashMap::new();
+    for (name, path) in paths {
+        for pair in path.windows(2) {
+            let [parent, child] = pair else { continue };
+            let after = next.entry(parent.as_str()).or_default();
+            if !after.iter().any(|(c, _)| *c == child.as_str()) {
+                after.push((child.as_str(), name.as_str()));
+            }
+        }
+    }
+    next
 }
 
 fn run_view(
     page: &Page<'_>,
     t: &TrajectoryRecord,
     anchors: &Anchors,
-    paths: &[(&String, &Vec<String>)],
+    next: &NextNodes<'_>,
     rendered: &HashSet<(&str, &str, u32)>,
     forks: bool,
 ) -> RunView {
@@ -2052,7 +2129,7 @@ fn run_view(
         (Vec::new(), None)
     } else {
         (
-            transcript(page, t, &anchor, anchors, paths, rendered, forks),
+            transcript(page, t, &anchor, anchors, next, rendered, forks),
             None,
         )
     };
@@ -2130,7 +2207,7 @@ fn transcript(
     t: &TrajectoryRecord,
     run_anchor: &str,
     anchors: &Anchors,
-    paths: &[(&String, &Vec<String>)],
+    next: &NextNodes<'_>,
     rendered: &HashSet<(&str, &str, u32)>,
     forks: bool,
 ) -> Vec<NodeBlock> {
@@ -2143,20 +2220,12 @@ fn transcript(
         let mut siblings = Vec::new();
         let mut more_siblings = 0;
         if let Some(parent) = parent {
-            let mut seen: HashSet<&str> = HashSet::new();
             let mut unshown = Vec::new();
-            for (name, path) in paths {
-                let Some(other) = path
-                    .iter()
-                    .position(|n| n == parent)
-                    .and_then(|i| path.get(i + 1))
-                else {
-                    continue;
-                };
-                if other == node || !seen.insert(other.as_str()) {
+            for &(other, name) in next.get(parent).into_iter().flatten() {
+                if other == node {
                     continue;
                 }
-                if rendered.contains(&(name.as_str(), t.agent.as_str(), t.repetition)) {
+                if rendered.contains(&(name, t.agent.as_str(), t.repetition)) {
                     if siblings.len() < MAX_SIBLING_LINKS {
                         siblings.push(Link {
                             label: node_label(other, forks),
@@ -2168,7 +2237,7 @@ fn transcript(
                         more_siblings += 1;
                     }
                 } else if unshown.len() < MAX_SIBLING_LINKS {
-                    unshown.push(other.as_str());
+                    unshown.push(other);
                 } else {
                     more_siblings += 1;
                 }
