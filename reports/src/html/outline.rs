@@ -91,16 +91,52 @@ pub(crate) struct ScenarioOutline {
     /// position of each alternative among those the agent listed, outermost first, so they
     /// are shown in the agent's order rather than finishing order.
     pub(crate) fork_positions: HashMap<String, Vec<u32>>,
+    /// Each trajectory's position in `paths`, once there are more than [`SCANNED`]: a
+    /// scenario may have 100,000, and finding each by a scan of `paths` took their square
+    /// (most scenarios have a few, and no map).
+    path_at: Option<HashMap<String, usize>>,
 }
+
+/// Trajectories a scenario's `paths` are scanned for, past which they get a map.
+const SCANNED: usize = 32;
 
 impl ScenarioOutline {
     /// The repetitions of trajectory `name` per agent.
     pub(crate) fn runs_of(&self, name: &str) -> &[(Name, Repetitions)] {
-        self.paths
-            .iter()
-            .position(|(n, _)| n == name)
+        self.position(name)
             .and_then(|at| self.runs.get(at))
             .map_or(&[], Vec::as_slice)
+    }
+
+    /// Where trajectory `name` is in `paths`.
+    fn position(&self, name: &str) -> Option<usize> {
+        match &self.path_at {
+            Some(at) => at.get(name).copied(),
+            None => self.paths.iter().position(|(n, _)| n == name),
+        }
+    }
+
+    /// Adds trajectory `name` with its `nodes` at the end of `paths`; returns its position.
+    fn push_path(&mut self, name: &str, nodes: &[String]) -> usize {
+        let at = self.paths.len();
+        self.paths.push((name.to_owned(), nodes.to_vec()));
+        self.runs.push(Vec::new());
+        match &mut self.path_at {
+            Some(map) => {
+                map.insert(name.to_owned(), at);
+            }
+            None if self.paths.len() > SCANNED => {
+                self.path_at = Some(
+                    self.paths
+                        .iter()
+                        .enumerate()
+                        .map(|(i, (n, _))| (n.clone(), i))
+                        .collect(),
+                );
+            }
+            None => {}
+        }
+        at
     }
 }
 
@@ -151,24 +187,17 @@ impl Outline {
             .scenarios
             .entry((t.suite.clone(), t.scenario.clone()))
             .or_default();
-        let at = match outline
-            .paths
-            .iter()
-            .position(|(name, _)| name == &t.trajectory)
-        {
+        let at = match outline.position(&t.trajectory) {
             Some(at) => {
                 // A run that stopped early lists fewer nodes: keep the longest path seen.
-                let nodes = &mut outline.paths[at].1;
-                if nodes.len() < t.nodes.len() {
+                if let Some((_, nodes)) = outline.paths.get_mut(at)
+                    && nodes.len() < t.nodes.len()
+                {
                     nodes.clone_from(&t.nodes);
                 }
                 at
             }
-            None => {
-                outline.paths.push((t.trajectory.clone(), t.nodes.clone()));
-                outline.runs.push(Vec::new());
-                outline.paths.len() - 1
-            }
+            None => outline.push_path(&t.trajectory, &t.nodes),
         };
         if !t.agent_branches.is_empty() {
             outline

@@ -1565,12 +1565,19 @@ fn scenario_view(
     // Continuations of forks the agent asked for follow the planned trajectory they
     // continue, in the order the agent listed the alternatives.
     let mut continuations: Vec<(usize, Vec<u32>, String)> = Vec::new();
+    // Where each name is in `trajectories` as it grows (a scan of it for each path took
+    // the square of a wide scenario's paths).
+    let mut listed: HashMap<&str, usize> = HashMap::new();
+    for (i, name) in plan.iter().flat_map(|p| &p.trajectories).enumerate() {
+        listed.entry(name.as_str()).or_insert(i);
+    }
     for (name, _) in &outline.paths {
-        if trajectories.contains(name) {
+        if listed.contains_key(name.as_str()) {
             continue;
         }
         let (planned, labels) = agent_forks(name);
         if labels.is_empty() {
+            listed.insert(name.as_str(), trajectories.len());
             trajectories.push(name.clone());
         } else {
             let position = outline
@@ -1578,7 +1585,8 @@ fn scenario_view(
                 .get(name)
                 .cloned()
                 .unwrap_or_default();
-            continuations.push((rank(&trajectories, planned), position, name.clone()));
+            let base = listed.get(planned).copied().unwrap_or(trajectories.len());
+            continuations.push((base, position, name.clone()));
         }
     }
     continuations.sort();
