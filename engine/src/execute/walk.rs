@@ -391,11 +391,7 @@ impl<'a> Unit<'a> {
             .collect();
         drop(state);
         drop(point);
-        // Every child has finished once join_all returns; `all` only reads results.
-        futures::future::join_all(children)
-            .await
-            .into_iter()
-            .all(|ok| ok)
+        all_pass(children).await
     }
 
     /// Runs a node's steps while holding a path slot, records them, then runs its children.
@@ -629,10 +625,7 @@ impl<'a> Unit<'a> {
             ));
         }
         drop(state);
-        futures::future::join_all(continuations)
-            .await
-            .into_iter()
-            .all(|ok| ok)
+        all_pass(continuations).await
     }
 
     /// One continuation of an agent-initiated fork, run when it gets a path slot.
@@ -1636,4 +1629,29 @@ fn capture(
             })
         }
     }
+}
+
+/// Runs `branches` to their ends, concurrently; whether every one passed.
+///
+/// Not `join_all`: below 30 futures it polls every unfinished one whenever any is woken, so
+/// a wake deep in a tree of forks polled every waiting branch above and beside it. A
+/// scenario of four forks of ten branches (10,000 trajectories) took 874 ms to run and
+/// most of it was polling; `FuturesUnordered` polls only the woken branch. A node with one
+/// child, the common case, is awaited as it is.
+async fn all_pass<F: Future<Output = bool>>(branches: Vec<F>) -> bool {
+    use futures::StreamExt as _;
+    if branches.len() <= 1 {
+        let mut all = true;
+        for branch in branches {
+            all &= branch.await;
+        }
+        return all;
+    }
+    let mut running: futures::stream::FuturesUnordered<F> = branches.into_iter().collect();
+    let mut all = true;
+    // Every branch runs to its end: a failed one does not stop its siblings.
+    while let Some(passed) = running.next().await {
+        all &= passed;
+    }
+    all
 }
