@@ -1182,11 +1182,7 @@ async fn junit_lists_cases_in_the_plans_order_not_as_they_finished() {
         .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
     let junit = std::fs::read_to_string(out.join("junit.xml")).unwrap();
-    let names: Vec<&str> = junit
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("<testcase name=\""))
-        .filter_map(|l| l.split('"').next())
-        .collect();
+    let names = case_names(&junit);
     let mut expected = vec!["first/main [slow #0]".to_owned()];
     for agent in ["fast", "slow"] {
         for rep in 0..3 {
@@ -1221,11 +1217,7 @@ async fn junit_lists_an_agents_forks_by_name() {
         .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
     let junit = std::fs::read_to_string(out.join("junit.xml")).unwrap();
-    let names: Vec<&str> = junit
-        .lines()
-        .filter_map(|l| l.trim().strip_prefix("<testcase name=\""))
-        .filter_map(|l| l.split('"').next())
-        .collect();
+    let names = case_names(&junit);
     let expected: Vec<String> = [
         "support-http",
         "support-process",
@@ -1238,4 +1230,13 @@ async fn junit_lists_an_agents_forks_by_name() {
     })
     .collect();
     assert_eq!(names, expected, "{junit}");
+}
+
+/// The names of junit.xml's test cases, in the file's order.
+fn case_names(junit: &str) -> Vec<&str> {
+    junit
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("<testcase name=\""))
+        .filter_map(|l| l.split('"').next())
+        .collect()
 }
