@@ -584,9 +584,6 @@ async fn matrix_values_are_vars_and_name_the_instances() {
     );
 }
 
-/// Model names and URLs hold `/`, and are what a matrix is most often over: such a value
-/// names its instance (`m[model=openai/gpt-4o-mini]`), is selected by `--filter`, and a
-/// scenario that `needs` the matrix waits for each instance. 7c52210 refused them.
 /// The agents' side-by-side grids (console and report) list scenarios in plan order, a
 /// matrix's instances as the matrix lists its values, not as their ids sort as text
 /// (`m[n=-3]` before `m[n=10]`), and both grids the same way.
@@ -640,6 +637,9 @@ async fn the_agents_grids_keep_the_matrix_order() {
     assert_eq!(rows, expected);
 }
 
+/// Model names and URLs hold `/`, and are what a matrix is most often over: such a value
+/// names its instance (`m[model=openai/gpt-4o-mini]`), is selected by `--filter`, and a
+/// scenario that `needs` the matrix waits for each instance. 7c52210 refused them.
 #[tokio::test]
 async fn matrix_values_with_a_slash_name_instances_that_filters_and_needs_reach() {
     let suite = format!(
