@@ -28,6 +28,7 @@ use std::path::Path;
 use trellis_records::{CriterionStatus, NodeRecord, RunInfo, TrajectoryRecord, TrajectoryStatus};
 
 use crate::error::ReportError;
+use crate::positions::{Positions, SCANNED};
 use crate::staged::Staged;
 
 pub(crate) struct JunitBuilder {
@@ -116,14 +117,9 @@ impl Place {
     }
 }
 
-/// The trajectories of a scenario are found in its list by a scan; past this many, by a map
-/// made the first time: a scenario may have up to 100,000 trajectories, and a scan for each
-/// of its cases would take its square.
-const SCANNED: usize = 32;
-
-/// Name → position maps of the scenarios with more than [`SCANNED`] trajectories.
+/// Position maps of the scenarios with more than [`SCANNED`] trajectories.
 #[derive(Default)]
-struct WideScenarios(HashMap<u32, HashMap<Box<str>, usize, foldhash::fast::RandomState>>);
+struct WideScenarios(HashMap<u32, Positions>);
 
 impl WideScenarios {
     fn position(&mut self, scenario: u32, names: &[String], name: &str) -> Option<usize> {
@@ -132,15 +128,8 @@ impl WideScenarios {
         }
         self.0
             .entry(scenario)
-            .or_insert_with(|| {
-                let mut map = HashMap::with_capacity_and_hasher(names.len(), Default::default());
-                for (i, n) in names.iter().enumerate() {
-                    map.entry(n.as_str().into()).or_insert(i);
-                }
-                map
-            })
+            .or_insert_with(|| Positions::of(names.iter().map(String::as_str)))
             .get(name)
-            .copied()
     }
 }
 

@@ -23,6 +23,7 @@ mod journal;
 mod junit;
 pub mod labels;
 pub mod pivot;
+mod positions;
 mod row_groups;
 mod staged;
 pub mod stats;

@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use trellis_records::{NodeRecord, TrajectoryRecord, TrajectoryStatus};
 
+use crate::positions::SCANNED;
 use crate::stats::{Interner, Name};
 
 /// Repetitions drawn as chips per trajectory and agent; past this, only those that did not
@@ -96,9 +97,6 @@ pub(crate) struct ScenarioOutline {
     /// (most scenarios have a few, and no map).
     path_at: Option<HashMap<String, usize>>,
 }
-
-/// Trajectories a scenario's `paths` are scanned for, past which they get a map.
-const SCANNED: usize = 32;
 
 impl ScenarioOutline {
     /// The repetitions of trajectory `name` per agent.

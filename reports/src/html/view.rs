@@ -20,6 +20,7 @@ use super::Page;
 use super::outline::{MAX_CHIPS, NodeOutcome, ScenarioOutline, failure_node, node_outcomes};
 use super::trend::{TrendPoint, Trends};
 use crate::NodeKey;
+use crate::positions::Positions;
 use crate::tally::Counts;
 
 /// Longest text block rendered, in characters; the rest is in the Parquet tables.
@@ -1224,27 +1225,6 @@ struct Anchors {
     /// the square of that.
     trajectory_at: Positions,
     node_at: Positions,
-}
-
-/// The distinct names of a sequence, each at its position among them in the order they
-/// first come; a name not among them is past their end, as [`rank`] has it.
-struct Positions(HashMap<Box<str>, usize>);
-
-impl Positions {
-    fn of<'n>(names: impl IntoIterator<Item = &'n str>) -> Self {
-        let mut at: HashMap<Box<str>, usize> = HashMap::new();
-        for name in names {
-            if !at.contains_key(name) {
-                let next = at.len();
-                at.insert(name.into(), next);
-            }
-        }
-        Positions(at)
-    }
-
-    fn rank(&self, name: &str) -> usize {
-        self.0.get(name).copied().unwrap_or(self.0.len())
-    }
 }
 
 impl Anchors {
