@@ -134,6 +134,13 @@ const PENDING_LINES_MAX: usize = 16 * 1024;
 /// A scenario with more instances than this is one row of the summary.
 const INSTANCE_ROWS: u64 = 20;
 
+/// Rows of a summary table (and of the agents' grid) printed at most. Past it, the summary
+/// shows the rows that did not all pass and counts the rest: a suite generated with 20,000
+/// scenarios printed a table of 20,000 rows, which no one reads at a terminal and which
+/// took 130 ms to lay out, more than the run's results files. report.html and summary.json
+/// have every row.
+const TABLE_ROWS: usize = 100;
+
 pub struct Console {
     /// Trajectories the plan has, to say how much of it a stopped run covers.
     planned: u64,
@@ -514,7 +521,8 @@ impl Console {
                     .unwrap_or(usize::MAX);
                 (rank, *scenario)
             });
-            for scenario in rows {
+            let left_out = rows.len().saturating_sub(TABLE_ROWS);
+            for scenario in rows.into_iter().take(TABLE_ROWS) {
                 let mut row = vec![Cell::new(scenario)];
                 for agent in &agents {
                     let key = (suite.to_string(), scenario.to_string(), agent.to_string());
@@ -547,6 +555,14 @@ impl Console {
                 grid.add_row(row);
             }
             outln!("{suite}: agents side by side (pass rate, 95% CI)\n{grid}");
+            if left_out > 0 {
+                let scenarios = if left_out == 1 {
+                    "scenario"
+                } else {
+                    "scenarios"
+                };
+                outln!("… and {left_out} more {scenarios} (report.html has every one)");
+            }
         }
     }
 
@@ -666,6 +682,7 @@ impl Console {
             "95% CI",
         ]);
         let rows = self.summary_rows();
+        let (rows, left_out) = rows_to_print(rows);
         for ((suite, scenario, agent), c) in rows {
             let ran = c.passed + c.failed + c.errors;
             let rate = if ran == 0 {
@@ -701,7 +718,12 @@ impl Console {
                 Cell::new(interval),
             ]);
         }
-        outln!("{table}");
+        if table.row_count() > 0 || left_out.is_none() {
+            outln!("{table}");
+        }
+        if let Some(left_out) = left_out {
+            outln!("{left_out}");
+        }
         self.agent_grid();
         self.matrix_grid();
 
@@ -1153,6 +1175,39 @@ fn print_attack(
 }
 
 /// `1 check`, `12 checks`.
+/// The summary's rows to print, with what says how many were left out: all of them up to
+/// [`TABLE_ROWS`]; past it, the first [`TABLE_ROWS`] that did not all pass (failed, error,
+/// skipped or invalid), in the table's order.
+fn rows_to_print<K>(rows: Vec<(K, Counts)>) -> (Vec<(K, Counts)>, Option<String>) {
+    if rows.len() <= TABLE_ROWS {
+        return (rows, None);
+    }
+    let total = rows.len();
+    let all_passed = |c: &Counts| c.failed + c.errors + c.skipped + c.invalid == 0;
+    let not_passed = rows.iter().filter(|(_, c)| !all_passed(c)).count();
+    let shown: Vec<(K, Counts)> = rows
+        .into_iter()
+        .filter(|(_, c)| !all_passed(c))
+        .take(TABLE_ROWS)
+        .collect();
+    let left_out = total - shown.len();
+    let not_passed_left_out = not_passed - shown.len();
+    let why = if not_passed_left_out == 0 {
+        "all passed".to_owned()
+    } else {
+        format!("{not_passed_left_out} of them not all passed")
+    };
+    let line = if shown.is_empty() {
+        format!(
+            "{total} scenario rows, all passed: too many to list here (report.html has every one)"
+        )
+    } else {
+        let rows = if left_out == 1 { "row" } else { "rows" };
+        format!("… and {left_out} more {rows} ({why}); report.html has every one")
+    };
+    (shown, Some(line))
+}
+
 pub fn count(n: u64, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }

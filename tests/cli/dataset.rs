@@ -1963,6 +1963,99 @@ async fn the_summary_is_one_row_for_a_scenario_of_many_instances() {
     );
 }
 
+/// A suite of more scenarios than the console lists: the summary keeps the rows that did
+/// not all pass and counts the rest, the agents' grid its first rows; the results files
+/// keep every one.
+#[tokio::test]
+async fn a_summary_of_very_many_scenarios_lists_what_did_not_pass_and_counts_the_rest() {
+    let mut suite = String::from(
+        "agent \"a\" protocol=\"connexity\" builtin=\"booking\"\n\
+         agent \"b\" protocol=\"connexity\" builtin=\"booking\"\n",
+    );
+    for i in 0..130 {
+        // Two fail: their reply lacks the text they ask for.
+        let check = if i == 17 || i == 101 {
+            "expect reply contains=\"no such text\""
+        } else {
+            "expect no-error"
+        };
+        suite.push_str(&format!(
+            "scenario \"s{i:03}\" {{\n    agents \"a\" \"b\"\n    user \"Hi\"\n    {check}\n}}\n"
+        ));
+    }
+    let dir = project(&suite, &[]);
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path().join("suite.kdl"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    let console = stdout(&o);
+    let summary = &console[..console
+        .find("suite: agents side by side")
+        .unwrap_or_else(|| panic!("no grid in {console}"))];
+    let rows: Vec<&str> = summary
+        .lines()
+        .filter(|l| l.contains("┆ s0") || l.contains("┆ s1"))
+        .collect();
+    assert_eq!(rows.len(), 4, "{summary}");
+    for (row, (scenario, agent)) in
+        rows.iter()
+            .zip([("s017", "a"), ("s017", "b"), ("s101", "a"), ("s101", "b")])
+    {
+        assert!(
+            row.contains(&format!(" {scenario} ")) && row.contains(&format!(" {agent} ")),
+            "{summary}"
+        );
+    }
+    assert!(
+        summary.contains("… and 256 more rows (all passed); report.html has every one"),
+        "{summary}"
+    );
+    let grid = &console[console.find("suite: agents side by side").unwrap()..];
+    let grid = &grid[..grid.find("FAIL ").unwrap_or(grid.len())];
+    let grid_rows = grid
+        .lines()
+        .filter(|l| l.contains(" s0") || l.contains(" s1"))
+        .count();
+    assert_eq!(grid_rows, 100, "{grid}");
+    assert!(
+        grid.contains("… and 30 more scenarios (report.html has every one)"),
+        "{grid}"
+    );
+    let summary_json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("summary.json")).unwrap()).unwrap();
+    assert_eq!(
+        summary_json["stats"]["scenarios"].as_array().unwrap().len(),
+        260
+    );
+
+    // All passed: no table of rows, only how many there were.
+    let passing = suite.replace("expect reply contains=\"no such text\"", "expect no-error");
+    std::fs::write(dir.path().join("suite.kdl"), passing).unwrap();
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path().join("suite.kdl"))
+        .arg("--out")
+        .arg(&out)
+        .arg("--replace")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let console = stdout(&o);
+    assert!(
+        console.starts_with(
+            "260 scenario rows, all passed: too many to list here (report.html has every one)\n"
+        ),
+        "{console}"
+    );
+}
+
 #[tokio::test]
 async fn a_dataset_with_a_header_and_no_rows_checks_row_against_its_header() {
     let dir = tempfile::tempdir().unwrap();
