@@ -308,6 +308,27 @@ pub fn check_reading_env(
     if !is_template(&template.source) {
         return Vec::new();
     }
+    // A statement that loads another template fails on every render: a template is one text,
+    // and there are no others for it to load. Looked for before compiling: whether minijinja
+    // parses these statements depends on a feature another crate of the program enables.
+    if let Some((at, statement)) = loads_another_template(&template.source) {
+        let span = locate_where(template, statement, files, |before, _| before.len() == at)
+            .unwrap_or(template.span);
+        return vec![
+            Diagnostic::at_span(
+                Kind::TemplateSyntax,
+                format!("invalid template: `{{% {statement} %}}` has no template to load"),
+                files,
+                span,
+                format!("`{statement}` loads another template"),
+            )
+            .with_help(
+                "a template is one text: `include`, `import`, `from` and `extends` name other \
+                 templates, and there are none; write the text here (a `{% macro %}` in this \
+                 template is reused)",
+            ),
+        ];
+    }
     // Chainable: the trial render below reads every variable as undefined, lookups through
     // it included; compiling is the same under any behaviour.
     let mut env = Environment::new();
@@ -643,6 +664,36 @@ fn inside_defined_block(source: &str, var: &str, at: usize) -> bool {
     })
 }
 
+/// The first statement of `source` that loads another template (`include`, `import`, `from`,
+/// `extends`), with the byte offset of its keyword; comments and `{% raw %}` blocks are text,
+/// not statements.
+fn loads_another_template(source: &str) -> Option<(usize, &'static str)> {
+    const LOADERS: [&str; 4] = ["include", "import", "from", "extends"];
+    let text = without_comments(source);
+    let mut from = 0;
+    let mut in_raw = false;
+    while let Some(open) = text.get(from..)?.find("{%").map(|i| from + i) {
+        let after = &text[open + 2..];
+        let trimmed = after.trim_start_matches(['-', '+']).trim_start();
+        let at = text.len() - trimmed.len();
+        let word_len = trimmed
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(trimmed.len());
+        let word = &trimmed[..word_len];
+        from = at + word_len;
+        if in_raw {
+            in_raw = word != "endraw";
+            continue;
+        }
+        if word == "raw" {
+            in_raw = true;
+        } else if let Some(loader) = LOADERS.iter().find(|l| **l == word) {
+            return Some((at, loader));
+        }
+    }
+    None
+}
+
 /// `source` with its `{# … #}` comments blanked out, offsets kept: an `{% if %}` inside one
 /// guards nothing.
 fn without_comments(source: &str) -> Cow<'_, str> {
@@ -892,6 +943,45 @@ mod tests {
         Scope::env_only()
             .with("user_context", names(&["postal_code"]))
             .with("vars", names(&["quote"]))
+    }
+
+    /// A template has no other templates to load: a statement that loads one failed on
+    /// every render of the run, and `check` passed it.
+    #[test]
+    fn a_statement_loading_another_template_is_an_error_at_its_keyword() {
+        for (src, statement) in [
+            ("Hi {% include 'x' %}", "include"),
+            ("{%- from 'm' import f %}{{ f() }}", "from"),
+            ("{% import 'm' as m %}", "import"),
+            ("{% extends 'base' %}", "extends"),
+        ] {
+            let (files, t) = setup(src);
+            let diags = check(&t, &scope(), &files);
+            assert_eq!(diags.len(), 1, "{src}: {diags:?}");
+            let text = format!("{:?}", diags[0]);
+            assert!(
+                text.contains(&format!("`{{% {statement} %}}` has no template to load")),
+                "{text}"
+            );
+            let at = 6 + src.find(statement).unwrap();
+            assert!(
+                text.contains(&format!(
+                    "offset: SourceOffset({at}), length: {}",
+                    statement.len()
+                )),
+                "{src}: {text}"
+            );
+        }
+        // Text that only names them: a comment, a raw block, a string, a variable.
+        for src in [
+            "{# {% include 'x' %} #}hi",
+            "{% raw %}{% include 'x' %}{% endraw %}",
+            "{% set word = 'include' %}{{ word }}",
+            "{{ vars.quote }} from {{ env.X }}",
+        ] {
+            let (files, t) = setup(src);
+            assert!(check(&t, &scope(), &files).is_empty(), "{src}");
+        }
     }
 
     #[test]
