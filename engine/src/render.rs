@@ -1,11 +1,13 @@
 //! Template rendering (minijinja) for user messages, criterion values and header values.
 //!
 //! Templates are compiled when the plan is built, so a template that does not compile fails
-//! planning, and compiled again when they render: a compiled template takes ~10 KB, and kept
-//! for every template of a plan they were most of what `check` and `list` held on a big suite
-//! (rendering compiles in microseconds, next to an agent call). Plain strings without
-//! template syntax skip the template engine entirely, so scripted messages cost nothing per
-//! turn.
+//! planning, without keeping the compiled form: a compiled template takes ~10 KB, and kept
+//! for every template of a plan they were most of what `check` and `list` held on a big suite.
+//! A run keeps the templates it renders, up to [`COMPILED_MAX`] of them, and compiles each
+//! once: a dataset's instances all render the same `user "{{ row.q }}"`, and an HTTP agent's
+//! `request` renders on every turn, each compile about 5,000 instructions (a tenth of the
+//! engine's own work on a turn). Plain strings without template syntax skip the template
+//! engine entirely, so scripted messages cost nothing per turn.
 //! Undefined variables are errors (strict mode): `trellis check` already rejects the ones it
 //! can see statically, and whatever remains at run time (an unset `env` variable) must
 //! not silently render as an empty string.
@@ -96,6 +98,23 @@ pub struct Templates {
     /// instructions) and held as a copy each. Only the text is kept, which the plan holds
     /// anyway, shared (the module docs say why the compiled form is not).
     planned: HashSet<Arc<str>>,
+    /// The templates rendered so far, compiled, each named by its source in an environment
+    /// of its own configured as `env` ([`Rendered`]).
+    rendered: Mutex<Rendered>,
+}
+
+/// The most compiled templates a run keeps; past it they are let go and compiled again as
+/// they render. A suite renders a handful of distinct templates over and over (a dataset's
+/// instances share theirs); one with thousands of distinct ones, each rendered once or
+/// twice, gained nothing from keeping them all.
+pub const COMPILED_MAX: usize = 128;
+
+/// Compiled templates by source. A template is named by its text, which no template can
+/// name: `include`, `import` and `extends` are refused by `trellis check`
+/// (trellis_dsl::template), so one template never reaches another.
+struct Rendered {
+    env: Environment<'static>,
+    count: usize,
 }
 
 impl Default for Templates {
@@ -125,6 +144,10 @@ impl Templates {
         // `true`, `null` and lists as JSON writes them, not as Python does.
         env.set_formatter(trellis_dsl::template::write_value);
         Templates {
+            rendered: Mutex::new(Rendered {
+                env: env.clone(),
+                count: 0,
+            }),
             env,
             vars,
             planned: HashSet::new(),
@@ -179,10 +202,10 @@ impl Templates {
             .is_ok_and(|v| v.is_none() || v.is_undefined())
     }
 
-    /// Renders a template given as source (the simulator's prompts, chosen per trajectory from
-    /// the layers of simulators): compiled on each call in the plan's environment (strict,
-    /// fuelled, unescaped), which costs microseconds next to the LLM call it writes. Syntax
-    /// and variables were checked by `trellis check`; `ctx` is only built when `source` has
+    /// Renders a template given as source (a step's message, a check's value, the simulator's
+    /// prompts, an HTTP agent's request) in the plan's environment (strict, fuelled,
+    /// unescaped), compiled the first time it renders ([`COMPILED_MAX`]). Syntax and
+    /// variables were checked by `trellis check`; `ctx` is only built when `source` has
     /// something to render.
     pub fn render_source(
         &self,
@@ -192,15 +215,34 @@ impl Templates {
         if !source.contains("{{") && !source.contains("{%") && !source.contains("{#") {
             return Ok(source.to_owned());
         }
-        let template =
-            self.env
-                .template_from_str(source)
+        // Built before the lock is taken: building it may render other templates.
+        // Kept (a reference count) to name what was undefined, should the render fail.
+        let ctx = ctx();
+        let mut rendered = self
+            .rendered
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if rendered.env.get_template(source).is_err() {
+            if rendered.count >= COMPILED_MAX {
+                rendered.env.clear_templates();
+                rendered.count = 0;
+            }
+            rendered
+                .env
+                .add_template_owned(source.to_owned(), source.to_owned())
                 .map_err(|error| RenderError::Compile {
                     source_text: source.to_owned(),
                     error,
                 })?;
-        // Kept (a reference count) to name what was undefined, should the render fail.
-        let ctx = ctx();
+            rendered.count += 1;
+        }
+        let template = rendered
+            .env
+            .get_template(source)
+            .map_err(|error| RenderError::Compile {
+                source_text: source.to_owned(),
+                error,
+            })?;
         template
             .render(ctx.clone())
             .map_err(|error| self.render_error(&template, error, &ctx))
@@ -652,6 +694,53 @@ mod tests {
             "{text}"
         );
         assert!(templates.compile(&template("Hi {{ row.q ")).is_err());
+    }
+
+    /// A run renders the same few templates over and over: each is compiled the first time
+    /// it renders, and kept up to [`COMPILED_MAX`] of them.
+    #[test]
+    fn a_template_is_compiled_once_however_often_it_renders() {
+        let templates = Templates::new(Arc::new(EnvSnapshot::new()));
+        let count = || templates.rendered.lock().unwrap().count;
+        for name in ["Ada", "Grace", "Edsger"] {
+            let ctx = || minijinja::context! { row => minijinja::context! { name } };
+            assert_eq!(
+                templates.render_source("Hi {{ row.name }}", ctx).unwrap(),
+                format!("Hi {name}")
+            );
+        }
+        assert_eq!(count(), 1);
+        // Strict as the plan's environment is, and as unescaped.
+        let undefined = templates
+            .render_source("Hi {{ row.name }}", || minijinja::context! {})
+            .unwrap_err();
+        assert!(undefined.to_string().contains("row.name"), "{undefined}");
+        let ctx = || minijinja::context! { row => minijinja::context! { name => "<b>" } };
+        assert_eq!(
+            templates.render_source("Hi {{ row.name }}", ctx).unwrap(),
+            "Hi <b>"
+        );
+        // A source that does not compile is said so, and not kept.
+        let error = templates
+            .render_source("Hi {{ row.name ", || minijinja::context! {})
+            .unwrap_err();
+        assert!(matches!(error, RenderError::Compile { .. }), "{error}");
+        assert_eq!(count(), 1);
+        // Past the most kept, they are let go and compiled again as they render, rightly.
+        for i in 0..COMPILED_MAX + 10 {
+            let source = format!("{i}: {{{{ n }}}}");
+            let ctx = || minijinja::context! { n => i };
+            assert_eq!(
+                templates.render_source(&source, ctx).unwrap(),
+                format!("{i}: {i}")
+            );
+            assert!(count() <= COMPILED_MAX);
+        }
+        let ctx = || minijinja::context! { row => minijinja::context! { name => "again" } };
+        assert_eq!(
+            templates.render_source("Hi {{ row.name }}", ctx).unwrap(),
+            "Hi again"
+        );
     }
 
     /// minijinja writes values as Python does; suites read them as JSON (a dataset's `true`
