@@ -415,39 +415,44 @@ impl ReportWriter {
             compared_with: meta.as_ref().and_then(|m| m.compared_with.clone()),
         };
         let summary_path = run_dir.join(SUMMARY_FILE);
-        // The tables and summary.json (polars' Parquet writer, then the statistics) and the
-        // pages (JUnit, and the HTML with its transcripts read back from the journal) share
-        // nothing but what both read: at the end of a run, when the executor's thread is
-        // idle, they are written side by side. Without a second thread, one after the other.
-        // Next to 20,000 scenarios the statistics and summary.json are 140 ms, the pages 50.
+        // The tables (polars' Parquet writer), summary.json, and the pages (JUnit, and the
+        // HTML with its transcripts read back from the journal) share nothing but what they
+        // read: at the end of a run, when the executor's thread is idle, they are written side
+        // by side. This thread ends the tables and writes the summary (next to 20,000
+        // scenarios the statistics and summary.json are 140 ms, the pages 50); the other
+        // writes the pages, then ends whatever tables are left (at 2,000 trajectories the
+        // tables are 5 ms, the pages 2). Without a second thread, one after the other.
+        let tables = tables.finish(run_row);
         let mut pages = Some(pages);
-        let (tables_written, summary, pages_written) = std::thread::scope(|scope| {
+        let (summary, summary_staged, pages_written) = std::thread::scope(|scope| {
             let spawned = std::thread::Builder::new()
                 .name("trellis-report".into())
                 // The page's outline recurses once per level of a scenario's tree; reserved,
                 // not committed, like the stack of the thread this otherwise ran on.
                 .stack_size(PAGES_STACK)
                 .spawn_scoped(scope, || {
-                    pages.take().map(|p| p.write(&junit_path, &html_path))
+                    let written = pages.take().map(|p| p.write(&junit_path, &html_path));
+                    tables.help();
+                    written
                 });
-            let tables_written = tables.finish(run_row);
-            // After the tables: a run directory whose summary reads has its tables.
+            tables.help();
             let summary = Summary {
                 schema_version: history::SCHEMA_VERSION,
                 meta: meta.clone(),
                 stats: stats.finish(),
             };
-            let summary_written = write_json(&summary_path, &summary);
+            let summary_staged = write_json_unpublished(&summary_path, &summary);
             let pages_written = spawned.ok().and_then(|handle| {
                 handle
                     .join()
                     .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
             });
-            (tables_written, (summary, summary_written), pages_written)
+            (summary, summary_staged, pages_written)
         });
-        let (table_paths, mut not_written) = tables_written;
-        let (summary, summary_written) = summary;
-        if let Err(e) = summary_written {
+        let (table_paths, mut not_written) = tables.finish();
+        // Moved into place once every table is: a run directory whose summary reads has its
+        // tables.
+        if let Err(e) = summary_staged.and_then(staged::Staged::publish) {
             not_written.push((summary_path.clone(), e));
         }
         let (pages_not_written, transcripts_missing) = pages_written
@@ -626,6 +631,14 @@ impl Pages<'_> {
 /// Writes `value` as pretty JSON to `path.partial` and moves it into place (`summary.json`,
 /// `compare.json`).
 pub fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<(), ReportError> {
+    write_json_unpublished(path, value)?.publish().map(drop)
+}
+
+/// Writes `value` as pretty JSON to `path.partial`, to be moved into place.
+fn write_json_unpublished(
+    path: &Path,
+    value: &impl serde::Serialize,
+) -> Result<staged::Staged, ReportError> {
     use std::io::Write as _;
     let (staged, file) = staged::Staged::create(path)?;
     let mut out = std::io::BufWriter::new(file);
@@ -634,8 +647,7 @@ pub fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<(), Repo
         .and_then(|()| out.write_all(b"\n"))
         .and_then(|()| out.flush())
         .map_err(|e| ReportError::io("write", path, e))?;
-    drop(out);
-    staged.publish().map(drop)
+    Ok(staged)
 }
 
 /// Identifies one execution node of one repetition.

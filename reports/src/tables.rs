@@ -48,9 +48,6 @@ const FLUSH_BYTES: usize = 16 * 1024 * 1024;
 /// groups never shrink below a few hundred rows, nor below an eighth of what came before,
 /// so a long, often quiet run has a number of them logarithmic in its rows, up to the batches.
 const QUIET_MIN_ROWS: usize = 256;
-/// The fewest rows the turns and criteria tables must still hold at the end of a run for
-/// [`Tables::finish`] to write them on a thread of their own.
-const PARALLEL_MIN_ROWS: usize = 512;
 const QUIET_MIN_SHARE: usize = 8;
 
 /// Snappy, not zstd: polars-parquet makes a new zstd context for every column chunk, and
@@ -1057,9 +1054,8 @@ impl Tables {
         self.spans.flush_quiet();
     }
 
-    /// Writes the run row and closes every file; the files that could not be written are
-    /// returned with why.
-    pub(crate) fn finish(mut self, run: RunRow<'_>) -> (TablePaths, Vec<(PathBuf, ReportError)>) {
+    /// Adds the run row, and hands every file over to be ended ([`TablesEnd`]).
+    pub(crate) fn finish(mut self, run: RunRow<'_>) -> TablesEnd {
         let r = &mut self.runs.buf;
         r.schema_version.push(SCHEMA_VERSION);
         r.run_id.push(run.info.run_id.clone());
@@ -1110,14 +1106,15 @@ impl Tables {
         );
         r.rows += 1;
 
-        let mut failed = Vec::new();
-        let mut done = |result: Result<PathBuf, (PathBuf, ReportError)>| match result {
-            Ok(path) => path,
-            Err((path, e)) => {
-                failed.push((path.clone(), e));
-                path
-            }
-        };
+        let paths = [
+            self.trajectories.staged.path.clone(),
+            self.turns.staged.path.clone(),
+            self.tool_calls.staged.path.clone(),
+            self.criteria.staged.path.clone(),
+            self.rubric_scores.staged.path.clone(),
+            self.runs.staged.path.clone(),
+            self.spans.staged.path.clone(),
+        ];
         let Tables {
             trajectories,
             turns,
@@ -1128,63 +1125,114 @@ impl Tables {
             spans,
             ..
         } = self;
-        // The turns and the criteria (about half of the work) are written on a thread of
-        // their own when they hold enough rows for it to pay: at the end of a run the other
-        // core is idle once the pages are written, and the tables were most of the end
-        // (docs/performance.md, "What was slow, and why it is not any more"). Whichever
-        // thread takes them from the slot writes them: if no thread could be started, this
-        // one does, after the others.
-        let parallel = turns.buf.rows() + criteria.buf.rows() >= PARALLEL_MIN_ROWS;
-        let paths_aside = (turns.staged.path.clone(), criteria.staged.path.clone());
-        let slot = Mutex::new(Some((turns, criteria)));
-        let finish_slot = || {
-            let taken = match slot.lock() {
-                Ok(mut pair) => pair.take(),
-                Err(poisoned) => poisoned.into_inner().take(),
+        // Taken from the end: the tables that usually hold the most rows go first, so that
+        // two threads sharing them end close together.
+        let jobs: Vec<(usize, TableJob)> = vec![
+            (RUNS, Box::new(move || runs.finish())),
+            (SPANS, Box::new(move || spans.finish())),
+            (RUBRIC_SCORES, Box::new(move || rubric_scores.finish())),
+            (TOOL_CALLS, Box::new(move || tool_calls.finish())),
+            (TRAJECTORIES, Box::new(move || trajectories.finish())),
+            (CRITERIA, Box::new(move || criteria.finish())),
+            (TURNS, Box::new(move || turns.finish())),
+        ];
+        TablesEnd {
+            jobs: Mutex::new(jobs),
+            done: Mutex::new(std::array::from_fn(|_| None)),
+            paths,
+        }
+    }
+}
+
+/// One table file's last rows, footer and move into place.
+type TableJob = Box<dyn FnOnce() -> TableWritten + Send>;
+
+/// A table file where it was written, or where it was to be and why it is not.
+type TableWritten = Result<PathBuf, (PathBuf, ReportError)>;
+
+/// The tables in [`TablesEnd`]'s slots.
+const TRAJECTORIES: usize = 0;
+const TURNS: usize = 1;
+const TOOL_CALLS: usize = 2;
+const CRITERIA: usize = 3;
+const RUBRIC_SCORES: usize = 4;
+const RUNS: usize = 5;
+const SPANS: usize = 6;
+
+/// The end of the tables, a file at a time, for any thread to take a share of
+/// ([`TablesEnd::help`]). At the end of a run the pages are written beside the tables, and
+/// the thread writing them takes what is left of the tables once they are done: the end of
+/// a 2,000-trajectory run held 5 ms of tables against 2 of pages, one core idle for 3 of
+/// them.
+pub(crate) struct TablesEnd {
+    /// The files not yet taken, by slot.
+    jobs: Mutex<Vec<(usize, TableJob)>>,
+    done: Mutex<[Option<TableWritten>; 7]>,
+    /// Where each file goes, to name one whose thread panicked.
+    paths: [PathBuf; 7],
+}
+
+impl TablesEnd {
+    /// Ends files until none is left to take; some may still be being ended by other threads.
+    pub(crate) fn help(&self) {
+        loop {
+            let job = match self.jobs.lock() {
+                Ok(mut jobs) => jobs.pop(),
+                Err(poisoned) => poisoned.into_inner().pop(),
             };
-            taken.map(|(turns, criteria)| (turns.finish(), criteria.finish()))
-        };
-        let (first, from_thread) = std::thread::scope(|scope| {
-            let handle = parallel
-                .then(|| {
-                    std::thread::Builder::new()
-                        .name("trellis-tables".into())
-                        .spawn_scoped(scope, finish_slot)
-                        .ok()
-                })
-                .flatten();
-            let first = (
-                trajectories.finish(),
-                tool_calls.finish(),
-                rubric_scores.finish(),
-                runs.finish(),
-                spans.finish(),
-            );
-            let from_thread = handle.and_then(|handle| {
-                handle
-                    .join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-            });
-            (first, from_thread)
-        });
-        let (turns, criteria) = from_thread.or_else(finish_slot).unwrap_or_else(|| {
-            // Only a thread that took them and then panicked leaves the slot empty, and its
-            // panic was resumed above.
-            let lost = |path: PathBuf| {
+            let Some((slot, job)) = job else {
+                return;
+            };
+            let written = job();
+            match self.done.lock() {
+                Ok(mut done) => done[slot] = Some(written),
+                Err(poisoned) => poisoned.into_inner()[slot] = Some(written),
+            }
+        }
+    }
+
+    /// The files' paths and the ones not written, once every thread that helped is done.
+    pub(crate) fn finish(self) -> (TablePaths, Vec<(PathBuf, ReportError)>) {
+        // Whatever no thread took (none could be started) is ended now.
+        self.help();
+        let done = self
+            .done
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut failed = Vec::new();
+        let mut paths = self.paths.into_iter();
+        let [
+            trajectories,
+            turns,
+            tool_calls,
+            criteria,
+            rubric_scores,
+            runs,
+            spans,
+        ] = done.map(|written| {
+            let path = paths.next().unwrap_or_default();
+            // Only a thread that took it and then panicked leaves a slot empty, and its
+            // panic is resumed where it is joined.
+            let written = written.unwrap_or_else(|| {
                 let e = io::Error::other("the table was lost by the thread writing it");
                 Err((path.clone(), ReportError::io("write", &path, e)))
-            };
-            (lost(paths_aside.0), lost(paths_aside.1))
+            });
+            match written {
+                Ok(path) => path,
+                Err((path, e)) => {
+                    failed.push((path.clone(), e));
+                    path
+                }
+            }
         });
-        let (trajectories, tool_calls, rubric_scores, runs, spans) = first;
         let paths = TablePaths {
-            trajectories: done(trajectories),
-            turns: done(turns),
-            tool_calls: done(tool_calls),
-            criteria: done(criteria),
-            rubric_scores: done(rubric_scores),
-            runs: done(runs),
-            spans: done(spans),
+            trajectories,
+            turns,
+            tool_calls,
+            criteria,
+            rubric_scores,
+            runs,
+            spans,
         };
         (paths, failed)
     }

@@ -550,8 +550,9 @@ fn small_batches_are_written_plainly_and_large_ones_with_dictionaries() {
     );
 }
 
-/// Enough rows at the end for the turns and criteria to be written on a thread of their
-/// own (`Tables::finish`): every table still holds every row.
+/// Many rows at the end, the tables ended by two threads (`TablesEnd::help`, the pages'
+/// thread taking what is left once the pages are written): every table still holds every
+/// row.
 #[test]
 fn tables_written_side_by_side_keep_every_row() {
     let dir = tempfile::tempdir().unwrap();
