@@ -10,6 +10,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use foldhash::fast::FixedState;
+
 use trellis_records::{NodeRecord, TrajectoryRecord, TrajectoryStatus};
 
 use crate::positions::SCANNED;
@@ -147,20 +149,54 @@ struct NodeOutline {
     turns: Vec<(Name, (u32, u32))>,
 }
 
-/// Every scenario's outline, by (suite, scenario).
+/// Every scenario's outline, by suite, then scenario: found by the names a record holds,
+/// with no key made for it. Keyed by `(suite, scenario)` pairs, every node and trajectory
+/// recorded copied both names to look its scenario up.
 #[derive(Debug, Default)]
 pub(crate) struct Outline {
-    pub(crate) scenarios: BTreeMap<(String, String), ScenarioOutline>,
+    scenarios: Scenarios,
     /// Agent and node names, interned.
     names: Interner,
 }
 
+type Scenarios = HashMap<String, HashMap<String, ScenarioOutline, FixedState>, FixedState>;
+
+/// The outline of `scenario` of `suite` in `scenarios`, made empty if it is not there.
+fn scenario_mut<'s>(
+    scenarios: &'s mut Scenarios,
+    suite: &str,
+    scenario: &str,
+) -> &'s mut ScenarioOutline {
+    if !scenarios.contains_key(suite) {
+        scenarios.insert(suite.to_owned(), HashMap::default());
+    }
+    let Some(by_name) = scenarios.get_mut(suite) else {
+        unreachable!("the suite's map was inserted above if it was not there")
+    };
+    if !by_name.contains_key(scenario) {
+        by_name.insert(scenario.to_owned(), ScenarioOutline::default());
+    }
+    match by_name.get_mut(scenario) {
+        Some(outline) => outline,
+        None => unreachable!("the scenario's outline was inserted above if it was not there"),
+    }
+}
+
 impl Outline {
+    /// The outline of `scenario` of `suite`, if anything of it was recorded.
+    pub(crate) fn scenario(&self, suite: &str, scenario: &str) -> Option<&ScenarioOutline> {
+        self.scenarios.get(suite)?.get(scenario)
+    }
+
+    /// Every `(suite, scenario)` with an outline, in no order.
+    pub(crate) fn keys(&self) -> impl Iterator<Item = (&String, &String)> {
+        self.scenarios
+            .iter()
+            .flat_map(|(suite, scenarios)| scenarios.keys().map(move |scenario| (suite, scenario)))
+    }
+
     pub(crate) fn add_node(&mut self, node: &NodeRecord) {
-        let outline = self
-            .scenarios
-            .entry((node.suite.clone(), node.scenario.clone()))
-            .or_default();
+        let outline = scenario_mut(&mut self.scenarios, &node.suite, &node.scenario);
         let entry = match outline.nodes.get_mut(node.node.as_str()) {
             Some(entry) => entry,
             None => outline.nodes.entry(self.names.get(&node.node)).or_default(),
@@ -181,10 +217,7 @@ impl Outline {
     }
 
     pub(crate) fn add_trajectory(&mut self, t: &TrajectoryRecord) {
-        let outline = self
-            .scenarios
-            .entry((t.suite.clone(), t.scenario.clone()))
-            .or_default();
+        let outline = scenario_mut(&mut self.scenarios, &t.suite, &t.scenario);
         let at = match outline.position(&t.trajectory) {
             Some(at) => {
                 // A run that stopped early lists fewer nodes: keep the longest path seen.
@@ -368,7 +401,7 @@ mod tests {
         // The expect on turn 1 failed: neither branch was reached.
         outline.add_trajectory(&trajectory("x", &["start"], Some(1)));
         outline.add_trajectory(&trajectory("y", &["start"], Some(1)));
-        let scenario = &outline.scenarios[&("s".to_owned(), "c".to_owned())];
+        let scenario = outline.scenario("s", "c").unwrap();
         let counts = node_outcomes(scenario);
         assert_eq!(
             counts["start"],
@@ -395,7 +428,7 @@ mod tests {
         outline.add_node(&node("x/then", &[2]));
         outline.add_trajectory(&trajectory("x", &["start", "x", "x/then"], Some(1)));
         outline.add_trajectory(&trajectory("y", &["start", "y"], None));
-        let scenario = &outline.scenarios[&("s".to_owned(), "c".to_owned())];
+        let scenario = outline.scenario("s", "c").unwrap();
         let counts = node_outcomes(scenario);
         assert_eq!(counts["start"].passed(), 2);
         assert_eq!(counts["x"].failed_here, 1);
@@ -429,7 +462,7 @@ mod tests {
         ));
         outline.add_trajectory(&faulted);
         outline.add_trajectory(&trajectory("y", &["start", "y"], Some(0)));
-        let scenario = &outline.scenarios[&("s".to_owned(), "c".to_owned())];
+        let scenario = outline.scenario("s", "c").unwrap();
         let counts = node_outcomes(scenario);
         assert_eq!(counts["start"].passed(), 0);
         assert_eq!(counts["start"].failed_here + counts["start"].errors_here, 2);

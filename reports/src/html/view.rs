@@ -1119,7 +1119,8 @@ fn scenario_order<'a>(page: &Page<'a>) -> Vec<(String, String, Option<&'a Scenar
         .tally
         .by_scenario
         .keys()
-        .chain(page.outline.scenarios.keys());
+        .map(|(suite, scenario)| (suite, scenario))
+        .chain(page.outline.keys());
     for (suite, scenario) in recorded.collect::<BTreeSet<_>>() {
         if seen.insert((suite.clone(), scenario.clone())) {
             order.push((suite.clone(), scenario.clone(), None));
@@ -1533,11 +1534,7 @@ fn scenario_view(
     plan: Option<&ScenarioInfo>,
 ) -> ScenarioView {
     let empty = ScenarioOutline::default();
-    let outline = page
-        .outline
-        .scenarios
-        .get(&(suite.to_owned(), scenario.to_owned()))
-        .unwrap_or(&empty);
+    let outline = page.outline.scenario(suite, scenario).unwrap_or(&empty);
 
     // Trajectories and agents in plan order, then any the plan did not list.
     let mut trajectories: Vec<String> = plan.map(|p| p.trajectories.clone()).unwrap_or_default();
