@@ -309,6 +309,14 @@ impl ReportWriter {
         self.journal_lost = Some(why.into());
     }
 
+    /// The run's git state, for a run whose `run.json` was written without it and completed
+    /// later: what the results record of the run (`runs.parquet`, summary.json, the page).
+    pub fn set_git(&mut self, git: history::GitState) {
+        if let Some(meta) = &mut self.meta {
+            meta.git = Some(git);
+        }
+    }
+
     /// Gives the report's per-scenario trends instead of reading them from the run
     /// directories next to this one (a history that knows more about runs than their
     /// directories).

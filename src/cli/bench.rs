@@ -208,7 +208,7 @@ fn measure(suite: &std::path::Path, out: &std::path::Path, jobs: usize) -> Optio
     };
     // As `trellis run` does: the journal records what each trajectory means.
     trellis_engine::fingerprint::stamp(&project, &mut plan);
-    let outcome = match super::run::execute_plan(plan, "bench", out, &settings, None) {
+    let outcome = match super::run::execute_plan(plan, "bench", out, &settings, None, None) {
         Ok(o) => o,
         Err(e) => {
             super::console::errln!("error: {e}");

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 
 use trellis_dsl::{Endpoint, HistorySource, Project, SocketAddress};
 use trellis_engine::plan::{Plan, Selection};
@@ -30,6 +30,8 @@ pub fn parse_label(text: &str) -> Result<(String, String), String> {
     Ok((key.to_owned(), value.to_owned()))
 }
 
+/// `run.json` of a run of `plan` as it starts: its `git` is added at its end, from
+/// [`GitProbe`].
 pub fn build(
     run_id: &str,
     project: &Project,
@@ -43,11 +45,7 @@ pub fn build(
         run_id: run_id.to_owned(),
         trellis_version: env!("CARGO_PKG_VERSION").to_owned(),
         suite_fingerprint: fingerprint(project),
-        git: project
-            .files
-            .first()
-            .and_then(|f| f.path.parent())
-            .and_then(git_state),
+        git: None,
         endpoints: plan
             .agents
             .iter()
@@ -135,47 +133,83 @@ pub fn fingerprint(project: &Project) -> String {
     hasher.finalize().to_hex().to_string()
 }
 
-/// The commit and dirty flag of the repository holding `dir`; `None` outside a repository
-/// or without `git`.
-///
-/// Both `git` commands run at once: each costs a process start (5–15 ms on a loaded
-/// machine), which `trellis run` pays before the first agent call. Outside a repository no
-/// process is started at all.
-fn git_state(dir: &Path) -> Option<GitState> {
-    let dir = if dir.as_os_str().is_empty() {
-        Path::new(".")
-    } else {
-        dir
-    };
-    if !in_repository(dir) {
-        return None;
+/// The commit and dirty flag of the repository holding the suites, asked of `git` while the
+/// run goes on. Each `git` command costs a process start and `status` reads every tracked
+/// file's metadata: 3–5 ms together on this machine, which `trellis run` paid before its
+/// first agent call, a third of a one-trajectory run. `run.json` is written without them and
+/// completed at the end of the run ([`GitProbe::finish`]); outside a repository no process
+/// is started at all.
+pub struct GitProbe {
+    answer: Option<std::thread::JoinHandle<Option<GitState>>>,
+}
+
+impl GitProbe {
+    /// Starts asking about the repository holding `path`, a suite file or directory as given
+    /// on the command line; `None` outside a repository.
+    pub fn start(path: &Path) -> Option<GitProbe> {
+        let dir = if path.is_dir() {
+            path
+        } else {
+            path.parent().unwrap_or(Path::new("."))
+        };
+        let dir = if dir.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            dir
+        };
+        if !in_repository(dir) {
+            return None;
+        }
+        let git = |args: &[&str]| {
+            Command::new("git")
+                .arg("-C")
+                .arg(dir)
+                .args(args)
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .ok()
+        };
+        // Both at once; read on a thread of their own, so that neither waits on a full pipe.
+        let commit = git(&["rev-parse", "HEAD"]);
+        let status = git(&["status", "--porcelain", "--untracked-files=no"]);
+        let read = move || {
+            let output = |child: Option<Child>| {
+                child?
+                    .wait_with_output()
+                    .ok()
+                    .filter(|o| o.status.success())
+                    .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+            };
+            // Both are waited for (no child is left behind) before either result is used.
+            let (commit, status) = (output(commit), output(status));
+            Some(GitState {
+                commit: commit?,
+                dirty: !status?.is_empty(),
+            })
+        };
+        let answer = std::thread::Builder::new()
+            .name("trellis-git".into())
+            .spawn(read)
+            .ok();
+        Some(GitProbe { answer })
     }
-    let git = |args: &[&str]| {
-        Command::new("git")
-            .arg("-C")
-            .arg(dir)
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .ok()
-    };
-    let commit = git(&["rev-parse", "HEAD"]);
-    let status = git(&["status", "--porcelain", "--untracked-files=no"]);
-    let output = |child: Option<std::process::Child>| {
-        child?
-            .wait_with_output()
-            .ok()
-            .filter(|o| o.status.success())
-            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-    };
-    // Both are waited for (no child is left behind) before either result is used.
-    let (commit, status) = (output(commit), output(status));
-    Some(GitState {
-        commit: commit?,
-        dirty: !status?.is_empty(),
-    })
+
+    /// What `git` said: the commit, and whether tracked files differ from it.
+    pub fn finish(mut self) -> Option<GitState> {
+        self.answer.take()?.join().ok().flatten()
+    }
+}
+
+impl Drop for GitProbe {
+    /// A probe not asked for its answer (the run stopped before its end) still waits for its
+    /// processes: none is left behind.
+    fn drop(&mut self) {
+        if let Some(answer) = self.answer.take() {
+            let _ = answer.join();
+        }
+    }
 }
 
 /// Whether `git` could find a repository for `dir`: a `.git` (directory, or the file a

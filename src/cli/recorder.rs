@@ -285,6 +285,14 @@ impl Record {
         }
     }
 
+    /// The run's git state, known only once it has run (src/cli/meta.rs, `GitProbe`): the
+    /// results record it as run.json now does.
+    pub(super) fn set_git(&mut self, git: trellis_reports::history::GitState) {
+        if let Some(report) = &mut self.report {
+            report.set_git(git);
+        }
+    }
+
     /// The directory recorded into.
     pub(super) fn out(&self) -> &Path {
         &self.out

@@ -80,6 +80,13 @@ pub fn run(args: RunArgs) -> u8 {
         );
         return EXIT_INVALID;
     }
+    // Started before the suites load; its answer completes run.json at the end of the run.
+    let git = super::meta::GitProbe::start(
+        args.paths
+            .paths
+            .first()
+            .map_or(Path::new("suites"), PathBuf::as_path),
+    );
     let Some(project) = super::load(&args.paths.paths) else {
         return EXIT_INVALID;
     };
@@ -307,6 +314,9 @@ pub fn run(args: RunArgs) -> u8 {
     // A resumed run keeps the metadata it started with (its name, labels, pin, shard).
     let keep_meta = resumed.is_some()
         && trellis_reports::history::RunMeta::read(&out).is_ok_and(|m| m.is_some());
+    // A kept run.json keeps its git state too: the probe is let go (and its processes
+    // waited for) here.
+    let git = git.filter(|_| !keep_meta);
     if !keep_meta {
         let mut meta = super::meta::build(
             &run_id,
@@ -383,7 +393,7 @@ pub fn run(args: RunArgs) -> u8 {
     // The plan holds what the run needs of the suites; the rest (the files' text, the
     // datasets' rows) would be held for nothing until the process exits.
     drop(project);
-    let outcome = match execute_plan(plan, &run_id, &out, &settings, resumed) {
+    let outcome = match execute_plan(plan, &run_id, &out, &settings, resumed, git) {
         Ok(outcome) => outcome,
         Err(message) => {
             errln!("error: {message}");
@@ -822,12 +832,15 @@ fn abandon(out: &Path, claim: super::recorder::OutClaim) {
     let _ = std::fs::remove_dir(out);
 }
 
+/// Runs `plan` into `out`; `git`, when given, is asked at the end for the suites' git
+/// state, which `run.json` and the results record.
 pub fn execute_plan(
     plan: Plan,
     run_id: &str,
     out: &Path,
     settings: &Settings,
     resumed: Option<Resumed>,
+    git: Option<super::meta::GitProbe>,
 ) -> Result<Outcome, String> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -1036,7 +1049,7 @@ pub fn execute_plan(
         });
     };
     let Reporter {
-        record,
+        mut record,
         console,
         summary,
         export,
@@ -1064,6 +1077,17 @@ pub fn execute_plan(
         }
     }
 
+    // run.json was written without the git state, so that the run did not wait on `git`:
+    // it is completed now, on disk and for the results.
+    if let Some(state) = git.and_then(super::meta::GitProbe::finish) {
+        if let Ok(Some(mut meta)) = trellis_reports::history::RunMeta::read(out) {
+            meta.git = Some(state.clone());
+            if let Err(e) = meta.write(out) {
+                errln!("warning: {e}: {}", source(&e));
+            }
+        }
+        record.set_git(state);
+    }
     // What could not be written, said once at the end.
     let cpu_before_finish = super::bench::thread_cpu_time();
     let Recorded {

@@ -714,7 +714,7 @@ fn condition_run(
         spans_grace: std::time::Duration::from_secs(5),
         signals: Some(relay.clone()),
     };
-    match super::run::execute_plan(plan, &run_id, out, &settings, None) {
+    match super::run::execute_plan(plan, &run_id, out, &settings, None, None) {
         Ok(outcome) => Ok((outcome.summary, outcome.exit_code)),
         Err(message) => {
             errln!("error: {message}");

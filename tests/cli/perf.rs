@@ -157,9 +157,9 @@ async fn perf_each_turn_stays_within_its_allocation_budget_however_long_its_conv
     within("a turn of 40-turn conversations", long, LONG_TURN_BUDGET);
 }
 
-/// `run.json`'s git state is read with both `git` commands running at once, and without
-/// starting `git` at all outside a repository (each start costs a one-trajectory run
-/// 5–15 ms): the state recorded must still be exact.
+/// `run.json`'s git state is read with both `git` commands running at once, beside the
+/// loading of the suites, and without starting `git` at all outside a repository (each
+/// start costs a one-trajectory run 5–15 ms): the state recorded must still be exact.
 #[tokio::test]
 async fn perf_run_records_the_git_state_with_git_started_only_in_a_repository() {
     let git = |dir: &Path, args: &[&str]| {
@@ -212,6 +212,22 @@ scenario "one" {
     std::fs::write(plain.path().join("one.kdl"), suite).unwrap();
     let outside = run_json(plain.path(), "runs").await;
     assert!(outside.get("git").is_none_or(|g| g.is_null()), "{outside}");
+
+    // `git` is asked about the suites given, before they load: a directory of the
+    // repository named from outside it is the repository's.
+    let o = trellis()
+        .current_dir(plain.path())
+        .arg("run")
+        .arg(dir)
+        .args(["-q", "--out", "runs-dir"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = std::fs::read_to_string(plain.path().join("runs-dir").join("run.json")).unwrap();
+    let by_dir: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(by_dir["git"]["commit"], head.as_str(), "{by_dir}");
+    assert_eq!(by_dir["git"]["dirty"], true, "{by_dir}");
 }
 
 /// A line of the process `pid`'s `/proc` file `file` that starts with `label`, the label
