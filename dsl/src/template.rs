@@ -665,33 +665,84 @@ fn inside_defined_block(source: &str, var: &str, at: usize) -> bool {
 }
 
 /// The first statement of `source` that loads another template (`include`, `import`, `from`,
-/// `extends`), with the byte offset of its keyword; comments and `{% raw %}` blocks are text,
-/// not statements.
+/// `extends`), with the byte offset of its keyword. Read as minijinja reads it: a comment, a
+/// `{% raw %}` block and a string inside a tag or an expression are text, so `{{ "{% include"
+/// }}` loads nothing and `{% set a = "{#" %}` hides nothing after it.
 fn loads_another_template(source: &str) -> Option<(usize, &'static str)> {
     const LOADERS: [&str; 4] = ["include", "import", "from", "extends"];
-    let text = without_comments(source);
-    let mut from = 0;
-    let mut in_raw = false;
-    while let Some(open) = text.get(from..)?.find("{%").map(|i| from + i) {
-        let after = &text[open + 2..];
-        let trimmed = after.trim_start_matches(['-', '+']).trim_start();
-        let at = text.len() - trimmed.len();
-        let word_len = trimmed
-            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-            .unwrap_or(trimmed.len());
-        let word = &trimmed[..word_len];
-        from = at + word_len;
-        if in_raw {
-            in_raw = word != "endraw";
-            continue;
-        }
-        if word == "raw" {
-            in_raw = true;
-        } else if let Some(loader) = LOADERS.iter().find(|l| **l == word) {
-            return Some((at, loader));
+    let bytes = source.as_bytes();
+    let mut at = 0;
+    while let Some(open) = source.get(at..)?.find('{').map(|i| at + i) {
+        match bytes.get(open + 1) {
+            Some(b'#') => {
+                at = source[open + 2..]
+                    .find("#}")
+                    .map_or(source.len(), |i| open + 2 + i + 2);
+            }
+            Some(b'{') => at = past_close(source, open + 2, "}}"),
+            Some(b'%') => {
+                let (keyword_at, keyword) = tag_keyword(source, open + 2);
+                if let Some(loader) = LOADERS.iter().find(|l| **l == keyword) {
+                    return Some((keyword_at, loader));
+                }
+                at = past_close(source, open + 2, "%}");
+                if keyword == "raw" {
+                    // Text up to the tag that ends it, whatever it holds.
+                    at = raw_end(source, at);
+                }
+            }
+            _ => at = open + 1,
         }
     }
     None
+}
+
+/// The keyword of the tag whose text starts at `from` (after `{%`), and where it starts.
+fn tag_keyword(source: &str, from: usize) -> (usize, &str) {
+    let rest = &source[from..];
+    let trimmed = rest.trim_start_matches(['-', '+']).trim_start();
+    let at = from + (rest.len() - trimmed.len());
+    let len = trimmed
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .unwrap_or(trimmed.len());
+    (at, &trimmed[..len])
+}
+
+/// Where the tag or expression whose text starts at `from` ends, past its `close` (`%}` or
+/// `}}`), its strings skipped; the end of `source` if it does not.
+fn past_close(source: &str, from: usize, close: &str) -> usize {
+    let bytes = source.as_bytes();
+    let mut i = from;
+    while i < bytes.len() {
+        match bytes[i] {
+            quote @ (b'"' | b'\'') => {
+                i += 1;
+                while i < bytes.len() && bytes[i] != quote {
+                    i += if bytes[i] == b'\\' { 2 } else { 1 };
+                }
+                i += 1;
+            }
+            b'-' | b'+' if bytes[i + 1..].starts_with(close.as_bytes()) => {
+                return i + 1 + close.len();
+            }
+            _ if bytes[i..].starts_with(close.as_bytes()) => return i + close.len(),
+            _ => i += 1,
+        }
+    }
+    source.len()
+}
+
+/// Where the text of a `{% raw %}` block that starts at `from` ends: past its `{% endraw %}`.
+fn raw_end(source: &str, from: usize) -> usize {
+    let mut at = from;
+    while let Some(open) = source.get(at..).and_then(|s| s.find("{%")).map(|i| at + i) {
+        let (_, keyword) = tag_keyword(source, open + 2);
+        at = past_close(source, open + 2, "%}");
+        if keyword == "endraw" {
+            return at;
+        }
+    }
+    source.len()
 }
 
 /// `source` with its `{# … #}` comments blanked out, offsets kept: an `{% if %}` inside one
@@ -972,12 +1023,43 @@ mod tests {
                 "{src}: {text}"
             );
         }
+        // Read as minijinja reads them: what a comment, a raw block or a string holds is
+        // text, and hides nothing after it.
+        for (src, statement) in [
+            (
+                "{% set a = \"{#\" %}[{% include 'x' %}]{% set b = \"#}\" %}",
+                "include",
+            ),
+            ("{% raw %}{# {% endraw %} #}<{% include 'x' %}>", "include"),
+            (
+                "{%+ raw -%} {% include 'x' %} {%- endraw %}{% extends 'y' %}",
+                "extends",
+            ),
+            ("{{ '}}' }}{% import 'm' as m %}", "import"),
+        ] {
+            let (files, t) = setup(src);
+            let diags = check(&t, &scope(), &files);
+            let text = format!("{diags:?}");
+            assert!(
+                text.contains(&format!("`{{% {statement} %}}` has no template to load")),
+                "{src}: {text}"
+            );
+        }
+        // Letters of more than one byte inside a tag are read past, not cut (names of
+        // their own, checked as names).
+        let (files, t) = setup("{{ é }}{% if ü %}{% endif %}");
+        let diags = format!("{:?}", check(&t, &scope(), &files));
+        assert!(diags.contains("undefined template variable `é`"), "{diags}");
+        assert!(diags.contains("undefined template variable `ü`"), "{diags}");
         // Text that only names them: a comment, a raw block, a string, a variable.
         for src in [
+            "{{ vars.quote ~ 'é' }} — ünïcode {{ 'ß' }}{% if vars.quote %}ü{% endif %}",
             "{# {% include 'x' %} #}hi",
             "{% raw %}{% include 'x' %}{% endraw %}",
             "{% set word = 'include' %}{{ word }}",
             "{{ vars.quote }} from {{ env.X }}",
+            "{{ \"{% include\" }} is text",
+            "{{ vars.quote ~ '{% import' }}",
         ] {
             let (files, t) = setup(src);
             assert!(check(&t, &scope(), &files).is_empty(), "{src}");
