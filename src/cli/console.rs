@@ -521,8 +521,40 @@ impl Console {
                     .unwrap_or(usize::MAX);
                 (rank, *scenario)
             });
-            let left_out = rows.len().saturating_sub(TABLE_ROWS);
-            for scenario in rows.into_iter().take(TABLE_ROWS) {
+            // Past [`TABLE_ROWS`], as the summary: the scenarios that did not all pass on
+            // some agent, and a count of the rest.
+            let total = rows.len();
+            let mut left_out = None;
+            if total > TABLE_ROWS {
+                let all_passed = |scenario: &str| {
+                    agents.iter().all(|agent| {
+                        let key = (suite.to_string(), scenario.to_string(), agent.to_string());
+                        self.per_scenario
+                            .get(&key)
+                            .is_none_or(|c| c.failed + c.errors + c.skipped + c.invalid == 0)
+                    })
+                };
+                rows.retain(|scenario| !all_passed(scenario));
+                let not_passed = rows.len();
+                rows.truncate(TABLE_ROWS);
+                if rows.is_empty() {
+                    outln!(
+                        "{suite}: agents side by side: {total} scenarios, all passed on every \
+                         agent: too many to list here (report.html has every one)"
+                    );
+                    continue;
+                }
+                let more = total - rows.len();
+                let why = match not_passed - rows.len() {
+                    0 => "all passed on every agent".to_owned(),
+                    n => format!("{n} of them not all passed"),
+                };
+                let scenarios = if more == 1 { "scenario" } else { "scenarios" };
+                left_out = Some(format!(
+                    "… and {more} more {scenarios} ({why}); report.html has every one"
+                ));
+            }
+            for scenario in rows {
                 let mut row = vec![Cell::new(scenario)];
                 for agent in &agents {
                     let key = (suite.to_string(), scenario.to_string(), agent.to_string());
@@ -555,13 +587,8 @@ impl Console {
                 grid.add_row(row);
             }
             outln!("{suite}: agents side by side (pass rate, 95% CI)\n{grid}");
-            if left_out > 0 {
-                let scenarios = if left_out == 1 {
-                    "scenario"
-                } else {
-                    "scenarios"
-                };
-                outln!("… and {left_out} more {scenarios} (report.html has every one)");
+            if let Some(left_out) = left_out {
+                outln!("{left_out}");
             }
         }
     }
@@ -1174,7 +1201,6 @@ fn print_attack(
     }
 }
 
-/// `1 check`, `12 checks`.
 /// The summary's rows to print, with what says how many were left out: all of them up to
 /// [`TABLE_ROWS`]; past it, the first [`TABLE_ROWS`] that did not all pass (failed, error,
 /// skipped or invalid), in the table's order.
@@ -1208,6 +1234,7 @@ fn rows_to_print<K>(rows: Vec<(K, Counts)>) -> (Vec<(K, Counts)>, Option<String>
     (shown, Some(line))
 }
 
+/// `1 check`, `12 checks`.
 pub fn count(n: u64, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }
