@@ -141,6 +141,10 @@ const INSTANCE_ROWS: u64 = 20;
 /// have every row.
 const TABLE_ROWS: usize = 100;
 
+/// Values of a matrix variable set side by side as columns at most; past it, the grid has a
+/// row per value instead (a matrix of 150 values printed lines of 7,000 characters).
+const MATRIX_COLUMNS: usize = 12;
+
 pub struct Console {
     /// Trajectories the plan has, to say how much of it a stopped run covers.
     planned: u64,
@@ -653,33 +657,61 @@ impl Console {
             });
         let grids =
             trellis_reports::pivot::matrix_grids(&self.suites, &self.matrix_instances, counts);
+        let text = |cell: &Option<_>| {
+            cell.map_or_else(
+                || "·".to_string(),
+                |c| match trellis_reports::pivot::cell_text(c) {
+                    (rate, interval) if interval.is_empty() => rate,
+                    (rate, interval) => format!("{rate} ({interval})"),
+                },
+            )
+        };
         for g in grids {
-            let mut header = vec!["scenario".to_string()];
-            header.extend(g.values.iter().map(|v| format!("{}={v}", g.var)));
-            let header: Vec<&str> = header.iter().map(String::as_str).collect();
-            let mut grid = table(&header);
-            for row in &g.rows {
-                let name = match &row.agent {
+            let names: Vec<String> = g
+                .rows
+                .iter()
+                .map(|row| match &row.agent {
                     Some(agent) => format!("{} [{agent}]", row.scenario),
                     None => row.scenario.clone(),
+                })
+                .collect();
+            let mut left_out = 0;
+            let grid =
+                if g.values.len() <= MATRIX_COLUMNS {
+                    let mut header = vec!["scenario".to_string()];
+                    header.extend(g.values.iter().map(|v| format!("{}={v}", g.var)));
+                    let header: Vec<&str> = header.iter().map(String::as_str).collect();
+                    let mut grid = table(&header);
+                    for (row, name) in g.rows.iter().zip(&names) {
+                        let mut cells = vec![Cell::new(name)];
+                        cells.extend(row.cells.iter().map(|cell| Cell::new(text(cell))));
+                        grid.add_row(cells);
+                    }
+                    grid
+                } else {
+                    // Too many values to stand side by side: a row each, in the order written,
+                    // the scenarios as columns.
+                    let mut header = vec![g.var.as_str()];
+                    header.extend(names.iter().map(String::as_str));
+                    let mut grid = table(&header);
+                    left_out = g.values.len().saturating_sub(TABLE_ROWS);
+                    for (i, value) in g.values.iter().enumerate().take(TABLE_ROWS) {
+                        let mut cells = vec![Cell::new(value)];
+                        cells.extend(g.rows.iter().map(|row| {
+                            Cell::new(row.cells.get(i).map_or_else(String::new, &text))
+                        }));
+                        grid.add_row(cells);
+                    }
+                    grid
                 };
-                let mut cells = vec![Cell::new(name)];
-                for cell in &row.cells {
-                    cells.push(Cell::new(cell.map_or_else(
-                        || "·".to_string(),
-                        |c| match trellis_reports::pivot::cell_text(c) {
-                            (rate, interval) if interval.is_empty() => rate,
-                            (rate, interval) => format!("{rate} ({interval})"),
-                        },
-                    )));
-                }
-                grid.add_row(cells);
-            }
             outln!(
                 "{}: by matrix value `{}` (pass rate, 95% CI)\n{grid}",
                 g.suite,
                 g.var
             );
+            if left_out > 0 {
+                outln!("… and {left_out} more values (report.html has every one)");
+            }
         }
     }
 

@@ -2064,6 +2064,59 @@ async fn a_summary_of_very_many_scenarios_lists_what_did_not_pass_and_counts_the
     );
 }
 
+/// A variable of many values: its grid has a row per value (the scenarios as columns)
+/// instead of a column each, at most 100 of them, the rest counted.
+#[tokio::test]
+async fn a_matrix_of_many_values_is_a_grid_of_a_row_per_value() {
+    let values: Vec<String> = (0..105).map(|i| i.to_string()).collect();
+    let suite = format!(
+        "{AGENT}scenario \"ask\" {{\n    matrix {{\n        n {}\n    }}\n    user \"Hi {{{{ vars.n }}}}\"\n    \
+         expect no-error\n}}\n\
+         scenario \"few\" {{\n    matrix {{\n        m 1 2\n    }}\n    user \"Hi\"\n    expect no-error\n}}\n",
+        values.join(" ")
+    );
+    let dir = project(&suite, &[]);
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path().join("suite.kdl"))
+        .arg("--out")
+        .arg(dir.path().join("out"))
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let console = stdout(&o);
+    let grid = &console[console
+        .find("suite: by matrix value `n`")
+        .unwrap_or_else(|| panic!("no grid of n in {console}"))..];
+    let lines: Vec<&str> = grid.lines().collect();
+    assert!(
+        lines[2].contains(" n ") && lines[2].contains(" ask ") && !lines[2].contains("n=0"),
+        "{grid}"
+    );
+    let rows: Vec<&str> = lines
+        .iter()
+        .copied()
+        .take_while(|l| !l.contains("m="))
+        .filter(|l| l.contains("100%"))
+        .collect();
+    assert_eq!(rows.len(), 100, "{grid}");
+    assert!(
+        rows[0].starts_with("│ 0 ") && rows[99].starts_with("│ 99 "),
+        "{grid}"
+    );
+    assert!(
+        grid.contains("… and 5 more values (report.html has every one)"),
+        "{grid}"
+    );
+    // A variable of few values keeps a column each.
+    assert!(
+        console.contains("m=1") && console.contains("m=2"),
+        "{console}"
+    );
+    assert!(lines.iter().all(|l| l.chars().count() < 200), "{grid}");
+}
+
 #[tokio::test]
 async fn a_dataset_with_a_header_and_no_rows_checks_row_against_its_header() {
     let dir = tempfile::tempdir().unwrap();
