@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 
 use trellis_dsl::{Endpoint, HistorySource, Project, SocketAddress};
 use trellis_engine::plan::{Plan, Selection};
@@ -134,11 +134,11 @@ pub fn fingerprint(project: &Project) -> String {
 }
 
 /// The commit and dirty flag of the repository holding the suites, asked of `git` while the
-/// run goes on. Each `git` command costs a process start and `status` reads every tracked
-/// file's metadata: 3–5 ms together on this machine, which `trellis run` paid before its
-/// first agent call, a third of a one-trajectory run. `run.json` is written without them and
-/// completed at the end of the run ([`GitProbe::finish`]); outside a repository no process
-/// is started at all.
+/// run goes on. A `git` command costs a process start and `status` reads every tracked
+/// file's metadata: `rev-parse` and `status` were 3–5 ms together on this machine, which
+/// `trellis run` paid before its first agent call, a third of a one-trajectory run. One
+/// `status` now says both, and `run.json` is written without them and completed at the end
+/// of the run ([`GitProbe::finish`]); outside a repository no process is started at all.
 pub struct GitProbe {
     answer: Option<std::thread::JoinHandle<Option<GitState>>>,
 }
@@ -171,23 +171,22 @@ impl GitProbe {
                 .spawn()
                 .ok()
         };
-        // Both at once; read on a thread of their own, so that neither waits on a full pipe.
-        let commit = git(&["rev-parse", "HEAD"]);
-        let status = git(&["status", "--porcelain", "--untracked-files=no"]);
+        // One command says both: `--branch` heads the status with the commit
+        // (`# branch.oid SHA`, `(initial)` before the first), and any other line is a tracked
+        // file that differs from it. Read on a thread of its own, so that it never waits on a
+        // full pipe.
+        let status = git(&[
+            "status",
+            "--porcelain=v2",
+            "--branch",
+            "--untracked-files=no",
+        ]);
         let read = move || {
-            let output = |child: Option<Child>| {
-                child?
-                    .wait_with_output()
-                    .ok()
-                    .filter(|o| o.status.success())
-                    .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
-            };
-            // Both are waited for (no child is left behind) before either result is used.
-            let (commit, status) = (output(commit), output(status));
-            Some(GitState {
-                commit: commit?,
-                dirty: !status?.is_empty(),
-            })
+            let output = status?
+                .wait_with_output()
+                .ok()
+                .filter(|o| o.status.success())?;
+            parse_status(&String::from_utf8_lossy(&output.stdout))
         };
         let answer = std::thread::Builder::new()
             .name("trellis-git".into())
@@ -200,6 +199,25 @@ impl GitProbe {
     pub fn finish(mut self) -> Option<GitState> {
         self.answer.take()?.join().ok().flatten()
     }
+}
+
+/// The commit and dirty flag in `git status --porcelain=v2 --branch`'s output; `None` before
+/// the first commit.
+fn parse_status(text: &str) -> Option<GitState> {
+    let mut commit = None;
+    let mut dirty = false;
+    for line in text.lines() {
+        match line.strip_prefix("# branch.oid ") {
+            Some(oid) => commit = Some(oid.trim()),
+            None if line.starts_with("# ") || line.is_empty() => {}
+            None => dirty = true,
+        }
+    }
+    let commit = commit.filter(|c| !c.is_empty() && c.bytes().all(|b| b.is_ascii_hexdigit()))?;
+    Some(GitState {
+        commit: commit.to_owned(),
+        dirty,
+    })
 }
 
 impl Drop for GitProbe {
@@ -247,6 +265,19 @@ fn endpoint(endpoint: &Endpoint) -> String {
 #[cfg(test)]
 mod tests {
     use super::parse_label;
+
+    #[test]
+    fn git_status_gives_the_commit_and_whether_tracked_files_changed() {
+        let head = "# branch.oid 5b0109892db2edfae9a7f1f2770ae8b73a70f861\n# branch.head main\n";
+        let clean = super::parse_status(head).unwrap();
+        assert_eq!(clean.commit, "5b0109892db2edfae9a7f1f2770ae8b73a70f861");
+        assert!(!clean.dirty);
+        let changed = format!("{head}1 .M N... 100644 100644 100644 587b 587b a.kdl\n");
+        assert!(super::parse_status(&changed).unwrap().dirty);
+        // Before the first commit there is none to record.
+        assert!(super::parse_status("# branch.oid (initial)\n# branch.head main\n").is_none());
+        assert!(super::parse_status("").is_none());
+    }
 
     #[test]
     fn labels_are_key_value_with_a_plain_key() {
