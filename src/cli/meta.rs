@@ -162,6 +162,9 @@ impl GitProbe {
         }
         let git = |args: &[&str]| {
             Command::new("git")
+                // It runs beside the user's own git work now: it must not take the index's
+                // lock to refresh it (a `git commit` meanwhile would fail on `index.lock`).
+                .arg("--no-optional-locks")
                 .arg("-C")
                 .arg(dir)
                 .args(args)

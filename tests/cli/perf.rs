@@ -208,6 +208,21 @@ scenario "one" {
     assert_eq!(dirty["git"]["commit"], head.as_str(), "{dirty}");
     assert_eq!(dirty["git"]["dirty"], true, "{dirty}");
 
+    // Asked beside the user's own git work, `git status` takes no lock and writes no index:
+    // a file whose times changed but not its text leaves `.git/index` as it was.
+    git(dir, &["checkout", "-q", "one.kdl"]);
+    git(dir, &["status", "--porcelain"]);
+    let index = std::fs::read(dir.join(".git/index")).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    std::fs::write(dir.join("one.kdl"), suite).unwrap();
+    let touched = run_json(dir, "runs-touched").await;
+    assert_eq!(touched["git"]["dirty"], false, "{touched}");
+    assert!(
+        std::fs::read(dir.join(".git/index")).unwrap() == index,
+        "trellis's `git status` rewrote the index"
+    );
+    std::fs::write(dir.join("one.kdl"), format!("{suite}// changed\n")).unwrap();
+
     let plain = tempfile::tempdir().unwrap();
     std::fs::write(plain.path().join("one.kdl"), suite).unwrap();
     let outside = run_json(plain.path(), "runs").await;
