@@ -127,9 +127,11 @@ fn message(d: &DslDiagnostic) -> String {
     }
 }
 
-/// `range` in the editor's buffer: one column later on the first line when the buffer
-/// starts with a byte order mark (`marked`) that the loader's text does not have.
-fn in_buffer(mut range: Range, marked: bool) -> Range {
+/// Where `label` lies in the editor's buffer of `text`: one column later on the first line
+/// when the buffer starts with a byte order mark (`marked`) that the loader's text does not
+/// have.
+fn label_range(lines: &LineIndex, text: &str, label: &miette::LabeledSpan, marked: bool) -> Range {
+    let mut range = lines.range(text, label.offset()..label.offset() + label.len());
     if marked {
         for position in [&mut range.start, &mut range.end] {
             if position.line == 0 {
@@ -149,15 +151,11 @@ fn to_lsp(
     marked: &[bool],
 ) -> lsp_types::Diagnostic {
     let labels = d.labels();
-    let own_mark = d.file.is_some_and(|f| marked.get(f) == Some(&true));
+    let is_marked = |file: usize| marked.get(file) == Some(&true);
+    let own_mark = d.file.is_some_and(is_marked);
     let range = labels
         .first()
-        .map(|l| {
-            in_buffer(
-                lines.range(text, l.offset()..l.offset() + l.len()),
-                own_mark,
-            )
-        })
+        .map(|l| label_range(lines, text, l, own_mark))
         .unwrap_or_default();
     let mut message = message(d);
     if let Some(label) = labels.first().and_then(|l| l.label()) {
@@ -168,13 +166,7 @@ fn to_lsp(
         for l in labels.iter().skip(1) {
             if let Some(uri) = to_uri(path) {
                 related.push(DiagnosticRelatedInformation {
-                    location: Location::new(
-                        uri,
-                        in_buffer(
-                            lines.range(text, l.offset()..l.offset() + l.len()),
-                            own_mark,
-                        ),
-                    ),
+                    location: Location::new(uri, label_range(lines, text, l, own_mark)),
                     message: l.label().unwrap_or_default().to_string(),
                 });
             }
@@ -187,13 +179,7 @@ fn to_lsp(
         };
         if let (Some(l), Some(uri)) = (r.labels().first(), to_uri(path)) {
             related.push(DiagnosticRelatedInformation {
-                location: Location::new(
-                    uri,
-                    in_buffer(
-                        rlines.range(rtext, l.offset()..l.offset() + l.len()),
-                        marked.get(id) == Some(&true),
-                    ),
-                ),
+                location: Location::new(uri, label_range(rlines, rtext, l, is_marked(id))),
                 message: r.message.clone(),
             });
         }
