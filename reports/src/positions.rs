@@ -10,18 +10,24 @@ pub(crate) const SCANNED: usize = 32;
 
 /// The distinct names of a sequence, each at its position among them in the order they
 /// first come.
+#[derive(Debug)]
 pub(crate) struct Positions(HashMap<Box<str>, usize, foldhash::fast::RandomState>);
 
 impl Positions {
     pub(crate) fn of<'n>(names: impl IntoIterator<Item = &'n str>) -> Self {
-        let mut at: HashMap<Box<str>, usize, foldhash::fast::RandomState> = HashMap::default();
+        let mut positions = Positions(HashMap::default());
         for name in names {
-            if !at.contains_key(name) {
-                let next = at.len();
-                at.insert(name.into(), next);
-            }
+            positions.push(name);
         }
-        Positions(at)
+        positions
+    }
+
+    /// Adds `name` at the end, unless it is there already.
+    pub(crate) fn push(&mut self, name: &str) {
+        if !self.0.contains_key(name) {
+            let next = self.0.len();
+            self.0.insert(name.into(), next);
+        }
     }
 
     /// Where `name` is, if it is.

@@ -14,7 +14,7 @@ use foldhash::fast::FixedState;
 
 use trellis_records::{NodeRecord, TrajectoryRecord, TrajectoryStatus};
 
-use crate::positions::SCANNED;
+use crate::positions::{Positions, SCANNED};
 use crate::stats::{Interner, Name};
 
 /// Repetitions drawn as chips per trajectory and agent; past this, only those that did not
@@ -97,7 +97,7 @@ pub(crate) struct ScenarioOutline {
     /// Each trajectory's position in `paths`, once there are more than [`SCANNED`]: a
     /// scenario may have 100,000, and finding each by a scan of `paths` took their square
     /// (most scenarios have a few, and no map).
-    path_at: Option<HashMap<String, usize>>,
+    path_at: Option<Positions>,
 }
 
 impl ScenarioOutline {
@@ -111,7 +111,7 @@ impl ScenarioOutline {
     /// Where trajectory `name` is in `paths`.
     fn position(&self, name: &str) -> Option<usize> {
         match &self.path_at {
-            Some(at) => at.get(name).copied(),
+            Some(at) => at.get(name),
             None => self.paths.iter().position(|(n, _)| n == name),
         }
     }
@@ -122,17 +122,9 @@ impl ScenarioOutline {
         self.paths.push((name.to_owned(), nodes.to_vec()));
         self.runs.push(Vec::new());
         match &mut self.path_at {
-            Some(map) => {
-                map.insert(name.to_owned(), at);
-            }
+            Some(positions) => positions.push(name),
             None if self.paths.len() > SCANNED => {
-                self.path_at = Some(
-                    self.paths
-                        .iter()
-                        .enumerate()
-                        .map(|(i, (n, _))| (n.clone(), i))
-                        .collect(),
-                );
+                self.path_at = Some(Positions::of(self.paths.iter().map(|(n, _)| n.as_str())));
             }
             None => {}
         }
