@@ -576,6 +576,11 @@ fn has_bit(bits: &[u64; 2], repetition: u32) -> bool {
     bits[(repetition / 64) as usize] & (1 << (repetition % 64)) != 0
 }
 
+/// Adds `repetition` (below [`FEW`]) to `bits`.
+fn set_bit(bits: &mut [u64; 2], repetition: u32) {
+    bits[(repetition / 64) as usize] |= 1 << (repetition % 64);
+}
+
 /// The values `bits` holds, in ascending order.
 fn bits_iter(bits: &[u64; 2]) -> impl Iterator<Item = u32> + '_ {
     (0..FEW).filter(move |&r| has_bit(bits, r))
@@ -588,9 +593,8 @@ impl Repetitions {
             Repetitions::One(one) if *one == repetition => {}
             Repetitions::One(one) if *one < FEW && repetition < FEW => {
                 let mut bits = [0; 2];
-                for r in [*one, repetition] {
-                    bits[(r / 64) as usize] |= 1 << (r % 64);
-                }
+                set_bit(&mut bits, *one);
+                set_bit(&mut bits, repetition);
                 *self = Repetitions::Few(bits);
             }
             Repetitions::One(one) => {
@@ -599,9 +603,7 @@ impl Repetitions {
                 many.insert(repetition);
                 *self = Repetitions::Many(Box::new(many));
             }
-            Repetitions::Few(bits) if repetition < FEW => {
-                bits[(repetition / 64) as usize] |= 1 << (repetition % 64);
-            }
+            Repetitions::Few(bits) if repetition < FEW => set_bit(bits, repetition),
             Repetitions::Few(bits) => {
                 let mut many = RoaringBitmap::new();
                 for r in bits_iter(bits) {

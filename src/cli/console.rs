@@ -127,6 +127,13 @@ struct Counts {
     invalid: u64,
 }
 
+impl Counts {
+    /// Nothing failed, errored, was skipped or invalid: what the capped tables leave out.
+    fn all_passed(&self) -> bool {
+        self.failed + self.errors + self.skipped + self.invalid == 0
+    }
+}
+
 /// Bytes of per-trajectory lines held before they are written even though the run keeps
 /// the reporter busy.
 const PENDING_LINES_MAX: usize = 16 * 1024;
@@ -533,9 +540,7 @@ impl Console {
                 let all_passed = |scenario: &str| {
                     agents.iter().all(|agent| {
                         let key = (suite.to_string(), scenario.to_string(), agent.to_string());
-                        self.per_scenario
-                            .get(&key)
-                            .is_none_or(|c| c.failed + c.errors + c.skipped + c.invalid == 0)
+                        self.per_scenario.get(&key).is_none_or(Counts::all_passed)
                     })
                 };
                 rows.retain(|scenario| !all_passed(scenario));
@@ -1241,11 +1246,10 @@ fn rows_to_print<K>(rows: Vec<(K, Counts)>) -> (Vec<(K, Counts)>, Option<String>
         return (rows, None);
     }
     let total = rows.len();
-    let all_passed = |c: &Counts| c.failed + c.errors + c.skipped + c.invalid == 0;
-    let not_passed = rows.iter().filter(|(_, c)| !all_passed(c)).count();
+    let not_passed = rows.iter().filter(|(_, c)| !c.all_passed()).count();
     let shown: Vec<(K, Counts)> = rows
         .into_iter()
-        .filter(|(_, c)| !all_passed(c))
+        .filter(|(_, c)| !c.all_passed())
         .take(TABLE_ROWS)
         .collect();
     let left_out = total - shown.len();
