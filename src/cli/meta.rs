@@ -160,30 +160,26 @@ impl GitProbe {
         if !in_repository(dir) {
             return None;
         }
-        let git = |args: &[&str]| {
-            Command::new("git")
-                // It runs beside the user's own git work now: it must not take the index's
-                // lock to refresh it (a `git commit` meanwhile would fail on `index.lock`).
-                .arg("--no-optional-locks")
-                .arg("-C")
-                .arg(dir)
-                .args(args)
-                .stdin(Stdio::null())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::null())
-                .spawn()
-                .ok()
-        };
         // One command says both: `--branch` heads the status with the commit
         // (`# branch.oid SHA`, `(initial)` before the first), and any other line is a tracked
         // file that differs from it. Read on a thread of its own, so that it never waits on a
-        // full pipe.
-        let status = git(&[
-            "status",
-            "--porcelain=v2",
-            "--branch",
-            "--untracked-files=no",
-        ]);
+        // full pipe. It runs beside the user's own git work: it must not take the index's lock
+        // to refresh it (a `git commit` meanwhile would fail on `index.lock`).
+        let status = Command::new("git")
+            .arg("--no-optional-locks")
+            .arg("-C")
+            .arg(dir)
+            .args([
+                "status",
+                "--porcelain=v2",
+                "--branch",
+                "--untracked-files=no",
+            ])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok();
         let read = move || {
             let output = status?
                 .wait_with_output()
