@@ -38,7 +38,7 @@ pub struct FmtArgs {
 
 pub fn fmt(args: FmtArgs) -> u8 {
     let roots = if args.paths.is_empty() {
-        vec![PathBuf::from("suites")]
+        vec![PathBuf::from(super::DEFAULT_SUITES)]
     } else {
         args.paths
     };

@@ -553,9 +553,12 @@ fn command(cli: Cli) -> u8 {
     }
 }
 
+/// The suites read when a command is given no path.
+pub(crate) const DEFAULT_SUITES: &str = "suites";
+
 /// Loads suites, printing diagnostics; `None` means "exit 2".
 pub fn load(paths: &[PathBuf]) -> Option<trellis_dsl::Project> {
-    let default = [PathBuf::from("suites")];
+    let default = [PathBuf::from(DEFAULT_SUITES)];
     let paths = if paths.is_empty() {
         &default[..]
     } else {

@@ -85,7 +85,7 @@ pub fn run(args: RunArgs) -> u8 {
         args.paths
             .paths
             .first()
-            .map_or(Path::new("suites"), PathBuf::as_path),
+            .map_or(Path::new(super::DEFAULT_SUITES), PathBuf::as_path),
     );
     let Some(project) = super::load(&args.paths.paths) else {
         return EXIT_INVALID;

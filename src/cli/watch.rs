@@ -224,7 +224,7 @@ struct Session {
 impl Session {
     async fn start(args: WatchArgs) -> u8 {
         let roots: Vec<PathBuf> = if args.paths.paths.is_empty() {
-            vec![PathBuf::from("suites")]
+            vec![PathBuf::from(super::DEFAULT_SUITES)]
         } else {
             args.paths.paths.clone()
         };
