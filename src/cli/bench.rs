@@ -60,6 +60,11 @@ pub struct BenchArgs {
     /// figure for every binary before the next figure.
     #[arg(long, requires = "table", value_name = "PATH")]
     exe: Vec<std::path::PathBuf>,
+    /// Serve the loopback Connexity agent --table measures (it answers every turn alike,
+    /// after MS milliseconds: 50 is the latency-bound figure's), print its URL and wait
+    /// for Ctrl-C or SIGTERM: to run or profile one figure's suite by hand against it.
+    #[arg(long, value_name = "MS", conflicts_with_all = ["table", "watch"])]
+    serve_agent: Option<u64>,
 }
 
 const TURNS: u64 = 4;
@@ -67,6 +72,9 @@ const TURNS: u64 = 4;
 pub fn bench(args: BenchArgs) -> u8 {
     if args.watch {
         return super::watch::bench::bench(&args.suites, args.edits.max(1));
+    }
+    if let Some(ms) = args.serve_agent {
+        return table::serve_agent(std::time::Duration::from_millis(ms));
     }
     if args.table {
         return table::table(&table::TableArgs {

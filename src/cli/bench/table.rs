@@ -338,6 +338,40 @@ impl Table {
 }
 
 /// The journal's size and the Parquet tables' in a run directory, when both are there.
+/// `trellis bench --serve-agent MS`: the table's loopback agent alone, on this thread, until
+/// Ctrl-C or SIGTERM. Its URL is the first line of stdout.
+pub fn serve_agent(delay: Duration) -> u8 {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            errln!("error: cannot start the loopback agent: {e}");
+            return EXIT_INVALID;
+        }
+    };
+    runtime.block_on(async {
+        let mut signals = super::super::stop::Signals::watch();
+        match serve(delay) {
+            Ok(url) => {
+                outln!("{url}");
+                let _ = std::io::Write::flush(&mut std::io::stdout());
+                errln!(
+                    "serving the loopback agent ({} ms); Ctrl-C to stop",
+                    delay.as_millis()
+                );
+                signals.next().await;
+                EXIT_OK
+            }
+            Err(e) => {
+                errln!("error: cannot start the loopback agent: {e}");
+                EXIT_INVALID
+            }
+        }
+    })
+}
+
 fn journal_and_parquet(out: &Path) -> Option<(u64, u64)> {
     // Binaries before the journal was compressed write it plain.
     let journal = match file_size(&out.join(trellis_reports::JOURNAL_FILE)) {
