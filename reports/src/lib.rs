@@ -20,6 +20,7 @@ mod error;
 pub mod history;
 mod html;
 mod journal;
+mod json;
 mod junit;
 pub mod labels;
 pub mod pivot;
@@ -636,13 +637,13 @@ impl Pages<'_> {
     }
 }
 
-/// Writes `value` as pretty JSON to `path.partial` and moves it into place (`summary.json`,
-/// `compare.json`).
+/// Writes `value` as JSON (laid out by [`json::RowsFormatter`]) to `path.partial` and moves
+/// it into place (`summary.json`, `compare.json`).
 pub fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<(), ReportError> {
     write_json_unpublished(path, value)?.publish().map(drop)
 }
 
-/// Writes `value` as pretty JSON to `path.partial`, to be moved into place.
+/// Writes `value` as JSON to `path.partial`, to be moved into place.
 fn write_json_unpublished(
     path: &Path,
     value: &impl serde::Serialize,
@@ -650,7 +651,7 @@ fn write_json_unpublished(
     use std::io::Write as _;
     let (staged, file) = staged::Staged::create(path)?;
     let mut out = std::io::BufWriter::new(file);
-    serde_json::to_writer_pretty(&mut out, value)
+    json::to_writer(&mut out, value)
         .map_err(std::io::Error::from)
         .and_then(|()| out.write_all(b"\n"))
         .and_then(|()| out.flush())
