@@ -100,6 +100,9 @@ pub(crate) fn trends_from_sibling_runs(
     let ours = suite_files(crate::history::RunMeta::read(run_dir).ok().flatten());
     // The `limit` latest earlier runs, by (started_at, run_id).
     let mut latest: BTreeMap<(String, String), Vec<ScenarioRow>> = BTreeMap::new();
+    // Every summary is read into this one buffer: ten of a 20,000-scenario suite's were 22
+    // MB each, and each newly allocated buffer was 5,400 page faults.
+    let mut text = Vec::new();
     // A runs directory only grows, and reading every sibling's summary made the end of a
     // run next to 1,000 others 60 ms longer. Directories named by their run id (what
     // `runs/` holds) sort by when they started without being read; others are dated by
@@ -121,7 +124,7 @@ pub(crate) fn trends_from_sibling_runs(
         match meta.as_ref().and_then(|m| run_id_key(&m.run_id)) {
             Some(key) => dated.push((key, dir, meta)),
             None if same_suites(ours.as_ref(), meta) => {
-                consider(&dir, current, limit, wanted, &mut latest);
+                consider(&dir, current, limit, wanted, &mut latest, &mut text);
             }
             None => {}
         }
@@ -145,7 +148,7 @@ pub(crate) fn trends_from_sibling_runs(
         if !same_suites(ours.as_ref(), meta) {
             continue;
         }
-        if let Some(read) = consider(&dir, current, limit, wanted, &mut latest) {
+        if let Some(read) = consider(&dir, current, limit, wanted, &mut latest, &mut text) {
             names_hold &= read.1 == key.1;
         }
     }
@@ -224,6 +227,7 @@ fn consider(
     limit: usize,
     wanted: &Wanted<'_>,
     latest: &mut BTreeMap<(String, String), Vec<ScenarioRow>>,
+    text: &mut Vec<u8>,
 ) -> Option<(String, String)> {
     // A watch rerun, watch's `latest` mirror or one shard of a run is not a whole run: its
     // pass counts would draw a scenario's trend from part of the suite.
@@ -246,7 +250,7 @@ fn consider(
         run_id: id,
         started_at: started,
         scenarios,
-    } = read_summary(&dir.join(crate::SUMMARY_FILE), wanted)?;
+    } = read_summary(&dir.join(crate::SUMMARY_FILE), wanted, text)?;
     let key = (started, id);
     if key.1 == current.1 || (key.0.as_str(), key.1.as_str()) >= current {
         return Some(key);
@@ -298,12 +302,16 @@ fn run_id_key(name: &str) -> Option<(String, String)> {
 /// are the first 17, and the end of every run next to such runs read each of them whole
 /// (80 ms and 45 MB each, for a run that took 10 ms). The stop is an error the reading
 /// returns once the value is in hand; a file that ends before it is not a summary.
-fn read_summary(path: &Path, wanted: &Wanted<'_>) -> Option<TrendStats> {
+fn read_summary(path: &Path, wanted: &Wanted<'_>, text: &mut Vec<u8>) -> Option<TrendStats> {
+    use std::io::Read as _;
     // Read whole, not through a reader: serde_json parses a reader's bytes one call at a
     // time, which took three times the instructions of the whole file read and parsed.
-    let text = std::fs::read(path).ok()?;
+    text.clear();
+    std::fs::File::open(path)
+        .and_then(|mut file| file.read_to_end(text))
+        .ok()?;
     let mut found = None;
-    let mut reader = serde_json::Deserializer::from_slice(&text);
+    let mut reader = serde_json::Deserializer::from_slice(text);
     let read = SummarySeed {
         wanted,
         found: &mut found,
@@ -623,7 +631,7 @@ mod tests {
         let wanted = [("s", "b\"q"), ("t", "a"), ("u", "v")]
             .into_iter()
             .collect::<Wanted>();
-        let read = read_summary(&path, &wanted).unwrap();
+        let read = read_summary(&path, &wanted, &mut Vec::new()).unwrap();
         assert_eq!(
             (read.run_id.as_str(), read.started_at.as_str()),
             ("r", "2026")
@@ -637,11 +645,11 @@ mod tests {
 
         // Cut before the rows end, or without its run: not a summary.
         std::fs::write(&path, &text[..text.find("\"t\"").unwrap()]).unwrap();
-        assert!(read_summary(&path, &wanted).is_none());
+        assert!(read_summary(&path, &wanted, &mut Vec::new()).is_none());
         std::fs::write(&path, r#"{"stats": {"scenarios": [], "started_at": "x"}}"#).unwrap();
-        assert!(read_summary(&path, &wanted).is_none());
+        assert!(read_summary(&path, &wanted, &mut Vec::new()).is_none());
         std::fs::write(&path, r#"{"meta": {}}"#).unwrap();
-        assert!(read_summary(&path, &wanted).is_none());
+        assert!(read_summary(&path, &wanted, &mut Vec::new()).is_none());
     }
 
     #[test]
