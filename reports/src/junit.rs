@@ -164,8 +164,17 @@ struct SuitePart {
     written: u64,
 }
 
-/// Up to this many bytes of a suite's cases are read back whole to be put in the plan's
-/// order; past it, case by case, so that memory stays bounded.
+/// A suite's cases finished out of the plan's order are read back from their spill file a
+/// window of this many bytes at a time (see [`copy_in_plan_order`]).
+const REORDER_WINDOW: u64 = 1 << 20;
+
+/// When windows would read the file this many times over (scenarios that ran side by side
+/// interleave their cases, and the plan's order reads one scenario's at a time), the file
+/// is read back whole instead, up to [`REORDER_IN_MEMORY`] bytes.
+const WINDOW_PASSES: u64 = 4;
+
+/// Up to this many bytes of a suite's cases are read back whole when windows would not do;
+/// past it, case by case, so that memory stays bounded.
 const REORDER_IN_MEMORY: u64 = 64 << 20;
 
 impl JunitBuilder {
@@ -512,9 +521,16 @@ impl SuitePart {
 }
 
 /// Copies a suite's spilled cases (`written` bytes, laid out as `index` says) to `out` in
-/// the plan's order, reading them back whole when they are at most `in_memory` bytes.
-/// Cases that finished in that order (one scenario run alone, a sequential run) are copied
-/// as they lie.
+/// the plan's order. Cases that finished in that order (one scenario run alone, a
+/// sequential run) are copied as they lie.
+///
+/// Otherwise they are read back a window at a time: cases finish close to their place in
+/// the plan (units start in its order), so the window read for one case holds the next
+/// ones. Reading a 100,000-case file back whole took 11 MB of fresh memory at the end of
+/// the run, 2,700 page faults (docs/performance.md, "Many scenarios: the same trajectories
+/// spread over more of them"); a window is 1 MB, reused. When windows would read the file
+/// over and over (many scenarios interleaved), it is read whole if it is at most
+/// `in_memory` bytes, else case by case.
 fn copy_in_plan_order(
     mut file: File,
     mut index: Vec<CaseAt>,
@@ -529,27 +545,90 @@ fn copy_in_plan_order(
     }
     // Stable: cases at the same place (a journal without the plan) keep their order.
     index.sort_by_key(|c| c.place);
-    if written <= in_memory {
-        let mut all = Vec::with_capacity(usize::try_from(written).unwrap_or(0));
-        file.read_to_end(&mut all)?;
-        for case in &index {
-            let range = usize::try_from(case.offset).ok().and_then(|start| {
-                all.get(start..start.checked_add(usize::try_from(case.len).ok()?)?)
-            });
-            out.write_all(range.ok_or_else(|| io::Error::other("a test case beyond its file"))?)?;
+    let size =
+        if windows_read(&index, written, REORDER_WINDOW) <= written.saturating_mul(WINDOW_PASSES) {
+            REORDER_WINDOW
+        } else if written <= in_memory {
+            written
+        } else {
+            0
+        };
+    copy_through_windows(&mut file, &index, written, size, out)
+}
+
+/// Copies the cases of `index`, in its order, reading `file` through windows of `size` bytes
+/// ([`window_for`]).
+fn copy_through_windows(
+    file: &mut File,
+    index: &[CaseAt],
+    written: u64,
+    size: u64,
+    out: &mut impl Write,
+) -> io::Result<()> {
+    let mut window = Vec::new();
+    let mut at = 0..0;
+    for case in index {
+        let end = case_end(case)?;
+        if let Some(next) = window_for(case.offset, end, &at, written, size) {
+            let len = usize::try_from(next.end - next.start)
+                .map_err(|_| io::Error::other("a test case too large to read back"))?;
+            window.resize(len, 0);
+            file.seek(SeekFrom::Start(next.start))?;
+            file.read_exact(&mut window)?;
+            at = next;
         }
-        return Ok(());
-    }
-    let mut buffer = Vec::new();
-    for case in &index {
-        file.seek(SeekFrom::Start(case.offset))?;
-        buffer.clear();
-        (&mut file)
-            .take(u64::from(case.len))
-            .read_to_end(&mut buffer)?;
-        out.write_all(&buffer)?;
+        // Within the window: `window_for` made it hold the case.
+        let from = usize::try_from(case.offset - at.start).unwrap_or(usize::MAX);
+        let case_bytes = from
+            .checked_add(case.len as usize)
+            .and_then(|to| window.get(from..to))
+            .ok_or_else(|| io::Error::other("a test case beyond its file"))?;
+        out.write_all(case_bytes)?;
     }
     Ok(())
+}
+
+fn case_end(case: &CaseAt) -> io::Result<u64> {
+    case.offset
+        .checked_add(u64::from(case.len))
+        .ok_or_else(|| io::Error::other("a test case beyond its file"))
+}
+
+/// The window to read for the case at `start..end`, or `None` when the window `at` holds it.
+/// A window of `size` bytes starts a quarter of itself before the case (cases placed just
+/// after it in the plan may have finished just before it); one of the file's size or more
+/// is the whole file, one of 0 the case alone.
+fn window_for(
+    start: u64,
+    end: u64,
+    at: &std::ops::Range<u64>,
+    written: u64,
+    size: u64,
+) -> Option<std::ops::Range<u64>> {
+    if at.start <= start && end <= at.end {
+        return None;
+    }
+    if size >= written {
+        return Some(0..written.max(end));
+    }
+    let from = start - (size / 4).min(start);
+    Some(from..from.saturating_add(size).min(written).max(end))
+}
+
+/// How many bytes copying `index` (in the plan's order) with windows of `size` would read.
+fn windows_read(index: &[CaseAt], written: u64, size: u64) -> u64 {
+    let mut at = 0..0;
+    let mut read = 0u64;
+    for case in index {
+        let Ok(end) = case_end(case) else {
+            return u64::MAX;
+        };
+        if let Some(next) = window_for(case.offset, end, &at, written, size) {
+            read = read.saturating_add(next.end - next.start);
+            at = next;
+        }
+    }
+    read
 }
 
 fn attributes(c: &Counts) -> String {
@@ -702,24 +781,67 @@ mod tests {
             suite.append(&format!("<{text}>\n"), at).unwrap();
         }
         let file = suite.cases.take().unwrap().into_inner().unwrap();
-        for in_memory in [u64::MAX, 0] {
+        let in_order = "<a>\n<b>\n<c>\n<c2>\n<d-unplanned>\n";
+        let mut out = Vec::new();
+        let copy = file.try_clone().unwrap();
+        copy_in_plan_order(copy, suite.index.clone(), suite.written, 0, &mut out).unwrap();
+        assert_eq!(String::from_utf8(out).unwrap(), in_order);
+        // Every window size: the case alone, windows smaller and larger than a case, the
+        // whole file and more.
+        let mut index = suite.index.clone();
+        index.sort_by_key(|c| c.place);
+        for size in [0, 1, 3, 4, 7, 12, suite.written, u64::MAX] {
             let mut out = Vec::new();
-            let copy = file.try_clone().unwrap();
-            copy_in_plan_order(
-                copy,
-                suite.index.clone(),
-                suite.written,
-                in_memory,
-                &mut out,
-            )
-            .unwrap();
+            let mut copy = file.try_clone().unwrap();
+            copy_through_windows(&mut copy, &index, suite.written, size, &mut out).unwrap();
             assert_eq!(
                 String::from_utf8(out).unwrap(),
-                "<a>\n<b>\n<c>\n<c2>\n<d-unplanned>\n",
-                "read back whole: {}",
-                in_memory > 0
+                in_order,
+                "windows of {size}"
             );
         }
+    }
+
+    /// Cases that finished near their place in the plan are read through windows about
+    /// once; scenarios run side by side, whose cases alternate in the file, about once per
+    /// scenario (the plan's order takes one scenario's cases at a time), so that many of them
+    /// are read back whole instead.
+    #[test]
+    fn windows_read_near_ordered_cases_once_and_interleaved_ones_often() {
+        let case = |scenario, repetition, offset| CaseAt {
+            place: Place {
+                scenario,
+                agent: 0,
+                repetition,
+                trajectory: 0,
+                attempt: 0,
+                suffix: 0,
+            },
+            offset,
+            len: 100,
+        };
+        let n = 10_000u32;
+        // Finished in pairs swapped: 1, 0, 3, 2, ...
+        let mut near: Vec<CaseAt> = (0..n).map(|i| case(0, i ^ 1, u64::from(i) * 100)).collect();
+        near.sort_by_key(|c| c.place);
+        let written = u64::from(n) * 100;
+        let read = windows_read(&near, written, 64 * 1024);
+        assert!(read <= written * 2, "{read} bytes for {written}");
+        // Scenarios alternating: the file is read about once per scenario.
+        let interleaved = |scenarios: u32| {
+            let mut index: Vec<CaseAt> = (0..n)
+                .map(|i| case(i % scenarios, i / scenarios, u64::from(i) * 100))
+                .collect();
+            index.sort_by_key(|c| c.place);
+            windows_read(&index, written, 4 * 1024)
+        };
+        let two = interleaved(2);
+        assert!(two <= written * WINDOW_PASSES, "{two} bytes for {written}");
+        let eight = interleaved(8);
+        assert!(
+            eight > written * WINDOW_PASSES,
+            "{eight} bytes for {written}"
+        );
     }
 
     #[test]
