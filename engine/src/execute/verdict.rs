@@ -312,16 +312,16 @@ impl Unit<'_> {
         )
         .map(Box::new);
         let record = TrajectoryRecord {
-            suite: self.scenario.suite.to_string(),
+            suite: String::from(&*self.scenario.suite),
             scenario: sc.id.value.clone(),
-            trajectory: format!("{}{}", self.scenario.trajectories[t].name, state.suffix),
+            trajectory: [&*self.scenario.trajectories[t].name, &*state.suffix].concat(),
             agent: self.agent_id().to_string(),
             protocol: self.shared.plan.agents[self.agent]
                 .protocol
                 .as_str()
                 .to_string(),
             repetition: self.repetition,
-            nodes: state.nodes.iter().map(|n| n.to_string()).collect(),
+            nodes: state.nodes.iter().map(|n| String::from(&**n)).collect(),
             status,
             turns: u32::try_from(state.taken().len()).unwrap_or(u32::MAX),
             duration_ms: ms(state.active),
@@ -560,7 +560,7 @@ pub(super) async fn skip_trajectory(
     reason: &str,
 ) {
     let record = TrajectoryRecord {
-        suite: scenario.suite.to_string(),
+        suite: String::from(&*scenario.suite),
         scenario: scenario.scenario.id.value.clone(),
         trajectory: scenario.trajectories[t].name.clone(),
         agent: shared.plan.agents[agent].id.to_string(),

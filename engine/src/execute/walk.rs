@@ -483,11 +483,11 @@ impl<'a> Unit<'a> {
                     store.name_turn(
                         span,
                         crate::otel::TurnKey {
-                            suite: self.scenario.suite.to_string(),
+                            suite: String::from(&*self.scenario.suite),
                             scenario: self.scenario.scenario.id.value.clone(),
                             agent: self.agent_id().to_string(),
                             repetition: self.repetition,
-                            node: name.to_string(),
+                            node: String::from(&*name),
                             turn_index: turn.turn_index,
                         },
                     );
@@ -496,12 +496,12 @@ impl<'a> Unit<'a> {
         }
         if !recorded.is_empty() || !matches!(stop, Some(Stop::Interrupted)) {
             let event = self.shared.secrets.redact_event(Event::Node(NodeRecord {
-                suite: self.scenario.suite.to_string(),
+                suite: String::from(&*self.scenario.suite),
                 scenario: self.scenario.scenario.id.value.clone(),
                 agent: self.agent_id().to_string(),
                 repetition: self.repetition,
-                node: name.to_string(),
-                parent: resume.parent.map(|p| p.to_string()),
+                node: String::from(&*name),
+                parent: resume.parent.map(|p| String::from(&*p)),
                 turns: recorded,
             }));
             let _ = self.shared.events.send(event).await;
