@@ -377,7 +377,7 @@ impl ReportWriter {
             info,
             meta,
             tables,
-            tally,
+            mut tally,
             stats,
             outline,
             selection,
@@ -410,7 +410,7 @@ impl ReportWriter {
             journal_path: &journal_path,
             info: &info,
             finished: finished.as_ref(),
-            tally: &tally,
+            tally: &mut tally,
             outline: &outline,
             junit,
             junit_failed,
@@ -513,7 +513,8 @@ struct Pages<'a> {
     journal_path: &'a Path,
     info: &'a RunInfo,
     finished: Option<&'a RunSummary>,
-    tally: &'a Tally,
+    /// Settled ([`Tally::settle`]) by the pages' thread, which alone reads its maps.
+    tally: &'a mut Tally,
     outline: &'a html::Outline,
     junit: junit::JunitBuilder,
     junit_failed: Option<ReportError>,
@@ -570,6 +571,7 @@ impl Pages<'_> {
         junit_path: &Path,
         html_path: &Path,
     ) -> (Vec<(PathBuf, ReportError)>, Option<String>) {
+        self.tally.settle();
         let mut not_written = Vec::new();
         let planned = self.info.planned_trajectories;
         let recorded = self.tally.total.total();
