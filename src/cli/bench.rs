@@ -61,9 +61,17 @@ pub struct BenchArgs {
     #[arg(long, requires = "table", value_name = "PATH")]
     exe: Vec<std::path::PathBuf>,
     /// Serve the loopback Connexity agent --table measures (it answers every turn alike,
-    /// after MS milliseconds: 50 is the latency-bound figure's), print its URL and wait
-    /// for Ctrl-C or SIGTERM: to run or profile one figure's suite by hand against it.
-    #[arg(long, value_name = "MS", conflicts_with_all = ["table", "watch"])]
+    /// after MS milliseconds: 50 is the latency-bound figure's), print its URL as the first
+    /// line of stdout and serve until Ctrl-C or SIGTERM, which stop it cleanly (exit 0), as
+    /// `trellis agent` does: to run or profile one figure's suite by hand against it.
+    #[arg(
+        long,
+        value_name = "MS",
+        conflicts_with_all = [
+            "table", "watch", "url", "exe", "trajectories", "jobs", "runs", "out", "edits",
+            "suites",
+        ]
+    )]
     serve_agent: Option<u64>,
 }
 

@@ -337,9 +337,9 @@ impl Table {
     }
 }
 
-/// The journal's size and the Parquet tables' in a run directory, when both are there.
 /// `trellis bench --serve-agent MS`: the table's loopback agent alone, on this thread, until
-/// Ctrl-C or SIGTERM. Its URL is the first line of stdout.
+/// Ctrl-C, SIGTERM or SIGHUP (exit 0, as `trellis agent` stops). Its URL is the first line of
+/// stdout.
 pub fn serve_agent(delay: Duration) -> u8 {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -372,6 +372,7 @@ pub fn serve_agent(delay: Duration) -> u8 {
     })
 }
 
+/// The journal's size and the Parquet tables' in a run directory, when both are there.
 fn journal_and_parquet(out: &Path) -> Option<(u64, u64)> {
     // Binaries before the journal was compressed write it plain.
     let journal = match file_size(&out.join(trellis_reports::JOURNAL_FILE)) {
