@@ -1,13 +1,16 @@
-//! How Trellis lays out the JSON files it writes (`summary.json`, `compare.json`,
-//! `variance.json`, `calibration.json`): indented like `serde_json`'s pretty printer, except
-//! that every element of a list is written whole on one line.
+//! How Trellis lays out the JSON it writes (`summary.json`, `compare.json`, `variance.json`,
+//! `calibration.json`, a shard's `shard.json`, and the `--json` output of `compare`,
+//! `variance` and `calibrate`): indented like `serde_json`'s pretty printer, except that
+//! every element of a list is written whole on one line.
 //!
 //! A run's statistics are lists of rows (one per scenario, branch, node, check), and fully
 //! indented a row took 35 lines: a 20,000-scenario run's summary.json was 43 MB, most of it
 //! indentation, and the end of every later run next to it read ten such files for the
-//! report's trends (docs/performance.md, "Many scenarios: the same trajectories spread over
-//! more of them"). One row per line halves the file and keeps it readable and greppable:
-//! `grep '"scenario":"refund"' summary.json` prints that scenario's row.
+//! report's trends (docs/performance.md, "The end of big runs: what it reads back, sorts and
+//! frees"). One row per line halves the file and keeps it readable and greppable:
+//! `grep '"scenario":"refund"' summary.json` prints that scenario's rows (its own, its
+//! branches', nodes' and checks'). The commands' `--json` output is laid out the same way
+//! ([`crate::to_json_string`]).
 
 use std::io;
 

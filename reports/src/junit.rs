@@ -526,10 +526,10 @@ impl SuitePart {
 ///
 /// Otherwise they are read back a window at a time: cases finish close to their place in
 /// the plan (units start in its order), so the window read for one case holds the next
-/// ones. Reading a 100,000-case file back whole took 11 MB of fresh memory at the end of
-/// the run, 2,700 page faults (docs/performance.md, "Many scenarios: the same trajectories
-/// spread over more of them"); a window is 1 MB, reused. When windows would read the file
-/// over and over (many scenarios interleaved), it is read whole if it is at most
+/// ones. Reading the file back whole took as much fresh memory as the file at the end of the
+/// run, 34 MB for 300,000 one-turn trajectories (docs/performance.md, "The end of big runs:
+/// what it reads back, sorts and frees"); a window is 1 MB, reused. When windows would read
+/// the file over and over (many scenarios interleaved), it is read whole if it is at most
 /// `in_memory` bytes, else case by case.
 fn copy_in_plan_order(
     mut file: File,
@@ -570,11 +570,13 @@ fn copy_through_windows(
     for case in index {
         let end = case_end(case)?;
         if let Some(next) = window_for(case.offset, end, &at, written, size) {
-            let len = usize::try_from(next.end - next.start)
-                .map_err(|_| io::Error::other("a test case too large to read back"))?;
-            window.resize(len, 0);
+            window.clear();
             file.seek(SeekFrom::Start(next.start))?;
-            file.read_exact(&mut window)?;
+            let len = next.end - next.start;
+            (&mut *file).take(len).read_to_end(&mut window)?;
+            if window.len() as u64 != len {
+                return Err(io::Error::other("a test case beyond its file"));
+            }
             at = next;
         }
         // Within the window: `window_for` made it hold the case.

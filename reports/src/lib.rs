@@ -651,6 +651,15 @@ impl Pages<'_> {
     }
 }
 
+/// `value` as JSON text laid out as Trellis's JSON files are ([`json::RowsFormatter`]:
+/// indented, each list element on one line), for a command's `--json` output.
+pub fn to_json_string(value: &impl serde::Serialize) -> serde_json::Result<String> {
+    let mut out = Vec::new();
+    json::to_writer(&mut out, value)?;
+    // The formatter writes only what serde_json escapes and the keys' and values' own text.
+    String::from_utf8(out).map_err(|e| serde_json::Error::io(std::io::Error::other(e)))
+}
+
 /// Writes `value` as JSON (laid out by [`json::RowsFormatter`]) to `path.partial` and moves
 /// it into place (`summary.json`, `compare.json`).
 pub fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<(), ReportError> {

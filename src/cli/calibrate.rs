@@ -87,7 +87,7 @@ pub fn calibrate(args: CalibrateArgs) -> u8 {
     let path = run.dir.join(calibration::CALIBRATION_FILE);
     let written = trellis_reports::write_json(&path, &result);
     if args.json {
-        match serde_json::to_string_pretty(&result) {
+        match trellis_reports::to_json_string(&result) {
             Ok(text) => outln!("{text}"),
             Err(e) => errln!("error: cannot encode the calibration: {e}"),
         }

@@ -212,6 +212,8 @@ fn list(dir: &Path, json: bool) -> u8 {
         Err(e) => return report_error(e),
     };
     if json {
+        // Pretty throughout: each run is a nested record (its whole run.json), which one
+        // line per run would make unreadable.
         match serde_json::to_string_pretty(&runs) {
             Ok(text) => outln!("{text}"),
             Err(e) => {
@@ -318,7 +320,7 @@ pub fn compare_command(args: CompareArgs) -> u8 {
         return EXIT_INCOMPLETE;
     }
     if args.json {
-        match serde_json::to_string_pretty(&comparison) {
+        match trellis_reports::to_json_string(&comparison) {
             Ok(text) => outln!("{text}"),
             Err(e) => errln!("error: cannot encode the comparison: {e}"),
         }
@@ -404,7 +406,7 @@ fn compare_agents_command(args: &CompareArgs, agents: &[String]) -> u8 {
         return EXIT_INCOMPLETE;
     }
     if args.json {
-        match serde_json::to_string_pretty(&comparison) {
+        match trellis_reports::to_json_string(&comparison) {
             Ok(text) => outln!("{text}"),
             Err(e) => errln!("error: cannot encode the comparison: {e}"),
         }

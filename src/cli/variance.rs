@@ -464,7 +464,7 @@ pub fn variance(args: VarianceArgs) -> u8 {
         errln!("warning: report.html was not rebuilt: {e}");
     }
     if args.json {
-        match serde_json::to_string_pretty(&report) {
+        match trellis_reports::to_json_string(&report) {
             Ok(text) => outln!("{text}"),
             Err(e) => errln!("error: {e}"),
         }
