@@ -40,29 +40,43 @@ impl RowsFormatter {
     }
 }
 
-impl Formatter for RowsFormatter {
-    fn begin_array<W: ?Sized + io::Write>(&mut self, writer: &mut W) -> io::Result<()> {
+impl RowsFormatter {
+    /// Opens a list or an object: compact inside a list element, else as `pretty` does.
+    fn open<W: ?Sized + io::Write>(
+        &mut self,
+        writer: &mut W,
+        bracket: &[u8],
+        pretty: fn(&mut PrettyFormatter<'static>, &mut W) -> io::Result<()>,
+    ) -> io::Result<()> {
         if self.opens_flat() {
             self.flat += 1;
-            writer.write_all(b"[")
+            writer.write_all(bracket)
         } else {
-            self.pretty.begin_array(writer)
+            pretty(&mut self.pretty, writer)
         }
     }
 
-    fn end_array<W: ?Sized + io::Write>(&mut self, writer: &mut W) -> io::Result<()> {
+    /// Closes what [`RowsFormatter::open`] opened.
+    fn close<W: ?Sized + io::Write>(
+        &mut self,
+        writer: &mut W,
+        bracket: &[u8],
+        pretty: fn(&mut PrettyFormatter<'static>, &mut W) -> io::Result<()>,
+    ) -> io::Result<()> {
         if self.flat > 0 {
             self.flat -= 1;
-            writer.write_all(b"]")
+            writer.write_all(bracket)
         } else {
-            self.pretty.end_array(writer)
+            pretty(&mut self.pretty, writer)
         }
     }
 
-    fn begin_array_value<W: ?Sized + io::Write>(
+    /// Before a list's value or an object's key: a comma after the first when compact.
+    fn before<W: ?Sized + io::Write>(
         &mut self,
         writer: &mut W,
         first: bool,
+        pretty: fn(&mut PrettyFormatter<'static>, &mut W, bool) -> io::Result<()>,
     ) -> io::Result<()> {
         if self.flat > 0 {
             if first {
@@ -71,9 +85,29 @@ impl Formatter for RowsFormatter {
                 writer.write_all(b",")
             }
         } else {
-            self.element = true;
-            self.pretty.begin_array_value(writer, first)
+            pretty(&mut self.pretty, writer, first)
         }
+    }
+}
+
+impl Formatter for RowsFormatter {
+    fn begin_array<W: ?Sized + io::Write>(&mut self, writer: &mut W) -> io::Result<()> {
+        self.open(writer, b"[", PrettyFormatter::begin_array)
+    }
+
+    fn end_array<W: ?Sized + io::Write>(&mut self, writer: &mut W) -> io::Result<()> {
+        self.close(writer, b"]", PrettyFormatter::end_array)
+    }
+
+    fn begin_array_value<W: ?Sized + io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> io::Result<()> {
+        if self.flat == 0 {
+            self.element = true;
+        }
+        self.before(writer, first, PrettyFormatter::begin_array_value)
     }
 
     fn end_array_value<W: ?Sized + io::Write>(&mut self, writer: &mut W) -> io::Result<()> {
@@ -86,21 +120,11 @@ impl Formatter for RowsFormatter {
     }
 
     fn begin_object<W: ?Sized + io::Write>(&mut self, writer: &mut W) -> io::Result<()> {
-        if self.opens_flat() {
-            self.flat += 1;
-            writer.write_all(b"{")
-        } else {
-            self.pretty.begin_object(writer)
-        }
+        self.open(writer, b"{", PrettyFormatter::begin_object)
     }
 
     fn end_object<W: ?Sized + io::Write>(&mut self, writer: &mut W) -> io::Result<()> {
-        if self.flat > 0 {
-            self.flat -= 1;
-            writer.write_all(b"}")
-        } else {
-            self.pretty.end_object(writer)
-        }
+        self.close(writer, b"}", PrettyFormatter::end_object)
     }
 
     fn begin_object_key<W: ?Sized + io::Write>(
@@ -108,15 +132,7 @@ impl Formatter for RowsFormatter {
         writer: &mut W,
         first: bool,
     ) -> io::Result<()> {
-        if self.flat > 0 {
-            if first {
-                Ok(())
-            } else {
-                writer.write_all(b",")
-            }
-        } else {
-            self.pretty.begin_object_key(writer, first)
-        }
+        self.before(writer, first, PrettyFormatter::begin_object_key)
     }
 
     fn begin_object_value<W: ?Sized + io::Write>(&mut self, writer: &mut W) -> io::Result<()> {

@@ -761,17 +761,21 @@ mod tests {
         );
     }
 
-    /// Cases spilled out of order come back in the plan's, read whole or one by one.
-    #[test]
-    fn spilled_cases_are_copied_in_the_plans_order_either_way() {
-        let place = |scenario, repetition| Place {
+    /// The place of a case of `scenario`'s first agent and trajectory.
+    fn place(scenario: u32, repetition: u32) -> Place {
+        Place {
             scenario,
             agent: 0,
             repetition,
             trajectory: 0,
             attempt: 0,
             suffix: 0,
-        };
+        }
+    }
+
+    /// Cases spilled out of order come back in the plan's, read whole or one by one.
+    #[test]
+    fn spilled_cases_are_copied_in_the_plans_order_either_way() {
         let mut suite = SuitePart::new("s");
         for (text, at) in [
             ("c", place(1, 0)),
@@ -811,14 +815,7 @@ mod tests {
     #[test]
     fn windows_read_near_ordered_cases_once_and_interleaved_ones_often() {
         let case = |scenario, repetition, offset| CaseAt {
-            place: Place {
-                scenario,
-                agent: 0,
-                repetition,
-                trajectory: 0,
-                attempt: 0,
-                suffix: 0,
-            },
+            place: place(scenario, repetition),
             offset,
             len: 100,
         };

@@ -84,15 +84,8 @@ pub fn table(args: &TableArgs) -> u8 {
             }
         },
     };
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            errln!("error: cannot start the loopback agent: {e}");
-            return EXIT_INVALID;
-        }
+    let Some(runtime) = agent_runtime() else {
+        return EXIT_INVALID;
     };
     let served = {
         let _runtime = runtime.enter();
@@ -337,19 +330,27 @@ impl Table {
     }
 }
 
+/// The runtime the loopback agents are served on; `None` (said on stderr) when it cannot
+/// start.
+fn agent_runtime() -> Option<tokio::runtime::Runtime> {
+    match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => Some(rt),
+        Err(e) => {
+            errln!("error: cannot start the loopback agent: {e}");
+            None
+        }
+    }
+}
+
 /// `trellis bench --serve-agent MS`: the table's loopback agent alone, on this thread, until
 /// Ctrl-C, SIGTERM or SIGHUP (exit 0, as `trellis agent` stops). Its URL is the first line of
 /// stdout.
 pub fn serve_agent(delay: Duration) -> u8 {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            errln!("error: cannot start the loopback agent: {e}");
-            return EXIT_INVALID;
-        }
+    let Some(runtime) = agent_runtime() else {
+        return EXIT_INVALID;
     };
     runtime.block_on(async {
         let mut signals = super::super::stop::Signals::watch();
