@@ -11,6 +11,7 @@
 //! complete ([`PARTIAL_SUFFIX`]), and a file that cannot be written does not stop the others.
 //! The layout of every file is documented in `docs/results.md`.
 
+mod by_names;
 pub mod calibrate;
 pub mod calibration;
 mod columns;
@@ -37,6 +38,7 @@ use std::path::{Path, PathBuf};
 
 use trellis_records::{JournalEntry, NodeRecord, RunInfo, RunSummary, TrajectoryRecord};
 
+pub use by_names::ByNames;
 pub use error::ReportError;
 pub use html::{
     CompareMetric, ComparePage, CompareRate, CompareRow, CompareRun, CompareTally, ScenarioTrend,

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use trellis_records::{CriterionStatus, NodeRecord, TrajectoryRecord, TrajectoryStatus};
 
 use crate::ReportOptions;
+use crate::by_names::ByNames;
 
 /// Trajectory counts by status.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -44,8 +45,7 @@ impl Counts {
 /// Aggregates over the whole journal, bounded by the number of suites, scenarios and agents.
 ///
 /// The ordered maps are made once, by [`Tally::settle`], from counts kept per (suite,
-/// scenario, agent) while trajectories are added: found by the record's names joined in one
-/// reused buffer, with no copy of them unless the entry is new. Entries of four ordered maps
+/// scenario, agent) while trajectories are added ([`ByNames`]). Entries of four ordered maps
 /// keyed by copies of the names were about 4,700 instructions a trajectory with 20,000
 /// scenarios (string comparisons down each tree, seven copies), and 1,500 with one.
 #[derive(Debug, Default)]
@@ -56,10 +56,8 @@ pub(crate) struct Tally {
     pub(crate) by_agent: BTreeMap<String, Counts>,
     /// Per (suite, scenario, agent): the report's agents-side-by-side grids.
     pub(crate) by_scenario_agent: BTreeMap<(String, String, String), Counts>,
-    /// Counts by the (suite, scenario, agent) names [`joined`], until [`Tally::settle`].
-    recorded: HashMap<Vec<u8>, Counts, foldhash::fast::FixedState>,
-    /// The buffer a trajectory's names are joined in to look its counts up.
-    key: Vec<u8>,
+    /// Counts by (suite, scenario, agent), until [`Tally::settle`].
+    recorded: ByNames<Counts>,
     /// Agent turns actually taken (a shared prefix counts once per repetition).
     pub(crate) turns: u64,
     /// Checks that did not run (status `skipped`), over every trajectory.
@@ -82,31 +80,20 @@ impl Tally {
             self.checks_skipped = self.checks_skipped.saturating_add(skipped);
             self.trajectories_with_skipped_checks += 1;
         }
-        joined(&mut self.key, [&t.suite, &t.scenario, &t.agent]);
-        match self.recorded.get_mut(self.key.as_slice()) {
-            Some(counts) => counts.add(t.status),
-            None => {
-                let mut counts = Counts::default();
-                counts.add(t.status);
-                self.recorded.insert(self.key.clone(), counts);
-            }
-        }
+        self.recorded
+            .update([&t.suite, &t.scenario, &t.agent], |counts| {
+                counts.add(t.status)
+            });
     }
 
     /// Adds the counts recorded since the last call to the ordered maps the report reads.
     pub(crate) fn settle(&mut self) {
-        let mut rows: Vec<((String, String, String), Counts)> = self
+        let rows: Vec<((String, String, String), Counts)> = self
             .recorded
-            .drain()
-            .filter_map(|(key, counts)| {
-                let [suite, scenario, agent] = split(&key)?;
-                Some((
-                    (suite.to_owned(), scenario.to_owned(), agent.to_owned()),
-                    counts,
-                ))
-            })
+            .drain_sorted()
+            .into_iter()
+            .map(|([suite, scenario, agent], counts)| ((suite, scenario, agent), counts))
             .collect();
-        rows.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         let mut scenarios: Vec<((String, String), Counts)> = Vec::new();
         for ((suite, scenario, agent), counts) in &rows {
             add_to(&mut self.by_suite, suite, counts);
@@ -148,29 +135,6 @@ fn merge(into: &mut Counts, counts: &Counts) {
     into.errors = into.errors.saturating_add(counts.errors);
     into.skipped = into.skipped.saturating_add(counts.skipped);
     into.invalid = into.invalid.saturating_add(counts.invalid);
-}
-
-/// `names` joined in `into`, each after its length, so that no two lists of names join
-/// alike whatever characters they hold.
-fn joined(into: &mut Vec<u8>, names: [&str; 3]) {
-    into.clear();
-    for name in names {
-        into.extend_from_slice(&(name.len() as u64).to_le_bytes());
-        into.extend_from_slice(name.as_bytes());
-    }
-}
-
-/// The names [`joined`] wrote.
-fn split(mut key: &[u8]) -> Option<[&str; 3]> {
-    let mut names = [""; 3];
-    for name in &mut names {
-        let (len, rest) = key.split_first_chunk::<8>()?;
-        let len = usize::try_from(u64::from_le_bytes(*len)).ok()?;
-        let (text, rest) = rest.split_at_checked(len)?;
-        *name = std::str::from_utf8(text).ok()?;
-        key = rest;
-    }
-    key.is_empty().then_some(names)
 }
 
 /// Order in the HTML report: what needs attention first.
@@ -395,10 +359,11 @@ mod selection_tests {
 mod tests {
     use super::*;
 
-    /// Names that would join alike with a separator (one holding it, or shifted from one
-    /// name into the next) keep their own counts.
+    /// Settled, the maps the report reads hold each (suite, scenario, agent)'s own counts,
+    /// even for names that would join alike with a separator, and a second settle adds to
+    /// them.
     #[test]
-    fn names_joined_by_length_never_run_together() {
+    fn settled_maps_count_each_names_own_trajectories() {
         let mut tally = Tally::default();
         let record = |suite: &str, scenario: &str, agent: &str, status: TrajectoryStatus| {
             serde_json::from_value::<TrajectoryRecord>(serde_json::json!({

@@ -164,7 +164,11 @@ pub struct Console {
     pending: String,
     /// Print nothing at all (benchmarks).
     silent: bool,
+    /// Per (suite, scenario, agent), ordered: made from `recorded` by
+    /// [`Console::settle`] when the summary is printed.
     per_scenario: BTreeMap<(String, String, String), Counts>,
+    /// Counted as trajectories finish, found without copying their names.
+    recorded: trellis_reports::ByNames<Counts>,
     /// Suites in load order (from `run_started`): the order of every list printed.
     suites: Vec<String>,
     /// The instances of `matrix` scenarios (from `run_started`, without their rows), for
@@ -222,6 +226,7 @@ impl Console {
             pending: String::new(),
             silent,
             per_scenario: BTreeMap::new(),
+            recorded: trellis_reports::ByNames::default(),
             suites: Vec::new(),
             matrix_instances: Vec::new(),
             instance_of: HashMap::new(),
@@ -339,19 +344,42 @@ impl Console {
         }
     }
 
+    /// Adds what was counted since the last call to the ordered per-scenario counts.
+    fn settle(&mut self) {
+        let rows = self
+            .recorded
+            .drain_sorted()
+            .into_iter()
+            .map(|([suite, scenario, agent], counts)| ((suite, scenario, agent), counts));
+        if self.per_scenario.is_empty() {
+            // Ordered rows: the map is built at once, with no search down it for each.
+            self.per_scenario = rows.collect();
+            return;
+        }
+        for (key, c) in rows {
+            let counts = self.per_scenario.entry(key).or_default();
+            counts.passed += c.passed;
+            counts.failed += c.failed;
+            counts.errors += c.errors;
+            counts.skipped += c.skipped;
+            counts.invalid += c.invalid;
+        }
+    }
+
     /// Counts a finished trajectory into the summary; returns how many of its checks did
     /// not run.
     fn count(&mut self, t: &TrajectoryRecord) -> usize {
-        let counts = self
-            .per_scenario
-            .entry((t.suite.clone(), t.scenario.clone(), t.agent.clone()))
-            .or_default();
+        self.recorded
+            .update([&t.suite, &t.scenario, &t.agent], |counts| match t.status {
+                TrajectoryStatus::Passed => counts.passed += 1,
+                TrajectoryStatus::Failed => counts.failed += 1,
+                TrajectoryStatus::Error => counts.errors += 1,
+                TrajectoryStatus::Invalid => counts.invalid += 1,
+                TrajectoryStatus::Skipped => counts.skipped += 1,
+            });
         match t.status {
-            TrajectoryStatus::Passed => counts.passed += 1,
-            TrajectoryStatus::Failed => counts.failed += 1,
-            TrajectoryStatus::Error => counts.errors += 1,
+            TrajectoryStatus::Passed | TrajectoryStatus::Failed | TrajectoryStatus::Error => {}
             TrajectoryStatus::Invalid => {
-                counts.invalid += 1;
                 self.invalid_total += 1;
                 let key = (
                     self.suite_rank(&t.suite),
@@ -368,7 +396,6 @@ impl Console {
                 }
             }
             TrajectoryStatus::Skipped => {
-                counts.skipped += 1;
                 // Reasons repeat per repetition and agent; a handful of distinct ones is all
                 // a console needs, so stop collecting new ones past a few.
                 let reason = t.skip_reason.as_deref().unwrap_or("no reason given");
@@ -721,7 +748,7 @@ impl Console {
     }
 
     pub fn finish(
-        &self,
+        &mut self,
         summary: Option<&RunSummary>,
         out: &Path,
         journal: Option<&Path>,
@@ -733,6 +760,7 @@ impl Console {
         if self.silent {
             return;
         }
+        self.settle();
         let mut table = table(&[
             "suite",
             "scenario",

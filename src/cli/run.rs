@@ -1050,7 +1050,7 @@ pub fn execute_plan(
     };
     let Reporter {
         mut record,
-        console,
+        mut console,
         summary,
         export,
         ..
