@@ -1,10 +1,10 @@
 //! Values kept per (suite, scenario, agent) while records stream by, for whatever counts
 //! them (the report's tally, the console's summary) and orders them only at the end.
 //!
-//! An ordered map keyed by copies of the names cost each record three copies and a search
-//! down a tree of string comparisons: 4,700 instructions a trajectory for the tally alone
-//! with 20,000 scenarios (docs/performance.md, "The end of big runs: what it reads back,
-//! sorts and frees"). Here a record's names are joined in a reused buffer, each after its
+//! Ordered maps keyed by copies of the names cost each record a copy of each name per map
+//! and a search down each tree of string comparisons: the tally's four maps, seven copies,
+//! were 4,700 instructions a trajectory with 20,000 scenarios (docs/performance.md, "The end
+//! of big runs: what it reads back, sorts and frees"). Here a record's names are joined in a reused buffer, each after its
 //! length so that no two lists of names join alike whatever characters they hold, and
 //! looked up by that; they are copied only for a new entry.
 
@@ -50,6 +50,7 @@ impl<V: Default> ByNames<V> {
 
     /// Every entry, ordered by its names, leaving none.
     pub fn drain_sorted(&mut self) -> Vec<([String; 3], V)> {
+        let held = self.values.len();
         let mut entries: Vec<([String; 3], V)> = self
             .values
             .drain()
@@ -61,6 +62,8 @@ impl<V: Default> ByNames<V> {
                 ))
             })
             .collect();
+        // Every key was written by `joined`, and `split` reads each back.
+        debug_assert_eq!(entries.len(), held, "a key that does not split");
         // The names tell every two entries apart: the order does not depend on the hashing.
         entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         entries

@@ -358,11 +358,11 @@ impl Console {
         }
         for (key, c) in rows {
             let counts = self.per_scenario.entry(key).or_default();
-            counts.passed += c.passed;
-            counts.failed += c.failed;
-            counts.errors += c.errors;
-            counts.skipped += c.skipped;
-            counts.invalid += c.invalid;
+            counts.passed = counts.passed.saturating_add(c.passed);
+            counts.failed = counts.failed.saturating_add(c.failed);
+            counts.errors = counts.errors.saturating_add(c.errors);
+            counts.skipped = counts.skipped.saturating_add(c.skipped);
+            counts.invalid = counts.invalid.saturating_add(c.invalid);
         }
     }
 
