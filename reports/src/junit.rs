@@ -573,6 +573,9 @@ fn copy_through_windows(
             window.clear();
             file.seek(SeekFrom::Start(next.start))?;
             let len = next.end - next.start;
+            // Exactly the window's room: grown by doubling as it is read, it took up to twice
+            // the file's size.
+            window.reserve_exact(usize::try_from(len).unwrap_or(0));
             (&mut *file).take(len).read_to_end(&mut window)?;
             if window.len() as u64 != len {
                 return Err(io::Error::other("a test case beyond its file"));

@@ -472,7 +472,9 @@ impl ReportWriter {
             .unwrap_or_default();
         let stats = summary.stats;
         not_written.extend(pages_not_written);
-        dispose(Box::new((info, outline, tally)));
+        if info.scenarios.len() >= DISPOSE_ASIDE_FROM {
+            dispose(Box::new((info, outline, tally)));
+        }
 
         ReportFiles {
             trajectories: table_paths.trajectories,
@@ -493,6 +495,12 @@ impl ReportWriter {
         }
     }
 }
+
+/// From this many scenarios, what the end of a run no longer needs is freed on a thread of
+/// its own ([`dispose`]). Below it, freeing takes little time, and freed here it is memory
+/// the console's summary then reuses: freed aside, a 2,000-trajectory run peaked 0.6 MiB
+/// higher.
+const DISPOSE_ASIDE_FROM: usize = 1_000;
 
 /// Frees what the end of a run no longer needs on a thread of its own: the run's start
 /// record, the report's outline and the tally hold an entry per scenario, and freeing those
