@@ -1256,6 +1256,12 @@ impl<'p> Validator<'p> {
     }
 
     fn template(&mut self, cx: &StepCx, t: &Template, captured: &BTreeSet<String>) {
+        // Text without template syntax is sent as written and has nothing to check; its
+        // scope (a few maps of names) would be built only to be dropped: for a suite of
+        // literal user turns, most of what validating a scenario cost.
+        if !template::is_template(&t.source) {
+            return;
+        }
         let scope = self.step_scope(cx, captured, cx.scenario.persona.is_some());
         self.check_template(t, &scope);
     }

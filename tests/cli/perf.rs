@@ -14,6 +14,13 @@ use super::*;
 /// `trellis check suites/` (measured: 20,897 allocations, the same on every run).
 const CHECK_BUDGET: u64 = 31_000;
 
+/// Each scenario `trellis check` reads, loads, validates and plans, over the ones before
+/// it (measured: 107 for a one-turn scenario, the difference between suites of 1,000 and
+/// 2,000 of them, the same on every run; 129 while every literal message built a template
+/// scope to be checked against). A generated suite or a dataset has thousands of scenarios:
+/// this is the part of `check` and of a run's start that grows with them.
+const CHECK_SCENARIO_BUDGET: u64 = 125;
+
 /// One trajectory against `builtin="booking"`, reports included (measured: 27,446; the
 /// threads' interleaving moves it by a few).
 const TRAJECTORY_BUDGET: u64 = 41_000;
@@ -72,6 +79,33 @@ fn within(what: &str, count: u64, budget: u64) {
 async fn perf_check_of_the_example_suites_stays_within_its_allocation_budget() {
     let count = allocations(&["check".as_ref(), "suites/".as_ref()], &repo("")).await;
     within("trellis check suites/", count, CHECK_BUDGET);
+}
+
+#[tokio::test]
+async fn perf_check_of_each_scenario_stays_within_its_allocation_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    for n in [1_000, 2_000] {
+        let mut suite = String::from(
+            "agent \"agent\" protocol=\"connexity\" url=\"http://127.0.0.1:9/agent\"\n",
+        );
+        for i in 0..n {
+            suite.push_str(&format!(
+                "scenario \"s{i}\" {{\n    user \"hello\"\n    criteria {{\n        no-error\n    }}\n}}\n"
+            ));
+        }
+        std::fs::write(dir.path().join(format!("s{n}.kdl")), suite).unwrap();
+    }
+    let count = |n: u32| {
+        let file = format!("s{n}.kdl");
+        let dir = dir.path().to_path_buf();
+        async move { allocations(&["check".as_ref(), file.as_ref()], &dir).await }
+    };
+    let (fewer, more) = (count(1_000).await, count(2_000).await);
+    within(
+        "each scenario of `trellis check`",
+        more.saturating_sub(fewer) / 1_000,
+        CHECK_SCENARIO_BUDGET,
+    );
 }
 
 #[tokio::test]
