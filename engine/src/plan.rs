@@ -11,11 +11,11 @@
 //! the planner (which records those trajectories and checks as skipped) and `trellis check`
 //! (which warns about them through [`warnings`]).
 
-use std::collections::hash_map::Entry;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
+use foldhash::fast::FixedState;
 use globset::{Glob, GlobMatcher};
 use trellis_dsl::graph::{self, NeedsGraph, SegmentKind, TrajectoryGraph};
 use trellis_dsl::{
@@ -343,30 +343,32 @@ impl Plan {
                 let suite = &project.suites[si];
                 let sc = &suite.scenarios[ci];
                 let active = selection.include_inactive || sc.status == Status::Active;
-                let id = trellis_dsl::names::nfc(&sc.id.value);
-                let suite_name = &suite_names[si];
-                let full = format!("{suite_name}/{id}");
-                // An instance (`refund[A17]`) is selected by its own id (also written
-                // literally, although `[…]` is a glob class) and by its scenario's id.
-                let base = sc
-                    .instance
-                    .as_ref()
-                    .map(|i| trellis_dsl::names::nfc(&i.base));
-                let by_filter = filters.is_empty()
-                    || matchers.iter().any(|m| {
-                        m.is_match(id.as_ref())
-                            || m.is_match(&full)
-                            || base.as_deref().is_some_and(|b| {
-                                m.is_match(b) || m.is_match(format!("{suite_name}/{b}"))
-                            })
-                    })
-                    || filters.iter().any(|f| *f == id || *f == full);
                 let by_tag = selection.tags.is_empty()
                     || selection
                         .tags
                         .iter()
                         .any(|t| sc.tags.contains(t) || suite.tags.contains(t));
-                active && by_filter && by_tag
+                // The ids are written out only when there are filters to match them: a run
+                // of every scenario spent about 1,000 instructions on each for nothing.
+                let by_filter = || {
+                    let id = trellis_dsl::names::nfc(&sc.id.value);
+                    let suite_name = &suite_names[si];
+                    let full = format!("{suite_name}/{id}");
+                    // An instance (`refund[A17]`) is selected by its own id (also written
+                    // literally, although `[…]` is a glob class) and by its scenario's id.
+                    let base = sc
+                        .instance
+                        .as_ref()
+                        .map(|i| trellis_dsl::names::nfc(&i.base));
+                    matchers.iter().any(|m| {
+                        m.is_match(id.as_ref())
+                            || m.is_match(&full)
+                            || base.as_deref().is_some_and(|b| {
+                                m.is_match(b) || m.is_match(format!("{suite_name}/{b}"))
+                            })
+                    }) || filters.iter().any(|f| *f == id || *f == full)
+                };
+                active && by_tag && (filters.is_empty() || by_filter())
             })
             .collect();
         let mut stack: Vec<(usize, usize)> = selected.iter().copied().collect();
@@ -726,9 +728,13 @@ fn execution_tree(
     // of planning 10,000 branches nested 125 deep).
     let graph_trajectories = std::mem::take(&mut tg.trajectories);
     let mut nodes: Vec<ExecNode> = Vec::new();
-    // (parent exec node, segment) -> exec node
-    let mut index: HashMap<(Option<usize>, petgraph::graph::NodeIndex), usize> = HashMap::new();
-    let mut compiled: HashMap<petgraph::graph::NodeIndex, CompiledSegment> = HashMap::new();
+    // (parent exec node, segment) -> exec node. Hashed with foldhash, and the segments'
+    // steps kept by segment index: two std maps per scenario (SipHash, grown from empty)
+    // were about 1,500 instructions of every scenario planned.
+    let mut index: HashMap<(Option<usize>, petgraph::graph::NodeIndex), usize, FixedState> =
+        HashMap::with_capacity_and_hasher(tg.graph.node_count(), FixedState::default());
+    let mut compiled: Vec<Option<CompiledSegment>> = Vec::new();
+    compiled.resize_with(tg.graph.node_count(), || None);
     let mut trajectories = Vec::new();
 
     for (ti, trajectory) in graph_trajectories.into_iter().enumerate() {
@@ -740,15 +746,16 @@ fn execution_tree(
         // deep took 250 MB).
         let mut ids: Vec<Arc<str>> = Vec::with_capacity(trajectory.segments.len());
         for &segment in &trajectory.segments {
-            if let Entry::Vacant(slot) = compiled.entry(segment) {
-                slot.insert(compile_steps(
+            let slot = compiled.get_mut(segment.index());
+            if let Some(slot @ None) = slot {
+                *slot = Some(compile_steps(
                     tg.segment(segment),
                     protocols,
                     simulator,
                     templates,
                 )?);
             }
-            if let Some(segment) = compiled.get(&segment) {
+            if let Some(Some(segment)) = compiled.get(segment.index()) {
                 if let Some(reason) = &segment.unsupported {
                     unsupported.get_or_insert_with(|| reason.clone());
                 }
@@ -774,7 +781,8 @@ fn execution_tree(
                         parent,
                         children: Vec::new(),
                         steps: compiled
-                            .get(&segment)
+                            .get(segment.index())
+                            .and_then(Option::as_ref)
                             .map(|s| s.steps.clone())
                             .unwrap_or_default(),
                         trajectories: Vec::new(),
