@@ -472,7 +472,7 @@ impl ReportWriter {
             .unwrap_or_default();
         let stats = summary.stats;
         not_written.extend(pages_not_written);
-        if info.scenarios.len() >= DISPOSE_ASIDE_FROM {
+        if is_large(info.scenarios.len()) {
             dispose(Box::new((info, outline, tally)));
         }
 
@@ -502,12 +502,21 @@ impl ReportWriter {
 /// higher.
 const DISPOSE_ASIDE_FROM: usize = 1_000;
 
+/// Whether a run of `scenarios` scenarios frees what its end no longer needs aside
+/// ([`dispose`]) rather than in place.
+pub fn is_large(scenarios: usize) -> bool {
+    scenarios >= DISPOSE_ASIDE_FROM
+}
+
 /// Frees what the end of a run no longer needs on a thread of its own: the run's start
 /// record, the report's outline and the tally hold an entry per scenario, and freeing those
-/// of 20,000 scenarios took 70 M instructions after every file was written. The process that
-/// exits next does not wait for it (the kernel takes the memory back); `trellis watch` gets
-/// it back while it waits for the next save. Dropped here if no thread can start.
-fn dispose(what: Box<dyn std::any::Any + Send>) {
+/// of 20,000 scenarios took 70 M instructions after every file was written; the statistics
+/// the command kept for its summary (src/cli/run.rs) took 7-10 ms more before the process
+/// exited. The process that exits next does not wait for it (the kernel takes the memory
+/// back); `trellis watch` gets it back while it waits for the next save. Dropped here if no
+/// thread can start. For runs that [`is_large`]: below, freeing takes little time, and
+/// freed in place it is memory the next steps reuse.
+pub fn dispose(what: Box<dyn std::any::Any + Send>) {
     let _ = std::thread::Builder::new()
         .name("trellis-free".into())
         .spawn(move || drop(what));

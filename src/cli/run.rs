@@ -472,6 +472,15 @@ pub fn run(args: RunArgs) -> u8 {
         });
         outln!("{event}");
     }
+    // The statistics of every scenario, kept for the comparison and the summary: the
+    // process exits next, and freeing those of a large run is not worth waiting for.
+    if outcome
+        .stats
+        .as_ref()
+        .is_some_and(|s| trellis_reports::is_large(s.scenarios.len()))
+    {
+        trellis_reports::dispose(Box::new(outcome));
+    }
     exit_code
 }
 
