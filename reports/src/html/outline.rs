@@ -151,27 +151,21 @@ pub(crate) struct Outline {
     names: Interner,
 }
 
-type Scenarios = HashMap<String, HashMap<String, ScenarioOutline, FixedState>, FixedState>;
+type Scenarios =
+    hashbrown::HashMap<String, hashbrown::HashMap<String, ScenarioOutline, FixedState>, FixedState>;
 
-/// The outline of `scenario` of `suite` in `scenarios`, made empty if it is not there.
+/// The outline of `scenario` of `suite` in `scenarios`, made empty if it is not there. The
+/// names are copied only when they are new (hashbrown's `entry_ref`).
 fn scenario_mut<'s>(
     scenarios: &'s mut Scenarios,
     suite: &str,
     scenario: &str,
 ) -> &'s mut ScenarioOutline {
-    if !scenarios.contains_key(suite) {
-        scenarios.insert(suite.to_owned(), HashMap::default());
-    }
-    let Some(by_name) = scenarios.get_mut(suite) else {
-        unreachable!("the suite's map was inserted above if it was not there")
-    };
-    if !by_name.contains_key(scenario) {
-        by_name.insert(scenario.to_owned(), ScenarioOutline::default());
-    }
-    match by_name.get_mut(scenario) {
-        Some(outline) => outline,
-        None => unreachable!("the scenario's outline was inserted above if it was not there"),
-    }
+    scenarios
+        .entry_ref(suite)
+        .or_default()
+        .entry_ref(scenario)
+        .or_default()
 }
 
 impl Outline {
