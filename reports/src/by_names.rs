@@ -45,17 +45,17 @@ impl<V: Default> ByNames<V> {
     }
 
     /// Every entry, ordered by its names, leaving none.
-    pub fn drain_sorted(&mut self) -> Vec<([String; 3], V)> {
-        let mut entries: Vec<([String; 3], V)> = self
+    pub fn drain_sorted(&mut self) -> Vec<((String, String, String), V)> {
+        let mut entries: Vec<((String, String, String), V)> = self
             .values
             .drain()
             .map(|((suite, scenario, agent), value)| {
                 (
-                    [
+                    (
                         String::from(&*suite),
                         String::from(&*scenario),
                         String::from(&*agent),
-                    ],
+                    ),
                     value,
                 )
             })
@@ -87,7 +87,7 @@ mod tests {
         let got: Vec<(Vec<String>, u32)> = counts
             .drain_sorted()
             .into_iter()
-            .map(|(names, n)| (names.to_vec(), n))
+            .map(|((suite, scenario, agent), n)| (vec![suite, scenario, agent], n))
             .collect();
         let own = |names: [&str; 3]| names.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
         assert_eq!(

@@ -817,7 +817,7 @@ impl StatsBuilder {
             });
             // Sized for the plan at once: grown by doubling, a map of 20,000 scenarios'
             // entries (a few hundred bytes each, kept in place) was copied fourteen times,
-            // the last time while the run's memory was near its peak.
+            // each copy holding the old table and the new one at once.
             let units: usize = info.scenarios.iter().map(|s| s.agents.len()).sum();
             let branches: usize = info
                 .scenarios

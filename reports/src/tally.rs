@@ -88,12 +88,7 @@ impl Tally {
 
     /// Adds the counts recorded since the last call to the ordered maps the report reads.
     pub(crate) fn settle(&mut self) {
-        let rows: Vec<((String, String, String), Counts)> = self
-            .recorded
-            .drain_sorted()
-            .into_iter()
-            .map(|([suite, scenario, agent], counts)| ((suite, scenario, agent), counts))
-            .collect();
+        let rows = self.recorded.drain_sorted();
         let mut scenarios: Vec<((String, String), Counts)> = Vec::new();
         for ((suite, scenario, agent), counts) in &rows {
             add_to(&mut self.by_suite, suite, counts);

@@ -132,6 +132,26 @@ struct Counts {
 }
 
 impl Counts {
+    /// Counts one trajectory of `status`.
+    fn add(&mut self, status: TrajectoryStatus) {
+        match status {
+            TrajectoryStatus::Passed => self.passed += 1,
+            TrajectoryStatus::Failed => self.failed += 1,
+            TrajectoryStatus::Error => self.errors += 1,
+            TrajectoryStatus::Invalid => self.invalid += 1,
+            TrajectoryStatus::Skipped => self.skipped += 1,
+        }
+    }
+
+    /// Adds `other`'s counts to these.
+    fn merge(&mut self, other: &Counts) {
+        self.passed = self.passed.saturating_add(other.passed);
+        self.failed = self.failed.saturating_add(other.failed);
+        self.errors = self.errors.saturating_add(other.errors);
+        self.skipped = self.skipped.saturating_add(other.skipped);
+        self.invalid = self.invalid.saturating_add(other.invalid);
+    }
+
     /// Nothing failed, errored, was skipped or invalid: what the capped tables leave out.
     fn all_passed(&self) -> bool {
         self.failed + self.errors + self.skipped + self.invalid == 0
@@ -352,23 +372,14 @@ impl Console {
 
     /// Adds what was counted since the last call to the ordered per-scenario counts.
     fn settle(&mut self) {
-        let rows = self
-            .recorded
-            .drain_sorted()
-            .into_iter()
-            .map(|([suite, scenario, agent], counts)| ((suite, scenario, agent), counts));
+        let rows = self.recorded.drain_sorted();
         if self.per_scenario.is_empty() {
             // Ordered rows: the map is built at once, with no search down it for each.
-            self.per_scenario = rows.collect();
+            self.per_scenario = rows.into_iter().collect();
             return;
         }
         for (key, c) in rows {
-            let counts = self.per_scenario.entry(key).or_default();
-            counts.passed = counts.passed.saturating_add(c.passed);
-            counts.failed = counts.failed.saturating_add(c.failed);
-            counts.errors = counts.errors.saturating_add(c.errors);
-            counts.skipped = counts.skipped.saturating_add(c.skipped);
-            counts.invalid = counts.invalid.saturating_add(c.invalid);
+            self.per_scenario.entry(key).or_default().merge(&c);
         }
     }
 
@@ -376,12 +387,8 @@ impl Console {
     /// not run.
     fn count(&mut self, t: &TrajectoryRecord) -> usize {
         self.recorded
-            .update([&t.suite, &t.scenario, &t.agent], |counts| match t.status {
-                TrajectoryStatus::Passed => counts.passed += 1,
-                TrajectoryStatus::Failed => counts.failed += 1,
-                TrajectoryStatus::Error => counts.errors += 1,
-                TrajectoryStatus::Invalid => counts.invalid += 1,
-                TrajectoryStatus::Skipped => counts.skipped += 1,
+            .update([&t.suite, &t.scenario, &t.agent], |counts| {
+                counts.add(t.status)
             });
         match t.status {
             TrajectoryStatus::Passed | TrajectoryStatus::Failed | TrajectoryStatus::Error => {}
@@ -686,18 +693,13 @@ impl Console {
                     let n = instances.get(&(suite.as_str(), b, agent.as_str()))?;
                     (*n > INSTANCE_ROWS).then(|| format!("{b} ({n} instances)"))
                 });
-                let row = rows
-                    .entry((
-                        suite,
-                        many.map_or(Cow::Borrowed(scenario.as_str()), Cow::Owned),
-                        agent,
-                    ))
-                    .or_default();
-                row.passed += c.passed;
-                row.failed += c.failed;
-                row.errors += c.errors;
-                row.skipped += c.skipped;
-                row.invalid += c.invalid;
+                rows.entry((
+                    suite,
+                    many.map_or(Cow::Borrowed(scenario.as_str()), Cow::Owned),
+                    agent,
+                ))
+                .or_default()
+                .merge(c);
             }
             rows.into_iter().collect()
         };
