@@ -45,6 +45,7 @@ pub use html::{
     TrendPoint, Trends, with_served_script, write_compare,
 };
 pub use staged::PARTIAL_SUFFIX;
+pub use tally::Counts;
 
 use crate::journal::JournalReader;
 use crate::tables::{RunRow, Tables};

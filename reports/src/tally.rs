@@ -7,19 +7,20 @@ use trellis_records::{CriterionStatus, NodeRecord, TrajectoryRecord, TrajectoryS
 use crate::ReportOptions;
 use crate::by_names::ByNames;
 
-/// Trajectory counts by status.
+/// Trajectory counts by status: the report's tally and the console's summary.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Counts {
-    pub(crate) passed: u64,
-    pub(crate) failed: u64,
-    pub(crate) errors: u64,
-    pub(crate) skipped: u64,
+pub struct Counts {
+    pub passed: u64,
+    pub failed: u64,
+    pub errors: u64,
+    pub skipped: u64,
     /// The simulated user broke character: neither passed nor failed.
-    pub(crate) invalid: u64,
+    pub invalid: u64,
 }
 
 impl Counts {
-    pub(crate) fn add(&mut self, status: TrajectoryStatus) {
+    /// Counts one trajectory of `status`.
+    pub fn add(&mut self, status: TrajectoryStatus) {
         let slot = match status {
             TrajectoryStatus::Passed => &mut self.passed,
             TrajectoryStatus::Failed => &mut self.failed,
@@ -28,6 +29,20 @@ impl Counts {
             TrajectoryStatus::Invalid => &mut self.invalid,
         };
         *slot = slot.saturating_add(1);
+    }
+
+    /// Adds `other`'s counts to these.
+    pub fn merge(&mut self, other: &Counts) {
+        self.passed = self.passed.saturating_add(other.passed);
+        self.failed = self.failed.saturating_add(other.failed);
+        self.errors = self.errors.saturating_add(other.errors);
+        self.skipped = self.skipped.saturating_add(other.skipped);
+        self.invalid = self.invalid.saturating_add(other.invalid);
+    }
+
+    /// Nothing failed, errored, was skipped or invalid.
+    pub fn all_passed(&self) -> bool {
+        self.failed + self.errors + self.skipped + self.invalid == 0
     }
 
     pub(crate) fn total(&self) -> u64 {
@@ -94,7 +109,7 @@ impl Tally {
             add_to(&mut self.by_suite, suite, counts);
             add_to(&mut self.by_agent, agent, counts);
             match scenarios.last_mut() {
-                Some((key, sum)) if key.0 == *suite && key.1 == *scenario => merge(sum, counts),
+                Some((key, sum)) if key.0 == *suite && key.1 == *scenario => sum.merge(counts),
                 _ => scenarios.push(((suite.clone(), scenario.clone()), *counts)),
             }
         }
@@ -105,7 +120,7 @@ impl Tally {
 
 fn add_to(map: &mut BTreeMap<String, Counts>, name: &str, counts: &Counts) {
     match map.get_mut(name) {
-        Some(sum) => merge(sum, counts),
+        Some(sum) => sum.merge(counts),
         None => {
             map.insert(name.to_owned(), *counts);
         }
@@ -120,16 +135,8 @@ fn extend<K: Ord>(map: &mut BTreeMap<K, Counts>, rows: Vec<(K, Counts)>) {
         return;
     }
     for (key, counts) in rows {
-        merge(map.entry(key).or_default(), &counts);
+        map.entry(key).or_default().merge(&counts);
     }
-}
-
-fn merge(into: &mut Counts, counts: &Counts) {
-    into.passed = into.passed.saturating_add(counts.passed);
-    into.failed = into.failed.saturating_add(counts.failed);
-    into.errors = into.errors.saturating_add(counts.errors);
-    into.skipped = into.skipped.saturating_add(counts.skipped);
-    into.invalid = into.invalid.saturating_add(counts.invalid);
 }
 
 /// Order in the HTML report: what needs attention first.

@@ -21,6 +21,7 @@ use comfy_table::{Cell, ContentArrangement, Table, presets::UTF8_FULL_CONDENSED}
 use indicatif::{ProgressBar, ProgressStyle};
 use trellis_engine::event::Event;
 use trellis_engine::record::{CriterionStatus, RunSummary, TrajectoryRecord, TrajectoryStatus};
+use trellis_reports::Counts;
 
 /// Failures printed in full at the end; the rest are in the report.
 const FAILURES_SHOWN: usize = 10;
@@ -121,42 +122,6 @@ type FailureKey = (usize, String, String, String, String, u32);
 
 /// A row of the summary table: (suite, scenario or `base (N instances)`, agent).
 type RowKey<'a> = (&'a str, Cow<'a, str>, &'a str);
-
-#[derive(Clone, Copy, Default)]
-struct Counts {
-    passed: u64,
-    failed: u64,
-    errors: u64,
-    skipped: u64,
-    invalid: u64,
-}
-
-impl Counts {
-    /// Counts one trajectory of `status`.
-    fn add(&mut self, status: TrajectoryStatus) {
-        match status {
-            TrajectoryStatus::Passed => self.passed += 1,
-            TrajectoryStatus::Failed => self.failed += 1,
-            TrajectoryStatus::Error => self.errors += 1,
-            TrajectoryStatus::Invalid => self.invalid += 1,
-            TrajectoryStatus::Skipped => self.skipped += 1,
-        }
-    }
-
-    /// Adds `other`'s counts to these.
-    fn merge(&mut self, other: &Counts) {
-        self.passed = self.passed.saturating_add(other.passed);
-        self.failed = self.failed.saturating_add(other.failed);
-        self.errors = self.errors.saturating_add(other.errors);
-        self.skipped = self.skipped.saturating_add(other.skipped);
-        self.invalid = self.invalid.saturating_add(other.invalid);
-    }
-
-    /// Nothing failed, errored, was skipped or invalid: what the capped tables leave out.
-    fn all_passed(&self) -> bool {
-        self.failed + self.errors + self.skipped + self.invalid == 0
-    }
-}
 
 /// Bytes of per-trajectory lines held before they are written even though the run keeps
 /// the reporter busy.
