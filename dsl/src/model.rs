@@ -18,7 +18,7 @@ use serde_json::{Map, Value};
 pub type FileId = usize;
 
 /// A location in one of the project's source files.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Span {
     pub file: FileId,
     pub span: SourceSpan,
@@ -28,6 +28,40 @@ impl Span {
     pub fn new(file: FileId, span: SourceSpan) -> Self {
         Span { file, span }
     }
+}
+
+/// As derived (`Span { file: 0, span: SourceSpan { … } }`), or `_` inside
+/// [`debug_without_spans`].
+impl std::fmt::Debug for Span {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if ERASING_SPANS.get() {
+            return f.write_str("_");
+        }
+        f.debug_struct("Span")
+            .field("file", &self.file)
+            .field("span", &self.span)
+            .finish()
+    }
+}
+
+thread_local! {
+    static ERASING_SPANS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `write` with every [`Span`] this thread formats with `Debug` written as `_`: the
+/// model's `Debug` text without where things were written, which is what the engine's
+/// fingerprints hash (a value's meaning, unmoved by formatting and comments). The same text
+/// as erasing each span's derived form from the output afterwards, without a second pass
+/// over it.
+pub fn debug_without_spans<R>(write: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            ERASING_SPANS.set(self.0);
+        }
+    }
+    let _restore = Restore(ERASING_SPANS.replace(true));
+    write()
 }
 
 /// A value together with where it was written.
@@ -1356,6 +1390,27 @@ impl std::fmt::Debug for Pattern {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_span_is_written_as_derived_or_erased() {
+        let span = Span::new(3, SourceSpan::from(12..17));
+        let spanned = Spanned::new("hi".to_string(), span);
+        let derived = "Spanned { value: \"hi\", span: Span { file: 3, span: SourceSpan { offset: \
+             SourceOffset(12), length: 5 } } }";
+        assert_eq!(format!("{spanned:?}"), derived);
+        let erased = debug_without_spans(|| format!("{spanned:?}"));
+        assert_eq!(erased, "Spanned { value: \"hi\", span: _ }");
+        // Nested, and after: each returns to what it was.
+        let nested = debug_without_spans(|| {
+            debug_without_spans(|| ());
+            format!("{span:?}")
+        });
+        assert_eq!(nested, "_");
+        assert_eq!(format!("{spanned:?}"), derived);
+        // A panic inside does not leave spans erased.
+        let _ = std::panic::catch_unwind(|| debug_without_spans(|| panic!("inside")));
+        assert_eq!(format!("{spanned:?}"), derived);
+    }
 
     #[test]
     fn a_pattern_is_written_as_its_compiled_regex_is() {

@@ -18,10 +18,9 @@
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
-use std::fmt;
-use std::sync::{Arc, LazyLock};
+use std::fmt::{self, Write as _};
+use std::sync::Arc;
 
-use regex::Regex;
 use trellis_dsl::graph::{self, TrajectoryGraph};
 use trellis_dsl::{
     Agent, CaptureSource, Criterion, CriterionKind, Persona, PersonaRef, Project, Scenario,
@@ -96,7 +95,7 @@ pub struct ScenarioFingerprints {
 /// so `trellis run --resume` can tell which finished trajectories an edit invalidated.
 pub fn stamp(project: &Project, plan: &mut crate::plan::Plan) {
     let shared = Fingerprinter::of(project);
-    let stamp_all = |scenarios: &mut [crate::plan::PlannedScenario]| {
+    in_parallel(&mut plan.scenarios, |scenarios| {
         for planned in scenarios {
             let prints = shared.scenario(&planned.scenario);
             for trajectory in &mut planned.trajectories {
@@ -107,30 +106,35 @@ pub fn stamp(project: &Project, plan: &mut crate::plan::Plan) {
                     .map(|f| Arc::from(format!("{}:{}", f.conversation, f.checks)));
             }
         }
-    };
-    // A dataset's thousands of instances: their fingerprints are independent of each other,
-    // and nothing else runs yet (this is the run's start), so they are split over the cores.
-    let threads = if plan.scenarios.len() >= PARALLEL_FROM {
+    });
+}
+
+/// Runs `work` over all of `items`, a part at a time. A dataset's thousands of instances
+/// have fingerprints independent of each other, and nothing else runs yet (a run's start,
+/// a watch session's reload), so from [`PARALLEL_FROM`] items the parts are split over the
+/// cores.
+fn in_parallel<T: Send>(items: &mut [T], work: impl Fn(&mut [T]) + Sync) {
+    let threads = if items.len() >= PARALLEL_FROM {
         std::thread::available_parallelism().map_or(1, |n| n.get().min(MAX_THREADS))
     } else {
         1
     };
     if threads <= 1 {
-        stamp_all(&mut plan.scenarios);
+        work(items);
         return;
     }
     // Parts taken from a shared list: a thread that cannot start leaves its parts to the
     // others, this one included.
-    let chunk = plan.scenarios.len().div_ceil(threads * 4);
-    let parts = std::sync::Mutex::new(plan.scenarios.chunks_mut(chunk).collect::<Vec<_>>());
-    let work = || {
+    let chunk = items.len().div_ceil(threads * 4);
+    let parts = std::sync::Mutex::new(items.chunks_mut(chunk).collect::<Vec<_>>());
+    let take = || {
         loop {
             let part = parts
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .pop();
             match part {
-                Some(part) => stamp_all(part),
+                Some(part) => work(part),
                 None => break,
             }
         }
@@ -140,20 +144,20 @@ pub fn stamp(project: &Project, plan: &mut crate::plan::Plan) {
             let _ = std::thread::Builder::new()
                 .name("trellis-fingerprint".into())
                 .stack_size(STACK_SIZE)
-                .spawn_scoped(scope, work);
+                .spawn_scoped(scope, take);
         }
-        work();
+        take();
     });
 }
 
-/// Scenarios from which [`stamp`] uses more than one thread: starting one costs about what
-/// fingerprinting a hundred scenarios does.
+/// Scenarios from which [`in_parallel`] uses more than one thread: starting one costs about
+/// what fingerprinting a hundred scenarios does.
 const PARALLEL_FROM: usize = 1024;
 
-/// At most this many threads for [`stamp`].
+/// At most this many threads for [`in_parallel`].
 const MAX_THREADS: usize = 4;
 
-/// The stack of [`stamp`]'s threads: a fingerprint writes the model's `Debug` text, which
+/// The stack of [`in_parallel`]'s threads: a fingerprint writes the model's `Debug` text, which
 /// recurses once per level of a nested value (a dataset row, a `user-context`), and the
 /// loader accepts nesting as deep as the command thread's stack (src/main.rs) allows.
 /// Reserved, not committed: pages are only used as deep values need them.
@@ -162,13 +166,19 @@ const STACK_SIZE: usize = 512 * 1024 * 1024;
 /// `suite/scenario` → its fingerprints, for every scenario of the project.
 pub fn project(project: &Project) -> BTreeMap<String, ScenarioFingerprints> {
     let shared = Fingerprinter::of(project);
-    project
+    let mut prints: Vec<_> = project
         .scenarios()
-        .map(|(suite, sc)| {
-            (
-                format!("{}/{}", suite.name, sc.id.value),
-                shared.scenario(sc),
-            )
+        .map(|(suite, sc)| (suite, sc, None))
+        .collect();
+    in_parallel(&mut prints, |part| {
+        for (_, sc, prints) in part {
+            *prints = Some(shared.scenario(sc));
+        }
+    });
+    prints
+        .into_iter()
+        .filter_map(|(suite, sc, prints)| {
+            Some((format!("{}/{}", suite.name, sc.id.value), prints?))
         })
         .collect()
 }
@@ -188,6 +198,9 @@ pub struct Fingerprinter<'p> {
     /// By the address of the project's agent: `Project::scenario_agents` hands out
     /// references into `project.agents`.
     agents: HashMap<usize, String>,
+    /// The hash of each agent's text so far, by the same addresses: a setup text starts
+    /// with its first agent's (most of it, for a one-turn scenario), which is hashed once.
+    agent_hashes: HashMap<usize, blake3::Hasher>,
     personas: HashMap<usize, String>,
     /// The project's tools, providers and simulator, as the setup half writes them.
     sandbox: String,
@@ -216,13 +229,23 @@ impl<'p> Fingerprinter<'p> {
         for provider in &project.providers {
             judges.push_str(&canonical(provider));
         }
+        let agents: HashMap<usize, String> = project
+            .agents
+            .iter()
+            .map(|a| (address(a), canonical(a)))
+            .collect();
+        let agent_hashes = agents
+            .iter()
+            .map(|(&at, text)| {
+                let mut hasher = blake3::Hasher::new();
+                hasher.update(text.as_bytes());
+                (at, hasher)
+            })
+            .collect();
         Fingerprinter {
             project,
-            agents: project
-                .agents
-                .iter()
-                .map(|a| (address(a), canonical(a)))
-                .collect(),
+            agents,
+            agent_hashes,
             personas: project
                 .personas
                 .iter()
@@ -259,8 +282,13 @@ fn address<T>(value: &T) -> usize {
 }
 
 fn scenario_with(shared: &Fingerprinter<'_>, sc: &Scenario) -> ScenarioFingerprints {
-    let setup = digest(&setup_text(shared, sc));
-    let checks_setup = digest(&checks_setup_text(shared, sc));
+    // Every text is written into these two and hashed: a dataset's thousands of instances
+    // were mostly strings made, grown and copied for one hash each.
+    let mut conversation = String::new();
+    let mut checks = String::new();
+    let setup = setup_digest(shared, sc, &mut conversation);
+    checks_setup_text(shared, sc, &mut checks);
+    let checks_setup = digest(&checks);
 
     let tg = TrajectoryGraph::build(sc);
     let mut nodes: BTreeMap<Arc<str>, Fingerprint> = BTreeMap::new();
@@ -280,8 +308,14 @@ fn scenario_with(shared: &Fingerprinter<'_>, sc: &Scenario) -> ScenarioFingerpri
             let fingerprint = match nodes.get(&id) {
                 Some(&known) => known,
                 None => {
-                    let (conversation, checks) =
-                        steps_text(&tg.segment(segment).steps, sc.stop_on_failure);
+                    conversation.clear();
+                    checks.clear();
+                    steps_text(
+                        &tg.segment(segment).steps,
+                        sc.stop_on_failure,
+                        &mut conversation,
+                        &mut checks,
+                    );
                     let fingerprint = Fingerprint {
                         conversation: chain(parent.conversation, &conversation),
                         checks: chain(parent.checks, &checks),
@@ -296,11 +330,12 @@ fn scenario_with(shared: &Fingerprinter<'_>, sc: &Scenario) -> ScenarioFingerpri
     // The scenario as a whole: every node, in id order (the tree's shape is in the ids).
     // `repeat` counts here, not in the setup: more repetitions add runs and leave the
     // recorded ones valid.
-    let mut conversation = format!("repeat {};", sc.repeat);
-    let mut checks = String::new();
+    conversation.clear();
+    checks.clear();
+    let _ = write!(conversation, "repeat {};", sc.repeat);
     for (id, fingerprint) in &nodes {
-        conversation.push_str(&format!("{id}={};", fingerprint.conversation.0));
-        checks.push_str(&format!("{id}={};", fingerprint.checks.0));
+        let _ = write!(conversation, "{id}={};", fingerprint.conversation.0);
+        let _ = write!(checks, "{id}={};", fingerprint.checks.0);
     }
     ScenarioFingerprints {
         setup,
@@ -312,11 +347,27 @@ fn scenario_with(shared: &Fingerprinter<'_>, sc: &Scenario) -> ScenarioFingerpri
     }
 }
 
-/// What shapes the agent's answers besides the steps.
-fn setup_text(shared: &Fingerprinter<'_>, sc: &Scenario) -> String {
+/// The digest of what shapes the agent's answers besides the steps, with `text` to write
+/// it in.
+fn setup_digest(shared: &Fingerprinter<'_>, sc: &Scenario, text: &mut String) -> Digest {
+    let agents = shared.project.scenario_agents(sc);
+    // The text starts with the first agent's, already hashed.
+    let (mut hasher, rest) = match agents.split_first() {
+        Some((first, rest)) => match shared.agent_hashes.get(&address(*first)) {
+            Some(hashed) => (hashed.clone(), rest),
+            None => (blake3::Hasher::new(), &agents[..]),
+        },
+        None => (blake3::Hasher::new(), &agents[..]),
+    };
+    setup_text(shared, sc, rest, text);
+    hasher.update(text.as_bytes());
+    digest_of(hasher.finalize())
+}
+
+/// What shapes the agent's answers besides the steps, from `agents` (the scenario's, or
+/// those of them not yet hashed) on, written to `text`.
+fn setup_text(shared: &Fingerprinter<'_>, sc: &Scenario, agents: &[&Agent], text: &mut String) {
     let project = shared.project;
-    let mut text = String::new();
-    let agents = project.scenario_agents(sc);
     for agent in agents {
         text.push_str(&shared.agent(agent));
     }
@@ -326,66 +377,69 @@ fn setup_text(shared: &Fingerprinter<'_>, sc: &Scenario) -> String {
                 text.push_str(&shared.persona(persona));
             }
         }
-        Some(PersonaRef::Inline(persona)) => text.push_str(&canonical(persona)),
+        Some(PersonaRef::Inline(persona)) => write_canonical(text, persona),
         None => {}
     }
     text.push_str(&shared.sandbox);
-    text.push_str(&canonical(&(
-        &sc.user_context,
-        &sc.initial_state,
-        &sc.undeclared_tools,
-        &sc.tools,
-        &sc.max_turns,
-        &sc.agent_branches,
-        &sc.timeout,
-        &sc.first_turn,
-    )));
+    write_canonical(
+        text,
+        &(
+            &sc.user_context,
+            &sc.initial_state,
+            &sc.undeclared_tools,
+            &sc.tools,
+            &sc.max_turns,
+            &sc.agent_branches,
+            &sc.timeout,
+            &sc.first_turn,
+        ),
+    );
     // Written only when set, so that the fingerprints of runs from before it are the same.
     if sc.stop_on_failure {
         text.push_str("stop-on-failure;");
     }
     // A dataset row or matrix value changes what the steps render, so an edited row reruns
     // that row's instance (and only it).
-    text.push_str(&canonical(&sc.instance));
-    text.push_str(&canonical(&sc.history.as_ref().map(|h| &h.messages)));
-    text
+    write_canonical(text, &sc.instance);
+    write_canonical(text, &sc.history.as_ref().map(|h| &h.messages));
 }
 
-/// What judges the answers besides the steps' `expect`s.
-fn checks_setup_text(shared: &Fingerprinter<'_>, sc: &Scenario) -> String {
-    let mut text = String::new();
+/// What judges the answers besides the steps' `expect`s, written to `text`.
+fn checks_setup_text(shared: &Fingerprinter<'_>, sc: &Scenario, text: &mut String) {
     for c in sc.criteria.iter().chain(&sc.expect_tools) {
-        text.push_str(&criterion_text(c));
+        criterion_text(c, text);
         text.push(';');
     }
     for outcome in &sc.outcomes {
-        text.push_str(&canonical(&outcome.value));
+        write_canonical(text, &outcome.value);
     }
     // The text alone, written as before it kept its span: earlier runs' fingerprints hold.
-    text.push_str(&canonical(
-        &sc.criteria_override.as_ref().map(|s| s.value.clone()),
-    ));
+    write_canonical(text, &sc.criteria_override.as_ref().map(|s| &s.value));
     text.push_str(&shared.judges);
-    text
 }
 
-/// The conversation and checks text of a segment's steps. An `expect` is tied to the
-/// number of agent-calling steps before it in the segment: moving it to another turn is a
-/// change of what it checks. Under `stop-on-failure` (`expects_steer`) an `expect` decides
-/// whether the steps after it are sent, so it is part of the conversation half too.
-fn steps_text(steps: &[trellis_dsl::Step], expects_steer: bool) -> (String, String) {
-    let mut conversation = String::new();
-    let mut checks = String::new();
+/// The conversation and checks text of a segment's steps, written to `conversation` and
+/// `checks`. An `expect` is tied to the number of agent-calling steps before it in the
+/// segment: moving it to another turn is a change of what it checks. Under
+/// `stop-on-failure` (`expects_steer`) an `expect` decides whether the steps after it are
+/// sent, so it is part of the conversation half too.
+fn steps_text(
+    steps: &[trellis_dsl::Step],
+    expects_steer: bool,
+    conversation: &mut String,
+    checks: &mut String,
+) {
     let mut calls = 0usize;
+    // `write!` to a `String` cannot fail.
     for step in steps {
         match &step.kind {
             StepKind::User(t) => {
                 calls += 1;
-                conversation.push_str(&format!("user {:?};", t.source));
+                let _ = write!(conversation, "user {:?};", t.source);
             }
             StepKind::Call { function, input } => {
                 calls += 1;
-                conversation.push_str(&format!("call {function:?} {:?};", input.source));
+                let _ = write!(conversation, "call {function:?} {:?};", input.source);
             }
             StepKind::Simulate {
                 turns,
@@ -401,33 +455,37 @@ fn steps_text(steps: &[trellis_dsl::Step], expects_steer: bool) -> (String, Stri
                         format!("{:?}", (&p.kind, &p.description, &p.instructions))
                     }
                 });
-                conversation.push_str(&format!("simulate {turns:?} {by:?} {playing:?};"));
+                let _ = write!(conversation, "simulate {turns:?} {by:?} {playing:?};");
             }
             StepKind::Attack(a) => {
                 calls += 1;
                 let attacker = a.attacker.as_ref().map(|s| &s.value);
-                conversation.push_str(&format!(
+                let _ = write!(
+                    conversation,
                     "attack {:?};",
                     (&a.goal, &a.judge, a.width, a.keep, a.depth, attacker)
-                ));
+                );
             }
             StepKind::Hitl { approve, message } => {
                 calls += 1;
                 let message = message.as_ref().map(|m| &m.source);
-                conversation.push_str(&format!("hitl {approve} {message:?};"));
+                let _ = write!(conversation, "hitl {approve} {message:?};");
             }
             StepKind::Capture { name, source } => {
-                let source = match source {
-                    CaptureSource::Regex(re) => format!("regex {:?}", re.as_str()),
-                    CaptureSource::JsonPath { source, .. } => format!("json-path {source:?}"),
+                let _ = match source {
+                    CaptureSource::Regex(re) => {
+                        write!(conversation, "capture {name:?} regex {:?};", re.as_str())
+                    }
+                    CaptureSource::JsonPath { source, .. } => {
+                        write!(conversation, "capture {name:?} json-path {source:?};")
+                    }
                 };
-                conversation.push_str(&format!("capture {name:?} {source};"));
             }
             StepKind::Expect(criteria) => {
                 let start = checks.len();
-                checks.push_str(&format!("@{calls}:"));
+                let _ = write!(checks, "@{calls}:");
                 for c in criteria {
-                    checks.push_str(&criterion_text(c));
+                    criterion_text(c, checks);
                     checks.push(';');
                 }
                 if expects_steer {
@@ -438,11 +496,10 @@ fn steps_text(steps: &[trellis_dsl::Step], expects_steer: bool) -> (String, Stri
             StepKind::Fork(_) => {}
         }
     }
-    (conversation, checks)
 }
 
-/// A criterion by meaning: its kind and values, not its text as written.
-fn criterion_text(c: &Criterion) -> String {
+/// A criterion by meaning, written to `text`: its kind and values, not its text as written.
+fn criterion_text(c: &Criterion, text: &mut String) {
     match &c.kind {
         // The judge is referred to by id; the judge's definition is in the checks setup.
         CriterionKind::Judge {
@@ -450,43 +507,51 @@ fn criterion_text(c: &Criterion) -> String {
             threshold,
             judge,
             rubric,
-        } => format!(
-            "judge {criterion:?} {threshold:?} {:?} {rubric:?}",
-            judge.as_ref().map(|j| &j.value)
-        ),
-        kind => canonical(kind),
+        } => {
+            let _ = write!(
+                text,
+                "judge {criterion:?} {threshold:?} {:?} {rubric:?}",
+                judge.as_ref().map(|j| &j.value)
+            );
+        }
+        kind => write_canonical(text, kind),
     }
 }
 
-/// The `Debug` form of a model value with every source span erased: the model's `Debug`
-/// covers every field, so nothing that changes behaviour is left out, and spans (which
-/// move with formatting and comments) are the only part that is not meaning.
+/// The `Debug` form of a model value with every source span written as `_`: the model's
+/// `Debug` covers every field, so nothing that changes behaviour is left out, and spans
+/// (which move with formatting and comments) are the only part that is not meaning.
 fn canonical<T: fmt::Debug>(value: &T) -> String {
-    // ASCII digits, which is all `Debug` writes for numbers: with `\d` (every decimal digit
-    // of Unicode) compiling this one pattern touched about 140 fresh pages for its UTF-8
-    // automaton, over a millisecond of every run's start on a VM.
-    static SPAN: LazyLock<Option<Regex>> = LazyLock::new(|| {
-        Regex::new(
-            r"Span \{ file: [0-9]+, span: SourceSpan \{ offset: SourceOffset\([0-9]+\), length: [0-9]+ \} \}",
-        )
-        .ok()
+    let mut text = String::new();
+    write_canonical(&mut text, value);
+    text
+}
+
+/// [`canonical`], written at the end of `text`.
+fn write_canonical<T: fmt::Debug>(text: &mut String, value: &T) {
+    trellis_dsl::debug_without_spans(|| {
+        let _ = write!(text, "{value:?}");
     });
-    let text = format!("{value:?}");
-    match SPAN.as_ref() {
-        Some(re) => re.replace_all(&text, "_").into_owned(),
-        None => text,
-    }
 }
 
 fn digest(text: &str) -> Digest {
-    let hash = blake3::hash(text.as_bytes());
+    digest_of(blake3::hash(text.as_bytes()))
+}
+
+/// The digest of `parent` and `text`: the hash of `"{parent}|{text}"`, without writing
+/// that text out again.
+fn chain(parent: Digest, text: &str) -> Digest {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(itoa::Buffer::new().format(parent.0).as_bytes());
+    hasher.update(b"|");
+    hasher.update(text.as_bytes());
+    digest_of(hasher.finalize())
+}
+
+fn digest_of(hash: blake3::Hash) -> Digest {
     let mut first = [0u8; 8];
     first.copy_from_slice(&hash.as_bytes()[..8]);
     Digest(u64::from_le_bytes(first))
-}
-
-fn chain(parent: Digest, text: &str) -> Digest {
-    digest(&format!("{}|{text}", parent.0))
 }
 
 #[cfg(test)]
@@ -620,6 +685,33 @@ scenario "s" {{
         }
         // Each instance's row makes its fingerprints its own.
         assert_eq!(seen.len(), 2 * (PARALLEL_FROM + 77));
+        // Watch's fingerprints of every scenario, on several threads too.
+        let all = super::project(&project);
+        assert_eq!(all.len(), PARALLEL_FROM + 77);
+        for (suite, sc) in project.scenarios() {
+            let key = format!("{}/{}", suite.name, sc.id.value);
+            assert_eq!(all[&key], scenario(&project, sc), "{key}");
+        }
+    }
+
+    /// What fingerprints hash is what they hashed when spans were erased from the derived
+    /// `Debug` text with a pattern afterwards: earlier runs' fingerprints hold. The example
+    /// suites' whole project covers every protocol, tools, personas, simulated users,
+    /// histories and criteria.
+    #[test]
+    fn canonical_text_is_the_debug_text_with_each_span_erased() {
+        let suites = Path::new(env!("CARGO_MANIFEST_DIR")).join("../suites");
+        let project = trellis_dsl::load(&[suites], &crate::protocol::registry::specs()).unwrap();
+        let span = regex::Regex::new(
+            r"Span \{ file: [0-9]+, span: SourceSpan \{ offset: SourceOffset\([0-9]+\), length: [0-9]+ \} \}",
+        )
+        .unwrap();
+        let derived = format!("{:?}", (&project.agents, &project.suites, &project.tools));
+        let erased = span.replace_all(&derived, "_");
+        assert!(erased.len() < derived.len(), "the suites hold spans");
+        let canonical = canonical(&(&project.agents, &project.suites, &project.tools));
+        assert_eq!(canonical, erased);
+        assert!(!canonical.contains("SourceSpan"));
     }
 
     #[test]
