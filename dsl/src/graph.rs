@@ -246,10 +246,12 @@ impl NeedsGraph {
                 index.insert((si, ci), graph.add_node((si, ci)));
             }
         }
+        let mut resolver = None;
         for (si, suite) in project.suites.iter().enumerate() {
             for (ci, scenario) in suite.scenarios.iter().enumerate() {
                 for need in &scenario.needs {
-                    if let Ok(target) = resolve_need(project, si, &need.value)
+                    let resolver = resolver.get_or_insert_with(|| NeedResolver::of(project));
+                    if let Ok(target) = resolver.resolve(si, &need.value)
                         && let (Some(&from), Some(&to)) = (index.get(&target), index.get(&(si, ci)))
                     {
                         graph.add_edge(from, to, ());
@@ -297,37 +299,65 @@ pub fn split_reference(reference: &str) -> Option<(&str, &str)> {
     Some((&reference[..at], &reference[at + 1..]))
 }
 
-/// Resolves a `needs` reference written in suite `from_suite`: `ID` is a scenario of the same
-/// suite, `SUITE/ID` a scenario of suite `SUITE` ([`split_reference`]). Validation, the needs
-/// graph and the planner all resolve through here, so a reference cannot mean one scenario
-/// when the suite is checked and another when it runs.
-pub fn resolve_need(
-    project: &Project,
-    from_suite: usize,
-    reference: &str,
-) -> Result<(usize, usize), NeedError> {
-    let (suite, id) = match split_reference(reference) {
-        Some((suite, id)) => {
-            let si = project
-                .suites
-                .iter()
-                .position(|s| s.name == suite)
-                .ok_or_else(|| NeedError::UnknownSuite {
-                    suite: suite.to_string(),
-                })?;
-            (si, id)
+/// Resolves the `needs` references of one project: `ID` is a scenario of the suite the
+/// reference is written in, `SUITE/ID` a scenario of suite `SUITE` ([`split_reference`]).
+/// Validation, the needs graph and the planner all resolve through here, so a reference
+/// cannot mean one scenario when the suite is checked and another when it runs.
+///
+/// The suites' names and scenarios' ids are looked up in maps made once: looked up by a
+/// scan of the suite for each reference, 20,000 scenarios that each need the last one took
+/// two seconds to check. A name or id written twice (an error validation reports) resolves
+/// to the first, as a scan did.
+pub struct NeedResolver<'p> {
+    suites: HashMap<&'p str, usize>,
+    /// For each suite, by [`Project::suites`]' order: its scenarios by id.
+    scenarios: Vec<HashMap<&'p str, usize>>,
+}
+
+impl<'p> NeedResolver<'p> {
+    pub fn of(project: &'p Project) -> Self {
+        let mut suites = HashMap::with_capacity(project.suites.len());
+        for (si, suite) in project.suites.iter().enumerate() {
+            suites.entry(suite.name.as_str()).or_insert(si);
         }
-        None => (from_suite, reference),
-    };
-    project
-        .suites
-        .get(suite)
-        .and_then(|s| s.scenarios.iter().position(|sc| sc.id.value == id))
-        .map(|ci| (suite, ci))
-        .ok_or_else(|| NeedError::UnknownScenario {
-            suite,
-            id: id.to_string(),
-        })
+        let scenarios = project
+            .suites
+            .iter()
+            .map(|suite| {
+                let mut ids = HashMap::with_capacity(suite.scenarios.len());
+                for (ci, sc) in suite.scenarios.iter().enumerate() {
+                    ids.entry(sc.id.value.as_str()).or_insert(ci);
+                }
+                ids
+            })
+            .collect();
+        NeedResolver { suites, scenarios }
+    }
+
+    /// The scenario (suite index, scenario index) that `reference`, written in suite
+    /// `from_suite`, names.
+    pub fn resolve(&self, from_suite: usize, reference: &str) -> Result<(usize, usize), NeedError> {
+        let (suite, id) = match split_reference(reference) {
+            Some((suite, id)) => {
+                let si = *self
+                    .suites
+                    .get(suite)
+                    .ok_or_else(|| NeedError::UnknownSuite {
+                        suite: suite.to_string(),
+                    })?;
+                (si, id)
+            }
+            None => (from_suite, reference),
+        };
+        self.scenarios
+            .get(suite)
+            .and_then(|ids| ids.get(id))
+            .map(|&ci| (suite, ci))
+            .ok_or_else(|| NeedError::UnknownScenario {
+                suite,
+                id: id.to_string(),
+            })
+    }
 }
 
 /// Which output `trellis graph` writes.

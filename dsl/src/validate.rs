@@ -10,7 +10,7 @@ use miette::SourceSpan;
 use petgraph::graph::{DiGraph, NodeIndex};
 
 use crate::diagnostics::{Diagnostic, Kind, did_you_mean};
-use crate::graph::NeedError;
+use crate::graph::{NeedError, NeedResolver};
 use crate::lang::ValueType;
 use crate::model::*;
 use crate::template::{self, Names, Scope};
@@ -1305,10 +1305,12 @@ impl<'p> Validator<'p> {
                 index.insert((si, ci), graph.add_node((si, ci)));
             }
         }
+        let mut resolver = None;
         for (si, suite) in p.suites.iter().enumerate() {
             for (ci, sc) in suite.scenarios.iter().enumerate() {
                 for need in &sc.needs {
-                    let Some(target) = self.resolve_need(si, need) else {
+                    let resolver = resolver.get_or_insert_with(|| NeedResolver::of(p));
+                    let Some(target) = self.resolve_need(resolver, si, need) else {
                         continue;
                     };
                     if let (Some(from), Some(to)) = (index.get(&(si, ci)), index.get(&target)) {
@@ -1362,9 +1364,14 @@ impl<'p> Validator<'p> {
     }
 
     /// Resolves `needs "ID"` (same suite) or `needs "SUITE/ID"`; reports unknown ones.
-    fn resolve_need(&mut self, suite: usize, need: &Spanned<String>) -> Option<(usize, usize)> {
+    fn resolve_need(
+        &mut self,
+        resolver: &NeedResolver<'_>,
+        suite: usize,
+        need: &Spanned<String>,
+    ) -> Option<(usize, usize)> {
         let p = self.project;
-        let target_suite = match crate::graph::resolve_need(p, suite, &need.value) {
+        let target_suite = match resolver.resolve(suite, &need.value) {
             Ok(found) => return Some(found),
             Err(NeedError::UnknownSuite { .. }) => None,
             Err(NeedError::UnknownScenario { suite, .. }) => Some(suite),

@@ -554,12 +554,17 @@ impl Plan {
             }
         }
 
+        let mut resolver = None;
         for (&(si, ci), &i) in &scenario_index {
             let sc = &project.suites[si].scenarios[ci];
+            if sc.needs.is_empty() {
+                continue;
+            }
+            let resolver = resolver.get_or_insert_with(|| graph::NeedResolver::of(project));
             let resolved: Vec<(usize, usize)> = sc
                 .needs
                 .iter()
-                .filter_map(|n| graph::resolve_need(project, si, &n.value).ok())
+                .filter_map(|n| resolver.resolve(si, &n.value).ok())
                 .collect();
             scenarios[i].needs = resolved
                 .iter()

@@ -1,7 +1,7 @@
 //! `needs` references resolve one way everywhere: `ID` in the same suite, `SUITE/ID` in
 //! another, and scenario ids cannot hold the `/` that would make that ambiguous.
 
-use trellis_dsl::graph::{NeedError, NeedsGraph, resolve_need};
+use trellis_dsl::graph::{NeedError, NeedResolver, NeedsGraph};
 use trellis_dsl::*;
 
 /// Writes `files` (name, text) into a temporary directory and loads it.
@@ -61,18 +61,20 @@ scenario "y" { needs "x/y" "setup"; user "hi"; }
     let (_dir, result) = load_files(&[("x.kdl", X), ("z.kdl", z)]);
     let p = result.unwrap_or_else(|d| panic!("{}", d.render_plain()));
     let zi = index(&p, "z", "y").0;
-    assert_eq!(resolve_need(&p, zi, "x/y"), Ok(index(&p, "x", "y")));
+    let needs = NeedResolver::of(&p);
+    let resolve_need = |from, reference| needs.resolve(from, reference);
+    assert_eq!(resolve_need(zi, "x/y"), Ok(index(&p, "x", "y")));
     // `y` alone is the same suite's `y`, even though suite `x` has one too.
-    assert_eq!(resolve_need(&p, zi, "y"), Ok(index(&p, "z", "y")));
-    assert_eq!(resolve_need(&p, zi, "setup"), Ok(index(&p, "z", "setup")));
+    assert_eq!(resolve_need(zi, "y"), Ok(index(&p, "z", "y")));
+    assert_eq!(resolve_need(zi, "setup"), Ok(index(&p, "z", "setup")));
     assert_eq!(
-        resolve_need(&p, zi, "nope/y"),
+        resolve_need(zi, "nope/y"),
         Err(NeedError::UnknownSuite {
             suite: "nope".into()
         })
     );
     assert_eq!(
-        resolve_need(&p, index(&p, "x", "y").0, "setup"),
+        resolve_need(index(&p, "x", "y").0, "setup"),
         Err(NeedError::UnknownScenario {
             suite: index(&p, "x", "y").0,
             id: "setup".into()
