@@ -430,10 +430,13 @@ impl ReportWriter {
         // The tables (polars' Parquet writer), summary.json, and the pages (JUnit, and the
         // HTML with its transcripts read back from the journal) share nothing but what they
         // read: at the end of a run, when the executor's thread is idle, they are written side
-        // by side. This thread ends the tables and writes the summary (next to 20,000
-        // scenarios the statistics and summary.json are 140 ms, the pages 50); the other
-        // writes the pages, then ends whatever tables are left (at 2,000 trajectories the
-        // tables are 5 ms, the pages 2). Without a second thread, one after the other.
+        // by side. This thread ends the tables and writes the summary; the other writes the
+        // pages, then ends whatever tables are left (at 2,000 trajectories the tables are 5
+        // ms, the pages 2). The summary grows with the scenarios (next to 20,000 of them the
+        // statistics and summary.json are 130-200 ms, the pages 70-120 and the tables 15-20):
+        // for a run that `is_large` it comes first here, and the tables go to whichever
+        // thread is free first. Without a second thread, one after the other.
+        let summary_first = is_large(info.scenarios.len());
         let tables = tables.finish(run_row);
         let mut pages = Some(pages);
         let (summary, summary_staged, pages_written) = std::thread::scope(|scope| {
@@ -447,13 +450,16 @@ impl ReportWriter {
                     tables.help();
                     written
                 });
-            tables.help();
+            if !summary_first {
+                tables.help();
+            }
             let summary = Summary {
                 schema_version: history::SCHEMA_VERSION,
                 meta: meta.clone(),
                 stats: stats.finish(),
             };
             let summary_staged = write_json_unpublished(&summary_path, &summary);
+            tables.help();
             let pages_written = spawned.ok().and_then(|handle| {
                 handle
                     .join()
