@@ -927,6 +927,7 @@ pub fn execute_plan(
         launcher: Some(std::sync::Arc::new(super::launcher())),
         resume,
         replay_users: settings.replay_users.clone(),
+        first: Vec::new(),
         llm_budget: settings.llm_budget,
     };
     let stop = options.stop.clone();

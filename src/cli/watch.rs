@@ -847,6 +847,19 @@ impl Session {
             }
         };
         let expected = expected_trajectories(&plan, &trajectory_whys);
+        // What the save changed starts first: its results are what the person waits for.
+        let first: Vec<usize> = plan
+            .scenarios
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| {
+                header
+                    .whys
+                    .get(&format!("{}/{}", s.suite, s.scenario.id.value))
+                    .is_some_and(|why| *why != Why::Unchanged)
+            })
+            .map(|(index, _)| index)
+            .collect();
         self.memo.begin_run(salts);
         if self.tty {
             // The view is redrawn in place: each rerun replaces the last one's screen.
@@ -884,6 +897,7 @@ impl Session {
             launcher: Some(self.launcher.clone()),
             resume: None,
             replay_users: None,
+            first,
             llm_budget: Default::default(),
             telemetry,
         };

@@ -574,6 +574,7 @@ pub async fn run_plan_with_cache(
         launcher: Some(std::sync::Arc::new(trellis_agents::BuiltinLauncher::new())),
         resume: None,
         replay_users: None,
+        first: Vec::new(),
         llm_budget: Default::default(),
         telemetry: Default::default(),
     };

@@ -132,6 +132,11 @@ pub struct RunOptions {
     /// `--replay-users RUN`: the recorded run whose simulated users are replayed
     /// ([`replay_users`]); `None` simulates every turn.
     pub replay_users: Option<Arc<UserReplay>>,
+    /// Plan indices of scenarios to start before the others, in this order; the rest follow
+    /// in the plan's. `trellis watch` starts what a save changed first, so that its results
+    /// come before those of the thousands of scenarios answered from recorded turns. What
+    /// orders the reports (JUnit, the statistics, the page) is the plan, not this.
+    pub first: Vec<usize>,
 }
 
 /// The `run_started` entry a run of `plan` begins with, started now (a resumed run's
@@ -262,7 +267,11 @@ async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSummary
         .map(|_| watch::channel(None::<bool>))
         .unzip();
     let mut scenario_tasks = JoinSet::new();
-    for (index, done) in senders.into_iter().enumerate() {
+    let mut senders: Vec<_> = senders.into_iter().map(Some).collect();
+    for index in start_order(plan.scenarios.len(), &options.first) {
+        let Some(done) = senders.get_mut(index).and_then(Option::take) else {
+            continue;
+        };
         let needs: Vec<(usize, watch::Receiver<Option<bool>>)> = plan.scenarios[index]
             .needs
             .iter()
@@ -366,6 +375,26 @@ async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSummary
 /// How long the end of the run waits for missing spans before saying so
 /// ([`crate::otel::SpansNotice::EndWaits`]).
 const GRACE_NOTICE_AFTER: Duration = Duration::from_millis(250);
+
+/// The order the scenarios' tasks are spawned in, which is the order they take their
+/// units' permits: `first` (each once), then the others in the plan's order.
+fn start_order(scenarios: usize, first: &[usize]) -> Vec<usize> {
+    if first.is_empty() {
+        return (0..scenarios).collect();
+    }
+    let mut placed = vec![false; scenarios];
+    let mut order = Vec::with_capacity(scenarios);
+    for &index in first {
+        if let Some(seen) = placed.get_mut(index)
+            && !*seen
+        {
+            *seen = true;
+            order.push(index);
+        }
+    }
+    order.extend((0..scenarios).filter(|&index| !placed[index]));
+    order
+}
 
 /// Drops the run's agents (and with them its connection pool) on a thread of its own, so
 /// that the reports written after the run do not wait for them: closing a pooled connection

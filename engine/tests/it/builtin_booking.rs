@@ -329,6 +329,7 @@ async fn run_with(
         launcher,
         resume: None,
         replay_users: None,
+        first: Vec::new(),
         llm_budget: Default::default(),
         telemetry: Default::default(),
     };

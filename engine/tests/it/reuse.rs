@@ -51,6 +51,7 @@ pub(crate) async fn run(
         launcher: Some(Arc::new(trellis_agents::BuiltinLauncher::new())),
         resume: None,
         replay_users: None,
+        first: Vec::new(),
         llm_budget: Default::default(),
         telemetry: Default::default(),
     };
@@ -363,4 +364,55 @@ async fn openai_sessions_are_rebuilt_from_the_records_tool_calls_included() {
     assert_eq!(messages[1]["tool_calls"][0]["function"]["name"], "ticket");
     assert_eq!(messages[1]["tool_calls"][0]["id"], "call_0");
     assert_eq!(messages[2]["tool_call_id"], "call_0");
+}
+
+/// `RunOptions::first` (what watch starts first: the scenarios a save changed) decides which
+/// scenarios take the call slots first; with one slot, the order they finish in.
+#[tokio::test]
+async fn the_scenarios_named_first_start_before_the_others() {
+    let agent = MisbehavingServer::respond(200, OK_BODY).await;
+    let text = format!(
+        "agent \"bot\" protocol=\"connexity\" url=\"{}\"\n{}",
+        agent.url(),
+        ["a", "b", "c", "d"]
+            .iter()
+            .map(|id| format!("scenario \"{id}\" {{\n    user \"hi\"\n}}\n"))
+            .collect::<String>()
+    );
+    let finished_in = |first: Vec<usize>| {
+        let plan = plan(&text);
+        async move {
+            let options = RunOptions {
+                run_id: "first".into(),
+                jobs: 1,
+                stop: Default::default(),
+                abandon: Default::default(),
+                grace_end: Default::default(),
+                strict: false,
+                reuse: None,
+                transport: None,
+                llm_cache: trellis_engine::llm::LlmCache::disabled(),
+                launcher: None,
+                resume: None,
+                replay_users: None,
+                first,
+                llm_budget: Default::default(),
+                telemetry: Default::default(),
+            };
+            let (tx, mut rx) = event::channel();
+            let engine = execute::spawn(plan, options, tx);
+            let mut order = Vec::new();
+            while let Some(event) = rx.recv().await {
+                if let Event::Trajectory(t) = event {
+                    order.push(t.scenario.clone());
+                }
+            }
+            engine.await.unwrap();
+            order
+        }
+    };
+    assert_eq!(finished_in(Vec::new()).await, ["a", "b", "c", "d"]);
+    // Named twice, or past the plan: each scenario still runs once.
+    assert_eq!(finished_in(vec![3, 1, 3, 9]).await, ["d", "b", "a", "c"]);
+    assert_eq!(agent.requests(), 8);
 }
