@@ -723,24 +723,29 @@ impl Session {
             })
             .collect();
         // A scenario whose dependency talked to the agent again talks to it afresh too,
-        // and so on down the `needs` chain.
-        loop {
-            let mut grew = false;
+        // and so on down the `needs` chain: followed from each such scenario to those that
+        // need it. (Passes over every scenario until none changed took one pass per link
+        // of a chain written against the plan's order: 8,000 scenarios each needing the
+        // next, 0.3 s.)
+        if plan.scenarios.iter().any(|s| !s.needs.is_empty()) {
+            let mut dependents: Vec<Vec<usize>> = vec![Vec::new(); plan.scenarios.len()];
             for (i, s) in plan.scenarios.iter().enumerate() {
-                if whys[i] >= Why::Dependency {
-                    continue;
-                }
-                let upstream = s
-                    .needs
-                    .iter()
-                    .any(|&n| whys.get(n).is_some_and(|w| *w >= Why::Dependency));
-                if upstream {
-                    whys[i] = Why::Dependency;
-                    grew = true;
+                for &need in &s.needs {
+                    if let Some(of_need) = dependents.get_mut(need) {
+                        of_need.push(i);
+                    }
                 }
             }
-            if !grew {
-                break;
+            let mut afresh: Vec<usize> = (0..whys.len())
+                .filter(|&i| whys[i] >= Why::Dependency)
+                .collect();
+            while let Some(i) = afresh.pop() {
+                for &dependent in &dependents[i] {
+                    if whys[dependent] < Why::Dependency {
+                        whys[dependent] = Why::Dependency;
+                        afresh.push(dependent);
+                    }
+                }
             }
         }
         keys.into_iter().zip(whys).collect()
