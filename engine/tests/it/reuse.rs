@@ -26,6 +26,27 @@ pub(crate) fn plan(text: &str) -> Plan {
     .unwrap()
 }
 
+/// A run's options: `jobs` calls at once, turns answered from `reuse`, `first` started first.
+fn options(jobs: usize, reuse: Option<Arc<TurnMemo>>, first: Vec<usize>) -> RunOptions {
+    RunOptions {
+        run_id: "reuse".into(),
+        jobs,
+        stop: Default::default(),
+        abandon: Default::default(),
+        grace_end: Default::default(),
+        strict: false,
+        reuse,
+        transport: None,
+        llm_cache: trellis_engine::llm::LlmCache::disabled(),
+        launcher: Some(Arc::new(trellis_agents::BuiltinLauncher::new())),
+        resume: None,
+        replay_users: None,
+        first,
+        llm_budget: Default::default(),
+        telemetry: Default::default(),
+    }
+}
+
 /// One run with `memo`; its nodes and trajectories.
 pub(crate) async fn run(
     plan: Plan,
@@ -38,23 +59,7 @@ pub(crate) async fn run(
         .map(|s| (format!("{}/{}", s.suite, s.scenario.id.value), salt))
         .collect();
     memo.begin_run(salts);
-    let options = RunOptions {
-        run_id: "reuse".into(),
-        jobs: 4,
-        stop: Default::default(),
-        abandon: Default::default(),
-        grace_end: Default::default(),
-        strict: false,
-        reuse: Some(memo.clone()),
-        transport: None,
-        llm_cache: trellis_engine::llm::LlmCache::disabled(),
-        launcher: Some(Arc::new(trellis_agents::BuiltinLauncher::new())),
-        resume: None,
-        replay_users: None,
-        first: Vec::new(),
-        llm_budget: Default::default(),
-        telemetry: Default::default(),
-    };
+    let options = options(4, Some(memo.clone()), Vec::new());
     let (tx, mut rx) = event::channel();
     let engine = execute::spawn(plan, options, tx);
     let mut nodes = Vec::new();
@@ -382,25 +387,8 @@ async fn the_scenarios_named_first_start_before_the_others() {
     let finished_in = |first: Vec<usize>| {
         let plan = plan(&text);
         async move {
-            let options = RunOptions {
-                run_id: "first".into(),
-                jobs: 1,
-                stop: Default::default(),
-                abandon: Default::default(),
-                grace_end: Default::default(),
-                strict: false,
-                reuse: None,
-                transport: None,
-                llm_cache: trellis_engine::llm::LlmCache::disabled(),
-                launcher: None,
-                resume: None,
-                replay_users: None,
-                first,
-                llm_budget: Default::default(),
-                telemetry: Default::default(),
-            };
             let (tx, mut rx) = event::channel();
-            let engine = execute::spawn(plan, options, tx);
+            let engine = execute::spawn(plan, options(1, None, first), tx);
             let mut order = Vec::new();
             while let Some(event) = rx.recv().await {
                 if let Event::Trajectory(t) = event {
