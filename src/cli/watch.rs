@@ -574,7 +574,7 @@ impl Session {
             return Rerun::Done;
         }
         let prints = fingerprint::project(&project);
-        let whys = self.reasons(&plan, &prints);
+        let (whys, first) = self.reasons(&plan, &prints);
         // A scenario gone from the suite (or the selection) changes the results too.
         let removed: Vec<String> = self
             .planned
@@ -627,7 +627,7 @@ impl Session {
             removed,
         };
         let outcome = self
-            .execute(plan, memo_salts, header, trajectory_whys, signals)
+            .execute(plan, memo_salts, header, trajectory_whys, first, signals)
             .await;
         match outcome {
             Executed::Finished => {
@@ -690,12 +690,14 @@ impl Session {
         }
     }
 
-    /// Why each planned scenario reruns, compared with the last run.
+    /// Why each planned scenario reruns, compared with the last run; and the plan indices of
+    /// those that do (not [`Why::Unchanged`]), which start first: their results are what the
+    /// person waits for.
     fn reasons(
         &self,
         plan: &Plan,
         prints: &BTreeMap<String, ScenarioFingerprints>,
-    ) -> BTreeMap<String, Why> {
+    ) -> (BTreeMap<String, Why>, Vec<usize>) {
         let keys: Vec<String> = plan
             .scenarios
             .iter()
@@ -748,7 +750,10 @@ impl Session {
                 }
             }
         }
-        keys.into_iter().zip(whys).collect()
+        let rerun = (0..whys.len())
+            .filter(|&i| whys[i] != Why::Unchanged)
+            .collect();
+        (keys.into_iter().zip(whys).collect(), rerun)
     }
 
     /// Why each trajectory reruns: within a scenario whose steps changed, only those
@@ -822,6 +827,7 @@ impl Session {
         salts: HashMap<String, u64>,
         header: RunHeader,
         trajectory_whys: HashMap<(String, String), Why>,
+        first: Vec<usize>,
         signals: &mut Signals,
     ) -> Executed {
         // `STAMP-rNNNN-SALT`: the session's reruns sort in order even within one second.
@@ -852,19 +858,6 @@ impl Session {
             }
         };
         let expected = expected_trajectories(&plan, &trajectory_whys);
-        // What the save changed starts first: its results are what the person waits for.
-        let first: Vec<usize> = plan
-            .scenarios
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| {
-                header
-                    .whys
-                    .get(&format!("{}/{}", s.suite, s.scenario.id.value))
-                    .is_some_and(|why| *why != Why::Unchanged)
-            })
-            .map(|(index, _)| index)
-            .collect();
         self.memo.begin_run(salts);
         if self.tty {
             // The view is redrawn in place: each rerun replaces the last one's screen.
