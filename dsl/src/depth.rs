@@ -112,21 +112,71 @@ pub enum Parsed {
 /// document (spans relative to the whole `text`) to `each`, unless [`check`] or a size limit
 /// refuses it.
 ///
-/// Only one node's document is alive at a time (and the next one being parsed), so memory
-/// stays bounded by the largest node, not by the file.
+/// Only a few batches' documents are alive at a time (see [`Handover`]), so memory stays
+/// bounded by the largest node, not by the file.
 pub fn parse_each(text: &str, mut each: impl FnMut(KdlDocument)) -> Result<Parsed, TooDeep> {
     let nodes = pieces(text)?;
     let largest = nodes.iter().map(|r| r.len()).max().unwrap_or(0);
-    // Bounded: the parser runs at most one document ahead of the decoder.
-    let (tx, rx) = mpsc::sync_channel::<KdlDocument>(1);
+    // Bounded: the parser runs at most one hand-over ahead of the decoder.
+    let (tx, rx) = mpsc::sync_channel::<Vec<KdlDocument>>(1);
     let failed = on_parser_stack(
         largest,
-        move || parse_pieces(text, nodes, |doc| tx.send(doc).is_ok()),
-        || rx.into_iter().for_each(&mut each),
+        move || {
+            let mut handover = Handover::new(tx);
+            let failed = parse_pieces(text, nodes, |doc| handover.add(doc));
+            handover.flush();
+            failed
+        },
+        || rx.into_iter().flatten().for_each(&mut each),
     )?;
     finish(text, failed, |text| {
         on_parser_stack(text.len(), || KdlDocument::parse_v2(text), || {})
     })
+}
+
+/// The parser's documents on their way to the decoder's thread, sent together once they hold
+/// [`MIN_HANDOVER`] bytes of text. A batch of nodes that parses is that large and goes at
+/// once; a file with a syntax error is parsed node by node after it (`send_each_node`), and
+/// one hand-over per node woke the decoder's thread for each: a 20,000-scenario file with one
+/// typo took 0.59 s to load instead of 0.14 s, 20,698 context switches against 34.
+struct Handover {
+    tx: mpsc::SyncSender<Vec<KdlDocument>>,
+    docs: Vec<KdlDocument>,
+    bytes: usize,
+}
+
+/// Text the documents of one [`Handover`] hold before they are sent: a quarter of a batch,
+/// so the documents alive at once stay within about two batches' parse trees.
+const MIN_HANDOVER: usize = BATCH_SIZE / 4;
+
+impl Handover {
+    fn new(tx: mpsc::SyncSender<Vec<KdlDocument>>) -> Self {
+        Handover {
+            tx,
+            docs: Vec::new(),
+            bytes: 0,
+        }
+    }
+
+    /// Adds `doc`, sending what is held once it is enough; whether the decoder still takes
+    /// documents.
+    fn add(&mut self, doc: KdlDocument) -> bool {
+        self.bytes += doc.span().len();
+        self.docs.push(doc);
+        if self.bytes < MIN_HANDOVER {
+            return true;
+        }
+        self.flush()
+    }
+
+    /// Sends what is held; whether the decoder still takes documents.
+    fn flush(&mut self) -> bool {
+        self.bytes = 0;
+        if self.docs.is_empty() {
+            return true;
+        }
+        self.tx.send(std::mem::take(&mut self.docs)).is_ok()
+    }
 }
 
 /// Largest text [`parse_small`] takes: one batch.
@@ -988,6 +1038,35 @@ pub(crate) fn skip_raw(b: &[u8], start: usize) -> Result<usize, TooDeep> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_broken_files_nodes_reach_the_decoder_in_order_and_in_few_handovers() {
+        let mut text = String::from("broken 1 = 2\n");
+        for i in 0..5_000 {
+            text.push_str(&format!("node{i} {{\n    child {i}\n}}\n"));
+        }
+        let (tx, rx) = mpsc::sync_channel(5_001);
+        let mut handover = Handover::new(tx);
+        let failed = parse_pieces(&text, pieces(&text).unwrap(), |doc| handover.add(doc));
+        assert!(handover.flush());
+        drop(handover);
+        assert!(failed.is_some(), "the broken node is reported");
+        let groups: Vec<Vec<KdlDocument>> = rx.into_iter().collect();
+        let names: Vec<String> = groups
+            .iter()
+            .flatten()
+            .flat_map(|doc| doc.nodes().iter().map(|n| n.name().value().to_owned()))
+            .collect();
+        let expected: Vec<String> = (0..5_000).map(|i| format!("node{i}")).collect();
+        assert_eq!(names, expected);
+        // One hand-over per node woke the decoder's thread 5,000 times.
+        assert!(
+            groups.len() <= text.len() / MIN_HANDOVER + 1,
+            "{} hand-overs",
+            groups.len()
+        );
+        assert!(groups.iter().all(|g| !g.is_empty()));
+    }
 
     #[test]
     fn refuses_a_slashdash_right_after_a_slashdash() {
