@@ -93,11 +93,7 @@ pub fn format_named(path: &Path, name: String) -> Result<Formatted, FormatError>
             format!("cannot read `{name}`: {e}"),
         )]))
     })?;
-    let source = SourceFile {
-        path: path.to_path_buf(),
-        name,
-        text: Arc::from(text),
-    };
+    let source = SourceFile::new(path.to_path_buf(), name, Arc::from(text));
     let (text, includes) = format_source(&source)?;
     // As the loader resolves and names them.
     let base = path.parent().unwrap_or_else(|| Path::new(""));
@@ -129,11 +125,11 @@ pub fn format_source(file: &SourceFile) -> Result<(String, Vec<String>), FormatE
         what,
     };
     // The guarantees, checked rather than trusted.
-    let reparsed = SourceFile {
-        path: file.path.clone(),
-        name: file.name.clone(),
-        text: Arc::from(formatted.as_str()),
-    };
+    let reparsed = SourceFile::new(
+        file.path.clone(),
+        file.name.clone(),
+        Arc::from(formatted.as_str()),
+    );
     let after =
         parse(&reparsed).map_err(|_| changed("the formatted text does not parse".to_string()))?;
     if let Some(at) = before
@@ -647,11 +643,7 @@ mod tests {
     use super::*;
 
     fn fmt(text: &str) -> String {
-        let file = SourceFile {
-            path: PathBuf::from("t.kdl"),
-            name: "t.kdl".into(),
-            text: Arc::from(text),
-        };
+        let file = SourceFile::new(PathBuf::from("t.kdl"), "t.kdl".into(), Arc::from(text));
         match format_source(&file) {
             Ok((out, _)) => out,
             Err(e) => panic!("{e}: {text:?}"),
@@ -744,11 +736,7 @@ mod tests {
 
     #[test]
     fn refuses_what_does_not_parse() {
-        let file = SourceFile {
-            path: PathBuf::from("t.kdl"),
-            name: "t.kdl".into(),
-            text: Arc::from("a {\n"),
-        };
+        let file = SourceFile::new(PathBuf::from("t.kdl"), "t.kdl".into(), Arc::from("a {\n"));
         match format_source(&file) {
             Err(FormatError::Invalid(d)) => {
                 assert!(d.iter().all(|d| d.kind == Kind::Syntax), "{d:?}")

@@ -781,11 +781,11 @@ mod tests {
     }
 
     fn decode_context(src: &str) -> (Map<String, Value>, Vec<Diagnostic>) {
-        let files = vec![SourceFile {
-            path: PathBuf::from("t.kdl"),
-            name: "t.kdl".into(),
-            text: Arc::from(src),
-        }];
+        let files = vec![SourceFile::new(
+            PathBuf::from("t.kdl"),
+            "t.kdl".into(),
+            Arc::from(src),
+        )];
         let doc = KdlDocument::parse_v2(src).unwrap();
         let (mut diags, mut info) = Default::default();
         let mut d = Decoder::new(&files, 0, &mut diags, &mut info);

@@ -978,11 +978,11 @@ mod tests {
 
     fn setup(src: &str) -> (Vec<SourceFile>, Template) {
         let text = format!("user \"{src}\"\n");
-        let files = vec![SourceFile {
-            path: PathBuf::from("t.kdl"),
-            name: "t.kdl".into(),
-            text: Arc::from(text.as_str()),
-        }];
+        let files = vec![SourceFile::new(
+            PathBuf::from("t.kdl"),
+            "t.kdl".into(),
+            Arc::from(text.as_str()),
+        )];
         let t = Template {
             source: src.to_string(),
             span: Span::new(0, SourceSpan::from(5..5 + src.len() + 2)),

@@ -446,11 +446,8 @@ impl Server {
         let Some(view) = self.view(&path) else {
             return Ok(None);
         };
-        let file = trellis_dsl::SourceFile {
-            name: path.display().to_string(),
-            path,
-            text: view.text.clone(),
-        };
+        let name = path.display().to_string();
+        let file = trellis_dsl::SourceFile::new(path, name, view.text.clone());
         match trellis_dsl::format::format_source(&file) {
             Ok((text, _)) if text != *view.text => {
                 let end = view.lines.position(&view.text, view.text.len());

@@ -156,11 +156,11 @@ impl Loader {
         // The valid prefix is the same text in the lossy copy: the span points into it.
         let text = String::from_utf8_lossy(&bytes).into_owned();
         let id = self.files.len();
-        self.files.push(SourceFile {
-            path: path.to_path_buf(),
-            name: name.clone(),
-            text: Arc::from(text.as_str()),
-        });
+        self.files.push(SourceFile::new(
+            path.to_path_buf(),
+            name.clone(),
+            Arc::from(text.as_str()),
+        ));
         self.by_canonical.insert(canonical, id);
         self.broken = true;
         let d = Diagnostic::at(
@@ -208,11 +208,11 @@ impl Loader {
             }
         };
         let id = self.files.len();
-        self.files.push(SourceFile {
-            path: path.to_path_buf(),
+        self.files.push(SourceFile::new(
+            path.to_path_buf(),
             name,
-            text: Arc::from(text.as_str()),
-        });
+            Arc::from(text.as_str()),
+        ));
         self.by_canonical.insert(canonical.clone(), id);
 
         // Through `depth::parse_each`: the parser recurses per block, comment piece and

@@ -13,11 +13,7 @@ use trellis_dsl::format::{FormatError, format_source};
 use super::fuzz::{bounded, config, grammar_suite, mutated_suite};
 
 fn source(text: &str) -> SourceFile {
-    SourceFile {
-        path: PathBuf::from("fmt.kdl"),
-        name: "fmt.kdl".into(),
-        text: Arc::from(text),
-    }
+    SourceFile::new(PathBuf::from("fmt.kdl"), "fmt.kdl".into(), Arc::from(text))
 }
 
 /// Formats `text`: `None` when it is not valid KDL; the formatted text, checked to be a fixed

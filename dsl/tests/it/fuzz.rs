@@ -569,11 +569,11 @@ fn template_text() -> impl Strategy<Value = String> {
 #[test]
 fn template_check_survives_random_templates() {
     let text: Arc<str> = Arc::from("");
-    let files = vec![SourceFile {
-        path: PathBuf::from("fuzz.kdl"),
-        name: "fuzz.kdl".to_string(),
+    let files = vec![SourceFile::new(
+        PathBuf::from("fuzz.kdl"),
+        "fuzz.kdl".to_string(),
         text,
-    }];
+    )];
     let scope = Scope::env_only()
         .with(
             "user_context",
