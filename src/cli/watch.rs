@@ -46,6 +46,9 @@ mod serve;
 /// How long the files must stay quiet after a change before reloading: an editor's save
 /// (write, rename, chmod) arrives as one burst.
 const DEBOUNCE: Duration = Duration::from_millis(25);
+
+/// Failures that did not rerun listed under a rerun on a terminal; the rest are counted.
+const STANDING_SHOWN: usize = 20;
 /// How long calls in flight may finish once a newer save stops a rerun.
 const CANCEL_GRACE: Duration = Duration::from_secs(2);
 /// How many scenarios gone from the suites keep their recorded turns, for when they come
@@ -990,7 +993,7 @@ impl Session {
                 header.finish(summary.as_ref(), called, reused, &out, first_result);
                 if self.tty {
                     // The screen was redrawn: failures that did not rerun stay in sight.
-                    print_standing_failures(&self.results, &shown);
+                    print_standing_failures(&self.results, &shown, &self.latest_dir());
                 }
                 if let (Some(server), Some(html)) = (&self.server, report_html) {
                     server.publish(html);
@@ -1196,8 +1199,14 @@ impl Standing {
     }
 }
 
-/// Failed trajectories this rerun did not show (they did not rerun): one line each.
-fn print_standing_failures(results: &HashMap<ResultKey, Standing>, shown: &HashSet<ResultKey>) {
+/// Failed trajectories this rerun did not show (they did not rerun): one line each, for the
+/// first [`STANDING_SHOWN`] in order, then how many more. The list ends a redrawn screen, so
+/// that the failures stay in sight; thousands of them scrolled the rerun itself out of it.
+fn print_standing_failures(
+    results: &HashMap<ResultKey, Standing>,
+    shown: &HashSet<ResultKey>,
+    latest: &Path,
+) {
     let mut standing: Vec<(&ResultKey, &Standing)> = results
         .iter()
         .filter(|(key, s)| {
@@ -1208,6 +1217,11 @@ fn print_standing_failures(results: &HashMap<ResultKey, Standing>, shown: &HashS
     if standing.is_empty() {
         return;
     }
+    let more = standing.len().saturating_sub(STANDING_SHOWN);
+    if more > 0 {
+        standing.select_nth_unstable_by(STANDING_SHOWN, |a, b| a.0.cmp(b.0));
+        standing.truncate(STANDING_SHOWN);
+    }
     standing.sort_by(|a, b| a.0.cmp(b.0));
     outln!("still failing (unchanged):");
     for ((suite, scenario, trajectory, agent, repetition), s) in standing {
@@ -1215,6 +1229,12 @@ fn print_standing_failures(results: &HashMap<ResultKey, Standing>, shown: &HashS
             "  {:<7} {suite}/{scenario} · {trajectory} [{agent} #{repetition}]  {}",
             s.status.as_str(),
             s.why.as_deref().unwrap_or("")
+        );
+    }
+    if more > 0 {
+        outln!(
+            "  … and {more} more (in order, the first {STANDING_SHOWN} shown): see {}",
+            latest.join("report.html").display()
         );
     }
 }

@@ -60,6 +60,80 @@ impl Watch {
         }
     }
 
+    /// `trellis watch suite.kdl` in `dir` with its output on a terminal (a pseudo-terminal
+    /// of `rows` rows), as a person runs it: each rerun redraws the screen.
+    fn start_on_terminal(dir: &Path, rows: u16) -> Watch {
+        use std::os::fd::{FromRawFd, OwnedFd};
+        use std::os::unix::process::CommandExt as _;
+        let size = libc::winsize {
+            ws_row: rows,
+            ws_col: 120,
+            ws_xpixel: 0,
+            ws_ypixel: 0,
+        };
+        let (mut master, mut slave) = (0, 0);
+        // SAFETY: openpty writes two new descriptors into the given ints; the name and
+        // termios pointers may be null, and the window size is read from `size`.
+        let opened = unsafe {
+            libc::openpty(
+                &mut master,
+                &mut slave,
+                std::ptr::null_mut(),
+                std::ptr::null(),
+                &size,
+            )
+        };
+        assert_eq!(opened, 0, "openpty");
+        // SAFETY: both were just opened by openpty and are owned here alone.
+        let (master, slave) =
+            unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+        let mut cmd = trellis();
+        cmd.current_dir(dir)
+            .args(["watch", "suite.kdl", "--out", "runs"])
+            .stdout(Stdio::from(slave))
+            .stderr(Stdio::null());
+        // SAFETY: setsid is async-signal-safe. In a session of its own the child has no
+        // controlling terminal but the pty, whatever terminal the test was started from.
+        unsafe {
+            cmd.as_std_mut().pre_exec(|| {
+                libc::setsid();
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().unwrap();
+        // The command holds its copy of the slave end until dropped: the reads end only
+        // once no slave end is left open.
+        drop(cmd);
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let read_into = lines.clone();
+        std::thread::spawn(move || {
+            use std::io::Read as _;
+            let mut file = std::fs::File::from(master);
+            let mut partial = Vec::new();
+            let mut buf = [0u8; 4096];
+            // Linux ends a pty's reads with EIO once the last slave end is closed.
+            while let Ok(n) = file.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                partial.extend_from_slice(&buf[..n]);
+                while let Some(end) = partial.iter().position(|&b| b == b'\n') {
+                    let line: Vec<u8> = partial.drain(..=end).collect();
+                    let line = String::from_utf8_lossy(&line);
+                    read_into
+                        .lock()
+                        .unwrap()
+                        .push(line.trim_end_matches(['\r', '\n']).to_owned());
+                }
+            }
+        });
+        Watch {
+            child,
+            lines,
+            seen: 0,
+        }
+    }
+
     /// Waits for a line (after the last one matched) containing `needle`; returns every
     /// line up to it.
     async fn wait_for(&mut self, needle: &str) -> Vec<String> {
@@ -1735,4 +1809,43 @@ async fn a_flood_of_deleted_files_delays_neither_a_rerun_nor_a_signal() {
         signalled.elapsed(),
         watch.all()
     );
+}
+
+/// On a terminal a rerun redraws the screen and ends with the failures that did not rerun: the
+/// first twenty in order, and how many more, not thousands of lines that scroll the rerun
+/// itself out of sight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_terminal_lists_twenty_standing_failures_and_counts_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    let scenarios = |first: &str| {
+        let mut text = String::from("agent \"demo\" protocol=\"connexity\" builtin=\"booking\"\n");
+        for i in 0..25 {
+            let user = if i == 0 { first } else { "hello" };
+            text.push_str(&format!(
+                "scenario \"s{i:02}\" {{\n    user \"{user}\"\n    expect reply contains=\"never said\"\n}}\n"
+            ));
+        }
+        text
+    };
+    write(&suite, &scenarios("hello"));
+    let mut watch = Watch::start_on_terminal(dir.path(), 40);
+    watch.wait_for("watch: rerun 1 done").await;
+    atomic_write(&suite, &scenarios("hello again"));
+    watch.wait_for("watch: rerun 2 done").await;
+    let listed = watch.wait_for("more (in order").await;
+    let standing: Vec<&String> = listed
+        .iter()
+        .skip_while(|l| !l.contains("still failing (unchanged):"))
+        .skip(1)
+        .filter(|l| l.contains("failed  suite/s"))
+        .collect();
+    let expected: Vec<String> = (1..21).map(|i| format!("suite/s{i:02} ")).collect();
+    assert_eq!(standing.len(), 20, "{}", watch.all());
+    for (line, scenario) in standing.iter().zip(&expected) {
+        assert!(line.contains(scenario.as_str()), "{line} for {scenario}");
+    }
+    let more = listed.last().unwrap();
+    assert!(more.contains("… and 4 more"), "{more}");
+    assert!(more.contains("latest/report.html"), "{more}");
 }
