@@ -3,6 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 
 use lsp_types::*;
 use trellis_dsl::lang::{self, ProtocolSpec, ValueType};
@@ -761,7 +762,7 @@ fn template_origin(chain: &[&Node], var: &str) -> String {
 }
 
 fn location(
-    views: &HashMap<PathBuf, FileView>,
+    views: &HashMap<PathBuf, Rc<FileView>>,
     file: &Path,
     span: std::ops::Range<usize>,
 ) -> Option<Location> {

@@ -8,8 +8,10 @@
 //! arrive together are read before the project is checked again, so typing fast costs one
 //! check, not one per keystroke.
 
+use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::sync::Arc;
 
 use lsp_server::{Connection, ErrorCode, Message, Notification, Request, RequestId, Response};
@@ -61,11 +63,32 @@ impl FileView {
 
 /// A position in a document, with the project around it ([`Server::project_at`]).
 pub(crate) struct ProjectAt {
-    pub(crate) views: HashMap<PathBuf, FileView>,
-    pub(crate) index: Index,
+    pub(crate) views: Rc<HashMap<PathBuf, Rc<FileView>>>,
+    pub(crate) index: Rc<Index>,
     /// The document, as the index names it.
     pub(crate) file: PathBuf,
     pub(crate) offset: usize,
+}
+
+/// The views and index of a project's files, and the texts they were made from.
+struct ProjectViews {
+    project: PathBuf,
+    texts: Vec<(PathBuf, Arc<str>)>,
+    views: Rc<HashMap<PathBuf, Rc<FileView>>>,
+    index: Rc<Index>,
+}
+
+impl ProjectViews {
+    /// Whether these views were made from `texts` of `project`'s files.
+    fn made_from(&self, project: &Path, texts: &[(PathBuf, Arc<str>)]) -> bool {
+        self.project == project
+            && self.texts.len() == texts.len()
+            && self
+                .texts
+                .iter()
+                .zip(texts)
+                .all(|((a, at), (b, bt))| a == b && (Arc::ptr_eq(at, bt) || at == bt))
+    }
 }
 
 pub struct Server {
@@ -79,6 +102,10 @@ pub struct Server {
     /// What was last sent for each file, and for which version of its buffer: a check that
     /// finds the same for a file the edit did not touch sends nothing for it.
     sent: HashMap<PathBuf, (Option<i32>, Vec<lsp_types::Diagnostic>)>,
+    /// The last project whose files a request read ([`Server::project_index`]): hovers,
+    /// definitions and references between two edits parse nothing again. Each read every
+    /// file of the project, parsed it and indexed it: 100 ms a hover in a 1.5 MB suite.
+    project_views: RefCell<Option<ProjectViews>>,
 }
 
 /// How a session with a client ended.
@@ -101,6 +128,7 @@ impl Server {
             dirty: BTreeSet::new(),
             published: HashMap::new(),
             sent: HashMap::new(),
+            project_views: RefCell::new(None),
         }
     }
 
@@ -288,32 +316,66 @@ impl Server {
         files
     }
 
-    /// The text of a file: its buffer when open, else what is on disk.
-    pub(crate) fn view(&self, path: &Path) -> Option<FileView> {
+    /// The view of a file: its buffer when open, else what is on disk; the last project's
+    /// when it was made from the same text.
+    pub(crate) fn view(&self, path: &Path) -> Option<Rc<FileView>> {
         let key = trellis_dsl::canonical(path);
-        let text: Arc<str> = match self.buffers.get(&key) {
-            Some(b) => b.text.clone(),
+        let text = self.text(&key)?;
+        if let Some(last) = self.project_views.borrow().as_ref()
+            && let Some(view) = last.views.get(&key)
+            && (Arc::ptr_eq(&view.text, &text) || view.text == text)
+        {
+            return Some(view.clone());
+        }
+        Some(Rc::new(FileView::new(text)))
+    }
+
+    /// The text of the file at canonical path `key`: its buffer when open, else what is on
+    /// disk.
+    fn text(&self, key: &Path) -> Option<Arc<str>> {
+        match self.buffers.get(key) {
+            Some(b) => Some(b.text.clone()),
             // A file the editor has not opened, as editors show it once opened: without the
             // byte order mark, which they do not count as a column (nor does the loader).
             None => {
-                let text = std::fs::read_to_string(&key).ok()?;
-                Arc::from(text.strip_prefix(BOM).unwrap_or(&text))
-            }
-        };
-        Some(FileView::new(text))
-    }
-
-    /// The views of every file of `path`'s project and the index of their ids.
-    pub(crate) fn project_index(&self, path: &Path) -> (HashMap<PathBuf, FileView>, Index) {
-        let project = self.project_of(&trellis_dsl::canonical(path));
-        let mut views = HashMap::new();
-        let mut index = Index::default();
-        for file in self.project_files(&project) {
-            if let Some(view) = self.view(&file) {
-                index.add_file(&file, &view.nodes, &self.config.protocols);
-                views.insert(file, view);
+                let text = std::fs::read_to_string(key).ok()?;
+                Some(Arc::from(text.strip_prefix(BOM).unwrap_or(&text)))
             }
         }
+    }
+
+    /// The views of every file of `path`'s project and the index of their ids: those of the
+    /// last request when no file of the project changed since (its buffers, and what is on
+    /// disk, read again to know).
+    pub(crate) fn project_index(
+        &self,
+        path: &Path,
+    ) -> (Rc<HashMap<PathBuf, Rc<FileView>>>, Rc<Index>) {
+        let project = self.project_of(&trellis_dsl::canonical(path));
+        let texts: Vec<(PathBuf, Arc<str>)> = self
+            .project_files(&project)
+            .into_iter()
+            .filter_map(|file| self.text(&file).map(|text| (file, text)))
+            .collect();
+        if let Some(last) = self.project_views.borrow().as_ref()
+            && last.made_from(&project, &texts)
+        {
+            return (last.views.clone(), last.index.clone());
+        }
+        let mut views = HashMap::new();
+        let mut index = Index::default();
+        for (file, text) in &texts {
+            let view = Rc::new(FileView::new(text.clone()));
+            index.add_file(file, &view.nodes, &self.config.protocols);
+            views.insert(file.clone(), view);
+        }
+        let (views, index) = (Rc::new(views), Rc::new(index));
+        *self.project_views.borrow_mut() = Some(ProjectViews {
+            project,
+            texts,
+            views: views.clone(),
+            index: index.clone(),
+        });
         (views, index)
     }
 

@@ -865,3 +865,42 @@ fn a_byte_order_mark_moves_nothing_the_editor_sees() {
         "{out:?}"
     );
 }
+
+/// Definitions and references follow every edit: of a file on disk the editor has not
+/// opened, and of an open buffer (the server keeps what it read of the project between two
+/// requests, and reads it again when a file changed).
+#[test]
+fn navigation_follows_edits_on_disk_and_in_buffers() {
+    let dir = project();
+    let steps = serde_json::json!([
+        {"do": "open", "file": "main.kdl"},
+        {"do": "definition", "file": "main.kdl", "line": 1, "character": 12},
+        {"do": "definition", "file": "main.kdl", "line": 1, "character": 12},
+        // Two lines down, and a mistake, so the write has diagnostics to publish.
+        {"do": "write", "file": "agents.kdl", "text": format!("\n\n{AGENTS}").replace("type=", "colour=\"red\" type=")},
+        {"do": "definition", "file": "main.kdl", "line": 1, "character": 12},
+        {"do": "change", "file": "main.kdl", "text": format!("\n{MAIN}")},
+        {"do": "definition", "file": "main.kdl", "line": 2, "character": 12},
+        {"do": "references", "file": "agents.kdl", "line": 2, "character": 8},
+    ]);
+    let out = session(dir.path(), steps);
+    let at = |line: u64| serde_json::json!([{"file": "agents.kdl", "line": line, "character": 7}]);
+    assert_eq!(out[2]["locations"], at(0), "{out:?}");
+    assert_eq!(out[3]["locations"], at(0), "asked again: {out:?}");
+    assert_eq!(out[5]["locations"], at(2), "after the write: {out:?}");
+    assert_eq!(out[7]["locations"], at(2), "after the change: {out:?}");
+    let uses: Vec<u64> = format!("\n{MAIN}")
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| l.trim() == "agent \"shop\"")
+        .map(|(i, _)| i as u64)
+        .collect();
+    assert_eq!(uses.len(), 2);
+    let refs = out[8]["locations"].as_array().expect("references");
+    for line in uses {
+        assert!(
+            refs.contains(&serde_json::json!({"file": "main.kdl", "line": line})),
+            "main.kdl:{line} in {refs:?}"
+        );
+    }
+}
