@@ -184,13 +184,14 @@ impl Diagnostic {
         while !text.is_char_boundary(start) {
             start -= 1;
         }
-        let line_start = text[..start].rfind('\n').map_or(0, |i| i + 1);
-        let line_end = text[start..].find('\n').map_or(text.len(), |i| start + i);
-        if line_end - line_start > MAX_SHOWN_LINE {
+        // From the file's line starts: a file of one long line with thousands of mistakes
+        // searched it from each one's offset to both of its ends.
+        let (line, range) = file.line_at(start);
+        if range.len() > MAX_SHOWN_LINE {
             // miette draws the whole line and panics on columns past 65,535 ("Formatting
             // argument out of range"); say where instead of drawing it.
-            let line = text[..start].matches('\n').count() + 1;
-            let column = text[line_start..start].chars().count() + 1;
+            let line = line + 1;
+            let column = text[range.start..start].chars().count() + 1;
             d.message = format!("{} ({}:{line}:{column}: {label})", d.message, file.name);
             return d;
         }

@@ -244,6 +244,24 @@ impl SourceFile {
         NamedSource::new(self.name.clone(), CharColumns::of(self))
     }
 
+    /// The 0-based line holding byte `offset`, lines ending as miette ends them, and the
+    /// byte range of its text without its line end.
+    pub fn line_at(&self, offset: usize) -> (usize, std::ops::Range<usize>) {
+        let text = &*self.text;
+        let starts = self.lines.of(text);
+        let offset = offset.min(text.len());
+        // `starts[0]` is 0, so every offset has a line.
+        let line = starts.partition_point(|&s| s <= offset) - 1;
+        let end = match starts.get(line + 1) {
+            Some(&next) if text.as_bytes().get(next.wrapping_sub(2)..next) == Some(b"\r\n") => {
+                next - 2
+            }
+            Some(&next) => next - 1,
+            None => text.len(),
+        };
+        (line, starts[line]..end)
+    }
+
     /// 1-based line and column of a byte offset, for messages outside miette.
     pub fn line_col(&self, offset: usize) -> (usize, usize) {
         let before = &self.text[..offset.min(self.text.len())];
@@ -1568,6 +1586,41 @@ mod tests {
             let whole = read(&text.as_bytes(), span, before, after).map(|r| (r.0, r.1, r.2, r.4));
             prop_assert_eq!(fast, whole, "{:?} {:?} {} {}", text, span, before, after);
         });
+    }
+
+    /// The line of every offset as miette numbers lines, and its text without the line end.
+    #[test]
+    fn every_offset_has_its_line_and_the_lines_text() {
+        for text in ["", "a", "ab\ncd\r\nef\rg\n", "\n\r\n\r\r\n", "é\r\nü\n"] {
+            let file = SourceFile::new("t.kdl".into(), "t.kdl".into(), Arc::from(text));
+            let mut lines = Vec::new();
+            let (mut start, mut i) = (0, 0);
+            let b = text.as_bytes();
+            while i < b.len() {
+                let brk = match (b[i], b.get(i + 1)) {
+                    (b'\r', Some(b'\n')) => 2,
+                    (b'\r' | b'\n', _) => 1,
+                    _ => 0,
+                };
+                if brk > 0 {
+                    lines.push(start..i);
+                    i += brk;
+                    start = i;
+                } else {
+                    i += 1;
+                }
+            }
+            lines.push(start..text.len());
+            for offset in 0..=text.len() {
+                let (line, range) = file.line_at(offset);
+                assert_eq!(range, lines[line], "{text:?} at {offset}");
+                assert!(range.start <= offset, "{text:?} at {offset}");
+                assert!(
+                    lines.get(line + 1).is_none_or(|next| offset < next.start),
+                    "{text:?} at {offset}"
+                );
+            }
+        }
     }
 
     #[test]
