@@ -17,6 +17,7 @@
 //! exit codes and the check-back of written suites are those of `trellis import multiagent`,
 //! whose helpers this module reuses.
 
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -125,6 +126,39 @@ fn scenario_case_ids(text: &str) -> Vec<(String, String)> {
     found
 }
 
+/// The scenario ids given in one suite. A case whose id is taken gets the first of `ID-2`,
+/// `ID-3`… that is not; each id's next number is kept, and the taken ids are a set: a file
+/// of 10,000 cases under 50 names searched a list of every id for each number it tried, and
+/// took 6.6 s to import.
+#[derive(Default)]
+struct UniqueIds {
+    taken: HashSet<String>,
+    next: HashMap<String, usize>,
+}
+
+impl UniqueIds {
+    /// Takes `id` as it is; false when it was taken.
+    fn take(&mut self, id: &str) -> bool {
+        self.taken.insert(id.to_owned())
+    }
+
+    /// `base` when it is free, else the first of `base-2`, `base-3`… that is; taken now.
+    fn unique(&mut self, base: &str) -> String {
+        if self.take(base) {
+            return base.to_owned();
+        }
+        // Ids are never given back, so every number below the kept one is still taken.
+        let n = self.next.entry(base.to_owned()).or_insert(2);
+        loop {
+            let id = format!("{base}-{n}");
+            *n += 1;
+            if self.taken.insert(id.clone()) {
+                return id;
+            }
+        }
+    }
+}
+
 /// The fields that make an object a test case, in either shape the importer reads: what the
 /// simulator plays or the judge checks (`name`, `description`, `tags` and `status` alone
 /// are any JSON file's: a `package.json` has a `name`).
@@ -195,7 +229,7 @@ impl CaseFile {
             return Err("the file holds no test cases".into());
         }
         let many = cases.len() > 1;
-        let mut ids: Vec<String> = Vec::with_capacity(cases.len());
+        let mut ids = UniqueIds::default();
         for (index, case) in cases.into_iter().enumerate() {
             // One case that is not an object loses only itself: the file's other cases
             // are still imported.
@@ -227,12 +261,7 @@ impl CaseFile {
             }
             // Scenario ids are unique per suite.
             case.base_id = case.id.clone();
-            let mut n = 1;
-            while ids.contains(&case.id) {
-                n += 1;
-                case.id = format!("{}-{n}", case.base_id);
-            }
-            ids.push(case.id.clone());
+            case.id = ids.unique(&case.base_id);
             file.cases.push(case);
         }
         if file.cases.is_empty() {
@@ -253,7 +282,12 @@ impl CaseFile {
         if earlier.is_empty() {
             return;
         }
-        let mut taken: Vec<String> = Vec::with_capacity(self.cases.len());
+        // The first scenario that noted each case id.
+        let mut earlier_of: HashMap<&str, &str> = HashMap::with_capacity(earlier.len());
+        for (scenario, case_id) in &earlier {
+            earlier_of.entry(case_id).or_insert(scenario);
+        }
+        let mut taken = UniqueIds::default();
         let mut kept = vec![false; self.cases.len()];
         for (case, kept) in self.cases.iter_mut().zip(&mut kept) {
             // As the note wrote it (escaped, trimmed).
@@ -268,29 +302,21 @@ impl CaseFile {
                     .to_owned()
             });
             let Some(id) = noted
-                .as_ref()
-                .and_then(|c| earlier.iter().find(|(_, e)| e == c))
-                .map(|(scenario, _)| scenario.clone())
+                .as_deref()
+                .and_then(|c| earlier_of.get(c))
+                .map(|scenario| (*scenario).to_owned())
             else {
                 continue;
             };
-            if !taken.contains(&id) {
-                case.id = id.clone();
-                taken.push(id);
+            if taken.take(&id) {
+                case.id = id;
                 *kept = true;
             }
         }
         for (case, kept) in self.cases.iter_mut().zip(&kept) {
-            if *kept {
-                continue;
+            if !*kept {
+                case.id = taken.unique(&case.base_id);
             }
-            case.id = case.base_id.clone();
-            let mut n = 1;
-            while taken.contains(&case.id) {
-                n += 1;
-                case.id = format!("{}-{n}", case.base_id);
-            }
-            taken.push(case.id.clone());
         }
     }
 
@@ -1212,6 +1238,36 @@ pub fn import_connexity(args: &ConnexityImportArgs) -> u8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The ids the search through every id given so far chose, for bases that repeat and
+    /// bases that are another's numbered id (`a-2`).
+    #[test]
+    fn unique_ids_are_those_a_search_of_every_id_finds() {
+        let bases: Vec<String> = (0..3_000u32)
+            .map(|i| match i.wrapping_mul(2_654_435_761) % 7 {
+                0 => "a-2".to_owned(),
+                1 => "a-3-2".to_owned(),
+                2 | 3 => "a".to_owned(),
+                4 => "a-3".to_owned(),
+                5 => format!("b{}", i % 5),
+                _ => format!("b{}-2", i % 3),
+            })
+            .collect();
+        let mut searched: Vec<String> = Vec::new();
+        for base in &bases {
+            let mut id = base.clone();
+            let mut n = 1;
+            while searched.contains(&id) {
+                n += 1;
+                id = format!("{base}-{n}");
+            }
+            searched.push(id);
+        }
+        let mut ids = UniqueIds::default();
+        let given: Vec<String> = bases.iter().map(|b| ids.unique(b)).collect();
+        assert_eq!(given, searched);
+        assert!(!ids.take("a") && ids.take("never-given"));
+    }
 
     #[test]
     fn slugs_are_ids() {
