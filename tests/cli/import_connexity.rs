@@ -813,3 +813,39 @@ async fn single_files_imported_side_by_side_check_together() {
         stdout(&o)
     );
 }
+
+/// Many cases under few names: their scenario ids are numbered as before (`-2`, `-3`…,
+/// kept on a re-import), and the console lists the first 20 unmapped parts of the file and
+/// counts the rest, which the suite's header lists in full.
+#[tokio::test]
+async fn many_cases_under_few_names_are_numbered_and_their_unmapped_parts_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("cases.json");
+    let cases: Vec<serde_json::Value> = (0..30)
+        .map(|i| serde_json::json!({"id": format!("db-{i}"), "name": format!("Case {}", i % 3)}))
+        .collect();
+    std::fs::write(&file, serde_json::to_string(&cases).unwrap()).unwrap();
+    let suite = dir.path().join("suite.kdl");
+    let o = import(&[file.to_str().unwrap(), "--out", suite.to_str().unwrap()]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("30 items not mapped:"), "{err}");
+    assert_eq!(
+        err.lines().filter(|l| l.starts_with("  - ")).count(),
+        20,
+        "{err}"
+    );
+    assert!(
+        err.contains("  … and 10 more, listed in the header of the suite written from it"),
+        "{err}"
+    );
+    let text = std::fs::read_to_string(&suite).unwrap();
+    assert_eq!(text.matches("`id` (a database field").count(), 30, "{text}");
+    for id in ["case-0", "case-1", "case-2", "case-0-2", "case-2-10"] {
+        assert!(
+            text.contains(&format!("scenario \"{id}\" {{")),
+            "{id} in {text}"
+        );
+    }
+    assert!(!text.contains("\"case-0-11\""), "{text}");
+}

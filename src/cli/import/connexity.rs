@@ -1189,14 +1189,7 @@ pub fn import_connexity(args: &ConnexityImportArgs) -> u8 {
                 if !file.unmapped.is_empty() {
                     unmapped_files += 1;
                     if !args.quiet {
-                        errln!(
-                            "{}: {} not mapped:",
-                            input.display(),
-                            count(file.unmapped.len() as u64, "item", "items")
-                        );
-                        for item in &file.unmapped {
-                            errln!("  - {}", super::one_line(item));
-                        }
+                        super::report_unmapped(input, &file.unmapped);
                     }
                 }
             }

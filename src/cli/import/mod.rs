@@ -98,6 +98,30 @@ pub fn write_text(path: &Path, text: &str, replace: bool) -> std::io::Result<()>
         .and_then(|mut file| file.write_all(text.as_bytes()))
 }
 
+/// Unmapped parts of one file listed on the console, at most this many; the suite written
+/// from it lists every one in its header.
+const UNMAPPED_SHOWN: usize = 20;
+
+/// Says on stderr what of `input` the suite written from it does not map: the first
+/// [`UNMAPPED_SHOWN`] items, then how many more (a file of 10,000 test cases printed a line
+/// for each).
+pub fn report_unmapped(input: &Path, items: &[String]) {
+    super::console::errln!(
+        "{}: {} not mapped:",
+        input.display(),
+        super::console::count(items.len() as u64, "item", "items")
+    );
+    for item in items.iter().take(UNMAPPED_SHOWN) {
+        super::console::errln!("  - {}", one_line(item));
+    }
+    if items.len() > UNMAPPED_SHOWN {
+        super::console::errln!(
+            "  … and {} more, listed in the header of the suite written from it",
+            items.len() - UNMAPPED_SHOWN
+        );
+    }
+}
+
 /// `text` on one console line: line breaks and other control characters (a case's name
 /// with a newline, an escape sequence) written as escapes, so a report line stays one line
 /// and the terminal is not driven by a file's content.

@@ -441,14 +441,7 @@ pub fn import_multiagent(args: &MultiAgentImportArgs) -> u8 {
                 if !scenario.unmapped.is_empty() {
                     unmapped_files += 1;
                     if !args.quiet {
-                        errln!(
-                            "{}: {} not mapped:",
-                            job.input.display(),
-                            count(scenario.unmapped.len() as u64, "item", "items")
-                        );
-                        for item in &scenario.unmapped {
-                            errln!("  - {}", super::one_line(item));
-                        }
+                        super::report_unmapped(&job.input, &scenario.unmapped);
                     }
                 }
             }
