@@ -50,6 +50,49 @@ pub fn trellis() -> tokio::process::Command {
     cmd
 }
 
+/// Makes a new pseudo-terminal `cmd`'s stdout, in a session of its own, and returns the
+/// terminal's other end, to read what it writes. The terminal reports `rows` × `columns`
+/// (0 × 0: no size, as `script` and some CI runners give). In a session of its own the
+/// command has no controlling terminal but this one, whatever terminal the test was started
+/// from, so the size it reads is this one's.
+pub fn stdout_on_terminal(
+    cmd: &mut tokio::process::Command,
+    rows: u16,
+    columns: u16,
+) -> std::os::fd::OwnedFd {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let size = libc::winsize {
+        ws_row: rows,
+        ws_col: columns,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    let (mut master, mut slave) = (0, 0);
+    // SAFETY: openpty writes two new descriptors into the given ints; the name and termios
+    // pointers may be null, and the window size is read from `size`.
+    let opened = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            &size,
+        )
+    };
+    assert_eq!(opened, 0, "openpty");
+    // SAFETY: both were just opened by openpty and are owned here alone.
+    let (master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+    cmd.stdout(std::process::Stdio::from(slave));
+    // SAFETY: setsid is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    master
+}
+
 /// The variables by which a CI runner or Kubernetes tells `trellis run` its shard: tests
 /// that run on such a runner (GitLab `parallel`, Buildkite `parallelism`) must not have every
 /// run they start take only part of its suite. Tests of sharding set them themselves.

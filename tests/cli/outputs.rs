@@ -1026,43 +1026,17 @@ async fn a_journal_holding_two_runs_is_refused_by_report() {
 /// cells wrapped to one character; `COLUMNS` gives the width when set.
 #[tokio::test]
 async fn a_terminal_without_a_size_gets_readable_tables() {
-    use std::os::fd::{FromRawFd, OwnedFd};
     let dir = tempfile::tempdir().unwrap();
     for columns in [None, Some("160")] {
-        let (mut master, mut slave) = (0, 0);
-        // SAFETY: openpty writes two new descriptors into the given ints; the name,
-        // termios and window size pointers may be null (a 0x0 window).
-        let opened = unsafe {
-            libc::openpty(
-                &mut master,
-                &mut slave,
-                std::ptr::null_mut(),
-                std::ptr::null(),
-                std::ptr::null(),
-            )
-        };
-        assert_eq!(opened, 0, "openpty");
-        // SAFETY: both were just opened by openpty and are owned here alone.
-        let (master, slave) =
-            unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
         let mut cmd = trellis();
         cmd.args(["run", "suites/booking.kdl", "--replace", "--out"])
             .arg(dir.path().join("out"))
             .env_remove("COLUMNS")
-            .stdout(Stdio::from(slave))
             .stderr(Stdio::null());
         if let Some(columns) = columns {
             cmd.env("COLUMNS", columns);
         }
-        // SAFETY: setsid is async-signal-safe. In a session of its own the child has no
-        // controlling terminal, so the size it reads is the pty's, not that of a terminal
-        // the test may have been started from.
-        unsafe {
-            cmd.pre_exec(|| {
-                libc::setsid();
-                Ok(())
-            });
-        }
+        let master = crate::stdout_on_terminal(&mut cmd, 0, 0);
         let mut child = cmd.spawn().unwrap();
         // The command holds its copy of the slave end until dropped: the reads below end
         // only once no slave end is left open.

@@ -63,43 +63,11 @@ impl Watch {
     /// `trellis watch suite.kdl` in `dir` with its output on a terminal (a pseudo-terminal
     /// of `rows` rows), as a person runs it: each rerun redraws the screen.
     fn start_on_terminal(dir: &Path, rows: u16) -> Watch {
-        use std::os::fd::{FromRawFd, OwnedFd};
-        use std::os::unix::process::CommandExt as _;
-        let size = libc::winsize {
-            ws_row: rows,
-            ws_col: 120,
-            ws_xpixel: 0,
-            ws_ypixel: 0,
-        };
-        let (mut master, mut slave) = (0, 0);
-        // SAFETY: openpty writes two new descriptors into the given ints; the name and
-        // termios pointers may be null, and the window size is read from `size`.
-        let opened = unsafe {
-            libc::openpty(
-                &mut master,
-                &mut slave,
-                std::ptr::null_mut(),
-                std::ptr::null(),
-                &size,
-            )
-        };
-        assert_eq!(opened, 0, "openpty");
-        // SAFETY: both were just opened by openpty and are owned here alone.
-        let (master, slave) =
-            unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
         let mut cmd = trellis();
         cmd.current_dir(dir)
             .args(["watch", "suite.kdl", "--out", "runs"])
-            .stdout(Stdio::from(slave))
             .stderr(Stdio::null());
-        // SAFETY: setsid is async-signal-safe. In a session of its own the child has no
-        // controlling terminal but the pty, whatever terminal the test was started from.
-        unsafe {
-            cmd.as_std_mut().pre_exec(|| {
-                libc::setsid();
-                Ok(())
-            });
-        }
+        let master = crate::stdout_on_terminal(&mut cmd, rows, 120);
         let child = cmd.spawn().unwrap();
         // The command holds its copy of the slave end until dropped: the reads end only
         // once no slave end is left open.
