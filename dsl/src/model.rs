@@ -130,8 +130,7 @@ impl CharColumns {
             );
         }
         let starts = self.lines.of(text);
-        // `starts[0]` is 0, so every offset has a line.
-        let line_of = |at: usize| starts.partition_point(|&s| s <= at) - 1;
+        let line_of = |at: usize| line_holding(starts, at);
         // miette finds the span's end at its last byte: for an empty span at a line's start,
         // the line before. Starting at any line before the span reads the same.
         let first =
@@ -219,6 +218,12 @@ impl LineStarts {
     }
 }
 
+/// The index in `starts` (a [`LineStarts`] list) of the line holding byte `offset`.
+fn line_holding(starts: &[usize], offset: usize) -> usize {
+    // `starts[0]` is 0, so every offset has a line.
+    starts.partition_point(|&s| s <= offset) - 1
+}
+
 /// One loaded `*.kdl` file.
 #[derive(Clone, Debug)]
 pub struct SourceFile {
@@ -249,9 +254,7 @@ impl SourceFile {
     pub fn line_at(&self, offset: usize) -> (usize, std::ops::Range<usize>) {
         let text = &*self.text;
         let starts = self.lines.of(text);
-        let offset = offset.min(text.len());
-        // `starts[0]` is 0, so every offset has a line.
-        let line = starts.partition_point(|&s| s <= offset) - 1;
+        let line = line_holding(starts, offset.min(text.len()));
         let end = match starts.get(line + 1) {
             Some(&next) if text.as_bytes().get(next.wrapping_sub(2)..next) == Some(b"\r\n") => {
                 next - 2

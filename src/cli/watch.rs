@@ -46,7 +46,6 @@ mod serve;
 /// How long the files must stay quiet after a change before reloading: an editor's save
 /// (write, rename, chmod) arrives as one burst.
 const DEBOUNCE: Duration = Duration::from_millis(25);
-
 /// Failures that did not rerun listed under a rerun on a terminal; the rest are counted.
 const STANDING_SHOWN: usize = 20;
 /// How long calls in flight may finish once a newer save stops a rerun.
@@ -1218,11 +1217,8 @@ fn print_standing_failures(
         return;
     }
     let more = standing.len().saturating_sub(STANDING_SHOWN);
-    if more > 0 {
-        standing.select_nth_unstable_by(STANDING_SHOWN, |a, b| a.0.cmp(b.0));
-        standing.truncate(STANDING_SHOWN);
-    }
     standing.sort_by(|a, b| a.0.cmp(b.0));
+    standing.truncate(STANDING_SHOWN);
     outln!("still failing (unchanged):");
     for ((suite, scenario, trajectory, agent, repetition), s) in standing {
         outln!(
