@@ -310,11 +310,19 @@ fn send_each_node_within(
     let Ok(nodes) = scan(&text[batch.clone()]) else {
         return true;
     };
+    // Where the line holding the current node starts. The nodes come in order, so the text
+    // is searched for line breaks once, forward: searching back from each node read a line
+    // of many nodes (`a; b; c; …`) once per node.
+    let mut line_start = text[..batch.start].rfind(['\n', '\r']).map_or(0, |i| i + 1);
+    let mut searched = batch.start;
     for node in nodes {
         let range = node.start + batch.start..node.end + batch.start;
+        if let Some(i) = text[searched..range.start].rfind(['\n', '\r']) {
+            line_start = searched + i + 1;
+        }
+        searched = searched.max(range.start);
         // A piece starts where the last one ended: after a line break, its first line's
         // indentation is its own.
-        let line_start = text[..range.start].rfind(['\n', '\r']).map_or(0, |i| i + 1);
         let written = text[line_start..range.end]
             .trim_start_matches(['\n', '\r', '\u{feff}'])
             .trim_start_matches(|c: char| c.is_whitespace() && c != '\n' && c != '\r');
