@@ -4,6 +4,7 @@
 
 use super::*;
 
+use std::collections::HashSet;
 use std::ops::Range;
 use std::sync::{Condvar, Mutex};
 
@@ -854,17 +855,21 @@ fn closing_quote(text: &str, start: usize) -> Option<usize> {
 /// When the error at `start` is a quoted string closed early by a quote meant to be inside it
 /// (text follows the closing quote directly, and the line holds another `"` after it): the
 /// error's offset and the byte range of its line.
-fn stray_quote(text: &str, start: usize) -> Option<(usize, Range<usize>)> {
+fn stray_quote(file: &SourceFile, start: usize) -> Option<(usize, Range<usize>)> {
+    let text = &*file.text;
     if !text.get(start..)?.starts_with('"') || text[..start].ends_with('#') {
         return None;
     }
     let close = closing_quote(text, start)?;
-    let line_start = text[..start].rfind('\n').map_or(0, |i| i + 1);
-    let line_end = text[close..].find('\n').map_or(text.len(), |i| close + i);
-    let after = &text[close + 1..line_end];
+    // The line from the file's line starts: the parser reports an error per piece of a
+    // garbled line, and searching from each to its line's ends read a long line once per
+    // error.
+    let (_, line) = file.line_at(start);
+    let line_end = file.line_at(close).1.end;
+    let after = text.get(close + 1..line_end)?;
     let next = after.chars().next()?;
     let ends_value = next.is_whitespace() || matches!(next, ';' | '}' | '/' | ')');
-    (!ends_value && after.contains('"')).then_some((start, line_start..line_end))
+    (!ends_value && after.contains('"')).then_some((start, line.start..line_end))
 }
 
 /// The diagnostics of a file that is not valid KDL: the parser's errors (the first
@@ -882,11 +887,11 @@ pub(crate) fn syntax_diagnostics(
     let stray: Vec<(usize, Range<usize>)> = err
         .diagnostics
         .iter()
-        .filter_map(|d| stray_quote(text, d.span.offset()))
+        .filter_map(|d| stray_quote(file, d.span.offset()))
         .collect();
     // Looked up once per error: a file of thousands of such lines has thousands of strays
     // and more errors, and a scan of every stray per error took minutes.
-    let stray_starts: std::collections::HashSet<usize> = stray.iter().map(|(s, _)| *s).collect();
+    let stray_starts: HashSet<usize> = stray.iter().map(|(s, _)| *s).collect();
     let mut stray_lines: Vec<Range<usize>> = stray.iter().map(|(_, l)| l.clone()).collect();
     stray_lines.sort_by_key(|l| (l.start, l.end));
     let on_a_stray_line = |at: usize| {
@@ -926,10 +931,14 @@ pub(crate) fn syntax_diagnostics(
     // `}` after it 'closes no block'. Which of them really are is what the text's own braces
     // say; those are kept (every error at once), the others dropped.
     let (really_unclosed, really_stray) = if after_brace.is_empty() {
-        (Vec::new(), Vec::new())
+        (HashSet::new(), HashSet::new())
     } else {
-        unmatched_braces(text)
+        let (unclosed, stray) = unmatched_braces(text);
+        (HashSet::from_iter(unclosed), HashSet::from_iter(stray))
     };
+    // Set against each error below, which may be one of thousands on a line.
+    let first_after_brace = after_brace.iter().min().copied();
+    let last_after_brace = after_brace.iter().max().copied();
     let errors: Vec<_> = errors
         .into_iter()
         .filter(|d| {
@@ -939,9 +948,9 @@ pub(crate) fn syntax_diagnostics(
                 || message.starts_with("Closing '}' was not found");
             let closing_after = message.contains("end of document")
                 && text.get(at..).is_some_and(|rest| rest.starts_with('}'));
-            let cascade = after_brace
-                .iter()
-                .any(|&p| (unclosed_around && at < p) || (closing_after && at > p));
+            // Before some node after a `}` is before the last; after one, after the first.
+            let cascade = (unclosed_around && last_after_brace.is_some_and(|p| at < p))
+                || (closing_after && first_after_brace.is_some_and(|p| at > p));
             !cascade
                 || (unclosed_around && really_unclosed.contains(&at))
                 || (closing_after && really_stray.contains(&at))
@@ -963,7 +972,7 @@ pub(crate) fn syntax_diagnostics(
                     .is_some_and(|m| m.starts_with("Closing '}' was not found")))
         })
         .collect();
-    let mut said_stray = std::collections::HashSet::new();
+    let mut said_stray = HashSet::new();
     let mut said_unclosed_comment = false;
     let unclosed = crate::depth::unclosed_comment(text);
     let found = errors.len();
@@ -1152,9 +1161,11 @@ fn node_after_brace(text: &str, at: usize) -> bool {
     let Some((before, rest)) = text.get(..at).zip(text.get(at..)) else {
         return false;
     };
-    let line = before.rsplit('\n').next().unwrap_or(before);
-    line.trim_end().ends_with('}')
-        && line.len() > line.trim_end().len()
+    // Only the blanks right before `at` are read, not its whole line: the parser reports
+    // an error for each node of a line of thousands.
+    let kept = before.trim_end_matches(|c: char| c.is_whitespace() && c != '\n');
+    kept.ends_with('}')
+        && kept.len() < before.len()
         && rest.starts_with(|c: char| c.is_alphanumeric() || c == '"' || c == '_' || c == '(')
 }
 
