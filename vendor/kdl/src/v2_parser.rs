@@ -43,14 +43,32 @@ pub(crate) fn failure_from_errs(errs: Vec<ErrMode<KdlParseError>>, input: &str) 
     let src = Arc::new(String::from(input));
     // PATCH(trellis): an error is reported once. An error recovered inside a slashdashed
     // node or entry is recorded again each time backtracking parses it again (`/-a "x""s"`
-    // nested four deep in unclosed blocks: 90 errors for 4).
-    let mut seen = std::collections::HashSet::new();
+    // nested four deep in unclosed blocks: 90 errors for 4). Errors are keyed by their span
+    // and compared by text only with the few of the same span, so a file of 150,000 errors
+    // neither hashes nor copies their texts to find the repeats.
+    let errs: Vec<KdlParseError> = errs
+        .into_iter()
+        // The parser is only called with &str so this should never panic.
+        .map(|e| e.into_inner().unwrap())
+        .collect();
+    let mut by_span: std::collections::HashMap<(usize, usize), Vec<usize>> =
+        std::collections::HashMap::with_capacity(errs.len());
+    let mut first = vec![false; errs.len()];
+    for (i, e) in errs.iter().enumerate() {
+        let span = e.span.unwrap_or_else(|| (0usize..0usize).into());
+        let same = by_span.entry((span.offset(), span.len())).or_default();
+        if same.iter().all(|&j| !same_report(&errs[j], e)) {
+            same.push(i);
+            first[i] = true;
+        }
+    }
+    drop(by_span);
     KdlError {
         input: src.clone(),
         diagnostics: errs
             .into_iter()
-            // The parser is only called with &str so this should never panic.
-            .map(|e| e.into_inner().unwrap())
+            .zip(first)
+            .filter_map(|(e, first)| first.then_some(e))
             .map(|e| KdlDiagnostic {
                 input: src.clone(),
                 span: e.span.unwrap_or_else(|| (0usize..0usize).into()),
@@ -62,17 +80,25 @@ pub(crate) fn failure_from_errs(errs: Vec<ErrMode<KdlParseError>>, input: &str) 
                 help: e.help.map(|h| h.to_string()),
                 severity: Severity::Error,
             })
-            .filter(|d| {
-                seen.insert((
-                    d.span.offset(),
-                    d.span.len(),
-                    d.message.clone(),
-                    d.label.clone(),
-                    d.help.clone(),
-                ))
-            })
             .collect(),
     }
+}
+
+/// PATCH(trellis): whether two errors of one span make the same diagnostic (its message,
+/// label and help, as `failure_from_errs` builds them).
+fn same_report(a: &KdlParseError, b: &KdlParseError) -> bool {
+    let text = |t: Option<Text>| t.map(|t| *t);
+    // The message, or `Expected {label}` when there is none.
+    let written_as = |m: &str, other: &KdlParseError| {
+        text(other.label).is_some_and(|l| m.strip_prefix("Expected ") == Some(l))
+    };
+    let same_message = match (text(a.message), text(b.message)) {
+        (Some(x), Some(y)) => x == y,
+        (None, None) => text(a.label) == text(b.label),
+        (Some(m), None) => written_as(m, b),
+        (None, Some(m)) => written_as(m, a),
+    };
+    same_message && text(a.label) == text(b.label) && text(a.help) == text(b.help)
 }
 
 #[derive(Debug, Clone, Default, Eq, PartialEq)]
