@@ -191,7 +191,7 @@ impl Diagnostic {
             // miette draws the whole line and panics on columns past 65,535 ("Formatting
             // argument out of range"); say where instead of drawing it.
             let line = line + 1;
-            let column = text[range.start..start].chars().count() + 1;
+            let column = file.chars_between(range.start, start) + 1;
             d.message = format!("{} ({}:{line}:{column}: {label})", d.message, file.name);
             return d;
         }
