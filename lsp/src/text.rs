@@ -10,6 +10,22 @@ pub struct LineIndex {
     starts: Vec<usize>,
     /// Where each line's text ends: its terminator's first byte, or the end of the text.
     ends: Vec<usize>,
+    /// UTF-16 code units before each [`BLOCK`] bytes of the text, so that a column is
+    /// counted from the nearest block, not from its line's start: the outline of 20,000
+    /// scenarios written on one line (1.5 MB) took 90 s counting each symbol's columns.
+    units_before: Vec<usize>,
+}
+
+/// The bytes between two of [`LineIndex`]'s counts of code units.
+const BLOCK: usize = 1024;
+
+/// The UTF-16 code units of the characters that start in `bytes`: one for each byte that
+/// does not continue a character (`10xxxxxx`), and a second for each four-byte one's first.
+fn units(bytes: &[u8]) -> usize {
+    bytes
+        .iter()
+        .map(|&b| usize::from((b as i8) >= -0x40) + usize::from(b >= 0xF0))
+        .sum()
 }
 
 impl LineIndex {
@@ -36,7 +52,25 @@ impl LineIndex {
             i += 1;
         }
         ends.push(text.len());
-        LineIndex { starts, ends }
+        let mut before = 0;
+        let mut units_before = Vec::with_capacity(bytes.len() / BLOCK + 1);
+        units_before.push(0);
+        for block in bytes.chunks(BLOCK) {
+            before += units(block);
+            units_before.push(before);
+        }
+        LineIndex {
+            starts,
+            ends,
+            units_before,
+        }
+    }
+
+    /// The UTF-16 code units in `text[..offset]`, `offset` a character boundary.
+    fn units_at(&self, text: &str, offset: usize) -> usize {
+        let block = offset / BLOCK;
+        self.units_before.get(block).copied().unwrap_or(0)
+            + units(&text.as_bytes()[block * BLOCK..offset])
     }
 
     /// The position of byte `offset` (clamped to the text, moved back to a char boundary).
@@ -47,7 +81,13 @@ impl LineIndex {
         }
         let line = self.starts.partition_point(|&s| s <= offset) - 1;
         let start = self.starts[line];
-        let character: usize = text[start..offset].chars().map(char::len_utf16).sum();
+        // Most columns are short: counted from the line's start unless a block is nearer.
+        let character = if offset - start <= BLOCK {
+            units(&text.as_bytes()[start..offset])
+        } else {
+            self.units_at(text, offset)
+                .saturating_sub(self.units_at(text, start))
+        };
         Position::new(line as u32, character as u32)
     }
 
@@ -90,6 +130,33 @@ mod tests {
         assert_eq!(index.offset(text, Position::new(1, 3)), x);
         assert_eq!(index.offset(text, Position::new(1, 99)), text.len() - 1);
         assert_eq!(index.offset(text, Position::new(9, 0)), text.len());
+    }
+
+    #[test]
+    fn a_column_is_the_code_units_from_its_line_start_across_blocks() {
+        // One- to four-byte characters over several blocks, in short lines and in lines
+        // longer than a block.
+        let mut text = String::new();
+        for i in 0..12 * BLOCK {
+            let line_end = match i {
+                _ if i < 2 * BLOCK && i % 9 == 8 => Some('\n'),
+                _ if i < 4 * BLOCK && i % 9 == 8 => Some('\r'),
+                _ if i % 3001 == 3000 => Some('\n'),
+                _ => None,
+            };
+            text.push(line_end.unwrap_or(['a', 'é', '€', '𝄞', 'x'][i % 5]));
+        }
+        let index = LineIndex::new(&text);
+        let offsets = (0..=text.len()).filter(|&o| text.is_char_boundary(o));
+        for offset in offsets.step_by(7).chain([text.len()]) {
+            let start = text[..offset].rfind(['\n', '\r']).map_or(0, |i| i + 1);
+            let want: usize = text[start..offset].chars().map(char::len_utf16).sum();
+            assert_eq!(
+                index.position(&text, offset).character as usize,
+                want,
+                "at {offset}"
+            );
+        }
     }
 
     #[test]
