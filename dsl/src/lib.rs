@@ -8,6 +8,7 @@
 //! with `matrix` scenarios, into one scenario per row and combination of values).
 //! [`format`] lays suite files out canonically (`trellis fmt`).
 
+pub mod columns;
 pub mod dataset;
 pub mod depth;
 pub mod diagnostics;

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use crate::columns::{BlockCounts, Unit};
 use crate::lang::{Capabilities, ProtocolSpec};
 use miette::{NamedSource, SourceSpan};
 use regex::Regex;
@@ -218,37 +219,6 @@ impl LineStarts {
     }
 }
 
-/// How many characters precede each [`CHAR_BLOCK`] bytes of a file's text: built the first
-/// time a column is counted on a line too long to draw, and shared by every such count, so
-/// each reads at most a block on either side instead of the line from its start.
-#[derive(Clone, Debug, Default)]
-struct CharsBefore(Arc<OnceLock<Box<[usize]>>>);
-
-/// The bytes between two of [`CharsBefore`]'s counts.
-const CHAR_BLOCK: usize = 1024;
-
-impl CharsBefore {
-    /// The characters in `text[..offset]`, `offset` a character boundary.
-    fn at(&self, text: &str, offset: usize) -> usize {
-        let bytes = text.as_bytes();
-        // A character starts at every byte that does not continue one (`10xxxxxx`).
-        let starts = |part: &[u8]| part.iter().filter(|&&b| (b as i8) >= -0x40).count();
-        let blocks = self.0.get_or_init(|| {
-            let mut before = 0;
-            let mut counts = Vec::with_capacity(bytes.len() / CHAR_BLOCK + 1);
-            counts.push(0);
-            for block in bytes.chunks(CHAR_BLOCK) {
-                before += starts(block);
-                counts.push(before);
-            }
-            counts.into_boxed_slice()
-        });
-        let offset = offset.min(bytes.len());
-        let block = offset / CHAR_BLOCK;
-        blocks[block] + starts(&bytes[block * CHAR_BLOCK..offset])
-    }
-}
-
 /// The index in `starts` (a [`LineStarts`] list) of the line holding byte `offset`.
 fn line_holding(starts: &[usize], offset: usize) -> usize {
     // `starts[0]` is 0, so every offset has a line.
@@ -264,8 +234,9 @@ pub struct SourceFile {
     pub text: Arc<str>,
     /// Where the lines of `text` start, for drawing diagnostics ([`CharColumns`]).
     lines: LineStarts,
-    /// Characters before each block of `text`, for columns on long lines.
-    chars: CharsBefore,
+    /// Characters before each block of `text`, for columns on long lines: made the first
+    /// time such a column is counted, and shared by every such count.
+    chars: Arc<OnceLock<BlockCounts>>,
 }
 
 impl SourceFile {
@@ -275,7 +246,7 @@ impl SourceFile {
             name,
             text,
             lines: LineStarts::default(),
-            chars: CharsBefore::default(),
+            chars: Arc::default(),
         }
     }
 
@@ -304,8 +275,8 @@ impl SourceFile {
     pub fn chars_between(&self, from: usize, to: usize) -> usize {
         let text = &*self.text;
         self.chars
-            .at(text, to)
-            .saturating_sub(self.chars.at(text, from))
+            .get_or_init(|| BlockCounts::new(text, Unit::Char))
+            .between(text, from, to)
     }
 
     /// 1-based line and column of a byte offset, for messages outside miette.
@@ -1673,7 +1644,7 @@ mod tests {
     fn characters_between_two_offsets_are_counted_as_the_text_counts_them() {
         // Two- to four-byte characters across the block edges, and a text ending on one.
         let mut text = String::new();
-        for i in 0..3 * CHAR_BLOCK {
+        for i in 0..3 * crate::columns::BLOCK {
             text.push(['a', 'é', '€', '𝄞', '\n'][i % 5]);
         }
         let file = SourceFile::new("t.kdl".into(), "t.kdl".into(), Arc::from(text.as_str()));
