@@ -22,6 +22,7 @@ use crate::template;
 use crate::validate::{self, LoadInfo, RefKind};
 
 mod agent;
+mod cache;
 mod criteria;
 mod decls;
 mod include;
@@ -34,6 +35,8 @@ mod values;
 use crate::lang::check::{self, Problem};
 use crate::lang::{self, NodeSpec};
 
+pub use cache::LoadCache;
+use cache::{CacheRun, Decoded};
 pub use include::canonical;
 use include::*;
 pub(crate) use include::{display_name, normalize, refused_diagnostic, syntax_diagnostics};
@@ -66,8 +69,31 @@ pub fn load_with_overlay<P: AsRef<Path>>(
     protocols: &[&'static crate::lang::ProtocolSpec],
     overlay: HashMap<PathBuf, Arc<str>>,
 ) -> Result<Project, Diagnostics> {
+    load_from(paths, protocols, overlay, None)
+}
+
+/// [`load_with_overlay`], taking the files that have not changed since the last load with
+/// `cache` from it instead of parsing and decoding them again, and keeping this load's for
+/// the next. The result is the same as without the cache: an editor or watch passes the
+/// same cache on every load of one project.
+pub fn load_cached<P: AsRef<Path>>(
+    paths: &[P],
+    protocols: &[&'static crate::lang::ProtocolSpec],
+    overlay: HashMap<PathBuf, Arc<str>>,
+    cache: &mut LoadCache,
+) -> Result<Project, Diagnostics> {
+    load_from(paths, protocols, overlay, Some(cache))
+}
+
+fn load_from<P: AsRef<Path>>(
+    paths: &[P],
+    protocols: &[&'static crate::lang::ProtocolSpec],
+    overlay: HashMap<PathBuf, Arc<str>>,
+    mut cache: Option<&mut LoadCache>,
+) -> Result<Project, Diagnostics> {
     let mut loader = Loader {
         overlay,
+        cache: cache.as_deref_mut().map(|c| CacheRun::start(c, protocols)),
         ..Loader::default()
     };
     loader.info.protocols = protocols.to_vec();
@@ -81,8 +107,12 @@ pub fn load_with_overlay<P: AsRef<Path>>(
         decode_diags,
         mut info,
         broken,
+        cache: run,
         ..
     } = loader;
+    if let (Some(cache), Some(run)) = (cache, run) {
+        run.finish(cache);
+    }
     diags.extend(decode_diags);
     info.broken |= broken;
 
@@ -143,7 +173,7 @@ impl<'a> Settings<'a> {
 // Decoding
 
 /// What one file declares.
-#[derive(Default)]
+#[derive(Clone, Default)]
 struct FileItems {
     file: FileId,
     suite: Option<(String, Span, Option<String>, Vec<String>)>,

@@ -88,6 +88,31 @@ impl LoadInfo {
     pub fn declare(&mut self, kind: RefKind, id: &str) {
         self.declared.insert((kind, id.to_string()));
     }
+
+    /// Adds what decoding one file found (each file is decoded into a `LoadInfo` of its
+    /// own, so that the loader can keep it for the next load of an unchanged file).
+    pub(crate) fn absorb(&mut self, file: LoadInfo) {
+        // Destructured, so that a new field is not forgotten here.
+        let LoadInfo {
+            broken,
+            unparsed_scenarios,
+            unparsed,
+            declared,
+            failed_captures,
+            suite_spans,
+            protocols: _,
+            unused_simulators,
+            dataset_columns,
+        } = file;
+        self.broken |= broken;
+        self.unparsed_scenarios.extend(unparsed_scenarios);
+        self.unparsed |= unparsed;
+        self.declared.extend(declared);
+        self.failed_captures.extend(failed_captures);
+        self.suite_spans.extend(suite_spans);
+        self.unused_simulators.extend(unused_simulators);
+        self.dataset_columns.extend(dataset_columns);
+    }
 }
 
 /// Validates a project built without loader information.

@@ -16,13 +16,14 @@ use crate::text::LineIndex;
 impl Server {
     /// Everything `trellis check DIR` reports for the project, by file (every `.kdl` file of
     /// the project is listed, most with no diagnostics, so fixed problems are cleared).
-    pub fn check(&self, project: &Path) -> HashMap<PathBuf, Vec<lsp_types::Diagnostic>> {
+    pub fn check(&mut self, project: &Path) -> HashMap<PathBuf, Vec<lsp_types::Diagnostic>> {
         let mut out: HashMap<PathBuf, Vec<lsp_types::Diagnostic>> = HashMap::new();
         for file in self.project_files(project) {
             out.entry(file).or_default();
         }
-        let loaded =
-            trellis_dsl::load_with_overlay(&[project], &self.config.protocols, self.overlay());
+        let overlay = self.overlay();
+        let cache = self.load_caches.entry(project.to_path_buf()).or_default();
+        let loaded = trellis_dsl::load_cached(&[project], &self.config.protocols, overlay, cache);
         let (files, diags): (Vec<(PathBuf, Arc<str>)>, Vec<DslDiagnostic>) = match loaded {
             Ok(project) => {
                 let mut warnings = (self.config.warnings)(&project);

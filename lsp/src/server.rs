@@ -3,7 +3,7 @@
 //!
 //! A project is the directory of suites a buffer would be loaded with (see
 //! [`project_dir`]); its diagnostics come from the loader itself
-//! ([`trellis_dsl::load_with_overlay`], open buffers winning over the files on disk) plus the
+//! ([`trellis_dsl::load_cached`], open buffers winning over the files on disk) plus the
 //! warnings `trellis check` adds, so the editor shows exactly what `check` prints. Edits that
 //! arrive together are read before the project is checked again, so typing fast costs one
 //! check, not one per keystroke.
@@ -106,6 +106,9 @@ pub struct Server {
     /// definitions and references between two edits parse nothing again. Each read every
     /// file of the project, parsed it and indexed it: 100 ms a hover in a 1.5 MB suite.
     project_views: RefCell<Option<ProjectViews>>,
+    /// Per project, its files as the last check loaded them: a keystroke parses and decodes
+    /// again only the files that changed (`trellis_dsl::load_cached`).
+    pub(crate) load_caches: HashMap<PathBuf, trellis_dsl::LoadCache>,
 }
 
 /// How a session with a client ended.
@@ -129,6 +132,7 @@ impl Server {
             published: HashMap::new(),
             sent: HashMap::new(),
             project_views: RefCell::new(None),
+            load_caches: HashMap::new(),
         }
     }
 

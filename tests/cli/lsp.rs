@@ -904,3 +904,43 @@ fn navigation_follows_edits_on_disk_and_in_buffers() {
         );
     }
 }
+
+/// The server keeps the files it loaded between checks and parses again only the edited
+/// one: a mistake in a file that was not touched is still shown after each edit of
+/// another, and a reference in it follows the edited file's definitions.
+#[test]
+fn an_edit_keeps_what_the_untouched_files_say() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    std::fs::write(dir.path().join("agents.kdl"), AGENTS).expect("written");
+    let main = MAIN.replace("contains=\"postal code\"", "contans=\"postal code\"");
+    std::fs::write(dir.path().join("main.kdl"), &main).expect("written");
+    let renamed = AGENTS.replace("\"shop\"", "\"store\"");
+    let steps = serde_json::json!([
+        {"do": "open", "file": "agents.kdl"},
+        {"do": "change", "file": "agents.kdl", "text": renamed},
+        {"do": "change", "file": "agents.kdl", "text": AGENTS},
+        {"do": "change", "file": "agents.kdl", "text": AGENTS.to_string() + "\n"},
+    ]);
+    let out = session(dir.path(), steps);
+    let codes = |step: &Value| {
+        let mut codes: Vec<String> = step["diagnostics"]["main.kdl"]
+            .as_array()
+            .unwrap_or_else(|| panic!("no diagnostics for main.kdl: {step}"))
+            .iter()
+            .map(|d| d["code"].as_str().unwrap_or_default().to_string())
+            .collect();
+        codes.sort();
+        codes
+    };
+    let typo = vec!["trellis::unknown_property".to_string()];
+    assert_eq!(codes(&out[1]), typo, "{}", out[1]);
+    let mut undefined = typo.clone();
+    undefined.extend(std::iter::repeat_n(
+        "trellis::undefined_reference".to_string(),
+        2,
+    ));
+    undefined.sort();
+    assert_eq!(codes(&out[2]), undefined, "{}", out[2]);
+    assert_eq!(codes(&out[3]), typo, "{}", out[3]);
+    assert_eq!(codes(&out[4]), typo, "{}", out[4]);
+}

@@ -30,6 +30,8 @@ pub(super) struct Loader {
     /// Texts that win over the files on disk, by canonical path (an editor's unsaved
     /// buffers); a path here exists even when no file does yet.
     pub(super) overlay: HashMap<PathBuf, Arc<str>>,
+    /// The last load's files, when the caller keeps them (`load_cached`).
+    pub(super) cache: Option<CacheRun>,
 }
 
 impl Loader {
@@ -74,19 +76,22 @@ impl Loader {
         // decodes them in order: parsing is most of loading, and a thread per file (as
         // `depth::parse_each` starts) costs more than parsing a small file.
         let overlay = self.overlay.clone();
+        let known = self.cache.as_ref().map(CacheRun::texts).unwrap_or_default();
         let queue = AheadQueue::new(found.len());
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::scope(|scope| {
             let threads: Vec<_> = (0..PARSE_AHEAD_THREADS)
                 .filter_map(|_| {
-                    let (tx, queue, found, overlay) = (tx.clone(), &queue, &found, &overlay);
+                    let (tx, queue, found) = (tx.clone(), &queue, &found);
+                    let (overlay, known) = (&overlay, &known);
                     std::thread::Builder::new()
                         .name("kdl-parse".into())
                         .stack_size(depth::SMALL_STACK)
                         .spawn_scoped(scope, move || {
                             while let Some(i) = queue.take() {
-                                let read =
-                                    std::panic::catch_unwind(|| read_ahead(&found[i], overlay));
+                                let read = std::panic::catch_unwind(|| {
+                                    read_ahead(&found[i], overlay, known)
+                                });
                                 // Every file taken is answered, `None` when its read
                                 // panicked, so the loader never waits on one for good.
                                 if tx.send((i, read.ok().flatten())).is_err() {
@@ -209,79 +214,41 @@ impl Loader {
             }
         };
         let id = self.files.len();
-        self.files.push(SourceFile::new(
-            path.to_path_buf(),
-            name,
-            Arc::from(text.as_str()),
-        ));
-        self.by_canonical.insert(canonical.clone(), id);
-
-        // Through `depth::parse_each`: the parser recurses per block, comment piece and
-        // syntax error, and a file beyond what it can take would abort the process instead
-        // of getting a diagnostic; and a whole file's parse tree takes about 75 times its
-        // size. Each node is decoded as soon as it is parsed. When a file does not parse, the
-        // nodes that parsed on their own stay decoded, so their mistakes are reported with
-        // its syntax errors (what the broken part may define is declared, which keeps
-        // references to it from being reported: `unparsed_definitions`); when it parses only
-        // as a whole,
-        // what they decoded is taken back and the whole is decoded instead.
-        let before = (self.info.clone(), self.decode_diags.len());
-        let mut items = FileItems {
-            file: id,
-            ..FileItems::default()
-        };
-        let mut includes = Vec::new();
-        let mut nodes_seen = 0;
-        let (files, info, decode_diags) = (&self.files, &mut self.info, &mut self.decode_diags);
-        let mut each = |doc: KdlDocument| {
-            nodes_seen += doc.nodes().len();
-            let mut decoder = Decoder::new(files, id, decode_diags, info);
-            decoder.nodes(&doc, &mut items, &mut includes);
-            decoder.finish(decode_diags, info);
-        };
-        let parsed = match parsed_ahead {
-            Some(Ok((docs, parsed))) => {
-                docs.into_iter().for_each(&mut each);
-                Ok(parsed)
+        let kept = self
+            .cache
+            .as_mut()
+            .and_then(|c| c.take(&canonical, path, &name, id, &text));
+        let decoded = match kept {
+            Some((file, decoded)) => {
+                self.files.push(file);
+                self.by_canonical.insert(canonical.clone(), id);
+                decoded
             }
-            Some(Err(refused)) => Err(refused),
-            None => depth::parse_each(&text, &mut each),
-        };
-        let whole = match parsed {
-            Ok(depth::Parsed::Nodes) => None,
-            Ok(depth::Parsed::Whole(whole)) => Some(Ok(whole)),
-            Err(refused) => Some(Err(refused)),
-        };
-        let doc = match whole {
-            None => None,
-            Some(Ok(Ok(doc))) => {
-                self.info = before.0;
-                self.decode_diags.truncate(before.1);
-                items = FileItems {
-                    file: id,
-                    ..FileItems::default()
+            None => {
+                self.files.push(SourceFile::new(
+                    path.to_path_buf(),
+                    name,
+                    Arc::from(text.as_str()),
+                ));
+                self.by_canonical.insert(canonical.clone(), id);
+                drop(text);
+                let Some((decoded, parsed)) = self.decode(id, parsed_ahead) else {
+                    return;
                 };
-                includes.clear();
-                Some(doc)
-            }
-            Some(Ok(Err(err))) => {
-                self.unparsed_definitions(id);
-                self.diags
-                    .extend(syntax_diagnostics(err, id, &self.files[id]));
-                // Keep what parsed: its own mistakes are reported too.
-                nodes_seen = nodes_seen.max(1);
-                None
-            }
-            Some(Err(refused)) => {
-                self.broken = true;
-                let diag = refused_diagnostic(refused, id, &self.files[id]);
-                self.diags.push(diag);
-                return;
+                if parsed && let Some(cache) = &mut self.cache {
+                    cache.keep(
+                        canonical.clone(),
+                        self.files[id].clone(),
+                        id,
+                        decoded.clone(),
+                    );
+                }
+                decoded
             }
         };
 
         // An empty file (or one of comments only) is almost always the wrong file.
-        if doc.as_ref().map_or(nodes_seen, |doc| doc.nodes().len()) == 0 {
+        if decoded.nodes == 0 {
             self.diags.push(
                 Diagnostic::new(
                     Kind::NoSuite,
@@ -290,13 +257,15 @@ impl Loader {
                 .with_help("write `scenario` nodes (and `agent`s) in it, or remove it"),
             );
         }
-        // A file that parsed only as a whole (the parser accepted it although some node
-        // alone did not parse) is decoded as a whole.
-        if let Some(doc) = doc {
-            let mut decoder = Decoder::new(&self.files, id, &mut self.decode_diags, &mut self.info);
-            decoder.nodes(&doc, &mut items, &mut includes);
-            decoder.finish(&mut self.decode_diags, &mut self.info);
-        }
+        let Decoded {
+            items,
+            includes,
+            diags,
+            info,
+            nodes: _,
+        } = decoded;
+        self.decode_diags.extend(diags);
+        self.info.absorb(info);
         // Decoded before what it includes, as the files are numbered.
         self.decoded.push(items);
         self.stack.push((canonical, id));
@@ -304,6 +273,79 @@ impl Loader {
             self.include(id, node);
         }
         self.stack.pop();
+    }
+
+    /// Parses and decodes file `id`, with its parse when a thread made it ahead; `None` when
+    /// the file is refused (reported). The flag says whether it parsed: a file with a syntax
+    /// error is decoded as far as it parsed, and its syntax errors are reported here.
+    fn decode(
+        &mut self,
+        id: FileId,
+        parsed_ahead: Option<Result<(Vec<KdlDocument>, depth::Parsed), depth::TooDeep>>,
+    ) -> Option<(Decoded, bool)> {
+        // Through `depth::parse_each`: the parser recurses per block, comment piece and
+        // syntax error, and a file beyond what it can take would abort the process instead
+        // of getting a diagnostic; and a whole file's parse tree takes about 75 times its
+        // size. Each node is decoded as soon as it is parsed. When a file does not parse, the
+        // nodes that parsed on their own stay decoded, so their mistakes are reported with
+        // its syntax errors (what the broken part may define is declared, which keeps
+        // references to it from being reported: `unparsed_definitions`); when it parses only
+        // as a whole, what they decoded is dropped and the whole is decoded instead.
+        let fresh = || Decoded {
+            items: FileItems {
+                file: id,
+                ..FileItems::default()
+            },
+            includes: Vec::new(),
+            diags: Vec::new(),
+            info: LoadInfo {
+                protocols: self.info.protocols.clone(),
+                ..LoadInfo::default()
+            },
+            nodes: 0,
+        };
+        let mut out = fresh();
+        let files = &self.files;
+        let mut each = |doc: KdlDocument| {
+            out.nodes += doc.nodes().len();
+            let mut decoder = Decoder::new(files, id, &mut out.diags, &mut out.info);
+            decoder.nodes(&doc, &mut out.items, &mut out.includes);
+            decoder.finish(&mut out.diags, &mut out.info);
+        };
+        let parsed = match parsed_ahead {
+            Some(Ok((docs, parsed))) => {
+                docs.into_iter().for_each(&mut each);
+                Ok(parsed)
+            }
+            Some(Err(refused)) => Err(refused),
+            None => depth::parse_each(&files[id].text, &mut each),
+        };
+        match parsed {
+            Ok(depth::Parsed::Nodes) => Some((out, true)),
+            // The parser accepted the whole although some node alone did not parse.
+            Ok(depth::Parsed::Whole(Ok(doc))) => {
+                let mut out = fresh();
+                out.nodes = doc.nodes().len();
+                let mut decoder = Decoder::new(&self.files, id, &mut out.diags, &mut out.info);
+                decoder.nodes(&doc, &mut out.items, &mut out.includes);
+                decoder.finish(&mut out.diags, &mut out.info);
+                Some((out, true))
+            }
+            Ok(depth::Parsed::Whole(Err(err))) => {
+                self.unparsed_definitions(id);
+                self.diags
+                    .extend(syntax_diagnostics(err, id, &self.files[id]));
+                // Keep what parsed: its own mistakes are reported too.
+                out.nodes = out.nodes.max(1);
+                Some((out, false))
+            }
+            Err(refused) => {
+                self.broken = true;
+                let diag = refused_diagnostic(refused, id, &self.files[id]);
+                self.diags.push(diag);
+                None
+            }
+        }
     }
 
     /// What a file with a syntax error may define without it having decoded: each node
@@ -606,10 +648,13 @@ struct ReadAhead {
 /// `None` when the file cannot be read (the loader reads it again and reports why) or is
 /// larger than what is parsed ahead: the loader reads and parses a large file itself, node
 /// by node, so that no more than one large text is held at a time.
-fn read_ahead(path: &Path, overlay: &HashMap<PathBuf, Arc<str>>) -> Option<ReadAhead> {
-    let buffer = (!overlay.is_empty())
-        .then(|| overlay.get(&canonical(path)))
-        .flatten();
+fn read_ahead(
+    path: &Path,
+    overlay: &HashMap<PathBuf, Arc<str>>,
+    known: &HashMap<PathBuf, Arc<str>>,
+) -> Option<ReadAhead> {
+    let canonical = (!overlay.is_empty() || !known.is_empty()).then(|| canonical(path));
+    let buffer = canonical.as_ref().and_then(|c| overlay.get(c));
     let text = match buffer {
         Some(text) if text.len() <= depth::SMALL_TEXT => text.to_string(),
         Some(_) => return None,
@@ -617,6 +662,13 @@ fn read_ahead(path: &Path, overlay: &HashMap<PathBuf, Arc<str>>) -> Option<ReadA
         None => fs::read_to_string(path).ok()?,
     };
     let text = without_bom(text);
+    // The last load's decoding of this text is kept: the loader takes that instead.
+    if canonical
+        .and_then(|c| known.get(&c))
+        .is_some_and(|k| **k == *text)
+    {
+        return Some(ReadAhead { text, parsed: None });
+    }
     let parsed =
         std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| depth::parse_small(&text)))
             .ok()

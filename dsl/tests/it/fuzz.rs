@@ -79,7 +79,7 @@ pub(super) fn bounded<T>(input: &str, f: impl FnOnce() -> T) -> T {
 }
 
 /// Real suites to mutate: the crate's valid and broken examples and the repository's suites.
-fn seeds() -> &'static [String] {
+pub(super) fn seeds() -> &'static [String] {
     static SEEDS: OnceLock<Vec<String>> = OnceLock::new();
     SEEDS.get_or_init(|| {
         let mut out = Vec::new();

@@ -3,6 +3,7 @@
 //! (`fuzz`), and the language table against the reference (`language_doc`) and against what
 //! decoding enforces (`types`).
 
+mod cache;
 mod directories;
 mod format;
 mod fuzz;
