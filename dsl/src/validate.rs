@@ -1558,9 +1558,6 @@ fn tool_typos<'p>(project: &'p Project, warned: &mut HashSet<(Span, &'p str)>) -
         let mut criteria: Vec<&Criterion> = sc.criteria.iter().chain(&sc.expect_tools).collect();
         collect_expects(&sc.steps, &mut criteria);
         for c in criteria {
-            if !warned.insert((c.span, "tool")) {
-                continue;
-            }
             let (written, params): (
                 Vec<&str>,
                 Option<&serde_json::Map<String, serde_json::Value>>,
@@ -1572,6 +1569,11 @@ fn tool_typos<'p>(project: &'p Project, warned: &mut HashSet<(Span, &'p str)>) -
                 }
                 _ => continue,
             };
+            // Only tool checks are remembered: hashing every criterion of a large project
+            // was most of this function.
+            if !warned.insert((c.span, "tool")) {
+                continue;
+            }
             for name in &written {
                 if names.contains(name) {
                     continue;

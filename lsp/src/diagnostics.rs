@@ -1,6 +1,7 @@
 //! What the editor shows as problems: the loader's diagnostics (and `check`'s warnings) of a
 //! project, turned into LSP diagnostics per file with their labels, hints and notes.
 
+use std::cell::OnceCell;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -50,7 +51,13 @@ impl Server {
         for (path, _) in &files {
             out.entry(path.clone()).or_default();
         }
-        let indexes: Vec<LineIndex> = files.iter().map(|(_, t)| LineIndex::new(t)).collect();
+        // Made for the files a diagnostic points into, when it first does: most files of a
+        // large project have none, and indexing every one on every keystroke was a tenth
+        // of a check.
+        let indexes = Indexes {
+            files: &files,
+            made: files.iter().map(|_| OnceCell::new()).collect(),
+        };
         // The loader reads a file without its byte order mark; an editor that keeps the mark
         // in the buffer it sent counts it as the first line's first column.
         let marked: Vec<bool> = files
@@ -62,11 +69,8 @@ impl Server {
             })
             .collect();
         for d in &diags {
-            let (file, diagnostic) = match d.file.and_then(|f| files.get(f).map(|x| (f, x))) {
-                Some((id, (path, text))) => (
-                    path.clone(),
-                    to_lsp(d, text, &indexes[id], &files, &indexes, &marked),
-                ),
+            let (file, diagnostic) = match d.file.and_then(|f| files.get(f)) {
+                Some((path, _)) => (path.clone(), to_lsp(d, &files, &indexes, &marked)),
                 // Nothing to point at (an unreadable path, an empty directory): shown at the
                 // top of every open buffer of the project.
                 None => {
@@ -143,27 +147,42 @@ fn label_range(lines: &LineIndex, text: &str, label: &miette::LabeledSpan, marke
     range
 }
 
+/// The line index of each file of a check, made when first asked for.
+struct Indexes<'a> {
+    files: &'a [(PathBuf, Arc<str>)],
+    made: Vec<OnceCell<LineIndex>>,
+}
+
+impl Indexes<'_> {
+    /// File `id`'s text and line index.
+    fn get(&self, id: usize) -> Option<(&str, &LineIndex)> {
+        let (_, text) = self.files.get(id)?;
+        let lines = self.made.get(id)?.get_or_init(|| LineIndex::new(text));
+        Some((text, lines))
+    }
+}
+
 fn to_lsp(
     d: &DslDiagnostic,
-    text: &str,
-    lines: &LineIndex,
     files: &[(PathBuf, Arc<str>)],
-    indexes: &[LineIndex],
+    indexes: &Indexes,
     marked: &[bool],
 ) -> lsp_types::Diagnostic {
     let labels = d.labels();
     let is_marked = |file: usize| marked.get(file) == Some(&true);
     let own_mark = d.file.is_some_and(is_marked);
+    let own = d.file.and_then(|f| indexes.get(f));
     let range = labels
         .first()
-        .map(|l| label_range(lines, text, l, own_mark))
+        .zip(own)
+        .map(|(l, (text, lines))| label_range(lines, text, l, own_mark))
         .unwrap_or_default();
     let mut message = message(d);
     if let Some(label) = labels.first().and_then(|l| l.label()) {
         message = format!("{message}\n({label})");
     }
     let mut related = Vec::new();
-    if let Some((path, _)) = d.file.and_then(|f| files.get(f)) {
+    if let (Some((path, _)), Some((text, lines))) = (d.file.and_then(|f| files.get(f)), own) {
         for l in labels.iter().skip(1) {
             if let Some(uri) = to_uri(path) {
                 related.push(DiagnosticRelatedInformation {
@@ -175,7 +194,7 @@ fn to_lsp(
     }
     for r in d.related_diagnostics() {
         let Some(id) = r.file else { continue };
-        let (Some((path, rtext)), Some(rlines)) = (files.get(id), indexes.get(id)) else {
+        let (Some((path, _)), Some((rtext, rlines))) = (files.get(id), indexes.get(id)) else {
             continue;
         };
         if let (Some(l), Some(uri)) = (r.labels().first(), to_uri(path)) {
