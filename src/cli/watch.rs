@@ -184,6 +184,8 @@ struct Session {
     watched: BTreeSet<PathBuf>,
     /// Files the last good load read (canonical paths).
     known: BTreeSet<PathBuf>,
+    /// The suite files as the last load read them: a save parses again only what changed.
+    load_cache: trellis_dsl::LoadCache,
     memo: Arc<TurnMemo>,
     /// One HTTP connection pool for every rerun.
     transport: HttpTransport,
@@ -323,6 +325,7 @@ impl Session {
             root_dirs: BTreeSet::new(),
             watched: BTreeSet::new(),
             known: BTreeSet::new(),
+            load_cache: trellis_dsl::LoadCache::default(),
             memo: Arc::new(TurnMemo::new()),
             transport: HttpTransport::new(),
             launcher: Arc::new(super::launcher().keep_running()),
@@ -515,19 +518,23 @@ impl Session {
         // finished one.
         let what = describe(&changed.paths);
         self.since_finished.extend(changed.paths.iter().cloned());
-        let project =
-            match trellis_dsl::load(&self.roots, &trellis_engine::protocol::registry::specs()) {
-                Ok(project) => project,
-                Err(diagnostics) => {
-                    self.broken = true;
-                    errln!("{:?}", miette::Report::new(diagnostics));
-                    errln!(
-                        "watch: {what}: the suite is invalid (see above); the last results stay; \
+        let project = match trellis_dsl::load_cached(
+            &self.roots,
+            &trellis_engine::protocol::registry::specs(),
+            Default::default(),
+            &mut self.load_cache,
+        ) {
+            Ok(project) => project,
+            Err(diagnostics) => {
+                self.broken = true;
+                errln!("{:?}", miette::Report::new(diagnostics));
+                errln!(
+                    "watch: {what}: the suite is invalid (see above); the last results stay; \
                      fix it and save"
-                    );
-                    return Rerun::Done;
-                }
-            };
+                );
+                return Rerun::Done;
+            }
+        };
         // Suite files, and the dataset and history files they read: editing a row reruns
         // that row's instance.
         let read =
