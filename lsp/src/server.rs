@@ -350,7 +350,8 @@ impl Server {
 
     /// The views of every file of `path`'s project and the index of their ids: those of the
     /// last request when no file of the project changed since (its buffers, and what is on
-    /// disk, read again to know).
+    /// disk, read again to know); otherwise a new index over the last views of the files
+    /// that did not change and new views of those that did.
     pub(crate) fn project_index(
         &self,
         path: &Path,
@@ -366,13 +367,24 @@ impl Server {
         {
             return (last.views.clone(), last.index.clone());
         }
+        // The files whose text did not change keep their views: after a keystroke only the
+        // edited file is parsed again, and the index (a walk of every view's nodes) rebuilt.
+        let last = self.project_views.borrow_mut().take();
         let mut views = HashMap::new();
         let mut index = Index::default();
         for (file, text) in &texts {
-            let view = Rc::new(FileView::new(text.clone()));
+            let kept = last
+                .as_ref()
+                .and_then(|last| last.views.get(file))
+                .filter(|view| Arc::ptr_eq(&view.text, text) || view.text == *text);
+            let view = match kept {
+                Some(view) => view.clone(),
+                None => Rc::new(FileView::new(text.clone())),
+            };
             index.add_file(file, &view.nodes, &self.config.protocols);
             views.insert(file.clone(), view);
         }
+        drop(last);
         let (views, index) = (Rc::new(views), Rc::new(index));
         *self.project_views.borrow_mut() = Some(ProjectViews {
             project,
