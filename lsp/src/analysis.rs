@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 
 use trellis_dsl::lang::{self, Children, Form, NodeSpec, ProtocolSpec, ValueType};
 
@@ -139,7 +140,9 @@ pub fn value_type(
 /// Where an id is defined or used.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Occurrence {
-    pub file: PathBuf,
+    /// Shared by every occurrence in the file: an index of a large project holds one per id
+    /// written, and it is made again after every edit.
+    pub file: Rc<Path>,
     /// The id's text, between the quotes.
     pub content: Range<usize>,
     /// The node that defines it (for a definition), from its name to its block's end.
@@ -184,7 +187,9 @@ impl Index {
         }
     }
 
-    pub fn add_file(&mut self, file: &Path, nodes: &[Node], protocols: &[&'static ProtocolSpec]) {
+    pub fn add_file(&mut self, path: &Path, nodes: &[Node], protocols: &[&'static ProtocolSpec]) {
+        let file: Rc<Path> = Rc::from(path);
+        let file = &file;
         let suite = nodes
             .iter()
             .find(|n| !n.commented && n.name == "suite")
@@ -207,7 +212,7 @@ impl Index {
                 self.includes.push((
                     trellis_dsl::canonical(&dir.join(&arg.text)),
                     Occurrence {
-                        file: file.to_path_buf(),
+                        file: file.clone(),
                         content: arg.content.clone(),
                         node: node.span.clone(),
                         bare: arg.content == arg.span,
@@ -224,7 +229,7 @@ impl Index {
                     .entry((namespace(spec.name).to_string(), key))
                     .or_default()
                     .push(Occurrence {
-                        file: file.to_path_buf(),
+                        file: file.clone(),
                         content: id.content.clone(),
                         node: node.span.clone(),
                         bare: id.content == id.span,
@@ -236,7 +241,7 @@ impl Index {
 
     fn refs_in(
         &mut self,
-        file: &Path,
+        file: &Rc<Path>,
         suite: &str,
         node: &Node,
         spec: &'static NodeSpec,
@@ -266,7 +271,7 @@ impl Index {
                     .entry((namespace(kind).to_string(), id))
                     .or_default()
                     .push(Occurrence {
-                        file: file.to_path_buf(),
+                        file: file.clone(),
                         content,
                         node: node.span.clone(),
                         bare: value.content == value.span,
@@ -290,9 +295,11 @@ impl Index {
             .iter()
             .chain(self.refs.iter())
             .find(|(_, occurrences)| {
-                occurrences
-                    .iter()
-                    .any(|o| o.file == file && o.content.start <= offset && offset <= o.content.end)
+                // The span first: comparing paths is the slow part of a walk of every
+                // occurrence of the project.
+                occurrences.iter().any(|o| {
+                    o.content.start <= offset && offset <= o.content.end && *o.file == *file
+                })
             })
             .map(|(key, _)| key.clone())
     }

@@ -228,14 +228,14 @@ impl Server {
                 };
                 let id = index.written_in(&trellis_dsl::canonical(&path), &kind, &id);
                 let head = views
-                    .get(&def.file)
+                    .get(&*def.file)
                     .map(|v| {
                         let text = &v.text[def.node.clone()];
                         text.lines().next().unwrap_or_default().to_string()
                     })
                     .unwrap_or_default();
                 let place = views
-                    .get(&def.file)
+                    .get(&*def.file)
                     .map(|v| v.lines.position(&v.text, def.node.start))
                     .map(|p| format!("{}:{}", def.file.display(), p.line + 1))
                     .unwrap_or_default();
@@ -309,10 +309,9 @@ impl Server {
             return Ok(None);
         };
         // On an `include`: every include of the same file.
-        let included = index
-            .includes
-            .iter()
-            .find(|(_, o)| o.file == file && o.content.start <= offset && offset <= o.content.end);
+        let included = index.includes.iter().find(|(_, o)| {
+            o.content.start <= offset && offset <= o.content.end && *o.file == *file
+        });
         if let Some((target, _)) = included {
             return Ok(Some(
                 index
@@ -363,7 +362,7 @@ impl Server {
             .into_iter()
             .chain(index.refs.get(&key))
             .flatten()
-            .find(|o| o.file == file && o.content.start <= offset && offset <= o.content.end);
+            .find(|o| o.content.start <= offset && offset <= o.content.end && *o.file == *file);
         Ok(occurrence.and_then(|o| {
             let view = views.get(&file)?;
             Some(PrepareRenameResponse::Range(
