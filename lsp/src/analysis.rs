@@ -2,7 +2,7 @@
 //! (`trellis_dsl::lang`) and the forgiving syntax tree of every file of the project: which
 //! node kind the cursor is in, what a value's type is, where ids are defined and used.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
@@ -157,23 +157,75 @@ pub fn namespace(kind: &str) -> &str {
     if kind == "panel" { "judge" } else { kind }
 }
 
+/// An id's namespace and the id (a scenario's as `SUITE/ID`).
+pub type Key = (String, String);
+
+/// The ids one file defines and uses, and its includes: made once per text of the file, so
+/// that the project's index after an edit is the edited file's made again and the others'
+/// kept.
+#[derive(Default, Debug)]
+pub struct FileIndex {
+    defs: BTreeMap<Key, Vec<Occurrence>>,
+    refs: BTreeMap<Key, Vec<Occurrence>>,
+    /// `include "PATH"`s: the file each names (canonical) and where it is written.
+    includes: Vec<(PathBuf, Occurrence)>,
+    /// The file's suite name: its `suite "NAME"`, or its file stem.
+    suite: String,
+}
+
 /// Every id the project defines and every place it is used, by namespace (`agent`,
 /// `judge` for judges and panels, `scenario`…) and id. Scenario ids are per suite: their
-/// key is `SUITE/ID`, as `needs` across suites writes it.
+/// key is `SUITE/ID`, as `needs` across suites writes it. The files' own indexes, in the
+/// project's file order: an id's occurrences come file by file.
 #[derive(Default, Debug)]
 pub struct Index {
-    pub defs: BTreeMap<(String, String), Vec<Occurrence>>,
-    pub refs: BTreeMap<(String, String), Vec<Occurrence>>,
-    /// `include "PATH"`s: the file each names (canonical) and where it is written.
-    pub includes: Vec<(PathBuf, Occurrence)>,
-    /// Each file's suite name: its `suite "NAME"`, or its file stem.
-    pub suites: BTreeMap<PathBuf, String>,
+    files: Vec<(PathBuf, Rc<FileIndex>)>,
+    /// Where each file is in `files`.
+    positions: HashMap<PathBuf, usize>,
 }
 
 impl Index {
+    /// The index of a project whose files have these indexes, in this order.
+    pub fn new(files: Vec<(PathBuf, Rc<FileIndex>)>) -> Self {
+        let positions = files
+            .iter()
+            .enumerate()
+            .map(|(i, (path, _))| (path.clone(), i))
+            .collect();
+        Index { files, positions }
+    }
+
+    fn file(&self, file: &Path) -> Option<&FileIndex> {
+        let at = *self.positions.get(file)?;
+        self.files.get(at).map(|(_, index)| &**index)
+    }
+
+    /// Where `key` is defined, file by file.
+    pub fn defs<'a>(&'a self, key: &'a Key) -> impl Iterator<Item = &'a Occurrence> + 'a {
+        self.files
+            .iter()
+            .flat_map(move |(_, f)| f.defs.get(key).into_iter().flatten())
+    }
+
+    /// Where `key` is used, file by file.
+    pub fn refs<'a>(&'a self, key: &'a Key) -> impl Iterator<Item = &'a Occurrence> + 'a {
+        self.files
+            .iter()
+            .flat_map(move |(_, f)| f.refs.get(key).into_iter().flatten())
+    }
+
+    pub fn defined(&self, key: &Key) -> bool {
+        self.files.iter().any(|(_, f)| f.defs.contains_key(key))
+    }
+
+    /// Every `include "PATH"`: the file it names (canonical) and where it is written.
+    pub fn includes(&self) -> impl Iterator<Item = &(PathBuf, Occurrence)> {
+        self.files.iter().flat_map(|(_, f)| f.includes.iter())
+    }
+
     /// The suite `file` belongs to.
     pub fn suite_of(&self, file: &Path) -> &str {
-        self.suites.get(file).map_or("", String::as_str)
+        self.file(file).map_or("", |f| f.suite.as_str())
     }
 
     /// An id of `kind` as written in `file`: a scenario's without its suite when it is
@@ -187,7 +239,41 @@ impl Index {
         }
     }
 
-    pub fn add_file(&mut self, path: &Path, nodes: &[Node], protocols: &[&'static ProtocolSpec]) {
+    /// The kind and id of the definition or reference whose text holds `offset` in `file`.
+    pub fn at(&self, file: &Path, offset: usize) -> Option<Key> {
+        let index = self.file(file)?;
+        index
+            .defs
+            .iter()
+            .chain(index.refs.iter())
+            .find(|(_, occurrences)| {
+                occurrences
+                    .iter()
+                    .any(|o| o.content.start <= offset && offset <= o.content.end)
+            })
+            .map(|(key, _)| key.clone())
+    }
+
+    /// The ids of one kind, with the first place each is defined.
+    pub fn ids(&self, kind: &str) -> Vec<(&str, &Occurrence)> {
+        let mut first: BTreeMap<&str, &Occurrence> = BTreeMap::new();
+        for (_, f) in &self.files {
+            for ((k, id), o) in &f.defs {
+                if k == kind
+                    && let Some(o) = o.first()
+                {
+                    first.entry(id.as_str()).or_insert(o);
+                }
+            }
+        }
+        first.into_iter().collect()
+    }
+}
+
+impl FileIndex {
+    /// The ids `nodes` (the forgiving tree of the file at `path`) define and use.
+    pub fn of(path: &Path, nodes: &[Node], protocols: &[&'static ProtocolSpec]) -> Self {
+        let mut index = FileIndex::default();
         let file: Rc<Path> = Rc::from(path);
         let file = &file;
         let suite = nodes
@@ -200,7 +286,6 @@ impl Index {
                     .map(|s| s.to_string_lossy().into_owned())
                     .unwrap_or_default()
             });
-        self.suites.insert(file.to_path_buf(), suite.clone());
         for node in nodes.iter().filter(|n| !n.commented) {
             let Some(spec) = lang::top(&node.name) else {
                 continue;
@@ -209,7 +294,7 @@ impl Index {
                 && let Some(arg) = node.arg(0)
             {
                 let dir = file.parent().unwrap_or(Path::new("/"));
-                self.includes.push((
+                index.includes.push((
                     trellis_dsl::canonical(&dir.join(&arg.text)),
                     Occurrence {
                         file: file.clone(),
@@ -225,7 +310,8 @@ impl Index {
                 } else {
                     id.text.clone()
                 };
-                self.defs
+                index
+                    .defs
                     .entry((namespace(spec.name).to_string(), key))
                     .or_default()
                     .push(Occurrence {
@@ -235,8 +321,10 @@ impl Index {
                         bare: id.content == id.span,
                     });
             }
-            self.refs_in(file, &suite, node, spec, protocols, 0);
+            index.refs_in(file, &suite, node, spec, protocols, 0);
         }
+        index.suite = suite;
+        index
     }
 
     fn refs_in(
@@ -287,30 +375,6 @@ impl Index {
                 self.refs_in(file, suite, child, child_spec, protocols, depth + 1);
             }
         }
-    }
-
-    /// The kind and id of the definition or reference whose text holds `offset` in `file`.
-    pub fn at(&self, file: &Path, offset: usize) -> Option<(String, String)> {
-        self.defs
-            .iter()
-            .chain(self.refs.iter())
-            .find(|(_, occurrences)| {
-                // The span first: comparing paths is the slow part of a walk of every
-                // occurrence of the project.
-                occurrences.iter().any(|o| {
-                    o.content.start <= offset && offset <= o.content.end && *o.file == *file
-                })
-            })
-            .map(|(key, _)| key.clone())
-    }
-
-    /// The ids of one kind, with the first place each is defined.
-    pub fn ids(&self, kind: &str) -> Vec<(&str, &Occurrence)> {
-        self.defs
-            .iter()
-            .filter(|((k, _), _)| k == kind)
-            .filter_map(|((_, id), o)| o.first().map(|o| (id.as_str(), o)))
-            .collect()
     }
 }
 

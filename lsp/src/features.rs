@@ -215,11 +215,8 @@ impl Server {
             }
             let (views, index) = self.project_index(&path);
             if let Some((kind, id)) = index.at(&trellis_dsl::canonical(&path), offset) {
-                let Some(def) = index
-                    .defs
-                    .get(&(kind.clone(), id.clone()))
-                    .and_then(|d| d.first())
-                else {
+                let key = (kind.clone(), id.clone());
+                let Some(def) = index.defs(&key).next() else {
                     let id = index.written_in(&trellis_dsl::canonical(&path), &kind, &id);
                     return Ok(Some(markdown(
                         format!("{kind} `{id}`: not defined in this project"),
@@ -285,10 +282,7 @@ impl Server {
             return Ok(None);
         };
         let locations: Vec<Location> = index
-            .defs
-            .get(&key)
-            .into_iter()
-            .flatten()
+            .defs(&key)
             .filter_map(|o| location(&views, &o.file, o.content.clone()))
             .collect();
         Ok(Some(GotoDefinitionResponse::Array(locations)))
@@ -309,14 +303,13 @@ impl Server {
             return Ok(None);
         };
         // On an `include`: every include of the same file.
-        let included = index.includes.iter().find(|(_, o)| {
+        let included = index.includes().find(|(_, o)| {
             o.content.start <= offset && offset <= o.content.end && *o.file == *file
         });
         if let Some((target, _)) = included {
             return Ok(Some(
                 index
-                    .includes
-                    .iter()
+                    .includes()
                     .filter(|(t, _)| t == target)
                     .filter_map(|(_, o)| location(&views, &o.file, o.content.clone()))
                     .collect(),
@@ -327,9 +320,9 @@ impl Server {
         };
         let mut out = Vec::new();
         if p.context.include_declaration {
-            out.extend(index.defs.get(&key).into_iter().flatten().cloned());
+            out.extend(index.defs(&key).cloned());
         }
-        out.extend(index.refs.get(&key).into_iter().flatten().cloned());
+        out.extend(index.refs(&key).cloned());
         Ok(Some(
             out.iter()
                 .filter_map(|o| location(&views, &o.file, o.content.clone()))
@@ -357,11 +350,8 @@ impl Server {
             return Err("only the id of an agent, persona, tool, provider, judge, panel, simulator or scenario can be renamed".into());
         };
         let occurrence = index
-            .defs
-            .get(&key)
-            .into_iter()
-            .chain(index.refs.get(&key))
-            .flatten()
+            .defs(&key)
+            .chain(index.refs(&key))
             .find(|o| o.content.start <= offset && offset <= o.content.end && *o.file == *file);
         Ok(occurrence.and_then(|o| {
             let view = views.get(&file)?;
@@ -400,7 +390,7 @@ impl Server {
             Some((suite, _)) if key.0 == "scenario" => format!("{suite}/{}", p.new_name),
             _ => p.new_name.clone(),
         };
-        if index.defs.contains_key(&(key.0.clone(), new_key)) {
+        if index.defined(&(key.0.clone(), new_key)) {
             return Err(format!(
                 "the project already has a {} `{}`",
                 key.0, p.new_name
@@ -408,13 +398,7 @@ impl Server {
         }
         let quoted = format!("\"{}\"", p.new_name);
         let mut changes: HashMap<Url, Vec<TextEdit>> = HashMap::new();
-        for o in index
-            .defs
-            .get(&key)
-            .into_iter()
-            .chain(index.refs.get(&key))
-            .flatten()
-        {
+        for o in index.defs(&key).chain(index.refs(&key)) {
             if let Some(loc) = location(&views, &o.file, o.content.clone()) {
                 // An id written bare (`agent demo`) stays bare only if the new name can be.
                 let text = if o.bare && !is_bare_identifier(&p.new_name) {

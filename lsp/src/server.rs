@@ -21,7 +21,7 @@ use lsp_types::*;
 use trellis_dsl::lang::ProtocolSpec;
 use trellis_dsl::{Diagnostic as DslDiagnostic, Project};
 
-use crate::analysis::Index;
+use crate::analysis::{FileIndex, Index};
 use crate::syntax::{self, Node};
 use crate::text::LineIndex;
 
@@ -75,6 +75,8 @@ struct ProjectViews {
     project: PathBuf,
     texts: Vec<(PathBuf, Arc<str>)>,
     views: Rc<HashMap<PathBuf, Rc<FileView>>>,
+    /// Each file's own index, made from its view.
+    parts: HashMap<PathBuf, Rc<FileIndex>>,
     index: Rc<Index>,
 }
 
@@ -367,29 +369,35 @@ impl Server {
         {
             return (last.views.clone(), last.index.clone());
         }
-        // The files whose text did not change keep their views: after a keystroke only the
-        // edited file is parsed again, and the index (a walk of every view's nodes) rebuilt.
+        // The files whose text did not change keep their views and their indexes: after a
+        // keystroke only the edited file is parsed and indexed again.
         let last = self.project_views.borrow_mut().take();
         let mut views = HashMap::new();
-        let mut index = Index::default();
+        let mut parts = HashMap::new();
+        let mut files = Vec::new();
         for (file, text) in &texts {
-            let kept = last
-                .as_ref()
-                .and_then(|last| last.views.get(file))
-                .filter(|view| Arc::ptr_eq(&view.text, text) || view.text == *text);
-            let view = match kept {
-                Some(view) => view.clone(),
-                None => Rc::new(FileView::new(text.clone())),
-            };
-            index.add_file(file, &view.nodes, &self.config.protocols);
+            let kept = last.as_ref().and_then(|last| {
+                let view = last.views.get(file)?;
+                let part = last.parts.get(file)?;
+                (Arc::ptr_eq(&view.text, text) || view.text == *text)
+                    .then(|| (view.clone(), part.clone()))
+            });
+            let (view, part) = kept.unwrap_or_else(|| {
+                let view = Rc::new(FileView::new(text.clone()));
+                let part = Rc::new(FileIndex::of(file, &view.nodes, &self.config.protocols));
+                (view, part)
+            });
+            files.push((file.clone(), part.clone()));
+            parts.insert(file.clone(), part);
             views.insert(file.clone(), view);
         }
         drop(last);
-        let (views, index) = (Rc::new(views), Rc::new(index));
+        let (views, index) = (Rc::new(views), Rc::new(Index::new(files)));
         *self.project_views.borrow_mut() = Some(ProjectViews {
             project,
             texts,
             views: views.clone(),
+            parts,
             index: index.clone(),
         });
         (views, index)
