@@ -74,19 +74,12 @@ impl TrajectoryGraph {
     /// them: consecutive fork groups multiply, so the list can be far too large to build.
     /// Saturates at `u64::MAX`.
     pub fn count(scenario: &Scenario) -> u64 {
-        let (graph, root) = segments(scenario);
-        // Paths from each segment to a sink, in reverse topological order.
-        let mut paths = vec![0u64; graph.node_count()];
-        for i in graph.node_indices().rev() {
-            let mut n = 0u64;
-            let mut children = 0;
-            for e in graph.edges_directed(i, Direction::Outgoing) {
-                children += 1;
-                n = n.saturating_add(paths[e.target().index()]);
-            }
-            paths[i.index()] = if children == 0 { 1 } else { n };
-        }
-        paths[root.index()]
+        // Counted over the steps as `add_block` would lay them out, without building the
+        // segments: the graph holds a copy of every step, and validation counts every
+        // scenario of the project on each load (an editor's, on each keystroke).
+        let mut ended = 0u64;
+        let exits = count_block(1, &scenario.steps, &mut ended);
+        exits.iter().fold(ended, |n, &w| n.saturating_add(w))
     }
 
     pub fn segment(&self, index: NodeIndex) -> &Segment {
@@ -159,6 +152,36 @@ fn add_block(
                     exits = vec![merge];
                 }
                 graph[exits[0]].steps.push(step.clone());
+            }
+        }
+    }
+    exits
+}
+
+/// [`add_block`], counted: given the `reaching` paths into the block's first segment, the
+/// paths reaching each segment it ends in. Paths that end inside it (before a fork of no
+/// branches, which leaves the segments before it without a successor) are added to `ended`.
+/// A segment's count is at most the scenario's, so nothing saturates unless that does.
+fn count_block(reaching: u64, steps: &[Step], ended: &mut u64) -> Vec<u64> {
+    let sum = |exits: &[u64]| exits.iter().fold(0u64, |n, &w| n.saturating_add(w));
+    let mut exits = vec![reaching];
+    for step in steps {
+        match &step.kind {
+            StepKind::Fork(branches) => {
+                let into = sum(&exits);
+                if branches.is_empty() {
+                    *ended = ended.saturating_add(into);
+                }
+                let mut new_exits = Vec::new();
+                for branch in branches {
+                    new_exits.extend(count_block(into, &branch.steps, ended));
+                }
+                exits = new_exits;
+            }
+            _ => {
+                if exits.len() != 1 {
+                    exits = vec![sum(&exits)];
+                }
             }
         }
     }
@@ -689,6 +712,48 @@ scenario "s" {
             "{}",
             err.render_plain()
         );
+    }
+
+    /// The count without the graph against the trajectories the graph lists, for nested
+    /// branch groups of every shape up to a size (a fixed pseudo-random walk of them).
+    #[test]
+    fn counting_without_the_graph_is_the_graphs_count() {
+        fn next(seed: &mut u64, n: u64) -> u64 {
+            *seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (*seed >> 33) % n
+        }
+        fn block(seed: &mut u64, depth: usize, out: &mut String) {
+            for i in 0..next(seed, 4) {
+                if depth < 3 && next(seed, 3) == 0 {
+                    for b in 0..1 + next(seed, 3) {
+                        out.push_str(&format!("branch \"b{depth}{i}{b}\" {{\n"));
+                        block(seed, depth + 1, out);
+                        out.push_str("}\n");
+                    }
+                } else {
+                    out.push_str(&format!("user \"u{depth}{i}\"\n"));
+                }
+            }
+        }
+        let mut seed = 7u64;
+        let mut text = String::from(
+            "agent \"a\" protocol=\"connexity\" url=\"http://127.0.0.1:1/agent/respond\"\n",
+        );
+        for n in 0..200 {
+            text.push_str(&format!("scenario \"s{n}\" {{\nuser \"hi\"\n"));
+            block(&mut seed, 0, &mut text);
+            text.push_str("}\n");
+        }
+        let p = project(&text);
+        let mut shapes = std::collections::BTreeSet::new();
+        for (_, sc) in p.scenarios() {
+            let listed = TrajectoryGraph::build(sc).trajectories.len() as u64;
+            assert_eq!(TrajectoryGraph::count(sc), listed, "{}", sc.id.value);
+            shapes.insert(listed);
+        }
+        assert!(shapes.len() > 5, "too few shapes: {shapes:?}");
     }
 
     #[test]
