@@ -1148,7 +1148,7 @@ fn scenario_warnings(
             }
             if let StepKind::Expect(criteria) = &step.kind {
                 for c in criteria {
-                    out.extend(check_warnings(c, sc, &agents, judged, &warn));
+                    check_warnings(c, sc, &agents, judged, &warn, out);
                 }
             }
             // A human's answer to an agent that never waits for one is never given.
@@ -1172,7 +1172,7 @@ fn scenario_warnings(
             }
         });
         for c in sc.criteria.iter().chain(&sc.expect_tools) {
-            out.extend(check_warnings(c, sc, &agents, judged, &warn));
+            check_warnings(c, sc, &agents, judged, &warn, out);
         }
         for outcome in sc.outcomes.iter().filter(|_| !judged) {
             out.push(warn(
@@ -1185,31 +1185,30 @@ fn scenario_warnings(
     }
 }
 
-/// What `check` says of one criterion: skipped until a feature lands, or nothing to time.
+/// What `check` says of one criterion, added to `out`: skipped until a feature lands, or
+/// nothing to time.
 fn check_warnings(
     c: &Criterion,
     sc: &Scenario,
     agents: &[&Agent],
     judged: bool,
     warn: &impl Fn(Span, String, &str, &str) -> Diagnostic,
-) -> Vec<Diagnostic> {
+    out: &mut Vec<Diagnostic>,
+) {
     let judged = judged && crate::llm::LlmRuntime::is_judged(&c.kind);
-    let skipped = not_runnable::criterion(&c.kind)
-        .filter(|_| !judged)
-        .map(|why| {
-            warn(
-                c.span,
-                skipped_check(sc, c.kind.name()),
-                "will be skipped",
-                why,
-            )
-        });
-    skipped
-        .into_iter()
-        .chain(unmeasured_ttft(c, sc, agents, warn))
-        .chain(without_sandbox(c, sc, agents, warn))
-        .chain(without_spans(c, sc, agents, warn))
-        .collect()
+    if let Some(why) = not_runnable::criterion(&c.kind).filter(|_| !judged) {
+        out.push(warn(
+            c.span,
+            skipped_check(sc, c.kind.name()),
+            "will be skipped",
+            why,
+        ));
+    }
+    // Pushed one by one: a chain of the four optional diagnostics was a kilobyte moved
+    // for every criterion of the project, most of them with nothing to say.
+    out.extend(unmeasured_ttft(c, sc, agents, warn));
+    out.extend(without_sandbox(c, sc, agents, warn));
+    out.extend(without_spans(c, sc, agents, warn));
 }
 
 /// A check on spans against an agent whose spans are not collected for its turns: it will
