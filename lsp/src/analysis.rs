@@ -195,9 +195,14 @@ impl Index {
         Index { files, positions }
     }
 
-    fn file(&self, file: &Path) -> Option<&FileIndex> {
+    /// `file`'s own index.
+    pub fn part(&self, file: &Path) -> Option<&Rc<FileIndex>> {
         let at = *self.positions.get(file)?;
-        self.files.get(at).map(|(_, index)| &**index)
+        self.files.get(at).map(|(_, index)| index)
+    }
+
+    fn file(&self, file: &Path) -> Option<&FileIndex> {
+        self.part(file).map(|index| &**index)
     }
 
     /// Where `key` is defined, file by file.

@@ -51,6 +51,11 @@ pub(crate) struct FileView {
     pub(crate) lines: LineIndex,
 }
 
+/// Whether two texts are the same: the same buffer, or equal.
+fn same_text(a: &Arc<str>, b: &Arc<str>) -> bool {
+    Arc::ptr_eq(a, b) || a == b
+}
+
 impl FileView {
     fn new(text: Arc<str>) -> Self {
         FileView {
@@ -75,8 +80,6 @@ struct ProjectViews {
     project: PathBuf,
     texts: Vec<(PathBuf, Arc<str>)>,
     views: Rc<HashMap<PathBuf, Rc<FileView>>>,
-    /// Each file's own index, made from its view.
-    parts: HashMap<PathBuf, Rc<FileIndex>>,
     index: Rc<Index>,
 }
 
@@ -89,7 +92,7 @@ impl ProjectViews {
                 .texts
                 .iter()
                 .zip(texts)
-                .all(|((a, at), (b, bt))| a == b && (Arc::ptr_eq(at, bt) || at == bt))
+                .all(|((a, at), (b, bt))| a == b && same_text(at, bt))
     }
 }
 
@@ -329,7 +332,7 @@ impl Server {
         let text = self.text(&key)?;
         if let Some(last) = self.project_views.borrow().as_ref()
             && let Some(view) = last.views.get(&key)
-            && (Arc::ptr_eq(&view.text, &text) || view.text == text)
+            && same_text(&view.text, &text)
         {
             return Some(view.clone());
         }
@@ -373,22 +376,19 @@ impl Server {
         // keystroke only the edited file is parsed and indexed again.
         let last = self.project_views.borrow_mut().take();
         let mut views = HashMap::new();
-        let mut parts = HashMap::new();
         let mut files = Vec::new();
         for (file, text) in &texts {
             let kept = last.as_ref().and_then(|last| {
                 let view = last.views.get(file)?;
-                let part = last.parts.get(file)?;
-                (Arc::ptr_eq(&view.text, text) || view.text == *text)
-                    .then(|| (view.clone(), part.clone()))
+                let part = last.index.part(file)?;
+                same_text(&view.text, text).then(|| (view.clone(), part.clone()))
             });
             let (view, part) = kept.unwrap_or_else(|| {
                 let view = Rc::new(FileView::new(text.clone()));
                 let part = Rc::new(FileIndex::of(file, &view.nodes, &self.config.protocols));
                 (view, part)
             });
-            files.push((file.clone(), part.clone()));
-            parts.insert(file.clone(), part);
+            files.push((file.clone(), part));
             views.insert(file.clone(), view);
         }
         drop(last);
@@ -397,7 +397,6 @@ impl Server {
             project,
             texts,
             views: views.clone(),
-            parts,
             index: index.clone(),
         });
         (views, index)
