@@ -261,29 +261,57 @@ async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSummary
         replay_users: options.replay_users.clone(),
     });
 
-    let (senders, receivers): (Vec<_>, Vec<_>) = plan
-        .scenarios
+    // Whether each scenario passed, for the scenarios that need it: only those that some
+    // scenario needs have a channel (each is a few hundred bytes, and a generated suite or a
+    // dataset has tens of thousands of scenarios and usually no `needs`).
+    let mut needed = vec![false; plan.scenarios.len()];
+    for planned in &plan.scenarios {
+        for &need in &planned.needs {
+            if let Some(needed) = needed.get_mut(need) {
+                *needed = true;
+            }
+        }
+    }
+    let (mut senders, receivers): (Vec<_>, Vec<_>) = needed
         .iter()
-        .map(|_| watch::channel(None::<bool>))
+        .map(|&needed| match needed {
+            true => {
+                let (sender, receiver) = watch::channel(None::<bool>);
+                (Some(sender), Some(receiver))
+            }
+            false => (None, None),
+        })
         .unzip();
     let mut scenario_tasks = JoinSet::new();
-    let mut senders: Vec<_> = senders.into_iter().map(Some).collect();
-    for index in start_order(plan.scenarios.len(), &options.first) {
-        let Some(done) = senders.get_mut(index).and_then(Option::take) else {
-            continue;
-        };
-        let needs: Vec<(usize, watch::Receiver<Option<bool>>)> = plan.scenarios[index]
-            .needs
-            .iter()
-            .map(|&n| (n, receivers[n].clone()))
-            .collect();
-        let shared = shared.clone();
-        scenario_tasks.spawn(async move {
-            let ok = run_scenario(&shared, index, needs).await;
-            let _ = done.send(Some(ok));
-        });
-    }
-    let all_done = async { while scenario_tasks.join_next().await.is_some() {} };
+    let window = scenario_window(&plan, jobs);
+    let mut order = start_order(plan.scenarios.len(), &options.first).into_iter();
+    // Spawns the next scenarios in `order` until `window` of them are in flight.
+    let mut spawn_next = |tasks: &mut JoinSet<()>| {
+        while tasks.len() < window {
+            let Some(index) = order.next() else {
+                return;
+            };
+            let done = senders.get_mut(index).and_then(Option::take);
+            let needs: Vec<(usize, watch::Receiver<Option<bool>>)> = plan.scenarios[index]
+                .needs
+                .iter()
+                .filter_map(|&n| Some((n, receivers.get(n)?.clone()?)))
+                .collect();
+            let shared = shared.clone();
+            tasks.spawn(async move {
+                let ok = run_scenario(&shared, index, needs).await;
+                if let Some(done) = done {
+                    let _ = done.send(Some(ok));
+                }
+            });
+        }
+    };
+    spawn_next(&mut scenario_tasks);
+    let all_done = async {
+        while scenario_tasks.join_next().await.is_some() {
+            spawn_next(&mut scenario_tasks);
+        }
+    };
     let abandoned = tokio::select! {
         biased;
         () = all_done => false,
@@ -375,6 +403,20 @@ async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSummary
 /// How long the end of the run waits for missing spans before saying so
 /// ([`crate::otel::SpansNotice::EndWaits`]).
 const GRACE_NOTICE_AFTER: Duration = Duration::from_millis(250);
+
+/// How many scenarios' tasks are in flight at once: every scenario's when any has `needs`
+/// (a scenario waits in its task for those it needs, which may come after it in the
+/// order), otherwise three per job. A scenario's task waits for units' permits
+/// ([`unit_capacity`], two per job) in the order it was spawned, so a third per job keeps
+/// scenarios queued for every permit that frees, while a run of tens of thousands of
+/// scenarios does not hold a task and its first poll for each of them from the start
+/// (docs/performance.md, "Many scenarios").
+fn scenario_window(plan: &Plan, jobs: usize) -> usize {
+    if plan.scenarios.iter().any(|s| !s.needs.is_empty()) {
+        return usize::MAX;
+    }
+    jobs.saturating_mul(3)
+}
 
 /// The order the scenarios' tasks are spawned in, which is the order they take their
 /// units' permits: `first` (each once), then the others in the plan's order.

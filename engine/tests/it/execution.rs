@@ -326,6 +326,32 @@ scenario "checkout" {
     assert!(checkout.skip_reason.as_deref().unwrap().contains("login"));
 }
 
+/// Scenarios whose tasks all wait for one that comes after them: a run that started only
+/// a window of scenarios at a time (three per job) would leave the needed one unstarted
+/// behind the waiting ones, and hang.
+#[tokio::test]
+async fn needs_on_a_later_scenario_past_the_window_of_started_scenarios() {
+    let (url, _) = echo_agent().await;
+    let mut suite = format!("agent \"echo\" protocol=\"connexity\" url=\"{url}\"\n");
+    for i in 0..6 {
+        suite.push_str(&format!(
+            "scenario \"waits-{i}\" {{\n    needs \"login\"\n    user \"buy\"\n    expect no-error\n}}\n"
+        ));
+    }
+    suite.push_str("scenario \"login\" {\n    user \"hi\"\n    expect no-error\n}\n");
+    let run = tokio::time::timeout(std::time::Duration::from_secs(20), run_suite(&suite, 1))
+        .await
+        .expect("the run ended");
+    assert_eq!(run.trajectories.len(), 7);
+    assert!(
+        run.trajectories
+            .iter()
+            .all(|t| t.status == TrajectoryStatus::Passed),
+        "{:#?}",
+        run.trajectories
+    );
+}
+
 /// An agent that answers after `delay`, remembering the most calls it ever had in flight.
 async fn slow_agent(delay: std::time::Duration) -> (String, Arc<std::sync::atomic::AtomicUsize>) {
     use std::sync::atomic::{AtomicUsize, Ordering};

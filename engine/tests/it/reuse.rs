@@ -404,3 +404,39 @@ async fn the_scenarios_named_first_start_before_the_others() {
     assert_eq!(finished_in(vec![3, 1, 3, 9]).await, ["d", "b", "a", "c"]);
     assert_eq!(agent.requests(), 8);
 }
+
+/// More scenarios than the run starts at once (three per job): the ones started as others
+/// end follow the same order, `first` and then the plan's.
+#[tokio::test]
+async fn the_order_holds_past_the_scenarios_started_at_once() {
+    let agent = MisbehavingServer::respond(200, OK_BODY).await;
+    let ids: Vec<String> = (0..10).map(|i| format!("s{i}")).collect();
+    let text = format!(
+        "agent \"bot\" protocol=\"connexity\" url=\"{}\"\n{}",
+        agent.url(),
+        ids.iter()
+            .map(|id| format!("scenario \"{id}\" {{\n    user \"hi\"\n}}\n"))
+            .collect::<String>()
+    );
+    let finished_in = |first: Vec<usize>| {
+        let plan = plan(&text);
+        async move {
+            let (tx, mut rx) = event::channel();
+            let engine = execute::spawn(plan, options(1, None, first), tx);
+            let mut order = Vec::new();
+            while let Some(event) = rx.recv().await {
+                if let Event::Trajectory(t) = event {
+                    order.push(t.scenario.clone());
+                }
+            }
+            engine.await.unwrap();
+            order
+        }
+    };
+    assert_eq!(finished_in(Vec::new()).await, ids);
+    assert_eq!(
+        finished_in(vec![9, 4]).await,
+        ["s9", "s4", "s0", "s1", "s2", "s3", "s5", "s6", "s7", "s8"]
+    );
+    assert_eq!(agent.requests(), 20);
+}
