@@ -189,7 +189,7 @@ async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSummary
     let started = Instant::now()
         .checked_sub(earlier)
         .unwrap_or_else(Instant::now);
-    let plan = Arc::new(plan);
+    let mut plan = plan;
     let _ = events
         .send(Event::RunStarted(run_info(
             &plan,
@@ -230,6 +230,16 @@ async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSummary
         receiver.as_ref().map(|r| r.endpoint()),
     );
     let jobs = options.jobs.clamp(1, MAX_JOBS);
+    let secrets = crate::secrets::Secrets::of_plan(&plan);
+    let window = scenario_window(&plan, jobs);
+    // Each scenario's plan goes to its task, which frees it when the scenario ends: a run of
+    // tens of thousands of scenarios does not hold every plan until its last one ends,
+    // beside the results the reports keep of each (docs/performance.md, "Many scenarios").
+    let mut scenarios: Vec<Option<Arc<PlannedScenario>>> = std::mem::take(&mut plan.scenarios)
+        .into_iter()
+        .map(|planned| Some(Arc::new(planned)))
+        .collect();
+    let plan = Arc::new(plan);
     let shared = Arc::new(Shared {
         plan: plan.clone(),
         agents,
@@ -250,7 +260,7 @@ async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSummary
         strict: options.strict,
         run_id: options.run_id.clone(),
         reuse: options.reuse.clone(),
-        secrets: crate::secrets::Secrets::of_plan(&plan),
+        secrets,
         resume: options.resume.clone(),
         trace,
         trace_hex,
@@ -263,43 +273,49 @@ async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSummary
 
     // Whether each scenario passed, for the scenarios that need it: only those that some
     // scenario needs have a channel (each is a few hundred bytes, and a generated suite or a
-    // dataset has tens of thousands of scenarios and usually no `needs`).
-    let mut needed = vec![false; plan.scenarios.len()];
-    for planned in &plan.scenarios {
+    // dataset has tens of thousands of scenarios and usually no `needs`), and their ids, for
+    // the reason a scenario that needs one is skipped.
+    let mut needed: Vec<Option<String>> = vec![None; scenarios.len()];
+    for planned in scenarios.iter().flatten() {
         for &need in &planned.needs {
-            if let Some(needed) = needed.get_mut(need) {
-                *needed = true;
+            if let Some(slot) = needed.get_mut(need) {
+                *slot = scenarios
+                    .get(need)
+                    .and_then(Option::as_ref)
+                    .map(|n| n.scenario.id.value.clone());
             }
         }
     }
     let (mut senders, receivers): (Vec<_>, Vec<_>) = needed
-        .iter()
-        .map(|&needed| match needed {
-            true => {
+        .into_iter()
+        .map(|id| match id {
+            Some(id) => {
                 let (sender, receiver) = watch::channel(None::<bool>);
-                (Some(sender), Some(receiver))
+                (Some(sender), Some((id, receiver)))
             }
-            false => (None, None),
+            None => (None, None),
         })
         .unzip();
     let mut scenario_tasks = JoinSet::new();
-    let window = scenario_window(&plan, jobs);
-    let mut order = start_order(plan.scenarios.len(), &options.first).into_iter();
+    let mut order = start_order(scenarios.len(), &options.first).into_iter();
     // Spawns the next scenarios in `order` until `window` of them are in flight.
     let mut spawn_next = |tasks: &mut JoinSet<()>| {
         while tasks.len() < window {
             let Some(index) = order.next() else {
                 return;
             };
+            let Some(planned) = scenarios.get_mut(index).and_then(Option::take) else {
+                continue;
+            };
             let done = senders.get_mut(index).and_then(Option::take);
-            let needs: Vec<(usize, watch::Receiver<Option<bool>>)> = plan.scenarios[index]
+            let needs: Vec<Need> = planned
                 .needs
                 .iter()
-                .filter_map(|&n| Some((n, receivers.get(n)?.clone()?)))
+                .filter_map(|&n| receivers.get(n)?.clone())
                 .collect();
             let shared = shared.clone();
             tasks.spawn(async move {
-                let ok = run_scenario(&shared, index, needs).await;
+                let ok = run_scenario(&shared, planned, needs).await;
                 if let Some(done) = done {
                     let _ = done.send(Some(ok));
                 }
@@ -464,6 +480,8 @@ fn unit_capacity(jobs: usize) -> u32 {
 }
 
 struct Shared {
+    /// The plan without its scenarios: each scenario's task owns its own and frees it as it
+    /// ends ([`run_scenario`]), so `plan.scenarios` is empty here.
     plan: Arc<Plan>,
     agents: Agents,
     /// Providers, judges and the response cache.
@@ -594,13 +612,16 @@ impl Totals {
     }
 }
 
-/// Runs every unit of one scenario; returns whether all its trajectories passed.
+/// A scenario another needs: its id, and whether it passed once it has ended.
+type Need = (String, watch::Receiver<Option<bool>>);
+
+/// Runs every unit of one scenario; returns whether all its trajectories passed. The
+/// scenario's plan is freed when this and its units are done with it.
 async fn run_scenario(
     shared: &Arc<Shared>,
-    index: usize,
-    needs: Vec<(usize, watch::Receiver<Option<bool>>)>,
+    planned: Arc<PlannedScenario>,
+    needs: Vec<Need>,
 ) -> bool {
-    let planned = &shared.plan.scenarios[index];
     let mut failed_needs = Vec::new();
     for (need, mut rx) in needs {
         let ok = match rx.wait_for(Option::is_some).await {
@@ -608,7 +629,7 @@ async fn run_scenario(
             Err(_) => false,
         };
         if !ok {
-            failed_needs.push(shared.plan.scenarios[need].scenario.id.value.clone());
+            failed_needs.push(need);
         }
     }
     if !failed_needs.is_empty() || !planned.inactive_needs.is_empty() {
@@ -626,8 +647,8 @@ async fn run_scenario(
         for &agent in &planned.agents {
             for repetition in 0..planned.repeat {
                 for t in 0..planned.trajectories.len() {
-                    if shared.finished(planned, agent, repetition, t).is_none() {
-                        skip_trajectory(shared, planned, agent, repetition, t, &reason).await;
+                    if shared.finished(&planned, agent, repetition, t).is_none() {
+                        skip_trajectory(shared, &planned, agent, repetition, t, &reason).await;
                     }
                 }
             }
@@ -648,7 +669,7 @@ async fn run_scenario(
     for &agent in &planned.agents {
         for repetition in 0..planned.repeat {
             // Finished in an earlier attempt: kept as recorded, nothing to run.
-            if let Some(passed) = shared.unit_finished(planned, agent, repetition) {
+            if let Some(passed) = shared.unit_finished(&planned, agent, repetition) {
                 all_ok &= passed;
                 continue;
             }
@@ -682,12 +703,13 @@ async fn run_scenario(
                 all_ok &= done.unwrap_or(false);
             }
             let shared = shared.clone();
+            let planned = planned.clone();
             // Boxed before it is spawned: tokio moves a task's future into its cell and
             // writes the task's stage (future or output) whole, so an inline 1.3 KB unit
             // was copied about four times per unit (1,800 instructions); boxed, it is
             // copied once and the task moves a pointer.
             units.spawn(Box::pin(async move {
-                let ok = run_unit(&shared, index, agent, repetition).await;
+                let ok = run_unit(&shared, &planned, agent, repetition).await;
                 drop(permit);
                 ok
             }));
@@ -719,11 +741,10 @@ const RAMP_BATCH: u32 = 16;
 /// trajectory did not pass: it cannot satisfy a `needs`).
 async fn run_unit(
     shared: &Arc<Shared>,
-    scenario_index: usize,
+    scenario: &PlannedScenario,
     agent: usize,
     repetition: u32,
 ) -> bool {
-    let scenario = &shared.plan.scenarios[scenario_index];
     let unit = Unit::new(shared, scenario, agent, repetition);
     match shared.agents.get(&shared.plan, agent, &shared.events).await {
         AgentRuntime::Unsupported(reason) => {

@@ -405,6 +405,63 @@ async fn the_scenarios_named_first_start_before_the_others() {
     assert_eq!(agent.requests(), 8);
 }
 
+/// A scenario's plan (and the suite model it holds) is freed when the scenario ends, not
+/// with the run: a run of tens of thousands of scenarios would otherwise hold them all
+/// beside its results until its last scenario ends. One call at a time to an agent that
+/// takes 50 ms, so that each result is read while the next call is under way.
+#[tokio::test]
+async fn a_scenarios_plan_is_freed_when_the_scenario_ends() {
+    let agent = MisbehavingServer::start(trellis_testkit::Behavior::Delayed {
+        delay: std::time::Duration::from_millis(50),
+        body: OK_BODY.to_string(),
+    })
+    .await;
+    let ids = ["a", "b", "c", "d"];
+    let text = format!(
+        "agent \"bot\" protocol=\"connexity\" url=\"{}\"\n{}",
+        agent.url(),
+        ids.iter()
+            .map(|id| format!("scenario \"{id}\" {{\n    user \"hi\"\n}}\n"))
+            .collect::<String>()
+    );
+    let plan = plan(&text);
+    let models: Vec<std::sync::Weak<trellis_dsl::model::Scenario>> = plan
+        .scenarios
+        .iter()
+        .map(|s| Arc::downgrade(&s.scenario))
+        .collect();
+    let alive = |models: &[std::sync::Weak<_>]| -> Vec<&str> {
+        ids.iter()
+            .zip(models)
+            .filter(|(_, m)| m.strong_count() > 0)
+            .map(|(id, _)| *id)
+            .collect()
+    };
+    let (tx, mut rx) = event::channel();
+    let engine = execute::spawn(plan, options(1, None, Vec::new()), tx);
+    let mut seen = Vec::new();
+    while let Some(event) = rx.recv().await {
+        if let Event::Trajectory(t) = event {
+            seen.push((t.scenario.clone(), alive(&models)));
+        }
+    }
+    engine.await.unwrap();
+    assert_eq!(seen.len(), 4, "{seen:?}");
+    // Not freed before it ran.
+    assert!(
+        ["b", "c", "d"].iter().all(|id| seen[0].1.contains(id)),
+        "{seen:?}"
+    );
+    // When the third result comes, the last scenario's call is under way and the first two
+    // have ended (the second one 50 ms before): theirs are freed, the last one's is not.
+    assert_eq!(seen[2].0, "c");
+    assert!(
+        !["a", "b"].iter().any(|id| seen[2].1.contains(id)) && seen[2].1.contains(&"d"),
+        "{seen:?}"
+    );
+    assert!(alive(&models).is_empty());
+}
+
 /// More scenarios than the run starts at once (three per job): the ones started as others
 /// end follow the same order, `first` and then the plan's.
 #[tokio::test]
