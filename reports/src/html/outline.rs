@@ -119,8 +119,9 @@ impl ScenarioOutline {
     /// Adds trajectory `name` with its `nodes` at the end of `paths`; returns its position.
     fn push_path(&mut self, name: &str, nodes: &[String]) -> usize {
         let at = self.paths.len();
-        self.paths.push((name.to_owned(), nodes.to_vec()));
-        self.runs.push(Vec::new());
+        // Most scenarios have one trajectory: room for one, not the four a first push makes.
+        push_sized(&mut self.paths, (name.to_owned(), nodes.to_vec()));
+        push_sized(&mut self.runs, Vec::new());
         match &mut self.path_at {
             Some(positions) => positions.push(name),
             None if self.paths.len() > SCANNED => {
@@ -130,6 +131,17 @@ impl ScenarioOutline {
         }
         at
     }
+}
+
+/// Pushes `item`, making room for exactly one when `items` has none. A `Vec`'s first push
+/// makes room for four; the outline keeps a few lists per scenario that usually hold one
+/// (one trajectory, one agent, one node's turns), and with 20,000 scenarios the three
+/// unused slots of each were 8 MB of the run's peak (docs/performance.md, "Many scenarios").
+fn push_sized<T>(items: &mut Vec<T>, item: T) {
+    if items.capacity() == 0 {
+        items.reserve_exact(1);
+    }
+    items.push(item);
 }
 
 /// What the outline keeps of one node of a scenario.
@@ -198,7 +210,7 @@ impl Outline {
             .map(|t| t.turn_index);
         if let (Some(first), Some(last)) = (own.clone().min(), own.max()) {
             let agent = self.names.get(&node.agent);
-            entry.turns.push((agent, (first, last)));
+            push_sized(&mut entry.turns, (agent, (first, last)));
         }
     }
 
@@ -230,7 +242,7 @@ impl Outline {
             None => {
                 let mut reps = Repetitions::default();
                 reps.add(t.repetition, t.status);
-                runs.push((self.names.get(&t.agent), reps));
+                push_sized(runs, (self.names.get(&t.agent), reps));
             }
         }
         // Skipped and invalid runs say nothing about where the agent went wrong.
