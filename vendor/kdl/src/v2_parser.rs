@@ -1321,21 +1321,38 @@ fn quoted_string(input: &mut Input<'_>) -> PResult<KdlValue> {
         .context(const { &cx().lbl("multi-line quoted string") });
         cut_err(parser).parse_next(input)?
     } else {
+        // PATCH(trellis): a run of plain characters (see `plain_string_run`) is one piece;
+        // any other character goes through the grammar as before. The run was taken a
+        // character at a time, each after failing `peek("\"")`, `newline` and
+        // `ws_escape`, and kept as an `Option<char>` until the body was collected.
         let parser = repeat_till(
             0..,
-            (
-                cut_err(
-                    not(newline).context(const { &cx().msg("Unexpected newline in single-line quoted string")
-                            .hlp("You can make a string multi-line by wrapping it in '\"\"\"', with a newline immediately after the opening quotes.") }),
-                ),
-                alt((
-                    ws_escape.map(|_| None),
-                    string_char.map(Some),
-                ))
-                ).map(|(_, c)| c),
+            alt((
+                plain_string_run.map(BodyPiece::Run),
+                (
+                    cut_err(
+                        not(newline).context(const { &cx().msg("Unexpected newline in single-line quoted string")
+                                .hlp("You can make a string multi-line by wrapping it in '\"\"\"', with a newline immediately after the opening quotes.") }),
+                    ),
+                    alt((
+                        ws_escape.map(|_| BodyPiece::Nothing),
+                        string_char.map(BodyPiece::Char),
+                    ))
+                    ).map(|(_, c)| c),
+            )),
             peek("\"")
         )
-        .map(|(cs, _): (Vec<Option<char>>, _)| cs.into_iter().flatten().collect::<String>())
+        .map(|(pieces, _): (Vec<BodyPiece<'_>>, _)| {
+            let mut body = String::new();
+            for piece in pieces {
+                match piece {
+                    BodyPiece::Run(run) => body.push_str(run),
+                    BodyPiece::Char(c) => body.push(c),
+                    BodyPiece::Nothing => {}
+                }
+            }
+            body
+        })
         .context(const { &cx().lbl("quoted string") });
         cut_err(parser).parse_next(input)?
     };
@@ -1347,6 +1364,25 @@ fn quoted_string(input: &mut Input<'_>) -> PResult<KdlValue> {
     };
     cut_err(closing_quotes).parse_next(input)?;
     Ok(KdlValue::String(body))
+}
+
+/// PATCH(trellis): what a single-line quoted string's body is made of (`quoted_string`).
+enum BodyPiece<'a> {
+    Run(&'a str),
+    Char(char),
+    Nothing,
+}
+
+/// PATCH(trellis): a run of characters that a single-line quoted string takes as
+/// themselves: neither a quote, a backslash, a newline's start nor disallowed. Each would
+/// go through the body's grammar (`peek("\"")` failing, `not(newline)` passing,
+/// `ws_escape` failing, then `string_char`'s fast path) to be taken the same way, one at a
+/// time; nothing in it can end the string or cut.
+fn plain_string_run<'i>(input: &mut Input<'i>) -> PResult<&'i str> {
+    take_while(1.., |c: char| {
+        c != '"' && c != '\\' && !is_newline_start(c) && !is_disallowed_unicode(c)
+    })
+    .parse_next(input)
 }
 
 fn empty_line(input: &mut Input<'_>) -> PResult<&'static str> {
@@ -1845,6 +1881,12 @@ fn newline(input: &mut Input<'_>) -> PResult<()> {
             label: Some(&"newline"),
             ..Default::default()
         }));
+    }
+    // PATCH(trellis): most newlines are a `\n`, the third of `NEWLINES` to be tried; it is
+    // taken at once, as `alt` takes it after the first two fail.
+    if input.peek_token() == Some('\n') {
+        input.next_token();
+        return Ok(());
     }
     alt(NEWLINES)
         .void()
