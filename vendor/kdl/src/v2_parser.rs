@@ -1949,6 +1949,12 @@ fn unicode_space(input: &mut Input<'_>) -> PResult<()> {
 /// `single-line-comment := '//' ^newline* (newline | eof)`
 fn single_line_comment(input: &mut Input<'_>) -> PResult<()> {
     "//".parse_next(input)?;
+    // PATCH(trellis): the comment's text up to a newline's first character is taken at
+    // once. The loop below took it a character at a time, each after failing `newline |
+    // eof` twice (as its end, then in `not`), and `any` takes every such character; at a
+    // newline's first character `newline` matches (each starts a whole newline), so the
+    // loop then ends where it ended before.
+    let _: PResult<&str> = take_while(0.., |c: char| !is_newline_start(c)).parse_next(input);
     repeat_till(
         0..,
         (not(alt((newline, eof.void()))), any),
