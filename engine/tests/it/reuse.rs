@@ -371,37 +371,43 @@ async fn openai_sessions_are_rebuilt_from_the_records_tool_calls_included() {
     assert_eq!(messages[2]["tool_call_id"], "call_0");
 }
 
+/// A suite of one-turn scenarios named `ids`, against the Connexity agent at `url`.
+fn one_turn_scenarios(url: &str, ids: &[impl AsRef<str>]) -> String {
+    let mut text = format!("agent \"bot\" protocol=\"connexity\" url=\"{url}\"\n");
+    for id in ids {
+        let id = id.as_ref();
+        text.push_str(&format!("scenario \"{id}\" {{\n    user \"hi\"\n}}\n"));
+    }
+    text
+}
+
+/// The scenarios of `text` in the order their trajectories finished, with one call slot and
+/// the scenarios `first` started first.
+async fn finished_in(text: &str, first: Vec<usize>) -> Vec<String> {
+    let (tx, mut rx) = event::channel();
+    let engine = execute::spawn(plan(text), options(1, None, first), tx);
+    let mut order = Vec::new();
+    while let Some(event) = rx.recv().await {
+        if let Event::Trajectory(t) = event {
+            order.push(t.scenario.clone());
+        }
+    }
+    engine.await.unwrap();
+    order
+}
+
 /// `RunOptions::first` (what watch starts first: the scenarios a save changed) decides which
 /// scenarios take the call slots first; with one slot, the order they finish in.
 #[tokio::test]
 async fn the_scenarios_named_first_start_before_the_others() {
     let agent = MisbehavingServer::respond(200, OK_BODY).await;
-    let text = format!(
-        "agent \"bot\" protocol=\"connexity\" url=\"{}\"\n{}",
-        agent.url(),
-        ["a", "b", "c", "d"]
-            .iter()
-            .map(|id| format!("scenario \"{id}\" {{\n    user \"hi\"\n}}\n"))
-            .collect::<String>()
-    );
-    let finished_in = |first: Vec<usize>| {
-        let plan = plan(&text);
-        async move {
-            let (tx, mut rx) = event::channel();
-            let engine = execute::spawn(plan, options(1, None, first), tx);
-            let mut order = Vec::new();
-            while let Some(event) = rx.recv().await {
-                if let Event::Trajectory(t) = event {
-                    order.push(t.scenario.clone());
-                }
-            }
-            engine.await.unwrap();
-            order
-        }
-    };
-    assert_eq!(finished_in(Vec::new()).await, ["a", "b", "c", "d"]);
+    let text = one_turn_scenarios(&agent.url(), &["a", "b", "c", "d"]);
+    assert_eq!(finished_in(&text, Vec::new()).await, ["a", "b", "c", "d"]);
     // Named twice, or past the plan: each scenario still runs once.
-    assert_eq!(finished_in(vec![3, 1, 3, 9]).await, ["d", "b", "a", "c"]);
+    assert_eq!(
+        finished_in(&text, vec![3, 1, 3, 9]).await,
+        ["d", "b", "a", "c"]
+    );
     assert_eq!(agent.requests(), 8);
 }
 
@@ -417,13 +423,7 @@ async fn a_scenarios_plan_is_freed_when_the_scenario_ends() {
     })
     .await;
     let ids = ["a", "b", "c", "d"];
-    let text = format!(
-        "agent \"bot\" protocol=\"connexity\" url=\"{}\"\n{}",
-        agent.url(),
-        ids.iter()
-            .map(|id| format!("scenario \"{id}\" {{\n    user \"hi\"\n}}\n"))
-            .collect::<String>()
-    );
+    let text = one_turn_scenarios(&agent.url(), &ids);
     let plan = plan(&text);
     let models: Vec<std::sync::Weak<trellis_dsl::model::Scenario>> = plan
         .scenarios
@@ -468,31 +468,10 @@ async fn a_scenarios_plan_is_freed_when_the_scenario_ends() {
 async fn the_order_holds_past_the_scenarios_started_at_once() {
     let agent = MisbehavingServer::respond(200, OK_BODY).await;
     let ids: Vec<String> = (0..10).map(|i| format!("s{i}")).collect();
-    let text = format!(
-        "agent \"bot\" protocol=\"connexity\" url=\"{}\"\n{}",
-        agent.url(),
-        ids.iter()
-            .map(|id| format!("scenario \"{id}\" {{\n    user \"hi\"\n}}\n"))
-            .collect::<String>()
-    );
-    let finished_in = |first: Vec<usize>| {
-        let plan = plan(&text);
-        async move {
-            let (tx, mut rx) = event::channel();
-            let engine = execute::spawn(plan, options(1, None, first), tx);
-            let mut order = Vec::new();
-            while let Some(event) = rx.recv().await {
-                if let Event::Trajectory(t) = event {
-                    order.push(t.scenario.clone());
-                }
-            }
-            engine.await.unwrap();
-            order
-        }
-    };
-    assert_eq!(finished_in(Vec::new()).await, ids);
+    let text = one_turn_scenarios(&agent.url(), &ids);
+    assert_eq!(finished_in(&text, Vec::new()).await, ids);
     assert_eq!(
-        finished_in(vec![9, 4]).await,
+        finished_in(&text, vec![9, 4]).await,
         ["s9", "s4", "s0", "s1", "s2", "s3", "s5", "s6", "s7", "s8"]
     );
     assert_eq!(agent.requests(), 20);
