@@ -136,7 +136,7 @@ impl ScenarioOutline {
 /// Pushes `item`, making room for exactly one when `items` has none. A `Vec`'s first push
 /// makes room for four; the outline keeps a few lists per scenario that usually hold one
 /// (one trajectory, one agent, one node's turns), and with 20,000 scenarios the three
-/// unused slots of each were 8 MB of the run's peak (docs/performance.md, "Many scenarios").
+/// unused slots of each were 5.6 MB of the run's peak (docs/performance.md, "Many scenarios").
 fn push_sized<T>(items: &mut Vec<T>, item: T) {
     if items.capacity() == 0 {
         items.reserve_exact(1);

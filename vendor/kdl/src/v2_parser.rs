@@ -1379,10 +1379,13 @@ enum BodyPiece<'a> {
 /// `ws_escape` failing, then `string_char`'s fast path) to be taken the same way, one at a
 /// time; nothing in it can end the string or cut.
 fn plain_string_run<'i>(input: &mut Input<'i>) -> PResult<&'i str> {
-    take_while(1.., |c: char| {
-        c != '"' && c != '\\' && !is_newline_start(c) && !is_disallowed_unicode(c)
-    })
-    .parse_next(input)
+    take_while(1.., |c: char| is_plain_string_char(c) && !is_newline_start(c)).parse_next(input)
+}
+
+/// PATCH(trellis): a character a quoted string takes as itself (`string_char`'s fast path):
+/// not a quote, a backslash or a disallowed character.
+fn is_plain_string_char(c: char) -> bool {
+    c != '"' && c != '\\' && !is_disallowed_unicode(c)
 }
 
 fn empty_line(input: &mut Input<'_>) -> PResult<&'static str> {
@@ -1420,9 +1423,7 @@ fn quoted_string_terminator(input: &mut Input<'_>) -> PResult<()> {
 fn string_char(input: &mut Input<'_>) -> PResult<char> {
     // PATCH(trellis): a plain character is taken at once (see `identifier_char`).
     if let Some(c) = input.peek_token()
-        && c != '\\'
-        && c != '"'
-        && !is_disallowed_unicode(c)
+        && is_plain_string_char(c)
     {
         input.next_token();
         return Ok(c);
