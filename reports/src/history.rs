@@ -549,7 +549,10 @@ impl RunMeta {
 /// start to the millisecond, so runs started within one second keep their order), so the
 /// listing and "the last two runs" do not depend on the file system's order. Watch's
 /// [`WATCH_LATEST`] mirror, its reruns ([`is_watch_rerun`]) and shards of a run
-/// ([`is_shard_run`]) are not whole runs and are left out.
+/// ([`is_shard_run`]) are not whole runs and are left out. A run found in more than one
+/// directory (its reports rebuilt elsewhere with `trellis report RUN --out`, or a copy) is
+/// listed once, from the directory holding its journal (else the first by path): twice, it
+/// was two runs to `compare`'s "the last two", which then refused to compare it with itself.
 pub fn list_runs(runs_dir: &Path) -> Result<Vec<RunEntry>, HistoryError> {
     let read = match std::fs::read_dir(runs_dir) {
         Ok(read) => read,
@@ -573,6 +576,12 @@ pub fn list_runs(runs_dir: &Path) -> Result<Vec<RunEntry>, HistoryError> {
             runs.push(read_run(&dir)?);
         }
     }
+    // Per run id, the directory with the journal first, then by path.
+    runs.sort_by_cached_key(|r| {
+        let journal = trellis_journal::find(&r.dir).is_some();
+        (r.run_id.clone(), !journal, r.dir.clone())
+    });
+    runs.dedup_by(|later, first| later.run_id == first.run_id);
     runs.sort_by(|a, b| {
         (a.started_at.as_deref(), &a.run_id).cmp(&(b.started_at.as_deref(), &b.run_id))
     });

@@ -223,15 +223,43 @@ pub fn write_reports_to(
     };
     let mut writer = ReportWriter::start(out_dir, &info, options)?;
     writer.journal_path.clone_from(&journal_path);
-    if out_dir != run_dir {
+    // The copy's `run.json`: written before the tables, as a run writes its own first.
+    let mut meta_not_written = None;
+    if out_dir != run_dir && !history::same_dir(out_dir, run_dir) {
         writer.meta = history::RunMeta::read(run_dir).ok().flatten();
+        if let Some(meta) = &writer.meta {
+            meta_not_written = copy_meta(meta, out_dir).err();
+        }
     }
     while let Some(entry) = journal.next_entry()? {
         writer.push(&entry);
     }
     writer.skipped_lines = journal.skipped();
     drop(journal);
-    Ok(writer.finish())
+    let mut files = writer.finish();
+    files.not_written.extend(meta_not_written);
+    Ok(files)
+}
+
+/// Writes `meta`, the `run.json` of the run whose reports are rebuilt into `out_dir`, there
+/// too. Without it the copy was a run that did not say what it ran: every later run next
+/// to it read its whole `summary.json` for a trend (22 MB for a 20,000-scenario run), and
+/// the history took it for a second run ([`history::list_runs`] now lists one run id once).
+/// The run's name and pin stay with the run's own directory: a copy is not the run people
+/// named or pinned.
+fn copy_meta(meta: &history::RunMeta, out_dir: &Path) -> Result<(), (PathBuf, ReportError)> {
+    let copy = history::RunMeta {
+        name: None,
+        baseline: false,
+        ..meta.clone()
+    };
+    copy.write(out_dir).map_err(|e| {
+        let path = out_dir.join(history::RUN_META_FILE);
+        (
+            path.clone(),
+            ReportError::io("write", path, std::io::Error::other(e)),
+        )
+    })
 }
 
 /// Builds every results file from journal entries as they arrive, so a run can report

@@ -804,6 +804,71 @@ async fn report_out_rebuilds_into_another_directory_and_leaves_the_run_alone() {
     assert!(trellis_engine::journal::find(&elsewhere).is_none());
 }
 
+/// Reports rebuilt into the runs directory (`trellis report RUN --out runs/rebuilt`) are a
+/// copy of RUN, not another run: the listing has RUN once, `compare`'s "last two" are two
+/// runs (they were RUN and its copy, refused as a run compared with itself), and the copy
+/// says in its `run.json` what RUN ran, without the name given to RUN's directory.
+#[tokio::test]
+async fn reports_rebuilt_next_to_the_runs_are_not_another_run() {
+    let work = tempfile::tempdir().unwrap();
+    let ids = run_back_to_back(work.path(), 2).await;
+    let runs = work.path().join("runs");
+    let o = trellis()
+        .args(["runs", "name", &ids[1], "head", "--dir"])
+        .arg(&runs)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let rebuilt = runs.join("rebuilt");
+    let o = trellis()
+        .arg("report")
+        .arg(runs.join(&ids[1]))
+        .arg("--out")
+        .arg(&rebuilt)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+
+    let meta = |dir: &Path| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(dir.join("run.json")).unwrap()).unwrap()
+    };
+    let (run, copy) = (meta(&runs.join(&ids[1])), meta(&rebuilt));
+    assert_eq!(copy["run_id"], ids[1].as_str());
+    assert_eq!(copy["source"], run["source"]);
+    assert!(
+        copy["source"]["files"][0]["path"]
+            .as_str()
+            .unwrap()
+            .ends_with("booking.kdl")
+    );
+    assert_eq!(run["name"], "head");
+    assert!(copy.get("name").is_none(), "{copy}");
+
+    let o = trellis()
+        .args(["runs", "--json", "--dir"])
+        .arg(&runs)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let listed: Vec<serde_json::Value> = serde_json::from_str(&stdout(&o)).unwrap();
+    let listed: Vec<(&str, &str)> = listed
+        .iter()
+        .map(|r| (r["run_id"].as_str().unwrap(), r["dir"].as_str().unwrap()))
+        .collect();
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    assert_eq!(listed[1].0, ids[1]);
+    assert!(listed[1].1.ends_with(&ids[1]), "{listed:?}");
+
+    let o = compare(&runs, &["--json", "--max-latency-increase", "100000"]).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let c: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(c["base"]["run_id"], ids[0]);
+    assert_eq!(c["head"]["run_id"], ids[1]);
+}
+
 #[tokio::test]
 async fn colour_follows_clicolor_force_and_no_color() {
     let runs = tempfile::tempdir().unwrap();
