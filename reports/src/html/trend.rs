@@ -295,14 +295,135 @@ fn run_id_key(name: &str) -> Option<(String, String)> {
 }
 
 /// Reads what a trend needs of the `summary.json` at `path`, keeping the scenario rows of
-/// `wanted`.
+/// `wanted`: a line at a time as Trellis writes it ([`read_summary_rows`]), else whole
+/// ([`read_summary_whole`]).
+fn read_summary(path: &Path, wanted: &Wanted<'_>, text: &mut Vec<u8>) -> Option<TrendStats> {
+    let file = std::fs::File::open(path).ok()?;
+    match read_summary_rows(file, wanted, text) {
+        Some(read) => read,
+        None => read_summary_whole(path, wanted, text),
+    }
+}
+
+/// The longest head (everything before the scenario rows: the run's metadata and
+/// aggregates) [`read_summary_rows`] takes; a longer one is not a summary as written here.
+const MAX_HEAD: usize = 1 << 20;
+
+/// Reads a summary as `summary.json` is written (`crate::json::RowsFormatter`): its head up
+/// to the line that opens `"scenarios": [`, then one scenario row per line, each starting
+/// with its suite and scenario; `None` when the file is laid out otherwise (an earlier
+/// version, or written by hand), for [`read_summary_whole`] to read.
+///
+/// A row whose names are not wanted is passed over from its first bytes, unparsed, and the
+/// file is read through a small buffer: a page drawing a few scenarios next to runs of a
+/// 20,000-scenario suite parsed every row of each (about 25 ms and a 22 MB buffer apiece),
+/// so a one-scenario `--filter` run next to five of them took 150 ms to write its results
+/// instead of 2.
+fn read_summary_rows(
+    file: std::fs::File,
+    wanted: &Wanted<'_>,
+    head: &mut Vec<u8>,
+) -> Option<Option<TrendStats>> {
+    use std::io::{BufRead as _, Read as _};
+    let mut reader = std::io::BufReader::with_capacity(1 << 16, file);
+    head.clear();
+    loop {
+        let start = head.len();
+        // At most what is left of the head's room, so that a summary on one line (written
+        // compact) is not read whole twice.
+        let room = (MAX_HEAD - start) as u64;
+        if (&mut reader).take(room).read_until(b'\n', head).ok()? == 0 || head.len() >= MAX_HEAD {
+            return None;
+        }
+        if head[start..].trim_ascii() == br#""scenarios": ["# {
+            head.truncate(start);
+            break;
+        }
+    }
+    // The head is an object cut after `stats`' aggregates: closed, it gives the run.
+    let cut = head.trim_ascii_end();
+    let cut = cut.strip_suffix(b",").unwrap_or(cut).len();
+    head.truncate(cut);
+    head.extend_from_slice(b"}}");
+    #[derive(Deserialize)]
+    struct Head {
+        stats: HeadStats,
+    }
+    #[derive(Deserialize)]
+    struct HeadStats {
+        run_id: String,
+        started_at: String,
+    }
+    let Head {
+        stats: HeadStats { run_id, started_at },
+    } = serde_json::from_slice(head).ok()?;
+    let mut scenarios = Vec::new();
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        if reader.read_until(b'\n', &mut line).ok()? == 0 {
+            // Cut short in its rows: not a whole summary, however it is read.
+            return Some(None);
+        }
+        let row = line.trim_ascii();
+        let row = row.strip_suffix(b",").unwrap_or(row);
+        if row == b"]" {
+            break;
+        }
+        if !(row.starts_with(b"{") && row.ends_with(b"}")) {
+            return None;
+        }
+        if let Some(names) = plain_names(row)
+            && !wanted.contains(&names)
+        {
+            continue;
+        }
+        let row: RowIn<'_> = serde_json::from_slice(row).ok()?;
+        if wanted.contains(&(row.suite.as_ref(), row.scenario.as_ref())) {
+            scenarios.push(ScenarioRow {
+                suite: row.suite.into_owned(),
+                scenario: row.scenario.into_owned(),
+                counts: row.counts,
+            });
+        }
+    }
+    Some(Some(TrendStats {
+        run_id,
+        started_at,
+        scenarios,
+    }))
+}
+
+/// A scenario row's suite and scenario as written at its start
+/// (`{"suite":"…","scenario":"…",`), when neither has an escape to undo; `None` otherwise,
+/// and the row is parsed to know.
+fn plain_names(row: &[u8]) -> Option<(&str, &str)> {
+    let rest = row.strip_prefix(br#"{"suite":""#)?;
+    let (suite, rest) = plain_string(rest)?;
+    let rest = rest.strip_prefix(br#","scenario":""#)?;
+    let (scenario, rest) = plain_string(rest)?;
+    rest.starts_with(b",").then_some((suite, scenario))
+}
+
+/// The text of a JSON string up to its closing quote, and what follows the quote; `None`
+/// when an escape comes first.
+fn plain_string(text: &[u8]) -> Option<(&str, &[u8])> {
+    let end = text.iter().position(|&b| b == b'"' || b == b'\\')?;
+    if text[end] != b'"' {
+        return None;
+    }
+    Some((std::str::from_utf8(&text[..end]).ok()?, &text[end + 1..]))
+}
+
+/// Reads what a trend needs of the `summary.json` at `path` whatever its layout, as a JSON
+/// value, keeping the scenario rows of `wanted`.
 ///
 /// The scenario rows come before the branches, nodes and criteria in `stats`, and reading
 /// stops once they are read: a 20,000-row dataset's summary is 43 MB, of which the rows
 /// are the first 17, and the end of every run next to such runs read each of them whole
 /// (80 ms and 45 MB each, for a run that took 10 ms). The stop is an error the reading
 /// returns once the value is in hand; a file that ends before it is not a summary.
-fn read_summary(path: &Path, wanted: &Wanted<'_>, text: &mut Vec<u8>) -> Option<TrendStats> {
+fn read_summary_whole(path: &Path, wanted: &Wanted<'_>, text: &mut Vec<u8>) -> Option<TrendStats> {
     use std::io::Read as _;
     // Read whole, not through a reader: serde_json parses a reader's bytes one call at a
     // time, which took three times the instructions of the whole file read and parsed.
@@ -649,6 +770,96 @@ mod tests {
         std::fs::write(&path, r#"{"stats": {"scenarios": [], "started_at": "x"}}"#).unwrap();
         assert!(read_summary(&path, &wanted, &mut Vec::new()).is_none());
         std::fs::write(&path, r#"{"meta": {}}"#).unwrap();
+        assert!(read_summary(&path, &wanted, &mut Vec::new()).is_none());
+    }
+
+    /// A summary as `summary.json` is written is read a line at a time, unwanted rows
+    /// passed over unparsed, to what reading it whole gives: names with escapes, non-ASCII
+    /// text and a row whose names start like a wanted one's included. A summary laid out
+    /// otherwise (compact, on one line) is read whole.
+    #[test]
+    fn a_summary_as_written_is_read_by_its_lines_as_it_reads_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("summary.json");
+        let names = [
+            ("s", "plain"),
+            ("s", "plain-not"),
+            ("s", "q\"uote"),
+            ("s", "back\\slash"),
+            ("sü", "café ☕"),
+            ("t", "plain"),
+        ];
+        let mut stats = crate::stats::RunStats {
+            run_id: "20261104T000000.000Z-aaaa".into(),
+            started_at: "2026-11-04T00:00:00.000Z".into(),
+            suites: vec!["s".into(), "t".into()],
+            ..Default::default()
+        };
+        for (i, (suite, scenario)) in names.iter().enumerate() {
+            let row = serde_json::json!({"suite": suite, "scenario": scenario, "agent": "a",
+                "counts": {"trajectories": 4, "passed": i, "failed": 0, "errors": 0,
+                    "skipped": 1, "invalid": 0},
+                "repeats": {"samples": 4, "passed": i, "skipped": 1, "pass_rate": null,
+                    "interval": null, "at_k": [], "flaky": false},
+                "latency": {"turns": 4, "p50_ms": 1.5, "p95_ms": 2.0, "max_ms": 3.0,
+                    "mean_ms": 1.75}});
+            stats
+                .scenarios
+                .push(serde_json::from_value(row).expect("a scenario row"));
+        }
+        let summary = crate::Summary {
+            schema_version: 2,
+            meta: Some(crate::history::RunMeta {
+                run_id: stats.run_id.clone(),
+                labels: [("scenarios".to_owned(), "[".to_owned())].into(),
+                ..Default::default()
+            }),
+            stats,
+        };
+        crate::write_json(&path, &summary).unwrap();
+        let kept = |read: &TrendStats| -> Vec<(String, String, u64)> {
+            read.scenarios
+                .iter()
+                .map(|r| (r.suite.clone(), r.scenario.clone(), r.counts.passed))
+                .collect()
+        };
+        for wanted in [
+            vec![("s", "plain"), ("sü", "café ☕"), ("s", "q\"uote")],
+            vec![("s", "back\\slash"), ("t", "plain"), ("x", "none")],
+            names.to_vec(),
+        ] {
+            let wanted = wanted.into_iter().collect::<Wanted>();
+            let file = std::fs::File::open(&path).unwrap();
+            let by_lines = read_summary_rows(file, &wanted, &mut Vec::new())
+                .expect("laid out as written")
+                .expect("a whole summary");
+            let whole = read_summary_whole(&path, &wanted, &mut Vec::new()).unwrap();
+            assert_eq!(kept(&by_lines), kept(&whole));
+            assert_eq!(
+                kept(&by_lines).len(),
+                wanted.iter().filter(|w| w.0 != "x").count()
+            );
+            assert_eq!(
+                (by_lines.run_id.as_str(), by_lines.started_at.as_str()),
+                (whole.run_id.as_str(), whole.started_at.as_str())
+            );
+        }
+
+        // Compact: not the layout, so read whole, to the same rows.
+        let wanted = names.iter().copied().collect::<Wanted>();
+        let compact = serde_json::to_string(&summary).unwrap();
+        std::fs::write(&path, &compact).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        assert!(read_summary_rows(file, &wanted, &mut Vec::new()).is_none());
+        assert_eq!(
+            kept(&read_summary(&path, &wanted, &mut Vec::new()).unwrap()).len(),
+            6
+        );
+
+        // Cut short in its rows: no trend, whichever way it is read.
+        crate::write_json(&path, &summary).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::write(&path, &text[..text.find("café").unwrap()]).unwrap();
         assert!(read_summary(&path, &wanted, &mut Vec::new()).is_none());
     }
 
