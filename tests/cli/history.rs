@@ -155,6 +155,18 @@ pub(super) fn write_run(runs_dir: &Path, name: &str, started_at: &str, samples: 
     assert!(files.not_written.is_empty(), "{:?}", files.not_written);
 }
 
+/// `trellis runs --json --dir RUNS`, which must succeed: the runs it lists.
+pub(super) async fn runs_json(runs: &Path) -> Vec<serde_json::Value> {
+    let o = trellis()
+        .args(["runs", "--json", "--dir"])
+        .arg(runs)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
 pub(super) async fn compare(runs: &Path, args: &[&str]) -> std::process::Output {
     trellis()
         .arg("compare")
@@ -846,14 +858,7 @@ async fn reports_rebuilt_next_to_the_runs_are_not_another_run() {
     assert_eq!(run["name"], "head");
     assert!(copy.get("name").is_none(), "{copy}");
 
-    let o = trellis()
-        .args(["runs", "--json", "--dir"])
-        .arg(&runs)
-        .output()
-        .await
-        .unwrap();
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let listed: Vec<serde_json::Value> = serde_json::from_str(&stdout(&o)).unwrap();
+    let listed = runs_json(&runs).await;
     let listed: Vec<(&str, &str)> = listed
         .iter()
         .map(|r| (r["run_id"].as_str().unwrap(), r["dir"].as_str().unwrap()))
@@ -935,21 +940,9 @@ async fn runs_json_lists_a_run_whose_directory_name_is_not_utf8() {
     );
     let odd = runs.path().join(std::ffi::OsStr::from_bytes(b"odd-\xff"));
     std::fs::rename(runs.path().join("odd"), &odd).unwrap();
-    let o = trellis()
-        .args(["runs", "--json", "--dir"])
-        .arg(runs.path())
-        .output()
-        .await
-        .unwrap();
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let list: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let dirs: Vec<&str> = list
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|r| r["dir"].as_str())
-        .collect();
-    assert_eq!(dirs.len(), 2, "{list}");
+    let list = runs_json(runs.path()).await;
+    let dirs: Vec<&str> = list.iter().filter_map(|r| r["dir"].as_str()).collect();
+    assert_eq!(dirs.len(), 2, "{list:?}");
     assert!(dirs.iter().any(|d| d.ends_with("odd-\u{fffd}")), "{dirs:?}");
 }
 
@@ -1057,14 +1050,7 @@ async fn runs_made_back_to_back_are_listed_and_compared_in_the_order_they_starte
     dirs.sort();
     assert_eq!(dirs, ids);
 
-    let o = trellis()
-        .args(["runs", "--json", "--dir"])
-        .arg(&runs)
-        .output()
-        .await
-        .unwrap();
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let listed: Vec<serde_json::Value> = serde_json::from_str(&stdout(&o)).unwrap();
+    let listed = runs_json(&runs).await;
     let listed: Vec<&str> = listed
         .iter()
         .map(|r| r["run_id"].as_str().unwrap())
@@ -1155,14 +1141,7 @@ async fn watch_reruns_are_not_runs_of_the_history() {
         &[sample("main", 0, false, 10.0)],
     );
 
-    let o = trellis()
-        .args(["runs", "--json", "--dir"])
-        .arg(runs.path())
-        .output()
-        .await
-        .unwrap();
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let listed: Vec<serde_json::Value> = serde_json::from_str(&stdout(&o)).unwrap();
+    let listed = runs_json(runs.path()).await;
     let dirs: Vec<&str> = listed
         .iter()
         .map(|r| r["dir"].as_str().unwrap().rsplit('/').next().unwrap())
@@ -1700,14 +1679,8 @@ async fn a_run_that_checked_nothing_is_not_pinned_unless_forced() {
         "{said}"
     );
     assert!(said.contains("--force"), "{said}");
-    let listed = trellis()
-        .args(["runs", "--json", "--dir"])
-        .arg(&runs)
-        .output()
-        .await
-        .unwrap();
-    let listed: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
-    assert_eq!(listed[0]["baseline"], false, "{listed}");
+    let listed = runs_json(&runs).await;
+    assert_eq!(listed[0]["baseline"], false, "{listed:?}");
     let o = pin(&["--force"]).await;
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
 }

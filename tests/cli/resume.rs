@@ -1242,23 +1242,15 @@ async fn a_stopped_run_of_a_forking_agent_fails_the_comparison_though_it_recorde
         "{}",
         stdout(&o)
     );
-    let o = trellis()
-        .args(["runs", "--json", "--dir"])
-        .arg(&runs)
-        .output()
-        .await
-        .unwrap();
-    let listed: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let listed = super::history::runs_json(&runs).await;
     let stopped_of = |name: &str| {
         listed
-            .as_array()
-            .unwrap()
             .iter()
             .find(|r| r["dir"].as_str().unwrap().ends_with(name))
             .map(|r| r["stopped"].clone())
     };
-    assert_eq!(stopped_of("stopped"), Some(true.into()), "{listed}");
-    assert_eq!(stopped_of("full"), Some(false.into()), "{listed}");
+    assert_eq!(stopped_of("stopped"), Some(true.into()), "{listed:?}");
+    assert_eq!(stopped_of("full"), Some(false.into()), "{listed:?}");
     let html = std::fs::read_to_string(stopped.join("report.html")).unwrap();
     assert!(html.contains("Stopped before its end"));
     assert!(!html.contains(&format!("of {planned} planned trajectories (")));

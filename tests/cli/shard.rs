@@ -1235,19 +1235,8 @@ async fn shards_are_balanced_by_the_latest_whole_run_and_agree_on_the_split() {
         .await
         .unwrap();
     assert_eq!(merged.status.code(), Some(0), "{}", said(&merged));
-    let listed = trellis()
-        .args(["runs", "--json", "--dir"])
-        .arg(&runs)
-        .output()
-        .await
-        .unwrap();
-    let listed: serde_json::Value = serde_json::from_str(&stdout(&listed)).unwrap();
-    let dirs: Vec<&str> = listed
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["dir"].as_str().unwrap())
-        .collect();
+    let listed = super::history::runs_json(&runs).await;
+    let dirs: Vec<&str> = listed.iter().map(|r| r["dir"].as_str().unwrap()).collect();
     assert_eq!(dirs.len(), 2, "{dirs:?}");
     assert!(
         dirs.iter()
