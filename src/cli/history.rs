@@ -244,10 +244,7 @@ fn list(dir: &Path, json: bool) -> u8 {
             Cell::new(run.started_at.as_deref().unwrap_or("-")),
             Cell::new(run.trajectories.map_or("-".into(), |n| n.to_string())),
             Cell::new(percent(run.pass_rate())),
-            Cell::new(
-                run.duration_ms
-                    .map_or("-".into(), |ms| format!("{:.1}s", ms / 1000.0)),
-            ),
+            Cell::new(run.duration_ms.map_or("-".into(), run_duration)),
             Cell::new(
                 run.labels
                     .iter()
@@ -807,4 +804,28 @@ pub fn resolve_baseline(runs_dir: &Path, what: &str) -> Result<RunEntry, u8> {
         }
         code
     })
+}
+
+/// A run's wall time as the listing shows it: milliseconds under a second (a run of a few
+/// trajectories read `0.0s`), else seconds to a tenth.
+fn run_duration(ms: f64) -> String {
+    if ms < 999.5 {
+        format!("{ms:.0}ms")
+    } else {
+        format!("{:.1}s", ms / 1000.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::run_duration;
+
+    #[test]
+    fn short_runs_are_listed_in_milliseconds_and_long_ones_in_seconds() {
+        let shown: Vec<String> = [0.4, 23.4, 999.4, 999.6, 1_049.0, 61_234.0]
+            .into_iter()
+            .map(run_duration)
+            .collect();
+        assert_eq!(shown, ["0ms", "23ms", "999ms", "1.0s", "1.0s", "61.2s"]);
+    }
 }
