@@ -415,8 +415,8 @@ fn plain_string(text: &[u8]) -> Option<(&str, &[u8])> {
     Some((std::str::from_utf8(&text[..end]).ok()?, &text[end + 1..]))
 }
 
-/// Reads what a trend needs of the `summary.json` at `path` whatever its layout, as a JSON
-/// value, keeping the scenario rows of `wanted`.
+/// Reads what a trend needs of the `summary.json` at `path` whatever its layout (the whole
+/// text, through serde), keeping the scenario rows of `wanted`.
 ///
 /// The scenario rows come before the branches, nodes and criteria in `stats`, and reading
 /// stops once they are read: a 20,000-row dataset's summary is 43 MB, of which the rows
