@@ -576,16 +576,34 @@ pub fn list_runs(runs_dir: &Path) -> Result<Vec<RunEntry>, HistoryError> {
             runs.push(read_run(&dir)?);
         }
     }
-    // Per run id, the directory with the journal first, then by path.
-    runs.sort_by_cached_key(|r| {
-        let journal = trellis_journal::find(&r.dir).is_some();
-        (r.run_id.clone(), !journal, r.dir.clone())
-    });
-    runs.dedup_by(|later, first| later.run_id == first.run_id);
+    let mut runs = once_per_run(runs);
     runs.sort_by(|a, b| {
         (a.started_at.as_deref(), &a.run_id).cmp(&(b.started_at.as_deref(), &b.run_id))
     });
     Ok(runs)
+}
+
+/// `runs` with each run id once: of the directories holding one run, the one with the
+/// journal, else the first by path. Journals are looked for only where two directories
+/// hold the same run, not for every run listed.
+fn once_per_run(runs: Vec<RunEntry>) -> Vec<RunEntry> {
+    let rank = |r: &RunEntry| (trellis_journal::find(&r.dir).is_none(), r.dir.clone());
+    let mut at: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    let mut kept: Vec<RunEntry> = Vec::with_capacity(runs.len());
+    for run in runs {
+        match at.get(&run.run_id) {
+            Some(&i) => {
+                if rank(&run) < rank(&kept[i]) {
+                    kept[i] = run;
+                }
+            }
+            None => {
+                at.insert(run.run_id.clone(), kept.len());
+                kept.push(run);
+            }
+        }
+    }
+    kept
 }
 
 /// Reads what a run directory says about its run: `runs.parquet` when it was written,

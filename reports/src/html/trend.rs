@@ -298,10 +298,15 @@ fn run_id_key(name: &str) -> Option<(String, String)> {
 /// `wanted`: a line at a time as Trellis writes it ([`read_summary_rows`]), else whole
 /// ([`read_summary_whole`]).
 fn read_summary(path: &Path, wanted: &Wanted<'_>, text: &mut Vec<u8>) -> Option<TrendStats> {
+    use std::io::Seek as _;
     let file = std::fs::File::open(path).ok()?;
-    match read_summary_rows(file, wanted, text) {
+    match read_summary_rows(&file, wanted, text) {
         Some(read) => read,
-        None => read_summary_whole(path, wanted, text),
+        // The same file from its start: not opened again.
+        None => {
+            (&file).rewind().ok()?;
+            read_summary_whole(&file, wanted, text)
+        }
     }
 }
 
@@ -320,7 +325,7 @@ const MAX_HEAD: usize = 1 << 20;
 /// so a one-scenario `--filter` run next to five of them took 150 ms to write its results
 /// instead of 2.
 fn read_summary_rows(
-    file: std::fs::File,
+    file: &std::fs::File,
     wanted: &Wanted<'_>,
     head: &mut Vec<u8>,
 ) -> Option<Option<TrendStats>> {
@@ -415,22 +420,24 @@ fn plain_string(text: &[u8]) -> Option<(&str, &[u8])> {
     Some((std::str::from_utf8(&text[..end]).ok()?, &text[end + 1..]))
 }
 
-/// Reads what a trend needs of the `summary.json` at `path` whatever its layout (the whole
-/// text, through serde), keeping the scenario rows of `wanted`.
+/// Reads what a trend needs of a `summary.json` whatever its layout (the whole text from
+/// `file`'s position, through serde), keeping the scenario rows of `wanted`.
 ///
 /// The scenario rows come before the branches, nodes and criteria in `stats`, and reading
 /// stops once they are read: a 20,000-row dataset's summary is 43 MB, of which the rows
 /// are the first 17, and the end of every run next to such runs read each of them whole
 /// (80 ms and 45 MB each, for a run that took 10 ms). The stop is an error the reading
 /// returns once the value is in hand; a file that ends before it is not a summary.
-fn read_summary_whole(path: &Path, wanted: &Wanted<'_>, text: &mut Vec<u8>) -> Option<TrendStats> {
+fn read_summary_whole(
+    mut file: &std::fs::File,
+    wanted: &Wanted<'_>,
+    text: &mut Vec<u8>,
+) -> Option<TrendStats> {
     use std::io::Read as _;
     // Read whole, not through a reader: serde_json parses a reader's bytes one call at a
     // time, which took three times the instructions of the whole file read and parsed.
     text.clear();
-    std::fs::File::open(path)
-        .and_then(|mut file| file.read_to_end(text))
-        .ok()?;
+    file.read_to_end(text).ok()?;
     let mut found = None;
     let mut reader = serde_json::Deserializer::from_slice(text);
     let read = SummarySeed {
@@ -817,6 +824,7 @@ mod tests {
             stats,
         };
         crate::write_json(&path, &summary).unwrap();
+        let open = || std::fs::File::open(&path).unwrap();
         let kept = |read: &TrendStats| -> Vec<(String, String, u64)> {
             read.scenarios
                 .iter()
@@ -829,11 +837,10 @@ mod tests {
             names.to_vec(),
         ] {
             let wanted = wanted.into_iter().collect::<Wanted>();
-            let file = std::fs::File::open(&path).unwrap();
-            let by_lines = read_summary_rows(file, &wanted, &mut Vec::new())
+            let by_lines = read_summary_rows(&open(), &wanted, &mut Vec::new())
                 .expect("laid out as written")
                 .expect("a whole summary");
-            let whole = read_summary_whole(&path, &wanted, &mut Vec::new()).unwrap();
+            let whole = read_summary_whole(&open(), &wanted, &mut Vec::new()).unwrap();
             assert_eq!(kept(&by_lines), kept(&whole));
             assert_eq!(
                 kept(&by_lines).len(),
@@ -849,8 +856,7 @@ mod tests {
         let wanted = names.iter().copied().collect::<Wanted>();
         let compact = serde_json::to_string(&summary).unwrap();
         std::fs::write(&path, &compact).unwrap();
-        let file = std::fs::File::open(&path).unwrap();
-        assert!(read_summary_rows(file, &wanted, &mut Vec::new()).is_none());
+        assert!(read_summary_rows(&open(), &wanted, &mut Vec::new()).is_none());
         assert_eq!(
             kept(&read_summary(&path, &wanted, &mut Vec::new()).unwrap()).len(),
             6
