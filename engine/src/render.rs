@@ -17,7 +17,7 @@
 //! changing, and a run sees one consistent environment from start to end.
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use minijinja::value::{Object, Serde, Value};
 use minijinja::{Environment, UndefinedBehavior};
@@ -344,10 +344,17 @@ impl Object for EnvVars {
 /// were a sixth of the memory of planning 30,000 small scenarios. A run lets go of it once
 /// the scenario is done ([`ScenarioScope::release`]): kept, the scopes of a 20,000-row
 /// dataset's instances were 37 MB at the run's end.
+///
+/// Each variable is converted for templates the first time a template reads it, and a
+/// render's scope is an object over the scenario's ([`Scope`]), not a copy of it: a
+/// dataset's instance renders `{{ row.q }}` and never reads `scenario` or `user_context`,
+/// and building all of them for every instance, copying them into a map for every render
+/// and dropping them was a tenth of a 20,000-row run's thread (docs/performance.md, "Many
+/// scenarios").
 #[derive(Debug)]
 pub struct ScenarioScope {
     from: ScopeFrom,
-    base: Mutex<Option<Arc<BTreeMap<String, Value>>>>,
+    base: Mutex<Option<Arc<ScopeBase>>>,
 }
 
 impl Clone for ScenarioScope {
@@ -388,7 +395,7 @@ impl ScenarioScope {
     }
 
     /// The scope as built, if it is.
-    fn built(&self) -> Option<Arc<BTreeMap<String, Value>>> {
+    fn built(&self) -> Option<Arc<ScopeBase>> {
         // A panic while the lock was held (none is expected: building does not lock) leaves
         // the value as it was, which is still the scope.
         self.base
@@ -397,33 +404,35 @@ impl ScenarioScope {
             .clone()
     }
 
-    fn base(&self) -> Arc<BTreeMap<String, Value>> {
-        if let Some(base) = self.built() {
-            return base;
-        }
-        // Built outside the lock; two renders racing to build it build the same scope.
-        let base = Arc::new(match &self.from {
-            ScopeFrom::Scenario {
-                scenario,
-                persona,
-                env,
-            } => scenario_base(scenario, persona.as_deref(), env),
-            ScopeFrom::EnvOnly(env) => {
-                let mut base = BTreeMap::new();
-                base.insert("env".into(), Value::from_object(EnvVars(env.clone())));
-                base
-            }
-        });
+    fn base(&self) -> Arc<ScopeBase> {
         let mut slot = self
             .base
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        Arc::clone(slot.get_or_insert(base))
+        Arc::clone(slot.get_or_insert_with(|| Arc::new(ScopeBase::new(self.from.clone()))))
     }
 
     /// Whether the scope is built and held (a render built it, and no release came since).
     pub fn is_built(&self) -> bool {
         self.built().is_some()
+    }
+
+    /// The scenario's variables a render has converted for templates since the scope was
+    /// built (`row`, `scenario`, `user_context`, `persona`; `env` is read where it is), in
+    /// that order.
+    pub fn converted(&self) -> Vec<&'static str> {
+        let Some(base) = self.built() else {
+            return Vec::new();
+        };
+        [
+            ("row", &base.row),
+            ("scenario", &base.scenario),
+            ("user_context", &base.user_context),
+            ("persona", &base.persona),
+        ]
+        .into_iter()
+        .filter_map(|(name, value)| value.get().map(|_| name))
+        .collect()
     }
 
     /// Drops the scope built for rendering; the next render builds it again. A run calls it
@@ -465,8 +474,7 @@ impl ScenarioScope {
         vars: &BTreeMap<String, String>,
         extra: BTreeMap<String, Value>,
     ) -> Value {
-        let mut ctx = BTreeMap::clone(&self.base());
-        match &self.from {
+        let vars = match &self.from {
             // A matrix instance's values are variables from the first step on; a capture of
             // the same name replaces its value.
             ScopeFrom::Scenario { scenario, .. }
@@ -484,29 +492,141 @@ impl ScenarioScope {
                     vars.iter()
                         .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone()))),
                 );
-                ctx.insert("vars".to_string(), Value::from(Serde(&all)));
+                Value::from(Serde(&all))
             }
-            _ => {
-                ctx.insert("vars".to_string(), Value::from(Serde(vars)));
-            }
-        }
-        ctx.extend(extra);
-        Value::from(ctx)
+            _ => Value::from(Serde(vars)),
+        };
+        Value::from_object(Scope {
+            base: self.base(),
+            vars,
+            extra,
+        })
     }
 }
 
-/// The variables of [`ScenarioScope`] but `vars`.
-fn scenario_base(
-    scenario: &Scenario,
-    persona: Option<&Persona>,
-    env: &Arc<EnvSnapshot>,
-) -> BTreeMap<String, Value> {
-    let mut base = BTreeMap::new();
-    base.insert(
-        "user_context".into(),
-        Value::from(Serde(&scenario.user_context)),
-    );
-    let scenario_value = serde_json::json!({
+/// One render's variables: `extra`, then `vars`, then the scenario's ([`ScopeBase`]). A map
+/// to templates, its names in order as a `BTreeMap`'s would be.
+#[derive(Debug)]
+struct Scope {
+    base: Arc<ScopeBase>,
+    vars: Value,
+    extra: BTreeMap<String, Value>,
+}
+
+impl Object for Scope {
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        self.get_value_by_str(key.as_str()?)
+    }
+
+    fn get_value_by_str(self: &Arc<Self>, key: &str) -> Option<Value> {
+        if let Some(value) = self.extra.get(key) {
+            return Some(value.clone());
+        }
+        if key == "vars" {
+            return Some(self.vars.clone());
+        }
+        self.base.get(key)
+    }
+
+    fn enumerate(self: &Arc<Self>) -> minijinja::value::Enumerator {
+        let mut names: Vec<Value> = self
+            .base
+            .names()
+            .chain(["vars"])
+            .filter(|name| !self.extra.contains_key(*name))
+            .map(Value::from)
+            .chain(self.extra.keys().map(|name| Value::from(name.as_str())))
+            .collect();
+        names.sort();
+        minijinja::value::Enumerator::Values(names)
+    }
+}
+
+/// The variables of a [`ScenarioScope`] but `vars`, each converted for templates when a
+/// template first reads it and kept until the scope is released.
+#[derive(Debug)]
+struct ScopeBase {
+    from: ScopeFrom,
+    user_context: OnceLock<Value>,
+    scenario: OnceLock<Value>,
+    row: OnceLock<Value>,
+    persona: OnceLock<Value>,
+}
+
+impl ScopeBase {
+    fn new(from: ScopeFrom) -> Self {
+        ScopeBase {
+            from,
+            user_context: OnceLock::new(),
+            scenario: OnceLock::new(),
+            row: OnceLock::new(),
+            persona: OnceLock::new(),
+        }
+    }
+
+    /// The names this scope has, `vars` aside.
+    fn names(&self) -> impl Iterator<Item = &'static str> + '_ {
+        let (scenario, persona) = match &self.from {
+            ScopeFrom::Scenario {
+                scenario, persona, ..
+            } => (Some(scenario), persona.is_some()),
+            ScopeFrom::EnvOnly(_) => (None, false),
+        };
+        let row = scenario.is_some_and(|sc| row_of(sc).is_some());
+        [
+            ("env", true),
+            ("persona", persona),
+            ("row", row),
+            ("scenario", scenario.is_some()),
+            ("user_context", scenario.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(name, has)| has.then_some(name))
+    }
+
+    fn get(&self, key: &str) -> Option<Value> {
+        let (scenario, persona, env) = match &self.from {
+            ScopeFrom::Scenario {
+                scenario,
+                persona,
+                env,
+            } => (scenario, persona.as_deref(), env),
+            ScopeFrom::EnvOnly(env) => {
+                return (key == "env").then(|| Value::from_object(EnvVars(Arc::clone(env))));
+            }
+        };
+        let value = match key {
+            "env" => return Some(Value::from_object(EnvVars(Arc::clone(env)))),
+            "user_context" => self
+                .user_context
+                .get_or_init(|| Value::from(Serde(&scenario.user_context))),
+            "scenario" => self
+                .scenario
+                .get_or_init(|| Value::from(Serde(&scenario_value(scenario)))),
+            // A `for-each` instance's row, typed as the dataset holds it.
+            "row" => {
+                let row = row_of(scenario)?;
+                self.row.get_or_init(|| Value::from(Serde(row)))
+            }
+            "persona" => {
+                let p = persona?;
+                self.persona
+                    .get_or_init(|| Value::from(Serde(&persona_value(p))))
+            }
+            _ => return None,
+        };
+        Some(value.clone())
+    }
+}
+
+/// A `for-each` instance's row, if `scenario` is one.
+fn row_of(scenario: &Scenario) -> Option<&serde_json::Map<String, serde_json::Value>> {
+    scenario.instance.as_ref().and_then(|i| i.row.as_deref())
+}
+
+/// `scenario` as templates see it.
+fn scenario_value(scenario: &Scenario) -> serde_json::Value {
+    serde_json::json!({
         "id": scenario.id.value,
         "name": scenario.name,
         "description": scenario.description,
@@ -520,17 +640,7 @@ fn scenario_base(
             trellis_dsl::Status::Archived => "archived",
         },
         "tags": scenario.tags,
-    });
-    base.insert("scenario".into(), Value::from(Serde(&scenario_value)));
-    // A `for-each` instance's row, typed as the dataset holds it.
-    if let Some(row) = scenario.instance.as_ref().and_then(|i| i.row.as_ref()) {
-        base.insert("row".into(), Value::from(Serde(&**row)));
-    }
-    if let Some(p) = persona {
-        base.insert("persona".into(), Value::from(Serde(&persona_value(p))));
-    }
-    base.insert("env".into(), Value::from_object(EnvVars(env.clone())));
-    base
+    })
 }
 
 /// A persona as templates (and the run's start) see it.

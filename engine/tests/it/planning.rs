@@ -2,6 +2,7 @@
 //! order against the builtin booking agent; what cannot run yet is planned as skipped per
 //! protocol.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use trellis_dsl::Protocol;
@@ -162,4 +163,86 @@ scenario "s" { persona "ann"; user "Hi {{ persona.id }}"; expect no-error; }
     scope.release();
     assert!(!scope.is_built());
     assert_eq!(rendered(scope), "ann s");
+}
+
+/// A render converts for templates only the variables its template reads: an instance of a
+/// dataset that renders `{{ row.q }}` converts its row, not its scenario, persona or user
+/// context. Each variable reads as before, the render's own `vars` and extra variables
+/// replace same-named ones, and the scope lists its names in order.
+#[test]
+fn a_render_converts_only_the_variables_its_template_reads() {
+    let (_dir, project) = load_files(&[
+        (
+            "p.kdl",
+            r#"
+agent "demo" protocol="connexity" builtin="booking"
+persona "ann" type="polite" description="Ann"
+dataset "rows" path="rows.csv"
+scenario "s" for-each="rows" {
+    persona "ann"
+    user-context { day "Tuesday" }
+    user "{{ row.q }}"
+    expect no-error
+}
+"#,
+        ),
+        ("rows.csv", "q,n\nhello,3\n"),
+    ]);
+    let env = Arc::new(EnvSnapshot::from([(
+        "HOME".to_owned(),
+        "/home/ann".to_owned(),
+    )]));
+    let plan = Plan::build_with_env(&project, &Selection::default(), env).unwrap();
+    let scope = &plan.scenarios[0].scope;
+    let render = |source: &str, vars: &[(&str, &str)]| {
+        let vars = vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        plan.templates
+            .render_source(source, || scope.with_vars(&vars))
+            .unwrap()
+    };
+    assert_eq!(render("{{ row.q }} {{ row.n + 1 }}", &[]), "hello 4");
+    assert_eq!(scope.converted(), ["row"]);
+    assert_eq!(
+        render(
+            "{{ scenario.id[:2] }} {{ persona.id }} {{ user_context.day }} {{ env.HOME }} {{ vars.x }}",
+            &[("x", "1")]
+        ),
+        "s[ ann Tuesday /home/ann 1"
+    );
+    assert_eq!(
+        scope.converted(),
+        ["row", "scenario", "user_context", "persona"]
+    );
+
+    let ctx = scope.with_vars_and(
+        &BTreeMap::from([("x".to_owned(), "1".to_owned())]),
+        BTreeMap::from([
+            ("vars".to_owned(), minijinja::Value::from("extra")),
+            ("history".to_owned(), minijinja::Value::from(2)),
+        ]),
+    );
+    let names: Vec<String> = ctx
+        .try_iter()
+        .unwrap()
+        .map(|name| name.to_string())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "env",
+            "history",
+            "persona",
+            "row",
+            "scenario",
+            "user_context",
+            "vars"
+        ]
+    );
+    assert_eq!(ctx.get_attr("vars").unwrap().to_string(), "extra");
+    assert!(ctx.get_attr("typo").unwrap().is_undefined());
+    scope.release();
+    assert!(scope.converted().is_empty());
 }
