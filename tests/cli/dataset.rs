@@ -1928,15 +1928,22 @@ async fn the_console_and_the_report_pivot_a_matrix_by_each_variable() {
     );
 }
 
+/// Its counts are every instance's, failures included.
 #[tokio::test]
 async fn the_summary_is_one_row_for_a_scenario_of_many_instances() {
-    let mut csv = String::from("id\n");
+    let mut csv = String::from("id,want\n");
     for i in 0..25 {
-        csv.push_str(&format!("r{i}\n"));
+        // Two fail: the reply lacks the text they want.
+        let want = if i == 3 || i == 17 {
+            "no such text"
+        } else {
+            "book"
+        };
+        csv.push_str(&format!("r{i},{want}\n"));
     }
     let suite = format!(
         "{AGENT}dataset \"d\" path=\"d.csv\"\n\
-         scenario \"ask\" for-each=\"d\" {{\n    row-id \"{{{{ row.id }}}}\"\n    user \"hi {{{{ row.id }}}}\"\n    expect no-error\n}}\n\
+         scenario \"ask\" for-each=\"d\" {{\n    row-id \"{{{{ row.id }}}}\"\n    user \"hi {{{{ row.id }}}}\"\n    expect reply contains=\"{{{{ row.want }}}}\"\n}}\n\
          scenario \"few\" {{\n    matrix {{\n        n 1 2\n    }}\n    user \"hi\"\n    expect no-error\n}}\n"
     );
     let dir = project(&suite, &[("d.csv", csv.as_bytes())]);
@@ -1948,13 +1955,34 @@ async fn the_summary_is_one_row_for_a_scenario_of_many_instances() {
         .output()
         .await
         .unwrap();
-    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
     let console = stdout(&o);
     let row = console
         .lines()
         .find(|l| l.contains("ask (25 instances)"))
         .unwrap_or_else(|| panic!("no row of all instances in {console}"));
-    assert!(row.contains(" 25 ") && row.contains("100%"), "{row}");
+    let cells: Vec<&str> = row.split(['│', '┆']).map(str::trim).collect();
+    assert_eq!(
+        cells[1..cells.len() - 1],
+        [
+            "suite",
+            "ask (25 instances)",
+            "demo",
+            "23",
+            "2",
+            "0",
+            "0",
+            "0",
+            "92%",
+            "75–98%"
+        ],
+        "{row}"
+    );
+    assert_eq!(
+        console.matches("ask (25 instances)").count(),
+        1,
+        "{console}"
+    );
     assert!(!console.contains("ask[r0]"), "{console}");
     // A scenario of a few instances keeps a row each.
     assert!(
