@@ -14,7 +14,9 @@ use crate::turn::TurnRecord;
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum JournalEntry {
-    RunStarted(RunInfo),
+    /// Shared: the journal, the report's writer and the console each keep it, and with a
+    /// dataset's 20,000 instances it is megabytes.
+    RunStarted(Arc<RunInfo>),
     /// What an agent's one-time setup learned (Fixie's handshake); at most one per agent,
     /// before its first node.
     Agent(AgentRecord),

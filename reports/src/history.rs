@@ -728,7 +728,7 @@ fn read_runs_row(path: &Path) -> PolarsResult<RunsRow> {
 fn journal_start(dir: &Path) -> Option<String> {
     let mut journal = crate::journal::JournalReader::open(&trellis_journal::path_in(dir)).ok()?;
     match journal.next_entry().ok()?? {
-        trellis_records::JournalEntry::RunStarted(info) => Some(info.started_at),
+        trellis_records::JournalEntry::RunStarted(info) => Some(info.started_at.clone()),
         _ => None,
     }
 }

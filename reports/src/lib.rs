@@ -35,6 +35,7 @@ pub mod variance;
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use trellis_records::{JournalEntry, NodeRecord, RunInfo, RunSummary, TrajectoryRecord};
 
@@ -274,7 +275,8 @@ pub struct ReportWriter {
     run_dir: PathBuf,
     /// Where the transcripts are read back from: the run directory's journal.
     journal_path: PathBuf,
-    info: RunInfo,
+    /// The journal's own start record, shared (a dataset's instances make it megabytes).
+    info: Arc<RunInfo>,
     /// `run.json` as it was when the writer started.
     meta: Option<history::RunMeta>,
     tables: Tables,
@@ -303,7 +305,7 @@ impl ReportWriter {
     /// Creates the table files in `run_dir` for the run `info` describes.
     pub fn start(
         run_dir: &Path,
-        info: &RunInfo,
+        info: &Arc<RunInfo>,
         options: &ReportOptions,
     ) -> Result<Self, ReportError> {
         // The run's start is given here, not pushed: the statistics need it too (the
@@ -315,7 +317,7 @@ impl ReportWriter {
         Ok(ReportWriter {
             run_dir: run_dir.to_path_buf(),
             journal_path: trellis_journal::path_in(run_dir),
-            info: info.clone(),
+            info: Arc::clone(info),
             // Metadata is an addition to the tables: a damaged `run.json` must not stop them.
             meta: history::RunMeta::read(run_dir).ok().flatten(),
             tables,

@@ -359,7 +359,7 @@ fn merge_inner(args: &MergeArgs) -> Result<u8, MergeError> {
         record.push(event);
         console.on_event(event);
     };
-    push(&Event::RunStarted(info));
+    push(&Event::RunStarted(std::sync::Arc::new(info)));
     let mut agents_seen: HashSet<String> = HashSet::new();
     let mut totals = RunSummary {
         run_id: run_id.clone(),
@@ -758,8 +758,9 @@ fn survey(
     let mut journal = JournalReader::open(&path).map_err(&read_error)?;
     while let Some(entry) = journal.next_entry().map_err(&read_error)? {
         match entry {
-            JournalEntry::RunStarted(mut info) => {
+            JournalEntry::RunStarted(info) => {
                 if shard.started.is_none() {
+                    let mut info = std::sync::Arc::unwrap_or_clone(info);
                     // The plan is the split's; the shard's own part of it is not needed.
                     info.scenarios = Vec::new();
                     shard.started = Some(info);

@@ -89,7 +89,7 @@ pub(super) fn prepare(
     let read_error = |e: journal::JournalError| format!("{e}: {}", source(&e));
     let mut reader = JournalReader::open(&path).map_err(read_error)?;
     let info = match reader.next_entry().map_err(read_error)? {
-        Some(JournalEntry::RunStarted(info)) => info,
+        Some(JournalEntry::RunStarted(info)) => std::sync::Arc::unwrap_or_clone(info),
         None if reader.skipped() == 0 => return Ok(Prepared::Empty),
         _ => {
             return Err(format!(
@@ -280,7 +280,9 @@ fn rewrite(
     let partial = PathBuf::from(partial);
     let mut writer = JournalWriter::create_at(&partial).map_err(write_error)?;
     writer
-        .append(&JournalEntry::RunStarted(started.clone()))
+        .append(&JournalEntry::RunStarted(std::sync::Arc::new(
+            started.clone(),
+        )))
         .map_err(write_error)?;
     let mut reader = JournalReader::open(old).map_err(write_error)?;
     let mut nodes_kept = nodes_kept;

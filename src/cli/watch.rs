@@ -1378,9 +1378,10 @@ impl Recorder {
             }
             match &event {
                 Event::RunStarted(info) => {
-                    let mut info = info.clone();
+                    let mut info = trellis_engine::record::RunInfo::clone(info);
                     info.planned_trajectories = self.expected;
-                    self.rerun.push(&Event::RunStarted(info));
+                    self.rerun
+                        .push(&Event::RunStarted(std::sync::Arc::new(info)));
                 }
                 Event::Agent(_) | Event::Spans(_) => self.rerun.push(&event),
                 Event::Node(node) => {

@@ -48,7 +48,7 @@ pub(super) fn write_run(runs_dir: &Path, name: &str, started_at: &str, samples: 
     let dir = runs_dir.join(name);
     std::fs::create_dir_all(&dir).unwrap();
     let run_id = format!("{}-{name}", started_at.replace([':', '-'], ""));
-    let mut entries = vec![JournalEntry::RunStarted(RunInfo {
+    let mut entries = vec![JournalEntry::RunStarted(std::sync::Arc::new(RunInfo {
         run_id: run_id.clone(),
         started_at: started_at.into(),
         trellis_version: "0.1.0".into(),
@@ -56,7 +56,7 @@ pub(super) fn write_run(runs_dir: &Path, name: &str, started_at: &str, samples: 
         jobs: 1,
         planned_trajectories: samples.len() as u64,
         ..RunInfo::default()
-    })];
+    }))];
     let (mut passed, mut failed, mut errors) = (0, 0, 0);
     for s in samples {
         entries.push(JournalEntry::Node(NodeRecord {

@@ -191,12 +191,12 @@ async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSummary
         .unwrap_or_else(Instant::now);
     let mut plan = plan;
     let _ = events
-        .send(Event::RunStarted(run_info(
+        .send(Event::RunStarted(Arc::new(run_info(
             &plan,
             &options.run_id,
             options.jobs,
             options.strict,
-        )))
+        ))))
         .await;
 
     let transport = options.transport.clone().unwrap_or_default();

@@ -67,7 +67,7 @@ impl UserReplay {
         let mut paths: HashMap<(String, String, String), Vec<RecordedPath>> = HashMap::new();
         for entry in entries {
             match entry {
-                JournalEntry::RunStarted(info) => run_id = info.run_id,
+                JournalEntry::RunStarted(info) => run_id = info.run_id.clone(),
                 JournalEntry::Node(n) => {
                     nodes.insert(n.key(), Arc::new(n));
                 }

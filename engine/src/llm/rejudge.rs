@@ -82,7 +82,7 @@ pub async fn rejudge_draw(
     let mut original_end: Option<RunSummary> = None;
     for entry in entries {
         match entry {
-            JournalEntry::RunStarted(i) => info = Some(i),
+            JournalEntry::RunStarted(i) => info = Some(Arc::unwrap_or_clone(i)),
             JournalEntry::Agent(a) => out.push(JournalEntry::Agent(a)),
             // Late spans change no verdict: carried into the re-scored run as they were.
             JournalEntry::Spans(s) => out.push(JournalEntry::Spans(s)),
@@ -124,7 +124,7 @@ pub async fn rejudge_draw(
         .collect()
         .await;
 
-    let mut entries = vec![JournalEntry::RunStarted(new_info.clone())];
+    let mut entries = vec![JournalEntry::RunStarted(Arc::new(new_info.clone()))];
     entries.append(&mut out);
     // Nodes before trajectories, in a stable order, as a run writes them.
     let mut node_list: Vec<Arc<NodeRecord>> = nodes.into_values().collect();

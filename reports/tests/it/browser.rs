@@ -31,7 +31,7 @@ fn hostile_run(dir: &Path) -> PathBuf {
     for entry in &mut entries {
         match entry {
             JournalEntry::RunStarted(info) => {
-                if let Some(sc) = info.scenarios.first_mut() {
+                if let Some(sc) = std::sync::Arc::make_mut(info).scenarios.first_mut() {
                     sc.name = Some(HOSTILE.into());
                     sc.description = Some(HOSTILE.into());
                     sc.user_context.insert("note".into(), json!(HOSTILE));

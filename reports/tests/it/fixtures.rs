@@ -197,7 +197,7 @@ fn trajectory(
 
 /// Every entry of the run, in journal order, without `run_finished`.
 pub fn entries() -> Vec<JournalEntry> {
-    let mut out = vec![JournalEntry::RunStarted(run_info())];
+    let mut out = vec![JournalEntry::RunStarted(std::sync::Arc::new(run_info()))];
     for rep in 0..2 {
         let first = turn(
             0,

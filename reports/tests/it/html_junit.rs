@@ -145,7 +145,7 @@ fn a_lost_journal_leaves_a_report_without_transcripts() {
     let dir = tempfile::tempdir().unwrap();
     let mut writer = ReportWriter::start(
         dir.path(),
-        &super::fixtures::run_info(),
+        &std::sync::Arc::new(super::fixtures::run_info()),
         &ReportOptions::default(),
     )
     .unwrap();
@@ -379,6 +379,7 @@ fn html_draws_each_scenarios_trend_from_the_runs_next_to_it() {
 
     let mut entries = super::fixtures::entries();
     if let Some(JournalEntry::RunStarted(info)) = entries.first_mut() {
+        let info = std::sync::Arc::make_mut(info);
         info.run_id = "run-2".into();
         info.started_at = "2025-01-02T10:00:00Z".into();
     }
@@ -478,7 +479,7 @@ fn a_stopped_run_whose_agents_forked_says_so_in_junit() {
     let dir = tempfile::tempdir().unwrap();
     let mut entries = super::fixtures::entries();
     if let Some(trellis_records::JournalEntry::RunStarted(info)) = entries.first_mut() {
-        info.planned_trajectories = 4;
+        std::sync::Arc::make_mut(info).planned_trajectories = 4;
     }
     let mut summary = super::fixtures::summary();
     summary.interrupted = true;
@@ -504,6 +505,7 @@ fn an_interrupted_run_says_how_much_of_the_plan_it_covers() {
     if let Some(booking) = info.scenarios.first_mut() {
         booking.trajectories.push("cancels".into());
     }
+    let info = std::sync::Arc::new(info);
     let mut writer = ReportWriter::start(dir.path(), &info, &ReportOptions::default()).unwrap();
     let mut entries = super::fixtures::entries();
     entries[0] = trellis_records::JournalEntry::RunStarted(info);

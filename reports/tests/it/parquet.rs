@@ -447,7 +447,7 @@ fn empty_tables_are_valid_files() {
     super::fixtures::write_journal(
         dir.path(),
         &[trellis_records::JournalEntry::RunStarted(
-            super::fixtures::run_info(),
+            std::sync::Arc::new(super::fixtures::run_info()),
         )],
         "",
     );
