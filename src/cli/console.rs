@@ -660,9 +660,9 @@ impl Console {
                 })
                 .collect()
         } else {
-            // A scenario of many instances is one row, its counts summed in the map's
-            // order (by name): found once per scenario as written, not per instance, the
-            // instances of a 20,000-row dataset were 40 ms of the run's end.
+            // A scenario of many instances is one row: its instances are summed, and the
+            // row named, once per scenario as written rather than once per instance (the
+            // instances of a 20,000-row dataset were 40 ms of the run's end).
             let mut instances: HashMap<(&str, &str, &str), Instances, FixedState> =
                 HashMap::default();
             for ((suite, scenario, agent), c) in &self.per_scenario {
