@@ -645,10 +645,7 @@ impl Plan {
                 of: i.base.clone(),
                 dataset: i.dataset.clone(),
                 row_id: i.row_id.clone(),
-                row: i
-                    .row
-                    .as_ref()
-                    .map(|r| serde_json::Value::Object((**r).clone())),
+                row: i.row.clone(),
                 vars: i.vars.iter().cloned().collect(),
             }),
             history: sc.history.as_ref().and_then(|h| h.messages.clone()),

@@ -108,9 +108,10 @@ pub struct InstanceInfo {
     pub dataset: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub row_id: Option<String>,
-    /// The row's fields, typed.
+    /// The row's fields, typed. Shared with the plan's instance: a dataset's rows are most
+    /// of the run's start record, and copied for it they were 17 MB of a 20,000-row run.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub row: Option<serde_json::Value>,
+    pub row: Option<Arc<serde_json::Map<String, serde_json::Value>>>,
     /// The matrix values, `{NAME: VALUE}`.
     #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
     pub vars: serde_json::Map<String, serde_json::Value>,

@@ -734,19 +734,17 @@ impl Tables {
     /// trajectories carry the dataset, row id, row and matrix values, so results join back
     /// to the source rows.
     pub(crate) fn set_instances(&mut self, scenarios: &[trellis_records::ScenarioInfo]) {
-        let json = |v: &serde_json::Value| serde_json::to_string(v).ok();
+        let json = |v: &serde_json::Map<String, serde_json::Value>| serde_json::to_string(v).ok();
         for s in scenarios {
             let Some(i) = &s.instance else { continue };
-            let matrix = (!i.vars.is_empty())
-                .then(|| json(&serde_json::Value::Object(i.vars.clone())))
-                .flatten();
+            let matrix = (!i.vars.is_empty()).then(|| json(&i.vars)).flatten();
             self.instances.insert(
                 (s.suite.clone(), s.scenario.clone()),
                 [
                     Some(i.of.clone()),
                     i.dataset.clone(),
                     i.row_id.clone(),
-                    i.row.as_ref().and_then(json),
+                    i.row.as_deref().and_then(json),
                     matrix,
                 ],
             );

@@ -490,7 +490,7 @@ struct Checker<'a> {
     /// (suite, scenario, trajectory) → its fingerprint when the run started.
     recorded: HashMap<(&'a str, &'a str, &'a str), &'a str>,
     /// (suite, scenario) → a dataset instance's row when the run started.
-    recorded_rows: HashMap<(&'a str, &'a str), &'a serde_json::Value>,
+    recorded_rows: HashMap<(&'a str, &'a str), &'a serde_json::Map<String, serde_json::Value>>,
     /// `suite/scenario trajectory [agent]` → why it cannot be kept (one per trajectory,
     /// however many repetitions finished).
     problems: BTreeMap<String, String>,
@@ -550,7 +550,7 @@ impl<'a> Checker<'a> {
             .scenarios
             .iter()
             .filter_map(|s| {
-                let row = s.instance.as_ref()?.row.as_ref()?;
+                let row = s.instance.as_ref()?.row.as_deref()?;
                 Some(((s.suite.as_str(), s.scenario.as_str()), row))
             })
             .collect();
@@ -633,7 +633,7 @@ impl<'a> Checker<'a> {
         let row_then = self
             .recorded_rows
             .get(&(t.suite.as_str(), t.scenario.as_str()));
-        let columns = match (row_then.and_then(|r| r.as_object()), planned.row) {
+        let columns = match (row_then, planned.row) {
             (Some(then), Some(now)) => changed_columns(then, now),
             _ => Vec::new(),
         };

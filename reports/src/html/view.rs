@@ -1712,7 +1712,7 @@ fn scenario_view(
             })
             .unwrap_or_default(),
         row: plan
-            .and_then(|p| p.instance.as_ref()?.row.as_ref()?.as_object())
+            .and_then(|p| p.instance.as_ref()?.row.as_deref())
             .map(|fields| {
                 fields
                     .iter()
