@@ -13,6 +13,8 @@
 //! ([`crate::to_json_string`]).
 
 use std::io;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::ser::{Formatter, PrettyFormatter};
 
@@ -159,6 +161,218 @@ pub(crate) fn to_writer<W: io::Write>(
 ) -> serde_json::Result<()> {
     let mut serializer = serde_json::Serializer::with_formatter(writer, RowsFormatter::new());
     value.serialize(&mut serializer)
+}
+
+/// A list of rows rendered apart from the document that holds it
+/// ([`to_writer_with_rows`]): each row as [`RowsFormatter`] writes a list's element, on one
+/// line, compact.
+pub(crate) trait Rows: Sync {
+    fn count(&self) -> usize;
+
+    /// Writes the rows in `range`, each after `\n` (`,\n` past the list's first) and
+    /// `indent`.
+    fn render(
+        &self,
+        range: std::ops::Range<usize>,
+        indent: &[u8],
+        out: &mut Vec<u8>,
+    ) -> serde_json::Result<()>;
+}
+
+impl<T: serde::Serialize + Sync> Rows for Vec<T> {
+    fn count(&self) -> usize {
+        self.len()
+    }
+
+    fn render(
+        &self,
+        range: std::ops::Range<usize>,
+        indent: &[u8],
+        out: &mut Vec<u8>,
+    ) -> serde_json::Result<()> {
+        let first = range.start;
+        for (at, row) in self[range].iter().enumerate() {
+            out.extend_from_slice(if first + at == 0 { b"\n" } else { b",\n" });
+            out.extend_from_slice(indent);
+            // Inside a list's element the formatter writes as the compact one does.
+            serde_json::to_writer(&mut *out, row)?;
+        }
+        Ok(())
+    }
+}
+
+/// Rows rendered at a time, by whichever thread takes them ([`to_writer_with_rows`]).
+const CHUNK_ROWS: usize = 512;
+
+/// The document [`to_writer`] writes for `skeleton` with `lists` filled in, the rows
+/// rendered on two threads. `skeleton` is the document with each of `lists` empty, and
+/// those are its last fields, in the order given (`[("nodes", &nodes), …]`).
+///
+/// A 20,000-scenario run's summary.json is 80,000 rows and 22 MB, about 95 ms of
+/// serde_json on one thread at the end of the run while the other core idled
+/// (docs/performance.md, "The end of big runs: what it reads back, sorts and frees"). The
+/// rows are rendered in chunks that either thread takes as it is free (a scenario's row is
+/// twice a node's: halves by count left one thread idle), and written in order as they are
+/// ready, so that only the chunks ahead of the one written wait in memory.
+pub(crate) fn to_writer_with_rows<W: io::Write>(
+    mut out: W,
+    skeleton: &impl serde::Serialize,
+    lists: &[(&str, &dyn Rows)],
+) -> io::Result<()> {
+    let mut text = Vec::new();
+    to_writer(&mut text, skeleton)?;
+    // Each empty list, found from the end: they are the last fields. Its `[`, and the
+    // indentation of its line (where its `]` goes once it has rows).
+    let mut places: Vec<(usize, Vec<u8>)> = Vec::with_capacity(lists.len());
+    let mut end = text.len();
+    for (name, _) in lists.iter().rev() {
+        let field = format!("\"{name}\": []");
+        let at = find_last(&text[..end], field.as_bytes())
+            .ok_or_else(|| io::Error::other(format!("the document has no empty `{name}` list")))?;
+        let line = text[..at]
+            .iter()
+            .rposition(|&b| b == b'\n')
+            .map_or(0, |n| n + 1);
+        places.push((at + field.len() - 2, text[line..at].to_vec()));
+        end = at;
+    }
+    places.reverse();
+    let row_indents: Vec<Vec<u8>> = places
+        .iter()
+        .map(|(_, indent)| [indent.as_slice(), b"  "].concat())
+        .collect();
+
+    let chunks: Vec<(usize, std::ops::Range<usize>)> = lists
+        .iter()
+        .enumerate()
+        .flat_map(|(list, (_, rows))| {
+            (0..rows.count())
+                .step_by(CHUNK_ROWS)
+                .map(move |at| (list, at..(at + CHUNK_ROWS).min(rows.count())))
+        })
+        .collect();
+    let rendered: Vec<Mutex<Option<serde_json::Result<Vec<u8>>>>> =
+        chunks.iter().map(|_| Mutex::new(None)).collect();
+    let next = AtomicUsize::new(0);
+    // Renders the next chunk no thread took; false once none is left.
+    let take_one = || {
+        let at = next.fetch_add(1, Ordering::Relaxed);
+        let Some((list, range)) = chunks.get(at) else {
+            return false;
+        };
+        let mut part = Vec::with_capacity(range.len() * 256);
+        let done = lists[*list]
+            .1
+            .render(range.clone(), &row_indents[*list], &mut part)
+            .map(|()| part);
+        *lock(&rendered[at]) = Some(done);
+        true
+    };
+
+    // What is written, in order: the skeleton up to each list's `[`, its chunks, its end.
+    let mut writer = Ordered {
+        text: &text,
+        places: &places,
+        chunks: &chunks,
+        lists: lists.len(),
+        list: 0,
+        from: 0,
+        chunk: 0,
+    };
+    std::thread::scope(|scope| {
+        let helper = std::thread::Builder::new()
+            .name("trellis-rows".into())
+            .spawn_scoped(scope, || while take_one() {});
+        let mut written = Ok(());
+        while take_one() {
+            if written.is_ok() {
+                written = writer.write_ready(&mut out, &rendered);
+            }
+        }
+        if let Ok(helper) = helper {
+            helper
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        }
+        written?;
+        writer.write_ready(&mut out, &rendered)?;
+        writer.finish(&mut out)
+    })
+}
+
+/// Writes [`to_writer_with_rows`]'s document in order, chunk by chunk as they are rendered.
+struct Ordered<'a> {
+    text: &'a [u8],
+    /// Each list's `[` in `text`, and its line's indentation.
+    places: &'a [(usize, Vec<u8>)],
+    chunks: &'a [(usize, std::ops::Range<usize>)],
+    lists: usize,
+    /// The list being written (`lists` past the last).
+    list: usize,
+    /// Where `text` is written up to.
+    from: usize,
+    /// The next chunk to write.
+    chunk: usize,
+}
+
+impl Ordered<'_> {
+    /// Writes every chunk rendered from the next one on, with what comes between them.
+    fn write_ready(
+        &mut self,
+        out: &mut impl io::Write,
+        rendered: &[Mutex<Option<serde_json::Result<Vec<u8>>>>],
+    ) -> io::Result<()> {
+        while let Some((list, range)) = self.chunks.get(self.chunk) {
+            let Some(part) = lock(&rendered[self.chunk]).take() else {
+                return Ok(());
+            };
+            let part = part?;
+            self.close_lists_before(out, *list)?;
+            if range.start == 0 {
+                let bracket = self.places[*list].0;
+                out.write_all(&self.text[self.from..=bracket])?;
+                self.from = bracket + 2;
+            }
+            out.write_all(&part)?;
+            self.chunk += 1;
+        }
+        Ok(())
+    }
+
+    /// Ends every list before `list`: its `]` after its rows, or `[]` for one without.
+    fn close_lists_before(&mut self, out: &mut impl io::Write, list: usize) -> io::Result<()> {
+        while self.list < list {
+            let (bracket, indent) = &self.places[self.list];
+            if self.from <= *bracket {
+                // No row: the skeleton's `[]` as it is.
+                out.write_all(&self.text[self.from..bracket + 2])?;
+            } else {
+                out.write_all(b"\n")?;
+                out.write_all(indent)?;
+                out.write_all(b"]")?;
+            }
+            self.from = bracket + 2;
+            self.list += 1;
+        }
+        Ok(())
+    }
+
+    /// Ends the last lists and writes the rest of the document.
+    fn finish(&mut self, out: &mut impl io::Write) -> io::Result<()> {
+        self.close_lists_before(out, self.lists)?;
+        out.write_all(&self.text[self.from..])
+    }
+}
+
+/// A chunk's slot; a panic elsewhere leaves its value as it was.
+fn lock<T>(slot: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    slot.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Where `needle` last starts in `haystack`.
+fn find_last(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).rposition(|w| w == needle)
 }
 
 #[cfg(test)]

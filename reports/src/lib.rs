@@ -483,12 +483,12 @@ impl ReportWriter {
             if !summary_first {
                 tables.help();
             }
-            let summary = Summary {
+            let mut summary = Summary {
                 schema_version: history::SCHEMA_VERSION,
                 meta: meta.clone(),
                 stats: stats.finish(),
             };
-            let summary_staged = write_json_unpublished(&summary_path, &summary);
+            let summary_staged = write_summary_unpublished(&summary_path, &mut summary);
             tables.help();
             let pages_written = spawned.ok().and_then(|handle| {
                 handle
@@ -727,15 +727,66 @@ fn write_json_unpublished(
     path: &Path,
     value: &impl serde::Serialize,
 ) -> Result<staged::Staged, ReportError> {
+    write_unpublished(path, |out| {
+        json::to_writer(out, value).map_err(std::io::Error::from)
+    })
+}
+
+/// Writes a JSON document to `path.partial` with `write`, then its last newline, to be
+/// moved into place.
+fn write_unpublished(
+    path: &Path,
+    write: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> std::io::Result<()>,
+) -> Result<staged::Staged, ReportError> {
     use std::io::Write as _;
     let (staged, file) = staged::Staged::create(path)?;
     let mut out = std::io::BufWriter::new(file);
-    json::to_writer(&mut out, value)
-        .map_err(std::io::Error::from)
+    write(&mut out)
         .and_then(|()| out.write_all(b"\n"))
         .and_then(|()| out.flush())
         .map_err(|e| ReportError::io("write", path, e))?;
     Ok(staged)
+}
+
+/// From this many rows in its lists, summary.json's rows are rendered on two threads.
+const SUMMARY_ROWS_APART_FROM: usize = 2_000;
+
+/// Writes `summary` as [`write_json_unpublished`] does, byte for byte; the rows of a large
+/// one's lists are rendered on two threads ([`json::to_writer_with_rows`]). The lists are
+/// lent out while it is written and put back.
+fn write_summary_unpublished(
+    path: &Path,
+    summary: &mut Summary,
+) -> Result<staged::Staged, ReportError> {
+    let stats = &mut summary.stats;
+    let rows =
+        stats.scenarios.len() + stats.branches.len() + stats.nodes.len() + stats.criteria.len();
+    if rows < SUMMARY_ROWS_APART_FROM {
+        return write_json_unpublished(path, summary);
+    }
+    let scenarios = std::mem::take(&mut stats.scenarios);
+    let branches = std::mem::take(&mut stats.branches);
+    let nodes = std::mem::take(&mut stats.nodes);
+    let criteria = std::mem::take(&mut stats.criteria);
+    let written = write_unpublished(path, |out| {
+        // The lists are `RunStats`' last fields and `stats` is the summary's last.
+        json::to_writer_with_rows(
+            out,
+            &*summary,
+            &[
+                ("scenarios", &scenarios),
+                ("branches", &branches),
+                ("nodes", &nodes),
+                ("criteria", &criteria),
+            ],
+        )
+    });
+    let stats = &mut summary.stats;
+    stats.scenarios = scenarios;
+    stats.branches = branches;
+    stats.nodes = nodes;
+    stats.criteria = criteria;
+    written
 }
 
 /// Identifies one execution node of one repetition.
@@ -885,4 +936,90 @@ fn gather_nodes(
         }
     }
     Ok(nodes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A summary of many rows (their lists rendered on two threads) is written byte for
+    /// byte as the whole document through one formatter, whatever the lists' sizes (one
+    /// empty, one split between the threads, the threshold itself), with escaped and
+    /// non-ASCII names, and its lists are put back.
+    #[test]
+    fn a_summary_rendered_on_two_threads_is_the_one_written_whole() {
+        let row = |template: serde_json::Value, i: usize| {
+            let mut row = template;
+            let name = match i % 4 {
+                0 => format!("s{i}"),
+                1 => format!("quote \" and \\ {i}"),
+                2 => format!("é 𝄞 \n\t{i}"),
+                _ => format!("\"criteria\": [] {i}"),
+            };
+            row["scenario"] = name.into();
+            if row.get("latency").is_some() {
+                row["latency"]["p50_ms"] = (i as f64 / 7.0).into();
+            }
+            row
+        };
+        let scenario = serde_json::json!({"suite":"s","scenario":"","agent":"a","counts":{"trajectories":1,"passed":1,"failed":0,"errors":0,"skipped":0,"invalid":0},"repeats":{"samples":1,"passed":1,"skipped":0,"pass_rate":1.0,"interval":{"low":0.2,"high":1.0},"at_k":[{"k":1,"pass_at_k":1.0,"pass_hat_k":1.0}],"flaky":false},"latency":{"turns":1,"p50_ms":1.5,"p95_ms":2.5,"max_ms":3.0,"mean_ms":1.75}});
+        let branch = serde_json::json!({"suite":"s","scenario":"","trajectory":"main","agent":"a","repeats":{"samples":1,"passed":1,"skipped":0,"pass_rate":1.0,"interval":{"low":0.2,"high":1.0},"at_k":[],"flaky":false},"outcome_runs":[[0,0,"passed"]],"mean_duration_ms":2.25});
+        let node = serde_json::json!({"suite":"s","scenario":"","agent":"a","node":"start","parent":null,"reached":1,"passed":1,"failed_here":0,"failed_above":0,"executions":1,"executions_failed_here":0});
+        let criterion = serde_json::json!({"suite":"s","scenario":"","trajectory":"main","agent":"a","turn_index":null,"criterion":"no-error","kind":"no-error","passed":1,"failed":0,"skipped":0,"first_failure":null});
+        let dir = tempfile::tempdir().unwrap();
+        for (scenarios, branches, nodes, criteria) in [
+            (10, 0, 3, 2),
+            (1_000, 0, 600, 400),
+            (1_999, 1, 0, 0),
+            (0, 0, 0, 2_500),
+            (3, 2_001, 5, 1),
+        ] {
+            let list = |template: &serde_json::Value, n: usize| -> Vec<serde_json::Value> {
+                (0..n).map(|i| row(template.clone(), i)).collect()
+            };
+            let mut summary = Summary {
+                schema_version: history::SCHEMA_VERSION,
+                meta: Some(history::RunMeta {
+                    run_id: "r".into(),
+                    labels: [("nodes".to_owned(), "[]".to_owned())].into(),
+                    ..history::RunMeta::default()
+                }),
+                stats: stats::RunStats {
+                    run_id: "r".into(),
+                    started_at: "2026-12-04T00:00:00Z".into(),
+                    suites: vec!["s".into(), "é".into()],
+                    aggregates: Default::default(),
+                    scenarios: serde_json::from_value(list(&scenario, scenarios).into()).unwrap(),
+                    branches: serde_json::from_value(list(&branch, branches).into()).unwrap(),
+                    nodes: serde_json::from_value(list(&node, nodes).into()).unwrap(),
+                    criteria: serde_json::from_value(list(&criterion, criteria).into()).unwrap(),
+                },
+            };
+            let before = summary.clone();
+            let whole = dir.path().join("whole.json");
+            let apart = dir.path().join("apart.json");
+            write_json_unpublished(&whole, &summary)
+                .unwrap()
+                .publish()
+                .unwrap();
+            write_summary_unpublished(&apart, &mut summary)
+                .unwrap()
+                .publish()
+                .unwrap();
+            let (whole, apart) = (
+                std::fs::read_to_string(&whole).unwrap(),
+                std::fs::read_to_string(&apart).unwrap(),
+            );
+            assert!(
+                whole == apart,
+                "{scenarios}/{branches}/{nodes}/{criteria} rows: the files differ at byte {}",
+                whole
+                    .bytes()
+                    .zip(apart.bytes())
+                    .take_while(|(a, b)| a == b)
+                    .count()
+            );
+            assert_eq!(summary.stats, before.stats);
+        }
+    }
 }
