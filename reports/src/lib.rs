@@ -323,12 +323,12 @@ impl ReportWriter {
             tables,
             tally: Tally::default(),
             stats,
-            outline: html::Outline::default(),
+            outline: html::Outline::for_plan(info),
             selection: Selection::new(options),
             junit: junit::JunitBuilder::new(info),
             finished: None,
             skipped_lines: 0,
-            paths: Paths::default(),
+            paths: Paths::for_plan(info),
             junit_failed: None,
             journal_lost: None,
             trends: None,
@@ -829,15 +829,23 @@ pub(crate) struct NodeSlot {
 
 /// The trajectory names through each (suite, scenario, node): what makes a node a shared
 /// prefix. Bounded by the size of the suites, not by repetitions.
-#[derive(Default)]
 struct Paths {
     /// Keyed by [`Paths::key`], built in `scratch`: a trajectory's lookups then allocate
     /// nothing once its names are known (three keys cloned and hashed per node before).
-    names: HashMap<String, HashSet<String>>,
+    names: HashMap<String, HashSet<String, foldhash::fast::FixedState>, foldhash::fast::FixedState>,
     scratch: String,
 }
 
 impl Paths {
+    /// Paths with room for `info`'s planned nodes (its trajectories' leaves, at least).
+    fn for_plan(info: &RunInfo) -> Self {
+        let nodes = info.scenarios.iter().map(|s| s.trajectories.len()).sum();
+        Paths {
+            names: HashMap::with_capacity_and_hasher(nodes, foldhash::fast::FixedState::default()),
+            scratch: String::new(),
+        }
+    }
+
     /// The three names, each but the last after its length, so that no two triples share
     /// a key whatever their names hold.
     fn key(out: &mut String, suite: &str, scenario: &str, node: &str) {
@@ -860,7 +868,7 @@ impl Paths {
                 }
             }
             None => {
-                let names = HashSet::from([trajectory.to_owned()]);
+                let names = HashSet::from_iter([trajectory.to_owned()]);
                 self.names.insert(self.scratch.clone(), names);
             }
         }

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use foldhash::fast::FixedState;
 
-use trellis_records::{NodeRecord, TrajectoryRecord, TrajectoryStatus};
+use trellis_records::{NodeRecord, RunInfo, TrajectoryRecord, TrajectoryStatus};
 
 use crate::positions::{Positions, SCANNED};
 use crate::stats::{Interner, Name};
@@ -181,6 +181,22 @@ fn scenario_mut<'s>(
 }
 
 impl Outline {
+    /// An outline with room for the planned scenarios of `info`: grown from empty, a
+    /// suite's map of 20,000 scenarios was rehashed fifteen times while the run went on.
+    pub(crate) fn for_plan(info: &RunInfo) -> Self {
+        let mut planned: hashbrown::HashMap<&str, usize, FixedState> = Default::default();
+        for s in &info.scenarios {
+            *planned.entry(s.suite.as_str()).or_default() += 1;
+        }
+        let mut outline = Outline::default();
+        for (suite, count) in planned {
+            let mut scenarios = hashbrown::HashMap::default();
+            scenarios.reserve(count);
+            outline.scenarios.insert(suite.to_owned(), scenarios);
+        }
+        outline
+    }
+
     /// The outline of `scenario` of `suite`, if anything of it was recorded.
     pub(crate) fn scenario(&self, suite: &str, scenario: &str) -> Option<&ScenarioOutline> {
         self.scenarios.get(suite)?.get(scenario)
