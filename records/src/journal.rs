@@ -14,8 +14,8 @@ use crate::turn::TurnRecord;
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum JournalEntry {
-    /// Shared: the journal, the report's writer and the console each keep it, and with a
-    /// dataset's 20,000 instances it is megabytes.
+    /// Shared: the report's writer keeps it to the run's end, and with a dataset's 20,000
+    /// instances it is megabytes.
     RunStarted(Arc<RunInfo>),
     /// What an agent's one-time setup learned (Fixie's handshake); at most one per agent,
     /// before its first node.
