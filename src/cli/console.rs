@@ -663,10 +663,16 @@ impl Console {
             // A scenario of many instances is one row: its instances are summed, and the
             // row named, once per scenario as written rather than once per instance (the
             // instances of a 20,000-row dataset were 40 ms of the run's end).
+            // Each row's scenario as written, found once for both passes below.
+            let bases: Vec<Option<&str>> = self
+                .per_scenario
+                .keys()
+                .map(|(suite, scenario, _)| base(suite, scenario))
+                .collect();
             let mut instances: HashMap<(&str, &str, &str), Instances, FixedState> =
                 HashMap::default();
-            for ((suite, scenario, agent), c) in &self.per_scenario {
-                if let Some(base) = base(suite, scenario) {
+            for (((suite, _, agent), c), &base) in self.per_scenario.iter().zip(&bases) {
+                if let Some(base) = base {
                     let entry = instances.entry((suite, base, agent)).or_default();
                     entry.count += 1;
                     entry.counts.merge(c);
@@ -679,8 +685,8 @@ impl Console {
                 }
             }
             let mut rows: BTreeMap<RowKey<'_>, Counts> = BTreeMap::new();
-            for ((suite, scenario, agent), c) in &self.per_scenario {
-                let many = base(suite, scenario)
+            for (((suite, scenario, agent), c), &base) in self.per_scenario.iter().zip(&bases) {
+                let many = base
                     .and_then(|b| instances.get_mut(&(suite.as_str(), b, agent.as_str())))
                     .filter(|entry| entry.grouped);
                 match many {
