@@ -524,6 +524,11 @@ pub(crate) type Name = Arc<str>;
 pub(crate) struct Interner(HashSet<Name, foldhash::fast::RandomState>);
 
 impl Interner {
+    /// The name of `text`, if it was interned.
+    pub(crate) fn find(&self, text: &str) -> Option<&Name> {
+        self.0.get(text)
+    }
+
     pub(crate) fn get(&mut self, text: &str) -> Name {
         if let Some(name) = self.0.get(text) {
             return Arc::clone(name);
@@ -532,7 +537,45 @@ impl Interner {
         self.0.insert(Arc::clone(&name));
         name
     }
+
+    /// Each name's place among all of them in text order ([`NameRanks`]): the names are
+    /// compared once here, in one sort, and never again by the lists ordered by them.
+    pub(crate) fn ranks(&self) -> NameRanks {
+        // The texts beside their addresses: a comparison reads each text's bytes, not a
+        // pointer to the counted allocation first.
+        let mut names: Vec<(&str, usize)> = self.0.iter().map(|n| (&**n, address(n))).collect();
+        names.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        NameRanks(
+            names
+                .into_iter()
+                .enumerate()
+                .map(|(rank, (_, at))| (at, u32::try_from(rank).unwrap_or(u32::MAX)))
+                .collect(),
+        )
+    }
 }
+
+/// Where an interned name's text is: the same for every copy of the name.
+fn address(name: &Name) -> usize {
+    Arc::as_ptr(name).cast::<u8>().addr()
+}
+
+/// An [`Interner`]'s names numbered in their texts' order. Rows keyed by names sort by
+/// these numbers exactly as they would by the texts (the interner holds each text once),
+/// with integers compared and no text read: the lists of a 100,000-scenario run, sorted
+/// by their names, took most of the statistics' end (docs/performance.md, "The end of big
+/// runs: what it reads back, sorts and frees").
+pub(crate) struct NameRanks(HashMap<usize, u32, foldhash::fast::FixedState>);
+
+impl NameRanks {
+    /// The rank of `name`, which the interner these ranks are from handed out.
+    pub(crate) fn of(&self, name: &Name) -> u32 {
+        let rank = self.0.get(&address(name)).copied();
+        debug_assert!(rank.is_some(), "`{name}` is not a name of this interner");
+        rank.unwrap_or(u32::MAX)
+    }
+}
+
 /// Entries by their names, hashed rather than ordered: [`StatsBuilder::finish`] sorts every
 /// list it writes. Ordered, each trajectory's five or six lookups compared its names with
 /// those of a tree's worth of entries, each a pointer away: with 200 scenarios of 100
@@ -994,11 +1037,26 @@ impl StatsBuilder {
     }
 
     pub fn finish(self) -> RunStats {
-        let suite_rank = |suite: &str| {
-            self.info
-                .as_ref()
-                .and_then(|info| info.suites.iter().position(|s| s == suite))
-                .unwrap_or(usize::MAX)
+        let ranks = self.names.ranks();
+        // Rows come in the order of the run's suites as given, then by their names; a suite
+        // the run did not list comes last.
+        let mut suite_places: HashMap<u32, u32, foldhash::fast::FixedState> = HashMap::default();
+        for (place, suite) in self
+            .info
+            .iter()
+            .flat_map(|info| info.suites.iter())
+            .enumerate()
+        {
+            if let Some(name) = self.names.find(suite) {
+                let place = u32::try_from(place).unwrap_or(u32::MAX);
+                suite_places.entry(ranks.of(name)).or_insert(place);
+            }
+        }
+        let suite_place = |suite: &Name| {
+            suite_places
+                .get(&ranks.of(suite))
+                .copied()
+                .unwrap_or(u32::MAX)
         };
         let aggregates = RunAggregates {
             counts: self.counts,
@@ -1014,8 +1072,14 @@ impl StatsBuilder {
                 let mut all = Vec::with_capacity(total);
                 // By scenario name, not in the map's order: the mean is summed in this order,
                 // and the same records give it to the last bit whatever the hashing.
-                let mut by_name: Vec<_> = self.scenarios.iter().collect();
-                by_name.sort_unstable_by(|a, b| a.0.cmp(b.0));
+                let mut by_name: Vec<_> = self
+                    .scenarios
+                    .iter()
+                    .map(|((suite, scenario, agent), s)| {
+                        ((ranks.of(suite), ranks.of(scenario), ranks.of(agent)), s)
+                    })
+                    .collect();
+                by_name.sort_unstable_by_key(|a| a.0);
                 for (_, s) in by_name {
                     all.extend_from_slice(&s.latencies);
                 }
@@ -1050,10 +1114,17 @@ impl StatsBuilder {
                 .or_insert_with(|| Repeats::from_counts(ran, passed, skipped))
                 .clone()
         };
+        let mut keys = Vec::with_capacity(self.scenarios.len());
         let scenarios: Vec<ScenarioStats> = self
             .scenarios
             .into_iter()
             .map(|((suite, scenario, agent), acc)| {
+                keys.push((
+                    suite_place(&suite),
+                    ranks.of(&suite),
+                    ranks.of(&scenario),
+                    ranks.of(&agent),
+                ));
                 let (suite, scenario, agent) = (text(&suite), text(&scenario), text(&agent));
                 let ran = acc.ran.len();
                 let passed = acc.ran.difference_len(&acc.not_passed);
@@ -1069,16 +1140,20 @@ impl StatsBuilder {
                 }
             })
             .collect();
-        let scenarios = in_order(
-            scenarios,
-            |s| suite_rank(&s.suite),
-            |a, b| (&a.suite, &a.scenario, &a.agent).cmp(&(&b.suite, &b.scenario, &b.agent)),
-        );
+        let scenarios = in_key_order(scenarios, keys);
 
+        let mut keys = Vec::with_capacity(self.branches.len());
         let branches: Vec<BranchStats> = self
             .branches
             .into_iter()
             .map(|((suite, scenario, trajectory, agent), acc)| {
+                keys.push((
+                    suite_place(&suite),
+                    ranks.of(&suite),
+                    ranks.of(&scenario),
+                    ranks.of(&trajectory),
+                    ranks.of(&agent),
+                ));
                 let (suite, scenario, trajectory, agent) = (
                     text(&suite),
                     text(&scenario),
@@ -1111,56 +1186,52 @@ impl StatsBuilder {
                 }
             })
             .collect();
-        let branches = in_order(
-            branches,
-            |b| suite_rank(&b.suite),
-            |a, b| {
-                (&a.suite, &a.scenario, &a.trajectory, &a.agent).cmp(&(
-                    &b.suite,
-                    &b.scenario,
-                    &b.trajectory,
-                    &b.agent,
-                ))
-            },
-        );
+        let branches = in_key_order(branches, keys);
 
+        let mut keys = Vec::with_capacity(self.nodes.len());
         let nodes: Vec<NodeStats> = self
             .nodes
             .into_iter()
-            .map(|((suite, scenario, agent, node), acc)| NodeStats {
-                suite: text(&suite),
-                scenario: text(&scenario),
-                agent: text(&agent),
-                node: text(&node),
-                parent: acc.parent,
-                reached: acc.reached,
-                passed: acc.passed,
-                failed_here: acc.failed_here,
-                failed_above: acc.failed_above,
-                executions: acc.executions.len(),
-                executions_failed_here: acc.executions_failed_here.len(),
+            .map(|((suite, scenario, agent, node), acc)| {
+                keys.push((
+                    suite_place(&suite),
+                    ranks.of(&suite),
+                    ranks.of(&scenario),
+                    ranks.of(&agent),
+                    ranks.of(&node),
+                ));
+                NodeStats {
+                    suite: text(&suite),
+                    scenario: text(&scenario),
+                    agent: text(&agent),
+                    node: text(&node),
+                    parent: acc.parent,
+                    reached: acc.reached,
+                    passed: acc.passed,
+                    failed_here: acc.failed_here,
+                    failed_above: acc.failed_above,
+                    executions: acc.executions.len(),
+                    executions_failed_here: acc.executions_failed_here.len(),
+                }
             })
             .collect();
         // Parents before children: node ids are paths from the root, so by name is
         // depth-first.
-        let nodes = in_order(
-            nodes,
-            |n| suite_rank(&n.suite),
-            |a, b| {
-                (&a.suite, &a.scenario, &a.agent, &a.node).cmp(&(
-                    &b.suite,
-                    &b.scenario,
-                    &b.agent,
-                    &b.node,
-                ))
-            },
-        );
+        let nodes = in_key_order(nodes, keys);
 
+        let mut keys = Vec::with_capacity(self.criteria.len());
         let criteria: Vec<CriterionStats> = self
             .criteria
             .into_iter()
             .map(
                 |((suite, scenario, trajectory, agent, turn_index, criterion), acc)| {
+                    // A trajectory's own criteria (no turn) after its turns'.
+                    keys.push((
+                        (suite_place(&suite), ranks.of(&suite), ranks.of(&scenario)),
+                        (ranks.of(&trajectory), ranks.of(&agent)),
+                        turn_index.map_or(u64::MAX, u64::from),
+                        ranks.of(&criterion),
+                    ));
                     CriterionStats {
                         suite: text(&suite),
                         scenario: text(&scenario),
@@ -1177,28 +1248,7 @@ impl StatsBuilder {
                 },
             )
             .collect();
-        let criteria = in_order(
-            criteria,
-            |c| suite_rank(&c.suite),
-            |a, b| {
-                (
-                    &a.suite,
-                    &a.scenario,
-                    &a.trajectory,
-                    &a.agent,
-                    a.turn_index.map_or(u64::MAX, u64::from),
-                    &a.criterion,
-                )
-                    .cmp(&(
-                        &b.suite,
-                        &b.scenario,
-                        &b.trajectory,
-                        &b.agent,
-                        b.turn_index.map_or(u64::MAX, u64::from),
-                        &b.criterion,
-                    ))
-            },
-        );
+        let criteria = in_key_order(criteria, keys);
 
         let info = self.info.unwrap_or_default();
         RunStats {
@@ -1220,31 +1270,25 @@ fn text(name: &Name) -> String {
     String::from(&**name)
 }
 
-/// `rows` ordered by their suite's rank, then by `then`; the rows are the maps' entries, so
-/// no two compare equal and the order is the same however the maps hashed them.
+/// `rows` in the order of their `keys`, one key per row and no two equal (the rows are the
+/// maps' entries, keyed by [`NameRanks`]), so the order is the same however the maps
+/// hashed them.
 ///
-/// Indices are sorted, not the rows: a row is a few hundred bytes, and `sort_by` moved them
-/// at every step of its merges, with each suite's rank found again at every comparison: for
-/// 20,000 scenarios of one trajectory, the four sorts were 350 M instructions, more than the
-/// run's walk of its 20,000 turns. The rows are then put in that order where they are, by
+/// The keys are sorted with each row's index, not the rows: a row is a few hundred bytes,
+/// and `sort_by` moved them at every step of its merges. A key is a few integers in one
+/// list, compared without reading a row or a name: sorted by comparing the rows' names, the
+/// four lists of 20,000 scenarios of one trajectory were 350 M instructions (more than the
+/// run's walk of its 20,000 turns) when the rows moved, and most of the statistics' end of
+/// 100,000 when only indices did. The rows are then put in that order where they are, by
 /// swaps: gathered into a new list, they were held twice (the largest of the four lists was
 /// 18 MB of the 128 MB a 20,000-scenario run's heap held at its end).
-fn in_order<T>(
-    mut rows: Vec<T>,
-    rank: impl Fn(&T) -> usize,
-    then: impl Fn(&T, &T) -> std::cmp::Ordering,
-) -> Vec<T> {
-    let ranks: Vec<usize> = rows.iter().map(rank).collect();
-    let mut order: Vec<usize> = (0..rows.len()).collect();
-    order.sort_unstable_by(|&a, &b| {
-        ranks[a]
-            .cmp(&ranks[b])
-            .then_with(|| then(&rows[a], &rows[b]))
-    });
-    drop(ranks);
+pub(crate) fn in_key_order<T, K: Ord>(mut rows: Vec<T>, keys: Vec<K>) -> Vec<T> {
+    debug_assert_eq!(rows.len(), keys.len());
+    let mut order: Vec<(K, usize)> = keys.into_iter().zip(0..).collect();
+    order.sort_unstable();
     // Where each row goes; each swap puts one row in its place for good.
     let mut place = vec![0; order.len()];
-    for (to, from) in order.into_iter().enumerate() {
+    for (to, (_, from)) in order.into_iter().enumerate() {
         place[from] = to;
     }
     for at in 0..rows.len() {
@@ -1265,8 +1309,8 @@ mod tests {
         (a - b).abs() < 1e-4
     }
 
-    /// Rows put in order where they are come out as a sort by rank, then by name, puts
-    /// them: every permutation's cycles, from none to many rows.
+    /// Rows put in their keys' order where they are come out as a sort of the rows by
+    /// those keys puts them: every permutation's cycles, from none to many rows.
     #[test]
     fn rows_are_put_in_order_as_a_sort_orders_them() {
         let mut rng = fastrand::Rng::with_seed(7);
@@ -1276,9 +1320,29 @@ mod tests {
                 .collect();
             let mut expected = rows.clone();
             expected.sort_by(|a, b| a.0.cmp(&b.0).then_with(|| a.1.cmp(&b.1)));
-            let ordered = in_order(rows, |r| r.0, |a, b| a.1.cmp(&b.1));
+            let keys = rows.iter().map(|r| (r.0, r.1.clone())).collect();
+            let ordered = in_key_order(rows, keys);
             assert_eq!(ordered, expected, "{n} rows");
         }
+    }
+
+    /// An interner's ranks order its names as their texts do (bytes, not letters: `A`
+    /// before `a`, `e` before `é`, a prefix before what it starts), for every copy of a name.
+    #[test]
+    fn ranks_order_names_as_their_texts_do() {
+        let texts = [
+            "b", "a\0b", "", "é", "e", "ask[10]", "ask[9]", "ask[1]", "A", "a", "ask[1]x",
+        ];
+        let mut names = Interner::default();
+        let first: Vec<Name> = texts.iter().map(|t| names.get(t)).collect();
+        let ranks = names.ranks();
+        let mut by_rank = texts.to_vec();
+        by_rank.sort_by_key(|t| ranks.of(&names.get(t)));
+        let mut by_text = texts.to_vec();
+        by_text.sort_unstable();
+        assert_eq!(by_rank, by_text);
+        let distinct: std::collections::BTreeSet<u32> = first.iter().map(|n| ranks.of(n)).collect();
+        assert_eq!(distinct.len(), texts.len());
     }
 
     /// The inline set answers as the bitmap it stands for, from none to many values.
