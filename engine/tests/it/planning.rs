@@ -246,3 +246,42 @@ scenario "s" for-each="rows" {
     scope.release();
     assert!(scope.converted().is_empty());
 }
+
+/// A `row-id` that is one expression takes its id from the expression's value, without
+/// rendering the template after evaluating it: the ids are those the rendered template
+/// gives, for text (spaces, a composed accent), whole and decimal numbers, and booleans.
+#[test]
+fn a_lone_row_id_expression_gives_the_ids_its_rendered_template_does() {
+    let suite = r#"
+agent "demo" protocol="connexity" builtin="booking"
+dataset "rows" path="rows.csv"
+scenario "lone" for-each="rows" {
+    row-id "{{ row.k }}"
+    user "hi"
+}
+scenario "rendered" for-each="rows" {
+    row-id "{{ row.k }}{{ '' }}"
+    user "hi"
+}
+scenario "controlled" for-each="rows" {
+    row-id "{{- row.k -}}"
+    user "hi"
+}
+"#;
+    let rows = "k\nplain\ntwo words\n  padded  \ncafe\u{301}\n7\n-12\n2.5\n2.0\n1e3\n\
+                 18446744073709551616\ntrue\n";
+    let (_dir, project) = load_files(&[("p.kdl", suite), ("rows.csv", rows)]);
+    let ids = |base: &str| -> Vec<String> {
+        project
+            .scenarios()
+            .filter_map(|(_, sc)| sc.instance.as_deref())
+            .filter(|i| i.base == base)
+            .filter_map(|i| i.row_id.clone())
+            .collect()
+    };
+    let lone = ids("lone");
+    assert_eq!(lone.len(), 11, "{lone:?}");
+    assert_eq!(lone, ids("rendered"));
+    assert_eq!(lone, ids("controlled"));
+    assert!(lone.contains(&"two words".to_owned()) && lone.contains(&"café".to_owned()));
+}
