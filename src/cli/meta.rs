@@ -125,12 +125,37 @@ pub fn fingerprint(project: &Project) -> String {
     read.sort_unstable();
     read.dedup();
     for path in read {
-        // The run has just read them; one that is gone since hashes as gone.
-        let bytes = std::fs::read(path).unwrap_or_default();
-        hasher.update(&(bytes.len() as u64).to_le_bytes());
-        hasher.update(&bytes);
+        hash_file(&mut hasher, path);
     }
     hasher.finalize().to_hex().to_string()
+}
+
+/// Adds `path`'s length and bytes to `hasher`, as reading the file whole and hashing both
+/// does, but read in pieces: a dataset of 22 MB read whole was 16 ms of the run's start
+/// (copied into new memory, a page fault every 4 KB) for 6 ms of hashing. A file whose
+/// length changes while it is read is read whole again, which gives the bytes the length
+/// belongs to; the run has just read these files, and one that is gone since hashes as an
+/// empty one.
+fn hash_file(hasher: &mut blake3::Hasher, path: &Path) {
+    let in_pieces = || -> std::io::Result<Option<blake3::Hasher>> {
+        let file = std::fs::File::open(path)?;
+        let len = file.metadata()?.len();
+        let mut hashed = hasher.clone();
+        hashed.update(&len.to_le_bytes());
+        // One byte past the length shows a file that grew.
+        let mut reader = std::io::Read::take(&file, len.saturating_add(1));
+        hashed.update_reader(&mut reader)?;
+        let read = len.saturating_add(1) - reader.limit();
+        Ok((read == len).then_some(hashed))
+    };
+    match in_pieces() {
+        Ok(Some(hashed)) => *hasher = hashed,
+        _ => {
+            let bytes = std::fs::read(path).unwrap_or_default();
+            hasher.update(&(bytes.len() as u64).to_le_bytes());
+            hasher.update(&bytes);
+        }
+    }
 }
 
 /// The commit and dirty flag of the repository holding the suites, asked of `git` while the
@@ -276,6 +301,46 @@ mod tests {
         // Before the first commit there is none to record.
         assert!(super::parse_status("# branch.oid (initial)\n# branch.head main\n").is_none());
         assert!(super::parse_status("").is_none());
+    }
+
+    /// A file hashed in pieces gives the digest it gave read whole (its length, then its
+    /// bytes), from empty to past the pieces' size, and a missing file hashes as an empty
+    /// one.
+    #[test]
+    fn a_file_hashed_in_pieces_gives_the_digest_of_the_file_read_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let whole = |path: &std::path::Path| {
+            let mut hasher = blake3::Hasher::new();
+            hasher.update(b"suites");
+            let bytes = std::fs::read(path).unwrap_or_default();
+            hasher.update(&(bytes.len() as u64).to_le_bytes());
+            hasher.update(&bytes);
+            hasher.finalize()
+        };
+        let in_pieces = |path: &std::path::Path| {
+            let mut hasher = blake3::Hasher::new();
+            hasher.update(b"suites");
+            super::hash_file(&mut hasher, path);
+            hasher.finalize()
+        };
+        for len in [
+            0usize,
+            1,
+            1023,
+            16 * 1024,
+            64 * 1024 - 1,
+            64 * 1024 + 1,
+            1 << 20,
+        ] {
+            let path = dir.path().join(format!("rows-{len}.csv"));
+            let bytes: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+            std::fs::write(&path, &bytes).unwrap();
+            assert_eq!(in_pieces(&path), whole(&path), "{len} bytes");
+        }
+        let gone = dir.path().join("gone.csv");
+        assert_eq!(in_pieces(&gone), whole(&gone));
+        let other = dir.path().join("rows-1.csv");
+        assert_ne!(in_pieces(&other), in_pieces(&gone));
     }
 
     #[test]
