@@ -563,8 +563,8 @@ fn address(name: &Name) -> usize {
 /// An [`Interner`]'s names numbered in their texts' order. Rows keyed by names sort by
 /// these numbers exactly as they would by the texts (the interner holds each text once),
 /// with integers compared and no text read: the lists of a 100,000-scenario run, sorted
-/// by their names, took most of the statistics' end (docs/performance.md, "The end of big
-/// runs: what it reads back, sorts and frees").
+/// by their names, took most of the statistics' end (docs/performance.md,
+/// "A dataset of 100,000 rows: its start and its end").
 pub(crate) struct NameRanks(HashMap<usize, u32, foldhash::fast::FixedState>);
 
 impl NameRanks {
