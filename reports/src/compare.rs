@@ -23,6 +23,7 @@
 //! for the console, `--json` and the HTML compare page; `docs/results.md` documents it.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use statrs::stats_tests::mannwhitneyu::{MannWhitneyUMethod, mannwhitneyu};
@@ -390,9 +391,9 @@ pub fn compare(
             base_latency_mean_ms: b.and_then(|s| s.latency.mean_ms),
             head_latency_mean_ms: h.and_then(|s| s.latency.mean_ms),
             not_run,
-            suite,
-            scenario,
-            agent,
+            suite: String::from(&*suite),
+            scenario: String::from(&*scenario),
+            agent: String::from(&*agent),
         }
     })
     .collect();
@@ -401,13 +402,13 @@ pub fn compare(
     // the same suites that selected only new scenarios, or whose agent was renamed, shares
     // its suites: its new scenarios are gated as new ones.)
     let base_suites: std::collections::BTreeSet<&str> =
-        base.scenarios.iter().map(|s| s.suite.as_str()).collect();
+        base.scenarios.iter().map(|s| &*s.suite).collect();
     if !base_suites.is_empty()
         && !head.scenarios.is_empty()
         && !head
             .scenarios
             .iter()
-            .any(|s| base_suites.contains(s.suite.as_str()))
+            .any(|s| base_suites.contains(&*s.suite))
     {
         regressions.push(
             "the runs share no suite: nothing of the base run was compared (a suite's name is \
@@ -497,10 +498,10 @@ pub fn compare(
         unchecked_in_head(&mut rate);
         BranchChange {
             rate,
-            suite,
-            scenario,
-            trajectory,
-            agent,
+            suite: String::from(&*suite),
+            scenario: String::from(&*scenario),
+            trajectory: String::from(&*trajectory),
+            agent: String::from(&*agent),
         }
     })
     .collect();
@@ -573,12 +574,12 @@ pub fn compare(
                 rate
             },
             head_failure: h.and_then(|c| c.first_failure.clone()),
-            suite,
-            scenario,
-            trajectory,
-            agent,
+            suite: String::from(&*suite),
+            scenario: String::from(&*scenario),
+            trajectory: String::from(&*trajectory),
+            agent: String::from(&*agent),
             turn_index,
-            criterion,
+            criterion: String::from(&*criterion),
         },
     )
     .collect();
@@ -684,7 +685,14 @@ fn unchecked_in_head(rate: &mut RateChange) {
     }
 }
 
-type CriterionKey = (String, String, String, String, Option<u32>, String);
+type CriterionKey = (
+    Arc<str>,
+    Arc<str>,
+    Arc<str>,
+    Arc<str>,
+    Option<u32>,
+    Arc<str>,
+);
 
 fn criterion_key(c: &crate::stats::CriterionStats) -> CriterionKey {
     (

@@ -307,10 +307,10 @@ pub struct RunAggregates {
 /// One branch (trajectory) of a scenario for one agent, over its repetitions.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct BranchStats {
-    pub suite: String,
-    pub scenario: String,
-    pub trajectory: String,
-    pub agent: String,
+    pub suite: Arc<str>,
+    pub scenario: Arc<str>,
+    pub trajectory: Arc<str>,
+    pub agent: Arc<str>,
     pub repeats: Repeats,
     /// The status of each repetition, by repetition number, as runs of equal status:
     /// `(first, last, status)` for repetitions `first..=last` (a gap in the numbers starts a
@@ -327,9 +327,9 @@ pub struct BranchStats {
 /// that ran passed.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ScenarioStats {
-    pub suite: String,
-    pub scenario: String,
-    pub agent: String,
+    pub suite: Arc<str>,
+    pub scenario: Arc<str>,
+    pub agent: Arc<str>,
     pub counts: StatusCounts,
     pub repeats: Repeats,
     pub latency: Latency,
@@ -375,11 +375,11 @@ pub(crate) fn failure_position(
 /// above (`failed_above`), so a failure in a shared prefix shows at the prefix only.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct NodeStats {
-    pub suite: String,
-    pub scenario: String,
-    pub agent: String,
+    pub suite: Arc<str>,
+    pub scenario: Arc<str>,
+    pub agent: Arc<str>,
     /// `start`, `accepts`, `accepts/then`.
-    pub node: String,
+    pub node: Arc<str>,
     pub parent: Option<String>,
     /// Trajectories (× repetitions) whose path reached this node.
     pub reached: u64,
@@ -395,12 +395,12 @@ pub struct NodeStats {
 /// One check of one branch over its repetitions.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CriterionStats {
-    pub suite: String,
-    pub scenario: String,
-    pub trajectory: String,
-    pub agent: String,
+    pub suite: Arc<str>,
+    pub scenario: Arc<str>,
+    pub trajectory: Arc<str>,
+    pub agent: Arc<str>,
     pub turn_index: Option<u32>,
-    pub criterion: String,
+    pub criterion: Arc<str>,
     pub kind: String,
     pub passed: u64,
     pub failed: u64,
@@ -1125,7 +1125,6 @@ impl StatsBuilder {
                     ranks.of(&scenario),
                     ranks.of(&agent),
                 ));
-                let (suite, scenario, agent) = (text(&suite), text(&scenario), text(&agent));
                 let ran = acc.ran.len();
                 let passed = acc.ran.difference_len(&acc.not_passed);
                 let skipped = acc.repetitions.difference_len(&acc.ran);
@@ -1154,12 +1153,6 @@ impl StatsBuilder {
                     ranks.of(&trajectory),
                     ranks.of(&agent),
                 ));
-                let (suite, scenario, trajectory, agent) = (
-                    text(&suite),
-                    text(&scenario),
-                    text(&trajectory),
-                    text(&agent),
-                );
                 let [passed, failed, errors, skipped, invalid] =
                     acc.by_status.each_ref().map(|r| r.len());
                 let ran = passed + failed + errors;
@@ -1201,10 +1194,10 @@ impl StatsBuilder {
                     ranks.of(&node),
                 ));
                 NodeStats {
-                    suite: text(&suite),
-                    scenario: text(&scenario),
-                    agent: text(&agent),
-                    node: text(&node),
+                    suite,
+                    scenario,
+                    agent,
+                    node,
                     parent: acc.parent,
                     reached: acc.reached,
                     passed: acc.passed,
@@ -1233,12 +1226,12 @@ impl StatsBuilder {
                         ranks.of(&criterion),
                     ));
                     CriterionStats {
-                        suite: text(&suite),
-                        scenario: text(&scenario),
-                        trajectory: text(&trajectory),
-                        agent: text(&agent),
+                        suite,
+                        scenario,
+                        trajectory,
+                        agent,
                         turn_index,
-                        criterion: text(&criterion),
+                        criterion,
                         kind: acc.kind,
                         passed: acc.passed,
                         failed: acc.failed,
@@ -1262,12 +1255,6 @@ impl StatsBuilder {
             criteria,
         }
     }
-}
-
-/// A name the statistics share, copied out for a row (`Arc<str>::to_string` goes through
-/// `Display`, several times the cost of the copy).
-fn text(name: &Name) -> String {
-    String::from(&**name)
 }
 
 /// `rows` in the order of their `keys`, one key per row and no two equal (the rows are the
@@ -1645,7 +1632,7 @@ mod tests {
         b.push(&node(2, "then", Some("start"), &[2]));
         b.push(&trajectory(2, "main", &["start", "then"], Some(2)));
         let stats = b.finish();
-        let node = |id: &str| stats.nodes.iter().find(|n| n.node == id).unwrap().clone();
+        let node = |id: &str| stats.nodes.iter().find(|n| &*n.node == id).unwrap().clone();
         assert_eq!(
             node("start").failed_here,
             1,
@@ -1678,7 +1665,7 @@ mod tests {
         b.push(&trajectory(1, "yes", &["start", "yes"], Some(1)));
         b.push(&trajectory(1, "no", &["start", "no"], None));
         let stats = b.finish();
-        let node = |id: &str| stats.nodes.iter().find(|n| n.node == id).unwrap().clone();
+        let node = |id: &str| stats.nodes.iter().find(|n| &*n.node == id).unwrap().clone();
         let start = node("start");
         assert_eq!(
             (
@@ -1706,7 +1693,7 @@ mod tests {
             stats
                 .branches
                 .iter()
-                .find(|b| b.trajectory == name)
+                .find(|b| &*b.trajectory == name)
                 .unwrap()
         };
         assert!(branch("no").repeats.flaky);
