@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use trellis_records::{CriterionStatus, NodeRecord, TrajectoryRecord, TrajectoryStatus};
 
 use crate::ReportOptions;
-use crate::by_names::ByNames;
+use crate::by_names::{ByNames, Name};
 
 /// Trajectory counts by status: the report's tally and the console's summary.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -66,11 +66,11 @@ impl Counts {
 #[derive(Debug, Default)]
 pub(crate) struct Tally {
     pub(crate) total: Counts,
-    pub(crate) by_suite: BTreeMap<String, Counts>,
-    pub(crate) by_scenario: BTreeMap<(String, String), Counts>,
-    pub(crate) by_agent: BTreeMap<String, Counts>,
+    pub(crate) by_suite: BTreeMap<Name, Counts>,
+    pub(crate) by_scenario: BTreeMap<(Name, Name), Counts>,
+    pub(crate) by_agent: BTreeMap<Name, Counts>,
     /// Per (suite, scenario, agent): the report's agents-side-by-side grids.
-    pub(crate) by_scenario_agent: BTreeMap<(String, String, String), Counts>,
+    pub(crate) by_scenario_agent: BTreeMap<(Name, Name, Name), Counts>,
     /// Counts by (suite, scenario, agent), until [`Tally::settle`].
     recorded: ByNames<Counts>,
     /// Agent turns actually taken (a shared prefix counts once per repetition).
@@ -104,7 +104,7 @@ impl Tally {
     /// Adds the counts recorded since the last call to the ordered maps the report reads.
     pub(crate) fn settle(&mut self) {
         let rows = self.recorded.drain_sorted();
-        let mut scenarios: Vec<((String, String), Counts)> = Vec::new();
+        let mut scenarios: Vec<((Name, Name), Counts)> = Vec::new();
         for ((suite, scenario, agent), counts) in &rows {
             add_to(&mut self.by_suite, suite, counts);
             add_to(&mut self.by_agent, agent, counts);
@@ -118,11 +118,11 @@ impl Tally {
     }
 }
 
-fn add_to(map: &mut BTreeMap<String, Counts>, name: &str, counts: &Counts) {
-    match map.get_mut(name) {
+fn add_to(map: &mut BTreeMap<Name, Counts>, name: &Name, counts: &Counts) {
+    match map.get_mut(&**name) {
         Some(sum) => sum.merge(counts),
         None => {
-            map.insert(name.to_owned(), *counts);
+            map.insert(Name::clone(name), *counts);
         }
     }
 }
@@ -386,7 +386,7 @@ mod tests {
             tally.add_trajectory(&record(suite, scenario, agent, status));
         }
         tally.settle();
-        let key = |a: &str, b: &str, c: &str| (a.to_owned(), b.to_owned(), c.to_owned());
+        let key = |a: &str, b: &str, c: &str| (Name::from(a), Name::from(b), Name::from(c));
         assert_eq!(tally.by_scenario_agent.len(), 4);
         let both = tally.by_scenario_agent[&key("s", "a\0b", "x")];
         assert_eq!((both.passed, both.errors, both.total()), (1, 1, 2));
@@ -397,7 +397,7 @@ mod tests {
         assert_eq!(tally.by_suite["sa"].total(), 1);
         assert_eq!(tally.by_agent["x"].total(), 2);
         assert_eq!(
-            tally.by_scenario[&("s".to_owned(), "a\0b".to_owned())].total(),
+            tally.by_scenario[&(Name::from("s"), Name::from("a\0b"))].total(),
             2
         );
         assert_eq!(tally.by_scenario.len(), 4);

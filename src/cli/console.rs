@@ -17,6 +17,7 @@ use std::fmt;
 use std::fmt::Write as _;
 use std::io::{IsTerminal, Write};
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use comfy_table::{Cell, ContentArrangement, Table, presets::UTF8_FULL_CONDENSED};
@@ -155,6 +156,11 @@ const TABLE_ROWS: usize = 100;
 /// row per value instead (a matrix of 150 values printed lines of 7,000 characters).
 const MATRIX_COLUMNS: usize = 12;
 
+/// A scenario's names (suite, scenario, agent), shared with the counts they were recorded
+/// under rather than copied: a dataset's 100,000 instances were 300,000 strings made for the
+/// summary, and freed after it.
+type ScenarioNames = (Arc<str>, Arc<str>, Arc<str>);
+
 pub struct Console {
     /// Trajectories the plan has, to say how much of it a stopped run covers.
     planned: u64,
@@ -169,7 +175,7 @@ pub struct Console {
     silent: bool,
     /// Per (suite, scenario, agent), ordered: made from `recorded` by
     /// [`Console::settle`] when the summary is printed.
-    per_scenario: BTreeMap<(String, String, String), Counts>,
+    per_scenario: BTreeMap<ScenarioNames, Counts>,
     /// Counted as trajectories finish, found without copying their names.
     recorded: trellis_reports::ByNames<Counts>,
     /// Suites in load order (from `run_started`): the order of every list printed.
@@ -532,11 +538,11 @@ impl Console {
         let mut by_suite: BTreeMap<&str, BTreeMap<&str, Vec<&str>>> = BTreeMap::new();
         for (suite, scenario, agent) in self.per_scenario.keys() {
             by_suite
-                .entry(suite.as_str())
+                .entry(&**suite)
                 .or_default()
-                .entry(scenario.as_str())
+                .entry(&**scenario)
                 .or_default()
-                .push(agent.as_str());
+                .push(&**agent);
         }
         let mut suites: Vec<(&str, BTreeMap<&str, Vec<&str>>)> = by_suite.into_iter().collect();
         suites.sort_by_key(|(suite, _)| self.suite_rank(suite));
@@ -569,7 +575,8 @@ impl Console {
             if total > TABLE_ROWS {
                 let all_passed = |scenario: &str| {
                     agents.iter().all(|agent| {
-                        let key = (suite.to_string(), scenario.to_string(), agent.to_string());
+                        let key: ScenarioNames =
+                            (Arc::from(suite), Arc::from(scenario), Arc::from(*agent));
                         self.per_scenario.get(&key).is_none_or(Counts::all_passed)
                     })
                 };
@@ -596,7 +603,8 @@ impl Console {
             for scenario in rows {
                 let mut row = vec![Cell::new(scenario)];
                 for agent in &agents {
-                    let key = (suite.to_string(), scenario.to_string(), agent.to_string());
+                    let key: ScenarioNames =
+                        (Arc::from(suite), Arc::from(scenario), Arc::from(*agent));
                     row.push(Cell::new(self.per_scenario.get(&key).map_or_else(
                         || "·".to_string(),
                         |c| {
@@ -649,14 +657,7 @@ impl Console {
             self.per_scenario
                 .iter()
                 .map(|((suite, scenario, agent), c)| {
-                    (
-                        (
-                            suite.as_str(),
-                            Cow::Borrowed(scenario.as_str()),
-                            agent.as_str(),
-                        ),
-                        *c,
-                    )
+                    ((&**suite, Cow::Borrowed(&**scenario), &**agent), *c)
                 })
                 .collect()
         } else {
@@ -687,7 +688,7 @@ impl Console {
             let mut rows: BTreeMap<RowKey<'_>, Counts> = BTreeMap::new();
             for (((suite, scenario, agent), c), &base) in self.per_scenario.iter().zip(&bases) {
                 let many = base
-                    .and_then(|b| instances.get_mut(&(suite.as_str(), b, agent.as_str())))
+                    .and_then(|b| instances.get_mut(&(&**suite, b, &**agent)))
                     .filter(|entry| entry.grouped);
                 match many {
                     Some(entry) => {
@@ -699,7 +700,7 @@ impl Console {
                         }
                     }
                     None => rows
-                        .entry((suite, Cow::Borrowed(scenario.as_str()), agent))
+                        .entry((suite, Cow::Borrowed(&**scenario), agent))
                         .or_default()
                         .merge(c),
                 }
@@ -720,9 +721,9 @@ impl Console {
             .iter()
             .map(|((suite, scenario, agent), c)| {
                 (
-                    suite.as_str(),
-                    scenario.as_str(),
-                    agent.as_str(),
+                    &**suite,
+                    &**scenario,
+                    &**agent,
                     c.passed,
                     c.passed + c.failed + c.errors,
                 )

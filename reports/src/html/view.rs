@@ -20,6 +20,7 @@ use super::Page;
 use super::outline::{MAX_CHIPS, NodeOutcome, ScenarioOutline, failure_node, node_outcomes};
 use super::trend::{TrendPoint, Trends};
 use crate::NodeKey;
+use crate::by_names::Name;
 use crate::positions::Positions;
 use crate::tally::Counts;
 
@@ -769,14 +770,14 @@ pub(crate) struct MatrixGridView {
 fn matrix_grids(
     suites: &[String],
     scenarios: &[trellis_records::ScenarioInfo],
-    counts: &BTreeMap<(String, String, String), Counts>,
+    counts: &BTreeMap<(Name, Name, Name), Counts>,
     anchors: &BTreeMap<(String, String), String>,
 ) -> Vec<MatrixGridView> {
     let counts = counts.iter().map(|((suite, scenario, agent), c)| {
         (
-            suite.as_str(),
-            scenario.as_str(),
-            agent.as_str(),
+            &**suite,
+            &**scenario,
+            &**agent,
             c.passed,
             c.passed + c.failed + c.errors,
         )
@@ -826,14 +827,14 @@ fn matrix_grids(
 fn agent_grids(
     suites: &[String],
     agents: &[String],
-    counts: &BTreeMap<(String, String, String), Counts>,
+    counts: &BTreeMap<(Name, Name, Name), Counts>,
     drawn: &[ScenarioView],
 ) -> Vec<AgentGrid> {
     let mut grids = Vec::new();
     for suite in suites {
         let mut scenarios: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
         for (s, scenario, agent) in counts.keys() {
-            if s == suite {
+            if **s == **suite {
                 scenarios.entry(scenario).or_default().push(agent);
             }
         }
@@ -857,7 +858,12 @@ fn agent_grids(
                 cells: columns
                     .iter()
                     .map(|agent| {
-                        let c = counts.get(&(suite.clone(), v.id.clone(), agent.clone()))?;
+                        let key = (
+                            Name::from(suite.as_str()),
+                            Name::from(v.id.as_str()),
+                            Name::from(agent.as_str()),
+                        );
+                        let c = counts.get(&key)?;
                         let view = CountsView::of(c);
                         let ran = c.passed + c.failed + c.errors;
                         let interval = crate::stats::wilson_interval(c.passed, ran, 0.95)
@@ -1122,7 +1128,7 @@ fn scenario_order<'a>(page: &Page<'a>) -> Vec<(&'a str, &'a str, Option<&'a Scen
     let unplanned: BTreeSet<(&'a str, &'a str)> = tally
         .by_scenario
         .keys()
-        .map(|(suite, scenario)| (suite.as_str(), scenario.as_str()))
+        .map(|(suite, scenario)| (&**suite, &**scenario))
         .chain(
             outline
                 .keys()
@@ -1147,7 +1153,7 @@ fn counts_by_scenario<'a>(
     tally
         .by_scenario
         .iter()
-        .map(|((suite, scenario), counts)| ((suite.as_str(), scenario.as_str()), *counts))
+        .map(|((suite, scenario), counts)| ((&**suite, &**scenario), *counts))
         .collect()
 }
 
@@ -1357,14 +1363,14 @@ pub(crate) fn build(page: &Page<'_>) -> PageView {
         }
     }
     for agent in page.tally.by_agent.keys() {
-        if !filter_agents.contains(agent) {
-            filter_agents.push(agent.clone());
+        if !filter_agents.iter().any(|a| **a == **agent) {
+            filter_agents.push(agent.to_string());
         }
     }
     let mut filter_suites: Vec<String> = info.suites.clone();
     for suite in page.tally.by_suite.keys() {
-        if !filter_suites.contains(suite) {
-            filter_suites.push(suite.clone());
+        if !filter_suites.iter().any(|s| **s == **suite) {
+            filter_suites.push(suite.to_string());
         }
     }
     // Transcripts of scenarios not drawn have no section to sit in.
@@ -1505,9 +1511,7 @@ pub(crate) fn build(page: &Page<'_>) -> PageView {
                 .tally
                 .by_scenario_agent
                 .iter()
-                .filter(|((suite, scenario, _), _)| {
-                    drawn_keys.contains(&(suite.as_str(), scenario.as_str()))
-                })
+                .filter(|((suite, scenario, _), _)| drawn_keys.contains(&(&**suite, &**scenario)))
                 .map(|(key, counts)| (key.clone(), *counts))
                 .collect(),
             &scenarios,
@@ -1531,11 +1535,11 @@ pub(crate) fn build(page: &Page<'_>) -> PageView {
 }
 
 /// A pass-rate row for each name in `order` that has counts.
-fn rate_rows(order: &[String], counts: &BTreeMap<String, Counts>) -> Vec<RateRow> {
+fn rate_rows(order: &[String], counts: &BTreeMap<Name, Counts>) -> Vec<RateRow> {
     order
         .iter()
         .filter_map(|name| {
-            counts.get(name).map(|c| RateRow {
+            counts.get(name.as_str()).map(|c| RateRow {
                 name: name.clone(),
                 anchor: None,
                 counts: CountsView::of(c),
@@ -1685,7 +1689,7 @@ fn scenario_view(
     let counts = page
         .tally
         .by_scenario
-        .get(&(suite.to_owned(), scenario.to_owned()))
+        .get(&(Name::from(suite), Name::from(scenario)))
         .copied()
         .unwrap_or_default();
     let coverage = plan.and_then(|p| {
