@@ -8,10 +8,7 @@
 //! statistics' are ([`crate::stats::Interner`]) and the values hashed by them, as the
 //! statistics' entries are: a record's names are copied only the first time they come.
 
-use crate::stats::Interner;
-
-/// A name as [`ByNames`] hands it out: shared with every other copy of its text.
-pub type Name = std::sync::Arc<str>;
+use crate::stats::{Interner, Name};
 
 /// Values by (suite, scenario, agent). See the module docs.
 pub struct ByNames<V> {

@@ -515,7 +515,7 @@ fn outcome_runs(outcomes: &[(u32, TrajectoryStatus)]) -> Vec<(u32, u32, Trajecto
 
 /// A suite, scenario, branch, agent, node or criterion name, interned: a run repeats the
 /// same few names for every record, and keys of shared names cost no allocation.
-pub(crate) type Name = Arc<str>;
+pub type Name = Arc<str>;
 
 /// Names interned: each distinct text allocated once, handed out as shared [`Name`]s.
 /// foldhash: ten names are interned per trajectory, and hashing them with std's SipHash

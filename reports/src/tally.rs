@@ -5,7 +5,8 @@ use std::collections::{BTreeMap, HashMap};
 use trellis_records::{CriterionStatus, NodeRecord, TrajectoryRecord, TrajectoryStatus};
 
 use crate::ReportOptions;
-use crate::by_names::{ByNames, Name};
+use crate::by_names::ByNames;
+use crate::stats::Name;
 
 /// Trajectory counts by status: the report's tally and the console's summary.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -20,8 +20,8 @@ use super::Page;
 use super::outline::{MAX_CHIPS, NodeOutcome, ScenarioOutline, failure_node, node_outcomes};
 use super::trend::{TrendPoint, Trends};
 use crate::NodeKey;
-use crate::by_names::Name;
 use crate::positions::Positions;
+use crate::stats::Name;
 use crate::tally::Counts;
 
 /// Longest text block rendered, in characters; the rest is in the Parquet tables.
