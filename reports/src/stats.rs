@@ -1052,11 +1052,12 @@ impl StatsBuilder {
                 suite_places.entry(ranks.of(name)).or_insert(place);
             }
         }
-        let suite_place = |suite: &Name| {
-            suite_places
-                .get(&ranks.of(suite))
-                .copied()
-                .unwrap_or(u32::MAX)
+        // What every row's key starts with: its suite's place, then its suite's and its
+        // scenario's names.
+        let key_start = |suite: &Name, scenario: &Name| {
+            let suite = ranks.of(suite);
+            let place = suite_places.get(&suite).copied().unwrap_or(u32::MAX);
+            (place, suite, ranks.of(scenario))
         };
         let aggregates = RunAggregates {
             counts: self.counts,
@@ -1119,12 +1120,7 @@ impl StatsBuilder {
             .scenarios
             .into_iter()
             .map(|((suite, scenario, agent), acc)| {
-                keys.push((
-                    suite_place(&suite),
-                    ranks.of(&suite),
-                    ranks.of(&scenario),
-                    ranks.of(&agent),
-                ));
+                keys.push((key_start(&suite, &scenario), ranks.of(&agent)));
                 let ran = acc.ran.len();
                 let passed = acc.ran.difference_len(&acc.not_passed);
                 let skipped = acc.repetitions.difference_len(&acc.ran);
@@ -1147,9 +1143,7 @@ impl StatsBuilder {
             .into_iter()
             .map(|((suite, scenario, trajectory, agent), acc)| {
                 keys.push((
-                    suite_place(&suite),
-                    ranks.of(&suite),
-                    ranks.of(&scenario),
+                    key_start(&suite, &scenario),
                     ranks.of(&trajectory),
                     ranks.of(&agent),
                 ));
@@ -1187,9 +1181,7 @@ impl StatsBuilder {
             .into_iter()
             .map(|((suite, scenario, agent, node), acc)| {
                 keys.push((
-                    suite_place(&suite),
-                    ranks.of(&suite),
-                    ranks.of(&scenario),
+                    key_start(&suite, &scenario),
                     ranks.of(&agent),
                     ranks.of(&node),
                 ));
@@ -1220,7 +1212,7 @@ impl StatsBuilder {
                 |((suite, scenario, trajectory, agent, turn_index, criterion), acc)| {
                     // A trajectory's own criteria (no turn) after its turns'.
                     keys.push((
-                        (suite_place(&suite), ranks.of(&suite), ranks.of(&scenario)),
+                        key_start(&suite, &scenario),
                         (ranks.of(&trajectory), ranks.of(&agent)),
                         turn_index.map_or(u64::MAX, u64::from),
                         ranks.of(&criterion),

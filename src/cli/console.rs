@@ -11,8 +11,6 @@
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
-
-use foldhash::fast::FixedState;
 use std::fmt;
 use std::fmt::Write as _;
 use std::io::{IsTerminal, Write};
@@ -21,6 +19,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use comfy_table::{Cell, ContentArrangement, Table, presets::UTF8_FULL_CONDENSED};
+use foldhash::fast::FixedState;
 use indicatif::{ProgressBar, ProgressStyle};
 use trellis_engine::event::Event;
 use trellis_engine::record::{CriterionStatus, RunSummary, TrajectoryRecord, TrajectoryStatus};
@@ -132,9 +131,8 @@ struct Instances {
     count: u64,
     /// All of them, summed.
     counts: Counts,
-    /// More than [`INSTANCE_ROWS`]: one row for all of them.
-    grouped: bool,
-    /// That row's name until it is written.
+    /// The name of the one row for all of them, when they are more than [`INSTANCE_ROWS`],
+    /// until it is written.
     row: Option<String>,
 }
 
@@ -682,14 +680,13 @@ impl Console {
             for ((_, base, _), entry) in &mut instances {
                 if entry.count > INSTANCE_ROWS {
                     entry.row = Some(format!("{base} ({} instances)", entry.count));
-                    entry.grouped = true;
                 }
             }
             let mut rows: BTreeMap<RowKey<'_>, Counts> = BTreeMap::new();
             for (((suite, scenario, agent), c), &base) in self.per_scenario.iter().zip(&bases) {
                 let many = base
                     .and_then(|b| instances.get_mut(&(&**suite, b, &**agent)))
-                    .filter(|entry| entry.grouped);
+                    .filter(|entry| entry.count > INSTANCE_ROWS);
                 match many {
                     Some(entry) => {
                         // The row of all of them, written at the first.

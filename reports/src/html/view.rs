@@ -1144,8 +1144,8 @@ fn scenario_order<'a>(page: &Page<'a>) -> Vec<(&'a str, &'a str, Option<&'a Scen
     order
 }
 
-/// Each scenario's counts by its names, borrowed: the tally's map is keyed by owned names,
-/// which a lookup would copy.
+/// Each scenario's counts by its names, borrowed: the tally's map is keyed by shared names,
+/// which a lookup by text would have to build.
 fn counts_by_scenario<'a>(
     page: &Page<'a>,
 ) -> HashMap<(&'a str, &'a str), Counts, foldhash::fast::FixedState> {
@@ -1329,7 +1329,7 @@ pub(crate) fn build(page: &Page<'_>) -> PageView {
             undrawn.add(&counts);
             continue;
         }
-        let view = scenario_view(page, &trends, index, suite, scenario, plan);
+        let view = scenario_view(page, &trends, index, (suite, scenario), plan, counts);
         by_scenario.push(RateRow {
             name: format!("{suite} / {scenario}"),
             anchor: Some(view.anchor.clone()),
@@ -1548,13 +1548,15 @@ fn rate_rows(order: &[String], counts: &BTreeMap<Name, Counts>) -> Vec<RateRow> 
         .collect()
 }
 
+/// The section of the scenario at `index` of the page's order, whose trajectories counted
+/// `counts` (as `build` found them for its tables).
 fn scenario_view(
     page: &Page<'_>,
     trends: &Trends,
     index: usize,
-    suite: &str,
-    scenario: &str,
+    (suite, scenario): (&str, &str),
     plan: Option<&ScenarioInfo>,
+    counts: Counts,
 ) -> ScenarioView {
     let empty = ScenarioOutline::default();
     let outline = page.outline.scenario(suite, scenario).unwrap_or(&empty);
@@ -1686,12 +1688,6 @@ fn scenario_view(
         })
         .collect();
 
-    let counts = page
-        .tally
-        .by_scenario
-        .get(&(Name::from(suite), Name::from(scenario)))
-        .copied()
-        .unwrap_or_default();
     let coverage = plan.and_then(|p| {
         let planned = p.trajectories.len() as u64 * p.agents.len() as u64 * u64::from(p.repeat);
         (counts.total() < planned).then(|| {
