@@ -395,10 +395,12 @@ impl ReportWriter {
     }
 
     /// The run is quiet (it waits on its agents; nothing came for a while): writes the
-    /// tables' buffered rows where there are enough for a row group, work the end of the
-    /// run then does not wait for. A run that is never quiet writes full batches as before.
+    /// tables' buffered rows where there are enough for a row group, and compiles the report
+    /// page's templates if no run of this process has yet, work the end of the run then does
+    /// not wait for. A run that is never quiet writes full batches as before.
     pub fn flush_quiet(&mut self) {
         self.tables.flush_quiet();
+        html::prepare();
     }
 
     /// Writes the last table batches, `junit.xml` and `report.html`: each file that can be
