@@ -26,10 +26,8 @@ pub(crate) type Tables = HashMap<String, Vec<Row>>;
 /// A map hashed with foldhash, for keys from the suites and their datasets.
 type Hashed<K, V> = HashMap<K, V, foldhash::fast::FixedState>;
 
-/// How many rows dataset `name` keeps.
-fn all_rows_len(tables: &Tables, name: &str) -> usize {
-    tables.get(name).map_or(0, Vec::len)
-}
+/// A set hashed with foldhash, as [`Hashed`].
+type HashedSet<T> = std::collections::HashSet<T, foldhash::fast::FixedState>;
 
 /// Reads every dataset (filter, sample and limit applied as rows stream by), records their
 /// columns in `info` for the template checks, and reports unreadable files, bad rows and
@@ -515,8 +513,10 @@ fn instances(
             // Sized for every row, hashed with foldhash (ids come from the user's own rows):
             // grown from empty with SipHash, the two sets of ids were a fifth of expanding a
             // dataset of 100,000 rows.
-            let mut first: Hashed<String, usize> =
-                Hashed::with_capacity_and_hasher(all_rows_len(tables, name), Default::default());
+            let mut first: Hashed<String, usize> = Hashed::with_capacity_and_hasher(
+                tables.get(name).map_or(0, Vec::len),
+                Default::default(),
+            );
             // A template wrong for every row would otherwise give one error per row: the
             // first few are shown, the rest counted in one more.
             const SHOWN_ROW_ERRORS: usize = 3;
@@ -759,11 +759,8 @@ fn instances(
         ..sc.clone()
     };
     let mut out = Vec::with_capacity(rows.len() * combos.len());
-    let mut seen: std::collections::HashSet<String, foldhash::fast::FixedState> =
-        std::collections::HashSet::with_capacity_and_hasher(
-            rows.len() * combos.len(),
-            Default::default(),
-        );
+    let mut seen: HashedSet<String> =
+        HashedSet::with_capacity_and_hasher(rows.len() * combos.len(), Default::default());
     // Each problem once, at the first instance that has it, with how many more do: a
     // misspelt column in a `user-context` value fails every row the same way.
     let mut problems = RowProblems::default();

@@ -15,7 +15,6 @@ use std::fmt;
 use std::fmt::Write as _;
 use std::io::{IsTerminal, Write};
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use comfy_table::{Cell, ContentArrangement, Table, presets::UTF8_FULL_CONDENSED};
@@ -24,6 +23,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use trellis_engine::event::Event;
 use trellis_engine::record::{CriterionStatus, RunSummary, TrajectoryRecord, TrajectoryStatus};
 use trellis_reports::Counts;
+use trellis_reports::stats::Name;
 
 /// Failures printed in full at the end; the rest are in the report.
 const FAILURES_SHOWN: usize = 10;
@@ -157,7 +157,7 @@ const MATRIX_COLUMNS: usize = 12;
 /// A scenario's names (suite, scenario, agent), shared with the counts they were recorded
 /// under rather than copied: a dataset's 100,000 instances were 300,000 strings made for the
 /// summary, and freed after it.
-type ScenarioNames = (Arc<str>, Arc<str>, Arc<str>);
+type ScenarioNames = (Name, Name, Name);
 
 pub struct Console {
     /// Trajectories the plan has, to say how much of it a stopped run covers.
@@ -532,22 +532,33 @@ impl Console {
         if !several {
             return;
         }
-        // Per suite, the scenarios run against several agents, and those agents.
-        let mut by_suite: BTreeMap<&str, BTreeMap<&str, Vec<&str>>> = BTreeMap::new();
-        for (suite, scenario, agent) in self.per_scenario.keys() {
+        // Per suite, the scenarios run against several agents, and those agents with their
+        // counts (a cell is found by its agent).
+        type OfAgents<'a> = Vec<(&'a str, &'a Counts)>;
+        let mut by_suite: BTreeMap<&str, BTreeMap<&str, OfAgents<'_>>> = BTreeMap::new();
+        for ((suite, scenario, agent), c) in &self.per_scenario {
             by_suite
                 .entry(&**suite)
                 .or_default()
                 .entry(&**scenario)
                 .or_default()
-                .push(&**agent);
+                .push((&**agent, c));
         }
-        let mut suites: Vec<(&str, BTreeMap<&str, Vec<&str>>)> = by_suite.into_iter().collect();
+        let mut suites: Vec<(&str, BTreeMap<&str, OfAgents<'_>>)> = by_suite.into_iter().collect();
         suites.sort_by_key(|(suite, _)| self.suite_rank(suite));
         for (suite, mut scenarios) in suites {
             scenarios.retain(|_, agents| agents.len() > 1);
-            let agents: std::collections::BTreeSet<&str> =
-                scenarios.values().flatten().copied().collect();
+            let agents: std::collections::BTreeSet<&str> = scenarios
+                .values()
+                .flatten()
+                .map(|(agent, _)| *agent)
+                .collect();
+            let cell = |scenario: &str, agent: &str| {
+                scenarios
+                    .get(scenario)
+                    .and_then(|of| of.iter().find(|(a, _)| *a == agent))
+                    .map(|(_, c)| *c)
+            };
             if agents.len() < 2 {
                 continue;
             }
@@ -572,11 +583,9 @@ impl Console {
             let mut left_out = None;
             if total > TABLE_ROWS {
                 let all_passed = |scenario: &str| {
-                    agents.iter().all(|agent| {
-                        let key: ScenarioNames =
-                            (Arc::from(suite), Arc::from(scenario), Arc::from(*agent));
-                        self.per_scenario.get(&key).is_none_or(Counts::all_passed)
-                    })
+                    agents
+                        .iter()
+                        .all(|agent| cell(scenario, agent).is_none_or(Counts::all_passed))
                 };
                 rows.retain(|scenario| !all_passed(scenario));
                 let not_passed = rows.len();
@@ -601,9 +610,7 @@ impl Console {
             for scenario in rows {
                 let mut row = vec![Cell::new(scenario)];
                 for agent in &agents {
-                    let key: ScenarioNames =
-                        (Arc::from(suite), Arc::from(scenario), Arc::from(*agent));
-                    row.push(Cell::new(self.per_scenario.get(&key).map_or_else(
+                    row.push(Cell::new(cell(scenario, agent).map_or_else(
                         || "·".to_string(),
                         |c| {
                             let ran = c.passed + c.failed + c.errors;

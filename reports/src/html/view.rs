@@ -832,16 +832,21 @@ fn agent_grids(
 ) -> Vec<AgentGrid> {
     let mut grids = Vec::new();
     for suite in suites {
-        let mut scenarios: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
-        for (s, scenario, agent) in counts.keys() {
+        // Each scenario's agents with their counts, so that a cell is found by its agent.
+        let mut scenarios: BTreeMap<&str, Vec<(&str, &Counts)>> = BTreeMap::new();
+        for ((s, scenario, agent), c) in counts {
             if **s == **suite {
-                scenarios.entry(scenario).or_default().push(agent);
+                scenarios.entry(scenario).or_default().push((agent, c));
             }
         }
         scenarios.retain(|_, a| a.len() > 1);
         let columns: Vec<String> = agents
             .iter()
-            .filter(|a| scenarios.values().any(|list| list.contains(&a.as_str())))
+            .filter(|a| {
+                scenarios
+                    .values()
+                    .any(|list| list.iter().any(|(b, _)| *b == a.as_str()))
+            })
             .cloned()
             .collect();
         if columns.len() < 2 {
@@ -851,19 +856,15 @@ fn agent_grids(
         // a matrix's instances as the matrix lists its values, `n=2` before `n=10`).
         let rows = drawn
             .iter()
-            .filter(|v| v.suite == *suite && scenarios.contains_key(v.id.as_str()))
-            .map(|v| AgentGridRow {
+            .filter(|v| v.suite == *suite)
+            .filter_map(|v| Some((v, scenarios.get(v.id.as_str())?)))
+            .map(|(v, of_agents)| AgentGridRow {
                 name: v.id.clone(),
                 anchor: Some(v.anchor.clone()),
                 cells: columns
                     .iter()
                     .map(|agent| {
-                        let key = (
-                            Name::from(suite.as_str()),
-                            Name::from(v.id.as_str()),
-                            Name::from(agent.as_str()),
-                        );
-                        let c = counts.get(&key)?;
+                        let (_, c) = of_agents.iter().find(|(a, _)| *a == agent.as_str())?;
                         let view = CountsView::of(c);
                         let ran = c.passed + c.failed + c.errors;
                         let interval = crate::stats::wilson_interval(c.passed, ran, 0.95)
