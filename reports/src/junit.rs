@@ -251,7 +251,9 @@ impl JunitBuilder {
         xml.push_str(&escape(&t.trajectory));
         xml.push_str(" [");
         xml.push_str(&escape(&t.agent));
-        let _ = write!(xml, " #{}]\" classname=\"", t.repetition);
+        xml.push_str(" #");
+        crate::push_decimal(&mut xml, t.repetition as usize);
+        xml.push_str("]\" classname=\"");
         xml.push_str(&escape(&t.suite));
         xml.push('.');
         xml.push_str(&escape(&t.scenario));
