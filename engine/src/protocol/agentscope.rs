@@ -220,6 +220,12 @@ impl Endpoint {
         }
         let assembled = assembler.finish();
         exchange.usage = assembled.usage;
+        // A completed answer with nothing a check of the reply could read is the agent's
+        // defect, not an answer (as on Connexity): the turn keeps its messages and calls.
+        let outcome = outcome.and_then(|()| match unanswered(&assembled) {
+            Some(why) => Err(Fault::new(FaultCategory::Protocol, why)),
+            None => Ok(()),
+        });
         Turn {
             exchanges: vec![exchange],
             messages: assembled.messages,
@@ -240,6 +246,20 @@ impl Endpoint {
             unsent: false,
         }
     }
+}
+
+/// Why a completed answer has no reply, if it has none: it ends with tool calls or their
+/// results and no assistant text after them, or it has no assistant text at all.
+fn unanswered(assembled: &Assembled) -> Option<&'static str> {
+    if assembled.reply.is_some() {
+        return None;
+    }
+    Some(if assembled.tool_calls.is_empty() {
+        "the answer has no assistant message with text"
+    } else {
+        "the answer ends with tool calls or their results and no assistant text after them \
+         (the text written before them is not the answer)"
+    })
 }
 
 /// Reads events until the response is final. `first_content` is set to the time from the
@@ -360,7 +380,8 @@ impl Session for AgentScopeSession {
 pub struct Assembled {
     /// The agent's messages, in the order they started.
     pub messages: Vec<ChatMessage>,
-    /// The text of the last assistant `message` with text.
+    /// The text of the last assistant `message` with text, if no tool call or result came
+    /// after it.
     pub reply: Option<String>,
     pub tool_calls: Vec<ToolCallRecord>,
     pub usage: Option<Usage>,
@@ -583,6 +604,11 @@ impl Assembler {
                 })
                 .collect();
             let kind = message.kind.as_str();
+            // The reply is the text written after the last tool call or result: text written
+            // before them is not the answer (as on Connexity, docs/wire.md).
+            if is_call(kind) || is_call_output(kind) {
+                reply = None;
+            }
             let chat = if is_call(kind) {
                 let mut tool_calls = Vec::new();
                 for d in &data {

@@ -739,6 +739,75 @@ async fn a_json_answer_that_breaks_the_protocol_is_the_attempts_fault_too() {
 
 // The builtin weather agent.
 
+/// A tool call and its result after the agent's only text: that text was written before the
+/// tools ran and is not the answer. The turn keeps its messages and the call, has no reply,
+/// and is a protocol fault; so is a completed answer with no assistant text at all.
+#[tokio::test]
+async fn an_answer_that_ends_with_tool_calls_or_has_no_text_is_a_protocol_fault() {
+    let call = |status: &str, arguments: &str| {
+        json!({"object": "message", "id": "mc", "type": "plugin_call", "role": "tool",
+            "status": status, "content": [{"type": "data", "data":
+            {"call_id": "c1", "name": "get_weather", "arguments": arguments}}]})
+    };
+    let output = json!({"object": "message", "id": "mo", "type": "plugin_call_output",
+        "role": "tool", "status": "completed", "content": [{"type": "data", "data":
+        {"call_id": "c1", "name": "get_weather",
+        "output": "[{\"type\": \"text\", \"text\": \"2\"}]"}}]});
+    let pretext = ScriptedServer::start(move |r| {
+        let mut steps = opening("Let me check that for you.");
+        steps.push(event(call("in_progress", "")));
+        steps.push(event(call("completed", r#"{"city": "Oslo"}"#)));
+        steps.push(event(output.clone()));
+        steps.push(completed(&r.session()));
+        steps
+    })
+    .await;
+    let turn = say_to(&pretext.url, "Weather in Oslo?").await;
+    let message = fault(&turn, FaultCategory::Protocol);
+    assert!(message.contains("not the answer"), "{message}");
+    assert_eq!(turn.reply, None);
+    assert_eq!(turn.tool_calls.len(), 1);
+    assert_eq!(turn.tool_calls[0].name, "get_weather");
+    assert_eq!(
+        turn.tool_calls[0].result.as_deref(),
+        Some("[{\"type\": \"text\", \"text\": \"2\"}]")
+    );
+    let roles: Vec<_> = turn.messages.iter().map(|m| m.role.as_str()).collect();
+    assert_eq!(roles, ["assistant", "tool", "tool"]);
+    // The attempt itself answered as the protocol asks: the fault is the turn's.
+    assert_eq!(turn.exchanges[0].attempts[0].fault, None);
+
+    let empty = ScriptedServer::steps(vec![
+        sse_head(),
+        event(json!({"sequence_number": 0, "object": "response", "id": "r1", "status": "created"})),
+        event(json!({"object": "response", "id": "r1", "status": "completed", "output": []})),
+    ])
+    .await;
+    let turn = say_to(&empty.url, "Hi").await;
+    let message = fault(&turn, FaultCategory::Protocol);
+    assert!(
+        message.contains("no assistant message with text"),
+        "{message}"
+    );
+    assert_eq!(turn.reply, None);
+
+    // Text after the tools ran is the answer, as before.
+    let answered = ScriptedServer::start(move |r| {
+        let mut steps = opening("Let me check.");
+        steps.push(event(call("completed", r#"{"city": "Oslo"}"#)));
+        steps.push(event(
+            json!({"object": "content", "type": "text", "delta": true, "msg_id": "m2",
+            "index": 0, "status": "in_progress", "text": "It is 2°C in Oslo."}),
+        ));
+        steps.push(completed(&r.session()));
+        steps
+    })
+    .await;
+    let turn = say_to(&answered.url, "Weather in Oslo?").await;
+    assert_eq!(turn.fault, None);
+    assert_eq!(turn.reply.as_deref(), Some("It is 2°C in Oslo."));
+}
+
 #[tokio::test]
 async fn the_builtin_calls_get_weather_and_streams_its_answer() {
     let server = builtin::serve("weather").await.unwrap();
