@@ -342,6 +342,64 @@ async fn a_run_stopped_by_sigterm_goes_on_where_it_stopped() {
     assert_eq!(ends, 1, "the stopped attempt's end is not kept");
 }
 
+/// A scenario whose need the stop cut short is left for `--resume`, not recorded skipped
+/// "because its need did not pass": resumed, the need passes and so does the dependant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dependant_of_a_need_the_stop_cut_short_runs_when_resumed() {
+    let server = agent(Duration::from_millis(300)).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("suite.kdl");
+    std::fs::write(
+        &suite,
+        format!(
+            "agent \"bot\" protocol=\"connexity\" url=\"{}\" {{ timeout \"30s\" }}\n\
+             scenario \"login\" {{\n    user \"hello login\"\n    user \"again\"\n    \
+             expect reply contains=\"Hello\"\n}}\n\
+             scenario \"after-login\" {{\n    needs \"login\"\n    user \"hello after\"\n    \
+             expect reply contains=\"Hello\"\n}}\n",
+            server.url()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let mut child = run_in(&suite, &["-q", "--out"])
+        .arg(&out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    while server.requests() == 0 {
+        assert!(started.elapsed() < Duration::from_secs(60), "no request");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let pid = i32::try_from(child.id().unwrap()).unwrap();
+    // SAFETY: kill(2) on a child process this test spawned and has not reaped yet.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    assert_eq!(child.wait().await.unwrap().code(), Some(130));
+    let recorded: Vec<String> = trajectory_entries(&out)
+        .iter()
+        .map(|t| format!("{} {}", t["scenario"], t["status"]))
+        .collect();
+    assert!(recorded.is_empty(), "{recorded:?}");
+
+    let o = run_in(&suite, &["--resume"])
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let mut recorded: Vec<String> = trajectory_entries(&out)
+        .iter()
+        .map(|t| format!("{} {}", t["scenario"], t["status"]))
+        .collect();
+    recorded.sort();
+    assert_eq!(
+        recorded,
+        ["\"after-login\" \"passed\"", "\"login\" \"passed\""]
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_that_drops_calls_in_flight_still_records_the_runs_end() {
     let fast = agent(Duration::ZERO).await;

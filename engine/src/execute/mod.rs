@@ -632,6 +632,15 @@ async fn run_scenario(
             failed_needs.push(need);
         }
     }
+    // A need that did not pass in a run being stopped may only have been cut short: this
+    // scenario is then left unrecorded, as the stop leaves it, and `--resume` (or the next
+    // rerun of `trellis watch`) decides it once its needs have ended. Recorded skipped, it
+    // would stay skipped for a reason that may be false.
+    if !failed_needs.is_empty() && shared.stop.is_cancelled() {
+        shared.note_cut_short();
+        planned.scope.release();
+        return false;
+    }
     if !failed_needs.is_empty() || !planned.inactive_needs.is_empty() {
         let mut reasons = Vec::new();
         if !failed_needs.is_empty() {
