@@ -883,10 +883,25 @@ impl<'p> Validator<'p> {
     /// in the scenario's scope as it is before its first step (the headers go with every
     /// turn, the first included, so a capture is not yet there). A problem is reported once
     /// per header, naming the first scenario it was found with.
+    /// A model agent's `system-prompt` that reads the turn's variables is checked the same
+    /// way: it is rendered for each turn with them.
     fn turn_headers(&mut self, cx: &StepCx) {
         let p = self.project;
         for agent in p.scenario_agents(cx.scenario) {
-            for (name, value) in &agent.headers {
+            let system_prompt = agent.settings.spanned("system-prompt").and_then(|v| {
+                Some(Template {
+                    source: v.value.as_str()?.to_owned(),
+                    span: v.span,
+                })
+            });
+            let headers = agent
+                .headers
+                .iter()
+                .map(|(name, value)| (format!("header `{name}`"), value));
+            let prompt = system_prompt
+                .as_ref()
+                .map(|value| ("`system-prompt`".to_owned(), value));
+            for (what, value) in headers.chain(prompt) {
                 if !template::reads_turn_scope(&value.source) {
                     continue;
                 }
@@ -897,8 +912,7 @@ impl<'p> Validator<'p> {
                     let key = (value.span.file, value.span.span.offset(), d.message.clone());
                     if self.header_problems.insert(key) {
                         d.message = format!(
-                            "{} (header `{name}` of agent `{}`, sent with every turn of \
-                             scenario `{}`)",
+                            "{} ({what} of agent `{}`, sent with every turn of scenario `{}`)",
                             d.message, agent.id.value, cx.scenario.id.value
                         );
                         self.diags.push(d);

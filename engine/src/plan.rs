@@ -219,6 +219,9 @@ pub struct PlannedAgent {
     /// `header` nodes reading the turn's variables (`user_context`, `persona`, `scenario`,
     /// `vars`, `row`): rendered for each turn, sent over the ones above.
     pub turn_headers: Vec<(String, CompiledTemplate)>,
+    /// Whether the agent's `system-prompt` reads the turn's variables, as a turn header
+    /// can: it is then rendered for each turn rather than once per run.
+    pub system_prompt_per_turn: bool,
     pub timeout: Duration,
     pub retries: u32,
     pub concurrency: Option<usize>,
@@ -471,6 +474,11 @@ impl Plan {
                         headers.push((name.clone(), compiled));
                     }
                 }
+                let system_prompt_per_turn = agent
+                    .settings
+                    .get("system-prompt")
+                    .and_then(serde_json::Value::as_str)
+                    .is_some_and(trellis_dsl::template::reads_turn_scope);
                 let unsupported = not_runnable::agent(agent);
                 let settings = match registry::module(agent.protocol) {
                     Some(module) => module.plan(project, agent, &mut templates),
@@ -488,6 +496,7 @@ impl Plan {
                     endpoint: agent.endpoint.clone(),
                     headers,
                     turn_headers,
+                    system_prompt_per_turn,
                     timeout: agent_timeout(project, agent),
                     retries: agent.retries,
                     concurrency: agent.concurrency,

@@ -287,6 +287,7 @@ pub fn ctx(turn_index: u32) -> CallContext<'static> {
         turn_index,
         deadline: None,
         turn_headers: None,
+        system_prompt: None,
         llm_meter: None,
     }
 }

@@ -1023,3 +1023,78 @@ async fn a_passing_junit_case_says_which_checks_did_not_run() {
         "the report's banner under --strict"
     );
 }
+
+/// A model agent's `system-prompt` sees the scenario's `persona`, `user_context` and
+/// `scenario` as the language says: rendered for each conversation and sent with each of its
+/// requests (an `env`-only one once per run, as before). One that reads what a scenario
+/// running against the agent lacks is an error at `check`, naming that scenario, and nothing
+/// runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_agents_system_prompt_sees_the_scenarios_variables() {
+    use super::support::llm::{FakeLlm, Reply, Rule};
+    let fake = FakeLlm::start(vec![Rule::otherwise([Reply::text("served")])]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("s.kdl");
+    let agents = format!(
+        "agent \"c1\" protocol=\"openai\" base-url=\"{url}\" model=\"m\" \
+         system-prompt=\"You serve a {{{{ persona.type }}}} ({{{{ user_context.plan }}}}) in \
+         {{{{ scenario.id }}}}.\"\n\
+         agent \"c2\" protocol=\"openai\" base-url=\"{url}\" model=\"m\" \
+         system-prompt=\"Only env: {{{{ env.TRELLIS_SP_TEST }}}}\"\n\
+         persona \"p\" type=\"tester\" {{ description \"pd\" }}\n",
+        url = fake.base_url()
+    );
+    let scenarios = "scenario \"s1\" {\n    agent \"c1\"\n    persona \"p\"\n    \
+         user-context { plan \"gold\" }\n    user \"hi\"\n    user \"again\"\n    \
+         expect reply contains=\"served\"\n}\n\
+         scenario \"s2\" {\n    agent \"c2\"\n    user \"hi\"\n    expect no-error\n}\n";
+    std::fs::write(&suite, format!("{agents}{scenarios}")).unwrap();
+    let o = trellis()
+        .env("TRELLIS_SP_TEST", "yes")
+        .args(["run", "-q", "--out"])
+        .arg(dir.path().join("out"))
+        .arg(&suite)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let mut systems: Vec<String> = fake
+        .seen()
+        .iter()
+        .map(|r| {
+            let messages = r.body["messages"].as_array().unwrap();
+            assert_eq!(messages[0]["role"], "system", "{}", r.body);
+            messages[0]["content"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    systems.sort();
+    assert_eq!(
+        systems,
+        [
+            "Only env: yes",
+            "You serve a tester (gold) in s1.",
+            "You serve a tester (gold) in s1."
+        ]
+    );
+
+    // A scenario without the persona the prompt reads: `check` says so, exit 2.
+    std::fs::write(
+        &suite,
+        format!("{agents}{scenarios}scenario \"s3\" {{\n    agent \"c1\"\n    user \"hi\"\n}}\n"),
+    )
+    .unwrap();
+    let calls = fake.calls();
+    let o = trellis()
+        .args(["run", "-q", "--out"])
+        .arg(dir.path().join("out2"))
+        .arg(&suite)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}{}", stdout(&o), stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("persona.type"), "{err}");
+    assert!(err.contains("`system-prompt` of agent `c1`"), "{err}");
+    assert!(err.contains("scenario `s3`"), "{err}");
+    assert_eq!(fake.calls(), calls, "nothing runs");
+}

@@ -240,6 +240,8 @@ async fn start_one(
         }
     }
     let system_prompt = match agent.settings.system_prompt() {
+        // Rendered for each turn instead (`execute::turn`).
+        Some(_) if agent.system_prompt_per_turn => None,
         Some(template) => match plan.templates.render(template, || header_scope.clone()) {
             Ok(prompt) => Some(prompt),
             Err(e) => {

@@ -330,6 +330,7 @@ impl ReusingSession {
                 turn_index: u32::try_from(index).unwrap_or(u32::MAX),
                 deadline: ctx.deadline,
                 turn_headers: ctx.turn_headers,
+                system_prompt: ctx.system_prompt,
                 llm_meter: ctx.llm_meter,
             };
             let turn = self.inner.turn(input.as_input(), &ctx).await;

@@ -50,6 +50,26 @@ impl Unit<'_> {
         Ok(Some(headers))
     }
 
+    /// The agent's `system-prompt` rendered with the turn's variables, when it reads them
+    /// (`None` when it is rendered once per run, or there is none); a template that fails
+    /// is the turn's `template` fault, as a header's.
+    fn turn_system_prompt(&self, state: &PathState) -> Result<Option<String>, Fault> {
+        let agent = &self.shared.plan.agents[self.agent];
+        let Some(template) = agent
+            .settings
+            .system_prompt()
+            .filter(|_| agent.system_prompt_per_turn)
+        else {
+            return Ok(None);
+        };
+        self.shared
+            .plan
+            .templates
+            .render(template, || self.scenario.scope.with_vars(&state.vars))
+            .map(Some)
+            .map_err(|e| Fault::new(FaultCategory::Template, format!("system-prompt: {e}")))
+    }
+
     /// Takes one turn on `session`, with the fork the agent asked for in it, if any; `None`
     /// when the run is stopping (nothing was sent, or the call was dropped while it waited
     /// out a rate limit past the stop's grace period).
@@ -95,12 +115,17 @@ impl Unit<'_> {
             self.scenario.scenario.timeout.and_then(|t| {
                 tokio::time::Instant::now().checked_add(t.saturating_sub(state.active))
             });
-        let turn_headers = self.turn_headers(state);
+        // What the turn renders for the agent: nothing is sent when either fails.
+        let turn_headers = self
+            .turn_headers(state)
+            .and_then(|headers| Ok((headers, self.turn_system_prompt(state)?)));
+        let rendered = turn_headers.as_ref().ok();
         let ctx = CallContext {
             test_case_id: &self.scenario.scenario.id.value,
             turn_index,
             deadline,
-            turn_headers: turn_headers.as_ref().ok().and_then(Option::as_ref),
+            turn_headers: rendered.and_then(|(headers, _)| headers.as_ref()),
+            system_prompt: rendered.and_then(|(_, prompt)| prompt.as_deref()),
             llm_meter: self.shared.plan.agents[self.agent]
                 .protocol
                 .capabilities()

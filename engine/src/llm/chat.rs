@@ -173,11 +173,15 @@ impl ChatClient {
     }
 
     /// The request body for `history`.
-    fn request_body(&self, history: &[ChatMessage]) -> Result<Bytes, serde_json::Error> {
+    fn request_body(
+        &self,
+        history: &[ChatMessage],
+        system_prompt: Option<&str>,
+    ) -> Result<Bytes, serde_json::Error> {
         let config = &self.inner;
         let request = ChatRequest {
             model: &config.model,
-            system_prompt: config.system_prompt.as_deref(),
+            system_prompt: system_prompt.or(config.system_prompt.as_deref()),
             tools: &config.tools,
             temperature: config.temperature,
             max_tokens: config.max_tokens,
@@ -189,13 +193,15 @@ impl ChatClient {
 
     /// One request for `history` (after retries and 429 waits): the exchange and the
     /// assistant message. `turn_headers`: the agent's `header` values rendered for this
-    /// turn, sent over its others. `tab`: the run's LLM budget, which admits each HTTP
+    /// turn, sent over its others. `system_prompt`: the agent's `system-prompt` rendered for
+    /// this turn, in place of the one of the run. `tab`: the run's LLM budget, which admits each HTTP
     /// request first; one it refuses ends the request unanswered ([`NoAnswer::refused`]).
     pub async fn complete(
         &self,
         history: &[ChatMessage],
         deadline: Option<tokio::time::Instant>,
         turn_headers: Option<&HeaderMap>,
+        system_prompt: Option<&str>,
         tab: Option<&Tab<'_>>,
     ) -> (Exchange, Result<ChatMessage, NoAnswer>) {
         let config = &self.inner;
@@ -203,7 +209,7 @@ impl ChatClient {
             label: config.label.clone(),
             ..Default::default()
         };
-        let body = match self.request_body(history) {
+        let body = match self.request_body(history, system_prompt) {
             Ok(body) => body,
             Err(e) => {
                 let fault = Fault::new(

@@ -239,6 +239,10 @@ pub struct CallContext<'a> {
     /// The agent's `header` values that read the turn's variables, rendered for this turn;
     /// every request to the agent sends them over its other headers ([`CallContext::headers`]).
     pub turn_headers: Option<&'a HeaderMap>,
+    /// A model agent's `system-prompt` rendered for this turn, when it reads the turn's
+    /// variables (`user_context`, `persona`, `scenario`, …); sent in place of the one
+    /// rendered once per run.
+    pub system_prompt: Option<&'a str>,
     /// The run's LLM meter, for a model API under test (`model_api`): each of the turn's
     /// requests (a tool round is one more) is a model call the engine sends, admitted under
     /// `--max-llm-calls` before it is sent and counted once answered. `None` for other

@@ -36,7 +36,8 @@ pub struct OpenAiSettings {
     /// The agent's own `temperature` and `max-tokens` (they win over a provider's).
     pub temperature: Option<f64>,
     pub max_tokens: Option<u32>,
-    /// `system-prompt`, rendered once per run with `env` in scope.
+    /// `system-prompt`: rendered once per run with `env` in scope, or for each turn when it
+    /// reads the turn's variables (`PlannedAgent::system_prompt_per_turn`).
     pub system_prompt: Option<CompiledTemplate>,
     /// The `tools` offered, as chat-completions function definitions.
     pub tools: Vec<Value>,
@@ -299,7 +300,13 @@ impl OpenAiSession {
             let (exchange, outcome) = self
                 .client
                 .chat
-                .complete(&self.history, deadline, ctx.turn_headers, tab.as_ref())
+                .complete(
+                    &self.history,
+                    deadline,
+                    ctx.turn_headers,
+                    ctx.system_prompt,
+                    tab.as_ref(),
+                )
                 .await;
             let refused = matches!(&outcome, Err(NoAnswer { refused: true, .. }));
             if let (Some(meter), Some(tab)) = (ctx.llm_meter, tab) {

@@ -85,7 +85,9 @@ pub trait PlannedSettings: std::fmt::Debug + Send + Sync {
     fn as_any(&self) -> &dyn Any;
 
     /// `system-prompt`: rendered once per run with `env` in scope and handed to `build` as
-    /// [`AgentSetup::system_prompt`].
+    /// [`AgentSetup::system_prompt`], unless it reads the turn's variables
+    /// (`PlannedAgent::system_prompt_per_turn`): then rendered for each turn and sent as
+    /// `CallContext::system_prompt`.
     fn system_prompt(&self) -> Option<&CompiledTemplate> {
         None
     }

@@ -250,6 +250,7 @@ fn ctx() -> CallContext<'static> {
         turn_index: 0,
         deadline: None,
         turn_headers: None,
+        system_prompt: None,
         llm_meter: None,
     }
 }

@@ -238,6 +238,7 @@ async fn say(client: &AgentScopeClient, text: &str) -> Turn {
         turn_index: 0,
         deadline: None,
         turn_headers: None,
+        system_prompt: None,
         llm_meter: None,
     };
     session.turn(TurnInput::User(text), &ctx).await
@@ -350,6 +351,7 @@ async fn a_streamed_answer_is_assembled_and_the_request_has_the_runtime_shape() 
         turn_index: 0,
         deadline: None,
         turn_headers: None,
+        system_prompt: None,
         llm_meter: None,
     };
     let turn = session.turn(TurnInput::User("Hi"), &ctx).await;
@@ -847,6 +849,7 @@ async fn the_builtin_keeps_each_session_apart() {
         turn_index: 0,
         deadline: None,
         turn_headers: None,
+        system_prompt: None,
         llm_meter: None,
     };
     let mut one = client.open(&conversation());

@@ -38,6 +38,7 @@ impl Conversation {
             turn_index: self.turn_index,
             deadline: None,
             turn_headers: None,
+            system_prompt: None,
             llm_meter: None,
         };
         let (exchange, result) = self.client.respond(&self.history, &ctx).await;
@@ -217,6 +218,7 @@ async fn same_history_same_answer() {
         turn_index: 4,
         deadline: None,
         turn_headers: None,
+        system_prompt: None,
         llm_meter: None,
     };
     let first = client.respond(&history, &ctx).await.1.unwrap();

@@ -305,6 +305,7 @@ const CTX: CallContext<'static> = CallContext {
     turn_index: 0,
     deadline: None,
     turn_headers: None,
+    system_prompt: None,
     llm_meter: None,
 };
 

@@ -86,6 +86,7 @@ async fn request_has_the_connexity_shape() {
         turn_index: 2,
         deadline: None,
         turn_headers: None,
+        system_prompt: None,
         llm_meter: None,
     };
     respond(&client, &history, &ctx).await.result.unwrap();
@@ -609,6 +610,7 @@ async fn the_trajectory_deadline_caps_the_call() {
         turn_index: 0,
         deadline: Some(Instant::now() + Duration::from_millis(500)),
         turn_headers: None,
+        system_prompt: None,
         llm_meter: None,
     };
     let outcome = respond(&client, &history(), &ctx).await;
