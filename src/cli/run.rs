@@ -555,13 +555,13 @@ fn resumed_shard(
 /// again from the journal if any is missing (a run killed while writing them).
 fn already_finished(dir: &Path, run_id: &str, summary: &RunSummary) -> u8 {
     errln!(
-        "run {run_id} in {} already finished ({}: {} passed, {} failed, {} errors, {} \
-         skipped); nothing to run",
+        "run {run_id} in {} already finished ({}: {} passed, {} failed, {}, {} skipped); \
+         nothing to run",
         dir.display(),
         super::console::count(summary.trajectories, "trajectory", "trajectories"),
         summary.passed,
         summary.failed,
-        summary.errors,
+        super::console::count(summary.errors, "error", "errors"),
         summary.skipped
     );
     let optional = [

@@ -276,7 +276,10 @@ fn metric_row(index: usize, m: &CompareMetric) -> RowView {
             .threshold
             .map(|t| match m.metric.as_str() {
                 "latency_mean_ms" => format!("threshold +{t}%"),
+                // A drop of at most nothing reads "0 pts", not "−0.0 pts".
+                "pass_rate" if t == 0.0 => "threshold 0 pts".to_owned(),
                 "pass_rate" => format!("threshold −{:.1} pts", t * 100.0),
+                "mean_score" if t == 0.0 => "threshold 0 pts".to_owned(),
                 "mean_score" => format!("threshold −{t} pts"),
                 _ => format!("threshold {}", metric_value(&m.metric, Some(t))),
             })
@@ -378,5 +381,28 @@ impl CompareView {
                 section("Criteria", "c", &page.criteria),
             ],
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A gate that allows no drop says so without a signed zero.
+    #[test]
+    fn thresholds_read_in_the_gates_terms_and_zero_has_no_sign() {
+        let context = |metric: &str, threshold: f64| {
+            let m = CompareMetric {
+                metric: metric.to_owned(),
+                threshold: Some(threshold),
+                ..Default::default()
+            };
+            metric_row(0, &m).context
+        };
+        assert_eq!(context("pass_rate", 0.0), "threshold 0 pts");
+        assert_eq!(context("pass_rate", 0.05), "threshold −5.0 pts");
+        assert_eq!(context("mean_score", 0.0), "threshold 0 pts");
+        assert_eq!(context("mean_score", 0.5), "threshold −0.5 pts");
+        assert_eq!(context("latency_mean_ms", 20.0), "threshold +20%");
     }
 }
