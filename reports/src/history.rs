@@ -821,11 +821,26 @@ pub fn resolve_run(runs_dir: &Path, what: &str) -> Result<RunEntry, HistoryError
         return Err(not_found());
     }
     let runs = list_runs(runs_dir)?;
-    if let Some(run) = runs
-        .iter()
-        .find(|r| r.run_id == what || r.name.as_deref() == Some(what))
-    {
+    if let Some(run) = runs.iter().find(|r| r.run_id == what) {
         return Ok(run.clone());
+    }
+    if let Some(run) = runs.iter().find(|r| r.name.as_deref() == Some(what)) {
+        // A name that is also the start of another run's id (given to it before that run
+        // existed): which run is meant cannot be told, and a gate must not guess.
+        let also: Vec<&RunEntry> = runs
+            .iter()
+            .filter(|r| r.run_id != run.run_id && r.run_id.starts_with(what))
+            .collect();
+        if also.is_empty() {
+            return Ok(run.clone());
+        }
+        return Err(HistoryError::Ambiguous {
+            what: what.to_owned(),
+            dir: runs_dir.to_path_buf(),
+            matches: std::iter::once(format!("{} (named `{what}`)", run.run_id))
+                .chain(also.iter().map(|r| r.run_id.clone()))
+                .collect(),
+        });
     }
     let prefixed: Vec<&RunEntry> = runs.iter().filter(|r| r.run_id.starts_with(what)).collect();
     match prefixed.as_slice() {
@@ -878,7 +893,8 @@ fn runs_dir_of(run: &RunEntry) -> PathBuf {
 }
 
 /// Gives `run` a name, refusing one another run of its runs directory already has, one
-/// that is another run's id (ids are looked up before names, so it could never be used),
+/// that is another run's id (ids are looked up before names, so it could never be used) or
+/// the start of one (which names that run as a prefix of its id),
 /// and one that is the name of another directory of the runs directory, or `latest`:
 /// [`resolve_run`] looks a bare word up as a directory first, so the name would reach that
 /// directory (watch's [`WATCH_LATEST`] mirror, a shard, a watch rerun, a run `--out` wrote
@@ -914,6 +930,12 @@ pub fn name_run(run: &RunEntry, name: &str) -> Result<(), HistoryError> {
             }
             if other.run_id != run.run_id && other.run_id == name {
                 return Err(bad("it is another run's id"));
+            }
+            if other.run_id != run.run_id && other.run_id.starts_with(name) {
+                return Err(bad(
+                    "it is the start of another run's id, which `compare` and `runs` take as \
+                     that run",
+                ));
             }
             // `runs/NAME` is looked up as a directory first: the name would never reach
             // this run.

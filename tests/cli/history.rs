@@ -452,6 +452,40 @@ async fn runs_are_listed_named_and_pinned() {
     assert_eq!(json["base"]["name"], "v1");
     assert_eq!(json["head"]["run_id"], "20260101T000000Z-two");
     assert_eq!(o.status.code(), Some(1));
+
+    // A name that is the start of another run's id would take that prefix over: refused.
+    let o = runs_cmd(&["name", "one", "20260101"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("start of another run's id"),
+        "{}",
+        stderr(&o)
+    );
+    // One given before such a run existed is ambiguous, never a guess.
+    let o = runs_cmd(&["name", "two", "20260103"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    write_run(
+        runs.path(),
+        "three",
+        "2026-01-03T00:00:00Z",
+        &[sample("main", 0, true, 10.0)],
+    );
+    let o = runs_cmd(&["pin", "20260103"]).output().await.unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("matches several runs")
+            && err.contains("20260101T000000Z-two")
+            && err.contains("(named `20260103`)")
+            && err.contains("20260103T000000Z-three"),
+        "{err}"
+    );
 }
 
 /// `compare`, `runs` and `--baseline` look a bare word up as a directory of the runs
