@@ -46,6 +46,23 @@ scenario "s" {
     assert_eq!(o.status.code(), Some(2));
 }
 
+/// A scenario file of another tool given as a suite is named for what it is, with the
+/// command that converts it, not parsed as KDL into a wall of syntax errors.
+#[tokio::test]
+async fn a_json_or_yaml_file_given_as_a_suite_points_to_trellis_import() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["scenario.json", "cases.YAML"] {
+        let path = dir.path().join(name);
+        std::fs::write(&path, r#"{"scenario_id": "x", "workflow": {"nodes": []}}"#).unwrap();
+        let o = check(&path).await;
+        assert_eq!(o.status.code(), Some(2));
+        let err = stderr(&o);
+        assert!(err.contains("is not a suite file"), "{err}");
+        assert!(err.contains("trellis import multiagent"), "{err}");
+        assert!(err.contains("1 error"), "{err}");
+    }
+}
+
 #[tokio::test]
 async fn a_valid_suite_checks_ok() {
     let o = trellis().args(["check", "suites/"]).output().await.unwrap();

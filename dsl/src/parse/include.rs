@@ -812,6 +812,24 @@ pub fn suite_files(path: &Path) -> (Vec<PathBuf>, Vec<Diagnostic>) {
                 );
             }
         }
+        // A JSON or YAML file named as a suite is most often one of the scenario files
+        // `trellis import` converts: parsed as KDL, it was a wall of syntax errors.
+        Ok(_)
+            if path.extension().and_then(|e| e.to_str()).is_some_and(|e| {
+                matches!(e.to_ascii_lowercase().as_str(), "json" | "yaml" | "yml")
+            }) =>
+        {
+            problems.push(
+                Diagnostic::new(
+                    Kind::NoSuite,
+                    format!("`{name}` is not a suite file: suites are written in KDL (`.kdl`)"),
+                )
+                .with_help(format!(
+                    "a MultiAgentEval scenario file or Connexity test cases become a suite with \
+                     `trellis import multiagent {name}` or `trellis import connexity {name}`"
+                )),
+            );
+        }
         Ok(_) => found.push(path.to_path_buf()),
     }
     (found, problems)
