@@ -41,8 +41,9 @@
 //!   outcomes, sent to the agent and recorded.
 //! - **Policies** are checked before anything runs; a breach is not executed, consumes no
 //!   sequence output and changes no state. A `max_limit` breach is a number strictly greater
-//!   than the limit (the harness's `>`); a numeric string (`"100"`) is read as its number;
-//!   an absent or non-numeric parameter breaches no maximum (nothing to compare).
+//!   than the limit (the harness's `>`); a numeric string (`"100"`) is read as its number,
+//!   and so is money as people write it (`"$100"`, `"1,000.50"`, `"75 €"`); an absent or
+//!   non-numeric parameter breaches no maximum (nothing to compare).
 //! - **State changes** (`[{path, value}]`) are applied after a call executes, tool-level ones
 //!   first, then the matched output's. A path is dotted (`account.balance`, as scenario files
 //!   write them) or a JSON pointer (`/account/balance`); missing objects on the way are
@@ -226,7 +227,7 @@ impl Policy {
         match self {
             Policy::Maximum { param, limit } => {
                 let value = params.get(param)?;
-                let number = numeric_value(value)?;
+                let number = amount_value(value)?;
                 (number > *limit).then(|| {
                     format!(
                         "{} {} exceeds limit of {}",
@@ -551,6 +552,49 @@ fn numeric_value(value: &Value) -> Option<f64> {
         Value::String(s) => s.trim().parse::<f64>().ok().filter(|n| n.is_finite()),
         _ => None,
     }
+}
+
+/// [`numeric_value`], or an amount written as people write money: a currency sign before
+/// or after it (`$100`, `100 €`) and thousands grouped by commas (`1,000.50`). A guardrail a
+/// currency-formatted amount slipped past would hold for nothing; anything else still reads
+/// as no number ("1,5" included: a decimal comma is not told from a list).
+fn amount_value(value: &Value) -> Option<f64> {
+    if let Some(number) = numeric_value(value) {
+        return Some(number);
+    }
+    let text = value.as_str()?.trim();
+    let signs: &[char] = &['$', '€', '£', '¥', '₹'];
+    let (negative, text) = match text.strip_prefix('-') {
+        Some(rest) => (true, rest.trim_start()),
+        None => (false, text),
+    };
+    let bare = text
+        .strip_prefix(signs)
+        .map(str::trim_start)
+        .or_else(|| text.strip_suffix(signs).map(str::trim_end))
+        .unwrap_or(text);
+    let (whole, fraction) = match bare.split_once('.') {
+        Some((whole, fraction)) => (whole, Some(fraction)),
+        None => (bare, None),
+    };
+    let mut groups = whole.split(',');
+    let first = groups.next()?;
+    let grouped_well = !whole.contains(',')
+        || ((1..=3).contains(&first.len())
+            && groups.all(|g| g.len() == 3 && g.bytes().all(|b| b.is_ascii_digit())));
+    if !grouped_well || fraction.is_some_and(|f| f.is_empty() || f.contains(',')) {
+        return None;
+    }
+    let digits: String = whole.chars().filter(|&c| c != ',').collect();
+    let number = match fraction {
+        Some(fraction) => format!("{digits}.{fraction}"),
+        None => digits,
+    };
+    if number.is_empty() || !number.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+        return None;
+    }
+    let number = number.parse::<f64>().ok().filter(|n| n.is_finite())?;
+    Some(if negative { -number } else { number })
 }
 
 fn capitalized(text: &str) -> String {
@@ -1527,9 +1571,31 @@ mod tests {
             sandbox.call("apply_refund", &json!({"amount": 1e300})),
             ToolOutcome::Violation("Amount 1e+300 exceeds limit of 50.0".into())
         );
+        // Money as people write it is read as its amount.
+        for (amount, shown) in [
+            ("$100", "$100"),
+            ("1,000", "1,000"),
+            ("€ 1,250.50", "€ 1,250.50"),
+            ("75£", "75£"),
+        ] {
+            assert_eq!(
+                sandbox.call("apply_refund", &json!({ "amount": amount })),
+                ToolOutcome::Violation(format!("Amount {shown} exceeds limit of 50.0")),
+                "{amount}"
+            );
+        }
+        assert!(matches!(
+            sandbox.call("apply_refund", &json!({"amount": "$40"})),
+            ToolOutcome::Executed(_)
+        ));
         for params in [
             json!({}),
             json!({"amount": "lots"}),
+            json!({"amount": "$"}),
+            json!({"amount": "1,5"}),
+            json!({"amount": "12,34,567"}),
+            json!({"amount": "$1e9"}),
+            json!({"amount": "$ -"}),
             json!({"amount": "NaN"}),
             json!({"amount": null}),
             json!({"amount": [100]}),

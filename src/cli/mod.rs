@@ -71,9 +71,10 @@ enum Command {
     ///
     /// Example: trellis run suites/ --jobs 32 --filter 'book-*'
     ///
-    /// Results go to runs/<run-id>/ (or --out). Exit code 0 when every trajectory passed,
-    /// 1 when a criterion failed or an agent faulted (with --baseline: when something
-    /// regressed), 2 when a suite, the command line or the baseline is invalid, 3 when a
+    /// Results go to runs/<run-id>/ (or --out). Exit code 0 when no trajectory failed or
+    /// faulted (a skipped trajectory, or an invalid one whose simulated user broke
+    /// character, does not fail a run; with --strict a skipped one does), 1 when a criterion failed or an agent faulted (with
+    /// --baseline: when something regressed), 2 when a suite, the command line or the baseline is invalid, 3 when a
     /// results file could not be written, 130 after Ctrl-C, 143 after SIGTERM, 129 after
     /// SIGHUP (finished trajectories are reported either way).
     Run(RunArgs),
