@@ -63,6 +63,34 @@ async fn a_json_or_yaml_file_given_as_a_suite_points_to_trellis_import() {
     }
 }
 
+/// A bound written with a value of the wrong type is one error, its own: not also "needs
+/// `min=` or `max=`", which it has.
+#[tokio::test]
+async fn a_span_count_bound_of_the_wrong_type_is_one_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.kdl");
+    std::fs::write(
+        &path,
+        "agent \"a\" protocol=\"connexity\" builtin=\"booking\"\n\
+         scenario \"s\" {\n    user \"hi\"\n    criteria {\n        span-count \"x\" max=\"3\"\n    }\n}\n",
+    )
+    .unwrap();
+    let o = check(&path).await;
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    assert!(err.contains("1 error in"), "{err}");
+    assert!(err.contains("expected an integer"), "{err}");
+    // Neither bound at all is still said.
+    std::fs::write(
+        &path,
+        "agent \"a\" protocol=\"connexity\" builtin=\"booking\"\n\
+         scenario \"s\" {\n    user \"hi\"\n    criteria {\n        span-count \"x\"\n    }\n}\n",
+    )
+    .unwrap();
+    let err = stderr(&check(&path).await);
+    assert!(err.contains("needs `min=…` or `max=…`"), "{err}");
+}
+
 #[tokio::test]
 async fn a_valid_suite_checks_ok() {
     let o = trellis().args(["check", "suites/"]).output().await.unwrap();

@@ -117,7 +117,10 @@ impl<'f> Decoder<'f> {
                 let min = v.prop("min").and_then(|e| self.u32(e, 0));
                 let max = v.prop("max").and_then(|e| self.u32(e, 0));
                 if min.is_none() && max.is_none() {
-                    self.missing(v, "`min=…` or `max=…`", usage);
+                    // A bound written with a bad value has its own error already.
+                    if v.prop("min").is_none() && v.prop("max").is_none() {
+                        self.missing(v, "`min=…` or `max=…`", usage);
+                    }
                     return None;
                 }
                 // No count is both: the check could never pass.
