@@ -831,9 +831,9 @@ fn instances(
             what: "",
             span: sc.id.span,
             label: "in this scenario",
-            help: "user-context values, `judge` statements and `outcome`s of a `for-each` or \
-                   `matrix` scenario are templates over `row` and `vars`: check the field \
-                   names against the dataset's columns",
+            help: "user-context values, `judge` statements, `outcome`s, `name` and \
+                   `description` of a `for-each` or `matrix` scenario are templates over `row` \
+                   and `vars`: check the field names against the dataset's columns",
         },
         files,
         diags,
@@ -1113,8 +1113,9 @@ fn render_user_context(
 }
 
 /// Renders the `{{ … }}` templates in an instance's `judge` statements and `outcome`
-/// statements (scenario-level, in `criteria` and in every `expect`) as text, with its `row`
-/// and matrix `vars`, so the judge reads the row's values.
+/// statements (scenario-level, in `criteria` and in every `expect`), its `name` and its
+/// `description` as text, with its `row` and matrix `vars`, so the judge reads the row's
+/// values and the report names the row.
 fn render_judged(
     env: &Environment<'static>,
     sc: &mut Scenario,
@@ -1184,6 +1185,14 @@ fn render_judged(
         if let Outcome::Statement(statement) = &mut outcome.value {
             text(statement).map_err(|e| format!("outcome: {e}"))?;
         }
+    }
+    // `row` is in template scope everywhere (LANGUAGE.md): an instance's name and
+    // description name its row, as the report and the tables show them.
+    if let Some(name) = &mut sc.name {
+        text(name).map_err(|e| format!("name: {e}"))?;
+    }
+    if let Some(description) = &mut sc.description {
+        text(description).map_err(|e| format!("description: {e}"))?;
     }
     criteria(&mut sc.criteria, &text)?;
     steps(&mut sc.steps, &text)

@@ -128,6 +128,56 @@ async fn csv_rows_become_instances_named_by_row_id_with_typed_fields() {
     );
 }
 
+/// `row` is in template scope everywhere: an instance's `name` and `description` name its
+/// row (the journal's scenario list, and `scenario.name` in what is sent); a field the row
+/// lacks is an error naming the row.
+#[tokio::test]
+async fn an_instances_name_and_description_are_rendered_with_its_row() {
+    let suite = format!(
+        "{AGENT}dataset \"orders\" path=\"data/orders.csv\" filter=\"{{{{ row.status == 'open' }}}}\"\n\
+         scenario \"refund\" for-each=\"orders\" {{\n\
+             name \"Refund {{{{ row.order_id }}}}\"\n\
+             description \"Order {{{{ row.order_id }}}} of {{{{ row.amount }}}}\"\n\
+             row-id \"{{{{ row.order_id }}}}\"\n\
+             user \"{{{{ scenario.name }}}}: {{{{ scenario.description }}}}\"\n\
+             expect no-error\n\
+         }}\n"
+    );
+    let dir = project(&suite, &[("data/orders.csv", ORDERS_CSV.as_bytes())]);
+    let out = dir.path().join("out");
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path().join("suite.kdl"))
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let turns = read_parquet(&out.join("turns.parquet"));
+    let mut sent: Vec<String> = strings(&turns, "user_message")
+        .into_iter()
+        .flatten()
+        .collect();
+    sent.sort();
+    assert_eq!(
+        sent,
+        [
+            "Refund 007: Order 007 of 2.5",
+            "Refund A17: Order A17 of 12"
+        ]
+    );
+    let journal = journal_text(&out);
+    assert!(journal.contains("\"name\":\"Refund A17\""), "{journal}");
+
+    let broken = suite.replace("Refund {{ row.order_id }}", "Refund {{ row.order }}");
+    std::fs::write(dir.path().join("suite.kdl"), broken).unwrap();
+    let o = check(&dir.path().join("suite.kdl")).await;
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(err.contains("name:") && err.contains("row 1"), "{err}");
+}
+
 #[tokio::test]
 async fn jsonl_json_and_parquet_keep_types_nulls_and_nesting() {
     let jsonl = "{\"id\": 1, \"name\": \"Zoë\", \"tags\": [\"a\", \"b\"], \"meta\": {\"vip\": true}, \"note\": null}\n\
