@@ -709,7 +709,7 @@ async fn read_body(
                     first = false;
                     if progress.content_length == Some(chunk.len() as u64) {
                         match source.next().await {
-                            Ok(None) => return Ok((chunk, true)),
+                            Ok(None) => return Ok((without_bom(chunk), true)),
                             Ok(Some(more)) => {
                                 progress.body_bytes += more.len() as u64;
                                 buf.reserve(chunk.len() + more.len());
@@ -735,8 +735,22 @@ async fn read_body(
         Err(fault) if status.is_success() => return Err(fault),
         Err(_) => false,
     };
-    Ok((Bytes::from(buf), complete))
+    Ok((without_bom(Bytes::from(buf)), complete))
 }
+
+/// `body` without a leading UTF-8 byte order mark, which some Windows and .NET servers put
+/// before their JSON: RFC 8259 (section 8.1) lets a parser ignore it, and `serde_json` does
+/// not. Sliced, not copied.
+fn without_bom(body: Bytes) -> Bytes {
+    if body.starts_with(BOM) {
+        body.slice(BOM.len()..)
+    } else {
+        body
+    }
+}
+
+/// The UTF-8 byte order mark.
+pub(crate) const BOM: &[u8] = b"\xEF\xBB\xBF";
 
 /// Whether `url` names this machine: loopback agents (builtins, local dev servers) never go
 /// through a proxy configured for the outside world.

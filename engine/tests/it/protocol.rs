@@ -47,6 +47,20 @@ async fn success_parses_the_reply() {
     assert_eq!(server.requests(), 1);
 }
 
+/// A byte order mark before the JSON (some Windows and .NET servers write one) is no part of
+/// the answer, which RFC 8259 lets a parser ignore; without the mark the body must still be
+/// JSON.
+#[tokio::test]
+async fn a_byte_order_mark_before_the_json_is_ignored() {
+    let server = MisbehavingServer::respond(200, &format!("\u{feff}{OK_BODY}")).await;
+    let outcome = call(&server.url(), 0, limits(SHORT)).await;
+    let turn = outcome.result.unwrap();
+    assert_eq!(turn.reply.as_deref(), Some("Hello there."));
+    let server = MisbehavingServer::respond(200, "\u{feff}").await;
+    let outcome = call(&server.url(), 0, limits(SHORT)).await;
+    fault_of(&outcome, FaultCategory::InvalidJson);
+}
+
 #[tokio::test]
 async fn connections_are_kept_alive() {
     let server = MisbehavingServer::respond(200, OK_BODY).await;

@@ -408,6 +408,10 @@ pub fn decode_line_reply(body: &[u8]) -> Result<Reply, Fault> {
 }
 
 fn decode(body: &[u8], from_line: bool) -> Result<Reply, Fault> {
+    // A byte order mark before the JSON (a Windows agent's stdout) is no part of it.
+    let body = body
+        .strip_prefix(crate::transport::http::BOM)
+        .unwrap_or(body);
     if body.iter().all(u8::is_ascii_whitespace) {
         return Err(Fault::new(
             FaultCategory::Protocol,
@@ -940,6 +944,17 @@ mod tests {
                 call("b", json!({}), None),
             ])
         );
+    }
+
+    #[test]
+    fn a_byte_order_mark_before_a_reply_is_ignored() {
+        let reply =
+            decode_line_reply(b"\xEF\xBB\xBF{\"action\":\"final_answer\",\"summary\":\"ok\"}");
+        assert_eq!(
+            reply.map(|r| r.action.final_text().map(str::to_owned)),
+            Ok(Some("ok".to_owned()))
+        );
+        assert!(decode_line_reply(b"\xEF\xBB\xBF").is_err());
     }
 
     #[test]
