@@ -325,6 +325,9 @@ pub struct Diagnostics {
     items: Vec<Diagnostic>,
     /// The files the diagnostics' [`Diagnostic::file`] ids index, when known.
     files: Vec<SourceFile>,
+    /// What `trellis check` would warn about besides (an undeclared tool a check names, an
+    /// unset variable): said with the errors, so that every problem is said at once.
+    warnings: Vec<Diagnostic>,
 }
 
 impl fmt::Display for Diagnostics {
@@ -353,7 +356,19 @@ impl Diagnostics {
         Diagnostics {
             items,
             files: Vec::new(),
+            warnings: Vec::new(),
         }
+    }
+
+    /// The same diagnostics, with the warnings of the same files.
+    pub fn with_warnings(mut self, warnings: Vec<Diagnostic>) -> Self {
+        self.warnings = warnings;
+        self
+    }
+
+    /// The warnings found besides the errors ([`Diagnostics::with_warnings`]).
+    pub fn warnings(&self) -> &[Diagnostic] {
+        &self.warnings
     }
 
     /// The same diagnostics, knowing the files their ids index.

@@ -133,7 +133,20 @@ fn load_from<P: AsRef<Path>>(
     } else {
         // Stable order: by file, then position; diagnostics without a file first.
         diags.sort_by_key(|d| (d.file.map_or(0, |f| f + 1), d.offset()));
-        Err(Diagnostics::new(diags).with_files(project.files))
+        // What `check` would also warn about, said now rather than once the errors are
+        // fixed; `env` as the process sees it, as `check` reads it.
+        // Only those the errors cannot have caused: none in a file with an error (a check
+        // refused there leaves its scenario "checking nothing"), and no undeclared tool (its
+        // declaration may be what an error refused, in any file).
+        let broken_files: HashSet<usize> = diags.iter().filter_map(|d| d.file).collect();
+        let warnings = validate::warnings(&project, |name| std::env::var(name).is_ok())
+            .into_iter()
+            .filter(|w| w.file.is_none_or(|f| !broken_files.contains(&f)))
+            .filter(|w| w.kind != Kind::UnknownTool)
+            .collect();
+        Err(Diagnostics::new(diags)
+            .with_warnings(warnings)
+            .with_files(project.files))
     }
 }
 

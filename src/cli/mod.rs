@@ -568,6 +568,10 @@ pub fn load(paths: &[PathBuf]) -> Option<trellis_dsl::Project> {
     match trellis_dsl::load(paths, &trellis_engine::protocol::registry::specs()) {
         Ok(project) => Some(project),
         Err(diagnostics) => {
+            // Warnings first: the errors, which stop the command, are what is read last.
+            for warning in diagnostics.warnings() {
+                console::errln!("{:?}", miette::Report::new(warning.clone()));
+            }
             console::errln!("{:?}", miette::Report::new(diagnostics));
             None
         }

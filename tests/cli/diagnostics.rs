@@ -91,6 +91,37 @@ async fn a_span_count_bound_of_the_wrong_type_is_one_error() {
     assert!(err.contains("needs `min=…` or `max=…`"), "{err}");
 }
 
+/// `check` says every problem at once: what it would warn about in the files without an
+/// error is said with the errors, not once they are fixed; a file with an error warns of
+/// nothing its error may have caused (a refused check leaves a scenario "checking nothing").
+#[tokio::test]
+async fn warnings_of_files_without_errors_are_said_with_the_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("good.kdl"),
+        "agent \"a\" protocol=\"connexity\" builtin=\"booking\"\n\
+         scenario \"unchecked\" {\n    agent \"a\"\n    user \"hi\"\n}\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("bad.kdl"),
+        "scenario \"bad\" {\n    agent \"nope\"\n    user \"hi\"\n    \
+         expect reply matches=\"(\"\n}\n",
+    )
+    .unwrap();
+    let o = check(dir.path()).await;
+    assert_eq!(o.status.code(), Some(2));
+    let err = stderr(&o);
+    assert!(err.contains("undefined agent `nope`"), "{err}");
+    assert!(err.contains("scenario `unchecked` checks nothing"), "{err}");
+    assert!(!err.contains("scenario `bad` checks nothing"), "{err}");
+    // The errors come last, where the eye lands.
+    assert!(
+        err.find("checks nothing").unwrap() < err.find("undefined agent").unwrap(),
+        "{err}"
+    );
+}
+
 #[tokio::test]
 async fn a_valid_suite_checks_ok() {
     let o = trellis().args(["check", "suites/"]).output().await.unwrap();
