@@ -1234,6 +1234,23 @@ pub(super) fn spans_notices(receiver: String) -> trellis_engine::otel::SpansNoti
                 );
             }
         }
+        // Said only of an agent that was said to send none: its endpoint is right after all.
+        SpansNotice::Late { agent, spans, wait } => {
+            let told_none = told
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .contains(agent);
+            if told_none {
+                errln!(
+                    "{} of agent `{agent}` did arrive, later than {} after their turns' \
+                     answers, once those turns were checked (recorded with late=true in \
+                     spans.parquet): the agent's spans reach the receiver; raise --spans-wait \
+                     for its checks to see them",
+                    count(spans, "span", "spans"),
+                    humantime::format_duration(wait),
+                );
+            }
+        }
         SpansNotice::EndWaits { turns, grace } => errln!(
             "waiting up to {} for the agents' spans of {} (--spans-grace; agents with \
              `spans #true`, and every agent when --otlp-receiver is given)",

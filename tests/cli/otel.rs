@@ -429,6 +429,42 @@ scenario "s" {{
     );
 }
 
+/// An agent whose spans come later than `--spans-wait` is first said to send none; when
+/// they do arrive (recorded late), the end of the run says so, so that a right endpoint is
+/// not taken for a wrong one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spans_that_arrive_after_the_wait_are_said_to_have_arrived() {
+    let receiver = free_port();
+    let agent = PythonAgent::start(receiver);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("otel.kdl"), suite(agent.port)).unwrap();
+    let o = trellis()
+        .arg("run")
+        .arg(dir.path().join("otel.kdl"))
+        .arg("--out")
+        .arg(dir.path().join("out"))
+        .arg("--otlp-receiver")
+        .arg(format!("127.0.0.1:{receiver}"))
+        // The agent exports every 50 ms: later than this wait, within the end's grace.
+        .args(["--spans-wait", "1ms", "--spans-grace", "3s"])
+        .output()
+        .await
+        .unwrap();
+    let err = stderr(&o);
+    assert!(
+        err.contains("no span of agent `weather` arrived within 1ms"),
+        "{err}"
+    );
+    assert!(
+        err.contains("spans of agent `weather` did arrive, later than 1ms")
+            && err.contains("raise --spans-wait"),
+        "{err}"
+    );
+    // Said only of an agent said to send none.
+    assert!(!err.contains("of agent `untraced` did arrive"), "{err}");
+    drop(agent);
+}
+
 /// A stop signal during the end's wait for spans ends the wait at once: the run is reported
 /// with what it finished, not after the rest of `--spans-grace`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

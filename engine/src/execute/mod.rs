@@ -372,6 +372,21 @@ async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSummary
             () = wait => {}
         }
         let (batches, _) = store.finish();
+        // Checks that found "no spans" were told nothing of these: said, per agent, so that
+        // a right endpoint is not taken for a wrong one.
+        if let Some(notices) = &options.telemetry.notices {
+            let mut late: std::collections::BTreeMap<&str, u64> = Default::default();
+            for batch in &batches {
+                *late.entry(batch.agent.as_str()).or_default() += batch.spans.len() as u64;
+            }
+            for (agent, spans) in late {
+                (notices.0)(crate::otel::SpansNotice::Late {
+                    agent,
+                    spans,
+                    wait: options.telemetry.spans_wait,
+                });
+            }
+        }
         for batch in batches {
             let event = shared.secrets.redact_event(Event::Spans(Box::new(batch)));
             let _ = events.send(event).await;

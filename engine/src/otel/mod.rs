@@ -64,6 +64,13 @@ pub enum SpansNotice<'a> {
     /// The end of the run has waited a moment and goes on waiting, up to `grace`
     /// (`--spans-grace`), for the root spans of `turns` turns.
     EndWaits { turns: usize, grace: Duration },
+    /// `spans` spans of `agent` arrived only after their turns' checks were done (more than
+    /// `wait` after the answer): recorded `late`, seen by none of those checks.
+    Late {
+        agent: &'a str,
+        spans: u64,
+        wait: Duration,
+    },
 }
 
 /// What the run calls with each [`SpansNotice`] ([`Telemetry::notices`]).
