@@ -121,6 +121,27 @@ async fn a_single_file_goes_to_standard_output_with_its_agent() {
     }
 }
 
+/// A name over the schema's 255 characters is imported as it is, and said.
+#[tokio::test]
+async fn a_name_over_the_schemas_limit_is_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("long.json");
+    let name = "n".repeat(256);
+    std::fs::write(
+        &file,
+        format!(r#"{{"name": "{name}", "initial_message": "hi"}}"#),
+    )
+    .unwrap();
+    let o = import(&[file.to_str().unwrap()]).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(stdout(&o).contains(&name), "{}", stdout(&o));
+    assert!(
+        stderr(&o).contains("`name` is 256 characters, over the schema's 255"),
+        "{}",
+        stderr(&o)
+    );
+}
+
 #[tokio::test]
 async fn a_case_that_is_not_an_object_loses_only_itself() {
     let dir = tempfile::tempdir().unwrap();

@@ -441,6 +441,13 @@ impl Case {
         if name.is_none() {
             lost("no `name` (required by the schema); the scenario is named after the file".into());
         }
+        // Imported whole, but said: the platform would refuse the case as it stands.
+        if let Some(long) = name.as_deref().filter(|n| n.chars().count() > 255) {
+            lost(format!(
+                "`name` is {} characters, over the schema's 255 (imported as it is)",
+                long.chars().count()
+            ));
+        }
 
         let first_turn = map.remove("first_turn");
         let first_message = map.remove("first_message");
