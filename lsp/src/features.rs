@@ -209,9 +209,14 @@ impl Server {
             // A template variable.
             let inner = &view.text[value.content.clone()];
             let at = offset.saturating_sub(value.content.start);
-            if let Some(var) = template_var_at(inner, at) {
+            if let Some((var, within)) = template_var_at(inner, at) {
                 let text = template_origin(&chain, &var);
-                return Ok(Some(markdown(text, value.span.clone())));
+                // The variable itself, as its diagnostics mark it, not the whole string.
+                let start = value.content.start;
+                return Ok(Some(markdown(
+                    text,
+                    start + within.start..start + within.end,
+                )));
             }
             let (views, index) = self.project_index(&path);
             if let Some((kind, id)) = index.at(&trellis_dsl::canonical(&path), offset) {
@@ -688,7 +693,7 @@ fn captures(node: &Node, out: &mut Vec<String>, depth: usize) {
 }
 
 /// The dotted variable (`user_context.order_id`) of a template around byte `at` of `text`.
-fn template_var_at(text: &str, at: usize) -> Option<String> {
+fn template_var_at(text: &str, at: usize) -> Option<(String, std::ops::Range<usize>)> {
     let at = at.min(text.len());
     let open = text[..at].rfind("{{")?;
     if text[open..at].contains("}}") {
@@ -705,8 +710,10 @@ fn template_var_at(text: &str, at: usize) -> Option<String> {
         .char_indices()
         .find(|(_, c)| !is_var(*c))
         .map_or(text.len(), |(i, _)| at + i);
-    let var = text[start..end].trim_matches('.');
-    (!var.is_empty()).then(|| var.to_string())
+    let written = &text[start..end];
+    let var = written.trim_matches('.');
+    let start = start + (written.len() - written.trim_start_matches('.').len());
+    (!var.is_empty()).then(|| (var.to_string(), start..start + var.len()))
 }
 
 /// Where a template variable's value comes from, for a hover.

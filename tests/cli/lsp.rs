@@ -236,9 +236,18 @@ fn an_editor_gets_checks_completion_hover_navigation_and_rename() {
         hover.contains("agent `shop`") && hover.contains("agents.kdl:1"),
         "{hover}"
     );
-    // On a template variable: where it comes from.
+    // On a template variable: where it comes from, the variable marked, not its string.
     let hover = out[12]["text"].as_str().unwrap_or_default();
     assert!(hover.contains("user-context"), "{hover}");
+    let line = MAIN.lines().nth(5).expect("line");
+    let start = line.find("user_context.order_id").expect("variable") as u64;
+    let end = start + "user_context.order_id".len() as u64;
+    assert_eq!(
+        out[12]["range"],
+        serde_json::json!([[5, start], [5, end]]),
+        "{}",
+        out[12]
+    );
 
     // Definitions, across files, and of `needs`.
     assert_eq!(

@@ -112,7 +112,12 @@ async def main(binary, project, script):
         elif kind == "hover":
             r = await client.text_document_hover_async(
                 t.HoverParams(text_document=ident, position=pos))
-            print(json.dumps({"step": kind, "text": r.contents.value if r else None}), flush=True)
+            span = None
+            if r and r.range:
+                span = [[r.range.start.line, r.range.start.character],
+                        [r.range.end.line, r.range.end.character]]
+            print(json.dumps({"step": kind, "text": r.contents.value if r else None,
+                              "range": span}), flush=True)
         elif kind == "definition":
             r = await client.text_document_definition_async(
                 t.DefinitionParams(text_document=ident, position=pos))
