@@ -41,6 +41,44 @@ enum Edge {
 /// records would garble them, and a value that short protects nothing.
 pub const MIN_SECRET_LEN: usize = 4;
 
+/// `secret` as an agent or a provider may echo it: as it is, and as it reads inside a JSON
+/// string a server wrote (its quotes and backslashes escaped, a `/` written `\/` as PHP and
+/// some gateways write it, a non-ASCII character as `\uXXXX`). An error body quoting the key
+/// JSON-escaped gave it away whole.
+pub fn spellings(secret: &str) -> Vec<String> {
+    let mut out = vec![secret.to_owned()];
+    let mut add = |spelling: String| {
+        if !out.contains(&spelling) {
+            out.push(spelling);
+        }
+    };
+    let json = serde_json::to_string(secret).unwrap_or_default();
+    let escaped = json
+        .strip_prefix('"')
+        .and_then(|j| j.strip_suffix('"'))
+        .unwrap_or(secret)
+        .to_owned();
+    let ascii: String = escaped
+        .chars()
+        .map(|c| {
+            if c.is_ascii() {
+                c.to_string()
+            } else {
+                let mut units = [0u16; 2];
+                c.encode_utf16(&mut units)
+                    .iter()
+                    .map(|u| format!("\\u{u:04x}"))
+                    .collect()
+            }
+        })
+        .collect();
+    for spelling in [escaped, ascii] {
+        add(spelling.replace('/', "\\/"));
+        add(spelling);
+    }
+    out
+}
+
 /// The secret values of a run, longest first (so a secret that contains another is
 /// replaced whole).
 #[derive(Clone, Debug, Default)]
@@ -63,6 +101,7 @@ impl Secrets {
         let mut values: Vec<String> = values
             .into_iter()
             .filter(|v| v.trim().chars().count() >= MIN_SECRET_LEN)
+            .flat_map(|v| spellings(&v))
             .collect();
         values.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
         values.dedup();
@@ -217,6 +256,28 @@ impl Secrets {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A server that quotes the key inside a JSON string escapes it: `/` as `\/` (PHP,
+    /// some gateways), a quote or backslash, a non-ASCII character as `\uXXXX`. Each
+    /// spelling is redacted, not only the key as it was sent.
+    #[test]
+    fn a_secret_echoed_json_escaped_is_redacted_in_every_spelling() {
+        let key = "wJalrXUtnFEMI/K7MDENG/b\"x\\yé";
+        let secrets = Secrets::new([key.to_owned()]);
+        for echoed in [
+            key.to_owned(),
+            "wJalrXUtnFEMI\\/K7MDENG\\/b\\\"x\\\\y\\u00e9".to_owned(),
+            "wJalrXUtnFEMI/K7MDENG/b\\\"x\\\\yé".to_owned(),
+            serde_json::to_string(key).unwrap(),
+        ] {
+            let body = format!("{{\"error\": \"Incorrect API key provided: {echoed}\"}}");
+            let redacted = secrets.redact(&body).unwrap_or_else(|| panic!("{body}"));
+            assert!(redacted.contains(REDACTED), "{redacted}");
+            for piece in ["wJalrXUtnFEMI", "K7MDENG"] {
+                assert!(!redacted.contains(piece), "{redacted}");
+            }
+        }
+    }
 
     #[test]
     fn every_occurrence_is_replaced_and_short_values_are_not_secrets() {

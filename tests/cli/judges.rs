@@ -88,6 +88,46 @@ async fn run(suite: &std::path::Path, out: &std::path::Path, extra: &[&str]) -> 
         .unwrap()
 }
 
+/// A judge that echoes the provider's key leaves it in no cache entry: the cache is shared
+/// and committed. The entry is written redacted, and a replay-only rerun still reads it.
+#[tokio::test]
+async fn a_key_the_model_echoes_is_not_written_to_the_cache() {
+    let fake = FakeLlm::start(vec![Rule::otherwise([Reply::text(format!(
+        r#"{{"score": 0.9, "justification": "polite; your key {KEY} works"}}"#
+    ))])])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = one_judged_check(dir.path(), &fake.base_url(), "ECHO");
+    let cache = dir.path().join("cache");
+    let cache_arg = cache.to_str().unwrap();
+    let o = run(
+        &suite,
+        &dir.path().join("first"),
+        &["--llm-cache", cache_arg],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let mut entries = 0;
+    for shard in std::fs::read_dir(&cache).unwrap() {
+        for entry in std::fs::read_dir(shard.unwrap().path()).unwrap() {
+            let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+            assert!(!text.contains(KEY), "{text}");
+            assert!(!text.contains("7f3a"), "{text}");
+            assert!(text.contains("[redacted]"), "{text}");
+            entries += 1;
+        }
+    }
+    assert_eq!(entries, 1);
+    let o = run(
+        &suite,
+        &dir.path().join("replayed"),
+        &["--llm-cache", cache_arg, "--llm-cache-mode", "replay-only"],
+    )
+    .await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert_eq!(fake.calls(), 1, "replay-only sends nothing");
+}
+
 #[tokio::test]
 async fn judged_checks_fill_the_tables_and_a_replay_only_rerun_sends_nothing() {
     let fake = FakeLlm::start(vec![

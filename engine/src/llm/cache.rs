@@ -195,7 +195,11 @@ impl LlmCache {
                 request: canonical,
                 completion: completion.clone(),
             };
-            if let Err(e) = write_entry(path, entry).await {
+            // A model that echoes the provider's key (a prompt that carried it, a debug
+            // answer) must not leave it in a directory teams share and commit: the entry is
+            // written with the key redacted, as every record of the run is.
+            let written = serde_json::to_string(&entry).map(|text| client.redact(&text));
+            if let Err(e) = write_entry(path, written).await {
                 // The answer is good; a cache that cannot be written costs a rerun, no more.
                 outcome.call.error = Some(format!("LLM cache not written: {e}"));
             }
@@ -276,13 +280,17 @@ async fn read_entry(path: &Path) -> Result<Option<Entry>, String> {
     }
 }
 
-async fn write_entry(path: PathBuf, entry: Entry) -> Result<(), String> {
+async fn write_entry(
+    path: PathBuf,
+    entry: Result<String, serde_json::Error>,
+) -> Result<(), String> {
+    let entry = entry.map_err(|e| e.to_string())?;
     tokio::task::spawn_blocking(move || {
         let dir = path.parent().ok_or("entry path has no directory")?;
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let mut file =
             tempfile::NamedTempFile::new_in(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        serde_json::to_writer(&mut file, &entry).map_err(|e| e.to_string())?;
+        std::io::Write::write_all(&mut file, entry.as_bytes()).map_err(|e| e.to_string())?;
         file.as_file().sync_all().map_err(|e| e.to_string())?;
         file.persist(&path)
             .map_err(|e| format!("{}: {}", path.display(), e.error))?;

@@ -61,9 +61,10 @@ pub enum ProviderSetupError {
     InvalidHeader { provider: String, name: String },
 }
 
-/// An API key. Its `Debug` never shows it.
+/// An API key, and the other spellings it may be echoed in ([`crate::secrets::spellings`]).
+/// Its `Debug` never shows it.
 #[derive(Clone)]
-struct Secret(Arc<str>);
+struct Secret(Arc<str>, Arc<[String]>);
 
 impl std::fmt::Debug for Secret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -73,12 +74,22 @@ impl std::fmt::Debug for Secret {
 
 impl Secret {
     /// `text` with every occurrence of the key replaced.
+    fn new(key: &str) -> Secret {
+        Secret(Arc::from(key), crate::secrets::spellings(key).into())
+    }
+
+    /// `text` with every occurrence of the key, in any of its spellings, replaced.
     fn redact(&self, text: &str) -> String {
         if self.0.is_empty() {
-            text.to_owned()
-        } else {
-            text.replace(&*self.0, "[redacted]")
+            return text.to_owned();
         }
+        let mut out = text.to_owned();
+        for spelling in self.1.iter() {
+            if out.contains(spelling.as_str()) {
+                out = out.replace(spelling.as_str(), "[redacted]");
+            }
+        }
+        out
     }
 }
 
@@ -189,7 +200,7 @@ impl ProviderClient {
         let key = match &provider.api_key_env {
             None => None,
             Some(var) => match env.get(&var.value) {
-                Some(value) if !value.is_empty() => Some(Secret(Arc::from(value.as_str()))),
+                Some(value) if !value.is_empty() => Some(Secret::new(value)),
                 _ => {
                     return Err(ProviderSetupError::MissingKey {
                         provider: id,
@@ -584,11 +595,17 @@ mod tests {
 
     #[test]
     fn secrets_are_cut_out_and_never_debug_printed() {
-        let key = Secret(Arc::from("sk-123"));
+        let key = Secret::new("sk-123");
         assert_eq!(
             key.redact("echo: Bearer sk-123!"),
             "echo: Bearer [redacted]!"
         );
         assert!(!format!("{key:?}").contains("sk-123"));
+        // Echoed inside a JSON string that escapes `/` (PHP, some gateways).
+        let key = Secret::new("sk/abc/123");
+        assert_eq!(
+            key.redact(r#"{"message": "Incorrect API key provided: sk\/abc\/123"}"#),
+            r#"{"message": "Incorrect API key provided: [redacted]"}"#
+        );
     }
 }
