@@ -37,47 +37,7 @@ enum Edge {
     End,
 }
 
-/// Values shorter than this are not treated as secrets: replacing every `1` or `abc` in the
-/// records would garble them, and a value that short protects nothing.
-pub const MIN_SECRET_LEN: usize = 4;
-
-/// `secret` as an agent or a provider may echo it: as it is, and as it reads inside a JSON
-/// string a server wrote (its quotes and backslashes escaped, a `/` written `\/` as PHP and
-/// some gateways write it, a non-ASCII character as `\uXXXX`). An error body quoting the key
-/// JSON-escaped gave it away whole.
-pub fn spellings(secret: &str) -> Vec<String> {
-    let mut out = vec![secret.to_owned()];
-    let mut add = |spelling: String| {
-        if !out.contains(&spelling) {
-            out.push(spelling);
-        }
-    };
-    let json = serde_json::to_string(secret).unwrap_or_default();
-    let escaped = json
-        .strip_prefix('"')
-        .and_then(|j| j.strip_suffix('"'))
-        .unwrap_or(secret)
-        .to_owned();
-    let ascii: String = escaped
-        .chars()
-        .map(|c| {
-            if c.is_ascii() {
-                c.to_string()
-            } else {
-                let mut units = [0u16; 2];
-                c.encode_utf16(&mut units)
-                    .iter()
-                    .map(|u| format!("\\u{u:04x}"))
-                    .collect()
-            }
-        })
-        .collect();
-    for spelling in [escaped, ascii] {
-        add(spelling.replace('/', "\\/"));
-        add(spelling);
-    }
-    out
-}
+pub use crate::transport::quote::{MIN_SECRET_LEN, secret_spellings as spellings};
 
 /// The secret values of a run, longest first (so a secret that contains another is
 /// replaced whole).

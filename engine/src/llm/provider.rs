@@ -61,7 +61,7 @@ pub enum ProviderSetupError {
     InvalidHeader { provider: String, name: String },
 }
 
-/// An API key, and the other spellings it may be echoed in ([`crate::secrets::spellings`]).
+/// An API key, and the other spellings it may be echoed in ([`crate::transport::quote::secret_spellings`]).
 /// Its `Debug` never shows it.
 #[derive(Clone)]
 struct Secret(Arc<str>, Arc<[String]>);
@@ -75,12 +75,18 @@ impl std::fmt::Debug for Secret {
 impl Secret {
     /// `text` with every occurrence of the key replaced.
     fn new(key: &str) -> Secret {
-        Secret(Arc::from(key), crate::secrets::spellings(key).into())
+        Secret(
+            Arc::from(key),
+            crate::transport::quote::secret_spellings(key).into(),
+        )
     }
 
-    /// `text` with every occurrence of the key, in any of its spellings, replaced.
+    /// `text` with every occurrence of the key, in any of its spellings, replaced. A key
+    /// shorter than [`crate::transport::quote::MIN_SECRET_LEN`] is not looked for, as no secret that
+    /// short is: it protects nothing, and replacing every `k` of a text garbles it (a cache
+    /// entry among them).
     fn redact(&self, text: &str) -> String {
-        if self.0.is_empty() {
+        if self.0.chars().count() < crate::transport::quote::MIN_SECRET_LEN {
             return text.to_owned();
         }
         let mut out = text.to_owned();

@@ -1,7 +1,9 @@
 //! How protocols quote what an agent sent in a fault message: the JSON type that was found
 //! where another was expected, the start of a body, and an `error` the agent reported.
 //! Shared so every protocol words these the same way and none copies a whole (possibly
-//! megabytes long) body to show its first line.
+//! megabytes long) body to show its first line. Also the spellings a secret may be quoted in
+//! ([`secret_spellings`]), for the redaction of agent secrets (`crate::secrets`) and of
+//! provider keys (`crate::llm`), which sit on either side of this layer.
 
 use serde_json::Value;
 
@@ -85,4 +87,46 @@ mod tests {
         assert_eq!(error_text(&serde_json::json!("plain")), "plain");
         assert_eq!(error_text(&serde_json::json!({"x": 1})), r#"{"x":1}"#);
     }
+}
+
+/// Values shorter than this are not treated as secrets: replacing every `1` or `abc` in the
+/// records would garble them, and a value that short protects nothing.
+pub const MIN_SECRET_LEN: usize = 4;
+
+/// `secret` as an agent or a provider may echo it: as it is, and as it reads inside a JSON
+/// string a server wrote (its quotes and backslashes escaped, a `/` written `\/` as PHP and
+/// some gateways write it, a non-ASCII character as `\uXXXX`). An error body quoting the key
+/// JSON-escaped gave it away whole.
+pub fn secret_spellings(secret: &str) -> Vec<String> {
+    let mut out = vec![secret.to_owned()];
+    let mut add = |spelling: String| {
+        if !out.contains(&spelling) {
+            out.push(spelling);
+        }
+    };
+    let json = serde_json::to_string(secret).unwrap_or_default();
+    let escaped = json
+        .strip_prefix('"')
+        .and_then(|j| j.strip_suffix('"'))
+        .unwrap_or(secret)
+        .to_owned();
+    let ascii: String = escaped
+        .chars()
+        .map(|c| {
+            if c.is_ascii() {
+                c.to_string()
+            } else {
+                let mut units = [0u16; 2];
+                c.encode_utf16(&mut units)
+                    .iter()
+                    .map(|u| format!("\\u{u:04x}"))
+                    .collect()
+            }
+        })
+        .collect();
+    for spelling in [escaped, ascii] {
+        add(spelling.replace('/', "\\/"));
+        add(spelling);
+    }
+    out
 }
