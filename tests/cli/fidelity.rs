@@ -388,6 +388,56 @@ scenario "silent" {{
     assert!(stdout(&o).contains("simulator fault"), "{}", stdout(&o));
 }
 
+/// A simulated user's answer cut at its token limit is no message: it is asked again, and
+/// with every answer cut the simulator failed (guards off) saying why; nothing broken off
+/// mid-word is sent to the agent.
+#[tokio::test]
+async fn a_simulated_message_cut_at_the_token_limit_is_never_sent() {
+    let cut = serde_json::json!({"id": "x", "object": "chat.completion", "model": "sim-m",
+        "choices": [{"index": 0, "message": {"role": "assistant",
+            "content": "Hi, I would like to book a duct clea"}, "finish_reason": "length"}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 9, "total_tokens": 14}});
+    let fake = FakeLlm::start(vec![Rule::otherwise([Reply::Raw(cut.to_string())])]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cut.kdl");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+agent "booking" protocol="connexity" builtin="booking"
+provider "fake" kind="openai" base-url="{}" model="sim-m" api-key-env="FAKE_KEY"
+simulator provider="fake" fidelity=#false
+scenario "cut" {{
+    description "Book a cleaning"
+    simulate until-done
+    expect no-error
+}}
+"#,
+            fake.base_url()
+        ),
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let o = trellis()
+        .args(["run", "--out"])
+        .arg(&out)
+        .arg(&path)
+        .env("FAKE_KEY", "k")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let console = stdout(&o);
+    assert!(console.contains("simulator fault"), "{console}");
+    assert!(console.contains("cut at its token limit"), "{console}");
+    let journal = journal_text(&out);
+    assert!(
+        !journal.contains("\"user_message\":\"Hi, I would"),
+        "{journal}"
+    );
+    assert!(fake.calls() > 1, "asked again");
+}
+
 #[tokio::test]
 async fn a_fidelity_judge_answer_that_does_not_parse_is_asked_again_next_run() {
     // Prose once, then the verdict it should have given.

@@ -591,6 +591,8 @@ impl LlmRuntime {
         let character = self.character(&task, instructions);
         let mut calls = Vec::new();
         let mut last_answer = String::new();
+        // Whether the last answer was cut at the token limit (said in the fault).
+        let mut last_cut = false;
         for retry in 0..=SIMULATOR_RETRIES {
             let mut request = match simulator::request(
                 task.templates,
@@ -618,6 +620,13 @@ impl LlmRuntime {
                 .await;
             calls.push(outcome.call);
             let text = match outcome.result {
+                // Cut at the token limit: a message broken off mid-word is no user's turn,
+                // and is asked again like an unusable answer (as a model agent's is a fault).
+                Ok(c) if super::codec::cut_at_token_limit(c.finish_reason.as_deref()) => {
+                    last_answer = c.text;
+                    last_cut = true;
+                    continue;
+                }
                 Ok(c) => c.text,
                 // An empty completion is an unusable answer, asked again like one.
                 Err(super::LlmError::Malformed { detail, .. }) if detail.contains("no text") => {
@@ -625,6 +634,7 @@ impl LlmRuntime {
                 }
                 Err(e) => return Err((fault(format!("the simulator call failed: {e}")), calls)),
             };
+            last_cut = false;
             match simulator::interpret(&text) {
                 Said::Unusable => last_answer = text,
                 said => {
@@ -643,8 +653,13 @@ impl LlmRuntime {
             shown = "(empty)".into();
         }
         let why = format!(
-            "the simulator gave no usable message in {} attempts; last answer: {shown:?}",
-            SIMULATOR_RETRIES + 1
+            "the simulator gave no usable message in {} attempts; last answer{}: {shown:?}",
+            SIMULATOR_RETRIES + 1,
+            if last_cut {
+                " (cut at its token limit)"
+            } else {
+                ""
+            }
         );
         // With the guards on, an empty or role-only answer is the simulator breaking
         // character (the trajectory is `invalid`), not a fault of the run.
