@@ -64,31 +64,6 @@ pub fn error_text(error: &Value) -> String {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_preview_is_short_whatever_the_body() {
-        assert_eq!(preview(b"  short  "), "short");
-        let long = "é".repeat(10_000);
-        let shown = preview(long.as_bytes());
-        assert_eq!(shown.chars().count(), PREVIEW_CHARS + 1);
-        assert!(shown.ends_with('…'));
-        // Invalid UTF-8 is shown, not refused.
-        assert_eq!(preview(b"\xff ok"), "\u{fffd} ok");
-    }
-
-    #[test]
-    fn errors_read_as_code_and_message() {
-        let e = serde_json::json!({"code": "E", "message": "boom"});
-        assert_eq!(error_text(&e), "E: boom");
-        assert_eq!(error_text(&serde_json::json!({"message": "m"})), "m");
-        assert_eq!(error_text(&serde_json::json!("plain")), "plain");
-        assert_eq!(error_text(&serde_json::json!({"x": 1})), r#"{"x":1}"#);
-    }
-}
-
 /// Values shorter than this are not treated as secrets: replacing every `1` or `abc` in the
 /// records would garble them, and a value that short protects nothing.
 pub const MIN_SECRET_LEN: usize = 4;
@@ -129,4 +104,29 @@ pub fn secret_spellings(secret: &str) -> Vec<String> {
         add(spelling);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_preview_is_short_whatever_the_body() {
+        assert_eq!(preview(b"  short  "), "short");
+        let long = "é".repeat(10_000);
+        let shown = preview(long.as_bytes());
+        assert_eq!(shown.chars().count(), PREVIEW_CHARS + 1);
+        assert!(shown.ends_with('…'));
+        // Invalid UTF-8 is shown, not refused.
+        assert_eq!(preview(b"\xff ok"), "\u{fffd} ok");
+    }
+
+    #[test]
+    fn errors_read_as_code_and_message() {
+        let e = serde_json::json!({"code": "E", "message": "boom"});
+        assert_eq!(error_text(&e), "E: boom");
+        assert_eq!(error_text(&serde_json::json!({"message": "m"})), "m");
+        assert_eq!(error_text(&serde_json::json!("plain")), "plain");
+        assert_eq!(error_text(&serde_json::json!({"x": 1})), r#"{"x":1}"#);
+    }
 }
