@@ -154,7 +154,7 @@ pub(crate) fn validate_reading_env(
         checked_simulators: HashSet::new(),
         persona_checked: HashSet::new(),
         env_reads: Vec::new(),
-        header_problems: HashSet::new(),
+        turn_template_problems: HashSet::new(),
     };
     v.duplicates();
     v.definitions();
@@ -374,9 +374,9 @@ struct Validator<'p> {
     persona_checked: HashSet<Span>,
     /// Every `env.NAME` a template reads, for [`warnings`].
     env_reads: Vec<Spanned<String>>,
-    /// Problems already reported in a turn-scoped `header` value (file, offset, message):
-    /// each scenario of the agent checks it again.
-    header_problems: HashSet<(FileId, usize, String)>,
+    /// Problems already reported in a turn-scoped agent template (a `header` value, a
+    /// `system-prompt`; file, offset, message): each scenario of the agent checks it again.
+    turn_template_problems: HashSet<(FileId, usize, String)>,
 }
 
 impl<'p> Validator<'p> {
@@ -614,7 +614,7 @@ impl<'p> Validator<'p> {
                 self.agent_provider(agent, name);
             }
             // A header reading the turn's variables is checked with each scenario that runs
-            // against the agent (`Validator::turn_headers`); one reading only `env` here.
+            // against the agent (`Validator::turn_templates`); one reading only `env` here.
             let header_scope = Scope::env_only();
             for (_, value) in &agent.headers {
                 if !template::reads_turn_scope(&value.source) {
@@ -846,7 +846,7 @@ impl<'p> Validator<'p> {
         {
             self.template(&cx, t, &BTreeSet::new());
         }
-        self.turn_headers(&cx);
+        self.turn_templates(&cx);
         let at_end = self.steps(&cx, &sc.steps, failed);
         // Trajectory criteria are checked after the last step: they see the captures made on
         // every path.
@@ -879,13 +879,12 @@ impl<'p> Validator<'p> {
         let _ = suite;
     }
 
-    /// The `header` values of the scenario's agents that read the turn's variables, checked
-    /// in the scenario's scope as it is before its first step (the headers go with every
-    /// turn, the first included, so a capture is not yet there). A problem is reported once
-    /// per header, naming the first scenario it was found with.
-    /// A model agent's `system-prompt` that reads the turn's variables is checked the same
-    /// way: it is rendered for each turn with them.
-    fn turn_headers(&mut self, cx: &StepCx) {
+    /// The templates of the scenario's agents that read the turn's variables (`header`
+    /// values, a model agent's `system-prompt`), checked in the scenario's scope as it is
+    /// before its first step (they go with every turn, the first included, so a capture is
+    /// not yet there). A problem is reported once per template, naming the first scenario
+    /// it was found with.
+    fn turn_templates(&mut self, cx: &StepCx) {
         let p = self.project;
         for agent in p.scenario_agents(cx.scenario) {
             let system_prompt = agent.settings.spanned("system-prompt").and_then(|v| {
@@ -910,7 +909,7 @@ impl<'p> Validator<'p> {
                 let found: Vec<Diagnostic> = self.diags.drain(before..).collect();
                 for mut d in found {
                     let key = (value.span.file, value.span.span.offset(), d.message.clone());
-                    if self.header_problems.insert(key) {
+                    if self.turn_template_problems.insert(key) {
                         d.message = format!(
                             "{} ({what} of agent `{}`, sent with every turn of scenario `{}`)",
                             d.message, agent.id.value, cx.scenario.id.value

@@ -889,20 +889,8 @@ impl Paths {
 
 /// Appends `n` in decimal digits, as `write!(out, "{n}")` would, without the formatting
 /// machinery (about 800 instructions a call on the recorder's thread).
-pub(crate) fn push_decimal(out: &mut String, mut n: usize) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    for &digit in &digits[at..] {
-        out.push(char::from(digit));
-    }
+pub(crate) fn push_decimal(out: &mut String, n: usize) {
+    out.push_str(itoa::Buffer::new().format(n));
 }
 
 /// Second pass over the journal: the node records of the trajectories the HTML renders,

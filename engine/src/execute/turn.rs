@@ -116,10 +116,10 @@ impl Unit<'_> {
                 tokio::time::Instant::now().checked_add(t.saturating_sub(state.active))
             });
         // What the turn renders for the agent: nothing is sent when either fails.
-        let turn_headers = self
+        let for_turn = self
             .turn_headers(state)
             .and_then(|headers| Ok((headers, self.turn_system_prompt(state)?)));
-        let rendered = turn_headers.as_ref().ok();
+        let rendered = for_turn.as_ref().ok();
         let ctx = CallContext {
             test_case_id: &self.scenario.scenario.id.value,
             turn_index,
@@ -149,7 +149,7 @@ impl Unit<'_> {
                 shared.spans_from_every_agent || self.agent_spans(),
             );
         }
-        let mut turn = match turn_headers {
+        let mut turn = match for_turn {
             Ok(_) => match droppable_while_rate_limited(
                 Arc::clone(shared) as Arc<dyn RunStop>,
                 trace::scope(&trace, session.turn(input, &ctx)),
@@ -164,7 +164,7 @@ impl Unit<'_> {
                     return None;
                 }
             },
-            // Nothing is sent with a header that could not be rendered.
+            // Nothing is sent with a header or a system prompt that could not be rendered.
             Err(fault) => Turn::failed(fault),
         };
         if turn.unsent {
