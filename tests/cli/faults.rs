@@ -455,7 +455,7 @@ async fn a_stuck_handshake_does_not_hold_up_the_other_agents() {
 
 /// An HTTP agent that echoes the `Authorization` header it got: in its reply, or, when the
 /// user says `fail`, in a 500 body.
-async fn echoing_agent() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+pub(crate) async fn echoing_agent() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

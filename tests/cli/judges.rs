@@ -128,6 +128,73 @@ async fn a_key_the_model_echoes_is_not_written_to_the_cache() {
     assert_eq!(fake.calls(), 1, "replay-only sends nothing");
 }
 
+/// An agent that echoes the header secret it was sent puts it in the judge's prompt, which a
+/// cache entry stores: the entry is written with it redacted, and a replay-only rerun still
+/// reads it (the key is the request as sent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_header_secret_the_agent_echoes_is_not_written_to_the_cache() {
+    const SECRET: &str = "s3cr3t-header-4b5c6d";
+    let fake = FakeLlm::start(vec![Rule::otherwise([Reply::text(
+        r#"{"score": 0.9, "justification": "fine"}"#,
+    )])])
+    .await;
+    let (addr, _agent) = super::faults::echoing_agent().await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("echo.kdl");
+    std::fs::write(
+        &suite,
+        format!(
+            r#"
+agent "web" protocol="connexity" url="http://{addr}/agent/respond" retries=0 {{
+    header "Authorization" "Bearer {{{{ env.ECHO_TOKEN }}}}"
+}}
+provider "fake" kind="openai" base-url="{base}" model="judge-m" api-key-env="FAKE_KEY"
+judge "main" provider="fake"
+scenario "echoes" {{
+    user "hello"
+    expect judge "the agent greets the user"
+}}
+"#,
+            base = fake.base_url()
+        ),
+    )
+    .unwrap();
+    let cache = dir.path().join("cache");
+    let run = |out: &str, mode: &str| {
+        trellis()
+            .args(["run", "--quiet", "--out"])
+            .arg(dir.path().join(out))
+            .arg(&suite)
+            .arg("--llm-cache")
+            .arg(&cache)
+            .args(["--llm-cache-mode", mode])
+            .env("FAKE_KEY", KEY)
+            .env("ECHO_TOKEN", SECRET)
+            .output()
+    };
+    let o = run("first", "read-write").await.unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(
+        fake.seen()
+            .iter()
+            .any(|r| r.body.to_string().contains(SECRET)),
+        "the judge was shown the echo"
+    );
+    let mut entries = 0;
+    for shard in std::fs::read_dir(&cache).unwrap() {
+        for entry in std::fs::read_dir(shard.unwrap().path()).unwrap() {
+            let text = std::fs::read_to_string(entry.unwrap().path()).unwrap();
+            assert!(!text.contains(SECRET), "{text}");
+            assert!(text.contains("you sent Bearer [redacted]"), "{text}");
+            entries += 1;
+        }
+    }
+    assert_eq!(entries, 1);
+    let o = run("replayed", "replay-only").await.unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert_eq!(fake.calls(), 1, "replay-only sends nothing");
+}
+
 #[tokio::test]
 async fn judged_checks_fill_the_tables_and_a_replay_only_rerun_sends_nothing() {
     let fake = FakeLlm::start(vec![

@@ -203,11 +203,21 @@ async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSummary
     // A watch session's transport outlives its runs: each run reports what grew during it.
     let redone = transport.connections_redone();
     let redone_before = redone.snapshot();
+    let secrets = crate::secrets::Secrets::of_plan(&plan);
+    let llm_cache = if secrets.is_empty() {
+        options.llm_cache.clone()
+    } else {
+        let secrets = secrets.clone();
+        options
+            .llm_cache
+            .clone()
+            .redacting(Arc::new(move |text: &str| secrets.redact(text)))
+    };
     let llm = crate::llm::LlmRuntime::new(
         plan.llm.clone(),
         plan.templates.env(),
         &transport,
-        options.llm_cache.clone(),
+        llm_cache,
     );
     llm.meter().arm(options.llm_budget, options.stop.clone());
     // Every turn's requests carry a `traceparent` of this trace (continuing the caller's
@@ -230,7 +240,6 @@ async fn run(plan: Plan, options: RunOptions, events: EventSender) -> RunSummary
         receiver.as_ref().map(|r| r.endpoint()),
     );
     let jobs = options.jobs.clamp(1, MAX_JOBS);
-    let secrets = crate::secrets::Secrets::of_plan(&plan);
     let window = scenario_window(&plan, jobs);
     // Each scenario's plan goes to its task, which frees it when the scenario ends: a run of
     // tens of thousands of scenarios does not hold every plan until its last one ends,

@@ -60,11 +60,26 @@ struct Entry {
     completion: Completion,
 }
 
+/// Rewrites an entry's text before it is written: the run's own secrets, which this layer
+/// does not know (agents' header values, `crate::secrets` above it).
+pub type Redactor = std::sync::Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
+
 /// The response cache of a run: a directory and a mode, or nothing.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct LlmCache {
     dir: Option<PathBuf>,
     mode: CacheMode,
+    redactor: Option<Redactor>,
+}
+
+impl std::fmt::Debug for LlmCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LlmCache")
+            .field("dir", &self.dir)
+            .field("mode", &self.mode)
+            .field("redactor", &self.redactor.is_some())
+            .finish()
+    }
 }
 
 impl LlmCache {
@@ -73,7 +88,17 @@ impl LlmCache {
         LlmCache {
             dir: Some(dir.into()),
             mode,
+            redactor: None,
         }
+    }
+
+    /// The same cache, writing entries through `redactor` too. A judge's prompt quotes the
+    /// agent's replies and a simulator's the conversation, so an agent that echoes the
+    /// header secret it was sent puts that secret in the request an entry stores: entries
+    /// are kept, shared and committed, and are redacted as every record of the run is.
+    pub fn redacting(mut self, redactor: Redactor) -> Self {
+        self.redactor = Some(redactor);
+        self
     }
 
     /// No cache: every call goes to the provider.
@@ -197,8 +222,15 @@ impl LlmCache {
             };
             // A model that echoes the provider's key (a prompt that carried it, a debug
             // answer) must not leave it in a directory teams share and commit: the entry is
-            // written with the key redacted, as every record of the run is.
-            let written = serde_json::to_string(&entry).map(|text| client.redact(&text));
+            // written with the key redacted, as every record of the run is, and so are the
+            // run's other secrets.
+            let written = serde_json::to_string(&entry).map(|text| {
+                let text = client.redact(&text);
+                match self.redactor.as_ref().and_then(|redact| redact(&text)) {
+                    Some(redacted) => redacted,
+                    None => text,
+                }
+            });
             if let Err(e) = write_entry(path, written).await {
                 // The answer is good; a cache that cannot be written costs a rerun, no more.
                 outcome.call.error = Some(format!("LLM cache not written: {e}"));
