@@ -42,7 +42,10 @@ impl Server {
                     .iter()
                     .map(|f| (trellis_dsl::canonical(&f.path), f.text.clone()))
                     .collect();
-                (files, diags.iter().cloned().collect())
+                // With `check`'s warnings of the files the errors leave whole, as `check`
+                // prints them: every problem at once.
+                let all = diags.iter().chain(diags.warnings()).cloned().collect();
+                (files, all)
             }
         };
         // Every file the project loaded, an include outside its directory too: its entry

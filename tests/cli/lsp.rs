@@ -953,3 +953,46 @@ fn an_edit_keeps_what_the_untouched_files_say() {
     assert_eq!(codes(&out[3]), typo, "{}", out[3]);
     assert_eq!(codes(&out[4]), typo, "{}", out[4]);
 }
+
+/// A project with an error still shows `check`'s warnings of the files the error leaves
+/// whole, as `check` prints them: the editor says every problem at once.
+#[test]
+fn warnings_of_files_without_errors_are_shown_beside_the_errors() {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let broken = AGENTS.replace("description", "descripton");
+    std::fs::write(dir.path().join("agents.kdl"), &broken).expect("written");
+    let unchecked = "scenario \"first\" {\n    agent \"shop\"\n    user \"Hello\"\n}\n";
+    std::fs::write(dir.path().join("main.kdl"), unchecked).expect("written");
+    let steps = serde_json::json!([
+        {"do": "open", "file": "main.kdl"},
+        // The fix, in the editor's buffer.
+        {"do": "open", "file": "agents.kdl", "text": AGENTS},
+    ]);
+    let out = session(dir.path(), steps);
+    let codes = |step: &Value, file: &str| {
+        let mut codes: Vec<(String, u64)> = step["diagnostics"][file]
+            .as_array()
+            .unwrap_or_else(|| panic!("no diagnostics for {file}: {step}"))
+            .iter()
+            .map(|d| {
+                (
+                    d["code"].as_str().unwrap_or_default().to_string(),
+                    d["severity"].as_u64().unwrap_or_default(),
+                )
+            })
+            .collect();
+        codes.sort();
+        codes
+    };
+    let warning = vec![("trellis::no_checks".to_string(), 2)];
+    assert_eq!(
+        codes(&out[1], "agents.kdl"),
+        [("trellis::unknown_node".to_string(), 1)],
+        "{}",
+        out[1]
+    );
+    assert_eq!(codes(&out[1], "main.kdl"), warning, "{}", out[1]);
+    // The error fixed, the warning stays, as `check` of the fixed project says it.
+    assert_eq!(codes(&out[2], "agents.kdl"), [], "{}", out[2]);
+    assert_eq!(codes(&out[2], "main.kdl"), warning, "{}", out[2]);
+}
