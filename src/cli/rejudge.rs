@@ -11,7 +11,7 @@ use trellis_engine::llm::{LlmCache, LlmRuntime, LlmSetup};
 use trellis_engine::record::TrajectoryStatus;
 use trellis_engine::transport::http::HttpTransport;
 
-use super::console::{errln, outln};
+use super::console::{count, errln, outln};
 use super::recorder::Record;
 use super::stop::{Signals, restore_default_signals};
 use super::{EXIT_FAILED, EXIT_INCOMPLETE, EXIT_INVALID, EXIT_OK, LlmCacheMode};
@@ -203,6 +203,30 @@ pub fn rejudge(args: RejudgeArgs) -> u8 {
                 String::new()
             }
         );
+    }
+    if !counts.not_recorded.is_empty() {
+        // Said, not judged: where a new check stands among the turns is the run's to decide.
+        const SHOWN: usize = 5;
+        errln!(
+            "note: {} of the suites not in the recorded run, so not judged (`trellis run` \
+             judges {}):",
+            count(
+                counts.not_recorded.len() as u64,
+                "judged check",
+                "judged checks"
+            ),
+            if counts.not_recorded.len() == 1 {
+                "it"
+            } else {
+                "them"
+            }
+        );
+        for check in counts.not_recorded.iter().take(SHOWN) {
+            errln!("  - {check}");
+        }
+        if counts.not_recorded.len() > SHOWN {
+            errln!("  … and {} more", counts.not_recorded.len() - SHOWN);
+        }
     }
     outln!(
         "results: {} (rejudged from {})",

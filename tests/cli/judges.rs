@@ -345,18 +345,36 @@ async fn rejudge_rescores_a_recorded_run_with_the_current_judges_without_any_age
     assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
     assert_eq!(fake.calls(), 3);
 
-    // The suite now asks more of the Connexity score (0.94 < 0.95).
-    let text = std::fs::read_to_string(&suite).unwrap().replace(
-        r#"rubric="connexity""#,
-        r#"rubric="connexity" threshold=0.95"#,
-    );
+    // The suite now asks more of the Connexity score (0.94 < 0.95), and has a judged check
+    // the run never recorded: it is named, not judged.
+    let text = std::fs::read_to_string(&suite)
+        .unwrap()
+        .replace(
+            r#"rubric="connexity""#,
+            r#"rubric="connexity" threshold=0.95"#,
+        )
+        .replace(
+            r#"judge "ECHO-CHECK anything""#,
+            "judge \"ECHO-CHECK anything\"\n        judge \"NEW-CHECK brevity\"",
+        );
     std::fs::write(&suite, text).unwrap();
     let again = dir.path().join("rejudged");
     let o = rejudge(&first, &suite, &again).await;
     assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
     assert!(stdout(&o).contains("rejudged 3 check(s)"), "{}", stdout(&o));
     assert!(stdout(&o).contains("1 changed status"), "{}", stdout(&o));
-    assert_eq!(fake.calls(), 6, "the judges were asked again");
+    assert!(
+        stderr(&o)
+            .contains("note: 1 judged check of the suites not in the recorded run, so not judged")
+            && stderr(&o).contains("  - judged/book: judge \"NEW-CHECK brevity\""),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(
+        fake.calls(),
+        6,
+        "the judges were asked again, the new check not"
+    );
 
     let runs = read_parquet(&again.join("runs.parquet"));
     let original = strings(&read_parquet(&first.join("runs.parquet")), "run_id")[0].clone();
@@ -389,6 +407,52 @@ async fn rejudge_rescores_a_recorded_run_with_the_current_judges_without_any_age
     assert_eq!(
         summary["stats"]["aggregates"]["llm_roles"]["judge"]["calls"], 3,
         "{summary}"
+    );
+}
+
+/// A judged check on one branch is recorded by that branch's trajectory only: a rejudge of
+/// the same suite names none as new.
+#[tokio::test]
+async fn rejudge_names_no_branch_check_as_new_when_another_branch_recorded_it() {
+    let fake = FakeLlm::start(vec![Rule::otherwise([Reply::text(
+        r#"{"score": 1, "label": "ok"}"#,
+    )])])
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("branches.kdl");
+    std::fs::write(
+        &suite,
+        format!(
+            r#"
+agent "demo" protocol="connexity" builtin="booking"
+provider "fake" kind="openai" base-url="{}" model="judge-m" api-key-env="FAKE_KEY"
+judge "main" provider="fake"
+scenario "book" {{
+    user "Hi, I'd like to book a duct cleaning."
+    branch "yes" {{
+        user "It's V4T 0A7."
+        expect judge "YES-CHECK asks for a date"
+    }}
+    branch "no" {{
+        user "Never mind."
+        expect judge "NO-CHECK says goodbye"
+    }}
+}}
+"#,
+            fake.base_url()
+        ),
+    )
+    .unwrap();
+    let first = dir.path().join("first");
+    let o = run(&suite, &first, &[]).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    let o = rejudge(&first, &suite, dir.path().join("again")).await;
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+    assert!(stdout(&o).contains("rejudged 2 check(s)"), "{}", stdout(&o));
+    assert!(
+        !stderr(&o).contains("not in the recorded run"),
+        "{}",
+        stderr(&o)
     );
 }
 

@@ -5,12 +5,13 @@
 //! a node holding replayed turns replaces the prefix before it, as in the run). Every
 //! `judge`/`outcome` check that the run reached is judged again against the scenario as the
 //! suite now defines it (found by its text; a check the suite no longer has is kept as it
-//! was), with the `history` the run sent (recorded in `run_started`), and the trajectory's
+//! was; one the run did not record is named, not judged), with the `history` the run sent
+//! (recorded in `run_started`), and the trajectory's
 //! status follows from its checks by the run's own rule. The
 //! result is a new journal: the original's agent and node entries, the updated
 //! trajectories, and a `run_started` naming the original run (`rejudged_from`).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -36,6 +37,10 @@ pub struct RejudgeCounts {
     pub changed: u64,
     /// Checks of the recording the current suite no longer has (kept as recorded).
     pub not_in_suite: u64,
+    /// Judged checks the current suites give a recorded scenario that none of its recorded
+    /// trajectories holds (added since the run): not judged, since where a check stands
+    /// among the turns is the run's to decide. `suite/scenario: criterion`, sorted.
+    pub not_recorded: Vec<String>,
 }
 
 /// Why a journal cannot be rejudged.
@@ -179,6 +184,26 @@ pub async fn rejudge_draw(
     if only_judging_cut {
         summary.interrupted = false;
     }
+    // A check is new to the run when no trajectory of its scenario recorded it (a check on
+    // one branch is not among another branch's records).
+    let mut unrecorded: HashMap<(&str, &str), BTreeSet<String>> = HashMap::new();
+    for (t, c) in &results {
+        let unmatched: BTreeSet<String> = c.not_recorded.iter().cloned().collect();
+        unrecorded
+            .entry((&t.suite, &t.scenario))
+            .and_modify(|kept| kept.retain(|text| unmatched.contains(text)))
+            .or_insert(unmatched);
+    }
+    let mut not_recorded: Vec<String> = unrecorded
+        .into_iter()
+        .flat_map(|((suite, scenario), texts)| {
+            texts
+                .into_iter()
+                .map(move |text| format!("{suite}/{scenario}: {text}"))
+        })
+        .collect();
+    not_recorded.sort();
+    counts.not_recorded = not_recorded;
     for (t, c) in results {
         counts.rejudged += c.rejudged;
         counts.changed += c.changed;
@@ -271,6 +296,17 @@ async fn rejudge_one(
     let scenario = &*crate::render::judge_texts_rendered(&scenario, &templates, &scope);
     let judged = judged_criteria(scenario);
     let mut criteria = std::mem::take(&mut t.criteria);
+    let recorded: HashSet<&str> = criteria
+        .iter()
+        .filter(|c| LlmRuntime::is_judged_kind_name(&c.kind))
+        .filter_map(|c| find(&judged, &c.criterion).map(|(text, _)| text))
+        .collect();
+    counts.not_recorded = judged
+        .iter()
+        .map(|(text, _)| text)
+        .filter(|text| !recorded.contains(text.as_str()))
+        .cloned()
+        .collect();
     // The checks judged by this rejudge: their calls are this directory's own, the ones
     // its `llm_roles` count (the rest, and the simulated user's, were the original run's).
     let mut judged_now: Vec<crate::record::CriterionRecord> = Vec::new();
