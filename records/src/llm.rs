@@ -158,4 +158,9 @@ pub struct JudgeVerdict {
     /// A panel's members' verdicts.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub members: Vec<JudgeVerdict>,
+    /// Why the judge gave no verdict: what its call failed with (`timeout`, `http_5xx`,
+    /// `rate_limited`, …, the list in docs/results.md), or `unusable_answer` for an answer
+    /// that does not parse; a panel's, its first failed member's. `None` when it answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_category: Option<String>,
 }

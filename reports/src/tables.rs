@@ -423,6 +423,7 @@ table!(
         judge_cache_hit: Vec<Option<bool>>,
         consensus: Vec<Option<String>>,
         agreement: Vec<Option<f64>>,
+        judge_error_category: Vec<Option<String>>,
     }
 );
 
@@ -1029,6 +1030,8 @@ impl Tables {
                 .push(judged.map(|j| j.call.cache == trellis_records::CacheUse::Hit));
             c.consensus.push(judged.and_then(|j| j.consensus.clone()));
             c.agreement.push(judged.and_then(|j| j.agreement));
+            c.judge_error_category
+                .push(judged.and_then(|j| j.error_category.clone()));
             c.rows += 1;
             self.criteria.row_done();
 

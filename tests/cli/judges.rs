@@ -263,6 +263,13 @@ async fn judged_checks_fill_the_tables_and_a_replay_only_rerun_sends_nothing() {
     let expected = scores.iter().sum::<f64>() / scores.len() as f64 * 100.0;
     assert!((mean - expected).abs() < 1e-9, "{mean} vs {expected}");
     assert_eq!(status[row("ECHO-CHECK")].as_deref(), Some("error"));
+    let categories = strings(&criteria, "judge_error_category");
+    assert_eq!(
+        categories[row("ECHO-CHECK")].as_deref(),
+        Some("http_4xx"),
+        "the judge's failure has its category in the table"
+    );
+    assert_eq!(categories[connexity], None);
     let echoed = strings(&criteria, "detail")[row("ECHO-CHECK")]
         .clone()
         .unwrap();

@@ -183,6 +183,24 @@ pub enum LlmError {
     Budget(String),
 }
 
+impl LlmError {
+    /// What the call failed with, as recorded for a judge that gave no verdict
+    /// (`JudgeVerdict::error_category`): a transport's fault category, or one of the LLM
+    /// client's own.
+    pub fn category(&self) -> &'static str {
+        match self {
+            LlmError::Http { category, .. } => category.as_str(),
+            LlmError::RateLimited { .. } => "rate_limited",
+            LlmError::Malformed { .. } => "protocol",
+            LlmError::Provider { .. } => "provider_error",
+            LlmError::NoModel { .. } => "setup",
+            LlmError::CacheMiss { .. } => "cache_miss",
+            LlmError::Cache(_) => "cache",
+            LlmError::Budget(_) => "budget",
+        }
+    }
+}
+
 /// What [`ProviderClient::complete`] ended with: the answer or the error, and the call's
 /// record either way.
 #[derive(Clone, Debug)]

@@ -63,6 +63,12 @@ impl LlmSetup {
 pub const NO_JUDGE: &str = "no judge configured: add a `provider` and a `judge \"ID\" \
                             provider=\"…\"` node (a lone `provider` is used as the judge)";
 
+/// `JudgeVerdict::error_category` of a judge whose answer does not parse.
+const UNUSABLE_ANSWER: &str = "unusable_answer";
+/// `JudgeVerdict::error_category` of a judge the run could not call (its provider failed to
+/// set up, or a panel member that is not configured).
+const SETUP: &str = "setup";
+
 /// A judge ready to call.
 struct Resolved<'a> {
     name: String,
@@ -296,6 +302,7 @@ impl LlmRuntime {
             Some(Err(e)) => {
                 let verdict = JudgeVerdict {
                     judge: named.unwrap_or_default().to_owned(),
+                    error_category: Some(SETUP.to_owned()),
                     ..JudgeVerdict::default()
                 };
                 return (
@@ -395,6 +402,7 @@ impl LlmRuntime {
             // Not sent: the run is stopping at its LLM budget, as after a signal. The call
             // is marked refused (`LlmCall::refused`): no call in the trajectory's counts.
             Err(super::LlmError::Budget(reason)) => {
+                verdict.error_category = Some("budget".to_owned());
                 return (
                     CriterionStatus::Skipped,
                     format!("not checked: {reason}"),
@@ -403,6 +411,7 @@ impl LlmRuntime {
             }
             // The record's attempts add up both calls; the error is the second's.
             Err(e) if asked_twice => {
+                verdict.error_category = Some(e.category().to_owned());
                 return (
                     CriterionStatus::Error,
                     format!(
@@ -414,6 +423,7 @@ impl LlmRuntime {
                 );
             }
             Err(e) => {
+                verdict.error_category = Some(e.category().to_owned());
                 return (
                     CriterionStatus::Error,
                     format!("the judge call failed: {e}"),
@@ -428,6 +438,7 @@ impl LlmRuntime {
                 self.cache
                     .forget(resolved.client, &request, task.repetition)
                     .await;
+                verdict.error_category = Some(UNUSABLE_ANSWER.to_owned());
                 (CriterionStatus::Error, garbage.to_string(), Some(verdict))
             }
             Ok(answer) => {
@@ -767,15 +778,23 @@ impl LlmRuntime {
             // trajectory whose simulated user was never checked is not passed.
             Err(super::LlmError::Budget(reason)) => {
                 record.detail = Some(format!("not checked: {reason}"));
+                verdict.error_category = Some("budget".to_owned());
             }
             // `--llm-cache-mode replay-only` promises a miss is an error: a replay that
             // could not check the simulated user proves nothing about the run.
             Err(e @ super::LlmError::CacheMiss { .. }) => {
                 record.status = CriterionStatus::Error;
                 record.detail = Some(format!("the fidelity judge could not answer: {e}"));
+                verdict.error_category = Some(e.category().to_owned());
             }
-            Err(e) => record.detail = Some(format!("not judged: the judge call failed: {e}")),
-            Ok(Err(garbage)) => record.detail = Some(format!("not judged: {garbage}")),
+            Err(e) => {
+                record.detail = Some(format!("not judged: the judge call failed: {e}"));
+                verdict.error_category = Some(e.category().to_owned());
+            }
+            Ok(Err(garbage)) => {
+                record.detail = Some(format!("not judged: {garbage}"));
+                verdict.error_category = Some(UNUSABLE_ANSWER.to_owned());
+            }
             Ok(Ok((broke, reason))) => {
                 let reason = reason.unwrap_or_else(|| "no reason given".to_owned());
                 verdict.score = Some(if broke { 0.0 } else { 1.0 });
@@ -1016,14 +1035,17 @@ impl LlmRuntime {
             Err(super::LlmError::Budget(reason)) => {
                 record.status = CriterionStatus::Skipped;
                 record.detail = Some(format!("not checked: {reason}"));
+                verdict.error_category = Some("budget".to_owned());
                 None
             }
             Err(e) => {
                 record.detail = Some(format!("the judge call failed: {e}"));
+                verdict.error_category = Some(e.category().to_owned());
                 None
             }
             Ok(Err(garbage)) => {
                 record.detail = Some(garbage);
+                verdict.error_category = Some(UNUSABLE_ANSWER.to_owned());
                 None
             }
             Ok(Ok((score, reason))) => {
@@ -1125,6 +1147,11 @@ fn decide(
         .fold(0.0, f64::max);
     verdict.members = members.into_iter().filter_map(|(_, _, v)| v).collect();
     if !unusable.is_empty() || scored.is_empty() {
+        verdict.error_category = verdict
+            .members
+            .iter()
+            .find_map(|m| m.error_category.clone())
+            .or_else(|| Some(SETUP.to_owned()));
         return (
             CriterionStatus::Error,
             format!("panel `{}`: {}", panel.id.value, unusable.join("; ")),

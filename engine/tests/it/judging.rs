@@ -174,6 +174,11 @@ async fn a_judge_that_fails_or_answers_garbage_makes_the_check_an_error_never_a_
         down.detail.as_deref().unwrap().contains("model not found"),
         "{down:?}"
     );
+    // What each failed with, for tables that count judge failures by kind.
+    let category = |c: &CriterionRecord| c.judge.as_ref().and_then(|j| j.error_category.clone());
+    assert_eq!(category(garbage).as_deref(), Some("unusable_answer"));
+    assert_eq!(category(down).as_deref(), Some("http_4xx"));
+    assert_eq!(category(criterion(&run, "check_service_area")), None);
     assert_eq!(run.summary.errors, 1);
 }
 

@@ -309,6 +309,7 @@ fn tables_have_documented_shape() {
             "judge_cache_hit",
             "consensus",
             "agreement",
+            "judge_error_category",
         ]
     );
     assert_eq!(dtype(&k, "turn_index"), DataType::UInt32);
