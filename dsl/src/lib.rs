@@ -39,4 +39,4 @@ pub(crate) fn fuzz_config(default: u32) -> proptest::test_runner::Config {
 
 pub use diagnostics::{Diagnostic, Diagnostics};
 pub use model::*;
-pub use parse::{LoadCache, canonical, load, load_cached, load_with_overlay};
+pub use parse::{LoadCache, canonical, load, load_cached, load_with_overlay, url_problem};

@@ -431,8 +431,9 @@ impl std::fmt::Debug for Protocol {
 /// Where an agent lives.
 #[derive(Clone, Debug)]
 pub enum Endpoint {
-    /// `url="…"` (or `base-url` for `openai`).
-    Url(String),
+    /// `url="…"` (or `base-url` for `openai`): a template that may read `env`
+    /// (`http://127.0.0.1:{{ env.AGENT_PORT }}/agent/respond`), rendered once per run.
+    Url(Template),
     /// `builtin="NAME"`: an embedded reference agent the engine serves on loopback.
     Builtin(Spanned<String>),
     /// `command="…"`: a process speaking newline-delimited JSON on stdin/stdout (multiagent).

@@ -31,6 +31,7 @@ mod scenario;
 mod steps;
 mod tool;
 mod values;
+pub use values::url_problem;
 
 use crate::lang::check::{self, Problem};
 use crate::lang::{self, NodeSpec};

@@ -621,6 +621,12 @@ impl<'p> Validator<'p> {
                     self.check_template(value, &header_scope);
                 }
             }
+            // A URL is rendered once per run, with `env` only.
+            if let Endpoint::Url(url) = &agent.endpoint
+                && template::is_template(&url.source)
+            {
+                self.check_template(url, &header_scope);
+            }
             if !used.contains(agent.id.value.as_str()) {
                 self.env_reads.truncate(env_reads_before);
             }

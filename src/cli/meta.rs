@@ -270,7 +270,7 @@ fn in_repository(dir: &Path) -> bool {
 
 fn endpoint(endpoint: &Endpoint) -> String {
     match endpoint {
-        Endpoint::Url(url) => redact_url(url),
+        Endpoint::Url(url) => redact_url(&url.source),
         Endpoint::Builtin(name) => format!("builtin:{}", name.value),
         // Arguments may carry tokens; the program says what ran.
         Endpoint::Command(command) => format!(

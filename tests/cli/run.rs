@@ -1098,3 +1098,49 @@ async fn a_model_agents_system_prompt_sees_the_scenarios_variables() {
     assert!(err.contains("scenario `s3`"), "{err}");
     assert_eq!(fake.calls(), calls, "nothing runs");
 }
+
+/// An agent's `url` may read `env` (a port chosen when CI starts the agent): rendered once
+/// per run, and what it renders to is checked as a URL written whole is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_url_reads_env_and_a_bad_rendering_is_a_setup_fault() {
+    let (addr, _agent) = super::faults::echoing_agent().await;
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("url.kdl");
+    std::fs::write(
+        &suite,
+        r#"agent "web" protocol="connexity" url="http://127.0.0.1:{{ env.AGENT_PORT }}/agent/respond"
+scenario "s" {
+    user "hello"
+    expect reply contains="you sent"
+}
+"#,
+    )
+    .unwrap();
+    let run = |out: &str, port: &str| {
+        trellis()
+            .args(["run", "--quiet", "--out"])
+            .arg(dir.path().join(out))
+            .arg(&suite)
+            .env("AGENT_PORT", port)
+            .env("NO_COLOR", "1")
+            .output()
+    };
+    let o = run("good", &addr.port().to_string()).await.unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}{}", stdout(&o), stderr(&o));
+
+    let o = run("bad", "abc").await.unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}{}", stdout(&o), stderr(&o));
+    let console = format!("{}{}", stdout(&o), stderr(&o));
+    assert!(
+        console.contains(
+            "renders to `http://127.0.0.1:abc/agent/respond`: its port is not a number from 1 \
+             to 65535"
+        ),
+        "{console}"
+    );
+    let faults = strings(
+        &read_parquet(&dir.path().join("bad/trajectories.parquet")),
+        "fault_category",
+    );
+    assert_eq!(faults, [Some("setup".to_string())]);
+}

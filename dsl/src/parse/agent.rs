@@ -440,21 +440,18 @@ impl Decoder<'_> {
         let e = first.values.first().copied()?;
         match first.name {
             "url" | "base-url" => {
-                let url = self.string(e)?;
-                let rest = url
-                    .strip_prefix("http://")
-                    .or_else(|| url.strip_prefix("https://"));
-                let problem = match rest {
-                    None => Some("it must start with http:// or https://"),
-                    Some(r) if r.is_empty() || r.starts_with('/') => Some("it has no host"),
-                    Some(_) if url.chars().any(char::is_whitespace) => {
-                        Some("it contains whitespace")
-                    }
-                    Some(_) => None,
+                let url = self.template(e)?;
+                // A template (`{{ env.PORT }}`) is checked by the validator, and the URL it
+                // renders to when the run starts.
+                let problem = if crate::template::is_template(&url.source) {
+                    None
+                } else {
+                    super::values::url_problem(&url.source)
                 };
                 match problem {
                     None => Some(Endpoint::Url(url)),
                     Some(why) => {
+                        let url = url.source;
                         let d = self
                             .diag(
                                 Kind::InvalidValue,

@@ -139,18 +139,28 @@ impl<'f> Decoder<'f> {
         let base_url = self.s_string(&s, "base-url");
         let model = self.s_string(&s, "model");
         let api_key_env = self.s_string(&s, "api-key-env");
-        if let (Some(e), Some(url)) = (s.value("base-url"), &base_url)
-            && !(url.starts_with("http://") || url.starts_with("https://"))
-        {
-            let d = self
-                .diag(
-                    Kind::InvalidValue,
-                    format!("provider base URL `{url}` must be http or https"),
-                    value_span(e),
-                    "not an http(s) URL",
-                )
-                .with_help("e.g. base-url=\"http://127.0.0.1:8080/v1\"");
-            self.report(d);
+        if let (Some(e), Some(url)) = (s.value("base-url"), &base_url) {
+            let problem = if crate::template::is_template(url) {
+                Some((
+                    "a provider's base URL is not a template".to_owned(),
+                    "write it whole, e.g. base-url=\"http://127.0.0.1:8080/v1\"; only an \
+                     agent's `url` or `base-url` may read `env`",
+                ))
+            } else {
+                super::values::url_problem(url)
+                    .map(|why| (why, "e.g. base-url=\"http://127.0.0.1:8080/v1\""))
+            };
+            if let Some((why, help)) = problem {
+                let d = self
+                    .diag(
+                        Kind::InvalidValue,
+                        format!("provider base URL `{url}`: {why}"),
+                        value_span(e),
+                        "this URL",
+                    )
+                    .with_help(help);
+                self.report(d);
+            }
         }
         if let (Some(e), Some(var)) = (s.value("api-key-env"), &api_key_env)
             && !is_env_var_name(var)

@@ -522,3 +522,31 @@ impl<'f> Decoder<'f> {
         }
     }
 }
+
+/// Why `url` cannot be an HTTP endpoint, as the HTTP client would find when the run starts
+/// (`http://127.0.0.1:99999/…` passed `check` and failed every trajectory before).
+pub fn url_problem(url: &str) -> Option<String> {
+    let Some(rest) = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
+    else {
+        return Some("it must start with http:// or https://".into());
+    };
+    if rest.is_empty() || rest.starts_with('/') {
+        return Some("it has no host".into());
+    }
+    if url.chars().any(char::is_whitespace) {
+        return Some("it contains whitespace".into());
+    }
+    match url::Url::parse(url) {
+        Ok(parsed) if parsed.port() == Some(0) => {
+            Some("port 0 is no port an agent listens on (1–65535)".into())
+        }
+        Ok(_) => None,
+        Err(url::ParseError::InvalidPort) => {
+            Some("its port is not a number from 1 to 65535".into())
+        }
+        Err(url::ParseError::EmptyHost) => Some("it has no host".into()),
+        Err(e) => Some(e.to_string()),
+    }
+}

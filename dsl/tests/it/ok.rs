@@ -80,7 +80,7 @@ fn agents_and_endpoints() {
 
     let staging = p.agent("staging").unwrap();
     assert!(
-        matches!(&staging.endpoint, Endpoint::Url(u) if u == "https://staging.example.com/agent/respond")
+        matches!(&staging.endpoint, Endpoint::Url(u) if u.source == "https://staging.example.com/agent/respond")
     );
     assert_eq!(staging.headers.len(), 1);
     assert_eq!(staging.headers[0].0, "Authorization");
@@ -94,7 +94,7 @@ fn agents_and_endpoints() {
 
     let llm = p.agent("llm").unwrap();
     assert_eq!(llm.protocol.as_str(), "openai");
-    assert!(matches!(&llm.endpoint, Endpoint::Url(u) if u == "http://127.0.0.1:9/v1"));
+    assert!(matches!(&llm.endpoint, Endpoint::Url(u) if u.source == "http://127.0.0.1:9/v1"));
     assert_eq!(llm.model.as_deref(), Some("gpt-4o-mini"));
     assert_eq!(llm.max_response_size, 512 * 1024);
     assert_eq!(llm.timeout, Some(Duration::from_secs(10)));

@@ -164,6 +164,33 @@ enum Setup {
     Broken(Fault),
 }
 
+/// The agent's URL as the run reaches it: a template (`{{ env.AGENT_PORT }}`) rendered, and
+/// what it rendered to checked as `check` checks a URL written whole.
+fn rendered_url(
+    plan: &Plan,
+    agent: &PlannedAgent,
+    url: &trellis_dsl::Template,
+    scope: &minijinja::Value,
+) -> Result<String, Setup> {
+    if !trellis_dsl::template::is_template(&url.source) {
+        return Ok(url.source.clone());
+    }
+    let broken = |why: String| {
+        Setup::Broken(Fault::new(
+            FaultCategory::Setup,
+            format!("agent `{}` url `{}`: {why}", agent.id, url.source),
+        ))
+    };
+    let rendered = plan
+        .templates
+        .render_source(&url.source, || scope.clone())
+        .map_err(|e| broken(e.to_string()))?;
+    match trellis_dsl::url_problem(&rendered) {
+        Some(why) => Err(broken(format!("renders to `{rendered}`: {why}"))),
+        None => Ok(rendered),
+    }
+}
+
 async fn start_one(
     plan: &Plan,
     agent: &PlannedAgent,
@@ -177,8 +204,10 @@ async fn start_one(
         return Err(Setup::Unsupported(reason.clone()));
     }
     let mut line = None;
+    // Headers and the URL see only `env`: they are rendered once per run, not per scenario.
+    let header_scope = ScenarioScope::env_only(plan.templates.env()).with_vars(&BTreeMap::new());
     let url = match &agent.endpoint {
-        Endpoint::Url(url) => url.clone(),
+        Endpoint::Url(url) => rendered_url(plan, agent, url, &header_scope)?,
         Endpoint::Builtin(name) => {
             // Served the way the agent's `transport` asks (HTTP unless a multiagent agent
             // says otherwise); a process is started by the client itself.
@@ -225,8 +254,6 @@ async fn start_one(
         // Reached through the line transport, or the provider's client: no URL.
         Endpoint::Command(_) | Endpoint::Socket(_) | Endpoint::Provider(_) => String::new(),
     };
-    // Headers see only `env`: they are rendered once per run, not per scenario.
-    let header_scope = ScenarioScope::env_only(plan.templates.env()).with_vars(&BTreeMap::new());
     let mut headers = Vec::with_capacity(agent.headers.len());
     for (name, template) in &agent.headers {
         match plan.templates.render(template, || header_scope.clone()) {
