@@ -670,6 +670,7 @@ pub struct ToolParam {
     pub ty: String,
     pub required: bool,
     pub description: Option<String>,
+    pub span: Span,
 }
 
 /// `mock returns=JSON key=value…`: answer with `returns` when the call's arguments contain

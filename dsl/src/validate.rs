@@ -1571,6 +1571,13 @@ fn missing_paths(project: &Project) -> Vec<Diagnostic> {
 /// suite's to declare). Once per check as written, for instances of one scenario.
 fn tool_typos<'p>(project: &'p Project, warned: &mut HashSet<(Span, &'p str)>) -> Vec<Diagnostic> {
     let mut out = Vec::new();
+    let scenario_tools = project.scenarios().flat_map(|(_, sc)| &sc.tools);
+    for tool in project.tools.iter().chain(scenario_tools) {
+        // A scenario's instances share its tools' spans: one warning for all.
+        if warned.insert((tool.span, "tool declaration")) {
+            declaration_typos(tool, &project.files, &mut out);
+        }
+    }
     for (_, sc) in project.scenarios() {
         let declared: Vec<&Tool> = sc.tools.iter().chain(&project.tools).collect();
         let names: Vec<&str> = declared.iter().map(|t| t.name.value.as_str()).collect();
@@ -1679,6 +1686,116 @@ fn tool_typos<'p>(project: &'p Project, warned: &mut HashSet<(Span, &'p str)>) -
         }
     }
     out
+}
+
+/// A declared tool's mocks and policies that name a parameter it does not declare, or match
+/// one with a value of another type than it declares: such a mock answers no call that
+/// sends the declared arguments (the agent gets the tool's fallback), and such a policy
+/// never applies, so the test is weaker than it reads. Tools that declare no parameters
+/// are the agent's to describe: nothing to compare with.
+fn declaration_typos(tool: &Tool, files: &[SourceFile], out: &mut Vec<Diagnostic>) {
+    if tool.params.is_empty() {
+        return;
+    }
+    let known: Vec<&str> = tool.params.iter().map(|p| p.name.as_str()).collect();
+    let unknown_help = |key: &str| match typo_of(key, known.iter().copied()) {
+        Some(best) => format!("did you mean `{best}`?"),
+        None => format!("`{}` takes: {}", tool.name.value, known.join(", ")),
+    };
+    for mock in &tool.mocks {
+        for (key, value) in &mock.when {
+            let Some(param) = tool.params.iter().find(|p| &p.name == key) else {
+                out.push(
+                    Diagnostic::at_span(
+                        Kind::UnknownTool,
+                        format!(
+                            "a `mock` of tool `{}` matches an argument `{key}` the tool does \
+                             not declare: it answers only calls that send `{key}`",
+                            tool.name.value
+                        ),
+                        files,
+                        mock.span,
+                        "no such parameter",
+                    )
+                    .with_help(unknown_help(key)),
+                );
+                continue;
+            };
+            if let Some(written) = type_mismatch(&param.ty, value) {
+                out.push(
+                    Diagnostic::at_span(
+                        Kind::UnknownTool,
+                        format!(
+                            "a `mock` of tool `{}` matches `{key}` with {written}, but `{key}` \
+                             is declared `type=\"{}\"`: a call that sends one does not match",
+                            tool.name.value, param.ty
+                        ),
+                        files,
+                        mock.span,
+                        "another type than declared",
+                    )
+                    .with_help(match value {
+                        serde_json::Value::String(text)
+                            if serde_json::from_str::<serde_json::Value>(text)
+                                .is_ok_and(|v| type_mismatch(&param.ty, &v).is_none()) =>
+                        {
+                            format!("write the value unquoted: {key}={text}")
+                        }
+                        _ => format!(
+                            "write the value as a {}, or declare `{key}` with its type",
+                            param.ty
+                        ),
+                    }),
+                );
+            }
+        }
+    }
+    for policy in &tool.policies {
+        if known.contains(&policy.param.as_str()) {
+            continue;
+        }
+        out.push(
+            Diagnostic::at_span(
+                Kind::UnknownTool,
+                format!(
+                    "a `policy` of tool `{}` is on `{}`, which the tool does not declare: it \
+                     applies only to calls that send `{}`",
+                    tool.name.value, policy.param, policy.param
+                ),
+                files,
+                policy.span,
+                "no such parameter",
+            )
+            .with_help(unknown_help(&policy.param)),
+        );
+    }
+}
+
+/// How `value` is written, when it is not of the declared JSON-schema `ty`.
+fn type_mismatch(ty: &str, value: &serde_json::Value) -> Option<String> {
+    use serde_json::Value;
+    // `null` matches any value, absent included (the sandbox's matching).
+    let fits = value.is_null()
+        || match ty {
+            "string" => value.is_string(),
+            "number" => value.is_number(),
+            "integer" => value.is_i64() || value.is_u64(),
+            "boolean" => value.is_boolean(),
+            "object" => value.is_object(),
+            "array" => value.is_array(),
+            _ => true,
+        };
+    if fits {
+        return None;
+    }
+    Some(match value {
+        Value::String(text) => format!("the string \"{text}\""),
+        Value::Number(n) => format!("the number {n}"),
+        Value::Bool(b) => format!("#{b}"),
+        Value::Null => "#null".to_owned(),
+        Value::Array(_) => "an array".to_owned(),
+        Value::Object(_) => "an object".to_owned(),
+    })
 }
 
 /// The declared name `word` is a typo of, when it is one: a few edits away (Damerau–

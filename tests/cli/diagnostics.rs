@@ -1081,6 +1081,65 @@ scenario "numbered" {
     assert!(!stderr(&o).contains("unknown_tool"), "{}", stderr(&o));
 }
 
+/// A declared tool's mock or policy on a parameter the tool does not declare, or a mock
+/// matching one with a value of another type, is a warning (it answers no call that sends
+/// the declared arguments, or never applies); `null` matches anything and is left alone.
+/// A parameter declared twice is an error.
+#[tokio::test]
+async fn mocks_and_policies_on_undeclared_or_mistyped_parameters_are_warned() {
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("s.kdl");
+    let text = r##"agent "s" protocol="multiagent" builtin="support"
+tool "issue_refund" {
+    param "order_id" type="string" required=#true
+    param "amount" type="number"
+    mock orderid="ORD-1" returns=#"{"ok": true}"#
+    mock order_id="ORD-2" amount="45" returns=#"{"ok": true}"#
+    mock order_id=1002 returns=#"{"ok": true}"#
+    mock order_id=#null amount=12.5 returns=#"{"ok": true}"#
+    policy "amont" max=50
+    policy "amount" max=50
+}
+scenario "s" {
+    user "Refund $20 for order A-1001"
+    expect no-error
+}
+"##;
+    std::fs::write(&suite, text).unwrap();
+    let o = check(&suite).await;
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let said = crate::flat(&stderr(&o));
+    for warning in [
+        "a `mock` of tool `issue_refund` matches an argument `orderid` the tool does not \
+         declare",
+        "did you mean `order_id`?",
+        "matches `amount` with the string \"45\", but `amount` is declared `type=\"number\"`",
+        "write the value unquoted: amount=45",
+        "matches `order_id` with the number 1002",
+        "a `policy` of tool `issue_refund` is on `amont`, which the tool does not declare",
+        "did you mean `amount`?",
+    ] {
+        assert!(said.contains(warning), "{warning}: {said}");
+    }
+    assert_eq!(said.matches("trellis::unknown_tool").count(), 4, "{said}");
+
+    std::fs::write(
+        &suite,
+        text.replace(
+            "param \"amount\" type=\"number\"",
+            "param \"amount\" type=\"number\"\n    param \"order_id\" type=\"integer\"",
+        ),
+    )
+    .unwrap();
+    let o = check(&suite).await;
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let said = crate::flat(&stderr(&o));
+    assert!(
+        said.contains("tool `issue_refund` declares parameter `order_id` twice"),
+        "{said}"
+    );
+}
+
 /// A check written twice for one turn (or twice for the whole trajectory) is a warning: its
 /// two results would be recorded alike. The same check on another turn, or in each branch
 /// after a fork, is not.

@@ -31,7 +31,21 @@ impl<'f> Decoder<'f> {
             match cv.name {
                 "param" => {
                     if let Some(p) = self.tool_param(&cv) {
-                        params.push(p);
+                        if let Some(first) = params.iter().find(|q: &&ToolParam| q.name == p.name) {
+                            let p = check::set_twice(check::Twice {
+                                message: format!(
+                                    "tool `{}` declares parameter `{}` twice",
+                                    name.value, p.name
+                                ),
+                                again: (cv.span, "second declaration"),
+                                first: (first.span.span, "first declaration"),
+                                help: "keep one `param` per parameter (its type, whether it is \
+                                       required and its description in one node)",
+                            });
+                            self.problem(p);
+                        } else {
+                            params.push(p);
+                        }
                     }
                 }
                 "mock" => {
@@ -112,6 +126,7 @@ impl<'f> Decoder<'f> {
             ty: ty.to_string(),
             required,
             description,
+            span: self.span(v.span),
         })
     }
 
