@@ -217,6 +217,10 @@ pub struct Comparison {
     /// Why the mean judge score does not gate, when it does not because of them.
     #[serde(default)]
     pub score_gate_refused: Option<String>,
+    /// The runs decided their trajectories by different rules (one with `--strict`, one
+    /// without), said so that a pass-rate change is not read as the agent's alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rules_differ: Option<String>,
 }
 
 /// Every agent turn's latency (ms) in each run (`history::turn_latencies`): what the
@@ -638,7 +642,24 @@ pub fn compare(
         }
     }
 
+    let strictness = |strict: bool| {
+        if strict {
+            "with --strict"
+        } else {
+            "without --strict"
+        }
+    };
+    let rules_differ = (base.strict != head.strict).then(|| {
+        format!(
+            "the base run was made {} and the head run {}: a check that did not run fails its \
+             trajectory only in the run made with it, so their pass rates differ by rule as well \
+             as by result",
+            strictness(base.strict),
+            strictness(head.strict)
+        )
+    });
     Comparison {
+        rules_differ,
         base: base_ref,
         head: head_ref,
         thresholds,
@@ -1183,6 +1204,12 @@ impl From<&Comparison> for crate::ComparePage {
                 .collect(),
             regressions: c.regressions.clone(),
             regressed: c.regressed,
+            notes: c
+                .rules_differ
+                .iter()
+                .chain(&c.score_gate_refused)
+                .cloned()
+                .collect(),
         }
     }
 }

@@ -1056,6 +1056,7 @@ mod tests {
                     run_id: "r".into(),
                     started_at: "2026-12-04T00:00:00Z".into(),
                     suites: vec!["s".into(), "é".into()],
+                    strict: false,
                     aggregates: Default::default(),
                     scenarios: serde_json::from_value(list(&scenario, scenarios).into()).unwrap(),
                     branches: serde_json::from_value(list(&branch, branches).into()).unwrap(),

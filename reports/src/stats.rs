@@ -423,6 +423,10 @@ pub struct RunStats {
     pub run_id: String,
     pub started_at: String,
     pub suites: Vec<String>,
+    /// Made with `--strict`: a check that did not run failed its trajectory. Runs before
+    /// this was recorded here read as not strict.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub strict: bool,
     pub aggregates: RunAggregates,
     pub scenarios: Vec<ScenarioStats>,
     pub branches: Vec<BranchStats>,
@@ -1240,6 +1244,7 @@ impl StatsBuilder {
             run_id: info.run_id,
             started_at: info.started_at,
             suites: info.suites,
+            strict: info.strict,
             aggregates,
             scenarios,
             branches,

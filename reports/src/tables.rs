@@ -505,6 +505,7 @@ table!(
         labels: Vec<Vec<String>>,
         rejudged_from: Vec<Option<String>>,
         kind: Vec<String>,
+        strict: Vec<bool>,
     }
 );
 
@@ -1126,6 +1127,7 @@ impl Tables {
             })
             .to_owned(),
         );
+        r.strict.push(run.info.strict);
         r.rows += 1;
 
         let paths = [

@@ -758,6 +758,9 @@ pub fn print_comparison(c: &Comparison) {
             console::count(only_one_side as u64, "check is", "checks are")
         );
     }
+    if let Some(why) = &c.rules_differ {
+        outln!("note: {why}");
+    }
     if let Some(why) = &c.score_gate_refused {
         outln!("note: {why}");
     } else if !c.untrusted_judges.is_empty() {

@@ -671,6 +671,41 @@ async fn a_scenario_that_checks_nothing_is_skipped_not_passed_and_check_warns() 
     let trajectories = journal_trajectories(&strict);
     let unchecked = trajectories.iter().find(|t| t["scenario"] == "unchecked");
     assert_eq!(unchecked.unwrap()["status"], "failed");
+
+    // The rule is in the tables, and a comparison across rules says so.
+    let strict_column = |dir: &Path| {
+        read_parquet(&dir.join("runs.parquet"))
+            .column("strict")
+            .unwrap()
+            .bool()
+            .unwrap()
+            .get(0)
+    };
+    assert_eq!(strict_column(&out), Some(false));
+    assert_eq!(strict_column(&strict), Some(true));
+    let page = dir.path().join("compare.html");
+    let o = trellis()
+        .arg("compare")
+        .arg(&out)
+        .arg(&strict)
+        .arg("--html")
+        .arg(&page)
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        crate::flat(&stdout(&o)).contains(
+            "note: the base run was made without --strict and the head run with --strict"
+        ),
+        "{}{}",
+        stdout(&o),
+        stderr(&o)
+    );
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(
+        html.contains("Note: the base run was made without --strict"),
+        "the compare page says it too"
+    );
 }
 
 #[tokio::test]

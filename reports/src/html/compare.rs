@@ -84,6 +84,9 @@ pub struct ComparePage {
     /// One sentence per regression.
     pub regressions: Vec<String>,
     pub regressed: bool,
+    /// What qualifies the verdict (runs made under different rules, a judge score that
+    /// does not gate), one sentence each.
+    pub notes: Vec<String>,
 }
 
 /// Writes the compare page as `path.partial` and moves it into place once complete.
@@ -172,6 +175,7 @@ struct CompareView {
     head: RunView,
     regressed: bool,
     regressions: Vec<RegressionView>,
+    notes: Vec<String>,
     metrics: Vec<RowView>,
     sections: Vec<SectionView>,
 }
@@ -369,6 +373,7 @@ impl CompareView {
                 .iter()
                 .map(|text| RegressionView { text: text.clone() })
                 .collect(),
+            notes: page.notes.clone(),
             metrics: page
                 .metrics
                 .iter()

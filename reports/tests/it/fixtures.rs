@@ -435,5 +435,6 @@ pub fn compare_page(why: &str) -> trellis_reports::ComparePage {
         ],
         regressions: vec![format!("booking asks-price: {why}")],
         regressed: true,
+        notes: Vec::new(),
     }
 }

@@ -345,6 +345,8 @@ fn tables_have_documented_shape() {
         "tags",
         "labels",
         "rejudged_from",
+        "kind",
+        "strict",
     ] {
         assert!(columns(&r).iter().any(|c| c == name), "runs.{name} missing");
     }
