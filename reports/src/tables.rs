@@ -1016,7 +1016,9 @@ impl Tables {
             c.judge_provider
                 .push(judged.map(|j| j.call.provider.clone()));
             c.judge_model.push(judged.map(|j| j.call.model.clone()));
-            c.rubric.push(judged.map(|j| j.rubric.clone()));
+            // A judge that could not be set up has no rubric: null, not "".
+            c.rubric
+                .push(judged.map(|j| j.rubric.clone()).filter(|r| !r.is_empty()));
             c.score.push(judged.and_then(|j| j.score));
             c.threshold.push(judged.map(|j| j.threshold));
             c.label.push(judged.and_then(|j| j.label.clone()));

@@ -1146,6 +1146,19 @@ fn decide(
         .filter_map(|(_, _, v)| v.as_ref().map(|v| v.threshold))
         .fold(0.0, f64::max);
     verdict.members = members.into_iter().filter_map(|(_, _, v)| v).collect();
+    // The members' rubric when they share one (a panel asks one question of several
+    // judges), else `mixed`.
+    let rubrics: std::collections::BTreeSet<&str> = verdict
+        .members
+        .iter()
+        .map(|m| m.rubric.as_str())
+        .filter(|r| !r.is_empty())
+        .collect();
+    verdict.rubric = match rubrics.len() {
+        0 => String::new(),
+        1 => rubrics.into_iter().collect(),
+        _ => "mixed".to_owned(),
+    };
     if !unusable.is_empty() || scored.is_empty() {
         verdict.error_category = verdict
             .members

@@ -301,6 +301,7 @@ async fn a_panel_decides_by_its_consensus_rule_and_records_its_agreement() {
         assert_eq!(c.status, status, "{consensus}: {c:?}");
         let verdict = c.judge.as_deref().unwrap();
         assert_eq!(verdict.judge, "panel:trio");
+        assert_eq!(verdict.rubric, "generic", "the members' rubric");
         assert_eq!(verdict.consensus.as_deref(), Some(consensus));
         assert!(
             (verdict.score.unwrap() - panel_score).abs() < 1e-9,
@@ -337,6 +338,11 @@ async fn a_panel_decides_by_its_consensus_rule_and_records_its_agreement() {
     assert!(c.detail.as_deref().unwrap().contains("`c`"), "{c:?}");
     // Its bar is still the members', not 0.
     assert_eq!(c.judge.as_deref().unwrap().threshold, 0.5, "{c:?}");
+    assert_eq!(
+        c.judge.as_deref().unwrap().error_category.as_deref(),
+        Some("unusable_answer"),
+        "the failed member's"
+    );
 }
 
 #[tokio::test]
