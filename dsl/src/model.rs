@@ -429,7 +429,7 @@ impl std::fmt::Debug for Protocol {
 }
 
 /// Where an agent lives.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub enum Endpoint {
     /// `url="…"` (or `base-url` for `openai`): a template that may read `env`
     /// (`http://127.0.0.1:{{ env.AGENT_PORT }}/agent/respond`), rendered once per run.
@@ -444,6 +444,20 @@ pub enum Endpoint {
     /// `provider="ID"` (`openai`/`anthropic`): the model is reached through a `provider` node,
     /// with its base URL, key, headers, limits and prices.
     Provider(Spanned<String>),
+}
+
+/// Written as before a URL could be a template (`Url("…")`): the scenario fingerprints are
+/// this text's digest, compared with those of runs older binaries made (`--resume`).
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Endpoint::Url(url) => f.debug_tuple("Url").field(&url.source).finish(),
+            Endpoint::Builtin(name) => f.debug_tuple("Builtin").field(name).finish(),
+            Endpoint::Command(command) => f.debug_tuple("Command").field(command).finish(),
+            Endpoint::Socket(address) => f.debug_tuple("Socket").field(address).finish(),
+            Endpoint::Provider(id) => f.debug_tuple("Provider").field(id).finish(),
+        }
+    }
 }
 
 /// Where a `socket=` agent listens, both spellings decoded.
@@ -663,7 +677,7 @@ pub struct Tool {
     pub span: Span,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct ToolParam {
     pub name: String,
     /// JSON-schema type name: string, number, integer, boolean, object, array.
@@ -671,6 +685,19 @@ pub struct ToolParam {
     pub required: bool,
     pub description: Option<String>,
     pub span: Span,
+}
+
+/// Without its span, as before it had one: the fingerprints are this text's digest
+/// (see [`Endpoint`]'s `Debug`).
+impl std::fmt::Debug for ToolParam {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ToolParam")
+            .field("name", &self.name)
+            .field("ty", &self.ty)
+            .field("required", &self.required)
+            .field("description", &self.description)
+            .finish()
+    }
 }
 
 /// `mock returns=JSON key=value…`: answer with `returns` when the call's arguments contain

@@ -82,6 +82,11 @@ fn agents_and_endpoints() {
     assert!(
         matches!(&staging.endpoint, Endpoint::Url(u) if u.source == "https://staging.example.com/agent/respond")
     );
+    // Written as before URLs were templates: the scenario fingerprints hash this text.
+    assert_eq!(
+        format!("{:?}", staging.endpoint),
+        r#"Url("https://staging.example.com/agent/respond")"#
+    );
     assert_eq!(staging.headers.len(), 1);
     assert_eq!(staging.headers[0].0, "Authorization");
     assert_eq!(

@@ -176,8 +176,12 @@ impl Unit<'_> {
                             judge: None,
                         }
                     }
+                    // A check of the turn the fault stopped names that turn, whose row is
+                    // in the tables: only the steps after it were never reached.
                     _ => CriterionRecord {
-                        turn_index: None,
+                        turn_index: faulted_turn
+                            .filter(|_| u.on_stopped_turn && fault.is_some())
+                            .map(|t| t.turn_index),
                         criterion: c.text.clone(),
                         kind: c.kind.name().to_string(),
                         status: CriterionStatus::Skipped,

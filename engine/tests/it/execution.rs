@@ -152,7 +152,7 @@ agent "echo" protocol="connexity" url="URL"
 scenario "faulty" {
     user "hello"
     branch "ok" { user "fine" }
-    branch "bad" { user "boom"; user "never sent" }
+    branch "bad" { user "boom"; expect reply contains="x"; user "never sent"; expect reply contains="y" }
     criteria { no-error }
 }
 scenario "other" {
@@ -180,6 +180,17 @@ scenario "other" {
     let no_error = bad.criteria.iter().find(|c| c.kind == "no-error").unwrap();
     assert_eq!(no_error.status, CriterionStatus::Failed);
     assert!(no_error.detail.as_deref().unwrap().contains("http_5xx"));
+    // The check of the faulted turn names that turn; the one after it, never reached, none.
+    let check = |text: &str| {
+        let c = bad
+            .criteria
+            .iter()
+            .find(|c| c.criterion.contains(text))
+            .unwrap();
+        (c.status, c.turn_index)
+    };
+    assert_eq!(check("\"x\""), (CriterionStatus::Skipped, Some(1)));
+    assert_eq!(check("\"y\""), (CriterionStatus::Skipped, None));
     let other = run
         .trajectories
         .iter()
