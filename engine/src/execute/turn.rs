@@ -14,6 +14,21 @@ use crate::transport::http::{RunStop, droppable_while_rate_limited};
 use crate::transport::trace::{self, SpanId, TraceContext};
 
 impl Unit<'_> {
+    /// An agent's 404 or 405 usually means its `url` names the host but not the endpoint
+    /// (`http://host:8000` for `…/agent/respond`): said on the fault, once per turn. Not for
+    /// a model's API, whose 404 names an unknown model.
+    fn hint_at_the_path(&self, fault: &mut crate::record::Fault) {
+        let agent = &self.shared.plan.agents[self.agent];
+        if fault.category == FaultCategory::Http4xx
+            && (fault.message.starts_with("HTTP 404") || fault.message.starts_with("HTTP 405"))
+            && !agent.protocol.capabilities().model_api
+        {
+            fault
+                .message
+                .push_str(" (is the agent's `url` its whole endpoint, path included?)");
+        }
+    }
+
     /// The agent's `header` values that read the turn's variables, rendered with them
     /// (`None` when it has none); a template or a value that is no header value is the
     /// turn's `template` fault.
@@ -176,6 +191,9 @@ impl Unit<'_> {
         let branch = turn.branch.take();
         let spans_for_reuse = turn.spans_for_reuse.take();
         let mut record = record(turn, input, turn_index, started_ms, replay);
+        if let Some(fault) = &mut record.fault {
+            self.hint_at_the_path(fault);
+        }
         // Retries and rate-limit waits are in no latency; the turn's wall time has them. A
         // turn answered from the records (`trellis watch`) took no time of this run.
         record.ended_ms = Some(if record.reused {

@@ -201,6 +201,33 @@ scenario "other" {
     assert_eq!(run.summary.passed, 2);
 }
 
+/// An agent's 404 says what usually causes it: a `url` without the endpoint's path.
+#[tokio::test]
+async fn a_404_from_an_agent_asks_whether_its_url_has_the_path() {
+    use super::support::MisbehavingServer;
+    let server = MisbehavingServer::respond(404, r#"{"detail":"Not Found"}"#).await;
+    let suite = format!(
+        r#"
+agent "web" protocol="connexity" url="{}"
+scenario "s" {{
+    user "hello"
+    expect no-error
+}}
+"#,
+        server.url()
+    );
+    let run = run_suite(&suite, 4).await;
+    let fault = run.trajectories[0].fault.as_ref().unwrap();
+    assert_eq!(fault.category, FaultCategory::Http4xx);
+    assert!(
+        fault
+            .message
+            .ends_with("(is the agent's `url` its whole endpoint, path included?)"),
+        "{}",
+        fault.message
+    );
+}
+
 #[tokio::test]
 async fn criteria_captures_and_templates() {
     let (url, seen) = echo_agent().await;
