@@ -174,11 +174,16 @@ pub(crate) fn validate_reading_env(
 fn duplicate_checks(sc: &Scenario, files: &[SourceFile], out: &mut Vec<Diagnostic>) {
     fn warn<'s>(
         seen: &mut HashMap<&'s str, Span>,
+        said: &mut HashSet<Span>,
         c: &'s Criterion,
         files: &[SourceFile],
         out: &mut Vec<Diagnostic>,
     ) {
         if let Some(first) = seen.get(c.text.as_str()) {
+            // Steps after a branch group are walked once per branch: said once.
+            if !said.insert(c.span) {
+                return;
+            }
             out.push(
                 Diagnostic::at_span(
                     Kind::DuplicateCheck,
@@ -203,37 +208,64 @@ fn duplicate_checks(sc: &Scenario, files: &[SourceFile], out: &mut Vec<Diagnosti
             seen.insert(&c.text, c.span);
         }
     }
+    /// Walks `steps` from `seen` (the checks written since the last turn) and returns the
+    /// distinct states the walk can end in: one per way through its branch groups that
+    /// leaves other checks pending. The steps after a branch group go on from each
+    /// branch's end, walked once per distinct end (most branches end on a turn, all alike),
+    /// so a scenario of many forks is not walked once per trajectory.
     fn along<'s>(
         steps: &'s [Step],
         mut seen: HashMap<&'s str, Span>,
+        said: &mut HashSet<Span>,
         files: &[SourceFile],
         out: &mut Vec<Diagnostic>,
-    ) {
-        for step in steps {
+    ) -> Vec<HashMap<&'s str, Span>> {
+        fn add<'s>(ends: &mut Vec<HashMap<&'s str, Span>>, end: HashMap<&'s str, Span>) {
+            let same = |e: &HashMap<&str, Span>| {
+                e.len() == end.len() && e.keys().all(|k| end.contains_key(k))
+            };
+            if !ends.iter().any(same) {
+                ends.push(end);
+            }
+        }
+        for (i, step) in steps.iter().enumerate() {
             match &step.kind {
                 StepKind::Expect(criteria) => {
                     for c in criteria {
-                        warn(&mut seen, c, files, out);
+                        warn(&mut seen, said, c, files, out);
                     }
                 }
                 StepKind::Capture { .. } => {}
-                // Each branch goes on from the same turn.
+                // Each branch goes on from the same turn, and the steps after the branch
+                // group from each branch's end.
                 StepKind::Fork(branches) => {
+                    let mut branch_ends = Vec::new();
                     for b in branches {
-                        along(&b.steps, seen.clone(), files, out);
+                        for end in along(&b.steps, seen.clone(), said, files, out) {
+                            add(&mut branch_ends, end);
+                        }
                     }
-                    return;
+                    let rest = steps.get(i + 1..).unwrap_or_default();
+                    let mut ends = Vec::new();
+                    for start in branch_ends {
+                        for end in along(rest, start, said, files, out) {
+                            add(&mut ends, end);
+                        }
+                    }
+                    return ends;
                 }
                 // A new turn.
                 _ => seen.clear(),
             }
         }
+        vec![seen]
     }
     let mut whole = HashMap::new();
+    let mut said = HashSet::new();
     for c in sc.criteria.iter().chain(&sc.expect_tools) {
-        warn(&mut whole, c, files, out);
+        warn(&mut whole, &mut said, c, files, out);
     }
-    along(&sc.steps, HashMap::new(), files, out);
+    along(&sc.steps, HashMap::new(), &mut said, files, out);
 }
 
 /// What `trellis check` warns about in a valid project: scenarios that check nothing (their

@@ -1164,6 +1164,9 @@ scenario "d" {
     branch "b" {
         expect no-error
     }
+    user "after"
+    expect reply contains="q"
+    expect reply contains="q"
     criteria {
         tool "x"
         tool "x"
@@ -1175,16 +1178,18 @@ scenario "d" {
     let o = check(&suite).await;
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let said = stderr(&o);
+    // The steps after the branch group are walked on each branch's path: said once.
     assert_eq!(
         said.matches("trellis::duplicate_check").count(),
-        2,
+        3,
         "{said}"
     );
     assert!(
         said.contains("[s.kdl:6:9]") || said.contains("s.kdl:6:9"),
         "{said}"
     );
-    assert!(said.contains("s.kdl:18:9"), "{said}");
+    assert!(said.contains("s.kdl:18:12"), "{said}");
+    assert!(said.contains("s.kdl:21:9"), "{said}");
 }
 
 /// KDL v1's forms (bare `false`/`null`, `r"…"` raw strings) say how v2 writes them, not
